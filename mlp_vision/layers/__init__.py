@@ -1,0 +1,6 @@
+""" Shared building blocks: one implementation of each, used by the vision and the text models. """
+from .gating import SPATIAL_MODES, SpatialGatingUnit, TinyAttention, GatedMLPBlock
+from .input_checks import check_image_input
+from .mixer import MixerBlock
+from .resample import resample_token_axis, resample_token_weight
+from .sparse_mlp import AxialSparseMLP, SparseMLPTokenMixer

@@ -1,0 +1,213 @@
+""" Spatial Gating Unit, tiny attention and the gMLP block.
+
+One implementation, shared by the vision models (dense spatial weights over image patches) and the text
+models (Toeplitz weights for masked LM, causal weights for autoregressive LM).
+
+Paper: `Pay Attention to MLPs` - https://arxiv.org/abs/2105.08050 (eq. 1-4, Fig. 1, Fig. 6)
+"""
+from functools import partial
+from typing import Optional, Type
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from timm.layers import DropPath
+
+__all__ = ['SPATIAL_MODES', 'SpatialGatingUnit', 'TinyAttention', 'GatedMLPBlock']
+
+SPATIAL_MODES = ('dense', 'toeplitz', 'causal')
+
+
+class SpatialGatingUnit(nn.Module):
+    """Spatial Gating Unit: ``s(Z) = Z1 * (W · norm(Z2) + b [+ res])``.
+
+    The channels of ``Z`` are split in two halves; the first half ``Z1`` is the multiplicative bypass, the
+    second half ``Z2`` is normalised and projected along the token axis by ``W`` (n x n) and ``b`` (n).
+
+    Spatial weight variants (``spatial_mode``):
+        * ``'dense'``: ``W`` is a full (n, n) matrix (vision).
+        * ``'toeplitz'``: ``W[i, j] = w[i - j + n - 1]`` with 2n - 1 parameters (masked LM, paper §4).
+        * ``'causal'``: dense ``W`` masked to ``j <= i`` so token i never sees a later token (causal LM).
+
+    Inputs shorter than ``seq_len`` use the leading L x L block of ``W`` and the first L entries of ``b``,
+    which for a Toeplitz ``W`` is again Toeplitz and for a causal ``W`` again causal.
+
+    Init: ``W`` ~ N(0, init_std) with a tiny std and ``b = 1``, so the unit starts as ``Z1 * norm(Z2)`` and
+    the block as a plain FFN. ``W`` and ``b`` are raw parameters (not an ``nn.Linear``) so generic
+    model-level ``Linear`` initialisers do not touch them; models call :meth:`init_weights` after theirs.
+
+    Shapes:
+        x: (B, L, dim) with L <= seq_len; res: optional (B, L, dim // 2) added after the projection
+        (aMLP's tiny attention); output: (B, L, dim // 2).
+    """
+
+    def __init__(
+            self,
+            dim: int,
+            seq_len: int,
+            spatial_mode: str = 'dense',
+            norm_layer: Type[nn.Module] = nn.LayerNorm,
+            init_std: float = 1e-6,
+            device=None,
+            dtype=None,
+    ) -> None:
+        super().__init__()
+        dd = {'device': device, 'dtype': dtype}
+        if spatial_mode not in SPATIAL_MODES:
+            raise ValueError(f'spatial_mode must be one of {SPATIAL_MODES}, got {spatial_mode!r}')
+        if dim % 2:
+            raise ValueError(f'SpatialGatingUnit splits its input channels in two halves; dim must be even, got {dim}')
+        self.dim = dim
+        self.gate_dim = dim // 2
+        self.seq_len = seq_len
+        self.spatial_mode = spatial_mode
+        self.toeplitz = spatial_mode == 'toeplitz'
+        self.causal = spatial_mode == 'causal'
+        self.init_std = init_std
+
+        self.norm = norm_layer(self.gate_dim, **dd)
+        if self.toeplitz:
+            self.weight = nn.Parameter(torch.empty(2 * seq_len - 1, **dd))
+            # index[i, j] = i - j + n - 1 picks w for W[i, j]; its leading L x L block is the index for length L
+            idx = torch.arange(seq_len, device=device)
+            self.register_buffer('toeplitz_index', idx[:, None] - idx[None, :] + seq_len - 1, persistent=False)
+        else:
+            self.weight = nn.Parameter(torch.empty(seq_len, seq_len, **dd))
+            self.toeplitz_index = None
+        self.bias = nn.Parameter(torch.empty(seq_len, **dd))
+        self.init_weights()
+
+    def init_weights(self) -> None:
+        # W ~ 0, b = 1: the block starts as an FFN (paper §2, "important to initialize W close to zero")
+        nn.init.normal_(self.weight, std=self.init_std)
+        nn.init.ones_(self.bias)
+
+    def spatial_weight(self, length: int) -> torch.Tensor:
+        """The (length, length) token-mixing matrix actually applied (Toeplitz expanded, causal masked)."""
+        if self.toeplitz_index is not None:
+            w = self.weight[self.toeplitz_index[:length, :length]]
+        else:
+            w = self.weight[:length, :length]
+        if self.causal:
+            w = torch.tril(w)
+        return w
+
+    def forward(self, x: torch.Tensor, res: Optional[torch.Tensor] = None) -> torch.Tensor:
+        length = x.shape[-2]
+        u, v = x.chunk(2, dim=-1)
+        v = self.norm(v)
+        # (L, L) @ (B, L, C) -> (B, L, C): mixes tokens without transposing the activations
+        v = torch.matmul(self.spatial_weight(length), v) + self.bias[:length].unsqueeze(-1)
+        if res is not None:
+            v = v + res
+        return u * v
+
+    def extra_repr(self) -> str:
+        return f'dim={self.dim}, seq_len={self.seq_len}, spatial_mode={self.spatial_mode}'
+
+
+class TinyAttention(nn.Module):
+    """Single-head "tiny" attention of aMLP (paper Fig. 6).
+
+    ``qkv = x W_qkv`` (dim -> 3 * attn_dim), ``A = softmax(q k^T / sqrt(attn_dim))``, ``out = (A v) W_o``
+    (attn_dim -> out_dim). Uses ``F.scaled_dot_product_attention``.
+
+    Shapes:
+        x: (B, L, dim); mask: optional (B, L) bool, True for real tokens and False for padding (padded keys get
+        no attention weight); output: (B, L, out_dim).
+    """
+
+    def __init__(
+            self,
+            dim: int,
+            attn_dim: int = 64,
+            out_dim: Optional[int] = None,
+            causal: bool = False,
+            attn_drop: float = 0.,
+            device=None,
+            dtype=None,
+    ) -> None:
+        super().__init__()
+        dd = {'device': device, 'dtype': dtype}
+        out_dim = out_dim or dim
+        self.attn_dim = attn_dim
+        self.causal = causal
+        self.attn_drop = attn_drop
+        self.qkv = nn.Linear(dim, 3 * attn_dim, **dd)
+        self.proj = nn.Linear(attn_dim, out_dim, **dd)
+
+    def forward(self, x: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        q, k, v = self.qkv(x).chunk(3, dim=-1)
+        attn_mask: Optional[torch.Tensor] = None
+        is_causal = self.causal
+        if mask is not None:
+            attn_mask = mask.to(torch.bool).unsqueeze(-2)  # (B, 1, L): every query ignores padded keys
+            if self.causal:
+                length = x.shape[-2]
+                attn_mask = attn_mask & torch.ones(length, length, dtype=torch.bool, device=x.device).tril()
+                is_causal = False  # SDPA takes either a mask or is_causal, not both
+        x = F.scaled_dot_product_attention(
+            q, k, v,
+            attn_mask=attn_mask,
+            dropout_p=self.attn_drop if self.training else 0.,
+            is_causal=is_causal,
+        )
+        return self.proj(x)
+
+
+class GatedMLPBlock(nn.Module):
+    """gMLP block (aMLP when ``attn_dim > 0``).
+
+    ``y = x + DropPath(fc2(SGU(GELU(fc1(norm(x))), res=TinyAttention(norm(x)))))``
+
+    Args:
+        dim: token width d.
+        seq_len: number of tokens n (the maximum length for text).
+        mlp_ratio: d_ffn / d; fc1 maps d -> d_ffn, the SGU halves it, fc2 maps d_ffn / 2 -> d.
+        spatial_mode: SGU weight variant, 'dense' | 'toeplitz' | 'causal'.
+        attn_dim: size of the tiny attention head (0 = plain gMLP). Its attention is causal when the SGU is.
+
+    Shapes:
+        x: (B, L, dim); mask: optional (B, L) bool padding mask (True = real token), used by the tiny
+        attention. The SGU itself mixes every position it is given, pads included, exactly as the paper's
+        models do; how padding is handled for text is the text models' business. Output: (B, L, dim).
+    """
+
+    def __init__(
+            self,
+            dim: int,
+            seq_len: int,
+            mlp_ratio: float = 6.,
+            spatial_mode: str = 'dense',
+            attn_dim: int = 0,
+            norm_layer: Type[nn.Module] = partial(nn.LayerNorm, eps=1e-6),
+            gate_norm_layer: Type[nn.Module] = nn.LayerNorm,
+            act_layer: Type[nn.Module] = nn.GELU,
+            drop: float = 0.,
+            drop_path: float = 0.,
+            device=None,
+            dtype=None,
+    ) -> None:
+        super().__init__()
+        dd = {'device': device, 'dtype': dtype}
+        hidden_dim = int(dim * mlp_ratio)
+        self.norm = norm_layer(dim, **dd)
+        self.fc1 = nn.Linear(dim, hidden_dim, **dd)
+        self.act = act_layer()
+        self.attn = TinyAttention(
+            dim, attn_dim, out_dim=hidden_dim // 2, causal=spatial_mode == 'causal', **dd,
+        ) if attn_dim > 0 else None
+        self.sgu = SpatialGatingUnit(hidden_dim, seq_len, spatial_mode=spatial_mode, norm_layer=gate_norm_layer, **dd)
+        self.drop = nn.Dropout(drop)
+        self.fc2 = nn.Linear(hidden_dim // 2, dim, **dd)
+        self.drop_path = DropPath(drop_path) if drop_path > 0. else nn.Identity()
+
+    def forward(self, x: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        shortcut = x
+        x = self.norm(x)
+        res: Optional[torch.Tensor] = None
+        if self.attn is not None:
+            res = self.attn(x, mask)
+        x = self.sgu(self.act(self.fc1(x)), res)
+        x = self.fc2(self.drop(x))
+        return shortcut + self.drop_path(x)

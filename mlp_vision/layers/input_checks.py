@@ -1,0 +1,26 @@
+""" Input validation for fixed-size models, with errors that say what was expected. """
+from typing import Tuple
+
+import torch
+from timm.layers import register_notrace_function
+
+__all__ = ['check_image_input']
+
+
+@register_notrace_function  # a leaf for timm's FX feature extraction (its control flow is on shapes)
+def check_image_input(x: torch.Tensor, in_chans: int, img_size: Tuple[int, int]) -> None:
+    """Raise ``ValueError`` unless ``x`` is (B, in_chans, img_size[0], img_size[1]).
+
+    The token-mixing weights of gMLP, MLP-Mixer and sMLPNet are tied to one spatial size, so a different
+    input cannot be processed (build the model with ``img_size=...``, resampling pretrained weights, instead).
+    """
+    if x.dim() != 4:
+        raise ValueError(f'expected a 4-D image batch (B, {in_chans}, {img_size[0]}, {img_size[1]}), '
+                         f'got a tensor of shape {list(x.shape)}')
+    if x.shape[1] != in_chans:
+        raise ValueError(f'expected {in_chans} input channels, got {x.shape[1]} (input shape {list(x.shape)}); '
+                         f'build the model with in_chans={x.shape[1]} to accept it')
+    if x.shape[2] != img_size[0] or x.shape[3] != img_size[1]:
+        raise ValueError(f'expected input spatial size {img_size[0]}x{img_size[1]} (H x W), got '
+                         f'{x.shape[2]}x{x.shape[3]}; this model has fixed-size token mixing, build it with '
+                         f'img_size=({x.shape[2]}, {x.shape[3]}) (pretrained spatial weights are resampled)')

@@ -1,0 +1,79 @@
+""" Resampling of token-mixing weights to a new input size.
+
+Token-mixing weights (gMLP's SGU W and b, MLP-Mixer's token MLP, sMLP's H x H / W x W mixes) are tied to
+the token grid they were trained on. To build a model at another ``img_size`` from a checkpoint, each
+token axis of such a weight is treated as a sampled function of token position on the grid and resampled:
+
+* every token axis is interpolated over its grid (1-D for the axial sMLP mixes, 2-D (h, w) for the
+  flattened token axis of gMLP / Mixer), bilinear with ``align_corners=False`` and antialiasing when the
+  grid shrinks;
+* an *input* (contracted) token axis is also scaled by ``old_tokens / new_tokens`` so that a smooth map
+  mixes to the same values: the sum over input tokens keeps its magnitude when there are more or fewer of
+  them. Output token axes and biases are not scaled.
+
+When the grids are equal the tensor is returned unchanged (bit-exact identity).
+"""
+from typing import Sequence, Tuple
+
+import torch
+import torch.nn.functional as F
+
+__all__ = ['resample_token_axis', 'resample_token_weight']
+
+
+def resample_token_axis(
+        t: torch.Tensor,
+        dim: int,
+        old_grid: Sequence[int],
+        new_grid: Sequence[int],
+        contracted: bool = False,
+) -> torch.Tensor:
+    """Resample axis ``dim`` of ``t`` (length prod(old_grid)) to length prod(new_grid).
+
+    Args:
+        t: tensor with a flattened token axis at ``dim``.
+        old_grid, new_grid: (n,) for a 1-D axis or (h, w) for a row-major flattened 2-D token grid.
+        contracted: True if the axis is summed over by the layer (an input axis); scales by old/new count.
+    """
+    old_grid, new_grid = tuple(old_grid), tuple(new_grid)
+    if len(old_grid) != len(new_grid) or len(old_grid) not in (1, 2):
+        raise ValueError(f'grids must both be (n,) or (h, w), got {old_grid} and {new_grid}')
+    old_n = 1
+    for s in old_grid:
+        old_n *= s
+    if t.shape[dim] != old_n:
+        raise ValueError(f'axis {dim} of a tensor of shape {tuple(t.shape)} has length {t.shape[dim]}, '
+                         f'expected {old_n} for grid {old_grid}')
+    if old_grid == new_grid:
+        return t
+    orig_dtype = t.dtype
+    x = t.movedim(dim, -1)
+    lead = x.shape[:-1]
+    x = x.reshape(-1, 1, *old_grid).float()
+    if len(old_grid) == 1:  # 1-D axis as an (n, 1) image so bilinear antialiasing applies
+        x = x.unsqueeze(-1)
+        size: Tuple[int, int] = (new_grid[0], 1)
+    else:
+        size = (new_grid[0], new_grid[1])
+    antialias = any(n < o for n, o in zip(new_grid, old_grid))
+    x = F.interpolate(x, size=size, mode='bilinear', align_corners=False, antialias=antialias)
+    new_n = size[0] * size[1]
+    x = x.reshape(*lead, new_n)
+    if contracted:
+        x = x * (old_n / new_n)
+    return x.movedim(-1, dim).to(orig_dtype)
+
+
+def resample_token_weight(
+        weight: torch.Tensor,
+        old_grid: Sequence[int],
+        new_grid: Sequence[int],
+        out_dims: Sequence[int] = (),
+        in_dims: Sequence[int] = (),
+) -> torch.Tensor:
+    """Resample the token axes of a weight: ``out_dims`` are output token axes, ``in_dims`` contracted ones."""
+    for d in out_dims:
+        weight = resample_token_axis(weight, d, old_grid, new_grid, contracted=False)
+    for d in in_dims:
+        weight = resample_token_axis(weight, d, old_grid, new_grid, contracted=True)
+    return weight

@@ -1,0 +1,386 @@
+""" MLP-Mixer (and the isotropic patch-token network that gMLP shares with it).
+
+Paper: `MLP-Mixer: An all-MLP Architecture for Vision` - https://arxiv.org/abs/2105.01601
+
+``MlpMixer`` is the isotropic model: patch-embedding stem, a stack of token-mixing blocks over a fixed
+grid of patches, final LayerNorm, average-pool head. The block is a parameter: :class:`MixerBlock` here,
+:class:`~mlp_vision.layers.GatedMLPBlock` for gMLP (see ``gmlp.py``).
+
+Names are ``mixer_s16``, ``mixer_b16``, ``mixer_l16`` (timm's own ``mixer_*_224`` entries are left alone).
+The parameter layout equals timm's, so timm's Mixer checkpoints load; ``checkpoint_filter_fn`` resamples
+the token-mixing MLP when the model is built for another ``img_size``.
+"""
+import math
+from functools import partial
+from typing import Any, Callable, Dict, List, Optional, Tuple, Type, Union
+
+import torch
+import torch.nn as nn
+from timm.data import IMAGENET_INCEPTION_MEAN, IMAGENET_INCEPTION_STD
+from timm.layers import PatchEmbed, lecun_normal_, to_2tuple
+from timm.models import build_model_with_cfg, checkpoint, checkpoint_seq, named_apply
+from timm.models._features import feature_take_indices
+from timm.models import generate_default_cfgs, register_model
+
+from ..layers import MixerBlock, check_image_input, resample_token_weight
+
+__all__ = ['MlpMixer']
+
+
+class MlpMixer(nn.Module):
+    """Isotropic patch-token MLP network (MLP-Mixer, gMLP).
+
+    Args:
+        num_classes: classifier outputs (0 for no classifier).
+        img_size: input size, int or (H, W); H and W must be divisible by ``patch_size``.
+        in_chans: input channels.
+        patch_size: stem patch size (the stride of every feature map).
+        num_blocks: number of blocks.
+        embed_dim: token width.
+        mlp_ratio: passed to the block (Mixer: (token, channel) ratios; gMLP: d_ffn / d).
+        block_layer: block class, called as ``block_layer(dim, seq_len, mlp_ratio, norm_layer=..., act_layer=...,
+            drop=..., drop_path=..., **block_kwargs)``.
+        block_kwargs: extra keyword arguments for every block.
+        drop_rate: dropout before the classifier.
+        proj_drop_rate: dropout inside the blocks.
+        drop_path_rate: stochastic depth, ramped linearly from 0 (first block) to this rate (last block).
+        global_pool: '' or 'avg'.
+    """
+
+    def __init__(
+            self,
+            num_classes: int = 1000,
+            img_size: Union[int, Tuple[int, int]] = 224,
+            in_chans: int = 3,
+            patch_size: int = 16,
+            num_blocks: int = 8,
+            embed_dim: int = 512,
+            mlp_ratio: Union[float, Tuple[float, float]] = (0.5, 4.0),
+            block_layer: Type[nn.Module] = MixerBlock,
+            block_kwargs: Optional[Dict[str, Any]] = None,
+            norm_layer: Type[nn.Module] = partial(nn.LayerNorm, eps=1e-6),
+            act_layer: Type[nn.Module] = nn.GELU,
+            drop_rate: float = 0.,
+            proj_drop_rate: float = 0.,
+            drop_path_rate: float = 0.,
+            global_pool: str = 'avg',
+            device=None,
+            dtype=None,
+    ) -> None:
+        super().__init__()
+        dd = {'device': device, 'dtype': dtype}
+        img_size = to_2tuple(img_size)
+        if any(s <= 0 or s % patch_size for s in img_size):
+            raise ValueError(f'img_size {tuple(img_size)} must be positive multiples of patch_size {patch_size}')
+        if global_pool not in ('', 'avg'):
+            raise ValueError(f"global_pool must be '' or 'avg', got {global_pool!r}")
+        self.num_classes = num_classes
+        self.in_chans = in_chans
+        self.img_size: Tuple[int, int] = (int(img_size[0]), int(img_size[1]))
+        self.patch_size = patch_size
+        self.global_pool = global_pool
+        self.num_features = self.head_hidden_size = self.embed_dim = embed_dim
+        self.grad_checkpointing = False
+
+        # the input size is validated (with a ValueError) by check_image_input, so the stem itself is not strict
+        self.stem = PatchEmbed(
+            img_size=self.img_size, patch_size=patch_size, in_chans=in_chans, embed_dim=embed_dim,
+            strict_img_size=False, **dd)
+        self.grid_size: Tuple[int, int] = (self.img_size[0] // patch_size, self.img_size[1] // patch_size)
+        num_patches = self.grid_size[0] * self.grid_size[1]
+        dpr = [x.item() for x in torch.linspace(0, drop_path_rate, num_blocks)]
+        self.blocks = nn.Sequential(*[
+            block_layer(
+                embed_dim,
+                num_patches,
+                mlp_ratio,
+                norm_layer=norm_layer,
+                act_layer=act_layer,
+                drop=proj_drop_rate,
+                drop_path=dpr[i],
+                **(block_kwargs or {}),
+                **dd,
+            )
+            for i in range(num_blocks)])
+        self.feature_info = [
+            dict(module=f'blocks.{i}', num_chs=embed_dim, reduction=patch_size) for i in range(num_blocks)]
+        self.norm = norm_layer(embed_dim, **dd)
+        self.head_drop = nn.Dropout(drop_rate)
+        self.head = nn.Linear(embed_dim, num_classes, **dd) if num_classes > 0 else nn.Identity()
+
+        self.init_weights()
+
+    @torch.jit.ignore
+    def init_weights(self) -> None:
+        # depth-first, so modules with their own init_weights (the SGU: W ~ 0, b = 1) run theirs last
+        named_apply(_init_weights, module=self)
+
+    @torch.jit.ignore
+    def group_matcher(self, coarse: bool = False) -> Dict[str, Any]:
+        return dict(
+            stem=r'^stem',
+            blocks=[(r'^blocks\.(\d+)', None), (r'^norm', (99999,))],
+        )
+
+    @torch.jit.ignore
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
+        self.grad_checkpointing = enable
+
+    @torch.jit.ignore
+    def get_classifier(self) -> nn.Module:
+        return self.head
+
+    def reset_classifier(self, num_classes: int, global_pool: Optional[str] = None) -> None:
+        self.num_classes = num_classes
+        if global_pool is not None:
+            if global_pool not in ('', 'avg'):
+                raise ValueError(f"global_pool must be '' or 'avg', got {global_pool!r}")
+            self.global_pool = global_pool
+        weight = self.norm.weight if hasattr(self.norm, 'weight') else None
+        dd = dict(device=weight.device, dtype=weight.dtype) if weight is not None else {}
+        self.head = nn.Linear(self.embed_dim, num_classes, **dd) if num_classes > 0 else nn.Identity()
+        self.head.train(self.training)
+
+    def forward_intermediates(
+            self,
+            x: torch.Tensor,
+            indices: Optional[Union[int, List[int]]] = None,
+            norm: bool = False,
+            stop_early: bool = False,
+            output_fmt: str = 'NCHW',
+            intermediates_only: bool = False,
+    ) -> Union[List[torch.Tensor], Tuple[torch.Tensor, List[torch.Tensor]]]:
+        """Forward features returning intermediates.
+
+        Args:
+            x: input images (B, in_chans, H, W).
+            indices: last n blocks if int, all if None, else the block indices to take.
+            norm: apply the final norm to every intermediate.
+            stop_early: stop after the last block needed.
+            output_fmt: 'NCHW' (B, C, H/p, W/p) or 'NLC' (B, H/p * W/p, C).
+            intermediates_only: return only the intermediates.
+        """
+        if output_fmt not in ('NCHW', 'NLC'):
+            raise ValueError(f"output_fmt must be 'NCHW' or 'NLC', got {output_fmt!r}")
+        check_image_input(x, self.in_chans, self.img_size)
+        intermediates = []
+        take_indices, max_index = feature_take_indices(len(self.blocks), indices)
+
+        B = x.shape[0]
+        x = self.stem(x)
+        if torch.jit.is_scripting() or not stop_early:  # can't slice blocks in torchscript
+            blocks = self.blocks
+        else:
+            blocks = self.blocks[:max_index + 1]
+        for i, blk in enumerate(blocks):
+            if self.grad_checkpointing and not torch.jit.is_scripting():
+                x = checkpoint(blk, x)
+            else:
+                x = blk(x)
+            if i in take_indices:
+                intermediates.append(self.norm(x) if norm else x)
+
+        if output_fmt == 'NCHW':
+            H, W = self.grid_size
+            intermediates = [y.reshape(B, H, W, -1).permute(0, 3, 1, 2).contiguous() for y in intermediates]
+
+        if intermediates_only:
+            return intermediates
+        x = self.norm(x)
+        return x, intermediates
+
+    def prune_intermediate_layers(
+            self,
+            indices: Union[int, List[int]] = 1,
+            prune_norm: bool = False,
+            prune_head: bool = True,
+    ) -> List[int]:
+        take_indices, max_index = feature_take_indices(len(self.blocks), indices)
+        self.blocks = self.blocks[:max_index + 1]
+        if prune_norm:
+            self.norm = nn.Identity()
+        if prune_head:
+            self.reset_classifier(0, '')
+        return take_indices
+
+    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, in_chans, H, W) -> (B, H/p * W/p, embed_dim), after the final norm."""
+        check_image_input(x, self.in_chans, self.img_size)
+        x = self.stem(x)
+        if self.grad_checkpointing and not torch.jit.is_scripting():
+            x = checkpoint_seq(self.blocks, x)
+        else:
+            x = self.blocks(x)
+        return self.norm(x)
+
+    def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
+        if self.global_pool == 'avg':
+            x = x.mean(dim=1)
+        x = self.head_drop(x)
+        return x if pre_logits else self.head(x)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.forward_features(x)
+        return self.forward_head(x)
+
+
+def _init_weights(module: nn.Module, name: str) -> None:
+    """Mixer init (as timm's): xavier-uniform Linear, tiny MLP biases, zero head, lecun-normal stem."""
+    if isinstance(module, nn.Linear):
+        if name.startswith('head'):
+            nn.init.zeros_(module.weight)
+            nn.init.zeros_(module.bias)
+        else:
+            nn.init.xavier_uniform_(module.weight)
+            if module.bias is not None:
+                if 'mlp' in name or 'fc' in name:
+                    nn.init.normal_(module.bias, std=1e-6)
+                else:
+                    nn.init.zeros_(module.bias)
+    elif isinstance(module, nn.Conv2d):
+        lecun_normal_(module.weight)
+        if module.bias is not None:
+            nn.init.zeros_(module.bias)
+    elif isinstance(module, (nn.LayerNorm, nn.BatchNorm2d, nn.GroupNorm)):
+        nn.init.ones_(module.weight)
+        nn.init.zeros_(module.bias)
+    elif hasattr(module, 'init_weights'):
+        module.init_weights()
+
+
+def checkpoint_grid(num_tokens: int, what: str) -> Tuple[int, int]:
+    """Token grid (h, w) of a checkpoint's flattened token axis; checkpoints are taken to be square."""
+    side = int(round(math.sqrt(num_tokens)))
+    if side * side != num_tokens:
+        raise ValueError(f'{what}: cannot resample a token axis of length {num_tokens}, which is not a square '
+                         f'grid; build the model at the checkpoint\'s own img_size')
+    return side, side
+
+
+def resample_isotropic_state_dict(
+        state_dict: Dict[str, torch.Tensor],
+        model: MlpMixer,
+        spatial_keys: Dict[str, Tuple[Tuple[int, ...], Tuple[int, ...]]],
+) -> Dict[str, torch.Tensor]:
+    """Resample token-mixing tensors whose token axes do not match ``model.grid_size``.
+
+    ``spatial_keys`` maps a key suffix to (output token dims, contracted token dims) of that tensor.
+    """
+    num_tokens = model.grid_size[0] * model.grid_size[1]
+    out = {}
+    for k, v in state_dict.items():
+        for suffix, (out_dims, in_dims) in spatial_keys.items():
+            if k.endswith(suffix):
+                old_n = v.shape[(out_dims + in_dims)[0]]
+                if old_n != num_tokens:
+                    v = resample_token_weight(v, checkpoint_grid(old_n, k), model.grid_size, out_dims, in_dims)
+                break
+        out[k] = v
+    return out
+
+
+def checkpoint_filter_fn(state_dict: Dict[str, torch.Tensor], model: MlpMixer) -> Dict[str, torch.Tensor]:
+    """timm / mlp_vision Mixer checkpoint -> this model (same layout), resampling the token MLP if needed."""
+    return resample_isotropic_state_dict(state_dict, model, {
+        'mlp_tokens.fc1.weight': ((), (1,)),  # (tokens_dim, N): N is summed over
+        'mlp_tokens.fc2.weight': ((0,), ()),  # (N, tokens_dim): N are outputs
+        'mlp_tokens.fc2.bias': ((0,), ()),
+    })
+
+
+def create_isotropic_model(
+        variant: str,
+        pretrained: bool,
+        filter_fn: Callable,
+        **kwargs,
+) -> MlpMixer:
+    """Build an isotropic model; ``features_only`` goes through ``forward_intermediates`` (stride-p maps)."""
+    out_indices = kwargs.pop('out_indices', 3)
+    return build_model_with_cfg(
+        MlpMixer,
+        variant,
+        pretrained,
+        pretrained_filter_fn=filter_fn,
+        feature_cfg=dict(out_indices=out_indices, feature_cls='getter'),
+        **kwargs,
+    )
+
+
+def _create_mixer(variant: str, pretrained: bool = False, **kwargs) -> MlpMixer:
+    return create_isotropic_model(variant, pretrained, checkpoint_filter_fn, **kwargs)
+
+
+def _cfg(url: str = '', **kwargs) -> Dict[str, Any]:
+    return {
+        'url': url,
+        'num_classes': 1000, 'input_size': (3, 224, 224), 'pool_size': None,
+        'crop_pct': 0.875, 'interpolation': 'bicubic', 'fixed_input_size': True,
+        'mean': IMAGENET_INCEPTION_MEAN, 'std': IMAGENET_INCEPTION_STD,
+        'first_conv': 'stem.proj', 'classifier': 'head',
+        'license': 'apache-2.0',
+        'paper_ids': 'arXiv:2105.01601',
+        'paper_name': 'MLP-Mixer: An all-MLP Architecture for Vision',
+        'origin_url': 'https://github.com/google-research/vision_transformer',
+        **kwargs,
+    }
+
+
+# Weights: the same files and preprocessing as timm's mixer_*16_224 entries (timm's checkpoints load as-is).
+_MIIL = dict(
+    mean=(0., 0., 0.), std=(1., 1., 1.), crop_pct=0.875, interpolation='bilinear',
+    paper_ids='arXiv:2104.10972', paper_name='ImageNet-21K Pretraining for the Masses',
+    origin_url='https://github.com/Alibaba-MIIL/ImageNet21K',
+)
+default_cfgs = generate_default_cfgs({
+    'mixer_s16.untrained': _cfg(),
+    'mixer_b16.goog_in21k_ft_in1k': _cfg(
+        hf_hub_id='timm/mixer_b16_224.goog_in21k_ft_in1k',
+        url='https://github.com/rwightman/pytorch-image-models/releases/download/v0.1-vitjx/jx_mixer_b16_224-76587d61.pth',
+    ),
+    'mixer_b16.goog_in21k': _cfg(
+        hf_hub_id='timm/mixer_b16_224.goog_in21k',
+        url='https://github.com/rwightman/pytorch-image-models/releases/download/v0.1-vitjx/jx_mixer_b16_224_in21k-617b3de2.pth',
+        num_classes=21843,
+    ),
+    'mixer_b16.miil_in21k_ft_in1k': _cfg(
+        hf_hub_id='timm/mixer_b16_224.miil_in21k_ft_in1k',
+        url='https://github.com/rwightman/pytorch-image-models/releases/download/v0.1-tresnet/mixer_b16_224_miil-9229a591.pth',
+        **_MIIL,
+    ),
+    'mixer_b16.miil_in21k': _cfg(
+        hf_hub_id='timm/mixer_b16_224.miil_in21k',
+        url='https://github.com/rwightman/pytorch-image-models/releases/download/v0.1-tresnet/mixer_b16_224_miil_in21k-2a558a71.pth',
+        num_classes=11221,
+        **_MIIL,
+    ),
+    'mixer_l16.goog_in21k_ft_in1k': _cfg(
+        hf_hub_id='timm/mixer_l16_224.goog_in21k_ft_in1k',
+        url='https://github.com/rwightman/pytorch-image-models/releases/download/v0.1-vitjx/jx_mixer_l16_224-92f9adc4.pth',
+    ),
+    'mixer_l16.goog_in21k': _cfg(
+        hf_hub_id='timm/mixer_l16_224.goog_in21k',
+        url='https://github.com/rwightman/pytorch-image-models/releases/download/v0.1-vitjx/jx_mixer_l16_224_in21k-846aa33c.pth',
+        num_classes=21843,
+    ),
+})
+
+
+@register_model
+def mixer_s16(pretrained: bool = False, **kwargs) -> MlpMixer:
+    """Mixer-S/16: 8 blocks, d 512, token MLP 256, channel MLP 2048."""
+    model_args = dict(patch_size=16, num_blocks=8, embed_dim=512, mlp_ratio=(0.5, 4.0))
+    return _create_mixer('mixer_s16', pretrained=pretrained, **dict(model_args, **kwargs))
+
+
+@register_model
+def mixer_b16(pretrained: bool = False, **kwargs) -> MlpMixer:
+    """Mixer-B/16: 12 blocks, d 768, token MLP 384, channel MLP 3072."""
+    model_args = dict(patch_size=16, num_blocks=12, embed_dim=768, mlp_ratio=(0.5, 4.0))
+    return _create_mixer('mixer_b16', pretrained=pretrained, **dict(model_args, **kwargs))
+
+
+@register_model
+def mixer_l16(pretrained: bool = False, **kwargs) -> MlpMixer:
+    """Mixer-L/16: 24 blocks, d 1024, token MLP 512, channel MLP 4096."""
+    model_args = dict(patch_size=16, num_blocks=24, embed_dim=1024, mlp_ratio=(0.5, 4.0))
+    return _create_mixer('mixer_l16', pretrained=pretrained, **dict(model_args, **kwargs))

@@ -1,0 +1,445 @@
+""" sMLPNet: a 4-stage pyramid of depthwise-conv + axial sparse-MLP token mixing and channel MLPs.
+
+Paper: `Sparse MLP for Image Recognition: Is Self-Attention Really Necessary?` (AAAI 2022)
+    - https://arxiv.org/abs/2109.05422
+Official code and weights: https://github.com/microsoft/SPACH (MIT license)
+
+Differences from the official code, none of which changes the function computed at 224x224:
+* any input size with H and W divisible by 32, square or not (the official code runs only at 224x224);
+* ``drop_path_rate`` takes effect (linear ramp over all blocks; the official flag is silently ignored);
+* scriptable / exportable (no einops), timm model contract, 4-level ``features_only`` pyramid;
+* our names say what each tensor mixes: ``proj_h`` mixes along H, ``proj_w`` along W. The official
+  checkpoint has them swapped (``proj_h`` mixes along W, ``proh_w`` along H); ``checkpoint_filter_fn``
+  maps them, and the fuse conv's input blocks, accordingly.
+"""
+from functools import partial
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Type, Union
+
+import torch
+import torch.nn as nn
+from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
+from timm.layers import ClassifierHead, DropPath, Mlp, to_2tuple, trunc_normal_
+from timm.models import build_model_with_cfg, checkpoint_seq, named_apply
+from timm.models._features import feature_take_indices
+from timm.models import generate_default_cfgs, register_model
+
+from ..layers import SparseMLPTokenMixer, check_image_input, resample_token_weight
+
+__all__ = ['SparseMLPNet', 'SparseMLPBlock', 'SparseMLPStage']
+
+
+class SparseMLPBlock(nn.Module):
+    """sMLPNet block: ``x = x + DropPath(TokenMixer(x))``; ``x = x + DropPath(MLP(LayerNorm_C(x)))``.
+
+    The channel MLP runs on channels-last tokens (Linear layers), the token mixer on NCHW.
+
+    Shapes: x (B, C, H, W) -> (B, C, H, W) with (H, W) == feat_size.
+    """
+
+    def __init__(
+            self,
+            dim: int,
+            feat_size: Tuple[int, int],
+            mlp_ratio: float = 3.,
+            norm_layer: Type[nn.Module] = nn.LayerNorm,
+            act_layer: Type[nn.Module] = nn.GELU,
+            proj_drop: float = 0.,
+            drop_path: float = 0.,
+            device=None,
+            dtype=None,
+    ) -> None:
+        super().__init__()
+        dd = {'device': device, 'dtype': dtype}
+        self.token_mixer = SparseMLPTokenMixer(dim, feat_size, act_layer=act_layer, **dd)
+        self.norm = norm_layer(dim, **dd)
+        self.mlp = Mlp(dim, int(dim * mlp_ratio), act_layer=act_layer, drop=proj_drop, **dd)
+        self.drop_path = DropPath(drop_path) if drop_path > 0. else nn.Identity()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.drop_path(self.token_mixer(x))
+        y = self.mlp(self.norm(x.permute(0, 2, 3, 1)))
+        return x + self.drop_path(y.permute(0, 3, 1, 2))
+
+
+class SparseMLPStage(nn.Module):
+    """Patch merging (2x2 conv, stride 2, no bias; none for the first stage) followed by ``depth`` blocks."""
+
+    def __init__(
+            self,
+            in_chs: int,
+            out_chs: int,
+            depth: int,
+            feat_size: Tuple[int, int],
+            downsample: bool = True,
+            mlp_ratio: float = 3.,
+            drop_path_rates: Optional[Sequence[float]] = None,
+            proj_drop: float = 0.,
+            norm_layer: Type[nn.Module] = nn.LayerNorm,
+            act_layer: Type[nn.Module] = nn.GELU,
+            device=None,
+            dtype=None,
+    ) -> None:
+        super().__init__()
+        dd = {'device': device, 'dtype': dtype}
+        self.grad_checkpointing = False
+        if downsample:
+            self.downsample = nn.Conv2d(in_chs, out_chs, kernel_size=2, stride=2, bias=False, **dd)
+        else:
+            if in_chs != out_chs:
+                raise ValueError(f'a stage without downsampling keeps its width, got {in_chs} -> {out_chs}')
+            self.downsample = nn.Identity()
+        drop_path_rates = drop_path_rates or [0.] * depth
+        self.blocks = nn.Sequential(*[
+            SparseMLPBlock(
+                out_chs, feat_size, mlp_ratio=mlp_ratio, norm_layer=norm_layer, act_layer=act_layer,
+                proj_drop=proj_drop, drop_path=drop_path_rates[i], **dd)
+            for i in range(depth)])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.downsample(x)
+        if self.grad_checkpointing and not torch.jit.is_scripting():
+            x = checkpoint_seq(self.blocks, x)
+        else:
+            x = self.blocks(x)
+        return x
+
+
+class SparseMLPNet(nn.Module):
+    """sMLPNet.
+
+    Args:
+        num_classes: classifier outputs (0 for no classifier).
+        in_chans: input channels.
+        img_size: int or (H, W); both divisible by 32 (four stages of stride 4, 2, 2, 2).
+        global_pool: pooling before the classifier ('avg' as the paper; any timm ``ClassifierHead`` type).
+        embed_dim: C, the first stage's width; stage i has width C * 2^i.
+        depths: blocks per stage.
+        mlp_ratio: channel-MLP expansion alpha (3; 2 for the paper's T*).
+        drop_rate: dropout before the classifier.
+        proj_drop_rate: dropout in the channel MLPs.
+        drop_path_rate: stochastic depth, rate * i / (N - 1) for block i of N (all stages together).
+    """
+
+    def __init__(
+            self,
+            num_classes: int = 1000,
+            in_chans: int = 3,
+            img_size: Union[int, Tuple[int, int]] = 224,
+            global_pool: str = 'avg',
+            embed_dim: int = 80,
+            depths: Tuple[int, ...] = (2, 8, 14, 2),
+            mlp_ratio: float = 3.,
+            norm_layer: Type[nn.Module] = nn.LayerNorm,
+            act_layer: Type[nn.Module] = nn.GELU,
+            drop_rate: float = 0.,
+            proj_drop_rate: float = 0.,
+            drop_path_rate: float = 0.,
+            device=None,
+            dtype=None,
+    ) -> None:
+        super().__init__()
+        dd = {'device': device, 'dtype': dtype}
+        img_size = to_2tuple(img_size)
+        num_stages = len(depths)
+        total_stride = 4 * 2 ** (num_stages - 1)
+        if any(s <= 0 or s % total_stride for s in img_size):
+            raise ValueError(f'sMLPNet needs H and W divisible by {total_stride} (its total stride), '
+                             f'got img_size={tuple(img_size)}')
+        self.num_classes = num_classes
+        self.in_chans = in_chans
+        self.img_size: Tuple[int, int] = (int(img_size[0]), int(img_size[1]))
+        self.drop_rate = drop_rate
+        dims = [embed_dim * 2 ** i for i in range(num_stages)]
+        self.num_features = self.head_hidden_size = dims[-1]
+
+        # stage 0's patch embedding: 4x4 patches -> C, linear (no norm), as the official model
+        self.stem = nn.Conv2d(in_chans, dims[0], kernel_size=4, stride=4, bias=False, **dd)
+        dpr = [x.tolist() for x in torch.linspace(0, drop_path_rate, sum(depths)).split(list(depths))]
+        stages = []
+        self.feature_info = []
+        stride = 4
+        prev_dim = dims[0]
+        for i in range(num_stages):
+            if i > 0:
+                stride *= 2
+            feat_size = (self.img_size[0] // stride, self.img_size[1] // stride)
+            stages.append(SparseMLPStage(
+                prev_dim, dims[i], depths[i], feat_size,
+                downsample=i > 0,
+                mlp_ratio=mlp_ratio,
+                drop_path_rates=dpr[i],
+                proj_drop=proj_drop_rate,
+                norm_layer=norm_layer,
+                act_layer=act_layer,
+                **dd,
+            ))
+            prev_dim = dims[i]
+            self.feature_info.append(dict(num_chs=dims[i], reduction=stride, module=f'stages.{i}'))
+        self.stages = nn.Sequential(*stages)
+        # the official model normalises the last map with BatchNorm before pooling
+        self.norm = nn.BatchNorm2d(self.num_features, **dd)
+        self.head = ClassifierHead(
+            self.num_features, num_classes, pool_type=global_pool, drop_rate=drop_rate, **dd)
+
+        named_apply(_init_weights, self)
+
+    @torch.jit.ignore
+    def group_matcher(self, coarse: bool = False) -> Dict[str, Any]:
+        return dict(
+            stem=r'^stem',
+            blocks=r'^stages\.(\d+)' if coarse else [
+                (r'^stages\.(\d+)\.downsample', (0,)),
+                (r'^stages\.(\d+)\.blocks\.(\d+)', None),
+                (r'^norm', (99999,)),
+            ],
+        )
+
+    @torch.jit.ignore
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
+        for s in self.stages:
+            s.grad_checkpointing = enable
+
+    @torch.jit.ignore
+    def get_classifier(self) -> nn.Module:
+        return self.head.fc
+
+    def reset_classifier(self, num_classes: int, global_pool: Optional[str] = None) -> None:
+        self.num_classes = num_classes
+        self.head.reset(num_classes, pool_type=global_pool)
+
+    def forward_intermediates(
+            self,
+            x: torch.Tensor,
+            indices: Optional[Union[int, List[int]]] = None,
+            norm: bool = False,
+            stop_early: bool = False,
+            output_fmt: str = 'NCHW',
+            intermediates_only: bool = False,
+    ) -> Union[List[torch.Tensor], Tuple[torch.Tensor, List[torch.Tensor]]]:
+        """Forward features returning the stage outputs (NCHW, strides 4/8/16/32).
+
+        Args:
+            x: input images (B, in_chans, H, W).
+            indices: last n stages if int, all if None, else the stage indices to take.
+            norm: apply the final BatchNorm to the last stage's output.
+            stop_early: stop after the last stage needed.
+            output_fmt: 'NCHW' only.
+            intermediates_only: return only the intermediates.
+        """
+        if output_fmt != 'NCHW':
+            raise ValueError(f"sMLPNet intermediates are NCHW maps, got output_fmt={output_fmt!r}")
+        check_image_input(x, self.in_chans, self.img_size)
+        intermediates = []
+        take_indices, max_index = feature_take_indices(len(self.stages), indices)
+        last_idx = len(self.stages) - 1
+
+        x = self.stem(x)
+        if torch.jit.is_scripting() or not stop_early:  # can't slice stages in torchscript
+            stages = self.stages
+        else:
+            stages = self.stages[:max_index + 1]
+        feat_idx = 0
+        for feat_idx, stage in enumerate(stages):
+            x = stage(x)
+            if feat_idx in take_indices:
+                intermediates.append(self.norm(x) if norm and feat_idx == last_idx else x)
+
+        if intermediates_only:
+            return intermediates
+        if feat_idx == last_idx:
+            x = self.norm(x)
+        return x, intermediates
+
+    def prune_intermediate_layers(
+            self,
+            indices: Union[int, List[int]] = 1,
+            prune_norm: bool = False,
+            prune_head: bool = True,
+    ) -> List[int]:
+        take_indices, max_index = feature_take_indices(len(self.stages), indices)
+        prune_end = max_index < len(self.stages) - 1
+        self.stages = self.stages[:max_index + 1]
+        if prune_norm or prune_end:
+            self.norm = nn.Identity()  # sized for (and applied to) the last stage only
+        if prune_end:
+            self.num_features = self.head_hidden_size = self.feature_info[max_index]['num_chs']
+        if prune_head or prune_end:
+            self.head = ClassifierHead(self.num_features, 0, pool_type='')
+        return take_indices
+
+    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, in_chans, H, W) -> (B, 8C, H/32, W/32), after the final BatchNorm."""
+        check_image_input(x, self.in_chans, self.img_size)
+        x = self.stem(x)
+        x = self.stages(x)
+        return self.norm(x)
+
+    def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
+        return self.head(x, pre_logits=True) if pre_logits else self.head(x)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.forward_features(x)
+        return self.forward_head(x)
+
+
+def _init_weights(module: nn.Module, name: str = '') -> None:
+    # truncated-normal(0.02) weights and zero biases for Linear and conv layers (as the official model's Linear)
+    if isinstance(module, (nn.Conv2d, nn.Linear)):
+        trunc_normal_(module.weight, std=.02)
+        if module.bias is not None:
+            nn.init.zeros_(module.bias)
+
+
+def _official_key_map(depths: Sequence[int]) -> List[Tuple[int, int]]:
+    """Global block index of the official checkpoint -> (stage, block)."""
+    return [(s, b) for s, d in enumerate(depths) for b in range(d)]
+
+
+def checkpoint_filter_fn(state_dict: Dict[str, torch.Tensor], model: SparseMLPNet) -> Dict[str, torch.Tensor]:
+    """Official SPACH sMLPNet checkpoint (or ours) -> this model.
+
+    Official layout (``model`` dict of ``smlp_{t,s,b}.pth``): ``to_patch_embedding.{s}.0`` stems,
+    ``token_mix.{i}`` / ``channel_mix.{i}`` numbered over all blocks, ``batch_norm``, ``mlp_head.0``.
+    Its ``proj_h`` mixes along W and ``proh_w`` along H (names swapped); the fuse conv's input channel
+    blocks are [x, W-mixed, H-mixed] there and [x, H-mixed, W-mixed] here. The 1x1-conv axial weights
+    (N, N, 1, 1) become (N, N) Linear weights. Axial weights are resampled when the model's stage sizes
+    differ from the checkpoint's (see :mod:`mlp_vision.layers.resample`).
+    """
+    if 'model' in state_dict and isinstance(state_dict['model'], dict):
+        state_dict = state_dict['model']
+    if 'to_patch_embedding.0.0.weight' in state_dict:
+        state_dict = _convert_official(state_dict, model)
+    return _resample_axial(state_dict, model)
+
+
+def _convert_official(state_dict: Dict[str, torch.Tensor], model: SparseMLPNet) -> Dict[str, torch.Tensor]:
+    depths = [len(s.blocks) for s in model.stages]
+    blocks = _official_key_map(depths)
+    num_official = 1 + max(
+        (int(k.split('.')[1]) for k in state_dict if k.startswith('token_mix.')), default=-1)
+    if num_official != len(blocks):
+        raise ValueError(f'official sMLPNet checkpoint has {num_official} blocks, this model has '
+                         f'{len(blocks)} (depths {depths}); load it into the matching variant')
+    out = {}
+    for k, v in state_dict.items():
+        parts = k.split('.')
+        if parts[0] == 'to_patch_embedding':
+            s = int(parts[1])
+            k = 'stem.weight' if s == 0 else f'stages.{s}.downsample.weight'
+        elif parts[0] in ('token_mix', 'channel_mix'):
+            s, b = blocks[int(parts[1])]
+            prefix = f'stages.{s}.blocks.{b}'
+            rest = '.'.join(parts[2:])
+            if parts[0] == 'token_mix':
+                if rest.startswith('0.conv_merge.BN.'):
+                    k = f'{prefix}.token_mixer.norm.{parts[-1]}'
+                elif rest == '0.conv_merge.Conv.weight':
+                    k = f'{prefix}.token_mixer.conv_dw.weight'
+                elif rest.startswith('1.BN.'):
+                    k = f'{prefix}.token_mixer.smlp.norm.{parts[-1]}'
+                elif rest.startswith('1.proj_h.'):  # official proj_h mixes along W
+                    k = f'{prefix}.token_mixer.smlp.proj_w.{parts[-1]}'
+                    v = v.flatten(1) if v.ndim == 4 else v
+                elif rest.startswith('1.proh_w.'):  # official proh_w mixes along H
+                    k = f'{prefix}.token_mixer.smlp.proj_h.{parts[-1]}'
+                    v = v.flatten(1) if v.ndim == 4 else v
+                elif rest == '1.fuse.weight':
+                    x_id, x_w, x_h = v.chunk(3, dim=1)  # official input order [x, W-mixed, H-mixed]
+                    v = torch.cat([x_id, x_h, x_w], dim=1)
+                    k = f'{prefix}.token_mixer.smlp.fuse.weight'
+                else:
+                    raise ValueError(f'unexpected key in official sMLPNet checkpoint: {k}')
+            else:
+                if rest.startswith('1.'):
+                    k = f'{prefix}.norm.{parts[-1]}'
+                elif rest.startswith('2.net.0.'):
+                    k = f'{prefix}.mlp.fc1.{parts[-1]}'
+                elif rest.startswith('2.net.3.'):
+                    k = f'{prefix}.mlp.fc2.{parts[-1]}'
+                else:
+                    raise ValueError(f'unexpected key in official sMLPNet checkpoint: {k}')
+        elif parts[0] == 'batch_norm':
+            k = f'norm.{parts[-1]}'
+        elif parts[0] == 'mlp_head':
+            k = f'head.fc.{parts[-1]}'
+        else:
+            raise ValueError(f'unexpected key in official sMLPNet checkpoint: {k}')
+        out[k] = v
+    return out
+
+
+def _resample_axial(state_dict: Dict[str, torch.Tensor], model: SparseMLPNet) -> Dict[str, torch.Tensor]:
+    model_sd = model.state_dict()
+    out = {}
+    for k, v in state_dict.items():
+        target = model_sd.get(k)
+        is_axial = k.endswith(('smlp.proj_h.weight', 'smlp.proj_h.bias', 'smlp.proj_w.weight', 'smlp.proj_w.bias'))
+        if is_axial and target is not None and v.shape != target.shape:
+            old_n, new_n = v.shape[0], target.shape[0]
+            in_dims = (1,) if v.ndim == 2 else ()
+            v = resample_token_weight(v, (old_n,), (new_n,), out_dims=(0,), in_dims=in_dims)
+        out[k] = v
+    return out
+
+
+def _create_smlpnet(variant: str, pretrained: bool = False, **kwargs) -> SparseMLPNet:
+    return build_model_with_cfg(
+        SparseMLPNet,
+        variant,
+        pretrained,
+        pretrained_filter_fn=checkpoint_filter_fn,
+        feature_cfg=dict(out_indices=(0, 1, 2, 3), flatten_sequential=True),
+        **kwargs,
+    )
+
+
+def _cfg(url: str = '', **kwargs) -> Dict[str, Any]:
+    return {
+        'url': url,
+        'num_classes': 1000, 'input_size': (3, 224, 224), 'pool_size': (7, 7),
+        'crop_pct': 0.875, 'interpolation': 'bicubic', 'fixed_input_size': True,
+        'mean': IMAGENET_DEFAULT_MEAN, 'std': IMAGENET_DEFAULT_STD,
+        'first_conv': 'stem', 'classifier': 'head.fc',
+        'license': 'mit',
+        'paper_ids': 'arXiv:2109.05422',
+        'paper_name': 'Sparse MLP for Image Recognition: Is Self-Attention Really Necessary?',
+        'origin_url': 'https://github.com/microsoft/SPACH',
+        **kwargs,
+    }
+
+
+default_cfgs = generate_default_cfgs({
+    # no sMLPNet-T / T* weights were ever released
+    'smlpnet_t.untrained': _cfg(),
+    'smlpnet_t_a2.untrained': _cfg(),
+    'smlpnet_s.in1k': _cfg(url='https://github.com/microsoft/SPACH/releases/download/v1.0/smlp_s.pth'),
+    'smlpnet_b.in1k': _cfg(url='https://github.com/microsoft/SPACH/releases/download/v1.0/smlp_b.pth'),
+})
+
+
+@register_model
+def smlpnet_t(pretrained: bool = False, **kwargs) -> SparseMLPNet:
+    """sMLPNet-T: C 80, depths (2, 8, 14, 2), alpha 3 (24.1 M params, 5.0 GMACs, 81.9 top-1)."""
+    model_args = dict(embed_dim=80, depths=(2, 8, 14, 2), mlp_ratio=3.)
+    return _create_smlpnet('smlpnet_t', pretrained=pretrained, **dict(model_args, **kwargs))
+
+
+@register_model
+def smlpnet_t_a2(pretrained: bool = False, **kwargs) -> SparseMLPNet:
+    """sMLPNet-T* (paper ablation base): C 80, depths (2, 8, 14, 2), alpha 2 (19.2 M, 4.0 GMACs, 81.3 top-1)."""
+    model_args = dict(embed_dim=80, depths=(2, 8, 14, 2), mlp_ratio=2.)
+    return _create_smlpnet('smlpnet_t_a2', pretrained=pretrained, **dict(model_args, **kwargs))
+
+
+@register_model
+def smlpnet_s(pretrained: bool = False, **kwargs) -> SparseMLPNet:
+    """sMLPNet-S: C 96, depths (2, 10, 24, 2), alpha 3 (48.6 M, 10.3 GMACs, 83.1 top-1); paper drop path 0.2."""
+    model_args = dict(embed_dim=96, depths=(2, 10, 24, 2), mlp_ratio=3.)
+    return _create_smlpnet('smlpnet_s', pretrained=pretrained, **dict(model_args, **kwargs))
+
+
+@register_model
+def smlpnet_b(pretrained: bool = False, **kwargs) -> SparseMLPNet:
+    """sMLPNet-B: C 112, depths (2, 10, 24, 2), alpha 3 (65.9 M, 14.0 GMACs, 83.4 top-1); paper drop path 0.3."""
+    model_args = dict(embed_dim=112, depths=(2, 10, 24, 2), mlp_ratio=3.)
+    return _create_smlpnet('smlpnet_b', pretrained=pretrained, **dict(model_args, **kwargs))
