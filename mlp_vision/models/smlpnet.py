@@ -264,7 +264,7 @@ class SparseMLPNet(nn.Module):
         if prune_end:
             self.num_features = self.head_hidden_size = self.feature_info[max_index]['num_chs']
         if prune_head or prune_end:
-            self.head = ClassifierHead(self.num_features, 0, pool_type='')
+            self.head.reset(0, pool_type='', in_features=self.num_features)
         return take_indices
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
