@@ -38,7 +38,9 @@ class SpatialGatingUnit(nn.Module):
 
     Shapes:
         x: (B, L, dim) with L <= seq_len; res: optional (B, L, dim // 2) added after the projection
-        (aMLP's tiny attention); output: (B, L, dim // 2).
+        (aMLP's tiny attention); mask: optional (B, L) padding mask (True = real token) that zeroes the padded
+        tokens' normalised gate values before the projection, so padded content cannot reach real positions
+        (the paper does not mask, and neither does the unit without ``mask``); output: (B, L, dim // 2).
     """
 
     def __init__(
@@ -92,10 +94,17 @@ class SpatialGatingUnit(nn.Module):
             w = torch.tril(w)
         return w
 
-    def forward(self, x: torch.Tensor, res: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def forward(
+            self,
+            x: torch.Tensor,
+            res: Optional[torch.Tensor] = None,
+            mask: Optional[torch.Tensor] = None,
+    ) -> torch.Tensor:
         length = x.shape[-2]
         u, v = x.chunk(2, dim=-1)
         v = self.norm(v)
+        if mask is not None:
+            v = v * mask.unsqueeze(-1).to(v.dtype)
         # (L, L) @ (B, L, C) -> (B, L, C): mixes tokens without transposing the activations
         v = torch.matmul(self.spatial_weight(length), v) + self.bias[:length].unsqueeze(-1)
         if res is not None:
@@ -114,7 +123,8 @@ class TinyAttention(nn.Module):
 
     Shapes:
         x: (B, L, dim); mask: optional (B, L) bool, True for real tokens and False for padding (padded keys get
-        no attention weight); output: (B, L, out_dim).
+        no attention weight; a sequence that is all padding attends to every position instead of producing
+        NaN); output: (B, L, out_dim).
     """
 
     def __init__(
@@ -141,7 +151,9 @@ class TinyAttention(nn.Module):
         attn_mask: Optional[torch.Tensor] = None
         is_causal = self.causal
         if mask is not None:
-            attn_mask = mask.to(torch.bool).unsqueeze(-2)  # (B, 1, L): every query ignores padded keys
+            keep = mask.to(torch.bool)
+            keep = keep | ~keep.any(dim=-1, keepdim=True)  # softmax over an empty set is undefined
+            attn_mask = keep.unsqueeze(-2)  # (B, 1, L): every query ignores padded keys
             if self.causal:
                 length = x.shape[-2]
                 attn_mask = attn_mask & torch.ones(length, length, dtype=torch.bool, device=x.device).tril()
@@ -166,6 +178,8 @@ class GatedMLPBlock(nn.Module):
         mlp_ratio: d_ffn / d; fc1 maps d -> d_ffn, the SGU halves it, fc2 maps d_ffn / 2 -> d.
         spatial_mode: SGU weight variant, 'dense' | 'toeplitz' | 'causal'.
         attn_dim: size of the tiny attention head (0 = plain gMLP). Its attention is causal when the SGU is.
+        hidden_dim: d_ffn given directly (overrides ``mlp_ratio``; avoids rounding of non-integer ratios).
+        sgu_mask: also pass the padding mask to the SGU (off by default, as the paper).
 
     Shapes:
         x: (B, L, dim); mask: optional (B, L) bool padding mask (True = real token), used by the tiny
@@ -180,6 +194,8 @@ class GatedMLPBlock(nn.Module):
             mlp_ratio: float = 6.,
             spatial_mode: str = 'dense',
             attn_dim: int = 0,
+            hidden_dim: Optional[int] = None,
+            sgu_mask: bool = False,
             norm_layer: Type[nn.Module] = partial(nn.LayerNorm, eps=1e-6),
             gate_norm_layer: Type[nn.Module] = nn.LayerNorm,
             act_layer: Type[nn.Module] = nn.GELU,
@@ -190,7 +206,8 @@ class GatedMLPBlock(nn.Module):
     ) -> None:
         super().__init__()
         dd = {'device': device, 'dtype': dtype}
-        hidden_dim = int(dim * mlp_ratio)
+        hidden_dim = hidden_dim or int(dim * mlp_ratio)
+        self.sgu_mask = sgu_mask
         self.norm = norm_layer(dim, **dd)
         self.fc1 = nn.Linear(dim, hidden_dim, **dd)
         self.act = act_layer()
@@ -208,6 +225,6 @@ class GatedMLPBlock(nn.Module):
         res: Optional[torch.Tensor] = None
         if self.attn is not None:
             res = self.attn(x, mask)
-        x = self.sgu(self.act(self.fc1(x)), res)
+        x = self.sgu(self.act(self.fc1(x)), res, mask if self.sgu_mask else None)
         x = self.fc2(self.drop(x))
         return shortcut + self.drop_path(x)
