@@ -1,0 +1,218 @@
+""" Char-level GPT with MLP-Attention (paper 003) and the same GPT with dot-product attention (its baseline).
+
+Paper: Morsali et al., `MLP-Attention: Improving Transformer Architecture with MLP Attention Weights`
+(ICLR 2023 Tiny Papers), SPEC §1.5. Reference code: github.com/AlirezaMorsali/MLP-Attention (nanoGPT-style).
+
+MLP-Attention, per head h: ``logits_h = ReLU(X W1_h + b1_h) W2_h`` with W2_h: d_hidden x T_max (no bias), so
+row t holds logits over key positions 0..T_max-1; only the first T columns are computed for a length-T input,
+then causal mask, softmax, dropout, times ``V_h = X Wv_h``; heads are concatenated and projected d -> d.
+The reference code applies the (T_max, T_max) mask to (T, T_max) logits and so crashes for T < T_max; here
+every length 1..T_max works and ``generate`` runs from a 1-token prompt.
+
+GPT (both variants): token + learned position embedding -> n_layer pre-LN blocks
+``x + Attn(LN(x))``, ``x + FFN(LN(x))`` (FFN d -> 4d -> d, ReLU) -> final LN -> LM head (untied, with bias).
+The dot-product baseline uses :class:`timm.layers.Attention` (fused SDPA, ``is_causal=True``; q/k/v without
+bias, projection with bias, as the reference) and both variants use :class:`timm.layers.Mlp` for the FFN.
+
+Parameter counts at the paper's settings (vocab 65, 3 layers, 3 heads, d 384, T_max 256, d_hidden 256):
+    dot-product:   65*384 + 256*384                                    (token + position embedding)
+                   + 3 * (4*384 + 3*384^2 + 384^2 + 384 + 2*384*1536 + 1536 + 384)   (LNs, q/k/v, proj, FFN)
+                   + 2*384 + 384*65 + 65                               (final LN, LM head)
+                   = 5,468,993   (paper: "5.5 million")
+    MLP-Attention: q and k (2 * 384^2 per layer) replaced by 3 heads x (384*256 + 256 + 256*256):
+                   5,468,993 + 3 * (492,288 - 294,912) = 6,061,121   (paper: "6 million"; SPEC §2 writes 6.0 M)
+Both equal the counts the reference code records (``results/Final/hyper_params.json``: 5.468993 / 6.061121 M).
+"""
+from dataclasses import dataclass
+from functools import partial
+from typing import Optional
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from timm.layers import Attention, Mlp
+
+from .modeling_utils import GenerationMixin, PretrainedMixin, TextOutput, init_linear_embedding, lm_loss
+
+__all__ = ['GPTConfig', 'MLPAttention', 'GPTBlock', 'GPTLanguageModel', 'ATTENTION_TYPES']
+
+ATTENTION_TYPES = ('mlp', 'sdpa')
+
+
+@dataclass
+class GPTConfig:
+    """Configuration of the char-level GPT (defaults: the MLP-Attention paper's Tiny Shakespeare setup).
+
+    Attributes:
+        vocab_size: V (65 characters in Tiny Shakespeare).
+        block_size: T_max, the longest context (position embeddings and MLP-attention logits are this long).
+        n_layer, n_head, n_embd: depth, heads, width d (n_embd must be divisible by n_head).
+        attention: 'mlp' (MLP-Attention) | 'sdpa' (scaled dot-product attention baseline).
+        mlp_attn_hidden: hidden width of each head's logit MLP (MLP-Attention only).
+        ffn_ratio: FFN hidden width / d.
+        dropout: attention-weight, residual and FFN dropout (0.2 in the paper).
+        init_std: std of the normal init of Linear / Embedding weights (biases 0), as nanoGPT.
+    """
+    vocab_size: int = 65
+    block_size: int = 256
+    n_layer: int = 3
+    n_head: int = 3
+    n_embd: int = 384
+    attention: str = 'mlp'
+    mlp_attn_hidden: int = 256
+    ffn_ratio: int = 4
+    dropout: float = 0.2
+    init_std: float = 0.02
+
+    def __post_init__(self):
+        if self.attention not in ATTENTION_TYPES:
+            raise ValueError(f'attention must be one of {ATTENTION_TYPES}, got {self.attention!r}')
+        if self.n_embd % self.n_head:
+            raise ValueError(f'n_embd {self.n_embd} not divisible by n_head {self.n_head}')
+
+
+class MLPAttention(nn.Module):
+    """Causal multi-head MLP-Attention: each head computes its attention logits with an MLP of the input.
+
+    Args:
+        dim: model width d; heads have size d / num_heads.
+        num_heads: H.
+        max_len: T_max; the logit MLP outputs one logit per key position 0..T_max-1.
+        hidden_dim: hidden width of the per-head logit MLP.
+        attn_drop, proj_drop: dropout on the attention weights / after the output projection.
+
+    Parameters: ``fc1`` (d -> H * hidden, with bias: the H first layers side by side), ``fc2_weight``
+    (H, hidden, T_max: the H second layers, no bias), ``value`` (d -> d, no bias: the H value maps side by side),
+    ``proj`` (d -> d). Same count as H separate per-head modules of the reference.
+
+    Shapes: x (B, T, d) with 1 <= T <= T_max -> (B, T, d). Row t attends to keys 0..t only.
+    """
+
+    def __init__(
+            self,
+            dim: int,
+            num_heads: int,
+            max_len: int,
+            hidden_dim: int = 256,
+            attn_drop: float = 0.,
+            proj_drop: float = 0.,
+            device=None,
+            dtype=None,
+    ) -> None:
+        super().__init__()
+        dd = {'device': device, 'dtype': dtype}
+        if dim % num_heads:
+            raise ValueError(f'dim {dim} not divisible by num_heads {num_heads}')
+        self.num_heads = num_heads
+        self.head_dim = dim // num_heads
+        self.hidden_dim = hidden_dim
+        self.max_len = max_len
+        self.fc1 = nn.Linear(dim, num_heads * hidden_dim, **dd)
+        self.fc2_weight = nn.Parameter(torch.empty(num_heads, hidden_dim, max_len, **dd))
+        self.value = nn.Linear(dim, dim, bias=False, **dd)
+        self.attn_drop = nn.Dropout(attn_drop)
+        self.proj = nn.Linear(dim, dim, **dd)
+        self.proj_drop = nn.Dropout(proj_drop)
+        self.register_buffer(
+            'causal_mask', torch.ones(max_len, max_len, dtype=torch.bool, device=device).tril(), persistent=False)
+        self.init_weights()
+
+    def init_weights(self, std: float = 0.02) -> None:
+        """fc2 as the reference's bias-free Linear under nanoGPT init: N(0, std)."""
+        nn.init.normal_(self.fc2_weight, std=std)
+
+    def attention_weights(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, T, d) -> (B, H, T, T) softmax attention weights (causal, before dropout)."""
+        B, T, _ = x.shape
+        if not 1 <= T <= self.max_len:
+            raise ValueError(f'sequence length {T} outside [1, {self.max_len}] (block_size)')
+        h = F.relu(self.fc1(x)).view(B, T, self.num_heads, self.hidden_dim).transpose(1, 2)  # (B, H, T, hidden)
+        logits = h @ self.fc2_weight[:, :, :T]  # (B, H, T, hidden) @ (H, hidden, T) -> (B, H, T, T)
+        logits = logits.masked_fill(~self.causal_mask[:T, :T], float('-inf'))
+        return logits.softmax(dim=-1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, C = x.shape
+        attn = self.attn_drop(self.attention_weights(x))
+        v = self.value(x).view(B, T, self.num_heads, self.head_dim).transpose(1, 2)  # (B, H, T, hs)
+        out = (attn @ v).transpose(1, 2).reshape(B, T, C)
+        return self.proj_drop(self.proj(out))
+
+    def extra_repr(self) -> str:
+        return f'num_heads={self.num_heads}, hidden_dim={self.hidden_dim}, max_len={self.max_len}'
+
+
+class _CausalSDPA(Attention):
+    """:class:`timm.layers.Attention` called with ``is_causal=True`` (so the block can call ``attn(x)``)."""
+
+    def forward(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None, is_causal: bool = True):
+        return super().forward(x, attn_mask=attn_mask, is_causal=is_causal)
+
+
+class GPTBlock(nn.Module):
+    """Pre-LN GPT block: ``x = x + attn(ln1(x)); x = x + ffn(ln2(x))``.
+
+    ``attn`` is :class:`MLPAttention` (``attention='mlp'``) or causal :class:`timm.layers.Attention`
+    (``'sdpa'``); ``ffn`` is :class:`timm.layers.Mlp` (d -> ffn_ratio d -> d, ReLU, dropout after fc2).
+
+    Shapes: x (B, T, d) -> (B, T, d).
+    """
+
+    def __init__(self, config: GPTConfig, device=None, dtype=None) -> None:
+        super().__init__()
+        dd = {'device': device, 'dtype': dtype}
+        c = config
+        self.ln1 = nn.LayerNorm(c.n_embd, **dd)
+        if c.attention == 'mlp':
+            self.attn = MLPAttention(
+                c.n_embd, c.n_head, c.block_size, c.mlp_attn_hidden,
+                attn_drop=c.dropout, proj_drop=c.dropout, **dd)
+        else:
+            self.attn = _CausalSDPA(
+                c.n_embd, num_heads=c.n_head, qkv_bias=False, proj_bias=True,
+                attn_drop=c.dropout, proj_drop=c.dropout, **dd)
+        self.ln2 = nn.LayerNorm(c.n_embd, **dd)
+        self.ffn = Mlp(c.n_embd, c.ffn_ratio * c.n_embd, act_layer=nn.ReLU, drop=(0., c.dropout), **dd)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln1(x))
+        return x + self.ffn(self.ln2(x))
+
+
+class GPTLanguageModel(GenerationMixin, PretrainedMixin, nn.Module):
+    """Char-level GPT LM with MLP-Attention or dot-product attention.
+
+    Shapes:
+        idx: (B, T) int64 with 1 <= T <= block_size; targets: optional (B, T) int64 next tokens (-100 = skip).
+        Returns ``TextOutput(logits (B, T, vocab_size), loss)``. ``generate`` (from :class:`GenerationMixin`)
+        crops the context to the last ``block_size`` tokens.
+    """
+    config_class = GPTConfig
+
+    def __init__(self, config: GPTConfig, device=None, dtype=None) -> None:
+        super().__init__()
+        dd = {'device': device, 'dtype': dtype}
+        self.config = config
+        self.max_seq_len = config.block_size
+        self.tok_emb = nn.Embedding(config.vocab_size, config.n_embd, **dd)
+        self.pos_emb = nn.Embedding(config.block_size, config.n_embd, **dd)
+        self.blocks = nn.ModuleList([GPTBlock(config, **dd) for _ in range(config.n_layer)])
+        self.ln_f = nn.LayerNorm(config.n_embd, **dd)
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, **dd)
+        self.apply(partial(init_linear_embedding, std=config.init_std))
+        for m in self.modules():
+            if isinstance(m, MLPAttention):
+                m.init_weights(config.init_std)
+
+    def forward(self, idx: torch.Tensor, targets: Optional[torch.Tensor] = None) -> TextOutput:
+        if idx.dim() != 2:
+            raise ValueError(f'idx must be (B, T), got shape {tuple(idx.shape)}')
+        T = idx.shape[1]
+        if not 1 <= T <= self.config.block_size:
+            raise ValueError(f'sequence length {T} outside [1, {self.config.block_size}] (block_size)')
+        pos = torch.arange(T, device=idx.device)
+        x = self.tok_emb(idx) + self.pos_emb(pos)  # no embedding dropout, as the reference
+        for block in self.blocks:
+            x = block(x)
+        logits = self.lm_head(self.ln_f(x))
+        return TextOutput(logits, lm_loss(logits, targets) if targets is not None else None)
