@@ -50,9 +50,11 @@ def resample_token_axis(
     x = t.movedim(dim, -1)
     lead = x.shape[:-1]
     x = x.reshape(-1, 1, *old_grid).float()
-    if len(old_grid) == 1:  # 1-D axis as an (n, 1) image so bilinear antialiasing applies
-        x = x.unsqueeze(-1)
-        size: Tuple[int, int] = (new_grid[0], 1)
+    if len(old_grid) == 1:
+        # a 1-D axis as a (1, n) image so bilinear antialiasing applies (an (n, 1) image one pixel wide
+        # comes out of antialiased bilinear downsampling as a repeated first row)
+        x = x.unsqueeze(-2)
+        size: Tuple[int, int] = (1, new_grid[0])
     else:
         size = (new_grid[0], new_grid[1])
     antialias = any(n < o for n, o in zip(new_grid, old_grid))

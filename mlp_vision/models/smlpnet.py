@@ -312,6 +312,19 @@ def checkpoint_filter_fn(state_dict: Dict[str, torch.Tensor], model: SparseMLPNe
     return _resample_axial(state_dict, model)
 
 
+def _official_depths(state_dict: Dict[str, torch.Tensor], num_blocks: int) -> List[int]:
+    """Stage depths of an official checkpoint, from the widths of its globally numbered blocks."""
+    depths: List[int] = []
+    prev = -1
+    for g in range(num_blocks):
+        width = state_dict[f'channel_mix.{g}.1.weight'].shape[0]
+        if width != prev:
+            depths.append(0)
+            prev = width
+        depths[-1] += 1
+    return depths
+
+
 def _convert_official(state_dict: Dict[str, torch.Tensor], model: SparseMLPNet) -> Dict[str, torch.Tensor]:
     depths = [len(s.blocks) for s in model.stages]
     blocks = _official_key_map(depths)
@@ -320,6 +333,13 @@ def _convert_official(state_dict: Dict[str, torch.Tensor], model: SparseMLPNet) 
     if num_official != len(blocks):
         raise ValueError(f'official sMLPNet checkpoint has {num_official} blocks, this model has '
                          f'{len(blocks)} (depths {depths}); load it into the matching variant')
+    dims = [s.blocks[0].norm.normalized_shape[0] for s in model.stages]
+    for g, (s, _) in enumerate(blocks):
+        ck_dim = state_dict[f'channel_mix.{g}.1.weight'].shape[0]
+        if ck_dim != dims[s]:
+            ck_depths = _official_depths(state_dict, num_official)
+            raise ValueError(f'official sMLPNet checkpoint has stage depths {ck_depths}, this model has {depths} '
+                             f'(block {g} is {ck_dim} wide in the checkpoint, {dims[s]} here)')
     out = {}
     for k, v in state_dict.items():
         parts = k.split('.')
