@@ -8,8 +8,11 @@ __all__ = ['check_image_input']
 
 
 @register_notrace_function  # a leaf for timm's FX feature extraction (its control flow is on shapes)
-def check_image_input(x: torch.Tensor, in_chans: int, img_size: Tuple[int, int]) -> None:
-    """Raise ``ValueError`` unless ``x`` is (B, in_chans, img_size[0], img_size[1]).
+def check_image_input(x: torch.Tensor, in_chans: int, img_size: Tuple[int, int]) -> torch.Tensor:
+    """Return ``x`` unchanged; raise ``ValueError`` unless it is (B, in_chans, img_size[0], img_size[1]).
+
+    Callers write ``x = check_image_input(x, ...)``: the data flows through the check, so FX feature extraction
+    (which drops graph nodes whose outputs are unused) keeps it.
 
     The token-mixing weights of gMLP, MLP-Mixer and sMLPNet are tied to one spatial size, so a different
     input cannot be processed (build the model with ``img_size=...``, resampling pretrained weights, instead).
@@ -24,3 +27,4 @@ def check_image_input(x: torch.Tensor, in_chans: int, img_size: Tuple[int, int])
         raise ValueError(f'expected input spatial size {img_size[0]}x{img_size[1]} (H x W), got '
                          f'{x.shape[2]}x{x.shape[3]}; this model has fixed-size token mixing, build it with '
                          f'img_size=({x.shape[2]}, {x.shape[3]}) (pretrained spatial weights are resampled)')
+    return x

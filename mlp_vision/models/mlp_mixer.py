@@ -162,7 +162,7 @@ class MlpMixer(nn.Module):
         """
         if output_fmt not in ('NCHW', 'NLC'):
             raise ValueError(f"output_fmt must be 'NCHW' or 'NLC', got {output_fmt!r}")
-        check_image_input(x, self.in_chans, self.img_size)
+        x = check_image_input(x, self.in_chans, self.img_size)
         intermediates = []
         take_indices, max_index = feature_take_indices(len(self.blocks), indices)
 
@@ -205,7 +205,7 @@ class MlpMixer(nn.Module):
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         """(B, in_chans, H, W) -> (B, H/p * W/p, embed_dim), after the final norm."""
-        check_image_input(x, self.in_chans, self.img_size)
+        x = check_image_input(x, self.in_chans, self.img_size)
         x = self.stem(x)
         if self.grad_checkpointing and not torch.jit.is_scripting():
             x = checkpoint_seq(self.blocks, x)

@@ -228,7 +228,7 @@ class SparseMLPNet(nn.Module):
         """
         if output_fmt != 'NCHW':
             raise ValueError(f"sMLPNet intermediates are NCHW maps, got output_fmt={output_fmt!r}")
-        check_image_input(x, self.in_chans, self.img_size)
+        x = check_image_input(x, self.in_chans, self.img_size)
         intermediates = []
         take_indices, max_index = feature_take_indices(len(self.stages), indices)
         last_idx = len(self.stages) - 1
@@ -269,7 +269,7 @@ class SparseMLPNet(nn.Module):
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         """(B, in_chans, H, W) -> (B, 8C, H/32, W/32), after the final BatchNorm."""
-        check_image_input(x, self.in_chans, self.img_size)
+        x = check_image_input(x, self.in_chans, self.img_size)
         x = self.stem(x)
         x = self.stages(x)
         return self.norm(x)
