@@ -1,0 +1,103 @@
+""" Device selection and distributed (torchrun) setup for CPU (gloo) and CUDA (NCCL).
+
+timm's ``init_distributed_device_so`` reads torchrun's / SLURM's environment and initialises the process group
+(gloo for CPU, NCCL for CUDA). The DDP wrapper is ours: on CPU, ``DistributedDataParallel`` must get no
+``device_ids`` (timm's train.py passes ``[device]``, which PyTorch rejects for CPU modules).
+
+Multi-node: run the same command on every node with torchrun's rendezvous, e.g.::
+
+    torchrun --nnodes=2 --nproc_per_node=8 --rdzv_backend=c10d --rdzv_endpoint=HOST:29500 \\
+        --rdzv_id=JOB train.py -c configs/smlpnet_t.yaml --data-dir /data/imagenet
+"""
+import hashlib
+import logging
+import os
+from typing import Any, List, Optional
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from timm.utils.distributed import init_distributed_device_so
+
+from .errors import UsageError
+
+__all__ = ['DistInfo', 'init_device', 'wrap_ddp', 'all_gather_objects', 'state_dict_digest', 'barrier']
+
+_logger = logging.getLogger(__name__)
+
+
+class DistInfo:
+    """Where this process runs: ``device``, ``distributed``, ``world_size``, ``rank``, ``local_rank``."""
+
+    def __init__(self, device: torch.device, distributed: bool, world_size: int, rank: int, local_rank: int):
+        self.device, self.distributed = device, distributed
+        self.world_size, self.rank, self.local_rank = world_size, rank, local_rank
+
+    @property
+    def primary(self) -> bool:
+        return self.rank == 0
+
+    def __repr__(self) -> str:
+        return (f'DistInfo(device={self.device}, distributed={self.distributed}, world_size={self.world_size}, '
+                f'rank={self.rank}, local_rank={self.local_rank})')
+
+
+def init_device(device: Optional[str] = None, dist_backend: Optional[str] = None,
+                dist_url: Optional[str] = None) -> DistInfo:
+    """Pick the device ('cuda' if available, else 'cpu', unless given) and join torchrun's process group.
+
+    Under torchrun with CUDA each process takes GPU ``LOCAL_RANK``; on CPU all processes use the CPU with gloo.
+    """
+    if device is None:
+        device = 'cuda' if torch.cuda.is_available() else 'cpu'
+    device_type = device.split(':', 1)[0]
+    if device_type == 'cuda' and not torch.cuda.is_available():
+        raise UsageError(f'--device {device} asked for CUDA, but no CUDA device is available (use --device cpu)')
+    if device_type not in ('cpu', 'cuda'):
+        _logger.warning(f'device type {device_type!r} is untested here (CPU and CUDA are)')
+    if dist.is_available() and dist.is_initialized():
+        # a second call in the same process (train.py's demo runs validate.py's code in-process): reuse the group
+        local_rank = int(os.environ.get('LOCAL_RANK', 0))
+        if device_type == 'cuda':
+            device = f'cuda:{local_rank}'
+        return DistInfo(torch.device(device), True, dist.get_world_size(), dist.get_rank(), local_rank)
+    result = init_distributed_device_so(device=device, dist_backend=dist_backend, dist_url=dist_url)
+    return DistInfo(
+        device=torch.device(result['device']),
+        distributed=result['distributed'],
+        world_size=result['world_size'],
+        rank=result['global_rank'],
+        local_rank=result['local_rank'],
+    )
+
+
+def wrap_ddp(model: nn.Module, info: DistInfo, **kwargs) -> nn.Module:
+    """DistributedDataParallel with ``device_ids`` for CUDA and none for the CPU."""
+    from torch.nn.parallel import DistributedDataParallel
+    if info.device.type == 'cuda':
+        return DistributedDataParallel(model, device_ids=[info.device], **kwargs)
+    return DistributedDataParallel(model, **kwargs)
+
+
+def barrier(info: DistInfo) -> None:
+    if info.distributed:
+        dist.barrier()
+
+
+def all_gather_objects(obj: Any, info: DistInfo) -> List[Any]:
+    """Every rank's ``obj`` (rank order); ``[obj]`` outside distributed mode."""
+    if not info.distributed:
+        return [obj]
+    out = [None] * info.world_size
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def state_dict_digest(module: nn.Module) -> str:
+    """SHA-256 of every tensor in the state dict (names, dtypes, shapes, bytes): equal digests = equal weights."""
+    h = hashlib.sha256()
+    for k, v in module.state_dict().items():
+        v = v.detach().cpu().contiguous()
+        h.update(f'{k}:{v.dtype}:{tuple(v.shape)};'.encode())
+        h.update(v.reshape(-1).view(torch.uint8).numpy().tobytes() if v.numel() else b'')
+    return h.hexdigest()

@@ -1,0 +1,316 @@
+""" train.py / validate.py: exact resume (in-process and after SIGKILL), 2-process gloo DDP, validation of the
+produced checkpoints, NaN stop, outputs, and the clear errors for bad input.
+
+Everything runs on a few hundred real images (scikit-learn's bundled handwritten digits, written as an
+ImageFolder tree) with a tiny sMLPNet (BatchNorm included) at 32x32, on the CPU.
+"""
+import csv
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+pytest.importorskip('sklearn', reason='the test images come from scikit-learn (pip install scikit-learn)')
+
+import train  # noqa: E402  (repo-root scripts)
+import validate  # noqa: E402
+from mlp_vision.training.checkpoint import atomic_save  # noqa: E402
+from mlp_vision.training.config import parse_args_with_config  # noqa: E402
+from mlp_vision.training.data import prepare_digits_folder  # noqa: E402
+
+MODEL_ARGS = ['--model', 'smlpnet_t', '--model-kwargs', 'embed_dim=8', 'depths=(1,1,1,1)', '--img-size', '32']
+# every source of training randomness on, so exact resume covers them all
+RECIPE_ARGS = [
+    '--epochs', '2', '-b', '8', '--opt', 'adamw', '--lr', '2e-3', '--weight-decay', '0.05',
+    '--sched', 'cosine', '--sched-on-updates', '--warmup-epochs', '1', '--warmup-lr', '1e-4',
+    '--drop-path', '0.1', '--mixup', '0.8', '--cutmix', '1.0', '--reprob', '0.25', '--smoothing', '0.1',
+    '--aa', 'rand-m9-mstd0.5-inc1', '--hflip', '0', '--scale', '0.6', '1.0', '--crop-pct', '1.0',
+    '--model-ema', '--model-ema-decay', '0.9', '--grad-accum-steps', '2', '--clip-grad', '1.0',
+    '--checkpoint-hist', '2', '--seed', '7',
+]
+
+
+def _state(path):
+    return torch.load(path, map_location='cpu', weights_only=True)
+
+
+def _assert_same_weights(a, b):
+    sa, sb = _state(a), _state(b)
+    assert sa['epoch'] == sb['epoch']
+    for key in ('state_dict', 'state_dict_ema'):
+        assert sa[key].keys() == sb[key].keys()
+        for k in sa[key]:
+            assert torch.equal(sa[key][k], sb[key][k]), f'{key}.{k} differs'
+
+
+@pytest.fixture(scope='module')
+def digits(tmp_path_factory):
+    """240 train / 60 val real digit images (24 / 6 per class), 32x32 PNGs."""
+    return prepare_digits_folder(tmp_path_factory.mktemp('data') / 'digits', size=32, max_per_class=30)
+
+
+@pytest.fixture(scope='module')
+def reference_run(digits, tmp_path_factory):
+    """Two uninterrupted epochs (in this process, no loader workers); returns the experiment folder."""
+    out = tmp_path_factory.mktemp('ref')
+    train.main(MODEL_ARGS + RECIPE_ARGS + [
+        '--data-dir', str(digits), '--val-split', 'val', '--workers', '0', '--log-interval', '5',
+        '--output', str(out), '--experiment', 'ref'])
+    return out / 'ref'
+
+
+def _env():
+    env = dict(os.environ, PYTHONUNBUFFERED='1')
+    env['PYTHONPATH'] = os.pathsep.join([str(REPO)] + [p for p in env.get('PYTHONPATH', '').split(os.pathsep) if p])
+    return env
+
+
+def test_outputs_of_a_run(reference_run):
+    exp = reference_run
+    for name in ('args.yaml', 'train.log', 'summary.csv', 'last.pth', 'model_best.pth', 'results.json',
+                 'curves.png', 'checkpoint-0.pth', 'checkpoint-1.pth'):
+        assert (exp / name).is_file(), name
+    rows = list(csv.DictReader(open(exp / 'summary.csv')))
+    assert [r['epoch'] for r in rows] == ['0', '1']
+    results = json.loads((exp / 'results.json').read_text())
+    assert results['final_epoch'] == 1 and results['ranks_agree']
+    assert 0 <= results['eval']['top1'] <= 100
+    # args.yaml is the resolved configuration and loads back as a config
+    args = yaml.safe_load((exp / 'args.yaml').read_text())
+    assert args['model'] == 'smlpnet_t' and args['model_kwargs'] == {'embed_dim': 8, 'depths': [1, 1, 1, 1]}
+    assert not list(exp.glob('.*tmp*')), 'temporary files left behind'
+
+
+def test_resume_is_bit_identical(reference_run, digits, tmp_path):
+    # continue from the end of epoch 0 (another folder, loader workers this time): same weights as 2 epochs
+    exp = tmp_path / 'resumed'
+    exp.mkdir()
+    shutil.copy(reference_run / 'checkpoint-0.pth', exp / 'checkpoint-0.pth')
+    train.main(MODEL_ARGS + RECIPE_ARGS + [
+        '--data-dir', str(digits), '--val-split', 'val', '--workers', '2', '--log-interval', '100',
+        '--resume', str(exp / 'checkpoint-0.pth')])
+    _assert_same_weights(reference_run / 'last.pth', exp / 'last.pth')
+
+
+def test_sigkill_mid_epoch_then_resume(reference_run, digits, tmp_path):
+    args = MODEL_ARGS + RECIPE_ARGS + ['--data-dir', str(digits), '--val-split', 'val', '--workers', '1',
+                                       '--log-interval', '1']
+    proc = subprocess.Popen(
+        [sys.executable, str(REPO / 'train.py')] + args + ['--output', str(tmp_path), '--experiment', 'k'],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_env(), cwd=tmp_path)
+    seen = []
+    try:
+        for line in proc.stdout:
+            seen.append(line)
+            if line.startswith('Train: 1/1 [ 2/'):  # epoch 1 under way (epoch 0 checkpointed)
+                proc.send_signal(signal.SIGKILL)
+                break
+    finally:
+        proc.stdout.close()
+        proc.wait(timeout=120)
+    assert proc.returncode == -signal.SIGKILL, ''.join(seen[-20:])
+    exp = tmp_path / 'k'
+    assert _state(exp / 'last.pth')['epoch'] == 0, 'the kill came too late: epoch 1 was already saved'
+
+    train.main(args + ['--resume', str(exp / 'last.pth')])  # continues in the same folder
+    _assert_same_weights(reference_run / 'last.pth', exp / 'last.pth')
+    lines = (exp / 'summary.csv').read_text().splitlines()
+    assert sum(line.startswith('epoch,') for line in lines) == 1
+    assert [line.split(',')[0] for line in lines[1:]] == ['0', '1']
+
+
+def test_validate_reproduces_training_eval(reference_run, digits, tmp_path):
+    reported = json.loads((reference_run / 'results.json').read_text())
+    out = tmp_path / 'val.json'
+    res = validate.main(['--checkpoint', str(reference_run / 'last.pth'), '--data-dir', str(digits),
+                         '--split', 'val', '--workers', '0', '-b', '8', '--results-file', str(out)])
+    assert res['top1'] == pytest.approx(reported['eval']['top1'], abs=1e-4)
+    assert res['top5'] == pytest.approx(reported['eval']['top5'], abs=1e-4)
+    assert res['loss'] == pytest.approx(reported['eval']['loss'], abs=1e-5)
+    assert res['samples'] == 60
+    assert json.loads(out.read_text())['top1'] == res['top1']
+    ema = validate.main(['--checkpoint', str(reference_run / 'last.pth'), '--use-ema', '--data-dir', str(digits),
+                         '--split', 'val', '--workers', '0', '-b', '8', '--results-file', str(tmp_path / 'v.csv')])
+    assert ema['top1'] == pytest.approx(reported['ema_eval']['top1'], abs=1e-4)
+    assert (tmp_path / 'v.csv').read_text().startswith('model,')
+
+
+def test_validate_foreign_state_dict_through_filter(reference_run, digits, tmp_path):
+    # a bare state dict (as timm / the official release ship them) goes through the model's filter fn
+    sd_path = tmp_path / 'weights.pth'
+    torch.save(_state(reference_run / 'last.pth')['state_dict'], sd_path)
+    reported = json.loads((reference_run / 'results.json').read_text())
+    res = validate.main(['--checkpoint', str(sd_path), '--model', 'smlpnet_t', '--model-kwargs', 'embed_dim=8',
+                         'depths=(1,1,1,1)', '--img-size', '32', '--num-classes', '10', '--crop-pct', '1.0',
+                         '--data-dir', str(digits), '--split', 'val', '--workers', '0', '-b', '8'])
+    assert res['top1'] == pytest.approx(reported['eval']['top1'], abs=1e-4)
+
+
+def test_ddp_two_processes_gloo(digits, tmp_path):
+    cmd = [sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2',
+           str(REPO / 'train.py')] + MODEL_ARGS + [
+        '--epochs', '2', '-b', '8', '--opt', 'adamw', '--lr', '1e-3', '--aug-repeats', '2', '--model-ema',
+        '--drop-path', '0.1', '--data-dir', str(digits), '--val-split', 'val', '--workers', '0',
+        '--output', str(tmp_path), '--experiment', 'ddp', '--log-interval', '100']
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=_env(), cwd=tmp_path, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert 'backend gloo' in proc.stdout
+    results = json.loads((tmp_path / 'ddp' / 'results.json').read_text())
+    assert results['world_size'] == 2
+    digests = results['weights_sha256_per_rank']
+    assert len(digests) == 2 and digests[0] == digests[1] and results['ranks_agree']
+    # the exact distributed eval counts every validation image once
+    res = validate.main(['--checkpoint', str(tmp_path / 'ddp' / 'last.pth'), '--data-dir', str(digits),
+                         '--split', 'val', '--workers', '0'])
+    assert res['top1'] == pytest.approx(results['eval']['top1'], abs=1e-4)
+
+
+IMAGENETTE = REPO.parent / 'shared' / 'data' / 'imagenette-mini'
+
+
+@pytest.mark.skipif(not (IMAGENETTE / 'train.tar').is_file(),
+                    reason=f'needs the shared imagenette-mini tars at {IMAGENETTE} (../shared beside the repo)')
+def test_train_and_validate_from_image_tars(tmp_path):
+    # timm reads the tars directly (labels from the class folder inside): 3,000 train / 1,000 val real photos
+    results = train.main(MODEL_ARGS + [
+        '--data-dir', str(IMAGENETTE), '--train-split', 'train.tar', '--val-split', 'val.tar',
+        '--epochs', '1', '-b', '32', '--opt', 'adamw', '--lr', '1e-3', '--workers', '2', '--log-interval', '1000',
+        '--output', str(tmp_path), '--experiment', 'tar'])
+    assert results['eval']['samples'] == 1000
+    res = validate.main(['--checkpoint', str(tmp_path / 'tar' / 'last.pth'), '--data-dir', str(IMAGENETTE),
+                         '--split', 'val.tar', '--workers', '2'])
+    assert res['top1'] == pytest.approx(results['eval']['top1'], abs=1e-4)
+
+
+def test_nan_loss_stops_and_keeps_last_good_checkpoint(digits, tmp_path):
+    # epoch 0 at the warmup LR trains normally; epoch 1's LR of 1e25 diverges at its second batch
+    with pytest.raises(SystemExit) as e:
+        train.main(MODEL_ARGS + [
+            '--epochs', '2', '-b', '8', '--opt', 'sgd', '--lr', '1e25', '--warmup-epochs', '1', '--warmup-lr', '1e-3',
+            '--data-dir', str(digits), '--val-split', 'val', '--workers', '0', '--log-interval', '100',
+            '--output', str(tmp_path), '--experiment', 'nan'])
+    msg = str(e.value.code)
+    assert 'training loss is nan' in msg or 'training loss is inf' in msg
+    assert 'epoch 1' in msg and 'last good checkpoint' in msg and 'intact' in msg
+    ckpt = _state(tmp_path / 'nan' / 'last.pth')
+    assert ckpt['epoch'] == 0
+    assert all(torch.isfinite(v).all() for v in ckpt['state_dict'].values() if v.is_floating_point())
+    assert 'loss is' in (tmp_path / 'nan' / 'train.log').read_text()
+
+
+def test_validate_bad_inputs(reference_run, digits, tmp_path):
+    ckpt = str(reference_run / 'last.pth')
+
+    def err(*argv):
+        with pytest.raises(SystemExit) as e:
+            validate.main(list(argv) + ['--workers', '0'])
+        return str(e.value.code)
+
+    assert 'does not exist' in err('--checkpoint', ckpt, '--data-dir', str(tmp_path / 'missing'))
+    (tmp_path / 'empty' / 'val' / 'cls').mkdir(parents=True)
+    assert 'is empty' in err('--checkpoint', ckpt, '--data-dir', str(tmp_path / 'empty'), '--split', 'val')
+    three = tmp_path / 'three' / 'val'
+    for c in '012':
+        shutil.copytree(digits / 'val' / c, three / c)
+    msg = err('--checkpoint', ckpt, '--data-dir', str(tmp_path / 'three'), '--split', 'val')
+    assert 'class-count mismatch' in msg and '3 classes' in msg and '10 outputs' in msg
+    msg = err('--checkpoint', ckpt, '--model', 'gmlp_ti', '--data-dir', str(digits), '--split', 'val')
+    assert "trained for model 'smlpnet_t'" in msg
+    sd_path = tmp_path / 'sd.pth'
+    torch.save(_state(ckpt)['state_dict'], sd_path)
+    msg = err('--checkpoint', str(sd_path), '--model', 'mixer_s16', '--num-classes', '10', '--img-size', '32',
+              '--model-kwargs', 'patch_size=8', '--data-dir', str(digits), '--split', 'val')
+    assert 'does not load into mixer_s16' in msg
+    assert 'pass --model' in err('--checkpoint', str(sd_path), '--data-dir', str(digits), '--split', 'val')
+    assert 'does not exist' in err('--checkpoint', str(tmp_path / 'nope.pth'), '--data-dir', str(digits))
+    assert 'unknown model' in err('--model', 'no_such_model', '--data-dir', str(digits))
+
+
+def test_train_bad_inputs(reference_run, digits, tmp_path):
+    base = MODEL_ARGS + ['--epochs', '1', '-b', '8', '--workers', '0', '--output', str(tmp_path)]
+
+    def err(*argv):
+        with pytest.raises(SystemExit) as e:
+            train.main(base + list(argv))
+        return str(e.value.code)
+
+    assert 'does not exist' in err('--data-dir', str(tmp_path / 'missing'))
+    msg = err('--data-dir', str(digits), '--val-split', 'val', '--num-classes', '5')
+    assert 'class-count mismatch' in msg and '10 classes' in msg
+    cfg = tmp_path / 'bad.yaml'
+    cfg.write_text('lrr: 0.1\n')
+    assert "unknown key 'lrr'" in err('-c', str(cfg), '--data-dir', str(digits))
+    # resuming a checkpoint of another model
+    msg = err('--data-dir', str(digits), '--val-split', 'val', '--model', 'gmlp_ti',
+              '--resume', str(reference_run / 'last.pth'))
+    assert "checkpoint of model 'smlpnet_t'" in msg
+    # a checkpoint of the same model name but other settings
+    msg = err('--data-dir', str(digits), '--val-split', 'val', '--model-kwargs', 'embed_dim=16',
+              'depths=(1,1,1,1)', '--resume', str(reference_run / 'last.pth'))
+    assert 'does not fit model smlpnet_t' in msg and 'other shapes' in msg
+
+
+def test_config_yaml_and_cli_precedence(tmp_path):
+    cfg = tmp_path / 'c.yaml'
+    cfg.write_text('lr: 0.5\nweight-decay: 0.01\nmodel_kwargs: {embed_dim: 8}\nscale: [0.5, 1.0]\n')
+    args, files = parse_args_with_config(train.build_parser(), ['-c', str(cfg), '--lr', '0.1', '--data-dir', 'x'])
+    assert files == [str(cfg)]
+    assert args.lr == 0.1  # the explicit flag wins
+    assert args.weight_decay == 0.01 and args.model_kwargs == {'embed_dim': 8} and args.scale == [0.5, 1.0]
+
+
+@pytest.mark.parametrize('path', sorted((REPO / 'configs').glob('*.yaml')), ids=lambda p: p.name)
+def test_recipes_parse(path):
+    # every key of every recipe is a train.py flag, and the resolved values have the flag's type
+    args, _ = parse_args_with_config(train.build_parser(), ['-c', str(path), '--data-dir', 'x'])
+    assert args.model
+    assert isinstance(args.epochs, int) and args.epochs > 0
+    if path.name != 'demo_digits.yaml':
+        assert args.lr is None and args.lr_base > 0 and args.lr_base_scale == 'linear'
+
+
+def test_atomic_save_keeps_previous_file_on_failure(tmp_path):
+    path = tmp_path / 'last.pth'
+    atomic_save({'epoch': 1}, path)
+
+    class Unpicklable:
+        def __reduce__(self):
+            raise RuntimeError('boom')
+
+    with pytest.raises(RuntimeError, match='boom'):
+        atomic_save({'epoch': 2, 'bad': Unpicklable()}, path)
+    assert torch.load(path, weights_only=True) == {'epoch': 1}
+    assert [p.name for p in tmp_path.iterdir()] == ['last.pth']
+
+
+def test_demo_wiring_one_epoch(tmp_path, monkeypatch):
+    # `python train.py` with no dataset: digits cache + demo recipe + validation of the saved checkpoint
+    monkeypatch.setenv('MLP_VISION_CACHE', str(tmp_path / 'cache'))
+    results = train.main(['--epochs', '1', '--workers', '0', '--output', str(tmp_path / 'out'),
+                          '--log-interval', '100'])
+    assert (tmp_path / 'cache' / 'digits' / 'train' / '0').is_dir()
+    val = results['demo_validation']
+    assert val['samples'] == 364
+    assert val['top1'] == pytest.approx(results['best']['metric'], abs=1e-4)
+
+
+@pytest.mark.slow
+def test_demo_full_run_learns(tmp_path, monkeypatch):
+    """The full default demo (about a minute or two on 2 CPU cores): validated accuracy far above chance."""
+    monkeypatch.setenv('MLP_VISION_CACHE', str(tmp_path / 'cache'))
+    start = time.time()
+    results = train.main(['--output', str(tmp_path / 'out')])
+    assert results['demo_validation']['top1'] > 90.
+    assert time.time() - start < 600

@@ -1,0 +1,194 @@
+#!/usr/bin/env python3
+""" mlp_vision validation script: top-1 / top-5 accuracy, loss and images/s of a model on a dataset.
+
+Weights come from one of:
+
+* ``--checkpoint EXP/model_best.pth``: a checkpoint of our train.py. The model (name, kwargs such as img_size or
+  num_classes) and the eval preprocessing are rebuilt from it, so ``--model`` is optional;
+  ``--use-ema`` evaluates its EMA weights;
+* ``--checkpoint FILE --model NAME``: any other state dict (timm's weights, the official sMLPNet release, ...),
+  loaded through the model's pretrained filter fn (layout conversion, token-mixing weight resampling);
+* ``--pretrained``: the model's registered pretrained weights.
+
+    python validate.py --checkpoint output/train/EXP/model_best.pth --data-dir /data/imagenet
+    python validate.py --model smlpnet_s --checkpoint smlp_s.pth --data-dir /data/imagenet --amp
+    torchrun --nproc_per_node=2 validate.py ...   # exact metrics: the padding that evens out ranks is not counted
+
+Results are logged and, with ``--results-file``, written as JSON or CSV (by the file's extension).
+"""
+import argparse
+import csv
+import logging
+from contextlib import suppress
+from functools import partial
+
+import torch
+from timm.data import resolve_data_config
+from timm.utils import ParseKwargs
+
+from mlp_vision.training import UsageError
+from mlp_vision.training.data import check_num_classes, create_eval_loader, create_image_dataset
+from mlp_vision.training.distributed import init_device
+from mlp_vision.training.engine import evaluate
+from mlp_vision.training.log import setup_logging
+from mlp_vision.training.model import create_model_for_eval, model_create_kwargs
+from mlp_vision.training.summary import write_json
+
+_logger = logging.getLogger('validate')
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description='mlp_vision validation (timm pipeline)',
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument('data', nargs='?', metavar='DIR', help='path to dataset (positional, same as --data-dir)')
+    parser.add_argument('--data-dir', metavar='DIR', help='path to dataset root (ImageFolder tree or folder of tars)')
+    parser.add_argument('--dataset', metavar='NAME', default='',
+                        help="dataset type + name ('' = image folder / tar, torch/cifar10, hfds/NAME, ...)")
+    parser.add_argument('--split', metavar='NAME', default='validation', help='dataset split (folder / tar)')
+    parser.add_argument('--dataset-download', action='store_true', default=False, help='allow dataset download')
+    parser.add_argument('--class-map', default='', type=str, metavar='FILENAME', help='class to idx mapping file')
+    parser.add_argument('--input-img-mode', default='RGB', type=str, help='dataset image conversion mode')
+
+    parser.add_argument('--model', '-m', default=None, metavar='NAME',
+                        help='model name (default: the one a training checkpoint was made for)')
+    parser.add_argument('--pretrained', action='store_true', default=False, help="use the model's pretrained weights")
+    parser.add_argument('--checkpoint', default='', type=str, metavar='PATH',
+                        help='our training checkpoint, a timm train.py checkpoint, or a state dict for --model')
+    parser.add_argument('--use-ema', action='store_true', default=False, help="evaluate the checkpoint's EMA weights")
+    parser.add_argument('--num-classes', type=int, default=None, help='number of classes (default: from checkpoint/model)')
+    parser.add_argument('--gp', default=None, type=str, metavar='POOL', help='global pool type')
+    parser.add_argument('--img-size', default=None, type=int, metavar='N', help='input image size')
+    parser.add_argument('--in-chans', type=int, default=None, metavar='N', help='image input channels')
+    parser.add_argument('--input-size', default=None, nargs=3, type=int, metavar='N', help='input dims (d h w)')
+    parser.add_argument('--crop-pct', default=None, type=float, metavar='N', help='center crop pct')
+    parser.add_argument('--crop-mode', default=None, type=str, metavar='N', help="'center', 'squash' or 'border'")
+    parser.add_argument('--mean', type=float, nargs='+', default=None, metavar='MEAN', help='override mean')
+    parser.add_argument('--std', type=float, nargs='+', default=None, metavar='STD', help='override std')
+    parser.add_argument('--interpolation', default='', type=str, metavar='NAME', help='resize interpolation')
+    parser.add_argument('--model-kwargs', nargs='*', default={}, action=ParseKwargs, help='extra model arguments k=v')
+
+    parser.add_argument('-b', '--batch-size', default=256, type=int, metavar='N', help='batch size')
+    parser.add_argument('-j', '--workers', default=4, type=int, metavar='N', help='data loading processes')
+    parser.add_argument('--pin-mem', action='store_true', default=False, help='pin CPU memory in the loader')
+    parser.add_argument('--device', default=None, type=str, help="'cuda', 'cpu' (default: cuda if available)")
+    parser.add_argument('--amp', action='store_true', default=False,
+                        help='mixed precision (bfloat16 on CPU, float16 on CUDA)')
+    parser.add_argument('--amp-dtype', default=None, type=str, choices=('float16', 'bfloat16'), help='autocast dtype')
+    parser.add_argument('--channels-last', action='store_true', default=False, help='channels_last memory layout')
+    parser.add_argument('--torchcompile', nargs='?', type=str, default=None, const='inductor',
+                        help='torch.compile the model (optional backend)')
+    parser.add_argument('--log-interval', default=10, type=int, metavar='N', help='batches between progress logs')
+    parser.add_argument('--results-file', default='', type=str, metavar='FILENAME',
+                        help='write the results to this .json or .csv file')
+    return parser
+
+
+def _write_results(path: str, results: dict) -> None:
+    if path.endswith('.csv'):
+        with open(path, 'w', newline='') as f:
+            writer = csv.DictWriter(f, fieldnames=list(results.keys()))
+            writer.writeheader()
+            writer.writerow(results)
+    else:
+        write_json(path, results)
+
+
+def validate(args: argparse.Namespace) -> dict:
+    """Run one validation; returns the results dict. Raises :class:`UsageError` for bad input."""
+    dist_info = init_device(args.device)
+    device = dist_info.device
+    setup_logging(dist_info.primary)
+    data_dir = args.data_dir or args.data
+
+    # the weights decide the model (a training checkpoint knows its own); explicit flags override
+    img_size = args.input_size[-2:] if args.input_size else args.img_size
+    create_kwargs = model_create_kwargs(
+        num_classes=args.num_classes,
+        in_chans=args.in_chans or (args.input_size[0] if args.input_size else None),
+        img_size=tuple(img_size) if isinstance(img_size, list) else img_size,
+        global_pool=args.gp,
+        model_kwargs=args.model_kwargs,
+    )
+    if not args.checkpoint and not args.model:
+        raise UsageError('nothing to validate: pass --checkpoint PATH (a training checkpoint knows its model) '
+                         'or --model NAME [--pretrained]')
+    model, info = create_model_for_eval(
+        args.model, checkpoint=args.checkpoint, pretrained=args.pretrained, use_ema=args.use_ema,
+        create_kwargs=create_kwargs)
+    model_name = info['model_name']
+    num_params = sum(p.numel() for p in model.parameters())
+
+    dataset = create_image_dataset(
+        args.dataset, root=data_dir, split=args.split, is_training=False, class_map=args.class_map,
+        download=args.dataset_download, input_img_mode=args.input_img_mode, batch_size=args.batch_size,
+        what='validation set')
+    check_num_classes(dataset, model.num_classes, 'validation set',
+                      f' ({model_name} from {info["source"]}); validate on data with the classes the model was '
+                      f'trained for, or pass --class-map')
+
+    # preprocessing: explicit flags, then the training checkpoint's eval preprocessing, then the model's config
+    data_config = resolve_data_config(vars(args), model=model, verbose=False)
+    ckpt_data = info.get('data_cfg') or {}
+    explicit = {
+        'input_size': args.input_size or args.img_size, 'interpolation': args.interpolation,
+        'mean': args.mean, 'std': args.std, 'crop_pct': args.crop_pct, 'crop_mode': args.crop_mode,
+    }
+    for key, given in explicit.items():
+        if not given and key in ckpt_data:
+            data_config[key] = ckpt_data[key]
+    if getattr(model, 'img_size', None) is not None and not explicit['input_size'] and 'input_size' not in ckpt_data:
+        data_config['input_size'] = (data_config['input_size'][0], *model.img_size)
+    data_config = {k: (tuple(v) if isinstance(v, list) else v) for k, v in data_config.items()}
+
+    model.to(device)
+    if args.channels_last:
+        model.to(memory_format=torch.channels_last)
+    if args.torchcompile:
+        model = torch.compile(model, backend=args.torchcompile)
+    amp_autocast, amp_dtype = suppress, None
+    if args.amp:
+        amp_dtype = getattr(torch, args.amp_dtype or ('float16' if device.type == 'cuda' else 'bfloat16'))
+        if amp_dtype == torch.float16 and device.type != 'cuda':
+            raise UsageError('--amp-dtype float16 needs CUDA; on the CPU use bfloat16 (the default)')
+        amp_autocast = partial(torch.autocast, device_type=device.type, dtype=amp_dtype)
+
+    loader = create_eval_loader(dataset, data_config, args.batch_size, device, num_workers=args.workers,
+                                distributed=dist_info.distributed, pin_memory=args.pin_mem)
+    _logger.info(f'Validating {model_name} ({num_params / 1e6:.3f} M params, weights: {info["source"]}) on '
+                 f'{len(dataset)} images of {data_dir or args.dataset} ({args.split}), input {data_config["input_size"]}, '
+                 f'{device}{", AMP " + str(amp_dtype) if args.amp else ""}')
+    metrics = evaluate(model, loader, amp_autocast=amp_autocast, channels_last=args.channels_last,
+                       distributed=dist_info.distributed, log_interval=args.log_interval,
+                       primary=dist_info.primary)
+    results = {
+        'model': model_name,
+        'weights': info['source'],
+        'top1': round(metrics['top1'], 4),
+        'top5': round(metrics['top5'], 4),
+        'loss': round(metrics['loss'], 6),
+        'samples': metrics['samples'],
+        'img_per_sec': round(metrics['img_per_sec'], 2),
+        'param_count_m': round(num_params / 1e6, 3),
+        'img_size': data_config['input_size'][-1],
+        'crop_pct': data_config['crop_pct'],
+        'interpolation': data_config['interpolation'],
+        'device': str(device),
+        'amp': str(amp_dtype) if args.amp else None,
+    }
+    _logger.info(f' * Acc@1 {results["top1"]:.3f} Acc@5 {results["top5"]:.3f} loss {results["loss"]:.4f} '
+                 f'({results["samples"]} images, {results["img_per_sec"]:,.0f} img/s)')
+    if args.results_file and dist_info.primary:
+        _write_results(args.results_file, results)
+    return results
+
+
+def main(argv=None) -> dict:
+    args = build_parser().parse_args(argv)
+    try:
+        return validate(args)
+    except UsageError as e:
+        raise SystemExit(f'validate.py: error: {e}')
+
+
+if __name__ == '__main__':
+    main()
