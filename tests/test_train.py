@@ -11,7 +11,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -310,7 +309,5 @@ def test_demo_wiring_one_epoch(tmp_path, monkeypatch):
 def test_demo_full_run_learns(tmp_path, monkeypatch):
     """The full default demo (about a minute or two on 2 CPU cores): validated accuracy far above chance."""
     monkeypatch.setenv('MLP_VISION_CACHE', str(tmp_path / 'cache'))
-    start = time.time()
     results = train.main(['--output', str(tmp_path / 'out')])
     assert results['demo_validation']['top1'] > 90.
-    assert time.time() - start < 600
