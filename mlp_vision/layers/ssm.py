@@ -1,0 +1,301 @@
+""" Diagonal state-space (S4D) convolution and the bidirectional gated SSM layer of BiGS.
+
+Paper: `Pretraining Without Attention` (BiGS) - https://arxiv.org/abs/2212.10544 (§3-4), SPEC §1.4.
+The SSM is S4D (`On the Parameterization and Initialization of Diagonal State Space Models`,
+https://arxiv.org/abs/2206.11893) with zero-order-hold discretisation and B = 1.
+
+Continuous system per state n (complex diagonal A, B = 1), step ``dt`` and ZOH discretisation::
+
+    x_k = exp(dt A) x_{k-1} + ((exp(dt A) - 1) / A) u_k          (complex, n = 0..N-1)
+    y_k = Re(sum_n C_n x_{n,k}) + D u_k
+
+Unrolling the recurrence (x_{-1} = 0) gives a causal convolution with the kernel::
+
+    K[l] = Re( sum_n C_n (exp(dt A_n) - 1) / A_n exp(dt A_n l) ),  l = 0..L-1
+    y    = causal_conv(u, K) + D u
+
+BiGS uses **one** kernel (and one ``D``) for all hidden channels of a layer and direction, so each SSM has
+only ``2 + 4N`` parameters (258 for N = 64): ``log_step`` (1,), ``A_re`` (N,), ``A_im`` (N,), ``C`` (N, 2) (a
+complex vector stored as [real, imag] pairs) and ``D`` (1,). Those are the names and shapes of the official
+checkpoints (``fs4.kernel.{log_step, A_re, A_im, C}``, ``fs4.D``), so they load without reshaping.
+
+FFT length: the convolution of an L-long input with an L-long kernel is computed with real FFTs of length
+``n_fft = fast_fft_len(2L)`` (the smallest 2^a 3^b 5^c >= 2L: 256 for L = 128, 1024 for L = 512), long enough
+that the circular convolution equals the linear one on the first L outputs (no wrap-around). The kernel and
+the FFTs run in float32 (float64 if the inputs are float64) even under autocast; results are cast back to the
+input dtype.
+"""
+import math
+from typing import Dict, Optional, Tuple
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+__all__ = ['fast_fft_len', 'fft_causal_conv', 'S4DKernel', 'S4DLayer', 'BidirectionalGatedSSM']
+
+
+def fast_fft_len(n: int) -> int:
+    """Smallest integer >= ``n`` whose prime factors are 2, 3 and 5 (sizes pocketFFT / cuFFT handle fastest)."""
+    if n <= 1:
+        return 1
+    best = 1 << (n - 1).bit_length()  # next power of two, an upper bound
+    p5 = 1
+    while p5 < best:
+        p35 = p5
+        while p35 < best:
+            # smallest power of two taking p35 to >= n
+            m = p35
+            while m < n:
+                m *= 2
+            best = min(best, m)
+            p35 *= 3
+        p5 *= 5
+    return best
+
+
+def _compute_dtype(*tensors: torch.Tensor) -> torch.dtype:
+    return torch.float64 if any(t.dtype == torch.float64 for t in tensors) else torch.float32
+
+
+def fft_causal_conv(u: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """Causal convolution along the sequence axis: ``y[t] = sum_{j <= t} k[t - j] u[j]``.
+
+    Computed with real FFTs of length ``fast_fft_len(2L)`` (no circular wrap-around), in float32 (float64 when
+    ``u`` or ``k`` is float64) with autocast disabled, and cast back to ``u.dtype``.
+
+    Shapes:
+        u: (..., L, C), sequence on dim -2 (no transpose needed for the (B, L, C) activations of a layer).
+        k: (L,) one kernel shared by all channels, or (L, C) one kernel per channel.
+        output: same shape and dtype as ``u``.
+    """
+    length = u.shape[-2]
+    if k.shape[0] != length:
+        raise ValueError(f'kernel length {k.shape[0]} != sequence length {length}')
+    n_fft = fast_fft_len(2 * length)
+    dtype = _compute_dtype(u, k)
+    with torch.autocast(device_type=u.device.type, enabled=False):
+        k = k.to(dtype)
+        if k.dim() == 1:
+            k = k.unsqueeze(-1)  # (L, 1): broadcast over channels
+        u_f = torch.fft.rfft(u.to(dtype), n=n_fft, dim=-2)  # (..., n_fft // 2 + 1, C)
+        k_f = torch.fft.rfft(k, n=n_fft, dim=0)  # (n_fft // 2 + 1, 1 | C)
+        y = torch.fft.irfft(u_f * k_f, n=n_fft, dim=-2)
+        y = y.narrow(-2, 0, length)
+    return y.to(u.dtype)
+
+
+class S4DKernel(nn.Module):
+    """Convolution kernel of a diagonal SSM with N complex states, one kernel shared by all channels.
+
+    Parameters (official BiGS names and shapes):
+        log_step: (1,) log of the step dt, init uniform in [log dt_min, log dt_max] = [log 0.01, log 1].
+        A_re: (N,) real part of A, init -0.5; clamped to <= -1e-4 when used (keeps the SSM stable).
+        A_im: (N,) imaginary part of A, init pi * n (S4D-Lin).
+        C: (N, 2) complex output projection as [real, imag], each part ~ N(0, 0.5), i.e. std sqrt(0.5).
+
+    ``forward(L)`` returns ``K`` (L,) with ``K[l] = Re(sum_n C_n (exp(dt A_n) - 1) / A_n exp(dt A_n l))``,
+    computed with autocast disabled in float32 (float64 if the parameters are float64).
+
+    Caching: in eval mode with gradients disabled (``model.eval()`` + ``torch.no_grad()``/``inference_mode``) the
+    kernel of each length is computed once and reused. The cache key holds each parameter's version counter and
+    storage address, so any in-place update (optimizer step, ``load_state_dict``, ``.to()``) recomputes it, and
+    ``train()``/``eval()`` clear it. With gradients enabled nothing is cached (the kernel must be in the graph).
+    """
+
+    def __init__(
+            self,
+            num_states: int = 64,
+            dt_min: float = 0.01,
+            dt_max: float = 1.0,
+            device=None,
+            dtype=None,
+    ) -> None:
+        super().__init__()
+        dd = {'device': device, 'dtype': dtype}
+        self.num_states = num_states
+        self.dt_min = dt_min
+        self.dt_max = dt_max
+        self.log_step = nn.Parameter(torch.empty(1, **dd))
+        self.A_re = nn.Parameter(torch.empty(num_states, **dd))
+        self.A_im = nn.Parameter(torch.empty(num_states, **dd))
+        self.C = nn.Parameter(torch.empty(num_states, 2, **dd))
+        self._cache: Dict[Tuple, torch.Tensor] = {}
+        self.init_weights()
+
+    @torch.no_grad()
+    def init_weights(self) -> None:
+        if self.log_step.is_meta:
+            return
+        lo, hi = math.log(self.dt_min), math.log(self.dt_max)
+        self.log_step.uniform_(lo, hi)
+        self.A_re.fill_(-0.5)
+        self.A_im.copy_(math.pi * torch.arange(self.num_states, dtype=torch.float64))
+        self.C.normal_(0.0, math.sqrt(0.5))
+        self._cache.clear()
+
+    def train(self, mode: bool = True):
+        self._cache.clear()
+        return super().train(mode)
+
+    def discrete_params(self) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """ZOH-discretised ``(A_bar, B_bar, C)``: complex (N,) each, ``A_bar = exp(dt A)``,
+        ``B_bar = (exp(dt A) - 1) / A`` (B = 1) and ``C`` = the complex output projection.
+
+        ``K[l] = Re(sum_n C_n B_bar_n A_bar_n^l)``. Used by recurrent (step-by-step) evaluation and by tests.
+        """
+        dtype = _compute_dtype(self.log_step)
+        with torch.autocast(device_type=self.log_step.device.type, enabled=False):
+            dt = self.log_step.to(dtype).exp()  # (1,)
+            a = torch.complex(self.A_re.to(dtype).clamp(max=-1e-4), self.A_im.to(dtype))  # (N,)
+            c = torch.complex(self.C[:, 0].to(dtype), self.C[:, 1].to(dtype))  # (N,)
+            a_bar = torch.exp(dt * a)
+            b_bar = (a_bar - 1) / a
+        return a_bar, b_bar, c
+
+    def _kernel(self, length: int) -> torch.Tensor:
+        dtype = _compute_dtype(self.log_step)
+        with torch.autocast(device_type=self.log_step.device.type, enabled=False):
+            dt = self.log_step.to(dtype).exp()  # (1,)
+            a = torch.complex(self.A_re.to(dtype).clamp(max=-1e-4), self.A_im.to(dtype))  # (N,)
+            c = torch.complex(self.C[:, 0].to(dtype), self.C[:, 1].to(dtype))  # (N,)
+            dt_a = dt * a  # (N,)
+            c_b = c * (torch.exp(dt_a) - 1) / a  # (N,): C_n B_bar_n
+            pos = torch.arange(length, device=a.device, dtype=dtype)  # (L,)
+            vandermonde = torch.exp(dt_a.unsqueeze(-1) * pos)  # (N, L): A_bar_n^l
+            return torch.matmul(c_b.unsqueeze(0), vandermonde).squeeze(0).real  # (L,)
+
+    def forward(self, length: int) -> torch.Tensor:
+        """Kernel ``K`` of shape (length,), float32 (float64 with float64 parameters)."""
+        if self.training or torch.is_grad_enabled():
+            return self._kernel(length)
+        params = (self.log_step, self.A_re, self.A_im, self.C)
+        key = (length,) + tuple((p._version, p.data_ptr(), p.device, p.dtype) for p in params)
+        k = self._cache.get(key)
+        if k is None:
+            if len(self._cache) >= 8:
+                self._cache.clear()
+            k = self._kernel(length)
+            self._cache[key] = k
+        return k
+
+    def extra_repr(self) -> str:
+        return f'num_states={self.num_states}, dt_min={self.dt_min}, dt_max={self.dt_max}'
+
+
+class S4DLayer(nn.Module):
+    """Diagonal SSM applied along the sequence: ``y = causal_conv(u, K) + D * u`` (SPEC §1.4).
+
+    One kernel ``K`` (:class:`S4DKernel`) and one scalar ``D`` (official shape (1,)) are shared by all channels.
+    ``D`` starts at 1 as in the official Flax pretraining code (its later torch port draws it from N(0, 1);
+    checkpoints overwrite it either way).
+
+    Shapes:
+        u: (B, L, C) -> (B, L, C), same dtype; the convolution and the ``D`` term run in float32 (see
+        :func:`fft_causal_conv`).
+    """
+
+    def __init__(
+            self,
+            num_states: int = 64,
+            dt_min: float = 0.01,
+            dt_max: float = 1.0,
+            device=None,
+            dtype=None,
+    ) -> None:
+        super().__init__()
+        dd = {'device': device, 'dtype': dtype}
+        self.kernel = S4DKernel(num_states, dt_min=dt_min, dt_max=dt_max, **dd)
+        self.D = nn.Parameter(torch.empty(1, **dd))
+        self.init_weights()
+
+    @torch.no_grad()
+    def init_weights(self) -> None:
+        if not self.D.is_meta:
+            self.D.fill_(1.0)
+        self.kernel.init_weights()
+
+    def forward(self, u: torch.Tensor) -> torch.Tensor:
+        k = self.kernel(u.shape[-2])  # (L,) float32
+        dtype = _compute_dtype(u, k)
+        y = fft_causal_conv(u.to(dtype), k)
+        with torch.autocast(device_type=u.device.type, enabled=False):
+            y = y + self.D.to(dtype) * u.to(dtype)
+        return y.to(u.dtype)
+
+
+class BidirectionalGatedSSM(nn.Module):
+    """The BiGS layer (paper §3, SPEC §1.4): pre-LayerNorm, two gated S4D branches, multiplicative gating.
+
+    ::
+
+        h   = LayerNorm(x)
+        v   = GELU(h W_v)                                   # value_proj:        d -> d_i
+        u_f = GELU(h W_uf)                                  # forward_in_proj:   d -> d
+        u_b = GELU(flip(h) W_ub)                            # backward_in_proj:  d -> d (sequence reversed)
+        s_f = SSM_f(u_f);  s_b = SSM_b(u_b)                 # ssm_forward / ssm_backward, causal along L
+        g   = (s_f W_cf) * flip(s_b W_cb)                   # forward_out_proj / backward_out_proj: d -> d
+        out = x + W_o(GELU(g W_ol) * v)                     # gate_proj: d -> d_i, out_proj: d_i -> d
+
+    ``flip`` reverses the sequence axis, so the backward branch is a causal SSM over the reversed sequence, i.e.
+    an anti-causal one over the original order: position t sees u_f[0..t] through the forward branch and
+    u_b at t..L-1 through the backward branch. GELU is the exact (erf) GELU.
+
+    Padding (``mask``, (B, L) bool, True = real token):
+        * With a mask, ``u_f`` and ``u_b`` are zeroed at padded positions before the SSMs. For right padding
+          (real tokens 0..n-1, pads n..L-1) the outputs at real positions then equal those of the unpadded
+          length-n input: the forward branch at t < n only reads u_f[0..t] (a causal convolution never looks
+          ahead), and the backward branch, after the flip, sees the zeroed pads as a zero prefix of length L-n,
+          which adds nothing to a time-invariant causal convolution and shifts the rest of its output by L-n --
+          undone by the flip back. Everything else in the layer is per position. The same argument makes
+          left padding exact at the layer level (roles of the branches swapped); padding in the middle is not.
+        * Without a mask, pads are mixed like real tokens: real-position outputs depend on the pads. This is
+          how the official BiGS models were pretrained and run (inputs padded to full length, no masking), so
+          use it to reproduce their numbers exactly.
+
+    Shapes:
+        x: (B, L, d); mask: optional (B, L) bool; output: (B, L, d).
+    """
+
+    def __init__(
+            self,
+            dim: int,
+            hidden_dim: int,
+            num_states: int = 64,
+            norm_eps: float = 1e-12,
+            dt_min: float = 0.01,
+            dt_max: float = 1.0,
+            device=None,
+            dtype=None,
+    ) -> None:
+        super().__init__()
+        dd = {'device': device, 'dtype': dtype}
+        self.dim = dim
+        self.hidden_dim = hidden_dim
+        self.norm = nn.LayerNorm(dim, eps=norm_eps, **dd)
+        self.value_proj = nn.Linear(dim, hidden_dim, **dd)
+        self.forward_in_proj = nn.Linear(dim, dim, **dd)
+        self.backward_in_proj = nn.Linear(dim, dim, **dd)
+        self.ssm_forward = S4DLayer(num_states, dt_min=dt_min, dt_max=dt_max, **dd)
+        self.ssm_backward = S4DLayer(num_states, dt_min=dt_min, dt_max=dt_max, **dd)
+        self.forward_out_proj = nn.Linear(dim, dim, **dd)
+        self.backward_out_proj = nn.Linear(dim, dim, **dd)
+        self.gate_proj = nn.Linear(dim, hidden_dim, **dd)
+        self.out_proj = nn.Linear(hidden_dim, dim, **dd)
+
+    def forward(self, x: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        h = self.norm(x)
+        v = F.gelu(self.value_proj(h))  # (B, L, d_i)
+        u_f = F.gelu(self.forward_in_proj(h))  # (B, L, d)
+        u_b = F.gelu(self.backward_in_proj(h.flip(-2)))  # (B, L, d), reversed order
+        if mask is not None:
+            keep = mask.unsqueeze(-1).to(u_f.dtype)  # (B, L, 1)
+            u_f = u_f * keep
+            u_b = u_b * keep.flip(-2)
+        s_f = self.ssm_forward(u_f)
+        s_b = self.ssm_backward(u_b)
+        g = self.forward_out_proj(s_f) * self.backward_out_proj(s_b).flip(-2)  # (B, L, d)
+        return x + self.out_proj(F.gelu(self.gate_proj(g)) * v)
+
+    def extra_repr(self) -> str:
+        return f'dim={self.dim}, hidden_dim={self.hidden_dim}'
