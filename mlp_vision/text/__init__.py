@@ -12,6 +12,7 @@ Usage::
     model = mt.create_model('amlp_base')            # GMLPForMaskedLM
     model.save_pretrained('ckpt/'); model = mt.from_pretrained('ckpt/')
 """
+from .bigs import BiGSConfig, BiGSForMaskedLM, BiGSForSequenceClassification, BiGSModel, convert_official_bigs_state_dict
 from .gmlp import GMLPConfig, GMLPForCausalLM, GMLPForMaskedLM, GMLPForSequenceClassification, GMLPModel
 from .gpt import GPTBlock, GPTConfig, GPTLanguageModel, MLPAttention
 from .modeling_utils import GenerationMixin, PretrainedMixin, TextOutput, from_pretrained, list_architectures

@@ -15,6 +15,7 @@ from typing import Callable, Dict, List
 
 import torch.nn as nn
 
+from .bigs import BiGSConfig, BiGSForMaskedLM, BiGSForSequenceClassification
 from .gmlp import GMLPConfig, GMLPForCausalLM, GMLPForMaskedLM, GMLPForSequenceClassification
 from .gpt import GPTConfig, GPTLanguageModel
 
@@ -31,8 +32,9 @@ MODEL_TASKS = {
         'causal_lm': GMLPForCausalLM,
     },
     'gpt': {'causal_lm': GPTLanguageModel},
+    'bigs': {'masked_lm': BiGSForMaskedLM, 'sequence_classification': BiGSForSequenceClassification},
 }
-_CONFIGS = {'gmlp': GMLPConfig, 'gpt': GPTConfig}
+_CONFIGS = {'gmlp': GMLPConfig, 'gpt': GPTConfig, 'bigs': BiGSConfig}
 
 
 def register_model(name: str, family: str, default_task: str, **defaults) -> None:
@@ -99,3 +101,13 @@ register_model('gmlp_causal_char', 'gmlp', 'causal_lm', depth=6, dim=512, ffn_di
 _PAPER_GPT = dict(vocab_size=65, block_size=256, n_layer=3, n_head=3, n_embd=384, mlp_attn_hidden=256, dropout=0.2)
 register_model('gpt_mlp_attention', 'gpt', 'causal_lm', attention='mlp', **_PAPER_GPT)
 register_model('gpt_sdpa', 'gpt', 'causal_lm', attention='sdpa', **_PAPER_GPT)
+
+# --- BiGS (SPEC §1.4, paper 004): BiGS-large = 23 layers, d 1024, d_i 3072, N 64, BERT uncased vocab 30522; the
+#     official models differ only in their absolute positions (128 / 512 / 1024 / 4096). bigs_large_512: 346.7 M.
+_BIGS_LARGE = dict(vocab_size=30522, hidden_size=1024, intermediate_size=3072, num_hidden_layers=23, num_ssm_states=64)
+for _positions in (128, 512, 1024, 4096):
+    register_model(f'bigs_large_{_positions}', 'bigs', 'masked_lm', max_position_embeddings=_positions, **_BIGS_LARGE)
+# small BiGS for CPU experiments; vocab / pad id fit ByteTokenizer() (256 bytes + <pad> <cls> <sep> <mask>), override
+# vocab_size and pad_token_id for another tokenizer
+register_model('bigs_small', 'bigs', 'masked_lm', vocab_size=260, pad_token_id=256, hidden_size=256,
+               intermediate_size=768, num_hidden_layers=4, num_ssm_states=64, max_position_embeddings=512)

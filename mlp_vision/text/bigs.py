@@ -1,0 +1,538 @@
+""" BiGS: bidirectional gated SSM encoders for masked LM and sequence classification.
+
+Paper: `Pretraining Without Attention` (Wang, Yan, Gu, Rush) - https://arxiv.org/abs/2212.10544; SPEC §1.4.
+Official code and weights: github.com/jxiw/BiGS (``JunxiongWang/BiGS_{128,512,1024,4096}`` on the HF hub).
+
+Every layer is :class:`mlp_vision.layers.BidirectionalGatedSSM` (S4D kernel shared across channels, see
+:mod:`mlp_vision.layers.ssm` for the kernel, the FFT length and the padding argument).
+
+Model layout (``BiGSModel``)::
+
+    input_ids (B, L), token_type_ids (B, L) -> word (V x d) + absolute position (P x d) + token type (T x d)
+        -> LayerNorm (eps 1e-12) -> dropout -> num_hidden_layers x BidirectionalGatedSSM(d, d_i, N)
+        -> hidden states (B, L, d)          (pre-norm residual layers; no final LayerNorm, as the official model)
+
+Heads:
+    * ``BiGSForMaskedLM``: BERT MLM head -- dense d -> d, GELU, LayerNorm, decoder tied to the word embedding,
+      per-token output bias -> logits (B, L, V).
+    * ``BiGSForSequenceClassification``: the official BiGS pooler -- **mean of the last hidden states over the
+      real tokens** (``attention_mask``; all positions when no mask is given), dense d -> d, tanh -- then dropout
+      and a linear classifier. (Not BERT's [CLS] pooler: BiGS has no next-sentence task that would train one.)
+
+``attention_mask`` (B, L), 1/True = real token, 0/False = padding:
+    * ``config.mask_padding = True`` (default): the SSM inputs are zeroed at padded positions, so with right
+      padding the real positions' outputs equal those of the unpadded sequence (exactly up to float rounding).
+      Left padding is not equivalent at the model level because the absolute position embeddings shift.
+    * ``config.mask_padding = False``: the mask is ignored by the layers (only the classifier's pooler uses it):
+      pads are mixed like real tokens. This is how the official models were pretrained (inputs padded to full
+      length) and is what their port computes; use it to reproduce official outputs on padded batches.
+    The MLM loss only counts positions whose label is not -100; give pads label -100.
+
+Parameter accounting of BiGS-large (L 23, d 1024, d_i 3072, N 64, V 30522, P 512, T 2)::
+
+    embeddings   V d + P d + T d + 2d (LayerNorm)                      = 31,782,912
+    per layer    2d (LayerNorm) + (d + 1) d_i (value_proj)
+                 + 4 (d + 1) d (forward/backward in/out projections)
+                 + (d + 1) d_i (gate_proj) + (d_i + 1) d (out_proj)
+                 + 2 (1 + 1 + N + N + 2N) (two SSMs: D, log_step, A_re, A_im, C)   = 13,645,316
+    23 layers                                                          = 313,842,268
+    MLM head     (d + 1) d (dense) + 2d (LayerNorm) + V (output bias); decoder tied = 1,082,170
+    total        bigs_large_512                                        = 346,707,350  (paper: 346 M)
+
+With 128 / 1024 / 4096 positions: 346.31 M / 347.23 M / 350.37 M. The official checkpoints also carry the
+sequence-classification pooler (``bigs.pooler.dense``, (d + 1) d = 1.05 M) even for masked LM; it is not part of
+the 346 M and ours lives in the classifier model only.
+
+Official checkpoints: :func:`convert_official_bigs_state_dict` maps the official torch keys to ours and
+:meth:`BiGSForMaskedLM.from_official` builds the model from a ``pytorch_model.bin`` / ``.safetensors`` file
+(offline; the config is read from the tensor shapes).
+"""
+import os
+from dataclasses import dataclass
+from functools import partial
+from typing import Dict, List, Mapping, Optional, Tuple, Union
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from ..layers import BidirectionalGatedSSM
+from .modeling_utils import PretrainedMixin, TextOutput, init_linear_embedding, lm_loss
+
+__all__ = [
+    'BiGSConfig', 'BiGSModel', 'BiGSForMaskedLM', 'BiGSForSequenceClassification',
+    'convert_official_bigs_state_dict', 'load_official_bigs_state_dict', 'bigs_config_from_official',
+]
+
+
+@dataclass
+class BiGSConfig:
+    """Configuration of the BiGS encoders (defaults: BiGS-large, official field meanings).
+
+    Attributes:
+        vocab_size: V (30522: BERT uncased WordPiece).
+        hidden_size: d.
+        intermediate_size: d_i (value / gate width).
+        num_hidden_layers: number of BiGS layers (23 for BiGS-large).
+        num_ssm_states: N, complex states of each S4D kernel.
+        max_position_embeddings: P, absolute positions (128 / 512 / 1024 / 4096 for the official models);
+            inputs may be shorter.
+        type_vocab_size: token types (segments A / B).
+        layer_norm_eps: epsilon of every LayerNorm.
+        hidden_dropout: dropout after the embedding LayerNorm (official ``hidden_dropout_prob``; the layers have
+            no dropout).
+        pad_token_id: id of the padding token (its embedding row starts at zero and gets no gradient).
+        mask_padding: zero the SSM inputs at padded positions when ``attention_mask`` is given (module docstring).
+        initializer_range: std of the normal init of Linear / Embedding weights.
+        dt_min, dt_max: range of the log-uniform init of the SSM step.
+        num_labels: outputs of the sequence classifier (1 = regression with MSE).
+        classifier_dropout: dropout between the pooler and the classifier.
+    """
+    vocab_size: int = 30522
+    hidden_size: int = 1024
+    intermediate_size: int = 3072
+    num_hidden_layers: int = 23
+    num_ssm_states: int = 64
+    max_position_embeddings: int = 512
+    type_vocab_size: int = 2
+    layer_norm_eps: float = 1e-12
+    hidden_dropout: float = 0.1
+    pad_token_id: int = 0
+    mask_padding: bool = True
+    initializer_range: float = 0.02
+    dt_min: float = 0.01
+    dt_max: float = 1.0
+    num_labels: int = 2
+    classifier_dropout: float = 0.1
+
+    def __post_init__(self):
+        if not 0 <= self.pad_token_id < self.vocab_size:
+            raise ValueError(f'pad_token_id {self.pad_token_id} outside [0, {self.vocab_size})')
+        if not 0 < self.dt_min <= self.dt_max:
+            raise ValueError(f'need 0 < dt_min <= dt_max, got {self.dt_min}, {self.dt_max}')
+
+
+class BiGSEmbeddings(nn.Module):
+    """BERT embeddings: word + absolute position + token type, LayerNorm, dropout.
+
+    Shapes: input_ids, token_type_ids (B, L) int64 -> (B, L, d).
+    """
+
+    def __init__(self, config: BiGSConfig, device=None, dtype=None):
+        super().__init__()
+        dd = {'device': device, 'dtype': dtype}
+        c = config
+        self.word_embeddings = nn.Embedding(c.vocab_size, c.hidden_size, padding_idx=c.pad_token_id, **dd)
+        self.position_embeddings = nn.Embedding(c.max_position_embeddings, c.hidden_size, **dd)
+        self.token_type_embeddings = nn.Embedding(c.type_vocab_size, c.hidden_size, **dd)
+        self.norm = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps, **dd)
+        self.drop = nn.Dropout(c.hidden_dropout)
+
+    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor) -> torch.Tensor:
+        positions = torch.arange(input_ids.shape[1], device=input_ids.device)
+        x = self.word_embeddings(input_ids) + self.token_type_embeddings(token_type_ids)
+        x = x + self.position_embeddings(positions)
+        return self.drop(self.norm(x))
+
+
+def _init_bigs(module: nn.Module, std: float) -> None:
+    init_linear_embedding(module, std)
+    if isinstance(module, nn.Embedding) and module.padding_idx is not None and not module.weight.is_meta:
+        with torch.no_grad():
+            module.weight[module.padding_idx].zero_()
+
+
+class BiGSModel(PretrainedMixin, nn.Module):
+    """BiGS encoder: embeddings -> ``num_hidden_layers`` x :class:`~mlp_vision.layers.BidirectionalGatedSSM`.
+
+    Shapes:
+        input_ids: (B, L) int64, 1 <= L <= max_position_embeddings.
+        attention_mask: optional (B, L) bool/int, True/1 = real token (module docstring for its effect).
+        token_type_ids: optional (B, L) int64 in [0, type_vocab_size); zeros when omitted.
+        output: (B, L, hidden_size) last-layer hidden states.
+    """
+    config_class = BiGSConfig
+
+    def __init__(self, config: BiGSConfig, device=None, dtype=None):
+        super().__init__()
+        dd = {'device': device, 'dtype': dtype}
+        self.config = config
+        c = config
+        self.embeddings = BiGSEmbeddings(c, **dd)
+        self.layers = nn.ModuleList([
+            BidirectionalGatedSSM(
+                c.hidden_size, c.intermediate_size, num_states=c.num_ssm_states, norm_eps=c.layer_norm_eps,
+                dt_min=c.dt_min, dt_max=c.dt_max, **dd)
+            for _ in range(c.num_hidden_layers)
+        ])
+        # Linear / Embedding only: the SSM parameters keep their S4D init
+        self.apply(partial(_init_bigs, std=c.initializer_range))
+
+    def forward(
+            self,
+            input_ids: torch.Tensor,
+            attention_mask: Optional[torch.Tensor] = None,
+            token_type_ids: Optional[torch.Tensor] = None,
+    ) -> torch.Tensor:
+        if input_ids.dim() != 2:
+            raise ValueError(f'input_ids must be (B, L), got shape {tuple(input_ids.shape)}')
+        length = input_ids.shape[1]
+        if not 1 <= length <= self.config.max_position_embeddings:
+            raise ValueError(f'sequence length {length} outside [1, {self.config.max_position_embeddings}] '
+                             f'(max_position_embeddings)')
+        if token_type_ids is None:
+            token_type_ids = torch.zeros_like(input_ids)
+        elif token_type_ids.shape != input_ids.shape:
+            raise ValueError(f'token_type_ids shape {tuple(token_type_ids.shape)} != input_ids shape '
+                             f'{tuple(input_ids.shape)}')
+        mask = None
+        if attention_mask is not None:
+            if attention_mask.shape != input_ids.shape:
+                raise ValueError(f'attention_mask shape {tuple(attention_mask.shape)} != input_ids shape '
+                                 f'{tuple(input_ids.shape)}')
+            if self.config.mask_padding:
+                mask = attention_mask.to(torch.bool)
+        x = self.embeddings(input_ids, token_type_ids)
+        for layer in self.layers:
+            x = layer(x, mask)
+        return x
+
+
+class BiGSMaskedLMHeadTransform(nn.Module):
+    """BERT MLM transform: dense d -> d, GELU, LayerNorm. Shapes: (B, L, d) -> (B, L, d)."""
+
+    def __init__(self, config: BiGSConfig, device=None, dtype=None):
+        super().__init__()
+        dd = {'device': device, 'dtype': dtype}
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size, **dd)
+        self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps, **dd)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm(F.gelu(self.dense(x)))
+
+
+class BiGSForMaskedLM(PretrainedMixin, nn.Module):
+    """BiGS masked LM: encoder + BERT MLM head, decoder tied to the word embedding, per-token output bias.
+
+    Shapes:
+        input_ids, attention_mask, token_type_ids: (B, L) as :class:`BiGSModel`; labels: optional (B, L) int64
+        with -100 at positions that are not scored. Returns ``TextOutput(logits (B, L, V), loss)``.
+    """
+    config_class = BiGSConfig
+    head_prefixes = ('mlm_head', 'output_bias')
+
+    def __init__(self, config: BiGSConfig, device=None, dtype=None):
+        super().__init__()
+        self.config = config
+        self.bigs = BiGSModel(config, device=device, dtype=dtype)
+        self.mlm_head = BiGSMaskedLMHeadTransform(config, device=device, dtype=dtype)
+        init_linear_embedding(self.mlm_head.dense, config.initializer_range)
+        self.output_bias = nn.Parameter(torch.zeros(config.vocab_size, device=device, dtype=dtype))
+
+    def output_weight(self) -> torch.Tensor:
+        """(V, d) decoder weight: the word embedding (tied)."""
+        return self.bigs.embeddings.word_embeddings.weight
+
+    def forward(
+            self,
+            input_ids: torch.Tensor,
+            attention_mask: Optional[torch.Tensor] = None,
+            token_type_ids: Optional[torch.Tensor] = None,
+            labels: Optional[torch.Tensor] = None,
+    ) -> TextOutput:
+        h = self.mlm_head(self.bigs(input_ids, attention_mask, token_type_ids))
+        logits = F.linear(h, self.output_weight(), self.output_bias)
+        return TextOutput(logits, lm_loss(logits, labels) if labels is not None else None)
+
+    @classmethod
+    def from_official(
+            cls,
+            path_or_state_dict: Union[str, os.PathLike, Mapping[str, torch.Tensor]],
+            device: str = 'cpu',
+            dtype: Optional[torch.dtype] = None,
+            **config_overrides,
+    ) -> 'BiGSForMaskedLM':
+        """Build from an official BiGS checkpoint (offline): a ``pytorch_model.bin`` / ``*.safetensors`` file,
+        a folder holding one, or an already loaded state dict in the official key layout.
+
+        The config (V, d, d_i, layers, N, positions, token types) is read from the tensor shapes; other fields
+        (e.g. ``mask_padding=False`` to reproduce the official outputs on padded batches, ``hidden_dropout``)
+        come from ``config_overrides``. ``dtype``: parameter dtype of the model (default float32; the SSM kernel
+        and FFTs run in float32 regardless).
+        """
+        return _from_official(cls, path_or_state_dict, device, dtype, config_overrides)
+
+
+class BiGSPooler(nn.Module):
+    """Official BiGS pooler: mean over real tokens, dense d -> d, tanh.
+
+    Shapes: hidden (B, L, d), mask optional (B, L) (None = every position) -> (B, d).
+    """
+
+    def __init__(self, config: BiGSConfig, device=None, dtype=None):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size, device=device, dtype=dtype)
+
+    def forward(self, hidden: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        if mask is None:
+            pooled = hidden.mean(dim=1)
+        else:
+            w = mask.to(hidden.dtype).unsqueeze(-1)  # (B, L, 1)
+            pooled = (hidden * w).sum(dim=1) / w.sum(dim=1).clamp(min=1)
+        return torch.tanh(self.dense(pooled))
+
+
+class BiGSForSequenceClassification(PretrainedMixin, nn.Module):
+    """Sequence classifier: encoder, official BiGS pooler (masked mean, dense, tanh), dropout, linear classifier.
+
+    Load a masked-LM checkpoint with ``BiGSForSequenceClassification.from_pretrained(dir, num_labels=k)``: the
+    encoder is loaded, the pooler and classifier are freshly initialised. ``from_official`` also loads the
+    official pooler (``bigs.pooler.dense``) when the checkpoint has it.
+
+    Shapes:
+        input_ids, attention_mask, token_type_ids: (B, L); labels: optional (B,) int64 class ids, or (B,) float
+        targets when ``num_labels == 1`` (MSE). Returns ``TextOutput(logits (B, num_labels), loss)``.
+    """
+    config_class = BiGSConfig
+    head_prefixes = ('pooler', 'classifier')
+
+    def __init__(self, config: BiGSConfig, device=None, dtype=None):
+        super().__init__()
+        self.config = config
+        self.bigs = BiGSModel(config, device=device, dtype=dtype)
+        self.pooler = BiGSPooler(config, device=device, dtype=dtype)
+        self.dropout = nn.Dropout(config.classifier_dropout)
+        self.classifier = nn.Linear(config.hidden_size, config.num_labels, device=device, dtype=dtype)
+        init_linear_embedding(self.pooler.dense, config.initializer_range)
+        init_linear_embedding(self.classifier, config.initializer_range)
+
+    def forward(
+            self,
+            input_ids: torch.Tensor,
+            attention_mask: Optional[torch.Tensor] = None,
+            token_type_ids: Optional[torch.Tensor] = None,
+            labels: Optional[torch.Tensor] = None,
+    ) -> TextOutput:
+        h = self.bigs(input_ids, attention_mask, token_type_ids)
+        logits = self.classifier(self.dropout(self.pooler(h, attention_mask)))
+        loss = None
+        if labels is not None:
+            if self.config.num_labels == 1:
+                loss = F.mse_loss(logits.squeeze(-1).float(), labels.float())
+            else:
+                loss = F.cross_entropy(logits.float(), labels)
+        return TextOutput(logits, loss)
+
+    @classmethod
+    def from_official(
+            cls,
+            path_or_state_dict: Union[str, os.PathLike, Mapping[str, torch.Tensor]],
+            device: str = 'cpu',
+            dtype: Optional[torch.dtype] = None,
+            **config_overrides,
+    ) -> 'BiGSForSequenceClassification':
+        """As :meth:`BiGSForMaskedLM.from_official`; the pooler is loaded when present, the classifier is new
+        (an official fine-tuned ``classifier.*`` is loaded too when present)."""
+        return _from_official(cls, path_or_state_dict, device, dtype, config_overrides)
+
+
+# ------------------------------------------------------------------------------------ official checkpoints
+
+# per-layer official name -> ours (official BiGSLayer attributes; SPEC §1.4)
+_LAYER_KEYS = {
+    'LayerNorm.weight': 'norm.weight',
+    'LayerNorm.bias': 'norm.bias',
+    'fs4.D': 'ssm_forward.D',
+    'fs4.kernel.log_step': 'ssm_forward.kernel.log_step',
+    'fs4.kernel.A_re': 'ssm_forward.kernel.A_re',
+    'fs4.kernel.A_im': 'ssm_forward.kernel.A_im',
+    'fs4.kernel.C': 'ssm_forward.kernel.C',
+    'bs4.D': 'ssm_backward.D',
+    'bs4.kernel.log_step': 'ssm_backward.kernel.log_step',
+    'bs4.kernel.A_re': 'ssm_backward.kernel.A_re',
+    'bs4.kernel.A_im': 'ssm_backward.kernel.A_im',
+    'bs4.kernel.C': 'ssm_backward.kernel.C',
+    'dv.weight': 'value_proj.weight',
+    'dv.bias': 'value_proj.bias',
+    'du_forward.weight': 'forward_in_proj.weight',
+    'du_forward.bias': 'forward_in_proj.bias',
+    'du_backward.weight': 'backward_in_proj.weight',
+    'du_backward.bias': 'backward_in_proj.bias',
+    'duc_forward.weight': 'forward_out_proj.weight',
+    'duc_forward.bias': 'forward_out_proj.bias',
+    'duc_backward.weight': 'backward_out_proj.weight',
+    'duc_backward.bias': 'backward_out_proj.bias',
+    'dol.weight': 'gate_proj.weight',
+    'dol.bias': 'gate_proj.bias',
+    'do.weight': 'out_proj.weight',
+    'do.bias': 'out_proj.bias',
+}
+_EMBEDDING_KEYS = {
+    'bigs.embeddings.word_embeddings.weight': 'bigs.embeddings.word_embeddings.weight',
+    'bigs.embeddings.position_embeddings.weight': 'bigs.embeddings.position_embeddings.weight',
+    'bigs.embeddings.token_type_embeddings.weight': 'bigs.embeddings.token_type_embeddings.weight',
+    'bigs.embeddings.LayerNorm.weight': 'bigs.embeddings.norm.weight',
+    'bigs.embeddings.LayerNorm.bias': 'bigs.embeddings.norm.bias',
+}
+_MLM_KEYS = {
+    'cls.predictions.transform.dense.weight': 'mlm_head.dense.weight',
+    'cls.predictions.transform.dense.bias': 'mlm_head.dense.bias',
+    'cls.predictions.transform.LayerNorm.weight': 'mlm_head.norm.weight',
+    'cls.predictions.transform.LayerNorm.bias': 'mlm_head.norm.bias',
+    'cls.predictions.bias': 'output_bias',
+}
+_POOLER_KEYS = {
+    'bigs.pooler.dense.weight': 'pooler.dense.weight',
+    'bigs.pooler.dense.bias': 'pooler.dense.bias',
+}
+_CLASSIFIER_KEYS = {'classifier.weight': 'classifier.weight', 'classifier.bias': 'classifier.bias'}
+# buffers of the official embeddings (position_ids is persistent there); nothing to load
+_IGNORED_KEYS = ('bigs.embeddings.position_ids', 'bigs.embeddings.token_type_ids')
+_TASKS = ('masked_lm', 'sequence_classification', 'base')
+
+
+def _num_official_layers(state_dict: Mapping[str, torch.Tensor]) -> int:
+    prefix = 'bigs.encoder.layer.'
+    idx = {int(k[len(prefix):].split('.', 1)[0]) for k in state_dict
+           if k.startswith(prefix) and k[len(prefix):].split('.', 1)[0].isdigit()}
+    return max(idx) + 1 if idx else 0
+
+
+def convert_official_bigs_state_dict(
+        state_dict: Mapping[str, torch.Tensor],
+        task: str = 'masked_lm',
+) -> Dict[str, torch.Tensor]:
+    """Map an official BiGS torch state dict to the keys of our model for ``task``.
+
+    Official layout (github.com/jxiw/BiGS, ``BiGS/modeling_bigs.py``; HF hub ``JunxiongWang/BiGS_*``)::
+
+        bigs.embeddings.{word,position,token_type}_embeddings.weight, bigs.embeddings.LayerNorm.{weight,bias}
+        bigs.encoder.layer.{i}.LayerNorm.{weight,bias}
+        bigs.encoder.layer.{i}.{fs4,bs4}.D                         (1,)
+        bigs.encoder.layer.{i}.{fs4,bs4}.kernel.log_step           (1,)
+        bigs.encoder.layer.{i}.{fs4,bs4}.kernel.{A_re,A_im}        (N,)
+        bigs.encoder.layer.{i}.{fs4,bs4}.kernel.C                  (N, 2)  [real, imag]
+        bigs.encoder.layer.{i}.{dv,dol}.{weight,bias}              (d_i, d), (d_i,)
+        bigs.encoder.layer.{i}.{du,duc}_{forward,backward}.{weight,bias}   (d, d), (d,)
+        bigs.encoder.layer.{i}.do.{weight,bias}                    (d, d_i), (d,)
+        bigs.pooler.dense.{weight,bias}                            (present in every official model)
+        cls.predictions.transform.{dense,LayerNorm}.*, cls.predictions.bias (V,)
+        cls.predictions.decoder.weight (V, d) tied to the word embedding, cls.predictions.decoder.bias = bias
+        classifier.{weight,bias}                                   (fine-tuned classifiers only)
+
+    Args:
+        state_dict: the official tensors (names as above; a ``module.`` prefix from DDP is stripped).
+        task: 'masked_lm' (→ :class:`BiGSForMaskedLM`), 'sequence_classification' (→
+            :class:`BiGSForSequenceClassification`; ``classifier.*`` is optional) or 'base' (→ :class:`BiGSModel`,
+            keys without the ``bigs.`` prefix). Keys of the other heads (pooler, MLM head) are dropped.
+
+    Raises:
+        ValueError: listing the official keys that are missing and the keys that are not official BiGS keys, or
+            when an untied decoder weight differs from the word embedding (ours is always tied).
+    """
+    if task not in _TASKS:
+        raise ValueError(f'task must be one of {_TASKS}, got {task!r}')
+    sd = {(k[len('module.'):] if k.startswith('module.') else k): v for k, v in state_dict.items()}
+    num_layers = _num_official_layers(sd)
+
+    required: Dict[str, str] = dict(_EMBEDDING_KEYS)
+    for i in range(num_layers):
+        for theirs, ours in _LAYER_KEYS.items():
+            required[f'bigs.encoder.layer.{i}.{theirs}'] = f'bigs.layers.{i}.{ours}'
+    optional: Dict[str, Optional[str]] = {}
+    if task == 'masked_lm':
+        required.update(_MLM_KEYS)
+        optional.update({k: None for k in _POOLER_KEYS})
+        optional.update({k: None for k in _CLASSIFIER_KEYS})
+    else:
+        optional.update({k: None for k in _MLM_KEYS})
+        if task == 'sequence_classification':
+            optional.update(_POOLER_KEYS)
+            optional.update(_CLASSIFIER_KEYS)
+        else:
+            optional.update({k: None for k in _POOLER_KEYS})
+            optional.update({k: None for k in _CLASSIFIER_KEYS})
+    tied = ('cls.predictions.decoder.weight', 'cls.predictions.decoder.bias')
+    optional.update({k: None for k in tied + _IGNORED_KEYS})
+
+    missing = sorted(k for k in required if k not in sd)
+    unexpected = sorted(k for k in sd if k not in required and k not in optional)
+    if num_layers == 0:
+        missing.insert(0, 'bigs.encoder.layer.0.* (no layers found)')
+    if missing or unexpected:
+        raise ValueError(
+            f'not an official BiGS state dict for task {task!r}: missing keys {missing}; unexpected keys '
+            f'{unexpected}')
+
+    # the official decoder is tied to the word embedding and its bias is cls.predictions.bias; ours always is
+    word = sd['bigs.embeddings.word_embeddings.weight']
+    if tied[0] in sd and not torch.equal(sd[tied[0]], word):
+        raise ValueError('cls.predictions.decoder.weight differs from bigs.embeddings.word_embeddings.weight: an '
+                         'untied decoder is not supported (BiGS ties them)')
+    if task == 'masked_lm' and tied[1] in sd and not torch.equal(sd[tied[1]], sd['cls.predictions.bias']):
+        raise ValueError('cls.predictions.decoder.bias differs from cls.predictions.bias (they are one tensor in '
+                         'the official model)')
+
+    out: Dict[str, torch.Tensor] = {}
+    for theirs, ours in list(required.items()) + list(optional.items()):
+        if ours is not None and theirs in sd:
+            out[ours] = sd[theirs]
+    if task == 'base':
+        out = {k[len('bigs.'):]: v for k, v in out.items()}
+    return out
+
+
+def bigs_config_from_official(state_dict: Mapping[str, torch.Tensor], **overrides) -> BiGSConfig:
+    """A :class:`BiGSConfig` whose sizes are read from an official state dict's tensor shapes."""
+    sd = {(k[len('module.'):] if k.startswith('module.') else k): v for k, v in state_dict.items()}
+    try:
+        vocab, dim = sd['bigs.embeddings.word_embeddings.weight'].shape
+        fields = dict(
+            vocab_size=vocab,
+            hidden_size=dim,
+            max_position_embeddings=sd['bigs.embeddings.position_embeddings.weight'].shape[0],
+            type_vocab_size=sd['bigs.embeddings.token_type_embeddings.weight'].shape[0],
+            num_hidden_layers=_num_official_layers(sd),
+            intermediate_size=sd['bigs.encoder.layer.0.dv.weight'].shape[0],
+            num_ssm_states=sd['bigs.encoder.layer.0.fs4.kernel.A_re'].shape[0],
+        )
+    except KeyError as e:
+        raise ValueError(f'not an official BiGS state dict: no {e.args[0]!r}') from None
+    if 'classifier.weight' in sd:
+        fields['num_labels'] = sd['classifier.weight'].shape[0]
+    fields.update(overrides)
+    return BiGSConfig(**fields)
+
+
+def load_official_bigs_state_dict(path: Union[str, os.PathLike]) -> Dict[str, torch.Tensor]:
+    """Read official BiGS weights from a ``.bin`` / ``.pt`` (torch pickle, loaded with ``weights_only=True``) or
+    ``.safetensors`` file, or from a folder holding ``model.safetensors`` or ``pytorch_model.bin``."""
+    path = os.fspath(path)
+    if os.path.isdir(path):
+        for name in ('model.safetensors', 'pytorch_model.bin'):
+            if os.path.exists(os.path.join(path, name)):
+                path = os.path.join(path, name)
+                break
+        else:
+            raise FileNotFoundError(f'{path} holds neither model.safetensors nor pytorch_model.bin')
+    if path.endswith('.safetensors'):
+        from safetensors.torch import load_file
+        return load_file(path, device='cpu')
+    return torch.load(path, map_location='cpu', weights_only=True)
+
+
+def _from_official(cls, path_or_state_dict, device, dtype, config_overrides):
+    if isinstance(path_or_state_dict, (str, os.PathLike)):
+        sd = load_official_bigs_state_dict(path_or_state_dict)
+    else:
+        sd = dict(path_or_state_dict)
+    task = 'masked_lm' if cls is BiGSForMaskedLM else 'sequence_classification'
+    config = bigs_config_from_official(sd, **config_overrides)
+    ours = convert_official_bigs_state_dict(sd, task=task)
+    model = cls(config, device=device, dtype=dtype)
+    missing, unexpected = model.load_state_dict(ours, strict=False)
+    allowed = cls.head_prefixes if task == 'sequence_classification' else ()
+    bad = [k for k in missing if not k.startswith(allowed)] if allowed else list(missing)
+    if bad or unexpected:
+        raise ValueError(f'official BiGS weights do not fit {cls.__name__}: missing {bad}, unexpected {unexpected}')
+    return model
