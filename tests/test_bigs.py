@@ -141,8 +141,11 @@ def official_state_dict(vocab=40, dim=16, inter=24, n_layers=2, n_states=6, posi
     return sd
 
 
-def reference_mlm_logits(sd, input_ids, token_type_ids=None, eps=1e-12):
+def reference_mlm_logits(sd, input_ids, token_type_ids=None, eps=1e-12, layer_gelu='none'):
     """SPEC §1.4 written out from the official keys: embeddings, layers (direct O(L^2) SSM convolutions), MLM head."""
+    def gelu(x):
+        return F.gelu(x, approximate=layer_gelu)
+
     def lin(x, prefix):
         return x @ sd[f'{prefix}.weight'].T + sd[f'{prefix}.bias']
 
@@ -165,13 +168,13 @@ def reference_mlm_logits(sd, input_ids, token_type_ids=None, eps=1e-12):
     while f'bigs.encoder.layer.{i}.dv.weight' in sd:
         p = f'bigs.encoder.layer.{i}'
         h = ln(x, f'{p}.LayerNorm')
-        v = F.gelu(lin(h, f'{p}.dv'))
-        u_f = F.gelu(lin(h, f'{p}.du_forward'))
-        u_b = F.gelu(lin(torch.flip(h, [1]), f'{p}.du_backward'))
+        v = gelu(lin(h, f'{p}.dv'))
+        u_f = gelu(lin(h, f'{p}.du_forward'))
+        u_b = gelu(lin(torch.flip(h, [1]), f'{p}.du_backward'))
         s_f = ssm(u_f, f'{p}.fs4')
         s_b = ssm(u_b, f'{p}.bs4')
         g = lin(s_f, f'{p}.duc_forward') * torch.flip(lin(s_b, f'{p}.duc_backward'), [1])
-        x = x + lin(F.gelu(lin(g, f'{p}.dol')) * v, f'{p}.do')
+        x = x + lin(gelu(lin(g, f'{p}.dol')) * v, f'{p}.do')
         i += 1
     h = ln(F.gelu(lin(x, 'cls.predictions.transform.dense')), 'cls.predictions.transform.LayerNorm')
     return h @ sd['bigs.embeddings.word_embeddings.weight'].T + sd['cls.predictions.bias']
@@ -213,6 +216,9 @@ def test_fft_causal_conv_equals_direct(length, per_channel):
     y32 = fft_causal_conv(u.float(), k.float())
     assert y32.dtype == torch.float32
     torch.testing.assert_close(y32.double(), y, rtol=1e-4, atol=1e-4)
+    # anti-causal mode == flip(causal(flip(u))) == direct anti-causal sum
+    y_anti = fft_causal_conv(u, k, anticausal=True)
+    torch.testing.assert_close(y_anti, direct_causal_conv(u.flip(1), k).flip(1), rtol=1e-10, atol=1e-10)
     with pytest.raises(ValueError):
         fft_causal_conv(u, k[:-1] if length > 1 else torch.zeros(2, dtype=torch.float64))
 
@@ -347,16 +353,20 @@ def test_kernel_cache():
 
 # ----------------------------------------------------------------------------------- official checkpoints
 
-def test_official_state_dict_parity_with_spec_reference():
+@pytest.mark.parametrize('gelu', ['none', 'tanh'])
+def test_official_state_dict_parity_with_spec_reference(gelu):
     sd = official_state_dict()
-    model = BiGSForMaskedLM.from_official(sd, dtype=torch.float64, mask_padding=False, hidden_dropout=0.0).eval()
+    model = BiGSForMaskedLM.from_official(sd, dtype=torch.float64, mask_padding=False, hidden_dropout=0.0,
+                                          gelu_approximate=gelu).eval()
     assert model.config.num_hidden_layers == 2 and model.config.num_ssm_states == 6
     ids = torch.randint(0, 40, (2, 19), generator=torch.Generator().manual_seed(0))
     tt = torch.randint(0, 2, (2, 19), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         ours = model(ids, token_type_ids=tt).logits
-    ref = reference_mlm_logits(sd, ids, tt)
+    ref = reference_mlm_logits(sd, ids, tt, layer_gelu=gelu)
     torch.testing.assert_close(ours, ref, rtol=1e-9, atol=1e-9)
+    other = reference_mlm_logits(sd, ids, tt, layer_gelu='tanh' if gelu == 'none' else 'none')
+    assert (ours - other).abs().max() > 1e-6  # the two GELUs are distinguishable here
 
 
 def test_converter_maps_every_official_key():

@@ -58,11 +58,15 @@ def _compute_dtype(*tensors: torch.Tensor) -> torch.dtype:
     return torch.float64 if any(t.dtype == torch.float64 for t in tensors) else torch.float32
 
 
-def fft_causal_conv(u: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+def fft_causal_conv(u: torch.Tensor, k: torch.Tensor, anticausal: bool = False) -> torch.Tensor:
     """Causal convolution along the sequence axis: ``y[t] = sum_{j <= t} k[t - j] u[j]``.
 
-    Computed with real FFTs of length ``fast_fft_len(2L)`` (no circular wrap-around), in float32 (float64 when
-    ``u`` or ``k`` is float64) with autocast disabled, and cast back to ``u.dtype``.
+    With ``anticausal=True`` the mirror image ``y[t] = sum_{j >= t} k[j - t] u[j]``, which equals
+    ``flip(causal_conv(flip(u), k))`` without the two flips (a correlation: the kernel's spectrum is conjugated).
+
+    Computed with real FFTs of length ``fast_fft_len(2L)`` (no circular wrap-around: every lag that could wrap
+    lands on the kernel's zero padding), in float32 (float64 when ``u`` or ``k`` is float64) with autocast
+    disabled, and cast back to ``u.dtype``.
 
     Shapes:
         u: (..., L, C), sequence on dim -2 (no transpose needed for the (B, L, C) activations of a layer).
@@ -80,6 +84,8 @@ def fft_causal_conv(u: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
             k = k.unsqueeze(-1)  # (L, 1): broadcast over channels
         u_f = torch.fft.rfft(u.to(dtype), n=n_fft, dim=-2)  # (..., n_fft // 2 + 1, C)
         k_f = torch.fft.rfft(k, n=n_fft, dim=0)  # (n_fft // 2 + 1, 1 | C)
+        if anticausal:
+            k_f = k_f.conj()
         y = torch.fft.irfft(u_f * k_f, n=n_fft, dim=-2)
         y = y.narrow(-2, 0, length)
     return y.to(u.dtype)
@@ -190,6 +196,9 @@ class S4DLayer(nn.Module):
     ``D`` starts at 1 as in the official Flax pretraining code (its later torch port draws it from N(0, 1);
     checkpoints overwrite it either way).
 
+    ``forward(u, anticausal=True)`` runs the same SSM from the last position to the first, i.e.
+    ``flip(S4DLayer(flip(u)))`` without materialising the flips.
+
     Shapes:
         u: (B, L, C) -> (B, L, C), same dtype; the convolution and the ``D`` term run in float32 (see
         :func:`fft_causal_conv`).
@@ -215,10 +224,10 @@ class S4DLayer(nn.Module):
             self.D.fill_(1.0)
         self.kernel.init_weights()
 
-    def forward(self, u: torch.Tensor) -> torch.Tensor:
+    def forward(self, u: torch.Tensor, anticausal: bool = False) -> torch.Tensor:
         k = self.kernel(u.shape[-2])  # (L,) float32
         dtype = _compute_dtype(u, k)
-        y = fft_causal_conv(u.to(dtype), k)
+        y = fft_causal_conv(u.to(dtype), k, anticausal=anticausal)
         with torch.autocast(device_type=u.device.type, enabled=False):
             y = y + self.D.to(dtype) * u.to(dtype)
         return y.to(u.dtype)
@@ -238,8 +247,15 @@ class BidirectionalGatedSSM(nn.Module):
         out = x + W_o(GELU(g W_ol) * v)                     # gate_proj: d -> d_i, out_proj: d_i -> d
 
     ``flip`` reverses the sequence axis, so the backward branch is a causal SSM over the reversed sequence, i.e.
-    an anti-causal one over the original order: position t sees u_f[0..t] through the forward branch and
-    u_b at t..L-1 through the backward branch. GELU is the exact (erf) GELU.
+    an anti-causal one over the original order: position t sees tokens 0..t through the forward branch and
+    tokens t..L-1 through the backward branch. The implementation uses that identity instead of the three flips
+    (a Linear and GELU act per position, so ``flip(GELU(flip(h) W_ub)) = GELU(h W_ub)``, and
+    ``flip(SSM_b(flip(w))) = SSM_b(w, anticausal=True)``): the same function, with no reversed copies of the
+    activations. Parameter names map one-to-one onto the official ones (``dv, du_forward, du_backward,
+    duc_forward, duc_backward, dol, do, fs4, bs4, LayerNorm``).
+
+    GELU: exact (erf) by default, as the official torch port; ``gelu_approximate='tanh'`` gives the tanh
+    approximation that the official Flax code (which pretrained the released weights) applies inside the layer.
 
     Padding (``mask``, (B, L) bool, True = real token):
         * With a mask, ``u_f`` and ``u_b`` are zeroed at padded positions before the SSMs. For right padding
@@ -265,13 +281,17 @@ class BidirectionalGatedSSM(nn.Module):
             norm_eps: float = 1e-12,
             dt_min: float = 0.01,
             dt_max: float = 1.0,
+            gelu_approximate: str = 'none',
             device=None,
             dtype=None,
     ) -> None:
         super().__init__()
         dd = {'device': device, 'dtype': dtype}
+        if gelu_approximate not in ('none', 'tanh'):
+            raise ValueError(f"gelu_approximate must be 'none' or 'tanh', got {gelu_approximate!r}")
         self.dim = dim
         self.hidden_dim = hidden_dim
+        self.gelu_approximate = gelu_approximate
         self.norm = nn.LayerNorm(dim, eps=norm_eps, **dd)
         self.value_proj = nn.Linear(dim, hidden_dim, **dd)
         self.forward_in_proj = nn.Linear(dim, dim, **dd)
@@ -284,18 +304,19 @@ class BidirectionalGatedSSM(nn.Module):
         self.out_proj = nn.Linear(hidden_dim, dim, **dd)
 
     def forward(self, x: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        act = self.gelu_approximate
         h = self.norm(x)
-        v = F.gelu(self.value_proj(h))  # (B, L, d_i)
-        u_f = F.gelu(self.forward_in_proj(h))  # (B, L, d)
-        u_b = F.gelu(self.backward_in_proj(h.flip(-2)))  # (B, L, d), reversed order
+        v = F.gelu(self.value_proj(h), approximate=act)  # (B, L, d_i)
+        u_f = F.gelu(self.forward_in_proj(h), approximate=act)  # (B, L, d)
+        u_b = F.gelu(self.backward_in_proj(h), approximate=act)  # (B, L, d) = flip(GELU(flip(h) W_ub))
         if mask is not None:
             keep = mask.unsqueeze(-1).to(u_f.dtype)  # (B, L, 1)
             u_f = u_f * keep
-            u_b = u_b * keep.flip(-2)
-        s_f = self.ssm_forward(u_f)
-        s_b = self.ssm_backward(u_b)
-        g = self.forward_out_proj(s_f) * self.backward_out_proj(s_b).flip(-2)  # (B, L, d)
-        return x + self.out_proj(F.gelu(self.gate_proj(g)) * v)
+            u_b = u_b * keep
+        s_f = self.ssm_forward(u_f)  # causal
+        s_b = self.ssm_backward(u_b, anticausal=True)  # = flip(SSM_b(flip(u_b)))
+        g = self.forward_out_proj(s_f) * self.backward_out_proj(s_b)  # (B, L, d)
+        return x + self.out_proj(F.gelu(self.gate_proj(g), approximate=act) * v)
 
     def extra_repr(self) -> str:
-        return f'dim={self.dim}, hidden_dim={self.hidden_dim}'
+        return f'dim={self.dim}, hidden_dim={self.hidden_dim}, gelu_approximate={self.gelu_approximate!r}'

@@ -85,6 +85,9 @@ class BiGSConfig:
         mask_padding: zero the SSM inputs at padded positions when ``attention_mask`` is given (module docstring).
         initializer_range: std of the normal init of Linear / Embedding weights.
         dt_min, dt_max: range of the log-uniform init of the SSM step.
+        gelu_approximate: GELU inside the BiGS layers, 'none' (exact erf; the official torch port) or 'tanh'
+            (the official Flax code that pretrained the released weights uses ``flax.linen.gelu``, whose default is
+            the tanh approximation). The MLM head's GELU is exact in both official versions and here.
         num_labels: outputs of the sequence classifier (1 = regression with MSE).
         classifier_dropout: dropout between the pooler and the classifier.
     """
@@ -102,6 +105,7 @@ class BiGSConfig:
     initializer_range: float = 0.02
     dt_min: float = 0.01
     dt_max: float = 1.0
+    gelu_approximate: str = 'none'
     num_labels: int = 2
     classifier_dropout: float = 0.1
 
@@ -110,6 +114,8 @@ class BiGSConfig:
             raise ValueError(f'pad_token_id {self.pad_token_id} outside [0, {self.vocab_size})')
         if not 0 < self.dt_min <= self.dt_max:
             raise ValueError(f'need 0 < dt_min <= dt_max, got {self.dt_min}, {self.dt_max}')
+        if self.gelu_approximate not in ('none', 'tanh'):
+            raise ValueError(f"gelu_approximate must be 'none' or 'tanh', got {self.gelu_approximate!r}")
 
 
 class BiGSEmbeddings(nn.Module):
@@ -162,7 +168,7 @@ class BiGSModel(PretrainedMixin, nn.Module):
         self.layers = nn.ModuleList([
             BidirectionalGatedSSM(
                 c.hidden_size, c.intermediate_size, num_states=c.num_ssm_states, norm_eps=c.layer_norm_eps,
-                dt_min=c.dt_min, dt_max=c.dt_max, **dd)
+                dt_min=c.dt_min, dt_max=c.dt_max, gelu_approximate=c.gelu_approximate, **dd)
             for _ in range(c.num_hidden_layers)
         ])
         # Linear / Embedding only: the SSM parameters keep their S4D init
