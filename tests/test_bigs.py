@@ -21,7 +21,7 @@ import mlp_vision.layers as layers
 import mlp_vision.text as mt
 from mlp_vision.layers.ssm import BidirectionalGatedSSM, S4DKernel, S4DLayer, fast_fft_len, fft_causal_conv
 from mlp_vision.text.bigs import (
-    BiGSConfig, BiGSForMaskedLM, BiGSForSequenceClassification, bigs_config_from_official,
+    BiGSConfig, BiGSForMaskedLM, BiGSForSequenceClassification, bigs_config_from_official, bigs_param_groups,
     convert_official_bigs_state_dict,
 )
 
@@ -566,7 +566,10 @@ def test_mlm_training_on_wikitext_reduces_loss(single_thread):
     T, B, steps = 64, 16, 40
     model = mt.create_model('bigs_small', hidden_size=64, intermediate_size=192, num_hidden_layers=2,
                             num_ssm_states=16, max_position_embeddings=T, hidden_dropout=0.0)
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-3, betas=(0.9, 0.98), eps=1e-6, weight_decay=0.05)
+    groups = bigs_param_groups(model, weight_decay=0.05)  # SPEC §3 optimizer settings, larger lr for a short run
+    assert sum(len(g['params']) for g in groups) == len(list(model.parameters()))
+    assert any(p is model.output_bias for p in groups[1]['params'])
+    opt = torch.optim.AdamW(groups, lr=3e-3, betas=(0.9, 0.98), eps=1e-6)
     g = torch.Generator().manual_seed(0)
 
     def batch(split):

@@ -62,6 +62,7 @@ from .modeling_utils import PretrainedMixin, TextOutput, init_linear_embedding, 
 __all__ = [
     'BiGSConfig', 'BiGSModel', 'BiGSForMaskedLM', 'BiGSForSequenceClassification',
     'convert_official_bigs_state_dict', 'load_official_bigs_state_dict', 'bigs_config_from_official',
+    'bigs_param_groups',
 ]
 
 
@@ -340,6 +341,27 @@ class BiGSForSequenceClassification(PretrainedMixin, nn.Module):
         """As :meth:`BiGSForMaskedLM.from_official`; the pooler is loaded when present, the classifier is new
         (an official fine-tuned ``classifier.*`` is loaded too when present)."""
         return _from_official(cls, path_or_state_dict, device, dtype, config_overrides)
+
+
+def bigs_param_groups(model: nn.Module, weight_decay: float = 0.05) -> List[dict]:
+    """AdamW parameter groups as the official pretraining script builds its decay mask: no weight decay on biases
+    (``output_bias`` included) and LayerNorm weights, ``weight_decay`` on everything else -- Linear and embedding
+    weights and the SSM parameters (``log_step, A_re, A_im, C, D``; the official script decays them too).
+    SPEC §3 recipe: ``torch.optim.AdamW(bigs_param_groups(model, 0.05), lr=6e-4, betas=(0.9, 0.98), eps=1e-6)``.
+    """
+    no_decay = set()
+    for module in model.modules():
+        if isinstance(module, nn.LayerNorm):
+            no_decay.update(id(p) for p in module.parameters(recurse=False))
+    decay_params, no_decay_params = [], []
+    for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        if id(p) in no_decay or name.endswith('bias'):
+            no_decay_params.append(p)
+        else:
+            decay_params.append(p)
+    return [{'params': decay_params, 'weight_decay': weight_decay}, {'params': no_decay_params, 'weight_decay': 0.0}]
 
 
 # ------------------------------------------------------------------------------------ official checkpoints

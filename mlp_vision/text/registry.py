@@ -38,7 +38,7 @@ _CONFIGS = {'gmlp': GMLPConfig, 'gpt': GPTConfig, 'bigs': BiGSConfig}
 
 
 def register_model(name: str, family: str, default_task: str, **defaults) -> None:
-    """Register ``name``: a ``family`` config ('gmlp' | 'gpt') with ``defaults``, built as ``default_task``."""
+    """Register ``name``: a ``family`` config ('gmlp' | 'gpt' | 'bigs') with ``defaults``, built as ``default_task``."""
     if name in _ENTRIES:
         raise ValueError(f'text model {name!r} already registered')
     if default_task not in MODEL_TASKS[family]:
