@@ -342,6 +342,12 @@ def test_kernel_cache():
         torch.testing.assert_close(k2, kern._kernel(10))
     k3 = kern(10)  # grad enabled again: fresh, differentiable
     assert k3.requires_grad
+    with torch.no_grad():
+        kern(10)
+        kern.A_im.data.add_(0.5)  # .data bypasses the version counter: clear_cache() is the documented remedy
+        kern.clear_cache()
+        torch.testing.assert_close(kern(10), kern._kernel(10))
+    kern(10)
     kern.train()
     assert not kern._cache
     kern.load_state_dict({k: v + 0.01 for k, v in kern.state_dict().items()})

@@ -107,6 +107,7 @@ class S4DKernel(nn.Module):
     kernel of each length is computed once and reused. The cache key holds each parameter's version counter and
     storage address, so any in-place update (optimizer step, ``load_state_dict``, ``.to()``) recomputes it, and
     ``train()``/``eval()`` clear it. With gradients enabled nothing is cached (the kernel must be in the graph).
+    Writes through ``param.data`` bypass the version counter: call :meth:`clear_cache` (or ``eval()``) after them.
     """
 
     def __init__(
@@ -140,35 +141,40 @@ class S4DKernel(nn.Module):
         self.C.normal_(0.0, math.sqrt(0.5))
         self._cache.clear()
 
+    def clear_cache(self) -> None:
+        """Drop the cached eval-mode kernels."""
+        self._cache.clear()
+
     def train(self, mode: bool = True):
         self._cache.clear()
         return super().train(mode)
+
+    def _continuous_params(self) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(dt (1,), A (N,), C (N,))`` in float32 / complex64 (float64 / complex128 for float64 parameters)."""
+        dtype = _compute_dtype(self.log_step)
+        dt = self.log_step.to(dtype).exp()
+        a = torch.complex(self.A_re.to(dtype).clamp(max=-1e-4), self.A_im.to(dtype))
+        c = torch.complex(self.C[:, 0].to(dtype), self.C[:, 1].to(dtype))
+        return dt, a, c
 
     def discrete_params(self) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """ZOH-discretised ``(A_bar, B_bar, C)``: complex (N,) each, ``A_bar = exp(dt A)``,
         ``B_bar = (exp(dt A) - 1) / A`` (B = 1) and ``C`` = the complex output projection.
 
-        ``K[l] = Re(sum_n C_n B_bar_n A_bar_n^l)``. Used by recurrent (step-by-step) evaluation and by tests.
+        ``K[l] = Re(sum_n C_n B_bar_n A_bar_n^l)``. For recurrent (step-by-step) evaluation and tests.
         """
-        dtype = _compute_dtype(self.log_step)
         with torch.autocast(device_type=self.log_step.device.type, enabled=False):
-            dt = self.log_step.to(dtype).exp()  # (1,)
-            a = torch.complex(self.A_re.to(dtype).clamp(max=-1e-4), self.A_im.to(dtype))  # (N,)
-            c = torch.complex(self.C[:, 0].to(dtype), self.C[:, 1].to(dtype))  # (N,)
+            dt, a, c = self._continuous_params()
             a_bar = torch.exp(dt * a)
-            b_bar = (a_bar - 1) / a
-        return a_bar, b_bar, c
+            return a_bar, (a_bar - 1) / a, c
 
     def _kernel(self, length: int) -> torch.Tensor:
-        dtype = _compute_dtype(self.log_step)
         with torch.autocast(device_type=self.log_step.device.type, enabled=False):
-            dt = self.log_step.to(dtype).exp()  # (1,)
-            a = torch.complex(self.A_re.to(dtype).clamp(max=-1e-4), self.A_im.to(dtype))  # (N,)
-            c = torch.complex(self.C[:, 0].to(dtype), self.C[:, 1].to(dtype))  # (N,)
+            dt, a, c = self._continuous_params()
             dt_a = dt * a  # (N,)
             c_b = c * (torch.exp(dt_a) - 1) / a  # (N,): C_n B_bar_n
-            pos = torch.arange(length, device=a.device, dtype=dtype)  # (L,)
-            vandermonde = torch.exp(dt_a.unsqueeze(-1) * pos)  # (N, L): A_bar_n^l
+            pos = torch.arange(length, device=a.device, dtype=dt.dtype)  # (L,)
+            vandermonde = torch.exp(dt_a.unsqueeze(-1) * pos)  # (N, L): A_bar_n^l as exp(dt A_n l)
             return torch.matmul(c_b.unsqueeze(0), vandermonde).squeeze(0).real  # (L,)
 
     def forward(self, length: int) -> torch.Tensor:
@@ -260,11 +266,14 @@ class BidirectionalGatedSSM(nn.Module):
     Padding (``mask``, (B, L) bool, True = real token):
         * With a mask, ``u_f`` and ``u_b`` are zeroed at padded positions before the SSMs. For right padding
           (real tokens 0..n-1, pads n..L-1) the outputs at real positions then equal those of the unpadded
-          length-n input: the forward branch at t < n only reads u_f[0..t] (a causal convolution never looks
-          ahead), and the backward branch, after the flip, sees the zeroed pads as a zero prefix of length L-n,
-          which adds nothing to a time-invariant causal convolution and shifts the rest of its output by L-n --
-          undone by the flip back. Everything else in the layer is per position. The same argument makes
-          left padding exact at the layer level (roles of the branches swapped); padding in the middle is not.
+          length-n input, exactly up to float rounding:
+            - forward branch: at t < n it reads u_f[0..t] only (a causal convolution never looks ahead), all real;
+            - backward branch: in the SPEC's form the flip puts the zeroed pads first, and a zero prefix of
+              length L-n adds nothing to a time-invariant causal convolution -- it only shifts the output by L-n,
+              which the flip back undoes. (Equivalently, in the anti-causal form used here, position t < n sums
+              K[j - t] u_b[j] over j = t..L-1, and the terms j >= n are zero.)
+          Everything else in the layer acts per position. The same argument makes left padding exact at the
+          layer level (roles of the branches swapped); pads in the middle of a sequence are not.
         * Without a mask, pads are mixed like real tokens: real-position outputs depend on the pads. This is
           how the official BiGS models were pretrained and run (inputs padded to full length, no masking), so
           use it to reproduce their numbers exactly.
