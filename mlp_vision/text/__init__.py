@@ -2,8 +2,8 @@
 
 * gMLP / aMLP masked-LM encoders (Toeplitz SGU) with masked-LM and ``<cls>`` sequence-classification heads,
   and a causal gMLP LM (causal SGU) -- all from :class:`mlp_vision.layers.GatedMLPBlock`.
-* BiGS (bidirectional gated SSM, :class:`mlp_vision.layers.BidirectionalGatedSSM`) masked-LM and sequence-classification
-  encoders, with a converter for the official checkpoints.
+* BiGS (bidirectional gated SSM, :class:`mlp_vision.layers.BidirectionalGatedSSM`) masked-LM and
+  sequence-classification encoders, with a converter for the official checkpoints.
 * A char-level GPT with MLP-Attention and its dot-product-attention (SDPA) baseline.
 * Download-free byte / character tokenizers.
 

@@ -4,7 +4,10 @@ Paper: `Pretraining Without Attention` (Wang, Yan, Gu, Rush) - https://arxiv.org
 Official code and weights: github.com/jxiw/BiGS (``JunxiongWang/BiGS_{128,512,1024,4096}`` on the HF hub).
 
 Every layer is :class:`mlp_vision.layers.BidirectionalGatedSSM` (S4D kernel shared across channels, see
-:mod:`mlp_vision.layers.ssm` for the kernel, the FFT length and the padding argument).
+:mod:`mlp_vision.layers.ssm` for the kernel, the FFT length and the padding argument). The SSM convolutions run as
+real FFTs of length ``fast_fft_len(2L)`` -- 256 / 1024 / 2048 / 8192 for L = 128 / 512 / 1024 / 4096 (the
+smallest 2^a 3^b 5^c >= 2L, so no circular wrap-around) -- and, like the kernel, in float32 even under autocast;
+everything else follows the autocast dtype.
 
 Model layout (``BiGSModel``)::
 
@@ -50,7 +53,7 @@ Official checkpoints: :func:`convert_official_bigs_state_dict` maps the official
 import os
 from dataclasses import dataclass
 from functools import partial
-from typing import Dict, List, Mapping, Optional, Tuple, Union
+from typing import Dict, List, Mapping, Optional, Union
 
 import torch
 import torch.nn as nn
