@@ -494,6 +494,16 @@ def test_registry_and_param_count():
     assert isinstance(clf, BiGSForSequenceClassification)
 
 
+def test_meta_forward_for_shape_and_flop_tools():
+    # complexity tools build the large models on 'meta' and run them (autocast does not exist there)
+    model = mt.create_model('bigs_large_128', num_hidden_layers=2, device='meta').eval()
+    ids = torch.zeros(1, 128, dtype=torch.long, device='meta')
+    assert model(ids).logits.shape == (1, 128, 30522)
+    with torch.no_grad():
+        assert model.bigs(ids).shape == (1, 128, 1024)
+    assert fast_fft_len(torch.tensor(256)) == 256  # sizes are 0-dim tensors under the JIT tracer
+
+
 def test_shared_layer_class():
     assert layers.BidirectionalGatedSSM is BidirectionalGatedSSM
     model = BiGSForMaskedLM(small_config())

@@ -25,6 +25,7 @@ that the circular convolution equals the linear one on the first L outputs (no w
 the FFTs run in float32 (float64 if the inputs are float64) even under autocast; results are cast back to the
 input dtype.
 """
+import contextlib
 import math
 from typing import Dict, Optional, Tuple
 
@@ -37,6 +38,7 @@ __all__ = ['fast_fft_len', 'fft_causal_conv', 'S4DKernel', 'S4DLayer', 'Bidirect
 
 def fast_fft_len(n: int) -> int:
     """Smallest integer >= ``n`` whose prime factors are 2, 3 and 5 (sizes pocketFFT / cuFFT handle fastest)."""
+    n = int(n)  # sizes arrive as 0-dim tensors under the JIT tracer (fvcore)
     if n <= 1:
         return 1
     best = 1 << (n - 1).bit_length()  # next power of two, an upper bound
@@ -52,6 +54,13 @@ def fast_fft_len(n: int) -> int:
             p35 *= 3
         p5 *= 5
     return best
+
+
+def _autocast_off(device: torch.device):
+    """Disable autocast on ``device`` (a no-op context where autocast does not exist, e.g. 'meta')."""
+    if torch.amp.is_autocast_available(device.type):
+        return torch.autocast(device_type=device.type, enabled=False)
+    return contextlib.nullcontext()
 
 
 def _compute_dtype(*tensors: torch.Tensor) -> torch.dtype:
@@ -78,7 +87,7 @@ def fft_causal_conv(u: torch.Tensor, k: torch.Tensor, anticausal: bool = False) 
         raise ValueError(f'kernel length {k.shape[0]} != sequence length {length}')
     n_fft = fast_fft_len(2 * length)
     dtype = _compute_dtype(u, k)
-    with torch.autocast(device_type=u.device.type, enabled=False):
+    with _autocast_off(u.device):
         k = k.to(dtype)
         if k.dim() == 1:
             k = k.unsqueeze(-1)  # (L, 1): broadcast over channels
@@ -163,13 +172,13 @@ class S4DKernel(nn.Module):
 
         ``K[l] = Re(sum_n C_n B_bar_n A_bar_n^l)``. For recurrent (step-by-step) evaluation and tests.
         """
-        with torch.autocast(device_type=self.log_step.device.type, enabled=False):
+        with _autocast_off(self.log_step.device):
             dt, a, c = self._continuous_params()
             a_bar = torch.exp(dt * a)
             return a_bar, (a_bar - 1) / a, c
 
     def _kernel(self, length: int) -> torch.Tensor:
-        with torch.autocast(device_type=self.log_step.device.type, enabled=False):
+        with _autocast_off(self.log_step.device):
             dt, a, c = self._continuous_params()
             dt_a = dt * a  # (N,)
             c_b = c * (torch.exp(dt_a) - 1) / a  # (N,): C_n B_bar_n
@@ -234,7 +243,7 @@ class S4DLayer(nn.Module):
         k = self.kernel(u.shape[-2])  # (L,) float32
         dtype = _compute_dtype(u, k)
         y = fft_causal_conv(u.to(dtype), k, anticausal=anticausal)
-        with torch.autocast(device_type=u.device.type, enabled=False):
+        with _autocast_off(u.device):
             y = y + self.D.to(dtype) * u.to(dtype)
         return y.to(u.dtype)
 
