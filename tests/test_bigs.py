@@ -223,6 +223,22 @@ def test_fft_causal_conv_equals_direct(length, per_channel):
         fft_causal_conv(u, k[:-1] if length > 1 else torch.zeros(2, dtype=torch.float64))
 
 
+@pytest.mark.parametrize('anticausal', [False, True])
+def test_gradients_through_fft_and_kernel(anticausal):
+    g = torch.Generator().manual_seed(0)
+    u = torch.randn(1, 5, 2, generator=g, dtype=torch.float64, requires_grad=True)
+    k = torch.randn(5, generator=g, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda u_, k_: fft_causal_conv(u_, k_, anticausal=anticausal), (u, k),
+                                    fast_mode=True)
+    ssm = S4DLayer(num_states=3).double()
+    params = [ssm.D, ssm.kernel.log_step, ssm.kernel.A_re, ssm.kernel.A_im, ssm.kernel.C]  # kernel built in the graph
+
+    assert torch.autograd.gradcheck(lambda *ps: torch.func.functional_call(
+        ssm, {n: v for n, v in zip(['D', 'kernel.log_step', 'kernel.A_re', 'kernel.A_im', 'kernel.C'], ps)},
+        (u.detach(),), {'anticausal': anticausal}), tuple(p.detach().clone().requires_grad_() for p in params),
+        fast_mode=True)
+
+
 def test_kernel_init_and_official_shapes():
     torch.manual_seed(0)
     kern = S4DKernel(num_states=64)
