@@ -15,28 +15,35 @@ from timm.utils import dispatch_clip_grad
 
 from .data import num_valid_samples
 
-__all__ = ['NonFiniteLossError', 'train_one_epoch', 'evaluate', 'format_duration']
+__all__ = ['NonFiniteLossError', 'all_ranks_finite', 'train_one_epoch', 'evaluate', 'format_duration']
 
 _logger = logging.getLogger(__name__)
 
 
 class NonFiniteLossError(RuntimeError):
-    """The training loss became NaN or infinite; raised before that loss reaches the weights."""
+    """The training loss became NaN or infinite; raised before that loss reaches the weights.
 
-    def __init__(self, epoch: int, batch_idx: int, num_updates: int, value: float):
+    ``where`` replaces the default position text (``epoch E, batch B (optimizer update U)``), e.g. for a
+    step-based loop: ``NonFiniteLossError(None, micro_batch, step, value, where=f'step {step}')``.
+    """
+
+    def __init__(self, epoch: Optional[int], batch_idx: int, num_updates: int, value: float,
+                 where: Optional[str] = None):
         self.epoch, self.batch_idx, self.num_updates, self.value = epoch, batch_idx, num_updates, value
         what = f'{value}' if value != value or abs(value) == float('inf') else 'not finite on another rank'
-        super().__init__(
-            f'training loss is {what} at epoch {epoch}, batch {batch_idx} (optimizer update {num_updates}); '
-            f'stopped before applying it')
+        where = where or f'epoch {epoch}, batch {batch_idx} (optimizer update {num_updates})'
+        super().__init__(f'training loss is {what} at {where}; stopped before applying it')
 
 
 def format_duration(seconds: float) -> str:
     return str(timedelta(seconds=int(round(max(0., seconds)))))
 
 
-def _all_ranks_finite(loss: torch.Tensor, distributed: bool) -> bool:
-    # every rank must take the same decision, or the others would wait forever in the next collective
+def all_ranks_finite(loss: torch.Tensor, distributed: bool) -> bool:
+    """True when ``loss`` is finite on every rank (one all-reduce in distributed mode).
+
+    Every rank must take the same decision, or the others would wait forever in the next collective.
+    """
     bad = (~torch.isfinite(loss.detach())).to(torch.float32).reshape(1)
     if distributed:
         dist.all_reduce(bad, op=dist.ReduceOp.MAX)
@@ -100,7 +107,7 @@ def train_one_epoch(
             with amp_autocast():
                 output = model(input)
                 loss = loss_fn(output, target)
-            if not _all_ranks_finite(loss, distributed):
+            if not all_ranks_finite(loss, distributed):
                 raise NonFiniteLossError(epoch, batch_idx, num_updates, loss.item())
             batch_loss = loss.item()
             if accum_steps > 1:

@@ -1,13 +1,14 @@
-""" Experiment-folder outputs: ``summary.csv`` (one row per epoch, one header, resume-safe), the loss /
-accuracy curves PNG, and JSON results (written atomically). """
+""" Experiment-folder outputs: ``summary.csv`` (one row per epoch -- or per evaluation step for the step-based
+text trainer -- one header, resume-safe), the loss / accuracy curves PNG, an overlay PNG of several runs, and
+JSON results (written atomically). """
 import csv
 import json
 import logging
 import os
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Sequence
 
-__all__ = ['SummaryWriter', 'write_json', 'plot_curves']
+__all__ = ['SummaryWriter', 'write_json', 'plot_curves', 'plot_comparison']
 
 _logger = logging.getLogger(__name__)
 
@@ -26,15 +27,16 @@ def write_json(path: os.PathLike, obj: Any) -> None:
 
 
 class SummaryWriter:
-    """``summary.csv`` with an ``epoch`` column first.
+    """``summary.csv`` whose first column is ``key`` (``epoch`` for train.py, ``step`` for the text trainer).
 
-    :meth:`truncate` (called on resume) keeps the rows of epochs before the resumed one, so an epoch that was
-    logged but not checkpointed before a crash is not listed twice. Columns are fixed by the first row; later
-    rows with new keys rewrite the file with the union of columns (still one header).
+    :meth:`truncate` (called on resume) keeps the rows of epochs (steps) before the resumed one, so an epoch
+    that was logged but not checkpointed before a crash is not listed twice. Columns are fixed by the first
+    row; later rows with new keys rewrite the file with the union of columns (still one header).
     """
 
-    def __init__(self, path: os.PathLike):
+    def __init__(self, path: os.PathLike, key: str = 'epoch'):
         self.path = Path(path)
+        self.key = key
 
     def read(self) -> List[Dict[str, str]]:
         if not self.path.exists():
@@ -51,12 +53,13 @@ class SummaryWriter:
         _atomic_write_text(self.path, buf.getvalue())
 
     def truncate(self, before_epoch: int) -> None:
+        """Drop the rows whose ``key`` column is >= ``before_epoch`` (an epoch, or a step for key='step')."""
         rows = self.read()
         if not rows:
             return
-        def keep(row):  # a row torn by a crash mid-write has no parsable epoch: drop it
+        def keep(row):  # a row torn by a crash mid-write has no parsable key: drop it
             try:
-                return int(row['epoch']) < before_epoch
+                return int(row[self.key]) < before_epoch
             except (TypeError, ValueError):
                 return False
         kept = [r for r in rows if keep(r)]
@@ -80,8 +83,7 @@ class SummaryWriter:
             os.fsync(f.fileno())
 
 
-def plot_curves(summary_csv: os.PathLike, out_png: os.PathLike, title: str = '') -> Optional[Path]:
-    """Loss (train / eval) and eval accuracy (top-1 / top-5, EMA if present) per epoch, as a PNG."""
+def _pyplot():
     try:
         import matplotlib
         matplotlib.use('Agg')
@@ -89,34 +91,15 @@ def plot_curves(summary_csv: os.PathLike, out_png: os.PathLike, title: str = '')
     except ImportError:
         _logger.warning('matplotlib is not installed: no curves PNG (pip install matplotlib)')
         return None
-    rows = SummaryWriter(summary_csv).read()
-    if not rows:
-        return None
+    return plt
 
-    def col(name):
-        pts = [(int(r['epoch']), float(r[name])) for r in rows if r.get(name) not in (None, '')]
-        return [p[0] for p in pts], [p[1] for p in pts]
 
-    fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(11, 4))
-    for name, style in (('train_loss', '-'), ('eval_loss', '--'), ('ema_eval_loss', ':')):
-        x, y = col(name) if name in rows[0] else ([], [])
-        if x:
-            ax_loss.plot(x, y, style, marker='o', markersize=3, label=name)
-    ax_loss.set_xlabel('epoch')
-    ax_loss.set_ylabel('loss')
-    ax_loss.grid(alpha=.3)
-    ax_loss.legend()
-    for name, style in (('eval_top1', '-'), ('eval_top5', '--'), ('ema_eval_top1', ':')):
-        x, y = col(name) if name in rows[0] else ([], [])
-        if x:
-            ax_acc.plot(x, y, style, marker='o', markersize=3, label=name)
-    ax_acc.set_xlabel('epoch')
-    ax_acc.set_ylabel('accuracy (%)')
-    ax_acc.grid(alpha=.3)
-    if ax_acc.lines:
-        ax_acc.legend()
-    if title:
-        fig.suptitle(title)
+def _column(rows: List[Dict[str, str]], x: str, name: str):
+    pts = [(float(r[x]), float(r[name])) for r in rows if r.get(name) not in (None, '') and r.get(x) not in (None, '')]
+    return [p[0] for p in pts], [p[1] for p in pts]
+
+
+def _save_figure(fig, plt, out_png: os.PathLike) -> Path:
     fig.tight_layout()
     out_png = Path(out_png)
     tmp = out_png.with_name(f'.{out_png.name}.tmp-{os.getpid()}.png')
@@ -124,3 +107,86 @@ def plot_curves(summary_csv: os.PathLike, out_png: os.PathLike, title: str = '')
     plt.close(fig)
     os.replace(tmp, out_png)
     return out_png
+
+
+def plot_curves(
+        summary_csv: os.PathLike,
+        out_png: os.PathLike,
+        title: str = '',
+        x: str = 'epoch',
+        loss_columns: Sequence[str] = ('train_loss', 'eval_loss', 'ema_eval_loss'),
+        metric_columns: Sequence[str] = ('eval_top1', 'eval_top5', 'ema_eval_top1'),
+        metric_label: str = 'accuracy (%)',
+) -> Optional[Path]:
+    """Loss columns (left) and metric columns (right) of ``summary.csv`` against column ``x``, as a PNG.
+
+    The defaults are train.py's: train / eval loss and eval top-1 / top-5 (EMA if present) per epoch. Columns
+    missing from the file are skipped.
+    """
+    plt = _pyplot()
+    if plt is None:
+        return None
+    rows = SummaryWriter(summary_csv, key=x).read()
+    if not rows:
+        return None
+    fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(11, 4))
+    styles = ('-', '--', ':', '-.')
+    for ax, names in ((ax_loss, loss_columns), (ax_acc, metric_columns)):
+        for i, name in enumerate(names):
+            xs, ys = _column(rows, x, name) if name in rows[0] else ([], [])
+            if xs:
+                ax.plot(xs, ys, styles[i % len(styles)], marker='o', markersize=3, label=name)
+        ax.set_xlabel(x)
+        ax.grid(alpha=.3)
+        if ax.lines:
+            ax.legend()
+    ax_loss.set_ylabel('loss')
+    ax_acc.set_ylabel(metric_label)
+    if title:
+        fig.suptitle(title)
+    return _save_figure(fig, plt, out_png)
+
+
+def plot_comparison(
+        runs: Dict[str, os.PathLike],
+        out_png: os.PathLike,
+        title: str = '',
+        x: str = 'step',
+        loss_columns: Sequence[str] = ('train_loss', 'val_loss'),
+        metric_column: Optional[str] = None,
+        metric_label: str = '',
+) -> Optional[Path]:
+    """Several runs in one PNG: ``runs`` maps a label to a ``summary.csv``; one colour per run.
+
+    Left panel: each run's ``loss_columns`` (solid, dashed, ...); right panel (when ``metric_column`` is
+    given): that column of every run.
+    """
+    plt = _pyplot()
+    if plt is None:
+        return None
+    ncols = 2 if metric_column else 1
+    fig, axes = plt.subplots(1, ncols, figsize=(5.5 * ncols + 0.5, 4), squeeze=False)
+    ax_loss = axes[0][0]
+    styles = ('-', '--', ':', '-.')
+    for r_i, (label, path) in enumerate(runs.items()):
+        rows = SummaryWriter(path, key=x).read()
+        color = f'C{r_i}'
+        for i, name in enumerate(loss_columns):
+            xs, ys = _column(rows, x, name) if rows and name in rows[0] else ([], [])
+            if xs:
+                ax_loss.plot(xs, ys, styles[i % len(styles)], color=color, label=f'{label} {name}')
+        if metric_column:
+            xs, ys = _column(rows, x, metric_column) if rows and metric_column in rows[0] else ([], [])
+            if xs:
+                axes[0][1].plot(xs, ys, '-', marker='o', markersize=3, color=color, label=label)
+    for ax in axes[0]:
+        ax.set_xlabel(x)
+        ax.grid(alpha=.3)
+        if ax.lines:
+            ax.legend(fontsize=8)
+    ax_loss.set_ylabel('loss')
+    if metric_column:
+        axes[0][1].set_ylabel(metric_label or metric_column)
+    if title:
+        fig.suptitle(title)
+    return _save_figure(fig, plt, out_png)
