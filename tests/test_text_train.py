@@ -1,0 +1,282 @@
+""" mlp_vision.text.train: learning on real text, bit-exact resume, NaN stop, MLM masking statistics, the unigram
+baseline, 2-process gloo DDP, outputs and the clear errors for bad input.
+
+Real text: Tiny Shakespeare and WikiText-2 from ``../shared/data`` (tests that need them skip with the path when
+it is absent); the models are tiny (tens of thousands of parameters) and run on one CPU thread.
+"""
+import csv
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import mlp_vision.text as mt
+import mlp_vision.text.train as text_train
+from mlp_vision.text.train import (
+    MLMMasker, build_tokenizer, lr_multiplier, mlm_segments, unigram_mlm_baseline)
+
+REPO = Path(__file__).resolve().parents[1]
+DATA = REPO.parent / 'shared' / 'data'
+SHAKESPEARE = DATA / 'tinyshakespeare' / 'input.txt'
+WIKITEXT = DATA / 'wikitext-2'
+
+TINY_GPT = ['--model', 'gpt_mlp_attention', '--model-kwargs', 'n_layer=1', 'n_embd=32', 'n_head=2', 'block_size=32',
+            'mlp_attn_hidden=32', 'dropout=0.1']
+TINY_GMLP = ['--model', 'amlp_base', '--model-kwargs', 'depth=2', 'dim=32', 'ffn_dim=64', 'attn_dim=16',
+             'max_seq_len=32', 'dropout=0.1']
+TINY_BIGS = ['--model', 'bigs_small', '--model-kwargs', 'hidden_size=32', 'intermediate_size=64', 'num_hidden_layers=2',
+             'num_ssm_states=8', 'max_position_embeddings=32']
+COMMON = ['--threads', '1', '--log-interval', '1000']
+
+
+def _need(path: Path) -> str:
+    if not path.exists():
+        pytest.skip(f'needs {path} (the shared data folder ../shared/data beside the repository)')
+    return str(path)
+
+
+@pytest.fixture(scope='module')
+def shakespeare():
+    return _need(SHAKESPEARE)
+
+
+@pytest.fixture(scope='module')
+def wikitext():
+    return _need(WIKITEXT / 'valid.txt'), _need(WIKITEXT / 'test.txt')
+
+
+def _rows(path):
+    with open(path, newline='') as f:
+        return list(csv.DictReader(f))
+
+
+def _state(path):
+    return torch.load(path, map_location='cpu', weights_only=True)
+
+
+# ------------------------------------------------------------------------------------------------ learning
+def test_causal_lm_learns_tiny_shakespeare(shakespeare, tmp_path):
+    res = text_train.main(TINY_GPT + COMMON + [
+        '--task', 'causal', '--train-file', shakespeare, '--steps', '300', '-b', '16', '--lr', '3e-3',
+        '--sched', 'cosine', '--warmup-steps', '20', '--eval-interval', '100', '--eval-batches', '8',
+        '--final-eval-batches', '40', '--sample-prompt', 'ROMEO:', '--sample-tokens', '40',
+        '--output', str(tmp_path), '--experiment', 'gpt'])
+    exp = tmp_path / 'gpt'
+    rows = _rows(exp / 'summary.csv')
+    assert [r['step'] for r in rows] == ['100', '200', '300']
+    assert (exp / 'summary.csv').read_text().count('step,') == 1
+    # uniform over 65 characters is ln 65 = 4.17 nats; a 1-layer, 32-wide model gets well below 2.9 in 300 steps
+    assert res['val_final']['loss'] < 2.9 and float(rows[-1]['val_loss']) < float(rows[0]['val_loss']) - 0.2
+    assert res['params'] == sum(p.numel() for p in mt.create_model(
+        'gpt_mlp_attention', n_layer=1, n_embd=32, n_head=2, block_size=32, mlp_attn_hidden=32).parameters())
+    assert res['tokenizer'] == {'type': 'char', 'vocab_size': 65}  # the papers' Tiny Shakespeare vocabulary
+    assert res['data']['val_tokens'] == 111_540 and res['val_final_batches'] == 40
+    assert res['tokens_per_sec'] > 0 and res['command'].startswith('python -m mlp_vision.text.train')
+    for name in ('curves.png', 'last.pth', 'model_best.pth', 'args.yaml', 'train.log', 'results.json'):
+        assert (exp / name).is_file(), name
+    samples = (exp / 'samples.txt').read_text()
+    assert '\nROMEO:' in samples and len(samples.split('ROMEO:', 1)[1]) >= 40
+    # the saved model + tokenizer reload and reproduce the final evaluation
+    model = mt.from_pretrained(str(exp / 'pretrained'))
+    tok = text_train.tokenizer_from_dict(json.loads((exp / 'pretrained' / 'tokenizer.json').read_text()))
+    text = Path(shakespeare).read_text()
+    ids = torch.tensor(tok.encode(text[int(len(text) * 0.9):]))
+    batches = text_train._subset(text_train.causal_eval_batches(ids, 32, 16), 40, 42)  # the run's fixed subset
+    again = text_train.evaluate_lm(model, batches, task='causal', device=torch.device('cpu'))
+    assert again['loss'] == pytest.approx(res['val_final']['loss'], rel=1e-5)
+
+
+def test_mlm_learns_wikitext_and_beats_unigram(wikitext, tmp_path):
+    train_file, val_file = wikitext
+    res = text_train.main(TINY_GMLP + COMMON + [
+        '--task', 'mlm', '--train-file', train_file, '--val-file', val_file, '--steps', '300', '-b', '16',
+        '--lr', '3e-3', '--warmup-steps', '20', '--eval-interval', '150', '--eval-batches', '8',
+        '--final-eval-batches', '30', '--output', str(tmp_path), '--experiment', 'mlm'])
+    final, base = res['val_final'], res['unigram_baseline']
+    assert res['tokenizer']['vocab_size'] == 122 + 5  # valid.txt's characters + <pad> <cls> <sep> <mask> <unk>
+    assert base['tokens'] == final['tokens'] == 30 * 16 * 4  # round(15 % of 30 text tokens) per segment
+    assert final['loss'] < base['loss'] - 0.1 and final['masked_acc'] > base['masked_acc'] + 3
+    rows = _rows(tmp_path / 'mlm' / 'summary.csv')
+    assert {'val_masked_acc', 'val_mask_token_acc', 'val_ppl'} <= set(rows[0])
+
+
+# ------------------------------------------------------------------------------------------------ resume
+@pytest.mark.parametrize('task,model', [('causal', TINY_GPT), ('mlm', TINY_GMLP), ('mlm', TINY_BIGS)],
+                         ids=['causal-gpt', 'mlm-amlp', 'mlm-bigs'])
+def test_resume_equals_uninterrupted_run(task, model, shakespeare, tmp_path):
+    # dropout, random blocks, masking, grad accumulation, clipping and a cosine schedule with warmup are all on
+    args = model + COMMON + ['--task', task, '--train-file', shakespeare, '--steps', '12', '-b', '4',
+                             '--grad-accum-steps', '2', '--lr', '3e-3', '--sched', 'cosine', '--warmup-steps', '3',
+                             '--eval-interval', '4', '--eval-batches', '2', '--final-eval-batches', '4',
+                             '--seed', '3']
+    text_train.main(args + ['--output', str(tmp_path), '--experiment', 'ref'])
+    stopped = text_train.main(args + ['--output', str(tmp_path), '--experiment', 'cut', '--stop-after-step', '6'])
+    assert stopped['stopped_at_step'] == 6 and _state(tmp_path / 'cut' / 'last.pth')['step'] == 6
+    resumed = text_train.main(args + ['--resume', str(tmp_path / 'cut' / 'last.pth')])  # continues in 'cut'
+    ref, cut = _state(tmp_path / 'ref' / 'last.pth'), _state(tmp_path / 'cut' / 'last.pth')
+    assert ref['step'] == cut['step'] == 12
+    for k, v in ref['state_dict'].items():
+        assert torch.equal(v, cut['state_dict'][k]), k
+    for pid, s in ref['optimizer']['state'].items():
+        for k, v in s.items():
+            assert torch.equal(v, cut['optimizer']['state'][pid][k]), (pid, k)
+    assert ref['scheduler']['last_epoch'] == cut['scheduler']['last_epoch']
+    # the summary of the resumed folder has each step once and the same numbers
+    keys = ('step', 'lr', 'train_loss', 'val_loss')
+    r_rows, c_rows = _rows(tmp_path / 'ref' / 'summary.csv'), _rows(tmp_path / 'cut' / 'summary.csv')
+    assert [[r[k] for k in keys] for r in r_rows] == [[r[k] for k in keys] for r in c_rows]
+    assert [r['step'] for r in c_rows] == ['4', '8', '12']
+    assert resumed['val_final']['loss'] == json.loads((tmp_path / 'ref' / 'results.json').read_text())[
+        'val_final']['loss']
+
+
+# ------------------------------------------------------------------------------------------------ NaN stop
+def test_nan_loss_stops_and_keeps_last_good_checkpoint(shakespeare, tmp_path, monkeypatch):
+    calls = {'n': 0}
+    real_loss = text_train.lm_loss
+
+    def loss_that_diverges(logits, targets):  # the 5th training loss is NaN (update 5)
+        calls['n'] += 1
+        loss = real_loss(logits, targets)
+        return loss * float('nan') if calls['n'] == 5 else loss
+
+    monkeypatch.setattr(text_train, 'lm_loss', loss_that_diverges)
+    with pytest.raises(SystemExit) as e:
+        text_train.main(TINY_GPT + COMMON + [
+            '--task', 'causal', '--train-file', shakespeare, '--steps', '10', '-b', '4', '--eval-interval', '2',
+            '--eval-batches', '1', '--output', str(tmp_path), '--experiment', 'nan'])
+    msg = str(e.value.code)
+    assert 'training loss is nan at step 5' in msg and 'last good checkpoint' in msg and '(step 4)' in msg
+    ckpt = _state(tmp_path / 'nan' / 'last.pth')
+    assert ckpt['step'] == 4
+    assert all(torch.isfinite(v).all() for v in ckpt['state_dict'].values() if v.is_floating_point())
+    assert 'loss is nan' in (tmp_path / 'nan' / 'train.log').read_text()
+    assert not (tmp_path / 'nan' / 'results.json').exists()
+
+
+# ------------------------------------------------------------------------------------------------ MLM data
+def _wikitext_ids(wikitext, n=200_000):
+    text = Path(wikitext[0]).read_text()[:n]
+    tok = build_tokenizer('char', 'mlm', text, Path(wikitext[1]).read_text())
+    return tok, torch.tensor(tok.encode(text))
+
+
+def test_mlm_masking_statistics(wikitext):
+    tok, ids = _wikitext_ids(wikitext)
+    masker = MLMMasker(tok)
+    # 1,500 segments of 64 (<cls> + 62 text + <sep>), the last rows shortened so that they are padded
+    starts = torch.arange(1500) * 62
+    starts[-50:] = len(ids) - 30
+    segments, attention = mlm_segments(ids, starts, 64, tok)
+    assert (segments[:, 0] == tok.cls_id).all()
+    assert (segments[-1, 31] == tok.sep_id) and (segments[-1, 32:] == tok.pad_id).all() and not attention[-1, 32:].any()
+    inputs, labels = masker(segments, torch.Generator().manual_seed(0))
+    special = torch.isin(segments, torch.tensor(tok.special_ids))
+    selected = labels != -100
+    assert not (selected & special).any(), 'a special token was selected'
+    assert torch.equal(inputs[special], segments[special]), 'a special token was changed'
+    assert torch.equal(labels[selected], segments[selected])
+    per_row = selected.sum(1).double() / (~special).sum(1)
+    assert (per_row - 0.15).abs().max() < 0.5 / 30 + 1e-9  # exactly round(15 %) of every row's text tokens
+    n = selected.sum().item()
+    as_mask = (inputs[selected] == tok.mask_id).sum().item() / n
+    kept = (inputs[selected] == segments[selected]).sum().item() / n
+    other = 1 - as_mask - kept
+    assert abs(as_mask - 0.8) < 0.01 and abs(kept - 0.1) < 0.01 and abs(other - 0.1) < 0.01, (as_mask, kept, other)
+    replaced = selected & (inputs != tok.mask_id) & (inputs != segments)
+    assert (inputs[replaced] < tok.vocab_size - len(tok.special_ids)).all(), 'random replacement by a special'
+    # unselected positions are untouched; same seed -> same masks
+    assert torch.equal(inputs[~selected], segments[~selected])
+    again, again_labels = masker(segments, torch.Generator().manual_seed(0))
+    assert torch.equal(again, inputs) and torch.equal(again_labels, labels)
+
+
+def test_unigram_baseline_by_hand():
+    # training tokens: 0 x3, 1 x1 (num_base 3: add-one counts 4, 2, 1 -> p = 4/7, 2/7, 1/7)
+    train_ids = torch.tensor([0, 0, 0, 1])
+    x = torch.tensor([[9, 9, 5, 9]])  # inputs (9 = <mask>)
+    y = torch.tensor([[0, 2, -100, 1]])
+    res = unigram_mlm_baseline(train_ids, [(x, None, y)], num_base=3, mask_id=9)
+    assert res['predicted_token_id'] == 0 and res['tokens'] == 3
+    assert res['masked_acc'] == pytest.approx(100 / 3)
+    assert res['loss'] == pytest.approx(-(math.log(4 / 7) + math.log(1 / 7) + math.log(2 / 7)) / 3)
+
+
+def test_lr_schedule_shapes():
+    assert [lr_multiplier(s, 10, 4, 'constant') for s in range(5)] == [0.25, 0.5, 0.75, 1., 1.]
+    cos = [lr_multiplier(s, 10, 2, 'cosine', 0.1) for s in range(10)]
+    lin = [lr_multiplier(s, 10, 2, 'linear') for s in range(10)]
+    assert cos[2] == lin[2] == 1. and all(a > b for a, b in zip(cos[2:], cos[3:])) and cos[-1] > 0.1
+    assert lin[-1] == pytest.approx(1 / 8)
+
+
+# ------------------------------------------------------------------------------------------------ DDP
+def test_ddp_two_processes_gloo(shakespeare, tmp_path):
+    env = dict(os.environ, PYTHONUNBUFFERED='1', OMP_NUM_THREADS='1')
+    env['PYTHONPATH'] = os.pathsep.join([str(REPO)] + [p for p in env.get('PYTHONPATH', '').split(os.pathsep) if p])
+    cmd = [sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2',
+           '-m', 'mlp_vision.text.train'] + TINY_GPT + COMMON + [
+        '--task', 'causal', '--train-file', shakespeare, '--steps', '6', '-b', '4', '--eval-interval', '3',
+        '--eval-batches', '3', '--final-eval-batches', '5', '--device', 'cpu',
+        '--output', str(tmp_path), '--experiment', 'ddp']
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert 'x 2 processes (gloo)' in proc.stdout
+    res = json.loads((tmp_path / 'ddp' / 'results.json').read_text())
+    assert res['world_size'] == 2 and res['tokens_per_step'] == 2 * 4 * 32
+    digests = res['weights_sha256_per_rank']
+    assert len(digests) == 2 and digests[0] == digests[1]
+    # the sharded evaluation (5 batches over 2 ranks) equals a one-process evaluation of the saved model
+    model = mt.from_pretrained(str(tmp_path / 'ddp' / 'pretrained'))
+    tok = text_train.tokenizer_from_dict(json.loads((tmp_path / 'ddp' / 'pretrained' / 'tokenizer.json').read_text()))
+    text = Path(shakespeare).read_text()
+    ids = torch.tensor(tok.encode(text[int(len(text) * 0.9):]))
+    batches = text_train._subset(text_train.causal_eval_batches(ids, 32, 4), 5, 42)
+    one = text_train.evaluate_lm(model, batches, task='causal', device=torch.device('cpu'))
+    assert one['loss'] == pytest.approx(res['val_final']['loss'], rel=1e-5) and one['tokens'] == 5 * 4 * 32
+
+
+# ------------------------------------------------------------------------------------------------ bad input
+def test_bad_inputs(shakespeare, tmp_path):
+    base = COMMON + ['--steps', '2', '-b', '2', '--output', str(tmp_path)]
+
+    def err(*argv):
+        with pytest.raises(SystemExit) as e:
+            text_train.main(base + list(argv))
+        return str(e.value.code)
+
+    ok = ['--train-file', shakespeare]
+    assert 'does not exist' in err(*TINY_GPT, '--train-file', str(tmp_path / 'missing.txt'))
+    empty = tmp_path / 'empty.txt'
+    empty.write_text('  \n\n')
+    assert 'is empty' in err(*TINY_GPT, '--train-file', str(empty))
+    assert 'no training text file given' in err(*TINY_GPT)
+    msg = err(*TINY_GPT, *ok, '--block-size', '64')
+    assert 'larger than the model\'s maximum length 32' in msg and 'block_size=64' in msg
+    msg = err('--model', 'no_such_model', *ok)
+    assert 'unknown text model' in msg and 'gpt_sdpa' in msg
+    msg = err(*TINY_GMLP, *ok, '--task', 'causal')
+    assert 'is a masked_lm model' in msg and 'gpt_mlp_attention' in msg
+    assert 'vocab_size' in err(*TINY_GPT, 'vocab_size=100', *ok)
+    short = tmp_path / 'short.txt'
+    short.write_text('To be, or not to be: that is the question.\n')
+    assert 'fewer than one block' in err(*TINY_GPT, '--train-file', str(short))
+    binary = tmp_path / 'binary.txt'
+    binary.write_bytes(b'\xff\xfe\x00 not text')
+    assert 'not UTF-8' in err(*TINY_GPT, '--train-file', str(binary))
+    msg = err(*TINY_GPT, '--train-file', str(short), '--val-file', str(short), '--block-size', '8',
+              '--sample-prompt', 'Zounds')
+    assert "--sample-prompt has character 'Z'" in msg
+    msg = err(*TINY_GPT, '--train-file', shakespeare, '--sample-prompt', 'ROMEO:', '--task', 'mlm')
+    assert '--sample-prompt needs --task causal' in msg
+    vision_ckpt = tmp_path / 'vision.pth'
+    torch.save({'arch': 'smlpnet_t', 'state_dict': {}, 'optimizer': {}}, vision_ckpt)
+    assert 'not a checkpoint of mlp_vision.text.train' in err(*TINY_GPT, *ok, '--resume', str(vision_ckpt))
+    assert '--stop-after-step must be' in err(*TINY_GPT, *ok, '--stop-after-step', '9')
+    bad_kwargs = err('--model', 'gpt_sdpa', '--model-kwargs', 'n_embd=30', 'n_head=4', *ok)
+    assert 'cannot build gpt_sdpa' in bad_kwargs and 'not divisible' in bad_kwargs
