@@ -18,6 +18,8 @@ Counting conventions (also printed in the report header):
   - ``aten::matmul`` / ``aten::mm``: broadcast-aware, ``prod(output shape) x K``. The stock handle multiplies
     the *first* operand's shape by the last output dim and so drops broadcast batch dims of the second operand
     (sMLP's ``W_h @ x`` over (B, C, H, W): sMLPNet-T 4.94 G instead of 5.01 G).
+  - ``aten::baddbmm`` / ``addbmm`` / ``addmv`` and their in-place forms, ``addmm_`` (the MACs of the product),
+    ``aten::mv`` / ``dot``.
   - ``aten::scaled_dot_product_attention``: ``Q K^T + A V`` = ``rows x S x (E + E_v)`` with rows = batch x heads
     x L (the full L x S score matrix, causal or not, as explicit matmuls would count it).
   - FFTs (``aten::fft_rfft``, ``fft_irfft``, ``fft_fft``, ``fft_ifft``, the ``*2``/``*n`` variants and
@@ -94,6 +96,21 @@ def matmul_macs(inputs, outputs) -> int:
     return math.prod(out) * a[-1]
 
 
+def batched_matmul_add_macs(inputs, outputs) -> int:
+    """``aten::baddbmm`` / ``aten::addbmm`` / ``aten::addmv`` (self, a, b, ...): MACs of ``a @ b`` (the add is
+    element-wise): ``prod(a @ b) x K``; for ``addbmm`` the batch is also summed over."""
+    a, b = _shape(inputs[1]), _shape(inputs[2])
+    k = a[-1]
+    rows = math.prod(a[:-1])  # (batch x) n
+    cols = b[-1] if len(b) > 1 else 1
+    return rows * k * cols
+
+
+def vector_macs(inputs, outputs) -> int:
+    """``aten::mv`` / ``aten::dot`` / ``aten::vdot``: ``prod(first operand)``."""
+    return math.prod(_shape(inputs[0]))
+
+
 def sdpa_macs(inputs, outputs) -> int:
     """``aten::scaled_dot_product_attention(q, k, v, ...)``: ``Q K^T`` + ``A V`` MACs, full L x S scores."""
     q, k, v = (_shape(x) for x in inputs[:3])
@@ -159,6 +176,16 @@ def fft_macs(batch: int, size: int, complex_input: bool = False) -> float:
 EXTRA_HANDLES = {
     'aten::matmul': matmul_macs,
     'aten::mm': matmul_macs,
+    'aten::baddbmm': batched_matmul_add_macs,
+    'aten::baddbmm_': batched_matmul_add_macs,
+    'aten::addbmm': batched_matmul_add_macs,
+    'aten::addbmm_': batched_matmul_add_macs,
+    'aten::addmv': batched_matmul_add_macs,
+    'aten::addmv_': batched_matmul_add_macs,
+    'aten::addmm_': batched_matmul_add_macs,  # fvcore handles the out-of-place aten::addmm
+    'aten::mv': vector_macs,
+    'aten::dot': vector_macs,
+    'aten::vdot': vector_macs,
     'aten::scaled_dot_product_attention': sdpa_macs,
     'aten::fft_rfft': _fft_handle('r2c', '1d'),
     'aten::fft_irfft': _fft_handle('c2r', '1d'),
@@ -717,7 +744,8 @@ def conventions() -> List[str]:
         'MACs: fvcore `FlopCountAnalysis` totals (fvcore counts one multiply-accumulate as one flop); both vision '
         'papers\' "FLOPs" are MACs. FLOPs = 2 × MACs (gMLP Tables 1 and 5, BiGS Table 6).',
         'Handles added to fvcore\'s: broadcast-aware `aten::matmul`/`aten::mm` (prod(output) × K; the stock one '
-        'drops broadcast batch dims: sMLPNet-T 4.94 G instead of 5.01 G); `aten::scaled_dot_product_attention` '
+        'drops broadcast batch dims: sMLPNet-T 4.94 G instead of 5.01 G), `baddbmm`/`addbmm`/`addmv` (their product), '
+        '`mv`/`dot`; `aten::scaled_dot_product_attention` '
         '= QKᵀ + AV = batch·heads·L·S·(E + E_v); FFTs (`fft_rfft`, `fft_irfft`, `fft_fft`, n-D variants, '
         '`_fft_r2c`/`_fft_c2r`/`_fft_c2c`) = **2.5·N·log₂N FLOPs per real transform of length N** (5·N·log₂N '
         'complex), i.e. 1.25·N·log₂N MACs, so the FLOPs columns carry 2.5·N·log₂N (SPEC §2).',

@@ -277,3 +277,14 @@ def test_committed_report_is_current():
     report = cx.build_report()
     assert cx.render_markdown(report) == (RESULTS / 'complexity.md').read_text()
     assert cx.render_csv(report) == (RESULTS / 'complexity.csv').read_text()
+
+
+def test_fused_multiply_add_handles():
+    bias, a, b = torch.zeros(4, 5, 6), torch.zeros(4, 5, 7), torch.zeros(4, 7, 6)
+    assert _macs(lambda c, x, y: torch.baddbmm(c, x, y), bias, a, b) == _macs(torch.bmm, a, b) == 4 * 5 * 7 * 6
+    assert _macs(lambda c, x, y: c.clone().baddbmm_(x, y), bias, a, b) == 4 * 5 * 7 * 6  # in place
+    assert _macs(lambda c, x, y: torch.addbmm(c, x, y), torch.zeros(5, 6), a, b) == 4 * 5 * 7 * 6
+    assert _macs(lambda c, x, y: c.clone().addmm_(x, y), torch.zeros(5, 6), a[0], b[0]) == 5 * 7 * 6
+    assert _macs(lambda c, m, v: torch.addmv(c, m, v), torch.zeros(5), torch.zeros(5, 7), torch.zeros(7)) == 35
+    assert _macs(torch.mv, torch.zeros(5, 7), torch.zeros(7)) == 35
+    assert _macs(torch.dot, torch.zeros(7), torch.zeros(7)) == 7
