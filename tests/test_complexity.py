@@ -210,6 +210,25 @@ def test_bigs_pending_or_counted(counter):
         assert 'pending: BiGS not implemented yet' in cx.render_markdown(report)
 
 
+def test_pending_and_error_states_are_reported(monkeypatch, capsys):
+    """Unregistered BiGS -> PENDING rows with the reason; a model that cannot be counted -> ERROR rows, exit 1."""
+    monkeypatch.setattr(cx, 'is_pending', lambda name: name in cx._bigs_names())
+    report = cx.build_report(['bigs_large_*'])
+    assert report.comparisons and {c.status for c in report.comparisons} == {'PENDING'}
+    md = cx.render_markdown(report)
+    assert md.count('pending: BiGS not implemented yet') == len(report.comparisons) + 4  # rows + model table
+    assert 'PENDING' in cx.render_csv(report)
+
+    def broken(name, seq_len=None):
+        raise RuntimeError('cannot trace this')
+
+    monkeypatch.setattr(cx, 'count_text', broken)
+    assert cx.main(['--models', 'gpt_sdpa']) == 1
+    captured = capsys.readouterr()
+    assert '| ERROR |' in captured.out and 'RuntimeError: cannot trace this' in captured.out
+    assert 'could not be counted' in captured.err
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # CLI
 # ---------------------------------------------------------------------------------------------------------------
