@@ -706,10 +706,10 @@ def build_report(models: Optional[Sequence[str]] = None, img_size: int = DEFAULT
     report = Report(img_size, seq_len, names)
     for name in names:
         fam = family(name)
-        size = img_size if fam == 'vision' else (seq_len if fam == 'text' else None)
+        size = img_size if fam == 'vision' else (seq_len if fam in ('text', 'bigs') else None)
         if fam == 'vision' and img_size == DEFAULT_IMG_SIZE:
             size = None
-        if fam == 'text' and seq_len is not None and seq_len > _text_seq_len(name):
+        if size is not None and fam in ('text', 'bigs') and not is_pending(name) and size > _text_seq_len(name):
             report.counts[name] = None
             report.skipped_rows.append(f'{name}: not counted, --seq-len {seq_len} exceeds its maximum '
                                        f'{_text_seq_len(name)}')
@@ -804,8 +804,8 @@ def render_markdown(report: Report, command: str = COMMAND) -> str:
             continue
         w(f'| `{name}` | {c.input} | {c.params / 1e6:.3f} | {_g(c.params_no_head, 1e6)} | {_g(c.macs)} | '
           f'{_g(c.encoder_macs)} | {_g(c.flops)} | {c.traced_on} | {_uncounted_str(c)} |\n')
-    for line in report.skipped_rows:
-        w(f'\n- {line}')
+    if report.skipped_rows:
+        w('\n' + ''.join(f'- {line}\n' for line in report.skipped_rows))
     w('\n## MACs by operator (G)\n\n')
     w('| model | by operator |\n| --- | --- |\n')
     for name in report.models:
@@ -976,7 +976,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument('--img-size', type=_positive_int, default=DEFAULT_IMG_SIZE,
                    help='image side for the vision models, a multiple of 32 (default 224)')
     p.add_argument('--seq-len', type=_positive_int, default=None,
-                   help='sequence length for the registered text models (default: each model\'s maximum)')
+                   help='sequence length for the registered text models incl. BiGS (default: each model\'s '
+                        'maximum; longer than a model\'s maximum: that model is listed as not counted); the '
+                        'bert_large_L baselines stay at their L')
     p.add_argument('--format', choices=FORMATS, default=None,
                    help='output format (default: from each --output suffix, else md)')
     p.add_argument('--output', nargs='+', metavar='PATH',
