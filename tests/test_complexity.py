@@ -283,7 +283,9 @@ def test_committed_csv_matches_cheap_counts(counter):
             continue
         count = counter.get(r['model'])
         assert count is not None
-        assert int(r['ours']) == getattr(count, r['quantity']), (r['model'], r['quantity'])
+        assert int(r['ours']) == getattr(count, r['quantity']), (
+            f"{r['model']} {r['quantity']}: committed {r['ours']}, counted now {getattr(count, r['quantity'])}; "
+            f'the model changed: regenerate the report with `{cx.COMMAND}`')
         checked += 1
     assert checked >= 40
     md = (RESULTS / 'complexity.md').read_text()
@@ -294,8 +296,9 @@ def test_committed_csv_matches_cheap_counts(counter):
 def test_committed_report_is_current():
     """Regenerate the whole report (what ``COMMAND`` prints) and compare with the committed files."""
     report = cx.build_report()
-    assert cx.render_markdown(report) == (RESULTS / 'complexity.md').read_text()
-    assert cx.render_csv(report) == (RESULTS / 'complexity.csv').read_text()
+    stale = f'results/complexity.* are stale: regenerate with `{cx.COMMAND}`'
+    assert cx.render_markdown(report) == (RESULTS / 'complexity.md').read_text(), stale
+    assert cx.render_csv(report) == (RESULTS / 'complexity.csv').read_text(), stale
 
 
 def test_fused_multiply_add_handles():
