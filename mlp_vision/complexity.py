@@ -3,9 +3,13 @@
 Usage::
 
     python -m mlp_vision.complexity                                  # full report (markdown) to stdout
+    python -m mlp_vision.complexity --output results/complexity.md results/complexity.csv   # the committed one
     python -m mlp_vision.complexity --models 'smlpnet_*' 'bigs_*' --format csv
-    python -m mlp_vision.complexity --img-size 384 --models 'gmlp_?'  # vision models at 384 x 384
+    python -m mlp_vision.complexity --img-size 384 --models gmlp_ti gmlp_s gmlp_b   # vision models at 384 x 384
+    python -m mlp_vision.complexity --models 'gpt_*' --seq-len 128
     python -m mlp_vision.complexity --plot results/complexity_scaling.png
+
+Exit status: 0, or 1 when a paper row FAILs or a model could not be counted (ERROR), 2 for bad arguments.
 
 Counting conventions (also printed in the report header):
 
@@ -30,10 +34,15 @@ Counting conventions (also printed in the report header):
 
   Element-wise ops (add, mul, GELU, softmax, ...) and embedding lookups are not MACs and stay uncounted, as in the
   papers; the report lists every op fvcore skipped for each model, and flags any that is not of that kind.
-* Models are built on ``device='meta'`` (no memory, no init). Text models (up to gMLP-xlarge, 941 M) and the
-  BERT-large baseline are traced on meta directly. Vision models contain convolutions, whose meta kernel cannot
-  run under the JIT tracer (it compares traced sizes: ``TypeError: cond must be a bool``), so they are
-  materialised with ``to_empty(device='cpu')``, zero-filled (no random init) and traced on CPU with a zero image.
+* Models are built on ``device='meta'`` (no memory, no init). Text models (up to gMLP-xlarge, 941 M), BiGS and the
+  BERT-large baseline are traced on meta directly (a text model whose forward cannot run on meta would fall back
+  to CPU with zero weights; the report's "traced on" column says which). Vision models contain convolutions, whose
+  meta kernel cannot run under the JIT tracer (it compares traced sizes: ``TypeError: cond must be a bool``), so
+  they are materialised with ``to_empty(device='cpu')``, zero-filled (no random init, deterministic) and traced on
+  CPU with a zero image: the counts depend only on shapes.
+* Encoder MACs (text): the backbone (``.gmlp`` / ``.bigs`` / ``.bert``) without the MLM head, what gMLP Table 5
+  and BiGS Table 6 count. The BERT-large baseline (:class:`BertLargeBaseline`, names ``bert_large_{L}``) writes
+  its attention as explicit matmuls: fvcore sees nothing inside fused attention kernels.
 
 The paper tables live in :data:`PAPER_ROWS`. A row passes when ours is within its tolerance (params 0.5 %, MACs /
 FLOPs 3 %) **or** equals the paper's number at the paper's printed precision (``59`` M: ours rounds to 59).
@@ -50,7 +59,7 @@ import sys
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from decimal import Decimal
-from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn as nn
