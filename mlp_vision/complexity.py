@@ -67,8 +67,9 @@ import torch.nn.functional as F
 
 __all__ = [
     'matmul_macs', 'sdpa_macs', 'fft_macs', 'fft_flops', 'EXTRA_HANDLES', 'NON_MAC_OPS',
-    'Count', 'count_module', 'count_model', 'BertLargeBaseline', 'PaperRow', 'PAPER_ROWS', 'compare',
-    'known_models', 'resolve_models', 'build_report', 'main',
+    'Count', 'count_module', 'count_vision', 'count_text', 'count_bert_large', 'BertLargeBaseline',
+    'PaperRow', 'PAPER_ROWS', 'compare', 'CountCache', 'known_models', 'resolve_models', 'build_report',
+    'render_markdown', 'render_csv', 'render_json', 'plot_scaling', 'main',
 ]
 
 FFT_FLOPS_REAL = 2.5  # FLOPs per point per log2(N) of a real transform (r2c / c2r)

@@ -7,7 +7,6 @@ full regeneration of ``results/complexity.md`` are ``slow``.
 """
 import csv
 import math
-import os
 from pathlib import Path
 
 import pytest
