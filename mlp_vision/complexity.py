@@ -14,8 +14,9 @@ Exit status: 0, or 1 when a paper row FAILs or a model could not be counted (ERR
 Counting conventions (also printed in the report header):
 
 * **MACs**: :class:`fvcore.nn.FlopCountAnalysis` totals, which count one multiply-accumulate as one "flop".
-  Both vision papers' "FLOPs" (sMLPNet Table 6; gMLP Table 2 "MAdds") are MACs and are compared directly.
-  FLOPs = 2 x MACs (gMLP Table 1 "FLOPs", gMLP Table 5 "FLOPs", BiGS Table 6).
+  sMLPNet Table 6 "FLOPs" and gMLP Table 2 "MAdds" are MACs and are compared directly. FLOPs = 2 x MACs: gMLP
+  Table 1 "FLOPs" (2.7 / 8.9 / 31.6 B for the models Table 2 lists at 1.4 / 4.5 / 15.8 MAdds -- so not every
+  vision "FLOPs" is a MAC count), gMLP Table 5 "FLOPs", BiGS Table 6.
 * fvcore's stock handles are kept (linear, conv, einsum, bmm, norms: LayerNorm 5 / BatchNorm-eval 2 per
   element) except for these, registered here:
 
@@ -751,8 +752,9 @@ def _uncounted_str(count: Count) -> str:
 
 def conventions() -> List[str]:
     return [
-        'MACs: fvcore `FlopCountAnalysis` totals (fvcore counts one multiply-accumulate as one flop); both vision '
-        'papers\' "FLOPs" are MACs. FLOPs = 2 × MACs (gMLP Tables 1 and 5, BiGS Table 6).',
+        'MACs: fvcore `FlopCountAnalysis` totals (fvcore counts one multiply-accumulate as one flop). sMLPNet '
+        'Table 6 "FLOPs" and gMLP Table 2 "MAdds" are MACs; gMLP Table 1 "FLOPs" are 2 × MACs (2.7 / 8.9 / 31.6 B '
+        'for the models Table 2 lists at 1.4 / 4.5 / 15.8 MAdds), as are gMLP Table 5 and BiGS Table 6 FLOPs.',
         'Handles added to fvcore\'s: broadcast-aware `aten::matmul`/`aten::mm` (prod(output) × K; the stock one '
         'drops broadcast batch dims: sMLPNet-T 4.94 G instead of 5.01 G), `baddbmm`/`addbmm`/`addmv` (their product), '
         '`mv`/`dot`; `aten::scaled_dot_product_attention` '
