@@ -1,0 +1,570 @@
+#!/usr/bin/env python3
+""" Inference / training-step throughput of timm models (ours and any registered one), alone or in pairs.
+
+In the spirit of timm's ``benchmark.py``: throughput (images/s), step time, peak memory and achieved GFLOP/s
+against this machine's measured matrix-multiply rate, for any registered model, on CPU or CUDA, in
+fp32 / bf16 / fp16 (cast or autocast), optionally channels_last and ``torch.compile``.
+
+Paired comparisons (``--compare A B``) build both contenders in one process, give them the same weights, check
+that they compute the same outputs, then time them alternately (A B, B A, A B, ...) and report the median of
+the per-pair time ratios t_B / t_A (the speed-up of A over B). Load from other processes changes both members
+of a pair about equally, so the ratio is much steadier than either throughput on a shared machine.
+
+Contenders:
+    NAME             any timm-registered model (``import mlp_vision`` registers ours), e.g. ``smlpnet_t``,
+                     ``gmlp_s16_224`` (timm's own).
+    ref:NAME         the straightforward sMLPNet (``mlp_vision.models._reference_smlpnet``) built as the twin of
+                     our ``NAME`` (same config, our weights).
+In a pair, B's weights are loaded into A through A's ``checkpoint_filter_fn`` (so ``--compare gmlp_s
+gmlp_s16_224`` runs ours with timm's weights), or A's into B for ``ref:``.
+
+Results go to ``--out PREFIX`` as PREFIX.csv, PREFIX.json and PREFIX.md (markdown table + environment).
+
+Examples::
+
+    python benchmark.py --model smlpnet_t gmlp_s --bench both --batch-size 32 --threads 2
+    python benchmark.py --compare smlpnet_t ref:smlpnet_t --bench both --batch-size 32 --threads 2 \\
+        --out results/benchmarks/cpu_2t_smlpnet_t
+    python benchmark.py --compare gmlp_s gmlp_s16_224 --device cuda --precision amp_bf16 --channels-last --compile
+"""
+import argparse
+import csv
+import datetime
+import json
+import math
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+import timm
+from timm.models import model_entrypoint
+
+import mlp_vision
+from mlp_vision.models._reference_smlpnet import reference_from
+
+PRECISIONS = ('fp32', 'bf16', 'fp16', 'amp_bf16', 'amp_fp16')
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split('\n')[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    what = p.add_mutually_exclusive_group(required=True)
+    what.add_argument('--model', nargs='+', metavar='NAME', help='benchmark these contenders one by one')
+    what.add_argument('--compare', nargs=2, action='append', metavar=('A', 'B'),
+                      help='paired comparison of A against B (repeatable)')
+    p.add_argument('--bench', choices=('inference', 'train', 'both'), default='inference')
+    p.add_argument('--batch-size', '-b', type=int, default=32)
+    p.add_argument('--img-size', type=int, default=None, help='input size (default: the model\'s default cfg)')
+    p.add_argument('--num-classes', type=int, default=1000)
+    p.add_argument('--device', default='cpu')
+    p.add_argument('--threads', type=int, default=None, help='torch.set_num_threads (CPU); default: torch\'s')
+    p.add_argument('--precision', choices=PRECISIONS, default='fp32',
+                   help='fp32; bf16/fp16 = model and input cast; amp_* = torch.autocast')
+    p.add_argument('--channels-last', action='store_true')
+    p.add_argument('--compile', action='store_true', help='torch.compile each contender')
+    p.add_argument('--compile-mode', default=None)
+    p.add_argument('--warmup', type=int, default=2, help='untimed steps per contender before timing')
+    p.add_argument('--iters', type=int, default=0,
+                   help='steps per timed sample (0: enough for --min-sample-time, from the warm-up)')
+    p.add_argument('--min-sample-time', type=float, default=1.0, help='seconds per timed sample when --iters 0')
+    p.add_argument('--samples', type=int, default=8,
+                   help='timed samples per contender (single runs) or timed pairs (--compare)')
+    p.add_argument('--no-flops', action='store_true', help='skip the fvcore MAC count')
+    p.add_argument('--no-memory', action='store_true', help='skip the peak-memory probe')
+    p.add_argument('--no-ceiling', action='store_true', help='skip the matmul-ceiling measurement')
+    p.add_argument('--seed', type=int, default=0)
+    p.add_argument('--out', default=None, help='write PREFIX.csv / .json / .md (directories are created)')
+    p.add_argument('--title', default=None, help='heading of the markdown file')
+    p.add_argument('--memprobe', default=None, help=argparse.SUPPRESS)  # internal: peak-RSS child process
+    return p.parse_args(argv)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# contenders
+# ---------------------------------------------------------------------------------------------------------------
+
+def _create(name: str, args: argparse.Namespace) -> nn.Module:
+    kwargs: Dict[str, Any] = dict(num_classes=args.num_classes)
+    if args.img_size is not None:
+        kwargs['img_size'] = args.img_size
+    return timm.create_model(name, **kwargs)
+
+
+def build(spec: str, args: argparse.Namespace, twin_of: Optional[nn.Module] = None) -> nn.Module:
+    """A contender in fp32 on CPU (moved / cast later). ``ref:NAME`` is built from ``twin_of`` when given."""
+    if spec.startswith('ref:'):
+        ours = twin_of if twin_of is not None else _create(spec[4:], args)
+        return reference_from(ours)
+    return _create(spec, args)
+
+
+def share_weights(a: nn.Module, a_spec: str, b: nn.Module, b_spec: str) -> str:
+    """Give A the weights of B (through A's checkpoint filter); returns how, for the record."""
+    if b_spec.startswith('ref:') or a_spec.startswith('ref:'):
+        return 'ref built from the other'
+    module = sys.modules[model_entrypoint(a_spec).__module__]
+    filter_fn = getattr(module, 'checkpoint_filter_fn', None)
+    sd = b.state_dict()
+    if filter_fn is not None:
+        sd = filter_fn(sd, a)
+    try:
+        a.load_state_dict(sd)
+    except RuntimeError as e:
+        print(f'note: could not load {b_spec} weights into {a_spec} ({str(e).splitlines()[0]}); '
+              f'they keep their own random weights', file=sys.stderr)
+        return 'none'
+    return f'{b_spec} -> {a_spec}'
+
+
+def input_size(model: nn.Module, args: argparse.Namespace) -> Tuple[int, int, int]:
+    if args.img_size is not None:
+        return 3, args.img_size, args.img_size
+    cfg = getattr(model, 'pretrained_cfg', None) or {}
+    return tuple(cfg.get('input_size', (3, 224, 224)))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# one step
+# ---------------------------------------------------------------------------------------------------------------
+
+def _dtypes(precision: str) -> Tuple[torch.dtype, Optional[torch.dtype]]:
+    """(parameter / input dtype, autocast dtype or None)."""
+    return {
+        'fp32': (torch.float32, None), 'bf16': (torch.bfloat16, None), 'fp16': (torch.float16, None),
+        'amp_bf16': (torch.float32, torch.bfloat16), 'amp_fp16': (torch.float32, torch.float16),
+    }[precision]
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == 'cuda':
+        torch.cuda.synchronize(device)
+
+
+class Runner:
+    """Prepares one contender for one mode and runs steps of it."""
+
+    def __init__(self, model: nn.Module, mode: str, args: argparse.Namespace, in_size: Tuple[int, int, int]):
+        self.device = torch.device(args.device)
+        self.mode = mode
+        dtype, self.amp_dtype = _dtypes(args.precision)
+        memory_format = torch.channels_last if args.channels_last else torch.contiguous_format
+        model = model.to(device=self.device, dtype=dtype, memory_format=memory_format)
+        model.train(mode == 'train')
+        self.model = model
+        self.fn = torch.compile(model, mode=args.compile_mode) if args.compile else model
+        g = torch.Generator().manual_seed(args.seed)
+        self.x = torch.randn((args.batch_size,) + tuple(in_size), generator=g).to(
+            device=self.device, dtype=dtype).contiguous(memory_format=memory_format)
+        self.target = torch.randint(0, max(args.num_classes, 1), (args.batch_size,), generator=g).to(self.device)
+        self.optimizer = torch.optim.SGD(model.parameters(), lr=1e-6, momentum=0.9) if mode == 'train' else None
+
+    def _autocast(self):
+        return torch.autocast(self.device.type, dtype=self.amp_dtype, enabled=self.amp_dtype is not None)
+
+    def step(self) -> None:
+        if self.mode == 'inference':
+            with torch.inference_mode(), self._autocast():
+                self.fn(self.x)
+        else:
+            with self._autocast():
+                out = self.fn(self.x)
+                loss = F.cross_entropy(out.float(), self.target) if out.ndim == 2 else out.float().mean()
+            self.optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            self.optimizer.step()
+
+    def timed(self, iters: int) -> float:
+        """Seconds per step over ``iters`` consecutive steps."""
+        _sync(self.device)
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            self.step()
+        _sync(self.device)
+        return (time.perf_counter() - t0) / iters
+
+    def warmup(self, n: int) -> float:
+        t = float('inf')
+        for _ in range(max(n, 1)):
+            t = min(t, self.timed(1))
+        return t
+
+
+def _iters_for(step_time: float, args: argparse.Namespace) -> int:
+    return args.iters if args.iters > 0 else max(1, math.ceil(args.min_sample_time / max(step_time, 1e-9)))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# machine ceiling, MACs, memory
+# ---------------------------------------------------------------------------------------------------------------
+
+def _best_time(fn: Callable[[], Any], device: torch.device, reps: int, rounds: int = 5) -> float:
+    fn()
+    best = float('inf')
+    for _ in range(rounds):
+        _sync(device)
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            fn()
+        _sync(device)
+        best = min(best, (time.perf_counter() - t0) / reps)
+    return best
+
+
+def matmul_ceiling(device: torch.device, precision: str) -> Dict[str, Any]:
+    """Measured GEMM rates in the compute dtype (best of 5 rounds), the denominators of "% of ceiling".
+
+    ``matmul_gflops``: ``torch.mm`` of two n x n matrices (n = 2048 on CPU, 8192 on CUDA), the ceiling SPEC §5
+    uses. On CPU in float32 ``torch.mm`` runs MKL's sgemm, which on AMD processors does not use AVX-512;
+    ``onednn_gflops`` is the same-sized GEMM (M = K = N = 2048) run through oneDNN as a 1x1 convolution on a
+    channels-last (8, 2048, 16, 16) map, the route ``mlp_vision``'s fast paths take, which is the higher of the
+    two on such machines. On CUDA only ``matmul_gflops`` is measured.
+    """
+    n = 2048 if device.type == 'cpu' else 8192
+    dtype = _dtypes(precision)[1] or _dtypes(precision)[0]
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    reps = 3 if device.type == 'cpu' else 20
+    out: Dict[str, Any] = {'matmul_n': n, 'matmul_dtype': str(dtype).replace('torch.', '')}
+    out['matmul_gflops'] = 2 * n ** 3 / _best_time(lambda: torch.mm(a, b), device, reps) / 1e9
+    if device.type == 'cpu':
+        x = torch.randn(8, n, 16, 16, dtype=dtype).contiguous(memory_format=torch.channels_last)
+        w = torch.randn(n, n, 1, 1, dtype=dtype)
+        out['onednn_gflops'] = 2 * n ** 3 / _best_time(lambda: F.conv2d(x, w), device, reps) / 1e9
+    return out
+
+
+def _mm_macs(inputs, outputs) -> int:
+    # MACs of a broadcasting matmul: every output element costs K multiply-adds (fvcore's stock handle drops the
+    # broadcast batch dimensions of the first operand)
+    from fvcore.nn.jit_handles import get_shape
+    out = get_shape(outputs[0])
+    return math.prod(out) * get_shape(inputs[0])[-1]
+
+
+def _baddbmm_macs(inputs, outputs) -> int:
+    from fvcore.nn.jit_handles import get_shape
+    return math.prod(get_shape(outputs[0])) * get_shape(inputs[1])[-1]
+
+
+def count_macs(model: nn.Module, in_size: Tuple[int, int, int]) -> float:
+    """fvcore MACs per image (batch 1, eval), counted as the project counts them (results/model_complexity_224)."""
+    from fvcore.nn import FlopCountAnalysis
+    was_training = model.training
+    model.eval()
+    fca = FlopCountAnalysis(model, torch.randn((1,) + tuple(in_size)))
+    fca.set_op_handle('aten::matmul', _mm_macs, 'aten::baddbmm', _baddbmm_macs, 'aten::addbmm', _baddbmm_macs)
+    fca.unsupported_ops_warnings(False)
+    fca.uncalled_modules_warnings(False)
+    try:
+        with torch.no_grad():
+            return float(fca.total())
+    finally:
+        model.train(was_training)
+
+
+def peak_memory(spec: str, mode: str, args: argparse.Namespace) -> Dict[str, float]:
+    """Peak memory of one step.
+
+    CUDA: ``max_memory_allocated`` over a step (in a child process, so nothing else is resident). CPU: PyTorch
+    keeps no CPU allocator statistics, so a child process builds the contender, runs one warm-up step, and
+    reports the growth of its peak resident set size (ru_maxrss) during a second step beyond what the first step
+    left in use, plus the peak RSS of the whole process. First-touch effects make this an upper bound.
+    """
+    cmd = [sys.executable, os.path.abspath(__file__), '--memprobe', f'{spec}|{mode}', '--model', spec]
+    for k in ('batch_size', 'img_size', 'num_classes', 'device', 'threads', 'precision', 'seed'):
+        v = getattr(args, k)
+        if v is not None:
+            cmd += [f'--{k.replace("_", "-")}', str(v)]
+    if args.channels_last:
+        cmd.append('--channels-last')
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=900, check=True).stdout
+        return json.loads(out.strip().splitlines()[-1])
+    except (subprocess.SubprocessError, ValueError, IndexError) as e:
+        print(f'note: memory probe failed for {spec} ({e})', file=sys.stderr)
+        return {}
+
+
+def _memprobe_main(args: argparse.Namespace) -> None:
+    spec, mode = args.memprobe.split('|')
+    model = build(spec, args)
+    runner = Runner(model, mode, args, input_size(model, args))
+    device = runner.device
+    if device.type == 'cuda':
+        runner.step()
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        runner.step()
+        torch.cuda.synchronize()
+        peak = torch.cuda.max_memory_allocated()
+        print(json.dumps({'peak_mem_mb': peak / 2 ** 20, 'step_mem_mb': (peak - base) / 2 ** 20}))
+        return
+    runner.step()  # allocator pools, optimizer state, lazy init
+    rss_before = _current_rss()
+    runner.step()
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+    print(json.dumps({'peak_mem_mb': peak / 2 ** 20, 'step_mem_mb': max(peak - rss_before, 0) / 2 ** 20}))
+
+
+def _current_rss() -> int:
+    with open('/proc/self/statm') as f:
+        return int(f.read().split()[1]) * os.sysconf('SC_PAGE_SIZE')
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# runs
+# ---------------------------------------------------------------------------------------------------------------
+
+def _modes(args) -> List[str]:
+    return ['inference', 'train'] if args.bench == 'both' else [args.bench]
+
+
+def _row_common(args, mode, in_size) -> Dict[str, Any]:
+    return dict(
+        mode=mode, batch_size=args.batch_size, img_size=in_size[-1] if in_size[-1] == in_size[-2] else
+        f'{in_size[-2]}x{in_size[-1]}', precision=args.precision, channels_last=args.channels_last,
+        compile=args.compile, device=args.device, threads=torch.get_num_threads())
+
+
+def _flops_fields(prefix: str, macs: Optional[float], mode: str, step_s: float, batch: int,
+                  env: Dict[str, Any]) -> Dict[str, Any]:
+    if macs is None:
+        return {}
+    # a training step is forward + backward ~ 3x the forward flops (backward = 2 GEMMs per forward GEMM)
+    flops = 2 * macs * batch * (3 if mode == 'train' else 1)
+    gflops = flops / step_s / 1e9
+    out = {f'{prefix}gmacs_per_img': macs / 1e9, f'{prefix}gflops': gflops}
+    if env.get('matmul_gflops'):
+        out[f'{prefix}pct_of_matmul'] = 100 * gflops / env['matmul_gflops']
+    if env.get('onednn_gflops'):
+        out[f'{prefix}pct_of_onednn'] = 100 * gflops / env['onednn_gflops']
+    return out
+
+
+def run_single(spec: str, args, env, macs_cache) -> List[Dict[str, Any]]:
+    rows = []
+    for mode in _modes(args):
+        model = build(spec, args)
+        in_size = input_size(model, args)
+        macs = None
+        if not args.no_flops:
+            key = (spec, in_size)
+            if key not in macs_cache:
+                macs_cache[key] = count_macs(model, in_size)
+            macs = macs_cache[key]
+        runner = Runner(model, mode, args, in_size)
+        iters = _iters_for(runner.warmup(args.warmup), args)
+        times = [runner.timed(iters) for _ in range(args.samples)]
+        t = statistics.median(times)
+        row = dict(model=spec, **_row_common(args, mode, in_size), step_ms=1e3 * t,
+                   step_ms_min=1e3 * min(times), img_per_s=args.batch_size / t, samples=len(times), iters=iters)
+        row.update(_flops_fields('', macs, mode, t, args.batch_size, env))
+        if not args.no_memory:
+            row.update(peak_memory(spec, mode, args))
+        rows.append(row)
+        print(_fmt_row(row), flush=True)
+        del runner, model
+    return rows
+
+
+def _max_diff(a: nn.Module, b: nn.Module, in_size, args) -> Tuple[float, float]:
+    """max |out_A - out_B| and max |out_B| on a small batch, eval mode, fp32."""
+    x = torch.randn((2,) + tuple(in_size), generator=torch.Generator().manual_seed(args.seed + 1))
+    a.eval()
+    b.eval()
+    with torch.no_grad():
+        ya, yb = a(x), b(x)
+    return float((ya - yb).abs().max()), float(yb.abs().max())
+
+
+def run_pair(a_spec: str, b_spec: str, args, env, macs_cache) -> List[Dict[str, Any]]:
+    rows = []
+    for mode in _modes(args):
+        torch.manual_seed(args.seed)
+        if a_spec.startswith('ref:'):
+            b = build(b_spec, args)
+            a = build(a_spec, args, twin_of=b)
+        else:
+            a = build(a_spec, args)
+            b = build(b_spec, args, twin_of=a)
+        how = share_weights(a, a_spec, b, b_spec)
+        in_size = input_size(a, args)
+        diff, scale = _max_diff(a, b, in_size, args)
+        macs = {}
+        for spec, m in ((a_spec, a), (b_spec, b)):
+            if not args.no_flops:
+                key = (spec, in_size)
+                if key not in macs_cache:
+                    macs_cache[key] = count_macs(m, in_size)
+                macs[spec] = macs_cache[key]
+        ra = Runner(a, mode, args, in_size)
+        rb = Runner(b, mode, args, in_size)
+        # warm both up, then size the samples from the slower one so each sample has >= min_sample_time
+        ta, tb = ra.warmup(args.warmup), rb.warmup(args.warmup)
+        iters = _iters_for(max(ta, tb), args)
+        times_a, times_b, ratios = [], [], []
+        load_start = os.getloadavg()[0]
+        for i in range(args.samples):
+            # alternate the order so a slow drift (thermal, other jobs) does not favour whoever runs first
+            if i % 2 == 0:
+                t_a = ra.timed(iters)
+                t_b = rb.timed(iters)
+            else:
+                t_b = rb.timed(iters)
+                t_a = ra.timed(iters)
+            times_a.append(t_a)
+            times_b.append(t_b)
+            ratios.append(t_b / t_a)
+        ta, tb = statistics.median(times_a), statistics.median(times_b)
+        q = statistics.quantiles(ratios, n=4) if len(ratios) >= 2 else [ratios[0]] * 3
+        row = dict(
+            model=a_spec, baseline=b_spec, **_row_common(args, mode, in_size),
+            speedup=statistics.median(ratios), speedup_q1=q[0], speedup_q3=q[2],
+            speedup_min=min(ratios), speedup_max=max(ratios), pairs=len(ratios), iters=iters,
+            step_ms=1e3 * ta, base_step_ms=1e3 * tb,
+            img_per_s=args.batch_size / ta, base_img_per_s=args.batch_size / tb,
+            max_abs_diff=diff, max_abs_out=scale, weights=how,
+            load_start=load_start, load_end=os.getloadavg()[0])
+        if macs:
+            row.update(_flops_fields('', macs[a_spec], mode, ta, args.batch_size, env))
+            row.update(_flops_fields('base_', macs[b_spec], mode, tb, args.batch_size, env))
+        del ra, rb, a, b
+        if not args.no_memory:
+            for prefix, spec in (('', a_spec), ('base_', b_spec)):
+                row.update({prefix + k: v for k, v in peak_memory(spec, mode, args).items()})
+        rows.append(row)
+        print(_fmt_row(row), flush=True)
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# output
+# ---------------------------------------------------------------------------------------------------------------
+
+def _fmt_row(r: Dict[str, Any]) -> str:
+    if 'baseline' in r:
+        return (f"{r['mode']:9s} {r['model']} vs {r['baseline']}: x{r['speedup']:.3f} "
+                f"[q1 {r['speedup_q1']:.3f}, q3 {r['speedup_q3']:.3f}, {r['pairs']} pairs] "
+                f"{r['img_per_s']:.1f} vs {r['base_img_per_s']:.1f} img/s, max|diff| {r['max_abs_diff']:.2e}")
+    return f"{r['mode']:9s} {r['model']}: {r['img_per_s']:.1f} img/s ({r['step_ms']:.1f} ms/step)"
+
+
+def environment(args) -> Dict[str, Any]:
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open('/proc/cpuinfo') as f:
+            names = [ln.split(':', 1)[1].strip() for ln in f if ln.startswith('model name')]
+        cpu = names[0] if names else cpu
+    except OSError:
+        pass
+    env = dict(
+        date_utc=datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d %H:%M UTC'),
+        host=platform.node(), cpu=cpu, logical_cpus=os.cpu_count(), device=args.device,
+        device_name=torch.cuda.get_device_name(args.device) if args.device.startswith('cuda') else cpu,
+        threads=torch.get_num_threads(), interop_threads=torch.get_num_interop_threads(),
+        torch=torch.__version__, timm=timm.__version__, mlp_vision=mlp_vision.__version__,
+        python=platform.python_version(), load_avg_start=os.getloadavg(),
+        command='python ' + ' '.join(sys.argv),
+    )
+    return env
+
+
+_MD_COLS_PAIR = [
+    ('mode', 'mode', '{}'), ('model', 'A', '`{}`'), ('baseline', 'B', '`{}`'), ('batch_size', 'batch', '{}'),
+    ('img_size', 'img', '{}'), ('img_per_s', 'A img/s', '{:.1f}'), ('base_img_per_s', 'B img/s', '{:.1f}'),
+    ('speedup', 'A / B speed-up (median of pairs)', '**{:.2f}×**'),
+    ('speedup_q1', 'q1', '{:.2f}'), ('speedup_q3', 'q3', '{:.2f}'), ('pairs', 'pairs', '{}'),
+    ('gflops', 'A GFLOP/s', '{:.0f}'), ('pct_of_matmul', 'A % of mm', '{:.0f} %'),
+    ('pct_of_onednn', 'A % of oneDNN', '{:.0f} %'),
+    ('base_gflops', 'B GFLOP/s', '{:.0f}'), ('base_pct_of_matmul', 'B % of mm', '{:.0f} %'),
+    ('base_pct_of_onednn', 'B % of oneDNN', '{:.0f} %'),
+    ('step_mem_mb', 'A step mem MB', '{:.0f}'), ('base_step_mem_mb', 'B step mem MB', '{:.0f}'),
+    ('max_abs_diff', 'max abs diff (out)', '{:.1e}'), ('load_start', 'load', '{:.1f}'),
+]
+_MD_COLS_SINGLE = [
+    ('mode', 'mode', '{}'), ('model', 'model', '`{}`'), ('batch_size', 'batch', '{}'), ('img_size', 'img', '{}'),
+    ('img_per_s', 'img/s', '{:.1f}'), ('step_ms', 'ms/step', '{:.1f}'), ('gmacs_per_img', 'GMACs/img', '{:.2f}'),
+    ('gflops', 'GFLOP/s', '{:.0f}'), ('pct_of_matmul', '% of mm', '{:.0f} %'),
+    ('pct_of_onednn', '% of oneDNN', '{:.0f} %'), ('step_mem_mb', 'step mem MB', '{:.0f}'), ('peak_mem_mb', 'peak MB', '{:.0f}'),
+]
+
+
+def markdown(rows: List[Dict[str, Any]], env: Dict[str, Any], args) -> str:
+    cols = _MD_COLS_PAIR if rows and 'baseline' in rows[0] else _MD_COLS_SINGLE
+    cols = [c for c in cols if any(c[0] in r for r in rows)]
+    lines = [f"# {args.title or 'Benchmark'}", '']
+    prec = args.precision + (', channels_last' if args.channels_last else '') + (', compile' if args.compile else '')
+    lines.append(f"{env['date_utc']} · {env['device_name']} · {env['threads']} threads · {prec} · "
+                 f"torch {env['torch']} · timm {env['timm']}"
+                 + (f" · matmul ceiling: torch.mm {env['matmul_n']}² {env['matmul_dtype']} "
+                    f"{env['matmul_gflops']:.0f} GFLOP/s" if 'matmul_gflops' in env else '')
+                 + (f", oneDNN {env['onednn_gflops']:.0f} GFLOP/s" if 'onednn_gflops' in env else '')
+                 + f" · load avg {env['load_avg_start'][0]:.2f} → {env['load_avg_end'][0]:.2f}")
+    lines += ['', '`' + env['command'] + '`', '']
+    lines.append('| ' + ' | '.join(c[1] for c in cols) + ' |')
+    lines.append('|' + '---|' * len(cols))
+    for r in rows:
+        cells = []
+        for key, _, fmt in cols:
+            v = r.get(key)
+            cells.append('–' if v is None else fmt.format(v))
+        lines.append('| ' + ' | '.join(cells) + ' |')
+    return '\n'.join(lines) + '\n'
+
+
+def write_results(rows, env, args) -> None:
+    prefix = args.out
+    os.makedirs(os.path.dirname(os.path.abspath(prefix)), exist_ok=True)
+    keys: List[str] = []
+    for r in rows:
+        keys += [k for k in r if k not in keys]
+    with open(prefix + '.csv', 'w', newline='') as f:
+        w = csv.DictWriter(f, fieldnames=keys)
+        w.writeheader()
+        w.writerows(rows)
+    with open(prefix + '.json', 'w') as f:
+        json.dump({'environment': env, 'results': rows}, f, indent=2)
+    with open(prefix + '.md', 'w') as f:
+        f.write(markdown(rows, env, args))
+    print(f'wrote {prefix}.csv / .json / .md')
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.memprobe:
+        _memprobe_main(args)
+        return
+    env = environment(args)
+    if not args.no_ceiling:
+        env.update(matmul_ceiling(torch.device(args.device), args.precision))
+        print(f"matmul ceiling: torch.mm {env['matmul_gflops']:.1f} GFLOP/s"
+              + (f", oneDNN {env['onednn_gflops']:.1f} GFLOP/s" if 'onednn_gflops' in env else '')
+              + f" ({env['matmul_dtype']}, {env['threads']} threads)", flush=True)
+    macs_cache: Dict[Any, float] = {}
+    rows: List[Dict[str, Any]] = []
+    if args.compare:
+        for a_spec, b_spec in args.compare:
+            rows += run_pair(a_spec, b_spec, args, env, macs_cache)
+    else:
+        for spec in args.model:
+            rows += run_single(spec, args, env, macs_cache)
+    env['load_avg_end'] = os.getloadavg()
+    if args.out:
+        write_results(rows, env, args)
+    else:
+        print(markdown(rows, env, args))
+
+
+if __name__ == '__main__':
+    main()
