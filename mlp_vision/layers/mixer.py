@@ -10,6 +10,8 @@ import torch
 import torch.nn as nn
 from timm.layers import DropPath, Mlp, to_2tuple
 
+from .gating import channel_linear
+
 __all__ = ['MixerBlock']
 
 
@@ -23,6 +25,11 @@ class MixerBlock(nn.Module):
         dim: token width d.
         seq_len: number of tokens n.
         mlp_ratio: (tokens_dim / d, channels_dim / d); Mixer uses (0.5, 4.0).
+
+    How it is computed (same function and parameters as timm's block): the token MLP runs as batched matmuls
+    ``(tokens_dim, n) @ (B, n, dim)`` with the biases as baddbmm's broadcast input, instead of Linear layers on
+    transposed copies; the channel MLP's GEMMs run through oneDNN (:func:`~mlp_vision.layers.gating.channel_linear`).
+    A ``mlp_layer`` other than timm's plain ``Mlp`` runs the straightforward way.
 
     Shapes: x (B, n, dim) -> (B, n, dim).
     """
@@ -48,8 +55,25 @@ class MixerBlock(nn.Module):
         self.drop_path = DropPath(drop_path) if drop_path > 0. else nn.Identity()
         self.norm2 = norm_layer(dim, **dd)
         self.mlp_channels = mlp_layer(dim, channels_dim, act_layer=act_layer, drop=drop, **dd)
+        # the fast path knows timm's Mlp (fc1 -> act -> drop1 -> norm -> fc2 -> drop2) without a hidden norm
+        self.fast = bool(mlp_layer is Mlp and isinstance(self.mlp_tokens.norm, nn.Identity)
+                         and isinstance(self.mlp_channels.norm, nn.Identity))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.drop_path(self.mlp_tokens(self.norm1(x).transpose(1, 2)).transpose(1, 2))
-        x = x + self.drop_path(self.mlp_channels(self.norm2(x)))
-        return x
+        if not self.fast:
+            x = x + self.drop_path(self.mlp_tokens(self.norm1(x).transpose(1, 2)).transpose(1, 2))
+            x = x + self.drop_path(self.mlp_channels(self.norm2(x)))
+            return x
+        # token MLP, mixing along n: (tokens_dim, n) @ (B, n, dim) -> (B, tokens_dim, dim), then back to n
+        mlp = self.mlp_tokens
+        y = self.norm1(x)
+        batch = y.shape[0]
+        y = torch.baddbmm(mlp.fc1.bias.unsqueeze(-1), mlp.fc1.weight.expand(batch, -1, -1), y)
+        y = mlp.drop1(mlp.act(y))
+        y = torch.baddbmm(mlp.fc2.bias.unsqueeze(-1), mlp.fc2.weight.expand(batch, -1, -1), y)
+        x = x + self.drop_path(mlp.drop2(y))
+        # channel MLP
+        mlp = self.mlp_channels
+        y = mlp.drop1(mlp.act(channel_linear(self.norm2(x), mlp.fc1.weight, mlp.fc1.bias)))
+        y = mlp.drop2(channel_linear(y, mlp.fc2.weight, mlp.fc2.bias))
+        return x + self.drop_path(y)

@@ -24,6 +24,7 @@ from timm.models._features import feature_take_indices
 from timm.models import generate_default_cfgs, register_model
 
 from ..layers import SparseMLPTokenMixer, check_image_input, resample_token_weight
+from ..layers.gating import channel_linear
 
 __all__ = ['SparseMLPNet', 'SparseMLPBlock', 'SparseMLPStage']
 
@@ -31,9 +32,12 @@ __all__ = ['SparseMLPNet', 'SparseMLPBlock', 'SparseMLPStage']
 class SparseMLPBlock(nn.Module):
     """sMLPNet block: ``x = x + DropPath(TokenMixer(x))``; ``x = x + DropPath(MLP(LayerNorm_C(x)))``.
 
-    The channel MLP runs on channels-last tokens (Linear layers), the token mixer on NCHW.
+    Activations are kept channels-last (NCHW shape, NHWC memory) throughout, so the LayerNorm and the channel
+    MLP read the (B, H, W, C) view without copies and its GEMMs run through oneDNN
+    (:func:`~mlp_vision.layers.gating.channel_linear`); without drop path the token mixer adds the residual
+    itself. Parameters are those of the plain formulation (``mlp.fc1`` / ``mlp.fc2`` are ``nn.Linear``).
 
-    Shapes: x (B, C, H, W) -> (B, C, H, W) with (H, W) == feat_size.
+    Shapes: x (B, C, H, W) -> (B, C, H, W) (channels-last memory) with (H, W) == feat_size.
     """
 
     def __init__(
@@ -54,10 +58,18 @@ class SparseMLPBlock(nn.Module):
         self.norm = norm_layer(dim, **dd)
         self.mlp = Mlp(dim, int(dim * mlp_ratio), act_layer=act_layer, drop=proj_drop, **dd)
         self.drop_path = DropPath(drop_path) if drop_path > 0. else nn.Identity()
+        self.has_drop_path = drop_path > 0.
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.drop_path(self.token_mixer(x))
-        y = self.mlp(self.norm(x.permute(0, 2, 3, 1)))
+        x = x.contiguous(memory_format=torch.channels_last)
+        if self.has_drop_path and self.training:
+            x = x + self.drop_path(self.token_mixer(x))
+        else:  # drop path is the identity: the token mixer adds the residual into its output buffer
+            x = self.token_mixer(x, shortcut=x)
+        y = self.norm(x.permute(0, 2, 3, 1))  # (B, H, W, C), contiguous
+        mlp = self.mlp  # timm Mlp: fc1 -> act -> drop1 -> norm -> fc2 -> drop2, its Linears run by channel_linear
+        y = mlp.drop1(mlp.act(channel_linear(y, mlp.fc1.weight, mlp.fc1.bias)))
+        y = mlp.drop2(channel_linear(mlp.norm(y), mlp.fc2.weight, mlp.fc2.bias))
         return x + self.drop_path(y.permute(0, 3, 1, 2))
 
 

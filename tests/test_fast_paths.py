@@ -1,0 +1,331 @@
+""" The fast forward paths compute the same function as the straightforward formulations (issue 6).
+
+Each fast path is checked against a plain implementation of the same parameters: the straightforward sMLPNet
+(``mlp_vision.models._reference_smlpnet``: 1x1 convs on permuted tensors, concat, fuse), timm's gMLP and
+Mixer models and blocks, and explicit formulas written here. Outputs and parameter gradients must agree to
+float32 tolerance, in train mode (BatchNorm batch statistics, running-statistics updates) and eval mode (folded
+BatchNorm), before and after the parameters change (no stale folds). Nothing here measures time.
+"""
+import importlib
+
+import pytest
+import timm
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from timm.layers import Mlp
+from timm.models.mlp_mixer import MixerBlock as TimmMixerBlock
+
+import mlp_vision  # noqa: F401  (registers the models with timm)
+from mlp_vision.layers import AxialSparseMLP, GatedMLPBlock, MixerBlock, SparseMLPTokenMixer
+from mlp_vision.layers.gating import channel_linear
+from mlp_vision.models._reference_smlpnet import reference_from
+
+IMG = (64, 96)  # non-square, so H and W cannot be confused
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(0)
+
+
+def _randomize_(module: nn.Module, seed: int = 1234, std: float = 0.2) -> nn.Module:
+    """Non-trivial values for every float parameter and buffer (norm affine, biases, BN statistics, head)."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, t in list(module.named_parameters()) + list(module.named_buffers()):
+            if not t.is_floating_point():
+                continue
+            if name.endswith('running_var'):
+                t.copy_(0.5 + torch.rand(t.shape, generator=g))
+            elif name.endswith('running_mean'):
+                t.copy_(0.3 * torch.randn(t.shape, generator=g))
+            elif t.ndim == 1 and name.endswith('weight'):  # norm scales
+                t.copy_(1. + 0.3 * torch.randn(t.shape, generator=g))
+            else:
+                t.copy_(std * torch.randn(t.shape, generator=g))
+    return module
+
+
+def _close(a, b, rtol=1e-5):
+    """Equal to float32 tolerance relative to the output's scale."""
+    torch.testing.assert_close(a, b, rtol=rtol, atol=rtol * max(1., float(b.detach().abs().max())))
+
+
+def _grads(module: nn.Module):
+    return {n: p.grad.detach().clone() for n, p in module.named_parameters() if p.grad is not None}
+
+
+def _assert_grads_close(ours, ref, rename=lambda k: k):
+    assert len(ours) == len(ref)
+    for name, g in ours.items():
+        r = ref[rename(name)]
+        _close(g, r.reshape(g.shape), rtol=1e-4)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# channel_linear: the oneDNN route for Linear layers
+# ---------------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize('shape', [(3, 20, 24), (2, 4, 5, 24), (2, 3, 24), (5, 24), (2, 1, 3, 24)])
+def test_channel_linear_is_linear(shape):
+    x = torch.randn(shape, requires_grad=True)
+    w = torch.randn(40, 24, requires_grad=True)
+    b = torch.randn(40, requires_grad=True)
+    y = channel_linear(x, w, b)
+    ref = F.linear(x, w, b)
+    assert y.shape == ref.shape
+    _close(y, ref)
+    g = torch.randn(ref.shape)
+    grads = torch.autograd.grad(y, (x, w, b), g)
+    grads_ref = torch.autograd.grad(ref, (x, w, b), g)
+    for a, r in zip(grads, grads_ref):
+        _close(a, r, rtol=1e-4)
+    _close(channel_linear(x, w), F.linear(x, w))  # no bias
+
+
+def test_channel_linear_strided_input():
+    x = torch.randn(2, 24, 30).transpose(1, 2)  # (2, 30, 24), not contiguous
+    w = torch.randn(16, 24)
+    _close(channel_linear(x, w), F.linear(x, w))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# sMLP layers against the straightforward formulation
+# ---------------------------------------------------------------------------------------------------------------
+def _plain_smlp(smlp: AxialSparseMLP, x):
+    """Straightforward sMLP: BN -> GELU -> axial Linears on permuted tensors -> concat -> 1x1 fuse conv."""
+    x = smlp.act(smlp.norm(x))
+    x_h = F.linear(x.transpose(-1, -2), smlp.proj_h.weight, smlp.proj_h.bias).transpose(-1, -2)
+    x_w = F.linear(x, smlp.proj_w.weight, smlp.proj_w.bias)
+    return F.conv2d(torch.cat([x, x_h, x_w], dim=1), smlp.fuse.weight)
+
+
+def _plain_token_mixer(mixer: SparseMLPTokenMixer, x):
+    return _plain_smlp(mixer.smlp, mixer.conv_dw(mixer.act(mixer.norm(x))))
+
+
+@pytest.mark.parametrize('train', [False, True])
+@pytest.mark.parametrize('channels_last', [False, True])
+def test_axial_sparse_mlp_matches_plain(train, channels_last):
+    c, h, w = 8, 6, 10
+    ours = _randomize_(AxialSparseMLP(c, (h, w))).train(train)
+    ref = _randomize_(AxialSparseMLP(c, (h, w))).train(train)  # same values, plain forward
+    x = torch.randn(3, c, h, w)
+    if channels_last:
+        x = x.contiguous(memory_format=torch.channels_last)
+    xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
+    y, y_ref = ours(xa), _plain_smlp(ref, xb)
+    _close(y, y_ref)
+    if train:  # the batch statistics were used and the running statistics updated identically
+        _close(ours.norm.running_mean, ref.norm.running_mean)
+        _close(ours.norm.running_var, ref.norm.running_var)
+    g = torch.randn(y.shape)
+    y.backward(g)
+    y_ref.backward(g)
+    _close(xa.grad, xb.grad, rtol=1e-4)
+    _assert_grads_close(_grads(ours), _grads(ref))
+    # the shortcut argument adds the residual
+    with torch.no_grad():
+        _close(ours(x, shortcut=x), _plain_smlp(ref, x) + x)
+
+
+@pytest.mark.parametrize('train', [False, True])
+def test_token_mixer_matches_plain(train):
+    c, h, w = 8, 6, 10
+    ours = _randomize_(SparseMLPTokenMixer(c, (h, w))).train(train)
+    ref = _randomize_(SparseMLPTokenMixer(c, (h, w))).train(train)
+    x = torch.randn(3, c, h, w)
+    y, y_ref = ours(x), _plain_token_mixer(ref, x)
+    _close(y, y_ref)
+    g = torch.randn(y.shape)
+    y.backward(g)
+    y_ref.backward(g)
+    _assert_grads_close(_grads(ours), _grads(ref))
+
+
+def test_token_mixer_bn_fold_not_stale():
+    """The eval-mode BatchNorm fold follows load_state_dict, parameter updates and mode changes."""
+    c, h, w = 8, 6, 10
+    ours = _randomize_(SparseMLPTokenMixer(c, (h, w))).eval()
+    x = torch.randn(2, c, h, w)
+    with torch.no_grad():
+        _close(ours(x), _plain_token_mixer(ours, x))
+        other = _randomize_(SparseMLPTokenMixer(c, (h, w)), seed=99)
+        ours.load_state_dict(other.state_dict())
+        _close(ours(x), _plain_token_mixer(other.eval(), x))
+        ours.smlp.norm.weight.mul_(2.)
+        ours.smlp.norm.running_var.mul_(3.)
+        _close(ours(x), _plain_token_mixer(ours, x))
+    # a training step changes the running statistics; eval afterwards uses the new ones
+    ours.train()
+    ours(torch.randn(4, c, h, w) * 2 + 1)
+    ours.eval()
+    with torch.no_grad():
+        _close(ours(x), _plain_token_mixer(ours, x))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# whole sMLPNet against the straightforward reference model
+# ---------------------------------------------------------------------------------------------------------------
+def _smlpnet(**kwargs):
+    kwargs = dict(dict(img_size=IMG, embed_dim=16, depths=(1, 2, 1, 1), num_classes=10), **kwargs)
+    return _randomize_(timm.create_model('smlpnet_t', **kwargs))
+
+
+@pytest.mark.parametrize('train', [False, True])
+@pytest.mark.parametrize('batch', [2, 17])
+def test_smlpnet_matches_reference(train, batch):
+    ours = _smlpnet().train(train)
+    ref = reference_from(ours)
+    assert ref.training == train
+    x = torch.randn(batch, 3, *IMG)
+    y, y_ref = ours(x), ref(x)
+    assert y.shape == (batch, 10)
+    _close(y, y_ref)
+    g = torch.randn(y.shape)
+    y.backward(g)
+    y_ref.backward(g)
+    _assert_grads_close(_grads(ours), _grads(ref))
+    if train:
+        ref_buffers = dict(ref.named_buffers())
+        for name, buf in ours.named_buffers():
+            if buf.is_floating_point():
+                _close(buf, ref_buffers[name])
+
+
+def test_smlpnet_features_match_reference():
+    ours = _smlpnet().eval()
+    ref = reference_from(ours)
+    x = torch.randn(2, 3, *IMG).contiguous(memory_format=torch.channels_last)
+    with torch.no_grad():
+        feats = ours.forward_intermediates(x, intermediates_only=True)
+        y = ref.stem(x)
+        for stage, feat in zip(ref.stages, feats):
+            y = stage(y)
+            _close(feat, y)
+
+
+def test_smlpnet_grad_checkpointing_and_drop_path_match_reference():
+    ours = _smlpnet().train()
+    ref = reference_from(ours)
+    ours.set_grad_checkpointing(True)
+    x = torch.randn(2, 3, *IMG)
+    y, y_ref = ours(x), ref(x)
+    _close(y, y_ref)
+    y.sum().backward()
+    y_ref.sum().backward()
+    _assert_grads_close(_grads(ours), _grads(ref))
+    # with drop path in the model (the residual is added outside the token mixer in train mode): eval is the
+    # same function as the reference
+    dp = _smlpnet(drop_path_rate=0.5).eval()
+    ref = reference_from(dp)
+    with torch.no_grad():
+        _close(dp(x), ref(x))
+    dp.train()
+    assert dp(x).shape == (2, 10)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# gMLP block / model
+# ---------------------------------------------------------------------------------------------------------------
+def _plain_gmlp_block(block: GatedMLPBlock, x, mask=None):
+    """The straightforward gMLP block: one fc1, chunk, LayerNorm, W @ v + b, gate, fc2."""
+    shortcut = x
+    x = block.norm(x)
+    res = block.attn(x, mask) if block.attn is not None else None
+    z = F.gelu(F.linear(x, block.fc1.weight, block.fc1.bias))
+    sgu = block.sgu
+    u, v = z.chunk(2, dim=-1)
+    v = sgu.norm(v)
+    if mask is not None and block.sgu_mask:
+        v = v * mask.unsqueeze(-1).to(v.dtype)
+    n = x.shape[1]
+    v = torch.einsum('ij,bjc->bic', sgu.spatial_weight(n), v) + sgu.bias[:n, None]
+    if res is not None:
+        v = v + res
+    return shortcut + F.linear(u * v, block.fc2.weight, block.fc2.bias)
+
+
+@pytest.mark.parametrize('mode,attn_dim,sgu_mask', [
+    ('dense', 0, False), ('toeplitz', 0, False), ('causal', 0, False), ('toeplitz', 8, True), ('causal', 8, False),
+])
+@pytest.mark.parametrize('length', [20, 13])
+def test_gmlp_block_matches_plain(mode, attn_dim, sgu_mask, length):
+    dim, n = 16, 20
+    block = _randomize_(GatedMLPBlock(dim, n, mlp_ratio=3, spatial_mode=mode, attn_dim=attn_dim,
+                                      sgu_mask=sgu_mask)).eval()
+    x = torch.randn(3, length, dim)
+    mask = torch.ones(3, length, dtype=torch.bool)
+    mask[1, length - 4:] = False
+    for m in (None, mask):
+        y = block(x, m)
+        y_ref = _plain_gmlp_block(block, x, m)
+        _close(y, y_ref)
+        g = torch.randn(y.shape)
+        ga = torch.autograd.grad(y, list(block.parameters()), g, allow_unused=True)
+        gb = torch.autograd.grad(y_ref, list(block.parameters()), g, allow_unused=True)
+        for a, b in zip(ga, gb):
+            assert (a is None) == (b is None)
+            if a is not None:
+                _close(a, b, rtol=1e-4)
+
+
+def _timm_filter(name):
+    return importlib.import_module(timm.models.model_entrypoint(name).__module__).checkpoint_filter_fn
+
+
+def _timm_isotropic(ours_name, **kwargs):
+    """timm's own gMLP-Ti / Mixer-S architecture (its entry points fix the depth, so build the class directly)."""
+    from timm.layers import GatedMlp
+    from timm.models.mlp_mixer import MlpMixer, SpatialGatingBlock
+    if ours_name.startswith('gmlp'):
+        arch = dict(embed_dim=128, mlp_ratio=6, block_layer=SpatialGatingBlock, mlp_layer=GatedMlp)
+    else:
+        arch = dict(embed_dim=512, mlp_ratio=(0.5, 4.0))
+    return MlpMixer(patch_size=16, **arch, **kwargs)
+
+
+@pytest.mark.parametrize('ours_name', ['gmlp_ti', 'mixer_s16'])
+@pytest.mark.parametrize('train', [False, True])
+def test_isotropic_models_match_timm(ours_name, train):
+    kwargs = dict(img_size=IMG, num_classes=10, num_blocks=3)
+    theirs = _randomize_(_timm_isotropic(ours_name, **kwargs)).train(train)
+    ours = timm.create_model(ours_name, **kwargs).train(train)
+    ours.load_state_dict(_timm_filter(ours_name)(theirs.state_dict(), ours))
+    x = torch.randn(2, 3, *IMG)
+    y, y_ref = ours(x), theirs(x)
+    _close(y, y_ref)
+    g = torch.randn(y.shape)
+    y.backward(g)
+    y_ref.backward(g)
+    # gradients, mapped through the same key renaming as the weights
+    ref_grads = _timm_filter(ours_name)(_grads(theirs), ours)
+    _assert_grads_close(_grads(ours), ref_grads)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Mixer block
+# ---------------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize('train', [False, True])
+def test_mixer_block_matches_timm(train):
+    dim, n = 24, 20
+    theirs = _randomize_(TimmMixerBlock(dim, n)).train(train)
+    ours = MixerBlock(dim, n).train(train)
+    ours.load_state_dict(theirs.state_dict())
+    assert ours.fast
+    x = torch.randn(3, n, dim)
+    y, y_ref = ours(x), theirs(x)
+    _close(y, y_ref)
+    y.sum().backward()
+    y_ref.sum().backward()
+    _assert_grads_close(_grads(ours), _grads(theirs))
+
+
+def test_mixer_block_other_mlp_layer_takes_plain_path():
+    class OtherMlp(Mlp):
+        pass
+
+    block = MixerBlock(16, 12, mlp_layer=OtherMlp)
+    assert not block.fast
+    x = torch.randn(2, 12, 16)
+    assert block(x).shape == x.shape
