@@ -228,7 +228,7 @@ NON_MAC_OPS = frozenset({
     'aten::ne', 'aten::logical_not', 'aten::logical_and', 'aten::any', 'aten::all', 'aten::unsqueeze',
     'aten::view', 'aten::unflatten', 'aten::repeat', 'aten::pad', 'aten::scalar_tensor', 'aten::linspace',
     'aten::_unsafe_view', 'aten::alias', 'aten::lift_fresh', 'aten::resolve_conj', 'aten::exp_', 'aten::sub_',
-    'aten::_conj', 'aten::conj_physical', 'aten::angle',
+    'aten::_conj', 'aten::conj_physical', 'aten::angle', 'aten::view_as',
 })
 
 
