@@ -35,6 +35,7 @@ import math
 import os
 import platform
 import resource
+import shlex
 import statistics
 import subprocess
 import sys
@@ -75,8 +76,15 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument('--iters', type=int, default=0,
                    help='steps per timed sample (0: enough for --min-sample-time, from the warm-up)')
     p.add_argument('--min-sample-time', type=float, default=1.0, help='seconds per timed sample when --iters 0')
+    p.add_argument('--timer', choices=('wall', 'cpu'), default='wall',
+                   help='wall: elapsed time (the throughput a user sees). cpu: this process\'s CPU time, which '
+                        'excludes time spent waiting for a core, so it is steady on a loaded machine; meaningful '
+                        'with --threads 1 only (with more threads it counts OpenMP spin-waiting)')
     p.add_argument('--samples', type=int, default=8,
                    help='timed samples per contender (single runs) or timed pairs (--compare)')
+    p.add_argument('--profile', action='store_true',
+                   help='also profile one step of each contender (torch.profiler, top ops by self time); the '
+                        'tables go to PREFIX_profile.txt with --out, else to stdout')
     p.add_argument('--no-flops', action='store_true', help='skip the fvcore MAC count')
     p.add_argument('--no-memory', action='store_true', help='skip the peak-memory probe')
     p.add_argument('--no-ceiling', action='store_true', help='skip the matmul-ceiling measurement')
@@ -153,6 +161,7 @@ class Runner:
 
     def __init__(self, model: nn.Module, mode: str, args: argparse.Namespace, in_size: Tuple[int, int, int]):
         self.device = torch.device(args.device)
+        self.clock = time.process_time if args.timer == 'cpu' else time.perf_counter
         self.mode = mode
         dtype, self.amp_dtype = _dtypes(args.precision)
         memory_format = torch.channels_last if args.channels_last else torch.contiguous_format
@@ -184,17 +193,34 @@ class Runner:
     def timed(self, iters: int) -> float:
         """Seconds per step over ``iters`` consecutive steps."""
         _sync(self.device)
-        t0 = time.perf_counter()
+        t0 = self.clock()
         for _ in range(iters):
             self.step()
         _sync(self.device)
-        return (time.perf_counter() - t0) / iters
+        return (self.clock() - t0) / iters
 
     def warmup(self, n: int) -> float:
         t = float('inf')
         for _ in range(max(n, 1)):
             t = min(t, self.timed(1))
         return t
+
+
+PROFILES: List[str] = []
+
+
+def profile_step(runner: 'Runner', label: str, rows: int = 15) -> None:
+    """Top operators of one step by self time (torch.profiler), kept for the _profile.txt output."""
+    from torch.profiler import ProfilerActivity, profile
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if runner.device.type == 'cuda' else [])
+    runner.step()
+    with profile(activities=activities) as prof:
+        runner.step()
+        _sync(runner.device)
+    sort = 'self_cuda_time_total' if runner.device.type == 'cuda' else 'self_cpu_time_total'
+    table = prof.key_averages().table(sort_by=sort, row_limit=rows, max_name_column_width=36)
+    PROFILES.append(f'## {label}\n\n{table}\n')
+    print(PROFILES[-1], flush=True)
 
 
 def _iters_for(step_time: float, args: argparse.Namespace) -> int:
@@ -205,27 +231,30 @@ def _iters_for(step_time: float, args: argparse.Namespace) -> int:
 # machine ceiling, MACs, memory
 # ---------------------------------------------------------------------------------------------------------------
 
-def _best_time(fn: Callable[[], Any], device: torch.device, reps: int, rounds: int = 5) -> float:
+def _best_time(fn: Callable[[], Any], device: torch.device, reps: int, clock: Callable[[], float],
+               rounds: int = 5) -> float:
     fn()
     best = float('inf')
     for _ in range(rounds):
         _sync(device)
-        t0 = time.perf_counter()
+        t0 = clock()
         for _ in range(reps):
             fn()
         _sync(device)
-        best = min(best, (time.perf_counter() - t0) / reps)
+        best = min(best, (clock() - t0) / reps)
     return best
 
 
-def matmul_ceiling(device: torch.device, precision: str) -> Dict[str, Any]:
+def matmul_ceiling(device: torch.device, precision: str, clock: Callable[[], float] = time.perf_counter
+                   ) -> Dict[str, Any]:
     """Measured GEMM rates in the compute dtype (best of 5 rounds), the denominators of "% of ceiling".
 
     ``matmul_gflops``: ``torch.mm`` of two n x n matrices (n = 2048 on CPU, 8192 on CUDA), the ceiling SPEC §5
     uses. On CPU in float32 ``torch.mm`` runs MKL's sgemm, which on AMD processors does not use AVX-512;
     ``onednn_gflops`` is the same-sized GEMM (M = K = N = 2048) run through oneDNN as a 1x1 convolution on a
-    channels-last (8, 2048, 16, 16) map, the route ``mlp_vision``'s fast paths take, which is the higher of the
-    two on such machines. On CUDA only ``matmul_gflops`` is measured.
+    channels-last (16, 2048, 16, 8) map, the route ``mlp_vision``'s fast paths take, which is the higher of the
+    two on such machines (batch 16: single-threaded PyTorch sends 1x1 convs of smaller batches to its own
+    im2col + MKL path). On CUDA only ``matmul_gflops`` is measured.
     """
     n = 2048 if device.type == 'cpu' else 8192
     dtype = _dtypes(precision)[1] or _dtypes(precision)[0]
@@ -233,11 +262,11 @@ def matmul_ceiling(device: torch.device, precision: str) -> Dict[str, Any]:
     b = torch.randn(n, n, device=device, dtype=dtype)
     reps = 3 if device.type == 'cpu' else 20
     out: Dict[str, Any] = {'matmul_n': n, 'matmul_dtype': str(dtype).replace('torch.', '')}
-    out['matmul_gflops'] = 2 * n ** 3 / _best_time(lambda: torch.mm(a, b), device, reps) / 1e9
+    out['matmul_gflops'] = 2 * n ** 3 / _best_time(lambda: torch.mm(a, b), device, reps, clock) / 1e9
     if device.type == 'cpu':
-        x = torch.randn(8, n, 16, 16, dtype=dtype).contiguous(memory_format=torch.channels_last)
+        x = torch.randn(16, n, 16, 8, dtype=dtype).contiguous(memory_format=torch.channels_last)
         w = torch.randn(n, n, 1, 1, dtype=dtype)
-        out['onednn_gflops'] = 2 * n ** 3 / _best_time(lambda: F.conv2d(x, w), device, reps) / 1e9
+        out['onednn_gflops'] = 2 * n ** 3 / _best_time(lambda: F.conv2d(x, w), device, reps, clock) / 1e9
     return out
 
 
@@ -332,7 +361,7 @@ def _row_common(args, mode, in_size) -> Dict[str, Any]:
     return dict(
         mode=mode, batch_size=args.batch_size, img_size=in_size[-1] if in_size[-1] == in_size[-2] else
         f'{in_size[-2]}x{in_size[-1]}', precision=args.precision, channels_last=args.channels_last,
-        compile=args.compile, device=args.device, threads=torch.get_num_threads())
+        compile=args.compile, device=args.device, threads=torch.get_num_threads(), timer=args.timer)
 
 
 def _flops_fields(prefix: str, macs: Optional[float], mode: str, step_s: float, batch: int,
@@ -365,6 +394,8 @@ def run_single(spec: str, args, env, macs_cache) -> List[Dict[str, Any]]:
         iters = _iters_for(runner.warmup(args.warmup), args)
         times = [runner.timed(iters) for _ in range(args.samples)]
         t = statistics.median(times)
+        if args.profile:
+            profile_step(runner, f'{spec}, {mode}, batch {args.batch_size}, {torch.get_num_threads()} threads')
         row = dict(model=spec, **_row_common(args, mode, in_size), step_ms=1e3 * t,
                    step_ms_min=1e3 * min(times), img_per_s=args.batch_size / t, samples=len(times), iters=iters)
         row.update(_flops_fields('', macs, mode, t, args.batch_size, env))
@@ -377,12 +408,12 @@ def run_single(spec: str, args, env, macs_cache) -> List[Dict[str, Any]]:
 
 
 def _max_diff(a: nn.Module, b: nn.Module, in_size, args) -> Tuple[float, float]:
-    """max |out_A - out_B| and max |out_B| on a small batch, eval mode, fp32."""
+    """max |A - B| and max |B| of the pre-head features (timm's heads start at zero) on two images, eval, fp32."""
     x = torch.randn((2,) + tuple(in_size), generator=torch.Generator().manual_seed(args.seed + 1))
     a.eval()
     b.eval()
     with torch.no_grad():
-        ya, yb = a(x), b(x)
+        ya, yb = a.forward_features(x), b.forward_features(x)
     return float((ya - yb).abs().max()), float(yb.abs().max())
 
 
@@ -425,6 +456,9 @@ def run_pair(a_spec: str, b_spec: str, args, env, macs_cache) -> List[Dict[str, 
             times_b.append(t_b)
             ratios.append(t_b / t_a)
         ta, tb = statistics.median(times_a), statistics.median(times_b)
+        if args.profile:
+            for spec, runner in ((a_spec, ra), (b_spec, rb)):
+                profile_step(runner, f'{spec}, {mode}, batch {args.batch_size}, {torch.get_num_threads()} threads')
         q = statistics.quantiles(ratios, n=4) if len(ratios) >= 2 else [ratios[0]] * 3
         row = dict(
             model=a_spec, baseline=b_spec, **_row_common(args, mode, in_size),
@@ -473,7 +507,7 @@ def environment(args) -> Dict[str, Any]:
         threads=torch.get_num_threads(), interop_threads=torch.get_num_interop_threads(),
         torch=torch.__version__, timm=timm.__version__, mlp_vision=mlp_vision.__version__,
         python=platform.python_version(), load_avg_start=os.getloadavg(),
-        command='python ' + ' '.join(sys.argv),
+        command='python ' + shlex.join(sys.argv),
     )
     return env
 
@@ -503,6 +537,7 @@ def markdown(rows: List[Dict[str, Any]], env: Dict[str, Any], args) -> str:
     cols = [c for c in cols if any(c[0] in r for r in rows)]
     lines = [f"# {args.title or 'Benchmark'}", '']
     prec = args.precision + (', channels_last' if args.channels_last else '') + (', compile' if args.compile else '')
+    prec += ', CPU-time timer' if args.timer == 'cpu' else ''
     lines.append(f"{env['date_utc']} · {env['device_name']} · {env['threads']} threads · {prec} · "
                  f"torch {env['torch']} · timm {env['timm']}"
                  + (f" · matmul ceiling: torch.mm {env['matmul_n']}² {env['matmul_dtype']} "
@@ -536,6 +571,12 @@ def write_results(rows, env, args) -> None:
     with open(prefix + '.md', 'w') as f:
         f.write(markdown(rows, env, args))
     print(f'wrote {prefix}.csv / .json / .md')
+    if PROFILES:
+        with open(prefix + '_profile.txt', 'w') as f:
+            f.write(f"# torch.profiler, top ops by self time · {env['date_utc']} · {env['device_name']} · "
+                    f"{env['threads']} threads · torch {env['torch']}\n# {env['command']}\n\n")
+            f.write('\n'.join(PROFILES))
+        print(f'wrote {prefix}_profile.txt')
 
 
 def main(argv=None) -> None:
@@ -547,7 +588,8 @@ def main(argv=None) -> None:
         return
     env = environment(args)
     if not args.no_ceiling:
-        env.update(matmul_ceiling(torch.device(args.device), args.precision))
+        env.update(matmul_ceiling(torch.device(args.device), args.precision,
+                                  time.process_time if args.timer == 'cpu' else time.perf_counter))
         print(f"matmul ceiling: torch.mm {env['matmul_gflops']:.1f} GFLOP/s"
               + (f", oneDNN {env['onednn_gflops']:.1f} GFLOP/s" if 'onednn_gflops' in env else '')
               + f" ({env['matmul_dtype']}, {env['threads']} threads)", flush=True)

@@ -30,14 +30,16 @@ def channel_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.T
 
     Elsewhere (CUDA, where cuDNN convs would use TF32 and change fp32 results; other dtypes, which already
     take oneDNN; fewer than 16 rows per sample, where oneDNN's per-call weight reorder dominates) this is
-    ``F.linear``. Same values either way, up to float32 summation order.
+    ``F.linear``. Same values either way, up to float32 summation order. Other ranks also use ``F.linear``.
     """
-    if x.device.type == 'cpu' and x.dtype == torch.float32 and x.dim() == 3 and x.shape[1] >= 16:
-        y = F.conv2d(x.unsqueeze(2).permute(0, 3, 1, 2), weight.unsqueeze(-1).unsqueeze(-1), bias)
-        return y.permute(0, 2, 3, 1).squeeze(2)
-    if x.device.type == 'cpu' and x.dtype == torch.float32 and x.dim() == 4 and x.shape[1] * x.shape[2] >= 16:
-        y = F.conv2d(x.permute(0, 3, 1, 2), weight.unsqueeze(-1).unsqueeze(-1), bias)
-        return y.permute(0, 2, 3, 1)
+    rows = x.numel() // max(x.shape[-1], 1)
+    if x.device.type == 'cpu' and x.dtype == torch.float32 and x.dim() >= 3 and rows >= 16 * x.shape[0]:
+        # the rows as a channels-last (n, C, rows / n, 1) image. n = B, except that single-threaded PyTorch
+        # takes 1x1 convs with n < 16 off oneDNN, so small batches are regrouped into 16 (any split of the
+        # rows is a view of the same memory)
+        n = 16 if x.shape[0] < 16 and rows % 16 == 0 else x.shape[0]
+        y = F.conv2d(x.reshape(n, -1, 1, x.shape[-1]).permute(0, 3, 1, 2), weight.unsqueeze(-1).unsqueeze(-1), bias)
+        return y.permute(0, 2, 3, 1).reshape(list(x.shape[:-1]) + [weight.shape[0]])
     return F.linear(x, weight, bias)
 
 
