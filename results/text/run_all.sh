@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# The recorded text runs of results/text/README.md, one after the other (2-core CPU, fp32, one process).
+# Usage: bash results/text/run_all.sh [shakespeare|mlm|all]   (from the repository root; ../shared/data beside it)
+# Step counts were fixed from a throughput measurement just before the runs (see README).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+DATA=../shared/data
+OUT=results/text
+WHAT=${1:-all}
+SHAKESPEARE_STEPS=${SHAKESPEARE_STEPS:-200}
+SHAKESPEARE_MODELS=${SHAKESPEARE_MODELS:-gpt_mlp_attention gpt_sdpa}
+MLM_STEPS=${MLM_STEPS:-120}
+
+stamp() { echo "[$(date -u +%H:%M:%S) UTC] $* | $(uptime | sed 's/.*load average/load average/')"; }
+
+shakespeare() {  # a. MLP-Attention vs dot-product attention, the paper's model settings, same seed and data order
+  for model in $SHAKESPEARE_MODELS; do
+    rm -rf "$OUT/shakespeare/$model"
+    stamp "start $model"
+    python -m mlp_vision.text.train --task causal --model "$model" \
+      --train-file $DATA/tinyshakespeare/input.txt --val-fraction 0.1 --block-size 256 \
+      --steps "$SHAKESPEARE_STEPS" -b 8 --lr 3e-4 --sched constant --warmup-steps 0 \
+      --eval-interval 40 --eval-batches 2 --eval-batch-size 32 --final-eval-batches 0 --log-interval 20 \
+      --seed 1337 --sample-prompt "ROMEO:" --sample-tokens 300 --num-samples 2 \
+      --output $OUT/shakespeare --experiment "$model" > "$OUT/shakespeare/$model.console.log" 2>&1
+    stamp "end $model"
+  done
+  python $OUT/compare.py $OUT/shakespeare/compare.png --metric val_ppl --metric-label 'validation perplexity (per char)' \
+    --title 'Tiny Shakespeare (char): MLP-Attention vs dot-product attention' \
+    MLP-Attention=$OUT/shakespeare/gpt_mlp_attention SDPA=$OUT/shakespeare/gpt_sdpa | tee $OUT/shakespeare/table.md
+}
+
+mlm() {  # b. small masked LMs on WikiText-2 (train: valid.txt, evaluate: test.txt), ~3.5 M parameters each
+  local common="--task mlm --train-file $DATA/wikitext-2/valid.txt --val-file $DATA/wikitext-2/test.txt \
+    --tokenizer char --block-size 128 --steps $MLM_STEPS -b 16 --warmup-steps 12 \
+    --eval-interval 30 --eval-batches 2 --eval-batch-size 64 --final-eval-batches 8 --log-interval 10 --seed 1337"
+  declare -A kwargs=(
+    [gmlp]="--model gmlp_base --model-kwargs depth=6 dim=256 ffn_dim=1536 max_seq_len=128"
+    [amlp]="--model amlp_base --model-kwargs depth=5 dim=256 ffn_dim=1536 attn_dim=64 max_seq_len=128"
+    [bigs]="--model bigs_small --model-kwargs max_position_embeddings=128 hidden_dropout=0.0"
+  )
+  for name in gmlp amlp bigs; do
+    rm -rf "$OUT/wikitext2_mlm/$name"
+    mkdir -p "$OUT/wikitext2_mlm"
+    stamp "start $name"
+    # shellcheck disable=SC2086
+    python -m mlp_vision.text.train $common ${kwargs[$name]} \
+      --output $OUT/wikitext2_mlm --experiment "$name" > "$OUT/wikitext2_mlm/$name.console.log" 2>&1
+    stamp "end $name"
+  done
+  python $OUT/compare.py $OUT/wikitext2_mlm/compare.png --metric val_masked_acc --metric-label 'masked-token accuracy (%)' \
+    --title 'WikiText-2 char MLM (train valid.txt, eval test.txt), ~3.5 M params' \
+    gMLP=$OUT/wikitext2_mlm/gmlp aMLP=$OUT/wikitext2_mlm/amlp BiGS=$OUT/wikitext2_mlm/bigs | tee $OUT/wikitext2_mlm/table.md
+}
+
+mkdir -p $OUT/shakespeare $OUT/wikitext2_mlm
+case "$WHAT" in
+  shakespeare) shakespeare ;;
+  mlm) mlm ;;
+  all) shakespeare; mlm ;;
+  *) echo "usage: $0 [shakespeare|mlm|all]"; exit 2 ;;
+esac
+stamp done
