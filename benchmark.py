@@ -92,7 +92,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument('--out', default=None, help='write PREFIX.csv / .json / .md (directories are created)')
     p.add_argument('--title', default=None, help='heading of the markdown file')
     p.add_argument('--memprobe', default=None, help=argparse.SUPPRESS)  # internal: peak-RSS child process
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    specs = list(args.model or []) + [s for pair in (args.compare or []) for s in pair]
+    unknown = [s for s in specs if not timm.is_model(s[4:] if s.startswith('ref:') else s)]
+    if unknown:
+        p.error(f'unknown model(s) {unknown}: give timm model names (this package registers '
+                f'{", ".join(mlp_vision.VISION_MODELS)}), or ref:NAME for the straightforward sMLPNet of NAME')
+    return args
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -270,31 +276,15 @@ def matmul_ceiling(device: torch.device, precision: str, clock: Callable[[], flo
     return out
 
 
-def _mm_macs(inputs, outputs) -> int:
-    # MACs of a broadcasting matmul: every output element costs K multiply-adds (fvcore's stock handle drops the
-    # broadcast batch dimensions of the first operand)
-    from fvcore.nn.jit_handles import get_shape
-    out = get_shape(outputs[0])
-    return math.prod(out) * get_shape(inputs[0])[-1]
-
-
-def _baddbmm_macs(inputs, outputs) -> int:
-    from fvcore.nn.jit_handles import get_shape
-    return math.prod(get_shape(outputs[0])) * get_shape(inputs[1])[-1]
-
-
 def count_macs(model: nn.Module, in_size: Tuple[int, int, int]) -> float:
-    """fvcore MACs per image (batch 1, eval), counted as the project counts them (results/model_complexity_224)."""
-    from fvcore.nn import FlopCountAnalysis
+    """fvcore MACs per image (batch 1, eval), with the project's counting rules (:mod:`mlp_vision.complexity`)."""
+    from mlp_vision.complexity import count_module
     was_training = model.training
     model.eval()
-    fca = FlopCountAnalysis(model, torch.randn((1,) + tuple(in_size)))
-    fca.set_op_handle('aten::matmul', _mm_macs, 'aten::baddbmm', _baddbmm_macs, 'aten::addbmm', _baddbmm_macs)
-    fca.unsupported_ops_warnings(False)
-    fca.uncalled_modules_warnings(False)
     try:
-        with torch.no_grad():
-            return float(fca.total())
+        param = next(model.parameters(), None)
+        x = torch.randn((1,) + tuple(in_size), device=param.device if param is not None else None)
+        return float(count_module(model, (x,))[0])
     finally:
         model.train(was_training)
 
