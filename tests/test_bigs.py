@@ -25,6 +25,8 @@ from mlp_vision.text.bigs import (
     convert_official_bigs_state_dict,
 )
 
+from _helpers import n_params
+
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WIKITEXT = os.path.join(REPO_ROOT, '..', 'shared', 'data', 'wikitext-2', 'valid.txt')
 
@@ -32,19 +34,10 @@ WIKITEXT = os.path.join(REPO_ROOT, '..', 'shared', 'data', 'wikitext-2', 'valid.
 BIGS_LARGE_512_PARAMS = 346_707_350
 
 
-@pytest.fixture
-def single_thread():
-    """Tiny models are latency bound; a second intra-op thread on a busy 2-core machine only slows them down."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(n)
 
 
-def n_params(model: nn.Module) -> int:
-    return sum(p.numel() for p in model.parameters())
+
+
 
 
 # ----------------------------------------------------------------------------------- independent references

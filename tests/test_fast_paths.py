@@ -7,6 +7,7 @@ float32 tolerance, in train mode (BatchNorm batch statistics, running-statistics
 BatchNorm), before and after the parameters change (no stale folds). Nothing here measures time.
 """
 import importlib
+from functools import partial
 
 import pytest
 import timm
@@ -21,6 +22,10 @@ from mlp_vision.layers import AxialSparseMLP, GatedMLPBlock, MixerBlock, SparseM
 from mlp_vision.layers.gating import channel_linear
 from mlp_vision.models._reference_smlpnet import reference_from
 
+from _helpers import randomize_
+
+_randomize_ = partial(randomize_, std=0.2)
+
 IMG = (64, 96)  # non-square, so H and W cannot be confused
 
 
@@ -29,22 +34,7 @@ def _seed():
     torch.manual_seed(0)
 
 
-def _randomize_(module: nn.Module, seed: int = 1234, std: float = 0.2) -> nn.Module:
-    """Non-trivial values for every float parameter and buffer (norm affine, biases, BN statistics, head)."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, t in list(module.named_parameters()) + list(module.named_buffers()):
-            if not t.is_floating_point():
-                continue
-            if name.endswith('running_var'):
-                t.copy_(0.5 + torch.rand(t.shape, generator=g))
-            elif name.endswith('running_mean'):
-                t.copy_(0.3 * torch.randn(t.shape, generator=g))
-            elif t.ndim == 1 and name.endswith('weight'):  # norm scales
-                t.copy_(1. + 0.3 * torch.randn(t.shape, generator=g))
-            else:
-                t.copy_(std * torch.randn(t.shape, generator=g))
-    return module
+
 
 
 def _close(a, b, rtol=1e-5):

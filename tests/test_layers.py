@@ -14,28 +14,15 @@ from mlp_vision.layers import (
     check_image_input,
 )
 
+from _helpers import randomize_ as _randomize_
+
 
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
 
 
-def _randomize_(module: nn.Module, std: float = 0.3) -> nn.Module:
-    """Non-trivial values for every float parameter and buffer (norm affine, biases, BN statistics)."""
-    g = torch.Generator().manual_seed(1234)
-    with torch.no_grad():
-        for name, t in list(module.named_parameters()) + list(module.named_buffers()):
-            if not t.is_floating_point():
-                continue
-            if name.endswith('running_var'):
-                t.copy_(0.5 + torch.rand(t.shape, generator=g))
-            elif name.endswith('running_mean'):
-                t.copy_(0.3 * torch.randn(t.shape, generator=g))
-            elif t.ndim == 1 and name.endswith('weight'):  # norm scales
-                t.copy_(1. + 0.3 * torch.randn(t.shape, generator=g))
-            else:
-                t.copy_(std * torch.randn(t.shape, generator=g))
-    return module
+
 
 
 def _ln(x, norm: nn.LayerNorm):

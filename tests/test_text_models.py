@@ -10,13 +10,14 @@ import os
 
 import pytest
 import torch
-import torch.nn as nn
 
 import mlp_vision.layers as layers
 import mlp_vision.layers.gating as gating
 import mlp_vision.text as mt
 from mlp_vision.text import gmlp as text_gmlp
 from mlp_vision.text.gpt import MLPAttention
+
+from _helpers import n_params
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHAKESPEARE = os.path.join(REPO_ROOT, '..', 'shared', 'data', 'tinyshakespeare', 'input.txt')
@@ -31,20 +32,10 @@ GMLP_PARAMS_M = {
 GPT_PARAMS = {'gpt_mlp_attention': (6_061_121, 6.0, 0), 'gpt_sdpa': (5_468_993, 5.5, 1)}
 
 
-@pytest.fixture
-def single_thread():
-    """Run a test on one intra-op thread. The tiny models here are latency bound; with 2 threads on a busy 2-core
-    machine (e.g. other test workers) every small GEMM waits on the second thread, measured 6x slower."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(n)
 
 
-def n_params(model: nn.Module) -> int:
-    return sum(p.numel() for p in model.parameters())
+
+
 
 
 def small_gmlp(task='masked_lm', **kw):
