@@ -280,3 +280,20 @@ def test_bad_inputs(shakespeare, tmp_path):
     assert '--stop-after-step must be' in err(*TINY_GPT, *ok, '--stop-after-step', '9')
     bad_kwargs = err('--model', 'gpt_sdpa', '--model-kwargs', 'n_embd=30', 'n_head=4', *ok)
     assert 'cannot build gpt_sdpa' in bad_kwargs and 'not divisible' in bad_kwargs
+
+
+def test_threads_flag_does_not_leak_into_the_caller(tmp_path):
+    # an in-process run with --threads 1 must leave the caller's thread count as it was (a later in-process
+    # computation, e.g. another test's reference run, would otherwise silently run single-threaded)
+    path = tmp_path / 'tiny.txt'
+    path.write_text('to be or not to be, that is the question. ' * 200)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        text_train.main(COMMON + TINY_GPT + [
+            '--task', 'causal', '--train-file', str(path), '--block-size', '16', '--steps', '2', '-b', '2',
+            '--eval-interval', '2', '--eval-batches', '1', '--output', str(tmp_path), '--experiment', 'threads'])
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+    assert torch.get_num_threads() == before

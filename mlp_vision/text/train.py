@@ -541,11 +541,13 @@ def _length_field(config) -> str:
 def main(argv: Optional[Sequence[str]] = None):
     """Train; returns the results dict on rank 0 (None on other ranks). Bad input -> SystemExit with a message."""
     log_files = []
+    threads = torch.get_num_threads()  # --threads is for this run only: an in-process caller keeps its setting
     try:
         return _main(argv, log_files)
     except UsageError as e:
         raise SystemExit(f'mlp_vision.text.train: error: {e}')
     finally:
+        torch.set_num_threads(threads)
         for handler in log_files:
             remove_log_file(handler)
 
