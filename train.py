@@ -49,7 +49,8 @@ from mlp_vision.training.data import (
     check_num_classes, create_eval_loader, create_image_dataset, create_train_loader, dataset_class_names,
     prepare_digits_folder)
 from mlp_vision.training.distributed import all_gather_objects, init_device, state_dict_digest, wrap_ddp
-from mlp_vision.training.engine import NonFiniteLossError, evaluate, format_duration, train_one_epoch
+from mlp_vision.training.engine import (
+    NonFiniteLossError, evaluate, format_duration, non_finite_exit, train_one_epoch)
 from mlp_vision.training.log import add_log_file, remove_log_file, setup_logging
 from mlp_vision.training.model import create_model, model_create_kwargs
 from mlp_vision.training.summary import SummaryWriter, plot_curves, write_json
@@ -584,16 +585,10 @@ def _main(argv, log_files):
                 msg += ' | saved last.pth' + (' + model_best.pth' if written['best'] else '')
                 _logger.info(msg)
     except NonFiniteLossError as e:
-        if saver is not None and last_saved_epoch is not None:
-            msg = (f'{e}. The last good checkpoint, {saver.last_path} (epoch {last_saved_epoch}), is intact. '
-                   f'Lower --lr, add --clip-grad or more --warmup-epochs, or check the data; then restart, or '
-                   f'continue with --resume {saver.last_path}')
-        else:
-            msg = f'{e}. No checkpoint had been written yet. Lower --lr, add --clip-grad or more --warmup-epochs.'
-        if primary and output_dir is not None:
-            with open(output_dir / 'train.log', 'a') as f:  # the console gets it once, from SystemExit
-                f.write(f'{datetime.now():%Y-%m-%d %H:%M:%S} ERROR {msg}\n')
-        raise SystemExit(f'train.py: error: {msg}' if primary else 1)
+        raise non_finite_exit(
+            e, 'train.py', saver.last_path if saver is not None else None,
+            f'epoch {last_saved_epoch}' if last_saved_epoch is not None else None,
+            'Lower --lr, add --clip-grad or more --warmup-epochs', output_dir, primary)
 
     # ---------------------------------------------------------------- final outputs
     digest = state_dict_digest(unwrap_model(model))

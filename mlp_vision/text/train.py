@@ -55,7 +55,6 @@ import dataclasses
 import json
 import logging
 import math
-import os
 import sys
 import time
 from contextlib import nullcontext
@@ -76,7 +75,7 @@ from ..training.checkpoint import (
     set_rng_state)
 from ..training.config import args_to_yaml, parse_args_with_config
 from ..training.distributed import DistInfo, all_gather_objects, init_device, state_dict_digest, wrap_ddp
-from ..training.engine import NonFiniteLossError, all_ranks_finite, format_duration
+from ..training.engine import NonFiniteLossError, all_ranks_finite, format_duration, non_finite_exit
 from ..training.log import add_log_file, remove_log_file, setup_logging
 from ..training.summary import SummaryWriter, plot_curves, write_json
 from .modeling_utils import lm_loss
@@ -837,16 +836,10 @@ def _main(argv, log_files):
             if stopping:
                 break
     except NonFiniteLossError as e:
-        if last_saved_step is not None and saver is not None:
-            msg = (f'{e}. The last good checkpoint, {saver.last_path} (step {last_saved_step}), is intact. Lower '
-                   f'--lr, keep --clip-grad on, add --warmup-steps, or check the data; then restart, or continue '
-                   f'with --resume {saver.last_path}')
-        else:
-            msg = f'{e}. No checkpoint had been written yet. Lower --lr, keep --clip-grad on, add --warmup-steps.'
-        if primary and output_dir is not None:
-            with open(output_dir / 'train.log', 'a') as f:  # the console gets it once, from SystemExit
-                f.write(f'{datetime.now():%Y-%m-%d %H:%M:%S} ERROR {msg}\n')
-        raise SystemExit(f'mlp_vision.text.train: error: {msg}' if primary else 1)
+        raise non_finite_exit(
+            e, 'mlp_vision.text.train', saver.last_path if saver is not None else None,
+            f'step {last_saved_step}' if last_saved_step is not None else None,
+            'Lower --lr, keep --clip-grad on, add --warmup-steps', output_dir, primary)
 
     if step < args.steps:
         _logger.info(f'Stopped at step {step} (--stop-after-step); continue with --resume '

@@ -3,7 +3,8 @@ import logging
 import time
 from collections import OrderedDict
 from contextlib import nullcontext, suppress
-from datetime import timedelta
+from datetime import datetime, timedelta
+from pathlib import Path
 from typing import Callable, Dict, Optional
 
 import torch
@@ -15,7 +16,7 @@ from timm.utils import dispatch_clip_grad
 
 from .data import num_valid_samples
 
-__all__ = ['NonFiniteLossError', 'all_ranks_finite', 'train_one_epoch', 'evaluate', 'format_duration']
+__all__ = ['NonFiniteLossError', 'non_finite_exit', 'all_ranks_finite', 'train_one_epoch', 'evaluate', 'format_duration']
 
 _logger = logging.getLogger(__name__)
 
@@ -33,6 +34,32 @@ class NonFiniteLossError(RuntimeError):
         what = f'{value}' if value != value or abs(value) == float('inf') else 'not finite on another rank'
         where = where or f'epoch {epoch}, batch {batch_idx} (optimizer update {num_updates})'
         super().__init__(f'training loss is {what} at {where}; stopped before applying it')
+
+
+def non_finite_exit(
+        error: NonFiniteLossError,
+        prog: str,
+        last_path: Optional[Path],
+        last_saved: Optional[str],
+        advice: str,
+        output_dir: Optional[Path],
+        primary: bool,
+) -> SystemExit:
+    """The ``SystemExit`` that ends a run whose loss became NaN / inf (train.py and the text trainer alike).
+
+    The message says where it happened, whether the last good checkpoint (``last_path``, saved at ``last_saved``,
+    e.g. 'epoch 3') is intact and how to go on (``advice``: the flags worth changing). It is also appended to the
+    run's ``train.log`` (the console gets it once, from the SystemExit); other ranks exit with status 1.
+    """
+    if last_path is not None and last_saved is not None:
+        msg = (f'{error}. The last good checkpoint, {last_path} ({last_saved}), is intact. {advice}, or check the '
+               f'data; then restart, or continue with --resume {last_path}')
+    else:
+        msg = f'{error}. No checkpoint had been written yet. {advice}.'
+    if primary and output_dir is not None:
+        with open(Path(output_dir) / 'train.log', 'a') as f:
+            f.write(f'{datetime.now():%Y-%m-%d %H:%M:%S} ERROR {msg}\n')
+    return SystemExit(f'{prog}: error: {msg}' if primary else 1)
 
 
 def format_duration(seconds: float) -> str:
