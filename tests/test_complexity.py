@@ -140,7 +140,7 @@ def test_bert_baseline_counts_attention():
     c = cx.count_bert_large(128)
     d, L, layers = 1024, 128, 24
     per_layer = 4 * L * d * d + 2 * L * d * 4096 + 2 * L * L * d  # projections, FFN, QK^T + AV
-    assert c.by_operator['matmul'] == layers * 2 * L * L * d
+    assert c.by_operator['scaled_dot_product_attention'] == layers * 2 * L * L * d  # fused SDPA, counted
     assert c.encoder_macs == pytest.approx(layers * per_layer, rel=0.002)  # + LayerNorms
     assert not c.flagged
 

@@ -33,6 +33,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .gating import channel_linear
+
 __all__ = ['fast_fft_len', 'fft_causal_conv', 'S4DKernel', 'S4DLayer', 'BidirectionalGatedSSM']
 
 
@@ -67,6 +69,20 @@ def _compute_dtype(*tensors: torch.Tensor) -> torch.dtype:
     return torch.float64 if any(t.dtype == torch.float64 for t in tensors) else torch.float32
 
 
+def _kernel_spectrum(k: torch.Tensor, n_fft: int, anticausal: bool) -> torch.Tensor:
+    """rfft of a kernel along dim 0 (conjugated for the anti-causal direction): (L, ...) -> (n_fft // 2 + 1, ...)."""
+    k_f = torch.fft.rfft(k, n=n_fft, dim=0)
+    return k_f.conj() if anticausal else k_f
+
+
+def _conv_with_spectrum(u: torch.Tensor, k_f: torch.Tensor, n_fft: int, dim: int) -> torch.Tensor:
+    """``irfft(rfft(u) * k_f)`` along ``dim`` of ``u``, cut to ``u``'s length (``k_f`` broadcasts against the
+    transformed ``u``)."""
+    length = u.shape[dim]
+    u_f = torch.fft.rfft(u, n=n_fft, dim=dim)
+    return torch.fft.irfft(u_f * k_f, n=n_fft, dim=dim).narrow(dim, 0, length)
+
+
 def fft_causal_conv(u: torch.Tensor, k: torch.Tensor, anticausal: bool = False) -> torch.Tensor:
     """Causal convolution along the sequence axis: ``y[t] = sum_{j <= t} k[t - j] u[j]``.
 
@@ -91,12 +107,7 @@ def fft_causal_conv(u: torch.Tensor, k: torch.Tensor, anticausal: bool = False) 
         k = k.to(dtype)
         if k.dim() == 1:
             k = k.unsqueeze(-1)  # (L, 1): broadcast over channels
-        u_f = torch.fft.rfft(u.to(dtype), n=n_fft, dim=-2)  # (..., n_fft // 2 + 1, C)
-        k_f = torch.fft.rfft(k, n=n_fft, dim=0)  # (n_fft // 2 + 1, 1 | C)
-        if anticausal:
-            k_f = k_f.conj()
-        y = torch.fft.irfft(u_f * k_f, n=n_fft, dim=-2)
-        y = y.narrow(-2, 0, length)
+        y = _conv_with_spectrum(u.to(dtype), _kernel_spectrum(k, n_fft, anticausal), n_fft, dim=-2)
     return y.to(u.dtype)
 
 
@@ -266,7 +277,12 @@ class BidirectionalGatedSSM(nn.Module):
     tokens t..L-1 through the backward branch. The implementation uses that identity instead of the three flips
     (a Linear and GELU act per position, so ``flip(GELU(flip(h) W_ub)) = GELU(h W_ub)``, and
     ``flip(SSM_b(flip(w))) = SSM_b(w, anticausal=True)``): the same function, with no reversed copies of the
-    activations. Parameter names map one-to-one onto the official ones (``dv, du_forward, du_backward,
+    activations. The computation is further arranged for speed without changing the function (checked against
+    the straightforward layer of :mod:`mlp_vision.text._reference_bigs` in ``tests/test_fast_paths.py``): the three
+    input projections run as one GEMM (their weights concatenated, d -> 2d + d_i) with one GELU pass, both SSMs
+    share one pair of FFTs (the two directions' kernel spectra stacked), and all projections run through
+    oneDNN on CPU (:func:`~mlp_vision.layers.gating.channel_linear`). The parameters stay separate, so state
+    dicts are unchanged. Parameter names map one-to-one onto the official ones (``dv, du_forward, du_backward,
     duc_forward, duc_backward, dol, do, fs4, bs4, LayerNorm``).
 
     GELU: exact (erf) by default, as the official torch port; ``gelu_approximate='tanh'`` gives the tanh
@@ -323,18 +339,42 @@ class BidirectionalGatedSSM(nn.Module):
 
     def forward(self, x: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         act = self.gelu_approximate
+        d, d_i = self.dim, self.hidden_dim
         h = self.norm(x)
-        v = F.gelu(self.value_proj(h), approximate=act)  # (B, L, d_i)
-        u_f = F.gelu(self.forward_in_proj(h), approximate=act)  # (B, L, d)
-        u_b = F.gelu(self.backward_in_proj(h), approximate=act)  # (B, L, d) = flip(GELU(flip(h) W_ub))
+        # the three input projections of h as one GEMM (d -> 2d + d_i) and one GELU pass: [u_f | u_b | v]
+        w_in = torch.cat([self.forward_in_proj.weight, self.backward_in_proj.weight, self.value_proj.weight])
+        b_in = torch.cat([self.forward_in_proj.bias, self.backward_in_proj.bias, self.value_proj.bias])
+        uv = F.gelu(channel_linear(h, w_in, b_in), approximate=act)  # (B, L, 2d + d_i)
+        u = uv[..., :2 * d].unflatten(-1, (2, d))  # (B, L, 2, d): u_f, u_b (= flip(GELU(flip(h) W_ub)))
+        v = uv[..., 2 * d:]  # (B, L, d_i)
         if mask is not None:
-            keep = mask.unsqueeze(-1).to(u_f.dtype)  # (B, L, 1)
-            u_f = u_f * keep
-            u_b = u_b * keep
-        s_f = self.ssm_forward(u_f)  # causal
-        s_b = self.ssm_backward(u_b, anticausal=True)  # = flip(SSM_b(flip(u_b)))
-        g = self.forward_out_proj(s_f) * self.backward_out_proj(s_b)  # (B, L, d)
-        return x + self.out_proj(F.gelu(self.gate_proj(g), approximate=act) * v)
+            u = u * mask[:, :, None, None].to(u.dtype)
+        s = self._bidirectional_ssm(u)  # (B, L, 2, d): SSM_f(u_f), flip(SSM_b(flip(u_b)))
+        g = (channel_linear(s[:, :, 0], self.forward_out_proj.weight, self.forward_out_proj.bias)
+             * channel_linear(s[:, :, 1], self.backward_out_proj.weight, self.backward_out_proj.bias))  # (B, L, d)
+        y = F.gelu(channel_linear(g, self.gate_proj.weight, self.gate_proj.bias), approximate=act) * v
+        return x + channel_linear(y, self.out_proj.weight, self.out_proj.bias)
+
+    def _bidirectional_ssm(self, u: torch.Tensor) -> torch.Tensor:
+        """Both SSMs with one pair of FFTs: ``u`` (B, L, 2, d) holds ``u_f`` / ``u_b`` on dim 2; returns
+        ``SSM_f(u_f)`` (causal) and ``SSM_b(u_b, anticausal=True)`` stacked the same way, in ``u.dtype``.
+
+        The same function as the two :class:`S4DLayer` calls: each direction's kernel spectrum (conjugated for the
+        anti-causal one) multiplies its half of the transformed input; float32 with autocast off, as there."""
+        length = u.shape[1]
+        n_fft = fast_fft_len(2 * length)
+        fwd, bwd = self.ssm_forward, self.ssm_backward
+        k_f, k_b = fwd.kernel(length), bwd.kernel(length)  # (L,) each, float32 (float64)
+        dtype = _compute_dtype(u, k_f)
+        with _autocast_off(u.device):
+            spectrum = torch.stack([
+                _kernel_spectrum(k_f.to(dtype), n_fft, anticausal=False),
+                _kernel_spectrum(k_b.to(dtype), n_fft, anticausal=True)], dim=-1).unsqueeze(-1)  # (n_f, 2, 1)
+            u32 = u.to(dtype)
+            y = _conv_with_spectrum(u32, spectrum, n_fft, dim=1)  # (B, L, 2, d)
+            skip = torch.cat([fwd.D, bwd.D]).to(dtype).unsqueeze(-1)  # (2, 1): D of each direction
+            y = torch.addcmul(y, u32, skip)
+        return y.to(u.dtype)
 
     def extra_repr(self) -> str:
         return f'dim={self.dim}, hidden_dim={self.hidden_dim}, gelu_approximate={self.gelu_approximate!r}'
