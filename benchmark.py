@@ -15,6 +15,12 @@ Contenders:
                      ``gmlp_s16_224`` (timm's own).
     ref:NAME         the straightforward sMLPNet (``mlp_vision.models._reference_smlpnet``) built as the twin of
                      our ``NAME`` (same config, our weights).
+    bigs_layer       one BiGS layer (``mlp_vision.layers.BidirectionalGatedSSM``, d ``--dim``, d_i ``--hidden-dim``,
+                     N ``--num-states``; default BiGS-large: 1024 / 3072 / 64) on (batch, ``--seq-len``, d) inputs;
+    ref:bigs_layer   the straightforward BiGS layer (``mlp_vision.text._reference_bigs``) with the same weights;
+    bert_layer       the BERT layer it replaces, with SDPA attention (``mlp_vision.text.bert.BertLayer``: d ``--dim``,
+                     ``--heads`` heads, FFN ``--ffn-dim``; default BERT-large: 1024 / 16 / 4096).
+                     Layer contenders report tokens/s (batch x seq-len per step) instead of images/s.
 In a pair, B's weights are loaded into A through A's ``checkpoint_filter_fn`` (so ``--compare gmlp_s
 gmlp_s16_224`` runs ours with timm's weights), or A's into B for ``ref:``.
 
@@ -26,6 +32,8 @@ Examples::
     python benchmark.py --compare smlpnet_t ref:smlpnet_t --bench both --batch-size 32 --threads 2 \\
         --out results/benchmarks/cpu_2t_smlpnet_t
     python benchmark.py --compare gmlp_s gmlp_s16_224 --device cuda --precision amp_bf16 --channels-last --compile
+    python benchmark.py --compare bigs_layer ref:bigs_layer --seq-len 128 -b 8 --bench both --threads 2
+    python benchmark.py --compare bigs_layer bert_layer --seq-len 4096 -b 1 --threads 2
 """
 import argparse
 import csv
@@ -49,9 +57,17 @@ import timm
 from timm.models import model_entrypoint
 
 import mlp_vision
+from mlp_vision.layers import BidirectionalGatedSSM
 from mlp_vision.models._reference_smlpnet import reference_from
+from mlp_vision.text._reference_bigs import reference_bigs_layer_from
+from mlp_vision.text.bert import BertLayer
 
 PRECISIONS = ('fp32', 'bf16', 'fp16', 'amp_bf16', 'amp_fp16')
+LAYERS = ('bigs_layer', 'bert_layer')  # sequence-layer contenders (tokens/s); ref:bigs_layer is the straightforward one
+
+
+def is_layer(spec: str) -> bool:
+    return (spec[4:] if spec.startswith('ref:') else spec) in LAYERS
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -65,6 +81,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument('--batch-size', '-b', type=int, default=32)
     p.add_argument('--img-size', type=int, default=None, help='input size (default: the model\'s default cfg)')
     p.add_argument('--num-classes', type=int, default=1000)
+    layer = p.add_argument_group('sequence layers (bigs_layer, ref:bigs_layer, bert_layer)')
+    layer.add_argument('--seq-len', type=int, default=128, help='tokens per sequence')
+    layer.add_argument('--dim', type=int, default=1024, help='model width d (both layers)')
+    layer.add_argument('--hidden-dim', type=int, default=3072, help='BiGS intermediate width d_i')
+    layer.add_argument('--num-states', type=int, default=64, help='BiGS SSM states N')
+    layer.add_argument('--heads', type=int, default=16, help='BERT attention heads')
+    layer.add_argument('--ffn-dim', type=int, default=4096, help='BERT feed-forward width')
     p.add_argument('--device', default='cpu')
     p.add_argument('--threads', type=int, default=None, help='torch.set_num_threads (CPU); default: torch\'s')
     p.add_argument('--precision', choices=PRECISIONS, default='fp32',
@@ -94,10 +117,19 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument('--memprobe', default=None, help=argparse.SUPPRESS)  # internal: peak-RSS child process
     args = p.parse_args(argv)
     specs = list(args.model or []) + [s for pair in (args.compare or []) for s in pair]
-    unknown = [s for s in specs if not timm.is_model(s[4:] if s.startswith('ref:') else s)]
+    unknown = [s for s in specs if not (is_layer(s) or timm.is_model(s[4:] if s.startswith('ref:') else s))
+               or s == 'ref:bert_layer']
     if unknown:
         p.error(f'unknown model(s) {unknown}: give timm model names (this package registers '
-                f'{", ".join(mlp_vision.VISION_MODELS)}), or ref:NAME for the straightforward sMLPNet of NAME')
+                f'{", ".join(mlp_vision.VISION_MODELS)}), ref:NAME for the straightforward sMLPNet of NAME, '
+                f'or a sequence layer: bigs_layer, ref:bigs_layer, bert_layer')
+    if any(is_layer(s) for s in specs) and any(not is_layer(s) for s in specs):
+        p.error('sequence layers (tokens/s) and image models (images/s) cannot be mixed in one run')
+    if args.channels_last and any(is_layer(s) for s in specs):
+        p.error('--channels-last applies to image models only; sequence layers take (batch, seq-len, dim) inputs')
+    for k in ('seq_len', 'dim', 'hidden_dim', 'num_states', 'heads', 'ffn_dim', 'batch_size'):
+        if getattr(args, k) < 1:
+            p.error(f'--{k.replace("_", "-")} must be >= 1, got {getattr(args, k)}')
     return args
 
 
@@ -112,18 +144,27 @@ def _create(name: str, args: argparse.Namespace) -> nn.Module:
     return timm.create_model(name, **kwargs)
 
 
+def _create_layer(name: str, args: argparse.Namespace) -> nn.Module:
+    if name == 'bigs_layer':
+        return BidirectionalGatedSSM(args.dim, args.hidden_dim, num_states=args.num_states)
+    return BertLayer(args.dim, num_heads=args.heads, ffn_dim=args.ffn_dim)
+
+
 def build(spec: str, args: argparse.Namespace, twin_of: Optional[nn.Module] = None) -> nn.Module:
     """A contender in fp32 on CPU (moved / cast later). ``ref:NAME`` is built from ``twin_of`` when given."""
+    create = _create_layer if is_layer(spec) else _create
     if spec.startswith('ref:'):
-        ours = twin_of if twin_of is not None else _create(spec[4:], args)
-        return reference_from(ours)
-    return _create(spec, args)
+        ours = twin_of if twin_of is not None else create(spec[4:], args)
+        return reference_bigs_layer_from(ours) if is_layer(spec) else reference_from(ours)
+    return create(spec, args)
 
 
 def share_weights(a: nn.Module, a_spec: str, b: nn.Module, b_spec: str) -> str:
     """Give A the weights of B (through A's checkpoint filter); returns how, for the record."""
     if b_spec.startswith('ref:') or a_spec.startswith('ref:'):
         return 'ref built from the other'
+    if is_layer(a_spec) or is_layer(b_spec):
+        return 'none (different layers)'
     module = sys.modules[model_entrypoint(a_spec).__module__]
     filter_fn = getattr(module, 'checkpoint_filter_fn', None)
     sd = b.state_dict()
@@ -138,7 +179,10 @@ def share_weights(a: nn.Module, a_spec: str, b: nn.Module, b_spec: str) -> str:
     return f'{b_spec} -> {a_spec}'
 
 
-def input_size(model: nn.Module, args: argparse.Namespace) -> Tuple[int, int, int]:
+def input_size(model: nn.Module, args: argparse.Namespace) -> Tuple[int, ...]:
+    """Per-sample input shape: (C, H, W) for image models, (seq-len, dim) for sequence layers."""
+    if not hasattr(model, 'pretrained_cfg') and not hasattr(model, 'default_cfg'):
+        return args.seq_len, args.dim
     if args.img_size is not None:
         return 3, args.img_size, args.img_size
     cfg = getattr(model, 'pretrained_cfg', None) or {}
@@ -172,6 +216,8 @@ class Runner:
         dtype, self.amp_dtype = _dtypes(args.precision)
         memory_format = torch.channels_last if args.channels_last else torch.contiguous_format
         model = model.to(device=self.device, dtype=dtype, memory_format=memory_format)
+        if len(in_size) != 3:  # sequence layers: (batch, seq-len, dim) inputs
+            memory_format = torch.contiguous_format
         model.train(mode == 'train')
         self.model = model
         self.fn = torch.compile(model, mode=args.compile_mode) if args.compile else model
@@ -298,7 +344,8 @@ def peak_memory(spec: str, mode: str, args: argparse.Namespace) -> Dict[str, flo
     left in use, plus the peak RSS of the whole process. First-touch effects make this an upper bound.
     """
     cmd = [sys.executable, os.path.abspath(__file__), '--memprobe', f'{spec}|{mode}', '--model', spec]
-    for k in ('batch_size', 'img_size', 'num_classes', 'device', 'threads', 'precision', 'seed'):
+    for k in ('batch_size', 'img_size', 'num_classes', 'device', 'threads', 'precision', 'seed', 'seq_len', 'dim',
+              'hidden_dim', 'num_states', 'heads', 'ffn_dim'):
         v = getattr(args, k)
         if v is not None:
             cmd += [f'--{k.replace("_", "-")}', str(v)]
@@ -348,20 +395,34 @@ def _modes(args) -> List[str]:
 
 
 def _row_common(args, mode, in_size) -> Dict[str, Any]:
+    if len(in_size) == 2:  # sequence layer
+        shape = dict(seq_len=in_size[0], dim=in_size[1])
+    else:
+        shape = dict(img_size=in_size[-1] if in_size[-1] == in_size[-2] else f'{in_size[-2]}x{in_size[-1]}')
     return dict(
-        mode=mode, batch_size=args.batch_size, img_size=in_size[-1] if in_size[-1] == in_size[-2] else
-        f'{in_size[-2]}x{in_size[-1]}', precision=args.precision, channels_last=args.channels_last,
+        mode=mode, batch_size=args.batch_size, **shape, precision=args.precision, channels_last=args.channels_last,
         compile=args.compile, device=args.device, threads=torch.get_num_threads(), timer=args.timer)
 
 
+def _unit(in_size) -> str:
+    """Throughput unit: images (image models) or tokens (sequence layers: batch x seq-len per step)."""
+    return 'tok' if len(in_size) == 2 else 'img'
+
+
+def _rate(prefix: str, in_size, batch: int, step_s: float) -> Dict[str, float]:
+    per_sample = in_size[0] if len(in_size) == 2 else 1
+    return {f'{prefix}{_unit(in_size)}_per_s': batch * per_sample / step_s}
+
+
 def _flops_fields(prefix: str, macs: Optional[float], mode: str, step_s: float, batch: int,
-                  env: Dict[str, Any]) -> Dict[str, Any]:
+                  env: Dict[str, Any], per: str = 'img') -> Dict[str, Any]:
+    """MACs per sample (``gmacs_per_img``, or ``gmacs_per_seq`` for sequence layers) and achieved GFLOP/s."""
     if macs is None:
         return {}
     # a training step is forward + backward ~ 3x the forward flops (backward = 2 GEMMs per forward GEMM)
     flops = 2 * macs * batch * (3 if mode == 'train' else 1)
     gflops = flops / step_s / 1e9
-    out = {f'{prefix}gmacs_per_img': macs / 1e9, f'{prefix}gflops': gflops}
+    out = {f'{prefix}gmacs_per_{"seq" if per == "tok" else "img"}': macs / 1e9, f'{prefix}gflops': gflops}
     if env.get('matmul_gflops'):
         out[f'{prefix}pct_of_matmul'] = 100 * gflops / env['matmul_gflops']
     if env.get('onednn_gflops'):
@@ -387,8 +448,9 @@ def run_single(spec: str, args, env, macs_cache) -> List[Dict[str, Any]]:
         if args.profile:
             profile_step(runner, f'{spec}, {mode}, batch {args.batch_size}, {torch.get_num_threads()} threads')
         row = dict(model=spec, **_row_common(args, mode, in_size), step_ms=1e3 * t,
-                   step_ms_min=1e3 * min(times), img_per_s=args.batch_size / t, samples=len(times), iters=iters)
-        row.update(_flops_fields('', macs, mode, t, args.batch_size, env))
+                   step_ms_min=1e3 * min(times), **_rate('', in_size, args.batch_size, t), samples=len(times),
+                   iters=iters)
+        row.update(_flops_fields('', macs, mode, t, args.batch_size, env, per=_unit(in_size)))
         if not args.no_memory:
             row.update(peak_memory(spec, mode, args))
         rows.append(row)
@@ -398,13 +460,23 @@ def run_single(spec: str, args, env, macs_cache) -> List[Dict[str, Any]]:
 
 
 def _max_diff(a: nn.Module, b: nn.Module, in_size, args) -> Tuple[float, float]:
-    """max |A - B| and max |B| of the pre-head features (timm's heads start at zero) on two images, eval, fp32."""
+    """max |A - B| and max |B| of the pre-head features (timm's heads start at zero; a sequence layer's output) on
+    two samples, eval, fp32."""
     x = torch.randn((2,) + tuple(in_size), generator=torch.Generator().manual_seed(args.seed + 1))
     a.eval()
     b.eval()
     with torch.no_grad():
-        ya, yb = a.forward_features(x), b.forward_features(x)
+        if len(in_size) == 2:
+            ya, yb = a(x), b(x)
+        else:
+            ya, yb = a.forward_features(x), b.forward_features(x)
     return float((ya - yb).abs().max()), float(yb.abs().max())
+
+
+def _same_function(a_spec: str, b_spec: str) -> bool:
+    """Whether the pair computes the same function (shared weights), so that outputs can be compared."""
+    strip = lambda spec: spec[4:] if spec.startswith('ref:') else spec  # noqa: E731
+    return not is_layer(a_spec) or strip(a_spec) == strip(b_spec)
 
 
 def run_pair(a_spec: str, b_spec: str, args, env, macs_cache) -> List[Dict[str, Any]]:
@@ -419,7 +491,7 @@ def run_pair(a_spec: str, b_spec: str, args, env, macs_cache) -> List[Dict[str, 
             b = build(b_spec, args, twin_of=a)
         how = share_weights(a, a_spec, b, b_spec)
         in_size = input_size(a, args)
-        diff, scale = _max_diff(a, b, in_size, args)
+        diff, scale = _max_diff(a, b, in_size, args) if _same_function(a_spec, b_spec) else (None, None)
         macs = {}
         for spec, m in ((a_spec, a), (b_spec, b)):
             if not args.no_flops:
@@ -455,12 +527,12 @@ def run_pair(a_spec: str, b_spec: str, args, env, macs_cache) -> List[Dict[str, 
             speedup=statistics.median(ratios), speedup_q1=q[0], speedup_q3=q[2],
             speedup_min=min(ratios), speedup_max=max(ratios), pairs=len(ratios), iters=iters,
             step_ms=1e3 * ta, base_step_ms=1e3 * tb,
-            img_per_s=args.batch_size / ta, base_img_per_s=args.batch_size / tb,
+            **_rate('', in_size, args.batch_size, ta), **_rate('base_', in_size, args.batch_size, tb),
             max_abs_diff=diff, max_abs_out=scale, weights=how,
             load_start=load_start, load_end=os.getloadavg()[0])
         if macs:
-            row.update(_flops_fields('', macs[a_spec], mode, ta, args.batch_size, env))
-            row.update(_flops_fields('base_', macs[b_spec], mode, tb, args.batch_size, env))
+            row.update(_flops_fields('', macs[a_spec], mode, ta, args.batch_size, env, per=_unit(in_size)))
+            row.update(_flops_fields('base_', macs[b_spec], mode, tb, args.batch_size, env, per=_unit(in_size)))
         del ra, rb, a, b
         if not args.no_memory:
             for prefix, spec in (('', a_spec), ('base_', b_spec)):
@@ -475,11 +547,13 @@ def run_pair(a_spec: str, b_spec: str, args, env, macs_cache) -> List[Dict[str, 
 # ---------------------------------------------------------------------------------------------------------------
 
 def _fmt_row(r: Dict[str, Any]) -> str:
+    unit = 'tok' if 'tok_per_s' in r else 'img'
     if 'baseline' in r:
+        diff = 'n/a (different layers)' if r['max_abs_diff'] is None else f"{r['max_abs_diff']:.2e}"
         return (f"{r['mode']:9s} {r['model']} vs {r['baseline']}: x{r['speedup']:.3f} "
                 f"[q1 {r['speedup_q1']:.3f}, q3 {r['speedup_q3']:.3f}, {r['pairs']} pairs] "
-                f"{r['img_per_s']:.1f} vs {r['base_img_per_s']:.1f} img/s, max|diff| {r['max_abs_diff']:.2e}")
-    return f"{r['mode']:9s} {r['model']}: {r['img_per_s']:.1f} img/s ({r['step_ms']:.1f} ms/step)"
+                f"{r[unit + '_per_s']:.1f} vs {r['base_' + unit + '_per_s']:.1f} {unit}/s, max|diff| {diff}")
+    return f"{r['mode']:9s} {r['model']}: {r[unit + '_per_s']:.1f} {unit}/s ({r['step_ms']:.1f} ms/step)"
 
 
 def environment(args) -> Dict[str, Any]:
@@ -504,7 +578,9 @@ def environment(args) -> Dict[str, Any]:
 
 _MD_COLS_PAIR = [
     ('mode', 'mode', '{}'), ('model', 'A', '`{}`'), ('baseline', 'B', '`{}`'), ('batch_size', 'batch', '{}'),
-    ('img_size', 'img', '{}'), ('img_per_s', 'A img/s', '{:.1f}'), ('base_img_per_s', 'B img/s', '{:.1f}'),
+    ('img_size', 'img', '{}'), ('seq_len', 'tokens', '{}'), ('dim', 'd', '{}'),
+    ('img_per_s', 'A img/s', '{:.1f}'), ('base_img_per_s', 'B img/s', '{:.1f}'),
+    ('tok_per_s', 'A tok/s', '{:.0f}'), ('base_tok_per_s', 'B tok/s', '{:.0f}'),
     ('speedup', 'A / B speed-up (median of pairs)', '**{:.2f}×**'),
     ('speedup_q1', 'q1', '{:.2f}'), ('speedup_q3', 'q3', '{:.2f}'), ('pairs', 'pairs', '{}'),
     ('gflops', 'A GFLOP/s', '{:.0f}'), ('pct_of_matmul', 'A % of mm', '{:.0f} %'),
@@ -516,7 +592,8 @@ _MD_COLS_PAIR = [
 ]
 _MD_COLS_SINGLE = [
     ('mode', 'mode', '{}'), ('model', 'model', '`{}`'), ('batch_size', 'batch', '{}'), ('img_size', 'img', '{}'),
-    ('img_per_s', 'img/s', '{:.1f}'), ('step_ms', 'ms/step', '{:.1f}'), ('gmacs_per_img', 'GMACs/img', '{:.2f}'),
+    ('seq_len', 'tokens', '{}'), ('dim', 'd', '{}'), ('img_per_s', 'img/s', '{:.1f}'), ('tok_per_s', 'tok/s', '{:.0f}'),
+    ('step_ms', 'ms/step', '{:.1f}'), ('gmacs_per_img', 'GMACs/img', '{:.2f}'), ('gmacs_per_seq', 'GMACs/seq', '{:.2f}'),
     ('gflops', 'GFLOP/s', '{:.0f}'), ('pct_of_matmul', '% of mm', '{:.0f} %'),
     ('pct_of_onednn', '% of oneDNN', '{:.0f} %'), ('step_mem_mb', 'step mem MB', '{:.0f}'), ('peak_mem_mb', 'peak MB', '{:.0f}'),
 ]

@@ -324,12 +324,13 @@ def test_mixer_block_other_mlp_layer_takes_plain_path():
 # ---------------------------------------------------------------------------------------------------------------
 # BiGS layer: merged input GEMM, one FFT pair for both directions, oneDNN projections, no flips
 # ---------------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize('conv_impl', ['direct', 'fft', 'auto'])
 @pytest.mark.parametrize('length', [128, 77, 1])
 @pytest.mark.parametrize('gelu', ['none', 'tanh'])
-def test_bigs_layer_matches_straightforward(length, gelu):
+def test_bigs_layer_matches_straightforward(length, gelu, conv_impl):
     from mlp_vision.layers import BidirectionalGatedSSM
     from mlp_vision.text._reference_bigs import reference_bigs_layer_from
-    ours = BidirectionalGatedSSM(48, 80, num_states=8, gelu_approximate=gelu)
+    ours = BidirectionalGatedSSM(48, 80, num_states=8, gelu_approximate=gelu, conv_impl=conv_impl)
     _randomize_(ours)
     ref = reference_bigs_layer_from(ours)
     x = torch.randn(3, length, 48, requires_grad=True)
@@ -349,3 +350,32 @@ def test_bigs_layer_matches_straightforward(length, gelu):
     ref.eval()
     with torch.inference_mode():  # the cached-kernel path
         _close(ours(x.detach()), ref(x.detach()))
+
+
+def test_bigs_conv_routes_agree_and_auto_switches(monkeypatch):
+    """'direct' (Toeplitz GEMM) and 'fft' compute the same layer; 'auto' takes 'fft' above DIRECT_MAX_LEN."""
+    from mlp_vision.layers import BidirectionalGatedSSM, causal_toeplitz, fft_causal_conv
+    k, u = torch.randn(40), torch.randn(2, 40, 3)
+    for anti in (False, True):
+        mat = causal_toeplitz(k, anticausal=anti)
+        assert torch.equal(mat, mat.tril() if not anti else mat.triu())
+        _close(mat @ u, fft_causal_conv(u, k, anticausal=anti))
+    layer = _randomize_(BidirectionalGatedSSM(16, 24, num_states=4))
+    x = torch.randn(2, 40, 16)
+    outs = {}
+    for impl in ('direct', 'fft'):
+        layer.conv_impl = impl
+        outs[impl] = layer(x)
+    _close(outs['direct'], outs['fft'])
+    calls = []
+    monkeypatch.setattr('mlp_vision.layers.ssm.causal_toeplitz',
+                        lambda *a, **kw: calls.append(1) or causal_toeplitz(*a, **kw))
+    layer.conv_impl = 'auto'
+    monkeypatch.setattr(BidirectionalGatedSSM, 'DIRECT_MAX_LEN', 39)
+    layer(x)
+    assert not calls  # 40 > 39: FFT
+    monkeypatch.setattr(BidirectionalGatedSSM, 'DIRECT_MAX_LEN', 40)
+    layer(x)
+    assert calls  # 40 <= 40: Toeplitz GEMM
+    with pytest.raises(ValueError, match='conv_impl'):
+        layer.conv_impl = 'toeplitz'

@@ -4,4 +4,5 @@ from .input_checks import check_image_input
 from .mixer import MixerBlock
 from .resample import resample_token_axis, resample_token_weight
 from .sparse_mlp import AxialSparseMLP, SparseMLPTokenMixer
-from .ssm import BidirectionalGatedSSM, S4DKernel, S4DLayer, fast_fft_len, fft_causal_conv
+from .ssm import BidirectionalGatedSSM, S4DKernel, S4DLayer, causal_toeplitz, fast_fft_len, fft_causal_conv, \
+    ssm_conv_impl
