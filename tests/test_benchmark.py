@@ -36,3 +36,50 @@ def test_bad_model_name_is_a_clear_error(tmp_path):
                           str(tmp_path / 'x')], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert res.returncode != 0
     assert 'no_such_model' in res.stderr
+
+
+def _run_bench(tmp_path, *args):
+    out = tmp_path / 'bench'
+    cmd = [sys.executable, str(REPO / 'benchmark.py'), *args, '--samples', '2', '--min-sample-time', '0.02',
+           '--threads', '1', '--no-memory', '--no-ceiling', '--out', str(out)]
+    subprocess.run(cmd, check=True, cwd=REPO, capture_output=True, text=True, timeout=600)
+    return list(csv.DictReader(open(f'{out}.csv'))), Path(f'{out}.md').read_text()
+
+
+def test_sequence_layers_report_tokens_per_second(tmp_path):
+    d, d_i, length, batch, heads, ffn = 32, 48, 64, 2, 4, 96
+    size = ['--dim', str(d), '--hidden-dim', str(d_i), '--num-states', '8', '--heads', str(heads),
+            '--ffn-dim', str(ffn), '--seq-len', str(length), '-b', str(batch)]
+    rows, md = _run_bench(tmp_path, '--compare', 'bigs_layer', 'ref:bigs_layer', '--compare', 'bigs_layer',
+                          'bert_layer', '--bench', 'both', *size)
+    assert [(r['baseline'], r['mode']) for r in rows] == [
+        ('ref:bigs_layer', 'inference'), ('ref:bigs_layer', 'train'), ('bert_layer', 'inference'),
+        ('bert_layer', 'train')]
+    for r in rows:
+        assert int(r['seq_len']) == length and int(r['dim']) == d and not r.get('img_per_s')
+        # tokens/s = batch x seq-len / step time
+        assert float(r['tok_per_s']) == pytest.approx(batch * length / (float(r['step_ms']) / 1e3), rel=1e-6)
+    same = rows[0]
+    assert float(same['max_abs_diff']) <= 1e-4 * max(1., float(same['max_abs_out']))  # same weights, same function
+    assert rows[2]['max_abs_diff'] == ''  # different layers: no output comparison
+    # BERT layer MACs per sequence: Q, K, V, O projections, FFN, Q K^T + A V (fused SDPA, counted by the project's
+    # handle) and fvcore's 5 per element for each of the two LayerNorms
+    bert = 4 * length * d * d + 2 * length * d * ffn + 2 * length * length * d + 2 * 5 * length * d
+    assert float(rows[2]['base_gmacs_per_seq']) * 1e9 == pytest.approx(bert, rel=1e-6)
+    # BiGS: the seven projections dominate; both implementations count the same FFT formulation
+    bigs = length * (d * (2 * d + d_i) + 2 * d * d + 2 * d * d_i)
+    ours, ref = float(same['gmacs_per_seq']) * 1e9, float(same['base_gmacs_per_seq']) * 1e9
+    assert bigs < ours < 1.3 * bigs and ours == pytest.approx(ref, rel=0.02)
+    assert 'tok/s' in md
+
+
+@pytest.mark.parametrize('args, message', [
+    (['--compare', 'bigs_layer', 'smlpnet_t'], 'cannot be mixed'),
+    (['--model', 'bigs_layer', '--channels-last'], 'channels-last'),
+    (['--model', 'ref:bert_layer'], 'ref:bert_layer'),
+    (['--model', 'bigs_layer', '--seq-len', '0'], '--seq-len'),
+])
+def test_bad_layer_arguments_are_clear_errors(args, message):
+    res = subprocess.run([sys.executable, str(REPO / 'benchmark.py'), *args], cwd=REPO, capture_output=True,
+                         text=True, timeout=300)
+    assert res.returncode == 2 and message in res.stderr

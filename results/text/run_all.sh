@@ -10,6 +10,9 @@ WHAT=${1:-all}
 SHAKESPEARE_STEPS=${SHAKESPEARE_STEPS:-200}
 SHAKESPEARE_MODELS=${SHAKESPEARE_MODELS:-gpt_mlp_attention gpt_sdpa}
 MLM_STEPS=${MLM_STEPS:-120}
+MLM_OUT=${MLM_OUT:-$OUT/wikitext2_mlm}          # the 1,000-update runs: MLM_STEPS=1000 MLM_OUT=results/text/wikitext2_mlm_1000
+MLM_MODELS=${MLM_MODELS:-gmlp amlp bigs}
+MLM_EVAL_INTERVAL=${MLM_EVAL_INTERVAL:-$((MLM_STEPS / 4))}
 
 stamp() { echo "[$(date -u +%H:%M:%S) UTC] $* | $(uptime | sed 's/.*load average/load average/')"; }
 
@@ -32,25 +35,30 @@ shakespeare() {  # a. MLP-Attention vs dot-product attention, the paper's model 
 
 mlm() {  # b. small masked LMs on WikiText-2 (train: valid.txt, evaluate: test.txt), ~3.5 M parameters each
   local common="--task mlm --train-file $DATA/wikitext-2/valid.txt --val-file $DATA/wikitext-2/test.txt \
-    --tokenizer char --block-size 128 --steps $MLM_STEPS -b 16 --warmup-steps 12 \
-    --eval-interval 30 --eval-batches 2 --eval-batch-size 64 --final-eval-batches 8 --log-interval 10 --seed 1337"
+    --tokenizer char --block-size 128 --steps $MLM_STEPS -b 16 --warmup-steps $((MLM_STEPS / 10)) \
+    --eval-interval $MLM_EVAL_INTERVAL --eval-batches 2 --eval-batch-size 64 --final-eval-batches 8 --log-interval 10 --seed 1337"
   declare -A kwargs=(
     [gmlp]="--model gmlp_base --model-kwargs depth=6 dim=256 ffn_dim=1536 max_seq_len=128"
     [amlp]="--model amlp_base --model-kwargs depth=5 dim=256 ffn_dim=1536 attn_dim=64 max_seq_len=128"
     [bigs]="--model bigs_small --model-kwargs max_position_embeddings=128 hidden_dropout=0.0"
   )
-  for name in gmlp amlp bigs; do
-    rm -rf "$OUT/wikitext2_mlm/$name"
-    mkdir -p "$OUT/wikitext2_mlm"
+  local runs=()
+  declare -A label=([gmlp]=gMLP [amlp]=aMLP [bigs]=BiGS)
+  mkdir -p "$MLM_OUT"
+  for name in $MLM_MODELS; do
+    rm -rf "${MLM_OUT:?}/$name"
     stamp "start $name"
     # shellcheck disable=SC2086
     python -m mlp_vision.text.train $common ${kwargs[$name]} \
-      --output $OUT/wikitext2_mlm --experiment "$name" > "$OUT/wikitext2_mlm/$name.console.log" 2>&1
+      --output "$MLM_OUT" --experiment "$name" > "$MLM_OUT/$name.console.log" 2>&1
     stamp "end $name"
   done
-  python $OUT/compare.py $OUT/wikitext2_mlm/compare.png --metric val_masked_acc --metric-label 'masked-token accuracy (%)' \
-    --title 'WikiText-2 char MLM (train valid.txt, eval test.txt), ~3.5 M params' \
-    gMLP=$OUT/wikitext2_mlm/gmlp aMLP=$OUT/wikitext2_mlm/amlp BiGS=$OUT/wikitext2_mlm/bigs | tee $OUT/wikitext2_mlm/table.md
+  for name in gmlp amlp bigs; do
+    if [ -f "$MLM_OUT/$name/results.json" ]; then runs+=("${label[$name]}=$MLM_OUT/$name"); fi
+  done
+  python $OUT/compare.py "$MLM_OUT/compare.png" --metric val_masked_acc --metric-label 'masked-token accuracy (%)' \
+    --title "WikiText-2 char MLM (train valid.txt, eval test.txt), ~3.5 M params, $MLM_STEPS updates" \
+    "${runs[@]}" | tee "$MLM_OUT/table.md"
 }
 
 mkdir -p $OUT/shakespeare $OUT/wikitext2_mlm
