@@ -379,3 +379,52 @@ def test_bigs_conv_routes_agree_and_auto_switches(monkeypatch):
     assert calls  # 40 <= 40: Toeplitz GEMM
     with pytest.raises(ValueError, match='conv_impl'):
         layer.conv_impl = 'toeplitz'
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# FreshGELU: in place on fresh activations when no gradient is recorded
+# ---------------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize('approximate', ['none', 'tanh'])
+def test_fresh_gelu_in_place_only_without_grad(approximate):
+    from mlp_vision.layers import FreshGELU
+    act = FreshGELU(approximate=approximate)
+    x = torch.randn(4, 7)
+    expected = F.gelu(x, approximate=approximate)
+    kept = x.clone()
+    y = act(x)  # gradients on: out of place, the input is untouched
+    assert torch.equal(y, expected) and torch.equal(x, kept)
+    w = x.clone().requires_grad_(True)
+    act(w).sum().backward()
+    torch.testing.assert_close(w.grad, torch.func.grad(lambda t: F.gelu(t, approximate=approximate).sum())(kept))
+    with torch.no_grad():
+        y = act(x)
+    assert y.data_ptr() == x.data_ptr() and torch.equal(y, expected)  # overwrote its (fresh) input
+    scripted = torch.jit.script(FreshGELU(approximate=approximate))
+    with torch.inference_mode():
+        torch.testing.assert_close(scripted(kept.clone()), expected)
+
+
+def test_fresh_input_act_swaps_plain_gelu_only():
+    from mlp_vision.layers import FreshGELU, fresh_input_act
+    assert type(fresh_input_act(nn.GELU(approximate='tanh'))) is FreshGELU
+    assert fresh_input_act(nn.GELU(approximate='tanh')).approximate == 'tanh'
+    other = nn.SiLU()
+    assert fresh_input_act(other) is other
+    # a Mixer block with another MLP layer keeps a plain GELU (its inputs are not known to be fresh)
+    from timm.layers import GluMlp
+    assert type(MixerBlock(16, 8, mlp_layer=GluMlp).mlp_channels.act) is not FreshGELU
+
+
+@pytest.mark.parametrize('name', ['smlpnet_t', 'gmlp_ti', 'mixer_s16'])
+def test_vision_models_same_output_with_and_without_grad(name, single_thread):
+    """Eval outputs under inference_mode (in-place GELUs) equal those with gradients on, and the input survives."""
+    kwargs = dict(img_size=64) if name != 'smlpnet_t' else dict(img_size=64, depths=(1, 1, 1, 1))
+    model = _randomize_(timm.create_model(name, num_classes=5, **kwargs)).eval()
+    x = torch.randn(2, 3, 64, 64)
+    kept = x.clone()
+    with torch.enable_grad():
+        expected = model(x)
+    with torch.inference_mode():
+        out = model(x)
+    assert torch.equal(x, kept)
+    _close(out, expected.detach())

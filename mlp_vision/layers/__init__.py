@@ -1,4 +1,5 @@
 """ Shared building blocks: one implementation of each, used by the vision and the text models. """
+from .activations import FreshGELU, fresh_gelu, fresh_input_act
 from .gating import SPATIAL_MODES, SpatialGatingUnit, TinyAttention, GatedMLPBlock
 from .input_checks import check_image_input
 from .mixer import MixerBlock

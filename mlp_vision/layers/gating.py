@@ -13,6 +13,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from timm.layers import DropPath, register_notrace_function
 
+from .activations import fresh_input_act
+
 __all__ = ['SPATIAL_MODES', 'SpatialGatingUnit', 'TinyAttention', 'GatedMLPBlock', 'channel_linear']
 
 SPATIAL_MODES = ('dense', 'toeplitz', 'causal')
@@ -251,7 +253,7 @@ class GatedMLPBlock(nn.Module):
         self.sgu_mask = sgu_mask
         self.norm = norm_layer(dim, **dd)
         self.fc1 = nn.Linear(dim, hidden_dim, **dd)
-        self.act = act_layer()
+        self.act = fresh_input_act(act_layer())  # applied to fresh fc1 outputs only
         self.attn = TinyAttention(
             dim, attn_dim, out_dim=hidden_dim // 2, causal=spatial_mode == 'causal', **dd,
         ) if attn_dim > 0 else None

@@ -10,6 +10,7 @@ import torch
 import torch.nn as nn
 from timm.layers import DropPath, Mlp, to_2tuple
 
+from .activations import fresh_input_act
 from .gating import channel_linear
 
 __all__ = ['MixerBlock']
@@ -58,6 +59,9 @@ class MixerBlock(nn.Module):
         # the fast path knows timm's Mlp (fc1 -> act -> drop1 -> norm -> fc2 -> drop2) without a hidden norm
         self.fast = bool(mlp_layer is Mlp and isinstance(self.mlp_tokens.norm, nn.Identity)
                          and isinstance(self.mlp_channels.norm, nn.Identity))
+        if mlp_layer is Mlp:  # timm's Mlp applies act to its fc1 output only, as does the fast path
+            self.mlp_tokens.act = fresh_input_act(self.mlp_tokens.act)
+            self.mlp_channels.act = fresh_input_act(self.mlp_channels.act)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.fast:

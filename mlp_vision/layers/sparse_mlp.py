@@ -11,7 +11,11 @@ import torch.nn.functional as F
 
 from timm.layers import register_notrace_function
 
+from .activations import fresh_input_act
 from .gating import channel_linear
+
+# norms that always return a new tensor, so the activation after them may work in place (layers.activations)
+_FRESH_OUTPUT_NORMS = (nn.BatchNorm2d, nn.GroupNorm, nn.LayerNorm)
 
 __all__ = ['AxialSparseMLP', 'SparseMLPTokenMixer']
 
@@ -74,7 +78,8 @@ class AxialSparseMLP(nn.Module):
         self.feat_size = tuple(feat_size)
         height, width = self.feat_size
         self.norm = norm_layer(dim, **dd)
-        self.act = act_layer()
+        # act follows the norm (forward) or the folded depthwise conv (SparseMLPTokenMixer): a fresh tensor
+        self.act = fresh_input_act(act_layer()) if isinstance(self.norm, _FRESH_OUTPUT_NORMS) else act_layer()
         self.proj_h = nn.Linear(height, height, **dd)  # mixes along H
         self.proj_w = nn.Linear(width, width, **dd)  # mixes along W
         self.fuse = nn.Conv2d(3 * dim, dim, kernel_size=1, bias=False, **dd)
@@ -136,7 +141,7 @@ class SparseMLPTokenMixer(nn.Module):
         super().__init__()
         dd = {'device': device, 'dtype': dtype}
         self.norm = norm_layer(dim, **dd)
-        self.act = act_layer()
+        self.act = fresh_input_act(act_layer()) if isinstance(self.norm, _FRESH_OUTPUT_NORMS) else act_layer()
         self.kernel_size = kernel_size
         self.conv_dw = nn.Conv2d(
             dim, dim, kernel_size, padding=kernel_size // 2, groups=dim, bias=False, **dd)

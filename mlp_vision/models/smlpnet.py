@@ -24,6 +24,7 @@ from timm.models._features import feature_take_indices
 from timm.models import generate_default_cfgs, register_model
 
 from ..layers import SparseMLPTokenMixer, check_image_input, resample_token_weight
+from ..layers.activations import fresh_input_act
 from ..layers.gating import channel_linear
 
 __all__ = ['SparseMLPNet', 'SparseMLPBlock', 'SparseMLPStage']
@@ -57,6 +58,7 @@ class SparseMLPBlock(nn.Module):
         self.token_mixer = SparseMLPTokenMixer(dim, feat_size, act_layer=act_layer, **dd)
         self.norm = norm_layer(dim, **dd)
         self.mlp = Mlp(dim, int(dim * mlp_ratio), act_layer=act_layer, drop=proj_drop, **dd)
+        self.mlp.act = fresh_input_act(self.mlp.act)  # applied to the fresh fc1 output only
         self.drop_path = DropPath(drop_path) if drop_path > 0. else nn.Identity()
         self.has_drop_path = drop_path > 0.
 

@@ -1,0 +1,38 @@
+""" GELU that works in place on a freshly computed activation when no gradient is recorded.
+
+Why: on CPU a new activation of tens of MB is a fresh ``mmap`` (above glibc's mmap threshold) whose pages fault in
+on first touch, and that costs several times the arithmetic of an element-wise op: GELU on 4,096 x 5,120 floats
+took 29 ms out of place vs 6 ms in place (2 threads, this project's CPU). In eval / inference (``no_grad``,
+``inference_mode``) nothing needs the pre-activation, so the GELU can overwrite it. With autograd the input must be
+kept for the backward pass, and the op is the ordinary out-of-place one.
+
+Only for inputs the caller has just computed and owns (a GEMM / conv / norm output): the blocks of this package
+swap their ``nn.GELU`` modules for :class:`FreshGELU` (:func:`fresh_input_act`) exactly where that holds. Same
+values, same state dict (GELU has no parameters), scriptable, traceable and exportable.
+"""
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+__all__ = ['FreshGELU', 'fresh_gelu', 'fresh_input_act']
+
+
+def fresh_gelu(x: torch.Tensor, approximate: str = 'none') -> torch.Tensor:
+    """``F.gelu(x)``; in place (overwriting ``x``) when gradients are off. ``x`` must be the caller's own fresh
+    tensor."""
+    if torch.is_grad_enabled():
+        return F.gelu(x, approximate=approximate)
+    return torch.ops.aten.gelu_(x, approximate=approximate)
+
+
+class FreshGELU(nn.GELU):
+    """``nn.GELU`` for fresh inputs: in place when gradients are off (see the module docstring)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return fresh_gelu(x, self.approximate)
+
+
+def fresh_input_act(act: nn.Module) -> nn.Module:
+    """``act`` as a :class:`FreshGELU` if it is a plain ``nn.GELU``; any other activation unchanged. Use only for
+    an activation that is always applied to a freshly computed tensor."""
+    return FreshGELU(approximate=act.approximate) if type(act) is nn.GELU else act
