@@ -103,6 +103,9 @@ def test_mlm_learns_wikitext_and_beats_unigram(wikitext, tmp_path):
     assert final['loss'] < base['loss'] - 0.1 and final['masked_acc'] > base['masked_acc'] + 3
     rows = _rows(tmp_path / 'mlm' / 'summary.csv')
     assert {'val_masked_acc', 'val_mask_token_acc', 'val_ppl'} <= set(rows[0])
+    # the recipe is amlp's; the record says which of its fields the command line replaced
+    assert res['optimizer']['recipe'] == 'gmlp/masked_lm' and res['optimizer']['overridden'] == ['lr']
+    assert res['optimizer']['lr'] == 3e-3 and 'overridden on the command line: lr' in res['optimizer']['source']
 
 
 # ------------------------------------------------------------------------------------------------ resume

@@ -41,9 +41,12 @@ mlm() {  # b. small masked LMs on WikiText-2 (train: valid.txt, evaluate: test.t
     [gmlp]="--model gmlp_base --model-kwargs depth=6 dim=256 ffn_dim=1536 max_seq_len=128"
     [amlp]="--model amlp_base --model-kwargs depth=5 dim=256 ffn_dim=1536 attn_dim=64 max_seq_len=128"
     [bigs]="--model bigs_small --model-kwargs max_position_embeddings=128 hidden_dropout=0.0"
+    # control: BiGS with the gMLP/aMLP optimizer recipe instead of its own (not in the default MLM_MODELS)
+    [bigs_gmlp_recipe]="--model bigs_small --model-kwargs max_position_embeddings=128 hidden_dropout=0.0 \
+      --lr 7e-4 --opt-betas 0.9 0.999 --weight-decay 0.01 --sched linear"
   )
   local runs=()
-  declare -A label=([gmlp]=gMLP [amlp]=aMLP [bigs]=BiGS)
+  declare -A label=([gmlp]=gMLP [amlp]=aMLP [bigs]=BiGS [bigs_gmlp_recipe]='BiGS (gMLP recipe)')
   mkdir -p "$MLM_OUT"
   for name in $MLM_MODELS; do
     rm -rf "${MLM_OUT:?}/$name"
@@ -53,7 +56,7 @@ mlm() {  # b. small masked LMs on WikiText-2 (train: valid.txt, evaluate: test.t
       --output "$MLM_OUT" --experiment "$name" > "$MLM_OUT/$name.console.log" 2>&1
     stamp "end $name"
   done
-  for name in gmlp amlp bigs; do
+  for name in gmlp amlp bigs bigs_gmlp_recipe; do
     if [ -f "$MLM_OUT/$name/results.json" ]; then runs+=("${label[$name]}=$MLM_OUT/$name"); fi
   done
   python $OUT/compare.py "$MLM_OUT/compare.png" --metric val_masked_acc --metric-label 'masked-token accuracy (%)' \
