@@ -9,6 +9,9 @@ OUT=results/text
 WHAT=${1:-all}
 SHAKESPEARE_STEPS=${SHAKESPEARE_STEPS:-200}
 SHAKESPEARE_MODELS=${SHAKESPEARE_MODELS:-gpt_mlp_attention gpt_sdpa}
+SHAKESPEARE_BATCH=${SHAKESPEARE_BATCH:-8}
+SHAKESPEARE_EVAL_INTERVAL=${SHAKESPEARE_EVAL_INTERVAL:-40}
+SHAKESPEARE_OUT=${SHAKESPEARE_OUT:-$OUT/shakespeare}  # longer runs: SHAKESPEARE_STEPS=1000 SHAKESPEARE_BATCH=16 ...
 MLM_STEPS=${MLM_STEPS:-120}
 MLM_OUT=${MLM_OUT:-$OUT/wikitext2_mlm}          # the 1,000-update runs: MLM_STEPS=1000 MLM_OUT=results/text/wikitext2_mlm_1000
 MLM_MODELS=${MLM_MODELS:-gmlp amlp bigs}
@@ -17,20 +20,21 @@ MLM_EVAL_INTERVAL=${MLM_EVAL_INTERVAL:-$((MLM_STEPS / 4))}
 stamp() { echo "[$(date -u +%H:%M:%S) UTC] $* | $(uptime | sed 's/.*load average/load average/')"; }
 
 shakespeare() {  # a. MLP-Attention vs dot-product attention, the paper's model settings, same seed and data order
+  mkdir -p "$SHAKESPEARE_OUT"
   for model in $SHAKESPEARE_MODELS; do
-    rm -rf "$OUT/shakespeare/$model"
+    rm -rf "${SHAKESPEARE_OUT:?}/$model"
     stamp "start $model"
     python -m mlp_vision.text.train --task causal --model "$model" \
       --train-file $DATA/tinyshakespeare/input.txt --val-fraction 0.1 --block-size 256 \
-      --steps "$SHAKESPEARE_STEPS" -b 8 --lr 3e-4 --sched constant --warmup-steps 0 \
-      --eval-interval 40 --eval-batches 2 --eval-batch-size 32 --final-eval-batches 0 --log-interval 20 \
+      --steps "$SHAKESPEARE_STEPS" -b "$SHAKESPEARE_BATCH" --lr 3e-4 --sched constant --warmup-steps 0 \
+      --eval-interval "$SHAKESPEARE_EVAL_INTERVAL" --eval-batches 2 --eval-batch-size 32 --final-eval-batches 0 --log-interval 20 \
       --seed 1337 --sample-prompt "ROMEO:" --sample-tokens 300 --num-samples 2 \
-      --output $OUT/shakespeare --experiment "$model" > "$OUT/shakespeare/$model.console.log" 2>&1
+      --output $SHAKESPEARE_OUT --experiment "$model" > "$SHAKESPEARE_OUT/$model.console.log" 2>&1
     stamp "end $model"
   done
-  python $OUT/compare.py $OUT/shakespeare/compare.png --metric val_ppl --metric-label 'validation perplexity (per char)' \
-    --title 'Tiny Shakespeare (char): MLP-Attention vs dot-product attention' \
-    MLP-Attention=$OUT/shakespeare/gpt_mlp_attention SDPA=$OUT/shakespeare/gpt_sdpa | tee $OUT/shakespeare/table.md
+  python $OUT/compare.py $SHAKESPEARE_OUT/compare.png --metric val_ppl --metric-label 'validation perplexity (per char)' \
+    --title "Tiny Shakespeare (char): MLP-Attention vs dot-product attention, $SHAKESPEARE_STEPS updates x $SHAKESPEARE_BATCH" \
+    MLP-Attention=$SHAKESPEARE_OUT/gpt_mlp_attention SDPA=$SHAKESPEARE_OUT/gpt_sdpa | tee $SHAKESPEARE_OUT/table.md
 }
 
 mlm() {  # b. small masked LMs on WikiText-2 (train: valid.txt, evaluate: test.txt), ~3.5 M parameters each
