@@ -4,10 +4,11 @@ Paper: `Pretraining Without Attention` (Wang, Yan, Gu, Rush) - https://arxiv.org
 Official code and weights: github.com/jxiw/BiGS (``JunxiongWang/BiGS_{128,512,1024,4096}`` on the HF hub).
 
 Every layer is :class:`mlp_vision.layers.BidirectionalGatedSSM` (S4D kernel shared across channels, see
-:mod:`mlp_vision.layers.ssm` for the kernel, the FFT length and the padding argument). The SSM convolutions run as
-real FFTs of length ``fast_fft_len(2L)`` -- 256 / 1024 / 2048 / 8192 for L = 128 / 512 / 1024 / 4096 (the
-smallest 2^a 3^b 5^c >= 2L, so no circular wrap-around) -- and, like the kernel, in float32 even under autocast;
-everything else follows the autocast dtype.
+:mod:`mlp_vision.layers.ssm` for the kernel, the FFT length and the padding argument). The SSM convolutions run,
+like the kernel, in float32 even under autocast; everything else follows the autocast dtype. Up to 1,024 tokens
+they run as Toeplitz GEMMs (faster on CPU at these lengths), beyond as real FFTs of length ``fast_fft_len(2L)``
+(8192 for L = 4096: the smallest 2^a 3^b 5^c >= 2L, so no circular wrap-around); the same function either way
+(``conv_impl`` of the layer), and the FLOP counts use the FFT formulation.
 
 Model layout (``BiGSModel``)::
 
