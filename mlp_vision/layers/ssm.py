@@ -388,13 +388,14 @@ class BidirectionalGatedSSM(nn.Module):
         w_in = torch.cat([self.forward_in_proj.weight, self.backward_in_proj.weight, self.value_proj.weight])
         b_in = torch.cat([self.forward_in_proj.bias, self.backward_in_proj.bias, self.value_proj.bias])
         uv = fresh_gelu(channel_linear(h, w_in, b_in), act)  # (B, L, 2d + d_i)
-        u = uv[..., :2 * d].unflatten(-1, (2, d))  # (B, L, 2, d): u_f, u_b (= flip(GELU(flip(h) W_ub)))
-        v = uv[..., 2 * d:]  # (B, L, d_i)
+        # split / unbind rather than slicing: their backward is one cat / stack, a slice's a zero fill + copy
+        u, v = uv.split([2 * d, d_i], dim=-1)  # v: (B, L, d_i)
+        u = u.unflatten(-1, (2, d))  # (B, L, 2, d): u_f, u_b (= flip(GELU(flip(h) W_ub)))
         if mask is not None:
             u = u * mask[:, :, None, None].to(u.dtype)
-        s = self._bidirectional_ssm(u)  # (B, L, 2, d): SSM_f(u_f), flip(SSM_b(flip(u_b)))
-        g = channel_linear(s[:, :, 0], self.forward_out_proj.weight, self.forward_out_proj.bias)
-        g_b = channel_linear(s[:, :, 1], self.backward_out_proj.weight, self.backward_out_proj.bias)
+        s_f, s_b = self._bidirectional_ssm(u).unbind(2)  # (B, L, d) each: SSM_f(u_f), flip(SSM_b(flip(u_b)))
+        g = channel_linear(s_f, self.forward_out_proj.weight, self.forward_out_proj.bias)
+        g_b = channel_linear(s_b, self.backward_out_proj.weight, self.backward_out_proj.bias)
         g = g * g_b if torch.is_grad_enabled() else g.mul_(g_b)  # (B, L, d); in place: see layers.activations
         y = fresh_gelu(channel_linear(g, self.gate_proj.weight, self.gate_proj.bias), act)
         y = y * v if torch.is_grad_enabled() else y.mul_(v)
