@@ -79,6 +79,13 @@ def _kernel_spectrum(k: torch.Tensor, n_fft: int, anticausal: bool) -> torch.Ten
     return k_f.conj() if anticausal else k_f
 
 
+def _bidirectional_spectrum(kernels: torch.Tensor, n_fft: int) -> torch.Tensor:
+    """Spectra of a causal (``kernels[0]``) and an anti-causal (``kernels[1]``) kernel, (2, L) -> (2, 1, n_f),
+    broadcasting against (B, 2, C, n_f) transforms."""
+    k_f = torch.fft.rfft(kernels, n=n_fft)  # (2, n_f)
+    return torch.stack([k_f[0], k_f[1].conj()]).unsqueeze(1)
+
+
 def _conv_with_spectrum(u: torch.Tensor, k_f: torch.Tensor, n_fft: int, dim: int) -> torch.Tensor:
     """``irfft(rfft(u) * k_f)`` along ``dim`` of ``u``, cut to ``u``'s length (``k_f`` broadcasts against the
     transformed ``u``)."""
@@ -104,8 +111,7 @@ class _BidirectionalFFTConv(torch.autograd.Function):
     @staticmethod
     def forward(ctx, u: torch.Tensor, k: torch.Tensor, n_fft: int) -> torch.Tensor:
         length = u.shape[-1]
-        k_f = torch.fft.rfft(k, n=n_fft)  # (2, n_f)
-        spectrum = torch.stack([k_f[0], k_f[1].conj()]).unsqueeze(1)  # (2, 1, n_f): causal | anti-causal
+        spectrum = _bidirectional_spectrum(k, n_fft)  # (2, 1, n_f)
         u_f = torch.fft.rfft(u, n=n_fft)  # (B, 2, C, n_f)
         y = torch.fft.irfft(u_f * spectrum, n=n_fft).narrow(-1, 0, length)
         ctx.save_for_backward(u_f, spectrum)
@@ -337,7 +343,7 @@ class BidirectionalGatedSSM(nn.Module):
     activations. The computation is further arranged for speed without changing the function (checked against
     the straightforward layer of :mod:`mlp_vision.text._reference_bigs` in ``tests/test_fast_paths.py``): the three
     input projections run as one GEMM (their weights concatenated, d -> 2d + d_i) with one GELU pass, both SSMs
-    share one pair of FFTs (the two directions' kernel spectra stacked), and all projections run through
+    run together (one batched GEMM or one pair of FFTs, see ``conv_impl``), and all projections run through
     oneDNN on CPU (:func:`~mlp_vision.layers.gating.channel_linear`). The parameters stay separate, so state
     dicts are unchanged. Parameter names map one-to-one onto the official ones (``dv, du_forward, du_backward,
     duc_forward, duc_backward, dol, do, fs4, bs4, LayerNorm``).
@@ -454,10 +460,8 @@ class BidirectionalGatedSSM(nn.Module):
         with _autocast_off(u.device):
             u32 = u.to(dtype)
             # the D u term is the lag-0 tap of the convolution: fold it into the kernels (K[0] += D)
-            delta = torch.zeros(length, device=u.device, dtype=dtype)
-            delta[0] = 1
-            k_f = k_f.to(dtype) + fwd.D.to(dtype) * delta
-            k_b = k_b.to(dtype) + bwd.D.to(dtype) * delta
+            k_f = k_f.to(dtype) + F.pad(fwd.D.to(dtype), (0, length - 1))
+            k_b = k_b.to(dtype) + F.pad(bwd.D.to(dtype), (0, length - 1))
             if direct:
                 mats = torch.stack([causal_toeplitz(k_f), causal_toeplitz(k_b, anticausal=True)])  # (2, L, L)
                 batch, _, _, d = u.shape
@@ -473,10 +477,7 @@ class BidirectionalGatedSSM(nn.Module):
                         and not torch.jit.is_tracing():
                     y = _BidirectionalFFTConv.apply(u_t, kernels, n_fft)  # training: the hand-written backward
                 else:  # no graph (and what FLOP counters trace): plain ops, the product in place
-                    spectrum = torch.stack([
-                        _kernel_spectrum(k_f, n_fft, anticausal=False),
-                        _kernel_spectrum(k_b, n_fft, anticausal=True)]).unsqueeze(1)  # (2, 1, n_f)
-                    y = _conv_with_spectrum(u_t, spectrum, n_fft, dim=-1)
+                    y = _conv_with_spectrum(u_t, _bidirectional_spectrum(kernels, n_fft), n_fft, dim=-1)
                 y = y.permute(0, 3, 1, 2)  # (B, L, 2, d)
         return y.to(u.dtype)
 

@@ -500,10 +500,9 @@ def _resolve_recipe(args, family: Optional[str], registry_task: str) -> dict:
     """Fill --lr / --opt-betas / --opt-eps / --weight-decay / --sched / --warmup-steps from the family recipe."""
     key = (family, registry_task) if (family, registry_task) in RECIPES else _DEFAULT_RECIPE[registry_task]
     recipe = RECIPES[key]
-    given = {'lr': args.lr, 'betas': args.opt_betas, 'eps': args.opt_eps, 'weight_decay': args.weight_decay,
-             'sched': args.sched}
-    overridden = [k for k, v in given.items() if v is not None and (list(v) if k == 'betas' else v) != (
-        list(recipe[k]) if k == 'betas' else recipe[k])]
+    given = {'lr': args.lr, 'betas': None if args.opt_betas is None else tuple(args.opt_betas), 'eps': args.opt_eps,
+             'weight_decay': args.weight_decay, 'sched': args.sched}
+    overridden = [k for k, v in given.items() if v is not None and v != recipe[k]]  # recipe betas are tuples
     args.lr = recipe['lr'] if args.lr is None else args.lr
     args.opt_betas = list(recipe['betas']) if args.opt_betas is None else list(args.opt_betas)
     args.opt_eps = recipe['eps'] if args.opt_eps is None else args.opt_eps
