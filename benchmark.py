@@ -66,8 +66,13 @@ PRECISIONS = ('fp32', 'bf16', 'fp16', 'amp_bf16', 'amp_fp16')
 LAYERS = ('bigs_layer', 'bert_layer')  # sequence-layer contenders (tokens/s); ref:bigs_layer is the straightforward one
 
 
+def base_name(spec: str) -> str:
+    """The contender's model / layer name without the ``ref:`` (straightforward twin) prefix."""
+    return spec[4:] if spec.startswith('ref:') else spec
+
+
 def is_layer(spec: str) -> bool:
-    return (spec[4:] if spec.startswith('ref:') else spec) in LAYERS
+    return base_name(spec) in LAYERS
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -117,8 +122,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument('--memprobe', default=None, help=argparse.SUPPRESS)  # internal: peak-RSS child process
     args = p.parse_args(argv)
     specs = list(args.model or []) + [s for pair in (args.compare or []) for s in pair]
-    unknown = [s for s in specs if not (is_layer(s) or timm.is_model(s[4:] if s.startswith('ref:') else s))
-               or s == 'ref:bert_layer']
+    unknown = [s for s in specs if not (is_layer(s) or timm.is_model(base_name(s))) or s == 'ref:bert_layer']
     if unknown:
         p.error(f'unknown model(s) {unknown}: give timm model names (this package registers '
                 f'{", ".join(mlp_vision.VISION_MODELS)}), ref:NAME for the straightforward sMLPNet of NAME, '
@@ -154,7 +158,7 @@ def build(spec: str, args: argparse.Namespace, twin_of: Optional[nn.Module] = No
     """A contender in fp32 on CPU (moved / cast later). ``ref:NAME`` is built from ``twin_of`` when given."""
     create = _create_layer if is_layer(spec) else _create
     if spec.startswith('ref:'):
-        ours = twin_of if twin_of is not None else create(spec[4:], args)
+        ours = twin_of if twin_of is not None else create(base_name(spec), args)
         return reference_bigs_layer_from(ours) if is_layer(spec) else reference_from(ours)
     return create(spec, args)
 
@@ -216,8 +220,6 @@ class Runner:
         dtype, self.amp_dtype = _dtypes(args.precision)
         memory_format = torch.channels_last if args.channels_last else torch.contiguous_format
         model = model.to(device=self.device, dtype=dtype, memory_format=memory_format)
-        if len(in_size) != 3:  # sequence layers: (batch, seq-len, dim) inputs
-            memory_format = torch.contiguous_format
         model.train(mode == 'train')
         self.model = model
         self.fn = torch.compile(model, mode=args.compile_mode) if args.compile else model
@@ -322,8 +324,9 @@ def matmul_ceiling(device: torch.device, precision: str, clock: Callable[[], flo
     return out
 
 
-def count_macs(model: nn.Module, in_size: Tuple[int, int, int]) -> float:
-    """fvcore MACs per image (batch 1, eval), with the project's counting rules (:mod:`mlp_vision.complexity`)."""
+def count_macs(model: nn.Module, in_size: Tuple[int, ...]) -> float:
+    """fvcore MACs per image or sequence (batch 1, eval), with the project's counting rules
+    (:mod:`mlp_vision.complexity`)."""
     from mlp_vision.complexity import count_module
     was_training = model.training
     model.eval()
@@ -404,25 +407,22 @@ def _row_common(args, mode, in_size) -> Dict[str, Any]:
         compile=args.compile, device=args.device, threads=torch.get_num_threads(), timer=args.timer)
 
 
-def _unit(in_size) -> str:
-    """Throughput unit: images (image models) or tokens (sequence layers: batch x seq-len per step)."""
-    return 'tok' if len(in_size) == 2 else 'img'
-
-
 def _rate(prefix: str, in_size, batch: int, step_s: float) -> Dict[str, float]:
-    per_sample = in_size[0] if len(in_size) == 2 else 1
-    return {f'{prefix}{_unit(in_size)}_per_s': batch * per_sample / step_s}
+    """Throughput: images/s (image models) or tokens/s (sequence layers: batch x seq-len per step)."""
+    if len(in_size) == 2:
+        return {f'{prefix}tok_per_s': batch * in_size[0] / step_s}
+    return {f'{prefix}img_per_s': batch / step_s}
 
 
 def _flops_fields(prefix: str, macs: Optional[float], mode: str, step_s: float, batch: int,
-                  env: Dict[str, Any], per: str = 'img') -> Dict[str, Any]:
+                  env: Dict[str, Any], in_size) -> Dict[str, Any]:
     """MACs per sample (``gmacs_per_img``, or ``gmacs_per_seq`` for sequence layers) and achieved GFLOP/s."""
     if macs is None:
         return {}
     # a training step is forward + backward ~ 3x the forward flops (backward = 2 GEMMs per forward GEMM)
     flops = 2 * macs * batch * (3 if mode == 'train' else 1)
     gflops = flops / step_s / 1e9
-    out = {f'{prefix}gmacs_per_{"seq" if per == "tok" else "img"}': macs / 1e9, f'{prefix}gflops': gflops}
+    out = {f'{prefix}gmacs_per_{"seq" if len(in_size) == 2 else "img"}': macs / 1e9, f'{prefix}gflops': gflops}
     if env.get('matmul_gflops'):
         out[f'{prefix}pct_of_matmul'] = 100 * gflops / env['matmul_gflops']
     if env.get('onednn_gflops'):
@@ -450,7 +450,7 @@ def run_single(spec: str, args, env, macs_cache) -> List[Dict[str, Any]]:
         row = dict(model=spec, **_row_common(args, mode, in_size), step_ms=1e3 * t,
                    step_ms_min=1e3 * min(times), **_rate('', in_size, args.batch_size, t), samples=len(times),
                    iters=iters)
-        row.update(_flops_fields('', macs, mode, t, args.batch_size, env, per=_unit(in_size)))
+        row.update(_flops_fields('', macs, mode, t, args.batch_size, env, in_size))
         if not args.no_memory:
             row.update(peak_memory(spec, mode, args))
         rows.append(row)
@@ -475,8 +475,7 @@ def _max_diff(a: nn.Module, b: nn.Module, in_size, args) -> Tuple[float, float]:
 
 def _same_function(a_spec: str, b_spec: str) -> bool:
     """Whether the pair computes the same function (shared weights), so that outputs can be compared."""
-    strip = lambda spec: spec[4:] if spec.startswith('ref:') else spec  # noqa: E731
-    return not is_layer(a_spec) or strip(a_spec) == strip(b_spec)
+    return not is_layer(a_spec) or base_name(a_spec) == base_name(b_spec)
 
 
 def run_pair(a_spec: str, b_spec: str, args, env, macs_cache) -> List[Dict[str, Any]]:
@@ -531,8 +530,8 @@ def run_pair(a_spec: str, b_spec: str, args, env, macs_cache) -> List[Dict[str, 
             max_abs_diff=diff, max_abs_out=scale, weights=how,
             load_start=load_start, load_end=os.getloadavg()[0])
         if macs:
-            row.update(_flops_fields('', macs[a_spec], mode, ta, args.batch_size, env, per=_unit(in_size)))
-            row.update(_flops_fields('base_', macs[b_spec], mode, tb, args.batch_size, env, per=_unit(in_size)))
+            row.update(_flops_fields('', macs[a_spec], mode, ta, args.batch_size, env, in_size))
+            row.update(_flops_fields('base_', macs[b_spec], mode, tb, args.batch_size, env, in_size))
         del ra, rb, a, b
         if not args.no_memory:
             for prefix, spec in (('', a_spec), ('base_', b_spec)):
