@@ -439,3 +439,19 @@ def test_char_lm_training_reduces_loss(name, single_thread):
     # level of this text (~3.3 nats)
     assert val0 > 3.9, val0
     assert val1 < 3.0, (val0, val1)
+
+
+def test_bert_baseline_layer_is_post_ln_multihead_attention():
+    """The BERT baseline of the BiGS comparisons computes the textbook post-LN layer (explicit softmax attention)."""
+    import math
+    import torch.nn.functional as F
+    from mlp_vision.text.bert import BertLayer
+    torch.manual_seed(0)
+    layer = BertLayer(dim=32, num_heads=4, ffn_dim=48).eval()
+    x = torch.randn(2, 7, 32)
+    a = layer.attn
+    q, k, v = (p(x).view(2, 7, 4, 8).transpose(1, 2) for p in (a.query, a.key, a.value))
+    ctx = (q @ k.transpose(-1, -2) / math.sqrt(8)).softmax(-1) @ v
+    h = layer.norm1(x + a.out(ctx.transpose(1, 2).reshape(2, 7, 32)))
+    expected = layer.norm2(h + layer.fc2(F.gelu(layer.fc1(h))))
+    torch.testing.assert_close(layer(x), expected, rtol=1e-5, atol=1e-5)

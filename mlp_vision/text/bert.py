@@ -10,8 +10,6 @@ layer (``bert_layer`` vs ``bigs_layer``), and :mod:`mlp_vision.complexity` count
 
 Not part of the model registry: there are no BERT weights here and BERT is not what this package provides.
 """
-from typing import Optional
-
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -20,8 +18,8 @@ __all__ = ['BertSelfAttention', 'BertLayer', 'BertEncoder', 'BertForMaskedLMBase
 
 
 class BertSelfAttention(nn.Module):
-    """Multi-head self-attention (no dropout). Shapes: x (B, L, d), mask optional (B, L) bool (True = real token)
-    -> (B, L, d)."""
+    """Multi-head self-attention, no dropout and no padding mask (a speed / FLOP baseline on full-length inputs).
+    Shapes: x (B, L, d) -> (B, L, d)."""
 
     def __init__(self, dim: int, num_heads: int, device=None, dtype=None) -> None:
         super().__init__()
@@ -34,12 +32,11 @@ class BertSelfAttention(nn.Module):
         self.value = nn.Linear(dim, dim, **dd)
         self.out = nn.Linear(dim, dim, **dd)
 
-    def forward(self, x: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, n, d = x.shape
         q, k, v = (p(x).view(b, n, self.num_heads, d // self.num_heads).transpose(1, 2)
                    for p in (self.query, self.key, self.value))  # (B, heads, L, head_dim)
-        attn_mask = None if mask is None else mask[:, None, None, :]  # keys only: pads are never attended to
-        ctx = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)
+        ctx = F.scaled_dot_product_attention(q, k, v)
         return self.out(ctx.transpose(1, 2).reshape(b, n, d))
 
 
@@ -56,8 +53,8 @@ class BertLayer(nn.Module):
         self.fc2 = nn.Linear(ffn_dim, dim, **dd)
         self.norm2 = nn.LayerNorm(dim, eps=norm_eps, **dd)
 
-    def forward(self, x: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
-        x = self.norm1(x + self.attn(x, mask))
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.norm1(x + self.attn(x))
         return self.norm2(x + self.fc2(F.gelu(self.fc1(x))))
 
 
