@@ -509,6 +509,7 @@ def _main(argv, log_files):
     best = saver.best if saver is not None else None
     last_saved_epoch = start_epoch - 1 if start_epoch > 0 else None
     eval_metrics, ema_metrics, train_metrics = None, None, None
+    peak_mem_gib = None
     train_start = time.time()
     try:
         for epoch in range(start_epoch, num_epochs):
@@ -517,6 +518,8 @@ def _main(argv, log_files):
             if mixup_fn is not None and args.mixup_off_epoch and epoch >= args.mixup_off_epoch:
                 mixup_fn.mixup_enabled = False
 
+            if device.type == 'cuda':
+                torch.cuda.reset_peak_memory_stats(device)  # peak_mem_gib is this epoch's (training + eval)
             train_metrics, num_updates = train_one_epoch(
                 epoch, model, loader_train, optimizer, train_loss_fn,
                 num_updates=num_updates, total_epochs=num_epochs, lr_scheduler=lr_scheduler,
@@ -554,6 +557,9 @@ def _main(argv, log_files):
                 if ema_metrics is not None:
                     row.update({f'ema_eval_{k}': ema_metrics[k] for k in ('loss', 'top1', 'top5')})
                 row.update(train_img_per_sec=train_metrics['img_per_sec'], epoch_seconds=train_metrics['seconds'])
+                if device.type == 'cuda':
+                    row['peak_mem_gib'] = torch.cuda.max_memory_allocated(device) / 2 ** 30
+                    peak_mem_gib = max(peak_mem_gib or 0., row['peak_mem_gib'])
                 summary.append(row)
                 state = {
                     'version': CHECKPOINT_VERSION,
@@ -582,6 +588,8 @@ def _main(argv, log_files):
                 if ema_metrics is not None:
                     msg += f' | EMA top1 {ema_metrics["top1"]:.2f}'
                 msg += f' | {train_metrics["img_per_sec"]:,.0f} img/s, {format_duration(train_metrics["seconds"])}'
+                if 'peak_mem_gib' in row:
+                    msg += f', peak {row["peak_mem_gib"]:.2f} GiB'
                 msg += ' | saved last.pth' + (' + model_best.pth' if written['best'] else '')
                 _logger.info(msg)
     except NonFiniteLossError as e:
@@ -617,6 +625,9 @@ def _main(argv, log_files):
         'model_kwargs': create_kwargs,
         'experiment_dir': str(output_dir),
         'device': str(device),
+        'device_name': torch.cuda.get_device_name(device) if device.type == 'cuda' else None,
+        'cuda_peak_mem_gib': peak_mem_gib,  # max over this process's epochs of torch.cuda.max_memory_allocated
+        'torch_version': torch.__version__,
         'world_size': dist_info.world_size,
         'epochs': num_epochs,
         'global_batch': global_batch,

@@ -157,6 +157,8 @@ def validate(args: argparse.Namespace) -> dict:
     _logger.info(f'Validating {model_name} ({num_params / 1e6:.3f} M params, weights: {info["source"]}) on '
                  f'{len(dataset)} images of {data_dir or args.dataset} ({args.split}), input {data_config["input_size"]}, '
                  f'{device}{", AMP " + str(amp_dtype) if args.amp else ""}')
+    if device.type == 'cuda':
+        torch.cuda.reset_peak_memory_stats(device)
     metrics = evaluate(model, loader, amp_autocast=amp_autocast, channels_last=args.channels_last,
                        distributed=dist_info.distributed, log_interval=args.log_interval,
                        primary=dist_info.primary)
@@ -174,7 +176,12 @@ def validate(args: argparse.Namespace) -> dict:
         'interpolation': data_config['interpolation'],
         'device': str(device),
         'amp': str(amp_dtype) if args.amp else None,
+        'channels_last': args.channels_last,
+        'torchcompile': args.torchcompile,
     }
+    if device.type == 'cuda':
+        results['device_name'] = torch.cuda.get_device_name(device)
+        results['cuda_peak_mem_gib'] = round(torch.cuda.max_memory_allocated(device) / 2 ** 30, 3)
     _logger.info(f' * Acc@1 {results["top1"]:.3f} Acc@5 {results["top5"]:.3f} loss {results["loss"]:.4f} '
                  f'({results["samples"]} images, {results["img_per_sec"]:,.0f} img/s)')
     if args.results_file and dist_info.primary:
