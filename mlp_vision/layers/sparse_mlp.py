@@ -99,7 +99,8 @@ class AxialSparseMLP(nn.Module):
         y_h = channel_linear(x, w1).contiguous()
         y_w = channel_linear(x, w2).contiguous()
         batch = x.shape[0]
-        wh, ww = self.proj_h.weight, self.proj_w.weight
+        # in-place baddbmm_ is not autocast: under AMP the GEMM outputs are bf16/fp16, so cast the weights to match
+        wh, ww = self.proj_h.weight.to(out.dtype), self.proj_w.weight.to(out.dtype)
         # In-place accumulation into `out` (no extra buffers); each result is used, so FX's dead-code
         # elimination keeps the in-place nodes. A wrong-sized input fails in these matmuls (RuntimeError).
         # out[b, i, w, :] += sum_j Wh[i, j] y_h[b, j, w, :]
