@@ -183,13 +183,16 @@ def share_weights(a: nn.Module, a_spec: str, b: nn.Module, b_spec: str) -> str:
     return f'{b_spec} -> {a_spec}'
 
 
-def input_size(model: nn.Module, args: argparse.Namespace) -> Tuple[int, ...]:
-    """Per-sample input shape: (C, H, W) for image models, (seq-len, dim) for sequence layers."""
-    if not hasattr(model, 'pretrained_cfg') and not hasattr(model, 'default_cfg'):
+def input_size(spec: str, model: nn.Module, args: argparse.Namespace) -> Tuple[int, ...]:
+    """Per-sample input shape: (C, H, W) for image models, (seq-len, dim) for sequence layers.
+
+    Decided by the contender's name: a ``ref:`` model has no pretrained cfg of its own, so its input size comes
+    from the model it was built from."""
+    if is_layer(spec):
         return args.seq_len, args.dim
     if args.img_size is not None:
         return 3, args.img_size, args.img_size
-    cfg = getattr(model, 'pretrained_cfg', None) or {}
+    cfg = getattr(model, 'pretrained_cfg', None) or timm.models.get_pretrained_cfg(base_name(spec)).to_dict()
     return tuple(cfg.get('input_size', (3, 224, 224)))
 
 
@@ -365,7 +368,7 @@ def peak_memory(spec: str, mode: str, args: argparse.Namespace) -> Dict[str, flo
 def _memprobe_main(args: argparse.Namespace) -> None:
     spec, mode = args.memprobe.split('|')
     model = build(spec, args)
-    runner = Runner(model, mode, args, input_size(model, args))
+    runner = Runner(model, mode, args, input_size(spec, model, args))
     device = runner.device
     if device.type == 'cuda':
         runner.step()
@@ -434,7 +437,7 @@ def run_single(spec: str, args, env, macs_cache) -> List[Dict[str, Any]]:
     rows = []
     for mode in _modes(args):
         model = build(spec, args)
-        in_size = input_size(model, args)
+        in_size = input_size(spec, model, args)
         macs = None
         if not args.no_flops:
             key = (spec, in_size)
@@ -489,7 +492,7 @@ def run_pair(a_spec: str, b_spec: str, args, env, macs_cache) -> List[Dict[str, 
             a = build(a_spec, args)
             b = build(b_spec, args, twin_of=a)
         how = share_weights(a, a_spec, b, b_spec)
-        in_size = input_size(a, args)
+        in_size = input_size(a_spec, a, args)
         diff, scale = _max_diff(a, b, in_size, args) if _same_function(a_spec, b_spec) else (None, None)
         macs = {}
         for spec, m in ((a_spec, a), (b_spec, b)):

@@ -83,3 +83,19 @@ def test_bad_layer_arguments_are_clear_errors(args, message):
     res = subprocess.run([sys.executable, str(REPO / 'benchmark.py'), *args], cwd=REPO, capture_output=True,
                          text=True, timeout=300)
     assert res.returncode == 2 and message in res.stderr
+
+
+def test_reference_model_input_size_comes_from_its_twin():
+    """A ``ref:`` contender has no pretrained cfg of its own; its input is still an image (regression: the
+    memory probe once fed it a (seq-len, dim) sequence and failed)."""
+    import argparse
+    import benchmark
+    args = argparse.Namespace(img_size=None, seq_len=128, dim=64, num_classes=10)
+    ours = benchmark.build('smlpnet_t', args)
+    ref = benchmark.build('ref:smlpnet_t', args, twin_of=ours)
+    assert not hasattr(ref, 'pretrained_cfg')
+    assert benchmark.input_size('ref:smlpnet_t', ref, args) == (3, 224, 224)
+    assert benchmark.input_size('smlpnet_t', ours, args) == (3, 224, 224)
+    assert benchmark.input_size('ref:bigs_layer', ref, args) == (128, 64)
+    args.img_size = 96
+    assert benchmark.input_size('ref:smlpnet_t', ref, args) == (3, 96, 96)

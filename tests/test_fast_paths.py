@@ -352,6 +352,30 @@ def test_bigs_layer_matches_straightforward(length, gelu, conv_impl):
         _close(ours(x.detach()), ref(x.detach()))
 
 
+@pytest.mark.parametrize('precision', ['autocast', 'cast'])
+@pytest.mark.parametrize('conv_impl', ['direct', 'fft'])
+def test_bigs_layer_and_straightforward_run_in_bf16(conv_impl, precision):
+    """Both BiGS layers keep the SSM convolution in float32 in bf16 runs (AMP autocast, or the modules and
+    inputs cast to bf16 as ``benchmark.py --precision bf16`` does) and agree with float32 to bf16 accuracy.
+    Regression: the straightforward layer once sent bf16 activations to rfft, which has no bf16 kernel (CUDA
+    autocast does not upcast FFTs; the CPU's does, so the CPU check is the 'cast' case)."""
+    from mlp_vision.layers import BidirectionalGatedSSM
+    from mlp_vision.text._reference_bigs import reference_bigs_layer_from
+    ours = _randomize_(BidirectionalGatedSSM(48, 80, num_states=8, conv_impl=conv_impl))
+    ref = reference_bigs_layer_from(ours)
+    x = torch.randn(2, 40, 48)
+    expected = ref(x).detach()
+    if precision == 'autocast':
+        with torch.autocast('cpu', dtype=torch.bfloat16):
+            y, y_ref = ours(x), ref(x)
+    else:
+        y, y_ref = ours.bfloat16()(x.bfloat16()), ref.bfloat16()(x.bfloat16())
+        assert y.dtype == torch.bfloat16
+    assert y.dtype == y_ref.dtype
+    for out in (y, y_ref):
+        assert float((out.detach().float() - expected).norm() / expected.norm()) < 3e-2
+
+
 def test_bigs_conv_routes_agree_and_auto_switches(monkeypatch):
     """'direct' (Toeplitz GEMM) and 'fft' compute the same layer; 'auto' takes 'fft' above DIRECT_MAX_LEN."""
     from mlp_vision.layers import BidirectionalGatedSSM, causal_toeplitz, fft_causal_conv

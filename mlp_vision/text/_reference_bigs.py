@@ -26,9 +26,10 @@ class _RefKernel(nn.Module):
         self.C = nn.Parameter(torch.zeros(num_states, 2))
 
     def forward(self, length: int) -> torch.Tensor:
-        dt = torch.exp(self.log_step)
-        a = torch.clamp(self.A_re, max=-1e-4) + 1j * self.A_im
-        c = torch.view_as_complex(self.C.contiguous()) * (torch.exp(dt * a) - 1.0) / a
+        # in float32 whatever the parameters' dtype (there are no bfloat16 complex kernels)
+        dt = torch.exp(self.log_step.float())
+        a = torch.clamp(self.A_re.float(), max=-1e-4) + 1j * self.A_im.float()
+        c = torch.view_as_complex(self.C.float().contiguous()) * (torch.exp(dt * a) - 1.0) / a
         powers = dt * a.unsqueeze(-1) * torch.arange(length, device=a.device)  # (N, L)
         return torch.einsum('n,nl->l', c, torch.exp(powers)).real
 
@@ -42,10 +43,14 @@ class _RefSSM(nn.Module):
     def forward(self, u: torch.Tensor) -> torch.Tensor:  # (B, L, C)
         length = u.shape[1]
         k = self.kernel(length)
-        u = u.transpose(1, 2)  # (B, C, L)
-        y = torch.fft.irfft(torch.fft.rfft(u, n=2 * length) * torch.fft.rfft(k, n=2 * length), n=2 * length)
-        y = y[..., :length] + u * self.D
-        return y.transpose(1, 2)
+        dtype = u.dtype
+        # FFTs in float32 (cuFFT has no bfloat16, and half precision loses the long kernel's tail), autocast off
+        with torch.autocast(u.device.type, enabled=False):
+            u = u.transpose(1, 2).float()  # (B, C, L)
+            y = torch.fft.irfft(torch.fft.rfft(u, n=2 * length) * torch.fft.rfft(k.float(), n=2 * length),
+                                n=2 * length)
+            y = y[..., :length] + u * self.D
+        return y.transpose(1, 2).to(dtype)
 
 
 class ReferenceBiGSLayer(nn.Module):
