@@ -146,6 +146,25 @@ def test_validate_reproduces_training_eval(reference_run, digits, tmp_path):
     assert (tmp_path / 'v.csv').read_text().startswith('model,')
 
 
+def test_amp_channels_last_on_cpu(digits, tmp_path):
+    """train.py --amp (bf16 autocast on the CPU) with channels_last trains sMLPNet (BatchNorm, the in-place axial
+    mixes) to finite losses, and validate.py evaluates the checkpoint the same way. Regression: the axial mixes once
+    failed under autocast (found on CUDA, where --amp is the common case)."""
+    amp = ['--amp', '--channels-last']
+    results = train.main(MODEL_ARGS + amp + [
+        '--epochs', '1', '-b', '16', '--lr', '1e-3', '--warmup-epochs', '0', '--data-dir', str(digits),
+        '--val-split', 'val', '--workers', '0', '--output', str(tmp_path), '--experiment', 'amp'])
+    assert results['epochs'] == 1 and results['cuda_peak_mem_gib'] is None  # no CUDA: no GPU memory field
+    rows = list(csv.DictReader(open(tmp_path / 'amp' / 'summary.csv')))
+    assert all(torch.isfinite(torch.tensor(float(r[k]))) for r in rows for k in ('train_loss', 'eval_loss'))
+    assert 'peak_mem_gib' not in rows[0]
+    val = validate.main(['--checkpoint', str(tmp_path / 'amp' / 'last.pth'), '--data-dir', str(digits),
+                         '--split', 'val', '--workers', '0', '-b', '16'] + amp)
+    assert val['amp'] == 'torch.bfloat16' and val['channels_last'] and val['samples'] == 60
+    # bf16 evaluation of the same weights: the loss agrees with train.py's (also bf16) to rounding
+    assert val['loss'] == pytest.approx(results['eval']['loss'], rel=2e-2)
+
+
 def test_validate_foreign_state_dict_through_filter(reference_run, digits, tmp_path):
     # a bare state dict (as timm / the official release ship them) goes through the model's filter fn
     sd_path = tmp_path / 'weights.pth'
