@@ -12,7 +12,6 @@ Differences from the official code, none of which changes the function computed 
   checkpoint has them swapped (``proj_h`` mixes along W, ``proh_w`` along H); ``checkpoint_filter_fn``
   maps them, and the fuse conv's input blocks, accordingly.
 """
-from functools import partial
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Type, Union
 
 import torch
