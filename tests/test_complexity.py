@@ -65,7 +65,7 @@ def _macs(fn, *inputs) -> float:
 def test_fft_handle_rfft_known_size(device):
     # 2 x 8 transforms of length 256 (input 128 zero-padded by n=256) along dim -2
     u = torch.zeros(2, 128, 8, device=device)
-    per = 2.5 * 256 * math.log2(256)  # FLOPs of one real transform (SPEC §2)
+    per = 2.5 * 256 * math.log2(256)  # FLOPs of one real transform
     assert _macs(lambda x: torch.fft.rfft(x, n=256, dim=-2), u) == pytest.approx(16 * per / 2)
     # no n: the transform length is the input length; dim -1
     assert _macs(lambda x: torch.fft.rfft(x), u) == pytest.approx(2 * 128 * 2.5 * 8 * math.log2(8) / 2)
@@ -160,18 +160,14 @@ def test_paper_rows_name_known_models():
     known = set(cx.known_models())
     assert {r.model for r in cx.PAPER_ROWS} <= known
     assert len({_row_id(r) for r in cx.PAPER_ROWS}) == len(cx.PAPER_ROWS)
-    for fam in ('vision', 'text', 'bert', 'bigs'):
+    for fam in ('vision', 'text', 'bert'):
         assert any(_is_cheap(r.model) and cx.family(r.model) == fam for r in cx.PAPER_ROWS), fam
 
 
 @pytest.mark.parametrize('row', ROW_PARAMS)
 def test_paper_row(row, counter):
     count = counter.get(row.model)
-    status, note = counter.problem(row.model)
-    if count is None and status == 'PENDING':
-        assert cx.is_pending(row.model)
-        pytest.skip(note)
-    assert count is not None, note
+    assert count is not None, counter.problem(row.model)[1]
     assert not count.flagged, f'{row.model}: uncounted ops that are not element-wise: {count.flagged}'
     c = cx.compare(row, count)
     if row.known:  # documented mismatch: keep the documentation honest
@@ -193,39 +189,31 @@ def test_compare_precision_and_tolerance_rules():
     assert cx.compare(cx.PaperRow('t', 'm', 'params', '5.9', known='x'), count).status == 'PASS'
     assert cx.compare(cx.PaperRow('t', 'm', 'params', '6.1', known='why'), count).status == 'KNOWN'
     assert cx.PaperRow('t', 'm', 'encoder_flops_raw', '8.1e10').resolution == pytest.approx(1e9)
-    pending = cx.compare(cx.PaperRow('t', 'm', 'params', '1'), None)
-    assert pending.status == 'PENDING' and 'not implemented' in pending.note
 
 
-def test_bigs_pending_or_counted(counter):
-    """BiGS rows are PENDING while unregistered, counted (no error) once ``bigs_large_128`` is registered."""
-    import mlp_vision.text as mt
-    report = cx.build_report(['bigs_large_128'], counter=counter)
-    statuses = {c.status for c in report.comparisons}
-    if mt.is_model('bigs_large_128'):
-        assert statuses <= {'PASS'}, [(c.row.source, c.note) for c in report.comparisons]
-    else:
-        assert statuses == {'PENDING'}
-        assert 'pending: BiGS not implemented yet' in cx.render_markdown(report)
+def test_a_model_that_cannot_be_counted_is_an_error_row():
+    """Counting that raises (here: sMLPNet at a size its total stride does not divide) leaves no count and an
+    ERROR with the model's own message and where it was raised; its paper rows become ERROR rows."""
+    cache = cx.CountCache()
+    assert cache.get('smlpnet_t', 100) is None
+    status, note = cache.problem('smlpnet_t', 100)
+    assert status == 'ERROR'
+    assert note.startswith('error counting smlpnet_t: ValueError: sMLPNet needs H and W divisible by 32')
+    assert 'smlpnet.py:' in note
+    c = cx.compare(cx.PaperRow('t', 'smlpnet_t', 'macs', '5.0'), None, cache.problem('smlpnet_t', 100))
+    assert (c.status, c.ours, c.note) == ('ERROR', None, note)
 
 
-def test_pending_and_error_states_are_reported(monkeypatch, capsys):
-    """Unregistered BiGS -> PENDING rows with the reason; a model that cannot be counted -> ERROR rows, exit 1."""
-    monkeypatch.setattr(cx, 'is_pending', lambda name: name in cx._bigs_names())
-    report = cx.build_report(['bigs_large_*'])
-    assert report.comparisons and {c.status for c in report.comparisons} == {'PENDING'}
-    md = cx.render_markdown(report)
-    assert md.count('pending: BiGS not implemented yet') == len(report.comparisons) + 4  # rows + model table
-    assert 'PENDING' in cx.render_csv(report)
-
-    def broken(name, seq_len=None):
-        raise RuntimeError('cannot trace this')
-
-    monkeypatch.setattr(cx, 'count_text', broken)
-    assert cx.main(['--models', 'gpt_sdpa']) == 1
-    captured = capsys.readouterr()
-    assert '| ERROR |' in captured.out and 'RuntimeError: cannot trace this' in captured.out
-    assert 'could not be counted' in captured.err
+def test_text_count_with_config_overrides():
+    """The scaling plot's BiGS-large with a position table of L entries: a different parameter count, the same
+    MACs as BiGS-large-512 on L tokens (positions are a lookup), and the count carries the given label."""
+    resized = cx.count_text('bigs_large_512', 256, label='bigs_large@256', max_position_embeddings=256)
+    plain = cx.count_text('bigs_large_512', 256)
+    assert resized.name == 'bigs_large@256' and resized.input == '1x256 tokens'
+    assert plain.params - resized.params == 256 * 1024  # 256 fewer rows of width 1024
+    assert (resized.macs, resized.encoder_macs) == (plain.macs, plain.encoder_macs)
+    with pytest.raises(ValueError, match=r'must be in \[1, 256\]'):
+        cx.count_text('bigs_large_512', 300, max_position_embeddings=256)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -287,6 +275,8 @@ def test_committed_csv_matches_cheap_counts(counter):
             f'the model changed: regenerate the report with `{cx.COMMAND}`')
         checked += 1
     assert checked >= 40
+    committed_macs = {r['model']: int(r['ours']) for r in rows if r['quantity'] == 'macs'}
+    assert cx.model_macs('gpt_sdpa') == committed_macs['gpt_sdpa']  # the number a stock fvcore is held against
     md = (RESULTS / 'complexity.md').read_text()
     assert f'`{cx.COMMAND}`' in md and 'MACs' in md.split('## Conventions')[1]
 

@@ -1,0 +1,83 @@
+""" The MACs-scaling plot: vision models over image sizes, BiGS-large vs BERT-large over sequence lengths. """
+import math
+from typing import Optional, Sequence
+
+from .counts import BIGS_LENGTHS, count_bert_large, count_text, count_vision
+from .paper import PAPER_ROWS
+from .report import COMMAND_PLOT
+
+__all__ = ['scaling_data', 'plot_scaling']
+
+PLOT_IMG_SIZES = (224, 320, 448, 640, 832, 1024)
+PLOT_VISION = ('smlpnet_t', 'mixer_s16', 'gmlp_s')
+PLOT_SEQ_LENS = (128, 256, 512, 1024, 2048, 4096)
+
+
+def _table6(model_prefix: str) -> list:
+    """BiGS Table 6 forward FLOPs at :data:`BIGS_LENGTHS` (from the paper rows)."""
+    return [row.value for row in PAPER_ROWS if row.source == 'BiGS T6' and row.model.startswith(model_prefix)]
+
+
+def scaling_data() -> dict:
+    """MACs of :data:`PLOT_VISION` at :data:`PLOT_IMG_SIZES`, encoder MACs of BERT-large and BiGS-large (its
+    position table sized to each length) at :data:`PLOT_SEQ_LENS`."""
+    vision = {n: [count_vision(n, s).macs for s in PLOT_IMG_SIZES] for n in PLOT_VISION}
+    bert = [count_bert_large(n).encoder_macs for n in PLOT_SEQ_LENS]
+    bigs = [count_text('bigs_large_512', n, label=f'bigs_large@{n}', max_position_embeddings=n).encoder_macs
+            for n in PLOT_SEQ_LENS]
+    return dict(img_sizes=list(PLOT_IMG_SIZES), vision=vision, seq_lens=list(PLOT_SEQ_LENS), bert=bert, bigs=bigs)
+
+
+def _slope(x: Sequence[float], y: Sequence[float]) -> float:
+    """log-log slope between the last two points."""
+    return math.log(y[-1] / y[-2]) / math.log(x[-1] / x[-2])
+
+
+def plot_scaling(path: str, data: Optional[dict] = None) -> dict:
+    """Two log-log panels: vision MACs vs tokens (image side 224 ... 1024) with slope-1 / 1.5 / 2 references, and
+    BiGS-large vs BERT-large forward FLOPs vs sequence length with L log L and L^2 references. Returns the data."""
+    import matplotlib
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+    data = data or scaling_data()
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12.5, 5.2))
+    sizes = data['img_sizes']
+    tokens = [(s / 16) ** 2 for s in sizes]  # /16 patches; sMLPNet's stage tokens are proportional
+    labels = {'smlpnet_t': 'sMLPNet-T', 'mixer_s16': 'Mixer-S/16', 'gmlp_s': 'gMLP-S'}
+    for name, macs in data['vision'].items():
+        g = [m / 1e9 for m in macs]
+        ax1.loglog(tokens, g, 'o-', label=f'{labels.get(name, name)} (end slope {_slope(tokens, g):.2f})')
+    ref0 = data['vision']['smlpnet_t'][0] / 1e9
+    for slope, style, text in ((1.0, ':', 'slope 1 (N)'), (1.5, '--', 'slope 1.5 (N√N)'),
+                               (2.0, '-.', 'slope 2 (N²)')):
+        ax1.loglog(tokens, [ref0 * (t / tokens[0]) ** slope for t in tokens], 'k' + style, lw=0.8, label=text)
+    ax1.set_xticks(tokens, [f'{int(t)}\n{s}px' for t, s in zip(tokens, sizes)], fontsize=7)
+    ax1.minorticks_off()
+    ax1.set_xlabel('tokens N = (image side / 16)²')
+    ax1.set_ylabel('MACs (G, fvcore)')
+    ax1.set_title('Vision: MACs vs input size (fixed widths)')
+    ax1.grid(True, which='major', alpha=0.3)
+    ax1.legend(fontsize=8)
+    L = data['seq_lens']
+    bert = [2 * m for m in data['bert']]
+    bigs = [2 * m for m in data['bigs']]
+    ax2.loglog(L, bert, 'o-', label=f'BERT-large, explicit attention (end slope {_slope(L, bert):.2f})')
+    ax2.loglog(L, bigs, 's-', label=f'BiGS-large (end slope {_slope(L, bigs):.2f})')
+    for name, prefix, marker in (('BiGS', 'bigs_large_', 'x'), ('BERT', 'bert_large_', '+')):
+        ax2.loglog(BIGS_LENGTHS, _table6(prefix), marker, color='k', ms=8, label=f'{name}, BiGS paper Table 6')
+    r0 = bert[0]
+    ax2.loglog(L, [r0 * (n / L[0]) * math.log2(2 * n) / math.log2(2 * L[0]) for n in L], 'k:', lw=0.8,
+               label='∝ L log L')
+    ax2.loglog(L, [r0 * (n / L[0]) ** 2 for n in L], 'k-.', lw=0.8, label='∝ L²')
+    ax2.set_xticks(L, [str(n) for n in L])
+    ax2.minorticks_off()
+    ax2.set_xlabel('sequence length L')
+    ax2.set_ylabel('forward FLOPs per sequence (2 × encoder MACs)')
+    ax2.set_title('Text: BiGS-large vs BERT-large (encoders, batch 1)')
+    ax2.grid(True, which='major', alpha=0.3)
+    ax2.legend(fontsize=8)
+    fig.suptitle(f'fvcore counts (mlp_vision.complexity); `{COMMAND_PLOT}`', fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return data

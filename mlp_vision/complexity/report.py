@@ -1,0 +1,300 @@
+""" The complexity report: counts beside the paper rows, rendered as markdown / CSV / JSON, and its CLI. """
+import argparse
+import csv
+import io
+import json
+import sys
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import torch
+
+from .counts import DEFAULT_IMG_SIZE, Count, CountCache, family, resolve_models, text_seq_len
+from .paper import PAPER_ROWS, QUANTITIES, STATUSES, Comparison, compare, format_like
+
+__all__ = [
+    'Report', 'build_report', 'conventions', 'render_markdown', 'render_csv', 'render_json', 'parse_args', 'main',
+    'COMMAND', 'COMMAND_PLOT',
+]
+
+COMMAND = 'python -m mlp_vision.complexity --output results/complexity.md results/complexity.csv'
+COMMAND_PLOT = 'python -m mlp_vision.complexity --plot results/complexity_scaling.png'
+
+
+@dataclass
+class Report:
+    img_size: int
+    seq_len: Optional[int]
+    models: List[str]
+    counts: Dict[str, Optional[Count]] = field(default_factory=dict)
+    problems: Dict[str, Tuple[str, str]] = field(default_factory=dict)  # name -> ('ERROR', note)
+    comparisons: List[Comparison] = field(default_factory=list)
+    skipped_rows: List[str] = field(default_factory=list)
+
+
+def build_report(models: Optional[Sequence[str]] = None, img_size: int = DEFAULT_IMG_SIZE,
+                 seq_len: Optional[int] = None, counter: Optional[CountCache] = None) -> Report:
+    """Count ``models`` (names or patterns; all when None) and compare the paper rows that concern them."""
+    if not isinstance(img_size, int) or img_size < 32 or img_size % 32:
+        raise ValueError(f'--img-size must be a positive multiple of 32 (sMLPNet needs H, W divisible by 32, '
+                         f'gMLP / Mixer by 16), got {img_size}')
+    if seq_len is not None and (not isinstance(seq_len, int) or seq_len < 1):
+        raise ValueError(f'--seq-len must be a positive integer, got {seq_len}')
+    names = resolve_models(models)
+    counter = counter or CountCache()
+    report = Report(img_size, seq_len, names)
+    for name in names:
+        fam = family(name)
+        # None = the default size, so that counts are shared with the paper comparisons below
+        size = {'vision': None if img_size == DEFAULT_IMG_SIZE else img_size, 'text': seq_len}.get(fam)
+        if size is not None and fam == 'text' and size > text_seq_len(name):
+            report.counts[name] = None
+            report.skipped_rows.append(f'{name}: not counted, --seq-len {seq_len} exceeds its maximum '
+                                       f'{text_seq_len(name)}')
+            continue
+        report.counts[name] = counter.get(name, size)
+        if report.counts[name] is None:
+            report.problems[name] = counter.problem(name, size)
+    for row in PAPER_ROWS:
+        if row.model in names:  # the paper numbers are at the paper settings (224 px, each text model's length)
+            report.comparisons.append(compare(row, counter.get(row.model), counter.problem(row.model)))
+    return report
+
+
+def _g(x: Optional[float], unit: float = 1e9, digits: int = 3) -> str:
+    return '–' if x is None else f'{x / unit:.{digits}f}'
+
+
+def _uncounted_str(count: Count) -> str:
+    parts = [f'{op.replace("aten::", "")}×{n}' for op, n in count.uncounted.items()]
+    flagged = count.flagged
+    s = ', '.join(parts) if parts else 'none'
+    if flagged:
+        s += ' — **not element-wise: ' + ', '.join(flagged) + '**'
+    return s
+
+
+def conventions() -> List[str]:
+    return [
+        'MACs: fvcore `FlopCountAnalysis` totals (fvcore counts one multiply-accumulate as one flop). sMLPNet '
+        'Table 6 "FLOPs" and gMLP Table 2 "MAdds" are MACs; gMLP Table 1 "FLOPs" are 2 × MACs (2.7 / 8.9 / 31.6 B '
+        'for the models Table 2 lists at 1.4 / 4.5 / 15.8 MAdds), as are gMLP Table 5 and BiGS Table 6 FLOPs '
+        '(`docs/complexity.md`).',
+        'Handles added to fvcore\'s: broadcast-aware `aten::matmul`/`aten::mm` (prod(output) × K; the stock one '
+        'drops broadcast batch dims), `baddbmm`/`addbmm`/`addmv` (their product), `mv`/`dot`; '
+        '`aten::scaled_dot_product_attention` = QKᵀ + AV = batch·heads·L·S·(E + E_v); FFTs (`fft_rfft`, '
+        '`fft_irfft`, `fft_fft`, n-D variants, `_fft_r2c`/`_fft_c2r`/`_fft_c2c`) = **2.5·N·log₂N FLOPs per real '
+        'transform of length N** (5·N·log₂N complex), i.e. 1.25·N·log₂N MACs, so the FLOPs columns carry '
+        '2.5·N·log₂N.',
+        'fvcore\'s stock LayerNorm (5 per element) and eval BatchNorm (2 per element) counts are kept. '
+        'Element-wise ops and embedding lookups are not MACs and stay uncounted (listed per model).',
+        'Vision models: traced on CPU with zero weights and a zero image (the meta-device convolution kernel '
+        'cannot run under the JIT tracer); text, BiGS and BERT models: built and traced on `device="meta"`.',
+        'Encoder MACs/FLOPs: the backbone only (`.gmlp` / `.bigs` / `.bert`), without the MLM head; the BiGS '
+        'and gMLP Table 5 FLOPs are per sequence (batch 1), forward only, inputs padded to full length.',
+        'Paper comparison: PASS when within tolerance (params 0.5 %, MACs/FLOPs 3 %) or when ours equals the '
+        'paper\'s number at the paper\'s printed precision ("59" M: ours rounds to 59) — the `by` column says '
+        'which; KNOWN = cannot match, documented reason in the note; ERROR = the model could not be counted.',
+    ]
+
+
+def render_markdown(report: Report, command: str = COMMAND) -> str:
+    import fvcore
+    import timm
+    out = io.StringIO()
+    w = out.write
+    w('# Model complexity: parameters and MACs vs the paper tables\n\n')
+    w(f'Generated by `{command}`  \n')
+    w(f'(scaling plot `complexity_scaling.png`: `{COMMAND_PLOT}`)\n\n')
+    text_len = "each model's maximum sequence length" if report.seq_len is None else f'{report.seq_len} tokens'
+    w(f'torch {torch.__version__.split("+")[0]}, timm {timm.__version__}, fvcore {fvcore.__version__}; '
+      f'vision models at {report.img_size}×{report.img_size}, text models at {text_len}, batch 1.\n\n')
+    w('## Conventions\n\n')
+    for line in conventions():
+        w(f'- {line}\n')
+    w('\n## Paper tables vs ours\n\n')
+    if report.comparisons:
+        statuses = Counter(c.status for c in report.comparisons)
+        w('Rows: ' + ', '.join(f'{k} {statuses[k]}' for k in STATUSES if statuses[k]) + '.\n\n')
+        w('| source | model | quantity | paper | ours | diff | by | status | note |\n')
+        w('| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n')
+        for c in report.comparisons:
+            unit = QUANTITIES[c.row.quantity][2]
+            ours = '–' if c.ours is None else format_like(c.ours, c.row.paper)
+            diff = '–' if c.rel_diff is None else f'{100 * c.rel_diff:+.2f} %'
+            w(f'| {c.row.source} | `{c.row.model}` | {c.row.quantity} | {c.row.paper}{unit} | {ours}{unit} | '
+              f'{diff} | {c.how or "–"} | {c.status} | {c.note} |\n')
+    else:
+        w('No paper row concerns the selected models.\n')
+    if report.img_size != DEFAULT_IMG_SIZE or report.seq_len is not None:
+        w('\nPaper rows are always compared at the paper settings (224 px; each text model at its own length).\n')
+    w('\n## Models\n\n')
+    w('| model | input | params (M) | params w/o head (M) | MACs (G) | encoder MACs (G) | FLOPs (G) | traced on '
+      '| uncounted ops (calls) |\n')
+    w('| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n')
+    for name in report.models:
+        c = report.counts.get(name)
+        if c is None:
+            reason = report.problems.get(name, ('', 'not counted (see below)'))[1]
+            w(f'| `{name}` | – | – | – | – | – | – | – | {reason} |\n')
+            continue
+        w(f'| `{name}` | {c.input} | {c.params / 1e6:.3f} | {_g(c.params_no_head, 1e6)} | {_g(c.macs)} | '
+          f'{_g(c.encoder_macs)} | {_g(c.flops)} | {c.traced_on} | {_uncounted_str(c)} |\n')
+    if report.skipped_rows:
+        w('\n' + ''.join(f'- {line}\n' for line in report.skipped_rows))
+    w('\n## MACs by operator (G)\n\n')
+    w('| model | by operator |\n| --- | --- |\n')
+    for name in report.models:
+        c = report.counts.get(name)
+        if c is not None:
+            w(f'| `{name}` | ' + ', '.join(f'{op} {v / 1e9:.4g}' for op, v in c.by_operator.items()) + ' |\n')
+    return out.getvalue()
+
+
+CSV_FIELDS = ('section', 'source', 'model', 'input', 'quantity', 'unit', 'paper', 'ours', 'rel_diff_pct',
+              'tolerance_pct', 'by', 'status', 'note')
+
+
+def _csv_rows(report: Report) -> List[dict]:
+    rows = []
+    for c in report.comparisons:
+        rows.append(dict(
+            section='paper', source=c.row.source, model=c.row.model, input='', quantity=c.row.quantity,
+            unit=QUANTITIES[c.row.quantity][2].strip(), paper=c.row.paper,
+            ours='' if c.ours is None else format_like(c.ours, c.row.paper),
+            rel_diff_pct='' if c.rel_diff is None else f'{100 * c.rel_diff:.3f}',
+            tolerance_pct=f'{100 * c.row.tolerance:g}', by=c.how, status=c.status, note=c.note))
+    for name in report.models:
+        c = report.counts.get(name)
+        base = dict(section='model', source='', model=name, paper='', rel_diff_pct='', tolerance_pct='', by='')
+        if c is None:
+            status, note = report.problems.get(name, ('SKIPPED', 'not counted'))
+            rows.append(dict(base, input='', quantity='', unit='', ours='', status=status, note=note))
+            continue
+        for quantity in ('params', 'params_no_head', 'macs', 'encoder_macs'):
+            value = getattr(c, quantity)
+            if value is not None:
+                rows.append(dict(base, input=c.input, quantity=quantity, unit='', ours=str(value), status='',
+                                 note='uncounted: ' + _uncounted_str(c) if quantity == 'macs' else ''))
+    return rows
+
+
+def render_csv(report: Report) -> str:
+    out = io.StringIO()
+    writer = csv.DictWriter(out, fieldnames=CSV_FIELDS, lineterminator='\n')
+    writer.writeheader()
+    writer.writerows(_csv_rows(report))
+    return out.getvalue()
+
+
+def render_json(report: Report) -> str:
+    data = dict(
+        conventions=conventions(), img_size=report.img_size, seq_len=report.seq_len,
+        models={n: (None if c is None else dict(asdict(c), flops=c.flops, encoder_flops=c.encoder_flops))
+                for n, c in report.counts.items()},
+        comparisons=[dict(asdict(c.row), ours=c.ours, rel_diff=c.rel_diff, status=c.status, by=c.how, note=c.note)
+                     for c in report.comparisons],
+    )
+    return json.dumps(data, indent=1) + '\n'
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# CLI
+# ------------------------------------------------------------------------------------------------------------------
+FORMATS = ('md', 'csv', 'json')
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f'expected a positive integer, got {text!r}')
+    if value < 1:
+        raise argparse.ArgumentTypeError(f'expected a positive integer, got {value}')
+    return value
+
+
+def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog='python -m mlp_vision.complexity',
+        description='Parameters and fvcore MACs of every model beside the paper tables (conventions: '
+                    'docs/complexity.md).')
+    p.add_argument('--models', nargs='+', metavar='PATTERN',
+                   help='shell-style name patterns (default: every model); e.g. "smlpnet_*" "bigs_*"')
+    p.add_argument('--img-size', type=_positive_int, default=DEFAULT_IMG_SIZE,
+                   help='image side for the vision models, a multiple of 32 (default 224)')
+    p.add_argument('--seq-len', type=_positive_int, default=None,
+                   help='sequence length for the registered text models incl. BiGS (default: each model\'s '
+                        'maximum; longer than a model\'s maximum: that model is listed as not counted); the '
+                        'bert_large_L baselines stay at their L')
+    p.add_argument('--format', choices=FORMATS, default=None,
+                   help='output format (default: from each --output suffix, else md)')
+    p.add_argument('--output', nargs='+', metavar='PATH',
+                   help='write here instead of stdout; several paths (.md / .csv / .json) share one count')
+    p.add_argument('--plot', metavar='PNG', help='write the MACs-scaling plot (vision sizes, BiGS/BERT lengths) '
+                                                 'and exit')
+    args = p.parse_args(argv)
+    if args.img_size % 32:
+        p.error(f'--img-size must be a multiple of 32 (sMLPNet needs H and W divisible by 32), got {args.img_size}')
+    outputs = args.output or [None]
+    if args.format is not None and len(outputs) > 1:
+        p.error('--format applies to a single --output; with several, each path\'s suffix sets its format')
+    args.targets = []
+    for path in outputs:
+        suffix = path.rsplit('.', 1)[-1].lower() if path and '.' in path else ''
+        fmt = args.format or (suffix if suffix in FORMATS else None)
+        if fmt is None:
+            if path is not None and len(outputs) > 1:
+                p.error(f'--output {path!r}: cannot tell the format, expected a .md, .csv or .json suffix')
+            fmt = 'md'
+        args.targets.append((path, fmt))
+    return args
+
+
+def _command_line(args: argparse.Namespace) -> str:
+    parts = ['python -m mlp_vision.complexity']
+    if args.models:
+        parts += ['--models'] + [f"'{m}'" for m in args.models]
+    if args.img_size != DEFAULT_IMG_SIZE:
+        parts += ['--img-size', str(args.img_size)]
+    if args.seq_len is not None:
+        parts += ['--seq-len', str(args.seq_len)]
+    if args.format is not None:
+        parts += ['--format', args.format]
+    if args.output:
+        parts += ['--output'] + list(args.output)
+    return ' '.join(parts)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Exit status: 0; 1 when a paper row FAILs or a model could not be counted (ERROR); 2 for bad arguments."""
+    args = parse_args(argv)
+    if args.plot:
+        from .plot import plot_scaling
+        plot_scaling(args.plot)
+        print(f'wrote {args.plot}', file=sys.stderr)
+        return 0
+    try:
+        report = build_report(args.models, args.img_size, args.seq_len)
+    except ValueError as e:
+        print(f'error: {e}', file=sys.stderr)
+        return 2
+    for path, fmt in args.targets:
+        if fmt == 'md':
+            text = render_markdown(report, _command_line(args))
+        elif fmt == 'csv':
+            text = render_csv(report)
+        else:
+            text = render_json(report)
+        if path:
+            with open(path, 'w') as f:
+                f.write(text)
+        else:
+            sys.stdout.write(text)
+    bad = [c for c in report.comparisons if c.status in ('FAIL', 'ERROR')]
+    bad_models = [n for n, (status, _) in report.problems.items() if status == 'ERROR']
+    if bad or bad_models:
+        print(f'{len(bad)} paper rows FAIL/ERROR, {len(bad_models)} models could not be counted', file=sys.stderr)
+        return 1
+    return 0
