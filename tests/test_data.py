@@ -1,0 +1,391 @@
+""" Image data that never gives a silent wrong result (mlp_vision.training.data): validation splits, image tars,
+nested class folders, every PIL mode, unreadable images. Every test makes its own tiny data in tmp_path. """
+import io
+import logging
+import os
+import tarfile
+from collections import Counter
+
+import numpy as np
+import pytest
+import torch
+import torch.nn as nn
+from PIL import Image
+
+from mlp_vision.training import UsageError
+from mlp_vision.training.data import (
+    ImageFileDataset, SkippedImage, StridedSampler, convert_image_mode, create_eval_loader, create_image_dataset,
+    create_train_loader, create_train_val_datasets, dataset_class_names, load_image, parse_val_split,
+    stratified_holdout,
+)
+from mlp_vision.training.engine import evaluate
+
+SIZE = 8
+DATA_CONFIG = dict(input_size=(3, SIZE, SIZE), interpolation='bilinear', mean=(0.5, 0.5, 0.5), std=(0.25, 0.25, 0.25),
+                   crop_pct=1.0, crop_mode='center')
+CPU = torch.device('cpu')
+
+
+def _image(seed: int) -> Image.Image:
+    rng = np.random.default_rng(seed)
+    return Image.fromarray(rng.integers(0, 256, (SIZE, SIZE, 3), dtype=np.uint8))
+
+
+def _folder(root, counts, start=0):
+    """root/<class>/<i>.png for {class: count}; returns {relative path: class}."""
+    made, seed = {}, start
+    for cls, n in counts.items():
+        (root / cls).mkdir(parents=True, exist_ok=True)
+        for i in range(n):
+            _image(seed).save(root / cls / f'{seed}.png')
+            made[f'{cls}/{seed}.png'] = cls
+            seed += 1
+    return made
+
+
+def _tar(path, members):
+    """An uncompressed tar of {member name: bytes}."""
+    with tarfile.open(path, 'w') as tf:
+        for name, data in members.items():
+            ti = tarfile.TarInfo(name)
+            ti.size = len(data)
+            tf.addfile(ti, io.BytesIO(data))
+    return path
+
+
+def _png_bytes(img: Image.Image, fmt='PNG') -> bytes:
+    buf = io.BytesIO()
+    img.save(buf, format=fmt)
+    return buf.getvalue()
+
+
+def _labels(ds):
+    """{file name: class name} as the dataset labels them."""
+    names = dataset_class_names(ds)
+    return {os.path.basename(ds.filename(i)): names[ds[i][1]] for i in range(len(ds))}
+
+
+# ---------------------------------------------------------------------------------------------------- validation
+
+
+@pytest.mark.parametrize('layout', ['flat', 'train_only', 'tar_as_root'])
+def test_no_validation_split_is_a_one_line_error(tmp_path, layout):
+    """A root of class folders, a root with only train/, or a .tar given as the data dir: no validation split,
+    so an error that names the choices; never the training images validated on."""
+    if layout == 'flat':
+        _folder(tmp_path / 'data', {'a': 2, 'b': 2})
+        root = tmp_path / 'data'
+    elif layout == 'train_only':
+        _folder(tmp_path / 'data' / 'train', {'a': 2, 'b': 2})
+        root = tmp_path / 'data'
+    else:
+        root = _tar(tmp_path / 'train.tar', {f'{c}/{i}.png': _png_bytes(_image(i)) for c in 'ab' for i in range(2)})
+    train, _ = create_train_val_datasets('', str(root), 'train', '')  # no validation asked for: fine
+    assert len(train) == 4
+    with pytest.raises(UsageError) as e:
+        create_train_val_datasets('', str(root), 'train', 'validation')
+    msg = str(e.value)
+    assert 'no validation split found' in msg and '--val-split FRACTION' in msg and 'val/' in msg
+    assert '\n' not in msg
+
+
+def test_val_split_fraction_is_a_seeded_stratified_disjoint_holdout(tmp_path):
+    made = _folder(tmp_path / 'data', {'a': 20, 'b': 10, 'c': 3})
+    train, val = create_train_val_datasets('', str(tmp_path / 'data'), 'train', '0.2', seed=7)
+    train_files, val_files = set(_labels(train)), set(_labels(val))
+    assert not train_files & val_files
+    assert train_files | val_files == {os.path.basename(p) for p in made}
+    # per class round(0.2 n), and no class leaves training
+    assert Counter(_labels(val).values()) == {'a': 4, 'b': 2, 'c': 1}
+    assert Counter(_labels(train).values()) == {'a': 16, 'b': 8, 'c': 2}
+    # labels are right: each image is labelled by its folder
+    assert all(made[f'{c}/{f}'] == c for f, c in {**_labels(train), **_labels(val)}.items())
+    # deterministic from the seed, a different seed holds out other images
+    _, again = create_train_val_datasets('', str(tmp_path / 'data'), 'train', 0.2, seed=7)
+    _, other = create_train_val_datasets('', str(tmp_path / 'data'), 'train', 0.2, seed=8)
+    assert set(_labels(again)) == val_files and set(_labels(other)) != val_files
+    # the two parts have their own transforms (a loader sets each)
+    train.transform = lambda img: 'train'
+    val.transform = lambda img: 'val'
+    assert train[0][0] == 'train' and val[0][0] == 'val'
+
+
+def test_stratified_holdout_does_not_depend_on_sample_order():
+    names = [f'img{i}' for i in range(30)]
+    targets = [i % 3 for i in range(30)]
+    _, held = stratified_holdout(names, targets, 0.3, seed=1)
+    order = np.random.default_rng(0).permutation(30)
+    _, held_shuffled = stratified_holdout([names[i] for i in order], [targets[i] for i in order], 0.3, seed=1)
+    assert {names[i] for i in held} == {names[order[i]] for i in held_shuffled}
+    assert Counter(targets[i] for i in held) == {0: 3, 1: 3, 2: 3}
+
+
+@pytest.mark.parametrize('value', ['0', '1', '1.5', '-0.1', 'nan', 2.0])
+def test_val_split_fraction_out_of_range(value):
+    with pytest.raises(UsageError, match='between 0 and 1'):
+        parse_val_split(value)
+
+
+def test_val_folder_found_by_synonym_and_labelled_by_class_name(tmp_path):
+    """validation/ (a synonym of 'val') is found; a validation set that lacks a class keeps the other classes'
+    training labels; an extra class is an error."""
+    _folder(tmp_path / 'train', {'a': 2, 'b': 2, 'c': 2})
+    _folder(tmp_path / 'validation', {'a': 1, 'c': 1}, start=100)
+    train, val = create_train_val_datasets('', str(tmp_path), 'train', 'val')
+    assert dataset_class_names(val) == dataset_class_names(train) == ['a', 'b', 'c']
+    assert sorted(val[i][1] for i in range(len(val))) == [0, 2]
+    _folder(tmp_path / 'validation', {'d': 1}, start=200)
+    with pytest.raises(UsageError, match="classes the training set .* does not have \\(d\\)"):
+        create_train_val_datasets('', str(tmp_path), 'train', 'val')
+
+
+def test_single_split_for_validate(tmp_path):
+    """validate.py reads one split: a flat class-folder root is that split; a root with other splits but not
+    the one asked for is an error that lists what is there."""
+    _folder(tmp_path / 'flat', {'a': 1, 'b': 1})
+    assert len(create_image_dataset('', str(tmp_path / 'flat'), 'validation')) == 2
+    _folder(tmp_path / 'two' / 'train', {'a': 1})
+    with pytest.raises(UsageError, match="no dataset split 'validation' in .* \\(it has train/"):
+        create_image_dataset('', str(tmp_path / 'two'), 'validation')
+    (tmp_path / 'empty' / 'val' / 'cls').mkdir(parents=True)
+    with pytest.raises(UsageError, match='is empty'):
+        create_image_dataset('', str(tmp_path / 'empty'), 'val')
+
+
+# ---------------------------------------------------------------------------------------------------- tars
+
+
+def test_split_tars_read_like_folders(tmp_path):
+    """root/train.tar and root/val.tar (images under a leading val/ folder, as imagenette's tars) with split
+    names 'train' / 'validation' or 'train.tar' / 'val.tar'; pixels equal the source images."""
+    images = {f'{c}/{c}{i}.png': _image(10 * k + i) for k, c in enumerate('ab') for i in range(3)}
+    _tar(tmp_path / 'train.tar', {n: _png_bytes(img) for n, img in images.items()})
+    _tar(tmp_path / 'val.tar', {f'val/{n}': _png_bytes(img) for n, img in images.items()})
+    for splits in [('train', 'validation'), ('train.tar', 'val.tar')]:
+        train, val = create_train_val_datasets('', str(tmp_path), *splits)
+        for ds in (train, val):
+            assert dataset_class_names(ds) == ['a', 'b']
+            assert _labels(ds) == {n.split('/')[1]: n[0] for n in images}
+            for i in range(len(ds)):
+                name = ds.filename(i).split(':', 1)[1].removeprefix('val/')
+                assert np.array_equal(np.asarray(ds[i][0]), np.asarray(images[name]))
+
+
+def test_tar_of_class_tars(tmp_path):
+    """ImageNet's train tar layout: one tar per class inside the tar."""
+    inner = {c: _tar(tmp_path / f'{c}.tar', {f'{c}{i}.png': _png_bytes(_image(i)) for i in range(2)})
+             for c in ('n01', 'n02')}
+    (tmp_path / 'data').mkdir()
+    _tar(tmp_path / 'data' / 'train.tar', {f'{c}.tar': p.read_bytes() for c, p in inner.items()})
+    ds = create_image_dataset('', str(tmp_path / 'data'), 'train')
+    assert _labels(ds) == {'n010.png': 'n01', 'n011.png': 'n01', 'n020.png': 'n02', 'n021.png': 'n02'}
+    assert np.array_equal(np.asarray(ds[3][0]), np.asarray(_image(1)))
+
+
+@pytest.mark.parametrize('cut', ['mid_header', 'member_boundary', 'mid_data'])
+def test_truncated_tar_is_a_one_line_error_naming_it(tmp_path, cut):
+    full = _tar(tmp_path / 'full.tar', {f'a/{i}.png': _png_bytes(_image(i)) for i in range(4)}).read_bytes()
+    with tarfile.open(tmp_path / 'full.tar') as tf:
+        last = tf.getmembers()[-1]
+    end = {'mid_header': last.offset + 100, 'member_boundary': last.offset, 'mid_data': last.offset_data + 10}[cut]
+    (tmp_path / 'data').mkdir()
+    (tmp_path / 'data' / 'train.tar').write_bytes(full[:end])
+    with pytest.raises(UsageError) as e:
+        create_image_dataset('', str(tmp_path / 'data'), 'train')
+    msg = str(e.value)
+    assert 'train.tar is truncated' in msg and '\n' not in msg
+
+
+# ---------------------------------------------------------------------------------------------------- folders
+
+
+def test_images_in_subfolders_belong_to_their_class_folder(tmp_path):
+    _folder(tmp_path / 'train', {'a': 2, 'b': 1})
+    (tmp_path / 'train' / 'a' / 'more' / 'deeper').mkdir(parents=True)
+    _image(50).save(tmp_path / 'train' / 'a' / 'more' / 'deeper' / 'x.png')
+    (tmp_path / 'train' / '.hidden').mkdir()
+    _image(51).save(tmp_path / 'train' / '.hidden' / 'y.png')
+    ds = create_image_dataset('', str(tmp_path), 'train')
+    assert dataset_class_names(ds) == ['a', 'b']
+    assert _labels(ds) == {'0.png': 'a', '1.png': 'a', 'x.png': 'a', '2.png': 'b'}
+
+
+def test_image_outside_a_class_folder_is_an_error(tmp_path):
+    _folder(tmp_path / 'train', {'a': 1})
+    _image(0).save(tmp_path / 'train' / 'loose.png')
+    with pytest.raises(UsageError, match='outside class folders \\(loose.png\\)'):
+        create_image_dataset('', str(tmp_path), 'train')
+
+
+# ---------------------------------------------------------------------------------------------------- decoding
+
+
+def _gradient16():
+    return (np.arange(SIZE * SIZE, dtype=np.int64).reshape(SIZE, SIZE) * 1000 + 123).astype(np.uint16)
+
+
+def _as_16bit_file(tmp_path, mode):
+    """(a file that PIL opens in ``mode``, its 16-bit values)."""
+    values = _gradient16()
+    if mode == 'I;16':
+        path = tmp_path / 'g16.png'
+        Image.fromarray(values).save(path)
+    elif mode == 'I;16B':
+        path = tmp_path / 'g16b.tif'
+        Image.frombytes('I;16B', (SIZE, SIZE), values.astype('>u2').tobytes()).save(path)
+    else:  # 'I': 32-bit integers holding 16-bit values
+        path = tmp_path / 'g32.tif'
+        Image.fromarray(values.astype(np.int32)).save(path)
+    return path, values
+
+
+@pytest.mark.parametrize('mode', ['I;16', 'I;16B', 'I'])
+def test_16bit_grayscale_is_scaled_not_clipped(tmp_path, mode):
+    path, values = _as_16bit_file(tmp_path, mode)
+    with Image.open(path) as img:
+        assert img.mode == mode  # the test covers the mode it names
+    expected = np.round(values / 257.).astype(np.uint8)
+    rgb = np.asarray(load_image(path, 'RGB'))
+    assert rgb.shape == (SIZE, SIZE, 3) and np.array_equal(rgb, np.repeat(expected[..., None], 3, axis=2))
+    assert rgb.min() < 10 and 200 < rgb.max() < 255  # not all-white
+    assert np.array_equal(np.asarray(load_image(path, 'L')), expected)
+
+
+def test_other_pil_modes_convert_to_the_right_colours(tmp_path):
+    red, green, blue = (255, 0, 0), (0, 255, 0), (0, 0, 255)
+    # palette with a transparent entry: the palette colours
+    pal = Image.new('P', (2, 1))
+    pal.putpalette([*red, *green, *blue])
+    pal.putpixel((0, 0), 0)
+    pal.putpixel((1, 0), 2)
+    pal.info['transparency'] = 0
+    pal.save(tmp_path / 'p.png', transparency=0)
+    assert np.array_equal(np.asarray(load_image(tmp_path / 'p.png')), np.array([[red, blue]], dtype=np.uint8))
+    # gray + alpha: the gray (alpha dropped, as Image.convert)
+    Image.fromarray(np.array([[[10, 0], [200, 255]]], dtype=np.uint8), 'LA').save(tmp_path / 'la.png')
+    assert np.array_equal(np.asarray(load_image(tmp_path / 'la.png')), np.array([[[10] * 3, [200] * 3]], np.uint8))
+    # CMYK (lossless TIFF): cyan + magenta... as RGB
+    Image.new('CMYK', (1, 1), (0, 255, 255, 0)).save(tmp_path / 'cmyk.tif')
+    assert np.asarray(load_image(tmp_path / 'cmyk.tif'))[0, 0].tolist() == list(red)
+    # bilevel
+    Image.fromarray(np.array([[0, 1]], dtype=bool)).save(tmp_path / 'one.png')
+    assert np.asarray(load_image(tmp_path / 'one.png'))[0].tolist() == [[0] * 3, [255] * 3]
+    # float in 0..1 scales to 0..255; premultiplied La is un-premultiplied first (100 / (128 / 255) = 199)
+    f = Image.fromarray(np.array([[0., 0.5, 1.]], dtype=np.float32))
+    assert np.asarray(convert_image_mode(f, 'L')).tolist() == [[0, 128, 255]]
+    assert convert_image_mode(Image.new('La', (1, 1), (100, 128)), 'RGB').getpixel((0, 0)) == (199, 199, 199)
+
+
+def test_image_modes_without_a_scale_are_refused_with_the_file_name(tmp_path):
+    _folder(tmp_path / 'val', {'a': 1})
+    Image.fromarray(np.array([[-5, 70000]], dtype=np.int32)).save(tmp_path / 'val' / 'a' / 'signed.tif')
+    Image.fromarray(np.array([[0., 3.]], dtype=np.float32)).save(tmp_path / 'val' / 'a' / 'float.tif')
+    from timm.data import set_img_extensions, get_img_extensions
+    before = get_img_extensions()
+    set_img_extensions(before + ('.tif',))
+    try:
+        ds = create_image_dataset('', str(tmp_path), 'val')
+    finally:
+        set_img_extensions(before)
+    skipped = {os.path.basename(s.name): s.reason for s in (ds[i] for i in range(len(ds)))
+               if isinstance(s, SkippedImage)}
+    assert set(skipped) == {'signed.tif', 'float.tif'}
+    assert '0..65535' in skipped['signed.tif'] and 'only 0..1' in skipped['float.tif']
+
+
+# ---------------------------------------------------------------------------------------------------- unreadable
+
+
+def _val_with_bad_images(root):
+    """root/val with 7 good images in 2 classes and 3 bad ones; returns the names of the bad ones."""
+    _folder(root / 'val', {'a': 4, 'b': 3})
+    (root / 'val' / 'a' / 'random.png').write_bytes(np.random.default_rng(0).bytes(300))
+    (root / 'val' / 'b' / 'truncated.png').write_bytes(_png_bytes(_image(99))[:60])
+    Image.new('RGB', (64, 64)).save(root / 'val' / 'b' / 'bomb.png')
+    return {'random.png', 'truncated.png', 'bomb.png'}
+
+
+class _MeanColour(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Linear(3, 2)
+
+    def forward(self, x):
+        return self.fc(self.pool(x).flatten(1))
+
+
+@pytest.mark.parametrize('num_workers', [0, 2])
+def test_unreadable_images_are_skipped_counted_and_excluded_from_metrics(tmp_path, monkeypatch, caplog, num_workers):
+    """A corrupt file, a truncated PNG and a decompression bomb (PIL's pixel limit lowered to 2,000 so a
+    64x64 image exceeds it twice) are left out with a warning naming each, counted, and not replaced: the
+    metrics equal those of the same folder without them."""
+    monkeypatch.setattr(Image, 'MAX_IMAGE_PIXELS', 2000)
+    bad = _val_with_bad_images(tmp_path / 'with_bad')
+    _folder(tmp_path / 'clean' / 'val', {'a': 4, 'b': 3})
+    torch.manual_seed(0)
+    model = _MeanColour()
+
+    def run(root):
+        ds = create_image_dataset('', str(root), 'val')
+        loader = create_eval_loader(ds, DATA_CONFIG, 3, CPU, num_workers=num_workers)
+        metrics = evaluate(model, loader, log_interval=0)
+        return ds, loader, metrics
+
+    with caplog.at_level(logging.WARNING):
+        ds, loader, metrics = run(tmp_path / 'with_bad')
+        targets = [t for _, tgt in loader for t in tgt.tolist()]  # a second pass: warned only once per file
+    _, clean_loader, reference = run(tmp_path / 'clean')
+    assert len(ds) == 10 and metrics['samples'] == 7 and loader.skipped == 3
+    assert sorted(targets) == [0, 0, 0, 0, 1, 1, 1]  # each readable image once
+    for key in ('loss', 'top1', 'top5', 'samples'):
+        assert metrics[key] == pytest.approx(reference[key], rel=1e-6)
+    assert {os.path.basename(n) for n in loader.skipped_files} == bad
+    warned = [r.getMessage() for r in caplog.records if 'skipped unreadable image' in r.getMessage()]
+    assert len(warned) == 3 and all(any(b in m for m in warned) for b in bad)
+    assert any('DecompressionBomb' in m for m in warned)
+
+
+def test_decompression_bomb_warning_range_is_skipped_too(tmp_path, monkeypatch):
+    """Between 1x and 2x PIL's limit PIL only warns; the image is still not decoded."""
+    monkeypatch.setattr(Image, 'MAX_IMAGE_PIXELS', 3000)
+    Image.new('RGB', (64, 64)).save(tmp_path / 'big.png')  # 4,096 pixels
+    with pytest.raises(Image.DecompressionBombWarning):
+        load_image(tmp_path / 'big.png')
+
+
+def test_train_loader_leaves_unreadable_images_out(tmp_path):
+    _folder(tmp_path / 'train', {'a': 3, 'b': 2})
+    (tmp_path / 'train' / 'a' / 'broken.png').write_bytes(b'not an image')
+    ds = create_image_dataset('', str(tmp_path), 'train', is_training=True)
+    loader, sampler = create_train_loader(ds, DATA_CONFIG, 1, CPU, num_workers=0)
+    sampler.set_epoch(0)
+    batches = list(loader)
+    assert len(batches) == 5 and loader.skipped == 1  # 6 samples of batch 1: the empty batch left out
+    assert sorted(int(t) for _, t in batches) == [0, 0, 0, 1, 1]
+    # with several processes a batch of only unreadable images cannot be left out (the ranks would desync)
+    for c in 'ab':
+        (tmp_path / 'bad' / c).mkdir(parents=True)
+        (tmp_path / 'bad' / c / 'broken.png').write_bytes(b'not an image')
+    ds = create_image_dataset('', str(tmp_path / 'bad'), 'train', is_training=True)
+    loader, sampler = create_train_loader(ds, DATA_CONFIG, 1, CPU, num_workers=0, rank=0, world_size=2)
+    sampler.set_epoch(0)
+    with pytest.raises(UsageError, match='every image of batch 0 was unreadable'):
+        list(loader)
+
+
+def test_strided_sampler_covers_each_sample_once():
+    for size in (0, 1, 7, 12):
+        seen = [i for rank in range(4) for i in StridedSampler(size, rank, 4)]
+        assert sorted(seen) == list(range(size))
+        assert sum(len(StridedSampler(size, r, 4)) for r in range(4)) == size
+
+
+def test_digits_demo_folder_reads(tmp_path):
+    pytest.importorskip('sklearn')
+    from mlp_vision.training.data import prepare_digits_folder
+    root = prepare_digits_folder(tmp_path / 'digits', size=16, max_per_class=5)
+    train, val = create_train_val_datasets('', str(root), 'train', 'val')
+    assert (len(train), len(val)) == (40, 10)  # every 5th image of a class is val
+    assert dataset_class_names(train) == [str(d) for d in range(10)]
+    assert isinstance(train, ImageFileDataset) and train[0][0].mode == 'RGB'
