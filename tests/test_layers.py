@@ -355,7 +355,7 @@ def test_mixer_block_matches_timm():
     with torch.no_grad():
         y = ours(x)
         assert y.shape == x.shape
-        _close(y, theirs(x), atol=0, rtol=0)
+        _close(y, theirs(x))  # the token MLP is a batched GEMM here, timm's a GEMM on a transposed copy
         # and an explicit reference: token MLP over n (n -> n/2... tokens_dim) then channel MLP
         t = _ln(x, ours.norm1).transpose(1, 2)
         m = ours.mlp_tokens

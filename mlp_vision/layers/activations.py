@@ -8,7 +8,9 @@ kept for the backward pass, and the op is the ordinary out-of-place one.
 
 Only for inputs the caller has just computed and owns (a GEMM / conv / norm output): the blocks of this package
 swap their ``nn.GELU`` modules for :class:`FreshGELU` (:func:`fresh_input_act`) exactly where that holds. Same
-values, same state dict (GELU has no parameters), scriptable, traceable and exportable.
+values, same state dict (GELU has no parameters), scriptable, traceable and exportable. While ``torch.jit.trace``
+records the module it is the ordinary out-of-place GELU, so a traced graph does not depend on whether gradients were
+on while tracing (``torch.jit.trace``'s check re-runs the model and compares the graphs).
 """
 import torch
 import torch.nn as nn
@@ -20,7 +22,7 @@ __all__ = ['FreshGELU', 'fresh_gelu', 'fresh_input_act']
 def fresh_gelu(x: torch.Tensor, approximate: str = 'none') -> torch.Tensor:
     """``F.gelu(x)``; in place (overwriting ``x``) when gradients are off. ``x`` must be the caller's own fresh
     tensor."""
-    if torch.is_grad_enabled():
+    if torch.is_grad_enabled() or torch.jit.is_tracing():
         return F.gelu(x, approximate=approximate)
     return torch.ops.aten.gelu_(x, approximate=approximate)
 

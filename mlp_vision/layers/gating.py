@@ -11,38 +11,13 @@ from typing import Optional, Type
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from timm.layers import DropPath, register_notrace_function
+from timm.layers import DropPath
 
 from .activations import fresh_input_act
 
-__all__ = ['SPATIAL_MODES', 'SpatialGatingUnit', 'TinyAttention', 'GatedMLPBlock', 'channel_linear']
+__all__ = ['SPATIAL_MODES', 'SpatialGatingUnit', 'TinyAttention', 'GatedMLPBlock']
 
 SPATIAL_MODES = ('dense', 'toeplitz', 'causal')
-
-
-@register_notrace_function  # a leaf for timm's FX feature extraction (it branches on device, dtype and shape)
-def channel_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """``F.linear(x, weight, bias)`` over the last axis of a (B, L, C) or (B, H, W, C) tensor, computed fast.
-
-    On CPU in float32, PyTorch runs ``F.linear`` through MKL's sgemm, which on this project's AMD (AVX-512)
-    machines reaches only about 45 % of what oneDNN's kernels reach on the same GEMM (measured: ~92 vs ~215
-    GFLOP/s per core for (6272 x 320) @ (320 x 960)). A 1x1 convolution on a channels-last view of the same
-    memory runs the same GEMM through oneDNN, so that is used instead: (B, L, C) is viewed as a (B, C, L, 1)
-    channels-last image (no copy), and the result, channels-last again, is viewed back as (B, L, N).
-
-    Elsewhere (CUDA, where cuDNN convs would use TF32 and change fp32 results; other dtypes, which already
-    take oneDNN; fewer than 16 rows per sample, where oneDNN's per-call weight reorder dominates) this is
-    ``F.linear``. Same values either way, up to float32 summation order. Other ranks also use ``F.linear``.
-    """
-    rows = x.numel() // max(x.shape[-1], 1)
-    if x.device.type == 'cpu' and x.dtype == torch.float32 and x.dim() >= 3 and rows >= 16 * x.shape[0]:
-        # the rows as a channels-last (n, C, rows / n, 1) image. n = B, except that single-threaded PyTorch
-        # takes 1x1 convs with n < 16 off oneDNN, so small batches are regrouped into 16 (any split of the
-        # rows is a view of the same memory)
-        n = 16 if x.shape[0] < 16 and rows % 16 == 0 else x.shape[0]
-        y = F.conv2d(x.reshape(n, -1, 1, x.shape[-1]).permute(0, 3, 1, 2), weight.unsqueeze(-1).unsqueeze(-1), bias)
-        return y.permute(0, 2, 3, 1).reshape(list(x.shape[:-1]) + [weight.shape[0]])
-    return F.linear(x, weight, bias)
 
 
 class SpatialGatingUnit(nn.Module):
@@ -128,28 +103,18 @@ class SpatialGatingUnit(nn.Module):
             mask: Optional[torch.Tensor] = None,
     ) -> torch.Tensor:
         u, v = x.chunk(2, dim=-1)
-        return self.gate(u, v, res, mask)
-
-    def gate(
-            self,
-            u: torch.Tensor,
-            v: torch.Tensor,
-            res: Optional[torch.Tensor] = None,
-            mask: Optional[torch.Tensor] = None,
-    ) -> torch.Tensor:
-        """The unit on the two halves given separately: ``u * (W · norm(v) + b [+ res])``, u and v (B, L, dim // 2).
-
-        :class:`GatedMLPBlock` computes the halves with two GEMMs, so each is contiguous and the LayerNorm and
-        the token mixing read them without the copy a strided ``chunk`` view costs.
-        """
         length = v.shape[-2]
         v = self.norm(v)
         if mask is not None:
             v = v * mask.unsqueeze(-1).to(v.dtype)
-        # (L, L) @ (B, L, C) + b -> (B, L, C): mixes tokens without transposing the activations; the bias rides
-        # in as baddbmm's broadcast input instead of costing a separate pass
-        w = self.spatial_weight(length)
-        v = torch.baddbmm(self.bias[:length].unsqueeze(-1), w.expand(v.shape[0], length, length), v)
+        # (L, L) @ (B, L, C) + b -> (B, L, C): mixes tokens without transposing the activations
+        w = self.spatial_weight(length).expand(v.shape[0], length, length)
+        b = self.bias[:length].unsqueeze(-1)
+        if torch.jit.is_tracing():
+            # recorded as bmm + add, ops that every FLOP counter knows (fvcore has no baddbmm handle)
+            v = torch.bmm(w, v) + b
+        else:
+            v = torch.baddbmm(b, w, v)  # the bias rides in as the broadcast addend: no separate pass
         if res is not None:
             v = v + res
         return u * v
@@ -268,12 +233,6 @@ class GatedMLPBlock(nn.Module):
         res: Optional[torch.Tensor] = None
         if self.attn is not None:
             res = self.attn(x, mask)
-        # fc1 as two GEMMs, one per SGU half, so both halves are contiguous (see SpatialGatingUnit.gate); the
-        # parameters stay one fc1 Linear
-        half = self.fc1.out_features // 2
-        w1, b1 = self.fc1.weight, self.fc1.bias
-        u = self.act(channel_linear(x, w1[:half], b1[:half]))
-        v = self.act(channel_linear(x, w1[half:], b1[half:]))
-        x = self.sgu.gate(u, v, res, mask if self.sgu_mask else None)
-        x = channel_linear(self.drop(x), self.fc2.weight, self.fc2.bias)
+        x = self.sgu(self.act(self.fc1(x)), res, mask if self.sgu_mask else None)
+        x = self.fc2(self.drop(x))
         return shortcut + self.drop_path(x)

@@ -11,13 +11,13 @@ import torch.nn as nn
 from timm.layers import DropPath, Mlp, to_2tuple
 
 from .activations import fresh_input_act
-from .gating import channel_linear
+from .linear import TokenLinear
 
 __all__ = ['MixerBlock']
 
 
 class MixerBlock(nn.Module):
-    """Residual token-mixing + channel-mixing block.
+    """Residual token-mixing + channel-mixing block (arXiv 2105.01601, §2, eq. 1).
 
     ``x = x + DropPath(TokenMLP(norm1(x)^T)^T)``; ``x = x + DropPath(ChannelMLP(norm2(x)))``.
     The token MLP maps seq_len -> tokens_dim -> seq_len (GELU), the channel MLP dim -> channels_dim -> dim.
@@ -27,10 +27,10 @@ class MixerBlock(nn.Module):
         seq_len: number of tokens n.
         mlp_ratio: (tokens_dim / d, channels_dim / d); Mixer uses (0.5, 4.0).
 
-    How it is computed (same function and parameters as timm's block): the token MLP runs as batched matmuls
-    ``(tokens_dim, n) @ (B, n, dim)`` with the biases as baddbmm's broadcast input, instead of Linear layers on
-    transposed copies; the channel MLP's GEMMs run through oneDNN (:func:`~mlp_vision.layers.gating.channel_linear`).
-    A ``mlp_layer`` other than timm's plain ``Mlp`` runs the straightforward way.
+    The forward is timm's, module by module. The token MLP's Linears are :class:`~mlp_vision.layers.TokenLinear`
+    (``nn.Linear`` subclasses with the same parameters) when ``mlp_layer`` is timm's ``Mlp``: they mix the n axis
+    of the transposed view in place, as one batched GEMM, instead of copying the activations to and from a
+    transposed layout.
 
     Shapes: x (B, n, dim) -> (B, n, dim).
     """
@@ -56,28 +56,14 @@ class MixerBlock(nn.Module):
         self.drop_path = DropPath(drop_path) if drop_path > 0. else nn.Identity()
         self.norm2 = norm_layer(dim, **dd)
         self.mlp_channels = mlp_layer(dim, channels_dim, act_layer=act_layer, drop=drop, **dd)
-        # the fast path knows timm's Mlp (fc1 -> act -> drop1 -> norm -> fc2 -> drop2) without a hidden norm
-        self.fast = bool(mlp_layer is Mlp and isinstance(self.mlp_tokens.norm, nn.Identity)
-                         and isinstance(self.mlp_channels.norm, nn.Identity))
-        if mlp_layer is Mlp:  # timm's Mlp applies act to its fc1 output only, as does the fast path
+        if mlp_layer is Mlp:
+            # timm's Mlp: fc1 -> act -> drop1 -> norm -> fc2 -> drop2; its act only ever sees fresh fc1 outputs
+            self.mlp_tokens.fc1 = TokenLinear(seq_len, tokens_dim, **dd)
+            self.mlp_tokens.fc2 = TokenLinear(tokens_dim, seq_len, **dd)
             self.mlp_tokens.act = fresh_input_act(self.mlp_tokens.act)
             self.mlp_channels.act = fresh_input_act(self.mlp_channels.act)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not self.fast:
-            x = x + self.drop_path(self.mlp_tokens(self.norm1(x).transpose(1, 2)).transpose(1, 2))
-            x = x + self.drop_path(self.mlp_channels(self.norm2(x)))
-            return x
-        # token MLP, mixing along n: (tokens_dim, n) @ (B, n, dim) -> (B, tokens_dim, dim), then back to n
-        mlp = self.mlp_tokens
-        y = self.norm1(x)
-        batch = y.shape[0]
-        y = torch.baddbmm(mlp.fc1.bias.unsqueeze(-1), mlp.fc1.weight.expand(batch, -1, -1), y)
-        y = mlp.drop1(mlp.act(y))
-        y = torch.baddbmm(mlp.fc2.bias.unsqueeze(-1), mlp.fc2.weight.expand(batch, -1, -1), y)
-        x = x + self.drop_path(mlp.drop2(y))
-        # channel MLP
-        mlp = self.mlp_channels
-        y = mlp.drop1(mlp.act(channel_linear(self.norm2(x), mlp.fc1.weight, mlp.fc1.bias)))
-        y = mlp.drop2(channel_linear(y, mlp.fc2.weight, mlp.fc2.bias))
-        return x + self.drop_path(y)
+        x = x + self.drop_path(self.mlp_tokens(self.norm1(x).transpose(1, 2)).transpose(1, 2))
+        x = x + self.drop_path(self.mlp_channels(self.norm2(x)))
+        return x

@@ -34,7 +34,6 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .activations import fresh_gelu
-from .gating import channel_linear
 
 __all__ = [
     'fast_fft_len', 'fft_causal_conv', 'causal_toeplitz', 'S4DKernel', 'S4DLayer', 'BidirectionalGatedSSM',
@@ -341,11 +340,9 @@ class BidirectionalGatedSSM(nn.Module):
     (a Linear and GELU act per position, so ``flip(GELU(flip(h) W_ub)) = GELU(h W_ub)``, and
     ``flip(SSM_b(flip(w))) = SSM_b(w, anticausal=True)``): the same function, with no reversed copies of the
     activations. The computation is further arranged for speed without changing the function (checked against
-    the straightforward layer of :mod:`mlp_vision.text._reference_bigs` in ``tests/test_fast_paths.py``): the three
-    input projections run as one GEMM (their weights concatenated, d -> 2d + d_i) with one GELU pass, both SSMs
-    run together (one batched GEMM or one pair of FFTs, see ``conv_impl``), and all projections run through
-    oneDNN on CPU (:func:`~mlp_vision.layers.gating.channel_linear`). The parameters stay separate, so state
-    dicts are unchanged. Parameter names map one-to-one onto the official ones (``dv, du_forward, du_backward,
+    the straightforward layer in ``tests/test_fast_paths.py``): both SSMs run together (one batched GEMM or one
+    pair of FFTs, see ``conv_impl``). Every projection is its own ``nn.Linear``, called as a module, so hooks,
+    LoRA adapters and quantised replacements act on it. Parameter names map one-to-one onto the official ones (``dv, du_forward, du_backward,
     duc_forward, duc_backward, dol, do, fs4, bs4, LayerNorm``).
 
     SSM convolution route (``conv_impl``), two computations of the same convolution:
@@ -431,22 +428,19 @@ class BidirectionalGatedSSM(nn.Module):
         act = self.gelu_approximate
         d, d_i = self.dim, self.hidden_dim
         h = self.norm(x)
-        # the three input projections of h as one GEMM (d -> 2d + d_i) and one GELU pass: [u_f | u_b | v]
-        w_in = torch.cat([self.forward_in_proj.weight, self.backward_in_proj.weight, self.value_proj.weight])
-        b_in = torch.cat([self.forward_in_proj.bias, self.backward_in_proj.bias, self.value_proj.bias])
-        uv = fresh_gelu(channel_linear(h, w_in, b_in), act)  # (B, L, 2d + d_i)
-        # split / unbind rather than slicing: their backward is one cat / stack, a slice's a zero fill + copy
-        u, v = uv.split([2 * d, d_i], dim=-1)  # v: (B, L, d_i)
-        u = u.unflatten(-1, (2, d))  # (B, L, 2, d): u_f, u_b (= flip(GELU(flip(h) W_ub)))
+        u_f = fresh_gelu(self.forward_in_proj(h), act)  # (B, L, d)
+        u_b = fresh_gelu(self.backward_in_proj(h), act)  # flip(GELU(flip(h) W_ub)): the flips cancel per position
+        v = fresh_gelu(self.value_proj(h), act)  # (B, L, d_i)
+        u = torch.stack([u_f, u_b], dim=2)  # (B, L, 2, d): both directions convolved in one pass
         if mask is not None:
             u = u * mask[:, :, None, None].to(u.dtype)
         s_f, s_b = self._bidirectional_ssm(u).unbind(2)  # (B, L, d) each: SSM_f(u_f), flip(SSM_b(flip(u_b)))
-        g = channel_linear(s_f, self.forward_out_proj.weight, self.forward_out_proj.bias)
-        g_b = channel_linear(s_b, self.backward_out_proj.weight, self.backward_out_proj.bias)
+        g = self.forward_out_proj(s_f)
+        g_b = self.backward_out_proj(s_b)
         g = g * g_b if torch.is_grad_enabled() else g.mul_(g_b)  # (B, L, d); in place: see layers.activations
-        y = fresh_gelu(channel_linear(g, self.gate_proj.weight, self.gate_proj.bias), act)
+        y = fresh_gelu(self.gate_proj(g), act)
         y = y * v if torch.is_grad_enabled() else y.mul_(v)
-        return x + channel_linear(y, self.out_proj.weight, self.out_proj.bias)
+        return x + self.out_proj(y)
 
     def _bidirectional_ssm(self, u: torch.Tensor) -> torch.Tensor:
         """Both SSMs at once: ``u`` (B, L, 2, d) holds ``u_f`` / ``u_b`` on dim 2; returns ``SSM_f(u_f)`` (causal)

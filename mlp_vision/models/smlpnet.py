@@ -17,61 +17,14 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Type, Union
 import torch
 import torch.nn as nn
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
-from timm.layers import ClassifierHead, DropPath, Mlp, to_2tuple, trunc_normal_
+from timm.layers import ClassifierHead, to_2tuple, trunc_normal_
 from timm.models import build_model_with_cfg, checkpoint_seq, named_apply
 from timm.models._features import feature_take_indices
 from timm.models import generate_default_cfgs, register_model
 
-from ..layers import SparseMLPTokenMixer, check_image_input, resample_token_weight
-from ..layers.activations import fresh_input_act
-from ..layers.gating import channel_linear
+from ..layers import SparseMLPBlock, check_image_input, resample_token_weight
 
-__all__ = ['SparseMLPNet', 'SparseMLPBlock', 'SparseMLPStage']
-
-
-class SparseMLPBlock(nn.Module):
-    """sMLPNet block: ``x = x + DropPath(TokenMixer(x))``; ``x = x + DropPath(MLP(LayerNorm_C(x)))``.
-
-    Activations are kept channels-last (NCHW shape, NHWC memory) throughout, so the LayerNorm and the channel
-    MLP read the (B, H, W, C) view without copies and its GEMMs run through oneDNN
-    (:func:`~mlp_vision.layers.gating.channel_linear`); without drop path the token mixer adds the residual
-    itself. Parameters are those of the plain formulation (``mlp.fc1`` / ``mlp.fc2`` are ``nn.Linear``).
-
-    Shapes: x (B, C, H, W) -> (B, C, H, W) (channels-last memory) with (H, W) == feat_size.
-    """
-
-    def __init__(
-            self,
-            dim: int,
-            feat_size: Tuple[int, int],
-            mlp_ratio: float = 3.,
-            norm_layer: Type[nn.Module] = nn.LayerNorm,
-            act_layer: Type[nn.Module] = nn.GELU,
-            proj_drop: float = 0.,
-            drop_path: float = 0.,
-            device=None,
-            dtype=None,
-    ) -> None:
-        super().__init__()
-        dd = {'device': device, 'dtype': dtype}
-        self.token_mixer = SparseMLPTokenMixer(dim, feat_size, act_layer=act_layer, **dd)
-        self.norm = norm_layer(dim, **dd)
-        self.mlp = Mlp(dim, int(dim * mlp_ratio), act_layer=act_layer, drop=proj_drop, **dd)
-        self.mlp.act = fresh_input_act(self.mlp.act)  # applied to the fresh fc1 output only
-        self.drop_path = DropPath(drop_path) if drop_path > 0. else nn.Identity()
-        self.has_drop_path = drop_path > 0.
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x.contiguous(memory_format=torch.channels_last)
-        if self.has_drop_path and self.training:
-            x = x + self.drop_path(self.token_mixer(x))
-        else:  # drop path is the identity: the token mixer adds the residual into its output buffer
-            x = self.token_mixer(x, shortcut=x)
-        y = self.norm(x.permute(0, 2, 3, 1))  # (B, H, W, C), contiguous
-        mlp = self.mlp  # timm Mlp: fc1 -> act -> drop1 -> norm -> fc2 -> drop2, its Linears run by channel_linear
-        y = mlp.drop1(mlp.act(channel_linear(y, mlp.fc1.weight, mlp.fc1.bias)))
-        y = mlp.drop2(channel_linear(mlp.norm(y), mlp.fc2.weight, mlp.fc2.bias))
-        return x + self.drop_path(y.permute(0, 3, 1, 2))
+__all__ = ['SparseMLPNet', 'SparseMLPStage']
 
 
 class SparseMLPStage(nn.Module):
