@@ -1,0 +1,259 @@
+""" Bidirectional long convolution of the BiGS layer as a blocked Toeplitz GEMM in Triton, optionally fused
+with the multiplicative gate.
+
+Paper: `Pretraining Without Attention` (BiGS) - https://arxiv.org/abs/2212.10544. An SSM applied to a sequence
+is a convolution with a long kernel ``K`` (§3.1); the BiGS layer runs one causal SSM and one over the reversed
+sequence, i.e. an anti-causal one, and multiplies their (projected) outputs (§4, "Gated Architecture"); one
+kernel per direction is shared by all hidden channels (§4, "SSM Layer"). With ``D`` folded into lag 0
+(``K[0] += D``), for u (B, L, 2, C) holding the two directions' inputs::
+
+    y[b, l, 0, c] = sum_{j <= l} K_f[l - j] u[b, j, 0, c]        (causal, forward SSM)
+    y[b, l, 1, c] = sum_{j >= l} K_b[j - l] u[b, j, 1, c]        (anti-causal, backward SSM)
+
+and, with ``gated=True`` and a bias (2, C), the product ``(y[..., 0, :] + bias[0]) * (y[..., 1, :] + bias[1])``.
+
+Formulation: blocked Toeplitz GEMM (why not FFTs)
+-------------------------------------------------
+Because the kernel is shared by all channels, each direction is one matrix product ``Y = T U`` of the (L, L)
+Toeplitz matrix ``T[i, j] = K[i - j]`` with the (L, B*C) input, whose wide second operand keeps tensor cores
+busy. ``T`` is never materialised: cut into square tiles of ``block_l`` rows, its tile at block row ``i``,
+block column ``j`` depends only on ``m = |i - j|``, so the ``ceil(L / block_l)`` distinct tiles per direction
+form a table of ``~L * block_l`` entries (4 MiB in bf16 for both directions at L = 16,384, block 128), built
+from ``K`` by one gather and held in L2. Each program computes an output tile of ``block_l`` positions x
+``block_c`` channels as ``sum_j table[|i - j|] @ U[j]``, skipping the all-zero tiles above (causal) or below
+(anti-causal) the diagonal: ``L^2 / 2`` multiply-adds per channel and direction, i.e. ``L * C`` per token for
+both directions together (d = 1024: 4.2 GMAC per token at L = 4,096).
+
+Arithmetic intensity: a tile step reads a ``block_l^2`` table tile and a ``block_l x block_c`` input tile and
+does ``block_l^2 * block_c`` MACs, 64 FLOP per byte for 128 x 128 bf16 tiles (the ratio of a GEMM with the
+same tiles); against HBM the input is read once and the output written once if the ``L x block_c`` input
+column of a program group stays in L2 (programs are launched block-row-fastest for that: 1 MiB per column at
+L = 4,096), i.e. ``L / 4`` FLOP per byte (1,024 at L = 4,096), far above the H100's ~300 FLOP/byte ridge:
+compute-bound, at GEMM speed. The FFT route (``ssm._BidirectionalFFTConv``) does ``O(log L)`` FLOPs per
+element but is memory-bound: float32 casts, permutes, padded complex spectra, ~100 bytes of traffic per
+element. FlashFFTConv (https://arxiv.org/abs/2311.05908) removes that traffic with Monarch-decomposed FFTs on
+tensor cores, built for a different kernel per channel; with one shared kernel the Toeplitz GEMM is simpler,
+exact in the kernel's taps, and has fewer FLOPs than a Monarch FFT convolution up to L ~ 8K (FFT: ~10^7 real
+MACs per channel at n_fft = 8,192 for the two transforms; Toeplitz: L^2 / 2 = 8.4 * 10^6). Its cost grows as
+L^2: at 16,384 tokens it equals 2 L d FLOPs per token, half of flash attention's 4 L d. Going below that needs
+the kernel's SSM structure (K[l] is a sum of N damped complex exponentials, so far-off tiles have rank <= 2N:
+a chunked state-passing scheme), not this generic-kernel route.
+
+Precision: tiles are multiplied in the input dtype (the table is cast to it: bf16 / fp16 taps carry the
+input's relative rounding, 2^-9 / 2^-12) with float32 accumulation; float32 inputs use full-precision
+(``ieee``) products. Outputs are cast back to the input dtype.
+
+Backward (both GEMMs in Triton, wrapped in a ``torch.autograd.Function``): the adjoint of a causal
+convolution is the anti-causal correlation with the same taps, so ``grad_u`` is the same kernel with each
+direction's causality flipped and the table tiles transposed; the gradient of table tile ``m`` is
+``sum_{b, c-blocks, i} G[i] U[i -/+ m]^T`` (one tile-sized accumulator per program, deterministic partial
+sums over a split of the batch x channel blocks), and autograd carries it through the gather to ``K``. With
+``gated=True`` the gate's backward (``grad_y_f = grad_out * (y_b + bias_b)`` and vice versa) runs in PyTorch
+on the two factors saved by the forward kernel.
+
+Devices: CUDA tensors run the compiled kernels; CPU tensors run the same kernel source in Triton's
+interpreter (numpy; slow, for tests on machines without a GPU -- no ``TRITON_INTERPRET`` needed).
+"""
+from typing import Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+
+try:  # triton ships with torch's CUDA builds; without it only the reference runs
+    from ._longconv_kernels import CONV_KERNELS, TABLE_GRAD_KERNELS
+except ImportError:
+    CONV_KERNELS = TABLE_GRAD_KERNELS = {}
+
+__all__ = ['bidirectional_long_conv', 'bidirectional_long_conv_reference', 'lag_block_table', 'has_triton']
+
+SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def has_triton(device: torch.device) -> bool:
+    """Whether :func:`bidirectional_long_conv` can run on ``device`` (CUDA with triton, or the CPU through
+    Triton's interpreter)."""
+    return torch.device(device).type in CONV_KERNELS
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def lag_block_table(kernels: torch.Tensor, block_l: int) -> torch.Tensor:
+    """The distinct ``block_l x block_l`` tiles of both directions' Toeplitz matrices, in the orientation the
+    forward pass multiplies them.
+
+    ``table[0, m, r, s] = K_f[m * block_l + r - s]``: the causal matrix's tile at block row ``i``, column
+    ``i - m``; ``table[1, m, r, s] = K_b[m * block_l + s - r]``: the anti-causal matrix's tile at block row
+    ``i``, column ``i + m``. Taps at lags outside ``0..L-1`` are zero (the upper / lower triangle of the
+    diagonal tile ``m = 0``, and lags past the end when ``block_l`` does not divide L). Differentiable (one
+    gather: autograd scatters tile gradients back onto the taps).
+
+    Shapes: kernels (2, L) -> (2, ceil(L / block_l), block_l, block_l), same dtype.
+    """
+    length = kernels.shape[-1]
+    n_blocks = _cdiv(length, block_l)
+    padded = F.pad(kernels, (block_l - 1, n_blocks * block_l - length))  # index p holds lag p - (block_l - 1)
+    windows = padded.unfold(-1, 2 * block_l - 1, block_l)  # (2, n_blocks, 2 block_l - 1): lags m bl - bl + 1 ..
+    pos = torch.arange(block_l, device=kernels.device)
+    tiles = windows[..., pos[:, None] - pos[None, :] + block_l - 1]  # (2, n_blocks, bl, bl): K[m bl + r - s]
+    return torch.stack([tiles[0], tiles[1].transpose(-1, -2)])
+
+
+def bidirectional_long_conv_reference(
+        u: torch.Tensor,
+        kernels: torch.Tensor,
+        bias: Optional[torch.Tensor] = None,
+        gated: bool = False,
+) -> torch.Tensor:
+    """The same function as :func:`bidirectional_long_conv`, computed directly: dense (L, L) Toeplitz matrices
+    (:func:`~mlp_vision.layers.ssm.causal_toeplitz`) times the input, ``O(L^2)`` memory. In float32, or
+    float64 when ``u`` or ``kernels`` is float64; result in ``u.dtype``. For tests and small inputs."""
+    from .ssm import causal_toeplitz  # here, not at the top: ssm.py may import this module
+    _check_inputs(u, kernels, bias, dtypes=SUPPORTED_DTYPES + (torch.float64,))
+    dtype = torch.float64 if torch.float64 in (u.dtype, kernels.dtype) else torch.float32
+    k = kernels.to(dtype)
+    x = u.to(dtype)
+    y = torch.stack([causal_toeplitz(k[0]) @ x[:, :, 0], causal_toeplitz(k[1], anticausal=True) @ x[:, :, 1]], 2)
+    if bias is not None:
+        y = y + bias.to(dtype)
+    if gated:
+        y = y[:, :, 0] * y[:, :, 1]
+    return y.to(u.dtype)
+
+
+def bidirectional_long_conv(
+        u: torch.Tensor,
+        kernels: torch.Tensor,
+        bias: Optional[torch.Tensor] = None,
+        gated: bool = False,
+        block_l: int = 128,
+        block_c: int = 128,
+) -> torch.Tensor:
+    """Causal convolution of ``u[:, :, 0]`` with ``kernels[0]`` and anti-causal convolution of ``u[:, :, 1]``
+    with ``kernels[1]`` along the sequence, by the Triton blocked Toeplitz GEMM (module docstring);
+    optionally plus a per-channel bias and multiplied together (the BiGS gate).
+
+    Args:
+        u: (B, L, 2, C) float16 / bfloat16 / float32, any strides (e.g. a view of a wider projection output);
+            dim 2 holds the forward (causal) and backward (anti-causal) inputs.
+        kernels: (2, L) float, ``[K_f, K_b]`` with ``D`` already added to lag 0; cast to ``u.dtype`` for the
+            products (float32 accumulation).
+        bias: optional (2, C), added to each direction's output (before the gate).
+        gated: return ``(y_f + bias_f) * (y_b + bias_b)`` (B, L, C) instead of ``y`` (B, L, 2, C).
+        block_l: sequence tile (power of two >= 16; rows and reduction depth of each tile product).
+        block_c: channel tile (power of two >= 16).
+
+    Returns:
+        (B, L, 2, C), or (B, L, C) with ``gated``, in ``u.dtype``. Differentiable in ``u``, ``kernels`` and
+        ``bias``.
+    """
+    _check_inputs(u, kernels, bias, dtypes=SUPPORTED_DTYPES)
+    for name, value in (('block_l', block_l), ('block_c', block_c)):
+        if value < 16 or value & (value - 1):
+            raise ValueError(f'{name} must be a power of two >= 16 (a tl.dot tile), got {value}')
+    if not has_triton(u.device):
+        raise RuntimeError(f'bidirectional_long_conv needs triton on a CUDA device (or its interpreter on the '
+                           f'CPU); not available for a {u.device.type} tensor here')
+    table = lag_block_table(kernels.float(), block_l)
+    return _BidirectionalLongConv.apply(u, table, bias, gated, block_c)
+
+
+def _check_inputs(u, kernels, bias, dtypes) -> None:
+    if u.dim() != 4 or u.shape[2] != 2:
+        raise ValueError(f'u must be (B, L, 2, C) (dim 2: forward / backward inputs), got {tuple(u.shape)}')
+    if u.dtype not in dtypes:
+        raise ValueError(f'u must be one of {[str(d) for d in dtypes]}, got {u.dtype}')
+    if kernels.shape != (2, u.shape[1]) or not kernels.is_floating_point():
+        raise ValueError(f'kernels must be a float (2, L) = (2, {u.shape[1]}) tensor, got {kernels.dtype} '
+                         f'{tuple(kernels.shape)}')
+    if bias is not None and (bias.shape != (2, u.shape[3]) or not bias.is_floating_point()):
+        raise ValueError(f'bias must be a float (2, C) = (2, {u.shape[3]}) tensor, got {bias.dtype} '
+                         f'{tuple(bias.shape)}')
+    devices = {t.device for t in (u, kernels, bias) if t is not None}
+    if len(devices) > 1:
+        raise ValueError(f'u, kernels and bias must be on one device, got {sorted(map(str, devices))}')
+
+
+class _BidirectionalLongConv(torch.autograd.Function):
+    """``u`` (B, L, 2, C), ``table`` (2, n_blocks, bl, bl) float32 (:func:`lag_block_table`), ``bias`` (2, C)
+    or None -> (B, L, 2, C), or (B, L, C) when ``gated``."""
+
+    @staticmethod
+    def forward(ctx, u, table, bias, gated: bool, block_c: int):
+        save_factors = gated and any(ctx.needs_input_grad[:3])  # the gate's backward needs both factors
+        out, factors = _launch_conv(u, table.to(u.dtype), bias, gated, adjoint=False,
+                                    save_factors=save_factors, block_c=block_c)
+        ctx.save_for_backward(u, table, factors)
+        ctx.gated, ctx.block_c = gated, block_c
+        ctx.bias_dtype = None if bias is None else bias.dtype
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        u, table, factors = ctx.saved_tensors
+        if ctx.gated:  # d(f_f * f_b): grad_f_f = grad * f_b, grad_f_b = grad * f_f (float32)
+            grad_out = grad_out.float()
+            grad_y = torch.stack([grad_out * factors[:, :, 1].float(), grad_out * factors[:, :, 0].float()], 2)
+        else:
+            grad_y = grad_out
+        grad_u = grad_table = grad_bias = None
+        if ctx.needs_input_grad[2]:
+            grad_bias = grad_y.float().sum((0, 1)).to(ctx.bias_dtype)
+        grad_y = grad_y.to(u.dtype)
+        if ctx.needs_input_grad[0]:  # T^T G: the adjoint tiles, causality of each direction flipped
+            grad_u, _ = _launch_conv(grad_y, table.transpose(-1, -2).to(u.dtype), None, gated=False, adjoint=True,
+                                     save_factors=False, block_c=ctx.block_c)
+        if ctx.needs_input_grad[1]:
+            grad_table = _launch_table_grad(grad_y, u, table.shape[1], table.shape[-1], ctx.block_c)
+        return grad_u, grad_table, grad_bias, None, None
+
+
+def _launch_conv(u, table, bias, gated, adjoint, save_factors, block_c) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Run the tile-product kernel: ``(out, factors)``; ``factors`` (B, L, 2, C) holds ``y + bias`` of both
+    directions when ``save_factors`` (gated forward with a graph), else an empty tensor."""
+    batch, length, _, channels = u.shape
+    n_blocks, block_l = table.shape[1], table.shape[-1]
+    out = u.new_empty((batch, length, channels) if gated else (batch, length, 2, channels))
+    # the gated output has no direction axis: stride 0 there lets both cases share the store
+    out_strides = (out.stride(0), out.stride(1), 0, out.stride(2)) if gated else out.stride()
+    factors = u.new_empty((batch, length, 2, channels)) if save_factors else None
+    grid = (n_blocks, _cdiv(channels, block_c), batch if gated else 2 * batch)
+    CONV_KERNELS[u.device.type][grid](
+        u, table.contiguous(), u if bias is None else bias, out, out if factors is None else factors,
+        length, channels, n_blocks,
+        *u.stride(), *out_strides,
+        ADJOINT=adjoint, GATED=gated, NUM_DIRECTIONS=2 if gated else 1, HAS_BIAS=bias is not None,
+        SAVE_FACTORS=save_factors, UPCAST_DOT=u.device.type == 'cpu', DOT_PRECISION=_dot_precision(u.dtype),
+        BLOCK_L=block_l, BLOCK_C=block_c, **_launch_options(u.device, block_l, block_c),
+    )
+    return out, factors
+
+
+def _launch_table_grad(grad_y, u, n_blocks, block_l, block_c) -> torch.Tensor:
+    """Gradient of the float32 table: (2, n_blocks, bl, bl), summed over deterministic partial sums."""
+    batch, length, _, channels = u.shape
+    n_cblocks = _cdiv(channels, block_c)
+    n_pairs = batch * n_cblocks
+    # enough programs to fill the GPU (~4 per SM) without an oversized partial-sum buffer
+    target = 4 * (torch.cuda.get_device_properties(u.device).multi_processor_count if u.is_cuda else 1)
+    n_split = max(1, min(n_pairs, -(-target // (2 * n_blocks))))
+    partial = torch.empty((n_split, 2, n_blocks, block_l, block_l), device=u.device, dtype=torch.float32)
+    TABLE_GRAD_KERNELS[u.device.type][(n_blocks, 2, n_split)](
+        grad_y, u, partial,
+        length, channels, n_blocks, n_pairs, n_cblocks, n_split,
+        *grad_y.stride(), *u.stride(),
+        UPCAST_DOT=u.device.type == 'cpu', DOT_PRECISION=_dot_precision(u.dtype),
+        BLOCK_L=block_l, BLOCK_C=block_c, **_launch_options(u.device, block_l, block_c),
+    )
+    return partial.sum(0)
+
+
+def _dot_precision(dtype: torch.dtype) -> str:
+    return 'ieee' if dtype == torch.float32 else 'tf32'  # half-precision tiles: the option is ignored
+
+
+def _launch_options(device: torch.device, block_l: int, block_c: int) -> dict:
+    if device.type == 'cpu':
+        return {}
+    return {'num_warps': 8 if block_l * block_c >= 128 * 128 else 4, 'num_stages': 3}
