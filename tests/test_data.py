@@ -297,8 +297,9 @@ def test_image_modes_without_a_scale_are_refused_with_the_file_name(tmp_path):
 
 
 def _val_with_bad_images(root):
-    """root/val with 7 good images in 2 classes and 3 bad ones; returns the names of the bad ones."""
-    _folder(root / 'val', {'a': 4, 'b': 3})
+    """root/val with 8 good images in 2 classes and 3 bad ones (11: two ranks get unequal shares); returns the
+    names of the bad ones."""
+    _folder(root / 'val', {'a': 5, 'b': 3})
     (root / 'val' / 'a' / 'random.png').write_bytes(np.random.default_rng(0).bytes(300))
     (root / 'val' / 'b' / 'truncated.png').write_bytes(_png_bytes(_image(99))[:60])
     Image.new('RGB', (64, 64)).save(root / 'val' / 'b' / 'bomb.png')
@@ -322,7 +323,7 @@ def test_unreadable_images_are_skipped_counted_and_excluded_from_metrics(tmp_pat
     metrics equal those of the same folder without them."""
     monkeypatch.setattr(Image, 'MAX_IMAGE_PIXELS', 2000)
     bad = _val_with_bad_images(tmp_path / 'with_bad')
-    _folder(tmp_path / 'clean' / 'val', {'a': 4, 'b': 3})
+    _folder(tmp_path / 'clean' / 'val', {'a': 5, 'b': 3})
     torch.manual_seed(0)
     model = _MeanColour()
 
@@ -336,8 +337,8 @@ def test_unreadable_images_are_skipped_counted_and_excluded_from_metrics(tmp_pat
         ds, loader, metrics = run(tmp_path / 'with_bad')
         targets = [t for _, tgt in loader for t in tgt.tolist()]  # a second pass: warned only once per file
     _, clean_loader, reference = run(tmp_path / 'clean')
-    assert len(ds) == 10 and metrics['samples'] == 7 and loader.skipped == 3
-    assert sorted(targets) == [0, 0, 0, 0, 1, 1, 1]  # each readable image once
+    assert len(ds) == 11 and metrics['samples'] == 8 and loader.skipped == 3
+    assert sorted(targets) == [0] * 5 + [1] * 3  # each readable image once
     for key in ('loss', 'top1', 'top5', 'samples'):
         assert metrics[key] == pytest.approx(reference[key], rel=1e-6)
     assert {os.path.basename(n) for n in loader.skipped_files} == bad
@@ -389,3 +390,42 @@ def test_digits_demo_folder_reads(tmp_path):
     assert (len(train), len(val)) == (40, 10)  # every 5th image of a class is val
     assert dataset_class_names(train) == [str(d) for d in range(10)]
     assert isinstance(train, ImageFileDataset) and train[0][0].mode == 'RGB'
+
+
+def _evaluate_rank(rank, world_size, root, port, out):
+    import torch.distributed as dist
+    torch.set_num_threads(1)
+    dist.init_process_group('gloo', init_method=f'tcp://127.0.0.1:{port}', rank=rank, world_size=world_size)
+    try:
+        torch.manual_seed(0)
+        model = _MeanColour()
+        ds = create_image_dataset('', root, 'val')
+        loader = create_eval_loader(ds, DATA_CONFIG, 2, CPU, num_workers=0, distributed=True)
+        metrics = evaluate(model, loader, distributed=True, log_interval=0)
+        torch.save({'metrics': dict(metrics), 'skipped': loader.skipped}, f'{out}.{rank}')
+    finally:
+        dist.destroy_process_group()
+
+
+def test_distributed_evaluation_counts_each_readable_image_once(tmp_path, monkeypatch):
+    """Two gloo ranks on a folder with unreadable images give the metrics of one process on the clean folder
+    (no padding duplicates, no skipped image counted), and the ranks' skip counts add up."""
+    import socket
+    import torch.multiprocessing as mp
+    monkeypatch.setattr(Image, 'MAX_IMAGE_PIXELS', 2000)
+    _val_with_bad_images(tmp_path / 'with_bad')
+    _folder(tmp_path / 'clean' / 'val', {'a': 5, 'b': 3})
+    torch.manual_seed(0)
+    reference = evaluate(_MeanColour(), create_eval_loader(
+        create_image_dataset('', str(tmp_path / 'clean'), 'val'), DATA_CONFIG, 2, CPU, num_workers=0), log_interval=0)
+    with socket.socket() as s:
+        s.bind(('127.0.0.1', 0))
+        port = s.getsockname()[1]
+    out = str(tmp_path / 'rank')
+    mp.start_processes(_evaluate_rank, args=(2, str(tmp_path / 'with_bad'), port, out), nprocs=2,
+                       start_method='fork')
+    results = [torch.load(f'{out}.{r}', weights_only=True) for r in range(2)]
+    for r in results:
+        for key in ('loss', 'top1', 'top5', 'samples'):
+            assert r['metrics'][key] == pytest.approx(reference[key], rel=1e-6)
+    assert sum(r['skipped'] for r in results) == 3
