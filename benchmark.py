@@ -13,11 +13,12 @@ of a pair about equally, so the ratio is much steadier than either throughput on
 Contenders:
     NAME             any timm-registered model (``import mlp_vision`` registers ours), e.g. ``smlpnet_t``,
                      ``gmlp_s16_224`` (timm's own).
-    ref:NAME         the straightforward sMLPNet (``mlp_vision.models._reference_smlpnet``) built as the twin of
-                     our ``NAME`` (same config, our weights).
+    ref:NAME         the straightforward sMLPNet (``tests/reference/smlpnet.py``, kept with the tests, outside the
+                     installed package) built as the twin of our ``NAME`` (same config, our weights).
+                     ``ref:`` contenders need a checkout of the repository (this script's folder).
     bigs_layer       one BiGS layer (``mlp_vision.layers.BidirectionalGatedSSM``, d ``--dim``, d_i ``--hidden-dim``,
                      N ``--num-states``; default BiGS-large: 1024 / 3072 / 64) on (batch, ``--seq-len``, d) inputs;
-    ref:bigs_layer   the straightforward BiGS layer (``mlp_vision.text._reference_bigs``) with the same weights;
+    ref:bigs_layer   the straightforward BiGS layer (``tests/reference/bigs.py``) with the same weights;
     bert_layer       the BERT layer it replaces, with SDPA attention (``mlp_vision.text.bert.BertLayer``: d ``--dim``,
                      ``--heads`` heads, FFN ``--ffn-dim``; default BERT-large: 1024 / 16 / 4096).
                      Layer contenders report tokens/s (batch x seq-len per step) instead of images/s.
@@ -38,6 +39,8 @@ Examples::
 import argparse
 import csv
 import datetime
+import functools
+import importlib.util
 import json
 import math
 import os
@@ -48,6 +51,8 @@ import statistics
 import subprocess
 import sys
 import time
+from pathlib import Path
+from types import ModuleType
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
@@ -58,12 +63,11 @@ from timm.models import model_entrypoint
 
 import mlp_vision
 from mlp_vision.layers import BidirectionalGatedSSM
-from mlp_vision.models._reference_smlpnet import reference_from
-from mlp_vision.text._reference_bigs import reference_bigs_layer_from
 from mlp_vision.text.bert import BertLayer
 
 PRECISIONS = ('fp32', 'bf16', 'fp16', 'amp_bf16', 'amp_fp16')
 LAYERS = ('bigs_layer', 'bert_layer')  # sequence-layer contenders (tokens/s); ref:bigs_layer is the straightforward one
+REFERENCE_DIR = Path(__file__).resolve().parent / 'tests' / 'reference'  # the straightforward twins (ref:)
 
 
 def base_name(spec: str) -> str:
@@ -73,6 +77,22 @@ def base_name(spec: str) -> str:
 
 def is_layer(spec: str) -> bool:
     return base_name(spec) in LAYERS
+
+
+def _reference_path(spec: str) -> Path:
+    """The file holding the straightforward twin of a ``ref:`` contender."""
+    return REFERENCE_DIR / ('bigs.py' if is_layer(spec) else 'smlpnet.py')
+
+
+@functools.lru_cache(maxsize=None)
+def _load_reference(path: Path) -> ModuleType:
+    """Import ``tests/reference/<name>.py`` of this checkout by its path, so that no other module named ``tests``
+    or ``reference`` on ``sys.path`` (an installed package's test folder, say) can stand in for it."""
+    spec = importlib.util.spec_from_file_location(f'_benchmark_reference_{path.stem}', path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -127,6 +147,11 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error(f'unknown model(s) {unknown}: give timm model names (this package registers '
                 f'{", ".join(mlp_vision.VISION_MODELS)}), ref:NAME for the straightforward sMLPNet of NAME, '
                 f'or a sequence layer: bigs_layer, ref:bigs_layer, bert_layer')
+    missing = sorted({str(_reference_path(s)) for s in specs if s.startswith('ref:')
+                      and not _reference_path(s).is_file()})
+    if missing:
+        p.error(f'ref: contenders need the straightforward reference models of a repository checkout, kept with '
+                f'the tests; not found: {", ".join(missing)}')
     if any(is_layer(s) for s in specs) and any(not is_layer(s) for s in specs):
         p.error('sequence layers (tokens/s) and image models (images/s) cannot be mixed in one run')
     if args.channels_last and any(is_layer(s) for s in specs):
@@ -159,7 +184,8 @@ def build(spec: str, args: argparse.Namespace, twin_of: Optional[nn.Module] = No
     create = _create_layer if is_layer(spec) else _create
     if spec.startswith('ref:'):
         ours = twin_of if twin_of is not None else create(base_name(spec), args)
-        return reference_bigs_layer_from(ours) if is_layer(spec) else reference_from(ours)
+        reference = _load_reference(_reference_path(spec))
+        return reference.reference_bigs_layer_from(ours) if is_layer(spec) else reference.reference_from(ours)
     return create(spec, args)
 
 
@@ -306,8 +332,8 @@ def matmul_ceiling(device: torch.device, precision: str, clock: Callable[[], flo
                    ) -> Dict[str, Any]:
     """Measured GEMM rates in the compute dtype (best of 5 rounds), the denominators of "% of ceiling".
 
-    ``matmul_gflops``: ``torch.mm`` of two n x n matrices (n = 2048 on CPU, 8192 on CUDA), the ceiling SPEC §5
-    uses. On CPU in float32 ``torch.mm`` runs MKL's sgemm, which on AMD processors does not use AVX-512;
+    ``matmul_gflops``: ``torch.mm`` of two n x n matrices (n = 2048 on CPU, 8192 on CUDA), the plain GEMM
+    ceiling. On CPU in float32 ``torch.mm`` runs MKL's sgemm, which on AMD processors does not use AVX-512;
     ``onednn_gflops`` is the same-sized GEMM (M = K = N = 2048) run through oneDNN as a 1x1 convolution on a
     channels-last (16, 2048, 16, 8) map, the route ``mlp_vision``'s fast paths take, which is the higher of the
     two on such machines (batch 16: single-threaded PyTorch sends 1x1 convs of smaller batches to its own

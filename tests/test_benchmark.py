@@ -99,3 +99,17 @@ def test_reference_model_input_size_comes_from_its_twin():
     assert benchmark.input_size('ref:bigs_layer', ref, args) == (128, 64)
     args.img_size = 96
     assert benchmark.input_size('ref:smlpnet_t', ref, args) == (3, 96, 96)
+
+
+def test_reference_contenders_need_the_reference_folder(tmp_path, monkeypatch, capsys):
+    """Without ``tests/reference`` beside benchmark.py (the script copied out of a checkout), a ``ref:`` contender
+    stops with one clear line naming the missing file; the package's own contenders do not need the folder."""
+    import benchmark
+    missing = tmp_path / 'tests' / 'reference'
+    monkeypatch.setattr(benchmark, 'REFERENCE_DIR', missing)
+    with pytest.raises(SystemExit) as e:
+        benchmark.parse_args(['--compare', 'bigs_layer', 'ref:bigs_layer'])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert 'ref: contenders need the straightforward reference models' in err and str(missing / 'bigs.py') in err
+    assert benchmark.parse_args(['--model', 'bigs_layer']).model == ['bigs_layer']

@@ -1,10 +1,11 @@
 """ A straightforward sMLPNet, written the obvious way: the speed and correctness baseline for ours.
 
-This follows the official SPACH formulation operator by operator (NCHW tensors; 1x1 ``nn.Conv2d`` on permuted
-tensors for the axial mixes; ``torch.cat`` of [x, H-mixed, W-mixed] then a 1x1 fuse conv; the channel MLP on
-a permuted (non-contiguous) view, as einops' ``Rearrange`` gives it). It is not registered with timm and is
-not meant for use; ``benchmark.py`` times ours against it and ``tests/test_fast_paths.py`` checks that ours
-computes the same function.
+This follows sMLPNet (Tang et al., arXiv:2109.05422, "Sparse MLP (sMLP)", eq. 1, Alg. 1) as the official code
+(github.com/microsoft/SPACH) writes it, operator by operator: NCHW tensors; 1x1 ``nn.Conv2d`` on permuted tensors
+for the axial mixes; ``torch.cat`` of [x, H-mixed, W-mixed] then a 1x1 fuse conv; the channel MLP on a permuted
+(non-contiguous) view, as einops' ``Rearrange`` gives it. It is not registered with timm and is not part of the
+package; ``benchmark.py`` times ours against it and ``tests/test_fast_paths.py`` checks that ours computes the
+same function.
 
 Module names mirror :class:`mlp_vision.models.SparseMLPNet` so that OUR state dict loads into it
 (:meth:`ReferenceSparseMLPNet.load_ours`); the only layout difference is that the axial mixes are 1x1 convs,

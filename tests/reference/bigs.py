@@ -1,11 +1,13 @@
 """ A straightforward BiGS layer, written the obvious way: the speed and correctness baseline for ours.
 
-It follows SPEC §1.4 and the official implementation's formulation operator by operator: the backward branch
-really flips the sequence (``torch.flip`` copies) before its input projection and flips the result back; each
-of the seven projections is its own ``nn.Linear``; each SSM recomputes its kernel on every call and runs its own
-FFT convolution on a (B, C, L) transposed copy of its input, with FFT length 2L. It is not registered anywhere
-and is not meant for use: ``benchmark.py`` times :class:`mlp_vision.layers.BidirectionalGatedSSM` against it and
-``tests/test_fast_paths.py`` checks that both compute the same function.
+It follows the gated BiGS layer (Wang et al., arXiv:2212.10544, §4, Fig. 2; S4D kernel: Gu et al.,
+arXiv:2206.11893) as the official implementation (github.com/jxiw/BiGS) writes it, operator by operator: the
+backward branch really flips the sequence (``torch.flip`` copies) before its input projection and flips the result
+back; each of the seven projections is its own ``nn.Linear``; each SSM recomputes its kernel on every call and
+runs its own FFT convolution on a (B, C, L) transposed copy of its input, with FFT length 2L. It is not
+registered anywhere and is not part of the package: ``benchmark.py`` times
+:class:`mlp_vision.layers.BidirectionalGatedSSM` against it and ``tests/test_fast_paths.py`` checks that both
+compute the same function.
 
 Module and parameter names mirror :class:`~mlp_vision.layers.BidirectionalGatedSSM`, so our state dict loads
 into it unchanged (:func:`reference_bigs_layer_from`).
@@ -54,7 +56,7 @@ class _RefSSM(nn.Module):
 
 
 class ReferenceBiGSLayer(nn.Module):
-    """The BiGS layer as SPEC §1.4 writes it (fp32; no padding mask). Shapes: (B, L, dim) -> (B, L, dim)."""
+    """The BiGS layer written out (``docs/models.md``; fp32, no padding mask). Shapes: (B, L, dim) -> (B, L, dim)."""
 
     def __init__(self, dim: int, hidden_dim: int, num_states: int = 64, norm_eps: float = 1e-12,
                  gelu_approximate: str = 'none') -> None:
