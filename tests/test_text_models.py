@@ -1,15 +1,18 @@
 """ Tests of mlp_vision.text: gMLP / aMLP masked LM, causal gMLP LM, MLP-Attention GPT and its SDPA baseline.
 
-Covers: registry; parameter counts vs SPEC §2 (big configs built on device='meta'); the text models' SGU, gMLP
-block and tiny attention ARE the classes of mlp_vision.layers; Toeplitz W; no future leakage in causal
-models; MLP-Attention at every length 1..T_max and generate() from a 1-token prompt; save/load round trips;
-padding-mask semantics (tiny attention masked, SGU documented as unmasked); tokenizers; a short char-level
-training run on Tiny Shakespeare that must reduce the loss.
+Covers: the one registry (every config's max_position_embeddings, tasks, architectures); parameter counts vs the
+papers (big configs built on device='meta'); the text models' SGU, gMLP block and tiny attention ARE the classes of
+mlp_vision.layers; Toeplitz W; no future leakage in causal models; MLP-Attention at every length 1..T_max and
+generate() from a 1-token prompt; save/load round trips (tokenizer included, legacy configs); Hugging Face output
+and label conventions; exact padding for every family (a padded batch equals each sequence run alone); a short
+char-level training run on Tiny Shakespeare that must reduce the loss.
 """
+import json
 import os
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import mlp_vision.layers as layers
 import mlp_vision.layers.gating as gating
@@ -22,7 +25,7 @@ from _helpers import n_params
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHAKESPEARE = os.path.join(REPO_ROOT, '..', 'shared', 'data', 'tinyshakespeare', 'input.txt')
 
-# SPEC §2 (gMLP paper Tables 4-5), millions; ours must be within 0.5 %
+# gMLP paper (arXiv 2105.08050) Tables 4-5, millions; ours must be within 0.5 %
 GMLP_PARAMS_M = {
     'gmlp_base': 130, 'amlp_base': 109, 'gmlp_large': 365, 'amlp_large': 316, 'gmlp_xlarge': 941,
     'gmlp_18l_seq128': 59, 'gmlp_36l_seq128': 102, 'gmlp_72l_seq128': 187, 'gmlp_144l_seq128': 357,
@@ -39,13 +42,14 @@ GPT_PARAMS = {'gpt_mlp_attention': (6_061_121, 6.0, 0), 'gpt_sdpa': (5_468_993, 
 
 
 def small_gmlp(task='masked_lm', **kw):
-    cfg = dict(vocab_size=50, max_seq_len=16, dim=32, depth=2, ffn_dim=64)
+    cfg = dict(vocab_size=50, max_position_embeddings=16, hidden_size=32, num_hidden_layers=2, intermediate_size=64)
     cfg.update(kw)
     return mt.create_model('gmlp_base', task=task, **cfg)
 
 
 def small_gpt(attention='mlp', **kw):
-    cfg = dict(vocab_size=40, block_size=16, n_layer=2, n_head=2, n_embd=32, mlp_attn_hidden=24, dropout=0.0)
+    cfg = dict(vocab_size=40, max_position_embeddings=16, num_hidden_layers=2, num_attention_heads=2, hidden_size=32,
+               mlp_attention_hidden_size=24, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
     cfg.update(kw)
     return mt.create_model('gpt_mlp_attention' if attention == 'mlp' else 'gpt_sdpa', **cfg)
 
@@ -75,19 +79,19 @@ def test_gmlp_param_counts(name):
 
 def _gmlp_formula(c: mt.GMLPConfig) -> int:
     """The accounting documented in mlp_vision/text/gmlp.py."""
-    d, f, n, a, V = c.dim, c.ffn_dim, c.max_seq_len, c.attn_dim, c.vocab_size
+    d, f, n, a, V = c.hidden_size, c.intermediate_size, c.max_position_embeddings, c.tiny_attention_size, c.vocab_size
     block = 2 * d + (d + 1) * f + f + (2 * n - 1) + n + (f // 2 + 1) * d
     if a:
         block += (d + 1) * 3 * a + (a + 1) * (f // 2)
-    return c.depth * block + V * d + 2 * d + V
+    return c.num_hidden_layers * block + V * d + 2 * d + V
 
 
 @pytest.mark.parametrize('name', ['gmlp_base', 'amlp_large', 'gmlp_18l_seq128'])
 def test_gmlp_param_accounting(name):
     model = mt.create_model(name, device='meta')
     assert n_params(model) == _gmlp_formula(model.config)
-    # tied decoder: no separate output matrix
-    assert model.output_weight() is model.gmlp.embed.weight
+    # tied decoder: the decoder Linear's weight is the embedding's parameter, counted once
+    assert model.decoder.weight is model.gmlp.embed.weight
 
 
 @pytest.mark.parametrize('name', sorted(GPT_PARAMS))
@@ -104,8 +108,8 @@ def test_text_models_use_shared_block_classes():
     # the text module imports the very class objects of mlp_vision.layers (no copies)
     assert text_gmlp.GatedMLPBlock is gating.GatedMLPBlock is layers.GatedMLPBlock
     models = [
-        small_gmlp(), small_gmlp(attn_dim=8), small_gmlp('sequence_classification', attn_dim=8),
-        small_gmlp('causal_lm', spatial_mode='causal', attn_dim=8),
+        small_gmlp(), small_gmlp(tiny_attention_size=8), small_gmlp('sequence_classification', tiny_attention_size=8),
+        small_gmlp('causal_lm', spatial_mode='causal', tiny_attention_size=8),
         mt.create_model('amlp_base', device='meta'),
     ]
     for model in models:
@@ -113,7 +117,7 @@ def test_text_models_use_shared_block_classes():
         for block in blocks:
             assert isinstance(block, layers.GatedMLPBlock) and type(block) is layers.GatedMLPBlock
             assert type(block.sgu) is layers.SpatialGatingUnit is gating.SpatialGatingUnit
-            if model.config.attn_dim:
+            if model.config.tiny_attention_size:
                 assert type(block.attn) is layers.TinyAttention is gating.TinyAttention
             else:
                 assert block.attn is None
@@ -130,7 +134,7 @@ def test_text_models_use_shared_block_classes():
 
 
 def test_sgu_init_survives_model_init():
-    model = small_gmlp(attn_dim=8)
+    model = small_gmlp(tiny_attention_size=8)
     for block in model.gmlp.blocks:
         assert block.sgu.weight.abs().max() < 1e-4  # W ~ 0 (std 1e-6)
         assert torch.equal(block.sgu.bias, torch.ones_like(block.sgu.bias))  # b = 1
@@ -138,7 +142,7 @@ def test_sgu_init_survives_model_init():
 
 def test_toeplitz_weight():
     n = 16
-    model = small_gmlp(max_seq_len=n)
+    model = small_gmlp(max_position_embeddings=n)
     for block in model.gmlp.blocks:
         sgu = block.sgu
         assert sgu.spatial_mode == 'toeplitz'
@@ -156,7 +160,7 @@ def test_toeplitz_weight():
 
 CAUSAL_MODELS = {
     'gmlp_causal': lambda: small_gmlp('causal_lm', spatial_mode='causal', tie_word_embeddings=False),
-    'amlp_causal': lambda: small_gmlp('causal_lm', spatial_mode='causal', attn_dim=8),
+    'amlp_causal': lambda: small_gmlp('causal_lm', spatial_mode='causal', tiny_attention_size=8),
     'gpt_mlp_attention': lambda: small_gpt('mlp'),
     'gpt_sdpa': lambda: small_gpt('sdpa'),
 }
@@ -175,7 +179,7 @@ def test_causal_models_leak_no_future(name):
     torch.manual_seed(0)
     model = CAUSAL_MODELS[name]().eval()
     _randomize_sgu(model)
-    V, T = model.config.vocab_size, model.max_seq_len
+    V, T = model.config.vocab_size, model.config.max_position_embeddings
     x = torch.randint(V, (2, T))
     with torch.no_grad():
         ref = model(x).logits
@@ -193,7 +197,8 @@ def test_causal_models_leak_no_future(name):
 def test_mlp_attention_every_length(single_thread):
     torch.manual_seed(0)
     T_max = 256  # the paper's context, narrow model
-    model = small_gpt('mlp', block_size=T_max, n_embd=16, mlp_attn_hidden=8, n_layer=1).eval()
+    model = small_gpt('mlp', max_position_embeddings=T_max, hidden_size=16, mlp_attention_hidden_size=8,
+                      num_hidden_layers=1).eval()
     x = torch.randint(model.config.vocab_size, (2, T_max))
     with torch.no_grad():
         full = model(x).logits
@@ -223,10 +228,11 @@ def test_generate_from_one_token(name):
     if name == 'gmlp_causal':
         model = CAUSAL_MODELS[name]()
     else:
-        model = small_gpt('mlp' if name == 'gpt_mlp_attention' else 'sdpa', dropout=0.2)
+        model = small_gpt('mlp' if name == 'gpt_mlp_attention' else 'sdpa', hidden_dropout_prob=0.2,
+                          attention_probs_dropout_prob=0.2)
     model.train()  # generate() must switch dropout off itself and restore the mode
     prompt = torch.tensor([[3], [7]])
-    n_new = model.max_seq_len + 5  # runs past the context: cropping to the last max_seq_len tokens
+    n_new = model.config.max_position_embeddings + 5  # runs past the context: cropped to its last tokens
     out = model.generate(prompt, n_new, temperature=0.8, top_k=5)
     assert out.shape == (2, 1 + n_new) and torch.equal(out[:, :1], prompt)
     assert model.training  # mode restored
@@ -242,7 +248,7 @@ def test_generate_from_one_token(name):
 # ------------------------------------------------------------------------------------------ save / load
 
 ROUNDTRIP = {
-    'amlp_mlm': lambda: small_gmlp(attn_dim=8),
+    'amlp_mlm': lambda: small_gmlp(tiny_attention_size=8),
     'gmlp_cls': lambda: small_gmlp('sequence_classification', num_labels=3),
     'gmlp_causal': CAUSAL_MODELS['gmlp_causal'],
     'gpt_mlp_attention': lambda: small_gpt('mlp'),
@@ -266,12 +272,12 @@ def test_save_load_roundtrip(name, tmp_path):
         sd, sd2 = model.state_dict(), loaded.state_dict()
         assert sd.keys() == sd2.keys() and all(torch.equal(sd[k], sd2[k]) for k in sd)
     if isinstance(model, mt.GMLPForMaskedLM):  # tying survives the round trip
-        assert loaded.output_weight() is loaded.gmlp.embed.weight
+        assert loaded.decoder.weight is loaded.gmlp.embed.weight
 
 
 def test_masked_lm_checkpoint_into_classifier(tmp_path):
     torch.manual_seed(0)
-    mlm = small_gmlp(attn_dim=8)
+    mlm = small_gmlp(tiny_attention_size=8)
     mlm.save_pretrained(str(tmp_path))
     clf = mt.GMLPForSequenceClassification.from_pretrained(str(tmp_path), num_labels=4)
     assert clf.config.num_labels == 4
@@ -282,110 +288,221 @@ def test_masked_lm_checkpoint_into_classifier(tmp_path):
         mt.GMLPForMaskedLM.from_pretrained(str(tmp_path / 'gpt'))
 
 
-# ------------------------------------------------------------------------------------------ heads / masking
+# ------------------------------------------------------------------------------------ Hugging Face conventions
 
 def test_masked_lm_and_classification_heads():
     torch.manual_seed(0)
     tok = mt.ByteTokenizer()
-    mlm = small_gmlp(vocab_size=tok.vocab_size, attn_dim=8)
-    ids = torch.tensor([[tok.cls_id] + tok.encode('hello world') + [tok.sep_id] + [tok.pad_id] * 3])
-    mask = ids != tok.pad_id
+    mlm = small_gmlp(vocab_size=tok.vocab_size, tiny_attention_size=8)
+    enc = tok('hello world', max_length=16, padding='max_length', return_tensors='pt')
+    ids, mask = enc['input_ids'], enc['attention_mask']
     labels = torch.full_like(ids, -100)
     labels[0, 3] = ids[0, 3]
     masked = ids.clone()
     masked[0, 3] = tok.mask_id
-    logits, loss = mlm(masked, mask, labels)
-    assert logits.shape == (1, ids.shape[1], tok.vocab_size) and torch.isfinite(loss)
+    out = mlm(masked, attention_mask=mask, labels=labels)
+    assert out.logits.shape == (1, 16, tok.vocab_size) and torch.isfinite(out.loss)
+    torch.testing.assert_close(out.loss, F.cross_entropy(out.logits[0, 3:4], ids[0, 3:4]))  # only scored position
     clf = small_gmlp('sequence_classification', vocab_size=tok.vocab_size, num_labels=3).eval()
-    logits, loss = clf(ids, mask, torch.tensor([2]))
-    assert logits.shape == (1, 3) and torch.isfinite(loss)
+    out = clf(ids, attention_mask=mask, labels=torch.tensor([2]))
+    assert out.logits.shape == (1, 3) and torch.isfinite(out.loss)
     with torch.no_grad():  # the prediction is read at <cls> (position 0) of the last layer
         h = clf.gmlp(ids, mask)[:, 0]
-        torch.testing.assert_close(logits, clf.classifier(h))
-    with pytest.raises(ValueError):
-        mlm(torch.zeros(1, 17, dtype=torch.long))  # longer than max_seq_len
+        torch.testing.assert_close(out.logits, clf.classifier(h))
+    with pytest.raises(ValueError, match='sequence length 17'):
+        mlm(torch.zeros(1, 17, dtype=torch.long))  # longer than max_position_embeddings
 
 
-def _perturb_pad_kv(pad_from: int):
-    """Forward hook on TinyAttention.qkv: replace keys and values at positions >= pad_from with noise."""
-    def hook(module, inputs, out):
-        q, k, v = out.chunk(3, dim=-1)
-        k, v = k.clone(), v.clone()
-        g = torch.Generator().manual_seed(123)
-        k[:, pad_from:] = torch.randn(k[:, pad_from:].shape, generator=g) * 10
-        v[:, pad_from:] = torch.randn(v[:, pad_from:].shape, generator=g) * 10
-        return torch.cat([q, k, v], dim=-1)
-    return hook
-
-
-def test_amlp_padding_mask_hides_padded_attention_keys():
-    """With attention_mask, what the tiny attention reads at padded positions (keys, values) cannot reach any
-    output; without it, it does (control). The SGU path is untouched by this perturbation."""
+def test_output_is_indexed_like_transformers_model_output():
+    """loss first when labels are given (out[0] is what transformers' Trainer reads), logits otherwise."""
     torch.manual_seed(0)
-    model = small_gmlp(attn_dim=8).eval()
-    _randomize_sgu(model)
-    n_real, L = 10, 16
-    ids = torch.randint(4, 50, (2, L))
-    ids[:, n_real:] = 0
-    mask = torch.zeros(2, L, dtype=torch.bool)
-    mask[:, :n_real] = True
+    model = small_gmlp().eval()
+    x = torch.randint(50, (2, 9))
     with torch.no_grad():
-        ref_masked = model(ids, mask).logits
-        ref_unmasked = model(ids).logits
-        handles = [b.attn.qkv.register_forward_hook(_perturb_pad_kv(n_real)) for b in model.gmlp.blocks]
-        try:
-            out_masked = model(ids, mask).logits
-            out_unmasked = model(ids).logits
-        finally:
-            for h in handles:
-                h.remove()
-    torch.testing.assert_close(out_masked[:, :n_real], ref_masked[:, :n_real], rtol=0, atol=1e-5)
-    assert not torch.allclose(out_unmasked[:, :n_real], ref_unmasked[:, :n_real], atol=1e-3)
+        out = model(x)
+        assert list(out.keys()) == ['logits'] and 'loss' not in out and out.loss is None
+        assert out[0] is out.logits is out['logits'] and out.to_tuple() == (out.logits,)
+        out = model(x, labels=x)
+    assert list(out.keys()) == ['loss', 'logits'] and out[0] is out.loss and out[1] is out.logits
+    assert out.to_tuple() == (out.loss, out.logits) and out[1:] == (out.logits,)
+    with pytest.raises(KeyError):
+        out['hidden_states']
+    # a pytree node: torch.utils._pytree sees the tensors (torch.compile, torch.export, DDP)
+    import torch.utils._pytree as pytree
+    leaves, spec = pytree.tree_flatten(out)
+    assert len(leaves) == 2 and leaves[0] is out.loss
+    rebuilt = pytree.tree_unflatten(leaves, spec)
+    assert type(rebuilt) is type(out) and rebuilt.logits is out.logits
+    import copy
+    import pickle
+    for clone in (copy.deepcopy(out), pickle.loads(pickle.dumps(out))):
+        assert list(clone.keys()) == ['loss', 'logits'] and torch.equal(clone.logits, out.logits)
 
 
-def test_sgu_mixes_padding_as_documented():
-    """Documented (paper §4): the Toeplitz SGU is not masked, so padded tokens reach real positions through W
-    even with attention_mask; a causal SGU never sees trailing pads."""
+@pytest.mark.parametrize('name', ['gmlp_causal', 'gpt_mlp_attention', 'gpt_sdpa'])
+def test_causal_lm_labels_are_shifted_inside(name):
+    """transformers' convention: labels = input_ids; position t is scored on token t + 1."""
+    torch.manual_seed(0)
+    model = CAUSAL_MODELS[name]().eval()
+    x = torch.randint(model.config.vocab_size, (2, 12))
+    labels = x.clone()
+    labels[1, 5] = -100  # not scored: the prediction made at position 4
+    with torch.no_grad():
+        out = model(x, labels=labels)
+    logits = out.logits[:, :-1]
+    expected = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1), ignore_index=-100)
+    torch.testing.assert_close(out.loss, expected)
+
+
+def test_bad_attention_masks_stop_with_one_line():
+    model = small_gmlp().eval()
+    x = torch.randint(50, (2, 8))
+    left = torch.ones(2, 8, dtype=torch.long)
+    left[0, :2] = 0
+    with pytest.raises(ValueError, match='right padding'):
+        model(x, attention_mask=left)
+    with pytest.raises(ValueError, match='1 \\(real token\\) or 0'):
+        model(x, attention_mask=x)  # token ids where the mask goes
+    with pytest.raises(ValueError, match='attention_mask shape'):
+        model(x, attention_mask=torch.ones(2, 7))
+    bigs = mt.create_model('bigs_small', num_hidden_layers=1, hidden_size=16, intermediate_size=24, num_ssm_states=4)
+    with pytest.raises(ValueError, match='token_type_ids shape'):
+        bigs(x, token_type_ids=torch.zeros(2, 9, dtype=torch.long))
+
+
+# ------------------------------------------------------------------------------------------------- padding
+
+def _bigs(**kw):
+    cfg = dict(vocab_size=50, pad_token_id=0, hidden_size=16, intermediate_size=24, num_hidden_layers=2,
+               num_ssm_states=4, max_position_embeddings=16, hidden_dropout_prob=0.0, initializer_range=0.3)
+    return mt.create_model('bigs_small', **{**cfg, **kw})
+
+
+def _bert(**kw):
+    cfg = dict(vocab_size=50, pad_token_id=0, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+               num_attention_heads=2, max_position_embeddings=16, hidden_dropout_prob=0.0,
+               attention_probs_dropout_prob=0.0, initializer_range=0.3)
+    return mt.create_model('bert_small', **{**cfg, **kw})
+
+
+# one small model of every family and head; what each returns for a sequence is compared with and without padding
+PADDING_MODELS = {
+    'gmlp_mlm': lambda: small_gmlp(),
+    'amlp_mlm': lambda: small_gmlp(tiny_attention_size=8),
+    'amlp_cls': lambda: small_gmlp('sequence_classification', tiny_attention_size=8),
+    'gmlp_causal': lambda: small_gmlp('causal_lm', spatial_mode='causal', tiny_attention_size=8),
+    'gpt_mlp_attention': lambda: small_gpt('mlp'),
+    'gpt_sdpa': lambda: small_gpt('sdpa'),
+    'bigs_mlm': lambda: _bigs(),
+    'bigs_cls': lambda: _bigs(task='sequence_classification'),
+    'bert_mlm': lambda: _bert(),
+    'bert_cls': lambda: _bert(task='sequence_classification'),
+}
+
+
+@pytest.mark.parametrize('name', sorted(PADDING_MODELS))
+def test_padding_never_changes_real_outputs(name):
+    """A right-padded batch gives every sequence exactly the outputs it gets alone; pads are random tokens (not
+    just the pad id) so that any leak would show."""
+    torch.manual_seed(0)
+    model = PADDING_MODELS[name]().double().eval()
+    _randomize_sgu(model)
+    g = torch.Generator().manual_seed(1)
+    lengths, total = (5, 11, 16), 16
+    rows = [torch.randint(1, 50 if 'gpt' not in name else 40, (n,), generator=g) for n in lengths]
+    ids = torch.randint(1, 40, (len(rows), total), generator=g)
+    mask = torch.zeros(len(rows), total, dtype=torch.long)
+    for i, r in enumerate(rows):
+        ids[i, :len(r)] = r
+        mask[i, :len(r)] = 1
+    with torch.no_grad():
+        batch = model(ids, attention_mask=mask).logits
+        for i, r in enumerate(rows):
+            alone = model(r[None]).logits[0]
+            got = batch[i] if batch.dim() == 2 else batch[i, :len(r)]
+            torch.testing.assert_close(got, alone, rtol=1e-9, atol=1e-9)
+        if 'causal' not in name and 'gpt' not in name:  # control: without the mask the pads do reach real tokens
+            unmasked = model(ids).logits
+            assert not torch.allclose(unmasked[0], batch[0], atol=1e-6)
+
+
+def test_gmlp_mask_padding_false_is_the_papers_unmasked_sgu():
+    """mask_padding=False: the SGU mixes pads into real positions, as the paper (§4); only the tiny attention masks."""
     torch.manual_seed(0)
     n_real, L = 10, 16
     ids = torch.randint(4, 50, (1, L))
-    ids[:, n_real:] = 0
-    mask = torch.arange(L)[None] < n_real
+    mask = (torch.arange(L) < n_real).long()[None]
     other = ids.clone()
     other[:, n_real:] = 3  # different content in the padded slots
-    for attn_dim in (0, 8):
-        model = small_gmlp(attn_dim=attn_dim).eval()
+    for size in (0, 8):
+        model = small_gmlp(tiny_attention_size=size, mask_padding=False).eval()
         _randomize_sgu(model)
         with torch.no_grad():
-            a, b = model(ids, mask).logits, model(other, mask).logits
+            a, b = model(ids, attention_mask=mask).logits, model(other, attention_mask=mask).logits
         assert not torch.allclose(a[:, :n_real], b[:, :n_real], atol=1e-4)
-    causal = CAUSAL_MODELS['amlp_causal']().eval()
-    _randomize_sgu(causal)
+
+
+# ------------------------------------------------------------------------------ configs: one naming scheme
+
+def test_every_registered_config_names_its_maximum_length():
+    for name in mt.list_models():
+        entry = mt.model_config(name)
+        model = mt.create_model(name, device='meta')
+        assert model.config.max_position_embeddings == entry['max_position_embeddings'] > 0
+        for field in ('vocab_size', 'hidden_size', 'num_hidden_layers', 'intermediate_size', 'initializer_range'):
+            assert hasattr(model.config, field), (name, field)
+        assert type(model) is mt.model_class(entry['family'], entry['task'])
+    assert mt.model_config('bigs_large_4096')['max_position_embeddings'] == 4096
+    assert mt.model_config('gpt_sdpa', max_position_embeddings=64)['max_position_embeddings'] == 64
+    with pytest.raises(ValueError, match="family 'gpt' has no task 'masked_lm'"):
+        mt.create_model('gpt_sdpa', task='masked_lm')
+    assert set(mt.list_architectures()) >= {'GMLPForMaskedLM', 'BiGSForSequenceClassification', 'BertModel',
+                                            'GPTLanguageModel'}
+
+
+def test_legacy_config_names_still_load(tmp_path):
+    """Command lines and checkpoints written with the families' old field names build the same models."""
+    old = mt.create_model('gmlp_base', depth=2, dim=32, ffn_dim=64, attn_dim=8, max_seq_len=16, dropout=0.1,
+                          vocab_size=50)
+    assert old.config == small_gmlp(tiny_attention_size=8, hidden_dropout_prob=0.1).config
+    gpt = mt.create_model('gpt_sdpa', n_layer=1, n_embd=32, n_head=2, block_size=32, dropout=0.1, ffn_ratio=2)
+    assert (gpt.config.num_hidden_layers, gpt.config.hidden_size, gpt.config.max_position_embeddings,
+            gpt.config.intermediate_size, gpt.config.attention_probs_dropout_prob) == (1, 32, 32, 64, 0.1)
+    with pytest.raises(TypeError, match="both 'dim'"):
+        mt.create_model('gmlp_base', dim=32, hidden_size=32, device='meta')
+    with pytest.raises(TypeError, match="no field 'no_such_field'"):
+        mt.create_model('gmlp_base', no_such_field=1, device='meta')
+    # a format-1 checkpoint (old names, no mask_padding field) loads with the unmasked SGU it was trained with
+    torch.manual_seed(0)
+    model = small_gmlp(mask_padding=False).eval()
+    model.save_pretrained(str(tmp_path))
+    cfg_path = tmp_path / 'config.json'
+    payload = json.loads(cfg_path.read_text())
+    c = payload['config']
+    legacy = dict(vocab_size=c['vocab_size'], max_seq_len=c['max_position_embeddings'], dim=c['hidden_size'],
+                  depth=c['num_hidden_layers'], ffn_dim=c['intermediate_size'], attn_dim=0, spatial_mode='toeplitz',
+                  tie_word_embeddings=True, dropout=0.0, drop_path_rate=0.0, norm_eps=1e-6, init_std=0.02,
+                  cls_index=0, num_labels=2, classifier_dropout=0.1)
+    cfg_path.write_text(json.dumps({'architecture': 'GMLPForMaskedLM', 'config': legacy, 'format_version': 1}))
+    loaded = mt.from_pretrained(str(tmp_path))
+    assert loaded.config == model.config and loaded.config.mask_padding is False
+    x = torch.randint(50, (1, 10))
     with torch.no_grad():
-        torch.testing.assert_close(causal(ids).logits[:, :n_real], causal(other).logits[:, :n_real],
-                                   rtol=0, atol=1e-5)
+        assert torch.equal(loaded.eval()(x).logits, model(x).logits)
 
 
-# --------------------------------------------------------------------------------------------- tokenizers
-
-def test_tokenizers(tmp_path):
-    tok = mt.ByteTokenizer()
-    text = 'Thou art — naïve, 東京!'
-    ids = tok.encode(text)
-    assert max(ids) < 256 and tok.decode(ids) == text
-    assert tok.vocab_size == 260 and tok.special_ids == [256, 257, 258, 259]
-    assert tok.decode([tok.cls_id] + ids + [tok.pad_id]) == text
-
-    ct = mt.CharTokenizer.from_text('hello world', special_tokens=['<pad>', '<mask>'])
-    assert ct.vocab_size == 8 + 2 and ct.chars == sorted(set('hello world'))
-    assert ct.decode(ct.encode('low hello')) == 'low hello'
-    with pytest.raises(KeyError):
-        ct.encode('z')
-    ct.save(str(tmp_path))
-    ct2 = mt.CharTokenizer.load(str(tmp_path))
-    assert ct2.chars == ct.chars and ct2.special_tokens == ct.special_tokens
-    cu = mt.CharTokenizer.from_text('abc', unk='<unk>')
-    assert cu.encode('abz') == [0, 1, cu.token_to_id('<unk>')]
+def test_save_pretrained_keeps_the_tokenizer(tmp_path):
+    torch.manual_seed(0)
+    tok = mt.CharTokenizer.from_text('abcdefgh ', special_tokens=['<pad>', '<cls>', '<sep>', '<mask>'])
+    model = small_gmlp(vocab_size=tok.vocab_size).eval()
+    assert model.tokenizer is None
+    model.save_pretrained(str(tmp_path), tokenizer=tok)
+    loaded = mt.from_pretrained(str(tmp_path))
+    assert loaded.tokenizer.to_dict() == tok.to_dict()
+    loaded.save_pretrained(str(tmp_path / 'again'))  # the attached tokenizer goes along
+    assert mt.load_tokenizer(str(tmp_path / 'again')).to_dict() == tok.to_dict()
+    small_gmlp().save_pretrained(str(tmp_path / 'bare'))
+    assert mt.from_pretrained(str(tmp_path / 'bare')).tokenizer is None
 
 
 # ------------------------------------------------------------------------------------- training on real text
@@ -409,32 +526,33 @@ def test_char_lm_training_reduces_loss(name, single_thread):
     torch.manual_seed(0)
     T, B, steps = 32, 16, 100  # ~15 ms per step on one thread
     if name == 'gpt_mlp_attention':
-        model = mt.create_model(name, block_size=T, n_layer=2, n_head=2, n_embd=64, mlp_attn_hidden=32, dropout=0.0)
+        model = mt.create_model(name, max_position_embeddings=T, num_hidden_layers=2, num_attention_heads=2,
+                                hidden_size=64, mlp_attention_hidden_size=32, hidden_dropout_prob=0.0,
+                                attention_probs_dropout_prob=0.0)
     else:
-        model = mt.create_model(name, max_seq_len=T, depth=2, dim=64, ffn_dim=256)
+        model = mt.create_model(name, max_position_embeddings=T, num_hidden_layers=2, hidden_size=64,
+                                intermediate_size=256)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     g = torch.Generator().manual_seed(0)
 
     def batch(split):
-        ix = torch.randint(len(split) - T - 1, (B,), generator=g)
-        x = torch.stack([split[i:i + T] for i in ix])
-        y = torch.stack([split[i + 1:i + T + 1] for i in ix])
-        return x, y
+        ix = torch.randint(len(split) - T, (B,), generator=g)
+        return torch.stack([split[i:i + T] for i in ix])
 
-    vx, vy = batch(val)  # fixed held-out batch
+    vx = batch(val)  # fixed held-out batch; labels = inputs (shifted inside the model)
     with torch.no_grad():
         model.eval()
-        val0 = model(vx, vy).loss.item()
+        val0 = model(vx, labels=vx).loss.item()
     model.train()
     for _ in range(steps):
-        x, y = batch(train)
-        loss = model(x, y).loss
+        x = batch(train)
+        loss = model(x, labels=x).loss
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
     with torch.no_grad():
         model.eval()
-        val1 = model(vx, vy).loss.item()
+        val1 = model(vx, labels=vx).loss.item()
     # start near ln(65) = 4.17; 100 steps (~2.5 measured) must bring the held-out loss well below the unigram
     # level of this text (~3.3 nats)
     assert val0 > 3.9, val0

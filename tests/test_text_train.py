@@ -260,7 +260,7 @@ def test_bad_inputs(shakespeare, tmp_path):
     assert 'is empty' in err(*TINY_GPT, '--train-file', str(empty))
     assert 'no training text file given' in err(*TINY_GPT)
     msg = err(*TINY_GPT, *ok, '--block-size', '64')
-    assert 'larger than the model\'s maximum length 32' in msg and 'block_size=64' in msg
+    assert 'larger than the model\'s maximum length 32' in msg and 'max_position_embeddings=64' in msg
     msg = err('--model', 'no_such_model', *ok)
     assert 'unknown text model' in msg and 'gpt_sdpa' in msg
     msg = err(*TINY_GMLP, *ok, '--task', 'causal')

@@ -1,22 +1,32 @@
-""" Text models built on the shared blocks of :mod:`mlp_vision.layers`.
+""" Text models built on the shared blocks of :mod:`mlp_vision.layers`, with Hugging Face's conventions.
 
-* gMLP / aMLP masked-LM encoders (Toeplitz SGU) with masked-LM and ``<cls>`` sequence-classification heads,
-  and a causal gMLP LM (causal SGU) -- all from :class:`mlp_vision.layers.GatedMLPBlock`.
+* gMLP / aMLP masked-LM encoders (Toeplitz SGU) with masked-LM and ``<cls>`` sequence-classification heads, and a
+  causal gMLP LM (causal SGU) -- all from :class:`mlp_vision.layers.GatedMLPBlock`.
 * BiGS (bidirectional gated SSM, :class:`mlp_vision.layers.BidirectionalGatedSSM`) masked-LM and
-  sequence-classification encoders, with a converter for the official checkpoints.
+  sequence-classification encoders, with a loader for the official checkpoints (``from_official``).
+* BERT, the attention baseline, from the same embeddings / heads as BiGS.
 * A char-level GPT with MLP-Attention and its dot-product-attention (SDPA) baseline.
-* Download-free byte / character tokenizers.
+* Tokenizers: UTF-8 bytes, corpus characters, and subwords (BERT ``vocab.txt``, any ``tokenizer.json``, or a
+  WordPiece / BPE vocabulary trained offline) behind one interface; a fill-mask entry point.
 
 Usage::
 
     import mlp_vision.text as mt
     mt.list_models()
     model = mt.create_model('amlp_base')            # GMLPForMaskedLM
-    model.save_pretrained('ckpt/'); model = mt.from_pretrained('ckpt/')
+    out = model(input_ids, attention_mask=mask, labels=labels)   # out.loss, out.logits
+    model.save_pretrained('ckpt/', tokenizer=tok); model = mt.from_pretrained('ckpt/')  # model.tokenizer
+    model = mt.BiGSForMaskedLM.from_official('BiGS_512/')          # official weights + their vocab.txt
+    mt.fill_mask(model, model.tokenizer, 'the movie was [MASK] .')
 """
+from .bert import BertConfig, BertForMaskedLM, BertForSequenceClassification, BertModel
 from .bigs import BiGSConfig, BiGSForMaskedLM, BiGSForSequenceClassification, BiGSModel, convert_official_bigs_state_dict
+from .fill_mask import fill_mask, load_masked_lm
 from .gmlp import GMLPConfig, GMLPForCausalLM, GMLPForMaskedLM, GMLPForSequenceClassification, GMLPModel
 from .gpt import GPTBlock, GPTConfig, GPTLanguageModel, MLPAttention
-from .modeling_utils import GenerationMixin, PretrainedMixin, TextOutput, from_pretrained, list_architectures
-from .registry import create_model, is_model, list_models, model_config, register_model
-from .tokenizer import ByteTokenizer, CharTokenizer
+from .modeling_utils import GenerationMixin, ModelOutput, PretrainedMixin, TextConfig, TextModelOutput
+from .registry import (
+    architecture_class, create_model, from_pretrained, is_model, list_architectures, list_models, model_class,
+    model_config, register_model)
+from .tokenizer import (
+    ByteTokenizer, CharTokenizer, SubwordTokenizer, Tokenizer, find_tokenizer, load_tokenizer, train_tokenizer)

@@ -1,100 +1,315 @@
-""" BERT (dot-product attention) baselines of the BiGS comparison: FLOP counts and speed.
+""" BERT: the attention baseline of the attention-free text models, built from the same pieces as BiGS.
 
-BiGS replaces each BERT layer -- self-attention plus feed-forward -- by one gated SSM layer (SPEC §1.4), and the
-BiGS paper (Table 6) compares its FLOPs with BERT-large's. :class:`BertLayer` is that BERT layer, written the
-way a user would write it today: ``nn.Linear`` projections and ``F.scaled_dot_product_attention`` (PyTorch's
-fused flash / memory-efficient kernels), post-LayerNorm as BERT. ``benchmark.py`` times it against the BiGS
-layer (``bert_layer`` vs ``bigs_layer``), and :mod:`mlp_vision.complexity` counts :class:`BertForMaskedLMBaseline`
-(BERT-large: 24 layers, d 1024, 16 heads, FFN 4096) -- fvcore sees the fused attention through the project's
-``aten::scaled_dot_product_attention`` handle (Q K^T and A V, full L x L scores).
+Paper: Devlin et al., `BERT: Pre-training of Deep Bidirectional Transformers for Language Understanding` -
+https://arxiv.org/abs/1810.04805 (§3: input representation, [CLS] classification, masked LM; §A.2 sizes). BiGS
+(arXiv 2212.10544, §4 and Fig. 2) replaces each BERT layer -- self-attention plus feed-forward -- by one gated SSM
+layer and keeps everything around it, so :class:`BertEmbeddings`, :class:`MaskedLMHeadTransform` and
+:class:`SequencePooler` here are the BiGS model's too (:mod:`mlp_vision.text.bigs`).
 
-Not part of the model registry: there are no BERT weights here and BERT is not what this package provides.
+Model layout (``BertModel``)::
+
+    input_ids (B, L), token_type_ids (B, L) -> word (V x d) + absolute position (P x d) + token type (T x d)
+        -> LayerNorm -> dropout -> num_hidden_layers x BertLayer -> hidden states (B, L, d)
+    BertLayer (post-LN):  x = LN(x + Dropout(Attn(x)));  x = LN(x + Dropout(W_2 GELU(W_1 x)))
+
+Attention is ``F.scaled_dot_product_attention`` (PyTorch's fused flash / memory-efficient kernels). With an
+``attention_mask`` no query attends to a padded key, so padded positions never change a real position's output
+(right padding: the positions of the real tokens do not move).
+
+Heads: ``BertForMaskedLM`` (MLM transform dense + GELU + LayerNorm, decoder tied to the word embedding, output
+bias) and ``BertForSequenceClassification`` (BERT's pooler -- dense + tanh on the [CLS] state -- dropout, linear
+classifier). ``benchmark.py`` times :class:`BertLayer` against the BiGS layer, and :mod:`mlp_vision.complexity`
+counts BERT-large (24 layers, d 1024, 16 heads, FFN 4096; :func:`BertForMaskedLMBaseline`) for the BiGS paper's
+Table 6 comparison.
 """
+from dataclasses import dataclass
+from functools import partial
+from typing import Optional
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-__all__ = ['BertSelfAttention', 'BertLayer', 'BertEncoder', 'BertForMaskedLMBaseline']
+from .modeling_utils import (
+    PretrainedMixin, TextConfig, TextModelOutput, check_text_inputs, init_linear_embedding, masked_lm_loss,
+    sequence_classification_loss, tied_decoder)
+
+__all__ = [
+    'BertConfig', 'BertEmbeddings', 'BertSelfAttention', 'BertLayer', 'BertModel', 'MaskedLMHeadTransform',
+    'SequencePooler', 'BertForMaskedLM', 'BertForSequenceClassification', 'BertForMaskedLMBaseline',
+    'init_bert_weights',
+]
+
+
+@dataclass
+class BertConfig(TextConfig):
+    """Configuration of BERT (defaults: BERT-large, §A.2 of arXiv 1810.04805; vocabulary of the uncased model).
+
+    Attributes:
+        vocab_size, hidden_size, num_hidden_layers, num_attention_heads, intermediate_size: V, d, depth, heads, FFN.
+        max_position_embeddings: P, absolute positions and the longest input.
+        type_vocab_size: token types (segments A / B).
+        hidden_dropout_prob: dropout after the embeddings, the attention output and the FFN.
+        attention_probs_dropout_prob: dropout on the attention weights.
+        layer_norm_eps: epsilon of every LayerNorm.
+        initializer_range: std of the normal init of Linear / Embedding weights.
+        pad_token_id: the padding token (its embedding row starts at zero and gets no gradient).
+        num_labels: outputs of the sequence classifier (1 = regression with MSE).
+        classifier_dropout: dropout between the pooler and the classifier.
+    """
+    vocab_size: int = 30522
+    hidden_size: int = 1024
+    num_hidden_layers: int = 24
+    num_attention_heads: int = 16
+    intermediate_size: int = 4096
+    max_position_embeddings: int = 512
+    type_vocab_size: int = 2
+    hidden_dropout_prob: float = 0.1
+    attention_probs_dropout_prob: float = 0.1
+    layer_norm_eps: float = 1e-12
+    initializer_range: float = 0.02
+    pad_token_id: int = 0
+    num_labels: int = 2
+    classifier_dropout: float = 0.1
+
+    def __post_init__(self):
+        if self.hidden_size % self.num_attention_heads:
+            raise ValueError(f'hidden_size {self.hidden_size} not divisible by num_attention_heads '
+                             f'{self.num_attention_heads}')
+        if not 0 <= self.pad_token_id < self.vocab_size:
+            raise ValueError(f'pad_token_id {self.pad_token_id} outside [0, {self.vocab_size})')
+
+
+class BertEmbeddings(nn.Module):
+    """BERT embeddings (§3): word + absolute position + token type, LayerNorm, dropout.
+
+    Any config with ``vocab_size, hidden_size, max_position_embeddings, type_vocab_size, pad_token_id,
+    layer_norm_eps, hidden_dropout_prob`` builds it (BERT's and BiGS').
+
+    Shapes: input_ids, token_type_ids (B, L) int64 -> (B, L, d).
+    """
+
+    def __init__(self, config, device=None, dtype=None):
+        super().__init__()
+        dd = {'device': device, 'dtype': dtype}
+        c = config
+        self.word_embeddings = nn.Embedding(c.vocab_size, c.hidden_size, padding_idx=c.pad_token_id, **dd)
+        self.position_embeddings = nn.Embedding(c.max_position_embeddings, c.hidden_size, **dd)
+        self.token_type_embeddings = nn.Embedding(c.type_vocab_size, c.hidden_size, **dd)
+        self.norm = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps, **dd)
+        self.drop = nn.Dropout(c.hidden_dropout_prob)
+
+    def forward(self, input_ids: torch.Tensor, token_type_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
+        if token_type_ids is None:
+            token_type_ids = torch.zeros_like(input_ids)
+        positions = torch.arange(input_ids.shape[1], device=input_ids.device)
+        x = self.word_embeddings(input_ids) + self.token_type_embeddings(token_type_ids)
+        x = x + self.position_embeddings(positions)
+        return self.drop(self.norm(x))
+
+
+def init_bert_weights(module: nn.Module, std: float) -> None:
+    """Linear / Embedding weights ~ N(0, std), biases 0, and the padding row of an embedding zero (BERT's init)."""
+    init_linear_embedding(module, std)
+    if isinstance(module, nn.Embedding) and module.padding_idx is not None and not module.weight.is_meta:
+        with torch.no_grad():
+            module.weight[module.padding_idx].zero_()
 
 
 class BertSelfAttention(nn.Module):
-    """Multi-head self-attention, no dropout and no padding mask (a speed / FLOP baseline on full-length inputs).
-    Shapes: x (B, L, d) -> (B, L, d)."""
+    """Multi-head self-attention (SDPA) with an optional key-padding mask.
 
-    def __init__(self, dim: int, num_heads: int, device=None, dtype=None) -> None:
+    Shapes: x (B, L, d); mask optional (B, L) bool, True = real token (padded keys get no weight) -> (B, L, d).
+    """
+
+    def __init__(self, dim: int, num_heads: int, attn_drop: float = 0., device=None, dtype=None) -> None:
         super().__init__()
         dd = {'device': device, 'dtype': dtype}
         if dim % num_heads:
             raise ValueError(f'dim {dim} is not divisible by num_heads {num_heads}')
         self.num_heads = num_heads
+        self.attn_drop = attn_drop
         self.query = nn.Linear(dim, dim, **dd)
         self.key = nn.Linear(dim, dim, **dd)
         self.value = nn.Linear(dim, dim, **dd)
         self.out = nn.Linear(dim, dim, **dd)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         b, n, d = x.shape
         q, k, v = (p(x).view(b, n, self.num_heads, d // self.num_heads).transpose(1, 2)
                    for p in (self.query, self.key, self.value))  # (B, heads, L, head_dim)
-        ctx = F.scaled_dot_product_attention(q, k, v)
+        attn_mask = None if mask is None else mask[:, None, None, :]  # (B, 1, 1, L): every query, real keys only
+        ctx = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask,
+                                             dropout_p=self.attn_drop if self.training else 0.)
         return self.out(ctx.transpose(1, 2).reshape(b, n, d))
 
 
 class BertLayer(nn.Module):
-    """Post-LN BERT layer: ``x = LN(x + Attn(x))``, ``x = LN(x + W_2 GELU(W_1 x))``. Shapes: (B, L, d) -> (B, L, d)."""
+    """Post-LN BERT layer: ``x = LN(x + Drop(Attn(x)))``, ``x = LN(x + Drop(W_2 GELU(W_1 x)))``.
+
+    Shapes: x (B, L, d), mask optional (B, L) bool -> (B, L, d).
+    """
 
     def __init__(self, dim: int = 1024, num_heads: int = 16, ffn_dim: int = 4096, norm_eps: float = 1e-12,
-                 device=None, dtype=None) -> None:
+                 drop: float = 0., attn_drop: float = 0., device=None, dtype=None) -> None:
         super().__init__()
         dd = {'device': device, 'dtype': dtype}
-        self.attn = BertSelfAttention(dim, num_heads, **dd)
+        self.attn = BertSelfAttention(dim, num_heads, attn_drop, **dd)
         self.norm1 = nn.LayerNorm(dim, eps=norm_eps, **dd)
         self.fc1 = nn.Linear(dim, ffn_dim, **dd)
         self.fc2 = nn.Linear(ffn_dim, dim, **dd)
         self.norm2 = nn.LayerNorm(dim, eps=norm_eps, **dd)
+        self.drop = nn.Dropout(drop)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.norm1(x + self.attn(x))
-        return self.norm2(x + self.fc2(F.gelu(self.fc1(x))))
+    def forward(self, x: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        x = self.norm1(x + self.drop(self.attn(x, mask)))
+        return self.norm2(x + self.drop(self.fc2(F.gelu(self.fc1(x)))))
 
 
-class BertEncoder(nn.Module):
-    """Embeddings (word + absolute position + token type, LayerNorm) and ``depth`` :class:`BertLayer`.
-    input_ids (B, L) -> (B, L, d)."""
+class BertModel(PretrainedMixin, nn.Module):
+    """BERT encoder: :class:`BertEmbeddings` -> ``num_hidden_layers`` x :class:`BertLayer`.
 
-    def __init__(self, vocab_size: int, max_len: int, type_vocab: int, dim: int, depth: int, num_heads: int,
-                 ffn_dim: int, norm_eps: float, device=None, dtype=None) -> None:
+    Shapes:
+        input_ids: (B, L) int64, 1 <= L <= max_position_embeddings; attention_mask: optional (B, L), 1 = real
+        token, right padding; token_type_ids: optional (B, L) (zeros when omitted). Output: (B, L, hidden_size).
+    """
+    config_class = BertConfig
+
+    def __init__(self, config: BertConfig, device=None, dtype=None):
         super().__init__()
         dd = {'device': device, 'dtype': dtype}
-        self.word = nn.Embedding(vocab_size, dim, **dd)
-        self.position = nn.Embedding(max_len, dim, **dd)
-        self.token_type = nn.Embedding(type_vocab, dim, **dd)
-        self.norm = nn.LayerNorm(dim, eps=norm_eps, **dd)
-        self.layers = nn.ModuleList([BertLayer(dim, num_heads, ffn_dim, norm_eps, **dd) for _ in range(depth)])
+        self.config = c = config
+        self.embeddings = BertEmbeddings(c, **dd)
+        self.layers = nn.ModuleList([
+            BertLayer(c.hidden_size, c.num_attention_heads, c.intermediate_size, c.layer_norm_eps,
+                      drop=c.hidden_dropout_prob, attn_drop=c.attention_probs_dropout_prob, **dd)
+            for _ in range(c.num_hidden_layers)
+        ])
+        self.apply(partial(init_bert_weights, std=c.initializer_range))
 
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        n = input_ids.shape[1]
-        pos = torch.arange(n, device=input_ids.device)
-        x = self.norm(self.word(input_ids) + self.position(pos) + self.token_type(torch.zeros_like(input_ids)))
+    def forward(
+            self,
+            input_ids: torch.Tensor,
+            attention_mask: Optional[torch.Tensor] = None,
+            token_type_ids: Optional[torch.Tensor] = None,
+    ) -> torch.Tensor:
+        mask = check_text_inputs(input_ids, attention_mask, self.config.max_position_embeddings, token_type_ids)
+        x = self.embeddings(input_ids, token_type_ids)
         for layer in self.layers:
-            x = layer(x)
+            x = layer(x, mask)
         return x
 
 
-class BertForMaskedLMBaseline(nn.Module):
-    """BERT masked LM (defaults: BERT-large, 24 layers, d 1024, 16 heads, FFN 4096, vocab 30522, type vocab 2,
-    ``max_len`` absolute positions) with the MLM head (dense + GELU + LN, decoder tied to the word embedding).
-    ``.bert`` is the encoder. input_ids (B, L) -> logits (B, L, V)."""
+class MaskedLMHeadTransform(nn.Module):
+    """BERT's MLM transform before the decoder: dense d -> d, GELU, LayerNorm. Shapes: (B, L, d) -> (B, L, d)."""
 
-    def __init__(self, max_len: int = 512, vocab_size: int = 30522, dim: int = 1024, depth: int = 24,
-                 num_heads: int = 16, ffn_dim: int = 4096, norm_eps: float = 1e-12, device=None, dtype=None):
+    def __init__(self, hidden_size: int, norm_eps: float, device=None, dtype=None):
         super().__init__()
-        dd = {'device': device, 'dtype': dtype}
-        self.bert = BertEncoder(vocab_size, max_len, 2, dim, depth, num_heads, ffn_dim, norm_eps, **dd)
-        self.transform = nn.Linear(dim, dim, **dd)
-        self.transform_norm = nn.LayerNorm(dim, eps=norm_eps, **dd)
-        self.output_bias = nn.Parameter(torch.zeros(vocab_size, **dd))
+        self.dense = nn.Linear(hidden_size, hidden_size, device=device, dtype=dtype)
+        self.norm = nn.LayerNorm(hidden_size, eps=norm_eps, device=device, dtype=dtype)
 
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        h = self.transform_norm(F.gelu(self.transform(self.bert(input_ids))))
-        return F.linear(h, self.bert.word.weight, self.output_bias)
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm(F.gelu(self.dense(x)))
+
+
+class SequencePooler(nn.Module):
+    """Sequence vector for classification: the first ([CLS]) state (BERT, §3) or the mean over the real tokens
+    (the official BiGS pooler), then dense d -> d and tanh.
+
+    Shapes: hidden (B, L, d), mask optional (B, L) bool (None = every position) -> (B, d).
+    """
+
+    def __init__(self, hidden_size: int, pool: str = 'first', device=None, dtype=None):
+        super().__init__()
+        if pool not in ('first', 'mean'):
+            raise ValueError(f"pool must be 'first' or 'mean', got {pool!r}")
+        self.pool = pool
+        self.dense = nn.Linear(hidden_size, hidden_size, device=device, dtype=dtype)
+
+    def forward(self, hidden: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        if self.pool == 'first':
+            pooled = hidden[:, 0]
+        elif mask is None:
+            pooled = hidden.mean(dim=1)
+        else:
+            w = mask.to(hidden.dtype).unsqueeze(-1)  # (B, L, 1)
+            pooled = (hidden * w).sum(dim=1) / w.sum(dim=1).clamp(min=1)
+        return torch.tanh(self.dense(pooled))
+
+    def extra_repr(self) -> str:
+        return f'pool={self.pool!r}'
+
+
+class BertForMaskedLM(PretrainedMixin, nn.Module):
+    """BERT masked LM: encoder, MLM transform, decoder tied to the word embedding, per-token output bias.
+
+    Shapes:
+        input_ids, attention_mask, token_type_ids: (B, L) as :class:`BertModel`; labels: optional (B, L) int64 with
+        -100 at positions that are not scored. Returns ``TextModelOutput(loss, logits (B, L, V))``.
+    """
+    config_class = BertConfig
+    head_prefixes = ('mlm_head', 'decoder', 'output_bias')
+
+    def __init__(self, config: BertConfig, device=None, dtype=None):
+        super().__init__()
+        self.config = config
+        self.bert = BertModel(config, device=device, dtype=dtype)
+        self.mlm_head = MaskedLMHeadTransform(config.hidden_size, config.layer_norm_eps, device=device, dtype=dtype)
+        init_linear_embedding(self.mlm_head.dense, config.initializer_range)
+        self.decoder = tied_decoder(self.bert.embeddings.word_embeddings, device=device, dtype=dtype)
+        self.output_bias = nn.Parameter(torch.zeros(config.vocab_size, device=device, dtype=dtype))
+
+    def forward(
+            self,
+            input_ids: torch.Tensor,
+            attention_mask: Optional[torch.Tensor] = None,
+            token_type_ids: Optional[torch.Tensor] = None,
+            labels: Optional[torch.Tensor] = None,
+    ) -> TextModelOutput:
+        h = self.mlm_head(self.bert(input_ids, attention_mask, token_type_ids))
+        logits = self.decoder(h) + self.output_bias
+        return TextModelOutput(loss=None if labels is None else masked_lm_loss(logits, labels), logits=logits)
+
+
+class BertForSequenceClassification(PretrainedMixin, nn.Module):
+    """BERT classifier (§3): pooler (dense + tanh on the [CLS] state), dropout, linear classifier.
+
+    Load a masked-LM checkpoint with ``BertForSequenceClassification.from_pretrained(dir, num_labels=k)``: the
+    encoder is loaded, the pooler and classifier are new (MLM-only pretraining, as RoBERTa and BiGS, does not train
+    a pooler).
+
+    Shapes: as :class:`BertForMaskedLM`; labels optional (B,) class ids (or float targets when num_labels == 1).
+    Returns ``TextModelOutput(loss, logits (B, num_labels))``.
+    """
+    config_class = BertConfig
+    head_prefixes = ('pooler', 'classifier')
+
+    def __init__(self, config: BertConfig, device=None, dtype=None):
+        super().__init__()
+        self.config = config
+        self.bert = BertModel(config, device=device, dtype=dtype)
+        self.pooler = SequencePooler(config.hidden_size, 'first', device=device, dtype=dtype)
+        self.dropout = nn.Dropout(config.classifier_dropout)
+        self.classifier = nn.Linear(config.hidden_size, config.num_labels, device=device, dtype=dtype)
+        init_linear_embedding(self.pooler.dense, config.initializer_range)
+        init_linear_embedding(self.classifier, config.initializer_range)
+
+    def forward(
+            self,
+            input_ids: torch.Tensor,
+            attention_mask: Optional[torch.Tensor] = None,
+            token_type_ids: Optional[torch.Tensor] = None,
+            labels: Optional[torch.Tensor] = None,
+    ) -> TextModelOutput:
+        h = self.bert(input_ids, attention_mask, token_type_ids)
+        logits = self.classifier(self.dropout(self.pooler(h)))
+        return TextModelOutput(
+            loss=None if labels is None else sequence_classification_loss(logits, labels), logits=logits)
+
+
+def BertForMaskedLMBaseline(max_len: int = 512, device=None, dtype=None, **config) -> BertForMaskedLM:
+    """BERT-large masked LM with ``max_len`` positions, no dropout: the FLOP baseline of the BiGS paper's Table 6
+    (what :mod:`mlp_vision.complexity` counts). Same as ``create_model('bert_large', max_position_embeddings=L)``."""
+    config = BertConfig(max_position_embeddings=max_len, hidden_dropout_prob=0., attention_probs_dropout_prob=0.,
+                        **config)
+    return BertForMaskedLM(config, device=device, dtype=dtype)

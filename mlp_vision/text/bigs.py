@@ -1,6 +1,7 @@
 """ BiGS: bidirectional gated SSM encoders for masked LM and sequence classification.
 
-Paper: `Pretraining Without Attention` (Wang, Yan, Gu, Rush) - https://arxiv.org/abs/2212.10544; SPEC §1.4.
+Paper: `Pretraining Without Attention` (Wang, Yan, Gu, Rush) - https://arxiv.org/abs/2212.10544 (§4, Fig. 2: the
+gated bidirectional layer; §5: the BERT-large-sized setup; Table 6: FLOPs).
 Official code and weights: github.com/jxiw/BiGS (``JunxiongWang/BiGS_{128,512,1024,4096}`` on the HF hub).
 
 Every layer is :class:`mlp_vision.layers.BidirectionalGatedSSM` (S4D kernel shared across channels, see
@@ -12,9 +13,13 @@ they run as Toeplitz GEMMs (faster on CPU at these lengths), beyond as real FFTs
 
 Model layout (``BiGSModel``)::
 
-    input_ids (B, L), token_type_ids (B, L) -> word (V x d) + absolute position (P x d) + token type (T x d)
-        -> LayerNorm (eps 1e-12) -> dropout -> num_hidden_layers x BidirectionalGatedSSM(d, d_i, N)
+    input_ids (B, L), token_type_ids (B, L) -> BertEmbeddings: word (V x d) + absolute position (P x d)
+        + token type (T x d) -> LayerNorm (eps 1e-12) -> dropout
+        -> num_hidden_layers x BidirectionalGatedSSM(d, d_i, N)
         -> hidden states (B, L, d)          (pre-norm residual layers; no final LayerNorm, as the official model)
+
+The embeddings, the MLM transform and the pooler are BERT's modules (:mod:`mlp_vision.text.bert`): BiGS replaces
+only the layers (§4).
 
 Heads:
     * ``BiGSForMaskedLM``: BERT MLM head -- dense d -> d, GELU, LayerNorm, decoder tied to the word embedding,
@@ -23,11 +28,10 @@ Heads:
       real tokens** (``attention_mask``; all positions when no mask is given), dense d -> d, tanh -- then dropout
       and a linear classifier. (Not BERT's [CLS] pooler: BiGS has no next-sentence task that would train one.)
 
-``attention_mask`` (B, L), 1/True = real token, 0/False = padding:
-    * ``config.mask_padding = True`` (default): the SSM inputs are zeroed at padded positions, so with right
-      padding the real positions' outputs equal those of the unpadded sequence (exactly up to float rounding).
-      Left padding is not equivalent at the model level because the absolute position embeddings shift.
-    * ``config.mask_padding = False``: the mask is ignored by the layers (only the classifier's pooler uses it):
+``attention_mask`` (B, L), 1 = real token, 0 = padding, right padding only (any other layout stops with an error):
+    * ``config.mask_padding = True`` (default): the SSM inputs are zeroed at padded positions, so the real
+      positions' outputs equal those of the unpadded sequence (exactly up to float rounding).
+    * ``config.mask_padding = False``: the layers ignore the mask (only the classifier's pooler uses it):
       pads are mixed like real tokens. This is how the official models were pretrained (inputs padded to full
       length) and is what their port computes; use it to reproduce official outputs on padded batches.
     The MLM loss only counts positions whose label is not -100; give pads label -100.
@@ -48,9 +52,12 @@ sequence-classification pooler (``bigs.pooler.dense``, (d + 1) d = 1.05 M) even 
 the 346 M and ours lives in the classifier model only.
 
 Official checkpoints: :func:`convert_official_bigs_state_dict` maps the official torch keys to ours and
-:meth:`BiGSForMaskedLM.from_official` builds the model from a ``pytorch_model.bin`` / ``.safetensors`` file
-(offline; the config is read from the tensor shapes).
+:meth:`BiGSForMaskedLM.from_official` builds the model from a ``pytorch_model.bin`` / ``.safetensors`` file or a
+folder in the official layout (offline; the sizes are read from the tensor shapes, the remaining fields from the
+folder's ``config.json`` when present); the folder's tokenizer (``tokenizer.json`` / ``vocab.txt``) becomes
+``model.tokenizer``, so ``python -m mlp_vision.text.fill_mask DIR "the movie was [MASK] ."`` works on it.
 """
+import json
 import os
 from dataclasses import dataclass
 from functools import partial
@@ -58,10 +65,12 @@ from typing import Dict, List, Mapping, Optional, Union
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from ..layers import BidirectionalGatedSSM
-from .modeling_utils import PretrainedMixin, TextOutput, init_linear_embedding, lm_loss
+from .bert import BertEmbeddings, MaskedLMHeadTransform, SequencePooler, init_bert_weights
+from .modeling_utils import (
+    PretrainedMixin, TextConfig, TextModelOutput, check_text_inputs, init_linear_embedding, masked_lm_loss,
+    sequence_classification_loss, tied_decoder)
 
 __all__ = [
     'BiGSConfig', 'BiGSModel', 'BiGSForMaskedLM', 'BiGSForSequenceClassification',
@@ -71,21 +80,20 @@ __all__ = [
 
 
 @dataclass
-class BiGSConfig:
-    """Configuration of the BiGS encoders (defaults: BiGS-large, official field meanings).
+class BiGSConfig(TextConfig):
+    """Configuration of the BiGS encoders (defaults: BiGS-large, the official config's field names).
 
     Attributes:
         vocab_size: V (30522: BERT uncased WordPiece).
         hidden_size: d.
         intermediate_size: d_i (value / gate width).
-        num_hidden_layers: number of BiGS layers (23 for BiGS-large).
-        num_ssm_states: N, complex states of each S4D kernel.
-        max_position_embeddings: P, absolute positions (128 / 512 / 1024 / 4096 for the official models);
-            inputs may be shorter.
+        num_hidden_layers: number of BiGS layers (23 for BiGS-large, §5).
+        num_ssm_states: N, complex states of each S4D kernel (the official ``num_ssm``).
+        max_position_embeddings: P, absolute positions (128 / 512 / 1024 / 4096 for the official models) and the
+            longest input.
         type_vocab_size: token types (segments A / B).
         layer_norm_eps: epsilon of every LayerNorm.
-        hidden_dropout: dropout after the embedding LayerNorm (official ``hidden_dropout_prob``; the layers have
-            no dropout).
+        hidden_dropout_prob: dropout after the embedding LayerNorm (the layers have no dropout).
         pad_token_id: id of the padding token (its embedding row starts at zero and gets no gradient).
         mask_padding: zero the SSM inputs at padded positions when ``attention_mask`` is given (module docstring).
         initializer_range: std of the normal init of Linear / Embedding weights.
@@ -104,7 +112,7 @@ class BiGSConfig:
     max_position_embeddings: int = 512
     type_vocab_size: int = 2
     layer_norm_eps: float = 1e-12
-    hidden_dropout: float = 0.1
+    hidden_dropout_prob: float = 0.1
     pad_token_id: int = 0
     mask_padding: bool = True
     initializer_range: float = 0.02
@@ -113,6 +121,8 @@ class BiGSConfig:
     gelu_approximate: str = 'none'
     num_labels: int = 2
     classifier_dropout: float = 0.1
+
+    legacy_names = {'hidden_dropout': 'hidden_dropout_prob', 'num_ssm': 'num_ssm_states'}
 
     def __post_init__(self):
         if not 0 <= self.pad_token_id < self.vocab_size:
@@ -123,42 +133,12 @@ class BiGSConfig:
             raise ValueError(f"gelu_approximate must be 'none' or 'tanh', got {self.gelu_approximate!r}")
 
 
-class BiGSEmbeddings(nn.Module):
-    """BERT embeddings: word + absolute position + token type, LayerNorm, dropout.
-
-    Shapes: input_ids, token_type_ids (B, L) int64 -> (B, L, d).
-    """
-
-    def __init__(self, config: BiGSConfig, device=None, dtype=None):
-        super().__init__()
-        dd = {'device': device, 'dtype': dtype}
-        c = config
-        self.word_embeddings = nn.Embedding(c.vocab_size, c.hidden_size, padding_idx=c.pad_token_id, **dd)
-        self.position_embeddings = nn.Embedding(c.max_position_embeddings, c.hidden_size, **dd)
-        self.token_type_embeddings = nn.Embedding(c.type_vocab_size, c.hidden_size, **dd)
-        self.norm = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps, **dd)
-        self.drop = nn.Dropout(c.hidden_dropout)
-
-    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor) -> torch.Tensor:
-        positions = torch.arange(input_ids.shape[1], device=input_ids.device)
-        x = self.word_embeddings(input_ids) + self.token_type_embeddings(token_type_ids)
-        x = x + self.position_embeddings(positions)
-        return self.drop(self.norm(x))
-
-
-def _init_bigs(module: nn.Module, std: float) -> None:
-    init_linear_embedding(module, std)
-    if isinstance(module, nn.Embedding) and module.padding_idx is not None and not module.weight.is_meta:
-        with torch.no_grad():
-            module.weight[module.padding_idx].zero_()
-
-
 class BiGSModel(PretrainedMixin, nn.Module):
-    """BiGS encoder: embeddings -> ``num_hidden_layers`` x :class:`~mlp_vision.layers.BidirectionalGatedSSM`.
+    """BiGS encoder: BERT embeddings -> ``num_hidden_layers`` x :class:`~mlp_vision.layers.BidirectionalGatedSSM`.
 
     Shapes:
         input_ids: (B, L) int64, 1 <= L <= max_position_embeddings.
-        attention_mask: optional (B, L) bool/int, True/1 = real token (module docstring for its effect).
+        attention_mask: optional (B, L) bool/int, 1 = real token, right padding (module docstring for its effect).
         token_type_ids: optional (B, L) int64 in [0, type_vocab_size); zeros when omitted.
         output: (B, L, hidden_size) last-layer hidden states.
     """
@@ -169,7 +149,7 @@ class BiGSModel(PretrainedMixin, nn.Module):
         dd = {'device': device, 'dtype': dtype}
         self.config = config
         c = config
-        self.embeddings = BiGSEmbeddings(c, **dd)
+        self.embeddings = BertEmbeddings(c, **dd)
         self.layers = nn.ModuleList([
             BidirectionalGatedSSM(
                 c.hidden_size, c.intermediate_size, num_states=c.num_ssm_states, norm_eps=c.layer_norm_eps,
@@ -177,7 +157,7 @@ class BiGSModel(PretrainedMixin, nn.Module):
             for _ in range(c.num_hidden_layers)
         ])
         # Linear / Embedding only: the SSM parameters keep their S4D init
-        self.apply(partial(_init_bigs, std=c.initializer_range))
+        self.apply(partial(init_bert_weights, std=c.initializer_range))
 
     def forward(
             self,
@@ -185,41 +165,13 @@ class BiGSModel(PretrainedMixin, nn.Module):
             attention_mask: Optional[torch.Tensor] = None,
             token_type_ids: Optional[torch.Tensor] = None,
     ) -> torch.Tensor:
-        if input_ids.dim() != 2:
-            raise ValueError(f'input_ids must be (B, L), got shape {tuple(input_ids.shape)}')
-        length = input_ids.shape[1]
-        if not 1 <= length <= self.config.max_position_embeddings:
-            raise ValueError(f'sequence length {length} outside [1, {self.config.max_position_embeddings}] '
-                             f'(max_position_embeddings)')
-        if token_type_ids is None:
-            token_type_ids = torch.zeros_like(input_ids)
-        elif token_type_ids.shape != input_ids.shape:
-            raise ValueError(f'token_type_ids shape {tuple(token_type_ids.shape)} != input_ids shape '
-                             f'{tuple(input_ids.shape)}')
-        mask = None
-        if attention_mask is not None:
-            if attention_mask.shape != input_ids.shape:
-                raise ValueError(f'attention_mask shape {tuple(attention_mask.shape)} != input_ids shape '
-                                 f'{tuple(input_ids.shape)}')
-            if self.config.mask_padding:
-                mask = attention_mask.to(torch.bool)
+        mask = check_text_inputs(input_ids, attention_mask, self.config.max_position_embeddings, token_type_ids)
+        if not self.config.mask_padding:
+            mask = None
         x = self.embeddings(input_ids, token_type_ids)
         for layer in self.layers:
             x = layer(x, mask)
         return x
-
-
-class BiGSMaskedLMHeadTransform(nn.Module):
-    """BERT MLM transform: dense d -> d, GELU, LayerNorm. Shapes: (B, L, d) -> (B, L, d)."""
-
-    def __init__(self, config: BiGSConfig, device=None, dtype=None):
-        super().__init__()
-        dd = {'device': device, 'dtype': dtype}
-        self.dense = nn.Linear(config.hidden_size, config.hidden_size, **dd)
-        self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps, **dd)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.norm(F.gelu(self.dense(x)))
 
 
 class BiGSForMaskedLM(PretrainedMixin, nn.Module):
@@ -227,22 +179,19 @@ class BiGSForMaskedLM(PretrainedMixin, nn.Module):
 
     Shapes:
         input_ids, attention_mask, token_type_ids: (B, L) as :class:`BiGSModel`; labels: optional (B, L) int64
-        with -100 at positions that are not scored. Returns ``TextOutput(logits (B, L, V), loss)``.
+        with -100 at positions that are not scored. Returns ``TextModelOutput(loss, logits (B, L, V))``.
     """
     config_class = BiGSConfig
-    head_prefixes = ('mlm_head', 'output_bias')
+    head_prefixes = ('mlm_head', 'decoder', 'output_bias')
 
     def __init__(self, config: BiGSConfig, device=None, dtype=None):
         super().__init__()
         self.config = config
         self.bigs = BiGSModel(config, device=device, dtype=dtype)
-        self.mlm_head = BiGSMaskedLMHeadTransform(config, device=device, dtype=dtype)
+        self.mlm_head = MaskedLMHeadTransform(config.hidden_size, config.layer_norm_eps, device=device, dtype=dtype)
         init_linear_embedding(self.mlm_head.dense, config.initializer_range)
+        self.decoder = tied_decoder(self.bigs.embeddings.word_embeddings, device=device, dtype=dtype)
         self.output_bias = nn.Parameter(torch.zeros(config.vocab_size, device=device, dtype=dtype))
-
-    def output_weight(self) -> torch.Tensor:
-        """(V, d) decoder weight: the word embedding (tied)."""
-        return self.bigs.embeddings.word_embeddings.weight
 
     def forward(
             self,
@@ -250,10 +199,10 @@ class BiGSForMaskedLM(PretrainedMixin, nn.Module):
             attention_mask: Optional[torch.Tensor] = None,
             token_type_ids: Optional[torch.Tensor] = None,
             labels: Optional[torch.Tensor] = None,
-    ) -> TextOutput:
+    ) -> TextModelOutput:
         h = self.mlm_head(self.bigs(input_ids, attention_mask, token_type_ids))
-        logits = F.linear(h, self.output_weight(), self.output_bias)
-        return TextOutput(logits, lm_loss(logits, labels) if labels is not None else None)
+        logits = self.decoder(h) + self.output_bias
+        return TextModelOutput(loss=None if labels is None else masked_lm_loss(logits, labels), logits=logits)
 
     @classmethod
     def from_official(
@@ -263,34 +212,18 @@ class BiGSForMaskedLM(PretrainedMixin, nn.Module):
             dtype: Optional[torch.dtype] = None,
             **config_overrides,
     ) -> 'BiGSForMaskedLM':
-        """Build from an official BiGS checkpoint (offline): a ``pytorch_model.bin`` / ``*.safetensors`` file,
-        a folder holding one, or an already loaded state dict in the official key layout.
+        """Build from an official BiGS checkpoint (offline): a ``pytorch_model.bin`` / ``*.safetensors`` file, a
+        folder in the official layout (the weights file, ``config.json``, ``vocab.txt`` / ``tokenizer.json``), or
+        an already loaded state dict in the official key layout.
 
-        The config (V, d, d_i, layers, N, positions, token types) is read from the tensor shapes; other fields
-        (e.g. ``mask_padding=False`` to reproduce the official outputs on padded batches, ``hidden_dropout``)
-        come from ``config_overrides``. ``dtype``: parameter dtype of the model (default float32; the SSM kernel
-        and FFTs run in float32 regardless).
+        The sizes (V, d, d_i, layers, N, positions, token types) are read from the tensor shapes; ``pad_token_id``,
+        ``layer_norm_eps``, ``hidden_dropout_prob``, ``initializer_range`` and ``classifier_dropout`` from the
+        folder's ``config.json`` when it has them (a ``config.json`` whose sizes disagree with the tensors is an
+        error); other fields (e.g. ``mask_padding=False`` to reproduce the official outputs on padded batches) come
+        from ``config_overrides``. ``dtype``: parameter dtype (default float32; the SSM kernel and FFTs run in
+        float32 regardless). ``model.tokenizer`` is the folder's tokenizer, or None.
         """
         return _from_official(cls, path_or_state_dict, device, dtype, config_overrides)
-
-
-class BiGSPooler(nn.Module):
-    """Official BiGS pooler: mean over real tokens, dense d -> d, tanh.
-
-    Shapes: hidden (B, L, d), mask optional (B, L) (None = every position) -> (B, d).
-    """
-
-    def __init__(self, config: BiGSConfig, device=None, dtype=None):
-        super().__init__()
-        self.dense = nn.Linear(config.hidden_size, config.hidden_size, device=device, dtype=dtype)
-
-    def forward(self, hidden: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
-        if mask is None:
-            pooled = hidden.mean(dim=1)
-        else:
-            w = mask.to(hidden.dtype).unsqueeze(-1)  # (B, L, 1)
-            pooled = (hidden * w).sum(dim=1) / w.sum(dim=1).clamp(min=1)
-        return torch.tanh(self.dense(pooled))
 
 
 class BiGSForSequenceClassification(PretrainedMixin, nn.Module):
@@ -302,7 +235,7 @@ class BiGSForSequenceClassification(PretrainedMixin, nn.Module):
 
     Shapes:
         input_ids, attention_mask, token_type_ids: (B, L); labels: optional (B,) int64 class ids, or (B,) float
-        targets when ``num_labels == 1`` (MSE). Returns ``TextOutput(logits (B, num_labels), loss)``.
+        targets when ``num_labels == 1`` (MSE). Returns ``TextModelOutput(loss, logits (B, num_labels))``.
     """
     config_class = BiGSConfig
     head_prefixes = ('pooler', 'classifier')
@@ -311,7 +244,7 @@ class BiGSForSequenceClassification(PretrainedMixin, nn.Module):
         super().__init__()
         self.config = config
         self.bigs = BiGSModel(config, device=device, dtype=dtype)
-        self.pooler = BiGSPooler(config, device=device, dtype=dtype)
+        self.pooler = SequencePooler(config.hidden_size, 'mean', device=device, dtype=dtype)
         self.dropout = nn.Dropout(config.classifier_dropout)
         self.classifier = nn.Linear(config.hidden_size, config.num_labels, device=device, dtype=dtype)
         init_linear_embedding(self.pooler.dense, config.initializer_range)
@@ -323,16 +256,12 @@ class BiGSForSequenceClassification(PretrainedMixin, nn.Module):
             attention_mask: Optional[torch.Tensor] = None,
             token_type_ids: Optional[torch.Tensor] = None,
             labels: Optional[torch.Tensor] = None,
-    ) -> TextOutput:
+    ) -> TextModelOutput:
         h = self.bigs(input_ids, attention_mask, token_type_ids)
-        logits = self.classifier(self.dropout(self.pooler(h, attention_mask)))
-        loss = None
-        if labels is not None:
-            if self.config.num_labels == 1:
-                loss = F.mse_loss(logits.squeeze(-1).float(), labels.float())
-            else:
-                loss = F.cross_entropy(logits.float(), labels)
-        return TextOutput(logits, loss)
+        mask = None if attention_mask is None else attention_mask.to(torch.bool)
+        logits = self.classifier(self.dropout(self.pooler(h, mask)))
+        return TextModelOutput(
+            loss=None if labels is None else sequence_classification_loss(logits, labels), logits=logits)
 
     @classmethod
     def from_official(
@@ -351,7 +280,10 @@ def bigs_param_groups(model: nn.Module, weight_decay: float = 0.05) -> List[dict
     """AdamW parameter groups as the official pretraining script builds its decay mask: no weight decay on biases
     (``output_bias`` included) and LayerNorm weights, ``weight_decay`` on everything else -- Linear and embedding
     weights and the SSM parameters (``log_step, A_re, A_im, C, D``; the official script decays them too).
-    SPEC §3 recipe: ``torch.optim.AdamW(bigs_param_groups(model, 0.05), lr=6e-4, betas=(0.9, 0.98), eps=1e-6)``.
+    The official pretraining command (github.com/jxiw/BiGS ``pretrain.sh``: weight decay 0.05, lr 6e-4, Adam betas
+    (0.9, 0.98); cosine decay after warmup, arXiv 2212.10544 §5; Adam eps 1e-6 as Izsak et al., arXiv 2104.07705,
+    whose other hyperparameters §5 follows) is
+    ``torch.optim.AdamW(bigs_param_groups(model, 0.05), lr=6e-4, betas=(0.9, 0.98), eps=1e-6)``.
     """
     no_decay = set()
     for module in model.modules():
@@ -370,7 +302,7 @@ def bigs_param_groups(model: nn.Module, weight_decay: float = 0.05) -> List[dict
 
 # ------------------------------------------------------------------------------------ official checkpoints
 
-# per-layer official name -> ours (official BiGSLayer attributes; SPEC §1.4)
+# per-layer official name -> ours (attributes of the official BiGSLayer, github.com/jxiw/BiGS BiGS/modeling_bigs.py)
 _LAYER_KEYS = {
     'LayerNorm.weight': 'norm.weight',
     'LayerNorm.bias': 'norm.bias',
@@ -509,6 +441,8 @@ def convert_official_bigs_state_dict(
     for theirs, ours in list(required.items()) + list(optional.items()):
         if ours is not None and theirs in sd:
             out[ours] = sd[theirs]
+    if task == 'masked_lm':
+        out['decoder.weight'] = word  # our decoder Linear shares the word embedding's parameter
     if task == 'base':
         out = {k[len('bigs.'):]: v for k, v in out.items()}
     return out
@@ -533,7 +467,7 @@ def bigs_config_from_official(state_dict: Mapping[str, torch.Tensor], **override
     if 'classifier.weight' in sd:
         fields['num_labels'] = sd['classifier.weight'].shape[0]
     fields.update(overrides)
-    return BiGSConfig(**fields)
+    return BiGSConfig.from_dict(fields)
 
 
 def load_official_bigs_state_dict(path: Union[str, os.PathLike]) -> Dict[str, torch.Tensor]:
@@ -553,13 +487,40 @@ def load_official_bigs_state_dict(path: Union[str, os.PathLike]) -> Dict[str, to
     return torch.load(path, map_location='cpu', weights_only=True)
 
 
+# official config.json fields that are not tensor shapes, read when the folder has them
+_OFFICIAL_CONFIG_FIELDS = ('pad_token_id', 'layer_norm_eps', 'hidden_dropout_prob', 'initializer_range',
+                           'classifier_dropout')
+
+
+def _official_config_fields(directory: str, shape_config: BiGSConfig) -> dict:
+    """The non-shape fields of an official folder's ``config.json``; its sizes must match the tensors."""
+    path = os.path.join(directory, 'config.json')
+    if not os.path.isfile(path):
+        return {}
+    with open(path, encoding='utf-8') as f:
+        official = json.load(f)
+    for name in ('vocab_size', 'hidden_size', 'intermediate_size', 'num_hidden_layers', 'max_position_embeddings',
+                 'type_vocab_size'):
+        if name in official and official[name] != getattr(shape_config, name):
+            raise ValueError(f'{path} says {name}={official[name]} but the weights have '
+                             f'{getattr(shape_config, name)}: the config does not belong to these weights')
+    return {k: official[k] for k in _OFFICIAL_CONFIG_FIELDS if official.get(k) is not None}
+
+
 def _from_official(cls, path_or_state_dict, device, dtype, config_overrides):
+    from .tokenizer import find_tokenizer
+    directory = None
     if isinstance(path_or_state_dict, (str, os.PathLike)):
-        sd = load_official_bigs_state_dict(path_or_state_dict)
+        path = os.fspath(path_or_state_dict)
+        directory = path if os.path.isdir(path) else os.path.dirname(path)
+        sd = load_official_bigs_state_dict(path)
     else:
         sd = dict(path_or_state_dict)
     task = 'masked_lm' if cls is BiGSForMaskedLM else 'sequence_classification'
-    config = bigs_config_from_official(sd, **config_overrides)
+    config = bigs_config_from_official(sd)
+    if directory is not None:
+        config = BiGSConfig.from_dict({**config.to_dict(), **_official_config_fields(directory, config)})
+    config = BiGSConfig.from_dict({**config.to_dict(), **BiGSConfig.rename_legacy(dict(config_overrides))})
     ours = convert_official_bigs_state_dict(sd, task=task)
     model = cls(config, device=device, dtype=dtype)
     missing, unexpected = model.load_state_dict(ours, strict=False)
@@ -567,4 +528,9 @@ def _from_official(cls, path_or_state_dict, device, dtype, config_overrides):
     bad = [k for k in missing if not k.startswith(allowed)] if allowed else list(missing)
     if bad or unexpected:
         raise ValueError(f'official BiGS weights do not fit {cls.__name__}: missing {bad}, unexpected {unexpected}')
+    tokenizer = find_tokenizer(directory) if directory is not None else None
+    if tokenizer is not None and tokenizer.vocab_size > config.vocab_size:
+        raise ValueError(f'the tokenizer in {directory} has {tokenizer.vocab_size} tokens, more than the model\'s '
+                         f'{config.vocab_size} embeddings: it does not belong to these weights')
+    model.tokenizer = tokenizer
     return model

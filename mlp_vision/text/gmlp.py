@@ -19,7 +19,7 @@ Heads: ``GMLPForMaskedLM`` (decoder tied to the token embedding + output bias), 
 (linear classifier on the last-layer state of the ``<cls>`` token, paper §2 "Our model uses exactly the same
 input and output protocols as BERT"), ``GMLPForCausalLM`` (causal SGU + LM head + ``generate``).
 
-Parameter accounting (SPEC §2; the paper's counts are per-layer params x layers + 32,000 x d, rounded):
+Parameter accounting (the paper's counts, Tables 4-5, are per-layer params x layers + 32,000 x d, rounded):
     per block = 2d (norm) + (d + 1) d_ffn (fc1) + d_ffn (SGU norm on d_ffn / 2 channels)
               + (2n - 1) + n (Toeplitz w, b) + (d_ffn / 2 + 1) d (fc2)
               [+ (d + 1) 3a + (a + 1) d_ffn / 2 for aMLP's tiny attention of size a]
@@ -39,15 +39,16 @@ The final norm and output bias (33-34 K) are below the papers' rounding. A BERT-
     gmlp_72l_seq128   72   512  3072   128  -    186.867    187
     gmlp_144l_seq128  144  512  3072   128  -    357.317    357
 
-Padding (``attention_mask``, (B, L), 1/True = real token):
-    * Tiny attention (aMLP) honours it: no query attends to a padded key, so nothing reaches a real position
-      through the attention from padded positions.
-    * The SGU does **not** mask: its Toeplitz W mixes every position it is given, pads included, as in the
-      paper ("we find it unnecessary to mask out <pad> tokens in gMLP blocks during finetuning as the model can
-      quickly learn to ignore them", §4). Hence real-position outputs of gMLP/aMLP depend on how many pads
-      follow and on what flows through the padded positions; with the BERT protocol (fixed pad id, pad to a
-      fixed length) the function is deterministic and the model learns to ignore pads. Causal models are
-      unaffected by trailing pads (a causal W never looks right).
+Padding (``attention_mask``, (B, L), 1 = real token, right padding):
+    * ``config.mask_padding = True`` (default): the tiny attention (aMLP) ignores padded keys and the SGU zeroes
+      the padded tokens' gate values before its spatial projection, so padded positions never change a real
+      position's output: with right padding, a padded sequence gets exactly the outputs it gets alone (the
+      Toeplitz / causal W of a shorter input is the leading block of the longer one's).
+    * ``config.mask_padding = False``: the SGU mixes every position it is given, pads included, as the paper
+      ("we find it unnecessary to mask out <pad> tokens in gMLP blocks during finetuning as the model can quickly
+      learn to ignore them", §4); only the tiny attention uses the mask. Checkpoints written before the option
+      existed load with this setting, which is what they were trained with.
+    Causal models never see trailing pads (a causal W never looks right).
 """
 from dataclasses import dataclass
 from functools import partial
@@ -55,69 +56,78 @@ from typing import Optional
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from ..layers import GatedMLPBlock, SPATIAL_MODES
-from .modeling_utils import GenerationMixin, PretrainedMixin, TextOutput, init_linear_embedding, lm_loss
+from .modeling_utils import (
+    GenerationMixin, PretrainedMixin, TextConfig, TextModelOutput, causal_lm_loss, check_text_inputs,
+    init_linear_embedding, masked_lm_loss, sequence_classification_loss, tied_decoder)
 
 __all__ = ['GMLPConfig', 'GMLPModel', 'GMLPForMaskedLM', 'GMLPForSequenceClassification', 'GMLPForCausalLM']
 
 
 @dataclass
-class GMLPConfig:
+class GMLPConfig(TextConfig):
     """Configuration of the gMLP / aMLP text models.
 
     Attributes:
         vocab_size: V, token vocabulary (32,000 in the paper's BERT setup).
-        max_seq_len: n, the SGU's spatial size; inputs may be shorter (W and b are sliced).
-        dim: d_model.
-        depth: number of gMLP blocks.
-        ffn_dim: d_ffn (fc1 output; the SGU halves it). Must be a multiple of 2.
-        attn_dim: tiny-attention head size a (0 = gMLP, > 0 = aMLP; 64 base, 128 large).
+        max_position_embeddings: n, the SGU's spatial size and the longest input; shorter inputs use the leading
+            block of W and b.
+        hidden_size: d_model.
+        num_hidden_layers: number of gMLP blocks.
+        intermediate_size: d_ffn (fc1 output; the SGU halves it). Must be even.
+        tiny_attention_size: size a of aMLP's single-head tiny attention (0 = gMLP; 64 base, 128 large, §4.3).
         spatial_mode: 'toeplitz' (masked LM) | 'causal' (autoregressive LM) | 'dense'.
+        mask_padding: padded positions never reach real ones (module docstring); False = the paper's unmasked SGU.
         tie_word_embeddings: decoder weight = token embedding (masked LM: True, paper §4).
-        dropout: dropout on the embeddings and inside each block (after the SGU).
+        hidden_dropout_prob: dropout on the embeddings and inside each block (after the SGU).
         drop_path_rate: stochastic depth, ramped linearly from 0 at the first block to this at the last.
-        norm_eps: epsilon of the block input LayerNorms and the final LayerNorm.
-        init_std: std of the normal init of Linear / Embedding weights (SGU keeps W ~ 0, b = 1).
+        layer_norm_eps: epsilon of the block input LayerNorms and the final LayerNorm.
+        initializer_range: std of the normal init of Linear / Embedding weights (the SGU keeps W ~ 0, b = 1).
         cls_index: position whose last-layer state the sequence classifier reads (0: ``<cls>`` first, BERT).
-            Token ids (``<pad>``, ``<cls>``, ...) belong to the tokenizer; the model masks by ``attention_mask``.
         num_labels: outputs of the sequence-classification head (1 = regression with MSE).
         classifier_dropout: dropout before the classifier.
     """
     vocab_size: int = 32000
-    max_seq_len: int = 512
-    dim: int = 512
-    depth: int = 48
-    ffn_dim: int = 3072
-    attn_dim: int = 0
+    max_position_embeddings: int = 512
+    hidden_size: int = 512
+    num_hidden_layers: int = 48
+    intermediate_size: int = 3072
+    tiny_attention_size: int = 0
     spatial_mode: str = 'toeplitz'
+    mask_padding: bool = True
     tie_word_embeddings: bool = True
-    dropout: float = 0.0
+    hidden_dropout_prob: float = 0.0
     drop_path_rate: float = 0.0
-    norm_eps: float = 1e-6
-    init_std: float = 0.02
+    layer_norm_eps: float = 1e-6
+    initializer_range: float = 0.02
     cls_index: int = 0
     num_labels: int = 2
     classifier_dropout: float = 0.1
 
+    legacy_names = {
+        'max_seq_len': 'max_position_embeddings', 'dim': 'hidden_size', 'depth': 'num_hidden_layers',
+        'ffn_dim': 'intermediate_size', 'attn_dim': 'tiny_attention_size', 'dropout': 'hidden_dropout_prob',
+        'norm_eps': 'layer_norm_eps', 'init_std': 'initializer_range',
+    }
+    legacy_defaults = {'mask_padding': False}  # what format-1 checkpoints were trained with
+
     def __post_init__(self):
         if self.spatial_mode not in SPATIAL_MODES:
             raise ValueError(f'spatial_mode must be one of {SPATIAL_MODES}, got {self.spatial_mode!r}')
-        if self.ffn_dim % 2:
-            raise ValueError(f'ffn_dim must be even (the SGU splits it in two), got {self.ffn_dim}')
-        if not 0 <= self.cls_index < self.max_seq_len:
-            raise ValueError(f'cls_index {self.cls_index} outside [0, {self.max_seq_len})')
+        if self.intermediate_size % 2:
+            raise ValueError(f'intermediate_size must be even (the SGU splits it in two), got {self.intermediate_size}')
+        if not 0 <= self.cls_index < self.max_position_embeddings:
+            raise ValueError(f'cls_index {self.cls_index} outside [0, {self.max_position_embeddings})')
 
 
 class GMLPModel(PretrainedMixin, nn.Module):
     """gMLP / aMLP backbone: token embedding -> GatedMLPBlocks -> final LayerNorm.
 
     Shapes:
-        input_ids: (B, L) int64 with 1 <= L <= max_seq_len.
-        attention_mask: optional (B, L) bool/int, True/1 = real token; given to the tiny attention of aMLP
-            blocks (see the module docstring for what the SGU does with pads).
-        output: (B, L, dim) last-layer hidden states.
+        input_ids: (B, L) int64 with 1 <= L <= max_position_embeddings.
+        attention_mask: optional (B, L) bool/int, 1 = real token, right padding (module docstring).
+        output: (B, L, hidden_size) last-layer hidden states.
     """
     config_class = GMLPConfig
 
@@ -126,50 +136,51 @@ class GMLPModel(PretrainedMixin, nn.Module):
         dd = {'device': device, 'dtype': dtype}
         self.config = config
         c = config
-        self.embed = nn.Embedding(c.vocab_size, c.dim, **dd)
-        self.drop = nn.Dropout(c.dropout)
-        dpr = [c.drop_path_rate * i / max(c.depth - 1, 1) for i in range(c.depth)]
+        self.embed = nn.Embedding(c.vocab_size, c.hidden_size, **dd)
+        self.drop = nn.Dropout(c.hidden_dropout_prob)
+        dpr = [c.drop_path_rate * i / max(c.num_hidden_layers - 1, 1) for i in range(c.num_hidden_layers)]
         self.blocks = nn.ModuleList([
             GatedMLPBlock(
-                c.dim, c.max_seq_len,
-                hidden_dim=c.ffn_dim,
+                c.hidden_size, c.max_position_embeddings,
+                hidden_dim=c.intermediate_size,
                 spatial_mode=c.spatial_mode,
-                attn_dim=c.attn_dim,
-                norm_layer=partial(nn.LayerNorm, eps=c.norm_eps),
-                drop=c.dropout,
+                attn_dim=c.tiny_attention_size,
+                sgu_mask=c.mask_padding,
+                norm_layer=partial(nn.LayerNorm, eps=c.layer_norm_eps),
+                drop=c.hidden_dropout_prob,
                 drop_path=dpr[i],
                 **dd,
             )
-            for i in range(c.depth)
+            for i in range(c.num_hidden_layers)
         ])
-        self.norm = nn.LayerNorm(c.dim, eps=c.norm_eps, **dd)
+        self.norm = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps, **dd)
         # Linear / Embedding only: the SGUs' raw W (~0) and b (=1) parameters are left as GatedMLPBlock made them
-        self.apply(partial(init_linear_embedding, std=c.init_std))
+        self.apply(partial(init_linear_embedding, std=c.initializer_range))
 
     def forward(self, input_ids: torch.Tensor, attention_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
-        if input_ids.dim() != 2:
-            raise ValueError(f'input_ids must be (B, L), got shape {tuple(input_ids.shape)}')
-        length = input_ids.shape[1]
-        if not 1 <= length <= self.config.max_seq_len:
-            raise ValueError(f'sequence length {length} outside [1, {self.config.max_seq_len}] (max_seq_len)')
-        mask = None
-        if attention_mask is not None:
-            if attention_mask.shape != input_ids.shape:
-                raise ValueError(f'attention_mask shape {tuple(attention_mask.shape)} != input_ids shape '
-                                 f'{tuple(input_ids.shape)}')
-            mask = attention_mask.to(torch.bool)
+        mask = check_text_inputs(input_ids, attention_mask, self.config.max_position_embeddings)
         x = self.drop(self.embed(input_ids))
         for block in self.blocks:
             x = block(x, mask)
         return self.norm(x)
 
 
+def _token_decoder(config: GMLPConfig, embed: nn.Embedding, device, dtype) -> nn.Linear:
+    """d -> V Linear without bias; its weight IS the token embedding's when ``tie_word_embeddings`` (one
+    parameter, counted and saved once)."""
+    if config.tie_word_embeddings:
+        return tied_decoder(embed, device=device, dtype=dtype)
+    decoder = nn.Linear(config.hidden_size, config.vocab_size, bias=False, device=device, dtype=dtype)
+    init_linear_embedding(decoder, config.initializer_range)
+    return decoder
+
+
 class GMLPForMaskedLM(PretrainedMixin, nn.Module):
-    """gMLP / aMLP masked-LM: backbone + decoder tied to the token embedding + per-token output bias.
+    """gMLP / aMLP masked LM: backbone, decoder Linear (weight tied to the token embedding by default), output bias.
 
     Shapes:
-        input_ids: (B, L); attention_mask: optional (B, L); labels: optional (B, L) int64 with -100 at
-        positions that are not scored. Returns ``TextOutput(logits (B, L, V), loss)``.
+        input_ids: (B, L); attention_mask: optional (B, L); labels: optional (B, L) int64 with -100 at positions
+        that are not scored. Returns ``TextModelOutput(loss, logits (B, L, V))``.
     """
     config_class = GMLPConfig
     head_prefixes = ('decoder', 'output_bias')
@@ -178,40 +189,31 @@ class GMLPForMaskedLM(PretrainedMixin, nn.Module):
         super().__init__()
         self.config = config
         self.gmlp = GMLPModel(config, device=device, dtype=dtype)
-        self.decoder = None if config.tie_word_embeddings else nn.Linear(
-            config.dim, config.vocab_size, bias=False, device=device, dtype=dtype)
-        if self.decoder is not None:
-            init_linear_embedding(self.decoder, config.init_std)
+        self.decoder = _token_decoder(config, self.gmlp.embed, device, dtype)
         self.output_bias = nn.Parameter(torch.zeros(config.vocab_size, device=device, dtype=dtype))
-
-    def output_weight(self) -> torch.Tensor:
-        """(V, d) decoder weight: the token embedding when tied."""
-        return self.gmlp.embed.weight if self.decoder is None else self.decoder.weight
 
     def forward(
             self,
             input_ids: torch.Tensor,
             attention_mask: Optional[torch.Tensor] = None,
             labels: Optional[torch.Tensor] = None,
-    ) -> TextOutput:
-        h = self.gmlp(input_ids, attention_mask)
-        logits = F.linear(h, self.output_weight(), self.output_bias)
-        return TextOutput(logits, lm_loss(logits, labels) if labels is not None else None)
+    ) -> TextModelOutput:
+        logits = self.decoder(self.gmlp(input_ids, attention_mask)) + self.output_bias
+        return TextModelOutput(loss=None if labels is None else masked_lm_loss(logits, labels), logits=logits)
 
 
 class GMLPForSequenceClassification(PretrainedMixin, nn.Module):
     """Sequence classifier with the BERT ``<cls>`` protocol of the paper (§2, §4).
 
-    The input is ``<cls> segment_a [<sep> segment_b <sep>] <pad>...``; the prediction is a linear map of the
-    last-layer (final-LayerNorm) state at ``config.cls_index`` (0). There is no BERT "pooler" (tanh dense
-    layer): that layer is trained by next-sentence prediction, which the paper's C4 MLM pretraining does not
-    have. Load a masked-LM checkpoint with ``GMLPForSequenceClassification.from_pretrained(dir, num_labels=k)``:
-    the backbone is loaded and the classifier is freshly initialised.
+    The input is ``<cls> segment_a <sep> [segment_b <sep>] <pad>...``; the prediction is a linear map of the
+    last-layer (final-LayerNorm) state at ``config.cls_index`` (0). There is no BERT "pooler" (tanh dense layer):
+    that layer is trained by next-sentence prediction, which the paper's C4 MLM pretraining does not have. Load a
+    masked-LM checkpoint with ``GMLPForSequenceClassification.from_pretrained(dir, num_labels=k)``: the backbone is
+    loaded and the classifier is freshly initialised.
 
     Shapes:
-        input_ids: (B, L); attention_mask: optional (B, L); labels: optional (B,) int64 class ids, or (B,)
-        float targets when ``num_labels == 1`` (regression, MSE). Returns ``TextOutput(logits (B, num_labels),
-        loss)``.
+        input_ids: (B, L); attention_mask: optional (B, L); labels: optional (B,) int64 class ids, or (B,) float
+        targets when ``num_labels == 1`` (regression, MSE). Returns ``TextModelOutput(loss, logits (B, num_labels))``.
     """
     config_class = GMLPConfig
     head_prefixes = ('classifier',)
@@ -221,24 +223,19 @@ class GMLPForSequenceClassification(PretrainedMixin, nn.Module):
         self.config = config
         self.gmlp = GMLPModel(config, device=device, dtype=dtype)
         self.dropout = nn.Dropout(config.classifier_dropout)
-        self.classifier = nn.Linear(config.dim, config.num_labels, device=device, dtype=dtype)
-        init_linear_embedding(self.classifier, config.init_std)
+        self.classifier = nn.Linear(config.hidden_size, config.num_labels, device=device, dtype=dtype)
+        init_linear_embedding(self.classifier, config.initializer_range)
 
     def forward(
             self,
             input_ids: torch.Tensor,
             attention_mask: Optional[torch.Tensor] = None,
             labels: Optional[torch.Tensor] = None,
-    ) -> TextOutput:
+    ) -> TextModelOutput:
         h = self.gmlp(input_ids, attention_mask)[:, self.config.cls_index]  # (B, d): the <cls> state
         logits = self.classifier(self.dropout(h))
-        loss = None
-        if labels is not None:
-            if self.config.num_labels == 1:
-                loss = F.mse_loss(logits.squeeze(-1).float(), labels.float())
-            else:
-                loss = F.cross_entropy(logits.float(), labels)
-        return TextOutput(logits, loss)
+        return TextModelOutput(
+            loss=None if labels is None else sequence_classification_loss(logits, labels), logits=logits)
 
 
 class GMLPForCausalLM(GenerationMixin, PretrainedMixin, nn.Module):
@@ -247,11 +244,12 @@ class GMLPForCausalLM(GenerationMixin, PretrainedMixin, nn.Module):
     As in the annotated implementation (labml.ai): token embedding -> gMLP blocks with a causal spatial mask ->
     final LayerNorm -> linear generator (untied by default there; ``tie_word_embeddings`` chooses). Unlike that
     implementation we add no sinusoidal position encoding: the causal W is position-indexed already (paper §2).
-    Works for any length 1..max_seq_len, and ``generate`` crops longer contexts to the last ``max_seq_len``.
+    Works for any length 1..max_position_embeddings, and ``generate`` crops longer contexts.
 
     Shapes:
-        idx: (B, T) int64, 1 <= T <= max_seq_len; targets: optional (B, T) int64 next tokens (-100 = skip).
-        Returns ``TextOutput(logits (B, T, V), loss)``.
+        input_ids: (B, T) int64; attention_mask: optional (B, T) (right padding never reaches real tokens);
+        labels: optional (B, T) int64 aligned with the inputs (``labels = input_ids``; shifted inside, -100 = not
+        scored). Returns ``TextModelOutput(loss, logits (B, T, V))``.
     """
     config_class = GMLPConfig
     head_prefixes = ('lm_head', 'output_bias')
@@ -261,16 +259,15 @@ class GMLPForCausalLM(GenerationMixin, PretrainedMixin, nn.Module):
         if config.spatial_mode != 'causal':
             raise ValueError(f"GMLPForCausalLM needs spatial_mode='causal', got {config.spatial_mode!r}")
         self.config = config
-        self.max_seq_len = config.max_seq_len
         self.gmlp = GMLPModel(config, device=device, dtype=dtype)
-        self.lm_head = None if config.tie_word_embeddings else nn.Linear(
-            config.dim, config.vocab_size, bias=False, device=device, dtype=dtype)
-        if self.lm_head is not None:
-            init_linear_embedding(self.lm_head, config.init_std)
+        self.lm_head = _token_decoder(config, self.gmlp.embed, device, dtype)
         self.output_bias = nn.Parameter(torch.zeros(config.vocab_size, device=device, dtype=dtype))
 
-    def forward(self, idx: torch.Tensor, targets: Optional[torch.Tensor] = None) -> TextOutput:
-        h = self.gmlp(idx)
-        weight = self.gmlp.embed.weight if self.lm_head is None else self.lm_head.weight
-        logits = F.linear(h, weight, self.output_bias)
-        return TextOutput(logits, lm_loss(logits, targets) if targets is not None else None)
+    def forward(
+            self,
+            input_ids: torch.Tensor,
+            attention_mask: Optional[torch.Tensor] = None,
+            labels: Optional[torch.Tensor] = None,
+    ) -> TextModelOutput:
+        logits = self.lm_head(self.gmlp(input_ids, attention_mask)) + self.output_bias
+        return TextModelOutput(loss=None if labels is None else causal_lm_loss(logits, labels), logits=logits)

@@ -1,7 +1,7 @@
 """ Char-level GPT with MLP-Attention (paper 003) and the same GPT with dot-product attention (its baseline).
 
 Paper: Morsali et al., `MLP-Attention: Improving Transformer Architecture with MLP Attention Weights`
-(ICLR 2023 Tiny Papers), SPEC §1.5. Reference code: github.com/AlirezaMorsali/MLP-Attention (nanoGPT-style).
+(ICLR 2023 Tiny Papers), §2 "Methodology" and Appendix A.1. Reference code: github.com/AlirezaMorsali/MLP-Attention (nanoGPT-style).
 
 MLP-Attention, per head h: ``logits_h = ReLU(X W1_h + b1_h) W2_h`` with W2_h: d_hidden x T_max (no bias), so
 row t holds logits over key positions 0..T_max-1; only the first T columns are computed for a length-T input,
@@ -20,7 +20,7 @@ Parameter counts at the paper's settings (vocab 65, 3 layers, 3 heads, d 384, T_
                    + 2*384 + 384*65 + 65                               (final LN, LM head)
                    = 5,468,993   (paper: "5.5 million")
     MLP-Attention: q and k (2 * 384^2 per layer) replaced by 3 heads x (384*256 + 256 + 256*256):
-                   5,468,993 + 3 * (492,288 - 294,912) = 6,061,121   (paper: "6 million"; SPEC §2 writes 6.0 M)
+                   5,468,993 + 3 * (492,288 - 294,912) = 6,061,121   (paper: "6 million")
 Both equal the counts the reference code records (``results/Final/hyper_params.json``: 5.468993 / 6.061121 M).
 """
 from dataclasses import dataclass
@@ -32,7 +32,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 from timm.layers import Attention, Mlp
 
-from .modeling_utils import GenerationMixin, PretrainedMixin, TextOutput, init_linear_embedding, lm_loss
+from .modeling_utils import (
+    GenerationMixin, PretrainedMixin, TextConfig, TextModelOutput, causal_lm_loss, check_text_inputs,
+    init_linear_embedding)
 
 __all__ = ['GPTConfig', 'MLPAttention', 'GPTBlock', 'GPTLanguageModel', 'ATTENTION_TYPES']
 
@@ -40,35 +42,58 @@ ATTENTION_TYPES = ('mlp', 'sdpa')
 
 
 @dataclass
-class GPTConfig:
-    """Configuration of the char-level GPT (defaults: the MLP-Attention paper's Tiny Shakespeare setup).
+class GPTConfig(TextConfig):
+    """Configuration of the char-level GPT (defaults: the MLP-Attention paper's Tiny Shakespeare setup, §3).
 
     Attributes:
         vocab_size: V (65 characters in Tiny Shakespeare).
-        block_size: T_max, the longest context (position embeddings and MLP-attention logits are this long).
-        n_layer, n_head, n_embd: depth, heads, width d (n_embd must be divisible by n_head).
+        max_position_embeddings: T_max, the longest context (position embeddings and MLP-attention logits are
+            this long).
+        num_hidden_layers, num_attention_heads, hidden_size: depth, heads, width d (d divisible by the heads).
+        intermediate_size: FFN hidden width (None: 4 d, as the reference).
         attention: 'mlp' (MLP-Attention) | 'sdpa' (scaled dot-product attention baseline).
-        mlp_attn_hidden: hidden width of each head's logit MLP (MLP-Attention only).
-        ffn_ratio: FFN hidden width / d.
-        dropout: attention-weight, residual and FFN dropout (0.2 in the paper).
-        init_std: std of the normal init of Linear / Embedding weights (biases 0), as nanoGPT.
+        mlp_attention_hidden_size: hidden width of each head's logit MLP (MLP-Attention only).
+        hidden_dropout_prob: residual and FFN dropout (0.2 in the paper).
+        attention_probs_dropout_prob: dropout on the attention weights (0.2 in the paper).
+        initializer_range: std of the normal init of Linear / Embedding weights (biases 0), as nanoGPT.
     """
     vocab_size: int = 65
-    block_size: int = 256
-    n_layer: int = 3
-    n_head: int = 3
-    n_embd: int = 384
+    max_position_embeddings: int = 256
+    num_hidden_layers: int = 3
+    num_attention_heads: int = 3
+    hidden_size: int = 384
+    intermediate_size: Optional[int] = None
     attention: str = 'mlp'
-    mlp_attn_hidden: int = 256
-    ffn_ratio: int = 4
-    dropout: float = 0.2
-    init_std: float = 0.02
+    mlp_attention_hidden_size: int = 256
+    hidden_dropout_prob: float = 0.2
+    attention_probs_dropout_prob: float = 0.2
+    initializer_range: float = 0.02
+
+    legacy_names = {
+        'block_size': 'max_position_embeddings', 'n_layer': 'num_hidden_layers', 'n_head': 'num_attention_heads',
+        'n_embd': 'hidden_size', 'mlp_attn_hidden': 'mlp_attention_hidden_size', 'init_std': 'initializer_range',
+    }
+
+    @classmethod
+    def rename_legacy(cls, d: dict) -> dict:
+        d = super().rename_legacy(d)
+        # one dropout for attention weights and residuals, and the FFN width as a ratio of the model width
+        if 'dropout' in d:
+            p = d.pop('dropout')
+            d.setdefault('hidden_dropout_prob', p)
+            d.setdefault('attention_probs_dropout_prob', p)
+        if 'ffn_ratio' in d:
+            d.setdefault('intermediate_size', d.pop('ffn_ratio') * d.get('hidden_size', cls.hidden_size))
+        return d
 
     def __post_init__(self):
+        if self.intermediate_size is None:
+            self.intermediate_size = 4 * self.hidden_size
         if self.attention not in ATTENTION_TYPES:
             raise ValueError(f'attention must be one of {ATTENTION_TYPES}, got {self.attention!r}')
-        if self.n_embd % self.n_head:
-            raise ValueError(f'n_embd {self.n_embd} not divisible by n_head {self.n_head}')
+        if self.hidden_size % self.num_attention_heads:
+            raise ValueError(f'hidden_size {self.hidden_size} not divisible by num_attention_heads '
+                             f'{self.num_attention_heads}')
 
 
 class MLPAttention(nn.Module):
@@ -125,7 +150,7 @@ class MLPAttention(nn.Module):
         """(B, T, d) -> (B, H, T, T) softmax attention weights (causal, before dropout)."""
         B, T, _ = x.shape
         if not 1 <= T <= self.max_len:
-            raise ValueError(f'sequence length {T} outside [1, {self.max_len}] (block_size)')
+            raise ValueError(f'sequence length {T} outside [1, {self.max_len}] (max_position_embeddings)')
         h = F.relu(self.fc1(x)).view(B, T, self.num_heads, self.hidden_dim).transpose(1, 2)  # (B, H, T, hidden)
         logits = h @ self.fc2_weight[:, :, :T]  # (B, H, T, hidden) @ (H, hidden, T) -> (B, H, T, T)
         logits = logits.masked_fill(~self.causal_mask[:T, :T], float('-inf'))
@@ -162,17 +187,17 @@ class GPTBlock(nn.Module):
         super().__init__()
         dd = {'device': device, 'dtype': dtype}
         c = config
-        self.ln1 = nn.LayerNorm(c.n_embd, **dd)
+        self.ln1 = nn.LayerNorm(c.hidden_size, **dd)
         if c.attention == 'mlp':
             self.attn = MLPAttention(
-                c.n_embd, c.n_head, c.block_size, c.mlp_attn_hidden,
-                attn_drop=c.dropout, proj_drop=c.dropout, **dd)
+                c.hidden_size, c.num_attention_heads, c.max_position_embeddings, c.mlp_attention_hidden_size,
+                attn_drop=c.attention_probs_dropout_prob, proj_drop=c.hidden_dropout_prob, **dd)
         else:
             self.attn = _CausalSDPA(
-                c.n_embd, num_heads=c.n_head, qkv_bias=False, proj_bias=True,
-                attn_drop=c.dropout, proj_drop=c.dropout, **dd)
-        self.ln2 = nn.LayerNorm(c.n_embd, **dd)
-        self.ffn = Mlp(c.n_embd, c.ffn_ratio * c.n_embd, act_layer=nn.ReLU, drop=(0., c.dropout), **dd)
+                c.hidden_size, num_heads=c.num_attention_heads, qkv_bias=False, proj_bias=True,
+                attn_drop=c.attention_probs_dropout_prob, proj_drop=c.hidden_dropout_prob, **dd)
+        self.ln2 = nn.LayerNorm(c.hidden_size, **dd)
+        self.ffn = Mlp(c.hidden_size, c.intermediate_size, act_layer=nn.ReLU, drop=(0., c.hidden_dropout_prob), **dd)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.ln1(x))
@@ -183,9 +208,11 @@ class GPTLanguageModel(GenerationMixin, PretrainedMixin, nn.Module):
     """Char-level GPT LM with MLP-Attention or dot-product attention.
 
     Shapes:
-        idx: (B, T) int64 with 1 <= T <= block_size; targets: optional (B, T) int64 next tokens (-100 = skip).
-        Returns ``TextOutput(logits (B, T, vocab_size), loss)``. ``generate`` (from :class:`GenerationMixin`)
-        crops the context to the last ``block_size`` tokens.
+        input_ids: (B, T) int64 with 1 <= T <= max_position_embeddings; attention_mask: optional (B, T), right
+        padding (causal attention never lets a real token see a later pad, so nothing else is needed); labels:
+        optional (B, T) int64 aligned with the inputs (``labels = input_ids``; shifted inside, -100 = not scored).
+        Returns ``TextModelOutput(loss, logits (B, T, vocab_size))``. ``generate`` (from :class:`GenerationMixin`)
+        crops the context to the last ``max_position_embeddings`` tokens.
     """
     config_class = GPTConfig
 
@@ -193,26 +220,26 @@ class GPTLanguageModel(GenerationMixin, PretrainedMixin, nn.Module):
         super().__init__()
         dd = {'device': device, 'dtype': dtype}
         self.config = config
-        self.max_seq_len = config.block_size
-        self.tok_emb = nn.Embedding(config.vocab_size, config.n_embd, **dd)
-        self.pos_emb = nn.Embedding(config.block_size, config.n_embd, **dd)
-        self.blocks = nn.ModuleList([GPTBlock(config, **dd) for _ in range(config.n_layer)])
-        self.ln_f = nn.LayerNorm(config.n_embd, **dd)
-        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, **dd)
-        self.apply(partial(init_linear_embedding, std=config.init_std))
+        self.tok_emb = nn.Embedding(config.vocab_size, config.hidden_size, **dd)
+        self.pos_emb = nn.Embedding(config.max_position_embeddings, config.hidden_size, **dd)
+        self.blocks = nn.ModuleList([GPTBlock(config, **dd) for _ in range(config.num_hidden_layers)])
+        self.ln_f = nn.LayerNorm(config.hidden_size, **dd)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, **dd)
+        self.apply(partial(init_linear_embedding, std=config.initializer_range))
         for m in self.modules():
             if isinstance(m, MLPAttention):
-                m.init_weights(config.init_std)
+                m.init_weights(config.initializer_range)
 
-    def forward(self, idx: torch.Tensor, targets: Optional[torch.Tensor] = None) -> TextOutput:
-        if idx.dim() != 2:
-            raise ValueError(f'idx must be (B, T), got shape {tuple(idx.shape)}')
-        T = idx.shape[1]
-        if not 1 <= T <= self.config.block_size:
-            raise ValueError(f'sequence length {T} outside [1, {self.config.block_size}] (block_size)')
-        pos = torch.arange(T, device=idx.device)
-        x = self.tok_emb(idx) + self.pos_emb(pos)  # no embedding dropout, as the reference
+    def forward(
+            self,
+            input_ids: torch.Tensor,
+            attention_mask: Optional[torch.Tensor] = None,
+            labels: Optional[torch.Tensor] = None,
+    ) -> TextModelOutput:
+        check_text_inputs(input_ids, attention_mask, self.config.max_position_embeddings)  # right padding only
+        pos = torch.arange(input_ids.shape[1], device=input_ids.device)
+        x = self.tok_emb(input_ids) + self.pos_emb(pos)  # no embedding dropout, as the reference
         for block in self.blocks:
             x = block(x)
         logits = self.lm_head(self.ln_f(x))
-        return TextOutput(logits, lm_loss(logits, targets) if targets is not None else None)
+        return TextModelOutput(loss=None if labels is None else causal_lm_loss(logits, labels), logits=logits)

@@ -1,80 +1,291 @@
-""" Shared plumbing of the text models: output tuple, save/load (safetensors + JSON config), sampling.
+""" Shared plumbing of the text models: configs, outputs, input checks, losses, save/load, sampling.
 
-Every text model has a config dataclass in ``self.config`` and inherits :class:`PretrainedMixin`:
+The conventions are Hugging Face ``transformers``' so that its ``Trainer`` and the habits of its users carry over:
 
-    model.save_pretrained('ckpt/')           # ckpt/config.json + ckpt/model.safetensors
-    model = type(model).from_pretrained('ckpt/')
-    model = mlp_vision.text.from_pretrained('ckpt/')   # dispatches on the architecture stored in config.json
+* every model's ``forward`` takes ``input_ids`` (B, L), ``attention_mask`` (B, L), ``token_type_ids`` (B, L; the
+  families with segment embeddings only) and ``labels``, and returns a :class:`TextModelOutput` whose fields are
+  ``loss`` (only when labels are given) and ``logits``: ``out.logits``, ``out['logits']``, ``out[0]`` (the loss when
+  labels were given, else the logits) and ``out.to_tuple()`` all work as on a ``transformers`` ``ModelOutput``;
+* causal LMs take ``labels`` aligned with ``input_ids`` (``labels = input_ids`` is right) and shift them inside:
+  position t is scored on token t + 1;
+* every config is a dataclass with one naming scheme (``vocab_size``, ``hidden_size``, ``num_hidden_layers``,
+  ``intermediate_size``, ``max_position_embeddings``, ``layer_norm_eps``, ``initializer_range``,
+  ``hidden_dropout_prob``, ...); :meth:`TextConfig.from_dict` still reads the names of older checkpoints;
+* padding is right padding: ``attention_mask`` rows are ones then zeros. Every family guarantees that padded
+  positions never change a real position's output, so a padded batch gives each sequence the outputs it gets alone
+  (checked by ``tests/test_text_models.py`` for every family). Any other mask stops with a one-line error.
 
-``config.json`` holds ``{"architecture": <class name>, "config": <dataclass fields>, "format_version": 1}``.
-Weights go through :func:`safetensors.torch.save_model` / :func:`~safetensors.torch.load_model`, which handle
-tied (shared) tensors.
+Saving::
+
+    model.save_pretrained('ckpt/', tokenizer=tok)   # config.json + model.safetensors (+ the tokenizer's files)
+    model = type(model).from_pretrained('ckpt/')    # model.tokenizer is the saved tokenizer (None without one)
+    model = mlp_vision.text.from_pretrained('ckpt/')  # dispatches on the architecture stored in config.json
+
+``config.json`` holds ``{"architecture": <class name>, "config": <dataclass fields>, "format_version": 2}``.
+Weights are safetensors (no code runs when loading); a tied parameter is stored once, under its first name.
 """
 import dataclasses
 import json
 import os
-from typing import Any, Dict, List, NamedTuple, Optional, Tuple, Type
+from collections import OrderedDict
+from typing import Any, ClassVar, Dict, Mapping, Optional, Tuple, Type
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from safetensors.torch import load_model, save_model
+import torch.utils._pytree as pytree
+from safetensors.torch import load_model, save_file
 
 __all__ = [
-    'TextOutput', 'PretrainedMixin', 'GenerationMixin', 'from_pretrained', 'list_architectures',
-    'lm_loss', 'init_linear_embedding', 'CONFIG_NAME', 'WEIGHTS_NAME',
+    'TextConfig', 'ModelOutput', 'TextModelOutput', 'PretrainedMixin', 'GenerationMixin', 'check_text_inputs',
+    'masked_lm_loss', 'causal_lm_loss', 'sequence_classification_loss', 'init_linear_embedding', 'tied_decoder',
+    'read_config',
+    'CONFIG_NAME', 'WEIGHTS_NAME', 'FORMAT_VERSION',
 ]
 
 CONFIG_NAME = 'config.json'
 WEIGHTS_NAME = 'model.safetensors'
-_FORMAT_VERSION = 1
+# 1: configs with the families' own field names (max_seq_len, dim, depth, block_size, n_embd, ...);
+# 2: one naming scheme for every family, gMLP padding masked by default
+FORMAT_VERSION = 2
 
-# class name -> class, filled by PretrainedMixin.__init_subclass__ (used by the generic from_pretrained)
-_ARCHITECTURES: Dict[str, Type['PretrainedMixin']] = {}
 
+# ------------------------------------------------------------------------------------------------------ configs
 
-class TextOutput(NamedTuple):
-    """What the text models' ``forward`` returns; unpacks as ``logits, loss = model(...)``.
+class TextConfig:
+    """Base of the text configs (dataclasses): one field-naming scheme, older names still readable.
 
-    logits: (B, L, vocab) for language models, (B, num_labels) for sequence classification.
-    loss: scalar mean loss when labels/targets were given, else None.
+    Subclasses list ``legacy_names`` (old field name -> current name) and ``legacy_defaults`` (values a field
+    takes in a checkpoint written before the field existed, ``format_version`` 1).
     """
-    logits: torch.Tensor
-    loss: Optional[torch.Tensor] = None
+    legacy_names: ClassVar[Dict[str, str]] = {}
+    legacy_defaults: ClassVar[Dict[str, Any]] = {}
+
+    @classmethod
+    def from_dict(cls, fields: Mapping[str, Any], format_version: int = FORMAT_VERSION):
+        """Build the config from ``fields``, renaming legacy names; unknown names stop with a ``TypeError``."""
+        d = cls.rename_legacy(dict(fields))
+        if format_version < 2:
+            for name, value in cls.legacy_defaults.items():
+                d.setdefault(name, value)
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise TypeError(f'{cls.__name__} has no field {", ".join(map(repr, unknown))}; its fields are '
+                            f'{", ".join(sorted(known))}')
+        return cls(**d)
+
+    @classmethod
+    def rename_legacy(cls, d: dict) -> dict:
+        """``d`` (modified in place) with the legacy field names replaced by the current ones."""
+        for old, new in cls.legacy_names.items():
+            if old in d:
+                if new in d:
+                    raise TypeError(f'{cls.__name__}: both {old!r} (the old name) and {new!r} given; use {new!r}')
+                d[new] = d.pop(old)
+        return d
+
+    def to_dict(self) -> Dict[str, Any]:
+        return dataclasses.asdict(self)
 
 
-class PretrainedMixin:
-    """``save_pretrained`` / ``from_pretrained`` for an ``nn.Module`` with a dataclass ``self.config``.
+# ------------------------------------------------------------------------------------------------------ outputs
 
-    Subclasses set ``config_class`` and may set ``head_prefixes``: the state-dict prefixes of their
-    task-specific head. Loading a checkpoint of a *different* architecture with the same config class (e.g. a
-    masked-LM checkpoint into a sequence classifier) is allowed when the only missing keys are the new head's.
+class ModelOutput(OrderedDict):
+    """A dataclass that is also an ordered dict of its non-None fields, as ``transformers.utils.ModelOutput``.
+
+    ``out.logits``, ``out['logits']``, ``out[0]`` (first non-None field), ``out.to_tuple()`` and ``dict(out)``;
+    ``'loss' in out`` is False when no loss was computed. Registered as a pytree node so ``torch.compile``,
+    ``torch.export`` and DDP see the tensors inside.
     """
-    config_class: Type = None
-    head_prefixes: Tuple[str, ...] = ()
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
-        _ARCHITECTURES[cls.__name__] = cls
+        pytree.register_pytree_node(
+            cls,
+            lambda out: (list(out.values()), list(out.keys())),
+            lambda values, keys: cls(**dict(zip(keys, values))),
+            serialized_type_name=f'{cls.__module__}.{cls.__qualname__}',
+        )
 
-    def save_pretrained(self, save_directory: str) -> None:
-        """Write ``config.json`` and ``model.safetensors`` to ``save_directory`` (created if needed).
+    def __post_init__(self):
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if value is not None:
+                super().__setitem__(field.name, value)
+
+    def __getitem__(self, key):
+        if isinstance(key, str):
+            return super().__getitem__(key)
+        return self.to_tuple()[key]
+
+    def __setattr__(self, name, value):
+        if value is not None and name in {f.name for f in dataclasses.fields(self)}:
+            super().__setitem__(name, value)
+        super().__setattr__(name, value)
+
+    def __setitem__(self, key, value):
+        super().__setitem__(key, value)
+        super().__setattr__(key, value)
+
+    def __reduce__(self):  # pickle / deepcopy as the dataclass, not as an OrderedDict
+        return type(self), tuple(getattr(self, f.name) for f in dataclasses.fields(self))
+
+    def to_tuple(self) -> Tuple[Any, ...]:
+        return tuple(self.values())
+
+
+@dataclasses.dataclass(eq=False)
+class TextModelOutput(ModelOutput):
+    """What every text model's ``forward`` returns.
+
+    loss: scalar mean loss, present only when ``labels`` were given.
+    logits: (B, L, vocab_size) for language models, (B, num_labels) for sequence classification.
+    """
+    loss: Optional[torch.Tensor] = None
+    logits: Optional[torch.Tensor] = None
+
+
+# ----------------------------------------------------------------------------------------------- input checks
+
+def check_text_inputs(
+        input_ids: torch.Tensor,
+        attention_mask: Optional[torch.Tensor],
+        max_length: int,
+        token_type_ids: Optional[torch.Tensor] = None,
+) -> Optional[torch.Tensor]:
+    """Check the shapes (and the padding layout) of a text model's inputs; returns the mask as bool (or None).
+
+    ``input_ids`` must be (B, L) with 1 <= L <= ``max_length``; ``attention_mask`` and ``token_type_ids``, when
+    given, (B, L). The mask must be right padding (each row ones then zeros): the families' exactness guarantee
+    (padded positions never change a real position's output) holds for right padding only, since every family
+    reads absolute positions. The value and layout check needs the mask's values, so it is skipped while tracing
+    or compiling (where it would break the graph); shapes are always checked.
+    """
+    if input_ids.dim() != 2:
+        raise ValueError(f'input_ids must be (batch, length), got shape {tuple(input_ids.shape)}')
+    length = input_ids.shape[1]
+    if not 1 <= length <= max_length:
+        raise ValueError(f'sequence length {length} outside [1, {max_length}] (max_position_embeddings)')
+    if token_type_ids is not None and token_type_ids.shape != input_ids.shape:
+        raise ValueError(f'token_type_ids shape {tuple(token_type_ids.shape)} != input_ids shape '
+                         f'{tuple(input_ids.shape)}')
+    if attention_mask is None:
+        return None
+    if attention_mask.shape != input_ids.shape:
+        raise ValueError(f'attention_mask shape {tuple(attention_mask.shape)} != input_ids shape '
+                         f'{tuple(input_ids.shape)}')
+    mask = attention_mask if attention_mask.dtype == torch.bool else attention_mask != 0
+    if not (torch.jit.is_tracing() or torch.compiler.is_compiling()):
+        if attention_mask.dtype != torch.bool and bool(((attention_mask != 0) & (attention_mask != 1)).any()):
+            raise ValueError('attention_mask must hold 1 (real token) or 0 (padding); got other values '
+                             '(labels or token ids passed positionally? use keywords)')
+        if length > 1 and bool((mask[:, 1:] & ~mask[:, :-1]).any()):
+            raise ValueError('attention_mask must be right padding (each row ones, then zeros); got a real token '
+                             'after a padded one')
+    return mask
+
+
+# ------------------------------------------------------------------------------------------------------- losses
+
+def masked_lm_loss(logits: torch.Tensor, labels: torch.Tensor, ignore_index: int = -100) -> torch.Tensor:
+    """Mean token cross-entropy in float32. logits: (B, L, V); labels: (B, L) int64, ``ignore_index`` not scored."""
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1),
+                           ignore_index=ignore_index)
+
+
+def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor, ignore_index: int = -100) -> torch.Tensor:
+    """Next-token loss with ``labels`` aligned to the inputs (``labels = input_ids``): position t predicts label
+    t + 1, as ``transformers``' causal LMs. logits: (B, L, V); labels: (B, L)."""
+    return masked_lm_loss(logits[:, :-1], labels[:, 1:], ignore_index)
+
+
+def sequence_classification_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy over (B, num_labels) logits with (B,) class ids; MSE when num_labels == 1 (regression)."""
+    if logits.shape[-1] == 1:
+        return F.mse_loss(logits.squeeze(-1).float(), labels.float())
+    return F.cross_entropy(logits.float(), labels)
+
+
+def init_linear_embedding(module: nn.Module, std: float) -> None:
+    """BERT/GPT-style init: Linear and Embedding weights ~ N(0, std), Linear biases 0.
+
+    Only ``nn.Linear`` / ``nn.Embedding`` are touched, so the SGU's raw ``weight`` / ``bias`` parameters (W ~ 0,
+    b = 1: "important to initialize W close to zero", gMLP arXiv 2105.08050 §2), the SSM parameters and the
+    LayerNorms keep their own init. Use with ``model.apply``.
+    """
+    if isinstance(module, nn.Linear):
+        nn.init.normal_(module.weight, std=std)
+        if module.bias is not None:
+            nn.init.zeros_(module.bias)
+    elif isinstance(module, nn.Embedding):
+        nn.init.normal_(module.weight, std=std)
+
+
+def tied_decoder(embedding: nn.Embedding, device=None, dtype=None) -> nn.Linear:
+    """The d -> V output Linear (no bias) of a language model whose weight IS ``embedding``'s: one parameter,
+    counted once by ``parameters()`` and saved once by safetensors (BERT's weight tying, arXiv 1810.04805)."""
+    decoder = nn.Linear(embedding.embedding_dim, embedding.num_embeddings, bias=False, device=device, dtype=dtype)
+    decoder.weight = embedding.weight
+    return decoder
+
+
+# -------------------------------------------------------------------------------------------------- save / load
+
+def read_config(directory: str) -> Tuple[str, dict, int]:
+    """(architecture name, config fields, format version) of a folder written by ``save_pretrained``."""
+    path = os.path.join(directory, CONFIG_NAME)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f'{directory} has no {CONFIG_NAME}: not a folder written by save_pretrained')
+    with open(path, encoding='utf-8') as f:
+        payload = json.load(f)
+    if 'architecture' not in payload or 'config' not in payload:
+        raise ValueError(f'{path} is not a config written by save_pretrained (no "architecture" / "config"); for an '
+                         f'official BiGS folder use BiGSForMaskedLM.from_official')
+    return payload['architecture'], payload['config'], int(payload.get('format_version', 1))
+
+
+def _unique_state_dict(module: nn.Module) -> Dict[str, torch.Tensor]:
+    """The state dict with each tied parameter under its first name only (registration order: the backbone's
+    embedding, not the LM decoder that shares it), so that a backbone-only model finds it in the file."""
+    params = dict(module.named_parameters(remove_duplicate=False))
+    first = {id(p): name for name, p in module.named_parameters()}  # remove_duplicate=True keeps the first name
+    return {k: v.contiguous() for k, v in module.state_dict().items()
+            if k not in params or first[id(params[k])] == k}
+
+
+class PretrainedMixin:
+    """``save_pretrained`` / ``from_pretrained`` for an ``nn.Module`` with a :class:`TextConfig` ``self.config``.
+
+    Subclasses set ``config_class`` and may set ``head_prefixes``: the state-dict prefixes of their task-specific
+    head. Loading a checkpoint of a *different* architecture with the same config class (e.g. a masked-LM
+    checkpoint into a sequence classifier) is allowed when the only missing keys are the new head's.
+    ``tokenizer`` is the tokenizer saved beside the weights (or attached by the user); it is not a module and
+    holds no parameters.
+    """
+    config_class: Type[TextConfig] = None
+    head_prefixes: Tuple[str, ...] = ()
+    tokenizer = None
+
+    def save_pretrained(self, save_directory: str, tokenizer=None) -> None:
+        """Write ``config.json``, ``model.safetensors`` and the tokenizer (``tokenizer``, else ``self.tokenizer``,
+        if any; see :meth:`mlp_vision.text.tokenizer.Tokenizer.save_pretrained`) to ``save_directory``.
 
         Each file is written to a temporary name and renamed, so an interrupted save never leaves a torn file.
         """
         os.makedirs(save_directory, exist_ok=True)
-        payload = {
-            'architecture': type(self).__name__,
-            'config': dataclasses.asdict(self.config),
-            'format_version': _FORMAT_VERSION,
-        }
+        payload = {'architecture': type(self).__name__, 'config': self.config.to_dict(),
+                   'format_version': FORMAT_VERSION}
         cfg_path = os.path.join(save_directory, CONFIG_NAME)
         with open(cfg_path + '.tmp', 'w', encoding='utf-8') as f:
             json.dump(payload, f, indent=2, sort_keys=True)
         os.replace(cfg_path + '.tmp', cfg_path)
         w_path = os.path.join(save_directory, WEIGHTS_NAME)
-        save_model(self, w_path + '.tmp', metadata={'format': 'pt', 'architecture': type(self).__name__})
+        save_file(_unique_state_dict(self), w_path + '.tmp', metadata={'format': 'pt', 'architecture': type(self).__name__})
         os.replace(w_path + '.tmp', w_path)
+        tokenizer = tokenizer if tokenizer is not None else self.tokenizer
+        if tokenizer is not None:
+            tokenizer.save_pretrained(save_directory)
 
     @classmethod
     def from_pretrained(
@@ -84,22 +295,27 @@ class PretrainedMixin:
             strict: Optional[bool] = None,
             **overrides: Any,
     ):
-        """Build the model from ``directory/config.json`` (fields updated by ``overrides``) and load its weights.
+        """Build the model from ``directory/config.json`` (fields updated by ``overrides``) and load its weights;
+        ``model.tokenizer`` is the folder's tokenizer, or None when it has none.
 
         Args:
             directory: a folder written by :meth:`save_pretrained`.
             device: where the weights are loaded to.
-            strict: require every key to match. Default: True when the checkpoint's architecture is this
-                class; False when it is another architecture of the same config class, in which case only the
-                keys of this class's head (``head_prefixes``) may be missing.
-            **overrides: config fields to change (e.g. ``num_labels=3``, ``dropout=0.1``). Fields that change
-                parameter shapes make the load fail.
+            strict: require every key to match. Default: True when the checkpoint's architecture is this class;
+                False when it is another architecture of the same config class, in which case only the keys of
+                this class's head (``head_prefixes``) may be missing.
+            **overrides: config fields to change (e.g. ``num_labels=3``, ``hidden_dropout_prob=0.1``). Fields that
+                change parameter shapes make the load fail.
         """
-        arch, config = _read_config(directory)
-        if cls.config_class is not None and not isinstance(config, cls.config_class):
-            raise TypeError(f'{directory} holds a {type(config).__name__}; {cls.__name__} needs a '
+        from .registry import architecture_class
+        from .tokenizer import find_tokenizer
+        arch, fields, version = read_config(directory)
+        stored_config_class = architecture_class(arch).config_class
+        if cls.config_class is not None and stored_config_class is not cls.config_class:
+            raise TypeError(f'{directory} holds a {arch} ({stored_config_class.__name__}); {cls.__name__} needs a '
                             f'{cls.config_class.__name__}')
-        config = dataclasses.replace(config, **overrides)
+        config = stored_config_class.from_dict(fields, format_version=version)
+        config = dataclasses.replace(config, **stored_config_class.rename_legacy(dict(overrides)))
         model = cls(config)
         same_arch = arch == cls.__name__
         strict = same_arch if strict is None else strict
@@ -107,102 +323,57 @@ class PretrainedMixin:
         if not strict and not same_arch:
             bad = [k for k in missing if not k.startswith(cls.head_prefixes)] if cls.head_prefixes else list(missing)
             if bad:
-                raise RuntimeError(f'{arch} checkpoint in {directory} lacks weights {cls.__name__} needs '
-                                   f'outside its head: {bad[:8]}{"..." if len(bad) > 8 else ""}')
+                raise RuntimeError(f'{arch} checkpoint in {directory} lacks weights {cls.__name__} needs outside '
+                                   f'its head: {bad[:8]}{"..." if len(bad) > 8 else ""}')
         model.to(device)
+        model.tokenizer = find_tokenizer(directory)
         return model
 
 
-def _read_config(directory: str) -> Tuple[str, Any]:
-    with open(os.path.join(directory, CONFIG_NAME), encoding='utf-8') as f:
-        payload = json.load(f)
-    arch = payload['architecture']
-    if arch not in _ARCHITECTURES:
-        raise KeyError(f'unknown architecture {arch!r} in {directory}; known: {sorted(_ARCHITECTURES)}')
-    config_class = _ARCHITECTURES[arch].config_class
-    fields = {f.name for f in dataclasses.fields(config_class)}
-    unknown = set(payload['config']) - fields
-    if unknown:
-        raise ValueError(f'{directory}: config fields {sorted(unknown)} unknown to {config_class.__name__}')
-    return arch, config_class(**payload['config'])
-
-
-def from_pretrained(directory: str, device: str = 'cpu', **overrides: Any) -> nn.Module:
-    """Load any text model saved with ``save_pretrained``, dispatching on the stored architecture name."""
-    arch, _ = _read_config(directory)
-    return _ARCHITECTURES[arch].from_pretrained(directory, device=device, **overrides)
-
-
-def list_architectures() -> List[str]:
-    """Class names that :func:`from_pretrained` can build."""
-    return sorted(_ARCHITECTURES)
-
-
 class GenerationMixin:
-    """Autoregressive sampling for causal LMs whose ``forward(idx)`` returns :class:`TextOutput`.
+    """Autoregressive sampling for causal LMs whose ``forward(input_ids)`` returns :class:`TextModelOutput`.
 
-    The model must expose ``max_seq_len`` (the longest context it accepts); longer contexts are cropped to
-    their last ``max_seq_len`` tokens, as in nanoGPT.
+    Contexts longer than ``config.max_position_embeddings`` are cropped to their last tokens, as in nanoGPT.
     """
-    max_seq_len: int
 
     @torch.no_grad()
     def generate(
             self,
-            idx: torch.Tensor,
+            input_ids: torch.Tensor,
             max_new_tokens: int,
             temperature: float = 1.0,
             top_k: Optional[int] = None,
             generator: Optional[torch.Generator] = None,
     ) -> torch.Tensor:
-        """Append ``max_new_tokens`` sampled tokens to ``idx``.
+        """Append ``max_new_tokens`` sampled tokens to ``input_ids``.
 
         Args:
-            idx: (B, T) int64 prompt, T >= 1 (a single token works).
+            input_ids: (B, T) int64 prompt, T >= 1 (a single token works).
             max_new_tokens: number of tokens to sample.
             temperature: logits are divided by it; ``<= 0`` means greedy (argmax) decoding.
             top_k: keep only the k most likely tokens before sampling (None = all).
             generator: optional ``torch.Generator`` for reproducible sampling.
 
-        Returns: (B, T + max_new_tokens) int64. The model runs in eval mode (dropout off) during sampling and is
-        put back into its previous mode afterwards.
+        Returns: (B, T + max_new_tokens) int64. The model runs in eval mode (dropout off) during sampling and is put
+        back into its previous mode afterwards.
         """
-        if idx.dim() != 2 or idx.shape[1] < 1:
-            raise ValueError(f'idx must be (B, T) with T >= 1, got shape {tuple(idx.shape)}')
+        if input_ids.dim() != 2 or input_ids.shape[1] < 1:
+            raise ValueError(f'input_ids must be (B, T) with T >= 1, got shape {tuple(input_ids.shape)}')
+        context = self.config.max_position_embeddings
         was_training = self.training
         self.eval()
         try:
             for _ in range(max_new_tokens):
-                logits = self(idx[:, -self.max_seq_len:]).logits[:, -1, :]  # (B, vocab)
+                logits = self(input_ids[:, -context:]).logits[:, -1, :]  # (B, vocab)
                 if temperature <= 0:
-                    idx_next = logits.argmax(dim=-1, keepdim=True)
+                    next_id = logits.argmax(dim=-1, keepdim=True)
                 else:
                     logits = logits / temperature
                     if top_k is not None:
                         kth = torch.topk(logits, min(top_k, logits.shape[-1]), dim=-1).values[:, -1:]
                         logits = logits.masked_fill(logits < kth, float('-inf'))
-                    idx_next = torch.multinomial(F.softmax(logits, dim=-1), 1, generator=generator)
-                idx = torch.cat((idx, idx_next), dim=1)
+                    next_id = torch.multinomial(F.softmax(logits, dim=-1), 1, generator=generator)
+                input_ids = torch.cat((input_ids, next_id), dim=1)
         finally:
             self.train(was_training)
-        return idx
-
-
-def lm_loss(logits: torch.Tensor, targets: torch.Tensor, ignore_index: int = -100) -> torch.Tensor:
-    """Mean token cross-entropy. logits: (B, L, V); targets: (B, L) int64, ``ignore_index`` entries skipped."""
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1),
-                           ignore_index=ignore_index)
-
-
-def init_linear_embedding(module: nn.Module, std: float) -> None:
-    """BERT/GPT-style init: Linear and Embedding weights ~ N(0, std), Linear biases 0.
-
-    Only ``nn.Linear`` / ``nn.Embedding`` are touched, so the SGU's raw ``weight`` / ``bias`` parameters
-    (W ~ 0, b = 1; SPEC §1.1) and LayerNorms keep their own init. Use with ``model.apply``.
-    """
-    if isinstance(module, nn.Linear):
-        nn.init.normal_(module.weight, std=std)
-        if module.bias is not None:
-            nn.init.zeros_(module.bias)
-    elif isinstance(module, nn.Embedding):
-        nn.init.normal_(module.weight, std=std)
+        return input_ids

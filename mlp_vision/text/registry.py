@@ -1,113 +1,216 @@
-""" Name registry of the text models: ``create_model(name, **overrides)``, ``list_models()``.
+""" The one registry of the text models: name -> (family, default task, config defaults), family -> (config class,
+task -> model class).
 
-A separate registry from timm's (text models are not timm image models). Each entry builds a config from the
-named defaults updated by the overrides and instantiates the entry's default task head::
+A separate registry from timm's (text models are not timm image models). Each name builds a config from its
+defaults updated by the overrides and instantiates the model class of the requested task::
 
-    create_model('amlp_base')                                       # GMLPForMaskedLM, 108.8 M params
+    create_model('amlp_base')                                         # GMLPForMaskedLM, 108.8 M params
     create_model('gmlp_base', task='sequence_classification', num_labels=3)
-    create_model('gmlp_base', depth=12, max_seq_len=128)            # any GMLPConfig field
-    create_model('gmlp_xlarge', device='meta')                      # shapes only, no memory
+    create_model('gmlp_base', num_hidden_layers=12, max_position_embeddings=128)   # any GMLPConfig field
+    create_model('gmlp_xlarge', device='meta')                        # shapes only, no memory
+    model_config('bigs_large_512')['max_position_embeddings']         # every config has this field: 512
 
-Overrides are config fields, plus ``task`` (where the entry has several), ``device`` and ``dtype``.
+Overrides are config fields (the legacy names of older checkpoints and command lines too, see
+:meth:`~mlp_vision.text.modeling_utils.TextConfig.from_dict`), plus ``task``, ``device`` and ``dtype``. Every
+config's ``max_position_embeddings`` is the longest input the model accepts; nothing else knows it.
 """
+import dataclasses
 import fnmatch
-from typing import Callable, Dict, List
+from typing import Any, Dict, List, Optional, Tuple, Type
 
 import torch.nn as nn
 
-from .bigs import BiGSConfig, BiGSForMaskedLM, BiGSForSequenceClassification
-from .gmlp import GMLPConfig, GMLPForCausalLM, GMLPForMaskedLM, GMLPForSequenceClassification
+from .bert import BertConfig, BertForMaskedLM, BertForSequenceClassification, BertModel
+from .bigs import BiGSConfig, BiGSForMaskedLM, BiGSForSequenceClassification, BiGSModel
+from .gmlp import GMLPConfig, GMLPForCausalLM, GMLPForMaskedLM, GMLPForSequenceClassification, GMLPModel
 from .gpt import GPTConfig, GPTLanguageModel
+from .modeling_utils import TextConfig, read_config
 
-__all__ = ['create_model', 'list_models', 'is_model', 'model_config', 'register_model', 'MODEL_TASKS']
+__all__ = [
+    'create_model', 'list_models', 'is_model', 'model_config', 'model_entry', 'register_model', 'model_class',
+    'config_class', 'list_families', 'list_tasks', 'architecture_class', 'list_architectures', 'from_pretrained',
+    'ModelEntry', 'TASKS',
+]
 
-_ENTRIES: Dict[str, Callable[..., nn.Module]] = {}
-_DEFAULTS: Dict[str, dict] = {}
+TASKS = ('base', 'masked_lm', 'sequence_classification', 'causal_lm')
 
-# task name -> class, per config family
-MODEL_TASKS = {
-    'gmlp': {
-        'masked_lm': GMLPForMaskedLM,
-        'sequence_classification': GMLPForSequenceClassification,
-        'causal_lm': GMLPForCausalLM,
-    },
-    'gpt': {'causal_lm': GPTLanguageModel},
-    'bigs': {'masked_lm': BiGSForMaskedLM, 'sequence_classification': BiGSForSequenceClassification},
+
+@dataclasses.dataclass(frozen=True)
+class _Family:
+    config_class: Type[TextConfig]
+    models: Dict[str, Type[nn.Module]]  # task -> class
+
+
+_FAMILIES: Dict[str, _Family] = {
+    'gmlp': _Family(GMLPConfig, {
+        'base': GMLPModel, 'masked_lm': GMLPForMaskedLM, 'sequence_classification': GMLPForSequenceClassification,
+        'causal_lm': GMLPForCausalLM}),
+    'gpt': _Family(GPTConfig, {'causal_lm': GPTLanguageModel}),
+    'bigs': _Family(BiGSConfig, {
+        'base': BiGSModel, 'masked_lm': BiGSForMaskedLM, 'sequence_classification': BiGSForSequenceClassification}),
+    'bert': _Family(BertConfig, {
+        'base': BertModel, 'masked_lm': BertForMaskedLM, 'sequence_classification': BertForSequenceClassification}),
 }
-_CONFIGS = {'gmlp': GMLPConfig, 'gpt': GPTConfig, 'bigs': BiGSConfig}
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelEntry:
+    """A registered name: its family, default task and config defaults (current field names)."""
+    name: str
+    family: str
+    task: str
+    defaults: Dict[str, Any]
+
+    @property
+    def config_class(self) -> Type[TextConfig]:
+        return _FAMILIES[self.family].config_class
+
+    @property
+    def tasks(self) -> Tuple[str, ...]:
+        return tuple(_FAMILIES[self.family].models)
+
+    def build_config(self, **overrides) -> TextConfig:
+        """The defaults updated by ``overrides`` (legacy names accepted)."""
+        return self.config_class.from_dict({**self.defaults, **self.config_class.rename_legacy(dict(overrides))})
+
+
+_ENTRIES: Dict[str, ModelEntry] = {}
 
 
 def register_model(name: str, family: str, default_task: str, **defaults) -> None:
-    """Register ``name``: a ``family`` config ('gmlp' | 'gpt' | 'bigs') with ``defaults``, built as ``default_task``."""
+    """Register ``name``: a ``family`` config (one of :func:`list_families`) with ``defaults``, built as
+    ``default_task`` unless ``create_model`` asks for another of the family's tasks."""
     if name in _ENTRIES:
         raise ValueError(f'text model {name!r} already registered')
-    if default_task not in MODEL_TASKS[family]:
+    if family not in _FAMILIES:
+        raise ValueError(f'unknown family {family!r}; known: {list_families()}')
+    if default_task not in _FAMILIES[family].models:
         raise ValueError(f'task {default_task!r} not available for family {family!r}')
-    _CONFIGS[family](**defaults)  # validate the defaults now
-
-    def entry(task: str = default_task, device=None, dtype=None, **overrides) -> nn.Module:
-        tasks = MODEL_TASKS[family]
-        if task not in tasks:
-            raise ValueError(f'{name}: task must be one of {sorted(tasks)}, got {task!r}')
-        config = _CONFIGS[family](**{**defaults, **overrides})
-        return tasks[task](config, device=device, dtype=dtype)
-
-    entry.__name__ = name
-    entry.__doc__ = f'{name}: {family} config {defaults}, default task {default_task!r}.'
+    entry = ModelEntry(name, family, default_task, dict(defaults))
+    entry.build_config()  # validate the defaults now
     _ENTRIES[name] = entry
-    _DEFAULTS[name] = dict(family=family, task=default_task, **defaults)
 
 
-def create_model(name: str, **overrides) -> nn.Module:
-    """Build the registered text model ``name`` (see the module docstring for the overrides)."""
+def model_entry(name: str) -> ModelEntry:
     if name not in _ENTRIES:
-        raise KeyError(f'unknown text model {name!r}; known: {list_models()}')
-    return _ENTRIES[name](**overrides)
+        raise KeyError(f'unknown text model {name!r}; known: {", ".join(list_models())}')
+    return _ENTRIES[name]
 
 
-def list_models(pattern: str = '*') -> List[str]:
-    """Sorted registered names matching the shell-style ``pattern``."""
-    return sorted(n for n in _ENTRIES if fnmatch.fnmatch(n, pattern))
+def create_model(name: str, task: Optional[str] = None, device=None, dtype=None, **overrides) -> nn.Module:
+    """Build the registered text model ``name`` (see the module docstring for the overrides)."""
+    entry = model_entry(name)
+    task = entry.task if task is None else task
+    return model_class(entry.family, task)(entry.build_config(**overrides), device=device, dtype=dtype)
+
+
+def list_models(pattern: str = '*', task: Optional[str] = None, family: Optional[str] = None) -> List[str]:
+    """Sorted registered names matching the shell-style ``pattern`` (and, if given, default ``task`` / ``family``)."""
+    return sorted(n for n, e in _ENTRIES.items() if fnmatch.fnmatch(n, pattern)
+                  and (task is None or e.task == task) and (family is None or e.family == family))
 
 
 def is_model(name: str) -> bool:
     return name in _ENTRIES
 
 
-def model_config(name: str) -> dict:
-    """The registered defaults of ``name`` (family, default task, config fields)."""
-    return dict(_DEFAULTS[name])
+def model_config(name: str, **overrides) -> dict:
+    """Family, default task and every config field of ``name`` (class defaults included), e.g.
+    ``model_config(name)['max_position_embeddings']``."""
+    entry = model_entry(name)
+    return {'family': entry.family, 'task': entry.task, **entry.build_config(**overrides).to_dict()}
 
 
-# --- gMLP / aMLP masked LM, BERT setup (paper Table 5): vocab 32,000, seq 512, Toeplitz W --------------------
-_BERT = dict(vocab_size=32000, max_seq_len=512, spatial_mode='toeplitz')
-register_model('gmlp_base', 'gmlp', 'masked_lm', depth=48, dim=512, ffn_dim=3072, **_BERT)
-register_model('gmlp_large', 'gmlp', 'masked_lm', depth=96, dim=768, ffn_dim=3072, **_BERT)
-register_model('gmlp_xlarge', 'gmlp', 'masked_lm', depth=144, dim=1024, ffn_dim=4096, **_BERT)
-register_model('amlp_base', 'gmlp', 'masked_lm', depth=36, dim=512, ffn_dim=3072, attn_dim=64, **_BERT)
-register_model('amlp_large', 'gmlp', 'masked_lm', depth=72, dim=768, ffn_dim=3072, attn_dim=128, **_BERT)
+def list_families() -> List[str]:
+    return sorted(_FAMILIES)
 
-# --- Table 4 scaling study (seq 128, d 512, d_ffn 3072; 0.5x / 1x / 2x / 4x depth) --------------------------
+
+def list_tasks(family: str) -> List[str]:
+    return list(_FAMILIES[family].models)
+
+
+def config_class(family: str) -> Type[TextConfig]:
+    if family not in _FAMILIES:
+        raise KeyError(f'unknown family {family!r}; known: {list_families()}')
+    return _FAMILIES[family].config_class
+
+
+def model_class(family: str, task: str) -> Type[nn.Module]:
+    """The class a ``family`` uses for ``task``; a clear error when the family has no such task."""
+    models = _FAMILIES[family].models if family in _FAMILIES else {}
+    if task not in models:
+        raise ValueError(f'family {family!r} has no task {task!r}; its tasks: {sorted(models) or "none"}')
+    return models[task]
+
+
+def architecture_class(class_name: str) -> Type[nn.Module]:
+    """The model class called ``class_name`` (what ``config.json`` stores as its architecture)."""
+    for family in _FAMILIES.values():
+        for cls in family.models.values():
+            if cls.__name__ == class_name:
+                return cls
+    raise KeyError(f'unknown architecture {class_name!r}; known: {list_architectures()}')
+
+
+def list_architectures() -> List[str]:
+    """Class names that :func:`from_pretrained` can build."""
+    return sorted(cls.__name__ for f in _FAMILIES.values() for cls in f.models.values())
+
+
+def from_pretrained(directory: str, device: str = 'cpu', **overrides: Any) -> nn.Module:
+    """Load any text model saved with ``save_pretrained``, dispatching on the stored architecture name;
+    ``model.tokenizer`` is the folder's tokenizer (None without one)."""
+    arch, _, _ = read_config(directory)
+    return architecture_class(arch).from_pretrained(directory, device=device, **overrides)
+
+
+# --- gMLP / aMLP masked LM, BERT setup (arXiv 2105.08050 §4, Table 5): vocab 32,000, seq 512, Toeplitz W ----------
+_BERT_SETUP = dict(vocab_size=32000, max_position_embeddings=512, spatial_mode='toeplitz')
+
+
+def _gmlp(layers: int, width: int, ffn: int, tiny_attention: int = 0, **extra) -> dict:
+    return dict(num_hidden_layers=layers, hidden_size=width, intermediate_size=ffn,
+                tiny_attention_size=tiny_attention, **{**_BERT_SETUP, **extra})
+
+
+register_model('gmlp_base', 'gmlp', 'masked_lm', **_gmlp(48, 512, 3072))
+register_model('gmlp_large', 'gmlp', 'masked_lm', **_gmlp(96, 768, 3072))
+register_model('gmlp_xlarge', 'gmlp', 'masked_lm', **_gmlp(144, 1024, 4096))
+register_model('amlp_base', 'gmlp', 'masked_lm', **_gmlp(36, 512, 3072, 64))
+register_model('amlp_large', 'gmlp', 'masked_lm', **_gmlp(72, 768, 3072, 128))
+
+# --- Table 4 scaling study (seq 128, d 512, d_ffn 3072; 0.5x / 1x / 2x / 4x depth) ----------------------------------
 for _depth in (18, 36, 72, 144):
-    register_model(f'gmlp_{_depth}l_seq128', 'gmlp', 'masked_lm', depth=_depth, dim=512, ffn_dim=3072,
-                   vocab_size=32000, max_seq_len=128, spatial_mode='toeplitz')
+    register_model(f'gmlp_{_depth}l_seq128', 'gmlp', 'masked_lm', **_gmlp(_depth, 512, 3072,
+                                                                           max_position_embeddings=128))
 
-# --- causal gMLP LM (annotated implementation, paper 001: d 512, d_ffn 2048, context 256, 6 layers as labml's
-#     TransformerConfigs default; char-level Tiny Shakespeare vocab 65, untied generator) -----------------------
-register_model('gmlp_causal_char', 'gmlp', 'causal_lm', depth=6, dim=512, ffn_dim=2048, vocab_size=65,
-               max_seq_len=256, spatial_mode='causal', tie_word_embeddings=False)
+# --- causal gMLP LM (annotated implementation, the project's paper 001: d 512, d_ffn 2048, context 256, 6 layers as
+#     labml's TransformerConfigs default; char-level Tiny Shakespeare vocab 65, untied generator) ----------------------
+register_model('gmlp_causal_char', 'gmlp', 'causal_lm', num_hidden_layers=6, hidden_size=512, intermediate_size=2048,
+               vocab_size=65, max_position_embeddings=256, spatial_mode='causal', tie_word_embeddings=False)
 
-# --- MLP-Attention paper (SPEC §1.5): vocab 65, 3 layers, 3 heads, d 384, T_max 256, d_hidden 256, dropout 0.2
-_PAPER_GPT = dict(vocab_size=65, block_size=256, n_layer=3, n_head=3, n_embd=384, mlp_attn_hidden=256, dropout=0.2)
+# --- MLP-Attention paper (ICLR 2023 Tiny Papers, §3): vocab 65, 3 layers, 3 heads, d 384, T_max 256, d_hidden 256,
+#     dropout 0.2 ----------------------------------------------------------------------------------------------------
+_PAPER_GPT = dict(vocab_size=65, max_position_embeddings=256, num_hidden_layers=3, num_attention_heads=3,
+                  hidden_size=384, mlp_attention_hidden_size=256, hidden_dropout_prob=0.2,
+                  attention_probs_dropout_prob=0.2)
 register_model('gpt_mlp_attention', 'gpt', 'causal_lm', attention='mlp', **_PAPER_GPT)
 register_model('gpt_sdpa', 'gpt', 'causal_lm', attention='sdpa', **_PAPER_GPT)
 
-# --- BiGS (SPEC §1.4, paper 004): BiGS-large = 23 layers, d 1024, d_i 3072, N 64, BERT uncased vocab 30522; the
+# --- BiGS (arXiv 2212.10544 §5): BiGS-large = 23 layers, d 1024, d_i 3072, N 64, BERT uncased vocab 30522; the
 #     official models differ only in their absolute positions (128 / 512 / 1024 / 4096). bigs_large_512: 346.7 M.
 _BIGS_LARGE = dict(vocab_size=30522, hidden_size=1024, intermediate_size=3072, num_hidden_layers=23, num_ssm_states=64)
 for _positions in (128, 512, 1024, 4096):
     register_model(f'bigs_large_{_positions}', 'bigs', 'masked_lm', max_position_embeddings=_positions, **_BIGS_LARGE)
-# small BiGS for CPU experiments; vocab / pad id fit ByteTokenizer() (256 bytes + <pad> <cls> <sep> <mask>), override
-# vocab_size and pad_token_id for another tokenizer
-register_model('bigs_small', 'bigs', 'masked_lm', vocab_size=260, pad_token_id=256, hidden_size=256,
-               intermediate_size=768, num_hidden_layers=4, num_ssm_states=64, max_position_embeddings=512)
+
+# --- BERT (arXiv 1810.04805 §3, uncased vocabulary): the attention baseline of the BiGS and gMLP comparisons -------
+register_model('bert_base', 'bert', 'masked_lm', num_hidden_layers=12, hidden_size=768, num_attention_heads=12,
+               intermediate_size=3072)
+register_model('bert_large', 'bert', 'masked_lm', num_hidden_layers=24, hidden_size=1024, num_attention_heads=16,
+               intermediate_size=4096)
+
+# --- small encoders for CPU experiments; vocab / pad id fit ByteTokenizer() (256 bytes + <pad> <cls> <sep> <mask>):
+#     override vocab_size and pad_token_id for another tokenizer
+_SMALL = dict(vocab_size=260, pad_token_id=256, hidden_size=256, num_hidden_layers=4, max_position_embeddings=512)
+register_model('bigs_small', 'bigs', 'masked_lm', intermediate_size=768, num_ssm_states=64, **_SMALL)
+register_model('bert_small', 'bert', 'masked_lm', intermediate_size=1024, num_attention_heads=4, **_SMALL)

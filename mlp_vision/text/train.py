@@ -78,8 +78,9 @@ from ..training.distributed import DistInfo, all_gather_objects, init_device, st
 from ..training.engine import NonFiniteLossError, all_ranks_finite, format_duration, non_finite_exit
 from ..training.log import add_log_file, remove_log_file, setup_logging
 from ..training.summary import SummaryWriter, plot_curves, write_json
-from .modeling_utils import lm_loss
-from .registry import MODEL_TASKS, create_model, is_model, list_models, model_config
+from .modeling_utils import masked_lm_loss as lm_loss  # labels here are already the next tokens
+from .registry import create_model, is_model, list_models, model_config
+from .registry import model_class as registry_model_class
 from .tokenizer import DEFAULT_SPECIAL_TOKENS, ByteTokenizer, CharTokenizer
 
 __all__ = [
@@ -321,7 +322,7 @@ def _forward(model: nn.Module, batch: Batch, device: torch.device, amp_autocast)
             out = model(x)
         else:
             out = model(x, attention_mask=attention.to(device, non_blocking=True))
-    logits = out[0] if isinstance(out, (tuple, list)) else out
+    logits = out.logits
     return logits, y
 
 
@@ -516,7 +517,7 @@ def _resolve_recipe(args, family: Optional[str], registry_task: str) -> dict:
 
 def _config_fields(family: Optional[str], registry_task: str) -> set:
     """Field names of the config class the registry builds for (family, task); empty when unknown."""
-    model_class = MODEL_TASKS.get(family, {}).get(registry_task)
+    model_class = registry_model_class(family, registry_task) if family is not None else None
     config_class = getattr(model_class, 'config_class', None)
     return {f.name for f in dataclasses.fields(config_class)} if dataclasses.is_dataclass(config_class) else set()
 

@@ -1,0 +1,123 @@
+""" Fill-mask: the most likely tokens, with probabilities, at each mask token of a text.
+
+    python -m mlp_vision.text.fill_mask DIR "the movie was [MASK] ." [--top-k 5] [--device cpu]
+
+``DIR`` is a folder written by ``save_pretrained`` holding a masked LM and its tokenizer (what the text trainer
+writes under ``pretrained/``), or an official BiGS folder (``pytorch_model.bin`` / ``model.safetensors``,
+``config.json``, ``vocab.txt`` / ``tokenizer.json``; see :meth:`BiGSForMaskedLM.from_official`). The mask token is
+the tokenizer's: ``[MASK]`` for BERT vocabularies, ``<mask>`` for the byte / char tokenizers. The text is encoded
+with the tokenizer's template (``<cls> text <sep>``) and each mask predicts one token (masked LM, BERT arXiv
+1810.04805 §3.1 "Task #1: Masked LM").
+
+From Python::
+
+    model = load_masked_lm('BiGS_512/')
+    fill_mask(model, model.tokenizer, 'the movie was [MASK] .', top_k=5)
+    # [[{'token_id': 2204, 'token': 'good', 'score': 0.31}, ...]]   one list per mask, best first
+"""
+import argparse
+import os
+import sys
+from typing import Dict, List, Optional, Sequence
+
+import torch
+import torch.nn as nn
+
+from .modeling_utils import CONFIG_NAME, read_config
+from .tokenizer import Tokenizer
+
+__all__ = ['fill_mask', 'load_masked_lm', 'main']
+
+
+def load_masked_lm(directory: str, device: str = 'cpu') -> nn.Module:
+    """The masked LM in ``directory`` with its tokenizer as ``model.tokenizer`` (our format, else official BiGS)."""
+    from .bigs import BiGSForMaskedLM
+    from .registry import architecture_class, list_architectures
+    if not os.path.isdir(directory):
+        raise FileNotFoundError(f'{directory} is not a folder')
+    ours = False
+    if os.path.isfile(os.path.join(directory, CONFIG_NAME)):
+        try:
+            arch, _, _ = read_config(directory)
+            ours = True
+        except ValueError:  # a config.json of another layout: the official one
+            pass
+    if ours:
+        cls = architecture_class(arch)
+        if not cls.__name__.endswith('ForMaskedLM'):
+            masked = [a for a in list_architectures() if a.endswith('ForMaskedLM')]
+            raise ValueError(f'{directory} holds a {arch}, not a masked LM ({", ".join(masked)})')
+        model = cls.from_pretrained(directory, device=device)
+    else:
+        model = BiGSForMaskedLM.from_official(directory, device=device)
+    if model.tokenizer is None:
+        raise FileNotFoundError(f'{directory} holds no tokenizer (tokenizer_config.json, tokenizer.json or vocab.txt); '
+                                f'fill-mask needs the one the model was trained with')
+    return model
+
+
+def _token_string(tokenizer: Tokenizer, token_id: int) -> str:
+    return tokenizer.decode([token_id], skip_special_tokens=False) or tokenizer.id_to_token(token_id)
+
+
+@torch.no_grad()
+def fill_mask(model: nn.Module, tokenizer: Tokenizer, text: str, top_k: int = 5) -> List[List[Dict]]:
+    """Top ``top_k`` predictions at each mask token of ``text``: one list per mask (left to right) of
+    ``{'token_id', 'token', 'score'}`` dicts, best first (``score`` is the softmax probability)."""
+    if top_k < 1:
+        raise ValueError(f'top_k must be >= 1, got {top_k}')
+    mask_token, mask_id = tokenizer.mask_token, tokenizer.mask_id
+    if mask_token is None or mask_id is None:
+        raise ValueError(f'{type(tokenizer).__name__} has no mask token; fill-mask needs a masked-LM tokenizer')
+    pieces = text.split(mask_token)
+    if len(pieces) == 1:
+        raise ValueError(f'the text has no mask token {mask_token}: {text!r}')
+    ids: List[int] = []
+    for i, piece in enumerate(pieces):  # the mask id is inserted by id, whatever the tokenizer does with its string
+        if i:
+            ids.append(mask_id)
+        ids.extend(tokenizer.encode(piece))
+    input_ids, _ = tokenizer.build_inputs(ids)
+    max_length = model.config.max_position_embeddings
+    if len(input_ids) > max_length:
+        raise ValueError(f'the text is {len(input_ids)} tokens long, more than the model\'s maximum {max_length}')
+    if max(input_ids) >= model.config.vocab_size:
+        raise ValueError(f'the tokenizer produced id {max(input_ids)} but the model has {model.config.vocab_size} '
+                         f'tokens: tokenizer and model do not belong together')
+    positions = [i for i, t in enumerate(input_ids) if t == mask_id]
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    try:
+        logits = model(torch.tensor([input_ids], device=device)).logits[0, positions]  # (masks, V)
+    finally:
+        model.train(was_training)
+    scores, top = logits.float().softmax(dim=-1).topk(min(top_k, logits.shape[-1]), dim=-1)
+    return [[{'token_id': int(i), 'token': _token_string(tokenizer, int(i)), 'score': float(p)}
+             for p, i in zip(row_scores, row_ids)] for row_scores, row_ids in zip(scores, top)]
+
+
+def main(argv: Optional[Sequence[str]] = None) -> List[List[Dict]]:
+    parser = argparse.ArgumentParser(
+        prog='python -m mlp_vision.text.fill_mask',
+        description='Print the most likely tokens and their probabilities at each mask token of a text.')
+    parser.add_argument('directory', help='a save_pretrained folder of a masked LM, or an official BiGS folder')
+    parser.add_argument('text', help='text with one or more mask tokens ([MASK] for BERT vocabularies)')
+    parser.add_argument('--top-k', type=int, default=5, help='predictions per mask (default 5)')
+    parser.add_argument('--device', default='cpu', help='torch device (default cpu)')
+    args = parser.parse_args(argv)
+    try:
+        model = load_masked_lm(args.directory, device=args.device)
+        results = fill_mask(model, model.tokenizer, args.text, top_k=args.top_k)
+    except (FileNotFoundError, ValueError, TypeError, KeyError) as e:
+        raise SystemExit(f'{parser.prog}: error: {e}')
+    print(f'{args.text}   ({type(model).__name__}, {model.config.vocab_size} tokens)')
+    for n, predictions in enumerate(results, 1):
+        print(f'mask {n}:')
+        for rank, p in enumerate(predictions, 1):
+            print(f'  {rank:2d}. {p["token"]!r:<20} {p["score"]:.4f}')
+    return results
+
+
+if __name__ == '__main__':
+    main(sys.argv[1:])
