@@ -1,0 +1,233 @@
+""" The Triton bidirectional long convolution (mlp_vision.layers.longconv_triton), checked on the CPU.
+
+CPU tensors run the kernels' source in Triton's interpreter (no GPU needed, no TRITON_INTERPRET: the module binds
+an interpreted copy of each kernel for CPU tensors), against a direct dense-Toeplitz convolution in float64.
+The compiled CUDA path is checked by compiling the same kernels for an H100 (sm_90) without running them.
+"""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from mlp_vision.layers import BidirectionalGatedSSM, causal_toeplitz
+from mlp_vision.layers.longconv_triton import bidirectional_long_conv, bidirectional_long_conv_reference, \
+    has_triton, lag_block_table
+
+pytestmark = pytest.mark.skipif(not has_triton('cpu'), reason='triton with its interpreter is not installed')
+
+
+def _inputs(batch, length, channels, dtype=torch.float32, seed=0):
+    """u (B, L, 2, C), decaying kernels (2, L) with a lag-0 tap like a folded D, bias (2, C)."""
+    g = torch.Generator().manual_seed(seed)
+    u = torch.randn(batch, length, 2, channels, generator=g).to(dtype)
+    decay = torch.exp(-0.05 * torch.arange(length))
+    kernels = torch.randn(2, length, generator=g) * decay
+    kernels[:, 0] += 1.0
+    bias = torch.randn(2, channels, generator=g)
+    return u, kernels, bias
+
+
+def _rel_err(x, ref):
+    return ((x.double() - ref.double()).abs().max() / ref.double().abs().max()).item()
+
+
+def _run_both(u, kernels, bias, gated, upstream, **blocks):
+    """Outputs and (u, kernels, bias) gradients of the Triton route and of the float64 reference."""
+    results = []
+    for fn, cast in ((bidirectional_long_conv, lambda t: t), (bidirectional_long_conv_reference, torch.Tensor.double)):
+        inputs = [cast(t.detach()).requires_grad_() for t in (u, kernels, bias)]
+        kwargs = blocks if fn is bidirectional_long_conv else {}
+        out = fn(*inputs, gated=gated, **kwargs)
+        (out.double() * upstream.double()).sum().backward()
+        results.append((out, [t.grad for t in inputs]))
+    return results
+
+
+@pytest.mark.parametrize('length', [5, 32, 37])
+@pytest.mark.parametrize('block_l', [16, 32])
+def test_lag_block_table_rebuilds_the_toeplitz_matrices(length, block_l):
+    """Tiled back together (tile (i, j) = table[|i - j|], transposed for the anti-causal direction, zero on the
+    other side of the diagonal), the table is the dense causal / anti-causal Toeplitz matrix."""
+    _, kernels, _ = _inputs(1, length, 1)
+    table = lag_block_table(kernels, block_l)
+    n_blocks = table.shape[1]
+    assert table.shape == (2, -(-length // block_l), block_l, block_l)
+    dense = torch.zeros(2, n_blocks * block_l, n_blocks * block_l)
+    for i in range(n_blocks):
+        for j in range(n_blocks):
+            rows, cols = slice(i * block_l, (i + 1) * block_l), slice(j * block_l, (j + 1) * block_l)
+            if j <= i:
+                dense[0, rows, cols] = table[0, i - j]
+            if j >= i:
+                dense[1, rows, cols] = table[1, j - i]
+    torch.testing.assert_close(dense[0, :length, :length], causal_toeplitz(kernels[0]), rtol=0, atol=0)
+    torch.testing.assert_close(dense[1, :length, :length], causal_toeplitz(kernels[1], anticausal=True),
+                               rtol=0, atol=0)
+
+
+@pytest.mark.parametrize('batch,length,channels,block_l,block_c', [
+    (2, 37, 20, 16, 16),  # L and C not multiples of the tiles
+    (1, 1, 5, 16, 16),  # one position: only the lag-0 taps
+    (1, 64, 16, 32, 16),  # whole tiles
+    (2, 50, 33, 16, 32),
+])
+@pytest.mark.parametrize('gated', [False, True])
+def test_float32_forward_and_backward_equal_float64_reference(batch, length, channels, block_l, block_c, gated):
+    u, kernels, bias = _inputs(batch, length, channels)
+    upstream = torch.randn((batch, length) + ((channels,) if gated else (2, channels)))
+    (out, grads), (ref, ref_grads) = _run_both(u, kernels, bias, gated, upstream, block_l=block_l, block_c=block_c)
+    assert out.shape == ref.shape and out.dtype == torch.float32
+    assert _rel_err(out, ref) < 1e-5
+    for name, grad, ref_grad in zip(('u', 'kernels', 'bias'), grads, ref_grads):
+        assert grad.dtype == torch.float32, name
+        assert _rel_err(grad, ref_grad) < 1e-5, name
+
+
+@pytest.mark.parametrize('dtype,tol', [(torch.bfloat16, 2e-2), (torch.float16, 3e-3)])
+@pytest.mark.parametrize('gated', [False, True])
+def test_half_precision_within_its_rounding(dtype, tol, gated):
+    """Half-precision inputs (and taps rounded to the input dtype), float32 accumulation: within a few roundings
+    of the float64 result on the same (rounded) inputs; kernel and bias gradients come back in float32."""
+    u, kernels, bias = _inputs(2, 45, 20, dtype=dtype)
+    upstream = torch.randn((2, 45) + ((20,) if gated else (2, 20)))
+    (out, grads), (ref, ref_grads) = _run_both(u, kernels, bias, gated, upstream, block_l=16, block_c=16)
+    assert out.dtype == dtype and grads[0].dtype == dtype
+    assert grads[1].dtype == grads[2].dtype == torch.float32
+    assert _rel_err(out, ref) < tol
+    for name, grad, ref_grad in zip(('u', 'kernels', 'bias'), grads, ref_grads):
+        assert _rel_err(grad, ref_grad) < tol, name
+
+
+def test_gradcheck_gated_with_bias():
+    """Finite differences of the gated output (quadratic in each input, so central differences are exact up to
+    float32 rounding) agree with the Function's backward."""
+    u, kernels, bias = _inputs(1, 20, 3)
+    inputs = [t.requires_grad_() for t in (u, kernels, bias)]
+
+    def fn(u, kernels, bias):
+        return bidirectional_long_conv(u, kernels, bias, gated=True, block_l=16, block_c=16)
+
+    with pytest.warns(UserWarning, match='double precision'):  # float32 inputs: the Triton route has no float64
+        assert torch.autograd.gradcheck(fn, inputs, eps=1e-2, atol=1e-3, rtol=1e-3, fast_mode=True)
+
+
+def test_strided_input_view():
+    """The input may be a strided view (the layer's u is part of a wider projection output): same result as
+    the contiguous copy, read in place."""
+    u, kernels, _ = _inputs(2, 33, 16)
+    wide = torch.randn(2, 33, 2 * 16 + 7)
+    wide[..., :32] = u.flatten(2)
+    view = wide[..., :32].unflatten(-1, (2, 16))
+    assert not view.is_contiguous()
+    expected = bidirectional_long_conv(u, kernels, block_l=16, block_c=16)
+    torch.testing.assert_close(bidirectional_long_conv(view, kernels, block_l=16, block_c=16), expected,
+                               rtol=0, atol=0)
+
+
+def _layer_and_input(length=40, dim=8):
+    torch.manual_seed(0)
+    layer = BidirectionalGatedSSM(dim, 2 * dim, num_states=4, conv_impl='direct')
+    u = torch.randn(2, length, 2, dim)
+    with torch.no_grad():  # non-trivial D and biases
+        layer.ssm_forward.D.fill_(0.7)
+        layer.ssm_backward.D.fill_(-0.4)
+        layer.forward_out_proj.bias.normal_()
+        layer.backward_out_proj.bias.normal_()
+    kernels = torch.stack([ssm.kernel(length) + F.pad(ssm.D, (0, length - 1))  # D folded into lag 0
+                           for ssm in (layer.ssm_forward, layer.ssm_backward)]).detach()
+    return layer, u, kernels
+
+
+@torch.no_grad()
+def test_drop_in_for_the_layers_ssm_convolution():
+    """With D folded into lag 0, the route computes what BidirectionalGatedSSM._bidirectional_ssm does."""
+    layer, u, kernels = _layer_and_input()
+    expected = layer._bidirectional_ssm(u)
+    assert _rel_err(bidirectional_long_conv(u, kernels, block_l=16, block_c=16), expected) < 1e-5
+
+
+@torch.no_grad()
+def test_gated_form_equals_the_layers_projected_gate():
+    """The layer gates (s_f W_cf + b_cf) * (s_b W_cb + b_cb) with s = SSM(u). One kernel is shared by all
+    channels (BiGS §4), so the convolution commutes with the channel projections: projecting first (no bias)
+    and running the gated route with the projection biases gives the same gate."""
+    layer, u, kernels = _layer_and_input()
+    s_f, s_b = layer._bidirectional_ssm(u).unbind(2)
+    expected = layer.forward_out_proj(s_f) * layer.backward_out_proj(s_b)
+    projected = torch.stack([u[:, :, 0] @ layer.forward_out_proj.weight.T,
+                             u[:, :, 1] @ layer.backward_out_proj.weight.T], 2)
+    bias = torch.stack([layer.forward_out_proj.bias, layer.backward_out_proj.bias])
+    out = bidirectional_long_conv(projected, kernels, bias, gated=True, block_l=16, block_c=16)
+    assert _rel_err(out, expected) < 1e-5
+
+
+@pytest.mark.parametrize('make_args,match', [
+    (lambda u, k, b: (u[:, :, 0], k, None), r'u must be \(B, L, 2, C\)'),
+    (lambda u, k, b: (u.double(), k, None), 'u must be one of'),
+    (lambda u, k, b: (u, k[:, :-1], None), r'kernels must be a float \(2, L\) = \(2, 12\)'),
+    (lambda u, k, b: (u, k.long(), None), 'kernels must be a float'),
+    (lambda u, k, b: (u, k, b[:, :-1]), r'bias must be a float \(2, C\) = \(2, 4\)'),
+])
+def test_bad_inputs_stop_with_one_clear_line(make_args, match):
+    u, kernels, bias = _inputs(1, 12, 4)
+    with pytest.raises(ValueError, match=match):
+        bidirectional_long_conv(*make_args(u, kernels, bias))
+
+
+@pytest.mark.parametrize('blocks,match', [({'block_l': 24}, 'block_l must be a power of two >= 16'),
+                                          ({'block_c': 8}, 'block_c must be a power of two >= 16')])
+def test_bad_tile_sizes(blocks, match):
+    u, kernels, _ = _inputs(1, 12, 4)
+    with pytest.raises(ValueError, match=match):
+        bidirectional_long_conv(u, kernels, **blocks)
+
+
+# --- the compiled (CUDA) path: compile for an H100 without a GPU ------------------------------------------------
+
+def _compile_for_hopper(kernel, pointer_dtypes, constexprs, block=128):
+    """Compile a jit kernel for sm_90 (PTX + cubin through triton's bundled ptxas); returns the PTX."""
+    triton = pytest.importorskip('triton')
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    constexprs = dict(constexprs, BLOCK_L=block, BLOCK_C=block)
+    signature = {name: 'constexpr' if name in constexprs else '*' + pointer_dtypes[name] if name.endswith('_ptr')
+                 else 'i32' for name in kernel.arg_names}
+    try:
+        compiled = triton.compile(ASTSource(fn=kernel, signature=signature, constexprs=constexprs),
+                                  target=GPUTarget('cuda', 90, 32), options={'num_warps': 8, 'num_stages': 3})
+    except (FileNotFoundError, PermissionError) as e:  # no ptxas: the environment, not the kernel
+        pytest.skip(f'cannot run triton\'s ptxas here: {e}')
+    return compiled.asm['ptx']
+
+
+def _conv_constexprs(dtype, adjoint=False, gated=False):
+    return dict(ADJOINT=adjoint, GATED=gated, NUM_DIRECTIONS=2 if gated else 1, HAS_BIAS=gated, SAVE_FACTORS=gated,
+                UPCAST_DOT=False, DOT_PRECISION='ieee' if dtype == 'fp32' else 'tf32')
+
+
+def _compile_conv(dtype, **flags):
+    from mlp_vision.layers._longconv_kernels import CONV_KERNELS
+    pointers = dict(u_ptr=dtype, table_ptr=dtype, bias_ptr='fp32', out_ptr=dtype, factor_ptr=dtype)
+    return _compile_for_hopper(CONV_KERNELS['cuda'], pointers, _conv_constexprs(dtype, **flags))
+
+
+def _compile_table_grad(dtype):
+    from mlp_vision.layers._longconv_kernels import TABLE_GRAD_KERNELS
+    pointers = dict(g_ptr=dtype, u_ptr=dtype, partial_ptr='fp32')
+    constexprs = dict(UPCAST_DOT=False, DOT_PRECISION='ieee' if dtype == 'fp32' else 'tf32')
+    return _compile_for_hopper(TABLE_GRAD_KERNELS['cuda'], pointers, constexprs)
+
+
+def test_kernels_compile_for_h100_with_tensor_core_products():
+    """The bf16 gated forward (two directions, saved factors) and the table gradient lower to Hopper's warpgroup
+    tensor-core instructions: the CUDA path compiles, not just the interpreted one."""
+    assert 'wgmma.mma_async' in _compile_conv('bf16', gated=True)
+    assert 'wgmma.mma_async' in _compile_table_grad('bf16')
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('dtype', ['bf16', 'fp16', 'fp32'])
+def test_every_kernel_variant_compiles_for_h100(dtype):
+    for flags in ({}, {'adjoint': True}, {'gated': True}):
+        ptx = _compile_conv(dtype, **flags)
+        assert 'mma' in ptx or dtype == 'fp32', flags  # ieee float32 products run on the FMA units
+    _compile_table_grad(dtype)
