@@ -119,8 +119,10 @@ PAPER_ROWS: Tuple[PaperRow, ...] = (
     PaperRow('MLP-Attention', 'gpt_mlp_attention', 'params', '6',
              'paper: "6 million" (ours 6.061 M = the reference code\'s own record)'),
     PaperRow('MLP-Attention', 'gpt_sdpa', 'params', '5.5', 'paper: "5.5 million"'),
-    # BiGS paper: 346 M (BiGS-large, pretrained at 128 tokens), Table 6 forward FLOPs, encoder only
-    PaperRow('BiGS §5', 'bigs_large_128', 'params', '346', 'BiGS-large with 128 positions (pretraining length)'),
+    # BiGS paper: "around 350M parameters" (§5; BiGS-large, pretrained at 128 tokens), Table 6 forward FLOPs of the
+    # encoder (2 x forward MACs, although §7.4 calls them training FLOPs: docs/complexity.md)
+    PaperRow('BiGS §5', 'bigs_large_128', 'params', '350',
+             '"around 350M parameters"; BiGS-large with 128 positions (pretraining length)'),
     *(PaperRow('BiGS T6', f'bigs_large_{n}', 'encoder_flops_raw', p, 'forward FLOPs = 2 x encoder MACs')
       for n, p in zip(BIGS_LENGTHS, ('8.1e10', '3.2e11', '6.5e11', '2.6e12'))),
     *(PaperRow('BiGS T6', f'bert_large_{n}', 'encoder_flops_raw', p, 'forward FLOPs = 2 x encoder MACs')

@@ -33,6 +33,17 @@ def _slope(x: Sequence[float], y: Sequence[float]) -> float:
     return math.log(y[-1] / y[-2]) / math.log(x[-1] / x[-2])
 
 
+def _finish_axes(ax, ticks, tick_labels, xlabel: str, ylabel: str, title: str, tick_size=None) -> None:
+    """Ticks at the data points (no log-scale minor ticks), labels, title, grid and legend of one panel."""
+    ax.set_xticks(ticks, tick_labels, fontsize=tick_size)
+    ax.minorticks_off()
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(True, which='major', alpha=0.3)
+    ax.legend(fontsize=8)
+
+
 def plot_scaling(path: str, data: Optional[dict] = None) -> dict:
     """Two log-log panels: vision MACs vs tokens (image side 224 ... 1024) with slope-1 / 1.5 / 2 references, and
     BiGS-large vs BERT-large forward FLOPs vs sequence length with L log L and L^2 references. Returns the data."""
@@ -51,13 +62,8 @@ def plot_scaling(path: str, data: Optional[dict] = None) -> dict:
     for slope, style, text in ((1.0, ':', 'slope 1 (N)'), (1.5, '--', 'slope 1.5 (N√N)'),
                                (2.0, '-.', 'slope 2 (N²)')):
         ax1.loglog(tokens, [ref0 * (t / tokens[0]) ** slope for t in tokens], 'k' + style, lw=0.8, label=text)
-    ax1.set_xticks(tokens, [f'{int(t)}\n{s}px' for t, s in zip(tokens, sizes)], fontsize=7)
-    ax1.minorticks_off()
-    ax1.set_xlabel('tokens N = (image side / 16)²')
-    ax1.set_ylabel('MACs (G, fvcore)')
-    ax1.set_title('Vision: MACs vs input size (fixed widths)')
-    ax1.grid(True, which='major', alpha=0.3)
-    ax1.legend(fontsize=8)
+    _finish_axes(ax1, tokens, [f'{int(t)}\n{s}px' for t, s in zip(tokens, sizes)], 'tokens N = (image side / 16)²',
+                 'MACs (G, fvcore)', 'Vision: MACs vs input size (fixed widths)', tick_size=7)
     L = data['seq_lens']
     bert = [2 * m for m in data['bert']]
     bigs = [2 * m for m in data['bigs']]
@@ -69,13 +75,8 @@ def plot_scaling(path: str, data: Optional[dict] = None) -> dict:
     ax2.loglog(L, [r0 * (n / L[0]) * math.log2(2 * n) / math.log2(2 * L[0]) for n in L], 'k:', lw=0.8,
                label='∝ L log L')
     ax2.loglog(L, [r0 * (n / L[0]) ** 2 for n in L], 'k-.', lw=0.8, label='∝ L²')
-    ax2.set_xticks(L, [str(n) for n in L])
-    ax2.minorticks_off()
-    ax2.set_xlabel('sequence length L')
-    ax2.set_ylabel('forward FLOPs per sequence (2 × encoder MACs)')
-    ax2.set_title('Text: BiGS-large vs BERT-large (encoders, batch 1)')
-    ax2.grid(True, which='major', alpha=0.3)
-    ax2.legend(fontsize=8)
+    _finish_axes(ax2, L, [str(n) for n in L], 'sequence length L', 'forward FLOPs per sequence (2 × encoder MACs)',
+                 'Text: BiGS-large vs BERT-large (encoders, batch 1)')
     fig.suptitle(f'fvcore counts (mlp_vision.complexity); `{COMMAND_PLOT}`', fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
