@@ -6,6 +6,8 @@
 #   bash results/gpu/run_gpu.sh ddp     # imagenette-mini: 2-rank DDP (two one-GPU "nodes" on the one GPU)
 #   bash results/gpu/run_gpu.sh bench   # benchmark.py pairs: bf16 autocast + channels_last (+ compile)
 #   bash results/gpu/run_gpu.sh text    # benchmark.py BiGS / BERT layers
+#   bash results/gpu/run_gpu.sh longconv  # the Triton long convolution of BiGS (issue 15 item 2): CUDA results vs
+#                                         # float64, tile sweep, kernel vs FFT route vs attention, BiGS vs BERT layers
 #
 # Several parts in one call: bash results/gpu/run_gpu.sh bench text
 #
@@ -16,7 +18,7 @@
 # torch.compile costs minutes per deep model and mode (inductor compiled sMLPNet-T's training graph in 3.5 min
 # on the H100 machine's 16 cores), so only the compiled sMLPNet-T inference pair is in `bench`.
 set -u
-[ $# -gt 0 ] || { echo 'usage: run_gpu.sh train|ddp|bench|text ...'; exit 2; }
+[ $# -gt 0 ] || { echo 'usage: run_gpu.sh train|ddp|bench|text|longconv ...'; exit 2; }
 PY=${PY:-python3}
 DATA=${DATA:-../shared/data/imagenette-mini}
 WORK=${WORK:-output/gpu}
@@ -90,7 +92,37 @@ text)
     step bench_bigs_layer_128 180 $PY benchmark.py --compare bigs_layer ref:bigs_layer --seq-len 128 -b 64 \
         "${flags[@]}" --out "$WORK/bench/gpu_bigs_layer_128" --title "GPU, eager: BiGS layer vs straightforward, 128 tokens"
     ;;
+longconv)
+    # 1. the compiled kernels' results on CUDA vs the float64 dense-Toeplitz reference (fp32 / bf16 / fp16, gated or
+    #    not, forward and all gradients, L up to 4,096); the first call also JIT-compiles every variant
+    step longconv_check 240 $PY results/gpu/longconv_check.py check
+    # 2. tile sizes (block_l x block_c) at 4,096 tokens, d 1,024, batch 8: forward and training-step TFLOP/s
+    step longconv_sweep_4096 180 $PY results/gpu/longconv_check.py sweep --seq-len 4096 --batch 8 \
+        --out "$WORK/bench/gpu_longconv_sweep_4096"
+    # 3. the convolution alone (tiles LONGCONV_BLOCK_L x LONGCONV_BLOCK_C, default 128 x 128; set them from step 2)
+    #    vs the layer's FFT route and vs the attention core of the BERT layer, 32K tokens per step, with memory
+    tiles=(--block-l "${LONGCONV_BLOCK_L:-128}" --block-c "${LONGCONV_BLOCK_C:-128}")
+    step longconv_bench_4096 150 $PY results/gpu/longconv_check.py bench --seq-len 4096 --batch 8 "${tiles[@]}" \
+        --out "$WORK/bench/gpu_longconv_4096"
+    step longconv_bench_16384 240 $PY results/gpu/longconv_check.py bench --seq-len 16384 --batch 2 "${tiles[@]}" \
+        --out "$WORK/bench/gpu_longconv_16384"
+    # 4. the issue's goal: BiGS layer with the Triton route vs BERT-large with flash attention, inference and
+    #    training step, step memory (per token: step_mem_mb / tokens per step). Needs the route wired into
+    #    BidirectionalGatedSSM and a benchmark.py option selecting it (BIGS_CONV_FLAG, default --bigs-conv-impl triton)
+    conv_flag=(${BIGS_CONV_FLAG:---bigs-conv-impl triton})
+    if $PY benchmark.py --help 2>/dev/null | grep -q -- "${conv_flag[0]}"; then
+        flags=(--device cuda --precision amp_bf16 --bench both --samples 10 --min-sample-time 0.3 --warmup 3)
+        step bench_bigs_triton_vs_bert_4096 180 $PY benchmark.py --compare bigs_layer bert_layer --seq-len 4096 -b 8 \
+            "${conv_flag[@]}" "${flags[@]}" --out "$WORK/bench/gpu_bigs_triton_vs_bert_4096" \
+            --title "GPU, eager: BiGS layer (Triton long convolution) vs BERT layer, 4096 tokens"
+        step bench_bigs_triton_vs_bert_16384 300 $PY benchmark.py --compare bigs_layer bert_layer --seq-len 16384 \
+            -b 2 "${conv_flag[@]}" "${flags[@]}" --out "$WORK/bench/gpu_bigs_triton_vs_bert_16384" \
+            --title "GPU, eager: BiGS layer (Triton long convolution) vs BERT layer, 16384 tokens"
+    else
+        echo "=== bench_bigs_triton_vs_bert: skipped, benchmark.py has no ${conv_flag[0]} option yet"
+    fi
+    ;;
 *)
-    echo "unknown part $part (train|ddp|bench|text)"; exit 2 ;;
+    echo "unknown part $part (train|ddp|bench|text|longconv)"; exit 2 ;;
 esac
 done
