@@ -476,13 +476,16 @@ def train_tokenizer(
 
     Args:
         kind: 'wordpiece' (BERT: BERT normalizer and pre-tokenizer, ``##`` continuation prefix) or 'bpe' (byte-level
-            BPE as GPT-2: every byte is in the alphabet, so there are no unknown words).
+            BPE as GPT-2: the 256 bytes are always in the vocabulary, so there are no unknown words).
         vocab_size: size of the result, special tokens included (an upper bound: a small corpus may give fewer).
         lowercase: lower-case (and, for WordPiece, strip accents) before training and encoding.
         min_frequency: a merge must occur this often.
         special_tokens: role -> token; they get the first ids in this order (``[PAD]`` is 0 by default).
 
-    The result depends only on the corpus and these arguments, so every DDP rank trains the same vocabulary.
+    Reproducibility: the BPE result depends only on the corpus and these arguments. The WordPiece trainer of
+    ``tokenizers`` numbers the ``##`` continuation symbols in hash order and breaks ties between equally frequent
+    pairs by those numbers, so two runs can keep slightly different rare pieces: train once and save it
+    (``save_pretrained``) -- e.g. on one DDP rank, the others loading the saved files.
     """
     from tokenizers import Tokenizer as Backend, decoders, models, normalizers, pre_tokenizers, trainers
     if kind not in SUBWORD_KINDS:
@@ -492,6 +495,9 @@ def train_tokenizer(
     specials = list(special_tokens.values())
     if vocab_size <= len(specials):
         raise ValueError(f'vocab_size {vocab_size} leaves no room beside the {len(specials)} special tokens')
+    if kind == 'bpe' and vocab_size <= 256 + len(specials):
+        raise ValueError(f'byte-level BPE keeps all 256 byte symbols: vocab_size must exceed 256 + '
+                         f'{len(specials)} special tokens, got {vocab_size}')
     if kind == 'wordpiece':
         backend = Backend(models.WordPiece(unk_token=special_tokens.get('unk', '[UNK]')))
         backend.normalizer = normalizers.BertNormalizer(lowercase=lowercase)
