@@ -7,7 +7,8 @@
 * BERT, the attention baseline, from the same embeddings / heads as BiGS.
 * A char-level GPT with MLP-Attention and its dot-product-attention (SDPA) baseline.
 * Tokenizers: UTF-8 bytes, corpus characters, and subwords (BERT ``vocab.txt``, any ``tokenizer.json``, or a
-  WordPiece / BPE vocabulary trained offline) behind one interface; a fill-mask entry point.
+  WordPiece / BPE vocabulary trained offline) behind one interface; a fill-mask entry point
+  (:mod:`mlp_vision.text.fill_mask`, not imported here so that ``python -m`` runs it cleanly).
 
 Usage::
 
@@ -17,11 +18,11 @@ Usage::
     out = model(input_ids, attention_mask=mask, labels=labels)   # out.loss, out.logits
     model.save_pretrained('ckpt/', tokenizer=tok); model = mt.from_pretrained('ckpt/')  # model.tokenizer
     model = mt.BiGSForMaskedLM.from_official('BiGS_512/')          # official weights + their vocab.txt
-    mt.fill_mask(model, model.tokenizer, 'the movie was [MASK] .')
+    from mlp_vision.text.fill_mask import fill_mask                  # also: python -m mlp_vision.text.fill_mask
+    fill_mask(model, model.tokenizer, 'the movie was [MASK] .')
 """
 from .bert import BertConfig, BertForMaskedLM, BertForSequenceClassification, BertModel
 from .bigs import BiGSConfig, BiGSForMaskedLM, BiGSForSequenceClassification, BiGSModel, convert_official_bigs_state_dict
-from .fill_mask import fill_mask, load_masked_lm
 from .gmlp import GMLPConfig, GMLPForCausalLM, GMLPForMaskedLM, GMLPForSequenceClassification, GMLPModel
 from .gpt import GPTBlock, GPTConfig, GPTLanguageModel, MLPAttention
 from .modeling_utils import GenerationMixin, ModelOutput, PretrainedMixin, TextConfig, TextModelOutput

@@ -1,0 +1,114 @@
+""" Fill-mask on an official-BiGS-layout folder and on our saved folders (function and CLI), and from_official
+picking up the folder's tokenizer and config.json.
+
+The official folder is made here: a tiny random BiGS written in the official key layout as ``pytorch_model.bin``
+(torch pickle of tensors), an official-style ``config.json`` and a BERT ``vocab.txt``.
+"""
+import json
+
+import pytest
+import torch
+
+import mlp_vision.text as mt
+import mlp_vision.text.fill_mask as fm
+from mlp_vision.text.bigs import _EMBEDDING_KEYS, _LAYER_KEYS, _MLM_KEYS
+
+VOCAB = ['[PAD]', '[unused0]', '[UNK]', '[CLS]', '[SEP]', '[MASK]', 'the', 'movie', 'was', 'good', 'bad', '.',
+         'film', 'great', 'boring', 'a', 'un', '##able', 'is', 'and']
+
+
+def official_state_dict(model: mt.BiGSForMaskedLM) -> dict:
+    """Our BiGS masked LM in the official key layout (the inverse of convert_official_bigs_state_dict)."""
+    ours = model.state_dict()
+    sd = {theirs: ours[mine] for theirs, mine in {**_EMBEDDING_KEYS, **_MLM_KEYS}.items()}
+    for i in range(model.config.num_hidden_layers):
+        for theirs, mine in _LAYER_KEYS.items():
+            sd[f'bigs.encoder.layer.{i}.{theirs}'] = ours[f'bigs.layers.{i}.{mine}']
+    sd['cls.predictions.decoder.weight'] = sd['bigs.embeddings.word_embeddings.weight']
+    sd['cls.predictions.decoder.bias'] = sd['cls.predictions.bias']
+    sd['bigs.embeddings.position_ids'] = torch.arange(model.config.max_position_embeddings)[None]
+    return sd
+
+
+def make_official_folder(path, favourite='good', seed=0):
+    """A tiny official-layout BiGS folder whose MLM strongly prefers ``favourite``; returns our equivalent model."""
+    torch.manual_seed(seed)
+    model = mt.create_model('bigs_small', vocab_size=len(VOCAB), pad_token_id=0, hidden_size=16,
+                            intermediate_size=24, num_hidden_layers=2, num_ssm_states=4, max_position_embeddings=32)
+    with torch.no_grad():
+        model.output_bias[VOCAB.index(favourite)] = 8.0
+    path.mkdir(parents=True, exist_ok=True)
+    torch.save(official_state_dict(model), path / 'pytorch_model.bin')
+    config = {'architectures': ['BiGSForMaskedLM'], 'model_type': 'BiGS', 'vocab_size': len(VOCAB),
+              'hidden_size': 16, 'num_hidden_layers': 2, 'intermediate_size': 24, 'max_position_embeddings': 32,
+              'type_vocab_size': 2, 'num_ssm': 4, 'hidden_dropout_prob': 0.0, 'layer_norm_eps': 1e-12,
+              'pad_token_id': 0, 'initializer_range': 0.02, 'classifier_dropout': None, 'hidden_act': 'gelu',
+              'pooler_type': 'non_padding_mean'}
+    (path / 'config.json').write_text(json.dumps(config))
+    (path / 'vocab.txt').write_text('\n'.join(VOCAB) + '\n')
+    return model.eval()
+
+
+def test_from_official_folder_brings_its_tokenizer(tmp_path):
+    ref = make_official_folder(tmp_path / 'BiGS')
+    model = mt.BiGSForMaskedLM.from_official(str(tmp_path / 'BiGS')).eval()
+    tok = model.tokenizer
+    assert isinstance(tok, mt.SubwordTokenizer) and tok.do_lower_case and tok.mask_id == 5
+    assert model.config.hidden_dropout_prob == 0.0 and model.config.pad_token_id == 0  # from config.json
+    enc = tok('The movie was good .', return_tensors='pt')
+    assert enc['input_ids'].tolist() == [[3, 6, 7, 8, 9, 11, 4]]
+    with torch.no_grad():
+        torch.testing.assert_close(model(**enc).logits, ref(**enc).logits, rtol=0, atol=1e-6)
+    # a config.json of other weights is refused
+    cfg = json.loads((tmp_path / 'BiGS' / 'config.json').read_text())
+    (tmp_path / 'BiGS' / 'config.json').write_text(json.dumps({**cfg, 'hidden_size': 1024}))
+    with pytest.raises(ValueError, match='hidden_size=1024 but the weights have 16'):
+        mt.BiGSForMaskedLM.from_official(str(tmp_path / 'BiGS'))
+
+
+def test_fill_mask_cli_on_official_folder(tmp_path, capsys):
+    ref = make_official_folder(tmp_path / 'BiGS')
+    results = fm.main([str(tmp_path / 'BiGS'), 'The movie was [MASK] . A [MASK] film', '--top-k', '3'])
+    printed = capsys.readouterr().out
+    assert len(results) == 2 and all(len(r) == 3 for r in results)
+    # the same numbers computed directly: uncased ids, <cls> ... <sep>, softmax at the mask positions
+    ids = torch.tensor([[3, 6, 7, 8, 5, 11, 15, 5, 12, 4]])
+    with torch.no_grad():
+        probs = ref(ids).logits[0, [4, 7]].softmax(-1)
+    for row, p in zip(results, probs):
+        top = p.topk(3)
+        assert [r['token_id'] for r in row] == top.indices.tolist()
+        assert [r['token'] for r in row] == [VOCAB[i] for i in top.indices.tolist()]
+        torch.testing.assert_close(torch.tensor([r['score'] for r in row]), top.values, rtol=1e-5, atol=1e-6)
+    assert results[0][0]['token'] == 'good' and results[0][0]['score'] > 0.9  # the favourite of make_official_folder
+    assert 'mask 1:' in printed and 'mask 2:' in printed and "'good'" in printed
+
+
+def test_fill_mask_on_our_saved_folder(tmp_path):
+    torch.manual_seed(0)
+    tok = mt.ByteTokenizer()
+    model = mt.create_model('amlp_base', vocab_size=tok.vocab_size, num_hidden_layers=1, hidden_size=16,
+                            intermediate_size=32, tiny_attention_size=8, max_position_embeddings=32).eval()
+    model.save_pretrained(str(tmp_path / 'ours'), tokenizer=tok)
+    results = fm.main([str(tmp_path / 'ours'), 'the movie was g<mask>od', '--top-k', '2'])
+    ids = torch.tensor([[tok.cls_id] + tok.encode('the movie was g') + [tok.mask_id] + tok.encode('od') + [tok.sep_id]])
+    with torch.no_grad():
+        top = model(ids).logits[0, 16].softmax(-1).topk(2)
+    assert [r['token_id'] for r in results[0]] == top.indices.tolist()
+
+
+def test_fill_mask_errors(tmp_path):
+    make_official_folder(tmp_path / 'BiGS')
+    with pytest.raises(SystemExit, match=r'no mask token \[MASK\]'):
+        fm.main([str(tmp_path / 'BiGS'), 'the movie was good .'])
+    with pytest.raises(SystemExit, match='more than the model'):
+        fm.main([str(tmp_path / 'BiGS'), 'the ' * 40 + '[MASK]'])
+    (tmp_path / 'BiGS' / 'vocab.txt').unlink()
+    with pytest.raises(SystemExit, match='holds no tokenizer'):
+        fm.main([str(tmp_path / 'BiGS'), 'the [MASK]'])
+    gpt = mt.create_model('gpt_sdpa', num_hidden_layers=1, hidden_size=16, num_attention_heads=2)
+    gpt.save_pretrained(str(tmp_path / 'gpt'), tokenizer=mt.CharTokenizer.from_text('abc'))
+    with pytest.raises(SystemExit, match='not a masked LM'):
+        fm.main([str(tmp_path / 'gpt'), 'a<mask>'])
+    with pytest.raises(SystemExit, match='is not a folder'):
+        fm.main([str(tmp_path / 'missing'), 'a [MASK]'])
