@@ -9,8 +9,8 @@ import torch
 import torch.nn.functional as F
 
 from mlp_vision.layers import BidirectionalGatedSSM, causal_toeplitz
-from mlp_vision.layers.longconv_triton import bidirectional_long_conv, bidirectional_long_conv_reference, \
-    has_triton, lag_block_table
+from mlp_vision.layers.longconv_triton import _launch_options, bidirectional_long_conv, \
+    bidirectional_long_conv_reference, has_triton, lag_block_table
 
 pytestmark = pytest.mark.skipif(not has_triton('cpu'), reason='triton with its interpreter is not installed')
 
@@ -183,19 +183,26 @@ def test_bad_tile_sizes(blocks, match):
 
 # --- the compiled (CUDA) path: compile for an H100 without a GPU ------------------------------------------------
 
-def _compile_for_hopper(kernel, pointer_dtypes, constexprs, block=128):
-    """Compile a jit kernel for sm_90 (PTX + cubin through triton's bundled ptxas); returns the PTX."""
+H100_SHARED_MEMORY = 227 * 1024  # bytes one block may use
+TORCH_DTYPES = {'bf16': torch.bfloat16, 'fp16': torch.float16, 'fp32': torch.float32}
+
+
+def _compile_for_hopper(kernel, pointer_dtypes, constexprs, dtype, block=128):
+    """Compile a jit kernel for sm_90 (PTX + cubin through triton's bundled ptxas) with the launcher's options
+    for ``dtype`` tiles; checks that it fits the H100's shared memory and returns the PTX."""
     triton = pytest.importorskip('triton')
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
     constexprs = dict(constexprs, BLOCK_L=block, BLOCK_C=block)
     signature = {name: 'constexpr' if name in constexprs else '*' + pointer_dtypes[name] if name.endswith('_ptr')
                  else 'i32' for name in kernel.arg_names}
+    options = _launch_options(torch.empty(0, dtype=TORCH_DTYPES[dtype], device='meta'), block, block)
     try:
         compiled = triton.compile(ASTSource(fn=kernel, signature=signature, constexprs=constexprs),
-                                  target=GPUTarget('cuda', 90, 32), options={'num_warps': 8, 'num_stages': 3})
+                                  target=GPUTarget('cuda', 90, 32), options=options)
     except (FileNotFoundError, PermissionError) as e:  # no ptxas: the environment, not the kernel
         pytest.skip(f'cannot run triton\'s ptxas here: {e}')
+    assert compiled.metadata.shared <= H100_SHARED_MEMORY
     return compiled.asm['ptx']
 
 
@@ -207,14 +214,14 @@ def _conv_constexprs(dtype, adjoint=False, gated=False):
 def _compile_conv(dtype, **flags):
     from mlp_vision.layers._longconv_kernels import CONV_KERNELS
     pointers = dict(u_ptr=dtype, table_ptr=dtype, bias_ptr='fp32', out_ptr=dtype, factor_ptr=dtype)
-    return _compile_for_hopper(CONV_KERNELS['cuda'], pointers, _conv_constexprs(dtype, **flags))
+    return _compile_for_hopper(CONV_KERNELS['cuda'], pointers, _conv_constexprs(dtype, **flags), dtype)
 
 
 def _compile_table_grad(dtype):
     from mlp_vision.layers._longconv_kernels import TABLE_GRAD_KERNELS
     pointers = dict(g_ptr=dtype, u_ptr=dtype, partial_ptr='fp32')
     constexprs = dict(UPCAST_DOT=False, DOT_PRECISION='ieee' if dtype == 'fp32' else 'tf32')
-    return _compile_for_hopper(TABLE_GRAD_KERNELS['cuda'], pointers, constexprs)
+    return _compile_for_hopper(TABLE_GRAD_KERNELS['cuda'], pointers, constexprs, dtype)
 
 
 def test_kernels_compile_for_h100_with_tensor_core_products():
