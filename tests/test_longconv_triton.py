@@ -173,6 +173,12 @@ def test_bad_inputs_stop_with_one_clear_line(make_args, match):
         bidirectional_long_conv(*make_args(u, kernels, bias))
 
 
+def test_device_without_triton_stops_with_one_clear_line():
+    u, kernels, _ = _inputs(1, 12, 4)
+    with pytest.raises(RuntimeError, match='needs triton on a CUDA device .* not available for a meta tensor'):
+        bidirectional_long_conv(u.to('meta'), kernels.to('meta'))
+
+
 @pytest.mark.parametrize('blocks,match', [({'block_l': 24}, 'block_l must be a power of two >= 16'),
                                           ({'block_c': 8}, 'block_c must be a power of two >= 16')])
 def test_bad_tile_sizes(blocks, match):
