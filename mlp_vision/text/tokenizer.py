@@ -441,7 +441,8 @@ class SubwordTokenizer(Tokenizer):
         backend.save(path + '.tmp')
         os.replace(path + '.tmp', path)
         config = {f'{role}_token': token for role, token in self.special_tokens_map.items()}
-        config.update(tokenizer_class='PreTrainedTokenizerFast', tokenizer_type='subword')
+        config.update(tokenizer_class='PreTrainedTokenizerFast', tokenizer_type='subword',
+                      model_input_names=['input_ids', 'token_type_ids', 'attention_mask'])
         if self.do_lower_case is not None:
             config['do_lower_case'] = self.do_lower_case
         _write_json(os.path.join(directory, TOKENIZER_CONFIG_NAME), config)
