@@ -23,12 +23,9 @@ Outputs (experiment folder ``--output/--experiment``): ``args.yaml``, ``train.lo
 """
 import argparse
 import logging
-import os
-import sys
+import math
 import time
-from contextlib import suppress
 from datetime import datetime
-from functools import partial
 from pathlib import Path
 
 import timm
@@ -36,24 +33,25 @@ import torch
 import torch.nn as nn
 from timm.data import Mixup, resolve_data_config
 from timm.loss import BinaryCrossEntropy, LabelSmoothingCrossEntropy, SoftTargetCrossEntropy
-from timm.optim import create_optimizer_v2, optimizer_kwargs
-from timm.scheduler import create_scheduler_v2, scheduler_kwargs
-from timm.utils import ModelEmaV3, NativeScaler, ParseKwargs, distribute_bn, get_outdir, random_seed, unwrap_model
+from timm.models import model_parameters
+from timm.optim import create_optimizer_v2, list_optimizers, optimizer_kwargs
+from timm.scheduler import scheduler_kwargs
+from timm.utils import ModelEmaV3, ParseKwargs, distribute_bn, random_seed
 
-from mlp_vision.training import UsageError
 from mlp_vision.training.checkpoint import (
-    CHECKPOINT_VERSION, CheckpointManager, get_rng_state, is_training_checkpoint, load_checkpoint_file,
-    load_model_weights, preserve_rng, set_rng_state)
-from mlp_vision.training.config import args_to_yaml, parse_args_with_config
+    is_training_checkpoint, load_checkpoint_file, load_model_weights, preserve_rng)
 from mlp_vision.training.data import (
-    check_num_classes, create_eval_loader, create_image_dataset, create_train_loader, dataset_class_names,
+    check_num_classes, create_eval_loader, create_train_loader, create_train_val_datasets, dataset_class_names,
     prepare_digits_folder)
-from mlp_vision.training.distributed import all_gather_objects, init_device, state_dict_digest, wrap_ddp
-from mlp_vision.training.engine import (
-    NonFiniteLossError, evaluate, format_duration, non_finite_exit, train_one_epoch)
-from mlp_vision.training.log import add_log_file, remove_log_file, setup_logging
-from mlp_vision.training.model import create_model, model_create_kwargs
-from mlp_vision.training.summary import SummaryWriter, plot_curves, write_json
+from mlp_vision.training.distributed import all_gather_objects, init_device, wrap_ddp
+from mlp_vision.training.engine import evaluate, format_duration, train_one_epoch
+from mlp_vision.training.errors import Interrupted, UsageError, run_cli
+from mlp_vision.training.log import setup_logging
+from mlp_vision.training.model import (
+    ALLOW_MISSING_FLAG, create_model, load_pretrained_weights, model_create_kwargs)
+from mlp_vision.training.run import (
+    NonFiniteLossError, TrainingRun, UpdateStep, add_run_arguments, create_lr_scheduler, parse_run_args, setup_amp)
+from mlp_vision.training.summary import plot_curves
 
 _logger = logging.getLogger('train')
 
@@ -74,8 +72,10 @@ def build_parser() -> argparse.ArgumentParser:
     group.add_argument('--dataset', metavar='NAME', default='',
                        help="dataset type + name ('' = image folder / tar, torch/cifar10, hfds/NAME, wds/...)")
     group.add_argument('--train-split', metavar='NAME', default='train', help='dataset train split (folder / tar)')
-    group.add_argument('--val-split', metavar='NAME', default='validation',
-                       help="dataset validation split ('' for no evaluation)")
+    group.add_argument('--val-split', metavar='NAME|FRACTION', default='validation',
+                       help="validation split: a split name (folder / tar; an error when the data has none), a "
+                            "fraction 0 < f < 1 of the training images held out (class-stratified, seeded by "
+                            "--seed), or '' for no evaluation")
     group.add_argument('--dataset-download', action='store_true', default=False,
                        help='allow download of dataset for torch/ and tfds/ datasets that support it')
     group.add_argument('--class-map', default='', type=str, metavar='FILENAME',
@@ -90,10 +90,13 @@ def build_parser() -> argparse.ArgumentParser:
                             "(official / timm layouts; classifier dropped if --num-classes differs)")
     group.add_argument('--initial-checkpoint', default='', type=str, metavar='PATH',
                        help='load these weights (a train.py checkpoint or a state dict of this exact model) first')
-    group.add_argument('--resume', default='', type=str, metavar='PATH',
-                       help='resume the full training state from this checkpoint (usually EXP/last.pth)')
+    add_run_arguments(group, 'continue the run of this checkpoint (usually EXP/last.pth) in its folder, with its '
+                             'saved settings; flags given here override them')
     group.add_argument('--no-resume-opt', action='store_true', default=False,
                        help='with --resume: load weights and epoch only, not optimizer / scaler / scheduler')
+    group.add_argument(ALLOW_MISSING_FLAG, action='store_true', default=False,
+                       help='--pretrained-path: let model weights missing from the file keep their random init '
+                            '(otherwise an error; a classifier for another class count is always re-initialised)')
     group.add_argument('--num-classes', type=int, default=None, metavar='N',
                        help='number of label classes (default: the training set\'s)')
     group.add_argument('--gp', default=None, type=str, metavar='POOL', help='global pool type (model default)')
@@ -232,16 +235,19 @@ def _has_dataset(args) -> bool:
     return bool(args.data or args.data_dir or args.dataset)
 
 
-def parse_args(argv=None):
-    """Parse flags and the optional yaml config. Returns (args, demo) where demo = no dataset was given."""
-    args, _ = parse_args_with_config(build_parser(), argv)
+def parse_args(argv):
+    """Parse flags, the optional yaml config and (``--resume``) the run's saved settings.
+
+    Returns (args, demo, resume checkpoint) where demo = no dataset was given.
+    """
+    args, resume_ckpt = parse_run_args(build_parser(), argv, kind='image')
     if _has_dataset(args):
-        return args, False
+        return args, False, resume_ckpt
     if not DEMO_CONFIG.is_file():
         raise UsageError(f'no dataset given and the demo recipe {DEMO_CONFIG} is missing: pass --data-dir DIR')
     # the demo recipe sits under the user's config and flags
-    args, _ = parse_args_with_config(build_parser(), argv, base_configs=[str(DEMO_CONFIG)])
-    return args, True
+    args, resume_ckpt = parse_run_args(build_parser(), argv, kind='image', base_configs=[str(DEMO_CONFIG)])
+    return args, True, resume_ckpt
 
 
 def resolve_lr(args, world_size: int) -> None:
@@ -260,10 +266,27 @@ def resolve_lr(args, world_size: int) -> None:
 
 
 def check_args(args, dist_info) -> None:
-    if args.grad_accum_steps < 1:
-        raise UsageError(f'--grad-accum-steps must be >= 1, got {args.grad_accum_steps}')
-    if args.batch_size < 1:
-        raise UsageError(f'--batch-size must be >= 1, got {args.batch_size}')
+    """Every flag value that cannot work, as one clear message (before anything is built)."""
+    at_least = {'--epochs': (args.epochs, 1), '--batch-size': (args.batch_size, 1),
+                '--grad-accum-steps': (args.grad_accum_steps, 1), '--warmup-epochs': (args.warmup_epochs, 0),
+                '--cooldown-epochs': (args.cooldown_epochs, 0), '--workers': (args.workers, 0),
+                '--log-interval': (args.log_interval, 1), '--checkpoint-hist': (args.checkpoint_hist, 0),
+                '--lr-base-size': (args.lr_base_size, 1)}
+    if args.validation_batch_size is not None:
+        at_least['--validation-batch-size'] = (args.validation_batch_size, 1)
+    for flag, (value, low) in at_least.items():
+        if value < low:
+            raise UsageError(f'{flag} must be >= {low}, got {value}')
+    for flag, value in (('--lr', args.lr), ('--lr-base', args.lr_base)):
+        if value is not None and not (math.isfinite(value) and value > 0):
+            raise UsageError(f'{flag} must be a positive number, got {value}')
+    for flag, value in (('--smoothing', args.smoothing), ('--drop', args.drop), ('--drop-path', args.drop_path),
+                        ('--reprob', args.reprob)):
+        if value is not None and not 0. <= value < 1.:
+            raise UsageError(f'{flag} must be in [0, 1), got {value}')
+    if args.opt.lower().split('_')[-1] not in list_optimizers():
+        raise UsageError(f'--opt {args.opt!r} is not an optimizer timm knows (e.g. sgd, momentum, adamw, lamb; '
+                         f'all: timm.optim.list_optimizers())')
     if (args.mixup > 0 or args.cutmix > 0 or args.cutmix_minmax is not None) and args.batch_size % 2:
         raise UsageError(f'mixup / cutmix need an even --batch-size, got {args.batch_size}')
     if args.sync_bn and dist_info.device.type != 'cuda':
@@ -274,27 +297,28 @@ def check_args(args, dist_info) -> None:
 
 
 def main(argv=None):
-    log_files = []
-    try:
-        return _main(argv, log_files)
-    except UsageError as e:
-        raise SystemExit(f'train.py: error: {e}')
-    finally:
-        for handler in log_files:
-            remove_log_file(handler)
+    """Train; returns the results dict on rank 0 (None on other ranks). Errors: one line, see ``run_cli``."""
+    return run_cli('train.py', _main, argv)
 
 
-def _main(argv, log_files):
-    run_start = time.time()
-    args, demo = parse_args(argv)
+def _main(argv):
+    args, demo, resume_ckpt = parse_args(argv)
     dist_info = init_device(args.device, args.dist_backend, args.dist_url)
     device, primary = dist_info.device, dist_info.primary
     setup_logging(primary)
     check_args(args, dist_info)
+    run = TrainingRun(args, dist_info, resume_ckpt, kind='image', key='epoch', prog='train.py',
+                      decreasing=args.eval_metric == 'loss', max_history=args.checkpoint_hist)
+    with run:
+        return _train(args, demo, run, argv)
+
+
+def _train(args, demo, run, argv):
+    dist_info = run.dist_info
+    device, primary = dist_info.device, dist_info.primary
     if dist_info.distributed:
         _logger.info(f'distributed: {dist_info.world_size} processes, backend '
                      f'{torch.distributed.get_backend()}, device {device} on rank 0')
-
     if demo:
         args.data_dir = str(prepare_digits_folder())
         args.dataset, args.train_split, args.val_split = '', 'train', 'val'
@@ -304,20 +328,14 @@ def _main(argv, log_files):
             f'{args.data_dir}, through the same pipeline as an ImageNet run (recipe {DEMO_CONFIG.name}). '
             'Pass --data-dir DIR to train on your own data.')
     data_dir = args.data_dir or args.data
-
+    run.check_resume(arch=args.model)
     random_seed(args.seed, dist_info.rank)
 
     # ---------------------------------------------------------------- datasets
-    dataset_train = create_image_dataset(
-        args.dataset, root=data_dir, split=args.train_split, is_training=True, class_map=args.class_map,
+    dataset_train, dataset_eval = create_train_val_datasets(
+        args.dataset, data_dir, train_split=args.train_split, val_split=args.val_split, class_map=args.class_map,
         download=args.dataset_download, input_img_mode=args.input_img_mode, batch_size=args.batch_size,
-        seed=args.seed, what='training set')
-    dataset_eval = None
-    if args.val_split:
-        dataset_eval = create_image_dataset(
-            args.dataset, root=data_dir, split=args.val_split, is_training=False, class_map=args.class_map,
-            download=args.dataset_download, input_img_mode=args.input_img_mode, batch_size=args.batch_size,
-            seed=args.seed, what='validation set')
+        seed=args.seed)
     train_classes = dataset_class_names(dataset_train)
     if args.num_classes is None:
         if train_classes is None:
@@ -327,16 +345,6 @@ def _main(argv, log_files):
     check_num_classes(dataset_train, args.num_classes, 'training set', hint)
     if dataset_eval is not None:
         check_num_classes(dataset_eval, args.num_classes, 'validation set', hint)
-
-    resume_ckpt = None
-    if args.resume:  # checked before anything is built
-        resume_ckpt = load_checkpoint_file(args.resume)
-        if not is_training_checkpoint(resume_ckpt) or 'optimizer' not in resume_ckpt:
-            raise UsageError(f'--resume {args.resume} is not a training checkpoint of train.py (expected last.pth '
-                             f'or checkpoint-<epoch>.pth of an experiment folder)')
-        if resume_ckpt['arch'] != args.model:
-            raise UsageError(f'--resume {args.resume} is a checkpoint of model {resume_ckpt["arch"]!r}, '
-                             f'not --model {args.model!r}')
 
     # ---------------------------------------------------------------- model
     img_size = args.input_size[-2:] if args.input_size else args.img_size
@@ -351,10 +359,13 @@ def _main(argv, log_files):
         global_pool=args.gp,
         model_kwargs=args.model_kwargs,
     )
-    model = create_model(args.model, pretrained=args.pretrained, pretrained_file=args.pretrained_path,
-                         **create_kwargs)
+    model = create_model(args.model, pretrained=args.pretrained, **create_kwargs)
+    if args.pretrained_path:
+        weights = load_checkpoint_file(args.pretrained_path, trust=args.trust_checkpoint, what='--pretrained-path')
+        load_pretrained_weights(model, args.model, weights, f'--pretrained-path {args.pretrained_path}',
+                                allow_missing=args.allow_missing_weights)
     if args.initial_checkpoint:
-        ckpt = load_checkpoint_file(args.initial_checkpoint)
+        ckpt = load_checkpoint_file(args.initial_checkpoint, trust=args.trust_checkpoint, what='--initial-checkpoint')
         state_dict = ckpt['state_dict'] if is_training_checkpoint(ckpt) else ckpt
         load_model_weights(model, state_dict, f'--initial-checkpoint {args.initial_checkpoint}', args.model)
     num_params = sum(p.numel() for p in model.parameters())
@@ -375,38 +386,9 @@ def _main(argv, log_files):
     # ---------------------------------------------------------------- optimizer, AMP
     resolve_lr(args, dist_info.world_size)
     optimizer = create_optimizer_v2(model, **optimizer_kwargs(cfg=args))
-    amp_autocast, loss_scaler, amp_dtype = suppress, None, None
-    if args.amp:
-        amp_dtype = getattr(torch, args.amp_dtype or ('float16' if device.type == 'cuda' else 'bfloat16'))
-        amp_autocast = partial(torch.autocast, device_type=device.type, dtype=amp_dtype)
-        if amp_dtype == torch.float16:
-            if device.type != 'cuda':
-                raise UsageError('--amp-dtype float16 needs CUDA; on the CPU use bfloat16 (the default)')
-            loss_scaler = NativeScaler(device=device.type)
-
-    # ---------------------------------------------------------------- resume
-    start_epoch, num_updates = 0, 0
-    if resume_ckpt is not None:
-        load_model_weights(unwrap_model(model), resume_ckpt['state_dict'], f'--resume {args.resume}', args.model)
-        if not args.no_resume_opt and loss_scaler is not None and resume_ckpt.get('amp_scaler'):
-            loss_scaler.load_state_dict(resume_ckpt['amp_scaler'])
-        start_epoch = resume_ckpt['epoch'] + 1
-        num_updates = resume_ckpt.get('num_updates', 0)
-
-    # EMA: created after moving the model, before DDP / compile (as timm)
-    model_ema = None
-    if args.model_ema:
-        model_ema = ModelEmaV3(
-            model, decay=args.model_ema_decay, use_warmup=args.model_ema_warmup,
-            device=torch.device('cpu') if args.model_ema_force_cpu else None)
-        if resume_ckpt is not None and resume_ckpt.get('state_dict_ema') is not None:
-            load_model_weights(model_ema.module, resume_ckpt['state_dict_ema'], f'--resume {args.resume} (EMA)',
-                               args.model)
-
-    if dist_info.distributed:
-        model = wrap_ddp(model, dist_info)
-    if args.torchcompile:
-        model = torch.compile(model, backend=args.torchcompile, mode=args.torchcompile_mode)
+    amp_autocast, loss_scaler, amp_dtype = setup_amp(args.amp, args.amp_dtype, device)
+    update_step = UpdateStep(optimizer, lambda: model_parameters(model, exclude_head='agc' in args.clip_mode),
+                             loss_scaler, args.clip_grad, args.clip_mode)
 
     # ---------------------------------------------------------------- loaders, mixup, loss
     loader_train, sampler_train = create_train_loader(
@@ -439,47 +421,33 @@ def _main(argv, log_files):
         train_loss_fn = nn.BCEWithLogitsLoss() if args.bce_loss else nn.CrossEntropyLoss()
     train_loss_fn = train_loss_fn.to(device=device)
 
-    # ---------------------------------------------------------------- schedule
+    # ---------------------------------------------------------------- schedule, resume
     updates_per_epoch = (len(loader_train) + args.grad_accum_steps - 1) // args.grad_accum_steps
-    lr_scheduler, num_epochs = create_scheduler_v2(
-        optimizer, **scheduler_kwargs(args, decreasing_metric=args.eval_metric == 'loss'),
-        updates_per_epoch=updates_per_epoch)
-    if resume_ckpt is not None and not args.no_resume_opt:
-        # after the scheduler's constructor (which resets the param groups' LR): the saved optimizer state holds
-        # the exact LR of the next update, the scheduler state the rest
-        optimizer.load_state_dict(resume_ckpt['optimizer'])
-        if resume_ckpt.get('scheduler'):
-            lr_scheduler.load_state_dict(resume_ckpt['scheduler'])
-    elif start_epoch > 0:
-        if args.sched_on_updates:
-            lr_scheduler.step_update(start_epoch * updates_per_epoch)
-        else:
-            lr_scheduler.step(start_epoch)
+    schedule = dict(scheduler_kwargs(args, decreasing_metric=args.eval_metric == 'loss'), lr=args.lr)
+    lr_scheduler, num_epochs = create_lr_scheduler(optimizer, schedule, updates_per_epoch)
+    last_epoch, num_updates = run.restore(model, optimizer, lr_scheduler, schedule, loss_scaler,
+                                          weights_only=args.no_resume_opt)
+    start_epoch = last_epoch + 1 if args.resume else 0
+    run.check_not_finished(start_epoch, num_epochs, '--epochs')
+    # EMA: a copy of the (resumed) model, before DDP / compile (as timm); then the resumed EMA weights
+    model_ema = None
+    if args.model_ema:
+        model_ema = ModelEmaV3(
+            model, decay=args.model_ema_decay, use_warmup=args.model_ema_warmup,
+            device=torch.device('cpu') if args.model_ema_force_cpu else None)
+        run.restore_ema(model_ema.module)
+
+    if dist_info.distributed:
+        model = wrap_ddp(model, dist_info)
+    if args.torchcompile:
+        model = torch.compile(model, backend=args.torchcompile, mode=args.torchcompile_mode)
 
     # ---------------------------------------------------------------- outputs
-    output_dir = None
-    saver = None
-    summary = None
-    if primary:
-        if args.resume and not args.output and not args.experiment:
-            output_dir = Path(args.resume).resolve().parent  # continue in the resumed run's folder
-        elif args.resume:
-            output_dir = Path(get_outdir(args.output or './output/train', args.experiment or 'resumed')).resolve()
-        else:
-            exp_name = args.experiment or '-'.join(
-                [datetime.now().strftime('%Y%m%d-%H%M%S')] + (['demo_digits'] if demo else [])
-                + [args.model.replace('/', '_'), str(data_config['input_size'][-1])])
-            output_dir = Path(get_outdir(args.output or './output/train', exp_name, inc=True)).resolve()
-        log_files.append(add_log_file(output_dir / 'train.log'))
-        with open(output_dir / 'args.yaml', 'w') as f:
-            f.write(args_to_yaml(args))
-        saver = CheckpointManager(output_dir, decreasing=args.eval_metric == 'loss', max_history=args.checkpoint_hist)
-        summary = SummaryWriter(output_dir / 'summary.csv')
-        if resume_ckpt is not None:
-            saver.load_state_dict(resume_ckpt.get('checkpoint_history'))
-            summary.truncate(before_epoch=start_epoch)
-
+    exp_name = '-'.join([datetime.now().strftime('%Y%m%d-%H%M%S')] + (['demo_digits'] if demo else [])
+                        + [args.model.replace('/', '_'), str(data_config['input_size'][-1])])
+    output_dir = run.open_outputs('./output/train', exp_name)
     global_batch = args.batch_size * dist_info.world_size * args.grad_accum_steps
+    run.log_settings_changes()
     _logger.info(
         f'Model {args.model} ({num_params / 1e6:.3f} M params, {create_kwargs}) on {device}'
         f'{f" x {dist_info.world_size} processes" if dist_info.distributed else ""}; '
@@ -491,23 +459,12 @@ def _main(argv, log_files):
     _logger.info(
         f'Training {num_epochs} epochs x {updates_per_epoch} updates, global batch {global_batch}, '
         f'{args.opt} lr {args.lr:.4g}, {args.sched} schedule'
-        + (f'; resuming at epoch {start_epoch} from {args.resume}' if resume_ckpt is not None else ''))
+        + (f'; resuming at epoch {start_epoch} from {args.resume}' if args.resume else ''))
     if primary:
         _logger.info(f'Outputs: {output_dir}')
-
-    # restore every rank's RNG last, so nothing above (model init, loaders) shifts it
-    if resume_ckpt is not None:
-        rng_states = resume_ckpt.get('rng_states') or []
-        if len(rng_states) == dist_info.world_size:
-            set_rng_state(rng_states[dist_info.rank])
-        else:
-            _logger.warning(f'checkpoint has RNG states for {len(rng_states)} processes, this run has '
-                            f'{dist_info.world_size}: continuing with fresh seeds (not bit-exact)')
-    resume_ckpt = None  # free it
+    run.restore_rng()
 
     # ---------------------------------------------------------------- train
-    best = saver.best if saver is not None else None
-    last_saved_epoch = start_epoch - 1 if start_epoch > 0 else None
     eval_metrics, ema_metrics, train_metrics = None, None, None
     peak_mem_gib = None
     train_start = time.time()
@@ -521,12 +478,12 @@ def _main(argv, log_files):
             if device.type == 'cuda':
                 torch.cuda.reset_peak_memory_stats(device)  # peak_mem_gib is this epoch's (training + eval)
             train_metrics, num_updates = train_one_epoch(
-                epoch, model, loader_train, optimizer, train_loss_fn,
+                epoch, model, loader_train, update_step, train_loss_fn,
                 num_updates=num_updates, total_epochs=num_epochs, lr_scheduler=lr_scheduler,
-                amp_autocast=amp_autocast, loss_scaler=loss_scaler, model_ema=model_ema, mixup_fn=mixup_fn,
-                grad_accum_steps=args.grad_accum_steps, clip_grad=args.clip_grad, clip_mode=args.clip_mode,
-                channels_last=args.channels_last, distributed=dist_info.distributed,
-                world_size=dist_info.world_size, log_interval=args.log_interval, primary=primary)
+                amp_autocast=amp_autocast, model_ema=model_ema, mixup_fn=mixup_fn,
+                grad_accum_steps=args.grad_accum_steps, channels_last=args.channels_last,
+                distributed=dist_info.distributed, world_size=dist_info.world_size, log_interval=args.log_interval,
+                primary=primary, stop_signal=run.stop_signal)
 
             if dist_info.distributed and args.dist_bn in ('broadcast', 'reduce'):
                 distribute_bn(model, dist_info.world_size, args.dist_bn == 'reduce')
@@ -548,39 +505,25 @@ def _main(argv, log_files):
                         metric = ema_metrics[args.eval_metric]  # as timm: EMA selects the best checkpoint
 
             lr_scheduler.step(epoch + 1, metric)  # before saving: the checkpoint holds next epoch's LR
-            rng_states = all_gather_objects(get_rng_state(), dist_info)
-
+            row = {'epoch': epoch, 'lr': train_metrics['lr'], 'train_loss': train_metrics['loss']}
+            if eval_metrics is not None:
+                row.update({f'eval_{k}': eval_metrics[k] for k in ('loss', 'top1', 'top5')})
+            if ema_metrics is not None:
+                row.update({f'ema_eval_{k}': ema_metrics[k] for k in ('loss', 'top1', 'top5')})
+            row.update(train_img_per_sec=train_metrics['img_per_sec'], epoch_seconds=train_metrics['seconds'])
+            if device.type == 'cuda':
+                row['peak_mem_gib'] = torch.cuda.max_memory_allocated(device) / 2 ** 30
+                peak_mem_gib = max(peak_mem_gib or 0., row['peak_mem_gib'])
             if primary:
-                row = {'epoch': epoch, 'lr': train_metrics['lr'], 'train_loss': train_metrics['loss']}
-                if eval_metrics is not None:
-                    row.update({f'eval_{k}': eval_metrics[k] for k in ('loss', 'top1', 'top5')})
-                if ema_metrics is not None:
-                    row.update({f'ema_eval_{k}': ema_metrics[k] for k in ('loss', 'top1', 'top5')})
-                row.update(train_img_per_sec=train_metrics['img_per_sec'], epoch_seconds=train_metrics['seconds'])
-                if device.type == 'cuda':
-                    row['peak_mem_gib'] = torch.cuda.max_memory_allocated(device) / 2 ** 30
-                    peak_mem_gib = max(peak_mem_gib or 0., row['peak_mem_gib'])
-                summary.append(row)
-                state = {
-                    'version': CHECKPOINT_VERSION,
-                    'epoch': epoch,
-                    'num_updates': num_updates,
-                    'arch': args.model,
-                    'model_cfg': {'name': args.model, 'kwargs': create_kwargs},
-                    'data_cfg': dict(data_config),
-                    'state_dict': unwrap_model(model).state_dict(),
-                    'state_dict_ema': model_ema.module.state_dict() if model_ema is not None else None,
-                    'optimizer': optimizer.state_dict(),
-                    'scheduler': lr_scheduler.state_dict(),
-                    'amp_scaler': loss_scaler.state_dict() if loss_scaler is not None else None,
-                    'rng_states': rng_states,
-                    'metric': metric,
-                    'eval_metrics': dict(eval_metrics) if eval_metrics is not None else None,
-                    'ema_eval_metrics': dict(ema_metrics) if ema_metrics is not None else None,
-                    'args': vars(args),
-                }
-                written = saver.save(state, epoch, metric)
-                best, last_saved_epoch = saver.best, epoch
+                run.summary.append(row)
+            written = run.save(
+                epoch, metric, model=model, optimizer=optimizer, scheduler=lr_scheduler, schedule=schedule,
+                num_updates=num_updates, loss_scaler=loss_scaler,
+                model_cfg={'name': args.model, 'kwargs': create_kwargs}, data_cfg=dict(data_config),
+                state_dict_ema=model_ema.module.state_dict() if model_ema is not None else None,
+                eval_metrics=dict(eval_metrics) if eval_metrics is not None else None,
+                ema_eval_metrics=dict(ema_metrics) if ema_metrics is not None else None)
+            if primary:
                 msg = f'Epoch {epoch}/{num_epochs - 1}: train loss {train_metrics["loss"]:.4f}'
                 if eval_metrics is not None:
                     msg += (f' | eval loss {eval_metrics["loss"]:.4f} top1 {eval_metrics["top1"]:.2f} '
@@ -592,23 +535,15 @@ def _main(argv, log_files):
                     msg += f', peak {row["peak_mem_gib"]:.2f} GiB'
                 msg += ' | saved last.pth' + (' + model_best.pth' if written['best'] else '')
                 _logger.info(msg)
-    except NonFiniteLossError as e:
-        raise non_finite_exit(
-            e, 'train.py', saver.last_path if saver is not None else None,
-            f'epoch {last_saved_epoch}' if last_saved_epoch is not None else None,
-            'Lower --lr, add --clip-grad or more --warmup-epochs', output_dir, primary)
+    except (NonFiniteLossError, Interrupted) as e:
+        raise run.stopped(e, 'Lower --lr, add --clip-grad or more --warmup-epochs') from None
 
     # ---------------------------------------------------------------- final outputs
-    digest = state_dict_digest(unwrap_model(model))
-    if model_ema is not None:
-        digest += ' ema:' + state_dict_digest(model_ema.module)
-    digests = all_gather_objects(digest, dist_info)
-    if dist_info.distributed and len(set(digests)) != 1:
-        _logger.error(f'weights differ across ranks: {digests}')
+    digests = run.weights_digests(model, model_ema.module if model_ema is not None else None)
     demo_val = None
     if demo and loader_eval is not None:
         # every rank takes part (in distributed mode validate.py's evaluation is split over the ranks)
-        best_path = Path(all_gather_objects(str(saver.best_path) if primary else '', dist_info)[0])
+        best_path = Path(all_gather_objects(str(run.saver.best_path) if primary else '', dist_info)[0])
         val_argv = ['--checkpoint', str(best_path), '--data-dir', data_dir, '--split', args.val_split,
                     '--workers', str(args.workers), '--results-file', str(best_path.parent / 'validate_best.json')]
         if model_ema is not None and not args.model_ema_force_cpu:
@@ -620,6 +555,7 @@ def _main(argv, log_files):
     if not primary:
         return None
 
+    saver, best = run.saver, run.saver.best
     results = {
         'model': args.model,
         'model_kwargs': create_kwargs,
@@ -633,7 +569,7 @@ def _main(argv, log_files):
         'global_batch': global_batch,
         'lr': args.lr,
         'final_epoch': num_epochs - 1,
-        'train': dict(train_metrics) if train_metrics is not None else None,
+        'train': dict(train_metrics),
         'eval': dict(eval_metrics) if eval_metrics is not None else None,
         'ema_eval': dict(ema_metrics) if ema_metrics is not None else None,
         'best': best,
@@ -644,25 +580,26 @@ def _main(argv, log_files):
         'ranks_agree': len(set(digests)) == 1,
         'train_seconds_this_process': time.time() - train_start,
         'demo_validation': demo_val,
-        'command': ' '.join([os.path.basename(sys.argv[0])] + list(sys.argv[1:] if argv is None else argv)),
+        'skipped_images': {  # unreadable files, left out (never replaced): last epoch / last evaluation, this rank
+            'train': loader_train.skipped, 'eval': loader_eval.skipped if loader_eval is not None else 0,
+            'files': {**loader_train.skipped_files, **(loader_eval.skipped_files if loader_eval is not None else {})}},
+        'command': ' '.join(['train.py'] + list(argv)),
     }
-    write_json(output_dir / 'results.json', results)
+    run.write_results(results)
     plot_curves(output_dir / 'summary.csv', output_dir / 'curves.png',
-                      title=f'{args.model} on {Path(data_dir).name if data_dir else args.dataset}')
+                title=f'{args.model} on {Path(data_dir).name if data_dir else args.dataset}')
     if eval_metrics is not None:
         msg = (f'Done in {format_duration(time.time() - train_start)}: final eval top1 {eval_metrics["top1"]:.2f} '
                f'top5 {eval_metrics["top5"]:.2f} loss {eval_metrics["loss"]:.4f}')
         if best:
             msg += f'; best {args.eval_metric} {best["metric"]:.4f} at epoch {best["epoch"]}'
         _logger.info(msg)
-    names = [n for n in ('last.pth', 'model_best.pth', 'summary.csv', 'results.json', 'curves.png', 'args.yaml',
-                         'train.log') if (output_dir / n).exists()]
-    _logger.info(f'Outputs in {output_dir}: {", ".join(names)}')
+    run.list_outputs()
     if demo_val is not None:
         _logger.info(
             f'Demo result: validation accuracy {demo_val["top1"]:.2f}% top-1 on {demo_val["samples"]} held-out '
             f'digit images (chance: 10%), checkpoint {saver.best_path}; '
-            f'total time {format_duration(time.time() - run_start)}.')
+            f'total time {format_duration(time.time() - run.start_time)}.')
     return results
 
 

@@ -19,19 +19,18 @@ Results are logged and, with ``--results-file``, written as JSON or CSV (by the 
 import argparse
 import csv
 import logging
-from contextlib import suppress
-from functools import partial
 
 import torch
 from timm.data import resolve_data_config
 from timm.utils import ParseKwargs
 
-from mlp_vision.training import UsageError
 from mlp_vision.training.data import check_num_classes, create_eval_loader, create_image_dataset
 from mlp_vision.training.distributed import init_device
 from mlp_vision.training.engine import evaluate
+from mlp_vision.training.errors import UsageError, run_cli
 from mlp_vision.training.log import setup_logging
 from mlp_vision.training.model import create_model_for_eval, model_create_kwargs
+from mlp_vision.training.run import add_common_arguments, setup_amp
 from mlp_vision.training.summary import write_json
 
 _logger = logging.getLogger('validate')
@@ -54,6 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument('--pretrained', action='store_true', default=False, help="use the model's pretrained weights")
     parser.add_argument('--checkpoint', default='', type=str, metavar='PATH',
                         help='our training checkpoint, a timm train.py checkpoint, or a state dict for --model')
+    add_common_arguments(parser)
     parser.add_argument('--use-ema', action='store_true', default=False, help="evaluate the checkpoint's EMA weights")
     parser.add_argument('--num-classes', type=int, default=None, help='number of classes (default: from checkpoint/model)')
     parser.add_argument('--gp', default=None, type=str, metavar='POOL', help='global pool type')
@@ -109,12 +109,14 @@ def validate(args: argparse.Namespace) -> dict:
         global_pool=args.gp,
         model_kwargs=args.model_kwargs,
     )
+    if args.batch_size < 1 or args.workers < 0:
+        raise UsageError(f'--batch-size must be >= 1 and --workers >= 0, got {args.batch_size} and {args.workers}')
     if not args.checkpoint and not args.model:
         raise UsageError('nothing to validate: pass --checkpoint PATH (a training checkpoint knows its model) '
                          'or --model NAME [--pretrained]')
     model, info = create_model_for_eval(
         args.model, checkpoint=args.checkpoint, pretrained=args.pretrained, use_ema=args.use_ema,
-        create_kwargs=create_kwargs)
+        create_kwargs=create_kwargs, trust_checkpoint=args.trust_checkpoint)
     model_name = info['model_name']
     num_params = sum(p.numel() for p in model.parameters())
 
@@ -145,12 +147,7 @@ def validate(args: argparse.Namespace) -> dict:
         model.to(memory_format=torch.channels_last)
     if args.torchcompile:
         model = torch.compile(model, backend=args.torchcompile)
-    amp_autocast, amp_dtype = suppress, None
-    if args.amp:
-        amp_dtype = getattr(torch, args.amp_dtype or ('float16' if device.type == 'cuda' else 'bfloat16'))
-        if amp_dtype == torch.float16 and device.type != 'cuda':
-            raise UsageError('--amp-dtype float16 needs CUDA; on the CPU use bfloat16 (the default)')
-        amp_autocast = partial(torch.autocast, device_type=device.type, dtype=amp_dtype)
+    amp_autocast, _, amp_dtype = setup_amp(args.amp, args.amp_dtype, device)
 
     loader = create_eval_loader(dataset, data_config, args.batch_size, device, num_workers=args.workers,
                                 distributed=dist_info.distributed, pin_memory=args.pin_mem)
@@ -190,11 +187,8 @@ def validate(args: argparse.Namespace) -> dict:
 
 
 def main(argv=None) -> dict:
-    args = build_parser().parse_args(argv)
-    try:
-        return validate(args)
-    except UsageError as e:
-        raise SystemExit(f'validate.py: error: {e}')
+    """Validate; returns the results dict. Errors: one line and exit status 2 / 1 (see ``run_cli``)."""
+    return run_cli('validate.py', lambda a: validate(build_parser().parse_args(a)), argv)
 
 
 if __name__ == '__main__':

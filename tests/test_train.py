@@ -219,7 +219,8 @@ def test_nan_loss_stops_and_keeps_last_good_checkpoint(digits, tmp_path):
             '--epochs', '2', '-b', '8', '--opt', 'sgd', '--lr', '1e25', '--warmup-epochs', '1', '--warmup-lr', '1e-3',
             '--data-dir', str(digits), '--val-split', 'val', '--workers', '0', '--log-interval', '100',
             '--output', str(tmp_path), '--experiment', 'nan'])
-    msg = str(e.value.code)
+    assert e.value.code == 1
+    msg = e.value.message
     assert 'training loss is nan' in msg or 'training loss is inf' in msg
     assert 'epoch 1' in msg and 'last good checkpoint' in msg and 'intact' in msg
     ckpt = _state(tmp_path / 'nan' / 'last.pth')
@@ -234,7 +235,8 @@ def test_validate_bad_inputs(reference_run, digits, tmp_path):
     def err(*argv):
         with pytest.raises(SystemExit) as e:
             validate.main(list(argv) + ['--workers', '0'])
-        return str(e.value.code)
+        assert e.value.code == 2
+        return e.value.message
 
     assert 'does not exist' in err('--checkpoint', ckpt, '--data-dir', str(tmp_path / 'missing'))
     (tmp_path / 'empty' / 'val' / 'cls').mkdir(parents=True)
@@ -262,7 +264,8 @@ def test_train_bad_inputs(reference_run, digits, tmp_path):
     def err(*argv):
         with pytest.raises(SystemExit) as e:
             train.main(base + list(argv))
-        return str(e.value.code)
+        assert e.value.code == 2
+        return e.value.message
 
     assert 'does not exist' in err('--data-dir', str(tmp_path / 'missing'))
     msg = err('--data-dir', str(digits), '--val-split', 'val', '--num-classes', '5')

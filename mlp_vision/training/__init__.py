@@ -1,9 +1,11 @@
-""" Shared pieces of ``train.py`` and ``validate.py`` (repo root): datasets and loaders, model creation and
-checkpoint loading, the training epoch and evaluation loop, checkpoints, distributed setup, outputs.
+""" Shared pieces of ``train.py``, ``validate.py`` (repo root) and ``mlp_vision.text.train``: the training core
+(:mod:`.run`: run setup, resume, checkpoint payload, AMP + optimizer step, LR schedule, NaN / signal stops,
+results), datasets and loaders, model creation and safe checkpoint loading, the image training epoch and
+evaluation loop, distributed setup, outputs, and the one error path of the scripts (:mod:`.errors`).
 
 Built from timm's library pieces (``timm.data``, ``timm.optim``, ``timm.scheduler``, ``timm.loss``,
 ``timm.utils``); every function here has one implementation used by both scripts.
 """
-from .errors import UsageError
+from .errors import RunError, UsageError
 
-__all__ = ['UsageError']
+__all__ = ['UsageError', 'RunError']

@@ -1,35 +1,40 @@
 """ Checkpoints: atomic writes, last / best / top-N bookkeeping that survives a resume, RNG state capture,
-and loading a checkpoint (ours, timm's train.py's, or a foreign state dict) into a model for evaluation.
+and safe loading of checkpoint files (ours, timm's train.py's, foreign state dicts, safetensors).
 
-Our training checkpoint is a dict::
-
-    version, epoch, num_updates, arch, model_cfg {name, kwargs}, data_cfg, state_dict, state_dict_ema,
-    optimizer, scheduler, amp_scaler, rng_states (one per rank), checkpoint_history, metric, eval_metrics, args
-
-Everything in it is tensors and plain Python values, so it loads with ``torch.load(weights_only=True)``.
+Our training checkpoints (:mod:`mlp_vision.training.run` writes them for both trainers) are dicts of tensors and
+plain Python values, so they load with ``torch.load(weights_only=True)``. No file is ever unpickled in full
+unless the caller passes ``trust=True`` (the scripts' ``--trust-checkpoint``): a full unpickle runs whatever code
+the file names, so a file that needs one stops with a message saying so.
 """
 import contextlib
 import logging
 import os
+import pickle
 import random
+import re
 import shutil
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 import numpy as np
 import torch
 import torch.nn as nn
 
-from .errors import UsageError
+from .errors import UsageError, find_os_error
 
 __all__ = [
-    'CHECKPOINT_VERSION', 'atomic_save', 'atomic_link', 'CheckpointManager', 'load_checkpoint_file',
-    'is_training_checkpoint', 'get_rng_state', 'set_rng_state', 'preserve_rng', 'clean_state_dict', 'load_model_weights',
+    'CHECKPOINT_VERSION', 'TRUST_FLAG', 'temp_path', 'clean_stale_temp_files', 'atomic_save', 'atomic_write_text',
+    'atomic_link', 'keep_previous', 'CheckpointManager', 'load_checkpoint_file', 'is_training_checkpoint',
+    'get_rng_state', 'set_rng_state', 'preserve_rng', 'clean_state_dict', 'load_model_weights',
 ]
 
 _logger = logging.getLogger(__name__)
 
 CHECKPOINT_VERSION = 1
+TRUST_FLAG = '--trust-checkpoint'  # the scripts' opt-in to a full unpickle
+_TMP_TAG = '.tmp-'
+_ZIP_MAGIC = b'PK\x03\x04'  # torch.save's default (zip) format
+_LEGACY_MAGIC = b'\x80\x02\x8a\nl\xfc\x9cF\xf9 j\xa8P\x19.'  # pickled magic number of the pre-1.6 format
 
 
 def _fsync_dir(path: Path) -> None:
@@ -46,29 +51,87 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def atomic_save(obj: Any, path: os.PathLike) -> None:
-    """``torch.save`` to a temporary file in the same folder, flush + fsync, then ``os.replace``.
-
-    A reader (or a run killed at any point) sees either the previous file or the complete new one.
-    """
+def temp_path(path: os.PathLike) -> Path:
+    """The temporary name of an atomic write of ``path``: ``.<name>.tmp-<pid>`` beside it."""
     path = Path(path)
-    tmp = path.with_name(f'.{path.name}.tmp-{os.getpid()}')
+    return path.with_name(f'.{path.name}{_TMP_TAG}{os.getpid()}')
+
+
+def _pid_alive(pid: int) -> bool:
     try:
-        with open(tmp, 'wb') as f:
-            torch.save(obj, f)
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return True
+    return True
+
+
+def clean_stale_temp_files(folder: os.PathLike) -> List[Path]:
+    """Remove the temporary files (:func:`temp_path`) that killed processes left in ``folder``; returns them.
+
+    A file whose process still runs (another writer, or this process) is left alone.
+    """
+    removed = []
+    for p in sorted(Path(folder).glob(f'.*{_TMP_TAG}*')):
+        pid = p.name.rsplit(_TMP_TAG, 1)[-1]
+        if pid.isdigit() and not _pid_alive(int(pid)) and p.is_file():
+            p.unlink(missing_ok=True)
+            removed.append(p)
+    return removed
+
+
+def _atomic_write(path: os.PathLike, write: Callable[[Any], None], mode: str = 'wb') -> None:
+    path = Path(path)
+    tmp = temp_path(path)
+    try:
+        with open(tmp, mode, **({} if 'b' in mode else {'newline': ''})) as f:
+            write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+    except Exception as e:
+        os_error = find_os_error(e)
+        if os_error is not None and os_error is not e:  # torch's serializer wraps the file's error
+            raise OSError(os_error.errno, os_error.strerror, str(path)) from e
+        raise
     finally:
-        if tmp.exists():
+        if tmp.exists() or tmp.is_symlink():
             tmp.unlink()
     _fsync_dir(path.parent)
+
+
+def atomic_save(obj: Any, path: os.PathLike) -> None:
+    """``torch.save`` to a temporary file in the same folder, flush + fsync, then ``os.replace``.
+
+    A reader (or a run killed at any point) sees either the previous file or the complete new one; a failed
+    write (a full disk: ``OSError`` 'No space left on device' naming ``path``) leaves the previous file as it was.
+    """
+    _atomic_write(path, lambda f: torch.save(obj, f))
+
+
+def atomic_write_text(path: os.PathLike, text: str) -> None:
+    """Text written as :func:`atomic_save` writes checkpoints."""
+    _atomic_write(path, lambda f: f.write(text), mode='w')
+
+
+def keep_previous(path: os.PathLike) -> Optional[Path]:
+    """Rename an existing ``path`` (``results.json``) to the first free ``<stem>-<n><suffix>``; returns the new
+    name (None when there was nothing to keep). A later write of ``path`` then loses nothing."""
+    path = Path(path)
+    if not path.exists():
+        return None
+    n = 1
+    while (kept := path.with_name(f'{path.stem}-{n}{path.suffix}')).exists():
+        n += 1
+    os.replace(path, kept)
+    return kept
 
 
 def atomic_link(src: os.PathLike, dst: os.PathLike) -> None:
     """Make ``dst`` a hard link to ``src`` (a durable copy where links are not supported), atomically."""
     src, dst = Path(src), Path(dst)
-    tmp = dst.with_name(f'.{dst.name}.tmp-{os.getpid()}')
+    tmp = temp_path(dst)
     if tmp.exists():
         tmp.unlink()
     try:
@@ -86,7 +149,9 @@ def atomic_link(src: os.PathLike, dst: os.PathLike) -> None:
 
 
 class CheckpointManager:
-    """``last.pth`` every epoch, ``model_best.pth`` and the ``max_history`` best ``checkpoint-<epoch>.pth``.
+    """``last.pth`` every epoch (or step), ``model_best.pth`` and the ``max_history`` best ``checkpoint-<epoch>.pth``.
+
+    ``key`` names the position in the history entries: ``epoch`` (train.py) or ``step`` (the text trainer).
 
     The best / top-N history is stored inside every checkpoint and restored by :meth:`load_state_dict` on
     resume. Order of writes for an epoch: ``last.pth`` (atomic, already holding the new history), then hard
@@ -95,12 +160,13 @@ class CheckpointManager:
     missing are dropped on load.
     """
 
-    def __init__(self, output_dir: os.PathLike, decreasing: bool = False, max_history: int = 3):
+    def __init__(self, output_dir: os.PathLike, decreasing: bool = False, max_history: int = 3, key: str = 'epoch'):
         self.output_dir = Path(output_dir)
         self.decreasing = decreasing
         self.max_history = max_history
-        self.history: List[Dict[str, Any]] = []  # [{'epoch', 'metric', 'file'}], best first
-        self.best: Optional[Dict[str, Any]] = None  # {'epoch', 'metric'}
+        self.key = key
+        self.history: List[Dict[str, Any]] = []  # [{key, 'metric', 'file'}], best first
+        self.best: Optional[Dict[str, Any]] = None  # {key, 'metric'}
 
     @property
     def last_path(self) -> Path:
@@ -126,19 +192,20 @@ class CheckpointManager:
             self.best = None
 
     def save(self, state: Dict[str, Any], epoch: int, metric: Optional[float]) -> Dict[str, bool]:
-        """Write the epoch's checkpoint; ``state`` gets ``checkpoint_history`` added. Returns what was written."""
+        """Write the checkpoint of position ``epoch`` (an epoch or a step); ``state`` gets ``checkpoint_history``
+        added. Returns what was written."""
         is_best = metric is not None and (self.best is None or self._better(metric, self.best['metric']))
         history = list(self.history)
         evicted = []
         in_top = False
         if metric is not None and self.max_history > 0:
-            history = [h for h in history if h['epoch'] != epoch]  # an epoch re-run after a crash
-            history.append({'epoch': epoch, 'metric': metric, 'file': f'checkpoint-{epoch}.pth'})
+            history = [h for h in history if h[self.key] != epoch]  # an epoch re-run after a crash
+            history.append({self.key: epoch, 'metric': metric, 'file': f'checkpoint-{epoch}.pth'})
             history.sort(key=lambda h: h['metric'], reverse=not self.decreasing)
             evicted = history[self.max_history:]
             history = history[:self.max_history]
-            in_top = any(h['epoch'] == epoch for h in history)
-        best = {'epoch': epoch, 'metric': metric} if is_best else self.best
+            in_top = any(h[self.key] == epoch for h in history)
+        best = {self.key: epoch, 'metric': metric} if is_best else self.best
 
         state['checkpoint_history'] = {'history': history, 'best': best}
         self.output_dir.mkdir(parents=True, exist_ok=True)
@@ -148,7 +215,7 @@ class CheckpointManager:
         if in_top:
             atomic_link(self.last_path, self.output_dir / f'checkpoint-{epoch}.pth')
         for h in evicted:
-            if h['epoch'] != epoch:
+            if h[self.key] != epoch:
                 (self.output_dir / h['file']).unlink(missing_ok=True)
         self.history, self.best = history, best
         return {'last': True, 'best': is_best, 'top': in_top}
@@ -200,23 +267,74 @@ def _python_rng_state_to_tuple(state):
     return version, tuple(internal), gauss
 
 
-def load_checkpoint_file(path: os.PathLike) -> Dict[str, Any]:
-    """Load a checkpoint file on the CPU, with a clear error if it is missing or unreadable."""
+def _file_format(path: Path) -> str:
+    if path.suffix == '.safetensors':
+        return 'safetensors'
+    with open(path, 'rb') as f:
+        head = f.read(len(_LEGACY_MAGIC))
+    if not head:
+        return 'empty'
+    if head.startswith(_ZIP_MAGIC):
+        return 'zip'
+    if head == _LEGACY_MAGIC:
+        return 'legacy'
+    if head[:1] == b'\x80':
+        return 'pickle'
+    return 'unknown'
+
+
+def load_checkpoint_file(path: os.PathLike, trust: bool = False, what: str = 'checkpoint') -> Dict[str, Any]:
+    """Load a checkpoint file on the CPU without running code from it; a :class:`UsageError` says why not.
+
+    ``torch.save`` files (zip or legacy format) load with ``weights_only=True``: tensors and plain Python values
+    only. A file that needs more (pickled objects, i.e. code the unpickler would run) is refused unless ``trust``
+    (``--trust-checkpoint``). ``.safetensors`` files load with safetensors. Anything else (a bare pickle, random
+    bytes, a truncated file) is refused with what it is. ``what`` names the file's role in the messages.
+    """
     path = Path(path)
+    name = f'{what} {str(path)!r}'
     if not path.is_file():
-        raise UsageError(f'checkpoint {str(path)!r} does not exist')
+        raise UsageError(f'{name} does not exist' if not path.exists() else f'{name} is not a file')
+    kind = _file_format(path)
+    if kind == 'safetensors':
+        from safetensors import SafetensorError
+        from safetensors.torch import load_file
+        try:
+            return load_file(str(path), device='cpu')
+        except (SafetensorError, OSError, ValueError) as e:
+            raise UsageError(f'{name} is not a readable safetensors file: {e}') from e
+    if kind == 'empty':
+        raise UsageError(f'{name} is empty (0 bytes), not a PyTorch checkpoint')
+    if kind == 'pickle':
+        raise UsageError(f'{name} is a bare Python pickle, not a PyTorch checkpoint (torch.save file); pickles can '
+                         f'run code when loaded and are never loaded here')
+    if kind == 'unknown':
+        raise UsageError(f'{name} is not a PyTorch checkpoint (neither torch.save\'s zip nor its legacy format, '
+                         f'nor .safetensors)')
     try:
         ckpt = torch.load(path, map_location='cpu', weights_only=True)
-    except Exception as e:  # weights_only refuses pickled objects: fall back only for non-ours files below
+    except pickle.UnpicklingError as e:
+        if not trust:
+            found = re.search(r'GLOBAL ([\w.]+)', str(e))
+            detail = f' (it names {found.group(1)})' if found else ''
+            raise UsageError(
+                f'{name} holds more than tensors and plain Python values{detail}: loading it would unpickle '
+                f'objects, which runs code from the file. If you trust who made it, pass {TRUST_FLAG} '
+                f'(unsafe: it runs arbitrary code from the file)') from None
+        _logger.warning(f'{TRUST_FLAG}: unpickling {path} in full (runs any code it contains)')
         try:
             ckpt = torch.load(path, map_location='cpu', weights_only=False)
-            _logger.warning(f'{path} needed a full unpickle to load (trusted files only)')
-        except Exception:
-            raise UsageError(f'cannot read checkpoint {str(path)!r}: {e}') from e
+        except Exception as e2:
+            raise UsageError(f'cannot read {name}: {" ".join(str(e2).split())[:300]}') from e2
+    except (RuntimeError, EOFError, OSError, ValueError) as e:
+        if find_os_error(e) is not None and not isinstance(e, (EOFError, ValueError)):
+            raise
+        raise UsageError(f'{name} is damaged or truncated ({kind} format): '
+                         f'{" ".join(str(e).split())[:200]}') from None
     if not isinstance(ckpt, dict):
-        raise UsageError(f'checkpoint {str(path)!r} holds a {type(ckpt).__name__}, expected a dict / state dict')
-    if 'rng_states' in ckpt:
-        for s in ckpt['rng_states']:
+        raise UsageError(f'{name} holds a {type(ckpt).__name__}, expected a dict / state dict')
+    for s in ckpt.get('rng_states') or []:
+        if isinstance(s, dict) and 'python' in s:
             s['python'] = _python_rng_state_to_tuple(s['python'])
     return ckpt
 

@@ -1,12 +1,14 @@
 """ ``-c/--config`` yaml files for argparse scripts: yaml keys are the flag names; explicit flags win.
 
-Precedence, lowest first: the parser's defaults, then each yaml file in order, then the command line.
+Precedence, lowest first: the parser's defaults, base configs (train.py's demo recipe), the settings of a run
+being resumed (:func:`mlp_vision.training.run.parse_run_args`), the ``-c`` file, then the command line.
 Keys may be written as the flag (``weight-decay``) or its destination (``weight_decay``); an unknown key is
-an error, so a typo in a recipe cannot be silently ignored.
+an error, so a typo in a recipe cannot be silently ignored, and every value must have the flag's type
+(``batch_size: 32.5`` is an error, as ``--batch-size 32.5`` is).
 """
 import argparse
 import os
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import yaml
 
@@ -26,6 +28,44 @@ def _dest_names(parser: argparse.ArgumentParser) -> Dict[str, str]:
     return names
 
 
+def _actions(parser: argparse.ArgumentParser) -> Dict[str, argparse.Action]:
+    return {a.dest: a for a in parser._actions if a.dest not in (argparse.SUPPRESS, 'help')}
+
+
+def _typed(value: Any, action: argparse.Action, where: str) -> Any:
+    """``value`` converted as the command line converts it (``action.type``, ``nargs``, ``choices``)."""
+    flag = action.option_strings[-1] if action.option_strings else action.dest
+    if value is None or action.type is None and not action.choices:
+        return value
+    many = action.nargs in ('+', '*') or isinstance(action.nargs, int)
+    if many and not isinstance(value, (list, tuple)):
+        value = [value]
+    if many:
+        return [_typed_one(v, action, where, flag) for v in value]
+    return _typed_one(value, action, where, flag)
+
+
+def _typed_one(value: Any, action: argparse.Action, where: str, flag: str) -> Any:
+    kind = action.type
+    if kind is int and (isinstance(value, bool) or not isinstance(value, int)):
+        if isinstance(value, str) and value.strip().lstrip('+-').isdigit():
+            value = int(value)
+        else:
+            raise UsageError(f'{where}: {action.dest} must be an integer (as {flag}), got {value!r}')
+    elif kind is float and not isinstance(value, bool) and isinstance(value, (int, float, str)):
+        try:
+            value = float(value)
+        except ValueError:
+            raise UsageError(f'{where}: {action.dest} must be a number (as {flag}), got {value!r}') from None
+    elif kind is float:
+        raise UsageError(f'{where}: {action.dest} must be a number (as {flag}), got {value!r}')
+    elif kind is str and not isinstance(value, str):
+        raise UsageError(f'{where}: {action.dest} must be a string (as {flag}), got {value!r}')
+    if action.choices and value not in action.choices:
+        raise UsageError(f'{where}: {action.dest} must be one of {", ".join(map(str, action.choices))}, got {value!r}')
+    return value
+
+
 def load_yaml_config(path: str, parser: argparse.ArgumentParser) -> Dict[str, Any]:
     """Read a yaml mapping of flag names to values; return it keyed by argparse destinations."""
     if not os.path.isfile(path):
@@ -38,13 +78,14 @@ def load_yaml_config(path: str, parser: argparse.ArgumentParser) -> Dict[str, An
     if not isinstance(cfg, dict):
         raise UsageError(f'config file {path!r} must be a mapping of flag names to values, got {type(cfg).__name__}')
     names = _dest_names(parser)
+    actions = _actions(parser)
     out = {}
     for key, value in cfg.items():
         dest = names.get(str(key).replace('-', '_'))
         if dest is None:
             raise UsageError(f'config file {path!r}: unknown key {key!r} (keys are the script\'s flag names, '
                              f'e.g. weight_decay for --weight-decay)')
-        out[dest] = value
+        out[dest] = _typed(value, actions[dest], f'config file {path!r}')
     return out
 
 
@@ -52,22 +93,27 @@ def parse_args_with_config(
         parser: argparse.ArgumentParser,
         argv: Optional[Sequence[str]] = None,
         base_configs: Sequence[str] = (),
+        run_settings: Optional[Mapping[str, Any]] = None,
 ) -> Tuple[argparse.Namespace, List[str]]:
-    """Parse ``argv`` with ``-c/--config`` support. ``base_configs`` are applied below the user's config.
+    """Parse ``argv`` with ``-c/--config`` support. ``base_configs`` are applied below ``run_settings`` (a resumed
+    run's saved arguments, by destination), which are below the user's config and the command line.
 
     Returns the namespace and the list of config files used (base ones first).
     """
     config_parser = argparse.ArgumentParser(add_help=False)
     config_parser.add_argument('-c', '--config', default='', type=str)
     config_args, _ = config_parser.parse_known_args(argv)
-    files = list(base_configs) + ([config_args.config] if config_args.config else [])
     defaults = {}
-    for path in files:
+    for path in base_configs:
         defaults.update(load_yaml_config(path, parser))
+    known = _actions(parser)
+    defaults.update({k: v for k, v in (run_settings or {}).items() if k in known})
+    if config_args.config:
+        defaults.update(load_yaml_config(config_args.config, parser))
     if defaults:
         parser.set_defaults(**defaults)
     args = parser.parse_args(argv)
-    return args, files
+    return args, list(base_configs) + ([config_args.config] if config_args.config else [])
 
 
 def args_to_yaml(args: argparse.Namespace) -> str:

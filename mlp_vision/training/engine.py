@@ -1,110 +1,57 @@
-""" The training epoch and the evaluation loop (one implementation, used by train.py and validate.py). """
+""" The image training epoch and the evaluation loop (one implementation, used by train.py and validate.py). """
 import logging
 import time
 from collections import OrderedDict
 from contextlib import nullcontext, suppress
-from datetime import datetime, timedelta
-from pathlib import Path
+from datetime import timedelta
 from typing import Callable, Dict, Optional
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
-from timm.models import model_parameters
-from timm.utils import dispatch_clip_grad
 
 from .data import num_valid_samples
+from .errors import Interrupted
+from .run import NonFiniteLossError, UpdateStep, all_ranks_finite
 
-__all__ = ['NonFiniteLossError', 'non_finite_exit', 'all_ranks_finite', 'train_one_epoch', 'evaluate', 'format_duration']
+__all__ = ['train_one_epoch', 'evaluate', 'format_duration']
 
 _logger = logging.getLogger(__name__)
-
-
-class NonFiniteLossError(RuntimeError):
-    """The training loss became NaN or infinite; raised before that loss reaches the weights.
-
-    ``where`` replaces the default position text (``epoch E, batch B (optimizer update U)``), e.g. for a
-    step-based loop: ``NonFiniteLossError(None, micro_batch, step, value, where=f'step {step}')``.
-    """
-
-    def __init__(self, epoch: Optional[int], batch_idx: int, num_updates: int, value: float,
-                 where: Optional[str] = None):
-        self.epoch, self.batch_idx, self.num_updates, self.value = epoch, batch_idx, num_updates, value
-        what = f'{value}' if value != value or abs(value) == float('inf') else 'not finite on another rank'
-        where = where or f'epoch {epoch}, batch {batch_idx} (optimizer update {num_updates})'
-        super().__init__(f'training loss is {what} at {where}; stopped before applying it')
-
-
-def non_finite_exit(
-        error: NonFiniteLossError,
-        prog: str,
-        last_path: Optional[Path],
-        last_saved: Optional[str],
-        advice: str,
-        output_dir: Optional[Path],
-        primary: bool,
-) -> SystemExit:
-    """The ``SystemExit`` that ends a run whose loss became NaN / inf (train.py and the text trainer alike).
-
-    The message says where it happened, whether the last good checkpoint (``last_path``, saved at ``last_saved``,
-    e.g. 'epoch 3') is intact and how to go on (``advice``: the flags worth changing). It is also appended to the
-    run's ``train.log`` (the console gets it once, from the SystemExit); other ranks exit with status 1.
-    """
-    if last_path is not None and last_saved is not None:
-        msg = (f'{error}. The last good checkpoint, {last_path} ({last_saved}), is intact. {advice}, or check the '
-               f'data; then restart, or continue with --resume {last_path}')
-    else:
-        msg = f'{error}. No checkpoint had been written yet. {advice}.'
-    if primary and output_dir is not None:
-        with open(Path(output_dir) / 'train.log', 'a') as f:
-            f.write(f'{datetime.now():%Y-%m-%d %H:%M:%S} ERROR {msg}\n')
-    return SystemExit(f'{prog}: error: {msg}' if primary else 1)
 
 
 def format_duration(seconds: float) -> str:
     return str(timedelta(seconds=int(round(max(0., seconds)))))
 
 
-def all_ranks_finite(loss: torch.Tensor, distributed: bool) -> bool:
-    """True when ``loss`` is finite on every rank (one all-reduce in distributed mode).
-
-    Every rank must take the same decision, or the others would wait forever in the next collective.
-    """
-    bad = (~torch.isfinite(loss.detach())).to(torch.float32).reshape(1)
-    if distributed:
-        dist.all_reduce(bad, op=dist.ReduceOp.MAX)
-    return bad.item() == 0
-
-
 def train_one_epoch(
         epoch: int,
         model: nn.Module,
         loader,
-        optimizer: torch.optim.Optimizer,
+        update_step: UpdateStep,
         loss_fn: Callable,
         *,
         num_updates: int,
         total_epochs: int,
         lr_scheduler=None,
         amp_autocast=suppress,
-        loss_scaler=None,
         model_ema=None,
         mixup_fn=None,
         grad_accum_steps: int = 1,
-        clip_grad: Optional[float] = None,
-        clip_mode: str = 'norm',
         channels_last: bool = False,
         distributed: bool = False,
         world_size: int = 1,
         log_interval: int = 50,
         primary: bool = True,
+        stop_signal: Optional[Callable[[], int]] = None,
 ) -> (Dict[str, float], int):
     """One epoch of training. Returns ({'loss', 'lr', 'img_per_sec', 'seconds'}, num_updates after it).
 
     Gradient accumulation over ``grad_accum_steps`` batches (DDP syncs only on the last one); the loss of every
     batch is checked before its backward pass and a NaN / inf raises :class:`NonFiniteLossError` on every rank.
+    ``stop_signal()`` (SIGINT / SIGTERM, agreed by all ranks) is checked before every batch: :class:`Interrupted`.
     """
+    optimizer = update_step.optimizer
     model.train()
     num_batches = len(loader)
     updates_per_epoch = (num_batches + grad_accum_steps - 1) // grad_accum_steps
@@ -119,6 +66,9 @@ def train_one_epoch(
     epoch_start = update_start = time.perf_counter()
     optimizer.zero_grad()
     for batch_idx, (input, target) in enumerate(loader):
+        signum = stop_signal() if stop_signal is not None else 0
+        if signum:
+            raise Interrupted(signum, f'epoch {epoch}, batch {batch_idx}')
         last_batch = batch_idx == num_batches - 1
         need_update = last_batch or (batch_idx + 1) % grad_accum_steps == 0
         update_idx = batch_idx // grad_accum_steps
@@ -135,22 +85,10 @@ def train_one_epoch(
                 output = model(input)
                 loss = loss_fn(output, target)
             if not all_ranks_finite(loss, distributed):
-                raise NonFiniteLossError(epoch, batch_idx, num_updates, loss.item())
+                raise NonFiniteLossError(
+                    loss.item(), f'epoch {epoch}, batch {batch_idx} (optimizer update {num_updates})')
             batch_loss = loss.item()
-            if accum_steps > 1:
-                loss = loss / accum_steps
-            if loss_scaler is not None:
-                loss_scaler(
-                    loss, optimizer, clip_grad=clip_grad, clip_mode=clip_mode,
-                    parameters=model_parameters(model, exclude_head='agc' in clip_mode),
-                    need_update=need_update)
-            else:
-                loss.backward()
-                if need_update:
-                    if clip_grad is not None:
-                        dispatch_clip_grad(
-                            model_parameters(model, exclude_head='agc' in clip_mode), value=clip_grad, mode=clip_mode)
-                    optimizer.step()
+            update_step(loss, accum_steps, need_update)
 
         n = input.shape[0]
         loss_sum += batch_loss * n
@@ -160,7 +98,6 @@ def train_one_epoch(
         if not need_update:
             continue
 
-        optimizer.zero_grad()
         num_updates += 1
         if model_ema is not None:
             model_ema.update(model, step=num_updates)

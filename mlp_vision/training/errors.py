@@ -1,11 +1,95 @@
-""" User-facing errors of the training and validation scripts. """
+""" The one error path of the command-line scripts (``train.py``, ``validate.py``, ``mlp_vision.text.train``).
 
-__all__ = ['UsageError']
+A script's ``main`` runs its work through :func:`run_cli`, which turns every expected failure into one line on
+stderr, ``<prog>: error: <what was wrong and what is expected>``, and an exit status:
+
+* :class:`UsageError` -- bad input (a flag, a path, a dataset, a checkpoint that does not fit): status 2, as
+  argparse's own usage errors;
+* :class:`RunError` -- a run that cannot go on (NaN loss, a full disk): status 1; its message says what is intact;
+* :class:`Interrupted` -- SIGINT / SIGTERM: status 128 + signal number, after the resumable checkpoint is saved;
+* an ``OSError`` (e.g. ``No space left on device``) anywhere in the exception chain: status 1, its text and file.
+
+``--debug`` on the command line re-raises instead, with the full traceback. Library callers get the exceptions.
+"""
+import errno
+import os
+import signal
+import sys
+from typing import Callable, Optional, Sequence
+
+__all__ = ['UsageError', 'RunError', 'Interrupted', 'ScriptExit', 'run_cli', 'find_os_error']
 
 
 class UsageError(ValueError):
     """Bad input from the user (a path, a flag, a dataset or a checkpoint that does not fit).
 
-    The message says what was wrong and what is expected. ``train.py`` / ``validate.py`` turn it into a
-    ``SystemExit`` with that message instead of a traceback; library callers get a ``ValueError``.
+    The message says what was wrong and what is expected. The scripts exit with status 2 and that one line
+    instead of a traceback; library callers get a ``ValueError``.
     """
+    exit_status = 2
+
+
+class RunError(RuntimeError):
+    """A run that cannot go on (the loss became NaN, the disk is full). The message says what was kept."""
+    exit_status = 1
+
+
+class Interrupted(RunError):
+    """SIGINT / SIGTERM ``signum`` arrived; raised at the next safe point ``where`` (between batches / updates)."""
+
+    def __init__(self, signum: int, where: str = '', message: str = ''):
+        self.signum, self.where = signum, where
+        self.exit_status = 128 + signum
+        name = signal.Signals(signum).name
+        super().__init__(message or f'interrupted by {name}' + (f' at {where}' if where else ''))
+
+
+class ScriptExit(SystemExit):
+    """The ``SystemExit`` of :func:`run_cli`: ``code`` is the exit status, ``message`` the line written to stderr."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(status)
+        self.message = message
+
+
+def find_os_error(error: BaseException) -> Optional[OSError]:
+    """The first ``OSError`` with an errno in ``error``'s chain (torch's serializer wraps the file's own error)."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, OSError) and error.errno is not None:
+            return error
+        error = error.__cause__ or error.__context__
+    return None
+
+
+def _os_error_line(error: OSError) -> str:
+    where = f': {error.filename}' if error.filename else ''
+    text = error.strerror or errno.errorcode.get(error.errno, str(error))
+    return f'{text}{where}'
+
+
+def run_cli(prog: str, main: Callable[[Sequence[str]], object], argv: Optional[Sequence[str]] = None):
+    """``main(argv)`` with the scripts' error path (see the module docstring); returns what ``main`` returns."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = '--debug' in argv
+    try:
+        return main(argv)
+    except (UsageError, RunError) as e:
+        if debug:
+            raise
+        status, message = e.exit_status, str(e)
+    except OSError as e:
+        if debug or e.errno is None:
+            raise
+        status, message = 1, _os_error_line(e)
+    except RuntimeError as e:  # torch's serializer and loaders wrap the OSError that says what went wrong
+        os_error = find_os_error(e)
+        if debug or os_error is None:
+            raise
+        status, message = 1, _os_error_line(os_error)
+    rank = int(os.environ.get('RANK', 0) or 0)
+    line = f'{prog}: error: {" ".join(message.split())}'
+    if rank == 0 or status == UsageError.exit_status:  # a run's stop is reported once, by rank 0 (it holds the files)
+        print(line if rank == 0 else f'[rank {rank}] {line}', file=sys.stderr, flush=True)
+    raise ScriptExit(status, line)

@@ -1,16 +1,21 @@
 """ Model creation for train.py / validate.py: timm's factory with our models registered, clear errors, and
-loading our training checkpoints, timm train.py checkpoints or foreign state dicts for evaluation. """
+loading our training checkpoints, timm train.py checkpoints or foreign state dicts (every file through the safe
+loader of :mod:`.checkpoint`: nothing in a file runs unless the user trusts it). """
 import logging
-from typing import Any, Dict, Optional, Tuple
+import sys
+from typing import Any, Dict, List, Optional, Tuple
 
 import timm
+import torch
 import torch.nn as nn
 
 import mlp_vision  # noqa: F401  (registers gmlp_* / smlpnet_* / mixer_* with timm)
-from .checkpoint import is_training_checkpoint, load_checkpoint_file, load_model_weights
+from .checkpoint import clean_state_dict, is_training_checkpoint, load_checkpoint_file, load_model_weights
 from .errors import UsageError
 
-__all__ = ['model_create_kwargs', 'create_model', 'create_model_for_eval']
+__all__ = ['model_create_kwargs', 'create_model', 'load_pretrained_weights', 'create_model_for_eval']
+
+ALLOW_MISSING_FLAG = '--allow-missing-weights'
 
 _logger = logging.getLogger(__name__)
 
@@ -40,31 +45,13 @@ def model_create_kwargs(
     return kwargs
 
 
-def create_model(
-        name: str,
-        pretrained: bool = False,
-        pretrained_file: Optional[str] = None,
-        file_has_head: bool = False,
-        **kwargs,
-) -> nn.Module:
-    """``timm.create_model`` with a :class:`UsageError` for an unknown name, bad kwargs or unloadable weights.
-
-    ``pretrained_file`` loads a local file through the model's pretrained filter fn (official / timm layouts are
-    converted, token-mixing weights resampled), as ``pretrained_cfg_overlay=dict(file=...)``. timm drops the
-    file's classifier when ``num_classes`` differs from the model's pretrained config (fine-tuning); with
-    ``file_has_head`` (evaluation) the file's classifier must fit ``num_classes`` and is loaded strictly.
-    """
+def create_model(name: str, pretrained: bool = False, **kwargs) -> nn.Module:
+    """``timm.create_model`` with a :class:`UsageError` for an unknown name, bad kwargs or unloadable weights."""
     if not name:
         raise UsageError('no model given: pass --model NAME (e.g. smlpnet_t, gmlp_ti, mixer_b16)')
     if not timm.is_model(name):
         ours = ', '.join(mlp_vision.VISION_MODELS)
         raise UsageError(f'unknown model {name!r}: use one of ours ({ours}) or any timm model name')
-    if pretrained_file:
-        pretrained = True
-        overlay = dict(file=str(pretrained_file))
-        if file_has_head and kwargs.get('num_classes') is not None:
-            overlay['num_classes'] = kwargs['num_classes']
-        kwargs['pretrained_cfg_overlay'] = overlay
     try:
         return timm.create_model(name, pretrained=pretrained, **kwargs)
     except TypeError as e:
@@ -73,13 +60,82 @@ def create_model(
         msg = ' '.join(str(e).split())  # torch's load errors are multi-line lists
         if len(msg) > 600:
             msg = msg[:600] + ' ...'
-        if pretrained_file:
-            raise UsageError(
-                f'{pretrained_file} does not load into {name} (through its checkpoint filter): {msg}. '
-                f'Expected weights of this architecture (ours, timm\'s or the official layout)') from e
         if pretrained:
             raise UsageError(f'cannot load the pretrained weights of {name}: {msg}') from e
         raise UsageError(f'cannot build {name} with {kwargs}: {msg}') from e
+
+
+def _checkpoint_filter_fn(name: str):
+    # timm's convention: a model family's checkpoint_filter_fn lives beside its entrypoint (what timm passes to
+    # build_model_with_cfg as pretrained_filter_fn); families without one load their state dicts as they are
+    module = sys.modules.get(timm.models.model_entrypoint(name).__module__)
+    return getattr(module, 'checkpoint_filter_fn', None)
+
+
+def _classifier_prefixes(model: nn.Module) -> Tuple[str, ...]:
+    names = (getattr(model, 'pretrained_cfg', None) or {}).get('classifier') or 'head'
+    return tuple(f'{n}.' for n in ((names,) if isinstance(names, str) else names))
+
+
+def _short_list(keys: List[str], n: int = 4) -> str:
+    return ', '.join(keys[:n]) + (f' and {len(keys) - n} more' if len(keys) > n else '')
+
+
+def load_pretrained_weights(
+        model: nn.Module,
+        name: str,
+        state_dict: Dict[str, torch.Tensor],
+        source: str,
+        head_must_fit: bool = False,
+        allow_missing: bool = False,
+) -> None:
+    """Load a state dict of another layout (official, timm's, ours) through ``name``'s checkpoint filter.
+
+    Fine-tuning (``head_must_fit=False``): classifier tensors whose shape differs from the model's (another class
+    count) are dropped and the missing classifier is reported at WARNING with its tensor names. Every backbone
+    tensor must be in the file: a missing or unexpected one is a :class:`UsageError` unless ``allow_missing``
+    (``--allow-missing-weights``; then a WARNING lists them and they keep their random init). Evaluation
+    (``head_must_fit=True``): the classifier must be in the file and fit too.
+    """
+    if is_training_checkpoint(state_dict):
+        state_dict = state_dict['state_dict']
+    filter_fn = _checkpoint_filter_fn(name)
+    state_dict = clean_state_dict(state_dict)
+    try:
+        if filter_fn is not None:
+            state_dict = filter_fn(state_dict, model)
+    except (KeyError, ValueError, RuntimeError, IndexError) as e:
+        raise UsageError(f'{source} does not convert to {name} (through its checkpoint filter): '
+                         f'{" ".join(str(e).split())[:300]}') from e
+    own = model.state_dict()
+    heads = _classifier_prefixes(model)
+    dropped = []
+    if not head_must_fit:
+        dropped = [k for k in state_dict if k.startswith(heads) and k in own and state_dict[k].shape != own[k].shape]
+        state_dict = {k: v for k, v in state_dict.items() if k not in dropped}
+    shape = [k for k in state_dict if k in own and state_dict[k].shape != own[k].shape]
+    if shape:
+        k = shape[0]
+        raise UsageError(f'{source} does not fit {name}: {len(shape)} tensors with other shapes (e.g. {k}: file '
+                         f'{tuple(state_dict[k].shape)}, model {tuple(own[k].shape)}). Expected weights of this '
+                         f'architecture and settings (--model-kwargs, --img-size)')
+    result = model.load_state_dict(state_dict, strict=False)
+    missing_head = [k for k in result.missing_keys if k.startswith(heads) and not head_must_fit]
+    missing = [k for k in result.missing_keys if k not in missing_head]
+    unexpected = list(result.unexpected_keys)
+    if missing or unexpected:
+        detail = '; '.join(p for p in (
+            f'{len(missing)} model tensors missing from the file ({_short_list(missing)})' if missing else '',
+            f'{len(unexpected)} file tensors the model does not have ({_short_list(unexpected)})' if unexpected
+            else '') if p)
+        if not allow_missing:
+            raise UsageError(f'{source} does not cover {name}: {detail}. These would keep their random init; '
+                             f'pass {ALLOW_MISSING_FLAG} if that is intended')
+        _logger.warning(f'{ALLOW_MISSING_FLAG}: {source}: {detail}; the missing ones keep their random init')
+    if missing_head:
+        why = f' (the file\'s classifier has another class count: {_short_list(dropped)} dropped)' if dropped else ''
+        _logger.warning(f'{source}: classifier weights not loaded{why}; {", ".join(missing_head)} start at random '
+                        f'init (fine-tuning for {getattr(model, "num_classes", "?")} classes)')
 
 
 def create_model_for_eval(
@@ -88,6 +144,7 @@ def create_model_for_eval(
         pretrained: bool = False,
         use_ema: bool = False,
         create_kwargs: Optional[Dict[str, Any]] = None,
+        trust_checkpoint: bool = False,
 ) -> Tuple[nn.Module, Dict[str, Any]]:
     """Build a model and load weights for evaluation.
 
@@ -103,7 +160,7 @@ def create_model_for_eval(
     create_kwargs = dict(create_kwargs or {})
     info: Dict[str, Any] = {'source': 'random init', 'checkpoint_kind': None, 'data_cfg': None, 'epoch': None}
     if checkpoint:
-        ckpt = load_checkpoint_file(checkpoint)
+        ckpt = load_checkpoint_file(checkpoint, trust=trust_checkpoint, what='--checkpoint')
         if is_training_checkpoint(ckpt):
             arch = ckpt['arch']
             if name and name != arch:
@@ -131,7 +188,8 @@ def create_model_for_eval(
             if not name:
                 raise UsageError(f'{checkpoint} is a plain state dict: pass --model NAME to say which model it is for')
             kwargs = create_kwargs
-            model = create_model(name, pretrained_file=checkpoint, file_has_head=True, **kwargs)
+            model = create_model(name, **kwargs)
+            load_pretrained_weights(model, name, ckpt, f'--checkpoint {checkpoint}', head_must_fit=True)
             info.update(source=f'{checkpoint} (state dict through the {name} filter)', checkpoint_kind='foreign',
                         create_kwargs=kwargs)
     else:

@@ -8,22 +8,15 @@ import os
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
+from .checkpoint import atomic_write_text
+
 __all__ = ['SummaryWriter', 'write_json', 'plot_curves', 'plot_comparison']
 
 _logger = logging.getLogger(__name__)
 
 
-def _atomic_write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(f'.{path.name}.tmp-{os.getpid()}')
-    with open(tmp, 'w', newline='') as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 def write_json(path: os.PathLike, obj: Any) -> None:
-    _atomic_write_text(Path(path), json.dumps(obj, indent=2, sort_keys=False, default=str) + '\n')
+    atomic_write_text(Path(path), json.dumps(obj, indent=2, sort_keys=False, default=str) + '\n')
 
 
 class SummaryWriter:
@@ -50,7 +43,7 @@ class SummaryWriter:
         writer = csv.DictWriter(buf, fieldnames=fieldnames, restval='')
         writer.writeheader()
         writer.writerows(rows)
-        _atomic_write_text(self.path, buf.getvalue())
+        atomic_write_text(self.path, buf.getvalue())
 
     def truncate(self, before_epoch: int) -> None:
         """Drop the rows whose ``key`` column is >= ``before_epoch`` (an epoch, or a step for key='step')."""

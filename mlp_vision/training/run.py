@@ -1,0 +1,472 @@
+""" The training core shared by ``train.py`` (epochs of images) and ``mlp_vision.text.train`` (steps of text).
+
+Each entry point keeps only what differs (data, model, loss and metrics); everything about *a run* is here:
+
+* :func:`parse_run_args` -- flags, ``-c`` yaml, and on ``--resume`` the resumed run's saved settings (explicit flags
+  and ``-c`` win; every difference is logged by :meth:`TrainingRun.log_start`);
+* :func:`setup_amp` and :class:`UpdateStep` -- autocast, the float16 loss scaler (timm's ``NativeScaler``),
+  gradient accumulation, clipping and the optimizer step, one implementation for both loops;
+* :func:`create_lr_scheduler` -- timm's ``create_scheduler_v2`` for both (per epoch or per update);
+* :class:`TrainingRun` -- the output folder (``args.yaml``, ``train.log``, ``summary.csv``), resume (weights,
+  optimizer, scaler, schedule, RNG, history; in place, refusing a finished run), the checkpoint payload, the NaN
+  and SIGINT / SIGTERM stops, and the final ``results.json`` (an earlier one is kept, never overwritten).
+
+Checkpoint payload (every value a tensor or plain Python value, so it loads with ``weights_only=True``)::
+
+    version, kind ('image' | 'text'), arch, <position key> ('epoch': last completed epoch | 'step': completed
+    updates), num_updates, model_cfg, state_dict, optimizer, scheduler, schedule (create_scheduler_v2 kwargs),
+    amp_scaler, rng_states (one per rank), metric, args, checkpoint_history, + the trainer's own fields
+"""
+import argparse
+import logging
+import math
+import signal
+import threading
+import time
+from contextlib import suppress
+from datetime import datetime
+from functools import partial
+from pathlib import Path
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import yaml
+from timm.scheduler import create_scheduler_v2
+from timm.utils import NativeScaler, dispatch_clip_grad, get_outdir, unwrap_model
+
+from .checkpoint import (
+    CHECKPOINT_VERSION, TRUST_FLAG, CheckpointManager, atomic_write_text, clean_stale_temp_files, get_rng_state,
+    keep_previous, load_checkpoint_file, load_model_weights, set_rng_state)
+from .config import args_to_yaml, parse_args_with_config
+from .distributed import DistInfo, all_gather_objects, state_dict_digest
+from .errors import Interrupted, RunError, UsageError
+from .log import add_log_file, remove_log_file
+from .summary import SummaryWriter, write_json
+
+__all__ = [
+    'RUN_CONTROL_ARGS', 'add_run_arguments', 'add_common_arguments', 'parse_run_args', 'setup_amp', 'UpdateStep', 'create_lr_scheduler',
+    'NonFiniteLossError', 'all_ranks_finite', 'TrainingRun',
+]
+
+_logger = logging.getLogger(__name__)
+
+# flags about this invocation, not the run's settings: never taken over from a resumed run
+RUN_CONTROL_ARGS = frozenset({
+    'config', 'resume', 'trust_checkpoint', 'debug', 'output', 'experiment', 'stop_after_step', 'no_resume_opt',
+    'initial_checkpoint', 'pretrained', 'pretrained_path', 'allow_missing_weights',
+})
+_SCHEDULERS = ('cosine', 'tanh', 'step', 'multistep', 'poly', 'wsd', 'rsqrt', 'constant', 'plateau')
+
+
+def add_run_arguments(group: argparse._ActionsContainer, resume_help: str) -> None:
+    """``--resume`` and :func:`add_common_arguments`: the same in every training script."""
+    group.add_argument('--resume', default='', type=str, metavar='PATH', help=resume_help)
+    add_common_arguments(group)
+
+
+def add_common_arguments(group: argparse._ActionsContainer) -> None:
+    """``--trust-checkpoint`` and ``--debug``: the same in every script that reads checkpoint files."""
+    group.add_argument(TRUST_FLAG, action='store_true', default=False,
+                       help='UNSAFE: allow checkpoint files that need a full unpickle; that runs arbitrary code from '
+                            'the file. Only for files you made or whose maker you trust')
+    group.add_argument('--debug', action='store_true', default=False,
+                       help='show the full traceback of an error instead of its one-line message')
+
+
+# ------------------------------------------------------------------------------------------------ arguments
+def parse_run_args(
+        parser: argparse.ArgumentParser,
+        argv: Sequence[str],
+        kind: str,
+        base_configs: Sequence[str] = (),
+) -> Tuple[argparse.Namespace, Optional[Dict[str, Any]]]:
+    """Parse ``argv``; with ``--resume`` the checkpoint is loaded (safely), checked to be a ``kind`` training
+    checkpoint, and its saved arguments become the defaults under ``-c`` and the command line.
+
+    Returns (args, the loaded resume checkpoint or None). ``args.resumed_settings`` holds the saved arguments.
+    """
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument('--resume', default='')
+    pre.add_argument(TRUST_FLAG, action='store_true')
+    known, _ = pre.parse_known_args(argv)
+    ckpt, saved = None, {}
+    if known.resume:
+        ckpt = load_checkpoint_file(known.resume, trust=known.trust_checkpoint, what='--resume')
+        found = ckpt.get('kind', 'image') if 'optimizer' in ckpt and 'state_dict' in ckpt else None
+        if found != kind:
+            what = f'a checkpoint of the {found} trainer' if found else 'not a training checkpoint'
+            raise UsageError(f'--resume {known.resume} is {what}; expected the last.pth (or checkpoint-N.pth) of '
+                             f'a {kind} training run of {parser.prog}')
+        saved = {k: v for k, v in (ckpt.get('args') or {}).items() if k not in RUN_CONTROL_ARGS}
+    args, _ = parse_args_with_config(parser, argv, base_configs=base_configs, run_settings=saved)
+    args.resumed_settings = saved
+    return args, ckpt
+
+
+# ------------------------------------------------------------------------------------------------ update step
+def setup_amp(enabled: bool, dtype_name: Optional[str], device: torch.device):
+    """(autocast context factory, loss scaler or None, dtype or None). float16 (CUDA) gets timm's NativeScaler;
+    bfloat16 needs none."""
+    if not enabled:
+        return suppress, None, None
+    dtype = getattr(torch, dtype_name or ('float16' if device.type == 'cuda' else 'bfloat16'))
+    if dtype == torch.float16 and device.type != 'cuda':
+        raise UsageError('--amp-dtype float16 needs CUDA; on the CPU use bfloat16 (the default)')
+    scaler = NativeScaler(device=device.type) if dtype == torch.float16 else None
+    return partial(torch.autocast, device_type=device.type, dtype=dtype), scaler, dtype
+
+
+class UpdateStep:
+    """Backward of one (micro-)batch loss and, on the last micro-batch of an update, clipping + optimizer step.
+
+    ``loss`` is the micro-batch's mean loss; it is divided by ``accum_steps`` (the number of micro-batches of
+    this update) so an update's gradient is the mean over its micro-batches. Under float16 AMP timm's
+    ``NativeScaler`` scales the loss and unscales before clipping. ``clip_grad`` <= 0 or None: no clipping.
+    """
+
+    def __init__(self, optimizer: torch.optim.Optimizer, parameters: Callable[[], Iterable[torch.Tensor]],
+                 loss_scaler: Optional[NativeScaler] = None, clip_grad: Optional[float] = None,
+                 clip_mode: str = 'norm'):
+        self.optimizer, self.parameters, self.loss_scaler = optimizer, parameters, loss_scaler
+        self.clip_grad = clip_grad if clip_grad and clip_grad > 0 else None
+        self.clip_mode = clip_mode
+
+    def __call__(self, loss: torch.Tensor, accum_steps: int = 1, need_update: bool = True) -> None:
+        if accum_steps > 1:
+            loss = loss / accum_steps
+        if self.loss_scaler is not None:
+            self.loss_scaler(loss, self.optimizer, clip_grad=self.clip_grad, clip_mode=self.clip_mode,
+                             parameters=self.parameters() if self.clip_grad else None, need_update=need_update)
+        else:
+            loss.backward()
+            if need_update:
+                if self.clip_grad is not None:
+                    dispatch_clip_grad(self.parameters(), value=self.clip_grad, mode=self.clip_mode)
+                self.optimizer.step()
+        if need_update:
+            self.optimizer.zero_grad(set_to_none=True)
+
+
+class NonFiniteLossError(RuntimeError):
+    """The training loss became NaN or infinite at ``where``; raised before that loss reaches the weights."""
+
+    def __init__(self, value: float, where: str):
+        self.value, self.where = value, where
+        what = f'{value}' if not math.isfinite(value) else 'not finite on another rank'
+        super().__init__(f'training loss is {what} at {where}; stopped before applying it')
+
+
+def all_ranks_finite(loss: torch.Tensor, distributed: bool) -> bool:
+    """True when ``loss`` is finite on every rank (one all-reduce in distributed mode).
+
+    Every rank must take the same decision, or the others would wait forever in the next collective.
+    """
+    bad = (~torch.isfinite(loss.detach())).to(torch.float32).reshape(1)
+    if distributed:
+        dist.all_reduce(bad, op=dist.ReduceOp.MAX)
+    return bad.item() == 0
+
+
+# ------------------------------------------------------------------------------------------------ schedule
+def create_lr_scheduler(optimizer: torch.optim.Optimizer, schedule: Dict[str, Any], updates_per_epoch: int = 1):
+    """timm's ``create_scheduler_v2(optimizer, **schedule)``; returns (scheduler, total epochs incl. cooldown).
+
+    ``schedule`` holds its keyword arguments and ``lr``, the base LR (the optimizer's). It is stored in every
+    checkpoint: a resume with other values continues the new schedule from the checkpoint's position (see
+    :meth:`TrainingRun.restore`).
+    """
+    if schedule['sched'] not in _SCHEDULERS:
+        raise UsageError(f'--sched {schedule["sched"]!r} is not a learning-rate schedule; use one of '
+                         f'{", ".join(_SCHEDULERS)}')
+    kwargs = {k: v for k, v in schedule.items() if k != 'lr'}
+    try:
+        return create_scheduler_v2(optimizer, **kwargs, updates_per_epoch=updates_per_epoch)
+    except (ValueError, AssertionError) as e:
+        raise UsageError(f'the --sched {schedule["sched"]} schedule cannot be built: {e}') from e
+
+
+def _schedule_position(scheduler, next_epoch: int, num_updates: int) -> None:
+    if scheduler.t_in_epochs:
+        scheduler.step(next_epoch)
+    else:
+        scheduler.step_update(num_updates)
+
+
+def _differences(old: Optional[Dict[str, Any]], new: Dict[str, Any]) -> List[str]:
+    if old is None:
+        return ['the checkpoint records no schedule']
+    return [f'{k} {new.get(k)!r} (was {old.get(k)!r})' for k in sorted(set(old) | set(new))
+            if _plain(old.get(k)) != _plain(new.get(k))]
+
+
+def _plain(v):  # tuples / lists compare equal (yaml and torch.load give lists back)
+    if isinstance(v, (list, tuple)):
+        return [_plain(x) for x in v]
+    if isinstance(v, dict):
+        return {k: _plain(x) for k, x in v.items()}
+    return v
+
+
+# ------------------------------------------------------------------------------------------------ the run
+class TrainingRun:
+    """The bookkeeping of one training run, for both trainers. Use as a context manager around the run.
+
+    Args:
+        args: the parsed arguments (of :func:`parse_run_args`).
+        dist_info: this process's place (rank 0 writes every file).
+        resume_ckpt: the loaded ``--resume`` checkpoint, or None.
+        kind: 'image' or 'text' (stored in checkpoints; ``--resume`` checks it).
+        key: the position of a checkpoint: 'epoch' (train.py) or 'step' (text trainer).
+        prog: the script's name in messages.
+        decreasing: the best-checkpoint metric is better when lower.
+        max_history: keep the N best ``checkpoint-<position>.pth`` (0: none).
+    """
+
+    def __init__(self, args, dist_info: DistInfo, resume_ckpt: Optional[Dict[str, Any]], *, kind: str, key: str,
+                 prog: str, decreasing: bool, max_history: int = 0):
+        self.args, self.dist_info, self.resume_ckpt = args, dist_info, resume_ckpt
+        self.kind, self.key, self.prog = kind, key, prog
+        self.decreasing, self.max_history = decreasing, max_history
+        self.primary = dist_info.primary
+        self.output_dir: Optional[Path] = None
+        self.saver: Optional[CheckpointManager] = None
+        self.summary: Optional[SummaryWriter] = None
+        self.last_saved: Optional[int] = resume_ckpt.get(key) if resume_ckpt is not None else None
+        self._log_handlers: List[logging.Handler] = []
+        self._signal: int = 0
+        self._previous_handlers: Dict[int, Any] = {}
+        self.start_time = time.time()
+
+    # ------------------------------------------------------------------ context: signals, log files, errors
+    def __enter__(self) -> 'TrainingRun':
+        if threading.current_thread() is threading.main_thread():
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                self._previous_handlers[signum] = signal.signal(signum, self._on_signal)
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self._restore_signal_handlers()
+        if isinstance(exc, RunError) and self.primary and self.output_dir is not None:
+            with open(self.output_dir / 'train.log', 'a') as f:
+                f.write(f'{datetime.now():%Y-%m-%d %H:%M:%S} ERROR {exc}\n')
+        for handler in self._log_handlers:
+            remove_log_file(handler)
+        self._log_handlers.clear()
+
+    def _on_signal(self, signum, frame) -> None:
+        # only a flag: the loop stops at its next safe point. A second signal acts at once (default handlers).
+        self._signal = signum
+        self._restore_signal_handlers()
+
+    def _restore_signal_handlers(self) -> None:
+        for signum, handler in self._previous_handlers.items():
+            signal.signal(signum, handler)
+        self._previous_handlers.clear()
+
+    def stop_signal(self) -> int:
+        """The SIGINT / SIGTERM number when one arrived on any rank (all ranks agree), else 0."""
+        flag = self._signal
+        if self.dist_info.distributed:
+            t = torch.tensor([flag], dtype=torch.float32)
+            dist.all_reduce(t, op=dist.ReduceOp.MAX)
+            flag = int(t.item())
+        return flag
+
+    # ------------------------------------------------------------------ resume
+    def check_resume(self, **expected) -> None:
+        """The resumed checkpoint was made for these settings (e.g. ``arch='smlpnet_t'``, ``task='mlm'``)."""
+        ckpt = self.resume_ckpt
+        if ckpt is None:
+            return
+        found = {k: ckpt.get(k) for k in expected}
+        if found != expected:
+            def describe(d):
+                return ', '.join(f'{"model" if k == "arch" else k} {v!r}' for k, v in d.items())
+            raise UsageError(f'--resume {self.args.resume} is a checkpoint of {describe(found)}, not of '
+                             f'{describe(expected)}; leave these flags out to continue the run as it was')
+
+    def restore(self, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler, schedule: Dict[str, Any],
+                loss_scaler=None, weights_only: bool = False) -> Tuple[int, int]:
+        """Load the resumed state into the run's objects; returns (position, num_updates) of the checkpoint
+        (0, 0 when not resuming).
+
+        The schedule continues exactly when ``schedule`` equals the checkpoint's; otherwise (e.g. a larger
+        ``--epochs``) the new schedule is positioned at the checkpoint's epoch / update, and the change logged.
+        ``weights_only`` (``--no-resume-opt``): weights and position only; the optimizer starts fresh.
+        """
+        ckpt = self.resume_ckpt
+        if ckpt is None:
+            return 0, 0
+        source = f'--resume {self.args.resume}'
+        load_model_weights(unwrap_model(model), ckpt['state_dict'], source, self.args.model)
+        position, num_updates = ckpt[self.key], ckpt.get('num_updates', ckpt[self.key])
+        next_epoch = position + 1 if self.key == 'epoch' else position
+        if weights_only:
+            _schedule_position(scheduler, next_epoch, num_updates)
+            return position, num_updates
+        base_lrs = [g['initial_lr'] for g in optimizer.param_groups]
+        optimizer.load_state_dict(ckpt['optimizer'])
+        if loss_scaler is not None and ckpt.get('amp_scaler'):
+            loss_scaler.load_state_dict(ckpt['amp_scaler'])
+        changed = _differences(ckpt.get('schedule'), schedule)
+        if not changed:
+            # the scheduler state after the constructor (which reset the LR): the optimizer state holds the exact
+            # LR of the next update, the scheduler state the rest
+            scheduler.load_state_dict(ckpt['scheduler'])
+            return position, num_updates
+        for group, lr in zip(optimizer.param_groups, base_lrs):
+            group['initial_lr'] = lr
+        _schedule_position(scheduler, next_epoch, num_updates)
+        _logger.warning(
+            f'{source}: the learning-rate schedule differs from the checkpoint\'s ({"; ".join(changed)}): the new '
+            f'{schedule["sched"]} schedule continues from {self.key} {next_epoch if self.key == "epoch" else position}'
+            f' at LR {optimizer.param_groups[0]["lr"]:.4g}')
+        return position, num_updates
+
+    def restore_ema(self, model_ema: nn.Module) -> None:
+        """The resumed EMA weights, when the checkpoint has them (else the EMA starts from the resumed model)."""
+        if self.resume_ckpt is not None and self.resume_ckpt.get('state_dict_ema') is not None:
+            load_model_weights(model_ema, self.resume_ckpt['state_dict_ema'], f'--resume {self.args.resume} (EMA)',
+                               self.args.model)
+
+    def check_not_finished(self, done: int, total: int, flag: str) -> None:
+        """Refuse to resume a run that has nothing left to train (its results stay as they are)."""
+        if self.resume_ckpt is not None and done >= total:
+            folder = Path(self.args.resume).resolve().parent
+            raise UsageError(f'--resume {self.args.resume}: this run already finished its {total} {self.key}s '
+                             f'(results in {folder / "results.json"}); to train on, pass a larger {flag}')
+
+    def restore_rng(self) -> Optional[Dict[str, Any]]:
+        """Restore this rank's RNG states last (nothing built before shifts them); returns the rank's saved state
+        (with the trainer's extra fields) or None."""
+        ckpt, world = self.resume_ckpt, self.dist_info.world_size
+        self.resume_ckpt = None  # free it
+        if ckpt is None:
+            return None
+        states = ckpt.get('rng_states') or []
+        if len(states) != world:
+            _logger.warning(f'the checkpoint has RNG states for {len(states)} processes, this run has {world}: '
+                            f'continuing with fresh seeds (not bit-exact)')
+            return None
+        set_rng_state(states[self.dist_info.rank])
+        return states[self.dist_info.rank]
+
+    # ------------------------------------------------------------------ outputs
+    def open_outputs(self, default_root: str, default_name: str) -> Optional[Path]:
+        """Rank 0: the experiment folder, ``train.log``, ``args.yaml``, the checkpoint manager and ``summary.csv``.
+
+        ``--resume`` continues in the checkpoint's folder (with ``--output`` / ``--experiment``: in that folder
+        instead, leaving the original as it is); a new run gets a new folder (``NAME-1`` if NAME exists).
+        """
+        if not self.primary:
+            return None
+        args = self.args
+        root = args.output or default_root
+        if Path(root).exists() and not Path(root).is_dir():
+            raise UsageError(f'--output {root} is a file; expected a folder (created if missing)')
+        if args.resume and not args.output and not args.experiment:
+            output_dir = Path(args.resume).resolve().parent
+        elif args.resume:
+            output_dir = Path(get_outdir(root, args.experiment or Path(args.resume).resolve().parent.name))
+        else:
+            output_dir = Path(get_outdir(root, args.experiment or default_name, inc=True))
+        self.output_dir = output_dir = output_dir.resolve()
+        self._log_handlers.append(add_log_file(output_dir / 'train.log'))
+        removed = clean_stale_temp_files(output_dir)
+        if removed:
+            _logger.info(f'removed {len(removed)} temporary files left by a killed run: '
+                         f'{", ".join(p.name for p in removed)}')
+        settings = {k: v for k, v in vars(args).items() if k != 'resumed_settings'}
+        args_file = output_dir / 'args.yaml'
+        if args_file.exists():
+            previous = yaml.safe_load(args_file.read_text()) or {}
+            if _differences(*({k: v for k, v in d.items() if k not in RUN_CONTROL_ARGS} for d in (previous, settings))):
+                _logger.info(f'the settings changed: the previous args.yaml is kept as {keep_previous(args_file).name}')
+        atomic_write_text(args_file, args_to_yaml(argparse.Namespace(**settings)))
+        self.saver = CheckpointManager(output_dir, decreasing=self.decreasing, max_history=self.max_history,
+                                       key=self.key)
+        self.summary = SummaryWriter(output_dir / 'summary.csv', key=self.key)
+        if self.last_saved is not None and self.resume_ckpt is not None:
+            self.saver.load_state_dict(self.resume_ckpt.get('checkpoint_history'))
+            self.summary.truncate(before_epoch=self.last_saved + 1)
+        return output_dir
+
+    def log_settings_changes(self) -> None:
+        """Log each setting where this resumed run differs from the run it continues."""
+        saved = getattr(self.args, 'resumed_settings', None)
+        if not saved:
+            return
+        changed = [f'--{k.replace("_", "-")} {_plain(getattr(self.args, k, None))!r} (was {_plain(v)!r})'
+                   for k, v in saved.items() if _plain(getattr(self.args, k, None)) != _plain(v)]
+        _logger.info(f'Resuming with the settings of {self.args.resume}'
+                     + (f'; changed: {", ".join(changed)}' if changed else ' (unchanged)'))
+
+    # ------------------------------------------------------------------ checkpoints
+    def save(self, position: int, metric: Optional[float], *, model: nn.Module, optimizer, scheduler,
+             schedule: Dict[str, Any], num_updates: int, loss_scaler=None, rank_extra: Optional[Dict] = None,
+             **extra) -> Optional[Dict[str, bool]]:
+        """Every rank: gather the RNG states (with ``rank_extra``); rank 0: write the checkpoint of ``position``.
+        Returns what was written (rank 0) or None."""
+        rank_state = get_rng_state()
+        rank_state.update(rank_extra or {})
+        rng_states = all_gather_objects(rank_state, self.dist_info)
+        self.last_saved = position  # on every rank: they decide together whether a save is due
+        if not self.primary:
+            return None
+        args = {k: v for k, v in vars(self.args).items() if k != 'resumed_settings'}
+        state = {
+            'version': CHECKPOINT_VERSION,
+            'kind': self.kind,
+            'arch': self.args.model,
+            self.key: position,
+            'num_updates': num_updates,
+            'state_dict': unwrap_model(model).state_dict(),
+            'optimizer': optimizer.state_dict(),
+            'scheduler': scheduler.state_dict(),
+            'schedule': dict(schedule),
+            'amp_scaler': loss_scaler.state_dict() if loss_scaler is not None else None,
+            'rng_states': rng_states,
+            'metric': metric,
+            **extra,
+            'args': args,
+        }
+        return self.saver.save(state, position, metric)
+
+    # ------------------------------------------------------------------ stops
+    def stopped(self, error: Exception, advice: str = '') -> RunError:
+        """The :class:`RunError` that ends a run stopped by a NaN / inf loss or a signal: where it happened, which
+        checkpoint is intact and how to go on (``advice``: the flags worth changing)."""
+        last = self.saver.last_path if self.saver is not None else None
+        saved = last is not None and self.last_saved is not None
+        where = f'{last} ({self.key} {self.last_saved})'
+        if isinstance(error, Interrupted):
+            tail = (f'the resumable checkpoint is {where}: continue with --resume {last}' if saved
+                    else 'no checkpoint had been written yet')
+            return Interrupted(error.signum, error.where, f'{error}; {tail}')
+        if not saved:
+            return RunError(f'{error}. No checkpoint had been written yet. {advice}.')
+        return RunError(f'{error}. The last good checkpoint, {where}, is intact. {advice}, or check the data; then '
+                        f'restart, or continue with --resume {last}')
+
+    # ------------------------------------------------------------------ final outputs
+    def weights_digests(self, *modules: nn.Module) -> List[str]:
+        """Every rank's SHA-256 of the weights (equal digests = equal weights); logs an error if they differ."""
+        digest = ' '.join(state_dict_digest(unwrap_model(m)) for m in modules if m is not None)
+        digests = all_gather_objects(digest, self.dist_info)
+        if len(set(digests)) != 1:
+            _logger.error(f'weights differ across ranks: {digests}')
+        return digests
+
+    def write_results(self, results: Dict[str, Any]) -> None:
+        """``results.json`` (rank 0); the results of an earlier finish of this run are kept as ``results-N.json``."""
+        path = self.output_dir / 'results.json'
+        kept = keep_previous(path)
+        if kept is not None:
+            _logger.info(f'the earlier results.json of this run is kept as {kept.name}')
+        write_json(path, results)
+
+    def list_outputs(self) -> None:
+        names = sorted(p.name for p in self.output_dir.iterdir() if not p.name.startswith('.'))
+        _logger.info(f'Outputs in {self.output_dir}: {", ".join(names)}')
