@@ -159,7 +159,8 @@ def test_split_tars_read_like_folders(tmp_path):
     """root/train.tar and root/val.tar (images under a leading val/ folder, as imagenette's tars) with split
     names 'train' / 'validation' or 'train.tar' / 'val.tar'; pixels equal the source images."""
     images = {f'{c}/{c}{i}.png': _image(10 * k + i) for k, c in enumerate('ab') for i in range(3)}
-    _tar(tmp_path / 'train.tar', {n: _png_bytes(img) for n, img in images.items()})
+    _tar(tmp_path / 'train.tar', {**{f'./{n}': _png_bytes(img) for n, img in images.items()},
+                                  'a/._a0.png': b'macOS resource fork', '.hidden/x.png': b''})
     _tar(tmp_path / 'val.tar', {f'val/{n}': _png_bytes(img) for n, img in images.items()})
     for splits in [('train', 'validation'), ('train.tar', 'val.tar')]:
         train, val = create_train_val_datasets('', str(tmp_path), *splits)

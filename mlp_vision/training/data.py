@@ -359,7 +359,9 @@ def _scan_tar(path: str, extensions: Set[str]) -> Dict[str, Tuple[int, int]]:
                 with tarfile.open(fileobj=tf.extractfile(ti), mode='r:') as inner:
                     scan(inner, base + ti.offset_data, stem.strip('/') + '/', f'{ti.name}:')
             elif ext.lower() in extensions:
-                images[prefix + ti.name.lstrip('./')] = (base + ti.offset_data, ti.size)
+                name = prefix + '/'.join(part for part in ti.name.split('/') if part not in ('', '.'))
+                if not any(_is_hidden(part) for part in name.split('/')):  # e.g. macOS' ._<image> files
+                    images[name] = (base + ti.offset_data, ti.size)
         # tarfile stops quietly at a missing or partial header; a complete tar ends with a zero block there
         with open(path, 'rb') as f:
             f.seek(base + tf.offset)
