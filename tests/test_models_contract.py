@@ -967,3 +967,38 @@ def test_smlpnet_axial_mixing_directions(name):
             else:  # only row 2 changes
                 assert changed[2, :].any() and not changed[[i for i in range(h) if i != 2], :].any()
         smlp.fuse.weight.copy_(fused_weight)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# bad arguments and bad inputs: one clear error, at construction or at the forward call, never a silent result
+# ---------------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize('family', ONE_PER_FAMILY)
+@pytest.mark.parametrize('kwargs,match', [
+    (dict(in_chans=0), 'in_chans must be an integer >= 1'),
+    (dict(num_classes=-1), 'num_classes must be an integer >= 0'),
+    (dict(drop_path_rate=1.0), r'drop_path_rate must be in \[0, 1\)'),
+    (dict(drop_path_rate=-0.1), r'drop_path_rate must be in \[0, 1\)'),
+    (dict(drop_rate=1.5), r'drop_rate must be in \[0, 1\)'),
+    (dict(proj_drop_rate=float('nan')), r'proj_drop_rate must be in \[0, 1\)'),
+])
+def test_bad_constructor_arguments(family, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        create(family, **kwargs)
+
+
+@pytest.mark.parametrize('features_only', [False, True])
+@pytest.mark.parametrize('name', ONE_PER_FAMILY)
+def test_bad_inputs_are_clear_errors(name, features_only):
+    model = create(name, features_only=features_only) if features_only else create(name)
+    model.eval()
+    with torch.no_grad():
+        with pytest.raises(TypeError, match='expected a floating-point image batch, got dtype torch.uint8'):
+            model(torch.zeros(2, 3, *IMG, dtype=torch.uint8))
+        with pytest.raises(TypeError, match='got dtype torch.int64'):
+            model(torch.zeros(2, 3, *IMG, dtype=torch.long))
+        with pytest.raises(ValueError, match='expected a non-empty batch'):
+            model(torch.zeros(0, 3, *IMG))
+        with pytest.raises(ValueError, match='expected 3 input channels, got 1'):
+            model(torch.zeros(2, 1, *IMG))
+        with pytest.raises(ValueError, match='expected input spatial size'):
+            model(torch.zeros(2, 3, 32, 32))

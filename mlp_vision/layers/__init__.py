@@ -2,7 +2,7 @@
 from .activations import FreshGELU, fresh_gelu, fresh_input_act
 from .gating import SPATIAL_MODES, SpatialGatingUnit, TinyAttention, GatedMLPBlock
 from .linear import TokenLinear
-from .input_checks import check_image_input
+from .input_checks import check_image_input, check_model_args
 from .mixer import MixerBlock
 from .resample import resample_token_axis, resample_token_weight
 from .sparse_mlp import AxialSparseMLP, SparseMLPBlock, SparseMLPTokenMixer

@@ -4,7 +4,7 @@ from typing import Tuple
 import torch
 from timm.layers import register_notrace_function
 
-__all__ = ['check_image_input']
+__all__ = ['check_image_input', 'check_model_args']
 
 
 @register_notrace_function  # a leaf for timm's FX feature extraction (its control flow is on shapes)
@@ -17,9 +17,14 @@ def check_image_input(x: torch.Tensor, in_chans: int, img_size: Tuple[int, int])
     The token-mixing weights of gMLP, MLP-Mixer and sMLPNet are tied to one spatial size, so a different
     input cannot be processed (build the model with ``img_size=...``, resampling pretrained weights, instead).
     """
+    if not x.is_floating_point():
+        raise TypeError(f'expected a floating-point image batch, got dtype {x.dtype}; convert and normalise it first '
+                        f'(e.g. x.float() / 255 and the model\'s mean / std, as timm\'s transforms do)')
     if x.dim() != 4:
         raise ValueError(f'expected a 4-D image batch (B, {in_chans}, {img_size[0]}, {img_size[1]}), '
                          f'got a tensor of shape {list(x.shape)}')
+    if x.shape[0] == 0:
+        raise ValueError(f'expected a non-empty batch, got a batch of 0 images (input shape {list(x.shape)})')
     if x.shape[1] != in_chans:
         raise ValueError(f'expected {in_chans} input channels, got {x.shape[1]} (input shape {list(x.shape)}); '
                          f'build the model with in_chans={x.shape[1]} to accept it')
@@ -28,3 +33,22 @@ def check_image_input(x: torch.Tensor, in_chans: int, img_size: Tuple[int, int])
                          f'{x.shape[2]}x{x.shape[3]}; this model has fixed-size token mixing, build it with '
                          f'img_size=({x.shape[2]}, {x.shape[3]}) (pretrained spatial weights are resampled)')
     return x
+
+
+def check_model_args(
+        in_chans: int,
+        num_classes: int,
+        drop_rate: float = 0.,
+        proj_drop_rate: float = 0.,
+        drop_path_rate: float = 0.,
+) -> None:
+    """Raise ``ValueError`` with what is expected for constructor arguments no model can be built with (instead of
+    a failure deep in a layer, or at the first training step for a drop-path rate of 1 or more)."""
+    if not isinstance(in_chans, int) or in_chans < 1:
+        raise ValueError(f'in_chans must be an integer >= 1 (input image channels), got {in_chans!r}')
+    if not isinstance(num_classes, int) or num_classes < 0:
+        raise ValueError(f'num_classes must be an integer >= 0 (0 for no classifier), got {num_classes!r}')
+    for name, rate in (('drop_rate', drop_rate), ('proj_drop_rate', proj_drop_rate),
+                       ('drop_path_rate', drop_path_rate)):
+        if not 0. <= rate < 1.:
+            raise ValueError(f'{name} must be in [0, 1) (a probability of dropping), got {rate!r}')

@@ -22,7 +22,7 @@ from timm.models import build_model_with_cfg, checkpoint, checkpoint_seq, named_
 from timm.models._features import feature_take_indices
 from timm.models import generate_default_cfgs, register_model
 
-from ..layers import MixerBlock, check_image_input, resample_token_weight
+from ..layers import MixerBlock, check_image_input, check_model_args, resample_token_weight
 
 __all__ = ['MlpMixer']
 
@@ -69,6 +69,7 @@ class MlpMixer(nn.Module):
     ) -> None:
         super().__init__()
         dd = {'device': device, 'dtype': dtype}
+        check_model_args(in_chans, num_classes, drop_rate, proj_drop_rate, drop_path_rate)
         img_size = to_2tuple(img_size)
         if any(s <= 0 or s % patch_size for s in img_size):
             raise ValueError(f'img_size {tuple(img_size)} must be positive multiples of patch_size {patch_size}')

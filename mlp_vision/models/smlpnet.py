@@ -22,7 +22,7 @@ from timm.models import build_model_with_cfg, checkpoint_seq, named_apply
 from timm.models._features import feature_take_indices
 from timm.models import generate_default_cfgs, register_model
 
-from ..layers import SparseMLPBlock, check_image_input, resample_token_weight
+from ..layers import SparseMLPBlock, check_image_input, check_model_args, resample_token_weight
 
 __all__ = ['SparseMLPNet', 'SparseMLPStage']
 
@@ -105,6 +105,7 @@ class SparseMLPNet(nn.Module):
     ) -> None:
         super().__init__()
         dd = {'device': device, 'dtype': dtype}
+        check_model_args(in_chans, num_classes, drop_rate, proj_drop_rate, drop_path_rate)
         img_size = to_2tuple(img_size)
         num_stages = len(depths)
         total_stride = 4 * 2 ** (num_stages - 1)
@@ -374,7 +375,8 @@ def _create_smlpnet(variant: str, pretrained: bool = False, **kwargs) -> SparseM
         variant,
         pretrained,
         pretrained_filter_fn=checkpoint_filter_fn,
-        feature_cfg=dict(out_indices=(0, 1, 2, 3), flatten_sequential=True),
+        # the getter runs forward_intermediates, so a features_only model checks its input as the classifier does
+        feature_cfg=dict(out_indices=(0, 1, 2, 3), feature_cls='getter'),
         **kwargs,
     )
 
