@@ -91,8 +91,8 @@ def _atomic_write(path: os.PathLike, write: Callable[[Any], None], mode: str = '
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except Exception as e:
-        os_error = find_os_error(e)
-        if os_error is not None and os_error is not e:  # torch's serializer wraps the file's error
+        os_error = find_os_error(e)  # torch's serializer may wrap the file's error; name the file being written
+        if os_error is not None and (os_error is not e or not e.filename):
             raise OSError(os_error.errno, os_error.strerror, str(path)) from e
         raise
     finally:

@@ -1,0 +1,290 @@
+""" The training core shared by train.py, validate.py and the text trainer (mlp_vision/training/run.py, checkpoint.py,
+config.py, errors.py): no code runs from a checkpoint file, every bad input is one line with exit status 2, a full
+disk is one line, nothing written is lost (finished runs, earlier results, killed runs' temp files), a resumed run
+remembers its settings and a longer schedule is well defined.
+
+Everything runs on data the tests make themselves: a tiny ImageFolder of generated PNGs and a generated text.
+"""
+import builtins
+import json
+import os
+import pickle
+import random
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.nn as nn
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+import train  # noqa: E402  (repo-root scripts)
+import validate  # noqa: E402
+import mlp_vision.text.train as text_train  # noqa: E402
+from mlp_vision.training.checkpoint import (  # noqa: E402
+    atomic_save, clean_stale_temp_files, keep_previous, load_checkpoint_file, temp_path)
+from mlp_vision.training.errors import UsageError  # noqa: E402
+from mlp_vision.training.model import create_model, load_pretrained_weights  # noqa: E402
+
+TINY_VISION = ['--model', 'smlpnet_t', '--model-kwargs', 'embed_dim=8', 'depths=(1,1,1,1)', '--img-size', '32',
+               '--workers', '0', '--log-interval', '100', '-b', '4', '--warmup-epochs', '0']
+TINY_GPT = ['--model', 'gpt_mlp_attention', '--model-kwargs', 'num_hidden_layers=1', 'hidden_size=16',
+            'num_attention_heads=2', 'max_position_embeddings=16', 'mlp_attention_hidden_size=16', '--threads', '1',
+            '--log-interval', '1000', '-b', '2', '--eval-batches', '1', '--final-eval-batches', '2']
+
+
+@pytest.fixture(scope='module')
+def images(tmp_path_factory):
+    """train/ and val/ of 2 classes (8 + 4 generated 16x16 PNGs each: noise around a class colour)."""
+    from PIL import Image
+    root = tmp_path_factory.mktemp('images')
+    rng = np.random.default_rng(0)
+    for split, n in (('train', 8), ('val', 4)):
+        for c, colour in enumerate(((200, 40, 40), (40, 40, 200))):
+            folder = root / split / f'class{c}'
+            folder.mkdir(parents=True)
+            for i in range(n):
+                pixels = np.clip(rng.normal(colour, 40, size=(16, 16, 3)), 0, 255).astype(np.uint8)
+                Image.fromarray(pixels).save(folder / f'{i}.png')
+    return root
+
+
+@pytest.fixture(scope='module')
+def text_file(tmp_path_factory):
+    rng = random.Random(1)
+    words = 'to be or not that is the question whether tis nobler in mind suffer slings arrows'.split()
+    path = tmp_path_factory.mktemp('text') / 'tiny.txt'
+    path.write_text('\n'.join(' '.join(rng.choice(words) for _ in range(8)) for _ in range(150)) + '\n')
+    return str(path)
+
+
+def _fail(main, argv, capsys, status=2):
+    """Run ``main(argv)``; it must exit with ``status`` and exactly one line on stderr. Returns that line."""
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == status, e.value.message
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [e.value.message], err  # one line, no traceback
+    return e.value.message
+
+
+# ------------------------------------------------------------------------------------------------ malicious files
+class _Payload:
+    """Unpickling it creates ``marker`` (the stand-in for any code a file could run)."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return builtins.open, (self.marker, 'w')
+
+
+@pytest.fixture
+def payloads(tmp_path):
+    """name -> (file, words the refusal must contain); every file would create tmp_path/RAN if unpickled."""
+    marker = tmp_path / 'RAN'
+    files = tmp_path / 'files'
+    files.mkdir()
+    bare = files / 'bare.pth'
+    with open(bare, 'wb') as f:
+        pickle.dump({'state_dict': _Payload(marker)}, f)
+    nested = files / 'nested.pth'
+    torch.save({'version': 1, 'kind': 'image', 'arch': 'smlpnet_t', 'epoch': 0, 'state_dict': {},
+                'optimizer': {}, 'args': {'lr': _Payload(marker)}}, nested)
+    legacy = files / 'legacy.pth'
+    torch.save({'state_dict': {'w': torch.zeros(1)}, 'extra': _Payload(marker)}, legacy,
+               _use_new_zipfile_serialization=False)
+    noise = files / 'noise.pth'
+    noise.write_bytes(random.Random(0).randbytes(4096))
+    empty = files / 'empty.pth'
+    empty.write_bytes(b'')
+    return marker, {
+        'bare pickle': (bare, 'bare Python pickle'),
+        'nested in a checkpoint': (nested, '--trust-checkpoint'),
+        'legacy format': (legacy, '--trust-checkpoint'),
+        'random bytes': (noise, 'not a PyTorch checkpoint'),
+        'empty file': (empty, 'is empty'),
+    }
+
+
+def test_payloads_are_real(payloads):
+    # the refusals below mean something: unpickled in full (the explicit opt-in), the payload does run
+    marker, files = payloads
+    load_checkpoint_file(files['nested in a checkpoint'][0], trust=True)
+    assert marker.exists()
+
+
+def test_no_entry_point_runs_code_from_a_file(payloads, images, text_file, tmp_path, capsys):
+    marker, files = payloads
+    out = ['--output', str(tmp_path / 'out')]
+    vision = TINY_VISION + ['--data-dir', str(images), '--val-split', 'val', '--epochs', '1'] + out
+    entry_points = {
+        'train.py --resume': lambda p: (train.main, vision + ['--resume', str(p)]),
+        'train.py --initial-checkpoint': lambda p: (train.main, vision + ['--initial-checkpoint', str(p)]),
+        'train.py --pretrained-path': lambda p: (train.main, vision + ['--pretrained-path', str(p)]),
+        'validate.py --checkpoint': lambda p: (validate.main, ['--checkpoint', str(p), '--model', 'smlpnet_t',
+                                                                '--data-dir', str(images), '--split', 'val']),
+        'text trainer --resume': lambda p: (text_train.main, TINY_GPT + ['--train-file', text_file, '--resume',
+                                                                         str(p)] + out),
+    }
+    for entry, make in entry_points.items():
+        for kind, (path, words) in files.items():
+            main, argv = make(path)
+            msg = _fail(main, argv, capsys)
+            assert not marker.exists(), f'{entry} ran the payload of a {kind} file'
+            assert str(path) in msg and words in msg, (entry, kind, msg)
+            assert 'weights_only=False' not in msg, msg
+
+
+def test_trusted_old_checkpoint_still_loads(tmp_path):
+    # --trust-checkpoint is the way to a full unpickle of a file that holds objects (here a plain Python class)
+    path = tmp_path / 'objects.pth'
+    torch.save({'state_dict': {'w': torch.ones(2)}, 'meta': nn.Identity()}, path)
+    with pytest.raises(UsageError, match='names torch.nn.modules.linear.Identity'):
+        load_checkpoint_file(path)
+    assert isinstance(load_checkpoint_file(path, trust=True)['meta'], nn.Identity)
+
+
+# ------------------------------------------------------------------------------------------------ bad input
+def test_train_bad_inputs_one_line_exit_2(images, tmp_path, capsys):
+    base = TINY_VISION + ['--data-dir', str(images), '--val-split', 'val', '--output', str(tmp_path / 'out')]
+    empty = tmp_path / 'empty.pth'
+    empty.write_bytes(b'')
+    float_batch = tmp_path / 'batch.yaml'
+    float_batch.write_text('batch_size: 32.5\n')
+    a_file = tmp_path / 'a_file'
+    a_file.write_text('not a folder')
+    cases = {
+        ('--epochs', '0'): '--epochs must be >= 1, got 0',
+        ('--smoothing', '1.5'): '--smoothing must be in [0, 1), got 1.5',
+        ('--opt', 'nosuchopt'): "--opt 'nosuchopt' is not an optimizer timm knows",
+        ('--sched', 'nosuchsched'): "--sched 'nosuchsched' is not a learning-rate schedule",
+        ('--lr', '-0.1'): '--lr must be a positive number, got -0.1',
+        ('--lr', 'nan'): '--lr must be a positive number, got nan',
+        ('--pretrained-path', str(tmp_path / 'missing.pth')): 'missing.pth\' does not exist',
+        ('--pretrained-path', str(empty)): 'is empty (0 bytes), not a PyTorch checkpoint',
+        ('-c', str(float_batch)): 'batch_size must be an integer (as --batch-size), got 32.5',
+        ('--output', str(a_file)): 'is a file; expected a folder',
+        ('--drop-path', '1.0'): '--drop-path must be in [0, 1), got 1.0',
+    }
+    for flags, expected in cases.items():
+        msg = _fail(train.main, base + ['--epochs', '1'] + list(flags), capsys)
+        assert msg.startswith('train.py: error: ') and expected in msg, (flags, msg)
+    # --debug: the traceback instead (the exception itself)
+    with pytest.raises(UsageError, match='--epochs must be >= 1'):
+        train.main(base + ['--epochs', '0', '--debug'])
+
+
+def test_text_trainer_bad_inputs_one_line_exit_2(text_file, tmp_path, capsys):
+    base = TINY_GPT + ['--train-file', text_file, '--steps', '2', '--output', str(tmp_path)]
+    cases = {
+        ('--lr', '-1'): '--lr must be a positive number',
+        ('--steps', '0'): '--steps must be >= 1',
+        ('--resume', str(tmp_path / 'none.pth')): "--resume '" + str(tmp_path / 'none.pth') + "' does not exist",
+    }
+    for flags, expected in cases.items():
+        assert expected in _fail(text_train.main, base + list(flags), capsys), flags
+
+
+def test_full_disk_is_one_line_and_keeps_the_last_checkpoint(images, tmp_path, capsys):
+    argv = TINY_VISION + ['--data-dir', str(images), '--val-split', 'val', '--output', str(tmp_path),
+                          '--experiment', 'disk']
+    train.main(argv + ['--epochs', '1'])
+    exp = tmp_path / 'disk'
+    before = (exp / 'last.pth').read_bytes()
+    # the next write of last.pth goes to /dev/full (ENOSPC), as on a full disk
+    temp_path(exp / 'last.pth').symlink_to('/dev/full')
+    msg = _fail(train.main, ['--resume', str(exp / 'last.pth'), '--epochs', '2'], capsys, status=1)
+    assert msg == f'train.py: error: No space left on device: {exp / "last.pth"}'
+    assert (exp / 'last.pth').read_bytes() == before
+    assert torch.load(exp / 'last.pth', weights_only=True)['epoch'] == 0
+
+
+# ------------------------------------------------------------------------------------------------ pretrained files
+def test_pretrained_path_missing_backbone_weights(images, tmp_path, capsys, caplog):
+    model = create_model('smlpnet_t', num_classes=2, img_size=32, embed_dim=8, depths=(1, 1, 1, 1))
+    state = model.state_dict()
+    dropped = next(k for k in state if k.startswith('stages.'))
+    partial_file = tmp_path / 'partial.pth'
+    torch.save({k: v for k, v in state.items() if k != dropped}, partial_file)
+    argv = TINY_VISION + ['--data-dir', str(images), '--val-split', 'val', '--epochs', '1', '--output',
+                          str(tmp_path), '--pretrained-path', str(partial_file)]
+    msg = _fail(train.main, argv, capsys)
+    assert 'does not cover smlpnet_t' in msg and dropped in msg and '--allow-missing-weights' in msg
+    res = train.main(argv + ['--allow-missing-weights', '--experiment', 'allowed'])
+    assert res['final_epoch'] == 0
+    assert any(r.levelname == 'WARNING' and dropped in r.getMessage() for r in caplog.records)
+
+
+def test_new_class_count_reinitialises_the_head_with_a_warning(caplog):
+    source = create_model('smlpnet_t', num_classes=3, img_size=32, embed_dim=8, depths=(1, 1, 1, 1))
+    target = create_model('smlpnet_t', num_classes=2, img_size=32, embed_dim=8, depths=(1, 1, 1, 1))
+    load_pretrained_weights(target, 'smlpnet_t', source.state_dict(), 'file.pth')
+    warning = [r.getMessage() for r in caplog.records if r.levelname == 'WARNING']
+    assert len(warning) == 1 and 'head.fc.weight, head.fc.bias start at random init' in warning[0] and 'for 2 classes' in warning[0]
+    for k, v in target.state_dict().items():
+        if not k.startswith('head.'):
+            assert torch.equal(v, source.state_dict()[k]), k
+    # evaluation needs the file's classifier to fit
+    with pytest.raises(UsageError, match='other shapes'):
+        load_pretrained_weights(target, 'smlpnet_t', source.state_dict(), 'file.pth', head_must_fit=True)
+
+
+# ------------------------------------------------------------------------------------------------ nothing lost
+def test_resume_remembers_settings_and_extends_the_schedule(images, tmp_path, caplog):
+    first = train.main(TINY_VISION + ['--data-dir', str(images), '--val-split', 'val', '--epochs', '1', '--opt',
+                                      'adamw', '--lr', '1e-3', '--output', str(tmp_path), '--experiment', 'r'])
+    exp = Path(first['experiment_dir'])
+    old_results = (exp / 'results.json').read_bytes()
+    # --resume alone: the run's own settings (not train.py's defaults: sgd, batch 128, 300 epochs)
+    caplog.clear()
+    res = train.main(['--resume', str(exp / 'last.pth'), '--epochs', '2'])
+    assert res['global_batch'] == 4 and res['lr'] == 1e-3 and res['epochs'] == 2
+    log = '\n'.join(r.getMessage() for r in caplog.records)
+    assert 'changed: --epochs 2 (was 1)' in log
+    assert 'the learning-rate schedule differs from the checkpoint\'s (num_epochs 2 (was 1))' in log
+    # epoch 1 follows the cosine over 2 epochs (lr / 2), not LR 0 after the old 1-epoch schedule
+    lrs = [float(r.split(',')[1]) for r in (exp / 'summary.csv').read_text().splitlines()[1:]]
+    assert lrs == pytest.approx([1e-3, 5e-4], rel=1e-5)
+    # the first finish's results are kept
+    assert (exp / 'results-1.json').read_bytes() == old_results
+    assert json.loads((exp / 'results.json').read_text())['final_epoch'] == 1
+
+
+def test_resuming_a_finished_run_changes_nothing(text_file, tmp_path, capsys):
+    text_train.main(TINY_GPT + ['--train-file', text_file, '--steps', '2', '--eval-interval', '2', '--output',
+                                str(tmp_path), '--experiment', 'done'])
+    exp = tmp_path / 'done'
+    before = {p.name: p.read_bytes() for p in exp.iterdir() if p.is_file()}
+    msg = _fail(text_train.main, ['--resume', str(exp / 'last.pth')], capsys)
+    assert 'already finished its 2 steps' in msg and 'pass a larger --steps' in msg
+    assert {p.name: p.read_bytes() for p in exp.iterdir() if p.is_file()} == before
+
+
+def test_stale_temp_files_are_removed_at_the_next_start(text_file, tmp_path):
+    text_train.main(TINY_GPT + ['--train-file', text_file, '--steps', '4', '--eval-interval', '2', '--output',
+                                str(tmp_path), '--experiment', 's', '--stop-after-step', '2'])
+    exp = tmp_path / 's'
+    dead = exp / '.last.pth.tmp-999999999'  # no such process
+    dead.write_bytes(b'partial')
+    alive = temp_path(exp / 'summary.csv')  # this process's: a writer that still runs, left alone
+    alive.write_bytes(b'in progress')
+    text_train.main(['--resume', str(exp / 'last.pth')])
+    assert not dead.exists() and alive.exists()
+    assert 'removed 1 temporary files left by a killed run' in (exp / 'train.log').read_text()
+
+
+def test_atomic_helpers(tmp_path):
+    path = tmp_path / 'results.json'
+    assert keep_previous(path) is None
+    path.write_text('1')
+    assert keep_previous(path).name == 'results-1.json' and not path.exists()
+    path.write_text('2')
+    assert keep_previous(path).name == 'results-2.json'
+    assert (tmp_path / 'results-1.json').read_text() == '1' and (tmp_path / 'results-2.json').read_text() == '2'
+    atomic_save({'a': 1}, tmp_path / 'x.pth')
+    assert clean_stale_temp_files(tmp_path) == [] and torch.load(tmp_path / 'x.pth', weights_only=True) == {'a': 1}
