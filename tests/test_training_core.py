@@ -10,6 +10,8 @@ import json
 import os
 import pickle
 import random
+import signal
+import subprocess
 import sys
 from pathlib import Path
 
@@ -288,3 +290,62 @@ def test_atomic_helpers(tmp_path):
     assert (tmp_path / 'results-1.json').read_text() == '1' and (tmp_path / 'results-2.json').read_text() == '2'
     atomic_save({'a': 1}, tmp_path / 'x.pth')
     assert clean_stale_temp_files(tmp_path) == [] and torch.load(tmp_path / 'x.pth', weights_only=True) == {'a': 1}
+
+
+# ------------------------------------------------------------------------------------------------ signals
+def _env():
+    env = dict(os.environ, PYTHONUNBUFFERED='1', OMP_NUM_THREADS='1')
+    env['PYTHONPATH'] = os.pathsep.join([str(REPO)] + [p for p in env.get('PYTHONPATH', '').split(os.pathsep) if p])
+    return env
+
+
+def _signal_when(cmd, line_start, signum, cwd):
+    """Run ``cmd``, send ``signum`` when a stdout line starts with ``line_start``; returns (status, stdout, stderr)."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(), cwd=cwd)
+    seen = []
+    try:
+        for line in proc.stdout:
+            seen.append(line)
+            if line.startswith(line_start):
+                proc.send_signal(signum)
+                break
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    return proc.returncode, ''.join(seen) + out, err
+
+
+def test_sigterm_stops_image_training_at_its_last_epoch_checkpoint(images, tmp_path):
+    argv = TINY_VISION + ['--data-dir', str(images), '--val-split', 'val', '--epochs', '2', '--log-interval', '1',
+                          '--output', str(tmp_path), '--experiment', 'term']
+    status, out, err = _signal_when([sys.executable, str(REPO / 'train.py')] + argv, 'Train: 1/1 [1/', signal.SIGTERM,
+                                    tmp_path)
+    exp = tmp_path / 'term'
+    assert status == 128 + signal.SIGTERM, out[-2000:] + err
+    assert err.strip().splitlines() == [
+        f'train.py: error: interrupted by SIGTERM at epoch 1, batch {err.split("batch ")[1].split(";")[0]}; the '
+        f'resumable checkpoint is {exp / "last.pth"} (epoch 0): continue with --resume {exp / "last.pth"}'], err
+    assert torch.load(exp / 'last.pth', weights_only=True)['epoch'] == 0
+    assert 'interrupted by SIGTERM' in (exp / 'train.log').read_text()
+    assert train.main(['--resume', str(exp / 'last.pth')])['final_epoch'] == 1
+
+
+def test_sigint_saves_the_last_step_and_resume_equals_an_uninterrupted_run(text_file, tmp_path):
+    argv = TINY_GPT + ['--train-file', text_file, '--steps', '12', '--eval-interval', '5', '--log-interval', '1',
+                       '--lr', '3e-3', '--seed', '5', '--output', str(tmp_path)]
+    text_train.main(argv + ['--experiment', 'ref'])
+    status, out, err = _signal_when([sys.executable, '-m', 'mlp_vision.text.train'] + argv + ['--experiment', 'int'],
+                                    'step  7/12', signal.SIGINT, tmp_path)
+    exp = tmp_path / 'int'
+    assert status == 128 + signal.SIGINT, out[-2000:] + err
+    stopped = torch.load(exp / 'last.pth', weights_only=True)['step']
+    assert 7 <= stopped < 12 and 'Traceback' not in err
+    assert err.strip() == (f'mlp_vision.text.train: error: interrupted by SIGINT at step {stopped}; the resumable '
+                           f'checkpoint is {exp / "last.pth"} (step {stopped}): continue with --resume '
+                           f'{exp / "last.pth"}')
+    text_train.main(['--resume', str(exp / 'last.pth')])
+    ref, resumed = (torch.load(p / 'last.pth', weights_only=True) for p in (tmp_path / 'ref', exp))
+    assert resumed['step'] == 12
+    for k, v in ref['state_dict'].items():
+        assert torch.equal(v, resumed['state_dict'][k]), k
