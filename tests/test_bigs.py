@@ -175,7 +175,7 @@ def reference_mlm_logits(sd, input_ids, token_type_ids=None, eps=1e-12, layer_ge
 
 def small_config(**kw):
     cfg = dict(vocab_size=40, hidden_size=16, intermediate_size=24, num_hidden_layers=2, num_ssm_states=6,
-               max_position_embeddings=32, hidden_dropout=0.0, classifier_dropout=0.0)
+               max_position_embeddings=32, hidden_dropout_prob=0.0, classifier_dropout=0.0)
     cfg.update(kw)
     return BiGSConfig(**cfg)
 
