@@ -73,7 +73,7 @@ __all__ = ['TASKS', 'RECIPES', 'forward_logits', 'evaluate_lm', 'lm_schedule', '
 _logger = logging.getLogger('mlp_vision.text.train')
 
 # --task -> the registry task a model must have
-TASKS = {'causal': 'causal_lm', 'mlm': 'masked_lm'}
+TASKS = {'causal': 'causal_lm', 'mlm': 'masked_lm', 'classify': 'sequence_classification'}  # classify: classification.py
 
 # optimizer / schedule defaults per (model family, registry task); flags override every field. warmup_steps is
 # the recipe's; a run uses min(recipe warmup, 10 % of --steps) unless --warmup-steps is given.
@@ -165,7 +165,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument('-c', '--config', default='', type=str, metavar='FILE',
                         help='yaml file of flag values (keys = flag names); explicit flags override it')
     g = parser.add_argument_group('Task and data')
-    g.add_argument('--task', default='causal', choices=sorted(TASKS), help='causal LM or masked LM')
+    g.add_argument('--task', default='causal', choices=sorted(TASKS),
+                   help='causal LM, masked LM, or classify (fine-tune on a labelled TSV / CSV, see '
+                        'mlp_vision.text.classification)')
+    g.add_argument('--text-columns', default='', type=str, metavar='COL[,COL]',
+                   help='classify: the text column or sentence pair (default: sentence, else sentence1,sentence2)')
+    g.add_argument('--label-column', default='label', type=str, metavar='COL', help='classify: the label column')
+    g.add_argument('--init-from', default='', type=str, metavar='PATH',
+                   help='classify: start from this last.pth / model_best.pth, pretrained/ folder or official BiGS '
+                        'folder (its architecture and tokenizer); the log lists the loaded and the new weights')
     g.add_argument('--train-file', default='', type=str, metavar='PATH', help='UTF-8 training text')
     g.add_argument('--val-file', default='', type=str, metavar='PATH',
                    help='held-out UTF-8 text (default: the last --val-fraction of --train-file)')
@@ -357,7 +365,7 @@ def _main(argv):
     dist_info = init_device(args.device, args.dist_backend, args.dist_url)
     setup_logging(dist_info.primary)
     run = TrainingRun(args, dist_info, resume_ckpt, kind='text', key='step', prog='mlp_vision.text.train',
-                      decreasing=True, max_history=0)
+                      decreasing=args.task != 'classify', max_history=0)  # classify: best = highest dev accuracy
     with run:
         return _train(args, run, argv)
 
@@ -365,6 +373,9 @@ def _main(argv):
 def _train(args, run: TrainingRun, argv):
     dist_info = run.dist_info
     device, primary, world = dist_info.device, dist_info.primary, dist_info.world_size
+    if args.task == 'classify':
+        from .classification import train_classifier
+        return train_classifier(args, run, argv)
     entry = _model_entry(args.model, args.task)
     run.check_resume(arch=args.model, task=args.task)
     resumed = run.resume_ckpt or {}
