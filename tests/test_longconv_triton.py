@@ -145,6 +145,24 @@ def test_drop_in_for_the_layers_ssm_convolution():
     assert _rel_err(bidirectional_long_conv(u, kernels, block_l=16, block_c=16), expected) < 1e-5
 
 
+def test_layer_conv_impl_triton_equals_direct():
+    """BidirectionalGatedSSM(conv_impl='triton') computes the layer of the direct route, forward and backward."""
+    torch.manual_seed(0)
+    direct = BidirectionalGatedSSM(8, 16, num_states=4, conv_impl='direct')
+    triton_layer = BidirectionalGatedSSM(8, 16, num_states=4, conv_impl='triton')
+    triton_layer.load_state_dict(direct.state_dict())
+    x = torch.randn(2, 40, 8)
+    xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
+    ya, yb = direct(xa), triton_layer(xb)
+    assert _rel_err(yb, ya) < 1e-5
+    g = torch.randn(ya.shape)
+    ya.backward(g)
+    yb.backward(g)
+    assert _rel_err(xb.grad, xa.grad) < 1e-5
+    for (name, pa), pb in zip(direct.named_parameters(), triton_layer.parameters()):
+        assert _rel_err(pb.grad, pa.grad) < 1e-4, name
+
+
 @torch.no_grad()
 def test_gated_form_equals_the_layers_projected_gate():
     """The layer gates (s_f W_cf + b_cf) * (s_b W_cb + b_cb) with s = SSM(u). One kernel is shared by all

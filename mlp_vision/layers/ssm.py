@@ -34,6 +34,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .activations import fresh_gelu
+from .longconv_triton import bidirectional_long_conv
 
 __all__ = [
     'fast_fft_len', 'fft_causal_conv', 'causal_toeplitz', 'S4DKernel', 'S4DLayer', 'BidirectionalGatedSSM',
@@ -355,7 +356,10 @@ class BidirectionalGatedSSM(nn.Module):
           project's CPU (2 threads, d 1024) the direct route is 3-4x faster than the FFT route for the SSM part
           at L = 128-512 and still ahead at 1024; FFTs over the strided sequence axis of (B, L, 2d) activations
           run far below GEMM speed. At 4096 the L^2 cost dominates and the FFT wins.
-        Both routes run in float32 (float64 for float64 inputs) with autocast off.
+        * ``'triton'``: the direct route as a blocked-Toeplitz Triton kernel (:mod:`mlp_vision.layers.longconv_triton`)
+          that never materialises the (L, L) matrices and multiplies tiles in the activations' dtype (bf16 tensor
+          cores under autocast) with float32 accumulation; for CUDA (elsewhere it runs in Triton's interpreter).
+        The direct and FFT routes run in float32 (float64 for float64 inputs) with autocast off.
 
     GELU: exact (erf) by default, as the official torch port; ``gelu_approximate='tanh'`` gives the tanh
     approximation that the official Flax code (which pretrained the released weights) applies inside the layer.
@@ -412,7 +416,7 @@ class BidirectionalGatedSSM(nn.Module):
         self.out_proj = nn.Linear(hidden_dim, dim, **dd)
 
     DIRECT_MAX_LEN = 1024  # 'auto': longest sequence convolved as a Toeplitz GEMM (see the class docstring)
-    CONV_IMPLS = ('auto', 'direct', 'fft')
+    CONV_IMPLS = ('auto', 'direct', 'fft', 'triton')
 
     @property
     def conv_impl(self) -> str:
@@ -451,6 +455,13 @@ class BidirectionalGatedSSM(nn.Module):
         k_f, k_b = fwd.kernel(length), bwd.kernel(length)  # (L,) each, float32 (float64)
         dtype = _compute_dtype(u, k_f)
         direct = self.conv_impl == 'direct' or (self.conv_impl == 'auto' and length <= self.DIRECT_MAX_LEN)
+        if self.conv_impl == 'triton':
+            # the blocked-Toeplitz Triton kernel: tiles multiply in u's dtype (bf16 tensor cores under autocast) and
+            # accumulate in float32; runs compiled on CUDA, in Triton's interpreter elsewhere (slow: for tests)
+            k_f = k_f + F.pad(fwd.D.to(k_f.dtype), (0, length - 1))
+            k_b = k_b + F.pad(bwd.D.to(k_b.dtype), (0, length - 1))
+            with _autocast_off(u.device):
+                return bidirectional_long_conv(u, torch.stack([k_f, k_b]).float())
         with _autocast_off(u.device):
             u32 = u.to(dtype)
             # the D u term is the lag-0 tap of the convolution: fold it into the kernels (K[0] += D)
