@@ -11,9 +11,12 @@ from . import layers
 from . import models
 from .models import MlpMixer, SparseMLPNet
 
-# the names this package registers with timm (kept next to the models so they cannot drift)
-VISION_MODELS = (
-    'gmlp_ti', 'gmlp_s', 'gmlp_b',
-    'smlpnet_t', 'smlpnet_t_a2', 'smlpnet_s', 'smlpnet_b',
-    'mixer_s16', 'mixer_b16', 'mixer_l16',
-)
+
+
+def _registered_vision_models():
+    """The names this package's model files registered with timm, read back from timm's registry (one source)."""
+    from timm.models import list_models, model_entrypoint
+    return tuple(name for name in list_models() if model_entrypoint(name).__module__.startswith(__name__ + '.models.'))
+
+
+VISION_MODELS = _registered_vision_models()
