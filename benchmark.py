@@ -335,7 +335,7 @@ def matmul_ceiling(device: torch.device, precision: str, clock: Callable[[], flo
     ``matmul_gflops``: ``torch.mm`` of two n x n matrices (n = 2048 on CPU, 8192 on CUDA), the plain GEMM
     ceiling. On CPU in float32 ``torch.mm`` runs MKL's sgemm, which on AMD processors does not use AVX-512;
     ``onednn_gflops`` is the same-sized GEMM (M = K = N = 2048) run through oneDNN as a 1x1 convolution on a
-    channels-last (16, 2048, 16, 8) map, the route ``mlp_vision``'s fast paths take, which is the higher of the
+    channels-last (16, 2048, 16, 8) map, the route 1x1 convolutions (sMLPNet's fuse) take, which is the higher of the
     two on such machines (batch 16: single-threaded PyTorch sends 1x1 convs of smaller batches to its own
     im2col + MKL path). On CUDA only ``matmul_gflops`` is measured.
     """
@@ -620,10 +620,11 @@ _MD_COLS_PAIR = [
 ]
 _MD_COLS_SINGLE = [
     ('mode', 'mode', '{}'), ('model', 'model', '`{}`'), ('batch_size', 'batch', '{}'), ('img_size', 'img', '{}'),
-    ('seq_len', 'tokens', '{}'), ('dim', 'd', '{}'), ('img_per_s', 'img/s', '{:.1f}'), ('tok_per_s', 'tok/s', '{:.0f}'),
-    ('step_ms', 'ms/step', '{:.1f}'), ('gmacs_per_img', 'GMACs/img', '{:.2f}'), ('gmacs_per_seq', 'GMACs/seq', '{:.2f}'),
-    ('gflops', 'GFLOP/s', '{:.0f}'), ('pct_of_matmul', '% of mm', '{:.0f} %'),
-    ('pct_of_onednn', '% of oneDNN', '{:.0f} %'), ('step_mem_mb', 'step mem MB', '{:.0f}'), ('peak_mem_mb', 'peak MB', '{:.0f}'),
+    ('seq_len', 'tokens', '{}'), ('dim', 'd', '{}'), ('img_per_s', 'img/s', '{:.1f}'),
+    ('tok_per_s', 'tok/s', '{:.0f}'), ('step_ms', 'ms/step', '{:.1f}'), ('gmacs_per_img', 'GMACs/img', '{:.2f}'),
+    ('gmacs_per_seq', 'GMACs/seq', '{:.2f}'), ('gflops', 'GFLOP/s', '{:.0f}'), ('pct_of_matmul', '% of mm', '{:.0f} %'),
+    ('pct_of_onednn', '% of oneDNN', '{:.0f} %'), ('step_mem_mb', 'step mem MB', '{:.0f}'),
+    ('peak_mem_mb', 'peak MB', '{:.0f}'),
 ]
 
 

@@ -14,7 +14,6 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import torch
 import torch.nn as nn
 
-from ..text.bert import BertForMaskedLMBaseline
 from .handles import NON_MAC_OPS, count_module
 
 __all__ = [
@@ -86,14 +85,7 @@ def count_vision(name: str, img_size: int = DEFAULT_IMG_SIZE) -> Count:
 def text_seq_len(name: str, **overrides) -> int:
     """The maximum sequence length of the registered text model ``name`` (with config ``overrides``)."""
     import mlp_vision.text as mt
-    cfg = {**mt.model_config(name), **overrides}
-    for key in ('max_seq_len', 'block_size', 'max_position_embeddings'):
-        if key in cfg:
-            return cfg[key]
-    if cfg['family'] == 'bigs':
-        from ..text.bigs import BiGSConfig
-        return BiGSConfig().max_position_embeddings
-    raise KeyError(f'{name}: cannot tell its maximum sequence length from {cfg}')
+    return mt.model_config(name, **overrides)['max_position_embeddings']
 
 
 def count_text(name: str, seq_len: Optional[int] = None, label: Optional[str] = None, **overrides) -> Count:
@@ -123,13 +115,9 @@ def count_text(name: str, seq_len: Optional[int] = None, label: Optional[str] = 
 
 
 def count_bert_large(seq_len: int) -> Count:
-    """The BERT-large baseline of BiGS Table 6 (:class:`~mlp_vision.text.bert.BertForMaskedLMBaseline`, fused
-    SDPA attention counted by the SDPA handle) on one sequence of ``seq_len`` tokens."""
-    model = BertForMaskedLMBaseline(max_len=seq_len, device='meta').eval()
-    ids = torch.zeros(1, seq_len, dtype=torch.long, device='meta')
-    total, by_op, uncounted, enc = count_module(model, (ids,), 'bert')
-    return Count(f'bert_large_{seq_len}', f'1x{seq_len} tokens', _param_count(model), total, by_op, uncounted,
-                 encoder_macs=enc)
+    """``bert_large_{seq_len}``: the BERT-large baseline of BiGS Table 6 (the registered ``bert_large`` with
+    ``seq_len`` positions; its fused SDPA attention counted by the SDPA handle) on one sequence of that length."""
+    return count_text('bert_large', seq_len, label=f'bert_large_{seq_len}', max_position_embeddings=seq_len)
 
 
 # ------------------------------------------------------------------------------------------------------------------

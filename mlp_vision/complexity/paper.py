@@ -114,15 +114,15 @@ PAPER_ROWS: Tuple[PaperRow, ...] = (
     PaperRow('gMLP T5', 'amlp_large', 'encoder_flops', '370.3', _FLOPS_T5),
     PaperRow('gMLP T5', 'gmlp_xlarge', 'encoder_flops', '1091.3', _FLOPS_T5),
     PaperRow('gMLP T5', 'bert_large_512', 'encoder_flops', '341.2',
-             'BERT-large baseline (ours, explicit attention), encoder only'),
+             'BERT-large baseline (ours; SDPA counted as Q K^T + A V), encoder only'),
     # MLP-Attention paper (text: "6 million" vs "5.5 million")
     PaperRow('MLP-Attention', 'gpt_mlp_attention', 'params', '6',
              'paper: "6 million" (ours 6.061 M = the reference code\'s own record)'),
     PaperRow('MLP-Attention', 'gpt_sdpa', 'params', '5.5', 'paper: "5.5 million"'),
     # BiGS paper: "around 350M parameters" (§5; BiGS-large, pretrained at 128 tokens), Table 6 forward FLOPs of the
     # encoder (2 x forward MACs, although §7.4 calls them training FLOPs: docs/complexity.md)
-    PaperRow('BiGS §5', 'bigs_large_128', 'params', '350',
-             '"around 350M parameters"; BiGS-large with 128 positions (pretraining length)'),
+    PaperRow('BiGS §5', 'bigs_large_128', 'params', '3.5e2',
+             '"around 350M parameters" (two significant digits); BiGS-large with 128 positions (pretraining length)'),
     *(PaperRow('BiGS T6', f'bigs_large_{n}', 'encoder_flops_raw', p, 'forward FLOPs = 2 x encoder MACs')
       for n, p in zip(BIGS_LENGTHS, ('8.1e10', '3.2e11', '6.5e11', '2.6e12'))),
     *(PaperRow('BiGS T6', f'bert_large_{n}', 'encoder_flops_raw', p, 'forward FLOPs = 2 x encoder MACs')

@@ -67,7 +67,7 @@ def plot_scaling(path: str, data: Optional[dict] = None) -> dict:
     L = data['seq_lens']
     bert = [2 * m for m in data['bert']]
     bigs = [2 * m for m in data['bigs']]
-    ax2.loglog(L, bert, 'o-', label=f'BERT-large, explicit attention (end slope {_slope(L, bert):.2f})')
+    ax2.loglog(L, bert, 'o-', label=f'BERT-large, attention counted as QKᵀ + AV (end slope {_slope(L, bert):.2f})')
     ax2.loglog(L, bigs, 's-', label=f'BiGS-large (end slope {_slope(L, bigs):.2f})')
     for name, prefix, marker in (('BiGS', 'bigs_large_', 'x'), ('BERT', 'bert_large_', '+')):
         ax2.loglog(BIGS_LENGTHS, _table6(prefix), marker, color='k', ms=8, label=f'{name}, BiGS paper Table 6')
