@@ -19,7 +19,8 @@ import torch.nn.functional as F
 
 import mlp_vision.layers as layers
 import mlp_vision.text as mt
-from mlp_vision.layers.ssm import BidirectionalGatedSSM, S4DKernel, S4DLayer, fast_fft_len, fft_causal_conv
+from mlp_vision.layers.ssm import BidirectionalGatedSSM, S4DKernel, S4DLayer, fast_fft_len
+from reference.ssm import fft_causal_conv, s4d_conv
 from mlp_vision.text.bigs import (
     BiGSConfig, BiGSForMaskedLM, BiGSForSequenceClassification, bigs_config_from_official, bigs_param_groups,
     convert_official_bigs_state_dict,
@@ -241,10 +242,13 @@ def test_gradients_through_fft_and_kernel(anticausal):
     ssm = S4DLayer(num_states=3).double()
     params = [ssm.D, ssm.kernel.log_step, ssm.kernel.A_re, ssm.kernel.A_im, ssm.kernel.C]  # kernel built in the graph
 
-    assert torch.autograd.gradcheck(lambda *ps: torch.func.functional_call(
-        ssm, {n: v for n, v in zip(['D', 'kernel.log_step', 'kernel.A_re', 'kernel.A_im', 'kernel.C'], ps)},
-        (u.detach(),), {'anticausal': anticausal}), tuple(p.detach().clone().requires_grad_() for p in params),
-        fast_mode=True)
+    def ssm_fn(d, *kernel_params):  # causal_conv(u, K) + D u, gradients to D and through the kernel's construction
+        k = torch.func.functional_call(ssm.kernel, dict(zip(['log_step', 'A_re', 'A_im', 'C'], kernel_params)),
+                                       (u.shape[-2],))
+        return fft_causal_conv(u.detach(), k, anticausal=anticausal) + d * u.detach()
+
+    assert torch.autograd.gradcheck(ssm_fn, tuple(p.detach().clone().requires_grad_() for p in params),
+                                    fast_mode=True)
 
 
 def test_kernel_init_and_official_shapes():
@@ -283,7 +287,7 @@ def test_ssm_layer_equals_recurrent_scan(length):
     u = torch.randn(2, length, 5, dtype=torch.float64)
     k = ssm.kernel
     ref = scan_ssm(u, k.log_step, k.A_re, k.A_im, k.C, ssm.D)
-    torch.testing.assert_close(ssm(u), ref, rtol=1e-9, atol=1e-9)
+    torch.testing.assert_close(s4d_conv(ssm, u), ref, rtol=1e-9, atol=1e-9)
     # discrete_params gives the same ZOH system
     a_bar, b_bar, c = k.discrete_params()
     a2, b2, c2 = zoh_params(k.log_step, k.A_re, k.A_im, k.C)
@@ -321,15 +325,15 @@ def test_layer_both_directions_match_scans(length):
     # (checked through s_f), and the first token changes the backward branch only there
     with torch.no_grad():
         h = layer.norm(x)
-        s_f = layer.ssm_forward(F.gelu(layer.forward_in_proj(h)))
+        s_f = s4d_conv(layer.ssm_forward, F.gelu(layer.forward_in_proj(h)))
         x2 = x.clone()
         x2[:, -1] += 1.0
-        s_f2 = layer.ssm_forward(F.gelu(layer.forward_in_proj(layer.norm(x2))))
+        s_f2 = s4d_conv(layer.ssm_forward, F.gelu(layer.forward_in_proj(layer.norm(x2))))
         torch.testing.assert_close(s_f[:, :-1], s_f2[:, :-1], rtol=0, atol=1e-12)
-        s_b = layer.ssm_backward(F.gelu(layer.backward_in_proj(h.flip(1)))).flip(1)
+        s_b = s4d_conv(layer.ssm_backward, F.gelu(layer.backward_in_proj(h.flip(1)))).flip(1)
         x3 = x.clone()
         x3[:, 0] += 1.0
-        s_b3 = layer.ssm_backward(F.gelu(layer.backward_in_proj(layer.norm(x3).flip(1)))).flip(1)
+        s_b3 = s4d_conv(layer.ssm_backward, F.gelu(layer.backward_in_proj(layer.norm(x3).flip(1)))).flip(1)
         torch.testing.assert_close(s_b[:, 1:], s_b3[:, 1:], rtol=0, atol=1e-12)
 
 

@@ -370,7 +370,8 @@ def test_bigs_layer_and_straightforward_run_in_bf16(conv_impl, precision):
 
 def test_bigs_conv_routes_agree_and_auto_switches(monkeypatch):
     """'direct' (Toeplitz GEMM) and 'fft' compute the same layer; 'auto' takes 'fft' above DIRECT_MAX_LEN."""
-    from mlp_vision.layers import BidirectionalGatedSSM, causal_toeplitz, fft_causal_conv
+    from mlp_vision.layers import BidirectionalGatedSSM, causal_toeplitz
+    from reference.ssm import fft_causal_conv
     k, u = torch.randn(40), torch.randn(2, 40, 3)
     for anti in (False, True):
         mat = causal_toeplitz(k, anticausal=anti)

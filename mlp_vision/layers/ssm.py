@@ -1,6 +1,6 @@
 """ Diagonal state-space (S4D) convolution and the bidirectional gated SSM layer of BiGS.
 
-Paper: `Pretraining Without Attention` (BiGS) - https://arxiv.org/abs/2212.10544 (§3-4), SPEC §1.4.
+Paper: `Pretraining Without Attention` (BiGS) - https://arxiv.org/abs/2212.10544 (§3-4).
 The SSM is S4D (`On the Parameterization and Initialization of Diagonal State Space Models`,
 https://arxiv.org/abs/2206.11893) with zero-order-hold discretisation and B = 1.
 
@@ -37,7 +37,7 @@ from .activations import fresh_gelu
 from .longconv_triton import bidirectional_long_conv
 
 __all__ = [
-    'fast_fft_len', 'fft_causal_conv', 'causal_toeplitz', 'S4DKernel', 'S4DLayer', 'BidirectionalGatedSSM',
+    'fast_fft_len', 'causal_toeplitz', 'S4DKernel', 'S4DLayer', 'BidirectionalGatedSSM',
     'ssm_conv_impl',
 ]
 
@@ -135,37 +135,9 @@ class _BidirectionalFFTConv(torch.autograd.Function):
         return grad_u, grad_k, None
 
 
-def fft_causal_conv(u: torch.Tensor, k: torch.Tensor, anticausal: bool = False) -> torch.Tensor:
-    """Causal convolution along the sequence axis: ``y[t] = sum_{j <= t} k[t - j] u[j]``.
-
-    With ``anticausal=True`` the mirror image ``y[t] = sum_{j >= t} k[j - t] u[j]``, which equals
-    ``flip(causal_conv(flip(u), k))`` without the two flips (a correlation: the kernel's spectrum is conjugated).
-
-    Computed with real FFTs of length ``fast_fft_len(2L)`` (no circular wrap-around: every lag that could wrap
-    lands on the kernel's zero padding), in float32 (float64 when ``u`` or ``k`` is float64) with autocast
-    disabled, and cast back to ``u.dtype``.
-
-    Shapes:
-        u: (..., L, C), sequence on dim -2 (no transpose needed for the (B, L, C) activations of a layer).
-        k: (L,) one kernel shared by all channels, or (L, C) one kernel per channel.
-        output: same shape and dtype as ``u``.
-    """
-    length = u.shape[-2]
-    if k.shape[0] != length:
-        raise ValueError(f'kernel length {k.shape[0]} != sequence length {length}')
-    n_fft = fast_fft_len(2 * length)
-    dtype = _compute_dtype(u, k)
-    with _autocast_off(u.device):
-        k = k.to(dtype)
-        if k.dim() == 1:
-            k = k.unsqueeze(-1)  # (L, 1): broadcast over channels
-        y = _conv_with_spectrum(u.to(dtype), _kernel_spectrum(k, n_fft, anticausal), n_fft, dim=-2)
-    return y.to(u.dtype)
-
-
 def causal_toeplitz(k: torch.Tensor, anticausal: bool = False) -> torch.Tensor:
     """The (L, L) matrix of the causal convolution with kernel ``k`` (L,): ``T[i, j] = k[i - j]`` for ``j <= i``,
-    else 0, so ``T @ u`` (sequence on dim -2) equals :func:`fft_causal_conv` ``(u, k)``; with ``anticausal=True``
+    else 0, so ``T @ u`` (sequence on dim -2) is the causal convolution of ``u`` with ``k``; with ``anticausal=True``
     its transpose, ``T[i, j] = k[j - i]`` for ``j >= i``."""
     pos = torch.arange(k.shape[0], device=k.device)
     lag = pos.unsqueeze(1) - pos.unsqueeze(0)  # (L, L): i - j
@@ -279,18 +251,16 @@ class S4DKernel(nn.Module):
 
 
 class S4DLayer(nn.Module):
-    """Diagonal SSM applied along the sequence: ``y = causal_conv(u, K) + D * u`` (SPEC §1.4).
+    """The parameters of a diagonal SSM along the sequence, ``y = causal_conv(u, K) + D * u`` (arXiv 2212.10544, §4;
+    S4D kernel: arXiv 2206.11893).
 
     One kernel ``K`` (:class:`S4DKernel`) and one scalar ``D`` (official shape (1,)) are shared by all channels.
     ``D`` starts at 1 as in the official Flax pretraining code (its later torch port draws it from N(0, 1);
     checkpoints overwrite it either way).
 
-    ``forward(u, anticausal=True)`` runs the same SSM from the last position to the first, i.e.
-    ``flip(S4DLayer(flip(u)))`` without materialising the flips.
-
-    Shapes:
-        u: (B, L, C) -> (B, L, C), same dtype; the convolution and the ``D`` term run in float32 (see
-        :func:`fft_causal_conv`).
+    It has no forward of its own: :class:`BidirectionalGatedSSM` convolves both directions' kernels (``K`` with
+    ``D`` folded into lag 0) in one pass. The straightforward per-direction convolution is the reference the tests
+    check the layer against.
     """
 
     def __init__(
@@ -313,17 +283,9 @@ class S4DLayer(nn.Module):
             self.D.fill_(1.0)
         self.kernel.init_weights()
 
-    def forward(self, u: torch.Tensor, anticausal: bool = False) -> torch.Tensor:
-        k = self.kernel(u.shape[-2])  # (L,) float32
-        dtype = _compute_dtype(u, k)
-        y = fft_causal_conv(u.to(dtype), k, anticausal=anticausal)
-        with _autocast_off(u.device):
-            y = y + self.D.to(dtype) * u.to(dtype)
-        return y.to(u.dtype)
-
 
 class BidirectionalGatedSSM(nn.Module):
-    """The BiGS layer (paper §3, SPEC §1.4): pre-LayerNorm, two gated S4D branches, multiplicative gating.
+    """The BiGS layer (arXiv 2212.10544, §4, Fig. 2): pre-LayerNorm, two gated S4D branches, multiplicative gating.
 
     ::
 
@@ -369,7 +331,7 @@ class BidirectionalGatedSSM(nn.Module):
           (real tokens 0..n-1, pads n..L-1) the outputs at real positions then equal those of the unpadded
           length-n input, exactly up to float rounding:
             - forward branch: at t < n it reads u_f[0..t] only (a causal convolution never looks ahead), all real;
-            - backward branch: in the SPEC's form the flip puts the zeroed pads first, and a zero prefix of
+            - backward branch: in the paper's form the flip puts the zeroed pads first, and a zero prefix of
               length L-n adds nothing to a time-invariant causal convolution -- it only shifts the output by L-n,
               which the flip back undoes. (Equivalently, in the anti-causal form used here, position t < n sums
               K[j - t] u_b[j] over j = t..L-1, and the terms j >= n are zero.)
