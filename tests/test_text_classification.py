@@ -15,9 +15,6 @@ from mlp_vision.text.classification import (
     classification_metrics, collate, encode_examples, init_classifier, label_ids, read_labelled_file)
 from mlp_vision.text.tokenizer import ByteTokenizer
 
-REPO = Path(__file__).resolve().parents[1]
-RT = REPO.parent / 'shared' / 'data' / 'rt-polarity'
-
 TINY_BERT = ['--model', 'bert_small', '--model-kwargs', 'num_hidden_layers=2', 'hidden_size=32',
              'intermediate_size=64', 'num_attention_heads=2', 'max_position_embeddings=64']
 TINY_GMLP = ['--model', 'gmlp_base', '--model-kwargs', 'num_hidden_layers=2', 'hidden_size=32',
@@ -233,14 +230,3 @@ def test_bad_input_stops_with_one_line(toy, tmp_path):
     assert 'has no sequence classifier' in msg
     msg = _error(['--init-from', str(tmp_path / 'nothing'), '--train-file', train, '--val-file', dev], tmp_path)
     assert 'does not exist' in msg
-
-
-# ------------------------------------------------------------------------------------------------ real data
-@pytest.mark.slow
-def test_rt_polarity_beats_majority(tmp_path):
-    if not (RT / 'train.tsv').exists():
-        pytest.skip(f'needs {RT} (the shared data folder ../shared/data beside the repository)')
-    res = _run(TINY_BERT + ['--tokenizer', 'byte', '--train-file', str(RT / 'train.tsv'), '--val-file',
-                            str(RT / 'dev.tsv'), '--steps', '300', '-b', '32', '--lr', '2e-3', '--eval-interval',
-                            '100', '--block-size', '64'], tmp_path, 'rt')
-    assert res['val_best']['acc'] > res['data']['dev_majority_acc'] + 2.
