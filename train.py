@@ -13,13 +13,19 @@ win). The recipes of the papers are in ``configs/`` (see the comments there for 
     # N processes on one machine (NCCL on GPUs, gloo on CPU); multi-node: add torchrun's rendezvous flags
     torchrun --nproc_per_node=8 train.py -c configs/smlpnet_t.yaml --data-dir /data/imagenet
 
-    # continue a run (same experiment folder): model, optimizer, scheduler, EMA, scaler, epoch, RNG, history
-    python train.py -c configs/smlpnet_t.yaml --data-dir /data/imagenet --resume output/train/EXP/last.pth
+    # continue a run in its folder with its saved settings: model, optimizer, scheduler, EMA, scaler, epoch, RNG,
+    # history; flags given override the saved ones (e.g. a larger --epochs continues a longer schedule)
+    python train.py --resume output/train/EXP/last.pth [--epochs 400]
 
 Outputs (experiment folder ``--output/--experiment``): ``args.yaml``, ``train.log``, ``summary.csv``,
 ``last.pth``, ``model_best.pth``, ``checkpoint-<epoch>.pth`` (top ``--checkpoint-hist``), ``results.json``,
 ``curves.png``. Checkpoints are written atomically, once per epoch; a run killed at any point resumes from
-``last.pth`` and (on CPU, one process) ends with bit-identical weights to an uninterrupted run.
+``last.pth`` and (on CPU, one process) ends with bit-identical weights to an uninterrupted run. SIGINT / SIGTERM
+stop the run at the next batch with one line naming the last epoch's checkpoint.
+
+Files are loaded without running code from them (``torch.load(weights_only=True)`` or safetensors); a checkpoint
+that needs a full unpickle is refused unless ``--trust-checkpoint`` (unsafe: it runs whatever the file contains).
+Bad input ends with one line and exit status 2 (``--debug``: the traceback).
 """
 import argparse
 import logging

@@ -252,7 +252,7 @@ def test_validate_bad_inputs(reference_run, digits, tmp_path):
     torch.save(_state(ckpt)['state_dict'], sd_path)
     msg = err('--checkpoint', str(sd_path), '--model', 'mixer_s16', '--num-classes', '10', '--img-size', '32',
               '--model-kwargs', 'patch_size=8', '--data-dir', str(digits), '--split', 'val')
-    assert 'does not load into mixer_s16' in msg
+    assert 'does not fit mixer_s16' in msg and 'other shapes' in msg
     assert 'pass --model' in err('--checkpoint', str(sd_path), '--data-dir', str(digits), '--split', 'val')
     assert 'does not exist' in err('--checkpoint', str(tmp_path / 'nope.pth'), '--data-dir', str(digits))
     assert 'unknown model' in err('--model', 'no_such_model', '--data-dir', str(digits))
