@@ -221,7 +221,7 @@ def test_unigram_baseline_by_hand():
     train_ids = torch.tensor([0, 0, 0, 1])
     x = torch.tensor([[9, 9, 5, 9]])  # inputs (9 = <mask>)
     y = torch.tensor([[0, 2, -100, 1]])
-    res = unigram_mlm_baseline(train_ids, [(x, None, y)], num_base=3, mask_id=9)
+    res = unigram_mlm_baseline(train_ids, [(x, None, y)], base_ids=torch.arange(3), mask_id=9)
     assert res['predicted_token_id'] == 0 and res['tokens'] == 3
     assert res['masked_acc'] == pytest.approx(100 / 3)
     assert res['loss'] == pytest.approx(-(math.log(4 / 7) + math.log(1 / 7) + math.log(2 / 7)) / 3)

@@ -24,7 +24,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import torch
 
 from ..training.errors import UsageError
-from .tokenizer import DEFAULT_SPECIAL_TOKENS, ByteTokenizer, CharTokenizer, Tokenizer
+from .tokenizer import DEFAULT_SPECIAL_TOKENS, SUBWORD_KINDS, ByteTokenizer, CharTokenizer, Tokenizer, \
+    train_tokenizer
 
 __all__ = [
     'Batch', 'MLM_SPECIALS', 'build_tokenizer', 'encode_text', 'read_text_file', 'sample_causal_batch',
@@ -39,14 +40,19 @@ MLM_SPECIALS = tuple(DEFAULT_SPECIAL_TOKENS)  # <pad> <cls> <sep> <mask>
 UNK = '<unk>'
 
 
-def build_tokenizer(kind: str, task: str, train_text: str, val_text: str = '') -> Tokenizer:
+def build_tokenizer(kind: str, task: str, train_text: str, val_text: str = '', vocab_size: int = 8000) -> Tokenizer:
     """The tokenizer of a run: ``char`` (alphabet of ``train_text``; ``<unk>`` added only when ``val_text`` has
-    other characters) or ``byte``; MLM gets ``<pad> <cls> <sep> <mask>`` after the base vocabulary."""
+    other characters) or ``byte``, where MLM gets ``<pad> <cls> <sep> <mask>`` after the base vocabulary; or a
+    subword vocabulary (``wordpiece`` / ``bpe``, :func:`~mlp_vision.text.tokenizer.train_tokenizer`) of at most
+    ``vocab_size`` tokens trained on the lines of ``train_text`` only (BERT's special tokens first)."""
+    if kind in SUBWORD_KINDS:
+        return train_tokenizer(texts=train_text.splitlines(), kind=kind, vocab_size=vocab_size)
     specials = MLM_SPECIALS if task == 'mlm' else ()
     if kind == 'byte':
         return ByteTokenizer(specials)
     if kind != 'char':
-        raise UsageError(f"--tokenizer must be 'char' or 'byte', got {kind!r}")
+        raise UsageError(f"--tokenizer must be one of 'char', 'byte', {', '.join(map(repr, SUBWORD_KINDS))}; "
+                         f"got {kind!r}")
     alphabet = set(train_text)
     unseen = set(val_text) - alphabet
     if unseen:
@@ -122,7 +128,11 @@ class MLMMasker:
             raise ValueError('masked LM needs a tokenizer with a <mask> token')
         self.mask_id = tokenizer.mask_id
         self.special_ids = torch.tensor(tokenizer.special_ids, dtype=torch.long)
-        self.num_base = tokenizer.vocab_size - len(tokenizer.special_ids)  # ids 0..num_base-1 are text
+        # random replacements are drawn from the non-special ids (char / byte: 0..n-1, the specials come after;
+        # a subword vocabulary puts its specials first, BERT's at 0 and 100-103)
+        is_base = torch.ones(tokenizer.vocab_size, dtype=torch.bool)
+        is_base[self.special_ids] = False
+        self.base_ids = is_base.nonzero().squeeze(1)
         self.rate, self.mask_prob, self.random_prob = rate, mask_prob, random_prob
         self.ignore_index = ignore_index
 
@@ -138,7 +148,7 @@ class MLMMasker:
         selected = rank < n_select[:, None]
         labels = input_ids.masked_fill(~selected, self.ignore_index)
         action = torch.rand(input_ids.shape, generator=generator)
-        random_tokens = torch.randint(self.num_base, input_ids.shape, generator=generator)
+        random_tokens = self.base_ids[torch.randint(len(self.base_ids), input_ids.shape, generator=generator)]
         out = input_ids.clone()
         to_mask = selected & (action < self.mask_prob)
         to_random = selected & (action >= self.mask_prob) & (action < self.mask_prob + self.random_prob)
@@ -196,21 +206,24 @@ def subset_batches(batches: List[Batch], n: int, seed: int) -> List[Batch]:
     return [batches[i] for i in order.tolist()]
 
 
-def unigram_mlm_baseline(train_ids: torch.Tensor, batches: Sequence[Batch], num_base: int,
+def unigram_mlm_baseline(train_ids: torch.Tensor, batches: Sequence[Batch], base_ids: torch.Tensor,
                          mask_id: Optional[int] = None) -> Dict[str, float]:
     """Masked-token accuracy (%) and perplexity of a model that ignores the input and predicts every masked
-    token from the training text's token frequencies (add-one smoothed over the ``num_base`` text tokens);
-    accuracy = always answering the most frequent training token. Same scored positions as the trainer's
-    ``evaluate_lm``."""
-    counts = torch.bincount(train_ids, minlength=num_base)[:num_base].double() + 1.
-    log_p = (counts / counts.sum()).log()
-    top = int(counts.argmax())
+    token from the training text's token frequencies (add-one smoothed over the text tokens ``base_ids``, the
+    non-special ids); accuracy = always answering the most frequent training token. Same scored positions as the
+    trainer's ``evaluate_lm``."""
+    vocab = max(int(train_ids.max()) + 1, int(base_ids.max()) + 1)
+    counts = torch.bincount(train_ids, minlength=vocab)[base_ids].double() + 1.
+    log_p_base = (counts / counts.sum()).log()
+    # special labels get the smallest text-token probability
+    log_p = torch.full((vocab,), float(log_p_base.min()), dtype=torch.float64)
+    log_p[base_ids] = log_p_base
+    top = int(base_ids[counts.argmax()])
     nll, n, correct, n_mask, correct_mask = 0., 0, 0, 0, 0
     for x, _, y in batches:
         scored = y != -100
         labels = y[scored]
-        in_base = labels < num_base  # special / <unk> labels get the smallest text-token probability
-        lp = torch.where(in_base, log_p[labels.clamp(max=num_base - 1)], log_p.min())
+        lp = log_p[labels.clamp(max=vocab - 1)]
         nll -= lp.sum().item()
         n += len(labels)
         correct += (labels == top).sum().item()

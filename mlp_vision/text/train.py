@@ -53,7 +53,7 @@ from timm.optim import create_optimizer_v2
 from timm.utils import ParseKwargs, random_seed, unwrap_model
 
 from ..training.checkpoint import preserve_rng
-from ..training.distributed import DistInfo, init_device, wrap_ddp
+from ..training.distributed import DistInfo, all_gather_objects, init_device, wrap_ddp
 from ..training.engine import format_duration
 from ..training.errors import Interrupted, UsageError, run_cli
 from ..training.log import setup_logging
@@ -66,7 +66,7 @@ from .data import (
     sample_causal_batch, sample_mlm_batch, subset_batches, unigram_mlm_baseline)
 from .modeling_utils import masked_lm_loss as lm_loss  # token cross-entropy; causal labels are already shifted
 from .registry import create_model, is_model, list_models, model_entry
-from .tokenizer import Tokenizer, tokenizer_from_dict
+from .tokenizer import SUBWORD_KINDS, Tokenizer, tokenizer_from_dict
 
 __all__ = ['TASKS', 'RECIPES', 'forward_logits', 'evaluate_lm', 'lm_schedule', 'main']
 
@@ -179,7 +179,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help='held-out UTF-8 text (default: the last --val-fraction of --train-file)')
     g.add_argument('--val-fraction', default=0.1, type=float,
                    help='without --val-file: this final fraction of the training text is held out')
-    g.add_argument('--tokenizer', default='char', choices=('char', 'byte'), help='char or UTF-8 byte tokens')
+    g.add_argument('--tokenizer', default='char', choices=('char', 'byte', 'wordpiece', 'bpe'),
+                   help='char or UTF-8 byte tokens, or a WordPiece / byte-level BPE vocabulary trained on the training '
+                        'text (saved with the checkpoint and in pretrained/)')
+    g.add_argument('--vocab-size', default=8000, type=int, help='wordpiece / bpe: vocabulary size to train')
     g.add_argument('--block-size', '--seq-len', default=None, type=int, metavar='N',
                    help="tokens per sample (MLM: including <cls> and <sep>); default: the model's max length")
     g.add_argument('--mask-rate', default=0.15, type=float, help='MLM: fraction of tokens selected')
@@ -315,7 +318,7 @@ class LMData:
     periodic_batches: List[Batch]
     final_batches: List[Batch]
     mask_id: Optional[int]
-    num_base: int
+    base_ids: torch.Tensor  # the non-special token ids
 
 
 def _read_texts(args) -> Tuple[str, str]:
@@ -338,13 +341,13 @@ def _lm_data(args, tokenizer: Tokenizer, train_ids: torch.Tensor, val_ids: torch
         masker = MLMMasker(tokenizer, rate=args.mask_rate)
         val_batches = mlm_eval_batches(val_ids, args.block_size, eval_bs, tokenizer, masker, seed=args.seed)
         next_batch = partial(sample_mlm_batch, train_ids, args.batch_size, args.block_size, tokenizer, masker)
-        mask_id, num_base = tokenizer.mask_id, masker.num_base
+        mask_id, base_ids = tokenizer.mask_id, masker.base_ids
     else:
         val_batches = causal_eval_batches(val_ids, args.block_size, eval_bs)
         next_batch = partial(sample_causal_batch, train_ids, args.batch_size, args.block_size)
-        mask_id, num_base = None, tokenizer.vocab_size
+        mask_id, base_ids = None, torch.arange(tokenizer.vocab_size)
     return LMData(tokenizer, train_ids, val_ids, next_batch, subset_batches(val_batches, args.eval_batches, args.seed),
-                  subset_batches(val_batches, args.final_eval_batches, args.seed), mask_id, num_base)
+                  subset_batches(val_batches, args.final_eval_batches, args.seed), mask_id, base_ids)
 
 
 # ------------------------------------------------------------------------------------------------ main
@@ -383,7 +386,10 @@ def _train(args, run: TrainingRun, argv):
     # ---------------------------------------------------------------- text, tokenizer, model
     train_text, val_text = _read_texts(args)
     tokenizer = (tokenizer_from_dict(resumed['tokenizer']) if resumed
-                 else build_tokenizer(args.tokenizer, args.task, train_text, val_text))
+                 else build_tokenizer(args.tokenizer, args.task, train_text, val_text, args.vocab_size))
+    if world > 1 and not resumed and args.tokenizer in SUBWORD_KINDS:
+        # WordPiece training is not reproducible run to run (hash-ordered ties): every rank takes rank 0's
+        tokenizer = tokenizer_from_dict(all_gather_objects(tokenizer.to_dict(), dist_info)[0])
     train_ids = encode_text(tokenizer, train_text, 'training text')
     val_ids = encode_text(tokenizer, val_text, 'validation text')
     if args.sample_prompt is not None:
@@ -550,7 +556,7 @@ def _train(args, run: TrainingRun, argv):
     digests = run.weights_digests(model)
     baseline = None
     if args.task == 'mlm':
-        baseline = unigram_mlm_baseline(train_ids, data.final_batches, data.num_base, data.mask_id)
+        baseline = unigram_mlm_baseline(train_ids, data.final_batches, data.base_ids, data.mask_id)
     samples = None
     if primary and args.sample_prompt is not None:
         samples = _write_samples(model, tokenizer, args, device, output_dir / 'samples.txt')

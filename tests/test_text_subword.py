@@ -1,0 +1,57 @@
+""" Masked-LM pretraining with a subword vocabulary trained by the text trainer (issue 13.1). """
+import random
+from pathlib import Path
+
+import pytest
+import torch
+
+import mlp_vision.text as mt
+import mlp_vision.text.train as text_train
+from mlp_vision.text.data import MLMMasker, build_tokenizer
+
+TINY_BIGS = ['--model', 'bigs_small', '--model-kwargs', 'hidden_size=32', 'intermediate_size=64', 'num_hidden_layers=1',
+             'num_ssm_states=8', 'max_position_embeddings=32']
+
+
+@pytest.fixture(scope='module')
+def corpus(tmp_path_factory):
+    """Generated English-like text (a fixed word list in a seeded order), made by the test itself."""
+    words = ('the movie was good bad great awful and a story of love with actors who play their parts well '
+             'but plot is thin slow funny boring moving').split()
+    rng = random.Random(0)
+    lines = [' '.join(rng.choice(words) for _ in range(rng.randint(5, 14))) + ' .' for _ in range(600)]
+    path = tmp_path_factory.mktemp('corpus') / 'corpus.txt'
+    path.write_text('\n'.join(lines) + '\n')
+    return str(path)
+
+
+def test_masker_never_draws_a_special_token_from_a_subword_vocabulary(corpus):
+    """Subword vocabularies put their specials first ([PAD] 0 ... [MASK] 4): random replacements avoid them."""
+    tok = build_tokenizer('wordpiece', 'mlm', Path(corpus).read_text(), vocab_size=120)
+    specials = set(tok.special_ids)
+    assert min(specials) == 0
+    masker = MLMMasker(tok, rate=0.5, mask_prob=0., random_prob=1.)  # every selected position is randomised
+    ids = torch.tensor(tok.encode(Path(corpus).read_text()[:3000]))[:600].view(20, 30)
+    out, labels = masker(ids, torch.Generator().manual_seed(0))
+    replaced = labels != -100
+    assert replaced.sum() > 100
+    assert not any(int(t) in specials for t in out[replaced])
+    assert set(masker.base_ids.tolist()) == set(range(tok.vocab_size)) - specials
+
+
+@pytest.mark.parametrize('kind', ['wordpiece', 'bpe'])
+def test_mlm_pretraining_with_a_trained_subword_vocabulary(corpus, tmp_path, kind):
+    vocab_size = 300 if kind == 'bpe' else 120
+    res = text_train.main(TINY_BIGS + [
+        '--task', 'mlm', '--train-file', corpus, '--tokenizer', kind, '--vocab-size', str(vocab_size),
+        '--block-size', '32', '--steps', '30', '-b', '8', '--lr', '3e-3', '--warmup-steps', '3',
+        '--eval-interval', '15', '--eval-batches', '2', '--final-eval-batches', '4', '--threads', '1',
+        '--output', str(tmp_path), '--experiment', kind])
+    assert res['tokenizer']['vocab_size'] <= vocab_size
+    model = mt.from_pretrained(str(tmp_path / kind / 'pretrained'))
+    tok = model.tokenizer  # the trained vocabulary was saved beside the weights and reloads with them
+    assert tok.vocab_size == res['tokenizer']['vocab_size'] == model.config.vocab_size
+    text = 'the movie was good .'
+    assert tok.decode(tok.encode(text)).replace(' .', '.') == text.replace(' .', '.')
+    # the loss went down from the uniform guess over the vocabulary
+    assert res['val_final']['loss'] < torch.log(torch.tensor(float(tok.vocab_size))).item()
