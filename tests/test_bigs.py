@@ -3,7 +3,7 @@ BiGS text models (mlp_vision.text.bigs).
 
 Covers: FFT causal convolution == direct O(L^2) convolution == recurrent ZOH scan of the diagonal SSM (float64,
 lengths that are and are not powers of two); both directions of the layer against anti-causal / causal scans
-without any flip; whole-model parity with an independent implementation of SPEC §1.4 that reads a random state
+without any flip; whole-model parity with an independent implementation of the BiGS layer (arXiv 2212.10544 §4) that reads a random state
 dict in the official key layout (loaded into ours through the converter); converter errors; padding semantics
 (mask => real positions equal the unpadded run; no mask => they differ); the BiGS-large parameter count (346 M);
 kernel caching; save/load round trips; bf16 autocast with a float32 kernel; registry; a short MLM run on
@@ -79,7 +79,7 @@ def scan_ssm(u, log_step, a_re, a_im, c_pairs, d, reverse=False):
 
 
 def spec_kernel(log_step, a_re, a_im, c_pairs, length):
-    """SPEC §1.4: K[l] = Re(sum_n C_n (exp(dt A_n) - 1) / A_n exp(dt A_n l)), float64."""
+    """The S4D kernel (arXiv 2206.11893; BiGS arXiv 2212.10544 §4): K[l] = Re(sum_n C_n (exp(dt A_n) - 1) / A_n exp(dt A_n l)), float64."""
     a_bar, b_bar, c = zoh_params(log_step, a_re, a_im, c_pairs)
     l = torch.arange(length, dtype=torch.float64)
     return (c[:, None] * b_bar[:, None] * torch.exp(torch.log(a_bar)[:, None] * l)).sum(0).real
@@ -136,7 +136,7 @@ def official_state_dict(vocab=40, dim=16, inter=24, n_layers=2, n_states=6, posi
 
 
 def reference_mlm_logits(sd, input_ids, token_type_ids=None, eps=1e-12, layer_gelu='none'):
-    """SPEC §1.4 written out from the official keys: embeddings, layers (direct O(L^2) SSM convolutions), MLM head."""
+    """The BiGS model (arXiv 2212.10544 §4) written out from the official keys: embeddings, layers (direct O(L^2) SSM convolutions), MLM head."""
     def gelu(x):
         return F.gelu(x, approximate=layer_gelu)
 
@@ -610,7 +610,7 @@ def test_mlm_training_on_wikitext_reduces_loss(single_thread):
     T, B, steps = 64, 16, 40
     model = mt.create_model('bigs_small', hidden_size=64, intermediate_size=192, num_hidden_layers=2,
                             num_ssm_states=16, max_position_embeddings=T, hidden_dropout=0.0)
-    groups = bigs_param_groups(model, weight_decay=0.05)  # SPEC §3 optimizer settings, larger lr for a short run
+    groups = bigs_param_groups(model, weight_decay=0.05)  # the BiGS optimizer settings (docs/training.md), larger lr for a short run
     assert sum(len(g['params']) for g in groups) == len(list(model.parameters()))
     assert any(p is model.output_bias for p in groups[1]['params'])
     opt = torch.optim.AdamW(groups, lr=3e-3, betas=(0.9, 0.98), eps=1e-6)

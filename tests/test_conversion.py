@@ -1,6 +1,6 @@
 """ Checkpoint conversion and resampling.
 
-* sMLPNet: the official microsoft/SPACH layout (SPEC §1.3) is generated here from the SPEC's description, loaded
+* sMLPNet: the official microsoft/SPACH layout (docs/models.md, sMLPNet) is generated here from that description, loaded
   through timm's pretrained machinery, and the model's output is compared with an independent functional
   implementation of the official forward that runs directly on the official state dict.
 * gMLP / MLP-Mixer: timm's own ``gmlp_*16_224`` / ``mixer_*16_224`` checkpoints give the same outputs in ours.
@@ -37,7 +37,7 @@ def _seed():
 
 
 # --------------------------------------------------------------------------------------------------------------
-# the official sMLPNet layout, generated from SPEC §1.3 (no official code involved)
+# the official sMLPNet layout, generated from its description in docs/models.md (no official code involved)
 # --------------------------------------------------------------------------------------------------------------
 
 def _pair(s: Union[int, Sequence[int]]) -> Tuple[int, int]:
@@ -133,7 +133,7 @@ def official_smlpnet_state_dict(
         num_classes: int = 1000,
         seed: int = 0,
 ) -> Dict[str, torch.Tensor]:
-    """A random state dict in the official SPACH sMLPNet layout (SPEC §1.3).
+    """A random state dict in the official SPACH sMLPNet layout (docs/models.md).
 
     Weights are random normal with a fan-in scale (so activations stay O(1) through the network), biases are
     non-trivial, BatchNorm running statistics random with a positive variance.
@@ -164,7 +164,7 @@ def official_smlpnet_state_dict(
 
 
 def official_smlpnet_forward(sd: Dict[str, torch.Tensor], x: torch.Tensor, depths: Sequence[int]) -> torch.Tensor:
-    """The official sMLPNet forward (SPEC §1.3), written with torch.nn.functional on the official state dict."""
+    """The official sMLPNet forward (arXiv 2109.05422 Alg. 1; docs/models.md), written with torch.nn.functional on the official state dict."""
 
     def bn(t, prefix):
         return F.batch_norm(t, sd[prefix + 'running_mean'], sd[prefix + 'running_var'],
@@ -242,7 +242,7 @@ def test_official_layout_matches_reference_tsv():
 
     sd = official_smlpnet_state_dict(80, (2, 8, 14, 2), 224, mlp_ratio=3.)
     assert [(k, tuple(v.shape)) for k, v in sd.items()] == [(r[0], r[1]) for r in rows]
-    # 24.12 M parameters (SPEC §2, measured on the official code)
+    # 24.12 M parameters (docs/complexity.md, measured on the official code)
     n_params = sum(v.numel() for (k, _, kind), v in zip(layout, sd.values()) if kind == 'param')
     assert abs(n_params / 1e6 - 24.12) < 0.01
 

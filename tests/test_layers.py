@@ -1,4 +1,4 @@
-""" The shared blocks in mlp_vision.layers, each checked against an explicit reference computation (SPEC §1). """
+""" The shared blocks in mlp_vision.layers, each checked against an explicit reference computation (definitions in docs/models.md). """
 import math
 
 import pytest
@@ -60,7 +60,7 @@ def _sgu_reference(x, sgu: SpatialGatingUnit, w_full: torch.Tensor, res=None):
 
 
 def _explicit_matrix(sgu: SpatialGatingUnit) -> torch.Tensor:
-    """The (n, n) token-mixing matrix built by hand from the raw parameter, per the SPEC's definitions."""
+    """The (n, n) token-mixing matrix built by hand from the raw parameter, per the papers' definitions."""
     n = sgu.seq_len
     if sgu.spatial_mode == 'toeplitz':
         w = torch.empty(n, n)

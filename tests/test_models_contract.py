@@ -2,7 +2,7 @@
 
 Mirrors what timm's own ``tests/test_models.py`` asserts (forward / backward, default cfgs, forward_intermediates,
 features_only, TorchScript, FX, torch.export, torch.compile, drop path, grad checkpointing, group_matcher,
-device / dtype kwargs), plus parameter counts against SPEC §2 and registry hygiene.
+device / dtype kwargs), plus parameter counts against the papers' tables (docs/models.md) and registry hygiene.
 
 Contract checks run at a small non-square input (``IMG``) with ``NUM_CLASSES`` outputs. Where a check is about
 the contract rather than the variant, depth is shrunk (``small_kwargs``: one block per sMLPNet stage, four
@@ -26,12 +26,12 @@ import mlp_vision
 from mlp_vision import MlpMixer, SparseMLPNet
 
 # ---------------------------------------------------------------------------------------------------------------
-# Parameter-count targets at 224x224, 1000 classes (SPEC §2, "Model tables").
+# Parameter-count targets at 224x224, 1000 classes (the papers' model tables; docs/models.md).
 #   sMLPNet: the counts measured on the official SPACH code (fvcore, 224x224), pinned within 0.5 %.
-#   gMLP-S / -B: the timm-layout counts given in SPEC §2 (19.42 M, 73.08 M), within 0.5 %.
+#   gMLP-S / -B: the timm-layout counts (19.42 M, 73.08 M), within 0.5 %.
 #   gMLP-Ti: the paper's 5.9 M, rounded to 0.1 M (our 5.867 M must round to it; it must also equal timm's count).
 #   Mixer-B/16, -L/16: the Mixer paper's 59 M / 207 M count the model WITHOUT the 1000-class head (rounded to 1 M).
-#   Mixer-S/16: no paper number in SPEC §2; must equal timm's mixer_s16_224.
+#   Mixer-S/16: no paper number; must equal timm's mixer_s16_224.
 # ---------------------------------------------------------------------------------------------------------------
 PARAMS_WITHIN_HALF_PERCENT = {  # millions, |ours / target - 1| <= 0.5 %
     'smlpnet_t_a2': 19.18,  # sMLPNet-T* (alpha = 2)
@@ -55,7 +55,7 @@ TIMM_EQUIVALENT = {  # ours -> timm's model of the same architecture (same param
     'mixer_l16': 'mixer_l16_224',
 }
 
-# Architecture of each variant (paper tables, SPEC §2): width C (first stage for sMLPNet) and depth.
+# Architecture of each variant (paper tables): width C (first stage for sMLPNet) and depth.
 VARIANTS = {
     'gmlp_ti': dict(dim=128, depth=30, mlp_ratio=6),
     'gmlp_s': dict(dim=256, depth=30, mlp_ratio=6),
@@ -796,13 +796,13 @@ def test_dtype_bfloat16(name):
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# 13. parameter counts at 224 (SPEC §2; table at the top of this file)
+# 13. parameter counts at 224 (the papers; table at the top of this file)
 # ---------------------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize('name', sorted(PARAMS_WITHIN_HALF_PERCENT))
 def test_param_count_spec(name):
     target = PARAMS_WITHIN_HALF_PERCENT[name] * 1e6
     n = count_params(timm.create_model(name, device='meta'))
-    assert abs(n / target - 1) <= 0.005, f'{name}: {n / 1e6:.3f} M params, SPEC §2 says {target / 1e6} M'
+    assert abs(n / target - 1) <= 0.005, f'{name}: {n / 1e6:.3f} M params, the paper says {target / 1e6} M'
 
 
 @pytest.mark.parametrize('name', sorted(PARAMS_ROUNDED))
