@@ -59,7 +59,7 @@ from ..training.errors import Interrupted, UsageError
 from ..training.run import NonFiniteLossError, UpdateStep, all_ranks_finite, create_lr_scheduler, setup_amp
 from ..training.summary import plot_curves
 from .registry import architecture_class, create_model, is_model, list_models, model_class, model_entry
-from .tokenizer import DEFAULT_SPECIAL_TOKENS, ByteTokenizer, CharTokenizer, Tokenizer, tokenizer_from_dict
+from .tokenizer import DEFAULT_CONTROL_TOKENS, ByteTokenizer, CharTokenizer, Tokenizer, tokenizer_from_dict
 
 __all__ = [
     'LabelledData', 'read_labelled_file', 'label_ids', 'encode_examples', 'collate', 'classification_metrics',
@@ -436,12 +436,12 @@ def init_classifier(init_from: str, model_name: str, model_kwargs: Dict[str, Any
 
 def _scratch_tokenizer(kind: str, data: LabelledData, dev: LabelledData) -> Tokenizer:
     if kind == 'byte':
-        return ByteTokenizer(DEFAULT_SPECIAL_TOKENS)
+        return ByteTokenizer(DEFAULT_CONTROL_TOKENS)
     if kind != 'char':
         raise UsageError(f"--tokenizer {kind!r} is not available for --task classify without --init-from; use char "
                          f"or byte (subword vocabularies come with the --init-from checkpoint)")
     chars = set(''.join(data.texts)) | set(''.join(data.pairs or []))
-    return CharTokenizer(chars, DEFAULT_SPECIAL_TOKENS, unk='<unk>')
+    return CharTokenizer(chars, DEFAULT_CONTROL_TOKENS, unk='<unk>')
 
 
 # ------------------------------------------------------------------------------------------------ the task

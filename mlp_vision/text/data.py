@@ -24,11 +24,11 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import torch
 
 from ..training.errors import UsageError
-from .tokenizer import DEFAULT_SPECIAL_TOKENS, SUBWORD_KINDS, ByteTokenizer, CharTokenizer, Tokenizer, \
+from .tokenizer import DEFAULT_CONTROL_TOKENS, SUBWORD_KINDS, ByteTokenizer, CharTokenizer, Tokenizer, \
     train_tokenizer
 
 __all__ = [
-    'Batch', 'MLM_SPECIALS', 'build_tokenizer', 'encode_text', 'read_text_file', 'sample_causal_batch',
+    'Batch', 'MLM_CONTROL_TOKENS', 'build_tokenizer', 'encode_text', 'read_text_file', 'sample_causal_batch',
     'causal_eval_batches', 'MLMMasker', 'mlm_segments', 'sample_mlm_batch', 'mlm_eval_batches', 'subset_batches',
     'unigram_mlm_baseline',
 ]
@@ -36,7 +36,7 @@ __all__ = [
 _logger = logging.getLogger(__name__)
 
 Batch = Tuple[torch.Tensor, Optional[torch.Tensor], torch.Tensor]  # input ids, attention mask or None, labels
-MLM_SPECIALS = tuple(DEFAULT_SPECIAL_TOKENS)  # <pad> <cls> <sep> <mask>
+MLM_CONTROL_TOKENS = tuple(DEFAULT_CONTROL_TOKENS)  # <pad> <cls> <sep> <mask>
 UNK = '<unk>'
 
 
@@ -47,7 +47,7 @@ def build_tokenizer(kind: str, task: str, train_text: str, val_text: str = '', v
     ``vocab_size`` tokens trained on the lines of ``train_text`` only (BERT's special tokens first)."""
     if kind in SUBWORD_KINDS:
         return train_tokenizer(texts=train_text.splitlines(), kind=kind, vocab_size=vocab_size)
-    specials = MLM_SPECIALS if task == 'mlm' else ()
+    specials = MLM_CONTROL_TOKENS if task == 'mlm' else ()
     if kind == 'byte':
         return ByteTokenizer(specials)
     if kind != 'char':

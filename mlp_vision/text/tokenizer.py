@@ -35,13 +35,13 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Union
 
 __all__ = [
     'Tokenizer', 'ByteTokenizer', 'CharTokenizer', 'SubwordTokenizer', 'train_tokenizer', 'load_tokenizer',
-    'find_tokenizer', 'tokenizer_from_dict', 'DEFAULT_SPECIAL_TOKENS', 'BERT_SPECIAL_TOKENS', 'SUBWORD_KINDS',
+    'find_tokenizer', 'tokenizer_from_dict', 'DEFAULT_CONTROL_TOKENS', 'BERT_CONTROL_TOKENS', 'SUBWORD_KINDS',
 ]
 
-DEFAULT_SPECIAL_TOKENS = ('<pad>', '<cls>', '<sep>', '<mask>')
+DEFAULT_CONTROL_TOKENS = ('<pad>', '<cls>', '<sep>', '<mask>')
 # BERT's names, in the order a trained vocabulary gets them (so <pad> is id 0, BiGS' default pad_token_id)
-BERT_SPECIAL_TOKENS = {'pad': '[PAD]', 'unk': '[UNK]', 'cls': '[CLS]', 'sep': '[SEP]', 'mask': '[MASK]'}
-SPECIAL_ROLES = ('pad', 'unk', 'cls', 'sep', 'mask')
+BERT_CONTROL_TOKENS = {'pad': '[PAD]', 'unk': '[UNK]', 'cls': '[CLS]', 'sep': '[SEP]', 'mask': '[MASK]'}
+CONTROL_ROLES = ('pad', 'unk', 'cls', 'sep', 'mask')
 SUBWORD_KINDS = ('wordpiece', 'bpe')
 TOKENIZER_CONFIG_NAME = 'tokenizer_config.json'
 TOKENIZER_FILE_NAME = 'tokenizer.json'
@@ -290,7 +290,7 @@ class ByteTokenizer(_AppendedSpecials):
     ``decode`` drops special ids and replaces invalid UTF-8 (e.g. a sequence cut inside a character) with U+FFFD.
     """
 
-    def __init__(self, special_tokens: Iterable[str] = DEFAULT_SPECIAL_TOKENS):
+    def __init__(self, special_tokens: Iterable[str] = DEFAULT_CONTROL_TOKENS):
         self._base_size = 256
         self._init_specials(special_tokens)
 
@@ -363,7 +363,7 @@ class SubwordTokenizer(Tokenizer):
     def __init__(self, backend, special_tokens_map: Mapping[str, str], do_lower_case: Optional[bool] = None):
         self.backend = backend
         self.special_tokens_map = {r: t for r, t in special_tokens_map.items()
-                                   if r in SPECIAL_ROLES and t is not None and backend.token_to_id(t) is not None}
+                                   if r in CONTROL_ROLES and t is not None and backend.token_to_id(t) is not None}
         self.do_lower_case = do_lower_case
         # special tokens are matched whole in the text and skipped by decode(skip_special_tokens=True)
         backend.add_special_tokens(list(self.special_tokens_map.values()))
@@ -471,7 +471,7 @@ def train_tokenizer(
         vocab_size: int = 8000,
         lowercase: bool = True,
         min_frequency: int = 2,
-        special_tokens: Mapping[str, str] = BERT_SPECIAL_TOKENS,
+        special_tokens: Mapping[str, str] = BERT_CONTROL_TOKENS,
 ) -> SubwordTokenizer:
     """Train a subword vocabulary offline on ``texts`` (an iterable of strings, e.g. lines) or ``files``.
 
@@ -551,7 +551,7 @@ def _hf_special_tokens(directory: str) -> Dict[str, str]:
     out = {}
     for name in ('special_tokens_map.json', TOKENIZER_CONFIG_NAME):
         d = _read_json(os.path.join(directory, name)) or {}
-        for role in SPECIAL_ROLES:
+        for role in CONTROL_ROLES:
             value = d.get(f'{role}_token')
             if isinstance(value, dict):  # transformers' AddedToken form
                 value = value.get('content')
