@@ -52,12 +52,13 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from ..training.checkpoint import load_checkpoint_file, preserve_rng
+from ..training.checkpoint import load_checkpoint_file
 from ..training.distributed import wrap_ddp
 from ..training.engine import format_duration
-from ..training.errors import Interrupted, UsageError
-from ..training.run import NonFiniteLossError, UpdateStep, all_ranks_finite, create_lr_scheduler, setup_amp
+from ..training.errors import UsageError
+from ..training.run import UpdateStep, create_lr_scheduler, setup_amp
 from ..training.summary import plot_curves
+from .loop import StepState, run_steps
 from .registry import architecture_class, create_model, is_model, list_models, model_class, model_entry
 from .tokenizer import DEFAULT_CONTROL_TOKENS, ByteTokenizer, CharTokenizer, Tokenizer, tokenizer_from_dict
 
@@ -594,16 +595,16 @@ def train_classifier(args, run, argv) -> Optional[dict]:
 
     # ---------------------------------------------------------------- sampler state: (epoch, position)
     epoch, position = 0, 0
-    interval_loss, interval_batches = 0., 0
-    rank_state = run.restore_rng()
-    if rank_state is not None:
-        epoch, position = rank_state['epoch'], rank_state['position']
-        interval_loss, interval_batches = rank_state['interval_loss'], rank_state['interval_batches']
     global_bs = args.batch_size * world
     if len(train) < global_bs:
         raise UsageError(f'the training file has {len(train)} examples, fewer than one batch of {global_bs}; use a '
                          f'smaller --batch-size')
     order = _epoch_order(len(train), args.seed, epoch)
+
+    def restore_rank(rank_state):
+        nonlocal epoch, position, order
+        epoch, position = rank_state['epoch'], rank_state['position']
+        order = _epoch_order(len(train), args.seed, epoch)
 
     def next_batch():
         nonlocal epoch, position, order
@@ -615,85 +616,31 @@ def train_classifier(args, run, argv) -> Optional[dict]:
         return collate([train_ids[i] for i in idx], [train_types[i] for i in idx], train_labels[idx],
                        tokenizer.pad_id, with_types)
 
-    step, val_metrics, train_seconds = start_step, None, 0.
+    # ---------------------------------------------------------------- train
+    state = StepState(step=start_step, start_step=start_step)
     meta = dict(task=args.task, model_cfg={'name': args.model, 'family': family, 'kwargs': dict(args.model_kwargs)},
                 model_config=config.to_dict(), tokenizer=tokenizer.to_dict(), block_size=args.block_size,
                 label_names=names, text_columns=list(train.text_columns), init_report=report.to_dict())
 
-    def save(metric=None, metrics=None):
-        return run.save(step, metric, model=model, optimizer=optimizer, scheduler=scheduler, schedule=schedule,
-                        num_updates=step, loss_scaler=loss_scaler,
-                        rank_extra={'epoch': epoch, 'position': position, 'interval_loss': interval_loss,
-                                    'interval_batches': interval_batches},
-                        train_seconds=seconds_before + train_seconds,
-                        val_metrics=dict(metrics) if metrics is not None else None, **meta)
+    def eval_row(metrics):
+        return {'val_acc': metrics['acc'], 'val_f1': metrics['f1'], 'val_mcc': metrics['mcc'],
+                'examples_per_sec': state.step * global_bs * args.grad_accum_steps / max(
+                    seconds_before + state.train_seconds, 1e-9) if start_step == 0 else None}
 
-    loop_start = time.perf_counter()
-    train_model.train()
-    try:
-        while step < args.steps:
-            signum = run.stop_signal()
-            if signum:
-                if step != run.last_saved:
-                    save()
-                raise Interrupted(signum, f'step {step}')
-            t0 = time.perf_counter()
-            for micro in range(args.grad_accum_steps):
-                last_micro = micro == args.grad_accum_steps - 1
-                sync = train_model.no_sync if dist_info.distributed and not last_micro else nullcontext
-                with sync():
-                    loss = _forward(train_model, next_batch(), device, amp_autocast).loss
-                    if not all_ranks_finite(loss, dist_info.distributed):
-                        raise NonFiniteLossError(loss.item(), f'step {step + 1} (micro-batch {micro})')
-                    update_step(loss, args.grad_accum_steps, need_update=last_micro)
-                interval_loss += loss.item()
-                interval_batches += 1
-            lr = optimizer.param_groups[0]['lr']
-            step += 1
-            scheduler.step_update(step)
-            train_seconds += time.perf_counter() - t0
-            if primary and (step % args.log_interval == 0 or step == args.steps):
-                eta = (time.perf_counter() - loop_start) / (step - start_step) * (args.steps - step)
-                _logger.info(f'step {step:>{len(str(args.steps))}d}/{args.steps}  loss '
-                             f'{interval_loss / interval_batches:.4f}  lr {lr:.3e}  epoch {epoch}  '
-                             f'ETA {format_duration(eta)}')
-            is_eval = step % args.eval_interval == 0 or step == args.steps
-            stopping = step == args.stop_after_step
-            if not (is_eval or stopping):
-                continue
-            if not is_eval:
-                save()
-                _logger.info(f'step {step}: stopping (--stop-after-step) | saved last.pth')
-                break
-            with preserve_rng():
-                val_metrics = evaluate(model)
-            train_model.train()
-            interval = torch.tensor([interval_loss, float(interval_batches)], dtype=torch.float64)
-            if dist_info.distributed:
-                dist.all_reduce(interval)
-            train_loss = (interval[0] / interval[1]).item()
-            interval_loss, interval_batches = 0., 0
-            if primary:
-                run.summary.append({
-                    'step': step, 'lr': lr, 'train_loss': train_loss, 'val_loss': val_metrics['loss'],
-                    'val_acc': val_metrics['acc'], 'val_f1': val_metrics['f1'], 'val_mcc': val_metrics['mcc'],
-                    'examples_per_sec': step * global_bs * args.grad_accum_steps / max(
-                        seconds_before + train_seconds, 1e-9) if start_step == 0 else None,
-                    'elapsed_s': time.time() - run.start_time})
-            written = save(val_metrics['acc'], val_metrics)
-            if primary:
-                _logger.info(f'step {step}: train loss {train_loss:.4f} | dev loss {val_metrics["loss"]:.4f} acc '
-                             f'{val_metrics["acc"]:.2f}% F1 {val_metrics["f1"]:.2f} MCC {val_metrics["mcc"]:.2f} | '
-                             f'saved last.pth' + (' + model_best.pth' if written['best'] else ''))
-            if stopping:
-                break
-    except (NonFiniteLossError, Interrupted) as e:
-        raise run.stopped(e, 'Lower --lr, keep --clip-grad on, add --warmup-steps') from None
-
-    if step < args.steps:
-        last = run.saver.last_path if primary else 'EXP/last.pth'
-        _logger.info(f'Stopped at step {step} (--stop-after-step); continue with --resume {last}')
-        return {'stopped_at_step': step, 'last': str(last)} if primary else None
+    finished = run_steps(
+        args, run, state, model=model, train_model=train_model, optimizer=optimizer, scheduler=scheduler,
+        schedule=schedule, loss_scaler=loss_scaler, update_step=update_step,
+        micro_loss=lambda: _forward(train_model, next_batch(), device, amp_autocast).loss,
+        evaluate=lambda: evaluate(model), best_key='acc',
+        rank_extra=lambda: {'epoch': epoch, 'position': position}, restore_rank=restore_rank,
+        save_extra=lambda metrics: dict(train_seconds=seconds_before + state.train_seconds, val_metrics=metrics,
+                                        **meta),
+        progress_text=lambda: f'epoch {epoch}', eval_row=eval_row,
+        eval_text=lambda m: (f'dev loss {m["loss"]:.4f} acc {m["acc"]:.2f}% F1 {m["f1"]:.2f} '
+                             f'MCC {m["mcc"]:.2f}'))
+    if not finished:
+        return state.stop_result
+    step, val_metrics, train_seconds = state.step, state.val_metrics, state.train_seconds
 
     final_metrics = val_metrics if val_metrics is not None else evaluate(model)
     digests = run.weights_digests(model)

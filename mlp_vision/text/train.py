@@ -55,15 +55,15 @@ from timm.utils import ParseKwargs, random_seed, unwrap_model
 from ..training.checkpoint import preserve_rng
 from ..training.distributed import DistInfo, all_gather_objects, init_device, wrap_ddp
 from ..training.engine import format_duration
-from ..training.errors import Interrupted, UsageError, run_cli
+from ..training.errors import UsageError, run_cli
 from ..training.log import setup_logging
 from ..training.run import (
-    NonFiniteLossError, TrainingRun, UpdateStep, add_run_arguments, all_ranks_finite, create_lr_scheduler,
-    parse_run_args, setup_amp)
+    TrainingRun, UpdateStep, add_run_arguments, create_lr_scheduler, parse_run_args, setup_amp)
 from ..training.summary import plot_curves
 from .data import (
     Batch, MLMMasker, build_tokenizer, causal_eval_batches, encode_text, mlm_eval_batches, read_text_file,
     sample_causal_batch, sample_mlm_batch, subset_batches, unigram_mlm_baseline)
+from .loop import StepState, run_steps
 from .modeling_utils import masked_lm_loss as lm_loss  # token cross-entropy; causal labels are already shifted
 from .registry import create_model, is_model, list_models, model_entry
 from .tokenizer import SUBWORD_KINDS, Tokenizer, tokenizer_from_dict
@@ -454,102 +454,46 @@ def _train(args, run: TrainingRun, argv):
     if primary:
         _logger.info(f'Outputs: {output_dir}')
 
-    interval_loss, interval_batches = 0., 0  # running train loss since the last evaluation
-    rank_state = run.restore_rng()
-    if rank_state is not None:
-        data_gen.set_state(rank_state['data'])
-        interval_loss, interval_batches = rank_state['interval_loss'], rank_state['interval_batches']
-
     # ---------------------------------------------------------------- train
-    val_metrics = None
-    train_seconds, train_tokens = 0., 0
-    step = start_step
+    state = StepState(step=start_step, start_step=start_step)
 
-    def save(metric=None, metrics=None):
-        # per rank: RNG, data order and the running train-loss interval (a stop between evaluations keeps it)
-        return run.save(
-            step, metric, model=model, optimizer=optimizer, scheduler=scheduler, schedule=schedule, num_updates=step,
-            loss_scaler=loss_scaler,
-            rank_extra={'data': data_gen.get_state(), 'interval_loss': interval_loss,
-                        'interval_batches': interval_batches},
-            task=args.task, model_cfg={'name': args.model, 'kwargs': model_kwargs}, model_config=config.to_dict(),
-            tokenizer=tokenizer.to_dict(), block_size=args.block_size,
-            train_tokens=train_tokens_before + train_tokens, train_seconds=train_seconds_before + train_seconds,
-            val_metrics=dict(metrics) if metrics is not None else None)
+    def tokens_done():
+        return tokens_per_step * (state.step - start_step)
 
-    loop_start = time.perf_counter()
-    train_model.train()
-    try:
-        while step < args.steps:
-            signum = run.stop_signal()
-            if signum:
-                if step != run.last_saved:
-                    save()
-                raise Interrupted(signum, f'step {step}')
-            t0 = time.perf_counter()
-            for micro in range(args.grad_accum_steps):
-                last_micro = micro == args.grad_accum_steps - 1
-                sync = train_model.no_sync if dist_info.distributed and not last_micro else nullcontext
-                with sync():
-                    logits, y = forward_logits(train_model, data.next_batch(data_gen), device, amp_autocast)
-                    loss = lm_loss(logits, y)
-                    if not all_ranks_finite(loss, dist_info.distributed):
-                        raise NonFiniteLossError(loss.item(), f'step {step + 1} (micro-batch {micro})')
-                    update_step(loss, args.grad_accum_steps, need_update=last_micro)
-                interval_loss += loss.item()
-                interval_batches += 1
-            lr = optimizer.param_groups[0]['lr']  # this update's
-            step += 1
-            scheduler.step_update(step)
-            train_seconds += time.perf_counter() - t0
-            train_tokens += tokens_per_step
+    def restore_rank(rank_state):
+        data_gen.set_state(rank_state['data'])
 
-            if primary and (step % args.log_interval == 0 or step == args.steps):
-                eta = (time.perf_counter() - loop_start) / (step - start_step) * (args.steps - step)
-                _logger.info(f'step {step:>{len(str(args.steps))}d}/{args.steps} ({100. * step / args.steps:3.0f}%)  '
-                             f'loss {interval_loss / interval_batches:.4f}  lr {lr:.3e}  '
-                             f'{train_tokens / max(train_seconds, 1e-9):,.0f} tok/s  ETA {format_duration(eta)}')
+    def save_extra(metrics):
+        return dict(task=args.task, model_cfg={'name': args.model, 'kwargs': model_kwargs},
+                    model_config=config.to_dict(), tokenizer=tokenizer.to_dict(), block_size=args.block_size,
+                    train_tokens=train_tokens_before + tokens_done(),
+                    train_seconds=train_seconds_before + state.train_seconds, val_metrics=metrics)
 
-            is_eval = step % args.eval_interval == 0 or step == args.steps
-            stopping = step == args.stop_after_step
-            if not (is_eval or stopping):
-                continue
-            if not is_eval:
-                save()
-                _logger.info(f'step {step}: stopping (--stop-after-step) | saved last.pth')
-                break
-            with preserve_rng():  # evaluation must not shift the training's random streams
-                val_metrics = evaluate(model, data.periodic_batches)
-            train_model.train()
-            interval = torch.tensor([interval_loss, float(interval_batches)], dtype=torch.float64)
-            if dist_info.distributed:
-                dist.all_reduce(interval)
-            train_loss = (interval[0] / interval[1]).item()
-            interval_loss, interval_batches = 0., 0
-            if primary:
-                row = {'step': step, 'lr': lr, 'train_loss': train_loss, 'val_loss': val_metrics['loss'],
-                       'val_ppl': val_metrics['ppl']}
-                if args.task == 'mlm':
-                    row.update(val_masked_acc=val_metrics['masked_acc'], val_mask_token_acc=val_metrics['mask_token_acc'])
-                row.update(tokens_per_sec=(train_tokens_before + train_tokens) /
-                           max(train_seconds_before + train_seconds, 1e-9), elapsed_s=time.time() - run.start_time)
-                run.summary.append(row)
-            written = save(val_metrics['loss'], val_metrics)
-            if primary:
-                msg = (f'step {step}: train loss {train_loss:.4f} | val loss {val_metrics["loss"]:.4f} '
-                       f'ppl {val_metrics["ppl"]:.3f}')
-                if args.task == 'mlm':
-                    msg += f' masked acc {val_metrics["masked_acc"]:.2f}%'
-                _logger.info(msg + ' | saved last.pth' + (' + model_best.pth' if written['best'] else ''))
-            if stopping:
-                break
-    except (NonFiniteLossError, Interrupted) as e:
-        raise run.stopped(e, 'Lower --lr, keep --clip-grad on, add --warmup-steps') from None
+    def eval_row(metrics):
+        row = {'val_ppl': metrics['ppl']}
+        if args.task == 'mlm':
+            row.update(val_masked_acc=metrics['masked_acc'], val_mask_token_acc=metrics['mask_token_acc'])
+        row.update(tokens_per_sec=(train_tokens_before + tokens_done()) /
+                   max(train_seconds_before + state.train_seconds, 1e-9))
+        return row
 
-    if step < args.steps:
-        last = run.saver.last_path if primary else 'EXP/last.pth'
-        _logger.info(f'Stopped at step {step} (--stop-after-step); continue with --resume {last}')
-        return {'stopped_at_step': step, 'last': str(last)} if primary else None
+    def eval_text(metrics):
+        msg = f'val loss {metrics["loss"]:.4f} ppl {metrics["ppl"]:.3f}'
+        if args.task == 'mlm':
+            msg += f' masked acc {metrics["masked_acc"]:.2f}%'
+        return msg
+
+    finished = run_steps(
+        args, run, state, model=model, train_model=train_model, optimizer=optimizer, scheduler=scheduler,
+        schedule=schedule, loss_scaler=loss_scaler, update_step=update_step,
+        micro_loss=lambda: lm_loss(*forward_logits(train_model, data.next_batch(data_gen), device, amp_autocast)),
+        evaluate=lambda: evaluate(model, data.periodic_batches), best_key='loss',
+        rank_extra=lambda: {'data': data_gen.get_state()}, restore_rank=restore_rank, save_extra=save_extra,
+        progress_text=lambda: f'{tokens_done() / max(state.train_seconds, 1e-9):,.0f} tok/s',
+        eval_row=eval_row, eval_text=eval_text, show_percent=True)
+    if not finished:
+        return state.stop_result
+    val_metrics, train_seconds, train_tokens = state.val_metrics, state.train_seconds, tokens_done()
 
     # ---------------------------------------------------------------- final evaluation and outputs
     final_metrics = evaluate(model, data.final_batches)
