@@ -36,7 +36,7 @@ from .modeling_utils import (
 
 __all__ = [
     'BertConfig', 'BertEmbeddings', 'BertSelfAttention', 'BertLayer', 'BertModel', 'MaskedLMHeadTransform',
-    'SequencePooler', 'BertForMaskedLM', 'BertForSequenceClassification', 'BertForMaskedLMBaseline',
+    'SequencePooler', 'EncoderForMaskedLM', 'BertForMaskedLM', 'BertForSequenceClassification', 'BertForMaskedLMBaseline',
     'init_bert_weights',
 ]
 
@@ -240,23 +240,26 @@ class SequencePooler(nn.Module):
         return f'pool={self.pool!r}'
 
 
-class BertForMaskedLM(PretrainedMixin, nn.Module):
-    """BERT masked LM: encoder, MLM transform, decoder tied to the word embedding, per-token output bias.
+class EncoderForMaskedLM(PretrainedMixin, nn.Module):
+    """An encoder + the BERT MLM head: :class:`MaskedLMHeadTransform`, decoder tied to the word embedding, per-token
+    output bias. Shared by :class:`BertForMaskedLM` and :class:`mlp_vision.text.bigs.BiGSForMaskedLM`.
 
-    Shapes:
-        input_ids, attention_mask, token_type_ids: (B, L) as :class:`BertModel`; labels: optional (B, L) int64 with
-        -100 at positions that are not scored. Returns ``TextModelOutput(loss, logits (B, L, V))``.
+    Subclasses set ``config_class``, ``encoder_class`` (built from the config; it has ``embeddings.word_embeddings``
+    and maps ``(input_ids, attention_mask, token_type_ids)`` to (B, L, d)) and ``encoder_name``, the attribute (and
+    state-dict prefix) it is stored under.
     """
-    config_class = BertConfig
     head_prefixes = ('mlm_head', 'decoder', 'output_bias')
+    encoder_class: type
+    encoder_name: str
 
-    def __init__(self, config: BertConfig, device=None, dtype=None):
+    def __init__(self, config, device=None, dtype=None):
         super().__init__()
         self.config = config
-        self.bert = BertModel(config, device=device, dtype=dtype)
+        encoder = self.encoder_class(config, device=device, dtype=dtype)
+        setattr(self, self.encoder_name, encoder)
         self.mlm_head = MaskedLMHeadTransform(config.hidden_size, config.layer_norm_eps, device=device, dtype=dtype)
         init_linear_embedding(self.mlm_head.dense, config.initializer_range)
-        self.decoder = tied_decoder(self.bert.embeddings.word_embeddings, device=device, dtype=dtype)
+        self.decoder = tied_decoder(encoder.embeddings.word_embeddings, device=device, dtype=dtype)
         self.output_bias = nn.Parameter(torch.zeros(config.vocab_size, device=device, dtype=dtype))
 
     def forward(
@@ -266,9 +269,21 @@ class BertForMaskedLM(PretrainedMixin, nn.Module):
             token_type_ids: Optional[torch.Tensor] = None,
             labels: Optional[torch.Tensor] = None,
     ) -> TextModelOutput:
-        h = self.mlm_head(self.bert(input_ids, attention_mask, token_type_ids))
+        h = self.mlm_head(getattr(self, self.encoder_name)(input_ids, attention_mask, token_type_ids))
         logits = self.decoder(h) + self.output_bias
         return TextModelOutput(loss=None if labels is None else masked_lm_loss(logits, labels), logits=logits)
+
+
+class BertForMaskedLM(EncoderForMaskedLM):
+    """BERT masked LM: encoder, MLM transform, decoder tied to the word embedding, per-token output bias.
+
+    Shapes:
+        input_ids, attention_mask, token_type_ids: (B, L) as :class:`BertModel`; labels: optional (B, L) int64 with
+        -100 at positions that are not scored. Returns ``TextModelOutput(loss, logits (B, L, V))``.
+    """
+    config_class = BertConfig
+    encoder_class = BertModel
+    encoder_name = 'bert'
 
 
 class BertForSequenceClassification(PretrainedMixin, nn.Module):

@@ -67,10 +67,10 @@ import torch
 import torch.nn as nn
 
 from ..layers import BidirectionalGatedSSM
-from .bert import BertEmbeddings, MaskedLMHeadTransform, SequencePooler, init_bert_weights
+from .bert import BertEmbeddings, EncoderForMaskedLM, SequencePooler, init_bert_weights
 from .modeling_utils import (
-    PretrainedMixin, TextConfig, TextModelOutput, check_text_inputs, init_linear_embedding, masked_lm_loss,
-    sequence_classification_loss, tied_decoder)
+    PretrainedMixin, TextConfig, TextModelOutput, check_text_inputs, init_linear_embedding,
+    sequence_classification_loss)
 
 __all__ = [
     'BiGSConfig', 'BiGSModel', 'BiGSForMaskedLM', 'BiGSForSequenceClassification',
@@ -174,7 +174,7 @@ class BiGSModel(PretrainedMixin, nn.Module):
         return x
 
 
-class BiGSForMaskedLM(PretrainedMixin, nn.Module):
+class BiGSForMaskedLM(EncoderForMaskedLM):
     """BiGS masked LM: encoder + BERT MLM head, decoder tied to the word embedding, per-token output bias.
 
     Shapes:
@@ -182,27 +182,8 @@ class BiGSForMaskedLM(PretrainedMixin, nn.Module):
         with -100 at positions that are not scored. Returns ``TextModelOutput(loss, logits (B, L, V))``.
     """
     config_class = BiGSConfig
-    head_prefixes = ('mlm_head', 'decoder', 'output_bias')
-
-    def __init__(self, config: BiGSConfig, device=None, dtype=None):
-        super().__init__()
-        self.config = config
-        self.bigs = BiGSModel(config, device=device, dtype=dtype)
-        self.mlm_head = MaskedLMHeadTransform(config.hidden_size, config.layer_norm_eps, device=device, dtype=dtype)
-        init_linear_embedding(self.mlm_head.dense, config.initializer_range)
-        self.decoder = tied_decoder(self.bigs.embeddings.word_embeddings, device=device, dtype=dtype)
-        self.output_bias = nn.Parameter(torch.zeros(config.vocab_size, device=device, dtype=dtype))
-
-    def forward(
-            self,
-            input_ids: torch.Tensor,
-            attention_mask: Optional[torch.Tensor] = None,
-            token_type_ids: Optional[torch.Tensor] = None,
-            labels: Optional[torch.Tensor] = None,
-    ) -> TextModelOutput:
-        h = self.mlm_head(self.bigs(input_ids, attention_mask, token_type_ids))
-        logits = self.decoder(h) + self.output_bias
-        return TextModelOutput(loss=None if labels is None else masked_lm_loss(logits, labels), logits=logits)
+    encoder_class = BiGSModel
+    encoder_name = 'bigs'
 
     @classmethod
     def from_official(
