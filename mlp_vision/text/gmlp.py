@@ -175,21 +175,18 @@ def _token_decoder(config: GMLPConfig, embed: nn.Embedding, device, dtype) -> nn
     return decoder
 
 
-class GMLPForMaskedLM(PretrainedMixin, nn.Module):
-    """gMLP / aMLP masked LM: backbone, decoder Linear (weight tied to the token embedding by default), output bias.
-
-    Shapes:
-        input_ids: (B, L); attention_mask: optional (B, L); labels: optional (B, L) int64 with -100 at positions
-        that are not scored. Returns ``TextModelOutput(loss, logits (B, L, V))``.
-    """
+class _GMLPForTokenLM(PretrainedMixin, nn.Module):
+    """Backbone + a per-token LM head: the :func:`_token_decoder` Linear (stored as ``head_name``, the state-dict
+    prefix) plus an output bias, scored by ``loss_fn``. Shared by the masked and the causal LM."""
     config_class = GMLPConfig
-    head_prefixes = ('decoder', 'output_bias')
+    head_name: str
+    loss_fn: staticmethod
 
     def __init__(self, config: GMLPConfig, device=None, dtype=None):
         super().__init__()
         self.config = config
         self.gmlp = GMLPModel(config, device=device, dtype=dtype)
-        self.decoder = _token_decoder(config, self.gmlp.embed, device, dtype)
+        setattr(self, self.head_name, _token_decoder(config, self.gmlp.embed, device, dtype))
         self.output_bias = nn.Parameter(torch.zeros(config.vocab_size, device=device, dtype=dtype))
 
     def forward(
@@ -198,8 +195,20 @@ class GMLPForMaskedLM(PretrainedMixin, nn.Module):
             attention_mask: Optional[torch.Tensor] = None,
             labels: Optional[torch.Tensor] = None,
     ) -> TextModelOutput:
-        logits = self.decoder(self.gmlp(input_ids, attention_mask)) + self.output_bias
-        return TextModelOutput(loss=None if labels is None else masked_lm_loss(logits, labels), logits=logits)
+        logits = getattr(self, self.head_name)(self.gmlp(input_ids, attention_mask)) + self.output_bias
+        return TextModelOutput(loss=None if labels is None else self.loss_fn(logits, labels), logits=logits)
+
+
+class GMLPForMaskedLM(_GMLPForTokenLM):
+    """gMLP / aMLP masked LM: backbone, decoder Linear (weight tied to the token embedding by default), output bias.
+
+    Shapes:
+        input_ids: (B, L); attention_mask: optional (B, L); labels: optional (B, L) int64 with -100 at positions
+        that are not scored. Returns ``TextModelOutput(loss, logits (B, L, V))``.
+    """
+    head_prefixes = ('decoder', 'output_bias')
+    head_name = 'decoder'
+    loss_fn = staticmethod(masked_lm_loss)
 
 
 class GMLPForSequenceClassification(PretrainedMixin, nn.Module):
@@ -238,7 +247,7 @@ class GMLPForSequenceClassification(PretrainedMixin, nn.Module):
             loss=None if labels is None else sequence_classification_loss(logits, labels), logits=logits)
 
 
-class GMLPForCausalLM(GenerationMixin, PretrainedMixin, nn.Module):
+class GMLPForCausalLM(GenerationMixin, _GMLPForTokenLM):
     """Autoregressive gMLP LM: causal SGU (W masked to j <= i), no position embeddings, LM head.
 
     As in the annotated implementation (labml.ai): token embedding -> gMLP blocks with a causal spatial mask ->
@@ -251,23 +260,11 @@ class GMLPForCausalLM(GenerationMixin, PretrainedMixin, nn.Module):
         labels: optional (B, T) int64 aligned with the inputs (``labels = input_ids``; shifted inside, -100 = not
         scored). Returns ``TextModelOutput(loss, logits (B, T, V))``.
     """
-    config_class = GMLPConfig
     head_prefixes = ('lm_head', 'output_bias')
+    head_name = 'lm_head'
+    loss_fn = staticmethod(causal_lm_loss)
 
     def __init__(self, config: GMLPConfig, device=None, dtype=None):
-        super().__init__()
         if config.spatial_mode != 'causal':
             raise ValueError(f"GMLPForCausalLM needs spatial_mode='causal', got {config.spatial_mode!r}")
-        self.config = config
-        self.gmlp = GMLPModel(config, device=device, dtype=dtype)
-        self.lm_head = _token_decoder(config, self.gmlp.embed, device, dtype)
-        self.output_bias = nn.Parameter(torch.zeros(config.vocab_size, device=device, dtype=dtype))
-
-    def forward(
-            self,
-            input_ids: torch.Tensor,
-            attention_mask: Optional[torch.Tensor] = None,
-            labels: Optional[torch.Tensor] = None,
-    ) -> TextModelOutput:
-        logits = self.lm_head(self.gmlp(input_ids, attention_mask)) + self.output_bias
-        return TextModelOutput(loss=None if labels is None else causal_lm_loss(logits, labels), logits=logits)
+        super().__init__(config, device=device, dtype=dtype)
