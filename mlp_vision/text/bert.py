@@ -36,7 +36,8 @@ from .modeling_utils import (
 
 __all__ = [
     'BertConfig', 'BertEmbeddings', 'BertSelfAttention', 'BertLayer', 'BertModel', 'MaskedLMHeadTransform',
-    'SequencePooler', 'EncoderForMaskedLM', 'BertForMaskedLM', 'BertForSequenceClassification', 'BertForMaskedLMBaseline',
+    'SequencePooler', 'EncoderForMaskedLM', 'EncoderForSequenceClassification', 'BertForMaskedLM',
+    'BertForSequenceClassification', 'BertForMaskedLMBaseline',
     'init_bert_weights',
 ]
 
@@ -286,24 +287,22 @@ class BertForMaskedLM(EncoderForMaskedLM):
     encoder_name = 'bert'
 
 
-class BertForSequenceClassification(PretrainedMixin, nn.Module):
-    """BERT classifier (§3): pooler (dense + tanh on the [CLS] state), dropout, linear classifier.
-
-    Load a masked-LM checkpoint with ``BertForSequenceClassification.from_pretrained(dir, num_labels=k)``: the
-    encoder is loaded, the pooler and classifier are new (MLM-only pretraining, as RoBERTa and BiGS, does not train
-    a pooler).
-
-    Shapes: as :class:`BertForMaskedLM`; labels optional (B,) class ids (or float targets when num_labels == 1).
-    Returns ``TextModelOutput(loss, logits (B, num_labels))``.
+class EncoderForSequenceClassification(PretrainedMixin, nn.Module):
+    """An encoder + :class:`SequencePooler` (``pool``: 'first' or 'mean' over the unpadded tokens), dropout and a
+    linear classifier. Shared by :class:`BertForSequenceClassification` and
+    :class:`mlp_vision.text.bigs.BiGSForSequenceClassification`; subclasses set ``config_class``, ``encoder_class``,
+    ``encoder_name`` (as :class:`EncoderForMaskedLM`) and ``pool``.
     """
-    config_class = BertConfig
     head_prefixes = ('pooler', 'classifier')
+    encoder_class: type
+    encoder_name: str
+    pool: str
 
-    def __init__(self, config: BertConfig, device=None, dtype=None):
+    def __init__(self, config, device=None, dtype=None):
         super().__init__()
         self.config = config
-        self.bert = BertModel(config, device=device, dtype=dtype)
-        self.pooler = SequencePooler(config.hidden_size, 'first', device=device, dtype=dtype)
+        setattr(self, self.encoder_name, self.encoder_class(config, device=device, dtype=dtype))
+        self.pooler = SequencePooler(config.hidden_size, self.pool, device=device, dtype=dtype)
         self.dropout = nn.Dropout(config.classifier_dropout)
         self.classifier = nn.Linear(config.hidden_size, config.num_labels, device=device, dtype=dtype)
         init_linear_embedding(self.pooler.dense, config.initializer_range)
@@ -316,10 +315,27 @@ class BertForSequenceClassification(PretrainedMixin, nn.Module):
             token_type_ids: Optional[torch.Tensor] = None,
             labels: Optional[torch.Tensor] = None,
     ) -> TextModelOutput:
-        h = self.bert(input_ids, attention_mask, token_type_ids)
-        logits = self.classifier(self.dropout(self.pooler(h)))
+        h = getattr(self, self.encoder_name)(input_ids, attention_mask, token_type_ids)
+        mask = None if attention_mask is None else attention_mask.to(torch.bool)  # 'mean' pooling skips padding
+        logits = self.classifier(self.dropout(self.pooler(h, mask)))
         return TextModelOutput(
             loss=None if labels is None else sequence_classification_loss(logits, labels), logits=logits)
+
+
+class BertForSequenceClassification(EncoderForSequenceClassification):
+    """BERT classifier (§3): pooler (dense + tanh on the [CLS] state), dropout, linear classifier.
+
+    Load a masked-LM checkpoint with ``BertForSequenceClassification.from_pretrained(dir, num_labels=k)``: the
+    encoder is loaded, the pooler and classifier are new (MLM-only pretraining, as RoBERTa and BiGS, does not train
+    a pooler).
+
+    Shapes: as :class:`BertForMaskedLM`; labels optional (B,) class ids (or float targets when num_labels == 1).
+    Returns ``TextModelOutput(loss, logits (B, num_labels))``.
+    """
+    config_class = BertConfig
+    encoder_class = BertModel
+    encoder_name = 'bert'
+    pool = 'first'
 
 
 def BertForMaskedLMBaseline(max_len: int = 512, device=None, dtype=None, **config) -> BertForMaskedLM:

@@ -67,10 +67,8 @@ import torch
 import torch.nn as nn
 
 from ..layers import BidirectionalGatedSSM
-from .bert import BertEmbeddings, EncoderForMaskedLM, SequencePooler, init_bert_weights
-from .modeling_utils import (
-    PretrainedMixin, TextConfig, TextModelOutput, check_text_inputs, init_linear_embedding,
-    sequence_classification_loss)
+from .bert import BertEmbeddings, EncoderForMaskedLM, EncoderForSequenceClassification, init_bert_weights
+from .modeling_utils import PretrainedMixin, TextConfig, check_text_inputs
 
 __all__ = [
     'BiGSConfig', 'BiGSModel', 'BiGSForMaskedLM', 'BiGSForSequenceClassification',
@@ -207,7 +205,7 @@ class BiGSForMaskedLM(EncoderForMaskedLM):
         return _from_official(cls, path_or_state_dict, device, dtype, config_overrides)
 
 
-class BiGSForSequenceClassification(PretrainedMixin, nn.Module):
+class BiGSForSequenceClassification(EncoderForSequenceClassification):
     """Sequence classifier: encoder, official BiGS pooler (masked mean, dense, tanh), dropout, linear classifier.
 
     Load a masked-LM checkpoint with ``BiGSForSequenceClassification.from_pretrained(dir, num_labels=k)``: the
@@ -219,30 +217,9 @@ class BiGSForSequenceClassification(PretrainedMixin, nn.Module):
         targets when ``num_labels == 1`` (MSE). Returns ``TextModelOutput(loss, logits (B, num_labels))``.
     """
     config_class = BiGSConfig
-    head_prefixes = ('pooler', 'classifier')
-
-    def __init__(self, config: BiGSConfig, device=None, dtype=None):
-        super().__init__()
-        self.config = config
-        self.bigs = BiGSModel(config, device=device, dtype=dtype)
-        self.pooler = SequencePooler(config.hidden_size, 'mean', device=device, dtype=dtype)
-        self.dropout = nn.Dropout(config.classifier_dropout)
-        self.classifier = nn.Linear(config.hidden_size, config.num_labels, device=device, dtype=dtype)
-        init_linear_embedding(self.pooler.dense, config.initializer_range)
-        init_linear_embedding(self.classifier, config.initializer_range)
-
-    def forward(
-            self,
-            input_ids: torch.Tensor,
-            attention_mask: Optional[torch.Tensor] = None,
-            token_type_ids: Optional[torch.Tensor] = None,
-            labels: Optional[torch.Tensor] = None,
-    ) -> TextModelOutput:
-        h = self.bigs(input_ids, attention_mask, token_type_ids)
-        mask = None if attention_mask is None else attention_mask.to(torch.bool)
-        logits = self.classifier(self.dropout(self.pooler(h, mask)))
-        return TextModelOutput(
-            loss=None if labels is None else sequence_classification_loss(logits, labels), logits=logits)
+    encoder_class = BiGSModel
+    encoder_name = 'bigs'
+    pool = 'mean'
 
     @classmethod
     def from_official(
