@@ -477,22 +477,6 @@ def evaluate_classifier(model: nn.Module, batches: Sequence[Dict[str, torch.Tens
     return metrics
 
 
-def _resolve_finetune_recipe(args) -> dict:
-    r = FINETUNE_RECIPE
-    given = {'lr': args.lr, 'betas': None if args.opt_betas is None else tuple(args.opt_betas), 'eps': args.opt_eps,
-             'weight_decay': args.weight_decay, 'sched': args.sched}
-    overridden = [k for k, v in given.items() if v is not None and v != r[k]]
-    args.lr = r['lr'] if args.lr is None else args.lr
-    args.opt_betas = list(r['betas']) if args.opt_betas is None else list(args.opt_betas)
-    args.opt_eps = r['eps'] if args.opt_eps is None else args.opt_eps
-    args.weight_decay = r['weight_decay'] if args.weight_decay is None else args.weight_decay
-    args.sched = r['sched'] if args.sched is None else args.sched
-    if args.warmup_steps is None:
-        args.warmup_steps = args.steps // 10
-    source = r['source'] + (f'; overridden on the command line: {", ".join(overridden)}' if overridden else '')
-    return {'recipe': 'finetune', 'source': source, 'overridden': overridden}
-
-
 def _epoch_order(n: int, seed: int, epoch: int) -> torch.Tensor:
     return torch.randperm(n, generator=torch.Generator().manual_seed(seed * 100_003 + epoch))
 
@@ -500,7 +484,7 @@ def _epoch_order(n: int, seed: int, epoch: int) -> torch.Tensor:
 def train_classifier(args, run, argv) -> Optional[dict]:
     """``--task classify`` inside :func:`mlp_vision.text.train._train`'s run (see the module docstring)."""
     from timm.utils import random_seed
-    from .train import _create_optimizer, _quote, lm_schedule
+    from .train import _apply_recipe, _create_optimizer, _quote, lm_schedule
     dist_info = run.dist_info
     device, primary, world = dist_info.device, dist_info.primary, dist_info.world_size
     resumed = run.resume_ckpt or {}
@@ -563,7 +547,7 @@ def train_classifier(args, run, argv) -> Optional[dict]:
     model.to(device)
 
     # ---------------------------------------------------------------- optimizer, schedule, resume
-    recipe_info = _resolve_finetune_recipe(args)
+    recipe_info = _apply_recipe(args, FINETUNE_RECIPE, 'finetune')
     optimizer = _create_optimizer(model, family, args)
     amp_autocast, loss_scaler, amp_dtype = setup_amp(args.amp, args.amp_dtype, device)
     params = [p for p in model.parameters() if p.requires_grad]

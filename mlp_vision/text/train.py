@@ -280,7 +280,13 @@ def _model_entry(name: str, task: str):
 def _resolve_recipe(args, family: str, registry_task: str) -> dict:
     """Fill --lr / --opt-betas / --opt-eps / --weight-decay / --sched / --warmup-steps from the family recipe."""
     key = (family, registry_task) if (family, registry_task) in RECIPES else _DEFAULT_RECIPE[registry_task]
-    recipe = RECIPES[key]
+    return _apply_recipe(args, RECIPES[key], f'{key[0]}/{key[1]}')
+
+
+def _apply_recipe(args, recipe: dict, name: str) -> dict:
+    """Fill the optimizer flags left unset (None) from ``recipe``: --lr / --opt-betas / --opt-eps / --weight-decay /
+    --sched, and --warmup-steps (the recipe's ``warmup_steps``, at most a tenth of --steps; a tenth of --steps when
+    the recipe has none). Returns the run's record: ``name``, the source and the flags the command line overrode."""
     given = {'lr': args.lr, 'betas': None if args.opt_betas is None else tuple(args.opt_betas), 'eps': args.opt_eps,
              'weight_decay': args.weight_decay, 'sched': args.sched}
     overridden = [k for k, v in given.items() if v is not None and v != recipe[k]]  # recipe betas are tuples
@@ -290,9 +296,9 @@ def _resolve_recipe(args, family: str, registry_task: str) -> dict:
     args.weight_decay = recipe['weight_decay'] if args.weight_decay is None else args.weight_decay
     args.sched = recipe['sched'] if args.sched is None else args.sched
     if args.warmup_steps is None:
-        args.warmup_steps = min(recipe['warmup_steps'], args.steps // 10)
+        args.warmup_steps = min(recipe.get('warmup_steps', args.steps // 10), args.steps // 10)
     source = recipe['source'] + (f'; overridden on the command line: {", ".join(overridden)}' if overridden else '')
-    return {'recipe': f'{key[0]}/{key[1]}', 'source': source, 'overridden': overridden}
+    return {'recipe': name, 'source': source, 'overridden': overridden}
 
 
 def _create_optimizer(model: nn.Module, family: str, args) -> torch.optim.Optimizer:
