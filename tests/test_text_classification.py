@@ -230,3 +230,23 @@ def test_bad_input_stops_with_one_line(toy, tmp_path):
     assert 'has no sequence classifier' in msg
     msg = _error(['--init-from', str(tmp_path / 'nothing'), '--train-file', train, '--val-file', dev], tmp_path)
     assert 'does not exist' in msg
+
+
+def test_scratch_model_with_a_pretrained_runs_tokenizer(mlm_run, toy, tmp_path):
+    """--tokenizer-from: a from-scratch classifier fed with another run's vocabulary (the study's control arm)."""
+    train, dev = toy
+    pretrained = str(mlm_run / 'pretrained')
+    res = _run(TINY_BERT + ['--tokenizer-from', pretrained, '--train-file', train, '--val-file', dev, '--steps', '4',
+                            '--eval-interval', '4', '-b', '8', '--block-size', '32'], tmp_path, 'scratch_tok')
+    saved = json.loads((Path(res['experiment_dir']) / 'results.json').read_text())
+    assert saved['init']['kind'] == 'none'  # no weights loaded: a model trained from scratch
+    # the run's byte vocabulary, not the default --tokenizer char alphabet of the TSV
+    assert saved['tokenizer'] == {'type': 'byte', 'vocab_size': mt_load_tokenizer(pretrained).vocab_size}
+    msg = _error(['--tokenizer-from', pretrained, '--init-from', pretrained, '--train-file', train,
+                  '--val-file', dev], tmp_path)
+    assert '--tokenizer-from is for a model trained from scratch' in msg
+
+
+def mt_load_tokenizer(path):
+    from mlp_vision.text import load_tokenizer
+    return load_tokenizer(path)

@@ -435,7 +435,19 @@ def init_classifier(init_from: str, model_name: str, model_kwargs: Dict[str, Any
     return model, 'bigs', model.tokenizer, InitReport(str(init_from), 'official BiGS', loaded, new, unused_official)
 
 
-def _scratch_tokenizer(kind: str, data: LabelledData, dev: LabelledData) -> Tokenizer:
+def _scratch_tokenizer(kind: str, data: LabelledData, dev: LabelledData, tokenizer_from: str = '') -> Tokenizer:
+    if tokenizer_from:
+        from .tokenizer import find_tokenizer
+        if not os.path.exists(tokenizer_from):
+            raise UsageError(f'--tokenizer-from {tokenizer_from} does not exist')
+        tokenizer = find_tokenizer(tokenizer_from)
+        if tokenizer is None:
+            raise UsageError(f'--tokenizer-from {tokenizer_from} holds no tokenizer (tokenizer_config.json, '
+                             f'tokenizer.json or vocab.txt)')
+        if tokenizer.cls_id is None or tokenizer.sep_id is None or tokenizer.pad_id is None:
+            raise UsageError(f'--tokenizer-from {tokenizer_from}: a classification input needs <cls>, <sep> and <pad> '
+                             f'tokens, which this tokenizer lacks')
+        return tokenizer
     if kind == 'byte':
         return ByteTokenizer(DEFAULT_CONTROL_TOKENS)
     if kind != 'char':
@@ -508,6 +520,9 @@ def train_classifier(args, run, argv) -> Optional[dict]:
     num_labels = len(names)
 
     # ---------------------------------------------------------------- model, weights, tokenizer
+    if args.init_from and args.tokenizer_from:
+        raise UsageError('--tokenizer-from is for a model trained from scratch; with --init-from the checkpoint\'s '
+                         'tokenizer is used (give one of the two)')
     random_seed(args.seed, dist_info.rank)
     run.check_resume(task=args.task)
     if resumed:  # the resumed run's architecture and tokenizer; its weights come with run.restore below
@@ -519,7 +534,7 @@ def train_classifier(args, run, argv) -> Optional[dict]:
     else:
         model, family, tokenizer, report = init_classifier(
             args.init_from, args.model, args.model_kwargs, num_labels,
-            tokenizer_for_scratch=lambda: _scratch_tokenizer(args.tokenizer, train, dev),
+            tokenizer_for_scratch=lambda: _scratch_tokenizer(args.tokenizer, train, dev, args.tokenizer_from),
             trust=getattr(args, 'trust_checkpoint', False))
         if args.init_from:  # the checkpoint decides the architecture; --model names it in the outputs
             args.model = f'{type(model).__name__} from {args.init_from}'

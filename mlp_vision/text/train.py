@@ -174,6 +174,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument('--init-from', default='', type=str, metavar='PATH',
                    help='classify: start from this last.pth / model_best.pth, pretrained/ folder or official BiGS '
                         'folder (its architecture and tokenizer); the log lists the loaded and the new weights')
+    g.add_argument('--tokenizer-from', default='', type=str, metavar='PATH',
+                   help='classify without --init-from: the tokenizer of this folder (a pretrained/ folder, '
+                        'tokenizer.json or BERT vocab.txt), e.g. to train from scratch with a pretrained run\'s vocabulary')
     g.add_argument('--train-file', default='', type=str, metavar='PATH', help='UTF-8 training text')
     g.add_argument('--val-file', default='', type=str, metavar='PATH',
                    help='held-out UTF-8 text (default: the last --val-fraction of --train-file)')
