@@ -42,8 +42,6 @@ def main(runs: Path):
                     if (run / name).exists():
                         shutil.copy2(run / name, dst / name)
     base = json.loads((HERE / 'baselines.json').read_text())
-    table = ['| encoder (4 layers, width 128) | masked-LM val loss | masked acc | pretraining time |',
-             '| --- | --- | --- | --- |'] if False else []
     text = ['## Pretraining (masked LM, WikiText-2 valid -> test, byte-level BPE 8,000, 400 updates x 4,096 tokens)', '',
             '| encoder | params | final val loss | masked-token acc | time |', '| --- | --- | --- | --- | --- |',
             *pre_rows, '',
