@@ -111,6 +111,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     layer.add_argument('--dim', type=int, default=1024, help='model width d (both layers)')
     layer.add_argument('--hidden-dim', type=int, default=3072, help='BiGS intermediate width d_i')
     layer.add_argument('--num-states', type=int, default=64, help='BiGS SSM states N')
+    layer.add_argument('--bigs-conv-impl', default='auto', choices=BidirectionalGatedSSM.CONV_IMPLS,
+                       help="bigs_layer's SSM convolution route (BidirectionalGatedSSM.conv_impl; 'triton' is the "
+                            "blocked-Toeplitz Triton kernel, meant for CUDA)")
     layer.add_argument('--heads', type=int, default=16, help='BERT attention heads')
     layer.add_argument('--ffn-dim', type=int, default=4096, help='BERT feed-forward width')
     p.add_argument('--device', default='cpu')
@@ -175,7 +178,8 @@ def _create(name: str, args: argparse.Namespace) -> nn.Module:
 
 def _create_layer(name: str, args: argparse.Namespace) -> nn.Module:
     if name == 'bigs_layer':
-        return BidirectionalGatedSSM(args.dim, args.hidden_dim, num_states=args.num_states)
+        return BidirectionalGatedSSM(args.dim, args.hidden_dim, num_states=args.num_states,
+                                     conv_impl=args.bigs_conv_impl)
     return BertLayer(args.dim, num_heads=args.heads, ffn_dim=args.ffn_dim)
 
 

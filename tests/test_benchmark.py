@@ -113,3 +113,13 @@ def test_reference_contenders_need_the_reference_folder(tmp_path, monkeypatch, c
     err = capsys.readouterr().err
     assert 'ref: contenders need the straightforward reference models' in err and str(missing / 'bigs.py') in err
     assert benchmark.parse_args(['--model', 'bigs_layer']).model == ['bigs_layer']
+
+
+def test_bigs_layer_conv_impl_option(tmp_path):
+    """--bigs-conv-impl picks the BiGS layer's SSM route (the GPU script's Triton pairs use it); the straightforward
+    layer built from it computes the same function (the Triton kernel runs in its interpreter on the CPU)."""
+    pytest.importorskip('triton')
+    rows, _ = _run_bench(tmp_path, '--compare', 'bigs_layer', 'ref:bigs_layer', '--bigs-conv-impl', 'triton',
+                         '--bench', 'inference', '--dim', '16', '--hidden-dim', '24', '--num-states', '4',
+                         '--seq-len', '24', '-b', '1', '--no-flops')
+    assert float(rows[0]['max_abs_diff']) <= 1e-4 * max(1., float(rows[0]['max_abs_out']))

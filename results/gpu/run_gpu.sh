@@ -107,8 +107,8 @@ longconv)
     step longconv_bench_16384 240 $PY results/gpu/longconv_check.py bench --seq-len 16384 --batch 2 "${tiles[@]}" \
         --out "$WORK/bench/gpu_longconv_16384"
     # 4. the goal: BiGS layer with the Triton route vs BERT-large with flash attention, inference and
-    #    training step, step memory (per token: step_mem_mb / tokens per step). Needs the route wired into
-    #    BidirectionalGatedSSM and a benchmark.py option selecting it (BIGS_CONV_FLAG, default --bigs-conv-impl triton)
+    #    training step, step memory (per token: step_mem_mb / tokens per step). The layer runs the route with
+    #    conv_impl='triton', selected by benchmark.py --bigs-conv-impl triton (BIGS_CONV_FLAG overrides the flag)
     conv_flag=(${BIGS_CONV_FLAG:---bigs-conv-impl triton})
     if $PY benchmark.py --help 2>/dev/null | grep -q -- "${conv_flag[0]}"; then
         flags=(--device cuda --precision amp_bf16 --bench both --samples 10 --min-sample-time 0.3 --warmup 3)
