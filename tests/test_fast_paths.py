@@ -86,6 +86,15 @@ def test_token_linear_is_linear(case, bias):
         _close(a, r, rtol=1e-4)
 
 
+def test_token_linear_empty_batch():
+    """An empty batch on the strided route gives the empty result F.linear gives (no reshape ambiguity)."""
+    from mlp_vision.layers import TokenLinear
+    lin = TokenLinear(6, 4)
+    x = torch.randn(0, 5, 6, 8).permute(0, 3, 1, 2)  # (0, 8, 5, 6) channels-last view, last axis strided
+    y = lin(x)
+    assert y.shape == (0, 8, 5, 4) and y.shape == F.linear(x, lin.weight, lin.bias).shape
+
+
 def test_token_linear_keeps_memory_layout():
     """A token axis of channels-last activations comes back channels-last: no copy on the way out."""
     from mlp_vision.layers import TokenLinear

@@ -39,10 +39,12 @@ def _linear_in_memory_order(x: torch.Tensor, weight: torch.Tensor, bias: Optiona
     xm = x.permute(order)  # contiguous whenever x is a permutation of a contiguous tensor
     outer = xm.shape[:pos]
     inner = xm.shape[pos + 1:]
-    n_outer = 1
+    n_outer, n_inner = 1, 1
     for s in outer:
         n_outer *= s
-    x3 = xm.reshape(n_outer, x.shape[-1], -1)  # (P, n, Q): a view when xm is contiguous
+    for s in inner:
+        n_inner *= s
+    x3 = xm.reshape(n_outer, x.shape[-1], n_inner)  # (P, n, Q): a view when xm is contiguous (sizes given: P may be 0)
     w = weight.expand(n_outer, -1, -1)
     if bias is None:
         y = torch.bmm(w, x3)
