@@ -416,19 +416,16 @@ class BidirectionalGatedSSM(nn.Module):
         fwd, bwd = self.ssm_forward, self.ssm_backward
         k_f, k_b = fwd.kernel(length), bwd.kernel(length)  # (L,) each, float32 (float64)
         dtype = _compute_dtype(u, k_f)
-        direct = self.conv_impl == 'direct' or (self.conv_impl == 'auto' and length <= self.DIRECT_MAX_LEN)
-        if self.conv_impl == 'triton':
-            # the blocked-Toeplitz Triton kernel: tiles multiply in u's dtype (bf16 tensor cores under autocast) and
-            # accumulate in float32; runs compiled on CUDA, in Triton's interpreter elsewhere (slow: for tests)
-            k_f = k_f + F.pad(fwd.D.to(k_f.dtype), (0, length - 1))
-            k_b = k_b + F.pad(bwd.D.to(k_b.dtype), (0, length - 1))
-            with _autocast_off(u.device):
-                return bidirectional_long_conv(u, torch.stack([k_f, k_b]).float())
         with _autocast_off(u.device):
-            u32 = u.to(dtype)
             # the D u term is the lag-0 tap of the convolution: fold it into the kernels (K[0] += D)
             k_f = k_f.to(dtype) + F.pad(fwd.D.to(dtype), (0, length - 1))
             k_b = k_b.to(dtype) + F.pad(bwd.D.to(dtype), (0, length - 1))
+            if self.conv_impl == 'triton':
+                # the blocked-Toeplitz Triton kernel: tiles multiply in u's dtype (bf16 tensor cores under autocast)
+                # and accumulate in float32; compiled on CUDA, Triton's interpreter elsewhere (slow: for tests)
+                return bidirectional_long_conv(u, torch.stack([k_f, k_b]).float())
+            direct = self.conv_impl == 'direct' or (self.conv_impl == 'auto' and length <= self.DIRECT_MAX_LEN)
+            u32 = u.to(dtype)
             if direct:
                 mats = torch.stack([causal_toeplitz(k_f), causal_toeplitz(k_b, anticausal=True)])  # (2, L, L)
                 batch, _, _, d = u.shape
