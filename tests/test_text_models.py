@@ -573,3 +573,37 @@ def test_bert_baseline_layer_is_post_ln_multihead_attention():
     h = layer.norm1(x + a.out(ctx.transpose(1, 2).reshape(2, 7, 32)))
     expected = layer.norm2(h + layer.fc2(F.gelu(layer.fc1(h))))
     torch.testing.assert_close(layer(x), expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize('name', ['gmlp_base', 'amlp_base', 'bigs_small', 'bert_small'])
+def test_sparse_prediction_decodes_scored_positions_only(name, single_thread):
+    """``sparse_prediction``: the logits are the dense model's rows at the scored positions, and the loss and every
+    gradient equal the dense model's (the head is per-token, so skipping unscored positions changes nothing)."""
+    small = dict(vocab_size=50, hidden_size=32, num_hidden_layers=2, intermediate_size=64, max_position_embeddings=16)
+    if name in ('bigs_small', 'bert_small'):
+        small['pad_token_id'] = 0
+    if name == 'amlp_base':
+        small['tiny_attention_size'] = 8
+    if name == 'bigs_small':
+        small['num_ssm_states'] = 4
+    if name == 'bert_small':
+        small['num_attention_heads'] = 2
+    torch.manual_seed(0)
+    dense = mt.create_model(name, task='masked_lm', **small).eval()
+    sparse = mt.create_model(name, task='masked_lm', sparse_prediction=True, **small).eval()
+    sparse.load_state_dict(dense.state_dict())
+    x = torch.randint(1, 50, (3, 16))
+    labels = torch.full_like(x, -100)
+    scored = torch.rand(x.shape) < 0.2
+    scored[0, 3] = True
+    labels[scored] = x[scored]
+    out_d, out_s = dense(input_ids=x, labels=labels), sparse(input_ids=x, labels=labels)
+    assert out_s.logits.shape == (int(scored.sum()), 50)
+    torch.testing.assert_close(out_s.logits, out_d.logits[scored], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out_s.loss, out_d.loss, rtol=1e-5, atol=1e-6)
+    out_d.loss.backward()
+    out_s.loss.backward()
+    for (n, p_d), p_s in zip(dense.named_parameters(), sparse.parameters()):
+        torch.testing.assert_close(p_s.grad, p_d.grad, rtol=1e-4, atol=1e-6, msg=n)
+    # without labels (inference, fill-mask) the sparse model returns every position's logits
+    torch.testing.assert_close(sparse(input_ids=x).logits, out_d.logits, rtol=1e-5, atol=1e-5)

@@ -55,3 +55,34 @@ def test_mlm_pretraining_with_a_trained_subword_vocabulary(corpus, tmp_path, kin
     assert tok.decode(tok.encode(text)).replace(' .', '.') == text.replace(' .', '.')
     # the loss went down from the uniform guess over the vocabulary
     assert res['val_final']['loss'] < torch.log(torch.tensor(float(tok.vocab_size))).item()
+
+
+def test_mlm_pretraining_with_sparse_prediction_and_a_shared_vocabulary(corpus, tmp_path):
+    """``--tokenizer-from``: a second pretraining run takes the first's vocabulary exactly (WordPiece training is not
+    reproducible run to run); ``sparse_prediction=true`` trains to the same losses as the dense head (the head is
+    per-token, so decoding only the scored positions changes nothing but the cost)."""
+    common = ['--task', 'mlm', '--train-file', corpus, '--block-size', '32', '--steps', '12', '-b', '8', '--lr',
+              '3e-3', '--warmup-steps', '3', '--eval-interval', '6', '--eval-batches', '2', '--final-eval-batches',
+              '4', '--threads', '1', '--output', str(tmp_path), '--seed', '3']
+    first = text_train.main(TINY_BIGS + common + ['--tokenizer', 'wordpiece', '--vocab-size', '120',
+                                                  '--experiment', 'first'])
+    shared = str(tmp_path / 'first' / 'pretrained')
+    dense = text_train.main(TINY_BIGS + common + ['--tokenizer-from', shared, '--experiment', 'dense'])
+    sparse = text_train.main(TINY_BIGS + ['sparse_prediction=True'] + common
+                             + ['--tokenizer-from', shared, '--experiment', 'sparse'])
+    assert dense['tokenizer'] == sparse['tokenizer'] == first['tokenizer']
+    sparse_model = mt.from_pretrained(str(tmp_path / 'sparse' / 'pretrained'))
+    assert sparse_model.config.sparse_prediction
+    assert sparse_model.tokenizer.to_dict() == mt.load_tokenizer(shared).to_dict()
+    assert sparse['val_final']['loss'] == pytest.approx(dense['val_final']['loss'], rel=1e-4)
+    # a path without a tokenizer, or one without the mask token a masked LM needs: one clear line, no training
+    for bad, expected in ((['--tokenizer-from', str(tmp_path / 'nowhere')], 'does not exist'),
+                          (['--tokenizer-from', str(tmp_path / 'first' / 'pretrained' / 'config.json')],
+                           'holds no tokenizer'),
+                          (['--tokenizer-from', str(tmp_path / 'first' / 'last.pth')], 'holds no tokenizer'),
+                          # an unparsed 'false' is a true string: it must stop the run, not switch the option on
+                          (['--model-kwargs', *TINY_BIGS[3:], 'sparse_prediction=false'], 'must be a bool')):
+        with pytest.raises(SystemExit) as e:
+            text_train.main(TINY_BIGS + common + bad + ['--experiment', 'bad'])
+        assert e.value.code != 0 and expected in str(e.value.message)
+    assert not (tmp_path / 'bad').exists()

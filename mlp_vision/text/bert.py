@@ -32,7 +32,7 @@ import torch.nn.functional as F
 
 from .modeling_utils import (
     PretrainedMixin, TextConfig, TextModelOutput, check_text_inputs, init_linear_embedding, masked_lm_loss,
-    sequence_classification_loss, tied_decoder)
+    scored_positions, sequence_classification_loss, tied_decoder)
 
 __all__ = [
     'BertConfig', 'BertEmbeddings', 'BertSelfAttention', 'BertLayer', 'BertModel', 'MaskedLMHeadTransform',
@@ -57,6 +57,7 @@ class BertConfig(TextConfig):
         pad_token_id: the padding token (its embedding row starts at zero and gets no gradient).
         num_labels: outputs of the sequence classifier (1 = regression with MSE).
         classifier_dropout: dropout between the pooler and the classifier.
+        sparse_prediction: masked LM with labels: decode only the scored positions, logits (N, V) (:func:`~mlp_vision.text.modeling_utils.scored_positions`).
     """
     vocab_size: int = 30522
     hidden_size: int = 1024
@@ -72,8 +73,10 @@ class BertConfig(TextConfig):
     pad_token_id: int = 0
     num_labels: int = 2
     classifier_dropout: float = 0.1
+    sparse_prediction: bool = False
 
     def __post_init__(self):
+        self.check_field_types()
         if self.hidden_size % self.num_attention_heads:
             raise ValueError(f'hidden_size {self.hidden_size} not divisible by num_attention_heads '
                              f'{self.num_attention_heads}')
@@ -270,8 +273,9 @@ class EncoderForMaskedLM(PretrainedMixin, nn.Module):
             token_type_ids: Optional[torch.Tensor] = None,
             labels: Optional[torch.Tensor] = None,
     ) -> TextModelOutput:
-        h = self.mlm_head(getattr(self, self.encoder_name)(input_ids, attention_mask, token_type_ids))
-        logits = self.decoder(h) + self.output_bias
+        hidden, labels = scored_positions(getattr(self, self.encoder_name)(input_ids, attention_mask, token_type_ids),
+                                          labels, self.config.sparse_prediction)
+        logits = self.decoder(self.mlm_head(hidden)) + self.output_bias
         return TextModelOutput(loss=None if labels is None else masked_lm_loss(logits, labels), logits=logits)
 
 
@@ -280,7 +284,8 @@ class BertForMaskedLM(EncoderForMaskedLM):
 
     Shapes:
         input_ids, attention_mask, token_type_ids: (B, L) as :class:`BertModel`; labels: optional (B, L) int64 with
-        -100 at positions that are not scored. Returns ``TextModelOutput(loss, logits (B, L, V))``.
+        -100 at positions that are not scored. Returns ``TextModelOutput(loss, logits (B, L, V))``;
+        logits (N, V) of the N scored positions when ``config.sparse_prediction`` and labels are given.
     """
     config_class = BertConfig
     encoder_class = BertModel

@@ -101,6 +101,7 @@ class BiGSConfig(TextConfig):
             the tanh approximation). The MLM head's GELU is exact in both official versions and here.
         num_labels: outputs of the sequence classifier (1 = regression with MSE).
         classifier_dropout: dropout between the pooler and the classifier.
+        sparse_prediction: masked LM with labels: decode only the scored positions, logits (N, V) (:func:`~mlp_vision.text.modeling_utils.scored_positions`).
     """
     vocab_size: int = 30522
     hidden_size: int = 1024
@@ -119,10 +120,12 @@ class BiGSConfig(TextConfig):
     gelu_approximate: str = 'none'
     num_labels: int = 2
     classifier_dropout: float = 0.1
+    sparse_prediction: bool = False
 
     legacy_names = {'hidden_dropout': 'hidden_dropout_prob', 'num_ssm': 'num_ssm_states'}
 
     def __post_init__(self):
+        self.check_field_types()
         if not 0 <= self.pad_token_id < self.vocab_size:
             raise ValueError(f'pad_token_id {self.pad_token_id} outside [0, {self.vocab_size})')
         if not 0 < self.dt_min <= self.dt_max:
@@ -177,7 +180,8 @@ class BiGSForMaskedLM(EncoderForMaskedLM):
 
     Shapes:
         input_ids, attention_mask, token_type_ids: (B, L) as :class:`BiGSModel`; labels: optional (B, L) int64
-        with -100 at positions that are not scored. Returns ``TextModelOutput(loss, logits (B, L, V))``.
+        with -100 at positions that are not scored. Returns ``TextModelOutput(loss, logits (B, L, V))``;
+        logits (N, V) of the N scored positions when ``config.sparse_prediction`` and labels are given.
     """
     config_class = BiGSConfig
     encoder_class = BiGSModel

@@ -58,6 +58,7 @@ from ..training.engine import format_duration
 from ..training.errors import UsageError
 from ..training.run import UpdateStep, create_lr_scheduler, setup_amp
 from ..training.summary import plot_curves
+from .data import tokenizer_from_path
 from .loop import StepState, run_steps
 from .registry import architecture_class, create_model, is_model, list_models, model_class, model_entry
 from .tokenizer import DEFAULT_CONTROL_TOKENS, ByteTokenizer, CharTokenizer, Tokenizer, tokenizer_from_dict
@@ -437,17 +438,7 @@ def init_classifier(init_from: str, model_name: str, model_kwargs: Dict[str, Any
 
 def _scratch_tokenizer(kind: str, data: LabelledData, dev: LabelledData, tokenizer_from: str = '') -> Tokenizer:
     if tokenizer_from:
-        from .tokenizer import find_tokenizer
-        if not os.path.exists(tokenizer_from):
-            raise UsageError(f'--tokenizer-from {tokenizer_from} does not exist')
-        tokenizer = find_tokenizer(tokenizer_from)
-        if tokenizer is None:
-            raise UsageError(f'--tokenizer-from {tokenizer_from} holds no tokenizer (tokenizer_config.json, '
-                             f'tokenizer.json or vocab.txt)')
-        if tokenizer.cls_id is None or tokenizer.sep_id is None or tokenizer.pad_id is None:
-            raise UsageError(f'--tokenizer-from {tokenizer_from}: a classification input needs <cls>, <sep> and <pad> '
-                             f'tokens, which this tokenizer lacks')
-        return tokenizer
+        return tokenizer_from_path(tokenizer_from, needs=('cls', 'sep', 'pad'))
     if kind == 'byte':
         return ByteTokenizer(DEFAULT_CONTROL_TOKENS)
     if kind != 'char':

@@ -28,7 +28,7 @@ from .tokenizer import DEFAULT_CONTROL_TOKENS, SUBWORD_KINDS, ByteTokenizer, Cha
     train_tokenizer
 
 __all__ = [
-    'Batch', 'MLM_CONTROL_TOKENS', 'build_tokenizer', 'encode_text', 'read_text_file', 'sample_causal_batch',
+    'Batch', 'MLM_CONTROL_TOKENS', 'build_tokenizer', 'tokenizer_from_path', 'encode_text', 'read_text_file', 'sample_causal_batch',
     'causal_eval_batches', 'MLMMasker', 'mlm_segments', 'sample_mlm_batch', 'mlm_eval_batches', 'subset_batches',
     'unigram_mlm_baseline',
 ]
@@ -60,6 +60,25 @@ def build_tokenizer(kind: str, task: str, train_text: str, val_text: str = '', v
         _logger.info(f'char tokenizer: {len(unseen)} characters of the validation text ({count} occurrences) '
                      f'are not in the training text; they map to {UNK}')
     return CharTokenizer(alphabet, specials, unk=UNK if unseen else None)
+
+
+def tokenizer_from_path(path: str, needs: Sequence[str] = ()) -> Tokenizer:
+    """``--tokenizer-from PATH``: the tokenizer of a folder (our ``pretrained/`` or a run folder, an official one) or
+    file (``tokenizer.json``, BERT ``vocab.txt``), so that several runs share one vocabulary exactly (WordPiece
+    training is not reproducible run to run). ``needs``: control tokens the task uses (``'cls'``, ``'sep'``,
+    ``'pad'``, ``'mask'``); a tokenizer without one is a :class:`UsageError`."""
+    from .tokenizer import find_tokenizer
+    if not Path(path).exists():
+        raise UsageError(f'--tokenizer-from {path} does not exist')
+    tokenizer = find_tokenizer(path)
+    if tokenizer is None:
+        raise UsageError(f'--tokenizer-from {path} holds no tokenizer (tokenizer_config.json, tokenizer.json or '
+                         f'vocab.txt)')
+    missing = [name for name in needs if getattr(tokenizer, f'{name}_id') is None]
+    if missing:
+        raise UsageError(f'--tokenizer-from {path}: this task needs the {", ".join(f"<{n}>" for n in needs)} '
+                         f'tokens; the tokenizer lacks {", ".join(f"<{n}>" for n in missing)}')
+    return tokenizer
 
 
 def encode_text(tok: Tokenizer, text: str, what: str) -> torch.Tensor:

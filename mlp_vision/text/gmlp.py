@@ -60,7 +60,7 @@ import torch.nn as nn
 from ..layers import GatedMLPBlock, SPATIAL_MODES
 from .modeling_utils import (
     GenerationMixin, PretrainedMixin, TextConfig, TextModelOutput, causal_lm_loss, check_text_inputs,
-    init_linear_embedding, masked_lm_loss, sequence_classification_loss, tied_decoder)
+    init_linear_embedding, masked_lm_loss, scored_positions, sequence_classification_loss, tied_decoder)
 
 __all__ = ['GMLPConfig', 'GMLPModel', 'GMLPForMaskedLM', 'GMLPForSequenceClassification', 'GMLPForCausalLM']
 
@@ -87,6 +87,7 @@ class GMLPConfig(TextConfig):
         cls_index: position whose last-layer state the sequence classifier reads (0: ``<cls>`` first, BERT).
         num_labels: outputs of the sequence-classification head (1 = regression with MSE).
         classifier_dropout: dropout before the classifier.
+        sparse_prediction: masked LM with labels: decode only the scored positions, logits (N, V) (:func:`~mlp_vision.text.modeling_utils.scored_positions`).
     """
     vocab_size: int = 32000
     max_position_embeddings: int = 512
@@ -104,6 +105,7 @@ class GMLPConfig(TextConfig):
     cls_index: int = 0
     num_labels: int = 2
     classifier_dropout: float = 0.1
+    sparse_prediction: bool = False
 
     legacy_names = {
         'max_seq_len': 'max_position_embeddings', 'dim': 'hidden_size', 'depth': 'num_hidden_layers',
@@ -113,6 +115,7 @@ class GMLPConfig(TextConfig):
     legacy_defaults = {'mask_padding': False}  # what format-1 checkpoints were trained with
 
     def __post_init__(self):
+        self.check_field_types()
         if self.spatial_mode not in SPATIAL_MODES:
             raise ValueError(f'spatial_mode must be one of {SPATIAL_MODES}, got {self.spatial_mode!r}')
         if self.intermediate_size % 2:
@@ -195,7 +198,9 @@ class _GMLPForTokenLM(PretrainedMixin, nn.Module):
             attention_mask: Optional[torch.Tensor] = None,
             labels: Optional[torch.Tensor] = None,
     ) -> TextModelOutput:
-        logits = getattr(self, self.head_name)(self.gmlp(input_ids, attention_mask)) + self.output_bias
+        hidden, labels = scored_positions(self.gmlp(input_ids, attention_mask), labels,
+                                          self.config.sparse_prediction and self.loss_fn is masked_lm_loss)
+        logits = getattr(self, self.head_name)(hidden) + self.output_bias
         return TextModelOutput(loss=None if labels is None else self.loss_fn(logits, labels), logits=logits)
 
 
@@ -204,7 +209,8 @@ class GMLPForMaskedLM(_GMLPForTokenLM):
 
     Shapes:
         input_ids: (B, L); attention_mask: optional (B, L); labels: optional (B, L) int64 with -100 at positions
-        that are not scored. Returns ``TextModelOutput(loss, logits (B, L, V))``.
+        that are not scored. Returns ``TextModelOutput(loss, logits (B, L, V))``;
+        logits (N, V) of the N scored positions when ``config.sparse_prediction`` and labels are given.
     """
     head_prefixes = ('decoder', 'output_bias')
     head_name = 'decoder'

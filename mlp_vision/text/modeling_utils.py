@@ -38,7 +38,7 @@ from safetensors.torch import load_model, save_file
 
 __all__ = [
     'TextConfig', 'ModelOutput', 'TextModelOutput', 'PretrainedMixin', 'GenerationMixin', 'check_text_inputs',
-    'masked_lm_loss', 'causal_lm_loss', 'sequence_classification_loss', 'init_linear_embedding', 'tied_decoder',
+    'masked_lm_loss', 'causal_lm_loss', 'scored_positions', 'sequence_classification_loss', 'init_linear_embedding', 'tied_decoder',
     'read_config',
     'CONFIG_NAME', 'WEIGHTS_NAME', 'FORMAT_VERSION',
 ]
@@ -87,6 +87,21 @@ class TextConfig:
 
     def to_dict(self) -> Dict[str, Any]:
         return dataclasses.asdict(self)
+
+    def check_field_types(self) -> None:
+        """Every ``bool`` / ``int`` / ``float`` / ``str`` field holds that type (an int is a float too); a
+        ``TypeError`` otherwise. Command-line kwargs arrive as Python literals, and an unparsed ``'false'`` would be
+        a true string: it must stop the run, not switch the option on. Subclasses call it in ``__post_init__``."""
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            ok = {bool: lambda v: isinstance(v, bool),
+                  int: lambda v: isinstance(v, int) and not isinstance(v, bool),
+                  float: lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+                  str: lambda v: isinstance(v, str)}.get(f.type)
+            if ok is not None and not ok(value):
+                hint = ' (write True or False)' if f.type is bool else ''
+                raise TypeError(f'{type(self).__name__}.{f.name} must be a {f.type.__name__}{hint}, got {value!r} '
+                                f'({type(value).__name__})')
 
 
 # ------------------------------------------------------------------------------------------------------ outputs
@@ -192,6 +207,22 @@ def masked_lm_loss(logits: torch.Tensor, labels: torch.Tensor, ignore_index: int
     """Mean token cross-entropy in float32. logits: (B, L, V); labels: (B, L) int64, ``ignore_index`` not scored."""
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1),
                            ignore_index=ignore_index)
+
+
+def scored_positions(hidden: torch.Tensor, labels: Optional[torch.Tensor], sparse_prediction: bool
+                     ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """What a masked-LM head decodes: ``(hidden (B, L, d), labels (B, L))`` unchanged, or with ``sparse_prediction``
+    and labels given only the scored positions, ``(hidden (N, d), labels (N,))`` with N = ``(labels != -100).sum()``.
+
+    Sparse prediction runs the head (transform, V-way decoder) on the ~15 % of positions the loss scores instead of
+    all of them -- the same loss and gradients, a fraction of the head's cost, which at a small width dominates the
+    step (V d per token against ~12 d^2 per layer). ``transformers``' ModernBERT has the same switch
+    (``sparse_prediction``); the logits are then (N, V), one row per scored position in row-major order.
+    """
+    if not sparse_prediction or labels is None:
+        return hidden, labels
+    scored = labels != -100
+    return hidden[scored], labels[scored]
 
 
 def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor, ignore_index: int = -100) -> torch.Tensor:

@@ -573,9 +573,14 @@ def find_tokenizer(path: str) -> Optional[Tokenizer]:
     if os.path.isfile(path):
         if os.path.basename(path) == VOCAB_FILE_NAME or path.endswith('.txt'):
             return SubwordTokenizer.from_vocab_file(path)
-        d = _read_json(path)
-        if d is not None and d.get('type', d.get('tokenizer_type')) in ('byte', 'char'):
+        try:
+            d = _read_json(path)
+        except (ValueError, UnicodeDecodeError):  # not JSON: not a tokenizer file
+            return None
+        if isinstance(d, dict) and d.get('type', d.get('tokenizer_type')) in ('byte', 'char'):
             return tokenizer_from_dict(d)
+        if not isinstance(d, dict) or 'model' not in d:  # not JSON, or JSON of something else (a config.json)
+            return None
         return SubwordTokenizer.from_file(path)
     if not os.path.isdir(path):
         raise FileNotFoundError(f'{path} does not exist')

@@ -62,7 +62,7 @@ from ..training.run import (
 from ..training.summary import plot_curves
 from .data import (
     Batch, MLMMasker, build_tokenizer, causal_eval_batches, encode_text, mlm_eval_batches, read_text_file,
-    sample_causal_batch, sample_mlm_batch, subset_batches, unigram_mlm_baseline)
+    sample_causal_batch, sample_mlm_batch, subset_batches, tokenizer_from_path, unigram_mlm_baseline)
 from .loop import StepState, run_steps
 from .modeling_utils import masked_lm_loss as lm_loss  # token cross-entropy; causal labels are already shifted
 from .registry import create_model, is_model, list_models, model_entry
@@ -98,15 +98,21 @@ _TIMM_SCHED = {'cosine': 'cosine', 'linear': 'poly', 'constant': 'constant'}  # 
 
 
 # ------------------------------------------------------------------------------------------------ model calls
-def forward_logits(model: nn.Module, batch: Batch, device: torch.device, amp_autocast=nullcontext
-                   ) -> Tuple[torch.Tensor, torch.Tensor]:
-    """(logits (B, L, V), labels (B, L)) of a batch on ``device``: the one place that calls a text model."""
+def forward_logits(model: nn.Module, batch: Batch, device: torch.device, amp_autocast=nullcontext,
+                   sparse_prediction: bool = False) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(logits (B, L, V), labels (B, L)) of a batch on ``device``: the one place that calls a text model.
+
+    ``sparse_prediction`` (a masked LM whose config has it): the labels go into the model, which decodes only the
+    scored positions, and the result is (logits (N, V), labels (N,)) -- the same loss for a fraction of the head.
+    """
     x, attention, y = batch
     x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
     if attention is not None:
         attention = attention.to(device, non_blocking=True)
     with amp_autocast():
-        out = model(input_ids=x, attention_mask=attention)
+        out = model(input_ids=x, attention_mask=attention, **({'labels': y} if sparse_prediction else {}))
+    if sparse_prediction:
+        y = y[y != -100]
     return out.logits, y
 
 
@@ -175,8 +181,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help='classify: start from this last.pth / model_best.pth, pretrained/ folder or official BiGS '
                         'folder (its architecture and tokenizer); the log lists the loaded and the new weights')
     g.add_argument('--tokenizer-from', default='', type=str, metavar='PATH',
-                   help='classify without --init-from: the tokenizer of this folder (a pretrained/ folder, '
-                        'tokenizer.json or BERT vocab.txt), e.g. to train from scratch with a pretrained run\'s vocabulary')
+                   help='the tokenizer of this folder (a pretrained/ folder, tokenizer.json or BERT vocab.txt) '
+                        'instead of --tokenizer: several pretraining runs with one vocabulary, or a classifier '
+                        'trained from scratch with a pretrained run\'s vocabulary (not with --init-from)')
     g.add_argument('--train-file', default='', type=str, metavar='PATH', help='UTF-8 training text')
     g.add_argument('--val-file', default='', type=str, metavar='PATH',
                    help='held-out UTF-8 text (default: the last --val-fraction of --train-file)')
@@ -394,9 +401,14 @@ def _train(args, run: TrainingRun, argv):
 
     # ---------------------------------------------------------------- text, tokenizer, model
     train_text, val_text = _read_texts(args)
-    tokenizer = (tokenizer_from_dict(resumed['tokenizer']) if resumed
-                 else build_tokenizer(args.tokenizer, args.task, train_text, val_text, args.vocab_size))
-    if world > 1 and not resumed and args.tokenizer in SUBWORD_KINDS:
+    if resumed:
+        tokenizer = tokenizer_from_dict(resumed['tokenizer'])
+    elif args.tokenizer_from:
+        tokenizer = tokenizer_from_path(args.tokenizer_from, needs=('pad', 'cls', 'sep', 'mask') if args.task == 'mlm'
+                                        else ())
+    else:
+        tokenizer = build_tokenizer(args.tokenizer, args.task, train_text, val_text, args.vocab_size)
+    if world > 1 and not resumed and not args.tokenizer_from and args.tokenizer in SUBWORD_KINDS:
         # WordPiece training is not reproducible run to run (hash-ordered ties): every rank takes rank 0's
         tokenizer = tokenizer_from_dict(all_gather_objects(tokenizer.to_dict(), dist_info)[0])
     train_ids = encode_text(tokenizer, train_text, 'training text')
@@ -492,10 +504,13 @@ def _train(args, run: TrainingRun, argv):
             msg += f' masked acc {metrics["masked_acc"]:.2f}%'
         return msg
 
+    # training decodes only the scored positions when the masked LM's config asks for it (evaluation decodes all)
+    sparse_prediction = args.task == 'mlm' and getattr(model.config, 'sparse_prediction', False)
     finished = run_steps(
         args, run, state, model=model, train_model=train_model, optimizer=optimizer, scheduler=scheduler,
         schedule=schedule, loss_scaler=loss_scaler, update_step=update_step,
-        micro_loss=lambda: lm_loss(*forward_logits(train_model, data.next_batch(data_gen), device, amp_autocast)),
+        micro_loss=lambda: lm_loss(*forward_logits(train_model, data.next_batch(data_gen), device, amp_autocast,
+                                                   sparse_prediction)),
         evaluate=lambda: evaluate(model, data.periodic_batches), best_key='loss',
         rank_extra=lambda: {'data': data_gen.get_state()}, restore_rank=restore_rank, save_extra=save_extra,
         progress_text=lambda: f'{tokens_done() / max(state.train_seconds, 1e-9):,.0f} tok/s',
