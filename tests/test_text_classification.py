@@ -68,7 +68,7 @@ def _error(args, out) -> str:
 def test_learns_toy_sentiment_and_keeps_best(toy, tmp_path):
     train, dev = toy
     res = _run(TINY_BERT + ['--train-file', train, '--val-file', dev, '--steps', '100', '-b', '16', '--lr', '5e-3',
-                            '--eval-interval', '25'], tmp_path, 'toy')
+                            '--eval-interval', '25', '--test-file', dev], tmp_path, 'toy')
     majority = res['data']['dev_majority_acc']
     assert 50. <= majority <= 65.
     assert res['val_best']['acc'] >= 80. >= majority + 15.
@@ -93,6 +93,10 @@ def test_learns_toy_sentiment_and_keeps_best(toy, tmp_path):
                          if k != 'labels'}).logits.argmax(-1)
     assert classification_metrics(preds, labels, 2)['acc'] == pytest.approx(res['val_best']['acc'])
     assert res['init']['kind'] == 'none'
+    # --test-file is scored by the best checkpoint: on the dev file itself it repeats the best dev numbers
+    for k in ('acc', 'f1', 'mcc', 'loss'):
+        assert res['test'][k] == pytest.approx(res['val_best'][k]), k
+    assert res['test_file'] == dev
 
 
 def test_metrics_equal_scikit_learn():
@@ -222,6 +226,9 @@ def test_bad_input_stops_with_one_line(toy, tmp_path):
         assert expected in msg and '\n' not in msg, (path, msg)
     msg = _error(base + ['--train-file', train, '--val-file', str(tmp_path / 'dev3.tsv')], tmp_path)
     assert "labels ['2']" in msg and "training labels: ['0', '1']" in msg
+    msg = _error(base + ['--train-file', train, '--val-file', dev, '--test-file', str(tmp_path / 'dev3.tsv')],
+                 tmp_path)
+    assert "--test-file has labels ['2']" in msg and "training labels: ['0', '1']" in msg
     msg = _error(base + ['--train-file', train, '--val-file', dev, '--label-column', 'gold'], tmp_path)
     assert "no column 'gold'" in msg
     msg = _error(base + ['--train-file', train], tmp_path)

@@ -14,7 +14,9 @@ sentences hold bare quote characters), comma-separated with CSV quoting for ``.c
 header has one). ``--text-columns`` names one column or a pair (``question,sentence``); by default ``sentence``,
 else ``sentence1,sentence2``. ``--label-column`` (default ``label``). Label ids are the sorted distinct training
 labels (numerically when all are integers, so GLUE's ``0`` / ``1`` stay 0 / 1); a dev label outside that set, a
-missing column, an empty file or a row with the wrong number of fields stops with one line.
+missing column, an empty file or a row with the wrong number of fields stops with one line. ``--test-file`` (same
+columns) is scored once at the end with the best checkpoint: choose the learning rate and the checkpoint on
+``--val-file`` (e.g. a held-out part of the training data) and report the test file, which nothing was chosen on.
 
 Inputs: the model's tokenizer with BERT's template (``<cls> A <sep> [B <sep>]``, token types 0 / 1 for the
 families that read them; gMLP has no token-type embedding), longest-first truncation to ``--block-size`` tokens
@@ -504,6 +506,10 @@ def train_classifier(args, run, argv) -> Optional[dict]:
         raise UsageError('--task classify needs --val-file (the dev file, same columns as --train-file)')
     dev = read_labelled_file(args.val_file, train.text_columns, args.label_column, '--val-file')
     names = label_ids(train.labels, dev.labels)
+    test = None
+    if args.test_file:
+        test = read_labelled_file(args.test_file, train.text_columns, args.label_column, '--test-file')
+        label_ids(train.labels, test.labels, '--test-file')
     if resumed and resumed.get('label_names') not in (None, names):
         raise UsageError(f'--resume {args.resume} was trained with labels {resumed["label_names"]}, the files now '
                          f'have {names}')
@@ -542,13 +548,18 @@ def train_classifier(args, run, argv) -> Optional[dict]:
     if args.block_size < tokenizer.num_special_tokens(train.pairs is not None) + 1:
         raise UsageError(f'--block-size {args.block_size} leaves no room for text after the special tokens')
     train_ids, train_types = encode_examples(tokenizer, train, args.block_size)
-    dev_ids, dev_types = encode_examples(tokenizer, dev, args.block_size)
     train_labels = torch.tensor([to_id[x] for x in train.labels], dtype=torch.long)
     dev_labels = torch.tensor([to_id[x] for x in dev.labels], dtype=torch.long)
     with_types = 'token_type_ids' in inspect.signature(model.forward).parameters
     eval_bs = args.eval_batch_size or args.batch_size
-    dev_batches = [collate(dev_ids[i:i + eval_bs], dev_types[i:i + eval_bs], dev_labels[i:i + eval_bs],
-                           tokenizer.pad_id, with_types) for i in range(0, len(dev_ids), eval_bs)]
+
+    def eval_batches(data: LabelledData):
+        ids, types = encode_examples(tokenizer, data, args.block_size)
+        labels = torch.tensor([to_id[x] for x in data.labels], dtype=torch.long)
+        return [collate(ids[i:i + eval_bs], types[i:i + eval_bs], labels[i:i + eval_bs], tokenizer.pad_id, with_types)
+                for i in range(0, len(ids), eval_bs)]
+    dev_batches = eval_batches(dev)
+    test_batches = eval_batches(test) if test is not None else None
     num_params = sum(p.numel() for p in model.parameters())
     model.to(device)
 
@@ -641,6 +652,9 @@ def train_classifier(args, run, argv) -> Optional[dict]:
         best = load_checkpoint_file(run.saver.best_path, what='model_best.pth')
         best_metrics, best_step = best.get('val_metrics') or final_metrics, best['step']
         model.load_state_dict(best['state_dict'])
+    # the test file is scored once, by the best checkpoint, on the primary rank alone (no reduction across ranks)
+    test_metrics = (evaluate_classifier(model, test_batches, num_labels, device, amp_autocast, None)
+                    if test_batches is not None else None)
     model.save_pretrained(str(output_dir / 'pretrained'), tokenizer=tokenizer)
     (output_dir / 'pretrained' / 'labels.json').write_text(json.dumps(
         {'label_names': names, 'text_columns': list(train.text_columns), 'label_column': args.label_column,
@@ -657,6 +671,7 @@ def train_classifier(args, run, argv) -> Optional[dict]:
                       'weight_decay': args.weight_decay, 'sched': args.sched, 'warmup_steps': args.warmup_steps,
                       'clip_grad': args.clip_grad, **recipe_info},
         'best_step': best_step, 'val_best': best_metrics, 'val_final': final_metrics,
+        'test_file': args.test_file or None, 'test': test_metrics,
         'train_seconds': seconds_before + train_seconds,
         'wall_seconds_this_process': time.time() - run.start_time, 'device': str(device), 'world_size': world,
         'threads': torch.get_num_threads(), 'seed': args.seed, 'torch': torch.__version__,
@@ -673,6 +688,9 @@ def train_classifier(args, run, argv) -> Optional[dict]:
                 metric_label='dev accuracy (%)')
     _logger.info(f'Done: best dev acc {best_metrics["acc"]:.2f}% F1 {best_metrics["f1"]:.2f} MCC '
                  f'{best_metrics["mcc"]:.2f} at step {best_step} (final: acc {final_metrics["acc"]:.2f}%; majority '
-                 f'class {majority:.2f}%); {format_duration(time.time() - run.start_time)}')
+                 f'class {majority:.2f}%)'
+                 + (f'; test ({args.test_file}, the best checkpoint): acc {test_metrics["acc"]:.2f}% F1 '
+                    f'{test_metrics["f1"]:.2f} MCC {test_metrics["mcc"]:.2f}' if test_metrics is not None else '')
+                 + f'; {format_duration(time.time() - run.start_time)}')
     run.list_outputs()
     return results

@@ -177,6 +177,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument('--text-columns', default='', type=str, metavar='COL[,COL]',
                    help='classify: the text column or sentence pair (default: sentence, else sentence1,sentence2)')
     g.add_argument('--label-column', default='label', type=str, metavar='COL', help='classify: the label column')
+    g.add_argument('--test-file', default='', type=str, metavar='PATH',
+                   help='classify: a labelled file scored once, with the best checkpoint (chosen on --val-file), at '
+                        'the end; keep the file you report apart from the one you select on')
     g.add_argument('--init-from', default='', type=str, metavar='PATH',
                    help='classify: start from this last.pth / model_best.pth, pretrained/ folder or official BiGS '
                         'folder (its architecture and tokenizer); the log lists the loaded and the new weights')
