@@ -95,10 +95,11 @@ def _ops_run(fn):
     return {e.name for e in prof.events()}
 
 
-@pytest.mark.parametrize('shape', [(4, 20, 32), (2, 7, 9, 32), (16, 17, 32)])
+@pytest.mark.parametrize('shape', [(4, 20, 32), (2, 7, 9, 32), (16, 17, 32), (1, 17, 32)])
 def test_channel_linear_is_the_module(shape):
     """channel_linear(linear, x) == linear(x), values and gradients, through oneDNN's convolution when the Linear is
-    an unobserved plain nn.Linear (shapes: regrouped small batch, 4-D channels-last rows, B >= 16 rows each)."""
+    an unobserved plain nn.Linear (shapes: small batches, regrouped into >= 16 images on one thread; 4-D
+    channels-last rows; B >= 16; a prime number of rows)."""
     torch.manual_seed(0)
     linear = nn.Linear(32, 48)
     x = torch.randn(shape, requires_grad=True)

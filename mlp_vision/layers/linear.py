@@ -43,6 +43,7 @@ The parameters are the module's own (read at call time, so ``torch.func.function
 same tensors), gradients reach them through the convolution, and the result equals ``module(x)`` up to float32
 summation order.
 """
+import functools
 from typing import List, Optional
 
 import torch
@@ -121,6 +122,12 @@ def _unobserved_plain_linear(linear: nn.Module) -> bool:
                 or torch._C._len_torch_dispatch_stack() > 0)
 
 
+@functools.lru_cache(maxsize=256)
+def _images_of_16_or_more(rows: int) -> int:
+    """The smallest divisor of ``rows`` (>= 16) that is at least 16."""
+    return next(n for n in range(16, rows + 1) if rows % n == 0)
+
+
 def channel_linear(linear: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """``linear(x)`` over the contiguous last axis of ``x`` (*, C), through oneDNN where that is unobservable (see
     the module docstring); any other case calls ``linear(x)``. Python only (a scripted parent calls the module).
@@ -134,9 +141,10 @@ def channel_linear(linear: nn.Module, x: torch.Tensor) -> torch.Tensor:
             and x.is_contiguous() and rows >= 16 * x.shape[0] and not torch.is_autocast_enabled('cpu')
             and _unobserved_plain_linear(linear)):
         return linear(x)
-    # the rows as a channels-last (n, C, rows / n, 1) image; n = B, except that single-threaded PyTorch takes 1x1
-    # convolutions with n < 16 off oneDNN, so small batches are regrouped into 16 (a view of the same memory)
-    n = 16 if x.shape[0] < 16 and rows % 16 == 0 else x.shape[0]
+    # the rows as a channels-last (n, C, rows / n, 1) image (a view of the same memory). Single-threaded PyTorch
+    # takes 1x1 convolutions of fewer than 16 images off oneDNN (to a slower path than MKL's GEMM), so there the
+    # rows are regrouped into n >= 16 images
+    n = x.shape[0] if x.shape[0] >= 16 or torch.get_num_threads() > 1 else _images_of_16_or_more(rows)
     weight = linear.weight
     y = F.conv2d(x.view(n, -1, 1, x.shape[-1]).permute(0, 3, 1, 2), weight.view(weight.shape + (1, 1)), linear.bias)
     return y.permute(0, 2, 3, 1).reshape(x.shape[:-1] + (weight.shape[0],))
