@@ -36,8 +36,8 @@ channel Linear only when nothing could tell the difference, and otherwise calls 
   and thop, FSDP / DeepSpeed / accelerate: the module, so every hook fires);
 * no tracing, scripting, compiling or exporting (fvcore, ``torch.jit.trace``, ``torch.compile``, ``torch.export``,
   ONNX: the module) and no TorchFunction / TorchDispatch mode is active (fake tensors, FLOP counters);
-* CPU, float32, autocast off, at least 16 rows per sample (below that oneDNN's per-call weight reorder costs more
-  than it saves), and the route is on (:func:`set_onednn_channel_linear`).
+* CPU, float32, autocast off, at least 1,024 rows and 16 per sample (below that oneDNN's per-call weight reorder
+  costs more than it saves), and the route is on (:func:`set_onednn_channel_linear`).
 
 The parameters are the module's own (read at call time, so ``torch.func.functional_call`` and optimizers see the
 same tensors), gradients reach them through the convolution, and the result equals ``module(x)`` up to float32
@@ -138,7 +138,7 @@ def channel_linear(linear: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """
     rows = x.numel() // max(x.shape[-1], 1)
     if not (_onednn_enabled and x.device.type == 'cpu' and x.dtype == torch.float32 and x.dim() >= 3
-            and x.is_contiguous() and rows >= 16 * x.shape[0] and not torch.is_autocast_enabled('cpu')
+            and x.is_contiguous() and rows >= max(16 * x.shape[0], 1024) and not torch.is_autocast_enabled('cpu')
             and _unobserved_plain_linear(linear)):
         return linear(x)
     # the rows as a channels-last (n, C, rows / n, 1) image (a view of the same memory). Single-threaded PyTorch
