@@ -123,3 +123,14 @@ def test_bigs_layer_conv_impl_option(tmp_path):
                          '--bench', 'inference', '--dim', '16', '--hidden-dim', '24', '--num-states', '4',
                          '--seq-len', '24', '-b', '1', '--no-flops')
     assert float(rows[0]['max_abs_diff']) <= 1e-4 * max(1., float(rows[0]['max_abs_out']))
+
+
+def test_mkl_contender_is_the_same_model_without_the_onednn_route(tmp_path):
+    """``mkl:NAME``: the same weights and function (max diff ~ float rounding), its channel Linears run as nn.Linear
+    during its steps (so ``--compare NAME mkl:NAME`` times what channel_linear's oneDNN route buys)."""
+    rows, md = _run_bench(tmp_path, '--compare', 'gmlp_ti', 'mkl:gmlp_ti', '-b', '2', '--img-size', '64',
+                          '--no-flops')
+    (r,) = rows
+    assert r['model'] == 'gmlp_ti' and r['baseline'] == 'mkl:gmlp_ti'
+    assert float(r['max_abs_diff']) <= 1e-5 * max(1., float(r['max_abs_out']))
+    assert 'mkl:gmlp_ti' in md

@@ -19,6 +19,7 @@ from timm.models.mlp_mixer import MixerBlock as TimmMixerBlock
 
 import mlp_vision  # noqa: F401  (registers the models with timm)
 from mlp_vision.layers import AxialSparseMLP, GatedMLPBlock, MixerBlock, SparseMLPTokenMixer
+from mlp_vision.layers.linear import channel_linear
 
 from _helpers import randomize_
 from reference.smlpnet import reference_from
@@ -84,6 +85,94 @@ def test_token_linear_is_linear(case, bias):
     _close(gx, gx_ref, rtol=1e-4)
     for a, r in zip(gp, gp_ref):
         _close(a, r, rtol=1e-4)
+
+
+def _ops_run(fn):
+    """Names of the aten ops ``fn()`` ran (the profiler is not a mode: it does not change the route)."""
+    from torch.profiler import profile
+    with profile() as prof:
+        fn()
+    return {e.name for e in prof.events()}
+
+
+@pytest.mark.parametrize('shape', [(4, 320, 32), (2, 16, 33, 32), (16, 67, 32), (1, 1031, 32)])
+def test_channel_linear_is_the_module(shape):
+    """channel_linear(linear, x) == linear(x), values and gradients, through oneDNN's convolution when the Linear is
+    an unobserved plain nn.Linear (shapes: small batches, regrouped into >= 16 images on one thread; 4-D
+    channels-last rows; B >= 16; a prime number of rows)."""
+    torch.manual_seed(0)
+    linear = nn.Linear(32, 48)
+    x = torch.randn(shape, requires_grad=True)
+    ops = _ops_run(lambda: channel_linear(linear, x))
+    assert 'aten::convolution' in ops and 'aten::linear' not in ops
+    y = channel_linear(linear, x)
+    y_ref = F.linear(x, linear.weight, linear.bias)
+    torch.testing.assert_close(y, y_ref, rtol=1e-5, atol=1e-5)
+    g = torch.randn_like(y)
+    grads = torch.autograd.grad(y, (x, linear.weight, linear.bias), g)
+    grads_ref = torch.autograd.grad(y_ref, (x, linear.weight, linear.bias), g)
+    for a, b in zip(grads, grads_ref):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+
+
+class _SubLinear(nn.Linear):
+    pass
+
+
+class _CallsChannelLinear(nn.Module):
+    def __init__(self, linear):
+        super().__init__()
+        self.linear = linear
+
+    def forward(self, x):
+        return channel_linear(self.linear, x)
+
+
+def test_channel_linear_calls_the_module_whenever_something_observes_it():
+    """Any hook, patch, replacement, tracer or mode: the module itself is called (its hooks fire once)."""
+    from torch.utils.flop_counter import FlopCounterMode
+    from mlp_vision.layers.linear import set_onednn_channel_linear
+    x = torch.randn(4, 320, 32)
+
+    def module_called(linear, ctx=None):
+        calls = []
+        h = linear.register_forward_hook(lambda m, i, o: calls.append(1)) if ctx == 'hook' else None
+        if ctx == 'mode':
+            with FlopCounterMode(display=False):
+                ops = _ops_run(lambda: channel_linear(linear, x))
+        elif ctx == 'trace':
+            ops = _ops_run(lambda: torch.jit.trace(_CallsChannelLinear(linear), x, check_trace=False))
+        else:
+            ops = _ops_run(lambda: channel_linear(linear, x))
+        if h is not None:
+            h.remove()
+            assert calls == [1]
+        return 'aten::convolution' not in ops
+
+    plain = nn.Linear(32, 32)
+    assert not module_called(plain)
+    assert module_called(plain, 'hook')
+    assert module_called(plain, 'mode')
+    assert module_called(plain, 'trace')
+    handle = nn.modules.module.register_module_forward_pre_hook(lambda m, i: None)
+    try:
+        assert module_called(plain)
+    finally:
+        handle.remove()
+    patched = nn.Linear(32, 32)
+    patched.forward = lambda t: F.linear(t, patched.weight, patched.bias)
+    assert module_called(patched)
+    assert module_called(_SubLinear(32, 32))
+    previous = set_onednn_channel_linear(False)
+    try:
+        assert module_called(plain)
+    finally:
+        set_onednn_channel_linear(previous)
+    assert not module_called(plain)
+    # a replacement is what runs: nn.Identity returns the input, a dynamically quantised Linear its int8 result
+    assert channel_linear(nn.Identity(), x) is x
+    q = torch.ao.quantization.quantize_dynamic(nn.Sequential(plain), {nn.Linear}, dtype=torch.qint8)[0]
+    torch.testing.assert_close(channel_linear(q, x), q(x))
 
 
 def test_token_linear_empty_batch():
@@ -279,12 +368,13 @@ def _timm_isotropic(ours_name, **kwargs):
 
 @pytest.mark.parametrize('ours_name', ['gmlp_ti', 'mixer_s16'])
 @pytest.mark.parametrize('train', [False, True])
-def test_isotropic_models_match_timm(ours_name, train):
+@pytest.mark.parametrize('batch', [2, 48])  # 48 x 24 tokens: the channel GEMMs take channel_linear's oneDNN route
+def test_isotropic_models_match_timm(ours_name, train, batch):
     kwargs = dict(img_size=IMG, num_classes=10, num_blocks=3)
     theirs = _randomize_(_timm_isotropic(ours_name, **kwargs)).train(train)
     ours = timm.create_model(ours_name, **kwargs).train(train)
     ours.load_state_dict(_timm_filter(ours_name)(theirs.state_dict(), ours))
-    x = torch.randn(2, 3, *IMG)
+    x = torch.randn(batch, 3, *IMG)
     y, y_ref = ours(x), theirs(x)
     _close(y, y_ref)
     g = torch.randn(y.shape)
@@ -334,7 +424,7 @@ def test_bigs_layer_matches_straightforward(length, gelu, conv_impl):
     ours = BidirectionalGatedSSM(48, 80, num_states=8, gelu_approximate=gelu, conv_impl=conv_impl)
     _randomize_(ours)
     ref = reference_bigs_layer_from(ours)
-    x = torch.randn(3, length, 48, requires_grad=True)
+    x = torch.randn(9, length, 48, requires_grad=True)  # 9 x 128 rows: the projections take the oneDNN route
     x_ref = x.detach().clone().requires_grad_(True)
     y, y_ref = ours(x), ref(x_ref)
     _close(y, y_ref)

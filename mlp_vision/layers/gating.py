@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from timm.layers import DropPath
 
 from .activations import fresh_input_act
+from .linear import channel_linear
 
 __all__ = ['SPATIAL_MODES', 'SpatialGatingUnit', 'TinyAttention', 'GatedMLPBlock']
 
@@ -233,6 +234,10 @@ class GatedMLPBlock(nn.Module):
         res: Optional[torch.Tensor] = None
         if self.attn is not None:
             res = self.attn(x, mask)
-        x = self.sgu(self.act(self.fc1(x)), res, mask if self.sgu_mask else None)
-        x = self.fc2(self.drop(x))
+        if torch.jit.is_scripting():  # TorchScript compiles this branch only
+            x = self.sgu(self.act(self.fc1(x)), res, mask if self.sgu_mask else None)
+            x = self.fc2(self.drop(x))
+        else:  # the channel GEMMs through oneDNN while nothing observes fc1 / fc2 (layers.linear)
+            x = self.sgu(self.act(channel_linear(self.fc1, x)), res, mask if self.sgu_mask else None)
+            x = channel_linear(self.fc2, self.drop(x))
         return shortcut + self.drop_path(x)

@@ -18,10 +18,10 @@ from typing import Tuple, Type
 
 import torch
 import torch.nn as nn
-from timm.layers import DropPath, Mlp
+from timm.layers import DropPath
 
 from .activations import fresh_input_act
-from .linear import TokenLinear
+from .linear import ChannelMlp, TokenLinear
 
 # norms that always return a new tensor, so the activation after them may work in place (layers.activations)
 _FRESH_OUTPUT_NORMS = (nn.BatchNorm2d, nn.GroupNorm, nn.LayerNorm)
@@ -99,8 +99,9 @@ class SparseMLPBlock(nn.Module):
     """sMLPNet block: ``x = x + DropPath(TokenMixer(x))``; ``x = x + DropPath(MLP(LayerNorm_C(x)))``
     (arXiv 2109.05422, §3.1, Fig. 2).
 
-    The channel MLP is timm's ``Mlp`` (``mlp.fc1`` / ``mlp.fc2`` are ``nn.Linear``) on the (B, H, W, C) view of the
-    channels-last activations, which is contiguous: no copies around the LayerNorm and the GEMMs.
+    The channel MLP is timm's ``Mlp`` as :class:`~mlp_vision.layers.linear.ChannelMlp` (``mlp.fc1`` / ``mlp.fc2``
+    are ``nn.Linear``; GEMMs through oneDNN while unobserved) on the (B, H, W, C) view of the channels-last
+    activations, which is contiguous: no copies around the LayerNorm and the GEMMs.
 
     Shapes: x (B, C, H, W) -> (B, C, H, W) (channels-last memory) with (H, W) == feat_size.
     """
@@ -121,7 +122,7 @@ class SparseMLPBlock(nn.Module):
         dd = {'device': device, 'dtype': dtype}
         self.token_mixer = SparseMLPTokenMixer(dim, feat_size, act_layer=act_layer, **dd)
         self.norm = norm_layer(dim, **dd)
-        self.mlp = Mlp(dim, int(dim * mlp_ratio), act_layer=act_layer, drop=proj_drop, **dd)
+        self.mlp = ChannelMlp(dim, int(dim * mlp_ratio), act_layer=act_layer, drop=proj_drop, **dd)
         self.mlp.act = fresh_input_act(self.mlp.act)  # applied to the fresh fc1 output only
         self.drop_path = DropPath(drop_path) if drop_path > 0. else nn.Identity()
 

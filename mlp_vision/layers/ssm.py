@@ -34,6 +34,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .activations import fresh_gelu
+from .linear import channel_linear
 from .longconv_triton import bidirectional_long_conv
 
 __all__ = [
@@ -394,19 +395,20 @@ class BidirectionalGatedSSM(nn.Module):
         act = self.gelu_approximate
         d, d_i = self.dim, self.hidden_dim
         h = self.norm(x)
-        u_f = fresh_gelu(self.forward_in_proj(h), act)  # (B, L, d)
-        u_b = fresh_gelu(self.backward_in_proj(h), act)  # flip(GELU(flip(h) W_ub)): the flips cancel per position
-        v = fresh_gelu(self.value_proj(h), act)  # (B, L, d_i)
+        # every projection is its module, called through channel_linear (oneDNN while unobserved, layers.linear)
+        u_f = fresh_gelu(channel_linear(self.forward_in_proj, h), act)  # (B, L, d)
+        u_b = fresh_gelu(channel_linear(self.backward_in_proj, h), act)  # flip(GELU(flip(h) W_ub)): flips cancel
+        v = fresh_gelu(channel_linear(self.value_proj, h), act)  # (B, L, d_i)
         u = torch.stack([u_f, u_b], dim=2)  # (B, L, 2, d): both directions convolved in one pass
         if mask is not None:
             u = u * mask[:, :, None, None].to(u.dtype)
         s_f, s_b = self._bidirectional_ssm(u).unbind(2)  # (B, L, d) each: SSM_f(u_f), flip(SSM_b(flip(u_b)))
-        g = self.forward_out_proj(s_f)
-        g_b = self.backward_out_proj(s_b)
+        g = channel_linear(self.forward_out_proj, s_f)
+        g_b = channel_linear(self.backward_out_proj, s_b)
         g = g * g_b if torch.is_grad_enabled() else g.mul_(g_b)  # (B, L, d); in place: see layers.activations
-        y = fresh_gelu(self.gate_proj(g), act)
+        y = fresh_gelu(channel_linear(self.gate_proj, g), act)
         y = y * v if torch.is_grad_enabled() else y.mul_(v)
-        return x + self.out_proj(y)
+        return x + channel_linear(self.out_proj, y)
 
     def _bidirectional_ssm(self, u: torch.Tensor) -> torch.Tensor:
         """Both SSMs at once: ``u`` (B, L, 2, d) holds ``u_f`` / ``u_b`` on dim 2; returns ``SSM_f(u_f)`` (causal)
