@@ -136,8 +136,9 @@ def channel_linear(linear: nn.Module, x: torch.Tensor) -> torch.Tensor:
     Scripted parents call the module instead: ``if torch.jit.is_scripting(): y = linear(x) else: y =
     channel_linear(linear, x)`` (TorchScript compiles only the first branch).
     """
-    if not _onednn_enabled or torch.jit.is_tracing() or torch.compiler.is_compiling():
-        return linear(x)  # before any shape test: an exporter must not see guards on the batch size
+    if (not _onednn_enabled or isinstance(x, torch.fx.Proxy) or torch.jit.is_tracing()
+            or torch.compiler.is_compiling()):
+        return linear(x)  # before any shape test: tracers (FX too) and exporters must see the module / no guards
     rows = x.numel() // max(x.shape[-1], 1)
     if not (_onednn_enabled and x.device.type == 'cpu' and x.dtype == torch.float32 and x.dim() >= 3
             and x.is_contiguous() and rows >= max(16 * x.shape[0], 1024) and not torch.is_autocast_enabled('cpu')
