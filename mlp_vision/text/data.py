@@ -25,7 +25,7 @@ import torch
 
 from ..training.errors import UsageError
 from .tokenizer import DEFAULT_CONTROL_TOKENS, SUBWORD_KINDS, ByteTokenizer, CharTokenizer, Tokenizer, \
-    train_tokenizer
+    find_tokenizer, train_tokenizer
 
 __all__ = [
     'Batch', 'MLM_CONTROL_TOKENS', 'build_tokenizer', 'tokenizer_from_path', 'encode_text', 'read_text_file', 'sample_causal_batch',
@@ -67,7 +67,6 @@ def tokenizer_from_path(path: str, needs: Sequence[str] = ()) -> Tokenizer:
     file (``tokenizer.json``, BERT ``vocab.txt``), so that several runs share one vocabulary exactly (WordPiece
     training is not reproducible run to run). ``needs``: control tokens the task uses (``'cls'``, ``'sep'``,
     ``'pad'``, ``'mask'``); a tokenizer without one is a :class:`UsageError`."""
-    from .tokenizer import find_tokenizer
     if not Path(path).exists():
         raise UsageError(f'--tokenizer-from {path} does not exist')
     tokenizer = find_tokenizer(path)
