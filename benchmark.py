@@ -22,6 +22,9 @@ Contenders:
     mkl:NAME         ``NAME`` (a model or ``bigs_layer``) with the same weights and its channel Linears run as
                      ``nn.Linear`` (MKL's sgemm on CPU) instead of :func:`mlp_vision.layers.linear.channel_linear`'s
                      oneDNN route: ``--compare gmlp_s mkl:gmlp_s`` is what that route buys;
+    modules:NAME     ``NAME`` with the same weights and every child called as a module: neither the oneDNN route
+                     nor the merged routes of :func:`mlp_vision.layers.linear.unobserved` (what a hooked or traced
+                     model runs): ``--compare gmlp_s modules:gmlp_s`` is what all of them buy;
     bert_layer       the BERT layer it replaces, with SDPA attention (``mlp_vision.text.bert.BertLayer``: d ``--dim``,
                      ``--heads`` heads, FFN ``--ffn-dim``; default BERT-large: 1024 / 16 / 4096).
                      Layer contenders report tokens/s (batch x seq-len per step) instead of images/s.
@@ -66,7 +69,7 @@ from timm.models import model_entrypoint
 
 import mlp_vision
 from mlp_vision.layers import BidirectionalGatedSSM
-from mlp_vision.layers.linear import set_onednn_channel_linear
+from mlp_vision.layers.linear import set_merged_routes, set_onednn_channel_linear
 from mlp_vision.text.bert import BertLayer
 
 PRECISIONS = ('fp32', 'bf16', 'fp16', 'amp_bf16', 'amp_fp16')
@@ -74,9 +77,21 @@ LAYERS = ('bigs_layer', 'bert_layer')  # sequence-layer contenders (tokens/s); r
 REFERENCE_DIR = Path(__file__).resolve().parent / 'tests' / 'reference'  # the straightforward twins (ref:)
 
 
+ROUTE_PREFIXES = ('mkl:', 'modules:')  # our model with some of its unobserved routes off (same weights)
+
+
 def base_name(spec: str) -> str:
-    """The contender's model / layer name without the ``ref:`` (straightforward twin) or ``mkl:`` prefix."""
-    return spec[4:] if spec.startswith(('ref:', 'mkl:')) else spec
+    """The contender's model / layer name without the ``ref:`` (straightforward twin), ``mkl:`` or ``modules:``
+    prefix."""
+    for prefix in ('ref:',) + ROUTE_PREFIXES:
+        if spec.startswith(prefix):
+            return spec[len(prefix):]
+    return spec
+
+
+def routes_of(spec: str) -> Tuple[bool, bool]:
+    """(oneDNN channel route on, merged routes on) for this contender."""
+    return not spec.startswith(ROUTE_PREFIXES), not spec.startswith('modules:')
 
 
 def is_layer(spec: str) -> bool:
@@ -195,8 +210,8 @@ def build(spec: str, args: argparse.Namespace, twin_of: Optional[nn.Module] = No
         reference = _load_reference(_reference_path(spec))
         return reference.reference_bigs_layer_from(ours) if is_layer(spec) else reference.reference_from(ours)
     model = create(base_name(spec), args)
-    if spec.startswith('mkl:') and twin_of is not None:
-        model.load_state_dict(twin_of.state_dict())  # the same model and weights; only the GEMM route differs
+    if spec.startswith(ROUTE_PREFIXES) and twin_of is not None:
+        model.load_state_dict(twin_of.state_dict())  # the same model and weights; only the routes differ
     return model
 
 
@@ -204,8 +219,8 @@ def share_weights(a: nn.Module, a_spec: str, b: nn.Module, b_spec: str) -> str:
     """Give A the weights of B (through A's checkpoint filter); returns how, for the record."""
     if b_spec.startswith('ref:') or a_spec.startswith('ref:'):
         return 'ref built from the other'
-    if b_spec.startswith('mkl:') or a_spec.startswith('mkl:'):
-        return 'mkl built from the other'
+    if b_spec.startswith(ROUTE_PREFIXES) or a_spec.startswith(ROUTE_PREFIXES):
+        return 'same model built from the other'
     if is_layer(a_spec) or is_layer(b_spec):
         return 'none (different layers)'
     module = sys.modules[model_entrypoint(a_spec).__module__]
@@ -256,9 +271,9 @@ class Runner:
     """Prepares one contender for one mode and runs steps of it."""
 
     def __init__(self, model: nn.Module, mode: str, args: argparse.Namespace, in_size: Tuple[int, int, int],
-                 onednn_route: bool = True):
+                 routes: Tuple[bool, bool] = (True, True)):
         self.device = torch.device(args.device)
-        self.onednn_route = onednn_route  # channel_linear's oneDNN route on for this contender (off: mkl:)
+        self.routes = routes  # (oneDNN channel route, merged routes) for this contender (routes_of)
         self.clock = time.process_time if args.timer == 'cpu' else time.perf_counter
         self.mode = mode
         dtype, self.amp_dtype = _dtypes(args.precision)
@@ -277,7 +292,8 @@ class Runner:
         return torch.autocast(self.device.type, dtype=self.amp_dtype, enabled=self.amp_dtype is not None)
 
     def step(self) -> None:
-        set_onednn_channel_linear(self.onednn_route)
+        set_onednn_channel_linear(self.routes[0])
+        set_merged_routes(self.routes[1])
         if self.mode == 'inference':
             with torch.inference_mode(), self._autocast():
                 self.fn(self.x)
@@ -410,7 +426,7 @@ def peak_memory(spec: str, mode: str, args: argparse.Namespace) -> Dict[str, flo
 def _memprobe_main(args: argparse.Namespace) -> None:
     spec, mode = args.memprobe.split('|')
     model = build(spec, args)
-    runner = Runner(model, mode, args, input_size(spec, model, args), onednn_route=not spec.startswith('mkl:'))
+    runner = Runner(model, mode, args, input_size(spec, model, args), routes=routes_of(spec))
     device = runner.device
     if device.type == 'cuda':
         runner.step()
@@ -486,7 +502,7 @@ def run_single(spec: str, args, env, macs_cache) -> List[Dict[str, Any]]:
             if key not in macs_cache:
                 macs_cache[key] = count_macs(model, in_size)
             macs = macs_cache[key]
-        runner = Runner(model, mode, args, in_size, onednn_route=not spec.startswith('mkl:'))
+        runner = Runner(model, mode, args, in_size, routes=routes_of(spec))
         iters = _iters_for(runner.warmup(args.warmup), args)
         times = [runner.timed(iters) for _ in range(args.samples)]
         t = statistics.median(times)
@@ -543,8 +559,8 @@ def run_pair(a_spec: str, b_spec: str, args, env, macs_cache) -> List[Dict[str, 
                 if key not in macs_cache:
                     macs_cache[key] = count_macs(m, in_size)
                 macs[spec] = macs_cache[key]
-        ra = Runner(a, mode, args, in_size, onednn_route=not a_spec.startswith('mkl:'))
-        rb = Runner(b, mode, args, in_size, onednn_route=not b_spec.startswith('mkl:'))
+        ra = Runner(a, mode, args, in_size, routes=routes_of(a_spec))
+        rb = Runner(b, mode, args, in_size, routes=routes_of(b_spec))
         # warm both up, then size the samples from the slower one so each sample has >= min_sample_time
         ta, tb = ra.warmup(args.warmup), rb.warmup(args.warmup)
         iters = _iters_for(max(ta, tb), args)

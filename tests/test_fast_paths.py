@@ -6,6 +6,7 @@ Mixer models and blocks, and explicit formulas written here. Outputs and paramet
 float32 tolerance, in train mode (BatchNorm batch statistics, running-statistics updates) and eval mode. Nothing
 here measures time.
 """
+import copy
 import importlib
 from functools import partial
 
@@ -173,6 +174,76 @@ def test_channel_linear_calls_the_module_whenever_something_observes_it():
     assert channel_linear(nn.Identity(), x) is x
     q = torch.ao.quantization.quantize_dynamic(nn.Sequential(plain), {nn.Linear}, dtype=torch.qint8)[0]
     torch.testing.assert_close(channel_linear(q, x), q(x))
+
+
+def _ops_count(fn, op):
+    from torch.profiler import profile
+    with profile() as prof:
+        fn()
+    return sum(e.name == op for e in prof.events())
+
+
+def _merged_route_cases():
+    """(name, module, input, the op whose count tells the routes apart, count on the route, count off it, the
+    children the route bypasses): each rearrangement of layers.linear.unobserved's kind."""
+    c, h, w = 8, 6, 10
+    smlp = _randomize_(AxialSparseMLP(c, (h, w)))
+    yield 'sMLP fuse commuted', smlp, torch.randn(3, c, h, w), 'aten::cat', 0, 1, [smlp.proj_h, smlp.proj_w, smlp.fuse]
+    mixer = _randomize_(SparseMLPTokenMixer(c, (h, w))).eval()
+    yield ('sMLP BN folded (eval)', mixer, torch.randn(3, c, h, w), 'aten::batch_norm', 1, 2,
+           [mixer.conv_dw, mixer.smlp, mixer.smlp.norm, mixer.smlp.act])
+    block = _randomize_(GatedMLPBlock(16, 20, mlp_ratio=3))
+    yield 'gMLP fc1 split', block, torch.randn(3, 20, 16), 'aten::linear', 3, 2, [block.fc1, block.act, block.sgu]
+    from mlp_vision.layers import BidirectionalGatedSSM
+    bigs = _randomize_(BidirectionalGatedSSM(16, 24, num_states=4))
+    yield ('BiGS input projections merged', bigs, torch.randn(2, 12, 16), 'aten::stack', 1, 2,  # +1: kernels
+           [bigs.forward_in_proj, bigs.backward_in_proj, bigs.value_proj])
+
+
+@pytest.mark.parametrize('case', range(4))
+def test_merged_routes_taken_only_while_unobserved(case):
+    """Each route that computes several children from their parameters (layers.linear.unobserved) is taken while
+    nothing observes them, computes the module-by-module function (values and gradients), and gives way to the
+    modules when switched off or when any bypassed child carries a hook (which then fires once) or is replaced."""
+    from mlp_vision.layers.linear import set_merged_routes
+    name, module, x, op, on_count, off_count, bypassed = list(_merged_route_cases())[case]
+    params = list(module.parameters())
+    assert _ops_count(lambda: module(x), op) == on_count, name
+    y = module(x)
+    g = torch.randn(y.shape)
+    grads = torch.autograd.grad(y, params, g, allow_unused=True)
+    previous = set_merged_routes(False)
+    try:
+        assert _ops_count(lambda: module(x), op) == off_count, name
+        y_ref = module(x)
+        grads_ref = torch.autograd.grad(y_ref, params, g, allow_unused=True)
+    finally:
+        set_merged_routes(previous)
+    _close(y, y_ref)
+    for a, b in zip(grads, grads_ref):
+        assert (a is None) == (b is None)
+        if a is not None:
+            _close(a, b, rtol=1e-4)
+    for child in bypassed:
+        calls = []
+        handle = child.register_forward_hook(lambda m, i, o: calls.append(1))
+        try:
+            assert _ops_count(lambda: module(x), op) == off_count, name
+        finally:
+            handle.remove()
+        assert calls == [1], f'{name}: hook on {type(child).__name__} fired {len(calls)} times'
+    # a subclassed replacement of a bypassed child is what runs
+    first = bypassed[0]
+    parent = next(m for m in module.modules() if first in list(m.children()))
+    attr = next(k for k, v in parent.named_children() if v is first)
+    replacement = type('Replacement', (type(first),), {})
+    swapped = copy.deepcopy(first)
+    swapped.__class__ = replacement
+    setattr(parent, attr, swapped)
+    try:
+        assert _ops_count(lambda: module(x), op) == off_count, name
+    finally:
+        setattr(parent, attr, first)
 
 
 def test_token_linear_empty_batch():

@@ -76,6 +76,40 @@ def test_forward_hooks_fire_in_bigs_layer():
     _check_hooks(BidirectionalGatedSSM(16, 24, num_states=4).eval(), torch.randn(2, 12, 16))
 
 
+def _calls_per_module(model, x, only=None):
+    """How often each module's forward hook fires in one forward (hooks on every module, or on ``only``)."""
+    calls = {}
+    handles = [m.register_forward_hook(lambda mod, inp, out, name=n: calls.__setitem__(name, calls.get(name, 0) + 1))
+               for n, m in model.named_modules() if only is None or n == only]
+    try:
+        with torch.no_grad():
+            out = model(x)
+    finally:
+        for h in handles:
+            h.remove()
+    return calls, out
+
+
+@pytest.mark.parametrize('name', ONE_PER_FAMILY + ['bigs_layer'])
+def test_a_hook_on_any_single_module_fires(name):
+    """Grad-CAM style: a forward hook on any one module -- norms, activations, the SGU, the sMLP, not only the
+    Linears -- fires as often as that module runs in a module-by-module forward (hooks everywhere), and the output
+    stays the same: the routes that bypass children (layers.linear.unobserved) give way to the hooked one."""
+    if name == 'bigs_layer':
+        torch.manual_seed(0)
+        model, x = randomize_(BidirectionalGatedSSM(16, 24, num_states=4), std=0.05).eval(), torch.randn(2, 12, 16)
+    else:
+        model, x = small(name).eval(), batch()
+    with torch.no_grad():
+        ref = model(x)
+    expected, out = _calls_per_module(model, x)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    for module_name, count in expected.items():
+        calls, out = _calls_per_module(model, x, only=module_name)
+        assert calls == {module_name: count}, f'{module_name}: {calls.get(module_name, 0)} calls, expected {count}'
+        torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize('name', ONE_PER_FAMILY)
 def test_replaced_linear_is_used(name):
     """A child Linear swapped for another module computes with the replacement (here: the first channel-MLP fc1

@@ -44,7 +44,7 @@ same tensors), gradients reach them through the convolution, and the result equa
 summation order.
 """
 import functools
-from typing import List, Optional
+from typing import List, Optional, Sequence, Union
 
 import torch
 import torch.nn as nn
@@ -52,7 +52,8 @@ import torch.nn.functional as F
 import torch.nn.modules.module as _module_state
 from timm.layers import Mlp, register_notrace_module
 
-__all__ = ['TokenLinear', 'channel_linear', 'set_onednn_channel_linear', 'ChannelMlp']
+__all__ = ['TokenLinear', 'channel_linear', 'set_onednn_channel_linear', 'merged_channel_linear', 'unobserved',
+           'set_merged_routes', 'record_forward', 'ChannelMlp']
 
 
 @torch.jit.unused
@@ -97,10 +98,19 @@ class TokenLinear(nn.Linear):
         return _linear_in_memory_order(x, self.weight, self.bias)
 
 
-_PLAIN_LINEAR_FORWARD = nn.Linear.forward
 _GLOBAL_HOOKS = ('_global_forward_hooks', '_global_forward_pre_hooks', '_global_backward_hooks',
                  '_global_backward_pre_hooks', '_global_forward_hooks_always_called')
+# each class's own forward, recorded at import: a forward patched on the class later is a change we must respect
+_BUILT_FORWARD = {cls: cls.forward for cls in (nn.Linear, nn.Conv2d, nn.BatchNorm2d, nn.GELU, TokenLinear)}
+
+
+def record_forward(cls: type) -> type:
+    """Class decorator: remember ``cls.forward`` as built, so :func:`unobserved` can tell a later class-level patch.
+    Every class a parent may bypass (see :func:`unobserved`) is recorded."""
+    _BUILT_FORWARD[cls] = cls.forward
+    return cls
 _onednn_enabled = True
+_merged_enabled = True
 
 
 def set_onednn_channel_linear(enabled: bool) -> bool:
@@ -110,22 +120,71 @@ def set_onednn_channel_linear(enabled: bool) -> bool:
     return previous
 
 
-def _unobserved_plain_linear(linear: nn.Module) -> bool:
-    """``linear`` is exactly an ``nn.Linear`` that no hook, patch or mode is watching (tracers and compilers are
-    checked first, by :func:`channel_linear`)."""
-    if type(linear) is not nn.Linear or nn.Linear.forward is not _PLAIN_LINEAR_FORWARD or 'forward' in vars(linear):
+def set_merged_routes(enabled: bool) -> bool:
+    """Switch the routes that compute several unobserved children at once from their parameters
+    (:func:`merged_channel_linear` and the blocks that use :func:`unobserved`) on or off (process-wide); returns the
+    previous setting. Off, every child is called as a module (the function is the same)."""
+    global _merged_enabled
+    previous, _merged_enabled = _merged_enabled, bool(enabled)
+    return previous
+
+
+def _observing_context(x) -> bool:
+    """A tracer, compiler, exporter or mode is recording (it must see the modules; no shape guards either)."""
+    return (isinstance(x, torch.fx.Proxy) or torch.jit.is_tracing() or torch.compiler.is_compiling()
+            or any(getattr(_module_state, name, None) for name in _GLOBAL_HOOKS)
+            or torch._C._is_torch_function_mode_enabled() or torch._C._len_torch_dispatch_stack() > 0)
+
+
+def _unobserved_module(module: nn.Module, built_as: type) -> bool:
+    """``module`` is exactly ``built_as`` with the class's own forward, unpatched, and no hook on it."""
+    if (type(module) is not built_as or built_as.forward is not _BUILT_FORWARD.get(built_as)
+            or 'forward' in vars(module)):
         return False
-    if linear._forward_hooks or linear._forward_pre_hooks or linear._backward_hooks or linear._backward_pre_hooks:
+    return not (module._forward_hooks or module._forward_pre_hooks or module._backward_hooks
+                or module._backward_pre_hooks)
+
+
+def unobserved(x, *children: nn.Module, built_as: Union[type, Sequence[type]] = nn.Linear) -> bool:
+    """True when a parent may compute these children's outputs from their parameters, because nothing could tell:
+    the merged routes are on, no tracer / compiler / exporter / TorchFunction or TorchDispatch mode is active, no
+    global module hook is registered, and every child is exactly ``built_as`` (the class it was built with: a
+    LoRA wrapper, a quantised, pruned, parametrized or subclassed replacement, ``nn.Identity`` or an
+    instance-patched ``forward`` is not) with no hook of its own. Python only: scripted parents call the modules.
+
+    ``x`` is the children's input (an FX proxy while timm's feature extraction traces); ``built_as`` is one class
+    for every child or one per child (each recorded with :func:`record_forward`)."""
+    if not _merged_enabled or _observing_context(x):
         return False
-    if any(getattr(_module_state, name, None) for name in _GLOBAL_HOOKS):
-        return False
-    return not (torch._C._is_torch_function_mode_enabled() or torch._C._len_torch_dispatch_stack() > 0)
+    classes = [built_as] * len(children) if isinstance(built_as, type) else list(built_as)
+    if len(classes) != len(children):
+        raise ValueError(f'unobserved: {len(children)} children but {len(classes)} classes in built_as')
+    return all(_unobserved_module(child, cls) for child, cls in zip(children, classes))
 
 
 @functools.lru_cache(maxsize=256)
 def _images_of_16_or_more(rows: int) -> int:
     """The smallest divisor of ``rows`` (>= 16) that is at least 16."""
     return next(n for n in range(16, rows + 1) if rows % n == 0)
+
+
+def _onednn_applies(x: torch.Tensor) -> bool:
+    rows = x.numel() // max(x.shape[-1], 1)
+    return (_onednn_enabled and x.device.type == 'cpu' and x.dtype == torch.float32 and x.dim() >= 3
+            and x.is_contiguous() and rows >= max(16 * x.shape[0], 1024) and not torch.is_autocast_enabled('cpu'))
+
+
+def _channel_gemm(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+    """``F.linear(x, weight, bias)``; as a 1x1 convolution through oneDNN where :func:`_onednn_applies`."""
+    if not _onednn_applies(x):
+        return F.linear(x, weight, bias)
+    # the rows as a channels-last (n, C, rows / n, 1) image (a view of the same memory). Single-threaded PyTorch
+    # takes 1x1 convolutions of fewer than 16 images off oneDNN (to a slower path than MKL's GEMM), so there the
+    # rows are regrouped into n >= 16 images
+    rows = x.numel() // x.shape[-1]
+    n = x.shape[0] if x.shape[0] >= 16 or torch.get_num_threads() > 1 else _images_of_16_or_more(rows)
+    y = F.conv2d(x.view(n, -1, 1, x.shape[-1]).permute(0, 3, 1, 2), weight.view(weight.shape + (1, 1)), bias)
+    return y.permute(0, 2, 3, 1).reshape(x.shape[:-1] + (weight.shape[0],))
 
 
 def channel_linear(linear: nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -136,21 +195,31 @@ def channel_linear(linear: nn.Module, x: torch.Tensor) -> torch.Tensor:
     Scripted parents call the module instead: ``if torch.jit.is_scripting(): y = linear(x) else: y =
     channel_linear(linear, x)`` (TorchScript compiles only the first branch).
     """
-    if (not _onednn_enabled or isinstance(x, torch.fx.Proxy) or torch.jit.is_tracing()
-            or torch.compiler.is_compiling()):
-        return linear(x)  # before any shape test: tracers (FX too) and exporters must see the module / no guards
-    rows = x.numel() // max(x.shape[-1], 1)
-    if not (x.device.type == 'cpu' and x.dtype == torch.float32 and x.dim() >= 3
-            and x.is_contiguous() and rows >= max(16 * x.shape[0], 1024) and not torch.is_autocast_enabled('cpu')
-            and _unobserved_plain_linear(linear)):
+    # the context first, before any shape test: tracers (FX too) and exporters must see the module and no guards
+    if not _onednn_enabled or _observing_context(x) or not _onednn_applies(x):
         return linear(x)
-    # the rows as a channels-last (n, C, rows / n, 1) image (a view of the same memory). Single-threaded PyTorch
-    # takes 1x1 convolutions of fewer than 16 images off oneDNN (to a slower path than MKL's GEMM), so there the
-    # rows are regrouped into n >= 16 images
-    n = x.shape[0] if x.shape[0] >= 16 or torch.get_num_threads() > 1 else _images_of_16_or_more(rows)
-    weight = linear.weight
-    y = F.conv2d(x.view(n, -1, 1, x.shape[-1]).permute(0, 3, 1, 2), weight.view(weight.shape + (1, 1)), linear.bias)
-    return y.permute(0, 2, 3, 1).reshape(x.shape[:-1] + (weight.shape[0],))
+    if not _unobserved_module(linear, nn.Linear):
+        return linear(x)
+    return _channel_gemm(x, linear.weight, linear.bias)
+
+
+def merged_channel_linear(linears: Sequence[nn.Module], x: torch.Tensor) -> Optional[torch.Tensor]:
+    """``torch.cat([linear(x) for linear in linears], -1)`` as one GEMM with the concatenated parameters (one
+    output tensor, one pass of the activation after it; through oneDNN as :func:`channel_linear`), or ``None``
+    when that would be observable (:func:`unobserved`) or the Linears differ in having a bias: then the caller
+    calls each module. The concatenated weight is rebuilt on every call from the modules' own parameters, so
+    optimizers, ``functional_call`` and gradients see those.
+
+    Shapes: x (B, ..., in_features) -> (B, ..., sum of out_features), or None.
+    """
+    if not unobserved(x, *linears):
+        return None
+    biases = [linear.bias for linear in linears]
+    if any(b is None for b in biases) and not all(b is None for b in biases):
+        return None
+    weight = torch.cat([linear.weight for linear in linears])
+    bias = None if biases[0] is None else torch.cat(biases)
+    return _channel_gemm(x, weight, bias)
 
 
 class ChannelMlp(Mlp):
