@@ -53,7 +53,7 @@ import torch.nn.modules.module as _module_state
 from timm.layers import Mlp, register_notrace_module
 
 __all__ = ['TokenLinear', 'channel_linear', 'set_onednn_channel_linear', 'merged_channel_linear', 'unobserved',
-           'set_merged_routes', 'record_forward', 'ChannelMlp']
+           'set_merged_routes', 'record_forward', 'autocast_on', 'ChannelMlp']
 
 
 @torch.jit.unused
@@ -160,6 +160,12 @@ def unobserved(x, *children: nn.Module, built_as: Union[type, Sequence[type]] = 
     if len(classes) != len(children):
         raise ValueError(f'unobserved: {len(children)} children but {len(classes)} classes in built_as')
     return all(_unobserved_module(child, cls) for child, cls in zip(children, classes))
+
+
+def autocast_on(x: torch.Tensor) -> bool:
+    """Autocast is enabled for ``x``'s device type (False where autocast does not exist, e.g. 'meta')."""
+    kind = x.device.type
+    return torch.amp.is_autocast_available(kind) and torch.is_autocast_enabled(kind)
 
 
 @functools.lru_cache(maxsize=256)

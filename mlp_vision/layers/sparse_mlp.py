@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from timm.layers import DropPath
 
 from .activations import FreshGELU, fresh_input_act
-from .linear import ChannelMlp, TokenLinear, _channel_gemm, record_forward, unobserved
+from .linear import ChannelMlp, TokenLinear, _channel_gemm, autocast_on, record_forward, unobserved
 
 # norms that always return a new tensor, so the activation after them may work in place (layers.activations)
 _FRESH_OUTPUT_NORMS = (nn.BatchNorm2d, nn.GroupNorm, nn.LayerNorm)
@@ -75,7 +75,9 @@ class AxialSparseMLP(nn.Module):
 
     def mix(self, x: torch.Tensor) -> torch.Tensor:
         """Everything after ``GELU(BN(.))``: ``fuse(concat[x, mix_H(x), mix_W(x)])``; x (B, C, H, W)."""
-        if self._may_commute(x):
+        if torch.jit.is_scripting():  # TorchScript compiles the plain branch only
+            pass
+        elif self._may_commute(x):
             return self._fuse_commuted(x)
         x_h = self.proj_h(x.transpose(2, 3)).transpose(2, 3)  # the Linear sees (B, C, W, H): mixes along H
         x_w = self.proj_w(x)  # (B, C, H, W): mixes along W
@@ -86,7 +88,7 @@ class AxialSparseMLP(nn.Module):
         fuse = self.fuse
         return (unobserved(x, self.proj_h, self.proj_w, fuse, built_as=(TokenLinear, TokenLinear, nn.Conv2d))
                 and fuse.bias is None and fuse.kernel_size == (1, 1) and fuse.groups == 1 and x.dim() == 4
-                and tuple(x.shape[2:]) == self.feat_size and not torch.is_autocast_enabled(x.device.type)
+                and tuple(x.shape[2:]) == self.feat_size and not autocast_on(x)
                 and x.dtype == fuse.weight.dtype == self.proj_h.weight.dtype == self.proj_w.weight.dtype)
 
     def _fuse_commuted(self, x: torch.Tensor) -> torch.Tensor:
@@ -144,7 +146,9 @@ class SparseMLPTokenMixer(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.act(self.norm(x.contiguous(memory_format=torch.channels_last)))
         smlp = self.smlp
-        if not self._may_fold_bn(x):
+        if torch.jit.is_scripting():  # TorchScript compiles this branch only
+            return smlp(self.conv_dw(x))
+        elif not self._may_fold_bn(x):
             return smlp(self.conv_dw(x))
         # eval: the sMLP's BatchNorm folded into the depthwise conv it follows (module docstring)
         bn, conv = smlp.norm, self.conv_dw
@@ -159,7 +163,7 @@ class SparseMLPTokenMixer(nn.Module):
                     nn.Conv2d, AxialSparseMLP, nn.BatchNorm2d, type(smlp.act)))
                 and type(smlp.act) in (nn.GELU, FreshGELU) and bn.affine and bn.running_mean is not None
                 and conv.bias is None and conv.padding_mode == 'zeros' and isinstance(conv.padding, tuple)
-                and not torch.is_autocast_enabled(x.device.type))
+                and not autocast_on(x))
 
 
 class SparseMLPBlock(nn.Module):
