@@ -25,6 +25,8 @@ Contenders:
     modules:NAME     ``NAME`` with the same weights and every child called as a module: neither the oneDNN route
                      nor the merged routes of :func:`mlp_vision.layers.linear.unobserved` (what a hooked or traced
                      model runs): ``--compare gmlp_s modules:gmlp_s`` is what all of them buy;
+    onednn:NAME      ``NAME`` with the oneDNN route forced on (by default it is on only where the CPU has AVX-512):
+                     ``--compare mkl:gmlp_s onednn:gmlp_s`` measures the route on any host;
     bert_layer       the BERT layer it replaces, with SDPA attention (``mlp_vision.text.bert.BertLayer``: d ``--dim``,
                      ``--heads`` heads, FFN ``--ffn-dim``; default BERT-large: 1024 / 16 / 4096).
                      Layer contenders report tokens/s (batch x seq-len per step) instead of images/s.
@@ -69,7 +71,7 @@ from timm.models import model_entrypoint
 
 import mlp_vision
 from mlp_vision.layers import BidirectionalGatedSSM
-from mlp_vision.layers.linear import set_merged_routes, set_onednn_channel_linear
+from mlp_vision.layers.linear import cpu_has_avx512, set_merged_routes, set_onednn_channel_linear
 from mlp_vision.text.bert import BertLayer
 
 PRECISIONS = ('fp32', 'bf16', 'fp16', 'amp_bf16', 'amp_fp16')
@@ -77,12 +79,12 @@ LAYERS = ('bigs_layer', 'bert_layer')  # sequence-layer contenders (tokens/s); r
 REFERENCE_DIR = Path(__file__).resolve().parent / 'tests' / 'reference'  # the straightforward twins (ref:)
 
 
-ROUTE_PREFIXES = ('mkl:', 'modules:')  # our model with some of its unobserved routes off (same weights)
+ROUTE_PREFIXES = ('mkl:', 'modules:', 'onednn:')  # our model with its unobserved routes set otherwise (same weights)
 
 
 def base_name(spec: str) -> str:
-    """The contender's model / layer name without the ``ref:`` (straightforward twin), ``mkl:`` or ``modules:``
-    prefix."""
+    """The contender's model / layer name without the ``ref:`` (straightforward twin) or route prefix
+    (``mkl:``, ``modules:``, ``onednn:``)."""
     for prefix in ('ref:',) + ROUTE_PREFIXES:
         if spec.startswith(prefix):
             return spec[len(prefix):]
@@ -90,8 +92,10 @@ def base_name(spec: str) -> str:
 
 
 def routes_of(spec: str) -> Tuple[bool, bool]:
-    """(oneDNN channel route on, merged routes on) for this contender."""
-    return not spec.startswith(ROUTE_PREFIXES), not spec.startswith('modules:')
+    """(oneDNN channel route on, merged routes on) for this contender; a plain name gets the defaults (the oneDNN
+    route where the CPU has AVX-512)."""
+    onednn = spec.startswith('onednn:') or (not spec.startswith(ROUTE_PREFIXES) and cpu_has_avx512())
+    return onednn, not spec.startswith('modules:')
 
 
 def is_layer(spec: str) -> bool:
@@ -628,6 +632,7 @@ def environment(args) -> Dict[str, Any]:
         date_utc=datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d %H:%M UTC'),
         host=platform.node(), cpu=cpu, logical_cpus=os.cpu_count(), device=args.device,
         device_name=torch.cuda.get_device_name(args.device) if args.device.startswith('cuda') else cpu,
+        cpu_capability=torch.backends.cpu.get_cpu_capability(),  # AVX2 / AVX512: which CPU routes pay (layers.linear)
         threads=torch.get_num_threads(), interop_threads=torch.get_num_interop_threads(),
         torch=torch.__version__, timm=timm.__version__, mlp_vision=mlp_vision.__version__,
         python=platform.python_version(), load_avg_start=os.getloadavg(),
@@ -666,7 +671,8 @@ def markdown(rows: List[Dict[str, Any]], env: Dict[str, Any], args) -> str:
     lines = [f"# {args.title or 'Benchmark'}", '']
     prec = args.precision + (', channels_last' if args.channels_last else '') + (', compile' if args.compile else '')
     prec += ', CPU-time timer' if args.timer == 'cpu' else ''
-    lines.append(f"{env['date_utc']} · {env['device_name']} · {env['threads']} threads · {prec} · "
+    cpu = f" ({env['cpu_capability']})" if env['device'] == 'cpu' else ''
+    lines.append(f"{env['date_utc']} · {env['device_name']}{cpu} · {env['threads']} threads · {prec} · "
                  f"torch {env['torch']} · timm {env['timm']}"
                  + (f" · matmul ceiling: torch.mm {env['matmul_n']}² {env['matmul_dtype']} "
                     f"{env['matmul_gflops']:.0f} GFLOP/s" if 'matmul_gflops' in env else '')

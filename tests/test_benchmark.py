@@ -148,14 +148,15 @@ def test_modules_contender_runs_every_child_as_a_module(tmp_path):
     finally:
         sys.path.remove(str(REPO))
     from mlp_vision.layers import linear
-    assert benchmark.routes_of('smlpnet_t') == (True, True)
+    assert benchmark.routes_of('smlpnet_t') == (linear.cpu_has_avx512(), True)  # the defaults users get
+    assert benchmark.routes_of('onednn:smlpnet_t') == (True, True)
     assert benchmark.routes_of('mkl:smlpnet_t') == (False, True)
     assert benchmark.routes_of('modules:smlpnet_t') == (False, False)
     assert benchmark.base_name('modules:bigs_layer') == 'bigs_layer'
     args = argparse.Namespace(device='cpu', timer='wall', precision='fp32', channels_last=False, compile=False,
                               seed=0, num_classes=2, batch_size=1)
     seen = []
-    for spec in ('modules:x', 'mkl:x', 'x'):
+    for spec in ('modules:x', 'mkl:x', 'onednn:x'):
         runner = benchmark.Runner(torch.nn.Identity(), 'inference', args, (3,), routes=benchmark.routes_of(spec))
         runner.fn = lambda x: seen.append((linear._onednn_enabled, linear._merged_enabled))
         runner.step()

@@ -37,7 +37,8 @@ channel Linear only when nothing could tell the difference, and otherwise calls 
 * no tracing, scripting, compiling or exporting (fvcore, ``torch.jit.trace``, ``torch.compile``, ``torch.export``,
   ONNX: the module) and no TorchFunction / TorchDispatch mode is active (fake tensors, FLOP counters);
 * CPU, float32, autocast off, at least 1,024 rows and 16 per sample (below that oneDNN's per-call weight reorder
-  costs more than it saves), and the route is on (:func:`set_onednn_channel_linear`).
+  costs more than it saves), and the route is on (:func:`set_onednn_channel_linear`; by default only where
+  PyTorch's CPU capability is AVX-512: on an AVX2 host the same 1x1 convolutions ran 2.4x slower than MKL).
 
 The parameters are the module's own (read at call time, so ``torch.func.functional_call`` and optimizers see the
 same tensors), gradients reach them through the convolution, and the result equals ``module(x)`` up to float32
@@ -53,7 +54,7 @@ import torch.nn.modules.module as _module_state
 from timm.layers import Mlp, register_notrace_module
 
 __all__ = ['TokenLinear', 'channel_linear', 'set_onednn_channel_linear', 'merged_channel_linear', 'unobserved',
-           'set_merged_routes', 'record_forward', 'autocast_on', 'ChannelMlp']
+           'set_merged_routes', 'record_forward', 'autocast_on', 'cpu_has_avx512', 'ChannelMlp']
 
 
 @torch.jit.unused
@@ -109,12 +110,20 @@ def record_forward(cls: type) -> type:
     Every class a parent may bypass (see :func:`unobserved`) is recorded."""
     _BUILT_FORWARD[cls] = cls.forward
     return cls
-_onednn_enabled = True
+def cpu_has_avx512() -> bool:
+    """PyTorch's CPU kernels run with AVX-512 here (the only case where oneDNN's GEMM beats MKL's sgemm on AMD)."""
+    return torch.backends.cpu.get_cpu_capability().startswith('AVX512')
+
+
+# on by default only where it pays: without AVX-512 (AVX2 hosts) oneDNN's 1x1 convolution measured 2.4x slower than
+# MKL's GEMM for Mixer-B's channel MLP (results/benchmarks/README.md, 2026-11-24)
+_onednn_enabled = cpu_has_avx512()
 _merged_enabled = True
 
 
 def set_onednn_channel_linear(enabled: bool) -> bool:
-    """Switch :func:`channel_linear`'s oneDNN route on or off (process-wide); returns the previous setting."""
+    """Switch :func:`channel_linear`'s oneDNN route on or off (process-wide; on by default where the CPU has
+    AVX-512, off elsewhere); returns the previous setting."""
     global _onednn_enabled
     previous, _onednn_enabled = _onednn_enabled, bool(enabled)
     return previous
