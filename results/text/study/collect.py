@@ -1,31 +1,30 @@
-""" Gather the study's round-2 runs (issue 13.4) into results/text/study: each run's args.yaml, summary.csv,
-results.json and curves.png (no weights) under runs/, the pretraining curves of the four encoders in
-pretraining_curves.png, and table.md.
+""" Gather one round of the study's runs (issue 13.4) into a results folder (``--out``, results/text/study by
+default): each run's args.yaml, summary.csv, results.json and curves.png (no weights) under runs/, the pretraining
+curves of the four encoders in pretraining_curves.png, and table.md.
 
 Selection, as README.md describes: per encoder and arm (pretrained / from scratch) the fine-tuning learning rate and
 checkpoint with the best accuracy on heldout.tsv (10 % of train.tsv); the reported number is that checkpoint's
 accuracy on dev.tsv (``test`` in results.json), which nothing was chosen on. Where an encoder was pretrained at more
 than one learning rate, the run with the lowest held-out MLM loss is the encoder (also a choice on held-out data).
 
-    python results/text/study/collect.py RUNS_DIR
+    python results/text/study/collect.py RUNS_DIR [--out DIR] [--pretraining-text "WikiText-2"]
 """
+import argparse
 import csv
 import json
 import shutil
-import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 FAMILIES = [('gmlp', 'gMLP'), ('amlp', 'aMLP'), ('bigs', 'BiGS'), ('bert', 'BERT')]
-LRS = ('1e-4', '3e-4', '1e-3')
 
 
 def load(path: Path):
     return json.loads(path.read_text()) if path.exists() else None
 
 
-def copy_run(run: Path):
-    dst = HERE / 'runs' / run.name
+def copy_run(run: Path, out: Path):
+    dst = out / 'runs' / run.name
     dst.mkdir(parents=True, exist_ok=True)
     for name in ('args.yaml', 'summary.csv', 'results.json', 'curves.png'):
         if (run / name).exists():
@@ -33,7 +32,7 @@ def copy_run(run: Path):
 
 
 def pretraining_runs(runs: Path, key: str):
-    """Every pretraining run of this encoder: pre_KEY (lr 1e-3) and pre_KEY_lrX."""
+    """Every pretraining run of this encoder: pre_KEY (round 2: lr 1e-3) and pre_KEY_lrX."""
     return sorted(p for p in runs.glob(f'pre_{key}*') if (p / 'results.json').exists())
 
 
@@ -41,7 +40,14 @@ def fmt(m):
     return f"{m['acc']:.2f} % (F1 {m['f1']:.1f}, MCC {m['mcc']:.1f})"
 
 
-def main(runs: Path):
+def learning_rates(runs: Path, key: str, arm: str):
+    """The fine-tuning learning rates run for this encoder and arm, as written in the run names (ft_KEY_ARM_lrX)."""
+    lrs = {p.name.rsplit('_lr', 1)[1] for p in runs.glob(f'ft_{key}_{arm}_lr*')}
+    return sorted(lrs, key=float)
+
+
+def main(runs: Path, out: Path, text_label: str):
+    out.mkdir(parents=True, exist_ok=True)
     base = load(HERE / 'baselines.json')
     pre_rows, ft_rows, detail_rows, curves = [], [], [], {}
     for key, label in FAMILIES:
@@ -52,7 +58,7 @@ def main(runs: Path):
             lr = r['optimizer']['lr'] if 'optimizer' in r else r.get('lr')
             pre_rows.append((vf['loss'], f"| {label} | {run.name} | {lr:g} | {r['params'] / 1e6:.2f} M | {vf['loss']:.3f} | "
                                          f"{vf['masked_acc']:.1f} % | {r['train_seconds'] / 60:.0f} min |"))
-            copy_run(run)
+            copy_run(run, out)
         chosen = min(candidates, key=lambda p: load(p / 'results.json')['val_final']['loss']) if candidates else None
         if chosen is not None:
             with open(chosen / 'summary.csv', newline='') as f:
@@ -60,12 +66,12 @@ def main(runs: Path):
         cells = []
         for arm in ('pre', 'scratch'):
             results = {}
-            for lr in LRS:
+            for lr in learning_rates(runs, key, arm):
                 run = runs / f'ft_{key}_{arm}_lr{lr}'
                 r = load(run / 'results.json')
                 if r is None:
                     continue
-                copy_run(run)
+                copy_run(run, out)
                 results[lr] = r
                 detail_rows.append(f"| {label} | {'pretrained' if arm == 'pre' else 'scratch'} | {lr} | "
                                    f"{r['val_best']['acc']:.2f} % (step {r['best_step']}) | {fmt(r['test'])} | "
@@ -78,10 +84,13 @@ def main(runs: Path):
             cells.append(f"{fmt(r['test'])}; lr {lr}, heldout {r['val_best']['acc']:.2f} %")
         ft_rows.append(f'| {label} | {cells[0]} | {cells[1]} |')
 
-    plot_curves(curves)
+    plot_curves(curves, out)
     bow, bow_all, major = (base['tfidf_uni_bigram_logreg'], base['tfidf_uni_bigram_logreg_all_train'],
                            base['majority_class'])
-    text = ['## Pretraining (masked LM on WikiText-2, WordPiece 8,000, 3,000 updates x 4,096 tokens)', '',
+    budgets = sorted({(r['steps'], r['tokens_per_step']) for r in (load(p / 'results.json') for p in runs.glob('pre_*'))
+                      if r is not None})
+    text = [f'## Pretraining (masked LM on {text_label}, WordPiece 8,000, '
+            f"{' / '.join(f'{s:,} updates x {t:,} tokens' for s, t in budgets)})", '',
             '| encoder | run | lr | params | held-out MLM loss | masked-token acc | time |',
             '| --- | --- | --- | --- | --- | --- | --- |', *[row for _, row in pre_rows], '',
             '## Fine-tuning on rt-polarity: dev.tsv accuracy of the checkpoint chosen on heldout.tsv', '',
@@ -92,11 +101,11 @@ def main(runs: Path):
             '### Every fine-tuning run', '',
             '| encoder | arm | lr | heldout acc (best checkpoint) | dev acc of that checkpoint | time |',
             '| --- | --- | --- | --- | --- | --- |', *detail_rows, '']
-    (HERE / 'table.md').write_text('\n'.join(text))
+    (out / 'table.md').write_text('\n'.join(text))
     print('\n'.join(text))
 
 
-def plot_curves(curves):
+def plot_curves(curves, out: Path):
     import matplotlib
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt
@@ -111,8 +120,13 @@ def plot_curves(curves):
         ax.grid(alpha=0.3)
         ax.legend()
     fig.tight_layout()
-    fig.savefig(HERE / 'pretraining_curves.png', dpi=100)
+    fig.savefig(out / 'pretraining_curves.png', dpi=100)
 
 
 if __name__ == '__main__':
-    main(Path(sys.argv[1]))
+    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    parser.add_argument('runs', type=Path, help='the folder the runs were written to (RUNS)')
+    parser.add_argument('--out', type=Path, default=HERE, help='results folder (default: %(default)s)')
+    parser.add_argument('--pretraining-text', default='WikiText-2', help='what the encoders were pretrained on')
+    args = parser.parse_args()
+    main(args.runs, args.out, args.pretraining_text)

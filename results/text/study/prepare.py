@@ -1,4 +1,4 @@
-"""Data splits of the study's second round (issue 13.4), written under OUT (nothing here is committed data).
+"""Data splits of the study (issue 13.4, rounds 2 and 3), written under OUT (nothing here is committed data).
 
 * Pretraining text: all of the WikiText-2 we have (``valid.txt`` + ``test.txt``; ``train.txt`` is not in
   ``../shared/data``), split **by article** (a line `` = Title = `` starts one): the last ``--val-articles`` articles
@@ -10,6 +10,10 @@
 * The one vocabulary of every run: a WordPiece vocabulary of ``--vocab-size`` (BERT's normalizer, lower-cased)
   trained on the pretraining text only, saved in ``OUT/tokenizer`` (runs take it with ``--tokenizer-from``, since
   WordPiece training is not reproducible run to run).
+* Round 3 also pretrains on the task's own unlabelled text (task-adaptive pretraining, Gururangan et al., arXiv
+  2004.10964 §4): ``pretrain_text.txt`` is the WikiText-2 training text followed by the sentences of ``fit.tsv``,
+  one per line, without their labels (``heldout.tsv`` and ``dev.tsv`` stay unseen). The vocabulary is still trained
+  on WikiText-2 only.
 
     python results/text/study/prepare.py --data ../shared/data --out RUNS/data
 """
@@ -79,6 +83,13 @@ def main():
             w.writerow(header)
             w.writerows(part)
         print(f'{name}: {len(part)} rows')
+
+    text_col = header.index('sentence')
+    with open(os.path.join(args.out, 'pretrain_text.txt'), 'x', encoding='utf-8') as f:
+        f.writelines(line for art in train_text for line in art)
+        f.writelines(r[text_col].strip() + '\n' for r in fit)
+    words = sum(len(r[text_col].split()) for r in fit)
+    print(f'pretrain_text.txt: wikitext_train.txt + {len(fit)} fit.tsv sentences ({words:,} words), no labels')
 
 
 if __name__ == '__main__':
