@@ -42,7 +42,7 @@ def fmt(m):
 
 def learning_rates(runs: Path, key: str, arm: str):
     """The fine-tuning learning rates run for this encoder and arm, as written in the run names (ft_KEY_ARM_lrX)."""
-    lrs = {p.name.rsplit('_lr', 1)[1] for p in runs.glob(f'ft_{key}_{arm}_lr*')}
+    lrs = {p.name.rsplit('_lr', 1)[1] for p in runs.glob(f'ft_{key}_{arm}_lr*') if p.is_dir()}
     return sorted(lrs, key=float)
 
 
