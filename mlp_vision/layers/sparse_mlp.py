@@ -75,7 +75,8 @@ class AxialSparseMLP(nn.Module):
 
     def mix(self, x: torch.Tensor) -> torch.Tensor:
         """Everything after ``GELU(BN(.))``: ``fuse(concat[x, mix_H(x), mix_W(x)])``; x (B, C, H, W)."""
-        if torch.jit.is_scripting():  # TorchScript compiles the plain branch only
+        # TorchScript drops a branch only under a bare `if torch.jit.is_scripting():` (not inside `and` / `or`)
+        if torch.jit.is_scripting():
             pass
         elif self._may_commute(x):
             return self._fuse_commuted(x)
