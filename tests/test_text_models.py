@@ -397,6 +397,10 @@ PADDING_MODELS = {
     'bigs_cls': lambda: _bigs(task='sequence_classification'),
     'bert_mlm': lambda: _bert(),
     'bert_cls': lambda: _bert(task='sequence_classification'),
+    # the other classifier_pooling of each family
+    'gmlp_cls_mean': lambda: small_gmlp('sequence_classification', classifier_pooling='mean'),
+    'bigs_cls_cls': lambda: _bigs(task='sequence_classification', classifier_pooling='cls'),
+    'bert_cls_mean': lambda: _bert(task='sequence_classification', classifier_pooling='mean'),
 }
 
 
@@ -424,6 +428,45 @@ def test_padding_never_changes_real_outputs(name):
         if 'causal' not in name and 'gpt' not in name:  # control: without the mask the pads do reach real tokens
             unmasked = model(ids).logits
             assert not torch.allclose(unmasked[0], batch[0], atol=1e-6)
+
+
+CLASSIFIERS = {  # family -> (small classifier with the given pooling, its encoder attribute, its pooler dense or None)
+    'gmlp': (lambda **kw: small_gmlp('sequence_classification', **kw), 'gmlp', None),
+    'bigs': (lambda **kw: _bigs(task='sequence_classification', **kw), 'bigs', 'pooler'),
+    'bert': (lambda **kw: _bert(task='sequence_classification', **kw), 'bert', 'pooler'),
+}
+
+
+@pytest.mark.parametrize('pooling', ['cls', 'mean'])
+@pytest.mark.parametrize('family', sorted(CLASSIFIERS))
+def test_classifier_pooling_reads_the_cls_state_or_the_mean_of_real_tokens(family, pooling):
+    """classifier_pooling: the logits are the head applied to the encoder's state at position 0 ('cls') or to the
+    average of the real tokens' states ('mean'), computed here from the encoder's own output row by row."""
+    build, encoder_name, pooler = CLASSIFIERS[family]
+    torch.manual_seed(0)
+    model = build(classifier_pooling=pooling).double().eval()
+    assert model.config.classifier_pooling == pooling
+    g = torch.Generator().manual_seed(3)
+    ids = torch.randint(1, 50, (3, 12), generator=g)
+    mask = torch.ones(3, 12, dtype=torch.long)
+    mask[1, 7:] = 0
+    mask[2, 4:] = 0
+    with torch.no_grad():
+        hidden = getattr(model, encoder_name)(ids, mask)
+        want = []
+        for i in range(3):
+            n = int(mask[i].sum())
+            vec = hidden[i, 0] if pooling == 'cls' else hidden[i, :n].sum(0) / n
+            if pooler is not None:
+                vec = torch.tanh(getattr(model, pooler).dense(vec))
+            want.append(model.classifier(vec))
+        torch.testing.assert_close(model(ids, attention_mask=mask).logits, torch.stack(want), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize('family', sorted(CLASSIFIERS))
+def test_classifier_pooling_unknown_value_stops(family):
+    with pytest.raises(ValueError, match=r"classifier_pooling must be one of \('cls', 'mean'\), got 'max'"):
+        CLASSIFIERS[family][0](classifier_pooling='max')
 
 
 def test_gmlp_mask_padding_false_is_the_papers_unmasked_sgu():

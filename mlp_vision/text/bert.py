@@ -31,8 +31,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .modeling_utils import (
-    PretrainedMixin, TextConfig, TextModelOutput, check_text_inputs, init_linear_embedding, masked_lm_loss,
-    scored_positions, sequence_classification_loss, tied_decoder)
+    PretrainedMixin, TextConfig, TextModelOutput, check_classifier_pooling, check_text_inputs, init_linear_embedding,
+    masked_lm_loss, pool_sequence, scored_positions, sequence_classification_loss, tied_decoder)
 
 __all__ = [
     'BertConfig', 'BertEmbeddings', 'BertSelfAttention', 'BertLayer', 'BertModel', 'MaskedLMHeadTransform',
@@ -57,6 +57,7 @@ class BertConfig(TextConfig):
         pad_token_id: the padding token (its embedding row starts at zero and gets no gradient).
         num_labels: outputs of the sequence classifier (1 = regression with MSE).
         classifier_dropout: dropout between the pooler and the classifier.
+        classifier_pooling: what the pooler reads, 'cls' (the [CLS] state, §3) or 'mean' (over the real tokens).
         sparse_prediction: masked LM with labels: decode only the scored positions, logits (N, V) (:func:`~mlp_vision.text.modeling_utils.scored_positions`).
     """
     vocab_size: int = 30522
@@ -73,10 +74,12 @@ class BertConfig(TextConfig):
     pad_token_id: int = 0
     num_labels: int = 2
     classifier_dropout: float = 0.1
+    classifier_pooling: str = 'cls'
     sparse_prediction: bool = False
 
     def __post_init__(self):
         self.check_field_types()
+        check_classifier_pooling(self.classifier_pooling)
         if self.hidden_size % self.num_attention_heads:
             raise ValueError(f'hidden_size {self.hidden_size} not divisible by num_attention_heads '
                              f'{self.num_attention_heads}')
@@ -217,31 +220,24 @@ class MaskedLMHeadTransform(nn.Module):
 
 
 class SequencePooler(nn.Module):
-    """Sequence vector for classification: the first ([CLS]) state (BERT, §3) or the mean over the real tokens
-    (the official BiGS pooler), then dense d -> d and tanh.
+    """Sequence vector for classification: the first ([CLS]) state (``'cls'``, BERT §3) or the mean over the real
+    tokens (``'mean'``, the official BiGS pooler) (:func:`~mlp_vision.text.modeling_utils.pool_sequence`), then
+    dense d -> d and tanh.
 
     Shapes: hidden (B, L, d), mask optional (B, L) bool (None = every position) -> (B, d).
     """
 
-    def __init__(self, hidden_size: int, pool: str = 'first', device=None, dtype=None):
+    def __init__(self, hidden_size: int, pooling: str = 'cls', device=None, dtype=None):
         super().__init__()
-        if pool not in ('first', 'mean'):
-            raise ValueError(f"pool must be 'first' or 'mean', got {pool!r}")
-        self.pool = pool
+        check_classifier_pooling(pooling)
+        self.pooling = pooling
         self.dense = nn.Linear(hidden_size, hidden_size, device=device, dtype=dtype)
 
     def forward(self, hidden: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
-        if self.pool == 'first':
-            pooled = hidden[:, 0]
-        elif mask is None:
-            pooled = hidden.mean(dim=1)
-        else:
-            w = mask.to(hidden.dtype).unsqueeze(-1)  # (B, L, 1)
-            pooled = (hidden * w).sum(dim=1) / w.sum(dim=1).clamp(min=1)
-        return torch.tanh(self.dense(pooled))
+        return torch.tanh(self.dense(pool_sequence(hidden, mask, self.pooling)))
 
     def extra_repr(self) -> str:
-        return f'pool={self.pool!r}'
+        return f'pooling={self.pooling!r}'
 
 
 class EncoderForMaskedLM(PretrainedMixin, nn.Module):
@@ -293,21 +289,20 @@ class BertForMaskedLM(EncoderForMaskedLM):
 
 
 class EncoderForSequenceClassification(PretrainedMixin, nn.Module):
-    """An encoder + :class:`SequencePooler` (``pool``: 'first' or 'mean' over the unpadded tokens), dropout and a
-    linear classifier. Shared by :class:`BertForSequenceClassification` and
-    :class:`mlp_vision.text.bigs.BiGSForSequenceClassification`; subclasses set ``config_class``, ``encoder_class``,
-    ``encoder_name`` (as :class:`EncoderForMaskedLM`) and ``pool``.
+    """An encoder + :class:`SequencePooler` (``config.classifier_pooling``: 'cls' or 'mean' over the unpadded
+    tokens), dropout and a linear classifier. Shared by :class:`BertForSequenceClassification` and
+    :class:`mlp_vision.text.bigs.BiGSForSequenceClassification`; subclasses set ``config_class``, ``encoder_class``
+    and ``encoder_name`` (as :class:`EncoderForMaskedLM`).
     """
     head_prefixes = ('pooler', 'classifier')
     encoder_class: type
     encoder_name: str
-    pool: str
 
     def __init__(self, config, device=None, dtype=None):
         super().__init__()
         self.config = config
         setattr(self, self.encoder_name, self.encoder_class(config, device=device, dtype=dtype))
-        self.pooler = SequencePooler(config.hidden_size, self.pool, device=device, dtype=dtype)
+        self.pooler = SequencePooler(config.hidden_size, config.classifier_pooling, device=device, dtype=dtype)
         self.dropout = nn.Dropout(config.classifier_dropout)
         self.classifier = nn.Linear(config.hidden_size, config.num_labels, device=device, dtype=dtype)
         init_linear_embedding(self.pooler.dense, config.initializer_range)
@@ -328,7 +323,8 @@ class EncoderForSequenceClassification(PretrainedMixin, nn.Module):
 
 
 class BertForSequenceClassification(EncoderForSequenceClassification):
-    """BERT classifier (§3): pooler (dense + tanh on the [CLS] state), dropout, linear classifier.
+    """BERT classifier (§3): pooler (dense + tanh on the [CLS] state; ``classifier_pooling='mean'``: on the mean of
+    the real tokens' states), dropout, linear classifier.
 
     Load a masked-LM checkpoint with ``BertForSequenceClassification.from_pretrained(dir, num_labels=k)``: the
     encoder is loaded, the pooler and classifier are new (MLM-only pretraining, as RoBERTa and BiGS, does not train
@@ -340,7 +336,6 @@ class BertForSequenceClassification(EncoderForSequenceClassification):
     config_class = BertConfig
     encoder_class = BertModel
     encoder_name = 'bert'
-    pool = 'first'
 
 
 def BertForMaskedLMBaseline(max_len: int = 512, device=None, dtype=None, **config) -> BertForMaskedLM:

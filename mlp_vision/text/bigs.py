@@ -68,7 +68,7 @@ import torch.nn as nn
 
 from ..layers import BidirectionalGatedSSM
 from .bert import BertEmbeddings, EncoderForMaskedLM, EncoderForSequenceClassification, init_bert_weights
-from .modeling_utils import PretrainedMixin, TextConfig, check_text_inputs
+from .modeling_utils import PretrainedMixin, TextConfig, check_classifier_pooling, check_text_inputs
 
 __all__ = [
     'BiGSConfig', 'BiGSModel', 'BiGSForMaskedLM', 'BiGSForSequenceClassification',
@@ -101,6 +101,7 @@ class BiGSConfig(TextConfig):
             the tanh approximation). The MLM head's GELU is exact in both official versions and here.
         num_labels: outputs of the sequence classifier (1 = regression with MSE).
         classifier_dropout: dropout between the pooler and the classifier.
+        classifier_pooling: what the pooler reads, 'mean' (over the real tokens; the official BiGS pooler) or 'cls'.
         sparse_prediction: masked LM with labels: decode only the scored positions, logits (N, V) (:func:`~mlp_vision.text.modeling_utils.scored_positions`).
     """
     vocab_size: int = 30522
@@ -120,12 +121,14 @@ class BiGSConfig(TextConfig):
     gelu_approximate: str = 'none'
     num_labels: int = 2
     classifier_dropout: float = 0.1
+    classifier_pooling: str = 'mean'
     sparse_prediction: bool = False
 
     legacy_names = {'hidden_dropout': 'hidden_dropout_prob', 'num_ssm': 'num_ssm_states'}
 
     def __post_init__(self):
         self.check_field_types()
+        check_classifier_pooling(self.classifier_pooling)
         if not 0 <= self.pad_token_id < self.vocab_size:
             raise ValueError(f'pad_token_id {self.pad_token_id} outside [0, {self.vocab_size})')
         if not 0 < self.dt_min <= self.dt_max:
@@ -223,7 +226,6 @@ class BiGSForSequenceClassification(EncoderForSequenceClassification):
     config_class = BiGSConfig
     encoder_class = BiGSModel
     encoder_name = 'bigs'
-    pool = 'mean'
 
     @classmethod
     def from_official(

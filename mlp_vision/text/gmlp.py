@@ -60,7 +60,8 @@ import torch.nn as nn
 from ..layers import GatedMLPBlock, SPATIAL_MODES
 from .modeling_utils import (
     GenerationMixin, PretrainedMixin, TextConfig, TextModelOutput, causal_lm_loss, check_text_inputs,
-    init_linear_embedding, masked_lm_loss, scored_positions, sequence_classification_loss, tied_decoder)
+    check_classifier_pooling, init_linear_embedding, masked_lm_loss, pool_sequence, scored_positions,
+    sequence_classification_loss, tied_decoder)
 
 __all__ = ['GMLPConfig', 'GMLPModel', 'GMLPForMaskedLM', 'GMLPForSequenceClassification', 'GMLPForCausalLM']
 
@@ -85,6 +86,7 @@ class GMLPConfig(TextConfig):
         layer_norm_eps: epsilon of the block input LayerNorms and the final LayerNorm.
         initializer_range: std of the normal init of Linear / Embedding weights (the SGU keeps W ~ 0, b = 1).
         cls_index: position whose last-layer state the sequence classifier reads (0: ``<cls>`` first, BERT).
+        classifier_pooling: 'cls' (the state at ``cls_index``, the paper's protocol) or 'mean' (over the real tokens).
         num_labels: outputs of the sequence-classification head (1 = regression with MSE).
         classifier_dropout: dropout before the classifier.
         sparse_prediction: masked LM with labels: decode only the scored positions, logits (N, V) (:func:`~mlp_vision.text.modeling_utils.scored_positions`).
@@ -105,6 +107,7 @@ class GMLPConfig(TextConfig):
     cls_index: int = 0
     num_labels: int = 2
     classifier_dropout: float = 0.1
+    classifier_pooling: str = 'cls'
     sparse_prediction: bool = False
 
     legacy_names = {
@@ -116,6 +119,7 @@ class GMLPConfig(TextConfig):
 
     def __post_init__(self):
         self.check_field_types()
+        check_classifier_pooling(self.classifier_pooling)
         if self.spatial_mode not in SPATIAL_MODES:
             raise ValueError(f'spatial_mode must be one of {SPATIAL_MODES}, got {self.spatial_mode!r}')
         if self.intermediate_size % 2:
@@ -221,7 +225,8 @@ class GMLPForSequenceClassification(PretrainedMixin, nn.Module):
     """Sequence classifier with the BERT ``<cls>`` protocol of the paper (§2, §4).
 
     The input is ``<cls> segment_a <sep> [segment_b <sep>] <pad>...``; the prediction is a linear map of the
-    last-layer (final-LayerNorm) state at ``config.cls_index`` (0). There is no BERT "pooler" (tanh dense layer):
+    last-layer (final-LayerNorm) state at ``config.cls_index`` (0), or of the mean of the real tokens' states with
+    ``config.classifier_pooling = 'mean'``. There is no BERT "pooler" (tanh dense layer):
     that layer is trained by next-sentence prediction, which the paper's C4 MLM pretraining does not have. Load a
     masked-LM checkpoint with ``GMLPForSequenceClassification.from_pretrained(dir, num_labels=k)``: the backbone is
     loaded and the classifier is freshly initialised.
@@ -247,7 +252,8 @@ class GMLPForSequenceClassification(PretrainedMixin, nn.Module):
             attention_mask: Optional[torch.Tensor] = None,
             labels: Optional[torch.Tensor] = None,
     ) -> TextModelOutput:
-        h = self.gmlp(input_ids, attention_mask)[:, self.config.cls_index]  # (B, d): the <cls> state
+        h = pool_sequence(self.gmlp(input_ids, attention_mask), attention_mask, self.config.classifier_pooling,
+                          self.config.cls_index)  # (B, d)
         logits = self.classifier(self.dropout(h))
         return TextModelOutput(
             loss=None if labels is None else sequence_classification_loss(logits, labels), logits=logits)

@@ -39,7 +39,7 @@ from safetensors.torch import load_model, save_file
 __all__ = [
     'TextConfig', 'ModelOutput', 'TextModelOutput', 'PretrainedMixin', 'GenerationMixin', 'check_text_inputs',
     'masked_lm_loss', 'causal_lm_loss', 'scored_positions', 'sequence_classification_loss', 'init_linear_embedding', 'tied_decoder',
-    'read_config',
+    'read_config', 'pool_sequence', 'check_classifier_pooling', 'CLASSIFIER_POOLINGS',
     'CONFIG_NAME', 'WEIGHTS_NAME', 'FORMAT_VERSION',
 ]
 
@@ -236,6 +236,33 @@ def sequence_classification_loss(logits: torch.Tensor, labels: torch.Tensor) -> 
     if logits.shape[-1] == 1:
         return F.mse_loss(logits.squeeze(-1).float(), labels.float())
     return F.cross_entropy(logits.float(), labels)
+
+
+# what a sequence classifier reads (``config.classifier_pooling``, ModernBERT's field name in ``transformers``)
+CLASSIFIER_POOLINGS = ('cls', 'mean')
+
+
+def check_classifier_pooling(pooling: str) -> None:
+    """A ``ValueError`` unless ``pooling`` is one of :data:`CLASSIFIER_POOLINGS`."""
+    if pooling not in CLASSIFIER_POOLINGS:
+        raise ValueError(f'classifier_pooling must be one of {CLASSIFIER_POOLINGS}, got {pooling!r}')
+
+
+def pool_sequence(hidden: torch.Tensor, attention_mask: Optional[torch.Tensor], pooling: str,
+                  cls_index: int = 0) -> torch.Tensor:
+    """One vector per sequence for a classifier: the state at ``cls_index`` (``'cls'``: BERT's [CLS], arXiv
+    1810.04805 §3) or the mean over the real tokens (``'mean'``: the official BiGS pooler; with MLM-only pretraining
+    no objective trains the [CLS] state, while every token state is trained).
+
+    Shapes: hidden (B, L, d); attention_mask optional (B, L), 1 / True = real token (None: every position) -> (B, d).
+    """
+    check_classifier_pooling(pooling)
+    if pooling == 'cls':
+        return hidden[:, cls_index]
+    if attention_mask is None:
+        return hidden.mean(dim=1)
+    w = attention_mask.to(hidden.dtype).unsqueeze(-1)  # (B, L, 1)
+    return (hidden * w).sum(dim=1) / w.sum(dim=1).clamp(min=1)
 
 
 def init_linear_embedding(module: nn.Module, std: float) -> None:

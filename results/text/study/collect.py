@@ -6,13 +6,17 @@ Selection, as README.md describes: per encoder and arm (pretrained / from scratc
 checkpoint with the best accuracy on heldout.tsv (10 % of train.tsv); the reported number is that checkpoint's
 accuracy on dev.tsv (``test`` in results.json), which nothing was chosen on. Where an encoder was pretrained at more
 than one learning rate, the run with the lowest held-out MLM loss is the encoder (also a choice on held-out data).
+With several fine-tuning seeds (run names ``..._seedS``; seed 42 has no suffix) the choice is made per seed and the
+table gives the mean dev accuracy over the seeds, each seed's number beside it.
 
     python results/text/study/collect.py RUNS_DIR [--out DIR] [--pretraining-text "WikiText-2"]
 """
 import argparse
 import csv
 import json
+import re
 import shutil
+import statistics
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -40,10 +44,15 @@ def fmt(m):
     return f"{m['acc']:.2f} % (F1 {m['f1']:.1f}, MCC {m['mcc']:.1f})"
 
 
-def learning_rates(runs: Path, key: str, arm: str):
-    """The fine-tuning learning rates run for this encoder and arm, as written in the run names (ft_KEY_ARM_lrX)."""
-    lrs = {p.name.rsplit('_lr', 1)[1] for p in runs.glob(f'ft_{key}_{arm}_lr*') if p.is_dir()}
-    return sorted(lrs, key=float)
+def finetuning_runs(runs: Path, key: str, arm: str):
+    """{seed: {lr: run folder}} of this encoder and arm, from the run names ft_KEY_ARM_lrX[_seedS] (no suffix: 42)."""
+    name = re.compile(rf'ft_{key}_{arm}_lr([0-9.e+-]+)(?:_seed(\d+))?$')
+    found = {}
+    for p in runs.glob(f'ft_{key}_{arm}_lr*'):
+        m = name.match(p.name)
+        if p.is_dir() and m:
+            found.setdefault(int(m.group(2) or 42), {})[m.group(1)] = p
+    return {seed: dict(sorted(found[seed].items(), key=lambda kv: float(kv[0]))) for seed in sorted(found)}
 
 
 def main(runs: Path, out: Path, text_label: str):
@@ -63,26 +72,37 @@ def main(runs: Path, out: Path, text_label: str):
         if chosen is not None:
             with open(chosen / 'summary.csv', newline='') as f:
                 curves[label] = list(csv.DictReader(f))
-        cells = []
+        cells, means = [], []
         for arm in ('pre', 'scratch'):
-            results = {}
-            for lr in learning_rates(runs, key, arm):
-                run = runs / f'ft_{key}_{arm}_lr{lr}'
-                r = load(run / 'results.json')
-                if r is None:
-                    continue
-                copy_run(run, out)
-                results[lr] = r
-                detail_rows.append(f"| {label} | {'pretrained' if arm == 'pre' else 'scratch'} | {lr} | "
-                                   f"{r['val_best']['acc']:.2f} % (step {r['best_step']}) | {fmt(r['test'])} | "
-                                   f"{r['train_seconds'] / 60:.1f} min |")
-            if not results:
+            chosen_per_seed = []
+            for seed, by_lr in finetuning_runs(runs, key, arm).items():
+                results = {}
+                for lr, run in by_lr.items():
+                    r = load(run / 'results.json')
+                    if r is None:
+                        continue
+                    copy_run(run, out)
+                    results[lr] = r
+                    detail_rows.append(f"| {label} | {'pretrained' if arm == 'pre' else 'scratch'} | {lr} | {seed} | "
+                                       f"{r['val_best']['acc']:.2f} % (step {r['best_step']}) | {fmt(r['test'])} | "
+                                       f"{r['train_seconds'] / 60:.1f} min |")
+                if results:
+                    lr = max(results, key=lambda k: (results[k]['val_best']['acc'], -float(k)))
+                    chosen_per_seed.append((seed, lr, results[lr]))
+            if not chosen_per_seed:
                 cells.append('not run')
-                continue
-            lr = max(results, key=lambda k: (results[k]['val_best']['acc'], -float(k)))
-            r = results[lr]
-            cells.append(f"{fmt(r['test'])}; lr {lr}, heldout {r['val_best']['acc']:.2f} %")
-        ft_rows.append(f'| {label} | {cells[0]} | {cells[1]} |')
+                means.append(None)
+            elif len(chosen_per_seed) == 1:
+                _, lr, r = chosen_per_seed[0]
+                cells.append(f"{fmt(r['test'])}; lr {lr}, heldout {r['val_best']['acc']:.2f} %")
+                means.append(r['test']['acc'])
+            else:
+                accs = [r['test']['acc'] for _, _, r in chosen_per_seed]
+                means.append(statistics.mean(accs))
+                each = ', '.join(f"{r['test']['acc']:.2f} (seed {seed}, lr {lr})" for seed, lr, r in chosen_per_seed)
+                cells.append(f"**{means[-1]:.2f} %** mean of {len(accs)} seeds (sd {statistics.stdev(accs):.2f}): {each}")
+        gain = 'n/a' if None in means else f'{means[0] - means[1]:+.2f}'
+        ft_rows.append(f'| {label} | {cells[0]} | {cells[1]} | {gain} |')
 
     plot_curves(curves, out)
     bow, bow_all, major = (base['tfidf_uni_bigram_logreg'], base['tfidf_uni_bigram_logreg_all_train'],
@@ -94,13 +114,14 @@ def main(runs: Path, out: Path, text_label: str):
             '| encoder | run | lr | params | held-out MLM loss | masked-token acc | time |',
             '| --- | --- | --- | --- | --- | --- | --- |', *[row for _, row in pre_rows], '',
             '## Fine-tuning on rt-polarity: dev.tsv accuracy of the checkpoint chosen on heldout.tsv', '',
-            '| encoder | pretrained | from scratch (same vocabulary) |', '| --- | --- | --- |', *ft_rows,
-            f"| majority class (of fit.tsv) | {fmt(major)} | |",
-            f"| TF-IDF uni+bigram logistic regression, C={bow['C']:g} chosen on heldout.tsv | {fmt(bow)} | |",
-            f"| the same refitted on all of train.tsv | {fmt(bow_all)} | |", '',
+            '| encoder | pretrained | from scratch (same vocabulary) | pretraining gain (points) |',
+            '| --- | --- | --- | --- |', *ft_rows,
+            f"| majority class (of fit.tsv) | {fmt(major)} | | |",
+            f"| TF-IDF uni+bigram logistic regression, C={bow['C']:g} chosen on heldout.tsv | {fmt(bow)} | | |",
+            f"| the same refitted on all of train.tsv | {fmt(bow_all)} | | |", '',
             '### Every fine-tuning run', '',
-            '| encoder | arm | lr | heldout acc (best checkpoint) | dev acc of that checkpoint | time |',
-            '| --- | --- | --- | --- | --- | --- |', *detail_rows, '']
+            '| encoder | arm | lr | seed | heldout acc (best checkpoint) | dev acc of that checkpoint | time |',
+            '| --- | --- | --- | --- | --- | --- | --- |', *detail_rows, '']
     (out / 'table.md').write_text('\n'.join(text))
     print('\n'.join(text))
 

@@ -14,6 +14,10 @@
   2004.10964 §4): ``pretrain_text.txt`` is the WikiText-2 training text followed by the sentences of ``fit.tsv``,
   one per line, without their labels (``heldout.tsv`` and ``dev.tsv`` stay unseen). The vocabulary is still trained
   on WikiText-2 only.
+* Round 4 (``--vocab-text pretrain --task-repeats 3``): the vocabulary is trained on the whole pretraining text, so the
+  reviews' own words (``unwatchable``, ``heartfelt``) are whole tokens rather than WikiText pieces, and the ``fit.tsv``
+  sentences appear three times in ``pretrain_text.txt`` (each copy shuffled anew), so about half of the pretraining
+  text is the task's domain -- task-adaptive pretraining runs many epochs over the task text (arXiv 2004.10964 §4).
 
     python results/text/study/prepare.py --data ../shared/data --out RUNS/data
 """
@@ -45,6 +49,11 @@ def main():
     ap.add_argument('--heldout-fraction', type=float, default=0.1)
     ap.add_argument('--seed', type=int, default=0)
     ap.add_argument('--vocab-size', type=int, default=8000)
+    ap.add_argument('--vocab-text', choices=('wikitext', 'pretrain'), default='wikitext',
+                    help="text the WordPiece vocabulary is trained on: WikiText-2's training text (rounds 2-3) or "
+                         "the whole pretraining text, fit.tsv sentences included (round 4)")
+    ap.add_argument('--task-repeats', type=int, default=1,
+                    help='copies of the fit.tsv sentences in pretrain_text.txt (each copy in a new order)')
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
 
@@ -57,12 +66,6 @@ def main():
             f.writelines(line for art in arts for line in art)
         words = sum(len(line.split()) for art in arts for line in art)
         print(f'{name}: {len(arts)} articles, {words:,} words')
-
-    from mlp_vision.text import train_tokenizer
-    tokenizer = train_tokenizer(texts=[line for art in train_text for line in art], kind='wordpiece',
-                                vocab_size=args.vocab_size)
-    tokenizer.save_pretrained(os.path.join(args.out, 'tokenizer'))
-    print(f'tokenizer: WordPiece, {tokenizer.vocab_size} tokens')
 
     with open(os.path.join(args.data, 'rt-polarity', 'train.tsv'), encoding='utf-8', newline='') as f:
         rows = list(csv.reader(f, delimiter='\t', quoting=csv.QUOTE_NONE))
@@ -85,11 +88,24 @@ def main():
         print(f'{name}: {len(part)} rows')
 
     text_col = header.index('sentence')
+    pretrain_lines = [line for art in train_text for line in art]
+    task_lines = [r[text_col].strip() + '\n' for r in fit]
+    for copy in range(args.task_repeats):
+        if copy:  # a new order each time, so no two 128-token blocks of the copies hold the same run of sentences
+            task_lines = task_lines[:]
+            rng.shuffle(task_lines)
+        pretrain_lines += task_lines
     with open(os.path.join(args.out, 'pretrain_text.txt'), 'x', encoding='utf-8') as f:
-        f.writelines(line for art in train_text for line in art)
-        f.writelines(r[text_col].strip() + '\n' for r in fit)
+        f.writelines(pretrain_lines)
     words = sum(len(r[text_col].split()) for r in fit)
-    print(f'pretrain_text.txt: wikitext_train.txt + {len(fit)} fit.tsv sentences ({words:,} words), no labels')
+    print(f'pretrain_text.txt: wikitext_train.txt + {args.task_repeats} x {len(fit)} fit.tsv sentences '
+          f'({words:,} words each time), no labels')
+
+    from mlp_vision.text import train_tokenizer
+    vocab_lines = pretrain_lines if args.vocab_text == 'pretrain' else [line for art in train_text for line in art]
+    tokenizer = train_tokenizer(texts=vocab_lines, kind='wordpiece', vocab_size=args.vocab_size)
+    tokenizer.save_pretrained(os.path.join(args.out, 'tokenizer'))
+    print(f'tokenizer: WordPiece, {tokenizer.vocab_size} tokens, trained on the {args.vocab_text} text')
 
 
 if __name__ == '__main__':
