@@ -36,8 +36,33 @@ def copy_run(run: Path, out: Path):
 
 
 def pretraining_runs(runs: Path, key: str):
-    """Every pretraining run of this encoder: pre_KEY (round 2: lr 1e-3) and pre_KEY_lrX."""
-    return sorted(p for p in runs.glob(f'pre_{key}*') if (p / 'results.json').exists())
+    """Every pretraining run of this encoder that evaluated at least once: pre_KEY (round 2: lr 1e-3) and
+    pre_KEY_lrX."""
+    return sorted(p for p in runs.glob(f'pre_{key}*') if (p / 'results.json').exists() or (p / 'summary.csv').exists())
+
+
+def pretraining_outcome(run: Path):
+    """(held-out MLM loss, masked-token accuracy, lr, params or None, minutes, note) of a pretraining run: its final
+    evaluation, or for a run stopped before its last update (no results.json) its best periodic evaluation -- the
+    model_best.pth that fine-tuning starts from."""
+    r = load(run / 'results.json')
+    if r is not None:
+        vf = r['val_final']
+        lr = r['optimizer']['lr'] if 'optimizer' in r else r.get('lr')
+        return vf['loss'], vf['masked_acc'], lr, r['params'], r['train_seconds'] / 60, ''
+    with open(run / 'summary.csv', newline='') as f:
+        rows = [row for row in csv.DictReader(f) if row.get('val_loss')]
+    best = min(rows, key=lambda row: float(row['val_loss']))
+    planned = yaml_field(run / 'args.yaml', 'steps')
+    logged = re.search(r'\(([0-9.]+) M params', (run / 'train.log').read_text()) if (run / 'train.log').exists() else None
+    return (float(best['val_loss']), float(best['val_masked_acc']), yaml_field(run / 'args.yaml', 'lr'),
+            float(logged.group(1)) * 1e6 if logged else None, float(rows[-1]['elapsed_s']) / 60,
+            f" (stopped at update {rows[-1]['step']} of {planned}; best periodic evaluation, update {best['step']})")
+
+
+def yaml_field(path: Path, name: str):
+    import yaml
+    return yaml.safe_load(path.read_text())[name]
 
 
 def fmt(m):
@@ -62,13 +87,12 @@ def main(runs: Path, out: Path, text_label: str):
     for key, label in FAMILIES:
         candidates = pretraining_runs(runs, key)
         for run in candidates:
-            r = load(run / 'results.json')
-            vf = r['val_final']
-            lr = r['optimizer']['lr'] if 'optimizer' in r else r.get('lr')
-            pre_rows.append((vf['loss'], f"| {label} | {run.name} | {lr:g} | {r['params'] / 1e6:.2f} M | {vf['loss']:.3f} | "
-                                         f"{vf['masked_acc']:.1f} % | {r['train_seconds'] / 60:.0f} min |"))
+            loss, acc, lr, params, minutes, note = pretraining_outcome(run)
+            params = '' if params is None else f'{params / 1e6:.2f} M'
+            pre_rows.append((loss, f"| {label} | {run.name}{note} | {lr:g} | {params} | {loss:.3f} | {acc:.1f} % | "
+                                   f"{minutes:.0f} min |"))
             copy_run(run, out)
-        chosen = min(candidates, key=lambda p: load(p / 'results.json')['val_final']['loss']) if candidates else None
+        chosen = min(candidates, key=lambda p: pretraining_outcome(p)[0]) if candidates else None
         if chosen is not None:
             with open(chosen / 'summary.csv', newline='') as f:
                 curves[label] = list(csv.DictReader(f))
@@ -108,7 +132,7 @@ def main(runs: Path, out: Path, text_label: str):
     bow, bow_all, major = (base['tfidf_uni_bigram_logreg'], base['tfidf_uni_bigram_logreg_all_train'],
                            base['majority_class'])
     budgets = sorted({(r['steps'], r['tokens_per_step']) for r in (load(p / 'results.json') for p in runs.glob('pre_*'))
-                      if r is not None})
+                      if r is not None})  # the planned budget (a run stopped early says so in its row)
     text = [f'## Pretraining (masked LM on {text_label}, WordPiece 8,000, '
             f"{' / '.join(f'{s:,} updates x {t:,} tokens' for s, t in budgets)})", '',
             '| encoder | run | lr | params | held-out MLM loss | masked-token acc | time |',

@@ -27,17 +27,22 @@ PREPARE_FLAGS=${PREPARE_FLAGS:-}
 PRE_TEXT=${PRE_TEXT:-pretrain_text.txt}
 PRE_STEPS=${PRE_STEPS:-8000}
 PRE_BATCH=${PRE_BATCH:-128}
-PRE_LRS=${PRE_LRS:-5e-4 1e-3}
+PRE_LRS=${PRE_LRS-5e-4 1e-3}
 PRE_LIMIT=${PRE_LIMIT:-330}
 FT_STEPS=${FT_STEPS:-2000}
-FT_LRS=${FT_LRS:-3e-5 1e-4 3e-4 1e-3}
+FT_LRS=${FT_LRS-3e-5 1e-4 3e-4 1e-3}
 FT_PAR=${FT_PAR:-8}
 FT_LIMIT=${FT_LIMIT:-200}
 FT_KWARGS=${FT_KWARGS:-}   # config fields for both fine-tuning arms, e.g. classifier_pooling=mean
-FT_SEEDS=${FT_SEEDS:-42}   # fine-tuning seeds (init of new weights, dropout, data order); 42 keeps the old run names
+FT_SEEDS=${FT_SEEDS-42}   # fine-tuning seeds (init of new weights, dropout, data order); 42 keeps the old run names
+FT_ARMS=${FT_ARMS:-pre scratch}  # "scratch" alone can run while the encoders are still pretraining
 THREADS=${THREADS:-2}
 AMP=${AMP---amp --amp-dtype bfloat16}  # AMP="" turns it off
 export PYTHONUNBUFFERED=1
+# a list set to nothing (e.g. from a selection that found nothing) stops here instead of running the defaults
+for var in PRE_LRS FT_LRS FT_SEEDS; do
+  [ -n "${!var// /}" ] || { echo "run_study.sh: $var is empty; give at least one value" >&2; exit 2; }
+done
 mkdir -p "$RUNS"
 
 # NAME | registry model | architecture flags: one width W and depth for all four (round 2's ratios: gMLP/aMLP
@@ -107,7 +112,9 @@ print(best[1] if best else '')
 EOF
 }
 
-jobs_file="$RUNS/finetune_jobs.txt"
+# one job list per invocation: a second invocation (e.g. the pretrained arm once pretraining ends) must not rewrite
+# the list an earlier one is still reading
+jobs_file="$RUNS/finetune_jobs_$(date -u +%Y%m%dT%H%M%S)_$$.txt"
 : > "$jobs_file"
 # one seed, then one learning rate after the other (the first in FT_LRS for every encoder first), so that a stage cut
 # by FT_LIMIT leaves whole comparisons
@@ -118,14 +125,19 @@ for seed in $FT_SEEDS; do
     for enc in "${ENCODERS[@]}"; do
       IFS='|' read -r name model kwargs <<< "$enc"
       chosen=$(choose "$name")
-      echo "=== $name, lr $lr, seed $seed: fine-tuning from ${chosen:-nothing (no pretraining run finished an evaluation)}"
+      [[ " $FT_ARMS " == *" pre "* ]] && echo "=== $name, lr $lr, seed $seed: the pretrained arm starts from ${chosen:-nothing (no pretraining run finished an evaluation)}"
       common="--task classify --train-file $RUNS/data/fit.tsv --val-file $RUNS/data/heldout.tsv \
 --test-file $DATA/rt-polarity/dev.tsv --steps $FT_STEPS -b 32 --eval-interval 100 --block-size 64 --lr $lr \
 --seed $seed --threads $THREADS --log-interval 200 --output $RUNS"
-      [ -n "$chosen" ] && echo "$PY -m mlp_vision.text.train $common --init-from $chosen/model_best.pth \
-${FT_KWARGS:+--model-kwargs $FT_KWARGS }--experiment ft_${name}_pre_lr${lr}$suffix" >> "$jobs_file"
-      echo "$PY -m mlp_vision.text.train $common --model $model --model-kwargs $kwargs $FT_KWARGS \
---tokenizer-from $RUNS/data/tokenizer --experiment ft_${name}_scratch_lr${lr}$suffix" >> "$jobs_file"
+      # a run that finished (results.json) is not run again; one that did not is left for a look (the trainer
+      # never writes into an existing run folder): move it away to run it again
+      pre=ft_${name}_pre_lr${lr}$suffix scratch=ft_${name}_scratch_lr${lr}$suffix
+      [[ " $FT_ARMS " == *" pre "* && -n "$chosen" && ! -f "$RUNS/$pre/results.json" ]] && \
+        echo "$PY -m mlp_vision.text.train $common --init-from $chosen/model_best.pth \
+${FT_KWARGS:+--model-kwargs $FT_KWARGS }--experiment $pre" >> "$jobs_file"
+      [[ " $FT_ARMS " == *" scratch "* && ! -f "$RUNS/$scratch/results.json" ]] && \
+        echo "$PY -m mlp_vision.text.train $common --model $model --model-kwargs $kwargs $FT_KWARGS \
+--tokenizer-from $RUNS/data/tokenizer --experiment $scratch" >> "$jobs_file"
     done
   done
 done
