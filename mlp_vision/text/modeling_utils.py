@@ -256,9 +256,10 @@ def pool_sequence(hidden: torch.Tensor, attention_mask: Optional[torch.Tensor], 
 
     Shapes: hidden (B, L, d); attention_mask optional (B, L), 1 / True = real token (None: every position) -> (B, d).
     """
-    check_classifier_pooling(pooling)
-    if pooling == 'cls':
+    if pooling == 'cls':  # the configs check the value once, at init; an unknown one still cannot pass below
         return hidden[:, cls_index]
+    if pooling != 'mean':
+        check_classifier_pooling(pooling)
     if attention_mask is None:
         return hidden.mean(dim=1)
     w = attention_mask.to(hidden.dtype).unsqueeze(-1)  # (B, L, 1)

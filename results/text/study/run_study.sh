@@ -114,6 +114,9 @@ EOF
 
 # one job list per invocation: a second invocation (e.g. the pretrained arm once pretraining ends) must not rewrite
 # the list an earlier one is still reading
+declare -A chosen_of  # once per encoder, not per seed and learning rate
+for enc in "${ENCODERS[@]}"; do chosen_of[${enc%%|*}]=$(choose "${enc%%|*}"); done
+
 jobs_file="$RUNS/finetune_jobs_$(date -u +%Y%m%dT%H%M%S)_$$.txt"
 : > "$jobs_file"
 # one seed, then one learning rate after the other (the first in FT_LRS for every encoder first), so that a stage cut
@@ -124,7 +127,7 @@ for seed in $FT_SEEDS; do
   for lr in $FT_LRS; do
     for enc in "${ENCODERS[@]}"; do
       IFS='|' read -r name model kwargs <<< "$enc"
-      chosen=$(choose "$name")
+      chosen=${chosen_of[$name]}
       [[ " $FT_ARMS " == *" pre "* ]] && echo "=== $name, lr $lr, seed $seed: the pretrained arm starts from ${chosen:-nothing (no pretraining run finished an evaluation)}"
       common="--task classify --train-file $RUNS/data/fit.tsv --val-file $RUNS/data/heldout.tsv \
 --test-file $DATA/rt-polarity/dev.tsv --steps $FT_STEPS -b 32 --eval-interval 100 --block-size 64 --lr $lr \
