@@ -183,6 +183,18 @@ def test_init_from_mlm_run_loads_encoder(mlm_run, toy, tmp_path, which):
     assert res['init']['loaded'] == report.loaded and res['family'] == 'gmlp'
 
 
+def test_init_from_with_classifier_pooling(mlm_run, toy, tmp_path):
+    """--model-kwargs classifier_pooling=mean changes how a pretrained encoder is read (no weight changes shape); an
+    unknown pooling stops with one line and writes no run folder."""
+    model, _, _, report = init_classifier(str(mlm_run / 'pretrained'), 'ignored', {'classifier_pooling': 'mean'}, 2)
+    assert model.config.classifier_pooling == 'mean' and report.new == ['classifier.weight', 'classifier.bias']
+    train, dev = toy
+    msg = _error(['--init-from', str(mlm_run / 'pretrained'), '--train-file', train, '--val-file', dev,
+                  '--model-kwargs', 'classifier_pooling=max'], tmp_path)
+    assert "classifier_pooling must be one of ('cls', 'mean'), got 'max'" in msg and '\n' not in msg, msg
+    assert not (tmp_path / 'bad').exists()
+
+
 def test_init_from_official_bigs_folder(tmp_path, toy):
     from test_fill_mask import VOCAB, make_official_folder
     ours = make_official_folder(tmp_path / 'official')

@@ -320,6 +320,18 @@ def _config_overrides(config_class, model_kwargs: Dict[str, Any], num_labels: in
     return {**kwargs, 'num_labels': num_labels}
 
 
+def _overridden_config(base, model_kwargs: Dict[str, Any], num_labels: int, source: str):
+    """The ``--init-from`` checkpoint's config ``base`` with the ``--model-kwargs`` fields that keep the weight shapes;
+    a field value the config rejects (e.g. ``classifier_pooling=max``) stops with one line."""
+    overrides = _config_overrides(type(base), model_kwargs, num_labels)
+    try:
+        config = type(base).from_dict({**base.to_dict(), **overrides})
+    except (TypeError, ValueError) as e:
+        raise UsageError(f'--model-kwargs {model_kwargs} for the --init-from {source} model: {e}') from None
+    _check_shapes_kept(base, config, source)
+    return config
+
+
 def _check_shapes_kept(before, after, source: str) -> None:
     shape_fields = ('vocab_size', 'hidden_size', 'intermediate_size', 'num_hidden_layers',
                     'max_position_embeddings', 'type_vocab_size', 'num_ssm_states', 'tiny_attention_size',
@@ -378,9 +390,7 @@ def init_classifier(init_from: str, model_name: str, model_kwargs: Dict[str, Any
                              f'classifier; use a gMLP, BiGS or BERT checkpoint')
         cls = model_class(family, 'sequence_classification')
         base = cls.config_class.from_dict(ckpt['model_config'])
-        config = cls.config_class.from_dict({**base.to_dict(), **_config_overrides(cls.config_class, model_kwargs,
-                                                                                      num_labels)})
-        _check_shapes_kept(base, config, init_from)
+        config = _overridden_config(base, model_kwargs, num_labels, init_from)
         model = cls(config)
         loaded, new, unused = _load_partial(model, ckpt['state_dict'], cls.head_prefixes, init_from)
         return model, family, tokenizer_from_dict(ckpt['tokenizer']), InitReport(
@@ -398,9 +408,7 @@ def init_classifier(init_from: str, model_name: str, model_kwargs: Dict[str, Any
         family = _family_of_class(stored)
         cls = model_class(family, 'sequence_classification')
         base = cls.config_class.from_dict(fields, format_version=version)
-        config = cls.config_class.from_dict({**base.to_dict(), **_config_overrides(cls.config_class, model_kwargs,
-                                                                                      num_labels)})
-        _check_shapes_kept(base, config, init_from)
+        config = _overridden_config(base, model_kwargs, num_labels, init_from)
         model = cls(config)
         from safetensors.torch import load_file
         weights = path / WEIGHTS_NAME
