@@ -18,7 +18,9 @@
 # Knobs (environment): WIDTH, PREPARE_FLAGS, PRE_TEXT (file under RUNS/data), PRE_STEPS, PRE_BATCH, PRE_LRS,
 # PRE_LRS_<NAME>, PRE_LIMIT (seconds for the whole pretraining stage), FT_STEPS, FT_LRS, FT_PAR (fine-tuning runs at
 # once), FT_LIMIT, THREADS (per process), AMP (flags for pretraining), DROPOUT, ENCODER_NAMES (a subset of
-# "gmlp amlp bigs bert"), STAGES ("pretrain finetune", or one of them), PY.
+# "gmlp amlp bigs bert"), STAGES ("pretrain finetune", or one of them), PY, CONTINUE_FROM (an earlier round's RUNS:
+# each pretraining run without a last.pth in RUNS continues that round's run of the same name from its last.pth,
+# up to PRE_STEPS updates in all, writing into RUNS; that round's folder is only read).
 set -u
 PY=${PY:-python3}
 DATA=${DATA:-../shared/data}
@@ -78,7 +80,15 @@ for enc in "${ENCODERS[@]}"; do
   for lr in ${!lrs_var:-$PRE_LRS}; do
     # a run stopped earlier (time limit, SIGTERM) continues from its resumable checkpoint
     resume=""
-    [ -f "$RUNS/pre_${name}_lr${lr}/last.pth" ] && resume="--resume $RUNS/pre_${name}_lr${lr}/last.pth"
+    if [ -f "$RUNS/pre_${name}_lr${lr}/last.pth" ]; then
+      resume="--resume $RUNS/pre_${name}_lr${lr}/last.pth"
+    elif [ -n "${CONTINUE_FROM:-}" ]; then
+      # continued pretraining: the earlier run's weights, optimizer and data position; the new --steps /
+      # --warmup-steps give a new linear schedule positioned at that run's last update (logged by the trainer)
+      [ -f "$CONTINUE_FROM/pre_${name}_lr${lr}/last.pth" ] || {
+        echo "run_study.sh: CONTINUE_FROM=$CONTINUE_FROM has no pre_${name}_lr${lr}/last.pth" >&2; exit 2; }
+      resume="--resume $CONTINUE_FROM/pre_${name}_lr${lr}/last.pth"
+    fi
     timeout "$PRE_LIMIT" $PY -m mlp_vision.text.train --task mlm --model "$model" $resume \
       --model-kwargs $kwargs sparse_prediction=True --tokenizer-from "$RUNS/data/tokenizer" \
       --train-file "$RUNS/data/$PRE_TEXT" --val-file "$RUNS/data/wikitext_val.txt" --block-size 128 \
