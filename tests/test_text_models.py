@@ -618,6 +618,71 @@ def test_bert_baseline_layer_is_post_ln_multihead_attention():
     torch.testing.assert_close(layer(x), expected, rtol=1e-5, atol=1e-5)
 
 
+def _bert_to_transformers(ours: dict, num_layers: int) -> dict:
+    """Our BERT state dict under ``transformers``' BertForMaskedLM / BertForSequenceClassification names."""
+    names = {'bert.embeddings.norm.': 'bert.embeddings.LayerNorm.', 'mlm_head.dense.': 'cls.predictions.transform.dense.',
+             'mlm_head.norm.': 'cls.predictions.transform.LayerNorm.', 'pooler.dense.': 'bert.pooler.dense.'}
+    for i in range(num_layers):
+        ours_layer, theirs = f'bert.layers.{i}.', f'bert.encoder.layer.{i}.'
+        names.update({ours_layer + a: theirs + b for a, b in [
+            ('attn.query.', 'attention.self.query.'), ('attn.key.', 'attention.self.key.'),
+            ('attn.value.', 'attention.self.value.'), ('attn.out.', 'attention.output.dense.'),
+            ('norm1.', 'attention.output.LayerNorm.'), ('fc1.', 'intermediate.dense.'), ('fc2.', 'output.dense.'),
+            ('norm2.', 'output.LayerNorm.')]})
+    out = {}
+    for key, value in ours.items():
+        if key == 'decoder.weight':  # tied: the word embedding (transformers ties it the same way)
+            assert value is ours['bert.embeddings.word_embeddings.weight'] or torch.equal(
+                value, ours['bert.embeddings.word_embeddings.weight'])
+            continue
+        if key == 'output_bias':
+            out['cls.predictions.bias'] = value
+            continue
+        prefix = next((p for p in names if key.startswith(p)), None)
+        out[names[prefix] + key[len(prefix):] if prefix else key] = value
+    return out
+
+
+@pytest.mark.parametrize('task', ['masked_lm', 'sequence_classification'])
+def test_bert_baseline_equals_transformers_bert(task, single_thread):
+    """The study's BERT baseline (``bert_small``) is BERT: given the same weights, ``transformers``' BertForMaskedLM /
+    BertForSequenceClassification give the same logits, with right padding and two segments."""
+    transformers = pytest.importorskip('transformers', reason='transformers is not installed (test-only dependency)')
+    small = dict(vocab_size=60, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=48,
+                 max_position_embeddings=16, hidden_dropout_prob=0., attention_probs_dropout_prob=0., pad_token_id=0)
+    torch.manual_seed(0)
+    ours = mt.create_model('bert_small', task=task, **small, **({'num_labels': 3} if task != 'masked_lm' else {}))
+    with torch.no_grad():  # LayerNorms and biases away from their init, so a swapped or missing one shows
+        for name, p in ours.named_parameters():
+            if name.endswith('bias') or 'norm' in name:
+                p.add_(0.1 * torch.randn_like(p))
+    ours.eval()
+    hf_config = transformers.BertConfig(
+        vocab_size=60, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=48,
+        max_position_embeddings=16, type_vocab_size=2, hidden_act='gelu', layer_norm_eps=1e-12, pad_token_id=0,
+        hidden_dropout_prob=0., attention_probs_dropout_prob=0., num_labels=3, classifier_dropout=0.)
+    hf_class = transformers.BertForMaskedLM if task == 'masked_lm' else transformers.BertForSequenceClassification
+    theirs = hf_class(hf_config).eval()
+    state = _bert_to_transformers(ours.state_dict(), 2)
+    if task == 'masked_lm':
+        state['cls.predictions.decoder.weight'] = state['bert.embeddings.word_embeddings.weight']
+        state['cls.predictions.decoder.bias'] = state['cls.predictions.bias']
+    missing, unexpected = theirs.load_state_dict(state, strict=False)
+    assert not unexpected and all('position_ids' in k for k in missing), (missing, unexpected)
+    ids = torch.randint(1, 60, (3, 12))
+    mask = torch.ones_like(ids)
+    mask[1, 9:] = 0
+    mask[2, 5:] = 0
+    ids = ids.masked_fill(mask == 0, 0)
+    segments = (torch.arange(12) >= 6).long().expand(3, 12).contiguous()
+    with torch.no_grad():
+        got = ours(ids, attention_mask=mask, token_type_ids=segments).logits
+        want = theirs(input_ids=ids, attention_mask=mask, token_type_ids=segments).logits
+    if task == 'masked_lm':  # a padded position's own output is not defined the same way; every real one is
+        got, want = got[mask.bool()], want[mask.bool()]
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize('name', ['gmlp_base', 'amlp_base', 'bigs_small', 'bert_small'])
 def test_sparse_prediction_decodes_scored_positions_only(name, single_thread):
     """``sparse_prediction``: the logits are the dense model's rows at the scored positions, and the loss and every
