@@ -62,25 +62,25 @@ def pretraining_outcome(run: Path):
             f" (stopped at update {rows[-1]['step']} of {planned}; best periodic evaluation, update {best['step']})")
 
 
-def pretraining_curve(run: Path):
-    """The run's summary.csv rows; a run that continued another run's checkpoint in another folder (--resume
-    there, e.g. run_study.sh CONTINUE_FROM) is preceded by that run's rows up to the update it continued from."""
-    with open(run / 'summary.csv', newline='') as f:
-        rows = list(csv.DictReader(f))
+def earlier_run(run: Path):
+    """The folder of the run this one continued (``--resume`` of a checkpoint in another folder, e.g. run_study.sh
+    CONTINUE_FROM), or None."""
     resumed = yaml_field(run / 'args.yaml', 'resume')
     earlier = Path(resumed).parent if resumed else None
-    if earlier is not None and earlier.resolve() != run.resolve() and (earlier / 'summary.csv').exists():
+    return earlier if earlier is not None and earlier.resolve() != run.resolve() else None
+
+
+def pretraining_curve(run: Path):
+    """The run's summary.csv rows, preceded by those of the run it continued (:func:`earlier_run`) up to the update
+    it continued from."""
+    with open(run / 'summary.csv', newline='') as f:
+        rows = list(csv.DictReader(f))
+    earlier = earlier_run(run)
+    if earlier is not None and (earlier / 'summary.csv').exists():
         first = int(rows[0]['step']) if rows else float('inf')
         with open(earlier / 'summary.csv', newline='') as f:
             rows = [r for r in csv.DictReader(f) if int(r['step']) < first] + rows
     return rows
-
-
-def continued_from(run: Path) -> str:
-    """' (continues <folder>)' for a run resumed from another folder's checkpoint, else ''."""
-    resumed = yaml_field(run / 'args.yaml', 'resume')
-    return (f' (continues {Path(resumed).parent.parent.name}/{Path(resumed).parent.name})'
-            if resumed and Path(resumed).parent.resolve() != run.resolve() else '')
 
 
 def yaml_field(path: Path, name: str):
@@ -109,14 +109,15 @@ def main(runs: Path, out: Path, text_label: str):
     pre_rows, ft_rows, pooled_rows, detail_rows, curves = [], [], [], [], {}
     lr_choice_made = False  # some arm ran every seed at more than one LR: the second table is worth printing
     for key, label in FAMILIES:
-        candidates = pretraining_runs(runs, key)
-        for run in candidates:
-            loss, acc, lr, params, minutes, note = pretraining_outcome(run)
+        outcomes = {run: pretraining_outcome(run) for run in pretraining_runs(runs, key)}
+        for run, (loss, acc, lr, params, minutes, note) in outcomes.items():
             params = '' if params is None else f'{params / 1e6:.2f} M'
-            pre_rows.append((loss, f"| {label} | {run.name}{continued_from(run)}{note} | {lr:g} | {params} | {loss:.3f} | {acc:.1f} % | "
-                                   f"{minutes:.0f} min |"))
+            earlier = earlier_run(run)
+            continued = f' (continues {earlier.parent.name}/{earlier.name})' if earlier is not None else ''
+            pre_rows.append((loss, f"| {label} | {run.name}{continued}{note} | {lr:g} | {params} | {loss:.3f} | "
+                                   f"{acc:.1f} % | {minutes:.0f} min |"))
             copy_run(run, out)
-        chosen = min(candidates, key=lambda p: pretraining_outcome(p)[0]) if candidates else None
+        chosen = min(outcomes, key=lambda p: outcomes[p][0]) if outcomes else None
         if chosen is not None:
             curves[label] = pretraining_curve(chosen)
         cells, means, pooled_cells, pooled_means = [], [], [], []
