@@ -72,6 +72,15 @@ echo "=== prepare ($(date -u +%H:%M:%S))"
 [ -f "$RUNS/data/fit.tsv" ] || $PY results/text/study/prepare.py --data "$DATA" --out "$RUNS/data" $PREPARE_FLAGS || exit 1
 
 if [[ " $STAGES " == *" pretrain "* ]]; then
+# CONTINUE_FROM must hold every run to continue before any starts (not one run started and the next refused)
+for enc in "${ENCODERS[@]}"; do
+  name=${enc%%|*} lrs_var="PRE_LRS_${enc%%|*}"; lrs_var=${lrs_var^^}
+  for lr in ${!lrs_var:-$PRE_LRS}; do
+    [ -n "${CONTINUE_FROM:-}" ] && [ ! -f "$RUNS/pre_${name}_lr${lr}/last.pth" ] && \
+      [ ! -f "$CONTINUE_FROM/pre_${name}_lr${lr}/last.pth" ] && {
+        echo "run_study.sh: CONTINUE_FROM=$CONTINUE_FROM has no pre_${name}_lr${lr}/last.pth to continue" >&2; exit 2; }
+  done
+done
 echo "=== pretraining on $PRE_TEXT: ${#ENCODERS[@]} encoders x lr {$PRE_LRS}, $PRE_STEPS updates x $PRE_BATCH x 128 tokens"
 for enc in "${ENCODERS[@]}"; do
   IFS='|' read -r name model kwargs <<< "$enc"
@@ -85,8 +94,6 @@ for enc in "${ENCODERS[@]}"; do
     elif [ -n "${CONTINUE_FROM:-}" ]; then
       # continued pretraining: the earlier run's weights, optimizer and data position; the new --steps /
       # --warmup-steps give a new linear schedule positioned at that run's last update (logged by the trainer)
-      [ -f "$CONTINUE_FROM/pre_${name}_lr${lr}/last.pth" ] || {
-        echo "run_study.sh: CONTINUE_FROM=$CONTINUE_FROM has no pre_${name}_lr${lr}/last.pth" >&2; exit 2; }
       resume="--resume $CONTINUE_FROM/pre_${name}_lr${lr}/last.pth"
     fi
     timeout "$PRE_LIMIT" $PY -m mlp_vision.text.train --task mlm --model "$model" $resume \
