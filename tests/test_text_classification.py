@@ -269,3 +269,28 @@ def test_scratch_model_with_a_pretrained_runs_tokenizer(mlm_run, toy, tmp_path):
 def mt_load_tokenizer(path):
     from mlp_vision.text import load_tokenizer
     return load_tokenizer(path)
+
+
+# ------------------------------------------------------------------------------------------------ --freeze-embeddings
+def test_freeze_embeddings_keeps_the_pretrained_token_embedding(mlm_run, toy, tmp_path):
+    """--freeze-embeddings: the fine-tuned model's token embedding is exactly the pretrained one while the encoder
+    and classifier moved; resuming the run without the flag stops with one line (its optimizer state lacks them)."""
+    train, dev = toy
+    mlm = torch.load(mlm_run / 'last.pth', weights_only=True)['state_dict']
+    args = ['--init-from', str(mlm_run / 'last.pth'), '--train-file', train, '--val-file', dev, '--steps', '6',
+            '-b', '8', '--block-size', '32', '--lr', '1e-2', '--eval-interval', '3', '--freeze-embeddings']
+    res = _run(args, tmp_path, 'frozen')
+    exp = Path(res['experiment_dir'])
+    tuned = torch.load(exp / 'last.pth', weights_only=True)['state_dict']
+    assert torch.equal(tuned['gmlp.embed.weight'], mlm['gmlp.embed.weight'])
+    moved = [k for k in mlm if k in tuned and k != 'gmlp.embed.weight' and not torch.equal(tuned[k], mlm[k])]
+    assert len(moved) > 10, moved
+    assert 'M of them fixed (--freeze-embeddings)' in (exp / 'train.log').read_text()
+    # without the flag the same run trains the embedding
+    res = _run(args[:-1], tmp_path, 'trained')
+    tuned = torch.load(Path(res['experiment_dir']) / 'last.pth', weights_only=True)['state_dict']
+    assert not torch.equal(tuned['gmlp.embed.weight'], mlm['gmlp.embed.weight'])
+    with pytest.raises(SystemExit) as e:
+        text_train.main(COMMON + ['--resume', str(exp / 'last.pth'), '--steps', '9', '--no-freeze-embeddings'])
+    msg = e.value.message
+    assert 'was trained with --freeze-embeddings; resume it the same way' in msg and '\n' not in msg, msg

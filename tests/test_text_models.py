@@ -19,6 +19,7 @@ import mlp_vision.layers.gating as gating
 import mlp_vision.text as mt
 from mlp_vision.text import gmlp as text_gmlp
 from mlp_vision.text.gpt import MLPAttention
+from mlp_vision.text.registry import model_entry
 
 from _helpers import n_params
 
@@ -713,3 +714,26 @@ def test_sparse_prediction_decodes_scored_positions_only(name, single_thread):
         torch.testing.assert_close(p_s.grad, p_d.grad, rtol=1e-4, atol=1e-6, msg=n)
     # without labels (inference, fill-mask) the sparse model returns every position's logits
     torch.testing.assert_close(sparse(input_ids=x).logits, out_d.logits, rtol=1e-5, atol=1e-5)
+
+
+
+@pytest.mark.parametrize('name', ['gmlp_base', 'amlp_base', 'bigs_small', 'bert_small', 'gpt_sdpa',
+                                  'gpt_mlp_attention'])
+def test_get_input_embeddings_is_the_embedding_input_ids_index(name):
+    """get_input_embeddings() (transformers' name) returns the nn.Embedding that input_ids go through, for every
+    family and task: a forward hook on it sees exactly the model's input_ids."""
+    small = dict(num_hidden_layers=1, hidden_size=32, intermediate_size=64, vocab_size=300, max_position_embeddings=16)
+    if name.startswith(('bert', 'gpt')):
+        small['num_attention_heads'] = 2
+    for task in model_entry(name).tasks:
+        causal_gmlp = {'spatial_mode': 'causal'} if task == 'causal_lm' and name.startswith(('gmlp', 'amlp')) else {}
+        model = mt.create_model(name, task=task, **small, **causal_gmlp).eval()
+        emb = model.get_input_embeddings()
+        assert isinstance(emb, torch.nn.Embedding) and emb.num_embeddings == 300, (name, task)
+        seen = []
+        handle = emb.register_forward_hook(lambda m, args, out: seen.append(args[0]))
+        ids = torch.randint(5, 300, (2, 8))
+        with torch.no_grad():
+            model(input_ids=ids)
+        handle.remove()
+        assert len(seen) == 1 and torch.equal(seen[0], ids), (name, task)

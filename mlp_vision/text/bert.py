@@ -181,6 +181,7 @@ class BertModel(PretrainedMixin, nn.Module):
         token, right padding; token_type_ids: optional (B, L) (zeros when omitted). Output: (B, L, hidden_size).
     """
     config_class = BertConfig
+    input_embeddings_path = 'embeddings.word_embeddings'
 
     def __init__(self, config: BertConfig, device=None, dtype=None):
         super().__init__()
@@ -249,6 +250,10 @@ class EncoderForMaskedLM(PretrainedMixin, nn.Module):
     state-dict prefix) it is stored under.
     """
     head_prefixes = ('mlm_head', 'decoder', 'output_bias')
+
+    @property
+    def input_embeddings_path(self) -> str:
+        return f'{self.encoder_name}.embeddings.word_embeddings'
     encoder_class: type
     encoder_name: str
 
@@ -295,6 +300,10 @@ class EncoderForSequenceClassification(PretrainedMixin, nn.Module):
     and ``encoder_name`` (as :class:`EncoderForMaskedLM`).
     """
     head_prefixes = ('pooler', 'classifier')
+
+    @property
+    def input_embeddings_path(self) -> str:
+        return f'{self.encoder_name}.embeddings.word_embeddings'
     encoder_class: type
     encoder_name: str
 

@@ -147,6 +147,7 @@ class BiGSModel(PretrainedMixin, nn.Module):
         output: (B, L, hidden_size) last-layer hidden states.
     """
     config_class = BiGSConfig
+    input_embeddings_path = 'embeddings.word_embeddings'
 
     def __init__(self, config: BiGSConfig, device=None, dtype=None):
         super().__init__()

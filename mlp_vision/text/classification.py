@@ -497,7 +497,7 @@ def _epoch_order(n: int, seed: int, epoch: int) -> torch.Tensor:
 def train_classifier(args, run, argv) -> Optional[dict]:
     """``--task classify`` inside :func:`mlp_vision.text.train._train`'s run (see the module docstring)."""
     from timm.utils import random_seed
-    from .train import _apply_recipe, _create_optimizer, _quote, lm_schedule
+    from .train import _apply_recipe, _create_optimizer, _quote, lm_schedule, params_note
     dist_info = run.dist_info
     device, primary, world = dist_info.device, dist_info.primary, dist_info.world_size
     resumed = run.resume_ckpt or {}
@@ -589,7 +589,7 @@ def train_classifier(args, run, argv) -> Optional[dict]:
     run.log_settings_changes()
     counts = torch.bincount(train_labels, minlength=num_labels).tolist()
     majority = 100. * torch.bincount(dev_labels, minlength=num_labels).max().item() / len(dev_labels)
-    _logger.info(f'Model {type(model).__name__} ({num_params / 1e6:.3f} M params, {family}) on {device}, '
+    _logger.info(f'Model {type(model).__name__} ({params_note(model)}, {family}) on {device}, '
                  f'AMP {amp_dtype if args.amp else "off"}, {torch.get_num_threads()} threads')
     _logger.info(report.log_line())
     _logger.info(f'Data: {len(train)} training examples ({args.train_file}), {len(dev)} dev ({args.val_file}); '

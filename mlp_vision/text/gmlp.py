@@ -137,6 +137,7 @@ class GMLPModel(PretrainedMixin, nn.Module):
         output: (B, L, hidden_size) last-layer hidden states.
     """
     config_class = GMLPConfig
+    input_embeddings_path = 'embed'
 
     def __init__(self, config: GMLPConfig, device=None, dtype=None):
         super().__init__()
@@ -186,6 +187,7 @@ class _GMLPForTokenLM(PretrainedMixin, nn.Module):
     """Backbone + a per-token LM head: the :func:`_token_decoder` Linear (stored as ``head_name``, the state-dict
     prefix) plus an output bias, scored by ``loss_fn``. Shared by the masked and the causal LM."""
     config_class = GMLPConfig
+    input_embeddings_path = 'gmlp.embed'
     head_name: str
     loss_fn: staticmethod
 
@@ -236,6 +238,7 @@ class GMLPForSequenceClassification(PretrainedMixin, nn.Module):
         targets when ``num_labels == 1`` (regression, MSE). Returns ``TextModelOutput(loss, logits (B, num_labels))``.
     """
     config_class = GMLPConfig
+    input_embeddings_path = 'gmlp.embed'
     head_prefixes = ('classifier',)
 
     def __init__(self, config: GMLPConfig, device=None, dtype=None):

@@ -216,6 +216,7 @@ class GPTLanguageModel(GenerationMixin, PretrainedMixin, nn.Module):
         crops the context to the last ``max_position_embeddings`` tokens.
     """
     config_class = GPTConfig
+    input_embeddings_path = 'tok_emb'
 
     def __init__(self, config: GPTConfig, device=None, dtype=None) -> None:
         super().__init__()

@@ -325,6 +325,12 @@ class PretrainedMixin:
     config_class: Type[TextConfig] = None
     head_prefixes: Tuple[str, ...] = ()
     tokenizer = None
+    input_embeddings_path: str = ''  # dotted name of the token embedding, for get_input_embeddings
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        """The token embedding (``vocab_size`` rows) that ``input_ids`` index, as ``transformers``'
+        ``PreTrainedModel.get_input_embeddings`` (what PEFT and embedding-freezing code ask for)."""
+        return self.get_submodule(self.input_embeddings_path)
 
     def save_pretrained(self, save_directory: str, tokenizer=None) -> None:
         """Write ``config.json``, ``model.safetensors`` and the tokenizer (``tokenizer``, else ``self.tokenizer``,

@@ -219,6 +219,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="linear warmup updates (default: min(the recipe's, 10%% of --steps))")
     g.add_argument('--min-lr-ratio', default=0.0, type=float, help='cosine / linear decay ends at this x LR')
     g.add_argument('--clip-grad', default=1.0, type=float, help='max gradient norm (<= 0: off)')
+    g.add_argument('--freeze-embeddings', action=argparse.BooleanOptionalAction, default=False,
+                   help='keep the token embedding (model.get_input_embeddings()) fixed: no gradient, not in the '
+                        'optimizer. A small labelled set updates only the rows of the words it contains; frozen, '
+                        'the pretrained vectors of the words it lacks stay where the encoder learnt to read them '
+                        '(with a tied MLM decoder the decoder is fixed too)')
 
     g = parser.add_argument_group('Evaluation, checkpoints, outputs')
     g.add_argument('--eval-interval', default=100, type=int, help='evaluate + checkpoint every N updates')
@@ -277,6 +282,11 @@ def _check_args(args) -> None:
         raise UsageError(f'--stop-after-step must be in [1, --steps {args.steps}], got {args.stop_after_step}')
     if args.sample_prompt == '':
         raise UsageError('--sample-prompt is empty: give at least one character')
+    saved = getattr(args, 'resumed_settings', None) or {}
+    if saved and bool(saved.get('freeze_embeddings', False)) != args.freeze_embeddings:
+        # the optimizer state holds exactly the trained parameters, so the set cannot change mid-run
+        raise UsageError(f'--resume {args.resume} was trained with{"" if saved.get("freeze_embeddings") else "out"} '
+                         f'--freeze-embeddings; resume it the same way (start a new run to change it)')
 
 
 def _model_entry(name: str, task: str):
@@ -316,13 +326,23 @@ def _apply_recipe(args, recipe: dict, name: str) -> dict:
 
 def _create_optimizer(model: nn.Module, family: str, args) -> torch.optim.Optimizer:
     """AdamW. BiGS: the official decay mask (:func:`~mlp_vision.text.bigs.bigs_param_groups`: SSM parameters and
-    embeddings decayed, biases / LayerNorms not); other families: timm's groups (no decay on 1-D parameters)."""
+    embeddings decayed, biases / LayerNorms not); other families: timm's groups (no decay on 1-D parameters).
+    ``--freeze-embeddings``: the token embedding gets no gradient and is left out of both."""
+    if args.freeze_embeddings:
+        model.get_input_embeddings().weight.requires_grad_(False)
     if family == 'bigs':
         from .bigs import bigs_param_groups
         return torch.optim.AdamW(bigs_param_groups(model, args.weight_decay), lr=args.lr,
                                  betas=tuple(args.opt_betas), eps=args.opt_eps)
     return create_optimizer_v2(model, 'adamw', lr=args.lr, weight_decay=args.weight_decay,
                                betas=tuple(args.opt_betas), eps=args.opt_eps)
+
+
+def params_note(model: nn.Module) -> str:
+    """'1.724 M params' for the log, with the fixed ones (``--freeze-embeddings``) counted apart."""
+    total = sum(p.numel() for p in model.parameters())
+    fixed = sum(p.numel() for p in model.parameters() if not p.requires_grad)
+    return f'{total / 1e6:.3f} M params' + (f', {fixed / 1e6:.3f} M of them fixed (--freeze-embeddings)' if fixed else '')
 
 
 # ------------------------------------------------------------------------------------------------ data
@@ -465,7 +485,7 @@ def _train(args, run: TrainingRun, argv):
     output_dir = run.open_outputs('./output/text', f'{datetime.now():%Y%m%d-%H%M%S}-{args.model}-{args.task}')
     tokens_per_step = args.batch_size * args.block_size * args.grad_accum_steps * world
     run.log_settings_changes()
-    _logger.info(f'Model {args.model} ({num_params / 1e6:.3f} M params, {model_kwargs}) on {device}'
+    _logger.info(f'Model {args.model} ({params_note(model)}, {model_kwargs}) on {device}'
                  f'{f" x {world} processes ({dist.get_backend()})" if dist_info.distributed else ""}, '
                  f'AMP {amp_dtype if args.amp else "off"}, {torch.get_num_threads()} threads')
     _logger.info(f'Data: {len(train_ids):,} training tokens ({args.train_file}), {len(val_ids):,} validation tokens '
