@@ -294,3 +294,49 @@ def test_freeze_embeddings_keeps_the_pretrained_token_embedding(mlm_run, toy, tm
         text_train.main(COMMON + ['--resume', str(exp / 'last.pth'), '--steps', '9', '--no-freeze-embeddings'])
     msg = e.value.message
     assert 'was trained with --freeze-embeddings; resume it the same way' in msg and '\n' not in msg, msg
+
+
+# ------------------------------------------------------------------------------------------------ --model-ema
+def test_model_ema_is_averaged_resumed_evaluated_and_exported(toy, tmp_path):
+    """--model-ema: after each update EMA = d * EMA + (1 - d) * weights (checked across a stop / resume); the
+    EMA's dev accuracy picks model_best.pth, the raw weights' goes to raw_val_acc, and pretrained/ and --test-file
+    are the best checkpoint's EMA weights."""
+    from safetensors.torch import load_file
+    train, dev = toy
+    d = 0.8
+    args = TINY_GMLP + ['--train-file', train, '--val-file', dev, '--test-file', dev, '--steps', '6', '-b', '8',
+                        '--block-size', '32', '--lr', '1e-2', '--eval-interval', '2', '--model-ema',
+                        '--model-ema-decay', str(d)]
+    first = _run(args + ['--stop-after-step', '4'], tmp_path, 'ema')
+    last = Path(first['last'])
+    at4 = torch.load(last, weights_only=True)
+    text_train.main(COMMON + ['--resume', str(last), '--stop-after-step', '5'])
+    at5 = torch.load(last, weights_only=True)
+    assert at5['step'] == 5 and at4['step'] == 4
+    for k, ema5 in at5['state_dict_ema'].items():
+        if ema5.is_floating_point():
+            expected = d * at4['state_dict_ema'][k] + (1 - d) * at5['state_dict'][k]
+            assert torch.allclose(ema5, expected, atol=1e-6), k
+    assert any(not torch.equal(at5['state_dict_ema'][k], at5['state_dict'][k]) for k in at5['state_dict'])
+    res = text_train.main(COMMON + ['--resume', str(last)])
+    exp = Path(res['experiment_dir'])
+    best = torch.load(exp / 'model_best.pth', weights_only=True)
+    header, *rows = [line.split(',') for line in (exp / 'summary.csv').read_text().splitlines()]
+    accs = [float(r[header.index('val_acc')]) for r in rows]
+    assert 'raw_val_acc' in header and len(accs) == 3 and best['metric'] == pytest.approx(max(accs))
+    exported = load_file(exp / 'pretrained' / 'model.safetensors')
+    assert all(torch.equal(exported[k], best['state_dict_ema'][k]) for k in exported)
+    assert any(not torch.equal(exported[k], best['state_dict'][k]) for k in exported)
+    # the test file is the dev file: the exported (EMA) weights repeat the best EMA dev numbers
+    assert res['test']['acc'] == pytest.approx(res['val_best']['acc']) == pytest.approx(best['metric'])
+    assert res['model_ema']['decay'] == d
+    assert 'weight EMA decay 0.8' in (exp / 'train.log').read_text()
+
+
+def test_model_ema_errors(toy, tmp_path):
+    train, dev = toy
+    for extra, expected in ((['--model-ema-decay', '1.0'], '--model-ema-decay must be in [0, 1), got 1.0'),
+                            (['--task', 'mlm'], '--model-ema is implemented for --task classify, not --task mlm')):
+        msg = _error(TINY_GMLP + ['--train-file', train, '--val-file', dev, '--model-ema'] + extra, tmp_path)
+        assert expected in msg and '\n' not in msg, msg
+    assert not (tmp_path / 'bad').exists()

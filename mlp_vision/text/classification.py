@@ -54,6 +54,8 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from timm.utils import ModelEmaV3
+
 from ..training.checkpoint import load_checkpoint_file
 from ..training.distributed import wrap_ddp
 from ..training.engine import format_duration
@@ -582,8 +584,18 @@ def train_classifier(args, run, argv) -> Optional[dict]:
     seconds_before = resumed.get('train_seconds', 0.)
     start_step, _ = run.restore(model, optimizer, scheduler, schedule, loss_scaler)
     run.check_not_finished(start_step, args.steps, '--steps')
+    model_ema = None
+    if args.model_ema:  # an average of the trained weights; resumed from the checkpoint's state_dict_ema
+        model_ema = ModelEmaV3(model, decay=args.model_ema_decay)
+        run.restore_ema(model_ema.module)
     train_model = wrap_ddp(model, dist_info) if dist_info.distributed else model
-    evaluate = lambda m: evaluate_classifier(m, dev_batches, num_labels, device, amp_autocast, dist_info)  # noqa
+    score = lambda m: evaluate_classifier(m, dev_batches, num_labels, device, amp_autocast, dist_info)  # noqa
+
+    def evaluate():
+        """The dev metrics of the weights the run keeps: the EMA's when there is one (plus the raw weights' acc)."""
+        if model_ema is None:
+            return score(model)
+        return {**score(model_ema.module), 'raw_acc': score(model)['acc']}
 
     output_dir = run.open_outputs('./output/text', f'{datetime.now():%Y%m%d-%H%M%S}-{family}-classify')
     run.log_settings_changes()
@@ -598,6 +610,8 @@ def train_classifier(args, run, argv) -> Optional[dict]:
     _logger.info(f'Task classify: {args.steps} updates x batch {args.batch_size} x accum {args.grad_accum_steps} x '
                  f'{world} processes; AdamW lr {args.lr:g} wd {args.weight_decay:g}, {args.warmup_steps} warmup then '
                  f'{args.sched} ({recipe_info["source"]})'
+                 + (f'; weight EMA decay {args.model_ema_decay:g} (it is evaluated, selected and exported)'
+                    if model_ema is not None else '')
                  + (f'; resuming at step {start_step} from {args.resume}' if args.resume else ''))
     if primary:
         _logger.info(f'Outputs: {output_dir}')
@@ -633,6 +647,7 @@ def train_classifier(args, run, argv) -> Optional[dict]:
 
     def eval_row(metrics):
         return {'val_acc': metrics['acc'], 'val_f1': metrics['f1'], 'val_mcc': metrics['mcc'],
+                **({'raw_val_acc': metrics['raw_acc']} if 'raw_acc' in metrics else {}),
                 'examples_per_sec': state.step * global_bs * args.grad_accum_steps / max(
                     seconds_before + state.train_seconds, 1e-9) if start_step == 0 else None}
 
@@ -640,26 +655,30 @@ def train_classifier(args, run, argv) -> Optional[dict]:
         args, run, state, model=model, train_model=train_model, optimizer=optimizer, scheduler=scheduler,
         schedule=schedule, loss_scaler=loss_scaler, update_step=update_step,
         micro_loss=lambda: _forward(train_model, next_batch(), device, amp_autocast).loss,
-        evaluate=lambda: evaluate(model), best_key='acc',
+        evaluate=evaluate, best_key='acc', model_ema=model_ema,
         rank_extra=lambda: {'epoch': epoch, 'position': position}, restore_rank=restore_rank,
         save_extra=lambda metrics: dict(train_seconds=seconds_before + state.train_seconds, val_metrics=metrics,
+                                        state_dict_ema=None if model_ema is None else model_ema.module.state_dict(),
                                         **meta),
         progress_text=lambda: f'epoch {epoch}', eval_row=eval_row,
         eval_text=lambda m: (f'dev loss {m["loss"]:.4f} acc {m["acc"]:.2f}% F1 {m["f1"]:.2f} '
-                             f'MCC {m["mcc"]:.2f}'))
+                             f'MCC {m["mcc"]:.2f}' + (f' (EMA; raw weights {m["raw_acc"]:.2f}%)' if 'raw_acc' in m
+                                                      else '')))
     if not finished:
         return state.stop_result
     step, val_metrics, train_seconds = state.step, state.val_metrics, state.train_seconds
 
-    final_metrics = val_metrics if val_metrics is not None else evaluate(model)
-    digests = run.weights_digests(model)
+    final_metrics = val_metrics if val_metrics is not None else evaluate()
+    digests = run.weights_digests(model, model_ema.module if model_ema is not None else None)
     if not primary:
         return None
     best_metrics, best_step = final_metrics, step
     if run.saver.best_path.exists():
         best = load_checkpoint_file(run.saver.best_path, what='model_best.pth')
         best_metrics, best_step = best.get('val_metrics') or final_metrics, best['step']
-        model.load_state_dict(best['state_dict'])
+        model.load_state_dict(best['state_dict'] if model_ema is None else best['state_dict_ema'])
+    elif model_ema is not None:
+        model.load_state_dict(model_ema.module.state_dict())
     # the test file is scored once, by the best checkpoint, on the primary rank alone (no reduction across ranks)
     test_metrics = (evaluate_classifier(model, test_batches, num_labels, device, amp_autocast, None)
                     if test_batches is not None else None)
@@ -678,6 +697,9 @@ def train_classifier(args, run, argv) -> Optional[dict]:
         'optimizer': {'name': 'adamw', 'lr': args.lr, 'betas': list(args.opt_betas), 'eps': args.opt_eps,
                       'weight_decay': args.weight_decay, 'sched': args.sched, 'warmup_steps': args.warmup_steps,
                       'clip_grad': args.clip_grad, **recipe_info},
+        'model_ema': None if model_ema is None else {
+            'decay': args.model_ema_decay, 'note': 'val metrics, model_best.pth\'s choice, test and pretrained/ are '
+                                                   'the EMA weights\''},
         'best_step': best_step, 'val_best': best_metrics, 'val_final': final_metrics,
         'test_file': args.test_file or None, 'test': test_metrics,
         'train_seconds': seconds_before + train_seconds,

@@ -46,7 +46,7 @@ def run_steps(args, run, state: StepState, *, model, train_model, optimizer, sch
               restore_rank: Callable[[Dict[str, Any]], None],
               save_extra: Callable[[Optional[Dict[str, Any]]], Dict[str, Any]],
               progress_text: Callable[[], str], eval_row: Callable[[Dict[str, Any]], Dict[str, Any]],
-              eval_text: Callable[[Dict[str, Any]], str], show_percent: bool = False) -> bool:
+              eval_text: Callable[[Dict[str, Any]], str], show_percent: bool = False, model_ema=None) -> bool:
     """Train from ``state.step`` to ``args.steps`` (or ``--stop-after-step``); True when all steps are done.
 
     The task passes in: ``micro_loss()`` (the next micro-batch's loss, forward included), ``evaluate()`` (the
@@ -54,8 +54,9 @@ def run_steps(args, run, state: StepState, *, model, train_model, optimizer, sch
     saver knows whether lower or higher is better), ``rank_extra()`` / ``restore_rank(rank_state)`` (this rank's
     data position, saved in and restored from every checkpoint), ``save_extra(val_metrics)`` (the checkpoint's other
     fields), ``progress_text()`` (the log line's task-specific part), ``eval_row(metrics)`` (the summary row's
-    task-specific columns) and ``eval_text(metrics)`` (the evaluation log line's). On a stop-signal or a NaN / inf
-    loss it raises :meth:`run.stopped`'s error."""
+    task-specific columns) and ``eval_text(metrics)`` (the evaluation log line's); ``model_ema`` (a timm
+    ``ModelEmaV3``, or None) is updated after every optimizer update. On a stop-signal or a NaN / inf loss it raises
+    :meth:`run.stopped`'s error."""
     dist_info = run.dist_info
     primary = dist_info.primary
     rank_state = run.restore_rng()
@@ -96,6 +97,8 @@ def run_steps(args, run, state: StepState, *, model, train_model, optimizer, sch
             state.step += 1
             step = state.step
             scheduler.step_update(step)
+            if model_ema is not None:
+                model_ema.update(model, step=step)
             state.train_seconds += time.perf_counter() - t0
 
             if primary and (step % args.log_interval == 0 or step == args.steps):

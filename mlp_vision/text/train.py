@@ -219,6 +219,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="linear warmup updates (default: min(the recipe's, 10%% of --steps))")
     g.add_argument('--min-lr-ratio', default=0.0, type=float, help='cosine / linear decay ends at this x LR')
     g.add_argument('--clip-grad', default=1.0, type=float, help='max gradient norm (<= 0: off)')
+    g.add_argument('--model-ema', action='store_true', default=False,
+                   help='classify: keep an exponential moving average of the weights (timm ModelEmaV3); the '
+                        'periodic evaluation scores it (and the raw weights, column raw_val_acc), its accuracy picks '
+                        'model_best.pth, and --test-file and pretrained/ use its weights')
+    g.add_argument('--model-ema-decay', default=0.999, type=float,
+                   help='EMA decay per update (1 / (1 - decay) updates is its horizon)')
     g.add_argument('--freeze-embeddings', action=argparse.BooleanOptionalAction, default=False,
                    help='keep the token embedding (model.get_input_embeddings()) fixed: no gradient, not in the '
                         'optimizer. A small labelled set updates only the rows of the words it contains; frozen, '
@@ -282,6 +288,10 @@ def _check_args(args) -> None:
         raise UsageError(f'--stop-after-step must be in [1, --steps {args.steps}], got {args.stop_after_step}')
     if args.sample_prompt == '':
         raise UsageError('--sample-prompt is empty: give at least one character')
+    if args.model_ema and args.task != 'classify':
+        raise UsageError(f'--model-ema is implemented for --task classify, not --task {args.task}')
+    if not 0. <= args.model_ema_decay < 1.:
+        raise UsageError(f'--model-ema-decay must be in [0, 1), got {args.model_ema_decay}')
     saved = getattr(args, 'resumed_settings', None) or {}
     if saved and bool(saved.get('freeze_embeddings', False)) != args.freeze_embeddings:
         # the optimizer state holds exactly the trained parameters, so the set cannot change mid-run
