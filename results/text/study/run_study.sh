@@ -17,7 +17,8 @@
 # pretraining run stopped by it continues from its last.pth when the script runs again.
 # Knobs (environment): WIDTH, PREPARE_FLAGS, PRE_TEXT (file under RUNS/data), PRE_STEPS, PRE_BATCH, PRE_LRS,
 # PRE_LRS_<NAME>, PRE_LIMIT (seconds for the whole pretraining stage), FT_STEPS, FT_LRS, FT_PAR (fine-tuning runs at
-# once), FT_LIMIT, THREADS (per process), AMP (flags for pretraining), DROPOUT, ENCODER_NAMES (a subset of
+# once), FT_LIMIT, FT_KWARGS (config fields) / FT_FLAGS (trainer flags) of both fine-tuning arms, THREADS (per
+# process), AMP (flags for pretraining), DROPOUT, ENCODER_NAMES (a subset of
 # "gmlp amlp bigs bert"), STAGES ("pretrain finetune", or one of them), PY, CONTINUE_FROM (an earlier round's RUNS:
 # each pretraining run without a last.pth in RUNS continues that round's run of the same name from its last.pth,
 # up to PRE_STEPS updates in all, writing into RUNS; that round's folder is only read).
@@ -36,6 +37,7 @@ FT_LRS=${FT_LRS-3e-5 1e-4 3e-4 1e-3}
 FT_PAR=${FT_PAR:-8}
 FT_LIMIT=${FT_LIMIT:-200}
 FT_KWARGS=${FT_KWARGS:-}   # config fields for both fine-tuning arms, e.g. classifier_pooling=mean
+FT_FLAGS=${FT_FLAGS:-}     # trainer flags for both fine-tuning arms, e.g. --model-ema --model-ema-decay 0.995
 FT_SEEDS=${FT_SEEDS-42}   # fine-tuning seeds (init of new weights, dropout, data order); 42 keeps the old run names
 FT_ARMS=${FT_ARMS:-pre scratch}  # "scratch" alone can run while the encoders are still pretraining
 THREADS=${THREADS:-2}
@@ -148,7 +150,7 @@ for seed in $FT_SEEDS; do
       [[ " $FT_ARMS " == *" pre "* ]] && echo "=== $name, lr $lr, seed $seed: the pretrained arm starts from ${chosen:-nothing (no pretraining run finished an evaluation)}"
       common="--task classify --train-file $RUNS/data/fit.tsv --val-file $RUNS/data/heldout.tsv \
 --test-file $DATA/rt-polarity/dev.tsv --steps $FT_STEPS -b 32 --eval-interval 100 --block-size 64 --lr $lr \
---seed $seed --threads $THREADS --log-interval 200 --output $RUNS"
+--seed $seed --threads $THREADS --log-interval 200 --output $RUNS${FT_FLAGS:+ $FT_FLAGS}"
       # a run that finished (results.json) is not run again; one that did not is left for a look (the trainer
       # never writes into an existing run folder): move it away to run it again
       pre=ft_${name}_pre_lr${lr}$suffix scratch=ft_${name}_scratch_lr${lr}$suffix
