@@ -92,6 +92,14 @@ def fmt(m):
     return f"{m['acc']:.2f} % (F1 {m['f1']:.1f}, MCC {m['mcc']:.1f})"
 
 
+def raw_weights_note(run: Path) -> str:
+    """A --model-ema run: '; raw weights' best X %', the best heldout accuracy of the trained weights themselves
+    (the EMA's is the run's); '' otherwise."""
+    with open(run / 'summary.csv', newline='') as f:
+        raw = [float(row['raw_val_acc']) for row in csv.DictReader(f) if row.get('raw_val_acc')]
+    return f"; raw weights' best {max(raw):.2f} %" if raw else ''
+
+
 def finetuning_runs(runs: Path, key: str, arm: str):
     """{seed: {lr: run folder}} of this encoder and arm, from the run names ft_KEY_ARM_lrX[_seedS] (no suffix: 42)."""
     name = re.compile(rf'ft_{key}_{arm}_lr([0-9.e+-]+)(?:_seed(\d+))?$')
@@ -132,8 +140,8 @@ def main(runs: Path, out: Path, text_label: str):
                     copy_run(run, out)
                     results[lr] = r
                     detail_rows.append(f"| {label} | {'pretrained' if arm == 'pre' else 'scratch'} | {lr} | {seed} | "
-                                       f"{r['val_best']['acc']:.2f} % (step {r['best_step']}) | {fmt(r['test'])} | "
-                                       f"{r['train_seconds'] / 60:.1f} min |")
+                                       f"{r['val_best']['acc']:.2f} % (step {r['best_step']}{raw_weights_note(run)}) | "
+                                       f"{fmt(r['test'])} | {r['train_seconds'] / 60:.1f} min |")
                 if results:
                     lr = max(results, key=lambda k: (results[k]['val_best']['acc'], -float(k)))
                     chosen_per_seed.append((seed, lr, results[lr]))
