@@ -11,7 +11,10 @@ table gives the mean dev accuracy over the seeds, each seed's number beside it; 
 learning rates, a second table chooses one learning rate per encoder and arm on the mean heldout accuracy of the
 seeds (less noisy than one seed's 991 held-out sentences) and gives the mean dev accuracy of those runs.
 
-    python results/text/study/collect.py RUNS_DIR [--out DIR] [--pretraining-text "WikiText-2"]
+``--lrs 1e-3 --table-name table_lr1e-3.md`` makes the same tables from the runs at those learning rates only (an
+LR fixed before the round, no choice among LRs).
+
+    python results/text/study/collect.py RUNS_DIR [--out DIR] [--pretraining-text "WikiText-2"] [--lrs LR ...]
 """
 import argparse
 import csv
@@ -100,18 +103,19 @@ def raw_weights_note(run: Path) -> str:
     return f"; raw weights' best {max(raw):.2f} %" if raw else ''
 
 
-def finetuning_runs(runs: Path, key: str, arm: str):
-    """{seed: {lr: run folder}} of this encoder and arm, from the run names ft_KEY_ARM_lrX[_seedS] (no suffix: 42)."""
+def finetuning_runs(runs: Path, key: str, arm: str, lrs=None):
+    """{seed: {lr: run folder}} of this encoder and arm, from the run names ft_KEY_ARM_lrX[_seedS] (no suffix: 42);
+    only the learning rates in ``lrs`` when given."""
     name = re.compile(rf'ft_{key}_{arm}_lr([0-9.e+-]+)(?:_seed(\d+))?$')
     found = {}
     for p in runs.glob(f'ft_{key}_{arm}_lr*'):
         m = name.match(p.name)
-        if p.is_dir() and m:
+        if p.is_dir() and m and (lrs is None or m.group(1) in lrs):
             found.setdefault(int(m.group(2) or 42), {})[m.group(1)] = p
     return {seed: dict(sorted(found[seed].items(), key=lambda kv: float(kv[0]))) for seed in sorted(found)}
 
 
-def main(runs: Path, out: Path, text_label: str):
+def main(runs: Path, out: Path, text_label: str, lrs=None, table_name: str = 'table.md'):
     out.mkdir(parents=True, exist_ok=True)
     base = load(HERE / 'baselines.json')
     pre_rows, ft_rows, pooled_rows, detail_rows, curves = [], [], [], [], {}
@@ -131,7 +135,7 @@ def main(runs: Path, out: Path, text_label: str):
         cells, means, pooled_cells, pooled_means = [], [], [], []
         for arm in ('pre', 'scratch'):
             chosen_per_seed, results_per_seed = [], {}
-            for seed, by_lr in finetuning_runs(runs, key, arm).items():
+            for seed, by_lr in finetuning_runs(runs, key, arm, lrs).items():
                 results = results_per_seed[seed] = {}
                 for lr, run in by_lr.items():
                     r = load(run / 'results.json')
@@ -187,7 +191,8 @@ def main(runs: Path, out: Path, text_label: str):
             f"{' / '.join(f'{s:,} updates x {t:,} tokens' for s, t in budgets)})", '',
             '| encoder | run | lr | params | held-out MLM loss | masked-token acc | time |',
             '| --- | --- | --- | --- | --- | --- | --- |', *[row for _, row in pre_rows], '',
-            '## Fine-tuning on rt-polarity: dev.tsv accuracy of the checkpoint chosen on heldout.tsv', '',
+            '## Fine-tuning on rt-polarity: dev.tsv accuracy of the checkpoint chosen on heldout.tsv'
+            + (f" (fine-tuning learning rates {', '.join(lrs)} only)" if lrs else ''), '',
             '| encoder | pretrained | from scratch (same vocabulary) | pretraining gain (points) |',
             '| --- | --- | --- | --- |', *ft_rows,
             f"| majority class (of fit.tsv) | {fmt(major)} | | |",
@@ -200,7 +205,7 @@ def main(runs: Path, out: Path, text_label: str):
             '### Every fine-tuning run', '',
             '| encoder | arm | lr | seed | heldout acc (best checkpoint) | dev acc of that checkpoint | time |',
             '| --- | --- | --- | --- | --- | --- | --- |', *detail_rows, '']
-    (out / 'table.md').write_text('\n'.join(text))
+    (out / table_name).write_text('\n'.join(text))
     print('\n'.join(text))
 
 
@@ -227,5 +232,8 @@ if __name__ == '__main__':
     parser.add_argument('runs', type=Path, help='the folder the runs were written to (RUNS)')
     parser.add_argument('--out', type=Path, default=HERE, help='results folder (default: %(default)s)')
     parser.add_argument('--pretraining-text', default='WikiText-2', help='what the encoders were pretrained on')
+    parser.add_argument('--lrs', nargs='+', default=None,
+                        help='only the fine-tuning runs at these learning rates, as spelt in the run names (e.g. 1e-3)')
+    parser.add_argument('--table-name', default='table.md', help='file name of the table under --out')
     args = parser.parse_args()
-    main(args.runs, args.out, args.pretraining_text)
+    main(args.runs, args.out, args.pretraining_text, args.lrs, args.table_name)
