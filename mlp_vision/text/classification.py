@@ -36,6 +36,12 @@ labels) and Matthews correlation -- GLUE's metrics for SST-2 (accuracy), MRPC / 
 arXiv 1804.07461 §3. Outputs as the LM tasks: ``summary.csv`` (step, lr, train loss, val loss, val acc / f1 /
 mcc), ``last.pth``, ``model_best.pth`` (highest dev accuracy), ``results.json`` (best and final dev metrics, the
 loaded / new weights, the label names), ``pretrained/`` (the best model, its tokenizer and ``labels.json``).
+
+Small labelled sets: ``--model-ema`` keeps an exponential moving average of the weights (timm ``ModelEmaV3``,
+``--model-ema-decay``); the periodic evaluation scores the average (the raw weights' accuracy goes to
+``raw_val_acc``), its accuracy picks ``model_best.pth`` (which also holds ``state_dict_ema``), and ``--test-file``
+and ``pretrained/`` use the best checkpoint's averaged weights. ``--freeze-embeddings`` keeps the token embedding
+(``model.get_input_embeddings()``) fixed.
 """
 import csv
 import dataclasses
