@@ -682,7 +682,10 @@ def train_classifier(args, run, argv) -> Optional[dict]:
     if run.saver.best_path.exists():
         best = load_checkpoint_file(run.saver.best_path, what='model_best.pth')
         best_metrics, best_step = best.get('val_metrics') or final_metrics, best['step']
-        model.load_state_dict(best['state_dict'] if model_ema is None else best['state_dict_ema'])
+        # the weights that were scored: the EMA's (a best checkpoint saved before --model-ema was added on a
+        # resume has none, and was chosen on its raw weights)
+        ema_weights = best.get('state_dict_ema') if model_ema is not None else None
+        model.load_state_dict(best['state_dict'] if ema_weights is None else ema_weights)
     elif model_ema is not None:
         model.load_state_dict(model_ema.module.state_dict())
     # the test file is scored once, by the best checkpoint, on the primary rank alone (no reduction across ranks)
