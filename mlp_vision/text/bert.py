@@ -241,6 +241,10 @@ class SequencePooler(nn.Module):
         return f'pooling={self.pooling!r}'
 
 
+# the encoder class's token embedding under the attribute the wrapper stores the encoder as ('bert', 'bigs')
+_ENCODER_INPUT_EMBEDDINGS = property(lambda self: f'{self.encoder_name}.{self.encoder_class.input_embeddings_path}')
+
+
 class EncoderForMaskedLM(PretrainedMixin, nn.Module):
     """An encoder + the BERT MLM head: :class:`MaskedLMHeadTransform`, decoder tied to the word embedding, per-token
     output bias. Shared by :class:`BertForMaskedLM` and :class:`mlp_vision.text.bigs.BiGSForMaskedLM`.
@@ -250,12 +254,9 @@ class EncoderForMaskedLM(PretrainedMixin, nn.Module):
     state-dict prefix) it is stored under.
     """
     head_prefixes = ('mlm_head', 'decoder', 'output_bias')
-
-    @property
-    def input_embeddings_path(self) -> str:
-        return f'{self.encoder_name}.embeddings.word_embeddings'
     encoder_class: type
     encoder_name: str
+    input_embeddings_path = _ENCODER_INPUT_EMBEDDINGS
 
     def __init__(self, config, device=None, dtype=None):
         super().__init__()
@@ -300,12 +301,9 @@ class EncoderForSequenceClassification(PretrainedMixin, nn.Module):
     and ``encoder_name`` (as :class:`EncoderForMaskedLM`).
     """
     head_prefixes = ('pooler', 'classifier')
-
-    @property
-    def input_embeddings_path(self) -> str:
-        return f'{self.encoder_name}.embeddings.word_embeddings'
     encoder_class: type
     encoder_name: str
+    input_embeddings_path = _ENCODER_INPUT_EMBEDDINGS
 
     def __init__(self, config, device=None, dtype=None):
         super().__init__()

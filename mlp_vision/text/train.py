@@ -352,7 +352,8 @@ def params_note(model: nn.Module) -> str:
     """'1.724 M params' for the log, with the fixed ones (``--freeze-embeddings``) counted apart."""
     total = sum(p.numel() for p in model.parameters())
     fixed = sum(p.numel() for p in model.parameters() if not p.requires_grad)
-    return f'{total / 1e6:.3f} M params' + (f', {fixed / 1e6:.3f} M of them fixed (--freeze-embeddings)' if fixed else '')
+    fixed_note = f', {fixed / 1e6:.3f} M of them fixed (--freeze-embeddings)' if fixed else ''
+    return f'{total / 1e6:.3f} M params{fixed_note}'
 
 
 # ------------------------------------------------------------------------------------------------ data

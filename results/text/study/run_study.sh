@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# One round of the pretrain-then-fine-tune study (issue 13.4) as one command (rounds 3 to 5). The defaults are sized
-# for one GPU and a 10-minute limit; the 2-core CPU runs recorded in round3/ to round5/README.md set the
+# One round of the pretrain-then-fine-tune study (issue 13.4) as one command (rounds 3 to 6). The defaults are sized
+# for one GPU and a 10-minute limit; the 2-core CPU runs recorded in round3/ to round6/README.md set the
 # knobs below:
 #
 #   bash results/text/study/run_study.sh            # DATA=../shared/data RUNS=output/study by default
