@@ -545,6 +545,7 @@ def _train(args, demo, run, argv):
         raise run.stopped(e, 'Lower --lr, add --clip-grad or more --warmup-epochs') from None
 
     # ---------------------------------------------------------------- final outputs
+    run.begin_final_stage()
     digests = run.weights_digests(model, model_ema.module if model_ema is not None else None)
     demo_val = None
     if demo and loader_eval is not None:

@@ -62,7 +62,7 @@ import torch.nn as nn
 
 from timm.utils import ModelEmaV3
 
-from ..training.checkpoint import load_checkpoint_file
+from ..training.checkpoint import atomic_folder, load_checkpoint_file
 from ..training.distributed import wrap_ddp
 from ..training.engine import format_duration
 from ..training.errors import UsageError
@@ -673,6 +673,7 @@ def train_classifier(args, run, argv) -> Optional[dict]:
     if not finished:
         return state.stop_result
     step, val_metrics, train_seconds = state.step, state.val_metrics, state.train_seconds
+    run.begin_final_stage()
 
     final_metrics = val_metrics if val_metrics is not None else evaluate()
     digests = run.weights_digests(model, model_ema.module if model_ema is not None else None)
@@ -691,10 +692,11 @@ def train_classifier(args, run, argv) -> Optional[dict]:
     # the test file is scored once, by the best checkpoint, on the primary rank alone (no reduction across ranks)
     test_metrics = (evaluate_classifier(model, test_batches, num_labels, device, amp_autocast, None)
                     if test_batches is not None else None)
-    model.save_pretrained(str(output_dir / 'pretrained'), tokenizer=tokenizer)
-    (output_dir / 'pretrained' / 'labels.json').write_text(json.dumps(
-        {'label_names': names, 'text_columns': list(train.text_columns), 'label_column': args.label_column,
-         'max_length': args.block_size}, indent=2))
+    with atomic_folder(output_dir / 'pretrained') as folder:
+        model.save_pretrained(str(folder), tokenizer=tokenizer)
+        (folder / 'labels.json').write_text(json.dumps(
+            {'label_names': names, 'text_columns': list(train.text_columns), 'label_column': args.label_column,
+             'max_length': args.block_size}, indent=2))
     results = {
         'model': type(model).__name__, 'family': family, 'task': 'classify', 'model_config': config.to_dict(),
         'params': num_params, 'init': report.to_dict(),

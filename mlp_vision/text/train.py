@@ -52,7 +52,7 @@ import torch.nn as nn
 from timm.optim import create_optimizer_v2
 from timm.utils import ParseKwargs, random_seed, unwrap_model
 
-from ..training.checkpoint import preserve_rng
+from ..training.checkpoint import atomic_folder, preserve_rng
 from ..training.distributed import DistInfo, all_gather_objects, init_device, wrap_ddp
 from ..training.engine import format_duration
 from ..training.errors import UsageError, run_cli
@@ -552,6 +552,7 @@ def _train(args, run: TrainingRun, argv):
     if not finished:
         return state.stop_result
     val_metrics, train_seconds, train_tokens = state.val_metrics, state.train_seconds, tokens_done()
+    run.begin_final_stage()
 
     # ---------------------------------------------------------------- final evaluation and outputs
     final_metrics = evaluate(model, data.final_batches)
@@ -565,7 +566,8 @@ def _train(args, run: TrainingRun, argv):
     if not primary:
         return None
 
-    model.save_pretrained(str(output_dir / 'pretrained'), tokenizer=tokenizer)
+    with atomic_folder(output_dir / 'pretrained') as folder:
+        model.save_pretrained(str(folder), tokenizer=tokenizer)
     total_tokens = train_tokens_before + train_tokens
     total_seconds = train_seconds_before + train_seconds
     results = {

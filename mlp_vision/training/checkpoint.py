@@ -8,6 +8,7 @@ the file names, so a file that needs one stops with a message saying so.
 """
 import contextlib
 import logging
+import math
 import os
 import pickle
 import random
@@ -24,8 +25,9 @@ from .errors import UsageError, find_os_error
 
 __all__ = [
     'CHECKPOINT_VERSION', 'TRUST_FLAG', 'temp_path', 'clean_stale_temp_files', 'atomic_save', 'atomic_write_text',
-    'atomic_link', 'keep_previous', 'CheckpointManager', 'load_checkpoint_file', 'is_training_checkpoint',
-    'get_rng_state', 'set_rng_state', 'preserve_rng', 'clean_state_dict', 'load_model_weights',
+    'atomic_folder', 'atomic_link', 'keep_previous', 'CheckpointManager', 'load_checkpoint_file',
+    'is_training_checkpoint', 'check_settings_state', 'check_optimizer_state', 'get_rng_state', 'set_rng_state',
+    'preserve_rng', 'clean_state_dict', 'load_model_weights',
 ]
 
 _logger = logging.getLogger(__name__)
@@ -75,8 +77,11 @@ def clean_stale_temp_files(folder: os.PathLike) -> List[Path]:
     removed = []
     for p in sorted(Path(folder).glob(f'.*{_TMP_TAG}*')):
         pid = p.name.rsplit(_TMP_TAG, 1)[-1]
-        if pid.isdigit() and not _pid_alive(int(pid)) and p.is_file():
-            p.unlink(missing_ok=True)
+        if pid.isdigit() and not _pid_alive(int(pid)):
+            if p.is_dir() and not p.is_symlink():
+                shutil.rmtree(p, ignore_errors=True)  # an export (:func:`atomic_folder`) a killed run left half-done
+            else:
+                p.unlink(missing_ok=True)
             removed.append(p)
     return removed
 
@@ -128,6 +133,27 @@ def keep_previous(path: os.PathLike) -> Optional[Path]:
     return kept
 
 
+@contextlib.contextmanager
+def atomic_folder(path: os.PathLike):
+    """Write a folder (a ``save_pretrained`` export) as :func:`atomic_save` writes a file: the block fills a
+    temporary folder beside ``path`` (yielded), which then replaces ``path``. A failure or a kill inside the block
+    leaves ``path`` as it was (a previous export, or nothing), never a mix of old and new files."""
+    path = Path(path)
+    tmp = temp_path(path)
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        yield tmp
+        old = temp_path(path.with_name(path.name + '.old'))
+        if path.exists():
+            os.replace(path, old)  # a folder cannot be renamed over a non-empty one: move the old export away first
+        os.replace(tmp, path)
+        shutil.rmtree(old, ignore_errors=True)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    _fsync_dir(path.parent)
+
+
 def atomic_link(src: os.PathLike, dst: os.PathLike) -> None:
     """Make ``dst`` a hard link to ``src`` (a durable copy where links are not supported), atomically."""
     src, dst = Path(src), Path(dst)
@@ -158,6 +184,10 @@ class CheckpointManager:
     links for best / top-N, then removal of the checkpoint that fell out of the top N. A crash between the
     steps leaves at worst a stale or missing top-N file, never a broken one; history entries whose file is
     missing are dropped on load.
+
+    A checkpoint is data from whoever made it, never an instruction: a restored history is checked entry by
+    entry (:meth:`load_state_dict`), and the file of an evicted entry is always ``checkpoint-<position>.pth`` in
+    ``output_dir``, named from the position, never a path read from the checkpoint.
     """
 
     def __init__(self, output_dir: os.PathLike, decreasing: bool = False, max_history: int = 3, key: str = 'epoch'):
@@ -176,17 +206,60 @@ class CheckpointManager:
     def best_path(self) -> Path:
         return self.output_dir / 'model_best.pth'
 
+    @staticmethod
+    def file_name(position: int) -> str:
+        """The top-N file of ``position``: the only kind of file this class ever deletes."""
+        return f'checkpoint-{position}.pth'
+
     def _better(self, a: float, b: float) -> bool:
         return a < b if self.decreasing else a > b
 
     def state_dict(self) -> Dict[str, Any]:
         return {'history': [dict(h) for h in self.history], 'best': dict(self.best) if self.best else None}
 
-    def load_state_dict(self, state: Optional[Dict[str, Any]]) -> None:
+    def _checked_entry(self, entry: Any, with_file: bool) -> Dict[str, Any]:
+        """``entry`` as this class writes it, or a ``ValueError`` saying what is wrong with it."""
+        keys = {self.key, 'metric'} | ({'file'} if with_file else set())
+        if not isinstance(entry, dict) or set(entry) != keys:
+            raise ValueError(f'{entry!r} is not a {{{", ".join(sorted(keys))}}} entry')
+        position, metric = entry[self.key], entry['metric']
+        if isinstance(position, bool) or not isinstance(position, int) or position < 0:
+            raise ValueError(f'{self.key} {position!r} is not a non-negative integer')
+        if isinstance(metric, bool) or not isinstance(metric, (int, float)) or not math.isfinite(metric):
+            raise ValueError(f'metric {metric!r} is not a finite number')
+        if with_file and entry['file'] != self.file_name(position):
+            raise ValueError(f'file {entry["file"]!r} is not {self.file_name(position)!r}, the name this trainer '
+                             f'gives the checkpoint of {self.key} {position}')
+        return dict(entry)
+
+    def check_state(self, state: Optional[Dict[str, Any]], source: str = 'the checkpoint') -> Optional[Dict[str, Any]]:
+        """``state`` (a checkpoint's ``checkpoint_history``) if every entry is exactly what :meth:`save` writes (a
+        position, a finite metric and the file name of that position); else a :class:`UsageError` naming
+        ``source``. Nothing read from a checkpoint can so name a file to delete."""
+        if not state:
+            return None
+        try:
+            if not isinstance(state, dict) or not set(state) <= {'history', 'best'}:
+                raise ValueError(f'{type(state).__name__} {sorted(state) if isinstance(state, dict) else ""} is '
+                                 f'not {{history, best}}')
+            history = state.get('history') or []
+            if not isinstance(history, list):
+                raise ValueError(f'the history is a {type(history).__name__}, not a list')
+            history = [self._checked_entry(h, with_file=True) for h in history]
+            best = state.get('best')
+            best = None if best is None else self._checked_entry(best, with_file=False)
+        except ValueError as e:
+            raise UsageError(f'{source}: its checkpoint_history is not one this trainer writes ({e}); the file is '
+                             f'damaged or was crafted, and is not used') from None
+        return {'history': history, 'best': best}
+
+    def load_state_dict(self, state: Optional[Dict[str, Any]], source: str = 'the checkpoint') -> None:
+        """Restore a history checked by :meth:`check_state`; entries whose file is gone are dropped."""
+        state = self.check_state(state, source)
         if not state:
             return
-        self.history = [h for h in state.get('history', []) if (self.output_dir / h['file']).exists()]
-        self.best = state.get('best')
+        self.history = [h for h in state['history'] if (self.output_dir / h['file']).is_file()]
+        self.best = state['best']
         if self.best is not None and not self.best_path.exists():
             _logger.warning(f'{self.best_path} is missing; best-checkpoint tracking restarts')
             self.best = None
@@ -200,7 +273,7 @@ class CheckpointManager:
         in_top = False
         if metric is not None and self.max_history > 0:
             history = [h for h in history if h[self.key] != epoch]  # an epoch re-run after a crash
-            history.append({self.key: epoch, 'metric': metric, 'file': f'checkpoint-{epoch}.pth'})
+            history.append({self.key: epoch, 'metric': metric, 'file': self.file_name(epoch)})
             history.sort(key=lambda h: h['metric'], reverse=not self.decreasing)
             evicted = history[self.max_history:]
             history = history[:self.max_history]
@@ -213,12 +286,76 @@ class CheckpointManager:
         if is_best:
             atomic_link(self.last_path, self.best_path)
         if in_top:
-            atomic_link(self.last_path, self.output_dir / f'checkpoint-{epoch}.pth')
+            atomic_link(self.last_path, self.output_dir / self.file_name(epoch))
         for h in evicted:
             if h[self.key] != epoch:
-                (self.output_dir / h['file']).unlink(missing_ok=True)
+                (self.output_dir / self.file_name(h[self.key])).unlink(missing_ok=True)
         self.history, self.best = history, best
         return {'last': True, 'best': is_best, 'top': in_top}
+
+
+def _is_plain(value: Any) -> bool:
+    """None, a bool, number or string, or a list / tuple / str-keyed dict of such values."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return True
+    if isinstance(value, (list, tuple)):
+        return all(_is_plain(v) for v in value)
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and _is_plain(v) for k, v in value.items())
+    return False
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def check_settings_state(saved: Any, live: Dict[str, Any], what: str) -> None:
+    """A saved scheduler / scaler state (loaded by assigning its entries to attributes) may only hold the keys the
+    live object's ``state_dict()`` has, each a plain value, a number where the live one is a number; else a
+    ``ValueError`` naming ``what``. Checked before loading, so a crafted state cannot replace other attributes."""
+    if not isinstance(saved, dict):
+        raise ValueError(f'{what} is a {type(saved).__name__}, not a state dict')
+    for k, v in saved.items():
+        if k not in live:
+            raise ValueError(f'{what} has an entry {k!r} that {what} never has')
+        if not _is_plain(v) or (_is_number(live[k]) and not (_is_number(v) or v is None)):
+            raise ValueError(f'{what} entry {k!r} is {v!r}, not a value of its kind')
+
+
+def check_optimizer_state(saved: Any, optimizer: torch.optim.Optimizer) -> None:
+    """A saved optimizer state fits ``optimizer``: its groups have the same keys and parameter counts, settings
+    are plain values (numbers where the live ones are), and per-parameter state holds tensors no larger in rank
+    than their parameter (the same shape when of the same rank) or numbers. Else a ``ValueError``."""
+    if not isinstance(saved, dict) or set(saved) != {'state', 'param_groups'}:
+        raise ValueError('the optimizer state is not a {state, param_groups} dict')
+    groups, live_groups = saved['param_groups'], optimizer.param_groups
+    if not isinstance(groups, list) or len(groups) != len(live_groups):
+        raise ValueError(f'the optimizer state has {len(groups) if isinstance(groups, list) else "no"} parameter '
+                         f'groups, this optimizer {len(live_groups)}')
+    params = {}
+    for i, (group, live) in enumerate(zip(groups, live_groups)):
+        if not isinstance(group, dict) or set(group) != set(live):
+            raise ValueError(f'optimizer parameter group {i} has other settings than this optimizer\'s')
+        ids = group['params']
+        if not isinstance(ids, list) or len(ids) != len(live['params']) or not all(_is_number(j) for j in ids):
+            raise ValueError(f'optimizer parameter group {i} does not list {len(live["params"])} parameters')
+        params.update(zip(ids, live['params']))
+        for k, v in group.items():
+            if k != 'params' and (not _is_plain(v) or (_is_number(live[k]) and not _is_number(v))):
+                raise ValueError(f'optimizer setting {k!r} of group {i} is {v!r}')
+    state = saved['state']
+    if not isinstance(state, dict) or not set(state) <= set(params):
+        raise ValueError('the optimizer state names parameters the groups do not list')
+    for j, entry in state.items():
+        if not isinstance(entry, dict):
+            raise ValueError(f'the optimizer state of parameter {j} is not a dict')
+        p = params[j]
+        for k, v in entry.items():
+            ok = (_is_number(v) or isinstance(v, torch.Tensor) and (
+                v.dim() < p.dim() or tuple(v.shape) == tuple(p.shape)) and (v.is_floating_point() or v.dim() == 0))
+            if not ok:
+                raise ValueError(f'the optimizer state {k!r} of parameter {j} does not fit a parameter of shape '
+                                 f'{tuple(p.shape)}')
 
 
 def get_rng_state() -> Dict[str, Any]:

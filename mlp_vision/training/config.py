@@ -35,6 +35,8 @@ def _actions(parser: argparse.ArgumentParser) -> Dict[str, argparse.Action]:
 def _typed(value: Any, action: argparse.Action, where: str) -> Any:
     """``value`` converted as the command line converts it (``action.type``, ``nargs``, ``choices``)."""
     flag = action.option_strings[-1] if action.option_strings else action.dest
+    if action.nargs == 0 and isinstance(action.const, bool) and not isinstance(value, bool):  # store_true / false
+        raise UsageError(f'{where}: {action.dest} must be true or false (as {flag}), got {value!r}')
     if value is None or action.type is None and not action.choices:
         return value
     many = action.nargs in ('+', '*') or isinstance(action.nargs, int)
@@ -107,7 +109,9 @@ def parse_args_with_config(
     for path in base_configs:
         defaults.update(load_yaml_config(path, parser))
     known = _actions(parser)
-    defaults.update({k: v for k, v in (run_settings or {}).items() if k in known})
+    # a resumed run's settings come from a file: checked as the command line checks its values
+    defaults.update({k: _typed(v, known[k], 'the resumed checkpoint\'s saved settings')
+                     for k, v in (run_settings or {}).items() if k in known})
     if config_args.config:
         defaults.update(load_yaml_config(config_args.config, parser))
     if defaults:

@@ -18,8 +18,10 @@ Checkpoint payload (every value a tensor or plain Python value, so it loads with
     amp_scaler, rng_states (one per rank), metric, args, checkpoint_history, + the trainer's own fields
 """
 import argparse
+import json
 import logging
 import math
+import os
 import signal
 import threading
 import time
@@ -34,11 +36,11 @@ import torch.distributed as dist
 import torch.nn as nn
 import yaml
 from timm.scheduler import create_scheduler_v2
-from timm.utils import NativeScaler, dispatch_clip_grad, get_outdir, unwrap_model
+from timm.utils import NativeScaler, dispatch_clip_grad, unwrap_model
 
 from .checkpoint import (
-    CHECKPOINT_VERSION, TRUST_FLAG, CheckpointManager, atomic_write_text, clean_stale_temp_files, get_rng_state,
-    keep_previous, load_checkpoint_file, load_model_weights, set_rng_state)
+    CHECKPOINT_VERSION, TRUST_FLAG, CheckpointManager, atomic_write_text, check_optimizer_state, check_settings_state,
+    clean_stale_temp_files, get_rng_state, keep_previous, load_checkpoint_file, load_model_weights, set_rng_state)
 from .config import args_to_yaml, parse_args_with_config
 from .distributed import DistInfo, all_gather_objects, state_dict_digest
 from .errors import Interrupted, RunError, UsageError
@@ -209,6 +211,61 @@ def _plain(v):  # tuples / lists compare equal (yaml and torch.load give lists b
     return v
 
 
+def new_run_folder(root: os.PathLike, name: str) -> Path:
+    """``root/name``, or the first free ``root/name-N``, created here. ``mkdir`` either creates a folder or fails,
+    so two runs started at once never share one, and there is no limit on N."""
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    n = 0
+    while True:
+        folder = root / (name if n == 0 else f'{name}-{n}')
+        try:
+            folder.mkdir()
+            return folder
+        except FileExistsError:
+            n += 1
+
+
+def _saved_position(path: Path, key: str) -> Optional[int]:
+    """The ``key`` position stored in checkpoint ``path`` (memory-mapped: tensors are not read), or None if the
+    file cannot be read as one of ours."""
+    try:
+        ckpt = torch.load(path, map_location='cpu', weights_only=True, mmap=True)
+    except Exception:  # any unreadable file: the caller then keeps the folder as it is
+        return None
+    position = ckpt.get(key) if isinstance(ckpt, dict) else None
+    return position if isinstance(position, int) and not isinstance(position, bool) else None
+
+
+def _check_resume_payload(ckpt: Dict[str, Any], key: str, source: str) -> None:
+    """The fields of a training checkpoint have the types :meth:`TrainingRun.save` writes; else one line."""
+    def counter(v):
+        return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+    problems = [name for name, ok in (
+        (key, counter(ckpt.get(key))),
+        ('num_updates', counter(ckpt.get('num_updates', ckpt.get(key)))),
+        ('state_dict', isinstance(ckpt.get('state_dict'), dict) and all(
+            isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in ckpt['state_dict'].items())),
+        ('state_dict_ema', ckpt.get('state_dict_ema') is None or isinstance(ckpt['state_dict_ema'], dict)),
+        ('scheduler', isinstance(ckpt.get('scheduler'), dict)),
+        ('schedule', ckpt.get('schedule') is None or isinstance(ckpt['schedule'], dict)),
+        ('rng_states', ckpt.get('rng_states') is None or isinstance(ckpt['rng_states'], list)),
+        ('args', ckpt.get('args') is None or isinstance(ckpt['args'], dict)),
+    ) if not ok]
+    if problems:
+        raise UsageError(f'{source}: the checkpoint\'s {", ".join(problems)} {"is" if len(problems) == 1 else "are"} '
+                         f'not what this trainer writes; the file is damaged or was crafted, and is not used')
+
+
+def _read_results(path: Path) -> Optional[Dict[str, Any]]:
+    """A run's ``results.json`` as a dict, None when missing or unreadable."""
+    try:
+        results = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return results if isinstance(results, dict) else None
+
+
 # ------------------------------------------------------------------------------------------------ the run
 class TrainingRun:
     """The bookkeeping of one training run, for both trainers. Use as a context manager around the run.
@@ -233,10 +290,15 @@ class TrainingRun:
         self.output_dir: Optional[Path] = None
         self.saver: Optional[CheckpointManager] = None
         self.summary: Optional[SummaryWriter] = None
+        if resume_ckpt is not None:
+            _check_resume_payload(resume_ckpt, key, f'--resume {args.resume}')
         self.last_saved: Optional[int] = resume_ckpt.get(key) if resume_ckpt is not None else None
         self._log_handlers: List[logging.Handler] = []
         self._signal: int = 0
         self._previous_handlers: Dict[int, Any] = {}
+        self._lock_fd: Optional[int] = None
+        self._results_written = False
+        self._in_final_stage = False
         self.start_time = time.time()
 
     # ------------------------------------------------------------------ context: signals, log files, errors
@@ -248,12 +310,15 @@ class TrainingRun:
 
     def __exit__(self, exc_type, exc, tb) -> None:
         self._restore_signal_handlers()
+        if isinstance(exc, Exception):
+            self._record_final_stage_error(exc)
         if isinstance(exc, RunError) and self.primary and self.output_dir is not None:
             with open(self.output_dir / 'train.log', 'a') as f:
                 f.write(f'{datetime.now():%Y-%m-%d %H:%M:%S} ERROR {exc}\n')
         for handler in self._log_handlers:
             remove_log_file(handler)
         self._log_handlers.clear()
+        self._unlock()
 
     def _on_signal(self, signum, frame) -> None:
         # only a flag: the loop stops at its next safe point. A second signal acts at once (default handlers).
@@ -307,10 +372,19 @@ class TrainingRun:
             _schedule_position(scheduler, next_epoch, num_updates)
             return position, num_updates
         base_lrs = [g['initial_lr'] for g in optimizer.param_groups]
+        changed = _differences(ckpt.get('schedule'), schedule)
+        try:  # checked before anything is loaded: a checkpoint's states are data, never new attributes
+            check_optimizer_state(ckpt['optimizer'], optimizer)
+            if loss_scaler is not None and ckpt.get('amp_scaler'):
+                check_settings_state(ckpt['amp_scaler'], loss_scaler.state_dict(), 'the AMP loss-scaler state')
+            if not changed:
+                check_settings_state(ckpt['scheduler'], scheduler.state_dict(), 'the scheduler state')
+        except ValueError as e:
+            raise UsageError(f'{source}: {e}; the file is damaged, was crafted, or belongs to another optimizer or '
+                             f'schedule (--no-resume-opt loads only its weights)') from None
         optimizer.load_state_dict(ckpt['optimizer'])
         if loss_scaler is not None and ckpt.get('amp_scaler'):
             loss_scaler.load_state_dict(ckpt['amp_scaler'])
-        changed = _differences(ckpt.get('schedule'), schedule)
         if not changed:
             # the scheduler state after the constructor (which reset the LR): the optimizer state holds the exact
             # LR of the next update, the scheduler state the rest
@@ -332,11 +406,23 @@ class TrainingRun:
                                self.args.model)
 
     def check_not_finished(self, done: int, total: int, flag: str) -> None:
-        """Refuse to resume a run that has nothing left to train (its results stay as they are)."""
-        if self.resume_ckpt is not None and done >= total:
-            folder = Path(self.args.resume).resolve().parent
-            raise UsageError(f'--resume {self.args.resume}: this run already finished its {total} {self.key}s '
-                             f'(results in {folder / "results.json"}); to train on, pass a larger {flag}')
+        """Refuse to resume a run that has nothing left to train (its results stay as they are); the message says
+        what its folder holds: its results, the error its final stage stopped on, or that it has none."""
+        if self.resume_ckpt is None or done < total:
+            return
+        folder = Path(self.args.resume).resolve().parent
+        results = folder / 'results.json'
+        recorded = _read_results(results)
+        if recorded is None:
+            outcome = (f'its final outputs were never written (no readable {results}: the process was stopped '
+                       f'during its final stage); its weights are in {folder / "last.pth"}')
+        elif recorded.get('error'):
+            outcome = (f'its final stage failed ({recorded["error"]}, recorded in {results}); its weights are in '
+                       f'{folder / "last.pth"}')
+        else:
+            outcome = f'results in {results}'
+        raise UsageError(f'--resume {self.args.resume}: this run already finished its {total} {self.key}s '
+                         f'({outcome}); to train on, pass a larger {flag}')
 
     def restore_rng(self) -> Optional[Dict[str, Any]]:
         """Restore this rank's RNG states last (nothing built before shifts them); returns the rank's saved state
@@ -350,30 +436,46 @@ class TrainingRun:
             _logger.warning(f'the checkpoint has RNG states for {len(states)} processes, this run has {world}: '
                             f'continuing with fresh seeds (not bit-exact)')
             return None
-        set_rng_state(states[self.dist_info.rank])
+        try:
+            set_rng_state(states[self.dist_info.rank])
+        except (TypeError, ValueError, KeyError, IndexError, AttributeError, RuntimeError) as e:
+            raise UsageError(f'--resume {self.args.resume}: its saved random-number state is damaged or crafted '
+                             f'({type(e).__name__}: {" ".join(str(e).split())[:120]}); the file is not used') from None
         return states[self.dist_info.rank]
 
     # ------------------------------------------------------------------ outputs
     def open_outputs(self, default_root: str, default_name: str) -> Optional[Path]:
-        """Rank 0: the experiment folder, ``train.log``, ``args.yaml``, the checkpoint manager and ``summary.csv``.
+        """Rank 0: the experiment folder (locked for this process), ``train.log``, ``args.yaml``, the checkpoint
+        manager and ``summary.csv``.
 
-        ``--resume`` continues in the checkpoint's folder (with ``--output`` / ``--experiment``: in that folder
-        instead, leaving the original as it is); a new run gets a new folder (``NAME-1`` if NAME exists).
+        A new run gets a new folder (``NAME-1`` if NAME exists). ``--resume`` continues in the checkpoint's own
+        folder only when the checkpoint is that run's newest; otherwise (an earlier checkpoint, or another
+        ``--output`` / ``--experiment``) the run continues in a new folder, so no run's later checkpoints or
+        outputs are replaced (:meth:`_resume_folder`). A folder in use by another process is refused.
         """
         if not self.primary:
             return None
         args = self.args
-        root = args.output or default_root
-        if Path(root).exists() and not Path(root).is_dir():
+        root = Path(args.output or default_root)
+        if root.exists() and not root.is_dir():
             raise UsageError(f'--output {root} is a file; expected a folder (created if missing)')
-        if args.resume and not args.output and not args.experiment:
-            output_dir = Path(args.resume).resolve().parent
-        elif args.resume:
-            output_dir = Path(get_outdir(root, args.experiment or Path(args.resume).resolve().parent.name))
+        if args.experiment and (Path(args.experiment).name != args.experiment or args.experiment in ('.', '..')):
+            raise UsageError(f'--experiment {args.experiment!r} is not a folder name; give a plain name (no '
+                             f'"/" or ".."), and the parent folder with --output')
+        in_place, note = False, ''
+        if args.resume:
+            # the saved history is checked before any folder is made or touched
+            history = CheckpointManager(root, key=self.key).check_state(
+                self.resume_ckpt.get('checkpoint_history') if self.resume_ckpt is not None else None,
+                source=f'--resume {args.resume}')
+            output_dir, in_place, note = self._resume_folder(root)
         else:
-            output_dir = Path(get_outdir(root, args.experiment or default_name, inc=True))
+            output_dir = new_run_folder(root, args.experiment or default_name)
         self.output_dir = output_dir = output_dir.resolve()
+        self._lock(output_dir)
         self._log_handlers.append(add_log_file(output_dir / 'train.log'))
+        if note:
+            _logger.warning(note)
         removed = clean_stale_temp_files(output_dir)
         if removed:
             _logger.info(f'removed {len(removed)} temporary files left by a killed run: '
@@ -388,10 +490,64 @@ class TrainingRun:
         self.saver = CheckpointManager(output_dir, decreasing=self.decreasing, max_history=self.max_history,
                                        key=self.key)
         self.summary = SummaryWriter(output_dir / 'summary.csv', key=self.key)
-        if self.last_saved is not None and self.resume_ckpt is not None:
-            self.saver.load_state_dict(self.resume_ckpt.get('checkpoint_history'))
+        if in_place:
+            self.saver.load_state_dict(history)
             self.summary.truncate(before_epoch=self.last_saved + 1)
+        elif args.resume:  # a new folder: its best / top-N tracking starts afresh, its curve keeps the way here
+            source_summary = SummaryWriter(Path(args.resume).resolve().parent / 'summary.csv', key=self.key)
+            self.summary.copy_rows(source_summary, before_epoch=self.last_saved + 1)
         return output_dir
+
+    def _resume_folder(self, root: Path) -> Tuple[Path, bool, str]:
+        """(the folder a resumed run writes to, whether that is the checkpoint's own folder, a note to log)."""
+        args, key = self.args, self.key
+        resumed = Path(args.resume).resolve()
+        source = resumed.parent
+        where = f'{resumed} ({key} {self.last_saved})'
+        if args.output or args.experiment:
+            wanted = root.resolve() / (args.experiment or source.name)
+            if wanted != source:
+                folder = new_run_folder(wanted.parent, wanted.name)
+                return folder, False, (f'--resume with --output / --experiment: a new run in {folder} starts from '
+                                       f'{where}; {source} is left as it is')
+        last = source / 'last.pth'
+        if not last.exists() or resumed == last or os.path.samefile(resumed, last):
+            return source, True, ''
+        later = _saved_position(last, key)
+        if later is not None and later <= self.last_saved:
+            return source, True, ''
+        folder = new_run_folder(source.parent, source.name)
+        reached = f'has reached {key} {later}' if later is not None else 'has a last.pth that cannot be read'
+        return folder, False, (f'--resume {args.resume}: {source} {reached}, beyond this checkpoint; the run '
+                               f'continues from {where} in a new folder, {folder}, and {source} keeps its later '
+                               f'checkpoints')
+
+    def _lock(self, folder: Path) -> None:
+        """Hold an exclusive lock on ``folder/.lock`` until the run ends; refuse a folder another process holds
+        (two processes writing one run would interleave its checkpoints and logs)."""
+        try:
+            import fcntl
+        except ImportError:  # Windows: no advisory locks here
+            return
+        folder.mkdir(parents=True, exist_ok=True)
+        fd = os.open(folder / '.lock', os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            # a POSIX record lock, not flock: forked data-loader workers do not inherit it, so a killed run's
+            # orphaned workers cannot keep its folder locked
+            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            holder = os.read(fd, 32).decode(errors='replace').strip()
+            os.close(fd)
+            raise UsageError(f'{folder} is in use by another training process (pid {holder or "unknown"}); wait for '
+                             f'it to end, or pass --output / --experiment to continue in a new folder') from None
+        os.ftruncate(fd, 0)
+        os.write(fd, str(os.getpid()).encode())
+        self._lock_fd = fd
+
+    def _unlock(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)  # closing the descriptor releases the lock
+            self._lock_fd = None
 
     def log_settings_changes(self) -> None:
         """Log each setting where this resumed run differs from the run it continues."""
@@ -466,6 +622,27 @@ class TrainingRun:
         if kept is not None:
             _logger.info(f'the earlier results.json of this run is kept as {kept.name}')
         write_json(path, results)
+        self._results_written = True
+
+    def begin_final_stage(self) -> None:
+        """Mark the end of training: from here on (final evaluation, exports, ``results.json``) a failure still
+        leaves a ``results.json`` holding the error (:meth:`__exit__`), so the folder never lacks its results
+        file and a ``--resume`` can say what happened."""
+        self._in_final_stage = True
+
+    def _record_final_stage_error(self, error: BaseException) -> None:
+        if not (self.primary and self.output_dir is not None and self._in_final_stage) or self._results_written:
+            return
+        message = ' '.join(f'{type(error).__name__}: {error}'.split())[:500]
+        try:
+            self.write_results({'error': message, self.key: self.last_saved,
+                                'checkpoints': {'last': str(self.output_dir / 'last.pth')},
+                                'note': 'training finished, but its final stage (evaluation / export / results) '
+                                        'failed; the weights are in the checkpoints'})
+        except OSError as e:  # e.g. the full disk that stopped the stage: the original error is the one to report
+            _logger.error(f'could not record the error in results.json either: {e}')
+            return
+        _logger.error(f'the final stage failed; the error is recorded in {self.output_dir / "results.json"}')
 
     def list_outputs(self) -> None:
         names = sorted(p.name for p in self.output_dir.iterdir() if not p.name.startswith('.'))

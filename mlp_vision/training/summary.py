@@ -45,19 +45,27 @@ class SummaryWriter:
         writer.writerows(rows)
         atomic_write_text(self.path, buf.getvalue())
 
+    def _before(self, row: Dict[str, str], position: int) -> bool:
+        try:  # a row torn by a crash mid-write has no parsable key: never kept
+            return int(row[self.key]) < position
+        except (TypeError, ValueError):
+            return False
+
     def truncate(self, before_epoch: int) -> None:
         """Drop the rows whose ``key`` column is >= ``before_epoch`` (an epoch, or a step for key='step')."""
         rows = self.read()
         if not rows:
             return
-        def keep(row):  # a row torn by a crash mid-write has no parsable key: drop it
-            try:
-                return int(row[self.key]) < before_epoch
-            except (TypeError, ValueError):
-                return False
-        kept = [r for r in rows if keep(r)]
+        kept = [r for r in rows if self._before(r, before_epoch)]
         if len(kept) != len(rows):
             self._write_all(kept, list(rows[0].keys()))
+
+    def copy_rows(self, source: 'SummaryWriter', before_epoch: int) -> None:
+        """Start this file with ``source``'s rows before ``before_epoch``: a run continued from a checkpoint in a
+        new folder keeps the curve that led to it."""
+        rows = [r for r in source.read() if self._before(r, before_epoch)]
+        if rows:
+            self._write_all(rows, list(rows[0].keys()))
 
     def append(self, row: Dict[str, Any]) -> None:
         row = {k: (f'{v:.6g}' if isinstance(v, float) else v) for k, v in row.items()}

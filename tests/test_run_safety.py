@@ -1,0 +1,260 @@
+""" A run's folder is its own (issue 29, items 1, 2, 5): nothing read from a checkpoint names a file to delete or
+becomes an attribute, a resume never writes into another run or over a run's later epochs, two processes never
+share a run folder, and a failure after the last update still leaves a ``results.json`` that says what happened.
+
+Every run here is tiny (a 1-layer text model for a few updates, or a width-8 sMLPNet on 16 generated PNGs).
+"""
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+import train  # noqa: E402  (repo-root script)
+import mlp_vision.text.train as text_train  # noqa: E402
+from mlp_vision.training.checkpoint import CheckpointManager, atomic_save  # noqa: E402
+from mlp_vision.training.errors import UsageError  # noqa: E402
+from mlp_vision.training.run import new_run_folder  # noqa: E402
+from mlp_vision.text.modeling_utils import PretrainedMixin  # noqa: E402
+
+TINY_VISION = ['--model', 'smlpnet_t', '--model-kwargs', 'embed_dim=8', 'depths=(1,1,1,1)', '--img-size', '32',
+               '--workers', '0', '--log-interval', '100', '-b', '4', '--warmup-epochs', '0']
+TINY_GPT = ['--model', 'gpt_mlp_attention', '--model-kwargs', 'num_hidden_layers=1', 'hidden_size=16',
+            'num_attention_heads=2', 'max_position_embeddings=16', 'mlp_attention_hidden_size=16', '--threads', '1',
+            '--log-interval', '1000', '-b', '2', '--eval-batches', '1', '--final-eval-batches', '2']
+
+
+@pytest.fixture(scope='module')
+def images(tmp_path_factory):
+    """train/ and val/ of 2 classes (4 + 2 generated 16x16 PNGs each)."""
+    from PIL import Image
+    root = tmp_path_factory.mktemp('images')
+    rng = np.random.default_rng(0)
+    for split, n in (('train', 4), ('val', 2)):
+        for c, colour in enumerate(((200, 40, 40), (40, 40, 200))):
+            folder = root / split / f'class{c}'
+            folder.mkdir(parents=True)
+            for i in range(n):
+                Image.fromarray(np.clip(rng.normal(colour, 40, (16, 16, 3)), 0, 255).astype(np.uint8)).save(
+                    folder / f'{i}.png')
+    return root
+
+
+@pytest.fixture(scope='module')
+def text_file(tmp_path_factory):
+    words = 'to be or not that is the question whether tis nobler in mind suffer slings arrows'.split()
+    rng = np.random.default_rng(1)
+    path = tmp_path_factory.mktemp('text') / 'tiny.txt'
+    path.write_text('\n'.join(' '.join(rng.choice(words, 8)) for _ in range(150)) + '\n')
+    return str(path)
+
+
+@pytest.fixture(scope='module')
+def vision_run(images, tmp_path_factory):
+    """A finished 2-epoch run keeping its 2 best epoch checkpoints: (folder, train.py arguments)."""
+    out = tmp_path_factory.mktemp('runs')
+    argv = TINY_VISION + ['--data-dir', str(images), '--val-split', 'val', '--epochs', '2', '--checkpoint-hist', '2',
+                          '--output', str(out), '--experiment', 'v']
+    train.main(argv)
+    return out / 'v', argv
+
+
+def _fail(main, argv, capsys, status=2):
+    """``main(argv)`` must exit with ``status`` and exactly one line on stderr; returns that line."""
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == status, e.value.message
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [e.value.message], err
+    return e.value.message
+
+
+def _files(folder: Path):
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.is_file() and not p.name.startswith('.')}
+
+
+def _text_run(text_file, tmp_path, name, steps=4, stop=2, extra=()):
+    """A text run stopped after ``stop`` of ``steps`` updates (resumable); returns its folder."""
+    text_train.main(TINY_GPT + ['--train-file', text_file, '--steps', str(steps), '--eval-interval', '2',
+                                '--output', str(tmp_path), '--experiment', name]
+                    + (['--stop-after-step', str(stop)] if stop else []) + list(extra))
+    return tmp_path / name
+
+
+def _crafted(source: Path, folder: Path, change) -> Path:
+    """A copy of checkpoint ``source`` in ``folder`` with ``change(ckpt)`` applied (still weights-only data)."""
+    ckpt = torch.load(source, map_location='cpu', weights_only=True)
+    change(ckpt)
+    folder.mkdir(parents=True, exist_ok=True)
+    atomic_save(ckpt, folder / 'last.pth')
+    return folder / 'last.pth'
+
+
+# ------------------------------------------------------------------------------------------------ item 1
+@pytest.mark.parametrize('name', ['absolute', 'relative', 'other_name'])
+def test_a_crafted_history_cannot_delete_a_file(vision_run, tmp_path, capsys, name):
+    folder, argv = vision_run
+    victim = tmp_path / 'victim.txt'
+    victim.write_text('precious')
+    target = {'absolute': str(victim), 'relative': '../../victim.txt', 'other_name': 'args.yaml'}[name]
+    run_copy = tmp_path / 'a' / 'b'
+    hist = {'history': [{'epoch': 0, 'metric': 99.0, 'file': target}], 'best': {'epoch': 0, 'metric': 99.0}}
+    crafted = _crafted(folder / 'last.pth', run_copy, lambda c: c.update(checkpoint_history=hist))
+    before = _files(run_copy)
+    msg = _fail(train.main, ['--resume', str(crafted), '--epochs', '4', '--checkpoint-hist', '1'], capsys)
+    assert 'checkpoint_history is not one this trainer writes' in msg and 'is not used' in msg
+    assert victim.read_text() == 'precious'
+    assert _files(run_copy) == before  # nothing written: the check comes before the folder is touched
+
+
+@pytest.mark.parametrize('entry, problem', [
+    ({'epoch': -1, 'metric': 1.0, 'file': 'checkpoint--1.pth'}, 'non-negative'),
+    ({'epoch': True, 'metric': 1.0, 'file': 'checkpoint-True.pth'}, 'non-negative'),
+    ({'epoch': 1, 'metric': float('nan'), 'file': 'checkpoint-1.pth'}, 'finite'),
+    ({'epoch': 1, 'metric': 1.0, 'file': 'checkpoint-2.pth'}, "not 'checkpoint-1.pth'"),
+    ({'epoch': 1, 'metric': 1.0, 'file': 'checkpoint-1.pth', 'extra': 1}, 'entry'),
+    ('checkpoint-1.pth', 'entry'),
+])
+def test_history_entries_are_checked(tmp_path, entry, problem):
+    saver = CheckpointManager(tmp_path, max_history=2)
+    with pytest.raises(UsageError, match=problem):
+        saver.load_state_dict({'history': [entry], 'best': None}, source='x.pth')
+    good = {'history': [{'epoch': 1, 'metric': 2.0, 'file': 'checkpoint-1.pth'}], 'best': {'epoch': 1, 'metric': 2.0}}
+    (tmp_path / 'checkpoint-1.pth').write_bytes(b'x')
+    (tmp_path / 'model_best.pth').write_bytes(b'x')
+    saver.load_state_dict(good)
+    assert saver.history == good['history'] and saver.best == good['best']
+
+
+def test_eviction_deletes_only_the_runs_own_top_n_file(vision_run, tmp_path):
+    # a legitimate resume in a copy of the run: epochs 2 and 3 push epochs out of the top 1 by their own names
+    folder, _ = vision_run
+    run_copy = tmp_path / 'v'
+    run_copy.mkdir()
+    for name in ('last.pth', 'checkpoint-0.pth', 'checkpoint-1.pth', 'model_best.pth', 'summary.csv'):
+        (run_copy / name).write_bytes((folder / name).read_bytes())
+    train.main(['--resume', str(run_copy / 'last.pth'), '--epochs', '4', '--checkpoint-hist', '1'])
+    kept = sorted(p.name for p in run_copy.glob('checkpoint-*.pth'))
+    assert len(kept) == 1, kept
+    best_epoch = torch.load(run_copy / 'last.pth', weights_only=True)['checkpoint_history']['history'][0]['epoch']
+    assert kept == [f'checkpoint-{best_epoch}.pth']
+
+
+@pytest.mark.parametrize('change, problem', [
+    (lambda c: c['args'].update(lr='1e-3; rm -rf /'), 'lr must be a number'),
+    (lambda c: c['args'].update(amp_dtype='save'), 'amp_dtype must be one of'),
+    (lambda c: c['args'].update(amp='yes'), 'amp must be true or false'),
+    (lambda c: c.update(step=-3), 'checkpoint\'s step'),
+    (lambda c: c.update(state_dict=['not', 'a', 'dict']), 'state_dict'),
+    (lambda c: c['scheduler'].update(optimizer='replaced'), "entry 'optimizer'"),
+    (lambda c: c['scheduler'].update(t_initial='long'), "entry 't_initial'"),
+    (lambda c: c['optimizer']['param_groups'][0].update(lr='fast'), "setting 'lr'"),
+    (lambda c: c['optimizer']['state'][0].update(exp_avg=torch.zeros(3, 3, 3, 3, 3)), 'does not fit'),
+    (lambda c: c['rng_states'][0].update(torch='seed'), 'random-number state'),
+])
+def test_crafted_saved_values_stop_with_one_line(text_file, tmp_path, capsys, change, problem):
+    folder = _text_run(text_file, tmp_path, 'r')
+    crafted = _crafted(folder / 'last.pth', tmp_path / 'crafted', change)
+    msg = _fail(text_train.main, ['--resume', str(crafted)], capsys)
+    assert problem in msg, msg
+
+
+# ------------------------------------------------------------------------------------------------ item 2
+def test_resume_into_another_experiment_makes_a_new_run(text_file, tmp_path):
+    a = _text_run(text_file, tmp_path, 'A')
+    b = _text_run(text_file, tmp_path, 'B', extra=['--lr', '3e-4'])
+    b_before = _files(b)
+    res = text_train.main(['--resume', str(a / 'last.pth'), '--output', str(tmp_path), '--experiment', 'B'])
+    assert _files(b) == b_before  # B untouched
+    new = tmp_path / 'B-1'
+    assert Path(res['experiment_dir']) == new.resolve()
+    assert torch.load(new / 'last.pth', weights_only=True)['step'] == 4
+    steps = [line.split(',')[0] for line in (new / 'summary.csv').read_text().splitlines()[1:]]
+    assert steps == ['2', '4']  # A's curve up to the checkpoint, then the continuation
+    assert 'a new run in' in (new / 'train.log').read_text()
+
+
+def test_resuming_an_earlier_checkpoint_keeps_the_later_epochs(vision_run, tmp_path):
+    folder, _ = vision_run
+    run_copy = tmp_path / 'v'
+    run_copy.mkdir()
+    for p in folder.iterdir():
+        if p.is_file():
+            (run_copy / p.name).write_bytes(p.read_bytes())
+    before = _files(run_copy)
+    res = train.main(['--resume', str(run_copy / 'checkpoint-0.pth')])
+    assert _files(run_copy) == before
+    branch = tmp_path / 'v-1'
+    assert Path(res['experiment_dir']) == branch.resolve()
+    assert torch.load(branch / 'last.pth', weights_only=True)['epoch'] == 1
+    assert 'keeps its later checkpoints' in (branch / 'train.log').read_text()
+
+
+def test_a_run_folder_in_use_is_refused(text_file, tmp_path, capsys):
+    folder = _text_run(text_file, tmp_path, 'busy')
+    holder = subprocess.Popen([sys.executable, '-c', textwrap.dedent(f'''
+        import fcntl, os, sys, time
+        fd = os.open({str(folder / '.lock')!r}, os.O_RDWR | os.O_CREAT)
+        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        os.write(fd, b'4242')
+        print('locked', flush=True)
+        time.sleep(60)
+        ''')], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == 'locked'
+        before = _files(folder)
+        msg = _fail(text_train.main, ['--resume', str(folder / 'last.pth')], capsys)
+        assert 'in use by another training process (pid 4242)' in msg
+        assert _files(folder) == before
+    finally:
+        holder.kill()
+        holder.wait()
+    text_train.main(['--resume', str(folder / 'last.pth')])  # free again once the holder is gone
+    assert torch.load(folder / 'last.pth', weights_only=True)['step'] == 4
+
+
+def test_new_run_folders_have_no_limit_and_experiment_names_stay_inside(tmp_path, text_file, capsys):
+    for n in range(101):
+        (tmp_path / ('x' if n == 0 else f'x-{n}')).mkdir()
+    assert new_run_folder(tmp_path, 'x') == tmp_path / 'x-101'
+    for bad in ('../escape', '/tmp/abs', '..'):
+        msg = _fail(text_train.main, TINY_GPT + ['--train-file', text_file, '--steps', '2', '--output',
+                                                 str(tmp_path), '--experiment', bad], capsys)
+        assert 'is not a folder name' in msg
+    assert not (tmp_path.parent / 'escape').exists()
+
+
+# ------------------------------------------------------------------------------------------------ item 5
+def test_a_failed_final_stage_leaves_results_and_the_previous_export(text_file, tmp_path, capsys, monkeypatch):
+    folder = _text_run(text_file, tmp_path, 'f', steps=2, stop=0)
+    export_before = _files(folder / 'pretrained')
+    results_before = (folder / 'results.json').read_bytes()
+
+    def save_then_fail(self, directory, tokenizer=None):
+        (Path(directory) / 'config.json').write_text('{"partial": true}')
+        raise OSError(28, 'No space left on device', str(Path(directory) / 'model.safetensors'))
+    monkeypatch.setattr(PretrainedMixin, 'save_pretrained', save_then_fail)
+    msg = _fail(text_train.main, ['--resume', str(folder / 'last.pth'), '--steps', '4'], capsys, status=1)
+    assert 'No space left on device' in msg
+    assert _files(folder / 'pretrained') == export_before  # the earlier export, whole
+    assert not [p for p in folder.iterdir() if p.name.startswith('.pretrained')]
+    recorded = json.loads((folder / 'results.json').read_text())
+    assert 'No space left on device' in recorded['error'] and recorded['step'] == 4
+    assert (folder / 'results-1.json').read_bytes() == results_before
+    msg = _fail(text_train.main, ['--resume', str(folder / 'last.pth'), '--steps', '4'], capsys)
+    assert 'its final stage failed' in msg and 'No space left on device' in msg
+
+
+def test_a_finished_run_without_results_says_so(text_file, tmp_path, capsys):
+    folder = _text_run(text_file, tmp_path, 'g', steps=2, stop=0)
+    (folder / 'results.json').unlink()  # as after a kill during the final stage
+    msg = _fail(text_train.main, ['--resume', str(folder / 'last.pth')], capsys)
+    assert 'its final outputs were never written' in msg and 'results in' not in msg
