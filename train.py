@@ -37,7 +37,7 @@ from pathlib import Path
 import timm
 import torch
 import torch.nn as nn
-from timm.data import Mixup, resolve_data_config
+from timm.data import Mixup, create_transform, resolve_data_config
 from timm.loss import BinaryCrossEntropy, LabelSmoothingCrossEntropy, SoftTargetCrossEntropy
 from timm.models import model_parameters
 from timm.optim import create_optimizer_v2, list_optimizers, optimizer_kwargs
@@ -46,12 +46,13 @@ from timm.utils import ModelEmaV3, ParseKwargs, distribute_bn, random_seed
 
 from mlp_vision.training.checkpoint import (
     is_training_checkpoint, load_checkpoint_file, load_model_weights, preserve_rng)
+from mlp_vision.training.config import Interval, check_intervals
 from mlp_vision.training.data import (
-    check_num_classes, create_eval_loader, create_train_loader, create_train_val_datasets, dataset_class_names,
-    prepare_digits_folder)
+    INTERPOLATIONS, IMAGE_MODE_CHANNELS, check_image_args, check_num_classes, create_eval_loader, create_train_loader,
+    create_train_val_datasets, dataset_class_names, prepare_digits_folder)
 from mlp_vision.training.distributed import all_gather_objects, init_device, wrap_ddp
 from mlp_vision.training.engine import evaluate, format_duration, train_one_epoch
-from mlp_vision.training.errors import Interrupted, UsageError, run_cli
+from mlp_vision.training.errors import ArgumentParser, Interrupted, UsageError, run_cli
 from mlp_vision.training.log import setup_logging
 from mlp_vision.training.model import (
     ALLOW_MISSING_FLAG, create_model, load_pretrained_weights, model_create_kwargs)
@@ -62,11 +63,12 @@ from mlp_vision.training.summary import plot_curves
 _logger = logging.getLogger('train')
 
 REPO_DIR = Path(__file__).resolve().parent
+COMPILE_MODES = ('default', 'reduce-overhead', 'max-autotune', 'max-autotune-no-cudagraphs')  # torch.compile's
 DEMO_CONFIG = REPO_DIR / 'configs' / 'demo_digits.yaml'
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         description='mlp_vision training (timm pipeline). With no dataset argument: the handwritten-digits demo.',
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument('-c', '--config', default='', type=str, metavar='FILE',
@@ -86,7 +88,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help='allow download of dataset for torch/ and tfds/ datasets that support it')
     group.add_argument('--class-map', default='', type=str, metavar='FILENAME',
                        help='path to class to idx mapping file')
-    group.add_argument('--input-img-mode', default='RGB', type=str, help='dataset image conversion mode')
+    group.add_argument('--input-img-mode', default='RGB', type=str, choices=tuple(IMAGE_MODE_CHANNELS),
+                       help='PIL mode every image is converted to (its channel count must equal --in-chans)')
 
     group = parser.add_argument_group('Model parameters')
     group.add_argument('--model', default='smlpnet_t', type=str, metavar='MODEL', help='name of model to train')
@@ -114,7 +117,8 @@ def build_parser() -> argparse.ArgumentParser:
     group.add_argument('--crop-pct', default=None, type=float, metavar='N', help='eval center crop pct')
     group.add_argument('--mean', type=float, nargs='+', default=None, metavar='MEAN', help='override mean')
     group.add_argument('--std', type=float, nargs='+', default=None, metavar='STD', help='override std')
-    group.add_argument('--interpolation', default='', type=str, metavar='NAME', help='eval resize interpolation')
+    group.add_argument('--interpolation', default='', type=str, choices=INTERPOLATIONS,
+                       help="eval resize interpolation ('': the model's)")
     group.add_argument('-b', '--batch-size', type=int, default=128, metavar='N', help='batch size per process')
     group.add_argument('-vb', '--validation-batch-size', type=int, default=None, metavar='N',
                        help='validation batch size (default: --batch-size)')
@@ -127,11 +131,12 @@ def build_parser() -> argparse.ArgumentParser:
                        help='extra model arguments k=v (python literals), e.g. embed_dim=32 depths="(1,1,2,1)"')
     group.add_argument('--torchcompile', nargs='?', type=str, default=None, const='inductor',
                        help='torch.compile the model (optional backend, default inductor)')
-    group.add_argument('--torchcompile-mode', type=str, default=None, help='torch.compile mode')
+    group.add_argument('--torchcompile-mode', type=str, default=None, choices=COMPILE_MODES, help='torch.compile mode')
 
     group = parser.add_argument_group('Device and distributed')
     group.add_argument('--device', default=None, type=str, help="'cuda', 'cuda:1', 'cpu' (default: cuda if available)")
-    group.add_argument('--dist-backend', default=None, type=str, help='default: nccl for CUDA, gloo for CPU')
+    group.add_argument('--dist-backend', default=None, type=str, choices=('nccl', 'gloo', 'mpi', 'ucc'),
+                       help='default: nccl for CUDA, gloo for CPU')
     group.add_argument('--dist-url', default=None, type=str, help="default: 'env://' (torchrun)")
     group.add_argument('--sync-bn', action='store_true', default=False, help='SyncBatchNorm (CUDA, distributed)')
     group.add_argument('--dist-bn', type=str, default='reduce', choices=('reduce', 'broadcast', ''),
@@ -148,7 +153,8 @@ def build_parser() -> argparse.ArgumentParser:
     group.add_argument('--momentum', type=float, default=0.9, metavar='M', help='optimizer momentum')
     group.add_argument('--weight-decay', type=float, default=2e-5, help='weight decay')
     group.add_argument('--clip-grad', type=float, default=None, metavar='NORM', help='gradient clipping (off if unset)')
-    group.add_argument('--clip-mode', type=str, default='norm', help="'norm', 'value' or 'agc'")
+    group.add_argument('--clip-mode', type=str, default='norm', choices=('norm', 'value', 'agc'),
+                       help='what --clip-grad bounds')
     group.add_argument('--layer-decay', type=float, default=None, help='layer-wise learning rate decay')
     group.add_argument('--opt-kwargs', nargs='*', default={}, action=ParseKwargs, help='extra optimizer arguments')
 
@@ -161,7 +167,7 @@ def build_parser() -> argparse.ArgumentParser:
     group.add_argument('--lr-base', type=float, default=0.1, metavar='LR',
                        help='learning rate at --lr-base-size global batch, used when --lr is not given')
     group.add_argument('--lr-base-size', type=int, default=256, metavar='DIV', help='global batch of --lr-base')
-    group.add_argument('--lr-base-scale', type=str, default='', metavar='SCALE',
+    group.add_argument('--lr-base-scale', type=str, default='', choices=('', 'linear', 'sqrt'),
                        help="'linear' or 'sqrt' scaling of --lr-base (default: sqrt for adaptive optimizers)")
     group.add_argument('--lr-noise', type=float, nargs='+', default=None, metavar='pct, pct', help='LR noise epochs')
     group.add_argument('--lr-noise-pct', type=float, default=0.67, metavar='PERCENT', help='LR noise limit')
@@ -198,19 +204,22 @@ def build_parser() -> argparse.ArgumentParser:
     group.add_argument('--aug-repeats', type=float, default=0,
                        help='repeated augmentation: each image this many times per epoch (e.g. 3; 0 = off)')
     group.add_argument('--reprob', type=float, default=0., metavar='PCT', help='random erase probability')
-    group.add_argument('--remode', type=str, default='pixel', help='random erase mode')
+    group.add_argument('--remode', type=str, default='pixel', choices=('pixel', 'rand', 'const'),
+                       help='random erase mode')
     group.add_argument('--recount', type=int, default=1, help='random erase count')
     group.add_argument('--mixup', type=float, default=0.0, help='mixup alpha (> 0 enables)')
     group.add_argument('--cutmix', type=float, default=0.0, help='cutmix alpha (> 0 enables)')
     group.add_argument('--cutmix-minmax', type=float, nargs='+', default=None, help='cutmix min/max ratio')
     group.add_argument('--mixup-prob', type=float, default=1.0, help='probability of mixup or cutmix per batch')
     group.add_argument('--mixup-switch-prob', type=float, default=0.5, help='probability of cutmix over mixup')
-    group.add_argument('--mixup-mode', type=str, default='batch', help="'batch', 'pair' or 'elem'")
+    group.add_argument('--mixup-mode', type=str, default='batch', choices=('batch', 'pair', 'elem'),
+                       help='mix per batch, per pair or per element')
     group.add_argument('--mixup-off-epoch', default=0, type=int, metavar='N', help='turn mixup off at this epoch')
     group.add_argument('--smoothing', type=float, default=0.1, help='label smoothing')
     group.add_argument('--bce-loss', action='store_true', default=False, help='binary cross-entropy loss')
     group.add_argument('--bce-target-thresh', type=float, default=None, help='BCE target binarisation threshold')
-    group.add_argument('--train-interpolation', type=str, default='random', help='training interpolation')
+    group.add_argument('--train-interpolation', type=str, default='random', choices=INTERPOLATIONS[1:] + ('random',),
+                       help='training interpolation')
     group.add_argument('--drop', type=float, default=0.0, metavar='PCT', help='dropout rate before the classifier')
     group.add_argument('--drop-path', type=float, default=None, metavar='PCT', help='drop path (stochastic depth)')
 
@@ -232,8 +241,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help='output root (default: ./output/train)')
     group.add_argument('--experiment', default='', type=str, metavar='NAME',
                        help='experiment folder name (default: date-model-size)')
-    group.add_argument('--eval-metric', default='top1', type=str, metavar='EVAL_METRIC',
-                       help="metric for best checkpoint ('top1', 'top5' or 'loss')")
+    group.add_argument('--eval-metric', default='top1', type=str, choices=('top1', 'top5', 'loss'),
+                       help='metric for best checkpoint')
     return parser
 
 
@@ -271,35 +280,60 @@ def resolve_lr(args, world_size: int) -> None:
                  f'global batch {global_batch} / {args.lr_base_size}')
 
 
+# the range of every numeric flag (by destination); a flag of several values has each value checked
+_UNIT, _POSITIVE, _NON_NEGATIVE = Interval(0, 1), Interval(0, low_open=True), Interval(0)
+_BELOW_ONE = Interval(0, 1, high_open=True)
+FLAG_RANGES = {
+    'epochs': Interval(1), 'batch_size': Interval(1), 'validation_batch_size': Interval(1),
+    'grad_accum_steps': Interval(1), 'warmup_epochs': _NON_NEGATIVE, 'cooldown_epochs': _NON_NEGATIVE,
+    'workers': _NON_NEGATIVE, 'log_interval': Interval(1), 'checkpoint_hist': _NON_NEGATIVE,
+    'lr_base_size': Interval(1), 'lr': _POSITIVE, 'lr_base': _POSITIVE, 'warmup_lr': _NON_NEGATIVE,
+    'min_lr': _NON_NEGATIVE, 'decay_epochs': _POSITIVE, 'decay_milestones': _NON_NEGATIVE,
+    'decay_rate': _POSITIVE, 'patience_epochs': _NON_NEGATIVE, 'lr_cycle_mul': _POSITIVE,
+    'lr_cycle_decay': _POSITIVE, 'lr_cycle_limit': Interval(1), 'lr_k_decay': _POSITIVE, 'lr_noise': _NON_NEGATIVE,
+    'lr_noise_pct': _NON_NEGATIVE, 'lr_noise_std': _NON_NEGATIVE,
+    'opt_eps': _POSITIVE, 'opt_betas': _BELOW_ONE, 'momentum': _UNIT, 'weight_decay': _NON_NEGATIVE,
+    'clip_grad': _NON_NEGATIVE, 'layer_decay': Interval(0, 1, low_open=True),
+    'smoothing': _BELOW_ONE, 'drop': _BELOW_ONE, 'drop_path': _BELOW_ONE, 'reprob': _BELOW_ONE,
+    'hflip': _UNIT, 'vflip': _UNIT, 'color_jitter': _NON_NEGATIVE, 'aug_repeats': _NON_NEGATIVE,
+    'recount': Interval(1), 'scale': Interval(0, 1, low_open=True), 'ratio': _POSITIVE,
+    'mixup': _NON_NEGATIVE, 'cutmix': _NON_NEGATIVE, 'cutmix_minmax': Interval(0, 1, low_open=True),
+    'mixup_prob': _UNIT, 'mixup_switch_prob': _UNIT, 'mixup_off_epoch': _NON_NEGATIVE,
+    'bce_target_thresh': _UNIT, 'model_ema_decay': _BELOW_ONE, 'seed': Interval(0, 2 ** 31 - 1),
+    'num_classes': Interval(1), 'img_size': Interval(1), 'input_size': Interval(1), 'in_chans': Interval(1),
+}
+# flags of two values (low, high)
+_PAIRS = ('scale', 'ratio', 'cutmix_minmax', 'lr_noise')
+
+
 def check_args(args, dist_info) -> None:
     """Every flag value that cannot work, as one clear message (before anything is built)."""
-    at_least = {'--epochs': (args.epochs, 1), '--batch-size': (args.batch_size, 1),
-                '--grad-accum-steps': (args.grad_accum_steps, 1), '--warmup-epochs': (args.warmup_epochs, 0),
-                '--cooldown-epochs': (args.cooldown_epochs, 0), '--workers': (args.workers, 0),
-                '--log-interval': (args.log_interval, 1), '--checkpoint-hist': (args.checkpoint_hist, 0),
-                '--lr-base-size': (args.lr_base_size, 1)}
-    if args.validation_batch_size is not None:
-        at_least['--validation-batch-size'] = (args.validation_batch_size, 1)
-    for flag, (value, low) in at_least.items():
-        if value < low:
-            raise UsageError(f'{flag} must be >= {low}, got {value}')
-    for flag, value in (('--lr', args.lr), ('--lr-base', args.lr_base)):
-        if value is not None and not (math.isfinite(value) and value > 0):
-            raise UsageError(f'{flag} must be a positive number, got {value}')
-    for flag, value in (('--smoothing', args.smoothing), ('--drop', args.drop), ('--drop-path', args.drop_path),
-                        ('--reprob', args.reprob)):
-        if value is not None and not 0. <= value < 1.:
-            raise UsageError(f'{flag} must be in [0, 1), got {value}')
+    check_intervals(args, FLAG_RANGES)
+    for dest in _PAIRS:
+        value = getattr(args, dest)
+        flag = '--' + dest.replace('_', '-')
+        if value is not None and dest != 'lr_noise' and len(value) != 2:
+            raise UsageError(f'{flag} takes two values (low high), got {len(value)}')
+        if value is not None and len(value) == 2 and value[0] > value[1]:
+            raise UsageError(f'{flag} takes low then high, got {value[0]:g} > {value[1]:g}')
+    check_image_args(args)
     if args.opt.lower().split('_')[-1] not in list_optimizers():
         raise UsageError(f'--opt {args.opt!r} is not an optimizer timm knows (e.g. sgd, momentum, adamw, lamb; '
                          f'all: timm.optim.list_optimizers())')
+    if args.aa:
+        try:  # timm's parser of the policy string is the one that will read it
+            create_transform(32, is_training=True, auto_augment=args.aa)
+        except (AssertionError, ValueError, KeyError, IndexError) as e:
+            raise UsageError(f'--aa {args.aa!r} is not an augmentation policy timm reads (e.g. '
+                             f'rand-m9-mstd0.5-inc1, augmix-m5-w4-d2, original, v0): {e}') from None
+    if args.torchcompile and args.torchcompile not in torch.compiler.list_backends(exclude_tags=()):
+        raise UsageError(f'--torchcompile {args.torchcompile!r} is not a torch.compile backend (e.g. inductor; '
+                         f'all: torch.compiler.list_backends())')
     if (args.mixup > 0 or args.cutmix > 0 or args.cutmix_minmax is not None) and args.batch_size % 2:
         raise UsageError(f'mixup / cutmix need an even --batch-size, got {args.batch_size}')
     if args.sync_bn and dist_info.device.type != 'cuda':
         raise UsageError('--sync-bn needs CUDA (PyTorch\'s SyncBatchNorm does not run on the CPU); '
                          'on CPU use --dist-bn reduce (the default) to average BatchNorm stats every epoch')
-    if args.eval_metric not in ('top1', 'top5', 'loss'):
-        raise UsageError(f"--eval-metric must be 'top1', 'top5' or 'loss', got {args.eval_metric!r}")
 
 
 def main(argv=None):
@@ -391,7 +425,12 @@ def _train(args, demo, run, argv):
 
     # ---------------------------------------------------------------- optimizer, AMP
     resolve_lr(args, dist_info.world_size)
-    optimizer = create_optimizer_v2(model, **optimizer_kwargs(cfg=args))
+    # timm's optimizer_kwargs reads extra arguments from `opt_args`; this script's flag is --opt-kwargs
+    opt_kwargs = {**optimizer_kwargs(cfg=args), **args.opt_kwargs}
+    try:
+        optimizer = create_optimizer_v2(model, **opt_kwargs)
+    except (TypeError, ValueError) as e:
+        raise UsageError(f'--opt {args.opt} cannot be built with {args.opt_kwargs or "these settings"}: {e}') from e
     amp_autocast, loss_scaler, amp_dtype = setup_amp(args.amp, args.amp_dtype, device)
     update_step = UpdateStep(optimizer, lambda: model_parameters(model, exclude_head='agc' in args.clip_mode),
                              loss_scaler, args.clip_grad, args.clip_mode)

@@ -228,13 +228,16 @@ def test_cli_rejects_bad_input(capsys):
         with pytest.raises(SystemExit) as e:
             cx.main(bad)
         assert e.value.code == 2
-    for bad in (['--format', 'md', '--output', 'a.md', 'b.csv'], ['--output', 'a.md', 'noext']):
+    for bad in (['--format', 'md', '--output', 'a.md', 'b.csv'], ['--output', 'a.md', 'noext'],
+                ['--output', '/no/such/folder/a.md'], ['--output', str(Path(__file__).parent)],
+                ['--plot', '/no/such/folder/a.png']):
         with pytest.raises(SystemExit) as e:
             cx.main(bad)
         assert e.value.code == 2
     err = capsys.readouterr().err
     assert 'multiple of 32' in err and 'positive integer' in err
     assert '--format applies to a single --output' in err and "cannot tell the format" in err
+    assert '(/no/such/folder does not exist)' in err and '(it is a folder)' in err  # before any counting
     with pytest.raises(ValueError, match='--seq-len must be in'):
         cx.count_text('gpt_sdpa', 300)
 

@@ -152,6 +152,17 @@ def test_trusted_old_checkpoint_still_loads(tmp_path):
 
 
 # ------------------------------------------------------------------------------------------------ bad input
+def test_pretrained_weights_without_a_network_are_one_line(monkeypatch):
+    # the hub's error when the weights are not cached and cannot be fetched (FileNotFoundError subclass)
+    def offline(*args, **kwargs):
+        raise FileNotFoundError('An error happened while trying to locate the file on the Hub')
+    monkeypatch.setattr('mlp_vision.training.model.timm.create_model', offline)
+    with pytest.raises(UsageError, match=r'not in the local cache and could not be downloaded .* --pretrained-path'):
+        create_model('gmlp_s', pretrained=True)
+    with pytest.raises(FileNotFoundError):  # without --pretrained it is not about weights: raised as it is
+        create_model('gmlp_s', pretrained=False)
+
+
 def test_train_bad_inputs_one_line_exit_2(images, tmp_path, capsys):
     base = TINY_VISION + ['--data-dir', str(images), '--val-split', 'val', '--output', str(tmp_path / 'out')]
     empty = tmp_path / 'empty.pth'
@@ -160,18 +171,61 @@ def test_train_bad_inputs_one_line_exit_2(images, tmp_path, capsys):
     float_batch.write_text('batch_size: 32.5\n')
     a_file = tmp_path / 'a_file'
     a_file.write_text('not a folder')
+    pickled_map = tmp_path / 'map.pkl'
+    pickled_map.write_bytes(pickle.dumps({'class0': 0, 'class1': 1}))
     cases = {
         ('--epochs', '0'): '--epochs must be >= 1, got 0',
         ('--smoothing', '1.5'): '--smoothing must be in [0, 1), got 1.5',
         ('--opt', 'nosuchopt'): "--opt 'nosuchopt' is not an optimizer timm knows",
         ('--sched', 'nosuchsched'): "--sched 'nosuchsched' is not a learning-rate schedule",
-        ('--lr', '-0.1'): '--lr must be a positive number, got -0.1',
-        ('--lr', 'nan'): '--lr must be a positive number, got nan',
+        ('--lr', '-0.1'): '--lr must be > 0, got -0.1',
+        ('--lr', 'nan'): '--lr must be > 0, got nan',
         ('--pretrained-path', str(tmp_path / 'missing.pth')): 'missing.pth\' does not exist',
         ('--pretrained-path', str(empty)): 'is empty (0 bytes), not a PyTorch checkpoint',
         ('-c', str(float_batch)): 'batch_size must be an integer (as --batch-size), got 32.5',
         ('--output', str(a_file)): 'is a file; expected a folder',
         ('--drop-path', '1.0'): '--drop-path must be in [0, 1), got 1.0',
+        # issue 29: every family of flag values, checked before anything is built
+        ('--input-img-mode', 'XYZ'): "invalid choice: 'XYZ'",
+        ('--input-img-mode', 'RGBA'): '--input-img-mode RGBA gives 4-channel images, the model takes 3',
+        ('--in-chans', '0'): '--in-chans must be >= 1, got 0',
+        ('--mean', '0.5', '0.5'): '--mean needs 1 or 3 values',
+        ('--std', '0', '0', '0'): '--std values must be > 0',
+        ('--crop-pct', '-1'): '--crop-pct must be > 0',
+        ('--crop-pct', 'nan'): '--crop-pct must be > 0',
+        ('--interpolation', 'banana'): "invalid choice: 'banana'",
+        ('--train-interpolation', 'banana'): "invalid choice: 'banana'",
+        ('--hflip', '2'): '--hflip must be in [0, 1], got 2',
+        ('--color-jitter', '-1'): '--color-jitter must be >= 0',
+        ('--aa', 'banana'): "--aa 'banana' is not an augmentation policy",
+        ('--aug-repeats', '-1'): '--aug-repeats must be >= 0',
+        ('--remode', 'banana'): "invalid choice: 'banana'",
+        ('--mixup', '-1'): '--mixup must be >= 0',
+        ('--cutmix', 'nan'): '--cutmix must be >= 0, got nan',
+        ('--mixup-prob', '2'): '--mixup-prob must be in [0, 1]',
+        ('--scale', '0.5'): '--scale takes two values',
+        ('--scale', '1', '0.1'): '--scale takes low then high',
+        ('--ratio', '-1', '1'): '--ratio must be > 0',
+        ('--opt', 'adamw', '--opt-betas', '2', '0.9'): '--opt-betas must be in [0, 1)',
+        ('--opt-eps', '-1'): '--opt-eps must be > 0',
+        ('--momentum', '-1'): '--momentum must be in [0, 1]',
+        ('--weight-decay', 'nan'): '--weight-decay must be >= 0, got nan',
+        ('--clip-grad', 'nan'): '--clip-grad must be >= 0, got nan',
+        ('--clip-mode', 'banana'): "invalid choice: 'banana'",
+        ('--layer-decay', '0'): '--layer-decay must be in (0, 1]',
+        ('--opt-kwargs', 'foo=1'): "--opt sgd cannot be built with {'foo': 1}",
+        ('--device', 'banana'): "--device 'banana' is not a device name",
+        ('--device', 'mps'): '--device mps asked for MPS, but no such device is available',
+        ('--seed', '-1'): '--seed must be in [0, 2147483647], got -1',
+        ('--sched', 'step', '--decay-epochs', '0'): '--decay-epochs must be > 0',
+        ('--lr-cycle-mul', '-1'): '--lr-cycle-mul must be > 0',
+        ('--model-ema', '--model-ema-decay', '2'): '--model-ema-decay must be in [0, 1), got 2',
+        ('--class-map', str(tmp_path / 'none.txt')): 'is not a file',
+        ('--class-map', str(pickled_map)): 'is a pickle: loading one can run code',
+        ('--torchcompile', 'banana'): "--torchcompile 'banana' is not a torch.compile backend",
+        ('--gp', 'banana'): 'Invalid pool type: banana',
+        ('--dataset', 'banana/x'): "--dataset 'banana/x' is not a dataset timm reads",
+        ('--experiment', '../up'): 'is not a folder name',
     }
     for flags, expected in cases.items():
         msg = _fail(train.main, base + ['--epochs', '1'] + list(flags), capsys)

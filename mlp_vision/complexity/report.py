@@ -3,6 +3,7 @@ import argparse
 import csv
 import io
 import json
+import os
 import sys
 from collections import Counter
 from dataclasses import asdict, dataclass, field
@@ -10,6 +11,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
+from ..training.checkpoint import atomic_write_text
 from .counts import DEFAULT_IMG_SIZE, Count, CountCache, family, resolve_models, text_seq_len
 from .paper import PAPER_ROWS, QUANTITIES, STATUSES, Comparison, compare, format_like
 
@@ -237,6 +239,11 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.img_size % 32:
         p.error(f'--img-size must be a multiple of 32 (sMLPNet needs H and W divisible by 32), got {args.img_size}')
+    for flag, path in [('--output', path) for path in args.output or []] + [('--plot', args.plot)]:
+        folder = os.path.dirname(path or '') or '.'
+        if path is not None and (os.path.isdir(path) or not os.path.isdir(folder)):
+            p.error(f'{flag} {path!r}: expected a file path in an existing folder'
+                    + (' (it is a folder)' if os.path.isdir(path) else f' ({folder} does not exist)'))
     outputs = args.output or [None]
     if args.format is not None and len(outputs) > 1:
         p.error('--format applies to a single --output; with several, each path\'s suffix sets its format')
@@ -288,8 +295,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         else:
             text = render_json(report)
         if path:
-            with open(path, 'w') as f:
-                f.write(text)
+            atomic_write_text(path, text)  # a failed write leaves the previous report whole
         else:
             sys.stdout.write(text)
     bad = [c for c in report.comparisons if c.status in ('FAIL', 'ERROR')]

@@ -41,6 +41,7 @@ from timm.data.readers.class_map import load_class_map
 from timm.data.readers.img_extensions import get_img_extensions
 from timm.utils.misc import natural_key
 
+from .config import Interval
 from .errors import UsageError
 
 __all__ = [
@@ -1048,3 +1049,48 @@ def num_valid_samples(loader) -> Optional[int]:
     if isinstance(sampler, OrderedDistributedSampler):
         return sampler.num_valid_samples
     return None
+
+
+# ------------------------------------------------------------------------------------------------ flag values
+# PIL modes whose 8-bit channels make an image tensor (convert_image_mode converts every decodable mode to them)
+IMAGE_MODE_CHANNELS = {'RGB': 3, 'L': 1, 'RGBA': 4, 'LA': 2, 'CMYK': 4, 'YCbCr': 3, 'HSV': 3, 'LAB': 3}
+INTERPOLATIONS = ('', 'nearest', 'bilinear', 'bicubic', 'box', 'hamming', 'lanczos')  # timm's names ('': model's)
+DATASET_KINDS = ('torch', 'hfds', 'hfids', 'tfds', 'wds')  # --dataset KIND/NAME prefixes timm.data reads
+
+
+def check_image_args(args, model_in_chans: int = 3) -> None:
+    """The data flags train.py and validate.py share, checked before anything is built: the image mode gives as
+    many channels as the model takes, ``--mean`` / ``--std`` have one value or one per channel (std > 0),
+    ``--crop-pct`` > 0, ``--class-map`` is a file, ``--dataset`` is a kind timm reads. One line on error."""
+    channels = IMAGE_MODE_CHANNELS.get(args.input_img_mode)
+    if args.input_img_mode and channels is None:
+        raise UsageError(f'--input-img-mode must be one of {", ".join(IMAGE_MODE_CHANNELS)}, got '
+                         f'{args.input_img_mode!r}')
+    in_chans = (args.in_chans if args.in_chans is not None else
+                args.input_size[0] if getattr(args, 'input_size', None) else model_in_chans)
+    if in_chans < 1:
+        raise UsageError(f'--in-chans must be >= 1, got {in_chans}')
+    if channels is not None and channels != in_chans:
+        raise UsageError(f'--input-img-mode {args.input_img_mode} gives {channels}-channel images, the model takes '
+                         f'{in_chans} (--in-chans); pass --in-chans {channels} or a {in_chans}-channel mode')
+    for flag, values, interval in (('--mean', args.mean, Interval()), ('--std', args.std, Interval(0, low_open=True))):
+        if values is None:
+            continue
+        if len(values) not in (1, in_chans):
+            raise UsageError(f'{flag} needs 1 or {in_chans} values (one per channel), got {len(values)}')
+        if not all(interval.holds(v) for v in values):
+            raise UsageError(f'{flag} values must be {interval}, got {" ".join(map(str, values))}')
+    if args.crop_pct is not None and not Interval(0, low_open=True).holds(args.crop_pct):
+        raise UsageError(f'--crop-pct must be > 0 (the crop\'s fraction of the resized image), got {args.crop_pct}')
+    if args.class_map:
+        root = args.data_dir or getattr(args, 'data', None) or ''
+        if not (os.path.isfile(args.class_map) or os.path.isfile(os.path.join(root, args.class_map))):
+            raise UsageError(f'--class-map {args.class_map!r} is not a file; expected a text file with one class '
+                             f'folder name per line')
+        if os.path.splitext(args.class_map)[1].lower() == '.pkl':
+            raise UsageError(f'--class-map {args.class_map!r} is a pickle: loading one can run code from the file, '
+                             f'so it is never loaded here; write one class folder name per line in a .txt file')
+    kind = args.dataset.split('/', 1)[0] if args.dataset else ''
+    if kind and (kind not in DATASET_KINDS or '/' not in args.dataset):
+        raise UsageError(f'--dataset {args.dataset!r} is not a dataset timm reads: give KIND/NAME with KIND one of '
+                         f'{", ".join(DATASET_KINDS)}, or leave it out for an image folder / tar at --data-dir')

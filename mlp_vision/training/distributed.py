@@ -21,7 +21,7 @@ from timm.utils.distributed import init_distributed_device_so
 
 from .errors import UsageError
 
-__all__ = ['DistInfo', 'init_device', 'wrap_ddp', 'all_gather_objects', 'state_dict_digest', 'barrier']
+__all__ = ['check_device', 'DistInfo', 'init_device', 'wrap_ddp', 'all_gather_objects', 'state_dict_digest', 'barrier']
 
 _logger = logging.getLogger(__name__)
 
@@ -42,6 +42,24 @@ class DistInfo:
                 f'rank={self.rank}, local_rank={self.local_rank})')
 
 
+def check_device(device: str) -> None:
+    """``--device`` names a device PyTorch knows and this machine has (a :class:`UsageError` saying which do)."""
+    try:
+        parsed = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise UsageError(f'--device {device!r} is not a device name (e.g. cpu, cuda, cuda:1)') from e
+    backend = getattr(torch, parsed.type, None) if parsed.type != 'cpu' else None
+    if parsed.type == 'cpu':
+        return
+    available = getattr(backend, 'is_available', None)
+    if available is None or not available():
+        raise UsageError(f'--device {device} asked for {parsed.type.upper()}, but no such device is available here '
+                         f'(use --device cpu)')
+    count = getattr(backend, 'device_count', lambda: 1)()
+    if parsed.index is not None and parsed.index >= count:
+        raise UsageError(f'--device {device}: this machine has {count} {parsed.type} device(s) (0..{count - 1})')
+
+
 def init_device(device: Optional[str] = None, dist_backend: Optional[str] = None,
                 dist_url: Optional[str] = None) -> DistInfo:
     """Pick the device ('cuda' if available, else 'cpu', unless given) and join torchrun's process group.
@@ -50,9 +68,8 @@ def init_device(device: Optional[str] = None, dist_backend: Optional[str] = None
     """
     if device is None:
         device = 'cuda' if torch.cuda.is_available() else 'cpu'
+    check_device(device)
     device_type = device.split(':', 1)[0]
-    if device_type == 'cuda' and not torch.cuda.is_available():
-        raise UsageError(f'--device {device} asked for CUDA, but no CUDA device is available (use --device cpu)')
     if device_type not in ('cpu', 'cuda'):
         _logger.warning(f'device type {device_type!r} is untested here (CPU and CUDA are)')
     if dist.is_available() and dist.is_initialized():

@@ -11,13 +11,14 @@ stderr, ``<prog>: error: <what was wrong and what is expected>``, and an exit st
 
 ``--debug`` on the command line re-raises instead, with the full traceback. Library callers get the exceptions.
 """
+import argparse
 import errno
 import os
 import signal
 import sys
 from typing import Callable, Optional, Sequence
 
-__all__ = ['UsageError', 'RunError', 'Interrupted', 'ScriptExit', 'run_cli', 'find_os_error']
+__all__ = ['ArgumentParser', 'UsageError', 'RunError', 'Interrupted', 'ScriptExit', 'run_cli', 'find_os_error']
 
 
 class UsageError(ValueError):
@@ -27,6 +28,15 @@ class UsageError(ValueError):
     instead of a traceback; library callers get a ``ValueError``.
     """
     exit_status = 2
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """``argparse.ArgumentParser`` whose errors (a bad choice, a value of the wrong type, an unknown flag) raise
+    :class:`UsageError`, so a script run through :func:`run_cli` reports them as its one line with status 2, like
+    every other usage error, instead of argparse's usage text plus the message."""
+
+    def error(self, message: str):
+        raise UsageError(message)
 
 
 class RunError(RuntimeError):
