@@ -1,4 +1,5 @@
 """ Input validation for fixed-size models, with errors that say what was expected. """
+import warnings
 from typing import Tuple
 
 import torch
@@ -17,6 +18,15 @@ def check_image_input(x: torch.Tensor, in_chans: int, img_size: Tuple[int, int])
     The token-mixing weights of gMLP, MLP-Mixer and sMLPNet are tied to one spatial size, so a different
     input cannot be processed (build the model with ``img_size=...``, resampling pretrained weights, instead).
     """
+    # torch.jit.trace records sizes as tensors and warns on every Python comparison of them; the check runs on the
+    # example input and is (rightly) absent from the trace, so the warning says nothing a user can act on
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore', torch.jit.TracerWarning)
+        _check_image_shape(x, in_chans, img_size)
+    return x
+
+
+def _check_image_shape(x: torch.Tensor, in_chans: int, img_size: Tuple[int, int]) -> None:
     if not x.is_floating_point():
         raise TypeError(f'expected a floating-point image batch, got dtype {x.dtype}; convert and normalise it first '
                         f'(e.g. x.float() / 255 and the model\'s mean / std, as timm\'s transforms do)')
@@ -32,7 +42,6 @@ def check_image_input(x: torch.Tensor, in_chans: int, img_size: Tuple[int, int])
         raise ValueError(f'expected input spatial size {img_size[0]}x{img_size[1]} (H x W), got '
                          f'{x.shape[2]}x{x.shape[3]}; this model has fixed-size token mixing, build it with '
                          f'img_size=({x.shape[2]}, {x.shape[3]}) (pretrained spatial weights are resampled)')
-    return x
 
 
 def check_model_args(
