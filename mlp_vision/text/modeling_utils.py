@@ -484,6 +484,8 @@ class PretrainedMixin:
             raise TypeError(f'{directory} holds a {arch} ({stored_config_class.__name__}); {cls.__name__} needs a '
                             f'{cls.config_class.__name__}')
         config = dataclasses.replace(config, **stored_config_class.rename_legacy(dict(overrides)))
+        tokenizer = find_tokenizer(directory)
+        check_tokenizer_fits(tokenizer, config, directory)
         model = cls(config)
         same_arch = arch == cls.__name__
         strict = same_arch if strict is None else strict
@@ -501,8 +503,7 @@ class PretrainedMixin:
                 raise RuntimeError(f'{arch} checkpoint in {directory} lacks weights {cls.__name__} needs outside '
                                    f'its head: {bad[:8]}{"..." if len(bad) > 8 else ""}')
         model.to(device)
-        model.tokenizer = find_tokenizer(directory)
-        check_tokenizer_fits(model.tokenizer, config, directory)
+        model.tokenizer = tokenizer
         return model
 
 
@@ -535,6 +536,10 @@ class GenerationMixin:
         """
         if input_ids.dim() != 2 or input_ids.shape[1] < 1:
             raise ValueError(f'input_ids must be (B, T) with T >= 1, got shape {tuple(input_ids.shape)}')
+        check_range('max_new_tokens', max_new_tokens, low=0)
+        check_range('temperature', temperature, why='<= 0: greedy')  # NaN would sample from NaN probabilities
+        if top_k is not None:
+            check_range('top_k', top_k, low=1)
         context = self.config.max_position_embeddings
         was_training = self.training
         self.eval()
