@@ -251,9 +251,9 @@ def test_a_vocabulary_smaller_than_asked_is_a_warning(data, caplog):
            f'{tokenizer.vocab_size} tokens' in caplog.text
 
 
-@pytest.mark.parametrize('field, value', [('layer_norm_eps', math.nan), ('layer_norm_eps', 0.), ('num_hidden_layers', 0),
-                                          ('hidden_dropout_prob', 1.), ('initializer_range', math.inf),
-                                          ('tiny_attention_size', -1)])
+@pytest.mark.parametrize('field, value', [('layer_norm_eps', math.nan), ('layer_norm_eps', 0.),
+                                          ('num_hidden_layers', 0), ('hidden_dropout_prob', 1.),
+                                          ('initializer_range', math.inf), ('tiny_attention_size', -1)])
 def test_config_values_are_range_checked(field, value):
     sizes = dict(num_hidden_layers=1, hidden_size=16, intermediate_size=32, max_position_embeddings=16)
     with pytest.raises(ValueError, match=f'GMLPConfig.{field} must be'):

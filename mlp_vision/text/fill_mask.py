@@ -9,6 +9,10 @@ the tokenizer's: ``[MASK]`` for BERT vocabularies, ``<mask>`` for the byte / cha
 with the tokenizer's template (``<cls> text <sep>``) and each mask predicts one token (masked LM, BERT arXiv
 1810.04805 §3.1 "Task #1: Masked LM").
 
+Bad input (a damaged or inconsistent folder, a text without a mask token, ``--top-k 0``, a device this machine
+lacks) is one line ``python -m mlp_vision.text.fill_mask: error: ...`` and exit status 2, as the other scripts;
+``--debug`` shows the traceback. From Python the same problems are a ``UsageError`` (a ``ValueError``).
+
 From Python::
 
     model = load_masked_lm('BiGS_512/')

@@ -42,7 +42,8 @@ from ..training.errors import UsageError, check_range
 __all__ = [
     'TextConfig', 'ModelOutput', 'TextModelOutput', 'PretrainedMixin', 'GenerationMixin', 'check_text_inputs',
     'masked_lm_loss', 'causal_lm_loss', 'scored_positions', 'sequence_classification_loss', 'init_linear_embedding', 'tied_decoder',
-    'read_config', 'is_saved_folder', 'load_config', 'check_tokenizer_fits', 'pool_sequence', 'check_classifier_pooling', 'CLASSIFIER_POOLINGS',
+    'read_config', 'is_saved_folder', 'load_config', 'weight_file_shapes', 'check_tokenizer_fits', 'pool_sequence',
+    'check_classifier_pooling', 'CLASSIFIER_POOLINGS',
     'CONFIG_NAME', 'WEIGHTS_NAME', 'FORMAT_VERSION',
 ]
 
