@@ -46,7 +46,7 @@ from timm.utils import ModelEmaV3, ParseKwargs, distribute_bn, random_seed
 
 from mlp_vision.training.checkpoint import (
     is_training_checkpoint, load_checkpoint_file, load_model_weights, preserve_rng)
-from mlp_vision.training.config import Interval, check_intervals
+from mlp_vision.training.config import SEED_MAX, check_flag_ranges
 from mlp_vision.training.data import (
     INTERPOLATIONS, IMAGE_MODE_CHANNELS, check_image_args, check_num_classes, create_eval_loader, create_train_loader,
     create_train_val_datasets, dataset_class_names, prepare_digits_folder)
@@ -135,8 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     group = parser.add_argument_group('Device and distributed')
     group.add_argument('--device', default=None, type=str, help="'cuda', 'cuda:1', 'cpu' (default: cuda if available)")
-    group.add_argument('--dist-backend', default=None, type=str, choices=('nccl', 'gloo', 'mpi', 'ucc'),
-                       help='default: nccl for CUDA, gloo for CPU')
+    group.add_argument('--dist-backend', default=None, type=str, help='default: nccl for CUDA, gloo for CPU')
     group.add_argument('--dist-url', default=None, type=str, help="default: 'env://' (torchrun)")
     group.add_argument('--sync-bn', action='store_true', default=False, help='SyncBatchNorm (CUDA, distributed)')
     group.add_argument('--dist-bn', type=str, default='reduce', choices=('reduce', 'broadcast', ''),
@@ -280,27 +279,28 @@ def resolve_lr(args, world_size: int) -> None:
                  f'global batch {global_batch} / {args.lr_base_size}')
 
 
-# the range of every numeric flag (by destination); a flag of several values has each value checked
-_UNIT, _POSITIVE, _NON_NEGATIVE = Interval(0, 1), Interval(0, low_open=True), Interval(0)
-_BELOW_ONE = Interval(0, 1, high_open=True)
+# the range of every numeric flag (by destination: check_range's bounds); a flag of several values has each checked
+_UNIT, _POSITIVE, _NON_NEGATIVE = dict(low=0, high=1), dict(low=0, low_open=True), dict(low=0)
+_BELOW_ONE, _AT_LEAST_ONE = dict(low=0, high=1, high_open=True), dict(low=1)
 FLAG_RANGES = {
-    'epochs': Interval(1), 'batch_size': Interval(1), 'validation_batch_size': Interval(1),
-    'grad_accum_steps': Interval(1), 'warmup_epochs': _NON_NEGATIVE, 'cooldown_epochs': _NON_NEGATIVE,
-    'workers': _NON_NEGATIVE, 'log_interval': Interval(1), 'checkpoint_hist': _NON_NEGATIVE,
-    'lr_base_size': Interval(1), 'lr': _POSITIVE, 'lr_base': _POSITIVE, 'warmup_lr': _NON_NEGATIVE,
+    'epochs': _AT_LEAST_ONE, 'batch_size': _AT_LEAST_ONE, 'validation_batch_size': _AT_LEAST_ONE,
+    'grad_accum_steps': _AT_LEAST_ONE, 'warmup_epochs': _NON_NEGATIVE, 'cooldown_epochs': _NON_NEGATIVE,
+    'workers': _NON_NEGATIVE, 'log_interval': _AT_LEAST_ONE, 'checkpoint_hist': _NON_NEGATIVE,
+    'lr_base_size': _AT_LEAST_ONE, 'lr': _POSITIVE, 'lr_base': _POSITIVE, 'warmup_lr': _NON_NEGATIVE,
     'min_lr': _NON_NEGATIVE, 'decay_epochs': _POSITIVE, 'decay_milestones': _NON_NEGATIVE,
     'decay_rate': _POSITIVE, 'patience_epochs': _NON_NEGATIVE, 'lr_cycle_mul': _POSITIVE,
-    'lr_cycle_decay': _POSITIVE, 'lr_cycle_limit': Interval(1), 'lr_k_decay': _POSITIVE, 'lr_noise': _NON_NEGATIVE,
-    'lr_noise_pct': _NON_NEGATIVE, 'lr_noise_std': _NON_NEGATIVE,
+    'lr_cycle_decay': _POSITIVE, 'lr_cycle_limit': _AT_LEAST_ONE, 'lr_k_decay': _POSITIVE,
+    'lr_noise': _NON_NEGATIVE, 'lr_noise_pct': _NON_NEGATIVE, 'lr_noise_std': _NON_NEGATIVE,
     'opt_eps': _POSITIVE, 'opt_betas': _BELOW_ONE, 'momentum': _UNIT, 'weight_decay': _NON_NEGATIVE,
-    'clip_grad': _NON_NEGATIVE, 'layer_decay': Interval(0, 1, low_open=True),
+    'clip_grad': _NON_NEGATIVE, 'layer_decay': dict(low=0, high=1, low_open=True),
     'smoothing': _BELOW_ONE, 'drop': _BELOW_ONE, 'drop_path': _BELOW_ONE, 'reprob': _BELOW_ONE,
     'hflip': _UNIT, 'vflip': _UNIT, 'color_jitter': _NON_NEGATIVE, 'aug_repeats': _NON_NEGATIVE,
-    'recount': Interval(1), 'scale': Interval(0, 1, low_open=True), 'ratio': _POSITIVE,
-    'mixup': _NON_NEGATIVE, 'cutmix': _NON_NEGATIVE, 'cutmix_minmax': Interval(0, 1, low_open=True),
+    'recount': _AT_LEAST_ONE, 'scale': dict(low=0, high=1, low_open=True), 'ratio': _POSITIVE,
+    'mixup': _NON_NEGATIVE, 'cutmix': _NON_NEGATIVE, 'cutmix_minmax': dict(low=0, high=1, low_open=True),
     'mixup_prob': _UNIT, 'mixup_switch_prob': _UNIT, 'mixup_off_epoch': _NON_NEGATIVE,
-    'bce_target_thresh': _UNIT, 'model_ema_decay': _BELOW_ONE, 'seed': Interval(0, 2 ** 31 - 1),
-    'num_classes': Interval(1), 'img_size': Interval(1), 'input_size': Interval(1), 'in_chans': Interval(1),
+    'bce_target_thresh': _UNIT, 'model_ema_decay': _BELOW_ONE, 'seed': dict(low=0, high=SEED_MAX),
+    'num_classes': _AT_LEAST_ONE, 'img_size': _AT_LEAST_ONE, 'input_size': _AT_LEAST_ONE,
+    'in_chans': _AT_LEAST_ONE,
 }
 # flags of two values (low, high)
 _PAIRS = ('scale', 'ratio', 'cutmix_minmax', 'lr_noise')
@@ -308,7 +308,7 @@ _PAIRS = ('scale', 'ratio', 'cutmix_minmax', 'lr_noise')
 
 def check_args(args, dist_info) -> None:
     """Every flag value that cannot work, as one clear message (before anything is built)."""
-    check_intervals(args, FLAG_RANGES)
+    check_flag_ranges(args, FLAG_RANGES)
     for dest in _PAIRS:
         value = getattr(args, dest)
         flag = '--' + dest.replace('_', '-')

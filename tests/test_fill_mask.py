@@ -97,18 +97,22 @@ def test_fill_mask_on_our_saved_folder(tmp_path):
     assert [r['token_id'] for r in results[0]] == top.indices.tolist()
 
 
-def test_fill_mask_errors(tmp_path):
+def _usage_error(argv, capsys) -> str:
+    """``fm.main(argv)`` must exit with status 2 and exactly one line on stderr (no traceback); returns it."""
+    with pytest.raises(SystemExit) as e:
+        fm.main(argv)
+    assert e.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines() == [e.value.message]
+    return e.value.message
+
+
+def test_fill_mask_errors(tmp_path, capsys):
     make_official_folder(tmp_path / 'BiGS')
-    with pytest.raises(SystemExit, match=r'no mask token \[MASK\]'):
-        fm.main([str(tmp_path / 'BiGS'), 'the movie was good .'])
-    with pytest.raises(SystemExit, match='more than the model'):
-        fm.main([str(tmp_path / 'BiGS'), 'the ' * 40 + '[MASK]'])
+    assert 'no mask token [MASK]' in _usage_error([str(tmp_path / 'BiGS'), 'the movie was good .'], capsys)
+    assert 'more than the model' in _usage_error([str(tmp_path / 'BiGS'), 'the ' * 40 + '[MASK]'], capsys)
     (tmp_path / 'BiGS' / 'vocab.txt').unlink()
-    with pytest.raises(SystemExit, match='holds no tokenizer'):
-        fm.main([str(tmp_path / 'BiGS'), 'the [MASK]'])
+    assert 'holds no tokenizer' in _usage_error([str(tmp_path / 'BiGS'), 'the [MASK]'], capsys)
     gpt = mt.create_model('gpt_sdpa', num_hidden_layers=1, hidden_size=16, num_attention_heads=2)
     gpt.save_pretrained(str(tmp_path / 'gpt'), tokenizer=mt.CharTokenizer.from_text('abc'))
-    with pytest.raises(SystemExit, match='not a masked LM'):
-        fm.main([str(tmp_path / 'gpt'), 'a<mask>'])
-    with pytest.raises(SystemExit, match='is not a folder'):
-        fm.main([str(tmp_path / 'missing'), 'a [MASK]'])
+    assert 'not a masked LM' in _usage_error([str(tmp_path / 'gpt'), 'a<mask>'], capsys)
+    assert 'is not a folder' in _usage_error([str(tmp_path / 'missing'), 'a [MASK]'], capsys)

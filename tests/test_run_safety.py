@@ -204,6 +204,7 @@ def test_a_run_folder_in_use_is_refused(text_file, tmp_path, capsys):
         import fcntl, os, sys, time
         fd = os.open({str(folder / '.lock')!r}, os.O_RDWR | os.O_CREAT)
         fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        os.ftruncate(fd, 0)
         os.write(fd, b'4242')
         print('locked', flush=True)
         time.sleep(60)

@@ -176,9 +176,9 @@ def test_train_tokenizer_errors(tmp_path):
         mt.train_tokenizer(texts=CORPUS, kind='unigram')
     with pytest.raises(ValueError, match='exactly one'):
         mt.train_tokenizer()
-    with pytest.raises(ValueError, match='no room'):
+    with pytest.raises(ValueError, match='vocab_size must be >= 6 .room for text tokens'):
         mt.train_tokenizer(texts=CORPUS, vocab_size=5)
-    with pytest.raises(ValueError, match='256 byte symbols'):
+    with pytest.raises(ValueError, match='must be >= 262 .byte-level BPE keeps the 256 bytes'):
         mt.train_tokenizer(texts=CORPUS, kind='bpe', vocab_size=200)
     with pytest.raises(FileNotFoundError):
         mt.train_tokenizer(files=[str(tmp_path / 'missing.txt')])

@@ -78,7 +78,7 @@ class BertConfig(TextConfig):
     sparse_prediction: bool = False
 
     def __post_init__(self):
-        self.check_field_types()
+        self.check_fields()
         check_classifier_pooling(self.classifier_pooling)
         if self.hidden_size % self.num_attention_heads:
             raise ValueError(f'hidden_size {self.hidden_size} not divisible by num_attention_heads '

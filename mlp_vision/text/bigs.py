@@ -127,7 +127,7 @@ class BiGSConfig(TextConfig):
     legacy_names = {'hidden_dropout': 'hidden_dropout_prob', 'num_ssm': 'num_ssm_states'}
 
     def __post_init__(self):
-        self.check_field_types()
+        self.check_fields()
         check_classifier_pooling(self.classifier_pooling)
         if not 0 <= self.pad_token_id < self.vocab_size:
             raise ValueError(f'pad_token_id {self.pad_token_id} outside [0, {self.vocab_size})')

@@ -46,6 +46,7 @@ and ``pretrained/`` use the best checkpoint's averaged weights. ``--freeze-embed
 import csv
 import dataclasses
 import inspect
+import io
 import json
 import logging
 import math
@@ -59,7 +60,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import torch
 import torch.distributed as dist
 import torch.nn as nn
-
+from safetensors.torch import load_file
 from timm.utils import ModelEmaV3
 
 from ..training.checkpoint import atomic_folder, load_checkpoint_file
@@ -70,8 +71,10 @@ from ..training.run import UpdateStep, create_lr_scheduler, setup_amp
 from ..training.summary import plot_curves
 from .data import tokenizer_from_path
 from .loop import StepState, run_steps
-from .registry import architecture_class, create_model, is_model, list_models, model_class, model_entry
-from .tokenizer import DEFAULT_CONTROL_TOKENS, ByteTokenizer, CharTokenizer, Tokenizer, tokenizer_from_dict
+from .modeling_utils import WEIGHTS_NAME, check_tokenizer_fits, is_saved_folder, load_config, weight_file_shapes
+from .registry import create_model, is_model, list_models, model_class, model_entry
+from .tokenizer import DEFAULT_CONTROL_TOKENS, ByteTokenizer, CharTokenizer, Tokenizer, find_tokenizer, \
+    tokenizer_from_dict
 
 __all__ = [
     'LabelledData', 'read_labelled_file', 'label_ids', 'encode_examples', 'collate', 'classification_metrics',
@@ -126,16 +129,20 @@ def read_labelled_file(path: str, text_columns: Optional[Sequence[str]] = None, 
         content = p.read_text(encoding='utf-8-sig')
     except UnicodeDecodeError as e:
         raise UsageError(f'{what} {path!r} is not UTF-8 text (byte {e.start}); expected a UTF-8 TSV / CSV') from None
-    lines = content.splitlines()
-    if not lines or not lines[0].strip():
+    header_line = content.split('\n', 1)[0]
+    if not header_line.strip():
         raise UsageError(f'{what} {path!r} is empty; expected a header row (e.g. "sentence<TAB>label") and examples')
-    delimiter = _delimiter(p, lines[0])
+    delimiter = _delimiter(p, header_line)
+    # the csv module reads the lines itself (newline=''), so a quoted CSV field keeps its line breaks; lines given
+    # without their ends lost them ("two\nlines" became "twolines"), and str.splitlines also split at \x0b, \x1c,
+    # U+2028, ... inside a field
+    stream = io.StringIO(content, newline='')
     if delimiter == '\t':
-        reader = csv.reader(lines, delimiter='\t', quoting=csv.QUOTE_NONE)
+        reader = csv.reader(stream, delimiter='\t', quoting=csv.QUOTE_NONE)
     else:
-        reader = csv.reader(lines, delimiter=',')
-    rows = list(reader)
-    header = [h.strip() for h in rows[0]]
+        reader = csv.reader(stream, delimiter=',')
+    rows = [(reader.line_num, row) for row in reader]
+    header = [h.strip() for h in rows[0][1]]
     sep_name = 'tab' if delimiter == '\t' else 'comma'
     if text_columns is None:
         if 'sentence' in header:
@@ -149,6 +156,11 @@ def read_labelled_file(path: str, text_columns: Optional[Sequence[str]] = None, 
     text_columns = tuple(text_columns)
     if not 1 <= len(text_columns) <= 2:
         raise UsageError(f'--text-columns takes one column or a pair, got {list(text_columns)}')
+    if label_column in text_columns:
+        raise UsageError(f'--label-column {label_column!r} is also a text column ({", ".join(text_columns)}): the '
+                         f'model would read the answer; name the text column(s) with --text-columns')
+    if len(set(text_columns)) < len(text_columns):
+        raise UsageError(f'--text-columns names {text_columns[0]!r} twice; give one column or two different ones')
     missing = [c for c in (*text_columns, label_column) if c not in header]
     if missing:
         raise UsageError(f'{what} {path!r} has no column {", ".join(map(repr, missing))}; its header is {header} '
@@ -156,7 +168,7 @@ def read_labelled_file(path: str, text_columns: Optional[Sequence[str]] = None, 
     index = [header.index(c) for c in text_columns]
     label_index = header.index(label_column)
     texts, pairs, labels = [], [] if len(text_columns) == 2 else None, []
-    for line_no, row in enumerate(rows[1:], start=2):
+    for line_no, row in rows[1:]:  # line_no: the row's last line in the file
         if not row or (len(row) == 1 and not row[0].strip()):
             continue  # blank line
         if len(row) != len(header):
@@ -397,38 +409,33 @@ def init_classifier(init_from: str, model_name: str, model_kwargs: Dict[str, Any
             raise UsageError(f'--init-from {init_from} is a {family} model ({name}), which has no sequence '
                              f'classifier; use a gMLP, BiGS or BERT checkpoint')
         cls = model_class(family, 'sequence_classification')
-        base = cls.config_class.from_dict(ckpt['model_config'])
+        try:  # the checkpoint's saved values are data, checked as a config.json is
+            base = cls.config_class.from_dict(ckpt['model_config'])
+            tokenizer = tokenizer_from_dict(ckpt['tokenizer'])
+        except Exception as e:  # TypeError / ValueError of a field, KeyError of a missing one, tokenizers' errors
+            raise UsageError(f'--init-from {init_from}: its saved model config or tokenizer is damaged '
+                             f'({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ""})') from None
+        check_tokenizer_fits(tokenizer, base, f'--init-from {init_from}')
         config = _overridden_config(base, model_kwargs, num_labels, init_from)
         model = cls(config)
         loaded, new, unused = _load_partial(model, ckpt['state_dict'], cls.head_prefixes, init_from)
-        return model, family, tokenizer_from_dict(ckpt['tokenizer']), InitReport(
-            str(init_from), 'run checkpoint', loaded, new, unused)
+        return model, family, tokenizer, InitReport(str(init_from), 'run checkpoint', loaded, new, unused)
 
-    from .modeling_utils import CONFIG_NAME, WEIGHTS_NAME, read_config
-    ours = False
-    try:
-        arch, fields, version = read_config(str(path))
-        ours = True
-    except (FileNotFoundError, ValueError):
-        pass
-    if ours:
-        stored = architecture_class(arch)
+    if is_saved_folder(str(path)):  # a damaged config.json is an error here, not a reason to try the official layout
+        stored, base = load_config(str(path))
         family = _family_of_class(stored)
         cls = model_class(family, 'sequence_classification')
-        base = cls.config_class.from_dict(fields, format_version=version)
-        config = _overridden_config(base, model_kwargs, num_labels, init_from)
-        model = cls(config)
-        from safetensors.torch import load_file
-        weights = path / WEIGHTS_NAME
-        if not weights.is_file():
-            raise UsageError(f'--init-from {init_from} has {CONFIG_NAME} but no {WEIGHTS_NAME}')
-        sd = load_file(str(weights), device='cpu')
-        loaded, new, unused = _load_partial(model, sd, cls.head_prefixes, init_from)
-        from .tokenizer import find_tokenizer
         tokenizer = find_tokenizer(str(path))
         if tokenizer is None:
             raise UsageError(f'--init-from {init_from} holds no tokenizer (tokenizer_config.json, tokenizer.json or '
                              f'vocab.txt); the model cannot be fed without the tokenizer it was trained with')
+        check_tokenizer_fits(tokenizer, base, f'--init-from {init_from}')
+        config = _overridden_config(base, model_kwargs, num_labels, init_from)
+        model = cls(config)
+        weights = path / WEIGHTS_NAME
+        weight_file_shapes(str(weights))  # a missing, empty or damaged file: one line naming it
+        sd = load_file(str(weights), device='cpu')
+        loaded, new, unused = _load_partial(model, sd, cls.head_prefixes, str(weights))
         return model, family, tokenizer, InitReport(str(init_from), 'pretrained folder', loaded, new, unused)
 
     if not any((path / n).is_file() for n in ('pytorch_model.bin', 'model.safetensors')):
@@ -558,7 +565,7 @@ def train_classifier(args, run, argv) -> Optional[dict]:
         raise UsageError(f'sentence pairs need a separator token; the tokenizer {tokenizer!r} has none')
     config = model.config
     max_len = config.max_position_embeddings
-    args.block_size = args.block_size or max_len
+    args.block_size = max_len if args.block_size is None else args.block_size
     if args.block_size > max_len:
         raise UsageError(f'--block-size {args.block_size} is larger than the model\'s maximum length {max_len}')
     if args.block_size < tokenizer.num_special_tokens(train.pairs is not None) + 1:

@@ -46,7 +46,12 @@ def build_tokenizer(kind: str, task: str, train_text: str, val_text: str = '', v
     subword vocabulary (``wordpiece`` / ``bpe``, :func:`~mlp_vision.text.tokenizer.train_tokenizer`) of at most
     ``vocab_size`` tokens trained on the lines of ``train_text`` only (BERT's special tokens first)."""
     if kind in SUBWORD_KINDS:
-        return train_tokenizer(texts=train_text.splitlines(), kind=kind, vocab_size=vocab_size)
+        tokenizer = train_tokenizer(texts=train_text.splitlines(), kind=kind, vocab_size=vocab_size)
+        if tokenizer.vocab_size < vocab_size:  # the trainer stops when no pair is frequent enough to merge
+            _logger.warning(f'--vocab-size {vocab_size}: the {kind} vocabulary trained on the training text has only '
+                            f'{tokenizer.vocab_size} tokens (the text has no more pieces that occur twice); the model '
+                            f'gets {tokenizer.vocab_size} embeddings')
+        return tokenizer
     specials = MLM_CONTROL_TOKENS if task == 'mlm' else ()
     if kind == 'byte':
         return ByteTokenizer(specials)

@@ -9,6 +9,10 @@ the tokenizer's: ``[MASK]`` for BERT vocabularies, ``<mask>`` for the byte / cha
 with the tokenizer's template (``<cls> text <sep>``) and each mask predicts one token (masked LM, BERT arXiv
 1810.04805 §3.1 "Task #1: Masked LM").
 
+Bad input (a damaged or inconsistent folder, a text without a mask token, ``--top-k 0``, a device this machine
+lacks) is one line ``python -m mlp_vision.text.fill_mask: error: ...`` and exit status 2, as the other scripts;
+``--debug`` shows the traceback. From Python the same problems are a ``UsageError`` (a ``ValueError``).
+
 From Python::
 
     model = load_masked_lm('BiGS_512/')
@@ -17,42 +21,51 @@ From Python::
 """
 import argparse
 import os
+import pickle
 import sys
 from typing import Dict, List, Optional, Sequence
 
 import torch
 import torch.nn as nn
 
-from .modeling_utils import CONFIG_NAME, read_config
+from ..training.distributed import parse_device
+from ..training.errors import UsageError, check_range, run_cli
+from .modeling_utils import is_saved_folder, load_config
 from .tokenizer import Tokenizer
 
 __all__ = ['fill_mask', 'load_masked_lm', 'main']
 
+PROG = 'python -m mlp_vision.text.fill_mask'
+
 
 def load_masked_lm(directory: str, device: str = 'cpu') -> nn.Module:
-    """The masked LM in ``directory`` with its tokenizer as ``model.tokenizer`` (our format, else official BiGS)."""
+    """The masked LM in ``directory`` with its tokenizer as ``model.tokenizer`` (our format, else official BiGS).
+
+    Bad input is a :class:`~mlp_vision.training.errors.UsageError` (a ``ValueError``) naming the file: a missing
+    folder, damaged files, a config that does not fit its weights or its tokenizer, a model that is not a masked LM.
+    """
     from .bigs import BiGSForMaskedLM
-    from .registry import architecture_class, list_architectures
+    from .registry import list_architectures
     if not os.path.isdir(directory):
-        raise FileNotFoundError(f'{directory} is not a folder')
-    ours = False
-    if os.path.isfile(os.path.join(directory, CONFIG_NAME)):
-        try:
-            arch, _, _ = read_config(directory)
-            ours = True
-        except ValueError:  # a config.json of another layout: the official one
-            pass
-    if ours:
-        cls = architecture_class(arch)
+        raise UsageError(f'{directory} is not a folder; expected a save_pretrained folder of a masked LM (a run\'s '
+                         f'pretrained/) or an official BiGS folder')
+    if is_saved_folder(directory):
+        cls, _ = load_config(directory)
         if not cls.__name__.endswith('ForMaskedLM'):
             masked = [a for a in list_architectures() if a.endswith('ForMaskedLM')]
-            raise ValueError(f'{directory} holds a {arch}, not a masked LM ({", ".join(masked)})')
+            raise UsageError(f'{directory} holds a {cls.__name__}, not a masked LM ({", ".join(masked)})')
         model = cls.from_pretrained(directory, device=device)
     else:
-        model = BiGSForMaskedLM.from_official(directory, device=device)
+        try:
+            model = BiGSForMaskedLM.from_official(directory, device=device)
+        except (ValueError, KeyError, RuntimeError, OSError, pickle.UnpicklingError) as e:  # what the folder lacks
+            if isinstance(e, UsageError):
+                raise
+            raise UsageError(f'{directory} is neither a save_pretrained folder nor an official BiGS folder: '
+                             f'{str(e).splitlines()[0] if str(e) else type(e).__name__}') from None
     if model.tokenizer is None:
-        raise FileNotFoundError(f'{directory} holds no tokenizer (tokenizer_config.json, tokenizer.json or vocab.txt); '
-                                f'fill-mask needs the one the model was trained with')
+        raise UsageError(f'{directory} holds no tokenizer (tokenizer_config.json, tokenizer.json or vocab.txt); '
+                         f'fill-mask needs the one the model was trained with')
     return model
 
 
@@ -64,14 +77,13 @@ def _token_string(tokenizer: Tokenizer, token_id: int) -> str:
 def fill_mask(model: nn.Module, tokenizer: Tokenizer, text: str, top_k: int = 5) -> List[List[Dict]]:
     """Top ``top_k`` predictions at each mask token of ``text``: one list per mask (left to right) of
     ``{'token_id', 'token', 'score'}`` dicts, best first (``score`` is the softmax probability)."""
-    if top_k < 1:
-        raise ValueError(f'top_k must be >= 1, got {top_k}')
+    check_range('top_k', top_k, low=1)
     mask_token, mask_id = tokenizer.mask_token, tokenizer.mask_id
     if mask_token is None or mask_id is None:
-        raise ValueError(f'{type(tokenizer).__name__} has no mask token; fill-mask needs a masked-LM tokenizer')
+        raise UsageError(f'{type(tokenizer).__name__} has no mask token; fill-mask needs a masked-LM tokenizer')
     pieces = text.split(mask_token)
     if len(pieces) == 1:
-        raise ValueError(f'the text has no mask token {mask_token}: {text!r}')
+        raise UsageError(f'the text has no mask token {mask_token}: {text!r}')
     ids: List[int] = []
     for i, piece in enumerate(pieces):  # the mask id is inserted by id, whatever the tokenizer does with its string
         if i:
@@ -80,9 +92,9 @@ def fill_mask(model: nn.Module, tokenizer: Tokenizer, text: str, top_k: int = 5)
     input_ids, _ = tokenizer.build_inputs(ids)
     max_length = model.config.max_position_embeddings
     if len(input_ids) > max_length:
-        raise ValueError(f'the text is {len(input_ids)} tokens long, more than the model\'s maximum {max_length}')
+        raise UsageError(f'the text is {len(input_ids)} tokens long, more than the model\'s maximum {max_length}')
     if max(input_ids) >= model.config.vocab_size:
-        raise ValueError(f'the tokenizer produced id {max(input_ids)} but the model has {model.config.vocab_size} '
+        raise UsageError(f'the tokenizer produced id {max(input_ids)} but the model has {model.config.vocab_size} '
                          f'tokens: tokenizer and model do not belong together')
     positions = [i for i, t in enumerate(input_ids) if t == mask_id]
     device = next(model.parameters()).device
@@ -98,19 +110,23 @@ def fill_mask(model: nn.Module, tokenizer: Tokenizer, text: str, top_k: int = 5)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> List[List[Dict]]:
+    """Print the predictions; returns them. Errors: one line and exit status 2 (see ``run_cli``)."""
+    return run_cli(PROG, _main, argv)
+
+
+def _main(argv: Sequence[str]) -> List[List[Dict]]:
     parser = argparse.ArgumentParser(
-        prog='python -m mlp_vision.text.fill_mask',
-        description='Print the most likely tokens and their probabilities at each mask token of a text.')
+        prog=PROG, description='Print the most likely tokens and their probabilities at each mask token of a text.')
     parser.add_argument('directory', help='a save_pretrained folder of a masked LM, or an official BiGS folder')
     parser.add_argument('text', help='text with one or more mask tokens ([MASK] for BERT vocabularies)')
     parser.add_argument('--top-k', type=int, default=5, help='predictions per mask (default 5)')
     parser.add_argument('--device', default='cpu', help='torch device (default cpu)')
+    parser.add_argument('--debug', action='store_true', help='show the traceback of an error, not its one line')
     args = parser.parse_args(argv)
-    try:
-        model = load_masked_lm(args.directory, device=args.device)
-        results = fill_mask(model, model.tokenizer, args.text, top_k=args.top_k)
-    except (FileNotFoundError, ValueError, TypeError, KeyError) as e:
-        raise SystemExit(f'{parser.prog}: error: {e}')
+    check_range('--top-k', args.top_k, low=1)
+    device = parse_device(args.device)
+    model = load_masked_lm(args.directory, device=str(device))
+    results = fill_mask(model, model.tokenizer, args.text, top_k=args.top_k)
     print(f'{args.text}   ({type(model).__name__}, {model.config.vocab_size} tokens)')
     for n, predictions in enumerate(results, 1):
         print(f'mask {n}:')

@@ -118,7 +118,7 @@ class GMLPConfig(TextConfig):
     legacy_defaults = {'mask_padding': False}  # what format-1 checkpoints were trained with
 
     def __post_init__(self):
-        self.check_field_types()
+        self.check_fields()
         check_classifier_pooling(self.classifier_pooling)
         if self.spatial_mode not in SPATIAL_MODES:
             raise ValueError(f'spatial_mode must be one of {SPATIAL_MODES}, got {self.spatial_mode!r}')

@@ -87,7 +87,7 @@ class GPTConfig(TextConfig):
         return d
 
     def __post_init__(self):
-        self.check_field_types()
+        self.check_fields()
         if self.intermediate_size is None:
             self.intermediate_size = 4 * self.hidden_size
         if self.attention not in ATTENTION_TYPES:

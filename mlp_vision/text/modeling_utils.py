@@ -34,12 +34,16 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 import torch.utils._pytree as pytree
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_model, save_file
+
+from ..training.errors import UsageError, check_range
 
 __all__ = [
     'TextConfig', 'ModelOutput', 'TextModelOutput', 'PretrainedMixin', 'GenerationMixin', 'check_text_inputs',
     'masked_lm_loss', 'causal_lm_loss', 'scored_positions', 'sequence_classification_loss', 'init_linear_embedding', 'tied_decoder',
-    'read_config', 'pool_sequence', 'check_classifier_pooling', 'CLASSIFIER_POOLINGS',
+    'read_config', 'is_saved_folder', 'load_config', 'weight_file_shapes', 'check_tokenizer_fits', 'pool_sequence',
+    'check_classifier_pooling', 'CLASSIFIER_POOLINGS',
     'CONFIG_NAME', 'WEIGHTS_NAME', 'FORMAT_VERSION',
 ]
 
@@ -51,6 +55,10 @@ FORMAT_VERSION = 2
 
 
 # ------------------------------------------------------------------------------------------------------ configs
+# the size fields of the families (one naming scheme): a model needs at least one of each
+_POSITIVE_SIZE_FIELDS = frozenset({
+    'vocab_size', 'max_position_embeddings', 'hidden_size', 'num_hidden_layers', 'intermediate_size',
+    'num_attention_heads', 'mlp_attention_hidden_size', 'num_ssm_states', 'type_vocab_size', 'num_labels'})
 
 class TextConfig:
     """Base of the text configs (dataclasses): one field-naming scheme, older names still readable.
@@ -87,6 +95,31 @@ class TextConfig:
 
     def to_dict(self) -> Dict[str, Any]:
         return dataclasses.asdict(self)
+
+    def check_fields(self) -> None:
+        """:meth:`check_field_types` then :meth:`check_field_values`; every config's ``__post_init__`` calls it."""
+        self.check_field_types()
+        self.check_field_values()
+
+    def check_field_values(self) -> None:
+        """The ranges of the field names every family shares (a :class:`~mlp_vision.training.errors.UsageError`,
+        which is a ``ValueError``): sizes >= 1, other integers >= 0, epsilons > 0, dropout rates in [0, 1), every
+        float finite. A config comes from the command line or from a file someone may have edited: a NaN
+        ``layer_norm_eps`` builds a model whose every score is NaN, a zero size one that fails later."""
+        for f in dataclasses.fields(self):
+            value, name = getattr(self, f.name), f'{type(self).__name__}.{f.name}'
+            if value is None or isinstance(value, (bool, str)):
+                continue
+            if f.name in _POSITIVE_SIZE_FIELDS:
+                check_range(name, value, low=1)
+            elif f.name.endswith('_eps'):
+                check_range(name, value, low=0, low_open=True)
+            elif 'dropout' in f.name or f.name.endswith(('_prob', 'drop_path_rate')):
+                check_range(name, value, low=0, high=1, high_open=True)
+            elif isinstance(value, int):
+                check_range(name, value, low=0)
+            else:
+                check_range(name, value)
 
     def check_field_types(self) -> None:
         """Every ``bool`` / ``int`` / ``float`` / ``str`` field holds that type (an int is a float too); a
@@ -292,16 +325,89 @@ def tied_decoder(embedding: nn.Embedding, device=None, dtype=None) -> nn.Linear:
 # -------------------------------------------------------------------------------------------------- save / load
 
 def read_config(directory: str) -> Tuple[str, dict, int]:
-    """(architecture name, config fields, format version) of a folder written by ``save_pretrained``."""
+    """(architecture name, config fields, format version) of a folder written by ``save_pretrained``.
+
+    A missing ``config.json`` is a ``FileNotFoundError`` and one of another layout (an official BiGS folder's) a
+    ``ValueError``; a damaged one (not JSON, wrong value types) a :class:`~mlp_vision.training.errors.UsageError`
+    naming the file.
+    """
     path = os.path.join(directory, CONFIG_NAME)
     if not os.path.isfile(path):
         raise FileNotFoundError(f'{directory} has no {CONFIG_NAME}: not a folder written by save_pretrained')
-    with open(path, encoding='utf-8') as f:
-        payload = json.load(f)
-    if 'architecture' not in payload or 'config' not in payload:
+    try:
+        with open(path, encoding='utf-8') as f:
+            payload = json.load(f)
+    except (ValueError, UnicodeDecodeError) as e:  # JSONDecodeError is a ValueError
+        raise UsageError(f'{path} is not valid JSON ({e}); the file is damaged or truncated') from None
+    if not isinstance(payload, dict) or 'architecture' not in payload or 'config' not in payload:
         raise ValueError(f'{path} is not a config written by save_pretrained (no "architecture" / "config"); for an '
                          f'official BiGS folder use BiGSForMaskedLM.from_official')
-    return payload['architecture'], payload['config'], int(payload.get('format_version', 1))
+    if not isinstance(payload['architecture'], str) or not isinstance(payload['config'], dict):
+        raise UsageError(f'{path}: "architecture" must be a class name and "config" a mapping of fields')
+    try:
+        version = int(payload.get('format_version', 1))
+    except (TypeError, ValueError):
+        raise UsageError(f'{path}: format_version must be an integer, got {payload["format_version"]!r}') from None
+    return payload['architecture'], payload['config'], version
+
+
+def is_saved_folder(directory: str) -> bool:
+    """Whether ``directory`` holds a ``config.json`` of ``save_pretrained``'s layout (False: none, or another layout,
+    e.g. an official BiGS folder's); a damaged one is a :class:`~mlp_vision.training.errors.UsageError`."""
+    try:
+        read_config(directory)
+    except UsageError:
+        raise
+    except (FileNotFoundError, ValueError):
+        return False
+    return True
+
+
+def load_config(directory: str) -> Tuple[type, 'TextConfig']:
+    """(the stored architecture's class, its config) of a ``save_pretrained`` folder; a config that does not build
+    (an unknown architecture or field, a value out of range such as a NaN ``layer_norm_eps``) is a
+    :class:`~mlp_vision.training.errors.UsageError` naming ``config.json``."""
+    from .registry import architecture_class
+    arch, fields, version = read_config(directory)
+    path = os.path.join(directory, CONFIG_NAME)
+    try:
+        stored = architecture_class(arch)
+        return stored, stored.config_class.from_dict(fields, format_version=version)
+    except KeyError as e:
+        raise UsageError(f'{path}: {e.args[0]}') from None
+    except (TypeError, ValueError) as e:
+        raise UsageError(f'{path}: {e}') from None
+
+
+def weight_file_shapes(path: str) -> Dict[str, Tuple[int, ...]]:
+    """The tensor shapes a safetensors file holds (its header only); a missing, empty or damaged file is a
+    :class:`~mlp_vision.training.errors.UsageError` naming it."""
+    if not os.path.isfile(path):
+        raise UsageError(f'{path} does not exist: the folder has {CONFIG_NAME} but not the weights it describes')
+    try:
+        with safe_open(path, framework='pt') as f:
+            return {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+    except SafetensorError as e:
+        raise UsageError(f'{path} is not a readable safetensors file ({e}); it is empty, truncated or '
+                         f'damaged') from None
+
+
+def _check_weight_shapes(model: nn.Module, weights_path: str, config_path: str) -> None:
+    """Every tensor of ``weights_path`` that ``model`` (built from ``config_path``) has must have its shape."""
+    own = {k: tuple(v.shape) for k, v in _unique_state_dict(model).items()}
+    for key, shape in weight_file_shapes(weights_path).items():
+        if key in own and own[key] != shape:
+            raise UsageError(f'{weights_path} does not fit {config_path}: {key} is {shape} in the weights but '
+                             f'{own[key]} by the config; the config was edited or belongs to other weights')
+
+
+def check_tokenizer_fits(tokenizer, config: 'TextConfig', source: str) -> None:
+    """A model's vocabulary is its tokenizer's: a :class:`~mlp_vision.training.errors.UsageError` when the sizes
+    differ (ids past the embedding fail, embedding rows without a token predict what cannot be written)."""
+    if tokenizer is not None and tokenizer.vocab_size != config.vocab_size:
+        raise UsageError(f'{source}: the model has vocab_size {config.vocab_size} but its tokenizer has '
+                         f'{tokenizer.vocab_size} tokens; they do not belong together (the config was edited, or the '
+                         f'tokenizer files come from another model)')
 
 
 def _unique_state_dict(module: nn.Module) -> Dict[str, torch.Tensor]:
@@ -372,26 +478,33 @@ class PretrainedMixin:
             **overrides: config fields to change (e.g. ``num_labels=3``, ``hidden_dropout_prob=0.1``). Fields that
                 change parameter shapes make the load fail.
         """
-        from .registry import architecture_class
         from .tokenizer import find_tokenizer
-        arch, fields, version = read_config(directory)
-        stored_config_class = architecture_class(arch).config_class
+        stored, config = load_config(directory)
+        stored_config_class, arch = stored.config_class, stored.__name__
         if cls.config_class is not None and stored_config_class is not cls.config_class:
             raise TypeError(f'{directory} holds a {arch} ({stored_config_class.__name__}); {cls.__name__} needs a '
                             f'{cls.config_class.__name__}')
-        config = stored_config_class.from_dict(fields, format_version=version)
         config = dataclasses.replace(config, **stored_config_class.rename_legacy(dict(overrides)))
+        tokenizer = find_tokenizer(directory)
+        check_tokenizer_fits(tokenizer, config, directory)
         model = cls(config)
         same_arch = arch == cls.__name__
         strict = same_arch if strict is None else strict
-        missing, unexpected = load_model(model, os.path.join(directory, WEIGHTS_NAME), strict=strict, device=device)
+        weights_path = os.path.join(directory, WEIGHTS_NAME)
+        _check_weight_shapes(model, weights_path, os.path.join(directory, CONFIG_NAME))
+        try:
+            missing, unexpected = load_model(model, weights_path, strict=strict, device=device)
+        except RuntimeError as e:  # missing / extra tensors (the shapes are checked above)
+            if not str(e).startswith('Error(s) in loading state_dict'):
+                raise
+            raise UsageError(f'{weights_path} does not fit {arch}: {str(e).splitlines()[-1].strip()}') from None
         if not strict and not same_arch:
             bad = [k for k in missing if not k.startswith(cls.head_prefixes)] if cls.head_prefixes else list(missing)
             if bad:
                 raise RuntimeError(f'{arch} checkpoint in {directory} lacks weights {cls.__name__} needs outside '
                                    f'its head: {bad[:8]}{"..." if len(bad) > 8 else ""}')
         model.to(device)
-        model.tokenizer = find_tokenizer(directory)
+        model.tokenizer = tokenizer
         return model
 
 
@@ -424,6 +537,10 @@ class GenerationMixin:
         """
         if input_ids.dim() != 2 or input_ids.shape[1] < 1:
             raise ValueError(f'input_ids must be (B, T) with T >= 1, got shape {tuple(input_ids.shape)}')
+        check_range('max_new_tokens', max_new_tokens, low=0)
+        check_range('temperature', temperature, why='<= 0: greedy')  # NaN would sample from NaN probabilities
+        if top_k is not None:
+            check_range('top_k', top_k, low=1)
         context = self.config.max_position_embeddings
         was_training = self.training
         self.eval()

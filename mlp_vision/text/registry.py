@@ -24,7 +24,7 @@ from .bert import BertConfig, BertForMaskedLM, BertForSequenceClassification, Be
 from .bigs import BiGSConfig, BiGSForMaskedLM, BiGSForSequenceClassification, BiGSModel
 from .gmlp import GMLPConfig, GMLPForCausalLM, GMLPForMaskedLM, GMLPForSequenceClassification, GMLPModel
 from .gpt import GPTConfig, GPTLanguageModel
-from .modeling_utils import TextConfig, read_config
+from .modeling_utils import TextConfig, load_config
 
 __all__ = [
     'create_model', 'list_models', 'is_model', 'model_config', 'model_entry', 'register_model', 'model_class',
@@ -160,8 +160,8 @@ def list_architectures() -> List[str]:
 def from_pretrained(directory: str, device: str = 'cpu', **overrides: Any) -> nn.Module:
     """Load any text model saved with ``save_pretrained``, dispatching on the stored architecture name;
     ``model.tokenizer`` is the folder's tokenizer (None without one)."""
-    arch, _, _ = read_config(directory)
-    return architecture_class(arch).from_pretrained(directory, device=device, **overrides)
+    stored, _ = load_config(directory)
+    return stored.from_pretrained(directory, device=device, **overrides)
 
 
 # --- gMLP / aMLP masked LM, BERT setup (arXiv 2105.08050 §4, Table 5): vocab 32,000, seq 512, Toeplitz W ----------

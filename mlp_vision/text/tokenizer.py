@@ -33,9 +33,12 @@ import os
 import re
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Union
 
+from ..training.errors import UsageError, check_range
+
 __all__ = [
     'Tokenizer', 'ByteTokenizer', 'CharTokenizer', 'SubwordTokenizer', 'train_tokenizer', 'load_tokenizer',
-    'find_tokenizer', 'tokenizer_from_dict', 'DEFAULT_CONTROL_TOKENS', 'BERT_CONTROL_TOKENS', 'SUBWORD_KINDS',
+    'find_tokenizer', 'tokenizer_from_dict', 'check_vocab_size', 'DEFAULT_CONTROL_TOKENS', 'BERT_CONTROL_TOKENS',
+    'SUBWORD_KINDS',
 ]
 
 DEFAULT_CONTROL_TOKENS = ('<pad>', '<cls>', '<sep>', '<mask>')
@@ -464,6 +467,16 @@ def _guess_special_tokens(vocab: Iterable[str]) -> Dict[str, str]:
     return out
 
 
+def check_vocab_size(name: str, kind: str, vocab_size: int, num_special_tokens: int = len(BERT_CONTROL_TOKENS)) -> None:
+    """A ``ValueError`` (:class:`~mlp_vision.training.errors.UsageError`) naming ``name`` unless a ``kind`` vocabulary
+    of ``vocab_size`` tokens has room for a text token beside the special ones (byte-level BPE: beside all 256
+    bytes, which it always keeps)."""
+    base = 256 if kind == 'bpe' else 0
+    why = (f'byte-level BPE keeps the 256 bytes and {num_special_tokens} special tokens' if base else
+           f'room for text tokens beside the {num_special_tokens} special tokens')
+    check_range(name, vocab_size, low=base + num_special_tokens + 1, why=why)
+
+
 def train_tokenizer(
         texts: Optional[Iterable[str]] = None,
         files: Optional[Sequence[str]] = None,
@@ -494,11 +507,7 @@ def train_tokenizer(
     if (texts is None) == (files is None):
         raise ValueError('give exactly one of texts= (strings) or files= (paths)')
     specials = list(special_tokens.values())
-    if vocab_size <= len(specials):
-        raise ValueError(f'vocab_size {vocab_size} leaves no room beside the {len(specials)} special tokens')
-    if kind == 'bpe' and vocab_size <= 256 + len(specials):
-        raise ValueError(f'byte-level BPE keeps all 256 byte symbols: vocab_size must exceed 256 + '
-                         f'{len(specials)} special tokens, got {vocab_size}')
+    check_vocab_size('vocab_size', kind, vocab_size, len(specials))
     if kind == 'wordpiece':
         backend = Backend(models.WordPiece(unk_token=special_tokens.get('unk', '[UNK]')))
         backend.normalizer = normalizers.BertNormalizer(lowercase=lowercase)
@@ -540,10 +549,31 @@ def tokenizer_from_dict(d: Mapping[str, Any]) -> Tokenizer:
 
 
 def _read_json(path: str) -> Optional[dict]:
+    """The JSON object of ``path`` (None when there is no such file); damaged JSON is a UsageError naming it."""
     if not os.path.isfile(path):
         return None
+    return _read_tokenizer_file(path, lambda: _json_object(path))
+
+
+def _json_object(path: str) -> dict:
     with open(path, encoding='utf-8') as f:
-        return json.load(f)
+        d = json.load(f)
+    if not isinstance(d, dict):
+        raise ValueError(f'expected a JSON object, got a {type(d).__name__}')
+    return d
+
+
+def _read_tokenizer_file(path: str, read):
+    """``read()`` of the tokenizer file ``path``; a damaged file, or one of another kind, is a :class:`UsageError`
+    naming it (instead of a traceback from json, a missing key, or ``tokenizers``' Rust parser)."""
+    try:
+        return read()
+    except (OSError, UsageError):
+        raise  # a file that cannot be read, or another file's error: each names its file
+    except Exception as e:  # json's ValueError, KeyError / TypeError of a missing field, tokenizers' plain Exception
+        detail = str(e).splitlines()[0] if str(e) else ''
+        raise UsageError(f'{path} is not a tokenizer file this package reads ({type(e).__name__}: {detail}); it is '
+                         f'damaged, truncated or of another kind') from None
 
 
 def _hf_special_tokens(directory: str) -> Dict[str, str]:
@@ -572,32 +602,34 @@ def find_tokenizer(path: str) -> Optional[Tokenizer]:
     path = os.fspath(path)
     if os.path.isfile(path):
         if os.path.basename(path) == VOCAB_FILE_NAME or path.endswith('.txt'):
-            return SubwordTokenizer.from_vocab_file(path)
+            return _read_tokenizer_file(path, lambda: SubwordTokenizer.from_vocab_file(path))
         try:
             d = _read_json(path)
-        except (ValueError, UnicodeDecodeError):  # not JSON: not a tokenizer file
+        except UsageError:  # not JSON: not a tokenizer file
             return None
-        if isinstance(d, dict) and d.get('type', d.get('tokenizer_type')) in ('byte', 'char'):
-            return tokenizer_from_dict(d)
-        if not isinstance(d, dict) or 'model' not in d:  # not JSON, or JSON of something else (a config.json)
+        if d.get('type', d.get('tokenizer_type')) in ('byte', 'char'):
+            return _read_tokenizer_file(path, lambda: tokenizer_from_dict(d))
+        if 'model' not in d:  # JSON of something else (a config.json)
             return None
-        return SubwordTokenizer.from_file(path)
+        return _read_tokenizer_file(path, lambda: SubwordTokenizer.from_file(path))
     if not os.path.isdir(path):
         raise FileNotFoundError(f'{path} does not exist')
-    config = _read_json(os.path.join(path, TOKENIZER_CONFIG_NAME)) or {}
+    config_file = os.path.join(path, TOKENIZER_CONFIG_NAME)
+    config = _read_json(config_file) or {}
     if config.get('tokenizer_type') in ('byte', 'char'):
-        return tokenizer_from_dict(config)
+        return _read_tokenizer_file(config_file, lambda: tokenizer_from_dict(config))
     lower = config.get('do_lower_case')
     tokenizer_file = os.path.join(path, TOKENIZER_FILE_NAME)
     if os.path.isfile(tokenizer_file):
         d = _read_json(tokenizer_file)
         if d.get('type') in ('byte', 'char'):
-            return tokenizer_from_dict(d)
-        return SubwordTokenizer.from_file(tokenizer_file, _hf_special_tokens(path), lower)
+            return _read_tokenizer_file(tokenizer_file, lambda: tokenizer_from_dict(d))
+        specials = _hf_special_tokens(path)
+        return _read_tokenizer_file(tokenizer_file, lambda: SubwordTokenizer.from_file(tokenizer_file, specials, lower))
     vocab_file = os.path.join(path, VOCAB_FILE_NAME)
     if os.path.isfile(vocab_file):
-        specials = {**_guess_special_tokens(_read_lines(vocab_file)), **_hf_special_tokens(path)}
-        return SubwordTokenizer.from_vocab_file(vocab_file, lower, specials)
+        return _read_tokenizer_file(vocab_file, lambda: SubwordTokenizer.from_vocab_file(
+            vocab_file, lower, {**_guess_special_tokens(_read_lines(vocab_file)), **_hf_special_tokens(path)}))
     return None
 
 

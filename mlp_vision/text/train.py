@@ -53,9 +53,10 @@ from timm.optim import create_optimizer_v2
 from timm.utils import ParseKwargs, random_seed, unwrap_model
 
 from ..training.checkpoint import atomic_folder, preserve_rng
+from ..training.config import SEED_MAX
 from ..training.distributed import DistInfo, all_gather_objects, init_device, wrap_ddp
 from ..training.engine import format_duration
-from ..training.errors import UsageError, run_cli
+from ..training.errors import UsageError, check_range, run_cli
 from ..training.log import setup_logging
 from ..training.run import (
     TrainingRun, UpdateStep, add_run_arguments, create_lr_scheduler, parse_run_args, setup_amp)
@@ -66,7 +67,7 @@ from .data import (
 from .loop import StepState, run_steps
 from .modeling_utils import masked_lm_loss as lm_loss  # token cross-entropy; causal labels are already shifted
 from .registry import create_model, is_model, list_models, model_entry
-from .tokenizer import SUBWORD_KINDS, Tokenizer, tokenizer_from_dict
+from .tokenizer import SUBWORD_KINDS, Tokenizer, check_vocab_size, tokenizer_from_dict
 
 __all__ = ['TASKS', 'RECIPES', 'forward_logits', 'evaluate_lm', 'lm_schedule', 'main']
 
@@ -264,34 +265,52 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+_UNIT_OPEN = dict(low=0, high=1, low_open=True, high_open=True)
+
+
 def _check_args(args) -> None:
-    positive = {'--steps': args.steps, '--batch-size': args.batch_size, '--grad-accum-steps': args.grad_accum_steps,
-                '--eval-interval': args.eval_interval, '--log-interval': args.log_interval,
-                '--eval-batch-size': args.eval_batch_size or 1, '--threads': args.threads or 1,
-                '--sample-tokens': args.sample_tokens, '--num-samples': args.num_samples}
-    for flag, value in positive.items():
-        if value < 1:
-            raise UsageError(f'{flag} must be >= 1, got {value}')
-    if not args.val_file and not 0. < args.val_fraction < 1.:
-        raise UsageError(f'--val-fraction must be in (0, 1), got {args.val_fraction}')
-    if not 0. < args.mask_rate < 1.:
-        raise UsageError(f'--mask-rate must be in (0, 1), got {args.mask_rate}')
-    if args.lr is not None and not (math.isfinite(args.lr) and args.lr > 0):
-        raise UsageError(f'--lr must be a positive number, got {args.lr}')
-    if not 0. <= args.min_lr_ratio <= 1.:
-        raise UsageError(f'--min-lr-ratio must be in [0, 1], got {args.min_lr_ratio}')
-    if args.warmup_steps is not None and args.warmup_steps < 0:
-        raise UsageError(f'--warmup-steps must be >= 0, got {args.warmup_steps}')
+    """Every flag value that cannot work, as one line, before a file is read or a model built. Flags left at None
+    take their value later (from the recipe or the model) and are checked only when given."""
+    min_block = 3 if args.task == 'mlm' else 1  # MLM: <cls>, one token, <sep>
+    ranges = [
+        ('--steps', args.steps, dict(low=1)), ('--batch-size', args.batch_size, dict(low=1)),
+        ('--grad-accum-steps', args.grad_accum_steps, dict(low=1)),
+        ('--eval-interval', args.eval_interval, dict(low=1)), ('--log-interval', args.log_interval, dict(low=1)),
+        ('--eval-batch-size', args.eval_batch_size, dict(low=1)), ('--threads', args.threads, dict(low=1)),
+        ('--sample-tokens', args.sample_tokens, dict(low=1)), ('--num-samples', args.num_samples, dict(low=1)),
+        ('--sample-top-k', args.sample_top_k, dict(low=1)),
+        ('--sample-temperature', args.sample_temperature, dict(why='<= 0: greedy')),
+        ('--seed', args.seed, dict(low=0, high=SEED_MAX)),
+        ('--block-size', args.block_size, dict(low=min_block, why=f'--task {args.task}')),
+        ('--vocab-size', args.vocab_size, dict(low=1)),
+        ('--val-fraction', None if args.val_file else args.val_fraction, _UNIT_OPEN),
+        ('--mask-rate', args.mask_rate, _UNIT_OPEN),
+        ('--lr', args.lr, dict(low=0, low_open=True)),
+        ('--opt-eps', args.opt_eps, dict(low=0, low_open=True)),  # 0: a parameter without gradient gets 0 / 0
+        ('--weight-decay', args.weight_decay, dict(low=0)),
+        ('--clip-grad', args.clip_grad, dict(why='<= 0: no clipping')),
+        ('--min-lr-ratio', args.min_lr_ratio, dict(low=0, high=1)),
+        ('--warmup-steps', args.warmup_steps, dict(low=0)),
+        ('--model-ema-decay', args.model_ema_decay, dict(low=0, high=1, high_open=True)),
+        ('--stop-after-step', args.stop_after_step, dict(low=1, high=args.steps, why='--steps')),
+    ] + [('--opt-betas', beta, dict(low=0, high=1, high_open=True)) for beta in args.opt_betas or ()]
+    for flag, value, bounds in ranges:
+        if value is not None:
+            check_range(flag, value, **bounds)
+    if args.tokenizer in SUBWORD_KINDS and not args.tokenizer_from:
+        check_vocab_size('--vocab-size', args.tokenizer, args.vocab_size)
+    if args.task != 'classify':  # these only mean something to classify: ignoring them would hide a mistake
+        given = [flag for flag, value in (('--init-from', args.init_from), ('--test-file', args.test_file),
+                                          ('--text-columns', args.text_columns)) if value]
+        if given:
+            raise UsageError(f'{", ".join(given)} {"is" if len(given) == 1 else "are"} for --task classify, not '
+                             f'--task {args.task}')
     if args.sample_prompt is not None and args.task != 'causal':
         raise UsageError('--sample-prompt needs --task causal (masked LMs do not generate)')
-    if args.stop_after_step is not None and not 1 <= args.stop_after_step <= args.steps:
-        raise UsageError(f'--stop-after-step must be in [1, --steps {args.steps}], got {args.stop_after_step}')
     if args.sample_prompt == '':
         raise UsageError('--sample-prompt is empty: give at least one character')
     if args.model_ema and args.task != 'classify':
         raise UsageError(f'--model-ema is implemented for --task classify, not --task {args.task}')
-    if not 0. <= args.model_ema_decay < 1.:
-        raise UsageError(f'--model-ema-decay must be in [0, 1), got {args.model_ema_decay}')
     saved = getattr(args, 'resumed_settings', None) or {}
     if saved and bool(saved.get('freeze_embeddings', False)) != args.freeze_embeddings:
         # the optimizer state holds exactly the trained parameters, so the set cannot change mid-run
@@ -466,13 +485,10 @@ def _train(args, run: TrainingRun, argv):
         raise UsageError(f'cannot build {args.model} with --model-kwargs {args.model_kwargs}: {e}') from e
     config = model.config
     max_len = config.max_position_embeddings
-    args.block_size = args.block_size or max_len
+    args.block_size = max_len if args.block_size is None else args.block_size
     if args.block_size > max_len:
         raise UsageError(f'--block-size {args.block_size} is larger than the model\'s maximum length {max_len}; use '
                          f'--block-size <= {max_len} or --model-kwargs max_position_embeddings={args.block_size}')
-    min_block = 3 if args.task == 'mlm' else 1
-    if args.block_size < min_block:
-        raise UsageError(f'--block-size must be >= {min_block} for --task {args.task}, got {args.block_size}')
     data = _lm_data(args, tokenizer, train_ids, val_ids)
     num_params = sum(p.numel() for p in model.parameters())
     model.to(device)

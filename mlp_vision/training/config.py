@@ -7,16 +7,17 @@ an error, so a typo in a recipe cannot be silently ignored, and every value must
 (``batch_size: 32.5`` is an error, as ``--batch-size 32.5`` is).
 """
 import argparse
-import math
 import os
-from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import yaml
 
-from .errors import UsageError
+from .errors import UsageError, check_range
 
-__all__ = ['load_yaml_config', 'parse_args_with_config', 'args_to_yaml', 'Interval', 'check_intervals']
+__all__ = ['load_yaml_config', 'parse_args_with_config', 'args_to_yaml', 'check_flag_ranges', 'SEED_MAX']
+
+# --seed's largest value in both trainers: the seed feeds numpy's generator (seeds < 2**32) after the rank is added
+SEED_MAX = 2 ** 31 - 1
 
 
 def _dest_names(parser: argparse.ArgumentParser) -> Dict[str, str]:
@@ -135,40 +136,13 @@ def args_to_yaml(args: argparse.Namespace) -> str:
     return yaml.safe_dump({k: plain(v) for k, v in vars(args).items()}, default_flow_style=False, sort_keys=False)
 
 
-@dataclass(frozen=True)
-class Interval:
-    """The range a numeric flag's values must lie in: ``low`` / ``high`` bounds (None: unbounded), each closed
-    unless ``low_open`` / ``high_open``. NaN and infinities never lie in one."""
-    low: Optional[float] = None
-    high: Optional[float] = None
-    low_open: bool = False
-    high_open: bool = False
 
-    def holds(self, value: float) -> bool:
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            return False
-        if self.low is not None and (value <= self.low if self.low_open else value < self.low):
-            return False
-        return self.high is None or (value < self.high if self.high_open else value <= self.high)
-
-    def __str__(self) -> str:
-        def num(v):
-            return str(int(v)) if float(v).is_integer() else f'{v:g}'
-        if self.low is not None and self.high is not None:
-            return f'in {"(" if self.low_open else "["}{num(self.low)}, {num(self.high)}{")" if self.high_open else "]"}'
-        if self.low is not None:
-            return f'{">" if self.low_open else ">="} {num(self.low)}'
-        if self.high is not None:
-            return f'{"<" if self.high_open else "<="} {num(self.high)}'
-        return 'a finite number'
-
-
-def check_intervals(args: argparse.Namespace, intervals: Mapping[str, Interval]) -> None:
-    """Every value of the flags named (by destination) in ``intervals`` lies in its interval; else a
-    :class:`UsageError` naming the flag, the range and the value. None (a flag left unset) is not checked; a
-    flag of several values (``nargs``) has each checked."""
-    for dest, interval in intervals.items():
+def check_flag_ranges(args: argparse.Namespace, ranges: Mapping[str, Dict[str, Any]]) -> None:
+    """:func:`~mlp_vision.training.errors.check_range` for each flag named (by destination) in ``ranges``, whose
+    values are ``check_range``'s bounds (e.g. ``dict(low=0, high=1)``). A flag left unset (None) is not checked;
+    a flag of several values (``nargs``) has each checked."""
+    for dest, bounds in ranges.items():
         value = getattr(args, dest, None)
         for v in value if isinstance(value, (list, tuple)) else [value]:
-            if v is not None and not interval.holds(v):
-                raise UsageError(f'--{dest.replace("_", "-")} must be {interval}, got {v}')
+            if v is not None:
+                check_range(f'--{dest.replace("_", "-")}', v, **bounds)

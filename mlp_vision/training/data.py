@@ -41,8 +41,7 @@ from timm.data.readers.class_map import load_class_map
 from timm.data.readers.img_extensions import get_img_extensions
 from timm.utils.misc import natural_key
 
-from .config import Interval
-from .errors import UsageError
+from .errors import UsageError, check_range
 
 __all__ = [
     'default_cache_dir', 'prepare_digits_folder', 'SkippedImage', 'UnusableImageError', 'convert_image_mode',
@@ -1073,15 +1072,15 @@ def check_image_args(args, model_in_chans: int = 3) -> None:
     if channels is not None and channels != in_chans:
         raise UsageError(f'--input-img-mode {args.input_img_mode} gives {channels}-channel images, the model takes '
                          f'{in_chans} (--in-chans); pass --in-chans {channels} or a {in_chans}-channel mode')
-    for flag, values, interval in (('--mean', args.mean, Interval()), ('--std', args.std, Interval(0, low_open=True))):
+    for flag, values, bounds in (('--mean', args.mean, {}), ('--std', args.std, dict(low=0, low_open=True))):
         if values is None:
             continue
         if len(values) not in (1, in_chans):
             raise UsageError(f'{flag} needs 1 or {in_chans} values (one per channel), got {len(values)}')
-        if not all(interval.holds(v) for v in values):
-            raise UsageError(f'{flag} values must be {interval}, got {" ".join(map(str, values))}')
-    if args.crop_pct is not None and not Interval(0, low_open=True).holds(args.crop_pct):
-        raise UsageError(f'--crop-pct must be > 0 (the crop\'s fraction of the resized image), got {args.crop_pct}')
+        for v in values:
+            check_range(flag, v, **bounds)
+    if args.crop_pct is not None:
+        check_range('--crop-pct', args.crop_pct, low=0, low_open=True, why="the crop's fraction of the resized image")
     if args.class_map:
         root = args.data_dir or getattr(args, 'data', None) or ''
         if not (os.path.isfile(args.class_map) or os.path.isfile(os.path.join(root, args.class_map))):

@@ -21,7 +21,7 @@ from timm.utils.distributed import init_distributed_device_so
 
 from .errors import UsageError
 
-__all__ = ['check_device', 'DistInfo', 'init_device', 'wrap_ddp', 'all_gather_objects', 'state_dict_digest', 'barrier']
+__all__ = ['DistInfo', 'init_device', 'parse_device', 'wrap_ddp', 'all_gather_objects', 'state_dict_digest', 'barrier']
 
 _logger = logging.getLogger(__name__)
 
@@ -42,24 +42,6 @@ class DistInfo:
                 f'rank={self.rank}, local_rank={self.local_rank})')
 
 
-def check_device(device: str) -> None:
-    """``--device`` names a device PyTorch knows and this machine has (a :class:`UsageError` saying which do)."""
-    try:
-        parsed = torch.device(device)
-    except (RuntimeError, TypeError) as e:
-        raise UsageError(f'--device {device!r} is not a device name (e.g. cpu, cuda, cuda:1)') from e
-    backend = getattr(torch, parsed.type, None) if parsed.type != 'cpu' else None
-    if parsed.type == 'cpu':
-        return
-    available = getattr(backend, 'is_available', None)
-    if available is None or not available():
-        raise UsageError(f'--device {device} asked for {parsed.type.upper()}, but no such device is available here '
-                         f'(use --device cpu)')
-    count = getattr(backend, 'device_count', lambda: 1)()
-    if parsed.index is not None and parsed.index >= count:
-        raise UsageError(f'--device {device}: this machine has {count} {parsed.type} device(s) (0..{count - 1})')
-
-
 def init_device(device: Optional[str] = None, dist_backend: Optional[str] = None,
                 dist_url: Optional[str] = None) -> DistInfo:
     """Pick the device ('cuda' if available, else 'cpu', unless given) and join torchrun's process group.
@@ -68,8 +50,11 @@ def init_device(device: Optional[str] = None, dist_backend: Optional[str] = None
     """
     if device is None:
         device = 'cuda' if torch.cuda.is_available() else 'cpu'
-    check_device(device)
-    device_type = device.split(':', 1)[0]
+    device_type = parse_device(device).type
+    backends = [b for b in dist.Backend.backend_list if b not in ('undefined', 'fake')]
+    if dist_backend is not None and dist_backend not in backends:
+        raise UsageError(f'--dist-backend {dist_backend!r} is not a torch.distributed backend; use one of '
+                         f'{", ".join(backends)} (default: nccl for CUDA, gloo for CPU)')
     if device_type not in ('cpu', 'cuda'):
         _logger.warning(f'device type {device_type!r} is untested here (CPU and CUDA are)')
     if dist.is_available() and dist.is_initialized():
@@ -86,6 +71,26 @@ def init_device(device: Optional[str] = None, dist_backend: Optional[str] = None
         rank=result['global_rank'],
         local_rank=result['local_rank'],
     )
+
+
+def parse_device(device: str, flag: str = '--device') -> torch.device:
+    """``device`` as a ``torch.device`` this machine has; a :class:`UsageError` for a name torch does not know,
+    CUDA without a GPU or a GPU index beyond the count (torch would fail later, with a traceback)."""
+    try:
+        parsed = torch.device(device)
+    except (RuntimeError, ValueError, TypeError):
+        raise UsageError(f'{flag} {device!r} is not a device; expected cpu, cuda or cuda:N') from None
+    if parsed.type == 'cuda':
+        if not torch.cuda.is_available():
+            raise UsageError(f'{flag} {device} asked for CUDA, but no CUDA device is available (use {flag} cpu)')
+        if parsed.index is not None and parsed.index >= torch.cuda.device_count():
+            raise UsageError(f'{flag} {device}: this machine has {torch.cuda.device_count()} CUDA device(s), '
+                             f'cuda:0 to cuda:{torch.cuda.device_count() - 1}')
+    elif parsed.type != 'cpu':
+        backend = getattr(torch, parsed.type, None)  # torch.mps, torch.xpu, ... say whether one is present
+        if backend is not None and hasattr(backend, 'is_available') and not backend.is_available():
+            raise UsageError(f'{flag} {device}: no {parsed.type} device is available here (use {flag} cpu)')
+    return parsed
 
 
 def wrap_ddp(model: nn.Module, info: DistInfo, **kwargs) -> nn.Module:

@@ -13,12 +13,14 @@ stderr, ``<prog>: error: <what was wrong and what is expected>``, and an exit st
 """
 import argparse
 import errno
+import math
 import os
 import signal
 import sys
 from typing import Callable, Optional, Sequence
 
-__all__ = ['ArgumentParser', 'UsageError', 'RunError', 'Interrupted', 'ScriptExit', 'run_cli', 'find_os_error']
+__all__ = ['ArgumentParser', 'UsageError', 'RunError', 'Interrupted', 'ScriptExit', 'run_cli', 'find_os_error',
+           'check_range']
 
 
 class UsageError(ValueError):
@@ -37,6 +39,33 @@ class ArgumentParser(argparse.ArgumentParser):
 
     def error(self, message: str):
         raise UsageError(message)
+
+
+def check_range(name: str, value, low=None, high=None, *, low_open: bool = False, high_open: bool = False,
+                why: str = '') -> None:
+    """A :class:`UsageError` ``<name> must be <range>[ (why)], got <value>`` unless ``value`` is a finite number in
+    the range: ``low`` / ``high`` None leave that side open-ended, ``low_open`` / ``high_open`` exclude the bound.
+
+    NaN and infinities are never in range: no flag or config value means anything by them, and NaN passes every
+    ``<`` test unnoticed (``not 0 < nan`` is how NaN used to slip through to a NaN loss).
+    """
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    ok = number and (isinstance(value, int) or math.isfinite(value))  # an int may be too large for a float
+    ok = ok and (low is None or (value > low if low_open else value >= low))
+    ok = ok and (high is None or (value < high if high_open else value <= high))
+    if ok:
+        return
+    if low is not None and high is not None:
+        expected = f'in {"(" if low_open else "["}{low}, {high}{")" if high_open else "]"}'
+    elif low == 0 and low_open:
+        expected = 'a positive number'
+    elif low is not None:
+        expected = f'{">" if low_open else ">="} {low}'
+    elif high is not None:
+        expected = f'{"<" if high_open else "<="} {high}'
+    else:
+        expected = 'a finite number'
+    raise UsageError(f'{name} must be {expected}{f" ({why})" if why else ""}, got {value}')
 
 
 class RunError(RuntimeError):

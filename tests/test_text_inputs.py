@@ -1,0 +1,282 @@
+""" Bad input to the text side (issue 29 item 4): every flag value of ``mlp_vision.text.train`` (causal / mlm /
+classify) and ``mlp_vision.text.fill_mask`` is checked before work starts, and a damaged or inconsistent saved
+folder (``fill_mask``, ``--init-from``, ``--tokenizer-from``, ``from_pretrained``) is one line naming the file:
+exit status 2 and exactly that line on stderr, no traceback; library calls raise ``UsageError`` (a ``ValueError``).
+
+Everything runs on data made here: a generated text, a small labelled CSV, a tiny masked LM saved with
+``save_pretrained`` and corrupted copies of it.
+"""
+import json
+import logging
+import math
+import random
+import re
+import shutil
+
+import pytest
+import torch
+
+import mlp_vision.text as mt
+import mlp_vision.text.fill_mask as fm
+import mlp_vision.text.train as text_train
+from mlp_vision.text.classification import read_labelled_file
+from mlp_vision.text.data import build_tokenizer
+from mlp_vision.training.errors import UsageError, check_range
+
+TINY_GPT = ['--model', 'gpt_mlp_attention', '--model-kwargs', 'num_hidden_layers=1', 'hidden_size=16',
+            'num_attention_heads=2', 'max_position_embeddings=16', 'mlp_attention_hidden_size=16', '--threads', '1',
+            '--log-interval', '1000', '-b', '2', '--eval-batches', '1', '--steps', '2']
+WORDS = 'to be or not that is the question whether tis nobler in mind suffer slings arrows'.split()
+
+
+def _fail(main, argv, capsys, status=2) -> str:
+    """``main(argv)`` must exit with ``status`` and exactly one line on stderr (no traceback); returns that line."""
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == status, e.value.message
+    assert capsys.readouterr().err.strip().splitlines() == [e.value.message]
+    return e.value.message
+
+
+@pytest.fixture(scope='module')
+def data(tmp_path_factory):
+    """A text file, a labelled train / dev CSV, and saved masked LMs: byte tokenizer (``good``), trained WordPiece
+    (``subword``)."""
+    root = tmp_path_factory.mktemp('text_inputs')
+    rng = random.Random(0)
+    text = '\n'.join(' '.join(rng.choice(WORDS) for _ in range(8)) for _ in range(150)) + '\n'
+    (root / 'tiny.txt').write_text(text)
+    rows = ''.join(f'"{rng.choice(WORDS)} {rng.choice(WORDS)}",{i % 2}\n' for i in range(12))
+    for name in ('train.csv', 'dev.csv'):
+        (root / name).write_text('sentence,label\n' + rows)
+    torch.manual_seed(0)
+    kwargs = dict(num_hidden_layers=1, hidden_size=16, intermediate_size=32, tiny_attention_size=8,
+                  max_position_embeddings=32)
+    byte = mt.ByteTokenizer()
+    mt.create_model('amlp_base', vocab_size=byte.vocab_size, **kwargs).save_pretrained(str(root / 'good'), byte)
+    sub = mt.train_tokenizer(texts=text.splitlines(), vocab_size=60)
+    mt.create_model('amlp_base', vocab_size=sub.vocab_size, **kwargs).save_pretrained(str(root / 'subword'), sub)
+    mt.create_model('amlp_base', vocab_size=300, **kwargs).save_pretrained(str(root / 'vocab300'), byte)
+    return root
+
+
+# ------------------------------------------------------------------------------------------------ trainer flags
+TRAINER_FLAGS = {
+    ('--seed', '-1'): '--seed must be in [0, 2147483647], got -1',
+    ('--seed', str(2 ** 70)): '--seed must be in [0, 2147483647]',
+    ('--threads', '0'): '--threads must be >= 1, got 0',
+    ('--device', 'banana'): "--device 'banana' is not a device",
+    ('--dist-backend', 'banana'): "--dist-backend 'banana' is not a torch.distributed backend",
+    ('--weight-decay', '-1'): '--weight-decay must be >= 0, got -1.0',
+    ('--opt-betas', '1.5', '0.9'): '--opt-betas must be in [0, 1), got 1.5',
+    ('--opt-betas', '0.9', 'nan'): '--opt-betas must be in [0, 1), got nan',
+    ('--opt-eps', '0'): '--opt-eps must be a positive number, got 0.0',
+    ('--lr', 'inf'): '--lr must be a positive number, got inf',
+    ('--clip-grad', 'nan'): '--clip-grad must be a finite number (<= 0: no clipping), got nan',
+    ('--min-lr-ratio', 'nan'): '--min-lr-ratio must be in [0, 1], got nan',
+    ('--warmup-steps', '-1'): '--warmup-steps must be >= 0, got -1',
+    ('--block-size', '0'): '--block-size must be >= 1 (--task causal), got 0',
+    ('--block-size', '100'): "--block-size 100 is larger than the model's maximum length 16",
+    ('--task', 'mlm', '--model', 'amlp_base', '--block-size', '2'): '--block-size must be >= 3 (--task mlm), got 2',
+    ('--sample-prompt', 'to', '--sample-tokens', '0'): '--sample-tokens must be >= 1, got 0',
+    ('--sample-prompt', 'to', '--num-samples', '0'): '--num-samples must be >= 1, got 0',
+    ('--sample-prompt', 'to', '--sample-top-k', '0'): '--sample-top-k must be >= 1, got 0',
+    ('--sample-prompt', 'to', '--sample-top-k', '-1'): '--sample-top-k must be >= 1, got -1',
+    ('--sample-prompt', 'to', '--sample-temperature', 'nan'): '--sample-temperature must be a finite number',
+    ('--vocab-size', '-5'): '--vocab-size must be >= 1, got -5',
+    ('--tokenizer', 'wordpiece', '--vocab-size', '5'): '--vocab-size must be >= 6 (room for text tokens',
+    ('--tokenizer', 'bpe', '--vocab-size', '200'): '--vocab-size must be >= 262 (byte-level BPE keeps the 256 bytes',
+    ('--mask-rate', '0'): '--mask-rate must be in (0, 1), got 0.0',
+    ('--mask-rate', '1.5'): '--mask-rate must be in (0, 1), got 1.5',
+    ('--val-fraction', 'nan'): '--val-fraction must be in (0, 1), got nan',
+    ('--eval-batch-size', '0'): '--eval-batch-size must be >= 1, got 0',
+    ('--model-ema-decay', '1'): '--model-ema-decay must be in [0, 1), got 1.0',
+    ('--init-from', 'x'): '--init-from is for --task classify, not --task causal',
+    ('--test-file', 'x', '--text-columns', 'a'): '--test-file, --text-columns are for --task classify',
+    ('--model-kwargs', 'hidden_dropout_prob=1.5'): 'GPTConfig.hidden_dropout_prob must be in [0, 1), got 1.5',
+}
+if not torch.cuda.is_available():
+    TRAINER_FLAGS[('--device', 'cuda')] = '--device cuda asked for CUDA, but no CUDA device is available'
+
+
+@pytest.mark.parametrize('flags', list(TRAINER_FLAGS), ids=' '.join)
+def test_trainer_flag_values_are_checked_up_front(flags, data, tmp_path, capsys):
+    argv = TINY_GPT + ['--train-file', str(data / 'tiny.txt'), '--output', str(tmp_path)] + list(flags)
+    msg = _fail(text_train.main, argv, capsys)
+    assert msg.startswith('mlp_vision.text.train: error: ') and TRAINER_FLAGS[flags] in msg, msg
+    assert not any(tmp_path.iterdir())  # refused before a run folder was made
+
+
+CLASSIFY = ['--task', 'classify', '--model', 'gmlp_base', '--model-kwargs', 'num_hidden_layers=1', 'hidden_size=16',
+            'intermediate_size=32', 'max_position_embeddings=32', '--threads', '1', '--steps', '2', '-b', '2',
+            '--log-interval', '1000']
+CLASSIFY_COLUMNS = {
+    ('--text-columns', 'label'): "--label-column 'label' is also a text column (label): the model would read the "
+                                 "answer",
+    ('--label-column', 'sentence'): "--label-column 'sentence' is also a text column (sentence)",
+    ('--text-columns', 'sentence,sentence'): "--text-columns names 'sentence' twice",
+}
+
+
+@pytest.mark.parametrize('flags', list(CLASSIFY_COLUMNS), ids=' '.join)
+def test_classify_refuses_columns_that_cannot_give_a_right_answer(flags, data, tmp_path, capsys):
+    argv = CLASSIFY + ['--train-file', str(data / 'train.csv'), '--val-file', str(data / 'dev.csv'), '--output',
+                       str(tmp_path)] + list(flags)
+    assert CLASSIFY_COLUMNS[flags] in _fail(text_train.main, argv, capsys)
+
+
+# ------------------------------------------------------------------------------------------------ saved folders
+def _edit_config(path, **fields):
+    payload = json.loads((path / 'config.json').read_text())
+    payload['config'].update(fields)
+    (path / 'config.json').write_text(json.dumps(payload))
+
+
+def _truncate(path, keep):
+    path.write_bytes(path.read_bytes()[:keep])
+
+
+# name -> (saved folder to copy, corruption, what the one line must say)
+DAMAGE = {
+    'hidden_size edited': ('good', lambda p: _edit_config(p, hidden_size=32),
+                           'model.safetensors does not fit'),
+    'vocab_size edited': ('good', lambda p: _edit_config(p, vocab_size=300), 'vocab_size 300'),
+    'layer_norm_eps NaN': ('good', lambda p: (p / 'config.json').write_text(
+        (p / 'config.json').read_text().replace('1e-06', 'NaN')),
+        'config.json: GMLPConfig.layer_norm_eps must be a positive number, got nan'),
+    'truncated config.json': ('good', lambda p: _truncate(p / 'config.json', 30), 'config.json is not valid JSON'),
+    'empty model.safetensors': ('good', lambda p: (p / 'model.safetensors').write_bytes(b''),
+                                'model.safetensors is not a readable safetensors file'),
+    'config without weights': ('good', lambda p: (p / 'model.safetensors').unlink(),
+                               'model.safetensors does not exist'),
+    'truncated tokenizer_config.json': ('good', lambda p: _truncate(p / 'tokenizer_config.json', 12),
+                                        'tokenizer_config.json is not a tokenizer file'),
+    'char tokenizer without its characters': ('good', lambda p: (p / 'tokenizer_config.json').write_text(
+        '{"tokenizer_type": "char"}'), "tokenizer_config.json is not a tokenizer file this package reads (KeyError"),
+    'truncated tokenizer.json': ('subword', lambda p: _truncate(p / 'tokenizer.json', 100),
+                                 'tokenizer.json is not a tokenizer file'),
+    'tokenizer.json of another kind': ('subword', lambda p: (p / 'tokenizer.json').write_text(
+        '{"type": "banana", "model": 3}'), 'tokenizer.json is not a tokenizer file'),
+    'vocab.txt of random bytes': ('subword', lambda p: ((p / 'tokenizer.json').unlink(), (p / 'vocab.txt').write_bytes(
+        bytes(random.Random(0).randrange(128, 256) for _ in range(300)))), 'vocab.txt is not a tokenizer file'),
+    'model vocabulary larger than the tokenizer': ('vocab300', lambda p: None,
+                                                   'the model has vocab_size 300 but its tokenizer has 260 tokens'),
+}
+
+
+@pytest.fixture
+def damaged(data, tmp_path, request):
+    base, corrupt, _ = DAMAGE[request.param]
+    folder = tmp_path / 'damaged'
+    shutil.copytree(data / base, folder)
+    corrupt(folder)
+    return folder
+
+
+@pytest.mark.parametrize('damaged', list(DAMAGE), indirect=True)
+def test_damaged_folder_given_to_fill_mask(damaged, capsys, request):
+    expected = DAMAGE[request.node.callspec.params['damaged']][2]
+    mask = '[MASK]' if (damaged / 'vocab.txt').exists() or (damaged / 'tokenizer.json').exists() else '<mask>'
+    msg = _fail(fm.main, [str(damaged), f'the {mask}'], capsys)
+    assert msg.startswith('python -m mlp_vision.text.fill_mask: error: ') and expected in msg, msg
+
+
+@pytest.mark.parametrize('damaged', list(DAMAGE), indirect=True)
+def test_damaged_folder_given_to_init_from(damaged, data, tmp_path, capsys, request):
+    expected = DAMAGE[request.node.callspec.params['damaged']][2]
+    argv = ['--task', 'classify', '--init-from', str(damaged), '--train-file', str(data / 'train.csv'),
+            '--val-file', str(data / 'dev.csv'), '--steps', '2', '-b', '2', '--threads', '1',
+            '--output', str(tmp_path / 'out')]
+    assert expected in _fail(text_train.main, argv, capsys)
+
+
+# the damaged tokenizers (a model larger than its tokenizer is no problem here: the new model's vocabulary is the
+# tokenizer's)
+@pytest.mark.parametrize('damaged', [k for k in DAMAGE if 'tokenizer' in k and 'larger' not in k or 'vocab.txt' in k],
+                         indirect=True)
+def test_damaged_tokenizer_given_to_tokenizer_from(damaged, data, tmp_path, capsys, request):
+    expected = DAMAGE[request.node.callspec.params['damaged']][2]
+    argv = TINY_GPT + ['--train-file', str(data / 'tiny.txt'), '--tokenizer-from', str(damaged),
+                       '--output', str(tmp_path)]
+    assert expected in _fail(text_train.main, argv, capsys)
+
+
+@pytest.mark.parametrize('damaged', ['hidden_size edited', 'layer_norm_eps NaN', 'empty model.safetensors',
+                                     'model vocabulary larger than the tokenizer'], indirect=True)
+def test_from_pretrained_raises_usage_error(damaged, request):
+    expected = DAMAGE[request.node.callspec.params['damaged']][2]
+    with pytest.raises(UsageError, match=re.escape(expected)):
+        mt.from_pretrained(str(damaged))
+
+
+# ------------------------------------------------------------------------------------------------ fill_mask flags
+FILL_MASK_ERRORS = {
+    ('--top-k', '0'): '--top-k must be >= 1, got 0',
+    ('--device', 'banana'): "--device 'banana' is not a device",
+    ('--text', 'no mask here'): 'the text has no mask token <mask>',
+    ('--directory', 'missing'): 'is not a folder',
+}
+
+
+@pytest.mark.parametrize('case', list(FILL_MASK_ERRORS), ids=' '.join)
+def test_fill_mask_usage_errors_exit_2(case, data, capsys):
+    directory, text, extra = str(data / 'good'), 'the <mask>', []
+    if case[0] == '--text':
+        text = case[1]
+    elif case[0] == '--directory':
+        directory = str(data / case[1])
+    else:
+        extra = list(case)
+    msg = _fail(fm.main, [directory, text] + extra, capsys)
+    assert FILL_MASK_ERRORS[case] in msg
+
+
+# ------------------------------------------------------------------------------------------------ data and values
+def test_quoted_newline_in_a_csv_field_is_kept(tmp_path):
+    path = tmp_path / 'train.csv'
+    path.write_text('sentence,label\n"first line\nsecond line",1\n"x\u2028y",0\nplain,1\n')
+    data = read_labelled_file(str(path))
+    assert data.texts == ['first line\nsecond line', 'x\u2028y', 'plain'] and data.labels == ['1', '0', '1']
+    path.write_text('sentence,label\n"two\nlines",1\nragged,1,extra\n')
+    with pytest.raises(UsageError, match='line 4 has 3 fields'):  # line numbers count the field's line break
+        read_labelled_file(str(path))
+
+
+def test_a_vocabulary_smaller_than_asked_is_a_warning(data, caplog):
+    text = (data / 'tiny.txt').read_text()
+    with caplog.at_level(logging.WARNING, logger='mlp_vision.text.data'):
+        tokenizer = build_tokenizer('wordpiece', 'mlm', text, vocab_size=8000)
+    assert tokenizer.vocab_size < 8000
+    assert f'--vocab-size 8000: the wordpiece vocabulary trained on the training text has only ' \
+           f'{tokenizer.vocab_size} tokens' in caplog.text
+
+
+@pytest.mark.parametrize('field, value', [('layer_norm_eps', math.nan), ('layer_norm_eps', 0.),
+                                          ('num_hidden_layers', 0), ('hidden_dropout_prob', 1.),
+                                          ('initializer_range', math.inf), ('tiny_attention_size', -1)])
+def test_config_values_are_range_checked(field, value):
+    sizes = dict(num_hidden_layers=1, hidden_size=16, intermediate_size=32, max_position_embeddings=16)
+    with pytest.raises(ValueError, match=f'GMLPConfig.{field} must be'):
+        mt.create_model('amlp_base', **{**sizes, field: value})
+
+
+def test_generate_checks_its_sampling_values():
+    model = mt.create_model('gpt_sdpa', num_hidden_layers=1, hidden_size=16, num_attention_heads=2)
+    prompt = torch.zeros(1, 2, dtype=torch.long)
+    for kwargs, expected in (({'top_k': 0}, 'top_k must be >= 1'), ({'temperature': math.nan}, 'temperature must be'),
+                             ({'max_new_tokens': -1}, 'max_new_tokens must be >= 0')):
+        with pytest.raises(ValueError, match=expected):
+            model.generate(prompt, **{'max_new_tokens': 2, **kwargs})
+
+
+def test_check_range_messages():
+    for args, kwargs, expected in (
+            (('--x', math.nan, 0, 1), {}, '--x must be in [0, 1], got nan'),
+            (('--x', 1, 0, 1), {'high_open': True}, '--x must be in [0, 1), got 1'),
+            (('--x', 0, 0), {'low_open': True}, '--x must be a positive number, got 0'),
+            (('--x', 10 ** 400, None, 5), {}, '--x must be <= 5'),
+            (('--x', math.inf), {'why': 'why'}, '--x must be a finite number (why), got inf')):
+        with pytest.raises(UsageError) as e:
+            check_range(*args, **kwargs)
+        assert str(e.value).startswith(expected), str(e.value)
+    check_range('--x', 10 ** 400, low=1)  # an int too large for a float is still compared exactly
