@@ -50,9 +50,9 @@ __all__ = [
     'default_cache_dir', 'prepare_digits_folder', 'SkippedImage', 'UnusableImageError', 'convert_image_mode',
     'load_image', 'find_split', 'ImageFileDataset', 'parse_val_split', 'stratified_holdout', 'DatasetSubset',
     'holdout_split', 'create_image_dataset', 'create_train_val_datasets', 'dataset_class_to_idx',
-    'dataset_class_names', 'check_num_classes', 'seeded_rng', 'SeededSampler', 'SeededDataset', 'StridedSampler',
-    'collate_readable', 'ReadableBatches', 'ImageLoader', 'create_train_loader', 'create_eval_loader',
-    'num_valid_samples',
+    'dataset_class_names', 'check_num_classes', 'check_class_names', 'seeded_rng', 'SeededSampler',
+    'SeededDataset', 'StridedSampler', 'collate_readable', 'ReadableBatches', 'ImageLoader', 'create_train_loader',
+    'create_eval_loader', 'num_valid_samples',
 ]
 
 _logger = logging.getLogger(__name__)
@@ -645,7 +645,11 @@ class ImageFileDataset(torch.utils.data.Dataset):
         self.transform = transform
         self.target_transform = None
         if class_map:
-            class_to_idx = load_class_map(class_map, os.path.dirname(root) if os.path.isfile(root) else root)
+            try:
+                class_to_idx = load_class_map(class_map, os.path.dirname(root) if os.path.isfile(root) else root)
+            except (AssertionError, ValueError, OSError, UnicodeDecodeError) as e:
+                raise UsageError(f'cannot read the class map {class_map}: {e} (expected a .txt file with one class '
+                                 f'name a line, in label order)') from e
         extensions = set(get_img_extensions(as_set=True))
         self.is_tar = os.path.isfile(root)
         if self.is_tar:
@@ -799,6 +803,12 @@ def _build_dataset(name, root, split, is_training, class_map, download, input_im
     if name == '':
         ds = ImageFileDataset(split_path, class_map=class_map or None, class_to_idx=class_to_idx,
                               input_img_mode=input_img_mode)
+        if len(ds) == 0 and ds.other_classes:  # every class folder is of another class than those labelled
+            labelled = [c for c, _ in sorted(ds.class_to_idx.items(), key=lambda kv: kv[1])]
+            raise UsageError(
+                f'{what} at {split_path}: none of its class folders {_short_names(ds.other_classes)} is one of the '
+                f'classes it is labelled with {_short_names(labelled)} (the model\'s or the class map\'s); '
+                f'expected class folders named as those classes')
         if len(ds) == 0:
             kind = 'tar' if ds.is_tar else 'folder'
             raise UsageError(
@@ -861,6 +871,7 @@ def create_image_dataset(
         batch_size: int = 1,
         seed: int = 42,
         what: str = 'dataset',
+        class_to_idx: Optional[Dict[str, int]] = None,
 ) -> torch.utils.data.Dataset:
     """One split of a dataset, with clear errors for a missing, empty or malformed one (validate.py).
 
@@ -868,11 +879,14 @@ def create_image_dataset(
     (``root/<split>/`` or ``root/<split>.tar``, or a synonym); a ``.tar`` given as ``root``, or a root of class
     folders without any split folder, is read as the split itself. Other names go to timm's
     ``create_dataset`` (``torch/cifar10``, ``hfds/...``, ``wds/...``).
+
+    ``class_to_idx`` (image folder / tar only; a ``class_map`` wins) labels the classes by name, e.g. with the
+    classes a model was trained on; folders of other classes are left out and listed in ``other_classes``.
     """
     if name == '':
         root = _check_root(root, split, what)
         return _build_dataset(name, root, split, is_training, class_map, download, input_img_mode, batch_size,
-                              seed, what, split_path=_find_main_split(root, split, what))
+                              seed, what, split_path=_find_main_split(root, split, what), class_to_idx=class_to_idx)
     return _build_dataset(name, root, split, is_training, class_map, download, input_img_mode, batch_size, seed, what)
 
 
@@ -983,6 +997,33 @@ def check_num_classes(ds, num_classes: int, what: str = 'dataset', hint: str = '
         raise UsageError(
             f'class-count mismatch: the {what} has {len(names)} classes ({shown}) but the model has '
             f'{num_classes} outputs{hint}')
+
+
+def _short_names(names: Sequence[str], n: int = 10) -> str:
+    shown = ', '.join(names[:n]) + (f', ... ({len(names)} in all)' if len(names) > n else '')
+    return f'[{shown}]'
+
+
+def check_class_names(ds, class_names: Sequence[str], what: str = 'dataset', hint: str = '') -> None:
+    """Raise a :class:`UsageError`, with both lists, when ``ds`` has classes not in ``class_names`` (a model's
+    classes in label order) or labels them otherwise. An image folder / tar built with ``class_to_idx`` from
+    these names labels its class folders by name, so a subset of the classes is fine; other datasets must list
+    the same classes in the same order."""
+    if isinstance(ds, ImageFileDataset):
+        if not ds.other_classes:
+            return
+        folders = sorted({p.split('/', 1)[0] for p, _ in ds.samples} | set(ds.other_classes), key=natural_key)
+        raise UsageError(
+            f'the {what} {ds.root} has class folders the model was not trained on '
+            f'({", ".join(ds.other_classes[:10])}{", ..." if len(ds.other_classes) > 10 else ""}): folders '
+            f'{_short_names(folders)}, model classes {_short_names(list(class_names))}{hint}')
+    names = dataset_class_names(ds)
+    if names is None:
+        _logger.warning(f'the {what} does not list its classes: its labels cannot be checked against the '
+                        f'{len(class_names)} class names the model was trained on')
+    elif list(names) != list(class_names):
+        raise UsageError(f'the {what} labels other classes than the model was trained on: dataset classes '
+                         f'{_short_names(list(names))}, model classes {_short_names(list(class_names))}{hint}')
 
 
 @contextlib.contextmanager
