@@ -156,7 +156,7 @@ def create_model_for_eval(
 
     Returns the model (eval mode, CPU) and info: ``source``, ``checkpoint_kind``, ``data_cfg`` (ours only),
     ``epoch``, ``model_name``, ``create_kwargs``, ``class_names`` (the training set's classes in label order,
-    stored in our checkpoints since they have it; else None).
+    which train.py stores in its checkpoints; None for older checkpoints and other weights).
     """
     create_kwargs = dict(create_kwargs or {})
     info: Dict[str, Any] = {'source': 'random init', 'checkpoint_kind': None, 'data_cfg': None, 'epoch': None,
