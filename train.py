@@ -565,6 +565,7 @@ def _train(args, demo, run, argv):
                 epoch, metric, model=model, optimizer=optimizer, scheduler=lr_scheduler, schedule=schedule,
                 num_updates=num_updates, loss_scaler=loss_scaler,
                 model_cfg={'name': args.model, 'kwargs': create_kwargs}, data_cfg=dict(data_config),
+                class_names=train_classes,  # label order; validate.py labels class folders by these names
                 state_dict_ema=model_ema.module.state_dict() if model_ema is not None else None,
                 eval_metrics=dict(eval_metrics) if eval_metrics is not None else None,
                 ema_eval_metrics=dict(ema_metrics) if ema_metrics is not None else None)

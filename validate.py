@@ -14,6 +14,11 @@ Weights come from one of:
     python validate.py --model smlpnet_s --checkpoint smlp_s.pth --data-dir /data/imagenet --amp
     torchrun --nproc_per_node=2 validate.py ...   # exact metrics: the padding that evens out ranks is not counted
 
+Labels: a checkpoint of our train.py stores the class names it was trained on; the class folders are labelled
+by those names (a subset of the classes is fine; a folder of another class stops with both lists, exit 2).
+``--class-map FILE`` overrides them. Weights without class names (older checkpoints, timm's, ``--pretrained``)
+are assumed to follow the folder order, with a warning.
+
 Results are logged and, with ``--results-file``, written as JSON or CSV (by the file's extension).
 """
 import argparse
@@ -24,7 +29,9 @@ import torch
 from timm.data import resolve_data_config
 from timm.utils import ParseKwargs
 
-from mlp_vision.training.data import check_num_classes, create_eval_loader, create_image_dataset
+from mlp_vision.training.data import (
+    check_class_names, check_num_classes, create_eval_loader, create_image_dataset,
+)
 from mlp_vision.training.distributed import init_device
 from mlp_vision.training.engine import evaluate
 from mlp_vision.training.errors import UsageError, run_cli
@@ -93,6 +100,39 @@ def _write_results(path: str, results: dict) -> None:
         write_json(path, results)
 
 
+def _validation_dataset(args: argparse.Namespace, data_dir, model, info: dict):
+    """(the validation set, how its labels were decided). Labels follow, in order: ``--class-map``; the class
+    names stored in a training checkpoint, matched to the class folders by name (a subset of the classes is
+    fine, a folder of another class is refused with both lists); else the dataset's own class order (folder
+    order), with a warning, since nothing says it is the order the model was trained with."""
+    class_names = info.get('class_names')
+    where = f' ({info["model_name"]} from {info["source"]})'
+    create = dict(root=data_dir, split=args.split, is_training=False, download=args.dataset_download,
+                  input_img_mode=args.input_img_mode, batch_size=args.batch_size, what='validation set')
+    if args.class_map:
+        if class_names:
+            _logger.info(f'labels from --class-map {args.class_map}, not from the class names stored in the checkpoint')
+        dataset = create_image_dataset(args.dataset, class_map=args.class_map, **create)
+        labels = f'--class-map {args.class_map}'
+    elif class_names:
+        class_to_idx = {name: label for label, name in enumerate(class_names)}
+        dataset = create_image_dataset(args.dataset, class_to_idx=class_to_idx, **create)
+        check_class_names(dataset, class_names, 'validation set',
+                          f'{where}; expected class folders named as the model\'s classes (a subset is fine), or '
+                          f'pass --class-map FILE to say which folder is which label')
+        labels = 'class names stored in the checkpoint'
+    else:
+        dataset = create_image_dataset(args.dataset, **create)
+        if info['source'] != 'random init':
+            _logger.warning(f'the weights ({info["source"]}) do not store the class names the model was trained '
+                            f'on: labels are assumed to follow the order of the validation set\'s classes (folder '
+                            f'order); pass --class-map FILE if they do not')
+        labels = 'dataset class order (assumed)'
+    check_num_classes(dataset, model.num_classes, 'validation set',
+                      f'{where}; validate on data with the classes the model was trained for, or pass --class-map')
+    return dataset, labels
+
+
 def validate(args: argparse.Namespace) -> dict:
     """Run one validation; returns the results dict. Raises :class:`UsageError` for bad input."""
     dist_info = init_device(args.device)
@@ -120,13 +160,7 @@ def validate(args: argparse.Namespace) -> dict:
     model_name = info['model_name']
     num_params = sum(p.numel() for p in model.parameters())
 
-    dataset = create_image_dataset(
-        args.dataset, root=data_dir, split=args.split, is_training=False, class_map=args.class_map,
-        download=args.dataset_download, input_img_mode=args.input_img_mode, batch_size=args.batch_size,
-        what='validation set')
-    check_num_classes(dataset, model.num_classes, 'validation set',
-                      f' ({model_name} from {info["source"]}); validate on data with the classes the model was '
-                      f'trained for, or pass --class-map')
+    dataset, labels = _validation_dataset(args, data_dir, model, info)
 
     # preprocessing: explicit flags, then the training checkpoint's eval preprocessing, then the model's config
     data_config = resolve_data_config(vars(args), model=model, verbose=False)
@@ -162,6 +196,7 @@ def validate(args: argparse.Namespace) -> dict:
     results = {
         'model': model_name,
         'weights': info['source'],
+        'labels': labels,
         'top1': round(metrics['top1'], 4),
         'top5': round(metrics['top5'], 4),
         'loss': round(metrics['loss'], 6),

@@ -1,8 +1,11 @@
 """ Image data that never gives a silent wrong result (mlp_vision.training.data): validation splits, image tars,
 nested class folders, every PIL mode, unreadable images. Every test makes its own tiny data in tmp_path. """
 import io
+import json
 import logging
 import os
+import subprocess
+import sys
 import tarfile
 from collections import Counter
 
@@ -24,6 +27,7 @@ SIZE = 8
 DATA_CONFIG = dict(input_size=(3, SIZE, SIZE), interpolation='bilinear', mean=(0.5, 0.5, 0.5), std=(0.25, 0.25, 0.25),
                    crop_pct=1.0, crop_mode='center')
 CPU = torch.device('cpu')
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _image(seed: int) -> Image.Image:
@@ -216,6 +220,175 @@ def test_image_outside_a_class_folder_is_an_error(tmp_path):
     _image(0).save(tmp_path / 'train' / 'loose.png')
     with pytest.raises(UsageError, match='outside class folders \\(loose.png\\)'):
         create_image_dataset('', str(tmp_path), 'train')
+
+
+# ---------------------------------------------------------------------------------------------------- symlinks
+
+_SCAN_SCRIPT = """
+import json, logging, sys
+from mlp_vision.training.data import ImageFileDataset, dataset_class_names
+from mlp_vision.training.errors import UsageError
+warnings = []
+class Keep(logging.Handler):
+    def emit(self, record):
+        warnings.append(record.getMessage())
+logging.getLogger().addHandler(Keep(logging.WARNING))
+try:
+    ds = ImageFileDataset(sys.argv[1])
+    names = dataset_class_names(ds)
+    print(json.dumps({'samples': {p: names[t] for p, t in ds.samples}, 'warnings': warnings}))
+except UsageError as e:
+    print(json.dumps({'error': str(e), 'warnings': warnings}))
+"""
+
+
+def _scan_in_subprocess(root):
+    """ImageFileDataset(root) in another process with a time limit (a symlink loop used to walk forever, filling
+    the memory): ``{'samples': {relative path: class}, 'warnings': [...]}`` or ``{'error': ...}``."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO] + [p for p in os.environ.get('PYTHONPATH', '').split(
+        os.pathsep) if p]))
+    try:
+        proc = subprocess.run([sys.executable, '-c', _SCAN_SCRIPT, str(root)], capture_output=True, text=True,
+                              env=env, timeout=120)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f'reading {root} did not end within 120 s (a symlink loop followed forever)')
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads(proc.stdout)
+
+
+def _loop_layout(root, kind):
+    """Classes a (3 images and a/sub/deep.png, with the links of ``kind``) and b (2 images); returns
+    ({link that must be named in one warning: what the warning says}, {extra image: class})."""
+    _folder(root, {'a': 3, 'b': 2})
+    for sub in ('sub', 'sub2'):
+        (root / 'a' / sub).mkdir()
+    _image(9).save(root / 'a' / 'sub' / 'deep.png')
+    outside = root.parent / 'outside'
+    loop = 'it points to a folder that contains it (a loop)'
+    links, warned, extra = {  # {link: target}, {link named in a warning: why}, {extra image: class}
+        'self': ({'a/loop': '.'}, {'a/loop': loop}, {}),  # a link to the class folder itself
+        'two_loops': ({'a/loop1': '.', 'a/sub/loop2': '..'},  # the issue's case: walked forever before
+                      {'a/loop1': loop, 'a/sub/loop2': loop}, {}),
+        'root': ({'a/sub/up': '../..', 'top': '.'},  # to the dataset root, from a class and as a class folder
+                 {'a/sub/up': loop, 'top': 'the dataset root or a folder above it (a loop)'}, {}),
+        # two links pointing at each other's folders, in a class and outside the dataset (read from a/out: x's
+        # link to y is followed, y's link back to x is skipped)
+        'mutual': ({'a/sub/to_sub2': '../sub2', 'a/sub2/to_sub': '../sub'},
+                   {'a/sub/to_sub2': 'already read as a/sub2', 'a/sub2/to_sub': 'already read as a/sub'}, {}),
+        'mutual_outside': ({f'{outside}/x/to_y': '../y', f'{outside}/y/to_x': '../x', 'a/out': f'{outside}/x'},
+                           {'a/out/to_y/to_x': 'already read as a/out'}, {'a/out/11.png': 'a', 'a/out/to_y/12.png': 'a'}),
+    }[kind]
+    if kind == 'mutual_outside':
+        _folder(outside, {'x': 1, 'y': 1}, start=11)
+    for link, target in links.items():
+        os.symlink(target, root / link)
+    return warned, extra
+
+
+@pytest.mark.parametrize('kind', ['self', 'two_loops', 'root', 'mutual', 'mutual_outside'])
+def test_symlink_loops_are_skipped_with_a_warning_and_counts_are_true(tmp_path, kind):
+    """The issue's data: a symlink loop in a class folder walked forever (two loops) or multiplied the images
+    and filed them under the looping class (one loop). Each loop is now skipped with one warning naming the
+    link and where it points; every image is read once, with its class."""
+    warned, extra = _loop_layout(tmp_path / 'train', kind)
+    result = _scan_in_subprocess(tmp_path / 'train')
+    assert result['samples'] == {'a/0.png': 'a', 'a/1.png': 'a', 'a/2.png': 'a', 'a/sub/deep.png': 'a',
+                                 'b/3.png': 'b', 'b/4.png': 'b', **extra}
+    for link, why in warned.items():
+        named = [w for w in result['warnings'] if f'skipped the symlink {link} -> ' in w]
+        assert len(named) == 1 and why in named[0], (link, result['warnings'])
+    assert len(result['warnings']) == len(warned), result['warnings']
+
+
+def test_links_between_class_folders_are_refused(tmp_path):
+    """A link that puts a folder or an image of one class into another (including two links pointing at each
+    other's folders) would give those images two labels: one line naming both paths."""
+    _folder(tmp_path / 'mutual', {'a': 1, 'b': 1})
+    os.symlink('../b', tmp_path / 'mutual' / 'a' / 'to_b')
+    os.symlink('../a', tmp_path / 'mutual' / 'b' / 'to_a')
+    result = _scan_in_subprocess(tmp_path / 'mutual')
+    assert result['error'].endswith('the image a/to_b/1.png is the same file as b/1.png (a link): one image in two '
+                                    'classes has no single label; expected each image in the folder of one class')
+
+    _folder(tmp_path / 'file', {'a': 2, 'b': 1})
+    os.symlink('../a/0.png', tmp_path / 'file' / 'b' / 'borrowed.png')
+    with pytest.raises(UsageError, match='the image b/borrowed.png is the same file as a/0.png') as e:
+        ImageFileDataset(str(tmp_path / 'file'))
+    assert '\n' not in str(e.value)
+
+    _folder(tmp_path / 'same', {'a': 2})
+    os.symlink('a', tmp_path / 'same' / 'b')
+    with pytest.raises(UsageError, match='class folders a and b are the same folder'):
+        ImageFileDataset(str(tmp_path / 'same'))
+    _folder(tmp_path / 'nested', {'a': 1})
+    (tmp_path / 'nested' / 'a' / 'sub').mkdir()
+    _image(5).save(tmp_path / 'nested' / 'a' / 'sub' / 'x.png')
+    os.symlink('a/sub', tmp_path / 'nested' / 'b')
+    with pytest.raises(UsageError, match='class folder b is the folder a/sub inside another class folder'):
+        ImageFileDataset(str(tmp_path / 'nested'))
+
+
+def test_legit_symlinks_count_once(tmp_path, caplog):
+    """A class folder that is a link to elsewhere, a link to an outside folder inside a class and a linked image
+    are read (each image once, in the class of the link); links that reach a file the class already has are
+    counted once, with a warning."""
+    elsewhere = tmp_path / 'elsewhere'
+    _folder(elsewhere, {'bb': 2, 'extra': 2}, start=10)
+    _image(30).save(elsewhere / 'single.png')
+    root = tmp_path / 'train'
+    _folder(root, {'a': 2})
+    os.symlink(elsewhere / 'bb', root / 'b')  # a class folder that is a link
+    os.symlink(elsewhere / 'extra', root / 'a' / 'more')  # a link to an outside folder
+    os.symlink(elsewhere / 'single.png', root / 'a' / 'single.png')  # a linked image
+    os.symlink('0.png', root / 'a' / 'again.png')  # the same file twice in one class
+    (root / 'a' / 'sub').mkdir()
+    _image(40).save(root / 'a' / 'sub' / 's.png')
+    os.symlink('sub', root / 'a' / 'more_sub')  # a folder of the class read twice
+    with caplog.at_level(logging.WARNING):
+        ds = ImageFileDataset(str(root))
+    assert {p: dataset_class_names(ds)[t] for p, t in ds.samples} == {
+        'a/0.png': 'a', 'a/1.png': 'a', 'a/more/12.png': 'a', 'a/more/13.png': 'a', 'a/single.png': 'a',
+        'a/sub/s.png': 'a', 'b/10.png': 'b', 'b/11.png': 'b'}
+    assert np.array_equal(np.asarray(ds[ds.samples.index(('a/single.png', 0))][0]), np.asarray(_image(30)))
+    assert 'skipped the symlink a/more_sub' in caplog.text and 'already read as a/sub' in caplog.text
+    assert '1 image path(s) reach a file already counted' in caplog.text and 'a/again.png is a/0.png' in caplog.text
+
+
+def _tar_with_links(path, members, links):
+    """An uncompressed tar of {name: bytes} then {name: (tarfile.SYMTYPE | LNKTYPE, link target)}."""
+    with tarfile.open(path, 'w') as tf:
+        for name, data in members.items():
+            ti = tarfile.TarInfo(name)
+            ti.size = len(data)
+            tf.addfile(ti, io.BytesIO(data))
+        for name, (kind, target) in links.items():
+            ti = tarfile.TarInfo(name)
+            ti.type, ti.linkname = kind, target
+            tf.addfile(ti)
+    return path
+
+
+def test_tar_link_members(tmp_path):
+    """Tar members that are links read like the folder the tar was made from: a hard link is an image of its
+    own (its file's data), a symlink to an image in the tar is that image (counted once in its class, refused
+    in another), a symlink to anything the tar does not hold is refused (it used to be dropped silently)."""
+    images = {f'{c}/{c}{i}.png': _png_bytes(_image(10 * k + i)) for k, c in enumerate('ab') for i in range(2)}
+    ok = _tar_with_links(tmp_path / 'ok.tar', images, {
+        'a/hard.png': (tarfile.LNKTYPE, 'a/a0.png'), 'a/soft.png': (tarfile.SYMTYPE, 'a1.png'),
+        'b/chain.png': (tarfile.SYMTYPE, 'b1_link.png'), 'b/b1_link.png': (tarfile.SYMTYPE, './b1.png'),
+        'README': (tarfile.SYMTYPE, 'a/a0.png')})
+    ds = ImageFileDataset(str(ok))
+    assert _labels(ds) == {'a0.png': 'a', 'a1.png': 'a', 'hard.png': 'a', 'b0.png': 'b', 'b1.png': 'b'}
+    assert np.array_equal(np.asarray(ds[2][0]), np.asarray(_image(0)))  # a/hard.png: a/a0.png's data
+    two = _tar_with_links(tmp_path / 'two.tar', images, {'b/stolen.png': (tarfile.SYMTYPE, '../a/a0.png')})
+    with pytest.raises(UsageError, match='the image b/stolen.png is the same file as a/a0.png'):
+        ImageFileDataset(str(two))
+    for name, target, what in [('c', '/data/elsewhere/c', 'nothing inside the tar'),
+                               ('a/more', '../b', 'a folder in the tar'),
+                               ('a/x.png', 'x.png', 'nothing inside the tar')]:  # the last is a loop
+        bad = _tar_with_links(tmp_path / 'bad.tar', images, {name: (tarfile.SYMTYPE, target)})
+        with pytest.raises(UsageError, match=f'member {name} is a symlink to {target} \\({what}\\).*--dereference'):
+            ImageFileDataset(str(bad))
 
 
 # ---------------------------------------------------------------------------------------------------- decoding

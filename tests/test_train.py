@@ -229,6 +229,91 @@ def test_nan_loss_stops_and_keeps_last_good_checkpoint(digits, tmp_path):
     assert 'loss is' in (tmp_path / 'nan' / 'train.log').read_text()
 
 
+def _class_folders(digits, root, classes, splits=('train', 'val')):
+    """root/<split>/<class> with the digits images of ``classes`` only; returns root."""
+    for split in splits:
+        for c in classes:
+            shutil.copytree(digits / split / c, root / split / c)
+    return root
+
+
+@pytest.fixture(scope='module')
+def three_class_run(digits, tmp_path_factory):
+    """One epoch on the digits 0, 1, 2 only (6 validation images each); returns its last.pth."""
+    out = tmp_path_factory.mktemp('three')
+    data = _class_folders(digits, out / 'data', '012')
+    train.main(MODEL_ARGS + ['--epochs', '1', '-b', '8', '--workers', '0', '--data-dir', str(data),
+                             '--val-split', 'val', '--output', str(out), '--experiment', 'run', '--log-interval', '100'])
+    return out / 'run' / 'last.pth'
+
+
+def _validate_with_dataset(monkeypatch, argv):
+    """validate.main(argv) and the validation set it labelled."""
+    made = []
+    create = validate.create_image_dataset
+    monkeypatch.setattr(validate, 'create_image_dataset', lambda *a, **k: made.append(create(*a, **k)) or made[-1])
+    res = validate.main(argv + ['--workers', '0', '-b', '8'])
+    return res, made[-1]
+
+
+def _folder_labels(ds):
+    return [(p.split('/')[0], t) for p, t in ds.samples]
+
+
+def test_checkpoints_store_the_class_names(three_class_run):
+    for name in ('last.pth', 'model_best.pth'):  # a plain list of str: loads with weights_only=True
+        assert _state(three_class_run.parent / name)['class_names'] == ['0', '1', '2']
+
+
+def test_validate_labels_class_folders_by_the_checkpoint_class_names(three_class_run, digits, tmp_path, monkeypatch):
+    """Trained on {0, 1, 2}, validated on folders {1, 2}: by folder order 1 and 2 were labelled 0 and 1 (a wrong
+    score, no warning). The checkpoint's class names label each folder by its name."""
+    data = _class_folders(digits, tmp_path / 'sub', '12', splits=('val',))
+    argv = ['--checkpoint', str(three_class_run), '--data-dir', str(data), '--split', 'val']
+    res, ds = _validate_with_dataset(monkeypatch, argv)
+    assert res['labels'] == 'class names stored in the checkpoint' and res['samples'] == 12
+    assert sorted(set(_folder_labels(ds))) == [('1', 1), ('2', 2)]
+    # the same metrics as with the right labels given by hand
+    (tmp_path / 'map.txt').write_text('0\n1\n2\n')
+    by_hand, ds = _validate_with_dataset(monkeypatch, argv + ['--class-map', str(tmp_path / 'map.txt')])
+    assert sorted(set(_folder_labels(ds))) == [('1', 1), ('2', 2)]
+    assert {k: res[k] for k in ('top1', 'top5', 'loss', 'samples')} == \
+        {k: by_hand[k] for k in ('top1', 'top5', 'loss', 'samples')}
+
+
+def test_validate_refuses_class_folders_the_model_was_not_trained_on(three_class_run, digits, tmp_path, monkeypatch):
+    """Folders {1, 2, 3} for a model of {0, 1, 2} (the issue: 16.7 % with no warning) or {8, 9}: exit 2 with both
+    lists. An explicit --class-map overrides."""
+    def err(data):
+        with pytest.raises(SystemExit) as e:
+            validate.main(['--checkpoint', str(three_class_run), '--data-dir', str(data), '--split', 'val',
+                           '--workers', '0'])
+        assert e.value.code == 2 and '\n' not in e.value.message
+        return e.value.message
+
+    data = _class_folders(digits, tmp_path / 'other', '123', splits=('val',))
+    assert 'class folders the model was not trained on (3): folders [1, 2, 3], model classes [0, 1, 2]' in err(data)
+    disjoint = _class_folders(digits, tmp_path / 'disjoint', '89', splits=('val',))
+    assert 'none of its class folders [8, 9] is one of the classes it is labelled with [0, 1, 2]' in err(disjoint)
+    (tmp_path / 'map.txt').write_text('1\n2\n3\n')  # the user says: folder 1 is label 0, ...
+    res, ds = _validate_with_dataset(monkeypatch, ['--checkpoint', str(three_class_run), '--data-dir', str(data),
+                                                   '--split', 'val', '--class-map', str(tmp_path / 'map.txt')])
+    assert res['samples'] == 18 and res['labels'] == f'--class-map {tmp_path / "map.txt"}'
+    assert sorted(set(_folder_labels(ds))) == [('1', 0), ('2', 1), ('3', 2)]
+
+
+def test_validate_checkpoint_without_class_names_warns(three_class_run, digits, tmp_path, monkeypatch, caplog):
+    """An older checkpoint (or foreign weights) has no class names: folder order, as before, with a warning."""
+    old = tmp_path / 'old.pth'
+    torch.save({k: v for k, v in _state(three_class_run).items() if k != 'class_names'}, old)
+    data = _class_folders(digits, tmp_path / 'other', '123', splits=('val',))
+    argv = ['--checkpoint', str(old), '--data-dir', str(data), '--split', 'val']
+    res, ds = _validate_with_dataset(monkeypatch, argv)
+    assert res['labels'] == 'dataset class order (assumed)' and res['samples'] == 18
+    assert sorted(set(_folder_labels(ds))) == [('1', 0), ('2', 1), ('3', 2)]
+    assert 'do not store the class names the model was trained on: labels are assumed to follow' in caplog.text
+
+
 def test_validate_bad_inputs(reference_run, digits, tmp_path):
     ckpt = str(reference_run / 'last.pth')
 
@@ -241,10 +326,12 @@ def test_validate_bad_inputs(reference_run, digits, tmp_path):
     assert 'does not exist' in err('--checkpoint', ckpt, '--data-dir', str(tmp_path / 'missing'))
     (tmp_path / 'empty' / 'val' / 'cls').mkdir(parents=True)
     assert 'is empty' in err('--checkpoint', ckpt, '--data-dir', str(tmp_path / 'empty'), '--split', 'val')
-    three = tmp_path / 'three' / 'val'
-    for c in '012':
-        shutil.copytree(digits / 'val' / c, three / c)
-    msg = err('--checkpoint', ckpt, '--data-dir', str(tmp_path / 'three'), '--split', 'val')
+    _class_folders(digits, tmp_path / 'three', '012', splits=('val',))
+    # a checkpoint without class names (written before they were stored) labels by folder order: the class
+    # count must match (with class names, 3 of the 10 classes are fine: test_validate_labels_class_folders_...)
+    old = tmp_path / 'old.pth'
+    torch.save({k: v for k, v in _state(ckpt).items() if k != 'class_names'}, old)
+    msg = err('--checkpoint', str(old), '--data-dir', str(tmp_path / 'three'), '--split', 'val')
     assert 'class-count mismatch' in msg and '3 classes' in msg and '10 outputs' in msg
     msg = err('--checkpoint', ckpt, '--model', 'gmlp_ti', '--data-dir', str(digits), '--split', 'val')
     assert "trained for model 'smlpnet_t'" in msg

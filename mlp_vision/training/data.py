@@ -5,7 +5,9 @@
   Nothing is silently wrong: a validation set is a real split (``val/``, ``validation.tar``, ...) or a seeded
   class-stratified hold-out of the training images (``--val-split 0.1``), never the training images; images in
   sub-folders of a class folder belong to that class; a truncated tar, an empty split, images outside class
-  folders stop with one line saying what is expected.
+  folders stop with one line saying what is expected. Symlinks are followed at most once: a loop is skipped
+  with a warning naming it, each image is counted once in its class, and an image that links would put in two
+  classes is refused (:func:`_scan_folder`; tars: :func:`_scan_tar`).
 * :func:`load_image` decodes every mode PIL opens correctly to RGB (16-bit grayscale is scaled, not clipped to
   white); an unreadable, corrupt or decompression-bomb image is left out of its batch with a warning naming the
   file, never replaced by another image, and counted (:attr:`ImageLoader.skipped`).
@@ -22,6 +24,7 @@ import hashlib
 import io
 import logging
 import os
+import posixpath
 import random
 import shutil
 import tarfile
@@ -47,9 +50,9 @@ __all__ = [
     'default_cache_dir', 'prepare_digits_folder', 'SkippedImage', 'UnusableImageError', 'convert_image_mode',
     'load_image', 'find_split', 'ImageFileDataset', 'parse_val_split', 'stratified_holdout', 'DatasetSubset',
     'holdout_split', 'create_image_dataset', 'create_train_val_datasets', 'dataset_class_to_idx',
-    'dataset_class_names', 'check_num_classes', 'seeded_rng', 'SeededSampler', 'SeededDataset', 'StridedSampler',
-    'collate_readable', 'ReadableBatches', 'ImageLoader', 'create_train_loader', 'create_eval_loader',
-    'num_valid_samples',
+    'dataset_class_names', 'check_num_classes', 'check_class_names', 'seeded_rng', 'SeededSampler',
+    'SeededDataset', 'StridedSampler', 'collate_readable', 'ReadableBatches', 'ImageLoader', 'create_train_loader',
+    'create_eval_loader', 'num_valid_samples',
 ]
 
 _logger = logging.getLogger(__name__)
@@ -316,16 +319,182 @@ def _samples_by_class(
     return samples, class_to_idx, other_classes
 
 
+def _is_image_name(name: str, extensions: Set[str]) -> bool:
+    return not _is_hidden(name) and os.path.splitext(name)[1].lower() in extensions
+
+
+def _contains(folder: str, path: str) -> bool:
+    """Whether the real path ``path`` is ``folder`` or lies below it."""
+    return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
+
+
+def _visible_relpath(path: str, folder: str) -> Optional[str]:
+    """``path`` relative to ``folder`` ('/'-separated) if it lies below it with no hidden part, else None."""
+    if not _contains(folder, path) or path == folder:
+        return None
+    rel = os.path.relpath(path, folder).replace(os.sep, '/')
+    return None if any(_is_hidden(part) for part in rel.split('/')) else rel
+
+
+class _FolderScan:
+    """The images of an ImageFolder tree, symlinks followed at most once (see :func:`_scan_folder`)."""
+
+    def __init__(self, root: str, extensions: Set[str]):
+        self.root, self.extensions = root, extensions
+        self.root_real = os.path.realpath(root)
+        self.class_real: Dict[str, str] = {}  # class folder name -> its real path
+        self.owner_of_real: Dict[str, str] = {}  # real class folder -> class name
+        self.warned: Set[str] = set()
+
+    def _warn_skipped(self, rel: str, target: str, why: str) -> None:
+        if rel not in self.warned:
+            self.warned.add(rel)
+            _logger.warning(f'{self.root}: skipped the symlink {rel} -> {target}: {why}')
+
+    def class_folders(self) -> List[str]:
+        """Loose images in the root (the caller refuses them); fills :attr:`class_real` with the class folders,
+        leaving out a link to the root or a folder above it (a loop)."""
+        loose = []
+        with os.scandir(self.root) as entries:
+            for entry in sorted(entries, key=lambda e: e.name):
+                if _is_hidden(entry.name):
+                    continue
+                if not entry.is_dir():
+                    if _is_image_name(entry.name, self.extensions):
+                        loose.append(entry.name)
+                    continue
+                real = os.path.realpath(entry.path)
+                if _contains(real, self.root_real):
+                    self._warn_skipped(entry.name, real, 'it points to the dataset root or a folder above it (a loop)')
+                    continue
+                self.class_real[entry.name] = real
+        owners: Dict[str, str] = {}
+        for name, real in self.class_real.items():
+            if real in owners:
+                raise UsageError(
+                    f'{self.root}: class folders {owners[real]} and {name} are the same folder {real}: its images '
+                    f'would have two labels; expected each class folder to hold only its own images')
+            owners[real] = name
+        for name, real in self.class_real.items():
+            outer = self._enclosing_class(real, owners)
+            if outer is not None:
+                raise UsageError(
+                    f'{self.root}: class folder {name} is the folder {outer} inside another class folder ({real}): '
+                    f'its images would have two labels; expected each class folder to hold only its own images')
+        self.owner_of_real = owners
+        return loose
+
+    @staticmethod
+    def _enclosing_class(real: str, owners: Dict[str, str]) -> Optional[str]:
+        """``<class>/<path>`` when the real path ``real`` lies, not hidden, below the real folder of a class."""
+        parent = os.path.dirname(real)
+        while parent != os.path.dirname(parent):
+            if parent in owners:
+                rel = _visible_relpath(real, parent)
+                return None if rel is None else f'{owners[parent]}/{rel}'
+            parent = os.path.dirname(parent)
+        return None
+
+    def walk_class(self, name: str) -> Tuple[List[str], List[Tuple[str, str]]]:
+        """(images of the class's own folder tree, ``(relative path, real path)`` of those reached through
+        symlinks). Folders are read in trees: the class folder's own tree first (links not followed), then the
+        tree of each link found, in turn; every real folder is read once, so the walk ends."""
+        read: Dict[str, str] = {}  # real folder -> the relative path it was read as
+        own, linked = [], []
+        trees = [(self.class_real[name], name, True)]
+        while trees:
+            base_real, base_rel, is_own = trees.pop(0)
+            read[base_real] = base_rel
+            links = []
+            stack = [(base_real, base_rel)]
+            while stack:
+                folder_real, folder_rel = stack.pop()
+                with os.scandir(folder_real) as entries:
+                    for entry in sorted(entries, key=lambda e: e.name):
+                        if _is_hidden(entry.name):
+                            continue
+                        rel = f'{folder_rel}/{entry.name}'
+                        if entry.is_dir():
+                            if entry.is_symlink():
+                                links.append((rel, entry.path, folder_real))
+                            elif entry.path in read:  # a tree read before, now inside a linked one
+                                _logger.warning(f'{self.root}: skipped {rel}: that folder is already read as '
+                                                f'{read[entry.path]}; its images count once')
+                            else:
+                                read[entry.path] = rel
+                                stack.append((entry.path, rel))
+                        elif _is_image_name(entry.name, self.extensions):
+                            if is_own and not entry.is_symlink():
+                                own.append(rel)
+                            else:
+                                linked.append((rel, os.path.realpath(entry.path)))
+            for rel, path, folder_real in links:
+                target = os.path.realpath(path)
+                if _contains(target, folder_real) or _contains(target, self.root_real):
+                    self._warn_skipped(rel, target, 'it points to a folder that contains it (a loop); '
+                                                    'that folder is read once')
+                elif target in read:
+                    self._warn_skipped(rel, target, f'that folder is already read as {read[target]}; '
+                                                    f'its images count once')
+                else:
+                    read[target] = rel
+                    trees.append((target, rel, False))
+        return own, linked
+
+    def own_image(self, real: str) -> Optional[str]:
+        """The relative path of the file ``real`` as an image of its own class folder, or None."""
+        rel = self._enclosing_class(real, self.owner_of_real)
+        if rel is None or not _is_image_name(os.path.basename(real), self.extensions) or not os.path.isfile(real):
+            return None
+        return rel
+
+
+def _count_linked_images_once(
+        where: str,
+        own: List[str],
+        linked: Sequence[Tuple[str, str, Optional[str]]],
+) -> List[str]:
+    """``own`` images plus those of ``linked`` (``(relative path, identity of the file, where that file is an
+    image of its own class or None)``) that are not the same file as another image of the class; a file that
+    is an image of two classes is refused."""
+    first: Dict[str, str] = {}  # identity -> the relative path it was counted as
+    kept, duplicates = list(own), []
+    for rel, identity, own_rel in linked:
+        counted = own_rel or first.get(identity)
+        if counted is None:
+            first[identity] = rel
+            kept.append(rel)
+        elif counted.split('/', 1)[0] == rel.split('/', 1)[0]:
+            duplicates.append((rel, counted))
+        else:
+            raise UsageError(
+                f'{where}: the image {rel} is the same file as {counted} (a link): one image in two classes has no '
+                f'single label; expected each image in the folder of one class')
+    if duplicates:
+        rel, counted = duplicates[0]
+        _logger.warning(f'{where}: {len(duplicates)} image path(s) reach a file already counted in the same class '
+                        f'through a link (e.g. {rel} is {counted}); each file is counted once')
+    return kept
+
+
 def _scan_folder(root: str, extensions: Set[str]) -> List[str]:
-    """Image paths under ``root`` relative to it ('/'-separated), hidden files and folders left out."""
-    paths = []
-    for folder, subdirs, files in os.walk(root, followlinks=True):
-        subdirs[:] = [d for d in subdirs if not _is_hidden(d)]
-        rel = os.path.relpath(folder, root)
-        for f in files:
-            if not _is_hidden(f) and os.path.splitext(f)[1].lower() in extensions:
-                paths.append(f if rel == '.' else f'{rel}/{f}'.replace(os.sep, '/'))
-    return paths
+    """Image paths under ``root`` relative to it ('/'-separated), hidden files and folders left out.
+
+    Symlinks are followed at most once: a class folder may be a link, and a link inside one adds the images it
+    reaches to that class, but a link to a folder that contains it (a loop), to the dataset root, or to a
+    folder already read for the class is skipped with a warning naming it. A file reached by several paths of
+    one class (file links, links into the class's own folders) is counted once; a file that is an image of two
+    classes is a :class:`UsageError`, since no label would be right for both. Hard links are files of their
+    own, as copies would be.
+    """
+    scan = _FolderScan(root, extensions)
+    paths = scan.class_folders()
+    linked = []
+    for name in sorted(scan.class_real, key=natural_key):
+        own, reached = scan.walk_class(name)
+        paths += own
+        linked += [(rel, real, scan.own_image(real)) for rel, real in reached]
+    return _count_linked_images_once(root, paths, linked)
 
 
 def _read_exactly(f, offset: int, size: int) -> bytes:
@@ -336,19 +505,68 @@ def _read_exactly(f, offset: int, size: int) -> bytes:
     return data
 
 
-def _scan_tar(path: str, extensions: Set[str]) -> Dict[str, Tuple[int, int]]:
-    """``{member path: (byte offset of its data in the file, size)}`` for the images of an uncompressed tar.
+def _tar_member_name(name: str) -> str:
+    return '/'.join(part for part in name.split('/') if part not in ('', '.'))
+
+
+def _resolve_tar_links(
+        path: str,
+        where: str,
+        regular: Dict[str, Tuple[int, int]],
+        symlinks: Dict[str, str],
+        hardlinks: Dict[str, str],
+) -> Tuple[Dict[str, Tuple[int, int]], Dict[str, str]]:
+    """(``{hard link: data of its file}``, ``{symlink: the regular member it reaches}``) of one tar's link
+    members. A symlink that does not reach a file in the tar (a folder, a path outside the tar, nothing) is a
+    :class:`UsageError`: the tar holds the link, not what it pointed to."""
+    hard = {}
+    for name, target in hardlinks.items():
+        if _tar_member_name(target) not in regular:
+            raise UsageError(f'image tar {path}: member {where}{name} is a hard link to {target}, which is not a file '
+                             f'stored before it in the tar; expected a complete tar (or one made with tar -h)')
+        hard[name] = regular[_tar_member_name(target)]
+    folders = {'/'.join(name.split('/')[:i]) for name in regular for i in range(1, name.count('/') + 1)}
+    reached = {}
+    for name, target in symlinks.items():
+        current = name
+        for _ in range(40):  # a chain of links inside the tar, as the OS would follow them (ELOOP after 40)
+            link = symlinks[current]
+            current = posixpath.normpath(posixpath.join(posixpath.dirname(current), link))
+            if link.startswith('/') or current.startswith('..') or current not in symlinks:
+                break
+        if current in regular or current in hard:
+            reached[name] = current
+            continue
+        what = 'a folder in the tar' if current in folders else 'nothing inside the tar'
+        raise UsageError(
+            f'image tar {path}: member {where}{name} is a symlink to {symlinks[name]} ({what}); a tar holds the link, '
+            f'not what it points to: make the tar with tar --dereference (-h), so that it holds the images')
+    return hard, reached
+
+
+def _scan_tar(path: str, extensions: Set[str]) -> Tuple[Dict[str, Tuple[int, int]], Dict[str, str]]:
+    """``{member path: (byte offset of its data in the file, size)}`` for the images of an uncompressed tar, and
+    ``{symlink member: the member it reaches}`` for those of them that are symlinks.
 
     Images inside tars inside the tar (ImageNet's train tar holds one tar per class) are listed as
     ``<inner tar name without .tar>/<member path>``, their offsets in the outer file (tar stores members
     uncompressed and contiguous, so an image can be read with one seek, without tarfile, in any process).
+    A hard-link member is an image of its own with its file's data (as a hard-linked file in a folder); a
+    symlink member reads the member it points to (see :func:`_resolve_tar_links`).
     A truncated or corrupt tar raises a :class:`UsageError` naming it.
     """
     images: Dict[str, Tuple[int, int]] = {}
+    links: Dict[str, str] = {}
     file_size = os.path.getsize(path)
 
     def scan(tf: tarfile.TarFile, base: int, prefix: str, where: str):
+        regular, symlinks, hardlinks = {}, {}, {}
         for ti in tf:
+            name = _tar_member_name(ti.name)
+            if ti.issym() and not any(_is_hidden(part) for part in name.split('/')):
+                symlinks[name] = ti.linkname
+            elif ti.islnk():
+                hardlinks[name] = ti.linkname
             if not ti.isreg() or ti.sparse is not None:
                 continue
             stem, ext = os.path.splitext(ti.name)
@@ -358,10 +576,17 @@ def _scan_tar(path: str, extensions: Set[str]) -> Dict[str, Tuple[int, int]]:
             if ext.lower() == '.tar' and not prefix:
                 with tarfile.open(fileobj=tf.extractfile(ti), mode='r:') as inner:
                     scan(inner, base + ti.offset_data, stem.strip('/') + '/', f'{ti.name}:')
-            elif ext.lower() in extensions:
-                name = prefix + '/'.join(part for part in ti.name.split('/') if part not in ('', '.'))
-                if not any(_is_hidden(part) for part in name.split('/')):  # e.g. macOS' ._<image> files
-                    images[name] = (base + ti.offset_data, ti.size)
+            regular[name] = (base + ti.offset_data, ti.size)
+        hard, reached = _resolve_tar_links(path, where, regular, symlinks, hardlinks)
+        data = {**regular, **hard}
+        for name in [*regular, *hard, *reached]:
+            # hidden members (e.g. macOS' ._<image> files) and non-images are left out, as in folders
+            parts = (prefix + name).split('/')
+            if not _is_image_name(parts[-1], extensions) or any(_is_hidden(part) for part in parts):
+                continue
+            images[prefix + name] = data[reached.get(name, name)]
+            if name in reached:
+                links[prefix + name] = prefix + reached[name]
         # tarfile stops quietly at a missing or partial header; a complete tar ends with a zero block there
         with open(path, 'rb') as f:
             f.seek(base + tf.offset)
@@ -376,7 +601,7 @@ def _scan_tar(path: str, extensions: Set[str]) -> Dict[str, Tuple[int, int]]:
     except tarfile.TarError as e:
         raise UsageError(f'cannot read image tar {path}: {e} (expected an uncompressed .tar, complete; '
                          f'compressed tars are not supported)') from e
-    return images
+    return images, links
 
 
 def _strip_split_folder(paths: Sequence[str], tar_path: str) -> Tuple[List[str], str]:
@@ -399,8 +624,9 @@ class ImageFileDataset(torch.utils.data.Dataset):
     Layout: ``root/<class>/<image>``, or the same paths inside ``root`` = ``<name>.tar`` (optionally below one
     folder named like the split, ``val/<class>/<image>``; a tar of per-class tars ``<class>.tar`` works too).
     Images in sub-folders of a class folder belong to that class; hidden files and folders are ignored, and an
-    image outside any class folder is an error. Classes are sorted in natural order (as timm); extensions are
-    timm's (``timm.data.set_img_extensions``).
+    image outside any class folder is an error. Symlinks (folder) and link members (tar) are read as
+    :func:`_scan_folder` and :func:`_scan_tar` say: each image once, loops skipped with a warning. Classes
+    are sorted in natural order (as timm); extensions are timm's (``timm.data.set_img_extensions``).
 
     ``__getitem__`` returns ``(transform(image), target)``, or a :class:`SkippedImage` when the image cannot be
     used (see :func:`load_image`): the loaders of this module leave those out and count them.
@@ -419,17 +645,33 @@ class ImageFileDataset(torch.utils.data.Dataset):
         self.transform = transform
         self.target_transform = None
         if class_map:
-            class_to_idx = load_class_map(class_map, os.path.dirname(root) if os.path.isfile(root) else root)
+            try:
+                class_to_idx = load_class_map(class_map, os.path.dirname(root) if os.path.isfile(root) else root)
+            except (AssertionError, ValueError, OSError, UnicodeDecodeError) as e:
+                raise UsageError(f'cannot read the class map {class_map}: {e} (expected a .txt file with one class '
+                                 f'name a line, in label order)') from e
         extensions = set(get_img_extensions(as_set=True))
         self.is_tar = os.path.isfile(root)
         if self.is_tar:
-            members = _scan_tar(root, extensions)
+            members, links = _scan_tar(root, extensions)
             paths, self._prefix = _strip_split_folder(list(members), root)
             self._offsets = {p: members[self._prefix + p] for p in paths}
+            paths = _count_linked_images_once(root, *self._tar_linked_images(paths, links))
         else:
             paths, self._prefix, self._offsets = _scan_folder(root, extensions), '', None
         self.samples, self.class_to_idx, self.other_classes = _samples_by_class(paths, class_to_idx, root)
         self._file, self._file_pid = None, None  # the tar, opened once per process
+
+    def _tar_linked_images(self, paths: List[str], links: Dict[str, str]) -> Tuple[List[str], List[Tuple]]:
+        """(images of their own, ``(symlink, member reached, that member as an image or None)``) of a tar."""
+        own = [p for p in paths if self._prefix + p not in links]
+        linked = []
+        for p in paths:
+            target = links.get(self._prefix + p)
+            if target is not None:
+                as_image = target[len(self._prefix):] if target.startswith(self._prefix) else None
+                linked.append((p, target, as_image if as_image in self._offsets else None))
+        return own, linked
 
     def __len__(self) -> int:
         return len(self.samples)
@@ -561,6 +803,12 @@ def _build_dataset(name, root, split, is_training, class_map, download, input_im
     if name == '':
         ds = ImageFileDataset(split_path, class_map=class_map or None, class_to_idx=class_to_idx,
                               input_img_mode=input_img_mode)
+        if len(ds) == 0 and ds.other_classes:  # every class folder is of another class than those labelled
+            labelled = [c for c, _ in sorted(ds.class_to_idx.items(), key=lambda kv: kv[1])]
+            raise UsageError(
+                f'{what} at {split_path}: none of its class folders {_short_names(ds.other_classes)} is one of the '
+                f'classes it is labelled with {_short_names(labelled)} (the model\'s or the class map\'s); '
+                f'expected class folders named as those classes')
         if len(ds) == 0:
             kind = 'tar' if ds.is_tar else 'folder'
             raise UsageError(
@@ -623,6 +871,7 @@ def create_image_dataset(
         batch_size: int = 1,
         seed: int = 42,
         what: str = 'dataset',
+        class_to_idx: Optional[Dict[str, int]] = None,
 ) -> torch.utils.data.Dataset:
     """One split of a dataset, with clear errors for a missing, empty or malformed one (validate.py).
 
@@ -630,11 +879,14 @@ def create_image_dataset(
     (``root/<split>/`` or ``root/<split>.tar``, or a synonym); a ``.tar`` given as ``root``, or a root of class
     folders without any split folder, is read as the split itself. Other names go to timm's
     ``create_dataset`` (``torch/cifar10``, ``hfds/...``, ``wds/...``).
+
+    ``class_to_idx`` (image folder / tar only; a ``class_map`` wins) labels the classes by name, e.g. with the
+    classes a model was trained on; folders of other classes are left out and listed in ``other_classes``.
     """
     if name == '':
         root = _check_root(root, split, what)
         return _build_dataset(name, root, split, is_training, class_map, download, input_img_mode, batch_size,
-                              seed, what, split_path=_find_main_split(root, split, what))
+                              seed, what, split_path=_find_main_split(root, split, what), class_to_idx=class_to_idx)
     return _build_dataset(name, root, split, is_training, class_map, download, input_img_mode, batch_size, seed, what)
 
 
@@ -745,6 +997,33 @@ def check_num_classes(ds, num_classes: int, what: str = 'dataset', hint: str = '
         raise UsageError(
             f'class-count mismatch: the {what} has {len(names)} classes ({shown}) but the model has '
             f'{num_classes} outputs{hint}')
+
+
+def _short_names(names: Sequence[str], n: int = 10) -> str:
+    shown = ', '.join(names[:n]) + (f', ... ({len(names)} in all)' if len(names) > n else '')
+    return f'[{shown}]'
+
+
+def check_class_names(ds, class_names: Sequence[str], what: str = 'dataset', hint: str = '') -> None:
+    """Raise a :class:`UsageError`, with both lists, when ``ds`` has classes not in ``class_names`` (a model's
+    classes in label order) or labels them otherwise. An image folder / tar built with ``class_to_idx`` from
+    these names labels its class folders by name, so a subset of the classes is fine; other datasets must list
+    the same classes in the same order."""
+    if isinstance(ds, ImageFileDataset):
+        if not ds.other_classes:
+            return
+        folders = sorted({p.split('/', 1)[0] for p, _ in ds.samples} | set(ds.other_classes), key=natural_key)
+        raise UsageError(
+            f'the {what} {ds.root} has class folders the model was not trained on '
+            f'({", ".join(ds.other_classes[:10])}{", ..." if len(ds.other_classes) > 10 else ""}): folders '
+            f'{_short_names(folders)}, model classes {_short_names(list(class_names))}{hint}')
+    names = dataset_class_names(ds)
+    if names is None:
+        _logger.warning(f'the {what} does not list its classes: its labels cannot be checked against the '
+                        f'{len(class_names)} class names the model was trained on')
+    elif list(names) != list(class_names):
+        raise UsageError(f'the {what} labels other classes than the model was trained on: dataset classes '
+                         f'{_short_names(list(names))}, model classes {_short_names(list(class_names))}{hint}')
 
 
 @contextlib.contextmanager

@@ -162,10 +162,12 @@ def create_model_for_eval(
       pretrained filter fn; ``name`` is required.
 
     Returns the model (eval mode, CPU) and info: ``source``, ``checkpoint_kind``, ``data_cfg`` (ours only),
-    ``epoch``, ``model_name``, ``create_kwargs``.
+    ``epoch``, ``model_name``, ``create_kwargs``, ``class_names`` (the training set's classes in label order,
+    which train.py stores in its checkpoints; None for older checkpoints and other weights).
     """
     create_kwargs = dict(create_kwargs or {})
-    info: Dict[str, Any] = {'source': 'random init', 'checkpoint_kind': None, 'data_cfg': None, 'epoch': None}
+    info: Dict[str, Any] = {'source': 'random init', 'checkpoint_kind': None, 'data_cfg': None, 'epoch': None,
+                            'class_names': None}
     if checkpoint:
         ckpt = load_checkpoint_file(checkpoint, trust=trust_checkpoint, what='--checkpoint')
         if is_training_checkpoint(ckpt):
@@ -188,7 +190,8 @@ def create_model_for_eval(
             load_model_weights(model, ckpt[key], f'checkpoint {checkpoint}', name)
             info.update(source=f'{checkpoint} ({key}, epoch {ckpt.get("epoch")})',
                         checkpoint_kind='ours' if 'model_cfg' in ckpt else 'timm-train',
-                        data_cfg=ckpt.get('data_cfg'), epoch=ckpt.get('epoch'), create_kwargs=kwargs)
+                        data_cfg=ckpt.get('data_cfg'), epoch=ckpt.get('epoch'), create_kwargs=kwargs,
+                        class_names=ckpt.get('class_names'))
         else:
             if use_ema:
                 raise UsageError(f'--use-ema: {checkpoint} is a plain state dict with no EMA weights')
