@@ -49,13 +49,13 @@ from mlp_vision.training.checkpoint import (
 from mlp_vision.training.config import SEED_MAX, check_flag_ranges
 from mlp_vision.training.data import (
     INTERPOLATIONS, IMAGE_MODE_CHANNELS, check_image_args, check_num_classes, create_eval_loader, create_train_loader,
-    create_train_val_datasets, dataset_class_names, prepare_digits_folder)
+    create_train_val_datasets, dataset_class_names, default_workers, prepare_digits_folder)
 from mlp_vision.training.distributed import all_gather_objects, init_device, wrap_ddp
 from mlp_vision.training.engine import evaluate, format_duration, train_one_epoch
 from mlp_vision.training.errors import ArgumentParser, Interrupted, UsageError, run_cli
 from mlp_vision.training.log import setup_logging
 from mlp_vision.training.model import (
-    ALLOW_MISSING_FLAG, create_model, load_pretrained_weights, model_create_kwargs)
+    ALLOW_MISSING_FLAG, check_compile_backend, create_model, load_pretrained_weights, model_create_kwargs)
 from mlp_vision.training.run import (
     NonFiniteLossError, TrainingRun, UpdateStep, add_run_arguments, create_lr_scheduler, parse_run_args, setup_amp)
 from mlp_vision.training.summary import plot_curves
@@ -234,7 +234,8 @@ def build_parser() -> argparse.ArgumentParser:
     group.add_argument('--log-interval', type=int, default=50, metavar='N', help='optimizer updates between logs')
     group.add_argument('--checkpoint-hist', type=int, default=3, metavar='N',
                        help='keep the N best checkpoint-<epoch>.pth files (besides last / best)')
-    group.add_argument('-j', '--workers', type=int, default=4, metavar='N', help='data loading processes')
+    group.add_argument('-j', '--workers', type=int, default=default_workers(), metavar='N',
+                       help='data loading processes (default: 4, at most the CPUs this process may use)')
     group.add_argument('--pin-mem', action='store_true', default=False, help='pin CPU memory in the loader')
     group.add_argument('--output', default='', type=str, metavar='PATH',
                        help='output root (default: ./output/train)')
@@ -326,9 +327,7 @@ def check_args(args, dist_info) -> None:
         except (AssertionError, ValueError, KeyError, IndexError) as e:
             raise UsageError(f'--aa {args.aa!r} is not an augmentation policy timm reads (e.g. '
                              f'rand-m9-mstd0.5-inc1, augmix-m5-w4-d2, original, v0): {e}') from None
-    if args.torchcompile and args.torchcompile not in torch.compiler.list_backends(exclude_tags=()):
-        raise UsageError(f'--torchcompile {args.torchcompile!r} is not a torch.compile backend (e.g. inductor; '
-                         f'all: torch.compiler.list_backends())')
+    check_compile_backend(args.torchcompile)
     if (args.mixup > 0 or args.cutmix > 0 or args.cutmix_minmax is not None) and args.batch_size % 2:
         raise UsageError(f'mixup / cutmix need an even --batch-size, got {args.batch_size}')
     if args.sync_bn and dist_info.device.type != 'cuda':

@@ -23,20 +23,25 @@ Results are logged and, with ``--results-file``, written as JSON or CSV (by the 
 """
 import argparse
 import csv
+import io
 import logging
+import os
 
 import torch
 from timm.data import resolve_data_config
 from timm.utils import ParseKwargs
 
+from mlp_vision.training.checkpoint import atomic_write_text, keep_previous
+from mlp_vision.training.config import check_flag_ranges
 from mlp_vision.training.data import (
-    check_class_names, check_num_classes, create_eval_loader, create_image_dataset,
+    INTERPOLATIONS, IMAGE_MODE_CHANNELS, check_class_names, check_image_args, check_num_classes, create_eval_loader,
+    create_image_dataset, default_workers,
 )
 from mlp_vision.training.distributed import init_device
 from mlp_vision.training.engine import evaluate
-from mlp_vision.training.errors import UsageError, run_cli
+from mlp_vision.training.errors import ArgumentParser, UsageError, run_cli
 from mlp_vision.training.log import setup_logging
-from mlp_vision.training.model import create_model_for_eval, model_create_kwargs
+from mlp_vision.training.model import check_compile_backend, create_model_for_eval, model_create_kwargs
 from mlp_vision.training.run import add_common_arguments, setup_amp
 from mlp_vision.training.summary import write_json
 
@@ -44,8 +49,8 @@ _logger = logging.getLogger('validate')
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description='mlp_vision validation (timm pipeline)',
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = ArgumentParser(description='mlp_vision validation (timm pipeline)',
+                            formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument('data', nargs='?', metavar='DIR', help='path to dataset (positional, same as --data-dir)')
     parser.add_argument('--data-dir', metavar='DIR', help='path to dataset root (ImageFolder tree or folder of tars)')
     parser.add_argument('--dataset', metavar='NAME', default='',
@@ -53,7 +58,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument('--split', metavar='NAME', default='validation', help='dataset split (folder / tar)')
     parser.add_argument('--dataset-download', action='store_true', default=False, help='allow dataset download')
     parser.add_argument('--class-map', default='', type=str, metavar='FILENAME', help='class to idx mapping file')
-    parser.add_argument('--input-img-mode', default='RGB', type=str, help='dataset image conversion mode')
+    parser.add_argument('--input-img-mode', default='RGB', type=str, choices=tuple(IMAGE_MODE_CHANNELS),
+                        help='PIL mode every image is converted to (its channel count must equal the model\'s)')
 
     parser.add_argument('--model', '-m', default=None, metavar='NAME',
                         help='model name (default: the one a training checkpoint was made for)')
@@ -68,14 +74,17 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument('--in-chans', type=int, default=None, metavar='N', help='image input channels')
     parser.add_argument('--input-size', default=None, nargs=3, type=int, metavar='N', help='input dims (d h w)')
     parser.add_argument('--crop-pct', default=None, type=float, metavar='N', help='center crop pct')
-    parser.add_argument('--crop-mode', default=None, type=str, metavar='N', help="'center', 'squash' or 'border'")
+    parser.add_argument('--crop-mode', default=None, type=str, choices=('center', 'squash', 'border'),
+                        help='how the eval crop is taken')
     parser.add_argument('--mean', type=float, nargs='+', default=None, metavar='MEAN', help='override mean')
     parser.add_argument('--std', type=float, nargs='+', default=None, metavar='STD', help='override std')
-    parser.add_argument('--interpolation', default='', type=str, metavar='NAME', help='resize interpolation')
+    parser.add_argument('--interpolation', default='', type=str, choices=INTERPOLATIONS,
+                        help="resize interpolation ('': the model's or checkpoint's)")
     parser.add_argument('--model-kwargs', nargs='*', default={}, action=ParseKwargs, help='extra model arguments k=v')
 
     parser.add_argument('-b', '--batch-size', default=256, type=int, metavar='N', help='batch size')
-    parser.add_argument('-j', '--workers', default=4, type=int, metavar='N', help='data loading processes')
+    parser.add_argument('-j', '--workers', default=default_workers(), type=int, metavar='N',
+                        help='data loading processes (default: 4, at most the CPUs this process may use)')
     parser.add_argument('--pin-mem', action='store_true', default=False, help='pin CPU memory in the loader')
     parser.add_argument('--device', default=None, type=str, help="'cuda', 'cpu' (default: cuda if available)")
     parser.add_argument('--amp', action='store_true', default=False,
@@ -90,12 +99,34 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# the range of each numeric flag (check_range's bounds)
+FLAG_RANGES = {'batch_size': dict(low=1), 'workers': dict(low=0), 'log_interval': dict(low=1),
+               'num_classes': dict(low=1), 'img_size': dict(low=1), 'input_size': dict(low=1), 'in_chans': dict(low=1)}
+
+
+def check_args(args: argparse.Namespace) -> None:
+    """Every flag value that cannot work, as one line, before a file is read or a model built."""
+    check_flag_ranges(args, FLAG_RANGES)
+    check_image_args(args, model_in_chans=None)  # again once the model is known
+    check_compile_backend(args.torchcompile)
+    if not args.checkpoint and not args.model:
+        raise UsageError('nothing to validate: pass --checkpoint PATH (a training checkpoint knows its model) '
+                         'or --model NAME [--pretrained]')
+    if args.results_file and os.path.isdir(args.results_file):
+        raise UsageError(f'--results-file {args.results_file} is a folder; expected a .json or .csv file path')
+
+
 def _write_results(path: str, results: dict) -> None:
+    """``path`` as JSON, or CSV by its extension; an earlier file there is kept as ``<stem>-N<suffix>``."""
+    kept = keep_previous(path)
+    if kept is not None:
+        _logger.info(f'the earlier {path} is kept as {kept}')
     if path.endswith('.csv'):
-        with open(path, 'w', newline='') as f:
-            writer = csv.DictWriter(f, fieldnames=list(results.keys()))
-            writer.writeheader()
-            writer.writerow(results)
+        buf = io.StringIO()
+        writer = csv.DictWriter(buf, fieldnames=list(results.keys()))
+        writer.writeheader()
+        writer.writerow(results)
+        atomic_write_text(path, buf.getvalue())
     else:
         write_json(path, results)
 
@@ -135,6 +166,7 @@ def _validation_dataset(args: argparse.Namespace, data_dir, model, info: dict):
 
 def validate(args: argparse.Namespace) -> dict:
     """Run one validation; returns the results dict. Raises :class:`UsageError` for bad input."""
+    check_args(args)
     dist_info = init_device(args.device)
     device = dist_info.device
     setup_logging(dist_info.primary)
@@ -149,16 +181,12 @@ def validate(args: argparse.Namespace) -> dict:
         global_pool=args.gp,
         model_kwargs=args.model_kwargs,
     )
-    if args.batch_size < 1 or args.workers < 0:
-        raise UsageError(f'--batch-size must be >= 1 and --workers >= 0, got {args.batch_size} and {args.workers}')
-    if not args.checkpoint and not args.model:
-        raise UsageError('nothing to validate: pass --checkpoint PATH (a training checkpoint knows its model) '
-                         'or --model NAME [--pretrained]')
     model, info = create_model_for_eval(
         args.model, checkpoint=args.checkpoint, pretrained=args.pretrained, use_ema=args.use_ema,
         create_kwargs=create_kwargs, trust_checkpoint=args.trust_checkpoint)
     model_name = info['model_name']
     num_params = sum(p.numel() for p in model.parameters())
+    check_image_args(args, model_in_chans=getattr(model, 'in_chans', 3))
 
     dataset, labels = _validation_dataset(args, data_dir, model, info)
 

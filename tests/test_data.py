@@ -19,7 +19,7 @@ from mlp_vision.training import UsageError
 from mlp_vision.training.data import (
     ImageFileDataset, SkippedImage, StridedSampler, convert_image_mode, create_eval_loader, create_image_dataset,
     create_train_loader, create_train_val_datasets, dataset_class_names, load_image, parse_val_split,
-    stratified_holdout,
+    read_class_map, stratified_holdout,
 )
 from mlp_vision.training.engine import evaluate
 
@@ -603,3 +603,27 @@ def test_distributed_evaluation_counts_each_readable_image_once(tmp_path, monkey
         for key in ('loss', 'top1', 'top5', 'samples'):
             assert r['metrics'][key] == pytest.approx(reference[key], rel=1e-6)
     assert sum(r['skipped'] for r in results) == 3
+
+
+def test_class_maps_are_text_and_never_unpickled(tmp_path):
+    """--class-map: one class name a line (timm's .txt format); a pickled map (timm unpickles .pkl) is refused
+    before it is opened, through the library path too, and a map that cannot label uniquely is one line."""
+    import pickle
+    marker = tmp_path / 'ran'
+
+    class Payload:
+        def __reduce__(self):
+            return (open, (str(marker), 'w'))
+    (tmp_path / 'map.pkl').write_bytes(pickle.dumps(Payload()))
+    for cls in ('a', 'b'):
+        (tmp_path / 'data' / cls).mkdir(parents=True)
+    with pytest.raises(UsageError, match='is a pickle'):
+        ImageFileDataset(str(tmp_path / 'data'), class_map=str(tmp_path / 'map.pkl'))
+    assert not marker.exists()
+    (tmp_path / 'map.txt').write_text('b\na\n\n')
+    assert read_class_map(str(tmp_path / 'map.txt')) == {'b': 0, 'a': 1}
+    assert read_class_map('map.txt', root=str(tmp_path)) == {'b': 0, 'a': 1}  # found under the data root
+    for text, problem in (('a\n\nb\n', 'has a blank line'), ('a\na\n', 'names a class twice'), ('\n', 'names no class')):
+        (tmp_path / 'bad.txt').write_text(text)
+        with pytest.raises(UsageError, match=problem):
+            read_class_map(str(tmp_path / 'bad.txt'))

@@ -343,6 +343,35 @@ def test_validate_bad_inputs(reference_run, digits, tmp_path):
     assert 'pass --model' in err('--checkpoint', str(sd_path), '--data-dir', str(digits), '--split', 'val')
     assert 'does not exist' in err('--checkpoint', str(tmp_path / 'nope.pth'), '--data-dir', str(digits))
     assert 'unknown model' in err('--model', 'no_such_model', '--data-dir', str(digits))
+    # issue 29: every flag value checked before work starts, one line each
+    data = ['--checkpoint', ckpt, '--data-dir', str(digits), '--split', 'val']
+    for flags, expected in {
+        ('--batch-size', '0'): '--batch-size must be >= 1, got 0',
+        ('--log-interval', '0'): '--log-interval must be >= 1',
+        ('--interpolation', 'banana'): "invalid choice: 'banana'",
+        ('--crop-mode', 'banana'): "invalid choice: 'banana'",
+        ('--crop-pct', 'nan'): '--crop-pct must be a positive number',
+        ('--input-img-mode', 'XYZ'): "invalid choice: 'XYZ'",
+        ('--input-img-mode', 'L'): '--input-img-mode L gives 1-channel images, the model takes 3',
+        ('--std', '0'): '--std must be a positive number',
+        ('--mean', '0.5', '0.5'): '--mean needs 1 or 3 values',
+        ('--torchcompile', 'banana'): "--torchcompile 'banana' is not a torch.compile backend",
+        ('--device', 'banana'): "--device 'banana' is not a device",
+        ('--class-map', str(tmp_path / 'map.pkl')): 'is not a file',
+        ('--results-file', str(tmp_path)): 'is a folder',
+    }.items():
+        msg = err(*data, *flags)
+        assert expected in msg, (flags, msg)
+
+
+def test_validate_keeps_an_earlier_results_file(reference_run, digits, tmp_path):
+    out = tmp_path / 'val.csv'
+    argv = ['--checkpoint', str(reference_run / 'last.pth'), '--data-dir', str(digits), '--split', 'val',
+            '--workers', '0', '--results-file', str(out)]
+    validate.main(argv)
+    first = out.read_text()
+    validate.main(argv)
+    assert (tmp_path / 'val-1.csv').read_text() == first and out.read_text().splitlines()[0] == first.splitlines()[0]
 
 
 def test_train_bad_inputs(reference_run, digits, tmp_path):

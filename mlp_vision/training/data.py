@@ -40,7 +40,6 @@ from PIL import Image
 from timm.data import create_dataset, create_transform
 from timm.data.distributed_sampler import OrderedDistributedSampler, RepeatAugSampler
 from timm.data.loader import PrefetchLoader, fast_collate
-from timm.data.readers.class_map import load_class_map
 from timm.data.readers.img_extensions import get_img_extensions
 from timm.utils.misc import natural_key
 
@@ -49,7 +48,7 @@ from .errors import UsageError, check_range
 __all__ = [
     'default_cache_dir', 'prepare_digits_folder', 'SkippedImage', 'UnusableImageError', 'convert_image_mode',
     'load_image', 'find_split', 'ImageFileDataset', 'parse_val_split', 'stratified_holdout', 'DatasetSubset',
-    'holdout_split', 'create_image_dataset', 'create_train_val_datasets', 'dataset_class_to_idx',
+    'holdout_split', 'read_class_map', 'default_workers', 'check_image_args', 'create_image_dataset', 'create_train_val_datasets', 'dataset_class_to_idx',
     'dataset_class_names', 'check_num_classes', 'check_class_names', 'seeded_rng', 'SeededSampler',
     'SeededDataset', 'StridedSampler', 'collate_readable', 'ReadableBatches', 'ImageLoader', 'create_train_loader',
     'create_eval_loader', 'num_valid_samples',
@@ -617,6 +616,33 @@ def _strip_split_folder(paths: Sequence[str], tar_path: str) -> Tuple[List[str],
     return list(paths), ''
 
 
+def read_class_map(class_map: Union[str, Dict[str, int]], root: str = '') -> Dict[str, int]:
+    """``--class-map``: ``{class folder name: label}`` from a dict, or from a text file of one class name per line
+    in label order (timm's ``.txt`` format), found as given or under ``root``. timm also reads ``.pkl`` maps by
+    unpickling them, which runs code from the file: they are refused. A :class:`UsageError` says what is wrong."""
+    if isinstance(class_map, dict):
+        return dict(class_map)
+    path = class_map if os.path.isfile(class_map) or not root else os.path.join(root, class_map)
+    if not os.path.isfile(path):
+        raise UsageError(f'--class-map {class_map!r} is not a file; expected a text file with one class folder name '
+                         f'per line')
+    if os.path.splitext(path)[1].lower() in ('.pkl', '.pickle'):
+        raise UsageError(f'--class-map {class_map!r} is a pickle: loading one can run code from the file, so it is '
+                         f'never loaded here; write one class folder name per line in a .txt file')
+    try:
+        with open(path, encoding='utf-8') as f:
+            names = [line.strip() for line in f]
+    except (OSError, UnicodeDecodeError) as e:
+        raise UsageError(f'cannot read the class map {path}: {e} (expected a UTF-8 text file, one class name a '
+                         f'line, in label order)') from e
+    while names and not names[-1]:  # a final newline or blank lines at the end name no class
+        names.pop()
+    if not names or '' in names or len(set(names)) != len(names):
+        problem = 'names no class' if not names else 'has a blank line' if '' in names else 'names a class twice'
+        raise UsageError(f'the class map {path} {problem}; expected one distinct class folder name per line')
+    return {name: i for i, name in enumerate(names)}
+
+
 class ImageFileDataset(torch.utils.data.Dataset):
     """Labelled images of an ImageFolder tree or an uncompressed image tar (in place of timm's folder / tar
     readers for ``--dataset ''``).
@@ -645,11 +671,7 @@ class ImageFileDataset(torch.utils.data.Dataset):
         self.transform = transform
         self.target_transform = None
         if class_map:
-            try:
-                class_to_idx = load_class_map(class_map, os.path.dirname(root) if os.path.isfile(root) else root)
-            except (AssertionError, ValueError, OSError, UnicodeDecodeError) as e:
-                raise UsageError(f'cannot read the class map {class_map}: {e} (expected a .txt file with one class '
-                                 f'name a line, in label order)') from e
+            class_to_idx = read_class_map(class_map, os.path.dirname(root) if os.path.isfile(root) else root)
         extensions = set(get_img_extensions(as_set=True))
         self.is_tar = os.path.isfile(root)
         if self.is_tar:
@@ -819,7 +841,7 @@ def _build_dataset(name, root, split, is_training, class_map, download, input_im
     try:
         ds = create_dataset(name, root=root, split=split, is_training=is_training, download=download,
                             input_img_mode=input_img_mode, batch_size=batch_size, seed=seed,
-                            class_map=class_map or None)
+                            class_map=read_class_map(class_map, root) if class_map else None)
     except (RuntimeError, FileNotFoundError, AssertionError, ValueError) as e:
         raise UsageError(f'cannot read {what} {name} at {root!r}, split {split!r}: {e or type(e).__name__}') from e
     try:
@@ -1336,38 +1358,44 @@ INTERPOLATIONS = ('', 'nearest', 'bilinear', 'bicubic', 'box', 'hamming', 'lancz
 DATASET_KINDS = ('torch', 'hfds', 'hfids', 'tfds', 'wds')  # --dataset KIND/NAME prefixes timm.data reads
 
 
-def check_image_args(args, model_in_chans: int = 3) -> None:
+def default_workers(most: int = 4) -> int:
+    """The loader processes a script starts by default: ``most``, but no more than the CPUs this process may use
+    (more only compete with the model for the same cores, and PyTorch warns about them)."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cpus = os.cpu_count() or 1
+    return max(1, min(most, cpus))
+
+
+def check_image_args(args, model_in_chans: Optional[int] = 3) -> None:
     """The data flags train.py and validate.py share, checked before anything is built: the image mode gives as
     many channels as the model takes, ``--mean`` / ``--std`` have one value or one per channel (std > 0),
-    ``--crop-pct`` > 0, ``--class-map`` is a file, ``--dataset`` is a kind timm reads. One line on error."""
+    ``--crop-pct`` > 0, ``--class-map`` is a readable class map (never a pickle), ``--dataset`` is a kind timm
+    reads. ``model_in_chans`` None: the model's channel count is not known yet (validate.py before it reads the
+    checkpoint; it checks again with the model's), so only what does not depend on it is checked."""
     channels = IMAGE_MODE_CHANNELS.get(args.input_img_mode)
     if args.input_img_mode and channels is None:
         raise UsageError(f'--input-img-mode must be one of {", ".join(IMAGE_MODE_CHANNELS)}, got '
                          f'{args.input_img_mode!r}')
     in_chans = (args.in_chans if args.in_chans is not None else
                 args.input_size[0] if getattr(args, 'input_size', None) else model_in_chans)
-    if in_chans < 1:
+    if in_chans is not None and in_chans < 1:
         raise UsageError(f'--in-chans must be >= 1, got {in_chans}')
-    if channels is not None and channels != in_chans:
+    if channels is not None and in_chans is not None and channels != in_chans:
         raise UsageError(f'--input-img-mode {args.input_img_mode} gives {channels}-channel images, the model takes '
                          f'{in_chans} (--in-chans); pass --in-chans {channels} or a {in_chans}-channel mode')
     for flag, values, bounds in (('--mean', args.mean, {}), ('--std', args.std, dict(low=0, low_open=True))):
         if values is None:
             continue
-        if len(values) not in (1, in_chans):
+        if in_chans is not None and len(values) not in (1, in_chans):
             raise UsageError(f'{flag} needs 1 or {in_chans} values (one per channel), got {len(values)}')
         for v in values:
             check_range(flag, v, **bounds)
     if args.crop_pct is not None:
         check_range('--crop-pct', args.crop_pct, low=0, low_open=True, why="the crop's fraction of the resized image")
     if args.class_map:
-        root = args.data_dir or getattr(args, 'data', None) or ''
-        if not (os.path.isfile(args.class_map) or os.path.isfile(os.path.join(root, args.class_map))):
-            raise UsageError(f'--class-map {args.class_map!r} is not a file; expected a text file with one class '
-                             f'folder name per line')
-        if os.path.splitext(args.class_map)[1].lower() == '.pkl':
-            raise UsageError(f'--class-map {args.class_map!r} is a pickle: loading one can run code from the file, '
-                             f'so it is never loaded here; write one class folder name per line in a .txt file')
+        read_class_map(args.class_map, args.data_dir or getattr(args, 'data', None) or '')
     kind = args.dataset.split('/', 1)[0] if args.dataset else ''
     if kind and (kind not in DATASET_KINDS or '/' not in args.dataset):
         raise UsageError(f'--dataset {args.dataset!r} is not a dataset timm reads: give KIND/NAME with KIND one of '

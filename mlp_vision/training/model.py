@@ -45,6 +45,13 @@ def model_create_kwargs(
     return kwargs
 
 
+def check_compile_backend(backend: Optional[str]) -> None:
+    """``--torchcompile BACKEND`` names a ``torch.compile`` backend (checked before anything is built)."""
+    if backend and backend not in torch.compiler.list_backends(exclude_tags=()):
+        raise UsageError(f'--torchcompile {backend!r} is not a torch.compile backend (e.g. inductor; all: '
+                         f'torch.compiler.list_backends())')
+
+
 def create_model(name: str, pretrained: bool = False, **kwargs) -> nn.Module:
     """``timm.create_model`` with a :class:`UsageError` for an unknown name, bad kwargs or unloadable weights."""
     if not name:
