@@ -4,7 +4,7 @@ This follows sMLPNet (Tang et al., arXiv:2109.05422, "Sparse MLP (sMLP)", eq. 1,
 (github.com/microsoft/SPACH) writes it, operator by operator: NCHW tensors; 1x1 ``nn.Conv2d`` on permuted tensors
 for the axial mixes; ``torch.cat`` of [x, H-mixed, W-mixed] then a 1x1 fuse conv; the channel MLP on a permuted
 (non-contiguous) view, as einops' ``Rearrange`` gives it. It is not registered with timm and is not part of the
-package; ``benchmark.py`` times ours against it and ``tests/test_fast_paths.py`` checks that ours computes the
+package; ``benchmark.py`` times ours against it and ``tests/test_equivalence.py`` checks that ours computes the
 same function.
 
 Module names mirror :class:`mlp_vision.models.SparseMLPNet` so that OUR state dict loads into it
