@@ -123,3 +123,18 @@ def test_bigs_layer_conv_impl_option(tmp_path):
                          '--bench', 'inference', '--dim', '16', '--hidden-dim', '24', '--num-states', '4',
                          '--seq-len', '24', '-b', '1', '--no-flops')
     assert float(rows[0]['max_abs_diff']) <= 1e-4 * max(1., float(rows[0]['max_abs_out']))
+
+
+def test_fused_contender_is_the_reparameterized_model(tmp_path):
+    """``fused:NAME``: the same weights after timm's reparameterize_model, the same eval function (max diff ~ float
+    rounding), built from the other contender's weights; training steps are refused (the fusions are for
+    inference)."""
+    rows, md = _run_bench(tmp_path, '--compare', 'fused:smlpnet_t', 'smlpnet_t', '-b', '2', '--img-size', '64',
+                          '--no-flops')
+    (r,) = rows
+    assert (r['model'], r['baseline'], r['mode']) == ('fused:smlpnet_t', 'smlpnet_t', 'inference')
+    assert float(r['max_abs_diff']) <= 1e-5 * max(1., float(r['max_abs_out']))
+    assert 'fused:smlpnet_t' in md
+    cmd = [sys.executable, str(REPO / 'benchmark.py'), '--compare', 'fused:smlpnet_t', 'smlpnet_t', '--bench', 'both']
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 2 and 'fused: contenders are reparameterized for inference' in proc.stderr

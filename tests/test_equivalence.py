@@ -115,7 +115,7 @@ def _plain_smlp(smlp: AxialSparseMLP, x):
     x = smlp.act(smlp.norm(x))
     x_h = F.linear(x.transpose(-1, -2), smlp.proj_h.weight, smlp.proj_h.bias).transpose(-1, -2)
     x_w = F.linear(x, smlp.proj_w.weight, smlp.proj_w.bias)
-    return F.conv2d(torch.cat([x, x_h, x_w], dim=1), smlp.fuse.weight)
+    return F.conv2d(torch.cat([x, x_h, x_w], dim=1), smlp.fuse_conv.weight)
 
 
 def _plain_token_mixer(mixer: SparseMLPTokenMixer, x):

@@ -956,17 +956,17 @@ def test_smlpnet_axial_mixing_directions(name):
         smlp.norm.eval()
         x = torch.zeros(1, C, h, w)
         x[0, :, 2, 3] = 1.
-        fused_weight = smlp.fuse.weight.clone()
+        fused_weight = smlp.fuse_conv.weight.clone()
         for block, axis in ((1, 'h'), (2, 'w')):
-            smlp.fuse.weight.zero_()
-            smlp.fuse.weight[:, block * C:(block + 1) * C] = torch.eye(C)[:, :, None, None]
+            smlp.fuse_conv.weight.zero_()
+            smlp.fuse_conv.weight[:, block * C:(block + 1) * C] = torch.eye(C)[:, :, None, None]
             delta = smlp(x) - smlp(torch.zeros(1, C, h, w))
             changed = delta.abs().amax(dim=(0, 1)) > 0
             if axis == 'h':  # only column 3 changes
                 assert changed[:, 3].any() and not changed[:, [j for j in range(w) if j != 3]].any()
             else:  # only row 2 changes
                 assert changed[2, :].any() and not changed[[i for i in range(h) if i != 2], :].any()
-        smlp.fuse.weight.copy_(fused_weight)
+        smlp.fuse_conv.weight.copy_(fused_weight)
 
 
 # ---------------------------------------------------------------------------------------------------------------

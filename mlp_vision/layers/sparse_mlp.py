@@ -7,14 +7,17 @@ The sMLP (Alg. 1) on a (B, C, H, W) map ``x``::
 
     x_h = x mixed along H by one Linear(H, H), shared by every column and channel
     x_w = x mixed along W by one Linear(W, W), shared by every row and channel
-    out = Conv1x1_{3C -> C}(concat[x, x_h, x_w])          (no bias)
+    out = Conv1x1_{3C -> C}(concat[x, x_h, x_w])          (no bias; the paper's "fuse", our ``fuse_conv``)
 
 Activations are channels-last (NCHW shape, NHWC memory) throughout: the 1x1 convs, the LayerNorm and the channel
 MLP then read contiguous channel vectors, and the axial Linears (:class:`~mlp_vision.layers.TokenLinear`) mix the
 H and W axes of that memory as batched GEMMs, ``(H, H) @ (B, H, W*C)`` and ``(W, W) @ (B*H, W, C)``, with no
 permuted copies.
+
+Inference fusion: :meth:`SparseMLPTokenMixer.reparameterize` (called by ``timm.utils.reparameterize_model``) folds
+the sMLP's BatchNorm into the depthwise conv it directly follows, once, replacing both modules by one conv.
 """
-from typing import Tuple, Type
+from typing import Dict, Tuple, Type
 
 import torch
 import torch.nn as nn
@@ -26,14 +29,50 @@ from .linear import TokenLinear
 # norms that always return a new tensor, so the activation after them may work in place (layers.activations)
 _FRESH_OUTPUT_NORMS = (nn.BatchNorm2d, nn.GroupNorm, nn.LayerNorm)
 
-__all__ = ['AxialSparseMLP', 'SparseMLPTokenMixer', 'SparseMLPBlock']
+__all__ = ['AxialSparseMLP', 'SparseMLPTokenMixer', 'SparseMLPBlock', 'rename_legacy_smlp_keys']
+
+# AxialSparseMLP's state-dict names that changed, old -> new (relative to the module). The 1x1 projection was the
+# child ``fuse`` until issue 25: timm's reparameterize_model replaces every child that has a ``fuse`` attribute by
+# ``child.fuse()``, which called the conv without input
+_LEGACY_SMLP_KEYS = {'fuse.weight': 'fuse_conv.weight', 'fuse.bias': 'fuse_conv.bias'}
+
+
+def rename_legacy_smlp_keys(state_dict: Dict[str, torch.Tensor], prefix: str = '') -> Dict[str, torch.Tensor]:
+    """In place: the old key names of the :class:`AxialSparseMLP` at ``prefix`` (``'stages.0.blocks.0.token_mixer.
+    smlp.'``; ``''`` for the module itself) renamed to the current ones; returns ``state_dict``. Every
+    ``load_state_dict`` of the module applies it (train.py ``--resume``, validate.py ``--checkpoint``, timm's loaders),
+    and sMLPNet's ``checkpoint_filter_fn`` over the whole model."""
+    for old, new in _LEGACY_SMLP_KEYS.items():
+        if prefix + old in state_dict:
+            value = state_dict.pop(prefix + old)
+            state_dict.setdefault(prefix + new, value)  # a file with both names keeps the current one
+    return state_dict
+
+
+def _fold_batchnorm_into_conv(conv: nn.Conv2d, bn: nn.BatchNorm2d) -> nn.Conv2d:
+    """A new conv computing ``bn(conv(x))`` with the BatchNorm's running statistics (its eval-mode function):
+    ``W' = W * s``, ``b' = (b - mean) * s + beta`` with ``s = gamma / sqrt(var + eps)`` per output channel."""
+    with torch.no_grad():
+        scale = torch.rsqrt(bn.running_var + bn.eps)
+        shift = -bn.running_mean * scale
+        if bn.affine:
+            scale = scale * bn.weight
+            shift = shift * bn.weight + bn.bias
+        fused = nn.Conv2d(
+            conv.in_channels, conv.out_channels, conv.kernel_size, stride=conv.stride, padding=conv.padding,
+            dilation=conv.dilation, groups=conv.groups, bias=True, padding_mode=conv.padding_mode,
+            device=conv.weight.device, dtype=conv.weight.dtype)
+        fused.weight.copy_(conv.weight * scale.view(-1, 1, 1, 1))
+        fused.bias.copy_(shift if conv.bias is None else conv.bias * scale + shift)
+    return fused
 
 
 class AxialSparseMLP(nn.Module):
-    """sMLP: ``fuse(concat[x, mix_H(x), mix_W(x)])`` on ``x = GELU(BN(x))`` (arXiv 2109.05422, Alg. 1).
+    """sMLP: ``fuse_conv(concat[x, mix_H(x), mix_W(x)])`` on ``x = GELU(BN(x))`` (arXiv 2109.05422, Alg. 1).
 
-    ``proj_h`` is one Linear(H, H) applied along the H axis, ``proj_w`` one Linear(W, W) along the W axis; ``fuse``
-    is a 1x1 conv 3C -> C without bias whose input channels are ordered [identity, H-mixed, W-mixed].
+    ``proj_h`` is one Linear(H, H) applied along the H axis, ``proj_w`` one Linear(W, W) along the W axis;
+    ``fuse_conv`` (the paper's "fuse") is a 1x1 conv 3C -> C without bias whose input channels are ordered
+    [identity, H-mixed, W-mixed]. State dicts with its old name ``fuse`` load (:func:`rename_legacy_smlp_keys`).
 
     Shapes: x (B, C, H, W) -> (B, C, H, W) (channels-last memory); H, W must equal ``feat_size``.
     """
@@ -55,14 +94,18 @@ class AxialSparseMLP(nn.Module):
         self.act = fresh_input_act(act_layer()) if isinstance(self.norm, _FRESH_OUTPUT_NORMS) else act_layer()
         self.proj_h = TokenLinear(height, height, **dd)  # mixes along H
         self.proj_w = TokenLinear(width, width, **dd)  # mixes along W
-        self.fuse = nn.Conv2d(3 * dim, dim, kernel_size=1, bias=False, **dd)
+        self.fuse_conv = nn.Conv2d(3 * dim, dim, kernel_size=1, bias=False, **dd)
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        rename_legacy_smlp_keys(state_dict, prefix)  # checkpoints saved before issue 25
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.act(self.norm(x.contiguous(memory_format=torch.channels_last)))
         x_h = self.proj_h(x.transpose(2, 3)).transpose(2, 3)  # the Linear sees (B, C, W, H): mixes along H
         x_w = self.proj_w(x)  # (B, C, H, W): mixes along W
         # a wrong-sized input fails in the axial Linears (RuntimeError); the models check sizes before
-        return self.fuse(torch.cat([x, x_h, x_w], dim=1))
+        return self.fuse_conv(torch.cat([x, x_h, x_w], dim=1))
 
 
 class SparseMLPTokenMixer(nn.Module):
@@ -93,6 +136,19 @@ class SparseMLPTokenMixer(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.act(self.norm(x.contiguous(memory_format=torch.channels_last)))
         return self.smlp(self.conv_dw(x))
+
+    def reparameterize(self) -> None:
+        """Inference fusion, once (``timm.utils.reparameterize_model`` calls it): the sMLP's BatchNorm, which
+        directly follows the depthwise conv, folded into that conv with its running statistics. ``conv_dw`` becomes
+        a conv with bias, ``smlp.norm`` an ``nn.Identity``: the eval-mode function up to float rounding, one pass
+        over the (B, C, H, W) map less per block. The first BatchNorm is followed by GELU and stays. For eval only:
+        afterwards nothing normalises with batch statistics. A no-op when the modules are not (or no longer) a
+        plain conv followed by a BatchNorm with running statistics."""
+        conv, bn = self.conv_dw, self.smlp.norm
+        if type(conv) is not nn.Conv2d or type(bn) is not nn.BatchNorm2d or bn.running_var is None:
+            return
+        self.conv_dw = _fold_batchnorm_into_conv(conv, bn)
+        self.smlp.norm = nn.Identity()  # smlp.act may stay in place: its input is now the fresh conv output
 
 
 class SparseMLPBlock(nn.Module):

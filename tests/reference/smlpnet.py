@@ -28,14 +28,14 @@ class _RefAxialMLP(nn.Module):
         self.act = nn.GELU()
         self.proj_h = nn.Conv2d(height, height, 1)
         self.proj_w = nn.Conv2d(width, width, 1)
-        self.fuse = nn.Conv2d(3 * dim, dim, 1, bias=False)
+        self.fuse_conv = nn.Conv2d(3 * dim, dim, 1, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.act(self.norm(x))
         # put the mixed axis where a conv mixes (dim 1), mix, put it back
         x_h = self.proj_h(x.permute(0, 2, 1, 3)).permute(0, 2, 1, 3)
         x_w = self.proj_w(x.permute(0, 3, 1, 2)).permute(0, 2, 3, 1)
-        return self.fuse(torch.cat([x, x_h, x_w], dim=1))
+        return self.fuse_conv(torch.cat([x, x_h, x_w], dim=1))
 
 
 class _RefTokenMixer(nn.Module):
