@@ -87,6 +87,8 @@ def _with_hooks(model, x, modules, train=False, pre=False):
 
 
 def _check_hooks_change_nothing(model, x, one_at_a_time: bool):
+    """Hooks (forward and pre-hooks) on all modules at once and a global module hook, in eval / no_grad and in train
+    mode with gradients; with ``one_at_a_time`` also a hook on each module alone (eval): outputs equal to the bit."""
     for train in (False, True):
         ref = _run(model, x, train)
         out, fired = _with_hooks(model, x, list(model.modules()), train, pre=True)
@@ -101,7 +103,8 @@ def _check_hooks_change_nothing(model, x, one_at_a_time: bool):
             continue
         for name, m in model.named_modules():
             out, fired = _with_hooks(model, x, [m])
-            assert torch.equal(out, ref), f'a no-op hook on {name or "the model"} ({type(m).__name__}) changed the output'
+            where = f'{name or "the model"} ({type(m).__name__})'
+            assert torch.equal(out, ref), f'a no-op hook on {where} changed the output'
 
 
 @pytest.mark.parametrize('name', VISION_MODELS)
