@@ -19,19 +19,14 @@ Contenders:
     bigs_layer       one BiGS layer (``mlp_vision.layers.BidirectionalGatedSSM``, d ``--dim``, d_i ``--hidden-dim``,
                      N ``--num-states``; default BiGS-large: 1024 / 3072 / 64) on (batch, ``--seq-len``, d) inputs;
     ref:bigs_layer   the straightforward BiGS layer (``tests/reference/bigs.py``) with the same weights;
-    mkl:NAME         ``NAME`` (a model or ``bigs_layer``) with the same weights and its channel Linears run as
-                     ``nn.Linear`` (MKL's sgemm on CPU) instead of :func:`mlp_vision.layers.linear.channel_linear`'s
-                     oneDNN route: ``--compare gmlp_s mkl:gmlp_s`` is what that route buys;
-    modules:NAME     ``NAME`` with the same weights and every child called as a module: neither the oneDNN route
-                     nor the merged routes of :func:`mlp_vision.layers.linear.unobserved` (what a hooked or traced
-                     model runs): ``--compare gmlp_s modules:gmlp_s`` is what all of them buy;
-    onednn:NAME      ``NAME`` with the oneDNN route forced on (by default it is on only where the CPU has AVX-512):
-                     ``--compare mkl:gmlp_s onednn:gmlp_s`` measures the route on any host;
+    fused:NAME       ``NAME`` with the same weights, then ``timm.utils.reparameterize_model`` (eval-time fusions such
+                     as sMLPNet's BatchNorm folded into the depthwise conv it follows; a model without any is
+                     unchanged): ``--compare fused:smlpnet_t smlpnet_t`` is what the fusions buy. Inference only.
     bert_layer       the BERT layer it replaces, with SDPA attention (``mlp_vision.text.bert.BertLayer``: d ``--dim``,
                      ``--heads`` heads, FFN ``--ffn-dim``; default BERT-large: 1024 / 16 / 4096).
                      Layer contenders report tokens/s (batch x seq-len per step) instead of images/s.
 In a pair, B's weights are loaded into A through A's ``checkpoint_filter_fn`` (so ``--compare gmlp_s
-gmlp_s16_224`` runs ours with timm's weights), or A's into B for ``ref:``.
+gmlp_s16_224`` runs ours with timm's weights); a ``ref:`` or ``fused:`` contender is built from the other one.
 
 Results go to ``--out PREFIX`` as PREFIX.csv, PREFIX.json and PREFIX.md (markdown table + environment).
 
@@ -71,7 +66,6 @@ from timm.models import model_entrypoint
 
 import mlp_vision
 from mlp_vision.layers import BidirectionalGatedSSM
-from mlp_vision.layers.linear import cpu_has_avx512, set_merged_routes, set_onednn_channel_linear
 from mlp_vision.text.bert import BertLayer
 
 PRECISIONS = ('fp32', 'bf16', 'fp16', 'amp_bf16', 'amp_fp16')
@@ -79,23 +73,15 @@ LAYERS = ('bigs_layer', 'bert_layer')  # sequence-layer contenders (tokens/s); r
 REFERENCE_DIR = Path(__file__).resolve().parent / 'tests' / 'reference'  # the straightforward twins (ref:)
 
 
-ROUTE_PREFIXES = ('mkl:', 'modules:', 'onednn:')  # our model with its unobserved routes set otherwise (same weights)
+FUSED_PREFIX = 'fused:'  # our model with the same weights, reparameterized for inference (timm.utils)
 
 
 def base_name(spec: str) -> str:
-    """The contender's model / layer name without the ``ref:`` (straightforward twin) or route prefix
-    (``mkl:``, ``modules:``, ``onednn:``)."""
-    for prefix in ('ref:',) + ROUTE_PREFIXES:
+    """The contender's model / layer name without the ``ref:`` (straightforward twin) or ``fused:`` prefix."""
+    for prefix in ('ref:', FUSED_PREFIX):
         if spec.startswith(prefix):
             return spec[len(prefix):]
     return spec
-
-
-def routes_of(spec: str) -> Tuple[bool, bool]:
-    """(oneDNN channel route on, merged routes on) for this contender; a plain name gets the defaults (the oneDNN
-    route where the CPU has AVX-512)."""
-    onednn = spec.startswith('onednn:') or (not spec.startswith(ROUTE_PREFIXES) and cpu_has_avx512())
-    return onednn, not spec.startswith('modules:')
 
 
 def is_layer(spec: str) -> bool:
@@ -180,6 +166,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                 f'the tests; not found: {", ".join(missing)}')
     if any(is_layer(s) for s in specs) and any(not is_layer(s) for s in specs):
         p.error('sequence layers (tokens/s) and image models (images/s) cannot be mixed in one run')
+    if args.bench != 'inference' and any(s.startswith(FUSED_PREFIX) for s in specs):
+        p.error('fused: contenders are reparameterized for inference (eval-time fusions); use --bench inference')
     if args.channels_last and any(is_layer(s) for s in specs):
         p.error('--channels-last applies to image models only; sequence layers take (batch, seq-len, dim) inputs')
     for k in ('seq_len', 'dim', 'hidden_dim', 'num_states', 'heads', 'ffn_dim', 'batch_size'):
@@ -214,8 +202,10 @@ def build(spec: str, args: argparse.Namespace, twin_of: Optional[nn.Module] = No
         reference = _load_reference(_reference_path(spec))
         return reference.reference_bigs_layer_from(ours) if is_layer(spec) else reference.reference_from(ours)
     model = create(base_name(spec), args)
-    if spec.startswith(ROUTE_PREFIXES) and twin_of is not None:
-        model.load_state_dict(twin_of.state_dict())  # the same model and weights; only the routes differ
+    if spec.startswith(FUSED_PREFIX):
+        if twin_of is not None:
+            model.load_state_dict(twin_of.state_dict())  # the same model and weights, before the fusions
+        model = timm.utils.reparameterize_model(model.eval(), inplace=True)
     return model
 
 
@@ -223,7 +213,7 @@ def share_weights(a: nn.Module, a_spec: str, b: nn.Module, b_spec: str) -> str:
     """Give A the weights of B (through A's checkpoint filter); returns how, for the record."""
     if b_spec.startswith('ref:') or a_spec.startswith('ref:'):
         return 'ref built from the other'
-    if b_spec.startswith(ROUTE_PREFIXES) or a_spec.startswith(ROUTE_PREFIXES):
+    if b_spec.startswith(FUSED_PREFIX) or a_spec.startswith(FUSED_PREFIX):
         return 'same model built from the other'
     if is_layer(a_spec) or is_layer(b_spec):
         return 'none (different layers)'
@@ -274,10 +264,8 @@ def _sync(device: torch.device) -> None:
 class Runner:
     """Prepares one contender for one mode and runs steps of it."""
 
-    def __init__(self, model: nn.Module, mode: str, args: argparse.Namespace, in_size: Tuple[int, int, int],
-                 routes: Tuple[bool, bool] = (True, True)):
+    def __init__(self, model: nn.Module, mode: str, args: argparse.Namespace, in_size: Tuple[int, int, int]):
         self.device = torch.device(args.device)
-        self.routes = routes  # (oneDNN channel route, merged routes) for this contender (routes_of)
         self.clock = time.process_time if args.timer == 'cpu' else time.perf_counter
         self.mode = mode
         dtype, self.amp_dtype = _dtypes(args.precision)
@@ -296,8 +284,6 @@ class Runner:
         return torch.autocast(self.device.type, dtype=self.amp_dtype, enabled=self.amp_dtype is not None)
 
     def step(self) -> None:
-        set_onednn_channel_linear(self.routes[0])
-        set_merged_routes(self.routes[1])
         if self.mode == 'inference':
             with torch.inference_mode(), self._autocast():
                 self.fn(self.x)
@@ -430,7 +416,7 @@ def peak_memory(spec: str, mode: str, args: argparse.Namespace) -> Dict[str, flo
 def _memprobe_main(args: argparse.Namespace) -> None:
     spec, mode = args.memprobe.split('|')
     model = build(spec, args)
-    runner = Runner(model, mode, args, input_size(spec, model, args), routes=routes_of(spec))
+    runner = Runner(model, mode, args, input_size(spec, model, args))
     device = runner.device
     if device.type == 'cuda':
         runner.step()
@@ -506,7 +492,7 @@ def run_single(spec: str, args, env, macs_cache) -> List[Dict[str, Any]]:
             if key not in macs_cache:
                 macs_cache[key] = count_macs(model, in_size)
             macs = macs_cache[key]
-        runner = Runner(model, mode, args, in_size, routes=routes_of(spec))
+        runner = Runner(model, mode, args, in_size)
         iters = _iters_for(runner.warmup(args.warmup), args)
         times = [runner.timed(iters) for _ in range(args.samples)]
         t = statistics.median(times)
@@ -547,7 +533,7 @@ def run_pair(a_spec: str, b_spec: str, args, env, macs_cache) -> List[Dict[str, 
     rows = []
     for mode in _modes(args):
         torch.manual_seed(args.seed)
-        if a_spec.startswith('ref:'):
+        if a_spec.startswith(('ref:', FUSED_PREFIX)):  # built from B (same weights)
             b = build(b_spec, args)
             a = build(a_spec, args, twin_of=b)
         else:
@@ -563,8 +549,8 @@ def run_pair(a_spec: str, b_spec: str, args, env, macs_cache) -> List[Dict[str, 
                 if key not in macs_cache:
                     macs_cache[key] = count_macs(m, in_size)
                 macs[spec] = macs_cache[key]
-        ra = Runner(a, mode, args, in_size, routes=routes_of(a_spec))
-        rb = Runner(b, mode, args, in_size, routes=routes_of(b_spec))
+        ra = Runner(a, mode, args, in_size)
+        rb = Runner(b, mode, args, in_size)
         # warm both up, then size the samples from the slower one so each sample has >= min_sample_time
         ta, tb = ra.warmup(args.warmup), rb.warmup(args.warmup)
         iters = _iters_for(max(ta, tb), args)
@@ -632,7 +618,7 @@ def environment(args) -> Dict[str, Any]:
         date_utc=datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d %H:%M UTC'),
         host=platform.node(), cpu=cpu, logical_cpus=os.cpu_count(), device=args.device,
         device_name=torch.cuda.get_device_name(args.device) if args.device.startswith('cuda') else cpu,
-        cpu_capability=torch.backends.cpu.get_cpu_capability(),  # AVX2 / AVX512: which CPU routes pay (layers.linear)
+        cpu_capability=torch.backends.cpu.get_cpu_capability(),  # AVX2 / AVX512 kernels
         threads=torch.get_num_threads(), interop_threads=torch.get_num_interop_threads(),
         torch=torch.__version__, timm=timm.__version__, mlp_vision=mlp_vision.__version__,
         python=platform.python_version(), load_avg_start=os.getloadavg(),

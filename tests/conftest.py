@@ -14,15 +14,3 @@ def single_thread():
     finally:
         torch.set_num_threads(n)
 
-
-@pytest.fixture(autouse=True)
-def onednn_route_on():
-    """Every test runs with the oneDNN channel route switched on, as on an AVX-512 host, so that the route and the
-    cases that must leave it (hooks, replacements, tracers) are tested on any host (by default it is on only where
-    the CPU has AVX-512: mlp_vision.layers.linear)."""
-    from mlp_vision.layers.linear import set_onednn_channel_linear
-    previous = set_onednn_channel_linear(True)
-    try:
-        yield
-    finally:
-        set_onednn_channel_linear(previous)

@@ -125,46 +125,16 @@ def test_bigs_layer_conv_impl_option(tmp_path):
     assert float(rows[0]['max_abs_diff']) <= 1e-4 * max(1., float(rows[0]['max_abs_out']))
 
 
-def test_mkl_contender_is_the_same_model_without_the_onednn_route(tmp_path):
-    """``mkl:NAME``: the same weights and function (max diff ~ float rounding), its channel Linears run as nn.Linear
-    during its steps (so ``--compare NAME mkl:NAME`` times what channel_linear's oneDNN route buys)."""
-    rows, md = _run_bench(tmp_path, '--compare', 'gmlp_ti', 'mkl:gmlp_ti', '-b', '2', '--img-size', '64',
+def test_fused_contender_is_the_reparameterized_model(tmp_path):
+    """``fused:NAME``: the same weights after timm's reparameterize_model, the same eval function (max diff ~ float
+    rounding), built from the other contender's weights; training steps are refused (the fusions are for
+    inference)."""
+    rows, md = _run_bench(tmp_path, '--compare', 'fused:smlpnet_t', 'smlpnet_t', '-b', '2', '--img-size', '64',
                           '--no-flops')
     (r,) = rows
-    assert r['model'] == 'gmlp_ti' and r['baseline'] == 'mkl:gmlp_ti'
+    assert (r['model'], r['baseline'], r['mode']) == ('fused:smlpnet_t', 'smlpnet_t', 'inference')
     assert float(r['max_abs_diff']) <= 1e-5 * max(1., float(r['max_abs_out']))
-    assert 'mkl:gmlp_ti' in md
-
-
-def test_modules_contender_runs_every_child_as_a_module(tmp_path):
-    """``modules:NAME``: the same weights and function, and during its steps neither the oneDNN route nor the merged
-    routes are on (so ``--compare NAME modules:NAME`` times what all the unobserved routes buy); ``mkl:`` turns off
-    the oneDNN route only. Checked in-process on the Runner, then end to end."""
-    import argparse
-    import torch
-    sys.path.insert(0, str(REPO))
-    try:
-        import benchmark
-    finally:
-        sys.path.remove(str(REPO))
-    from mlp_vision.layers import linear
-    assert benchmark.routes_of('smlpnet_t') == (linear.cpu_has_avx512(), True)  # the defaults users get
-    assert benchmark.routes_of('onednn:smlpnet_t') == (True, True)
-    assert benchmark.routes_of('mkl:smlpnet_t') == (False, True)
-    assert benchmark.routes_of('modules:smlpnet_t') == (False, False)
-    assert benchmark.base_name('modules:bigs_layer') == 'bigs_layer'
-    args = argparse.Namespace(device='cpu', timer='wall', precision='fp32', channels_last=False, compile=False,
-                              seed=0, num_classes=2, batch_size=1)
-    seen = []
-    for spec in ('modules:x', 'mkl:x', 'onednn:x'):
-        runner = benchmark.Runner(torch.nn.Identity(), 'inference', args, (3,), routes=benchmark.routes_of(spec))
-        runner.fn = lambda x: seen.append((linear._onednn_enabled, linear._merged_enabled))
-        runner.step()
-    linear.set_onednn_channel_linear(True)
-    linear.set_merged_routes(True)
-    assert seen == [(False, False), (False, True), (True, True)]
-    rows, md = _run_bench(tmp_path, '--compare', 'smlpnet_t', 'modules:smlpnet_t', '-b', '2', '--img-size', '64',
-                          '--no-flops')
-    (r,) = rows
-    assert r['model'] == 'smlpnet_t' and r['baseline'] == 'modules:smlpnet_t'
-    assert float(r['max_abs_diff']) <= 1e-5 * max(1., float(r['max_abs_out']))
+    assert 'fused:smlpnet_t' in md
+    cmd = [sys.executable, str(REPO / 'benchmark.py'), '--compare', 'fused:smlpnet_t', 'smlpnet_t', '--bench', 'both']
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 2 and 'fused: contenders are reparameterized for inference' in proc.stderr

@@ -317,7 +317,7 @@ def test_smlpnet_official_names_are_swapped():
     assert torch.equal(out[p + 'proj_h.bias'], sd['token_mix.0.1.proh_w.bias'])
     assert out[p + 'proj_h.weight'].shape == (16, 16) and out[p + 'proj_w.weight'].shape == (24, 24)
     # fuse input blocks: official [x, W-mixed (proj_h), H-mixed (proh_w)] -> ours [x, H-mixed, W-mixed]
-    fo, fn = sd['token_mix.0.1.fuse.weight'], out[p + 'fuse.weight']
+    fo, fn = sd['token_mix.0.1.fuse.weight'], out[p + 'fuse_conv.weight']
     assert fn.shape == fo.shape == (c, 3 * c, 1, 1)
     assert torch.equal(fn[:, :c], fo[:, :c])
     assert torch.equal(fn[:, c:2 * c], fo[:, 2 * c:])
@@ -336,7 +336,7 @@ def test_smlpnet_unswapped_conversion_would_differ():
     model = timm.create_model('smlpnet_t', embed_dim=SMALL_DIM, depths=SMALL_DEPTHS, img_size=64).eval()
     good = smlpnet_module.checkpoint_filter_fn(dict(sd), model)
     naive = dict(good)
-    c_of = {k: v.shape[0] for k, v in good.items() if k.endswith('smlp.fuse.weight')}
+    c_of = {k: v.shape[0] for k, v in good.items() if k.endswith('smlp.fuse_conv.weight')}
     for k in list(good):
         if k.endswith(('smlp.proj_h.weight', 'smlp.proj_h.bias')):
             naive[k] = good[k.replace('smlp.proj_h.', 'smlp.proj_w.')]

@@ -384,13 +384,13 @@ def test_axial_sparse_mlp_matches_reference():
     c, h, w = 8, 6, 10
     smlp = _randomize_(AxialSparseMLP(c, (h, w))).eval()
     assert smlp.proj_h.weight.shape == (h, h) and smlp.proj_w.weight.shape == (w, w)
-    assert smlp.fuse.weight.shape == (c, 3 * c, 1, 1) and smlp.fuse.bias is None
+    assert smlp.fuse_conv.weight.shape == (c, 3 * c, 1, 1) and smlp.fuse_conv.bias is None
     x = torch.randn(2, c, h, w)
     with torch.no_grad():
         y = smlp(x)
         assert y.shape == x.shape
         parts = _smlp_parts(smlp, x)
-        ref = torch.einsum('oc,bchw->bohw', smlp.fuse.weight[:, :, 0, 0], torch.cat(parts, dim=1))
+        ref = torch.einsum('oc,bchw->bohw', smlp.fuse_conv.weight[:, :, 0, 0], torch.cat(parts, dim=1))
         _close(y, ref)
         # also with explicit permutes + Linear (the way the official code does it)
         xa = F.gelu(_bn_eval(x, smlp.norm))
@@ -402,7 +402,7 @@ def test_axial_sparse_mlp_matches_reference():
         for k in range(3):
             sel = torch.zeros(c, 3 * c, 1, 1)
             sel[:, k * c:(k + 1) * c, 0, 0] = torch.eye(c)
-            smlp.fuse.weight.copy_(sel)
+            smlp.fuse_conv.weight.copy_(sel)
             _close(smlp(x), parts[k])
 
 
@@ -444,7 +444,7 @@ def test_sparse_mlp_token_mixer_matches_reference():
         for di in range(3):
             for dj in range(3):
                 dw += tp[:, :, di:di + h, dj:dj + w] * mixer.conv_dw.weight[:, 0, di, dj][None, :, None, None]
-        ref = torch.einsum('oc,bchw->bohw', mixer.smlp.fuse.weight[:, :, 0, 0],
+        ref = torch.einsum('oc,bchw->bohw', mixer.smlp.fuse_conv.weight[:, :, 0, 0],
                            torch.cat(_smlp_parts(mixer.smlp, dw), dim=1))
         _close(mixer(x), ref, atol=1e-4, rtol=1e-4)
 

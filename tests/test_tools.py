@@ -94,7 +94,7 @@ def _calls_per_module(model, x, only=None):
 def test_a_hook_on_any_single_module_fires(name):
     """Grad-CAM style: a forward hook on any one module -- norms, activations, the SGU, the sMLP, not only the
     Linears -- fires as often as that module runs in a module-by-module forward (hooks everywhere), and the output
-    stays the same: the routes that bypass children (layers.linear.unobserved) give way to the hooked one."""
+    stays the same."""
     if name == 'bigs_layer':
         torch.manual_seed(0)
         model, x = randomize_(BidirectionalGatedSSM(16, 24, num_states=4), std=0.05).eval(), torch.randn(2, 12, 16)

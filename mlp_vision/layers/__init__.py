@@ -5,5 +5,5 @@ from .linear import TokenLinear
 from .input_checks import check_image_input, check_model_args
 from .mixer import MixerBlock
 from .resample import resample_token_axis, resample_token_weight
-from .sparse_mlp import AxialSparseMLP, SparseMLPBlock, SparseMLPTokenMixer
+from .sparse_mlp import AxialSparseMLP, SparseMLPBlock, SparseMLPTokenMixer, rename_legacy_smlp_keys
 from .ssm import BidirectionalGatedSSM, S4DKernel, S4DLayer, causal_toeplitz, fast_fft_len, ssm_conv_impl

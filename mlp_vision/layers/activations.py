@@ -16,8 +16,6 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .linear import record_forward
-
 __all__ = ['FreshGELU', 'fresh_gelu', 'fresh_input_act']
 
 
@@ -29,7 +27,6 @@ def fresh_gelu(x: torch.Tensor, approximate: str = 'none') -> torch.Tensor:
     return torch.ops.aten.gelu_(x, approximate=approximate)
 
 
-@record_forward  # parents may skip calling it only while nothing observes it (layers.linear.unobserved)
 class FreshGELU(nn.GELU):
     """``nn.GELU`` for fresh inputs: in place when gradients are off (see the module docstring)."""
 

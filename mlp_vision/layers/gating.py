@@ -13,15 +13,13 @@ import torch.nn as nn
 import torch.nn.functional as F
 from timm.layers import DropPath
 
-from .activations import FreshGELU, fresh_input_act
-from .linear import _channel_gemm, channel_linear, record_forward, unobserved
+from .activations import fresh_input_act
 
 __all__ = ['SPATIAL_MODES', 'SpatialGatingUnit', 'TinyAttention', 'GatedMLPBlock']
 
 SPATIAL_MODES = ('dense', 'toeplitz', 'causal')
 
 
-@record_forward
 class SpatialGatingUnit(nn.Module):
     """Spatial Gating Unit: ``s(Z) = Z1 * (W · norm(Z2) + b [+ res])``.
 
@@ -105,30 +103,14 @@ class SpatialGatingUnit(nn.Module):
             mask: Optional[torch.Tensor] = None,
     ) -> torch.Tensor:
         u, v = x.chunk(2, dim=-1)
-        return self.gate(u, v, res, mask)
-
-    def gate(
-            self,
-            u: torch.Tensor,
-            v: torch.Tensor,
-            res: Optional[torch.Tensor] = None,
-            mask: Optional[torch.Tensor] = None,
-    ) -> torch.Tensor:
-        """The unit on its input's two halves ``u`` = Z1, ``v`` = Z2, each (B, L, dim // 2); ``forward`` splits
-        one (B, L, dim) tensor. A parent calls this directly only where :func:`~mlp_vision.layers.linear.unobserved`
-        allows it (see :class:`GatedMLPBlock`)."""
         length = v.shape[-2]
         v = self.norm(v)
         if mask is not None:
             v = v * mask.unsqueeze(-1).to(v.dtype)
-        # (L, L) @ (B, L, C) + b -> (B, L, C): mixes tokens without transposing the activations
+        # (L, L) @ (B, L, C), then the bias: mixes tokens without transposing the activations. bmm + add are ops
+        # every FLOP counter knows (stock fvcore has no baddbmm handle); the add is in place on the fresh product
         w = self.spatial_weight(length).expand(v.shape[0], length, length)
-        b = self.bias[:length].unsqueeze(-1)
-        if torch.jit.is_tracing():
-            # recorded as bmm + add, ops that every FLOP counter knows (fvcore has no baddbmm handle)
-            v = torch.bmm(w, v) + b
-        else:
-            v = torch.baddbmm(b, w, v)  # the bias rides in as the broadcast addend: no separate pass
+        v = torch.bmm(w, v).add_(self.bias[:length].unsqueeze(-1))
         if res is not None:
             v = v + res
         return u * v
@@ -247,25 +229,6 @@ class GatedMLPBlock(nn.Module):
         res: Optional[torch.Tensor] = None
         if self.attn is not None:
             res = self.attn(x, mask)
-        if torch.jit.is_scripting():  # TorchScript compiles this branch only
-            x = self.sgu(self.act(self.fc1(x)), res, mask if self.sgu_mask else None)
-            x = self.fc2(self.drop(x))
-        elif self._may_split_fc1(x):
-            # fc1 as two GEMMs, one per SGU half, so that both halves are contiguous (no strided LayerNorm input
-            # copied by the norm, contiguous gating); the parameters stay one fc1 Linear
-            half = self.fc1.out_features // 2
-            w1, b1 = self.fc1.weight, self.fc1.bias
-            u = self.act(_channel_gemm(x, w1[:half], None if b1 is None else b1[:half]))
-            v = self.act(_channel_gemm(x, w1[half:], None if b1 is None else b1[half:]))
-            x = self.sgu.gate(u, v, res, mask if self.sgu_mask else None)
-            x = channel_linear(self.fc2, self.drop(x))
-        else:  # the channel GEMMs through oneDNN while nothing observes fc1 / fc2 (layers.linear)
-            x = self.sgu(self.act(channel_linear(self.fc1, x)), res, mask if self.sgu_mask else None)
-            x = channel_linear(self.fc2, self.drop(x))
+        x = self.sgu(self.act(self.fc1(x)), res, mask if self.sgu_mask else None)
+        x = self.fc2(self.drop(x))
         return shortcut + self.drop_path(x)
-
-    def _may_split_fc1(self, x: torch.Tensor) -> bool:
-        """fc1, the activation and the SGU are exactly what was built and nothing observes them
-        (:func:`~mlp_vision.layers.linear.unobserved`)."""
-        return (type(self.act) in (nn.GELU, FreshGELU)
-                and unobserved(x, self.fc1, self.act, self.sgu, built_as=(nn.Linear, type(self.act), SpatialGatingUnit)))

@@ -11,7 +11,7 @@ import torch.nn as nn
 from timm.layers import DropPath, Mlp, to_2tuple
 
 from .activations import fresh_input_act
-from .linear import ChannelMlp, TokenLinear
+from .linear import TokenLinear
 
 __all__ = ['MixerBlock']
 
@@ -55,9 +55,7 @@ class MixerBlock(nn.Module):
         self.mlp_tokens = mlp_layer(seq_len, tokens_dim, act_layer=act_layer, drop=drop, **dd)
         self.drop_path = DropPath(drop_path) if drop_path > 0. else nn.Identity()
         self.norm2 = norm_layer(dim, **dd)
-        # timm's Mlp -> ChannelMlp: the same modules, its channel GEMMs through oneDNN while unobserved
-        channel_mlp_layer = ChannelMlp if mlp_layer is Mlp else mlp_layer
-        self.mlp_channels = channel_mlp_layer(dim, channels_dim, act_layer=act_layer, drop=drop, **dd)
+        self.mlp_channels = mlp_layer(dim, channels_dim, act_layer=act_layer, drop=drop, **dd)
         if mlp_layer is Mlp:
             # timm's Mlp: fc1 -> act -> drop1 -> norm -> fc2 -> drop2; its act only ever sees fresh fc1 outputs
             self.mlp_tokens.fc1 = TokenLinear(seq_len, tokens_dim, **dd)

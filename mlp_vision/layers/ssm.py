@@ -34,7 +34,6 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .activations import fresh_gelu
-from .linear import channel_linear, merged_channel_linear
 from .longconv_triton import bidirectional_long_conv
 
 __all__ = [
@@ -303,11 +302,9 @@ class BidirectionalGatedSSM(nn.Module):
     tokens t..L-1 through the backward branch. The implementation uses that identity instead of the three flips
     (a Linear and GELU act per position, so ``flip(GELU(flip(h) W_ub)) = GELU(h W_ub)``, and
     ``flip(SSM_b(flip(w))) = SSM_b(w, anticausal=True)``): the same function, with no reversed copies of the
-    activations. The computation is further arranged for speed without changing the function (checked against
-    the straightforward layer in ``tests/test_fast_paths.py``): both SSMs run together (one batched GEMM or one
-    pair of FFTs, see ``conv_impl``). Every projection is its own ``nn.Linear``, called as a module whenever
-    anything could observe it, so hooks, LoRA adapters and quantised replacements act on it; while nothing does
-    (:func:`~mlp_vision.layers.linear.unobserved`), the three input projections run as one GEMM. Parameter names
+    activations. Both SSMs run together (one batched GEMM or one pair of FFTs, see ``conv_impl``; checked against the
+    straightforward layer in ``tests/test_equivalence.py``). Every projection is its own ``nn.Linear``, called as a
+    module, so hooks, LoRA adapters and quantised replacements act on it. Parameter names
     map one-to-one onto the official ones (``dv, du_forward, du_backward, duc_forward, duc_backward, dol, do, fs4,
     bs4, LayerNorm``).
 
@@ -395,30 +392,20 @@ class BidirectionalGatedSSM(nn.Module):
 
     def forward(self, x: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         act = self.gelu_approximate
-        d, d_i = self.dim, self.hidden_dim
         h = self.norm(x)
-        # every projection is its module, called through channel_linear (oneDNN while unobserved, layers.linear);
-        # while nothing observes them, the three input projections of h run as one GEMM (d -> 2d + d_i) and one
-        # GELU pass whose output already holds [u_f | u_b] side by side: no separate outputs, no stacking copy
-        uv = merged_channel_linear((self.forward_in_proj, self.backward_in_proj, self.value_proj), h)
-        if uv is not None:
-            # split / unflatten rather than slicing: their backward is one cat, a slice's a zero fill + copy
-            u, v = fresh_gelu(uv, act).split([2 * d, d_i], dim=-1)  # (B, L, 2d), v: (B, L, d_i)
-            u = u.unflatten(-1, (2, d))  # (B, L, 2, d): u_f, u_b
-        else:
-            u_f = fresh_gelu(channel_linear(self.forward_in_proj, h), act)  # (B, L, d)
-            u_b = fresh_gelu(channel_linear(self.backward_in_proj, h), act)  # flip(GELU(flip(h) W_ub)): flips cancel
-            v = fresh_gelu(channel_linear(self.value_proj, h), act)  # (B, L, d_i)
-            u = torch.stack([u_f, u_b], dim=2)  # (B, L, 2, d): both directions convolved in one pass
+        u_f = fresh_gelu(self.forward_in_proj(h), act)  # (B, L, d)
+        u_b = fresh_gelu(self.backward_in_proj(h), act)  # flip(GELU(flip(h) W_ub)): the flips cancel
+        v = fresh_gelu(self.value_proj(h), act)  # (B, L, d_i)
+        u = torch.stack([u_f, u_b], dim=2)  # (B, L, 2, d): both directions convolved in one pass
         if mask is not None:
             u = u * mask[:, :, None, None].to(u.dtype)
         s_f, s_b = self._bidirectional_ssm(u).unbind(2)  # (B, L, d) each: SSM_f(u_f), flip(SSM_b(flip(u_b)))
-        g = channel_linear(self.forward_out_proj, s_f)
-        g_b = channel_linear(self.backward_out_proj, s_b)
+        g = self.forward_out_proj(s_f)
+        g_b = self.backward_out_proj(s_b)
         g = g * g_b if torch.is_grad_enabled() else g.mul_(g_b)  # (B, L, d); in place: see layers.activations
-        y = fresh_gelu(channel_linear(self.gate_proj, g), act)
+        y = fresh_gelu(self.gate_proj(g), act)
         y = y * v if torch.is_grad_enabled() else y.mul_(v)
-        return x + channel_linear(self.out_proj, y)
+        return x + self.out_proj(y)
 
     def _bidirectional_ssm(self, u: torch.Tensor) -> torch.Tensor:
         """Both SSMs at once: ``u`` (B, L, 2, d) holds ``u_f`` / ``u_b`` on dim 2; returns ``SSM_f(u_f)`` (causal)

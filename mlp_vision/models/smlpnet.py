@@ -10,7 +10,12 @@ Differences from the official code, none of which changes the function computed 
 * scriptable / exportable (no einops), timm model contract, 4-level ``features_only`` pyramid;
 * our names say what each tensor mixes: ``proj_h`` mixes along H, ``proj_w`` along W. The official
   checkpoint has them swapped (``proj_h`` mixes along W, ``proh_w`` along H); ``checkpoint_filter_fn``
-  maps them, and the fuse conv's input blocks, accordingly.
+  maps them, and the fuse conv's input blocks, accordingly;
+* the sMLP's 1x1 fuse conv is ``fuse_conv`` (``fuse`` until issue 25, a name timm's ``reparameterize_model`` takes
+  for a fusion method); ``checkpoint_filter_fn`` and every ``load_state_dict`` map the old name.
+
+Inference fusion: ``timm.utils.reparameterize_model(model.eval())`` folds each block's sMLP BatchNorm into the
+depthwise conv before it (:meth:`~mlp_vision.layers.SparseMLPTokenMixer.reparameterize`).
 """
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Type, Union
 
@@ -22,7 +27,8 @@ from timm.models import build_model_with_cfg, checkpoint_seq, named_apply
 from timm.models._features import feature_take_indices
 from timm.models import generate_default_cfgs, register_model
 
-from ..layers import SparseMLPBlock, check_image_input, check_model_args, resample_token_weight
+from ..layers import (
+    AxialSparseMLP, SparseMLPBlock, check_image_input, check_model_args, rename_legacy_smlp_keys, resample_token_weight)
 
 __all__ = ['SparseMLPNet', 'SparseMLPStage']
 
@@ -268,7 +274,8 @@ def checkpoint_filter_fn(state_dict: Dict[str, torch.Tensor], model: SparseMLPNe
     Official layout (``model`` dict of ``smlp_{t,s,b}.pth``): ``to_patch_embedding.{s}.0`` stems,
     ``token_mix.{i}`` / ``channel_mix.{i}`` numbered over all blocks, ``batch_norm``, ``mlp_head.0``.
     Its ``proj_h`` mixes along W and ``proh_w`` along H (names swapped); the fuse conv's input channel
-    blocks are [x, W-mixed, H-mixed] there and [x, H-mixed, W-mixed] here. The 1x1-conv axial weights
+    blocks are [x, W-mixed, H-mixed] there and [x, H-mixed, W-mixed] here (its ``fuse`` is our ``fuse_conv``, the
+    name our own checkpoints had before issue 25 too: mapped). The 1x1-conv axial weights
     (N, N, 1, 1) become (N, N) Linear weights. Axial weights are resampled when the model's stage sizes
     differ from the checkpoint's (see :mod:`mlp_vision.layers.resample`).
     """
@@ -276,6 +283,11 @@ def checkpoint_filter_fn(state_dict: Dict[str, torch.Tensor], model: SparseMLPNe
         state_dict = state_dict['model']
     if 'to_patch_embedding.0.0.weight' in state_dict:
         state_dict = _convert_official(state_dict, model)
+    else:  # ours, possibly saved before the fuse conv's rename
+        state_dict = dict(state_dict)
+        for name, module in model.named_modules():
+            if isinstance(module, AxialSparseMLP):
+                rename_legacy_smlp_keys(state_dict, f'{name}.')
     return _resample_axial(state_dict, model)
 
 
@@ -333,7 +345,7 @@ def _convert_official(state_dict: Dict[str, torch.Tensor], model: SparseMLPNet) 
                 elif rest == '1.fuse.weight':
                     x_id, x_w, x_h = v.chunk(3, dim=1)  # official input order [x, W-mixed, H-mixed]
                     v = torch.cat([x_id, x_h, x_w], dim=1)
-                    k = f'{prefix}.token_mixer.smlp.fuse.weight'
+                    k = f'{prefix}.token_mixer.smlp.fuse_conv.weight'
                 else:
                     raise ValueError(f'unexpected key in official sMLPNet checkpoint: {k}')
             else:

@@ -6,7 +6,7 @@ backward branch really flips the sequence (``torch.flip`` copies) before its inp
 back; each of the seven projections is its own ``nn.Linear``; each SSM recomputes its kernel on every call and
 runs its own FFT convolution on a (B, C, L) transposed copy of its input, with FFT length 2L. It is not
 registered anywhere and is not part of the package: ``benchmark.py`` times
-:class:`mlp_vision.layers.BidirectionalGatedSSM` against it and ``tests/test_fast_paths.py`` checks that both
+:class:`mlp_vision.layers.BidirectionalGatedSSM` against it and ``tests/test_equivalence.py`` checks that both
 compute the same function.
 
 Module and parameter names mirror :class:`~mlp_vision.layers.BidirectionalGatedSSM`, so our state dict loads

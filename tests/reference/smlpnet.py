@@ -4,7 +4,7 @@ This follows sMLPNet (Tang et al., arXiv:2109.05422, "Sparse MLP (sMLP)", eq. 1,
 (github.com/microsoft/SPACH) writes it, operator by operator: NCHW tensors; 1x1 ``nn.Conv2d`` on permuted tensors
 for the axial mixes; ``torch.cat`` of [x, H-mixed, W-mixed] then a 1x1 fuse conv; the channel MLP on a permuted
 (non-contiguous) view, as einops' ``Rearrange`` gives it. It is not registered with timm and is not part of the
-package; ``benchmark.py`` times ours against it and ``tests/test_fast_paths.py`` checks that ours computes the
+package; ``benchmark.py`` times ours against it and ``tests/test_equivalence.py`` checks that ours computes the
 same function.
 
 Module names mirror :class:`mlp_vision.models.SparseMLPNet` so that OUR state dict loads into it
@@ -28,14 +28,14 @@ class _RefAxialMLP(nn.Module):
         self.act = nn.GELU()
         self.proj_h = nn.Conv2d(height, height, 1)
         self.proj_w = nn.Conv2d(width, width, 1)
-        self.fuse = nn.Conv2d(3 * dim, dim, 1, bias=False)
+        self.fuse_conv = nn.Conv2d(3 * dim, dim, 1, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.act(self.norm(x))
         # put the mixed axis where a conv mixes (dim 1), mix, put it back
         x_h = self.proj_h(x.permute(0, 2, 1, 3)).permute(0, 2, 1, 3)
         x_w = self.proj_w(x.permute(0, 3, 1, 2)).permute(0, 2, 3, 1)
-        return self.fuse(torch.cat([x, x_h, x_w], dim=1))
+        return self.fuse_conv(torch.cat([x, x_h, x_w], dim=1))
 
 
 class _RefTokenMixer(nn.Module):

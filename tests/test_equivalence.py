@@ -1,12 +1,13 @@
-""" The fast forward paths compute the same function as the straightforward formulations (issue 6).
+""" The model code computes the same function as straightforward formulations (issues 6 and 25).
 
-Each fast path is checked against a plain implementation of the same parameters: the straightforward sMLPNet
-(``tests/reference/smlpnet.py``: 1x1 convs on permuted tensors, concat, fuse), timm's gMLP and
-Mixer models and blocks, and explicit formulas written here. Outputs and parameter gradients must agree to
-float32 tolerance, in train mode (BatchNorm batch statistics, running-statistics updates) and eval mode. Nothing
-here measures time.
+Each layer and model is checked against a plain implementation of the same parameters: the straightforward
+sMLPNet (``tests/reference/smlpnet.py``: 1x1 convs on permuted tensors, concat, fuse), timm's gMLP and Mixer models
+and blocks, the straightforward BiGS layer (``tests/reference/bigs.py``) and explicit formulas written here: the
+layouts chosen inside the modules (``TokenLinear``'s memory-order GEMM, channels-last sMLPNet, both BiGS directions
+in one convolution, in-place GELUs without gradients) change nothing but float32 rounding. Outputs and parameter
+gradients must agree to float32 tolerance, in train mode (BatchNorm batch statistics, running-statistics updates)
+and eval mode. Nothing here measures time.
 """
-import copy
 import importlib
 from functools import partial
 
@@ -20,7 +21,6 @@ from timm.models.mlp_mixer import MixerBlock as TimmMixerBlock
 
 import mlp_vision  # noqa: F401  (registers the models with timm)
 from mlp_vision.layers import AxialSparseMLP, GatedMLPBlock, MixerBlock, SparseMLPTokenMixer
-from mlp_vision.layers.linear import channel_linear
 
 from _helpers import randomize_
 from reference.smlpnet import reference_from
@@ -88,164 +88,6 @@ def test_token_linear_is_linear(case, bias):
         _close(a, r, rtol=1e-4)
 
 
-def _ops_run(fn):
-    """Names of the aten ops ``fn()`` ran (the profiler is not a mode: it does not change the route)."""
-    from torch.profiler import profile
-    with profile() as prof:
-        fn()
-    return {e.name for e in prof.events()}
-
-
-@pytest.mark.parametrize('shape', [(4, 320, 32), (2, 16, 33, 32), (16, 67, 32), (1, 1031, 32)])
-def test_channel_linear_is_the_module(shape):
-    """channel_linear(linear, x) == linear(x), values and gradients, through oneDNN's convolution when the Linear is
-    an unobserved plain nn.Linear (shapes: small batches, regrouped into >= 16 images on one thread; 4-D
-    channels-last rows; B >= 16; a prime number of rows)."""
-    torch.manual_seed(0)
-    linear = nn.Linear(32, 48)
-    x = torch.randn(shape, requires_grad=True)
-    ops = _ops_run(lambda: channel_linear(linear, x))
-    assert 'aten::convolution' in ops and 'aten::linear' not in ops
-    y = channel_linear(linear, x)
-    y_ref = F.linear(x, linear.weight, linear.bias)
-    torch.testing.assert_close(y, y_ref, rtol=1e-5, atol=1e-5)
-    g = torch.randn_like(y)
-    grads = torch.autograd.grad(y, (x, linear.weight, linear.bias), g)
-    grads_ref = torch.autograd.grad(y_ref, (x, linear.weight, linear.bias), g)
-    for a, b in zip(grads, grads_ref):
-        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
-
-
-class _SubLinear(nn.Linear):
-    pass
-
-
-class _CallsChannelLinear(nn.Module):
-    def __init__(self, linear):
-        super().__init__()
-        self.linear = linear
-
-    def forward(self, x):
-        return channel_linear(self.linear, x)
-
-
-def test_channel_linear_calls_the_module_whenever_something_observes_it():
-    """Any hook, patch, replacement, tracer or mode: the module itself is called (its hooks fire once)."""
-    from torch.utils.flop_counter import FlopCounterMode
-    from mlp_vision.layers.linear import set_onednn_channel_linear
-    x = torch.randn(4, 320, 32)
-
-    def module_called(linear, ctx=None):
-        calls = []
-        h = linear.register_forward_hook(lambda m, i, o: calls.append(1)) if ctx == 'hook' else None
-        if ctx == 'mode':
-            with FlopCounterMode(display=False):
-                ops = _ops_run(lambda: channel_linear(linear, x))
-        elif ctx == 'trace':
-            ops = _ops_run(lambda: torch.jit.trace(_CallsChannelLinear(linear), x, check_trace=False))
-        else:
-            ops = _ops_run(lambda: channel_linear(linear, x))
-        if h is not None:
-            h.remove()
-            assert calls == [1]
-        return 'aten::convolution' not in ops
-
-    plain = nn.Linear(32, 32)
-    assert not module_called(plain)
-    assert module_called(plain, 'hook')
-    assert module_called(plain, 'mode')
-    assert module_called(plain, 'trace')
-    handle = nn.modules.module.register_module_forward_pre_hook(lambda m, i: None)
-    try:
-        assert module_called(plain)
-    finally:
-        handle.remove()
-    patched = nn.Linear(32, 32)
-    patched.forward = lambda t: F.linear(t, patched.weight, patched.bias)
-    assert module_called(patched)
-    assert module_called(_SubLinear(32, 32))
-    previous = set_onednn_channel_linear(False)
-    try:
-        assert module_called(plain)
-    finally:
-        set_onednn_channel_linear(previous)
-    assert not module_called(plain)
-    # a replacement is what runs: nn.Identity returns the input, a dynamically quantised Linear its int8 result
-    assert channel_linear(nn.Identity(), x) is x
-    q = torch.ao.quantization.quantize_dynamic(nn.Sequential(plain), {nn.Linear}, dtype=torch.qint8)[0]
-    torch.testing.assert_close(channel_linear(q, x), q(x))
-
-
-def _ops_count(fn, op):
-    from torch.profiler import profile
-    with profile() as prof:
-        fn()
-    return sum(e.name == op for e in prof.events())
-
-
-def _merged_route_cases():
-    """(name, module, input, the op whose count tells the routes apart, count on the route, count off it, the
-    children the route bypasses): each rearrangement of layers.linear.unobserved's kind."""
-    c, h, w = 8, 6, 10
-    smlp = _randomize_(AxialSparseMLP(c, (h, w)))
-    yield 'sMLP fuse commuted', smlp, torch.randn(3, c, h, w), 'aten::cat', 0, 1, [smlp.proj_h, smlp.proj_w, smlp.fuse]
-    mixer = _randomize_(SparseMLPTokenMixer(c, (h, w))).eval()
-    yield ('sMLP BN folded (eval)', mixer, torch.randn(3, c, h, w), 'aten::batch_norm', 1, 2,
-           [mixer.conv_dw, mixer.smlp, mixer.smlp.norm, mixer.smlp.act])
-    block = _randomize_(GatedMLPBlock(16, 20, mlp_ratio=3))
-    yield 'gMLP fc1 split', block, torch.randn(3, 20, 16), 'aten::linear', 3, 2, [block.fc1, block.act, block.sgu]
-    from mlp_vision.layers import BidirectionalGatedSSM
-    bigs = _randomize_(BidirectionalGatedSSM(16, 24, num_states=4))
-    yield ('BiGS input projections merged', bigs, torch.randn(2, 12, 16), 'aten::stack', 1, 2,  # +1: kernels
-           [bigs.forward_in_proj, bigs.backward_in_proj, bigs.value_proj])
-
-
-@pytest.mark.parametrize('case', range(4))
-def test_merged_routes_taken_only_while_unobserved(case):
-    """Each route that computes several children from their parameters (layers.linear.unobserved) is taken while
-    nothing observes them, computes the module-by-module function (values and gradients), and gives way to the
-    modules when switched off or when any bypassed child carries a hook (which then fires once) or is replaced."""
-    from mlp_vision.layers.linear import set_merged_routes
-    name, module, x, op, on_count, off_count, bypassed = list(_merged_route_cases())[case]
-    params = list(module.parameters())
-    assert _ops_count(lambda: module(x), op) == on_count, name
-    y = module(x)
-    g = torch.randn(y.shape)
-    grads = torch.autograd.grad(y, params, g, allow_unused=True)
-    previous = set_merged_routes(False)
-    try:
-        assert _ops_count(lambda: module(x), op) == off_count, name
-        y_ref = module(x)
-        grads_ref = torch.autograd.grad(y_ref, params, g, allow_unused=True)
-    finally:
-        set_merged_routes(previous)
-    _close(y, y_ref)
-    for a, b in zip(grads, grads_ref):
-        assert (a is None) == (b is None)
-        if a is not None:
-            _close(a, b, rtol=1e-4)
-    for child in bypassed:
-        calls = []
-        handle = child.register_forward_hook(lambda m, i, o: calls.append(1))
-        try:
-            assert _ops_count(lambda: module(x), op) == off_count, name
-        finally:
-            handle.remove()
-        assert calls == [1], f'{name}: hook on {type(child).__name__} fired {len(calls)} times'
-    # a subclassed replacement of a bypassed child is what runs
-    first = bypassed[0]
-    parent = next(m for m in module.modules() if first in list(m.children()))
-    attr = next(k for k, v in parent.named_children() if v is first)
-    replacement = type('Replacement', (type(first),), {})
-    swapped = copy.deepcopy(first)
-    swapped.__class__ = replacement
-    setattr(parent, attr, swapped)
-    try:
-        assert _ops_count(lambda: module(x), op) == off_count, name
-    finally:
-        setattr(parent, attr, first)
-
-
 def test_token_linear_empty_batch():
     """An empty batch on the strided route gives the empty result F.linear gives (no reshape ambiguity)."""
     from mlp_vision.layers import TokenLinear
@@ -273,7 +115,7 @@ def _plain_smlp(smlp: AxialSparseMLP, x):
     x = smlp.act(smlp.norm(x))
     x_h = F.linear(x.transpose(-1, -2), smlp.proj_h.weight, smlp.proj_h.bias).transpose(-1, -2)
     x_w = F.linear(x, smlp.proj_w.weight, smlp.proj_w.bias)
-    return F.conv2d(torch.cat([x, x_h, x_w], dim=1), smlp.fuse.weight)
+    return F.conv2d(torch.cat([x, x_h, x_w], dim=1), smlp.fuse_conv.weight)
 
 
 def _plain_token_mixer(mixer: SparseMLPTokenMixer, x):
@@ -439,7 +281,7 @@ def _timm_isotropic(ours_name, **kwargs):
 
 @pytest.mark.parametrize('ours_name', ['gmlp_ti', 'mixer_s16'])
 @pytest.mark.parametrize('train', [False, True])
-@pytest.mark.parametrize('batch', [2, 48])  # 48 x 24 tokens: the channel GEMMs take channel_linear's oneDNN route
+@pytest.mark.parametrize('batch', [2, 48])
 def test_isotropic_models_match_timm(ours_name, train, batch):
     kwargs = dict(img_size=IMG, num_classes=10, num_blocks=3)
     theirs = _randomize_(_timm_isotropic(ours_name, **kwargs)).train(train)
@@ -484,7 +326,7 @@ def test_mixer_block_other_mlp_layer_keeps_its_linears():
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# BiGS layer: merged input GEMM, one FFT pair for both directions, oneDNN projections, no flips
+# BiGS layer: one convolution (Toeplitz GEMM or FFT pair) for both directions, no flips
 # ---------------------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize('conv_impl', ['direct', 'fft', 'auto'])
 @pytest.mark.parametrize('length', [128, 77, 1])
@@ -495,7 +337,7 @@ def test_bigs_layer_matches_straightforward(length, gelu, conv_impl):
     ours = BidirectionalGatedSSM(48, 80, num_states=8, gelu_approximate=gelu, conv_impl=conv_impl)
     _randomize_(ours)
     ref = reference_bigs_layer_from(ours)
-    x = torch.randn(9, length, 48, requires_grad=True)  # 9 x 128 rows: the projections take the oneDNN route
+    x = torch.randn(9, length, 48, requires_grad=True)
     x_ref = x.detach().clone().requires_grad_(True)
     y, y_ref = ours(x), ref(x_ref)
     _close(y, y_ref)
@@ -620,9 +462,9 @@ def test_vision_models_same_output_with_and_without_grad(name, single_thread):
 @pytest.mark.parametrize('train', [False, True])
 @pytest.mark.parametrize('name', ['smlpnet_t', 'gmlp_ti', 'mixer_s16'])
 def test_vision_models_under_bf16_autocast(name, train, single_thread):
-    """The fast paths run under AMP (bf16 autocast, as train.py --amp on the CPU) and compute the float32 model's
-    function to bf16 accuracy, forward and backward. Regression: sMLPNet's in-place ``baddbmm_`` (which autocast
-    does not cast) once met bf16 activations with float32 axial weights and failed."""
+    """The models run under AMP (bf16 autocast, as train.py --amp on the CPU) and compute the float32 model's
+    function to bf16 accuracy, forward and backward. Regression: an in-place ``baddbmm_`` (which autocast does not
+    cast) once met bf16 activations with float32 axial weights in sMLPNet and failed."""
     kwargs = dict(img_size=64) if name != 'smlpnet_t' else dict(img_size=64, depths=(1, 1, 1, 1))
     model = _randomize_(timm.create_model(name, num_classes=5, **kwargs)).train(train)
     x = torch.randn(4, 3, 64, 64)
