@@ -44,6 +44,7 @@ import csv
 import datetime
 import functools
 import importlib.util
+import io
 import json
 import math
 import os
@@ -66,6 +67,11 @@ from timm.models import model_entrypoint
 
 import mlp_vision
 from mlp_vision.layers import BidirectionalGatedSSM
+from mlp_vision.training.checkpoint import atomic_write_text
+from mlp_vision.training.config import SEED_MAX, check_flag_ranges
+from mlp_vision.training.distributed import parse_device
+from mlp_vision.training.errors import ArgumentParser, UsageError, run_cli
+from mlp_vision.training.model import COMPILE_MODES
 from mlp_vision.text.bert import BertLayer
 
 PRECISIONS = ('fp32', 'bf16', 'fp16', 'amp_bf16', 'amp_fp16')
@@ -104,9 +110,16 @@ def _load_reference(path: Path) -> ModuleType:
     return module
 
 
+# the range of each numeric flag (check_range's bounds)
+FLAG_RANGES = {k: dict(low=1) for k in ('seq_len', 'dim', 'hidden_dim', 'num_states', 'heads', 'ffn_dim', 'batch_size',
+                                          'img_size', 'samples')}
+FLAG_RANGES.update(num_classes=dict(low=0), warmup=dict(low=0), iters=dict(low=0),
+                   min_sample_time=dict(low=0, low_open=True), seed=dict(low=0, high=SEED_MAX),
+                   threads=dict(low=1, high=os.cpu_count() or 1, why="this machine's CPUs"))
+
+
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split('\n')[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = ArgumentParser(description=__doc__.split('\n')[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     what = p.add_mutually_exclusive_group(required=True)
     what.add_argument('--model', nargs='+', metavar='NAME', help='benchmark these contenders one by one')
     what.add_argument('--compare', nargs=2, action='append', metavar=('A', 'B'),
@@ -131,7 +144,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help='fp32; bf16/fp16 = model and input cast; amp_* = torch.autocast')
     p.add_argument('--channels-last', action='store_true')
     p.add_argument('--compile', action='store_true', help='torch.compile each contender')
-    p.add_argument('--compile-mode', default=None)
+    p.add_argument('--compile-mode', default=None, choices=COMPILE_MODES)
     p.add_argument('--warmup', type=int, default=2, help='untimed steps per contender before timing')
     p.add_argument('--iters', type=int, default=0,
                    help='steps per timed sample (0: enough for --min-sample-time, from the warm-up)')
@@ -170,9 +183,12 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error('fused: contenders are reparameterized for inference (eval-time fusions); use --bench inference')
     if args.channels_last and any(is_layer(s) for s in specs):
         p.error('--channels-last applies to image models only; sequence layers take (batch, seq-len, dim) inputs')
-    for k in ('seq_len', 'dim', 'hidden_dim', 'num_states', 'heads', 'ffn_dim', 'batch_size'):
-        if getattr(args, k) < 1:
-            p.error(f'--{k.replace("_", "-")} must be >= 1, got {getattr(args, k)}')
+    check_flag_ranges(args, FLAG_RANGES)
+    parse_device(args.device)
+    taken = [f'{args.out}{ext}' for ext in ('.csv', '.json', '.md', '_profile.txt')
+             if args.out and not args.memprobe and os.path.exists(f'{args.out}{ext}')]
+    if taken:  # checked before minutes of timing, not after: earlier results are never replaced
+        raise UsageError(f'--out {args.out}: {taken[0]} exists (an earlier run\'s results); give another prefix')
     return args
 
 
@@ -184,7 +200,13 @@ def _create(name: str, args: argparse.Namespace) -> nn.Module:
     kwargs: Dict[str, Any] = dict(num_classes=args.num_classes)
     if args.img_size is not None:
         kwargs['img_size'] = args.img_size
-    return timm.create_model(name, **kwargs)
+    try:
+        return timm.create_model(name, **kwargs)
+    except TypeError as e:
+        if 'img_size' not in kwargs or 'img_size' not in str(e):
+            raise
+    # a fully convolutional peer (ConvNeXt) takes no img_size: it runs at any input size as built
+    return timm.create_model(name, num_classes=args.num_classes)
 
 
 def _create_layer(name: str, args: argparse.Namespace) -> nn.Module:
@@ -209,26 +231,30 @@ def build(spec: str, args: argparse.Namespace, twin_of: Optional[nn.Module] = No
     return model
 
 
-def share_weights(a: nn.Module, a_spec: str, b: nn.Module, b_spec: str) -> str:
-    """Give A the weights of B (through A's checkpoint filter); returns how, for the record."""
+def share_weights(a: nn.Module, a_spec: str, b: nn.Module, b_spec: str) -> Tuple[str, bool]:
+    """Give A the weights of B (through A's checkpoint filter) when they are one architecture; returns (how, for
+    the record; whether the two now compute the same function, so that their outputs can be compared).
+
+    Two different architectures (``--compare smlpnet_t convnext_tiny``) keep their own random weights: only
+    their speed is compared."""
     if b_spec.startswith('ref:') or a_spec.startswith('ref:'):
-        return 'ref built from the other'
+        return 'ref built from the other', True
     if b_spec.startswith(FUSED_PREFIX) or a_spec.startswith(FUSED_PREFIX):
-        return 'same model built from the other'
+        return 'same model built from the other', True
     if is_layer(a_spec) or is_layer(b_spec):
-        return 'none (different layers)'
+        return ('same layer' if base_name(a_spec) == base_name(b_spec) else 'none (different layers)',
+                base_name(a_spec) == base_name(b_spec))
     module = sys.modules[model_entrypoint(a_spec).__module__]
     filter_fn = getattr(module, 'checkpoint_filter_fn', None)
-    sd = b.state_dict()
-    if filter_fn is not None:
-        sd = filter_fn(sd, a)
     try:
+        sd = b.state_dict()
+        if filter_fn is not None:
+            sd = filter_fn(sd, a)
         a.load_state_dict(sd)
-    except RuntimeError as e:
-        print(f'note: could not load {b_spec} weights into {a_spec} ({str(e).splitlines()[0]}); '
-              f'they keep their own random weights', file=sys.stderr)
-        return 'none'
-    return f'{b_spec} -> {a_spec}'
+    except (RuntimeError, KeyError, ValueError, IndexError, AttributeError, TypeError):
+        # another architecture: its state dict does not map onto A's (the filters fail in their own ways)
+        return 'none (different architectures: speed only)', False
+    return f'{b_spec} -> {a_spec}', True
 
 
 def input_size(spec: str, model: nn.Module, args: argparse.Namespace) -> Tuple[int, ...]:
@@ -524,11 +550,6 @@ def _max_diff(a: nn.Module, b: nn.Module, in_size, args) -> Tuple[float, float]:
     return float((ya - yb).abs().max()), float(yb.abs().max())
 
 
-def _same_function(a_spec: str, b_spec: str) -> bool:
-    """Whether the pair computes the same function (shared weights), so that outputs can be compared."""
-    return not is_layer(a_spec) or base_name(a_spec) == base_name(b_spec)
-
-
 def run_pair(a_spec: str, b_spec: str, args, env, macs_cache) -> List[Dict[str, Any]]:
     rows = []
     for mode in _modes(args):
@@ -539,9 +560,12 @@ def run_pair(a_spec: str, b_spec: str, args, env, macs_cache) -> List[Dict[str, 
         else:
             a = build(a_spec, args)
             b = build(b_spec, args, twin_of=a)
-        how = share_weights(a, a_spec, b, b_spec)
+        how, same_function = share_weights(a, a_spec, b, b_spec)
         in_size = input_size(a_spec, a, args)
-        diff, scale = _max_diff(a, b, in_size, args) if _same_function(a_spec, b_spec) else (None, None)
+        if input_size(b_spec, b, args) != in_size:
+            raise UsageError(f'{a_spec} takes {in_size} inputs and {b_spec} {input_size(b_spec, b, args)}: pass '
+                             f'--img-size to compare them at one size')
+        diff, scale = _max_diff(a, b, in_size, args) if same_function else (None, None)
         macs = {}
         for spec, m in ((a_spec, a), (b_spec, b)):
             if not args.no_flops:
@@ -682,24 +706,28 @@ def write_results(rows, env, args) -> None:
     keys: List[str] = []
     for r in rows:
         keys += [k for k in r if k not in keys]
-    with open(prefix + '.csv', 'w', newline='') as f:
-        w = csv.DictWriter(f, fieldnames=keys)
-        w.writeheader()
-        w.writerows(rows)
-    with open(prefix + '.json', 'w') as f:
-        json.dump({'environment': env, 'results': rows}, f, indent=2)
-    with open(prefix + '.md', 'w') as f:
-        f.write(markdown(rows, env, args))
+    table = io.StringIO()
+    w = csv.DictWriter(table, fieldnames=keys)
+    w.writeheader()
+    w.writerows(rows)
+    atomic_write_text(prefix + '.csv', table.getvalue())
+    atomic_write_text(prefix + '.json', json.dumps({'environment': env, 'results': rows}, indent=2))
+    atomic_write_text(prefix + '.md', markdown(rows, env, args))
     print(f'wrote {prefix}.csv / .json / .md')
     if PROFILES:
-        with open(prefix + '_profile.txt', 'w') as f:
-            f.write(f"# torch.profiler, top ops by self time · {env['date_utc']} · {env['device_name']} · "
-                    f"{env['threads']} threads · torch {env['torch']}\n# {env['command']}\n\n")
-            f.write('\n'.join(PROFILES))
+        atomic_write_text(prefix + '_profile.txt',
+                          f"# torch.profiler, top ops by self time · {env['date_utc']} · {env['device_name']} · "
+                          f"{env['threads']} threads · torch {env['torch']}\n# {env['command']}\n\n"
+                          + '\n'.join(PROFILES))
         print(f'wrote {prefix}_profile.txt')
 
 
 def main(argv=None) -> None:
+    """Benchmark; bad arguments stop with one line and exit status 2 (``run_cli``)."""
+    run_cli('benchmark.py', _main, argv)
+
+
+def _main(argv) -> None:
     args = parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -55,7 +55,7 @@ from mlp_vision.training.engine import evaluate, format_duration, train_one_epoc
 from mlp_vision.training.errors import ArgumentParser, Interrupted, UsageError, run_cli
 from mlp_vision.training.log import setup_logging
 from mlp_vision.training.model import (
-    ALLOW_MISSING_FLAG, check_compile_backend, create_model, load_pretrained_weights, model_create_kwargs)
+    ALLOW_MISSING_FLAG, COMPILE_MODES, check_compile_backend, create_model, load_pretrained_weights, model_create_kwargs)
 from mlp_vision.training.run import (
     NonFiniteLossError, TrainingRun, UpdateStep, add_run_arguments, create_lr_scheduler, parse_run_args, setup_amp)
 from mlp_vision.training.summary import plot_curves
@@ -63,7 +63,6 @@ from mlp_vision.training.summary import plot_curves
 _logger = logging.getLogger('train')
 
 REPO_DIR = Path(__file__).resolve().parent
-COMPILE_MODES = ('default', 'reduce-overhead', 'max-autotune', 'max-autotune-no-cudagraphs')  # torch.compile's
 DEMO_CONFIG = REPO_DIR / 'configs' / 'demo_digits.yaml'
 
 

@@ -31,6 +31,22 @@ def test_paired_comparison_writes_results(tmp_path):
     assert 'smlpnet_t' in Path(f'{out}.md').read_text()
 
 
+def test_two_architectures_compare_speed_only(tmp_path):
+    """A peer of another architecture (ConvNeXt against Mixer): both keep their own weights, the speed is
+    compared, no output difference is claimed; a peer that takes no img_size runs at the same input size."""
+    rows, md = _run_bench(tmp_path, '--compare', 'mixer_s16', 'convnext_atto', '-b', '2', '--img-size', '32')
+    (row,) = rows
+    assert row['model'] == 'mixer_s16' and row['baseline'] == 'convnext_atto' and float(row['speedup']) > 0
+    assert row['weights'].startswith('none (different architectures') and row['max_abs_diff'] == ''
+    assert row['img_size'] == '32'
+    # the same --out again: refused before any timing, the first results stay
+    before = (tmp_path / 'bench.csv').read_bytes()
+    res = subprocess.run([sys.executable, str(REPO / 'benchmark.py'), '--model', 'mixer_s16', '--out',
+                          str(tmp_path / 'bench')], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 2 and 'bench.csv exists' in res.stderr
+    assert (tmp_path / 'bench.csv').read_bytes() == before
+
+
 def test_bad_model_name_is_a_clear_error(tmp_path):
     res = subprocess.run([sys.executable, str(REPO / 'benchmark.py'), '--model', 'no_such_model', '--out',
                           str(tmp_path / 'x')], cwd=REPO, capture_output=True, text=True, timeout=300)
@@ -78,11 +94,17 @@ def test_sequence_layers_report_tokens_per_second(tmp_path):
     (['--model', 'bigs_layer', '--channels-last'], 'channels-last'),
     (['--model', 'ref:bert_layer'], 'ref:bert_layer'),
     (['--model', 'bigs_layer', '--seq-len', '0'], '--seq-len'),
+    (['--model', 'smlpnet_t', '--threads', '100000'], "--threads must be in [1, "),
+    (['--model', 'smlpnet_t', '--device', 'banana'], "--device 'banana' is not a device"),
+    (['--model', 'smlpnet_t', '--compile-mode', 'fastest'], "invalid choice: 'fastest'"),
+    (['--model', 'smlpnet_t', '--min-sample-time', 'nan'], '--min-sample-time must be a positive number'),
+    (['--model', 'smlpnet_t', '--samples', '0'], '--samples must be >= 1'),
 ])
 def test_bad_layer_arguments_are_clear_errors(args, message):
     res = subprocess.run([sys.executable, str(REPO / 'benchmark.py'), *args], cwd=REPO, capture_output=True,
                          text=True, timeout=300)
     assert res.returncode == 2 and message in res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1, res.stderr  # one line, no traceback or usage text
 
 
 def test_reference_model_input_size_comes_from_its_twin():
@@ -108,10 +130,11 @@ def test_reference_contenders_need_the_reference_folder(tmp_path, monkeypatch, c
     missing = tmp_path / 'tests' / 'reference'
     monkeypatch.setattr(benchmark, 'REFERENCE_DIR', missing)
     with pytest.raises(SystemExit) as e:
-        benchmark.parse_args(['--compare', 'bigs_layer', 'ref:bigs_layer'])
+        benchmark.main(['--compare', 'bigs_layer', 'ref:bigs_layer'])
     assert e.value.code == 2
-    err = capsys.readouterr().err
-    assert 'ref: contenders need the straightforward reference models' in err and str(missing / 'bigs.py') in err
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err  # one line, no usage text
+    assert 'ref: contenders need the straightforward reference models' in err[0] and str(missing / 'bigs.py') in err[0]
     assert benchmark.parse_args(['--model', 'bigs_layer']).model == ['bigs_layer']
 
 

@@ -45,6 +45,9 @@ def model_create_kwargs(
     return kwargs
 
 
+COMPILE_MODES = ('default', 'reduce-overhead', 'max-autotune', 'max-autotune-no-cudagraphs')  # torch.compile's modes
+
+
 def check_compile_backend(backend: Optional[str]) -> None:
     """``--torchcompile BACKEND`` names a ``torch.compile`` backend (checked before anything is built)."""
     if backend and backend not in torch.compiler.list_backends(exclude_tags=()):
