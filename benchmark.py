@@ -331,10 +331,11 @@ class Runner:
         return (self.clock() - t0) / iters
 
     def warmup(self, n: int) -> float:
-        t = float('inf')
-        for _ in range(max(n, 1)):
-            t = min(t, self.timed(1))
-        return t
+        """Untimed steps; returns the fastest. The first step's time is kept as ``first_step_s``: with
+        ``--compile`` it is the compile time of this mode's graph (plus one step)."""
+        times = [self.timed(1) for _ in range(max(n, 1))]
+        self.first_step_s = times[0]
+        return min(times)
 
 
 PROFILES: List[str] = []
@@ -528,6 +529,8 @@ def run_single(spec: str, args, env, macs_cache) -> List[Dict[str, Any]]:
                    step_ms_min=1e3 * min(times), **_rate('', in_size, args.batch_size, t), samples=len(times),
                    iters=iters)
         row.update(_flops_fields('', macs, mode, t, args.batch_size, env, in_size))
+        if args.compile:
+            row.update(compile_s=runner.first_step_s)
         if not args.no_memory:
             row.update(peak_memory(spec, mode, args))
         rows.append(row)
@@ -604,6 +607,8 @@ def run_pair(a_spec: str, b_spec: str, args, env, macs_cache) -> List[Dict[str, 
             **_rate('', in_size, args.batch_size, ta), **_rate('base_', in_size, args.batch_size, tb),
             max_abs_diff=diff, max_abs_out=scale, weights=how,
             load_start=load_start, load_end=os.getloadavg()[0])
+        if args.compile:
+            row.update(compile_s=ra.first_step_s, base_compile_s=rb.first_step_s)
         if macs:
             row.update(_flops_fields('', macs[a_spec], mode, ta, args.batch_size, env, in_size))
             row.update(_flops_fields('base_', macs[b_spec], mode, tb, args.batch_size, env, in_size))

@@ -600,6 +600,17 @@ def test_torch_compile_fullgraph_capture(name):
     _check_compile(create(name), make_input(), backend='aot_eager')
 
 
+@pytest.mark.parametrize('name', MODELS)
+def test_no_graph_breaks_in_training(name):
+    """Dynamo captures every vision model in training mode (drop path, the BatchNorm statistics update) as one graph:
+    ``torch._dynamo.explain`` counts no graph break. Eval mode: ``test_torch_compile_fullgraph_capture``."""
+    model = create(name).train()
+    torch._dynamo.reset()
+    explanation = torch._dynamo.explain(model)(make_input())
+    assert explanation.graph_break_count == 0, explanation.break_reasons
+    assert explanation.graph_count == 1
+
+
 def test_torch_compile_tiny():
     """inductor, one tiny config (~35-50 s here with a cold inductor cache)."""
     model = timm.create_model('smlpnet_t', img_size=64, depths=(1, 1, 1, 1), embed_dim=16, num_classes=NUM_CLASSES)

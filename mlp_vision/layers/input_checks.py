@@ -18,10 +18,15 @@ def check_image_input(x: torch.Tensor, in_chans: int, img_size: Tuple[int, int])
     The token-mixing weights of gMLP, MLP-Mixer and sMLPNet are tied to one spatial size, so a different
     input cannot be processed (build the model with ``img_size=...``, resampling pretrained weights, instead).
     """
-    # torch.jit.trace records sizes as tensors and warns on every Python comparison of them; the check runs on the
-    # example input and is (rightly) absent from the trace, so the warning says nothing a user can act on
-    with warnings.catch_warnings():
-        warnings.simplefilter('ignore', torch.jit.TracerWarning)
+    if torch.jit.is_tracing():
+        # torch.jit.trace records sizes as tensors and warns on every Python comparison of them; the check runs on
+        # the example input and is (rightly) absent from the trace, so the warning says nothing a user can act on.
+        # Only the warning filter depends on the tracer (torch.compile cannot trace catch_warnings): the same
+        # check runs either way.
+        with warnings.catch_warnings():
+            warnings.simplefilter('ignore', torch.jit.TracerWarning)
+            _check_image_shape(x, in_chans, img_size)
+    else:
         _check_image_shape(x, in_chans, img_size)
     return x
 

@@ -6,6 +6,9 @@
 #   bash results/gpu/run_gpu.sh ddp     # imagenette-mini: 2-rank DDP (two one-GPU "nodes" on the one GPU)
 #   bash results/gpu/run_gpu.sh bench   # benchmark.py pairs: bf16 autocast + channels_last (+ compile)
 #   bash results/gpu/run_gpu.sh text    # benchmark.py BiGS / BERT layers
+#   bash results/gpu/run_gpu.sh peers_smlpnet peers_gmlp peers_mixer   # issue 25 item 3: compiled training steps
+#                                       # of ours vs timm's same model and vs the peers a user would pick instead
+#                                       # (ConvNeXt-T / Swin-T, ViT-S, ViT-B), each pair in one process, profiled
 #   bash results/gpu/run_gpu.sh longconv  # the Triton long convolution of BiGS (issue 15 item 2): CUDA results vs
 #                                         # float64, tile sweep, kernel vs FFT route vs attention, BiGS vs BERT layers
 #
@@ -18,7 +21,7 @@
 # torch.compile costs minutes per deep model and mode (inductor compiled sMLPNet-T's training graph in 3.5 min
 # on the H100 machine's 16 cores), so only the compiled sMLPNet-T inference pair is in `bench`.
 set -u
-[ $# -gt 0 ] || { echo 'usage: run_gpu.sh train|ddp|bench|text|longconv ...'; exit 2; }
+[ $# -gt 0 ] || { echo 'usage: run_gpu.sh train|ddp|bench|text|longconv|peers_smlpnet|peers_gmlp|peers_mixer ...'; exit 2; }
 PY=${PY:-python3}
 DATA=${DATA:-../shared/data/imagenette-mini}
 WORK=${WORK:-output/gpu}
@@ -92,6 +95,25 @@ text)
     step bench_bigs_layer_128 180 $PY benchmark.py --compare bigs_layer ref:bigs_layer --seq-len 128 -b 64 \
         "${flags[@]}" --out "$WORK/bench/gpu_bigs_layer_128" --title "GPU, eager: BiGS layer vs straightforward, 128 tokens"
     ;;
+peers_smlpnet|peers_gmlp|peers_mixer)
+    # bf16 autocast, channels_last, torch.compile on both sides, training step at a batch that fills the GPU; the
+    # pairs alternate in one process (wall-clock ratios) and --profile writes the top kernels of each side.
+    # Two architectures share no weights (speed only). Compile time is logged per contender by benchmark.py.
+    flags=(--device cuda --precision amp_bf16 --channels-last --compile --bench train --samples 6
+           --min-sample-time 0.3 --warmup 3 --profile --no-memory)
+    case $part in
+    peers_smlpnet) pairs=("smlpnet_t ref:smlpnet_t 256" "smlpnet_t convnext_tiny 256"
+                          "smlpnet_t swin_tiny_patch4_window7_224 256") ;;
+    peers_gmlp) pairs=("gmlp_s gmlp_s16_224 256" "gmlp_s vit_small_patch16_224 256") ;;
+    peers_mixer) pairs=("mixer_b16 mixer_b16_224 128" "mixer_b16 vit_base_patch16_224 128") ;;
+    esac
+    for pair in "${pairs[@]}"; do
+        read -r a b batch <<< "$pair"
+        step "${part}_${b//:/_}" "${PEER_LIMIT:-540}" $PY benchmark.py --compare "$a" "$b" -b "$batch" "${flags[@]}" \
+            --out "$WORK/bench/gpu_compiled_train_${a}_vs_${b//:/_}" \
+            --title "GPU, torch.compile, training step: $a vs $b"
+    done
+    ;;
 longconv)
     # 1. the compiled kernels' results on CUDA vs the float64 dense-Toeplitz reference (fp32 / bf16 / fp16, gated or
     #    not, forward and all gradients, L up to 4,096); the first call also JIT-compiles every variant
@@ -123,6 +145,6 @@ longconv)
     fi
     ;;
 *)
-    echo "unknown part $part (train|ddp|bench|text|longconv)"; exit 2 ;;
+    echo "unknown part $part (train|ddp|bench|text|longconv|peers_smlpnet|peers_gmlp|peers_mixer)"; exit 2 ;;
 esac
 done
