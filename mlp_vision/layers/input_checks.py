@@ -19,16 +19,21 @@ def check_image_input(x: torch.Tensor, in_chans: int, img_size: Tuple[int, int])
     input cannot be processed (build the model with ``img_size=...``, resampling pretrained weights, instead).
     """
     if torch.jit.is_tracing():
-        # torch.jit.trace records sizes as tensors and warns on every Python comparison of them; the check runs on
-        # the example input and is (rightly) absent from the trace, so the warning says nothing a user can act on.
-        # Only the warning filter depends on the tracer (torch.compile cannot trace catch_warnings): the same
-        # check runs either way.
-        with warnings.catch_warnings():
-            warnings.simplefilter('ignore', torch.jit.TracerWarning)
-            _check_image_shape(x, in_chans, img_size)
+        _check_image_shape_quietly(x, in_chans, img_size)
     else:
         _check_image_shape(x, in_chans, img_size)
     return x
+
+
+@torch.jit.unused  # TorchScript cannot compile catch_warnings; scripted code never traces, so never calls it
+def _check_image_shape_quietly(x: torch.Tensor, in_chans: int, img_size: Tuple[int, int]) -> None:
+    """The check without TracerWarnings. torch.jit.trace records sizes as tensors and warns on every Python
+    comparison of them; the check runs on the example input and is (rightly) absent from the trace, so the warning
+    says nothing a user can act on. Only the warning filter depends on the tracer (torch.compile cannot trace
+    catch_warnings either): the same check runs either way."""
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore', torch.jit.TracerWarning)
+        _check_image_shape(x, in_chans, img_size)
 
 
 def _check_image_shape(x: torch.Tensor, in_chans: int, img_size: Tuple[int, int]) -> None:
