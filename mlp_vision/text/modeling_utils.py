@@ -21,7 +21,9 @@ Saving::
     model = type(model).from_pretrained('ckpt/')    # model.tokenizer is the saved tokenizer (None without one)
     model = mlp_vision.text.from_pretrained('ckpt/')  # dispatches on the architecture stored in config.json
 
-``config.json`` holds ``{"architecture": <class name>, "config": <dataclass fields>, "format_version": 2}``.
+``config.json`` holds ``{"architecture": <class name>, "config": <dataclass fields>, "format_version": 2,
+"model_type": <family>}``; ``model_type`` (e.g. ``"mlp_vision_gmlp"``) is for ``transformers``' ``AutoConfig``
+(:mod:`mlp_vision.text.hf_auto`), our loader does not need it, so folders written before it existed still load.
 Weights are safetensors (no code runs when loading); a tied parameter is stored once, under its first name.
 """
 import dataclasses
@@ -64,10 +66,13 @@ class TextConfig:
     """Base of the text configs (dataclasses): one field-naming scheme, older names still readable.
 
     Subclasses list ``legacy_names`` (old field name -> current name) and ``legacy_defaults`` (values a field
-    takes in a checkpoint written before the field existed, ``format_version`` 1).
+    takes in a checkpoint written before the field existed, ``format_version`` 1), and set ``model_type``: the
+    family's name in ``config.json``, which ``transformers``' ``AutoConfig`` dispatches on
+    (:mod:`mlp_vision.text.hf_auto` registers one ``transformers`` config per ``model_type``).
     """
     legacy_names: ClassVar[Dict[str, str]] = {}
     legacy_defaults: ClassVar[Dict[str, Any]] = {}
+    model_type: ClassVar[str] = ''
 
     @classmethod
     def from_dict(cls, fields: Mapping[str, Any], format_version: int = FORMAT_VERSION):
@@ -447,6 +452,8 @@ class PretrainedMixin:
         os.makedirs(save_directory, exist_ok=True)
         payload = {'architecture': type(self).__name__, 'config': self.config.to_dict(),
                    'format_version': FORMAT_VERSION}
+        if self.config.model_type:  # what transformers' AutoConfig reads (mlp_vision.text.hf_auto); we do not
+            payload['model_type'] = self.config.model_type
         cfg_path = os.path.join(save_directory, CONFIG_NAME)
         with open(cfg_path + '.tmp', 'w', encoding='utf-8') as f:
             json.dump(payload, f, indent=2, sort_keys=True)
