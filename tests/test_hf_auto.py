@@ -286,6 +286,13 @@ def test_unsupported_requests_are_clear(tokenizer, tmp_path):
     with pytest.raises(NotImplementedError, match='push_to_hub'):
         theirs.save_pretrained(str(tmp_path / 'x'), push_to_hub=True)
     assert isinstance(theirs(torch.tensor([[1, 2, 3]]), return_dict=False), tuple)
+    folder = tmp_path / 'classifier'
+    _create('gmlp', tokenizer, task='sequence_classification', num_labels=3).save_pretrained(str(folder))
+    with pytest.raises(TypeError, match="does not know: \\['bogus'\\]"):
+        AutoModelForSequenceClassification.from_pretrained(str(folder), bogus=1)
+    _write_labels(folder, ['negative', 'positive'])  # labels.json of another model
+    with pytest.raises(UsageError, match='names 2 labels but the model has num_labels 3'):
+        AutoConfig.from_pretrained(str(folder))
 
 
 def test_text_package_imports_without_transformers():
