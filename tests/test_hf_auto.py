@@ -256,6 +256,35 @@ def test_save_pretrained_through_transformers_is_our_folder(tokenizer, tmp_path,
         assert torch.equal(fresh.eval()(**batch).logits, again(**batch).logits)
 
 
+def test_trainer_fine_tunes_the_auto_loaded_classifier(tokenizer, tmp_path, single_thread):
+    """transformers.Trainer on the Auto-loaded model: gradient accumulation averages our mean losses (the model says
+    it takes no num_items_in_batch), checkpoints are our folders, and the best one is read back into the model."""
+    pytest.importorskip('accelerate', reason='transformers.Trainer needs accelerate')
+    _create('gmlp', tokenizer, task='sequence_classification', num_labels=2, classifier_dropout=0.0
+            ).save_pretrained(str(tmp_path / 'start'), tokenizer=tokenizer)
+    model = AutoModelForSequenceClassification.from_pretrained(str(tmp_path / 'start'))
+    texts = [f'{s} was {w} .' for s in SUBJECTS for w in ('good', 'great', 'bad', 'awful')][:16]
+    batch = _batch(tokenizer, texts, token_types=False)
+    labels = torch.tensor([int(t.split()[-2] in ('good', 'great')) for t in texts])
+    rows = [{'input_ids': i, 'attention_mask': m, 'labels': y}
+            for i, m, y in zip(batch['input_ids'], batch['attention_mask'], labels)]
+    with torch.no_grad():
+        loss_before = float(model(**batch, labels=labels).loss)
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path / 'out'), max_steps=2, per_device_train_batch_size=8, gradient_accumulation_steps=2,
+        learning_rate=1e-2, logging_steps=1, eval_strategy='steps', eval_steps=1, save_strategy='steps',
+        save_steps=1, load_best_model_at_end=True, report_to=[], use_cpu=True, disable_tqdm=True, seed=0)
+    trainer = transformers.Trainer(model=model, args=args, train_dataset=rows, eval_dataset=rows)
+    trainer.train()
+    assert not trainer.model_accepts_loss_kwargs
+    # the first update's logged loss is the mean over its two micro-batches of 8, i.e. over all 16 rows
+    assert trainer.state.log_history[0]['loss'] == pytest.approx(loss_before, rel=1e-4)
+    best = trainer.state.best_model_checkpoint
+    again = mt.from_pretrained(best).eval()  # a checkpoint is our folder, and the model holds its weights
+    with torch.no_grad():
+        assert torch.equal(again(**batch).logits, model.eval()(**batch).logits)
+
+
 def test_folder_without_model_type(tokenizer, tmp_path):
     """Folders written before config.json held model_type: our loader and the classes called directly read them;
     AutoConfig needs the key (transformers' error names it), and re-saving adds it."""
@@ -286,6 +315,8 @@ def test_unsupported_requests_are_clear(tokenizer, tmp_path):
     with pytest.raises(NotImplementedError, match='push_to_hub'):
         theirs.save_pretrained(str(tmp_path / 'x'), push_to_hub=True)
     assert isinstance(theirs(torch.tensor([[1, 2, 3]]), return_dict=False), tuple)
+    with pytest.raises(TypeError, match='attention_maks'):  # a misspelt keyword does not pass unseen
+        theirs(torch.tensor([[1, 2, 3]]), attention_maks=torch.ones(1, 3))
     folder = tmp_path / 'classifier'
     _create('gmlp', tokenizer, task='sequence_classification', num_labels=3).save_pretrained(str(folder))
     with pytest.raises(TypeError, match="does not know: \\['bogus'\\]"):

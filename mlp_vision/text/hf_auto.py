@@ -79,6 +79,8 @@ _TASKS = {
     'sequence_classification': (AutoModelForSequenceClassification, SequenceClassifierOutput),
     'causal_lm': (AutoModelForCausalLM, CausalLMOutput),
 }
+# forward arguments about a key/value cache that transformers' generate and pipelines pass (our models keep none)
+_CACHE_KWARGS = frozenset({'use_cache', 'past_key_values', 'cache_position', 'cache'})
 # from_pretrained arguments of transformers that mean nothing for a local folder of ours (the Hub, remote code)
 _IGNORED_LOAD_KWARGS = frozenset({
     'cache_dir', 'force_download', 'local_files_only', 'proxies', 'revision', 'subfolder', 'token',
@@ -174,6 +176,9 @@ class _TransformersTextModel(PreTrainedModel):
     output_class: ClassVar[type]
     base_model_prefix = 'text_model'
     main_input_name = 'input_ids'
+    # our losses are means over the batch's scored tokens / examples, and forward takes no num_items_in_batch: so
+    # transformers.Trainer must average over gradient-accumulation steps itself (it asks this attribute)
+    accepts_loss_kwargs = False
 
     def __init__(self, config: _TransformersTextConfig, text_model: Optional[nn.Module] = None):
         super().__init__(config)
@@ -196,13 +201,16 @@ class _TransformersTextModel(PreTrainedModel):
     def forward(self, input_ids: torch.Tensor, attention_mask: Optional[torch.Tensor] = None,
                 token_type_ids: Optional[torch.Tensor] = None, labels: Optional[torch.Tensor] = None,
                 return_dict: Optional[bool] = None, output_hidden_states: Optional[bool] = None,
-                output_attentions: Optional[bool] = None, **generation_kwargs: Any):
+                output_attentions: Optional[bool] = None, **cache_kwargs: Any):
         """Our model's forward; ``transformers``' output type (a tuple with ``return_dict=False``).
-        ``generation_kwargs`` (``use_cache``, ``cache_position``, ...) are what ``generate`` passes: ignored, as
-        our models have no cache."""
+        ``cache_kwargs``: what ``generate`` and pipelines may pass about a cache (``use_cache``, ...), ignored as our
+        models have none; any other keyword is an error (a misspelt ``attention_mask`` must not pass unseen)."""
         if output_hidden_states or output_attentions:
             raise NotImplementedError(f'{type(self).__name__} returns logits (or the last hidden states) only; our '
                                       f'models do not collect per-layer hidden states or attention weights')
+        unknown = sorted(k for k, v in cache_kwargs.items() if k not in _CACHE_KWARGS and v is not None)
+        if unknown:
+            raise TypeError(f'{type(self).__name__}.forward got arguments it does not take: {unknown}')
         inputs = {'input_ids': input_ids, 'attention_mask': attention_mask}
         if self._reads_token_types:
             inputs['token_type_ids'] = token_type_ids
@@ -257,7 +265,8 @@ class _TransformersTextModel(PreTrainedModel):
                         tokenizer=None, **unused: Any) -> None:
         """Our :meth:`PretrainedMixin.save_pretrained` (our layout, readable by our loader and by ``from_pretrained``
         here), plus ``labels.json`` when ``config.id2label`` is not ``transformers``' default. Weights are always
-        one safetensors file; ``state_dict``, ``push_to_hub`` and sharding are refused."""
+        this model's own, in one safetensors file (``safe_serialization`` and ``max_shard_size`` change nothing);
+        a ``state_dict`` to save instead, ``push_to_hub`` and the other Hub options are refused."""
         refused = sorted(k for k, v in unused.items() if v not in (None, False) and k != 'max_shard_size')
         if refused:
             raise NotImplementedError(f'{type(self).__name__}.save_pretrained does not support {refused}: it writes '
