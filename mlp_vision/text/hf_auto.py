@@ -33,7 +33,11 @@ What the thin classes take and give:
 
 * ``forward(input_ids, attention_mask=None, token_type_ids=None, labels=None, return_dict=None)``; the gMLP and GPT
   families have no token-type embedding and ignore ``token_type_ids`` (tokenizers give them), as our classifier
-  does. ``output_hidden_states`` / ``output_attentions`` are refused (our models do not collect them).
+  does. ``output_hidden_states`` / ``output_attentions`` are refused (our models do not collect them), and so is
+  any keyword other than ``generate``'s cache arguments.
+* ``transformers.Trainer``: checkpoints are our folders (``save_pretrained``), read back through
+  ``load_state_dict`` with our key names; ``accepts_loss_kwargs = False`` makes it average our mean losses over
+  gradient-accumulation steps itself.
 * Labels: a folder's ``labels.json`` (the text trainer's ``classify`` writes it) gives ``config.id2label``;
   ``save_pretrained`` writes one when ``id2label`` is not ``transformers``' default. ``num_labels == 1`` is
   regression (MSE) in our models, so the config says ``problem_type='regression'`` (the pipeline then applies no
