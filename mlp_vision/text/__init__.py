@@ -42,5 +42,11 @@ try:
 except ImportError:
     _transformers = None
 if _transformers is not None and int(_transformers.__version__.split('.')[0]) >= 5:
-    from . import hf_auto
+    try:
+        from . import hf_auto
+    except Exception as _e:  # an optional integration must not break the package: say so, go on without it
+        import warnings
+        warnings.warn(f'mlp_vision.text: transformers {_transformers.__version__} is installed but the Auto classes '
+                      f'could not be registered ({type(_e).__name__}: {_e}); import mlp_vision.text.hf_auto for the '
+                      f'traceback')
 del _transformers
