@@ -20,6 +20,9 @@ Usage::
     model = mt.BiGSForMaskedLM.from_official('BiGS_512/')          # official weights + their vocab.txt
     from mlp_vision.text.fill_mask import fill_mask                  # also: python -m mlp_vision.text.fill_mask
     fill_mask(model, model.tokenizer, 'the movie was [MASK] .')
+
+With ``transformers`` (>= 5) installed, importing this package registers the models with its Auto classes
+(``AutoModelForMaskedLM.from_pretrained('ckpt/')``, ``pipeline('fill-mask', ...)``): :mod:`mlp_vision.text.hf_auto`.
 """
 from .bert import BertConfig, BertForMaskedLM, BertForSequenceClassification, BertModel
 from .bigs import BiGSConfig, BiGSForMaskedLM, BiGSForSequenceClassification, BiGSModel, convert_official_bigs_state_dict
@@ -31,3 +34,19 @@ from .registry import (
     model_config, register_model)
 from .tokenizer import (
     ByteTokenizer, CharTokenizer, SubwordTokenizer, Tokenizer, find_tokenizer, load_tokenizer, train_tokenizer)
+
+# transformers' Auto classes and pipelines see our models when transformers is installed (an optional dependency:
+# mlp_vision.text.hf_auto); without it nothing changes
+try:
+    import transformers as _transformers
+except ImportError:
+    _transformers = None
+if _transformers is not None and int(_transformers.__version__.split('.')[0]) >= 5:
+    try:
+        from . import hf_auto
+    except Exception as _e:  # an optional integration must not break the package: say so, go on without it
+        import warnings
+        warnings.warn(f'mlp_vision.text: transformers {_transformers.__version__} is installed but the Auto classes '
+                      f'could not be registered ({type(_e).__name__}: {_e}); import mlp_vision.text.hf_auto for the '
+                      f'traceback')
+del _transformers

@@ -77,6 +77,8 @@ class BertConfig(TextConfig):
     classifier_pooling: str = 'cls'
     sparse_prediction: bool = False
 
+    model_type = 'mlp_vision_bert'  # config.json's key for transformers' AutoConfig (mlp_vision.text.hf_auto)
+
     def __post_init__(self):
         self.check_fields()
         check_classifier_pooling(self.classifier_pooling)

@@ -124,6 +124,7 @@ class BiGSConfig(TextConfig):
     classifier_pooling: str = 'mean'
     sparse_prediction: bool = False
 
+    model_type = 'mlp_vision_bigs'  # config.json's key for transformers' AutoConfig (mlp_vision.text.hf_auto)
     legacy_names = {'hidden_dropout': 'hidden_dropout_prob', 'num_ssm': 'num_ssm_states'}
 
     def __post_init__(self):

@@ -110,6 +110,7 @@ class GMLPConfig(TextConfig):
     classifier_pooling: str = 'cls'
     sparse_prediction: bool = False
 
+    model_type = 'mlp_vision_gmlp'  # config.json's key for transformers' AutoConfig (mlp_vision.text.hf_auto)
     legacy_names = {
         'max_seq_len': 'max_position_embeddings', 'dim': 'hidden_size', 'depth': 'num_hidden_layers',
         'ffn_dim': 'intermediate_size', 'attn_dim': 'tiny_attention_size', 'dropout': 'hidden_dropout_prob',

@@ -69,6 +69,7 @@ class GPTConfig(TextConfig):
     attention_probs_dropout_prob: float = 0.2
     initializer_range: float = 0.02
 
+    model_type = 'mlp_vision_gpt'  # config.json's key for transformers' AutoConfig (mlp_vision.text.hf_auto)
     legacy_names = {
         'block_size': 'max_position_embeddings', 'n_layer': 'num_hidden_layers', 'n_head': 'num_attention_heads',
         'n_embd': 'hidden_size', 'mlp_attn_hidden': 'mlp_attention_hidden_size', 'init_std': 'initializer_range',

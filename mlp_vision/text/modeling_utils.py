@@ -21,7 +21,9 @@ Saving::
     model = type(model).from_pretrained('ckpt/')    # model.tokenizer is the saved tokenizer (None without one)
     model = mlp_vision.text.from_pretrained('ckpt/')  # dispatches on the architecture stored in config.json
 
-``config.json`` holds ``{"architecture": <class name>, "config": <dataclass fields>, "format_version": 2}``.
+``config.json`` holds ``{"architecture": <class name>, "config": <dataclass fields>, "format_version": 2,
+"model_type": <family>}``; ``model_type`` (e.g. ``"mlp_vision_gmlp"``) is for ``transformers``' ``AutoConfig``
+(:mod:`mlp_vision.text.hf_auto`), our loader does not need it, so folders written before it existed still load.
 Weights are safetensors (no code runs when loading); a tied parameter is stored once, under its first name.
 """
 import dataclasses
@@ -42,7 +44,8 @@ from ..training.errors import UsageError, check_range
 __all__ = [
     'TextConfig', 'ModelOutput', 'TextModelOutput', 'PretrainedMixin', 'GenerationMixin', 'check_text_inputs',
     'masked_lm_loss', 'causal_lm_loss', 'scored_positions', 'sequence_classification_loss', 'init_linear_embedding', 'tied_decoder',
-    'read_config', 'is_saved_folder', 'load_config', 'weight_file_shapes', 'check_tokenizer_fits', 'pool_sequence',
+    'read_config', 'parse_config_payload', 'is_saved_folder', 'load_config', 'build_config', 'weight_file_shapes',
+    'check_tokenizer_fits', 'pool_sequence',
     'check_classifier_pooling', 'CLASSIFIER_POOLINGS',
     'CONFIG_NAME', 'WEIGHTS_NAME', 'FORMAT_VERSION',
 ]
@@ -64,10 +67,13 @@ class TextConfig:
     """Base of the text configs (dataclasses): one field-naming scheme, older names still readable.
 
     Subclasses list ``legacy_names`` (old field name -> current name) and ``legacy_defaults`` (values a field
-    takes in a checkpoint written before the field existed, ``format_version`` 1).
+    takes in a checkpoint written before the field existed, ``format_version`` 1), and set ``model_type``: the
+    family's name in ``config.json``, which ``transformers``' ``AutoConfig`` dispatches on
+    (:mod:`mlp_vision.text.hf_auto` registers one ``transformers`` config per ``model_type``).
     """
     legacy_names: ClassVar[Dict[str, str]] = {}
     legacy_defaults: ClassVar[Dict[str, Any]] = {}
+    model_type: ClassVar[str] = ''
 
     @classmethod
     def from_dict(cls, fields: Mapping[str, Any], format_version: int = FORMAT_VERSION):
@@ -339,6 +345,11 @@ def read_config(directory: str) -> Tuple[str, dict, int]:
             payload = json.load(f)
     except (ValueError, UnicodeDecodeError) as e:  # JSONDecodeError is a ValueError
         raise UsageError(f'{path} is not valid JSON ({e}); the file is damaged or truncated') from None
+    return parse_config_payload(payload, path)
+
+
+def parse_config_payload(payload: Any, path: str) -> Tuple[str, dict, int]:
+    """:func:`read_config` of the parsed JSON ``payload`` of the file ``path`` (named by the errors)."""
     if not isinstance(payload, dict) or 'architecture' not in payload or 'config' not in payload:
         raise ValueError(f'{path} is not a config written by save_pretrained (no "architecture" / "config"); for an '
                          f'official BiGS folder use BiGSForMaskedLM.from_official')
@@ -367,12 +378,18 @@ def load_config(directory: str) -> Tuple[type, 'TextConfig']:
     """(the stored architecture's class, its config) of a ``save_pretrained`` folder; a config that does not build
     (an unknown architecture or field, a value out of range such as a NaN ``layer_norm_eps``) is a
     :class:`~mlp_vision.training.errors.UsageError` naming ``config.json``."""
-    from .registry import architecture_class
     arch, fields, version = read_config(directory)
-    path = os.path.join(directory, CONFIG_NAME)
+    return build_config(arch, fields, version, os.path.join(directory, CONFIG_NAME))
+
+
+def build_config(architecture: str, fields: Mapping[str, Any], format_version: int,
+                 path: str) -> Tuple[type, 'TextConfig']:
+    """(the class called ``architecture``, its config from ``fields``) as :func:`load_config` builds them from the
+    file ``path`` (named by the :class:`~mlp_vision.training.errors.UsageError`)."""
+    from .registry import architecture_class
     try:
-        stored = architecture_class(arch)
-        return stored, stored.config_class.from_dict(fields, format_version=version)
+        stored = architecture_class(architecture)
+        return stored, stored.config_class.from_dict(fields, format_version=format_version)
     except KeyError as e:
         raise UsageError(f'{path}: {e.args[0]}') from None
     except (TypeError, ValueError) as e:
@@ -447,6 +464,8 @@ class PretrainedMixin:
         os.makedirs(save_directory, exist_ok=True)
         payload = {'architecture': type(self).__name__, 'config': self.config.to_dict(),
                    'format_version': FORMAT_VERSION}
+        if self.config.model_type:  # what transformers' AutoConfig reads (mlp_vision.text.hf_auto); we do not
+            payload['model_type'] = self.config.model_type
         cfg_path = os.path.join(save_directory, CONFIG_NAME)
         with open(cfg_path + '.tmp', 'w', encoding='utf-8') as f:
             json.dump(payload, f, indent=2, sort_keys=True)

@@ -226,6 +226,14 @@ class Tokenizer:
         os.makedirs(directory, exist_ok=True)
         _write_json(os.path.join(directory, TOKENIZER_CONFIG_NAME), self.to_dict())
 
+    def to_transformers(self):
+        """This tokenizer as a ``transformers`` tokenizer (for ``transformers.pipeline``); subword tokenizers only
+        (:meth:`SubwordTokenizer.to_transformers`): the byte and char tokenizers are not ``tokenizers``-library
+        vocabularies, and ``transformers`` has no tokenizer with their ids."""
+        raise UsageError(f'{type(self).__name__} has no transformers equivalent: only subword tokenizers (a trained '
+                         f'WordPiece / BPE, a vocab.txt or a tokenizer.json) convert; use our fill_mask / classifier '
+                         f'entry points with this one')
+
     @staticmethod
     def from_pretrained(path: str) -> 'Tokenizer':
         """Same as :func:`load_tokenizer`."""
@@ -429,26 +437,43 @@ class SubwordTokenizer(Tokenizer):
         return {'tokenizer_type': 'subword', 'tokenizer_json': self.backend.to_str(),
                 'special_tokens_map': dict(self.special_tokens_map), 'do_lower_case': self.do_lower_case}
 
-    def save_pretrained(self, directory: str) -> None:
-        """``tokenizer.json`` (with BERT's template as post-processor, so that ``transformers.AutoTokenizer`` gives
-        the same ids) and ``tokenizer_config.json`` (the special tokens by role, as ``transformers`` names them)."""
+    def _backend_with_template(self):
+        """A copy of the backend whose post-processor applies BERT's template (``<cls> A <sep> [B <sep>]``, token
+        types 0 / 1) the way :meth:`build_inputs` does, for ``transformers``, which reads the template there."""
         from tokenizers import Tokenizer as Backend, processors
-        os.makedirs(directory, exist_ok=True)
         backend = Backend.from_str(self.backend.to_str())
         cls_token, sep_token = self.special_tokens_map.get('cls'), self.special_tokens_map.get('sep')
         if cls_token and sep_token:
             backend.post_processor = processors.TemplateProcessing(
                 single=f'{cls_token} $A {sep_token}', pair=f'{cls_token} $A {sep_token} $B:1 {sep_token}:1',
                 special_tokens=[(cls_token, self.cls_id), (sep_token, self.sep_id)])
-        path = os.path.join(directory, TOKENIZER_FILE_NAME)
-        backend.save(path + '.tmp')
-        os.replace(path + '.tmp', path)
+        return backend
+
+    def _transformers_config(self) -> Dict[str, Any]:
+        """What ``transformers`` needs besides ``tokenizer.json``: the special tokens by role and the model inputs."""
         config = {f'{role}_token': token for role, token in self.special_tokens_map.items()}
-        config.update(tokenizer_class='PreTrainedTokenizerFast', tokenizer_type='subword',
-                      model_input_names=['input_ids', 'token_type_ids', 'attention_mask'])
+        config['model_input_names'] = ['input_ids', 'token_type_ids', 'attention_mask']
+        return config
+
+    def save_pretrained(self, directory: str) -> None:
+        """``tokenizer.json`` (with BERT's template as post-processor, so that ``transformers.AutoTokenizer`` gives
+        the same ids) and ``tokenizer_config.json`` (the special tokens by role, as ``transformers`` names them)."""
+        os.makedirs(directory, exist_ok=True)
+        path = os.path.join(directory, TOKENIZER_FILE_NAME)
+        self._backend_with_template().save(path + '.tmp')
+        os.replace(path + '.tmp', path)
+        config = self._transformers_config()
+        config.update(tokenizer_class='PreTrainedTokenizerFast', tokenizer_type='subword')
         if self.do_lower_case is not None:
             config['do_lower_case'] = self.do_lower_case
         _write_json(os.path.join(directory, TOKENIZER_CONFIG_NAME), config)
+
+    def to_transformers(self):
+        """This tokenizer as a ``transformers.PreTrainedTokenizerFast`` (same ids, template, token types and special
+        tokens), for ``transformers.pipeline``; needs ``transformers``. ``AutoTokenizer.from_pretrained`` on a folder
+        written by :meth:`save_pretrained` gives the same tokenizer."""
+        from transformers import PreTrainedTokenizerFast
+        return PreTrainedTokenizerFast(tokenizer_object=self._backend_with_template(), **self._transformers_config())
 
 
 def _vocab_is_uncased(vocab: Iterable[str]) -> bool:

@@ -1,0 +1,342 @@
+""" transformers' Auto classes and pipelines on our saved folders (mlp_vision/text/hf_auto.py; issue 27 item 4).
+
+Every comparison is with our own entry points on the same folder: ``mt.from_pretrained`` (logits, bit-identical),
+``mlp_vision.text.fill_mask.fill_mask`` (token ids, strings and scores, bit-identical) and our classifier's argmax
+(labels; the text-classification pipeline's softmax is NumPy's, so its scores are compared to 1e-6). Tiny random
+models; the tokenizer is a WordPiece trained here on generated sentences. Skipped without transformers.
+"""
+import inspect
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import mlp_vision.text as mt
+from mlp_vision.text.fill_mask import fill_mask
+from mlp_vision.training.errors import UsageError
+
+transformers = pytest.importorskip('transformers', reason='transformers is not installed (dev extra)')
+from transformers import (  # noqa: E402  (after the skip)
+    AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForMaskedLM, AutoModelForSequenceClassification,
+    AutoTokenizer, pipeline)
+
+from mlp_vision.text import hf_auto  # noqa: E402
+
+SUBJECTS = ['the movie', 'the film', 'the plot', 'the actors', 'this story']
+WORDS = 'good great fine bad awful dull slow long short'.split()
+LABEL_NAMES = ['negative', 'neutral', 'positive']
+TEXTS = ['the movie was good .', 'a dull and slow film', 'the actors were great but the plot was bad']
+TINY = dict(hidden_size=16, num_hidden_layers=2, intermediate_size=32, max_position_embeddings=32)
+# registry name, family-specific config fields (tokenizer-dependent ones are added in _create)
+MASKED_LMS = {
+    'gmlp': ('gmlp_base', {}),
+    'amlp': ('amlp_base', {'tiny_attention_size': 8}),
+    'bigs': ('bigs_small', {'num_ssm_states': 4}),
+    'bert': ('bert_small', {'num_attention_heads': 2}),
+}
+
+
+@pytest.fixture(scope='module')
+def tokenizer():
+    g = torch.Generator().manual_seed(0)
+    corpus = []
+    for _ in range(200):
+        subject = SUBJECTS[int(torch.randint(len(SUBJECTS), (1,), generator=g))]
+        words = [WORDS[i] for i in torch.randint(len(WORDS), (2,), generator=g).tolist()]
+        corpus.append(f'{subject} was {words[0]} and {words[1]} .')
+    return mt.train_tokenizer(texts=corpus, kind='wordpiece', vocab_size=100)
+
+
+def _create(key, tokenizer, task=None, **extra):
+    name, fields = MASKED_LMS[key]
+    fields = {**TINY, **fields, 'vocab_size': tokenizer.vocab_size, **extra}
+    if key in ('bigs', 'bert'):
+        fields['pad_token_id'] = tokenizer.pad_id
+    torch.manual_seed(0)
+    return mt.create_model(name, task=task, **fields)
+
+
+def _batch(tokenizer, texts, token_types=True):
+    return tokenizer(texts, padding=True, return_tensors='pt', return_token_type_ids=token_types)
+
+
+@pytest.mark.parametrize('key', list(MASKED_LMS))
+def test_masked_lm_through_auto_classes_and_fill_mask_pipeline(key, tokenizer, tmp_path, single_thread):
+    ours_saved = _create(key, tokenizer)
+    ours_saved.save_pretrained(str(tmp_path), tokenizer=tokenizer)
+    folder = str(tmp_path)
+
+    config = AutoConfig.from_pretrained(folder)
+    assert type(config) is hf_auto.transformers_config_class(type(ours_saved.config))
+    assert config.to_text_config() == ours_saved.config and config.architectures == [type(ours_saved).__name__]
+
+    ours = mt.from_pretrained(folder).eval()
+    theirs = AutoModelForMaskedLM.from_pretrained(folder)
+    assert type(theirs) is hf_auto.transformers_class(type(ours)) and not theirs.training
+    batch = _batch(tokenizer, TEXTS)  # padded, with token types (which gMLP ignores, as our classifier does)
+    with torch.no_grad():
+        assert torch.equal(theirs(**batch).logits, ours(**_inputs_for(theirs, batch)).logits)
+        # the encoder (AutoModel) of the masked-LM folder is our model's encoder, weights included
+        encoder = AutoModel.from_pretrained(folder)
+        ours_encoder = ours.get_submodule(_encoder_name(ours))
+        assert type(encoder.text_model) is type(ours_encoder)
+        assert torch.equal(encoder(**batch).last_hidden_state, ours_encoder(**_inputs_for(encoder, batch)))
+
+    hf_tokenizer = AutoTokenizer.from_pretrained(folder)
+    fill = pipeline('fill-mask', model=theirs, tokenizer=hf_tokenizer, top_k=5)
+    for text in ('the movie was [MASK] .', 'the [MASK] was great'):
+        expected = fill_mask(ours, ours.tokenizer, text, top_k=5)[0]
+        got = fill(text)
+        assert [(p['token'], p['token_str'], p['score']) for p in got] == \
+               [(p['token_id'], p['token'], p['score']) for p in expected]
+
+
+def _encoder_name(model) -> str:
+    return model.input_embeddings_path.split('.')[0]
+
+
+def _inputs_for(wrapper, batch):
+    """The batch as our model takes it (gMLP has no token types)."""
+    return {k: v for k, v in batch.items() if k != 'token_type_ids' or wrapper._reads_token_types}
+
+
+def test_pipeline_loads_the_folder_by_name(tokenizer, tmp_path, single_thread):
+    """pipeline(task, model=<folder>) finds the model class, the tokenizer and the weights itself."""
+    model = _create('gmlp', tokenizer)
+    model.save_pretrained(str(tmp_path), tokenizer=tokenizer)
+    got = pipeline('fill-mask', model=str(tmp_path))('the plot was [MASK] .', top_k=3)
+    expected = fill_mask(mt.from_pretrained(str(tmp_path)), tokenizer, 'the plot was [MASK] .', top_k=3)[0]
+    assert [(p['token'], p['score']) for p in got] == [(p['token_id'], p['score']) for p in expected]
+
+
+def _write_labels(folder, names):
+    """labels.json as the text trainer's classify task writes it (classification.py)."""
+    (folder / 'labels.json').write_text(json.dumps({'label_names': names, 'text_columns': ['sentence'],
+                                                    'label_column': 'label', 'max_length': 32}, indent=2))
+
+
+@torch.no_grad()
+def _separate_labels(classifier, tokenizer):
+    """A random classifier scores every text alike (a random encoder's features hardly depend on the text). Point
+    the head's rows at the centred features of TEXTS, so that text i tends to get label i."""
+    features = []
+    hook = classifier.classifier.register_forward_hook(lambda module, args, out: features.append(args[0]))
+    classifier.eval()(**_batch(tokenizer, TEXTS, 'token_type_ids' in _forward_arguments(classifier)))
+    hook.remove()
+    rows = features[0] - features[0].mean(dim=0)
+    classifier.classifier.weight.copy_(10 * rows / rows.norm(dim=1, keepdim=True))
+    classifier.classifier.bias.zero_()
+
+
+def _forward_arguments(model):
+    return inspect.signature(model.forward).parameters
+
+
+@pytest.mark.parametrize('key', ['gmlp', 'bigs', 'bert'])
+def test_sequence_classifier_through_auto_class_and_text_classification_pipeline(key, tokenizer, tmp_path,
+                                                                                   single_thread):
+    ours = _create(key, tokenizer, task='sequence_classification', num_labels=3, classifier_dropout=0.0,
+                   classifier_pooling='mean')
+    _separate_labels(ours, tokenizer)
+    ours.save_pretrained(str(tmp_path), tokenizer=tokenizer)
+    _write_labels(tmp_path, LABEL_NAMES)
+    folder = str(tmp_path)
+
+    config = AutoConfig.from_pretrained(folder)
+    assert config.id2label == dict(enumerate(LABEL_NAMES)) and config.num_labels == 3
+    theirs = AutoModelForSequenceClassification.from_pretrained(folder)
+    ours = mt.from_pretrained(folder).eval()
+    reads_token_types = theirs._reads_token_types
+    batch = _batch(tokenizer, TEXTS, token_types=reads_token_types)
+    with torch.no_grad():
+        assert torch.equal(theirs(**batch).logits, ours(**batch).logits)
+        ours_probs = [ours(**_batch(tokenizer, [t], reads_token_types)).logits[0].softmax(-1) for t in TEXTS]
+    expected = [LABEL_NAMES[int(p.argmax())] for p in ours_probs]
+    assert len(set(expected)) > 1, 'the test needs texts with different labels'
+
+    classify = pipeline('text-classification', model=theirs, tokenizer=AutoTokenizer.from_pretrained(folder))
+    got = classify(TEXTS)
+    assert [r['label'] for r in got] == expected
+    assert [r['score'] for r in got] == pytest.approx([float(p.max()) for p in ours_probs], rel=1e-6)
+    every = classify(TEXTS[0], top_k=None)  # every label, best first
+    assert {r['label']: r['score'] for r in every} == pytest.approx(
+        dict(zip(LABEL_NAMES, ours_probs[0].tolist())), rel=1e-6)
+
+
+def test_classifier_written_by_the_text_trainer(tokenizer, tmp_path, single_thread):
+    """The trainer's classify task (from an MLM folder with a WordPiece) writes pretrained/ with labels.json; its
+    label names (sorted training labels) are the pipeline's."""
+    import mlp_vision.text.train as text_train
+    mlm = tmp_path / 'mlm'
+    _create('gmlp', tokenizer).save_pretrained(str(mlm), tokenizer=tokenizer)
+    rows = ['sentence\tlabel'] + [f'the movie was {w} .\t{"pos" if w in ("good", "great", "fine") else "neg"}'
+                                  for w in WORDS for _ in range(2)]
+    (tmp_path / 'train.tsv').write_text('\n'.join(rows) + '\n')
+    text_train.main(['--task', 'classify', '--init-from', str(mlm), '--train-file', str(tmp_path / 'train.tsv'),
+                     '--val-file', str(tmp_path / 'train.tsv'), '--steps', '2', '-b', '4', '--eval-interval', '2',
+                     '--threads', '1', '--log-interval', '1000', '--output', str(tmp_path / 'out'),
+                     '--experiment', 'cls'])
+    folder = str(tmp_path / 'out' / 'cls' / 'pretrained')
+    theirs = AutoModelForSequenceClassification.from_pretrained(folder)
+    assert theirs.config.id2label == {0: 'neg', 1: 'pos'}
+    ours = mt.from_pretrained(folder).eval()
+    with torch.no_grad():
+        expected = [['neg', 'pos'][int(ours(**_batch(tokenizer, [t], False)).logits.argmax())] for t in TEXTS]
+    got = pipeline('text-classification', model=theirs, tokenizer=AutoTokenizer.from_pretrained(folder))(TEXTS)
+    assert [r['label'] for r in got] == expected
+
+
+def test_single_output_classifier_is_regression(tokenizer, tmp_path):
+    ours = _create('gmlp', tokenizer, task='sequence_classification', num_labels=1)
+    ours.save_pretrained(str(tmp_path), tokenizer=tokenizer)
+    theirs = AutoModelForSequenceClassification.from_pretrained(str(tmp_path))
+    assert theirs.config.problem_type == 'regression'  # our 1-output head is trained with MSE: no sigmoid
+    got = pipeline('text-classification', model=theirs, tokenizer=tokenizer.to_transformers())(TEXTS[0])
+    with torch.no_grad():
+        expected = mt.from_pretrained(str(tmp_path)).eval()(**_batch(tokenizer, [TEXTS[0]], False)).logits
+    assert got[0]['score'] == pytest.approx(float(expected), rel=1e-6)
+
+
+CAUSAL_LMS = {
+    'gpt_mlp_attention': dict(num_attention_heads=2, mlp_attention_hidden_size=8),
+    'gpt_sdpa': dict(num_attention_heads=2),
+    'gmlp_causal_char': {},
+}
+
+
+@pytest.mark.parametrize('name', list(CAUSAL_LMS))
+def test_causal_lm_through_auto_class_and_generate(name, tmp_path, single_thread):
+    torch.manual_seed(0)
+    fields = {**TINY, 'max_position_embeddings': 16, 'vocab_size': 40, **CAUSAL_LMS[name]}
+    mt.create_model(name, **fields).save_pretrained(str(tmp_path))
+    theirs = AutoModelForCausalLM.from_pretrained(str(tmp_path))
+    ours = mt.from_pretrained(str(tmp_path)).eval()
+    prompt = torch.randint(0, 40, (2, 6), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        assert torch.equal(theirs(prompt).logits, ours(prompt).logits)
+        labels_loss = theirs(prompt, labels=prompt).loss
+        assert torch.equal(labels_loss, ours(prompt, labels=prompt).loss)
+    # greedy generation past the context (6 + 14 > 16 positions): both crop the prefix to its last 16 tokens
+    assert torch.equal(theirs.generate(prompt, max_new_tokens=14, do_sample=False),
+                       ours.generate(prompt, 14, temperature=0))
+
+
+def test_to_transformers_wraps_the_same_module(tokenizer):
+    ours = _create('bert', tokenizer).eval()
+    theirs = hf_auto.to_transformers(ours)
+    assert theirs.text_model is ours
+    assert theirs.get_input_embeddings() is ours.get_input_embeddings()
+    fill = pipeline('fill-mask', model=theirs, tokenizer=tokenizer.to_transformers())
+    expected = fill_mask(ours, tokenizer, 'the film was [MASK] .', top_k=3)[0]
+    assert [p['token'] for p in fill('the film was [MASK] .', top_k=3)] == [p['token_id'] for p in expected]
+
+
+def test_save_pretrained_through_transformers_is_our_folder(tokenizer, tmp_path, single_thread):
+    ours = _create('bigs', tokenizer, task='sequence_classification', num_labels=3)
+    theirs = hf_auto.to_transformers(ours, label_names=LABEL_NAMES)
+    theirs.save_pretrained(str(tmp_path / 'saved'), tokenizer=tokenizer)
+    # our loader reads it (same weights), the labels are in labels.json, the tokenizer beside them
+    again = mt.from_pretrained(str(tmp_path / 'saved')).eval()
+    batch = _batch(tokenizer, TEXTS)
+    with torch.no_grad():
+        assert torch.equal(again(**batch).logits, ours.eval()(**batch).logits)
+    assert json.loads((tmp_path / 'saved' / 'labels.json').read_text())['label_names'] == LABEL_NAMES
+    loaded = AutoModelForSequenceClassification.from_pretrained(str(tmp_path / 'saved'))
+    assert loaded.config.id2label == dict(enumerate(LABEL_NAMES))
+    # transformers.Trainer reads a checkpoint back with load_state_dict(<model.safetensors>, strict=False)
+    from safetensors.torch import load_file
+    fresh = hf_auto.transformers_class(type(ours))(loaded.config)
+    result = fresh.load_state_dict(load_file(str(tmp_path / 'saved' / 'model.safetensors')), strict=False)
+    assert not result.unexpected_keys and set(result.missing_keys) <= {'decoder.weight'}
+    with torch.no_grad():
+        assert torch.equal(fresh.eval()(**batch).logits, again(**batch).logits)
+
+
+def test_trainer_fine_tunes_the_auto_loaded_classifier(tokenizer, tmp_path, single_thread):
+    """transformers.Trainer on the Auto-loaded model: gradient accumulation averages our mean losses (the model says
+    it takes no num_items_in_batch), checkpoints are our folders, and the best one is read back into the model."""
+    pytest.importorskip('accelerate', reason='transformers.Trainer needs accelerate')
+    _create('gmlp', tokenizer, task='sequence_classification', num_labels=2, classifier_dropout=0.0
+            ).save_pretrained(str(tmp_path / 'start'), tokenizer=tokenizer)
+    model = AutoModelForSequenceClassification.from_pretrained(str(tmp_path / 'start'))
+    texts = [f'{s} was {w} .' for s in SUBJECTS for w in ('good', 'great', 'bad', 'awful')][:16]
+    batch = _batch(tokenizer, texts, token_types=False)
+    labels = torch.tensor([int(t.split()[-2] in ('good', 'great')) for t in texts])
+    rows = [{'input_ids': i, 'attention_mask': m, 'labels': y}
+            for i, m, y in zip(batch['input_ids'], batch['attention_mask'], labels)]
+    with torch.no_grad():
+        loss_before = float(model(**batch, labels=labels).loss)
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path / 'out'), max_steps=2, per_device_train_batch_size=8, gradient_accumulation_steps=2,
+        learning_rate=1e-2, logging_steps=1, eval_strategy='steps', eval_steps=1, save_strategy='steps',
+        save_steps=1, load_best_model_at_end=True, report_to=[], use_cpu=True, disable_tqdm=True, seed=0)
+    trainer = transformers.Trainer(model=model, args=args, train_dataset=rows, eval_dataset=rows)
+    trainer.train()
+    assert not trainer.model_accepts_loss_kwargs
+    # the first update's logged loss is the mean over its two micro-batches of 8, i.e. over all 16 rows
+    assert trainer.state.log_history[0]['loss'] == pytest.approx(loss_before, rel=1e-4)
+    best = trainer.state.best_model_checkpoint
+    again = mt.from_pretrained(best).eval()  # a checkpoint is our folder, and the model holds its weights
+    with torch.no_grad():
+        assert torch.equal(again(**batch).logits, model.eval()(**batch).logits)
+
+
+def test_folder_without_model_type(tokenizer, tmp_path):
+    """Folders written before config.json held model_type: our loader and the classes called directly read them;
+    AutoConfig needs the key (transformers' error names it), and re-saving adds it."""
+    folder = tmp_path / 'old'
+    _create('gmlp', tokenizer).save_pretrained(str(folder), tokenizer=tokenizer)
+    payload = json.loads((folder / 'config.json').read_text())
+    del payload['model_type']
+    (folder / 'config.json').write_text(json.dumps(payload))
+    ours = mt.from_pretrained(str(folder)).eval()
+    theirs = hf_auto.transformers_class(mt.GMLPForMaskedLM).from_pretrained(str(folder))
+    x = _batch(tokenizer, TEXTS, False)
+    with torch.no_grad():
+        assert torch.equal(theirs(**x).logits, ours(**x).logits)
+    with pytest.raises(ValueError, match='model_type'):
+        AutoModelForMaskedLM.from_pretrained(str(folder))
+    ours.save_pretrained(str(folder))
+    assert type(AutoModelForMaskedLM.from_pretrained(str(folder))) is type(theirs)
+
+
+def test_unsupported_requests_are_clear(tokenizer, tmp_path):
+    with pytest.raises(UsageError, match='no transformers equivalent'):
+        mt.ByteTokenizer().to_transformers()
+    with pytest.raises(UsageError, match='not a folder'):
+        hf_auto.transformers_class(mt.GMLPForMaskedLM).from_pretrained(str(tmp_path / 'some-org/some-model'))
+    theirs = hf_auto.to_transformers(_create('gmlp', tokenizer))
+    with pytest.raises(NotImplementedError, match='hidden states'):
+        theirs(torch.tensor([[1, 2, 3]]), output_hidden_states=True)
+    with pytest.raises(NotImplementedError, match='push_to_hub'):
+        theirs.save_pretrained(str(tmp_path / 'x'), push_to_hub=True)
+    assert isinstance(theirs(torch.tensor([[1, 2, 3]]), return_dict=False), tuple)
+    with pytest.raises(TypeError, match='attention_maks'):  # a misspelt keyword does not pass unseen
+        theirs(torch.tensor([[1, 2, 3]]), attention_maks=torch.ones(1, 3))
+    folder = tmp_path / 'classifier'
+    _create('gmlp', tokenizer, task='sequence_classification', num_labels=3).save_pretrained(str(folder))
+    with pytest.raises(TypeError, match="does not know: \\['bogus'\\]"):
+        AutoModelForSequenceClassification.from_pretrained(str(folder), bogus=1)
+    _write_labels(folder, ['negative', 'positive'])  # labels.json of another model
+    with pytest.raises(UsageError, match='names 2 labels but the model has num_labels 3'):
+        AutoConfig.from_pretrained(str(folder))
+
+
+def test_text_package_imports_without_transformers():
+    """transformers is optional: with it unimportable, mlp_vision.text imports, registers nothing and still writes
+    model_type (its own key)."""
+    code = ('import sys, tempfile, json, os; sys.modules["transformers"] = None\n'
+            'import mlp_vision.text as mt\n'
+            'assert "mlp_vision.text.hf_auto" not in sys.modules\n'
+            'd = tempfile.mkdtemp(); mt.create_model("gmlp_base", hidden_size=8, num_hidden_layers=1, '
+            'intermediate_size=16, max_position_embeddings=8, vocab_size=20).save_pretrained(d)\n'
+            'print(json.load(open(os.path.join(d, "config.json")))["model_type"])\n')
+    root = str(Path(__file__).resolve().parents[1])  # this checkout's package, wherever pytest runs from
+    env = {**os.environ, 'PYTHONPATH': os.pathsep.join([root, os.environ.get('PYTHONPATH', '')])}
+    out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, timeout=120, cwd=root, env=env)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == 'mlp_vision_gmlp'
