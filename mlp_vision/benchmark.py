@@ -1,5 +1,7 @@
-#!/usr/bin/env python3
 """ Inference / training-step throughput of timm models (ours and any registered one), alone or in pairs.
+
+Run as ``mlp-vision-benchmark`` or ``python -m mlp_vision.benchmark`` (installed package), or ``python
+benchmark.py`` in a checkout (the same code).
 
 In the spirit of timm's ``benchmark.py``: throughput (images/s), step time, peak memory and achieved GFLOP/s
 against this machine's measured matrix-multiply rate, for any registered model, on CPU or CUDA, in
@@ -15,7 +17,8 @@ Contenders:
                      ``gmlp_s16_224`` (timm's own).
     ref:NAME         the straightforward sMLPNet (``tests/reference/smlpnet.py``, kept with the tests, outside the
                      installed package) built as the twin of our ``NAME`` (same config, our weights).
-                     ``ref:`` contenders need a checkout of the repository (this script's folder).
+                     ``ref:`` contenders need a checkout of the repository: the one this package is imported
+                     from, else the working directory.
     bigs_layer       one BiGS layer (``mlp_vision.layers.BidirectionalGatedSSM``, d ``--dim``, d_i ``--hidden-dim``,
                      N ``--num-states``; default BiGS-large: 1024 / 3072 / 64) on (batch, ``--seq-len``, d) inputs;
     ref:bigs_layer   the straightforward BiGS layer (``tests/reference/bigs.py``) with the same weights;
@@ -76,7 +79,17 @@ from mlp_vision.text.bert import BertLayer
 
 PRECISIONS = ('fp32', 'bf16', 'fp16', 'amp_bf16', 'amp_fp16')
 LAYERS = ('bigs_layer', 'bert_layer')  # sequence-layer contenders (tokens/s); ref:bigs_layer is the straightforward one
-REFERENCE_DIR = Path(__file__).resolve().parent / 'tests' / 'reference'  # the straightforward twins (ref:)
+
+
+def _find_reference_dir() -> Path:
+    """``tests/reference`` (the straightforward twins of ``ref:`` contenders, kept with the tests, not installed) of
+    the checkout this package is imported from (``python benchmark.py``, an editable install), else of the working
+    directory (an installed package run in a checkout); the first when neither has one, for the error message."""
+    candidates = [root / 'tests' / 'reference' for root in (Path(__file__).resolve().parents[1], Path.cwd())]
+    return next((folder for folder in candidates if folder.is_dir()), candidates[0])
+
+
+REFERENCE_DIR = _find_reference_dir()
 
 
 FUSED_PREFIX = 'fused:'  # our model with the same weights, reparameterized for inference (timm.utils)
@@ -423,7 +436,7 @@ def peak_memory(spec: str, mode: str, args: argparse.Namespace) -> Dict[str, flo
     reports the growth of its peak resident set size (ru_maxrss) during a second step beyond what the first step
     left in use, plus the peak RSS of the whole process. First-touch effects make this an upper bound.
     """
-    cmd = [sys.executable, os.path.abspath(__file__), '--memprobe', f'{spec}|{mode}', '--model', spec]
+    cmd = [sys.executable, '-m', 'mlp_vision.benchmark', '--memprobe', f'{spec}|{mode}', '--model', spec]
     for k in ('batch_size', 'img_size', 'num_classes', 'device', 'threads', 'precision', 'seed', 'seq_len', 'dim',
               'hidden_dim', 'num_states', 'heads', 'ffn_dim'):
         v = getattr(args, k)
@@ -432,11 +445,21 @@ def peak_memory(spec: str, mode: str, args: argparse.Namespace) -> Dict[str, flo
     if args.channels_last:
         cmd.append('--channels-last')
     try:
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=900, check=True).stdout
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=900, check=True,
+                             env=_same_package_env()).stdout
         return json.loads(out.strip().splitlines()[-1])
     except (subprocess.SubprocessError, ValueError, IndexError) as e:
         print(f'note: memory probe failed for {spec} ({e})', file=sys.stderr)
         return {}
+
+
+def _same_package_env() -> Dict[str, str]:
+    """The environment of a child process that imports this very ``mlp_vision`` (a checkout's is found through
+    the script's folder, which ``python -m`` in a child does not search)."""
+    env = dict(os.environ)
+    root = str(Path(mlp_vision.__file__).resolve().parents[1])
+    env['PYTHONPATH'] = os.pathsep.join([root] + [p for p in env.get('PYTHONPATH', '').split(os.pathsep) if p])
+    return env
 
 
 def _memprobe_main(args: argparse.Namespace) -> None:
@@ -722,9 +745,9 @@ def write_results(rows, env, args) -> None:
         print(f'wrote {prefix}_profile.txt')
 
 
-def main(argv=None) -> None:
-    """Benchmark; bad arguments stop with one line and exit status 2 (``run_cli``)."""
-    run_cli('benchmark.py', _main, argv)
+def main(argv=None, prog: str = 'benchmark.py') -> None:
+    """Benchmark; bad arguments stop with one line starting with ``prog`` and exit status 2 (``run_cli``)."""
+    run_cli(prog, _main, argv)
 
 
 def _main(argv) -> None:
@@ -757,4 +780,4 @@ def _main(argv) -> None:
 
 
 if __name__ == '__main__':
-    main()
+    main(prog='python -m mlp_vision.benchmark')

@@ -1,17 +1,18 @@
-#!/usr/bin/env python3
-""" mlp_vision training script: timm's ImageNet training pipeline for the registered models (and any timm model).
+""" mlp_vision training command: timm's ImageNet training pipeline for the registered models (and any timm model).
 
-Flags follow timm's train.py; ``-c/--config`` reads a yaml file whose keys are the flag names (explicit flags
-win). The recipes of the papers are in ``configs/`` (see the comments there for global batch and LR scaling).
+Run as ``mlp-vision-train`` or ``python -m mlp_vision.train`` (installed package), or ``python train.py`` in a
+checkout (the same code). Flags follow timm's train.py; ``-c/--config`` reads a yaml file whose keys are the flag
+names (explicit flags win). The recipes of the papers are in ``configs/`` (see the comments there for global
+batch and LR scaling), shipped with the package and found by name: ``-c smlpnet_t``.
 
     # the demo: no dataset given -> scikit-learn's bundled handwritten digits, a small model, a few minutes on CPU
     python train.py
 
     # one process (CPU or one GPU)
-    python train.py -c configs/smlpnet_t.yaml --data-dir /data/imagenet
+    python train.py -c smlpnet_t --data-dir /data/imagenet
 
     # N processes on one machine (NCCL on GPUs, gloo on CPU); multi-node: add torchrun's rendezvous flags
-    torchrun --nproc_per_node=8 train.py -c configs/smlpnet_t.yaml --data-dir /data/imagenet
+    torchrun --nproc_per_node=8 -m mlp_vision.train -c smlpnet_t --data-dir /data/imagenet
 
     # continue a run in its folder with its saved settings: model, optimizer, scheduler, EMA, scaler, epoch, RNG,
     # history; flags given override the saved ones (e.g. a larger --epochs continues a longer schedule)
@@ -46,7 +47,7 @@ from timm.utils import ModelEmaV3, ParseKwargs, distribute_bn, random_seed
 
 from mlp_vision.training.checkpoint import (
     is_training_checkpoint, load_checkpoint_file, load_model_weights, preserve_rng)
-from mlp_vision.training.config import SEED_MAX, check_flag_ranges
+from mlp_vision.training.config import SEED_MAX, check_flag_ranges, find_recipe
 from mlp_vision.training.data import (
     INTERPOLATIONS, IMAGE_MODE_CHANNELS, check_image_args, check_num_classes, create_eval_loader, create_train_loader,
     create_train_val_datasets, dataset_class_names, default_workers, prepare_digits_folder)
@@ -59,19 +60,21 @@ from mlp_vision.training.model import (
 from mlp_vision.training.run import (
     NonFiniteLossError, TrainingRun, UpdateStep, add_run_arguments, create_lr_scheduler, parse_run_args, setup_amp)
 from mlp_vision.training.summary import plot_curves
+from mlp_vision.validate import main as validate_main
 
 _logger = logging.getLogger('train')
 
-REPO_DIR = Path(__file__).resolve().parent
-DEMO_CONFIG = REPO_DIR / 'configs' / 'demo_digits.yaml'
+DEMO_RECIPE = 'demo_digits'  # configs/demo_digits.yaml, the recipe of the run with no dataset
+PROG = 'train.py'  # the command's name in messages (the console script and ``python -m`` pass their own)
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = ArgumentParser(
         description='mlp_vision training (timm pipeline). With no dataset argument: the handwritten-digits demo.',
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument('-c', '--config', default='', type=str, metavar='FILE',
-                        help='yaml file of flag values (keys = flag names); explicit flags override it')
+    parser.add_argument('-c', '--config', default='', type=str, metavar='FILE|RECIPE',
+                        help='yaml file of flag values (keys = flag names), or the name of a recipe of configs/ '
+                             '(shipped with the package), e.g. smlpnet_t; explicit flags override it')
 
     group = parser.add_argument_group('Dataset parameters')
     group.add_argument('data', nargs='?', metavar='DIR', help='path to dataset (positional, same as --data-dir)')
@@ -254,13 +257,12 @@ def parse_args(argv):
 
     Returns (args, demo, resume checkpoint) where demo = no dataset was given.
     """
-    args, resume_ckpt = parse_run_args(build_parser(), argv, kind='image')
+    args, resume_ckpt = parse_run_args(build_parser(), argv, kind='image', recipes=True)
     if _has_dataset(args):
         return args, False, resume_ckpt
-    if not DEMO_CONFIG.is_file():
-        raise UsageError(f'no dataset given and the demo recipe {DEMO_CONFIG} is missing: pass --data-dir DIR')
     # the demo recipe sits under the user's config and flags
-    args, resume_ckpt = parse_run_args(build_parser(), argv, kind='image', base_configs=[str(DEMO_CONFIG)])
+    args, resume_ckpt = parse_run_args(build_parser(), argv, kind='image', recipes=True,
+                                       base_configs=[str(find_recipe(DEMO_RECIPE))])
     return args, True, resume_ckpt
 
 
@@ -334,24 +336,25 @@ def check_args(args, dist_info) -> None:
                          'on CPU use --dist-bn reduce (the default) to average BatchNorm stats every epoch')
 
 
-def main(argv=None):
-    """Train; returns the results dict on rank 0 (None on other ranks). Errors: one line, see ``run_cli``."""
-    return run_cli('train.py', _main, argv)
+def main(argv=None, prog: str = PROG):
+    """Train; returns the results dict on rank 0 (None on other ranks). Errors: one line starting with ``prog``,
+    see ``run_cli``."""
+    return run_cli(prog, lambda a: _main(a, prog), argv)
 
 
-def _main(argv):
+def _main(argv, prog):
     args, demo, resume_ckpt = parse_args(argv)
     dist_info = init_device(args.device, args.dist_backend, args.dist_url)
     device, primary = dist_info.device, dist_info.primary
     setup_logging(primary)
     check_args(args, dist_info)
-    run = TrainingRun(args, dist_info, resume_ckpt, kind='image', key='epoch', prog='train.py',
+    run = TrainingRun(args, dist_info, resume_ckpt, kind='image', key='epoch', prog=prog,
                       decreasing=args.eval_metric == 'loss', max_history=args.checkpoint_hist)
     with run:
-        return _train(args, demo, run, argv)
+        return _train(args, demo, run, argv, prog)
 
 
-def _train(args, demo, run, argv):
+def _train(args, demo, run, argv, prog):
     dist_info = run.dist_info
     device, primary = dist_info.device, dist_info.primary
     if dist_info.distributed:
@@ -363,7 +366,7 @@ def _train(args, demo, run, argv):
         _logger.info(
             'Demo: no dataset was given, so this trains a small model on scikit-learn\'s bundled handwritten '
             f'digits (1,797 real 8x8 scans, 10 classes), written once as an ImageFolder tree under '
-            f'{args.data_dir}, through the same pipeline as an ImageNet run (recipe {DEMO_CONFIG.name}). '
+            f'{args.data_dir}, through the same pipeline as an ImageNet run (recipe {DEMO_RECIPE}). '
             'Pass --data-dir DIR to train on your own data.')
     data_dir = args.data_dir or args.data
     run.check_resume(arch=args.model)
@@ -593,10 +596,9 @@ def _train(args, demo, run, argv):
                     '--workers', str(args.workers), '--results-file', str(best_path.parent / 'validate_best.json')]
         if model_ema is not None and not args.model_ema_force_cpu:
             val_argv.append('--use-ema')  # the EMA weights' accuracy chose the best checkpoint
-        _logger.info('Demo: validating the saved best checkpoint with validate.py:\n  python validate.py '
-                     + ' '.join(val_argv))
-        import validate as validate_script  # validate.py beside this file
-        demo_val = validate_script.main(val_argv)
+        _logger.info('Demo: validating the saved best checkpoint with the validation command:\n'
+                     '  python -m mlp_vision.validate ' + ' '.join(val_argv))
+        demo_val = validate_main(val_argv)
     if not primary:
         return None
 
@@ -628,7 +630,7 @@ def _train(args, demo, run, argv):
         'skipped_images': {  # unreadable files, left out (never replaced): last epoch / last evaluation, this rank
             'train': loader_train.skipped, 'eval': loader_eval.skipped if loader_eval is not None else 0,
             'files': {**loader_train.skipped_files, **(loader_eval.skipped_files if loader_eval is not None else {})}},
-        'command': ' '.join(['train.py'] + list(argv)),
+        'command': ' '.join([prog] + list(argv)),
     }
     run.write_results(results)
     plot_curves(output_dir / 'summary.csv', output_dir / 'curves.png',
@@ -649,4 +651,4 @@ def _train(args, demo, run, argv):
 
 
 if __name__ == '__main__':
-    main()
+    main(prog='python -m mlp_vision.train')

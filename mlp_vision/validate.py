@@ -1,7 +1,7 @@
-#!/usr/bin/env python3
-""" mlp_vision validation script: top-1 / top-5 accuracy, loss and images/s of a model on a dataset.
+""" mlp_vision validation command: top-1 / top-5 accuracy, loss and images/s of a model on a dataset.
 
-Weights come from one of:
+Run as ``mlp-vision-validate`` or ``python -m mlp_vision.validate`` (installed package), or ``python validate.py``
+in a checkout (the same code). Weights come from one of:
 
 * ``--checkpoint EXP/model_best.pth``: a checkpoint of our train.py. The model (name, kwargs such as img_size or
   num_classes) and the eval preprocessing are rebuilt from it, so ``--model`` is optional;
@@ -12,7 +12,7 @@ Weights come from one of:
 
     python validate.py --checkpoint output/train/EXP/model_best.pth --data-dir /data/imagenet
     python validate.py --model smlpnet_s --checkpoint smlp_s.pth --data-dir /data/imagenet --amp
-    torchrun --nproc_per_node=2 validate.py ...   # exact metrics: the padding that evens out ranks is not counted
+    torchrun --nproc_per_node=2 -m mlp_vision.validate ...  # exact: the padding that evens out ranks is not counted
 
 Labels: a checkpoint of our train.py stores the class names it was trained on; the class folders are labelled
 by those names (a subset of the classes is fine; a folder of another class stops with both lists, exit 2).
@@ -249,10 +249,11 @@ def validate(args: argparse.Namespace) -> dict:
     return results
 
 
-def main(argv=None) -> dict:
-    """Validate; returns the results dict. Errors: one line and exit status 2 / 1 (see ``run_cli``)."""
-    return run_cli('validate.py', lambda a: validate(build_parser().parse_args(a)), argv)
+def main(argv=None, prog: str = 'validate.py') -> dict:
+    """Validate; returns the results dict. Errors: one line starting with ``prog`` and exit status 2 / 1 (see
+    ``run_cli``)."""
+    return run_cli(prog, lambda a: validate(build_parser().parse_args(a)), argv)
 
 
 if __name__ == '__main__':
-    main()
+    main(prog='python -m mlp_vision.validate')
