@@ -5,6 +5,7 @@ Each function runs the command's ``main`` and returns an exit status: a console 
 ``sys.exit``, and the trainers' ``main`` returns its results dict, which ``sys.exit`` would print and turn into
 status 1. The commands' modules are imported when run, so listing them imports none of them.
 """
+import textwrap
 from typing import Any
 
 __all__ = ['COMMANDS', 'train', 'validate', 'benchmark', 'complexity', 'text_train', 'fill_mask']
@@ -61,7 +62,8 @@ def describe() -> str:
     for script, (module, what) in COMMANDS.items():
         lines.append(f'  {script:{width}}  python -m {module}')
         lines.append(f'  {"":{width}}  {what}')
-    from .training.config import recipe_names
-    lines += ['', f'Training recipes, found by name (mlp-vision-train -c smlpnet_t --data-dir DIR): '
-                  f'{", ".join(recipe_names())}']
+    from .training.config import recipe_folders, recipe_names
+    lines += ['', 'Training recipes, found by name (mlp-vision-train -c smlpnet_t --data-dir DIR), in '
+              + ' and '.join(map(str, recipe_folders())) + ':',
+              textwrap.fill(', '.join(recipe_names()), width=100, initial_indent='  ', subsequent_indent='  ')]
     return '\n'.join(lines)

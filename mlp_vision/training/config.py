@@ -20,7 +20,7 @@ import yaml
 from .errors import UsageError, check_range
 
 __all__ = ['load_yaml_config', 'parse_args_with_config', 'args_to_yaml', 'check_flag_ranges', 'SEED_MAX',
-           'find_recipe', 'recipe_names']
+           'find_recipe', 'recipe_names', 'recipe_folders']
 
 # --seed's largest value in both trainers: the seed feeds numpy's generator (seeds < 2**32) after the rank is added
 SEED_MAX = 2 ** 31 - 1
@@ -80,7 +80,7 @@ def _typed_one(value: Any, action: argparse.Action, where: str, flag: str) -> An
 RECIPE_SUFFIX = '.yaml'
 
 
-def _recipe_folders() -> List[Path]:
+def recipe_folders() -> List[Path]:
     """Where the recipes are, in order: ``mlp_vision/configs`` (a built package: pyproject.toml maps the
     repository's ``configs/`` there), then ``configs/`` beside the package folder (a checkout, and an editable
     install, whose package folder is the checkout's and has no ``configs/``)."""
@@ -91,14 +91,14 @@ def _recipe_folders() -> List[Path]:
 
 def recipe_names() -> List[str]:
     """The names ``-c`` accepts for the recipes found (sorted, without ``.yaml``)."""
-    return sorted({p.name[:-len(RECIPE_SUFFIX)] for folder in _recipe_folders()
+    return sorted({p.name[:-len(RECIPE_SUFFIX)] for folder in recipe_folders()
                    for p in folder.glob('*' + RECIPE_SUFFIX)})
 
 
 def find_recipe(name: str) -> Path:
     """The file of the recipe ``name`` (``smlpnet_t`` -> ``.../configs/smlpnet_t.yaml``); an unknown name is a
     :class:`UsageError` listing the recipes there are."""
-    for folder in _recipe_folders():
+    for folder in recipe_folders():
         path = folder / (name + RECIPE_SUFFIX)
         if path.is_file():
             return path
