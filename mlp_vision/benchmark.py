@@ -653,7 +653,7 @@ def _fmt_row(r: Dict[str, Any]) -> str:
     return f"{r['mode']:9s} {r['model']}: {r[unit + '_per_s']:.1f} {unit}/s ({r['step_ms']:.1f} ms/step)"
 
 
-def environment(args) -> Dict[str, Any]:
+def environment(args, command: str) -> Dict[str, Any]:
     cpu = platform.processor() or platform.machine()
     try:
         with open('/proc/cpuinfo') as f:
@@ -669,7 +669,7 @@ def environment(args) -> Dict[str, Any]:
         threads=torch.get_num_threads(), interop_threads=torch.get_num_interop_threads(),
         torch=torch.__version__, timm=timm.__version__, mlp_vision=mlp_vision.__version__,
         python=platform.python_version(), load_avg_start=os.getloadavg(),
-        command='python ' + shlex.join(sys.argv),
+        command=command,
     )
     return env
 
@@ -747,17 +747,18 @@ def write_results(rows, env, args) -> None:
 
 def main(argv=None, prog: str = 'benchmark.py') -> None:
     """Benchmark; bad arguments stop with one line starting with ``prog`` and exit status 2 (``run_cli``)."""
-    run_cli(prog, _main, argv)
+    run_cli(prog, lambda a: _main(a, prog), argv)
 
 
-def _main(argv) -> None:
+def _main(argv, prog: str) -> None:
     args = parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.memprobe:
         _memprobe_main(args)
         return
-    env = environment(args)
+    # as typed: python benchmark.py ... in a checkout, mlp-vision-benchmark ... / python -m mlp_vision.benchmark ...
+    env = environment(args, ('python ' if prog.endswith('.py') else '') + ' '.join([prog, shlex.join(argv)]))
     if not args.no_ceiling:
         env.update(matmul_ceiling(torch.device(args.device), args.precision,
                                   time.process_time if args.timer == 'cpu' else time.perf_counter))

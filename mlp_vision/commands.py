@@ -62,8 +62,8 @@ def describe() -> str:
     for script, (module, what) in COMMANDS.items():
         lines.append(f'  {script:{width}}  python -m {module}')
         lines.append(f'  {"":{width}}  {what}')
-    from .training.config import recipe_folders, recipe_names
-    lines += ['', 'Training recipes, found by name (mlp-vision-train -c smlpnet_t --data-dir DIR), in '
-              + ' and '.join(map(str, recipe_folders())) + ':',
+    from .training.config import recipe_folder, recipe_names
+    lines += ['', f'Training recipes, found by name (mlp-vision-train -c smlpnet_t --data-dir DIR), in '
+                  f'{recipe_folder()}:',
               textwrap.fill(', '.join(recipe_names()), width=100, initial_indent='  ', subsequent_indent='  ')]
     return '\n'.join(lines)

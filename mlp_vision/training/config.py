@@ -20,7 +20,7 @@ import yaml
 from .errors import UsageError, check_range
 
 __all__ = ['load_yaml_config', 'parse_args_with_config', 'args_to_yaml', 'check_flag_ranges', 'SEED_MAX',
-           'find_recipe', 'recipe_names', 'recipe_folders']
+           'find_recipe', 'recipe_names', 'recipe_folder']
 
 # --seed's largest value in both trainers: the seed feeds numpy's generator (seeds < 2**32) after the rank is added
 SEED_MAX = 2 ** 31 - 1
@@ -80,28 +80,28 @@ def _typed_one(value: Any, action: argparse.Action, where: str, flag: str) -> An
 RECIPE_SUFFIX = '.yaml'
 
 
-def recipe_folders() -> List[Path]:
-    """Where the recipes are, in order: ``mlp_vision/configs`` (a built package: pyproject.toml maps the
-    repository's ``configs/`` there), then ``configs/`` beside the package folder (a checkout, and an editable
-    install, whose package folder is the checkout's and has no ``configs/``)."""
+def recipe_folder() -> Optional[Path]:
+    """Where the recipes are: ``mlp_vision/configs`` in a built package (pyproject.toml maps the repository's
+    ``configs/`` there), else ``configs/`` beside the package folder (a checkout, and an editable install, whose
+    package folder is the checkout's); None when neither exists. Only one: beside an installed package is
+    site-packages, whose ``configs/`` (if any) is another distribution's."""
     shipped = Path(str(importlib.resources.files('mlp_vision'))) / 'configs'
     checkout = Path(__file__).resolve().parents[2] / 'configs'
-    return [folder for folder in (shipped, checkout) if folder.is_dir()]
+    return next((folder for folder in (shipped, checkout) if folder.is_dir()), None)
 
 
 def recipe_names() -> List[str]:
-    """The names ``-c`` accepts for the recipes found (sorted, without ``.yaml``)."""
-    return sorted({p.name[:-len(RECIPE_SUFFIX)] for folder in recipe_folders()
-                   for p in folder.glob('*' + RECIPE_SUFFIX)})
+    """The names ``-c`` accepts for the recipes (sorted, without ``.yaml``)."""
+    folder = recipe_folder()
+    return sorted(p.name[:-len(RECIPE_SUFFIX)] for p in folder.glob('*' + RECIPE_SUFFIX)) if folder else []
 
 
 def find_recipe(name: str) -> Path:
     """The file of the recipe ``name`` (``smlpnet_t`` -> ``.../configs/smlpnet_t.yaml``); an unknown name is a
     :class:`UsageError` listing the recipes there are."""
-    for folder in recipe_folders():
-        path = folder / (name + RECIPE_SUFFIX)
-        if path.is_file():
-            return path
+    folder = recipe_folder()
+    if folder is not None and (folder / (name + RECIPE_SUFFIX)).is_file():
+        return folder / (name + RECIPE_SUFFIX)
     raise UsageError(f'-c {name}: no such file, and no recipe of that name (recipes: '
                      f'{", ".join(recipe_names()) or "none found"}; or pass the path of a yaml file)')
 
