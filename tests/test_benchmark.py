@@ -111,7 +111,7 @@ def test_reference_model_input_size_comes_from_its_twin():
     """A ``ref:`` contender has no pretrained cfg of its own; its input is still an image (regression: the
     memory probe once fed it a (seq-len, dim) sequence and failed)."""
     import argparse
-    import benchmark
+    from mlp_vision import benchmark
     args = argparse.Namespace(img_size=None, seq_len=128, dim=64, num_classes=10)
     ours = benchmark.build('smlpnet_t', args)
     ref = benchmark.build('ref:smlpnet_t', args, twin_of=ours)
@@ -124,9 +124,9 @@ def test_reference_model_input_size_comes_from_its_twin():
 
 
 def test_reference_contenders_need_the_reference_folder(tmp_path, monkeypatch, capsys):
-    """Without ``tests/reference`` beside benchmark.py (the script copied out of a checkout), a ``ref:`` contender
-    stops with one clear line naming the missing file; the package's own contenders do not need the folder."""
-    import benchmark
+    """Without ``tests/reference`` (an installed package run outside a checkout), a ``ref:`` contender stops with
+    one clear line naming the missing file; the package's own contenders do not need the folder."""
+    from mlp_vision import benchmark
     missing = tmp_path / 'tests' / 'reference'
     monkeypatch.setattr(benchmark, 'REFERENCE_DIR', missing)
     with pytest.raises(SystemExit) as e:

@@ -23,10 +23,11 @@ if str(REPO) not in sys.path:
 
 pytest.importorskip('sklearn', reason='the test images come from scikit-learn (pip install scikit-learn)')
 
-import train  # noqa: E402  (repo-root scripts)
-import validate  # noqa: E402
+import mlp_vision.train as train  # noqa: E402  (the commands' code; train.py / validate.py at the root run it)
+import mlp_vision.validate as validate  # noqa: E402
 from mlp_vision.training.checkpoint import atomic_save  # noqa: E402
-from mlp_vision.training.config import parse_args_with_config  # noqa: E402
+from mlp_vision.training.config import find_recipe, parse_args_with_config, recipe_names  # noqa: E402
+from mlp_vision.training.errors import UsageError  # noqa: E402
 from mlp_vision.training.data import prepare_digits_folder  # noqa: E402
 
 MODEL_ARGS = ['--model', 'smlpnet_t', '--model-kwargs', 'embed_dim=8', 'depths=(1,1,1,1)', '--img-size', '32']
@@ -416,6 +417,25 @@ def test_recipes_parse(path):
     assert isinstance(args.epochs, int) and args.epochs > 0
     if path.name != 'demo_digits.yaml':
         assert args.lr is None and args.lr_base > 0 and args.lr_base_scale == 'linear'
+
+
+def test_recipes_are_found_by_name(capsys):
+    """``-c smlpnet_t`` is ``configs/smlpnet_t.yaml`` (from a checkout here; tests/test_installed.py: installed);
+    an unknown name is one line listing the recipes; the text trainer (no recipes) reads ``-c`` as a path only."""
+    assert recipe_names() == sorted(p.stem for p in (REPO / 'configs').glob('*.yaml'))
+    assert find_recipe('smlpnet_t') == REPO / 'configs' / 'smlpnet_t.yaml'
+    by_name, files = parse_args_with_config(train.build_parser(), ['-c', 'smlpnet_t', '--data-dir', 'x'], recipes=True)
+    by_path, _ = parse_args_with_config(train.build_parser(), ['-c', files[0], '--data-dir', 'x'])
+    assert files == [str(REPO / 'configs' / 'smlpnet_t.yaml')]
+    assert {**vars(by_name), 'config': ''} == {**vars(by_path), 'config': ''}
+    with pytest.raises(UsageError, match='config file .smlpnet_t. does not exist'):
+        parse_args_with_config(train.build_parser(), ['-c', 'smlpnet_t'])
+    with pytest.raises(SystemExit) as e:
+        train.main(['-c', 'smlpnet_x', '--data-dir', 'x'])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith('train.py: error: -c smlpnet_x: no such file, and no recipe'), err
+    assert ', '.join(recipe_names()) in err[0]
 
 
 def test_atomic_save_keeps_previous_file_on_failure(tmp_path):

@@ -24,8 +24,8 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-import train  # noqa: E402  (repo-root scripts)
-import validate  # noqa: E402
+import mlp_vision.train as train  # noqa: E402  (the commands' code; train.py / validate.py at the root run it)
+import mlp_vision.validate as validate  # noqa: E402
 import mlp_vision.text.train as text_train  # noqa: E402
 from mlp_vision.training.checkpoint import (  # noqa: E402
     atomic_save, clean_stale_temp_files, keep_previous, load_checkpoint_file, temp_path)

@@ -5,16 +5,22 @@ being resumed (:func:`mlp_vision.training.run.parse_run_args`), the ``-c`` file,
 Keys may be written as the flag (``weight-decay``) or its destination (``weight_decay``); an unknown key is
 an error, so a typo in a recipe cannot be silently ignored, and every value must have the flag's type
 (``batch_size: 32.5`` is an error, as ``--batch-size 32.5`` is).
+
+The image recipes (the repository's ``configs/``, shipped in the package as ``mlp_vision/configs``) are found by
+name: ``-c smlpnet_t`` is ``configs/smlpnet_t.yaml`` from a checkout and from an installed package alike.
 """
 import argparse
+import importlib.resources
 import os
+from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import yaml
 
 from .errors import UsageError, check_range
 
-__all__ = ['load_yaml_config', 'parse_args_with_config', 'args_to_yaml', 'check_flag_ranges', 'SEED_MAX']
+__all__ = ['load_yaml_config', 'parse_args_with_config', 'args_to_yaml', 'check_flag_ranges', 'SEED_MAX',
+           'find_recipe', 'recipe_names', 'recipe_folder']
 
 # --seed's largest value in both trainers: the seed feeds numpy's generator (seeds < 2**32) after the rank is added
 SEED_MAX = 2 ** 31 - 1
@@ -71,6 +77,42 @@ def _typed_one(value: Any, action: argparse.Action, where: str, flag: str) -> An
     return value
 
 
+RECIPE_SUFFIX = '.yaml'
+
+
+def recipe_folder() -> Optional[Path]:
+    """Where the recipes are: ``mlp_vision/configs`` in a built package (pyproject.toml maps the repository's
+    ``configs/`` there), else ``configs/`` beside the package folder (a checkout, and an editable install, whose
+    package folder is the checkout's); None when neither exists. Only one: beside an installed package is
+    site-packages, whose ``configs/`` (if any) is another distribution's."""
+    shipped = Path(str(importlib.resources.files('mlp_vision'))) / 'configs'
+    checkout = Path(__file__).resolve().parents[2] / 'configs'
+    return next((folder for folder in (shipped, checkout) if folder.is_dir()), None)
+
+
+def recipe_names() -> List[str]:
+    """The names ``-c`` accepts for the recipes (sorted, without ``.yaml``)."""
+    folder = recipe_folder()
+    return sorted(p.name[:-len(RECIPE_SUFFIX)] for p in folder.glob('*' + RECIPE_SUFFIX)) if folder else []
+
+
+def find_recipe(name: str) -> Path:
+    """The file of the recipe ``name`` (``smlpnet_t`` -> ``.../configs/smlpnet_t.yaml``); an unknown name is a
+    :class:`UsageError` listing the recipes there are."""
+    folder = recipe_folder()
+    if folder is not None and (folder / (name + RECIPE_SUFFIX)).is_file():
+        return folder / (name + RECIPE_SUFFIX)
+    raise UsageError(f'-c {name}: no such file, and no recipe of that name (recipes: '
+                     f'{", ".join(recipe_names()) or "none found"}; or pass the path of a yaml file)')
+
+
+def _config_path(value: str, recipes: bool) -> str:
+    """``-c`` value -> file: an existing path, or anything that looks like one, is a file; a bare name (no folder,
+    no suffix) is a recipe's when ``recipes``."""
+    is_name = not os.path.exists(value) and os.sep not in value and '/' not in value and '.' not in value
+    return str(find_recipe(value)) if recipes and is_name else value
+
+
 def load_yaml_config(path: str, parser: argparse.ArgumentParser) -> Dict[str, Any]:
     """Read a yaml mapping of flag names to values; return it keyed by argparse destinations."""
     if not os.path.isfile(path):
@@ -99,15 +141,18 @@ def parse_args_with_config(
         argv: Optional[Sequence[str]] = None,
         base_configs: Sequence[str] = (),
         run_settings: Optional[Mapping[str, Any]] = None,
+        recipes: bool = False,
 ) -> Tuple[argparse.Namespace, List[str]]:
     """Parse ``argv`` with ``-c/--config`` support. ``base_configs`` are applied below ``run_settings`` (a resumed
-    run's saved arguments, by destination), which are below the user's config and the command line.
+    run's saved arguments, by destination), which are below the user's config and the command line. ``recipes``:
+    ``-c NAME`` may name one of the image recipes (:func:`find_recipe`).
 
     Returns the namespace and the list of config files used (base ones first).
     """
     config_parser = argparse.ArgumentParser(add_help=False)
     config_parser.add_argument('-c', '--config', default='', type=str)
     config_args, _ = config_parser.parse_known_args(argv)
+    config = _config_path(config_args.config, recipes) if config_args.config else ''
     defaults = {}
     for path in base_configs:
         defaults.update(load_yaml_config(path, parser))
@@ -115,12 +160,12 @@ def parse_args_with_config(
     # a resumed run's settings come from a file: checked as the command line checks its values
     defaults.update({k: _typed(v, known[k], 'the resumed checkpoint\'s saved settings')
                      for k, v in (run_settings or {}).items() if k in known})
-    if config_args.config:
-        defaults.update(load_yaml_config(config_args.config, parser))
+    if config:
+        defaults.update(load_yaml_config(config, parser))
     if defaults:
         parser.set_defaults(**defaults)
     args = parser.parse_args(argv)
-    return args, list(base_configs) + ([config_args.config] if config_args.config else [])
+    return args, list(base_configs) + ([config] if config else [])
 
 
 def args_to_yaml(args: argparse.Namespace) -> str:

@@ -83,9 +83,11 @@ def parse_run_args(
         argv: Sequence[str],
         kind: str,
         base_configs: Sequence[str] = (),
+        recipes: bool = False,
 ) -> Tuple[argparse.Namespace, Optional[Dict[str, Any]]]:
     """Parse ``argv``; with ``--resume`` the checkpoint is loaded (safely), checked to be a ``kind`` training
-    checkpoint, and its saved arguments become the defaults under ``-c`` and the command line.
+    checkpoint, and its saved arguments become the defaults under ``-c`` and the command line. ``recipes``:
+    ``-c NAME`` may name a shipped recipe (:func:`~mlp_vision.training.config.find_recipe`).
 
     Returns (args, the loaded resume checkpoint or None). ``args.resumed_settings`` holds the saved arguments.
     """
@@ -102,7 +104,7 @@ def parse_run_args(
             raise UsageError(f'--resume {known.resume} is {what}; expected the last.pth (or checkpoint-N.pth) of '
                              f'a {kind} training run of {parser.prog}')
         saved = {k: v for k, v in (ckpt.get('args') or {}).items() if k not in RUN_CONTROL_ARGS}
-    args, _ = parse_args_with_config(parser, argv, base_configs=base_configs, run_settings=saved)
+    args, _ = parse_args_with_config(parser, argv, base_configs=base_configs, run_settings=saved, recipes=recipes)
     args.resumed_settings = saved
     return args, ckpt
 

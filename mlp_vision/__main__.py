@@ -1,0 +1,4 @@
+""" ``python -m mlp_vision``: the list of the package's commands. """
+from .commands import describe
+
+print(describe())

@@ -1,0 +1,789 @@
+""" Inference / training-step throughput of timm models (ours and any registered one), alone or in pairs.
+
+Run as ``mlp-vision-benchmark`` or ``python -m mlp_vision.benchmark`` (installed package), or ``python
+benchmark.py`` in a checkout (the same code).
+
+In the spirit of timm's ``benchmark.py``: throughput (images/s), step time, peak memory and achieved GFLOP/s
+against this machine's measured matrix-multiply rate, for any registered model, on CPU or CUDA, in
+fp32 / bf16 / fp16 (cast or autocast), optionally channels_last and ``torch.compile``.
+
+Paired comparisons (``--compare A B``) build both contenders in one process, give them the same weights, check
+that they compute the same outputs, then time them alternately (A B, B A, A B, ...) and report the median of
+the per-pair time ratios t_B / t_A (the speed-up of A over B). Load from other processes changes both members
+of a pair about equally, so the ratio is much steadier than either throughput on a shared machine.
+
+Contenders:
+    NAME             any timm-registered model (``import mlp_vision`` registers ours), e.g. ``smlpnet_t``,
+                     ``gmlp_s16_224`` (timm's own).
+    ref:NAME         the straightforward sMLPNet (``tests/reference/smlpnet.py``, kept with the tests, outside the
+                     installed package) built as the twin of our ``NAME`` (same config, our weights).
+                     ``ref:`` contenders need a checkout of the repository: the one this package is imported
+                     from, else the working directory.
+    bigs_layer       one BiGS layer (``mlp_vision.layers.BidirectionalGatedSSM``, d ``--dim``, d_i ``--hidden-dim``,
+                     N ``--num-states``; default BiGS-large: 1024 / 3072 / 64) on (batch, ``--seq-len``, d) inputs;
+    ref:bigs_layer   the straightforward BiGS layer (``tests/reference/bigs.py``) with the same weights;
+    fused:NAME       ``NAME`` with the same weights, then ``timm.utils.reparameterize_model`` (eval-time fusions such
+                     as sMLPNet's BatchNorm folded into the depthwise conv it follows; a model without any is
+                     unchanged): ``--compare fused:smlpnet_t smlpnet_t`` is what the fusions buy. Inference only.
+    bert_layer       the BERT layer it replaces, with SDPA attention (``mlp_vision.text.bert.BertLayer``: d ``--dim``,
+                     ``--heads`` heads, FFN ``--ffn-dim``; default BERT-large: 1024 / 16 / 4096).
+                     Layer contenders report tokens/s (batch x seq-len per step) instead of images/s.
+In a pair, B's weights are loaded into A through A's ``checkpoint_filter_fn`` (so ``--compare gmlp_s
+gmlp_s16_224`` runs ours with timm's weights); a ``ref:`` or ``fused:`` contender is built from the other one.
+
+Results go to ``--out PREFIX`` as PREFIX.csv, PREFIX.json and PREFIX.md (markdown table + environment).
+
+Examples::
+
+    python benchmark.py --model smlpnet_t gmlp_s --bench both --batch-size 32 --threads 2
+    python benchmark.py --compare smlpnet_t ref:smlpnet_t --bench both --batch-size 32 --threads 2 \\
+        --out results/benchmarks/cpu_2t_smlpnet_t
+    python benchmark.py --compare gmlp_s gmlp_s16_224 --device cuda --precision amp_bf16 --channels-last --compile
+    python benchmark.py --compare bigs_layer ref:bigs_layer --seq-len 128 -b 8 --bench both --threads 2
+    python benchmark.py --compare bigs_layer bert_layer --seq-len 4096 -b 1 --threads 2
+"""
+import argparse
+import csv
+import datetime
+import functools
+import importlib.util
+import io
+import json
+import math
+import os
+import platform
+import resource
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+import timm
+from timm.models import model_entrypoint
+
+import mlp_vision
+from mlp_vision.layers import BidirectionalGatedSSM
+from mlp_vision.training.checkpoint import atomic_write_text
+from mlp_vision.training.config import SEED_MAX, check_flag_ranges
+from mlp_vision.training.distributed import parse_device
+from mlp_vision.training.errors import ArgumentParser, UsageError, run_cli
+from mlp_vision.training.model import COMPILE_MODES
+from mlp_vision.text.bert import BertLayer
+
+PRECISIONS = ('fp32', 'bf16', 'fp16', 'amp_bf16', 'amp_fp16')
+LAYERS = ('bigs_layer', 'bert_layer')  # sequence-layer contenders (tokens/s); ref:bigs_layer is the straightforward one
+
+
+def _find_reference_dir() -> Path:
+    """``tests/reference`` (the straightforward twins of ``ref:`` contenders, kept with the tests, not installed) of
+    the checkout this package is imported from (``python benchmark.py``, an editable install), else of the working
+    directory (an installed package run in a checkout); the first when neither has one, for the error message."""
+    candidates = [root / 'tests' / 'reference' for root in (Path(__file__).resolve().parents[1], Path.cwd())]
+    return next((folder for folder in candidates if folder.is_dir()), candidates[0])
+
+
+REFERENCE_DIR = _find_reference_dir()
+
+
+FUSED_PREFIX = 'fused:'  # our model with the same weights, reparameterized for inference (timm.utils)
+
+
+def base_name(spec: str) -> str:
+    """The contender's model / layer name without the ``ref:`` (straightforward twin) or ``fused:`` prefix."""
+    for prefix in ('ref:', FUSED_PREFIX):
+        if spec.startswith(prefix):
+            return spec[len(prefix):]
+    return spec
+
+
+def is_layer(spec: str) -> bool:
+    return base_name(spec) in LAYERS
+
+
+def _reference_path(spec: str) -> Path:
+    """The file holding the straightforward twin of a ``ref:`` contender."""
+    return REFERENCE_DIR / ('bigs.py' if is_layer(spec) else 'smlpnet.py')
+
+
+@functools.lru_cache(maxsize=None)
+def _load_reference(path: Path) -> ModuleType:
+    """Import ``tests/reference/<name>.py`` of this checkout by its path, so that no other module named ``tests``
+    or ``reference`` on ``sys.path`` (an installed package's test folder, say) can stand in for it."""
+    spec = importlib.util.spec_from_file_location(f'_benchmark_reference_{path.stem}', path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+# the range of each numeric flag (check_range's bounds)
+FLAG_RANGES = {k: dict(low=1) for k in ('seq_len', 'dim', 'hidden_dim', 'num_states', 'heads', 'ffn_dim', 'batch_size',
+                                          'img_size', 'samples')}
+FLAG_RANGES.update(num_classes=dict(low=0), warmup=dict(low=0), iters=dict(low=0),
+                   min_sample_time=dict(low=0, low_open=True), seed=dict(low=0, high=SEED_MAX),
+                   threads=dict(low=1, high=os.cpu_count() or 1, why="this machine's CPUs"))
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = ArgumentParser(description=__doc__.split('\n')[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    what = p.add_mutually_exclusive_group(required=True)
+    what.add_argument('--model', nargs='+', metavar='NAME', help='benchmark these contenders one by one')
+    what.add_argument('--compare', nargs=2, action='append', metavar=('A', 'B'),
+                      help='paired comparison of A against B (repeatable)')
+    p.add_argument('--bench', choices=('inference', 'train', 'both'), default='inference')
+    p.add_argument('--batch-size', '-b', type=int, default=32)
+    p.add_argument('--img-size', type=int, default=None, help='input size (default: the model\'s default cfg)')
+    p.add_argument('--num-classes', type=int, default=1000)
+    layer = p.add_argument_group('sequence layers (bigs_layer, ref:bigs_layer, bert_layer)')
+    layer.add_argument('--seq-len', type=int, default=128, help='tokens per sequence')
+    layer.add_argument('--dim', type=int, default=1024, help='model width d (both layers)')
+    layer.add_argument('--hidden-dim', type=int, default=3072, help='BiGS intermediate width d_i')
+    layer.add_argument('--num-states', type=int, default=64, help='BiGS SSM states N')
+    layer.add_argument('--bigs-conv-impl', default='auto', choices=BidirectionalGatedSSM.CONV_IMPLS,
+                       help="bigs_layer's SSM convolution route (BidirectionalGatedSSM.conv_impl; 'triton' is the "
+                            "blocked-Toeplitz Triton kernel, meant for CUDA)")
+    layer.add_argument('--heads', type=int, default=16, help='BERT attention heads')
+    layer.add_argument('--ffn-dim', type=int, default=4096, help='BERT feed-forward width')
+    p.add_argument('--device', default='cpu')
+    p.add_argument('--threads', type=int, default=None, help='torch.set_num_threads (CPU); default: torch\'s')
+    p.add_argument('--precision', choices=PRECISIONS, default='fp32',
+                   help='fp32; bf16/fp16 = model and input cast; amp_* = torch.autocast')
+    p.add_argument('--channels-last', action='store_true')
+    p.add_argument('--compile', action='store_true', help='torch.compile each contender')
+    p.add_argument('--compile-mode', default=None, choices=COMPILE_MODES)
+    p.add_argument('--warmup', type=int, default=2, help='untimed steps per contender before timing')
+    p.add_argument('--iters', type=int, default=0,
+                   help='steps per timed sample (0: enough for --min-sample-time, from the warm-up)')
+    p.add_argument('--min-sample-time', type=float, default=1.0, help='seconds per timed sample when --iters 0')
+    p.add_argument('--timer', choices=('wall', 'cpu'), default='wall',
+                   help='wall: elapsed time (the throughput a user sees). cpu: this process\'s CPU time, which '
+                        'excludes time spent waiting for a core, so it is steady on a loaded machine; meaningful '
+                        'with --threads 1 only (with more threads it counts OpenMP spin-waiting)')
+    p.add_argument('--samples', type=int, default=8,
+                   help='timed samples per contender (single runs) or timed pairs (--compare)')
+    p.add_argument('--profile', action='store_true',
+                   help='also profile one step of each contender (torch.profiler, top ops by self time); the '
+                        'tables go to PREFIX_profile.txt with --out, else to stdout')
+    p.add_argument('--no-flops', action='store_true', help='skip the fvcore MAC count')
+    p.add_argument('--no-memory', action='store_true', help='skip the peak-memory probe')
+    p.add_argument('--no-ceiling', action='store_true', help='skip the matmul-ceiling measurement')
+    p.add_argument('--seed', type=int, default=0)
+    p.add_argument('--out', default=None, help='write PREFIX.csv / .json / .md (directories are created)')
+    p.add_argument('--title', default=None, help='heading of the markdown file')
+    p.add_argument('--memprobe', default=None, help=argparse.SUPPRESS)  # internal: peak-RSS child process
+    args = p.parse_args(argv)
+    specs = list(args.model or []) + [s for pair in (args.compare or []) for s in pair]
+    unknown = [s for s in specs if not (is_layer(s) or timm.is_model(base_name(s))) or s == 'ref:bert_layer']
+    if unknown:
+        p.error(f'unknown model(s) {unknown}: give timm model names (this package registers '
+                f'{", ".join(mlp_vision.VISION_MODELS)}), ref:NAME for the straightforward sMLPNet of NAME, '
+                f'or a sequence layer: bigs_layer, ref:bigs_layer, bert_layer')
+    missing = sorted({str(_reference_path(s)) for s in specs if s.startswith('ref:')
+                      and not _reference_path(s).is_file()})
+    if missing:
+        p.error(f'ref: contenders need the straightforward reference models of a repository checkout, kept with '
+                f'the tests; not found: {", ".join(missing)}')
+    if any(is_layer(s) for s in specs) and any(not is_layer(s) for s in specs):
+        p.error('sequence layers (tokens/s) and image models (images/s) cannot be mixed in one run')
+    if args.bench != 'inference' and any(s.startswith(FUSED_PREFIX) for s in specs):
+        p.error('fused: contenders are reparameterized for inference (eval-time fusions); use --bench inference')
+    if args.channels_last and any(is_layer(s) for s in specs):
+        p.error('--channels-last applies to image models only; sequence layers take (batch, seq-len, dim) inputs')
+    check_flag_ranges(args, FLAG_RANGES)
+    parse_device(args.device)
+    taken = [f'{args.out}{ext}' for ext in ('.csv', '.json', '.md', '_profile.txt')
+             if args.out and not args.memprobe and os.path.exists(f'{args.out}{ext}')]
+    if taken:  # checked before minutes of timing, not after: earlier results are never replaced
+        raise UsageError(f'--out {args.out}: {taken[0]} exists (an earlier run\'s results); give another prefix')
+    return args
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# contenders
+# ---------------------------------------------------------------------------------------------------------------
+
+def _create(name: str, args: argparse.Namespace) -> nn.Module:
+    kwargs: Dict[str, Any] = dict(num_classes=args.num_classes)
+    if args.img_size is not None:
+        kwargs['img_size'] = args.img_size
+    try:
+        return timm.create_model(name, **kwargs)
+    except TypeError as e:
+        if 'img_size' not in kwargs or 'img_size' not in str(e):
+            raise
+    # a fully convolutional peer (ConvNeXt) takes no img_size: it runs at any input size as built
+    return timm.create_model(name, num_classes=args.num_classes)
+
+
+def _create_layer(name: str, args: argparse.Namespace) -> nn.Module:
+    if name == 'bigs_layer':
+        return BidirectionalGatedSSM(args.dim, args.hidden_dim, num_states=args.num_states,
+                                     conv_impl=args.bigs_conv_impl)
+    return BertLayer(args.dim, num_heads=args.heads, ffn_dim=args.ffn_dim)
+
+
+def build(spec: str, args: argparse.Namespace, twin_of: Optional[nn.Module] = None) -> nn.Module:
+    """A contender in fp32 on CPU (moved / cast later). ``ref:NAME`` is built from ``twin_of`` when given."""
+    create = _create_layer if is_layer(spec) else _create
+    if spec.startswith('ref:'):
+        ours = twin_of if twin_of is not None else create(base_name(spec), args)
+        reference = _load_reference(_reference_path(spec))
+        return reference.reference_bigs_layer_from(ours) if is_layer(spec) else reference.reference_from(ours)
+    model = create(base_name(spec), args)
+    if spec.startswith(FUSED_PREFIX):
+        if twin_of is not None:
+            model.load_state_dict(twin_of.state_dict())  # the same model and weights, before the fusions
+        model = timm.utils.reparameterize_model(model.eval(), inplace=True)
+    return model
+
+
+def share_weights(a: nn.Module, a_spec: str, b: nn.Module, b_spec: str) -> Tuple[str, bool]:
+    """Give A the weights of B (through A's checkpoint filter) when they are one architecture; returns (how, for
+    the record; whether the two now compute the same function, so that their outputs can be compared).
+
+    Two different architectures (``--compare smlpnet_t convnext_tiny``) keep their own random weights: only
+    their speed is compared."""
+    if b_spec.startswith('ref:') or a_spec.startswith('ref:'):
+        return 'ref built from the other', True
+    if b_spec.startswith(FUSED_PREFIX) or a_spec.startswith(FUSED_PREFIX):
+        return 'same model built from the other', True
+    if is_layer(a_spec) or is_layer(b_spec):
+        return ('same layer' if base_name(a_spec) == base_name(b_spec) else 'none (different layers)',
+                base_name(a_spec) == base_name(b_spec))
+    module = sys.modules[model_entrypoint(a_spec).__module__]
+    filter_fn = getattr(module, 'checkpoint_filter_fn', None)
+    try:
+        sd = b.state_dict()
+        if filter_fn is not None:
+            sd = filter_fn(sd, a)
+        a.load_state_dict(sd)
+    except (RuntimeError, KeyError, ValueError, IndexError, AttributeError, TypeError):
+        # another architecture: its state dict does not map onto A's (the filters fail in their own ways)
+        return 'none (different architectures: speed only)', False
+    return f'{b_spec} -> {a_spec}', True
+
+
+def input_size(spec: str, model: nn.Module, args: argparse.Namespace) -> Tuple[int, ...]:
+    """Per-sample input shape: (C, H, W) for image models, (seq-len, dim) for sequence layers.
+
+    Decided by the contender's name: a ``ref:`` model has no pretrained cfg of its own, so its input size comes
+    from the model it was built from."""
+    if is_layer(spec):
+        return args.seq_len, args.dim
+    if args.img_size is not None:
+        return 3, args.img_size, args.img_size
+    cfg = getattr(model, 'pretrained_cfg', None) or timm.models.get_pretrained_cfg(base_name(spec)).to_dict()
+    return tuple(cfg.get('input_size', (3, 224, 224)))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# one step
+# ---------------------------------------------------------------------------------------------------------------
+
+def _dtypes(precision: str) -> Tuple[torch.dtype, Optional[torch.dtype]]:
+    """(parameter / input dtype, autocast dtype or None)."""
+    return {
+        'fp32': (torch.float32, None), 'bf16': (torch.bfloat16, None), 'fp16': (torch.float16, None),
+        'amp_bf16': (torch.float32, torch.bfloat16), 'amp_fp16': (torch.float32, torch.float16),
+    }[precision]
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == 'cuda':
+        torch.cuda.synchronize(device)
+
+
+class Runner:
+    """Prepares one contender for one mode and runs steps of it."""
+
+    def __init__(self, model: nn.Module, mode: str, args: argparse.Namespace, in_size: Tuple[int, int, int]):
+        self.device = torch.device(args.device)
+        self.clock = time.process_time if args.timer == 'cpu' else time.perf_counter
+        self.mode = mode
+        dtype, self.amp_dtype = _dtypes(args.precision)
+        memory_format = torch.channels_last if args.channels_last else torch.contiguous_format
+        model = model.to(device=self.device, dtype=dtype, memory_format=memory_format)
+        model.train(mode == 'train')
+        self.model = model
+        self.fn = torch.compile(model, mode=args.compile_mode) if args.compile else model
+        g = torch.Generator().manual_seed(args.seed)
+        self.x = torch.randn((args.batch_size,) + tuple(in_size), generator=g).to(
+            device=self.device, dtype=dtype).contiguous(memory_format=memory_format)
+        self.target = torch.randint(0, max(args.num_classes, 1), (args.batch_size,), generator=g).to(self.device)
+        self.optimizer = torch.optim.SGD(model.parameters(), lr=1e-6, momentum=0.9) if mode == 'train' else None
+
+    def _autocast(self):
+        return torch.autocast(self.device.type, dtype=self.amp_dtype, enabled=self.amp_dtype is not None)
+
+    def step(self) -> None:
+        if self.mode == 'inference':
+            with torch.inference_mode(), self._autocast():
+                self.fn(self.x)
+        else:
+            with self._autocast():
+                out = self.fn(self.x)
+                loss = F.cross_entropy(out.float(), self.target) if out.ndim == 2 else out.float().mean()
+            self.optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            self.optimizer.step()
+
+    def timed(self, iters: int) -> float:
+        """Seconds per step over ``iters`` consecutive steps."""
+        _sync(self.device)
+        t0 = self.clock()
+        for _ in range(iters):
+            self.step()
+        _sync(self.device)
+        return (self.clock() - t0) / iters
+
+    def warmup(self, n: int) -> float:
+        """Untimed steps; returns the fastest. The first step's time is kept as ``first_step_s``: with
+        ``--compile`` it is the compile time of this mode's graph (plus one step)."""
+        times = [self.timed(1) for _ in range(max(n, 1))]
+        self.first_step_s = times[0]
+        return min(times)
+
+
+PROFILES: List[str] = []
+
+
+def profile_step(runner: 'Runner', label: str, rows: int = 15) -> None:
+    """Top operators of one step by self time (torch.profiler), kept for the _profile.txt output."""
+    from torch.profiler import ProfilerActivity, profile
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if runner.device.type == 'cuda' else [])
+    runner.step()
+    with profile(activities=activities) as prof:
+        runner.step()
+        _sync(runner.device)
+    sort = 'self_cuda_time_total' if runner.device.type == 'cuda' else 'self_cpu_time_total'
+    table = prof.key_averages().table(sort_by=sort, row_limit=rows, max_name_column_width=36)
+    PROFILES.append(f'## {label}\n\n{table}\n')
+    print(PROFILES[-1], flush=True)
+
+
+def _iters_for(step_time: float, args: argparse.Namespace) -> int:
+    return args.iters if args.iters > 0 else max(1, math.ceil(args.min_sample_time / max(step_time, 1e-9)))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# machine ceiling, MACs, memory
+# ---------------------------------------------------------------------------------------------------------------
+
+def _best_time(fn: Callable[[], Any], device: torch.device, reps: int, clock: Callable[[], float],
+               rounds: int = 5) -> float:
+    fn()
+    best = float('inf')
+    for _ in range(rounds):
+        _sync(device)
+        t0 = clock()
+        for _ in range(reps):
+            fn()
+        _sync(device)
+        best = min(best, (clock() - t0) / reps)
+    return best
+
+
+def matmul_ceiling(device: torch.device, precision: str, clock: Callable[[], float] = time.perf_counter
+                   ) -> Dict[str, Any]:
+    """Measured GEMM rates in the compute dtype (best of 5 rounds), the denominators of "% of ceiling".
+
+    ``matmul_gflops``: ``torch.mm`` of two n x n matrices (n = 2048 on CPU, 8192 on CUDA), the plain GEMM
+    ceiling. On CPU in float32 ``torch.mm`` runs MKL's sgemm, which on AMD processors does not use AVX-512;
+    ``onednn_gflops`` is the same-sized GEMM (M = K = N = 2048) run through oneDNN as a 1x1 convolution on a
+    channels-last (16, 2048, 16, 8) map, the route 1x1 convolutions (sMLPNet's fuse) take, which is the higher of the
+    two on such machines (batch 16: single-threaded PyTorch sends 1x1 convs of smaller batches to its own
+    im2col + MKL path). On CUDA only ``matmul_gflops`` is measured.
+    """
+    n = 2048 if device.type == 'cpu' else 8192
+    dtype = _dtypes(precision)[1] or _dtypes(precision)[0]
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    reps = 3 if device.type == 'cpu' else 20
+    out: Dict[str, Any] = {'matmul_n': n, 'matmul_dtype': str(dtype).replace('torch.', '')}
+    out['matmul_gflops'] = 2 * n ** 3 / _best_time(lambda: torch.mm(a, b), device, reps, clock) / 1e9
+    if device.type == 'cpu':
+        x = torch.randn(16, n, 16, 8, dtype=dtype).contiguous(memory_format=torch.channels_last)
+        w = torch.randn(n, n, 1, 1, dtype=dtype)
+        out['onednn_gflops'] = 2 * n ** 3 / _best_time(lambda: F.conv2d(x, w), device, reps, clock) / 1e9
+    return out
+
+
+def count_macs(model: nn.Module, in_size: Tuple[int, ...]) -> float:
+    """fvcore MACs per image or sequence (batch 1, eval), with the project's counting rules
+    (:mod:`mlp_vision.complexity`)."""
+    from mlp_vision.complexity import count_module
+    was_training = model.training
+    model.eval()
+    try:
+        param = next(model.parameters(), None)
+        x = torch.randn((1,) + tuple(in_size), device=param.device if param is not None else None)
+        return float(count_module(model, (x,))[0])
+    finally:
+        model.train(was_training)
+
+
+def peak_memory(spec: str, mode: str, args: argparse.Namespace) -> Dict[str, float]:
+    """Peak memory of one step.
+
+    CUDA: ``max_memory_allocated`` over a step (in a child process, so nothing else is resident). CPU: PyTorch
+    keeps no CPU allocator statistics, so a child process builds the contender, runs one warm-up step, and
+    reports the growth of its peak resident set size (ru_maxrss) during a second step beyond what the first step
+    left in use, plus the peak RSS of the whole process. First-touch effects make this an upper bound.
+    """
+    cmd = [sys.executable, '-m', 'mlp_vision.benchmark', '--memprobe', f'{spec}|{mode}', '--model', spec]
+    for k in ('batch_size', 'img_size', 'num_classes', 'device', 'threads', 'precision', 'seed', 'seq_len', 'dim',
+              'hidden_dim', 'num_states', 'heads', 'ffn_dim'):
+        v = getattr(args, k)
+        if v is not None:
+            cmd += [f'--{k.replace("_", "-")}', str(v)]
+    if args.channels_last:
+        cmd.append('--channels-last')
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=900, check=True,
+                             env=_same_package_env()).stdout
+        return json.loads(out.strip().splitlines()[-1])
+    except (subprocess.SubprocessError, ValueError, IndexError) as e:
+        print(f'note: memory probe failed for {spec} ({e})', file=sys.stderr)
+        return {}
+
+
+def _same_package_env() -> Dict[str, str]:
+    """The environment of a child process that imports this very ``mlp_vision`` (a checkout's is found through
+    the script's folder, which ``python -m`` in a child does not search)."""
+    env = dict(os.environ)
+    root = str(Path(mlp_vision.__file__).resolve().parents[1])
+    env['PYTHONPATH'] = os.pathsep.join([root] + [p for p in env.get('PYTHONPATH', '').split(os.pathsep) if p])
+    return env
+
+
+def _memprobe_main(args: argparse.Namespace) -> None:
+    spec, mode = args.memprobe.split('|')
+    model = build(spec, args)
+    runner = Runner(model, mode, args, input_size(spec, model, args))
+    device = runner.device
+    if device.type == 'cuda':
+        runner.step()
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        runner.step()
+        torch.cuda.synchronize()
+        peak = torch.cuda.max_memory_allocated()
+        print(json.dumps({'peak_mem_mb': peak / 2 ** 20, 'step_mem_mb': (peak - base) / 2 ** 20}))
+        return
+    runner.step()  # allocator pools, optimizer state, lazy init
+    rss_before = _current_rss()
+    runner.step()
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+    print(json.dumps({'peak_mem_mb': peak / 2 ** 20, 'step_mem_mb': max(peak - rss_before, 0) / 2 ** 20}))
+
+
+def _current_rss() -> int:
+    with open('/proc/self/statm') as f:
+        return int(f.read().split()[1]) * os.sysconf('SC_PAGE_SIZE')
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# runs
+# ---------------------------------------------------------------------------------------------------------------
+
+def _modes(args) -> List[str]:
+    return ['inference', 'train'] if args.bench == 'both' else [args.bench]
+
+
+def _row_common(args, mode, in_size) -> Dict[str, Any]:
+    if len(in_size) == 2:  # sequence layer
+        shape = dict(seq_len=in_size[0], dim=in_size[1])
+    else:
+        shape = dict(img_size=in_size[-1] if in_size[-1] == in_size[-2] else f'{in_size[-2]}x{in_size[-1]}')
+    return dict(
+        mode=mode, batch_size=args.batch_size, **shape, precision=args.precision, channels_last=args.channels_last,
+        compile=args.compile, device=args.device, threads=torch.get_num_threads(), timer=args.timer)
+
+
+def _rate(prefix: str, in_size, batch: int, step_s: float) -> Dict[str, float]:
+    """Throughput: images/s (image models) or tokens/s (sequence layers: batch x seq-len per step)."""
+    if len(in_size) == 2:
+        return {f'{prefix}tok_per_s': batch * in_size[0] / step_s}
+    return {f'{prefix}img_per_s': batch / step_s}
+
+
+def _flops_fields(prefix: str, macs: Optional[float], mode: str, step_s: float, batch: int,
+                  env: Dict[str, Any], in_size) -> Dict[str, Any]:
+    """MACs per sample (``gmacs_per_img``, or ``gmacs_per_seq`` for sequence layers) and achieved GFLOP/s."""
+    if macs is None:
+        return {}
+    # a training step is forward + backward ~ 3x the forward flops (backward = 2 GEMMs per forward GEMM)
+    flops = 2 * macs * batch * (3 if mode == 'train' else 1)
+    gflops = flops / step_s / 1e9
+    out = {f'{prefix}gmacs_per_{"seq" if len(in_size) == 2 else "img"}': macs / 1e9, f'{prefix}gflops': gflops}
+    if env.get('matmul_gflops'):
+        out[f'{prefix}pct_of_matmul'] = 100 * gflops / env['matmul_gflops']
+    if env.get('onednn_gflops'):
+        out[f'{prefix}pct_of_onednn'] = 100 * gflops / env['onednn_gflops']
+    return out
+
+
+def run_single(spec: str, args, env, macs_cache) -> List[Dict[str, Any]]:
+    rows = []
+    for mode in _modes(args):
+        model = build(spec, args)
+        in_size = input_size(spec, model, args)
+        macs = None
+        if not args.no_flops:
+            key = (spec, in_size)
+            if key not in macs_cache:
+                macs_cache[key] = count_macs(model, in_size)
+            macs = macs_cache[key]
+        runner = Runner(model, mode, args, in_size)
+        iters = _iters_for(runner.warmup(args.warmup), args)
+        times = [runner.timed(iters) for _ in range(args.samples)]
+        t = statistics.median(times)
+        if args.profile:
+            profile_step(runner, f'{spec}, {mode}, batch {args.batch_size}, {torch.get_num_threads()} threads')
+        row = dict(model=spec, **_row_common(args, mode, in_size), step_ms=1e3 * t,
+                   step_ms_min=1e3 * min(times), **_rate('', in_size, args.batch_size, t), samples=len(times),
+                   iters=iters)
+        row.update(_flops_fields('', macs, mode, t, args.batch_size, env, in_size))
+        if args.compile:
+            row.update(compile_s=runner.first_step_s)
+        if not args.no_memory:
+            row.update(peak_memory(spec, mode, args))
+        rows.append(row)
+        print(_fmt_row(row), flush=True)
+        del runner, model
+    return rows
+
+
+def _max_diff(a: nn.Module, b: nn.Module, in_size, args) -> Tuple[float, float]:
+    """max |A - B| and max |B| of the pre-head features (timm's heads start at zero; a sequence layer's output) on
+    two samples, eval, fp32."""
+    x = torch.randn((2,) + tuple(in_size), generator=torch.Generator().manual_seed(args.seed + 1))
+    a.eval()
+    b.eval()
+    with torch.no_grad():
+        if len(in_size) == 2:
+            ya, yb = a(x), b(x)
+        else:
+            ya, yb = a.forward_features(x), b.forward_features(x)
+    return float((ya - yb).abs().max()), float(yb.abs().max())
+
+
+def run_pair(a_spec: str, b_spec: str, args, env, macs_cache) -> List[Dict[str, Any]]:
+    rows = []
+    for mode in _modes(args):
+        torch.manual_seed(args.seed)
+        if a_spec.startswith(('ref:', FUSED_PREFIX)):  # built from B (same weights)
+            b = build(b_spec, args)
+            a = build(a_spec, args, twin_of=b)
+        else:
+            a = build(a_spec, args)
+            b = build(b_spec, args, twin_of=a)
+        how, same_function = share_weights(a, a_spec, b, b_spec)
+        in_size = input_size(a_spec, a, args)
+        if input_size(b_spec, b, args) != in_size:
+            raise UsageError(f'{a_spec} takes {in_size} inputs and {b_spec} {input_size(b_spec, b, args)}: pass '
+                             f'--img-size to compare them at one size')
+        diff, scale = _max_diff(a, b, in_size, args) if same_function else (None, None)
+        macs = {}
+        for spec, m in ((a_spec, a), (b_spec, b)):
+            if not args.no_flops:
+                key = (spec, in_size)
+                if key not in macs_cache:
+                    macs_cache[key] = count_macs(m, in_size)
+                macs[spec] = macs_cache[key]
+        ra = Runner(a, mode, args, in_size)
+        rb = Runner(b, mode, args, in_size)
+        # warm both up, then size the samples from the slower one so each sample has >= min_sample_time
+        ta, tb = ra.warmup(args.warmup), rb.warmup(args.warmup)
+        iters = _iters_for(max(ta, tb), args)
+        times_a, times_b, ratios = [], [], []
+        load_start = os.getloadavg()[0]
+        for i in range(args.samples):
+            # alternate the order so a slow drift (thermal, other jobs) does not favour whoever runs first
+            if i % 2 == 0:
+                t_a = ra.timed(iters)
+                t_b = rb.timed(iters)
+            else:
+                t_b = rb.timed(iters)
+                t_a = ra.timed(iters)
+            times_a.append(t_a)
+            times_b.append(t_b)
+            ratios.append(t_b / t_a)
+        ta, tb = statistics.median(times_a), statistics.median(times_b)
+        if args.profile:
+            for spec, runner in ((a_spec, ra), (b_spec, rb)):
+                profile_step(runner, f'{spec}, {mode}, batch {args.batch_size}, {torch.get_num_threads()} threads')
+        q = statistics.quantiles(ratios, n=4) if len(ratios) >= 2 else [ratios[0]] * 3
+        row = dict(
+            model=a_spec, baseline=b_spec, **_row_common(args, mode, in_size),
+            speedup=statistics.median(ratios), speedup_q1=q[0], speedup_q3=q[2],
+            speedup_min=min(ratios), speedup_max=max(ratios), pairs=len(ratios), iters=iters,
+            step_ms=1e3 * ta, base_step_ms=1e3 * tb,
+            **_rate('', in_size, args.batch_size, ta), **_rate('base_', in_size, args.batch_size, tb),
+            max_abs_diff=diff, max_abs_out=scale, weights=how,
+            load_start=load_start, load_end=os.getloadavg()[0])
+        if args.compile:
+            row.update(compile_s=ra.first_step_s, base_compile_s=rb.first_step_s)
+        if macs:
+            row.update(_flops_fields('', macs[a_spec], mode, ta, args.batch_size, env, in_size))
+            row.update(_flops_fields('base_', macs[b_spec], mode, tb, args.batch_size, env, in_size))
+        del ra, rb, a, b
+        if not args.no_memory:
+            for prefix, spec in (('', a_spec), ('base_', b_spec)):
+                row.update({prefix + k: v for k, v in peak_memory(spec, mode, args).items()})
+        rows.append(row)
+        print(_fmt_row(row), flush=True)
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# output
+# ---------------------------------------------------------------------------------------------------------------
+
+def _fmt_row(r: Dict[str, Any]) -> str:
+    unit = 'tok' if 'tok_per_s' in r else 'img'
+    if 'baseline' in r:
+        diff = 'n/a (different layers)' if r['max_abs_diff'] is None else f"{r['max_abs_diff']:.2e}"
+        return (f"{r['mode']:9s} {r['model']} vs {r['baseline']}: x{r['speedup']:.3f} "
+                f"[q1 {r['speedup_q1']:.3f}, q3 {r['speedup_q3']:.3f}, {r['pairs']} pairs] "
+                f"{r[unit + '_per_s']:.1f} vs {r['base_' + unit + '_per_s']:.1f} {unit}/s, max|diff| {diff}")
+    return f"{r['mode']:9s} {r['model']}: {r[unit + '_per_s']:.1f} {unit}/s ({r['step_ms']:.1f} ms/step)"
+
+
+def environment(args, command: str) -> Dict[str, Any]:
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open('/proc/cpuinfo') as f:
+            names = [ln.split(':', 1)[1].strip() for ln in f if ln.startswith('model name')]
+        cpu = names[0] if names else cpu
+    except OSError:
+        pass
+    env = dict(
+        date_utc=datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d %H:%M UTC'),
+        host=platform.node(), cpu=cpu, logical_cpus=os.cpu_count(), device=args.device,
+        device_name=torch.cuda.get_device_name(args.device) if args.device.startswith('cuda') else cpu,
+        cpu_capability=torch.backends.cpu.get_cpu_capability(),  # AVX2 / AVX512 kernels
+        threads=torch.get_num_threads(), interop_threads=torch.get_num_interop_threads(),
+        torch=torch.__version__, timm=timm.__version__, mlp_vision=mlp_vision.__version__,
+        python=platform.python_version(), load_avg_start=os.getloadavg(),
+        command=command,
+    )
+    return env
+
+
+_MD_COLS_PAIR = [
+    ('mode', 'mode', '{}'), ('model', 'A', '`{}`'), ('baseline', 'B', '`{}`'), ('batch_size', 'batch', '{}'),
+    ('img_size', 'img', '{}'), ('seq_len', 'tokens', '{}'), ('dim', 'd', '{}'),
+    ('img_per_s', 'A img/s', '{:.1f}'), ('base_img_per_s', 'B img/s', '{:.1f}'),
+    ('tok_per_s', 'A tok/s', '{:.0f}'), ('base_tok_per_s', 'B tok/s', '{:.0f}'),
+    ('speedup', 'A / B speed-up (median of pairs)', '**{:.2f}×**'),
+    ('speedup_q1', 'q1', '{:.2f}'), ('speedup_q3', 'q3', '{:.2f}'), ('pairs', 'pairs', '{}'),
+    ('gflops', 'A GFLOP/s', '{:.0f}'), ('pct_of_matmul', 'A % of mm', '{:.0f} %'),
+    ('pct_of_onednn', 'A % of oneDNN', '{:.0f} %'),
+    ('base_gflops', 'B GFLOP/s', '{:.0f}'), ('base_pct_of_matmul', 'B % of mm', '{:.0f} %'),
+    ('base_pct_of_onednn', 'B % of oneDNN', '{:.0f} %'),
+    ('step_mem_mb', 'A step mem MB', '{:.0f}'), ('base_step_mem_mb', 'B step mem MB', '{:.0f}'),
+    ('max_abs_diff', 'max abs diff (out)', '{:.1e}'), ('load_start', 'load', '{:.1f}'),
+]
+_MD_COLS_SINGLE = [
+    ('mode', 'mode', '{}'), ('model', 'model', '`{}`'), ('batch_size', 'batch', '{}'), ('img_size', 'img', '{}'),
+    ('seq_len', 'tokens', '{}'), ('dim', 'd', '{}'), ('img_per_s', 'img/s', '{:.1f}'),
+    ('tok_per_s', 'tok/s', '{:.0f}'), ('step_ms', 'ms/step', '{:.1f}'), ('gmacs_per_img', 'GMACs/img', '{:.2f}'),
+    ('gmacs_per_seq', 'GMACs/seq', '{:.2f}'), ('gflops', 'GFLOP/s', '{:.0f}'), ('pct_of_matmul', '% of mm', '{:.0f} %'),
+    ('pct_of_onednn', '% of oneDNN', '{:.0f} %'), ('step_mem_mb', 'step mem MB', '{:.0f}'),
+    ('peak_mem_mb', 'peak MB', '{:.0f}'),
+]
+
+
+def markdown(rows: List[Dict[str, Any]], env: Dict[str, Any], args) -> str:
+    cols = _MD_COLS_PAIR if rows and 'baseline' in rows[0] else _MD_COLS_SINGLE
+    cols = [c for c in cols if any(c[0] in r for r in rows)]
+    lines = [f"# {args.title or 'Benchmark'}", '']
+    prec = args.precision + (', channels_last' if args.channels_last else '') + (', compile' if args.compile else '')
+    prec += ', CPU-time timer' if args.timer == 'cpu' else ''
+    cpu = f" ({env['cpu_capability']})" if env['device'] == 'cpu' else ''
+    lines.append(f"{env['date_utc']} · {env['device_name']}{cpu} · {env['threads']} threads · {prec} · "
+                 f"torch {env['torch']} · timm {env['timm']}"
+                 + (f" · matmul ceiling: torch.mm {env['matmul_n']}² {env['matmul_dtype']} "
+                    f"{env['matmul_gflops']:.0f} GFLOP/s" if 'matmul_gflops' in env else '')
+                 + (f", oneDNN {env['onednn_gflops']:.0f} GFLOP/s" if 'onednn_gflops' in env else '')
+                 + f" · load avg {env['load_avg_start'][0]:.2f} → {env['load_avg_end'][0]:.2f}")
+    lines += ['', '`' + env['command'] + '`', '']
+    lines.append('| ' + ' | '.join(c[1] for c in cols) + ' |')
+    lines.append('|' + '---|' * len(cols))
+    for r in rows:
+        cells = []
+        for key, _, fmt in cols:
+            v = r.get(key)
+            cells.append('–' if v is None else fmt.format(v))
+        lines.append('| ' + ' | '.join(cells) + ' |')
+    return '\n'.join(lines) + '\n'
+
+
+def write_results(rows, env, args) -> None:
+    prefix = args.out
+    os.makedirs(os.path.dirname(os.path.abspath(prefix)), exist_ok=True)
+    keys: List[str] = []
+    for r in rows:
+        keys += [k for k in r if k not in keys]
+    table = io.StringIO()
+    w = csv.DictWriter(table, fieldnames=keys)
+    w.writeheader()
+    w.writerows(rows)
+    atomic_write_text(prefix + '.csv', table.getvalue())
+    atomic_write_text(prefix + '.json', json.dumps({'environment': env, 'results': rows}, indent=2))
+    atomic_write_text(prefix + '.md', markdown(rows, env, args))
+    print(f'wrote {prefix}.csv / .json / .md')
+    if PROFILES:
+        atomic_write_text(prefix + '_profile.txt',
+                          f"# torch.profiler, top ops by self time · {env['date_utc']} · {env['device_name']} · "
+                          f"{env['threads']} threads · torch {env['torch']}\n# {env['command']}\n\n"
+                          + '\n'.join(PROFILES))
+        print(f'wrote {prefix}_profile.txt')
+
+
+def main(argv=None, prog: str = 'benchmark.py') -> None:
+    """Benchmark; bad arguments stop with one line starting with ``prog`` and exit status 2 (``run_cli``)."""
+    run_cli(prog, lambda a: _main(a, prog), argv)
+
+
+def _main(argv, prog: str) -> None:
+    args = parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.memprobe:
+        _memprobe_main(args)
+        return
+    # as typed: python benchmark.py ... in a checkout, mlp-vision-benchmark ... / python -m mlp_vision.benchmark ...
+    env = environment(args, ('python ' if prog.endswith('.py') else '') + ' '.join([prog, shlex.join(argv)]))
+    if not args.no_ceiling:
+        env.update(matmul_ceiling(torch.device(args.device), args.precision,
+                                  time.process_time if args.timer == 'cpu' else time.perf_counter))
+        print(f"matmul ceiling: torch.mm {env['matmul_gflops']:.1f} GFLOP/s"
+              + (f", oneDNN {env['onednn_gflops']:.1f} GFLOP/s" if 'onednn_gflops' in env else '')
+              + f" ({env['matmul_dtype']}, {env['threads']} threads)", flush=True)
+    macs_cache: Dict[Any, float] = {}
+    rows: List[Dict[str, Any]] = []
+    if args.compare:
+        for a_spec, b_spec in args.compare:
+            rows += run_pair(a_spec, b_spec, args, env, macs_cache)
+    else:
+        for spec in args.model:
+            rows += run_single(spec, args, env, macs_cache)
+    env['load_avg_end'] = os.getloadavg()
+    if args.out:
+        write_results(rows, env, args)
+    else:
+        print(markdown(rows, env, args))
+
+
+if __name__ == '__main__':
+    main(prog='python -m mlp_vision.benchmark')

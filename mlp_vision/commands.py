@@ -1,0 +1,69 @@
+""" The package's commands: the console scripts pip installs (``[project.scripts]`` in pyproject.toml point at the
+functions here) and their ``python -m`` forms, listed by ``python -m mlp_vision``.
+
+Each function runs the command's ``main`` and returns an exit status: a console script passes the return value to
+``sys.exit``, and the trainers' ``main`` returns its results dict, which ``sys.exit`` would print and turn into
+status 1. The commands' modules are imported when run, so listing them imports none of them.
+"""
+import textwrap
+from typing import Any
+
+__all__ = ['COMMANDS', 'train', 'validate', 'benchmark', 'complexity', 'text_train', 'fill_mask']
+
+# console script -> (its python -m module, what it does)
+COMMANDS = {
+    'mlp-vision-train': ('mlp_vision.train', 'train an image model; with no dataset: the handwritten-digits demo'),
+    'mlp-vision-validate': ('mlp_vision.validate', 'top-1 / top-5 accuracy of a checkpoint or pretrained model'),
+    'mlp-vision-benchmark': ('mlp_vision.benchmark', 'throughput of models and layers, alone or in pairs'),
+    'mlp-vision-complexity': ('mlp_vision.complexity', 'parameters and MACs beside the papers\' tables'),
+    'mlp-vision-text-train': ('mlp_vision.text.train', 'train a text model (causal LM, masked LM, classifier)'),
+    'mlp-vision-fill-mask': ('mlp_vision.text.fill_mask', 'most likely tokens at each mask of a text'),
+}
+
+
+def _exit_status(result: Any) -> int:
+    return result if isinstance(result, int) else 0
+
+
+def train() -> int:
+    from .train import main
+    return _exit_status(main(prog='mlp-vision-train'))
+
+
+def validate() -> int:
+    from .validate import main
+    return _exit_status(main(prog='mlp-vision-validate'))
+
+
+def benchmark() -> int:
+    from .benchmark import main
+    return _exit_status(main(prog='mlp-vision-benchmark'))
+
+
+def complexity() -> int:
+    from .complexity.report import main
+    return _exit_status(main())
+
+
+def text_train() -> int:
+    from .text.train import main
+    return _exit_status(main())
+
+
+def fill_mask() -> int:
+    from .text.fill_mask import main
+    return _exit_status(main())
+
+
+def describe() -> str:
+    """The list ``python -m mlp_vision`` prints: each command's two forms and what it does."""
+    width = max(map(len, COMMANDS))
+    lines = ['mlp_vision commands (console script, or python -m MODULE; --help for the flags of each):', '']
+    for script, (module, what) in COMMANDS.items():
+        lines.append(f'  {script:{width}}  python -m {module}')
+        lines.append(f'  {"":{width}}  {what}')
+    from .training.config import recipe_folder, recipe_names
+    lines += ['', f'Training recipes, found by name (mlp-vision-train -c smlpnet_t --data-dir DIR), in '
+                  f'{recipe_folder()}:',
+              textwrap.fill(', '.join(recipe_names()), width=100, initial_indent='  ', subsequent_indent='  ')]
+    return '\n'.join(lines)

@@ -1,0 +1,654 @@
+""" mlp_vision training command: timm's ImageNet training pipeline for the registered models (and any timm model).
+
+Run as ``mlp-vision-train`` or ``python -m mlp_vision.train`` (installed package), or ``python train.py`` in a
+checkout (the same code). Flags follow timm's train.py; ``-c/--config`` reads a yaml file whose keys are the flag
+names (explicit flags win). The recipes of the papers are in ``configs/`` (see the comments there for global
+batch and LR scaling), shipped with the package and found by name: ``-c smlpnet_t``.
+
+    # the demo: no dataset given -> scikit-learn's bundled handwritten digits, a small model, a few minutes on CPU
+    python train.py
+
+    # one process (CPU or one GPU)
+    python train.py -c smlpnet_t --data-dir /data/imagenet
+
+    # N processes on one machine (NCCL on GPUs, gloo on CPU); multi-node: add torchrun's rendezvous flags
+    torchrun --nproc_per_node=8 -m mlp_vision.train -c smlpnet_t --data-dir /data/imagenet
+
+    # continue a run in its folder with its saved settings: model, optimizer, scheduler, EMA, scaler, epoch, RNG,
+    # history; flags given override the saved ones (e.g. a larger --epochs continues a longer schedule)
+    python train.py --resume output/train/EXP/last.pth [--epochs 400]
+
+Outputs (experiment folder ``--output/--experiment``): ``args.yaml``, ``train.log``, ``summary.csv``,
+``last.pth``, ``model_best.pth``, ``checkpoint-<epoch>.pth`` (top ``--checkpoint-hist``), ``results.json``,
+``curves.png``. Checkpoints are written atomically, once per epoch; a run killed at any point resumes from
+``last.pth`` and (on CPU, one process) ends with bit-identical weights to an uninterrupted run. SIGINT / SIGTERM
+stop the run at the next batch with one line naming the last epoch's checkpoint.
+
+Files are loaded without running code from them (``torch.load(weights_only=True)`` or safetensors); a checkpoint
+that needs a full unpickle is refused unless ``--trust-checkpoint`` (unsafe: it runs whatever the file contains).
+Bad input ends with one line and exit status 2 (``--debug``: the traceback).
+"""
+import argparse
+import logging
+import math
+import time
+from datetime import datetime
+from pathlib import Path
+
+import timm
+import torch
+import torch.nn as nn
+from timm.data import Mixup, create_transform, resolve_data_config
+from timm.loss import BinaryCrossEntropy, LabelSmoothingCrossEntropy, SoftTargetCrossEntropy
+from timm.models import model_parameters
+from timm.optim import create_optimizer_v2, list_optimizers, optimizer_kwargs
+from timm.scheduler import scheduler_kwargs
+from timm.utils import ModelEmaV3, ParseKwargs, distribute_bn, random_seed
+
+from mlp_vision.training.checkpoint import (
+    is_training_checkpoint, load_checkpoint_file, load_model_weights, preserve_rng)
+from mlp_vision.training.config import SEED_MAX, check_flag_ranges, find_recipe
+from mlp_vision.training.data import (
+    INTERPOLATIONS, IMAGE_MODE_CHANNELS, check_image_args, check_num_classes, create_eval_loader, create_train_loader,
+    create_train_val_datasets, dataset_class_names, default_workers, prepare_digits_folder)
+from mlp_vision.training.distributed import all_gather_objects, init_device, wrap_ddp
+from mlp_vision.training.engine import evaluate, format_duration, train_one_epoch
+from mlp_vision.training.errors import ArgumentParser, Interrupted, UsageError, run_cli
+from mlp_vision.training.log import setup_logging
+from mlp_vision.training.model import (
+    ALLOW_MISSING_FLAG, COMPILE_MODES, check_compile_backend, create_model, load_pretrained_weights, model_create_kwargs)
+from mlp_vision.training.run import (
+    NonFiniteLossError, TrainingRun, UpdateStep, add_run_arguments, create_lr_scheduler, parse_run_args, setup_amp)
+from mlp_vision.training.summary import plot_curves
+from mlp_vision.validate import main as validate_main
+
+_logger = logging.getLogger('train')
+
+DEMO_RECIPE = 'demo_digits'  # configs/demo_digits.yaml, the recipe of the run with no dataset
+PROG = 'train.py'  # the command's name in messages (the console script and ``python -m`` pass their own)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = ArgumentParser(
+        description='mlp_vision training (timm pipeline). With no dataset argument: the handwritten-digits demo.',
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument('-c', '--config', default='', type=str, metavar='FILE|RECIPE',
+                        help='yaml file of flag values (keys = flag names), or the name of a recipe of configs/ '
+                             '(shipped with the package), e.g. smlpnet_t; explicit flags override it')
+
+    group = parser.add_argument_group('Dataset parameters')
+    group.add_argument('data', nargs='?', metavar='DIR', help='path to dataset (positional, same as --data-dir)')
+    group.add_argument('--data-dir', metavar='DIR', help='path to dataset root (ImageFolder tree or folder of tars)')
+    group.add_argument('--dataset', metavar='NAME', default='',
+                       help="dataset type + name ('' = image folder / tar, torch/cifar10, hfds/NAME, wds/...)")
+    group.add_argument('--train-split', metavar='NAME', default='train', help='dataset train split (folder / tar)')
+    group.add_argument('--val-split', metavar='NAME|FRACTION', default='validation',
+                       help="validation split: a split name (folder / tar; an error when the data has none), a "
+                            "fraction 0 < f < 1 of the training images held out (class-stratified, seeded by "
+                            "--seed), or '' for no evaluation")
+    group.add_argument('--dataset-download', action='store_true', default=False,
+                       help='allow download of dataset for torch/ and tfds/ datasets that support it')
+    group.add_argument('--class-map', default='', type=str, metavar='FILENAME',
+                       help='path to class to idx mapping file')
+    group.add_argument('--input-img-mode', default='RGB', type=str, choices=tuple(IMAGE_MODE_CHANNELS),
+                       help='PIL mode every image is converted to (its channel count must equal --in-chans)')
+
+    group = parser.add_argument_group('Model parameters')
+    group.add_argument('--model', default='smlpnet_t', type=str, metavar='MODEL', help='name of model to train')
+    group.add_argument('--pretrained', action='store_true', default=False, help="start with the model's pretrained weights")
+    group.add_argument('--pretrained-path', default=None, type=str, metavar='PATH',
+                       help="start from a local weights file, loaded through the model's checkpoint filter "
+                            "(official / timm layouts; classifier dropped if --num-classes differs)")
+    group.add_argument('--initial-checkpoint', default='', type=str, metavar='PATH',
+                       help='load these weights (a train.py checkpoint or a state dict of this exact model) first')
+    add_run_arguments(group, 'continue the run of this checkpoint (usually EXP/last.pth) in its folder, with its '
+                             'saved settings; flags given here override them')
+    group.add_argument('--no-resume-opt', action='store_true', default=False,
+                       help='with --resume: load weights and epoch only, not optimizer / scaler / scheduler')
+    group.add_argument(ALLOW_MISSING_FLAG, action='store_true', default=False,
+                       help='--pretrained-path: let model weights missing from the file keep their random init '
+                            '(otherwise an error; a classifier for another class count is always re-initialised)')
+    group.add_argument('--num-classes', type=int, default=None, metavar='N',
+                       help='number of label classes (default: the training set\'s)')
+    group.add_argument('--gp', default=None, type=str, metavar='POOL', help='global pool type (model default)')
+    group.add_argument('--img-size', type=int, default=None, metavar='N',
+                       help='image size (the model is built for it; default: the model\'s)')
+    group.add_argument('--in-chans', type=int, default=None, metavar='N', help='image input channels')
+    group.add_argument('--input-size', default=None, nargs=3, type=int, metavar='N',
+                       help='input dimensions (d h w), overrides --img-size')
+    group.add_argument('--crop-pct', default=None, type=float, metavar='N', help='eval center crop pct')
+    group.add_argument('--mean', type=float, nargs='+', default=None, metavar='MEAN', help='override mean')
+    group.add_argument('--std', type=float, nargs='+', default=None, metavar='STD', help='override std')
+    group.add_argument('--interpolation', default='', type=str, choices=INTERPOLATIONS,
+                       help="eval resize interpolation ('': the model's)")
+    group.add_argument('-b', '--batch-size', type=int, default=128, metavar='N', help='batch size per process')
+    group.add_argument('-vb', '--validation-batch-size', type=int, default=None, metavar='N',
+                       help='validation batch size (default: --batch-size)')
+    group.add_argument('--channels-last', action='store_true', default=False, help='use channels_last memory layout')
+    group.add_argument('--grad-accum-steps', type=int, default=1, metavar='N',
+                       help='accumulate gradients over N batches per optimizer step')
+    group.add_argument('--grad-checkpointing', action='store_true', default=False,
+                       help='activation checkpointing through the model')
+    group.add_argument('--model-kwargs', nargs='*', default={}, action=ParseKwargs,
+                       help='extra model arguments k=v (python literals), e.g. embed_dim=32 depths="(1,1,2,1)"')
+    group.add_argument('--torchcompile', nargs='?', type=str, default=None, const='inductor',
+                       help='torch.compile the model (optional backend, default inductor)')
+    group.add_argument('--torchcompile-mode', type=str, default=None, choices=COMPILE_MODES, help='torch.compile mode')
+
+    group = parser.add_argument_group('Device and distributed')
+    group.add_argument('--device', default=None, type=str, help="'cuda', 'cuda:1', 'cpu' (default: cuda if available)")
+    group.add_argument('--dist-backend', default=None, type=str, help='default: nccl for CUDA, gloo for CPU')
+    group.add_argument('--dist-url', default=None, type=str, help="default: 'env://' (torchrun)")
+    group.add_argument('--sync-bn', action='store_true', default=False, help='SyncBatchNorm (CUDA, distributed)')
+    group.add_argument('--dist-bn', type=str, default='reduce', choices=('reduce', 'broadcast', ''),
+                       help='after each epoch, make BatchNorm stats equal on all ranks (average or rank 0)')
+    group.add_argument('--amp', action='store_true', default=False,
+                       help='mixed precision: bfloat16 autocast on CPU, float16 (+ grad scaler) on CUDA')
+    group.add_argument('--amp-dtype', default=None, type=str, choices=('float16', 'bfloat16'),
+                       help='autocast dtype (default: bfloat16 on CPU, float16 on CUDA)')
+
+    group = parser.add_argument_group('Optimizer parameters')
+    group.add_argument('--opt', default='sgd', type=str, metavar='OPTIMIZER', help='optimizer (timm names)')
+    group.add_argument('--opt-eps', default=None, type=float, metavar='EPSILON', help='optimizer epsilon')
+    group.add_argument('--opt-betas', default=None, type=float, nargs='+', metavar='BETA', help='optimizer betas')
+    group.add_argument('--momentum', type=float, default=0.9, metavar='M', help='optimizer momentum')
+    group.add_argument('--weight-decay', type=float, default=2e-5, help='weight decay')
+    group.add_argument('--clip-grad', type=float, default=None, metavar='NORM', help='gradient clipping (off if unset)')
+    group.add_argument('--clip-mode', type=str, default='norm', choices=('norm', 'value', 'agc'),
+                       help='what --clip-grad bounds')
+    group.add_argument('--layer-decay', type=float, default=None, help='layer-wise learning rate decay')
+    group.add_argument('--opt-kwargs', nargs='*', default={}, action=ParseKwargs, help='extra optimizer arguments')
+
+    group = parser.add_argument_group('Learning rate schedule parameters')
+    group.add_argument('--sched', type=str, default='cosine', metavar='SCHEDULER', help='LR scheduler')
+    group.add_argument('--sched-on-updates', action='store_true', default=False,
+                       help='step the schedule every optimizer update instead of every epoch')
+    group.add_argument('--lr', type=float, default=None, metavar='LR',
+                       help='learning rate (default: --lr-base scaled to the global batch)')
+    group.add_argument('--lr-base', type=float, default=0.1, metavar='LR',
+                       help='learning rate at --lr-base-size global batch, used when --lr is not given')
+    group.add_argument('--lr-base-size', type=int, default=256, metavar='DIV', help='global batch of --lr-base')
+    group.add_argument('--lr-base-scale', type=str, default='', choices=('', 'linear', 'sqrt'),
+                       help="'linear' or 'sqrt' scaling of --lr-base (default: sqrt for adaptive optimizers)")
+    group.add_argument('--lr-noise', type=float, nargs='+', default=None, metavar='pct, pct', help='LR noise epochs')
+    group.add_argument('--lr-noise-pct', type=float, default=0.67, metavar='PERCENT', help='LR noise limit')
+    group.add_argument('--lr-noise-std', type=float, default=1.0, metavar='STDDEV', help='LR noise std-dev')
+    group.add_argument('--lr-cycle-mul', type=float, default=1.0, metavar='MULT', help='LR cycle length multiplier')
+    group.add_argument('--lr-cycle-decay', type=float, default=0.5, metavar='MULT', help='LR decay per cycle')
+    group.add_argument('--lr-cycle-limit', type=int, default=1, metavar='N', help='LR cycle limit')
+    group.add_argument('--lr-k-decay', type=float, default=1.0, help='LR k-decay for cosine / poly')
+    group.add_argument('--warmup-lr', type=float, default=1e-5, metavar='LR', help='warmup learning rate')
+    group.add_argument('--min-lr', type=float, default=0, metavar='LR', help='lower LR bound of cyclic schedulers')
+    group.add_argument('--epochs', type=int, default=300, metavar='N', help='number of epochs to train')
+    group.add_argument('--decay-milestones', default=[90, 180, 270], type=int, nargs='+', metavar='MILESTONES',
+                       help="epochs of 'multistep' LR decay")
+    group.add_argument('--decay-epochs', type=float, default=90, metavar='N', help="epoch interval of 'step' decay")
+    group.add_argument('--warmup-epochs', type=int, default=5, metavar='N', help='epochs to warm up the LR')
+    group.add_argument('--warmup-prefix', action='store_true', default=False,
+                       help='exclude warmup from the decay schedule')
+    group.add_argument('--cooldown-epochs', type=int, default=0, metavar='N', help='epochs at min_lr at the end')
+    group.add_argument('--patience-epochs', type=int, default=10, metavar='N', help='plateau patience')
+    group.add_argument('--decay-rate', '--dr', type=float, default=0.1, metavar='RATE',
+                       help='LR decay rate (step / plateau), power for poly')
+
+    group = parser.add_argument_group('Augmentation and regularization parameters')
+    group.add_argument('--no-aug', action='store_true', default=False, help='disable all training augmentation')
+    group.add_argument('--scale', type=float, nargs='+', default=[0.08, 1.0], metavar='PCT',
+                       help='random resized crop scale range')
+    group.add_argument('--ratio', type=float, nargs='+', default=[3. / 4., 4. / 3.], metavar='RATIO',
+                       help='random resized crop aspect ratio range')
+    group.add_argument('--hflip', type=float, default=0.5, help='horizontal flip probability')
+    group.add_argument('--vflip', type=float, default=0., help='vertical flip probability')
+    group.add_argument('--color-jitter', type=float, default=0.4, metavar='PCT', help='color jitter factor')
+    group.add_argument('--aa', type=str, default=None, metavar='NAME',
+                       help='AutoAugment / RandAugment policy, e.g. rand-m9-mstd0.5-inc1, original')
+    group.add_argument('--aug-repeats', type=float, default=0,
+                       help='repeated augmentation: each image this many times per epoch (e.g. 3; 0 = off)')
+    group.add_argument('--reprob', type=float, default=0., metavar='PCT', help='random erase probability')
+    group.add_argument('--remode', type=str, default='pixel', choices=('pixel', 'rand', 'const'),
+                       help='random erase mode')
+    group.add_argument('--recount', type=int, default=1, help='random erase count')
+    group.add_argument('--mixup', type=float, default=0.0, help='mixup alpha (> 0 enables)')
+    group.add_argument('--cutmix', type=float, default=0.0, help='cutmix alpha (> 0 enables)')
+    group.add_argument('--cutmix-minmax', type=float, nargs='+', default=None, help='cutmix min/max ratio')
+    group.add_argument('--mixup-prob', type=float, default=1.0, help='probability of mixup or cutmix per batch')
+    group.add_argument('--mixup-switch-prob', type=float, default=0.5, help='probability of cutmix over mixup')
+    group.add_argument('--mixup-mode', type=str, default='batch', choices=('batch', 'pair', 'elem'),
+                       help='mix per batch, per pair or per element')
+    group.add_argument('--mixup-off-epoch', default=0, type=int, metavar='N', help='turn mixup off at this epoch')
+    group.add_argument('--smoothing', type=float, default=0.1, help='label smoothing')
+    group.add_argument('--bce-loss', action='store_true', default=False, help='binary cross-entropy loss')
+    group.add_argument('--bce-target-thresh', type=float, default=None, help='BCE target binarisation threshold')
+    group.add_argument('--train-interpolation', type=str, default='random', choices=INTERPOLATIONS[1:] + ('random',),
+                       help='training interpolation')
+    group.add_argument('--drop', type=float, default=0.0, metavar='PCT', help='dropout rate before the classifier')
+    group.add_argument('--drop-path', type=float, default=None, metavar='PCT', help='drop path (stochastic depth)')
+
+    group = parser.add_argument_group('Model exponential moving average parameters')
+    group.add_argument('--model-ema', action='store_true', default=False, help='keep an EMA of the weights')
+    group.add_argument('--model-ema-force-cpu', action='store_true', default=False,
+                       help='keep the EMA on the CPU (not evaluated during training)')
+    group.add_argument('--model-ema-decay', type=float, default=0.9998, help='EMA decay')
+    group.add_argument('--model-ema-warmup', action='store_true', default=False, help='EMA decay warmup')
+
+    group = parser.add_argument_group('Miscellaneous parameters')
+    group.add_argument('--seed', type=int, default=42, metavar='S', help='random seed')
+    group.add_argument('--log-interval', type=int, default=50, metavar='N', help='optimizer updates between logs')
+    group.add_argument('--checkpoint-hist', type=int, default=3, metavar='N',
+                       help='keep the N best checkpoint-<epoch>.pth files (besides last / best)')
+    group.add_argument('-j', '--workers', type=int, default=default_workers(), metavar='N',
+                       help='data loading processes (default: 4, at most the CPUs this process may use)')
+    group.add_argument('--pin-mem', action='store_true', default=False, help='pin CPU memory in the loader')
+    group.add_argument('--output', default='', type=str, metavar='PATH',
+                       help='output root (default: ./output/train)')
+    group.add_argument('--experiment', default='', type=str, metavar='NAME',
+                       help='experiment folder name (default: date-model-size)')
+    group.add_argument('--eval-metric', default='top1', type=str, choices=('top1', 'top5', 'loss'),
+                       help='metric for best checkpoint')
+    return parser
+
+
+def _has_dataset(args) -> bool:
+    return bool(args.data or args.data_dir or args.dataset)
+
+
+def parse_args(argv):
+    """Parse flags, the optional yaml config and (``--resume``) the run's saved settings.
+
+    Returns (args, demo, resume checkpoint) where demo = no dataset was given.
+    """
+    args, resume_ckpt = parse_run_args(build_parser(), argv, kind='image', recipes=True)
+    if _has_dataset(args):
+        return args, False, resume_ckpt
+    # the demo recipe sits under the user's config and flags
+    args, resume_ckpt = parse_run_args(build_parser(), argv, kind='image', recipes=True,
+                                       base_configs=[str(find_recipe(DEMO_RECIPE))])
+    return args, True, resume_ckpt
+
+
+def resolve_lr(args, world_size: int) -> None:
+    # timm's rule: with no --lr, scale --lr-base from --lr-base-size to the global batch
+    if args.lr is not None:
+        return
+    global_batch = args.batch_size * world_size * args.grad_accum_steps
+    ratio = global_batch / args.lr_base_size
+    if not args.lr_base_scale:
+        args.lr_base_scale = 'sqrt' if any(o in args.opt.lower() for o in ('ada', 'lamb')) else 'linear'
+    if args.lr_base_scale == 'sqrt':
+        ratio = ratio ** 0.5
+    args.lr = args.lr_base * ratio
+    _logger.info(f'learning rate {args.lr:.4g} = lr_base {args.lr_base:g} x {args.lr_base_scale} scaling of the '
+                 f'global batch {global_batch} / {args.lr_base_size}')
+
+
+# the range of every numeric flag (by destination: check_range's bounds); a flag of several values has each checked
+_UNIT, _POSITIVE, _NON_NEGATIVE = dict(low=0, high=1), dict(low=0, low_open=True), dict(low=0)
+_BELOW_ONE, _AT_LEAST_ONE = dict(low=0, high=1, high_open=True), dict(low=1)
+FLAG_RANGES = {
+    'epochs': _AT_LEAST_ONE, 'batch_size': _AT_LEAST_ONE, 'validation_batch_size': _AT_LEAST_ONE,
+    'grad_accum_steps': _AT_LEAST_ONE, 'warmup_epochs': _NON_NEGATIVE, 'cooldown_epochs': _NON_NEGATIVE,
+    'workers': _NON_NEGATIVE, 'log_interval': _AT_LEAST_ONE, 'checkpoint_hist': _NON_NEGATIVE,
+    'lr_base_size': _AT_LEAST_ONE, 'lr': _POSITIVE, 'lr_base': _POSITIVE, 'warmup_lr': _NON_NEGATIVE,
+    'min_lr': _NON_NEGATIVE, 'decay_epochs': _POSITIVE, 'decay_milestones': _NON_NEGATIVE,
+    'decay_rate': _POSITIVE, 'patience_epochs': _NON_NEGATIVE, 'lr_cycle_mul': _POSITIVE,
+    'lr_cycle_decay': _POSITIVE, 'lr_cycle_limit': _AT_LEAST_ONE, 'lr_k_decay': _POSITIVE,
+    'lr_noise': _NON_NEGATIVE, 'lr_noise_pct': _NON_NEGATIVE, 'lr_noise_std': _NON_NEGATIVE,
+    'opt_eps': _POSITIVE, 'opt_betas': _BELOW_ONE, 'momentum': _UNIT, 'weight_decay': _NON_NEGATIVE,
+    'clip_grad': _NON_NEGATIVE, 'layer_decay': dict(low=0, high=1, low_open=True),
+    'smoothing': _BELOW_ONE, 'drop': _BELOW_ONE, 'drop_path': _BELOW_ONE, 'reprob': _BELOW_ONE,
+    'hflip': _UNIT, 'vflip': _UNIT, 'color_jitter': _NON_NEGATIVE, 'aug_repeats': _NON_NEGATIVE,
+    'recount': _AT_LEAST_ONE, 'scale': dict(low=0, high=1, low_open=True), 'ratio': _POSITIVE,
+    'mixup': _NON_NEGATIVE, 'cutmix': _NON_NEGATIVE, 'cutmix_minmax': dict(low=0, high=1, low_open=True),
+    'mixup_prob': _UNIT, 'mixup_switch_prob': _UNIT, 'mixup_off_epoch': _NON_NEGATIVE,
+    'bce_target_thresh': _UNIT, 'model_ema_decay': _BELOW_ONE, 'seed': dict(low=0, high=SEED_MAX),
+    'num_classes': _AT_LEAST_ONE, 'img_size': _AT_LEAST_ONE, 'input_size': _AT_LEAST_ONE,
+    'in_chans': _AT_LEAST_ONE,
+}
+# flags of two values (low, high)
+_PAIRS = ('scale', 'ratio', 'cutmix_minmax', 'lr_noise')
+
+
+def check_args(args, dist_info) -> None:
+    """Every flag value that cannot work, as one clear message (before anything is built)."""
+    check_flag_ranges(args, FLAG_RANGES)
+    for dest in _PAIRS:
+        value = getattr(args, dest)
+        flag = '--' + dest.replace('_', '-')
+        if value is not None and dest != 'lr_noise' and len(value) != 2:
+            raise UsageError(f'{flag} takes two values (low high), got {len(value)}')
+        if value is not None and len(value) == 2 and value[0] > value[1]:
+            raise UsageError(f'{flag} takes low then high, got {value[0]:g} > {value[1]:g}')
+    check_image_args(args)
+    if args.opt.lower().split('_')[-1] not in list_optimizers():
+        raise UsageError(f'--opt {args.opt!r} is not an optimizer timm knows (e.g. sgd, momentum, adamw, lamb; '
+                         f'all: timm.optim.list_optimizers())')
+    if args.aa:
+        try:  # timm's parser of the policy string is the one that will read it
+            create_transform(32, is_training=True, auto_augment=args.aa)
+        except (AssertionError, ValueError, KeyError, IndexError) as e:
+            raise UsageError(f'--aa {args.aa!r} is not an augmentation policy timm reads (e.g. '
+                             f'rand-m9-mstd0.5-inc1, augmix-m5-w4-d2, original, v0): {e}') from None
+    check_compile_backend(args.torchcompile)
+    if (args.mixup > 0 or args.cutmix > 0 or args.cutmix_minmax is not None) and args.batch_size % 2:
+        raise UsageError(f'mixup / cutmix need an even --batch-size, got {args.batch_size}')
+    if args.sync_bn and dist_info.device.type != 'cuda':
+        raise UsageError('--sync-bn needs CUDA (PyTorch\'s SyncBatchNorm does not run on the CPU); '
+                         'on CPU use --dist-bn reduce (the default) to average BatchNorm stats every epoch')
+
+
+def main(argv=None, prog: str = PROG):
+    """Train; returns the results dict on rank 0 (None on other ranks). Errors: one line starting with ``prog``,
+    see ``run_cli``."""
+    return run_cli(prog, lambda a: _main(a, prog), argv)
+
+
+def _main(argv, prog):
+    args, demo, resume_ckpt = parse_args(argv)
+    dist_info = init_device(args.device, args.dist_backend, args.dist_url)
+    device, primary = dist_info.device, dist_info.primary
+    setup_logging(primary)
+    check_args(args, dist_info)
+    run = TrainingRun(args, dist_info, resume_ckpt, kind='image', key='epoch', prog=prog,
+                      decreasing=args.eval_metric == 'loss', max_history=args.checkpoint_hist)
+    with run:
+        return _train(args, demo, run, argv, prog)
+
+
+def _train(args, demo, run, argv, prog):
+    dist_info = run.dist_info
+    device, primary = dist_info.device, dist_info.primary
+    if dist_info.distributed:
+        _logger.info(f'distributed: {dist_info.world_size} processes, backend '
+                     f'{torch.distributed.get_backend()}, device {device} on rank 0')
+    if demo:
+        args.data_dir = str(prepare_digits_folder())
+        args.dataset, args.train_split, args.val_split = '', 'train', 'val'
+        _logger.info(
+            'Demo: no dataset was given, so this trains a small model on scikit-learn\'s bundled handwritten '
+            f'digits (1,797 real 8x8 scans, 10 classes), written once as an ImageFolder tree under '
+            f'{args.data_dir}, through the same pipeline as an ImageNet run (recipe {DEMO_RECIPE}). '
+            'Pass --data-dir DIR to train on your own data.')
+    data_dir = args.data_dir or args.data
+    run.check_resume(arch=args.model)
+    random_seed(args.seed, dist_info.rank)
+
+    # ---------------------------------------------------------------- datasets
+    dataset_train, dataset_eval = create_train_val_datasets(
+        args.dataset, data_dir, train_split=args.train_split, val_split=args.val_split, class_map=args.class_map,
+        download=args.dataset_download, input_img_mode=args.input_img_mode, batch_size=args.batch_size,
+        seed=args.seed)
+    train_classes = dataset_class_names(dataset_train)
+    if args.num_classes is None:
+        if train_classes is None:
+            raise UsageError('the training set does not list its classes: pass --num-classes N')
+        args.num_classes = len(train_classes)
+    hint = f' (--num-classes {args.num_classes}); pass --num-classes to match the data, or a --class-map'
+    check_num_classes(dataset_train, args.num_classes, 'training set', hint)
+    if dataset_eval is not None:
+        check_num_classes(dataset_eval, args.num_classes, 'validation set', hint)
+
+    # ---------------------------------------------------------------- model
+    img_size = args.input_size[-2:] if args.input_size else args.img_size
+    # models with a fixed input size (ours, ViTs) are built for --img-size; others just get resized inputs
+    takes_img_size = timm.is_model(args.model) and timm.models.get_pretrained_cfg_value(args.model, 'fixed_input_size')
+    create_kwargs = model_create_kwargs(
+        num_classes=args.num_classes,
+        in_chans=args.in_chans or (args.input_size[0] if args.input_size else None),
+        img_size=img_size if takes_img_size else None,
+        drop_rate=args.drop,
+        drop_path_rate=args.drop_path,
+        global_pool=args.gp,
+        model_kwargs=args.model_kwargs,
+    )
+    model = create_model(args.model, pretrained=args.pretrained, **create_kwargs)
+    if args.pretrained_path:
+        weights = load_checkpoint_file(args.pretrained_path, trust=args.trust_checkpoint, what='--pretrained-path')
+        load_pretrained_weights(model, args.model, weights, f'--pretrained-path {args.pretrained_path}',
+                                allow_missing=args.allow_missing_weights)
+    if args.initial_checkpoint:
+        ckpt = load_checkpoint_file(args.initial_checkpoint, trust=args.trust_checkpoint, what='--initial-checkpoint')
+        state_dict = ckpt['state_dict'] if is_training_checkpoint(ckpt) else ckpt
+        load_model_weights(model, state_dict, f'--initial-checkpoint {args.initial_checkpoint}', args.model)
+    num_params = sum(p.numel() for p in model.parameters())
+
+    data_config = resolve_data_config(vars(args), model=model, verbose=False)
+    if getattr(model, 'img_size', None) is not None and not args.input_size and not args.img_size:
+        data_config['input_size'] = (data_config['input_size'][0], *model.img_size)  # built via --model-kwargs
+    data_config = {k: (tuple(v) if isinstance(v, list) else v) for k, v in data_config.items()}
+
+    if args.grad_checkpointing:
+        model.set_grad_checkpointing(enable=True)
+    model.to(device=device)
+    if args.channels_last:
+        model.to(memory_format=torch.channels_last)
+    if dist_info.distributed and args.sync_bn:
+        model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
+
+    # ---------------------------------------------------------------- optimizer, AMP
+    resolve_lr(args, dist_info.world_size)
+    # timm's optimizer_kwargs reads extra arguments from `opt_args`; this script's flag is --opt-kwargs
+    opt_kwargs = {**optimizer_kwargs(cfg=args), **args.opt_kwargs}
+    try:
+        optimizer = create_optimizer_v2(model, **opt_kwargs)
+    except (TypeError, ValueError) as e:
+        raise UsageError(f'--opt {args.opt} cannot be built with {args.opt_kwargs or "these settings"}: {e}') from e
+    amp_autocast, loss_scaler, amp_dtype = setup_amp(args.amp, args.amp_dtype, device)
+    update_step = UpdateStep(optimizer, lambda: model_parameters(model, exclude_head='agc' in args.clip_mode),
+                             loss_scaler, args.clip_grad, args.clip_mode)
+
+    # ---------------------------------------------------------------- loaders, mixup, loss
+    loader_train, sampler_train = create_train_loader(
+        dataset_train, data_config, args.batch_size, device,
+        seed=args.seed, rank=dist_info.rank, world_size=dist_info.world_size, num_workers=args.workers,
+        pin_memory=args.pin_mem, aug_repeats=args.aug_repeats, no_aug=args.no_aug, scale=args.scale,
+        ratio=args.ratio, hflip=args.hflip, vflip=args.vflip, color_jitter=args.color_jitter,
+        auto_augment=args.aa, train_interpolation=args.train_interpolation, re_prob=args.reprob,
+        re_mode=args.remode, re_count=args.recount)
+    loader_eval = None
+    if dataset_eval is not None:
+        loader_eval = create_eval_loader(
+            dataset_eval, data_config, args.validation_batch_size or args.batch_size, device,
+            num_workers=args.workers, distributed=dist_info.distributed, pin_memory=args.pin_mem)
+
+    mixup_fn = None
+    mixup_active = args.mixup > 0 or args.cutmix > 0. or args.cutmix_minmax is not None
+    if mixup_active:
+        mixup_fn = Mixup(
+            mixup_alpha=args.mixup, cutmix_alpha=args.cutmix, cutmix_minmax=args.cutmix_minmax,
+            prob=args.mixup_prob, switch_prob=args.mixup_switch_prob, mode=args.mixup_mode,
+            label_smoothing=args.smoothing, num_classes=args.num_classes)
+    if mixup_active:
+        train_loss_fn = (BinaryCrossEntropy(target_threshold=args.bce_target_thresh) if args.bce_loss
+                         else SoftTargetCrossEntropy())
+    elif args.smoothing:
+        train_loss_fn = (BinaryCrossEntropy(smoothing=args.smoothing, target_threshold=args.bce_target_thresh)
+                         if args.bce_loss else LabelSmoothingCrossEntropy(smoothing=args.smoothing))
+    else:
+        train_loss_fn = nn.BCEWithLogitsLoss() if args.bce_loss else nn.CrossEntropyLoss()
+    train_loss_fn = train_loss_fn.to(device=device)
+
+    # ---------------------------------------------------------------- schedule, resume
+    updates_per_epoch = (len(loader_train) + args.grad_accum_steps - 1) // args.grad_accum_steps
+    schedule = dict(scheduler_kwargs(args, decreasing_metric=args.eval_metric == 'loss'), lr=args.lr)
+    lr_scheduler, num_epochs = create_lr_scheduler(optimizer, schedule, updates_per_epoch)
+    last_epoch, num_updates = run.restore(model, optimizer, lr_scheduler, schedule, loss_scaler,
+                                          weights_only=args.no_resume_opt)
+    start_epoch = last_epoch + 1 if args.resume else 0
+    run.check_not_finished(start_epoch, num_epochs, '--epochs')
+    # EMA: a copy of the (resumed) model, before DDP / compile (as timm); then the resumed EMA weights
+    model_ema = None
+    if args.model_ema:
+        model_ema = ModelEmaV3(
+            model, decay=args.model_ema_decay, use_warmup=args.model_ema_warmup,
+            device=torch.device('cpu') if args.model_ema_force_cpu else None)
+        run.restore_ema(model_ema.module)
+
+    if dist_info.distributed:
+        model = wrap_ddp(model, dist_info)
+    if args.torchcompile:
+        model = torch.compile(model, backend=args.torchcompile, mode=args.torchcompile_mode)
+
+    # ---------------------------------------------------------------- outputs
+    exp_name = '-'.join([datetime.now().strftime('%Y%m%d-%H%M%S')] + (['demo_digits'] if demo else [])
+                        + [args.model.replace('/', '_'), str(data_config['input_size'][-1])])
+    output_dir = run.open_outputs('./output/train', exp_name)
+    global_batch = args.batch_size * dist_info.world_size * args.grad_accum_steps
+    run.log_settings_changes()
+    _logger.info(
+        f'Model {args.model} ({num_params / 1e6:.3f} M params, {create_kwargs}) on {device}'
+        f'{f" x {dist_info.world_size} processes" if dist_info.distributed else ""}; '
+        f'input {data_config["input_size"]}, AMP {amp_dtype if args.amp else "off"}')
+    _logger.info(
+        f'Data {data_dir or args.dataset}: {len(dataset_train)} training images ({args.train_split}), '
+        f'{len(dataset_eval) if dataset_eval is not None else 0} validation images ({args.val_split or "none"}), '
+        f'{args.num_classes} classes')
+    _logger.info(
+        f'Training {num_epochs} epochs x {updates_per_epoch} updates, global batch {global_batch}, '
+        f'{args.opt} lr {args.lr:.4g}, {args.sched} schedule'
+        + (f'; resuming at epoch {start_epoch} from {args.resume}' if args.resume else ''))
+    if primary:
+        _logger.info(f'Outputs: {output_dir}')
+    run.restore_rng()
+
+    # ---------------------------------------------------------------- train
+    eval_metrics, ema_metrics, train_metrics = None, None, None
+    peak_mem_gib = None
+    train_start = time.time()
+    try:
+        for epoch in range(start_epoch, num_epochs):
+            if sampler_train is not None:
+                sampler_train.set_epoch(epoch)
+            if mixup_fn is not None and args.mixup_off_epoch and epoch >= args.mixup_off_epoch:
+                mixup_fn.mixup_enabled = False
+
+            if device.type == 'cuda':
+                torch.cuda.reset_peak_memory_stats(device)  # peak_mem_gib is this epoch's (training + eval)
+            train_metrics, num_updates = train_one_epoch(
+                epoch, model, loader_train, update_step, train_loss_fn,
+                num_updates=num_updates, total_epochs=num_epochs, lr_scheduler=lr_scheduler,
+                amp_autocast=amp_autocast, model_ema=model_ema, mixup_fn=mixup_fn,
+                grad_accum_steps=args.grad_accum_steps, channels_last=args.channels_last,
+                distributed=dist_info.distributed, world_size=dist_info.world_size, log_interval=args.log_interval,
+                primary=primary, stop_signal=run.stop_signal)
+
+            if dist_info.distributed and args.dist_bn in ('broadcast', 'reduce'):
+                distribute_bn(model, dist_info.world_size, args.dist_bn == 'reduce')
+
+            metric = None
+            with preserve_rng():  # evaluation must not shift the training's random stream
+                if loader_eval is not None:
+                    eval_metrics = evaluate(
+                        model, loader_eval, amp_autocast=amp_autocast, channels_last=args.channels_last,
+                        distributed=dist_info.distributed, log_interval=0, primary=primary)
+                    metric = eval_metrics[args.eval_metric]
+                    if model_ema is not None and not args.model_ema_force_cpu:
+                        if dist_info.distributed and args.dist_bn in ('broadcast', 'reduce'):
+                            distribute_bn(model_ema, dist_info.world_size, args.dist_bn == 'reduce')
+                        ema_metrics = evaluate(
+                            model_ema.module, loader_eval, amp_autocast=amp_autocast,
+                            channels_last=args.channels_last, distributed=dist_info.distributed,
+                            log_interval=0, primary=primary)
+                        metric = ema_metrics[args.eval_metric]  # as timm: EMA selects the best checkpoint
+
+            lr_scheduler.step(epoch + 1, metric)  # before saving: the checkpoint holds next epoch's LR
+            row = {'epoch': epoch, 'lr': train_metrics['lr'], 'train_loss': train_metrics['loss']}
+            if eval_metrics is not None:
+                row.update({f'eval_{k}': eval_metrics[k] for k in ('loss', 'top1', 'top5')})
+            if ema_metrics is not None:
+                row.update({f'ema_eval_{k}': ema_metrics[k] for k in ('loss', 'top1', 'top5')})
+            row.update(train_img_per_sec=train_metrics['img_per_sec'], epoch_seconds=train_metrics['seconds'])
+            if device.type == 'cuda':
+                row['peak_mem_gib'] = torch.cuda.max_memory_allocated(device) / 2 ** 30
+                peak_mem_gib = max(peak_mem_gib or 0., row['peak_mem_gib'])
+            if primary:
+                run.summary.append(row)
+            written = run.save(
+                epoch, metric, model=model, optimizer=optimizer, scheduler=lr_scheduler, schedule=schedule,
+                num_updates=num_updates, loss_scaler=loss_scaler,
+                model_cfg={'name': args.model, 'kwargs': create_kwargs}, data_cfg=dict(data_config),
+                class_names=train_classes,  # label order; validate.py labels class folders by these names
+                state_dict_ema=model_ema.module.state_dict() if model_ema is not None else None,
+                eval_metrics=dict(eval_metrics) if eval_metrics is not None else None,
+                ema_eval_metrics=dict(ema_metrics) if ema_metrics is not None else None)
+            if primary:
+                msg = f'Epoch {epoch}/{num_epochs - 1}: train loss {train_metrics["loss"]:.4f}'
+                if eval_metrics is not None:
+                    msg += (f' | eval loss {eval_metrics["loss"]:.4f} top1 {eval_metrics["top1"]:.2f} '
+                            f'top5 {eval_metrics["top5"]:.2f}')
+                if ema_metrics is not None:
+                    msg += f' | EMA top1 {ema_metrics["top1"]:.2f}'
+                msg += f' | {train_metrics["img_per_sec"]:,.0f} img/s, {format_duration(train_metrics["seconds"])}'
+                if 'peak_mem_gib' in row:
+                    msg += f', peak {row["peak_mem_gib"]:.2f} GiB'
+                msg += ' | saved last.pth' + (' + model_best.pth' if written['best'] else '')
+                _logger.info(msg)
+    except (NonFiniteLossError, Interrupted) as e:
+        raise run.stopped(e, 'Lower --lr, add --clip-grad or more --warmup-epochs') from None
+
+    # ---------------------------------------------------------------- final outputs
+    run.begin_final_stage()
+    digests = run.weights_digests(model, model_ema.module if model_ema is not None else None)
+    demo_val = None
+    if demo and loader_eval is not None:
+        # every rank takes part (in distributed mode validate.py's evaluation is split over the ranks)
+        best_path = Path(all_gather_objects(str(run.saver.best_path) if primary else '', dist_info)[0])
+        val_argv = ['--checkpoint', str(best_path), '--data-dir', data_dir, '--split', args.val_split,
+                    '--workers', str(args.workers), '--results-file', str(best_path.parent / 'validate_best.json')]
+        if model_ema is not None and not args.model_ema_force_cpu:
+            val_argv.append('--use-ema')  # the EMA weights' accuracy chose the best checkpoint
+        _logger.info('Demo: validating the saved best checkpoint with the validation command:\n'
+                     '  python -m mlp_vision.validate ' + ' '.join(val_argv))
+        demo_val = validate_main(val_argv)
+    if not primary:
+        return None
+
+    saver, best = run.saver, run.saver.best
+    results = {
+        'model': args.model,
+        'model_kwargs': create_kwargs,
+        'experiment_dir': str(output_dir),
+        'device': str(device),
+        'device_name': torch.cuda.get_device_name(device) if device.type == 'cuda' else None,
+        'cuda_peak_mem_gib': peak_mem_gib,  # max over this process's epochs of torch.cuda.max_memory_allocated
+        'torch_version': torch.__version__,
+        'world_size': dist_info.world_size,
+        'epochs': num_epochs,
+        'global_batch': global_batch,
+        'lr': args.lr,
+        'final_epoch': num_epochs - 1,
+        'train': dict(train_metrics),
+        'eval': dict(eval_metrics) if eval_metrics is not None else None,
+        'ema_eval': dict(ema_metrics) if ema_metrics is not None else None,
+        'best': best,
+        'eval_metric': args.eval_metric,
+        'checkpoints': {'last': str(saver.last_path),
+                        'best': str(saver.best_path) if saver.best_path.exists() else None},
+        'weights_sha256_per_rank': digests,
+        'ranks_agree': len(set(digests)) == 1,
+        'train_seconds_this_process': time.time() - train_start,
+        'demo_validation': demo_val,
+        'skipped_images': {  # unreadable files, left out (never replaced): last epoch / last evaluation, this rank
+            'train': loader_train.skipped, 'eval': loader_eval.skipped if loader_eval is not None else 0,
+            'files': {**loader_train.skipped_files, **(loader_eval.skipped_files if loader_eval is not None else {})}},
+        'command': ' '.join([prog] + list(argv)),
+    }
+    run.write_results(results)
+    plot_curves(output_dir / 'summary.csv', output_dir / 'curves.png',
+                title=f'{args.model} on {Path(data_dir).name if data_dir else args.dataset}')
+    if eval_metrics is not None:
+        msg = (f'Done in {format_duration(time.time() - train_start)}: final eval top1 {eval_metrics["top1"]:.2f} '
+               f'top5 {eval_metrics["top5"]:.2f} loss {eval_metrics["loss"]:.4f}')
+        if best:
+            msg += f'; best {args.eval_metric} {best["metric"]:.4f} at epoch {best["epoch"]}'
+        _logger.info(msg)
+    run.list_outputs()
+    if demo_val is not None:
+        _logger.info(
+            f'Demo result: validation accuracy {demo_val["top1"]:.2f}% top-1 on {demo_val["samples"]} held-out '
+            f'digit images (chance: 10%), checkpoint {saver.best_path}; '
+            f'total time {format_duration(time.time() - run.start_time)}.')
+    return results
+
+
+if __name__ == '__main__':
+    main(prog='python -m mlp_vision.train')

@@ -1,0 +1,259 @@
+""" mlp_vision validation command: top-1 / top-5 accuracy, loss and images/s of a model on a dataset.
+
+Run as ``mlp-vision-validate`` or ``python -m mlp_vision.validate`` (installed package), or ``python validate.py``
+in a checkout (the same code). Weights come from one of:
+
+* ``--checkpoint EXP/model_best.pth``: a checkpoint of our train.py. The model (name, kwargs such as img_size or
+  num_classes) and the eval preprocessing are rebuilt from it, so ``--model`` is optional;
+  ``--use-ema`` evaluates its EMA weights;
+* ``--checkpoint FILE --model NAME``: any other state dict (timm's weights, the official sMLPNet release, ...),
+  loaded through the model's pretrained filter fn (layout conversion, token-mixing weight resampling);
+* ``--pretrained``: the model's registered pretrained weights.
+
+    python validate.py --checkpoint output/train/EXP/model_best.pth --data-dir /data/imagenet
+    python validate.py --model smlpnet_s --checkpoint smlp_s.pth --data-dir /data/imagenet --amp
+    torchrun --nproc_per_node=2 -m mlp_vision.validate ...  # exact: the padding that evens out ranks is not counted
+
+Labels: a checkpoint of our train.py stores the class names it was trained on; the class folders are labelled
+by those names (a subset of the classes is fine; a folder of another class stops with both lists, exit 2).
+``--class-map FILE`` overrides them. Weights without class names (older checkpoints, timm's, ``--pretrained``)
+are assumed to follow the folder order, with a warning.
+
+Results are logged and, with ``--results-file``, written as JSON or CSV (by the file's extension).
+"""
+import argparse
+import csv
+import io
+import logging
+import os
+
+import torch
+from timm.data import resolve_data_config
+from timm.utils import ParseKwargs
+
+from mlp_vision.training.checkpoint import atomic_write_text, keep_previous
+from mlp_vision.training.config import check_flag_ranges
+from mlp_vision.training.data import (
+    INTERPOLATIONS, IMAGE_MODE_CHANNELS, check_class_names, check_image_args, check_num_classes, create_eval_loader,
+    create_image_dataset, default_workers,
+)
+from mlp_vision.training.distributed import init_device
+from mlp_vision.training.engine import evaluate
+from mlp_vision.training.errors import ArgumentParser, UsageError, run_cli
+from mlp_vision.training.log import setup_logging
+from mlp_vision.training.model import check_compile_backend, create_model_for_eval, model_create_kwargs
+from mlp_vision.training.run import add_common_arguments, setup_amp
+from mlp_vision.training.summary import write_json
+
+_logger = logging.getLogger('validate')
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = ArgumentParser(description='mlp_vision validation (timm pipeline)',
+                            formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument('data', nargs='?', metavar='DIR', help='path to dataset (positional, same as --data-dir)')
+    parser.add_argument('--data-dir', metavar='DIR', help='path to dataset root (ImageFolder tree or folder of tars)')
+    parser.add_argument('--dataset', metavar='NAME', default='',
+                        help="dataset type + name ('' = image folder / tar, torch/cifar10, hfds/NAME, ...)")
+    parser.add_argument('--split', metavar='NAME', default='validation', help='dataset split (folder / tar)')
+    parser.add_argument('--dataset-download', action='store_true', default=False, help='allow dataset download')
+    parser.add_argument('--class-map', default='', type=str, metavar='FILENAME', help='class to idx mapping file')
+    parser.add_argument('--input-img-mode', default='RGB', type=str, choices=tuple(IMAGE_MODE_CHANNELS),
+                        help='PIL mode every image is converted to (its channel count must equal the model\'s)')
+
+    parser.add_argument('--model', '-m', default=None, metavar='NAME',
+                        help='model name (default: the one a training checkpoint was made for)')
+    parser.add_argument('--pretrained', action='store_true', default=False, help="use the model's pretrained weights")
+    parser.add_argument('--checkpoint', default='', type=str, metavar='PATH',
+                        help='our training checkpoint, a timm train.py checkpoint, or a state dict for --model')
+    add_common_arguments(parser)
+    parser.add_argument('--use-ema', action='store_true', default=False, help="evaluate the checkpoint's EMA weights")
+    parser.add_argument('--num-classes', type=int, default=None, help='number of classes (default: from checkpoint/model)')
+    parser.add_argument('--gp', default=None, type=str, metavar='POOL', help='global pool type')
+    parser.add_argument('--img-size', default=None, type=int, metavar='N', help='input image size')
+    parser.add_argument('--in-chans', type=int, default=None, metavar='N', help='image input channels')
+    parser.add_argument('--input-size', default=None, nargs=3, type=int, metavar='N', help='input dims (d h w)')
+    parser.add_argument('--crop-pct', default=None, type=float, metavar='N', help='center crop pct')
+    parser.add_argument('--crop-mode', default=None, type=str, choices=('center', 'squash', 'border'),
+                        help='how the eval crop is taken')
+    parser.add_argument('--mean', type=float, nargs='+', default=None, metavar='MEAN', help='override mean')
+    parser.add_argument('--std', type=float, nargs='+', default=None, metavar='STD', help='override std')
+    parser.add_argument('--interpolation', default='', type=str, choices=INTERPOLATIONS,
+                        help="resize interpolation ('': the model's or checkpoint's)")
+    parser.add_argument('--model-kwargs', nargs='*', default={}, action=ParseKwargs, help='extra model arguments k=v')
+
+    parser.add_argument('-b', '--batch-size', default=256, type=int, metavar='N', help='batch size')
+    parser.add_argument('-j', '--workers', default=default_workers(), type=int, metavar='N',
+                        help='data loading processes (default: 4, at most the CPUs this process may use)')
+    parser.add_argument('--pin-mem', action='store_true', default=False, help='pin CPU memory in the loader')
+    parser.add_argument('--device', default=None, type=str, help="'cuda', 'cpu' (default: cuda if available)")
+    parser.add_argument('--amp', action='store_true', default=False,
+                        help='mixed precision (bfloat16 on CPU, float16 on CUDA)')
+    parser.add_argument('--amp-dtype', default=None, type=str, choices=('float16', 'bfloat16'), help='autocast dtype')
+    parser.add_argument('--channels-last', action='store_true', default=False, help='channels_last memory layout')
+    parser.add_argument('--torchcompile', nargs='?', type=str, default=None, const='inductor',
+                        help='torch.compile the model (optional backend)')
+    parser.add_argument('--log-interval', default=10, type=int, metavar='N', help='batches between progress logs')
+    parser.add_argument('--results-file', default='', type=str, metavar='FILENAME',
+                        help='write the results to this .json or .csv file')
+    return parser
+
+
+# the range of each numeric flag (check_range's bounds)
+FLAG_RANGES = {'batch_size': dict(low=1), 'workers': dict(low=0), 'log_interval': dict(low=1),
+               'num_classes': dict(low=1), 'img_size': dict(low=1), 'input_size': dict(low=1), 'in_chans': dict(low=1)}
+
+
+def check_args(args: argparse.Namespace) -> None:
+    """Every flag value that cannot work, as one line, before a file is read or a model built."""
+    check_flag_ranges(args, FLAG_RANGES)
+    check_image_args(args, model_in_chans=None)  # again once the model is known
+    check_compile_backend(args.torchcompile)
+    if not args.checkpoint and not args.model:
+        raise UsageError('nothing to validate: pass --checkpoint PATH (a training checkpoint knows its model) '
+                         'or --model NAME [--pretrained]')
+    if args.results_file and os.path.isdir(args.results_file):
+        raise UsageError(f'--results-file {args.results_file} is a folder; expected a .json or .csv file path')
+
+
+def _write_results(path: str, results: dict) -> None:
+    """``path`` as JSON, or CSV by its extension; an earlier file there is kept as ``<stem>-N<suffix>``."""
+    kept = keep_previous(path)
+    if kept is not None:
+        _logger.info(f'the earlier {path} is kept as {kept}')
+    if path.endswith('.csv'):
+        buf = io.StringIO()
+        writer = csv.DictWriter(buf, fieldnames=list(results.keys()))
+        writer.writeheader()
+        writer.writerow(results)
+        atomic_write_text(path, buf.getvalue())
+    else:
+        write_json(path, results)
+
+
+def _validation_dataset(args: argparse.Namespace, data_dir, model, info: dict):
+    """(the validation set, how its labels were decided). Labels follow, in order: ``--class-map``; the class
+    names stored in a training checkpoint, matched to the class folders by name (a subset of the classes is
+    fine, a folder of another class is refused with both lists); else the dataset's own class order (folder
+    order), with a warning, since nothing says it is the order the model was trained with."""
+    class_names = info.get('class_names')
+    where = f' ({info["model_name"]} from {info["source"]})'
+    create = dict(root=data_dir, split=args.split, is_training=False, download=args.dataset_download,
+                  input_img_mode=args.input_img_mode, batch_size=args.batch_size, what='validation set')
+    if args.class_map:
+        if class_names:
+            _logger.info(f'labels from --class-map {args.class_map}, not from the class names stored in the checkpoint')
+        dataset = create_image_dataset(args.dataset, class_map=args.class_map, **create)
+        labels = f'--class-map {args.class_map}'
+    elif class_names:
+        class_to_idx = {name: label for label, name in enumerate(class_names)}
+        dataset = create_image_dataset(args.dataset, class_to_idx=class_to_idx, **create)
+        check_class_names(dataset, class_names, 'validation set',
+                          f'{where}; expected class folders named as the model\'s classes (a subset is fine), or '
+                          f'pass --class-map FILE to say which folder is which label')
+        labels = 'class names stored in the checkpoint'
+    else:
+        dataset = create_image_dataset(args.dataset, **create)
+        if info['source'] != 'random init':
+            _logger.warning(f'the weights ({info["source"]}) do not store the class names the model was trained '
+                            f'on: labels are assumed to follow the order of the validation set\'s classes (folder '
+                            f'order); pass --class-map FILE if they do not')
+        labels = 'dataset class order (assumed)'
+    check_num_classes(dataset, model.num_classes, 'validation set',
+                      f'{where}; validate on data with the classes the model was trained for, or pass --class-map')
+    return dataset, labels
+
+
+def validate(args: argparse.Namespace) -> dict:
+    """Run one validation; returns the results dict. Raises :class:`UsageError` for bad input."""
+    check_args(args)
+    dist_info = init_device(args.device)
+    device = dist_info.device
+    setup_logging(dist_info.primary)
+    data_dir = args.data_dir or args.data
+
+    # the weights decide the model (a training checkpoint knows its own); explicit flags override
+    img_size = args.input_size[-2:] if args.input_size else args.img_size
+    create_kwargs = model_create_kwargs(
+        num_classes=args.num_classes,
+        in_chans=args.in_chans or (args.input_size[0] if args.input_size else None),
+        img_size=tuple(img_size) if isinstance(img_size, list) else img_size,
+        global_pool=args.gp,
+        model_kwargs=args.model_kwargs,
+    )
+    model, info = create_model_for_eval(
+        args.model, checkpoint=args.checkpoint, pretrained=args.pretrained, use_ema=args.use_ema,
+        create_kwargs=create_kwargs, trust_checkpoint=args.trust_checkpoint)
+    model_name = info['model_name']
+    num_params = sum(p.numel() for p in model.parameters())
+    check_image_args(args, model_in_chans=getattr(model, 'in_chans', 3))
+
+    dataset, labels = _validation_dataset(args, data_dir, model, info)
+
+    # preprocessing: explicit flags, then the training checkpoint's eval preprocessing, then the model's config
+    data_config = resolve_data_config(vars(args), model=model, verbose=False)
+    ckpt_data = info.get('data_cfg') or {}
+    explicit = {
+        'input_size': args.input_size or args.img_size, 'interpolation': args.interpolation,
+        'mean': args.mean, 'std': args.std, 'crop_pct': args.crop_pct, 'crop_mode': args.crop_mode,
+    }
+    for key, given in explicit.items():
+        if not given and key in ckpt_data:
+            data_config[key] = ckpt_data[key]
+    if getattr(model, 'img_size', None) is not None and not explicit['input_size'] and 'input_size' not in ckpt_data:
+        data_config['input_size'] = (data_config['input_size'][0], *model.img_size)
+    data_config = {k: (tuple(v) if isinstance(v, list) else v) for k, v in data_config.items()}
+
+    model.to(device)
+    if args.channels_last:
+        model.to(memory_format=torch.channels_last)
+    if args.torchcompile:
+        model = torch.compile(model, backend=args.torchcompile)
+    amp_autocast, _, amp_dtype = setup_amp(args.amp, args.amp_dtype, device)
+
+    loader = create_eval_loader(dataset, data_config, args.batch_size, device, num_workers=args.workers,
+                                distributed=dist_info.distributed, pin_memory=args.pin_mem)
+    _logger.info(f'Validating {model_name} ({num_params / 1e6:.3f} M params, weights: {info["source"]}) on '
+                 f'{len(dataset)} images of {data_dir or args.dataset} ({args.split}), input {data_config["input_size"]}, '
+                 f'{device}{", AMP " + str(amp_dtype) if args.amp else ""}')
+    if device.type == 'cuda':
+        torch.cuda.reset_peak_memory_stats(device)
+    metrics = evaluate(model, loader, amp_autocast=amp_autocast, channels_last=args.channels_last,
+                       distributed=dist_info.distributed, log_interval=args.log_interval,
+                       primary=dist_info.primary)
+    results = {
+        'model': model_name,
+        'weights': info['source'],
+        'labels': labels,
+        'top1': round(metrics['top1'], 4),
+        'top5': round(metrics['top5'], 4),
+        'loss': round(metrics['loss'], 6),
+        'samples': metrics['samples'],
+        'img_per_sec': round(metrics['img_per_sec'], 2),
+        'param_count_m': round(num_params / 1e6, 3),
+        'img_size': data_config['input_size'][-1],
+        'crop_pct': data_config['crop_pct'],
+        'interpolation': data_config['interpolation'],
+        'device': str(device),
+        'amp': str(amp_dtype) if args.amp else None,
+        'channels_last': args.channels_last,
+        'torchcompile': args.torchcompile,
+    }
+    if device.type == 'cuda':
+        results['device_name'] = torch.cuda.get_device_name(device)
+        results['cuda_peak_mem_gib'] = round(torch.cuda.max_memory_allocated(device) / 2 ** 30, 3)
+    _logger.info(f' * Acc@1 {results["top1"]:.3f} Acc@5 {results["top5"]:.3f} loss {results["loss"]:.4f} '
+                 f'({results["samples"]} images, {results["img_per_sec"]:,.0f} img/s)')
+    if args.results_file and dist_info.primary:
+        _write_results(args.results_file, results)
+    return results
+
+
+def main(argv=None, prog: str = 'validate.py') -> dict:
+    """Validate; returns the results dict. Errors: one line starting with ``prog`` and exit status 2 / 1 (see
+    ``run_cli``)."""
+    return run_cli(prog, lambda a: validate(build_parser().parse_args(a)), argv)
+
+
+if __name__ == '__main__':
+    main(prog='python -m mlp_vision.validate')
