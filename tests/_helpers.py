@@ -1,4 +1,5 @@
 """ Helpers shared by the test files (imported as ``from _helpers import ...``; pytest puts ``tests/`` on the path). """
+import pytest
 import torch
 import torch.nn as nn
 
@@ -26,3 +27,22 @@ def randomize_(module: nn.Module, seed: int = 1234, std: float = 0.3) -> nn.Modu
 
 def n_params(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
+
+
+# tiny runs of the two trainers (seconds each): a width-8 sMLPNet at 32x32 and a 1-layer 16-wide text model
+TINY_VISION = ['--model', 'smlpnet_t', '--model-kwargs', 'embed_dim=8', 'depths=(1,1,1,1)', '--img-size', '32',
+               '--workers', '0', '--log-interval', '100', '-b', '4', '--warmup-epochs', '0']
+TINY_GPT = ['--model', 'gpt_mlp_attention', '--model-kwargs', 'num_hidden_layers=1', 'hidden_size=16',
+            'num_attention_heads=2', 'max_position_embeddings=16', 'mlp_attention_hidden_size=16', '--threads', '1',
+            '--log-interval', '1000', '-b', '2', '--eval-batches', '1', '--final-eval-batches', '2']
+
+
+def exits_with_one_line(main, argv, capsys, status: int = 2) -> str:
+    """Run a script's ``main(argv)``: it must exit with ``status`` and exactly one line on stderr (no traceback, no
+    usage text). Returns that line."""
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == status, e.value.message
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [e.value.message], err
+    return e.value.message

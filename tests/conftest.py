@@ -1,4 +1,7 @@
 """ Fixtures shared by the test files. """
+import random
+
+import numpy as np
 import pytest
 import torch
 
@@ -14,3 +17,29 @@ def single_thread():
     finally:
         torch.set_num_threads(n)
 
+
+
+@pytest.fixture(scope='module')
+def images(tmp_path_factory):
+    """train/ and val/ of 2 classes (8 + 4 generated 16x16 PNGs each: noise around a class colour)."""
+    from PIL import Image
+    root = tmp_path_factory.mktemp('images')
+    rng = np.random.default_rng(0)
+    for split, n in (('train', 8), ('val', 4)):
+        for c, colour in enumerate(((200, 40, 40), (40, 40, 200))):
+            folder = root / split / f'class{c}'
+            folder.mkdir(parents=True)
+            for i in range(n):
+                pixels = np.clip(rng.normal(colour, 40, size=(16, 16, 3)), 0, 255).astype(np.uint8)
+                Image.fromarray(pixels).save(folder / f'{i}.png')
+    return root
+
+
+@pytest.fixture(scope='module')
+def text_file(tmp_path_factory):
+    """150 lines of 8 words from a 16-word vocabulary."""
+    rng = random.Random(1)
+    words = 'to be or not that is the question whether tis nobler in mind suffer slings arrows'.split()
+    path = tmp_path_factory.mktemp('text') / 'tiny.txt'
+    path.write_text('\n'.join(' '.join(rng.choice(words) for _ in range(8)) for _ in range(150)) + '\n')
+    return str(path)

@@ -245,6 +245,9 @@ def test_cli_rejects_bad_input(capsys):
 def test_cli_small_selection(tmp_path, capsys):
     out, md = tmp_path / 'gpt.csv', tmp_path / 'gpt.md'
     assert cx.main(['--models', 'gpt_*', '--output', str(out), str(md)]) == 0
+    err = capsys.readouterr().err  # progress: a line per model, then where each output went
+    assert '[1/2] counting gpt_mlp_attention' in err and '[2/2] counting gpt_sdpa' in err
+    assert f'wrote {out}' in err and f'wrote {md}' in err
     assert md.read_text().startswith('# Model complexity') and f"--models 'gpt_*' --output {out} {md}" in md.read_text()
     rows = list(csv.DictReader(out.open()))
     paper = [r for r in rows if r['section'] == 'paper']

@@ -22,6 +22,7 @@ import mlp_vision.text.train as text_train
 from mlp_vision.text.classification import read_labelled_file
 from mlp_vision.text.data import build_tokenizer
 from mlp_vision.training.errors import UsageError, check_range
+from _helpers import exits_with_one_line
 
 TINY_GPT = ['--model', 'gpt_mlp_attention', '--model-kwargs', 'num_hidden_layers=1', 'hidden_size=16',
             'num_attention_heads=2', 'max_position_embeddings=16', 'mlp_attention_hidden_size=16', '--threads', '1',
@@ -29,13 +30,7 @@ TINY_GPT = ['--model', 'gpt_mlp_attention', '--model-kwargs', 'num_hidden_layers
 WORDS = 'to be or not that is the question whether tis nobler in mind suffer slings arrows'.split()
 
 
-def _fail(main, argv, capsys, status=2) -> str:
-    """``main(argv)`` must exit with ``status`` and exactly one line on stderr (no traceback); returns that line."""
-    with pytest.raises(SystemExit) as e:
-        main(argv)
-    assert e.value.code == status, e.value.message
-    assert capsys.readouterr().err.strip().splitlines() == [e.value.message]
-    return e.value.message
+_fail = exits_with_one_line
 
 
 @pytest.fixture(scope='module')

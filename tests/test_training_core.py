@@ -15,7 +15,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 import torch.nn as nn
@@ -31,47 +30,9 @@ from mlp_vision.training.checkpoint import (  # noqa: E402
     atomic_save, clean_stale_temp_files, keep_previous, load_checkpoint_file, temp_path)
 from mlp_vision.training.errors import UsageError  # noqa: E402
 from mlp_vision.training.model import create_model, load_pretrained_weights  # noqa: E402
+from _helpers import TINY_GPT, TINY_VISION, exits_with_one_line  # noqa: E402
 
-TINY_VISION = ['--model', 'smlpnet_t', '--model-kwargs', 'embed_dim=8', 'depths=(1,1,1,1)', '--img-size', '32',
-               '--workers', '0', '--log-interval', '100', '-b', '4', '--warmup-epochs', '0']
-TINY_GPT = ['--model', 'gpt_mlp_attention', '--model-kwargs', 'num_hidden_layers=1', 'hidden_size=16',
-            'num_attention_heads=2', 'max_position_embeddings=16', 'mlp_attention_hidden_size=16', '--threads', '1',
-            '--log-interval', '1000', '-b', '2', '--eval-batches', '1', '--final-eval-batches', '2']
-
-
-@pytest.fixture(scope='module')
-def images(tmp_path_factory):
-    """train/ and val/ of 2 classes (8 + 4 generated 16x16 PNGs each: noise around a class colour)."""
-    from PIL import Image
-    root = tmp_path_factory.mktemp('images')
-    rng = np.random.default_rng(0)
-    for split, n in (('train', 8), ('val', 4)):
-        for c, colour in enumerate(((200, 40, 40), (40, 40, 200))):
-            folder = root / split / f'class{c}'
-            folder.mkdir(parents=True)
-            for i in range(n):
-                pixels = np.clip(rng.normal(colour, 40, size=(16, 16, 3)), 0, 255).astype(np.uint8)
-                Image.fromarray(pixels).save(folder / f'{i}.png')
-    return root
-
-
-@pytest.fixture(scope='module')
-def text_file(tmp_path_factory):
-    rng = random.Random(1)
-    words = 'to be or not that is the question whether tis nobler in mind suffer slings arrows'.split()
-    path = tmp_path_factory.mktemp('text') / 'tiny.txt'
-    path.write_text('\n'.join(' '.join(rng.choice(words) for _ in range(8)) for _ in range(150)) + '\n')
-    return str(path)
-
-
-def _fail(main, argv, capsys, status=2):
-    """Run ``main(argv)``; it must exit with ``status`` and exactly one line on stderr. Returns that line."""
-    with pytest.raises(SystemExit) as e:
-        main(argv)
-    assert e.value.code == status, e.value.message
-    err = capsys.readouterr().err.strip().splitlines()
-    assert err == [e.value.message], err  # one line, no traceback
-    return e.value.message
+_fail = exits_with_one_line
 
 
 # ------------------------------------------------------------------------------------------------ malicious files

@@ -1,10 +1,9 @@
 """ The MACs-scaling plot: vision models over image sizes, BiGS-large vs BERT-large over sequence lengths. """
 import math
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 from .counts import BIGS_LENGTHS, count_bert_large, count_text, count_vision
 from .paper import PAPER_ROWS
-from .report import COMMAND_PLOT
 
 __all__ = ['scaling_data', 'plot_scaling']
 
@@ -18,10 +17,15 @@ def _table6(model_prefix: str) -> list:
     return [row.value for row in PAPER_ROWS if row.source == 'BiGS T6' and row.model.startswith(model_prefix)]
 
 
-def scaling_data() -> dict:
+def scaling_data(progress: Optional[Callable[[str], None]] = None) -> dict:
     """MACs of :data:`PLOT_VISION` at :data:`PLOT_IMG_SIZES`, encoder MACs of BERT-large and BiGS-large (its
-    position table sized to each length) at :data:`PLOT_SEQ_LENS`."""
-    vision = {n: [count_vision(n, s).macs for s in PLOT_IMG_SIZES] for n in PLOT_VISION}
+    position table sized to each length) at :data:`PLOT_SEQ_LENS`. ``progress`` gets a line per model counted."""
+    progress = progress or (lambda line: None)
+    vision = {}
+    for n in PLOT_VISION:
+        progress(f'counting {n} at {", ".join(map(str, PLOT_IMG_SIZES))} px')
+        vision[n] = [count_vision(n, s).macs for s in PLOT_IMG_SIZES]
+    progress(f'counting BERT-large and BiGS-large at {", ".join(map(str, PLOT_SEQ_LENS))} tokens')
     bert = [count_bert_large(n).encoder_macs for n in PLOT_SEQ_LENS]
     bigs = [count_text('bigs_large_512', n, label=f'bigs_large@{n}', max_position_embeddings=n).encoder_macs
             for n in PLOT_SEQ_LENS]
@@ -44,13 +48,14 @@ def _finish_axes(ax, ticks, tick_labels, xlabel: str, ylabel: str, title: str, t
     ax.legend(fontsize=8)
 
 
-def plot_scaling(path: str, data: Optional[dict] = None) -> dict:
+def plot_scaling(path: str, data: Optional[dict] = None, progress: Optional[Callable[[str], None]] = None) -> dict:
     """Two log-log panels: vision MACs vs tokens (image side 224 ... 1024) with slope-1 / 1.5 / 2 references, and
-    BiGS-large vs BERT-large forward FLOPs vs sequence length with L log L and L^2 references. Returns the data."""
+    BiGS-large vs BERT-large forward FLOPs vs sequence length with L log L and L^2 references. Returns the data.
+    The figure's title names the command that writes ``path``."""
     import matplotlib
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt
-    data = data or scaling_data()
+    data = data or scaling_data(progress)
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12.5, 5.2))
     sizes = data['img_sizes']
     tokens = [(s / 16) ** 2 for s in sizes]  # /16 patches; sMLPNet's stage tokens are proportional
@@ -77,7 +82,7 @@ def plot_scaling(path: str, data: Optional[dict] = None) -> dict:
     ax2.loglog(L, [r0 * (n / L[0]) ** 2 for n in L], 'k-.', lw=0.8, label='∝ L²')
     _finish_axes(ax2, L, [str(n) for n in L], 'sequence length L', 'forward FLOPs per sequence (2 × encoder MACs)',
                  'Text: BiGS-large vs BERT-large (encoders, batch 1)')
-    fig.suptitle(f'fvcore counts (mlp_vision.complexity); `{COMMAND_PLOT}`', fontsize=9)
+    fig.suptitle(f'fvcore counts; `python -m mlp_vision.complexity --plot {path}`', fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -5,9 +5,10 @@ import io
 import json
 import os
 import sys
+import warnings
 from collections import Counter
 from dataclasses import asdict, dataclass, field
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -36,8 +37,10 @@ class Report:
 
 
 def build_report(models: Optional[Sequence[str]] = None, img_size: int = DEFAULT_IMG_SIZE,
-                 seq_len: Optional[int] = None, counter: Optional[CountCache] = None) -> Report:
-    """Count ``models`` (names or patterns; all when None) and compare the paper rows that concern them."""
+                 seq_len: Optional[int] = None, counter: Optional[CountCache] = None,
+                 progress: Optional[Callable[[str], None]] = None) -> Report:
+    """Count ``models`` (names or patterns; all when None) and compare the paper rows that concern them.
+    ``progress`` gets a line per model (counting one takes seconds to minutes)."""
     if not isinstance(img_size, int) or img_size < 32 or img_size % 32:
         raise ValueError(f'--img-size must be a positive multiple of 32 (sMLPNet needs H, W divisible by 32, '
                          f'gMLP / Mixer by 16), got {img_size}')
@@ -46,7 +49,9 @@ def build_report(models: Optional[Sequence[str]] = None, img_size: int = DEFAULT
     names = resolve_models(models)
     counter = counter or CountCache()
     report = Report(img_size, seq_len, names)
-    for name in names:
+    for i, name in enumerate(names, 1):
+        if progress is not None:
+            progress(f'[{i}/{len(names)}] counting {name}')
         fam = family(name)
         # None = the default size, so that counts are shared with the paper comparisons below
         size = {'vision': None if img_size == DEFAULT_IMG_SIZE else img_size, 'text': seq_len}.get(fam)
@@ -277,13 +282,17 @@ def _command_line(args: argparse.Namespace) -> str:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Exit status: 0; 1 when a paper row FAILs or a model could not be counted (ERROR); 2 for bad arguments."""
     args = parse_args(argv)
+    def progress(line: str) -> None:  # on stderr: stdout may be the report itself
+        print(line, file=sys.stderr, flush=True)
+    # fvcore traces with torch.jit, whose deprecation notice (one per model) says nothing about the counts
+    warnings.filterwarnings('ignore', message='`torch.jit.script` is deprecated', category=FutureWarning)
     if args.plot:
         from .plot import plot_scaling
-        plot_scaling(args.plot)
+        plot_scaling(args.plot, progress=progress)
         print(f'wrote {args.plot}', file=sys.stderr)
         return 0
     try:
-        report = build_report(args.models, args.img_size, args.seq_len)
+        report = build_report(args.models, args.img_size, args.seq_len, progress=progress)
     except ValueError as e:
         print(f'error: {e}', file=sys.stderr)
         return 2
@@ -296,6 +305,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             text = render_json(report)
         if path:
             atomic_write_text(path, text)  # a failed write leaves the previous report whole
+            progress(f'wrote {path}')
         else:
             sys.stdout.write(text)
     bad = [c for c in report.comparisons if c.status in ('FAIL', 'ERROR')]
