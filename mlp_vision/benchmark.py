@@ -71,7 +71,7 @@ from timm.models import model_entrypoint
 import mlp_vision
 from mlp_vision.layers import BidirectionalGatedSSM
 from mlp_vision.training.checkpoint import atomic_write_text
-from mlp_vision.training.config import SEED_MAX, check_flag_ranges
+from mlp_vision.training.config import SEED_MAX, THREADS_RANGE, check_flag_ranges
 from mlp_vision.training.distributed import parse_device
 from mlp_vision.training.errors import ArgumentParser, UsageError, run_cli
 from mlp_vision.training.model import COMPILE_MODES
@@ -128,7 +128,7 @@ FLAG_RANGES = {k: dict(low=1) for k in ('seq_len', 'dim', 'hidden_dim', 'num_sta
                                           'img_size', 'samples')}
 FLAG_RANGES.update(num_classes=dict(low=0), warmup=dict(low=0), iters=dict(low=0),
                    min_sample_time=dict(low=0, low_open=True), seed=dict(low=0, high=SEED_MAX),
-                   threads=dict(low=1, high=os.cpu_count() or 1, why="this machine's CPUs"))
+                   threads=THREADS_RANGE)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -264,8 +264,11 @@ def share_weights(a: nn.Module, a_spec: str, b: nn.Module, b_spec: str) -> Tuple
         if filter_fn is not None:
             sd = filter_fn(sd, a)
         a.load_state_dict(sd)
-    except (RuntimeError, KeyError, ValueError, IndexError, AttributeError, TypeError):
-        # another architecture: its state dict does not map onto A's (the filters fail in their own ways)
+    except (RuntimeError, KeyError, ValueError, IndexError, AttributeError, TypeError) as e:
+        # another architecture: its state dict does not map onto A's (the filters fail in their own ways). Said on
+        # stderr, so a converter that breaks for one architecture cannot silently turn a pair into speed only
+        print(f'note: {b_spec} weights do not load into {a_spec} ({type(e).__name__}: '
+              f'{str(e).splitlines()[0][:160] if str(e) else ""}): speed only, no output comparison', file=sys.stderr)
         return 'none (different architectures: speed only)', False
     return f'{b_spec} -> {a_spec}', True
 

@@ -39,7 +39,6 @@ import dataclasses
 import json
 import logging
 import math
-import os
 import time
 from contextlib import nullcontext
 from datetime import datetime
@@ -54,7 +53,7 @@ from timm.optim import create_optimizer_v2
 from timm.utils import ParseKwargs, random_seed, unwrap_model
 
 from ..training.checkpoint import atomic_folder, preserve_rng
-from ..training.config import SEED_MAX
+from ..training.config import SEED_MAX, THREADS_RANGE
 from ..training.distributed import DistInfo, all_gather_objects, init_device, wrap_ddp
 from ..training.engine import format_duration
 from ..training.errors import UsageError, check_range, run_cli
@@ -267,8 +266,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 _UNIT_OPEN = dict(low=0, high=1, low_open=True, high_open=True)
-# more threads than CPUs only oversubscribe them, and torch.set_num_threads(100000) crashes the process (SIGSEGV)
-_THREAD_RANGE = dict(low=1, high=os.cpu_count() or 1, why="this machine's CPUs")
 
 
 def _check_args(args) -> None:
@@ -279,7 +276,7 @@ def _check_args(args) -> None:
         ('--steps', args.steps, dict(low=1)), ('--batch-size', args.batch_size, dict(low=1)),
         ('--grad-accum-steps', args.grad_accum_steps, dict(low=1)),
         ('--eval-interval', args.eval_interval, dict(low=1)), ('--log-interval', args.log_interval, dict(low=1)),
-        ('--eval-batch-size', args.eval_batch_size, dict(low=1)), ('--threads', args.threads, _THREAD_RANGE),
+        ('--eval-batch-size', args.eval_batch_size, dict(low=1)), ('--threads', args.threads, THREADS_RANGE),
         ('--sample-tokens', args.sample_tokens, dict(low=1)), ('--num-samples', args.num_samples, dict(low=1)),
         ('--sample-top-k', args.sample_top_k, dict(low=1)),
         ('--sample-temperature', args.sample_temperature, dict(why='<= 0: greedy')),
