@@ -30,7 +30,6 @@ Bad input ends with one line and exit status 2 (``--debug``: the traceback).
 """
 import argparse
 import logging
-import math
 import time
 from datetime import datetime
 from pathlib import Path
@@ -345,8 +344,7 @@ def main(argv=None, prog: str = PROG):
 def _main(argv, prog):
     args, demo, resume_ckpt = parse_args(argv)
     dist_info = init_device(args.device, args.dist_backend, args.dist_url)
-    device, primary = dist_info.device, dist_info.primary
-    setup_logging(primary)
+    setup_logging(dist_info.primary)
     check_args(args, dist_info)
     run = TrainingRun(args, dist_info, resume_ckpt, kind='image', key='epoch', prog=prog,
                       decreasing=args.eval_metric == 'loss', max_history=args.checkpoint_hist)

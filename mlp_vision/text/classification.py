@@ -50,7 +50,6 @@ import io
 import json
 import logging
 import math
-import os
 import time
 from contextlib import nullcontext
 from datetime import datetime
