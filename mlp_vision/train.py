@@ -31,8 +31,10 @@ Bad input ends with one line and exit status 2 (``--debug``: the traceback).
 import argparse
 import logging
 import time
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
+from typing import Optional
 
 import timm
 import torch
@@ -74,7 +76,18 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument('-c', '--config', default='', type=str, metavar='FILE|RECIPE',
                         help='yaml file of flag values (keys = flag names), or the name of a recipe of configs/ '
                              '(shipped with the package), e.g. smlpnet_t; explicit flags override it')
+    _add_dataset_args(parser)
+    _add_model_args(parser)
+    _add_device_args(parser)
+    _add_optimizer_args(parser)
+    _add_schedule_args(parser)
+    _add_augmentation_args(parser)
+    _add_ema_args(parser)
+    _add_misc_args(parser)
+    return parser
 
+
+def _add_dataset_args(parser) -> None:
     group = parser.add_argument_group('Dataset parameters')
     group.add_argument('data', nargs='?', metavar='DIR', help='path to dataset (positional, same as --data-dir)')
     group.add_argument('--data-dir', metavar='DIR', help='path to dataset root (ImageFolder tree or folder of tars)')
@@ -92,6 +105,8 @@ def build_parser() -> argparse.ArgumentParser:
     group.add_argument('--input-img-mode', default='RGB', type=str, choices=tuple(IMAGE_MODE_CHANNELS),
                        help='PIL mode every image is converted to (its channel count must equal --in-chans)')
 
+
+def _add_model_args(parser) -> None:
     group = parser.add_argument_group('Model parameters')
     group.add_argument('--model', default='smlpnet_t', type=str, metavar='MODEL', help='name of model to train')
     group.add_argument('--pretrained', action='store_true', default=False, help="start with the model's pretrained weights")
@@ -134,6 +149,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help='torch.compile the model (optional backend, default inductor)')
     group.add_argument('--torchcompile-mode', type=str, default=None, choices=COMPILE_MODES, help='torch.compile mode')
 
+
+def _add_device_args(parser) -> None:
     group = parser.add_argument_group('Device and distributed')
     group.add_argument('--device', default=None, type=str, help="'cuda', 'cuda:1', 'cpu' (default: cuda if available)")
     group.add_argument('--dist-backend', default=None, type=str, help='default: nccl for CUDA, gloo for CPU')
@@ -146,6 +163,8 @@ def build_parser() -> argparse.ArgumentParser:
     group.add_argument('--amp-dtype', default=None, type=str, choices=('float16', 'bfloat16'),
                        help='autocast dtype (default: bfloat16 on CPU, float16 on CUDA)')
 
+
+def _add_optimizer_args(parser) -> None:
     group = parser.add_argument_group('Optimizer parameters')
     group.add_argument('--opt', default='sgd', type=str, metavar='OPTIMIZER', help='optimizer (timm names)')
     group.add_argument('--opt-eps', default=None, type=float, metavar='EPSILON', help='optimizer epsilon')
@@ -158,6 +177,8 @@ def build_parser() -> argparse.ArgumentParser:
     group.add_argument('--layer-decay', type=float, default=None, help='layer-wise learning rate decay')
     group.add_argument('--opt-kwargs', nargs='*', default={}, action=ParseKwargs, help='extra optimizer arguments')
 
+
+def _add_schedule_args(parser) -> None:
     group = parser.add_argument_group('Learning rate schedule parameters')
     group.add_argument('--sched', type=str, default='cosine', metavar='SCHEDULER', help='LR scheduler')
     group.add_argument('--sched-on-updates', action='store_true', default=False,
@@ -190,6 +211,8 @@ def build_parser() -> argparse.ArgumentParser:
     group.add_argument('--decay-rate', '--dr', type=float, default=0.1, metavar='RATE',
                        help='LR decay rate (step / plateau), power for poly')
 
+
+def _add_augmentation_args(parser) -> None:
     group = parser.add_argument_group('Augmentation and regularization parameters')
     group.add_argument('--no-aug', action='store_true', default=False, help='disable all training augmentation')
     group.add_argument('--scale', type=float, nargs='+', default=[0.08, 1.0], metavar='PCT',
@@ -223,6 +246,8 @@ def build_parser() -> argparse.ArgumentParser:
     group.add_argument('--drop', type=float, default=0.0, metavar='PCT', help='dropout rate before the classifier')
     group.add_argument('--drop-path', type=float, default=None, metavar='PCT', help='drop path (stochastic depth)')
 
+
+def _add_ema_args(parser) -> None:
     group = parser.add_argument_group('Model exponential moving average parameters')
     group.add_argument('--model-ema', action='store_true', default=False, help='keep an EMA of the weights')
     group.add_argument('--model-ema-force-cpu', action='store_true', default=False,
@@ -230,6 +255,8 @@ def build_parser() -> argparse.ArgumentParser:
     group.add_argument('--model-ema-decay', type=float, default=0.9998, help='EMA decay')
     group.add_argument('--model-ema-warmup', action='store_true', default=False, help='EMA decay warmup')
 
+
+def _add_misc_args(parser) -> None:
     group = parser.add_argument_group('Miscellaneous parameters')
     group.add_argument('--seed', type=int, default=42, metavar='S', help='random seed')
     group.add_argument('--log-interval', type=int, default=50, metavar='N', help='optimizer updates between logs')
@@ -244,7 +271,6 @@ def build_parser() -> argparse.ArgumentParser:
                        help='experiment folder name (default: date-model-size)')
     group.add_argument('--eval-metric', default='top1', type=str, choices=('top1', 'top5', 'loss'),
                        help='metric for best checkpoint')
-    return parser
 
 
 def _has_dataset(args) -> bool:
@@ -352,25 +378,122 @@ def _main(argv, prog):
         return _train(args, demo, run, argv, prog)
 
 
+@dataclass
+class ImageTraining:
+    """What the epoch loop and the final outputs work on, built by ``_prepare`` from the flags."""
+    model: nn.Module  # wrapped (DDP / compiled) as it is trained
+    model_ema: Optional[ModelEmaV3]
+    optimizer: torch.optim.Optimizer
+    update_step: UpdateStep
+    lr_scheduler: object
+    schedule: dict
+    loss_scaler: object
+    amp_autocast: object
+    amp_dtype: object
+    train_loss_fn: nn.Module
+    mixup_fn: Optional[Mixup]
+    dataset_train: object
+    dataset_eval: object
+    loader_train: object
+    sampler_train: object
+    loader_eval: object
+    create_kwargs: dict
+    data_config: dict
+    train_classes: Optional[list]
+    num_epochs: int
+    start_epoch: int
+    num_updates: int
+
+
+@dataclass
+class EpochMetrics:
+    """The latest epoch's metrics (None before the first epoch / without evaluation)."""
+    train: Optional[dict] = None
+    eval: Optional[dict] = None
+    ema_eval: Optional[dict] = None
+    peak_mem_gib: Optional[float] = None  # max over this process's epochs (CUDA)
+
+
 def _train(args, demo, run, argv, prog):
     dist_info = run.dist_info
-    device, primary = dist_info.device, dist_info.primary
     if dist_info.distributed:
         _logger.info(f'distributed: {dist_info.world_size} processes, backend '
-                     f'{torch.distributed.get_backend()}, device {device} on rank 0')
+                     f'{torch.distributed.get_backend()}, device {dist_info.device} on rank 0')
     if demo:
-        args.data_dir = str(prepare_digits_folder())
-        args.dataset, args.train_split, args.val_split = '', 'train', 'val'
-        _logger.info(
-            'Demo: no dataset was given, so this trains a small model on scikit-learn\'s bundled handwritten '
-            f'digits (1,797 real 8x8 scans, 10 classes), written once as an ImageFolder tree under '
-            f'{args.data_dir}, through the same pipeline as an ImageNet run (recipe {DEMO_RECIPE}). '
-            'Pass --data-dir DIR to train on your own data.')
+        _use_demo_data(args)
     data_dir = args.data_dir or args.data
     run.check_resume(arch=args.model)
     random_seed(args.seed, dist_info.rank)
+    job = _prepare(args, run, data_dir)
+    _log_setup(args, demo, run, job, data_dir)
+    run.restore_rng()
+    train_start = time.time()
+    try:
+        metrics = _train_epochs(args, run, job)
+    except (NonFiniteLossError, Interrupted) as e:
+        raise run.stopped(e, 'Lower --lr, add --clip-grad or more --warmup-epochs') from None
+    return _final_outputs(args, demo, run, job, metrics, data_dir, train_start, ' '.join([prog] + list(argv)))
 
-    # ---------------------------------------------------------------- datasets
+
+def _use_demo_data(args) -> None:
+    args.data_dir = str(prepare_digits_folder())
+    args.dataset, args.train_split, args.val_split = '', 'train', 'val'
+    _logger.info(
+        'Demo: no dataset was given, so this trains a small model on scikit-learn\'s bundled handwritten '
+        f'digits (1,797 real 8x8 scans, 10 classes), written once as an ImageFolder tree under '
+        f'{args.data_dir}, through the same pipeline as an ImageNet run (recipe {DEMO_RECIPE}). '
+        'Pass --data-dir DIR to train on your own data.')
+
+
+def _prepare(args, run, data_dir) -> ImageTraining:
+    """Datasets, model, optimizer, loaders, loss, schedule and the resumed state, from the flags."""
+    dist_info = run.dist_info
+    device = dist_info.device
+    dataset_train, dataset_eval, train_classes = _create_datasets(args, data_dir)
+    model, create_kwargs, data_config = _create_model(args, dist_info)
+    resolve_lr(args, dist_info.world_size)
+    # timm's optimizer_kwargs reads extra arguments from `opt_args`; this script's flag is --opt-kwargs
+    opt_kwargs = {**optimizer_kwargs(cfg=args), **args.opt_kwargs}
+    try:
+        optimizer = create_optimizer_v2(model, **opt_kwargs)
+    except (TypeError, ValueError) as e:
+        raise UsageError(f'--opt {args.opt} cannot be built with {args.opt_kwargs or "these settings"}: {e}') from e
+    amp_autocast, loss_scaler, amp_dtype = setup_amp(args.amp, args.amp_dtype, device)
+    update_step = UpdateStep(optimizer, lambda: model_parameters(model, exclude_head='agc' in args.clip_mode),
+                             loss_scaler, args.clip_grad, args.clip_mode)
+    loader_train, sampler_train, loader_eval = _create_loaders(args, dataset_train, dataset_eval, data_config,
+                                                               dist_info)
+    mixup_fn, train_loss_fn = _create_mixup_and_loss(args, device)
+
+    updates_per_epoch = (len(loader_train) + args.grad_accum_steps - 1) // args.grad_accum_steps
+    schedule = dict(scheduler_kwargs(args, decreasing_metric=args.eval_metric == 'loss'), lr=args.lr)
+    lr_scheduler, num_epochs = create_lr_scheduler(optimizer, schedule, updates_per_epoch)
+    last_epoch, num_updates = run.restore(model, optimizer, lr_scheduler, schedule, loss_scaler,
+                                          weights_only=args.no_resume_opt)
+    start_epoch = last_epoch + 1 if args.resume else 0
+    run.check_not_finished(start_epoch, num_epochs, '--epochs')
+    # EMA: a copy of the (resumed) model, before DDP / compile (as timm); then the resumed EMA weights
+    model_ema = None
+    if args.model_ema:
+        model_ema = ModelEmaV3(
+            model, decay=args.model_ema_decay, use_warmup=args.model_ema_warmup,
+            device=torch.device('cpu') if args.model_ema_force_cpu else None)
+        run.restore_ema(model_ema.module)
+    if dist_info.distributed:
+        model = wrap_ddp(model, dist_info)
+    if args.torchcompile:
+        model = torch.compile(model, backend=args.torchcompile, mode=args.torchcompile_mode)
+    return ImageTraining(
+        model=model, model_ema=model_ema, optimizer=optimizer, update_step=update_step, lr_scheduler=lr_scheduler,
+        schedule=schedule, loss_scaler=loss_scaler, amp_autocast=amp_autocast, amp_dtype=amp_dtype,
+        train_loss_fn=train_loss_fn, mixup_fn=mixup_fn, dataset_train=dataset_train, dataset_eval=dataset_eval,
+        loader_train=loader_train, sampler_train=sampler_train, loader_eval=loader_eval,
+        create_kwargs=create_kwargs, data_config=data_config, train_classes=train_classes, num_epochs=num_epochs,
+        start_epoch=start_epoch, num_updates=num_updates)
+
+
+def _create_datasets(args, data_dir):
+    """(training set, evaluation set or None, the training set's class names); sets --num-classes if unset."""
     dataset_train, dataset_eval = create_train_val_datasets(
         args.dataset, data_dir, train_split=args.train_split, val_split=args.val_split, class_map=args.class_map,
         download=args.dataset_download, input_img_mode=args.input_img_mode, batch_size=args.batch_size,
@@ -384,8 +507,11 @@ def _train(args, demo, run, argv, prog):
     check_num_classes(dataset_train, args.num_classes, 'training set', hint)
     if dataset_eval is not None:
         check_num_classes(dataset_eval, args.num_classes, 'validation set', hint)
+    return dataset_train, dataset_eval, train_classes
 
-    # ---------------------------------------------------------------- model
+
+def _create_model(args, dist_info):
+    """The model on its device with its starting weights; returns (model, create kwargs, data config)."""
     img_size = args.input_size[-2:] if args.input_size else args.img_size
     # models with a fixed input size (ours, ViTs) are built for --img-size; others just get resized inputs
     takes_img_size = timm.is_model(args.model) and timm.models.get_pretrained_cfg_value(args.model, 'fixed_input_size')
@@ -407,7 +533,6 @@ def _train(args, demo, run, argv, prog):
         ckpt = load_checkpoint_file(args.initial_checkpoint, trust=args.trust_checkpoint, what='--initial-checkpoint')
         state_dict = ckpt['state_dict'] if is_training_checkpoint(ckpt) else ckpt
         load_model_weights(model, state_dict, f'--initial-checkpoint {args.initial_checkpoint}', args.model)
-    num_params = sum(p.numel() for p in model.parameters())
 
     data_config = resolve_data_config(vars(args), model=model, verbose=False)
     if getattr(model, 'img_size', None) is not None and not args.input_size and not args.img_size:
@@ -416,25 +541,17 @@ def _train(args, demo, run, argv, prog):
 
     if args.grad_checkpointing:
         model.set_grad_checkpointing(enable=True)
-    model.to(device=device)
+    model.to(device=dist_info.device)
     if args.channels_last:
         model.to(memory_format=torch.channels_last)
     if dist_info.distributed and args.sync_bn:
         model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    return model, create_kwargs, data_config
 
-    # ---------------------------------------------------------------- optimizer, AMP
-    resolve_lr(args, dist_info.world_size)
-    # timm's optimizer_kwargs reads extra arguments from `opt_args`; this script's flag is --opt-kwargs
-    opt_kwargs = {**optimizer_kwargs(cfg=args), **args.opt_kwargs}
-    try:
-        optimizer = create_optimizer_v2(model, **opt_kwargs)
-    except (TypeError, ValueError) as e:
-        raise UsageError(f'--opt {args.opt} cannot be built with {args.opt_kwargs or "these settings"}: {e}') from e
-    amp_autocast, loss_scaler, amp_dtype = setup_amp(args.amp, args.amp_dtype, device)
-    update_step = UpdateStep(optimizer, lambda: model_parameters(model, exclude_head='agc' in args.clip_mode),
-                             loss_scaler, args.clip_grad, args.clip_mode)
 
-    # ---------------------------------------------------------------- loaders, mixup, loss
+def _create_loaders(args, dataset_train, dataset_eval, data_config, dist_info):
+    """(training loader, its distributed sampler or None, evaluation loader or None)."""
+    device = dist_info.device
     loader_train, sampler_train = create_train_loader(
         dataset_train, data_config, args.batch_size, device,
         seed=args.seed, rank=dist_info.rank, world_size=dist_info.world_size, num_workers=args.workers,
@@ -447,15 +564,17 @@ def _train(args, demo, run, argv, prog):
         loader_eval = create_eval_loader(
             dataset_eval, data_config, args.validation_batch_size or args.batch_size, device,
             num_workers=args.workers, distributed=dist_info.distributed, pin_memory=args.pin_mem)
+    return loader_train, sampler_train, loader_eval
 
+
+def _create_mixup_and_loss(args, device):
+    """(Mixup / CutMix or None, the training loss that matches its soft or hard targets)."""
     mixup_fn = None
-    mixup_active = args.mixup > 0 or args.cutmix > 0. or args.cutmix_minmax is not None
-    if mixup_active:
+    if args.mixup > 0 or args.cutmix > 0. or args.cutmix_minmax is not None:
         mixup_fn = Mixup(
             mixup_alpha=args.mixup, cutmix_alpha=args.cutmix, cutmix_minmax=args.cutmix_minmax,
             prob=args.mixup_prob, switch_prob=args.mixup_switch_prob, mode=args.mixup_mode,
             label_smoothing=args.smoothing, num_classes=args.num_classes)
-    if mixup_active:
         train_loss_fn = (BinaryCrossEntropy(target_threshold=args.bce_target_thresh) if args.bce_loss
                          else SoftTargetCrossEntropy())
     elif args.smoothing:
@@ -463,160 +582,163 @@ def _train(args, demo, run, argv, prog):
                          if args.bce_loss else LabelSmoothingCrossEntropy(smoothing=args.smoothing))
     else:
         train_loss_fn = nn.BCEWithLogitsLoss() if args.bce_loss else nn.CrossEntropyLoss()
-    train_loss_fn = train_loss_fn.to(device=device)
+    return mixup_fn, train_loss_fn.to(device=device)
 
-    # ---------------------------------------------------------------- schedule, resume
-    updates_per_epoch = (len(loader_train) + args.grad_accum_steps - 1) // args.grad_accum_steps
-    schedule = dict(scheduler_kwargs(args, decreasing_metric=args.eval_metric == 'loss'), lr=args.lr)
-    lr_scheduler, num_epochs = create_lr_scheduler(optimizer, schedule, updates_per_epoch)
-    last_epoch, num_updates = run.restore(model, optimizer, lr_scheduler, schedule, loss_scaler,
-                                          weights_only=args.no_resume_opt)
-    start_epoch = last_epoch + 1 if args.resume else 0
-    run.check_not_finished(start_epoch, num_epochs, '--epochs')
-    # EMA: a copy of the (resumed) model, before DDP / compile (as timm); then the resumed EMA weights
-    model_ema = None
-    if args.model_ema:
-        model_ema = ModelEmaV3(
-            model, decay=args.model_ema_decay, use_warmup=args.model_ema_warmup,
-            device=torch.device('cpu') if args.model_ema_force_cpu else None)
-        run.restore_ema(model_ema.module)
 
-    if dist_info.distributed:
-        model = wrap_ddp(model, dist_info)
-    if args.torchcompile:
-        model = torch.compile(model, backend=args.torchcompile, mode=args.torchcompile_mode)
+def _global_batch(args, world_size: int) -> int:
+    return args.batch_size * world_size * args.grad_accum_steps
 
-    # ---------------------------------------------------------------- outputs
+
+def _log_setup(args, demo, run, job: ImageTraining, data_dir) -> None:
+    dist_info = run.dist_info
     exp_name = '-'.join([datetime.now().strftime('%Y%m%d-%H%M%S')] + (['demo_digits'] if demo else [])
-                        + [args.model.replace('/', '_'), str(data_config['input_size'][-1])])
+                        + [args.model.replace('/', '_'), str(job.data_config['input_size'][-1])])
     output_dir = run.open_outputs('./output/train', exp_name)
-    global_batch = args.batch_size * dist_info.world_size * args.grad_accum_steps
     run.log_settings_changes()
+    num_params = sum(p.numel() for p in job.model.parameters())
     _logger.info(
-        f'Model {args.model} ({num_params / 1e6:.3f} M params, {create_kwargs}) on {device}'
+        f'Model {args.model} ({num_params / 1e6:.3f} M params, {job.create_kwargs}) on {dist_info.device}'
         f'{f" x {dist_info.world_size} processes" if dist_info.distributed else ""}; '
-        f'input {data_config["input_size"]}, AMP {amp_dtype if args.amp else "off"}')
+        f'input {job.data_config["input_size"]}, AMP {job.amp_dtype if args.amp else "off"}')
+    dataset_eval = job.dataset_eval
     _logger.info(
-        f'Data {data_dir or args.dataset}: {len(dataset_train)} training images ({args.train_split}), '
+        f'Data {data_dir or args.dataset}: {len(job.dataset_train)} training images ({args.train_split}), '
         f'{len(dataset_eval) if dataset_eval is not None else 0} validation images ({args.val_split or "none"}), '
         f'{args.num_classes} classes')
+    updates_per_epoch = (len(job.loader_train) + args.grad_accum_steps - 1) // args.grad_accum_steps
     _logger.info(
-        f'Training {num_epochs} epochs x {updates_per_epoch} updates, global batch {global_batch}, '
-        f'{args.opt} lr {args.lr:.4g}, {args.sched} schedule'
-        + (f'; resuming at epoch {start_epoch} from {args.resume}' if args.resume else ''))
-    if primary:
+        f'Training {job.num_epochs} epochs x {updates_per_epoch} updates, global batch '
+        f'{_global_batch(args, dist_info.world_size)}, {args.opt} lr {args.lr:.4g}, {args.sched} schedule'
+        + (f'; resuming at epoch {job.start_epoch} from {args.resume}' if args.resume else ''))
+    if dist_info.primary:
         _logger.info(f'Outputs: {output_dir}')
-    run.restore_rng()
 
-    # ---------------------------------------------------------------- train
-    eval_metrics, ema_metrics, train_metrics = None, None, None
-    peak_mem_gib = None
-    train_start = time.time()
-    try:
-        for epoch in range(start_epoch, num_epochs):
-            if sampler_train is not None:
-                sampler_train.set_epoch(epoch)
-            if mixup_fn is not None and args.mixup_off_epoch and epoch >= args.mixup_off_epoch:
-                mixup_fn.mixup_enabled = False
 
-            if device.type == 'cuda':
-                torch.cuda.reset_peak_memory_stats(device)  # peak_mem_gib is this epoch's (training + eval)
-            train_metrics, num_updates = train_one_epoch(
-                epoch, model, loader_train, update_step, train_loss_fn,
-                num_updates=num_updates, total_epochs=num_epochs, lr_scheduler=lr_scheduler,
-                amp_autocast=amp_autocast, model_ema=model_ema, mixup_fn=mixup_fn,
-                grad_accum_steps=args.grad_accum_steps, channels_last=args.channels_last,
-                distributed=dist_info.distributed, world_size=dist_info.world_size, log_interval=args.log_interval,
-                primary=primary, stop_signal=run.stop_signal)
+def _train_epochs(args, run, job: ImageTraining) -> EpochMetrics:
+    """Train from ``job.start_epoch`` to the end: per epoch train, evaluate, step the schedule, save, log."""
+    dist_info = run.dist_info
+    device = dist_info.device
+    metrics = EpochMetrics()
+    for epoch in range(job.start_epoch, job.num_epochs):
+        if job.sampler_train is not None:
+            job.sampler_train.set_epoch(epoch)
+        if job.mixup_fn is not None and args.mixup_off_epoch and epoch >= args.mixup_off_epoch:
+            job.mixup_fn.mixup_enabled = False
+        if device.type == 'cuda':
+            torch.cuda.reset_peak_memory_stats(device)  # peak_mem_gib is this epoch's (training + eval)
+        metrics.train, job.num_updates = train_one_epoch(
+            epoch, job.model, job.loader_train, job.update_step, job.train_loss_fn,
+            num_updates=job.num_updates, total_epochs=job.num_epochs, lr_scheduler=job.lr_scheduler,
+            amp_autocast=job.amp_autocast, model_ema=job.model_ema, mixup_fn=job.mixup_fn,
+            grad_accum_steps=args.grad_accum_steps, channels_last=args.channels_last,
+            distributed=dist_info.distributed, world_size=dist_info.world_size, log_interval=args.log_interval,
+            primary=dist_info.primary, stop_signal=run.stop_signal)
+        if dist_info.distributed and args.dist_bn in ('broadcast', 'reduce'):
+            distribute_bn(job.model, dist_info.world_size, args.dist_bn == 'reduce')
+        with preserve_rng():  # evaluation must not shift the training's random stream
+            metric = _evaluate_epoch(args, dist_info, job, metrics)
+        job.lr_scheduler.step(epoch + 1, metric)  # before saving: the checkpoint holds next epoch's LR
+        row = _summary_row(epoch, metrics, device)
+        if dist_info.primary:
+            run.summary.append(row)
+        written = run.save(
+            epoch, metric, model=job.model, optimizer=job.optimizer, scheduler=job.lr_scheduler,
+            schedule=job.schedule, num_updates=job.num_updates, loss_scaler=job.loss_scaler,
+            model_cfg={'name': args.model, 'kwargs': job.create_kwargs}, data_cfg=dict(job.data_config),
+            class_names=job.train_classes,  # label order; validate.py labels class folders by these names
+            state_dict_ema=job.model_ema.module.state_dict() if job.model_ema is not None else None,
+            eval_metrics=dict(metrics.eval) if metrics.eval is not None else None,
+            ema_eval_metrics=dict(metrics.ema_eval) if metrics.ema_eval is not None else None)
+        if dist_info.primary:
+            _logger.info(_epoch_message(epoch, job.num_epochs, metrics, row, written['best']))
+    return metrics
 
-            if dist_info.distributed and args.dist_bn in ('broadcast', 'reduce'):
-                distribute_bn(model, dist_info.world_size, args.dist_bn == 'reduce')
 
-            metric = None
-            with preserve_rng():  # evaluation must not shift the training's random stream
-                if loader_eval is not None:
-                    eval_metrics = evaluate(
-                        model, loader_eval, amp_autocast=amp_autocast, channels_last=args.channels_last,
-                        distributed=dist_info.distributed, log_interval=0, primary=primary)
-                    metric = eval_metrics[args.eval_metric]
-                    if model_ema is not None and not args.model_ema_force_cpu:
-                        if dist_info.distributed and args.dist_bn in ('broadcast', 'reduce'):
-                            distribute_bn(model_ema, dist_info.world_size, args.dist_bn == 'reduce')
-                        ema_metrics = evaluate(
-                            model_ema.module, loader_eval, amp_autocast=amp_autocast,
-                            channels_last=args.channels_last, distributed=dist_info.distributed,
-                            log_interval=0, primary=primary)
-                        metric = ema_metrics[args.eval_metric]  # as timm: EMA selects the best checkpoint
-
-            lr_scheduler.step(epoch + 1, metric)  # before saving: the checkpoint holds next epoch's LR
-            row = {'epoch': epoch, 'lr': train_metrics['lr'], 'train_loss': train_metrics['loss']}
-            if eval_metrics is not None:
-                row.update({f'eval_{k}': eval_metrics[k] for k in ('loss', 'top1', 'top5')})
-            if ema_metrics is not None:
-                row.update({f'ema_eval_{k}': ema_metrics[k] for k in ('loss', 'top1', 'top5')})
-            row.update(train_img_per_sec=train_metrics['img_per_sec'], epoch_seconds=train_metrics['seconds'])
-            if device.type == 'cuda':
-                row['peak_mem_gib'] = torch.cuda.max_memory_allocated(device) / 2 ** 30
-                peak_mem_gib = max(peak_mem_gib or 0., row['peak_mem_gib'])
-            if primary:
-                run.summary.append(row)
-            written = run.save(
-                epoch, metric, model=model, optimizer=optimizer, scheduler=lr_scheduler, schedule=schedule,
-                num_updates=num_updates, loss_scaler=loss_scaler,
-                model_cfg={'name': args.model, 'kwargs': create_kwargs}, data_cfg=dict(data_config),
-                class_names=train_classes,  # label order; validate.py labels class folders by these names
-                state_dict_ema=model_ema.module.state_dict() if model_ema is not None else None,
-                eval_metrics=dict(eval_metrics) if eval_metrics is not None else None,
-                ema_eval_metrics=dict(ema_metrics) if ema_metrics is not None else None)
-            if primary:
-                msg = f'Epoch {epoch}/{num_epochs - 1}: train loss {train_metrics["loss"]:.4f}'
-                if eval_metrics is not None:
-                    msg += (f' | eval loss {eval_metrics["loss"]:.4f} top1 {eval_metrics["top1"]:.2f} '
-                            f'top5 {eval_metrics["top5"]:.2f}')
-                if ema_metrics is not None:
-                    msg += f' | EMA top1 {ema_metrics["top1"]:.2f}'
-                msg += f' | {train_metrics["img_per_sec"]:,.0f} img/s, {format_duration(train_metrics["seconds"])}'
-                if 'peak_mem_gib' in row:
-                    msg += f', peak {row["peak_mem_gib"]:.2f} GiB'
-                msg += ' | saved last.pth' + (' + model_best.pth' if written['best'] else '')
-                _logger.info(msg)
-    except (NonFiniteLossError, Interrupted) as e:
-        raise run.stopped(e, 'Lower --lr, add --clip-grad or more --warmup-epochs') from None
-
-    # ---------------------------------------------------------------- final outputs
-    run.begin_final_stage()
-    digests = run.weights_digests(model, model_ema.module if model_ema is not None else None)
-    demo_val = None
-    if demo and loader_eval is not None:
-        # every rank takes part (in distributed mode validate.py's evaluation is split over the ranks)
-        best_path = Path(all_gather_objects(str(run.saver.best_path) if primary else '', dist_info)[0])
-        val_argv = ['--checkpoint', str(best_path), '--data-dir', data_dir, '--split', args.val_split,
-                    '--workers', str(args.workers), '--results-file', str(best_path.parent / 'validate_best.json')]
-        if model_ema is not None and not args.model_ema_force_cpu:
-            val_argv.append('--use-ema')  # the EMA weights' accuracy chose the best checkpoint
-        _logger.info('Demo: validating the saved best checkpoint with the validation command:\n'
-                     '  python -m mlp_vision.validate ' + ' '.join(val_argv))
-        demo_val = validate_main(val_argv)
-    if not primary:
+def _evaluate_epoch(args, dist_info, job: ImageTraining, metrics: EpochMetrics):
+    """Evaluate the model (and its EMA) into ``metrics``; returns the metric that selects the best checkpoint."""
+    if job.loader_eval is None:
         return None
+    metrics.eval = evaluate(
+        job.model, job.loader_eval, amp_autocast=job.amp_autocast, channels_last=args.channels_last,
+        distributed=dist_info.distributed, log_interval=0, primary=dist_info.primary)
+    if job.model_ema is None or args.model_ema_force_cpu:
+        return metrics.eval[args.eval_metric]
+    if dist_info.distributed and args.dist_bn in ('broadcast', 'reduce'):
+        distribute_bn(job.model_ema, dist_info.world_size, args.dist_bn == 'reduce')
+    metrics.ema_eval = evaluate(
+        job.model_ema.module, job.loader_eval, amp_autocast=job.amp_autocast, channels_last=args.channels_last,
+        distributed=dist_info.distributed, log_interval=0, primary=dist_info.primary)
+    return metrics.ema_eval[args.eval_metric]  # as timm: EMA selects the best checkpoint
 
+
+def _summary_row(epoch: int, metrics: EpochMetrics, device) -> dict:
+    """One summary.csv row; also updates ``metrics.peak_mem_gib`` on CUDA."""
+    row = {'epoch': epoch, 'lr': metrics.train['lr'], 'train_loss': metrics.train['loss']}
+    if metrics.eval is not None:
+        row.update({f'eval_{k}': metrics.eval[k] for k in ('loss', 'top1', 'top5')})
+    if metrics.ema_eval is not None:
+        row.update({f'ema_eval_{k}': metrics.ema_eval[k] for k in ('loss', 'top1', 'top5')})
+    row.update(train_img_per_sec=metrics.train['img_per_sec'], epoch_seconds=metrics.train['seconds'])
+    if device.type == 'cuda':
+        row['peak_mem_gib'] = torch.cuda.max_memory_allocated(device) / 2 ** 30
+        metrics.peak_mem_gib = max(metrics.peak_mem_gib or 0., row['peak_mem_gib'])
+    return row
+
+
+def _epoch_message(epoch: int, num_epochs: int, metrics: EpochMetrics, row: dict, saved_best: bool) -> str:
+    msg = f'Epoch {epoch}/{num_epochs - 1}: train loss {metrics.train["loss"]:.4f}'
+    if metrics.eval is not None:
+        msg += (f' | eval loss {metrics.eval["loss"]:.4f} top1 {metrics.eval["top1"]:.2f} '
+                f'top5 {metrics.eval["top5"]:.2f}')
+    if metrics.ema_eval is not None:
+        msg += f' | EMA top1 {metrics.ema_eval["top1"]:.2f}'
+    msg += f' | {metrics.train["img_per_sec"]:,.0f} img/s, {format_duration(metrics.train["seconds"])}'
+    if 'peak_mem_gib' in row:
+        msg += f', peak {row["peak_mem_gib"]:.2f} GiB'
+    return msg + ' | saved last.pth' + (' + model_best.pth' if saved_best else '')
+
+
+def _validate_demo(args, run, job: ImageTraining, data_dir):
+    """The demo ends by validating its best checkpoint with the validation command (every rank takes part: in
+    distributed mode validate.py's evaluation is split over the ranks)."""
+    dist_info = run.dist_info
+    best_path = Path(all_gather_objects(str(run.saver.best_path) if dist_info.primary else '', dist_info)[0])
+    val_argv = ['--checkpoint', str(best_path), '--data-dir', data_dir, '--split', args.val_split,
+                '--workers', str(args.workers), '--results-file', str(best_path.parent / 'validate_best.json')]
+    if job.model_ema is not None and not args.model_ema_force_cpu:
+        val_argv.append('--use-ema')  # the EMA weights' accuracy chose the best checkpoint
+    _logger.info('Demo: validating the saved best checkpoint with the validation command:\n'
+                 '  python -m mlp_vision.validate ' + ' '.join(val_argv))
+    return validate_main(val_argv)
+
+
+def _final_outputs(args, demo, run, job: ImageTraining, metrics: EpochMetrics, data_dir, train_start, command):
+    """results.json, curves.png and the closing log lines (rank 0); returns the results dict (None elsewhere)."""
+    run.begin_final_stage()
+    dist_info = run.dist_info
+    device = dist_info.device
+    digests = run.weights_digests(job.model, job.model_ema.module if job.model_ema is not None else None)
+    demo_val = _validate_demo(args, run, job, data_dir) if demo and job.loader_eval is not None else None
+    if not dist_info.primary:
+        return None
     saver, best = run.saver, run.saver.best
+    loader_train, loader_eval = job.loader_train, job.loader_eval
     results = {
         'model': args.model,
-        'model_kwargs': create_kwargs,
-        'experiment_dir': str(output_dir),
+        'model_kwargs': job.create_kwargs,
+        'experiment_dir': str(run.output_dir),
         'device': str(device),
         'device_name': torch.cuda.get_device_name(device) if device.type == 'cuda' else None,
-        'cuda_peak_mem_gib': peak_mem_gib,  # max over this process's epochs of torch.cuda.max_memory_allocated
+        'cuda_peak_mem_gib': metrics.peak_mem_gib,  # max over this process's epochs of max_memory_allocated
         'torch_version': torch.__version__,
         'world_size': dist_info.world_size,
-        'epochs': num_epochs,
-        'global_batch': global_batch,
+        'epochs': job.num_epochs,
+        'global_batch': _global_batch(args, dist_info.world_size),
         'lr': args.lr,
-        'final_epoch': num_epochs - 1,
-        'train': dict(train_metrics),
-        'eval': dict(eval_metrics) if eval_metrics is not None else None,
-        'ema_eval': dict(ema_metrics) if ema_metrics is not None else None,
+        'final_epoch': job.num_epochs - 1,
+        'train': dict(metrics.train),
+        'eval': dict(metrics.eval) if metrics.eval is not None else None,
+        'ema_eval': dict(metrics.ema_eval) if metrics.ema_eval is not None else None,
         'best': best,
         'eval_metric': args.eval_metric,
         'checkpoints': {'last': str(saver.last_path),
@@ -628,14 +750,14 @@ def _train(args, demo, run, argv, prog):
         'skipped_images': {  # unreadable files, left out (never replaced): last epoch / last evaluation, this rank
             'train': loader_train.skipped, 'eval': loader_eval.skipped if loader_eval is not None else 0,
             'files': {**loader_train.skipped_files, **(loader_eval.skipped_files if loader_eval is not None else {})}},
-        'command': ' '.join([prog] + list(argv)),
+        'command': command,
     }
     run.write_results(results)
-    plot_curves(output_dir / 'summary.csv', output_dir / 'curves.png',
+    plot_curves(run.output_dir / 'summary.csv', run.output_dir / 'curves.png',
                 title=f'{args.model} on {Path(data_dir).name if data_dir else args.dataset}')
-    if eval_metrics is not None:
-        msg = (f'Done in {format_duration(time.time() - train_start)}: final eval top1 {eval_metrics["top1"]:.2f} '
-               f'top5 {eval_metrics["top5"]:.2f} loss {eval_metrics["loss"]:.4f}')
+    if metrics.eval is not None:
+        msg = (f'Done in {format_duration(time.time() - train_start)}: final eval top1 {metrics.eval["top1"]:.2f} '
+               f'top5 {metrics.eval["top5"]:.2f} loss {metrics.eval["loss"]:.4f}')
         if best:
             msg += f'; best {args.eval_metric} {best["metric"]:.4f} at epoch {best["epoch"]}'
         _logger.info(msg)
