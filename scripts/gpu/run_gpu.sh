@@ -1,0 +1,150 @@
+#!/usr/bin/env bash
+# GPU checks of issues 3 (train.py / validate.py on CUDA) and 6 (benchmark table on GPU), run on a lent
+# single-GPU machine. Usage, from the repo root:
+#
+#   bash scripts/gpu/run_gpu.sh train   # imagenette-mini: AMP + channels_last + compile, then validate.py
+#   bash scripts/gpu/run_gpu.sh ddp     # imagenette-mini: 2-rank DDP (two one-GPU "nodes" on the one GPU)
+#   bash scripts/gpu/run_gpu.sh bench   # benchmark.py pairs: bf16 autocast + channels_last (+ compile)
+#   bash scripts/gpu/run_gpu.sh text    # benchmark.py BiGS / BERT layers
+#   bash scripts/gpu/run_gpu.sh peers_smlpnet peers_gmlp peers_mixer   # issue 25 item 3: compiled training steps
+#                                       # of ours vs timm's same model and vs the peers a user would pick instead
+#                                       # (ConvNeXt-T / Swin-T, ViT-S, ViT-B), each pair in one process, profiled
+#   bash scripts/gpu/run_gpu.sh longconv  # the Triton long convolution of BiGS (issue 15 item 2): CUDA results vs
+#                                         # float64, tile sweep, kernel vs FFT route vs attention, BiGS vs BERT layers
+#
+# Several parts in one call: bash scripts/gpu/run_gpu.sh bench text
+#
+# Environment: DATA (imagenette-mini folder holding train.tar / val.tar; default ../shared/data/imagenette-mini),
+# WORK (output folder; default output/gpu), PY (python; default python3). Every step runs under `timeout` so
+# that one stuck step cannot eat the whole run, and every step's output lands in WORK. The committed results
+# (results/gpu/README.md) are these commands' outputs; results/benchmarks/gpu_h100_* are WORK/bench/gpu_*.
+# torch.compile costs minutes per deep model and mode (inductor compiled sMLPNet-T's training graph in 3.5 min
+# on the H100 machine's 16 cores), so only the compiled sMLPNet-T inference pair is in `bench`.
+set -u
+[ $# -gt 0 ] || { echo 'usage: run_gpu.sh train|ddp|bench|text|longconv|peers_smlpnet|peers_gmlp|peers_mixer ...'; exit 2; }
+PY=${PY:-python3}
+DATA=${DATA:-../shared/data/imagenette-mini}
+WORK=${WORK:-output/gpu}
+export PYTHONUNBUFFERED=1
+mkdir -p "$WORK"
+
+step() {  # step NAME SECONDS CMD...: run CMD with a time limit, log to WORK/NAME.log, report its exit status
+    local name=$1 secs=$2; shift 2
+    echo "=== $name ($(date -u +%H:%M:%S), limit ${secs}s): $*"
+    local t0=$SECONDS
+    timeout "$secs" "$@" > "$WORK/$name.log" 2>&1
+    local rc=$?
+    echo "=== $name: exit $rc after $((SECONDS - t0))s"
+    tail -n 4 "$WORK/$name.log"
+}
+
+for part in "$@"; do
+{
+    date -u +%Y-%m-%dT%H:%M:%SZ
+    nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv
+    $PY -c 'import torch, timm; print("torch", torch.__version__, "cuda", torch.version.cuda, "timm", timm.__version__,
+"gpu", torch.cuda.get_device_name(0))'
+} > "$WORK/env_$part.txt" 2>&1
+cat "$WORK/env_$part.txt"
+
+case $part in
+train)
+    # sMLPNet-T at its real 224x224 resolution, bf16 autocast, channels_last, torch.compile (inductor). The
+    # validation batch divides the 1,000 validation images, so no smaller last batch triggers a recompile.
+    common=(-c configs/imagenette_mini_cpu.yaml --data-dir "$DATA" --model smlpnet_t --img-size 224
+            --amp --amp-dtype bfloat16 --channels-last --workers 12 --log-interval 10 --output "$WORK" -vb 200)
+    step train_smlpnet_t "${TRAIN_LIMIT:-420}" $PY train.py "${common[@]}" -b 128 --lr 2e-3 \
+        --epochs "${EPOCHS:-8}" --torchcompile --experiment smlpnet_t-224-amp-cl-compile
+    step validate_smlpnet_t 90 $PY validate.py --model smlpnet_t --data-dir "$DATA" --split val.tar -b 200 \
+        --checkpoint "$WORK/smlpnet_t-224-amp-cl-compile/model_best.pth" --amp --amp-dtype bfloat16 \
+        --channels-last --workers 12 --results-file "$WORK/smlpnet_t-224-amp-cl-compile/validate_best.json"
+    ;;
+ddp)
+    # Two DDP ranks on the one GPU, started the way two single-GPU nodes are (torchrun --nnodes 2, one process
+    # each, rendezvous at 127.0.0.1). NCCL refuses two ranks on one device, so these two use gloo (which reduces
+    # CUDA tensors through the host); with one GPU per rank the same command runs NCCL (the default backend).
+    common=(-c configs/imagenette_mini_cpu.yaml --data-dir "$DATA" --model smlpnet_t --img-size 224
+            --amp --amp-dtype bfloat16 --channels-last --log-interval 10 --output "$WORK")
+    for r in 0 1; do
+        timeout 120 $PY -m torch.distributed.run --nnodes 2 --nproc_per_node 1 --node_rank $r \
+            --master_addr 127.0.0.1 --master_port 29533 train.py "${common[@]}" -b 64 --epochs 3 \
+            --dist-backend gloo --workers 4 --experiment smlpnet_t-224-ddp2-gloo-cuda > "$WORK/ddp_rank$r.log" 2>&1 &
+    done
+    wait
+    echo "=== ddp: $(grep -h 'ranks_agree' "$WORK"/smlpnet_t-224-ddp2-gloo-cuda/results.json)"
+    tail -n 3 "$WORK"/ddp_rank0.log
+    ;;
+bench)
+    # eager bf16 autocast + channels_last, both modes, every pair; then torch.compile where the compile time
+    # fits the lease (inductor takes minutes per deep model and mode)
+    flags=(--device cuda --precision amp_bf16 --channels-last --samples 10 --min-sample-time 0.3 --warmup 3)
+    step bench_smlpnet_t 180 $PY benchmark.py --compare smlpnet_t ref:smlpnet_t -b 256 --bench both "${flags[@]}" \
+        --samples 6 --out "$WORK/bench/gpu_smlpnet_t" --title "GPU, eager: sMLPNet-T vs the straightforward sMLPNet"
+    step bench_gmlp_s 90 $PY benchmark.py --compare gmlp_s gmlp_s16_224 -b 256 --bench both "${flags[@]}" \
+        --out "$WORK/bench/gpu_gmlp_s" --title "GPU, eager: gMLP-S vs timm gmlp_s16_224"
+    step bench_mixer_b16 90 $PY benchmark.py --compare mixer_b16 mixer_b16_224 -b 128 --bench both "${flags[@]}" \
+        --out "$WORK/bench/gpu_mixer_b16" --title "GPU, eager: Mixer-B/16 vs timm mixer_b16_224"
+    step bench_smlpnet_t_compile 240 $PY benchmark.py --compare smlpnet_t ref:smlpnet_t -b 256 --bench inference \
+        --compile --no-memory "${flags[@]}" --out "$WORK/bench/gpu_smlpnet_t_compile" \
+        --title "GPU, torch.compile: sMLPNet-T vs the straightforward sMLPNet"
+    ;;
+text)
+    flags=(--device cuda --precision amp_bf16 --bench both --samples 10 --min-sample-time 0.3 --warmup 3)
+    step bench_bigs_vs_bert_4096 90 $PY benchmark.py --compare bigs_layer bert_layer --seq-len 4096 -b 8 \
+        "${flags[@]}" --out "$WORK/bench/gpu_bigs_vs_bert_4096" --title "GPU, eager: BiGS layer vs BERT layer, 4096 tokens"
+    step bench_bigs_layer_128 180 $PY benchmark.py --compare bigs_layer ref:bigs_layer --seq-len 128 -b 64 \
+        "${flags[@]}" --out "$WORK/bench/gpu_bigs_layer_128" --title "GPU, eager: BiGS layer vs straightforward, 128 tokens"
+    ;;
+peers_smlpnet|peers_gmlp|peers_mixer)
+    # bf16 autocast, channels_last, torch.compile on both sides, training step at a batch that fills the GPU; the
+    # pairs alternate in one process (wall-clock ratios) and --profile writes the top kernels of each side.
+    # Two architectures share no weights (speed only). Compile time is logged per contender by benchmark.py.
+    flags=(--device cuda --precision amp_bf16 --channels-last --compile --bench train --samples 6
+           --min-sample-time 0.3 --warmup 3 --profile --no-memory)
+    case $part in
+    peers_smlpnet) pairs=("smlpnet_t ref:smlpnet_t 256" "smlpnet_t convnext_tiny 256"
+                          "smlpnet_t swin_tiny_patch4_window7_224 256") ;;
+    peers_gmlp) pairs=("gmlp_s gmlp_s16_224 256" "gmlp_s vit_small_patch16_224 256") ;;
+    peers_mixer) pairs=("mixer_b16 mixer_b16_224 128" "mixer_b16 vit_base_patch16_224 128") ;;
+    esac
+    for pair in "${pairs[@]}"; do
+        read -r a b batch <<< "$pair"
+        step "${part}_${b//:/_}" "${PEER_LIMIT:-540}" $PY benchmark.py --compare "$a" "$b" -b "$batch" "${flags[@]}" \
+            --out "$WORK/bench/gpu_compiled_train_${a}_vs_${b//:/_}" \
+            --title "GPU, torch.compile, training step: $a vs $b"
+    done
+    ;;
+longconv)
+    # 1. the compiled kernels' results on CUDA vs the float64 dense-Toeplitz reference (fp32 / bf16 / fp16, gated or
+    #    not, forward and all gradients, L up to 4,096); the first call also JIT-compiles every variant
+    step longconv_check 240 $PY scripts/gpu/longconv_check.py check
+    # 2. tile sizes (block_l x block_c) at 4,096 tokens, d 1,024, batch 8: forward and training-step TFLOP/s
+    step longconv_sweep_4096 180 $PY scripts/gpu/longconv_check.py sweep --seq-len 4096 --batch 8 \
+        --out "$WORK/bench/gpu_longconv_sweep_4096"
+    # 3. the convolution alone (tiles LONGCONV_BLOCK_L x LONGCONV_BLOCK_C, default 128 x 128; set them from step 2)
+    #    vs the layer's FFT route and vs the attention core of the BERT layer, 32K tokens per step, with memory
+    tiles=(--block-l "${LONGCONV_BLOCK_L:-128}" --block-c "${LONGCONV_BLOCK_C:-128}")
+    step longconv_bench_4096 150 $PY scripts/gpu/longconv_check.py bench --seq-len 4096 --batch 8 "${tiles[@]}" \
+        --out "$WORK/bench/gpu_longconv_4096"
+    step longconv_bench_16384 240 $PY scripts/gpu/longconv_check.py bench --seq-len 16384 --batch 2 "${tiles[@]}" \
+        --out "$WORK/bench/gpu_longconv_16384"
+    # 4. the issue's goal: BiGS layer with the Triton route vs BERT-large with flash attention, inference and
+    #    training step, step memory (per token: step_mem_mb / tokens per step). The layer runs the route with
+    #    conv_impl='triton', selected by benchmark.py --bigs-conv-impl triton (BIGS_CONV_FLAG overrides the flag)
+    conv_flag=(${BIGS_CONV_FLAG:---bigs-conv-impl triton})
+    if $PY benchmark.py --help 2>/dev/null | grep -q -- "${conv_flag[0]}"; then
+        flags=(--device cuda --precision amp_bf16 --bench both --samples 10 --min-sample-time 0.3 --warmup 3)
+        step bench_bigs_triton_vs_bert_4096 180 $PY benchmark.py --compare bigs_layer bert_layer --seq-len 4096 -b 8 \
+            "${conv_flag[@]}" "${flags[@]}" --out "$WORK/bench/gpu_bigs_triton_vs_bert_4096" \
+            --title "GPU, eager: BiGS layer (Triton long convolution) vs BERT layer, 4096 tokens"
+        step bench_bigs_triton_vs_bert_16384 300 $PY benchmark.py --compare bigs_layer bert_layer --seq-len 16384 \
+            -b 2 "${conv_flag[@]}" "${flags[@]}" --out "$WORK/bench/gpu_bigs_triton_vs_bert_16384" \
+            --title "GPU, eager: BiGS layer (Triton long convolution) vs BERT layer, 16384 tokens"
+    else
+        echo "=== bench_bigs_triton_vs_bert: skipped, benchmark.py has no ${conv_flag[0]} option yet"
+    fi
+    ;;
+*)
+    echo "unknown part $part (train|ddp|bench|text|longconv|peers_smlpnet|peers_gmlp|peers_mixer)"; exit 2 ;;
+esac
+done
