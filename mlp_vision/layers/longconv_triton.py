@@ -67,7 +67,7 @@ try:  # triton ships with torch's CUDA builds; without it only the reference run
 except ImportError:
     CONV_KERNELS = TABLE_GRAD_KERNELS = {}
 
-__all__ = ['bidirectional_long_conv', 'bidirectional_long_conv_reference', 'lag_block_table', 'has_triton']
+__all__ = ['bidirectional_long_conv', 'bidirectional_long_conv_reference', 'causal_toeplitz', 'lag_block_table', 'has_triton']
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -103,6 +103,17 @@ def lag_block_table(kernels: torch.Tensor, block_l: int) -> torch.Tensor:
     return torch.stack([tiles[0], tiles[1].transpose(-1, -2)])
 
 
+def causal_toeplitz(k: torch.Tensor, anticausal: bool = False) -> torch.Tensor:
+    """The (L, L) matrix of the causal convolution with kernel ``k`` (L,): ``T[i, j] = k[i - j]`` for ``j <= i``,
+    else 0, so ``T @ u`` (sequence on dim -2) is the causal convolution of ``u`` with ``k``; with ``anticausal=True``
+    its transpose, ``T[i, j] = k[j - i]`` for ``j >= i``."""
+    pos = torch.arange(k.shape[0], device=k.device)
+    lag = pos.unsqueeze(1) - pos.unsqueeze(0)  # (L, L): i - j
+    if anticausal:
+        lag = -lag
+    return torch.where(lag >= 0, k[lag.clamp(min=0)], k.new_zeros(()))
+
+
 def bidirectional_long_conv_reference(
         u: torch.Tensor,
         kernels: torch.Tensor,
@@ -110,9 +121,8 @@ def bidirectional_long_conv_reference(
         gated: bool = False,
 ) -> torch.Tensor:
     """The same function as :func:`bidirectional_long_conv`, computed directly: dense (L, L) Toeplitz matrices
-    (:func:`~mlp_vision.layers.ssm.causal_toeplitz`) times the input, ``O(L^2)`` memory. In float32, or
+    (:func:`causal_toeplitz`) times the input, ``O(L^2)`` memory. In float32, or
     float64 when ``u`` or ``kernels`` is float64; result in ``u.dtype``. For tests and small inputs."""
-    from .ssm import causal_toeplitz  # here, not at the top: ssm.py may import this module
     _check_inputs(u, kernels, bias, dtypes=SUPPORTED_DTYPES + (torch.float64,))
     dtype = torch.float64 if torch.float64 in (u.dtype, kernels.dtype) else torch.float32
     k = kernels.to(dtype)

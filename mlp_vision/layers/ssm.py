@@ -34,7 +34,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .activations import fresh_gelu
-from .longconv_triton import bidirectional_long_conv
+from .longconv_triton import bidirectional_long_conv, causal_toeplitz
 
 __all__ = [
     'fast_fft_len', 'causal_toeplitz', 'S4DKernel', 'S4DLayer', 'BidirectionalGatedSSM',
@@ -133,17 +133,6 @@ class _BidirectionalFFTConv(torch.autograd.Function):
         if ctx.needs_input_grad[0]:
             grad_u = torch.fft.irfft(g_f.mul_(spectrum.conj()), n=n_fft).narrow(-1, 0, length)
         return grad_u, grad_k, None
-
-
-def causal_toeplitz(k: torch.Tensor, anticausal: bool = False) -> torch.Tensor:
-    """The (L, L) matrix of the causal convolution with kernel ``k`` (L,): ``T[i, j] = k[i - j]`` for ``j <= i``,
-    else 0, so ``T @ u`` (sequence on dim -2) is the causal convolution of ``u`` with ``k``; with ``anticausal=True``
-    its transpose, ``T[i, j] = k[j - i]`` for ``j >= i``."""
-    pos = torch.arange(k.shape[0], device=k.device)
-    lag = pos.unsqueeze(1) - pos.unsqueeze(0)  # (L, L): i - j
-    if anticausal:
-        lag = -lag
-    return torch.where(lag >= 0, k[lag.clamp(min=0)], k.new_zeros(()))
 
 
 class S4DKernel(nn.Module):
