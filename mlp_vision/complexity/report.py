@@ -225,8 +225,8 @@ def _positive_int(text: str) -> int:
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog='python -m mlp_vision.complexity',
-        description='Parameters and fvcore MACs of every model beside the paper tables (conventions: '
-                    'docs/complexity.md).')
+        description='Parameters and fvcore MACs of every model beside the paper tables. The report opens with '
+                    'its counting conventions (which paper counts FLOPs as MACs, the handles added to fvcore).')
     p.add_argument('--models', nargs='+', metavar='PATTERN',
                    help='shell-style name patterns (default: every model); e.g. "smlpnet_*" "bigs_*"')
     p.add_argument('--img-size', type=_positive_int, default=DEFAULT_IMG_SIZE,
