@@ -29,7 +29,7 @@ _logger = logging.getLogger(__name__)
 
 def _build_dataset(name, root, split, is_training, class_map, download, input_img_mode, batch_size, seed, what,
                    split_path: Optional[str] = None, class_to_idx: Optional[Dict[str, int]] = None):
-    """One split; for ``name`` '' at ``split_path`` (a folder or tar, see :func:`find_split`)."""
+    """One split; for ``name`` '' at ``split_path`` (a folder or tar, see :func:`.reader.find_split`)."""
     if name == '':
         ds = ImageFileDataset(split_path, class_map=class_map or None, class_to_idx=class_to_idx,
                               input_img_mode=input_img_mode)
@@ -105,7 +105,7 @@ def create_image_dataset(
 ) -> torch.utils.data.Dataset:
     """One split of a dataset, with clear errors for a missing, empty or malformed one (validate.py).
 
-    ``name`` '' (default) reads an :class:`ImageFileDataset` at the split found by :func:`find_split`
+    ``name`` '' (default) reads an :class:`ImageFileDataset` at the split found by :func:`.reader.find_split`
     (``root/<split>/`` or ``root/<split>.tar``, or a synonym); a ``.tar`` given as ``root``, or a root of class
     folders without any split folder, is read as the split itself. Other names go to timm's
     ``create_dataset`` (``torch/cifar10``, ``hfds/...``, ``wds/...``).
@@ -139,7 +139,7 @@ def create_train_val_datasets(
       ...); when there is none (a root of class folders, a root with only ``train/``, a ``.tar`` given as
       ``root``) a :class:`UsageError` asks for ``--val-split FRACTION`` or a ``val/`` folder. Its classes are
       matched to the training set's by name.
-    * a fraction 0 < f < 1: a class-stratified hold-out of the training images (:func:`stratified_holdout`,
+    * a fraction 0 < f < 1: a class-stratified hold-out of the training images (:func:`.holdout.stratified_holdout`,
       deterministic from ``seed``); the training set is the rest, disjoint from it.
     * '' or None: no validation set (None).
     """

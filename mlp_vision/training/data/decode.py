@@ -19,7 +19,7 @@ __all__ = ['SkippedImage', 'UnusableImageError', 'convert_image_mode', 'load_ima
 
 
 class SkippedImage:
-    """What :class:`ImageFileDataset` returns in place of a sample whose image cannot be used: its ``name``
+    """What :class:`.dataset.ImageFileDataset` returns in place of a sample whose image cannot be used: its ``name``
     (file path, or ``tar:member``) and the ``reason``. The loaders leave it out of the batch, warn once with
     both and count it (:attr:`ImageLoader.skipped`); it is never replaced by another sample."""
     __slots__ = ('name', 'reason')

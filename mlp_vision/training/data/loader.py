@@ -138,7 +138,7 @@ class StridedSampler(torch.utils.data.Sampler):
 
 
 def collate_readable(batch: List[Any]) -> Tuple[torch.Tensor, torch.Tensor, List[SkippedImage]]:
-    """timm's ``fast_collate`` of the samples that decoded, and the :class:`SkippedImage` of those that did not
+    """timm's ``fast_collate`` of the samples that decoded, and the :class:`.decode.SkippedImage` of those that did not
     (left out: the batch is that much smaller, possibly empty)."""
     skipped = [s for s in batch if isinstance(s, SkippedImage)]
     kept = [s for s in batch if not isinstance(s, SkippedImage)]
