@@ -4,6 +4,7 @@ import io
 import json
 import logging
 import os
+import pickle
 import subprocess
 import sys
 import tarfile
@@ -389,6 +390,33 @@ def test_tar_link_members(tmp_path):
         bad = _tar_with_links(tmp_path / 'bad.tar', images, {name: (tarfile.SYMTYPE, target)})
         with pytest.raises(UsageError, match=f'member {name} is a symlink to {target} \\({what}\\).*--dereference'):
             ImageFileDataset(str(bad))
+
+
+def test_image_file_dataset_is_a_timm_image_dataset_that_never_replaces_a_sample(tmp_path):
+    """The image folder / tar dataset is timm's ImageDataset over a timm Reader (timm's tools see its files), but an
+    unreadable image is returned as itself skipped, never as the next sample (timm's ImageDataset retries the next
+    index); a tar dataset pickles without its open file (loader workers) and reads the same after."""
+    from timm.data import ImageDataset
+    from timm.data.readers.reader import Reader
+    _folder(tmp_path / 'train', {'a': 2, 'b': 1})
+    (tmp_path / 'train' / 'a' / 'sub').mkdir()
+    _image(7).save(tmp_path / 'train' / 'a' / 'sub' / 'deep.png')
+    (tmp_path / 'train' / 'a' / 'broken.png').write_bytes(b'not an image')
+    os.symlink(tmp_path / 'train' / 'b' / '2.png', tmp_path / 'train' / 'a' / 'linked.png')
+    with pytest.raises(UsageError, match='same file as b/2.png'):  # one image, two classes
+        ImageFileDataset(str(tmp_path / 'train'))
+    os.remove(tmp_path / 'train' / 'a' / 'linked.png')
+    ds = ImageFileDataset(str(tmp_path / 'train'))
+    assert isinstance(ds, ImageDataset) and isinstance(ds.reader, Reader)
+    assert ds.reader.filenames(basename=True) == ['0.png', '1.png', 'broken.png', 'deep.png', '2.png']
+    assert [t for _, t in ds.samples] == [0, 0, 0, 0, 1]  # a/sub/deep.png is class a, not a class 'sub'
+    broken = ds[2]
+    assert isinstance(broken, SkippedImage) and broken.name == str(tmp_path / 'train' / 'a' / 'broken.png')
+    tar = _tar(tmp_path / 'train.tar', {f'{c}/{i}.png': _png_bytes(_image(i)) for c in 'ab' for i in range(2)})
+    ds = ImageFileDataset(str(tar))
+    first = np.asarray(ds[1][0])  # opens the tar in this process
+    again = pickle.loads(pickle.dumps(ds))
+    assert again.reader._file is None and np.array_equal(np.asarray(again[1][0]), first)
 
 
 # ---------------------------------------------------------------------------------------------------- decoding

@@ -1,0 +1,45 @@
+""" Datasets and loaders for train.py / validate.py: timm's datasets, transforms, samplers and prefetcher, and a
+thin layer for what timm lacks, so that image data never gives a silent wrong result.
+
+Why not timm's image folder / tar readers as they are: they label an image by its leaf folder, walk symlink loops
+forever, drop tar link members and read truncated tars silently, unpickle ``.pkl`` class maps, clip 16-bit
+images to white, replace an unreadable image by the next sample, and validate on the training images when no
+validation folder exists. What stays of timm: the ``Reader`` / ``ImageDataset`` interface (our reader is a timm
+reader), ``create_dataset`` for every other ``--dataset``, the transforms, samplers, ``fast_collate`` and
+``PrefetchLoader``. One module per job, each saying at its top what timm lacks there:
+
+* :mod:`.reader_folder` / :mod:`.reader_tar` -- finding the images of a folder tree / a tar, each once;
+* :mod:`.reader` -- their labels and where a split is (:class:`ImageFileReader`, a timm ``Reader``);
+* :mod:`.class_map` -- ``--class-map`` read as text, never unpickled;
+* :mod:`.decode` -- opening an image and converting every PIL mode correctly; unusable images skipped;
+* :mod:`.dataset` -- :class:`ImageFileDataset`, timm's ``ImageDataset`` over that reader and decoder;
+* :mod:`.holdout` -- ``--val-split FRACTION``, a seeded class-stratified hold-out;
+* :mod:`.labels` -- class names of any dataset, checked against the model's;
+* :mod:`.dataset_factory` -- the training / validation datasets, with one-line errors;
+* :mod:`.loader` -- seeded augmentation, skipping and counting unreadable images, exact distributed evaluation;
+* :mod:`.args` -- the data flags' checks; :mod:`.digits` -- the demo dataset.
+
+What each input does is listed, with its test, in ``docs/what_happens_when.md`` ("Image data").
+"""
+from .args import DATASET_KINDS, IMAGE_MODE_CHANNELS, INTERPOLATIONS, check_image_args, default_workers
+from .class_map import read_class_map
+from .dataset import ImageFileDataset
+from .dataset_factory import create_image_dataset, create_train_val_datasets
+from .decode import SkippedImage, UnusableImageError, convert_image_mode, load_image
+from .digits import default_cache_dir, prepare_digits_folder
+from .holdout import DatasetSubset, holdout_split, parse_val_split, stratified_holdout
+from .labels import check_class_names, check_num_classes, dataset_class_names, dataset_class_to_idx
+from .loader import (
+    ImageLoader, ReadableBatches, SeededDataset, SeededSampler, StridedSampler, collate_readable, create_eval_loader,
+    create_train_loader, num_valid_samples, seeded_rng)
+from .reader import ImageFileReader, find_split
+
+__all__ = [
+    'default_cache_dir', 'prepare_digits_folder', 'SkippedImage', 'UnusableImageError', 'convert_image_mode',
+    'load_image', 'find_split', 'ImageFileReader', 'ImageFileDataset', 'parse_val_split', 'stratified_holdout',
+    'DatasetSubset', 'holdout_split', 'read_class_map', 'default_workers', 'check_image_args',
+    'create_image_dataset', 'create_train_val_datasets', 'dataset_class_to_idx', 'dataset_class_names',
+    'check_num_classes', 'check_class_names', 'seeded_rng', 'SeededSampler', 'SeededDataset', 'StridedSampler',
+    'collate_readable', 'ReadableBatches', 'ImageLoader', 'create_train_loader', 'create_eval_loader',
+    'num_valid_samples', 'IMAGE_MODE_CHANNELS', 'INTERPOLATIONS', 'DATASET_KINDS',
+]

@@ -1,0 +1,195 @@
+""" The datasets of train.py and validate.py: image folders / tars here, other ``--dataset`` names through timm.
+
+timm's ``create_dataset`` falls back to the root when no folder of the split exists (``_search_split``), so a
+root without ``val/`` validates on the training images, and a validation folder without some class labels the
+others by its own folder order. :func:`create_train_val_datasets` and :func:`create_image_dataset` read image
+folders and tars with :class:`.dataset.ImageFileDataset`, label a validation set by the training set's class
+names, and stop with one line on a missing, empty or mismatched split; other ``--dataset`` names
+(``torch/cifar10``, ``hfds/...``, ``wds/...``) go to timm's ``create_dataset``.
+"""
+import logging
+import os
+from typing import Dict, Optional, Tuple, Union
+
+import torch.utils.data
+from timm.data import create_dataset
+from timm.data.readers.img_extensions import get_img_extensions
+
+from ..errors import UsageError
+from .class_map import read_class_map
+from .dataset import ImageFileDataset
+from .holdout import holdout_split, parse_val_split
+from .labels import dataset_class_names, short_names
+from .reader import find_split, split_entries, split_names
+
+__all__ = ['create_image_dataset', 'create_train_val_datasets']
+
+_logger = logging.getLogger(__name__)
+
+
+def _build_dataset(name, root, split, is_training, class_map, download, input_img_mode, batch_size, seed, what,
+                   split_path: Optional[str] = None, class_to_idx: Optional[Dict[str, int]] = None):
+    """One split; for ``name`` '' at ``split_path`` (a folder or tar, see :func:`.reader.find_split`)."""
+    if name == '':
+        ds = ImageFileDataset(split_path, class_map=class_map or None, class_to_idx=class_to_idx,
+                              input_img_mode=input_img_mode)
+        if len(ds) == 0 and ds.other_classes:  # every class folder is of another class than those labelled
+            labelled = [c for c, _ in sorted(ds.class_to_idx.items(), key=lambda kv: kv[1])]
+            raise UsageError(
+                f'{what} at {split_path}: none of its class folders {short_names(ds.other_classes)} is one of the '
+                f'classes it is labelled with {short_names(labelled)} (the model\'s or the class map\'s); '
+                f'expected class folders named as those classes')
+        if len(ds) == 0:
+            kind = 'tar' if ds.is_tar else 'folder'
+            raise UsageError(
+                f'{what} at {split_path} is empty: no images found (expected class folders with images, '
+                f'{split_path}{":" if ds.is_tar else "/"}<class>/<image>{"|".join(sorted(get_img_extensions()))} '
+                f'in this {kind})')
+        return ds
+    try:
+        ds = create_dataset(name, root=root, split=split, is_training=is_training, download=download,
+                            input_img_mode=input_img_mode, batch_size=batch_size, seed=seed,
+                            class_map=read_class_map(class_map, root) if class_map else None)
+    except (RuntimeError, FileNotFoundError, AssertionError, ValueError) as e:
+        raise UsageError(f'cannot read {what} {name} at {root!r}, split {split!r}: {e or type(e).__name__}') from e
+    try:
+        n = len(ds)
+    except TypeError:  # some iterable datasets have no length
+        n = None
+    if n == 0:
+        raise UsageError(f'{what} {name} split {split!r} is empty')
+    return ds
+
+
+def _check_root(root: Optional[str], split: str, what: str) -> str:
+    """For the image folder / tar reader (``name`` ''): ``root`` given and existing."""
+    if not root:
+        raise UsageError(f'no {what} given: pass --data-dir DIR (an ImageFolder tree DIR/<split>/<class>/<image>, '
+                         f'or a folder holding <split>.tar) or --dataset NAME')
+    if not os.path.exists(root):
+        raise UsageError(f'{what} folder {root!r} does not exist (expected an ImageFolder tree '
+                         f'{root}/{split}/<class>/<image> or an image tar {root}/{split}.tar)')
+    if os.path.isfile(root) and not root.lower().endswith('.tar'):
+        raise UsageError(f'{what} {root!r} is a file but not an image tar (expected a folder '
+                         f'{root}/{split}/<class>/<image>, or a .tar)')
+    return root
+
+
+def _find_main_split(root: str, split: str, what: str) -> str:
+    """The folder / tar of ``split``; a tar given as ``root``, or a root of class folders with no split folders
+    or tars at all, is the split itself."""
+    if os.path.isfile(root):
+        return root
+    found = find_split(root, split)
+    if found is not None:
+        return found
+    others = split_entries(root)
+    if others:
+        raise UsageError(f'no {what} split {split!r} in {root} (it has {", ".join(others)}; looked for '
+                         f'{" / ".join(split_names(split))}, as folders or .tar)')
+    return root  # a flat root: root/<class>/<image>
+
+
+def create_image_dataset(
+        name: str,
+        root: Optional[str],
+        split: str,
+        is_training: bool = False,
+        class_map: Optional[str] = None,
+        download: bool = False,
+        input_img_mode: str = 'RGB',
+        batch_size: int = 1,
+        seed: int = 42,
+        what: str = 'dataset',
+        class_to_idx: Optional[Dict[str, int]] = None,
+) -> torch.utils.data.Dataset:
+    """One split of a dataset, with clear errors for a missing, empty or malformed one (validate.py).
+
+    ``name`` '' (default) reads an :class:`ImageFileDataset` at the split found by :func:`.reader.find_split`
+    (``root/<split>/`` or ``root/<split>.tar``, or a synonym); a ``.tar`` given as ``root``, or a root of class
+    folders without any split folder, is read as the split itself. Other names go to timm's
+    ``create_dataset`` (``torch/cifar10``, ``hfds/...``, ``wds/...``).
+
+    ``class_to_idx`` (image folder / tar only; a ``class_map`` wins) labels the classes by name, e.g. with the
+    classes a model was trained on; folders of other classes are left out and listed in ``other_classes``.
+    """
+    if name == '':
+        root = _check_root(root, split, what)
+        return _build_dataset(name, root, split, is_training, class_map, download, input_img_mode, batch_size,
+                              seed, what, split_path=_find_main_split(root, split, what), class_to_idx=class_to_idx)
+    return _build_dataset(name, root, split, is_training, class_map, download, input_img_mode, batch_size, seed, what)
+
+
+def create_train_val_datasets(
+        name: str,
+        root: Optional[str],
+        train_split: str = 'train',
+        val_split: Union[str, float, None] = 'validation',
+        class_map: Optional[str] = None,
+        download: bool = False,
+        input_img_mode: str = 'RGB',
+        batch_size: int = 1,
+        seed: int = 42,
+) -> Tuple[torch.utils.data.Dataset, Optional[torch.utils.data.Dataset]]:
+    """(training set, validation set) of train.py; validation is never silently the training images.
+
+    ``val_split`` (see :func:`parse_val_split`):
+
+    * a split name: that split, which must exist as a folder or tar (``root/val/``, ``root/validation.tar``,
+      ...); when there is none (a root of class folders, a root with only ``train/``, a ``.tar`` given as
+      ``root``) a :class:`UsageError` asks for ``--val-split FRACTION`` or a ``val/`` folder. Its classes are
+      matched to the training set's by name.
+    * a fraction 0 < f < 1: a class-stratified hold-out of the training images (:func:`.holdout.stratified_holdout`,
+      deterministic from ``seed``); the training set is the rest, disjoint from it.
+    * '' or None: no validation set (None).
+    """
+    val_split = parse_val_split(val_split)
+    common = dict(class_map=class_map, download=download, input_img_mode=input_img_mode, batch_size=batch_size,
+                  seed=seed)
+    if name != '':
+        train = _build_dataset(name, root, train_split, True, what='training set', **common)
+        if isinstance(val_split, float):
+            train, val = holdout_split(train, val_split, seed)
+            _log_holdout(train, val, val_split, seed)
+            return train, val
+        val = _build_dataset(name, root, val_split, False, what='validation set', **common) if val_split else None
+        return train, val
+
+    root = _check_root(root, train_split, 'training set')
+    train_path = _find_main_split(root, train_split, 'training set')
+    train = _build_dataset(name, root, train_split, True, what='training set', split_path=train_path, **common)
+    if not val_split:
+        return train, None
+    if isinstance(val_split, float):
+        found = find_split(root, 'validation') if os.path.isdir(root) else None
+        if found:
+            _logger.warning(f'--val-split {val_split}: validating on a hold-out of the training images; '
+                            f'the validation split {found} is not used')
+        train, val = holdout_split(train, val_split, seed)
+        _log_holdout(train, val, val_split, seed)
+        return train, val
+    val_path = find_split(root, val_split) if os.path.isdir(root) else None
+    if val_path is None or os.path.realpath(val_path) == os.path.realpath(train_path):
+        looked = ' / '.join(split_names(val_split))
+        where = f'in {root} (looked for {looked}, as folders or .tar)' if os.path.isdir(root) else f'for {root}'
+        raise UsageError(
+            f'no validation split found {where}: pass --val-split FRACTION (e.g. 0.1: a seeded, class-stratified '
+            f'hold-out of the training images, disjoint from training), add a val/ folder beside the training '
+            f'images, or --val-split "" to train without validation')
+    # labels by class name, as in the training set: a validation set without some class keeps the others' labels
+    val = _build_dataset(name, root, val_split, False, what='validation set', split_path=val_path,
+                         class_to_idx=train.class_to_idx, **common)
+    if val.other_classes and not class_map:
+        extra = val.other_classes
+        raise UsageError(f'the validation set {val_path} has classes the training set {train_path} does not have '
+                         f'({", ".join(extra[:5])}{", ..." if len(extra) > 5 else ""}); expected the same class '
+                         f'folders in both')
+    return train, val
+
+
+def _log_holdout(train, val, fraction: float, seed: int) -> None:
+    classes = dataset_class_names(train)
+    _logger.info(f'validation: {len(val)} of the {len(train) + len(val)} training images held out (--val-split '
+                 f'{fraction}, stratified over {len(classes) if classes else "the"} classes, seed {seed}); '
+                 f'training on the other {len(train)}')
+

@@ -1,0 +1,367 @@
+""" Training and evaluation loaders: timm's transforms, samplers, ``fast_collate`` and ``PrefetchLoader``, plus
+what ``timm.data.create_loader`` lacks.
+
+* Reproducible augmentation: timm's augmentations draw from each worker's global RNGs, so they change with the
+  worker count and with what ran before; here every sample's augmentation is a function of
+  ``(seed, epoch, rank, position in the epoch)`` only (:class:`SeededSampler` + :class:`SeededDataset`), which
+  is what lets ``--resume`` reproduce an uninterrupted run bit for bit. Repeated augmentation runs in one
+  process too (timm's ``RepeatAugSampler`` only under distributed training).
+* Unreadable images: ``fast_collate`` cannot batch a :class:`.decode.SkippedImage`; :func:`collate_readable`
+  leaves them out and :class:`ReadableBatches` warns once per file and counts them (:attr:`ImageLoader.skipped`).
+* Exact distributed evaluation: timm's ``OrderedDistributedSampler`` pads ranks with repeated samples, which
+  then count twice in the metrics; :class:`StridedSampler` gives every sample to exactly one rank.
+* Posterize with 0 bits (timm's RandAugment / AutoAugment) raises in recent Pillow: patched on import.
+"""
+import contextlib
+import logging
+import random
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+import torch.utils.data
+from timm.data import create_transform
+from timm.data.distributed_sampler import OrderedDistributedSampler, RepeatAugSampler
+from timm.data.loader import PrefetchLoader, fast_collate
+
+from ..errors import UsageError
+from .decode import SkippedImage
+
+__all__ = [
+    'seeded_rng', 'SeededSampler', 'SeededDataset', 'StridedSampler', 'collate_readable', 'ReadableBatches',
+    'ImageLoader', 'create_train_loader', 'create_eval_loader', 'num_valid_samples',
+]
+
+_logger = logging.getLogger(__name__)
+
+
+def _patch_posterize_for_new_pillow() -> None:
+    """timm's RandAugment / AutoAugment posterize can ask for 0 bits (e.g. ``rand-m9-mstd0.5-inc1`` at magnitude
+    10, or AutoAugment v0's ('Posterize', 0.8, 2)): a black image, as in TF's implementation and older Pillow.
+    Recent Pillow raises ``ValueError: bits must be between or equal to 1 and 8`` instead, which would kill a
+    training run at a random step; keep the old behaviour where Pillow refuses it."""
+    from PIL import Image, ImageOps
+    from timm.data import auto_augment
+    try:
+        ImageOps.posterize(Image.new('RGB', (1, 1)), 0)
+        return  # this Pillow still accepts 0 bits
+    except ValueError:
+        pass
+
+    def posterize(img, bits_to_keep, **__):
+        if bits_to_keep >= 8:
+            return img
+        if bits_to_keep <= 0:
+            return Image.new(img.mode, img.size)  # all bits dropped: zeros
+        return ImageOps.posterize(img, bits_to_keep)
+
+    for name in ('Posterize', 'PosterizeIncreasing', 'PosterizeOriginal'):
+        if name in auto_augment.NAME_TO_OP:
+            auto_augment.NAME_TO_OP[name] = posterize
+
+
+_patch_posterize_for_new_pillow()
+
+
+@contextlib.contextmanager
+def seeded_rng(seed: int):
+    """Seed python / numpy / torch (CPU) RNGs with ``seed`` inside the block; restore their states after it.
+
+    Only the CPU generator of torch is touched (never CUDA's), so on a GPU this cannot disturb the model's RNG.
+    """
+    py_state, np_state, torch_state = random.getstate(), np.random.get_state(), torch.get_rng_state()
+    random.seed(seed)
+    np.random.seed(seed % (2 ** 32))
+    torch.random.default_generator.manual_seed(seed)
+    try:
+        yield
+    finally:
+        random.setstate(py_state)
+        np.random.set_state(np_state)
+        torch.set_rng_state(torch_state)
+
+
+class SeededSampler(torch.utils.data.Sampler):
+    """Yield ``(sample_seed, index)``: the wrapped sampler's indices, each with its own augmentation seed.
+
+    The seed of the sample at ``position`` of an epoch is ``base(seed, epoch, rank) + position``, so repeated
+    samples (repeated augmentation) and ranks get different augmentations and everything is reproducible.
+    """
+
+    def __init__(self, sampler: torch.utils.data.Sampler, seed: int, rank: int = 0):
+        self.sampler = sampler
+        self.seed = seed
+        self.rank = rank
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+        if hasattr(self.sampler, 'set_epoch'):
+            self.sampler.set_epoch(epoch)
+
+    def __iter__(self) -> Iterator[Tuple[int, int]]:
+        base = int(np.random.SeedSequence([self.seed, self.epoch, self.rank]).generate_state(1, np.uint64)[0])
+        for position, index in enumerate(self.sampler):
+            yield (base + position) % (2 ** 63), index
+
+    def __len__(self) -> int:
+        return len(self.sampler)
+
+
+class SeededDataset(torch.utils.data.Dataset):
+    """Run the wrapped dataset's ``__getitem__`` (image decode + transforms) under :func:`seeded_rng`."""
+
+    def __init__(self, dataset: torch.utils.data.Dataset):
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, item: Tuple[int, int]):
+        seed, index = item
+        with seeded_rng(seed):
+            return self.dataset[index]
+
+
+class StridedSampler(torch.utils.data.Sampler):
+    """Indices ``rank, rank + world_size, ...`` of a dataset of ``size`` samples: every sample on exactly one
+    rank, no padding (unlike timm's ``OrderedDistributedSampler``), so no sample is evaluated twice."""
+
+    def __init__(self, size: int, rank: int, world_size: int):
+        self.size, self.rank, self.world_size = size, rank, world_size
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(range(self.rank, self.size, self.world_size))
+
+    def __len__(self) -> int:
+        return len(range(self.rank, self.size, self.world_size))
+
+
+def collate_readable(batch: List[Any]) -> Tuple[torch.Tensor, torch.Tensor, List[SkippedImage]]:
+    """timm's ``fast_collate`` of the samples that decoded, and the :class:`.decode.SkippedImage` of those that did not
+    (left out: the batch is that much smaller, possibly empty)."""
+    skipped = [s for s in batch if isinstance(s, SkippedImage)]
+    kept = [s for s in batch if not isinstance(s, SkippedImage)]
+    if not kept:
+        return torch.zeros(0, dtype=torch.uint8), torch.zeros(0, dtype=torch.long), skipped
+    return (*fast_collate(kept), skipped)
+
+
+class ReadableBatches:
+    """Iterate a ``DataLoader`` that collates with :func:`collate_readable`: yield ``(input, target)`` of the
+    readable images, warn once per skipped file, count the skipped images of each pass (:attr:`skipped`) and
+    leave out batches with no image left.
+
+    ``empty_batch_error``: raise instead of leaving out an empty batch (DDP training: every rank must run
+    the same number of steps, or the others wait for it forever).
+    """
+
+    def __init__(self, loader: torch.utils.data.DataLoader, empty_batch_error: Optional[str] = None):
+        self.loader = loader
+        self.empty_batch_error = empty_batch_error
+        self.skipped = 0
+        self.skipped_files: Dict[str, str] = {}
+
+    def __iter__(self):
+        self.skipped = 0
+        for batch_idx, (input, target, skipped) in enumerate(self.loader):
+            for s in skipped:
+                if s.name not in self.skipped_files:
+                    _logger.warning(f'skipped unreadable image {s.name} ({s.reason}); it is left out, '
+                                    f'not replaced by another image')
+                    self.skipped_files[s.name] = s.reason
+            self.skipped += len(skipped)
+            if len(target) == 0:
+                if self.empty_batch_error:
+                    raise UsageError(f'every image of batch {batch_idx} was unreadable (see the warnings above): '
+                                     f'{self.empty_batch_error}')
+                continue
+            yield input, target
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    @property
+    def sampler(self):
+        return self.loader.sampler
+
+    @property
+    def batch_sampler(self):
+        return self.loader.batch_sampler
+
+    @property
+    def dataset(self):
+        return self.loader.dataset
+
+    @property
+    def collate_fn(self):
+        return self.loader.collate_fn
+
+
+class ImageLoader(PrefetchLoader):
+    """timm's ``PrefetchLoader`` over :class:`ReadableBatches`: batches of the images that could be read.
+
+    :attr:`skipped` is the number of images this rank left out in the current / last pass (an epoch, an
+    evaluation); :attr:`skipped_files` maps every file skipped so far to the reason. Evaluation metrics over
+    this loader count each readable image exactly once and no skipped one.
+    """
+
+    @property
+    def skipped(self) -> int:
+        return self.loader.skipped
+
+    @property
+    def skipped_files(self) -> Dict[str, str]:
+        return self.loader.skipped_files
+
+
+def _worker_init(worker_id: int) -> None:
+    # augmentation randomness comes from SeededDataset; keep numpy distinct per worker for anything else
+    info = torch.utils.data.get_worker_info()
+    np.random.seed(info.seed % (2 ** 32))
+
+
+def _image_loader(dataset, sampler, data_config, batch_size, device, num_workers, pin_memory, drop_last,
+                  generator, img_dtype, re_prob=0., re_mode='const', re_count=1,
+                  empty_batch_error: Optional[str] = None) -> ImageLoader:
+    loader = torch.utils.data.DataLoader(
+        dataset,
+        batch_size=batch_size,
+        sampler=sampler,
+        num_workers=num_workers,
+        collate_fn=collate_readable,
+        pin_memory=pin_memory,
+        drop_last=drop_last,
+        generator=generator,
+        worker_init_fn=_worker_init,
+        persistent_workers=num_workers > 0,
+    )
+    return ImageLoader(
+        ReadableBatches(loader, empty_batch_error),
+        mean=data_config['mean'],
+        std=data_config['std'],
+        channels=data_config['input_size'][0],
+        device=device,
+        img_dtype=img_dtype,
+        re_prob=re_prob,
+        re_mode=re_mode,
+        re_count=re_count,
+    )
+
+
+def create_train_loader(
+        dataset: torch.utils.data.Dataset,
+        data_config: Dict[str, Any],
+        batch_size: int,
+        device: torch.device,
+        seed: int = 42,
+        rank: int = 0,
+        world_size: int = 1,
+        num_workers: int = 2,
+        pin_memory: bool = False,
+        aug_repeats: float = 0,
+        no_aug: bool = False,
+        scale: Optional[Sequence[float]] = None,
+        ratio: Optional[Sequence[float]] = None,
+        hflip: float = 0.5,
+        vflip: float = 0.,
+        color_jitter: float = 0.4,
+        auto_augment: Optional[str] = None,
+        train_interpolation: Optional[str] = None,
+        re_prob: float = 0.,
+        re_mode: str = 'pixel',
+        re_count: int = 1,
+        img_dtype: torch.dtype = torch.float32,
+) -> Tuple[ImageLoader, Optional[torch.utils.data.Sampler]]:
+    """Training loader: timm's train transforms, a (distributed / repeated-augmentation) sampler, timm's fast
+    collate and ``PrefetchLoader`` (normalisation and random erasing on the device). Full batches only, less
+    the unreadable images (:class:`ImageLoader`; with one process a batch of only unreadable images is left
+    out, with several it stops the run, since all ranks must take the same number of steps).
+
+    Unlike ``timm.data.create_loader`` this also runs repeated augmentation in one process (a
+    ``RepeatAugSampler`` with one replica) and seeds every sample's augmentation (see :class:`SeededSampler`).
+    Returns the loader and the sampler whose ``set_epoch`` must be called before each epoch.
+    """
+    dataset.transform = create_transform(
+        data_config['input_size'],
+        is_training=True,
+        no_aug=no_aug,
+        scale=tuple(scale) if scale else None,
+        ratio=tuple(ratio) if ratio else None,
+        hflip=hflip,
+        vflip=vflip,
+        color_jitter=color_jitter,
+        auto_augment=auto_augment,
+        interpolation=train_interpolation or data_config['interpolation'],
+        mean=data_config['mean'],
+        std=data_config['std'],
+        use_prefetcher=True,  # uint8 tensors out; normalise + random-erase in the PrefetchLoader
+    )
+    generator = torch.Generator()
+    generator.manual_seed(seed + rank)  # worker base seeds; never draws from the global torch RNG
+    if isinstance(dataset, torch.utils.data.IterableDataset):
+        _logger.warning('iterable dataset: sample order and augmentation are up to the dataset; '
+                        '--resume will not reproduce an uninterrupted run exactly')
+        sampler, samples = None, dataset
+    else:
+        if aug_repeats:
+            # timm's RepeatAugSampler; num_replicas / rank given, so it runs outside distributed mode too
+            base_sampler = RepeatAugSampler(dataset, num_replicas=world_size, rank=rank, num_repeats=aug_repeats)
+        else:
+            base_sampler = torch.utils.data.DistributedSampler(
+                dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=seed)
+        sampler, samples = SeededSampler(base_sampler, seed=seed, rank=rank), SeededDataset(dataset)
+    loader = _image_loader(
+        samples, sampler, data_config, batch_size, device, num_workers, pin_memory, drop_last=True,
+        generator=generator, img_dtype=img_dtype, re_prob=0. if no_aug else re_prob, re_mode=re_mode,
+        re_count=re_count,
+        empty_batch_error='with several processes a batch cannot be left out; fix or remove those files'
+        if world_size > 1 else None)
+    if len(loader) == 0:
+        raise UsageError(
+            f'the training set ({len(dataset)} images over {world_size} process(es)) does not fill one batch of '
+            f'{batch_size}: lower --batch-size')
+    return loader, sampler
+
+
+def create_eval_loader(
+        dataset: torch.utils.data.Dataset,
+        data_config: Dict[str, Any],
+        batch_size: int,
+        device: torch.device,
+        num_workers: int = 2,
+        distributed: bool = False,
+        pin_memory: bool = False,
+        img_dtype: torch.dtype = torch.float32,
+) -> ImageLoader:
+    """Evaluation loader: timm's eval transforms (resize / center crop per ``data_config``) and prefetcher.
+
+    Every readable image is yielded exactly once over all ranks (in distributed mode rank r gets images
+    r, r + world_size, ...: no padding, so ranks may run one batch more or less) and unreadable ones are left
+    out and counted (:class:`ImageLoader`), so metrics summed over the batches and ranks are exact.
+    """
+    dataset.transform = create_transform(
+        data_config['input_size'],
+        is_training=False,
+        interpolation=data_config['interpolation'],
+        mean=data_config['mean'],
+        std=data_config['std'],
+        crop_pct=data_config['crop_pct'],
+        crop_mode=data_config.get('crop_mode'),
+        use_prefetcher=True,
+    )
+    sampler = None
+    if distributed and not isinstance(dataset, torch.utils.data.IterableDataset):
+        sampler = StridedSampler(len(dataset), torch.distributed.get_rank(), torch.distributed.get_world_size())
+    return _image_loader(dataset, sampler, data_config, batch_size, device, num_workers, pin_memory,
+                         drop_last=False, generator=None, img_dtype=img_dtype)
+
+
+def num_valid_samples(loader) -> Optional[int]:
+    """Real (not padding) samples this rank's eval loader yields, or None if every sample is real (always the
+    case for :func:`create_eval_loader`; kept for loaders built with timm's ``OrderedDistributedSampler``)."""
+    sampler = getattr(loader, 'sampler', None)
+    if isinstance(sampler, OrderedDistributedSampler):
+        return sampler.num_valid_samples
+    return None
+

@@ -1,0 +1,203 @@
+""" Finding the images of an ImageFolder tree, each once, with the class folder it lies in.
+
+timm's ``find_images_and_targets`` (``ReaderImageFolder``) walks with ``os.walk(followlinks=True)``: a symlink
+loop in a class folder walks forever, or files copies of every image under the looping class; it labels an image
+by its *leaf* folder, so a sub-folder of a class becomes a class of its own; an image loose in the root gets the
+class ''; hidden files (macOS' ``._<image>``) count as images. :func:`scan_folder` follows each link at most once,
+skips loops with a warning naming them, counts an image reached by several paths once, refuses an image that
+links would put in two classes, and leaves hidden files out; the labelling is :mod:`.reader`'s.
+"""
+import logging
+import os
+from typing import Dict, List, Optional, Sequence, Set, Tuple
+
+from timm.utils.misc import natural_key
+
+from ..errors import UsageError
+
+__all__ = ['scan_folder', 'count_linked_images_once', 'is_hidden', 'is_image_name']
+
+_logger = logging.getLogger(__name__)
+
+
+def is_hidden(name: str) -> bool:
+    return name.startswith('.')
+
+
+def is_image_name(name: str, extensions: Set[str]) -> bool:
+    return not is_hidden(name) and os.path.splitext(name)[1].lower() in extensions
+
+
+def _contains(folder: str, path: str) -> bool:
+    """Whether the real path ``path`` is ``folder`` or lies below it."""
+    return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
+
+
+def _visible_relpath(path: str, folder: str) -> Optional[str]:
+    """``path`` relative to ``folder`` ('/'-separated) if it lies below it with no hidden part, else None."""
+    if not _contains(folder, path) or path == folder:
+        return None
+    rel = os.path.relpath(path, folder).replace(os.sep, '/')
+    return None if any(is_hidden(part) for part in rel.split('/')) else rel
+
+
+class _FolderScan:
+    """The images of an ImageFolder tree, symlinks followed at most once (see :func:`scan_folder`)."""
+
+    def __init__(self, root: str, extensions: Set[str]):
+        self.root, self.extensions = root, extensions
+        self.root_real = os.path.realpath(root)
+        self.class_real: Dict[str, str] = {}  # class folder name -> its real path
+        self.owner_of_real: Dict[str, str] = {}  # real class folder -> class name
+        self.warned: Set[str] = set()
+
+    def _warn_skipped(self, rel: str, target: str, why: str) -> None:
+        if rel not in self.warned:
+            self.warned.add(rel)
+            _logger.warning(f'{self.root}: skipped the symlink {rel} -> {target}: {why}')
+
+    def class_folders(self) -> List[str]:
+        """Loose images in the root (the caller refuses them); fills :attr:`class_real` with the class folders,
+        leaving out a link to the root or a folder above it (a loop)."""
+        loose = []
+        with os.scandir(self.root) as entries:
+            for entry in sorted(entries, key=lambda e: e.name):
+                if is_hidden(entry.name):
+                    continue
+                if not entry.is_dir():
+                    if is_image_name(entry.name, self.extensions):
+                        loose.append(entry.name)
+                    continue
+                real = os.path.realpath(entry.path)
+                if _contains(real, self.root_real):
+                    self._warn_skipped(entry.name, real, 'it points to the dataset root or a folder above it (a loop)')
+                    continue
+                self.class_real[entry.name] = real
+        owners: Dict[str, str] = {}
+        for name, real in self.class_real.items():
+            if real in owners:
+                raise UsageError(
+                    f'{self.root}: class folders {owners[real]} and {name} are the same folder {real}: its images '
+                    f'would have two labels; expected each class folder to hold only its own images')
+            owners[real] = name
+        for name, real in self.class_real.items():
+            outer = self._enclosing_class(real, owners)
+            if outer is not None:
+                raise UsageError(
+                    f'{self.root}: class folder {name} is the folder {outer} inside another class folder ({real}): '
+                    f'its images would have two labels; expected each class folder to hold only its own images')
+        self.owner_of_real = owners
+        return loose
+
+    @staticmethod
+    def _enclosing_class(real: str, owners: Dict[str, str]) -> Optional[str]:
+        """``<class>/<path>`` when the real path ``real`` lies, not hidden, below the real folder of a class."""
+        parent = os.path.dirname(real)
+        while parent != os.path.dirname(parent):
+            if parent in owners:
+                rel = _visible_relpath(real, parent)
+                return None if rel is None else f'{owners[parent]}/{rel}'
+            parent = os.path.dirname(parent)
+        return None
+
+    def walk_class(self, name: str) -> Tuple[List[str], List[Tuple[str, str]]]:
+        """(images of the class's own folder tree, ``(relative path, real path)`` of those reached through
+        symlinks). Folders are read in trees: the class folder's own tree first (links not followed), then the
+        tree of each link found, in turn; every real folder is read once, so the walk ends."""
+        read: Dict[str, str] = {}  # real folder -> the relative path it was read as
+        own, linked = [], []
+        trees = [(self.class_real[name], name, True)]
+        while trees:
+            base_real, base_rel, is_own = trees.pop(0)
+            read[base_real] = base_rel
+            links = []
+            stack = [(base_real, base_rel)]
+            while stack:
+                folder_real, folder_rel = stack.pop()
+                with os.scandir(folder_real) as entries:
+                    for entry in sorted(entries, key=lambda e: e.name):
+                        if is_hidden(entry.name):
+                            continue
+                        rel = f'{folder_rel}/{entry.name}'
+                        if entry.is_dir():
+                            if entry.is_symlink():
+                                links.append((rel, entry.path, folder_real))
+                            elif entry.path in read:  # a tree read before, now inside a linked one
+                                _logger.warning(f'{self.root}: skipped {rel}: that folder is already read as '
+                                                f'{read[entry.path]}; its images count once')
+                            else:
+                                read[entry.path] = rel
+                                stack.append((entry.path, rel))
+                        elif is_image_name(entry.name, self.extensions):
+                            if is_own and not entry.is_symlink():
+                                own.append(rel)
+                            else:
+                                linked.append((rel, os.path.realpath(entry.path)))
+            for rel, path, folder_real in links:
+                target = os.path.realpath(path)
+                if _contains(target, folder_real) or _contains(target, self.root_real):
+                    self._warn_skipped(rel, target, 'it points to a folder that contains it (a loop); '
+                                                    'that folder is read once')
+                elif target in read:
+                    self._warn_skipped(rel, target, f'that folder is already read as {read[target]}; '
+                                                    f'its images count once')
+                else:
+                    read[target] = rel
+                    trees.append((target, rel, False))
+        return own, linked
+
+    def own_image(self, real: str) -> Optional[str]:
+        """The relative path of the file ``real`` as an image of its own class folder, or None."""
+        rel = self._enclosing_class(real, self.owner_of_real)
+        if rel is None or not is_image_name(os.path.basename(real), self.extensions) or not os.path.isfile(real):
+            return None
+        return rel
+
+
+def count_linked_images_once(
+        where: str,
+        own: List[str],
+        linked: Sequence[Tuple[str, str, Optional[str]]],
+) -> List[str]:
+    """``own`` images plus those of ``linked`` (``(relative path, identity of the file, where that file is an
+    image of its own class or None)``) that are not the same file as another image of the class; a file that
+    is an image of two classes is refused."""
+    first: Dict[str, str] = {}  # identity -> the relative path it was counted as
+    kept, duplicates = list(own), []
+    for rel, identity, own_rel in linked:
+        counted = own_rel or first.get(identity)
+        if counted is None:
+            first[identity] = rel
+            kept.append(rel)
+        elif counted.split('/', 1)[0] == rel.split('/', 1)[0]:
+            duplicates.append((rel, counted))
+        else:
+            raise UsageError(
+                f'{where}: the image {rel} is the same file as {counted} (a link): one image in two classes has no '
+                f'single label; expected each image in the folder of one class')
+    if duplicates:
+        rel, counted = duplicates[0]
+        _logger.warning(f'{where}: {len(duplicates)} image path(s) reach a file already counted in the same class '
+                        f'through a link (e.g. {rel} is {counted}); each file is counted once')
+    return kept
+
+
+def scan_folder(root: str, extensions: Set[str]) -> List[str]:
+    """Image paths under ``root`` relative to it ('/'-separated), hidden files and folders left out.
+
+    Symlinks are followed at most once: a class folder may be a link, and a link inside one adds the images it
+    reaches to that class, but a link to a folder that contains it (a loop), to the dataset root, or to a
+    folder already read for the class is skipped with a warning naming it. A file reached by several paths of
+    one class (file links, links into the class's own folders) is counted once; a file that is an image of two
+    classes is a :class:`UsageError`, since no label would be right for both. Hard links are files of their
+    own, as copies would be.
+    """
+    scan = _FolderScan(root, extensions)
+    paths = scan.class_folders()
+    linked = []
+    for name in sorted(scan.class_real, key=natural_key):
+        own, reached = scan.walk_class(name)
+        paths += own
+        linked += [(rel, real, scan.own_image(real)) for rel, real in reached]
+    return count_linked_images_once(root, paths, linked)
+
