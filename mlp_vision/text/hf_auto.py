@@ -69,8 +69,8 @@ from transformers.modeling_outputs import (
 
 from ..training.errors import UsageError
 from . import registry
-from .modeling_utils import (
-    CONFIG_NAME, PretrainedMixin, TextConfig, build_config, load_config, parse_config_payload)
+from .modeling_utils import CONFIG_NAME, PretrainedMixin, TextConfig, parse_config_payload
+from .registry import build_config, load_config
 
 __all__ = ['to_transformers', 'transformers_class', 'transformers_config_class', 'LABELS_NAME']
 
