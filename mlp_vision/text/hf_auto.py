@@ -74,7 +74,7 @@ from .registry import build_config, load_config
 
 __all__ = ['to_transformers', 'transformers_class', 'transformers_config_class', 'LABELS_NAME']
 
-LABELS_NAME = 'labels.json'  # written beside a classifier by the text trainer (classification.py)
+LABELS_NAME = 'labels.json'  # written beside a classifier by the text trainer (mlp_vision.training.text.classification)
 
 # task (registry) -> (transformers' Auto class, output type)
 _TASKS = {
