@@ -28,6 +28,15 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument('-c', '--config', default='', type=str, metavar='FILE',
                         help='yaml file of flag values (keys = flag names); explicit flags override it')
+    _add_task_and_data(parser)
+    _add_model(parser)
+    _add_optimization(parser)
+    _add_outputs(parser)
+    _add_device(parser)
+    return parser
+
+
+def _add_task_and_data(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group('Task and data')
     g.add_argument('--task', default='causal', choices=sorted(TASKS),
                    help='causal LM, masked LM, or classify (fine-tune on a labelled TSV / CSV, see '
@@ -58,12 +67,16 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
                    help="tokens per sample (MLM: including <cls> and <sep>); default: the model's max length")
     g.add_argument('--mask-rate', default=0.15, type=float, help='MLM: fraction of tokens selected')
 
+
+def _add_model(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group('Model')
     g.add_argument('--model', default='gpt_mlp_attention', type=str, help='name in mlp_vision.text.list_models()')
     g.add_argument('--model-kwargs', nargs='*', default={}, action=ParseKwargs,
                    help='config overrides k=v, e.g. num_hidden_layers=4 hidden_size=256 (vocab_size comes from '
                         'the tokenizer)')
 
+
+def _add_optimization(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group('Optimization (defaults: the recipe of the model family, configs/text/)')
     g.add_argument('--steps', default=1000, type=int, help='optimizer updates')
     g.add_argument('-b', '--batch-size', default=32, type=int, help='samples per micro-batch per process')
@@ -89,6 +102,8 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
                         'the pretrained vectors of the words it lacks stay where the encoder learnt to read them '
                         '(with a tied MLM decoder the decoder is fixed too)')
 
+
+def _add_outputs(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group('Evaluation, checkpoints, outputs')
     g.add_argument('--eval-interval', default=100, type=int, help='evaluate + checkpoint every N updates')
     g.add_argument('--eval-batches', default=8, type=int,
@@ -110,6 +125,8 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     g.add_argument('--sample-temperature', default=1.0, type=float, help='sampling temperature (<= 0: greedy)')
     g.add_argument('--sample-top-k', default=None, type=int, help='sample from the k most likely tokens')
 
+
+def _add_device(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group('Device')
     g.add_argument('--device', default=None, type=str, help="'cuda', 'cpu', ... (default: cuda if available)")
     g.add_argument('--dist-backend', default=None, type=str, help='default: nccl for CUDA, gloo for CPU')
@@ -119,7 +136,6 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     g.add_argument('--amp-dtype', default=None, choices=('float16', 'bfloat16'), help='autocast dtype')
     g.add_argument('--threads', default=None, type=int, help='torch intra-op threads (default: torch\'s)')
     g.add_argument('--seed', default=42, type=int, help='seed of the model init, dropout and data order')
-    return parser
 
 
 _UNIT_OPEN = dict(low=0, high=1, low_open=True, high_open=True)
