@@ -16,7 +16,7 @@ COMMANDS = {
     'mlp-vision-validate': ('mlp_vision.validate', 'top-1 / top-5 accuracy of a checkpoint or pretrained model'),
     'mlp-vision-benchmark': ('mlp_vision.benchmark', 'throughput of models and layers, alone or in pairs'),
     'mlp-vision-complexity': ('mlp_vision.complexity', 'parameters and MACs beside the papers\' tables'),
-    'mlp-vision-text-train': ('mlp_vision.text.train', 'train a text model (causal LM, masked LM, classifier)'),
+    'mlp-vision-text-train': ('mlp_vision.train_text', 'train a text model (causal LM, masked LM, classifier)'),
     'mlp-vision-fill-mask': ('mlp_vision.text.fill_mask', 'most likely tokens at each mask of a text'),
 }
 
@@ -46,8 +46,8 @@ def complexity() -> int:
 
 
 def text_train() -> int:
-    from .text.train import main
-    return _exit_status(main())
+    from .train_text import main
+    return _exit_status(main(prog='mlp-vision-text-train'))
 
 
 def fill_mask() -> int:

@@ -170,7 +170,7 @@ def test_sequence_classifier_through_auto_class_and_text_classification_pipeline
 def test_classifier_written_by_the_text_trainer(tokenizer, tmp_path, single_thread):
     """The trainer's classify task (from an MLM folder with a WordPiece) writes pretrained/ with labels.json; its
     label names (sorted training labels) are the pipeline's."""
-    import mlp_vision.text.train as text_train
+    import mlp_vision.train_text as text_train
     mlm = tmp_path / 'mlm'
     _create('gmlp', tokenizer).save_pretrained(str(mlm), tokenizer=tokenizer)
     rows = ['sentence\tlabel'] + [f'the movie was {w} .\t{"pos" if w in ("good", "great", "fine") else "neg"}'

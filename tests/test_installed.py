@@ -97,7 +97,10 @@ def test_wheel_holds_every_module_recipe_and_command(wheel):
     modules = {p.relative_to(REPO).as_posix() for p in (REPO / 'mlp_vision').rglob('*.py')
                if '__pycache__' not in p.parts}
     assert modules - names == set()  # e.g. a new subpackage missing from pyproject.toml's packages list
-    recipes = {f'mlp_vision/configs/{p.name}' for p in (REPO / 'configs').glob('*.yaml')}
+    # the image recipes and the text trainer's (configs/text/, package mlp_vision.configs.text)
+    recipes = {f'mlp_vision/configs/{p.relative_to(REPO / "configs").as_posix()}'
+               for p in (REPO / 'configs').rglob('*.yaml')}
+    assert any(r.startswith('mlp_vision/configs/text/') for r in recipes)
     assert recipes and recipes - names == set()
     (entry_points,) = [n for n in names if n.endswith('.dist-info/entry_points.txt')]
     lines = zipfile.ZipFile(wheel).read(entry_points).decode().splitlines()

@@ -18,7 +18,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 import mlp_vision.train as train  # noqa: E402  (the command's code; train.py at the root runs it)
-import mlp_vision.text.train as text_train  # noqa: E402
+import mlp_vision.train_text as text_train  # noqa: E402
 from mlp_vision.training.checkpoint import CheckpointManager, atomic_save  # noqa: E402
 from mlp_vision.training.errors import UsageError  # noqa: E402
 from mlp_vision.training.run import new_run_folder  # noqa: E402

@@ -1,4 +1,4 @@
-""" Bad input to the text side (issue 29 item 4): every flag value of ``mlp_vision.text.train`` (causal / mlm /
+""" Bad input to the text side (issue 29 item 4): every flag value of ``mlp_vision.train_text`` (causal / mlm /
 classify) and ``mlp_vision.text.fill_mask`` is checked before work starts, and a damaged or inconsistent saved
 folder (``fill_mask``, ``--init-from``, ``--tokenizer-from``, ``from_pretrained``) is one line naming the file:
 exit status 2 and exactly that line on stderr, no traceback; library calls raise ``UsageError`` (a ``ValueError``).
@@ -18,9 +18,9 @@ import torch
 
 import mlp_vision.text as mt
 import mlp_vision.text.fill_mask as fm
-import mlp_vision.text.train as text_train
-from mlp_vision.text.classification import read_labelled_file
-from mlp_vision.text.data import build_tokenizer
+import mlp_vision.train_text as text_train
+from mlp_vision.training.text.classification import read_labelled_file
+from mlp_vision.training.text.data import build_tokenizer
 from mlp_vision.training.errors import UsageError, check_range
 from _helpers import exits_with_one_line
 
@@ -99,7 +99,7 @@ if not torch.cuda.is_available():
 def test_trainer_flag_values_are_checked_up_front(flags, data, tmp_path, capsys):
     argv = TINY_GPT + ['--train-file', str(data / 'tiny.txt'), '--output', str(tmp_path)] + list(flags)
     msg = _fail(text_train.main, argv, capsys)
-    assert msg.startswith('mlp_vision.text.train: error: ') and TRAINER_FLAGS[flags] in msg, msg
+    assert msg.startswith('python -m mlp_vision.train_text: error: ') and TRAINER_FLAGS[flags] in msg, msg
     assert not any(tmp_path.iterdir())  # refused before a run folder was made
 
 
@@ -240,7 +240,7 @@ def test_quoted_newline_in_a_csv_field_is_kept(tmp_path):
 
 def test_a_vocabulary_smaller_than_asked_is_a_warning(data, caplog):
     text = (data / 'tiny.txt').read_text()
-    with caplog.at_level(logging.WARNING, logger='mlp_vision.text.data'):
+    with caplog.at_level(logging.WARNING, logger='mlp_vision.training.text.data'):
         tokenizer = build_tokenizer('wordpiece', 'mlm', text, vocab_size=8000)
     assert tokenizer.vocab_size < 8000
     assert f'--vocab-size 8000: the wordpiece vocabulary trained on the training text has only ' \

@@ -1,4 +1,4 @@
-""" mlp_vision.text.train: learning on real text, bit-exact resume, NaN stop, MLM masking statistics, the unigram
+""" mlp_vision.train_text: learning on real text, bit-exact resume, NaN stop, MLM masking statistics, the unigram
 baseline, 2-process gloo DDP, outputs and the clear errors for bad input.
 
 Learning is measured on real text, Tiny Shakespeare and WikiText-2 from ``../shared/data`` (those tests skip with
@@ -18,8 +18,10 @@ import pytest
 import torch
 
 import mlp_vision.text as mt
-import mlp_vision.text.train as text_train
-from mlp_vision.text.data import (
+import mlp_vision.train_text as text_train
+import mlp_vision.training.text.lm as text_lm
+from mlp_vision.training.text.recipes import lm_schedule
+from mlp_vision.training.text.data import (
     MLMMasker, build_tokenizer, causal_eval_batches, mlm_segments, subset_batches, unigram_mlm_baseline)
 from mlp_vision.training.run import create_lr_scheduler
 
@@ -92,7 +94,7 @@ def test_causal_lm_learns_tiny_shakespeare(shakespeare, tmp_path):
         'gpt_mlp_attention', n_layer=1, n_embd=32, n_head=2, block_size=32, mlp_attn_hidden=32).parameters())
     assert res['tokenizer'] == {'type': 'char', 'vocab_size': 65}  # the papers' Tiny Shakespeare vocabulary
     assert res['data']['val_tokens'] == 111_540 and res['val_final_batches'] == 40
-    assert res['tokens_per_sec'] > 0 and res['command'].startswith('python -m mlp_vision.text.train')
+    assert res['tokens_per_sec'] > 0 and res['command'].startswith('python -m mlp_vision.train_text')
     for name in ('curves.png', 'last.pth', 'model_best.pth', 'args.yaml', 'train.log', 'results.json'):
         assert (exp / name).is_file(), name
     samples = (exp / 'samples.txt').read_text()
@@ -103,7 +105,7 @@ def test_causal_lm_learns_tiny_shakespeare(shakespeare, tmp_path):
     text = Path(shakespeare).read_text()
     ids = torch.tensor(tok.encode(text[int(len(text) * 0.9):]))
     batches = subset_batches(causal_eval_batches(ids, 32, 16), 40, 42)  # the run's fixed subset
-    again = text_train.evaluate_lm(model, batches, task='causal', device=torch.device('cpu'))
+    again = text_lm.evaluate_lm(model, batches, task='causal', device=torch.device('cpu'))
     assert again['loss'] == pytest.approx(res['val_final']['loss'], rel=1e-5)
 
 
@@ -157,14 +159,14 @@ def test_resume_equals_uninterrupted_run(task, model, tiny_text, tmp_path):
 # ------------------------------------------------------------------------------------------------ NaN stop
 def test_nan_loss_stops_and_keeps_last_good_checkpoint(tiny_text, tmp_path, monkeypatch):
     calls = {'n': 0}
-    real_loss = text_train.lm_loss
+    real_loss = text_lm.lm_loss
 
     def loss_that_diverges(logits, targets):  # the 5th training loss is NaN (update 5)
         calls['n'] += 1
         loss = real_loss(logits, targets)
         return loss * float('nan') if calls['n'] == 5 else loss
 
-    monkeypatch.setattr(text_train, 'lm_loss', loss_that_diverges)
+    monkeypatch.setattr(text_lm, 'lm_loss', loss_that_diverges)
     with pytest.raises(SystemExit) as e:
         text_train.main(TINY_GPT + COMMON + [
             '--task', 'causal', '--train-file', tiny_text, '--steps', '10', '-b', '4', '--eval-interval', '2',
@@ -239,7 +241,7 @@ def test_unigram_baseline_by_hand():
 def _lrs(steps, warmup, sched, min_ratio=0.):
     """The LR of every update of a text run's schedule (timm's scheduler, stepped per update as the trainer does)."""
     optimizer = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.)
-    scheduler, _ = create_lr_scheduler(optimizer, text_train.lm_schedule(1., steps, warmup, sched, min_ratio))
+    scheduler, _ = create_lr_scheduler(optimizer, lm_schedule(1., steps, warmup, sched, min_ratio))
     lrs = []
     for step in range(steps):
         lrs.append(optimizer.param_groups[0]['lr'])
@@ -261,7 +263,7 @@ def test_ddp_two_processes_gloo(tiny_text, tmp_path):
     env = dict(os.environ, PYTHONUNBUFFERED='1', OMP_NUM_THREADS='1')
     env['PYTHONPATH'] = os.pathsep.join([str(REPO)] + [p for p in env.get('PYTHONPATH', '').split(os.pathsep) if p])
     cmd = [sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2',
-           '-m', 'mlp_vision.text.train'] + TINY_GPT + COMMON + [
+           '-m', 'mlp_vision.train_text'] + TINY_GPT + COMMON + [
         '--task', 'causal', '--train-file', tiny_text, '--steps', '6', '-b', '4', '--eval-interval', '3',
         '--eval-batches', '3', '--final-eval-batches', '5', '--device', 'cpu',
         '--output', str(tmp_path), '--experiment', 'ddp']
@@ -278,7 +280,7 @@ def test_ddp_two_processes_gloo(tiny_text, tmp_path):
     text = Path(tiny_text).read_text()
     ids = torch.tensor(tok.encode(text[int(len(text) * 0.9):]))
     batches = subset_batches(causal_eval_batches(ids, 32, 4), 5, 42)
-    one = text_train.evaluate_lm(model, batches, task='causal', device=torch.device('cpu'))
+    one = text_lm.evaluate_lm(model, batches, task='causal', device=torch.device('cpu'))
     assert one['loss'] == pytest.approx(res['val_final']['loss'], rel=1e-5) and one['tokens'] == 5 * 4 * 32
 
 
@@ -339,3 +341,28 @@ def test_threads_flag_does_not_leak_into_the_caller(tmp_path):
     finally:
         torch.set_num_threads(before)
     assert torch.get_num_threads() == before
+
+
+# ------------------------------------------------------------------------------------------------ the moved command
+def test_the_old_module_stops_with_one_line_naming_the_new_command():
+    res = subprocess.run([sys.executable, '-m', 'mlp_vision.text.train', '--help'], capture_output=True, text=True,
+                         timeout=120)
+    assert res.returncode == 2 and res.stdout == ''
+    assert res.stderr.strip().splitlines() == [
+        'error: python -m mlp_vision.text.train moved: use python -m mlp_vision.train_text (or mlp-vision-text-train)']
+    with pytest.raises(ImportError, match='use python -m mlp_vision.train_text'):
+        import mlp_vision.text.train  # noqa: F401
+
+
+def test_the_models_import_nothing_of_the_trainers():
+    code = ('import sys, mlp_vision.text, mlp_vision.text.fill_mask, mlp_vision.text.registry; '
+            'print([m for m in sys.modules if m.startswith("mlp_vision.training.text")])')
+    res = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0 and res.stdout.strip() == '[]', res.stderr
+
+
+def test_error_lines_start_with_the_name_the_command_was_run_as(capsys):
+    for prog in ('mlp-vision-text-train', 'python -m mlp_vision.train_text'):
+        with pytest.raises(SystemExit):
+            text_train.main(['--steps', '0'], prog=prog)
+        assert capsys.readouterr().err.strip() == f'{prog}: error: --steps must be >= 1, got 0'

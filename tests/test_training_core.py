@@ -25,7 +25,7 @@ if str(REPO) not in sys.path:
 
 import mlp_vision.train as train  # noqa: E402  (the commands' code; train.py / validate.py at the root run it)
 import mlp_vision.validate as validate  # noqa: E402
-import mlp_vision.text.train as text_train  # noqa: E402
+import mlp_vision.train_text as text_train  # noqa: E402
 from mlp_vision.training.checkpoint import (  # noqa: E402
     atomic_save, clean_stale_temp_files, keep_previous, load_checkpoint_file, temp_path)
 from mlp_vision.training.errors import UsageError  # noqa: E402
@@ -350,13 +350,13 @@ def test_sigint_saves_the_last_step_and_resume_equals_an_uninterrupted_run(text_
     argv = TINY_GPT + ['--train-file', text_file, '--steps', '12', '--eval-interval', '5', '--log-interval', '1',
                        '--lr', '3e-3', '--seed', '5', '--output', str(tmp_path)]
     text_train.main(argv + ['--experiment', 'ref'])
-    status, out, err = _signal_when([sys.executable, '-m', 'mlp_vision.text.train'] + argv + ['--experiment', 'int'],
+    status, out, err = _signal_when([sys.executable, '-m', 'mlp_vision.train_text'] + argv + ['--experiment', 'int'],
                                     'step  7/12', signal.SIGINT, tmp_path)
     exp = tmp_path / 'int'
     assert status == 128 + signal.SIGINT, out[-2000:] + err
     stopped = torch.load(exp / 'last.pth', weights_only=True)['step']
     assert 7 <= stopped < 12 and 'Traceback' not in err
-    assert err.strip() == (f'mlp_vision.text.train: error: interrupted by SIGINT at step {stopped}; the resumable '
+    assert err.strip() == (f'python -m mlp_vision.train_text: error: interrupted by SIGINT at step {stopped}; the resumable '
                            f'checkpoint is {exp / "last.pth"} (step {stopped}): continue with --resume '
                            f'{exp / "last.pth"}')
     text_train.main(['--resume', str(exp / 'last.pth')])

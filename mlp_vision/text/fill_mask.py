@@ -30,7 +30,8 @@ import torch.nn as nn
 
 from ..training.distributed import parse_device
 from ..training.errors import UsageError, check_range, run_cli
-from .modeling_utils import is_saved_folder, load_config
+from .modeling_utils import is_saved_folder
+from .registry import list_architectures, load_config
 from .tokenizer import Tokenizer
 
 __all__ = ['fill_mask', 'load_masked_lm', 'main']
@@ -45,7 +46,6 @@ def load_masked_lm(directory: str, device: str = 'cpu') -> nn.Module:
     folder, damaged files, a config that does not fit its weights or its tokenizer, a model that is not a masked LM.
     """
     from .bigs import BiGSForMaskedLM
-    from .registry import list_architectures
     if not os.path.isdir(directory):
         raise UsageError(f'{directory} is not a folder; expected a save_pretrained folder of a masked LM (a run\'s '
                          f'pretrained/) or an official BiGS folder')

@@ -69,12 +69,12 @@ from transformers.modeling_outputs import (
 
 from ..training.errors import UsageError
 from . import registry
-from .modeling_utils import (
-    CONFIG_NAME, PretrainedMixin, TextConfig, build_config, load_config, parse_config_payload)
+from .modeling_utils import CONFIG_NAME, PretrainedMixin, TextConfig, parse_config_payload
+from .registry import build_config, load_config
 
 __all__ = ['to_transformers', 'transformers_class', 'transformers_config_class', 'LABELS_NAME']
 
-LABELS_NAME = 'labels.json'  # written beside a classifier by the text trainer (classification.py)
+LABELS_NAME = 'labels.json'  # written beside a classifier by the text trainer (mlp_vision.training.text.classification)
 
 # task (registry) -> (transformers' Auto class, output type)
 _TASKS = {

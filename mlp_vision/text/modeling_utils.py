@@ -37,14 +37,15 @@ import torch.nn as nn
 import torch.nn.functional as F
 import torch.utils._pytree as pytree
 from safetensors import SafetensorError, safe_open
-from safetensors.torch import load_model, save_file
+from safetensors.torch import load_file, save_file
 
 from ..training.errors import UsageError, check_range
+from ..weights import load_backbone, tied_aliases
 
 __all__ = [
     'TextConfig', 'ModelOutput', 'TextModelOutput', 'PretrainedMixin', 'GenerationMixin', 'check_text_inputs',
     'masked_lm_loss', 'causal_lm_loss', 'scored_positions', 'sequence_classification_loss', 'init_linear_embedding', 'tied_decoder',
-    'read_config', 'parse_config_payload', 'is_saved_folder', 'load_config', 'build_config', 'weight_file_shapes',
+    'read_config', 'parse_config_payload', 'is_saved_folder', 'weight_file_shapes',
     'check_tokenizer_fits', 'pool_sequence',
     'check_classifier_pooling', 'CLASSIFIER_POOLINGS',
     'CONFIG_NAME', 'WEIGHTS_NAME', 'FORMAT_VERSION',
@@ -374,28 +375,6 @@ def is_saved_folder(directory: str) -> bool:
     return True
 
 
-def load_config(directory: str) -> Tuple[type, 'TextConfig']:
-    """(the stored architecture's class, its config) of a ``save_pretrained`` folder; a config that does not build
-    (an unknown architecture or field, a value out of range such as a NaN ``layer_norm_eps``) is a
-    :class:`~mlp_vision.training.errors.UsageError` naming ``config.json``."""
-    arch, fields, version = read_config(directory)
-    return build_config(arch, fields, version, os.path.join(directory, CONFIG_NAME))
-
-
-def build_config(architecture: str, fields: Mapping[str, Any], format_version: int,
-                 path: str) -> Tuple[type, 'TextConfig']:
-    """(the class called ``architecture``, its config from ``fields``) as :func:`load_config` builds them from the
-    file ``path`` (named by the :class:`~mlp_vision.training.errors.UsageError`)."""
-    from .registry import architecture_class
-    try:
-        stored = architecture_class(architecture)
-        return stored, stored.config_class.from_dict(fields, format_version=format_version)
-    except KeyError as e:
-        raise UsageError(f'{path}: {e.args[0]}') from None
-    except (TypeError, ValueError) as e:
-        raise UsageError(f'{path}: {e}') from None
-
-
 def weight_file_shapes(path: str) -> Dict[str, Tuple[int, ...]]:
     """The tensor shapes a safetensors file holds (its header only); a missing, empty or damaged file is a
     :class:`~mlp_vision.training.errors.UsageError` naming it."""
@@ -430,10 +409,8 @@ def check_tokenizer_fits(tokenizer, config: 'TextConfig', source: str) -> None:
 def _unique_state_dict(module: nn.Module) -> Dict[str, torch.Tensor]:
     """The state dict with each tied parameter under its first name only (registration order: the backbone's
     embedding, not the LM decoder that shares it), so that a backbone-only model finds it in the file."""
-    params = dict(module.named_parameters(remove_duplicate=False))
-    first = {id(p): name for name, p in module.named_parameters()}  # remove_duplicate=True keeps the first name
-    return {k: v.contiguous() for k, v in module.state_dict().items()
-            if k not in params or first[id(params[k])] == k}
+    aliases = set(tied_aliases(module))
+    return {k: v.contiguous() for k, v in module.state_dict().items() if k not in aliases}
 
 
 class PretrainedMixin:
@@ -498,33 +475,49 @@ class PretrainedMixin:
                 change parameter shapes make the load fail.
         """
         from .tokenizer import find_tokenizer
-        stored, config = load_config(directory)
-        stored_config_class, arch = stored.config_class, stored.__name__
-        if cls.config_class is not None and stored_config_class is not cls.config_class:
-            raise TypeError(f'{directory} holds a {arch} ({stored_config_class.__name__}); {cls.__name__} needs a '
-                            f'{cls.config_class.__name__}')
-        config = dataclasses.replace(config, **stored_config_class.rename_legacy(dict(overrides)))
+        arch, fields, version = read_config(directory)
+        config_path = os.path.join(directory, CONFIG_NAME)
+        siblings = _architectures(cls.config_class)
+        if arch not in siblings:
+            raise TypeError(f'{directory} holds a {arch}; {cls.__name__} needs a {cls.config_class.__name__} model '
+                            f'({", ".join(sorted(siblings))})')
+        try:
+            config = cls.config_class.from_dict(fields, format_version=version)
+        except (TypeError, ValueError) as e:
+            raise UsageError(f'{config_path}: {e}') from None
+        config = dataclasses.replace(config, **cls.config_class.rename_legacy(dict(overrides)))
         tokenizer = find_tokenizer(directory)
         check_tokenizer_fits(tokenizer, config, directory)
         model = cls(config)
         same_arch = arch == cls.__name__
         strict = same_arch if strict is None else strict
         weights_path = os.path.join(directory, WEIGHTS_NAME)
-        _check_weight_shapes(model, weights_path, os.path.join(directory, CONFIG_NAME))
-        try:
-            missing, unexpected = load_model(model, weights_path, strict=strict, device=device)
-        except RuntimeError as e:  # missing / extra tensors (the shapes are checked above)
-            if not str(e).startswith('Error(s) in loading state_dict'):
-                raise
-            raise UsageError(f'{weights_path} does not fit {arch}: {str(e).splitlines()[-1].strip()}') from None
-        if not strict and not same_arch:
-            bad = [k for k in missing if not k.startswith(cls.head_prefixes)] if cls.head_prefixes else list(missing)
-            if bad:
-                raise RuntimeError(f'{arch} checkpoint in {directory} lacks weights {cls.__name__} needs outside '
-                                   f'its head: {bad[:8]}{"..." if len(bad) > 8 else ""}')
+        _check_weight_shapes(model, weights_path, config_path)
+        report = load_backbone(model, load_file(weights_path),
+                               () if strict or same_arch else cls.head_prefixes)
+        if strict and (report.missing or report.unused):
+            detail = (f'missing {report.missing[:8]}' if report.missing else f'unexpected {report.unused[:8]}')
+            raise UsageError(f'{weights_path} does not fit {arch}: {detail}')
+        if not strict and not same_arch and report.missing:
+            bad = report.missing
+            raise RuntimeError(f'{arch} checkpoint in {directory} lacks weights {cls.__name__} needs outside '
+                               f'its head: {bad[:8]}{"..." if len(bad) > 8 else ""}')
         model.to(device)
         model.tokenizer = tokenizer
         return model
+
+
+def _architectures(config_class) -> Dict[str, type]:
+    """Name -> model class of the classes built on ``config_class``: the subclasses of :class:`PretrainedMixin` that
+    name it. The models import this module and never the registry, so ``from_pretrained`` finds a folder's
+    architecture here instead of in :mod:`mlp_vision.text.registry` (which imports the models)."""
+    found, todo = {}, list(PretrainedMixin.__subclasses__())
+    while todo:
+        c = todo.pop()
+        todo.extend(c.__subclasses__())
+        if c.config_class is config_class:
+            found.setdefault(c.__name__, c)
+    return found
 
 
 class GenerationMixin:

@@ -16,20 +16,22 @@ config's ``max_position_embeddings`` is the longest input the model accepts; not
 """
 import dataclasses
 import fnmatch
+import os
 from typing import Any, Dict, List, Optional, Tuple, Type
 
 import torch.nn as nn
 
+from ..training.errors import UsageError
 from .bert import BertConfig, BertForMaskedLM, BertForSequenceClassification, BertModel
 from .bigs import BiGSConfig, BiGSForMaskedLM, BiGSForSequenceClassification, BiGSModel
 from .gmlp import GMLPConfig, GMLPForCausalLM, GMLPForMaskedLM, GMLPForSequenceClassification, GMLPModel
 from .gpt import GPTConfig, GPTLanguageModel
-from .modeling_utils import TextConfig, load_config
+from .modeling_utils import CONFIG_NAME, TextConfig, read_config
 
 __all__ = [
     'create_model', 'list_models', 'is_model', 'model_config', 'model_entry', 'register_model', 'model_class',
     'config_class', 'list_families', 'list_tasks', 'architecture_class', 'list_architectures', 'from_pretrained',
-    'ModelEntry', 'TASKS',
+    'ModelEntry', 'TASKS', 'load_config', 'build_config',
 ]
 
 TASKS = ('base', 'masked_lm', 'sequence_classification', 'causal_lm')
@@ -155,6 +157,27 @@ def architecture_class(class_name: str) -> Type[nn.Module]:
 def list_architectures() -> List[str]:
     """Class names that :func:`from_pretrained` can build."""
     return sorted(cls.__name__ for f in _FAMILIES.values() for cls in f.models.values())
+
+
+def load_config(directory: str) -> Tuple[Type[nn.Module], TextConfig]:
+    """(the stored architecture's class, its config) of a ``save_pretrained`` folder; a config that does not build
+    (an unknown architecture or field, a value out of range such as a NaN ``layer_norm_eps``) is a
+    :class:`~mlp_vision.training.errors.UsageError` naming ``config.json``."""
+    arch, fields, version = read_config(directory)
+    return build_config(arch, fields, version, os.path.join(directory, CONFIG_NAME))
+
+
+def build_config(architecture: str, fields: Dict[str, Any], format_version: int,
+                 path: str) -> Tuple[Type[nn.Module], TextConfig]:
+    """(the class called ``architecture``, its config from ``fields``) as :func:`load_config` builds them from the
+    file ``path`` (named by the :class:`~mlp_vision.training.errors.UsageError`)."""
+    try:
+        stored = architecture_class(architecture)
+        return stored, stored.config_class.from_dict(fields, format_version=format_version)
+    except KeyError as e:
+        raise UsageError(f'{path}: {e.args[0]}') from None
+    except (TypeError, ValueError) as e:
+        raise UsageError(f'{path}: {e}') from None
 
 
 def from_pretrained(directory: str, device: str = 'cpu', **overrides: Any) -> nn.Module:

@@ -1,5 +1,5 @@
 """ Shared pieces of ``mlp_vision.train``, ``mlp_vision.validate`` (also ``train.py`` / ``validate.py`` at the
-repository root) and ``mlp_vision.text.train``: the training core
+repository root) and ``mlp_vision.train_text``: the training core
 (:mod:`.run`: run setup, resume, checkpoint payload, AMP + optimizer step, LR schedule, NaN / signal stops,
 results), datasets and loaders, model creation and safe checkpoint loading, the image training epoch and
 evaluation loop, distributed setup, outputs, and the one error path of the scripts (:mod:`.errors`).

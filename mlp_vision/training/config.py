@@ -93,20 +93,23 @@ def recipe_folder() -> Optional[Path]:
     return next((folder for folder in (shipped, checkout) if folder.is_dir()), None)
 
 
-def recipe_names() -> List[str]:
-    """The names ``-c`` accepts for the recipes (sorted, without ``.yaml``)."""
+def recipe_names(kind: str = '') -> List[str]:
+    """The names ``-c`` accepts for the recipes (sorted, without ``.yaml``); ``kind='text'``: the text trainer's
+    (``configs/text/``)."""
     folder = recipe_folder()
+    folder = folder / kind if folder is not None and kind else folder
     return sorted(p.name[:-len(RECIPE_SUFFIX)] for p in folder.glob('*' + RECIPE_SUFFIX)) if folder else []
 
 
-def find_recipe(name: str) -> Path:
-    """The file of the recipe ``name`` (``smlpnet_t`` -> ``.../configs/smlpnet_t.yaml``); an unknown name is a
-    :class:`UsageError` listing the recipes there are."""
+def find_recipe(name: str, kind: str = '') -> Path:
+    """The file of the recipe ``name`` (``smlpnet_t`` -> ``.../configs/smlpnet_t.yaml``; ``kind='text'``:
+    ``.../configs/text/NAME.yaml``); an unknown name is a :class:`UsageError` listing the recipes there are."""
     folder = recipe_folder()
+    folder = folder / kind if folder is not None and kind else folder
     if folder is not None and (folder / (name + RECIPE_SUFFIX)).is_file():
         return folder / (name + RECIPE_SUFFIX)
     raise UsageError(f'-c {name}: no such file, and no recipe of that name (recipes: '
-                     f'{", ".join(recipe_names()) or "none found"}; or pass the path of a yaml file)')
+                     f'{", ".join(recipe_names(kind)) or "none found"}; or pass the path of a yaml file)')
 
 
 def _config_path(value: str, recipes: bool) -> str:
@@ -116,8 +119,9 @@ def _config_path(value: str, recipes: bool) -> str:
     return str(find_recipe(value)) if recipes and is_name else value
 
 
-def load_yaml_config(path: str, parser: argparse.ArgumentParser) -> Dict[str, Any]:
-    """Read a yaml mapping of flag names to values; return it keyed by argparse destinations."""
+def load_yaml_config(path: str, parser: argparse.ArgumentParser, notes: Sequence[str] = ()) -> Dict[str, Any]:
+    """Read a yaml mapping of flag names to values; return it keyed by argparse destinations. ``notes``: keys that
+    are no flag but data about the file (a text recipe's ``source``), returned under their own name."""
     if not os.path.isfile(path):
         raise UsageError(f'config file {path!r} does not exist')
     with open(path) as f:
@@ -131,6 +135,9 @@ def load_yaml_config(path: str, parser: argparse.ArgumentParser) -> Dict[str, An
     actions = _actions(parser)
     out = {}
     for key, value in cfg.items():
+        if key in notes:
+            out[key] = value
+            continue
         dest = names.get(str(key).replace('-', '_'))
         if dest is None:
             raise UsageError(f'config file {path!r}: unknown key {key!r} (keys are the script\'s flag names, '

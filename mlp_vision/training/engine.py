@@ -2,8 +2,7 @@
 import logging
 import time
 from collections import OrderedDict
-from contextlib import nullcontext, suppress
-from datetime import timedelta
+from contextlib import suppress
 from typing import Callable, Dict, Optional
 
 import torch
@@ -12,16 +11,12 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .data import num_valid_samples
-from .errors import Interrupted
-from .run import NonFiniteLossError, UpdateStep, all_ranks_finite
+from .loop import StepLoop, format_duration, progress_line
+from .run import UpdateStep
 
 __all__ = ['train_one_epoch', 'evaluate', 'format_duration']
 
 _logger = logging.getLogger(__name__)
-
-
-def format_duration(seconds: float) -> str:
-    return str(timedelta(seconds=int(round(max(0., seconds)))))
 
 
 def train_one_epoch(
@@ -47,17 +42,28 @@ def train_one_epoch(
 ) -> (Dict[str, float], int):
     """One epoch of training. Returns ({'loss', 'lr', 'img_per_sec', 'seconds'}, num_updates after it).
 
-    Gradient accumulation over ``grad_accum_steps`` batches (DDP syncs only on the last one); the loss of every
-    batch is checked before its backward pass and a NaN / inf raises :class:`NonFiniteLossError` on every rank.
-    ``stop_signal()`` (SIGINT / SIGTERM, agreed by all ranks) is checked before every batch: :class:`Interrupted`.
+    Each optimizer update is :meth:`~mlp_vision.training.loop.StepLoop.update` over ``grad_accum_steps`` batches
+    (the epoch's last update over the batches left): DDP syncs only on the last one, a NaN / inf loss raises
+    :class:`~mlp_vision.training.run.NonFiniteLossError` on every rank before its backward pass, and
+    ``stop_signal()`` (SIGINT / SIGTERM, agreed by all ranks) is checked before every update.
     """
     optimizer = update_step.optimizer
     model.train()
     num_batches = len(loader)
     updates_per_epoch = (num_batches + grad_accum_steps - 1) // grad_accum_steps
-    last_accum_steps = num_batches % grad_accum_steps
-    last_batch_idx_to_accum = num_batches - last_accum_steps
-    has_no_sync = hasattr(model, 'no_sync')
+    loop = StepLoop(model, model, update_step, lr_scheduler, model_ema, stop_signal, distributed, num_updates)
+    batches = enumerate(loader)
+    sizes = []  # the samples of this update's batches
+
+    def micro_loss():
+        batch_idx, (input, target) = next(batches)
+        if mixup_fn is not None:
+            input, target = mixup_fn(input, target)
+        if channels_last:
+            input = input.contiguous(memory_format=torch.channels_last)
+        sizes.append(input.shape[0])
+        with amp_autocast():
+            return loss_fn(model(input), target)
 
     loss_sum = 0.
     sample_count = 0
@@ -65,44 +71,17 @@ def train_one_epoch(
     update_time_sum, timed_updates = 0., 0
     epoch_start = update_start = time.perf_counter()
     optimizer.zero_grad()
-    for batch_idx, (input, target) in enumerate(loader):
-        signum = stop_signal() if stop_signal is not None else 0
-        if signum:
-            raise Interrupted(signum, f'epoch {epoch}, batch {batch_idx}')
-        last_batch = batch_idx == num_batches - 1
-        need_update = last_batch or (batch_idx + 1) % grad_accum_steps == 0
-        update_idx = batch_idx // grad_accum_steps
-        accum_steps = last_accum_steps if batch_idx >= last_batch_idx_to_accum and last_accum_steps else grad_accum_steps
-
-        if mixup_fn is not None:
-            input, target = mixup_fn(input, target)
-        if channels_last:
-            input = input.contiguous(memory_format=torch.channels_last)
-
-        sync_context = model.no_sync if (has_no_sync and not need_update) else nullcontext
-        with sync_context():
-            with amp_autocast():
-                output = model(input)
-                loss = loss_fn(output, target)
-            if not all_ranks_finite(loss, distributed):
-                raise NonFiniteLossError(
-                    loss.item(), f'epoch {epoch}, batch {batch_idx} (optimizer update {num_updates})')
-            batch_loss = loss.item()
-            update_step(loss, accum_steps, need_update)
-
-        n = input.shape[0]
-        loss_sum += batch_loss * n
-        sample_count += n
-        window_loss += batch_loss * n
-        window_samples += n
-        if not need_update:
-            continue
-
-        num_updates += 1
-        if model_ema is not None:
-            model_ema.update(model, step=num_updates)
-        if lr_scheduler is not None:
-            lr_scheduler.step_update(num_updates=num_updates, metric=loss_sum / sample_count)
+    for update_idx in range(updates_per_epoch):
+        first = update_idx * grad_accum_steps  # the update's first batch; the last update may have fewer
+        accum_steps = min(grad_accum_steps, num_batches - first)
+        sizes.clear()
+        losses = loop.update(
+            micro_loss, accum_steps, stopped_at=f'epoch {epoch}, batch {first}',
+            loss_at=lambda m: f'epoch {epoch}, batch {first + m} (optimizer update {loop.num_updates})',
+            metric=lambda ls: (loss_sum + sum(l * n for l, n in zip(ls, sizes))) / (sample_count + sum(sizes)))
+        update_loss = sum(l * n for l, n in zip(losses, sizes))
+        loss_sum, sample_count = loss_sum + update_loss, sample_count + sum(sizes)
+        window_loss, window_samples = window_loss + update_loss, window_samples + sum(sizes)
 
         now = time.perf_counter()
         if update_idx > 0:  # the first update includes loader start-up; keep it out of the rate
@@ -110,19 +89,20 @@ def train_one_epoch(
             timed_updates += 1
         update_start = now
 
-        if primary and (last_batch or (update_idx + 1) % log_interval == 0):
+        last = update_idx == updates_per_epoch - 1
+        if primary and (last or (update_idx + 1) % log_interval == 0):
             sec_per_update = update_time_sum / timed_updates if timed_updates else now - epoch_start
-            img_per_sec = n * accum_steps * world_size / sec_per_update if sec_per_update > 0 else 0.
+            img_per_sec = sizes[-1] * accum_steps * world_size / sec_per_update if sec_per_update > 0 else 0.
             left_epoch = (updates_per_epoch - update_idx - 1) * sec_per_update
             left_run = left_epoch + (total_epochs - epoch - 1) * updates_per_epoch * sec_per_update
-            lr = optimizer.param_groups[0]['lr']
-            _logger.info(
+            _logger.info(progress_line(
                 f'Train: {epoch}/{total_epochs - 1} [{update_idx + 1:>{len(str(updates_per_epoch))}d}/'
-                f'{updates_per_epoch} ({100. * (update_idx + 1) / updates_per_epoch:3.0f}%)]  '
-                f'loss {window_loss / max(window_samples, 1):.4f} ({loss_sum / sample_count:.4f})  '
-                f'lr {lr:.3e}  {img_per_sec:,.0f} img/s  '
-                f'ETA epoch {format_duration(left_epoch)}, training {format_duration(left_run)}')
+                f'{updates_per_epoch} ({100. * (update_idx + 1) / updates_per_epoch:3.0f}%)]',
+                f'{window_loss / max(window_samples, 1):.4f} ({loss_sum / sample_count:.4f})',
+                optimizer.param_groups[0]['lr'], f'{img_per_sec:,.0f} img/s',
+                f'epoch {format_duration(left_epoch)}, training {format_duration(left_run)}'))
             window_loss, window_samples = 0., 0
+    num_updates = loop.num_updates
 
     seconds = time.perf_counter() - epoch_start
     totals = torch.tensor([loss_sum, float(sample_count)], dtype=torch.float64)

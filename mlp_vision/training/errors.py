@@ -1,4 +1,4 @@
-""" The one error path of the commands (``mlp_vision.train`` / ``validate`` / ``benchmark``, ``mlp_vision.text.train``).
+""" The one error path of the commands (``mlp_vision.train`` / ``validate`` / ``benchmark``, ``mlp_vision.train_text``).
 
 A script's ``main`` runs its work through :func:`run_cli`, which turns every expected failure into one line on
 stderr, ``<prog>: error: <what was wrong and what is expected>``, and an exit status:

@@ -10,6 +10,7 @@ import torch
 import torch.nn as nn
 
 import mlp_vision  # noqa: F401  (registers gmlp_* / smlpnet_* / mixer_* with timm)
+from ..weights import load_backbone
 from .checkpoint import clean_state_dict, is_training_checkpoint, load_checkpoint_file, load_model_weights
 from .errors import UsageError
 
@@ -124,22 +125,17 @@ def load_pretrained_weights(
     except (KeyError, ValueError, RuntimeError, IndexError) as e:
         raise UsageError(f'{source} does not convert to {name} (through its checkpoint filter): '
                          f'{" ".join(str(e).split())[:300]}') from e
-    own = model.state_dict()
-    heads = _classifier_prefixes(model)
-    dropped = []
-    if not head_must_fit:
-        dropped = [k for k in state_dict if k.startswith(heads) and k in own and state_dict[k].shape != own[k].shape]
-        state_dict = {k: v for k, v in state_dict.items() if k not in dropped}
-    shape = [k for k in state_dict if k in own and state_dict[k].shape != own[k].shape]
-    if shape:
-        k = shape[0]
-        raise UsageError(f'{source} does not fit {name}: {len(shape)} tensors with other shapes (e.g. {k}: file '
-                         f'{tuple(state_dict[k].shape)}, model {tuple(own[k].shape)}). Expected weights of this '
-                         f'architecture and settings (--model-kwargs, --img-size)')
-    result = model.load_state_dict(state_dict, strict=False)
-    missing_head = [k for k in result.missing_keys if k.startswith(heads) and not head_must_fit]
-    missing = [k for k in result.missing_keys if k not in missing_head]
-    unexpected = list(result.unexpected_keys)
+    heads = () if head_must_fit else _classifier_prefixes(model)
+    report = load_backbone(model, state_dict, heads)
+    wrong_shape = report.mismatched_outside(heads)
+    if wrong_shape:
+        k = wrong_shape[0]
+        raise UsageError(f'{source} does not fit {name}: {len(wrong_shape)} tensors with other shapes (e.g. {k}: '
+                         f'file {tuple(state_dict[k].shape)}, model {tuple(model.state_dict()[k].shape)}). Expected '
+                         f'weights of this architecture and settings (--model-kwargs, --img-size)')
+    dropped = [k for k in report.mismatched if k in report.new]  # a classifier of another class count
+    missing_head, missing = report.new, report.missing
+    unexpected = [k for k in report.unused if k not in report.mismatched]
     if missing or unexpected:
         detail = '; '.join(p for p in (
             f'{len(missing)} model tensors missing from the file ({_short_list(missing)})' if missing else '',

@@ -1,4 +1,4 @@
-""" The training core shared by ``train.py`` (epochs of images) and ``mlp_vision.text.train`` (steps of text).
+""" The training core shared by ``train.py`` (epochs of images) and ``mlp_vision.train_text`` (steps of text).
 
 Each entry point keeps only what differs (data, model, loss and metrics); everything about *a run* is here:
 

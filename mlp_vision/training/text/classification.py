@@ -1,0 +1,570 @@
+""" Fine-tuning on labelled data: ``python -m mlp_vision.train_text --task classify``.
+
+GLUE-style files (arXiv 1804.07461: SST-2 one ``sentence`` column, MRPC / RTE ``sentence1, sentence2``, QNLI
+``question, sentence``), a ``*ForSequenceClassification`` model of the gMLP, BiGS or BERT family, started from a
+pretrained checkpoint of ours or an official BiGS folder, dev evaluation every ``--eval-interval`` updates and the
+best checkpoint by dev accuracy::
+
+    python -m mlp_vision.train_text --task classify --init-from output/text/MLM-RUN/pretrained \\
+        --train-file ../shared/data/rt-polarity/train.tsv --val-file ../shared/data/rt-polarity/dev.tsv \\
+        --steps 1000 -b 32 --eval-interval 100 --block-size 64
+
+Data (:func:`read_labelled_file`): a header row; tab-separated for ``.tsv`` (no quoting, as GLUE's files, whose
+sentences hold bare quote characters), comma-separated with CSV quoting for ``.csv`` (other names: tab when the
+header has one). ``--text-columns`` names one column or a pair (``question,sentence``); by default ``sentence``,
+else ``sentence1,sentence2``. ``--label-column`` (default ``label``). Label ids are the sorted distinct training
+labels (numerically when all are integers, so GLUE's ``0`` / ``1`` stay 0 / 1); a dev label outside that set, a
+missing column, an empty file or a row with the wrong number of fields stops with one line. ``--test-file`` (same
+columns) is scored once at the end with the best checkpoint: choose the learning rate and the checkpoint on
+``--val-file`` (e.g. a held-out part of the training data) and report the test file, which nothing was chosen on.
+
+Inputs: the model's tokenizer with BERT's template (``<cls> A <sep> [B <sep>]``, token types 0 / 1 for the
+families that read them; gMLP has no token-type embedding), longest-first truncation to ``--block-size`` tokens
+(default: the model's maximum length), right padding to the longest sequence of each batch with an attention mask
+(every family guarantees that padded positions never change a real token's output).
+
+Weights (``--init-from``): a training checkpoint of ours (``last.pth`` / ``model_best.pth`` of an MLM or classify
+run), a ``save_pretrained`` folder (a run's ``pretrained/``), or an official BiGS folder (``pytorch_model.bin`` /
+``model.safetensors``, read by :meth:`~mlp_vision.text.bigs.BiGSForSequenceClassification.from_official`). The
+architecture and tokenizer are the checkpoint's; ``--model-kwargs`` may change non-shape fields (dropout). The log
+lists the weights loaded and the new ones (the classifier head; the pooler of BERT / BiGS unless the checkpoint has
+one); a checkpoint that lacks encoder weights is refused. Without ``--init-from`` the model is ``--model`` with
+random weights and a tokenizer from ``--tokenizer`` (char / byte; plus ``<pad> <cls> <sep> <mask>``).
+
+Metrics (:func:`classification_metrics`, in %): accuracy, F1 of label id 1 (binary tasks; macro-F1 with more
+labels) and Matthews correlation -- GLUE's metrics for SST-2 (accuracy), MRPC / QQP (F1, accuracy) and CoLA (MCC),
+arXiv 1804.07461 §3. Outputs as the LM tasks: ``summary.csv`` (step, lr, train loss, val loss, val acc / f1 /
+mcc), ``last.pth``, ``model_best.pth`` (highest dev accuracy), ``results.json`` (best and final dev metrics, the
+loaded / new weights, the label names), ``pretrained/`` (the best model, its tokenizer and ``labels.json``).
+
+Small labelled sets: ``--model-ema`` keeps an exponential moving average of the weights (timm ``ModelEmaV3``,
+``--model-ema-decay``); the periodic evaluation scores the average (the raw weights' accuracy goes to
+``raw_val_acc``), its accuracy picks ``model_best.pth`` (which also holds ``state_dict_ema``), and ``--test-file``
+and ``pretrained/`` use the best checkpoint's averaged weights. ``--freeze-embeddings`` keeps the token embedding
+(``model.get_input_embeddings()``) fixed.
+"""
+import csv
+import dataclasses
+import inspect
+import io
+import json
+import logging
+import math
+import time
+from contextlib import nullcontext
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from timm.utils import random_seed
+
+from ...text.registry import model_class
+from ...text.tokenizer import Tokenizer, tokenizer_from_dict
+from ..checkpoint import atomic_folder, load_checkpoint_file
+from ..errors import UsageError
+from ..loop import format_duration
+from ..run import TrainingRun
+from ..summary import plot_curves
+from .classifier_init import CLASSIFY_FAMILIES, InitReport, init_classifier, scratch_tokenizer
+from .lm import command_line
+from .recipes import FINETUNE_RECIPE, apply_recipe, load_recipe, params_note
+from .steps import Optimization, StepState, StepTask, run_steps, setup_optimization
+
+__all__ = [
+    'LabelledData', 'read_labelled_file', 'label_ids', 'encode_examples', 'collate', 'classification_metrics',
+    'init_classifier', 'InitReport', 'train_classifier', 'CLASSIFY_FAMILIES', 'ClassificationTask',
+]
+
+_logger = logging.getLogger('mlp_vision.train_text')
+
+
+# ------------------------------------------------------------------------------------------------ files
+@dataclasses.dataclass
+class LabelledData:
+    """The examples of one file: first (and second) text segments and the raw label strings."""
+    path: str
+    text_columns: Tuple[str, ...]
+    texts: List[str]
+    pairs: Optional[List[str]]
+    labels: List[str]
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+
+def _delimiter(path: Path, header_line: str) -> str:
+    suffix = path.suffix.lower()
+    if suffix == '.tsv':
+        return '\t'
+    if suffix == '.csv':
+        return ','
+    return '\t' if '\t' in header_line else ','
+
+
+def read_labelled_file(path: str, text_columns: Optional[Sequence[str]] = None, label_column: str = 'label',
+                       what: str = '--train-file') -> LabelledData:
+    """Read a GLUE-style TSV / CSV file with a header row (see the module docstring); :class:`UsageError` with one
+    line for a missing / empty file, missing columns, ragged rows or an empty label."""
+    if not path:
+        raise UsageError(f'no {what} given: --task classify needs --train-file and --val-file (TSV / CSV with a '
+                         f'header row)')
+    p = Path(path)
+    if not p.is_file():
+        raise UsageError(f'{what} {path!r} ' + ('is not a file' if p.exists() else 'does not exist'))
+    try:
+        content = p.read_text(encoding='utf-8-sig')
+    except UnicodeDecodeError as e:
+        raise UsageError(f'{what} {path!r} is not UTF-8 text (byte {e.start}); expected a UTF-8 TSV / CSV') from None
+    header_line = content.split('\n', 1)[0]
+    if not header_line.strip():
+        raise UsageError(f'{what} {path!r} is empty; expected a header row (e.g. "sentence<TAB>label") and examples')
+    delimiter = _delimiter(p, header_line)
+    # the csv module reads the lines itself (newline=''), so a quoted CSV field keeps its line breaks; lines given
+    # without their ends lost them ("two\nlines" became "twolines"), and str.splitlines also split at \x0b, \x1c,
+    # U+2028, ... inside a field
+    stream = io.StringIO(content, newline='')
+    if delimiter == '\t':
+        reader = csv.reader(stream, delimiter='\t', quoting=csv.QUOTE_NONE)
+    else:
+        reader = csv.reader(stream, delimiter=',')
+    rows = [(reader.line_num, row) for row in reader]
+    header = [h.strip() for h in rows[0][1]]
+    sep_name = 'tab' if delimiter == '\t' else 'comma'
+    if text_columns is None:
+        if 'sentence' in header:
+            text_columns = ('sentence',)
+        elif 'sentence1' in header and 'sentence2' in header:
+            text_columns = ('sentence1', 'sentence2')
+        else:
+            raise UsageError(f'{what} {path!r} has columns {header} ({sep_name}-separated) but no "sentence" or '
+                             f'"sentence1"/"sentence2"; name the text column(s) with --text-columns, e.g. '
+                             f'--text-columns question,sentence')
+    text_columns = tuple(text_columns)
+    if not 1 <= len(text_columns) <= 2:
+        raise UsageError(f'--text-columns takes one column or a pair, got {list(text_columns)}')
+    if label_column in text_columns:
+        raise UsageError(f'--label-column {label_column!r} is also a text column ({", ".join(text_columns)}): the '
+                         f'model would read the answer; name the text column(s) with --text-columns')
+    if len(set(text_columns)) < len(text_columns):
+        raise UsageError(f'--text-columns names {text_columns[0]!r} twice; give one column or two different ones')
+    missing = [c for c in (*text_columns, label_column) if c not in header]
+    if missing:
+        raise UsageError(f'{what} {path!r} has no column {", ".join(map(repr, missing))}; its header is {header} '
+                         f'({sep_name}-separated); set --text-columns / --label-column')
+    index = [header.index(c) for c in text_columns]
+    label_index = header.index(label_column)
+    texts, pairs, labels = [], [] if len(text_columns) == 2 else None, []
+    for line_no, row in rows[1:]:  # line_no: the row's last line in the file
+        if not row or (len(row) == 1 and not row[0].strip()):
+            continue  # blank line
+        if len(row) != len(header):
+            raise UsageError(f'{what} {path!r} line {line_no} has {len(row)} fields, the header has {len(header)} '
+                             f'({sep_name}-separated); every row needs one value per column')
+        label = row[label_index].strip()
+        if not label:
+            raise UsageError(f'{what} {path!r} line {line_no} has an empty {label_column!r}; every example needs '
+                             f'a label')
+        texts.append(row[index[0]])
+        if pairs is not None:
+            pairs.append(row[index[1]])
+        labels.append(label)
+    if not labels:
+        raise UsageError(f'{what} {path!r} has a header but no examples')
+    return LabelledData(str(path), text_columns, texts, pairs, labels)
+
+
+def _label_sort_key(label: str):
+    try:
+        return 0, float(label), label
+    except ValueError:
+        return 1, 0., label
+
+
+def label_ids(train_labels: Sequence[str], dev_labels: Sequence[str], dev_what: str = '--val-file') -> List[str]:
+    """The label names in id order: the sorted distinct training labels (numerically when they are numbers);
+    a dev label the training file lacks is an error. Fewer than two labels is an error."""
+    names = sorted(set(train_labels), key=_label_sort_key)
+    if len(names) < 2:
+        raise UsageError(f'the training file has only the label {names}; classification needs at least two labels')
+    unknown = sorted(set(dev_labels) - set(names), key=_label_sort_key)
+    if unknown:
+        raise UsageError(f'{dev_what} has labels {unknown[:5]}{"..." if len(unknown) > 5 else ""} that the training '
+                         f'file does not have (training labels: {names}); both files must use the same label set')
+    return names
+
+
+# ------------------------------------------------------------------------------------------------ tensors
+def encode_examples(tokenizer: Tokenizer, data: LabelledData, max_length: int) -> Tuple[List[List[int]], List[List[int]]]:
+    """(input ids, token type ids) per example: BERT's template, longest-first truncation to ``max_length``."""
+    try:
+        enc = tokenizer(data.texts, data.pairs, max_length=max_length, truncation=True)
+    except KeyError as e:
+        raise UsageError(f'{data.path} has the character {e.args[0]!r}, which the tokenizer does not know') from None
+    except ValueError as e:
+        raise UsageError(f'cannot encode {data.path}: {e}') from None
+    return enc['input_ids'], enc['token_type_ids']
+
+
+def collate(ids: Sequence[List[int]], types: Sequence[List[int]], labels: torch.Tensor, pad_id: int,
+            with_token_types: bool) -> Dict[str, torch.Tensor]:
+    """A right-padded batch: ``input_ids``, ``attention_mask`` (1 = real), [``token_type_ids``], ``labels``."""
+    length = max(len(r) for r in ids)
+    input_ids = torch.full((len(ids), length), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(ids), length), dtype=torch.long)
+    token_types = torch.zeros((len(ids), length), dtype=torch.long)
+    for i, (r, t) in enumerate(zip(ids, types)):
+        input_ids[i, :len(r)] = torch.tensor(r, dtype=torch.long)
+        token_types[i, :len(t)] = torch.tensor(t, dtype=torch.long)
+        mask[i, :len(r)] = 1
+    batch = {'input_ids': input_ids, 'attention_mask': mask, 'labels': labels}
+    if with_token_types:
+        batch['token_type_ids'] = token_types
+    return batch
+
+
+# ------------------------------------------------------------------------------------------------ metrics
+def _metrics_from_confusion(cm: torch.Tensor) -> Dict[str, float]:
+    """Accuracy, F1 and Matthews correlation (%) of a (K, K) confusion matrix (rows true, columns predicted)."""
+    cm = cm.to(torch.float64)
+    n = cm.sum().item()
+    correct = cm.diag().sum().item()
+    k = cm.shape[0]
+
+    def f1_of(c):
+        tp, fp, fn = cm[c, c].item(), cm[:, c].sum().item() - cm[c, c].item(), cm[c, :].sum().item() - cm[c, c].item()
+        return 0. if tp == 0 else 2 * tp / (2 * tp + fp + fn)
+
+    f1 = f1_of(1) if k == 2 else sum(f1_of(c) for c in range(k)) / k
+    # multi-class MCC (Gorodkin 2004), which is Matthews' phi for two classes (as scikit-learn's matthews_corrcoef)
+    t, p = cm.sum(1), cm.sum(0)
+    cov_ytyp = correct * n - (t * p).sum().item()
+    cov_ypyp = n * n - (p * p).sum().item()
+    cov_ytyt = n * n - (t * t).sum().item()
+    denom = math.sqrt(cov_ypyp * cov_ytyt)
+    mcc = 0. if denom == 0 else cov_ytyp / denom
+    return {'acc': 100. * correct / max(n, 1.), 'f1': 100. * f1, 'mcc': 100. * mcc, 'examples': int(n),
+            'f1_average': 'binary (label id 1)' if k == 2 else 'macro'}
+
+
+def classification_metrics(predictions, labels, num_labels: int) -> Dict[str, float]:
+    """Accuracy, F1 (binary: of label id 1; more labels: macro) and Matthews correlation, all in %, of class-id
+    sequences; equal to scikit-learn's ``accuracy_score`` / ``f1_score`` / ``matthews_corrcoef`` x 100."""
+    predictions = torch.as_tensor(predictions, dtype=torch.long).reshape(-1)
+    labels = torch.as_tensor(labels, dtype=torch.long).reshape(-1)
+    cm = torch.bincount(labels * num_labels + predictions, minlength=num_labels * num_labels)
+    return _metrics_from_confusion(cm.reshape(num_labels, num_labels))
+
+
+# ------------------------------------------------------------------------------------------------ the task
+def _forward(model, batch: Dict[str, torch.Tensor], device, amp_autocast):
+    inputs = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+    with amp_autocast():
+        return model(**inputs)
+
+
+@torch.no_grad()
+def evaluate_classifier(model: nn.Module, batches: Sequence[Dict[str, torch.Tensor]], num_labels: int, device,
+                        amp_autocast=nullcontext, dist_info=None) -> Dict[str, float]:
+    """Dev loss and :func:`classification_metrics` over ``batches`` (split over the ranks, sums reduced)."""
+    model.eval()
+    rank, world = (dist_info.rank, dist_info.world_size) if dist_info is not None and dist_info.distributed else (0, 1)
+    cm = torch.zeros(num_labels * num_labels, dtype=torch.float64)
+    loss_sum = torch.zeros(1, dtype=torch.float64)
+    start = time.perf_counter()
+    for batch in batches[rank::world]:
+        out = _forward(model, batch, device, amp_autocast)
+        logits = out.logits.float()
+        labels = batch['labels'].to(device)
+        loss_sum += torch.nn.functional.cross_entropy(logits, labels, reduction='sum').item()
+        cm += torch.bincount((labels * num_labels + logits.argmax(-1)).cpu(),
+                             minlength=num_labels * num_labels).to(torch.float64)
+    if world > 1:
+        dist.all_reduce(cm)
+        dist.all_reduce(loss_sum)
+    metrics = _metrics_from_confusion(cm.reshape(num_labels, num_labels))
+    metrics['loss'] = loss_sum.item() / max(metrics['examples'], 1)
+    metrics['seconds'] = time.perf_counter() - start
+    return metrics
+
+
+def _epoch_order(n: int, seed: int, epoch: int) -> torch.Tensor:
+    return torch.randperm(n, generator=torch.Generator().manual_seed(seed * 100_003 + epoch))
+
+
+@dataclasses.dataclass
+class ClassifyData:
+    """The labelled files of a run, their label names and the encoded training examples."""
+    train: LabelledData
+    dev: LabelledData
+    test: Optional[LabelledData]
+    names: List[str]  # label names in id order
+
+    @property
+    def to_id(self) -> Dict[str, int]:
+        return {n: i for i, n in enumerate(self.names)}
+
+    def labels(self, data: LabelledData) -> torch.Tensor:
+        to_id = self.to_id
+        return torch.tensor([to_id[x] for x in data.labels], dtype=torch.long)
+
+
+def _read_data(args, resumed: dict) -> ClassifyData:
+    """--train-file / --val-file / --test-file with their columns and the label set (checked against a resume)."""
+    text_columns = None
+    if args.text_columns:
+        text_columns = [c.strip() for c in args.text_columns.split(',')]
+        if not all(text_columns):
+            raise UsageError(f'--text-columns {args.text_columns!r} has an empty name; expected e.g. "sentence" or '
+                             f'"question,sentence"')
+    train = read_labelled_file(args.train_file, text_columns, args.label_column, '--train-file')
+    if not args.val_file:
+        raise UsageError('--task classify needs --val-file (the dev file, same columns as --train-file)')
+    dev = read_labelled_file(args.val_file, train.text_columns, args.label_column, '--val-file')
+    names = label_ids(train.labels, dev.labels)
+    test = None
+    if args.test_file:
+        test = read_labelled_file(args.test_file, train.text_columns, args.label_column, '--test-file')
+        label_ids(train.labels, test.labels, '--test-file')
+    if resumed and resumed.get('label_names') not in (None, names):
+        raise UsageError(f'--resume {args.resume} was trained with labels {resumed["label_names"]}, the files now '
+                         f'have {names}')
+    return ClassifyData(train, dev, test, names)
+
+
+def _build_classifier(args, run: TrainingRun, data: ClassifyData) -> Tuple[nn.Module, str, Tokenizer, InitReport]:
+    """(model, family, tokenizer, report): the resumed run's architecture and tokenizer (its weights come with the
+    run's restore), else :func:`init_classifier`; sets ``--block-size`` (default: the model's maximum length)."""
+    if args.init_from and args.tokenizer_from:
+        raise UsageError('--tokenizer-from is for a model trained from scratch; with --init-from the checkpoint\'s '
+                         'tokenizer is used (give one of the two)')
+    random_seed(args.seed, run.dist_info.rank)
+    run.check_resume(task=args.task)
+    resumed = run.resume_ckpt or {}
+    train = data.train
+    if resumed:
+        family = resumed['model_cfg']['family']
+        cls = model_class(family, 'sequence_classification')
+        model = cls(cls.config_class.from_dict(resumed['model_config']))
+        tokenizer = tokenizer_from_dict(resumed['tokenizer'])
+        report = InitReport(**resumed['init_report'])
+    else:
+        model, family, tokenizer, report = init_classifier(
+            args.init_from, args.model, args.model_kwargs, len(data.names),
+            tokenizer_for_scratch=lambda: scratch_tokenizer(args.tokenizer, train.texts + (train.pairs or []),
+                                                            args.tokenizer_from),
+            trust=getattr(args, 'trust_checkpoint', False))
+        if args.init_from:  # the checkpoint decides the architecture; --model names it in the outputs
+            args.model = f'{type(model).__name__} from {args.init_from}'
+    if tokenizer.cls_id is None or tokenizer.pad_id is None:
+        raise UsageError(f'the tokenizer {tokenizer!r} has no <cls> / <pad> token; sequence classification needs '
+                         f'both (the BERT template)')
+    if train.pairs is not None and tokenizer.sep_id is None:
+        raise UsageError(f'sentence pairs need a separator token; the tokenizer {tokenizer!r} has none')
+    max_len = model.config.max_position_embeddings
+    args.block_size = max_len if args.block_size is None else args.block_size
+    if args.block_size > max_len:
+        raise UsageError(f'--block-size {args.block_size} is larger than the model\'s maximum length {max_len}')
+    if args.block_size < tokenizer.num_special_tokens(train.pairs is not None) + 1:
+        raise UsageError(f'--block-size {args.block_size} leaves no room for text after the special tokens')
+    return model, family, tokenizer, report
+
+
+class ClassificationTask(StepTask):
+    """Sequence classification for :func:`~.steps.run_steps`: epochs of the training examples in a seeded order
+    (the incomplete tail dropped, so every batch has one size), cross-entropy, dev accuracy / F1 / MCC; with
+    ``--model-ema`` the average is evaluated (and the raw weights' accuracy reported beside it)."""
+    best_key = 'acc'
+
+    def __init__(self, args, run: TrainingRun, opt: Optimization, data: ClassifyData, tokenizer: Tokenizer,
+                 state: StepState, meta: dict):
+        self.args, self.run, self.opt, self.data, self.tokenizer, self.state, self.meta = \
+            args, run, opt, data, tokenizer, state, meta
+        self.num_labels = len(data.names)
+        self.with_types = 'token_type_ids' in inspect.signature(opt.model.forward).parameters
+        self.train_ids, self.train_types = encode_examples(tokenizer, data.train, args.block_size)
+        self.train_labels = data.labels(data.train)
+        self.dev_batches = self.eval_batches(data.dev)
+        self.test_batches = self.eval_batches(data.test) if data.test is not None else None
+        self.global_bs = args.batch_size * run.dist_info.world_size
+        if len(data.train) < self.global_bs:
+            raise UsageError(f'the training file has {len(data.train)} examples, fewer than one batch of '
+                             f'{self.global_bs}; use a smaller --batch-size')
+        self.seconds_before = (run.resume_ckpt or {}).get('train_seconds', 0.)
+        self.load_data_state({'epoch': 0, 'position': 0})
+
+    def eval_batches(self, data: LabelledData) -> List[Dict[str, torch.Tensor]]:
+        bs = self.args.eval_batch_size or self.args.batch_size
+        ids, types = encode_examples(self.tokenizer, data, self.args.block_size)
+        labels = self.data.labels(data)
+        return [collate(ids[i:i + bs], types[i:i + bs], labels[i:i + bs], self.tokenizer.pad_id, self.with_types)
+                for i in range(0, len(ids), bs)]
+
+    def score(self, model: nn.Module, batches=None, dist_info='run') -> Dict[str, float]:
+        dist_info = self.run.dist_info if dist_info == 'run' else dist_info
+        return evaluate_classifier(model, self.dev_batches if batches is None else batches, self.num_labels,
+                                   self.run.dist_info.device, self.opt.amp_autocast, dist_info)
+
+    def micro_loss(self) -> torch.Tensor:
+        if self.position + self.global_bs > len(self.data.train):  # drop the incomplete tail
+            self.load_data_state({'epoch': self.epoch + 1, 'position': 0})
+        rank, world = self.run.dist_info.rank, self.run.dist_info.world_size
+        idx = self.order[self.position:self.position + self.global_bs][rank::world].tolist()
+        self.position += self.global_bs
+        batch = collate([self.train_ids[i] for i in idx], [self.train_types[i] for i in idx], self.train_labels[idx],
+                        self.tokenizer.pad_id, self.with_types)
+        return _forward(self.opt.train_model, batch, self.run.dist_info.device, self.opt.amp_autocast).loss
+
+    def evaluate(self) -> Dict[str, float]:
+        """The dev metrics of the weights the run keeps: the EMA's when there is one (plus the raw weights' acc)."""
+        if self.opt.model_ema is None:
+            return self.score(self.opt.model)
+        return {**self.score(self.opt.model_ema.module), 'raw_acc': self.score(self.opt.model)['acc']}
+
+    def data_state(self) -> dict:
+        return {'epoch': self.epoch, 'position': self.position}
+
+    def load_data_state(self, state: dict) -> None:
+        self.epoch, self.position = state['epoch'], state['position']
+        self.order = _epoch_order(len(self.data.train), self.args.seed, self.epoch)
+
+    def checkpoint_fields(self, metrics) -> dict:
+        ema = self.opt.model_ema
+        return dict(train_seconds=self.seconds_before + self.state.train_seconds, val_metrics=metrics,
+                    state_dict_ema=None if ema is None else ema.module.state_dict(), **self.meta)
+
+    def progress(self) -> str:
+        return f'epoch {self.epoch}'
+
+    def eval_report(self, m) -> Tuple[dict, str]:
+        state = self.state
+        row = {'val_acc': m['acc'], 'val_f1': m['f1'], 'val_mcc': m['mcc'],
+               **({'raw_val_acc': m['raw_acc']} if 'raw_acc' in m else {}),
+               'examples_per_sec': state.step * self.global_bs * self.args.grad_accum_steps / max(
+                   self.seconds_before + state.train_seconds, 1e-9) if state.start_step == 0 else None}
+        text = (f'dev loss {m["loss"]:.4f} acc {m["acc"]:.2f}% F1 {m["f1"]:.2f} MCC {m["mcc"]:.2f}'
+                + (f' (EMA; raw weights {m["raw_acc"]:.2f}%)' if 'raw_acc' in m else ''))
+        return row, text
+
+
+def train_classifier(args, run: TrainingRun, argv: Sequence[str], prog: str) -> Optional[dict]:
+    """``--task classify`` inside the run of :func:`mlp_vision.training.text.cli.main` (see the module docstring)."""
+    dist_info = run.dist_info
+    data = _read_data(args, run.resume_ckpt or {})
+    model, family, tokenizer, report = _build_classifier(args, run, data)
+    model.to(dist_info.device)
+    recipe_info = apply_recipe(args, load_recipe(FINETUNE_RECIPE), FINETUNE_RECIPE)
+    opt = setup_optimization(args, run, model, family, ema=args.model_ema)
+    state = StepState(step=opt.start_step, start_step=opt.start_step)
+    meta = dict(task=args.task, model_cfg={'name': args.model, 'family': family, 'kwargs': dict(args.model_kwargs)},
+                model_config=model.config.to_dict(), tokenizer=tokenizer.to_dict(), block_size=args.block_size,
+                label_names=data.names, text_columns=list(data.train.text_columns), init_report=report.to_dict())
+    task = ClassificationTask(args, run, opt, data, tokenizer, state, meta)
+
+    output_dir = run.open_outputs('./output/text', f'{datetime.now():%Y%m%d-%H%M%S}-{family}-classify')
+    run.log_settings_changes()
+    counts, majority = _log_setup(args, run, task, family, report, recipe_info)
+    if dist_info.primary:
+        _logger.info(f'Outputs: {output_dir}')
+    if not run_steps(args, run, state, task, opt):
+        return state.stop_result
+    run.begin_final_stage()
+    return _finish(args, run, task, family, report, recipe_info, counts, majority, output_dir,
+                   command_line(prog, argv))
+
+
+def _log_setup(args, run: TrainingRun, task: ClassificationTask, family: str, report: InitReport,
+               recipe_info: dict) -> Tuple[List[int], float]:
+    """The setup lines of the log; (training label counts, dev majority-class accuracy %)."""
+    opt, data, n = task.opt, task.data, task.num_labels
+    counts = torch.bincount(task.train_labels, minlength=n).tolist()
+    dev_labels = data.labels(data.dev)
+    majority = 100. * torch.bincount(dev_labels, minlength=n).max().item() / len(dev_labels)
+    _logger.info(f'Model {type(opt.model).__name__} ({params_note(opt.model)}, {family}) on {run.dist_info.device}, '
+                 f'AMP {opt.amp_dtype if args.amp else "off"}, {torch.get_num_threads()} threads')
+    _logger.info(report.log_line())
+    _logger.info(f'Data: {len(data.train)} training examples ({args.train_file}), {len(data.dev)} dev '
+                 f'({args.val_file}); text columns {list(data.train.text_columns)}, labels '
+                 f'{dict(zip(data.names, counts))} (training counts), dev majority class {majority:.2f}%; max length '
+                 f'{args.block_size}; {task.tokenizer!r}')
+    _logger.info(f'Task classify: {args.steps} updates x batch {args.batch_size} x accum {args.grad_accum_steps} x '
+                 f'{run.dist_info.world_size} processes; AdamW lr {args.lr:g} wd {args.weight_decay:g}, '
+                 f'{args.warmup_steps} warmup then {args.sched} ({recipe_info["source"]})'
+                 + (f'; weight EMA decay {args.model_ema_decay:g} (it is evaluated, selected and exported)'
+                    if opt.model_ema is not None else '')
+                 + (f'; resuming at step {opt.start_step} from {args.resume}' if args.resume else ''))
+    return counts, majority
+
+
+def _best_weights(run: TrainingRun, task: ClassificationTask, final_metrics: dict) -> Tuple[dict, int]:
+    """Load the weights that were selected into the model: model_best.pth's (its EMA's with ``--model-ema``; a best
+    checkpoint saved before --model-ema was added on a resume has none, and was chosen on its raw weights), else
+    the final EMA; (their dev metrics, their step)."""
+    model, ema = task.opt.model, task.opt.model_ema
+    if run.saver.best_path.exists():
+        best = load_checkpoint_file(run.saver.best_path, what='model_best.pth')
+        ema_weights = best.get('state_dict_ema') if ema is not None else None
+        model.load_state_dict(best['state_dict'] if ema_weights is None else ema_weights)
+        return best.get('val_metrics') or final_metrics, best['step']
+    if ema is not None:
+        model.load_state_dict(ema.module.state_dict())
+    return final_metrics, task.state.step
+
+
+def _finish(args, run: TrainingRun, task: ClassificationTask, family: str, report: InitReport, recipe_info: dict,
+            counts: List[int], majority: float, output_dir: Path, command: str) -> Optional[dict]:
+    """The best checkpoint's test score, ``pretrained/``, results.json, curves and the closing log line (rank 0)."""
+    opt, data, model = task.opt, task.data, task.opt.model
+    final_metrics = task.state.val_metrics if task.state.val_metrics is not None else task.evaluate()
+    digests = run.weights_digests(model, opt.model_ema.module if opt.model_ema is not None else None)
+    if not run.dist_info.primary:
+        return None
+    best_metrics, best_step = _best_weights(run, task, final_metrics)
+    # the test file is scored once, by the best checkpoint, on the primary rank alone (no reduction across ranks)
+    test_metrics = task.score(model, task.test_batches, dist_info=None) if data.test is not None else None
+    with atomic_folder(output_dir / 'pretrained') as folder:
+        model.save_pretrained(str(folder), tokenizer=task.tokenizer)
+        (folder / 'labels.json').write_text(json.dumps(
+            {'label_names': data.names, 'text_columns': list(data.train.text_columns),
+             'label_column': args.label_column, 'max_length': args.block_size}, indent=2))
+    results = {
+        'model': type(model).__name__, 'family': family, 'task': 'classify', 'model_config': model.config.to_dict(),
+        'params': sum(p.numel() for p in model.parameters()), 'init': report.to_dict(),
+        'tokenizer': {'type': task.tokenizer.to_dict()['tokenizer_type'], 'vocab_size': task.tokenizer.vocab_size},
+        'data': {'train_file': args.train_file, 'val_file': args.val_file,
+                 'text_columns': list(data.train.text_columns), 'label_column': args.label_column,
+                 'label_names': data.names, 'train_examples': len(data.train), 'dev_examples': len(data.dev),
+                 'train_label_counts': counts, 'dev_majority_acc': majority},
+        'max_length': args.block_size, 'steps': args.steps, 'batch_size': args.batch_size,
+        'optimizer': {'name': 'adamw', 'lr': args.lr, 'betas': list(args.opt_betas), 'eps': args.opt_eps,
+                      'weight_decay': args.weight_decay, 'sched': args.sched, 'warmup_steps': args.warmup_steps,
+                      'clip_grad': args.clip_grad, **recipe_info},
+        'model_ema': None if opt.model_ema is None else {
+            'decay': args.model_ema_decay, 'note': 'val metrics, model_best.pth\'s choice, test and pretrained/ are '
+                                                   'the EMA weights\''},
+        'best_step': best_step, 'val_best': best_metrics, 'val_final': final_metrics,
+        'test_file': args.test_file or None, 'test': test_metrics,
+        'train_seconds': task.seconds_before + task.state.train_seconds,
+        'wall_seconds_this_process': time.time() - run.start_time, 'device': str(run.dist_info.device),
+        'world_size': run.dist_info.world_size, 'threads': torch.get_num_threads(), 'seed': args.seed,
+        'torch': torch.__version__, 'weights_sha256_per_rank': digests,
+        'checkpoints': {'last': str(run.saver.last_path),
+                        'best': str(run.saver.best_path) if run.saver.best_path.exists() else None,
+                        'pretrained': str(output_dir / 'pretrained') + ' (the best checkpoint\'s weights)'},
+        'experiment_dir': str(output_dir),
+        'command': command,
+    }
+    run.write_results(results)
+    plot_curves(output_dir / 'summary.csv', output_dir / 'curves.png', title=f'{type(model).__name__} (classify)',
+                x='step', loss_columns=('train_loss', 'val_loss'), metric_columns=('val_acc',),
+                metric_label='dev accuracy (%)')
+    _logger.info(f'Done: best dev acc {best_metrics["acc"]:.2f}% F1 {best_metrics["f1"]:.2f} MCC '
+                 f'{best_metrics["mcc"]:.2f} at step {best_step} (final: acc {final_metrics["acc"]:.2f}%; majority '
+                 f'class {majority:.2f}%)'
+                 + (f'; test ({args.test_file}, the best checkpoint): acc {test_metrics["acc"]:.2f}% F1 '
+                    f'{test_metrics["f1"]:.2f} MCC {test_metrics["mcc"]:.2f}' if test_metrics is not None else '')
+                 + f'; {format_duration(time.time() - run.start_time)}')
+    run.list_outputs()
+    return results

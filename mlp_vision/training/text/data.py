@@ -1,0 +1,260 @@
+""" Text data of the language-model trainer (:mod:`mlp_vision.train_text`): reading text files, the run's
+tokenizer, training batches sampled from a token stream and the fixed validation batches.
+
+* causal: every training sample is a contiguous block of ``block_size`` tokens at a random offset of the training
+  tokens; the target is the block shifted by one (the trainer scores position t on token t + 1).
+* mlm: every training sample is ``<cls>`` + a contiguous window of ``block_size - 2`` tokens at a random offset +
+  ``<sep>`` (padded with ``<pad>`` only where the text is shorter than a window), masked as BERT (arXiv 1810.04805,
+  §3.1 "Task #1: Masked LM"): of the non-special positions of each segment exactly ``round(0.15 n)`` (at least
+  one) are selected; of those 80 % become ``<mask>``, 10 % a random non-special token and 10 % stay; the loss is on
+  the selected positions only.
+* validation: the held-out tokens cut into consecutive non-overlapping blocks / segments (MLM masks drawn once
+  from the seed, so every evaluation and every model sees the same masked positions).
+
+A batch is ``(input ids (B, L), attention mask (B, L) bool or None, labels (B, L))``; labels are -100 where not
+scored. Tokenizers: ``char`` -- the training text's distinct characters (plus ``<unk>`` when the held-out text has
+others), so Tiny Shakespeare gives the papers' 65-character vocabulary; ``byte`` -- UTF-8 bytes (256). MLM adds
+``<pad> <cls> <sep> <mask>``.
+"""
+import logging
+import math
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import torch
+
+from ..errors import UsageError
+from ...text.tokenizer import DEFAULT_CONTROL_TOKENS, SUBWORD_KINDS, ByteTokenizer, CharTokenizer, Tokenizer, \
+    find_tokenizer, train_tokenizer
+
+__all__ = [
+    'Batch', 'MLM_CONTROL_TOKENS', 'build_tokenizer', 'tokenizer_from_path', 'encode_text', 'read_text_file', 'sample_causal_batch',
+    'causal_eval_batches', 'MLMMasker', 'mlm_segments', 'sample_mlm_batch', 'mlm_eval_batches', 'subset_batches',
+    'unigram_mlm_baseline',
+]
+
+_logger = logging.getLogger(__name__)
+
+Batch = Tuple[torch.Tensor, Optional[torch.Tensor], torch.Tensor]  # input ids, attention mask or None, labels
+MLM_CONTROL_TOKENS = tuple(DEFAULT_CONTROL_TOKENS)  # <pad> <cls> <sep> <mask>
+UNK = '<unk>'
+
+
+def build_tokenizer(kind: str, task: str, train_text: str, val_text: str = '', vocab_size: int = 8000) -> Tokenizer:
+    """The tokenizer of a run: ``char`` (alphabet of ``train_text``; ``<unk>`` added only when ``val_text`` has
+    other characters) or ``byte``, where MLM gets ``<pad> <cls> <sep> <mask>`` after the base vocabulary; or a
+    subword vocabulary (``wordpiece`` / ``bpe``, :func:`~mlp_vision.text.tokenizer.train_tokenizer`) of at most
+    ``vocab_size`` tokens trained on the lines of ``train_text`` only (BERT's special tokens first)."""
+    if kind in SUBWORD_KINDS:
+        tokenizer = train_tokenizer(texts=train_text.splitlines(), kind=kind, vocab_size=vocab_size)
+        if tokenizer.vocab_size < vocab_size:  # the trainer stops when no pair is frequent enough to merge
+            _logger.warning(f'--vocab-size {vocab_size}: the {kind} vocabulary trained on the training text has only '
+                            f'{tokenizer.vocab_size} tokens (the text has no more pieces that occur twice); the model '
+                            f'gets {tokenizer.vocab_size} embeddings')
+        return tokenizer
+    specials = MLM_CONTROL_TOKENS if task == 'mlm' else ()
+    if kind == 'byte':
+        return ByteTokenizer(specials)
+    if kind != 'char':
+        raise UsageError(f"--tokenizer must be one of 'char', 'byte', {', '.join(map(repr, SUBWORD_KINDS))}; "
+                         f"got {kind!r}")
+    alphabet = set(train_text)
+    unseen = set(val_text) - alphabet
+    if unseen:
+        count = sum(c in unseen for c in val_text)
+        _logger.info(f'char tokenizer: {len(unseen)} characters of the validation text ({count} occurrences) '
+                     f'are not in the training text; they map to {UNK}')
+    return CharTokenizer(alphabet, specials, unk=UNK if unseen else None)
+
+
+def tokenizer_from_path(path: str, needs: Sequence[str] = ()) -> Tokenizer:
+    """``--tokenizer-from PATH``: the tokenizer of a folder (our ``pretrained/`` or a run folder, an official one) or
+    file (``tokenizer.json``, BERT ``vocab.txt``), so that several runs share one vocabulary exactly (WordPiece
+    training is not reproducible run to run). ``needs``: control tokens the task uses (``'cls'``, ``'sep'``,
+    ``'pad'``, ``'mask'``); a tokenizer without one is a :class:`UsageError`."""
+    if not Path(path).exists():
+        raise UsageError(f'--tokenizer-from {path} does not exist')
+    tokenizer = find_tokenizer(path)
+    if tokenizer is None:
+        raise UsageError(f'--tokenizer-from {path} holds no tokenizer (tokenizer_config.json, tokenizer.json or '
+                         f'vocab.txt)')
+    missing = [name for name in needs if getattr(tokenizer, f'{name}_id') is None]
+    if missing:
+        raise UsageError(f'--tokenizer-from {path}: this task needs the {", ".join(f"<{n}>" for n in needs)} '
+                         f'tokens; the tokenizer lacks {", ".join(f"<{n}>" for n in missing)}')
+    return tokenizer
+
+
+def encode_text(tok: Tokenizer, text: str, what: str) -> torch.Tensor:
+    """``text`` as a 1-D int64 tensor of ids; a :class:`UsageError` naming ``what`` for an unknown character."""
+    try:
+        ids = tok.encode(text)
+    except KeyError as e:
+        raise UsageError(f'the {what} has character {e.args[0]!r}, which the tokenizer (from the checkpoint or the '
+                         f'training text) does not know') from None
+    return torch.tensor(ids, dtype=torch.long)
+
+
+def read_text_file(path: str, what: str) -> str:
+    """The UTF-8 text of ``path``, with a clear error when it is missing, not a file, empty or not UTF-8."""
+    if not path:
+        raise UsageError(f'no {what} given (--train-file PATH)')
+    p = Path(path)
+    if not p.exists():
+        raise UsageError(f'{what} {path!r} does not exist')
+    if not p.is_file():
+        raise UsageError(f'{what} {path!r} is not a file')
+    try:
+        text = p.read_text(encoding='utf-8')
+    except UnicodeDecodeError as e:
+        raise UsageError(f'{what} {path!r} is not UTF-8 text: {e}') from None
+    if not text.strip():
+        raise UsageError(f'{what} {path!r} is empty')
+    return text
+
+
+def sample_causal_batch(ids: torch.Tensor, batch_size: int, block_size: int,
+                        generator: torch.Generator) -> Batch:
+    """``batch_size`` random contiguous blocks: inputs ``ids[i:i+T]``, targets ``ids[i+1:i+T+1]``."""
+    starts = torch.randint(len(ids) - block_size, (batch_size,), generator=generator)
+    offsets = torch.arange(block_size)
+    x = ids[starts[:, None] + offsets]
+    y = ids[starts[:, None] + offsets + 1]
+    return x, None, y
+
+
+def causal_eval_batches(ids: torch.Tensor, block_size: int, batch_size: int) -> List[Batch]:
+    """All full non-overlapping blocks of the held-out tokens, in order, as batches."""
+    n_blocks = (len(ids) - 1) // block_size
+    starts = torch.arange(n_blocks) * block_size
+    offsets = torch.arange(block_size)
+    batches = []
+    for chunk in starts.split(batch_size):
+        batches.append((ids[chunk[:, None] + offsets], None, ids[chunk[:, None] + offsets + 1]))
+    return batches
+
+
+class MLMMasker:
+    """BERT masking: of the non-special positions of each row, exactly ``max(1, round(rate * n))`` are selected;
+    a selected position becomes ``<mask>`` with probability 0.8, a random non-special token with 0.1, and stays
+    with 0.1. Labels are the original ids at the selected positions and ``ignore_index`` elsewhere.
+
+    Args:
+        tokenizer: gives ``mask_id``, the special ids and the base (non-special) vocabulary size.
+        rate: fraction of the non-special positions selected (0.15).
+        mask_prob, random_prob: replacement fractions of the selected positions (0.8, 0.1; the rest stay).
+    """
+
+    def __init__(self, tokenizer: Tokenizer, rate: float = 0.15, mask_prob: float = 0.8, random_prob: float = 0.1,
+                 ignore_index: int = -100):
+        if tokenizer.mask_id is None:
+            raise ValueError('masked LM needs a tokenizer with a <mask> token')
+        self.mask_id = tokenizer.mask_id
+        self.special_ids = torch.tensor(tokenizer.special_ids, dtype=torch.long)
+        # random replacements are drawn from the non-special ids (char / byte: 0..n-1, the specials come after;
+        # a subword vocabulary puts its specials first, BERT's at 0 and 100-103)
+        is_base = torch.ones(tokenizer.vocab_size, dtype=torch.bool)
+        is_base[self.special_ids] = False
+        self.base_ids = is_base.nonzero().squeeze(1)
+        self.rate, self.mask_prob, self.random_prob = rate, mask_prob, random_prob
+        self.ignore_index = ignore_index
+
+    def __call__(self, input_ids: torch.Tensor, generator: torch.Generator) -> Tuple[torch.Tensor, torch.Tensor]:
+        """(B, L) ids -> (masked input ids, labels)."""
+        candidate = ~torch.isin(input_ids, self.special_ids)
+        n_candidates = candidate.sum(dim=1)
+        n_select = torch.clamp((n_candidates.double() * self.rate).round().long(), min=1)
+        n_select = torch.minimum(n_select, n_candidates)
+        scores = torch.rand(input_ids.shape, generator=generator)
+        scores = scores.masked_fill(~candidate, 2.)  # specials sort last: never selected
+        rank = scores.argsort(dim=1).argsort(dim=1)
+        selected = rank < n_select[:, None]
+        labels = input_ids.masked_fill(~selected, self.ignore_index)
+        action = torch.rand(input_ids.shape, generator=generator)
+        random_tokens = self.base_ids[torch.randint(len(self.base_ids), input_ids.shape, generator=generator)]
+        out = input_ids.clone()
+        to_mask = selected & (action < self.mask_prob)
+        to_random = selected & (action >= self.mask_prob) & (action < self.mask_prob + self.random_prob)
+        out[to_mask] = self.mask_id
+        out[to_random] = random_tokens[to_random]
+        return out, labels
+
+
+def mlm_segments(ids: torch.Tensor, starts: torch.Tensor, block_size: int,
+                 tokenizer: Tokenizer) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``<cls>`` + ``ids[s : s + block_size - 2]`` + ``<sep>`` per start, right-padded with ``<pad>`` where the
+    text ends early. Returns (input ids (B, block_size), attention mask (B, block_size) bool)."""
+    body = block_size - 2
+    out = torch.full((len(starts), block_size), tokenizer.pad_id, dtype=torch.long)
+    mask = torch.zeros((len(starts), block_size), dtype=torch.bool)
+    for row, s in enumerate(starts.tolist()):
+        piece = ids[s:s + body]
+        n = len(piece)
+        out[row, 0] = tokenizer.cls_id
+        out[row, 1:1 + n] = piece
+        out[row, 1 + n] = tokenizer.sep_id
+        mask[row, :n + 2] = True
+    return out, mask
+
+
+def sample_mlm_batch(ids: torch.Tensor, batch_size: int, block_size: int, tokenizer: Tokenizer,
+                     masker: MLMMasker, generator: torch.Generator) -> Batch:
+    """``batch_size`` segments at random offsets, masked. The attention mask is None when no row is padded."""
+    body = block_size - 2
+    starts = torch.randint(max(len(ids) - body, 0) + 1, (batch_size,), generator=generator)
+    segments, attention = mlm_segments(ids, starts, block_size, tokenizer)
+    inputs, labels = masker(segments, generator)
+    return inputs, (None if bool(attention.all()) else attention), labels
+
+
+def mlm_eval_batches(ids: torch.Tensor, block_size: int, batch_size: int, tokenizer: Tokenizer,
+                     masker: MLMMasker, seed: int) -> List[Batch]:
+    """The held-out tokens as consecutive segments (the last one padded), masked once with ``seed``."""
+    body = block_size - 2
+    starts = torch.arange(0, len(ids), body)
+    generator = torch.Generator().manual_seed(seed)
+    batches = []
+    for chunk in starts.split(batch_size):
+        segments, attention = mlm_segments(ids, chunk, block_size, tokenizer)
+        inputs, labels = masker(segments, generator)
+        batches.append((inputs, None if bool(attention.all()) else attention, labels))
+    return batches
+
+
+def subset_batches(batches: List[Batch], n: int, seed: int) -> List[Batch]:
+    """A fixed, evenly drawn subset of ``n`` batches (all when n <= 0 or n >= len)."""
+    if n <= 0 or n >= len(batches):
+        return batches
+    order = torch.randperm(len(batches), generator=torch.Generator().manual_seed(seed))[:n].sort().values
+    return [batches[i] for i in order.tolist()]
+
+
+def unigram_mlm_baseline(train_ids: torch.Tensor, batches: Sequence[Batch], base_ids: torch.Tensor,
+                         mask_id: Optional[int] = None) -> Dict[str, float]:
+    """Masked-token accuracy (%) and perplexity of a model that ignores the input and predicts every masked
+    token from the training text's token frequencies (add-one smoothed over the text tokens ``base_ids``, the
+    non-special ids); accuracy = always answering the most frequent training token. Same scored positions as the
+    trainer's ``evaluate_lm``."""
+    vocab = max(int(train_ids.max()) + 1, int(base_ids.max()) + 1)
+    counts = torch.bincount(train_ids, minlength=vocab)[base_ids].double() + 1.
+    log_p_base = (counts / counts.sum()).log()
+    # special labels get the smallest text-token probability
+    log_p = torch.full((vocab,), float(log_p_base.min()), dtype=torch.float64)
+    log_p[base_ids] = log_p_base
+    top = int(base_ids[counts.argmax()])
+    nll, n, correct, n_mask, correct_mask = 0., 0, 0, 0, 0
+    for x, _, y in batches:
+        scored = y != -100
+        labels = y[scored]
+        lp = log_p[labels.clamp(max=vocab - 1)]
+        nll -= lp.sum().item()
+        n += len(labels)
+        correct += (labels == top).sum().item()
+        if mask_id is not None:
+            at_mask = x[scored] == mask_id
+            n_mask += int(at_mask.sum())
+            correct_mask += int((labels[at_mask] == top).sum())
+    loss = nll / n
+    return {'loss': loss, 'ppl': math.exp(loss), 'masked_acc': 100. * correct / n,
+            'mask_token_acc': 100. * correct_mask / max(n_mask, 1), 'tokens': n, 'predicted_token_id': top}
+

@@ -1,0 +1,417 @@
+""" Language modelling with the text models of :mod:`mlp_vision.text`: char/byte-level causal LM or BERT-style
+masked LM (``--task causal`` / ``mlm`` of ``python -m mlp_vision.train_text``).
+
+One step-based loop for every registered text model; the run itself (outputs, resume, checkpoints, AMP and the
+optimizer step, timm's LR schedule, NaN and signal stops, results) is the training core of
+:mod:`mlp_vision.training.run`, shared with ``train.py``; the data is :mod:`.data`::
+
+    # char-level causal LM on Tiny Shakespeare (first 90 % train, last 10 % validation)
+    python -m mlp_vision.train_text --task causal --model gpt_mlp_attention \\
+        --train-file ../shared/data/tinyshakespeare/input.txt --steps 2000 -b 32 --sample-prompt "ROMEO:"
+
+    # masked LM (15 % masking, 80/10/10) with a separate held-out file
+    python -m mlp_vision.train_text --task mlm --model gmlp_base --model-kwargs num_hidden_layers=6 \\
+        hidden_size=256 intermediate_size=1536 --train-file wikitext-2/valid.txt --val-file wikitext-2/test.txt
+
+    # two processes (gloo on CPU, NCCL on GPUs)
+    torchrun --nproc_per_node=2 -m mlp_vision.train_text --task causal --model gpt_sdpa --train-file input.txt
+
+    # continue a run in its folder with its saved settings (bit-exact on CPU, 1 process); flags given override them
+    python -m mlp_vision.train_text --resume output/text/EXP/last.pth [--steps 4000]
+
+Validation uses a fixed subset of ``--eval-batches`` batches periodically and all of them (or
+``--final-eval-batches``) at the end. Training batches come from a generator of their own (seeded by ``--seed``
+and the rank), so two models trained with the same seed see the same data in the same order; dropout uses the
+global RNG. The tokenizer is stored in every checkpoint and saved with the model in ``pretrained/``.
+
+Optimizer: AdamW (timm's ``create_optimizer_v2``: no weight decay on biases / norms / 1-D parameters; BiGS: the
+official decay mask of :func:`~mlp_vision.text.bigs.bigs_param_groups`) with the recipe of the model family
+(``configs/text/``, :mod:`.recipes`); every value can be overridden. Schedule (timm's, per update): linear warmup over
+``--warmup-steps`` from LR / warmup_steps, then ``--sched`` ``cosine`` | ``linear`` (to ``--min-lr-ratio`` x LR)
+| ``constant``.
+
+Outputs (``--output/--experiment``): ``args.yaml``, ``train.log``, ``summary.csv`` (step, lr, train loss, val
+loss, val perplexity, [masked accuracy], tokens/s), ``last.pth`` / ``model_best.pth`` (lowest periodic val loss),
+``results.json``, ``curves.png``, ``pretrained/`` (``save_pretrained`` with the tokenizer), ``samples.txt``
+(causal, with ``--sample-prompt``).
+"""
+import dataclasses
+import json
+import logging
+import math
+import time
+from contextlib import nullcontext
+from datetime import datetime
+from functools import partial
+from pathlib import Path
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from timm.utils import random_seed, unwrap_model
+
+from ...text.modeling_utils import masked_lm_loss as lm_loss  # token cross-entropy; causal labels are already shifted
+from ...text.registry import create_model
+from ...text.tokenizer import SUBWORD_KINDS, Tokenizer, tokenizer_from_dict
+from ..checkpoint import atomic_folder, preserve_rng
+from ..distributed import DistInfo, all_gather_objects
+from ..errors import UsageError
+from ..loop import format_duration
+from ..run import TrainingRun
+from ..summary import plot_curves
+from .args import task_model_entry
+from .data import (
+    Batch, MLMMasker, build_tokenizer, causal_eval_batches, encode_text, mlm_eval_batches, read_text_file,
+    sample_causal_batch, sample_mlm_batch, subset_batches, tokenizer_from_path, unigram_mlm_baseline)
+from .recipes import apply_family_recipe, params_note
+from .steps import Optimization, StepState, StepTask, run_steps, setup_optimization
+
+__all__ = ['forward_logits', 'evaluate_lm', 'LMData', 'LMTask', 'train_lm', 'command_line']
+
+_logger = logging.getLogger('mlp_vision.train_text')
+
+
+# ------------------------------------------------------------------------------------------------ model calls
+def forward_logits(model: nn.Module, batch: Batch, device: torch.device, amp_autocast=nullcontext,
+                   sparse_prediction: bool = False) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(logits (B, L, V), labels (B, L)) of a batch on ``device``: the one place that calls a text model.
+
+    ``sparse_prediction`` (a masked LM whose config has it): the labels go into the model, which decodes only the
+    scored positions, and the result is (logits (N, V), labels (N,)) -- the same loss for a fraction of the head.
+    """
+    x, attention, y = batch
+    x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+    if attention is not None:
+        attention = attention.to(device, non_blocking=True)
+    with amp_autocast():
+        out = model(input_ids=x, attention_mask=attention, **({'labels': y} if sparse_prediction else {}))
+    if sparse_prediction:
+        y = y[y != -100]
+    return out.logits, y
+
+
+@torch.no_grad()
+def evaluate_lm(model: nn.Module, batches: Sequence[Batch], *, task: str, device: torch.device,
+                amp_autocast=nullcontext, dist_info: Optional[DistInfo] = None,
+                mask_id: Optional[int] = None) -> Dict[str, float]:
+    """Mean token cross-entropy (``loss``), ``ppl`` = exp(loss) and, for MLM, masked-token accuracy (%) over all
+    scored positions (``masked_acc``) and over the ``<mask>`` inputs only (``mask_token_acc``); causal LM also
+    gets bits per token (``bpc``). Batches are split over the ranks and the sums reduced: the numbers equal a
+    one-process run."""
+    model.eval()
+    rank, world = (dist_info.rank, dist_info.world_size) if dist_info is not None and dist_info.distributed else (0, 1)
+    sums = torch.zeros(5, dtype=torch.float64)  # loss sum, scored tokens, correct, <mask> inputs, correct there
+    start = time.perf_counter()
+    for batch in batches[rank::world]:
+        logits, y = forward_logits(model, batch, device, amp_autocast)
+        logits = logits.float()
+        scored = y != -100
+        loss_sum = torch.nn.functional.cross_entropy(
+            logits.reshape(-1, logits.shape[-1]), y.reshape(-1), ignore_index=-100, reduction='sum')
+        correct = (logits.argmax(-1) == y) & scored
+        at_mask = scored & (batch[0].to(device) == mask_id) if mask_id is not None else torch.zeros_like(scored)
+        sums += torch.tensor([loss_sum.item(), scored.sum().item(), correct.sum().item(), at_mask.sum().item(),
+                              (correct & at_mask).sum().item()], dtype=torch.float64)
+    if world > 1:
+        dist.all_reduce(sums)
+    loss_sum, n, correct, n_mask, correct_mask = sums.tolist()
+    if n == 0:
+        raise RuntimeError('evaluation scored no tokens')
+    loss = loss_sum / n
+    metrics = {'loss': loss, 'ppl': math.exp(min(loss, 700.)), 'tokens': int(n)}
+    if task == 'mlm':
+        metrics['masked_acc'] = 100. * correct / n
+        metrics['mask_token_acc'] = 100. * correct_mask / max(n_mask, 1.)
+    else:
+        metrics['bpc'] = loss / math.log(2)
+    metrics['seconds'] = time.perf_counter() - start
+    return metrics
+
+
+# ------------------------------------------------------------------------------------------------ data
+@dataclasses.dataclass
+class LMData:
+    """What the loop needs of a task's data: the tokenizer, a sampler of training batches, the validation
+    batches (periodic subset and final set) and the evaluation of a model on them."""
+    tokenizer: Tokenizer
+    train_ids: torch.Tensor
+    val_ids: torch.Tensor
+    next_batch: Callable[[torch.Generator], Batch]
+    periodic_batches: List[Batch]
+    final_batches: List[Batch]
+    mask_id: Optional[int]
+    base_ids: torch.Tensor  # the non-special token ids
+
+
+def _read_texts(args) -> Tuple[str, str]:
+    train_text = read_text_file(args.train_file, 'training text file')
+    if args.val_file:
+        return train_text, read_text_file(args.val_file, 'validation text file')
+    cut = int(len(train_text) * (1. - args.val_fraction))
+    return train_text[:cut], train_text[cut:]
+
+
+def _lm_data(args, tokenizer: Tokenizer, train_ids: torch.Tensor, val_ids: torch.Tensor) -> LMData:
+    """The training sampler and validation batches of --task causal / mlm (see :mod:`mlp_vision.text.data`)."""
+    need = args.block_size + 1 if args.task == 'causal' else 1
+    for ids, what in ((train_ids, 'training'), (val_ids, 'validation')):
+        if len(ids) < need:
+            raise UsageError(f'the {what} text has {len(ids)} tokens, fewer than one block of '
+                             f'{args.block_size} + 1; use a longer text or a smaller --block-size')
+    eval_bs = args.eval_batch_size or args.batch_size
+    if args.task == 'mlm':
+        masker = MLMMasker(tokenizer, rate=args.mask_rate)
+        val_batches = mlm_eval_batches(val_ids, args.block_size, eval_bs, tokenizer, masker, seed=args.seed)
+        next_batch = partial(sample_mlm_batch, train_ids, args.batch_size, args.block_size, tokenizer, masker)
+        mask_id, base_ids = tokenizer.mask_id, masker.base_ids
+    else:
+        val_batches = causal_eval_batches(val_ids, args.block_size, eval_bs)
+        next_batch = partial(sample_causal_batch, train_ids, args.batch_size, args.block_size)
+        mask_id, base_ids = None, torch.arange(tokenizer.vocab_size)
+    return LMData(tokenizer, train_ids, val_ids, next_batch, subset_batches(val_batches, args.eval_batches, args.seed),
+                  subset_batches(val_batches, args.final_eval_batches, args.seed), mask_id, base_ids)
+
+
+def command_line(prog: str, argv: Sequence[str]) -> str:
+    """The command of a run as results.json records it: ``prog`` and the arguments, quoted where needed."""
+    return ' '.join([prog] + [a if a and all(c.isalnum() or c in '-_=./:,+' for c in a) else json.dumps(a)
+                              for a in argv])
+
+
+def _tokenizer(args, run: TrainingRun, train_text: str, val_text: str) -> Tokenizer:
+    """The resumed run's tokenizer, ``--tokenizer-from``'s, or one built on the training text (rank 0's)."""
+    resumed = run.resume_ckpt or {}
+    if resumed:
+        return tokenizer_from_dict(resumed['tokenizer'])
+    if args.tokenizer_from:
+        return tokenizer_from_path(args.tokenizer_from, needs=('pad', 'cls', 'sep', 'mask') if args.task == 'mlm'
+                                   else ())
+    tokenizer = build_tokenizer(args.tokenizer, args.task, train_text, val_text, args.vocab_size)
+    if run.dist_info.world_size > 1 and args.tokenizer in SUBWORD_KINDS:
+        # WordPiece training is not reproducible run to run (hash-ordered ties): every rank takes rank 0's
+        tokenizer = tokenizer_from_dict(all_gather_objects(tokenizer.to_dict(), run.dist_info)[0])
+    return tokenizer
+
+
+def _build_model(args, run: TrainingRun, entry, tokenizer: Tokenizer) -> Tuple[nn.Module, dict]:
+    """(the model of ``--model`` / ``--model-kwargs`` with the tokenizer's vocabulary, its kwargs); sets
+    ``--block-size`` (default: the model's maximum length, which it may not exceed)."""
+    model_kwargs = dict(args.model_kwargs)
+    if 'vocab_size' in model_kwargs and model_kwargs['vocab_size'] != tokenizer.vocab_size:
+        raise UsageError(f'--model-kwargs vocab_size={model_kwargs["vocab_size"]} differs from the tokenizer\'s '
+                         f'{tokenizer.vocab_size}; leave vocab_size out (it is set from the tokenizer)')
+    model_kwargs['vocab_size'] = tokenizer.vocab_size
+    config_fields = {f.name for f in dataclasses.fields(entry.config_class)}
+    if 'pad_token_id' in config_fields and tokenizer.pad_id is not None:
+        model_kwargs.setdefault('pad_token_id', tokenizer.pad_id)  # BiGS: the zero embedding row is the <pad>
+    random_seed(args.seed, run.dist_info.rank)
+    try:
+        model = create_model(args.model, **model_kwargs)
+    except (TypeError, ValueError, KeyError) as e:
+        raise UsageError(f'cannot build {args.model} with --model-kwargs {args.model_kwargs}: {e}') from e
+    max_len = model.config.max_position_embeddings
+    args.block_size = max_len if args.block_size is None else args.block_size
+    if args.block_size > max_len:
+        raise UsageError(f'--block-size {args.block_size} is larger than the model\'s maximum length {max_len}; use '
+                         f'--block-size <= {max_len} or --model-kwargs max_position_embeddings={args.block_size}')
+    return model, model_kwargs
+
+
+class LMTask(StepTask):
+    """Causal / masked LM for :func:`~.steps.run_steps`: random blocks of the training tokens (a generator of its
+    own, seeded by ``--seed`` and the rank), token cross-entropy, perplexity on the periodic validation batches."""
+    best_key = 'loss'
+
+    def __init__(self, args, run: TrainingRun, opt: Optimization, data: LMData, state: StepState,
+                 model_kwargs: dict):
+        self.args, self.run, self.opt, self.data, self.state, self.model_kwargs = \
+            args, run, opt, data, state, model_kwargs
+        device = run.dist_info.device
+        self.generator = torch.Generator().manual_seed(args.seed + 10_000 * run.dist_info.rank)
+        self.tokens_per_step = args.batch_size * args.block_size * args.grad_accum_steps * run.dist_info.world_size
+        resumed = run.resume_ckpt or {}
+        self.tokens_before, self.seconds_before = resumed.get('train_tokens', 0), resumed.get('train_seconds', 0.)
+        # training decodes only the scored positions when the masked LM's config asks for it (evaluation: all)
+        self.sparse_prediction = args.task == 'mlm' and getattr(opt.model.config, 'sparse_prediction', False)
+        self.evaluate_on = partial(evaluate_lm, task=args.task, device=device, amp_autocast=opt.amp_autocast,
+                                   dist_info=run.dist_info, mask_id=data.mask_id)
+
+    def tokens_done(self) -> int:
+        return self.tokens_per_step * (self.state.step - self.state.start_step)
+
+    def micro_loss(self) -> torch.Tensor:
+        batch = self.data.next_batch(self.generator)
+        return lm_loss(*forward_logits(self.opt.train_model, batch, self.run.dist_info.device, self.opt.amp_autocast,
+                                       self.sparse_prediction))
+
+    def evaluate(self) -> Dict[str, float]:
+        return self.evaluate_on(self.opt.model, self.data.periodic_batches)
+
+    def data_state(self) -> dict:
+        return {'data': self.generator.get_state()}
+
+    def load_data_state(self, state: dict) -> None:
+        self.generator.set_state(state['data'])
+
+    def checkpoint_fields(self, metrics) -> dict:
+        args = self.args
+        return dict(task=args.task, model_cfg={'name': args.model, 'kwargs': self.model_kwargs},
+                    model_config=self.opt.model.config.to_dict(), tokenizer=self.data.tokenizer.to_dict(),
+                    block_size=args.block_size, train_tokens=self.tokens_before + self.tokens_done(),
+                    train_seconds=self.seconds_before + self.state.train_seconds, val_metrics=metrics)
+
+    def progress(self) -> str:
+        return f'{self.tokens_done() / max(self.state.train_seconds, 1e-9):,.0f} tok/s'
+
+    def eval_report(self, metrics) -> Tuple[dict, str]:
+        row, text = {'val_ppl': metrics['ppl']}, f'val loss {metrics["loss"]:.4f} ppl {metrics["ppl"]:.3f}'
+        if self.args.task == 'mlm':
+            row.update(val_masked_acc=metrics['masked_acc'], val_mask_token_acc=metrics['mask_token_acc'])
+            text += f' masked acc {metrics["masked_acc"]:.2f}%'
+        row.update(tokens_per_sec=(self.tokens_before + self.tokens_done()) /
+                   max(self.seconds_before + self.state.train_seconds, 1e-9))
+        return row, text
+
+
+def train_lm(args, run: TrainingRun, argv: Sequence[str], prog: str) -> Optional[dict]:
+    """``--task causal`` / ``mlm`` inside the run of :func:`mlp_vision.training.text.cli.main`; the results dict
+    on rank 0 (None on the other ranks, and the stop record after ``--stop-after-step``)."""
+    dist_info = run.dist_info
+    entry = task_model_entry(args.model, args.task)
+    run.check_resume(arch=args.model, task=args.task)
+    train_text, val_text = _read_texts(args)
+    tokenizer = _tokenizer(args, run, train_text, val_text)
+    train_ids = encode_text(tokenizer, train_text, 'training text')
+    val_ids = encode_text(tokenizer, val_text, 'validation text')
+    if args.sample_prompt is not None:
+        encode_text(tokenizer, args.sample_prompt, '--sample-prompt')  # fail now, not after training
+    recipe_info = apply_family_recipe(args, entry.family, entry.task)
+    model, model_kwargs = _build_model(args, run, entry, tokenizer)
+    data = _lm_data(args, tokenizer, train_ids, val_ids)
+    model.to(dist_info.device)
+    opt = setup_optimization(args, run, model, entry.family)
+    state = StepState(step=opt.start_step, start_step=opt.start_step)
+    task = LMTask(args, run, opt, data, state, model_kwargs)
+
+    output_dir = run.open_outputs('./output/text', f'{datetime.now():%Y%m%d-%H%M%S}-{args.model}-{args.task}')
+    run.log_settings_changes()
+    _log_setup(args, run, opt, task, recipe_info)
+    if dist_info.primary:
+        _logger.info(f'Outputs: {output_dir}')
+    if not run_steps(args, run, state, task, opt, show_percent=True):
+        return state.stop_result
+    run.begin_final_stage()
+    return _finish(args, run, task, recipe_info, output_dir, command_line(prog, argv))
+
+
+def _log_setup(args, run: TrainingRun, opt: Optimization, task: LMTask, recipe_info: dict) -> None:
+    dist_info, data, world = run.dist_info, task.data, run.dist_info.world_size
+    _logger.info(f'Model {args.model} ({params_note(opt.model)}, {task.model_kwargs}) on {dist_info.device}'
+                 f'{f" x {world} processes ({dist.get_backend()})" if dist_info.distributed else ""}, '
+                 f'AMP {opt.amp_dtype if args.amp else "off"}, {torch.get_num_threads()} threads')
+    _logger.info(f'Data: {len(data.train_ids):,} training tokens ({args.train_file}), {len(data.val_ids):,} '
+                 f'validation tokens ({args.val_file or f"last {args.val_fraction:.0%} of the training file"}); '
+                 f'{data.tokenizer!r}')
+    _logger.info(f'Task {args.task}: {args.steps} updates x {task.tokens_per_step:,} tokens (batch {args.batch_size} '
+                 f'x block {args.block_size} x accum {args.grad_accum_steps} x {world} processes); AdamW lr '
+                 f'{args.lr:g} betas {tuple(args.opt_betas)} eps {args.opt_eps:g} wd {args.weight_decay:g}, '
+                 f'{args.warmup_steps} warmup then {args.sched} ({recipe_info["source"]})'
+                 + (f'; resuming at step {opt.start_step} from {args.resume}' if args.resume else ''))
+
+
+def _finish(args, run: TrainingRun, task: LMTask, recipe_info: dict, output_dir: Path, command: str):
+    """The final evaluation, samples, ``pretrained/``, results.json, curves and the closing log line (rank 0)."""
+    model, data, device = task.opt.model, task.data, run.dist_info.device
+    final_metrics = task.evaluate_on(model, data.final_batches)
+    digests = run.weights_digests(model)
+    baseline = None
+    if args.task == 'mlm':
+        baseline = unigram_mlm_baseline(data.train_ids, data.final_batches, data.base_ids, data.mask_id)
+    samples = None
+    if run.dist_info.primary and args.sample_prompt is not None:
+        samples = _write_samples(model, data.tokenizer, args, device, output_dir / 'samples.txt')
+    if not run.dist_info.primary:
+        return None
+    with atomic_folder(output_dir / 'pretrained') as folder:
+        model.save_pretrained(str(folder), tokenizer=data.tokenizer)
+    results = _results(args, run, task, recipe_info, final_metrics, baseline, digests, output_dir, command,
+                       samples is not None)
+    run.write_results(results)
+    metric_col, metric_label = (('val_masked_acc', 'masked-token accuracy (%)') if args.task == 'mlm'
+                                else ('val_ppl', 'validation perplexity'))
+    plot_curves(output_dir / 'summary.csv', output_dir / 'curves.png', title=f'{args.model} ({args.task} LM)',
+                x='step', loss_columns=('train_loss', 'val_loss'), metric_columns=(metric_col,),
+                metric_label=metric_label)
+    msg = f'Done: final val loss {final_metrics["loss"]:.4f} ppl {final_metrics["ppl"]:.3f}'
+    if args.task == 'mlm':
+        msg += (f' masked acc {final_metrics["masked_acc"]:.2f}% (unigram baseline: loss {baseline["loss"]:.4f} '
+                f'ppl {baseline["ppl"]:.3f} acc {baseline["masked_acc"]:.2f}%)')
+    msg += (f' on {final_metrics["tokens"]:,} tokens; {results["tokens_per_sec"]:,.0f} tok/s; '
+            f'{format_duration(time.time() - run.start_time)}')
+    _logger.info(msg)
+    run.list_outputs()
+    return results
+
+
+def _results(args, run: TrainingRun, task: LMTask, recipe_info: dict, final_metrics: dict, baseline, digests,
+             output_dir: Path, command: str, sampled: bool) -> dict:
+    """results.json of an LM run."""
+    model, data, tokenizer = task.opt.model, task.data, task.data.tokenizer
+    total_tokens = task.tokens_before + task.tokens_done()
+    total_seconds = task.seconds_before + task.state.train_seconds
+    return {
+        'model': args.model,
+        'task': args.task,
+        'model_kwargs': task.model_kwargs,
+        'params': sum(p.numel() for p in model.parameters()),
+        'tokenizer': {'type': tokenizer.to_dict()['tokenizer_type'], 'vocab_size': tokenizer.vocab_size},
+        'data': {'train_file': args.train_file, 'val_file': args.val_file or None,
+                 'val_fraction': None if args.val_file else args.val_fraction,
+                 'train_tokens': len(data.train_ids), 'val_tokens': len(data.val_ids)},
+        'block_size': args.block_size,
+        'steps': args.steps,
+        'tokens_per_step': task.tokens_per_step,
+        'optimizer': {'name': 'adamw', 'lr': args.lr, 'betas': list(args.opt_betas), 'eps': args.opt_eps,
+                      'weight_decay': args.weight_decay, 'sched': args.sched, 'warmup_steps': args.warmup_steps,
+                      'min_lr_ratio': args.min_lr_ratio, 'clip_grad': args.clip_grad, **recipe_info},
+        'val_periodic': task.state.val_metrics,
+        'val_final': final_metrics,
+        'val_final_batches': len(data.final_batches),
+        'unigram_baseline': baseline,
+        'best': run.saver.best,
+        'train_tokens': total_tokens,
+        'train_seconds': total_seconds,
+        'tokens_per_sec': total_tokens / max(total_seconds, 1e-9),
+        'wall_seconds_this_process': time.time() - run.start_time,
+        'device': str(run.dist_info.device),
+        'world_size': run.dist_info.world_size,
+        'threads': torch.get_num_threads(),
+        'amp': str(task.opt.amp_dtype) if args.amp else None,
+        'seed': args.seed,
+        'torch': torch.__version__,
+        'samples_file': str(output_dir / 'samples.txt') if sampled else None,
+        'weights_sha256_per_rank': digests,
+        'checkpoints': {'last': str(run.saver.last_path),
+                        'best': str(run.saver.best_path) if run.saver.best_path.exists() else None},
+        'experiment_dir': str(output_dir),
+        'command': command,
+    }
+
+def _write_samples(model: nn.Module, tokenizer: Tokenizer, args, device: torch.device, path: Path) -> List[str]:
+    """Sample ``--num-samples`` continuations of ``--sample-prompt`` (seeded) and write them to ``path``."""
+    model = unwrap_model(model)
+    prompt = encode_text(tokenizer, args.sample_prompt, '--sample-prompt')
+    generator = torch.Generator(device=device).manual_seed(args.seed)
+    texts = []
+    with preserve_rng():
+        for _ in range(args.num_samples):
+            out = model.generate(prompt[None].to(device), args.sample_tokens, temperature=args.sample_temperature,
+                                 top_k=args.sample_top_k, generator=generator)
+            texts.append(tokenizer.decode(out[0].tolist()))
+    header = (f'# {args.model}, {args.steps} steps, seed {args.seed}, temperature {args.sample_temperature}, '
+              f'top_k {args.sample_top_k}, {args.sample_tokens} new tokens, prompt {args.sample_prompt!r}\n')
+    body = ''.join(f'\n----- sample {i + 1} -----\n{t}\n' for i, t in enumerate(texts))
+    path.write_text(header + body, encoding='utf-8')
+    _logger.info(f'samples written to {path}:\n{texts[0][:300]}')
+    return texts

@@ -1,0 +1,64 @@
+""" Loading a backbone's weights into a model that may have another head: the one implementation behind fine-tuning
+an image model (:func:`mlp_vision.training.model.load_pretrained_weights`), ``from_pretrained`` of a text model
+into another architecture of its family (:class:`mlp_vision.text.modeling_utils.PretrainedMixin`) and the text
+classifier's ``--init-from`` (:mod:`mlp_vision.training.text.classifier_init`).
+
+It lives at the top of the package, beside neither ``text/`` nor ``training/``, because both use it and ``text/``
+must not import the trainers. It only loads and reports; what is an error is the caller's decision (a trainer's
+one-line :class:`~mlp_vision.training.errors.UsageError`, ``from_pretrained``'s exceptions).
+"""
+import dataclasses
+from typing import Dict, List, Mapping, Sequence
+
+import torch
+import torch.nn as nn
+
+__all__ = ['LoadReport', 'load_backbone', 'tied_aliases']
+
+
+@dataclasses.dataclass
+class LoadReport:
+    """The state-dict keys of one :func:`load_backbone` call, each list in model (or file) order."""
+    loaded: List[str]  # model tensors taken from the file
+    new: List[str]  # head tensors not taken (absent, or of another shape): they keep their init
+    missing: List[str]  # non-head model tensors the file lacks: they keep their init
+    unused: List[str]  # file tensors not loaded (the model lacks them, or has them in another shape)
+    mismatched: List[str]  # tensors in both with other shapes (head ones are also in ``new``)
+
+    def mismatched_outside(self, head_prefixes: Sequence[str]) -> List[str]:
+        """The shape-mismatched tensors outside the head: always an error (the file is another architecture)."""
+        head = tuple(head_prefixes)
+        return [k for k in self.mismatched if not (head and k.startswith(head))]
+
+
+def tied_aliases(model: nn.Module) -> List[str]:
+    """The state-dict names of parameters that repeat an earlier one (a tied LM decoder's weight is the embedding's):
+    a file holds each tensor once, under its first name, and loading that name fills the alias."""
+    first = {id(p): name for name, p in model.named_parameters()}  # remove_duplicate=True keeps the first name
+    return [name for name, p in model.named_parameters(remove_duplicate=False) if first[id(p)] != name]
+
+
+def load_backbone(model: nn.Module, state_dict: Mapping[str, torch.Tensor],
+                  head_prefixes: Sequence[str] = ()) -> LoadReport:
+    """Load every tensor of ``state_dict`` that ``model`` has in the same shape; report what was loaded, what stays
+    new, what is missing and what the file had in vain.
+
+    ``head_prefixes`` name the task head (e.g. ``('head.',)``, ``('classifier.',)``): its tensors may be absent or
+    of another shape (another class count) and are then ``new``; an empty tuple makes every tensor backbone.
+    Keys may carry DDP's ``module.`` prefix. The model is changed only where a tensor is loaded.
+    """
+    head = tuple(head_prefixes)
+    in_head = (lambda k: k.startswith(head)) if head else (lambda k: False)
+    own = model.state_dict()
+    aliases = set(tied_aliases(model))
+    sd = {(k[len('module.'):] if k.startswith('module.') else k): v for k, v in state_dict.items()}
+    mismatched = [k for k in own if k in sd and tuple(sd[k].shape) != tuple(own[k].shape)]
+    usable: Dict[str, torch.Tensor] = {k: v for k, v in sd.items() if k in own and k not in mismatched}
+    model.load_state_dict(usable, strict=False)
+    not_loaded = [k for k in own if k not in usable and k not in aliases]
+    return LoadReport(
+        loaded=[k for k in own if k in usable],
+        new=[k for k in not_loaded if in_head(k)],
+        missing=[k for k in not_loaded if not in_head(k)],
+        unused=[k for k in sd if k not in usable],
+        mismatched=mismatched)
