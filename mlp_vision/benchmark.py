@@ -72,8 +72,8 @@ import mlp_vision
 from mlp_vision.layers import BidirectionalGatedSSM
 from mlp_vision.training.checkpoint import atomic_write_text
 from mlp_vision.training.config import SEED_MAX, THREADS_RANGE, check_flag_ranges
-from mlp_vision.training.distributed import parse_device
-from mlp_vision.training.errors import ArgumentParser, UsageError, run_cli
+from mlp_vision.errors import parse_device
+from mlp_vision.errors import ArgumentParser, UsageError, run_cli
 from mlp_vision.training.model import COMPILE_MODES
 from mlp_vision.text.bert import BertLayer
 

@@ -54,7 +54,7 @@ from mlp_vision.training.data import (
     create_train_val_datasets, dataset_class_names, default_workers, prepare_digits_folder)
 from mlp_vision.training.distributed import all_gather_objects, init_device, wrap_ddp
 from mlp_vision.training.engine import evaluate, format_duration, train_one_epoch
-from mlp_vision.training.errors import ArgumentParser, Interrupted, UsageError, run_cli
+from mlp_vision.errors import ArgumentParser, Interrupted, UsageError, run_cli
 from mlp_vision.training.log import setup_logging
 from mlp_vision.training.model import (
     ALLOW_MISSING_FLAG, COMPILE_MODES, check_compile_backend, create_model, load_pretrained_weights, model_create_kwargs)

@@ -39,7 +39,7 @@ from mlp_vision.training.data import (
 )
 from mlp_vision.training.distributed import init_device
 from mlp_vision.training.engine import evaluate
-from mlp_vision.training.errors import ArgumentParser, UsageError, run_cli
+from mlp_vision.errors import ArgumentParser, UsageError, run_cli
 from mlp_vision.training.log import setup_logging
 from mlp_vision.training.model import check_compile_backend, create_model_for_eval, model_create_kwargs
 from mlp_vision.training.run import add_common_arguments, setup_amp

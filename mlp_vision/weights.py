@@ -5,7 +5,7 @@ classifier's ``--init-from`` (:mod:`mlp_vision.training.text.classifier_init`).
 
 It lives at the top of the package, beside neither ``text/`` nor ``training/``, because both use it and ``text/``
 must not import the trainers. It only loads and reports; what is an error is the caller's decision (a trainer's
-one-line :class:`~mlp_vision.training.errors.UsageError`, ``from_pretrained``'s exceptions).
+one-line :class:`~mlp_vision.errors.UsageError`, ``from_pretrained``'s exceptions).
 """
 import dataclasses
 from typing import Dict, List, Mapping, Sequence

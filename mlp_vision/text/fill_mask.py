@@ -28,8 +28,8 @@ from typing import Dict, List, Optional, Sequence
 import torch
 import torch.nn as nn
 
-from ..training.distributed import parse_device
-from ..training.errors import UsageError, check_range, run_cli
+from mlp_vision.errors import parse_device
+from mlp_vision.errors import UsageError, check_range, run_cli
 from .modeling_utils import is_saved_folder
 from .registry import list_architectures, load_config
 from .tokenizer import Tokenizer
@@ -42,7 +42,7 @@ PROG = 'python -m mlp_vision.text.fill_mask'
 def load_masked_lm(directory: str, device: str = 'cpu') -> nn.Module:
     """The masked LM in ``directory`` with its tokenizer as ``model.tokenizer`` (our format, else official BiGS).
 
-    Bad input is a :class:`~mlp_vision.training.errors.UsageError` (a ``ValueError``) naming the file: a missing
+    Bad input is a :class:`~mlp_vision.errors.UsageError` (a ``ValueError``) naming the file: a missing
     folder, damaged files, a config that does not fit its weights or its tokenizer, a model that is not a masked LM.
     """
     from .bigs import BiGSForMaskedLM

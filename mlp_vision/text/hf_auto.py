@@ -67,7 +67,7 @@ from transformers import (
 from transformers.modeling_outputs import (
     BaseModelOutput, CausalLMOutput, MaskedLMOutput, SequenceClassifierOutput)
 
-from ..training.errors import UsageError
+from mlp_vision.errors import UsageError
 from . import registry
 from .modeling_utils import CONFIG_NAME, PretrainedMixin, TextConfig, parse_config_payload
 from .registry import build_config, load_config

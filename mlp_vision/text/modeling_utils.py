@@ -39,7 +39,7 @@ import torch.utils._pytree as pytree
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
-from ..training.errors import UsageError, check_range
+from mlp_vision.errors import UsageError, check_range
 from ..weights import load_backbone, tied_aliases
 
 __all__ = [
@@ -109,7 +109,7 @@ class TextConfig:
         self.check_field_values()
 
     def check_field_values(self) -> None:
-        """The ranges of the field names every family shares (a :class:`~mlp_vision.training.errors.UsageError`,
+        """The ranges of the field names every family shares (a :class:`~mlp_vision.errors.UsageError`,
         which is a ``ValueError``): sizes >= 1, other integers >= 0, epsilons > 0, dropout rates in [0, 1), every
         float finite. A config comes from the command line or from a file someone may have edited: a NaN
         ``layer_norm_eps`` builds a model whose every score is NaN, a zero size one that fails later."""
@@ -335,7 +335,7 @@ def read_config(directory: str) -> Tuple[str, dict, int]:
     """(architecture name, config fields, format version) of a folder written by ``save_pretrained``.
 
     A missing ``config.json`` is a ``FileNotFoundError`` and one of another layout (an official BiGS folder's) a
-    ``ValueError``; a damaged one (not JSON, wrong value types) a :class:`~mlp_vision.training.errors.UsageError`
+    ``ValueError``; a damaged one (not JSON, wrong value types) a :class:`~mlp_vision.errors.UsageError`
     naming the file.
     """
     path = os.path.join(directory, CONFIG_NAME)
@@ -365,7 +365,7 @@ def parse_config_payload(payload: Any, path: str) -> Tuple[str, dict, int]:
 
 def is_saved_folder(directory: str) -> bool:
     """Whether ``directory`` holds a ``config.json`` of ``save_pretrained``'s layout (False: none, or another layout,
-    e.g. an official BiGS folder's); a damaged one is a :class:`~mlp_vision.training.errors.UsageError`."""
+    e.g. an official BiGS folder's); a damaged one is a :class:`~mlp_vision.errors.UsageError`."""
     try:
         read_config(directory)
     except UsageError:
@@ -377,7 +377,7 @@ def is_saved_folder(directory: str) -> bool:
 
 def weight_file_shapes(path: str) -> Dict[str, Tuple[int, ...]]:
     """The tensor shapes a safetensors file holds (its header only); a missing, empty or damaged file is a
-    :class:`~mlp_vision.training.errors.UsageError` naming it."""
+    :class:`~mlp_vision.errors.UsageError` naming it."""
     if not os.path.isfile(path):
         raise UsageError(f'{path} does not exist: the folder has {CONFIG_NAME} but not the weights it describes')
     try:
@@ -398,7 +398,7 @@ def _check_weight_shapes(model: nn.Module, weights_path: str, config_path: str) 
 
 
 def check_tokenizer_fits(tokenizer, config: 'TextConfig', source: str) -> None:
-    """A model's vocabulary is its tokenizer's: a :class:`~mlp_vision.training.errors.UsageError` when the sizes
+    """A model's vocabulary is its tokenizer's: a :class:`~mlp_vision.errors.UsageError` when the sizes
     differ (ids past the embedding fail, embedding rows without a token predict what cannot be written)."""
     if tokenizer is not None and tokenizer.vocab_size != config.vocab_size:
         raise UsageError(f'{source}: the model has vocab_size {config.vocab_size} but its tokenizer has '

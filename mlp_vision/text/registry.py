@@ -21,7 +21,7 @@ from typing import Any, Dict, List, Optional, Tuple, Type
 
 import torch.nn as nn
 
-from ..training.errors import UsageError
+from mlp_vision.errors import UsageError
 from .bert import BertConfig, BertForMaskedLM, BertForSequenceClassification, BertModel
 from .bigs import BiGSConfig, BiGSForMaskedLM, BiGSForSequenceClassification, BiGSModel
 from .gmlp import GMLPConfig, GMLPForCausalLM, GMLPForMaskedLM, GMLPForSequenceClassification, GMLPModel
@@ -162,7 +162,7 @@ def list_architectures() -> List[str]:
 def load_config(directory: str) -> Tuple[Type[nn.Module], TextConfig]:
     """(the stored architecture's class, its config) of a ``save_pretrained`` folder; a config that does not build
     (an unknown architecture or field, a value out of range such as a NaN ``layer_norm_eps``) is a
-    :class:`~mlp_vision.training.errors.UsageError` naming ``config.json``."""
+    :class:`~mlp_vision.errors.UsageError` naming ``config.json``."""
     arch, fields, version = read_config(directory)
     return build_config(arch, fields, version, os.path.join(directory, CONFIG_NAME))
 
@@ -170,7 +170,7 @@ def load_config(directory: str) -> Tuple[Type[nn.Module], TextConfig]:
 def build_config(architecture: str, fields: Dict[str, Any], format_version: int,
                  path: str) -> Tuple[Type[nn.Module], TextConfig]:
     """(the class called ``architecture``, its config from ``fields``) as :func:`load_config` builds them from the
-    file ``path`` (named by the :class:`~mlp_vision.training.errors.UsageError`)."""
+    file ``path`` (named by the :class:`~mlp_vision.errors.UsageError`)."""
     try:
         stored = architecture_class(architecture)
         return stored, stored.config_class.from_dict(fields, format_version=format_version)

@@ -33,7 +33,7 @@ import os
 import re
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Union
 
-from ..training.errors import UsageError, check_range
+from mlp_vision.errors import UsageError, check_range
 
 __all__ = [
     'Tokenizer', 'ByteTokenizer', 'CharTokenizer', 'SubwordTokenizer', 'train_tokenizer', 'load_tokenizer',
@@ -493,7 +493,7 @@ def _guess_special_tokens(vocab: Iterable[str]) -> Dict[str, str]:
 
 
 def check_vocab_size(name: str, kind: str, vocab_size: int, num_special_tokens: int = len(BERT_CONTROL_TOKENS)) -> None:
-    """A ``ValueError`` (:class:`~mlp_vision.training.errors.UsageError`) naming ``name`` unless a ``kind`` vocabulary
+    """A ``ValueError`` (:class:`~mlp_vision.errors.UsageError`) naming ``name`` unless a ``kind`` vocabulary
     of ``vocab_size`` tokens has room for a text token beside the special ones (byte-level BPE: beside all 256
     bytes, which it always keeps)."""
     base = 256 if kind == 'bpe' else 0

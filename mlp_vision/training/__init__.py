@@ -7,6 +7,6 @@ evaluation loop, distributed setup, outputs, and the one error path of the scrip
 Built from timm's library pieces (``timm.data``, ``timm.optim``, ``timm.scheduler``, ``timm.loss``,
 ``timm.utils``); every function here has one implementation used by both scripts.
 """
-from .errors import RunError, UsageError
+from mlp_vision.errors import RunError, UsageError
 
 __all__ = ['UsageError', 'RunError']

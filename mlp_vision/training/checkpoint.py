@@ -21,7 +21,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from .errors import UsageError, find_os_error
+from mlp_vision.errors import UsageError, find_os_error
 
 __all__ = [
     'CHECKPOINT_VERSION', 'TRUST_FLAG', 'temp_path', 'clean_stale_temp_files', 'atomic_save', 'atomic_write_text',

@@ -17,7 +17,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import yaml
 
-from .errors import UsageError, check_range
+from mlp_vision.errors import UsageError, check_range
 
 __all__ = ['load_yaml_config', 'parse_args_with_config', 'args_to_yaml', 'check_flag_ranges', 'SEED_MAX',
            'find_recipe', 'recipe_names', 'recipe_folder']
@@ -193,7 +193,7 @@ def args_to_yaml(args: argparse.Namespace) -> str:
 
 
 def check_flag_ranges(args: argparse.Namespace, ranges: Mapping[str, Dict[str, Any]]) -> None:
-    """:func:`~mlp_vision.training.errors.check_range` for each flag named (by destination) in ``ranges``, whose
+    """:func:`~mlp_vision.errors.check_range` for each flag named (by destination) in ``ranges``, whose
     values are ``check_range``'s bounds (e.g. ``dict(low=0, high=1)``). A flag left unset (None) is not checked;
     a flag of several values (``nargs``) has each checked."""
     for dest, bounds in ranges.items():

@@ -19,9 +19,9 @@ import torch.distributed as dist
 import torch.nn as nn
 from timm.utils.distributed import init_distributed_device_so
 
-from .errors import UsageError
+from mlp_vision.errors import UsageError, parse_device
 
-__all__ = ['DistInfo', 'init_device', 'parse_device', 'wrap_ddp', 'all_gather_objects', 'state_dict_digest', 'barrier']
+__all__ = ['DistInfo', 'init_device', 'wrap_ddp', 'all_gather_objects', 'state_dict_digest', 'barrier']
 
 _logger = logging.getLogger(__name__)
 
@@ -71,26 +71,6 @@ def init_device(device: Optional[str] = None, dist_backend: Optional[str] = None
         rank=result['global_rank'],
         local_rank=result['local_rank'],
     )
-
-
-def parse_device(device: str, flag: str = '--device') -> torch.device:
-    """``device`` as a ``torch.device`` this machine has; a :class:`UsageError` for a name torch does not know,
-    CUDA without a GPU or a GPU index beyond the count (torch would fail later, with a traceback)."""
-    try:
-        parsed = torch.device(device)
-    except (RuntimeError, ValueError, TypeError):
-        raise UsageError(f'{flag} {device!r} is not a device; expected cpu, cuda or cuda:N') from None
-    if parsed.type == 'cuda':
-        if not torch.cuda.is_available():
-            raise UsageError(f'{flag} {device} asked for CUDA, but no CUDA device is available (use {flag} cpu)')
-        if parsed.index is not None and parsed.index >= torch.cuda.device_count():
-            raise UsageError(f'{flag} {device}: this machine has {torch.cuda.device_count()} CUDA device(s), '
-                             f'cuda:0 to cuda:{torch.cuda.device_count() - 1}')
-    elif parsed.type != 'cpu':
-        backend = getattr(torch, parsed.type, None)  # torch.mps, torch.xpu, ... say whether one is present
-        if backend is not None and hasattr(backend, 'is_available') and not backend.is_available():
-            raise UsageError(f'{flag} {device}: no {parsed.type} device is available here (use {flag} cpu)')
-    return parsed
 
 
 def wrap_ddp(model: nn.Module, info: DistInfo, **kwargs) -> nn.Module:

@@ -15,7 +15,7 @@ from typing import Callable, List, Optional
 import torch
 import torch.nn as nn
 
-from .errors import Interrupted
+from mlp_vision.errors import Interrupted
 from .run import NonFiniteLossError, UpdateStep, all_ranks_finite
 
 __all__ = ['StepLoop', 'format_duration', 'progress_line']

@@ -12,7 +12,7 @@ import torch.nn as nn
 import mlp_vision  # noqa: F401  (registers gmlp_* / smlpnet_* / mixer_* with timm)
 from ..weights import load_backbone
 from .checkpoint import clean_state_dict, is_training_checkpoint, load_checkpoint_file, load_model_weights
-from .errors import UsageError
+from mlp_vision.errors import UsageError
 
 __all__ = ['model_create_kwargs', 'create_model', 'load_pretrained_weights', 'create_model_for_eval']
 

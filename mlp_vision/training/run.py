@@ -43,7 +43,7 @@ from .checkpoint import (
     clean_stale_temp_files, get_rng_state, keep_previous, load_checkpoint_file, load_model_weights, set_rng_state)
 from .config import args_to_yaml, parse_args_with_config
 from .distributed import DistInfo, all_gather_objects, state_dict_digest
-from .errors import Interrupted, RunError, UsageError
+from mlp_vision.errors import Interrupted, RunError, UsageError
 from .log import add_log_file, remove_log_file
 from .summary import SummaryWriter, write_json
 

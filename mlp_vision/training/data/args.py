@@ -6,7 +6,7 @@ failure deep in timm's transforms or readers.
 import os
 from typing import Optional
 
-from ..errors import UsageError, check_range
+from mlp_vision.errors import UsageError, check_range
 from .class_map import read_class_map
 
 __all__ = ['IMAGE_MODE_CHANNELS', 'INTERPOLATIONS', 'DATASET_KINDS', 'default_workers', 'check_image_args']

@@ -8,7 +8,7 @@ one line what is wrong with a map that cannot label uniquely.
 import os
 from typing import Dict, Union
 
-from ..errors import UsageError
+from mlp_vision.errors import UsageError
 
 __all__ = ['read_class_map']
 

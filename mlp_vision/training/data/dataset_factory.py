@@ -15,7 +15,7 @@ import torch.utils.data
 from timm.data import create_dataset
 from timm.data.readers.img_extensions import get_img_extensions
 
-from ..errors import UsageError
+from mlp_vision.errors import UsageError
 from .class_map import read_class_map
 from .dataset import ImageFileDataset
 from .holdout import holdout_split, parse_val_split

@@ -11,7 +11,7 @@ from typing import Optional
 
 import numpy as np
 
-from ..errors import UsageError
+from mlp_vision.errors import UsageError
 
 __all__ = ['default_cache_dir', 'prepare_digits_folder']
 

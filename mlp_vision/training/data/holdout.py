@@ -10,7 +10,7 @@ from typing import Dict, List, Sequence, Tuple, Union
 
 import torch.utils.data
 
-from ..errors import UsageError
+from mlp_vision.errors import UsageError
 from .dataset import ImageFileDataset
 from .labels import dataset_class_to_idx
 

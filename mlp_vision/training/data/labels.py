@@ -10,7 +10,7 @@ from typing import Dict, List, Optional, Sequence
 import torch.utils.data
 from timm.utils.misc import natural_key
 
-from ..errors import UsageError
+from mlp_vision.errors import UsageError
 from .dataset import ImageFileDataset
 
 __all__ = ['dataset_class_to_idx', 'dataset_class_names', 'check_num_classes', 'check_class_names', 'short_names']

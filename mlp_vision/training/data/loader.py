@@ -24,7 +24,7 @@ from timm.data import create_transform
 from timm.data.distributed_sampler import OrderedDistributedSampler, RepeatAugSampler
 from timm.data.loader import PrefetchLoader, fast_collate
 
-from ..errors import UsageError
+from mlp_vision.errors import UsageError
 from .decode import SkippedImage
 
 __all__ = [

@@ -16,7 +16,7 @@ from timm.data.readers.img_extensions import get_img_extensions
 from timm.data.readers.reader import Reader
 from timm.utils.misc import natural_key
 
-from ..errors import UsageError
+from mlp_vision.errors import UsageError
 from .class_map import read_class_map
 from .reader_folder import count_linked_images_once, scan_folder
 from .reader_tar import scan_tar

@@ -13,7 +13,7 @@ from typing import Dict, List, Optional, Sequence, Set, Tuple
 
 from timm.utils.misc import natural_key
 
-from ..errors import UsageError
+from mlp_vision.errors import UsageError
 
 __all__ = ['scan_folder', 'count_linked_images_once', 'is_hidden', 'is_image_name']
 

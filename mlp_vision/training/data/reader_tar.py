@@ -11,7 +11,7 @@ import posixpath
 import tarfile
 from typing import Dict, Set, Tuple
 
-from ..errors import UsageError
+from mlp_vision.errors import UsageError
 from .reader_folder import is_hidden, is_image_name
 
 __all__ = ['scan_tar']

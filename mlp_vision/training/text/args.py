@@ -10,7 +10,7 @@ from timm.utils import ParseKwargs
 from ...text.registry import is_model, list_models, model_entry
 from ...text.tokenizer import SUBWORD_KINDS, check_vocab_size
 from ..config import SEED_MAX, THREADS_RANGE
-from ..errors import UsageError, check_range
+from mlp_vision.errors import UsageError, check_range
 from ..run import add_run_arguments
 
 __all__ = ['PROG', 'TASKS', 'SCHEDULES', 'build_parser', 'check_args', 'task_model_entry']

@@ -64,7 +64,7 @@ from timm.utils import random_seed
 from ...text.registry import model_class
 from ...text.tokenizer import Tokenizer, tokenizer_from_dict
 from ..checkpoint import atomic_folder, load_checkpoint_file
-from ..errors import UsageError
+from mlp_vision.errors import UsageError
 from ..loop import format_duration
 from ..run import TrainingRun
 from ..summary import plot_curves

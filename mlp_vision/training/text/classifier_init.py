@@ -19,7 +19,7 @@ from ...text.tokenizer import DEFAULT_CONTROL_TOKENS, ByteTokenizer, CharTokeniz
     tokenizer_from_dict
 from ...weights import load_backbone
 from ..checkpoint import load_checkpoint_file
-from ..errors import UsageError
+from mlp_vision.errors import UsageError
 from .data import tokenizer_from_path
 
 __all__ = ['CLASSIFY_FAMILIES', 'InitReport', 'init_classifier', 'scratch_tokenizer']

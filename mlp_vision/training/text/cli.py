@@ -5,7 +5,7 @@ from typing import Optional, Sequence
 import torch
 
 from ..distributed import init_device
-from ..errors import run_cli
+from mlp_vision.errors import run_cli
 from ..log import setup_logging
 from ..run import TrainingRun, parse_run_args
 from .args import PROG, build_parser, check_args

@@ -23,7 +23,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from ..errors import UsageError
+from mlp_vision.errors import UsageError
 from ...text.tokenizer import DEFAULT_CONTROL_TOKENS, SUBWORD_KINDS, ByteTokenizer, CharTokenizer, Tokenizer, \
     find_tokenizer, train_tokenizer
 

@@ -56,7 +56,7 @@ from ...text.registry import create_model
 from ...text.tokenizer import SUBWORD_KINDS, Tokenizer, tokenizer_from_dict
 from ..checkpoint import atomic_folder, preserve_rng
 from ..distributed import DistInfo, all_gather_objects
-from ..errors import UsageError
+from mlp_vision.errors import UsageError
 from ..loop import format_duration
 from ..run import TrainingRun
 from ..summary import plot_curves

@@ -21,7 +21,7 @@ from timm.utils import ModelEmaV3
 
 from ..checkpoint import preserve_rng
 from ..distributed import wrap_ddp
-from ..errors import Interrupted
+from mlp_vision.errors import Interrupted
 from ..loop import StepLoop, format_duration, progress_line
 from ..run import NonFiniteLossError, TrainingRun, UpdateStep, create_lr_scheduler, setup_amp
 from .recipes import create_optimizer, lm_schedule

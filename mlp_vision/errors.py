@@ -19,8 +19,10 @@ import signal
 import sys
 from typing import Callable, Optional, Sequence
 
+import torch
+
 __all__ = ['ArgumentParser', 'UsageError', 'RunError', 'Interrupted', 'ScriptExit', 'run_cli', 'find_os_error',
-           'check_range']
+           'check_range', 'parse_device']
 
 
 class UsageError(ValueError):
@@ -66,6 +68,26 @@ def check_range(name: str, value, low=None, high=None, *, low_open: bool = False
     else:
         expected = 'a finite number'
     raise UsageError(f'{name} must be {expected}{f" ({why})" if why else ""}, got {value}')
+
+
+def parse_device(device: str, flag: str = '--device') -> torch.device:
+    """``device`` as a ``torch.device`` this machine has; a :class:`UsageError` for a name torch does not know,
+    CUDA without a GPU or a GPU index beyond the count (torch would fail later, with a traceback)."""
+    try:
+        parsed = torch.device(device)
+    except (RuntimeError, ValueError, TypeError):
+        raise UsageError(f'{flag} {device!r} is not a device; expected cpu, cuda or cuda:N') from None
+    if parsed.type == 'cuda':
+        if not torch.cuda.is_available():
+            raise UsageError(f'{flag} {device} asked for CUDA, but no CUDA device is available (use {flag} cpu)')
+        if parsed.index is not None and parsed.index >= torch.cuda.device_count():
+            raise UsageError(f'{flag} {device}: this machine has {torch.cuda.device_count()} CUDA device(s), '
+                             f'cuda:0 to cuda:{torch.cuda.device_count() - 1}')
+    elif parsed.type != 'cpu':
+        backend = getattr(torch, parsed.type, None)  # torch.mps, torch.xpu, ... say whether one is present
+        if backend is not None and hasattr(backend, 'is_available') and not backend.is_available():
+            raise UsageError(f'{flag} {device}: no {parsed.type} device is available here (use {flag} cpu)')
+    return parsed
 
 
 class RunError(RuntimeError):
