@@ -228,7 +228,7 @@ def test_image_outside_a_class_folder_is_an_error(tmp_path):
 _SCAN_SCRIPT = """
 import json, logging, sys
 from mlp_vision.training.data import ImageFileDataset, dataset_class_names
-from mlp_vision.training.errors import UsageError
+from mlp_vision.errors import UsageError
 warnings = []
 class Keep(logging.Handler):
     def emit(self, record):

@@ -17,7 +17,7 @@ import torch
 
 import mlp_vision.text as mt
 from mlp_vision.text.fill_mask import fill_mask
-from mlp_vision.training.errors import UsageError
+from mlp_vision.errors import UsageError
 
 transformers = pytest.importorskip('transformers', reason='transformers is not installed (dev extra)')
 from transformers import (  # noqa: E402  (after the skip)

@@ -20,7 +20,7 @@ if str(REPO) not in sys.path:
 import mlp_vision.train as train  # noqa: E402  (the command's code; train.py at the root runs it)
 import mlp_vision.train_text as text_train  # noqa: E402
 from mlp_vision.training.checkpoint import CheckpointManager, atomic_save  # noqa: E402
-from mlp_vision.training.errors import UsageError  # noqa: E402
+from mlp_vision.errors import UsageError  # noqa: E402
 from mlp_vision.training.run import new_run_folder  # noqa: E402
 from mlp_vision.text.modeling_utils import PretrainedMixin  # noqa: E402
 from _helpers import TINY_GPT, TINY_VISION, exits_with_one_line  # noqa: E402

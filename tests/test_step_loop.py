@@ -8,7 +8,7 @@ import torch
 import torch.nn as nn
 
 import mlp_vision.text as mt
-from mlp_vision.training.errors import Interrupted
+from mlp_vision.errors import Interrupted
 from mlp_vision.training.loop import StepLoop
 from mlp_vision.training.run import NonFiniteLossError, UpdateStep
 from mlp_vision.weights import load_backbone

@@ -27,7 +27,7 @@ import mlp_vision.train as train  # noqa: E402  (the commands' code; train.py / 
 import mlp_vision.validate as validate  # noqa: E402
 from mlp_vision.training.checkpoint import atomic_save  # noqa: E402
 from mlp_vision.training.config import find_recipe, parse_args_with_config, recipe_names  # noqa: E402
-from mlp_vision.training.errors import UsageError  # noqa: E402
+from mlp_vision.errors import UsageError  # noqa: E402
 from mlp_vision.training.data import prepare_digits_folder  # noqa: E402
 
 MODEL_ARGS = ['--model', 'smlpnet_t', '--model-kwargs', 'embed_dim=8', 'depths=(1,1,1,1)', '--img-size', '32']

@@ -28,7 +28,7 @@ import mlp_vision.validate as validate  # noqa: E402
 import mlp_vision.train_text as text_train  # noqa: E402
 from mlp_vision.training.checkpoint import (  # noqa: E402
     atomic_save, clean_stale_temp_files, keep_previous, load_checkpoint_file, temp_path)
-from mlp_vision.training.errors import UsageError  # noqa: E402
+from mlp_vision.errors import UsageError  # noqa: E402
 from mlp_vision.training.model import create_model, load_pretrained_weights  # noqa: E402
 from _helpers import TINY_GPT, TINY_VISION, exits_with_one_line  # noqa: E402
 

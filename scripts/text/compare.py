@@ -1,4 +1,4 @@
-""" Overlay the curves of several runs of ``python -m mlp_vision.text.train`` in one PNG and print a Markdown
+""" Overlay the curves of several runs of ``python -m mlp_vision.train_text`` in one PNG and print a Markdown
 table of their final numbers (from each run's ``results.json``).
 
     python scripts/text/compare.py results/text/shakespeare/compare.png --metric val_ppl \\

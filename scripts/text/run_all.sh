@@ -24,7 +24,7 @@ shakespeare() {  # a. MLP-Attention vs dot-product attention, the paper's model 
   for model in $SHAKESPEARE_MODELS; do
     rm -rf "${SHAKESPEARE_OUT:?}/$model"
     stamp "start $model"
-    python -m mlp_vision.text.train --task causal --model "$model" \
+    python -m mlp_vision.train_text --task causal --model "$model" \
       --train-file $DATA/tinyshakespeare/input.txt --val-fraction 0.1 --block-size 256 \
       --steps "$SHAKESPEARE_STEPS" -b "$SHAKESPEARE_BATCH" --lr 3e-4 --sched constant --warmup-steps 0 \
       --eval-interval "$SHAKESPEARE_EVAL_INTERVAL" --eval-batches 2 --eval-batch-size 32 --final-eval-batches 0 --log-interval 20 \
@@ -56,7 +56,7 @@ mlm() {  # b. small masked LMs on WikiText-2 (train: valid.txt, evaluate: test.t
     rm -rf "${MLM_OUT:?}/$name"
     stamp "start $name"
     # shellcheck disable=SC2086
-    python -m mlp_vision.text.train $common ${kwargs[$name]} \
+    python -m mlp_vision.train_text $common ${kwargs[$name]} \
       --output "$MLM_OUT" --experiment "$name" > "$MLM_OUT/$name.console.log" 2>&1
     stamp "end $name"
   done

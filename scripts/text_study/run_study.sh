@@ -98,7 +98,7 @@ for enc in "${ENCODERS[@]}"; do
       # --warmup-steps give a new linear schedule positioned at that run's last update (logged by the trainer)
       resume="--resume $CONTINUE_FROM/pre_${name}_lr${lr}/last.pth"
     fi
-    timeout "$PRE_LIMIT" $PY -m mlp_vision.text.train --task mlm --model "$model" $resume \
+    timeout "$PRE_LIMIT" $PY -m mlp_vision.train_text --task mlm --model "$model" $resume \
       --model-kwargs $kwargs sparse_prediction=True --tokenizer-from "$RUNS/data/tokenizer" \
       --train-file "$RUNS/data/$PRE_TEXT" --val-file "$RUNS/data/wikitext_val.txt" --block-size 128 \
       --steps "$PRE_STEPS" -b "$PRE_BATCH" --lr "$lr" --opt-betas 0.9 0.98 --opt-eps 1e-6 --weight-decay 0.01 \
@@ -155,10 +155,10 @@ for seed in $FT_SEEDS; do
       # never writes into an existing run folder): move it away to run it again
       pre=ft_${name}_pre_lr${lr}$suffix scratch=ft_${name}_scratch_lr${lr}$suffix
       [[ " $FT_ARMS " == *" pre "* && -n "$chosen" && ! -f "$RUNS/$pre/results.json" ]] && \
-        echo "$PY -m mlp_vision.text.train $common --init-from $chosen/model_best.pth \
+        echo "$PY -m mlp_vision.train_text $common --init-from $chosen/model_best.pth \
 ${FT_KWARGS:+--model-kwargs $FT_KWARGS }--experiment $pre" >> "$jobs_file"
       [[ " $FT_ARMS " == *" scratch "* && ! -f "$RUNS/$scratch/results.json" ]] && \
-        echo "$PY -m mlp_vision.text.train $common --model $model --model-kwargs $kwargs $FT_KWARGS \
+        echo "$PY -m mlp_vision.train_text $common --model $model --model-kwargs $kwargs $FT_KWARGS \
 --tokenizer-from $RUNS/data/tokenizer --experiment $scratch" >> "$jobs_file"
     done
   done

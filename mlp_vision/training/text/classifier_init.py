@@ -160,7 +160,7 @@ def _classifier_from_run_checkpoint(init_from: str, model_kwargs: Dict[str, Any]
     ckpt = load_checkpoint_file(path, trust=trust, what='--init-from')
     if not all(k in ckpt for k in ('state_dict', 'model_config', 'model_cfg', 'tokenizer')):
         raise UsageError(f'--init-from {init_from} is not a checkpoint of the text trainer (no model config / '
-                         f'tokenizer in it); expected last.pth / model_best.pth of a mlp_vision.text.train run, '
+                         f'tokenizer in it); expected last.pth / model_best.pth of a mlp_vision.train_text run, '
                          f'or a pretrained/ folder')
     name = ckpt['model_cfg']['name']
     if not is_model(name):
