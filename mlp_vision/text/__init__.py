@@ -21,6 +21,11 @@ Usage::
     from mlp_vision.text.fill_mask import fill_mask                  # also: python -m mlp_vision.text.fill_mask
     fill_mask(model, model.tokenizer, 'the movie was [MASK] .')
 
+Lengths have two names, one per concept: a model's maximum length is ``max_position_embeddings`` in its config
+and ``seq_len`` in every layer built for it (the size of length-tied weights: gMLP's spatial projection,
+MLP-Attention's logit MLP, position embeddings); a training sample's length is the trainer's ``--block-size``
+(at most the maximum), and a tokenizer call's is Hugging Face's ``max_length``.
+
 With ``transformers`` (>= 5) installed, importing this package registers the models with its Auto classes
 (``AutoModelForMaskedLM.from_pretrained('ckpt/')``, ``pipeline('fill-mask', ...)``): :mod:`mlp_vision.text.hf_auto`.
 """

@@ -347,9 +347,9 @@ class BertForSequenceClassification(EncoderForSequenceClassification):
     encoder_name = 'bert'
 
 
-def BertForMaskedLMBaseline(max_len: int = 512, device=None, dtype=None, **config) -> BertForMaskedLM:
-    """BERT-large masked LM with ``max_len`` positions, no dropout: the FLOP baseline of the BiGS paper's Table 6
+def BertForMaskedLMBaseline(seq_len: int = 512, device=None, dtype=None, **config) -> BertForMaskedLM:
+    """BERT-large masked LM with ``seq_len`` positions, no dropout: the FLOP baseline of the BiGS paper's Table 6
     (what :mod:`mlp_vision.complexity` counts). Same as ``create_model('bert_large', max_position_embeddings=L)``."""
-    config = BertConfig(max_position_embeddings=max_len, hidden_dropout_prob=0., attention_probs_dropout_prob=0.,
+    config = BertConfig(max_position_embeddings=seq_len, hidden_dropout_prob=0., attention_probs_dropout_prob=0.,
                         **config)
     return BertForMaskedLM(config, device=device, dtype=dtype)

@@ -104,7 +104,7 @@ class MLPAttention(nn.Module):
     Args:
         dim: model width d; heads have size d / num_heads.
         num_heads: H.
-        max_len: T_max; the logit MLP outputs one logit per key position 0..T_max-1.
+        seq_len: T_max, the maximum length (the config's ``max_position_embeddings``); the logit MLP outputs one logit per key position 0..T_max-1.
         hidden_dim: hidden width of the per-head logit MLP.
         attn_drop, proj_drop: dropout on the attention weights / after the output projection.
 
@@ -119,7 +119,7 @@ class MLPAttention(nn.Module):
             self,
             dim: int,
             num_heads: int,
-            max_len: int,
+            seq_len: int,
             hidden_dim: int = 256,
             attn_drop: float = 0.,
             proj_drop: float = 0.,
@@ -133,15 +133,15 @@ class MLPAttention(nn.Module):
         self.num_heads = num_heads
         self.head_dim = dim // num_heads
         self.hidden_dim = hidden_dim
-        self.max_len = max_len
+        self.seq_len = seq_len
         self.fc1 = nn.Linear(dim, num_heads * hidden_dim, **dd)
-        self.fc2_weight = nn.Parameter(torch.empty(num_heads, hidden_dim, max_len, **dd))
+        self.fc2_weight = nn.Parameter(torch.empty(num_heads, hidden_dim, seq_len, **dd))
         self.value = nn.Linear(dim, dim, bias=False, **dd)
         self.attn_drop = nn.Dropout(attn_drop)
         self.proj = nn.Linear(dim, dim, **dd)
         self.proj_drop = nn.Dropout(proj_drop)
         self.register_buffer(
-            'causal_mask', torch.ones(max_len, max_len, dtype=torch.bool, device=device).tril(), persistent=False)
+            'causal_mask', torch.ones(seq_len, seq_len, dtype=torch.bool, device=device).tril(), persistent=False)
         self.init_weights()
 
     def init_weights(self, std: float = 0.02) -> None:
@@ -151,8 +151,8 @@ class MLPAttention(nn.Module):
     def attention_weights(self, x: torch.Tensor) -> torch.Tensor:
         """(B, T, d) -> (B, H, T, T) softmax attention weights (causal, before dropout)."""
         B, T, _ = x.shape
-        if not 1 <= T <= self.max_len:
-            raise ValueError(f'sequence length {T} outside [1, {self.max_len}] (max_position_embeddings)')
+        if not 1 <= T <= self.seq_len:
+            raise ValueError(f'sequence length {T} outside [1, {self.seq_len}] (max_position_embeddings)')
         h = F.relu(self.fc1(x)).view(B, T, self.num_heads, self.hidden_dim).transpose(1, 2)  # (B, H, T, hidden)
         logits = h @ self.fc2_weight[:, :, :T]  # (B, H, T, hidden) @ (H, hidden, T) -> (B, H, T, T)
         logits = logits.masked_fill(~self.causal_mask[:T, :T], float('-inf'))
@@ -166,7 +166,7 @@ class MLPAttention(nn.Module):
         return self.proj_drop(self.proj(out))
 
     def extra_repr(self) -> str:
-        return f'num_heads={self.num_heads}, hidden_dim={self.hidden_dim}, max_len={self.max_len}'
+        return f'num_heads={self.num_heads}, hidden_dim={self.hidden_dim}, seq_len={self.seq_len}'
 
 
 class _CausalSDPA(Attention):

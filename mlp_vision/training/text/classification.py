@@ -363,10 +363,10 @@ def _build_classifier(args, run: TrainingRun, data: ClassifyData) -> Tuple[nn.Mo
                          f'both (the BERT template)')
     if train.pairs is not None and tokenizer.sep_id is None:
         raise UsageError(f'sentence pairs need a separator token; the tokenizer {tokenizer!r} has none')
-    max_len = model.config.max_position_embeddings
-    args.block_size = max_len if args.block_size is None else args.block_size
-    if args.block_size > max_len:
-        raise UsageError(f'--block-size {args.block_size} is larger than the model\'s maximum length {max_len}')
+    seq_len = model.config.max_position_embeddings
+    args.block_size = seq_len if args.block_size is None else args.block_size
+    if args.block_size > seq_len:
+        raise UsageError(f'--block-size {args.block_size} is larger than the model\'s maximum length {seq_len}')
     if args.block_size < tokenizer.num_special_tokens(train.pairs is not None) + 1:
         raise UsageError(f'--block-size {args.block_size} leaves no room for text after the special tokens')
     return model, family, tokenizer, report
