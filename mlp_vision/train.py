@@ -57,7 +57,8 @@ from mlp_vision.training.engine import evaluate, format_duration, train_one_epoc
 from mlp_vision.errors import ArgumentParser, Interrupted, UsageError, run_cli
 from mlp_vision.training.log import setup_logging
 from mlp_vision.training.model import (
-    ALLOW_MISSING_FLAG, COMPILE_MODES, check_compile_backend, create_model, load_pretrained_weights, model_create_kwargs)
+    ALLOW_MISSING_FLAG, add_compile_arguments, check_compile_backend, compile_model, create_model,
+    load_pretrained_weights, model_create_kwargs)
 from mlp_vision.training.run import (
     NonFiniteLossError, TrainingRun, UpdateStep, add_run_arguments, create_lr_scheduler, parse_run_args, setup_amp)
 from mlp_vision.training.summary import plot_curves
@@ -145,9 +146,7 @@ def _add_model_args(parser) -> None:
                        help='activation checkpointing through the model')
     group.add_argument('--model-kwargs', nargs='*', default={}, action=ParseKwargs,
                        help='extra model arguments k=v (python literals), e.g. embed_dim=32 depths="(1,1,2,1)"')
-    group.add_argument('--torchcompile', nargs='?', type=str, default=None, const='inductor',
-                       help='torch.compile the model (optional backend, default inductor)')
-    group.add_argument('--torchcompile-mode', type=str, default=None, choices=COMPILE_MODES, help='torch.compile mode')
+    add_compile_arguments(group)
 
 
 def _add_device_args(parser) -> None:
@@ -481,8 +480,7 @@ def _prepare(args, run, data_dir) -> ImageTraining:
         run.restore_ema(model_ema.module)
     if dist_info.distributed:
         model = wrap_ddp(model, dist_info)
-    if args.torchcompile:
-        model = torch.compile(model, backend=args.torchcompile, mode=args.torchcompile_mode)
+    model = compile_model(model, args)
     return ImageTraining(
         model=model, model_ema=model_ema, optimizer=optimizer, update_step=update_step, lr_scheduler=lr_scheduler,
         schedule=schedule, loss_scaler=loss_scaler, amp_autocast=amp_autocast, amp_dtype=amp_dtype,

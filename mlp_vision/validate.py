@@ -41,7 +41,8 @@ from mlp_vision.training.distributed import init_device
 from mlp_vision.training.engine import evaluate
 from mlp_vision.errors import ArgumentParser, UsageError, run_cli
 from mlp_vision.training.log import setup_logging
-from mlp_vision.training.model import check_compile_backend, create_model_for_eval, model_create_kwargs
+from mlp_vision.training.model import (
+    add_compile_arguments, check_compile_backend, compile_model, create_model_for_eval, model_create_kwargs)
 from mlp_vision.training.run import add_common_arguments, setup_amp
 from mlp_vision.training.summary import write_json
 
@@ -91,8 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help='mixed precision (bfloat16 on CPU, float16 on CUDA)')
     parser.add_argument('--amp-dtype', default=None, type=str, choices=('float16', 'bfloat16'), help='autocast dtype')
     parser.add_argument('--channels-last', action='store_true', default=False, help='channels_last memory layout')
-    parser.add_argument('--torchcompile', nargs='?', type=str, default=None, const='inductor',
-                        help='torch.compile the model (optional backend)')
+    add_compile_arguments(parser)
     parser.add_argument('--log-interval', default=10, type=int, metavar='N', help='batches between progress logs')
     parser.add_argument('--results-file', default='', type=str, metavar='FILENAME',
                         help='write the results to this .json or .csv file')
@@ -207,8 +207,7 @@ def validate(args: argparse.Namespace) -> dict:
     model.to(device)
     if args.channels_last:
         model.to(memory_format=torch.channels_last)
-    if args.torchcompile:
-        model = torch.compile(model, backend=args.torchcompile)
+    model = compile_model(model, args)
     amp_autocast, _, amp_dtype = setup_amp(args.amp, args.amp_dtype, device)
 
     loader = create_eval_loader(dataset, data_config, args.batch_size, device, num_workers=args.workers,

@@ -156,6 +156,30 @@ def test_resume_equals_uninterrupted_run(task, model, tiny_text, tmp_path):
         'val_final']['loss']
 
 
+@pytest.mark.parametrize('backend', ['eager', pytest.param('inductor', marks=pytest.mark.slow)])
+def test_torchcompile_trains_what_the_uncompiled_model_trains(backend, tiny_text, tmp_path):
+    """--torchcompile compiles the training forward and backward (dynamo; 'eager' runs the captured graphs
+    without code generation, so the weights must be bit-identical; inductor's fused kernels round differently)."""
+    args = TINY_BIGS + COMMON + ['--task', 'mlm', '--train-file', tiny_text, '--steps', '4', '-b', '4',
+                                 '--grad-accum-steps', '2', '--eval-interval', '4', '--eval-batches', '1',
+                                 '--final-eval-batches', '1', '--seed', '3', '--output', str(tmp_path)]
+    plain = text_train.main(args + ['--experiment', 'plain'])
+    compiled = text_train.main(args + ['--experiment', 'compiled', '--torchcompile', backend])
+    ref, out = _state(tmp_path / 'plain' / 'last.pth'), _state(tmp_path / 'compiled' / 'last.pth')
+    assert ref['state_dict'].keys() == out['state_dict'].keys()  # the plain model is saved, not the wrapper
+    if backend == 'eager':
+        for k, v in ref['state_dict'].items():
+            assert torch.equal(v, out['state_dict'][k]), k
+        assert compiled['val_final'] == {**plain['val_final'], 'seconds': compiled['val_final']['seconds']}
+        return
+    # inductor: an Adam step moves a weight by at most about lr, so rounding that flips the sign of a near-zero
+    # gradient parts two runs by at most 2 lr per step; anything more is a different computation
+    lr = ref['optimizer']['param_groups'][0]['initial_lr']
+    for k, v in ref['state_dict'].items():
+        assert (out['state_dict'][k] - v).abs().max() <= 2 * lr * 4, k
+    assert compiled['val_final']['loss'] == pytest.approx(plain['val_final']['loss'], rel=2e-3)
+
+
 # ------------------------------------------------------------------------------------------------ NaN stop
 def test_nan_loss_stops_and_keeps_last_good_checkpoint(tiny_text, tmp_path, monkeypatch):
     calls = {'n': 0}

@@ -10,6 +10,7 @@ from timm.utils import ParseKwargs
 from ...text.registry import is_model, list_models, model_entry
 from ...text.tokenizer import SUBWORD_KINDS, check_vocab_size
 from ..config import SEED_MAX, THREADS_RANGE
+from ..model import add_compile_arguments, check_compile_backend
 from mlp_vision.errors import UsageError, check_range
 from ..run import add_run_arguments
 
@@ -134,6 +135,7 @@ def _add_device(parser: argparse.ArgumentParser) -> None:
     g.add_argument('--amp', action='store_true', default=False,
                    help='mixed precision: bfloat16 autocast on CPU, float16 + grad scaler on CUDA')
     g.add_argument('--amp-dtype', default=None, choices=('float16', 'bfloat16'), help='autocast dtype')
+    add_compile_arguments(g)  # compiles the training forward and backward; evaluation and sampling run eager
     g.add_argument('--threads', default=None, type=int, help='torch intra-op threads (default: torch\'s)')
     g.add_argument('--seed', default=42, type=int, help='seed of the model init, dropout and data order')
 
@@ -144,6 +146,7 @@ _UNIT_OPEN = dict(low=0, high=1, low_open=True, high_open=True)
 def check_args(args) -> None:
     """Every flag value that cannot work, as one line, before a file is read or a model built. Flags left at None
     take their value later (from the recipe or the model) and are checked only when given."""
+    check_compile_backend(args.torchcompile)
     min_block = 3 if args.task == 'mlm' else 1  # MLM: <cls>, one token, <sep>
     ranges = [
         ('--steps', args.steps, dict(low=1)), ('--batch-size', args.batch_size, dict(low=1)),

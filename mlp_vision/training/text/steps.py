@@ -21,6 +21,7 @@ from timm.utils import ModelEmaV3
 
 from ..checkpoint import preserve_rng
 from ..distributed import wrap_ddp
+from ..model import compile_model
 from mlp_vision.errors import Interrupted
 from ..loop import StepLoop, format_duration, progress_line
 from ..run import NonFiniteLossError, TrainingRun, UpdateStep, create_lr_scheduler, setup_amp
@@ -109,6 +110,7 @@ def setup_optimization(args, run: TrainingRun, model: nn.Module, family: str, em
         model_ema = ModelEmaV3(model, decay=args.model_ema_decay)
         run.restore_ema(model_ema.module)
     train_model = wrap_ddp(model, run.dist_info) if run.dist_info.distributed else model
+    train_model = compile_model(train_model, args)  # the EMA, evaluation and checkpoints use `model` itself
     return Optimization(model, train_model, optimizer, scheduler, schedule, loss_scaler, update_step, amp_autocast,
                         amp_dtype, start_step, model_ema)
 
