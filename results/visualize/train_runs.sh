@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# The three short trainings whose weights results/visualize/ draws (outputs under output/vis/, not committed).
+# Run from the repository root; one compute thread each (the machine is shared).
+set -euo pipefail
+export OMP_NUM_THREADS=1
+OUT=${OUT:-output/vis}
+
+# sMLPNet: the README's training demo (sMLPNet-T at width 32, depths 1/1/2/1, 32x32 digits)
+python -m mlp_vision.train --output "$OUT" --experiment demo_smlpnet_t
+
+# gMLP: the demo recipe with a 4-block gMLP-Ti (d 128, d_ffn 384) on 4x4 patches of 56x56 digits: a 14x14 token
+# grid, the grid of the gMLP paper's Fig. 3 (224 px / 16)
+python -m mlp_vision.train -c demo_digits --model gmlp_ti --img-size 56 \
+  --model-kwargs patch_size=4 num_blocks=4 mlp_ratio=3 \
+  --lr 1e-3 --clip-grad 1.0 --drop-path 0 --epochs 12 --output "$OUT" --experiment gmlp_digits56
+
+# BiGS: bigs_small (4 layers, d 256, N 64) as a char-level masked LM on Tiny Shakespeare, 128 positions
+python -m mlp_vision.text.train --task mlm --model bigs_small \
+  --model-kwargs max_position_embeddings=128 hidden_dropout=0.0 \
+  --train-file ../shared/data/tinyshakespeare/input.txt --tokenizer char --block-size 128 \
+  --steps 400 -b 16 --warmup-steps 40 --eval-interval 100 --eval-batches 2 --log-interval 50 --seed 1337 \
+  --threads 1 --output "$OUT" --experiment bigs_shakespeare
