@@ -39,6 +39,7 @@ from timm.utils import ParseKwargs
 from .layers.gating import SpatialGatingUnit
 from .layers.sparse_mlp import AxialSparseMLP
 from .layers.ssm import BidirectionalGatedSSM
+from .training.checkpoint import load_checkpoint_file
 from .training.errors import ArgumentParser, UsageError, check_range, run_cli
 from .training.model import create_model, create_model_for_eval, model_create_kwargs
 from .training.run import add_common_arguments
@@ -220,7 +221,7 @@ def draw_axial_weights(weights: List[Tuple[str, torch.Tensor, torch.Tensor]], ou
         stages.setdefault(found.group(1) if found else '0', []).append((name, w_h, w_w))
     paths = []
     for stage, blocks in stages.items():
-        fig, axes = plt.subplots(2, len(blocks), squeeze=False, figsize=(max(1.9 * len(blocks) + 0.9, 4.5), 4.6))
+        fig, axes = plt.subplots(2, len(blocks), squeeze=False, figsize=(max(1.9 * len(blocks) + 0.9, 5.5), 4.6))
         for col, (name, w_h, w_w) in enumerate(blocks):
             found = re.search(r'blocks\.(\d+)', name)
             block = f'block {found.group(1)}' if found else name
@@ -265,31 +266,37 @@ def load_model(source: str, model_name: Optional[str] = None, pretrained: bool =
                model_kwargs: Optional[Dict[str, Any]] = None, trust_checkpoint: bool = False) -> Tuple[nn.Module, str]:
     """(the model in eval mode, what it is) from a checkpoint file (through the validation loader of
     :func:`~mlp_vision.training.model.create_model_for_eval`), a ``save_pretrained`` folder (the text registry's
-    ``from_pretrained``) or a model name (the text registry's, else timm's)."""
-    from .text import registry as text_registry
-    from .text.modeling_utils import is_saved_folder
+    ``from_pretrained``) or a model name (timm's registry, else the text registry's; no name is in both)."""
     kwargs = dict(model_kwargs or {})
     if pretrained and os.path.exists(source):
         raise UsageError(f'--pretrained loads a model name\'s registered weights; {source} is a path')
+    if os.path.isfile(source):
+        try:
+            model, info = create_model_for_eval(model_name, checkpoint=source, trust_checkpoint=trust_checkpoint,
+                                                create_kwargs=model_create_kwargs(model_kwargs=kwargs))
+        except UsageError:
+            if load_checkpoint_file(source, trust=trust_checkpoint).get('kind') == 'text':
+                raise UsageError(f'{source} is a checkpoint of the text trainer; give its run\'s pretrained/ folder '
+                                 f'(save_pretrained) instead') from None
+            raise
+        return model, f'{info["model_name"]} from {info["source"]}'
+    if timm.is_model(source):
+        model = create_model(source, pretrained=pretrained, **model_create_kwargs(model_kwargs=kwargs))
+        return model.eval(), f'{source} ({"pretrained weights" if pretrained else "random init"})'
+    from .text import registry as text_registry  # imported here: vision models do not need the text package
+    from .text.modeling_utils import is_saved_folder
     if os.path.isdir(source):
         if not is_saved_folder(source):
             raise UsageError(f'{source} is a folder without a save_pretrained config.json; expected a text-model '
                              f'folder (a text run\'s pretrained/) or a checkpoint file')
         model = text_registry.from_pretrained(source, **kwargs)
         return model.eval(), f'{type(model).__name__} from {source}'
-    if os.path.isfile(source):
-        model, info = create_model_for_eval(model_name, checkpoint=source, trust_checkpoint=trust_checkpoint,
-                                            create_kwargs=model_create_kwargs(model_kwargs=kwargs))
-        return model, f'{info["model_name"]} from {info["source"]}'
     if text_registry.is_model(source):
         try:
             model = text_registry.create_model(source, **kwargs)
         except (TypeError, ValueError) as e:
             raise UsageError(f'cannot build text model {source} with {kwargs}: {" ".join(str(e).split())}') from e
         return model.eval(), f'{source} (random init)'
-    if timm.is_model(source):
-        model = create_model(source, pretrained=pretrained, **model_create_kwargs(model_kwargs=kwargs))
-        return model.eval(), f'{source} ({"pretrained weights" if pretrained else "random init"})'
     raise UsageError(f'{source!r} is no file, folder or model name: expected a training checkpoint, a text-model '
                      f'folder (save_pretrained) or a timm / text model name (e.g. gmlp_s, smlpnet_t, bigs_small)')
 

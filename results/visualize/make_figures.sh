@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The three short trainings whose weights results/visualize/ draws (outputs under output/vis/, not committed).
-# Run from the repository root; one compute thread each (the machine is shared).
+# The figures of results/visualize/: three short trainings (outputs under output/vis/, not committed), then
+# `python -m mlp_vision.visualize` on each. Run from the repository root; one compute thread each (the machine is
+# shared). The visualize command refuses a non-empty --out: move the committed figures away before a rerun.
 set -euo pipefail
 export OMP_NUM_THREADS=1
 OUT=${OUT:-output/vis}
@@ -20,3 +21,17 @@ python -m mlp_vision.text.train --task mlm --model bigs_small \
   --train-file ../shared/data/tinyshakespeare/input.txt --tokenizer char --block-size 128 \
   --steps 400 -b 16 --warmup-steps 40 --eval-interval 100 --eval-batches 2 --log-interval 50 --seed 1337 \
   --threads 1 --output "$OUT" --experiment bigs_shakespeare
+
+# the BiGS run's initial weights, for comparison: the trainer seeds with random_seed(1337) right before create_model
+python -c "
+import torch
+from mlp_vision.text.registry import create_model
+torch.manual_seed(1337)
+create_model('bigs_small', max_position_embeddings=128, hidden_dropout=0.0, vocab_size=69,
+             pad_token_id=65).save_pretrained('$OUT/bigs_shakespeare_init')"
+
+FIGS=results/visualize
+python -m mlp_vision.visualize "$OUT/gmlp_digits56/model_best.pth" --out $FIGS/gmlp_digits56
+python -m mlp_vision.visualize "$OUT/demo_smlpnet_t/model_best.pth" --out $FIGS/smlpnet_demo
+python -m mlp_vision.visualize "$OUT/bigs_shakespeare/pretrained" --out $FIGS/bigs_shakespeare
+python -m mlp_vision.visualize "$OUT/bigs_shakespeare_init" --out $FIGS/bigs_shakespeare_init
