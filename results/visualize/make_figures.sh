@@ -15,6 +15,11 @@ python -m mlp_vision.train -c demo_digits --model gmlp_ti --img-size 56 \
   --model-kwargs patch_size=4 num_blocks=4 mlp_ratio=3 \
   --lr 1e-3 --clip-grad 1.0 --drop-path 0 --epochs 12 --output "$OUT" --experiment gmlp_digits56
 
+# gMLP on photos: the same model on imagenette-mini at 56x56, the imagenette CPU recipe with gMLP's settings
+python -m mlp_vision.train -c imagenette_mini_cpu --model gmlp_ti --img-size 56 \
+  --model-kwargs patch_size=4 num_blocks=4 mlp_ratio=3 \
+  --lr 5e-4 --clip-grad 1.0 --drop-path 0 --epochs 10 --output "$OUT" --experiment gmlp_imagenette56
+
 # BiGS: bigs_small (4 layers, d 256, N 64) as a char-level masked LM on Tiny Shakespeare, 128 positions
 python -m mlp_vision.text.train --task mlm --model bigs_small \
   --model-kwargs max_position_embeddings=128 hidden_dropout=0.0 \
@@ -32,6 +37,7 @@ create_model('bigs_small', max_position_embeddings=128, hidden_dropout=0.0, voca
 
 FIGS=results/visualize
 python -m mlp_vision.visualize "$OUT/gmlp_digits56/model_best.pth" --out $FIGS/gmlp_digits56
+python -m mlp_vision.visualize "$OUT/gmlp_imagenette56/model_best.pth" --out $FIGS/gmlp_imagenette56
 python -m mlp_vision.visualize "$OUT/demo_smlpnet_t/model_best.pth" --out $FIGS/smlpnet_demo
 python -m mlp_vision.visualize "$OUT/bigs_shakespeare/pretrained" --out $FIGS/bigs_shakespeare
 python -m mlp_vision.visualize "$OUT/bigs_shakespeare_init" --out $FIGS/bigs_shakespeare_init
