@@ -8,7 +8,7 @@ status 1. The commands' modules are imported when run, so listing them imports n
 import textwrap
 from typing import Any
 
-__all__ = ['COMMANDS', 'train', 'validate', 'benchmark', 'complexity', 'text_train', 'fill_mask']
+__all__ = ['COMMANDS', 'train', 'validate', 'benchmark', 'complexity', 'text_train', 'fill_mask', 'visualize']
 
 # console script -> (its python -m module, what it does)
 COMMANDS = {
@@ -18,6 +18,7 @@ COMMANDS = {
     'mlp-vision-complexity': ('mlp_vision.complexity', 'parameters and MACs beside the papers\' tables'),
     'mlp-vision-text-train': ('mlp_vision.train_text', 'train a text model (causal LM, masked LM, classifier)'),
     'mlp-vision-fill-mask': ('mlp_vision.text.fill_mask', 'most likely tokens at each mask of a text'),
+    'mlp-vision-visualize': ('mlp_vision.visualize', 'PNGs of the learned gMLP filters, sMLP weights, BiGS kernels'),
 }
 
 
@@ -53,6 +54,11 @@ def text_train() -> int:
 def fill_mask() -> int:
     from .text.fill_mask import main
     return _exit_status(main())
+
+
+def visualize() -> int:
+    from .visualize import main
+    return _exit_status(main(prog='mlp-vision-visualize'))
 
 
 def describe() -> str:

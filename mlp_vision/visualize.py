@@ -1,0 +1,376 @@
+""" ``mlp-vision-visualize`` / ``python -m mlp_vision.visualize``: draw what the token-mixing layers learned.
+
+The three views of the papers:
+
+* gMLP (`Pay Attention to MLPs`, arXiv 2105.08050, §3.1, Fig. 3): each layer's spatial projection ``W`` (n x n,
+  row i = the weights with which output token i reads every input token) shown, for a grid of tokens, as the row
+  reshaped to the patch grid: a layer x token table of 2-D filters. Text gMLP (Toeplitz or causal ``W``, the
+  paper's Fig. 4 view): the centre token's row over the relative position, one panel per layer.
+* sMLPNet (`Sparse MLP for Image Recognition`, arXiv 2109.05422, §3.2, Alg. 1): the sMLP's H-mixing (H x H) and
+  W-mixing (W x W) Linear weights of every block, one figure per stage.
+* BiGS (`Pretraining Without Attention`, arXiv 2212.10544, §4): the impulse response of each layer's forward
+  (causal) and backward (anti-causal) SSM, i.e. the S4D kernel ``K`` with ``D`` at lag 0; BiGS shares one kernel
+  across all channels of a layer and direction, so there is one curve per direction.
+
+The model comes from a checkpoint of ``mlp-vision-train`` or another state dict (loaded as ``mlp-vision-validate``
+loads it: never unpickled unless ``--trust-checkpoint``), a text-model folder written by ``save_pretrained``, or a
+model name (timm's registry, random init or ``--pretrained``; or the text registry)::
+
+    python -m mlp_vision.visualize output/train/EXP/model_best.pth --out figs/
+    python -m mlp_vision.visualize output/text/EXP/pretrained --out figs/
+    python -m mlp_vision.visualize gmlp_s --pretrained --out figs/
+
+PNGs go to ``--out``, which must be new or empty: nothing already there is overwritten.
+"""
+import argparse
+import math
+import os
+import re
+import textwrap
+import time
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import timm
+import torch
+import torch.nn as nn
+from timm.models.mlp_mixer import SpatialGatingUnit as TimmSpatialGatingUnit
+from timm.utils import ParseKwargs
+
+from .layers.gating import SpatialGatingUnit
+from .layers.sparse_mlp import AxialSparseMLP
+from .layers.ssm import BidirectionalGatedSSM
+from .training.checkpoint import load_checkpoint_file
+from .training.errors import ArgumentParser, UsageError, check_range, run_cli
+from .training.model import create_model, create_model_for_eval, model_create_kwargs
+from .training.run import add_common_arguments
+
+__all__ = ['spatial_projections', 'axial_weights', 'ssm_responses', 'token_grid', 'load_model', 'visualize', 'main']
+
+Named = List[Tuple[str, torch.Tensor]]
+LAYERS_PER_FIGURE = 10  # rows of one gMLP filter table
+DPI = 100
+
+
+# ------------------------------------------------------------------------------------------------ what is drawn
+def spatial_projections(model: nn.Module) -> Named:
+    """``(module name, W)`` for every Spatial Gating Unit (ours, or timm's ``proj``): ``W`` (n, n) is the token
+    mixing actually applied (Toeplitz expanded, causal masked), ``W[i, j]`` the weight of input token j in output
+    token i (gMLP eq. 2; the bias ``b`` is not drawn)."""
+    out = []
+    for name, m in model.named_modules():
+        if isinstance(m, SpatialGatingUnit):
+            w = m.spatial_weight(m.seq_len)
+        elif isinstance(m, TimmSpatialGatingUnit):
+            w = m.proj.weight
+        else:
+            continue
+        out.append((name, w.detach().float().cpu()))
+    return out
+
+
+def axial_weights(model: nn.Module) -> List[Tuple[str, torch.Tensor, torch.Tensor]]:
+    """``(module name, W_H (H, H), W_W (W, W))`` for every sMLP: ``W_H[i, j]`` weighs row j in output row i, shared
+    by every column and channel (and W_W likewise for columns; sMLPNet Alg. 1). Biases are not drawn."""
+    return [(name, m.proj_h.weight.detach().float().cpu(), m.proj_w.weight.detach().float().cpu())
+            for name, m in model.named_modules() if isinstance(m, AxialSparseMLP)]
+
+
+@torch.no_grad()
+def ssm_responses(model: nn.Module, length: int) -> Named:
+    """``(module name, R (2, length))`` for every BiGS layer: ``R[0, l]`` is the weight of token ``t - l`` in the
+    forward SSM's output at t, ``R[1, l]`` that of token ``t + l`` in the backward SSM's: each S4D kernel
+    ``K`` (:class:`~mlp_vision.layers.ssm.S4DKernel`, its own ``forward``) with the skip term ``D`` added at lag 0,
+    the whole convolution the layer applies (BiGS §4)."""
+    out = []
+    for name, m in model.named_modules():
+        if isinstance(m, BidirectionalGatedSSM):
+            responses = []
+            for ssm in (m.ssm_forward, m.ssm_backward):
+                k = ssm.kernel(length).float().clone()
+                k[0] += ssm.D.float()[0]
+                responses.append(k)
+            out.append((name, torch.stack(responses).cpu()))
+    return out
+
+
+def token_grid(model: nn.Module, num_tokens: int) -> Optional[Tuple[int, int]]:
+    """The (rows, cols) patch grid of a vision model's ``num_tokens`` tokens (timm's ``stem.grid_size``); None for
+    a sequence model."""
+    grid = getattr(getattr(model, 'stem', None), 'grid_size', None)
+    if grid is not None and grid[0] * grid[1] == num_tokens:
+        return int(grid[0]), int(grid[1])
+    return None
+
+
+def _grid_tokens(grid: Tuple[int, int], per_side: int) -> List[Tuple[int, int]]:
+    """``per_side`` x ``per_side`` tokens spread evenly over the grid, away from the border (e.g. rows 2, 7, 11 of
+    14 for 3 per side)."""
+    def spread(n):
+        k = min(per_side, n)
+        return sorted({int(round((i + 0.5) * n / k - 0.5)) for i in range(k)})
+    return [(r, c) for r in spread(grid[0]) for c in spread(grid[1])]
+
+
+# ------------------------------------------------------------------------------------------------ figures
+def _pyplot():
+    import matplotlib
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def _save(fig, path: str) -> str:
+    if os.path.exists(path):  # --out was empty; two figures of one run never share a name
+        raise UsageError(f'{path} exists; nothing is overwritten')
+    fig.savefig(path, dpi=DPI)
+    _pyplot().close(fig)
+    return path
+
+
+def _symmetric(values: torch.Tensor) -> Dict[str, Any]:
+    """imshow arguments: a diverging map centred on 0, scaled to the largest |value|."""
+    vmax = values.abs().max().item() or 1.
+    return dict(cmap='RdBu_r', vmin=-vmax, vmax=vmax, interpolation='nearest')
+
+
+def _suptitle(fig, *lines: str, fontsize: int = 8) -> None:
+    """The figure's title, each line wrapped to the figure's width."""
+    chars = int(fig.get_figwidth() * 110 / fontsize)
+    fig.suptitle('\n'.join(textwrap.fill(line, chars) for line in lines), fontsize=fontsize)
+
+
+def _integer_ticks(ax) -> None:
+    from matplotlib.ticker import MaxNLocator
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True, nbins=4))
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True, nbins=4))
+
+
+def _layer_label(name: str, index: int) -> str:
+    """``'layer 3'`` for ``'blocks.3.sgu'`` or ``'bigs.layers.3'`` (the last index in the module name), else by
+    position."""
+    found = re.findall(r'\.(\d+)(?:\.|$)', name)
+    return f'layer {found[-1] if found else index}'
+
+
+def draw_spatial_filters(projections: Named, grid: Tuple[int, int], out: str, title: str,
+                         per_side: int = 3) -> List[str]:
+    """gMLP Fig. 3 view: a table of layers (rows) x tokens (columns); each cell is ``W[token, :]`` on the patch grid,
+    the token marked by a cross. One PNG per :data:`LAYERS_PER_FIGURE` layers."""
+    plt = _pyplot()
+    tokens = _grid_tokens(grid, per_side)
+    paths = []
+    for start in range(0, len(projections), LAYERS_PER_FIGURE):
+        chunk = projections[start:start + LAYERS_PER_FIGURE]
+        fig, axes = plt.subplots(len(chunk), len(tokens), squeeze=False,
+                                 figsize=(0.9 * len(tokens) + 0.8, 0.9 * len(chunk) + 1.0))
+        for row, (name, w) in enumerate(chunk):
+            for col, (r, c) in enumerate(tokens):
+                ax = axes[row, col]
+                f = w[r * grid[1] + c].reshape(grid)
+                ax.imshow(f.numpy(), **_symmetric(f))
+                ax.plot(c, r, marker='+', color='k', ms=5, mew=0.8)
+                ax.set_xticks([])
+                ax.set_yticks([])
+                if row == 0:
+                    ax.set_title(f'token ({r}, {c})', fontsize=7)
+            axes[row, 0].set_ylabel(_layer_label(name, start + row), fontsize=7)
+        _suptitle(fig, f'gMLP spatial projection W: the row of each token (black +) on the {grid[0]}x{grid[1]} '
+                       f'patch grid; red +, blue -, each filter scaled to its own max |w|', title, fontsize=7)
+        fig.tight_layout()
+        end = start + len(chunk) - 1
+        paths.append(_save(fig, os.path.join(out, f'gmlp_spatial_filters_layers{start:02d}-{end:02d}.png')))
+    return paths
+
+
+def _panels(plt, count: int, cols: int = 4, size: Tuple[float, float] = (3.0, 2.1)):
+    """A figure with ``count`` line-plot panels, ``cols`` per row; the unused panels hidden."""
+    cols = min(cols, count)
+    rows = math.ceil(count / cols)
+    fig, axes = plt.subplots(rows, cols, squeeze=False, figsize=(size[0] * cols, size[1] * rows + 0.6))
+    flat = list(axes.flat)
+    for ax in flat[count:]:
+        ax.set_visible(False)
+    return fig, flat[:count]
+
+
+def draw_sequence_filters(projections: Named, out: str, title: str, max_offset: int = 64) -> List[str]:
+    """Text gMLP (paper Fig. 4 view): per layer, the centre token's row of ``W`` over the offset j - i."""
+    plt = _pyplot()
+    fig, axes = _panels(plt, len(projections))
+    for index, (ax, (name, w)) in enumerate(zip(axes, projections)):
+        centre = w.shape[0] // 2
+        offsets = torch.arange(w.shape[1]) - centre
+        keep = offsets.abs() <= max_offset
+        ax.plot(offsets[keep].numpy(), w[centre][keep].numpy(), lw=0.9)
+        ax.axhline(0, color='k', lw=0.4)
+        ax.set_title(_layer_label(name, index), fontsize=8)
+        ax.tick_params(labelsize=7)
+        ax.set_xlabel('input token j - output token i', fontsize=7)
+    _suptitle(fig, f'gMLP spatial projection W: the row of the centre token (i = {centre}) over the relative '
+                   f'position', title)
+    fig.tight_layout()
+    return [_save(fig, os.path.join(out, 'gmlp_text_spatial_filters.png'))]
+
+
+def draw_axial_weights(weights: List[Tuple[str, torch.Tensor, torch.Tensor]], out: str, title: str) -> List[str]:
+    """sMLPNet: per stage, the H-mixing (top) and W-mixing (bottom) weights of each block as heatmaps."""
+    plt = _pyplot()
+    stages: Dict[str, list] = {}
+    for name, w_h, w_w in weights:
+        found = re.search(r'stages\.(\d+)', name)
+        stages.setdefault(found.group(1) if found else '0', []).append((name, w_h, w_w))
+    paths = []
+    for stage, blocks in stages.items():
+        fig, axes = plt.subplots(2, len(blocks), squeeze=False, figsize=(max(1.9 * len(blocks) + 0.9, 5.5), 4.6))
+        for col, (name, w_h, w_w) in enumerate(blocks):
+            found = re.search(r'blocks\.(\d+)', name)
+            block = f'block {found.group(1)}' if found else name
+            for row, (w, axis) in enumerate(((w_h, 'H'), (w_w, 'W'))):
+                ax = axes[row, col]
+                ax.imshow(w.numpy(), **_symmetric(w))
+                ax.set_title(f'{block}, {axis}: max |w| {w.abs().max():.2g}', fontsize=7)
+                ax.tick_params(labelsize=6)
+                _integer_ticks(ax)
+            axes[1, col].set_xlabel('input position j', fontsize=7)
+        axes[0, 0].set_ylabel('H-mixing\noutput row i', fontsize=7)
+        axes[1, 0].set_ylabel('W-mixing\noutput column i', fontsize=7)
+        size = f'{blocks[0][1].shape[0]}x{blocks[0][1].shape[0]} / {blocks[0][2].shape[0]}x{blocks[0][2].shape[0]}'
+        _suptitle(fig, f'sMLPNet stage {stage}: axial mixing weights W[i, j] ({size}; red +, blue -)', title)
+        fig.tight_layout()
+        paths.append(_save(fig, os.path.join(out, f'smlp_axial_weights_stage{stage}.png')))
+    return paths
+
+
+def draw_ssm_responses(responses: Named, out: str, title: str, max_lag: int = 64) -> List[str]:
+    """BiGS: per layer, the forward SSM's weights of earlier tokens (offset <= 0) and the backward SSM's of later
+    tokens (offset >= 0) as curves over the offset; lag 0 includes ``D``."""
+    plt = _pyplot()
+    fig, axes = _panels(plt, len(responses))
+    for index, (ax, (name, r)) in enumerate(zip(axes, responses)):
+        lags = torch.arange(min(r.shape[1], max_lag + 1))
+        ax.plot(-lags.numpy(), r[0, :len(lags)].numpy(), lw=0.9, label=f'forward (D + K[0] = {r[0, 0]:.2f})')
+        ax.plot(lags.numpy(), r[1, :len(lags)].numpy(), lw=0.9, label=f'backward (D + K[0] = {r[1, 0]:.2f})')
+        ax.axhline(0, color='k', lw=0.4)
+        ax.set_title(_layer_label(name, index), fontsize=8)
+        ax.tick_params(labelsize=7)
+        ax.set_xlabel('input token j - output token t', fontsize=7)
+        ax.legend(fontsize=6)
+    _suptitle(fig, 'BiGS SSM convolution kernels (S4D K, D added at lag 0): one per layer and direction, shared by '
+                   'all channels', title)
+    fig.tight_layout()
+    return [_save(fig, os.path.join(out, 'bigs_ssm_kernels.png'))]
+
+
+# ------------------------------------------------------------------------------------------------ the command
+def load_model(source: str, model_name: Optional[str] = None, pretrained: bool = False,
+               model_kwargs: Optional[Dict[str, Any]] = None, trust_checkpoint: bool = False) -> Tuple[nn.Module, str]:
+    """(the model in eval mode, what it is) from a checkpoint file (through the validation loader of
+    :func:`~mlp_vision.training.model.create_model_for_eval`), a ``save_pretrained`` folder (the text registry's
+    ``from_pretrained``) or a model name (timm's registry, else the text registry's; no name is in both)."""
+    kwargs = dict(model_kwargs or {})
+    if pretrained and os.path.exists(source):
+        raise UsageError(f'--pretrained loads a model name\'s registered weights; {source} is a path')
+    if os.path.isfile(source):
+        try:
+            model, info = create_model_for_eval(model_name, checkpoint=source, trust_checkpoint=trust_checkpoint,
+                                                create_kwargs=model_create_kwargs(model_kwargs=kwargs))
+        except UsageError:
+            if load_checkpoint_file(source, trust=trust_checkpoint).get('kind') == 'text':
+                raise UsageError(f'{source} is a checkpoint of the text trainer; give its run\'s pretrained/ folder '
+                                 f'(save_pretrained) instead') from None
+            raise
+        return model, f'{info["model_name"]} from {info["source"]}'
+    if timm.is_model(source):
+        model = create_model(source, pretrained=pretrained, **model_create_kwargs(model_kwargs=kwargs))
+        return model.eval(), f'{source} ({"pretrained weights" if pretrained else "random init"})'
+    from .text import registry as text_registry  # imported here: vision models do not need the text package
+    from .text.modeling_utils import is_saved_folder
+    if os.path.isdir(source):
+        if not is_saved_folder(source):
+            raise UsageError(f'{source} is a folder without a save_pretrained config.json; expected a text-model '
+                             f'folder (a text run\'s pretrained/) or a checkpoint file')
+        model = text_registry.from_pretrained(source, **kwargs)
+        return model.eval(), f'{type(model).__name__} from {source}'
+    if text_registry.is_model(source):
+        try:
+            model = text_registry.create_model(source, **kwargs)
+        except (TypeError, ValueError) as e:
+            raise UsageError(f'cannot build text model {source} with {kwargs}: {" ".join(str(e).split())}') from e
+        return model.eval(), f'{source} (random init)'
+    raise UsageError(f'{source!r} is no file, folder or model name: expected a training checkpoint, a text-model '
+                     f'folder (save_pretrained) or a timm / text model name (e.g. gmlp_s, smlpnet_t, bigs_small)')
+
+
+def _check_out(out: str) -> None:
+    if os.path.isfile(out):
+        raise UsageError(f'--out {out} is a file; expected a new or empty folder')
+    if os.path.isdir(out) and os.listdir(out):
+        raise UsageError(f'--out {out} is not empty; give a new or empty folder (nothing there is overwritten)')
+
+
+def visualize(args: argparse.Namespace, progress: Callable[[str], None] = print) -> List[str]:
+    """Draw every layer kind the model has into ``args.out``; returns the PNG paths."""
+    check_range('--grid-tokens', args.grid_tokens, low=1)
+    check_range('--max-lag', args.max_lag, low=1)
+    _check_out(args.out)
+    start = time.monotonic()
+    model, what = load_model(args.source, args.model, args.pretrained, args.model_kwargs, args.trust_checkpoint)
+    projections = spatial_projections(model)
+    axial = axial_weights(model)
+    length = getattr(getattr(model, 'config', None), 'max_position_embeddings', None) or 512
+    responses = ssm_responses(model, length)
+    if not (projections or axial or responses):
+        raise UsageError(f'{what} has none of the layers this command draws (gMLP spatial gating units, sMLPNet '
+                         f'axial sMLPs, BiGS SSMs)')
+    os.makedirs(args.out, exist_ok=True)
+    title = what
+    progress(f'[{time.monotonic() - start:.0f} s] loaded {what}')
+    drawings = []
+    if projections:
+        grid = token_grid(model, projections[0][1].shape[0])
+        if grid is not None:
+            drawings.append(lambda: draw_spatial_filters(projections, grid, args.out, title, args.grid_tokens))
+        else:
+            drawings.append(lambda: draw_sequence_filters(projections, args.out, title, args.max_lag))
+    if axial:
+        drawings.append(lambda: draw_axial_weights(axial, args.out, title))
+    if responses:
+        drawings.append(lambda: draw_ssm_responses(responses, args.out, title, args.max_lag))
+    paths = []
+    for draw in drawings:
+        for path in draw():
+            paths.append(path)
+            progress(f'[{time.monotonic() - start:.0f} s] wrote {path}')
+    progress(f'{len(paths)} figure(s) of {what} in {args.out}')
+    return paths
+
+
+def build_parser(prog: Optional[str] = None) -> argparse.ArgumentParser:
+    parser = ArgumentParser(prog=prog, description='Draw the learned token mixing of gMLP (spatial projection '
+                            'filters), sMLPNet (axial weights) and BiGS (SSM kernels) models as PNGs',
+                            formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument('source', metavar='CHECKPOINT_OR_MODEL',
+                        help='a training checkpoint (or state dict with --model), a text-model folder written by '
+                             'save_pretrained, or a model name (timm or text registry)')
+    parser.add_argument('--out', required=True, metavar='DIR', help='new or empty folder for the PNGs')
+    parser.add_argument('--model', '-m', default=None, metavar='NAME',
+                        help='the model of a plain state dict (a training checkpoint knows its own)')
+    parser.add_argument('--pretrained', action='store_true', default=False,
+                        help="a model name's registered pretrained weights (from the local cache, else downloaded)")
+    parser.add_argument('--model-kwargs', nargs='*', default={}, action=ParseKwargs,
+                        help='model arguments k=v (timm kwargs, or text config fields)')
+    parser.add_argument('--grid-tokens', type=int, default=3, metavar='K',
+                        help='gMLP vision: draw the filters of K x K tokens spread over the patch grid')
+    parser.add_argument('--max-lag', type=int, default=64, metavar='N',
+                        help='BiGS / text gMLP: plot token offsets up to N')
+    add_common_arguments(parser)
+    return parser
+
+
+def main(argv=None, prog: str = 'python -m mlp_vision.visualize') -> List[str]:
+    """Draw; returns the PNG paths. Errors: one line starting with ``prog``, exit status 2 / 1 (``run_cli``)."""
+    return run_cli(prog, lambda a: visualize(build_parser(prog).parse_args(a)), argv)
+
+
+if __name__ == '__main__':
+    main()
