@@ -21,7 +21,7 @@ python -m mlp_vision.train -c imagenette_mini_cpu --model gmlp_ti --img-size 56 
   --lr 5e-4 --clip-grad 1.0 --drop-path 0 --epochs 10 --output "$OUT" --experiment gmlp_imagenette56
 
 # BiGS: bigs_small (4 layers, d 256, N 64) as a char-level masked LM on Tiny Shakespeare, 128 positions
-python -m mlp_vision.text.train --task mlm --model bigs_small \
+python -m mlp_vision.train_text --task mlm --model bigs_small \
   --model-kwargs max_position_embeddings=128 hidden_dropout=0.0 \
   --train-file ../shared/data/tinyshakespeare/input.txt --tokenizer char --block-size 128 \
   --steps 400 -b 16 --warmup-steps 40 --eval-interval 100 --eval-batches 2 --log-interval 50 --seed 1337 \
