@@ -38,10 +38,7 @@ def checkpoint_filter_fn(state_dict: Dict[str, torch.Tensor], model: MlpMixer) -
         for pattern, repl in _TIMM_RENAMES:
             k = re.sub(pattern, repl, k)
         out[k] = v
-    return resample_isotropic_state_dict(out, model, {
-        'sgu.weight': ((0,), (1,)),  # W[i, j]: token j -> token i
-        'sgu.bias': ((0,), ()),
-    })
+    return resample_isotropic_state_dict(out, model, GatedMLPBlock.token_axes)
 
 
 def _create_gmlp(variant: str, pretrained: bool = False, **kwargs) -> MlpMixer:
