@@ -6,7 +6,7 @@ models (Toeplitz weights for masked LM, causal weights for autoregressive LM).
 Paper: `Pay Attention to MLPs` - https://arxiv.org/abs/2105.08050 (eq. 1-4, Fig. 1, Fig. 6)
 """
 from functools import partial
-from typing import Optional, Type
+from typing import Optional, Sequence, Type
 
 import torch
 import torch.nn as nn
@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from timm.layers import DropPath
 
 from .activations import fresh_input_act
+from .resample import TokenAxes, resample_token_params_
 
 __all__ = ['SPATIAL_MODES', 'SpatialGatingUnit', 'TinyAttention', 'GatedMLPBlock']
 
@@ -190,6 +191,12 @@ class GatedMLPBlock(nn.Module):
         attention. The SGU itself mixes every position it is given, pads included, exactly as the paper's
         models do; how padding is handled for text is the text models' business. Output: (B, L, dim).
     """
+    # the SGU's dense W (n, n) and b (n) and their token axes (output, contracted): what the vision checkpoint
+    # loaders and set_token_grid resample for another patch grid (mlp_vision.layers.resample)
+    token_axes: TokenAxes = {
+        'sgu.weight': ((0,), (1,)),  # W[i, j]: token j -> token i
+        'sgu.bias': ((0,), ()),
+    }
 
     def __init__(
             self,
@@ -222,6 +229,14 @@ class GatedMLPBlock(nn.Module):
         self.drop = nn.Dropout(drop)
         self.fc2 = nn.Linear(hidden_dim // 2, dim, **dd)
         self.drop_path = DropPath(drop_path) if drop_path > 0. else nn.Identity()
+
+    def set_token_grid(self, old_grid: Sequence[int], new_grid: Sequence[int]) -> None:
+        """Resample the SGU's dense W and b from an (h, w) patch grid to another, as the checkpoint loaders do."""
+        if self.sgu.spatial_mode != 'dense':
+            raise ValueError(f'only a dense SGU is resampled to another token grid, this one is '
+                             f'{self.sgu.spatial_mode!r}')
+        resample_token_params_(self, self.token_axes, old_grid, new_grid)
+        self.sgu.seq_len = self.sgu.bias.shape[0]
 
     def forward(self, x: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         shortcut = x

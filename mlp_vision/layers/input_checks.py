@@ -1,11 +1,18 @@
 """ Input validation for fixed-size models, with errors that say what was expected. """
+import operator
 import warnings
-from typing import Tuple
+from typing import Sequence, Tuple, Union
 
 import torch
-from timm.layers import register_notrace_function
+import torch.nn as nn
+from timm.layers import register_notrace_function, to_2tuple
 
-__all__ = ['check_image_input', 'check_model_args']
+try:  # timm's record of a built model's current input size, apart from its pretrained_cfg (newer timm only)
+    from timm.models._input import update_model_input_size
+except ImportError:
+    update_model_input_size = None
+
+__all__ = ['check_image_input', 'check_img_size', 'check_model_args', 'record_input_size']
 
 
 @register_notrace_function  # a leaf for timm's FX feature extraction (its control flow is on shapes)
@@ -52,6 +59,27 @@ def _check_image_shape(x: torch.Tensor, in_chans: int, img_size: Tuple[int, int]
         raise ValueError(f'expected input spatial size {img_size[0]}x{img_size[1]} (H x W), got '
                          f'{x.shape[2]}x{x.shape[3]}; this model has fixed-size token mixing, build it with '
                          f'img_size=({x.shape[2]}, {x.shape[3]}) (pretrained spatial weights are resampled)')
+
+
+def check_img_size(img_size: Union[int, Sequence[int]], stride: int, what: str, why: str) -> Tuple[int, int]:
+    """``img_size`` as (H, W); raise ``ValueError`` unless H and W are positive integer multiples of ``stride``
+    (``what`` names the model, ``why`` the stride, e.g. ``'sMLPNet'``, ``'its total stride'``)."""
+    size = tuple(to_2tuple(img_size))
+    try:  # integers of any kind (numpy's too), not floats
+        size = tuple(operator.index(s) for s in size)
+    except TypeError:
+        pass
+    if len(size) != 2 or any(not isinstance(s, int) or s <= 0 or s % stride for s in size):
+        raise ValueError(f'{what} needs H and W divisible by {stride} ({why}), got img_size={size}')
+    return size[0], size[1]
+
+
+def record_input_size(model: nn.Module, img_size: Tuple[int, int]) -> None:
+    """After ``set_input_size``: record the model's new input size where timm keeps it (``get_model_input_config``,
+    ``resolve_input_data_config``), as timm's own ``set_input_size`` do. ``pretrained_cfg`` describes the checkpoint
+    and is left unchanged, as in timm."""
+    if update_model_input_size is not None:
+        update_model_input_size(model, img_size)
 
 
 def check_model_args(

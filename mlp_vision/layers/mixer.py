@@ -4,7 +4,7 @@ Paper: `MLP-Mixer: An all-MLP Architecture for Vision` - https://arxiv.org/abs/2
 Parameter names follow timm's ``MixerBlock`` (norm1, mlp_tokens, norm2, mlp_channels) so its checkpoints load as-is.
 """
 from functools import partial
-from typing import Tuple, Type, Union
+from typing import Sequence, Tuple, Type, Union
 
 import torch
 import torch.nn as nn
@@ -12,6 +12,7 @@ from timm.layers import DropPath, Mlp, to_2tuple
 
 from .activations import fresh_input_act
 from .linear import TokenLinear
+from .resample import TokenAxes, resample_token_params_
 
 __all__ = ['MixerBlock']
 
@@ -34,6 +35,13 @@ class MixerBlock(nn.Module):
 
     Shapes: x (B, n, dim) -> (B, n, dim).
     """
+    # the token MLP's tensors and their token axes (output, contracted): what the checkpoint loaders and
+    # set_token_grid resample for another grid (mlp_vision.layers.resample)
+    token_axes: TokenAxes = {
+        'mlp_tokens.fc1.weight': ((), (1,)),  # (tokens_dim, n): n is summed over
+        'mlp_tokens.fc2.weight': ((0,), ()),  # (n, tokens_dim): n are outputs
+        'mlp_tokens.fc2.bias': ((0,), ()),
+    }
 
     def __init__(
             self,
@@ -62,6 +70,10 @@ class MixerBlock(nn.Module):
             self.mlp_tokens.fc2 = TokenLinear(tokens_dim, seq_len, **dd)
             self.mlp_tokens.act = fresh_input_act(self.mlp_tokens.act)
             self.mlp_channels.act = fresh_input_act(self.mlp_channels.act)
+
+    def set_token_grid(self, old_grid: Sequence[int], new_grid: Sequence[int]) -> None:
+        """Resample the token MLP from an (h, w) patch grid to another, as the checkpoint loaders do."""
+        resample_token_params_(self, self.token_axes, old_grid, new_grid)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.drop_path(self.mlp_tokens(self.norm1(x).transpose(1, 2)).transpose(1, 2))

@@ -12,13 +12,21 @@ token axis of such a weight is treated as a sampled function of token position o
   them. Output token axes and biases are not scaled.
 
 When the grids are equal the tensor is returned unchanged (bit-exact identity).
+
+One implementation serves both routes to another size: the models' ``checkpoint_filter_fn`` resample the tensors of
+a state dict, and their ``set_input_size`` resample a built model's parameters in place
+(:func:`resample_token_params_`), from the same table of token axes that each block declares (``token_axes``).
 """
-from typing import Sequence, Tuple
+from typing import Dict, Sequence, Tuple
 
 import torch
+import torch.nn as nn
 import torch.nn.functional as F
 
-__all__ = ['resample_token_axis', 'resample_token_weight']
+__all__ = ['TokenAxes', 'resample_token_axis', 'resample_token_weight', 'resample_token_params_']
+
+# parameter name (relative to the module that declares it) -> (output token axes, contracted token axes)
+TokenAxes = Dict[str, Tuple[Tuple[int, ...], Tuple[int, ...]]]
 
 
 def resample_token_axis(
@@ -79,3 +87,28 @@ def resample_token_weight(
     for d in in_dims:
         weight = resample_token_axis(weight, d, old_grid, new_grid, contracted=True)
     return weight
+
+
+def resample_token_params_(
+        module: nn.Module,
+        token_axes: TokenAxes,
+        old_grid: Sequence[int],
+        new_grid: Sequence[int],
+) -> None:
+    """In place: each parameter named in ``token_axes`` (relative to ``module``) replaced by its
+    :func:`resample_token_weight` from ``old_grid`` to ``new_grid``, keeping ``requires_grad``.
+
+    The parameters are new ``nn.Parameter`` objects (their shapes change): an optimizer built before holds the old
+    ones. An ``nn.Linear`` whose weight is resampled has its ``in_features`` / ``out_features`` updated.
+    """
+    if tuple(old_grid) == tuple(new_grid):
+        return
+    with torch.no_grad():
+        for name, (out_dims, in_dims) in token_axes.items():
+            owner_name, _, attr = name.rpartition('.')
+            owner = module.get_submodule(owner_name)
+            old = getattr(owner, attr)
+            new = resample_token_weight(old.detach(), old_grid, new_grid, out_dims, in_dims)
+            setattr(owner, attr, nn.Parameter(new, requires_grad=old.requires_grad))
+            if isinstance(owner, nn.Linear) and attr == 'weight':
+                owner.out_features, owner.in_features = new.shape

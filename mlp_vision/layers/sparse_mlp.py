@@ -17,7 +17,7 @@ permuted copies.
 Inference fusion: :meth:`SparseMLPTokenMixer.reparameterize` (called by ``timm.utils.reparameterize_model``) folds
 the sMLP's BatchNorm into the depthwise conv it directly follows, once, replacing both modules by one conv.
 """
-from typing import Dict, Tuple, Type
+from typing import Dict, Sequence, Tuple, Type
 
 import torch
 import torch.nn as nn
@@ -25,6 +25,7 @@ from timm.layers import DropPath, Mlp
 
 from .activations import fresh_input_act
 from .linear import TokenLinear
+from .resample import TokenAxes, resample_token_params_
 
 # norms that always return a new tensor, so the activation after them may work in place (layers.activations)
 _FRESH_OUTPUT_NORMS = (nn.BatchNorm2d, nn.GroupNorm, nn.LayerNorm)
@@ -76,6 +77,10 @@ class AxialSparseMLP(nn.Module):
 
     Shapes: x (B, C, H, W) -> (B, C, H, W) (channels-last memory); H, W must equal ``feat_size``.
     """
+    # the axial mixes and their token axes (output, contracted), each over the one axis it mixes (H for proj_h, W
+    # for proj_w): what sMLPNet's checkpoint loader and set_feat_size resample for another map size
+    token_axes_h: TokenAxes = {'proj_h.weight': ((0,), (1,)), 'proj_h.bias': ((0,), ())}
+    token_axes_w: TokenAxes = {'proj_w.weight': ((0,), (1,)), 'proj_w.bias': ((0,), ())}
 
     def __init__(
             self,
@@ -95,6 +100,13 @@ class AxialSparseMLP(nn.Module):
         self.proj_h = TokenLinear(height, height, **dd)  # mixes along H
         self.proj_w = TokenLinear(width, width, **dd)  # mixes along W
         self.fuse_conv = nn.Conv2d(3 * dim, dim, kernel_size=1, bias=False, **dd)
+
+    def set_feat_size(self, feat_size: Sequence[int]) -> None:
+        """Resample ``proj_h`` along H and ``proj_w`` along W to an (H, W) map size, as the checkpoint loader does."""
+        (old_h, old_w), (new_h, new_w) = self.feat_size, tuple(feat_size)
+        resample_token_params_(self, self.token_axes_h, (old_h,), (new_h,))
+        resample_token_params_(self, self.token_axes_w, (old_w,), (new_w,))
+        self.feat_size = (new_h, new_w)
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
         rename_legacy_smlp_keys(state_dict, prefix)  # checkpoints saved before issue 25
@@ -132,6 +144,9 @@ class SparseMLPTokenMixer(nn.Module):
         self.conv_dw = nn.Conv2d(
             dim, dim, kernel_size, padding=kernel_size // 2, groups=dim, bias=False, **dd)
         self.smlp = AxialSparseMLP(dim, feat_size, norm_layer=norm_layer, act_layer=act_layer, **dd)
+
+    def set_feat_size(self, feat_size: Sequence[int]) -> None:
+        self.smlp.set_feat_size(feat_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.act(self.norm(x.contiguous(memory_format=torch.channels_last)))
@@ -180,6 +195,9 @@ class SparseMLPBlock(nn.Module):
         self.mlp = Mlp(dim, int(dim * mlp_ratio), act_layer=act_layer, drop=proj_drop, **dd)
         self.mlp.act = fresh_input_act(self.mlp.act)  # applied to the fresh fc1 output only
         self.drop_path = DropPath(drop_path) if drop_path > 0. else nn.Identity()
+
+    def set_feat_size(self, feat_size: Sequence[int]) -> None:
+        self.token_mixer.set_feat_size(feat_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x.contiguous(memory_format=torch.channels_last)

@@ -38,10 +38,7 @@ def checkpoint_filter_fn(state_dict: Dict[str, torch.Tensor], model: MlpMixer) -
         for pattern, repl in _TIMM_RENAMES:
             k = re.sub(pattern, repl, k)
         out[k] = v
-    return resample_isotropic_state_dict(out, model, {
-        'sgu.weight': ((0,), (1,)),  # W[i, j]: token j -> token i
-        'sgu.bias': ((0,), ()),
-    })
+    return resample_isotropic_state_dict(out, model, GatedMLPBlock.token_axes)
 
 
 def _create_gmlp(variant: str, pretrained: bool = False, **kwargs) -> MlpMixer:
@@ -75,24 +72,24 @@ default_cfgs = generate_default_cfgs({
 })
 
 
-def _gmlp_args(embed_dim: int, **kwargs) -> Dict[str, Any]:
+def _gmlp_args(embed_dim: int) -> Dict[str, Any]:
     # 30 blocks, patch 16, d_ffn = 6 d (paper Table 1); SGU gate norm is a default-eps LayerNorm as in timm
-    return dict(dict(patch_size=16, num_blocks=30, embed_dim=embed_dim, mlp_ratio=6), **kwargs)
+    return dict(patch_size=16, num_blocks=30, embed_dim=embed_dim, mlp_ratio=6)
 
 
 @register_model
 def gmlp_ti(pretrained: bool = False, **kwargs) -> MlpMixer:
     """gMLP-Ti: 30 blocks, d 128, d_ffn 768 (5.9 M params)."""
-    return _create_gmlp('gmlp_ti', pretrained=pretrained, **_gmlp_args(128, **kwargs))
+    return _create_gmlp('gmlp_ti', pretrained=pretrained, **dict(_gmlp_args(128), **kwargs))
 
 
 @register_model
 def gmlp_s(pretrained: bool = False, **kwargs) -> MlpMixer:
     """gMLP-S: 30 blocks, d 256, d_ffn 1536 (19.4 M params); paper survival prob 0.95."""
-    return _create_gmlp('gmlp_s', pretrained=pretrained, **_gmlp_args(256, **kwargs))
+    return _create_gmlp('gmlp_s', pretrained=pretrained, **dict(_gmlp_args(256), **kwargs))
 
 
 @register_model
 def gmlp_b(pretrained: bool = False, **kwargs) -> MlpMixer:
     """gMLP-B: 30 blocks, d 512, d_ffn 3072 (73.1 M params); paper survival prob 0.80."""
-    return _create_gmlp('gmlp_b', pretrained=pretrained, **_gmlp_args(512, **kwargs))
+    return _create_gmlp('gmlp_b', pretrained=pretrained, **dict(_gmlp_args(512), **kwargs))

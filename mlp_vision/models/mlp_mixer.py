@@ -22,7 +22,9 @@ from timm.models import build_model_with_cfg, checkpoint, checkpoint_seq, named_
 from timm.models._features import feature_take_indices
 from timm.models import generate_default_cfgs, register_model
 
-from ..layers import MixerBlock, check_image_input, check_model_args, resample_token_weight
+from ..layers import (
+    MixerBlock, TokenAxes, check_image_input, check_img_size, check_model_args, record_input_size,
+    resample_token_weight)
 
 __all__ = ['MlpMixer']
 
@@ -70,14 +72,12 @@ class MlpMixer(nn.Module):
         super().__init__()
         dd = {'device': device, 'dtype': dtype}
         check_model_args(in_chans, num_classes, drop_rate, proj_drop_rate, drop_path_rate)
-        img_size = to_2tuple(img_size)
-        if any(s <= 0 or s % patch_size for s in img_size):
-            raise ValueError(f'img_size {tuple(img_size)} must be positive multiples of patch_size {patch_size}')
+        img_size = check_img_size(img_size, patch_size, 'this model', 'its patch size')
         if global_pool not in ('', 'avg'):
             raise ValueError(f"global_pool must be '' or 'avg', got {global_pool!r}")
         self.num_classes = num_classes
         self.in_chans = in_chans
-        self.img_size: Tuple[int, int] = (int(img_size[0]), int(img_size[1]))
+        self.img_size: Tuple[int, int] = img_size
         self.patch_size = patch_size
         self.global_pool = global_pool
         self.num_features = self.head_hidden_size = self.embed_dim = embed_dim
@@ -115,6 +115,40 @@ class MlpMixer(nn.Module):
     def init_weights(self) -> None:
         # depth-first, so modules with their own init_weights (the SGU: W ~ 0, b = 1) run theirs last
         named_apply(_init_weights, module=self)
+
+    def set_input_size(
+            self,
+            img_size: Optional[Union[int, Tuple[int, int]]] = None,
+            patch_size: Optional[Union[int, Tuple[int, int]]] = None,
+    ) -> None:
+        """Move the built model to another input size (timm's ``set_input_size``); None keeps the current one.
+
+        Every block's token-mixing weights are resampled from the current (h, w) patch grid to the new one exactly
+        as ``checkpoint_filter_fn`` resamples a checkpoint (each block's ``set_token_grid``, one implementation in
+        :mod:`mlp_vision.layers.resample`); ``img_size``, ``grid_size`` and the stem's sizes follow, ``feature_info``
+        (stride p) is unchanged, and, as in timm, so is ``pretrained_cfg``. The resampled weights are new
+        parameters: build the optimizer afterwards.
+
+        Args:
+            img_size: new (H, W) or int; both must be positive multiples of ``patch_size`` (else ``ValueError``,
+                and the model is left as it was).
+            patch_size: only the current patch size (a new one would need the stem resampled: ``ValueError``).
+        """
+        if patch_size is not None and tuple(to_2tuple(patch_size)) != tuple(self.stem.patch_size):
+            raise ValueError(f'set_input_size cannot change patch_size ({self.patch_size} -> {patch_size}); build the '
+                             f'model with patch_size={patch_size} instead')
+        if img_size is None:
+            return
+        img_size = check_img_size(img_size, self.patch_size, 'this model', 'its patch size')
+        missing = [type(b).__name__ for b in self.blocks if not hasattr(b, 'set_token_grid')]
+        if missing:
+            raise ValueError(f'set_input_size needs blocks with set_token_grid (resampling), {missing[0]} has none')
+        grid_size = (img_size[0] // self.patch_size, img_size[1] // self.patch_size)
+        for blk in self.blocks:
+            blk.set_token_grid(self.grid_size, grid_size)
+        self.stem.set_input_size(img_size=img_size)
+        self.img_size, self.grid_size = img_size, grid_size
+        record_input_size(self, img_size)
 
     @torch.jit.ignore
     def group_matcher(self, coarse: bool = False) -> Dict[str, Any]:
@@ -261,16 +295,17 @@ def checkpoint_grid(num_tokens: int, what: str) -> Tuple[int, int]:
 def resample_isotropic_state_dict(
         state_dict: Dict[str, torch.Tensor],
         model: MlpMixer,
-        spatial_keys: Dict[str, Tuple[Tuple[int, ...], Tuple[int, ...]]],
+        token_axes: TokenAxes,
 ) -> Dict[str, torch.Tensor]:
     """Resample token-mixing tensors whose token axes do not match ``model.grid_size``.
 
-    ``spatial_keys`` maps a key suffix to (output token dims, contracted token dims) of that tensor.
+    ``token_axes`` (a block's, e.g. ``MixerBlock.token_axes``) maps a key suffix to the (output, contracted) token
+    axes of that tensor; ``set_input_size`` resamples a built model's parameters from the same table.
     """
     num_tokens = model.grid_size[0] * model.grid_size[1]
     out = {}
     for k, v in state_dict.items():
-        for suffix, (out_dims, in_dims) in spatial_keys.items():
+        for suffix, (out_dims, in_dims) in token_axes.items():
             if k.endswith(suffix):
                 old_n = v.shape[(out_dims + in_dims)[0]]
                 if old_n != num_tokens:
@@ -282,11 +317,7 @@ def resample_isotropic_state_dict(
 
 def checkpoint_filter_fn(state_dict: Dict[str, torch.Tensor], model: MlpMixer) -> Dict[str, torch.Tensor]:
     """timm / mlp_vision Mixer checkpoint -> this model (same layout), resampling the token MLP if needed."""
-    return resample_isotropic_state_dict(state_dict, model, {
-        'mlp_tokens.fc1.weight': ((), (1,)),  # (tokens_dim, N): N is summed over
-        'mlp_tokens.fc2.weight': ((0,), ()),  # (N, tokens_dim): N are outputs
-        'mlp_tokens.fc2.bias': ((0,), ()),
-    })
+    return resample_isotropic_state_dict(state_dict, model, MixerBlock.token_axes)
 
 
 def create_isotropic_model(

@@ -22,13 +22,14 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Type, Union
 import torch
 import torch.nn as nn
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
-from timm.layers import ClassifierHead, to_2tuple, trunc_normal_
+from timm.layers import ClassifierHead, trunc_normal_
 from timm.models import build_model_with_cfg, checkpoint_seq, named_apply
 from timm.models._features import feature_take_indices
 from timm.models import generate_default_cfgs, register_model
 
 from ..layers import (
-    AxialSparseMLP, SparseMLPBlock, check_image_input, check_model_args, rename_legacy_smlp_keys, resample_token_weight)
+    AxialSparseMLP, SparseMLPBlock, check_image_input, check_img_size, check_model_args, record_input_size,
+    rename_legacy_smlp_keys, resample_token_weight)
 
 __all__ = ['SparseMLPNet', 'SparseMLPStage']
 
@@ -66,6 +67,11 @@ class SparseMLPStage(nn.Module):
                 out_chs, feat_size, mlp_ratio=mlp_ratio, norm_layer=norm_layer, act_layer=act_layer,
                 proj_drop=proj_drop, drop_path=drop_path_rates[i], **dd)
             for i in range(depth)])
+
+    def set_feat_size(self, feat_size: Sequence[int]) -> None:
+        """Resample every block's axial mixes to an (H, W) output map size (``AxialSparseMLP.set_feat_size``)."""
+        for blk in self.blocks:
+            blk.set_feat_size(feat_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.downsample(x)
@@ -112,15 +118,10 @@ class SparseMLPNet(nn.Module):
         super().__init__()
         dd = {'device': device, 'dtype': dtype}
         check_model_args(in_chans, num_classes, drop_rate, proj_drop_rate, drop_path_rate)
-        img_size = to_2tuple(img_size)
         num_stages = len(depths)
-        total_stride = 4 * 2 ** (num_stages - 1)
-        if any(s <= 0 or s % total_stride for s in img_size):
-            raise ValueError(f'sMLPNet needs H and W divisible by {total_stride} (its total stride), '
-                             f'got img_size={tuple(img_size)}')
         self.num_classes = num_classes
         self.in_chans = in_chans
-        self.img_size: Tuple[int, int] = (int(img_size[0]), int(img_size[1]))
+        self.img_size: Tuple[int, int] = _check_img_size(img_size, num_stages)
         self.drop_rate = drop_rate
         dims = [embed_dim * 2 ** i for i in range(num_stages)]
         self.num_features = self.head_hidden_size = dims[-1]
@@ -155,6 +156,28 @@ class SparseMLPNet(nn.Module):
             self.num_features, num_classes, pool_type=global_pool, drop_rate=drop_rate, **dd)
 
         named_apply(_init_weights, self)
+
+    def set_input_size(self, img_size: Optional[Union[int, Tuple[int, int]]] = None) -> None:
+        """Move the built model to another input size (timm's ``set_input_size``); None keeps the current one.
+
+        Every sMLP's axial mixes (``proj_h`` H x H, ``proj_w`` W x W; arXiv 2109.05422, §3.2) are resampled to their
+        stage's new map size exactly as ``checkpoint_filter_fn`` resamples a checkpoint (one implementation,
+        :mod:`mlp_vision.layers.resample`); ``img_size`` follows, ``feature_info`` (strides 4-32) is unchanged, and,
+        as in timm, so is ``pretrained_cfg``. The resampled weights are new parameters: build the optimizer
+        afterwards.
+
+        Args:
+            img_size: new (H, W) or int; both must be positive multiples of the total stride, 32 (else
+                ``ValueError``, and the model is left as it was).
+        """
+        if img_size is None:
+            return
+        img_size = _check_img_size(img_size, len(self.stages))
+        for i, stage in enumerate(self.stages):
+            stride = self.feature_info[i]['reduction']
+            stage.set_feat_size((img_size[0] // stride, img_size[1] // stride))
+        self.img_size = img_size
+        record_input_size(self, img_size)
 
     @torch.jit.ignore
     def group_matcher(self, coarse: bool = False) -> Dict[str, Any]:
@@ -253,6 +276,11 @@ class SparseMLPNet(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.forward_features(x)
         return self.forward_head(x)
+
+
+def _check_img_size(img_size: Union[int, Tuple[int, int]], num_stages: int) -> Tuple[int, int]:
+    """(H, W), both divisible by the total stride of ``num_stages`` stages (4, 2, 2, ...), else ``ValueError``."""
+    return check_img_size(img_size, 4 * 2 ** (num_stages - 1), 'sMLPNet', 'its total stride')
 
 
 def _init_weights(module: nn.Module, name: str = '') -> None:
@@ -368,15 +396,17 @@ def _convert_official(state_dict: Dict[str, torch.Tensor], model: SparseMLPNet) 
 
 
 def _resample_axial(state_dict: Dict[str, torch.Tensor], model: SparseMLPNet) -> Dict[str, torch.Tensor]:
+    """Axial mixes whose size differs from the model's resampled along their one token axis (the table
+    ``set_input_size`` resamples a built model from: ``AxialSparseMLP.token_axes_h`` / ``token_axes_w``)."""
+    token_axes = {f'smlp.{k}': v for k, v in {**AxialSparseMLP.token_axes_h, **AxialSparseMLP.token_axes_w}.items()}
     model_sd = model.state_dict()
     out = {}
     for k, v in state_dict.items():
         target = model_sd.get(k)
-        is_axial = k.endswith(('smlp.proj_h.weight', 'smlp.proj_h.bias', 'smlp.proj_w.weight', 'smlp.proj_w.bias'))
-        if is_axial and target is not None and v.shape != target.shape:
-            old_n, new_n = v.shape[0], target.shape[0]
-            in_dims = (1,) if v.ndim == 2 else ()
-            v = resample_token_weight(v, (old_n,), (new_n,), out_dims=(0,), in_dims=in_dims)
+        axes = next((a for suffix, a in token_axes.items() if k.endswith(suffix)), None)
+        if axes is not None and target is not None and v.shape != target.shape:
+            out_dims, in_dims = axes
+            v = resample_token_weight(v, (v.shape[0],), (target.shape[0],), out_dims, in_dims)
         out[k] = v
     return out
 
