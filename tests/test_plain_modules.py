@@ -26,7 +26,7 @@ def _shrink(name):
         return dict(depths=(1, 1, 1, 1), embed_dim=16)
     if name.startswith('mixer'):
         return dict(num_blocks=2, embed_dim=64)
-    return dict(num_blocks=2)  # gMLP's entry points fix the width
+    return dict(num_blocks=2)
 
 
 def small_vision(name):
