@@ -22,7 +22,7 @@ from typing import Callable, Optional, Sequence
 import torch
 
 __all__ = ['ArgumentParser', 'UsageError', 'RunError', 'Interrupted', 'ScriptExit', 'run_cli', 'find_os_error',
-           'check_range', 'parse_device']
+           'check_range', 'parse_device', 'stop_moved_module']
 
 
 class UsageError(ValueError):
@@ -88,6 +88,16 @@ def parse_device(device: str, flag: str = '--device') -> torch.device:
         if backend is not None and hasattr(backend, 'is_available') and not backend.is_available():
             raise UsageError(f'{flag} {device}: no {parsed.type} device is available here (use {flag} cpu)')
     return parsed
+
+
+def stop_moved_module(module_name: str, old: str, new: str) -> None:
+    """The body of a module that moved: run (``module_name == '__main__'``) it prints one line naming the new place
+    and exits 2; imported, it raises ``ImportError`` with that line."""
+    message = f'{old} moved: use {new}'
+    if module_name == '__main__':
+        print(f'error: {message}', file=sys.stderr)
+        sys.exit(2)
+    raise ImportError(message)
 
 
 class RunError(RuntimeError):
