@@ -67,7 +67,8 @@ try:  # triton ships with torch's CUDA builds; without it only the reference run
 except ImportError:
     CONV_KERNELS = TABLE_GRAD_KERNELS = {}
 
-__all__ = ['bidirectional_long_conv', 'bidirectional_long_conv_reference', 'causal_toeplitz', 'lag_block_table', 'has_triton']
+__all__ = ['bidirectional_long_conv', 'bidirectional_long_conv_reference', 'causal_toeplitz', 'lag_block_table',
+           'has_triton']
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
