@@ -40,7 +40,7 @@ from .layers.gating import SpatialGatingUnit
 from .layers.sparse_mlp import AxialSparseMLP
 from .layers.ssm import BidirectionalGatedSSM
 from .training.checkpoint import load_checkpoint_file
-from .training.errors import ArgumentParser, UsageError, check_range, run_cli
+from .errors import ArgumentParser, UsageError, check_range, run_cli
 from .training.model import create_model, create_model_for_eval, model_create_kwargs
 from .training.run import add_common_arguments
 
