@@ -9,6 +9,9 @@
 #   bash scripts/gpu/run_gpu.sh peers_smlpnet peers_gmlp peers_mixer   # issue 25 item 3: compiled training steps
 #                                       # of ours vs timm's same model and vs the peers a user would pick instead
 #                                       # (ConvNeXt-T / Swin-T, ViT-S, ViT-B), each pair in one process, profiled
+#   bash scripts/gpu/run_gpu.sh bigs_models  # issue 26: BiGS conv routes vs length (auto's crossovers), 12-layer
+#                                         # BiGS vs BERT (flash attention) training tokens/s at 1K-16K tokens, the
+#                                         # longest sequence each fits at batch 1, the text trainer eager vs compiled
 #   bash scripts/gpu/run_gpu.sh longconv  # the Triton long convolution of BiGS (issue 15 item 2): CUDA results vs
 #                                         # float64, tile sweep, kernel vs FFT route vs attention, BiGS vs BERT layers
 #
@@ -21,7 +24,7 @@
 # torch.compile costs minutes per deep model and mode (inductor compiled sMLPNet-T's training graph in 3.5 min
 # on the H100 machine's 16 cores), so only the compiled sMLPNet-T inference pair is in `bench`.
 set -u
-[ $# -gt 0 ] || { echo 'usage: run_gpu.sh train|ddp|bench|text|longconv|peers_smlpnet|peers_gmlp|peers_mixer ...'; exit 2; }
+[ $# -gt 0 ] || { echo 'usage: run_gpu.sh train|ddp|bench|text|longconv|bigs_models|peers_smlpnet|peers_gmlp|peers_mixer ...'; exit 2; }
 PY=${PY:-python3}
 DATA=${DATA:-../shared/data/imagenette-mini}
 WORK=${WORK:-output/gpu}
@@ -114,6 +117,32 @@ peers_smlpnet|peers_gmlp|peers_mixer)
             --title "GPU, torch.compile, training step: $a vs $b"
     done
     ;;
+bigs_models)
+    tm=(scripts/gpu/text_models.py --device cuda --precision amp_bf16)
+    # 1. item 1: the BiGS-large layer's routes (direct / fft / triton) from 256 to 16,384 tokens, 32K tokens a step:
+    #    where conv_impl='auto' should switch on CUDA
+    step bigs_routes 240 $PY "${tm[@]}" routes --hidden 1024 --seq-lens 256 512 1024 2048 4096 8192 16384 \
+        --out "$WORK/bench/gpu_bigs_routes"
+    # 2. item 3: 12-layer BiGS vs 12-layer BERT (hidden 768, SDPA = flash attention), training step, paired
+    for impl in triton auto; do
+        step "bigs_vs_bert_model_$impl" 300 $PY "${tm[@]}" pair --conv-impl "$impl" --seq-lens 1024 4096 16384 \
+            --out "$WORK/bench/gpu_bigs12_vs_bert12_train_$impl"
+    done
+    # 3. item 3: the longest sequence each trains on at batch 1 (BiGS with the Triton route)
+    step bigs_vs_bert_longest 420 $PY "${tm[@]}" longest --conv-impl triton --start-len 4096 --granularity 2048 \
+        --out "$WORK/bench/gpu_bigs12_vs_bert12_longest"
+    # 4. item 4: the text trainer on the study's BiGS encoder (4 x 256, 128 tokens, batch 128, sparse prediction),
+    #    bf16 autocast, eager vs --torchcompile: tokens/s from each run's results.json
+    text=${TEXT:-../shared/data/tinyshakespeare/input.txt}
+    for mode in eager compiled; do
+        flag=(); [ "$mode" = compiled ] && flag=(--torchcompile)
+        step "text_trainer_$mode" 240 $PY -m mlp_vision.train_text --task mlm --model bigs_small --model-kwargs \
+            num_hidden_layers=4 hidden_size=256 intermediate_size=768 max_position_embeddings=128 \
+            sparse_prediction=True --tokenizer char --train-file "$text" --block-size 128 -b 128 --steps 600 \
+            --eval-interval 600 --eval-batches 4 --final-eval-batches 8 --amp --amp-dtype bfloat16 "${flag[@]}" \
+            --output "$WORK/text_trainer" --experiment "bigs_4x256_$mode"
+    done
+    ;;
 longconv)
     # 1. the compiled kernels' results on CUDA vs the float64 dense-Toeplitz reference (fp32 / bf16 / fp16, gated or
     #    not, forward and all gradients, L up to 4,096); the first call also JIT-compiles every variant
@@ -145,6 +174,6 @@ longconv)
     fi
     ;;
 *)
-    echo "unknown part $part (train|ddp|bench|text|longconv|peers_smlpnet|peers_gmlp|peers_mixer)"; exit 2 ;;
+    echo "unknown part $part (train|ddp|bench|text|longconv|bigs_models|peers_smlpnet|peers_gmlp|peers_mixer)"; exit 2 ;;
 esac
 done
