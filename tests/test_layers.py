@@ -474,3 +474,37 @@ def test_models_reject_wrong_input_size(name, kwargs):
         assert model(torch.randn(1, 3, 64, 64)).shape == (1, 1000)
         with pytest.raises(ValueError, match='expected input spatial size 64x64'):
             model(torch.randn(1, 3, 96, 64))
+
+
+# ------------------------------------------------------------------------------------------------ gelu_product
+def _saved_bytes(fn):
+    """Bytes of the distinct storages autograd keeps for the backward pass of ``fn()``."""
+    kept = {}
+
+    def pack(t):
+        kept[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = fn()
+    return out, sum(kept.values())
+
+
+@pytest.mark.parametrize('approximate', ['none', 'tanh'])
+@pytest.mark.parametrize('dtype', [torch.float32, torch.bfloat16])
+def test_gelu_product_is_autograds_gelu_product_with_half_the_saved_activations(approximate, dtype):
+    from mlp_vision.layers.activations import gelu_product
+    g = torch.Generator().manual_seed(0)
+    a0, b0, grad = (torch.randn(3, 7, 16, generator=g).to(dtype) for _ in range(3))
+    a, b = a0.clone().requires_grad_(), b0.clone().requires_grad_()
+    ref, ref_bytes = _saved_bytes(lambda: F.gelu(a, approximate=approximate) * F.gelu(b, approximate=approximate))
+    ref.backward(grad)
+    a2, b2 = a0.clone().requires_grad_(), b0.clone().requires_grad_()
+    out, out_bytes = _saved_bytes(lambda: gelu_product(a2, b2, approximate))
+    out.backward(grad)
+    assert torch.equal(out, ref) and torch.equal(a2.grad, a.grad) and torch.equal(b2.grad, b.grad)
+    assert out_bytes * 2 == ref_bytes  # a and b, where autograd keeps a, b, GELU(a), GELU(b)
+    with torch.no_grad():  # in place on the caller's fresh tensors, same values
+        assert torch.equal(gelu_product(a0.clone(), b0.clone(), approximate), ref)
+    only_a = a0.clone().requires_grad_()
+    gelu_product(only_a, b0, approximate).backward(grad)
+    assert torch.equal(only_a.grad, a.grad)

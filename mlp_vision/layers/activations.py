@@ -16,7 +16,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-__all__ = ['FreshGELU', 'fresh_gelu', 'fresh_input_act']
+__all__ = ['FreshGELU', 'fresh_gelu', 'fresh_input_act', 'gelu_product']
 
 
 def fresh_gelu(x: torch.Tensor, approximate: str = 'none') -> torch.Tensor:
@@ -38,3 +38,43 @@ def fresh_input_act(act: nn.Module) -> nn.Module:
     """``act`` as a :class:`FreshGELU` if it is a plain ``nn.GELU``; any other activation unchanged. Use only for
     an activation that is always applied to a freshly computed tensor."""
     return FreshGELU(approximate=act.approximate) if type(act) is nn.GELU else act
+
+
+class _GELUProduct(torch.autograd.Function):
+    """``GELU(a) * GELU(b)`` keeping only ``a`` and ``b`` for the backward pass; the two GELUs are recomputed there.
+    Autograd's own graph of the same expression keeps four tensors of that size (both inputs for the GELUs' backward,
+    both outputs for the product's): two are redundant, since each output is a function of its input. The gradients
+    are the ones autograd computes (the product's backward, then ``gelu_backward``), bit for bit."""
+
+    @staticmethod
+    def forward(ctx, a: torch.Tensor, b: torch.Tensor, approximate: str) -> torch.Tensor:
+        ctx.save_for_backward(a, b)
+        ctx.approximate = approximate
+        return F.gelu(a, approximate=approximate) * F.gelu(b, approximate=approximate)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        a, b = ctx.saved_tensors
+        approximate = ctx.approximate
+        grad_a = grad_b = None
+        if ctx.needs_input_grad[0]:
+            grad_a = torch.ops.aten.gelu_backward(grad * F.gelu(b, approximate=approximate), a,
+                                                  approximate=approximate)
+        if ctx.needs_input_grad[1]:
+            grad_b = torch.ops.aten.gelu_backward(grad * F.gelu(a, approximate=approximate), b,
+                                                  approximate=approximate)
+        return grad_a, grad_b, None
+
+
+def gelu_product(a: torch.Tensor, b: torch.Tensor, approximate: str = 'none') -> torch.Tensor:
+    """``F.gelu(a) * F.gelu(b)`` of two fresh tensors of one shape (e.g. gMLP-style gates, BiGS's output gate).
+
+    With autograd it keeps half the activations autograd would (:class:`_GELUProduct`: ``a`` and ``b`` only, the
+    GELUs recomputed in the backward pass); without, it works in place on ``a`` and ``b`` as :func:`fresh_gelu`.
+    While ``torch.jit.trace`` records, the ordinary ops (a traced graph holds no Python autograd function). The
+    values are the same in every case."""
+    if torch.jit.is_tracing():
+        return F.gelu(a, approximate=approximate) * F.gelu(b, approximate=approximate)
+    if torch.is_grad_enabled() and (a.requires_grad or b.requires_grad):
+        return _GELUProduct.apply(a, b, approximate)
+    return fresh_gelu(a, approximate).mul_(fresh_gelu(b, approximate))

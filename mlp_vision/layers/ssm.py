@@ -33,7 +33,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .activations import fresh_gelu
+from .activations import fresh_gelu, gelu_product
 from .longconv_triton import bidirectional_long_conv, causal_toeplitz
 
 __all__ = [
@@ -384,7 +384,7 @@ class BidirectionalGatedSSM(nn.Module):
         h = self.norm(x)
         u_f = fresh_gelu(self.forward_in_proj(h), act)  # (B, L, d)
         u_b = fresh_gelu(self.backward_in_proj(h), act)  # flip(GELU(flip(h) W_ub)): the flips cancel
-        v = fresh_gelu(self.value_proj(h), act)  # (B, L, d_i)
+        v = self.value_proj(h)  # (B, L, d_i): its GELU is taken with the gate's, below
         u = torch.stack([u_f, u_b], dim=2)  # (B, L, 2, d): both directions convolved in one pass
         if mask is not None:
             u = u * mask[:, :, None, None].to(u.dtype)
@@ -392,8 +392,8 @@ class BidirectionalGatedSSM(nn.Module):
         g = self.forward_out_proj(s_f)
         g_b = self.backward_out_proj(s_b)
         g = g * g_b if torch.is_grad_enabled() else g.mul_(g_b)  # (B, L, d); in place: see layers.activations
-        y = fresh_gelu(self.gate_proj(g), act)
-        y = y * v if torch.is_grad_enabled() else y.mul_(v)
+        # GELU(gate) * GELU(value), keeping only the two pre-activations for the backward pass (layers.activations)
+        y = gelu_product(self.gate_proj(g), v, act)  # (B, L, d_i)
         return x + self.out_proj(y)
 
     def _bidirectional_ssm(self, u: torch.Tensor) -> torch.Tensor:

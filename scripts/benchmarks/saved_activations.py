@@ -1,0 +1,52 @@
+""" Activation memory a training step keeps per token: the bytes of the distinct tensors autograd saves for the
+backward pass of one BiGS layer (each SSM convolution route) and of the BERT layer it replaces, under bf16 autocast
+on the CPU. Parameters (and their bf16 casts) are left out, so the number is what grows with the sequence.
+
+This is the part of the GPU's step memory that the model code decides (the allocator, workspaces and the Triton
+kernel's tiles come on top); ``triton`` runs in Triton's interpreter here (TRITON_INTERPRET=1), at fewer tokens.
+
+    TRITON_INTERPRET=1 python scripts/benchmarks/saved_activations.py
+"""
+import argparse
+
+import torch
+
+from mlp_vision.layers import BidirectionalGatedSSM
+from mlp_vision.text.bert import BertLayer
+
+
+def saved_activation_bytes(layer: torch.nn.Module, x: torch.Tensor) -> int:
+    shapes = {tuple(p.shape) for p in layer.parameters()} | {tuple(p.shape[::-1]) for p in layer.parameters()}
+    kept = {}
+
+    def pack(t):
+        if tuple(t.shape) not in shapes:  # batch x length never equals a weight's shape at the sizes used here
+            kept[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), torch.autocast('cpu', dtype=torch.bfloat16):
+        layer(x)
+    return sum(kept.values())
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument('--dim', type=int, default=1024)
+    p.add_argument('--hidden-dim', type=int, default=3072)
+    p.add_argument('--ffn-dim', type=int, default=4096)
+    p.add_argument('--heads', type=int, default=16)
+    args = p.parse_args()
+    torch.manual_seed(0)
+    rows = []
+    for name, layer, shape in [
+            *[(f'BiGS layer, conv_impl={impl}', BidirectionalGatedSSM(args.dim, args.hidden_dim, conv_impl=impl),
+               (3, 128 if impl == 'triton' else 640, args.dim)) for impl in ('direct', 'fft', 'triton')],
+            ('BERT layer (SDPA)', BertLayer(args.dim, num_heads=args.heads, ffn_dim=args.ffn_dim), (3, 640, args.dim))]:
+        x = torch.randn(shape, requires_grad=True)
+        rows.append((name, saved_activation_bytes(layer, x) / (shape[0] * shape[1]) / 1024))
+    print('| layer | KiB kept per token |\n| --- | --- |')
+    for name, kib in rows:
+        print(f'| {name} | {kib:.1f} |')
+
+
+if __name__ == '__main__':
+    main()
