@@ -105,33 +105,39 @@ class _BidirectionalFFTConv(torch.autograd.Function):
     ``grad_u = irfft(rfft(grad_y) conj(S))[:L]`` (two real FFTs), and the kernel gradient is the correlation of
     ``grad_y`` with ``u`` summed over batch and channels, computed on the (2, n_f) spectrum sums.
 
-    Shapes: u (B, 2, C, L) real; k (2, L) real (group 0 causal, group 1 anti-causal); output (B, 2, C, L).
+    Memory: the backward pass needs ``rfft(u)``, a complex tensor of about twice u's length per channel (16
+    bytes per token and channel in float32); it keeps ``u`` itself, in its own dtype (2 bytes under bf16 autocast),
+    and transforms it again.
+
+    Shapes: u (B, 2, C, L) real, any float dtype, transformed in ``dtype`` (``k``'s: float32 / float64); k (2, L)
+    real (group 0 causal, group 1 anti-causal); output (B, 2, C, L) in ``dtype``.
     """
 
     @staticmethod
     def forward(ctx, u: torch.Tensor, k: torch.Tensor, n_fft: int) -> torch.Tensor:
         length = u.shape[-1]
         spectrum = _bidirectional_spectrum(k, n_fft)  # (2, 1, n_f)
-        u_f = torch.fft.rfft(u, n=n_fft)  # (B, 2, C, n_f)
+        u_f = torch.fft.rfft(u.to(k.dtype), n=n_fft)  # (B, 2, C, n_f)
         y = torch.fft.irfft(u_f * spectrum, n=n_fft).narrow(-1, 0, length)
-        ctx.save_for_backward(u_f, spectrum)
+        ctx.save_for_backward(u, spectrum)
         ctx.n_fft = n_fft
         ctx.length = length
         return y
 
     @staticmethod
     def backward(ctx, grad_y: torch.Tensor):
-        u_f, spectrum = ctx.saved_tensors
+        u, spectrum = ctx.saved_tensors
         n_fft, length = ctx.n_fft, ctx.length
         g_f = torch.fft.rfft(grad_y, n=n_fft)  # (B, 2, C, n_f)
         grad_u = grad_k = None
         if ctx.needs_input_grad[1]:
+            u_f = torch.fft.rfft(u.to(grad_y.dtype), n=n_fft)  # again, as in the forward pass
             # sum_{b,c} of the cross-spectra: causal group conj(U) G, anti-causal group U conj(G)
             cross = (g_f * u_f.conj()).sum(dim=(0, 2))  # (2, n_f)
             cross = torch.stack([cross[0], cross[1].conj()])
             grad_k = torch.fft.irfft(cross, n=n_fft).narrow(-1, 0, length)
         if ctx.needs_input_grad[0]:
-            grad_u = torch.fft.irfft(g_f.mul_(spectrum.conj()), n=n_fft).narrow(-1, 0, length)
+            grad_u = torch.fft.irfft(g_f.mul_(spectrum.conj()), n=n_fft).narrow(-1, 0, length).to(u.dtype)
         return grad_u, grad_k, None
 
 
@@ -413,23 +419,23 @@ class BidirectionalGatedSSM(nn.Module):
                 # and accumulate in float32; compiled on CUDA, Triton's interpreter elsewhere (slow: for tests)
                 return bidirectional_long_conv(u, torch.stack([k_f, k_b]).float())
             direct = self.conv_impl == 'direct' or (self.conv_impl == 'auto' and length <= self.DIRECT_MAX_LEN)
-            u32 = u.to(dtype)
             if direct:
                 mats = torch.stack([causal_toeplitz(k_f), causal_toeplitz(k_b, anticausal=True)])  # (2, L, L)
                 batch, _, _, d = u.shape
                 # one GEMM per direction over all sequences: (L, L) @ (L, B d)
-                y = torch.bmm(mats, u32.permute(2, 1, 0, 3).reshape(2, length, batch * d))
+                y = torch.bmm(mats, u.to(dtype).permute(2, 1, 0, 3).reshape(2, length, batch * d))
                 y = y.view(2, length, batch, d).permute(2, 1, 0, 3)  # (B, L, 2, d)
             else:
                 # transform along the last axis: pocketFFT is much faster there than along a strided axis
-                u_t = u32.permute(0, 2, 3, 1)  # (B, 2, d, L)
+                u_t = u.permute(0, 2, 3, 1)  # (B, 2, d, L)
                 kernels = torch.stack([k_f, k_b])  # (2, L)
                 n_fft = fast_fft_len(2 * length)
                 if torch.is_grad_enabled() and (u_t.requires_grad or kernels.requires_grad) \
                         and not torch.jit.is_tracing():
-                    y = _BidirectionalFFTConv.apply(u_t, kernels, n_fft)  # training: the hand-written backward
+                    # training: the hand-written backward, which keeps u in its own dtype (it casts u itself)
+                    y = _BidirectionalFFTConv.apply(u_t, kernels, n_fft)
                 else:  # no graph (and what FLOP counters trace): plain ops, the product in place
-                    y = _conv_with_spectrum(u_t, _bidirectional_spectrum(kernels, n_fft), n_fft, dim=-1)
+                    y = _conv_with_spectrum(u_t.to(dtype), _bidirectional_spectrum(kernels, n_fft), n_fft, dim=-1)
                 y = y.permute(0, 3, 1, 2)  # (B, L, 2, d)
         return y.to(u.dtype)
 
