@@ -232,6 +232,28 @@ def test_bidirectional_fft_conv_function_forward_and_backward(length):
     assert torch.autograd.gradcheck(lambda u_, k_: _BidirectionalFFTConv.apply(u_, k_, n_fft), (u, k))
 
 
+def test_bidirectional_fft_conv_keeps_its_bf16_input_not_the_spectrum():
+    """Under bf16 the FFT route transforms in float32 but keeps only the bf16 input (and the kernels' spectrum) for
+    the backward pass; its input gradient comes back in bf16 and equals the float32 computation's, rounded once."""
+    from mlp_vision.layers.ssm import _BidirectionalFFTConv
+    g = torch.Generator().manual_seed(2)
+    u32 = torch.randn(2, 2, 8, 64, generator=g)
+    k = torch.randn(2, 64, generator=g)
+    n_fft = fast_fft_len(2 * 64)
+    u16 = u32.bfloat16().requires_grad_()
+    kept = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: kept.append(t) or t, lambda t: t):
+        y = _BidirectionalFFTConv.apply(u16, k, n_fft)
+    assert y.dtype == torch.float32
+    assert sorted((tuple(t.shape), t.dtype) for t in kept) == sorted(
+        [((2, 2, 8, 64), torch.bfloat16), ((2, 1, n_fft // 2 + 1), torch.complex64)])
+    grad = torch.randn(y.shape, generator=g)
+    y.backward(grad)
+    u_ref = u16.detach().float().requires_grad_()
+    _BidirectionalFFTConv.apply(u_ref, k, n_fft).backward(grad)
+    assert u16.grad.dtype == torch.bfloat16 and torch.equal(u16.grad, u_ref.grad.bfloat16())
+
+
 @pytest.mark.parametrize('anticausal', [False, True])
 def test_gradients_through_fft_and_kernel(anticausal):
     g = torch.Generator().manual_seed(0)
