@@ -63,10 +63,14 @@ def test_ema_and_schedule_advance_once_per_optimizer_update():
 
         def step_update(self, num_updates, metric=None):
             calls.append(('sched', num_updates))
+            metrics.append(metric)
 
+    metrics = []
     loop, _ = _loop(model, model_ema=Recorder(), lr_scheduler=Recorder())
     for _ in range(3):
-        loop.update(lambda: nn.functional.mse_loss(model(x), y), 2, stopped_at='', loss_at=str)
+        losses = loop.update(lambda: nn.functional.mse_loss(model(x), y), 2, stopped_at='', loss_at=str,
+                             metric=lambda ls: sum(ls) / len(ls))
+        assert metrics[-1] == sum(losses) / len(losses)  # the scheduler gets the value, not the function
     assert calls == [('ema', 1), ('sched', 1), ('ema', 2), ('sched', 2), ('ema', 3), ('sched', 3)]
 
 

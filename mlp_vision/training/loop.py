@@ -43,11 +43,13 @@ class StepLoop:
     num_updates: int = 0
 
     def update(self, micro_loss: Callable[[], torch.Tensor], micro_batches: int, *, stopped_at: str,
-               loss_at: Callable[[int], str], metric: Optional[float] = None) -> List[float]:
+               loss_at: Callable[[int], str],
+               metric: Optional[Callable[[List[float]], float]] = None) -> List[float]:
         """One optimizer update over ``micro_batches`` calls of ``micro_loss()`` (each loss divided by their count);
         returns the micro-batch losses. The messages name where the run is: ``stopped_at`` (a stop signal before the
         update, e.g. ``'step 12'``: the last update done) and ``loss_at(micro)`` (a non-finite loss of micro-batch
-        ``micro``). ``metric`` goes to the scheduler (timm's plateau schedule reads it)."""
+        ``micro``). ``metric(losses)``, given this update's micro-batch losses, is the value the scheduler's
+        ``step_update`` receives (e.g. the running training loss)."""
         signum = self.stop_signal() if self.stop_signal is not None else 0
         if signum:
             raise Interrupted(signum, stopped_at)
@@ -65,5 +67,6 @@ class StepLoop:
         if self.model_ema is not None:
             self.model_ema.update(self.model, step=self.num_updates)
         if self.lr_scheduler is not None:
-            self.lr_scheduler.step_update(num_updates=self.num_updates, metric=metric)
+            self.lr_scheduler.step_update(num_updates=self.num_updates,
+                                          metric=metric(losses) if metric is not None else None)
         return losses
