@@ -400,6 +400,7 @@ class ImageTraining:
     data_config: dict
     train_classes: Optional[list]
     num_epochs: int
+    updates_per_epoch: int
     start_epoch: int
     num_updates: int
 
@@ -487,7 +488,7 @@ def _prepare(args, run, data_dir) -> ImageTraining:
         train_loss_fn=train_loss_fn, mixup_fn=mixup_fn, dataset_train=dataset_train, dataset_eval=dataset_eval,
         loader_train=loader_train, sampler_train=sampler_train, loader_eval=loader_eval,
         create_kwargs=create_kwargs, data_config=data_config, train_classes=train_classes, num_epochs=num_epochs,
-        start_epoch=start_epoch, num_updates=num_updates)
+        updates_per_epoch=updates_per_epoch, start_epoch=start_epoch, num_updates=num_updates)
 
 
 def _create_datasets(args, data_dir):
@@ -603,9 +604,8 @@ def _log_setup(args, demo, run, job: ImageTraining, data_dir) -> None:
         f'Data {data_dir or args.dataset}: {len(job.dataset_train)} training images ({args.train_split}), '
         f'{len(dataset_eval) if dataset_eval is not None else 0} validation images ({args.val_split or "none"}), '
         f'{args.num_classes} classes')
-    updates_per_epoch = (len(job.loader_train) + args.grad_accum_steps - 1) // args.grad_accum_steps
     _logger.info(
-        f'Training {job.num_epochs} epochs x {updates_per_epoch} updates, global batch '
+        f'Training {job.num_epochs} epochs x {job.updates_per_epoch} updates, global batch '
         f'{_global_batch(args, dist_info.world_size)}, {args.opt} lr {args.lr:.4g}, {args.sched} schedule'
         + (f'; resuming at epoch {job.start_epoch} from {args.resume}' if args.resume else ''))
     if dist_info.primary:
