@@ -5,6 +5,7 @@ share a run folder, and a failure after the last update still leaves a ``results
 Every run here is tiny (a 1-layer text model for a few updates, or a width-8 sMLPNet on 16 generated PNGs).
 """
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -21,7 +22,7 @@ import mlp_vision.train as train  # noqa: E402  (the command's code; train.py at
 import mlp_vision.train_text as text_train  # noqa: E402
 from mlp_vision.training.checkpoint import CheckpointManager, atomic_save  # noqa: E402
 from mlp_vision.errors import UsageError  # noqa: E402
-from mlp_vision.training.run import new_run_folder  # noqa: E402
+from mlp_vision.training.run_folder import new_run_folder  # noqa: E402
 from mlp_vision.text.modeling_utils import PretrainedMixin  # noqa: E402
 from _helpers import TINY_GPT, TINY_VISION, exits_with_one_line  # noqa: E402
 
@@ -101,7 +102,7 @@ def test_eviction_deletes_only_the_runs_own_top_n_file(vision_run, tmp_path):
     folder, _ = vision_run
     run_copy = tmp_path / 'v'
     run_copy.mkdir()
-    for name in ('last.pth', 'checkpoint-0.pth', 'checkpoint-1.pth', 'model_best.pth', 'summary.csv'):
+    for name in ('run.json', 'last.pth', 'checkpoint-0.pth', 'checkpoint-1.pth', 'model_best.pth', 'summary.csv'):
         (run_copy / name).write_bytes((folder / name).read_bytes())
     train.main(['--resume', str(run_copy / 'last.pth'), '--epochs', '4', '--checkpoint-hist', '1'])
     kept = sorted(p.name for p in run_copy.glob('checkpoint-*.pth'))
@@ -157,7 +158,8 @@ def test_resuming_an_earlier_checkpoint_keeps_the_later_epochs(vision_run, tmp_p
     branch = tmp_path / 'v-1'
     assert Path(res['experiment_dir']) == branch.resolve()
     assert torch.load(branch / 'last.pth', weights_only=True)['epoch'] == 1
-    assert 'keeps its later checkpoints' in (branch / 'train.log').read_text()
+    log = (branch / 'train.log').read_text()
+    assert 'has reached epoch 1' in log and 'is left as it is' in log
 
 
 def test_a_run_folder_in_use_is_refused(text_file, tmp_path, capsys):
@@ -221,3 +223,130 @@ def test_a_finished_run_without_results_says_so(text_file, tmp_path, capsys):
     (folder / 'results.json').unlink()  # as after a kill during the final stage
     msg = _fail(text_train.main, ['--resume', str(folder / 'last.pth')], capsys)
     assert 'its final outputs were never written' in msg and 'results in' not in msg
+
+
+# ------------------------------------------------------------------------------------------------ run identity
+# (issue 33: a run is identified by what it is; resume decisions are made under the lock)
+def _copy_run(folder: Path, to: Path, names=None) -> Path:
+    to.mkdir()
+    for p in folder.iterdir():
+        if p.is_file() and not p.name.startswith('.') and (names is None or p.name in names):
+            (to / p.name).write_bytes(p.read_bytes())
+    return to
+
+
+def test_a_folder_without_last_pth_keeps_its_later_epochs(vision_run, tmp_path):
+    folder, _ = vision_run
+    # the run's own folder, last.pth gone: its checkpoint-1.pth and summary rows still say it reached epoch 1
+    run_copy = _copy_run(folder, tmp_path / 'v', names={'run.json', 'checkpoint-0.pth', 'checkpoint-1.pth',
+                                                        'summary.csv', 'args.yaml'})
+    before = _files(run_copy)
+    res = train.main(['--resume', str(run_copy / 'checkpoint-0.pth')])
+    assert _files(run_copy) == before
+    assert Path(res['experiment_dir']) == (tmp_path / 'v-1').resolve()
+    assert 'has no last.pth but has reached epoch 1' in (tmp_path / 'v-1' / 'train.log').read_text()
+
+
+def test_a_text_folder_without_last_pth_keeps_its_later_steps(text_file, tmp_path):
+    folder = _text_run(text_file, tmp_path, 't', steps=4, stop=0)  # finished: summary rows at steps 2 and 4
+    early = tmp_path / 'early.pth'
+    ckpt = torch.load(folder / 'last.pth', weights_only=True)
+    ckpt['step'] = ckpt['num_updates'] = 2  # the run as it stood at step 2 (same run id)
+    atomic_save(ckpt, early)
+    (folder / 'last.pth').unlink()
+    (folder / 'model_best.pth').unlink(missing_ok=True)
+    (folder / 'results.json').unlink()
+    early.rename(folder / 'step2.pth')
+    before = _files(folder)
+    res = text_train.main(['--resume', str(folder / 'step2.pth')])
+    assert _files(folder) == before
+    assert Path(res['experiment_dir']) == (tmp_path / 't-1').resolve()
+
+
+def test_two_resumes_of_one_run_race_and_neither_loses_epochs(vision_run, tmp_path, monkeypatch):
+    # B loads last.pth (epoch 1) and is held before taking the lock; meanwhile A resumes the same run in place to
+    # epoch 3 and ends. B then takes the lock, looks again, sees epoch 3 and branches off instead of replacing it.
+    import mlp_vision.training.run as run_module
+    folder, _ = vision_run
+    run_copy = _copy_run(folder, tmp_path / 'v')
+    real, held = run_module.newer_than, []
+
+    def newer_than_with_a_race(*a):
+        reason = real(*a)
+        if not held:
+            held.append(True)
+            train.main(['--resume', str(run_copy / 'last.pth'), '--epochs', '4'])  # A, run to its end meanwhile
+        return reason
+    monkeypatch.setattr(run_module, 'newer_than', newer_than_with_a_race)
+    res = train.main(['--resume', str(run_copy / 'last.pth'), '--epochs', '4'])  # B
+    assert held
+    assert torch.load(run_copy / 'last.pth', weights_only=True)['epoch'] == 3  # A's epochs kept
+    rows = [line.split(',')[0] for line in (run_copy / 'summary.csv').read_text().splitlines()[1:]]
+    assert rows == ['0', '1', '2', '3']
+    assert Path(res['experiment_dir']) == (tmp_path / 'v-1').resolve()
+    assert 'has reached epoch 3' in (tmp_path / 'v-1' / 'train.log').read_text()
+
+
+def test_checkpoints_of_two_runs_in_one_folder_do_not_resume_into_each_other(vision_run, text_file, tmp_path):
+    folder, argv = vision_run
+    other = tmp_path / 'other'
+    train.main(argv[:argv.index('--output')] + ['--output', str(tmp_path), '--experiment', 'other'])
+    run_copy = _copy_run(folder, tmp_path / 'v')
+    (run_copy / 'foreign.pth').write_bytes((other / 'last.pth').read_bytes())  # same epoch, another run
+    before = _files(run_copy)
+    res = train.main(['--resume', str(run_copy / 'foreign.pth'), '--epochs', '3'])
+    assert _files(run_copy) == before
+    assert Path(res['experiment_dir']) == (tmp_path / 'v-1').resolve()
+    assert 'is another run' in (tmp_path / 'v-1' / 'train.log').read_text()
+
+
+@pytest.mark.parametrize('legacy', [False, True])
+def test_a_folder_that_is_not_a_run_is_never_written(vision_run, tmp_path, legacy):
+    folder, _ = vision_run
+    mine = tmp_path / 'my_results'
+    mine.mkdir()
+    (mine / 'curves.png').write_bytes(b'my own figure')
+    (mine / 'summary.csv').write_text('epoch,note\n0,mine\n5,mine too\n')
+    ckpt = torch.load(folder / 'last.pth', weights_only=True)
+    if legacy:
+        del ckpt['run_id']  # a checkpoint written before runs had an id
+    atomic_save(ckpt, mine / 'last.pth')
+    before = _files(mine)
+    res = train.main(['--resume', str(mine / 'last.pth'), '--epochs', '3'])
+    assert _files(mine) == before
+    new = Path(res['experiment_dir'])
+    assert new == (tmp_path / 'my_results-1').resolve()
+    assert 'mine' not in (new / 'summary.csv').read_text()  # the folder's rows are not this run's past
+    log = (new / 'train.log').read_text()
+    assert ('carries no run id' if legacy else 'is not a run folder') in log
+
+
+@pytest.mark.parametrize('name', ['.lock', 'train.log', 'summary.csv', 'args.yaml'])
+def test_links_in_a_run_folder_are_refused_and_their_targets_untouched(vision_run, tmp_path, capsys, name):
+    folder, _ = vision_run
+    run_copy = _copy_run(folder, tmp_path / 'v')
+    outside = tmp_path / 'precious.txt'
+    outside.write_text('not the run\'s\n')
+    (run_copy / name).unlink(missing_ok=True)
+    (run_copy / name).symlink_to(outside)
+    before = _files(run_copy)
+    msg = _fail(train.main, ['--resume', str(run_copy / 'last.pth'), '--epochs', '3'], capsys)
+    assert 'symbolic link' in msg and name in msg
+    assert outside.read_text() == 'not the run\'s\n'
+    assert _files(run_copy) == before
+
+
+def test_a_fifo_in_a_run_folder_is_refused_without_blocking(vision_run, tmp_path, capsys):
+    folder, _ = vision_run
+    run_copy = _copy_run(folder, tmp_path / 'v')
+    (run_copy / 'summary.csv').unlink()
+    os.mkfifo(run_copy / 'summary.csv')
+    msg = _fail(train.main, ['--resume', str(run_copy / 'last.pth'), '--epochs', '3'], capsys)
+    assert 'summary.csv' in msg and 'FIFO' in msg
+
+
+def test_every_checkpoint_carries_the_folders_run_id(vision_run):
+    folder, _ = vision_run
+    run_id = json.loads((folder / 'run.json').read_text())['run_id']
+    for name in ('last.pth', 'model_best.pth', 'checkpoint-0.pth', 'checkpoint-1.pth'):
+        assert torch.load(folder / name, weights_only=True)['run_id'] == run_id

@@ -98,10 +98,13 @@ def test_resume_is_bit_identical(reference_run, digits, tmp_path):
     exp = tmp_path / 'resumed'
     exp.mkdir()
     shutil.copy(reference_run / 'checkpoint-0.pth', exp / 'checkpoint-0.pth')
-    train.main(MODEL_ARGS + RECIPE_ARGS + [
+    res = train.main(MODEL_ARGS + RECIPE_ARGS + [
         '--data-dir', str(digits), '--val-split', 'val', '--workers', '2', '--log-interval', '100',
         '--resume', str(exp / 'checkpoint-0.pth')])
-    _assert_same_weights(reference_run / 'last.pth', exp / 'last.pth')
+    # a folder holding a copied checkpoint is not a run (no run.json): the run continues beside it
+    assert Path(res['experiment_dir']) == (tmp_path / 'resumed-1').resolve()
+    assert sorted(p.name for p in exp.iterdir()) == ['checkpoint-0.pth']
+    _assert_same_weights(reference_run / 'last.pth', tmp_path / 'resumed-1' / 'last.pth')
 
 
 def test_sigkill_mid_epoch_then_resume(reference_run, digits, tmp_path):

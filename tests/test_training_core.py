@@ -26,6 +26,7 @@ if str(REPO) not in sys.path:
 import mlp_vision.train as train  # noqa: E402  (the commands' code; train.py / validate.py at the root run it)
 import mlp_vision.validate as validate  # noqa: E402
 import mlp_vision.train_text as text_train  # noqa: E402
+import mlp_vision.training.checkpoint as checkpoint_module  # noqa: E402
 from mlp_vision.training.checkpoint import (  # noqa: E402
     atomic_save, clean_stale_temp_files, keep_previous, load_checkpoint_file, temp_path)
 from mlp_vision.errors import UsageError  # noqa: E402
@@ -207,14 +208,21 @@ def test_text_trainer_bad_inputs_one_line_exit_2(text_file, tmp_path, capsys):
         assert expected in _fail(text_train.main, base + list(flags), capsys), flags
 
 
-def test_full_disk_is_one_line_and_keeps_the_last_checkpoint(images, tmp_path, capsys):
+def test_full_disk_is_one_line_and_keeps_the_last_checkpoint(images, tmp_path, capsys, monkeypatch):
     argv = TINY_VISION + ['--data-dir', str(images), '--val-split', 'val', '--output', str(tmp_path),
                           '--experiment', 'disk']
     train.main(argv + ['--epochs', '1'])
     exp = tmp_path / 'disk'
     before = (exp / 'last.pth').read_bytes()
-    # the next write of last.pth goes to /dev/full (ENOSPC), as on a full disk
-    temp_path(exp / 'last.pth').symlink_to('/dev/full')
+    # the next write of last.pth goes to /dev/full (ENOSPC), as on a full disk (a link planted in the run folder
+    # would be refused, so the file the atomic write opens is swapped in the process instead)
+    open_own_file = checkpoint_module.open_own_file
+
+    def full_disk(path, flags, mode=0o644):
+        if Path(path) == temp_path(exp / 'last.pth'):
+            return os.open('/dev/full', os.O_WRONLY)
+        return open_own_file(path, flags, mode)
+    monkeypatch.setattr(checkpoint_module, 'open_own_file', full_disk)
     msg = _fail(train.main, ['--resume', str(exp / 'last.pth'), '--epochs', '2'], capsys, status=1)
     assert msg == f'train.py: error: No space left on device: {exp / "last.pth"}'
     assert (exp / 'last.pth').read_bytes() == before

@@ -14,6 +14,7 @@ import pickle
 import random
 import re
 import shutil
+import stat
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional
 
@@ -24,7 +25,7 @@ import torch.nn as nn
 from mlp_vision.errors import UsageError, find_os_error
 
 __all__ = [
-    'CHECKPOINT_VERSION', 'TRUST_FLAG', 'temp_path', 'clean_stale_temp_files', 'atomic_save', 'atomic_write_text',
+    'CHECKPOINT_VERSION', 'TRUST_FLAG', 'open_own_file', 'temp_path', 'clean_stale_temp_files', 'atomic_save', 'atomic_write_text',
     'atomic_folder', 'atomic_link', 'keep_previous', 'CheckpointManager', 'load_checkpoint_file',
     'is_training_checkpoint', 'check_settings_state', 'check_optimizer_state', 'get_rng_state', 'set_rng_state',
     'preserve_rng', 'clean_state_dict', 'load_model_weights',
@@ -51,6 +52,30 @@ def _fsync_dir(path: Path) -> None:
         pass
     finally:
         os.close(fd)
+
+
+def open_own_file(path: os.PathLike, flags: int, mode: int = 0o644) -> int:
+    """``os.open(path, flags)`` for a file a run writes: never through a symbolic link (``O_NOFOLLOW``) and never
+    into a FIFO, device or socket (opened non-blocking, then checked to be a regular file), so a link planted in a
+    run folder cannot make the run append to or truncate a file elsewhere. Returns the descriptor; otherwise a
+    :class:`UsageError` naming the file."""
+    path = Path(path)
+    try:
+        fd = os.open(path, flags | getattr(os, 'O_NOFOLLOW', 0) | getattr(os, 'O_NONBLOCK', 0), mode)
+    except OSError as e:
+        if path.is_symlink():  # O_NOFOLLOW's ELOOP
+            raise UsageError(f'{path} is a symbolic link; a run writes only files of its own, never through a link: '
+                             f'remove it, or continue in a new folder with --output / --experiment') from None
+        if e.filename is None:
+            raise OSError(e.errno, e.strerror, str(path)) from e
+        raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise UsageError(f'{path} is not a regular file (a FIFO, device or socket); a run writes only regular files '
+                         f'of its own: remove it, or continue in a new folder with --output / --experiment')
+    if hasattr(os, 'O_NONBLOCK'):
+        os.set_blocking(fd, True)
+    return fd
 
 
 def temp_path(path: os.PathLike) -> Path:
@@ -90,7 +115,10 @@ def _atomic_write(path: os.PathLike, write: Callable[[Any], None], mode: str = '
     path = Path(path)
     tmp = temp_path(path)
     try:
-        with open(tmp, mode, **({} if 'b' in mode else {'newline': ''})) as f:
+        if tmp.is_symlink() or tmp.exists():  # this process's own name: a leftover (or a planted link) goes first
+            tmp.unlink()
+        fd = open_own_file(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+        with open(fd, mode, **({} if 'b' in mode else {'newline': '', 'encoding': 'utf-8'})) as f:
             write(f)
             f.flush()
             os.fsync(f.fileno())

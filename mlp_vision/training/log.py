@@ -1,7 +1,10 @@
 """ Console / file logging for train.py and validate.py (rank 0 logs INFO, other ranks WARNING). """
 import logging
+import os
 import sys
 from pathlib import Path
+
+from .checkpoint import open_own_file
 
 __all__ = ['setup_logging', 'add_log_file', 'remove_log_file']
 
@@ -31,9 +34,18 @@ def setup_logging(primary: bool = True) -> None:
     root.setLevel(logging.INFO if primary else logging.WARNING)
 
 
+class _OwnFileHandler(logging.FileHandler):
+    """A ``FileHandler`` that appends only to a regular file of its own, never through a symbolic link
+    (:func:`~mlp_vision.training.checkpoint.open_own_file`)."""
+
+    def _open(self):
+        return open(open_own_file(self.baseFilename, os.O_WRONLY | os.O_APPEND | os.O_CREAT), 'a',
+                    encoding=self.encoding, errors=self.errors)
+
+
 def add_log_file(path: Path) -> logging.Handler:
     """Also log to ``path`` (appending, so a resumed run continues the same file)."""
-    handler = logging.FileHandler(path, mode='a')
+    handler = _OwnFileHandler(path, mode='a', encoding='utf-8')
     handler.setFormatter(logging.Formatter('%(asctime)s %(message)s', datefmt='%Y-%m-%d %H:%M:%S'))
     logging.getLogger().addHandler(handler)
     return handler

@@ -7,13 +7,14 @@ Each entry point keeps only what differs (data, model, loss and metrics); everyt
 * :func:`setup_amp` and :class:`UpdateStep` -- autocast, the float16 loss scaler (timm's ``NativeScaler``),
   gradient accumulation, clipping and the optimizer step, one implementation for both loops;
 * :func:`create_lr_scheduler` -- timm's ``create_scheduler_v2`` for both (per epoch or per update);
-* :class:`TrainingRun` -- the output folder (``args.yaml``, ``train.log``, ``summary.csv``), resume (weights,
-  optimizer, scaler, schedule, RNG, history; in place, refusing a finished run), the checkpoint payload, the NaN
+* :class:`TrainingRun` -- the output folder (``args.yaml``, ``train.log``, ``summary.csv``; its identity and lock in
+  :mod:`.run_folder`), resume (weights, optimizer, scaler, schedule, RNG, history; in place only into the checkpoint's
+  own run at its newest position, refusing a finished run), the checkpoint payload, the NaN
   and SIGINT / SIGTERM stops, and the final ``results.json`` (an earlier one is kept, never overwritten).
 
 Checkpoint payload (every value a tensor or plain Python value, so it loads with ``weights_only=True``)::
 
-    version, kind ('image' | 'text'), arch, <position key> ('epoch': last completed epoch | 'step': completed
+    version, kind ('image' | 'text'), run_id (the folder's run.json, :mod:`.run_folder`), arch, <position key> ('epoch': last completed epoch | 'step': completed
     updates), num_updates, model_cfg, state_dict, optimizer, scheduler, schedule (create_scheduler_v2 kwargs),
     amp_scaler, rng_states (one per rank), metric, args, checkpoint_history, + the trainer's own fields
 """
@@ -39,12 +40,14 @@ from timm.scheduler import create_scheduler_v2
 from timm.utils import NativeScaler, dispatch_clip_grad, unwrap_model
 
 from .checkpoint import (
-    CHECKPOINT_VERSION, TRUST_FLAG, CheckpointManager, atomic_write_text, check_optimizer_state, check_settings_state,
+    CHECKPOINT_VERSION, TRUST_FLAG, CheckpointManager, atomic_write_text, open_own_file, check_optimizer_state, check_settings_state,
     clean_stale_temp_files, get_rng_state, keep_previous, load_checkpoint_file, load_model_weights, set_rng_state)
 from .config import args_to_yaml, parse_args_with_config
 from .distributed import DistInfo, all_gather_objects, state_dict_digest
 from mlp_vision.errors import Interrupted, RunError, UsageError
 from .log import add_log_file, remove_log_file
+from .run_folder import (
+    FolderLock, check_own_files, is_run_id, new_run_folder, newer_than, read_run_id, write_run_id)
 from .summary import SummaryWriter, write_json
 
 __all__ = [
@@ -213,32 +216,6 @@ def _plain(v):  # tuples / lists compare equal (yaml and torch.load give lists b
     return v
 
 
-def new_run_folder(root: os.PathLike, name: str) -> Path:
-    """``root/name``, or the first free ``root/name-N``, created here. ``mkdir`` either creates a folder or fails,
-    so two runs started at once never share one, and there is no limit on N."""
-    root = Path(root)
-    root.mkdir(parents=True, exist_ok=True)
-    n = 0
-    while True:
-        folder = root / (name if n == 0 else f'{name}-{n}')
-        try:
-            folder.mkdir()
-            return folder
-        except FileExistsError:
-            n += 1
-
-
-def _saved_position(path: Path, key: str) -> Optional[int]:
-    """The ``key`` position stored in checkpoint ``path`` (memory-mapped: tensors are not read), or None if the
-    file cannot be read as one of ours."""
-    try:
-        ckpt = torch.load(path, map_location='cpu', weights_only=True, mmap=True)
-    except Exception:  # any unreadable file: the caller then keeps the folder as it is
-        return None
-    position = ckpt.get(key) if isinstance(ckpt, dict) else None
-    return position if isinstance(position, int) and not isinstance(position, bool) else None
-
-
 def _check_resume_payload(ckpt: Dict[str, Any], key: str, source: str) -> None:
     """The fields of a training checkpoint have the types :meth:`TrainingRun.save` writes; else one line."""
     def counter(v):
@@ -253,6 +230,7 @@ def _check_resume_payload(ckpt: Dict[str, Any], key: str, source: str) -> None:
         ('schedule', ckpt.get('schedule') is None or isinstance(ckpt['schedule'], dict)),
         ('rng_states', ckpt.get('rng_states') is None or isinstance(ckpt['rng_states'], list)),
         ('args', ckpt.get('args') is None or isinstance(ckpt['args'], dict)),
+        ('run_id', ckpt.get('run_id') is None or is_run_id(ckpt['run_id'])),
     ) if not ok]
     if problems:
         raise UsageError(f'{source}: the checkpoint\'s {", ".join(problems)} {"is" if len(problems) == 1 else "are"} '
@@ -298,7 +276,8 @@ class TrainingRun:
         self._log_handlers: List[logging.Handler] = []
         self._signal: int = 0
         self._previous_handlers: Dict[int, Any] = {}
-        self._lock_fd: Optional[int] = None
+        self._lock: Optional[FolderLock] = None
+        self.run_id: Optional[str] = None  # this run's identity (run_folder.RUN_FILE), stored in every checkpoint
         self._results_written = False
         self._in_final_stage = False
         self.start_time = time.time()
@@ -315,12 +294,14 @@ class TrainingRun:
         if isinstance(exc, Exception):
             self._record_final_stage_error(exc)
         if isinstance(exc, RunError) and self.primary and self.output_dir is not None:
-            with open(self.output_dir / 'train.log', 'a') as f:
+            with open(open_own_file(self.output_dir / 'train.log', os.O_WRONLY | os.O_APPEND | os.O_CREAT), 'a') as f:
                 f.write(f'{datetime.now():%Y-%m-%d %H:%M:%S} ERROR {exc}\n')
         for handler in self._log_handlers:
             remove_log_file(handler)
         self._log_handlers.clear()
-        self._unlock()
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
 
     def _on_signal(self, signum, frame) -> None:
         # only a flag: the loop stops at its next safe point. A second signal acts at once (default handlers).
@@ -415,7 +396,9 @@ class TrainingRun:
         folder = Path(self.args.resume).resolve().parent
         results = folder / 'results.json'
         recorded = _read_results(results)
-        if recorded is None:
+        if not self._resumed_from_a_run():
+            outcome = f'the checkpoint lies outside its run\'s folder, so {folder} says nothing about its results'
+        elif recorded is None:
             outcome = (f'its final outputs were never written (no readable {results}: the process was stopped '
                        f'during its final stage); its weights are in {folder / "last.pth"}')
         elif recorded.get('error'):
@@ -450,10 +433,12 @@ class TrainingRun:
         """Rank 0: the experiment folder (locked for this process), ``train.log``, ``args.yaml``, the checkpoint
         manager and ``summary.csv``.
 
-        A new run gets a new folder (``NAME-1`` if NAME exists). ``--resume`` continues in the checkpoint's own
-        folder only when the checkpoint is that run's newest; otherwise (an earlier checkpoint, or another
-        ``--output`` / ``--experiment``) the run continues in a new folder, so no run's later checkpoints or
-        outputs are replaced (:meth:`_resume_folder`). A folder in use by another process is refused.
+        A new run gets a new folder (``NAME-1`` if NAME exists) and a new run id. ``--resume`` continues in the
+        checkpoint's own folder only when, under that folder's lock, the folder is the checkpoint's run and holds
+        nothing newer (:func:`~mlp_vision.training.run_folder.newer_than`); otherwise (an earlier checkpoint, another
+        run's or a non-run folder, another ``--output`` / ``--experiment``) the run continues in a new folder, so no
+        run's later checkpoints or outputs, and no file that is not a run's, are replaced (:meth:`_resume_folder`).
+        A folder in use by another process, or holding links or FIFOs, is refused.
         """
         if not self.primary:
             return None
@@ -464,7 +449,7 @@ class TrainingRun:
         if args.experiment and (Path(args.experiment).name != args.experiment or args.experiment in ('.', '..')):
             raise UsageError(f'--experiment {args.experiment!r} is not a folder name; give a plain name (no '
                              f'"/" or ".."), and the parent folder with --output')
-        in_place, note = False, ''
+        in_place, note, history = False, '', None
         if args.resume:
             # the saved history is checked before any folder is made or touched
             history = CheckpointManager(root, key=self.key).check_state(
@@ -474,34 +459,51 @@ class TrainingRun:
         else:
             output_dir = new_run_folder(root, args.experiment or default_name)
         self.output_dir = output_dir = output_dir.resolve()
-        self._lock(output_dir)
+        if self._lock is None:
+            self._lock = FolderLock(output_dir)
+        check_own_files(output_dir)
+        self.run_id = self.resume_ckpt['run_id'] if in_place else write_run_id(output_dir, self.kind)
         self._log_handlers.append(add_log_file(output_dir / 'train.log'))
         if note:
             _logger.warning(note)
-        removed = clean_stale_temp_files(output_dir)
-        if removed:
-            _logger.info(f'removed {len(removed)} temporary files left by a killed run: '
-                         f'{", ".join(p.name for p in removed)}')
-        settings = {k: v for k, v in vars(args).items() if k != 'resumed_settings'}
-        args_file = output_dir / 'args.yaml'
-        if args_file.exists():
-            previous = yaml.safe_load(args_file.read_text()) or {}
-            if _differences(*({k: v for k, v in d.items() if k not in RUN_CONTROL_ARGS} for d in (previous, settings))):
-                _logger.info(f'the settings changed: the previous args.yaml is kept as {keep_previous(args_file).name}')
-        atomic_write_text(args_file, args_to_yaml(argparse.Namespace(**settings)))
+        self._write_settings(output_dir)
         self.saver = CheckpointManager(output_dir, decreasing=self.decreasing, max_history=self.max_history,
                                        key=self.key)
         self.summary = SummaryWriter(output_dir / 'summary.csv', key=self.key)
         if in_place:
             self.saver.load_state_dict(history)
             self.summary.truncate(before_epoch=self.last_saved + 1)
-        elif args.resume:  # a new folder: its best / top-N tracking starts afresh, its curve keeps the way here
-            source_summary = SummaryWriter(Path(args.resume).resolve().parent / 'summary.csv', key=self.key)
-            self.summary.copy_rows(source_summary, before_epoch=self.last_saved + 1)
+        elif args.resume and self._resumed_from_a_run():
+            # a new folder for a checkpoint of a run: best / top-N tracking starts afresh, the curve keeps the way
+            # here (the summary.csv of another run's folder, or of a folder that is no run, is not this run's past)
+            source = Path(args.resume).resolve().parent / 'summary.csv'
+            self.summary.copy_rows(SummaryWriter(source, key=self.key), before_epoch=self.last_saved + 1)
         return output_dir
 
+    def _resumed_from_a_run(self) -> bool:
+        """The resumed checkpoint lies in the folder of the run it belongs to."""
+        run_id = self.resume_ckpt.get('run_id')
+        return is_run_id(run_id) and read_run_id(Path(self.args.resume).resolve().parent) == run_id
+
+    def _write_settings(self, output_dir: Path) -> None:
+        """Remove a killed run's temporary files, then write ``args.yaml`` (an earlier, different one is kept)."""
+        removed = clean_stale_temp_files(output_dir)
+        if removed:
+            _logger.info(f'removed {len(removed)} temporary files left by a killed run: '
+                         f'{", ".join(p.name for p in removed)}')
+        settings = {k: v for k, v in vars(self.args).items() if k != 'resumed_settings'}
+        args_file = output_dir / 'args.yaml'
+        if args_file.exists():
+            previous = yaml.safe_load(args_file.read_text()) or {}
+            if _differences(*({k: v for k, v in d.items() if k not in RUN_CONTROL_ARGS} for d in (previous, settings))):
+                _logger.info(f'the settings changed: the previous args.yaml is kept as {keep_previous(args_file).name}')
+        atomic_write_text(args_file, args_to_yaml(argparse.Namespace(**settings)))
+
     def _resume_folder(self, root: Path) -> Tuple[Path, bool, str]:
-        """(the folder a resumed run writes to, whether that is the checkpoint's own folder, a note to log)."""
+        """(the folder a resumed run writes to, whether that is the checkpoint's own folder, a note to log).
+
+        In place is decided under the folder's lock (taken here and kept), from the folder as it is then: a second
+        resume of the same run that loaded its checkpoint before the first took the lock sees the first's epochs."""
         args, key = self.args, self.key
         resumed = Path(args.resume).resolve()
         source = resumed.parent
@@ -512,44 +514,19 @@ class TrainingRun:
                 folder = new_run_folder(wanted.parent, wanted.name)
                 return folder, False, (f'--resume with --output / --experiment: a new run in {folder} starts from '
                                        f'{where}; {source} is left as it is')
-        last = source / 'last.pth'
-        if not last.exists() or resumed == last or os.path.samefile(resumed, last):
-            return source, True, ''
-        later = _saved_position(last, key)
-        if later is not None and later <= self.last_saved:
-            return source, True, ''
+        run_id = self.resume_ckpt.get('run_id')
+        reason = newer_than(source, key, self.last_saved, run_id)
+        if reason is None:  # the folder looks like this run's newest state: lock it, then look again
+            self._lock = FolderLock(source)
+            check_own_files(source)
+            reason = newer_than(source, key, self.last_saved, run_id)
+            if reason is None:
+                return source, True, ''
+            self._lock.release()
+            self._lock = None
         folder = new_run_folder(source.parent, source.name)
-        reached = f'has reached {key} {later}' if later is not None else 'has a last.pth that cannot be read'
-        return folder, False, (f'--resume {args.resume}: {source} {reached}, beyond this checkpoint; the run '
-                               f'continues from {where} in a new folder, {folder}, and {source} keeps its later '
-                               f'checkpoints')
-
-    def _lock(self, folder: Path) -> None:
-        """Hold an exclusive lock on ``folder/.lock`` until the run ends; refuse a folder another process holds
-        (two processes writing one run would interleave its checkpoints and logs)."""
-        try:
-            import fcntl
-        except ImportError:  # Windows: no advisory locks here
-            return
-        folder.mkdir(parents=True, exist_ok=True)
-        fd = os.open(folder / '.lock', os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            # a POSIX record lock, not flock: forked data-loader workers do not inherit it, so a killed run's
-            # orphaned workers cannot keep its folder locked
-            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            holder = os.read(fd, 32).decode(errors='replace').strip()
-            os.close(fd)
-            raise UsageError(f'{folder} is in use by another training process (pid {holder or "unknown"}); wait for '
-                             f'it to end, or pass --output / --experiment to continue in a new folder') from None
-        os.ftruncate(fd, 0)
-        os.write(fd, str(os.getpid()).encode())
-        self._lock_fd = fd
-
-    def _unlock(self) -> None:
-        if self._lock_fd is not None:
-            os.close(self._lock_fd)  # closing the descriptor releases the lock
-            self._lock_fd = None
+        return folder, False, (f'--resume {args.resume}: {reason}; the run continues from {where} in a new folder, '
+                               f'{folder}, and {source} is left as it is')
 
     def log_settings_changes(self) -> None:
         """Log each setting where this resumed run differs from the run it continues."""
@@ -577,6 +554,7 @@ class TrainingRun:
         state = {
             'version': CHECKPOINT_VERSION,
             'kind': self.kind,
+            'run_id': self.run_id,
             'arch': self.args.model,
             self.key: position,
             'num_updates': num_updates,

@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
-from .checkpoint import atomic_write_text
+from .checkpoint import atomic_write_text, open_own_file
 
 __all__ = ['SummaryWriter', 'write_json', 'plot_curves', 'plot_comparison']
 
@@ -78,7 +78,7 @@ class SummaryWriter:
         if not rows:
             self._write_all([row], fieldnames)
             return
-        with open(self.path, 'a', newline='') as f:
+        with open(open_own_file(self.path, os.O_WRONLY | os.O_APPEND), 'a', newline='') as f:
             csv.DictWriter(f, fieldnames=fieldnames, restval='').writerow(row)
             f.flush()
             os.fsync(f.fileno())
@@ -104,7 +104,10 @@ def _save_figure(fig, plt, out_png: os.PathLike) -> Path:
     fig.tight_layout()
     out_png = Path(out_png)
     tmp = out_png.with_name(f'.{out_png.name}.tmp-{os.getpid()}.png')
-    fig.savefig(tmp, dpi=110)
+    if tmp.is_symlink() or tmp.exists():
+        tmp.unlink()
+    with open(open_own_file(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL), 'wb') as f:
+        fig.savefig(f, dpi=110, format='png')
     plt.close(fig)
     os.replace(tmp, out_png)
     return out_png

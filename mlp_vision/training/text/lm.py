@@ -54,7 +54,7 @@ from timm.utils import random_seed, unwrap_model
 from ...text.modeling_utils import masked_lm_loss as lm_loss  # token cross-entropy; causal labels are already shifted
 from ...text.registry import create_model
 from ...text.tokenizer import SUBWORD_KINDS, Tokenizer, tokenizer_from_dict
-from ..checkpoint import atomic_folder, preserve_rng
+from ..checkpoint import atomic_folder, atomic_write_text, preserve_rng
 from ..distributed import DistInfo, all_gather_objects
 from mlp_vision.errors import UsageError
 from ..loop import format_duration
@@ -412,6 +412,6 @@ def _write_samples(model: nn.Module, tokenizer: Tokenizer, args, device: torch.d
     header = (f'# {args.model}, {args.steps} steps, seed {args.seed}, temperature {args.sample_temperature}, '
               f'top_k {args.sample_top_k}, {args.sample_tokens} new tokens, prompt {args.sample_prompt!r}\n')
     body = ''.join(f'\n----- sample {i + 1} -----\n{t}\n' for i, t in enumerate(texts))
-    path.write_text(header + body, encoding='utf-8')
+    atomic_write_text(path, header + body)  # never through a link planted in the run folder
     _logger.info(f'samples written to {path}:\n{texts[0][:300]}')
     return texts
