@@ -149,13 +149,21 @@ def test_keeps_dtype_device_requires_grad_and_trains(name):
 
 
 @pytest.mark.parametrize('name', sorted(TINY))
-def test_timm_input_config_follows_pretrained_cfg_does_not(name):
-    """As timm's own set_input_size: the current size is recorded for timm's input resolution (where this timm has
-    it), the checkpoint's ``pretrained_cfg`` is not touched."""
+def test_timm_data_config_follows_the_new_size(name):
+    """Issue 36 item 5: after set_input_size every timm data helper gives the new size, so transforms built the
+    usual timm way fit the model; no other model's cfg moves."""
+    from timm.data import resolve_data_config, resolve_input_data_config, resolve_model_data_config
     model = create(name, SIZE_A[name])
-    cfg = dict(model.pretrained_cfg)
+    before = model.pretrained_cfg
     model.set_input_size(img_size=(96, 64))
-    assert model.pretrained_cfg == cfg and cfg['fixed_input_size'] is True
-    get_input_config = getattr(timm.models, 'get_model_input_config', None)
-    if get_input_config is not None:
-        assert get_input_config(model)['input_size'] == (3, 96, 64)
+    assert model.pretrained_cfg['input_size'] == model.default_cfg['input_size'] == (3, 96, 64)
+    assert model.pretrained_cfg['fixed_input_size'] is True
+    assert resolve_model_data_config(model)['input_size'] == (3, 96, 64)
+    assert resolve_data_config(model=model)['input_size'] == (3, 96, 64)
+    assert resolve_input_data_config(model)['input_size'] == (3, 96, 64)
+    assert before['input_size'] == (3, 224, 224)  # the cfg object it had is not changed in place
+    assert timm.create_model(name, **TINY[name]).pretrained_cfg['input_size'] == (3, 224, 224)
+    transform = timm.data.create_transform(**resolve_model_data_config(model))
+    from PIL import Image
+    with torch.no_grad():
+        assert model(transform(Image.new('RGB', (300, 200)))[None]).shape == (1, 5)

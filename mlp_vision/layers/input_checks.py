@@ -75,11 +75,22 @@ def check_img_size(img_size: Union[int, Sequence[int]], stride: int, what: str, 
 
 
 def record_input_size(model: nn.Module, img_size: Tuple[int, int]) -> None:
-    """After ``set_input_size``: record the model's new input size where timm keeps it (``get_model_input_config``,
-    ``resolve_input_data_config``), as timm's own ``set_input_size`` do. ``pretrained_cfg`` describes the checkpoint
-    and is left unchanged, as in timm."""
+    """After ``set_input_size``: record the model's new input size everywhere timm's data helpers look, so transforms
+    built the usual timm way have the size the model now takes: ``get_model_input_config`` /
+    ``resolve_input_data_config`` (as timm's own ``set_input_size`` do) and also ``pretrained_cfg`` / ``default_cfg``
+    (``input_size``, and ``test_input_size`` where one is set), which ``resolve_model_data_config`` and
+    ``resolve_data_config(model=...)`` read. timm leaves ``pretrained_cfg`` at the checkpoint's size; here a resized
+    model describes itself (and ``push_to_hf_hub`` / ``save_for_hf`` write the size it takes). The cfg is replaced by
+    a copy, never changed in place, so no other model's cfg moves."""
     if update_model_input_size is not None:
         update_model_input_size(model, img_size)
+    cfg = getattr(model, 'pretrained_cfg', None)
+    if isinstance(cfg, dict) and cfg.get('input_size') is not None:
+        input_size = (cfg['input_size'][0], *img_size)
+        cfg = dict(cfg, input_size=input_size)
+        if cfg.get('test_input_size') is not None:
+            cfg['test_input_size'] = input_size
+        model.pretrained_cfg = model.default_cfg = cfg
 
 
 def check_model_args(

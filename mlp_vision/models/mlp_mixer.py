@@ -126,7 +126,8 @@ class MlpMixer(nn.Module):
         Every block's token-mixing weights are resampled from the current (h, w) patch grid to the new one exactly
         as ``checkpoint_filter_fn`` resamples a checkpoint (each block's ``set_token_grid``, one implementation in
         :mod:`mlp_vision.layers.resample`); ``img_size``, ``grid_size`` and the stem's sizes follow, ``feature_info``
-        (stride p) is unchanged, and, as in timm, so is ``pretrained_cfg``. The resampled weights are new
+        (stride p) is unchanged, and ``pretrained_cfg`` / ``default_cfg`` take the new ``input_size`` (so timm's
+        data helpers build transforms of the new size; ``record_input_size``). The resampled weights are new
         parameters: build the optimizer afterwards.
 
         Args:

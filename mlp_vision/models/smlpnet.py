@@ -162,9 +162,9 @@ class SparseMLPNet(nn.Module):
 
         Every sMLP's axial mixes (``proj_h`` H x H, ``proj_w`` W x W; arXiv 2109.05422, §3.2) are resampled to their
         stage's new map size exactly as ``checkpoint_filter_fn`` resamples a checkpoint (one implementation,
-        :mod:`mlp_vision.layers.resample`); ``img_size`` follows, ``feature_info`` (strides 4-32) is unchanged, and,
-        as in timm, so is ``pretrained_cfg``. The resampled weights are new parameters: build the optimizer
-        afterwards.
+        :mod:`mlp_vision.layers.resample`); ``img_size`` follows, ``feature_info`` (strides 4-32) is unchanged, and
+        ``pretrained_cfg`` / ``default_cfg`` take the new ``input_size`` (``record_input_size``). The resampled
+        weights are new parameters: build the optimizer afterwards.
 
         Args:
             img_size: new (H, W) or int; both must be positive multiples of the total stride, 32 (else
