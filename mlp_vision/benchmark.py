@@ -74,7 +74,7 @@ from mlp_vision.training.checkpoint import atomic_write_text
 from mlp_vision.training.config import SEED_MAX, THREADS_RANGE, check_flag_ranges
 from mlp_vision.errors import parse_device
 from mlp_vision.errors import ArgumentParser, UsageError, run_cli
-from mlp_vision.training.model import COMPILE_MODES
+from mlp_vision.training.model import COMPILE_MODES, is_local_dir
 from mlp_vision.text.bert import BertLayer
 
 PRECISIONS = ('fp32', 'bf16', 'fp16', 'amp_bf16', 'amp_fp16')
@@ -180,10 +180,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument('--memprobe', default=None, help=argparse.SUPPRESS)  # internal: peak-RSS child process
     args = p.parse_args(argv)
     specs = list(args.model or []) + [s for pair in (args.compare or []) for s in pair]
-    unknown = [s for s in specs if not (is_layer(s) or timm.is_model(base_name(s))) or s == 'ref:bert_layer']
+    unknown = [s for s in specs if not (is_layer(s) or timm.is_model(base_name(s)) or is_local_dir(s))
+               or s == 'ref:bert_layer']
     if unknown:
         p.error(f'unknown model(s) {unknown}: give timm model names (this package registers '
-                f'{", ".join(mlp_vision.VISION_MODELS)}), ref:NAME for the straightforward sMLPNet of NAME, '
+                f'{", ".join(mlp_vision.VISION_MODELS)}), local-dir:FOLDER for a folder with a timm config.json '
+                f'(a training run\'s pretrained/), ref:NAME for the straightforward sMLPNet of NAME, '
                 f'or a sequence layer: bigs_layer, ref:bigs_layer, bert_layer')
     missing = sorted({str(_reference_path(s)) for s in specs if s.startswith('ref:')
                       and not _reference_path(s).is_file()})

@@ -29,6 +29,7 @@ that needs a full unpickle is refused unless ``--trust-checkpoint`` (unsafe: it 
 Bad input ends with one line and exit status 2 (``--debug``: the traceback).
 """
 import argparse
+import copy
 import logging
 import time
 from dataclasses import dataclass
@@ -41,13 +42,13 @@ import torch
 import torch.nn as nn
 from timm.data import Mixup, create_transform, resolve_data_config
 from timm.loss import BinaryCrossEntropy, LabelSmoothingCrossEntropy, SoftTargetCrossEntropy
-from timm.models import model_parameters
+from timm.models import model_parameters, save_for_hf
 from timm.optim import create_optimizer_v2, list_optimizers, optimizer_kwargs
 from timm.scheduler import scheduler_kwargs
-from timm.utils import ModelEmaV3, ParseKwargs, distribute_bn, random_seed
+from timm.utils import ModelEmaV3, ParseKwargs, distribute_bn, random_seed, unwrap_model
 
 from mlp_vision.training.checkpoint import (
-    is_training_checkpoint, load_checkpoint_file, load_model_weights, preserve_rng)
+    atomic_folder, is_training_checkpoint, load_checkpoint_file, load_model_weights, preserve_rng)
 from mlp_vision.training.config import SEED_MAX, check_flag_ranges, find_recipe
 from mlp_vision.training.data import (
     INTERPOLATIONS, IMAGE_MODE_CHANNELS, check_image_args, check_num_classes, create_eval_loader, create_train_loader,
@@ -710,6 +711,28 @@ def _validate_demo(args, run, job: ImageTraining, data_dir):
     return validate_main(val_argv)
 
 
+def _export_pretrained(run, job: ImageTraining) -> Path:
+    """``pretrained/``: the run's best weights (the EMA's where the EMA's accuracy chose them; the last epoch's
+    when nothing was evaluated) as a weights-only folder timm loads as it is -- ``config.json`` (architecture,
+    model arguments, class names, the data config it was trained with) and ``model.safetensors``, written by timm's
+    own ``save_for_hf``, so ``timm.create_model('local-dir:RUN/pretrained', pretrained=True)`` (``features_only=True``
+    too) builds it, and ``push_to_hf_hub`` would upload it unchanged. Written to a temporary folder and swapped in."""
+    source = run.saver.best_path if run.saver.best_path.exists() else run.saver.last_path
+    ckpt = load_checkpoint_file(source, what=source.name)
+    use_ema = job.model_ema is not None and ckpt.get('state_dict_ema') is not None
+    model = copy.deepcopy(unwrap_model(job.model)).cpu().to(memory_format=torch.contiguous_format)
+    load_model_weights(model, ckpt['state_dict_ema' if use_ema else 'state_dict'], str(source), ckpt.get('arch'))
+    data_config = {k: v for k, v in job.data_config.items() if k in ('input_size', 'interpolation', 'mean', 'std',
+                                                                      'crop_pct', 'crop_mode')}
+    folder = run.output_dir / 'pretrained'
+    with atomic_folder(folder) as tmp:
+        save_for_hf(model, tmp, model_config={'label_names': list(job.train_classes)} if job.train_classes else None,
+                    safe_serialization=True, data_config=data_config)
+    _logger.info(f'{folder}: the {"EMA " if use_ema else ""}weights of {source.name} for timm '
+                 f"(timm.create_model('local-dir:{folder}', pretrained=True), features_only=True too)")
+    return folder
+
+
 def _final_outputs(args, demo, run, job: ImageTraining, metrics: EpochMetrics, data_dir, train_start, command):
     """results.json, curves.png and the closing log lines (rank 0); returns the results dict (None elsewhere)."""
     run.begin_final_stage()
@@ -721,6 +744,7 @@ def _final_outputs(args, demo, run, job: ImageTraining, metrics: EpochMetrics, d
         return None
     saver, best = run.saver, run.saver.best
     loader_train, loader_eval = job.loader_train, job.loader_eval
+    pretrained = _export_pretrained(run, job)
     results = {
         'model': args.model,
         'model_kwargs': job.create_kwargs,
@@ -741,6 +765,7 @@ def _final_outputs(args, demo, run, job: ImageTraining, metrics: EpochMetrics, d
         'eval_metric': args.eval_metric,
         'checkpoints': {'last': str(saver.last_path),
                         'best': str(saver.best_path) if saver.best_path.exists() else None},
+        'pretrained': str(pretrained),
         'weights_sha256_per_rank': digests,
         'ranks_agree': len(set(digests)) == 1,
         'train_seconds_this_process': time.time() - train_start,

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import timm
 import torch
 import yaml
 
@@ -91,6 +92,27 @@ def test_outputs_of_a_run(reference_run):
     args = yaml.safe_load((exp / 'args.yaml').read_text())
     assert args['model'] == 'smlpnet_t' and args['model_kwargs'] == {'embed_dim': 8, 'depths': [1, 1, 1, 1]}
     assert not list(exp.glob('.*tmp*')), 'temporary files left behind'
+
+
+def test_a_run_writes_a_timm_folder_of_its_best_weights(reference_run):
+    # issue 36 item 3: beside the checkpoints, a weights-only folder timm loads as it is (classifier and backbone)
+    folder = reference_run / 'pretrained'
+    assert sorted(p.name for p in folder.iterdir()) == ['config.json', 'model.safetensors']  # nothing to unpickle
+    best = _state(reference_run / 'model_best.pth')
+    model = timm.create_model(f'local-dir:{folder}', pretrained=True).eval()
+    state = model.state_dict()
+    assert state.keys() == best['state_dict_ema'].keys()  # the run used --model-ema: its EMA weights chose the best
+    assert all(torch.equal(state[k], best['state_dict_ema'][k]) for k in state)
+    config = json.loads((folder / 'config.json').read_text())
+    assert config['label_names'] == [str(d) for d in range(10)]
+    assert config['pretrained_cfg']['input_size'] == [3, 32, 32]
+    assert json.loads((reference_run / 'results.json').read_text())['pretrained'] == str(folder.resolve())
+    backbone = timm.create_model(f'local-dir:{folder}', pretrained=True, features_only=True).eval()
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        feats, expected = backbone(x), model.forward_intermediates(x, intermediates_only=True)
+    assert len(feats) == len(expected) == 4
+    assert all(torch.equal(a, b) for a, b in zip(feats, expected))
 
 
 def test_resume_is_bit_identical(reference_run, digits, tmp_path):

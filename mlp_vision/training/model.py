@@ -3,6 +3,7 @@ loading our training checkpoints, timm train.py checkpoints or foreign state dic
 loader of :mod:`.checkpoint`: nothing in a file runs unless the user trusts it). """
 import logging
 import sys
+from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
 import timm
@@ -72,13 +73,21 @@ def check_compile_backend(backend: Optional[str]) -> None:
                          f'torch.compiler.list_backends())')
 
 
+def is_local_dir(name: str) -> bool:
+    """``local-dir:FOLDER`` naming a folder timm builds a model from: its ``config.json`` (architecture, model
+    arguments, data config) and, with ``pretrained=True``, its ``model.safetensors`` (a training run's
+    ``pretrained/``)."""
+    return name.startswith('local-dir:') and (Path(name[len('local-dir:'):]) / 'config.json').is_file()
+
+
 def create_model(name: str, pretrained: bool = False, **kwargs) -> nn.Module:
     """``timm.create_model`` with a :class:`UsageError` for an unknown name, bad kwargs or unloadable weights."""
     if not name:
         raise UsageError('no model given: pass --model NAME (e.g. smlpnet_t, gmlp_ti, mixer_b16)')
-    if not timm.is_model(name):
+    if not (timm.is_model(name) or is_local_dir(name)):
         ours = ', '.join(mlp_vision.VISION_MODELS)
-        raise UsageError(f'unknown model {name!r}: use one of ours ({ours}) or any timm model name')
+        raise UsageError(f'unknown model {name!r}: use one of ours ({ours}), any timm model name, or local-dir:FOLDER '
+                         f'for a folder with a timm config.json (a training run\'s pretrained/)')
     try:
         return timm.create_model(name, pretrained=pretrained, **kwargs)
     except TypeError as e:
