@@ -34,8 +34,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .activations import fresh_gelu, gelu_product
-from .longconv_triton import SUPPORTED_DTYPES as TRITON_DTYPES, bidirectional_gelu_long_conv, causal_toeplitz, \
-    has_triton
+from .longconv_triton import SUPPORTED_DTYPES as TRITON_DTYPES, bidirectional_gelu_long_conv, bidirectional_long_conv, \
+    causal_toeplitz, has_triton
 
 __all__ = [
     'fast_fft_len', 'causal_toeplitz', 'S4DKernel', 'S4DLayer', 'BidirectionalGatedSSM',
@@ -475,11 +475,13 @@ class BidirectionalGatedSSM(nn.Module):
             return torch.stack([k.to(dtype) + F.pad(ssm.D.to(dtype), (0, length - 1))
                                 for k, ssm in ((k_f, fwd), (k_b, bwd))])
 
-    def _bidirectional_ssm(self, u: torch.Tensor, route: str = 'direct') -> torch.Tensor:
-        """Both SSMs at once by the ``'direct'`` or ``'fft'`` route: ``u`` (B, L, 2, d) holds ``u_f`` / ``u_b`` on
-        dim 2; returns ``SSM_f(u_f)`` (causal) and ``SSM_b(u_b, anticausal=True)`` stacked the same way, in
-        ``u.dtype`` (the same function as the two :class:`S4DLayer` calls; float32 / float64 with autocast off, as
-        there)."""
+    def _bidirectional_ssm(self, u: torch.Tensor, route: Optional[str] = None) -> torch.Tensor:
+        """Both SSMs at once on stacked inputs: ``u`` (B, L, 2, d) holds ``u_f`` / ``u_b`` on dim 2; returns
+        ``SSM_f(u_f)`` (causal) and ``SSM_b(u_b, anticausal=True)`` stacked the same way, in ``u.dtype`` (the same
+        function as the two :class:`S4DLayer` calls; float32 / float64 with autocast off, as there). ``route``:
+        ``'direct'``, ``'fft'`` or ``'triton'`` (unfused: the layer's forward runs that one with the GELUs fused in);
+        by default :meth:`conv_route`'s."""
+        route = self.conv_route(u) if route is None else route
         length = u.shape[1]
         kernels = self._ssm_kernels(length, u)  # (2, L)
         dtype = kernels.dtype
@@ -501,8 +503,10 @@ class BidirectionalGatedSSM(nn.Module):
                 else:  # no graph (and what FLOP counters trace): plain ops, the product in place
                     y = _conv_with_spectrum(u_t.to(dtype), _bidirectional_spectrum(kernels, n_fft), n_fft, dim=-1)
                 y = y.permute(0, 3, 1, 2)  # (B, L, 2, d)
+            elif route == 'triton':  # tiles multiply in u's dtype, float32 accumulation
+                y = bidirectional_long_conv(u, kernels.float())
             else:
-                raise ValueError(f"route must be 'direct' or 'fft' (the Triton route runs fused), got {route!r}")
+                raise ValueError(f"route must be one of 'direct', 'fft', 'triton', got {route!r}")
         return y.to(u.dtype)
 
     def extra_repr(self) -> str:
