@@ -1,5 +1,5 @@
 """ Bidirectional long convolution of the BiGS layer as a blocked Toeplitz GEMM in Triton, optionally fused
-with the multiplicative gate.
+with the input GELUs (the layer's route) or with the multiplicative gate.
 
 Paper: `Pretraining Without Attention` (BiGS) - https://arxiv.org/abs/2212.10544. An SSM applied to a sequence
 is a convolution with a long kernel ``K`` (§3.1); the BiGS layer runs one causal SSM and one over the reversed
@@ -53,6 +53,12 @@ direction's causality flipped and the table tiles transposed; the gradient of ta
 sums over a split of the batch x channel blocks), and autograd carries it through the gather to ``K``. With
 ``gated=True`` the gate's backward (``grad_y_f = grad_out * (y_b + bias_b)`` and vice versa) runs in PyTorch
 on the two factors saved by the forward kernel.
+
+Fused input GELU (:func:`bidirectional_gelu_long_conv`, the BiGS layer's Triton route): the layer convolves
+``u = mask * GELU(a)`` of its two input projections' outputs ``a``. The kernel computes ``u`` as it loads each input
+tile (prologue) and multiplies the adjoint's output tile by ``mask * GELU'(a)`` (epilogue); the table gradient
+recomputes ``u`` the same way. So neither ``u`` nor a stacked (B, L, 2, C) copy of the two directions is ever
+written: the two directions are read from their own tensors, and the backward pass keeps only ``a``.
 
 Devices: CUDA tensors run the compiled kernels; CPU tensors run the same kernel source in Triton's
 interpreter (numpy; slow, for tests on machines without a GPU -- no ``TRITON_INTERPRET`` needed).
