@@ -375,6 +375,59 @@ def test_layer_mask_exact_for_right_and_left_padding():
     assert not torch.allclose(layer(right)[:, :n], ref, atol=1e-6)  # unmasked: the pads leak in
 
 
+def test_auto_conv_impl_depends_only_on_device_dtype_and_length():
+    """conv_impl='auto': the Triton kernel on CUDA from TRITON_MIN_LEN tokens (where triton is installed and the
+    dtype is one it multiplies), else the dense Toeplitz GEMM up to DIRECT_MAX_LEN and FFTs beyond, as before."""
+    from types import SimpleNamespace
+    from mlp_vision.layers.ssm import DIRECT_MAX_LEN, TRITON_MIN_LEN, auto_conv_impl
+    bf16 = torch.bfloat16
+    for dtype in (bf16, torch.float16, torch.float32):
+        assert auto_conv_impl('cuda', dtype, TRITON_MIN_LEN, True) == 'triton'
+        assert auto_conv_impl('cuda', dtype, 16384, True) == 'triton'
+    below = TRITON_MIN_LEN - 1
+    assert auto_conv_impl('cuda', bf16, below, True) == ('direct' if below <= DIRECT_MAX_LEN else 'fft')
+    assert auto_conv_impl('cuda', bf16, 4096, False) == 'fft'  # no triton
+    assert auto_conv_impl('cuda', torch.float64, 4096, True) == 'fft'  # the kernel has no float64 products
+    assert auto_conv_impl('cuda', torch.float64, 128, True) == 'direct'
+    for device_type in ('cpu', 'meta', 'mps'):
+        assert auto_conv_impl(device_type, bf16, 4096, True) == 'fft'
+        assert auto_conv_impl(device_type, bf16, DIRECT_MAX_LEN, True) == 'direct'
+        assert auto_conv_impl(device_type, bf16, DIRECT_MAX_LEN + 1, True) == 'fft'
+    assert auto_conv_impl('cuda', bf16, 300, True, direct_max_len=256, triton_min_len=512) == 'fft'
+    assert auto_conv_impl('cuda', bf16, 512, True, direct_max_len=256, triton_min_len=512) == 'triton'
+    # the layer asks it with its class thresholds and the input's device type, dtype and length
+    layer = BidirectionalGatedSSM(8, 16, num_states=4)
+    cuda_input = SimpleNamespace(device=torch.device('cuda'), dtype=bf16, shape=(2, TRITON_MIN_LEN, 8))
+    assert layer.conv_route(cuda_input) == ('triton' if layers.longconv_triton.has_triton('cuda') else 'fft')
+    assert layer.conv_route(torch.zeros(1, DIRECT_MAX_LEN, 8)) == 'direct'
+    assert layer.conv_route(torch.zeros(1, TRITON_MIN_LEN + DIRECT_MAX_LEN, 8)) == 'fft'
+    layer.conv_impl = 'fft'
+    assert layer.conv_route(cuda_input) == 'fft'  # an explicit route is taken as it is
+
+
+def test_autocast_projections_keep_one_copy_of_the_normed_input():
+    """Under autocast the layer casts LayerNorm's float32 output once, so its three projections keep one bf16 copy
+    for the backward pass (autocast's own cast would give each its own); the output is unchanged by it."""
+    torch.manual_seed(0)
+    layer = BidirectionalGatedSSM(16, 24, num_states=4)
+    x = torch.randn(2, 12, 16, requires_grad=True)
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t), \
+            torch.autocast('cpu', dtype=torch.bfloat16):
+        out = layer(x)
+    h = layer.norm(x).detach().bfloat16()
+    copies = {t.untyped_storage().data_ptr() for t in saved
+              if t.dtype == torch.bfloat16 and t.numel() == h.numel() and torch.equal(t.reshape(h.shape), h)}
+    assert len(copies) == 1
+    with torch.autocast('cpu', dtype=torch.bfloat16):  # what the three projections compute on autocast's own casts
+        h32 = layer.norm(x)
+        a_f, a_b, v = (proj(h32) for proj in (layer.forward_in_proj, layer.backward_in_proj, layer.value_proj))
+        s_f, s_b = layer._bidirectional_ssm(torch.stack([F.gelu(a_f), F.gelu(a_b)], 2), layer.conv_route(a_f)).unbind(2)
+        g = layer.forward_out_proj(s_f) * layer.backward_out_proj(s_b)
+        ref = x + layer.out_proj(F.gelu(layer.gate_proj(g)) * F.gelu(v))
+    torch.testing.assert_close(out, ref, rtol=0, atol=0)
+
+
 # ----------------------------------------------------------------------------------------------- caching
 
 def test_kernel_cache():

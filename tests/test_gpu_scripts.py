@@ -46,4 +46,5 @@ def test_pair_and_routes_run_and_write_their_tables(text_models, tmp_path):
     assert text_models.main(['routes', '--seq-lens', '64', '--out', str(tmp_path / 'routes')] + common) == 0
     row = json.loads((tmp_path / 'routes.json').read_text())['rows'][0]
     assert {'direct_train_ms', 'fft_train_ms'} <= set(row) and 'triton_train_ms' not in row  # no CUDA here
+    assert row['auto_route'] == 'direct'  # 64 tokens on the CPU
     assert (tmp_path / 'routes.md').read_text().startswith('# routes:')

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from mlp_vision.layers import BidirectionalGatedSSM, causal_toeplitz
-from mlp_vision.layers.longconv_triton import _launch_options, bidirectional_long_conv, \
+from mlp_vision.layers.longconv_triton import _launch_options, bidirectional_gelu_long_conv, bidirectional_long_conv, \
     bidirectional_long_conv_reference, has_triton, lag_block_table
 
 pytestmark = pytest.mark.skipif(not has_triton('cpu'), reason='triton with its interpreter is not installed')
@@ -110,6 +110,114 @@ def test_gradcheck_gated_with_bias():
         assert torch.autograd.gradcheck(fn, inputs, eps=1e-2, atol=1e-3, rtol=1e-3, fast_mode=True)
 
 
+# --- the input GELUs and the padding mask fused into the kernel (the layer's Triton route) -------------------------
+
+def _unfused_gelu_conv(a_f, a_b, kernels, approximate, mask):
+    """The PyTorch route the fused kernel replaces: u = mask * GELU(a), stacked, then the dense float64 convolution."""
+    u = torch.stack([F.gelu(a_f, approximate=approximate), F.gelu(a_b, approximate=approximate)], 2)
+    if mask is not None:
+        u = u * mask[:, :, None, None].to(u.dtype)
+    return bidirectional_long_conv_reference(u, kernels).unbind(2)
+
+
+def _fused_and_unfused(a_f, a_b, kernels, approximate, mask, upstream, only_forward_output=False):
+    """Outputs and (a_f, a_b, kernels) gradients of the fused Triton route (inputs as given) and of the unfused
+    route in float64."""
+    results = []
+    for fn, cast in ((bidirectional_gelu_long_conv, lambda t: t), (_unfused_gelu_conv, torch.Tensor.double)):
+        inputs = [cast(t.detach()).requires_grad_() for t in (a_f, a_b, kernels)]
+        kwargs = dict(block_l=16, block_c=16) if fn is bidirectional_gelu_long_conv else {}
+        outs = fn(*inputs, approximate=approximate, mask=mask, **kwargs)
+        used = outs[:1] if only_forward_output else outs
+        sum((o.double() * g.double()).sum() for o, g in zip(used, upstream)).backward()
+        results.append((outs, [t.grad for t in inputs]))
+    return results
+
+
+def _gelu_inputs(batch, length, channels, dtype=torch.float32, masked=False, seed=0):
+    u, kernels, _ = _inputs(batch, length, channels, seed=seed)
+    a_f, a_b = (2 * u).unbind(2)  # pre-activations reaching well into GELU's curved part
+    mask = None
+    if masked:
+        mask = torch.rand(batch, length, generator=torch.Generator().manual_seed(seed + 1)) > 0.3
+    upstream = torch.randn(2, batch, length, channels, generator=torch.Generator().manual_seed(seed + 2))
+    return a_f.to(dtype), a_b.to(dtype), kernels, mask, upstream
+
+
+@pytest.mark.parametrize('approximate', ['none', 'tanh'])
+@pytest.mark.parametrize('masked', [False, True])
+@pytest.mark.parametrize('batch,length,channels', [(2, 37, 20), (1, 33, 16)])
+def test_fused_gelu_conv_equals_the_unfused_route(approximate, masked, batch, length, channels):
+    """Values and gradients of the fused route (GELU and mask in the kernel's prologue, their derivative in the
+    adjoint's epilogue) equal those of GELU -> mask -> convolution in PyTorch (float64), L and C off the tiles."""
+    a_f, a_b, kernels, mask, upstream = _gelu_inputs(batch, length, channels, masked=masked)
+    (outs, grads), (refs, ref_grads) = _fused_and_unfused(a_f, a_b, kernels, approximate, mask, upstream)
+    for out, ref in zip(outs, refs):
+        assert out.shape == ref.shape == a_f.shape and out.dtype == torch.float32 and out.is_contiguous()
+        assert _rel_err(out, ref) < 1e-5
+    for name, grad, ref_grad in zip(('a_f', 'a_b', 'kernels'), grads, ref_grads):
+        assert _rel_err(grad, ref_grad) < 1e-5, name
+    if masked:  # padded positions take no part: their pre-activations get exactly zero gradient
+        assert (grads[0][~mask] == 0).all() and (grads[1][~mask] == 0).all()
+
+
+def test_fused_gelu_conv_with_one_output_unused():
+    """Only y_f in the loss: autograd hands the Function no gradient for y_b; a_b's gradient is zero and the rest
+    matches the unfused route."""
+    a_f, a_b, kernels, _, upstream = _gelu_inputs(1, 20, 16)
+    (_, grads), (_, ref_grads) = _fused_and_unfused(a_f, a_b, kernels, 'none', None, upstream,
+                                                    only_forward_output=True)
+    assert torch.equal(grads[1], torch.zeros_like(a_b))
+    assert _rel_err(grads[0], ref_grads[0]) < 1e-5 and _rel_err(grads[2], ref_grads[2]) < 1e-5
+
+
+@pytest.mark.parametrize('approximate', ['none', 'tanh'])
+def test_fused_gelu_conv_bf16_within_its_rounding(approximate):
+    """bf16: the prologue rounds GELU(a) to bf16 (float32 accumulation), so outputs and gradients are within bf16
+    rounding of the float64 unfused route and of the unfused Triton route on F.gelu's bf16 output. (Not bit-equal
+    to the latter here: Triton's interpreter rounds float32 -> bf16 toward zero where F.gelu and compiled Triton
+    round to nearest.)"""
+    a_f, a_b, kernels, mask, upstream = _gelu_inputs(2, 45, 20, dtype=torch.bfloat16, masked=True)
+    u = torch.stack([F.gelu(a_f, approximate=approximate), F.gelu(a_b, approximate=approximate)], 2)
+    unfused = bidirectional_long_conv(u * mask[:, :, None, None], kernels, block_l=16, block_c=16).unbind(2)
+    (outs, grads), (refs, ref_grads) = _fused_and_unfused(a_f, a_b, kernels, approximate, mask, upstream)
+    for out, same, ref in zip(outs, unfused, refs):
+        assert out.dtype == torch.bfloat16
+        assert _rel_err(out, same) < 2e-2 and _rel_err(out, ref) < 2e-2
+    assert grads[0].dtype == grads[1].dtype == torch.bfloat16 and grads[2].dtype == torch.float32
+    for name, grad, ref_grad in zip(('a_f', 'a_b', 'kernels'), grads, ref_grads):
+        assert _rel_err(grad, ref_grad) < 2e-2, name
+
+
+def test_fused_gelu_conv_keeps_only_the_pre_activations():
+    """For the backward pass the fused route keeps a_f and a_b themselves (the caller's tensors, no GELU output, no
+    stacked copy) plus the small lag table."""
+    a_f, a_b, kernels, mask, _ = _gelu_inputs(2, 40, 64, masked=True)  # the table (2, 3, 16, 16) is smaller
+    a_f.requires_grad_()
+    a_b.requires_grad_()
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        bidirectional_gelu_long_conv(a_f, a_b, kernels, mask=mask, block_l=16, block_c=16)
+    activations = [t for t in saved if t.numel() >= a_f.numel()]
+    assert len(activations) == 2
+    assert {t.data_ptr() for t in activations} == {a_f.data_ptr(), a_b.data_ptr()}
+
+
+@pytest.mark.parametrize('make_args,match', [
+    (lambda a, m: (a, a[:, :-1]), r'a_f and a_b must be \(B, L, C\) tensors of one shape and dtype'),
+    (lambda a, m: (a, a.bfloat16()), 'a_f and a_b must be'),
+    (lambda a, m: (a, a, {'mask': m.float()}), r'mask must be a bool \(B, L\) = \(1, 12\) tensor'),
+    (lambda a, m: (a, a, {'mask': m[:, :-1]}), 'mask must be a bool'),
+    (lambda a, m: (a, a, {'approximate': 'sigmoid'}), "approximate must be 'none' or 'tanh'"),
+])
+def test_fused_gelu_conv_bad_inputs_stop_with_one_clear_line(make_args, match):
+    a, kernels, _, mask, _ = _gelu_inputs(1, 12, 4, masked=True)
+    args = make_args(a, mask)
+    kwargs = args[2] if len(args) == 3 else {}
+    with pytest.raises(ValueError, match=match):
+        bidirectional_gelu_long_conv(args[0], args[1], kernels, **kwargs)
+
+
 def test_strided_input_view():
     """The input may be a strided view (the layer's u is part of a wider projection output): same result as
     the contiguous copy, read in place."""
@@ -145,15 +253,20 @@ def test_drop_in_for_the_layers_ssm_convolution():
     assert _rel_err(bidirectional_long_conv(u, kernels, block_l=16, block_c=16), expected) < 1e-5
 
 
-def test_layer_conv_impl_triton_equals_direct():
-    """BidirectionalGatedSSM(conv_impl='triton') computes the layer of the direct route, forward and backward."""
+@pytest.mark.parametrize('gelu', ['none', 'tanh'])
+@pytest.mark.parametrize('masked', [False, True])
+def test_layer_conv_impl_triton_equals_direct(gelu, masked):
+    """BidirectionalGatedSSM(conv_impl='triton') (input GELUs and mask fused into the kernel) computes the layer of
+    the direct route (GELU, mask, then the Toeplitz GEMM in PyTorch), forward and backward, from one state dict."""
     torch.manual_seed(0)
-    direct = BidirectionalGatedSSM(8, 16, num_states=4, conv_impl='direct')
-    triton_layer = BidirectionalGatedSSM(8, 16, num_states=4, conv_impl='triton')
+    direct = BidirectionalGatedSSM(8, 16, num_states=4, gelu_approximate=gelu, conv_impl='direct')
+    triton_layer = BidirectionalGatedSSM(8, 16, num_states=4, gelu_approximate=gelu, conv_impl='triton')
     triton_layer.load_state_dict(direct.state_dict())
+    assert triton_layer.state_dict().keys() == direct.state_dict().keys()
     x = torch.randn(2, 40, 8)
+    mask = torch.arange(40) < torch.tensor([[40], [29]]) if masked else None  # right padding in the second row
     xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
-    ya, yb = direct(xa), triton_layer(xb)
+    ya, yb = direct(xa, mask), triton_layer(xb, mask)
     assert _rel_err(yb, ya) < 1e-5
     g = torch.randn(ya.shape)
     ya.backward(g)
@@ -230,35 +343,39 @@ def _compile_for_hopper(kernel, pointer_dtypes, constexprs, dtype, block=128):
     return compiled.asm['ptx']
 
 
-def _conv_constexprs(dtype, adjoint=False, gated=False):
+def _conv_constexprs(dtype, adjoint=False, gated=False, act=0, masked=False):
     return dict(ADJOINT=adjoint, GATED=gated, NUM_DIRECTIONS=2 if gated else 1, HAS_BIAS=gated, SAVE_FACTORS=gated,
-                UPCAST_DOT=False, DOT_PRECISION='ieee' if dtype == 'fp32' else 'tf32')
+                ACT=act, HAS_MASK=masked, UPCAST_DOT=False, DOT_PRECISION='ieee' if dtype == 'fp32' else 'tf32')
 
 
 def _compile_conv(dtype, **flags):
     from mlp_vision.layers._longconv_kernels import CONV_KERNELS
-    pointers = dict(u_ptr=dtype, table_ptr=dtype, bias_ptr='fp32', out_ptr=dtype, factor_ptr=dtype)
+    pointers = dict(u0_ptr=dtype, u1_ptr=dtype, table_ptr=dtype, bias_ptr='fp32', mask_ptr='i8', pre0_ptr=dtype,
+                    pre1_ptr=dtype, out0_ptr=dtype, out1_ptr=dtype, factor_ptr=dtype)
     return _compile_for_hopper(CONV_KERNELS['cuda'], pointers, _conv_constexprs(dtype, **flags), dtype)
 
 
-def _compile_table_grad(dtype):
+def _compile_table_grad(dtype, act=0, masked=False):
     from mlp_vision.layers._longconv_kernels import TABLE_GRAD_KERNELS
-    pointers = dict(g_ptr=dtype, u_ptr=dtype, partial_ptr='fp32')
-    constexprs = dict(UPCAST_DOT=False, DOT_PRECISION='ieee' if dtype == 'fp32' else 'tf32')
+    pointers = dict(g0_ptr=dtype, g1_ptr=dtype, u0_ptr=dtype, u1_ptr=dtype, mask_ptr='i8', partial_ptr='fp32')
+    constexprs = dict(ACT=act, HAS_MASK=masked, UPCAST_DOT=False, DOT_PRECISION='ieee' if dtype == 'fp32' else 'tf32')
     return _compile_for_hopper(TABLE_GRAD_KERNELS['cuda'], pointers, constexprs, dtype)
 
 
 def test_kernels_compile_for_h100_with_tensor_core_products():
-    """The bf16 gated forward (two directions, saved factors) and the table gradient lower to Hopper's warpgroup
-    tensor-core instructions: the CUDA path compiles, not just the interpreted one."""
+    """The bf16 gated forward (two directions, saved factors), the GELU-fused forward and adjoint with a mask
+    (the layer's route) and the table gradient lower to Hopper's warpgroup tensor-core instructions: the CUDA path
+    compiles, not just the interpreted one."""
     assert 'wgmma.mma_async' in _compile_conv('bf16', gated=True)
-    assert 'wgmma.mma_async' in _compile_table_grad('bf16')
+    assert 'wgmma.mma_async' in _compile_conv('bf16', act=1, masked=True)
+    assert 'wgmma.mma_async' in _compile_conv('bf16', adjoint=True, act=2, masked=True)
+    assert 'wgmma.mma_async' in _compile_table_grad('bf16', act=1, masked=True)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize('dtype', ['bf16', 'fp16', 'fp32'])
 def test_every_kernel_variant_compiles_for_h100(dtype):
-    for flags in ({}, {'adjoint': True}, {'gated': True}):
+    for flags in ({}, {'adjoint': True}, {'gated': True}, {'act': 2}, {'adjoint': True, 'act': 1, 'masked': True}):
         ptx = _compile_conv(dtype, **flags)
         assert 'mma' in ptx or dtype == 'fp32', flags  # ieee float32 products run on the FMA units
     _compile_table_grad(dtype)

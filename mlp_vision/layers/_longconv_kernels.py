@@ -1,8 +1,18 @@
 """ Triton kernels of :mod:`mlp_vision.layers.longconv_triton` (kept apart so that module imports without triton).
 
 The kernels are plain functions, compiled by ``triton.jit`` for CUDA tensors and run by Triton's interpreter
-for CPU tensors, both from this one source. So they call no other jit function (``tl.zeros`` included: it is
-one, use ``tl.full``): a helper would be bound to one of the two modes.
+for CPU tensors, both from this one source. So they call no other jit function (``tl.zeros`` and ``tl.sigmoid``
+included: they are ones, use ``tl.full`` and ``1 / (1 + exp(-x))``): a helper would be bound to one of the two
+modes. That is why the GELU of the prologue is written out in both kernels.
+
+Each direction's tensors come as two pointers with shared strides (``*0_ptr`` forward / causal, ``*1_ptr``
+backward / anti-causal), so the two directions may be separate tensors (the layer's two projections) or the two
+halves of one (B, L, 2, C) tensor, and are never stacked into a copy.
+
+Fused element-wise ops (``ACT``: 0 none, 1 exact GELU, 2 tanh GELU; ``HAS_MASK``: (B, L) int8 keep-mask): the
+forward pass convolves ``u = mask * act(a)`` computed from the pre-activation ``a`` as each tile is loaded (in
+float32, rounded to the input dtype as a separate GELU would round it), and the adjoint pass multiplies its
+result by ``mask * act'(a)`` before the store, so ``u`` is never written to memory and only ``a`` is kept.
 """
 import triton
 import triton.language as tl
@@ -16,18 +26,23 @@ __all__ = ['CONV_KERNELS', 'TABLE_GRAD_KERNELS']
 
 
 def _toeplitz_conv_kernel(
-        u_ptr, table_ptr, bias_ptr, out_ptr, factor_ptr,
+        u0_ptr, u1_ptr, table_ptr, bias_ptr, mask_ptr, pre0_ptr, pre1_ptr, out0_ptr, out1_ptr, factor_ptr,
         L, C, n_blocks,
-        stride_ub, stride_ul, stride_ud, stride_uc,
-        stride_ob, stride_ol, stride_od, stride_oc,
+        stride_ub, stride_ul, stride_uc,
+        stride_pb, stride_pl, stride_pc,
+        stride_ob, stride_ol, stride_oc,
         ADJOINT: tl.constexpr, GATED: tl.constexpr, NUM_DIRECTIONS: tl.constexpr, HAS_BIAS: tl.constexpr,
-        SAVE_FACTORS: tl.constexpr, UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
+        SAVE_FACTORS: tl.constexpr, ACT: tl.constexpr, HAS_MASK: tl.constexpr,
+        UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
         BLOCK_L: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
     """One (BLOCK_L positions x BLOCK_C channels) output tile: ``acc = sum_j table[d, |i - j|] @ u[j]`` over
     the input block rows ``j <= i`` (causal) or ``j >= i`` (anti-causal). Direction 1 is anti-causal, and the
     adjoint (``ADJOINT``, table tiles transposed by the caller) flips both. Grid: (block rows, channel blocks,
-    batch x directions), or batch alone when ``GATED`` (both directions of the tile, then their product)."""
+    batch x directions), or batch alone when ``GATED`` (both directions of the tile, then their product).
+
+    Forward (not ``ADJOINT``): the input tiles are ``mask * act(u)`` (prologue). Adjoint: the result is
+    multiplied by ``mask * act'(pre)`` (epilogue), ``pre`` being the forward pass's input."""
     pid_l = tl.program_id(0)
     pid_c = tl.program_id(1)
     pid_z = tl.program_id(2)
@@ -38,13 +53,16 @@ def _toeplitz_conv_kernel(
     offs_r = tl.arange(0, BLOCK_L)
     offs_c = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
     c_mask = offs_c < C
-    u_batch = u_ptr + batch.to(tl.int64) * stride_ub
     forward_factor = tl.full((BLOCK_L, BLOCK_C), 0.0, tl.float32)
     for step in tl.static_range(NUM_DIRECTIONS):
         if GATED:
             direction = step
         else:
             direction = pid_z % 2
+        if direction == 0:
+            u_dir, pre_dir, out_dir = u0_ptr, pre0_ptr, out0_ptr
+        else:
+            u_dir, pre_dir, out_dir = u1_ptr, pre1_ptr, out1_ptr
         anticausal = (direction == 1) != ADJOINT
         if GATED:
             tile = pid_l  # both directions of one tile: n_blocks + 1 tile products for every program
@@ -53,21 +71,46 @@ def _toeplitz_conv_kernel(
         lo = tl.where(anticausal, tile, 0)
         hi = tl.where(anticausal, n_blocks, tile + 1)
         a_ptrs = table_ptr + direction * n_blocks * BLOCK_L * BLOCK_L + offs_r[:, None] * BLOCK_L + offs_r[None, :]
-        x_ptrs = u_batch + direction * stride_ud + offs_c[None, :] * stride_uc
+        x_ptrs = u_dir + batch.to(tl.int64) * stride_ub + offs_c[None, :] * stride_uc
         acc = tl.full((BLOCK_L, BLOCK_C), 0.0, tl.float32)
         for j in range(lo, hi):
             lag_block = tl.where(anticausal, j - tile, tile - j)
             a = tl.load(a_ptrs + lag_block * BLOCK_L * BLOCK_L)
             src = j * BLOCK_L + offs_r
             x = tl.load(x_ptrs + src[:, None] * stride_ul, mask=(src < L)[:, None] & c_mask[None, :], other=0.0)
+            if not ADJOINT:  # prologue: u = mask * act(a), rounded to the input dtype like a separate GELU
+                if ACT == 1:
+                    xf = x.to(tl.float32)
+                    x = (xf * (0.5 + 0.5 * tl.erf(xf * 0.7071067811865476))).to(x.dtype)
+                if ACT == 2:  # 0.5 (1 + tanh(z)) = sigmoid(2 z)
+                    xf = x.to(tl.float32)
+                    z = 0.7978845608028654 * (xf + 0.044715 * xf * xf * xf)
+                    x = (xf / (1.0 + tl.exp(-2.0 * z))).to(x.dtype)
+                if HAS_MASK:
+                    keep = tl.load(mask_ptr + batch.to(tl.int64) * L + src, mask=src < L, other=0)
+                    x = tl.where((keep != 0)[:, None], x, 0.0).to(x.dtype)
             if UPCAST_DOT:  # the interpreter multiplies bf16 as raw uint16; bf16 x bf16 products are exact in fp32
                 acc = tl.dot(a.to(tl.float32), x.to(tl.float32), acc)
             else:
                 acc = tl.dot(a, x, acc, input_precision=DOT_PRECISION)
-        if HAS_BIAS:
-            acc += tl.load(bias_ptr + direction * C + offs_c, mask=c_mask, other=0.0).to(tl.float32)[None, :]
         rows = tile * BLOCK_L + offs_r
         out_mask = (rows < L)[:, None] & c_mask[None, :]
+        if ADJOINT:  # epilogue: the chain rule through u = mask * act(pre)
+            if ACT != 0:
+                p = tl.load(pre_dir + batch.to(tl.int64) * stride_pb + rows[:, None] * stride_pl
+                            + offs_c[None, :] * stride_pc, mask=out_mask, other=0.0).to(tl.float32)
+                if ACT == 1:  # Phi(p) + p phi(p)
+                    d_act = (0.5 + 0.5 * tl.erf(p * 0.7071067811865476)) + p * tl.exp(-0.5 * p * p) * 0.3989422804014327
+                else:  # s = sigmoid(2 z): s + 2 p s (1 - s) z'
+                    z = 0.7978845608028654 * (p + 0.044715 * p * p * p)
+                    s = 1.0 / (1.0 + tl.exp(-2.0 * z))
+                    d_act = s + 2.0 * p * s * (1.0 - s) * 0.7978845608028654 * (1.0 + 0.134145 * p * p)
+                acc = acc * d_act
+            if HAS_MASK:
+                keep = tl.load(mask_ptr + batch.to(tl.int64) * L + rows, mask=rows < L, other=0)
+                acc = tl.where((keep != 0)[:, None], acc, 0.0)
+        if HAS_BIAS:
+            acc += tl.load(bias_ptr + direction * C + offs_c, mask=c_mask, other=0.0).to(tl.float32)[None, :]
         if GATED:
             if SAVE_FACTORS:  # contiguous (B, L, 2, C)
                 f_ptrs = factor_ptr + ((batch.to(tl.int64) * L + rows[:, None]) * 2 + direction) * C + offs_c[None, :]
@@ -77,25 +120,29 @@ def _toeplitz_conv_kernel(
             else:
                 acc = forward_factor * acc
         if step == NUM_DIRECTIONS - 1:
-            o_ptrs = (out_ptr + batch.to(tl.int64) * stride_ob + rows[:, None] * stride_ol
-                      + direction * stride_od + offs_c[None, :] * stride_oc)
-            tl.store(o_ptrs, acc.to(out_ptr.dtype.element_ty), mask=out_mask)
+            o_ptrs = out_dir + batch.to(tl.int64) * stride_ob + rows[:, None] * stride_ol + offs_c[None, :] * stride_oc
+            tl.store(o_ptrs, acc.to(out_dir.dtype.element_ty), mask=out_mask)
 
 
 def _table_grad_kernel(
-        g_ptr, u_ptr, partial_ptr,
+        g0_ptr, g1_ptr, u0_ptr, u1_ptr, mask_ptr, partial_ptr,
         L, C, n_blocks, n_pairs, n_cblocks, n_split,
-        stride_gb, stride_gl, stride_gd, stride_gc,
-        stride_ub, stride_ul, stride_ud, stride_uc,
-        UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
+        stride_gb, stride_gl, stride_gc,
+        stride_ub, stride_ul, stride_uc,
+        ACT: tl.constexpr, HAS_MASK: tl.constexpr, UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
         BLOCK_L: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
     """Gradient of table tile ``m`` of direction ``d`` (forward orientation), one share of the sum:
     ``sum_{(b, c-block) = split, split + n_split, ...} sum_i G[b, i, d, c] U[b, j, d, c]^T`` with ``j = i - m``
-    (causal) or ``i + m`` (anti-causal), into ``partial[split, d, m]``. Grid: (n_blocks, 2, n_split)."""
+    (causal) or ``i + m`` (anti-causal), into ``partial[split, d, m]``; ``U = mask * act(u)`` as in the forward
+    prologue. Grid: (n_blocks, 2, n_split)."""
     lag_block = tl.program_id(0)
     direction = tl.program_id(1)
     split = tl.program_id(2)
+    if direction == 0:
+        g_dir, u_dir = g0_ptr, u0_ptr
+    else:
+        g_dir, u_dir = g1_ptr, u1_ptr
     anticausal = direction == 1
     offs_r = tl.arange(0, BLOCK_L)
     offs_k = tl.arange(0, BLOCK_C)
@@ -106,13 +153,23 @@ def _table_grad_kernel(
         batch = pair // n_cblocks
         offs_c = (pair % n_cblocks) * BLOCK_C + offs_k
         c_mask = offs_c < C
-        g_ptrs = g_ptr + batch.to(tl.int64) * stride_gb + direction * stride_gd + offs_c[None, :] * stride_gc
-        x_ptrs = u_ptr + batch.to(tl.int64) * stride_ub + direction * stride_ud + offs_c[:, None] * stride_uc
+        g_ptrs = g_dir + batch.to(tl.int64) * stride_gb + offs_c[None, :] * stride_gc
+        x_ptrs = u_dir + batch.to(tl.int64) * stride_ub + offs_c[:, None] * stride_uc
         for i in range(i_lo, i_hi):
             dst = i * BLOCK_L + offs_r
             src = tl.where(anticausal, i + lag_block, i - lag_block) * BLOCK_L + offs_r
             g = tl.load(g_ptrs + dst[:, None] * stride_gl, mask=(dst < L)[:, None] & c_mask[None, :], other=0.0)
             x = tl.load(x_ptrs + src[None, :] * stride_ul, mask=c_mask[:, None] & (src < L)[None, :], other=0.0)
+            if ACT == 1:  # the forward prologue's u = mask * act(a), on the transposed tile
+                xf = x.to(tl.float32)
+                x = (xf * (0.5 + 0.5 * tl.erf(xf * 0.7071067811865476))).to(x.dtype)
+            if ACT == 2:
+                xf = x.to(tl.float32)
+                z = 0.7978845608028654 * (xf + 0.044715 * xf * xf * xf)
+                x = (xf / (1.0 + tl.exp(-2.0 * z))).to(x.dtype)
+            if HAS_MASK:
+                keep = tl.load(mask_ptr + batch.to(tl.int64) * L + src, mask=src < L, other=0)
+                x = tl.where((keep != 0)[None, :], x, 0.0).to(x.dtype)
             if UPCAST_DOT:
                 acc = tl.dot(g.to(tl.float32), x.to(tl.float32), acc)
             else:

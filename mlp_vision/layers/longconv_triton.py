@@ -1,5 +1,5 @@
 """ Bidirectional long convolution of the BiGS layer as a blocked Toeplitz GEMM in Triton, optionally fused
-with the multiplicative gate.
+with the input GELUs (the layer's route) or with the multiplicative gate.
 
 Paper: `Pretraining Without Attention` (BiGS) - https://arxiv.org/abs/2212.10544. An SSM applied to a sequence
 is a convolution with a long kernel ``K`` (§3.1); the BiGS layer runs one causal SSM and one over the reversed
@@ -54,6 +54,12 @@ sums over a split of the batch x channel blocks), and autograd carries it throug
 ``gated=True`` the gate's backward (``grad_y_f = grad_out * (y_b + bias_b)`` and vice versa) runs in PyTorch
 on the two factors saved by the forward kernel.
 
+Fused input GELU (:func:`bidirectional_gelu_long_conv`, the BiGS layer's Triton route): the layer convolves
+``u = mask * GELU(a)`` of its two input projections' outputs ``a``. The kernel computes ``u`` as it loads each input
+tile (prologue) and multiplies the adjoint's output tile by ``mask * GELU'(a)`` (epilogue); the table gradient
+recomputes ``u`` the same way. So neither ``u`` nor a stacked (B, L, 2, C) copy of the two directions is ever
+written: the two directions are read from their own tensors, and the backward pass keeps only ``a``.
+
 Devices: CUDA tensors run the compiled kernels; CPU tensors run the same kernel source in Triton's
 interpreter (numpy; slow, for tests on machines without a GPU -- no ``TRITON_INTERPRET`` needed).
 """
@@ -67,8 +73,8 @@ try:  # triton ships with torch's CUDA builds; without it only the reference run
 except ImportError:
     CONV_KERNELS = TABLE_GRAD_KERNELS = {}
 
-__all__ = ['bidirectional_long_conv', 'bidirectional_long_conv_reference', 'causal_toeplitz', 'lag_block_table',
-           'has_triton']
+__all__ = ['bidirectional_long_conv', 'bidirectional_gelu_long_conv', 'bidirectional_long_conv_reference',
+           'causal_toeplitz', 'lag_block_table', 'has_triton']
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -163,14 +169,66 @@ def bidirectional_long_conv(
         ``bias``.
     """
     _check_inputs(u, kernels, bias, dtypes=SUPPORTED_DTYPES)
+    table = _table_for(u.device, kernels, block_l, block_c)
+    out = _BidirectionalLongConv.apply(u[:, :, 0], u[:, :, 1], table, bias, None, 'identity', gated, block_c)
+    return out if gated else torch.stack(out, 2)
+
+
+def bidirectional_gelu_long_conv(
+        a_f: torch.Tensor,
+        a_b: torch.Tensor,
+        kernels: torch.Tensor,
+        approximate: str = 'none',
+        mask: Optional[torch.Tensor] = None,
+        block_l: int = 128,
+        block_c: int = 128,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """The BiGS layer's two SSM convolutions with their input GELUs (and padding mask) fused in:
+    ``(causal_conv(m * GELU(a_f), K_f), anticausal_conv(m * GELU(a_b), K_b))`` with ``m`` the mask broadcast over
+    channels (arXiv 2212.10544 §4: ``u = GELU(h W_u)`` feeds the SSM).
+
+    The GELU is applied as each input tile is loaded and its derivative as each gradient tile is stored
+    (:mod:`._longconv_kernels`), so ``GELU(a)`` is never written to memory and the backward pass keeps only the
+    pre-activations ``a_f``, ``a_b`` (which a separate GELU would keep too). Values: the GELU is computed in float32
+    and rounded to the input dtype, as ``F.gelu`` rounds it, then convolved as :func:`bidirectional_long_conv`.
+
+    Args:
+        a_f, a_b: (B, L, C) pre-activations of the forward / backward inputs, one dtype (float16 / bfloat16 /
+            float32); separate tensors, read in place (neither stacked nor copied when their strides agree).
+        kernels: (2, L) float, ``[K_f, K_b]`` with ``D`` added to lag 0.
+        approximate: ``'none'`` (exact, erf) or ``'tanh'``, as ``F.gelu``.
+        mask: optional (B, L) bool, True = real token; the GELU outputs at False positions are zeroed.
+
+    Returns:
+        ``(y_f, y_b)``, (B, L, C) each in the input dtype. Differentiable in ``a_f``, ``a_b`` and ``kernels``.
+    """
+    if a_f.dim() != 3 or a_f.shape != a_b.shape or a_f.dtype != a_b.dtype:
+        raise ValueError(f'a_f and a_b must be (B, L, C) tensors of one shape and dtype, got {a_f.dtype} '
+                         f'{tuple(a_f.shape)} and {a_b.dtype} {tuple(a_b.shape)}')
+    if approximate not in GELU_ACTS:
+        raise ValueError(f"approximate must be 'none' or 'tanh', got {approximate!r}")
+    if mask is not None and (mask.shape != a_f.shape[:2] or mask.dtype != torch.bool):
+        raise ValueError(f'mask must be a bool (B, L) = {tuple(a_f.shape[:2])} tensor, got {mask.dtype} '
+                         f'{tuple(mask.shape)}')
+    _check_inputs(a_f.unsqueeze(2).expand(-1, -1, 2, -1), kernels, None, dtypes=SUPPORTED_DTYPES)
+    table = _table_for(a_f.device, kernels, block_l, block_c)
+    if mask is not None:
+        mask = mask.to(device=a_f.device, dtype=torch.int8).contiguous()
+    return _BidirectionalLongConv.apply(a_f, a_b, table, None, mask, approximate, False, block_c)
+
+
+GELU_ACTS = ('none', 'tanh')  # F.gelu's approximations
+_ACT_CODES = {'identity': 0, 'none': 1, 'tanh': 2}  # the kernels' ACT constexpr
+
+
+def _table_for(device, kernels, block_l, block_c) -> torch.Tensor:
     for name, value in (('block_l', block_l), ('block_c', block_c)):
         if value < 16 or value & (value - 1):
             raise ValueError(f'{name} must be a power of two >= 16 (a tl.dot tile), got {value}')
-    if not has_triton(u.device):
+    if not has_triton(device):
         raise RuntimeError(f'bidirectional_long_conv needs triton on a CUDA device (or its interpreter on the '
-                           f'CPU); not available for a {u.device.type} tensor here')
-    table = lag_block_table(kernels.float(), block_l)
-    return _BidirectionalLongConv.apply(u, table, bias, gated, block_c)
+                           f'CPU); not available for a {device.type} tensor here')
+    return lag_block_table(kernels.float(), block_l)
 
 
 def _check_inputs(u, kernels, bias, dtypes) -> None:
@@ -189,76 +247,101 @@ def _check_inputs(u, kernels, bias, dtypes) -> None:
         raise ValueError(f'u, kernels and bias must be on one device, got {sorted(map(str, devices))}')
 
 
+def _shared_strides(a: torch.Tensor, b: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """The two directions' tensors with one set of strides (the kernels take one): as they are when they agree
+    (two projections' outputs, two halves of one tensor), else contiguous copies."""
+    if a.stride() == b.stride():
+        return a, b
+    return a.contiguous(), b.contiguous()
+
+
 class _BidirectionalLongConv(torch.autograd.Function):
-    """``u`` (B, L, 2, C), ``table`` (2, n_blocks, bl, bl) float32 (:func:`lag_block_table`), ``bias`` (2, C)
-    or None -> (B, L, 2, C), or (B, L, C) when ``gated``."""
+    """``u_f``, ``u_b`` (B, L, C) (the two directions' inputs, pre-activations when ``act`` is a GELU),
+    ``table`` (2, n_blocks, bl, bl) float32 (:func:`lag_block_table`), ``bias`` (2, C) or None, ``mask`` (B, L)
+    int8 or None -> ``(y_f, y_b)`` (B, L, C) each, or (B, L, C) when ``gated``.
+
+    Saved for the backward pass: ``u_f``, ``u_b`` (the caller's tensors, not copies), the table, the mask and,
+    when gated, both factors ``y + bias``."""
 
     @staticmethod
-    def forward(ctx, u, table, bias, gated: bool, block_c: int):
-        save_factors = gated and any(ctx.needs_input_grad[:3])  # the gate's backward needs both factors
-        out, factors = _launch_conv(u, table.to(u.dtype), bias, gated, adjoint=False,
+    def forward(ctx, u_f, u_b, table, bias, mask, act: str, gated: bool, block_c: int):
+        u_f, u_b = _shared_strides(u_f, u_b)
+        save_factors = gated and any(ctx.needs_input_grad[:4])  # the gate's backward needs both factors
+        out, factors = _launch_conv((u_f, u_b), table.to(u_f.dtype), bias, mask, None, act, gated, adjoint=False,
                                     save_factors=save_factors, block_c=block_c)
-        ctx.save_for_backward(u, table, factors)
-        ctx.gated, ctx.block_c = gated, block_c
+        ctx.save_for_backward(u_f, u_b, table, mask, factors)
+        ctx.act, ctx.gated, ctx.block_c = act, gated, block_c
         ctx.bias_dtype = None if bias is None else bias.dtype
         return out
 
     @staticmethod
-    def backward(ctx, grad_out):
-        u, table, factors = ctx.saved_tensors
+    def backward(ctx, *grads):
+        u_f, u_b, table, mask, factors = ctx.saved_tensors
         if ctx.gated:  # d(f_f * f_b): grad_f_f = grad * f_b, grad_f_b = grad * f_f (float32)
-            grad_out = grad_out.float()
-            grad_y = torch.stack([grad_out * factors[:, :, 1].float(), grad_out * factors[:, :, 0].float()], 2)
-        else:
-            grad_y = grad_out
-        grad_u = grad_table = grad_bias = None
+            grad_out = grads[0].float()
+            grad_y = (grad_out * factors[:, :, 1].float(), grad_out * factors[:, :, 0].float())
+        else:  # an output that took no part in the loss has no gradient
+            grad_y = tuple(torch.zeros_like(u) if g is None else g for g, u in zip(grads, (u_f, u_b)))
+        grad_u_f = grad_u_b = grad_table = grad_bias = None
+        if ctx.needs_input_grad[3]:
+            grad_bias = torch.stack([g.float().sum((0, 1)) for g in grad_y]).to(ctx.bias_dtype)
+        grad_y = _shared_strides(*(g.to(u_f.dtype) for g in grad_y))
+        if ctx.needs_input_grad[0] or ctx.needs_input_grad[1]:  # T^T G: adjoint tiles, causality flipped
+            (grad_u_f, grad_u_b), _ = _launch_conv(grad_y, table.transpose(-1, -2).to(u_f.dtype), None, mask,
+                                                   (u_f, u_b), ctx.act, gated=False, adjoint=True,
+                                                   save_factors=False, block_c=ctx.block_c)
         if ctx.needs_input_grad[2]:
-            grad_bias = grad_y.float().sum((0, 1)).to(ctx.bias_dtype)
-        grad_y = grad_y.to(u.dtype)
-        if ctx.needs_input_grad[0]:  # T^T G: the adjoint tiles, causality of each direction flipped
-            grad_u, _ = _launch_conv(grad_y, table.transpose(-1, -2).to(u.dtype), None, gated=False, adjoint=True,
-                                     save_factors=False, block_c=ctx.block_c)
-        if ctx.needs_input_grad[1]:
-            grad_table = _launch_table_grad(grad_y, u, table.shape[1], table.shape[-1], ctx.block_c)
-        return grad_u, grad_table, grad_bias, None, None
+            grad_table = _launch_table_grad(grad_y, (u_f, u_b), mask, ctx.act, table.shape[1], table.shape[-1],
+                                            ctx.block_c)
+        return grad_u_f, grad_u_b, grad_table, grad_bias, None, None, None, None
 
 
-def _launch_conv(u, table, bias, gated, adjoint, save_factors, block_c) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Run the tile-product kernel: ``(out, factors)``; ``factors`` (B, L, 2, C) holds ``y + bias`` of both
-    directions when ``save_factors`` (gated forward with a graph), else None."""
-    batch, length, _, channels = u.shape
+def _launch_conv(u, table, bias, mask, pre, act, gated, adjoint, save_factors, block_c):
+    """Run the tile-product kernel on the pair ``u`` (two (B, L, C) tensors of shared strides): ``(out, factors)``
+    with ``out`` a pair of (B, L, C) tensors, or one when ``gated``; ``factors`` (B, L, 2, C) holds ``y + bias``
+    of both directions when ``save_factors`` (gated forward with a graph), else None. ``pre`` (adjoint only): the
+    forward inputs whose ``act`` derivative and ``mask`` the result is multiplied by."""
+    u_f, u_b = u
+    batch, length, channels = u_f.shape
     n_blocks, block_l = table.shape[1], table.shape[-1]
-    out = u.new_empty((batch, length, channels) if gated else (batch, length, 2, channels))
-    # the gated output has no direction axis: stride 0 there lets both cases share the store
-    out_strides = (out.stride(0), out.stride(1), 0, out.stride(2)) if gated else out.stride()
-    factors = u.new_empty((batch, length, 2, channels)) if save_factors else None
+    if gated:
+        out = u_f.new_empty((batch, length, channels))
+    else:  # two contiguous outputs, one set of strides
+        out = (u_f.new_empty((batch, length, channels)), u_b.new_empty((batch, length, channels)))
+    out_f, out_b = (out, out) if gated else out  # gated: both directions' stores go to the one product
+    pre_f, pre_b = (u_f, u_b) if pre is None else pre
+    factors = u_f.new_empty((batch, length, 2, channels)) if save_factors else None
     grid = (n_blocks, _cdiv(channels, block_c), batch if gated else 2 * batch)
-    CONV_KERNELS[u.device.type][grid](
-        u, table.contiguous(), u if bias is None else bias.contiguous(), out, out if factors is None else factors,
+    CONV_KERNELS[u_f.device.type][grid](
+        u_f, u_b, table.contiguous(), u_f if bias is None else bias.contiguous(), u_f if mask is None else mask,
+        pre_f, pre_b, out_f, out_b, out_f if factors is None else factors,
         length, channels, n_blocks,
-        *u.stride(), *out_strides,
+        *u_f.stride(), *pre_f.stride(), *out_f.stride(),
         ADJOINT=adjoint, GATED=gated, NUM_DIRECTIONS=2 if gated else 1, HAS_BIAS=bias is not None,
-        SAVE_FACTORS=save_factors, UPCAST_DOT=u.device.type == 'cpu', DOT_PRECISION=_dot_precision(u.dtype),
-        BLOCK_L=block_l, BLOCK_C=block_c, **_launch_options(u, block_l, block_c),
+        SAVE_FACTORS=save_factors, ACT=_ACT_CODES[act], HAS_MASK=mask is not None,
+        UPCAST_DOT=u_f.device.type == 'cpu', DOT_PRECISION=_dot_precision(u_f.dtype),
+        BLOCK_L=block_l, BLOCK_C=block_c, **_launch_options(u_f, block_l, block_c),
     )
     return out, factors
 
 
-def _launch_table_grad(grad_y, u, n_blocks, block_l, block_c) -> torch.Tensor:
-    """Gradient of the float32 table: (2, n_blocks, bl, bl), summed over deterministic partial sums."""
-    batch, length, _, channels = u.shape
+def _launch_table_grad(grad_y, u, mask, act, n_blocks, block_l, block_c) -> torch.Tensor:
+    """Gradient of the float32 table: (2, n_blocks, bl, bl), summed over deterministic partial sums; ``grad_y``
+    and ``u`` are pairs of (B, L, C) tensors of shared strides (``u`` the forward inputs, before ``act``)."""
+    batch, length, channels = u[0].shape
     n_cblocks = _cdiv(channels, block_c)
     n_pairs = batch * n_cblocks
     # enough programs to fill the GPU (~4 per SM) without an oversized partial-sum buffer
-    target = 4 * (torch.cuda.get_device_properties(u.device).multi_processor_count if u.is_cuda else 1)
+    target = 4 * (torch.cuda.get_device_properties(u[0].device).multi_processor_count if u[0].is_cuda else 1)
     n_split = max(1, min(n_pairs, -(-target // (2 * n_blocks))))
-    partial = torch.empty((n_split, 2, n_blocks, block_l, block_l), device=u.device, dtype=torch.float32)
-    TABLE_GRAD_KERNELS[u.device.type][(n_blocks, 2, n_split)](
-        grad_y, u, partial,
+    partial = torch.empty((n_split, 2, n_blocks, block_l, block_l), device=u[0].device, dtype=torch.float32)
+    TABLE_GRAD_KERNELS[u[0].device.type][(n_blocks, 2, n_split)](
+        *grad_y, *u, u[0] if mask is None else mask, partial,
         length, channels, n_blocks, n_pairs, n_cblocks, n_split,
-        *grad_y.stride(), *u.stride(),
-        UPCAST_DOT=u.device.type == 'cpu', DOT_PRECISION=_dot_precision(u.dtype),
-        BLOCK_L=block_l, BLOCK_C=block_c, **_launch_options(u, block_l, block_c),
+        *grad_y[0].stride(), *u[0].stride(),
+        ACT=_ACT_CODES[act], HAS_MASK=mask is not None,
+        UPCAST_DOT=u[0].device.type == 'cpu', DOT_PRECISION=_dot_precision(u[0].dtype),
+        BLOCK_L=block_l, BLOCK_C=block_c, **_launch_options(u[0], block_l, block_c),
     )
     return partial.sum(0)
 

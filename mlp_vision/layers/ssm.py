@@ -34,12 +34,41 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .activations import fresh_gelu, gelu_product
-from .longconv_triton import bidirectional_long_conv, causal_toeplitz
+from .longconv_triton import SUPPORTED_DTYPES as TRITON_DTYPES, bidirectional_gelu_long_conv, bidirectional_long_conv, \
+    causal_toeplitz, has_triton
 
 __all__ = [
     'fast_fft_len', 'causal_toeplitz', 'S4DKernel', 'S4DLayer', 'BidirectionalGatedSSM',
-    'ssm_conv_impl',
+    'ssm_conv_impl', 'auto_conv_impl', 'DIRECT_MAX_LEN', 'TRITON_MIN_LEN',
 ]
+
+# conv_impl='auto' (see BidirectionalGatedSSM): the longest sequence convolved as a dense Toeplitz GEMM, and on CUDA
+# the shortest one convolved by the Triton kernel.
+DIRECT_MAX_LEN = 1024
+# Provisional: on an H100 at 4,096 tokens the Triton route made the BiGS-large layer 1.02x a flash-attention BERT-large
+# layer against the FFT route's 0.61x (training step, bf16); its cost per token grows as L and the FFT's as log L, so
+# it also wins at shorter lengths down to where fixed costs dominate. The crossover below 4,096 is not yet measured:
+# `scripts/gpu/text_models.py --mode routes` times every route (and 'auto') per length to place it.
+TRITON_MIN_LEN = 1024
+
+
+def auto_conv_impl(
+        device_type: str,
+        dtype: torch.dtype,
+        length: int,
+        triton_available: bool,
+        direct_max_len: int = DIRECT_MAX_LEN,
+        triton_min_len: int = TRITON_MIN_LEN,
+) -> str:
+    """The SSM convolution route ``conv_impl='auto'`` takes: ``'triton'`` on CUDA for ``length >=
+    triton_min_len`` when triton is installed and the dtype is one its kernel multiplies (float16 / bfloat16 /
+    float32), else ``'direct'`` up to ``direct_max_len`` and ``'fft'`` beyond.
+
+    A function of static facts of the input only (device type, dtype, sequence length), never of timings or
+    of what observes the model, so a model computes the same thing on every run."""
+    if device_type == 'cuda' and triton_available and dtype in TRITON_DTYPES and length >= triton_min_len:
+        return 'triton'
+    return 'direct' if length <= direct_max_len else 'fft'
 
 
 def fast_fft_len(n: int) -> int:
@@ -309,13 +338,21 @@ class BidirectionalGatedSSM(nn.Module):
           direction, but GEMM-speed;
         * ``'fft'``: real FFTs of length ``fast_fft_len(2L)`` along the sequence, ``O(L log L)`` per channel --
           the formulation the paper and the FLOP counts (:mod:`mlp_vision.complexity`) use;
-        * ``'auto'`` (default): ``'direct'`` for L <= :attr:`DIRECT_MAX_LEN` (1024), ``'fft'`` beyond. On the
-          project's CPU (2 threads, d 1024) the direct route is 3-4x faster than the FFT route for the SSM part
-          at L = 128-512 and still ahead at 1024; FFTs over the strided sequence axis of (B, L, 2d) activations
-          run far below GEMM speed. At 4096 the L^2 cost dominates and the FFT wins.
         * ``'triton'``: the direct route as a blocked-Toeplitz Triton kernel (:mod:`mlp_vision.layers.longconv_triton`)
           that never materialises the (L, L) matrices and multiplies tiles in the activations' dtype (bf16 tensor
-          cores under autocast) with float32 accumulation; for CUDA (elsewhere it runs in Triton's interpreter).
+          cores under autocast, so the taps are rounded to bf16 there) with float32 accumulation; the input GELUs
+          and the padding mask are fused into it
+          (:func:`~mlp_vision.layers.longconv_triton.bidirectional_gelu_long_conv`: ``GELU(h W_u)`` is never
+          written, the backward pass keeps only the pre-activations). For CUDA (elsewhere it runs in Triton's
+          interpreter: slow, for tests).
+        * ``'auto'`` (default, :func:`auto_conv_impl`): on CUDA with triton, ``'triton'`` from
+          :data:`TRITON_MIN_LEN` (1,024) tokens (on an H100 at 4,096 tokens it made the layer 1.02x a flash-attention
+          BERT-large layer, the FFT route 0.61x; the threshold is provisional until the crossover is measured);
+          otherwise ``'direct'`` for L <= :data:`DIRECT_MAX_LEN` (1,024) and ``'fft'`` beyond. On the project's CPU
+          (2 threads, d 1024) the direct route is 3-4x faster than the FFT route for the SSM part at L = 128-512 and
+          still ahead at 1024; FFTs over the strided sequence axis of (B, L, 2d) activations run far below GEMM
+          speed. At 4096 the L^2 cost dominates and the FFT wins. The choice depends only on the device type, the
+          dtype and the length.
         The direct and FFT routes run in float32 (float64 for float64 inputs) with autocast off.
 
     GELU: exact (erf) by default, as the official torch port; ``gelu_approximate='tanh'`` gives the tanh
@@ -372,7 +409,8 @@ class BidirectionalGatedSSM(nn.Module):
         self.gate_proj = nn.Linear(dim, hidden_dim, **dd)
         self.out_proj = nn.Linear(hidden_dim, dim, **dd)
 
-    DIRECT_MAX_LEN = 1024  # 'auto': longest sequence convolved as a Toeplitz GEMM (see the class docstring)
+    DIRECT_MAX_LEN = DIRECT_MAX_LEN  # 'auto' (auto_conv_impl): longest sequence convolved as a Toeplitz GEMM
+    TRITON_MIN_LEN = TRITON_MIN_LEN  # 'auto' on CUDA: shortest sequence convolved by the Triton kernel
     CONV_IMPLS = ('auto', 'direct', 'fft', 'triton')
 
     @property
@@ -388,13 +426,13 @@ class BidirectionalGatedSSM(nn.Module):
     def forward(self, x: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         act = self.gelu_approximate
         h = self.norm(x)
-        u_f = fresh_gelu(self.forward_in_proj(h), act)  # (B, L, d)
-        u_b = fresh_gelu(self.backward_in_proj(h), act)  # flip(GELU(flip(h) W_ub)): the flips cancel
+        if torch.amp.is_autocast_available(h.device.type) and torch.is_autocast_enabled(h.device.type):
+            # cast once, as autocast would: the three projections then keep one copy of h, not a cast each
+            h = h.to(torch.get_autocast_dtype(h.device.type))
+        a_f = self.forward_in_proj(h)  # (B, L, d): pre-activation of u_f
+        a_b = self.backward_in_proj(h)  # flip(GELU(flip(h) W_ub)) = GELU(h W_ub): the flips cancel
         v = self.value_proj(h)  # (B, L, d_i): its GELU is taken with the gate's, below
-        u = torch.stack([u_f, u_b], dim=2)  # (B, L, 2, d): both directions convolved in one pass
-        if mask is not None:
-            u = u * mask[:, :, None, None].to(u.dtype)
-        s_f, s_b = self._bidirectional_ssm(u).unbind(2)  # (B, L, d) each: SSM_f(u_f), flip(SSM_b(flip(u_b)))
+        s_f, s_b = self._bidirectional_gelu_ssm(a_f, a_b, mask)  # SSM_f(u_f), flip(SSM_b(flip(u_b)))
         g = self.forward_out_proj(s_f)
         g_b = self.backward_out_proj(s_b)
         g = g * g_b if torch.is_grad_enabled() else g.mul_(g_b)  # (B, L, d); in place: see layers.activations
@@ -402,33 +440,61 @@ class BidirectionalGatedSSM(nn.Module):
         y = gelu_product(self.gate_proj(g), v, act)  # (B, L, d_i)
         return x + self.out_proj(y)
 
-    def _bidirectional_ssm(self, u: torch.Tensor) -> torch.Tensor:
-        """Both SSMs at once: ``u`` (B, L, 2, d) holds ``u_f`` / ``u_b`` on dim 2; returns ``SSM_f(u_f)`` (causal)
-        and ``SSM_b(u_b, anticausal=True)`` stacked the same way, in ``u.dtype`` (the same function as the two
-        :class:`S4DLayer` calls; float32 / float64 with autocast off, as there)."""
-        length = u.shape[1]
+    def conv_route(self, u: torch.Tensor) -> str:
+        """The convolution route for input ``u`` (B, L, ...): ``conv_impl``, or :func:`auto_conv_impl`'s choice for
+        ``'auto'``."""
+        if self.conv_impl != 'auto':
+            return self.conv_impl
+        return auto_conv_impl(u.device.type, u.dtype, u.shape[1], has_triton(u.device),
+                              direct_max_len=self.DIRECT_MAX_LEN, triton_min_len=self.TRITON_MIN_LEN)
+
+    def _bidirectional_gelu_ssm(
+            self, a_f: torch.Tensor, a_b: torch.Tensor, mask: Optional[torch.Tensor],
+    ) -> Tuple[torch.Tensor, torch.Tensor]:
+        """``SSM_f(u_f)`` and ``SSM_b(u_b, anticausal=True)`` of ``u = GELU(a)`` (zeroed at padded positions), (B, L, d)
+        each in ``a``'s dtype. The Triton route computes the GELUs and the mask inside the convolution kernel;
+        the others apply them first and convolve the stacked inputs (:meth:`_bidirectional_ssm`)."""
+        act = self.gelu_approximate
+        route = self.conv_route(a_f)
+        if route == 'triton':
+            kernels = self._ssm_kernels(a_f.shape[1], a_f)
+            with _autocast_off(a_f.device):
+                return bidirectional_gelu_long_conv(a_f, a_b, kernels.float(), act, mask)
+        u = torch.stack([fresh_gelu(a_f, act), fresh_gelu(a_b, act)], dim=2)  # (B, L, 2, d): one pass, both
+        if mask is not None:
+            u = u * mask[:, :, None, None].to(u.dtype)
+        return self._bidirectional_ssm(u, route).unbind(2)
+
+    def _ssm_kernels(self, length: int, like: torch.Tensor) -> torch.Tensor:
+        """Both directions' kernels (2, L) with ``D`` folded into lag 0 (the ``D u`` term is the lag-0 tap of the
+        convolution), float32 (float64 when ``like`` or the parameters are)."""
         fwd, bwd = self.ssm_forward, self.ssm_backward
         k_f, k_b = fwd.kernel(length), bwd.kernel(length)  # (L,) each, float32 (float64)
-        dtype = _compute_dtype(u, k_f)
+        dtype = _compute_dtype(like, k_f)
+        with _autocast_off(like.device):
+            return torch.stack([k.to(dtype) + F.pad(ssm.D.to(dtype), (0, length - 1))
+                                for k, ssm in ((k_f, fwd), (k_b, bwd))])
+
+    def _bidirectional_ssm(self, u: torch.Tensor, route: Optional[str] = None) -> torch.Tensor:
+        """Both SSMs at once on stacked inputs: ``u`` (B, L, 2, d) holds ``u_f`` / ``u_b`` on dim 2; returns
+        ``SSM_f(u_f)`` (causal) and ``SSM_b(u_b, anticausal=True)`` stacked the same way, in ``u.dtype`` (the same
+        function as the two :class:`S4DLayer` calls; float32 / float64 with autocast off, as there). ``route``:
+        ``'direct'``, ``'fft'`` or ``'triton'`` (unfused: the layer's forward runs that one with the GELUs fused in);
+        by default :meth:`conv_route`'s."""
+        route = self.conv_route(u) if route is None else route
+        length = u.shape[1]
+        kernels = self._ssm_kernels(length, u)  # (2, L)
+        dtype = kernels.dtype
         with _autocast_off(u.device):
-            # the D u term is the lag-0 tap of the convolution: fold it into the kernels (K[0] += D)
-            k_f = k_f.to(dtype) + F.pad(fwd.D.to(dtype), (0, length - 1))
-            k_b = k_b.to(dtype) + F.pad(bwd.D.to(dtype), (0, length - 1))
-            if self.conv_impl == 'triton':
-                # the blocked-Toeplitz Triton kernel: tiles multiply in u's dtype (bf16 tensor cores under autocast)
-                # and accumulate in float32; compiled on CUDA, Triton's interpreter elsewhere (slow: for tests)
-                return bidirectional_long_conv(u, torch.stack([k_f, k_b]).float())
-            direct = self.conv_impl == 'direct' or (self.conv_impl == 'auto' and length <= self.DIRECT_MAX_LEN)
-            if direct:
-                mats = torch.stack([causal_toeplitz(k_f), causal_toeplitz(k_b, anticausal=True)])  # (2, L, L)
+            if route == 'direct':
+                mats = torch.stack([causal_toeplitz(kernels[0]), causal_toeplitz(kernels[1], anticausal=True)])
                 batch, _, _, d = u.shape
                 # one GEMM per direction over all sequences: (L, L) @ (L, B d)
                 y = torch.bmm(mats, u.to(dtype).permute(2, 1, 0, 3).reshape(2, length, batch * d))
                 y = y.view(2, length, batch, d).permute(2, 1, 0, 3)  # (B, L, 2, d)
-            else:
+            elif route == 'fft':
                 # transform along the last axis: pocketFFT is much faster there than along a strided axis
                 u_t = u.permute(0, 2, 3, 1)  # (B, 2, d, L)
-                kernels = torch.stack([k_f, k_b])  # (2, L)
                 n_fft = fast_fft_len(2 * length)
                 if torch.is_grad_enabled() and (u_t.requires_grad or kernels.requires_grad) \
                         and not torch.jit.is_tracing():
@@ -437,6 +503,10 @@ class BidirectionalGatedSSM(nn.Module):
                 else:  # no graph (and what FLOP counters trace): plain ops, the product in place
                     y = _conv_with_spectrum(u_t.to(dtype), _bidirectional_spectrum(kernels, n_fft), n_fft, dim=-1)
                 y = y.permute(0, 3, 1, 2)  # (B, L, 2, d)
+            elif route == 'triton':  # tiles multiply in u's dtype, float32 accumulation
+                y = bidirectional_long_conv(u, kernels.float())
+            else:
+                raise ValueError(f"route must be one of 'direct', 'fft', 'triton', got {route!r}")
         return y.to(u.dtype)
 
     def extra_repr(self) -> str:

@@ -3,16 +3,21 @@ backward pass of one BiGS layer (each SSM convolution route) and of the BERT lay
 on the CPU. Parameters (and their bf16 casts) are left out, so the number is what grows with the sequence.
 
 This is the part of the GPU's step memory that the model code decides (the allocator, workspaces and the Triton
-kernel's tiles come on top); ``triton`` runs in Triton's interpreter here (TRITON_INTERPRET=1), at fewer tokens.
+kernel's tiles come on top); ``triton`` runs in Triton's interpreter here (CPU tensors take it without
+TRITON_INTERPRET), at fewer tokens. The layer code measured is this checkout's, wherever the script is run from.
 
-    TRITON_INTERPRET=1 python scripts/benchmarks/saved_activations.py
+    python scripts/benchmarks/saved_activations.py
 """
 import argparse
+import sys
+from pathlib import Path
 
 import torch
 
-from mlp_vision.layers import BidirectionalGatedSSM
-from mlp_vision.text.bert import BertLayer
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # this checkout, not an installed copy
+
+from mlp_vision.layers import BidirectionalGatedSSM  # noqa: E402
+from mlp_vision.text.bert import BertLayer  # noqa: E402
 
 
 def saved_activation_bytes(layer: torch.nn.Module, x: torch.Tensor) -> int:

@@ -2,6 +2,7 @@
 """ GPU checks of the Triton bidirectional long convolution (mlp_vision.layers.longconv_triton), issue 15 item 2.
 
     python scripts/gpu/longconv_check.py check             # CUDA results vs the float64 reference; exit 1 on a miss
+                                                           # (plain, gated, and the layer's fused GELU + mask route)
     python scripts/gpu/longconv_check.py sweep             # tile sizes at L = 4,096, d = 1,024 (forward, bf16)
     python scripts/gpu/longconv_check.py bench --seq-len 4096 --batch 8 [--block-l 128 --block-c 128]
 
@@ -24,7 +25,8 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout, when run from anywhere
 from mlp_vision.layers import BidirectionalGatedSSM  # noqa: E402
-from mlp_vision.layers.longconv_triton import bidirectional_long_conv, bidirectional_long_conv_reference  # noqa
+from mlp_vision.layers.longconv_triton import bidirectional_gelu_long_conv, bidirectional_long_conv, \
+    bidirectional_long_conv_reference  # noqa: E402
 
 DEVICE = 'cuda'
 CHECK_CASES = [(2, 37, 20), (2, 300, 96), (1, 1000, 130), (1, 4096, 64)]  # (B, L, C): ragged tiles, one long
@@ -66,8 +68,40 @@ def check(args) -> int:
                 print(f'{"ok  " if ok else "FAIL"} B={batch} L={length} C={channels} {str(dtype):14s} '
                       f'gated={gated!s:5s} rel err out/u/k/bias: ' + ' '.join(f'{e:.1e}' for e in errs)
                       + f' (tol {tol:.0e})', flush=True)
+    failures += check_fused_gelu()
     print(f'{failures} failure(s)')
     return int(failures > 0)
+
+
+def _unfused_gelu_conv(a_f, a_b, kernels, approximate, mask):
+    u = torch.stack([F.gelu(a_f, approximate=approximate), F.gelu(a_b, approximate=approximate)], 2)
+    return bidirectional_long_conv_reference(u * mask[:, :, None, None].to(u.dtype), kernels).unbind(2)
+
+
+def check_fused_gelu() -> int:
+    """The layer's Triton route (input GELUs and padding mask fused into the kernel) vs GELU -> mask -> dense
+    convolution in float64: outputs and (a_f, a_b, kernels) gradients; returns the number of misses."""
+    failures = 0
+    for batch, length, channels in CHECK_CASES:
+        for dtype, tol in TOLERANCES.items():
+            for approximate in ('none', 'tanh'):
+                u, kernels, _ = inputs(batch, length, channels, dtype)
+                mask = torch.rand(batch, length, device=DEVICE) > 0.2
+                upstream = torch.randn(2, batch, length, channels, device=DEVICE)
+                results = []
+                for fn, cast in ((bidirectional_gelu_long_conv, lambda t: t),
+                                 (_unfused_gelu_conv, torch.Tensor.double)):
+                    xs = [cast(t.detach()).requires_grad_() for t in (2 * u[:, :, 0], 2 * u[:, :, 1], kernels)]
+                    outs = fn(*xs, approximate=approximate, mask=mask)
+                    sum((o.double() * g.double()).sum() for o, g in zip(outs, upstream)).backward()
+                    results.append(list(outs) + [t.grad for t in xs])
+                errs = [rel_err(a, b) for a, b in zip(*results)]
+                ok = max(errs) < tol
+                failures += not ok
+                print(f'{"ok  " if ok else "FAIL"} B={batch} L={length} C={channels} {str(dtype):14s} '
+                      f'fused GELU {approximate:4s} + mask, rel err y_f/y_b/a_f/a_b/k: '
+                      + ' '.join(f'{e:.1e}' for e in errs) + f' (tol {tol:.0e})', flush=True)
+    return failures
 
 
 def cuda_time_ms(fn, warmup=3, reps=10) -> float:
@@ -116,10 +150,10 @@ def bench(args) -> dict:
 
     def fft_fwd():
         with torch.no_grad():
-            layer._bidirectional_ssm(u)
+            layer._bidirectional_ssm(u, 'fft')
 
     def fft_train():
-        y = layer._bidirectional_ssm(u_grad)  # the layer's kernels come from its parameters (graph recorded)
+        y = layer._bidirectional_ssm(u_grad, 'fft')  # the layer's kernels come from its parameters (graph recorded)
         torch.autograd.backward(y, upstream)
 
     heads = 16

@@ -7,7 +7,9 @@ Modes:
     longest  the longest sequence each model trains on at batch 1 in the device's memory: doubling from
              ``--start-len`` until a step runs out of memory, then bisection to ``--granularity`` tokens.
     routes   the BiGS layer's SSM convolution routes (``conv_impl`` direct / fft / triton) at each ``--seq-lens``:
-             inference and training-step time of the layer, to place ``conv_impl='auto'``'s crossovers.
+             inference and training-step time of the layer, to place ``conv_impl='auto'``'s crossovers
+             (``mlp_vision.layers.ssm.DIRECT_MAX_LEN`` and the provisional ``TRITON_MIN_LEN``); ``auto_route`` is
+             the route ``'auto'`` takes there today.
 
 BiGS: ``bigs_large_512``'s family with ``--layers`` layers of width ``--hidden`` and intermediate 3 x hidden (the
 BiGS-large ratio, arXiv 2212.10544 Table 6); BERT: ``bert_base``'s family, same depth and width, FFN 4 x hidden,
@@ -29,7 +31,8 @@ import torch
 
 import mlp_vision.text as mt
 from mlp_vision.layers import BidirectionalGatedSSM
-from mlp_vision.layers.ssm import ssm_conv_impl
+from mlp_vision.layers.longconv_triton import has_triton
+from mlp_vision.layers.ssm import auto_conv_impl, ssm_conv_impl
 
 
 def build(family: str, args, seq_len: int) -> torch.nn.Module:
@@ -168,7 +171,9 @@ def routes(args) -> List[Dict]:
         batch = max(args.batch_tokens // seq_len, 1)
         layer = BidirectionalGatedSSM(args.hidden, 3 * args.hidden).to(args.device)
         x = torch.randn(batch, seq_len, args.hidden, device=args.device, requires_grad=True)
-        row = dict(seq_len=seq_len, batch=batch)
+        dtype = {'amp_bf16': torch.bfloat16, 'amp_fp16': torch.float16}.get(args.precision, x.dtype)  # a_f's dtype
+        row = dict(seq_len=seq_len, batch=batch,
+                   auto_route=auto_conv_impl(x.device.type, dtype, seq_len, has_triton(x.device)))
         for impl in impls:
             with ssm_conv_impl(layer, impl):
                 def infer():
