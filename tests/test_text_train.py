@@ -10,6 +10,7 @@ import csv
 import json
 import math
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -154,6 +155,35 @@ def test_resume_equals_uninterrupted_run(task, model, tiny_text, tmp_path):
     assert [r['step'] for r in c_rows] == ['4', '8', '12']
     assert resumed['val_final']['loss'] == json.loads((tmp_path / 'ref' / 'results.json').read_text())[
         'val_final']['loss']
+
+
+def test_a_stop_inside_an_update_saves_the_state_before_it_and_resume_is_exact(tiny_text, tmp_path, monkeypatch):
+    """SIGINT during micro-batch 2 of update 7 (3 micro-batches each): the update is abandoned, its data position and
+    RNG states put back, step 6 saved; the resumed run ends bit-identical to an uninterrupted one."""
+    args = TINY_GPT + COMMON + ['--task', 'causal', '--train-file', tiny_text, '--steps', '9', '-b', '2',
+                                '--grad-accum-steps', '3', '--lr', '3e-3', '--eval-interval', '4', '--eval-batches',
+                                '1', '--final-eval-batches', '1', '--seed', '4', '--output', str(tmp_path)]
+    text_train.main(args + ['--experiment', 'ref'])
+    calls = {'n': 0}
+    real_loss = text_lm.lm_loss
+
+    def loss_then_signal(logits, targets):
+        calls['n'] += 1
+        if calls['n'] == 6 * 3 + 2:
+            os.kill(os.getpid(), signal.SIGINT)  # the run's handler only sets its flag
+        return real_loss(logits, targets)
+
+    monkeypatch.setattr(text_lm, 'lm_loss', loss_then_signal)
+    with pytest.raises(SystemExit) as e:
+        text_train.main(args + ['--experiment', 'cut'])
+    assert e.value.code == 128 + signal.SIGINT and 'interrupted by SIGINT at step 6' in e.value.message
+    assert calls['n'] == 6 * 3 + 2 and _state(tmp_path / 'cut' / 'last.pth')['step'] == 6
+    monkeypatch.setattr(text_lm, 'lm_loss', real_loss)
+    text_train.main(['--resume', str(tmp_path / 'cut' / 'last.pth')])
+    ref, cut = _state(tmp_path / 'ref' / 'last.pth'), _state(tmp_path / 'cut' / 'last.pth')
+    assert ref['step'] == cut['step'] == 9
+    for k, v in ref['state_dict'].items():
+        assert torch.equal(v, cut['state_dict'][k]), k
 
 
 @pytest.mark.parametrize('backend', ['eager', pytest.param('inductor', marks=pytest.mark.slow)])
