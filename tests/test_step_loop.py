@@ -125,8 +125,8 @@ def test_a_stop_signal_during_the_last_micro_batch_lets_the_update_finish_and_st
             flag[0] = 2
         return nn.functional.mse_loss(model(x), y)
 
-    # a distributed loop reads the flag only at its agreements (here: one, before the last backward pass)
-    loop, _ = _loop(model, stop_signal=lambda: flag[0], agree_every_s=60.)
+    # the flag, read before each micro-batch, is seen at the update's agreement (before the last backward pass)
+    loop, _ = _loop(model, stop_signal=lambda: flag[0])
     loop.update(micro_loss, 2, stopped_at='step 0', loss_at=str)
     assert loop.num_updates == 1 and loop.stop_pending == 2
     assert not all(torch.equal(before[k], v) for k, v in model.state_dict().items())
@@ -210,6 +210,27 @@ def test_ddp_updates_sync_once_per_update_not_per_micro_batch(micro_batches, one
     assert record.calls['all_reduce'] == 3 and sum(record.calls[c] for c in COLLECTIVES) == 3
     assert record.devices == [loop.device] * 3
     assert record.calls['tolist'] == 3 and sum(record.calls[s] for s in HOST_SYNCS) == 3, record.calls
+
+
+@pytest.mark.parametrize('batches', [8, 16])
+def test_an_image_epoch_syncs_once_per_update(batches, one_rank_group, record):
+    """The image epoch adds one all-reduce and one host sync per epoch (its loss over the ranks) to the loop's one
+    per update; its loss is the sample-weighted mean of its batches' losses."""
+    loop, _ = _ddp_loop(agree_every_s=60.)
+    torch.manual_seed(2)
+    loader = [(x, x[:, :1]) for x in (torch.randn(8 if i % 2 else 3, 4) for i in range(batches))]
+    engine.train_one_epoch(0, loop, loader, nn.functional.mse_loss, total_epochs=2, grad_accum_steps=4)
+    record.calls.clear(), record.devices.clear()
+    loop.update_step.optimizer.param_groups[0]['lr'] = 0.  # fixed weights: the reference losses below are the same
+    metrics = engine.train_one_epoch(1, loop, loader, nn.functional.mse_loss, total_epochs=2, grad_accum_steps=4,
+                                     log_interval=1)
+    updates = batches // 4
+    assert loop.num_updates == 2 * updates
+    assert record.calls['all_reduce'] == updates + 1 and set(record.devices) == {loop.device}
+    assert sum(record.calls[s] for s in HOST_SYNCS) == updates + 1, record.calls
+    with torch.no_grad():  # train mode, as in the epoch: BatchNorm normalises by each batch's own statistics
+        ref = [(len(x), nn.functional.mse_loss(loop.train_model(x), y).item()) for x, y in loader]
+    assert metrics['loss'] == pytest.approx(sum(n * l for n, l in ref) / sum(n for n, _ in ref), rel=1e-6)
 
 
 def test_long_updates_agree_every_few_seconds_and_a_stop_abandons_them_on_every_rank(one_rank_group, record,

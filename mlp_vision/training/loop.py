@@ -124,6 +124,8 @@ class StepLoop:
         run is: ``stopped_at`` (a stop before this update is applied, e.g. ``'step 12'``: the last update done) and
         ``loss_at(micro)`` (a non-finite loss of micro-batch ``micro``). ``metric(losses)`` is the value the
         scheduler's ``step_update`` receives (e.g. the running training loss)."""
+        if micro_batches < 1:
+            raise ValueError(f'an update needs at least one micro-batch, got {micro_batches}')
         signum = self.stop_pending or (0 if self.distributed else self._local_signal())
         if signum:
             raise Interrupted(signum, stopped_at)
