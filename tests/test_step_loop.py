@@ -1,7 +1,8 @@
 """ The shared optimizer update (mlp_vision/training/loop.py: StepLoop, used by the image epoch and the text steps):
 its result, its NaN and signal stops, and where it waits (host syncs and collectives counted per update and per
-evaluation, in a real one-process gloo group); and the shared backbone loader (mlp_vision/weights.py: load_backbone, used by image fine-tuning, text
-from_pretrained and the text classifier's --init-from). Small models, CPU, a few seconds. """
+evaluation, in a real one-process gloo group); and the shared backbone loader (mlp_vision/weights.py: load_backbone,
+used by image fine-tuning, text from_pretrained and the text classifier's --init-from). Small models, CPU, a few
+seconds. """
 import collections
 import copy
 import types
@@ -146,7 +147,7 @@ def test_a_non_finite_loss_names_its_micro_batch_and_drops_the_update():
     assert all(p.grad is None for p in model.parameters())
 
 
-# ------------------------------------------------------------------------------------------------ host syncs, collectives
+# ------------------------------------------------------------------------------------------- host syncs, collectives
 HOST_SYNCS = ('item', 'tolist', '__float__', '__int__', '__bool__', '__index__', 'cpu', 'numpy')
 COLLECTIVES = ('all_reduce', 'all_gather', 'all_gather_object', 'broadcast', 'broadcast_object_list', 'barrier',
                'reduce', 'all_gather_into_tensor', 'reduce_scatter_tensor')
@@ -311,7 +312,8 @@ def test_text_evaluations_sync_once_not_per_batch(batches, one_rank_group, recor
     record.calls.clear(), record.devices.clear()
     cls_batches = [{'input_ids': torch.randint(0, 11, (2, 6)), 'attention_mask': torch.ones(2, 6, dtype=torch.long),
                     'labels': torch.randint(0, 3, (2,))} for _ in range(2 * batches)]
-    classification.evaluate_classifier(_TinyText(classify=True), cls_batches, 3, torch.device('cpu'), dist_info=rank0_of_two)
+    classification.evaluate_classifier(_TinyText(classify=True), cls_batches, 3, torch.device('cpu'),
+                                       dist_info=rank0_of_two)
     assert record.calls['all_reduce'] == 1 and record.devices == [torch.device('cpu')]
     assert record.calls['cpu'] == 1  # the one copy to the host; the metrics are then read from that host tensor
 

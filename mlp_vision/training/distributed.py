@@ -27,7 +27,8 @@ from timm.utils.distributed import init_distributed_device_so
 
 from mlp_vision.errors import UsageError, parse_device
 
-__all__ = ['DistInfo', 'process_group_backend', 'init_device', 'wrap_ddp', 'all_gather_objects', 'state_dict_digest', 'barrier']
+__all__ = ['DistInfo', 'process_group_backend', 'init_device', 'wrap_ddp', 'all_gather_objects', 'state_dict_digest',
+           'barrier']
 
 _logger = logging.getLogger(__name__)
 

@@ -4,9 +4,10 @@
 Each update is :meth:`mlp_vision.training.loop.StepLoop.update` (``--grad-accum-steps`` micro-batches with
 ``no_sync``, one all-rank agreement on a finite loss and the stop signal, the optimizer step, EMA, the per-update
 schedule), shared with the image trainer; then the log line. A stop signal inside a long update abandons it and puts
-its data position and RNG states back (``rewind_point``), so the checkpoint saved at the stop resumes exactly. Every ``--eval-interval`` steps and at the end: evaluation under
-:func:`preserve_rng` (it must not shift the training's random streams), the all-reduced interval train loss, a
-summary row and a checkpoint (``last.pth``, and ``model_best.pth`` when the task's metric improves).
+its data position and RNG states back (``rewind_point``), so the checkpoint saved at the stop resumes exactly. Every
+``--eval-interval`` steps and at the end: evaluation under :func:`preserve_rng` (it must not shift the training's
+random streams), the all-reduced interval train loss, a summary row and a checkpoint (``last.pth``, and
+``model_best.pth`` when the task's metric improves).
 ``--stop-after-step`` saves and stops between evaluations. Each rank's checkpoint state holds its RNG, the task's
 data position and the running interval loss, so a resume continues bit-identically.
 """
