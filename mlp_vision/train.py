@@ -55,6 +55,7 @@ from mlp_vision.training.data import (
     create_train_val_datasets, dataset_class_names, default_workers, prepare_digits_folder)
 from mlp_vision.training.distributed import all_gather_objects, init_device, wrap_ddp
 from mlp_vision.training.engine import evaluate, format_duration, train_one_epoch
+from mlp_vision.training.loop import StepLoop
 from mlp_vision.errors import ArgumentParser, Interrupted, UsageError, run_cli
 from mlp_vision.training.log import setup_logging
 from mlp_vision.training.model import (
@@ -153,7 +154,8 @@ def _add_model_args(parser) -> None:
 def _add_device_args(parser) -> None:
     group = parser.add_argument_group('Device and distributed')
     group.add_argument('--device', default=None, type=str, help="'cuda', 'cuda:1', 'cpu' (default: cuda if available)")
-    group.add_argument('--dist-backend', default=None, type=str, help='default: nccl for CUDA, gloo for CPU')
+    group.add_argument('--dist-backend', default=None, type=str,
+                       help='a backend or device:backend pairs (default: cpu:gloo,cuda:nccl for CUDA, gloo for CPU)')
     group.add_argument('--dist-url', default=None, type=str, help="default: 'env://' (torchrun)")
     group.add_argument('--sync-bn', action='store_true', default=False, help='SyncBatchNorm (CUDA, distributed)')
     group.add_argument('--dist-bn', type=str, default='reduce', choices=('reduce', 'broadcast', ''),
@@ -618,6 +620,9 @@ def _train_epochs(args, run, job: ImageTraining) -> EpochMetrics:
     dist_info = run.dist_info
     device = dist_info.device
     metrics = EpochMetrics()
+    # one loop for the run: a stop agreed at an epoch's last update stops the next epoch's first
+    loop = StepLoop(job.model, job.model, job.update_step, job.lr_scheduler, job.model_ema, run.stop_signal,
+                    dist_info.distributed, job.num_updates, device=device)
     for epoch in range(job.start_epoch, job.num_epochs):
         if job.sampler_train is not None:
             job.sampler_train.set_epoch(epoch)
@@ -625,13 +630,12 @@ def _train_epochs(args, run, job: ImageTraining) -> EpochMetrics:
             job.mixup_fn.mixup_enabled = False
         if device.type == 'cuda':
             torch.cuda.reset_peak_memory_stats(device)  # peak_mem_gib is this epoch's (training + eval)
-        metrics.train, job.num_updates = train_one_epoch(
-            epoch, job.model, job.loader_train, job.update_step, job.train_loss_fn,
-            num_updates=job.num_updates, total_epochs=job.num_epochs, lr_scheduler=job.lr_scheduler,
-            amp_autocast=job.amp_autocast, model_ema=job.model_ema, mixup_fn=job.mixup_fn,
-            grad_accum_steps=args.grad_accum_steps, channels_last=args.channels_last,
-            distributed=dist_info.distributed, world_size=dist_info.world_size, log_interval=args.log_interval,
-            primary=dist_info.primary, stop_signal=run.stop_signal)
+        metrics.train = train_one_epoch(
+            epoch, loop, job.loader_train, job.train_loss_fn, total_epochs=job.num_epochs,
+            amp_autocast=job.amp_autocast, mixup_fn=job.mixup_fn, grad_accum_steps=args.grad_accum_steps,
+            channels_last=args.channels_last, world_size=dist_info.world_size, log_interval=args.log_interval,
+            primary=dist_info.primary)
+        job.num_updates = loop.num_updates
         if dist_info.distributed and args.dist_bn in ('broadcast', 'reduce'):
             distribute_bn(job.model, dist_info.world_size, args.dist_bn == 'reduce')
         with preserve_rng():  # evaluation must not shift the training's random stream

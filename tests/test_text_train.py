@@ -10,6 +10,7 @@ import csv
 import json
 import math
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -154,6 +155,35 @@ def test_resume_equals_uninterrupted_run(task, model, tiny_text, tmp_path):
     assert [r['step'] for r in c_rows] == ['4', '8', '12']
     assert resumed['val_final']['loss'] == json.loads((tmp_path / 'ref' / 'results.json').read_text())[
         'val_final']['loss']
+
+
+def test_a_stop_inside_an_update_saves_the_state_before_it_and_resume_is_exact(tiny_text, tmp_path, monkeypatch):
+    """SIGINT during micro-batch 2 of update 7 (3 micro-batches each): the update is abandoned, its data position and
+    RNG states put back, step 6 saved; the resumed run ends bit-identical to an uninterrupted one."""
+    args = TINY_GPT + COMMON + ['--task', 'causal', '--train-file', tiny_text, '--steps', '9', '-b', '2',
+                                '--grad-accum-steps', '3', '--lr', '3e-3', '--eval-interval', '4', '--eval-batches',
+                                '1', '--final-eval-batches', '1', '--seed', '4', '--output', str(tmp_path)]
+    text_train.main(args + ['--experiment', 'ref'])
+    calls = {'n': 0}
+    real_loss = text_lm.lm_loss
+
+    def loss_then_signal(logits, targets):
+        calls['n'] += 1
+        if calls['n'] == 6 * 3 + 2:
+            os.kill(os.getpid(), signal.SIGINT)  # the run's handler only sets its flag
+        return real_loss(logits, targets)
+
+    monkeypatch.setattr(text_lm, 'lm_loss', loss_then_signal)
+    with pytest.raises(SystemExit) as e:
+        text_train.main(args + ['--experiment', 'cut'])
+    assert e.value.code == 128 + signal.SIGINT and 'interrupted by SIGINT at step 6' in e.value.message
+    assert calls['n'] == 6 * 3 + 2 and _state(tmp_path / 'cut' / 'last.pth')['step'] == 6
+    monkeypatch.setattr(text_lm, 'lm_loss', real_loss)
+    text_train.main(['--resume', str(tmp_path / 'cut' / 'last.pth')])
+    ref, cut = _state(tmp_path / 'ref' / 'last.pth'), _state(tmp_path / 'cut' / 'last.pth')
+    assert ref['step'] == cut['step'] == 9
+    for k, v in ref['state_dict'].items():
+        assert torch.equal(v, cut['state_dict'][k]), k
 
 
 @pytest.mark.parametrize('backend', ['eager', pytest.param('inductor', marks=pytest.mark.slow)])
@@ -306,6 +336,52 @@ def test_ddp_two_processes_gloo(tiny_text, tmp_path):
     batches = subset_batches(causal_eval_batches(ids, 32, 4), 5, 42)
     one = text_lm.evaluate_lm(model, batches, task='causal', device=torch.device('cpu'))
     assert one['loss'] == pytest.approx(res['val_final']['loss'], rel=1e-5) and one['tokens'] == 5 * 4 * 32
+
+
+def _children(pid: int) -> list:
+    return [int(p.name) for p in Path('/proc').iterdir() if p.name.isdigit() and _parent(p) == pid]
+
+
+def _parent(proc: Path) -> int:
+    try:
+        return int((proc / 'stat').read_text().rsplit(')', 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return -1
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path('/proc/self/stat').exists(), reason='finds the worker processes in /proc')
+def test_ddp_sigterm_to_one_rank_stops_every_rank_inside_a_long_update(tiny_text, tmp_path):
+    """SIGTERM to one of two ranks during an update of a million micro-batches: the ranks agree at the update's next
+    agreement (a few seconds away, at the same micro-batch on both), abandon it, save step 0 and exit 143; without
+    the agreement inside the update they would run for hours, and a rank acting alone would leave the other in a
+    collective."""
+    env = dict(os.environ, PYTHONUNBUFFERED='1', OMP_NUM_THREADS='1')
+    env['PYTHONPATH'] = os.pathsep.join([str(REPO)] + [p for p in env.get('PYTHONPATH', '').split(os.pathsep) if p])
+    cmd = [sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2',
+           '-m', 'mlp_vision.train_text'] + TINY_GPT + COMMON + [
+        '--task', 'causal', '--train-file', tiny_text, '--steps', '2', '-b', '2', '--grad-accum-steps', '1000000',
+        '--device', 'cpu', '--output', str(tmp_path), '--experiment', 'term']
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=tmp_path)
+    seen = []
+    try:
+        for line in proc.stdout:
+            seen.append(line)
+            if line.startswith('Task causal'):  # both ranks hold their signal handlers (a collective came before)
+                break
+        workers = _children(proc.pid)
+        assert len(workers) == 2, seen
+        os.kill(max(workers), signal.SIGTERM)  # one rank only, not torchrun (which would signal both)
+        out, _ = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    out = ''.join(seen) + out
+    # rank 0 stops with the one line (whichever rank got the signal); torchrun reports its exit status 143 (and may
+    # SIGTERM the other rank, whose handler is spent after one signal, while it exits)
+    assert 'error: interrupted by SIGTERM at step 0; the resumable checkpoint is' in out, out[-3000:]
+    assert 'rank      : 0 (local_rank: 0)\n  exitcode  : 143' in out, out[-3000:]
+    assert _state(tmp_path / 'term' / 'last.pth')['step'] == 0
 
 
 # ------------------------------------------------------------------------------------------------ bad input

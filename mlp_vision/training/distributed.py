@@ -1,13 +1,19 @@
-""" Device selection and distributed (torchrun) setup for CPU (gloo) and CUDA (NCCL).
+""" Device selection and distributed (torchrun) setup for CPU (gloo) and CUDA (NCCL, with gloo beside it).
 
-timm's ``init_distributed_device_so`` reads torchrun's / SLURM's environment and initialises the process group
-(gloo for CPU, NCCL for CUDA). The DDP wrapper is ours: on CPU, ``DistributedDataParallel`` must get no
-``device_ids`` (timm's train.py passes ``[device]``, which PyTorch rejects for CPU modules).
+timm's ``init_distributed_device_so`` reads torchrun's / SLURM's environment and initialises the process group with
+the backend of :func:`process_group_backend`: on CUDA ``'cpu:gloo,cuda:nccl'``, so tensors on the GPU (every tensor
+collective of the training loops: their tensors live on the training device) go through NCCL, and the object
+collectives (:func:`all_gather_objects`: RNG states at each checkpoint, weight digests, the tokenizer) go through
+gloo in CPU memory. The DDP wrapper is ours: on CPU, ``DistributedDataParallel`` must get no ``device_ids`` (timm's
+train.py passes ``[device]``, which PyTorch rejects for CPU modules).
 
 Multi-node: run the same command on every node with torchrun's rendezvous, e.g.::
 
     torchrun --nnodes=2 --nproc_per_node=8 --rdzv_backend=c10d --rdzv_endpoint=HOST:29500 \\
         --rdzv_id=JOB train.py -c configs/smlpnet_t.yaml --data-dir /data/imagenet
+
+(gloo connects the nodes over TCP on the interface their host names resolve to: set ``GLOO_SOCKET_IFNAME`` where
+that is not the right one, or pass ``--dist-backend nccl`` for NCCL alone.)
 """
 import hashlib
 import logging
@@ -21,7 +27,8 @@ from timm.utils.distributed import init_distributed_device_so
 
 from mlp_vision.errors import UsageError, parse_device
 
-__all__ = ['DistInfo', 'init_device', 'wrap_ddp', 'all_gather_objects', 'state_dict_digest', 'barrier']
+__all__ = ['DistInfo', 'process_group_backend', 'init_device', 'wrap_ddp', 'all_gather_objects', 'state_dict_digest',
+           'barrier']
 
 _logger = logging.getLogger(__name__)
 
@@ -42,19 +49,49 @@ class DistInfo:
                 f'rank={self.rank}, local_rank={self.local_rank})')
 
 
+def process_group_backend(device_type: str, dist_backend: Optional[str] = None) -> Optional[str]:
+    """The ``backend`` that ``torch.distributed.init_process_group`` gets for a run on ``device_type``.
+
+    ``dist_backend`` (``--dist-backend``) when given, checked: a backend name (``'gloo'``, ``'nccl'``, ...) or
+    ``device:backend`` pairs (``'cpu:gloo,cuda:nccl'``); else ``'cpu:gloo,cuda:nccl'`` on CUDA, the pair PyTorch's
+    ``init_process_group()`` itself builds when given no backend. NCCL refuses CPU tensors; with gloo beside it the
+    object collectives run in CPU memory (no GPU round trip of pickled bytes, no dependence on the current CUDA
+    device) and a collective on a CPU tensor is valid rather than an error, while every tensor the training loops
+    reduce is on the GPU and goes through NCCL. Elsewhere None: timm's choice (gloo on the CPU).
+    """
+    if dist_backend is None:
+        return 'cpu:gloo,cuda:nccl' if device_type == 'cuda' else None
+    names = [b for b in dist.Backend.backend_list if b not in ('undefined', 'fake')]
+    pairs = [part.partition(':') for part in dist_backend.split(',')]
+    if len(pairs) == 1 and not pairs[0][1]:
+        valid = dist_backend in names
+    else:
+        valid = all(sep and _is_device_type(device) and name in names for device, sep, name in pairs)
+    if not valid:
+        raise UsageError(f'--dist-backend {dist_backend!r} is not a torch.distributed backend; use one of '
+                         f'{", ".join(names)}, or device:backend pairs such as cpu:gloo,cuda:nccl (default: '
+                         f'cpu:gloo,cuda:nccl for CUDA, gloo for CPU)')
+    return dist_backend
+
+
+def _is_device_type(name: str) -> bool:
+    try:
+        return torch.device(name).type == name
+    except RuntimeError:
+        return False
+
+
 def init_device(device: Optional[str] = None, dist_backend: Optional[str] = None,
                 dist_url: Optional[str] = None) -> DistInfo:
-    """Pick the device ('cuda' if available, else 'cpu', unless given) and join torchrun's process group.
+    """Pick the device ('cuda' if available, else 'cpu', unless given) and join torchrun's process group (backend:
+    :func:`process_group_backend`).
 
     Under torchrun with CUDA each process takes GPU ``LOCAL_RANK``; on CPU all processes use the CPU with gloo.
     """
     if device is None:
         device = 'cuda' if torch.cuda.is_available() else 'cpu'
     device_type = parse_device(device).type
-    backends = [b for b in dist.Backend.backend_list if b not in ('undefined', 'fake')]
-    if dist_backend is not None and dist_backend not in backends:
-        raise UsageError(f'--dist-backend {dist_backend!r} is not a torch.distributed backend; use one of '
-                         f'{", ".join(backends)} (default: nccl for CUDA, gloo for CPU)')
+    dist_backend = process_group_backend(device_type, dist_backend)
     if device_type not in ('cpu', 'cuda'):
         _logger.warning(f'device type {device_type!r} is untested here (CPU and CUDA are)')
     if dist.is_available() and dist.is_initialized():

@@ -12,7 +12,6 @@ import torch.nn.functional as F
 
 from .data import num_valid_samples
 from .loop import StepLoop, format_duration, progress_line
-from .run import UpdateStep
 
 __all__ = ['train_one_epoch', 'evaluate', 'format_duration']
 
@@ -21,39 +20,33 @@ _logger = logging.getLogger(__name__)
 
 def train_one_epoch(
         epoch: int,
-        model: nn.Module,
+        loop: StepLoop,
         loader,
-        update_step: UpdateStep,
         loss_fn: Callable,
         *,
-        num_updates: int,
         total_epochs: int,
-        lr_scheduler=None,
         amp_autocast=suppress,
-        model_ema=None,
         mixup_fn=None,
         grad_accum_steps: int = 1,
         channels_last: bool = False,
-        distributed: bool = False,
         world_size: int = 1,
         log_interval: int = 50,
         primary: bool = True,
-        stop_signal: Optional[Callable[[], int]] = None,
-) -> (Dict[str, float], int):
-    """One epoch of training. Returns ({'loss', 'lr', 'img_per_sec', 'seconds'}, num_updates after it).
+) -> Dict[str, float]:
+    """One epoch of training with the run's ``loop``. Returns {'loss', 'lr', 'img_per_sec', 'seconds'} (the loss
+    and the rate over every rank); ``loop.num_updates`` counts on.
 
     Each optimizer update is :meth:`~mlp_vision.training.loop.StepLoop.update` over ``grad_accum_steps`` batches
     (the epoch's last update over the batches left): DDP syncs only on the last one, a NaN / inf loss raises
-    :class:`~mlp_vision.training.run.NonFiniteLossError` on every rank before its backward pass, and
-    ``stop_signal()`` (SIGINT / SIGTERM, agreed by all ranks) is checked before every update.
+    :class:`~mlp_vision.training.run.NonFiniteLossError` on every rank before the optimizer step, and a SIGINT /
+    SIGTERM (agreed by all ranks) stops the run at the next update. One host sync per update (the loop's), none per
+    batch; the epoch's loss is all-reduced once, at its end.
     """
-    optimizer = update_step.optimizer
+    model, optimizer = loop.train_model, loop.update_step.optimizer
     model.train()
     num_batches = len(loader)
     updates_per_epoch = (num_batches + grad_accum_steps - 1) // grad_accum_steps
-    loop = StepLoop(model, model, update_step, lr_scheduler, model_ema, stop_signal, distributed, num_updates)
     batches = enumerate(loader)
-    sizes = []  # the samples of this update's batches
 
     def micro_loss():
         batch_idx, (input, target) = next(batches)
@@ -61,9 +54,8 @@ def train_one_epoch(
             input, target = mixup_fn(input, target)
         if channels_last:
             input = input.contiguous(memory_format=torch.channels_last)
-        sizes.append(input.shape[0])
         with amp_autocast():
-            return loss_fn(model(input), target)
+            return loss_fn(model(input), target), input.shape[0]  # weighted by its samples
 
     loss_sum = 0.
     sample_count = 0
@@ -73,15 +65,12 @@ def train_one_epoch(
     optimizer.zero_grad()
     for update_idx in range(updates_per_epoch):
         first = update_idx * grad_accum_steps  # the update's first batch; the last update may have fewer
-        accum_steps = min(grad_accum_steps, num_batches - first)
-        sizes.clear()
         losses = loop.update(
-            micro_loss, accum_steps, stopped_at=f'epoch {epoch}, batch {first}',
+            micro_loss, min(grad_accum_steps, num_batches - first), stopped_at=f'epoch {epoch}, batch {first}',
             loss_at=lambda m: f'epoch {epoch}, batch {first + m} (optimizer update {loop.num_updates})',
-            metric=lambda ls: (loss_sum + sum(l * n for l, n in zip(ls, sizes))) / (sample_count + sum(sizes)))
-        update_loss = sum(l * n for l, n in zip(losses, sizes))
-        loss_sum, sample_count = loss_sum + update_loss, sample_count + sum(sizes)
-        window_loss, window_samples = window_loss + update_loss, window_samples + sum(sizes)
+            metric=lambda u: (loss_sum + u.loss_sum) / (sample_count + u.weight_sum))
+        loss_sum, sample_count = loss_sum + losses.loss_sum, sample_count + losses.weight_sum
+        window_loss, window_samples = window_loss + losses.loss_sum, window_samples + losses.weight_sum
 
         now = time.perf_counter()
         if update_idx > 0:  # the first update includes loader start-up; keep it out of the rate
@@ -92,7 +81,7 @@ def train_one_epoch(
         last = update_idx == updates_per_epoch - 1
         if primary and (last or (update_idx + 1) % log_interval == 0):
             sec_per_update = update_time_sum / timed_updates if timed_updates else now - epoch_start
-            img_per_sec = sizes[-1] * accum_steps * world_size / sec_per_update if sec_per_update > 0 else 0.
+            img_per_sec = losses.weight_sum * world_size / sec_per_update if sec_per_update > 0 else 0.
             left_epoch = (updates_per_epoch - update_idx - 1) * sec_per_update
             left_run = left_epoch + (total_epochs - epoch - 1) * updates_per_epoch * sec_per_update
             _logger.info(progress_line(
@@ -102,19 +91,18 @@ def train_one_epoch(
                 optimizer.param_groups[0]['lr'], f'{img_per_sec:,.0f} img/s',
                 f'epoch {format_duration(left_epoch)}, training {format_duration(left_run)}'))
             window_loss, window_samples = 0., 0
-    num_updates = loop.num_updates
 
     seconds = time.perf_counter() - epoch_start
-    totals = torch.tensor([loss_sum, float(sample_count)], dtype=torch.float64)
-    if distributed:
+    totals = torch.tensor([loss_sum, float(sample_count)], dtype=torch.float64, device=loop.device)
+    if loop.distributed:
         dist.all_reduce(totals)
-    metrics = OrderedDict(
-        loss=(totals[0] / totals[1]).item(),
+    total_loss, total_samples = totals.tolist()
+    return OrderedDict(
+        loss=total_loss / total_samples,
         lr=sum(g['lr'] for g in optimizer.param_groups) / len(optimizer.param_groups),
-        img_per_sec=totals[1].item() / seconds,
+        img_per_sec=total_samples / seconds,
         seconds=seconds,
     )
-    return metrics, num_updates
 
 
 @torch.no_grad()
@@ -133,12 +121,14 @@ def evaluate(
 
     Exact in distributed mode: the padding samples that even out the ranks are not counted, and the sums
     are reduced over the ranks, so the numbers equal a one-process run. Top-5 is top-k with k = min(5, classes).
+    The sums stay on the device until the end: one all-reduce and one host sync per evaluation, none per batch.
     """
     model.eval()
     valid = num_valid_samples(loader)
     num_batches = len(loader)
     sums = None
     seen = 0
+    scored = 0  # samples counted (the padding that evens out the ranks is not)
     processed = 0
     start = time.perf_counter()
     for batch_idx, (input, target) in enumerate(loader):
@@ -156,20 +146,20 @@ def evaluate(
         loss = F.cross_entropy(output, target, reduction='sum')
         k = min(5, output.shape[1])
         correct = output.topk(k, dim=1).indices.eq(target[:, None])
-        batch = torch.stack([
-            loss.double(), correct[:, :1].sum().double(), correct.sum().double(),
-            torch.tensor(float(keep), dtype=torch.float64, device=output.device)])
-        sums = batch if sums is None else sums + batch
+        batch = torch.stack([loss.double(), correct[:, :1].sum().double(), correct.sum().double()])
+        sums = batch if sums is None else sums + batch  # on the device: no host sync per batch
+        scored += keep
         if primary and log_interval and ((batch_idx + 1) % log_interval == 0 or batch_idx == num_batches - 1):
             elapsed = time.perf_counter() - start
             _logger.info(f'{log_prefix}: [{batch_idx + 1:>{len(str(num_batches))}d}/{num_batches}]  '
                          f'{processed / max(elapsed, 1e-9):,.0f} img/s')
     if sums is None:
         raise RuntimeError('evaluation loader yielded no batches')
+    sums = torch.cat([sums, sums.new_tensor([scored])])
     if distributed:
         dist.all_reduce(sums)
     seconds = time.perf_counter() - start
-    loss_sum, c1, c5, n = sums.tolist()
+    loss_sum, c1, c5, n = sums.tolist()  # the evaluation's one host sync
     world = dist.get_world_size() if distributed else 1
     return OrderedDict(
         loss=loss_sum / n,

@@ -1,24 +1,43 @@
 """ The optimizer update of every trainer: the image epoch (:func:`mlp_vision.training.engine.train_one_epoch`) and
 the text steps (:func:`mlp_vision.training.text.steps.run_steps`) both advance through :meth:`StepLoop.update`.
 
-One update: the stop-signal check (SIGINT / SIGTERM agreed by all ranks: :class:`Interrupted`), ``n`` micro-batches
-(DDP's ``no_sync`` on all but the last, so gradients are reduced once), the all-rank finite-loss check before each
-backward pass (:class:`NonFiniteLossError` on every rank), the optimizer step of :class:`UpdateStep` (loss scaling,
-clipping), then the EMA update and the per-update LR schedule. What a micro-batch is (its data, forward and loss)
-is the trainer's: the ``micro_loss`` callable.
+One update: ``n`` micro-batches (DDP's ``no_sync`` on all but the last, so gradients are reduced once), the optimizer
+step of :class:`UpdateStep` (loss scaling, clipping), then the EMA update and the per-update LR schedule. What a
+micro-batch is (its data, forward and loss) is the trainer's: the ``micro_loss`` callable.
+
+Where the loop waits for the device or the other ranks (issue 34 item 3): once per update, at the **agreement**, just
+before the last micro-batch's backward pass. The micro-batch losses are summed on the device as they come (no
+``.item()``); the agreement reads them with one device-to-host copy, together with one all-reduce (MAX, of a tensor
+on the training device, so valid under NCCL) of ``[first non-finite micro-batch, stop signal, seconds per
+micro-batch]``. Every rank therefore decides the same: a NaN / inf loss anywhere raises :class:`NonFiniteLossError`
+on every rank before the optimizer step (the weights are untouched); a SIGINT / SIGTERM anywhere lets this update
+finish and stops the next :meth:`~StepLoop.update` before its first micro-batch (:class:`Interrupted`).
+
+Long updates (``--grad-accum-steps`` in the thousands) also agree *inside* the update, about every
+``agree_every_s`` seconds, so a stop signal is honoured within seconds, not at the end of a 26-minute update. Their
+positions are counted in micro-batches from the agreed (slowest rank's) time of one micro-batch, so every rank calls
+the same collectives in the same order. A rank never acts on its own signal flag alone in a distributed run: its
+forward passes may hold collectives of their own (DDP's buffer broadcast, SyncBatchNorm's all-gather), which the
+other ranks would then wait for forever. One process (no collectives) reads its flag before every micro-batch. A
+stop inside an update abandons it: its gradients are dropped, the parameters and ``num_updates`` stay as before it,
+and ``rewind_point`` (the text trainer's data position and RNG states) puts back what its micro-batches consumed, so
+the checkpoint saved at the stop resumes exactly. (Running statistics that its forward passes moved, BatchNorm's,
+are not put back: the text models have none, and the image trainer saves no checkpoint inside an epoch.)
 """
 import dataclasses
+import time
 from contextlib import nullcontext
 from datetime import timedelta
-from typing import Callable, List, Optional
+from typing import Callable, Optional, Tuple, Union
 
 import torch
+import torch.distributed as dist
 import torch.nn as nn
 
 from mlp_vision.errors import Interrupted
-from .run import NonFiniteLossError, UpdateStep, all_ranks_finite
+from .run import NonFiniteLossError, UpdateStep
 
-__all__ = ['StepLoop', 'format_duration', 'progress_line']
+__all__ = ['StepLoop', 'UpdateLosses', 'format_duration', 'progress_line']
 
 
 def format_duration(seconds: float) -> str:
@@ -31,8 +50,53 @@ def progress_line(position: str, loss: str, lr: float, rate: str, eta: str) -> s
 
 
 @dataclasses.dataclass
+class UpdateLosses:
+    """This rank's losses of one update (read from the device once, at the update's agreement).
+
+    ``loss_sum``: the micro-batch losses times their weights, summed; ``weight_sum``: the weights (1 per micro-batch
+    unless ``micro_loss`` returns ``(loss, weight)``, e.g. the image epoch's batch size); ``micro_batches``: their
+    count."""
+    loss_sum: float
+    weight_sum: float
+    micro_batches: int
+
+    @property
+    def mean(self) -> float:
+        return self.loss_sum / self.weight_sum
+
+
+_NO_BAD_MICRO = float(2 ** 52)  # above any micro-batch index, exact in float64
+
+
+class _DeviceLosses:
+    """One update's micro-batch losses, summed on the device (no host sync): the weighted sum, and the first
+    non-finite micro-batch (-1: none) with its value, for the message."""
+
+    def __init__(self, device: torch.device):
+        self.sum = torch.zeros((), dtype=torch.float64, device=device)
+        self.bad_micro = torch.full((), -1., dtype=torch.float64, device=device)
+        self.bad_value = torch.zeros((), dtype=torch.float64, device=device)
+        self.weight_sum, self.count = 0., 0
+
+    def add(self, loss: torch.Tensor, weight: float) -> None:
+        value = loss.detach().reshape(()).to(torch.float64)
+        self.sum += value * weight
+        first_bad = ~torch.isfinite(value) & (self.bad_micro < 0)
+        self.bad_micro = torch.where(first_bad, float(self.count), self.bad_micro)
+        self.bad_value = torch.where(first_bad, value, self.bad_value)
+        self.weight_sum += weight
+        self.count += 1
+
+
+@dataclasses.dataclass
 class StepLoop:
-    """The optimizer updates of one run. ``num_updates`` counts them (the schedule's and the EMA's step)."""
+    """The optimizer updates of one run. ``num_updates`` counts them (the schedule's and the EMA's step).
+
+    ``stop_signal()``: this process's SIGINT / SIGTERM number (0: none), read without any collective
+    (:meth:`~mlp_vision.training.run.TrainingRun.stop_signal`); the loop agrees on it across the ranks.
+    ``rewind_point()``: called at the start of an update of several micro-batches, returns the function that puts
+    back what they consume (data position, RNG), called when a stop abandons the update. ``device``: the training
+    device (default: the model's), where the loop's collectives run."""
     model: nn.Module  # what the EMA averages (unwrapped)
     train_model: nn.Module  # what runs the forward (DDP-wrapped in a distributed run)
     update_step: UpdateStep
@@ -41,32 +105,91 @@ class StepLoop:
     stop_signal: Optional[Callable[[], int]] = None
     distributed: bool = False
     num_updates: int = 0
+    rewind_point: Optional[Callable[[], Callable[[], None]]] = None
+    device: Optional[torch.device] = None
+    agree_every_s: float = 2.  # a long update agrees on the stop signal about this often
+    stop_pending: int = dataclasses.field(default=0, init=False)  # a stop agreed at the end of the last update
+    _check_every: int = dataclasses.field(default=1, init=False)  # micro-batches between agreements in an update
+    _micro_seconds: float = dataclasses.field(default=float('inf'), init=False)  # measured at the last agreement
 
-    def update(self, micro_loss: Callable[[], torch.Tensor], micro_batches: int, *, stopped_at: str,
-               loss_at: Callable[[int], str],
-               metric: Optional[Callable[[List[float]], float]] = None) -> List[float]:
-        """One optimizer update over ``micro_batches`` calls of ``micro_loss()`` (each loss divided by their count);
-        returns the micro-batch losses. The messages name where the run is: ``stopped_at`` (a stop signal before the
-        update, e.g. ``'step 12'``: the last update done) and ``loss_at(micro)`` (a non-finite loss of micro-batch
-        ``micro``). ``metric(losses)``, given this update's micro-batch losses, is the value the scheduler's
-        ``step_update`` receives (e.g. the running training loss)."""
-        signum = self.stop_signal() if self.stop_signal is not None else 0
+    def __post_init__(self):
+        if self.device is None:
+            self.device = next((p.device for p in self.model.parameters()), torch.device('cpu'))
+
+    def update(self, micro_loss: Callable[[], Union[torch.Tensor, Tuple[torch.Tensor, float]]], micro_batches: int,
+               *, stopped_at: str, loss_at: Callable[[int], str],
+               metric: Optional[Callable[[UpdateLosses], float]] = None) -> UpdateLosses:
+        """One optimizer update over ``micro_batches`` calls of ``micro_loss()`` (each loss divided by their count;
+        it returns the loss, or ``(loss, weight)`` to weight it in the returned sums). The messages name where the
+        run is: ``stopped_at`` (a stop before this update is applied, e.g. ``'step 12'``: the last update done) and
+        ``loss_at(micro)`` (a non-finite loss of micro-batch ``micro``). ``metric(losses)`` is the value the
+        scheduler's ``step_update`` receives (e.g. the running training loss)."""
+        if micro_batches < 1:
+            raise ValueError(f'an update needs at least one micro-batch, got {micro_batches}')
+        signum = self.stop_pending or (0 if self.distributed else self._local_signal())
         if signum:
             raise Interrupted(signum, stopped_at)
-        losses = []
+        rewind = self.rewind_point() if self.rewind_point is not None and micro_batches > 1 else None
+        losses = _DeviceLosses(self.device)
+        since, since_micro, next_check = time.perf_counter(), 0, self._check_every
         for micro in range(micro_batches):
             last = micro == micro_batches - 1
+            if micro and not self.distributed and self._local_signal():
+                self._abandon(rewind, self._local_signal(), stopped_at)
             no_sync = getattr(self.train_model, 'no_sync', None)
             with no_sync() if no_sync is not None and not last else nullcontext():
-                loss = micro_loss()
-                if not all_ranks_finite(loss, self.distributed):
-                    raise NonFiniteLossError(loss.item(), loss_at(micro))
-                losses.append(loss.item())
+                out = micro_loss()
+                loss, weight = out if isinstance(out, tuple) else (out, 1.)
+                losses.add(loss, weight)
+                if last:  # before the backward pass that reduces the gradients, and the optimizer step
+                    loss_sum, self.stop_pending = self._agree(losses, micro + 1 - since_micro, since, loss_at)
                 self.update_step(loss, micro_batches, need_update=last)
+            if not last and micro + 1 == next_check:
+                _, signum = self._agree(losses, micro + 1 - since_micro, since, loss_at)
+                if signum:
+                    self._abandon(rewind, signum, stopped_at)
+                since, since_micro, next_check = time.perf_counter(), micro + 1, micro + 1 + self._check_every
+        result = UpdateLosses(loss_sum, losses.weight_sum, losses.count)
         self.num_updates += 1
         if self.model_ema is not None:
             self.model_ema.update(self.model, step=self.num_updates)
         if self.lr_scheduler is not None:
             self.lr_scheduler.step_update(num_updates=self.num_updates,
-                                          metric=metric(losses) if metric is not None else None)
-        return losses
+                                          metric=metric(result) if metric is not None else None)
+        return result
+
+    def _local_signal(self) -> int:
+        return self.stop_signal() if self.stop_signal is not None else 0
+
+    def _agree(self, losses: _DeviceLosses, micro_batches_since: int, since: float,
+               loss_at: Callable[[int], str]) -> Tuple[float, int]:
+        """The update's one host sync (and, distributed, its one collective): every rank learns the first
+        micro-batch whose loss was not finite on any rank (raised here, gradients dropped), whether any rank saw a
+        stop signal, and the slowest rank's seconds per micro-batch, which spaces the next agreements. Returns
+        (this rank's weighted loss sum, the signal)."""
+        packed = torch.zeros(6, dtype=torch.float64, device=self.device)
+        # MAX of (first bad micro-batch counted down from 2**52): the earliest bad micro-batch of any rank, 0 if none
+        packed[0] = (losses.bad_micro >= 0) * (_NO_BAD_MICRO - losses.bad_micro)
+        packed[1] = self._local_signal()
+        packed[2] = self._micro_seconds
+        packed[3], packed[4], packed[5] = losses.sum, losses.bad_micro, losses.bad_value
+        if self.distributed:
+            dist.all_reduce(packed[:3], op=dist.ReduceOp.MAX)
+        first_bad, signum, seconds, loss_sum, bad_micro, bad_value = packed.tolist()
+        # the spacing from the last agreement's time (the same on every rank); this one's, measured after the
+        # device caught up with the host here (before, the host may have run ahead), goes into the next agreement
+        self._check_every = max(1, int(self.agree_every_s / max(seconds, 1e-9)))
+        self._micro_seconds = (time.perf_counter() - since) / max(micro_batches_since, 1)
+        if first_bad:
+            self.update_step.optimizer.zero_grad(set_to_none=True)
+            if bad_micro >= 0:  # this rank's loss
+                raise NonFiniteLossError(bad_value, loss_at(int(bad_micro)))
+            raise NonFiniteLossError(0., loss_at(int(_NO_BAD_MICRO - first_bad)))  # 'not finite on another rank'
+        return loss_sum, int(signum)
+
+    def _abandon(self, rewind: Optional[Callable[[], None]], signum: int, stopped_at: str) -> None:
+        """A stop inside the update: its gradients are dropped and its data put back; the weights are as before."""
+        self.update_step.optimizer.zero_grad(set_to_none=True)
+        if rewind is not None:
+            rewind()
+        raise Interrupted(signum, stopped_at)

@@ -33,7 +33,6 @@ from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import torch
-import torch.distributed as dist
 import torch.nn as nn
 import yaml
 from timm.scheduler import create_scheduler_v2
@@ -52,7 +51,7 @@ from .summary import SummaryWriter, write_json
 
 __all__ = [
     'RUN_CONTROL_ARGS', 'add_run_arguments', 'add_common_arguments', 'parse_run_args', 'setup_amp', 'UpdateStep', 'create_lr_scheduler',
-    'NonFiniteLossError', 'all_ranks_finite', 'TrainingRun',
+    'NonFiniteLossError', 'TrainingRun',
 ]
 
 _logger = logging.getLogger(__name__)
@@ -163,17 +162,6 @@ class NonFiniteLossError(RuntimeError):
         self.value, self.where = value, where
         what = f'{value}' if not math.isfinite(value) else 'not finite on another rank'
         super().__init__(f'training loss is {what} at {where}; stopped before applying it')
-
-
-def all_ranks_finite(loss: torch.Tensor, distributed: bool) -> bool:
-    """True when ``loss`` is finite on every rank (one all-reduce in distributed mode).
-
-    Every rank must take the same decision, or the others would wait forever in the next collective.
-    """
-    bad = (~torch.isfinite(loss.detach())).to(torch.float32).reshape(1)
-    if distributed:
-        dist.all_reduce(bad, op=dist.ReduceOp.MAX)
-    return bad.item() == 0
 
 
 # ------------------------------------------------------------------------------------------------ schedule
@@ -314,13 +302,10 @@ class TrainingRun:
         self._previous_handlers.clear()
 
     def stop_signal(self) -> int:
-        """The SIGINT / SIGTERM number when one arrived on any rank (all ranks agree), else 0."""
-        flag = self._signal
-        if self.dist_info.distributed:
-            t = torch.tensor([flag], dtype=torch.float32)
-            dist.all_reduce(t, op=dist.ReduceOp.MAX)
-            flag = int(t.item())
-        return flag
+        """This process's SIGINT / SIGTERM number (0: none). Local, no collective: the step loop
+        (:meth:`mlp_vision.training.loop.StepLoop.update`) agrees on it across the ranks at points every rank reaches
+        in the same order, inside its one per-update all-reduce."""
+        return self._signal
 
     # ------------------------------------------------------------------ resume
     def check_resume(self, **expected) -> None:

@@ -130,7 +130,8 @@ def _add_outputs(parser: argparse.ArgumentParser) -> None:
 def _add_device(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group('Device')
     g.add_argument('--device', default=None, type=str, help="'cuda', 'cpu', ... (default: cuda if available)")
-    g.add_argument('--dist-backend', default=None, type=str, help='default: nccl for CUDA, gloo for CPU')
+    g.add_argument('--dist-backend', default=None, type=str,
+                   help='a backend or device:backend pairs (default: cpu:gloo,cuda:nccl for CUDA, gloo for CPU)')
     g.add_argument('--dist-url', default=None, type=str, help="default: 'env://' (torchrun)")
     g.add_argument('--amp', action='store_true', default=False,
                    help='mixed precision: bfloat16 autocast on CPU, float16 + grad scaler on CUDA')

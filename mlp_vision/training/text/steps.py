@@ -1,11 +1,13 @@
 """The step-based run of the text tasks: language modelling (:mod:`.lm`) and sequence classification
 (:mod:`.classification`) each give :func:`run_steps` a :class:`StepTask` (its loss, evaluation and data state).
 
-Each update is :meth:`mlp_vision.training.loop.StepLoop.update` (stop signal, ``--grad-accum-steps`` micro-batches
-with ``no_sync``, the all-rank finite-loss check, the optimizer step, EMA, the per-update schedule), shared with the
-image trainer; then the log line. Every ``--eval-interval`` steps and at the end: evaluation under
-:func:`preserve_rng` (it must not shift the training's random streams), the all-reduced interval train loss, a
-summary row and a checkpoint (``last.pth``, and ``model_best.pth`` when the task's metric improves).
+Each update is :meth:`mlp_vision.training.loop.StepLoop.update` (``--grad-accum-steps`` micro-batches with
+``no_sync``, one all-rank agreement on a finite loss and the stop signal, the optimizer step, EMA, the per-update
+schedule), shared with the image trainer; then the log line. A stop signal inside a long update abandons it and puts
+its data position and RNG states back (``rewind_point``), so the checkpoint saved at the stop resumes exactly. Every
+``--eval-interval`` steps and at the end: evaluation under :func:`preserve_rng` (it must not shift the training's
+random streams), the all-reduced interval train loss, a summary row and a checkpoint (``last.pth``, and
+``model_best.pth`` when the task's metric improves).
 ``--stop-after-step`` saves and stops between evaluations. Each rank's checkpoint state holds its RNG, the task's
 data position and the running interval loss, so a resume continues bit-identically.
 """
@@ -19,7 +21,7 @@ import torch.distributed as dist
 import torch.nn as nn
 from timm.utils import ModelEmaV3
 
-from ..checkpoint import preserve_rng
+from ..checkpoint import get_rng_state, preserve_rng, set_rng_state
 from ..distributed import wrap_ddp
 from ..model import compile_model
 from mlp_vision.errors import Interrupted
@@ -134,8 +136,13 @@ def run_steps(args, run: TrainingRun, state: StepState, task: StepTask, opt: Opt
                         'interval_batches': state.interval_batches},
             **task.checkpoint_fields(dict(metrics) if metrics is not None else None))
 
+    def rewind_point():  # what an update's micro-batches consume, put back when a stop abandons the update
+        data, rng = task.data_state(), get_rng_state()
+        return lambda: (task.load_data_state(data), set_rng_state(rng))
+
     loop = StepLoop(opt.model, opt.train_model, opt.update_step, opt.scheduler, opt.model_ema, run.stop_signal,
-                    run.dist_info.distributed, num_updates=state.step)
+                    run.dist_info.distributed, num_updates=state.step, rewind_point=rewind_point,
+                    device=run.dist_info.device)
     loop_start = time.perf_counter()
     opt.train_model.train()
     try:
@@ -144,8 +151,8 @@ def run_steps(args, run: TrainingRun, state: StepState, task: StepTask, opt: Opt
             lr = opt.optimizer.param_groups[0]['lr']  # this update's
             losses = loop.update(task.micro_loss, args.grad_accum_steps, stopped_at=f'step {state.step}',
                                  loss_at=lambda micro: f'step {state.step + 1} (micro-batch {micro})')
-            state.interval_loss += sum(losses)
-            state.interval_batches += len(losses)
+            state.interval_loss += losses.loss_sum
+            state.interval_batches += losses.micro_batches
             state.step = step = loop.num_updates
             state.train_seconds += time.perf_counter() - t0
             if primary and (step % args.log_interval == 0 or step == args.steps):
@@ -183,10 +190,12 @@ def _evaluate_and_save(run: TrainingRun, state: StepState, task: StepTask, opt: 
     with preserve_rng():  # evaluation must not shift the training's random streams
         state.val_metrics = metrics = task.evaluate()
     opt.train_model.train()
-    interval = torch.tensor([state.interval_loss, float(state.interval_batches)], dtype=torch.float64)
+    interval = torch.tensor([state.interval_loss, float(state.interval_batches)], dtype=torch.float64,
+                            device=run.dist_info.device)  # NCCL reduces tensors on the training device only
     if run.dist_info.distributed:
         dist.all_reduce(interval)
-    train_loss = (interval[0] / interval[1]).item()
+    loss_sum, batches = interval.tolist()
+    train_loss = loss_sum / batches
     state.interval_loss, state.interval_batches = 0., 0
     columns, text = task.eval_report(metrics)
     if run.dist_info.primary:
