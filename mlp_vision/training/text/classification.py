@@ -61,6 +61,7 @@ import torch.distributed as dist
 import torch.nn as nn
 from timm.utils import random_seed
 
+from ...text.modeling_utils import check_text_model_size
 from ...text.registry import model_class
 from ...text.tokenizer import Tokenizer, tokenizer_from_dict
 from ..checkpoint import atomic_folder, load_checkpoint_file
@@ -347,7 +348,9 @@ def _build_classifier(args, run: TrainingRun, data: ClassifyData) -> Tuple[nn.Mo
     if resumed:
         family = resumed['model_cfg']['family']
         cls = model_class(family, 'sequence_classification')
-        model = cls(cls.config_class.from_dict(resumed['model_config']))
+        config = cls.config_class.from_dict(resumed['model_config'])
+        check_text_model_size(cls, config, f'--resume {args.resume}')
+        model = cls(config)
         tokenizer = tokenizer_from_dict(resumed['tokenizer'])
         report = InitReport(**resumed['init_report'])
     else:
