@@ -82,3 +82,117 @@ def test_short_repr_is_bounded_in_length_and_work():
     assert short_repr('abc') == "'abc'" and short_repr(1.5) == '1.5' and short_repr(-7) == '-7'
     with pytest.raises(UsageError, match=r'--x must be <= 0, got <an integer of about 5001 digits>'):
         check_range('--x', 10 ** 5000, high=0)
+
+
+# ------------------------------------------------------------------------------------------------ model sizes
+def test_check_model_size_stops_the_meta_build_early():
+    built = []
+
+    def build():
+        layers = torch.nn.ModuleList()
+        for _ in range(100_000):
+            layers.append(torch.nn.Linear(4096, 4096, device='meta'))
+            built.append(1)
+        return layers
+
+    with pytest.raises(UsageError, match=r'stack would have more than 2e\+09 parameters \(the bound of '
+                                         r'mlp_vision.errors.MAX_PARAMS, 8 GB of float32 weights\)'):
+        check_model_size(build, 'stack')
+    assert len(built) < 200  # refused after ~120 layers, not after building 100,000
+    assert check_model_size(lambda: torch.nn.Linear(3, 2, device='meta'), 'small') == 8
+    assert check_model_size(lambda: None, 'not buildable on meta') is None
+
+
+def test_checkpoint_model_cfg_sizes_are_bounded_before_building(tmp_path, capsys):
+    """A checkpoint whose model_cfg says embed_dim 4096 and 100,000 blocks: one line from validate, in about a
+    second, no gigabytes allocated."""
+    import mlp_vision.validate as validate
+    path = tmp_path / 'evil.pth'
+    torch.save({'arch': 'gmlp_ti', 'state_dict': {}, 'epoch': 0,
+                'model_cfg': {'name': 'gmlp_ti', 'kwargs': {'embed_dim': 4096, 'num_blocks': 100_000}}}, path)
+    with pytest.raises(SystemExit) as e:
+        validate.main(['--checkpoint', str(path), '--data-dir', str(tmp_path)])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert (f"model gmlp_ti with {{'embed_dim': 4096, 'num_blocks': 100000}} (from checkpoint {path}'s model_cfg) "
+            f"would have more than 2e+09 parameters") in err
+
+
+def test_command_line_model_sizes_are_bounded_too():
+    from mlp_vision.training.model import create_model
+    with pytest.raises(UsageError, match=r"model mixer_s16 with \{'embed_dim': 65536\} would have more than"):
+        create_model('mixer_s16', embed_dim=65536)
+    assert create_model('mixer_s16', num_classes=3, embed_dim=8, num_blocks=1, img_size=32).num_classes == 3
+
+
+def test_text_config_json_sizes_are_bounded_before_building(tmp_path):
+    import mlp_vision.text as mt
+    from mlp_vision.text.tokenizer import ByteTokenizer
+    tokenizer = ByteTokenizer()
+    mt.create_model('gmlp_causal_char', vocab_size=tokenizer.vocab_size, hidden_size=8, num_hidden_layers=1,
+                    max_position_embeddings=8).save_pretrained(str(tmp_path), tokenizer)
+    payload = json.loads((tmp_path / 'config.json').read_text())
+    payload['config'].update(hidden_size=4096, num_hidden_layers=100_000)
+    (tmp_path / 'config.json').write_text(json.dumps(payload))
+    with pytest.raises(UsageError, match=r"config\.json: GMLPForCausalLM with \{'hidden_size': 4096, .*"
+                                         r"'num_hidden_layers': 100000, .*\} would have more than 2e\+09 parameters"):
+        mt.from_pretrained(str(tmp_path))
+
+
+# ------------------------------------------------------------------------------------------------ image folders
+def _png(path, colour=(200, 40, 40)):
+    from PIL import Image
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.new('RGB', (8, 8), colour).save(path)
+
+
+def test_fifo_named_like_an_image_is_skipped_with_a_warning(tmp_path, caplog):
+    """A FIFO named x.png would block the loader in open() forever: it is not read, and the warning says so."""
+    from mlp_vision.training.data import ImageFileReader
+    for c in ('a', 'b'):
+        _png(tmp_path / c / '0.png')
+    os.mkfifo(tmp_path / 'a' / 'pipe.png')
+    os.symlink(tmp_path / 'a' / 'missing.png', tmp_path / 'b' / 'dangling.png')
+    with caplog.at_level(logging.WARNING):
+        reader = ImageFileReader(str(tmp_path))
+    assert [p for p, _ in reader.samples] == ['a/0.png', 'b/0.png']
+    assert (f'{tmp_path}: skipped 2 entries named like images that are not regular files (FIFOs, devices, sockets '
+            f'or broken links; e.g. a/pipe.png): only regular files are read as images') in caplog.text
+
+
+def test_images_of_other_formats_are_counted_in_a_warning(tmp_path, caplog):
+    """timm's extensions decide what is read (.png .jpg .jpeg); .bmp, .gif and a multi-page .tiff are not dropped
+    silently: one warning counts them by extension."""
+    from PIL import Image
+    from mlp_vision.training.data import ImageFileReader
+    for c in ('a', 'b'):
+        _png(tmp_path / c / '0.png')
+    Image.new('RGB', (8, 8)).save(tmp_path / 'a' / '1.bmp')
+    Image.new('RGB', (8, 8)).save(tmp_path / 'b' / '1.bmp')
+    Image.new('P', (8, 8)).save(tmp_path / 'b' / '2.gif')
+    pages = [Image.new('L', (8, 8), v) for v in (0, 255)]
+    pages[0].save(tmp_path / 'b' / '3.tiff', save_all=True, append_images=pages[1:])
+    (tmp_path / 'a' / 'notes.txt').write_text('not an image format: not counted')
+    with caplog.at_level(logging.WARNING):
+        reader = ImageFileReader(str(tmp_path))
+    assert len(reader) == 2
+    assert (f'{tmp_path}: left out 4 image files of other formats (2 .bmp, 1 .gif, 1 .tiff): only .jpeg .jpg .png '
+            f'files are read') in caplog.text
+    assert '.gif/.tiff files with several frames are then read by their first frame only' in caplog.text
+    assert 'notes' not in caplog.text
+
+
+def test_images_of_other_formats_in_a_tar_are_counted_too(tmp_path, caplog):
+    import tarfile
+    from mlp_vision.training.data import ImageFileReader
+    for c in ('a', 'b'):
+        _png(tmp_path / 'src' / c / '0.png')
+    (tmp_path / 'src' / 'a' / '1.bmp').write_bytes(b'BM')
+    with tarfile.open(tmp_path / 'train.tar', 'w') as tf:
+        tf.add(tmp_path / 'src' / 'a', arcname='a')
+        tf.add(tmp_path / 'src' / 'b', arcname='b')
+    with caplog.at_level(logging.WARNING):
+        reader = ImageFileReader(str(tmp_path / 'train.tar'))
+    assert len(reader) == 2
+    assert f'image tar {tmp_path / "train.tar"}: left out 1 image files of other formats (1 .bmp)' in caplog.text
