@@ -196,3 +196,36 @@ def test_images_of_other_formats_in_a_tar_are_counted_too(tmp_path, caplog):
         reader = ImageFileReader(str(tmp_path / 'train.tar'))
     assert len(reader) == 2
     assert f'image tar {tmp_path / "train.tar"}: left out 1 image files of other formats (1 .bmp)' in caplog.text
+
+
+# ------------------------------------------------------------------------------------------------ tokenizer files
+def _with_regex_pre_tokenizer(folder):
+    path = folder / 'tokenizer.json'
+    payload = json.loads(path.read_text())
+    payload['pre_tokenizer'] = {'type': 'Sequence', 'pretokenizers': [
+        {'type': 'Split', 'pattern': {'Regex': '(a+)+$'}, 'behavior': 'Isolated', 'invert': False},
+        payload['pre_tokenizer']]}
+    path.write_text(json.dumps(payload))
+    return path
+
+
+@pytest.mark.parametrize('kind', ['wordpiece', 'bpe'])
+def test_tokenizer_file_with_a_regex_is_refused_unless_allowed(kind, tmp_path):
+    from mlp_vision.text.tokenizer import find_tokenizer, load_tokenizer, tokenizer_from_dict, train_tokenizer
+    texts = ['the cat sat on the mat', 'a dog ate the bone'] * 20
+    ours = train_tokenizer(texts=texts, kind=kind, vocab_size=300)
+    ours.save_pretrained(str(tmp_path))
+    assert load_tokenizer(str(tmp_path)).encode('the cat') == ours.encode('the cat')  # ours keep loading
+    assert tokenizer_from_dict(ours.to_dict()).encode('the cat') == ours.encode('the cat')
+    path = _with_regex_pre_tokenizer(tmp_path)
+    line = (f"{path}: pre_tokenizer.pretokenizers[0].pattern is the regular expression '(a+)+$', refused: a crafted "
+            f"pattern takes minutes per text")
+    for load in (lambda: find_tokenizer(str(tmp_path)), lambda: find_tokenizer(str(path))):
+        with pytest.raises(UsageError) as e:
+            load()
+        assert str(e.value).startswith(line) and 'allow_regex=True' in str(e.value)
+    trusted = load_tokenizer(str(tmp_path), allow_regex=True)
+    assert trusted.vocab_size == ours.vocab_size
+    saved = dict(ours.to_dict(), tokenizer_json=path.read_text())  # a checkpoint's tokenizer, edited
+    with pytest.raises(UsageError, match=r'the saved tokenizer: pre_tokenizer.pretokenizers\[0\].pattern is the '):
+        tokenizer_from_dict(saved)
