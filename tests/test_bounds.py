@@ -229,3 +229,107 @@ def test_tokenizer_file_with_a_regex_is_refused_unless_allowed(kind, tmp_path):
     saved = dict(ours.to_dict(), tokenizer_json=path.read_text())  # a checkpoint's tokenizer, edited
     with pytest.raises(UsageError, match=r'the saved tokenizer: pre_tokenizer.pretokenizers\[0\].pattern is the '):
         tokenizer_from_dict(saved)
+
+
+# ------------------------------------------------------------------------------------------------ text data
+WORDS = 'to be or not that is the question whether tis nobler in mind suffer slings arrows'.split()
+
+
+@pytest.fixture(scope='module')
+def english_wordpiece():
+    import random
+    from mlp_vision.text.tokenizer import train_tokenizer
+    rng = random.Random(0)
+    texts = [' '.join(rng.choice(WORDS) for _ in range(8)) for _ in range(200)]
+    return train_tokenizer(texts=texts, kind='wordpiece', vocab_size=200)
+
+
+def test_tsv_column_named_twice_is_an_error(tmp_path):
+    from mlp_vision.training.text.classification import read_labelled_file
+    path = tmp_path / 'train.tsv'
+    path.write_text('sentence\tlabel\tsentence\nto be\t1\tor not\nthat is\t0\tthe question\n')
+    with pytest.raises(UsageError, match=r"train\.tsv' names the column 'sentence' 2 times in its header \(tab-"
+                                         r"separated: \['sentence', 'label', 'sentence'\]\); expected each column "
+                                         r"named once"):
+        read_labelled_file(str(path))
+
+
+def test_tsv_header_repeated_inside_the_file_is_an_error(tmp_path):
+    from mlp_vision.training.text.classification import read_labelled_file
+    path = tmp_path / 'train.tsv'
+    path.write_text('sentence\tlabel\nto be\t1\nsentence\tlabel\nthat is\t0\n')  # two files joined
+    with pytest.raises(UsageError, match=r"train\.tsv' line 3 repeats the header row \(files joined with their "
+                                         r"headers\?\)"):
+        read_labelled_file(str(path))
+
+
+def test_corpus_entirely_unknown_is_an_error_and_mostly_unknown_a_warning(english_wordpiece, caplog):
+    from mlp_vision.training.text.data import check_unknown_tokens, encode_text
+    greek = encode_text(english_wordpiece, 'άλφα βήτα γάμμα δέλτα ' * 20, 'training text')
+    with pytest.raises(UsageError, match=r'the training text tokenizes entirely to \[UNK\] \(80 tokens\): the '
+                                         r'tokenizer knows none of it'):
+        check_unknown_tokens(greek, english_wordpiece, 'training text')
+    mixed = encode_text(english_wordpiece, 'to be άλφα βήτα γάμμα ' * 20, 'training text')
+    with caplog.at_level(logging.WARNING):
+        check_unknown_tokens(mixed, english_wordpiece, 'training text')
+    assert 'the training text: 60% of its 100 tokens are [UNK] (unknown to the tokenizer)' in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        check_unknown_tokens(encode_text(english_wordpiece, 'to be or not', 'x'), english_wordpiece, 'x')
+    assert caplog.text == ''
+
+
+def test_trainer_stops_on_a_corpus_the_tokenizer_does_not_know(english_wordpiece, tmp_path, capsys):
+    import mlp_vision.train_text as text_train
+    from _helpers import exits_with_one_line
+    english_wordpiece.save_pretrained(str(tmp_path / 'tok'))
+    (tmp_path / 'greek.txt').write_text('άλφα βήτα γάμμα δέλτα\n' * 200)
+    argv = ['--task', 'mlm', '--model', 'gmlp_base', '--model-kwargs', 'num_hidden_layers=1', 'hidden_size=16',
+            'intermediate_size=32', 'max_position_embeddings=16', '--threads', '1', '--steps', '1', '-b', '2',
+            '--train-file', str(tmp_path / 'greek.txt'), '--tokenizer-from', str(tmp_path / 'tok'),
+            '--output', str(tmp_path / 'out')]
+    msg = exits_with_one_line(text_train.main, argv, capsys)
+    assert 'the training text tokenizes entirely to [UNK]' in msg
+
+
+@pytest.mark.parametrize('kind', ['wordpiece', 'bpe', 'char', 'byte'])
+def test_tokenizing_in_pieces_gives_the_whole_text_ids(kind, monkeypatch):
+    """The stop flag is read between pieces of the text; the pieces' ids must be exactly the whole text's."""
+    import random
+    import mlp_vision.training.text.data as data
+    rng = random.Random(1)
+    lines = [' '.join(rng.choice(WORDS + ['  ', 'Tis,', "o'er", '...']) for _ in range(rng.randint(0, 9)))
+             for _ in range(300)]
+    text = '\n'.join(lines) + '\n'
+    tok = data.build_tokenizer(kind, 'causal', text, vocab_size=300)
+    whole = torch.tensor(tok.encode(text))
+    monkeypatch.setattr(data, 'ENCODE_CHUNK_CHARS', 50)
+    calls = []
+    pieces = data.encode_text(tok, text, 'training text', stop=lambda: calls.append(1) or 0)
+    assert len(calls) > 20 and torch.equal(pieces, whole)
+
+
+def test_stop_signal_is_honoured_while_tokenizing(monkeypatch):
+    import signal
+    import mlp_vision.training.text.data as data
+    from mlp_vision.errors import Interrupted
+    tok = data.build_tokenizer('byte', 'causal', '')
+    monkeypatch.setattr(data, 'ENCODE_CHUNK_CHARS', 100)
+    flags = iter([0, 0, signal.SIGTERM])  # pieces of 105 characters: the first break after 100
+    with pytest.raises(Interrupted, match=r'interrupted by SIGTERM at tokenizing the training text \(210 tokens '
+                                          r'so far\)') as e:
+        data.encode_text(tok, 'word\n' * 1000, 'training text', stop=lambda: next(flags))
+    assert e.value.exit_status == 128 + signal.SIGTERM
+
+
+def test_global_batch_beyond_the_data_is_a_warning_with_numbers(caplog):
+    from mlp_vision.training.loop import warn_global_batch_beyond_data
+    with caplog.at_level(logging.WARNING):
+        warn_global_batch_beyond_data(8, 2, 10 ** 9, 300, 'images')
+    assert ('the global batch (8 x 2 processes x 1000000000 accumulation steps = 16,000,000,000) is larger than the '
+            'training data (300 images): each update would need 5.33e+07 times the data; lower -b / '
+            '--grad-accum-steps') in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        warn_global_batch_beyond_data(8, 2, 4, 300, 'images')
+    assert caplog.text == ''
