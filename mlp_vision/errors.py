@@ -15,14 +15,16 @@ import argparse
 import errno
 import math
 import os
+import reprlib
 import signal
 import sys
-from typing import Callable, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import torch
+import torch.nn as nn
 
 __all__ = ['ArgumentParser', 'UsageError', 'RunError', 'Interrupted', 'ScriptExit', 'run_cli', 'find_os_error',
-           'check_range', 'parse_device', 'stop_moved_module']
+           'check_range', 'parse_device', 'stop_moved_module', 'short_repr', 'MAX_PARAMS', 'check_model_size']
 
 
 class UsageError(ValueError):
@@ -41,6 +43,25 @@ class ArgumentParser(argparse.ArgumentParser):
 
     def error(self, message: str):
         raise UsageError(message)
+
+
+_SHORT = reprlib.Repr()
+_SHORT.maxlevel, _SHORT.maxdict, _SHORT.maxlist, _SHORT.maxtuple, _SHORT.maxset = 3, 6, 6, 6, 6
+_SHORT.maxstring, _SHORT.maxother, _SHORT.maxlong = 120, 120, 40
+
+
+def short_repr(value: Any, limit: int = 200) -> str:
+    """``repr(value)`` bounded in work and length, for every message that echoes a value from the user or a file:
+    nested containers are shown to 3 levels and 6 items each, long strings and numbers are cut (``...``), and the
+    whole is at most ``limit`` characters. A full ``repr`` of a yaml alias bomb (1 KB of file, billions of
+    elements once expanded) or of a 10**5000 integer (``ValueError``: too many digits) never ends or fails."""
+    if isinstance(value, int) and value.bit_length() > 256:  # repr of >4300 digits raises; of fewer takes long
+        return f'<an integer of about {int(value.bit_length() * math.log10(2)) + 1} digits>'
+    try:
+        text = _SHORT.repr(value)
+    except Exception:  # a broken __repr__ (an integer over Python's digit limit inside a container)
+        text = f'<{type(value).__name__} object>'
+    return text if len(text) <= limit else text[:limit - 3] + '...'
 
 
 def check_range(name: str, value, low=None, high=None, *, low_open: bool = False, high_open: bool = False,
@@ -67,7 +88,51 @@ def check_range(name: str, value, low=None, high=None, *, low_open: bool = False
         expected = f'{"<" if high_open else "<="} {high}'
     else:
         expected = 'a finite number'
-    raise UsageError(f'{name} must be {expected}{f" ({why})" if why else ""}, got {value}')
+    raise UsageError(f'{name} must be {expected}{f" ({why})" if why else ""}, got {short_repr(value)}')
+
+
+# the largest model any command builds unasked: 2e9 parameters are 8 GB of float32 weights (32 GB with AdamW's
+# state and the gradients); a size read from a file (a checkpoint's model_cfg, a config.json) beyond it is far more
+# likely damaged or hostile than meant. Library callers pass another ``max_params`` to check_model_size.
+MAX_PARAMS = 2_000_000_000
+
+
+class _OverBudget(BaseException):
+    """Raised inside a meta-device build as soon as the parameters registered pass the bound (a BaseException, so
+    that no ``except Exception`` in a model's or the caller's build code takes it for a build error)."""
+
+
+def check_model_size(build_on_meta: Callable[[], Optional[nn.Module]], what: str,
+                     max_params: Optional[int] = None) -> Optional[int]:
+    """The parameter count of the model ``build_on_meta()`` builds on the ``meta`` device (no memory: only shapes),
+    or a :class:`UsageError` naming ``what`` (the model, and the file or field its sizes came from) when it exceeds
+    ``max_params``. The build stops as soon as the parameters registered so far pass the bound, so a config of
+    100,000 wide layers is refused after a few of them, not built. ``build_on_meta`` returning None (a model that
+    cannot be built on ``meta``) skips the check: None is returned. ``max_params`` None: :data:`MAX_PARAMS`."""
+    max_params = MAX_PARAMS if max_params is None else max_params
+    seen, total = set(), 0
+
+    def count(module: nn.Module, name: str, param: Optional[nn.Parameter]) -> None:
+        nonlocal total
+        if param is not None and id(param) not in seen:  # a tied weight counts once
+            seen.add(id(param))
+            total += param.numel()
+            if total > max_params:
+                raise _OverBudget
+
+    handle = nn.modules.module.register_module_parameter_registration_hook(count)
+    try:
+        model = build_on_meta()
+    except _OverBudget:
+        model = None
+    finally:
+        handle.remove()
+    if total > max_params:
+        raise UsageError(f'{what} would have more than {max_params:.3g} parameters (the bound of '
+                         f'mlp_vision.errors.MAX_PARAMS, {4 * max_params / 1e9:.0f} GB of float32 weights); '
+                         f'expected sizes of a model this machine can hold: check the sizes given (a damaged or '
+                         f'edited file?), or raise mlp_vision.errors.MAX_PARAMS in Python if the model is meant')
+    return None if model is None else sum(p.numel() for p in model.parameters())
 
 
 def parse_device(device: str, flag: str = '--device') -> torch.device:

@@ -58,6 +58,7 @@ from mlp_vision.training.engine import evaluate, format_duration, train_one_epoc
 from mlp_vision.training.loop import StepLoop
 from mlp_vision.errors import ArgumentParser, Interrupted, UsageError, run_cli
 from mlp_vision.training.log import setup_logging
+from mlp_vision.training.loop import warn_global_batch_beyond_data
 from mlp_vision.training.model import (
     ALLOW_MISSING_FLAG, add_compile_arguments, check_compile_backend, compile_model, create_model,
     load_pretrained_weights, model_create_kwargs)
@@ -469,6 +470,8 @@ def _prepare(args, run, data_dir) -> ImageTraining:
     mixup_fn, train_loss_fn = _create_mixup_and_loss(args, device)
 
     updates_per_epoch = (len(loader_train) + args.grad_accum_steps - 1) // args.grad_accum_steps
+    warn_global_batch_beyond_data(args.batch_size, dist_info.world_size, args.grad_accum_steps, len(dataset_train),
+                                  'images')
     schedule = dict(scheduler_kwargs(args, decreasing_metric=args.eval_metric == 'loss'), lr=args.lr)
     lr_scheduler, num_epochs = create_lr_scheduler(optimizer, schedule, updates_per_epoch)
     last_epoch, num_updates = run.restore(model, optimizer, lr_scheduler, schedule, loss_scaler,

@@ -991,8 +991,34 @@ def test_smlpnet_axial_mixing_directions(name):
     (dict(drop_path_rate=-0.1), r'drop_path_rate must be in \[0, 1\)'),
     (dict(drop_rate=1.5), r'drop_rate must be in \[0, 1\)'),
     (dict(proj_drop_rate=float('nan')), r'proj_drop_rate must be in \[0, 1\)'),
+    (dict(embed_dim=0), 'embed_dim must be an integer >= 1, got 0'),
+    (dict(embed_dim=2.5), 'embed_dim must be an integer >= 1, got 2.5'),
+    (dict(mlp_ratio=0), r'mlp_ratio must be a finite number > 0 \(hidden width / embed_dim\), got 0'),
+    (dict(mlp_ratio=float('nan')), 'mlp_ratio must be a finite number > 0'),
+    (dict(mlp_ratio=-1.), 'mlp_ratio must be a finite number > 0'),
+    (dict(mlp_ratio=1e-4), r'mlp_ratio 0.0001 gives a hidden width of int\(0.0001 \* \d+\) = 0'),
+    (dict(global_pool='bogus'), r"global_pool must be one of '', 'avg'.*, got 'bogus'"),
 ])
 def test_bad_constructor_arguments(family, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        create(family, **kwargs)
+
+
+@pytest.mark.parametrize('family,kwargs,match', [
+    ('smlpnet_t_a2', dict(depths=(-1, 1, 1, 1)), r'depths must be a non-empty sequence of integers >= 1 \(blocks per '
+                                                 r'stage\), got \(-1, 1, 1, 1\)'),
+    ('smlpnet_t_a2', dict(depths=(0, 1, 1, 1)), 'depths must be a non-empty sequence of integers >= 1'),
+    ('smlpnet_t_a2', dict(depths=(1.5, 1, 1, 1)), 'depths must be a non-empty sequence of integers >= 1'),
+    ('smlpnet_t_a2', dict(depths=()), 'depths must be a non-empty sequence of integers >= 1'),
+    ('mixer_s16', dict(num_blocks=0), 'num_blocks must be an integer >= 1, got 0'),
+    ('gmlp_ti', dict(num_blocks=-1), 'num_blocks must be an integer >= 1, got -1'),
+    ('mixer_s16', dict(patch_size=0), 'patch_size must be an integer >= 1, got 0'),
+    ('mixer_s16', dict(patch_size=7), r'needs H and W divisible by 7 \(its patch size\)'),
+    ('mixer_s16', dict(mlp_ratio=(0., 4.)), r'mlp_ratio must be a finite number > 0 .*got \(0.0, 4.0\)'),
+])
+def test_bad_sizes_of_one_family(family, kwargs, match):
+    """Sizes no model of the family can be built with (or that built another model: ``mlp_ratio=0`` gave a
+    ratio of 1, ``depths`` with a 0 an empty stage) are a ValueError saying what is expected."""
     with pytest.raises(ValueError, match=match):
         create(family, **kwargs)
 

@@ -185,7 +185,7 @@ def test_train_bad_inputs_one_line_exit_2(images, tmp_path, capsys):
         ('--class-map', str(tmp_path / 'none.txt')): 'is not a file',
         ('--class-map', str(pickled_map)): 'is a pickle: loading one can run code',
         ('--torchcompile', 'banana'): "--torchcompile 'banana' is not a torch.compile backend",
-        ('--gp', 'banana'): 'Invalid pool type: banana',
+        ('--gp', 'banana'): "global_pool must be one of '', 'avg', 'max'",
         ('--dataset', 'banana/x'): "--dataset 'banana/x' is not a dataset timm reads",
         ('--experiment', '../up'): 'is not a folder name',
     }

@@ -1,7 +1,8 @@
 """ Input validation for fixed-size models, with errors that say what was expected. """
+import math
 import operator
 import warnings
-from typing import Sequence, Tuple, Union
+from typing import Any, Mapping, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn as nn
@@ -12,7 +13,11 @@ try:  # timm's record of a built model's current input size, apart from its pret
 except ImportError:
     update_model_input_size = None
 
-__all__ = ['check_image_input', 'check_img_size', 'check_model_args', 'record_input_size']
+__all__ = ['check_image_input', 'check_img_size', 'check_model_args', 'record_input_size', 'TIMM_POOL_TYPES']
+
+# the pool types of timm's ClassifierHead / SelectAdaptivePool2d
+TIMM_POOL_TYPES = ('', 'avg', 'max', 'avgmax', 'catavgmax', 'fast', 'fastavg', 'fastmax', 'fastavgmax',
+                   'fastcatavgmax')
 
 
 @register_notrace_function  # a leaf for timm's FX feature extraction (its control flow is on shapes)
@@ -93,20 +98,62 @@ def record_input_size(model: nn.Module, img_size: Tuple[int, int]) -> None:
         model.pretrained_cfg = model.default_cfg = cfg
 
 
+def _is_int(value: Any) -> bool:
+    try:  # integers of any kind (numpy's too), not floats or bools
+        operator.index(value)
+    except TypeError:
+        return False
+    return not isinstance(value, bool)
+
+
 def check_model_args(
         in_chans: int,
         num_classes: int,
         drop_rate: float = 0.,
         proj_drop_rate: float = 0.,
         drop_path_rate: float = 0.,
+        *,
+        sizes: Optional[Mapping[str, Any]] = None,
+        depths: Optional[Sequence[int]] = None,
+        mlp_ratio: Union[None, float, Sequence[float]] = None,
+        global_pool: Optional[str] = None,
+        pools: Sequence[str] = TIMM_POOL_TYPES,
 ) -> None:
     """Raise ``ValueError`` with what is expected for constructor arguments no model can be built with (instead of
-    a failure deep in a layer, or at the first training step for a drop-path rate of 1 or more)."""
-    if not isinstance(in_chans, int) or in_chans < 1:
+    a failure deep in a layer, a silently different model, or a failure at the first training step for a
+    drop-path rate of 1 or more).
+
+    ``sizes``: name -> value of integers that must be >= 1 (``embed_dim``, ``patch_size``, ``num_blocks``);
+    ``depths``: blocks per stage, a non-empty sequence of integers >= 1; ``mlp_ratio``: a ratio or a tuple of them,
+    each finite and large enough for ``embed_dim`` (``sizes['embed_dim']``) to give a hidden width >= 1 (timm's
+    ``Mlp`` takes a width of 0 for "the input width": ``mlp_ratio=0`` built a ratio of 1); ``global_pool``: one
+    of ``pools``.
+    """
+    if not _is_int(in_chans) or in_chans < 1:
         raise ValueError(f'in_chans must be an integer >= 1 (input image channels), got {in_chans!r}')
-    if not isinstance(num_classes, int) or num_classes < 0:
+    if not _is_int(num_classes) or num_classes < 0:
         raise ValueError(f'num_classes must be an integer >= 0 (0 for no classifier), got {num_classes!r}')
     for name, rate in (('drop_rate', drop_rate), ('proj_drop_rate', proj_drop_rate),
                        ('drop_path_rate', drop_path_rate)):
-        if not 0. <= rate < 1.:
+        if not isinstance(rate, (int, float)) or not 0. <= rate < 1.:
             raise ValueError(f'{name} must be in [0, 1) (a probability of dropping), got {rate!r}')
+    for name, value in (sizes or {}).items():
+        if not _is_int(value) or value < 1:
+            raise ValueError(f'{name} must be an integer >= 1, got {value!r}')
+    if depths is not None and (isinstance(depths, (str, bytes)) or not isinstance(depths, Sequence) or not depths
+                               or not all(_is_int(d) and d >= 1 for d in depths)):
+        raise ValueError(f'depths must be a non-empty sequence of integers >= 1 (blocks per stage), got {depths!r}')
+    if mlp_ratio is not None:
+        _check_mlp_ratio(mlp_ratio, (sizes or {}).get('embed_dim'))
+    if global_pool is not None and global_pool not in pools:
+        raise ValueError(f'global_pool must be one of {", ".join(map(repr, pools))}, got {global_pool!r}')
+
+
+def _check_mlp_ratio(mlp_ratio: Union[float, Sequence[float]], dim: Optional[int]) -> None:
+    ratios = tuple(mlp_ratio) if isinstance(mlp_ratio, (tuple, list)) else (mlp_ratio,)
+    for r in ratios:
+        if isinstance(r, bool) or not isinstance(r, (int, float)) or not math.isfinite(r) or r <= 0:
+            raise ValueError(f'mlp_ratio must be a finite number > 0 (hidden width / embed_dim), got {mlp_ratio!r}')
+        if dim is not None and int(r * dim) < 1:
+            raise ValueError(f'mlp_ratio {r!r} gives a hidden width of int({r!r} * {dim}) = 0; expected a ratio '
+                             f'of at least {1 / dim:g} for embed_dim {dim}')

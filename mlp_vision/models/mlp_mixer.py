@@ -71,10 +71,10 @@ class MlpMixer(nn.Module):
     ) -> None:
         super().__init__()
         dd = {'device': device, 'dtype': dtype}
-        check_model_args(in_chans, num_classes, drop_rate, proj_drop_rate, drop_path_rate)
+        check_model_args(in_chans, num_classes, drop_rate, proj_drop_rate, drop_path_rate, mlp_ratio=mlp_ratio,
+                         sizes=dict(embed_dim=embed_dim, patch_size=patch_size, num_blocks=num_blocks),
+                         global_pool=global_pool, pools=('', 'avg'))
         img_size = check_img_size(img_size, patch_size, 'this model', 'its patch size')
-        if global_pool not in ('', 'avg'):
-            raise ValueError(f"global_pool must be '' or 'avg', got {global_pool!r}")
         self.num_classes = num_classes
         self.in_chans = in_chans
         self.img_size: Tuple[int, int] = img_size

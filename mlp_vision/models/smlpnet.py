@@ -117,7 +117,8 @@ class SparseMLPNet(nn.Module):
     ) -> None:
         super().__init__()
         dd = {'device': device, 'dtype': dtype}
-        check_model_args(in_chans, num_classes, drop_rate, proj_drop_rate, drop_path_rate)
+        check_model_args(in_chans, num_classes, drop_rate, proj_drop_rate, drop_path_rate, depths=depths,
+                         sizes=dict(embed_dim=embed_dim), mlp_ratio=mlp_ratio, global_pool=global_pool)
         num_stages = len(depths)
         self.num_classes = num_classes
         self.in_chans = in_chans

@@ -39,13 +39,13 @@ import torch.utils._pytree as pytree
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
-from mlp_vision.errors import UsageError, check_range
+from mlp_vision.errors import UsageError, check_model_size, check_range, short_repr
 from ..weights import load_backbone, tied_aliases
 
 __all__ = [
     'TextConfig', 'ModelOutput', 'TextModelOutput', 'PretrainedMixin', 'GenerationMixin', 'check_text_inputs',
     'masked_lm_loss', 'causal_lm_loss', 'scored_positions', 'sequence_classification_loss', 'init_linear_embedding', 'tied_decoder',
-    'read_config', 'parse_config_payload', 'is_saved_folder', 'weight_file_shapes',
+    'read_config', 'parse_config_payload', 'is_saved_folder', 'weight_file_shapes', 'check_text_model_size',
     'check_tokenizer_fits', 'pool_sequence',
     'check_classifier_pooling', 'CLASSIFIER_POOLINGS',
     'CONFIG_NAME', 'WEIGHTS_NAME', 'FORMAT_VERSION',
@@ -397,6 +397,15 @@ def _check_weight_shapes(model: nn.Module, weights_path: str, config_path: str) 
                              f'{own[key]} by the config; the config was edited or belongs to other weights')
 
 
+def check_text_model_size(model_cls: type, config: 'TextConfig', source: str) -> None:
+    """Refuse (:func:`~mlp_vision.errors.check_model_size`, a :class:`UsageError` naming ``source`` and the size
+    fields) a ``model_cls(config)`` beyond :data:`~mlp_vision.errors.MAX_PARAMS` parameters, counted on the
+    ``meta`` device before anything is allocated: a ``config.json`` or a checkpoint's saved config may say
+    ``hidden_size`` 4096 and 100,000 layers."""
+    sizes = {f.name: getattr(config, f.name) for f in dataclasses.fields(config) if f.name in _POSITIVE_SIZE_FIELDS}
+    check_model_size(lambda: model_cls(config, device='meta'), f'{source}: {model_cls.__name__} with {short_repr(sizes)}')
+
+
 def check_tokenizer_fits(tokenizer, config: 'TextConfig', source: str) -> None:
     """A model's vocabulary is its tokenizer's: a :class:`~mlp_vision.errors.UsageError` when the sizes
     differ (ids past the embedding fail, embedding rows without a token predict what cannot be written)."""
@@ -488,6 +497,7 @@ class PretrainedMixin:
         config = dataclasses.replace(config, **cls.config_class.rename_legacy(dict(overrides)))
         tokenizer = find_tokenizer(directory)
         check_tokenizer_fits(tokenizer, config, directory)
+        check_text_model_size(cls, config, config_path)
         model = cls(config)
         same_arch = arch == cls.__name__
         strict = same_arch if strict is None else strict

@@ -19,6 +19,7 @@ import fnmatch
 import os
 from typing import Any, Dict, List, Optional, Tuple, Type
 
+import torch
 import torch.nn as nn
 
 from mlp_vision.errors import UsageError
@@ -26,7 +27,7 @@ from .bert import BertConfig, BertForMaskedLM, BertForSequenceClassification, Be
 from .bigs import BiGSConfig, BiGSForMaskedLM, BiGSForSequenceClassification, BiGSModel
 from .gmlp import GMLPConfig, GMLPForCausalLM, GMLPForMaskedLM, GMLPForSequenceClassification, GMLPModel
 from .gpt import GPTConfig, GPTLanguageModel
-from .modeling_utils import CONFIG_NAME, TextConfig, read_config
+from .modeling_utils import CONFIG_NAME, TextConfig, check_text_model_size, read_config
 
 __all__ = [
     'create_model', 'list_models', 'is_model', 'model_config', 'model_entry', 'register_model', 'model_class',
@@ -100,10 +101,14 @@ def model_entry(name: str) -> ModelEntry:
 
 
 def create_model(name: str, task: Optional[str] = None, device=None, dtype=None, **overrides) -> nn.Module:
-    """Build the registered text model ``name`` (see the module docstring for the overrides)."""
+    """Build the registered text model ``name`` (see the module docstring for the overrides); one of more than
+    :data:`mlp_vision.errors.MAX_PARAMS` parameters (counted on the ``meta`` device first) is a ``UsageError``."""
     entry = model_entry(name)
     task = entry.task if task is None else task
-    return model_class(entry.family, task)(entry.build_config(**overrides), device=device, dtype=dtype)
+    cls, config = model_class(entry.family, task), entry.build_config(**overrides)
+    if torch.device(device or 'cpu').type != 'meta':  # sizes from flags or a resumed run's file: bounded first
+        check_text_model_size(cls, config, f'text model {name}')
+    return cls(config, device=device, dtype=dtype)
 
 
 def list_models(pattern: str = '*', task: Optional[str] = None, family: Optional[str] = None) -> List[str]:

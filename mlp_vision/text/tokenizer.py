@@ -25,20 +25,25 @@ Sequences follow BERT's template (arXiv 1810.04805, §3 "Input/Output Representa
 ``<cls>`` (the char tokenizer of a causal LM) adds nothing. Padding is on the right, the only layout the models
 accept.
 
+A ``tokenizer.json`` with a regular expression in its normalizer, pre-tokenizer or elsewhere (``Split`` /
+``Replace`` with ``{"Regex": ...}``) is refused unless the caller opts in (``allow_regex=True``): ``tokenizers``
+runs them with a backtracking engine, and a crafted pattern takes minutes per text. The tokenizers this package
+writes use none (BERT's normalizer and pre-tokenizer, byte-level BPE's built-in split).
+
 Special-token strings in the text: the byte and char tokenizers never produce special ids from text; a subword
 tokenizer recognises its special tokens (as ``transformers`` does). Insert them by id to be independent of that.
 """
 import json
 import os
 import re
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Union
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
-from mlp_vision.errors import UsageError, check_range
+from mlp_vision.errors import UsageError, check_range, short_repr
 
 __all__ = [
     'Tokenizer', 'ByteTokenizer', 'CharTokenizer', 'SubwordTokenizer', 'train_tokenizer', 'load_tokenizer',
     'find_tokenizer', 'tokenizer_from_dict', 'check_vocab_size', 'DEFAULT_CONTROL_TOKENS', 'BERT_CONTROL_TOKENS',
-    'SUBWORD_KINDS',
+    'SUBWORD_KINDS', 'check_no_regex',
 ]
 
 DEFAULT_CONTROL_TOKENS = ('<pad>', '<cls>', '<sep>', '<mask>')
@@ -405,11 +410,15 @@ class SubwordTokenizer(Tokenizer):
 
     @classmethod
     def from_file(cls, path: str, special_tokens_map: Optional[Mapping[str, str]] = None,
-                  do_lower_case: Optional[bool] = None) -> 'SubwordTokenizer':
+                  do_lower_case: Optional[bool] = None, allow_regex: bool = False) -> 'SubwordTokenizer':
         """Any ``tokenizer.json`` of Hugging Face's ``tokenizers``; roles not given are found by their usual
-        names ([PAD]/<pad>, [CLS]/<cls>/<s>, ...)."""
+        names ([PAD]/<pad>, [CLS]/<cls>/<s>, ...). One with a regular expression is refused unless ``allow_regex``
+        (:func:`check_no_regex`)."""
         from tokenizers import Tokenizer as Backend
-        backend = Backend.from_file(path)
+        with open(path, encoding='utf-8') as f:
+            text = f.read()
+        check_no_regex(json.loads(text), path, allow_regex)
+        backend = Backend.from_str(text)
         specials = dict(_guess_special_tokens(backend.get_vocab(with_added_tokens=True)))
         specials.update(special_tokens_map or {})
         return cls(backend, specials, do_lower_case)
@@ -560,8 +569,44 @@ def train_tokenizer(
 
 # ---------------------------------------------------------------------------------------------------- loading
 
-def tokenizer_from_dict(d: Mapping[str, Any]) -> Tokenizer:
-    """Inverse of :meth:`Tokenizer.to_dict` (also reads the ``{"type": "char" | "byte"}`` dicts of older runs)."""
+def _find_regex(node: Any, where: str = '', depth: int = 0) -> Optional[Tuple[str, Any]]:
+    """(where, pattern) of the first ``{"Regex": pattern}`` in a parsed ``tokenizer.json``, or None."""
+    if depth > 64:  # tokenizers' own files nest a few levels; deeper is no tokenizer
+        return where or 'the file', '(nested deeper than 64 levels)'
+    if isinstance(node, dict):
+        if 'Regex' in node:
+            return where, node['Regex']
+        items = node.items()
+    elif isinstance(node, list):
+        items = ((f'[{i}]', v) for i, v in enumerate(node))
+    else:
+        return None
+    if where == '' and isinstance(node, dict):  # the vocabulary and merges hold no patterns: not walked
+        items = ((k, v) for k, v in items if k not in ('model', 'added_tokens'))
+    for key, value in items:
+        found = _find_regex(value, f'{where}.{key}' if where and not key.startswith('[') else f'{where}{key}',
+                            depth + 1)
+        if found is not None:
+            return found
+    return None
+
+
+def check_no_regex(payload: Any, where: str, allow_regex: bool = False) -> None:
+    """A :class:`UsageError` naming ``where`` and the field when the parsed ``tokenizer.json`` ``payload`` holds a
+    regular expression (``{"Regex": ...}``: a ``Split`` or ``Replace`` normalizer / pre-tokenizer), unless
+    ``allow_regex``. ``tokenizers`` matches them with a backtracking engine: a crafted pattern such as ``(a+)+$``
+    takes minutes per text."""
+    found = None if allow_regex else _find_regex(payload)
+    if found is not None:
+        field, pattern = found
+        raise UsageError(f'{where}: {field} is the regular expression {short_repr(pattern, 80)}, refused: a crafted '
+                         f'pattern takes minutes per text; the tokenizers this package writes use none. Load a file '
+                         f'you trust with allow_regex=True (in Python)')
+
+
+def tokenizer_from_dict(d: Mapping[str, Any], allow_regex: bool = False) -> Tokenizer:
+    """Inverse of :meth:`Tokenizer.to_dict` (also reads the ``{"type": "char" | "byte"}`` dicts of older runs); a
+    subword tokenizer with a regular expression is refused unless ``allow_regex`` (:func:`check_no_regex`)."""
     kind = d.get('tokenizer_type', d.get('type'))
     if kind == 'byte':
         return ByteTokenizer(d['special_tokens'])
@@ -569,6 +614,7 @@ def tokenizer_from_dict(d: Mapping[str, Any]) -> Tokenizer:
         return CharTokenizer(d['chars'], d['special_tokens'], d.get('unk'))
     if kind == 'subword':
         from tokenizers import Tokenizer as Backend
+        check_no_regex(json.loads(d['tokenizer_json']), 'the saved tokenizer', allow_regex)
         return SubwordTokenizer(Backend.from_str(d['tokenizer_json']), d['special_tokens_map'], d.get('do_lower_case'))
     raise ValueError(f'unknown tokenizer type {kind!r}; expected byte, char or subword')
 
@@ -615,7 +661,7 @@ def _hf_special_tokens(directory: str) -> Dict[str, str]:
     return out
 
 
-def find_tokenizer(path: str) -> Optional[Tokenizer]:
+def find_tokenizer(path: str, allow_regex: bool = False) -> Optional[Tokenizer]:
     """The tokenizer in a folder (or of a file), or None when there is none. Looked for, in order:
 
     * ``tokenizer_config.json`` written by :meth:`Tokenizer.save_pretrained` for a byte / char tokenizer;
@@ -623,6 +669,8 @@ def find_tokenizer(path: str) -> Optional[Tokenizer]:
       tokens of ``tokenizer_config.json`` / ``special_tokens_map.json`` when present;
     * ``vocab.txt``: BERT WordPiece, lower-casing from ``tokenizer_config.json``'s ``do_lower_case`` when present,
       else from the vocabulary (see :meth:`SubwordTokenizer.from_vocab_file`).
+
+    A ``tokenizer.json`` with a regular expression is refused unless ``allow_regex`` (:func:`check_no_regex`).
     """
     path = os.fspath(path)
     if os.path.isfile(path):
@@ -636,7 +684,7 @@ def find_tokenizer(path: str) -> Optional[Tokenizer]:
             return _read_tokenizer_file(path, lambda: tokenizer_from_dict(d))
         if 'model' not in d:  # JSON of something else (a config.json)
             return None
-        return _read_tokenizer_file(path, lambda: SubwordTokenizer.from_file(path))
+        return _read_tokenizer_file(path, lambda: SubwordTokenizer.from_file(path, allow_regex=allow_regex))
     if not os.path.isdir(path):
         raise FileNotFoundError(f'{path} does not exist')
     config_file = os.path.join(path, TOKENIZER_CONFIG_NAME)
@@ -650,7 +698,8 @@ def find_tokenizer(path: str) -> Optional[Tokenizer]:
         if d.get('type') in ('byte', 'char'):
             return _read_tokenizer_file(tokenizer_file, lambda: tokenizer_from_dict(d))
         specials = _hf_special_tokens(path)
-        return _read_tokenizer_file(tokenizer_file, lambda: SubwordTokenizer.from_file(tokenizer_file, specials, lower))
+        return _read_tokenizer_file(tokenizer_file, lambda: SubwordTokenizer.from_file(
+            tokenizer_file, specials, lower, allow_regex=allow_regex))
     vocab_file = os.path.join(path, VOCAB_FILE_NAME)
     if os.path.isfile(vocab_file):
         return _read_tokenizer_file(vocab_file, lambda: SubwordTokenizer.from_vocab_file(
@@ -663,9 +712,9 @@ def _read_lines(path: str) -> List[str]:
         return [line.rstrip('\n') for line in f]
 
 
-def load_tokenizer(path: str) -> Tokenizer:
+def load_tokenizer(path: str, allow_regex: bool = False) -> Tokenizer:
     """As :func:`find_tokenizer`, but a folder without a tokenizer is an error."""
-    tok = find_tokenizer(path)
+    tok = find_tokenizer(path, allow_regex)
     if tok is None:
         raise FileNotFoundError(f'{path} holds no tokenizer (expected {TOKENIZER_CONFIG_NAME}, {TOKENIZER_FILE_NAME} '
                                 f'or {VOCAB_FILE_NAME})')

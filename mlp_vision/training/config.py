@@ -6,6 +6,11 @@ Keys may be written as the flag (``weight-decay``) or its destination (``weight_
 an error, so a typo in a recipe cannot be silently ignored, and every value must have the flag's type
 (``batch_size: 32.5`` is an error, as ``--batch-size 32.5`` is).
 
+Every yaml file the package reads (``-c`` files, the recipes, a run's ``args.yaml``) goes through
+:func:`read_yaml_file`: yaml's safe loader (no tags run code) that also refuses aliases (``*name``: a 1 KB file of
+nested aliases expands to gigabytes), duplicate keys (yaml lets the last one win silently), nesting deeper than
+:data:`MAX_YAML_DEPTH` and files over :data:`MAX_YAML_BYTES`, each with one line naming the file and line.
+
 The image recipes (the repository's ``configs/``, shipped in the package as ``mlp_vision/configs``) are found by
 name: ``-c smlpnet_t`` is ``configs/smlpnet_t.yaml`` from a checkout and from an installed package alike.
 """
@@ -17,16 +22,89 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import yaml
 
-from mlp_vision.errors import UsageError, check_range
+from mlp_vision.errors import UsageError, check_range, short_repr
 
 __all__ = ['load_yaml_config', 'parse_args_with_config', 'args_to_yaml', 'check_flag_ranges', 'SEED_MAX',
-           'find_recipe', 'recipe_names', 'recipe_folder']
+           'find_recipe', 'recipe_names', 'recipe_folder', 'read_yaml_file', 'parse_yaml', 'MAX_YAML_BYTES',
+           'MAX_YAML_DEPTH']
 
 # --seed's largest value in both trainers: the seed feeds numpy's generator (seeds < 2**32) after the rank is added
 SEED_MAX = 2 ** 31 - 1
 # --threads in every script: more threads than CPUs only oversubscribe them, and torch.set_num_threads(100000)
 # crashes the process (SIGSEGV)
 THREADS_RANGE = dict(low=1, high=os.cpu_count() or 1, why="this machine's CPUs")
+
+
+# a settings file is a few KB (a run's args.yaml about 4 KB) and at most a few levels deep (a dict of model kwargs
+# holding a tuple); far beyond either is no recipe, and reading it unbounded is the hazard
+MAX_YAML_BYTES = 1 << 20
+MAX_YAML_DEPTH = 20
+
+
+class _StrictYamlLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses aliases, duplicate mapping keys and nesting deeper than
+    :data:`MAX_YAML_DEPTH` (each a ``MarkedYAMLError`` at the node's line)."""
+
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.AliasEvent):
+            raise yaml.composer.ComposerError(
+                None, None, 'an alias (*name) is not accepted: write the value out (aliases let a small file '
+                'expand without bound)', self.peek_event().start_mark)
+        self._depth = getattr(self, '_depth', 0) + 1
+        try:
+            if self._depth > MAX_YAML_DEPTH:
+                raise yaml.composer.ComposerError(None, None, f'nested deeper than {MAX_YAML_DEPTH} levels',
+                                                  self.peek_event().start_mark)
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            first = {}
+            for key_node, _ in node.value:
+                if key_node.tag == 'tag:yaml.org,2002:merge':  # keys a '<<' merge brings may be overridden
+                    continue
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    seen = key in first
+                except TypeError:  # unhashable: SafeLoader's own error below names it
+                    continue
+                if seen:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f'duplicate key {short_repr(key)} (first at line {first[key]}); expected each key '
+                        f'once', key_node.start_mark)
+                first[key] = key_node.start_mark.line + 1
+        return super().construct_mapping(node, deep=deep)
+
+
+def parse_yaml(data: bytes, where: str) -> Any:
+    """The yaml document ``data`` (bytes, UTF-8 / UTF-16 with a BOM) through :class:`_StrictYamlLoader`; anything
+    unreadable is one :class:`UsageError` line naming ``where`` and the line."""
+    try:
+        return yaml.load(data, Loader=_StrictYamlLoader)
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark or e.context_mark
+        problem = ' '.join(str(e.problem or e.context).split())
+        raise UsageError(f'{where}{f" line {mark.line + 1}" if mark else ""}: {problem}') from None
+    except yaml.YAMLError as e:  # the reader's: bytes that are no text (a binary file, not UTF-8)
+        raise UsageError(f'{where} is not yaml text ({" ".join(str(e).split())[:200]}); expected a UTF-8 yaml '
+                         f'file') from None
+    except (ValueError, RecursionError) as e:  # an integer of more digits than Python converts
+        raise UsageError(f'{where} is not valid yaml: {" ".join(str(e).split())[:200]}') from None
+
+
+def read_yaml_file(path: str, what: str = 'config file') -> Any:
+    """The yaml of the file ``path`` (see :func:`parse_yaml`); a file over :data:`MAX_YAML_BYTES` or not a regular
+    file is a :class:`UsageError` naming ``what`` and ``path``."""
+    where = f'{what} {path!r}'
+    if not os.path.isfile(path):
+        raise UsageError(f'{where} ' + ('is not a regular file' if os.path.exists(path) else 'does not exist'))
+    size = os.path.getsize(path)
+    if size > MAX_YAML_BYTES:
+        raise UsageError(f'{where} is {size} bytes; expected a yaml file of settings (at most {MAX_YAML_BYTES} bytes)')
+    with open(path, 'rb') as f:
+        return parse_yaml(f.read(MAX_YAML_BYTES + 1), where)
 
 
 def _dest_names(parser: argparse.ArgumentParser) -> Dict[str, str]:
@@ -48,7 +126,7 @@ def _typed(value: Any, action: argparse.Action, where: str) -> Any:
     """``value`` converted as the command line converts it (``action.type``, ``nargs``, ``choices``)."""
     flag = action.option_strings[-1] if action.option_strings else action.dest
     if action.nargs == 0 and isinstance(action.const, bool) and not isinstance(value, bool):  # store_true / false
-        raise UsageError(f'{where}: {action.dest} must be true or false (as {flag}), got {value!r}')
+        raise UsageError(f'{where}: {action.dest} must be true or false (as {flag}), got {short_repr(value)}')
     if value is None or action.type is None and not action.choices:
         return value
     many = action.nargs in ('+', '*') or isinstance(action.nargs, int)
@@ -65,18 +143,18 @@ def _typed_one(value: Any, action: argparse.Action, where: str, flag: str) -> An
         if isinstance(value, str) and value.strip().lstrip('+-').isdigit():
             value = int(value)
         else:
-            raise UsageError(f'{where}: {action.dest} must be an integer (as {flag}), got {value!r}')
+            raise UsageError(f'{where}: {action.dest} must be an integer (as {flag}), got {short_repr(value)}')
     elif kind is float and not isinstance(value, bool) and isinstance(value, (int, float, str)):
         try:
             value = float(value)
         except ValueError:
-            raise UsageError(f'{where}: {action.dest} must be a number (as {flag}), got {value!r}') from None
+            raise UsageError(f'{where}: {action.dest} must be a number (as {flag}), got {short_repr(value)}') from None
     elif kind is float:
-        raise UsageError(f'{where}: {action.dest} must be a number (as {flag}), got {value!r}')
+        raise UsageError(f'{where}: {action.dest} must be a number (as {flag}), got {short_repr(value)}')
     elif kind is str and not isinstance(value, str):
-        raise UsageError(f'{where}: {action.dest} must be a string (as {flag}), got {value!r}')
+        raise UsageError(f'{where}: {action.dest} must be a string (as {flag}), got {short_repr(value)}')
     if action.choices and value not in action.choices:
-        raise UsageError(f'{where}: {action.dest} must be one of {", ".join(map(str, action.choices))}, got {value!r}')
+        raise UsageError(f'{where}: {action.dest} must be one of {", ".join(map(str, action.choices))}, got {short_repr(value)}')
     return value
 
 
@@ -122,13 +200,7 @@ def _config_path(value: str, recipes: bool) -> str:
 def load_yaml_config(path: str, parser: argparse.ArgumentParser, notes: Sequence[str] = ()) -> Dict[str, Any]:
     """Read a yaml mapping of flag names to values; return it keyed by argparse destinations. ``notes``: keys that
     are no flag but data about the file (a text recipe's ``source``), returned under their own name."""
-    if not os.path.isfile(path):
-        raise UsageError(f'config file {path!r} does not exist')
-    with open(path) as f:
-        try:
-            cfg = yaml.safe_load(f) or {}
-        except yaml.YAMLError as e:
-            raise UsageError(f'config file {path!r} is not valid yaml: {e}') from e
+    cfg = read_yaml_file(path) or {}
     if not isinstance(cfg, dict):
         raise UsageError(f'config file {path!r} must be a mapping of flag names to values, got {type(cfg).__name__}')
     names = _dest_names(parser)
@@ -140,7 +212,7 @@ def load_yaml_config(path: str, parser: argparse.ArgumentParser, notes: Sequence
             continue
         dest = names.get(str(key).replace('-', '_'))
         if dest is None:
-            raise UsageError(f'config file {path!r}: unknown key {key!r} (keys are the script\'s flag names, '
+            raise UsageError(f'config file {path!r}: unknown key {short_repr(key)} (keys are the script\'s flag names, '
                              f'e.g. weight_decay for --weight-decay)')
         out[dest] = _typed(value, actions[dest], f'config file {path!r}')
     return out

@@ -25,6 +25,7 @@ the checkpoint saved at the stop resumes exactly. (Running statistics that its f
 are not put back: the text models have none, and the image trainer saves no checkpoint inside an epoch.)
 """
 import dataclasses
+import logging
 import time
 from contextlib import nullcontext
 from datetime import timedelta
@@ -37,7 +38,9 @@ import torch.nn as nn
 from mlp_vision.errors import Interrupted
 from .run import NonFiniteLossError, UpdateStep
 
-__all__ = ['StepLoop', 'UpdateLosses', 'format_duration', 'progress_line']
+__all__ = ['StepLoop', 'UpdateLosses', 'format_duration', 'progress_line', 'warn_global_batch_beyond_data']
+
+_logger = logging.getLogger(__name__)
 
 
 def format_duration(seconds: float) -> str:
@@ -193,3 +196,17 @@ class StepLoop:
         if rewind is not None:
             rewind()
         raise Interrupted(signum, stopped_at)
+
+
+def warn_global_batch_beyond_data(batch_size: int, world_size: int, grad_accum_steps: int, samples: int,
+                                  what: str) -> None:
+    """Warn (with the numbers) when one update's global batch, ``batch_size`` x ``world_size`` processes x
+    ``grad_accum_steps``, is larger than the ``samples`` of the training data (``what`` names them): such an update
+    averages over more than the whole data set, an unintended setting (``-b 1e9``, ``--grad-accum-steps 1e9``) that
+    trains without another sign of it."""
+    global_batch = batch_size * world_size * grad_accum_steps
+    if global_batch > samples:
+        _logger.warning(f'the global batch ({batch_size} x {world_size} processes x {grad_accum_steps} accumulation '
+                        f'steps = {global_batch:,}) is larger than the training data ({samples:,} {what}): each '
+                        f'update would need {global_batch / max(samples, 1):.3g} times the data; lower -b / '
+                        f'--grad-accum-steps')

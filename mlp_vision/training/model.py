@@ -13,7 +13,7 @@ import torch.nn as nn
 import mlp_vision  # noqa: F401  (registers gmlp_* / smlpnet_* / mixer_* with timm)
 from ..weights import load_backbone
 from .checkpoint import clean_state_dict, is_training_checkpoint, load_checkpoint_file, load_model_weights
-from mlp_vision.errors import UsageError
+from mlp_vision.errors import UsageError, check_model_size, short_repr
 
 __all__ = ['model_create_kwargs', 'create_model', 'load_pretrained_weights', 'create_model_for_eval']
 
@@ -80,8 +80,28 @@ def is_local_dir(name: str) -> bool:
     return name.startswith('local-dir:') and (Path(name[len('local-dir:'):]) / 'config.json').is_file()
 
 
-def create_model(name: str, pretrained: bool = False, **kwargs) -> nn.Module:
-    """``timm.create_model`` with a :class:`UsageError` for an unknown name, bad kwargs or unloadable weights."""
+def _build_on_meta(name: str, kwargs: Dict[str, Any]) -> Optional[nn.Module]:
+    """``name`` built with ``kwargs`` on the ``meta`` device (shapes only, no memory): through the ``device``
+    argument of timm's newer models (ours all take it), else under ``torch.device('meta')``; None for a model that
+    cannot be built there (its init reads tensor values), whose real build then reports any error itself."""
+    try:  # any failure but the bound's (not an Exception) is left to the real build, which raises it again
+        return timm.create_model(name, device='meta', **kwargs)
+    except Exception as e:
+        if not (isinstance(e, TypeError) and "'device'" in str(e)):
+            return None
+    try:
+        with torch.device('meta'):
+            return timm.create_model(name, **kwargs)
+    except Exception:
+        return None
+
+
+def create_model(name: str, pretrained: bool = False, sizes_from: str = '', **kwargs) -> nn.Module:
+    """``timm.create_model`` with a :class:`UsageError` for an unknown name, bad kwargs or unloadable weights.
+
+    The model is first built on the ``meta`` device and refused (:func:`~mlp_vision.errors.check_model_size`)
+    beyond :data:`~mlp_vision.errors.MAX_PARAMS` parameters before any memory is taken; ``sizes_from`` names where
+    ``kwargs`` came from for that message (e.g. ``"checkpoint x.pth's model_cfg"``)."""
     if not name:
         raise UsageError('no model given: pass --model NAME (e.g. smlpnet_t, gmlp_ti, mixer_b16)')
     if not (timm.is_model(name) or is_local_dir(name)):
@@ -89,9 +109,13 @@ def create_model(name: str, pretrained: bool = False, **kwargs) -> nn.Module:
         raise UsageError(f'unknown model {name!r}: use one of ours ({ours}), any timm model name, or local-dir:FOLDER '
                          f'for a folder with a timm config.json (a training run\'s pretrained/)')
     try:
+        what = f'model {name} with {short_repr(kwargs)}' + (f' (from {sizes_from})' if sizes_from else '')
+        check_model_size(lambda: _build_on_meta(name, kwargs), what)
         return timm.create_model(name, pretrained=pretrained, **kwargs)
+    except UsageError:
+        raise
     except TypeError as e:
-        raise UsageError(f'model {name} does not take these arguments {kwargs}: {e}') from e
+        raise UsageError(f'model {name} does not take these arguments {short_repr(kwargs)}: {e}') from e
     except OSError as e:
         if not pretrained:
             raise
@@ -105,7 +129,7 @@ def create_model(name: str, pretrained: bool = False, **kwargs) -> nn.Module:
             msg = msg[:600] + ' ...'
         if pretrained:
             raise UsageError(f'cannot load the pretrained weights of {name}: {msg}') from e
-        raise UsageError(f'cannot build {name} with {kwargs}: {msg}') from e
+        raise UsageError(f'cannot build {name} with {short_repr(kwargs)}: {msg}') from e
 
 
 def _checkpoint_filter_fn(name: str):
@@ -211,7 +235,7 @@ def create_model_for_eval(
             model_cfg = ckpt.get('model_cfg') or {}
             kwargs = dict(model_cfg.get('kwargs') or {})
             kwargs.update(create_kwargs)
-            model = create_model(name, **kwargs)
+            model = create_model(name, sizes_from=f"checkpoint {checkpoint}'s model_cfg", **kwargs)
             key = 'state_dict'
             if use_ema:
                 if ckpt.get('state_dict_ema') is None:

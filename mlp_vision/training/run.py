@@ -34,14 +34,13 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tupl
 
 import torch
 import torch.nn as nn
-import yaml
 from timm.scheduler import create_scheduler_v2
 from timm.utils import NativeScaler, dispatch_clip_grad, unwrap_model
 
 from .checkpoint import (
     CHECKPOINT_VERSION, TRUST_FLAG, CheckpointManager, atomic_write_text, open_own_file, check_optimizer_state, check_settings_state,
     clean_stale_temp_files, get_rng_state, keep_previous, load_checkpoint_file, load_model_weights, set_rng_state)
-from .config import args_to_yaml, parse_args_with_config
+from .config import args_to_yaml, parse_args_with_config, read_yaml_file
 from .distributed import DistInfo, all_gather_objects, state_dict_digest
 from mlp_vision.errors import Interrupted, RunError, UsageError
 from .log import add_log_file, remove_log_file
@@ -479,8 +478,12 @@ class TrainingRun:
         settings = {k: v for k, v in vars(self.args).items() if k != 'resumed_settings'}
         args_file = output_dir / 'args.yaml'
         if args_file.exists():
-            previous = yaml.safe_load(args_file.read_text()) or {}
-            if _differences(*({k: v for k, v in d.items() if k not in RUN_CONTROL_ARGS} for d in (previous, settings))):
+            try:  # through the one strict yaml reader (bounded size, no aliases or duplicate keys)
+                previous = read_yaml_file(str(args_file), 'args.yaml') or {}
+            except UsageError:
+                previous = None  # unreadable: kept, as a changed one is
+            if not isinstance(previous, dict) or _differences(
+                    *({k: v for k, v in d.items() if k not in RUN_CONTROL_ARGS} for d in (previous, settings))):
                 _logger.info(f'the settings changed: the previous args.yaml is kept as {keep_previous(args_file).name}')
         atomic_write_text(args_file, args_to_yaml(argparse.Namespace(**settings)))
 

@@ -6,16 +6,25 @@ by its *leaf* folder, so a sub-folder of a class becomes a class of its own; an 
 class ''; hidden files (macOS' ``._<image>``) count as images. :func:`scan_folder` follows each link at most once,
 skips loops with a warning naming them, counts an image reached by several paths once, refuses an image that
 links would put in two classes, and leaves hidden files out; the labelling is :mod:`.reader`'s.
+
+Nothing is left out unsaid: an entry named like an image that is no regular file (a FIFO would block ``open()``
+forever, a device read endlessly; a broken link) is skipped with a warning, and files of image formats outside
+timm's image extensions (``.bmp``, ``.gif``, ``.tiff``, ... which timm's readers drop silently) are counted by
+extension in one warning (:class:`LeftOut`).
 """
+import collections
+import functools
 import logging
 import os
 from typing import Dict, List, Optional, Sequence, Set, Tuple
+
+from PIL import Image
 
 from timm.utils.misc import natural_key
 
 from mlp_vision.errors import UsageError
 
-__all__ = ['scan_folder', 'count_linked_images_once', 'is_hidden', 'is_image_name']
+__all__ = ['scan_folder', 'count_linked_images_once', 'is_hidden', 'is_image_name', 'LeftOut']
 
 _logger = logging.getLogger(__name__)
 
@@ -26,6 +35,46 @@ def is_hidden(name: str) -> bool:
 
 def is_image_name(name: str, extensions: Set[str]) -> bool:
     return not is_hidden(name) and os.path.splitext(name)[1].lower() in extensions
+
+
+@functools.lru_cache(maxsize=1)
+def _image_format_extensions() -> frozenset:
+    """Extensions of the image formats PIL knows (``.bmp``, ``.gif``, ``.tif``, ``.webp``, ...), and HEIF's."""
+    return frozenset(Image.registered_extensions()) | {'.heic', '.heif'}
+
+
+# formats whose files may hold several images, of which load_image reads the first
+_MULTI_FRAME = ('.gif', '.tif', '.tiff', '.webp', '.apng', '.mpo', '.ico')
+
+
+class LeftOut:
+    """What a scan did not read, for one warning each at its end: entries named like images that are no regular
+    file (their relative paths), and files of image formats outside the extensions read (counted by extension)."""
+
+    def __init__(self, extensions: Set[str]):
+        self.extensions = extensions
+        self.not_regular: List[str] = []
+        self.other_formats: collections.Counter = collections.Counter()
+
+    def note_other_file(self, name: str) -> None:
+        ext = os.path.splitext(name)[1].lower()
+        if not is_hidden(name) and ext in _image_format_extensions() and ext not in self.extensions:
+            self.other_formats[ext] += 1
+
+    def warn(self, where: str) -> None:
+        if self.not_regular:
+            _logger.warning(f'{where}: skipped {len(self.not_regular)} entries named like images that are not regular '
+                            f'files (FIFOs, devices, sockets or broken links; e.g. {self.not_regular[0]}): only '
+                            f'regular files are read as images')
+        if self.other_formats:
+            counts = ', '.join(f'{n} {ext}' for ext, n in sorted(self.other_formats.items()))
+            frames = [e for e in self.other_formats if e in _MULTI_FRAME]
+            _logger.warning(
+                f'{where}: left out {sum(self.other_formats.values())} image files of other formats ({counts}): only '
+                f'{" ".join(sorted(self.extensions))} files are read (timm\'s image extensions); convert them, or add '
+                f'their extensions in Python with timm.data.set_img_extensions' +
+                (f' ({"/".join(sorted(frames))} files with several frames are then read by their first frame only)'
+                 if frames else ''))
 
 
 def _contains(folder: str, path: str) -> bool:
@@ -50,6 +99,7 @@ class _FolderScan:
         self.class_real: Dict[str, str] = {}  # class folder name -> its real path
         self.owner_of_real: Dict[str, str] = {}  # real class folder -> class name
         self.warned: Set[str] = set()
+        self.left_out = LeftOut(extensions)
 
     def _warn_skipped(self, rel: str, target: str, why: str) -> None:
         if rel not in self.warned:
@@ -128,11 +178,14 @@ class _FolderScan:
                             else:
                                 read[entry.path] = rel
                                 stack.append((entry.path, rel))
-                        elif is_image_name(entry.name, self.extensions):
-                            if is_own and not entry.is_symlink():
-                                own.append(rel)
-                            else:
-                                linked.append((rel, os.path.realpath(entry.path)))
+                        elif not is_image_name(entry.name, self.extensions):
+                            self.left_out.note_other_file(entry.name)
+                        elif not entry.is_file():  # follows links: a FIFO or device, or a link to one or nothing
+                            self.left_out.not_regular.append(rel)
+                        elif is_own and not entry.is_symlink():
+                            own.append(rel)
+                        else:
+                            linked.append((rel, os.path.realpath(entry.path)))
             for rel, path, folder_real in links:
                 target = os.path.realpath(path)
                 if _contains(target, folder_real) or _contains(target, self.root_real):
@@ -199,5 +252,6 @@ def scan_folder(root: str, extensions: Set[str]) -> List[str]:
         own, reached = scan.walk_class(name)
         paths += own
         linked += [(rel, real, scan.own_image(real)) for rel, real in reached]
+    scan.left_out.warn(root)
     return count_linked_images_once(root, paths, linked)
 

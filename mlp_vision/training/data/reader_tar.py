@@ -12,7 +12,7 @@ import tarfile
 from typing import Dict, Set, Tuple
 
 from mlp_vision.errors import UsageError
-from .reader_folder import is_hidden, is_image_name
+from .reader_folder import LeftOut, is_hidden, is_image_name
 
 __all__ = ['scan_tar']
 
@@ -70,6 +70,7 @@ def scan_tar(path: str, extensions: Set[str]) -> Tuple[Dict[str, Tuple[int, int]
     images: Dict[str, Tuple[int, int]] = {}
     links: Dict[str, str] = {}
     file_size = os.path.getsize(path)
+    left_out = LeftOut(extensions)
 
     def scan(tf: tarfile.TarFile, base: int, prefix: str, where: str):
         regular, symlinks, hardlinks = {}, {}, {}
@@ -79,6 +80,8 @@ def scan_tar(path: str, extensions: Set[str]) -> Tuple[Dict[str, Tuple[int, int]
                 symlinks[name] = ti.linkname
             elif ti.islnk():
                 hardlinks[name] = ti.linkname
+            elif (ti.isfifo() or ti.ischr() or ti.isblk()) and is_image_name(name.rsplit('/', 1)[-1], extensions):
+                left_out.not_regular.append(where + name)
             if not ti.isreg() or ti.sparse is not None:
                 continue
             stem, ext = os.path.splitext(ti.name)
@@ -95,6 +98,8 @@ def scan_tar(path: str, extensions: Set[str]) -> Tuple[Dict[str, Tuple[int, int]
             # hidden members (e.g. macOS' ._<image> files) and non-images are left out, as in folders
             parts = (prefix + name).split('/')
             if not is_image_name(parts[-1], extensions) or any(is_hidden(part) for part in parts):
+                if not any(is_hidden(part) for part in parts[:-1]):
+                    left_out.note_other_file(parts[-1])
                 continue
             images[prefix + name] = data[reached.get(name, name)]
             if name in reached:
@@ -113,5 +118,6 @@ def scan_tar(path: str, extensions: Set[str]) -> Tuple[Dict[str, Tuple[int, int]
     except tarfile.TarError as e:
         raise UsageError(f'cannot read image tar {path}: {e} (expected an uncompressed .tar, complete; '
                          f'compressed tars are not supported)') from e
+    left_out.warn(f'image tar {path}')
     return images, links
 

@@ -61,14 +61,16 @@ import torch.distributed as dist
 import torch.nn as nn
 from timm.utils import random_seed
 
+from ...text.modeling_utils import check_text_model_size
 from ...text.registry import model_class
 from ...text.tokenizer import Tokenizer, tokenizer_from_dict
 from ..checkpoint import atomic_folder, load_checkpoint_file
-from mlp_vision.errors import UsageError
-from ..loop import format_duration
+from mlp_vision.errors import UsageError, short_repr
+from ..loop import format_duration, warn_global_batch_beyond_data
 from ..run import TrainingRun
 from ..summary import plot_curves
 from .classifier_init import CLASSIFY_FAMILIES, InitReport, init_classifier, scratch_tokenizer
+from .data import check_unknown_tokens
 from .lm import command_line
 from .recipes import FINETUNE_RECIPE, apply_recipe, load_recipe, params_note
 from .steps import Optimization, StepState, StepTask, run_steps, setup_optimization
@@ -133,6 +135,10 @@ def read_labelled_file(path: str, text_columns: Optional[Sequence[str]] = None, 
     rows = [(reader.line_num, row) for row in reader]
     header = [h.strip() for h in rows[0][1]]
     sep_name = 'tab' if delimiter == '\t' else 'comma'
+    twice = sorted({h for h in header if header.count(h) > 1})
+    if twice:  # which of the two would be read is a guess: the first was, the second ignored silently
+        raise UsageError(f'{what} {path!r} names the column {twice[0]!r} {header.count(twice[0])} times in its header '
+                         f'({sep_name}-separated: {short_repr(header)}); expected each column named once')
     if text_columns is None:
         if 'sentence' in header:
             text_columns = ('sentence',)
@@ -160,6 +166,9 @@ def read_labelled_file(path: str, text_columns: Optional[Sequence[str]] = None, 
     for line_no, row in rows[1:]:  # line_no: the row's last line in the file
         if not row or (len(row) == 1 and not row[0].strip()):
             continue  # blank line
+        if [h.strip() for h in row] == header:
+            raise UsageError(f'{what} {path!r} line {line_no} repeats the header row (files joined with their '
+                             f'headers?); expected one header row, then examples')
         if len(row) != len(header):
             raise UsageError(f'{what} {path!r} line {line_no} has {len(row)} fields, the header has {len(header)} '
                              f'({sep_name}-separated); every row needs one value per column')
@@ -205,6 +214,7 @@ def encode_examples(tokenizer: Tokenizer, data: LabelledData, max_length: int) -
         raise UsageError(f'{data.path} has the character {e.args[0]!r}, which the tokenizer does not know') from None
     except ValueError as e:
         raise UsageError(f'cannot encode {data.path}: {e}') from None
+    check_unknown_tokens([i for row in enc['input_ids'] for i in row], tokenizer, f'text of {data.path}')
     return enc['input_ids'], enc['token_type_ids']
 
 
@@ -347,7 +357,9 @@ def _build_classifier(args, run: TrainingRun, data: ClassifyData) -> Tuple[nn.Mo
     if resumed:
         family = resumed['model_cfg']['family']
         cls = model_class(family, 'sequence_classification')
-        model = cls(cls.config_class.from_dict(resumed['model_config']))
+        config = cls.config_class.from_dict(resumed['model_config'])
+        check_text_model_size(cls, config, f'--resume {args.resume}')
+        model = cls(config)
         tokenizer = tokenizer_from_dict(resumed['tokenizer'])
         report = InitReport(**resumed['init_report'])
     else:
@@ -386,6 +398,8 @@ class ClassificationTask(StepTask):
         self.with_types = 'token_type_ids' in inspect.signature(opt.model.forward).parameters
         self.train_ids, self.train_types = encode_examples(tokenizer, data.train, args.block_size)
         self.train_labels = data.labels(data.train)
+        warn_global_batch_beyond_data(args.batch_size, run.dist_info.world_size, args.grad_accum_steps,
+                                      len(self.train_labels), f'examples in {data.train.path}')
         self.dev_batches = self.eval_batches(data.dev)
         self.test_batches = self.eval_batches(data.test) if data.test is not None else None
         self.global_bs = args.batch_size * run.dist_info.world_size

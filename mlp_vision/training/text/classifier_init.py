@@ -13,7 +13,8 @@ from safetensors.torch import load_file
 
 from ...text.bigs import (
     BiGSForSequenceClassification, convert_official_bigs_state_dict, load_official_bigs_state_dict)
-from ...text.modeling_utils import WEIGHTS_NAME, check_tokenizer_fits, is_saved_folder, weight_file_shapes
+from ...text.modeling_utils import WEIGHTS_NAME, check_text_model_size, check_tokenizer_fits, is_saved_folder, \
+    weight_file_shapes
 from ...text.registry import create_model, is_model, list_models, load_config, model_class, model_entry
 from ...text.tokenizer import DEFAULT_CONTROL_TOKENS, ByteTokenizer, CharTokenizer, Tokenizer, find_tokenizer, \
     tokenizer_from_dict
@@ -178,6 +179,7 @@ def _classifier_from_run_checkpoint(init_from: str, model_kwargs: Dict[str, Any]
                          f'({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ""})') from None
     check_tokenizer_fits(tokenizer, base, f'--init-from {init_from}')
     config = _overridden_config(base, model_kwargs, num_labels, init_from)
+    check_text_model_size(cls, config, f'--init-from {init_from}')
     model = cls(config)
     loaded, new, unused = _load_partial(model, ckpt['state_dict'], cls.head_prefixes, init_from)
     return model, family, tokenizer, InitReport(str(init_from), 'run checkpoint', loaded, new, unused)

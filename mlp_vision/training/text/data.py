@@ -16,21 +16,23 @@ scored. Tokenizers: ``char`` -- the training text's distinct characters (plus ``
 others), so Tiny Shakespeare gives the papers' 65-character vocabulary; ``byte`` -- UTF-8 bytes (256). MLM adds
 ``<pad> <cls> <sep> <mask>``.
 """
+import json
 import logging
 import math
+import re
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 
-from mlp_vision.errors import UsageError
+from mlp_vision.errors import Interrupted, UsageError
 from ...text.tokenizer import DEFAULT_CONTROL_TOKENS, SUBWORD_KINDS, ByteTokenizer, CharTokenizer, Tokenizer, \
     find_tokenizer, train_tokenizer
 
 __all__ = [
     'Batch', 'MLM_CONTROL_TOKENS', 'build_tokenizer', 'tokenizer_from_path', 'encode_text', 'read_text_file', 'sample_causal_batch',
     'causal_eval_batches', 'MLMMasker', 'mlm_segments', 'sample_mlm_batch', 'mlm_eval_batches', 'subset_batches',
-    'unigram_mlm_baseline',
+    'unigram_mlm_baseline', 'check_unknown_tokens', 'UNKNOWN_WARN_FRACTION',
 ]
 
 _logger = logging.getLogger(__name__)
@@ -85,14 +87,89 @@ def tokenizer_from_path(path: str, needs: Sequence[str] = ()) -> Tokenizer:
     return tokenizer
 
 
-def encode_text(tok: Tokenizer, text: str, what: str) -> torch.Tensor:
-    """``text`` as a 1-D int64 tensor of ids; a :class:`UsageError` naming ``what`` for an unknown character."""
-    try:
-        ids = tok.encode(text)
-    except KeyError as e:
-        raise UsageError(f'the {what} has character {e.args[0]!r}, which the tokenizer (from the checkpoint or the '
-                         f'training text) does not know') from None
+# a text is tokenized in pieces of about this many characters, the stop signal read between them (~0.1-1 s each)
+ENCODE_CHUNK_CHARS = 1 << 20
+# a line break between two non-space characters: no normalizer / pre-tokenizer that works within words joins
+# tokens across it, so the pieces' ids are the whole text's (tests/test_bounds.py checks WordPiece and BPE)
+_SAFE_BREAK = re.compile(r'(?<=\S)\n(?=\S)')
+# the parts of a tokenizer.json that keep that true: they act within a character, a word or a line
+_LINE_LOCAL_STEPS = {'BertNormalizer', 'Lowercase', 'NFC', 'NFD', 'NFKC', 'NFKD', 'StripAccents', 'BertPreTokenizer',
+                     'Whitespace', 'WhitespaceSplit', 'Punctuation', 'Digits', 'Sequence'}
+
+
+def _encodes_by_pieces(tok: Tokenizer) -> bool:
+    """Whether ``tok`` gives a text's ids when it encodes the text's pieces (split at :data:`_SAFE_BREAK`) one by
+    one: byte / char tokenizers, and subword ones whose normalizer and pre-tokenizer are line-local."""
+    backend = getattr(tok, 'backend', None)
+    if backend is None:
+        return True
+    payload = json.loads(backend.to_str())
+
+    def local(step) -> bool:
+        if step is None:
+            return True
+        kind = step.get('type')
+        if kind == 'ByteLevel':
+            return not step.get('add_prefix_space', True)  # with it, each piece would get a leading space
+        parts = step.get('normalizers') or step.get('pretokenizers') or []
+        return kind in _LINE_LOCAL_STEPS and all(local(p) for p in parts)
+    return local(payload.get('normalizer')) and local(payload.get('pre_tokenizer'))
+
+
+def _pieces(text: str, size: int) -> Iterator[str]:
+    start = 0
+    while len(text) - start > size:
+        cut = _SAFE_BREAK.search(text, start + size)
+        if cut is None:
+            break
+        yield text[start:cut.end()]
+        start = cut.end()
+    yield text[start:]
+
+
+def encode_text(tok: Tokenizer, text: str, what: str, stop: Optional[Callable[[], int]] = None) -> torch.Tensor:
+    """``text`` as a 1-D int64 tensor of ids; a :class:`UsageError` naming ``what`` for an unknown character.
+
+    ``stop``: the run's stop flag (a signal number, 0 for none; e.g. ``TrainingRun.stop_signal``), read between
+    pieces of :data:`ENCODE_CHUNK_CHARS` characters, so that SIGINT / SIGTERM stops a long tokenization within
+    about a second (:class:`~mlp_vision.errors.Interrupted`) instead of after it."""
+    pieces = _pieces(text, ENCODE_CHUNK_CHARS) if stop is not None and _encodes_by_pieces(tok) else [text]
+    ids: List[int] = []
+    for piece in pieces:
+        signum = stop() if stop is not None else 0
+        if signum:
+            raise Interrupted(signum, f'tokenizing the {what} ({len(ids)} tokens so far)')
+        try:
+            ids += tok.encode(piece)
+        except KeyError as e:
+            raise UsageError(f'the {what} has character {e.args[0]!r}, which the tokenizer (from the checkpoint or '
+                             f'the training text) does not know') from None
     return torch.tensor(ids, dtype=torch.long)
+
+
+# a corpus with more unknown tokens than this fraction is reported (all of them: an error)
+UNKNOWN_WARN_FRACTION = 0.5
+
+
+def check_unknown_tokens(ids: Sequence[int], tok: Tokenizer, what: str) -> None:
+    """Warn when more than :data:`UNKNOWN_WARN_FRACTION` of ``ids`` (a text's tokens; special tokens other than the
+    unknown one are not counted) are the tokenizer's unknown token, and stop with a :class:`UsageError` when all
+    are: a model trained on ``[UNK] [UNK] ...`` learns nothing about the text, with no other sign of it."""
+    unk = tok.unk_id
+    if unk is None:
+        return
+    ids = torch.as_tensor(ids, dtype=torch.long).flatten()
+    others = [i for i in tok.special_ids if i != unk]
+    if others:
+        ids = ids[~torch.isin(ids, torch.tensor(others, dtype=torch.long))]
+    n, unknown = len(ids), int((ids == unk).sum()) if len(ids) else 0
+    name = tok.special_tokens_map.get('unk', 'unknown')
+    if n and unknown == n:
+        raise UsageError(f'the {what} tokenizes entirely to {name} ({n} tokens): the tokenizer knows none of it; '
+                         f'expected a tokenizer of text like it (--tokenizer-from / --init-from / --tokenizer)')
+    if n and unknown > UNKNOWN_WARN_FRACTION * n:
+        _logger.warning(f'the {what}: {unknown / n:.0%} of its {n} tokens are {name} (unknown to the tokenizer); '
+                        f'the model learns little from them: check that the tokenizer fits this text')
 
 
 def read_text_file(path: str, what: str) -> str:

@@ -57,13 +57,13 @@ from ...text.tokenizer import SUBWORD_KINDS, Tokenizer, tokenizer_from_dict
 from ..checkpoint import atomic_folder, atomic_write_text, preserve_rng
 from ..distributed import DistInfo, all_gather_objects
 from mlp_vision.errors import UsageError
-from ..loop import format_duration
+from ..loop import format_duration, warn_global_batch_beyond_data
 from ..run import TrainingRun
 from ..summary import plot_curves
 from .args import task_model_entry
 from .data import (
-    Batch, MLMMasker, build_tokenizer, causal_eval_batches, encode_text, mlm_eval_batches, read_text_file,
-    sample_causal_batch, sample_mlm_batch, subset_batches, tokenizer_from_path, unigram_mlm_baseline)
+    Batch, MLMMasker, build_tokenizer, causal_eval_batches, check_unknown_tokens, encode_text, mlm_eval_batches,
+    read_text_file, sample_causal_batch, sample_mlm_batch, subset_batches, tokenizer_from_path, unigram_mlm_baseline)
 from .recipes import apply_family_recipe, params_note
 from .steps import Optimization, StepState, StepTask, run_steps, setup_optimization
 
@@ -284,12 +284,16 @@ def train_lm(args, run: TrainingRun, argv: Sequence[str], prog: str) -> Optional
     run.check_resume(arch=args.model, task=args.task)
     train_text, val_text = _read_texts(args)
     tokenizer = _tokenizer(args, run, train_text, val_text)
-    train_ids = encode_text(tokenizer, train_text, 'training text')
-    val_ids = encode_text(tokenizer, val_text, 'validation text')
+    train_ids = encode_text(tokenizer, train_text, 'training text', stop=run.stop_signal)
+    val_ids = encode_text(tokenizer, val_text, 'validation text', stop=run.stop_signal)
+    check_unknown_tokens(train_ids, tokenizer, 'training text')
+    check_unknown_tokens(val_ids, tokenizer, 'validation text')
     if args.sample_prompt is not None:
         encode_text(tokenizer, args.sample_prompt, '--sample-prompt')  # fail now, not after training
     recipe_info = apply_family_recipe(args, entry.family, entry.task)
-    model, model_kwargs = _build_model(args, run, entry, tokenizer)
+    model, model_kwargs = _build_model(args, run, entry, tokenizer)  # also sets --block-size
+    warn_global_batch_beyond_data(args.batch_size, run.dist_info.world_size, args.grad_accum_steps,
+                                  max(len(train_ids) // args.block_size, 1), f'blocks of {args.block_size} tokens')
     data = _lm_data(args, tokenizer, train_ids, val_ids)
     model.to(dist_info.device)
     opt = setup_optimization(args, run, model, entry.family)

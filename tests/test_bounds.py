@@ -1,0 +1,335 @@
+""" Bounded before trusted, said not skipped (issue 33, items 3 and 5): every size or value read from a file passes a
+bound before anything is allocated, and data a reader leaves out is reported.
+
+Each test makes the hostile or odd input for real in ``tmp_path`` (a yaml alias bomb, a FIFO named ``*.png``, a
+``config.json`` of 100,000 wide layers, ...) and asserts the one line the user gets.
+"""
+import json
+import logging
+import math
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from mlp_vision.errors import UsageError, check_model_size, check_range, short_repr  # noqa: E402
+from mlp_vision.training.config import MAX_YAML_DEPTH, load_yaml_config, read_yaml_file  # noqa: E402
+
+
+# ------------------------------------------------------------------------------------------------ yaml files
+def _yaml(tmp_path, text, name='c.yaml'):
+    path = tmp_path / name
+    path.write_bytes(text if isinstance(text, bytes) else text.encode())
+    return str(path)
+
+
+def test_yaml_alias_bomb_is_refused_at_its_line(tmp_path):
+    # the billion-laughs form: 9 levels of 9 aliases each would be 9**9 strings once expanded
+    lines = ['a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
+    for i, name in enumerate('bcdefghi'):
+        prev = 'abcdefghi'[i]
+        lines.append(f'{name}: &{name} [{",".join(["*" + prev] * 9)}]')
+    path = _yaml(tmp_path, '\n'.join(['model_kwargs:'] + ['  ' + line for line in lines]) + '\n')
+    assert os.path.getsize(path) < 1024
+    with pytest.raises(UsageError, match=r"c\.yaml' line 3: an alias \(\*name\) is not accepted"):
+        read_yaml_file(path)
+
+
+def test_yaml_duplicate_keys_are_an_error(tmp_path):
+    with pytest.raises(UsageError, match=r"line 3: duplicate key 'lr' \(first at line 1\); expected each key once"):
+        read_yaml_file(_yaml(tmp_path, 'lr: 0.1\nepochs: 3\nlr: 0.2\n'))
+    with pytest.raises(UsageError, match=r"line 2: duplicate key 'depth'"):  # inside a nested mapping too
+        read_yaml_file(_yaml(tmp_path, 'model_kwargs: {depth: 1,\n  depth: 2}\n'))
+    # an inline merge may be overridden (yaml's rule), and an anchor without an alias is harmless
+    assert read_yaml_file(_yaml(tmp_path, 'm: {<<: {a: 1, b: 2}, a: 3}\nx: &x 4\n')) == {'m': {'a': 3, 'b': 2}, 'x': 4}
+
+
+def test_yaml_binary_deep_huge_and_not_regular_files_are_one_line(tmp_path):
+    with pytest.raises(UsageError, match=r"bin\.yaml' is not yaml text \(.*\); expected a UTF-8 yaml file"):
+        read_yaml_file(_yaml(tmp_path, bytes(range(256)) * 4, 'bin.yaml'))
+    deep = 'a: ' + '[' * 5000 + ']' * 5000 + '\n'
+    with pytest.raises(UsageError, match=f'line 1: nested deeper than {MAX_YAML_DEPTH} levels'):
+        read_yaml_file(_yaml(tmp_path, deep))
+    with pytest.raises(UsageError, match='is not valid yaml: Exceeds the limit'):
+        read_yaml_file(_yaml(tmp_path, 'seed: ' + '9' * 5000 + '\n'))
+    with pytest.raises(UsageError, match=r'bytes; expected a yaml file of settings \(at most 1048576 bytes\)'):
+        read_yaml_file(_yaml(tmp_path, '#' * (1 << 20) + '\n'))
+    os.mkfifo(tmp_path / 'fifo.yaml')  # would block in open() until a writer came
+    with pytest.raises(UsageError, match="fifo.yaml' is not a regular file"):
+        read_yaml_file(str(tmp_path / 'fifo.yaml'))
+
+
+def test_config_errors_show_a_bounded_value(tmp_path):
+    """A value of the wrong type is echoed in at most a couple hundred characters, however large it is."""
+    import mlp_vision.train as train
+    path = _yaml(tmp_path, 'epochs: [' + ', '.join(['[' + ', '.join(['123456789'] * 200) + ']'] * 200) + ']\n')
+    with pytest.raises(UsageError) as e:
+        load_yaml_config(path, train.build_parser())
+    assert 'epochs must be an integer (as --epochs), got [[123456789' in str(e.value) and len(str(e.value)) < 400
+
+
+def test_short_repr_is_bounded_in_length_and_work():
+    value = {'a': [[0] * 10 ** 6] * 10 ** 3, 'b': 'x' * 10 ** 6}
+    text = short_repr(value)
+    assert len(text) <= 200 and text.startswith("{'a': [[0, 0")
+    assert short_repr(10 ** 5000) == '<an integer of about 5001 digits>'  # str() of it raises ValueError
+    assert short_repr('abc') == "'abc'" and short_repr(1.5) == '1.5' and short_repr(-7) == '-7'
+    with pytest.raises(UsageError, match=r'--x must be <= 0, got <an integer of about 5001 digits>'):
+        check_range('--x', 10 ** 5000, high=0)
+
+
+# ------------------------------------------------------------------------------------------------ model sizes
+def test_check_model_size_stops_the_meta_build_early():
+    built = []
+
+    def build():
+        layers = torch.nn.ModuleList()
+        for _ in range(100_000):
+            layers.append(torch.nn.Linear(4096, 4096, device='meta'))
+            built.append(1)
+        return layers
+
+    with pytest.raises(UsageError, match=r'stack would have more than 2e\+09 parameters \(the bound of '
+                                         r'mlp_vision.errors.MAX_PARAMS, 8 GB of float32 weights\)'):
+        check_model_size(build, 'stack')
+    assert len(built) < 200  # refused after ~120 layers, not after building 100,000
+    assert check_model_size(lambda: torch.nn.Linear(3, 2, device='meta'), 'small') == 8
+    assert check_model_size(lambda: None, 'not buildable on meta') is None
+
+
+def test_checkpoint_model_cfg_sizes_are_bounded_before_building(tmp_path, capsys):
+    """A checkpoint whose model_cfg says embed_dim 4096 and 100,000 blocks: one line from validate, in about a
+    second, no gigabytes allocated."""
+    import mlp_vision.validate as validate
+    path = tmp_path / 'evil.pth'
+    torch.save({'arch': 'gmlp_ti', 'state_dict': {}, 'epoch': 0,
+                'model_cfg': {'name': 'gmlp_ti', 'kwargs': {'embed_dim': 4096, 'num_blocks': 100_000}}}, path)
+    with pytest.raises(SystemExit) as e:
+        validate.main(['--checkpoint', str(path), '--data-dir', str(tmp_path)])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert (f"model gmlp_ti with {{'embed_dim': 4096, 'num_blocks': 100000}} (from checkpoint {path}'s model_cfg) "
+            f"would have more than 2e+09 parameters") in err
+
+
+def test_command_line_model_sizes_are_bounded_too():
+    from mlp_vision.training.model import create_model
+    with pytest.raises(UsageError, match=r"model mixer_s16 with \{'embed_dim': 65536\} would have more than"):
+        create_model('mixer_s16', embed_dim=65536)
+    assert create_model('mixer_s16', num_classes=3, embed_dim=8, num_blocks=1, img_size=32).num_classes == 3
+
+
+def test_text_config_json_sizes_are_bounded_before_building(tmp_path):
+    import mlp_vision.text as mt
+    from mlp_vision.text.tokenizer import ByteTokenizer
+    tokenizer = ByteTokenizer()
+    mt.create_model('gmlp_causal_char', vocab_size=tokenizer.vocab_size, hidden_size=8, num_hidden_layers=1,
+                    max_position_embeddings=8).save_pretrained(str(tmp_path), tokenizer)
+    payload = json.loads((tmp_path / 'config.json').read_text())
+    payload['config'].update(hidden_size=4096, num_hidden_layers=100_000)
+    (tmp_path / 'config.json').write_text(json.dumps(payload))
+    with pytest.raises(UsageError, match=r"config\.json: GMLPForCausalLM with \{'hidden_size': 4096, .*"
+                                         r"'num_hidden_layers': 100000, .*\} would have more than 2e\+09 parameters"):
+        mt.from_pretrained(str(tmp_path))
+
+
+# ------------------------------------------------------------------------------------------------ image folders
+def _png(path, colour=(200, 40, 40)):
+    from PIL import Image
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.new('RGB', (8, 8), colour).save(path)
+
+
+def test_fifo_named_like_an_image_is_skipped_with_a_warning(tmp_path, caplog):
+    """A FIFO named x.png would block the loader in open() forever: it is not read, and the warning says so."""
+    from mlp_vision.training.data import ImageFileReader
+    for c in ('a', 'b'):
+        _png(tmp_path / c / '0.png')
+    os.mkfifo(tmp_path / 'a' / 'pipe.png')
+    os.symlink(tmp_path / 'a' / 'missing.png', tmp_path / 'b' / 'dangling.png')
+    with caplog.at_level(logging.WARNING):
+        reader = ImageFileReader(str(tmp_path))
+    assert [p for p, _ in reader.samples] == ['a/0.png', 'b/0.png']
+    assert (f'{tmp_path}: skipped 2 entries named like images that are not regular files (FIFOs, devices, sockets '
+            f'or broken links; e.g. a/pipe.png): only regular files are read as images') in caplog.text
+
+
+def test_images_of_other_formats_are_counted_in_a_warning(tmp_path, caplog):
+    """timm's extensions decide what is read (.png .jpg .jpeg); .bmp, .gif and a multi-page .tiff are not dropped
+    silently: one warning counts them by extension."""
+    from PIL import Image
+    from mlp_vision.training.data import ImageFileReader
+    for c in ('a', 'b'):
+        _png(tmp_path / c / '0.png')
+    Image.new('RGB', (8, 8)).save(tmp_path / 'a' / '1.bmp')
+    Image.new('RGB', (8, 8)).save(tmp_path / 'b' / '1.bmp')
+    Image.new('P', (8, 8)).save(tmp_path / 'b' / '2.gif')
+    pages = [Image.new('L', (8, 8), v) for v in (0, 255)]
+    pages[0].save(tmp_path / 'b' / '3.tiff', save_all=True, append_images=pages[1:])
+    (tmp_path / 'a' / 'notes.txt').write_text('not an image format: not counted')
+    with caplog.at_level(logging.WARNING):
+        reader = ImageFileReader(str(tmp_path))
+    assert len(reader) == 2
+    assert (f'{tmp_path}: left out 4 image files of other formats (2 .bmp, 1 .gif, 1 .tiff): only .jpeg .jpg .png '
+            f'files are read') in caplog.text
+    assert '.gif/.tiff files with several frames are then read by their first frame only' in caplog.text
+    assert 'notes' not in caplog.text
+
+
+def test_images_of_other_formats_in_a_tar_are_counted_too(tmp_path, caplog):
+    import tarfile
+    from mlp_vision.training.data import ImageFileReader
+    for c in ('a', 'b'):
+        _png(tmp_path / 'src' / c / '0.png')
+    (tmp_path / 'src' / 'a' / '1.bmp').write_bytes(b'BM')
+    with tarfile.open(tmp_path / 'train.tar', 'w') as tf:
+        tf.add(tmp_path / 'src' / 'a', arcname='a')
+        tf.add(tmp_path / 'src' / 'b', arcname='b')
+    with caplog.at_level(logging.WARNING):
+        reader = ImageFileReader(str(tmp_path / 'train.tar'))
+    assert len(reader) == 2
+    assert f'image tar {tmp_path / "train.tar"}: left out 1 image files of other formats (1 .bmp)' in caplog.text
+
+
+# ------------------------------------------------------------------------------------------------ tokenizer files
+def _with_regex_pre_tokenizer(folder):
+    path = folder / 'tokenizer.json'
+    payload = json.loads(path.read_text())
+    payload['pre_tokenizer'] = {'type': 'Sequence', 'pretokenizers': [
+        {'type': 'Split', 'pattern': {'Regex': '(a+)+$'}, 'behavior': 'Isolated', 'invert': False},
+        payload['pre_tokenizer']]}
+    path.write_text(json.dumps(payload))
+    return path
+
+
+@pytest.mark.parametrize('kind', ['wordpiece', 'bpe'])
+def test_tokenizer_file_with_a_regex_is_refused_unless_allowed(kind, tmp_path):
+    from mlp_vision.text.tokenizer import find_tokenizer, load_tokenizer, tokenizer_from_dict, train_tokenizer
+    texts = ['the cat sat on the mat', 'a dog ate the bone'] * 20
+    ours = train_tokenizer(texts=texts, kind=kind, vocab_size=300)
+    ours.save_pretrained(str(tmp_path))
+    assert load_tokenizer(str(tmp_path)).encode('the cat') == ours.encode('the cat')  # ours keep loading
+    assert tokenizer_from_dict(ours.to_dict()).encode('the cat') == ours.encode('the cat')
+    path = _with_regex_pre_tokenizer(tmp_path)
+    line = (f"{path}: pre_tokenizer.pretokenizers[0].pattern is the regular expression '(a+)+$', refused: a crafted "
+            f"pattern takes minutes per text")
+    for load in (lambda: find_tokenizer(str(tmp_path)), lambda: find_tokenizer(str(path))):
+        with pytest.raises(UsageError) as e:
+            load()
+        assert str(e.value).startswith(line) and 'allow_regex=True' in str(e.value)
+    trusted = load_tokenizer(str(tmp_path), allow_regex=True)
+    assert trusted.vocab_size == ours.vocab_size
+    saved = dict(ours.to_dict(), tokenizer_json=path.read_text())  # a checkpoint's tokenizer, edited
+    with pytest.raises(UsageError, match=r'the saved tokenizer: pre_tokenizer.pretokenizers\[0\].pattern is the '):
+        tokenizer_from_dict(saved)
+
+
+# ------------------------------------------------------------------------------------------------ text data
+WORDS = 'to be or not that is the question whether tis nobler in mind suffer slings arrows'.split()
+
+
+@pytest.fixture(scope='module')
+def english_wordpiece():
+    import random
+    from mlp_vision.text.tokenizer import train_tokenizer
+    rng = random.Random(0)
+    texts = [' '.join(rng.choice(WORDS) for _ in range(8)) for _ in range(200)]
+    return train_tokenizer(texts=texts, kind='wordpiece', vocab_size=200)
+
+
+def test_tsv_column_named_twice_is_an_error(tmp_path):
+    from mlp_vision.training.text.classification import read_labelled_file
+    path = tmp_path / 'train.tsv'
+    path.write_text('sentence\tlabel\tsentence\nto be\t1\tor not\nthat is\t0\tthe question\n')
+    with pytest.raises(UsageError, match=r"train\.tsv' names the column 'sentence' 2 times in its header \(tab-"
+                                         r"separated: \['sentence', 'label', 'sentence'\]\); expected each column "
+                                         r"named once"):
+        read_labelled_file(str(path))
+
+
+def test_tsv_header_repeated_inside_the_file_is_an_error(tmp_path):
+    from mlp_vision.training.text.classification import read_labelled_file
+    path = tmp_path / 'train.tsv'
+    path.write_text('sentence\tlabel\nto be\t1\nsentence\tlabel\nthat is\t0\n')  # two files joined
+    with pytest.raises(UsageError, match=r"train\.tsv' line 3 repeats the header row \(files joined with their "
+                                         r"headers\?\)"):
+        read_labelled_file(str(path))
+
+
+def test_corpus_entirely_unknown_is_an_error_and_mostly_unknown_a_warning(english_wordpiece, caplog):
+    from mlp_vision.training.text.data import check_unknown_tokens, encode_text
+    greek = encode_text(english_wordpiece, 'άλφα βήτα γάμμα δέλτα ' * 20, 'training text')
+    with pytest.raises(UsageError, match=r'the training text tokenizes entirely to \[UNK\] \(80 tokens\): the '
+                                         r'tokenizer knows none of it'):
+        check_unknown_tokens(greek, english_wordpiece, 'training text')
+    mixed = encode_text(english_wordpiece, 'to be άλφα βήτα γάμμα ' * 20, 'training text')
+    with caplog.at_level(logging.WARNING):
+        check_unknown_tokens(mixed, english_wordpiece, 'training text')
+    assert 'the training text: 60% of its 100 tokens are [UNK] (unknown to the tokenizer)' in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        check_unknown_tokens(encode_text(english_wordpiece, 'to be or not', 'x'), english_wordpiece, 'x')
+    assert caplog.text == ''
+
+
+def test_trainer_stops_on_a_corpus_the_tokenizer_does_not_know(english_wordpiece, tmp_path, capsys):
+    import mlp_vision.train_text as text_train
+    from _helpers import exits_with_one_line
+    english_wordpiece.save_pretrained(str(tmp_path / 'tok'))
+    (tmp_path / 'greek.txt').write_text('άλφα βήτα γάμμα δέλτα\n' * 200)
+    argv = ['--task', 'mlm', '--model', 'gmlp_base', '--model-kwargs', 'num_hidden_layers=1', 'hidden_size=16',
+            'intermediate_size=32', 'max_position_embeddings=16', '--threads', '1', '--steps', '1', '-b', '2',
+            '--train-file', str(tmp_path / 'greek.txt'), '--tokenizer-from', str(tmp_path / 'tok'),
+            '--output', str(tmp_path / 'out')]
+    msg = exits_with_one_line(text_train.main, argv, capsys)
+    assert 'the training text tokenizes entirely to [UNK]' in msg
+
+
+@pytest.mark.parametrize('kind', ['wordpiece', 'bpe', 'char', 'byte'])
+def test_tokenizing_in_pieces_gives_the_whole_text_ids(kind, monkeypatch):
+    """The stop flag is read between pieces of the text; the pieces' ids must be exactly the whole text's."""
+    import random
+    import mlp_vision.training.text.data as data
+    rng = random.Random(1)
+    lines = [' '.join(rng.choice(WORDS + ['  ', 'Tis,', "o'er", '...']) for _ in range(rng.randint(0, 9)))
+             for _ in range(300)]
+    text = '\n'.join(lines) + '\n'
+    tok = data.build_tokenizer(kind, 'causal', text, vocab_size=300)
+    whole = torch.tensor(tok.encode(text))
+    monkeypatch.setattr(data, 'ENCODE_CHUNK_CHARS', 50)
+    calls = []
+    pieces = data.encode_text(tok, text, 'training text', stop=lambda: calls.append(1) or 0)
+    assert len(calls) > 20 and torch.equal(pieces, whole)
+
+
+def test_stop_signal_is_honoured_while_tokenizing(monkeypatch):
+    import signal
+    import mlp_vision.training.text.data as data
+    from mlp_vision.errors import Interrupted
+    tok = data.build_tokenizer('byte', 'causal', '')
+    monkeypatch.setattr(data, 'ENCODE_CHUNK_CHARS', 100)
+    flags = iter([0, 0, signal.SIGTERM])  # pieces of 105 characters: the first break after 100
+    with pytest.raises(Interrupted, match=r'interrupted by SIGTERM at tokenizing the training text \(210 tokens '
+                                          r'so far\)') as e:
+        data.encode_text(tok, 'word\n' * 1000, 'training text', stop=lambda: next(flags))
+    assert e.value.exit_status == 128 + signal.SIGTERM
+
+
+def test_global_batch_beyond_the_data_is_a_warning_with_numbers(caplog):
+    from mlp_vision.training.loop import warn_global_batch_beyond_data
+    with caplog.at_level(logging.WARNING):
+        warn_global_batch_beyond_data(8, 2, 10 ** 9, 300, 'images')
+    assert ('the global batch (8 x 2 processes x 1000000000 accumulation steps = 16,000,000,000) is larger than the '
+            'training data (300 images): each update would need 5.33e+07 times the data; lower -b / '
+            '--grad-accum-steps') in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        warn_global_batch_beyond_data(8, 2, 4, 300, 'images')
+    assert caplog.text == ''
