@@ -67,6 +67,7 @@ import torch
 import torch.nn as nn
 
 from ..layers import BidirectionalGatedSSM
+from ..weights import load_backbone
 from .bert import BertEmbeddings, EncoderForMaskedLM, EncoderForSequenceClassification, init_bert_weights
 from .modeling_utils import PretrainedMixin, TextConfig, check_classifier_pooling, check_text_inputs
 
@@ -489,9 +490,11 @@ def _from_official(cls, path_or_state_dict, device, dtype, config_overrides):
     config = BiGSConfig.from_dict({**config.to_dict(), **BiGSConfig.rename_legacy(dict(config_overrides))})
     ours = convert_official_bigs_state_dict(sd, task=task)
     model = cls(config, device=device, dtype=dtype)
-    missing, unexpected = model.load_state_dict(ours, strict=False)
     allowed = cls.head_prefixes if task == 'sequence_classification' else ()
-    bad = [k for k in missing if not k.startswith(allowed)] if allowed else list(missing)
+    # load_backbone: the official tensors pass the same value checks as every other weights file
+    report = load_backbone(model, ours, allowed, 'official BiGS weights' if directory is None else
+                           f'the official BiGS weights in {path}')
+    bad, unexpected = report.missing, report.unused
     if bad or unexpected:
         raise ValueError(f'official BiGS weights do not fit {cls.__name__}: missing {bad}, unexpected {unexpected}')
     tokenizer = find_tokenizer(directory) if directory is not None else None

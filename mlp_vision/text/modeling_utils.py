@@ -494,7 +494,7 @@ class PretrainedMixin:
         weights_path = os.path.join(directory, WEIGHTS_NAME)
         _check_weight_shapes(model, weights_path, config_path)
         report = load_backbone(model, load_file(weights_path),
-                               () if strict or same_arch else cls.head_prefixes)
+                               () if strict or same_arch else cls.head_prefixes, weights_path)
         if strict and (report.missing or report.unused):
             detail = (f'missing {report.missing[:8]}' if report.missing else f'unexpected {report.unused[:8]}')
             raise UsageError(f'{weights_path} does not fit {arch}: {detail}')

@@ -22,6 +22,7 @@ import torch
 import torch.nn as nn
 
 from mlp_vision.errors import UsageError, find_os_error
+from mlp_vision.weights import check_weights
 
 __all__ = [
     'CHECKPOINT_VERSION', 'TRUST_FLAG', 'temp_path', 'clean_stale_temp_files', 'atomic_save', 'atomic_write_text',
@@ -498,15 +499,23 @@ def load_model_weights(
         source: str,
         model_name: str,
 ) -> None:
-    """``model.load_state_dict(strict=True)`` with a readable error when the weights belong to another model."""
-    result_error = None
+    """``model.load_state_dict(strict=True)`` (the load of ``--resume``, ``--initial-checkpoint`` and validate's
+    ``--checkpoint``) after :func:`mlp_vision.weights.check_weights` (tensors, floating point where the model's
+    are, finite), with a readable :class:`UsageError` naming ``source`` when the weights belong to another model.
+
+    The strict load, not :func:`~mlp_vision.weights.load_backbone`: modules may rename keys of older files while
+    loading (``AxialSparseMLP``'s ``fuse`` -> ``fuse_conv``), which only ``load_state_dict`` sees."""
+    if not isinstance(state_dict, dict) or not all(isinstance(k, str) for k in state_dict):
+        raise UsageError(f'{source}: its weights are a {type(state_dict).__name__}, not a state dict (tensors by '
+                         f'name); the file is damaged or holds other data')
+    ckpt = clean_state_dict(state_dict)
+    check_weights(model.state_dict(), ckpt, source)
     try:
-        model.load_state_dict(clean_state_dict(state_dict), strict=True)
+        model.load_state_dict(ckpt, strict=True)
         return
     except RuntimeError as e:
         result_error = e
     model_keys = set(model.state_dict().keys())
-    ckpt = clean_state_dict(state_dict)
     missing = sorted(model_keys - set(ckpt))
     unexpected = sorted(set(ckpt) - model_keys)
     shape = [k for k in sorted(model_keys & set(ckpt)) if tuple(ckpt[k].shape) != tuple(model.state_dict()[k].shape)]
