@@ -57,7 +57,6 @@ folder in the official layout (offline; the sizes are read from the tensor shape
 folder's ``config.json`` when present); the folder's tokenizer (``tokenizer.json`` / ``vocab.txt``) becomes
 ``model.tokenizer``, so ``python -m mlp_vision.text.fill_mask DIR "the movie was [MASK] ."`` works on it.
 """
-import json
 import os
 from dataclasses import dataclass
 from functools import partial
@@ -66,6 +65,7 @@ from typing import Dict, List, Mapping, Optional, Union
 import torch
 import torch.nn as nn
 
+from mlp_vision.errors import UsageError, read_json_file
 from ..layers import BidirectionalGatedSSM
 from ..weights import load_backbone
 from .bert import BertEmbeddings, EncoderForMaskedLM, EncoderForSequenceClassification, init_bert_weights
@@ -464,8 +464,9 @@ def _official_config_fields(directory: str, shape_config: BiGSConfig) -> dict:
     path = os.path.join(directory, 'config.json')
     if not os.path.isfile(path):
         return {}
-    with open(path, encoding='utf-8') as f:
-        official = json.load(f)
+    official = read_json_file(path)
+    if not isinstance(official, dict):
+        raise UsageError(f'{path} holds a JSON {type(official).__name__}, not a config object')
     for name in ('vocab_size', 'hidden_size', 'intermediate_size', 'num_hidden_layers', 'max_position_embeddings',
                  'type_vocab_size'):
         if name in official and official[name] != getattr(shape_config, name):
