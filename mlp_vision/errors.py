@@ -9,7 +9,8 @@ stderr, ``<prog>: error: <what was wrong and what is expected>``, and an exit st
 * :class:`Interrupted` -- SIGINT / SIGTERM: status 128 + signal number, after the resumable checkpoint is saved;
 * an ``OSError`` (e.g. ``No space left on device``) anywhere in the exception chain: status 1, its text and file;
 * memory running out (``MemoryError``, ``torch.OutOfMemoryError``, the CPU allocator's error), a Rust library's
-  panic (``tokenizers``' ``PanicException``) or Python's recursion limit: status 1, what failed and what to reduce.
+  panic (``tokenizers``' ``PanicException``): status 1, what failed and what to reduce; input nested beyond
+  Python's recursion limit or not UTF-8 where a reader did not say so itself: status 2.
 
 ``--debug`` on the command line re-raises instead, with the full traceback. Library callers get the exceptions.
 """
@@ -20,7 +21,7 @@ import math
 import os
 import signal
 import sys
-from typing import Callable, Optional, Sequence
+from typing import Callable, Optional, Sequence, Tuple
 
 import torch
 
@@ -170,21 +171,24 @@ def _os_error_line(error: OSError) -> str:
 _ALLOCATION_FAILURES = ("can't allocate memory", 'out of memory', 'failed to allocate')  # torch's RuntimeError texts
 
 
-def _boundary_line(error: BaseException) -> Optional[str]:
-    """The one line of a failure no input check can rule out (None for any other error): memory running out
-    (``MemoryError``, ``torch.OutOfMemoryError``, the CPU allocator's RuntimeError), a Rust library's panic
-    (``pyo3_runtime.PanicException``, e.g. from ``tokenizers``: a ``BaseException``, so no ``except Exception``
-    sees it) and Python's recursion limit (input nested too deeply)."""
+def _boundary_line(error: BaseException) -> Optional[Tuple[int, str]]:
+    """(status, one line) of a failure no input check rules out everywhere (None for any other error): memory
+    running out (``MemoryError``, ``torch.OutOfMemoryError``, the CPU allocator's RuntimeError) and a Rust
+    library's panic (``pyo3_runtime.PanicException``, e.g. from ``tokenizers``: a ``BaseException``, so no ``except
+    Exception`` sees it), status 1; input nested beyond Python's recursion limit or bytes that are not UTF-8, status
+    2 (the readers that know the file name say it themselves; this is the net under the others)."""
     text = ' '.join(str(error).split())[:300]
     if isinstance(error, (MemoryError, getattr(torch, 'OutOfMemoryError', MemoryError))) or (
             isinstance(error, RuntimeError) and any(m in text.lower() for m in _ALLOCATION_FAILURES)):
-        return (f'out of memory ({type(error).__name__}: {text}); reduce the batch size (-b), the model or input '
-                f'size, or the data held in memory, or use a machine with more memory')
+        return 1, (f'out of memory ({type(error).__name__}: {text}); reduce the batch size (-b), the model or input '
+                   f'size, or the data held in memory, or use a machine with more memory')
     if type(error).__name__ == 'PanicException':
-        return (f'a Rust library stopped with a panic ({text}); the input it was given (a tokenizer file, a text '
-                f'or a setting) is one it cannot handle: check or replace it')
+        return 1, (f'a Rust library stopped with a panic ({text}); the input it was given (a tokenizer file, a text '
+                   f'or a setting) is one it cannot handle: check or replace it')
     if isinstance(error, RecursionError):
-        return f'the input is nested too deeply to process ({text}); it is damaged or was crafted'
+        return 2, f'an input is nested too deeply to read ({text}); it is damaged or was crafted'
+    if isinstance(error, UnicodeDecodeError):
+        return 2, f'an input file is not UTF-8 text ({text}); expected UTF-8 (yaml, json, text)'
     return None
 
 
@@ -207,10 +211,10 @@ def run_cli(prog: str, main: Callable[[Sequence[str]], object], argv: Optional[S
     except BaseException as e:  # noqa: B036  (a Rust panic is a BaseException; the three above go on)
         # torch's serializer and loaders wrap the OSError that says what went wrong
         os_error = find_os_error(e) if isinstance(e, RuntimeError) else None
-        line = _os_error_line(os_error) if os_error is not None else _boundary_line(e)
-        if debug or line is None:
+        known = (1, _os_error_line(os_error)) if os_error is not None else _boundary_line(e)
+        if debug or known is None:
             raise
-        status, message = 1, line
+        status, message = known
     rank = int(os.environ.get('RANK', 0) or 0)
     line = f'{prog}: error: {" ".join(message.split())}'
     if rank == 0 or status == UsageError.exit_status:  # a run's stop is reported once, by rank 0 (it holds the files)

@@ -57,8 +57,9 @@ def check_weights(own: Mapping[str, torch.Tensor], state_dict: Mapping[str, obje
     for key, value in state_dict.items():
         mine = own.get(key)
         if mine is not None and not isinstance(value, torch.Tensor):
-            raise UsageError(f'{source}: {key} is a {type(value).__name__}, not a tensor; the file is damaged or '
-                             f'was crafted, and is not used')
+            kind = type(value).__name__
+            raise UsageError(f'{source}: {key} is {"an" if kind[0] in "aeiou" else "a"} {kind}, not a tensor; the '
+                             f'file is damaged or was crafted, and is not used')
         if mine is not None and (value.is_floating_point() != mine.is_floating_point()
                                  or value.is_complex() != mine.is_complex()):
             raise UsageError(f'{source}: {key} holds {value.dtype} values, but the model\'s {key} is '
