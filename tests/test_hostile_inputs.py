@@ -283,18 +283,16 @@ def test_fill_mask_bad_text_and_config_files(tmp_path, capsys):
     make_official_folder(tmp_path / 'BiGS')
     msg = _fail(fill_mask.main, [str(tmp_path / 'BiGS'), 'the \udcff [MASK]'], capsys)  # argv byte 0xff (PEP 383)
     assert "the text is not UTF-8: character 4 is '\\udcff'" in msg, msg
-    config = tmp_path / 'BiGS' / 'config.json'
+    config, argv = tmp_path / 'BiGS' / 'config.json', [str(tmp_path / 'BiGS'), 'the [MASK]']
     config.write_text('[' * 100_000 + ']' * 100_000)
-    assert f'{config} is nested too deeply to be a config' in _fail(fill_mask.main, [str(tmp_path / 'BiGS'), 'the [MASK]'],
-                                                                      capsys)
+    assert f'{config} is nested too deeply to be a config' in _fail(fill_mask.main, argv, capsys)
     config.write_text('{"a": "' + 'x' * (17 * 2 ** 20) + '"}')
-    msg = _fail(fill_mask.main, [str(tmp_path / 'BiGS'), 'the [MASK]'], capsys)
+    msg = _fail(fill_mask.main, argv, capsys)
     assert f'{config} is 17,825,801 bytes, more than the 16,777,216 a JSON config can need' in msg, msg
     config.write_bytes(b'\xff\xfe{}')
-    assert f'{config} is not UTF-8 text' in _fail(fill_mask.main, [str(tmp_path / 'BiGS'), 'the [MASK]'], capsys)
+    assert f'{config} is not UTF-8 text' in _fail(fill_mask.main, argv, capsys)
     config.write_text('[1, 2]')
-    assert 'holds a JSON list, not a config object' in _fail(fill_mask.main, [str(tmp_path / 'BiGS'), 'the [MASK]'],
-                                                             capsys)
+    assert 'holds a JSON list, not a config object' in _fail(fill_mask.main, argv, capsys)
 
 
 def test_text_trainer_bounds_and_fields(text_file, tmp_path, capsys):
@@ -338,3 +336,14 @@ def test_visualize_and_benchmark_one_line_cases(tmp_path, capsys):
     msg = _fail(benchmark.main, ['--model', 'smlpnet_t', '--img-size', '1', '--no-ceiling', '--no-memory',
                                  '--threads', '1'], capsys)
     assert 'smlpnet_t cannot be built with' in msg and 'divisible by 32' in msg, msg
+
+
+def test_image_resume_refuses_nan_ema_weights(images, tmp_path, capsys):
+    """train.py --resume loads state_dict_ema through the same check (after the weights, once the EMA is built)."""
+    train.main(TINY_VISION + ['--data-dir', str(images), '--val-split', 'val', '--epochs', '1', '--model-ema',
+                              '--output', str(tmp_path), '--experiment', 'ema'])
+    crafted = _crafted(tmp_path / 'ema' / 'last.pth', tmp_path / 'crafted',
+                       lambda c: c.update(state_dict_ema=_floats(c['state_dict_ema'], lambda v: v * NAN)))
+    msg = _fail(train.main, ['--resume', str(crafted), '--epochs', '2'], capsys)
+    assert f'--resume {crafted} (EMA): stem.weight holds 384 NaN / infinite value(s)' in msg, msg
+    assert sorted(p.name for p in crafted.parent.iterdir()) == ['last.pth']  # refused before the folder is written
