@@ -220,6 +220,8 @@ def _create(name: str, args: argparse.Namespace) -> nn.Module:
     except TypeError as e:
         if 'img_size' not in kwargs or 'img_size' not in str(e):
             raise
+    except ValueError as e:  # e.g. --img-size 1: the model says which sizes it takes (divisible by its stride)
+        raise UsageError(f'{name} cannot be built with {kwargs}: {" ".join(str(e).split())}') from None
     # a fully convolutional peer (ConvNeXt) takes no img_size: it runs at any input size as built
     return timm.create_model(name, num_classes=args.num_classes)
 

@@ -7,24 +7,29 @@ stderr, ``<prog>: error: <what was wrong and what is expected>``, and an exit st
   argparse's own usage errors;
 * :class:`RunError` -- a run that cannot go on (NaN loss, a full disk): status 1; its message says what is intact;
 * :class:`Interrupted` -- SIGINT / SIGTERM: status 128 + signal number, after the resumable checkpoint is saved;
-* an ``OSError`` (e.g. ``No space left on device``) anywhere in the exception chain: status 1, its text and file.
+* an ``OSError`` (e.g. ``No space left on device``) anywhere in the exception chain: status 1, its text and file;
+* memory running out (``MemoryError``, ``torch.OutOfMemoryError``, the CPU allocator's error), a Rust library's
+  panic (``tokenizers``' ``PanicException``): status 1, what failed and what to reduce; input nested beyond
+  Python's recursion limit or not UTF-8 where a reader did not say so itself: status 2.
 
 ``--debug`` on the command line re-raises instead, with the full traceback. Library callers get the exceptions.
 """
 import argparse
 import errno
+import json
 import math
 import os
 import reprlib
 import signal
 import sys
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence, Tuple
 
 import torch
 import torch.nn as nn
 
 __all__ = ['ArgumentParser', 'UsageError', 'RunError', 'Interrupted', 'ScriptExit', 'run_cli', 'find_os_error',
-           'check_range', 'parse_device', 'stop_moved_module', 'short_repr', 'MAX_PARAMS', 'check_model_size']
+           'check_range', 'parse_device', 'read_json_file', 'stop_moved_module', 'short_repr', 'MAX_PARAMS',
+           'check_model_size']
 
 
 class UsageError(ValueError):
@@ -155,6 +160,30 @@ def parse_device(device: str, flag: str = '--device') -> torch.device:
     return parsed
 
 
+CONFIG_MAX_BYTES = 16 * 2 ** 20  # a config.json is kilobytes (a 21k-class label map is ~1 MB); beyond, it is not one
+
+
+def read_json_file(path: str, max_bytes: int = CONFIG_MAX_BYTES):
+    """The parsed JSON of the file ``path``; a :class:`UsageError` naming it when it is larger than ``max_bytes``
+    (checked before it is read: a multi-gigabyte "config" would fill the memory), not UTF-8, not JSON, or nested
+    too deeply for the parser (a ``RecursionError`` in ``json``)."""
+    size = os.path.getsize(path)
+    if size > max_bytes:
+        raise UsageError(f'{path} is {size:,} bytes, more than the {max_bytes:,} a JSON config can need; it is not '
+                         f'one, and is not read')
+    try:
+        with open(path, encoding='utf-8') as f:
+            return json.load(f)
+    except UnicodeDecodeError as e:
+        raise UsageError(f'{path} is not UTF-8 text (byte {e.object[e.start]:#04x} at {e.start}); expected JSON') \
+            from None
+    except RecursionError:
+        raise UsageError(f'{path} is nested too deeply to be a config (JSON arrays / objects inside each other '
+                         f'beyond Python\'s recursion limit)') from None
+    except ValueError as e:  # JSONDecodeError
+        raise UsageError(f'{path} is not valid JSON ({e}); the file is damaged or truncated') from None
+
+
 def stop_moved_module(module_name: str, old: str, new: str) -> None:
     """The body of a module that moved: run (``module_name == '__main__'``) it prints one line naming the new place
     and exits 2; imported, it raises ``ImportError`` with that line."""
@@ -205,6 +234,30 @@ def _os_error_line(error: OSError) -> str:
     return f'{text}{where}'
 
 
+_ALLOCATION_FAILURES = ("can't allocate memory", 'out of memory', 'failed to allocate')  # torch's RuntimeError texts
+
+
+def _boundary_line(error: BaseException) -> Optional[Tuple[int, str]]:
+    """(status, one line) of a failure no input check rules out everywhere (None for any other error): memory
+    running out (``MemoryError``, ``torch.OutOfMemoryError``, the CPU allocator's RuntimeError) and a Rust
+    library's panic (``pyo3_runtime.PanicException``, e.g. from ``tokenizers``: a ``BaseException``, so no ``except
+    Exception`` sees it), status 1; input nested beyond Python's recursion limit or bytes that are not UTF-8, status
+    2 (the readers that know the file name say it themselves; this is the net under the others)."""
+    text = ' '.join(str(error).split())[:300]
+    if isinstance(error, (MemoryError, getattr(torch, 'OutOfMemoryError', MemoryError))) or (
+            isinstance(error, RuntimeError) and any(m in text.lower() for m in _ALLOCATION_FAILURES)):
+        return 1, (f'out of memory ({type(error).__name__}: {text}); reduce the batch size (-b), the model or input '
+                   f'size, or the data held in memory, or use a machine with more memory')
+    if type(error).__name__ == 'PanicException':
+        return 1, (f'a Rust library stopped with a panic ({text}); the input it was given (a tokenizer file, a text '
+                   f'or a setting) is one it cannot handle: check or replace it')
+    if isinstance(error, RecursionError):
+        return 2, f'an input is nested too deeply to read ({text}); it is damaged or was crafted'
+    if isinstance(error, UnicodeDecodeError):
+        return 2, f'an input file is not UTF-8 text ({text}); expected UTF-8 (yaml, json, text)'
+    return None
+
+
 def run_cli(prog: str, main: Callable[[Sequence[str]], object], argv: Optional[Sequence[str]] = None):
     """``main(argv)`` with the scripts' error path (see the module docstring); returns what ``main`` returns."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -219,11 +272,15 @@ def run_cli(prog: str, main: Callable[[Sequence[str]], object], argv: Optional[S
         if debug or e.errno is None:
             raise
         status, message = 1, _os_error_line(e)
-    except RuntimeError as e:  # torch's serializer and loaders wrap the OSError that says what went wrong
-        os_error = find_os_error(e)
-        if debug or os_error is None:
+    except (KeyboardInterrupt, SystemExit, GeneratorExit):
+        raise
+    except BaseException as e:  # noqa: B036  (a Rust panic is a BaseException; the three above go on)
+        # torch's serializer and loaders wrap the OSError that says what went wrong
+        os_error = find_os_error(e) if isinstance(e, RuntimeError) else None
+        known = (1, _os_error_line(os_error)) if os_error is not None else _boundary_line(e)
+        if debug or known is None:
             raise
-        status, message = 1, _os_error_line(os_error)
+        status, message = known
     rank = int(os.environ.get('RANK', 0) or 0)
     line = f'{prog}: error: {" ".join(message.split())}'
     if rank == 0 or status == UsageError.exit_status:  # a run's stop is reported once, by rank 0 (it holds the files)

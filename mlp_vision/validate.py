@@ -26,6 +26,7 @@ import csv
 import io
 import logging
 import os
+import reprlib
 
 import torch
 from timm.data import resolve_data_config
@@ -39,7 +40,7 @@ from mlp_vision.training.data import (
 )
 from mlp_vision.training.distributed import init_device
 from mlp_vision.training.engine import evaluate
-from mlp_vision.errors import ArgumentParser, UsageError, run_cli
+from mlp_vision.errors import ArgumentParser, UsageError, check_range, run_cli
 from mlp_vision.training.log import setup_logging
 from mlp_vision.training.model import (
     add_compile_arguments, check_compile_backend, compile_model, create_model_for_eval, model_create_kwargs)
@@ -164,6 +165,42 @@ def _validation_dataset(args: argparse.Namespace, data_dir, model, info: dict):
     return dataset, labels
 
 
+MAX_INPUT_SIDE = 8192  # pixels; a checkpoint's input_size beyond it is damage, not a model (3 x 8192^2 floats = 0.8 GB)
+CROP_MODES = ('center', 'squash', 'border')  # timm's eval crop modes (the --crop-mode choices)
+
+
+def checkpoint_data_config(data_cfg, checkpoint: str, in_chans: int) -> dict:
+    """The eval preprocessing a training checkpoint stores (``data_cfg``), checked as the flags it stands in for
+    are: ``input_size`` (``in_chans``, H, W) of positive ints up to :data:`MAX_INPUT_SIDE`, ``mean`` / ``std`` one
+    finite value or one per channel (std > 0: 0 divides every pixel by 0), ``crop_pct`` in (0, 1],
+    ``interpolation`` / ``crop_mode`` names timm knows. A :class:`UsageError` naming the checkpoint otherwise."""
+    if data_cfg is None:
+        return {}
+    where = f'checkpoint {checkpoint}: its data_cfg'
+    if not isinstance(data_cfg, dict):
+        raise UsageError(f'{where} is {reprlib.repr(data_cfg)}, not a dict; the file is damaged or was crafted')
+    size, names = data_cfg.get('input_size'), {'interpolation': INTERPOLATIONS, 'crop_mode': CROP_MODES}
+    if size is not None and not (isinstance(size, (list, tuple)) and len(size) == 3 and size[0] == in_chans and all(
+            isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= MAX_INPUT_SIDE for n in size)):
+        raise UsageError(f'{where} input_size is {reprlib.repr(size)}; expected ({in_chans}, H, W), the model\'s '
+                         f'{in_chans} channels and H, W in [1, {MAX_INPUT_SIDE}]')
+    for key, bounds in (('mean', {}), ('std', dict(low=0, low_open=True))):
+        values = data_cfg.get(key)
+        if values is None:
+            continue
+        if not isinstance(values, (list, tuple)) or len(values) not in (1, in_chans):
+            raise UsageError(f'{where} {key} is {reprlib.repr(values)}; expected 1 or {in_chans} numbers')
+        for v in values:
+            check_range(f'{where} {key}', v, **bounds)
+    if data_cfg.get('crop_pct') is not None:
+        check_range(f'{where} crop_pct', data_cfg['crop_pct'], low=0, high=1, low_open=True)
+    for key, known in names.items():
+        if data_cfg.get(key) is not None and data_cfg[key] not in known:
+            raise UsageError(f'{where} {key} is {reprlib.repr(data_cfg[key])}; expected one of '
+                             f'{", ".join(n for n in known if n)}')
+    return data_cfg
+
+
 def validate(args: argparse.Namespace) -> dict:
     """Run one validation; returns the results dict. Raises :class:`UsageError` for bad input."""
     check_args(args)
@@ -192,7 +229,7 @@ def validate(args: argparse.Namespace) -> dict:
 
     # preprocessing: explicit flags, then the training checkpoint's eval preprocessing, then the model's config
     data_config = resolve_data_config(vars(args), model=model, verbose=False)
-    ckpt_data = info.get('data_cfg') or {}
+    ckpt_data = checkpoint_data_config(info.get('data_cfg'), args.checkpoint, getattr(model, 'in_chans', 3))
     explicit = {
         'input_size': args.input_size or args.img_size, 'interpolation': args.interpolation,
         'mean': args.mean, 'std': args.std, 'crop_pct': args.crop_pct, 'crop_mode': args.crop_mode,

@@ -270,6 +270,12 @@ def load_model(source: str, model_name: Optional[str] = None, pretrained: bool =
     kwargs = dict(model_kwargs or {})
     if pretrained and os.path.exists(source):
         raise UsageError(f'--pretrained loads a model name\'s registered weights; {source} is a path')
+    if pretrained and not timm.is_model(source):  # the text registry has no weights: it would draw a random init
+        raise UsageError(f'--pretrained loads the registered weights of a timm model name; {source!r} is none (text '
+                         f'models have none: give a save_pretrained folder)')
+    if model_name and not os.path.isfile(source):
+        raise UsageError(f'--model names the model of a weights file; {source!r} is a '
+                         f'{"folder" if os.path.isdir(source) else "model name"}, which says its model itself')
     if os.path.isfile(source):
         try:
             model, info = create_model_for_eval(model_name, checkpoint=source, trust_checkpoint=trust_checkpoint,
@@ -289,7 +295,11 @@ def load_model(source: str, model_name: Optional[str] = None, pretrained: bool =
         if not is_saved_folder(source):
             raise UsageError(f'{source} is a folder without a save_pretrained config.json; expected a text-model '
                              f'folder (a text run\'s pretrained/) or a checkpoint file')
-        model = text_registry.from_pretrained(source, **kwargs)
+        try:
+            model = text_registry.from_pretrained(source, **kwargs)
+        except TypeError as e:  # a config field it does not have, or a value of another type
+            raise UsageError(f'--model-kwargs {kwargs} do not apply to the model in {source}: '
+                             f'{" ".join(str(e).split())}') from None
         return model.eval(), f'{type(model).__name__} from {source}'
     if text_registry.is_model(source):
         try:

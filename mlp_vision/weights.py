@@ -3,9 +3,17 @@ an image model (:func:`mlp_vision.training.model.load_pretrained_weights`), ``fr
 into another architecture of its family (:class:`mlp_vision.text.modeling_utils.PretrainedMixin`) and the text
 classifier's ``--init-from`` (:mod:`mlp_vision.training.text.classifier_init`).
 
+Every loader of weights (:func:`load_backbone`, and the strict
+:func:`mlp_vision.training.checkpoint.load_model_weights` of ``--resume``, ``--initial-checkpoint`` and validate's
+``--checkpoint``) first runs :func:`check_weights`: a tensor that cannot be right for any model (not a tensor,
+integer / bool values for a floating-point parameter, NaN or infinity) stops with one line naming the file and the
+tensor before anything is loaded (``load_state_dict`` would cast integers silently, and NaN weights evaluate, fill
+and draw without a word).
+
 It lives at the top of the package, beside neither ``text/`` nor ``training/``, because both use it and ``text/``
-must not import the trainers. It only loads and reports; what is an error is the caller's decision (a trainer's
-one-line :class:`~mlp_vision.errors.UsageError`, ``from_pretrained``'s exceptions).
+must not import the trainers. Otherwise it only loads and reports; what else is an error (missing, unexpected or
+mis-shaped tensors) is the caller's decision (a trainer's one-line :class:`~mlp_vision.errors.UsageError`,
+``from_pretrained``'s exceptions).
 """
 import dataclasses
 from typing import Dict, List, Mapping, Sequence
@@ -13,7 +21,9 @@ from typing import Dict, List, Mapping, Sequence
 import torch
 import torch.nn as nn
 
-__all__ = ['LoadReport', 'load_backbone', 'tied_aliases']
+from .errors import UsageError
+
+__all__ = ['LoadReport', 'check_weights', 'load_backbone', 'tied_aliases']
 
 
 @dataclasses.dataclass
@@ -38,20 +48,48 @@ def tied_aliases(model: nn.Module) -> List[str]:
     return [name for name, p in model.named_parameters(remove_duplicate=False) if first[id(p)] != name]
 
 
+def check_weights(own: Mapping[str, torch.Tensor], state_dict: Mapping[str, object], source: str) -> None:
+    """A :class:`~mlp_vision.errors.UsageError` naming ``source`` and the first bad entry of ``state_dict``: for a
+    tensor the model has (``own``: its state dict), a value that is not a tensor, or a tensor whose kind is not the
+    model's (integer / bool values for a floating-point parameter or buffer, or floating-point values for an integer
+    one such as BatchNorm's ``num_batches_tracked``); for every floating-point tensor (also under names a module
+    renames while loading), NaN or infinite values. Other entries the model lacks are the caller's to report."""
+    for key, value in state_dict.items():
+        mine = own.get(key)
+        if mine is not None and not isinstance(value, torch.Tensor):
+            kind = type(value).__name__
+            raise UsageError(f'{source}: {key} is {"an" if kind[0] in "aeiou" else "a"} {kind}, not a tensor; the '
+                             f'file is damaged or was crafted, and is not used')
+        if mine is not None and (value.is_floating_point() != mine.is_floating_point()
+                                 or value.is_complex() != mine.is_complex()):
+            raise UsageError(f'{source}: {key} holds {value.dtype} values, but the model\'s {key} is '
+                             f'{mine.dtype}; expected {"floating-point" if mine.is_floating_point() else "integer"} '
+                             f'weights (the file is damaged, was crafted or holds other data), and it is not used')
+        if isinstance(value, torch.Tensor) and value.is_floating_point() and not bool(torch.isfinite(value).all()):
+            bad = int((~torch.isfinite(value)).sum())
+            raise UsageError(f'{source}: {key} holds {bad} NaN / infinite value(s) of {value.numel()}; the weights '
+                             f'are damaged (saved from a diverged run?) and are not used')
+
+
 def load_backbone(model: nn.Module, state_dict: Mapping[str, torch.Tensor],
-                  head_prefixes: Sequence[str] = ()) -> LoadReport:
+                  head_prefixes: Sequence[str] = (), source: str = 'the weights') -> LoadReport:
     """Load every tensor of ``state_dict`` that ``model`` has in the same shape; report what was loaded, what stays
     new, what is missing and what the file had in vain.
 
     ``head_prefixes`` name the task head (e.g. ``('head.',)``, ``('classifier.',)``): its tensors may be absent or
     of another shape (another class count) and are then ``new``; an empty tuple makes every tensor backbone.
-    Keys may carry DDP's ``module.`` prefix. The model is changed only where a tensor is loaded.
+    Keys may carry DDP's ``module.`` prefix. The model is changed only where a tensor is loaded, and not at all when
+    :func:`check_weights` refuses a tensor (a :class:`~mlp_vision.errors.UsageError` naming ``source``, the file).
     """
     head = tuple(head_prefixes)
     in_head = (lambda k: k.startswith(head)) if head else (lambda k: False)
     own = model.state_dict()
     aliases = set(tied_aliases(model))
+    if not isinstance(state_dict, Mapping) or not all(isinstance(k, str) for k in state_dict):
+        raise UsageError(f'{source} is a {type(state_dict).__name__}, not a state dict (tensors by name); the file '
+                         f'is damaged or holds other data')
     sd = {(k[len('module.'):] if k.startswith('module.') else k): v for k, v in state_dict.items()}
+    check_weights(own, sd, source)
     mismatched = [k for k in own if k in sd and tuple(sd[k].shape) != tuple(own[k].shape)]
     usable: Dict[str, torch.Tensor] = {k: v for k, v in sd.items() if k in own and k not in mismatched}
     model.load_state_dict(usable, strict=False)

@@ -85,7 +85,7 @@ TRAINER_FLAGS = {
     ('--mask-rate', '0'): '--mask-rate must be in (0, 1), got 0.0',
     ('--mask-rate', '1.5'): '--mask-rate must be in (0, 1), got 1.5',
     ('--val-fraction', 'nan'): '--val-fraction must be in (0, 1), got nan',
-    ('--eval-batch-size', '0'): '--eval-batch-size must be >= 1, got 0',
+    ('--eval-batch-size', '0'): '--eval-batch-size must be in [1, 65536]',
     ('--model-ema-decay', '1'): '--model-ema-decay must be in [0, 1), got 1.0',
     ('--init-from', 'x'): '--init-from is for --task classify, not --task causal',
     ('--test-file', 'x', '--text-columns', 'a'): '--test-file, --text-columns are for --task classify',

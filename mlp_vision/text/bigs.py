@@ -57,7 +57,6 @@ folder in the official layout (offline; the sizes are read from the tensor shape
 folder's ``config.json`` when present); the folder's tokenizer (``tokenizer.json`` / ``vocab.txt``) becomes
 ``model.tokenizer``, so ``python -m mlp_vision.text.fill_mask DIR "the movie was [MASK] ."`` works on it.
 """
-import json
 import os
 from dataclasses import dataclass
 from functools import partial
@@ -66,7 +65,9 @@ from typing import Dict, List, Mapping, Optional, Union
 import torch
 import torch.nn as nn
 
+from mlp_vision.errors import UsageError, read_json_file
 from ..layers import BidirectionalGatedSSM
+from ..weights import load_backbone
 from .bert import BertEmbeddings, EncoderForMaskedLM, EncoderForSequenceClassification, init_bert_weights
 from .modeling_utils import PretrainedMixin, TextConfig, check_classifier_pooling, check_text_inputs
 
@@ -463,8 +464,9 @@ def _official_config_fields(directory: str, shape_config: BiGSConfig) -> dict:
     path = os.path.join(directory, 'config.json')
     if not os.path.isfile(path):
         return {}
-    with open(path, encoding='utf-8') as f:
-        official = json.load(f)
+    official = read_json_file(path)
+    if not isinstance(official, dict):
+        raise UsageError(f'{path} holds a JSON {type(official).__name__}, not a config object')
     for name in ('vocab_size', 'hidden_size', 'intermediate_size', 'num_hidden_layers', 'max_position_embeddings',
                  'type_vocab_size'):
         if name in official and official[name] != getattr(shape_config, name):
@@ -489,9 +491,11 @@ def _from_official(cls, path_or_state_dict, device, dtype, config_overrides):
     config = BiGSConfig.from_dict({**config.to_dict(), **BiGSConfig.rename_legacy(dict(config_overrides))})
     ours = convert_official_bigs_state_dict(sd, task=task)
     model = cls(config, device=device, dtype=dtype)
-    missing, unexpected = model.load_state_dict(ours, strict=False)
     allowed = cls.head_prefixes if task == 'sequence_classification' else ()
-    bad = [k for k in missing if not k.startswith(allowed)] if allowed else list(missing)
+    # load_backbone: the official tensors pass the same value checks as every other weights file
+    report = load_backbone(model, ours, allowed, 'official BiGS weights' if directory is None else
+                           f'the official BiGS weights in {path}')
+    bad, unexpected = report.missing, report.unused
     if bad or unexpected:
         raise ValueError(f'official BiGS weights do not fit {cls.__name__}: missing {bad}, unexpected {unexpected}')
     tokenizer = find_tokenizer(directory) if directory is not None else None

@@ -78,6 +78,11 @@ def fill_mask(model: nn.Module, tokenizer: Tokenizer, text: str, top_k: int = 5)
     """Top ``top_k`` predictions at each mask token of ``text``: one list per mask (left to right) of
     ``{'token_id', 'token', 'score'}`` dicts, best first (``score`` is the softmax probability)."""
     check_range('top_k', top_k, low=1)
+    try:  # a command-line argument of bytes that are not UTF-8 arrives with surrogate escapes (PEP 383)
+        text.encode('utf-8')
+    except UnicodeEncodeError as e:
+        raise UsageError(f'the text is not UTF-8: character {e.start} is {text[e.start]!r} (a byte that is not UTF-8, '
+                         f'passed on as an escape); give UTF-8 text') from None
     mask_token, mask_id = tokenizer.mask_token, tokenizer.mask_id
     if mask_token is None or mask_id is None:
         raise UsageError(f'{type(tokenizer).__name__} has no mask token; fill-mask needs a masked-LM tokenizer')

@@ -39,7 +39,7 @@ import torch.utils._pytree as pytree
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
-from mlp_vision.errors import UsageError, check_model_size, check_range, short_repr
+from mlp_vision.errors import UsageError, check_model_size, check_range, read_json_file, short_repr
 from ..weights import load_backbone, tied_aliases
 
 __all__ = [
@@ -341,12 +341,7 @@ def read_config(directory: str) -> Tuple[str, dict, int]:
     path = os.path.join(directory, CONFIG_NAME)
     if not os.path.isfile(path):
         raise FileNotFoundError(f'{directory} has no {CONFIG_NAME}: not a folder written by save_pretrained')
-    try:
-        with open(path, encoding='utf-8') as f:
-            payload = json.load(f)
-    except (ValueError, UnicodeDecodeError) as e:  # JSONDecodeError is a ValueError
-        raise UsageError(f'{path} is not valid JSON ({e}); the file is damaged or truncated') from None
-    return parse_config_payload(payload, path)
+    return parse_config_payload(read_json_file(path), path)
 
 
 def parse_config_payload(payload: Any, path: str) -> Tuple[str, dict, int]:
@@ -504,7 +499,7 @@ class PretrainedMixin:
         weights_path = os.path.join(directory, WEIGHTS_NAME)
         _check_weight_shapes(model, weights_path, config_path)
         report = load_backbone(model, load_file(weights_path),
-                               () if strict or same_arch else cls.head_prefixes)
+                               () if strict or same_arch else cls.head_prefixes, weights_path)
         if strict and (report.missing or report.unused):
             detail = (f'missing {report.missing[:8]}' if report.missing else f'unexpected {report.unused[:8]}')
             raise UsageError(f'{weights_path} does not fit {arch}: {detail}')

@@ -501,14 +501,19 @@ def _guess_special_tokens(vocab: Iterable[str]) -> Dict[str, str]:
     return out
 
 
+MAX_VOCAB_SIZE = 2 ** 20  # the largest vocabularies in use are ~256k; tokenizers' trainer aborts the process
+# (a Rust allocation failure, not an exception) when it reserves room for a vocabulary of 1e9 (~70 GB)
+
+
 def check_vocab_size(name: str, kind: str, vocab_size: int, num_special_tokens: int = len(BERT_CONTROL_TOKENS)) -> None:
     """A ``ValueError`` (:class:`~mlp_vision.errors.UsageError`) naming ``name`` unless a ``kind`` vocabulary
     of ``vocab_size`` tokens has room for a text token beside the special ones (byte-level BPE: beside all 256
-    bytes, which it always keeps)."""
+    bytes, which it always keeps) and is at most :data:`MAX_VOCAB_SIZE`."""
     base = 256 if kind == 'bpe' else 0
     why = (f'byte-level BPE keeps the 256 bytes and {num_special_tokens} special tokens' if base else
            f'room for text tokens beside the {num_special_tokens} special tokens')
     check_range(name, vocab_size, low=base + num_special_tokens + 1, why=why)
+    check_range(name, vocab_size, high=MAX_VOCAB_SIZE, why='the largest vocabularies in use have ~256k tokens')
 
 
 def train_tokenizer(

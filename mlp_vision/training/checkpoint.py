@@ -13,6 +13,7 @@ import os
 import pickle
 import random
 import re
+import reprlib
 import shutil
 import stat
 from pathlib import Path
@@ -23,12 +24,13 @@ import torch
 import torch.nn as nn
 
 from mlp_vision.errors import UsageError, find_os_error
+from mlp_vision.weights import check_weights
 
 __all__ = [
     'CHECKPOINT_VERSION', 'TRUST_FLAG', 'open_own_file', 'temp_path', 'clean_stale_temp_files', 'atomic_save', 'atomic_write_text',
     'atomic_folder', 'atomic_link', 'keep_previous', 'CheckpointManager', 'load_checkpoint_file',
     'is_training_checkpoint', 'check_settings_state', 'check_optimizer_state', 'get_rng_state', 'set_rng_state',
-    'preserve_rng', 'clean_state_dict', 'load_model_weights',
+    'check_rng_state', 'preserve_rng', 'clean_state_dict', 'load_model_weights',
 ]
 
 _logger = logging.getLogger(__name__)
@@ -337,10 +339,23 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
+def _finite_numbers(value: Any, live: Any = None) -> bool:
+    """No NaN in the numbers of a plain ``value`` (lists / dicts included), and no infinity unless the live value
+    in its place is infinite too (a plateau scheduler's starting ``best`` is -inf)."""
+    if isinstance(value, float):
+        return math.isfinite(value) or (not math.isnan(value) and isinstance(live, float) and math.isinf(live))
+    if isinstance(value, (list, tuple)):
+        return all(_finite_numbers(v) for v in value)
+    if isinstance(value, dict):
+        return all(_finite_numbers(v) for v in value.values())
+    return True
+
+
 def check_settings_state(saved: Any, live: Dict[str, Any], what: str) -> None:
     """A saved scheduler / scaler state (loaded by assigning its entries to attributes) may only hold the keys the
-    live object's ``state_dict()`` has, each a plain value, a number where the live one is a number; else a
-    ``ValueError`` naming ``what``. Checked before loading, so a crafted state cannot replace other attributes."""
+    live object's ``state_dict()`` has, each a plain value, a number where the live one is a number, and no NaN /
+    infinity (a saved NaN base learning rate would train on NaN); else a ``ValueError`` naming ``what``. Checked
+    before loading, so a crafted state cannot replace other attributes."""
     if not isinstance(saved, dict):
         raise ValueError(f'{what} is a {type(saved).__name__}, not a state dict')
     for k, v in saved.items():
@@ -348,12 +363,15 @@ def check_settings_state(saved: Any, live: Dict[str, Any], what: str) -> None:
             raise ValueError(f'{what} has an entry {k!r} that {what} never has')
         if not _is_plain(v) or (_is_number(live[k]) and not (_is_number(v) or v is None)):
             raise ValueError(f'{what} entry {k!r} is {v!r}, not a value of its kind')
+        if not _finite_numbers(v, live[k]):
+            raise ValueError(f'{what} entry {k!r} is {reprlib.repr(v)}: NaN or infinite')
 
 
 def check_optimizer_state(saved: Any, optimizer: torch.optim.Optimizer) -> None:
     """A saved optimizer state fits ``optimizer``: its groups have the same keys and parameter counts, settings
-    are plain values (numbers where the live ones are), and per-parameter state holds tensors no larger in rank
-    than their parameter (the same shape when of the same rank) or numbers. Else a ``ValueError``."""
+    are plain values (numbers where the live ones are) and finite, and per-parameter state holds tensors no larger
+    in rank than their parameter (the same shape when of the same rank) or numbers, all finite. Else a
+    ``ValueError`` (a NaN there would reach the weights at the first step, and read as a NaN of training)."""
     if not isinstance(saved, dict) or set(saved) != {'state', 'param_groups'}:
         raise ValueError('the optimizer state is not a {state, param_groups} dict')
     groups, live_groups = saved['param_groups'], optimizer.param_groups
@@ -371,6 +389,8 @@ def check_optimizer_state(saved: Any, optimizer: torch.optim.Optimizer) -> None:
         for k, v in group.items():
             if k != 'params' and (not _is_plain(v) or (_is_number(live[k]) and not _is_number(v))):
                 raise ValueError(f'optimizer setting {k!r} of group {i} is {v!r}')
+            if k != 'params' and not _finite_numbers(v):  # a saved NaN learning rate trains on NaN
+                raise ValueError(f'optimizer setting {k!r} of group {i} is {reprlib.repr(v)}: NaN or infinite')
     state = saved['state']
     if not isinstance(state, dict) or not set(state) <= set(params):
         raise ValueError('the optimizer state names parameters the groups do not list')
@@ -384,6 +404,10 @@ def check_optimizer_state(saved: Any, optimizer: torch.optim.Optimizer) -> None:
             if not ok:
                 raise ValueError(f'the optimizer state {k!r} of parameter {j} does not fit a parameter of shape '
                                  f'{tuple(p.shape)}')
+            finite = (_finite_numbers(v) if _is_number(v) else
+                      not v.is_floating_point() or bool(torch.isfinite(v).all()))
+            if not finite:  # e.g. a NaN exp_avg: the first step would write NaN into the weights
+                raise ValueError(f'the optimizer state {k!r} of parameter {j} holds NaN or infinite values')
 
 
 def get_rng_state() -> Dict[str, Any]:
@@ -416,6 +440,52 @@ def set_rng_state(state: Dict[str, Any]) -> None:
             _logger.warning('checkpoint has CUDA RNG states for another GPU count; CUDA RNG not restored')
 
 
+_RNG_KEYS = frozenset({'python', 'numpy', 'torch', 'cuda'})
+
+
+def _is_word_list(values: Any, n: int) -> bool:
+    return (isinstance(values, (list, tuple)) and len(values) == n
+            and all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2 ** 32 for v in values))
+
+
+def _is_generator_state(value: Any) -> bool:
+    """A ``torch.Generator`` state: a uint8 tensor of the CPU generator's state size."""
+    return (isinstance(value, torch.Tensor) and value.dtype == torch.uint8 and value.dim() == 1
+            and value.numel() == torch.get_rng_state().numel())
+
+
+def check_rng_state(state: Any) -> None:
+    """One rank's saved state (``rng_states[rank]``) as :func:`get_rng_state` and the trainers write it: Python's
+    (version, 625 32-bit words, gauss), numpy's MT19937 (624 words, position, gauss), torch's generator state, CUDA
+    generator states, and the trainer's extra fields (a data generator's state, finite non-negative counters).
+    Else a ``ValueError`` saying which part; checked before any of it is converted or set (``random.setstate`` and
+    numpy accept some damaged states and fail later, or fail with their own traceback)."""
+    if not isinstance(state, dict) or not {'python', 'numpy', 'torch'} <= set(state):
+        raise ValueError('a saved random-number state is not a {python, numpy, torch} dict')
+    py = state['python']
+    if not (isinstance(py, (list, tuple)) and len(py) == 3 and isinstance(py[0], int) and _is_word_list(py[1], 625)
+            and py[1][-1] <= 624 and (py[2] is None or isinstance(py[2], float))):
+        raise ValueError('the Python random state is not (version, 625 words, gauss)')
+    n = state['numpy']
+    if not (isinstance(n, dict) and n.get('name') == 'MT19937' and isinstance(n.get('keys'), torch.Tensor)
+            and n['keys'].dtype == torch.int64 and tuple(n['keys'].shape) == (624,)
+            and bool(((n['keys'] >= 0) & (n['keys'] < 2 ** 32)).all()) and _is_word_list([n.get('pos')], 1)
+            and n['pos'] <= 624 and n.get('has_gauss') in (0, 1) and _is_number(n.get('cached_gaussian'))):
+        raise ValueError('the numpy random state is not MT19937 (624 words, position, gauss)')
+    if not _is_generator_state(state['torch']):
+        raise ValueError('the torch random state is not a generator state')
+    cuda = state.get('cuda')
+    if cuda is not None and not (isinstance(cuda, (list, tuple)) and all(
+            isinstance(t, torch.Tensor) and t.dtype == torch.uint8 and t.dim() == 1 for t in cuda)):
+        raise ValueError('the CUDA random states are not generator states')
+    for key, value in state.items():
+        ok = (key in _RNG_KEYS or _is_generator_state(value) or (
+            _is_number(value) and math.isfinite(value) and value >= 0))
+        if not ok:
+            raise ValueError(f'the saved data state {key!r} is {reprlib.repr(value)}, not a generator state or a '
+                             f'count')
+
+
 @contextlib.contextmanager
 def preserve_rng():
     """Restore the python / numpy / torch RNG states on exit: code in the block cannot shift training's randomness."""
@@ -427,9 +497,11 @@ def preserve_rng():
 
 
 def _python_rng_state_to_tuple(state):
-    # torch.load(weights_only=True) gives lists back where torch.save got tuples
-    version, internal, gauss = state
-    return version, tuple(internal), gauss
+    # torch.load(weights_only=True) gives lists back where torch.save got tuples; a damaged state is left as it is,
+    # for check_rng_state to refuse with one line where it is used (a --resume), not here in every loader
+    if isinstance(state, (list, tuple)) and len(state) == 3 and isinstance(state[1], (list, tuple)):
+        return state[0], tuple(state[1]), state[2]
+    return state
 
 
 def _file_format(path: Path) -> str:
@@ -498,7 +570,8 @@ def load_checkpoint_file(path: os.PathLike, trust: bool = False, what: str = 'ch
                          f'{" ".join(str(e).split())[:200]}') from None
     if not isinstance(ckpt, dict):
         raise UsageError(f'{name} holds a {type(ckpt).__name__}, expected a dict / state dict')
-    for s in ckpt.get('rng_states') or []:
+    rng_states = ckpt.get('rng_states')
+    for s in rng_states if isinstance(rng_states, list) else []:
         if isinstance(s, dict) and 'python' in s:
             s['python'] = _python_rng_state_to_tuple(s['python'])
     return ckpt
@@ -526,15 +599,23 @@ def load_model_weights(
         source: str,
         model_name: str,
 ) -> None:
-    """``model.load_state_dict(strict=True)`` with a readable error when the weights belong to another model."""
-    result_error = None
+    """``model.load_state_dict(strict=True)`` (the load of ``--resume``, ``--initial-checkpoint`` and validate's
+    ``--checkpoint``) after :func:`mlp_vision.weights.check_weights` (tensors, floating point where the model's
+    are, finite), with a readable :class:`UsageError` naming ``source`` when the weights belong to another model.
+
+    The strict load, not :func:`~mlp_vision.weights.load_backbone`: modules may rename keys of older files while
+    loading (``AxialSparseMLP``'s ``fuse`` -> ``fuse_conv``), which only ``load_state_dict`` sees."""
+    if not isinstance(state_dict, dict) or not all(isinstance(k, str) for k in state_dict):
+        raise UsageError(f'{source}: its weights are a {type(state_dict).__name__}, not a state dict (tensors by '
+                         f'name); the file is damaged or holds other data')
+    ckpt = clean_state_dict(state_dict)
+    check_weights(model.state_dict(), ckpt, source)
     try:
-        model.load_state_dict(clean_state_dict(state_dict), strict=True)
+        model.load_state_dict(ckpt, strict=True)
         return
     except RuntimeError as e:
         result_error = e
     model_keys = set(model.state_dict().keys())
-    ckpt = clean_state_dict(state_dict)
     missing = sorted(model_keys - set(ckpt))
     unexpected = sorted(set(ckpt) - model_keys)
     shape = [k for k in sorted(model_keys & set(ckpt)) if tuple(ckpt[k].shape) != tuple(model.state_dict()[k].shape)]

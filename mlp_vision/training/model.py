@@ -2,6 +2,7 @@
 loading our training checkpoints, timm train.py checkpoints or foreign state dicts (every file through the safe
 loader of :mod:`.checkpoint`: nothing in a file runs unless the user trusts it). """
 import logging
+import reprlib
 import sys
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
@@ -166,16 +167,19 @@ def load_pretrained_weights(
     """
     if is_training_checkpoint(state_dict):
         state_dict = state_dict['state_dict']
+    if not isinstance(state_dict, dict) or not all(isinstance(k, str) for k in state_dict):
+        raise UsageError(f'{source} is a {type(state_dict).__name__} of other keys, not a state dict (tensors by '
+                         f'name); the file is damaged or holds other data')
     filter_fn = _checkpoint_filter_fn(name)
     state_dict = clean_state_dict(state_dict)
     try:
         if filter_fn is not None:
             state_dict = filter_fn(state_dict, model)
-    except (KeyError, ValueError, RuntimeError, IndexError) as e:
+    except (KeyError, ValueError, RuntimeError, IndexError, AttributeError, TypeError) as e:  # e.g. an int, no .shape
         raise UsageError(f'{source} does not convert to {name} (through its checkpoint filter): '
                          f'{" ".join(str(e).split())[:300]}') from e
     heads = () if head_must_fit else _classifier_prefixes(model)
-    report = load_backbone(model, state_dict, heads)
+    report = load_backbone(model, state_dict, heads, source)
     wrong_shape = report.mismatched_outside(heads)
     if wrong_shape:
         k = wrong_shape[0]
@@ -198,6 +202,26 @@ def load_pretrained_weights(
         why = f' (the file\'s classifier has another class count: {_short_list(dropped)} dropped)' if dropped else ''
         _logger.warning(f'{source}: classifier weights not loaded{why}; {", ".join(missing_head)} start at random '
                         f'init (fine-tuning for {getattr(model, "num_classes", "?")} classes)')
+
+
+def _check_saved_fields(ckpt: Dict[str, Any], checkpoint: str) -> None:
+    """A training checkpoint's ``arch``, ``model_cfg`` and ``class_names`` as a train.py writes them (a model name,
+    ``{name, kwargs: {argument: value}}``, distinct class names), else a :class:`UsageError` showing the value
+    (a bounded ``repr``) before any of them is used: they are data from whoever made the file."""
+    arch, cfg, names = ckpt.get('arch'), ckpt.get('model_cfg'), ckpt.get('class_names')
+    kwargs = cfg.get('kwargs') if isinstance(cfg, dict) else None
+    if not isinstance(arch, str) or not arch:
+        problem, expected = f'arch is {reprlib.repr(arch)}', 'a model name'
+    elif cfg is not None and not (isinstance(cfg, dict) and (kwargs is None or isinstance(kwargs, dict) and all(
+            isinstance(k, str) for k in kwargs)) and isinstance(cfg.get('name', arch), str)):
+        problem, expected = f'model_cfg is {reprlib.repr(cfg)}', 'a {name, kwargs: {argument: value}} dict'
+    elif names is not None and not (isinstance(names, (list, tuple)) and names and all(
+            isinstance(n, str) for n in names) and len(set(names)) == len(names)):
+        problem, expected = f'class_names is {reprlib.repr(names)}', 'a list of distinct class names (strings)'
+    else:
+        return
+    raise UsageError(f'checkpoint {checkpoint}: its {problem}, not {expected}; the file is damaged or was crafted, '
+                     f'and is not used')
 
 
 def create_model_for_eval(
@@ -226,6 +250,7 @@ def create_model_for_eval(
     if checkpoint:
         ckpt = load_checkpoint_file(checkpoint, trust=trust_checkpoint, what='--checkpoint')
         if is_training_checkpoint(ckpt):
+            _check_saved_fields(ckpt, checkpoint)
             arch = ckpt['arch']
             if name and name != arch:
                 raise UsageError(
@@ -243,6 +268,10 @@ def create_model_for_eval(
                                      f'(it was trained without --model-ema)')
                 key = 'state_dict_ema'
             load_model_weights(model, ckpt[key], f'checkpoint {checkpoint}', name)
+            class_names = ckpt.get('class_names')
+            if class_names is not None and len(class_names) != getattr(model, 'num_classes', len(class_names)):
+                raise UsageError(f'checkpoint {checkpoint}: its class_names list {len(class_names)} classes, but its '
+                                 f'model has {model.num_classes} outputs; the file is damaged or was crafted')
             info.update(source=f'{checkpoint} ({key}, epoch {ckpt.get("epoch")})',
                         checkpoint_kind='ours' if 'model_cfg' in ckpt else 'timm-train',
                         data_cfg=ckpt.get('data_cfg'), epoch=ckpt.get('epoch'), create_kwargs=kwargs,

@@ -40,6 +40,7 @@ from timm.utils import NativeScaler, dispatch_clip_grad, unwrap_model
 from .checkpoint import (
     CHECKPOINT_VERSION, TRUST_FLAG, CheckpointManager, atomic_write_text, open_own_file, check_optimizer_state, check_settings_state,
     clean_stale_temp_files, get_rng_state, keep_previous, load_checkpoint_file, load_model_weights, set_rng_state)
+from .checkpoint import check_rng_state
 from .config import args_to_yaml, parse_args_with_config, read_yaml_file
 from .distributed import DistInfo, all_gather_objects, state_dict_digest
 from mlp_vision.errors import Interrupted, RunError, UsageError
@@ -332,6 +333,12 @@ class TrainingRun:
         if ckpt is None:
             return 0, 0
         source = f'--resume {self.args.resume}'
+        try:  # every rank's state, before anything is loaded or a folder opened (restore_rng sets it last)
+            for state in ckpt.get('rng_states') or []:
+                check_rng_state(state)
+        except ValueError as e:
+            raise UsageError(f'{source}: its saved random-number state is damaged or crafted ({e}); the file is not '
+                             f'used') from None
         load_model_weights(unwrap_model(model), ckpt['state_dict'], source, self.args.model)
         position, num_updates = ckpt[self.key], ckpt.get('num_updates', ckpt[self.key])
         next_epoch = position + 1 if self.key == 'epoch' else position
@@ -561,18 +568,27 @@ class TrainingRun:
     # ------------------------------------------------------------------ stops
     def stopped(self, error: Exception, advice: str = '') -> RunError:
         """The :class:`RunError` that ends a run stopped by a NaN / inf loss or a signal: where it happened, which
-        checkpoint is intact and how to go on (``advice``: the flags worth changing)."""
+        checkpoint is intact and how to go on (``advice``: the flags worth changing).
+
+        Only a checkpoint that exists is named: this run's ``last.pth`` once written, else the checkpoint it resumed
+        from (a resume into a new folder has written none yet). A NaN loss is said to have arisen in training:
+        whatever it started from was checked finite when loaded (weights, optimizer and scheduler state)."""
         last = self.saver.last_path if self.saver is not None else None
-        saved = last is not None and self.last_saved is not None
-        where = f'{last} ({self.key} {self.last_saved})'
+        resumed = self.args.resume if getattr(self.args, 'resume', '') and os.path.isfile(self.args.resume) else None
+        intact = None
+        if self.last_saved is not None and last is not None and last.is_file():
+            intact, where = last, f'{last} ({self.key} {self.last_saved})'
+        elif self.last_saved is not None and resumed is not None:
+            intact, where = resumed, f'{resumed} ({self.key} {self.last_saved}, the checkpoint this run resumed from)'
         if isinstance(error, Interrupted):
-            tail = (f'the resumable checkpoint is {where}: continue with --resume {last}' if saved
+            tail = (f'the resumable checkpoint is {where}: continue with --resume {intact}' if intact is not None
                     else 'no checkpoint had been written yet')
             return Interrupted(error.signum, error.where, f'{error}; {tail}')
-        if not saved:
-            return RunError(f'{error}. No checkpoint had been written yet. {advice}.')
-        return RunError(f'{error}. The last good checkpoint, {where}, is intact. {advice}, or check the data; then '
-                        f'restart, or continue with --resume {last}')
+        origin = '; it arose in training (weights and optimizer state loaded from files are checked finite)'
+        if intact is None:
+            return RunError(f'{error}{origin}. No checkpoint had been written yet. {advice}.')
+        return RunError(f'{error}{origin}. The last good checkpoint, {where}, is intact. {advice}, or check the '
+                        f'data; then restart, or continue with --resume {intact}')
 
     # ------------------------------------------------------------------ final outputs
     def weights_digests(self, *modules: nn.Module) -> List[str]:

@@ -11,7 +11,7 @@ from ...text.registry import is_model, list_models, model_entry
 from ...text.tokenizer import SUBWORD_KINDS, check_vocab_size
 from ..config import SEED_MAX, THREADS_RANGE
 from ..model import add_compile_arguments, check_compile_backend
-from mlp_vision.errors import UsageError, check_range
+from mlp_vision.errors import ArgumentParser, UsageError, check_range
 from ..run import add_run_arguments
 
 __all__ = ['PROG', 'TASKS', 'SCHEDULES', 'build_parser', 'check_args', 'task_model_entry']
@@ -23,7 +23,7 @@ SCHEDULES = ('constant', 'cosine', 'linear')  # --sched: the decay after warmup 
 
 
 def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(  # its errors (a value of the wrong type, e.g. -b 1e9) are one line, as every command's
         prog=prog,
         description='Train a mlp_vision.text model: char/byte-level causal LM or BERT-style masked LM.',
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -142,6 +142,8 @@ def _add_device(parser: argparse.ArgumentParser) -> None:
 
 
 _UNIT_OPEN = dict(low=0, high=1, low_open=True, high_open=True)
+MAX_BATCH = 2 ** 16  # samples per micro-batch per process: beyond, one batch of 16-token blocks alone is gigabytes
+_BATCH = dict(low=1, high=MAX_BATCH, why='samples per micro-batch per process; use --grad-accum-steps for more')
 
 
 def check_args(args) -> None:
@@ -150,10 +152,10 @@ def check_args(args) -> None:
     check_compile_backend(args.torchcompile)
     min_block = 3 if args.task == 'mlm' else 1  # MLM: <cls>, one token, <sep>
     ranges = [
-        ('--steps', args.steps, dict(low=1)), ('--batch-size', args.batch_size, dict(low=1)),
+        ('--steps', args.steps, dict(low=1)), ('--batch-size', args.batch_size, _BATCH),
         ('--grad-accum-steps', args.grad_accum_steps, dict(low=1)),
         ('--eval-interval', args.eval_interval, dict(low=1)), ('--log-interval', args.log_interval, dict(low=1)),
-        ('--eval-batch-size', args.eval_batch_size, dict(low=1)), ('--threads', args.threads, THREADS_RANGE),
+        ('--eval-batch-size', args.eval_batch_size, _BATCH), ('--threads', args.threads, THREADS_RANGE),
         ('--sample-tokens', args.sample_tokens, dict(low=1)), ('--num-samples', args.num_samples, dict(low=1)),
         ('--sample-top-k', args.sample_top_k, dict(low=1)),
         ('--sample-temperature', args.sample_temperature, dict(why='<= 0: greedy')),

@@ -132,7 +132,14 @@ def read_labelled_file(path: str, text_columns: Optional[Sequence[str]] = None, 
         reader = csv.reader(stream, delimiter='\t', quoting=csv.QUOTE_NONE)
     else:
         reader = csv.reader(stream, delimiter=',')
-    rows = [(reader.line_num, row) for row in reader]
+    rows = []
+    try:
+        for row in reader:
+            rows.append((reader.line_num, row))
+    except csv.Error as e:  # a field over csv.field_size_limit() (131,072 characters), a NUL byte, ...
+        raise UsageError(f'{what} {path!r} line {reader.line_num}: {e}; one field runs on (an unclosed quote?) or '
+                         f'holds a whole document: one example per row, each field under {csv.field_size_limit():,} '
+                         f'characters') from None
     header = [h.strip() for h in rows[0][1]]
     sep_name = 'tab' if delimiter == '\t' else 'comma'
     twice = sorted({h for h in header if header.count(h) > 1})

@@ -61,7 +61,7 @@ def _load_partial(model: nn.Module, state_dict: Dict[str, torch.Tensor], head_pr
                   source: str) -> Tuple[List[str], List[str], List[str]]:
     """:func:`~mlp_vision.weights.load_backbone`; (loaded, new, unused) keys. Head tensors of another shape (a
     classifier of another label count) stay new; any other missing or mis-shaped tensor is an error."""
-    report = load_backbone(model, state_dict, head_prefixes)
+    report = load_backbone(model, state_dict, head_prefixes, f'--init-from {source}')
     bad_shape = report.mismatched_outside(head_prefixes)
     if bad_shape or report.missing:
         missing, own = report.missing, model.state_dict()
