@@ -46,3 +46,15 @@ def exits_with_one_line(main, argv, capsys, status: int = 2) -> str:
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [e.value.message], err
     return e.value.message
+
+
+def crafted_checkpoint(source, folder, change):
+    """A copy of checkpoint ``source`` as ``folder/last.pth`` with ``change(ckpt)`` applied (still weights-only
+    data: what a hostile or damaged file can hold)."""
+    from pathlib import Path
+    from mlp_vision.training.checkpoint import atomic_save
+    ckpt = torch.load(source, map_location='cpu', weights_only=True)
+    change(ckpt)
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    atomic_save(ckpt, Path(folder) / 'last.pth')
+    return Path(folder) / 'last.pth'

@@ -27,9 +27,9 @@ import mlp_vision.training.text.lm as text_lm  # noqa: E402
 import mlp_vision.validate as validate  # noqa: E402
 from mlp_vision import benchmark, visualize  # noqa: E402
 from mlp_vision.errors import UsageError, run_cli  # noqa: E402
-from mlp_vision.training.checkpoint import atomic_save, check_rng_state, get_rng_state  # noqa: E402
+from mlp_vision.training.checkpoint import check_rng_state, get_rng_state  # noqa: E402
 from mlp_vision.weights import check_weights  # noqa: E402
-from _helpers import TINY_GPT, TINY_VISION, exits_with_one_line  # noqa: E402
+from _helpers import TINY_GPT, TINY_VISION, crafted_checkpoint, exits_with_one_line  # noqa: E402
 from test_fill_mask import make_official_folder  # noqa: E402
 
 _fail = exits_with_one_line
@@ -151,12 +151,7 @@ def text_run(text_file, tmp_path_factory):
     return out / 'r' / 'last.pth'
 
 
-def _crafted(source: Path, folder: Path, change) -> Path:
-    ckpt = torch.load(source, map_location='cpu', weights_only=True)
-    change(ckpt)
-    folder.mkdir(parents=True, exist_ok=True)
-    atomic_save(ckpt, folder / 'last.pth')
-    return folder / 'last.pth'
+_crafted = crafted_checkpoint
 
 
 def _first_state(ckpt):

@@ -24,7 +24,7 @@ from mlp_vision.training.checkpoint import CheckpointManager, atomic_save  # noq
 from mlp_vision.errors import UsageError  # noqa: E402
 from mlp_vision.training.run_folder import new_run_folder  # noqa: E402
 from mlp_vision.text.modeling_utils import PretrainedMixin  # noqa: E402
-from _helpers import TINY_GPT, TINY_VISION, exits_with_one_line  # noqa: E402
+from _helpers import TINY_GPT, TINY_VISION, crafted_checkpoint, exits_with_one_line  # noqa: E402
 
 
 @pytest.fixture(scope='module')
@@ -52,13 +52,7 @@ def _text_run(text_file, tmp_path, name, steps=4, stop=2, extra=()):
     return tmp_path / name
 
 
-def _crafted(source: Path, folder: Path, change) -> Path:
-    """A copy of checkpoint ``source`` in ``folder`` with ``change(ckpt)`` applied (still weights-only data)."""
-    ckpt = torch.load(source, map_location='cpu', weights_only=True)
-    change(ckpt)
-    folder.mkdir(parents=True, exist_ok=True)
-    atomic_save(ckpt, folder / 'last.pth')
-    return folder / 'last.pth'
+_crafted = crafted_checkpoint
 
 
 # ------------------------------------------------------------------------------------------------ item 1
