@@ -9,12 +9,16 @@ import pytest
 SCRIPT = Path(__file__).resolve().parents[1] / 'scripts' / 'gpu' / 'text_models.py'
 
 
-@pytest.fixture(scope='module')
-def text_models():
-    spec = importlib.util.spec_from_file_location('text_models', SCRIPT)
+def _load(path: Path):
+    spec = importlib.util.spec_from_file_location(path.stem, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+@pytest.fixture(scope='module')
+def text_models():
+    return _load(SCRIPT)
 
 
 @pytest.mark.parametrize('limit', [300, 1024, 1500, 2047, 2048, 5000, 9000])
@@ -48,3 +52,57 @@ def test_pair_and_routes_run_and_write_their_tables(text_models, tmp_path):
     assert {'direct_train_ms', 'fft_train_ms'} <= set(row) and 'triton_train_ms' not in row  # no CUDA here
     assert row['auto_route'] == 'direct'  # 64 tokens on the CPU
     assert (tmp_path / 'routes.md').read_text().startswith('# routes:')
+
+
+# ------------------------------------------------------------------------------------------------ issue 34 item 5
+GPU_DIR = SCRIPT.parent
+LEASE_PARTS = ['a_gmlp', 'b_smlpnet', 'c_mixer', 'd_bigs_layer', 'e_bigs_model', 'f_text_trainer']
+
+
+def _plan(part, tmp_path):
+    import subprocess
+    out = subprocess.run(['bash', str(GPU_DIR / 'run_gpu.sh'), part], capture_output=True, text=True, check=True,
+                         env={'DRY': '1', 'WORK': str(tmp_path), 'PATH': '/usr/bin:/bin'}, cwd=GPU_DIR.parents[1])
+    return [line.split('\t')[1:] for line in out.stdout.splitlines() if line.startswith('STEP\t')]
+
+
+@pytest.mark.parametrize('part', LEASE_PARTS)
+def test_each_lease_part_fits_a_lease_and_its_commands_parse(part, tmp_path, monkeypatch):
+    import shlex
+    import mlp_vision.benchmark as benchmark
+    steps = _plan(part, tmp_path)
+    assert steps, f'{part} runs nothing'
+    assert sum(int(secs) for _, secs, _ in steps) <= 480  # the part's steps, compiles included, within 8 minutes
+    monkeypatch.setattr(benchmark, 'parse_device', lambda device, flag='--device': device)  # no GPU here
+    for name, _, command in steps:
+        argv = shlex.split(command)
+        if 'benchmark.py' in argv[1]:
+            args = benchmark.parse_args(argv[2:])  # every flag exists and every value passes the checks
+            assert args.device == 'cuda' and args.out, name
+        elif argv[1] == '-m':
+            assert argv[2] == 'mlp_vision.train_text', name
+            from mlp_vision.training.text.args import build_parser
+            build_parser().parse_args(argv[3:])
+        else:
+            assert argv[1] == 'scripts/gpu/text_models.py', name
+            args = _load(SCRIPT).build_parser().parse_args(argv[2:])
+            assert args.device == 'cuda' and args.out, name
+
+
+def test_speed_rows_give_ratio_matmul_share_and_the_goal_verdict():
+    speed_rows = _load(GPU_DIR / 'speed_rows.py')
+    recorded = GPU_DIR.parents[1] / 'results' / 'benchmarks' / 'cpu_2t_compiled_gmlp_s_vs_timm.json'
+    rows = speed_rows.rows_of([recorded])
+    results = json.loads(recorded.read_text())['results']
+    assert len(rows) == len(results)
+    cells = [c.strip() for c in rows[0].strip('|').split('|')]
+    assert cells[2:5] == ['gmlp_s', 'gmlp_s16_224', results[0]['mode']]
+    assert cells[9] == f"{results[0]['speedup']:.2f}x"
+    assert cells[13:] == ['>= 1.3x', 'yes' if results[0]['speedup'] >= 1.3 else 'no']
+    mixer = {'model': 'mixer_b16', 'baseline': 'vit_base_patch16_224', 'mode': 'train', 'batch_size': 128,
+             'speedup': 1.19, 'pct_of_matmul': 36.0, 'img_per_s': 3760., 'base_img_per_s': 3167.}
+    assert speed_rows.table_row(mixer, {}).endswith('| >= 45 % of mm | no |')
+    assert speed_rows.table_row(dict(mixer, pct_of_matmul=46.), {}).endswith('| >= 45 % of mm | yes |')
+    bigs = {'model': 'bigs_layer', 'baseline': 'bert_layer', 'mode': 'train', 'batch_size': 2, 'seq_len': 16384,
+            'speedup': 2.0, 'seq_per_s': 1.0, 'base_seq_per_s': 0.5}
+    assert speed_rows.table_row(bigs, {}).endswith('| >= 3x | no |')

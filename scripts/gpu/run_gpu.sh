@@ -15,6 +15,17 @@
 #   bash scripts/gpu/run_gpu.sh longconv  # the Triton long convolution of BiGS (issue 15 item 2): CUDA results vs
 #                                         # float64, tile sweep, kernel vs FFT route vs attention, BiGS vs BERT layers
 #
+# Issue 34 item 5: parts that each fit one 15-minute lease (a machine start costs 1-2 minutes), in order of value;
+# each part's steps sum to at most 480 s including compiles. Run one per lease with scripts/gpu/lease.sh, which
+# also writes the table rows (scripts/gpu/speed_rows.py) and packs the outputs:
+#   a_gmlp          gmlp_s vs vit_small_patch16_224 and vs timm's gmlp_s16_224 (compiled training step, profiled)
+#   b_smlpnet       smlpnet_t vs convnext_tiny (compiled training step, profiled)
+#   c_mixer         mixer_b16 vs vit_base_patch16_224 and vs timm's mixer_b16_224 (% of the matmul rate, profiled)
+#   d_bigs_layer    the BiGS-large layer (conv_impl auto) vs the flash-attention BERT-large layer at 4K / 16K tokens
+#   e_bigs_model    12-layer BiGS vs 12-layer BERT training tokens/s at 1K-16K, and the longest sequence at batch 1
+#   f_text_trainer  the text trainer's tokens/s, eager vs --torchcompile
+# DRY=1 prints each step (name, limit, command) instead of running it (tests/test_gpu_scripts.py checks the plan).
+#
 # Several parts in one call: bash scripts/gpu/run_gpu.sh bench text
 #
 # Environment: DATA (imagenette-mini folder holding train.tar / val.tar; default ../shared/data/imagenette-mini),
@@ -24,7 +35,7 @@
 # torch.compile costs minutes per deep model and mode (inductor compiled sMLPNet-T's training graph in 3.5 min
 # on the H100 machine's 16 cores), so only the compiled sMLPNet-T inference pair is in `bench`.
 set -u
-[ $# -gt 0 ] || { echo 'usage: run_gpu.sh train|ddp|bench|text|longconv|bigs_models|peers_smlpnet|peers_gmlp|peers_mixer ...'; exit 2; }
+[ $# -gt 0 ] || { echo 'usage: run_gpu.sh a_gmlp|b_smlpnet|c_mixer|d_bigs_layer|e_bigs_model|f_text_trainer|train|ddp|bench|text|longconv|bigs_models|peers_smlpnet|peers_gmlp|peers_mixer ...'; exit 2; }
 PY=${PY:-python3}
 DATA=${DATA:-../shared/data/imagenette-mini}
 WORK=${WORK:-output/gpu}
@@ -33,6 +44,7 @@ mkdir -p "$WORK"
 
 step() {  # step NAME SECONDS CMD...: run CMD with a time limit, log to WORK/NAME.log, report its exit status
     local name=$1 secs=$2; shift 2
+    if [ -n "${DRY:-}" ]; then printf 'STEP\t%s\t%s\t' "$name" "$secs"; printf '%q ' "$@"; echo; return 0; fi
     echo "=== $name ($(date -u +%H:%M:%S), limit ${secs}s): $*"
     local t0=$SECONDS
     timeout "$secs" "$@" > "$WORK/$name.log" 2>&1
@@ -42,13 +54,13 @@ step() {  # step NAME SECONDS CMD...: run CMD with a time limit, log to WORK/NAM
 }
 
 for part in "$@"; do
-{
+[ -n "${DRY:-}" ] || {
     date -u +%Y-%m-%dT%H:%M:%SZ
     nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv
     $PY -c 'import torch, timm; print("torch", torch.__version__, "cuda", torch.version.cuda, "timm", timm.__version__,
 "gpu", torch.cuda.get_device_name(0))'
 } > "$WORK/env_$part.txt" 2>&1
-cat "$WORK/env_$part.txt"
+[ -n "${DRY:-}" ] || cat "$WORK/env_$part.txt"
 
 case $part in
 train)
@@ -173,7 +185,48 @@ longconv)
         echo "=== bench_bigs_triton_vs_bert: skipped, benchmark.py has no ${conv_flag[0]} option yet"
     fi
     ;;
+a_gmlp|b_smlpnet|c_mixer)
+    # compiled training step, bf16 autocast, channels_last, at a batch that fills the GPU; each pair alternates in
+    # one process (one process for the part: inductor's caches are warm for the second compile of our model)
+    flags=(--device cuda --precision amp_bf16 --channels-last --compile --bench train --samples 6
+           --min-sample-time 0.3 --warmup 3 --profile --no-memory)
+    case $part in
+    a_gmlp) pairs=(--compare gmlp_s vit_small_patch16_224 --compare gmlp_s gmlp_s16_224); batch=256 ;;
+    b_smlpnet) pairs=(--compare smlpnet_t convnext_tiny); batch=256 ;;
+    c_mixer) pairs=(--compare mixer_b16 vit_base_patch16_224 --compare mixer_b16 mixer_b16_224); batch=128 ;;
+    esac
+    step "$part" 470 $PY benchmark.py "${pairs[@]}" -b "$batch" "${flags[@]}" --out "$WORK/bench/$part" \
+        --title "GPU, torch.compile, training step ($part)"
+    ;;
+d_bigs_layer)
+    # eager, bf16 autocast, training step and inference, step memory; BiGS takes the route conv_impl='auto' takes
+    flags=(--device cuda --precision amp_bf16 --bench both --samples 8 --min-sample-time 0.3 --warmup 3
+           --bigs-conv-impl auto --profile)  # the layers at their large sizes (benchmark.py defaults)
+    step d_bigs_layer_4096 200 $PY benchmark.py --compare bigs_layer bert_layer --seq-len 4096 -b 8 "${flags[@]}" \
+        --out "$WORK/bench/d_bigs_layer_4096" --title "GPU, eager: BiGS-large layer vs BERT-large layer, 4096 tokens"
+    step d_bigs_layer_16384 270 $PY benchmark.py --compare bigs_layer bert_layer --seq-len 16384 -b 2 "${flags[@]}" \
+        --out "$WORK/bench/d_bigs_layer_16384" --title "GPU, eager: BiGS-large layer vs BERT-large layer, 16384 tokens"
+    ;;
+e_bigs_model)
+    tm=(scripts/gpu/text_models.py --device cuda --precision amp_bf16 --conv-impl auto)
+    step e_bigs12_vs_bert12_train 270 $PY "${tm[@]}" pair --seq-lens 1024 4096 16384 \
+        --out "$WORK/bench/e_bigs12_vs_bert12_train"
+    step e_bigs12_vs_bert12_longest 200 $PY "${tm[@]}" longest --start-len 4096 --granularity 4096 \
+        --out "$WORK/bench/e_bigs12_vs_bert12_longest"
+    ;;
+f_text_trainer)
+    text=${TEXT:-../shared/data/tinyshakespeare/input.txt}
+    for mode in eager compiled; do
+        flag=(); [ "$mode" = compiled ] && flag=(--torchcompile)
+        step "f_text_trainer_$mode" 235 $PY -m mlp_vision.train_text --task mlm --model bigs_small --model-kwargs \
+            num_hidden_layers=4 hidden_size=256 intermediate_size=768 max_position_embeddings=128 \
+            sparse_prediction=True --tokenizer char --train-file "$text" --block-size 128 -b 128 --steps 400 \
+            --eval-interval 400 --eval-batches 4 --final-eval-batches 8 --amp --amp-dtype bfloat16 "${flag[@]}" \
+            --output "$WORK/text_trainer" --experiment "bigs_4x256_$mode"
+    done
+    ;;
 *)
-    echo "unknown part $part (train|ddp|bench|text|longconv|bigs_models|peers_smlpnet|peers_gmlp|peers_mixer)"; exit 2 ;;
+    echo "unknown part $part (a_gmlp|b_smlpnet|c_mixer|d_bigs_layer|e_bigs_model|f_text_trainer|train|ddp|bench|text|"\
+"longconv|bigs_models|peers_smlpnet|peers_gmlp|peers_mixer)"; exit 2 ;;
 esac
 done

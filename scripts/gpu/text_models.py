@@ -210,7 +210,7 @@ def write(rows: List[Dict], args, prefix: str) -> None:
     Path(prefix + '.md').write_text('\n'.join(md) + '\n')
 
 
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument('mode', choices=('pair', 'longest', 'routes'))
     p.add_argument('--device', default='cuda')
@@ -230,7 +230,11 @@ def main(argv=None) -> int:
     p.add_argument('--granularity', type=int, default=512)
     p.add_argument('--interpret-triton', action='store_true', help='routes: include triton off CUDA (interpreter)')
     p.add_argument('--out', default=None, help='write PREFIX.json and PREFIX.md')
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
     rows = {'pair': pair, 'longest': longest, 'routes': routes}[args.mode](args)
     if args.out:
         write(rows, args, args.out)
