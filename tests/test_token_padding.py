@@ -204,3 +204,24 @@ def test_smlpnet_token_linears_stay_unpadded():
     model = timm.create_model('smlpnet_t', embed_dim=8, depths=(1, 1, 1, 1), img_size=32)
     linears = [m for m in model.modules() if isinstance(m, TokenLinear)]
     assert linears and all(m.token_multiple == 1 for m in linears)
+
+
+@pytest.mark.parametrize('name', ['gmlp_ti', 'mixer_s16'])
+def test_padded_models_work_with_every_tool(name):
+    """With the padding active (12 tokens -> 16; the contract tests' 4 x 6 grid is already a multiple): one dynamo
+    graph without breaks in training mode, TorchScript script / trace, torch.export and timm's FX extraction give
+    the eager outputs."""
+    from timm.models import create_feature_extractor, get_graph_node_names
+    model = timm.create_model(name, img_size=(48, 64), num_classes=5, num_blocks=2)
+    x = torch.randn(2, 3, 48, 64)
+    torch._dynamo.reset()
+    explanation = torch._dynamo.explain(model.train())(x)
+    assert explanation.graph_break_count == 0 and explanation.graph_count == 1, explanation.break_reasons
+    model.eval()
+    with torch.no_grad():
+        ref = model(x)
+        _tight(torch.jit.script(model)(x), ref)
+        _tight(torch.jit.trace(model, x, check_trace=False)(x), ref)
+        _tight(torch.export.export(model, (x,)).module()(x), ref)
+        final = get_graph_node_names(model)[1][-1]
+        _tight(create_feature_extractor(model, return_nodes=[final])(x)[final], ref)

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from timm.layers import DropPath
 
 from .activations import fresh_input_act
-from .linear import check_token_multiple, token_padding
+from .linear import check_token_multiple, token_matmul
 from .resample import TokenAxes, resample_token_params_
 
 __all__ = ['SPATIAL_MODES', 'SpatialGatingUnit', 'TinyAttention', 'GatedMLPBlock']
@@ -129,15 +129,9 @@ class SpatialGatingUnit(nn.Module):
         v = self.norm(v)
         if mask is not None:
             v = v * mask.unsqueeze(-1).to(v.dtype)
-        w = self.spatial_weight(length)
-        pad = token_padding(length, self.token_multiple)
-        if pad:
-            # zero columns of W, zero tokens of v: the GEMMs' row strides become aligned (class docstring)
-            w = F.pad(w, (0, pad))
-            v = F.pad(v, (0, 0, 0, pad))
-        # (L, L) @ (B, L, C), then the bias: mixes tokens without transposing the activations. bmm + add are ops
-        # every FLOP counter knows (stock fvcore has no baddbmm handle); the add is in place on the fresh product
-        v = torch.bmm(w.expand(v.shape[0], -1, -1), v).add_(self.bias[:length].unsqueeze(-1))
+        # (L, L) @ (B, L, C) on the zero-padded token axis (class docstring), then the bias: mixes tokens without
+        # transposing the activations; the add is in place on the fresh product
+        v = token_matmul(self.spatial_weight(length), v, self.token_multiple).add_(self.bias[:length].unsqueeze(-1))
         if res is not None:
             v = v + res
         return u * v

@@ -32,9 +32,9 @@ from typing import List, Optional
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from timm.layers import register_notrace_module
+from timm.layers import register_notrace_function, register_notrace_module
 
-__all__ = ['TokenLinear', 'check_token_multiple', 'token_padding']
+__all__ = ['TokenLinear', 'check_token_multiple', 'token_padding', 'token_matmul']
 
 
 def check_token_multiple(token_multiple: int) -> None:
@@ -48,12 +48,31 @@ def token_padding(length: int, token_multiple: int) -> int:
     return (token_multiple - length % token_multiple) % token_multiple
 
 
+@register_notrace_function  # a leaf for timm's FX feature extraction (whether it pads depends on the token count)
+def token_matmul(weight: torch.Tensor, x: torch.Tensor, token_multiple: int = 1) -> torch.Tensor:
+    """``torch.bmm(weight.expand(P, -1, -1), x)``: (m, n) @ (P, n, Q) -> (P, m, Q), contracting the n tokens padded
+    with zeros up to a multiple of ``token_multiple`` (zero weight columns, zero tokens: the same product).
+
+    The token GEMM of the SGU and of :class:`TokenLinear`. bmm is an op every FLOP counter knows (stock fvcore has no
+    baddbmm handle); the counted multiply-adds are those of the padded product.
+    """
+    pad = token_padding(x.shape[1], token_multiple)
+    if pad:
+        weight = F.pad(weight, (0, pad))
+        x = F.pad(x, (0, 0, 0, pad))
+    return torch.bmm(weight.expand(x.shape[0], -1, -1), x)
+
+
 @torch.jit.unused
-def _linear_in_memory_order(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+def _linear_in_memory_order(
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        bias: Optional[torch.Tensor] = None,
+        token_multiple: int = 1,
+) -> torch.Tensor:
     """``F.linear(x, weight, bias)`` for an ``x`` whose last axis is not the contiguous one (see module docstring).
 
-    ``weight`` (out, n_pad) may have zero columns beyond ``x``'s n tokens: ``x``'s token axis is then padded to n_pad
-    with zeros, in memory order (the activations stay in their layout).
+    The contracted axis is zero-padded to a multiple of ``token_multiple`` in memory order (:func:`token_matmul`).
     """
     last = x.dim() - 1
     # axes outermost-first in memory; the contracted axis is placed last among equal strides (size-1 axes)
@@ -68,11 +87,8 @@ def _linear_in_memory_order(x: torch.Tensor, weight: torch.Tensor, bias: Optiona
     for s in inner:
         n_inner *= s
     x3 = xm.reshape(n_outer, x.shape[-1], n_inner)  # (P, n, Q): a view when xm is contiguous (sizes given: P may be 0)
-    if weight.shape[1] > x3.shape[1]:
-        x3 = F.pad(x3, (0, 0, 0, weight.shape[1] - x3.shape[1]))  # zero tokens for the weight's zero columns
-    # bmm, then the bias in place: ops that every FLOP counter knows (stock fvcore has no baddbmm handle), the same
-    # in eager mode and under torch.jit.trace
-    y = torch.bmm(weight.expand(n_outer, -1, -1), x3)
+    # the GEMM, then the bias in place: the same in eager mode and under torch.jit.trace
+    y = token_matmul(weight, x3, token_multiple)
     if bias is not None:
         y = y.add_(bias.unsqueeze(-1))
     y = y.view(list(outer) + [weight.shape[0]] + list(inner))
@@ -107,13 +123,12 @@ class TokenLinear(nn.Linear):
         self.token_multiple = token_multiple
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        weight = self.weight
-        pad = token_padding(weight.shape[1], self.token_multiple)
-        if pad:
-            weight = F.pad(weight, (0, pad))  # zero columns; the input gets as many zero tokens
         if torch.jit.is_scripting() or x.dim() < 3 or x.stride(-1) == 1:
-            return F.linear(F.pad(x, (0, pad)) if pad else x, weight, self.bias)
-        return _linear_in_memory_order(x, weight, self.bias)
+            pad = token_padding(x.shape[-1], self.token_multiple)
+            if pad:  # zero columns of the weight, as many zero tokens
+                return F.linear(F.pad(x, (0, pad)), F.pad(self.weight, (0, pad)), self.bias)
+            return F.linear(x, self.weight, self.bias)
+        return _linear_in_memory_order(x, self.weight, self.bias, self.token_multiple)
 
     def extra_repr(self) -> str:
         return f'{super().extra_repr()}, token_multiple={self.token_multiple}'
