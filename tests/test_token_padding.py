@@ -14,7 +14,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 import mlp_vision  # noqa: F401  (registers the models with timm)
 from mlp_vision.layers import GatedMLPBlock, MixerBlock, SpatialGatingUnit, TokenLinear
-from mlp_vision.layers.linear import token_padding
+from mlp_vision.layers.linear import token_padding, tokens_padded_to
 
 from _helpers import randomize_
 
@@ -198,6 +198,32 @@ def test_models_pad_by_default_and_compute_the_same(name):
     assert {k: v.shape for k, v in model.state_dict().items()} == {
         k: v.shape for k, v in reference.state_dict().items()}
     _same_function(model.train(), reference.train(), torch.randn(2, 3, 48, 64))
+
+
+def test_tokens_padded_to_sets_and_restores_every_padding_module():
+    model = timm.create_model('mixer_s16', img_size=48, num_blocks=2)  # 9 tokens
+    model.blocks[0].mlp_tokens.fc2.token_multiple = 16
+    before = [m.token_multiple for m in model.modules() if isinstance(m, TokenLinear)]
+    x = torch.randn(1, 3, 48, 48)
+    with pytest.raises(RuntimeError, match='inside'):
+        with tokens_padded_to(model, 1):
+            assert all(m.token_multiple == 1 for m in model.modules() if isinstance(m, TokenLinear))
+            # 2 blocks, fc1 and fc2 each 9 tokens x 256 hidden x 512 channels, 2 FLOPs a multiply-add
+            assert _bmm_flops(lambda: model(x)) == 2 * 2 * 512 * 256 * (9 + 9)
+            raise RuntimeError('inside')
+    assert [m.token_multiple for m in model.modules() if isinstance(m, TokenLinear)] == before == [8, 16, 8, 8]
+    with pytest.raises(ValueError, match='token_multiple must be an int >= 1'):
+        with tokens_padded_to(model, 0):
+            pass
+
+
+def test_flop_counter_counts_the_unpadded_tokens():
+    """The project's MAC counts are the papers' (n tokens), not the zeros added for GPU kernels."""
+    from mlp_vision.complexity import count_module
+    model = timm.create_model('gmlp_ti', img_size=(48, 64), num_blocks=2).eval()  # 12 tokens, padded to 16
+    macs, by_op, _, _ = count_module(model, (torch.randn(1, 3, 48, 64),))
+    assert by_op['bmm'] == 2 * 12 * 12 * 384  # two SGUs: (12 x 12) @ (12 x 384)
+    assert model.blocks[0].sgu.token_multiple == 8
 
 
 def test_smlpnet_token_linears_stay_unpadded():

@@ -27,14 +27,15 @@ The layout is chosen from the input's strides only: ``F.linear`` when the last a
 fewer than three dimensions, the batched GEMM otherwise, whether or not anything traces or hooks the module.
 TorchScript compiles the ``F.linear`` branch only (the stride-sorting code is not scriptable).
 """
-from typing import List, Optional
+import contextlib
+from typing import Iterator, List, Optional
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from timm.layers import register_notrace_function, register_notrace_module
 
-__all__ = ['TokenLinear', 'check_token_multiple', 'token_padding', 'token_matmul']
+__all__ = ['TokenLinear', 'check_token_multiple', 'token_padding', 'token_matmul', 'tokens_padded_to']
 
 
 def check_token_multiple(token_multiple: int) -> None:
@@ -46,6 +47,24 @@ def check_token_multiple(token_multiple: int) -> None:
 def token_padding(length: int, token_multiple: int) -> int:
     """How many zero tokens pad ``length`` up to a multiple of ``token_multiple`` (0 when it already is one)."""
     return (token_multiple - length % token_multiple) % token_multiple
+
+
+@contextlib.contextmanager
+def tokens_padded_to(model: nn.Module, token_multiple: int) -> Iterator[nn.Module]:
+    """Temporarily set ``token_multiple`` on every module of ``model`` that pads a token axis (those with that int
+    attribute: ``SpatialGatingUnit``, ``TokenLinear``); restored on exit. The function computed is the same.
+
+    FLOP counters use 1: the papers' MACs, without the zero padding GPU kernels want."""
+    check_token_multiple(token_multiple)
+    layers = [m for m in model.modules() if isinstance(getattr(m, 'token_multiple', None), int)]
+    saved = [m.token_multiple for m in layers]
+    try:
+        for m in layers:
+            m.token_multiple = token_multiple
+        yield model
+    finally:
+        for m, old in zip(layers, saved):
+            m.token_multiple = old
 
 
 @register_notrace_function  # a leaf for timm's FX feature extraction (whether it pads depends on the token count)

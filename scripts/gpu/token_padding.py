@@ -38,7 +38,7 @@ from text_models import timed, write  # noqa: E402  (the timing and table writin
 
 import mlp_vision  # noqa: E402,F401  (registers the models with timm)
 from mlp_vision.layers import MixerBlock, SpatialGatingUnit  # noqa: E402
-from mlp_vision.layers.linear import token_padding  # noqa: E402
+from mlp_vision.layers.linear import token_padding, tokens_padded_to  # noqa: E402
 
 
 class TokenMixing(torch.nn.Module):
@@ -61,14 +61,6 @@ def _dtype(args) -> torch.dtype:
 
 def _autocast(args):
     return torch.autocast(torch.device(args.device).type, dtype=torch.bfloat16, enabled=args.precision == 'bf16')
-
-
-def set_token_multiple(module: torch.nn.Module, multiple: int) -> int:
-    """Set ``token_multiple`` on every module that has one (SGUs, Mixer's TokenLinears); returns how many."""
-    found = [m for m in module.modules() if hasattr(m, 'token_multiple')]
-    for m in found:
-        m.token_multiple = multiple
-    return len(found)
 
 
 def alternate(variants: Dict[str, Callable[[], None]], args, baseline: str) -> List[Dict]:
@@ -126,8 +118,7 @@ def _module_variants(module: torch.nn.Module, x: torch.Tensor, args) -> Dict[str
     out = {}
     for k in args.multiples:
         def step(k=k):
-            set_token_multiple(module, k)
-            with _autocast(args):
+            with tokens_padded_to(module, k), _autocast(args):
                 y = fn(x)
             y.backward(grad_out)
         out[f'multiple_{k}'] = step
@@ -138,8 +129,8 @@ def _max_diff(module: torch.nn.Module, x: torch.Tensor, args) -> Dict[str, float
     outs = {}
     with torch.no_grad(), _autocast(args):
         for k in args.multiples:
-            set_token_multiple(module, k)
-            outs[k] = module(x).float()
+            with tokens_padded_to(module, k):
+                outs[k] = module(x).float()
     return {f'multiple_{k}': float((y - outs[args.multiples[0]]).abs().max()) for k, y in outs.items()}
 
 
@@ -166,12 +157,11 @@ def models(args) -> List[Dict]:
         x = torch.randn(args.batch, 3, args.img_size, args.img_size, device=args.device)
         target = torch.randint(0, 10, (args.batch,), device=args.device)
         fn = torch.compile(model) if args.compile else model
-        token_multiple_modules = set_token_multiple(model, args.multiples[0])
+        token_multiple_modules = sum(isinstance(getattr(m, 'token_multiple', None), int) for m in model.modules())
         variants = {}
         for k in args.multiples:
             def step(k=k):
-                set_token_multiple(model, k)
-                with _autocast(args):
+                with tokens_padded_to(model, k), _autocast(args):
                     loss = F.cross_entropy(fn(x), target)
                 loss.backward()
             variants[f'multiple_{k}'] = step
