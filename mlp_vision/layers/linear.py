@@ -73,7 +73,8 @@ def token_matmul(weight: torch.Tensor, x: torch.Tensor, token_multiple: int = 1)
     with zeros up to a multiple of ``token_multiple`` (zero weight columns, zero tokens: the same product).
 
     The token GEMM of the SGU and of :class:`TokenLinear`. bmm is an op every FLOP counter knows (stock fvcore has no
-    baddbmm handle); the counted multiply-adds are those of the padded product.
+    baddbmm handle); it counts the padded product, so the project's counter traces with ``tokens_padded_to(model,
+    1)``.
     """
     pad = token_padding(x.shape[1], token_multiple)
     if pad:
