@@ -106,3 +106,35 @@ def test_speed_rows_give_ratio_matmul_share_and_the_goal_verdict():
     bigs = {'model': 'bigs_layer', 'baseline': 'bert_layer', 'mode': 'train', 'batch_size': 2, 'seq_len': 16384,
             'speedup': 2.0, 'seq_per_s': 1.0, 'base_seq_per_s': 0.5}
     assert speed_rows.table_row(bigs, {}).endswith('| >= 3x | no |')
+
+
+@pytest.fixture(scope='module')
+def token_padding_script():
+    path = SCRIPT.parent / 'token_padding.py'
+    spec = importlib.util.spec_from_file_location('token_padding_script', path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_token_padding_script_times_every_variant(token_padding_script, tmp_path):
+    """Issue 34 item 1's GPU measurement at toy sizes on the CPU: every variant timed, padded outputs unchanged."""
+    tp = token_padding_script
+    common = ['--device', 'cpu', '--precision', 'fp32', '--samples', '2', '--iters', '1', '--warmup', '1',
+              '--multiples', '1', '8', '16', '--tokens', '13', '--channels', '8', '--batch', '2']
+    assert tp.main(['gemm', '--out', str(tmp_path / 'gemm')] + common) == 0
+    rows = json.loads((tmp_path / 'gemm.json').read_text())['rows']
+    assert [r['variant'] for r in rows] == ['unpadded', 'contracted_16', 'both_16']  # 8 and 16 both pad 13 to 16
+    assert rows[0]['speedup_vs_unpadded'] == 1 and all(r['ms'] > 0 for r in rows)
+    assert tp.main(['layers', '--out', str(tmp_path / 'layers')] + common) == 0
+    rows = json.loads((tmp_path / 'layers.json').read_text())['rows']
+    assert [(r['layer'], r['variant']) for r in rows] == [
+        (layer, f'multiple_{k}') for layer in ('sgu', 'mixer_token_mlp') for k in (1, 8, 16)]
+    assert all(r['max_abs_diff'] < 1e-5 for r in rows)
+    assert tp.main(['models', '--models', 'gmlp_ti', 'mixer_s16', '--img-size', '48', '--out',
+                    str(tmp_path / 'models')] + common) == 0
+    rows = json.loads((tmp_path / 'models.json').read_text())['rows']
+    # 3 x 3 = 9 tokens: gMLP-Ti's 30 SGUs, Mixer-S's 8 blocks x 2 token Linears carry the multiple
+    assert [(r['model'], r['token_multiple_modules']) for r in rows[::3]] == [('gmlp_ti', 30), ('mixer_s16', 16)]
+    assert (tmp_path / 'models.md').read_text().startswith('# models:')
+

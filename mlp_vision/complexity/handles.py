@@ -165,15 +165,18 @@ def count_module(model: nn.Module, inputs: Tuple[torch.Tensor, ...], encoder: Op
     number of calls; ``encoder_total`` is the total of the submodule named ``encoder`` (None without one).
 
     BiGS layers are traced with their FFT convolution (``conv_impl='fft'``), the O(L log L) formulation the paper
-    counts, even where they would run it as a Toeplitz GEMM (faster on CPU up to L = 1024, more MACs)."""
+    counts, even where they would run it as a Toeplitz GEMM (faster on CPU up to L = 1024, more MACs). Token GEMMs
+    (gMLP's SGU, Mixer's token MLP) are traced unpadded (``token_multiple=1``): the papers' MACs, not the exact
+    zeros they add for GPU kernels (196 -> 200 tokens)."""
     from fvcore.nn import FlopCountAnalysis
+    from ..layers.linear import tokens_padded_to
     from ..layers.ssm import ssm_conv_impl
     fca = FlopCountAnalysis(model, inputs)
     fca.set_op_handle(**EXTRA_HANDLES)
     fca.unsupported_ops_warnings(False)
     fca.uncalled_modules_warnings(False)
     fca.tracer_warnings('none')
-    with torch.no_grad(), ssm_conv_impl(model, 'fft'):
+    with torch.no_grad(), ssm_conv_impl(model, 'fft'), tokens_padded_to(model, 1):
         total = int(round(fca.total()))
         by_op = {k: int(round(v)) for k, v in sorted(fca.by_operator().items(), key=lambda kv: -kv[1])}
         uncounted = dict(sorted(fca.unsupported_ops().items()))

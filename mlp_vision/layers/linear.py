@@ -15,23 +15,85 @@ bias, returned as a view in ``x``'s axis order. No copy in either direction. The
 formulation, ``self.fc(x.transpose(1, 2)).transpose(1, 2)``, and hooks, LoRA wrappers, pruning and FLOP counters
 see an ordinary Linear call.
 
+Token padding (``token_multiple``, default 1 = none): the contracted axis is computed padded with zeros up to a
+multiple, as the Spatial Gating Unit's is (``mlp_vision.layers.gating``): the weight gets zero columns and the input
+zero tokens. Every padded term is an exact ``0 * 0``: the same function, parameters and gradients (float rounding
+may differ only where the GEMM kernel sums in another order). Why: the fast GPU GEMM kernels (Hopper's on an H100)
+want 16-byte aligned row strides, and a 196-token row (Mixer-B/16 at 224², arXiv 2105.01601 §2: the token MLP
+contracts the n = 196 patches) is 392 bytes in bf16; padded to 200 it is 400, for the forward GEMM and both
+backward ones (dW (out, n_pad), dx with W^T). :class:`~mlp_vision.layers.MixerBlock` sets it for its token MLP.
+
 The layout is chosen from the input's strides only: ``F.linear`` when the last axis is contiguous or the input has
 fewer than three dimensions, the batched GEMM otherwise, whether or not anything traces or hooks the module.
 TorchScript compiles the ``F.linear`` branch only (the stride-sorting code is not scriptable).
 """
-from typing import List, Optional
+import contextlib
+from typing import Iterator, List, Optional
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from timm.layers import register_notrace_module
+from timm.layers import register_notrace_function, register_notrace_module
 
-__all__ = ['TokenLinear']
+__all__ = ['TokenLinear', 'check_token_multiple', 'token_padding', 'token_matmul', 'tokens_padded_to']
+
+
+def check_token_multiple(token_multiple: int) -> None:
+    """A token padding multiple must be a positive int (1 = no padding)."""
+    if isinstance(token_multiple, bool) or not isinstance(token_multiple, int) or token_multiple < 1:
+        raise ValueError(f'token_multiple must be an int >= 1 (1 = no padding), got {token_multiple!r}')
+
+
+def token_padding(length: int, token_multiple: int) -> int:
+    """How many zero tokens pad ``length`` up to a multiple of ``token_multiple`` (0 when it already is one)."""
+    return (token_multiple - length % token_multiple) % token_multiple
+
+
+@contextlib.contextmanager
+def tokens_padded_to(model: nn.Module, token_multiple: int) -> Iterator[nn.Module]:
+    """Temporarily set ``token_multiple`` on every module of ``model`` that pads a token axis (those with that int
+    attribute: ``SpatialGatingUnit``, ``TokenLinear``); restored on exit. The function computed is the same.
+
+    FLOP counters use 1: the papers' MACs, without the zero padding GPU kernels want."""
+    check_token_multiple(token_multiple)
+    layers = [m for m in model.modules() if isinstance(getattr(m, 'token_multiple', None), int)]
+    saved = [m.token_multiple for m in layers]
+    try:
+        for m in layers:
+            m.token_multiple = token_multiple
+        yield model
+    finally:
+        for m, old in zip(layers, saved):
+            m.token_multiple = old
+
+
+@register_notrace_function  # a leaf for timm's FX feature extraction (whether it pads depends on the token count)
+def token_matmul(weight: torch.Tensor, x: torch.Tensor, token_multiple: int = 1) -> torch.Tensor:
+    """``torch.bmm(weight.expand(P, -1, -1), x)``: (m, n) @ (P, n, Q) -> (P, m, Q), contracting the n tokens padded
+    with zeros up to a multiple of ``token_multiple`` (zero weight columns, zero tokens: the same product).
+
+    The token GEMM of the SGU and of :class:`TokenLinear`. bmm is an op every FLOP counter knows (stock fvcore has no
+    baddbmm handle); it counts the padded product, so the project's counter traces with ``tokens_padded_to(model,
+    1)``.
+    """
+    pad = token_padding(x.shape[1], token_multiple)
+    if pad:
+        weight = F.pad(weight, (0, pad))
+        x = F.pad(x, (0, 0, 0, pad))
+    return torch.bmm(weight.expand(x.shape[0], -1, -1), x)
 
 
 @torch.jit.unused
-def _linear_in_memory_order(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """``F.linear(x, weight, bias)`` for an ``x`` whose last axis is not the contiguous one (see module docstring)."""
+def _linear_in_memory_order(
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        bias: Optional[torch.Tensor] = None,
+        token_multiple: int = 1,
+) -> torch.Tensor:
+    """``F.linear(x, weight, bias)`` for an ``x`` whose last axis is not the contiguous one (see module docstring).
+
+    The contracted axis is zero-padded to a multiple of ``token_multiple`` in memory order (:func:`token_matmul`).
+    """
     last = x.dim() - 1
     # axes outermost-first in memory; the contracted axis is placed last among equal strides (size-1 axes)
     order: List[int] = sorted(range(x.dim()), key=lambda d: (-x.stride(d), d == last))
@@ -45,9 +107,8 @@ def _linear_in_memory_order(x: torch.Tensor, weight: torch.Tensor, bias: Optiona
     for s in inner:
         n_inner *= s
     x3 = xm.reshape(n_outer, x.shape[-1], n_inner)  # (P, n, Q): a view when xm is contiguous (sizes given: P may be 0)
-    # bmm, then the bias in place: ops that every FLOP counter knows (stock fvcore has no baddbmm handle), the same
-    # in eager mode and under torch.jit.trace
-    y = torch.bmm(weight.expand(n_outer, -1, -1), x3)
+    # the GEMM, then the bias in place: the same in eager mode and under torch.jit.trace
+    y = token_matmul(weight, x3, token_multiple)
     if bias is not None:
         y = y.add_(bias.unsqueeze(-1))
     y = y.view(list(outer) + [weight.shape[0]] + list(inner))
@@ -61,11 +122,33 @@ def _linear_in_memory_order(x: torch.Tensor, weight: torch.Tensor, bias: Optiona
 class TokenLinear(nn.Linear):
     """``nn.Linear`` whose input's last axis may be a strided token axis; see the module docstring.
 
+    Args (beyond ``nn.Linear``'s): token_multiple: the contracted axis (in_features) is computed zero-padded up to
+    this multiple (exact; module docstring); 1 = no padding. A plain attribute, read at each call.
+
     Shapes: x (*, in_features) with any strides -> (*, out_features), laid out in memory like ``x`` (for a token
     axis of a channels-last tensor the output is channels-last too).
     """
 
+    def __init__(
+            self,
+            in_features: int,
+            out_features: int,
+            bias: bool = True,
+            device=None,
+            dtype=None,
+            token_multiple: int = 1,
+    ) -> None:
+        super().__init__(in_features, out_features, bias, device=device, dtype=dtype)
+        check_token_multiple(token_multiple)
+        self.token_multiple = token_multiple
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if torch.jit.is_scripting() or x.dim() < 3 or x.stride(-1) == 1:
+            pad = token_padding(x.shape[-1], self.token_multiple)
+            if pad:  # zero columns of the weight, as many zero tokens
+                return F.linear(F.pad(x, (0, pad)), F.pad(self.weight, (0, pad)), self.bias)
             return F.linear(x, self.weight, self.bias)
-        return _linear_in_memory_order(x, self.weight, self.bias)
+        return _linear_in_memory_order(x, self.weight, self.bias, self.token_multiple)
+
+    def extra_repr(self) -> str:
+        return f'{super().extra_repr()}, token_multiple={self.token_multiple}'

@@ -14,6 +14,11 @@
 #                                         # longest sequence each fits at batch 1, the text trainer eager vs compiled
 #   bash scripts/gpu/run_gpu.sh longconv  # the Triton long convolution of BiGS (issue 15 item 2): CUDA results vs
 #                                         # float64, tile sweep, kernel vs FFT route vs attention, BiGS vs BERT layers
+#   bash scripts/gpu/run_gpu.sh token_pad token_pad_models  # issue 34 item 1: the SGU / Mixer token GEMMs with the
+#                                         # token axis zero-padded to a multiple of 1 / 8 / 16 (bf16): the GEMM alone,
+#                                         # the layers eager and compiled (token_pad, ~4 min), then gMLP-S and
+#                                         # Mixer-B compiled training steps (token_pad_models, ~7 min); choose the
+#                                         # default token_multiple from these
 #
 # Issue 34 item 5: parts that each fit one 15-minute lease (a machine start costs 1-2 minutes), in order of value;
 # each part's steps sum to at most 480 s including compiles. Run one per lease with scripts/gpu/lease.sh, which
@@ -35,7 +40,7 @@
 # torch.compile costs minutes per deep model and mode (inductor compiled sMLPNet-T's training graph in 3.5 min
 # on the H100 machine's 16 cores), so only the compiled sMLPNet-T inference pair is in `bench`.
 set -u
-[ $# -gt 0 ] || { echo 'usage: run_gpu.sh a_gmlp|b_smlpnet|c_mixer|d_bigs_layer|e_bigs_model|f_text_trainer|train|ddp|bench|text|longconv|bigs_models|peers_smlpnet|peers_gmlp|peers_mixer ...'; exit 2; }
+[ $# -gt 0 ] || { echo 'usage: run_gpu.sh a_gmlp|b_smlpnet|c_mixer|d_bigs_layer|e_bigs_model|f_text_trainer|train|ddp|bench|text|longconv|bigs_models|peers_smlpnet|peers_gmlp|peers_mixer|token_pad|token_pad_models ...'; exit 2; }
 PY=${PY:-python3}
 DATA=${DATA:-../shared/data/imagenette-mini}
 WORK=${WORK:-output/gpu}
@@ -225,8 +230,23 @@ f_text_trainer)
             --output "$WORK/text_trainer" --experiment "bigs_4x256_$mode"
     done
     ;;
+token_pad)
+    # the SGU token GEMM of gMLP-S (batch 256, 768 gated channels, 196 tokens) alone: unpadded, the contracted axis
+    # padded (what the modules do) and both axes padded; then the SGU and Mixer-B's token MLP, eager and compiled
+    tp=(scripts/gpu/token_padding.py --device cuda --precision bf16 --multiples 1 8 16)
+    step token_pad_gemm 60 $PY "${tp[@]}" gemm --out "$WORK/bench/gpu_token_pad_gemm"
+    step token_pad_layers 60 $PY "${tp[@]}" layers --out "$WORK/bench/gpu_token_pad_layers"
+    step token_pad_layers_compiled 120 $PY "${tp[@]}" layers --compile --out "$WORK/bench/gpu_token_pad_layers_compiled"
+    ;;
+token_pad_models)
+    # compiled training steps (forward, loss, backward) of gMLP-S (b 256) and Mixer-B/16 (b 128) with every
+    # module's token_multiple 1 / 8 / 16 (one graph each), alternating in one process, same weights
+    tp=(scripts/gpu/token_padding.py --device cuda --precision bf16 --multiples 1 8 16 models --compile --samples 5)
+    step token_pad_gmlp_s 270 $PY "${tp[@]}" --models gmlp_s --batch 256 --out "$WORK/bench/gpu_token_pad_gmlp_s"
+    step token_pad_mixer_b16 200 $PY "${tp[@]}" --models mixer_b16 --batch 128 --out "$WORK/bench/gpu_token_pad_mixer_b16"
+    ;;
 *)
     echo "unknown part $part (a_gmlp|b_smlpnet|c_mixer|d_bigs_layer|e_bigs_model|f_text_trainer|train|ddp|bench|text|"\
-"longconv|bigs_models|peers_smlpnet|peers_gmlp|peers_mixer)"; exit 2 ;;
+"longconv|bigs_models|peers_smlpnet|peers_gmlp|peers_mixer|token_pad|token_pad_models)"; exit 2 ;;
 esac
 done
