@@ -106,3 +106,70 @@ def test_the_text_trainer_keeps_a_weights_only_best(text_file, tmp_path, capsys)
     assert 'optimizer' not in best and 'optimizer' in last and best['run_id'] == last['run_id']
     msg = exits_with_one_line(text_train.main, ['--resume', str(folder / 'model_best.pth')], capsys)
     assert 'holds the weights only' in msg and 'continue from last.pth' in msg and '--no-resume-opt' not in msg
+
+
+# ------------------------------------------------------------------------------------------------ checkpoint_path=
+FAMILIES = {  # tiny models of each family, 2 feature maps so the pruning removes blocks too (isotropic)
+    'gmlp_ti': dict(embed_dim=16, num_blocks=4, patch_size=8, img_size=(32, 48)),
+    'mixer_s16': dict(embed_dim=16, num_blocks=4, patch_size=8, img_size=(32, 48)),
+    'smlpnet_t': dict(embed_dim=8, depths=(1, 1, 1, 1), img_size=(64, 96)),
+}
+OUT_INDICES = {'gmlp_ti': (0, 1), 'mixer_s16': (0, 1), 'smlpnet_t': (0, 1, 2, 3)}
+
+
+def _classifier_checkpoint(name, path, num_classes=5):
+    model = randomize_(timm.create_model(name, num_classes=num_classes, **FAMILIES[name])).eval()
+    torch.save({'state_dict': model.state_dict(), 'arch': name}, path)
+    return model
+
+
+@pytest.mark.parametrize('name', list(FAMILIES))
+def test_checkpoint_path_loads_a_classifier_into_its_features_only_backbone(name, tmp_path):
+    model = _classifier_checkpoint(name, tmp_path / 'ck.pth')
+    features = timm.create_model(name, features_only=True, out_indices=OUT_INDICES[name], **FAMILIES[name],
+                                 checkpoint_path=str(tmp_path / 'ck.pth')).eval()
+    size = FAMILIES[name]['img_size']
+    x = torch.randn(2, 3, *size)
+    with torch.no_grad():
+        got = features(x)
+        expected = model.forward_intermediates(x, indices=OUT_INDICES[name], intermediates_only=True)
+    assert len(got) == len(expected) == len(OUT_INDICES[name])
+    assert all(torch.equal(a, b) for a, b in zip(got, expected))
+    # only the pruned modules' keys were left out: the head and final norm, and blocks after the last map
+    assert any(k.startswith('head') for k in features.pruned_keys)
+    assert {k for k in model.state_dict() if 'model.' + k not in features.state_dict()} == set(features.pruned_keys)
+    features.load_state_dict(features.state_dict())  # its own state dict loads as it always did
+
+
+@pytest.mark.parametrize('name', list(FAMILIES))
+def test_checkpoint_path_drops_nothing_but_the_pruned_modules(name, tmp_path):
+    model = _classifier_checkpoint(name, tmp_path / 'ck.pth')
+    state = dict(model.state_dict(), **{'extra.weight': torch.zeros(1)})
+    torch.save({'state_dict': state}, tmp_path / 'extra.pth')
+    with pytest.raises(RuntimeError, match=r'Unexpected key\(s\) in state_dict: "model.extra.weight"'):
+        timm.create_model(name, features_only=True, **FAMILIES[name], checkpoint_path=str(tmp_path / 'extra.pth'))
+    state = {k: v for k, v in model.state_dict().items() if not k.startswith('stem')}
+    torch.save({'state_dict': state}, tmp_path / 'missing.pth')
+    with pytest.raises(RuntimeError, match=r'Missing key\(s\) in state_dict: "model.stem'):
+        timm.create_model(name, features_only=True, **FAMILIES[name], checkpoint_path=str(tmp_path / 'missing.pth'))
+
+
+def test_a_backbone_inside_a_larger_model_loads_a_classifier_state(tmp_path):
+    # the wrapper is usually a part (e.g. ``detector.backbone.body``): its keys are mapped under its own prefix
+    name = 'smlpnet_t'
+    model = _classifier_checkpoint(name, tmp_path / 'ck.pth')
+    outer = torch.nn.ModuleDict({'body': timm.create_model(name, features_only=True, **FAMILIES[name])})
+    outer.load_state_dict({f'body.{k}': v for k, v in model.state_dict().items()})
+    assert torch.equal(outer['body'].model.stem.weight, model.stem.weight)
+
+
+def test_a_runs_best_checkpoint_is_a_features_only_backbone(default_run):
+    # the issue's case: timm.create_model(name, checkpoint_path=RUN/model_best.pth, features_only=True) (EMA weights)
+    folder, _ = default_run
+    best = _load(folder / 'model_best.pth')
+    features = timm.create_model('smlpnet_t', features_only=True, embed_dim=8, depths=(1, 1, 1, 1), img_size=32,
+                                 checkpoint_path=str(folder / 'model_best.pth'))
+    state, ema = features.state_dict(), best['state_dict_ema']
+    kept = set(ema) - set(features.pruned_keys)
+    assert {k[len('model.'):] for k in state} == kept and len(kept) > len(features.pruned_keys)
+    assert all(torch.equal(state['model.' + k], ema[k]) for k in kept)
