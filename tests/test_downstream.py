@@ -8,7 +8,9 @@ Every model here is built for one input size (the token-mixing weights of gMLP /
 mix along H and W), so the detector's transform resizes each image to exactly that size (``fixed_size=(W, H)``).
 The isotropic models give maps of one stride (their patch size): several blocks' outputs feed the pyramid.
 """
+import sys
 from collections import OrderedDict
+from pathlib import Path
 
 import pytest
 import timm
@@ -22,6 +24,10 @@ from torchvision.models.detection.anchor_utils import AnchorGenerator  # noqa: E
 from torchvision.models.segmentation.deeplabv3 import DeepLabHead  # noqa: E402
 from torchvision.ops import FeaturePyramidNetwork, MultiScaleRoIAlign  # noqa: E402
 from torchvision.ops.feature_pyramid_network import LastLevelMaxPool  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
 
 import mlp_vision  # noqa: E402,F401  (registers the models)
 

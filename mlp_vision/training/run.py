@@ -17,6 +17,10 @@ Checkpoint payload (every value a tensor or plain Python value, so it loads with
     version, kind ('image' | 'text'), run_id (the folder's run.json, :mod:`.run_folder`), arch, <position key> ('epoch': last completed epoch | 'step': completed
     updates), num_updates, model_cfg, state_dict, optimizer, scheduler, schedule (create_scheduler_v2 kwargs),
     amp_scaler, rng_states (one per rank), metric, args, checkpoint_history, + the trainer's own fields
+
+``last.pth`` holds all of it; ``model_best.pth`` / ``checkpoint-N.pth`` leave out ``optimizer`` and ``amp_scaler``
+unless ``--keep-optimizer-state`` (:class:`~mlp_vision.training.checkpoint.CheckpointManager`'s ``resume_only``), and
+``--resume`` of such a file needs ``--no-resume-opt`` (:func:`parse_run_args`).
 """
 import argparse
 import json
