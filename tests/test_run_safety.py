@@ -29,10 +29,11 @@ from _helpers import TINY_GPT, TINY_VISION, crafted_checkpoint, exits_with_one_l
 
 @pytest.fixture(scope='module')
 def vision_run(images, tmp_path_factory):
-    """A finished 2-epoch run keeping its 2 best epoch checkpoints: (folder, train.py arguments)."""
+    """A finished 2-epoch run keeping its 2 best epoch checkpoints, optimizer state included (the tests resume
+    from them): (folder, train.py arguments)."""
     out = tmp_path_factory.mktemp('runs')
     argv = TINY_VISION + ['--data-dir', str(images), '--val-split', 'val', '--epochs', '2', '--checkpoint-hist', '2',
-                          '--output', str(out), '--experiment', 'v']
+                          '--keep-optimizer-state', '--output', str(out), '--experiment', 'v']  # resumable top-N
     train.main(argv)
     return out / 'v', argv
 

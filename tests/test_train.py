@@ -39,7 +39,7 @@ RECIPE_ARGS = [
     '--drop-path', '0.1', '--mixup', '0.8', '--cutmix', '1.0', '--reprob', '0.25', '--smoothing', '0.1',
     '--aa', 'rand-m9-mstd0.5-inc1', '--hflip', '0', '--scale', '0.6', '1.0', '--crop-pct', '1.0',
     '--model-ema', '--model-ema-decay', '0.9', '--grad-accum-steps', '2', '--clip-grad', '1.0',
-    '--checkpoint-hist', '2', '--seed', '7',
+    '--checkpoint-hist', '2', '--seed', '7', '--keep-optimizer-state',  # resumes from checkpoint-0.pth
 ]
 
 

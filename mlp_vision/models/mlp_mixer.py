@@ -22,6 +22,7 @@ from timm.models import build_model_with_cfg, checkpoint, checkpoint_seq, named_
 from timm.models._features import feature_take_indices
 from timm.models import generate_default_cfgs, register_model
 
+from .features import FeatureBackbone
 from ..layers import (
     MixerBlock, TokenAxes, check_image_input, check_img_size, check_model_args, record_input_size,
     resample_token_weight)
@@ -334,7 +335,7 @@ def create_isotropic_model(
         variant,
         pretrained,
         pretrained_filter_fn=filter_fn,
-        feature_cfg=dict(out_indices=out_indices, feature_cls='getter'),
+        feature_cfg=dict(out_indices=out_indices, feature_cls=FeatureBackbone),  # also loads a classifier's state
         **kwargs,
     )
 

@@ -27,6 +27,7 @@ from timm.models import build_model_with_cfg, checkpoint_seq, named_apply
 from timm.models._features import feature_take_indices
 from timm.models import generate_default_cfgs, register_model
 
+from .features import FeatureBackbone
 from ..layers import (
     AxialSparseMLP, SparseMLPBlock, check_image_input, check_img_size, check_model_args, record_input_size,
     rename_legacy_smlp_keys, resample_token_weight)
@@ -426,8 +427,9 @@ def _create_smlpnet(variant: str, pretrained: bool = False, **kwargs) -> SparseM
         variant,
         pretrained,
         pretrained_filter_fn=checkpoint_filter_fn,
-        # the getter runs forward_intermediates, so a features_only model checks its input as the classifier does
-        feature_cfg=dict(out_indices=(0, 1, 2, 3), feature_cls='getter'),
+        # the getter runs forward_intermediates, so a features_only model checks its input as the classifier does;
+        # FeatureBackbone also loads a classifier's state dict (create_model(checkpoint_path=...))
+        feature_cfg=dict(out_indices=(0, 1, 2, 3), feature_cls=FeatureBackbone),
         **kwargs,
     )
 

@@ -17,7 +17,7 @@ import reprlib
 import shutil
 import stat
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 import torch
@@ -209,9 +209,14 @@ class CheckpointManager:
 
     ``key`` names the position in the history entries: ``epoch`` (train.py) or ``step`` (the text trainer).
 
+    ``resume_only``: the fields of ``state`` only a resume needs (the trainers' ``optimizer`` and ``amp_scaler``,
+    unless ``--keep-optimizer-state``). ``last.pth`` always holds them; best / top-N files are then written without
+    them (weights, EMA weights, position, settings and history: for AdamW a third of ``last.pth``'s size, half with
+    EMA weights), else as hard links of ``last.pth``.
+
     The best / top-N history is stored inside every checkpoint and restored by :meth:`load_state_dict` on
-    resume. Order of writes for an epoch: ``last.pth`` (atomic, already holding the new history), then hard
-    links for best / top-N, then removal of the checkpoint that fell out of the top N. A crash between the
+    resume. Order of writes for an epoch: ``last.pth`` (atomic, already holding the new history), then best /
+    top-N (atomic, or hard links), then removal of the checkpoint that fell out of the top N. A crash between the
     steps leaves at worst a stale or missing top-N file, never a broken one; history entries whose file is
     missing are dropped on load.
 
@@ -220,8 +225,10 @@ class CheckpointManager:
     ``output_dir``, named from the position, never a path read from the checkpoint.
     """
 
-    def __init__(self, output_dir: os.PathLike, decreasing: bool = False, max_history: int = 3, key: str = 'epoch'):
+    def __init__(self, output_dir: os.PathLike, decreasing: bool = False, max_history: int = 3, key: str = 'epoch',
+                 resume_only: Sequence[str] = ()):
         self.output_dir = Path(output_dir)
+        self.resume_only = tuple(resume_only)
         self.decreasing = decreasing
         self.max_history = max_history
         self.key = key
@@ -313,10 +320,11 @@ class CheckpointManager:
         state['checkpoint_history'] = {'history': history, 'best': best}
         self.output_dir.mkdir(parents=True, exist_ok=True)
         atomic_save(state, self.last_path)
-        if is_best:
-            atomic_link(self.last_path, self.best_path)
-        if in_top:
-            atomic_link(self.last_path, self.output_dir / self.file_name(epoch))
+        kept = [p for p, due in ((self.best_path, is_best), (self.output_dir / self.file_name(epoch), in_top)) if due]
+        if kept and self.resume_only:  # one smaller file, the other kept file a link of it
+            atomic_save({k: v for k, v in state.items() if k not in self.resume_only}, kept[0])
+        for path in kept[1:] if self.resume_only else kept:
+            atomic_link(kept[0] if self.resume_only else self.last_path, path)
         for h in evicted:
             if h[self.key] != epoch:
                 (self.output_dir / self.file_name(h[self.key])).unlink(missing_ok=True)

@@ -17,6 +17,10 @@ Checkpoint payload (every value a tensor or plain Python value, so it loads with
     version, kind ('image' | 'text'), run_id (the folder's run.json, :mod:`.run_folder`), arch, <position key> ('epoch': last completed epoch | 'step': completed
     updates), num_updates, model_cfg, state_dict, optimizer, scheduler, schedule (create_scheduler_v2 kwargs),
     amp_scaler, rng_states (one per rank), metric, args, checkpoint_history, + the trainer's own fields
+
+``last.pth`` holds all of it; ``model_best.pth`` / ``checkpoint-N.pth`` leave out ``optimizer`` and ``amp_scaler``
+unless ``--keep-optimizer-state`` (:class:`~mlp_vision.training.checkpoint.CheckpointManager`'s ``resume_only``), and
+``--resume`` of such a file needs ``--no-resume-opt`` (:func:`parse_run_args`).
 """
 import argparse
 import json
@@ -67,6 +71,9 @@ _SCHEDULERS = ('cosine', 'tanh', 'step', 'multistep', 'poly', 'wsd', 'rsqrt', 'c
 def add_run_arguments(group: argparse._ActionsContainer, resume_help: str) -> None:
     """``--resume`` and :func:`add_common_arguments`: the same in every training script."""
     group.add_argument('--resume', default='', type=str, metavar='PATH', help=resume_help)
+    group.add_argument('--keep-optimizer-state', action='store_true', default=False,
+                       help='model_best.pth and checkpoint-N.pth hold the optimizer state too, so a run can resume '
+                            'from them (default: weights only, about a third of the size; last.pth always has it)')
     add_common_arguments(group)
 
 
@@ -100,7 +107,8 @@ def parse_run_args(
     ckpt, saved = None, {}
     if known.resume:
         ckpt = load_checkpoint_file(known.resume, trust=known.trust_checkpoint, what='--resume')
-        found = ckpt.get('kind', 'image') if 'optimizer' in ckpt and 'state_dict' in ckpt else None
+        found = (ckpt.get('kind', 'image') if 'state_dict' in ckpt and (
+            'optimizer' in ckpt or 'checkpoint_history' in ckpt) else None)  # the latter: a weights-only best / top-N
         if found != kind:
             what = f'a checkpoint of the {found} trainer' if found else 'not a training checkpoint'
             raise UsageError(f'--resume {known.resume} is {what}; expected the last.pth (or checkpoint-N.pth) of '
@@ -108,7 +116,23 @@ def parse_run_args(
         saved = {k: v for k, v in (ckpt.get('args') or {}).items() if k not in RUN_CONTROL_ARGS}
     args, _ = parse_args_with_config(parser, argv, base_configs=base_configs, run_settings=saved, recipes=recipes)
     args.resumed_settings = saved
+    if ckpt is not None and 'optimizer' not in ckpt and not getattr(args, 'no_resume_opt', False):
+        _refuse_weights_only(known.resume, args)
     return args, ckpt
+
+
+def _refuse_weights_only(path: str, args: argparse.Namespace) -> None:
+    """A best / top-N checkpoint written without ``--keep-optimizer-state`` has no optimizer state to resume: say what
+    the trainer offers instead (the flags differ between the trainers)."""
+    ways = ['continue from last.pth']
+    if hasattr(args, 'no_resume_opt'):
+        ways.append('resume from its weights with a fresh optimizer (--no-resume-opt)')
+    if hasattr(args, 'initial_checkpoint'):
+        ways.append('start a new run from its weights with --initial-checkpoint')
+    elif hasattr(args, 'init_from'):
+        ways.append('start a classify run from its weights with --init-from')
+    raise UsageError(f'--resume {path} holds the weights only (written without --keep-optimizer-state): '
+                     f'{", ".join(ways[:-1])} or {ways[-1]}')
 
 
 # ------------------------------------------------------------------------------------------------ update step
@@ -459,7 +483,8 @@ class TrainingRun:
             _logger.warning(note)
         self._write_settings(output_dir)
         self.saver = CheckpointManager(output_dir, decreasing=self.decreasing, max_history=self.max_history,
-                                       key=self.key)
+                                       key=self.key, resume_only=() if args.keep_optimizer_state else
+                                       ('optimizer', 'amp_scaler'))
         self.summary = SummaryWriter(output_dir / 'summary.csv', key=self.key)
         if in_place:
             self.saver.load_state_dict(history)

@@ -1,0 +1,42 @@
+""" The ``features_only`` wrapper of every model here: timm's ``FeatureGetterNet`` (features from
+``forward_intermediates``) that also loads the state dict of the classifier it was made from.
+
+``timm.create_model(name, features_only=True, checkpoint_path=ck)`` loads ``ck`` after the wrapper is built; the
+wrapper's keys are the classifier's with a ``model.`` prefix, and the modules it pruned (the head, the final norm,
+blocks after the last feature) are gone, so timm's ``FeatureGetterNet`` stops with a long list of missing and
+unexpected keys. :class:`FeatureBackbone` maps such a state dict itself: each key gets the ``model.`` prefix, and only
+the keys of the modules its own pruning removed are dropped. Anything else a checkpoint holds that the classifier
+never had stays and fails the strict load as before (nothing is dropped silently).
+"""
+from typing import Any, Dict, List
+
+import torch.nn as nn
+from timm.models._features import FeatureGetterNet
+
+__all__ = ['FeatureBackbone']
+
+
+class FeatureBackbone(FeatureGetterNet):
+    """timm's ``FeatureGetterNet`` (same arguments, same forward: a list of (B, C_i, H_i, W_i) maps of
+    ``feature_info``) whose ``load_state_dict`` also takes the state dict of the unpruned classifier ``model``."""
+
+    def __init__(self, model: nn.Module, *args, **kwargs):
+        classifier_keys = list(model.state_dict())  # before the pruning in FeatureGetterNet.__init__
+        super().__init__(model, *args, **kwargs)
+        kept = set(self.model.state_dict())
+        self.pruned_keys = tuple(k for k in classifier_keys if k not in kept)  # the classifier's keys no map uses
+        self.register_load_state_dict_pre_hook(_classifier_state_to_features)
+
+
+def _classifier_state_to_features(module: FeatureBackbone, state_dict: Dict[str, Any], prefix: str, *args) -> None:
+    """A classifier's state dict (no key under ``model.``) -> this wrapper's, in place: ``model.`` + key, and the keys
+    of the pruned modules left out. A state dict of the wrapper itself (``features.state_dict()``) is left as is."""
+    keys: List[str] = [k for k in state_dict if k.startswith(prefix)]
+    if not keys or any(k.startswith(prefix + 'model.') for k in keys):
+        return
+    pruned = set(module.pruned_keys)
+    for k in keys:
+        value = state_dict.pop(k)
+        name = k[len(prefix):]
+        if name not in pruned:
+            state_dict[f'{prefix}model.{name}'] = value
