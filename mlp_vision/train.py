@@ -449,7 +449,7 @@ def _use_demo_data(args) -> None:
         'Demo: no dataset was given, so this trains a small model on scikit-learn\'s bundled handwritten '
         f'digits (1,797 real 8x8 scans, 10 classes), written once as an ImageFolder tree under '
         f'{args.data_dir}, through the same pipeline as an ImageNet run (recipe {DEMO_RECIPE}). '
-        'Pass --data-dir DIR to train on your own data.')
+        f'For your own photos: -c {OWN_FOLDER_RECIPE} --data-dir DIR (README, "Your own photos").')
 
 
 def _prepare(args, run, data_dir) -> ImageTraining:

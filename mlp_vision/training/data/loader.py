@@ -287,9 +287,9 @@ def fit_batch_to_data(batch_size: int, samples_per_rank: int, even: bool = False
 
 def _batch_size_without_remainder(samples: int, batch_size: int) -> int:
     """The batch size from ``batch_size / 2`` to ``2 x batch_size`` (at most ``samples``) that leaves the fewest of
-    ``samples`` out of full batches; of those, the closest to ``batch_size``."""
+    ``samples`` out of full batches; of those, the closest to ``batch_size`` (the larger of two as close)."""
     candidates = range(max(1, batch_size // 2), min(2 * batch_size, samples) + 1)
-    return min(candidates, key=lambda b: (samples % b, abs(b - batch_size)), default=batch_size)
+    return min(candidates, key=lambda b: (samples % b, abs(b - batch_size), -b), default=batch_size)
 
 
 def unused_images_message(num_images: int, samples_per_rank: int, batch_size: int, world_size: int = 1,
