@@ -530,15 +530,17 @@ def _fit_batch_to_training_set(args, dataset_train, world_size: int) -> None:
 
 
 def _hint_small_data_recipe(args, num_images: int) -> None:
-    """No recipe (-c) for a small training set: timm's ImageNet defaults (SGD, 300 epochs, the model at 224 px)
-    are hours on a CPU for a few hundred photos; say which shipped recipe is made for it."""
-    if args.config or args.resume or num_images > SMALL_DATA_IMAGES:
+    """A small training set given without a recipe (-c) and with the command's default schedule (timm's ImageNet
+    one: 300 epochs, the model at 224 px): hours on a CPU for a few hundred photos; say which shipped recipe is
+    made for it (a warning; the run goes on as asked)."""
+    default_epochs = build_parser().get_default('epochs')
+    if args.config or args.resume or num_images > SMALL_DATA_IMAGES or args.epochs != default_epochs:
         return
     _logger.warning(
-        f'no -c recipe: training {num_images:,} images with timm\'s ImageNet defaults (--opt {args.opt}, --epochs '
-        f'{args.epochs}, {args.model} at {args.img_size or "its default"} px), made for a million images on GPUs; '
-        f'for a small folder on a CPU, -c {OWN_FOLDER_RECIPE} trains a small model in minutes '
-        f'(configs/{OWN_FOLDER_RECIPE}.yaml)')
+        f'no -c recipe: {num_images:,} training images get timm\'s ImageNet defaults ({args.epochs} epochs of '
+        f'--opt {args.opt}, {args.model} at {args.img_size or "its default size"}{" px" if args.img_size else ""}), '
+        f'made for a million images on GPUs: hours on a CPU; for a small folder on a CPU, -c {OWN_FOLDER_RECIPE} '
+        f'trains a small model in minutes (configs/{OWN_FOLDER_RECIPE}.yaml)')
 
 
 def _create_model(args, dist_info):

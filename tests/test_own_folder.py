@@ -81,20 +81,24 @@ def test_images_left_out_by_full_batches_are_warned_and_logged(tmp_path, caplog)
     assert 'Training 1 epochs x 3 updates, global batch 8' in log and 'an epoch trains 24 samples of the 30 images' in log
 
 
-def test_no_recipe_on_small_data_names_the_own_folder_recipe(tmp_path, caplog):
-    """A small folder given without -c runs timm's ImageNet defaults (made for a million images): a warning
-    names the recipe for it; with a recipe (or -c FILE) there is no such warning."""
-    data = _photos(tmp_path / 'data', {'train': {'a': 4, 'b': 4}, 'val': {'a': 2, 'b': 2}})
-    common = ['--data-dir', str(data), '--epochs', '1', '-b', '4', '--output', str(tmp_path / 'out')] + TINY
-    with caplog.at_level(logging.WARNING):
-        train.main(common + ['--experiment', 'plain'])
-    assert ('no -c recipe: training 8 images with timm\'s ImageNet defaults (--opt sgd, --epochs 1, smlpnet_t at 32 '
-            'px)') in caplog.text
-    assert '-c own_folder_cpu trains a small model in minutes' in caplog.text
-    caplog.clear()
-    with caplog.at_level(logging.WARNING):
-        train.main(common + ['-c', 'own_folder_cpu', '--experiment', 'recipe'])
-    assert 'no -c recipe' not in caplog.text
+def test_no_recipe_on_small_data_names_the_own_folder_recipe(caplog):
+    """A small folder given without -c and with the default schedule (timm's ImageNet one: 300 epochs, SGD, 224
+    px, hours on a CPU) is trained as asked, with a warning naming the recipe for it; a recipe, another --epochs,
+    a resumed run or an ImageNet-sized set get none."""
+    def warning(argv, num_images=120):
+        args, _ = parse_args_with_config(train.build_parser(), argv + ['--data-dir', 'x'], recipes=True)
+        caplog.clear()
+        with caplog.at_level(logging.WARNING):
+            train._hint_small_data_recipe(args, num_images)
+        return caplog.text
+
+    text = warning([])
+    assert ("no -c recipe: 120 training images get timm's ImageNet defaults (300 epochs of --opt sgd, smlpnet_t at "
+            "its default size), made for a million images on GPUs: hours on a CPU") in text
+    assert '-c own_folder_cpu trains a small model in minutes' in text
+    assert 'at 96 px' in warning(['--img-size', '96'])
+    for argv, num_images in ((['-c', 'own_folder_cpu'], 120), (['--epochs', '20'], 120), ([], 1_281_167)):
+        assert warning(argv, num_images) == ''
 
 
 @pytest.mark.slow  # about 2 minutes on 2 busy CPU cores (results/own_folder/README.md)

@@ -194,7 +194,6 @@ def _log_holdout(train, val, fraction: float, seed: int) -> None:
                  f'training on the other {len(train)}')
 
 
-
 def dataset_source(ds) -> Optional[str]:
     """What a dataset was read from, for the log: ``folder PATH`` or ``tar PATH`` (image folder / tar), ``part of
     the folder PATH`` for a hold-out's side (``--val-split FRACTION``); None for other datasets (``--dataset``)."""
