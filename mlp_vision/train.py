@@ -8,6 +8,9 @@ batch and LR scaling), shipped with the package and found by name: ``-c smlpnet_
     # the demo: no dataset given -> scikit-learn's bundled handwritten digits, a small model, a few minutes on CPU
     python train.py
 
+    # your own photos (DIR/train/<class>/, DIR/val/<class>/): a small model in minutes on a CPU
+    python train.py -c own_folder_cpu --data-dir DIR
+
     # one process (CPU or one GPU)
     python train.py -c smlpnet_t --data-dir /data/imagenet
 
