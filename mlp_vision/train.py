@@ -8,6 +8,9 @@ batch and LR scaling), shipped with the package and found by name: ``-c smlpnet_
     # the demo: no dataset given -> scikit-learn's bundled handwritten digits, a small model, a few minutes on CPU
     python train.py
 
+    # your own photos (DIR/train/<class>/, DIR/val/<class>/): a small model in minutes on a CPU
+    python train.py -c own_folder_cpu --data-dir DIR
+
     # one process (CPU or one GPU)
     python train.py -c smlpnet_t --data-dir /data/imagenet
 
@@ -52,7 +55,8 @@ from mlp_vision.training.checkpoint import (
 from mlp_vision.training.config import SEED_MAX, check_flag_ranges, find_recipe
 from mlp_vision.training.data import (
     INTERPOLATIONS, IMAGE_MODE_CHANNELS, check_image_args, check_num_classes, create_eval_loader, create_train_loader,
-    create_train_val_datasets, dataset_class_names, default_workers, prepare_digits_folder)
+    create_train_val_datasets, dataset_class_names, dataset_source, default_workers, fit_batch_to_data,
+    prepare_digits_folder, train_samples_per_rank)
 from mlp_vision.training.distributed import all_gather_objects, init_device, wrap_ddp
 from mlp_vision.training.engine import evaluate, format_duration, train_one_epoch
 from mlp_vision.training.loop import StepLoop
@@ -70,6 +74,8 @@ from mlp_vision.validate import main as validate_main
 _logger = logging.getLogger('train')
 
 DEMO_RECIPE = 'demo_digits'  # configs/demo_digits.yaml, the recipe of the run with no dataset
+OWN_FOLDER_RECIPE = 'own_folder_cpu'  # configs/own_folder_cpu.yaml, a user's small photo folder on a CPU
+SMALL_DATA_IMAGES = 20_000  # a training set up to this size, given without -c, gets the hint to use that recipe
 PROG = 'train.py'  # the command's name in messages (the console script and ``python -m`` pass their own)
 
 
@@ -446,7 +452,7 @@ def _use_demo_data(args) -> None:
         'Demo: no dataset was given, so this trains a small model on scikit-learn\'s bundled handwritten '
         f'digits (1,797 real 8x8 scans, 10 classes), written once as an ImageFolder tree under '
         f'{args.data_dir}, through the same pipeline as an ImageNet run (recipe {DEMO_RECIPE}). '
-        'Pass --data-dir DIR to train on your own data.')
+        f'For your own photos: -c {OWN_FOLDER_RECIPE} --data-dir DIR (README, "Your own photos").')
 
 
 def _prepare(args, run, data_dir) -> ImageTraining:
@@ -454,6 +460,7 @@ def _prepare(args, run, data_dir) -> ImageTraining:
     dist_info = run.dist_info
     device = dist_info.device
     dataset_train, dataset_eval, train_classes = _create_datasets(args, data_dir)
+    _fit_batch_to_training_set(args, dataset_train, dist_info.world_size)
     model, create_kwargs, data_config = _create_model(args, dist_info)
     resolve_lr(args, dist_info.world_size)
     # timm's optimizer_kwargs reads extra arguments from `opt_args`; this script's flag is --opt-kwargs
@@ -513,6 +520,30 @@ def _create_datasets(args, data_dir):
     if dataset_eval is not None:
         check_num_classes(dataset_eval, args.num_classes, 'validation set', hint)
     return dataset_train, dataset_eval, train_classes
+
+
+def _fit_batch_to_training_set(args, dataset_train, world_size: int) -> None:
+    """A training set smaller than one batch per process trains in one batch of all of it (with a warning), before
+    the learning rate is scaled to the batch; an iterable dataset (no length) keeps --batch-size."""
+    if isinstance(dataset_train, torch.utils.data.IterableDataset):
+        return
+    mixes = args.mixup > 0 or args.cutmix > 0 or args.cutmix_minmax is not None  # needs an even batch
+    args.batch_size = fit_batch_to_data(
+        args.batch_size, train_samples_per_rank(dataset_train, world_size, args.aug_repeats), even=mixes)
+
+
+def _hint_small_data_recipe(args, num_images: int) -> None:
+    """A small training set given without a recipe (-c) and with the command's default schedule (timm's ImageNet
+    one: 300 epochs, the model at 224 px): hours on a CPU for a few hundred photos; say which shipped recipe is
+    made for it (a warning; the run goes on as asked)."""
+    default_epochs = build_parser().get_default('epochs')
+    if args.config or args.resume or num_images > SMALL_DATA_IMAGES or args.epochs != default_epochs:
+        return
+    _logger.warning(
+        f'no -c recipe: {num_images:,} training images get timm\'s ImageNet defaults ({args.epochs} epochs of '
+        f'--opt {args.opt}, {args.model} at {args.img_size or "its default size"}{" px" if args.img_size else ""}), '
+        f'made for a million images on GPUs: hours on a CPU; for a small folder on a CPU, -c {OWN_FOLDER_RECIPE} '
+        f'trains a small model in minutes (configs/{OWN_FOLDER_RECIPE}.yaml)')
 
 
 def _create_model(args, dist_info):
@@ -606,16 +637,29 @@ def _log_setup(args, demo, run, job: ImageTraining, data_dir) -> None:
         f'{f" x {dist_info.world_size} processes" if dist_info.distributed else ""}; '
         f'input {job.data_config["input_size"]}, AMP {job.amp_dtype if args.amp else "off"}')
     dataset_eval = job.dataset_eval
+    # what was read (a folder or a tar found for the split name), not the split name asked for
+    val_source = (dataset_source(dataset_eval) or args.val_split) if dataset_eval is not None else 'none'
     _logger.info(
-        f'Data {data_dir or args.dataset}: {len(job.dataset_train)} training images ({args.train_split}), '
-        f'{len(dataset_eval) if dataset_eval is not None else 0} validation images ({args.val_split or "none"}), '
+        f'Data {data_dir or args.dataset}: {len(job.dataset_train)} training images '
+        f'({dataset_source(job.dataset_train) or args.train_split}), '
+        f'{len(dataset_eval) if dataset_eval is not None else 0} validation images ({val_source}), '
         f'{args.num_classes} classes')
+    if not demo:
+        _hint_small_data_recipe(args, len(job.dataset_train))
     _logger.info(
         f'Training {job.num_epochs} epochs x {job.updates_per_epoch} updates, global batch '
         f'{_global_batch(args, dist_info.world_size)}, {args.opt} lr {args.lr:.4g}, {args.sched} schedule'
+        + _epoch_share(args, job, dist_info.world_size)
         + (f'; resuming at epoch {job.start_epoch} from {args.resume}' if args.resume else ''))
     if dist_info.primary:
         _logger.info(f'Outputs: {output_dir}')
+
+
+def _epoch_share(args, job: ImageTraining, world_size: int) -> str:
+    """'' when an epoch samples the whole training set; else how much of it (the loader's warning says why)."""
+    samples = len(job.loader_train) * args.batch_size * world_size
+    images = len(job.dataset_train)
+    return f'; an epoch trains {samples:,} samples of the {images:,} images' if samples < images else ''
 
 
 def _train_epochs(args, run, job: ImageTraining) -> EpochMetrics:

@@ -19,9 +19,10 @@ from PIL import Image
 from mlp_vision.training import UsageError
 from mlp_vision.training.data import (
     ImageFileDataset, SkippedImage, StridedSampler, convert_image_mode, create_eval_loader, create_image_dataset,
-    create_train_loader, create_train_val_datasets, dataset_class_names, load_image, parse_val_split,
-    read_class_map, stratified_holdout,
+    create_train_loader, create_train_val_datasets, dataset_class_names, dataset_source, fit_batch_to_data,
+    load_image, parse_val_split, read_class_map, stratified_holdout, train_samples_per_rank, unused_images_message,
 )
+from mlp_vision.training.data.loader import create_train_sampler
 from mlp_vision.training.engine import evaluate
 
 SIZE = 8
@@ -575,6 +576,84 @@ def test_train_loader_leaves_unreadable_images_out(tmp_path):
     sampler.set_epoch(0)
     with pytest.raises(UsageError, match='every image of batch 0 was unreadable'):
         list(loader)
+
+
+def _epoch_indices(loader, sampler, epoch):
+    """The dataset indices of an epoch's batches (the batch sampler yields (augmentation seed, index))."""
+    sampler.set_epoch(epoch)
+    return [index for batch in loader.loader.batch_sampler for _, index in batch]
+
+
+def test_train_loader_warns_how_many_images_full_batches_leave_out(tmp_path, caplog):
+    """10 images, batch 4: full batches only, so 2 images sit out every epoch (issue 36: 64 of 120 photos trained
+    silently); the warning's count equals the images the loader's batches really leave out, and names a batch
+    size that leaves none out. Batch 5 uses every image: no warning."""
+    _folder(tmp_path / 'train', {'a': 5, 'b': 5})
+    ds = create_image_dataset('', str(tmp_path), 'train', is_training=True)
+    with caplog.at_level(logging.WARNING):
+        loader, sampler = create_train_loader(ds, DATA_CONFIG, 4, CPU, num_workers=0)
+    used = _epoch_indices(loader, sampler, 0)
+    assert len(used) == 8 and len(set(used)) == 8  # two batches of 4 distinct images
+    assert len(ds) - len(set(used)) == 2
+    assert ('2 of the 10 training images (20 %) are unused in every epoch: the training loader keeps full batches '
+            'only (10 images = 2 x batch 4 + 2 dropped') in caplog.text
+    assert '--batch-size 5 leaves none out' in caplog.text
+    assert set(_epoch_indices(loader, sampler, 1)) != set(used)  # shuffled: another pair sits out next epoch
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        loader, sampler = create_train_loader(ds, DATA_CONFIG, 5, CPU, num_workers=0)
+    assert 'unused' not in caplog.text and sorted(_epoch_indices(loader, sampler, 0)) == list(range(10))
+
+
+@pytest.mark.parametrize('num_images, batch, world, repeats, unused', [
+    (120, 64, 1, 0, 56), (120, 60, 1, 0, 0), (120, 32, 1, 0, 24), (10, 3, 2, 0, 4), (3000, 32, 1, 3, 2062)])
+def test_unused_images_count_matches_the_sampler(num_images, batch, world, repeats, unused):
+    """The count of the warning equals the distinct images the samplers of all ranks hand to full batches (timm's
+    RepeatAugSampler with --aug-repeats), computed by running them."""
+    ds = torch.utils.data.TensorDataset(torch.arange(num_images))
+    per_rank = train_samples_per_rank(ds, world, repeats)
+    seen = set()
+    for rank in range(world):
+        sampler = create_train_sampler(ds, world, rank, 0, repeats)
+        assert len(sampler) == per_rank
+        indices = list(sampler)
+        seen.update(indices[:len(indices) // batch * batch])
+    message = unused_images_message(num_images, per_rank, batch, world, repeats)
+    if repeats:  # the sampler repeats each image: the message says "about" its share of distinct images
+        assert message.startswith(f'{unused:,} of the {num_images:,}')
+        assert abs((num_images - len(seen)) - unused) <= 0.1 * num_images
+    elif unused:
+        assert num_images - len(seen) == unused and message.startswith(f'{unused} of the {num_images} ')
+    else:
+        assert len(seen) == num_images and message is None
+
+
+def test_batch_larger_than_the_training_set_is_fitted_to_it(caplog):
+    """A training set smaller than one batch trains in one batch of all its images (said in a warning), rounded
+    down to even for mixup; no sample at all (RepeatAugSampler on fewer than 256 images over many ranks) stops."""
+    with caplog.at_level(logging.WARNING):
+        assert fit_batch_to_data(32, 120) == 32 and not caplog.text
+        assert fit_batch_to_data(64, 50) == 50
+    assert '--batch-size 64 is more than the 50 training images each process draws per epoch' in caplog.text
+    assert 'training with batch 50, one update per epoch' in caplog.text
+    assert fit_batch_to_data(64, 51, even=True) == 50
+    with pytest.raises(UsageError, match='draws 0 image.s. per process and epoch: too few to train on'):
+        fit_batch_to_data(8, 0)
+
+
+def test_dataset_source_names_folder_or_tar(tmp_path):
+    """The training log names what was read: the folder or the tar the split was found as (issue 36: it said
+    "(train.tar)" for a folder), and a hold-out as part of it."""
+    _folder(tmp_path / 'f' / 'train', {'a': 2, 'b': 2})
+    (tmp_path / 't').mkdir()
+    _tar(tmp_path / 't' / 'train.tar', {f'{c}/{i}.png': _png_bytes(_image(i)) for c in 'ab' for i in range(2)})
+    folder = create_image_dataset('', str(tmp_path / 'f'), 'train.tar')  # asked for a tar, found the folder
+    tar = create_image_dataset('', str(tmp_path / 't'), 'train')  # asked for 'train', found train.tar
+    assert dataset_source(folder) == f'folder {tmp_path / "f" / "train"}'
+    assert dataset_source(tar) == f'tar {tmp_path / "t" / "train.tar"}'
+    train, val = create_train_val_datasets('', str(tmp_path / 'f'), val_split=0.5)
+    assert dataset_source(train) == dataset_source(val) == f'part of the folder {tmp_path / "f" / "train"}'
+    assert dataset_source(torch.utils.data.TensorDataset(torch.zeros(2))) is None
 
 
 def test_strided_sampler_covers_each_sample_once():

@@ -24,14 +24,15 @@ What each input does is listed, with its test, in ``docs/what_happens_when.md`` 
 from .args import DATASET_KINDS, IMAGE_MODE_CHANNELS, INTERPOLATIONS, check_image_args, default_workers
 from .class_map import read_class_map
 from .dataset import ImageFileDataset
-from .dataset_factory import create_image_dataset, create_train_val_datasets
+from .dataset_factory import create_image_dataset, create_train_val_datasets, dataset_source
 from .decode import SkippedImage, UnusableImageError, convert_image_mode, load_image
 from .digits import default_cache_dir, prepare_digits_folder
 from .holdout import DatasetSubset, holdout_split, parse_val_split, stratified_holdout
 from .labels import check_class_names, check_num_classes, dataset_class_names, dataset_class_to_idx
 from .loader import (
     ImageLoader, ReadableBatches, SeededDataset, SeededSampler, StridedSampler, collate_readable, create_eval_loader,
-    create_train_loader, num_valid_samples, seeded_rng)
+    create_train_loader, fit_batch_to_data, num_valid_samples, seeded_rng, train_samples_per_rank,
+    unused_images_message)
 from .reader import ImageFileReader, find_split
 
 __all__ = [
@@ -41,5 +42,6 @@ __all__ = [
     'create_image_dataset', 'create_train_val_datasets', 'dataset_class_to_idx', 'dataset_class_names',
     'check_num_classes', 'check_class_names', 'seeded_rng', 'SeededSampler', 'SeededDataset', 'StridedSampler',
     'collate_readable', 'ReadableBatches', 'ImageLoader', 'create_train_loader', 'create_eval_loader',
-    'num_valid_samples', 'IMAGE_MODE_CHANNELS', 'INTERPOLATIONS', 'DATASET_KINDS',
+    'num_valid_samples', 'IMAGE_MODE_CHANNELS', 'INTERPOLATIONS', 'DATASET_KINDS', 'fit_batch_to_data',
+    'train_samples_per_rank', 'unused_images_message', 'dataset_source',
 ]

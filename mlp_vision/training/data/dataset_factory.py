@@ -18,11 +18,11 @@ from timm.data.readers.img_extensions import get_img_extensions
 from mlp_vision.errors import UsageError
 from .class_map import read_class_map
 from .dataset import ImageFileDataset
-from .holdout import holdout_split, parse_val_split
+from .holdout import DatasetSubset, holdout_split, parse_val_split
 from .labels import dataset_class_names, short_names
 from .reader import find_split, split_entries, split_names
 
-__all__ = ['create_image_dataset', 'create_train_val_datasets']
+__all__ = ['create_image_dataset', 'create_train_val_datasets', 'dataset_source']
 
 _logger = logging.getLogger(__name__)
 
@@ -193,3 +193,13 @@ def _log_holdout(train, val, fraction: float, seed: int) -> None:
                  f'{fraction}, stratified over {len(classes) if classes else "the"} classes, seed {seed}); '
                  f'training on the other {len(train)}')
 
+
+def dataset_source(ds) -> Optional[str]:
+    """What a dataset was read from, for the log: ``folder PATH`` or ``tar PATH`` (image folder / tar), ``part of
+    the folder PATH`` for a hold-out's side (``--val-split FRACTION``); None for other datasets (``--dataset``)."""
+    if isinstance(ds, DatasetSubset):
+        parent = dataset_source(ds.dataset)
+        return f'part of the {parent}' if parent else None
+    if isinstance(ds, ImageFileDataset):
+        return f'{"tar" if ds.is_tar else "folder"} {ds.root}'
+    return None

@@ -29,7 +29,8 @@ from .decode import SkippedImage
 
 __all__ = [
     'seeded_rng', 'SeededSampler', 'SeededDataset', 'StridedSampler', 'collate_readable', 'ReadableBatches',
-    'ImageLoader', 'create_train_loader', 'create_eval_loader', 'num_valid_samples',
+    'ImageLoader', 'create_train_loader', 'create_eval_loader', 'num_valid_samples', 'train_samples_per_rank',
+    'create_train_sampler', 'fit_batch_to_data', 'unused_images_message',
 ]
 
 _logger = logging.getLogger(__name__)
@@ -249,6 +250,80 @@ def _image_loader(dataset, sampler, data_config, batch_size, device, num_workers
     )
 
 
+def create_train_sampler(dataset, world_size: int, rank: int, seed: int,
+                         aug_repeats: float = 0) -> torch.utils.data.Sampler:
+    """The training sampler of one rank: timm's ``RepeatAugSampler`` with ``aug_repeats`` (num_replicas / rank
+    given, so it runs outside distributed mode too), else a shuffling ``DistributedSampler`` (one process: one
+    replica)."""
+    if aug_repeats:
+        return RepeatAugSampler(dataset, num_replicas=world_size, rank=rank, num_repeats=aug_repeats)
+    return torch.utils.data.DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=seed)
+
+
+def train_samples_per_rank(dataset, world_size: int = 1, aug_repeats: float = 0) -> int:
+    """How many samples one rank's training sampler draws per epoch (the sampler :func:`create_train_loader`
+    builds): ``ceil(len / world_size)``, or with ``aug_repeats`` what timm's ``RepeatAugSampler`` selects
+    (whole multiples of 256 images over the ranks once there are 256 or more)."""
+    return len(create_train_sampler(dataset, world_size, 0, 0, aug_repeats))
+
+
+def fit_batch_to_data(batch_size: int, samples_per_rank: int, even: bool = False) -> int:
+    """The training batch per process for a rank that draws ``samples_per_rank`` samples an epoch: ``batch_size``,
+    or, when that is more than the rank's samples (the loader keeps full batches only, so no update would run),
+    all of them in one batch, with a warning that says so (``even``: rounded down to an even size, for mixup /
+    cutmix). A rank with no sample at all is a :class:`UsageError`."""
+    if samples_per_rank < (2 if even else 1):
+        raise UsageError(f'the training sampler draws {samples_per_rank} image(s) per process and epoch: too few to '
+                         f'train on (with --aug-repeats, timm\'s RepeatAugSampler draws whole multiples of 256 '
+                         f'images once there are 256; use --aug-repeats 0 for a small training set)')
+    if batch_size <= samples_per_rank:
+        return batch_size
+    fitted = samples_per_rank - (samples_per_rank % 2 if even else 0)
+    _logger.warning(f'--batch-size {batch_size} is more than the {samples_per_rank} training images each process '
+                    f'draws per epoch (full batches only: no update would run): training with batch {fitted}, '
+                    f'one update per epoch')
+    return fitted
+
+
+def _batch_size_without_remainder(samples: int, batch_size: int) -> int:
+    """The batch size from ``batch_size / 2`` to ``2 x batch_size`` (at most ``samples``) that leaves the fewest of
+    ``samples`` out of full batches; of those, the closest to ``batch_size`` (the larger of two as close)."""
+    candidates = range(max(1, batch_size // 2), min(2 * batch_size, samples) + 1)
+    return min(candidates, key=lambda b: (samples % b, abs(b - batch_size), -b), default=batch_size)
+
+
+def unused_images_message(num_images: int, samples_per_rank: int, batch_size: int, world_size: int = 1,
+                          aug_repeats: float = 0) -> Optional[str]:
+    """The warning when an epoch of the training loader leaves part of the ``num_images`` training images unused,
+    or None when it trains on all of them.
+
+    Each of ``world_size`` ranks draws ``samples_per_rank`` samples and keeps full batches of ``batch_size`` only
+    (``drop_last``: a partial batch would give BatchNorm a batch of one and compiled models a new shape), so
+    ``samples_per_rank % batch_size`` of them are dropped every epoch (a different set each epoch: the order is
+    shuffled). With ``aug_repeats`` (timm's ``RepeatAugSampler``) each image is drawn that many times, so an epoch
+    covers about ``1 / aug_repeats`` of the distinct images, less the dropped ones.
+    """
+    kept_per_rank = samples_per_rank // batch_size * batch_size
+    repeats = max(aug_repeats, 1)
+    distinct = int(kept_per_rank * world_size / repeats)
+    unused = num_images - distinct
+    if unused <= 0:
+        return None
+    share = f'{unused:,} of the {num_images:,} training images ({100 * unused / num_images:.2g} %)'
+    if aug_repeats:
+        return (f'{share} are unused in every epoch: --aug-repeats {aug_repeats:g} (timm\'s RepeatAugSampler) '
+                f'trains {kept_per_rank * world_size:,} samples an epoch, about {distinct:,} distinct images '
+                f'{aug_repeats:g} times each; a different part each epoch')
+    dropped = samples_per_rank - kept_per_rank
+    processes = f' per process (x {world_size} processes)' if world_size > 1 else ''
+    better = _batch_size_without_remainder(samples_per_rank, batch_size)
+    hint = (f'; --batch-size {better} leaves {samples_per_rank % better or "none"} out'
+            if samples_per_rank % better < dropped else '')
+    return (f'{share} are unused in every epoch: the training loader keeps full batches only ({samples_per_rank:,} '
+            f'images{processes} = {samples_per_rank // batch_size:,} x batch {batch_size} + {dropped:,} dropped, a '
+            f'different {dropped:,} each epoch as the order is shuffled){hint}')
+
+
 def create_train_loader(
         dataset: torch.utils.data.Dataset,
         data_config: Dict[str, Any],
@@ -276,7 +351,9 @@ def create_train_loader(
     """Training loader: timm's train transforms, a (distributed / repeated-augmentation) sampler, timm's fast
     collate and ``PrefetchLoader`` (normalisation and random erasing on the device). Full batches only, less
     the unreadable images (:class:`ImageLoader`; with one process a batch of only unreadable images is left
-    out, with several it stops the run, since all ranks must take the same number of steps).
+    out, with several it stops the run, since all ranks must take the same number of steps). When full batches
+    or the sampler leave training images unused every epoch, a warning says how many
+    (:func:`unused_images_message`).
 
     Unlike ``timm.data.create_loader`` this also runs repeated augmentation in one process (a
     ``RepeatAugSampler`` with one replica) and seeds every sample's augmentation (see :class:`SeededSampler`).
@@ -302,15 +379,11 @@ def create_train_loader(
     if isinstance(dataset, torch.utils.data.IterableDataset):
         _logger.warning('iterable dataset: sample order and augmentation are up to the dataset; '
                         '--resume will not reproduce an uninterrupted run exactly')
-        sampler, samples = None, dataset
+        sampler, samples, unused = None, dataset, None
     else:
-        if aug_repeats:
-            # timm's RepeatAugSampler; num_replicas / rank given, so it runs outside distributed mode too
-            base_sampler = RepeatAugSampler(dataset, num_replicas=world_size, rank=rank, num_repeats=aug_repeats)
-        else:
-            base_sampler = torch.utils.data.DistributedSampler(
-                dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=seed)
+        base_sampler = create_train_sampler(dataset, world_size, rank, seed, aug_repeats)
         sampler, samples = SeededSampler(base_sampler, seed=seed, rank=rank), SeededDataset(dataset)
+        unused = unused_images_message(len(dataset), len(base_sampler), batch_size, world_size, aug_repeats)
     loader = _image_loader(
         samples, sampler, data_config, batch_size, device, num_workers, pin_memory, drop_last=True,
         generator=generator, img_dtype=img_dtype, re_prob=0. if no_aug else re_prob, re_mode=re_mode,
@@ -321,6 +394,8 @@ def create_train_loader(
         raise UsageError(
             f'the training set ({len(dataset)} images over {world_size} process(es)) does not fill one batch of '
             f'{batch_size}: lower --batch-size')
+    if unused:
+        _logger.warning(unused)
     return loader, sampler
 
 
