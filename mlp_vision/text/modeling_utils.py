@@ -151,6 +151,10 @@ class TextConfig(PreTrainedConfig):
         (the text trainer's) names the labels when ``config.json`` does not."""
         config_dict = dict(config_dict)
         folder = kwargs.get('name_or_path')
+        stored_type = config_dict.get('model_type', cls.model_type)
+        if stored_type != cls.model_type:
+            raise WrongFamilyError(f'{os.path.join(folder or "", CONFIG_NAME)} holds a {stored_type} model; '
+                                   f'{cls.__name__} reads {cls.model_type}')
         if 'architecture' in config_dict and 'config' in config_dict:
             config_dict = _flat_config_payload(cls, config_dict, os.path.join(folder or '', CONFIG_NAME))
         names = set(cls.text_field_names()) | set(cls.legacy_names)
@@ -163,14 +167,15 @@ class TextConfig(PreTrainedConfig):
         return super().from_dict(config_dict, **kwargs)
 
 
+class WrongFamilyError(TypeError):
+    """A folder of another family (``model_type``) than the config class that reads it."""
+
+
 def _flat_config_payload(cls, payload: Dict[str, Any], path: str) -> Dict[str, Any]:
     """The ``config.json`` of a folder written before our models were ``transformers`` classes --
     ``{"architecture", "config": {fields}, "format_version", "model_type"}`` -- as ``transformers``' flat layout."""
     if not isinstance(payload['architecture'], str) or not isinstance(payload['config'], dict):
         raise UsageError(f'{path}: "architecture" must be a class name and "config" a mapping of fields')
-    if payload.get('model_type', cls.model_type) != cls.model_type:
-        raise TypeError(f'{path} holds a {payload["architecture"]} ({payload["model_type"]}); {cls.__name__} reads '
-                        f'{cls.model_type}')
     try:
         version = int(payload.get('format_version', 1))
     except (TypeError, ValueError):
@@ -478,6 +483,8 @@ def load_text_config(config_class, directory: str, **overrides) -> TextConfig:
     path = os.path.join(directory, CONFIG_NAME)
     try:
         return config_class.from_pretrained(directory, **overrides)
+    except WrongFamilyError:
+        raise
     except UsageError as e:
         raise e if path in str(e) else UsageError(f'{path}: {e}') from None
     except (TypeError, ValueError, KeyError) as e:
