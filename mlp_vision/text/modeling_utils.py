@@ -159,10 +159,12 @@ class TextConfig(PreTrainedConfig):
             config_dict = _flat_config_payload(cls, config_dict, os.path.join(folder or '', CONFIG_NAME))
         names = set(cls.text_field_names()) | set(cls.legacy_names)
         config_dict.update({k: kwargs.pop(k) for k in list(kwargs) if k in names})
-        if folder and config_dict.get('id2label') is None:
-            labels = read_label_names(folder, config_dict.get('num_labels', 2))
+        id2label = config_dict.get('id2label')
+        if folder and (not id2label or list(id2label.values()) == [f'LABEL_{i}' for i in range(len(id2label))]):
+            labels = read_label_names(folder, len(id2label) if id2label else config_dict.get('num_labels', 2))
             if labels is not None:
                 config_dict['id2label'] = dict(enumerate(labels))
+                config_dict.pop('label2id', None)
                 config_dict.pop('num_labels', None)
         return super().from_dict(config_dict, **kwargs)
 
@@ -256,6 +258,9 @@ class TextPreTrainedModel(PreTrainedModel):
     def save_pretrained(self, save_directory, *args, tokenizer=None, **kwargs) -> None:
         """``transformers``' ``save_pretrained``, plus the tokenizer's files (``tokenizer``, else
         ``self.tokenizer``, if any; :meth:`mlp_vision.text.tokenizer.Tokenizer.save_pretrained`)."""
+        if kwargs.get('push_to_hub'):
+            raise NotImplementedError(f'{type(self).__name__}.save_pretrained writes local folders only: no '
+                                      f'push_to_hub')
         super().save_pretrained(save_directory, *args, **kwargs)
         tokenizer = tokenizer if tokenizer is not None else self.tokenizer
         if tokenizer is not None and kwargs.get('is_main_process', True):
