@@ -20,6 +20,7 @@ What is ours, on top:
   "format_version", "model_type"}``, the same weight names) load: :meth:`TextConfig.from_dict` reads that layout
   (``tests/fixtures/text_folders_v2``).
 """
+import contextlib
 import dataclasses
 import os
 from typing import Any, ClassVar, Dict, List, Optional, Tuple
@@ -31,6 +32,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file
 from transformers import GenerationMixin, PreTrainedConfig, PreTrainedModel
 from transformers.generation.configuration_utils import GenerationConfig
+from transformers.utils import logging as transformers_logging
 
 from mlp_vision.errors import UsageError, check_model_size, check_range, read_json_file, short_repr
 from ..weights import check_weights
@@ -211,6 +213,19 @@ _FORWARD_KWARGS = frozenset({
     'position_ids', 'logits_to_keep'})
 
 
+@contextlib.contextmanager
+def _no_progress_bars():
+    """``transformers``' progress bars off (a one-file save or load of a small folder needs none, and the commands'
+    stderr is their one-line errors), back as they were after."""
+    enabled = transformers_logging.is_progress_bar_enabled()
+    transformers_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if enabled:
+            transformers_logging.enable_progress_bar()
+
+
 class TextPreTrainedModel(PreTrainedModel):
     """Base of the text models: ``transformers``' ``PreTrainedModel`` with the checks of the module docstring.
 
@@ -261,7 +276,8 @@ class TextPreTrainedModel(PreTrainedModel):
         if kwargs.get('push_to_hub'):
             raise NotImplementedError(f'{type(self).__name__}.save_pretrained writes local folders only: no '
                                       f'push_to_hub')
-        super().save_pretrained(save_directory, *args, **kwargs)
+        with _no_progress_bars():
+            super().save_pretrained(save_directory, *args, **kwargs)
         tokenizer = tokenizer if tokenizer is not None else self.tokenizer
         if tokenizer is not None and kwargs.get('is_main_process', True):
             tokenizer.save_pretrained(os.fspath(save_directory))
@@ -289,7 +305,9 @@ class TextPreTrainedModel(PreTrainedModel):
         check_text_model_size(cls, config, config_path)
         _check_weights_file(cls, config, weights_path, config_path)
         want_info = kwargs.pop('output_loading_info', False)
-        model, info = super().from_pretrained(folder, *model_args, config=config, output_loading_info=True, **kwargs)
+        with _no_progress_bars():
+            model, info = super().from_pretrained(folder, *model_args, config=config, output_loading_info=True,
+                                                  **kwargs)
         stored = (config.architectures or [cls.__name__])[0]
         same_arch = stored == cls.__name__
         strict = same_arch if strict is None else strict
