@@ -273,6 +273,9 @@ class TextPreTrainedModel(PreTrainedModel):
     def save_pretrained(self, save_directory, *args, tokenizer=None, **kwargs) -> None:
         """``transformers``' ``save_pretrained``, plus the tokenizer's files (``tokenizer``, else
         ``self.tokenizer``, if any; :meth:`mlp_vision.text.tokenizer.Tokenizer.save_pretrained`)."""
+        if args and not isinstance(args[0], bool):  # transformers' second argument is is_main_process
+            raise TypeError(f'{type(self).__name__}.save_pretrained: pass the tokenizer as tokenizer=..., not '
+                            f'positionally (the second argument is transformers\' is_main_process)')
         if kwargs.get('push_to_hub'):
             raise NotImplementedError(f'{type(self).__name__}.save_pretrained writes local folders only: no '
                                       f'push_to_hub')
@@ -338,6 +341,11 @@ class TextGenerationMixin(GenerationMixin):
         return inputs
 
     def generate(self, *args, **kwargs):
+        """``transformers``' ``generate``; the sampling values given are checked first (one line each: a NaN
+        temperature would sample from NaN probabilities). ``top_k=0``: no top-k filter."""
+        for name, low in (('max_new_tokens', 0), ('top_k', 0), ('temperature', None)):
+            if kwargs.get(name) is not None:
+                check_range(name, kwargs[name], low=low)
         was_training = self.training
         self.eval()
         try:
