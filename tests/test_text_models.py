@@ -557,6 +557,8 @@ def test_save_pretrained_keeps_the_tokenizer(tmp_path):
     assert mt.load_tokenizer(str(tmp_path / 'again')).to_dict() == tok.to_dict()
     small_gmlp().save_pretrained(str(tmp_path / 'bare'))
     assert mt.from_pretrained(str(tmp_path / 'bare')).tokenizer is None
+    with pytest.raises(TypeError, match='pass the tokenizer as tokenizer='):  # not transformers' is_main_process
+        model.save_pretrained(str(tmp_path / 'positional'), tok)
 
 
 # ------------------------------------------------------------------------------------- training on real text
