@@ -131,9 +131,9 @@ def test_text_config_json_sizes_are_bounded_before_building(tmp_path):
     from mlp_vision.text.tokenizer import ByteTokenizer
     tokenizer = ByteTokenizer()
     mt.create_model('gmlp_causal_char', vocab_size=tokenizer.vocab_size, hidden_size=8, num_hidden_layers=1,
-                    max_position_embeddings=8).save_pretrained(str(tmp_path), tokenizer)
+                    max_position_embeddings=8).save_pretrained(str(tmp_path), tokenizer=tokenizer)
     payload = json.loads((tmp_path / 'config.json').read_text())
-    payload['config'].update(hidden_size=4096, num_hidden_layers=100_000)
+    payload.update(hidden_size=4096, num_hidden_layers=100_000)  # transformers' flat config.json
     (tmp_path / 'config.json').write_text(json.dumps(payload))
     with pytest.raises(UsageError, match=r"config\.json: GMLPForCausalLM with \{'hidden_size': 4096, .*"
                                          r"'num_hidden_layers': 100000, .*\} would have more than 2e\+09 parameters"):

@@ -61,14 +61,20 @@ def test_transformers_trainer_fine_tunes_our_classifier(name, tmp_path, single_t
                                    rtol=1e-4, atol=1e-5)
 
 
-def test_output_indexes_like_transformers_model_output():
-    from transformers.modeling_outputs import MaskedLMOutput
-    logits, loss = torch.randn(2, 3, 5), torch.tensor(1.5)
-    for kwargs in ({'logits': logits}, {'loss': loss, 'logits': logits}):
-        ours, theirs = mt.TextModelOutput(**kwargs), MaskedLMOutput(**kwargs)
-        assert list(ours.keys()) == list(theirs.keys())
-        assert ours[0] is theirs[0] and ours.to_tuple() == theirs.to_tuple()
-        assert ('loss' in ours) == ('loss' in theirs)
+def test_outputs_are_transformers_output_types():
+    from transformers.modeling_outputs import CausalLMOutput, MaskedLMOutput, SequenceClassifierOutput
+    torch.manual_seed(0)
+    small = dict(hidden_size=8, num_hidden_layers=1, intermediate_size=16, max_position_embeddings=8, vocab_size=20)
+    x = torch.randint(20, (2, 5))
+    for name, task, output_type in (('gmlp_base', None, MaskedLMOutput),
+                                    ('gmlp_base', 'sequence_classification', SequenceClassifierOutput),
+                                    ('gmlp_causal_char', None, CausalLMOutput)):
+        model = mt.create_model(name, task=task, **small).eval()
+        out = model(x)
+        assert type(out) is output_type and list(out.keys()) == ['logits'] and out[0] is out.logits
+        labels = torch.zeros(2, dtype=torch.long) if task else x
+        out = model(x, labels=labels)
+        assert out[0] is out.loss and model(x, return_dict=False)[0].shape == out.logits.shape
 
 
 def test_auto_tokenizer_reads_our_saved_subword_tokenizer(tmp_path):

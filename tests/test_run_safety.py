@@ -23,7 +23,7 @@ import mlp_vision.train_text as text_train  # noqa: E402
 from mlp_vision.training.checkpoint import CheckpointManager, atomic_save  # noqa: E402
 from mlp_vision.errors import UsageError  # noqa: E402
 from mlp_vision.training.run_folder import new_run_folder  # noqa: E402
-from mlp_vision.text.modeling_utils import PretrainedMixin  # noqa: E402
+from mlp_vision.text.modeling_utils import TextPreTrainedModel  # noqa: E402
 from _helpers import TINY_GPT, TINY_VISION, crafted_checkpoint, exits_with_one_line  # noqa: E402
 
 
@@ -201,7 +201,7 @@ def test_a_failed_final_stage_leaves_results_and_the_previous_export(text_file, 
     def save_then_fail(self, directory, tokenizer=None):
         (Path(directory) / 'config.json').write_text('{"partial": true}')
         raise OSError(28, 'No space left on device', str(Path(directory) / 'model.safetensors'))
-    monkeypatch.setattr(PretrainedMixin, 'save_pretrained', save_then_fail)
+    monkeypatch.setattr(TextPreTrainedModel, "save_pretrained", save_then_fail)
     msg = _fail(text_train.main, ['--resume', str(folder / 'last.pth'), '--steps', '4'], capsys, status=1)
     assert 'No space left on device' in msg
     assert _files(folder / 'pretrained') == export_before  # the earlier export, whole

@@ -48,10 +48,10 @@ def data(tmp_path_factory):
     kwargs = dict(num_hidden_layers=1, hidden_size=16, intermediate_size=32, tiny_attention_size=8,
                   max_position_embeddings=32)
     byte = mt.ByteTokenizer()
-    mt.create_model('amlp_base', vocab_size=byte.vocab_size, **kwargs).save_pretrained(str(root / 'good'), byte)
+    mt.create_model('amlp_base', vocab_size=byte.vocab_size, **kwargs).save_pretrained(str(root / 'good'), tokenizer=byte)
     sub = mt.train_tokenizer(texts=text.splitlines(), vocab_size=60)
-    mt.create_model('amlp_base', vocab_size=sub.vocab_size, **kwargs).save_pretrained(str(root / 'subword'), sub)
-    mt.create_model('amlp_base', vocab_size=300, **kwargs).save_pretrained(str(root / 'vocab300'), byte)
+    mt.create_model('amlp_base', vocab_size=sub.vocab_size, **kwargs).save_pretrained(str(root / 'subword'), tokenizer=sub)
+    mt.create_model('amlp_base', vocab_size=300, **kwargs).save_pretrained(str(root / 'vocab300'), tokenizer=byte)
     return root
 
 
@@ -124,7 +124,7 @@ def test_classify_refuses_columns_that_cannot_give_a_right_answer(flags, data, t
 # ------------------------------------------------------------------------------------------------ saved folders
 def _edit_config(path, **fields):
     payload = json.loads((path / 'config.json').read_text())
-    payload['config'].update(fields)
+    payload.update(fields)  # transformers' flat config.json
     (path / 'config.json').write_text(json.dumps(payload))
 
 
@@ -259,7 +259,7 @@ def test_config_values_are_range_checked(field, value):
 def test_generate_checks_its_sampling_values():
     model = mt.create_model('gpt_sdpa', num_hidden_layers=1, hidden_size=16, num_attention_heads=2)
     prompt = torch.zeros(1, 2, dtype=torch.long)
-    for kwargs, expected in (({'top_k': 0}, 'top_k must be >= 1'), ({'temperature': math.nan}, 'temperature must be'),
+    for kwargs, expected in (({'top_k': -1}, 'top_k must be >= 0'), ({'temperature': math.nan}, 'temperature must be'),
                              ({'max_new_tokens': -1}, 'max_new_tokens must be >= 0')):
         with pytest.raises(ValueError, match=expected):
             model.generate(prompt, **{'max_new_tokens': 2, **kwargs})

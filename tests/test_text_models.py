@@ -219,7 +219,7 @@ def test_mlp_attention_paper_config_lengths_and_generate():
     with torch.no_grad():
         for T in (1, 2, 100, 255, 256):
             assert model(torch.randint(65, (1, T))).logits.shape == (1, T, 65)
-    out = model.generate(torch.zeros(1, 1, dtype=torch.long), max_new_tokens=5, top_k=10)
+    out = model.generate(torch.zeros(1, 1, dtype=torch.long), max_new_tokens=5, do_sample=True, top_k=10)
     assert out.shape == (1, 6) and out[0, 0] == 0 and int(out.max()) < 65
 
 
@@ -234,15 +234,23 @@ def test_generate_from_one_token(name):
     model.train()  # generate() must switch dropout off itself and restore the mode
     prompt = torch.tensor([[3], [7]])
     n_new = model.config.max_position_embeddings + 5  # runs past the context: cropped to its last tokens
-    out = model.generate(prompt, n_new, temperature=0.8, top_k=5)
+    out = model.generate(prompt, max_new_tokens=n_new, do_sample=True, temperature=0.8, top_k=5)
     assert out.shape == (2, 1 + n_new) and torch.equal(out[:, :1], prompt)
     assert model.training  # mode restored
-    g1 = model.generate(prompt, 8, temperature=0)
-    g2 = model.generate(prompt, 8, temperature=0)
+    g1 = model.generate(prompt, max_new_tokens=8, do_sample=False)
+    g2 = model.generate(prompt, max_new_tokens=8, do_sample=False)
     assert torch.equal(g1, g2)  # greedy is deterministic (dropout off during sampling)
-    gen = torch.Generator().manual_seed(1)
-    s1 = model.generate(prompt, 8, generator=gen)
-    s2 = model.generate(prompt, 8, generator=gen.manual_seed(1))
+    # greedy decoding is the argmax of our forward on the (cropped) prefix, step by step
+    model.eval()
+    ids = prompt
+    with torch.no_grad():
+        for _ in range(8):
+            ids = torch.cat([ids, model(ids[:, -model.config.max_position_embeddings:]).logits[:, -1:].argmax(-1)], 1)
+    assert torch.equal(g1, ids)
+    torch.manual_seed(1)
+    s1 = model.generate(prompt, max_new_tokens=8, do_sample=True)
+    torch.manual_seed(1)
+    s2 = model.generate(prompt, max_new_tokens=8, do_sample=True)
     assert torch.equal(s1, s2)
 
 
@@ -264,9 +272,11 @@ def test_save_load_roundtrip(name, tmp_path):
     _randomize_sgu(model)
     x = torch.randint(model.config.vocab_size, (2, 12))
     model.save_pretrained(str(tmp_path))
-    assert sorted(os.listdir(tmp_path)) == ['config.json', 'model.safetensors']
+    generates = isinstance(model, (mt.GMLPForCausalLM, mt.GPTLanguageModel))
+    assert sorted(os.listdir(tmp_path)) == ['config.json'] + ['generation_config.json'] * generates + \
+        ['model.safetensors']
     for loaded in (type(model).from_pretrained(str(tmp_path)), mt.from_pretrained(str(tmp_path))):
-        assert type(loaded) is type(model) and loaded.config == model.config
+        assert type(loaded) is type(model) and loaded.config.text_fields() == model.config.text_fields()
         loaded.eval()
         with torch.no_grad():
             assert torch.equal(loaded(x).logits, model(x).logits)
@@ -308,7 +318,7 @@ def test_masked_lm_and_classification_heads():
     out = clf(ids, attention_mask=mask, labels=torch.tensor([2]))
     assert out.logits.shape == (1, 3) and torch.isfinite(out.loss)
     with torch.no_grad():  # the prediction is read at <cls> (position 0) of the last layer
-        h = clf.gmlp(ids, mask)[:, 0]
+        h = clf.gmlp(ids, mask).last_hidden_state[:, 0]
         torch.testing.assert_close(out.logits, clf.classifier(h))
     with pytest.raises(ValueError, match='sequence length 17'):
         mlm(torch.zeros(1, 17, dtype=torch.long))  # longer than max_position_embeddings
@@ -453,7 +463,7 @@ def test_classifier_pooling_reads_the_cls_state_or_the_mean_of_real_tokens(famil
     mask[1, 7:] = 0
     mask[2, 4:] = 0
     with torch.no_grad():
-        hidden = getattr(model, encoder_name)(ids, mask)
+        hidden = getattr(model, encoder_name)(ids, mask).last_hidden_state
         want = []
         for i in range(3):
             n = int(mask[i].sum())
@@ -508,7 +518,7 @@ def test_legacy_config_names_still_load(tmp_path):
     """Command lines and checkpoints written with the families' old field names build the same models."""
     old = mt.create_model('gmlp_base', depth=2, dim=32, ffn_dim=64, attn_dim=8, max_seq_len=16, dropout=0.1,
                           vocab_size=50)
-    assert old.config == small_gmlp(tiny_attention_size=8, hidden_dropout_prob=0.1).config
+    assert old.config.text_fields() == small_gmlp(tiny_attention_size=8, hidden_dropout_prob=0.1).config.text_fields()
     gpt = mt.create_model('gpt_sdpa', n_layer=1, n_embd=32, n_head=2, block_size=32, dropout=0.1, ffn_ratio=2)
     assert (gpt.config.num_hidden_layers, gpt.config.hidden_size, gpt.config.max_position_embeddings,
             gpt.config.intermediate_size, gpt.config.attention_probs_dropout_prob) == (1, 32, 32, 64, 0.1)
@@ -522,14 +532,14 @@ def test_legacy_config_names_still_load(tmp_path):
     model.save_pretrained(str(tmp_path))
     cfg_path = tmp_path / 'config.json'
     payload = json.loads(cfg_path.read_text())
-    c = payload['config']
+    c = payload  # transformers' flat config.json; rewritten below as a format-1 file of ours
     legacy = dict(vocab_size=c['vocab_size'], max_seq_len=c['max_position_embeddings'], dim=c['hidden_size'],
                   depth=c['num_hidden_layers'], ffn_dim=c['intermediate_size'], attn_dim=0, spatial_mode='toeplitz',
                   tie_word_embeddings=True, dropout=0.0, drop_path_rate=0.0, norm_eps=1e-6, init_std=0.02,
                   cls_index=0, num_labels=2, classifier_dropout=0.1)
     cfg_path.write_text(json.dumps({'architecture': 'GMLPForMaskedLM', 'config': legacy, 'format_version': 1}))
     loaded = mt.from_pretrained(str(tmp_path))
-    assert loaded.config == model.config and loaded.config.mask_padding is False
+    assert loaded.config.text_fields() == model.config.text_fields() and loaded.config.mask_padding is False
     x = torch.randint(50, (1, 10))
     with torch.no_grad():
         assert torch.equal(loaded.eval()(x).logits, model(x).logits)
@@ -547,6 +557,8 @@ def test_save_pretrained_keeps_the_tokenizer(tmp_path):
     assert mt.load_tokenizer(str(tmp_path / 'again')).to_dict() == tok.to_dict()
     small_gmlp().save_pretrained(str(tmp_path / 'bare'))
     assert mt.from_pretrained(str(tmp_path / 'bare')).tokenizer is None
+    with pytest.raises(TypeError, match='pass the tokenizer as tokenizer='):  # not transformers' is_main_process
+        model.save_pretrained(str(tmp_path / 'positional'), tok)
 
 
 # ------------------------------------------------------------------------------------- training on real text

@@ -1,4 +1,6 @@
-""" Text models built on the shared blocks of :mod:`mlp_vision.layers`, with Hugging Face's conventions.
+""" Text models built on the shared blocks of :mod:`mlp_vision.layers`, as ``transformers`` models.
+
+Needs ``transformers`` (>= 5): ``pip install mlp_vision[text]``. ``import mlp_vision`` and the vision models do not.
 
 * gMLP / aMLP masked-LM encoders (Toeplitz SGU) with masked-LM and ``<cls>`` sequence-classification heads, and a
   causal gMLP LM (causal SGU) -- all from :class:`mlp_vision.layers.GatedMLPBlock`.
@@ -10,13 +12,19 @@
   WordPiece / BPE vocabulary trained offline) behind one interface; a fill-mask entry point
   (:mod:`mlp_vision.text.fill_mask`, not imported here so that ``python -m`` runs it cleanly).
 
+Every config is a ``transformers.PreTrainedConfig`` and every model a ``transformers.PreTrainedModel``, one class per
+family and task (``GMLPForMaskedLM``, ``BiGSForSequenceClassification``, ...), registered with the Auto classes when
+this package is imported (:mod:`mlp_vision.text.registry`): ``save_pretrained``, ``from_pretrained``, ``generate``,
+pipelines and ``Trainer`` are ``transformers``' own (:mod:`mlp_vision.text.modeling_utils` says what we add).
+
 Usage::
 
     import mlp_vision.text as mt
     mt.list_models()
-    model = mt.create_model('amlp_base')            # GMLPForMaskedLM
-    out = model(input_ids, attention_mask=mask, labels=labels)   # out.loss, out.logits
+    model = mt.create_model('amlp_base')            # GMLPForMaskedLM, a transformers PreTrainedModel
+    out = model(input_ids, attention_mask=mask, labels=labels)   # MaskedLMOutput: out.loss, out.logits
     model.save_pretrained('ckpt/', tokenizer=tok); model = mt.from_pretrained('ckpt/')  # model.tokenizer
+    model = transformers.AutoModelForMaskedLM.from_pretrained('ckpt/')  # the same class, the same weights
     model = mt.BiGSForMaskedLM.from_official('BiGS_512/')          # official weights + their vocab.txt
     from mlp_vision.text.fill_mask import fill_mask                  # also: python -m mlp_vision.text.fill_mask
     fill_mask(model, model.tokenizer, 'the movie was [MASK] .')
@@ -26,32 +34,23 @@ and ``seq_len`` in every layer built for it (the size of length-tied weights: gM
 MLP-Attention's logit MLP, position embeddings); a training sample's length is the trainer's ``--block-size``
 (at most the maximum), and a tokenizer call's is Hugging Face's ``max_length``.
 
-With ``transformers`` (>= 5) installed, importing this package registers the models with its Auto classes
-(``AutoModelForMaskedLM.from_pretrained('ckpt/')``, ``pipeline('fill-mask', ...)``): :mod:`mlp_vision.text.hf_auto`.
 """
+try:
+    import transformers as _transformers
+except ImportError:
+    _transformers = None
+if _transformers is None or int(_transformers.__version__.split('.')[0]) < 5:
+    raise ImportError('mlp_vision.text needs transformers >= 5 (the text models are transformers models): '
+                      'pip install "mlp_vision[text]"')
+del _transformers
+
 from .bert import BertConfig, BertForMaskedLM, BertForSequenceClassification, BertModel
 from .bigs import BiGSConfig, BiGSForMaskedLM, BiGSForSequenceClassification, BiGSModel, convert_official_bigs_state_dict
 from .gmlp import GMLPConfig, GMLPForCausalLM, GMLPForMaskedLM, GMLPForSequenceClassification, GMLPModel
 from .gpt import GPTBlock, GPTConfig, GPTLanguageModel, MLPAttention
-from .modeling_utils import GenerationMixin, ModelOutput, PretrainedMixin, TextConfig, TextModelOutput
+from .modeling_utils import TextConfig, TextGenerationMixin, TextPreTrainedModel
 from .registry import (
     architecture_class, create_model, from_pretrained, is_model, list_architectures, list_models, model_class,
     model_config, register_model)
 from .tokenizer import (
     ByteTokenizer, CharTokenizer, SubwordTokenizer, Tokenizer, find_tokenizer, load_tokenizer, train_tokenizer)
-
-# transformers' Auto classes and pipelines see our models when transformers is installed (an optional dependency:
-# mlp_vision.text.hf_auto); without it nothing changes
-try:
-    import transformers as _transformers
-except ImportError:
-    _transformers = None
-if _transformers is not None and int(_transformers.__version__.split('.')[0]) >= 5:
-    try:
-        from . import hf_auto
-    except Exception as _e:  # an optional integration must not break the package: say so, go on without it
-        import warnings
-        warnings.warn(f'mlp_vision.text: transformers {_transformers.__version__} is installed but the Auto classes '
-                      f'could not be registered ({type(_e).__name__}: {_e}); import mlp_vision.text.hf_auto for the '
-                      f'traceback')
-del _transformers

@@ -22,27 +22,25 @@ classifier). ``benchmark.py`` times :class:`BertLayer` against the BiGS layer, a
 counts BERT-large (24 layers, d 1024, 16 heads, FFN 4096; :func:`BertForMaskedLMBaseline`) for the BiGS paper's
 Table 6 comparison.
 """
-from dataclasses import dataclass
-from functools import partial
-from typing import Optional
+from typing import ClassVar, Optional
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from transformers.modeling_outputs import BaseModelOutput, MaskedLMOutput, SequenceClassifierOutput
 
 from .modeling_utils import (
-    PretrainedMixin, TextConfig, TextModelOutput, check_classifier_pooling, check_text_inputs, init_linear_embedding,
-    masked_lm_loss, pool_sequence, scored_positions, sequence_classification_loss, tied_decoder)
+    TextConfig, TextPreTrainedModel, check_classifier_pooling, check_text_inputs, masked_lm_loss, pool_sequence,
+    scored_positions, sequence_classification_loss, tied_decoder)
 
 __all__ = [
-    'BertConfig', 'BertEmbeddings', 'BertSelfAttention', 'BertLayer', 'BertModel', 'MaskedLMHeadTransform',
+    'BertConfig', 'BertEmbeddings', 'BertSelfAttention', 'BertLayer', 'EncoderModel', 'BertModel',
+    'MaskedLMHeadTransform',
     'SequencePooler', 'EncoderForMaskedLM', 'EncoderForSequenceClassification', 'BertForMaskedLM',
-    'BertForSequenceClassification', 'BertForMaskedLMBaseline',
-    'init_bert_weights',
+    'BertForSequenceClassification', 'BertForMaskedLMBaseline', 'BertPreTrainedModel',
 ]
 
 
-@dataclass
 class BertConfig(TextConfig):
     """Configuration of BERT (defaults: BERT-large, §A.2 of arXiv 1810.04805; vocabulary of the uncased model).
 
@@ -55,7 +53,7 @@ class BertConfig(TextConfig):
         layer_norm_eps: epsilon of every LayerNorm.
         initializer_range: std of the normal init of Linear / Embedding weights.
         pad_token_id: the padding token (its embedding row starts at zero and gets no gradient).
-        num_labels: outputs of the sequence classifier (1 = regression with MSE).
+        num_labels: (``transformers``' keyword) outputs of the sequence classifier (1 = regression with MSE).
         classifier_dropout: dropout between the pooler and the classifier.
         classifier_pooling: what the pooler reads, 'cls' (the [CLS] state, §3) or 'mean' (over the real tokens).
         sparse_prediction: masked LM with labels: decode only the scored positions, logits (N, V) (:func:`~mlp_vision.text.modeling_utils.scored_positions`).
@@ -72,15 +70,15 @@ class BertConfig(TextConfig):
     layer_norm_eps: float = 1e-12
     initializer_range: float = 0.02
     pad_token_id: int = 0
-    num_labels: int = 2
     classifier_dropout: float = 0.1
     classifier_pooling: str = 'cls'
     sparse_prediction: bool = False
 
-    model_type = 'mlp_vision_bert'  # config.json's key for transformers' AutoConfig (mlp_vision.text.hf_auto)
+    model_type = 'mlp_vision_bert'  # config.json's key for transformers' AutoConfig
+    tie_word_embeddings: ClassVar[bool] = True  # the MLM decoder is the word embedding (transformers reads this)
 
-    def __post_init__(self):
-        self.check_fields()
+    def __post_init__(self, **kwargs):
+        super().__post_init__(**kwargs)
         check_classifier_pooling(self.classifier_pooling)
         if self.hidden_size % self.num_attention_heads:
             raise ValueError(f'hidden_size {self.hidden_size} not divisible by num_attention_heads '
@@ -115,14 +113,6 @@ class BertEmbeddings(nn.Module):
         x = self.word_embeddings(input_ids) + self.token_type_embeddings(token_type_ids)
         x = x + self.position_embeddings(positions)
         return self.drop(self.norm(x))
-
-
-def init_bert_weights(module: nn.Module, std: float) -> None:
-    """Linear / Embedding weights ~ N(0, std), biases 0, and the padding row of an embedding zero (BERT's init)."""
-    init_linear_embedding(module, std)
-    if isinstance(module, nn.Embedding) and module.padding_idx is not None and not module.weight.is_meta:
-        with torch.no_grad():
-            module.weight[module.padding_idx].zero_()
 
 
 class BertSelfAttention(nn.Module):
@@ -175,39 +165,61 @@ class BertLayer(nn.Module):
         return self.norm2(x + self.drop(self.fc2(F.gelu(self.fc1(x)))))
 
 
-class BertModel(PretrainedMixin, nn.Module):
-    """BERT encoder: :class:`BertEmbeddings` -> ``num_hidden_layers`` x :class:`BertLayer`.
-
-    Shapes:
-        input_ids: (B, L) int64, 1 <= L <= max_position_embeddings; attention_mask: optional (B, L), 1 = real
-        token, right padding; token_type_ids: optional (B, L) (zeros when omitted). Output: (B, L, hidden_size).
-    """
+class BertPreTrainedModel(TextPreTrainedModel):
+    """Base of the BERT models: their config, and the encoder's attribute (``bert``)."""
     config_class = BertConfig
-    input_embeddings_path = 'embeddings.word_embeddings'
+    base_model_prefix = 'bert'
 
-    def __init__(self, config: BertConfig, device=None, dtype=None):
-        super().__init__()
-        dd = {'device': device, 'dtype': dtype}
-        self.config = c = config
-        self.embeddings = BertEmbeddings(c, **dd)
-        self.layers = nn.ModuleList([
-            BertLayer(c.hidden_size, c.num_attention_heads, c.intermediate_size, c.layer_norm_eps,
-                      drop=c.hidden_dropout_prob, attn_drop=c.attention_probs_dropout_prob, **dd)
-            for _ in range(c.num_hidden_layers)
-        ])
-        self.apply(partial(init_bert_weights, std=c.initializer_range))
+
+class EncoderModel(TextPreTrainedModel):
+    """What :class:`BertModel` and :class:`mlp_vision.text.bigs.BiGSModel` share: :class:`BertEmbeddings`, then
+    ``self.layers`` (each ``layer(x, mask)``), with the mask given to the layers when ``uses_mask(config)``.
+
+    Shapes: as :class:`BertModel`; returns ``BaseModelOutput(last_hidden_state (B, L, d))``.
+    """
+
+    def uses_mask(self) -> bool:
+        return True
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.embeddings.word_embeddings
 
     def forward(
             self,
             input_ids: torch.Tensor,
             attention_mask: Optional[torch.Tensor] = None,
             token_type_ids: Optional[torch.Tensor] = None,
-    ) -> torch.Tensor:
+            **kwargs,
+    ) -> BaseModelOutput:
+        return_dict = self.forward_options(kwargs)
         mask = check_text_inputs(input_ids, attention_mask, self.config.max_position_embeddings, token_type_ids)
+        mask = mask if self.uses_mask() else None
         x = self.embeddings(input_ids, token_type_ids)
         for layer in self.layers:
             x = layer(x, mask)
-        return x
+        out = BaseModelOutput(last_hidden_state=x)
+        return out if return_dict else out.to_tuple()
+
+
+class BertModel(BertPreTrainedModel, EncoderModel):
+    """BERT encoder: :class:`BertEmbeddings` -> ``num_hidden_layers`` x :class:`BertLayer`.
+
+    Shapes:
+        input_ids: (B, L) int64, 1 <= L <= max_position_embeddings; attention_mask: optional (B, L), 1 = real
+        token, right padding; token_type_ids: optional (B, L) (zeros when omitted). Output: (B, L, hidden_size).
+    """
+
+    def __init__(self, config: BertConfig, device=None, dtype=None):
+        super().__init__(config)
+        dd = {'device': device, 'dtype': dtype}
+        c = config
+        self.embeddings = BertEmbeddings(c, **dd)
+        self.layers = nn.ModuleList([
+            BertLayer(c.hidden_size, c.num_attention_heads, c.intermediate_size, c.layer_norm_eps,
+                      drop=c.hidden_dropout_prob, attn_drop=c.attention_probs_dropout_prob, **dd)
+            for _ in range(c.num_hidden_layers)
+        ])
+        self.post_init()  # transformers' _init_weights: BERT's init (the padding row of the word embedding zero)
 
 
 class MaskedLMHeadTransform(nn.Module):
@@ -243,32 +255,32 @@ class SequencePooler(nn.Module):
         return f'pooling={self.pooling!r}'
 
 
-# the encoder class's token embedding under the attribute the wrapper stores the encoder as ('bert', 'bigs')
-_ENCODER_INPUT_EMBEDDINGS = property(lambda self: f'{self.encoder_name}.{self.encoder_class.input_embeddings_path}')
-
-
-class EncoderForMaskedLM(PretrainedMixin, nn.Module):
+class EncoderForMaskedLM(TextPreTrainedModel):
     """An encoder + the BERT MLM head: :class:`MaskedLMHeadTransform`, decoder tied to the word embedding, per-token
     output bias. Shared by :class:`BertForMaskedLM` and :class:`mlp_vision.text.bigs.BiGSForMaskedLM`.
 
-    Subclasses set ``config_class``, ``encoder_class`` (built from the config; it has ``embeddings.word_embeddings``
-    and maps ``(input_ids, attention_mask, token_type_ids)`` to (B, L, d)) and ``encoder_name``, the attribute (and
-    state-dict prefix) it is stored under.
+    Subclasses (also of their family's ``PreTrainedModel``, which names ``base_model_prefix``: the attribute and
+    state-dict prefix the encoder is stored under) set ``encoder_class`` (built from the config; it has
+    ``embeddings.word_embeddings`` and maps ``(input_ids, attention_mask, token_type_ids)`` to its output).
     """
     head_prefixes = ('mlm_head', 'decoder', 'output_bias')
     encoder_class: type
-    encoder_name: str
-    input_embeddings_path = _ENCODER_INPUT_EMBEDDINGS
 
     def __init__(self, config, device=None, dtype=None):
-        super().__init__()
-        self.config = config
+        super().__init__(config)
         encoder = self.encoder_class(config, device=device, dtype=dtype)
-        setattr(self, self.encoder_name, encoder)
+        setattr(self, self.base_model_prefix, encoder)
         self.mlm_head = MaskedLMHeadTransform(config.hidden_size, config.layer_norm_eps, device=device, dtype=dtype)
-        init_linear_embedding(self.mlm_head.dense, config.initializer_range)
         self.decoder = tied_decoder(encoder.embeddings.word_embeddings, device=device, dtype=dtype)
         self.output_bias = nn.Parameter(torch.zeros(config.vocab_size, device=device, dtype=dtype))
+        self.post_init()
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        cls._tied_weights_keys = {'decoder.weight': f'{cls.base_model_prefix}.embeddings.word_embeddings.weight'}
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.base_model.embeddings.word_embeddings
 
     def forward(
             self,
@@ -276,46 +288,46 @@ class EncoderForMaskedLM(PretrainedMixin, nn.Module):
             attention_mask: Optional[torch.Tensor] = None,
             token_type_ids: Optional[torch.Tensor] = None,
             labels: Optional[torch.Tensor] = None,
-    ) -> TextModelOutput:
-        hidden, labels = scored_positions(getattr(self, self.encoder_name)(input_ids, attention_mask, token_type_ids),
-                                          labels, self.config.sparse_prediction)
+            **kwargs,
+    ):
+        return_dict = self.forward_options(kwargs)
+        hidden = self.base_model(input_ids, attention_mask, token_type_ids).last_hidden_state
+        hidden, labels = scored_positions(hidden, labels, self.config.sparse_prediction)
         logits = self.decoder(self.mlm_head(hidden)) + self.output_bias
-        return TextModelOutput(loss=None if labels is None else masked_lm_loss(logits, labels), logits=logits)
+        out = MaskedLMOutput(loss=None if labels is None else masked_lm_loss(logits, labels), logits=logits)
+        return out if return_dict else out.to_tuple()
 
 
-class BertForMaskedLM(EncoderForMaskedLM):
+class BertForMaskedLM(BertPreTrainedModel, EncoderForMaskedLM):
     """BERT masked LM: encoder, MLM transform, decoder tied to the word embedding, per-token output bias.
 
     Shapes:
         input_ids, attention_mask, token_type_ids: (B, L) as :class:`BertModel`; labels: optional (B, L) int64 with
-        -100 at positions that are not scored. Returns ``TextModelOutput(loss, logits (B, L, V))``;
+        -100 at positions that are not scored. Returns ``MaskedLMOutput(loss, logits (B, L, V))``;
         logits (N, V) of the N scored positions when ``config.sparse_prediction`` and labels are given.
     """
-    config_class = BertConfig
     encoder_class = BertModel
-    encoder_name = 'bert'
 
 
-class EncoderForSequenceClassification(PretrainedMixin, nn.Module):
+class EncoderForSequenceClassification(TextPreTrainedModel):
     """An encoder + :class:`SequencePooler` (``config.classifier_pooling``: 'cls' or 'mean' over the unpadded
     tokens), dropout and a linear classifier. Shared by :class:`BertForSequenceClassification` and
-    :class:`mlp_vision.text.bigs.BiGSForSequenceClassification`; subclasses set ``config_class``, ``encoder_class``
-    and ``encoder_name`` (as :class:`EncoderForMaskedLM`).
+    :class:`mlp_vision.text.bigs.BiGSForSequenceClassification`; subclasses set ``encoder_class`` (as
+    :class:`EncoderForMaskedLM`).
     """
     head_prefixes = ('pooler', 'classifier')
     encoder_class: type
-    encoder_name: str
-    input_embeddings_path = _ENCODER_INPUT_EMBEDDINGS
 
     def __init__(self, config, device=None, dtype=None):
-        super().__init__()
-        self.config = config
-        setattr(self, self.encoder_name, self.encoder_class(config, device=device, dtype=dtype))
+        super().__init__(config)
+        setattr(self, self.base_model_prefix, self.encoder_class(config, device=device, dtype=dtype))
         self.pooler = SequencePooler(config.hidden_size, config.classifier_pooling, device=device, dtype=dtype)
         self.dropout = nn.Dropout(config.classifier_dropout)
         self.classifier = nn.Linear(config.hidden_size, config.num_labels, device=device, dtype=dtype)
-        init_linear_embedding(self.pooler.dense, config.initializer_range)
-        init_linear_embedding(self.classifier, config.initializer_range)
+        self.post_init()
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.base_model.embeddings.word_embeddings
 
     def forward(
             self,
@@ -323,15 +335,18 @@ class EncoderForSequenceClassification(PretrainedMixin, nn.Module):
             attention_mask: Optional[torch.Tensor] = None,
             token_type_ids: Optional[torch.Tensor] = None,
             labels: Optional[torch.Tensor] = None,
-    ) -> TextModelOutput:
-        h = getattr(self, self.encoder_name)(input_ids, attention_mask, token_type_ids)
+            **kwargs,
+    ):
+        return_dict = self.forward_options(kwargs)
+        h = self.base_model(input_ids, attention_mask, token_type_ids).last_hidden_state
         mask = None if attention_mask is None else attention_mask.to(torch.bool)  # 'mean' pooling skips padding
         logits = self.classifier(self.dropout(self.pooler(h, mask)))
-        return TextModelOutput(
+        out = SequenceClassifierOutput(
             loss=None if labels is None else sequence_classification_loss(logits, labels), logits=logits)
+        return out if return_dict else out.to_tuple()
 
 
-class BertForSequenceClassification(EncoderForSequenceClassification):
+class BertForSequenceClassification(BertPreTrainedModel, EncoderForSequenceClassification):
     """BERT classifier (§3): pooler (dense + tanh on the [CLS] state; ``classifier_pooling='mean'``: on the mean of
     the real tokens' states), dropout, linear classifier.
 
@@ -340,11 +355,9 @@ class BertForSequenceClassification(EncoderForSequenceClassification):
     a pooler).
 
     Shapes: as :class:`BertForMaskedLM`; labels optional (B,) class ids (or float targets when num_labels == 1).
-    Returns ``TextModelOutput(loss, logits (B, num_labels))``.
+    Returns ``SequenceClassifierOutput(loss, logits (B, num_labels))``.
     """
-    config_class = BertConfig
     encoder_class = BertModel
-    encoder_name = 'bert'
 
 
 def BertForMaskedLMBaseline(seq_len: int = 512, device=None, dtype=None, **config) -> BertForMaskedLM:

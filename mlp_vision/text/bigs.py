@@ -58,9 +58,7 @@ folder's ``config.json`` when present); the folder's tokenizer (``tokenizer.json
 ``model.tokenizer``, so ``python -m mlp_vision.text.fill_mask DIR "the movie was [MASK] ."`` works on it.
 """
 import os
-from dataclasses import dataclass
-from functools import partial
-from typing import Dict, List, Mapping, Optional, Union
+from typing import ClassVar, Dict, List, Mapping, Optional, Union
 
 import torch
 import torch.nn as nn
@@ -68,17 +66,16 @@ import torch.nn as nn
 from mlp_vision.errors import UsageError, read_json_file
 from ..layers import BidirectionalGatedSSM
 from ..weights import load_backbone
-from .bert import BertEmbeddings, EncoderForMaskedLM, EncoderForSequenceClassification, init_bert_weights
-from .modeling_utils import PretrainedMixin, TextConfig, check_classifier_pooling, check_text_inputs
+from .bert import BertEmbeddings, EncoderForMaskedLM, EncoderForSequenceClassification, EncoderModel
+from .modeling_utils import TextConfig, TextPreTrainedModel, check_classifier_pooling
 
 __all__ = [
-    'BiGSConfig', 'BiGSModel', 'BiGSForMaskedLM', 'BiGSForSequenceClassification',
+    'BiGSConfig', 'BiGSPreTrainedModel', 'BiGSModel', 'BiGSForMaskedLM', 'BiGSForSequenceClassification',
     'convert_official_bigs_state_dict', 'load_official_bigs_state_dict', 'bigs_config_from_official',
     'bigs_param_groups',
 ]
 
 
-@dataclass
 class BiGSConfig(TextConfig):
     """Configuration of the BiGS encoders (defaults: BiGS-large, the official config's field names).
 
@@ -100,7 +97,7 @@ class BiGSConfig(TextConfig):
         gelu_approximate: GELU inside the BiGS layers, 'none' (exact erf; the official torch port) or 'tanh'
             (the official Flax code that pretrained the released weights uses ``flax.linen.gelu``, whose default is
             the tanh approximation). The MLM head's GELU is exact in both official versions and here.
-        num_labels: outputs of the sequence classifier (1 = regression with MSE).
+        num_labels: (``transformers``' keyword) outputs of the sequence classifier (1 = regression with MSE).
         classifier_dropout: dropout between the pooler and the classifier.
         classifier_pooling: what the pooler reads, 'mean' (over the real tokens; the official BiGS pooler) or 'cls'.
         sparse_prediction: masked LM with labels: decode only the scored positions, logits (N, V) (:func:`~mlp_vision.text.modeling_utils.scored_positions`).
@@ -120,16 +117,16 @@ class BiGSConfig(TextConfig):
     dt_min: float = 0.01
     dt_max: float = 1.0
     gelu_approximate: str = 'none'
-    num_labels: int = 2
     classifier_dropout: float = 0.1
     classifier_pooling: str = 'mean'
     sparse_prediction: bool = False
 
-    model_type = 'mlp_vision_bigs'  # config.json's key for transformers' AutoConfig (mlp_vision.text.hf_auto)
+    model_type = 'mlp_vision_bigs'  # config.json's key for transformers' AutoConfig
     legacy_names = {'hidden_dropout': 'hidden_dropout_prob', 'num_ssm': 'num_ssm_states'}
+    tie_word_embeddings: ClassVar[bool] = True  # the MLM decoder is the word embedding (transformers reads this)
 
-    def __post_init__(self):
-        self.check_fields()
+    def __post_init__(self, **kwargs):
+        super().__post_init__(**kwargs)
         check_classifier_pooling(self.classifier_pooling)
         if not 0 <= self.pad_token_id < self.vocab_size:
             raise ValueError(f'pad_token_id {self.pad_token_id} outside [0, {self.vocab_size})')
@@ -139,22 +136,25 @@ class BiGSConfig(TextConfig):
             raise ValueError(f"gelu_approximate must be 'none' or 'tanh', got {self.gelu_approximate!r}")
 
 
-class BiGSModel(PretrainedMixin, nn.Module):
+class BiGSPreTrainedModel(TextPreTrainedModel):
+    """Base of the BiGS models: their config, and the encoder's attribute (``bigs``)."""
+    config_class = BiGSConfig
+    base_model_prefix = 'bigs'
+
+
+class BiGSModel(BiGSPreTrainedModel, EncoderModel):
     """BiGS encoder: BERT embeddings -> ``num_hidden_layers`` x :class:`~mlp_vision.layers.BidirectionalGatedSSM`.
 
     Shapes:
         input_ids: (B, L) int64, 1 <= L <= max_position_embeddings.
         attention_mask: optional (B, L) bool/int, 1 = real token, right padding (module docstring for its effect).
         token_type_ids: optional (B, L) int64 in [0, type_vocab_size); zeros when omitted.
-        output: (B, L, hidden_size) last-layer hidden states.
+        output: ``BaseModelOutput(last_hidden_state (B, L, hidden_size))``.
     """
-    config_class = BiGSConfig
-    input_embeddings_path = 'embeddings.word_embeddings'
 
     def __init__(self, config: BiGSConfig, device=None, dtype=None):
-        super().__init__()
+        super().__init__(config)
         dd = {'device': device, 'dtype': dtype}
-        self.config = config
         c = config
         self.embeddings = BertEmbeddings(c, **dd)
         self.layers = nn.ModuleList([
@@ -163,35 +163,22 @@ class BiGSModel(PretrainedMixin, nn.Module):
                 dt_min=c.dt_min, dt_max=c.dt_max, gelu_approximate=c.gelu_approximate, **dd)
             for _ in range(c.num_hidden_layers)
         ])
-        # Linear / Embedding only: the SSM parameters keep their S4D init
-        self.apply(partial(init_bert_weights, std=c.initializer_range))
+        # transformers' _init_weights: Linear / Embedding only, the SSM parameters keep their S4D init
+        self.post_init()
 
-    def forward(
-            self,
-            input_ids: torch.Tensor,
-            attention_mask: Optional[torch.Tensor] = None,
-            token_type_ids: Optional[torch.Tensor] = None,
-    ) -> torch.Tensor:
-        mask = check_text_inputs(input_ids, attention_mask, self.config.max_position_embeddings, token_type_ids)
-        if not self.config.mask_padding:
-            mask = None
-        x = self.embeddings(input_ids, token_type_ids)
-        for layer in self.layers:
-            x = layer(x, mask)
-        return x
+    def uses_mask(self) -> bool:
+        return self.config.mask_padding
 
 
-class BiGSForMaskedLM(EncoderForMaskedLM):
+class BiGSForMaskedLM(BiGSPreTrainedModel, EncoderForMaskedLM):
     """BiGS masked LM: encoder + BERT MLM head, decoder tied to the word embedding, per-token output bias.
 
     Shapes:
         input_ids, attention_mask, token_type_ids: (B, L) as :class:`BiGSModel`; labels: optional (B, L) int64
-        with -100 at positions that are not scored. Returns ``TextModelOutput(loss, logits (B, L, V))``;
+        with -100 at positions that are not scored. Returns ``MaskedLMOutput(loss, logits (B, L, V))``;
         logits (N, V) of the N scored positions when ``config.sparse_prediction`` and labels are given.
     """
-    config_class = BiGSConfig
     encoder_class = BiGSModel
-    encoder_name = 'bigs'
 
     @classmethod
     def from_official(
@@ -215,7 +202,7 @@ class BiGSForMaskedLM(EncoderForMaskedLM):
         return _from_official(cls, path_or_state_dict, device, dtype, config_overrides)
 
 
-class BiGSForSequenceClassification(EncoderForSequenceClassification):
+class BiGSForSequenceClassification(BiGSPreTrainedModel, EncoderForSequenceClassification):
     """Sequence classifier: encoder, official BiGS pooler (masked mean, dense, tanh), dropout, linear classifier.
 
     Load a masked-LM checkpoint with ``BiGSForSequenceClassification.from_pretrained(dir, num_labels=k)``: the
@@ -224,11 +211,9 @@ class BiGSForSequenceClassification(EncoderForSequenceClassification):
 
     Shapes:
         input_ids, attention_mask, token_type_ids: (B, L); labels: optional (B,) int64 class ids, or (B,) float
-        targets when ``num_labels == 1`` (MSE). Returns ``TextModelOutput(loss, logits (B, num_labels))``.
+        targets when ``num_labels == 1`` (MSE). Returns ``SequenceClassifierOutput(loss, logits (B, num_labels))``.
     """
-    config_class = BiGSConfig
     encoder_class = BiGSModel
-    encoder_name = 'bigs'
 
     @classmethod
     def from_official(
@@ -487,8 +472,8 @@ def _from_official(cls, path_or_state_dict, device, dtype, config_overrides):
     task = 'masked_lm' if cls is BiGSForMaskedLM else 'sequence_classification'
     config = bigs_config_from_official(sd)
     if directory is not None:
-        config = BiGSConfig.from_dict({**config.to_dict(), **_official_config_fields(directory, config)})
-    config = BiGSConfig.from_dict({**config.to_dict(), **BiGSConfig.rename_legacy(dict(config_overrides))})
+        config = BiGSConfig.from_dict({**config.text_fields(), **_official_config_fields(directory, config)})
+    config = BiGSConfig.from_dict({**config.text_fields(), **BiGSConfig.rename_legacy(dict(config_overrides))})
     ours = convert_official_bigs_state_dict(sd, task=task)
     model = cls(config, device=device, dtype=dtype)
     allowed = cls.head_prefixes if task == 'sequence_classification' else ()

@@ -50,23 +50,21 @@ Padding (``attention_mask``, (B, L), 1 = real token, right padding):
       existed load with this setting, which is what they were trained with.
     Causal models never see trailing pads (a causal W never looks right).
 """
-from dataclasses import dataclass
 from functools import partial
 from typing import Optional
 
 import torch
 import torch.nn as nn
+from transformers.modeling_outputs import BaseModelOutput, CausalLMOutput, MaskedLMOutput, SequenceClassifierOutput
 
 from ..layers import GatedMLPBlock, SPATIAL_MODES
 from .modeling_utils import (
-    GenerationMixin, PretrainedMixin, TextConfig, TextModelOutput, causal_lm_loss, check_text_inputs,
-    check_classifier_pooling, init_linear_embedding, masked_lm_loss, pool_sequence, scored_positions,
-    sequence_classification_loss, tied_decoder)
+    TextConfig, TextGenerationMixin, TextPreTrainedModel, causal_lm_loss, check_classifier_pooling,
+    check_text_inputs, masked_lm_loss, pool_sequence, scored_positions, sequence_classification_loss, tied_decoder)
 
-__all__ = ['GMLPConfig', 'GMLPModel', 'GMLPForMaskedLM', 'GMLPForSequenceClassification', 'GMLPForCausalLM']
+__all__ = ['GMLPConfig', 'GMLPPreTrainedModel', 'GMLPModel', 'GMLPForMaskedLM', 'GMLPForSequenceClassification', 'GMLPForCausalLM']
 
 
-@dataclass
 class GMLPConfig(TextConfig):
     """Configuration of the gMLP / aMLP text models.
 
@@ -87,7 +85,7 @@ class GMLPConfig(TextConfig):
         initializer_range: std of the normal init of Linear / Embedding weights (the SGU keeps W ~ 0, b = 1).
         cls_index: position whose last-layer state the sequence classifier reads (0: ``<cls>`` first, BERT).
         classifier_pooling: 'cls' (the state at ``cls_index``, the paper's protocol) or 'mean' (over the real tokens).
-        num_labels: outputs of the sequence-classification head (1 = regression with MSE).
+        num_labels: (``transformers``' keyword) outputs of the sequence-classification head (1 = regression, MSE).
         classifier_dropout: dropout before the classifier.
         sparse_prediction: masked LM with labels: decode only the scored positions, logits (N, V) (:func:`~mlp_vision.text.modeling_utils.scored_positions`).
     """
@@ -105,12 +103,11 @@ class GMLPConfig(TextConfig):
     layer_norm_eps: float = 1e-6
     initializer_range: float = 0.02
     cls_index: int = 0
-    num_labels: int = 2
     classifier_dropout: float = 0.1
     classifier_pooling: str = 'cls'
     sparse_prediction: bool = False
 
-    model_type = 'mlp_vision_gmlp'  # config.json's key for transformers' AutoConfig (mlp_vision.text.hf_auto)
+    model_type = 'mlp_vision_gmlp'  # config.json's key for transformers' AutoConfig
     legacy_names = {
         'max_seq_len': 'max_position_embeddings', 'dim': 'hidden_size', 'depth': 'num_hidden_layers',
         'ffn_dim': 'intermediate_size', 'attn_dim': 'tiny_attention_size', 'dropout': 'hidden_dropout_prob',
@@ -118,8 +115,8 @@ class GMLPConfig(TextConfig):
     }
     legacy_defaults = {'mask_padding': False}  # what format-1 checkpoints were trained with
 
-    def __post_init__(self):
-        self.check_fields()
+    def __post_init__(self, **kwargs):
+        super().__post_init__(**kwargs)
         check_classifier_pooling(self.classifier_pooling)
         if self.spatial_mode not in SPATIAL_MODES:
             raise ValueError(f'spatial_mode must be one of {SPATIAL_MODES}, got {self.spatial_mode!r}')
@@ -129,21 +126,25 @@ class GMLPConfig(TextConfig):
             raise ValueError(f'cls_index {self.cls_index} outside [0, {self.max_position_embeddings})')
 
 
-class GMLPModel(PretrainedMixin, nn.Module):
+class GMLPPreTrainedModel(TextPreTrainedModel):
+    """Base of the gMLP / aMLP models: their config, and the backbone's attribute (``gmlp``)."""
+    config_class = GMLPConfig
+    base_model_prefix = 'gmlp'
+
+
+class GMLPModel(GMLPPreTrainedModel):
     """gMLP / aMLP backbone: token embedding -> GatedMLPBlocks -> final LayerNorm.
 
     Shapes:
         input_ids: (B, L) int64 with 1 <= L <= max_position_embeddings.
         attention_mask: optional (B, L) bool/int, 1 = real token, right padding (module docstring).
-        output: (B, L, hidden_size) last-layer hidden states.
+        token_type_ids: accepted and ignored (no segment embedding; tokenizers and pipelines give them).
+        output: ``BaseModelOutput(last_hidden_state (B, L, hidden_size))``.
     """
-    config_class = GMLPConfig
-    input_embeddings_path = 'embed'
 
     def __init__(self, config: GMLPConfig, device=None, dtype=None):
-        super().__init__()
+        super().__init__(config)
         dd = {'device': device, 'dtype': dtype}
-        self.config = config
         c = config
         self.embed = nn.Embedding(c.vocab_size, c.hidden_size, **dd)
         self.drop = nn.Dropout(c.hidden_dropout_prob)
@@ -163,15 +164,22 @@ class GMLPModel(PretrainedMixin, nn.Module):
             for i in range(c.num_hidden_layers)
         ])
         self.norm = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps, **dd)
-        # Linear / Embedding only: the SGUs' raw W (~0) and b (=1) parameters are left as GatedMLPBlock made them
-        self.apply(partial(init_linear_embedding, std=c.initializer_range))
+        # transformers' _init_weights: Linear / Embedding ~ N(0, initializer_range); the SGUs' raw W (~0) and b (=1)
+        # parameters are left as GatedMLPBlock made them
+        self.post_init()
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.embed
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: Optional[torch.Tensor] = None,
+                token_type_ids: Optional[torch.Tensor] = None, **kwargs) -> BaseModelOutput:
+        return_dict = self.forward_options(kwargs)
         mask = check_text_inputs(input_ids, attention_mask, self.config.max_position_embeddings)
         x = self.drop(self.embed(input_ids))
         for block in self.blocks:
             x = block(x, mask)
-        return self.norm(x)
+        out = BaseModelOutput(last_hidden_state=self.norm(x))
+        return out if return_dict else out.to_tuple()
 
 
 def _token_decoder(config: GMLPConfig, embed: nn.Embedding, device, dtype) -> nn.Linear:
@@ -179,36 +187,40 @@ def _token_decoder(config: GMLPConfig, embed: nn.Embedding, device, dtype) -> nn
     parameter, counted and saved once)."""
     if config.tie_word_embeddings:
         return tied_decoder(embed, device=device, dtype=dtype)
-    decoder = nn.Linear(config.hidden_size, config.vocab_size, bias=False, device=device, dtype=dtype)
-    init_linear_embedding(decoder, config.initializer_range)
-    return decoder
+    return nn.Linear(config.hidden_size, config.vocab_size, bias=False, device=device, dtype=dtype)
 
 
-class _GMLPForTokenLM(PretrainedMixin, nn.Module):
+class _GMLPForTokenLM(GMLPPreTrainedModel):
     """Backbone + a per-token LM head: the :func:`_token_decoder` Linear (stored as ``head_name``, the state-dict
     prefix) plus an output bias, scored by ``loss_fn``. Shared by the masked and the causal LM."""
-    config_class = GMLPConfig
-    input_embeddings_path = 'gmlp.embed'
     head_name: str
     loss_fn: staticmethod
+    output_class: type
 
     def __init__(self, config: GMLPConfig, device=None, dtype=None):
-        super().__init__()
-        self.config = config
+        super().__init__(config)
         self.gmlp = GMLPModel(config, device=device, dtype=dtype)
         setattr(self, self.head_name, _token_decoder(config, self.gmlp.embed, device, dtype))
         self.output_bias = nn.Parameter(torch.zeros(config.vocab_size, device=device, dtype=dtype))
+        self.post_init()
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.gmlp.embed
 
     def forward(
             self,
             input_ids: torch.Tensor,
             attention_mask: Optional[torch.Tensor] = None,
+            token_type_ids: Optional[torch.Tensor] = None,
             labels: Optional[torch.Tensor] = None,
-    ) -> TextModelOutput:
-        hidden, labels = scored_positions(self.gmlp(input_ids, attention_mask), labels,
+            **kwargs,
+    ):
+        return_dict = self.forward_options(kwargs)
+        hidden, labels = scored_positions(self.gmlp(input_ids, attention_mask).last_hidden_state, labels,
                                           self.config.sparse_prediction and self.loss_fn is masked_lm_loss)
         logits = getattr(self, self.head_name)(hidden) + self.output_bias
-        return TextModelOutput(loss=None if labels is None else self.loss_fn(logits, labels), logits=logits)
+        out = self.output_class(loss=None if labels is None else self.loss_fn(logits, labels), logits=logits)
+        return out if return_dict else out.to_tuple()
 
 
 class GMLPForMaskedLM(_GMLPForTokenLM):
@@ -216,15 +228,17 @@ class GMLPForMaskedLM(_GMLPForTokenLM):
 
     Shapes:
         input_ids: (B, L); attention_mask: optional (B, L); labels: optional (B, L) int64 with -100 at positions
-        that are not scored. Returns ``TextModelOutput(loss, logits (B, L, V))``;
+        that are not scored. Returns ``MaskedLMOutput(loss, logits (B, L, V))``;
         logits (N, V) of the N scored positions when ``config.sparse_prediction`` and labels are given.
     """
     head_prefixes = ('decoder', 'output_bias')
     head_name = 'decoder'
     loss_fn = staticmethod(masked_lm_loss)
+    output_class = MaskedLMOutput
+    _tied_weights_keys = {'decoder.weight': 'gmlp.embed.weight'}
 
 
-class GMLPForSequenceClassification(PretrainedMixin, nn.Module):
+class GMLPForSequenceClassification(GMLPPreTrainedModel):
     """Sequence classifier with the BERT ``<cls>`` protocol of the paper (§2, §4).
 
     The input is ``<cls> segment_a <sep> [segment_b <sep>] <pad>...``; the prediction is a linear map of the
@@ -236,34 +250,39 @@ class GMLPForSequenceClassification(PretrainedMixin, nn.Module):
 
     Shapes:
         input_ids: (B, L); attention_mask: optional (B, L); labels: optional (B,) int64 class ids, or (B,) float
-        targets when ``num_labels == 1`` (regression, MSE). Returns ``TextModelOutput(loss, logits (B, num_labels))``.
+        targets when ``num_labels == 1`` (regression, MSE). Returns ``SequenceClassifierOutput(loss, logits
+        (B, num_labels))``.
     """
-    config_class = GMLPConfig
-    input_embeddings_path = 'gmlp.embed'
     head_prefixes = ('classifier',)
 
     def __init__(self, config: GMLPConfig, device=None, dtype=None):
-        super().__init__()
-        self.config = config
+        super().__init__(config)
         self.gmlp = GMLPModel(config, device=device, dtype=dtype)
         self.dropout = nn.Dropout(config.classifier_dropout)
         self.classifier = nn.Linear(config.hidden_size, config.num_labels, device=device, dtype=dtype)
-        init_linear_embedding(self.classifier, config.initializer_range)
+        self.post_init()
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.gmlp.embed
 
     def forward(
             self,
             input_ids: torch.Tensor,
             attention_mask: Optional[torch.Tensor] = None,
+            token_type_ids: Optional[torch.Tensor] = None,
             labels: Optional[torch.Tensor] = None,
-    ) -> TextModelOutput:
-        h = pool_sequence(self.gmlp(input_ids, attention_mask), attention_mask, self.config.classifier_pooling,
-                          self.config.cls_index)  # (B, d)
+            **kwargs,
+    ):
+        return_dict = self.forward_options(kwargs)
+        h = pool_sequence(self.gmlp(input_ids, attention_mask).last_hidden_state, attention_mask,
+                          self.config.classifier_pooling, self.config.cls_index)  # (B, d)
         logits = self.classifier(self.dropout(h))
-        return TextModelOutput(
+        out = SequenceClassifierOutput(
             loss=None if labels is None else sequence_classification_loss(logits, labels), logits=logits)
+        return out if return_dict else out.to_tuple()
 
 
-class GMLPForCausalLM(GenerationMixin, _GMLPForTokenLM):
+class GMLPForCausalLM(TextGenerationMixin, _GMLPForTokenLM):
     """Autoregressive gMLP LM: causal SGU (W masked to j <= i), no position embeddings, LM head.
 
     As in the annotated implementation (labml.ai): token embedding -> gMLP blocks with a causal spatial mask ->
@@ -274,11 +293,13 @@ class GMLPForCausalLM(GenerationMixin, _GMLPForTokenLM):
     Shapes:
         input_ids: (B, T) int64; attention_mask: optional (B, T) (right padding never reaches real tokens);
         labels: optional (B, T) int64 aligned with the inputs (``labels = input_ids``; shifted inside, -100 = not
-        scored). Returns ``TextModelOutput(loss, logits (B, T, V))``.
+        scored). Returns ``CausalLMOutput(loss, logits (B, T, V))``.
     """
     head_prefixes = ('lm_head', 'output_bias')
     head_name = 'lm_head'
     loss_fn = staticmethod(causal_lm_loss)
+    output_class = CausalLMOutput
+    _tied_weights_keys = {'lm_head.weight': 'gmlp.embed.weight'}
 
     def __init__(self, config: GMLPConfig, device=None, dtype=None):
         if config.spatial_mode != 'causal':

@@ -23,25 +23,21 @@ Parameter counts at the paper's settings (vocab 65, 3 layers, 3 heads, d 384, T_
                    5,468,993 + 3 * (492,288 - 294,912) = 6,061,121   (paper: "6 million")
 Both equal the counts the reference code records (``results/Final/hyper_params.json``: 5.468993 / 6.061121 M).
 """
-from dataclasses import dataclass
-from functools import partial
 from typing import Optional
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from timm.layers import Attention, Mlp
+from transformers.modeling_outputs import CausalLMOutput
 
-from .modeling_utils import (
-    GenerationMixin, PretrainedMixin, TextConfig, TextModelOutput, causal_lm_loss, check_text_inputs,
-    init_linear_embedding)
+from .modeling_utils import TextConfig, TextGenerationMixin, TextPreTrainedModel, causal_lm_loss, check_text_inputs
 
 __all__ = ['GPTConfig', 'MLPAttention', 'GPTBlock', 'GPTLanguageModel', 'ATTENTION_TYPES']
 
 ATTENTION_TYPES = ('mlp', 'sdpa')
 
 
-@dataclass
 class GPTConfig(TextConfig):
     """Configuration of the char-level GPT (defaults: the MLP-Attention paper's Tiny Shakespeare setup, §3).
 
@@ -69,7 +65,7 @@ class GPTConfig(TextConfig):
     attention_probs_dropout_prob: float = 0.2
     initializer_range: float = 0.02
 
-    model_type = 'mlp_vision_gpt'  # config.json's key for transformers' AutoConfig (mlp_vision.text.hf_auto)
+    model_type = 'mlp_vision_gpt'  # config.json's key for transformers' AutoConfig
     legacy_names = {
         'block_size': 'max_position_embeddings', 'n_layer': 'num_hidden_layers', 'n_head': 'num_attention_heads',
         'n_embd': 'hidden_size', 'mlp_attn_hidden': 'mlp_attention_hidden_size', 'init_std': 'initializer_range',
@@ -84,11 +80,16 @@ class GPTConfig(TextConfig):
             d.setdefault('hidden_dropout_prob', p)
             d.setdefault('attention_probs_dropout_prob', p)
         if 'ffn_ratio' in d:
-            d.setdefault('intermediate_size', d.pop('ffn_ratio') * d.get('hidden_size', cls.hidden_size))
+            d.setdefault('intermediate_size', d.pop('ffn_ratio') * d.get('hidden_size', 384))
         return d
 
-    def __post_init__(self):
-        self.check_fields()
+    def __post_init__(self, **kwargs):
+        if 'dropout' in kwargs or 'ffn_ratio' in kwargs:  # legacy names given to the class itself
+            legacy = self.rename_legacy({k: kwargs.pop(k) for k in ('dropout', 'ffn_ratio') if k in kwargs}
+                                        | {'hidden_size': self.hidden_size})
+            for name, value in legacy.items():
+                setattr(self, name, value)
+        super().__post_init__(**kwargs)
         if self.intermediate_size is None:
             self.intermediate_size = 4 * self.hidden_size
         if self.attention not in ATTENTION_TYPES:
@@ -206,43 +207,50 @@ class GPTBlock(nn.Module):
         return x + self.ffn(self.ln2(x))
 
 
-class GPTLanguageModel(GenerationMixin, PretrainedMixin, nn.Module):
+class GPTLanguageModel(TextGenerationMixin, TextPreTrainedModel):
     """Char-level GPT LM with MLP-Attention or dot-product attention.
 
     Shapes:
         input_ids: (B, T) int64 with 1 <= T <= max_position_embeddings; attention_mask: optional (B, T), right
         padding (causal attention never lets a real token see a later pad, so nothing else is needed); labels:
         optional (B, T) int64 aligned with the inputs (``labels = input_ids``; shifted inside, -100 = not scored).
-        Returns ``TextModelOutput(loss, logits (B, T, vocab_size))``. ``generate`` (from :class:`GenerationMixin`)
-        crops the context to the last ``max_position_embeddings`` tokens.
+        Returns ``CausalLMOutput(loss, logits (B, T, vocab_size))``. ``generate`` (``transformers``', through
+        :class:`~mlp_vision.text.modeling_utils.TextGenerationMixin`) crops the context to the last
+        ``max_position_embeddings`` tokens.
     """
     config_class = GPTConfig
-    input_embeddings_path = 'tok_emb'
+    base_model_prefix = 'gpt'  # no separate backbone module: every weight is this class's
 
     def __init__(self, config: GPTConfig, device=None, dtype=None) -> None:
-        super().__init__()
+        super().__init__(config)
         dd = {'device': device, 'dtype': dtype}
-        self.config = config
         self.tok_emb = nn.Embedding(config.vocab_size, config.hidden_size, **dd)
         self.pos_emb = nn.Embedding(config.max_position_embeddings, config.hidden_size, **dd)
         self.blocks = nn.ModuleList([GPTBlock(config, **dd) for _ in range(config.num_hidden_layers)])
         self.ln_f = nn.LayerNorm(config.hidden_size, **dd)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, **dd)
-        self.apply(partial(init_linear_embedding, std=config.initializer_range))
         for m in self.modules():
             if isinstance(m, MLPAttention):
                 m.init_weights(config.initializer_range)
+        self.post_init()  # transformers' _init_weights: Linear / Embedding ~ N(0, initializer_range), biases 0
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.tok_emb
 
     def forward(
             self,
             input_ids: torch.Tensor,
             attention_mask: Optional[torch.Tensor] = None,
+            token_type_ids: Optional[torch.Tensor] = None,
             labels: Optional[torch.Tensor] = None,
-    ) -> TextModelOutput:
+            **kwargs,
+    ):
+        return_dict = self.forward_options(kwargs)
         check_text_inputs(input_ids, attention_mask, self.config.max_position_embeddings)  # right padding only
         pos = torch.arange(input_ids.shape[1], device=input_ids.device)
         x = self.tok_emb(input_ids) + self.pos_emb(pos)  # no embedding dropout, as the reference
         for block in self.blocks:
             x = block(x)
         logits = self.lm_head(self.ln_f(x))
-        return TextModelOutput(loss=None if labels is None else causal_lm_loss(logits, labels), logits=logits)
+        out = CausalLMOutput(loss=None if labels is None else causal_lm_loss(logits, labels), logits=logits)
+        return out if return_dict else out.to_tuple()

@@ -1,61 +1,53 @@
-""" Shared plumbing of the text models: configs, outputs, input checks, losses, save/load, sampling.
+""" Shared plumbing of the text models, on ``transformers``' own base classes.
 
-The conventions are Hugging Face ``transformers``' so that its ``Trainer`` and the habits of its users carry over:
+Every config is a :class:`TextConfig` (a ``transformers.PreTrainedConfig``) and every model a
+:class:`TextPreTrainedModel` (a ``transformers.PreTrainedModel``), one class per family and task as
+``transformers``' ``modeling_bert.py``; ``save_pretrained`` / ``from_pretrained`` / ``generate`` and the output types
+(``MaskedLMOutput``, ``CausalLMOutput``, ``SequenceClassifierOutput``, ``BaseModelOutput``) are ``transformers``'.
+What is ours, on top:
 
-* every model's ``forward`` takes ``input_ids`` (B, L), ``attention_mask`` (B, L), ``token_type_ids`` (B, L; the
-  families with segment embeddings only) and ``labels``, and returns a :class:`TextModelOutput` whose fields are
-  ``loss`` (only when labels are given) and ``logits``: ``out.logits``, ``out['logits']``, ``out[0]`` (the loss when
-  labels were given, else the logits) and ``out.to_tuple()`` all work as on a ``transformers`` ``ModelOutput``;
-* causal LMs take ``labels`` aligned with ``input_ids`` (``labels = input_ids`` is right) and shift them inside:
-  position t is scored on token t + 1;
-* every config is a dataclass with one naming scheme (``vocab_size``, ``hidden_size``, ``num_hidden_layers``,
-  ``intermediate_size``, ``max_position_embeddings``, ``layer_norm_eps``, ``initializer_range``,
-  ``hidden_dropout_prob``, ...); :meth:`TextConfig.from_dict` still reads the names of older checkpoints;
-* padding is right padding: ``attention_mask`` rows are ones then zeros. Every family guarantees that padded
-  positions never change a real position's output, so a padded batch gives each sequence the outputs it gets alone
-  (checked by ``tests/test_text_models.py`` for every family). Any other mask stops with a one-line error.
-
-Saving::
-
-    model.save_pretrained('ckpt/', tokenizer=tok)   # config.json + model.safetensors (+ the tokenizer's files)
-    model = type(model).from_pretrained('ckpt/')    # model.tokenizer is the saved tokenizer (None without one)
-    model = mlp_vision.text.from_pretrained('ckpt/')  # dispatches on the architecture stored in config.json
-
-``config.json`` holds ``{"architecture": <class name>, "config": <dataclass fields>, "format_version": 2,
-"model_type": <family>}``; ``model_type`` (e.g. ``"mlp_vision_gmlp"``) is for ``transformers``' ``AutoConfig``
-(:mod:`mlp_vision.text.hf_auto`), our loader does not need it, so folders written before it existed still load.
-Weights are safetensors (no code runs when loading); a tied parameter is stored once, under its first name.
+* every model's ``forward`` takes ``input_ids`` (B, L), ``attention_mask`` (B, L), ``token_type_ids`` (B, L; ignored
+  by the families without segment embeddings) and ``labels``; causal LMs shift ``labels = input_ids`` inside;
+* padding is right padding: ``attention_mask`` rows are ones then zeros (:func:`check_text_inputs`). Every family
+  guarantees that padded positions never change a real position's output (``tests/test_text_models.py``);
+* config values are checked when the config is made (:meth:`TextConfig.check_fields`), so a NaN ``layer_norm_eps``
+  or an unparsed ``'false'`` stops with one line instead of building a wrong model;
+* ``from_pretrained`` reads local folders only and first checks what it reads: the config builds a model within
+  :data:`~mlp_vision.errors.MAX_PARAMS`, the weights fit the config's shapes and hold finite values of the right kind
+  (:func:`mlp_vision.weights.check_weights`), the tokenizer saved beside them fits the vocabulary (it becomes
+  ``model.tokenizer``); a model of the same family but another task loads the backbone and a new head;
+* folders written before the models were ``transformers`` classes (``config.json`` as ``{"architecture", "config",
+  "format_version", "model_type"}``, the same weight names) load: :meth:`TextConfig.from_dict` reads that layout
+  (``tests/fixtures/text_folders_v2``).
 """
+import contextlib
 import dataclasses
-import json
 import os
-from collections import OrderedDict
-from typing import Any, ClassVar, Dict, Mapping, Optional, Tuple, Type
+from typing import Any, ClassVar, Dict, List, Optional, Tuple
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-import torch.utils._pytree as pytree
 from safetensors import SafetensorError, safe_open
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
+from transformers import GenerationMixin, PreTrainedConfig, PreTrainedModel
+from transformers.generation.configuration_utils import GenerationConfig
+from transformers.utils import logging as transformers_logging
 
 from mlp_vision.errors import UsageError, check_model_size, check_range, read_json_file, short_repr
-from ..weights import load_backbone, tied_aliases
+from ..weights import check_weights
 
 __all__ = [
-    'TextConfig', 'ModelOutput', 'TextModelOutput', 'PretrainedMixin', 'GenerationMixin', 'check_text_inputs',
-    'masked_lm_loss', 'causal_lm_loss', 'scored_positions', 'sequence_classification_loss', 'init_linear_embedding', 'tied_decoder',
-    'read_config', 'parse_config_payload', 'is_saved_folder', 'weight_file_shapes', 'check_text_model_size',
-    'check_tokenizer_fits', 'pool_sequence',
-    'check_classifier_pooling', 'CLASSIFIER_POOLINGS',
-    'CONFIG_NAME', 'WEIGHTS_NAME', 'FORMAT_VERSION',
+    'TextConfig', 'TextPreTrainedModel', 'TextGenerationMixin', 'check_text_inputs',
+    'masked_lm_loss', 'causal_lm_loss', 'scored_positions', 'sequence_classification_loss', 'tied_decoder',
+    'read_config', 'is_saved_folder', 'weight_file_shapes', 'check_text_model_size', 'check_tokenizer_fits',
+    'pool_sequence', 'check_classifier_pooling', 'CLASSIFIER_POOLINGS', 'read_label_names',
+    'CONFIG_NAME', 'WEIGHTS_NAME', 'LABELS_NAME',
 ]
 
 CONFIG_NAME = 'config.json'
 WEIGHTS_NAME = 'model.safetensors'
-# 1: configs with the families' own field names (max_seq_len, dim, depth, block_size, n_embd, ...);
-# 2: one naming scheme for every family, gMLP padding masked by default
-FORMAT_VERSION = 2
+LABELS_NAME = 'labels.json'  # written beside a classifier by the text trainer (mlp_vision.training.text.classification)
 
 
 # ------------------------------------------------------------------------------------------------------ configs
@@ -63,32 +55,52 @@ FORMAT_VERSION = 2
 _POSITIVE_SIZE_FIELDS = frozenset({
     'vocab_size', 'max_position_embeddings', 'hidden_size', 'num_hidden_layers', 'intermediate_size',
     'num_attention_heads', 'mlp_attention_hidden_size', 'num_ssm_states', 'type_vocab_size', 'num_labels'})
+# what transformers itself passes to a config besides its fields (PreTrainedConfig.__post_init__ takes them, and the
+# generation parameters it drops); any other unknown keyword is a misspelt field and stops
+_TRANSFORMERS_CONFIG_KWARGS = frozenset({
+    'num_labels', 'torch_dtype', 'name_or_path', 'output_attentions', 'attn_implementation', 'experts_implementation',
+    'per_layer_config', 'model_type', 'use_return_dict'} | set(GenerationConfig._get_default_generation_params()))
+_BASE_FIELDS = frozenset(f.name for f in dataclasses.fields(PreTrainedConfig))
+_TYPE_CHECKS = {bool: lambda v: isinstance(v, bool),
+                int: lambda v: isinstance(v, int) and not isinstance(v, bool),
+                float: lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+                str: lambda v: isinstance(v, str)}
 
-class TextConfig:
-    """Base of the text configs (dataclasses): one field-naming scheme, older names still readable.
 
-    Subclasses list ``legacy_names`` (old field name -> current name) and ``legacy_defaults`` (values a field
-    takes in a checkpoint written before the field existed, ``format_version`` 1), and set ``model_type``: the
-    family's name in ``config.json``, which ``transformers``' ``AutoConfig`` dispatches on
-    (:mod:`mlp_vision.text.hf_auto` registers one ``transformers`` config per ``model_type``).
+class TextConfig(PreTrainedConfig):
+    """Base of the text configs: a ``transformers`` ``PreTrainedConfig`` whose own fields are checked when made.
+
+    Subclasses declare their fields (dataclass style, as ``transformers``' ``BertConfig``), set ``model_type`` (the
+    key ``AutoConfig`` dispatches on, ``mlp_vision_<family>``), and may list ``legacy_names`` (old field name ->
+    current name, still read from older checkpoints and command lines) and ``legacy_defaults`` (values a field takes
+    in a folder of format version 1, written before the field existed). ``num_labels`` is ``transformers``' (the
+    length of ``id2label``); one label means regression (``problem_type='regression'``: our head is trained with
+    MSE, so pipelines apply no sigmoid).
     """
     legacy_names: ClassVar[Dict[str, str]] = {}
     legacy_defaults: ClassVar[Dict[str, Any]] = {}
-    model_type: ClassVar[str] = ''
+
+    def __post_init__(self, **kwargs):
+        for old, new in self.legacy_names.items():
+            if old in kwargs:
+                setattr(self, new, kwargs.pop(old))
+        unknown = sorted(k for k in kwargs if k not in _TRANSFORMERS_CONFIG_KWARGS and not k.startswith('_'))
+        if unknown:
+            raise TypeError(f'{type(self).__name__} has no field {", ".join(map(repr, unknown))}; its fields are '
+                            f'{", ".join(sorted(self.text_field_names()))}')
+        super().__post_init__(**kwargs)
+        if self.num_labels == 1 and self.problem_type is None:
+            self.problem_type = 'regression'
+        self.check_fields()
 
     @classmethod
-    def from_dict(cls, fields: Mapping[str, Any], format_version: int = FORMAT_VERSION):
-        """Build the config from ``fields``, renaming legacy names; unknown names stop with a ``TypeError``."""
-        d = cls.rename_legacy(dict(fields))
-        if format_version < 2:
-            for name, value in cls.legacy_defaults.items():
-                d.setdefault(name, value)
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise TypeError(f'{cls.__name__} has no field {", ".join(map(repr, unknown))}; its fields are '
-                            f'{", ".join(sorted(known))}')
-        return cls(**d)
+    def text_field_names(cls) -> List[str]:
+        """The fields this family declares (not ``transformers``' common ones), and ``num_labels``."""
+        return [f.name for f in dataclasses.fields(cls) if f.name not in _BASE_FIELDS] + ['num_labels']
+
+    def text_fields(self) -> Dict[str, Any]:
+        """Our fields and their values: what ``create_model`` takes and what two equal models share."""
+        return {name: getattr(self, name) for name in self.text_field_names()}
 
     @classmethod
     def rename_legacy(cls, d: dict) -> dict:
@@ -100,105 +112,246 @@ class TextConfig:
                 d[new] = d.pop(old)
         return d
 
-    def to_dict(self) -> Dict[str, Any]:
-        return dataclasses.asdict(self)
-
     def check_fields(self) -> None:
-        """:meth:`check_field_types` then :meth:`check_field_values`; every config's ``__post_init__`` calls it."""
-        self.check_field_types()
-        self.check_field_values()
-
-    def check_field_values(self) -> None:
-        """The ranges of the field names every family shares (a :class:`~mlp_vision.errors.UsageError`,
+        """Types, then the ranges of the field names every family shares (a :class:`~mlp_vision.errors.UsageError`,
         which is a ``ValueError``): sizes >= 1, other integers >= 0, epsilons > 0, dropout rates in [0, 1), every
         float finite. A config comes from the command line or from a file someone may have edited: a NaN
-        ``layer_norm_eps`` builds a model whose every score is NaN, a zero size one that fails later."""
-        for f in dataclasses.fields(self):
-            value, name = getattr(self, f.name), f'{type(self).__name__}.{f.name}'
+        ``layer_norm_eps`` builds a model whose every score is NaN, an unparsed ``'false'`` is a true string."""
+        for name in self.text_field_names():
+            value, where = getattr(self, name), f'{type(self).__name__}.{name}'
+            field = self.__dataclass_fields__.get(name)
+            ok = _TYPE_CHECKS.get(field.type) if field is not None else _TYPE_CHECKS[int]
+            if ok is not None and not ok(value):
+                hint = ' (write True or False)' if field is not None and field.type is bool else ''
+                type_name = field.type.__name__ if field is not None else 'int'
+                raise TypeError(f'{where} must be a {type_name}{hint}, got {value!r} ({type(value).__name__})')
             if value is None or isinstance(value, (bool, str)):
                 continue
-            if f.name in _POSITIVE_SIZE_FIELDS:
-                check_range(name, value, low=1)
-            elif f.name.endswith('_eps'):
-                check_range(name, value, low=0, low_open=True)
-            elif 'dropout' in f.name or f.name.endswith(('_prob', 'drop_path_rate')):
-                check_range(name, value, low=0, high=1, high_open=True)
+            if name in _POSITIVE_SIZE_FIELDS:
+                check_range(where, value, low=1)
+            elif name.endswith('_eps'):
+                check_range(where, value, low=0, low_open=True)
+            elif 'dropout' in name or name.endswith(('_prob', 'drop_path_rate')):
+                check_range(where, value, low=0, high=1, high_open=True)
             elif isinstance(value, int):
-                check_range(name, value, low=0)
+                check_range(where, value, low=0)
             else:
-                check_range(name, value)
+                check_range(where, value)
 
-    def check_field_types(self) -> None:
-        """Every ``bool`` / ``int`` / ``float`` / ``str`` field holds that type (an int is a float too); a
-        ``TypeError`` otherwise. Command-line kwargs arrive as Python literals, and an unparsed ``'false'`` would be
-        a true string: it must stop the run, not switch the option on. Subclasses call it in ``__post_init__``."""
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            ok = {bool: lambda v: isinstance(v, bool),
-                  int: lambda v: isinstance(v, int) and not isinstance(v, bool),
-                  float: lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
-                  str: lambda v: isinstance(v, str)}.get(f.type)
-            if ok is not None and not ok(value):
-                hint = ' (write True or False)' if f.type is bool else ''
-                raise TypeError(f'{type(self).__name__}.{f.name} must be a {f.type.__name__}{hint}, got {value!r} '
-                                f'({type(value).__name__})')
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, **kwargs):
+        """``transformers``' ``from_pretrained``, telling :meth:`from_dict` the folder (for its ``labels.json``) as
+        ``AutoConfig`` does."""
+        kwargs.setdefault('name_or_path', os.fspath(pretrained_model_name_or_path))
+        return super().from_pretrained(pretrained_model_name_or_path, **kwargs)
+
+    @classmethod
+    def from_dict(cls, config_dict: Dict[str, Any], **kwargs):
+        """``transformers``' ``from_dict`` (what ``from_pretrained`` and ``AutoConfig`` call), reading the layout of
+        folders written before our models were ``transformers`` classes too (:func:`_flat_config_payload`); keyword
+        arguments that are our fields (or their legacy names) are checked as the others; a folder's ``labels.json``
+        (the text trainer's) names the labels when ``config.json`` does not."""
+        config_dict = dict(config_dict)
+        folder = kwargs.get('name_or_path')
+        stored_type = config_dict.get('model_type', cls.model_type)
+        if stored_type != cls.model_type:
+            raise WrongFamilyError(f'{os.path.join(folder or "", CONFIG_NAME)} holds a {stored_type} model; '
+                                   f'{cls.__name__} reads {cls.model_type}')
+        if 'architecture' in config_dict and 'config' in config_dict:
+            config_dict = _flat_config_payload(cls, config_dict, os.path.join(folder or '', CONFIG_NAME))
+        names = set(cls.text_field_names()) | set(cls.legacy_names)
+        config_dict.update({k: kwargs.pop(k) for k in list(kwargs) if k in names})
+        id2label = config_dict.get('id2label')
+        if folder and (not id2label or list(id2label.values()) == [f'LABEL_{i}' for i in range(len(id2label))]):
+            labels = read_label_names(folder, len(id2label) if id2label else config_dict.get('num_labels', 2))
+            if labels is not None:
+                config_dict['id2label'] = dict(enumerate(labels))
+                config_dict.pop('label2id', None)
+                config_dict.pop('num_labels', None)
+        return super().from_dict(config_dict, **kwargs)
 
 
-# ------------------------------------------------------------------------------------------------------ outputs
+class WrongFamilyError(TypeError):
+    """A folder of another family (``model_type``) than the config class that reads it."""
 
-class ModelOutput(OrderedDict):
-    """A dataclass that is also an ordered dict of its non-None fields, as ``transformers.utils.ModelOutput``.
 
-    ``out.logits``, ``out['logits']``, ``out[0]`` (first non-None field), ``out.to_tuple()`` and ``dict(out)``;
-    ``'loss' in out`` is False when no loss was computed. Registered as a pytree node so ``torch.compile``,
-    ``torch.export`` and DDP see the tensors inside.
+def _flat_config_payload(cls, payload: Dict[str, Any], path: str) -> Dict[str, Any]:
+    """The ``config.json`` of a folder written before our models were ``transformers`` classes --
+    ``{"architecture", "config": {fields}, "format_version", "model_type"}`` -- as ``transformers``' flat layout."""
+    if not isinstance(payload['architecture'], str) or not isinstance(payload['config'], dict):
+        raise UsageError(f'{path}: "architecture" must be a class name and "config" a mapping of fields')
+    try:
+        version = int(payload.get('format_version', 1))
+    except (TypeError, ValueError):
+        raise UsageError(f'{path}: format_version must be an integer, got {payload["format_version"]!r}') from None
+    fields = cls.rename_legacy(dict(payload['config']))
+    if version < 2:
+        fields = {**cls.legacy_defaults, **fields}
+    return {**fields, 'architectures': [payload['architecture']]}
+
+
+def read_label_names(folder: str, num_labels: int) -> Optional[List[str]]:
+    """The label names in ``folder/labels.json`` (None without the file); they must be ``num_labels``."""
+    path = os.path.join(folder, LABELS_NAME)
+    if not os.path.isfile(path):
+        return None
+    try:
+        names = read_json_file(path)['label_names']
+        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+            raise TypeError('label_names must be a list of strings')
+    except (KeyError, TypeError) as e:
+        raise UsageError(f'{path} is not a labels file of ours ({type(e).__name__}: {e})') from None
+    if len(names) != num_labels:
+        raise UsageError(f'{path} names {len(names)} labels but the model has num_labels {num_labels}')
+    return names
+
+
+# ------------------------------------------------------------------------------------------------------- models
+# forward arguments that transformers' generate, pipelines and Trainer pass besides the inputs
+_FORWARD_KWARGS = frozenset({
+    'use_cache', 'past_key_values', 'cache_position', 'return_dict', 'output_hidden_states', 'output_attentions',
+    'position_ids', 'logits_to_keep'})
+
+
+@contextlib.contextmanager
+def _no_progress_bars():
+    """``transformers``' progress bars off (a one-file save or load of a small folder needs none, and the commands'
+    stderr is their one-line errors), back as they were after."""
+    enabled = transformers_logging.is_progress_bar_enabled()
+    transformers_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if enabled:
+            transformers_logging.enable_progress_bar()
+
+
+class TextPreTrainedModel(PreTrainedModel):
+    """Base of the text models: ``transformers``' ``PreTrainedModel`` with the checks of the module docstring.
+
+    Subclasses set ``config_class``, ``base_model_prefix`` (the backbone's attribute) and ``head_prefixes`` (the
+    state-dict prefixes of their task head: what may be new when a folder of another task of the family is loaded).
+    ``tokenizer`` is the tokenizer saved beside the weights (or attached by the user); not a module.
     """
+    config_class = TextConfig
+    main_input_name = 'input_ids'
+    head_prefixes: ClassVar[Tuple[str, ...]] = ()
+    # our losses are means over the batch's scored tokens / examples and forward takes no num_items_in_batch, so
+    # transformers.Trainer averages over gradient-accumulation steps itself (it asks this attribute)
+    accepts_loss_kwargs = False
+    tokenizer = None
 
-    def __init_subclass__(cls, **kwargs):
-        super().__init_subclass__(**kwargs)
-        pytree.register_pytree_node(
-            cls,
-            lambda out: (list(out.values()), list(out.keys())),
-            lambda values, keys: cls(**dict(zip(keys, values))),
-            serialized_type_name=f'{cls.__module__}.{cls.__qualname__}',
-        )
+    def post_init(self):
+        super().post_init()
+        if self.can_generate():
+            self.generation_config.use_cache = False  # our causal LMs keep no cache (TextGenerationMixin)
 
-    def __post_init__(self):
-        for field in dataclasses.fields(self):
-            value = getattr(self, field.name)
-            if value is not None:
-                super().__setitem__(field.name, value)
+    def forward_options(self, kwargs: Dict[str, Any]) -> bool:
+        """Whether to return the output type (else its tuple), from the ``kwargs`` a ``forward`` got besides its
+        inputs: what ``generate``, pipelines and ``Trainer`` pass; any other keyword is an error (a misspelt
+        ``attention_mask`` must not pass unseen), and so are the per-layer outputs our models do not collect."""
+        unknown = sorted(k for k, v in kwargs.items() if k not in _FORWARD_KWARGS and v is not None)
+        if unknown:
+            raise TypeError(f'{type(self).__name__}.forward got arguments it does not take: {unknown}')
+        if kwargs.get('output_hidden_states') or kwargs.get('output_attentions'):
+            raise NotImplementedError(f'{type(self).__name__} returns logits (or the last hidden states) only; our '
+                                      f'models do not collect per-layer hidden states or attention weights')
+        return_dict = kwargs.get('return_dict')
+        return self.config.return_dict if return_dict is None else return_dict
 
-    def __getitem__(self, key):
-        if isinstance(key, str):
-            return super().__getitem__(key)
-        return self.to_tuple()[key]
+    @classmethod
+    def get_init_context(cls, *args, **kwargs):
+        """``transformers``' contexts for building the model in ``from_pretrained``, less the ``meta`` device: our
+        modules initialise their own parameters and index buffers when built (SGU ``W ~ 0, b = 1``, the S4D kernel,
+        the Toeplitz index), which a meta build would leave for ``_init_weights`` to redo."""
+        return [c for c in super().get_init_context(*args, **kwargs) if not isinstance(c, torch.device)]
 
-    def __setattr__(self, name, value):
-        if value is not None and name in {f.name for f in dataclasses.fields(self)}:
-            super().__setitem__(name, value)
-        super().__setattr__(name, value)
+    def _move_missing_keys_from_meta_to_device(self, *args, **kwargs) -> None:
+        """Nothing to move: the model was not built on the ``meta`` device (:meth:`get_init_context`), so the
+        tensors the folder lacks (a new head) keep their init and the non-persistent buffers their values."""
 
-    def __setitem__(self, key, value):
-        super().__setitem__(key, value)
-        super().__setattr__(key, value)
+    def save_pretrained(self, save_directory, *args, tokenizer=None, **kwargs) -> None:
+        """``transformers``' ``save_pretrained``, plus the tokenizer's files (``tokenizer``, else
+        ``self.tokenizer``, if any; :meth:`mlp_vision.text.tokenizer.Tokenizer.save_pretrained`)."""
+        if args and not isinstance(args[0], bool):  # transformers' second argument is is_main_process
+            raise TypeError(f'{type(self).__name__}.save_pretrained: pass the tokenizer as tokenizer=..., not '
+                            f'positionally (the second argument is transformers\' is_main_process)')
+        if kwargs.get('push_to_hub'):
+            raise NotImplementedError(f'{type(self).__name__}.save_pretrained writes local folders only: no '
+                                      f'push_to_hub')
+        with _no_progress_bars():
+            super().save_pretrained(save_directory, *args, **kwargs)
+        tokenizer = tokenizer if tokenizer is not None else self.tokenizer
+        if tokenizer is not None and kwargs.get('is_main_process', True):
+            tokenizer.save_pretrained(os.fspath(save_directory))
 
-    def __reduce__(self):  # pickle / deepcopy as the dataclass, not as an OrderedDict
-        return type(self), tuple(getattr(self, f.name) for f in dataclasses.fields(self))
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *model_args, config: Optional[TextConfig] = None,
+                        strict: Optional[bool] = None, **kwargs):
+        """``transformers``' ``from_pretrained`` on a local folder, after the checks of the module docstring;
+        ``model.tokenizer`` is the folder's tokenizer (None without one). Keyword arguments that are config fields
+        change the config (``num_labels=3`` for a new head, ``hidden_dropout_prob=0.1``; fields that change weight
+        shapes stop). ``strict``: every weight must match (default: when the folder holds this very class;
+        otherwise only this class's head, ``head_prefixes``, may be new)."""
+        from .tokenizer import find_tokenizer
+        folder = os.fspath(pretrained_model_name_or_path)
+        if not os.path.isdir(folder):
+            raise UsageError(f'{folder} is not a folder: {cls.__name__} loads folders written by save_pretrained '
+                             f'(nothing is downloaded)')
+        config_path, weights_path = os.path.join(folder, CONFIG_NAME), os.path.join(folder, WEIGHTS_NAME)
+        if config is None:
+            names = set(cls.config_class.text_field_names()) | set(cls.config_class.legacy_names)
+            overrides = {k: kwargs.pop(k) for k in list(kwargs) if k in names}
+            config = load_text_config(cls.config_class, folder, **overrides)
+        tokenizer = find_tokenizer(folder)
+        check_tokenizer_fits(tokenizer, config, folder)
+        check_text_model_size(cls, config, config_path)
+        _check_weights_file(cls, config, weights_path, config_path)
+        want_info = kwargs.pop('output_loading_info', False)
+        with _no_progress_bars():
+            model, info = super().from_pretrained(folder, *model_args, config=config, output_loading_info=True,
+                                                  **kwargs)
+        stored = (config.architectures or [cls.__name__])[0]
+        same_arch = stored == cls.__name__
+        strict = same_arch if strict is None else strict
+        missing, unexpected = sorted(info['missing_keys']), sorted(info['unexpected_keys'])
+        if strict and (missing or unexpected):
+            detail = f'missing {missing[:8]}' if missing else f'unexpected {unexpected[:8]}'
+            raise UsageError(f'{weights_path} does not fit {stored}: {detail}')
+        outside_head = [k for k in missing if not k.startswith(cls.head_prefixes or ('\0',))]
+        if outside_head:
+            raise RuntimeError(f'{stored} checkpoint in {folder} lacks weights {cls.__name__} needs outside its '
+                               f'head: {outside_head[:8]}{"..." if len(outside_head) > 8 else ""}')
+        model.tokenizer = tokenizer
+        return (model, info) if want_info else model
 
-    def to_tuple(self) -> Tuple[Any, ...]:
-        return tuple(self.values())
 
+class TextGenerationMixin(GenerationMixin):
+    """``transformers``' ``generate`` for our causal LMs, which keep no cache: each step reads the whole prefix,
+    cropped to its last ``max_position_embeddings`` tokens (nanoGPT's habit; ``transformers`` would pass only the
+    new token, expecting a cache to hold the rest). ``generate`` runs in eval mode (dropout off) and puts the model
+    back in its previous mode."""
 
-@dataclasses.dataclass(eq=False)
-class TextModelOutput(ModelOutput):
-    """What every text model's ``forward`` returns.
+    def prepare_inputs_for_generation(self, input_ids: torch.Tensor, attention_mask: Optional[torch.Tensor] = None,
+                                      **unused: Any) -> Dict[str, torch.Tensor]:
+        context = self.config.max_position_embeddings
+        inputs = {'input_ids': input_ids[:, -context:]}
+        if attention_mask is not None:
+            inputs['attention_mask'] = attention_mask[:, -context:]
+        return inputs
 
-    loss: scalar mean loss, present only when ``labels`` were given.
-    logits: (B, L, vocab_size) for language models, (B, num_labels) for sequence classification.
-    """
-    loss: Optional[torch.Tensor] = None
-    logits: Optional[torch.Tensor] = None
+    def generate(self, *args, **kwargs):
+        """``transformers``' ``generate``; the sampling values given are checked first (one line each: a NaN
+        temperature would sample from NaN probabilities). ``top_k=0``: no top-k filter."""
+        for name, low in (('max_new_tokens', 0), ('top_k', 0), ('temperature', None)):
+            if kwargs.get(name) is not None:
+                check_range(name, kwargs[name], low=low)
+        was_training = self.training
+        self.eval()
+        try:
+            return super().generate(*args, **kwargs)
+        finally:
+            self.train(was_training)
 
 
 # ----------------------------------------------------------------------------------------------- input checks
@@ -306,21 +459,6 @@ def pool_sequence(hidden: torch.Tensor, attention_mask: Optional[torch.Tensor], 
     return (hidden * w).sum(dim=1) / w.sum(dim=1).clamp(min=1)
 
 
-def init_linear_embedding(module: nn.Module, std: float) -> None:
-    """BERT/GPT-style init: Linear and Embedding weights ~ N(0, std), Linear biases 0.
-
-    Only ``nn.Linear`` / ``nn.Embedding`` are touched, so the SGU's raw ``weight`` / ``bias`` parameters (W ~ 0,
-    b = 1: "important to initialize W close to zero", gMLP arXiv 2105.08050 §2), the SSM parameters and the
-    LayerNorms keep their own init. Use with ``model.apply``.
-    """
-    if isinstance(module, nn.Linear):
-        nn.init.normal_(module.weight, std=std)
-        if module.bias is not None:
-            nn.init.zeros_(module.bias)
-    elif isinstance(module, nn.Embedding):
-        nn.init.normal_(module.weight, std=std)
-
-
 def tied_decoder(embedding: nn.Embedding, device=None, dtype=None) -> nn.Linear:
     """The d -> V output Linear (no bias) of a language model whose weight IS ``embedding``'s: one parameter,
     counted once by ``parameters()`` and saved once by safetensors (BERT's weight tying, arXiv 1810.04805)."""
@@ -329,10 +467,12 @@ def tied_decoder(embedding: nn.Embedding, device=None, dtype=None) -> nn.Linear:
     return decoder
 
 
+
 # -------------------------------------------------------------------------------------------------- save / load
 
-def read_config(directory: str) -> Tuple[str, dict, int]:
-    """(architecture name, config fields, format version) of a folder written by ``save_pretrained``.
+def read_config(directory: str) -> Tuple[str, dict]:
+    """(architecture name, parsed ``config.json``) of a folder written by ``save_pretrained`` (ours, or of the
+    layout before our models were ``transformers`` classes).
 
     A missing ``config.json`` is a ``FileNotFoundError`` and one of another layout (an official BiGS folder's) a
     ``ValueError``; a damaged one (not JSON, wrong value types) a :class:`~mlp_vision.errors.UsageError`
@@ -341,21 +481,18 @@ def read_config(directory: str) -> Tuple[str, dict, int]:
     path = os.path.join(directory, CONFIG_NAME)
     if not os.path.isfile(path):
         raise FileNotFoundError(f'{directory} has no {CONFIG_NAME}: not a folder written by save_pretrained')
-    return parse_config_payload(read_json_file(path), path)
-
-
-def parse_config_payload(payload: Any, path: str) -> Tuple[str, dict, int]:
-    """:func:`read_config` of the parsed JSON ``payload`` of the file ``path`` (named by the errors)."""
-    if not isinstance(payload, dict) or 'architecture' not in payload or 'config' not in payload:
-        raise ValueError(f'{path} is not a config written by save_pretrained (no "architecture" / "config"); for an '
+    payload = read_json_file(path)
+    if isinstance(payload, dict) and 'architecture' in payload and 'config' in payload:
+        architecture = payload['architecture']
+    elif isinstance(payload, dict) and str(payload.get('model_type', '')).startswith('mlp_vision_'):
+        architectures = payload.get('architectures')
+        architecture = architectures[0] if isinstance(architectures, list) and architectures else None
+    else:
+        raise ValueError(f'{path} is not a config written by save_pretrained (no mlp_vision model_type); for an '
                          f'official BiGS folder use BiGSForMaskedLM.from_official')
-    if not isinstance(payload['architecture'], str) or not isinstance(payload['config'], dict):
-        raise UsageError(f'{path}: "architecture" must be a class name and "config" a mapping of fields')
-    try:
-        version = int(payload.get('format_version', 1))
-    except (TypeError, ValueError):
-        raise UsageError(f'{path}: format_version must be an integer, got {payload["format_version"]!r}') from None
-    return payload['architecture'], payload['config'], version
+    if not isinstance(architecture, str):
+        raise UsageError(f'{path}: the architecture must be a class name, got {short_repr(architecture)}')
+    return architecture, payload
 
 
 def is_saved_folder(directory: str) -> bool:
@@ -368,6 +505,21 @@ def is_saved_folder(directory: str) -> bool:
     except (FileNotFoundError, ValueError):
         return False
     return True
+
+
+def load_text_config(config_class, directory: str, **overrides) -> TextConfig:
+    """``config_class.from_pretrained(directory)`` with ``overrides``; a config that does not build (an unknown
+    field, a value out of range such as a NaN ``layer_norm_eps``) is a :class:`~mlp_vision.errors.UsageError`
+    naming ``config.json``."""
+    path = os.path.join(directory, CONFIG_NAME)
+    try:
+        return config_class.from_pretrained(directory, **overrides)
+    except WrongFamilyError:
+        raise
+    except UsageError as e:
+        raise e if path in str(e) else UsageError(f'{path}: {e}') from None
+    except (TypeError, ValueError, KeyError) as e:
+        raise UsageError(f'{path}: {e}') from None
 
 
 def weight_file_shapes(path: str) -> Dict[str, Tuple[int, ...]]:
@@ -383,196 +535,31 @@ def weight_file_shapes(path: str) -> Dict[str, Tuple[int, ...]]:
                          f'damaged') from None
 
 
-def _check_weight_shapes(model: nn.Module, weights_path: str, config_path: str) -> None:
-    """Every tensor of ``weights_path`` that ``model`` (built from ``config_path``) has must have its shape."""
-    own = {k: tuple(v.shape) for k, v in _unique_state_dict(model).items()}
+def _check_weights_file(model_cls: type, config: TextConfig, weights_path: str, config_path: str) -> None:
+    """Before ``transformers`` loads ``weights_path``: every tensor the model (built on the ``meta`` device) has
+    must have its shape there, and every tensor must hold values of the model's kind, all finite
+    (:func:`mlp_vision.weights.check_weights`); a :class:`~mlp_vision.errors.UsageError` naming the file."""
+    own = model_cls(config, device='meta').state_dict()
     for key, shape in weight_file_shapes(weights_path).items():
-        if key in own and own[key] != shape:
+        if key in own and tuple(own[key].shape) != shape:
             raise UsageError(f'{weights_path} does not fit {config_path}: {key} is {shape} in the weights but '
-                             f'{own[key]} by the config; the config was edited or belongs to other weights')
+                             f'{tuple(own[key].shape)} by the config; the config was edited or belongs to other weights')
+    check_weights(own, load_file(weights_path), weights_path)
 
 
-def check_text_model_size(model_cls: type, config: 'TextConfig', source: str) -> None:
+def check_text_model_size(model_cls: type, config: TextConfig, source: str) -> None:
     """Refuse (:func:`~mlp_vision.errors.check_model_size`, a :class:`UsageError` naming ``source`` and the size
     fields) a ``model_cls(config)`` beyond :data:`~mlp_vision.errors.MAX_PARAMS` parameters, counted on the
     ``meta`` device before anything is allocated: a ``config.json`` or a checkpoint's saved config may say
     ``hidden_size`` 4096 and 100,000 layers."""
-    sizes = {f.name: getattr(config, f.name) for f in dataclasses.fields(config) if f.name in _POSITIVE_SIZE_FIELDS}
+    sizes = {k: v for k, v in config.text_fields().items() if k in _POSITIVE_SIZE_FIELDS}
     check_model_size(lambda: model_cls(config, device='meta'), f'{source}: {model_cls.__name__} with {short_repr(sizes)}')
 
 
-def check_tokenizer_fits(tokenizer, config: 'TextConfig', source: str) -> None:
+def check_tokenizer_fits(tokenizer, config: TextConfig, source: str) -> None:
     """A model's vocabulary is its tokenizer's: a :class:`~mlp_vision.errors.UsageError` when the sizes
     differ (ids past the embedding fail, embedding rows without a token predict what cannot be written)."""
     if tokenizer is not None and tokenizer.vocab_size != config.vocab_size:
         raise UsageError(f'{source}: the model has vocab_size {config.vocab_size} but its tokenizer has '
                          f'{tokenizer.vocab_size} tokens; they do not belong together (the config was edited, or the '
                          f'tokenizer files come from another model)')
-
-
-def _unique_state_dict(module: nn.Module) -> Dict[str, torch.Tensor]:
-    """The state dict with each tied parameter under its first name only (registration order: the backbone's
-    embedding, not the LM decoder that shares it), so that a backbone-only model finds it in the file."""
-    aliases = set(tied_aliases(module))
-    return {k: v.contiguous() for k, v in module.state_dict().items() if k not in aliases}
-
-
-class PretrainedMixin:
-    """``save_pretrained`` / ``from_pretrained`` for an ``nn.Module`` with a :class:`TextConfig` ``self.config``.
-
-    Subclasses set ``config_class`` and may set ``head_prefixes``: the state-dict prefixes of their task-specific
-    head. Loading a checkpoint of a *different* architecture with the same config class (e.g. a masked-LM
-    checkpoint into a sequence classifier) is allowed when the only missing keys are the new head's.
-    ``tokenizer`` is the tokenizer saved beside the weights (or attached by the user); it is not a module and
-    holds no parameters.
-    """
-    config_class: Type[TextConfig] = None
-    head_prefixes: Tuple[str, ...] = ()
-    tokenizer = None
-    input_embeddings_path: str = ''  # dotted name of the token embedding, for get_input_embeddings
-
-    def get_input_embeddings(self) -> nn.Embedding:
-        """The token embedding (``vocab_size`` rows) that ``input_ids`` index, as ``transformers``'
-        ``PreTrainedModel.get_input_embeddings`` (what PEFT and embedding-freezing code ask for)."""
-        return self.get_submodule(self.input_embeddings_path)
-
-    def save_pretrained(self, save_directory: str, tokenizer=None) -> None:
-        """Write ``config.json``, ``model.safetensors`` and the tokenizer (``tokenizer``, else ``self.tokenizer``,
-        if any; see :meth:`mlp_vision.text.tokenizer.Tokenizer.save_pretrained`) to ``save_directory``.
-
-        Each file is written to a temporary name and renamed, so an interrupted save never leaves a torn file.
-        """
-        os.makedirs(save_directory, exist_ok=True)
-        payload = {'architecture': type(self).__name__, 'config': self.config.to_dict(),
-                   'format_version': FORMAT_VERSION}
-        if self.config.model_type:  # what transformers' AutoConfig reads (mlp_vision.text.hf_auto); we do not
-            payload['model_type'] = self.config.model_type
-        cfg_path = os.path.join(save_directory, CONFIG_NAME)
-        with open(cfg_path + '.tmp', 'w', encoding='utf-8') as f:
-            json.dump(payload, f, indent=2, sort_keys=True)
-        os.replace(cfg_path + '.tmp', cfg_path)
-        w_path = os.path.join(save_directory, WEIGHTS_NAME)
-        save_file(_unique_state_dict(self), w_path + '.tmp', metadata={'format': 'pt', 'architecture': type(self).__name__})
-        os.replace(w_path + '.tmp', w_path)
-        tokenizer = tokenizer if tokenizer is not None else self.tokenizer
-        if tokenizer is not None:
-            tokenizer.save_pretrained(save_directory)
-
-    @classmethod
-    def from_pretrained(
-            cls,
-            directory: str,
-            device: str = 'cpu',
-            strict: Optional[bool] = None,
-            **overrides: Any,
-    ):
-        """Build the model from ``directory/config.json`` (fields updated by ``overrides``) and load its weights;
-        ``model.tokenizer`` is the folder's tokenizer, or None when it has none.
-
-        Args:
-            directory: a folder written by :meth:`save_pretrained`.
-            device: where the weights are loaded to.
-            strict: require every key to match. Default: True when the checkpoint's architecture is this class;
-                False when it is another architecture of the same config class, in which case only the keys of
-                this class's head (``head_prefixes``) may be missing.
-            **overrides: config fields to change (e.g. ``num_labels=3``, ``hidden_dropout_prob=0.1``). Fields that
-                change parameter shapes make the load fail.
-        """
-        from .tokenizer import find_tokenizer
-        arch, fields, version = read_config(directory)
-        config_path = os.path.join(directory, CONFIG_NAME)
-        siblings = _architectures(cls.config_class)
-        if arch not in siblings:
-            raise TypeError(f'{directory} holds a {arch}; {cls.__name__} needs a {cls.config_class.__name__} model '
-                            f'({", ".join(sorted(siblings))})')
-        try:
-            config = cls.config_class.from_dict(fields, format_version=version)
-        except (TypeError, ValueError) as e:
-            raise UsageError(f'{config_path}: {e}') from None
-        config = dataclasses.replace(config, **cls.config_class.rename_legacy(dict(overrides)))
-        tokenizer = find_tokenizer(directory)
-        check_tokenizer_fits(tokenizer, config, directory)
-        check_text_model_size(cls, config, config_path)
-        model = cls(config)
-        same_arch = arch == cls.__name__
-        strict = same_arch if strict is None else strict
-        weights_path = os.path.join(directory, WEIGHTS_NAME)
-        _check_weight_shapes(model, weights_path, config_path)
-        report = load_backbone(model, load_file(weights_path),
-                               () if strict or same_arch else cls.head_prefixes, weights_path)
-        if strict and (report.missing or report.unused):
-            detail = (f'missing {report.missing[:8]}' if report.missing else f'unexpected {report.unused[:8]}')
-            raise UsageError(f'{weights_path} does not fit {arch}: {detail}')
-        if not strict and not same_arch and report.missing:
-            bad = report.missing
-            raise RuntimeError(f'{arch} checkpoint in {directory} lacks weights {cls.__name__} needs outside '
-                               f'its head: {bad[:8]}{"..." if len(bad) > 8 else ""}')
-        model.to(device)
-        model.tokenizer = tokenizer
-        return model
-
-
-def _architectures(config_class) -> Dict[str, type]:
-    """Name -> model class of the classes built on ``config_class``: the subclasses of :class:`PretrainedMixin` that
-    name it. The models import this module and never the registry, so ``from_pretrained`` finds a folder's
-    architecture here instead of in :mod:`mlp_vision.text.registry` (which imports the models)."""
-    found, todo = {}, list(PretrainedMixin.__subclasses__())
-    while todo:
-        c = todo.pop()
-        todo.extend(c.__subclasses__())
-        if c.config_class is config_class:
-            found.setdefault(c.__name__, c)
-    return found
-
-
-class GenerationMixin:
-    """Autoregressive sampling for causal LMs whose ``forward(input_ids)`` returns :class:`TextModelOutput`.
-
-    Contexts longer than ``config.max_position_embeddings`` are cropped to their last tokens, as in nanoGPT.
-    """
-
-    @torch.no_grad()
-    def generate(
-            self,
-            input_ids: torch.Tensor,
-            max_new_tokens: int,
-            temperature: float = 1.0,
-            top_k: Optional[int] = None,
-            generator: Optional[torch.Generator] = None,
-    ) -> torch.Tensor:
-        """Append ``max_new_tokens`` sampled tokens to ``input_ids``.
-
-        Args:
-            input_ids: (B, T) int64 prompt, T >= 1 (a single token works).
-            max_new_tokens: number of tokens to sample.
-            temperature: logits are divided by it; ``<= 0`` means greedy (argmax) decoding.
-            top_k: keep only the k most likely tokens before sampling (None = all).
-            generator: optional ``torch.Generator`` for reproducible sampling.
-
-        Returns: (B, T + max_new_tokens) int64. The model runs in eval mode (dropout off) during sampling and is put
-        back into its previous mode afterwards.
-        """
-        if input_ids.dim() != 2 or input_ids.shape[1] < 1:
-            raise ValueError(f'input_ids must be (B, T) with T >= 1, got shape {tuple(input_ids.shape)}')
-        check_range('max_new_tokens', max_new_tokens, low=0)
-        check_range('temperature', temperature, why='<= 0: greedy')  # NaN would sample from NaN probabilities
-        if top_k is not None:
-            check_range('top_k', top_k, low=1)
-        context = self.config.max_position_embeddings
-        was_training = self.training
-        self.eval()
-        try:
-            for _ in range(max_new_tokens):
-                logits = self(input_ids[:, -context:]).logits[:, -1, :]  # (B, vocab)
-                if temperature <= 0:
-                    next_id = logits.argmax(dim=-1, keepdim=True)
-                else:
-                    logits = logits / temperature
-                    if top_k is not None:
-                        kth = torch.topk(logits, min(top_k, logits.shape[-1]), dim=-1).values[:, -1:]
-                        logits = logits.masked_fill(logits < kth, float('-inf'))
-                    next_id = torch.multinomial(F.softmax(logits, dim=-1), 1, generator=generator)
-                input_ids = torch.cat((input_ids, next_id), dim=1)
-        finally:
-            self.train(was_training)
-        return input_ids

@@ -1,7 +1,10 @@
-""" The one registry of the text models: name -> (family, default task, config defaults), family -> (config class,
-task -> model class).
+""" The table of the text models: name -> (family, default task, config defaults), family -> (config class,
+task -> model class); the same table registers every family with ``transformers``' Auto classes (``AutoConfig`` by
+``model_type``, ``AutoModel`` / ``AutoModelForMaskedLM`` / ``AutoModelForSequenceClassification`` /
+``AutoModelForCausalLM`` by task), so ``AutoModelForMaskedLM.from_pretrained('ckpt/')`` and
+``pipeline('fill-mask', model='ckpt/')`` work on our folders once ``mlp_vision.text`` is imported.
 
-A separate registry from timm's (text models are not timm image models). Each name builds a config from its
+A separate table from timm's (text models are not timm image models). Each name builds a config from its
 defaults updated by the overrides and instantiates the model class of the requested task::
 
     create_model('amlp_base')                                         # GMLPForMaskedLM, 108.8 M params
@@ -11,37 +14,42 @@ defaults updated by the overrides and instantiates the model class of the reques
     model_config('bigs_large_512')['max_position_embeddings']         # every config has this field: 512
 
 Overrides are config fields (the legacy names of older checkpoints and command lines too, see
-:meth:`~mlp_vision.text.modeling_utils.TextConfig.from_dict`), plus ``task``, ``device`` and ``dtype``. Every
+:class:`~mlp_vision.text.modeling_utils.TextConfig`), plus ``task``, ``device`` and ``dtype``. Every
 config's ``max_position_embeddings`` is the longest input the model accepts; nothing else knows it.
 """
 import dataclasses
 import fnmatch
-import os
 from typing import Any, Dict, List, Optional, Tuple, Type
 
 import torch
-import torch.nn as nn
+from transformers import (
+    AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForMaskedLM, AutoModelForSequenceClassification)
 
 from mlp_vision.errors import UsageError
 from .bert import BertConfig, BertForMaskedLM, BertForSequenceClassification, BertModel
 from .bigs import BiGSConfig, BiGSForMaskedLM, BiGSForSequenceClassification, BiGSModel
 from .gmlp import GMLPConfig, GMLPForCausalLM, GMLPForMaskedLM, GMLPForSequenceClassification, GMLPModel
 from .gpt import GPTConfig, GPTLanguageModel
-from .modeling_utils import CONFIG_NAME, TextConfig, check_text_model_size, read_config
+from .modeling_utils import (
+    CONFIG_NAME, TextConfig, TextPreTrainedModel, check_text_model_size, load_text_config, read_config)
 
 __all__ = [
     'create_model', 'list_models', 'is_model', 'model_config', 'model_entry', 'register_model', 'model_class',
     'config_class', 'list_families', 'list_tasks', 'architecture_class', 'list_architectures', 'from_pretrained',
-    'ModelEntry', 'TASKS', 'load_config', 'build_config',
+    'ModelEntry', 'TASKS', 'load_config',
 ]
 
-TASKS = ('base', 'masked_lm', 'sequence_classification', 'causal_lm')
+# task -> the transformers Auto class its models are registered with
+AUTO_CLASSES = {
+    'base': AutoModel, 'masked_lm': AutoModelForMaskedLM, 'sequence_classification': AutoModelForSequenceClassification,
+    'causal_lm': AutoModelForCausalLM}
+TASKS = tuple(AUTO_CLASSES)
 
 
 @dataclasses.dataclass(frozen=True)
 class _Family:
     config_class: Type[TextConfig]
-    models: Dict[str, Type[nn.Module]]  # task -> class
+    models: Dict[str, Type[TextPreTrainedModel]]  # task -> class
 
 
 _FAMILIES: Dict[str, _Family] = {
@@ -74,7 +82,7 @@ class ModelEntry:
 
     def build_config(self, **overrides) -> TextConfig:
         """The defaults updated by ``overrides`` (legacy names accepted)."""
-        return self.config_class.from_dict({**self.defaults, **self.config_class.rename_legacy(dict(overrides))})
+        return self.config_class(**{**self.defaults, **self.config_class.rename_legacy(dict(overrides))})
 
 
 _ENTRIES: Dict[str, ModelEntry] = {}
@@ -100,7 +108,7 @@ def model_entry(name: str) -> ModelEntry:
     return _ENTRIES[name]
 
 
-def create_model(name: str, task: Optional[str] = None, device=None, dtype=None, **overrides) -> nn.Module:
+def create_model(name: str, task: Optional[str] = None, device=None, dtype=None, **overrides) -> TextPreTrainedModel:
     """Build the registered text model ``name`` (see the module docstring for the overrides); one of more than
     :data:`mlp_vision.errors.MAX_PARAMS` parameters (counted on the ``meta`` device first) is a ``UsageError``."""
     entry = model_entry(name)
@@ -125,7 +133,7 @@ def model_config(name: str, **overrides) -> dict:
     """Family, default task and every config field of ``name`` (class defaults included), e.g.
     ``model_config(name)['max_position_embeddings']``."""
     entry = model_entry(name)
-    return {'family': entry.family, 'task': entry.task, **entry.build_config(**overrides).to_dict()}
+    return {'family': entry.family, 'task': entry.task, **entry.build_config(**overrides).text_fields()}
 
 
 def list_families() -> List[str]:
@@ -142,7 +150,7 @@ def config_class(family: str) -> Type[TextConfig]:
     return _FAMILIES[family].config_class
 
 
-def model_class(family: str, task: str) -> Type[nn.Module]:
+def model_class(family: str, task: str) -> Type[TextPreTrainedModel]:
     """The class a ``family`` uses for ``task``; a clear error when the family has no such task."""
     models = _FAMILIES[family].models if family in _FAMILIES else {}
     if task not in models:
@@ -150,7 +158,7 @@ def model_class(family: str, task: str) -> Type[nn.Module]:
     return models[task]
 
 
-def architecture_class(class_name: str) -> Type[nn.Module]:
+def architecture_class(class_name: str) -> Type[TextPreTrainedModel]:
     """The model class called ``class_name`` (what ``config.json`` stores as its architecture)."""
     for family in _FAMILIES.values():
         for cls in family.models.values():
@@ -164,32 +172,36 @@ def list_architectures() -> List[str]:
     return sorted(cls.__name__ for f in _FAMILIES.values() for cls in f.models.values())
 
 
-def load_config(directory: str) -> Tuple[Type[nn.Module], TextConfig]:
-    """(the stored architecture's class, its config) of a ``save_pretrained`` folder; a config that does not build
-    (an unknown architecture or field, a value out of range such as a NaN ``layer_norm_eps``) is a
-    :class:`~mlp_vision.errors.UsageError` naming ``config.json``."""
-    arch, fields, version = read_config(directory)
-    return build_config(arch, fields, version, os.path.join(directory, CONFIG_NAME))
-
-
-def build_config(architecture: str, fields: Dict[str, Any], format_version: int,
-                 path: str) -> Tuple[Type[nn.Module], TextConfig]:
-    """(the class called ``architecture``, its config from ``fields``) as :func:`load_config` builds them from the
-    file ``path`` (named by the :class:`~mlp_vision.errors.UsageError`)."""
+def load_config(directory: str) -> Tuple[Type[TextPreTrainedModel], TextConfig]:
+    """(the stored architecture's class, its config) of a ``save_pretrained`` folder (either layout, see
+    :func:`~mlp_vision.text.modeling_utils.read_config`); a config that does not build (an unknown architecture or
+    field, a value out of range such as a NaN ``layer_norm_eps``) is a :class:`~mlp_vision.errors.UsageError`
+    naming ``config.json``."""
+    architecture, _ = read_config(directory)
     try:
         stored = architecture_class(architecture)
-        return stored, stored.config_class.from_dict(fields, format_version=format_version)
     except KeyError as e:
-        raise UsageError(f'{path}: {e.args[0]}') from None
-    except (TypeError, ValueError) as e:
-        raise UsageError(f'{path}: {e}') from None
+        raise UsageError(f'{directory}/{CONFIG_NAME}: {e.args[0]}') from None
+    return stored, load_text_config(stored.config_class, directory)
 
 
-def from_pretrained(directory: str, device: str = 'cpu', **overrides: Any) -> nn.Module:
-    """Load any text model saved with ``save_pretrained``, dispatching on the stored architecture name;
-    ``model.tokenizer`` is the folder's tokenizer (None without one)."""
+def from_pretrained(directory: str, device: str = 'cpu', **overrides: Any) -> TextPreTrainedModel:
+    """Load any text model saved with ``save_pretrained`` (the stored architecture's class, its
+    ``transformers`` ``from_pretrained``), on ``device``; ``model.tokenizer`` is the folder's tokenizer (None
+    without one)."""
     stored, _ = load_config(directory)
-    return stored.from_pretrained(directory, device=device, **overrides)
+    return stored.from_pretrained(directory, **overrides).to(device)
+
+
+def _register_auto_classes() -> None:
+    """Every family's config with ``AutoConfig`` and every (family, task) class with its task's Auto class."""
+    for family in _FAMILIES.values():
+        AutoConfig.register(family.config_class.model_type, family.config_class, exist_ok=True)
+        for task, cls in family.models.items():
+            AUTO_CLASSES[task].register(family.config_class, cls, exist_ok=True)
+
+
+_register_auto_classes()
 
 
 # --- gMLP / aMLP masked LM, BERT setup (arXiv 2105.08050 §4, Table 5): vocab 32,000, seq 512, Toeplitz W ----------

@@ -480,7 +480,7 @@ def train_classifier(args, run: TrainingRun, argv: Sequence[str], prog: str) -> 
     opt = setup_optimization(args, run, model, family, ema=args.model_ema)
     state = StepState(step=opt.start_step, start_step=opt.start_step)
     meta = dict(task=args.task, model_cfg={'name': args.model, 'family': family, 'kwargs': dict(args.model_kwargs)},
-                model_config=model.config.to_dict(), tokenizer=tokenizer.to_dict(), block_size=args.block_size,
+                model_config=model.config.text_fields(), tokenizer=tokenizer.to_dict(), block_size=args.block_size,
                 label_names=data.names, text_columns=list(data.train.text_columns), init_report=report.to_dict())
     task = ClassificationTask(args, run, opt, data, tokenizer, state, meta)
 
@@ -551,7 +551,7 @@ def _finish(args, run: TrainingRun, task: ClassificationTask, family: str, repor
             {'label_names': data.names, 'text_columns': list(data.train.text_columns),
              'label_column': args.label_column, 'max_length': args.block_size}, indent=2))
     results = {
-        'model': type(model).__name__, 'family': family, 'task': 'classify', 'model_config': model.config.to_dict(),
+        'model': type(model).__name__, 'family': family, 'task': 'classify', 'model_config': model.config.text_fields(),
         'params': sum(p.numel() for p in model.parameters()), 'init': report.to_dict(),
         'tokenizer': {'type': task.tokenizer.to_dict()['tokenizer_type'], 'vocab_size': task.tokenizer.vocab_size},
         'data': {'train_file': args.train_file, 'val_file': args.val_file,

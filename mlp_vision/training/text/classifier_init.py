@@ -82,7 +82,7 @@ def _family_of_class(cls) -> str:
 
 
 def _config_overrides(config_class, model_kwargs: Dict[str, Any], num_labels: int) -> Dict[str, Any]:
-    fields = {f.name for f in dataclasses.fields(config_class)}
+    fields = set(config_class.text_field_names())
     kwargs = config_class.rename_legacy(dict(model_kwargs))
     unknown = sorted(set(kwargs) - fields)
     if unknown:
@@ -96,7 +96,7 @@ def _overridden_config(base, model_kwargs: Dict[str, Any], num_labels: int, sour
     a field value the config rejects (e.g. ``classifier_pooling=max``) stops with one line."""
     overrides = _config_overrides(type(base), model_kwargs, num_labels)
     try:
-        config = type(base).from_dict({**base.to_dict(), **overrides})
+        config = type(base)(**{**base.text_fields(), **overrides})
     except (TypeError, ValueError) as e:
         raise UsageError(f'--model-kwargs {model_kwargs} for the --init-from {source} model: {e}') from None
     _check_shapes_kept(base, config, source)
@@ -146,7 +146,7 @@ def _fresh_classifier(model_name: str, model_kwargs: Dict[str, Any], num_labels:
         raise UsageError(f'--model-kwargs vocab_size={kwargs["vocab_size"]} differs from the tokenizer\'s '
                          f'{tokenizer.vocab_size}; leave vocab_size out (it is set from the tokenizer)')
     kwargs['vocab_size'] = tokenizer.vocab_size
-    if 'pad_token_id' in {f.name for f in dataclasses.fields(entry.config_class)}:
+    if 'pad_token_id' in entry.config_class.text_field_names():
         kwargs.setdefault('pad_token_id', tokenizer.pad_id)
     try:
         model = create_model(model_name, task='sequence_classification', **kwargs)

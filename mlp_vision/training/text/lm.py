@@ -204,7 +204,7 @@ def _build_model(args, run: TrainingRun, entry, tokenizer: Tokenizer) -> Tuple[n
         raise UsageError(f'--model-kwargs vocab_size={model_kwargs["vocab_size"]} differs from the tokenizer\'s '
                          f'{tokenizer.vocab_size}; leave vocab_size out (it is set from the tokenizer)')
     model_kwargs['vocab_size'] = tokenizer.vocab_size
-    config_fields = {f.name for f in dataclasses.fields(entry.config_class)}
+    config_fields = set(entry.config_class.text_field_names())
     if 'pad_token_id' in config_fields and tokenizer.pad_id is not None:
         model_kwargs.setdefault('pad_token_id', tokenizer.pad_id)  # BiGS: the zero embedding row is the <pad>
     random_seed(args.seed, run.dist_info.rank)
@@ -259,7 +259,7 @@ class LMTask(StepTask):
     def checkpoint_fields(self, metrics) -> dict:
         args = self.args
         return dict(task=args.task, model_cfg={'name': args.model, 'kwargs': self.model_kwargs},
-                    model_config=self.opt.model.config.to_dict(), tokenizer=self.data.tokenizer.to_dict(),
+                    model_config=self.opt.model.config.text_fields(), tokenizer=self.data.tokenizer.to_dict(),
                     block_size=args.block_size, train_tokens=self.tokens_before + self.tokens_done(),
                     train_seconds=self.seconds_before + self.state.train_seconds, val_metrics=metrics)
 
@@ -408,12 +408,14 @@ def _write_samples(model: nn.Module, tokenizer: Tokenizer, args, device: torch.d
     """Sample ``--num-samples`` continuations of ``--sample-prompt`` (seeded) and write them to ``path``."""
     model = unwrap_model(model)
     prompt = encode_text(tokenizer, args.sample_prompt, '--sample-prompt')
-    generator = torch.Generator(device=device).manual_seed(args.seed)
     texts = []
     with preserve_rng():
+        torch.manual_seed(args.seed)  # transformers' sampling draws from the global generators, restored after
+        sample = args.sample_temperature > 0  # a temperature <= 0 is greedy decoding
         for _ in range(args.num_samples):
-            out = model.generate(prompt[None].to(device), args.sample_tokens, temperature=args.sample_temperature,
-                                 top_k=args.sample_top_k, generator=generator)
+            out = model.generate(prompt[None].to(device), max_new_tokens=args.sample_tokens, do_sample=sample,
+                                 temperature=args.sample_temperature if sample else None,
+                                 top_k=args.sample_top_k or 0)  # 0: no top-k filter (transformers' default is 50)
             texts.append(tokenizer.decode(out[0].tolist()))
     header = (f'# {args.model}, {args.steps} steps, seed {args.seed}, temperature {args.sample_temperature}, '
               f'top_k {args.sample_top_k}, {args.sample_tokens} new tokens, prompt {args.sample_prompt!r}\n')
