@@ -404,6 +404,7 @@ def _results(args, run: TrainingRun, task: LMTask, recipe_info: dict, final_metr
         'command': command,
     }
 
+
 def _write_samples(model: nn.Module, tokenizer: Tokenizer, args, device: torch.device, path: Path) -> List[str]:
     """Sample ``--num-samples`` continuations of ``--sample-prompt`` (seeded) and write them to ``path``."""
     model = unwrap_model(model)
