@@ -71,7 +71,8 @@ from timm.models import model_entrypoint
 import mlp_vision
 from mlp_vision.layers import BidirectionalGatedSSM
 from mlp_vision.training.checkpoint import atomic_write_text
-from mlp_vision.training.config import SEED_MAX, THREADS_RANGE, check_flag_ranges
+from mlp_vision.training.config import SEED_MAX, check_flag_ranges
+from mlp_vision.threads import THREADS_RANGE, add_threads_argument, set_threads
 from mlp_vision.errors import parse_device
 from mlp_vision.errors import ArgumentParser, UsageError, run_cli
 from mlp_vision.training.model import COMPILE_MODES, is_local_dir
@@ -152,7 +153,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     layer.add_argument('--heads', type=int, default=16, help='BERT attention heads')
     layer.add_argument('--ffn-dim', type=int, default=4096, help='BERT feed-forward width')
     p.add_argument('--device', default='cpu')
-    p.add_argument('--threads', type=int, default=None, help='torch.set_num_threads (CPU); default: torch\'s')
+    add_threads_argument(p)
     p.add_argument('--precision', choices=PRECISIONS, default='fp32',
                    help='fp32; bf16/fp16 = model and input cast; amp_* = torch.autocast')
     p.add_argument('--channels-last', action='store_true')
@@ -205,6 +206,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     if taken:  # checked before minutes of timing, not after: earlier results are never replaced
         raise UsageError(f'--out {args.out}: {taken[0]} exists (an earlier run\'s results); give another prefix')
     return args
+
+
+_run_start = time.monotonic()  # progress lines count seconds from here (reset when a run begins)
+
+
+def progress(line: str) -> None:
+    """A progress line on stderr (stdout may be the results table), seconds since the run began first: every step
+    that can take more than a few seconds (building, counting MACs, compiling, warming up, each timed sample, the
+    memory probe) says so as it starts or ends, so a slow run is never minutes of silence."""
+    print(f'[{time.monotonic() - _run_start:5.0f} s] {line}', file=sys.stderr, flush=True)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -271,10 +282,30 @@ def share_weights(a: nn.Module, a_spec: str, b: nn.Module, b_spec: str) -> Tuple
     except (RuntimeError, KeyError, ValueError, IndexError, AttributeError, TypeError) as e:
         # another architecture: its state dict does not map onto A's (the filters fail in their own ways). Said on
         # stderr, so a converter that breaks for one architecture cannot silently turn a pair into speed only
-        print(f'note: {b_spec} weights do not load into {a_spec} ({type(e).__name__}: '
-              f'{str(e).splitlines()[0][:160] if str(e) else ""}): speed only, no output comparison', file=sys.stderr)
+        print(f'note: {b_spec} weights do not load into {a_spec} ({error_summary(e)}): speed only, no output '
+              f'comparison', file=sys.stderr)
         return 'none (different architectures: speed only)', False
     return f'{b_spec} -> {a_spec}', True
+
+
+NOTE_CHARS = 300  # an error quoted in a note: whole words up to this many characters, then how much was left out
+
+
+def _bounded(text: str, limit: int = NOTE_CHARS) -> str:
+    """``text`` on one line (whitespace runs and newlines as single spaces); beyond ``limit`` characters it ends
+    at the last whole word that fits and says how much was left out, so a note is never cut mid-word and never
+    reads as complete when it is not."""
+    text = ' '.join(text.split())
+    if len(text) <= limit:
+        return text
+    cut = text[:limit].rsplit(' ', 1)[0]
+    return f'{cut} ... ({len(text) - len(cut)} more characters)'
+
+
+def error_summary(e: BaseException) -> str:
+    """``'Type: message'`` of an exception on one bounded line (:func:`_bounded`); a multi-line message (PyTorch's
+    ``load_state_dict`` puts the missing / unexpected keys on the lines after its first) keeps its later lines."""
+    return _bounded(f'{type(e).__name__}: {e}' if str(e) else type(e).__name__)
 
 
 def input_size(spec: str, model: nn.Module, args: argparse.Namespace) -> Tuple[int, ...]:
@@ -310,7 +341,10 @@ def _sync(device: torch.device) -> None:
 class Runner:
     """Prepares one contender for one mode and runs steps of it."""
 
-    def __init__(self, model: nn.Module, mode: str, args: argparse.Namespace, in_size: Tuple[int, int, int]):
+    def __init__(self, model: nn.Module, mode: str, args: argparse.Namespace, in_size: Tuple[int, int, int],
+                 label: str = ''):
+        self.label = label  # the contender and mode in progress lines; '' (the memory probe's child): none
+        self.compiled = args.compile
         self.device = torch.device(args.device)
         self.clock = time.process_time if args.timer == 'cpu' else time.perf_counter
         self.mode = mode
@@ -353,7 +387,13 @@ class Runner:
     def warmup(self, n: int) -> float:
         """Untimed steps; returns the fastest. The first step's time is kept as ``first_step_s``: with
         ``--compile`` it is the compile time of this mode's graph (plus one step)."""
-        times = [self.timed(1) for _ in range(max(n, 1))]
+        times = []
+        for i in range(max(n, 1)):
+            if self.label:
+                progress(f'{self.label}: warm-up step {i + 1}/{max(n, 1)}'
+                         + (' (compiles the model first)' if i == 0 and self.compiled else '')
+                         + (f', the last took {times[-1]:.2f} s' if times else ''))
+            times.append(self.timed(1))
         self.first_step_s = times[0]
         return min(times)
 
@@ -445,7 +485,8 @@ def peak_memory(spec: str, mode: str, args: argparse.Namespace) -> Dict[str, flo
     left in use, plus the peak RSS of the whole process. First-touch effects make this an upper bound.
     """
     cmd = [sys.executable, '-m', 'mlp_vision.benchmark', '--memprobe', f'{spec}|{mode}', '--model', spec]
-    for k in ('batch_size', 'img_size', 'num_classes', 'device', 'threads', 'precision', 'seed', 'seq_len', 'dim',
+    cmd += ['--threads', str(torch.get_num_threads())]  # the count this run chose, not the child's own default
+    for k in ('batch_size', 'img_size', 'num_classes', 'device', 'precision', 'seed', 'seq_len', 'dim',
               'hidden_dim', 'num_states', 'heads', 'ffn_dim'):
         v = getattr(args, k)
         if v is not None:
@@ -456,9 +497,12 @@ def peak_memory(spec: str, mode: str, args: argparse.Namespace) -> Dict[str, flo
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=900, check=True,
                              env=_same_package_env()).stdout
         return json.loads(out.strip().splitlines()[-1])
+    except subprocess.CalledProcessError as e:  # the child's own last line says why
+        why = (e.stderr or '').strip().splitlines()[-1:] or [f'exit status {e.returncode}']
+        print(f'note: memory probe failed for {spec} ({_bounded(why[0])})', file=sys.stderr)
     except (subprocess.SubprocessError, ValueError, IndexError) as e:
-        print(f'note: memory probe failed for {spec} ({e})', file=sys.stderr)
-        return {}
+        print(f'note: memory probe failed for {spec} ({error_summary(e)})', file=sys.stderr)
+    return {}
 
 
 def _same_package_env() -> Dict[str, str]:
@@ -541,17 +585,22 @@ def _flops_fields(prefix: str, macs: Optional[float], mode: str, step_s: float, 
 def run_single(spec: str, args, env, macs_cache) -> List[Dict[str, Any]]:
     rows = []
     for mode in _modes(args):
+        progress(f'{spec}, {mode}: building')
         model = build(spec, args)
         in_size = input_size(spec, model, args)
         macs = None
         if not args.no_flops:
             key = (spec, in_size)
             if key not in macs_cache:
+                progress(f'{spec}: counting MACs (fvcore)')
                 macs_cache[key] = count_macs(model, in_size)
             macs = macs_cache[key]
-        runner = Runner(model, mode, args, in_size)
+        runner = Runner(model, mode, args, in_size, label=f'{spec}, {mode}')
         iters = _iters_for(runner.warmup(args.warmup), args)
-        times = [runner.timed(iters) for _ in range(args.samples)]
+        times = []
+        for k in range(args.samples):
+            times.append(runner.timed(iters))
+            progress(f'{spec}, {mode}: sample {k + 1}/{args.samples} ({iters} steps): {times[-1] * 1e3:.1f} ms/step')
         t = statistics.median(times)
         if args.profile:
             profile_step(runner, f'{spec}, {mode}, batch {args.batch_size}, {torch.get_num_threads()} threads')
@@ -562,6 +611,7 @@ def run_single(spec: str, args, env, macs_cache) -> List[Dict[str, Any]]:
         if args.compile:
             row.update(compile_s=runner.first_step_s)
         if not args.no_memory:
+            progress(f'{spec}, {mode}: peak memory (a child process runs two steps)')
             row.update(peak_memory(spec, mode, args))
         rows.append(row)
         print(_fmt_row(row), flush=True)
@@ -586,6 +636,7 @@ def _max_diff(a: nn.Module, b: nn.Module, in_size, args) -> Tuple[float, float]:
 def run_pair(a_spec: str, b_spec: str, args, env, macs_cache) -> List[Dict[str, Any]]:
     rows = []
     for mode in _modes(args):
+        progress(f'{a_spec} vs {b_spec}, {mode}: building both')
         torch.manual_seed(args.seed)
         if a_spec.startswith(('ref:', FUSED_PREFIX)):  # built from B (same weights)
             b = build(b_spec, args)
@@ -604,10 +655,11 @@ def run_pair(a_spec: str, b_spec: str, args, env, macs_cache) -> List[Dict[str, 
             if not args.no_flops:
                 key = (spec, in_size)
                 if key not in macs_cache:
+                    progress(f'{spec}: counting MACs (fvcore)')
                     macs_cache[key] = count_macs(m, in_size)
                 macs[spec] = macs_cache[key]
-        ra = Runner(a, mode, args, in_size)
-        rb = Runner(b, mode, args, in_size)
+        ra = Runner(a, mode, args, in_size, label=f'A {a_spec}, {mode}')
+        rb = Runner(b, mode, args, in_size, label=f'B {b_spec}, {mode}')
         # warm both up, then size the samples from the slower one so each sample has >= min_sample_time
         ta, tb = ra.warmup(args.warmup), rb.warmup(args.warmup)
         iters = _iters_for(max(ta, tb), args)
@@ -624,6 +676,8 @@ def run_pair(a_spec: str, b_spec: str, args, env, macs_cache) -> List[Dict[str, 
             times_a.append(t_a)
             times_b.append(t_b)
             ratios.append(t_b / t_a)
+            progress(f'{a_spec} vs {b_spec}, {mode}: pair {i + 1}/{args.samples} ({iters} steps each): A '
+                     f'{t_a * 1e3:.1f}, B {t_b * 1e3:.1f} ms/step')
         ta, tb = statistics.median(times_a), statistics.median(times_b)
         if args.profile:
             for spec, runner in ((a_spec, ra), (b_spec, rb)):
@@ -645,6 +699,7 @@ def run_pair(a_spec: str, b_spec: str, args, env, macs_cache) -> List[Dict[str, 
         del ra, rb, a, b
         if not args.no_memory:
             for prefix, spec in (('', a_spec), ('base_', b_spec)):
+                progress(f'{spec}, {mode}: peak memory (a child process runs two steps)')
                 row.update({prefix + k: v for k, v in peak_memory(spec, mode, args).items()})
         rows.append(row)
         print(_fmt_row(row), flush=True)
@@ -655,14 +710,40 @@ def run_pair(a_spec: str, b_spec: str, args, env, macs_cache) -> List[Dict[str, 
 # output
 # ---------------------------------------------------------------------------------------------------------------
 
+def rate_text(rate: float) -> str:
+    """A throughput with at least 3 significant digits (0.352, 41.7, 1234), so two slow contenders never print
+    as the same or swapped rounded numbers."""
+    return f'{rate:.0f}' if rate >= 100 else f'{rate:.3g}'
+
+
+def speed_sentence(r: Dict[str, Any]) -> str:
+    """A paired row in words, naming the faster contender first: ``'A is 1.117x faster than B (median of 8 paired
+    ratios, q1-q3 1.09-1.14); 0.412 vs 0.369 img/s (median of each)'``. The throughputs follow the sentence's
+    order; when the medians of each point the other way than the paired ratio (load changed while timing), the
+    line says so instead of leaving two numbers that seem to contradict each other."""
+    unit = 'tok' if 'tok_per_s' in r else 'img'
+    a, b, ratio = r['model'], r['baseline'], r['speedup']
+    rate_a, rate_b = r[unit + '_per_s'], r['base_' + unit + '_per_s']
+    q1, q3 = r['speedup_q1'], r['speedup_q3']
+    if ratio >= 1:
+        faster, slower, factor, rates, quartiles = a, b, ratio, (rate_a, rate_b), (q1, q3)
+    else:
+        faster, slower, factor, rates, quartiles = b, a, 1 / ratio, (rate_b, rate_a), (1 / q3, 1 / q1)
+    text = (f'{faster} is {factor:.3f}x faster than {slower} (median of {r["pairs"]} paired ratios, q1-q3 '
+            f'{quartiles[0]:.3f}-{quartiles[1]:.3f}); {rate_text(rates[0])} vs {rate_text(rates[1])} {unit}/s '
+            f'(median of each)')
+    if ratio != 1 and rates[0] < rates[1]:
+        text += ('; the medians of each disagree with the paired ratio (the machine\'s load changed while timing: '
+                 'the ratio of back-to-back pairs is the steadier; more --samples settle it)')
+    return text
+
+
 def _fmt_row(r: Dict[str, Any]) -> str:
     unit = 'tok' if 'tok_per_s' in r else 'img'
     if 'baseline' in r:
         diff = 'n/a (different layers)' if r['max_abs_diff'] is None else f"{r['max_abs_diff']:.2e}"
-        return (f"{r['mode']:9s} {r['model']} vs {r['baseline']}: x{r['speedup']:.3f} "
-                f"[q1 {r['speedup_q1']:.3f}, q3 {r['speedup_q3']:.3f}, {r['pairs']} pairs] "
-                f"{r[unit + '_per_s']:.1f} vs {r['base_' + unit + '_per_s']:.1f} {unit}/s, max|diff| {diff}")
-    return f"{r['mode']:9s} {r['model']}: {r[unit + '_per_s']:.1f} {unit}/s ({r['step_ms']:.1f} ms/step)"
+        return f"{r['mode']:9s} {r['model']} vs {r['baseline']}: {speed_sentence(r)}, max|diff| {diff}"
+    return f"{r['mode']:9s} {r['model']}: {rate_text(r[unit + '_per_s'])} {unit}/s ({r['step_ms']:.1f} ms/step)"
 
 
 def environment(args, command: str) -> Dict[str, Any]:
@@ -689,9 +770,9 @@ def environment(args, command: str) -> Dict[str, Any]:
 _MD_COLS_PAIR = [
     ('mode', 'mode', '{}'), ('model', 'A', '`{}`'), ('baseline', 'B', '`{}`'), ('batch_size', 'batch', '{}'),
     ('img_size', 'img', '{}'), ('seq_len', 'tokens', '{}'), ('dim', 'd', '{}'),
-    ('img_per_s', 'A img/s', '{:.1f}'), ('base_img_per_s', 'B img/s', '{:.1f}'),
-    ('tok_per_s', 'A tok/s', '{:.0f}'), ('base_tok_per_s', 'B tok/s', '{:.0f}'),
-    ('speedup', 'A / B speed-up (median of pairs)', '**{:.2f}×**'),
+    ('img_per_s', 'A img/s', rate_text), ('base_img_per_s', 'B img/s', rate_text),
+    ('tok_per_s', 'A tok/s', rate_text), ('base_tok_per_s', 'B tok/s', rate_text),
+    ('speedup', 'speed-up of A over B (t_B / t_A, median of pairs; < 1: A is slower)', '**{:.2f}×**'),
     ('speedup_q1', 'q1', '{:.2f}'), ('speedup_q3', 'q3', '{:.2f}'), ('pairs', 'pairs', '{}'),
     ('gflops', 'A GFLOP/s', '{:.0f}'), ('pct_of_matmul', 'A % of mm', '{:.0f} %'),
     ('pct_of_onednn', 'A % of oneDNN', '{:.0f} %'),
@@ -702,8 +783,8 @@ _MD_COLS_PAIR = [
 ]
 _MD_COLS_SINGLE = [
     ('mode', 'mode', '{}'), ('model', 'model', '`{}`'), ('batch_size', 'batch', '{}'), ('img_size', 'img', '{}'),
-    ('seq_len', 'tokens', '{}'), ('dim', 'd', '{}'), ('img_per_s', 'img/s', '{:.1f}'),
-    ('tok_per_s', 'tok/s', '{:.0f}'), ('step_ms', 'ms/step', '{:.1f}'), ('gmacs_per_img', 'GMACs/img', '{:.2f}'),
+    ('seq_len', 'tokens', '{}'), ('dim', 'd', '{}'), ('img_per_s', 'img/s', rate_text),
+    ('tok_per_s', 'tok/s', rate_text), ('step_ms', 'ms/step', '{:.1f}'), ('gmacs_per_img', 'GMACs/img', '{:.2f}'),
     ('gmacs_per_seq', 'GMACs/seq', '{:.2f}'), ('gflops', 'GFLOP/s', '{:.0f}'), ('pct_of_matmul', '% of mm', '{:.0f} %'),
     ('pct_of_onednn', '% of oneDNN', '{:.0f} %'), ('step_mem_mb', 'step mem MB', '{:.0f}'),
     ('peak_mem_mb', 'peak MB', '{:.0f}'),
@@ -730,7 +811,7 @@ def markdown(rows: List[Dict[str, Any]], env: Dict[str, Any], args) -> str:
         cells = []
         for key, _, fmt in cols:
             v = r.get(key)
-            cells.append('–' if v is None else fmt.format(v))
+            cells.append('–' if v is None else fmt(v) if callable(fmt) else fmt.format(v))
         lines.append('| ' + ' | '.join(cells) + ' |')
     return '\n'.join(lines) + '\n'
 
@@ -763,15 +844,18 @@ def main(argv=None, prog: str = 'benchmark.py') -> None:
 
 
 def _main(argv, prog: str) -> None:
+    global _run_start
     args = parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    threads = set_threads(args.threads)
     if args.memprobe:
         _memprobe_main(args)
         return
+    _run_start = time.monotonic()
+    progress(threads)
     # as typed: python benchmark.py ... in a checkout, mlp-vision-benchmark ... / python -m mlp_vision.benchmark ...
     env = environment(args, ('python ' if prog.endswith('.py') else '') + ' '.join([prog, shlex.join(argv)]))
     if not args.no_ceiling:
+        progress('matmul ceiling: timing torch.mm (--no-ceiling skips it)')
         env.update(matmul_ceiling(torch.device(args.device), args.precision,
                                   time.process_time if args.timer == 'cpu' else time.perf_counter))
         print(f"matmul ceiling: torch.mm {env['matmul_gflops']:.1f} GFLOP/s"

@@ -53,7 +53,7 @@ def text_train() -> int:
 
 def fill_mask() -> int:
     from .text.fill_mask import main
-    return _exit_status(main())
+    return _exit_status(main(prog='mlp-vision-fill-mask'))
 
 
 def visualize() -> int:

@@ -27,7 +27,7 @@ from typing import Any, Callable, Optional, Sequence, Tuple
 import torch
 import torch.nn as nn
 
-__all__ = ['ArgumentParser', 'UsageError', 'RunError', 'Interrupted', 'ScriptExit', 'run_cli', 'find_os_error',
+__all__ = ['ArgumentParser', 'DefaultsHelpFormatter', 'UsageError', 'RunError', 'Interrupted', 'ScriptExit', 'run_cli', 'find_os_error',
            'check_range', 'parse_device', 'read_json_file', 'stop_moved_module', 'short_repr', 'MAX_PARAMS',
            'check_model_size']
 
@@ -48,6 +48,17 @@ class ArgumentParser(argparse.ArgumentParser):
 
     def error(self, message: str):
         raise UsageError(message)
+
+
+class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """argparse's ``(default: X)`` after each flag's help, except where the help already says its default in words
+    (``'... (default: the training set's)'`` would otherwise read ``(default: the training set's) (default:
+    None)``)."""
+
+    def _get_help_string(self, action):
+        if 'default' in (action.help or '').lower():
+            return action.help
+        return super()._get_help_string(action)
 
 
 _SHORT = reprlib.Repr()
@@ -259,7 +270,17 @@ def _boundary_line(error: BaseException) -> Optional[Tuple[int, str]]:
 
 
 def run_cli(prog: str, main: Callable[[Sequence[str]], object], argv: Optional[Sequence[str]] = None):
-    """``main(argv)`` with the scripts' error path (see the module docstring); returns what ``main`` returns."""
+    """``main(argv)`` with the scripts' error path (see the module docstring); returns what ``main`` returns.
+    torch's intra-op thread count is the caller's again afterwards: a command's ``--threads`` is for its run only
+    (an in-process caller, a test, keeps its own)."""
+    threads = torch.get_num_threads()
+    try:
+        return _run_cli(prog, main, argv)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _run_cli(prog: str, main: Callable[[Sequence[str]], object], argv: Optional[Sequence[str]]):
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = '--debug' in argv
     try:

@@ -58,9 +58,9 @@ from mlp_vision.training.data import (
     create_train_val_datasets, dataset_class_names, dataset_source, default_workers, fit_batch_to_data,
     prepare_digits_folder, train_samples_per_rank)
 from mlp_vision.training.distributed import all_gather_objects, init_device, wrap_ddp
-from mlp_vision.training.engine import evaluate, format_duration, train_one_epoch
+from mlp_vision.training.engine import evaluate, format_duration, reports_top5, train_one_epoch
 from mlp_vision.training.loop import StepLoop
-from mlp_vision.errors import ArgumentParser, Interrupted, UsageError, run_cli
+from mlp_vision.errors import ArgumentParser, DefaultsHelpFormatter, Interrupted, UsageError, run_cli
 from mlp_vision.training.log import setup_logging
 from mlp_vision.training.loop import warn_global_batch_beyond_data
 from mlp_vision.training.model import (
@@ -69,6 +69,7 @@ from mlp_vision.training.model import (
 from mlp_vision.training.run import (
     NonFiniteLossError, TrainingRun, UpdateStep, add_run_arguments, create_lr_scheduler, parse_run_args, setup_amp)
 from mlp_vision.training.summary import plot_curves
+from mlp_vision.threads import add_threads_argument, set_threads
 from mlp_vision.validate import main as validate_main
 
 _logger = logging.getLogger('train')
@@ -82,7 +83,7 @@ PROG = 'train.py'  # the command's name in messages (the console script and ``py
 def build_parser() -> argparse.ArgumentParser:
     parser = ArgumentParser(
         description='mlp_vision training (timm pipeline). With no dataset argument: the handwritten-digits demo.',
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        formatter_class=DefaultsHelpFormatter)
     parser.add_argument('-c', '--config', default='', type=str, metavar='FILE|RECIPE',
                         help='yaml file of flag values (keys = flag names), or the name of a recipe of configs/ '
                              '(shipped with the package), e.g. smlpnet_t; explicit flags override it')
@@ -164,6 +165,7 @@ def _add_device_args(parser) -> None:
     group.add_argument('--dist-backend', default=None, type=str,
                        help='a backend or device:backend pairs (default: cpu:gloo,cuda:nccl for CUDA, gloo for CPU)')
     group.add_argument('--dist-url', default=None, type=str, help="default: 'env://' (torchrun)")
+    add_threads_argument(group)
     group.add_argument('--sync-bn', action='store_true', default=False, help='SyncBatchNorm (CUDA, distributed)')
     group.add_argument('--dist-bn', type=str, default='reduce', choices=('reduce', 'broadcast', ''),
                        help='after each epoch, make BatchNorm stats equal on all ranks (average or rank 0)')
@@ -381,6 +383,7 @@ def _main(argv, prog):
     dist_info = init_device(args.device, args.dist_backend, args.dist_url)
     setup_logging(dist_info.primary)
     check_args(args, dist_info)
+    _logger.info(set_threads(args.threads))
     run = TrainingRun(args, dist_info, resume_ckpt, kind='image', key='epoch', prog=prog,
                       decreasing=args.eval_metric == 'loss', max_history=args.checkpoint_hist)
     with run:
@@ -515,6 +518,9 @@ def _create_datasets(args, data_dir):
         if train_classes is None:
             raise UsageError('the training set does not list its classes: pass --num-classes N')
         args.num_classes = len(train_classes)
+    if args.eval_metric == 'top5' and not reports_top5(args.num_classes):
+        raise UsageError(f'--eval-metric top5 with {args.num_classes} classes: every label is among the top 5, so it '
+                         f'is 100 % whatever the model does; use top1 or loss')
     hint = f' (--num-classes {args.num_classes}); pass --num-classes to match the data, or a --class-map'
     check_num_classes(dataset_train, args.num_classes, 'training set', hint)
     if dataset_eval is not None:
@@ -735,11 +741,15 @@ def _summary_row(epoch: int, metrics: EpochMetrics, device) -> dict:
     return row
 
 
+def _accuracy_text(metrics: dict) -> str:
+    """``'top1 97.25 top5 99.75'``; top-5 only where it means something (more than 5 classes)."""
+    return f'top1 {metrics["top1"]:.2f}' + (f' top5 {metrics["top5"]:.2f}' if metrics['top5'] is not None else '')
+
+
 def _epoch_message(epoch: int, num_epochs: int, metrics: EpochMetrics, row: dict, saved_best: bool) -> str:
     msg = f'Epoch {epoch}/{num_epochs - 1}: train loss {metrics.train["loss"]:.4f}'
     if metrics.eval is not None:
-        msg += (f' | eval loss {metrics.eval["loss"]:.4f} top1 {metrics.eval["top1"]:.2f} '
-                f'top5 {metrics.eval["top5"]:.2f}')
+        msg += f' | eval loss {metrics.eval["loss"]:.4f} {_accuracy_text(metrics.eval)}'
     if metrics.ema_eval is not None:
         msg += f' | EMA top1 {metrics.ema_eval["top1"]:.2f}'
     msg += f' | {metrics.train["img_per_sec"]:,.0f} img/s, {format_duration(metrics.train["seconds"])}'
@@ -754,7 +764,8 @@ def _validate_demo(args, run, job: ImageTraining, data_dir):
     dist_info = run.dist_info
     best_path = Path(all_gather_objects(str(run.saver.best_path) if dist_info.primary else '', dist_info)[0])
     val_argv = ['--checkpoint', str(best_path), '--data-dir', data_dir, '--split', args.val_split,
-                '--workers', str(args.workers), '--results-file', str(best_path.parent / 'validate_best.json')]
+                '--workers', str(args.workers), '--results-file', str(best_path.parent / 'validate_best.json'),
+                '--threads', str(torch.get_num_threads())]  # the training's count: the load now includes this run
     if job.model_ema is not None and not args.model_ema_force_cpu:
         val_argv.append('--use-ema')  # the EMA weights' accuracy chose the best checkpoint
     _logger.info('Demo: validating the saved best checkpoint with the validation command:\n'
@@ -830,8 +841,8 @@ def _final_outputs(args, demo, run, job: ImageTraining, metrics: EpochMetrics, d
     plot_curves(run.output_dir / 'summary.csv', run.output_dir / 'curves.png',
                 title=f'{args.model} on {Path(data_dir).name if data_dir else args.dataset}')
     if metrics.eval is not None:
-        msg = (f'Done in {format_duration(time.time() - train_start)}: final eval top1 {metrics.eval["top1"]:.2f} '
-               f'top5 {metrics.eval["top5"]:.2f} loss {metrics.eval["loss"]:.4f}')
+        msg = (f'Done in {format_duration(time.time() - train_start)}: final eval {_accuracy_text(metrics.eval)} '
+               f'loss {metrics.eval["loss"]:.4f}')
         if best:
             msg += f'; best {args.eval_metric} {best["metric"]:.4f} at epoch {best["epoch"]}'
         _logger.info(msg)

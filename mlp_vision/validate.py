@@ -40,19 +40,20 @@ from mlp_vision.training.data import (
 )
 from mlp_vision.training.distributed import init_device
 from mlp_vision.training.engine import evaluate
-from mlp_vision.errors import ArgumentParser, UsageError, check_range, run_cli
+from mlp_vision.errors import ArgumentParser, DefaultsHelpFormatter, UsageError, check_range, run_cli
 from mlp_vision.training.log import setup_logging
 from mlp_vision.training.model import (
     add_compile_arguments, check_compile_backend, compile_model, create_model_for_eval, model_create_kwargs)
 from mlp_vision.training.run import add_common_arguments, setup_amp
 from mlp_vision.training.summary import write_json
+from mlp_vision.threads import add_threads_argument, set_threads
 
 _logger = logging.getLogger('validate')
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = ArgumentParser(description='mlp_vision validation (timm pipeline)',
-                            formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                            formatter_class=DefaultsHelpFormatter)
     parser.add_argument('data', nargs='?', metavar='DIR', help='path to dataset (positional, same as --data-dir)')
     parser.add_argument('--data-dir', metavar='DIR', help='path to dataset root (ImageFolder tree or folder of tars)')
     parser.add_argument('--dataset', metavar='NAME', default='',
@@ -89,6 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help='data loading processes (default: 4, at most the CPUs this process may use)')
     parser.add_argument('--pin-mem', action='store_true', default=False, help='pin CPU memory in the loader')
     parser.add_argument('--device', default=None, type=str, help="'cuda', 'cpu' (default: cuda if available)")
+    add_threads_argument(parser)
     parser.add_argument('--amp', action='store_true', default=False,
                         help='mixed precision (bfloat16 on CPU, float16 on CUDA)')
     parser.add_argument('--amp-dtype', default=None, type=str, choices=('float16', 'bfloat16'), help='autocast dtype')
@@ -204,9 +206,11 @@ def checkpoint_data_config(data_cfg, checkpoint: str, in_chans: int) -> dict:
 def validate(args: argparse.Namespace) -> dict:
     """Run one validation; returns the results dict. Raises :class:`UsageError` for bad input."""
     check_args(args)
+    threads = set_threads(args.threads)
     dist_info = init_device(args.device)
     device = dist_info.device
     setup_logging(dist_info.primary)
+    _logger.info(threads)
     data_dir = args.data_dir or args.data
 
     # the weights decide the model (a training checkpoint knows its own); explicit flags override
@@ -262,7 +266,7 @@ def validate(args: argparse.Namespace) -> dict:
         'weights': info['source'],
         'labels': labels,
         'top1': round(metrics['top1'], 4),
-        'top5': round(metrics['top5'], 4),
+        'top5': None if metrics['top5'] is None else round(metrics['top5'], 4),  # None: 5 classes or fewer
         'loss': round(metrics['loss'], 6),
         'samples': metrics['samples'],
         'img_per_sec': round(metrics['img_per_sec'], 2),
@@ -278,7 +282,8 @@ def validate(args: argparse.Namespace) -> dict:
     if device.type == 'cuda':
         results['device_name'] = torch.cuda.get_device_name(device)
         results['cuda_peak_mem_gib'] = round(torch.cuda.max_memory_allocated(device) / 2 ** 30, 3)
-    _logger.info(f' * Acc@1 {results["top1"]:.3f} Acc@5 {results["top5"]:.3f} loss {results["loss"]:.4f} '
+    top5 = f' Acc@5 {results["top5"]:.3f}' if results['top5'] is not None else ''
+    _logger.info(f' * Acc@1 {results["top1"]:.3f}{top5} loss {results["loss"]:.4f} '
                  f'({results["samples"]} images, {results["img_per_sec"]:,.0f} img/s)')
     if args.results_file and dist_info.primary:
         _write_results(args.results_file, results)

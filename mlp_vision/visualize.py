@@ -40,9 +40,10 @@ from .layers.gating import SpatialGatingUnit
 from .layers.sparse_mlp import AxialSparseMLP
 from .layers.ssm import BidirectionalGatedSSM
 from .training.checkpoint import load_checkpoint_file
-from .errors import ArgumentParser, UsageError, check_range, run_cli
+from .errors import ArgumentParser, DefaultsHelpFormatter, UsageError, check_range, run_cli
 from .training.model import create_model, create_model_for_eval, model_create_kwargs
 from .training.run import add_common_arguments
+from .threads import add_threads_argument, set_threads
 
 __all__ = ['spatial_projections', 'axial_weights', 'ssm_responses', 'token_grid', 'load_model', 'visualize', 'main']
 
@@ -323,7 +324,9 @@ def visualize(args: argparse.Namespace, progress: Callable[[str], None] = print)
     check_range('--grid-tokens', args.grid_tokens, low=1)
     check_range('--max-lag', args.max_lag, low=1)
     _check_out(args.out)
+    threads = set_threads(args.threads)
     start = time.monotonic()
+    progress(threads)
     model, what = load_model(args.source, args.model, args.pretrained, args.model_kwargs, args.trust_checkpoint)
     projections = spatial_projections(model)
     axial = axial_weights(model)
@@ -358,7 +361,7 @@ def visualize(args: argparse.Namespace, progress: Callable[[str], None] = print)
 def build_parser(prog: Optional[str] = None) -> argparse.ArgumentParser:
     parser = ArgumentParser(prog=prog, description='Draw the learned token mixing of gMLP (spatial projection '
                             'filters), sMLPNet (axial weights) and BiGS (SSM kernels) models as PNGs',
-                            formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                            formatter_class=DefaultsHelpFormatter)
     parser.add_argument('source', metavar='CHECKPOINT_OR_MODEL',
                         help='a training checkpoint (or state dict with --model), a text-model folder written by '
                              'save_pretrained, or a model name (timm or text registry)')
@@ -373,6 +376,7 @@ def build_parser(prog: Optional[str] = None) -> argparse.ArgumentParser:
                         help='gMLP vision: draw the filters of K x K tokens spread over the patch grid')
     parser.add_argument('--max-lag', type=int, default=64, metavar='N',
                         help='BiGS / text gMLP: plot token offsets up to N')
+    add_threads_argument(parser)
     add_common_arguments(parser)
     return parser
 

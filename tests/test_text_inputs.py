@@ -60,7 +60,7 @@ TRAINER_FLAGS = {
     ('--seed', '-1'): '--seed must be in [0, 2147483647], got -1',
     ('--seed', str(2 ** 70)): '--seed must be in [0, 2147483647]',
     ('--threads', '0'): '--threads must be in [1, ',
-    ('--threads', '100000'): "(this machine's CPUs), got 100000",  # torch.set_num_threads(100000): SIGSEGV
+    ('--threads', '100000'): '(the CPUs this process may use), got 100000',  # torch.set_num_threads(100000): SIGSEGV
     ('--device', 'banana'): "--device 'banana' is not a device",
     ('--dist-backend', 'banana'): "--dist-backend 'banana' is not a torch.distributed backend",
     ('--weight-decay', '-1'): '--weight-decay must be >= 0, got -1.0',

@@ -12,7 +12,9 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
+from ..errors import UsageError, check_range
 from ..training.checkpoint import atomic_write_text
+from ..threads import THREADS_RANGE, add_threads_argument, set_threads
 from .counts import DEFAULT_IMG_SIZE, Count, CountCache, family, resolve_models, text_seq_len
 from .paper import PAPER_ROWS, QUANTITIES, STATUSES, Comparison, compare, format_like
 
@@ -241,7 +243,13 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                    help='write here instead of stdout; several paths (.md / .csv / .json) share one count')
     p.add_argument('--plot', metavar='PNG', help='write the MACs-scaling plot (vision sizes, BiGS/BERT lengths) '
                                                  'and exit')
+    add_threads_argument(p)  # fvcore traces every model: a forward each
     args = p.parse_args(argv)
+    try:
+        if args.threads is not None:
+            check_range('--threads', args.threads, **THREADS_RANGE)
+    except UsageError as e:  # as this command's other flag errors: argparse's usage and the line, status 2
+        p.error(str(e))
     if args.img_size % 32:
         p.error(f'--img-size must be a multiple of 32 (sMLPNet needs H and W divisible by 32), got {args.img_size}')
     for flag, path in [('--output', path) for path in args.output or []] + [('--plot', args.plot)]:
@@ -280,10 +288,20 @@ def _command_line(args: argparse.Namespace) -> str:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """Exit status: 0; 1 when a paper row FAILs or a model could not be counted (ERROR); 2 for bad arguments."""
+    """Exit status: 0; 1 when a paper row FAILs or a model could not be counted (ERROR); 2 for bad arguments.
+    torch's thread count is the caller's again afterwards (``--threads`` is for this run only)."""
+    threads = torch.get_num_threads()
+    try:
+        return _main(argv)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _main(argv: Optional[Sequence[str]]) -> int:
     args = parse_args(argv)
     def progress(line: str) -> None:  # on stderr: stdout may be the report itself
         print(line, file=sys.stderr, flush=True)
+    progress(set_threads(args.threads))
     # fvcore traces with torch.jit, whose deprecation notice (one per model) says nothing about the counts
     warnings.filterwarnings('ignore', message='`torch.jit.script` is deprecated', category=FutureWarning)
     if args.plot:

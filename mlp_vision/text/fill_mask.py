@@ -10,7 +10,8 @@ with the tokenizer's template (``<cls> text <sep>``) and each mask predicts one 
 1810.04805 §3.1 "Task #1: Masked LM").
 
 Bad input (a damaged or inconsistent folder, a text without a mask token, ``--top-k 0``, a device this machine
-lacks) is one line ``python -m mlp_vision.text.fill_mask: error: ...`` and exit status 2, as the other scripts;
+lacks) is one line ``python -m mlp_vision.text.fill_mask: error: ...`` (``mlp-vision-fill-mask: error: ...`` when run
+as the console script) and exit status 2, as the other scripts;
 ``--debug`` shows the traceback. From Python the same problems are a ``UsageError`` (a ``ValueError``).
 
 From Python::
@@ -33,6 +34,7 @@ from mlp_vision.errors import UsageError, check_range, run_cli
 from .modeling_utils import is_saved_folder
 from .registry import list_architectures, load_config
 from .tokenizer import Tokenizer
+from ..threads import add_threads_argument, set_threads
 
 __all__ = ['fill_mask', 'load_masked_lm', 'main']
 
@@ -114,21 +116,24 @@ def fill_mask(model: nn.Module, tokenizer: Tokenizer, text: str, top_k: int = 5)
              for p, i in zip(row_scores, row_ids)] for row_scores, row_ids in zip(scores, top)]
 
 
-def main(argv: Optional[Sequence[str]] = None) -> List[List[Dict]]:
-    """Print the predictions; returns them. Errors: one line and exit status 2 (see ``run_cli``)."""
-    return run_cli(PROG, _main, argv)
+def main(argv: Optional[Sequence[str]] = None, prog: str = PROG) -> List[List[Dict]]:
+    """Print the predictions; returns them. Errors: one line starting with ``prog`` (the name the command was run
+    as: ``mlp-vision-fill-mask`` for the console script) and exit status 2 (see ``run_cli``)."""
+    return run_cli(prog, lambda a: _main(a, prog), argv)
 
 
-def _main(argv: Sequence[str]) -> List[List[Dict]]:
+def _main(argv: Sequence[str], prog: str) -> List[List[Dict]]:
     parser = argparse.ArgumentParser(
-        prog=PROG, description='Print the most likely tokens and their probabilities at each mask token of a text.')
+        prog=prog, description='Print the most likely tokens and their probabilities at each mask token of a text.')
     parser.add_argument('directory', help='a save_pretrained folder of a masked LM, or an official BiGS folder')
     parser.add_argument('text', help='text with one or more mask tokens ([MASK] for BERT vocabularies)')
     parser.add_argument('--top-k', type=int, default=5, help='predictions per mask (default 5)')
     parser.add_argument('--device', default='cpu', help='torch device (default cpu)')
+    add_threads_argument(parser)
     parser.add_argument('--debug', action='store_true', help='show the traceback of an error, not its one line')
     args = parser.parse_args(argv)
     check_range('--top-k', args.top_k, low=1)
+    set_threads(args.threads)  # not printed: stdout is the predictions
     device = parse_device(args.device)
     model = load_masked_lm(args.directory, device=str(device))
     results = fill_mask(model, model.tokenizer, args.text, top_k=args.top_k)

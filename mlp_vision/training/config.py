@@ -30,9 +30,6 @@ __all__ = ['load_yaml_config', 'parse_args_with_config', 'args_to_yaml', 'check_
 
 # --seed's largest value in both trainers: the seed feeds numpy's generator (seeds < 2**32) after the rank is added
 SEED_MAX = 2 ** 31 - 1
-# --threads in every script: more threads than CPUs only oversubscribe them, and torch.set_num_threads(100000)
-# crashes the process (SIGSEGV)
-THREADS_RANGE = dict(low=1, high=os.cpu_count() or 1, why="this machine's CPUs")
 
 
 # a settings file is a few KB (a run's args.yaml about 4 KB) and at most a few levels deep (a dict of model kwargs

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from .data import num_valid_samples
 from .loop import StepLoop, format_duration, progress_line
 
-__all__ = ['train_one_epoch', 'evaluate', 'format_duration']
+__all__ = ['train_one_epoch', 'evaluate', 'reports_top5', 'format_duration']
 
 _logger = logging.getLogger(__name__)
 
@@ -105,6 +105,13 @@ def train_one_epoch(
     )
 
 
+def reports_top5(num_classes: int) -> bool:
+    """Whether top-5 accuracy means anything: with 5 classes or fewer every label is among the top 5, so it would be
+    100 % whatever the model does; train.py and validate.py leave it out then (an empty ``eval_top5`` cell, a null
+    ``top5``), and ``--eval-metric top5`` is refused."""
+    return num_classes > 5
+
+
 @torch.no_grad()
 def evaluate(
         model: nn.Module,
@@ -120,7 +127,8 @@ def evaluate(
     """Top-1 / top-5 accuracy (%) and mean cross-entropy over the whole loader, and images/s.
 
     Exact in distributed mode: the padding samples that even out the ranks are not counted, and the sums
-    are reduced over the ranks, so the numbers equal a one-process run. Top-5 is top-k with k = min(5, classes).
+    are reduced over the ranks, so the numbers equal a one-process run. ``top5`` is None for a model of at most
+    5 classes (see :func:`reports_top5`).
     The sums stay on the device until the end: one all-reduce and one host sync per evaluation, none per batch.
     """
     model.eval()
@@ -144,8 +152,8 @@ def evaluate(
         processed += len(target)
         output, target = output[:keep], target[:keep]
         loss = F.cross_entropy(output, target, reduction='sum')
-        k = min(5, output.shape[1])
-        correct = output.topk(k, dim=1).indices.eq(target[:, None])
+        num_classes = output.shape[1]
+        correct = output.topk(min(5, num_classes), dim=1).indices.eq(target[:, None])
         batch = torch.stack([loss.double(), correct[:, :1].sum().double(), correct.sum().double()])
         sums = batch if sums is None else sums + batch  # on the device: no host sync per batch
         scored += keep
@@ -164,7 +172,7 @@ def evaluate(
     return OrderedDict(
         loss=loss_sum / n,
         top1=100. * c1 / n,
-        top5=100. * c5 / n,
+        top5=100. * c5 / n if reports_top5(num_classes) else None,
         samples=int(n),
         img_per_sec=processed * world / seconds,
         seconds=seconds,

@@ -9,16 +9,20 @@ from timm.utils import ParseKwargs
 
 from ...text.registry import is_model, list_models, model_entry
 from ...text.tokenizer import SUBWORD_KINDS, check_vocab_size
-from ..config import SEED_MAX, THREADS_RANGE
+from ..config import SEED_MAX
 from ..model import add_compile_arguments, check_compile_backend
-from mlp_vision.errors import ArgumentParser, UsageError, check_range
+from mlp_vision.errors import ArgumentParser, DefaultsHelpFormatter, UsageError, check_range
 from ..run import add_run_arguments
+from mlp_vision.threads import THREADS_RANGE, add_threads_argument
 
-__all__ = ['PROG', 'TASKS', 'SCHEDULES', 'build_parser', 'check_args', 'task_model_entry']
+__all__ = ['PROG', 'TASKS', 'DEFAULT_MODELS', 'SCHEDULES', 'build_parser', 'check_args', 'task_model_entry']
 
 PROG = 'python -m mlp_vision.train_text'  # the command's name in messages; the console script passes its own
 # --task -> the registry task a model must have
 TASKS = {'causal': 'causal_lm', 'mlm': 'masked_lm', 'classify': 'sequence_classification'}
+# --model when not given: a model of the task (the causal default is no masked LM; a classifier from scratch needs
+# a family with a classification head)
+DEFAULT_MODELS = {'causal': 'gpt_mlp_attention', 'mlm': 'bigs_small', 'classify': 'bigs_small'}
 SCHEDULES = ('constant', 'cosine', 'linear')  # --sched: the decay after warmup (recipes.TIMM_SCHED maps them)
 
 
@@ -26,7 +30,7 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     parser = ArgumentParser(  # its errors (a value of the wrong type, e.g. -b 1e9) are one line, as every command's
         prog=prog,
         description='Train a mlp_vision.text model: char/byte-level causal LM or BERT-style masked LM.',
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        formatter_class=DefaultsHelpFormatter)
     parser.add_argument('-c', '--config', default='', type=str, metavar='FILE',
                         help='yaml file of flag values (keys = flag names); explicit flags override it')
     _add_task_and_data(parser)
@@ -71,7 +75,9 @@ def _add_task_and_data(parser: argparse.ArgumentParser) -> None:
 
 def _add_model(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group('Model')
-    g.add_argument('--model', default='gpt_mlp_attention', type=str, help='name in mlp_vision.text.list_models()')
+    g.add_argument('--model', default=None, type=str,
+                   help='name in mlp_vision.text.list_models() (default: ' + ', '.join(
+                       f'{name} for --task {task}' for task, name in DEFAULT_MODELS.items()) + ')')
     g.add_argument('--model-kwargs', nargs='*', default={}, action=ParseKwargs,
                    help='config overrides k=v, e.g. num_hidden_layers=4 hidden_size=256 (vocab_size comes from '
                         'the tokenizer)')
@@ -137,7 +143,7 @@ def _add_device(parser: argparse.ArgumentParser) -> None:
                    help='mixed precision: bfloat16 autocast on CPU, float16 + grad scaler on CUDA')
     g.add_argument('--amp-dtype', default=None, choices=('float16', 'bfloat16'), help='autocast dtype')
     add_compile_arguments(g)  # compiles the training forward and backward; evaluation and sampling run eager
-    g.add_argument('--threads', default=None, type=int, help='torch intra-op threads (default: torch\'s)')
+    add_threads_argument(g)
     g.add_argument('--seed', default=42, type=int, help='seed of the model init, dropout and data order')
 
 
@@ -148,7 +154,10 @@ _BATCH = dict(low=1, high=MAX_BATCH, why='samples per micro-batch per process; u
 
 def check_args(args) -> None:
     """Every flag value that cannot work, as one line, before a file is read or a model built. Flags left at None
-    take their value later (from the recipe or the model) and are checked only when given."""
+    take their value later (from the recipe or the model) and are checked only when given. An unset ``--model``
+    becomes the task's default (:data:`DEFAULT_MODELS`)."""
+    if args.model is None:
+        args.model = DEFAULT_MODELS[args.task]
     check_compile_backend(args.torchcompile)
     min_block = 3 if args.task == 'mlm' else 1  # MLM: <cls>, one token, <sep>
     ranges = [

@@ -1,13 +1,13 @@
 """ The text trainer's command: ``python -m mlp_vision.train_text`` and the console script ``mlp-vision-text-train``
 (``--task causal`` / ``mlm``: :mod:`.lm`; ``--task classify``: :mod:`.classification`). """
+import logging
 from typing import Optional, Sequence
-
-import torch
 
 from ..distributed import init_device
 from mlp_vision.errors import run_cli
 from ..log import setup_logging
 from ..run import TrainingRun, parse_run_args
+from mlp_vision.threads import set_threads
 from .args import PROG, build_parser, check_args
 from .classification import train_classifier
 from .lm import train_lm
@@ -17,21 +17,17 @@ __all__ = ['main']
 
 def main(argv: Optional[Sequence[str]] = None, prog: str = PROG):
     """Train; returns the results dict on rank 0 (None on other ranks). Errors: one line starting with ``prog`` (the
-    name the command was run as), see ``run_cli``."""
-    threads = torch.get_num_threads()  # --threads is for this run only: an in-process caller keeps its setting
-    try:
-        return run_cli(prog, lambda a: _main(a, prog), argv)
-    finally:
-        torch.set_num_threads(threads)
+    name the command was run as), see ``run_cli`` (which also gives an in-process caller its thread count back)."""
+    return run_cli(prog, lambda a: _main(a, prog), argv)
 
 
 def _main(argv: Sequence[str], prog: str):
     args, resume_ckpt = parse_run_args(build_parser(prog), argv, kind='text')
     check_args(args)
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    threads = set_threads(args.threads)
     dist_info = init_device(args.device, args.dist_backend, args.dist_url)
     setup_logging(dist_info.primary)
+    logging.getLogger('mlp_vision.train_text').info(threads)
     run = TrainingRun(args, dist_info, resume_ckpt, kind='text', key='step', prog=prog,
                       decreasing=args.task != 'classify', max_history=0)  # classify: best = highest dev accuracy
     with run:

@@ -1,0 +1,218 @@
+""" What every command shares (issue 36 items 1 and 6): one ``--threads`` flag, checked against the CPUs and given
+back to an in-process caller afterwards, a default that is lowered on a busy machine; help text that states each
+default once; top-5 only where it means something; the text trainer's default model per task; error lines
+prefixed with the name a command was run as. """
+import argparse
+import os
+import re
+
+import pytest
+import torch
+import torch.nn as nn
+
+from mlp_vision import threads as threads_module
+from mlp_vision.errors import ScriptExit, UsageError, run_cli
+from mlp_vision.threads import THREADS_RANGE, default_threads, set_threads
+
+CPUS = THREADS_RANGE['high']
+
+
+def _benchmark(argv):
+    from mlp_vision.benchmark import main
+    return main(argv)
+
+
+def _complexity(argv):
+    from mlp_vision.complexity.report import main
+    return main(argv)
+
+
+def _fill_mask(argv):
+    from mlp_vision.text.fill_mask import main
+    return main(argv)
+
+
+def _text(argv):
+    from mlp_vision.train_text import main
+    return main(argv)
+
+
+def _train(argv):
+    from mlp_vision.train import main
+    return main(argv)
+
+
+def _validate(argv):
+    from mlp_vision.validate import main
+    return main(argv)
+
+
+def _visualize(argv):
+    from mlp_vision.visualize import main
+    return main(argv)
+
+
+# each command with the least it needs to reach --threads (nothing is built or read before the check)
+COMMANDS = {
+    'train': (_train, []),
+    'validate': (_validate, ['--model', 'smlpnet_t']),
+    'benchmark': (_benchmark, ['--model', 'smlpnet_t']),
+    'complexity': (_complexity, ['--models', 'smlpnet_t']),
+    'visualize': (_visualize, ['smlpnet_t', '--out', 'never-written']),
+    'fill-mask': (_fill_mask, ['no-such-folder', 'a <mask>']),
+    'text-train': (_text, ['--train-file', 'no-such-file.txt']),
+}
+
+
+@pytest.mark.parametrize('name', sorted(COMMANDS))
+@pytest.mark.parametrize('threads', ['0', str(CPUS + 1)])
+def test_every_command_checks_threads_against_the_cpus(name, threads, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    main, argv = COMMANDS[name]
+    with pytest.raises(SystemExit) as e:
+        main(argv + ['--threads', threads])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert f'--threads must be in [1, {CPUS}] (the CPUs this process may use), got {threads}' in err
+    assert not os.path.exists(tmp_path / 'never-written')
+
+
+def test_every_command_has_the_one_threads_flag():
+    """The same flag, help and all, in every parser (one definition: ``add_threads_argument``)."""
+    from mlp_vision import benchmark, train, validate, visualize
+    from mlp_vision.complexity import report
+    from mlp_vision.training.text.args import build_parser as text_parser
+    reference = argparse.ArgumentParser()
+    threads_module.add_threads_argument(reference)
+    (expected,) = [a for a in reference._actions if a.dest == 'threads']
+    parsers = [train.build_parser(), validate.build_parser(), visualize.build_parser(), text_parser()]
+    actions = [a for p in parsers for a in p._actions if a.dest == 'threads']
+    assert len(actions) == len(parsers)
+    for action in actions:
+        assert (action.option_strings, action.type, action.default, action.help) == \
+            (expected.option_strings, expected.type, expected.default, expected.help)
+    for parse in (lambda a: benchmark.parse_args(['--model', 'smlpnet_t'] + a), report.parse_args):
+        assert parse(['--threads', '1']).threads == 1 and parse([]).threads is None
+
+
+def test_threads_are_given_back_to_an_in_process_caller():
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(CPUS)
+        assert run_cli('cmd', lambda argv: set_threads(1)) == '1 compute thread (--threads)'
+        assert torch.get_num_threads() == CPUS
+        with pytest.raises(ScriptExit):  # also when the command fails after setting them
+            run_cli('cmd', lambda argv: (set_threads(1), set_threads(0)))
+        assert torch.get_num_threads() == CPUS
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize('load, expected', [
+    (0.0, 'current'),  # idle: PyTorch's count stands
+    (float(os.cpu_count() or 1) + 4.0, 1),  # oversubscribed: one thread, never zero
+    ((os.cpu_count() or 1) - 1.2, 'one idle'),  # about one CPU idle
+])
+def test_default_threads_follow_the_idle_cpus(monkeypatch, load, expected):
+    monkeypatch.setattr(os, 'getloadavg', lambda: (load, load, load))
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(CPUS)
+        want = {'current': CPUS, 'one idle': 1}.get(expected, expected)
+        assert default_threads() == want
+        line = set_threads(None)
+        assert torch.get_num_threads() == want and line.startswith(f'{want} compute thread')
+        assert f'load {load:.1f}' in line and '--threads N to choose' in line
+        torch.set_num_threads(1)  # a count set before (OMP_NUM_THREADS, a caller) is never raised
+        assert default_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_explicit_threads_are_checked_and_set():
+    before = torch.get_num_threads()
+    try:
+        assert set_threads(1) == '1 compute thread (--threads)' and torch.get_num_threads() == 1
+        with pytest.raises(UsageError, match=r'--threads must be in \[1, '):
+            set_threads(CPUS + 1)
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize('name', ['train', 'validate', 'visualize', 'text-train'])
+def test_help_states_each_default_once(name):
+    from mlp_vision import train, validate, visualize
+    from mlp_vision.training.text.args import build_parser as text_parser
+    parser = {'train': train.build_parser, 'validate': validate.build_parser, 'visualize': visualize.build_parser,
+              'text-train': text_parser}[name]()
+    text = ' '.join(parser.format_help().split())
+    assert re.findall(r'\(default:[^)]*\)[^-]{0,3}\(default:', text) == []
+    assert "(default: the training set's)" in text if name == 'train' else True
+    assert '(default: 0.0)' in text or name != 'train'  # argparse's own default is still shown where none is said
+
+
+class _Classes(nn.Module):
+    """Logits that put the right class last but one: top-1 0 %, top-k 100 % for every k >= 2."""
+
+    def __init__(self, num_classes):
+        super().__init__()
+        self.num_classes = num_classes
+
+    def forward(self, x):
+        target = x[:, 0, 0, 0].long()
+        logits = torch.arange(self.num_classes, dtype=torch.float32).repeat(len(x), 1)
+        logits[torch.arange(len(x)), target] = self.num_classes - 1.5  # second best
+        return logits
+
+
+@pytest.mark.parametrize('num_classes, top5', [(2, None), (5, None), (6, 100.0), (10, 100.0)])
+def test_top5_is_reported_only_for_more_than_five_classes(num_classes, top5):
+    from mlp_vision.training.engine import evaluate
+    targets = torch.arange(8) % (num_classes - 1)  # never the last class (the best logit)
+    x = targets.float()[:, None, None, None].expand(8, 3, 2, 2)
+    loader = [(x[:4], targets[:4]), (x[4:], targets[4:])]
+    metrics = evaluate(_Classes(num_classes), loader, log_interval=0)
+    assert metrics['top1'] == 0.0 and metrics['top5'] == top5 and metrics['samples'] == 8
+
+
+def test_eval_metric_top5_is_refused_for_five_classes_or_fewer(images, tmp_path, capsys):
+    from mlp_vision.train import main
+    with pytest.raises(SystemExit) as e:
+        main([str(images), '--model', 'smlpnet_t', '--eval-metric', 'top5', '--output', str(tmp_path),
+              '--threads', '1'])
+    assert e.value.code == 2
+    assert '--eval-metric top5 with 2 classes' in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_text_trainer_default_model_follows_the_task(tmp_path, capsys):
+    """--task mlm without --model: the missing file is named (the causal default is no longer checked first)."""
+    from mlp_vision.training.text.args import DEFAULT_MODELS, build_parser, check_args
+    for task, model in DEFAULT_MODELS.items():
+        args = build_parser().parse_args(['--task', task])
+        check_args(args)
+        assert args.model == model
+    with pytest.raises(SystemExit):
+        _text(['--task', 'mlm', '--train-file', str(tmp_path / 'missing.txt'), '--threads', '1'])
+    err = capsys.readouterr().err
+    assert 'missing.txt' in err and 'does not exist' in err and 'causal_lm' not in err
+
+
+def test_fill_mask_errors_carry_the_name_it_was_run_as(tmp_path, capsys):
+    from mlp_vision import commands
+    from mlp_vision.text import fill_mask
+    with pytest.raises(SystemExit):
+        fill_mask.main([str(tmp_path / 'none'), 'a <mask>'], prog='mlp-vision-fill-mask')
+    assert capsys.readouterr().err.startswith('mlp-vision-fill-mask: error: ')
+    with pytest.raises(SystemExit):
+        fill_mask.main([str(tmp_path / 'none'), 'a <mask>'])
+    assert capsys.readouterr().err.startswith('python -m mlp_vision.text.fill_mask: error: ')
+    import sys
+    argv = sys.argv
+    try:
+        sys.argv = ['mlp-vision-fill-mask', str(tmp_path / 'none'), 'a <mask>']
+        with pytest.raises(SystemExit):
+            commands.fill_mask()
+    finally:
+        sys.argv = argv
+    assert capsys.readouterr().err.startswith('mlp-vision-fill-mask: error: ')
