@@ -20,7 +20,7 @@ from transformers import (
     AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForMaskedLM, AutoModelForSequenceClassification,
     AutoTokenizer, pipeline)
 
-from mlp_vision.text.fill_mask import fill_mask
+from mlp_vision.text.fill_mask import fill_mask, load_masked_lm
 from mlp_vision.errors import UsageError
 
 FIXTURES = Path(__file__).resolve().parent / 'fixtures' / 'text_folders_v2'
@@ -297,9 +297,59 @@ def test_folder_without_model_type(tmp_path):
     assert type(AutoModelForMaskedLM.from_pretrained(str(folder))) is type(theirs)
 
 
+BYTE_CHAR_TEXTS = ['hello <mask>orld', 'héllo  wörld 日本 ', '\n\ttab <mask>', 'world', '']
+
+
+def _byte_or_char(which):
+    from mlp_vision.text.tokenizer import DEFAULT_CONTROL_TOKENS
+    if which == 'byte':
+        return mt.ByteTokenizer()
+    # 'char': no unknown token, so an unseen character is an error
+    return mt.CharTokenizer(set('hello world\n\t'), DEFAULT_CONTROL_TOKENS, unk='<unk>' if which == 'char-unk' else None)
+
+
+def _ours_with_masks(ours, text):
+    """Our ids of ``text`` with each '<mask>' string as the mask id (ours encode it as characters)."""
+    pieces = text.split('<mask>')
+    return [i for n, piece in enumerate(pieces) for i in ([ours.mask_id] if n else []) + ours.encode(piece)]
+
+
+@pytest.mark.parametrize('which', ['byte', 'char-unk', 'char'])
+def test_byte_and_char_tokenizers_have_the_same_ids_in_transformers(which, tmp_path):
+    """Issue 36: a byte / char folder in a pipeline failed with 'You need to have sentencepiece or tiktoken
+    installed'. Their transformers form gives our ids, token types and template (a '<mask>' string becomes the mask
+    id, as in every transformers tokenizer); a character outside a char alphabet is the unknown token or an error,
+    never dropped."""
+    ours = _byte_or_char(which)
+    ours.save_pretrained(str(tmp_path))
+    assert mt.load_tokenizer(str(tmp_path)).to_dict() == ours.to_dict()  # our loader still reads our tokenizer
+    for theirs in (ours.to_transformers(), AutoTokenizer.from_pretrained(str(tmp_path))):
+        for text in BYTE_CHAR_TEXTS:
+            if which == 'char' and set(text.replace('<mask>', '')) - set(ours.chars):
+                with pytest.raises(Exception, match='Missing'):
+                    theirs(text)
+                continue
+            got = theirs(text, 'world')
+            assert (got['input_ids'], got['token_type_ids']) == ours.build_inputs(_ours_with_masks(ours, text),
+                                                                                  ours.encode('world'))
+            assert theirs.decode(got['input_ids'], skip_special_tokens=True) == ours.decode(got['input_ids'])
+
+
+def test_pipeline_on_a_byte_tokenizer_folder(tmp_path, single_thread):
+    tok = mt.ByteTokenizer()
+    torch.manual_seed(0)
+    model = mt.create_model('gmlp_base', **{**TINY, 'vocab_size': tok.vocab_size})
+    model.save_pretrained(str(tmp_path), tokenizer=tok)
+    ours = load_masked_lm(str(tmp_path))
+    for text in ('hello <mask>orld', 'a <mask> and <mask>'):
+        expected = fill_mask(ours, ours.tokenizer, text, top_k=3)
+        got = pipeline('fill-mask', model=str(tmp_path))(text, top_k=3)
+        got = [got] if isinstance(got[0], dict) else got  # one list per mask
+        assert [[(p['token'], p['score']) for p in row] for row in got] == \
+            [[(p['token_id'], p['score']) for p in row] for row in expected]
+
+
 def test_unsupported_requests_are_clear(tokenizer, tmp_path):
-    with pytest.raises(UsageError, match='no transformers equivalent'):
-        mt.ByteTokenizer().to_transformers()
     with pytest.raises(UsageError, match='not a folder'):
         mt.GMLPForMaskedLM.from_pretrained(str(tmp_path / 'some-org/some-model'))
     ours = _create('gmlp', tokenizer)

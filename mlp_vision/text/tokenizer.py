@@ -32,6 +32,11 @@ writes use none (BERT's normalizer and pre-tokenizer, byte-level BPE's built-in 
 
 Special-token strings in the text: the byte and char tokenizers never produce special ids from text; a subword
 tokenizer recognises its special tokens (as ``transformers`` does). Insert them by id to be independent of that.
+
+Every tokenizer here also has a ``transformers`` form with the same ids (:meth:`Tokenizer.to_transformers`; the
+``tokenizer.json`` that :meth:`Tokenizer.save_pretrained` writes beside ``tokenizer_config.json``), so a saved
+folder works in ``transformers.pipeline`` whichever tokenizer it holds; that form recognises special-token strings
+in the text, as every ``transformers`` tokenizer does.
 """
 import json
 import os
@@ -226,18 +231,51 @@ class Tokenizer:
         return {k: v[0] for k, v in out.items()} if single else out
 
     # ------------------------------------------------------------------ files
+    def _hf_backend(self):
+        """A new ``tokenizers.Tokenizer`` that gives the same ids as :meth:`encode` (without a template)."""
+        raise NotImplementedError
+
+    def _backend_with_template(self):
+        """:meth:`_hf_backend` whose post-processor applies BERT's template (``<cls> A <sep> [B <sep>]``, token
+        types 0 / 1) the way :meth:`build_inputs` does, for ``transformers``, which reads the template there."""
+        from tokenizers import processors
+        backend = self._hf_backend()
+        cls_token, sep_token = self.special_tokens_map.get('cls'), self.special_tokens_map.get('sep')
+        if cls_token and sep_token:
+            backend.post_processor = processors.TemplateProcessing(
+                single=f'{cls_token} $A {sep_token}', pair=f'{cls_token} $A {sep_token} $B:1 {sep_token}:1',
+                special_tokens=[(cls_token, self.cls_id), (sep_token, self.sep_id)])
+        return backend
+
+    def _transformers_config(self) -> Dict[str, Any]:
+        """What ``transformers`` needs besides ``tokenizer.json``: the special tokens by role and the model inputs."""
+        config = {f'{role}_token': token for role, token in self.special_tokens_map.items()}
+        config['model_input_names'] = ['input_ids', 'token_type_ids', 'attention_mask']
+        return config
+
+    def _saved_fields(self) -> Dict[str, Any]:
+        """What :func:`find_tokenizer` reads back from ``tokenizer_config.json`` besides ``tokenizer.json``."""
+        return self.to_dict()
+
     def save_pretrained(self, directory: str) -> None:
-        """Write ``tokenizer_config.json`` (and, for subwords, ``tokenizer.json``) into ``directory``."""
+        """``tokenizer.json`` (with BERT's template as post-processor, so that ``transformers.AutoTokenizer`` and
+        ``pipeline(task, model=directory)`` give the same ids) and ``tokenizer_config.json`` (the special tokens by
+        role, as ``transformers`` names them, and what :func:`load_tokenizer` reads)."""
         os.makedirs(directory, exist_ok=True)
-        _write_json(os.path.join(directory, TOKENIZER_CONFIG_NAME), self.to_dict())
+        path = os.path.join(directory, TOKENIZER_FILE_NAME)
+        self._backend_with_template().save(path + '.tmp')
+        os.replace(path + '.tmp', path)
+        config = {**self._saved_fields(), **self._transformers_config(), 'tokenizer_class': 'PreTrainedTokenizerFast'}
+        _write_json(os.path.join(directory, TOKENIZER_CONFIG_NAME), config)
 
     def to_transformers(self):
-        """This tokenizer as a ``transformers`` tokenizer (for ``transformers.pipeline``); subword tokenizers only
-        (:meth:`SubwordTokenizer.to_transformers`): the byte and char tokenizers are not ``tokenizers``-library
-        vocabularies, and ``transformers`` has no tokenizer with their ids."""
-        raise UsageError(f'{type(self).__name__} has no transformers equivalent: only subword tokenizers (a trained '
-                         f'WordPiece / BPE, a vocab.txt or a tokenizer.json) convert; use our fill_mask / classifier '
-                         f'entry points with this one')
+        """This tokenizer as a ``transformers.PreTrainedTokenizerFast`` (same ids, template, token types and special
+        tokens), for ``transformers.pipeline``; needs ``transformers``. ``AutoTokenizer.from_pretrained`` on a folder
+        written by :meth:`save_pretrained` gives the same tokenizer. Unlike :meth:`encode` of the byte and char
+        tokenizers, it recognises special-token strings in the text, as every ``transformers`` tokenizer does
+        (that is how the fill-mask pipeline finds ``<mask>``)."""
+        from transformers import PreTrainedTokenizerFast
+        return PreTrainedTokenizerFast(tokenizer_object=self._backend_with_template(), **self._transformers_config())
 
     @staticmethod
     def from_pretrained(path: str) -> 'Tokenizer':
@@ -319,6 +357,17 @@ class ByteTokenizer(_AppendedSpecials):
     def to_dict(self) -> Dict[str, Any]:
         return {'tokenizer_type': 'byte', 'special_tokens': list(self.special_tokens)}
 
+    def _hf_backend(self):
+        """Byte-level BPE without merges: ``tokenizers``' ByteLevel step maps each byte to one printable character
+        (GPT-2's table, :func:`_byte_characters`), and the vocabulary gives that character the byte's value."""
+        from tokenizers import Tokenizer as Backend, decoders, models, pre_tokenizers
+        vocab = {char: byte for byte, char in enumerate(_byte_characters())}
+        backend = Backend(models.BPE(vocab={**vocab, **self._special_to_id}, merges=[]))
+        backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+        backend.decoder = decoders.ByteLevel()
+        backend.add_special_tokens(list(self.special_tokens))
+        return backend
+
 
 class CharTokenizer(_AppendedSpecials):
     """Character tokenizer over a fixed alphabet (sorted), specials after it.
@@ -362,6 +411,30 @@ class CharTokenizer(_AppendedSpecials):
     def to_dict(self) -> Dict[str, Any]:
         return {'tokenizer_type': 'char', 'chars': ''.join(self.chars), 'special_tokens': list(self.special_tokens),
                 'unk': self.unk}
+
+    def _hf_backend(self):
+        """One token per character: an empty-string ``Split`` (no regular expression) isolates each character and
+        a word-level vocabulary maps it; a character outside the alphabet is the unknown token, or, without one, an
+        error (as :meth:`encode`'s ``KeyError``), never silently dropped."""
+        from tokenizers import Tokenizer as Backend, decoders, models, pre_tokenizers
+        vocab = {**self._stoi, **self._special_to_id}
+        backend = Backend(models.WordLevel(vocab=vocab, unk_token=self.unk))
+        backend.pre_tokenizer = pre_tokenizers.Split('', behavior='isolated')
+        backend.decoder = decoders.Fuse()
+        backend.add_special_tokens(list(self.special_tokens))
+        return backend
+
+
+def _byte_characters() -> List[str]:
+    """The printable character standing for each byte value in ``tokenizers``' ByteLevel step (GPT-2's
+    ``bytes_to_unicode`` table: printable Latin-1 bytes stand for themselves, the others for U+0100 onwards, in
+    order)."""
+    printable = set(range(ord('!'), ord('~') + 1)) | set(range(0xA1, 0xAC + 1)) | set(range(0xAE, 0xFF + 1))
+    chars, shifted = [], 0
+    for byte in range(256):
+        chars.append(chr(byte) if byte in printable else chr(256 + shifted))
+        shifted += byte not in printable
+    return chars
 
 
 # ------------------------------------------------------------------------------------------- subword tokenizers
@@ -446,43 +519,15 @@ class SubwordTokenizer(Tokenizer):
         return {'tokenizer_type': 'subword', 'tokenizer_json': self.backend.to_str(),
                 'special_tokens_map': dict(self.special_tokens_map), 'do_lower_case': self.do_lower_case}
 
-    def _backend_with_template(self):
-        """A copy of the backend whose post-processor applies BERT's template (``<cls> A <sep> [B <sep>]``, token
-        types 0 / 1) the way :meth:`build_inputs` does, for ``transformers``, which reads the template there."""
-        from tokenizers import Tokenizer as Backend, processors
-        backend = Backend.from_str(self.backend.to_str())
-        cls_token, sep_token = self.special_tokens_map.get('cls'), self.special_tokens_map.get('sep')
-        if cls_token and sep_token:
-            backend.post_processor = processors.TemplateProcessing(
-                single=f'{cls_token} $A {sep_token}', pair=f'{cls_token} $A {sep_token} $B:1 {sep_token}:1',
-                special_tokens=[(cls_token, self.cls_id), (sep_token, self.sep_id)])
-        return backend
+    def _hf_backend(self):
+        from tokenizers import Tokenizer as Backend
+        return Backend.from_str(self.backend.to_str())  # a copy: the template is set on it, not on ours
 
-    def _transformers_config(self) -> Dict[str, Any]:
-        """What ``transformers`` needs besides ``tokenizer.json``: the special tokens by role and the model inputs."""
-        config = {f'{role}_token': token for role, token in self.special_tokens_map.items()}
-        config['model_input_names'] = ['input_ids', 'token_type_ids', 'attention_mask']
-        return config
-
-    def save_pretrained(self, directory: str) -> None:
-        """``tokenizer.json`` (with BERT's template as post-processor, so that ``transformers.AutoTokenizer`` gives
-        the same ids) and ``tokenizer_config.json`` (the special tokens by role, as ``transformers`` names them)."""
-        os.makedirs(directory, exist_ok=True)
-        path = os.path.join(directory, TOKENIZER_FILE_NAME)
-        self._backend_with_template().save(path + '.tmp')
-        os.replace(path + '.tmp', path)
-        config = self._transformers_config()
-        config.update(tokenizer_class='PreTrainedTokenizerFast', tokenizer_type='subword')
+    def _saved_fields(self) -> Dict[str, Any]:
+        fields = {'tokenizer_type': 'subword'}  # the vocabulary itself is tokenizer.json
         if self.do_lower_case is not None:
-            config['do_lower_case'] = self.do_lower_case
-        _write_json(os.path.join(directory, TOKENIZER_CONFIG_NAME), config)
-
-    def to_transformers(self):
-        """This tokenizer as a ``transformers.PreTrainedTokenizerFast`` (same ids, template, token types and special
-        tokens), for ``transformers.pipeline``; needs ``transformers``. ``AutoTokenizer.from_pretrained`` on a folder
-        written by :meth:`save_pretrained` gives the same tokenizer."""
-        from transformers import PreTrainedTokenizerFast
-        return PreTrainedTokenizerFast(tokenizer_object=self._backend_with_template(), **self._transformers_config())
+            fields['do_lower_case'] = self.do_lower_case
+        return fields
 
 
 def _vocab_is_uncased(vocab: Iterable[str]) -> bool:
