@@ -3,14 +3,17 @@ visualize, fill-mask and the text trainer), one definition for all.
 
 ``--threads N`` sets ``torch.set_num_threads(N)`` for the command's run (N from 1 to the CPUs this process may
 use: more only oversubscribe them, and ``torch.set_num_threads(100000)`` crashes the process). Without it a
-command keeps PyTorch's count, lowered to the CPUs that are idle by the 1-minute load average (at least 1).
-Why: PyTorch's default is one thread per CPU, and its OpenMP threads spin-wait for each other at every
-parallel region; on a machine whose CPUs are busy with other work a waiting thread burns the time slice the
-working one needs. Measured on the demo (``python train.py``) on 2 cores under load 6-8: PyTorch's 2 threads
-took several times longer than 1 thread (``results/threads/README.md``). A count set before the command (the
-``OMP_NUM_THREADS`` variable, ``torch.set_num_threads`` by an in-process caller, torchrun's 1 per process) is
-never raised. The load average lags: right after another heavy job ends it still counts that job for a minute
-or two, and picks fewer threads; ``--threads N`` decides.
+command keeps PyTorch's count, lowered to the CPUs the rest of the machine leaves idle: the CPUs minus the
+1-minute load average minus this run's own data-loader processes, rounded, at least 1.
+
+Why (``results/threads/README.md``, the demo ``python train.py`` on 2 cores): PyTorch's default is one thread per
+CPU, and its OpenMP threads spin-wait for each other at every parallel region, so when another process holds one of
+the cores the step waits for the thread that is not running. On the machine busy with other work (load 6-12),
+3 epochs of the demo took 3 min 9 s to 8 min 21 s with PyTorch's 2 threads and 27-43 s with 1; on the quiet
+machine the whole demo took 57 s with 2 threads and 46 s with 1 (its loader process holds the second core). A count
+set before the command (the ``OMP_NUM_THREADS`` variable, ``torch.set_num_threads`` by an in-process caller,
+torchrun's 1 per process) is never raised. The load average lags: right after another heavy job ends it still
+counts that job for a minute or two, and picks fewer threads; ``--threads N`` decides.
 
 :func:`~mlp_vision.errors.run_cli` restores the caller's count after every command, so ``--threads`` of an
 in-process run does not leak into the caller.
@@ -44,33 +47,42 @@ def add_threads_argument(container: argparse._ActionsContainer) -> None:
     container.add_argument(
         '--threads', type=int, default=None, metavar='N',
         help=f'PyTorch intra-op threads for this run, 1 to {THREADS_RANGE["high"]} (default: PyTorch\'s count, '
-             f'lowered to the idle CPUs by the 1-minute load average: on a busy machine extra threads spin-wait '
-             f'and slow every step)')
+             f'lowered to the CPUs left idle by the 1-minute load average and this run\'s loader workers: on a busy '
+             f'machine extra threads spin-wait and slow every step several-fold)')
 
 
-def default_threads() -> int:
-    """The count without ``--threads``: torch's present count, lowered to the idle CPUs (the machine's CPUs minus
-    its 1-minute load average, rounded; at least 1)."""
-    current = torch.get_num_threads()
+def _load_average() -> Optional[float]:
     try:
-        load = os.getloadavg()[0]
-    except (AttributeError, OSError):  # no load average on this system: keep torch's count
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):  # no load average on this system
+        return None
+
+
+def default_threads(loader_workers: int = 0) -> int:
+    """The count without ``--threads``: torch's present count, lowered to the idle CPUs -- the machine's CPUs minus
+    its 1-minute load average and minus ``loader_workers`` (this run's data-loader processes, not yet in the load),
+    rounded; at least 1. Without a load average, torch's count."""
+    current = torch.get_num_threads()
+    load = _load_average()
+    if load is None:
         return current
-    idle = round((os.cpu_count() or 1) - load)
+    idle = round((os.cpu_count() or 1) - load - loader_workers)
     return max(1, min(current, idle))
 
 
-def set_threads(requested: Optional[int]) -> str:
+def set_threads(requested: Optional[int], loader_workers: int = 0) -> str:
     """Set torch's intra-op threads to ``requested`` (checked against :data:`THREADS_RANGE`) or, for None, to
-    :func:`default_threads`; returns the line a command logs, e.g. ``'1 compute thread (2 CPUs, load 6.3; --threads
-    N to choose)'``."""
+    :func:`default_threads`; returns the line a command logs, e.g. ``'1 compute thread (2 CPUs, load 6.3, 1 loader
+    worker, fewer than PyTorch's 2; --threads N to choose)'``."""
     if requested is not None:
         check_range('--threads', requested, **THREADS_RANGE)
         threads, why = requested, '--threads'
     else:
-        before = torch.get_num_threads()
-        threads = default_threads()
-        why = f'{usable_cpus()} CPUs, load {os.getloadavg()[0]:.1f}' if hasattr(os, 'getloadavg') else ''
-        why += (', fewer than PyTorch\'s ' + str(before) if threads < before else '') + '; --threads N to choose'
+        before, load = torch.get_num_threads(), _load_average()
+        threads = default_threads(loader_workers)
+        why = [f'{os.cpu_count() or 1} CPUs'] + ([f'load {load:.1f}'] if load is not None else [])
+        why += [f'{loader_workers} loader worker{"s" if loader_workers > 1 else ""}'] if loader_workers else []
+        why += [f'fewer than PyTorch\'s {before}'] if threads < before else []
+        why = ', '.join(why) + '; --threads N to choose'
     torch.set_num_threads(threads)
-    return f'{threads} compute thread{"s" if threads > 1 else ""} ({why.lstrip("; ")})'
+    return f'{threads} compute thread{"s" if threads > 1 else ""} ({why})'

@@ -383,7 +383,7 @@ def _main(argv, prog):
     dist_info = init_device(args.device, args.dist_backend, args.dist_url)
     setup_logging(dist_info.primary)
     check_args(args, dist_info)
-    _logger.info(set_threads(args.threads))
+    _logger.info(set_threads(args.threads, args.workers))
     run = TrainingRun(args, dist_info, resume_ckpt, kind='image', key='epoch', prog=prog,
                       decreasing=args.eval_metric == 'loss', max_history=args.checkpoint_hist)
     with run:
