@@ -111,11 +111,35 @@ def init_device(device: Optional[str] = None, dist_backend: Optional[str] = None
 
 
 def wrap_ddp(model: nn.Module, info: DistInfo, **kwargs) -> nn.Module:
-    """DistributedDataParallel with ``device_ids`` for CUDA and none for the CPU."""
+    """DistributedDataParallel with ``device_ids`` for CUDA and none for the CPU; every parameter's gradient reaches
+    DDP with the parameter's strides (:func:`_grad_in_param_strides`)."""
     from torch.nn.parallel import DistributedDataParallel
+    for param in model.parameters():
+        if param.requires_grad and 1 in param.shape:
+            param.register_hook(_grad_in_param_strides(param))
     if info.device.type == 'cuda':
         return DistributedDataParallel(model, device_ids=[info.device], **kwargs)
     return DistributedDataParallel(model, **kwargs)
+
+
+def _grad_in_param_strides(param: torch.Tensor):
+    """A gradient hook that gives the gradient the parameter's strides where the two differ only along size-1 dims.
+
+    Convolution kernels return their weight gradient in the memory format of their input: sMLPNet's 1x1 fuse conv
+    of a channels-last activation gets a (C_out, C_in, 1, 1) gradient of strides (C_in, 1, C_in, C_in) for a
+    parameter of strides (C_in, 1, 1, 1), and ``--channels-last`` depthwise weights (C, 1, 3, 3) get (9, 9, 3, 1)
+    for (9, 1, 3, 1). Along a size-1 dim a stride is never used, so the memory is laid out the same and autograd
+    accepts it; DDP's reducer compares all strides and printed PyTorch's "Grad strides do not match bucket view
+    strides" on every rank. The view with the parameter's strides is the same memory (no copy, same values); a
+    gradient laid out differently along a dim longer than 1 is left as it is.
+    """
+    def restride(grad: torch.Tensor) -> torch.Tensor:
+        if grad.layout != torch.strided or grad.shape != param.shape or grad.stride() == param.stride():
+            return grad
+        if any(g != p for g, p, n in zip(grad.stride(), param.stride(), param.shape) if n != 1):
+            return grad
+        return grad.as_strided(grad.shape, param.stride(), grad.storage_offset())
+    return restride
 
 
 def barrier(info: DistInfo) -> None:
