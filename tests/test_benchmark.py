@@ -16,9 +16,14 @@ def test_paired_comparison_writes_results(tmp_path):
     cmd = [sys.executable, str(REPO / 'benchmark.py'), '--compare', 'smlpnet_t', 'ref:smlpnet_t',
            '--bench', 'both', '-b', '2', '--img-size', '64', '--samples', '2', '--min-sample-time', '0.02',
            '--threads', '1', '--no-memory', '--no-ceiling', '--out', str(out)]
-    subprocess.run(cmd, check=True, cwd=REPO, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(cmd, check=True, cwd=REPO, capture_output=True, text=True, timeout=600)
     rows = list(csv.DictReader(open(f'{out}.csv')))
     assert [r['mode'] for r in rows] == ['inference', 'train']
+    # every long step says so as it goes (issue 36: 7 silent minutes), on stderr
+    for line in ('1 compute thread (--threads)', 'smlpnet_t vs ref:smlpnet_t, train: building both',
+                 'smlpnet_t: counting MACs', 'A smlpnet_t, train: warm-up step 2/2', 'train: pair 2/2'):
+        assert line in proc.stderr, line
+    assert ' faster than ' in proc.stdout
     for r in rows:
         assert r['model'] == 'smlpnet_t' and r['baseline'] == 'ref:smlpnet_t'
         assert int(r['pairs']) == 2 and float(r['speedup']) > 0
@@ -161,3 +166,38 @@ def test_fused_contender_is_the_reparameterized_model(tmp_path):
     cmd = [sys.executable, str(REPO / 'benchmark.py'), '--compare', 'fused:smlpnet_t', 'smlpnet_t', '--bench', 'both']
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 2 and 'fused: contenders are reparameterized for inference' in proc.stderr
+
+
+def _pair_row(speedup, q1, q3, rate_a, rate_b):
+    return dict(model='A', baseline='B', speedup=speedup, speedup_q1=q1, speedup_q3=q3, pairs=8,
+                img_per_s=rate_a, base_img_per_s=rate_b)
+
+
+def test_paired_result_names_the_faster_contender():
+    """'x1.117' beside '0.3 vs 0.4 img/s' read as a contradiction (issue 36): the sentence names the faster one,
+    its throughputs follow the sentence's order with 3 significant digits, and a disagreement is said."""
+    from mlp_vision.benchmark import speed_sentence
+    assert speed_sentence(_pair_row(1.117, 1.09, 1.14, 0.412, 0.369)) == (
+        'A is 1.117x faster than B (median of 8 paired ratios, q1-q3 1.090-1.140); 0.412 vs 0.369 img/s '
+        '(median of each)')
+    slower = speed_sentence(_pair_row(0.8, 0.75, 0.9, 10.0, 12.5))
+    assert slower.startswith('B is 1.250x faster than A') and 'q1-q3 1.111-1.333' in slower
+    assert '12.5 vs 10 img/s' in slower and 'disagree' not in slower
+    noisy = speed_sentence(_pair_row(1.117, 1.0, 1.2, 0.349, 0.351))
+    assert noisy.startswith('A is 1.117x faster than B') and '0.349 vs 0.351' in noisy
+    assert 'the medians of each disagree with the paired ratio' in noisy
+
+
+def test_error_notes_end_at_a_whole_word():
+    """A note quoted '(RuntimeError: Error(s) in loading state_dict for SparseMLPNet:)': the first line of a
+    multi-line message, which says nothing. Now the message's lines, bounded at a whole word, saying what is left."""
+    from mlp_vision.benchmark import NOTE_CHARS, error_summary
+    keys = ', '.join(f'"stages.{i}.blocks.0.token_mixer.conv_dw.weight"' for i in range(40))
+    e = RuntimeError(f'Error(s) in loading state_dict for SparseMLPNet:\n\tMissing key(s) in state_dict: {keys}.')
+    note = error_summary(e)
+    assert note.startswith('RuntimeError: Error(s) in loading state_dict for SparseMLPNet: Missing key(s) in '
+                           'state_dict: "stages.0.')
+    cut, rest = note.split(' ... (')
+    assert len(cut) <= NOTE_CHARS and f'RuntimeError: {" ".join(str(e).split())}'.startswith(cut + ' ')
+    assert rest.endswith(' more characters)') and '\n' not in note
+    assert error_summary(ValueError('short')) == 'ValueError: short'
