@@ -119,7 +119,9 @@ def test_pretrained_weights_without_a_network_are_one_line(monkeypatch):
     def offline(*args, **kwargs):
         raise FileNotFoundError('An error happened while trying to locate the file on the Hub')
     monkeypatch.setattr('mlp_vision.training.model.timm.create_model', offline)
-    with pytest.raises(UsageError, match=r'not in the local cache and could not be downloaded .* --pretrained-path'):
+    with pytest.raises(UsageError, match=r'not in the local cache and could not be downloaded .* train.py '
+                                         r'--pretrained-path FILE, validate.py --checkpoint FILE, visualize FILE '
+                                         r'--model gmlp_s \(in Python: pretrained_cfg_overlay=dict\(file=FILE\)\)'):
         create_model('gmlp_s', pretrained=True)
     with pytest.raises(FileNotFoundError):  # without --pretrained it is not about weights: raised as it is
         create_model('gmlp_s', pretrained=False)

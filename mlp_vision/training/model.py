@@ -122,8 +122,9 @@ def create_model(name: str, pretrained: bool = False, sizes_from: str = '', **kw
             raise
         # the hub's "not cached and no connection" (a FileNotFoundError) and urllib's URLError are OSErrors
         raise UsageError(f'the pretrained weights of {name} are not in the local cache and could not be downloaded '
-                         f'({type(e).__name__}: {" ".join(str(e).split())[:160]}); give a local weights file with '
-                         f'--pretrained-path FILE (in Python: pretrained_cfg_overlay=dict(file=FILE))') from e
+                         f'({type(e).__name__}: {" ".join(str(e).split())[:160]}); give the downloaded file itself: '
+                         f'train.py --pretrained-path FILE, validate.py --checkpoint FILE, visualize FILE --model '
+                         f'{name} (in Python: pretrained_cfg_overlay=dict(file=FILE))') from e
     except (RuntimeError, ValueError, KeyError, AssertionError) as e:  # timm asserts on e.g. a global-pool name
         msg = ' '.join(str(e).split())  # torch's load errors are multi-line lists
         if len(msg) > 600:
