@@ -212,10 +212,11 @@ _run_start = time.monotonic()  # progress lines count seconds from here (reset w
 
 
 def progress(line: str) -> None:
-    """A progress line on stderr (stdout may be the results table), seconds since the run began first: every step
-    that can take more than a few seconds (building, counting MACs, compiling, warming up, each timed sample, the
-    memory probe) says so as it starts or ends, so a slow run is never minutes of silence."""
-    print(f'[{time.monotonic() - _run_start:5.0f} s] {line}', file=sys.stderr, flush=True)
+    """A progress line on stdout, beside the result rows, seconds since the run began first: every step that can
+    take more than a few seconds (building, counting MACs, compiling, warming up, each timed sample, the memory
+    probe) says so as it starts or ends, so a slow run is never minutes of silence. stderr stays the one line of an
+    error (and the notes)."""
+    print(f'[{time.monotonic() - _run_start:5.0f} s] {line}', flush=True)
 
 
 # ---------------------------------------------------------------------------------------------------------------
