@@ -3,10 +3,10 @@
 They run before any file is read or model built, so a bad value is one line (``errors.UsageError``) instead of a
 failure deep in timm's transforms or readers.
 """
-import os
 from typing import Optional
 
 from mlp_vision.errors import UsageError, check_range
+from mlp_vision.threads import usable_cpus
 from .class_map import read_class_map
 
 __all__ = ['IMAGE_MODE_CHANNELS', 'INTERPOLATIONS', 'DATASET_KINDS', 'default_workers', 'check_image_args']
@@ -20,11 +20,7 @@ DATASET_KINDS = ('torch', 'hfds', 'hfids', 'tfds', 'wds')  # --dataset KIND/NAME
 def default_workers(most: int = 4) -> int:
     """The loader processes a script starts by default: ``most``, but no more than the CPUs this process may use
     (more only compete with the model for the same cores, and PyTorch warns about them)."""
-    try:
-        cpus = len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        cpus = os.cpu_count() or 1
-    return max(1, min(most, cpus))
+    return max(1, min(most, usable_cpus()))
 
 
 def check_image_args(args, model_in_chans: Optional[int] = 3) -> None:
