@@ -26,7 +26,8 @@ import torch
 
 from mlp_vision.errors import check_range
 
-__all__ = ['THREADS_RANGE', 'usable_cpus', 'add_threads_argument', 'default_threads', 'set_threads']
+__all__ = ['THREADS_RANGE', 'usable_cpus', 'add_threads_argument', 'default_threads', 'set_threads',
+           'set_run_threads']
 
 
 def usable_cpus() -> int:
@@ -86,3 +87,18 @@ def set_threads(requested: Optional[int], loader_workers: int = 0) -> str:
         why = ', '.join(why) + '; --threads N to choose'
     torch.set_num_threads(threads)
     return f'{threads} compute thread{"s" if threads > 1 else ""} ({why})'
+
+
+def set_run_threads(requested: Optional[int], resume_ckpt: Optional[dict], loader_workers: int = 0) -> str:
+    """:func:`set_threads` for a training run: ``--threads``, else -- when resuming -- the count the run computed with
+    (every checkpoint stores it as ``threads``: the thread count changes float rounding, e.g. gradients at 1e-6, so a
+    resume is bit-identical to the uninterrupted run only with the same count; capped at this machine's CPUs), else
+    :func:`default_threads`. Returns the line to log."""
+    saved = (resume_ckpt or {}).get('threads')
+    if requested is not None or isinstance(saved, bool) or not isinstance(saved, int) or saved < 1:
+        return set_threads(requested, loader_workers)
+    threads = min(saved, usable_cpus())
+    torch.set_num_threads(threads)
+    capped = f', capped from its {saved} at the CPUs here' if threads < saved else ''
+    return (f'{threads} compute thread{"s" if threads > 1 else ""} (the count of the run it continues{capped}: results '
+            f'are bit-identical to an uninterrupted run only with the same count; --threads N to choose)')

@@ -69,7 +69,7 @@ from mlp_vision.training.model import (
 from mlp_vision.training.run import (
     NonFiniteLossError, TrainingRun, UpdateStep, add_run_arguments, create_lr_scheduler, parse_run_args, setup_amp)
 from mlp_vision.training.summary import plot_curves
-from mlp_vision.threads import add_threads_argument, set_threads
+from mlp_vision.threads import add_threads_argument, set_run_threads
 from mlp_vision.validate import main as validate_main
 
 _logger = logging.getLogger('train')
@@ -383,7 +383,7 @@ def _main(argv, prog):
     dist_info = init_device(args.device, args.dist_backend, args.dist_url)
     setup_logging(dist_info.primary)
     check_args(args, dist_info)
-    _logger.info(set_threads(args.threads, args.workers))
+    _logger.info(set_run_threads(args.threads, resume_ckpt, args.workers))
     run = TrainingRun(args, dist_info, resume_ckpt, kind='image', key='epoch', prog=prog,
                       decreasing=args.eval_metric == 'loss', max_history=args.checkpoint_hist)
     with run:

@@ -40,6 +40,7 @@ RECIPE_ARGS = [
     '--aa', 'rand-m9-mstd0.5-inc1', '--hflip', '0', '--scale', '0.6', '1.0', '--crop-pct', '1.0',
     '--model-ema', '--model-ema-decay', '0.9', '--grad-accum-steps', '2', '--clip-grad', '1.0',
     '--checkpoint-hist', '2', '--seed', '7', '--keep-optimizer-state',  # resumes from checkpoint-0.pth
+    '--threads', '1',  # one count for every run compared here: the count changes float rounding
 ]
 
 
@@ -127,6 +128,20 @@ def test_resume_is_bit_identical(reference_run, digits, tmp_path):
     assert Path(res['experiment_dir']) == (tmp_path / 'resumed-1').resolve()
     assert sorted(p.name for p in exp.iterdir()) == ['checkpoint-0.pth']
     _assert_same_weights(reference_run / 'last.pth', tmp_path / 'resumed-1' / 'last.pth')
+    assert _state(reference_run / 'checkpoint-0.pth')['threads'] == 1
+
+
+def test_a_resume_computes_with_the_threads_of_the_run_it_continues(reference_run, digits, tmp_path, caplog):
+    # a run started without --threads (its count chosen by default_threads, stored in each checkpoint as 'threads')
+    ckpt = _state(reference_run / 'checkpoint-0.pth')
+    ckpt['args']['threads'] = None
+    exp = tmp_path / 'r'
+    exp.mkdir()
+    torch.save(ckpt, exp / 'checkpoint-0.pth')
+    argv = ['--data-dir', str(digits), '--val-split', 'val', '--workers', '0', '--resume', str(exp / 'checkpoint-0.pth')]
+    res = train.main(argv)  # no --threads: the run's own count (1), whatever the machine's load suggests
+    assert any(r.getMessage().startswith('1 compute thread (the count of the run it continues') for r in caplog.records)
+    assert _state(Path(res['experiment_dir']) / 'last.pth')['threads'] == 1
 
 
 def test_sigkill_mid_epoch_then_resume(reference_run, digits, tmp_path):

@@ -14,7 +14,8 @@ Each entry point keeps only what differs (data, model, loss and metrics); everyt
 
 Checkpoint payload (every value a tensor or plain Python value, so it loads with ``weights_only=True``)::
 
-    version, kind ('image' | 'text'), run_id (the folder's run.json, :mod:`.run_folder`), arch, <position key> ('epoch': last completed epoch | 'step': completed
+    version, kind ('image' | 'text'), run_id (the folder's run.json, :mod:`.run_folder`), threads (the compute
+    threads it ran with: a resume keeps them), arch, <position key> ('epoch': last completed epoch | 'step': completed
     updates), num_updates, model_cfg, state_dict, optimizer, scheduler, schedule (create_scheduler_v2 kwargs),
     amp_scaler, rng_states (one per rank), metric, args, checkpoint_history, + the trainer's own fields
 
@@ -243,6 +244,7 @@ def _check_resume_payload(ckpt: Dict[str, Any], key: str, source: str) -> None:
         ('rng_states', ckpt.get('rng_states') is None or isinstance(ckpt['rng_states'], list)),
         ('args', ckpt.get('args') is None or isinstance(ckpt['args'], dict)),
         ('run_id', ckpt.get('run_id') is None or is_run_id(ckpt['run_id'])),
+        ('threads', ckpt.get('threads') is None or counter(ckpt['threads'])),
     ) if not ok]
     if problems:
         raise UsageError(f'{source}: the checkpoint\'s {", ".join(problems)} {"is" if len(problems) == 1 else "are"} '
@@ -575,6 +577,7 @@ class TrainingRun:
             'version': CHECKPOINT_VERSION,
             'kind': self.kind,
             'run_id': self.run_id,
+            'threads': torch.get_num_threads(),  # a resume computes with the same count (float rounding depends on it)
             'arch': self.args.model,
             self.key: position,
             'num_updates': num_updates,

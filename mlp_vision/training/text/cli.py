@@ -7,7 +7,7 @@ from ..distributed import init_device
 from mlp_vision.errors import run_cli
 from ..log import setup_logging
 from ..run import TrainingRun, parse_run_args
-from mlp_vision.threads import set_threads
+from mlp_vision.threads import set_run_threads
 from .args import PROG, build_parser, check_args
 from .classification import train_classifier
 from .lm import train_lm
@@ -24,7 +24,7 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = PROG):
 def _main(argv: Sequence[str], prog: str):
     args, resume_ckpt = parse_run_args(build_parser(prog), argv, kind='text')
     check_args(args)
-    threads = set_threads(args.threads)
+    threads = set_run_threads(args.threads, resume_ckpt)
     dist_info = init_device(args.device, args.dist_backend, args.dist_url)
     setup_logging(dist_info.primary)
     logging.getLogger('mlp_vision.train_text').info(threads)
