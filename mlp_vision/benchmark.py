@@ -76,7 +76,6 @@ from mlp_vision.threads import THREADS_RANGE, add_threads_argument, set_threads
 from mlp_vision.errors import parse_device
 from mlp_vision.errors import ArgumentParser, UsageError, run_cli
 from mlp_vision.training.model import COMPILE_MODES, is_local_dir
-from mlp_vision.text.bert import BertLayer
 
 PRECISIONS = ('fp32', 'bf16', 'fp16', 'amp_bf16', 'amp_fp16')
 LAYERS = ('bigs_layer', 'bert_layer')  # sequence-layer contenders (tokens/s); ref:bigs_layer is the straightforward one
@@ -242,6 +241,7 @@ def _create_layer(name: str, args: argparse.Namespace) -> nn.Module:
     if name == 'bigs_layer':
         return BidirectionalGatedSSM(args.dim, args.hidden_dim, num_states=args.num_states,
                                      conv_impl=args.bigs_conv_impl)
+    from mlp_vision.text.bert import BertLayer  # here: mlp_vision.text needs transformers (the text extra), images do not
     return BertLayer(args.dim, num_heads=args.heads, ffn_dim=args.ffn_dim)
 
 

@@ -57,6 +57,14 @@ def test_vision_package_imports_without_transformers():
     assert out.stdout.strip() == '3'
 
 
+def test_vision_commands_run_without_transformers():
+    # the image commands import no text module at import time (benchmark.py builds its BERT layer on demand)
+    out = _run_without_transformers('import mlp_vision.train, mlp_vision.validate, mlp_vision.benchmark, '
+                                    'mlp_vision.visualize, mlp_vision.complexity\nprint("ok")\n')
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == 'ok'
+
+
 def test_text_package_without_transformers_names_the_extra():
     out = _run_without_transformers('import mlp_vision.text\n')
     assert out.returncode != 0
