@@ -15,13 +15,13 @@ of a pair about equally, so the ratio is much steadier than either throughput on
 Contenders:
     NAME             any timm-registered model (``import mlp_vision`` registers ours), e.g. ``smlpnet_t``,
                      ``gmlp_s16_224`` (timm's own).
-    ref:NAME         the straightforward sMLPNet (``tests/reference/smlpnet.py``, kept with the tests, outside the
-                     installed package) built as the twin of our ``NAME`` (same config, our weights).
-                     ``ref:`` contenders need a checkout of the repository: the one this package is imported
-                     from, else the working directory.
+    ref:NAME         the straightforward sMLPNet (the reference ``smlpnet.py`` kept with the checkout's tests, outside
+                     the installed package) built as the twin of our ``NAME`` (same config, our weights). ``ref:``
+                     contenders need the checkout's ``benchmark.py`` (``python benchmark.py``), which hands this
+                     command the folder of reference models; the installed command has none.
     bigs_layer       one BiGS layer (``mlp_vision.layers.BidirectionalGatedSSM``, d ``--dim``, d_i ``--hidden-dim``,
                      N ``--num-states``; default BiGS-large: 1024 / 3072 / 64) on (batch, ``--seq-len``, d) inputs;
-    ref:bigs_layer   the straightforward BiGS layer (``tests/reference/bigs.py``) with the same weights;
+    ref:bigs_layer   the straightforward BiGS layer (the checkout's reference ``bigs.py``) with the same weights;
     fused:NAME       ``NAME`` with the same weights, then ``timm.utils.reparameterize_model`` (eval-time fusions such
                      as sMLPNet's BatchNorm folded into the depthwise conv it follows; a model without any is
                      unchanged): ``--compare fused:smlpnet_t smlpnet_t`` is what the fusions buy. Inference only.
@@ -81,15 +81,10 @@ PRECISIONS = ('fp32', 'bf16', 'fp16', 'amp_bf16', 'amp_fp16')
 LAYERS = ('bigs_layer', 'bert_layer')  # sequence-layer contenders (tokens/s); ref:bigs_layer is the straightforward one
 
 
-def _find_reference_dir() -> Path:
-    """``tests/reference`` (the straightforward twins of ``ref:`` contenders, kept with the tests, not installed) of
-    the checkout this package is imported from (``python benchmark.py``, an editable install), else of the working
-    directory (an installed package run in a checkout); the first when neither has one, for the error message."""
-    candidates = [root / 'tests' / 'reference' for root in (Path(__file__).resolve().parents[1], Path.cwd())]
-    return next((folder for folder in candidates if folder.is_dir()), candidates[0])
-
-
-REFERENCE_DIR = _find_reference_dir()
+# The straightforward twins of ``ref:`` contenders: the folder of reference models kept with the checkout's tests,
+# given by the checkout's benchmark.py (``main(reference_dir=...)``). The package never looks for the tests' files
+# itself, so an installed package has no ``ref:`` contenders.
+REFERENCE_DIR: Optional[Path] = None
 
 
 FUSED_PREFIX = 'fused:'  # our model with the same weights, reparameterized for inference (timm.utils)
@@ -114,7 +109,7 @@ def _reference_path(spec: str) -> Path:
 
 @functools.lru_cache(maxsize=None)
 def _load_reference(path: Path) -> ModuleType:
-    """Import ``tests/reference/<name>.py`` of this checkout by its path, so that no other module named ``tests``
+    """Import the reference model file ``path`` of the checkout by its path, so that no other module named ``tests``
     or ``reference`` on ``sys.path`` (an installed package's test folder, say) can stand in for it."""
     spec = importlib.util.spec_from_file_location(f'_benchmark_reference_{path.stem}', path)
     module = importlib.util.module_from_spec(spec)
@@ -187,8 +182,11 @@ def parse_args(argv=None) -> argparse.Namespace:
                 f'{", ".join(mlp_vision.VISION_MODELS)}), local-dir:FOLDER for a folder with a timm config.json '
                 f'(a training run\'s pretrained/), ref:NAME for the straightforward sMLPNet of NAME, '
                 f'or a sequence layer: bigs_layer, ref:bigs_layer, bert_layer')
-    missing = sorted({str(_reference_path(s)) for s in specs if s.startswith('ref:')
-                      and not _reference_path(s).is_file()})
+    refs = [s for s in specs if s.startswith('ref:')]
+    if refs and REFERENCE_DIR is None:
+        p.error(f'{refs[0]}: ref: contenders are the straightforward reference models kept with the tests of a '
+                f'repository checkout; run the checkout\'s benchmark.py (python benchmark.py ...)')
+    missing = sorted({str(_reference_path(s)) for s in refs if not _reference_path(s).is_file()})
     if missing:
         p.error(f'ref: contenders need the straightforward reference models of a repository checkout, kept with '
                 f'the tests; not found: {", ".join(missing)}')
@@ -241,7 +239,7 @@ def _create_layer(name: str, args: argparse.Namespace) -> nn.Module:
     if name == 'bigs_layer':
         return BidirectionalGatedSSM(args.dim, args.hidden_dim, num_states=args.num_states,
                                      conv_impl=args.bigs_conv_impl)
-    from mlp_vision.text.bert import BertLayer  # here: mlp_vision.text needs transformers (the text extra), images do not
+    from mlp_vision.text.bert import BertLayer  # here: mlp_vision.text needs transformers (the text extra)
     return BertLayer(args.dim, num_heads=args.heads, ffn_dim=args.ffn_dim)
 
 
@@ -839,8 +837,13 @@ def write_results(rows, env, args) -> None:
         print(f'wrote {prefix}_profile.txt')
 
 
-def main(argv=None, prog: str = 'benchmark.py') -> None:
-    """Benchmark; bad arguments stop with one line starting with ``prog`` and exit status 2 (``run_cli``)."""
+def main(argv=None, prog: str = 'benchmark.py', reference_dir: Optional[Path] = None) -> None:
+    """Benchmark; bad arguments stop with one line starting with ``prog`` and exit status 2 (``run_cli``).
+    ``reference_dir``: the folder of reference models kept with the checkout's tests (the ``ref:`` contenders), given
+    by the checkout's benchmark.py."""
+    global REFERENCE_DIR
+    if reference_dir is not None:
+        REFERENCE_DIR = Path(reference_dir)
     run_cli(prog, lambda a: _main(a, prog), argv)
 
 

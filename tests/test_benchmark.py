@@ -10,6 +10,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 
+from _helpers import exits_with_one_line  # noqa: E402
+
 
 def test_paired_comparison_writes_results(tmp_path):
     out = tmp_path / 'bench'
@@ -105,18 +107,18 @@ def test_sequence_layers_report_tokens_per_second(tmp_path):
     (['--model', 'smlpnet_t', '--min-sample-time', 'nan'], '--min-sample-time must be a positive number'),
     (['--model', 'smlpnet_t', '--samples', '0'], '--samples must be >= 1'),
 ])
-def test_bad_layer_arguments_are_clear_errors(args, message):
-    res = subprocess.run([sys.executable, str(REPO / 'benchmark.py'), *args], cwd=REPO, capture_output=True,
-                         text=True, timeout=300)
-    assert res.returncode == 2 and message in res.stderr
-    assert len(res.stderr.strip().splitlines()) == 1, res.stderr  # one line, no traceback or usage text
+def test_bad_layer_arguments_are_clear_errors(args, message, capsys):
+    from mlp_vision import benchmark
+    # in this process (a subprocess per case spent 6 s importing torch): exit 2, one line, no traceback or usage
+    assert message in exits_with_one_line(benchmark.main, args, capsys)
 
 
-def test_reference_model_input_size_comes_from_its_twin():
+def test_reference_model_input_size_comes_from_its_twin(monkeypatch):
     """A ``ref:`` contender has no pretrained cfg of its own; its input is still an image (regression: the
     memory probe once fed it a (seq-len, dim) sequence and failed)."""
     import argparse
     from mlp_vision import benchmark
+    monkeypatch.setattr(benchmark, 'REFERENCE_DIR', REPO / 'tests' / 'reference')  # as the checkout's benchmark.py
     args = argparse.Namespace(img_size=None, seq_len=128, dim=64, num_classes=10)
     ours = benchmark.build('smlpnet_t', args)
     ref = benchmark.build('ref:smlpnet_t', args, twin_of=ours)
@@ -140,6 +142,11 @@ def test_reference_contenders_need_the_reference_folder(tmp_path, monkeypatch, c
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1, err  # one line, no usage text
     assert 'ref: contenders need the straightforward reference models' in err[0] and str(missing / 'bigs.py') in err[0]
+    monkeypatch.setattr(benchmark, 'REFERENCE_DIR', None)  # the installed command: no reads of the tests at all
+    with pytest.raises(SystemExit):
+        benchmark.main(['--compare', 'bigs_layer', 'ref:bigs_layer'])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "run the checkout's benchmark.py" in err[0], err
     assert benchmark.parse_args(['--model', 'bigs_layer']).model == ['bigs_layer']
 
 
