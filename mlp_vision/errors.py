@@ -28,7 +28,7 @@ import torch
 import torch.nn as nn
 
 __all__ = ['ArgumentParser', 'DefaultsHelpFormatter', 'UsageError', 'RunError', 'Interrupted', 'ScriptExit', 'run_cli', 'find_os_error',
-           'check_range', 'parse_device', 'read_json_file', 'stop_moved_module', 'short_repr', 'MAX_PARAMS',
+           'check_range', 'parse_device', 'read_json_file', 'short_repr', 'MAX_PARAMS',
            'check_model_size']
 
 
@@ -193,16 +193,6 @@ def read_json_file(path: str, max_bytes: int = CONFIG_MAX_BYTES):
                          f'beyond Python\'s recursion limit)') from None
     except ValueError as e:  # JSONDecodeError
         raise UsageError(f'{path} is not valid JSON ({e}); the file is damaged or truncated') from None
-
-
-def stop_moved_module(module_name: str, old: str, new: str) -> None:
-    """The body of a module that moved: run (``module_name == '__main__'``) it prints one line naming the new place
-    and exits 2; imported, it raises ``ImportError`` with that line."""
-    message = f'{old} moved: use {new}'
-    if module_name == '__main__':
-        print(f'error: {message}', file=sys.stderr)
-        sys.exit(2)
-    raise ImportError(message)
 
 
 class RunError(RuntimeError):

@@ -444,16 +444,6 @@ def test_threads_flag_does_not_leak_into_the_caller(tmp_path):
 
 
 # ------------------------------------------------------------------------------------------------ the moved command
-def test_the_old_module_stops_with_one_line_naming_the_new_command():
-    res = subprocess.run([sys.executable, '-m', 'mlp_vision.text.train', '--help'], capture_output=True, text=True,
-                         timeout=120)
-    assert res.returncode == 2 and res.stdout == ''
-    assert res.stderr.strip().splitlines() == [
-        'error: python -m mlp_vision.text.train moved: use python -m mlp_vision.train_text (or mlp-vision-text-train)']
-    with pytest.raises(ImportError, match='use python -m mlp_vision.train_text'):
-        import mlp_vision.text.train  # noqa: F401
-
-
 def test_the_models_import_nothing_of_the_trainers():
     code = ('import sys, mlp_vision.text, mlp_vision.text.fill_mask, mlp_vision.text.registry; '
             'print([m for m in sys.modules if m.startswith("mlp_vision.training.text")])')

@@ -27,8 +27,7 @@ from timm.utils.distributed import init_distributed_device_so
 
 from mlp_vision.errors import UsageError, parse_device
 
-__all__ = ['DistInfo', 'process_group_backend', 'init_device', 'wrap_ddp', 'all_gather_objects', 'state_dict_digest',
-           'barrier']
+__all__ = ['DistInfo', 'process_group_backend', 'init_device', 'wrap_ddp', 'all_gather_objects', 'state_dict_digest']
 
 _logger = logging.getLogger(__name__)
 
@@ -140,11 +139,6 @@ def _grad_in_param_strides(param: torch.Tensor):
             return grad
         return grad.as_strided(grad.shape, param.stride(), grad.storage_offset())
     return restride
-
-
-def barrier(info: DistInfo) -> None:
-    if info.distributed:
-        dist.barrier()
 
 
 def all_gather_objects(obj: Any, info: DistInfo) -> List[Any]:

@@ -10,7 +10,6 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .data import num_valid_samples
 from .loop import StepLoop, format_duration, progress_line
 
 __all__ = ['train_one_epoch', 'evaluate', 'reports_top5', 'format_duration']
@@ -126,17 +125,14 @@ def evaluate(
 ) -> Dict[str, float]:
     """Top-1 / top-5 accuracy (%) and mean cross-entropy over the whole loader, and images/s.
 
-    Exact in distributed mode: the padding samples that even out the ranks are not counted, and the sums
-    are reduced over the ranks, so the numbers equal a one-process run. ``top5`` is None for a model of at most
+    Exact in distributed mode: each rank evaluates its own samples, none twice (the eval loader's ``StridedSampler``
+    pads nothing), and the sums are reduced over the ranks, so the numbers equal a one-process run. ``top5`` is None for a model of at most
     5 classes (see :func:`reports_top5`).
     The sums stay on the device until the end: one all-reduce and one host sync per evaluation, none per batch.
     """
     model.eval()
-    valid = num_valid_samples(loader)
     num_batches = len(loader)
     sums = None
-    seen = 0
-    scored = 0  # samples counted (the padding that evens out the ranks is not)
     processed = 0
     start = time.perf_counter()
     for batch_idx, (input, target) in enumerate(loader):
@@ -147,23 +143,19 @@ def evaluate(
         if isinstance(output, (tuple, list)):
             output = output[0]
         output = output.float()
-        keep = len(target) if valid is None else max(0, min(len(target), valid - seen))
-        seen += len(target)
         processed += len(target)
-        output, target = output[:keep], target[:keep]
         loss = F.cross_entropy(output, target, reduction='sum')
         num_classes = output.shape[1]
         correct = output.topk(min(5, num_classes), dim=1).indices.eq(target[:, None])
         batch = torch.stack([loss.double(), correct[:, :1].sum().double(), correct.sum().double()])
         sums = batch if sums is None else sums + batch  # on the device: no host sync per batch
-        scored += keep
         if primary and log_interval and ((batch_idx + 1) % log_interval == 0 or batch_idx == num_batches - 1):
             elapsed = time.perf_counter() - start
             _logger.info(f'{log_prefix}: [{batch_idx + 1:>{len(str(num_batches))}d}/{num_batches}]  '
                          f'{processed / max(elapsed, 1e-9):,.0f} img/s')
     if sums is None:
         raise RuntimeError('evaluation loader yielded no batches')
-    sums = torch.cat([sums, sums.new_tensor([scored])])
+    sums = torch.cat([sums, sums.new_tensor([processed])])
     if distributed:
         dist.all_reduce(sums)
     seconds = time.perf_counter() - start

@@ -31,7 +31,7 @@ from .holdout import DatasetSubset, holdout_split, parse_val_split, stratified_h
 from .labels import check_class_names, check_num_classes, dataset_class_names, dataset_class_to_idx
 from .loader import (
     ImageLoader, ReadableBatches, SeededDataset, SeededSampler, StridedSampler, collate_readable, create_eval_loader,
-    create_train_loader, fit_batch_to_data, num_valid_samples, seeded_rng, train_samples_per_rank,
+    create_train_loader, fit_batch_to_data, seeded_rng, train_samples_per_rank,
     unused_images_message)
 from .reader import ImageFileReader, find_split
 
@@ -42,6 +42,6 @@ __all__ = [
     'create_image_dataset', 'create_train_val_datasets', 'dataset_class_to_idx', 'dataset_class_names',
     'check_num_classes', 'check_class_names', 'seeded_rng', 'SeededSampler', 'SeededDataset', 'StridedSampler',
     'collate_readable', 'ReadableBatches', 'ImageLoader', 'create_train_loader', 'create_eval_loader',
-    'num_valid_samples', 'IMAGE_MODE_CHANNELS', 'INTERPOLATIONS', 'DATASET_KINDS', 'fit_batch_to_data',
+    'IMAGE_MODE_CHANNELS', 'INTERPOLATIONS', 'DATASET_KINDS', 'fit_batch_to_data',
     'train_samples_per_rank', 'unused_images_message', 'dataset_source',
 ]

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 import torch.utils.data
 from timm.data import create_transform
-from timm.data.distributed_sampler import OrderedDistributedSampler, RepeatAugSampler
+from timm.data.distributed_sampler import RepeatAugSampler
 from timm.data.loader import PrefetchLoader, fast_collate
 
 from mlp_vision.errors import UsageError
@@ -29,7 +29,7 @@ from .decode import SkippedImage
 
 __all__ = [
     'seeded_rng', 'SeededSampler', 'SeededDataset', 'StridedSampler', 'collate_readable', 'ReadableBatches',
-    'ImageLoader', 'create_train_loader', 'create_eval_loader', 'num_valid_samples', 'train_samples_per_rank',
+    'ImageLoader', 'create_train_loader', 'create_eval_loader', 'train_samples_per_rank',
     'create_train_sampler', 'fit_batch_to_data', 'unused_images_message',
 ]
 
@@ -430,13 +430,3 @@ def create_eval_loader(
         sampler = StridedSampler(len(dataset), torch.distributed.get_rank(), torch.distributed.get_world_size())
     return _image_loader(dataset, sampler, data_config, batch_size, device, num_workers, pin_memory,
                          drop_last=False, generator=None, img_dtype=img_dtype)
-
-
-def num_valid_samples(loader) -> Optional[int]:
-    """Real (not padding) samples this rank's eval loader yields, or None if every sample is real (always the
-    case for :func:`create_eval_loader`; kept for loaders built with timm's ``OrderedDistributedSampler``)."""
-    sampler = getattr(loader, 'sampler', None)
-    if isinstance(sampler, OrderedDistributedSampler):
-        return sampler.num_valid_samples
-    return None
-
