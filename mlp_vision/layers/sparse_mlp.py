@@ -9,30 +9,19 @@ The sMLP (Alg. 1) on a (B, C, H, W) map ``x``::
     x_w = x mixed along W by one Linear(W, W), shared by every row and channel
     out = Conv1x1_{3C -> C}(concat[x, x_h, x_w])          (no bias; the paper's "fuse", our ``fuse_conv``)
 
-Memory layout. Every module here takes and returns (B, C, H, W) tensors whose channel axis is the contiguous one,
-in either of two memory orders, and computes in the order it is given, without copies:
-
-* channels-last, (B, H, W, C) memory: what a plain call gets (any other input is made channels-last first);
-* token-major, (H, W, B, C) memory (:func:`to_token_major`): what sMLPNet's stages run their blocks in. The axial
-  Linears (:class:`~mlp_vision.layers.TokenLinear`) then mix H as one GEMM ``(H, H) @ (H, W*B*C)`` and W as H GEMMs
-  ``(W, W) @ (W, B*C)``, where channels-last memory needs ``B`` and ``B*H`` small ones (``(H, H) @ (H, W*C)``,
-  ``(W, W) @ (W, C)``).
-
-Either way the per-pixel modules (BatchNorm, GELU, the 1x1 fuse conv) run on a channels-last 4D view of the same
-memory (:func:`_pixel_view`: for token-major memory the (H, C, W, B) view, whose "batch" and "spatial" axes are
-H, W and B; a per-pixel op does not care which is which), the LayerNorm and the channel MLP on the
-channels-innermost (*, C) rows, and the depthwise conv (:class:`FoldedDepthwiseConv2d`) on the batch folded into
-the channels, ``(1, B*C, H, W)`` channels-last.
+Activations are channels-last (NCHW shape, NHWC memory) throughout: the 1x1 convs, the LayerNorm and the channel
+MLP then read contiguous channel vectors, and the axial Linears (:class:`~mlp_vision.layers.TokenLinear`) mix the
+H and W axes of that memory as batched GEMMs, ``(H, H) @ (B, H, W*C)`` and ``(W, W) @ (B*H, W, C)``, with no
+permuted copies.
 
 Inference fusion: :meth:`SparseMLPTokenMixer.reparameterize` (called by ``timm.utils.reparameterize_model``) folds
 the sMLP's BatchNorm into the depthwise conv it directly follows, once, replacing both modules by one conv.
 """
-from typing import Dict, List, Sequence, Tuple, Type
+from typing import Dict, Sequence, Tuple, Type
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
-from timm.layers import DropPath, Mlp, register_notrace_module
+from timm.layers import DropPath, Mlp
 
 from .activations import fresh_input_act
 from .linear import TokenLinear
@@ -41,9 +30,7 @@ from .resample import TokenAxes, resample_token_params_
 # norms that always return a new tensor, so the activation after them may work in place (layers.activations)
 _FRESH_OUTPUT_NORMS = (nn.BatchNorm2d, nn.GroupNorm, nn.LayerNorm)
 
-__all__ = [
-    'AxialSparseMLP', 'SparseMLPTokenMixer', 'SparseMLPBlock', 'FoldedDepthwiseConv2d', 'rename_legacy_smlp_keys',
-    'to_token_major', 'from_token_major']
+__all__ = ['AxialSparseMLP', 'SparseMLPTokenMixer', 'SparseMLPBlock', 'rename_legacy_smlp_keys']
 
 # AxialSparseMLP's state-dict names that changed, old -> new (relative to the module). The 1x1 projection was the
 # child ``fuse`` until issue 25: timm's reparameterize_model replaces every child that has a ``fuse`` attribute by
@@ -63,83 +50,8 @@ def rename_legacy_smlp_keys(state_dict: Dict[str, torch.Tensor], prefix: str = '
     return state_dict
 
 
-def to_token_major(x: torch.Tensor) -> torch.Tensor:
-    """(B, C, H, W) -> the same values in token-major memory, (H, W, B, C) (one copy unless already so), shape kept."""
-    return x.permute(2, 3, 0, 1).contiguous().permute(2, 3, 0, 1)
-
-
-def from_token_major(x: torch.Tensor) -> torch.Tensor:
-    """Token-major (B, C, H, W) -> a channels-last copy, whose gradient comes back token-major.
-
-    The copy's own backward passes the channels-last gradient through unchanged: the blocks before it would then
-    read it in the wrong order, and copy it, in every block (the fc2 and fuse-conv gradients need contiguous (*, C)
-    rows in token-major order). Going through the flat (H*W*B*C) view makes autograd reshape the gradient back into
-    (H, W, B, C) order, one copy here instead. The forward views are free: x is token-major."""
-    rows = x.permute(2, 3, 0, 1)  # (H, W, B, C), contiguous
-    return rows.reshape(-1).view(rows.shape).permute(2, 3, 0, 1).contiguous(memory_format=torch.channels_last)
-
-
-def _is_token_major(x: torch.Tensor) -> bool:
-    """True for a (B, C, H, W) tensor with (H, W, B, C) memory that is not also channels-last (as when B == 1)."""
-    return not x.is_contiguous(memory_format=torch.channels_last) and x.permute(2, 3, 0, 1).is_contiguous()
-
-
-def _channels_inner(x: torch.Tensor) -> torch.Tensor:
-    """``x`` if it is token-major or channels-last (the two layouts computed without copies), else a channels-last
-    copy."""
-    return x if _is_token_major(x) else x.contiguous(memory_format=torch.channels_last)
-
-
-def _pixel_view(x: torch.Tensor, token_major: bool) -> torch.Tensor:
-    """A channels-last 4D view of ``x``'s memory for per-pixel modules: ``x`` itself, or (H, C, W, B) when token-major
-    (channels-last strides, so BatchNorm and 1x1 convs run their channels-last kernels, no copy)."""
-    return x.permute(2, 1, 3, 0) if token_major else x
-
-
-def _from_pixel_view(x: torch.Tensor, token_major: bool) -> torch.Tensor:
-    """Inverse of :func:`_pixel_view`: back to the (B, C, H, W) axis order."""
-    return x.permute(3, 1, 0, 2) if token_major else x
-
-
-def _rows_order(token_major: bool) -> List[int]:
-    """The permutation of a (B, C, H, W) tensor's axes into memory order, channels last: the contiguous (*, C) view
-    the LayerNorm and the channel MLP read. It is its own inverse for token-major memory, not for channels-last."""
-    return [2, 3, 0, 1] if token_major else [0, 2, 3, 1]
-
-
-@register_notrace_module  # a leaf for FX (timm's feature extraction): its route depends on strides
-class FoldedDepthwiseConv2d(nn.Conv2d):
-    """A depthwise ``nn.Conv2d`` (``groups == in_channels``; same parameters, state dict and function) that also
-    takes token-major input without a copy: the (H, W, B, C) memory is the channels-last map ``(1, B*C, H, W)``, the
-    batch folded into the channels, convolved with the filters repeated B times (``groups * B``). Any other layout
-    goes to ``nn.Conv2d.forward``.
-
-    Shapes: x (B, C, H, W) -> (B, C_out, H_out, W_out), token-major out for token-major in.
-    """
-
-    def __init__(self, in_channels: int, out_channels: int, kernel_size, *args, **kwargs) -> None:
-        super().__init__(in_channels, out_channels, kernel_size, *args, **kwargs)
-        if self.groups != self.in_channels or self.padding_mode != 'zeros':
-            raise ValueError(f'FoldedDepthwiseConv2d needs groups == in_channels and zero padding, got groups '
-                             f'{self.groups} for {self.in_channels} channels, padding_mode {self.padding_mode!r}')
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not _is_token_major(x):
-            return self._conv_forward(x, self.weight, self.bias)
-        batch, chans, height, width = x.shape
-        folded = x.permute(2, 3, 0, 1).reshape(1, height, width, batch * chans).permute(0, 3, 1, 2)
-        bias = self.bias
-        if bias is not None:
-            bias = bias.repeat(batch)
-        y = F.conv2d(folded, self.weight.repeat(batch, 1, 1, 1), bias, self.stride, self.padding, self.dilation,
-                     self.groups * batch)
-        out_h, out_w = y.shape[-2], y.shape[-1]
-        return y.permute(0, 2, 3, 1).reshape(out_h, out_w, batch, -1).permute(2, 3, 0, 1)
-
-
 def _fold_batchnorm_into_conv(conv: nn.Conv2d, bn: nn.BatchNorm2d) -> nn.Conv2d:
-    """A new conv (of ``conv``'s class) computing ``bn(conv(x))`` with the BatchNorm's running statistics (its eval-mode
-    function):
+    """A new conv computing ``bn(conv(x))`` with the BatchNorm's running statistics (its eval-mode function):
     ``W' = W * s``, ``b' = (b - mean) * s + beta`` with ``s = gamma / sqrt(var + eps)`` per output channel."""
     with torch.no_grad():
         scale = torch.rsqrt(bn.running_var + bn.eps)
@@ -147,7 +59,7 @@ def _fold_batchnorm_into_conv(conv: nn.Conv2d, bn: nn.BatchNorm2d) -> nn.Conv2d:
         if bn.affine:
             scale = scale * bn.weight
             shift = shift * bn.weight + bn.bias
-        fused = type(conv)(
+        fused = nn.Conv2d(
             conv.in_channels, conv.out_channels, conv.kernel_size, stride=conv.stride, padding=conv.padding,
             dilation=conv.dilation, groups=conv.groups, bias=True, padding_mode=conv.padding_mode,
             device=conv.weight.device, dtype=conv.weight.dtype)
@@ -156,7 +68,6 @@ def _fold_batchnorm_into_conv(conv: nn.Conv2d, bn: nn.BatchNorm2d) -> nn.Conv2d:
     return fused
 
 
-@register_notrace_module  # a leaf for FX (timm's feature extraction): its route depends on strides
 class AxialSparseMLP(nn.Module):
     """sMLP: ``fuse_conv(concat[x, mix_H(x), mix_W(x)])`` on ``x = GELU(BN(x))`` (arXiv 2109.05422, Alg. 1).
 
@@ -164,8 +75,7 @@ class AxialSparseMLP(nn.Module):
     ``fuse_conv`` (the paper's "fuse") is a 1x1 conv 3C -> C without bias whose input channels are ordered
     [identity, H-mixed, W-mixed]. State dicts with its old name ``fuse`` load (:func:`rename_legacy_smlp_keys`).
 
-    Shapes: x (B, C, H, W) -> (B, C, H, W) in x's memory order (token-major or channels-last; see the module
-    docstring); H, W must equal ``feat_size``.
+    Shapes: x (B, C, H, W) -> (B, C, H, W) (channels-last memory); H, W must equal ``feat_size``.
     """
     # the axial mixes and their token axes (output, contracted), each over the one axis it mixes (H for proj_h, W
     # for proj_w): what sMLPNet's checkpoint loader and set_feat_size resample for another map size
@@ -203,24 +113,18 @@ class AxialSparseMLP(nn.Module):
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = _channels_inner(x)
-        token_major = _is_token_major(x)
-        x_px = self.act(self.norm(_pixel_view(x, token_major)))
-        x = _from_pixel_view(x_px, token_major)
+        x = self.act(self.norm(x.contiguous(memory_format=torch.channels_last)))
         x_h = self.proj_h(x.transpose(2, 3)).transpose(2, 3)  # the Linear sees (B, C, W, H): mixes along H
         x_w = self.proj_w(x)  # (B, C, H, W): mixes along W
-        # a wrong-sized input fails in the axial Linears (RuntimeError); the models check sizes before.
-        # TokenLinear returns x's memory order, so the three blocks concatenate as channels-last pixel views
-        x_cat = torch.cat([x_px, _pixel_view(x_h, token_major), _pixel_view(x_w, token_major)], dim=1)
-        return _from_pixel_view(self.fuse_conv(x_cat), token_major)
+        # a wrong-sized input fails in the axial Linears (RuntimeError); the models check sizes before
+        return self.fuse_conv(torch.cat([x, x_h, x_w], dim=1))
 
 
-@register_notrace_module  # a leaf for FX (timm's feature extraction): its route depends on strides
 class SparseMLPTokenMixer(nn.Module):
     """sMLPNet token mixing: depthwise-conv branch (BN -> GELU -> DWConv 3x3) followed by :class:`AxialSparseMLP`
     (arXiv 2109.05422, Fig. 2: the DWConv and the sMLP share one residual connection).
 
-    Shapes: x (B, C, H, W) -> (B, C, H, W) in x's memory order (token-major or channels-last).
+    Shapes: x (B, C, H, W) -> (B, C, H, W) (channels-last memory).
     """
 
     def __init__(
@@ -237,7 +141,7 @@ class SparseMLPTokenMixer(nn.Module):
         dd = {'device': device, 'dtype': dtype}
         self.norm = norm_layer(dim, **dd)
         self.act = fresh_input_act(act_layer()) if isinstance(self.norm, _FRESH_OUTPUT_NORMS) else act_layer()
-        self.conv_dw = FoldedDepthwiseConv2d(
+        self.conv_dw = nn.Conv2d(
             dim, dim, kernel_size, padding=kernel_size // 2, groups=dim, bias=False, **dd)
         self.smlp = AxialSparseMLP(dim, feat_size, norm_layer=norm_layer, act_layer=act_layer, **dd)
 
@@ -245,9 +149,7 @@ class SparseMLPTokenMixer(nn.Module):
         self.smlp.set_feat_size(feat_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = _channels_inner(x)
-        token_major = _is_token_major(x)
-        x = _from_pixel_view(self.act(self.norm(_pixel_view(x, token_major))), token_major)
+        x = self.act(self.norm(x.contiguous(memory_format=torch.channels_last)))
         return self.smlp(self.conv_dw(x))
 
     def reparameterize(self) -> None:
@@ -258,23 +160,20 @@ class SparseMLPTokenMixer(nn.Module):
         afterwards nothing normalises with batch statistics. A no-op when the modules are not (or no longer) a
         plain conv followed by a BatchNorm with running statistics."""
         conv, bn = self.conv_dw, self.smlp.norm
-        if type(conv) not in (nn.Conv2d, FoldedDepthwiseConv2d) or type(bn) is not nn.BatchNorm2d or bn.running_var is None:
+        if type(conv) is not nn.Conv2d or type(bn) is not nn.BatchNorm2d or bn.running_var is None:
             return
         self.conv_dw = _fold_batchnorm_into_conv(conv, bn)
         self.smlp.norm = nn.Identity()  # smlp.act may stay in place: its input is now the fresh conv output
 
 
-@register_notrace_module  # a leaf for FX (timm's feature extraction): its route depends on strides
 class SparseMLPBlock(nn.Module):
     """sMLPNet block: ``x = x + DropPath(TokenMixer(x))``; ``x = x + DropPath(MLP(LayerNorm_C(x)))``
     (arXiv 2109.05422, §3.1, Fig. 2).
 
-    The channel MLP is timm's ``Mlp`` (``mlp.fc1`` / ``mlp.fc2`` are ``nn.Linear``) on the contiguous (*, C) rows of
-    the activations in memory order ((B, H, W, C) for channels-last, (H, W, B, C) for token-major memory): no copies
-    around the LayerNorm and the GEMMs.
+    The channel MLP is timm's ``Mlp`` (``mlp.fc1`` / ``mlp.fc2`` are ``nn.Linear``) on the (B, H, W, C) view of the
+    channels-last activations, which is contiguous: no copies around the LayerNorm and the GEMMs.
 
-    Shapes: x (B, C, H, W) -> (B, C, H, W) in x's memory order (token-major or channels-last) with
-    (H, W) == feat_size.
+    Shapes: x (B, C, H, W) -> (B, C, H, W) (channels-last memory) with (H, W) == feat_size.
     """
 
     def __init__(
@@ -301,9 +200,7 @@ class SparseMLPBlock(nn.Module):
         self.token_mixer.set_feat_size(feat_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = _channels_inner(x)
-        token_major = _is_token_major(x)
+        x = x.contiguous(memory_format=torch.channels_last)
         x = x + self.drop_path(self.token_mixer(x))
-        rows = _rows_order(token_major)
-        y = self.mlp(self.norm(x.permute(rows)))  # contiguous (*, C) rows
-        return x + self.drop_path(y.permute(rows if token_major else [0, 3, 1, 2]))
+        y = self.mlp(self.norm(x.permute(0, 2, 3, 1)))  # (B, H, W, C), contiguous
+        return x + self.drop_path(y.permute(0, 3, 1, 2))

@@ -31,20 +31,12 @@ from .features import FeatureBackbone
 from ..layers import (
     AxialSparseMLP, SparseMLPBlock, check_image_input, check_img_size, check_model_args, record_input_size,
     rename_legacy_smlp_keys, resample_token_weight)
-from ..layers.sparse_mlp import from_token_major, to_token_major
 
 __all__ = ['SparseMLPNet', 'SparseMLPStage']
 
 
 class SparseMLPStage(nn.Module):
-    """Patch merging (2x2 conv, stride 2, no bias; none for the first stage) followed by ``depth`` blocks.
-
-    The blocks run in token-major memory, (H, W, B, C) (:func:`~mlp_vision.layers.sparse_mlp.to_token_major`), where
-    each sMLP mixes H as one GEMM and W as H GEMMs over ``B*C`` columns (arXiv 2109.05422, Alg. 1). The activations
-    change layout twice per stage, into that order after the downsampling conv and back to channels-last at the
-    end (:func:`~mlp_vision.layers.sparse_mlp.from_token_major`; its gradient likewise, once), and never inside a
-    block. Shapes: x (B, C_in, H_in, W_in) -> (B, C_out, H, W), channels-last memory.
-    """
+    """Patch merging (2x2 conv, stride 2, no bias; none for the first stage) followed by ``depth`` blocks."""
 
     def __init__(
             self,
@@ -83,12 +75,12 @@ class SparseMLPStage(nn.Module):
             blk.set_feat_size(feat_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = to_token_major(self.downsample(x))
+        x = self.downsample(x)
         if self.grad_checkpointing and not torch.jit.is_scripting():
             x = checkpoint_seq(self.blocks, x)
         else:
             x = self.blocks(x)
-        return from_token_major(x)  # channels-last: the convs, the BatchNorm and the features read NHWC
+        return x
 
 
 class SparseMLPNet(nn.Module):
