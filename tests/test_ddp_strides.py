@@ -12,10 +12,10 @@ import torch.distributed as dist
 import mlp_vision  # noqa: F401  (registers the models)
 from mlp_vision.training.distributed import DistInfo, wrap_ddp
 
-# sMLPNet's stage-0 1x1 fuse conv sees a channels-last activation (its weight gradient comes channels-last), and
-# with --channels-last the depthwise weights get contiguous gradients: both differ from the parameter in size-1 dims
+# contiguous sMLPNet: the depthwise and 1x1 fuse convs see channels-last activations, so their weight gradients come
+# in strides that differ from the parameter's in size-1 dims (with --channels-last, as of 2026-11-26, none do)
 CASES = {'contiguous': (dict(embed_dim=16, depths=(1, 1, 1, 1), img_size=64), False),
-         'channels_last': (dict(embed_dim=8, depths=(1, 1, 1, 1), img_size=32), True)}
+         'contiguous_32': (dict(embed_dim=8, depths=(1, 1, 1, 1), img_size=32), False)}
 
 
 @pytest.fixture
