@@ -35,6 +35,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from timm.layers import register_notrace_function, register_notrace_module
 
+from .overrides import attribute_set_to
+
 __all__ = ['TokenLinear', 'check_token_multiple', 'token_padding', 'token_matmul', 'tokens_padded_to']
 
 
@@ -57,14 +59,8 @@ def tokens_padded_to(model: nn.Module, token_multiple: int) -> Iterator[nn.Modul
     FLOP counters use 1: the papers' MACs, without the zero padding GPU kernels want."""
     check_token_multiple(token_multiple)
     layers = [m for m in model.modules() if isinstance(getattr(m, 'token_multiple', None), int)]
-    saved = [m.token_multiple for m in layers]
-    try:
-        for m in layers:
-            m.token_multiple = token_multiple
+    with attribute_set_to(layers, 'token_multiple', token_multiple):
         yield model
-    finally:
-        for m, old in zip(layers, saved):
-            m.token_multiple = old
 
 
 @register_notrace_function  # a leaf for timm's FX feature extraction (whether it pads depends on the token count)

@@ -36,6 +36,7 @@ import torch.nn.functional as F
 from .activations import fresh_gelu, gelu_product
 from .longconv_triton import SUPPORTED_DTYPES as TRITON_DTYPES, bidirectional_gelu_long_conv, bidirectional_long_conv, \
     causal_toeplitz, has_triton
+from .overrides import attribute_set_to
 
 __all__ = [
     'fast_fft_len', 'causal_toeplitz', 'S4DKernel', 'S4DLayer', 'BidirectionalGatedSSM',
@@ -520,11 +521,5 @@ def ssm_conv_impl(model: nn.Module, impl: str) -> Iterator[nn.Module]:
 
     FLOP counters use ``'fft'``: the paper's O(L log L) formulation, whatever route ``'auto'`` would take."""
     layers = [m for m in model.modules() if isinstance(m, BidirectionalGatedSSM)]
-    saved = [m.conv_impl for m in layers]
-    try:
-        for m in layers:
-            m.conv_impl = impl
+    with attribute_set_to(layers, 'conv_impl', impl):
         yield model
-    finally:
-        for m, old in zip(layers, saved):
-            m.conv_impl = old
