@@ -58,6 +58,19 @@ step() {  # step NAME SECONDS CMD...: run CMD with a time limit, log to WORK/NAM
     tail -n 4 "$WORK/$name.log"
 }
 
+text_trainer_pair() {  # NAME SECONDS STEPS: the text trainer on the study's BiGS encoder (4 x 256, 128 tokens,
+    # batch 128, sparse prediction), bf16 autocast, eager then --torchcompile: tokens/s from each run's results.json
+    local name=$1 secs=$2 steps=$3 text=${TEXT:-../shared/data/tinyshakespeare/input.txt} mode flag
+    for mode in eager compiled; do
+        flag=(); [ "$mode" = compiled ] && flag=(--torchcompile)
+        step "${name}_$mode" "$secs" $PY -m mlp_vision.train_text --task mlm --model bigs_small --model-kwargs \
+            num_hidden_layers=4 hidden_size=256 intermediate_size=768 max_position_embeddings=128 \
+            sparse_prediction=True --tokenizer char --train-file "$text" --block-size 128 -b 128 --steps "$steps" \
+            --eval-interval "$steps" --eval-batches 4 --final-eval-batches 8 --amp --amp-dtype bfloat16 "${flag[@]}" \
+            --output "$WORK/text_trainer" --experiment "bigs_4x256_$mode"
+    done
+}
+
 for part in "$@"; do
 [ -n "${DRY:-}" ] || {
     date -u +%Y-%m-%dT%H:%M:%SZ
@@ -150,15 +163,7 @@ bigs_models)
         --out "$WORK/bench/gpu_bigs12_vs_bert12_longest"
     # 4. item 4: the text trainer on the study's BiGS encoder (4 x 256, 128 tokens, batch 128, sparse prediction),
     #    bf16 autocast, eager vs --torchcompile: tokens/s from each run's results.json
-    text=${TEXT:-../shared/data/tinyshakespeare/input.txt}
-    for mode in eager compiled; do
-        flag=(); [ "$mode" = compiled ] && flag=(--torchcompile)
-        step "text_trainer_$mode" 240 $PY -m mlp_vision.train_text --task mlm --model bigs_small --model-kwargs \
-            num_hidden_layers=4 hidden_size=256 intermediate_size=768 max_position_embeddings=128 \
-            sparse_prediction=True --tokenizer char --train-file "$text" --block-size 128 -b 128 --steps 600 \
-            --eval-interval 600 --eval-batches 4 --final-eval-batches 8 --amp --amp-dtype bfloat16 "${flag[@]}" \
-            --output "$WORK/text_trainer" --experiment "bigs_4x256_$mode"
-    done
+    text_trainer_pair text_trainer 240 600
     ;;
 longconv)
     # 1. the compiled kernels' results on CUDA vs the float64 dense-Toeplitz reference (fp32 / bf16 / fp16, gated or
@@ -220,15 +225,7 @@ e_bigs_model)
         --out "$WORK/bench/e_bigs12_vs_bert12_longest"
     ;;
 f_text_trainer)
-    text=${TEXT:-../shared/data/tinyshakespeare/input.txt}
-    for mode in eager compiled; do
-        flag=(); [ "$mode" = compiled ] && flag=(--torchcompile)
-        step "f_text_trainer_$mode" 235 $PY -m mlp_vision.train_text --task mlm --model bigs_small --model-kwargs \
-            num_hidden_layers=4 hidden_size=256 intermediate_size=768 max_position_embeddings=128 \
-            sparse_prediction=True --tokenizer char --train-file "$text" --block-size 128 -b 128 --steps 400 \
-            --eval-interval 400 --eval-batches 4 --final-eval-batches 8 --amp --amp-dtype bfloat16 "${flag[@]}" \
-            --output "$WORK/text_trainer" --experiment "bigs_4x256_$mode"
-    done
+    text_trainer_pair f_text_trainer 235 400
     ;;
 token_pad)
     # the SGU token GEMM of gMLP-S (batch 256, 768 gated channels, 196 tokens) alone: unpadded, the contracted axis
