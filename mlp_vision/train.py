@@ -38,7 +38,7 @@ import time
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Tuple
 
 import timm
 import torch
@@ -57,17 +57,17 @@ from mlp_vision.training.data import (
     INTERPOLATIONS, IMAGE_MODE_CHANNELS, check_image_args, check_num_classes, create_eval_loader, create_train_loader,
     create_train_val_datasets, dataset_class_names, dataset_source, default_workers, fit_batch_to_data,
     prepare_digits_folder, train_samples_per_rank)
-from mlp_vision.training.distributed import all_gather_objects, init_device, wrap_ddp
+from mlp_vision.training.distributed import all_gather_objects, init_device
+from mlp_vision.training.driver import Optimization, TrainingTask, drive
 from mlp_vision.training.engine import evaluate, format_duration, reports_top5, train_one_epoch
-from mlp_vision.training.loop import StepLoop
-from mlp_vision.errors import ArgumentParser, DefaultsHelpFormatter, Interrupted, UsageError, run_cli
+from mlp_vision.errors import ArgumentParser, DefaultsHelpFormatter, UsageError, run_cli
 from mlp_vision.training.log import setup_logging
-from mlp_vision.training.loop import warn_global_batch_beyond_data
+from mlp_vision.training.loop import StepLoop, warn_global_batch_beyond_data
 from mlp_vision.training.model import (
-    ALLOW_MISSING_FLAG, add_compile_arguments, check_compile_backend, compile_model, create_model,
+    ALLOW_MISSING_FLAG, add_compile_arguments, check_compile_backend, create_model,
     load_pretrained_weights, model_create_kwargs)
 from mlp_vision.training.run import (
-    NonFiniteLossError, TrainingRun, UpdateStep, add_run_arguments, create_lr_scheduler, parse_run_args, setup_amp)
+    TrainingRun, UpdateStep, add_run_arguments, create_lr_scheduler, parse_run_args, setup_amp)
 from mlp_vision.training.summary import plot_curves
 from mlp_vision.threads import add_threads_argument, set_run_threads
 from mlp_vision.validate import main as validate_main
@@ -387,35 +387,7 @@ def _main(argv, prog):
     run = TrainingRun(args, dist_info, resume_ckpt, kind='image', key='epoch', prog=prog,
                       decreasing=args.eval_metric == 'loss', max_history=args.checkpoint_hist)
     with run:
-        return _train(args, demo, run, argv, prog)
-
-
-@dataclass
-class ImageTraining:
-    """What the epoch loop and the final outputs work on, built by ``_prepare`` from the flags."""
-    model: nn.Module  # wrapped (DDP / compiled) as it is trained
-    model_ema: Optional[ModelEmaV3]
-    optimizer: torch.optim.Optimizer
-    update_step: UpdateStep
-    lr_scheduler: object
-    schedule: dict
-    loss_scaler: object
-    amp_autocast: object
-    amp_dtype: object
-    train_loss_fn: nn.Module
-    mixup_fn: Optional[Mixup]
-    dataset_train: object
-    dataset_eval: object
-    loader_train: object
-    sampler_train: object
-    loader_eval: object
-    create_kwargs: dict
-    data_config: dict
-    train_classes: Optional[list]
-    num_epochs: int
-    updates_per_epoch: int
-    start_epoch: int
-    num_updates: int
+        return drive(run, ImageClassification(args, run, demo, ' '.join([prog] + list(argv))))
 
 
 @dataclass
@@ -427,25 +399,194 @@ class EpochMetrics:
     peak_mem_gib: Optional[float] = None  # max over this process's epochs (CUDA)
 
 
-def _train(args, demo, run, argv, prog):
-    dist_info = run.dist_info
-    if dist_info.distributed:
-        _logger.info(f'distributed: {dist_info.world_size} processes, backend '
-                     f'{torch.distributed.get_backend()}, device {dist_info.device} on rank 0')
-    if demo:
-        _use_demo_data(args)
-    data_dir = args.data_dir or args.data
-    run.check_resume(arch=args.model)
-    random_seed(args.seed, dist_info.rank)
-    job = _prepare(args, run, data_dir)
-    _log_setup(args, demo, run, job, data_dir)
-    run.restore_rng()
-    train_start = time.time()
-    try:
-        metrics = _train_epochs(args, run, job)
-    except (NonFiniteLossError, Interrupted) as e:
-        raise run.stopped(e, 'Lower --lr, add --clip-grad or more --warmup-epochs') from None
-    return _final_outputs(args, demo, run, job, metrics, data_dir, train_start, ' '.join([prog] + list(argv)))
+class ImageClassification(TrainingTask):
+    """Image classification in epochs (timm's train.py) for :func:`~mlp_vision.training.driver.drive`: datasets,
+    model, optimizer, loaders, loss and schedule from the flags; per epoch train, evaluate, step the schedule,
+    save, log; at the end ``pretrained/``, the demo's validation, results and curves."""
+    logger = _logger
+    stop_advice = 'Lower --lr, add --clip-grad or more --warmup-epochs'
+
+    def __init__(self, args, run, demo: bool, command: str):
+        super().__init__(args, run)
+        self.demo, self.command = demo, command
+        if run.dist_info.distributed:
+            _logger.info(f'distributed: {run.dist_info.world_size} processes, backend '
+                         f'{torch.distributed.get_backend()}, device {run.dist_info.device} on rank 0')
+        if demo:
+            _use_demo_data(args)
+        self.data_dir = args.data_dir or args.data
+        self.metrics = EpochMetrics()  # the latest epoch's
+
+    def resume_identity(self) -> dict:
+        return {'arch': self.args.model}
+
+    def setup(self) -> Optimization:
+        """Datasets, model, optimizer, loaders, loss and schedule, from the flags."""
+        args, dist_info = self.args, self.run.dist_info
+        random_seed(args.seed, dist_info.rank)
+        self.dataset_train, self.dataset_eval, self.train_classes = _create_datasets(args, self.data_dir)
+        _fit_batch_to_training_set(args, self.dataset_train, dist_info.world_size)
+        model, self.create_kwargs, self.data_config = _create_model(args, dist_info)
+        resolve_lr(args, dist_info.world_size)
+        # timm's optimizer_kwargs reads extra arguments from `opt_args`; this script's flag is --opt-kwargs
+        opt_kwargs = {**optimizer_kwargs(cfg=args), **args.opt_kwargs}
+        try:
+            optimizer = create_optimizer_v2(model, **opt_kwargs)
+        except (TypeError, ValueError) as e:
+            raise UsageError(f'--opt {args.opt} cannot be built with {args.opt_kwargs or "these settings"}: {e}') from e
+        amp_autocast, loss_scaler, amp_dtype = setup_amp(args.amp, args.amp_dtype, dist_info.device)
+        update_step = UpdateStep(optimizer, lambda: model_parameters(self.opt.train_model,
+                                                                     exclude_head='agc' in args.clip_mode),
+                                 loss_scaler, args.clip_grad, args.clip_mode)
+        self.loader_train, self.sampler_train, self.loader_eval = _create_loaders(
+            args, self.dataset_train, self.dataset_eval, self.data_config, dist_info)
+        self.mixup_fn, self.train_loss_fn = _create_mixup_and_loss(args, dist_info.device)
+        self.updates_per_epoch = (len(self.loader_train) + args.grad_accum_steps - 1) // args.grad_accum_steps
+        warn_global_batch_beyond_data(args.batch_size, dist_info.world_size, args.grad_accum_steps,
+                                      len(self.dataset_train), 'images')
+        schedule = dict(scheduler_kwargs(args, decreasing_metric=args.eval_metric == 'loss'), lr=args.lr)
+        lr_scheduler, num_epochs = create_lr_scheduler(optimizer, schedule, self.updates_per_epoch)
+        return Optimization(model, optimizer, lr_scheduler, schedule, loss_scaler, update_step, amp_autocast,
+                            amp_dtype, total=num_epochs, total_flag='--epochs', weights_only=args.no_resume_opt)
+
+    def create_ema(self, model: nn.Module) -> Optional[ModelEmaV3]:
+        args = self.args
+        if not args.model_ema:
+            return None
+        return ModelEmaV3(model, decay=args.model_ema_decay, use_warmup=args.model_ema_warmup,
+                          device=torch.device('cpu') if args.model_ema_force_cpu else None)
+
+    def output_folder(self) -> Tuple[str, str]:
+        args = self.args
+        return './output/train', '-'.join([datetime.now().strftime('%Y%m%d-%H%M%S')]
+                                          + (['demo_digits'] if self.demo else [])
+                                          + [args.model.replace('/', '_'), str(self.data_config['input_size'][-1])])
+
+    def log_setup(self, output_dir) -> None:
+        args, dist_info, opt = self.args, self.run.dist_info, self.opt
+        num_params = sum(p.numel() for p in opt.train_model.parameters())
+        _logger.info(
+            f'Model {args.model} ({num_params / 1e6:.3f} M params, {self.create_kwargs}) on {dist_info.device}'
+            f'{f" x {dist_info.world_size} processes" if dist_info.distributed else ""}; '
+            f'input {self.data_config["input_size"]}, AMP {opt.amp_dtype if args.amp else "off"}')
+        dataset_eval = self.dataset_eval
+        # what was read (a folder or a tar found for the split name), not the split name asked for
+        val_source = (dataset_source(dataset_eval) or args.val_split) if dataset_eval is not None else 'none'
+        _logger.info(
+            f'Data {self.data_dir or args.dataset}: {len(self.dataset_train)} training images '
+            f'({dataset_source(self.dataset_train) or args.train_split}), '
+            f'{len(dataset_eval) if dataset_eval is not None else 0} validation images ({val_source}), '
+            f'{args.num_classes} classes')
+        if not self.demo:
+            _hint_small_data_recipe(args, len(self.dataset_train))
+        _logger.info(
+            f'Training {opt.total} epochs x {self.updates_per_epoch} updates, global batch '
+            f'{_global_batch(args, dist_info.world_size)}, {args.opt} lr {args.lr:.4g}, {args.sched} schedule'
+            + _epoch_share(args, self, dist_info.world_size)
+            + (f'; resuming at epoch {opt.start} from {args.resume}' if args.resume else ''))
+
+    def train(self) -> bool:
+        """Train from ``opt.start`` to the end: per epoch train, evaluate, step the schedule, save, log."""
+        args, run, opt, metrics = self.args, self.run, self.opt, self.metrics
+        self.train_start = time.time()
+        dist_info, device = run.dist_info, run.dist_info.device
+        # one loop for the run: a stop agreed at an epoch's last update stops the next epoch's first
+        loop = StepLoop(opt.train_model, opt.train_model, opt.update_step, opt.scheduler, opt.model_ema,
+                        run.stop_signal, dist_info.distributed, opt.num_updates, device=device)
+        for epoch in range(opt.start, opt.total):
+            if self.sampler_train is not None:
+                self.sampler_train.set_epoch(epoch)
+            if self.mixup_fn is not None and args.mixup_off_epoch and epoch >= args.mixup_off_epoch:
+                self.mixup_fn.mixup_enabled = False
+            if device.type == 'cuda':
+                torch.cuda.reset_peak_memory_stats(device)  # peak_mem_gib is this epoch's (training + eval)
+            metrics.train = train_one_epoch(
+                epoch, loop, self.loader_train, self.train_loss_fn, total_epochs=opt.total,
+                amp_autocast=opt.amp_autocast, mixup_fn=self.mixup_fn, grad_accum_steps=args.grad_accum_steps,
+                channels_last=args.channels_last, world_size=dist_info.world_size, log_interval=args.log_interval,
+                primary=dist_info.primary)
+            opt.num_updates = loop.num_updates
+            if dist_info.distributed and args.dist_bn in ('broadcast', 'reduce'):
+                distribute_bn(opt.train_model, dist_info.world_size, args.dist_bn == 'reduce')
+            with preserve_rng():  # evaluation must not shift the training's random stream
+                metric = _evaluate_epoch(args, dist_info, self, metrics)
+            opt.scheduler.step(epoch + 1, metric)  # before saving: the checkpoint holds next epoch's LR
+            row = _summary_row(epoch, metrics, device)
+            if dist_info.primary:
+                run.summary.append(row)
+            written = run.save(
+                epoch, metric, model=opt.train_model, optimizer=opt.optimizer, scheduler=opt.scheduler,
+                schedule=opt.schedule, num_updates=opt.num_updates, loss_scaler=opt.loss_scaler,
+                model_cfg={'name': args.model, 'kwargs': self.create_kwargs}, data_cfg=dict(self.data_config),
+                class_names=self.train_classes,  # label order; validate.py labels class folders by these names
+                state_dict_ema=opt.model_ema.module.state_dict() if opt.model_ema is not None else None,
+                eval_metrics=dict(metrics.eval) if metrics.eval is not None else None,
+                ema_eval_metrics=dict(metrics.ema_eval) if metrics.ema_eval is not None else None)
+            if dist_info.primary:
+                _logger.info(_epoch_message(epoch, opt.total, metrics, row, written['best']))
+        return True
+
+    def final_results(self, digests) -> Optional[dict]:
+        """The demo's validation (every rank), ``pretrained/`` and the results (rank 0; None elsewhere)."""
+        args, run, opt = self.args, self.run, self.opt
+        dist_info, metrics = run.dist_info, self.metrics
+        device = dist_info.device
+        demo_val = _validate_demo(args, run, self, self.data_dir) if self.demo and self.loader_eval is not None \
+            else None
+        if not dist_info.primary:
+            return None
+        saver, best = run.saver, run.saver.best
+        loader_train, loader_eval = self.loader_train, self.loader_eval
+        pretrained = _export_pretrained(run, self)
+        return {
+            'model': args.model,
+            'model_kwargs': self.create_kwargs,
+            'experiment_dir': str(run.output_dir),
+            'device': str(device),
+            'device_name': torch.cuda.get_device_name(device) if device.type == 'cuda' else None,
+            'cuda_peak_mem_gib': metrics.peak_mem_gib,  # max over this process's epochs of max_memory_allocated
+            'torch_version': torch.__version__,
+            'world_size': dist_info.world_size,
+            'epochs': opt.total,
+            'global_batch': _global_batch(args, dist_info.world_size),
+            'lr': args.lr,
+            'final_epoch': opt.total - 1,
+            'train': dict(metrics.train),
+            'eval': dict(metrics.eval) if metrics.eval is not None else None,
+            'ema_eval': dict(metrics.ema_eval) if metrics.ema_eval is not None else None,
+            'best': best,
+            'eval_metric': args.eval_metric,
+            'checkpoints': {'last': str(saver.last_path),
+                            'best': str(saver.best_path) if saver.best_path.exists() else None},
+            'pretrained': str(pretrained),
+            'weights_sha256_per_rank': digests,
+            'ranks_agree': len(set(digests)) == 1,
+            'train_seconds_this_process': time.time() - self.train_start,
+            'demo_validation': demo_val,
+            'skipped_images': {  # unreadable files, left out (never replaced): last epoch / last evaluation, this rank
+                'train': loader_train.skipped, 'eval': loader_eval.skipped if loader_eval is not None else 0,
+                'files': {**loader_train.skipped_files,
+                          **(loader_eval.skipped_files if loader_eval is not None else {})}},
+            'command': self.command,
+        }
+
+    def report(self, results: dict) -> None:
+        """The curves and the closing log lines."""
+        args, run = self.args, self.run
+        metrics, best, data_dir, demo_val = self.metrics, results['best'], self.data_dir, results['demo_validation']
+        plot_curves(run.output_dir / 'summary.csv', run.output_dir / 'curves.png',
+                    title=f'{args.model} on {Path(data_dir).name if data_dir else args.dataset}')
+        if metrics.eval is not None:
+            msg = (f'Done in {format_duration(time.time() - self.train_start)}: final eval '
+                   f'{_accuracy_text(metrics.eval)} loss {metrics.eval["loss"]:.4f}')
+            if best:
+                msg += f'; best {args.eval_metric} {best["metric"]:.4f} at epoch {best["epoch"]}'
+            _logger.info(msg)
+        if demo_val is not None:
+            _logger.info(
+                f'Demo result: validation accuracy {demo_val["top1"]:.2f}% top-1 on {demo_val["samples"]} held-out '
+                f'digit images (chance: 10%), checkpoint {run.saver.best_path}; '
+                f'total time {format_duration(time.time() - run.start_time)}.')
 
 
 def _use_demo_data(args) -> None:
@@ -456,55 +597,6 @@ def _use_demo_data(args) -> None:
         f'digits (1,797 real 8x8 scans, 10 classes), written once as an ImageFolder tree under '
         f'{args.data_dir}, through the same pipeline as an ImageNet run (recipe {DEMO_RECIPE}). '
         f'For your own photos: -c {OWN_FOLDER_RECIPE} --data-dir DIR (README, "Your own photos").')
-
-
-def _prepare(args, run, data_dir) -> ImageTraining:
-    """Datasets, model, optimizer, loaders, loss, schedule and the resumed state, from the flags."""
-    dist_info = run.dist_info
-    device = dist_info.device
-    dataset_train, dataset_eval, train_classes = _create_datasets(args, data_dir)
-    _fit_batch_to_training_set(args, dataset_train, dist_info.world_size)
-    model, create_kwargs, data_config = _create_model(args, dist_info)
-    resolve_lr(args, dist_info.world_size)
-    # timm's optimizer_kwargs reads extra arguments from `opt_args`; this script's flag is --opt-kwargs
-    opt_kwargs = {**optimizer_kwargs(cfg=args), **args.opt_kwargs}
-    try:
-        optimizer = create_optimizer_v2(model, **opt_kwargs)
-    except (TypeError, ValueError) as e:
-        raise UsageError(f'--opt {args.opt} cannot be built with {args.opt_kwargs or "these settings"}: {e}') from e
-    amp_autocast, loss_scaler, amp_dtype = setup_amp(args.amp, args.amp_dtype, device)
-    update_step = UpdateStep(optimizer, lambda: model_parameters(model, exclude_head='agc' in args.clip_mode),
-                             loss_scaler, args.clip_grad, args.clip_mode)
-    loader_train, sampler_train, loader_eval = _create_loaders(args, dataset_train, dataset_eval, data_config,
-                                                               dist_info)
-    mixup_fn, train_loss_fn = _create_mixup_and_loss(args, device)
-
-    updates_per_epoch = (len(loader_train) + args.grad_accum_steps - 1) // args.grad_accum_steps
-    warn_global_batch_beyond_data(args.batch_size, dist_info.world_size, args.grad_accum_steps, len(dataset_train),
-                                  'images')
-    schedule = dict(scheduler_kwargs(args, decreasing_metric=args.eval_metric == 'loss'), lr=args.lr)
-    lr_scheduler, num_epochs = create_lr_scheduler(optimizer, schedule, updates_per_epoch)
-    last_epoch, num_updates = run.restore(model, optimizer, lr_scheduler, schedule, loss_scaler,
-                                          weights_only=args.no_resume_opt)
-    start_epoch = last_epoch + 1 if args.resume else 0
-    run.check_not_finished(start_epoch, num_epochs, '--epochs')
-    # EMA: a copy of the (resumed) model, before DDP / compile (as timm); then the resumed EMA weights
-    model_ema = None
-    if args.model_ema:
-        model_ema = ModelEmaV3(
-            model, decay=args.model_ema_decay, use_warmup=args.model_ema_warmup,
-            device=torch.device('cpu') if args.model_ema_force_cpu else None)
-        run.restore_ema(model_ema.module)
-    if dist_info.distributed:
-        model = wrap_ddp(model, dist_info)
-    model = compile_model(model, args)
-    return ImageTraining(
-        model=model, model_ema=model_ema, optimizer=optimizer, update_step=update_step, lr_scheduler=lr_scheduler,
-        schedule=schedule, loss_scaler=loss_scaler, amp_autocast=amp_autocast, amp_dtype=amp_dtype,
-        train_loss_fn=train_loss_fn, mixup_fn=mixup_fn, dataset_train=dataset_train, dataset_eval=dataset_eval,
-        loader_train=loader_train, sampler_train=sampler_train, loader_eval=loader_eval,
-        create_kwargs=create_kwargs, data_config=data_config, train_classes=train_classes, num_epochs=num_epochs,
-        updates_per_epoch=updates_per_epoch, start_epoch=start_epoch, num_updates=num_updates)
 
 
 def _create_datasets(args, data_dir):
@@ -631,98 +723,26 @@ def _global_batch(args, world_size: int) -> int:
     return args.batch_size * world_size * args.grad_accum_steps
 
 
-def _log_setup(args, demo, run, job: ImageTraining, data_dir) -> None:
-    dist_info = run.dist_info
-    exp_name = '-'.join([datetime.now().strftime('%Y%m%d-%H%M%S')] + (['demo_digits'] if demo else [])
-                        + [args.model.replace('/', '_'), str(job.data_config['input_size'][-1])])
-    output_dir = run.open_outputs('./output/train', exp_name)
-    run.log_settings_changes()
-    num_params = sum(p.numel() for p in job.model.parameters())
-    _logger.info(
-        f'Model {args.model} ({num_params / 1e6:.3f} M params, {job.create_kwargs}) on {dist_info.device}'
-        f'{f" x {dist_info.world_size} processes" if dist_info.distributed else ""}; '
-        f'input {job.data_config["input_size"]}, AMP {job.amp_dtype if args.amp else "off"}')
-    dataset_eval = job.dataset_eval
-    # what was read (a folder or a tar found for the split name), not the split name asked for
-    val_source = (dataset_source(dataset_eval) or args.val_split) if dataset_eval is not None else 'none'
-    _logger.info(
-        f'Data {data_dir or args.dataset}: {len(job.dataset_train)} training images '
-        f'({dataset_source(job.dataset_train) or args.train_split}), '
-        f'{len(dataset_eval) if dataset_eval is not None else 0} validation images ({val_source}), '
-        f'{args.num_classes} classes')
-    if not demo:
-        _hint_small_data_recipe(args, len(job.dataset_train))
-    _logger.info(
-        f'Training {job.num_epochs} epochs x {job.updates_per_epoch} updates, global batch '
-        f'{_global_batch(args, dist_info.world_size)}, {args.opt} lr {args.lr:.4g}, {args.sched} schedule'
-        + _epoch_share(args, job, dist_info.world_size)
-        + (f'; resuming at epoch {job.start_epoch} from {args.resume}' if args.resume else ''))
-    if dist_info.primary:
-        _logger.info(f'Outputs: {output_dir}')
-
-
-def _epoch_share(args, job: ImageTraining, world_size: int) -> str:
+def _epoch_share(args, job: ImageClassification, world_size: int) -> str:
     """'' when an epoch samples the whole training set; else how much of it (the loader's warning says why)."""
     samples = len(job.loader_train) * args.batch_size * world_size
     images = len(job.dataset_train)
     return f'; an epoch trains {samples:,} samples of the {images:,} images' if samples < images else ''
 
 
-def _train_epochs(args, run, job: ImageTraining) -> EpochMetrics:
-    """Train from ``job.start_epoch`` to the end: per epoch train, evaluate, step the schedule, save, log."""
-    dist_info = run.dist_info
-    device = dist_info.device
-    metrics = EpochMetrics()
-    # one loop for the run: a stop agreed at an epoch's last update stops the next epoch's first
-    loop = StepLoop(job.model, job.model, job.update_step, job.lr_scheduler, job.model_ema, run.stop_signal,
-                    dist_info.distributed, job.num_updates, device=device)
-    for epoch in range(job.start_epoch, job.num_epochs):
-        if job.sampler_train is not None:
-            job.sampler_train.set_epoch(epoch)
-        if job.mixup_fn is not None and args.mixup_off_epoch and epoch >= args.mixup_off_epoch:
-            job.mixup_fn.mixup_enabled = False
-        if device.type == 'cuda':
-            torch.cuda.reset_peak_memory_stats(device)  # peak_mem_gib is this epoch's (training + eval)
-        metrics.train = train_one_epoch(
-            epoch, loop, job.loader_train, job.train_loss_fn, total_epochs=job.num_epochs,
-            amp_autocast=job.amp_autocast, mixup_fn=job.mixup_fn, grad_accum_steps=args.grad_accum_steps,
-            channels_last=args.channels_last, world_size=dist_info.world_size, log_interval=args.log_interval,
-            primary=dist_info.primary)
-        job.num_updates = loop.num_updates
-        if dist_info.distributed and args.dist_bn in ('broadcast', 'reduce'):
-            distribute_bn(job.model, dist_info.world_size, args.dist_bn == 'reduce')
-        with preserve_rng():  # evaluation must not shift the training's random stream
-            metric = _evaluate_epoch(args, dist_info, job, metrics)
-        job.lr_scheduler.step(epoch + 1, metric)  # before saving: the checkpoint holds next epoch's LR
-        row = _summary_row(epoch, metrics, device)
-        if dist_info.primary:
-            run.summary.append(row)
-        written = run.save(
-            epoch, metric, model=job.model, optimizer=job.optimizer, scheduler=job.lr_scheduler,
-            schedule=job.schedule, num_updates=job.num_updates, loss_scaler=job.loss_scaler,
-            model_cfg={'name': args.model, 'kwargs': job.create_kwargs}, data_cfg=dict(job.data_config),
-            class_names=job.train_classes,  # label order; validate.py labels class folders by these names
-            state_dict_ema=job.model_ema.module.state_dict() if job.model_ema is not None else None,
-            eval_metrics=dict(metrics.eval) if metrics.eval is not None else None,
-            ema_eval_metrics=dict(metrics.ema_eval) if metrics.ema_eval is not None else None)
-        if dist_info.primary:
-            _logger.info(_epoch_message(epoch, job.num_epochs, metrics, row, written['best']))
-    return metrics
-
-
-def _evaluate_epoch(args, dist_info, job: ImageTraining, metrics: EpochMetrics):
+def _evaluate_epoch(args, dist_info, job: ImageClassification, metrics: EpochMetrics):
     """Evaluate the model (and its EMA) into ``metrics``; returns the metric that selects the best checkpoint."""
     if job.loader_eval is None:
         return None
     metrics.eval = evaluate(
-        job.model, job.loader_eval, amp_autocast=job.amp_autocast, channels_last=args.channels_last,
+        job.opt.train_model, job.loader_eval, amp_autocast=job.opt.amp_autocast, channels_last=args.channels_last,
         distributed=dist_info.distributed, log_interval=0, primary=dist_info.primary)
-    if job.model_ema is None or args.model_ema_force_cpu:
+    if job.opt.model_ema is None or args.model_ema_force_cpu:
         return metrics.eval[args.eval_metric]
     if dist_info.distributed and args.dist_bn in ('broadcast', 'reduce'):
-        distribute_bn(job.model_ema, dist_info.world_size, args.dist_bn == 'reduce')
+        distribute_bn(job.opt.model_ema, dist_info.world_size, args.dist_bn == 'reduce')
     metrics.ema_eval = evaluate(
-        job.model_ema.module, job.loader_eval, amp_autocast=job.amp_autocast, channels_last=args.channels_last,
+        job.opt.model_ema.module, job.loader_eval, amp_autocast=job.opt.amp_autocast, channels_last=args.channels_last,
         distributed=dist_info.distributed, log_interval=0, primary=dist_info.primary)
     return metrics.ema_eval[args.eval_metric]  # as timm: EMA selects the best checkpoint
 
@@ -758,7 +778,7 @@ def _epoch_message(epoch: int, num_epochs: int, metrics: EpochMetrics, row: dict
     return msg + ' | saved last.pth' + (' + model_best.pth' if saved_best else '')
 
 
-def _validate_demo(args, run, job: ImageTraining, data_dir):
+def _validate_demo(args, run, job: ImageClassification, data_dir):
     """The demo ends by validating its best checkpoint with the validation command (every rank takes part: in
     distributed mode validate.py's evaluation is split over the ranks)."""
     dist_info = run.dist_info
@@ -766,14 +786,14 @@ def _validate_demo(args, run, job: ImageTraining, data_dir):
     val_argv = ['--checkpoint', str(best_path), '--data-dir', data_dir, '--split', args.val_split,
                 '--workers', str(args.workers), '--results-file', str(best_path.parent / 'validate_best.json'),
                 '--threads', str(torch.get_num_threads())]  # the training's count: the load now includes this run
-    if job.model_ema is not None and not args.model_ema_force_cpu:
+    if job.opt.model_ema is not None and not args.model_ema_force_cpu:
         val_argv.append('--use-ema')  # the EMA weights' accuracy chose the best checkpoint
     _logger.info('Demo: validating the saved best checkpoint with the validation command:\n'
                  '  python -m mlp_vision.validate ' + ' '.join(val_argv))
     return validate_main(val_argv)
 
 
-def _export_pretrained(run, job: ImageTraining) -> Path:
+def _export_pretrained(run, job: ImageClassification) -> Path:
     """``pretrained/``: the run's best weights (the EMA's where the EMA's accuracy chose them; the last epoch's
     when nothing was evaluated) as a weights-only folder timm loads as it is -- ``config.json`` (architecture,
     model arguments, class names, the data config it was trained with) and ``model.safetensors``, written by timm's
@@ -781,8 +801,8 @@ def _export_pretrained(run, job: ImageTraining) -> Path:
     too) builds it, and ``push_to_hf_hub`` would upload it unchanged. Written to a temporary folder and swapped in."""
     source = run.saver.best_path if run.saver.best_path.exists() else run.saver.last_path
     ckpt = load_checkpoint_file(source, what=source.name)
-    use_ema = job.model_ema is not None and ckpt.get('state_dict_ema') is not None
-    model = copy.deepcopy(unwrap_model(job.model)).cpu().to(memory_format=torch.contiguous_format)
+    use_ema = job.opt.model_ema is not None and ckpt.get('state_dict_ema') is not None
+    model = copy.deepcopy(unwrap_model(job.opt.train_model)).cpu().to(memory_format=torch.contiguous_format)
     load_model_weights(model, ckpt['state_dict_ema' if use_ema else 'state_dict'], str(source), ckpt.get('arch'))
     data_config = {k: v for k, v in job.data_config.items() if k in ('input_size', 'interpolation', 'mean', 'std',
                                                                       'crop_pct', 'crop_mode')}
@@ -793,66 +813,6 @@ def _export_pretrained(run, job: ImageTraining) -> Path:
     _logger.info(f'{folder}: the {"EMA " if use_ema else ""}weights of {source.name} for timm '
                  f"(timm.create_model('local-dir:{folder}', pretrained=True), features_only=True too)")
     return folder
-
-
-def _final_outputs(args, demo, run, job: ImageTraining, metrics: EpochMetrics, data_dir, train_start, command):
-    """results.json, curves.png and the closing log lines (rank 0); returns the results dict (None elsewhere)."""
-    run.begin_final_stage()
-    dist_info = run.dist_info
-    device = dist_info.device
-    digests = run.weights_digests(job.model, job.model_ema.module if job.model_ema is not None else None)
-    demo_val = _validate_demo(args, run, job, data_dir) if demo and job.loader_eval is not None else None
-    if not dist_info.primary:
-        return None
-    saver, best = run.saver, run.saver.best
-    loader_train, loader_eval = job.loader_train, job.loader_eval
-    pretrained = _export_pretrained(run, job)
-    results = {
-        'model': args.model,
-        'model_kwargs': job.create_kwargs,
-        'experiment_dir': str(run.output_dir),
-        'device': str(device),
-        'device_name': torch.cuda.get_device_name(device) if device.type == 'cuda' else None,
-        'cuda_peak_mem_gib': metrics.peak_mem_gib,  # max over this process's epochs of max_memory_allocated
-        'torch_version': torch.__version__,
-        'world_size': dist_info.world_size,
-        'epochs': job.num_epochs,
-        'global_batch': _global_batch(args, dist_info.world_size),
-        'lr': args.lr,
-        'final_epoch': job.num_epochs - 1,
-        'train': dict(metrics.train),
-        'eval': dict(metrics.eval) if metrics.eval is not None else None,
-        'ema_eval': dict(metrics.ema_eval) if metrics.ema_eval is not None else None,
-        'best': best,
-        'eval_metric': args.eval_metric,
-        'checkpoints': {'last': str(saver.last_path),
-                        'best': str(saver.best_path) if saver.best_path.exists() else None},
-        'pretrained': str(pretrained),
-        'weights_sha256_per_rank': digests,
-        'ranks_agree': len(set(digests)) == 1,
-        'train_seconds_this_process': time.time() - train_start,
-        'demo_validation': demo_val,
-        'skipped_images': {  # unreadable files, left out (never replaced): last epoch / last evaluation, this rank
-            'train': loader_train.skipped, 'eval': loader_eval.skipped if loader_eval is not None else 0,
-            'files': {**loader_train.skipped_files, **(loader_eval.skipped_files if loader_eval is not None else {})}},
-        'command': command,
-    }
-    run.write_results(results)
-    plot_curves(run.output_dir / 'summary.csv', run.output_dir / 'curves.png',
-                title=f'{args.model} on {Path(data_dir).name if data_dir else args.dataset}')
-    if metrics.eval is not None:
-        msg = (f'Done in {format_duration(time.time() - train_start)}: final eval {_accuracy_text(metrics.eval)} '
-               f'loss {metrics.eval["loss"]:.4f}')
-        if best:
-            msg += f'; best {args.eval_metric} {best["metric"]:.4f} at epoch {best["epoch"]}'
-        _logger.info(msg)
-    run.list_outputs()
-    if demo_val is not None:
-        _logger.info(
-            f'Demo result: validation accuracy {demo_val["top1"]:.2f}% top-1 on {demo_val["samples"]} held-out '
-            f'digit images (chance: 10%), checkpoint {saver.best_path}; '
-            f'total time {format_duration(time.time() - run.start_time)}.')
-    return results
 
 
 if __name__ == '__main__':

@@ -1,5 +1,5 @@
 """ The optimizer update of every trainer: the image epoch (:func:`mlp_vision.training.engine.train_one_epoch`) and
-the text steps (:func:`mlp_vision.training.text.steps.run_steps`) both advance through :meth:`StepLoop.update`.
+the text steps (:meth:`mlp_vision.training.driver.StepTask.train`) both advance through :meth:`StepLoop.update`.
 
 One update: ``n`` micro-batches (DDP's ``no_sync`` on all but the last, so gradients are reduced once), the optimizer
 step of :class:`UpdateStep` (loss scaling, clipping), then the EMA update and the per-update LR schedule. What a

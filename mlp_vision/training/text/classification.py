@@ -54,12 +54,12 @@ import time
 from contextlib import nullcontext
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
-from timm.utils import random_seed
+from timm.utils import ModelEmaV3, random_seed
 
 from ...text.modeling_utils import check_text_model_size
 from ...text.registry import model_class
@@ -67,17 +67,17 @@ from ...text.tokenizer import Tokenizer, tokenizer_from_dict
 from ..checkpoint import atomic_folder, load_checkpoint_file
 from mlp_vision.errors import UsageError, short_repr
 from ..loop import format_duration, warn_global_batch_beyond_data
+from ..driver import Optimization, StepTask
 from ..run import TrainingRun
 from ..summary import plot_curves
 from .classifier_init import CLASSIFY_FAMILIES, InitReport, init_classifier, scratch_tokenizer
 from .data import check_unknown_tokens
-from .lm import command_line
+from .lm import STEP_STOP_ADVICE, setup_optimization
 from .recipes import FINETUNE_RECIPE, apply_recipe, load_recipe, params_note
-from .steps import Optimization, StepState, StepTask, run_steps, setup_optimization
 
 __all__ = [
     'LabelledData', 'read_labelled_file', 'label_ids', 'encode_examples', 'collate', 'classification_metrics',
-    'init_classifier', 'InitReport', 'train_classifier', 'CLASSIFY_FAMILIES', 'ClassificationTask',
+    'init_classifier', 'InitReport', 'CLASSIFY_FAMILIES', 'ClassificationTask',
 ]
 
 _logger = logging.getLogger('mlp_vision.train_text')
@@ -358,7 +358,6 @@ def _build_classifier(args, run: TrainingRun, data: ClassifyData) -> Tuple[nn.Mo
         raise UsageError('--tokenizer-from is for a model trained from scratch; with --init-from the checkpoint\'s '
                          'tokenizer is used (give one of the two)')
     random_seed(args.seed, run.dist_info.rank)
-    run.check_resume(task=args.task)
     resumed = run.resume_ckpt or {}
     train = data.train
     if resumed:
@@ -392,18 +391,39 @@ def _build_classifier(args, run: TrainingRun, data: ClassifyData) -> Tuple[nn.Mo
 
 
 class ClassificationTask(StepTask):
-    """Sequence classification for :func:`~.steps.run_steps`: epochs of the training examples in a seeded order
-    (the incomplete tail dropped, so every batch has one size), cross-entropy, dev accuracy / F1 / MCC; with
-    ``--model-ema`` the average is evaluated (and the raw weights' accuracy reported beside it)."""
+    """Sequence classification for :func:`~mlp_vision.training.driver.drive`: epochs of the training examples in a
+    seeded order (the incomplete tail dropped, so every batch has one size), cross-entropy, dev accuracy / F1 / MCC;
+    with ``--model-ema`` the average is evaluated (and the raw weights' accuracy reported beside it)."""
+    logger = _logger
     best_key = 'acc'
+    stop_advice = STEP_STOP_ADVICE
 
-    def __init__(self, args, run: TrainingRun, opt: Optimization, data: ClassifyData, tokenizer: Tokenizer,
-                 state: StepState, meta: dict):
-        self.args, self.run, self.opt, self.data, self.tokenizer, self.state, self.meta = \
-            args, run, opt, data, tokenizer, state, meta
+    def __init__(self, args, run: TrainingRun, command: str):
+        super().__init__(args, run)
+        self.command = command
+
+    def setup(self) -> Optimization:
+        args, run = self.args, self.run
+        self.data = data = _read_data(args, run.resume_ckpt or {})
+        model, self.family, self.tokenizer, self.init_report = _build_classifier(args, run, data)
+        model.to(run.dist_info.device)
+        self.recipe_info = apply_recipe(args, load_recipe(FINETUNE_RECIPE), FINETUNE_RECIPE)
+        return setup_optimization(args, run, model, self.family)
+
+    def create_ema(self, model: nn.Module) -> Optional[ModelEmaV3]:
+        return ModelEmaV3(model, decay=self.args.model_ema_decay) if self.args.model_ema else None
+
+    def ready(self, opt: Optimization) -> None:
+        super().ready(opt)
+        args, run, data, model = self.args, self.run, self.data, opt.model
+        self.meta = dict(task=args.task, model_cfg={'name': args.model, 'family': self.family,
+                                                    'kwargs': dict(args.model_kwargs)},
+                         model_config=model.config.text_fields(), tokenizer=self.tokenizer.to_dict(),
+                         block_size=args.block_size, label_names=data.names,
+                         text_columns=list(data.train.text_columns), init_report=self.init_report.to_dict())
         self.num_labels = len(data.names)
-        self.with_types = 'token_type_ids' in inspect.signature(opt.model.forward).parameters
-        self.train_ids, self.train_types = encode_examples(tokenizer, data.train, args.block_size)
+        self.with_types = 'token_type_ids' in inspect.signature(model.forward).parameters
+        self.train_ids, self.train_types = encode_examples(self.tokenizer, data.train, args.block_size)
         self.train_labels = data.labels(data.train)
         warn_global_batch_beyond_data(args.batch_size, run.dist_info.world_size, args.grad_accum_steps,
                                       len(self.train_labels), f'examples in {data.train.path}')
@@ -415,6 +435,22 @@ class ClassificationTask(StepTask):
                              f'{self.global_bs}; use a smaller --batch-size')
         self.seconds_before = (run.resume_ckpt or {}).get('train_seconds', 0.)
         self.load_data_state({'epoch': 0, 'position': 0})
+
+    def resume_identity(self) -> dict:
+        return {'task': self.args.task}
+
+    def output_folder(self) -> Tuple[str, str]:
+        return './output/text', f'{datetime.now():%Y%m%d-%H%M%S}-{self.family}-classify'
+
+    def log_setup(self, output_dir) -> None:
+        self.counts, self.majority = _log_setup(self.args, self.run, self, self.family, self.init_report,
+                                                self.recipe_info)
+
+    def final_results(self, digests) -> Optional[dict]:
+        return _final_results(self.args, self.run, self, digests)
+
+    def report(self, results: dict) -> None:
+        _report(self.args, self.run, results)
 
     def eval_batches(self, data: LabelledData) -> List[Dict[str, torch.Tensor]]:
         bs = self.args.eval_batch_size or self.args.batch_size
@@ -470,32 +506,6 @@ class ClassificationTask(StepTask):
         return row, text
 
 
-def train_classifier(args, run: TrainingRun, argv: Sequence[str], prog: str) -> Optional[dict]:
-    """``--task classify`` inside the run of :func:`mlp_vision.training.text.cli.main` (see the module docstring)."""
-    dist_info = run.dist_info
-    data = _read_data(args, run.resume_ckpt or {})
-    model, family, tokenizer, report = _build_classifier(args, run, data)
-    model.to(dist_info.device)
-    recipe_info = apply_recipe(args, load_recipe(FINETUNE_RECIPE), FINETUNE_RECIPE)
-    opt = setup_optimization(args, run, model, family, ema=args.model_ema)
-    state = StepState(step=opt.start_step, start_step=opt.start_step)
-    meta = dict(task=args.task, model_cfg={'name': args.model, 'family': family, 'kwargs': dict(args.model_kwargs)},
-                model_config=model.config.text_fields(), tokenizer=tokenizer.to_dict(), block_size=args.block_size,
-                label_names=data.names, text_columns=list(data.train.text_columns), init_report=report.to_dict())
-    task = ClassificationTask(args, run, opt, data, tokenizer, state, meta)
-
-    output_dir = run.open_outputs('./output/text', f'{datetime.now():%Y%m%d-%H%M%S}-{family}-classify')
-    run.log_settings_changes()
-    counts, majority = _log_setup(args, run, task, family, report, recipe_info)
-    if dist_info.primary:
-        _logger.info(f'Outputs: {output_dir}')
-    if not run_steps(args, run, state, task, opt):
-        return state.stop_result
-    run.begin_final_stage()
-    return _finish(args, run, task, family, report, recipe_info, counts, majority, output_dir,
-                   command_line(prog, argv))
-
-
 def _log_setup(args, run: TrainingRun, task: ClassificationTask, family: str, report: InitReport,
                recipe_info: dict) -> Tuple[List[int], float]:
     """The setup lines of the log; (training label counts, dev majority-class accuracy %)."""
@@ -515,7 +525,7 @@ def _log_setup(args, run: TrainingRun, task: ClassificationTask, family: str, re
                  f'{args.warmup_steps} warmup then {args.sched} ({recipe_info["source"]})'
                  + (f'; weight EMA decay {args.model_ema_decay:g} (it is evaluated, selected and exported)'
                     if opt.model_ema is not None else '')
-                 + (f'; resuming at step {opt.start_step} from {args.resume}' if args.resume else ''))
+                 + (f'; resuming at step {opt.start} from {args.resume}' if args.resume else ''))
     return counts, majority
 
 
@@ -534,12 +544,11 @@ def _best_weights(run: TrainingRun, task: ClassificationTask, final_metrics: dic
     return final_metrics, task.state.step
 
 
-def _finish(args, run: TrainingRun, task: ClassificationTask, family: str, report: InitReport, recipe_info: dict,
-            counts: List[int], majority: float, output_dir: Path, command: str) -> Optional[dict]:
-    """The best checkpoint's test score, ``pretrained/``, results.json, curves and the closing log line (rank 0)."""
-    opt, data, model = task.opt, task.data, task.opt.model
+def _final_results(args, run: TrainingRun, task: ClassificationTask, digests) -> Optional[dict]:
+    """The best checkpoint's test score, ``pretrained/`` and the results (rank 0)."""
+    opt, data, model, output_dir = task.opt, task.data, task.opt.model, run.output_dir
+    family, report, recipe_info = task.family, task.init_report, task.recipe_info
     final_metrics = task.state.val_metrics if task.state.val_metrics is not None else task.evaluate()
-    digests = run.weights_digests(model, opt.model_ema.module if opt.model_ema is not None else None)
     if not run.dist_info.primary:
         return None
     best_metrics, best_step = _best_weights(run, task, final_metrics)
@@ -550,14 +559,14 @@ def _finish(args, run: TrainingRun, task: ClassificationTask, family: str, repor
         (folder / 'labels.json').write_text(json.dumps(
             {'label_names': data.names, 'text_columns': list(data.train.text_columns),
              'label_column': args.label_column, 'max_length': args.block_size}, indent=2))
-    results = {
+    return {
         'model': type(model).__name__, 'family': family, 'task': 'classify', 'model_config': model.config.text_fields(),
         'params': sum(p.numel() for p in model.parameters()), 'init': report.to_dict(),
         'tokenizer': {'type': task.tokenizer.to_dict()['tokenizer_type'], 'vocab_size': task.tokenizer.vocab_size},
         'data': {'train_file': args.train_file, 'val_file': args.val_file,
                  'text_columns': list(data.train.text_columns), 'label_column': args.label_column,
                  'label_names': data.names, 'train_examples': len(data.train), 'dev_examples': len(data.dev),
-                 'train_label_counts': counts, 'dev_majority_acc': majority},
+                 'train_label_counts': task.counts, 'dev_majority_acc': task.majority},
         'max_length': args.block_size, 'steps': args.steps, 'batch_size': args.batch_size,
         'optimizer': {'name': 'adamw', 'lr': args.lr, 'betas': list(args.opt_betas), 'eps': args.opt_eps,
                       'weight_decay': args.weight_decay, 'sched': args.sched, 'warmup_steps': args.warmup_steps,
@@ -575,10 +584,15 @@ def _finish(args, run: TrainingRun, task: ClassificationTask, family: str, repor
                         'best': str(run.saver.best_path) if run.saver.best_path.exists() else None,
                         'pretrained': str(output_dir / 'pretrained') + ' (the best checkpoint\'s weights)'},
         'experiment_dir': str(output_dir),
-        'command': command,
+        'command': task.command,
     }
-    run.write_results(results)
-    plot_curves(output_dir / 'summary.csv', output_dir / 'curves.png', title=f'{type(model).__name__} (classify)',
+
+
+def _report(args, run: TrainingRun, results: dict) -> None:
+    """The curves and the closing log line."""
+    output_dir, best_metrics, final_metrics = run.output_dir, results['val_best'], results['val_final']
+    test_metrics, majority, best_step = results['test'], results['data']['dev_majority_acc'], results['best_step']
+    plot_curves(output_dir / 'summary.csv', output_dir / 'curves.png', title=f'{results["model"]} (classify)',
                 x='step', loss_columns=('train_loss', 'val_loss'), metric_columns=('val_acc',),
                 metric_label='dev accuracy (%)')
     _logger.info(f'Done: best dev acc {best_metrics["acc"]:.2f}% F1 {best_metrics["f1"]:.2f} MCC '
@@ -587,5 +601,3 @@ def _finish(args, run: TrainingRun, task: ClassificationTask, family: str, repor
                  + (f'; test ({args.test_file}, the best checkpoint): acc {test_metrics["acc"]:.2f}% F1 '
                     f'{test_metrics["f1"]:.2f} MCC {test_metrics["mcc"]:.2f}' if test_metrics is not None else '')
                  + f'; {format_duration(time.time() - run.start_time)}')
-    run.list_outputs()
-    return results

@@ -4,13 +4,14 @@ import logging
 from typing import Optional, Sequence
 
 from ..distributed import init_device
+from ..driver import drive
 from mlp_vision.errors import run_cli
 from ..log import setup_logging
 from ..run import TrainingRun, parse_run_args
 from mlp_vision.threads import set_run_threads
 from .args import PROG, build_parser, check_args
-from .classification import train_classifier
-from .lm import train_lm
+from .classification import ClassificationTask
+from .lm import LMTask, command_line
 
 __all__ = ['main']
 
@@ -31,5 +32,5 @@ def _main(argv: Sequence[str], prog: str):
     run = TrainingRun(args, dist_info, resume_ckpt, kind='text', key='step', prog=prog,
                       decreasing=args.task != 'classify', max_history=0)  # classify: best = highest dev accuracy
     with run:
-        train = train_classifier if args.task == 'classify' else train_lm
-        return train(args, run, argv, prog)
+        task = ClassificationTask if args.task == 'classify' else LMTask
+        return drive(run, task(args, run, command_line(prog, argv)))

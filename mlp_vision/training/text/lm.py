@@ -58,18 +58,19 @@ from ..checkpoint import atomic_folder, atomic_write_text, preserve_rng
 from ..distributed import DistInfo, all_gather_objects
 from mlp_vision.errors import UsageError
 from ..loop import format_duration, warn_global_batch_beyond_data
-from ..run import TrainingRun
+from ..driver import Optimization, StepTask
+from ..run import TrainingRun, UpdateStep, create_lr_scheduler, setup_amp
 from ..summary import plot_curves
 from .args import task_model_entry
 from .data import (
     Batch, MLMMasker, build_tokenizer, causal_eval_batches, check_unknown_tokens, encode_text, mlm_eval_batches,
     read_text_file, sample_causal_batch, sample_mlm_batch, subset_batches, tokenizer_from_path, unigram_mlm_baseline)
-from .recipes import apply_family_recipe, params_note
-from .steps import Optimization, StepState, StepTask, run_steps, setup_optimization
+from .recipes import apply_family_recipe, create_optimizer, lm_schedule, params_note
 
-__all__ = ['forward_logits', 'evaluate_lm', 'LMData', 'LMTask', 'train_lm', 'command_line']
+__all__ = ['forward_logits', 'evaluate_lm', 'LMData', 'LMTask', 'setup_optimization', 'command_line']
 
 _logger = logging.getLogger('mlp_vision.train_text')
+STEP_STOP_ADVICE = 'Lower --lr, keep --clip-grad on, add --warmup-steps'  # after a NaN / inf loss
 
 
 # ------------------------------------------------------------------------------------------------ model calls
@@ -220,24 +221,68 @@ def _build_model(args, run: TrainingRun, entry, tokenizer: Tokenizer) -> Tuple[n
     return model, model_kwargs
 
 
-class LMTask(StepTask):
-    """Causal / masked LM for :func:`~.steps.run_steps`: random blocks of the training tokens (a generator of its
-    own, seeded by ``--seed`` and the rank), token cross-entropy, perplexity on the periodic validation batches."""
-    best_key = 'loss'
+def setup_optimization(args, run: TrainingRun, model: nn.Module, family: str) -> Optimization:
+    """AdamW of the recipe (:mod:`.recipes`, already applied to ``args``), AMP and the per-update schedule of a text
+    task's ``model`` (on its device); the driver restores them from ``--resume``."""
+    optimizer = create_optimizer(model, family, args)
+    amp_autocast, loss_scaler, amp_dtype = setup_amp(args.amp, args.amp_dtype, run.dist_info.device)
+    params = [p for p in model.parameters() if p.requires_grad]
+    update_step = UpdateStep(optimizer, lambda: params, loss_scaler, args.clip_grad)
+    schedule = lm_schedule(args.lr, args.steps, args.warmup_steps, args.sched, args.min_lr_ratio)
+    scheduler, _ = create_lr_scheduler(optimizer, schedule)
+    return Optimization(model, optimizer, scheduler, schedule, loss_scaler, update_step, amp_autocast, amp_dtype,
+                        total=args.steps, total_flag='--steps')
 
-    def __init__(self, args, run: TrainingRun, opt: Optimization, data: LMData, state: StepState,
-                 model_kwargs: dict):
-        self.args, self.run, self.opt, self.data, self.state, self.model_kwargs = \
-            args, run, opt, data, state, model_kwargs
-        device = run.dist_info.device
+
+class LMTask(StepTask):
+    """Causal / masked LM for :func:`~mlp_vision.training.driver.drive`: random blocks of the training tokens (a
+    generator of their own, seeded by ``--seed`` and the rank), token cross-entropy, perplexity on the periodic
+    validation batches."""
+    logger = _logger
+    best_key = 'loss'
+    show_percent = True
+    stop_advice = STEP_STOP_ADVICE
+
+    def __init__(self, args, run: TrainingRun, command: str):
+        super().__init__(args, run)
+        self.command = command
+        self.entry = task_model_entry(args.model, args.task)
+
+    def resume_identity(self) -> dict:
+        return {'arch': self.args.model, 'task': self.args.task}
+
+    def setup(self) -> Optimization:
+        args, run = self.args, self.run
+        train_text, val_text = _read_texts(args)
+        tokenizer = _tokenizer(args, run, train_text, val_text)
+        train_ids = encode_text(tokenizer, train_text, 'training text', stop=run.stop_signal)
+        val_ids = encode_text(tokenizer, val_text, 'validation text', stop=run.stop_signal)
+        check_unknown_tokens(train_ids, tokenizer, 'training text')
+        check_unknown_tokens(val_ids, tokenizer, 'validation text')
+        if args.sample_prompt is not None:
+            encode_text(tokenizer, args.sample_prompt, '--sample-prompt')  # fail now, not after training
+        self.recipe_info = apply_family_recipe(args, self.entry.family, self.entry.task)
+        model, self.model_kwargs = _build_model(args, run, self.entry, tokenizer)  # also sets --block-size
+        warn_global_batch_beyond_data(args.batch_size, run.dist_info.world_size, args.grad_accum_steps,
+                                      max(len(train_ids) // args.block_size, 1), f'blocks of {args.block_size} tokens')
+        self.data = _lm_data(args, tokenizer, train_ids, val_ids)
+        model.to(run.dist_info.device)
+        return setup_optimization(args, run, model, self.entry.family)
+
+    def ready(self, opt: Optimization) -> None:
+        super().ready(opt)
+        args, run, data = self.args, self.run, self.data
         self.generator = torch.Generator().manual_seed(args.seed + 10_000 * run.dist_info.rank)
         self.tokens_per_step = args.batch_size * args.block_size * args.grad_accum_steps * run.dist_info.world_size
         resumed = run.resume_ckpt or {}
         self.tokens_before, self.seconds_before = resumed.get('train_tokens', 0), resumed.get('train_seconds', 0.)
         # training decodes only the scored positions when the masked LM's config asks for it (evaluation: all)
         self.sparse_prediction = args.task == 'mlm' and getattr(opt.model.config, 'sparse_prediction', False)
-        self.evaluate_on = partial(evaluate_lm, task=args.task, device=device, amp_autocast=opt.amp_autocast,
-                                   dist_info=run.dist_info, mask_id=data.mask_id)
+        self.evaluate_on = partial(evaluate_lm, task=args.task, device=run.dist_info.device,
+                                   amp_autocast=opt.amp_autocast, dist_info=run.dist_info, mask_id=data.mask_id)
+
+    def output_folder(self) -> Tuple[str, str]:
+        return './output/text', f'{datetime.now():%Y%m%d-%H%M%S}-{self.args.model}-{self.args.task}'
 
     def tokens_done(self) -> int:
         return self.tokens_per_step * (self.state.step - self.state.start_step)
@@ -275,40 +320,14 @@ class LMTask(StepTask):
                    max(self.seconds_before + self.state.train_seconds, 1e-9))
         return row, text
 
+    def log_setup(self, output_dir) -> None:
+        _log_setup(self.args, self.run, self.opt, self, self.recipe_info)
 
-def train_lm(args, run: TrainingRun, argv: Sequence[str], prog: str) -> Optional[dict]:
-    """``--task causal`` / ``mlm`` inside the run of :func:`mlp_vision.training.text.cli.main`; the results dict
-    on rank 0 (None on the other ranks, and the stop record after ``--stop-after-step``)."""
-    dist_info = run.dist_info
-    entry = task_model_entry(args.model, args.task)
-    run.check_resume(arch=args.model, task=args.task)
-    train_text, val_text = _read_texts(args)
-    tokenizer = _tokenizer(args, run, train_text, val_text)
-    train_ids = encode_text(tokenizer, train_text, 'training text', stop=run.stop_signal)
-    val_ids = encode_text(tokenizer, val_text, 'validation text', stop=run.stop_signal)
-    check_unknown_tokens(train_ids, tokenizer, 'training text')
-    check_unknown_tokens(val_ids, tokenizer, 'validation text')
-    if args.sample_prompt is not None:
-        encode_text(tokenizer, args.sample_prompt, '--sample-prompt')  # fail now, not after training
-    recipe_info = apply_family_recipe(args, entry.family, entry.task)
-    model, model_kwargs = _build_model(args, run, entry, tokenizer)  # also sets --block-size
-    warn_global_batch_beyond_data(args.batch_size, run.dist_info.world_size, args.grad_accum_steps,
-                                  max(len(train_ids) // args.block_size, 1), f'blocks of {args.block_size} tokens')
-    data = _lm_data(args, tokenizer, train_ids, val_ids)
-    model.to(dist_info.device)
-    opt = setup_optimization(args, run, model, entry.family)
-    state = StepState(step=opt.start_step, start_step=opt.start_step)
-    task = LMTask(args, run, opt, data, state, model_kwargs)
+    def final_results(self, digests) -> Optional[dict]:
+        return _final_results(self.args, self.run, self, digests)
 
-    output_dir = run.open_outputs('./output/text', f'{datetime.now():%Y%m%d-%H%M%S}-{args.model}-{args.task}')
-    run.log_settings_changes()
-    _log_setup(args, run, opt, task, recipe_info)
-    if dist_info.primary:
-        _logger.info(f'Outputs: {output_dir}')
-    if not run_steps(args, run, state, task, opt, show_percent=True):
-        return state.stop_result
-    run.begin_final_stage()
-    return _finish(args, run, task, recipe_info, output_dir, command_line(prog, argv))
+    def report(self, results: dict) -> None:
+        _report(self.args, self.run, results)
 
 
 def _log_setup(args, run: TrainingRun, opt: Optimization, task: LMTask, recipe_info: dict) -> None:
@@ -323,14 +342,13 @@ def _log_setup(args, run: TrainingRun, opt: Optimization, task: LMTask, recipe_i
                  f'x block {args.block_size} x accum {args.grad_accum_steps} x {world} processes); AdamW lr '
                  f'{args.lr:g} betas {tuple(args.opt_betas)} eps {args.opt_eps:g} wd {args.weight_decay:g}, '
                  f'{args.warmup_steps} warmup then {args.sched} ({recipe_info["source"]})'
-                 + (f'; resuming at step {opt.start_step} from {args.resume}' if args.resume else ''))
+                 + (f'; resuming at step {opt.start} from {args.resume}' if args.resume else ''))
 
 
-def _finish(args, run: TrainingRun, task: LMTask, recipe_info: dict, output_dir: Path, command: str):
-    """The final evaluation, samples, ``pretrained/``, results.json, curves and the closing log line (rank 0)."""
-    model, data, device = task.opt.model, task.data, run.dist_info.device
+def _final_results(args, run: TrainingRun, task: LMTask, digests) -> Optional[dict]:
+    """The final evaluation, samples, ``pretrained/`` and the results (rank 0)."""
+    model, data, device, output_dir = task.opt.model, task.data, run.dist_info.device, run.output_dir
     final_metrics = task.evaluate_on(model, data.final_batches)
-    digests = run.weights_digests(model)
     baseline = None
     if args.task == 'mlm':
         baseline = unigram_mlm_baseline(data.train_ids, data.final_batches, data.base_ids, data.mask_id)
@@ -341,9 +359,13 @@ def _finish(args, run: TrainingRun, task: LMTask, recipe_info: dict, output_dir:
         return None
     with atomic_folder(output_dir / 'pretrained') as folder:
         model.save_pretrained(str(folder), tokenizer=data.tokenizer)
-    results = _results(args, run, task, recipe_info, final_metrics, baseline, digests, output_dir, command,
-                       samples is not None)
-    run.write_results(results)
+    return _results(args, run, task, task.recipe_info, final_metrics, baseline, digests, output_dir, task.command,
+                    samples is not None)
+
+
+def _report(args, run: TrainingRun, results: dict) -> None:
+    """The curves and the closing log line."""
+    final_metrics, baseline, output_dir = results['val_final'], results['unigram_baseline'], run.output_dir
     metric_col, metric_label = (('val_masked_acc', 'masked-token accuracy (%)') if args.task == 'mlm'
                                 else ('val_ppl', 'validation perplexity'))
     plot_curves(output_dir / 'summary.csv', output_dir / 'curves.png', title=f'{args.model} ({args.task} LM)',
@@ -356,8 +378,6 @@ def _finish(args, run: TrainingRun, task: LMTask, recipe_info: dict, output_dir:
     msg += (f' on {final_metrics["tokens"]:,} tokens; {results["tokens_per_sec"]:,.0f} tok/s; '
             f'{format_duration(time.time() - run.start_time)}')
     _logger.info(msg)
-    run.list_outputs()
-    return results
 
 
 def _results(args, run: TrainingRun, task: LMTask, recipe_info: dict, final_metrics: dict, baseline, digests,
