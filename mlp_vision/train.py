@@ -462,7 +462,7 @@ class ImageClassification(TrainingTask):
                                           + (['demo_digits'] if self.demo else [])
                                           + [args.model.replace('/', '_'), str(self.data_config['input_size'][-1])])
 
-    def log_setup(self, output_dir) -> None:
+    def log_setup(self) -> None:
         args, dist_info, opt = self.args, self.run.dist_info, self.opt
         num_params = sum(p.numel() for p in opt.train_model.parameters())
         _logger.info(

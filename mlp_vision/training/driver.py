@@ -1,29 +1,18 @@
 """ The one training driver: :func:`drive` makes the calls of a :class:`~mlp_vision.training.run.TrainingRun` in
-their fixed order around a :class:`TrainingTask`, which says what is trained and how.
+their fixed order around a :class:`TrainingTask`, which says what is trained and how: the image classifier's epochs
+(``mlp_vision/train.py``) or a :class:`StepTask` (the text tasks of :mod:`mlp_vision.training.text`).
 
-The order: the resumed checkpoint's identity, the task's setup (data, model, optimizer, schedule), the resumed
-state (weights, optimizer, schedule, then the EMA), nothing-left-to-train, DDP and ``torch.compile``, the run folder
-and its settings, the setup log, the RNG states (last: nothing built before shifts them), training (a stop signal or
-a NaN / inf loss ends it with :meth:`~mlp_vision.training.run.TrainingRun.stopped`'s one line), then the final stage:
-the weight digests, the task's final outputs, ``results.json`` and the list of outputs.
-
-Tasks: the image classifier's epochs (``mlp_vision/train.py``) and the step-based :class:`StepTask`, whose
-:meth:`StepTask.train` is the step loop of the text tasks (masked / causal LM, sequence classification,
-:mod:`mlp_vision.training.text`). Each update of the step loop is
-:meth:`mlp_vision.training.loop.StepLoop.update` (``--grad-accum-steps`` micro-batches with ``no_sync``, one
-all-rank agreement on a finite loss and the stop signal, the optimizer step, EMA, the per-update schedule), shared
-with the image epoch; then the log line. A stop signal inside a long update abandons it and puts its data position
-and RNG states back (``rewind_point``), so the checkpoint saved at the stop resumes exactly. Every
-``--eval-interval`` steps and at the end: evaluation under :func:`preserve_rng` (it must not shift the training's
-random streams), the all-reduced interval train loss, a summary row and a checkpoint (``last.pth``, and
-``model_best.pth`` when the task's metric improves). ``--stop-after-step`` saves and stops between evaluations.
-Each rank's checkpoint state holds its RNG, the task's data position and the running interval loss, so a resume
-continues bit-identically.
+The step loop (:meth:`StepTask.train`): each update is :meth:`mlp_vision.training.loop.StepLoop.update`, shared with
+the image epoch; then the log line. A stop signal inside a long update abandons it and puts its data position and
+RNG states back (``rewind_point``), so the checkpoint saved at the stop resumes exactly. Every ``--eval-interval``
+steps and at the end: evaluation under :func:`preserve_rng` (it must not shift the training's random streams), the
+all-reduced interval train loss, a summary row and a checkpoint (``last.pth``, and ``model_best.pth`` when the
+task's metric improves); ``--stop-after-step`` saves and stops between evaluations. Each rank's checkpoint holds its
+RNG, the task's data position and the running interval loss, so a resume continues bit-identically.
 """
 import dataclasses
 import logging
 import time
-from pathlib import Path
 from typing import Any, Dict, Optional, Tuple
 
 import torch
@@ -63,8 +52,8 @@ class Optimization:
 
 
 class TrainingTask:
-    """What a trainer gives :func:`drive`, in the order it is called. ``run`` is the :class:`TrainingRun`;
-    ``logger`` the command's logger; ``stop_advice`` the flags worth changing after a NaN / inf loss."""
+    """What a trainer gives :func:`drive`, its methods in the order they are called. ``logger``: the command's;
+    ``stop_advice``: the flags worth changing after a NaN / inf loss."""
     logger = logging.getLogger('mlp_vision.train')
     stop_advice = ''
 
@@ -72,41 +61,37 @@ class TrainingTask:
         self.args, self.run = args, run
         self.opt: Optional[Optimization] = None
 
-    def resume_identity(self) -> Dict[str, Any]:
-        """What a resumed checkpoint must have been made for (e.g. ``arch='smlpnet_t'``)."""
+    def resume_identity(self) -> Dict[str, Any]:  # what a resumed checkpoint must be of, e.g. arch='smlpnet_t'
         return {}
 
     def setup(self) -> Optimization:
         """Data, the model on its device, optimizer, AMP and schedule (the resumed state is loaded after)."""
         raise NotImplementedError
 
-    def create_ema(self, model: nn.Module) -> Optional[ModelEmaV3]:
-        """The weight EMA of the (resumed) model, or None."""
+    def create_ema(self, model: nn.Module) -> Optional[ModelEmaV3]:  # the weight EMA of the resumed model, or None
         return None
 
     def ready(self, opt: Optimization) -> None:
         """Everything that needs the restored, wrapped model (before the run folder is opened)."""
         self.opt = opt
 
-    def output_folder(self) -> Tuple[str, str]:
-        """(the default ``--output`` root, the default experiment name)."""
+    def output_folder(self) -> Tuple[str, str]:  # (the default --output root, the default experiment name)
         raise NotImplementedError
 
-    def log_setup(self, output_dir: Optional[Path]) -> None:
-        """The setup lines of the log."""
+    def log_setup(self) -> None:  # the setup lines of the log
+        pass
 
-    def load_rank_state(self, state: Dict[str, Any]) -> None:
-        """This rank's resumed state beside its RNG (what :meth:`TrainingRun.save`'s ``rank_extra`` held)."""
+    def load_rank_state(self, state: Dict[str, Any]) -> None:  # this rank's resumed state: run.save's rank_extra
+        pass
 
     def train(self) -> bool:
         """Train to the end (True) or to a requested stop (False); saves its checkpoints."""
         raise NotImplementedError
 
-    def save_at_stop(self) -> None:
-        """On a stop signal, before the run ends: save where training stopped, if it can resume from there."""
+    def save_at_stop(self) -> None:  # on a stop signal: save where training stopped, if a resume can start there
+        pass
 
-    def stop_result(self) -> Optional[Dict[str, Any]]:
-        """What a run that stopped on request (``train`` returned False) returns."""
+    def stop_result(self) -> Optional[Dict[str, Any]]:  # what a run stopped on request (train() False) returns
         return None
 
     def final_results(self, digests) -> Optional[Dict[str, Any]]:
@@ -114,12 +99,15 @@ class TrainingTask:
         ``digests``: every rank's weights digest."""
         raise NotImplementedError
 
-    def report(self, results: Dict[str, Any]) -> None:
-        """After ``results.json``: curves, the closing log lines (rank 0)."""
+    def report(self, results: Dict[str, Any]) -> None:  # after results.json (rank 0): curves, closing log lines
+        pass
 
 
 def drive(run: TrainingRun, task: TrainingTask) -> Optional[Dict[str, Any]]:
-    """Run ``task`` inside ``run`` (see the module docstring for the order); the results dict on rank 0 (None on the
+    """Run ``task`` inside ``run``: the resumed checkpoint's identity, the task's setup, the resumed state (weights,
+    optimizer, schedule, then the EMA), nothing-left-to-train, DDP and compile, the run folder, the RNG states (last:
+    nothing built before shifts them), training (a stop signal or NaN / inf loss ends it with
+    :meth:`TrainingRun.stopped`'s one line), then the final stage. Returns the results dict on rank 0 (None on the
     other ranks, the task's :meth:`~TrainingTask.stop_result` after a requested stop)."""
     run.check_resume(**task.resume_identity())
     opt = task.setup()
@@ -138,7 +126,7 @@ def drive(run: TrainingRun, task: TrainingTask) -> Optional[Dict[str, Any]]:
 
     output_dir = run.open_outputs(*task.output_folder())
     run.log_settings_changes()
-    task.log_setup(output_dir)
+    task.log_setup()
     if run.primary:
         task.logger.info(f'Outputs: {output_dir}')
     rank_state = run.restore_rng()
@@ -187,27 +175,22 @@ class StepTask(TrainingTask):
     show_percent = False
     state: StepState
 
-    def micro_loss(self) -> torch.Tensor:
-        """The next training micro-batch's loss (forward included)."""
+    def micro_loss(self) -> torch.Tensor:  # the next training micro-batch's loss (forward included)
         raise NotImplementedError
 
-    def evaluate(self) -> Dict[str, Any]:
-        """The periodic metrics: a dict with ``'loss'`` and ``best_key``."""
+    def evaluate(self) -> Dict[str, Any]:  # the periodic metrics: 'loss' and best_key
         raise NotImplementedError
 
-    def data_state(self) -> Dict[str, Any]:
-        """This rank's data position, saved in every checkpoint."""
+    def data_state(self) -> Dict[str, Any]:  # this rank's data position, saved in every checkpoint
         raise NotImplementedError
 
     def load_data_state(self, state: Dict[str, Any]) -> None:
         raise NotImplementedError
 
-    def checkpoint_fields(self, metrics: Optional[Dict[str, Any]]) -> Dict[str, Any]:
-        """The checkpoint's fields besides the training state (model config, tokenizer, ...)."""
+    def checkpoint_fields(self, metrics: Optional[Dict[str, Any]]) -> Dict[str, Any]:  # model config, tokenizer, ...
         raise NotImplementedError
 
-    def progress(self) -> str:
-        """The task's part of the progress line (e.g. tokens/s)."""
+    def progress(self) -> str:  # the task's part of the progress line (e.g. tokens/s)
         return ''
 
     def eval_report(self, metrics: Dict[str, Any]) -> Tuple[Dict[str, Any], str]:

@@ -442,16 +442,6 @@ class ClassificationTask(StepTask):
     def output_folder(self) -> Tuple[str, str]:
         return './output/text', f'{datetime.now():%Y%m%d-%H%M%S}-{self.family}-classify'
 
-    def log_setup(self, output_dir) -> None:
-        self.counts, self.majority = _log_setup(self.args, self.run, self, self.family, self.init_report,
-                                                self.recipe_info)
-
-    def final_results(self, digests) -> Optional[dict]:
-        return _final_results(self.args, self.run, self, digests)
-
-    def report(self, results: dict) -> None:
-        _report(self.args, self.run, results)
-
     def eval_batches(self, data: LabelledData) -> List[Dict[str, torch.Tensor]]:
         bs = self.args.eval_batch_size or self.args.batch_size
         ids, types = encode_examples(self.tokenizer, data, self.args.block_size)
@@ -505,28 +495,88 @@ class ClassificationTask(StepTask):
                 + (f' (EMA; raw weights {m["raw_acc"]:.2f}%)' if 'raw_acc' in m else ''))
         return row, text
 
+    def log_setup(self) -> None:
+        """The setup lines of the log; keeps the training label counts and the dev majority-class accuracy (%)."""
+        args, run, family, report, recipe_info = self.args, self.run, self.family, self.init_report, self.recipe_info
+        opt, data, n = self.opt, self.data, self.num_labels
+        counts = torch.bincount(self.train_labels, minlength=n).tolist()
+        dev_labels = data.labels(data.dev)
+        majority = 100. * torch.bincount(dev_labels, minlength=n).max().item() / len(dev_labels)
+        _logger.info(f'Model {type(opt.model).__name__} ({params_note(opt.model)}, {family}) on '
+                     f'{run.dist_info.device}, AMP {opt.amp_dtype if args.amp else "off"}, '
+                     f'{torch.get_num_threads()} threads')
+        _logger.info(report.log_line())
+        _logger.info(f'Data: {len(data.train)} training examples ({args.train_file}), {len(data.dev)} dev '
+                     f'({args.val_file}); text columns {list(data.train.text_columns)}, labels '
+                     f'{dict(zip(data.names, counts))} (training counts), dev majority class {majority:.2f}%; max '
+                     f'length {args.block_size}; {self.tokenizer!r}')
+        _logger.info(f'Task classify: {args.steps} updates x batch {args.batch_size} x accum {args.grad_accum_steps} x '
+                     f'{run.dist_info.world_size} processes; AdamW lr {args.lr:g} wd {args.weight_decay:g}, '
+                     f'{args.warmup_steps} warmup then {args.sched} ({recipe_info["source"]})'
+                     + (f'; weight EMA decay {args.model_ema_decay:g} (it is evaluated, selected and exported)'
+                        if opt.model_ema is not None else '')
+                     + (f'; resuming at step {opt.start} from {args.resume}' if args.resume else ''))
+        self.counts, self.majority = counts, majority
 
-def _log_setup(args, run: TrainingRun, task: ClassificationTask, family: str, report: InitReport,
-               recipe_info: dict) -> Tuple[List[int], float]:
-    """The setup lines of the log; (training label counts, dev majority-class accuracy %)."""
-    opt, data, n = task.opt, task.data, task.num_labels
-    counts = torch.bincount(task.train_labels, minlength=n).tolist()
-    dev_labels = data.labels(data.dev)
-    majority = 100. * torch.bincount(dev_labels, minlength=n).max().item() / len(dev_labels)
-    _logger.info(f'Model {type(opt.model).__name__} ({params_note(opt.model)}, {family}) on {run.dist_info.device}, '
-                 f'AMP {opt.amp_dtype if args.amp else "off"}, {torch.get_num_threads()} threads')
-    _logger.info(report.log_line())
-    _logger.info(f'Data: {len(data.train)} training examples ({args.train_file}), {len(data.dev)} dev '
-                 f'({args.val_file}); text columns {list(data.train.text_columns)}, labels '
-                 f'{dict(zip(data.names, counts))} (training counts), dev majority class {majority:.2f}%; max length '
-                 f'{args.block_size}; {task.tokenizer!r}')
-    _logger.info(f'Task classify: {args.steps} updates x batch {args.batch_size} x accum {args.grad_accum_steps} x '
-                 f'{run.dist_info.world_size} processes; AdamW lr {args.lr:g} wd {args.weight_decay:g}, '
-                 f'{args.warmup_steps} warmup then {args.sched} ({recipe_info["source"]})'
-                 + (f'; weight EMA decay {args.model_ema_decay:g} (it is evaluated, selected and exported)'
-                    if opt.model_ema is not None else '')
-                 + (f'; resuming at step {opt.start} from {args.resume}' if args.resume else ''))
-    return counts, majority
+    def final_results(self, digests) -> Optional[dict]:
+        """The best checkpoint's test score, ``pretrained/`` and the results (rank 0)."""
+        args, run = self.args, self.run
+        opt, data, model, output_dir = self.opt, self.data, self.opt.model, run.output_dir
+        family, report, recipe_info = self.family, self.init_report, self.recipe_info
+        final_metrics = self.state.val_metrics if self.state.val_metrics is not None else self.evaluate()
+        if not run.dist_info.primary:
+            return None
+        best_metrics, best_step = _best_weights(run, self, final_metrics)
+        # the test file is scored once, by the best checkpoint, on the primary rank alone (no reduction across ranks)
+        test_metrics = self.score(model, self.test_batches, dist_info=None) if data.test is not None else None
+        with atomic_folder(output_dir / 'pretrained') as folder:
+            model.save_pretrained(str(folder), tokenizer=self.tokenizer)
+            (folder / 'labels.json').write_text(json.dumps(
+                {'label_names': data.names, 'text_columns': list(data.train.text_columns),
+                 'label_column': args.label_column, 'max_length': args.block_size}, indent=2))
+        return {
+            'model': type(model).__name__, 'family': family, 'task': 'classify',
+            'model_config': model.config.text_fields(),
+            'params': sum(p.numel() for p in model.parameters()), 'init': report.to_dict(),
+            'tokenizer': {'type': self.tokenizer.to_dict()['tokenizer_type'], 'vocab_size': self.tokenizer.vocab_size},
+            'data': {'train_file': args.train_file, 'val_file': args.val_file,
+                     'text_columns': list(data.train.text_columns), 'label_column': args.label_column,
+                     'label_names': data.names, 'train_examples': len(data.train), 'dev_examples': len(data.dev),
+                     'train_label_counts': self.counts, 'dev_majority_acc': self.majority},
+            'max_length': args.block_size, 'steps': args.steps, 'batch_size': args.batch_size,
+            'optimizer': {'name': 'adamw', 'lr': args.lr, 'betas': list(args.opt_betas), 'eps': args.opt_eps,
+                          'weight_decay': args.weight_decay, 'sched': args.sched, 'warmup_steps': args.warmup_steps,
+                          'clip_grad': args.clip_grad, **recipe_info},
+            'model_ema': None if opt.model_ema is None else {
+                'decay': args.model_ema_decay,
+                'note': 'val metrics, model_best.pth\'s choice, test and pretrained/ are the EMA weights\''},
+            'best_step': best_step, 'val_best': best_metrics, 'val_final': final_metrics,
+            'test_file': args.test_file or None, 'test': test_metrics,
+            'train_seconds': self.seconds_before + self.state.train_seconds,
+            'wall_seconds_this_process': time.time() - run.start_time, 'device': str(run.dist_info.device),
+            'world_size': run.dist_info.world_size, 'threads': torch.get_num_threads(), 'seed': args.seed,
+            'torch': torch.__version__, 'weights_sha256_per_rank': digests,
+            'checkpoints': {'last': str(run.saver.last_path),
+                            'best': str(run.saver.best_path) if run.saver.best_path.exists() else None,
+                            'pretrained': str(output_dir / 'pretrained') + ' (the best checkpoint\'s weights)'},
+            'experiment_dir': str(output_dir),
+            'command': self.command,
+        }
+
+    def report(self, results: dict) -> None:
+        """The curves and the closing log line."""
+        args, run = self.args, self.run
+        output_dir, best_metrics, final_metrics = run.output_dir, results['val_best'], results['val_final']
+        test_metrics, majority, best_step = results['test'], results['data']['dev_majority_acc'], results['best_step']
+        plot_curves(output_dir / 'summary.csv', output_dir / 'curves.png', title=f'{results["model"]} (classify)',
+                    x='step', loss_columns=('train_loss', 'val_loss'), metric_columns=('val_acc',),
+                    metric_label='dev accuracy (%)')
+        _logger.info(f'Done: best dev acc {best_metrics["acc"]:.2f}% F1 {best_metrics["f1"]:.2f} MCC '
+                     f'{best_metrics["mcc"]:.2f} at step {best_step} (final: acc {final_metrics["acc"]:.2f}%; majority '
+                     f'class {majority:.2f}%)'
+                     + (f'; test ({args.test_file}, the best checkpoint): acc {test_metrics["acc"]:.2f}% F1 '
+                        f'{test_metrics["f1"]:.2f} MCC {test_metrics["mcc"]:.2f}' if test_metrics is not None else '')
+                     + f'; {format_duration(time.time() - run.start_time)}')
 
 
 def _best_weights(run: TrainingRun, task: ClassificationTask, final_metrics: dict) -> Tuple[dict, int]:
@@ -544,60 +594,3 @@ def _best_weights(run: TrainingRun, task: ClassificationTask, final_metrics: dic
     return final_metrics, task.state.step
 
 
-def _final_results(args, run: TrainingRun, task: ClassificationTask, digests) -> Optional[dict]:
-    """The best checkpoint's test score, ``pretrained/`` and the results (rank 0)."""
-    opt, data, model, output_dir = task.opt, task.data, task.opt.model, run.output_dir
-    family, report, recipe_info = task.family, task.init_report, task.recipe_info
-    final_metrics = task.state.val_metrics if task.state.val_metrics is not None else task.evaluate()
-    if not run.dist_info.primary:
-        return None
-    best_metrics, best_step = _best_weights(run, task, final_metrics)
-    # the test file is scored once, by the best checkpoint, on the primary rank alone (no reduction across ranks)
-    test_metrics = task.score(model, task.test_batches, dist_info=None) if data.test is not None else None
-    with atomic_folder(output_dir / 'pretrained') as folder:
-        model.save_pretrained(str(folder), tokenizer=task.tokenizer)
-        (folder / 'labels.json').write_text(json.dumps(
-            {'label_names': data.names, 'text_columns': list(data.train.text_columns),
-             'label_column': args.label_column, 'max_length': args.block_size}, indent=2))
-    return {
-        'model': type(model).__name__, 'family': family, 'task': 'classify', 'model_config': model.config.text_fields(),
-        'params': sum(p.numel() for p in model.parameters()), 'init': report.to_dict(),
-        'tokenizer': {'type': task.tokenizer.to_dict()['tokenizer_type'], 'vocab_size': task.tokenizer.vocab_size},
-        'data': {'train_file': args.train_file, 'val_file': args.val_file,
-                 'text_columns': list(data.train.text_columns), 'label_column': args.label_column,
-                 'label_names': data.names, 'train_examples': len(data.train), 'dev_examples': len(data.dev),
-                 'train_label_counts': task.counts, 'dev_majority_acc': task.majority},
-        'max_length': args.block_size, 'steps': args.steps, 'batch_size': args.batch_size,
-        'optimizer': {'name': 'adamw', 'lr': args.lr, 'betas': list(args.opt_betas), 'eps': args.opt_eps,
-                      'weight_decay': args.weight_decay, 'sched': args.sched, 'warmup_steps': args.warmup_steps,
-                      'clip_grad': args.clip_grad, **recipe_info},
-        'model_ema': None if opt.model_ema is None else {
-            'decay': args.model_ema_decay, 'note': 'val metrics, model_best.pth\'s choice, test and pretrained/ are '
-                                                   'the EMA weights\''},
-        'best_step': best_step, 'val_best': best_metrics, 'val_final': final_metrics,
-        'test_file': args.test_file or None, 'test': test_metrics,
-        'train_seconds': task.seconds_before + task.state.train_seconds,
-        'wall_seconds_this_process': time.time() - run.start_time, 'device': str(run.dist_info.device),
-        'world_size': run.dist_info.world_size, 'threads': torch.get_num_threads(), 'seed': args.seed,
-        'torch': torch.__version__, 'weights_sha256_per_rank': digests,
-        'checkpoints': {'last': str(run.saver.last_path),
-                        'best': str(run.saver.best_path) if run.saver.best_path.exists() else None,
-                        'pretrained': str(output_dir / 'pretrained') + ' (the best checkpoint\'s weights)'},
-        'experiment_dir': str(output_dir),
-        'command': task.command,
-    }
-
-
-def _report(args, run: TrainingRun, results: dict) -> None:
-    """The curves and the closing log line."""
-    output_dir, best_metrics, final_metrics = run.output_dir, results['val_best'], results['val_final']
-    test_metrics, majority, best_step = results['test'], results['data']['dev_majority_acc'], results['best_step']
-    plot_curves(output_dir / 'summary.csv', output_dir / 'curves.png', title=f'{results["model"]} (classify)',
-                x='step', loss_columns=('train_loss', 'val_loss'), metric_columns=('val_acc',),
-                metric_label='dev accuracy (%)')
-    _logger.info(f'Done: best dev acc {best_metrics["acc"]:.2f}% F1 {best_metrics["f1"]:.2f} MCC '
-                 f'{best_metrics["mcc"]:.2f} at step {best_step} (final: acc {final_metrics["acc"]:.2f}%; majority '
-                 f'class {majority:.2f}%)'
-                 + (f'; test ({args.test_file}, the best checkpoint): acc {test_metrics["acc"]:.2f}% F1 '
-                    f'{test_metrics["f1"]:.2f} MCC {test_metrics["mcc"]:.2f}' if test_metrics is not None else '')
-                 + f'; {format_duration(time.time() - run.start_time)}')

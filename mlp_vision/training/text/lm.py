@@ -320,109 +320,92 @@ class LMTask(StepTask):
                    max(self.seconds_before + self.state.train_seconds, 1e-9))
         return row, text
 
-    def log_setup(self, output_dir) -> None:
-        _log_setup(self.args, self.run, self.opt, self, self.recipe_info)
+    def log_setup(self) -> None:
+        args, run, opt, recipe_info = self.args, self.run, self.opt, self.recipe_info
+        dist_info, data, world = run.dist_info, self.data, run.dist_info.world_size
+        _logger.info(f'Model {args.model} ({params_note(opt.model)}, {self.model_kwargs}) on {dist_info.device}'
+                     f'{f" x {world} processes ({dist.get_backend()})" if dist_info.distributed else ""}, '
+                     f'AMP {opt.amp_dtype if args.amp else "off"}, {torch.get_num_threads()} threads')
+        _logger.info(f'Data: {len(data.train_ids):,} training tokens ({args.train_file}), {len(data.val_ids):,} '
+                     f'validation tokens ({args.val_file or f"last {args.val_fraction:.0%} of the training file"}); '
+                     f'{data.tokenizer!r}')
+        _logger.info(f'Task {args.task}: {args.steps} updates x {self.tokens_per_step:,} tokens (batch '
+                     f'{args.batch_size} x block {args.block_size} x accum {args.grad_accum_steps} x {world} '
+                     f'processes); AdamW lr {args.lr:g} betas {tuple(args.opt_betas)} eps {args.opt_eps:g} wd '
+                     f'{args.weight_decay:g}, {args.warmup_steps} warmup then {args.sched} ({recipe_info["source"]})'
+                     + (f'; resuming at step {opt.start} from {args.resume}' if args.resume else ''))
 
     def final_results(self, digests) -> Optional[dict]:
-        return _final_results(self.args, self.run, self, digests)
+        """The final evaluation, samples, ``pretrained/`` and the results (rank 0)."""
+        args, run = self.args, self.run
+        model, data, device, output_dir = self.opt.model, self.data, run.dist_info.device, run.output_dir
+        final_metrics = self.evaluate_on(model, data.final_batches)
+        baseline = None
+        if args.task == 'mlm':
+            baseline = unigram_mlm_baseline(data.train_ids, data.final_batches, data.base_ids, data.mask_id)
+        samples = None
+        if run.dist_info.primary and args.sample_prompt is not None:
+            samples = _write_samples(model, data.tokenizer, args, device, output_dir / 'samples.txt')
+        if not run.dist_info.primary:
+            return None
+        with atomic_folder(output_dir / 'pretrained') as folder:
+            model.save_pretrained(str(folder), tokenizer=data.tokenizer)
+        total_tokens = self.tokens_before + self.tokens_done()
+        total_seconds = self.seconds_before + self.state.train_seconds
+        return {
+            'model': args.model,
+            'task': args.task,
+            'model_kwargs': self.model_kwargs,
+            'params': sum(p.numel() for p in model.parameters()),
+            'tokenizer': {'type': data.tokenizer.to_dict()['tokenizer_type'], 'vocab_size': data.tokenizer.vocab_size},
+            'data': {'train_file': args.train_file, 'val_file': args.val_file or None,
+                     'val_fraction': None if args.val_file else args.val_fraction,
+                     'train_tokens': len(data.train_ids), 'val_tokens': len(data.val_ids)},
+            'block_size': args.block_size,
+            'steps': args.steps,
+            'tokens_per_step': self.tokens_per_step,
+            'optimizer': {'name': 'adamw', 'lr': args.lr, 'betas': list(args.opt_betas), 'eps': args.opt_eps,
+                          'weight_decay': args.weight_decay, 'sched': args.sched, 'warmup_steps': args.warmup_steps,
+                          'min_lr_ratio': args.min_lr_ratio, 'clip_grad': args.clip_grad, **self.recipe_info},
+            'val_periodic': self.state.val_metrics,
+            'val_final': final_metrics,
+            'val_final_batches': len(data.final_batches),
+            'unigram_baseline': baseline,
+            'best': run.saver.best,
+            'train_tokens': total_tokens,
+            'train_seconds': total_seconds,
+            'tokens_per_sec': total_tokens / max(total_seconds, 1e-9),
+            'wall_seconds_this_process': time.time() - run.start_time,
+            'device': str(run.dist_info.device),
+            'world_size': run.dist_info.world_size,
+            'threads': torch.get_num_threads(),
+            'amp': str(self.opt.amp_dtype) if args.amp else None,
+            'seed': args.seed,
+            'torch': torch.__version__,
+            'samples_file': str(output_dir / 'samples.txt') if samples is not None else None,
+            'weights_sha256_per_rank': digests,
+            'checkpoints': {'last': str(run.saver.last_path),
+                            'best': str(run.saver.best_path) if run.saver.best_path.exists() else None},
+            'experiment_dir': str(output_dir),
+            'command': self.command,
+        }
 
     def report(self, results: dict) -> None:
-        _report(self.args, self.run, results)
-
-
-def _log_setup(args, run: TrainingRun, opt: Optimization, task: LMTask, recipe_info: dict) -> None:
-    dist_info, data, world = run.dist_info, task.data, run.dist_info.world_size
-    _logger.info(f'Model {args.model} ({params_note(opt.model)}, {task.model_kwargs}) on {dist_info.device}'
-                 f'{f" x {world} processes ({dist.get_backend()})" if dist_info.distributed else ""}, '
-                 f'AMP {opt.amp_dtype if args.amp else "off"}, {torch.get_num_threads()} threads')
-    _logger.info(f'Data: {len(data.train_ids):,} training tokens ({args.train_file}), {len(data.val_ids):,} '
-                 f'validation tokens ({args.val_file or f"last {args.val_fraction:.0%} of the training file"}); '
-                 f'{data.tokenizer!r}')
-    _logger.info(f'Task {args.task}: {args.steps} updates x {task.tokens_per_step:,} tokens (batch {args.batch_size} '
-                 f'x block {args.block_size} x accum {args.grad_accum_steps} x {world} processes); AdamW lr '
-                 f'{args.lr:g} betas {tuple(args.opt_betas)} eps {args.opt_eps:g} wd {args.weight_decay:g}, '
-                 f'{args.warmup_steps} warmup then {args.sched} ({recipe_info["source"]})'
-                 + (f'; resuming at step {opt.start} from {args.resume}' if args.resume else ''))
-
-
-def _final_results(args, run: TrainingRun, task: LMTask, digests) -> Optional[dict]:
-    """The final evaluation, samples, ``pretrained/`` and the results (rank 0)."""
-    model, data, device, output_dir = task.opt.model, task.data, run.dist_info.device, run.output_dir
-    final_metrics = task.evaluate_on(model, data.final_batches)
-    baseline = None
-    if args.task == 'mlm':
-        baseline = unigram_mlm_baseline(data.train_ids, data.final_batches, data.base_ids, data.mask_id)
-    samples = None
-    if run.dist_info.primary and args.sample_prompt is not None:
-        samples = _write_samples(model, data.tokenizer, args, device, output_dir / 'samples.txt')
-    if not run.dist_info.primary:
-        return None
-    with atomic_folder(output_dir / 'pretrained') as folder:
-        model.save_pretrained(str(folder), tokenizer=data.tokenizer)
-    return _results(args, run, task, task.recipe_info, final_metrics, baseline, digests, output_dir, task.command,
-                    samples is not None)
-
-
-def _report(args, run: TrainingRun, results: dict) -> None:
-    """The curves and the closing log line."""
-    final_metrics, baseline, output_dir = results['val_final'], results['unigram_baseline'], run.output_dir
-    metric_col, metric_label = (('val_masked_acc', 'masked-token accuracy (%)') if args.task == 'mlm'
-                                else ('val_ppl', 'validation perplexity'))
-    plot_curves(output_dir / 'summary.csv', output_dir / 'curves.png', title=f'{args.model} ({args.task} LM)',
-                x='step', loss_columns=('train_loss', 'val_loss'), metric_columns=(metric_col,),
-                metric_label=metric_label)
-    msg = f'Done: final val loss {final_metrics["loss"]:.4f} ppl {final_metrics["ppl"]:.3f}'
-    if args.task == 'mlm':
-        msg += (f' masked acc {final_metrics["masked_acc"]:.2f}% (unigram baseline: loss {baseline["loss"]:.4f} '
-                f'ppl {baseline["ppl"]:.3f} acc {baseline["masked_acc"]:.2f}%)')
-    msg += (f' on {final_metrics["tokens"]:,} tokens; {results["tokens_per_sec"]:,.0f} tok/s; '
-            f'{format_duration(time.time() - run.start_time)}')
-    _logger.info(msg)
-
-
-def _results(args, run: TrainingRun, task: LMTask, recipe_info: dict, final_metrics: dict, baseline, digests,
-             output_dir: Path, command: str, sampled: bool) -> dict:
-    """results.json of an LM run."""
-    model, data, tokenizer = task.opt.model, task.data, task.data.tokenizer
-    total_tokens = task.tokens_before + task.tokens_done()
-    total_seconds = task.seconds_before + task.state.train_seconds
-    return {
-        'model': args.model,
-        'task': args.task,
-        'model_kwargs': task.model_kwargs,
-        'params': sum(p.numel() for p in model.parameters()),
-        'tokenizer': {'type': tokenizer.to_dict()['tokenizer_type'], 'vocab_size': tokenizer.vocab_size},
-        'data': {'train_file': args.train_file, 'val_file': args.val_file or None,
-                 'val_fraction': None if args.val_file else args.val_fraction,
-                 'train_tokens': len(data.train_ids), 'val_tokens': len(data.val_ids)},
-        'block_size': args.block_size,
-        'steps': args.steps,
-        'tokens_per_step': task.tokens_per_step,
-        'optimizer': {'name': 'adamw', 'lr': args.lr, 'betas': list(args.opt_betas), 'eps': args.opt_eps,
-                      'weight_decay': args.weight_decay, 'sched': args.sched, 'warmup_steps': args.warmup_steps,
-                      'min_lr_ratio': args.min_lr_ratio, 'clip_grad': args.clip_grad, **recipe_info},
-        'val_periodic': task.state.val_metrics,
-        'val_final': final_metrics,
-        'val_final_batches': len(data.final_batches),
-        'unigram_baseline': baseline,
-        'best': run.saver.best,
-        'train_tokens': total_tokens,
-        'train_seconds': total_seconds,
-        'tokens_per_sec': total_tokens / max(total_seconds, 1e-9),
-        'wall_seconds_this_process': time.time() - run.start_time,
-        'device': str(run.dist_info.device),
-        'world_size': run.dist_info.world_size,
-        'threads': torch.get_num_threads(),
-        'amp': str(task.opt.amp_dtype) if args.amp else None,
-        'seed': args.seed,
-        'torch': torch.__version__,
-        'samples_file': str(output_dir / 'samples.txt') if sampled else None,
-        'weights_sha256_per_rank': digests,
-        'checkpoints': {'last': str(run.saver.last_path),
-                        'best': str(run.saver.best_path) if run.saver.best_path.exists() else None},
-        'experiment_dir': str(output_dir),
-        'command': command,
-    }
+        """The curves and the closing log line."""
+        args, run = self.args, self.run
+        final_metrics, baseline, output_dir = results['val_final'], results['unigram_baseline'], run.output_dir
+        metric_col, metric_label = (('val_masked_acc', 'masked-token accuracy (%)') if args.task == 'mlm'
+                                    else ('val_ppl', 'validation perplexity'))
+        plot_curves(output_dir / 'summary.csv', output_dir / 'curves.png', title=f'{args.model} ({args.task} LM)',
+                    x='step', loss_columns=('train_loss', 'val_loss'), metric_columns=(metric_col,),
+                    metric_label=metric_label)
+        msg = f'Done: final val loss {final_metrics["loss"]:.4f} ppl {final_metrics["ppl"]:.3f}'
+        if args.task == 'mlm':
+            msg += (f' masked acc {final_metrics["masked_acc"]:.2f}% (unigram baseline: loss {baseline["loss"]:.4f} '
+                    f'ppl {baseline["ppl"]:.3f} acc {baseline["masked_acc"]:.2f}%)')
+        msg += (f' on {final_metrics["tokens"]:,} tokens; {results["tokens_per_sec"]:,.0f} tok/s; '
+                f'{format_duration(time.time() - run.start_time)}')
+        _logger.info(msg)
 
 
 def _write_samples(model: nn.Module, tokenizer: Tokenizer, args, device: torch.device, path: Path) -> List[str]:
