@@ -1,14 +1,21 @@
 """ Experiment-folder outputs: ``summary.csv`` (one row per epoch -- or per evaluation step for the step-based
 text trainer -- one header, resume-safe), the loss / accuracy curves PNG, an overlay PNG of several runs, and
-JSON results (written atomically). """
+JSON results (written atomically).
+
+``summary.csv`` has the columns of timm's ``update_summary`` for train.py (``epoch``, ``train_*``, ``eval_*``,
+``lr``) but is not written by it: that function names the first column ``epoch`` (the text trainer's is
+``step``), opens the file by name (through a link planted in the run folder), and appends a row with new columns
+under the old header; a resume also needs the rows past the resumed position dropped (:meth:`SummaryWriter.truncate`).
+"""
 import csv
 import json
 import logging
 import os
+from io import StringIO
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
-from .checkpoint import atomic_write_text, open_own_file
+from .checkpoint import atomic_write, atomic_write_text, open_own_file
 
 __all__ = ['SummaryWriter', 'write_json', 'plot_curves', 'plot_comparison']
 
@@ -38,7 +45,6 @@ class SummaryWriter:
             return list(csv.DictReader(f))
 
     def _write_all(self, rows: List[Dict[str, Any]], fieldnames: List[str]) -> None:
-        from io import StringIO
         buf = StringIO()
         writer = csv.DictWriter(buf, fieldnames=fieldnames, restval='')
         writer.writeheader()
@@ -101,16 +107,13 @@ def _column(rows: List[Dict[str, str]], x: str, name: str):
 
 
 def _save_figure(fig, plt, out_png: os.PathLike) -> Path:
+    # the temporary file is a checkpoint's (temp_path): one a killed run leaves is cleaned on the next resume
     fig.tight_layout()
-    out_png = Path(out_png)
-    tmp = out_png.with_name(f'.{out_png.name}.tmp-{os.getpid()}.png')
-    if tmp.is_symlink() or tmp.exists():
-        tmp.unlink()
-    with open(open_own_file(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL), 'wb') as f:
-        fig.savefig(f, dpi=110, format='png')
-    plt.close(fig)
-    os.replace(tmp, out_png)
-    return out_png
+    try:
+        atomic_write(out_png, lambda f: fig.savefig(f, dpi=110, format='png'))
+    finally:
+        plt.close(fig)
+    return Path(out_png)
 
 
 def plot_curves(
