@@ -20,6 +20,7 @@ from .checkpoint import atomic_write, atomic_write_text, open_own_file
 __all__ = ['SummaryWriter', 'write_json', 'plot_curves', 'plot_comparison']
 
 _logger = logging.getLogger(__name__)
+_STYLES = ('-', '--', ':', '-.')  # one line style per column of a run
 
 
 def write_json(path: os.PathLike, obj: Any) -> None:
@@ -76,13 +77,9 @@ class SummaryWriter:
     def append(self, row: Dict[str, Any]) -> None:
         row = {k: (f'{v:.6g}' if isinstance(v, float) else v) for k, v in row.items()}
         rows = self.read()
-        fieldnames = list(rows[0].keys()) if rows else list(row.keys())
-        if rows and set(row) - set(fieldnames):
-            fieldnames += [k for k in row if k not in fieldnames]
-            self._write_all(rows + [row], fieldnames)
-            return
-        if not rows:
-            self._write_all([row], fieldnames)
+        fieldnames = list(rows[0].keys()) if rows else []
+        if not rows or set(row) - set(fieldnames):  # a new file, or new columns: written whole, one header
+            self._write_all(rows + [row], fieldnames + [k for k in row if k not in fieldnames])
             return
         with open(open_own_file(self.path, os.O_WRONLY | os.O_APPEND), 'a', newline='') as f:
             csv.DictWriter(f, fieldnames=fieldnames, restval='').writerow(row)
@@ -106,8 +103,18 @@ def _column(rows: List[Dict[str, str]], x: str, name: str):
     return [p[0] for p in pts], [p[1] for p in pts]
 
 
-def _save_figure(fig, plt, out_png: os.PathLike) -> Path:
-    # the temporary file is a checkpoint's (temp_path): one a killed run leaves is cleaned on the next resume
+def _save_figure(fig, plt, out_png: os.PathLike, x: str, ylabels: Sequence[str], title: str,
+                 legend_size: Optional[int] = None) -> Path:
+    """Label the axes of ``fig`` (x, then ``ylabels`` in order), then write it as a PNG by :func:`atomic_write`
+    (its temporary file is the one a next start cleans when a killed run left it)."""
+    for ax, ylabel in zip(fig.axes, ylabels):
+        ax.set_xlabel(x)
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=.3)
+        if ax.lines:
+            ax.legend(fontsize=legend_size)
+    if title:
+        fig.suptitle(title)
     fig.tight_layout()
     try:
         atomic_write(out_png, lambda f: fig.savefig(f, dpi=110, format='png'))
@@ -137,21 +144,12 @@ def plot_curves(
     if not rows:
         return None
     fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(11, 4))
-    styles = ('-', '--', ':', '-.')
     for ax, names in ((ax_loss, loss_columns), (ax_acc, metric_columns)):
         for i, name in enumerate(names):
-            xs, ys = _column(rows, x, name) if name in rows[0] else ([], [])
+            xs, ys = _column(rows, x, name)
             if xs:
-                ax.plot(xs, ys, styles[i % len(styles)], marker='o', markersize=3, label=name)
-        ax.set_xlabel(x)
-        ax.grid(alpha=.3)
-        if ax.lines:
-            ax.legend()
-    ax_loss.set_ylabel('loss')
-    ax_acc.set_ylabel(metric_label)
-    if title:
-        fig.suptitle(title)
-    return _save_figure(fig, plt, out_png)
+                ax.plot(xs, ys, _STYLES[i % len(_STYLES)], marker='o', markersize=3, label=name)
+    return _save_figure(fig, plt, out_png, x, ('loss', metric_label), title)
 
 
 def plot_comparison(
@@ -174,26 +172,15 @@ def plot_comparison(
     ncols = 2 if metric_column else 1
     fig, axes = plt.subplots(1, ncols, figsize=(5.5 * ncols + 0.5, 4), squeeze=False)
     ax_loss = axes[0][0]
-    styles = ('-', '--', ':', '-.')
     for r_i, (label, path) in enumerate(runs.items()):
         rows = SummaryWriter(path, key=x).read()
         color = f'C{r_i}'
         for i, name in enumerate(loss_columns):
-            xs, ys = _column(rows, x, name) if rows and name in rows[0] else ([], [])
+            xs, ys = _column(rows, x, name)
             if xs:
-                ax_loss.plot(xs, ys, styles[i % len(styles)], color=color, label=f'{label} {name}')
+                ax_loss.plot(xs, ys, _STYLES[i % len(_STYLES)], color=color, label=f'{label} {name}')
         if metric_column:
-            xs, ys = _column(rows, x, metric_column) if rows and metric_column in rows[0] else ([], [])
+            xs, ys = _column(rows, x, metric_column)
             if xs:
                 axes[0][1].plot(xs, ys, '-', marker='o', markersize=3, color=color, label=label)
-    for ax in axes[0]:
-        ax.set_xlabel(x)
-        ax.grid(alpha=.3)
-        if ax.lines:
-            ax.legend(fontsize=8)
-    ax_loss.set_ylabel('loss')
-    if metric_column:
-        axes[0][1].set_ylabel(metric_label or metric_column)
-    if title:
-        fig.suptitle(title)
-    return _save_figure(fig, plt, out_png)
+    return _save_figure(fig, plt, out_png, x, ('loss', metric_label or metric_column), title, legend_size=8)
