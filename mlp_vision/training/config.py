@@ -29,7 +29,8 @@ import yaml
 
 from mlp_vision.errors import UsageError, check_range, short_repr
 
-__all__ = ['RunArgs', 'parse_given', 'merge_settings', 'load_yaml_config', 'parse_args_with_config', 'args_to_yaml', 'check_flag_ranges', 'SEED_MAX',
+__all__ = ['RunArgs', 'parse_given', 'merge_settings', 'load_yaml_config', 'parse_args_with_config', 'args_to_yaml',
+           'check_flag_ranges', 'SEED_MAX',
            'find_recipe', 'recipe_names', 'recipe_folder', 'read_yaml_file', 'parse_yaml', 'MAX_YAML_BYTES',
            'MAX_YAML_DEPTH']
 

@@ -7,8 +7,8 @@ Each entry point keeps only what differs (data, model, loss and metrics); everyt
 * :func:`setup_amp` and :class:`UpdateStep` -- autocast, the float16 loss scaler (timm's ``NativeScaler``),
   gradient accumulation, clipping and the optimizer step, one implementation for both loops;
 * :func:`create_lr_scheduler` -- timm's ``create_scheduler_v2`` for both (per epoch or per update);
-* :class:`TrainingRun` -- the output folder (``args.yaml``, ``derived.yaml``, ``train.log``, ``summary.csv``; its identity and lock in
-  :mod:`.run_folder`), resume (weights, optimizer, scaler, schedule, RNG, history; in place only into the checkpoint's
+* :class:`TrainingRun` -- the output folder (``args.yaml``, ``derived.yaml``, ``train.log``, ``summary.csv``; its
+  identity and lock in :mod:`.run_folder`), resume (weights, optimizer, scaler, schedule, RNG, history; in place only into the checkpoint's
   own run at its newest position, refusing a finished run), the checkpoint payload, the NaN
   and SIGINT / SIGTERM stops, and the final ``results.json`` (an earlier one is kept, never overwritten).
 
@@ -50,7 +50,7 @@ from .checkpoint import (
 from .checkpoint import check_rng_state
 from .config import RunArgs, args_to_yaml, merge_settings, parse_given, read_yaml_file
 from .distributed import DistInfo, all_gather_objects, state_dict_digest
-from mlp_vision.errors import Interrupted, RunError, UsageError
+from mlp_vision.errors import Interrupted, RunError, UsageError, short_repr
 from .log import add_log_file, remove_log_file
 from .run_folder import (
     FolderLock, check_own_files, is_run_id, new_run_folder, newer_than, read_run_id, write_run_id)
@@ -579,7 +579,8 @@ class TrainingRun:
         changed = [f'--{k.replace("_", "-")} {_plain(given.get(k))!r} (was {_plain(v)!r})'
                    for k, v in saved.items() if _plain(given.get(k)) != _plain(v)]
         derived, was = args.derived, args.resumed_derived
-        rederived = [f'{k} {_plain(derived.get(k))!r} (was {_plain(was.get(k))!r})'
+        # the saved derived values are a file's, never used: each shown bounded
+        rederived = [f'{k} {short_repr(_plain(derived.get(k)))} (was {short_repr(_plain(was.get(k)))})'
                      for k in sorted(set(derived) | set(was)) if _plain(derived.get(k)) != _plain(was.get(k))]
         _logger.info(f'Resuming with the settings of {args.resume}'
                      + (f'; changed: {", ".join(changed)}' if changed else ' (unchanged)')
