@@ -1,6 +1,7 @@
 """ Gather one round of the study's runs (issue 13.4) into a results folder (``--out``, results/text/study by
 default): each run's args.yaml, derived.yaml, summary.csv and results.json (what the tables are made from; no
-weights, logs or per-run plots) under runs/, the pretraining curves of the four encoders in pretraining_curves.png, and table.md.
+weights, logs or per-run plots) under runs/, the pretraining curves of the four encoders in pretraining_curves.png,
+and table.md.
 The baselines come from results/text/study/baselines.json (baselines.py).
 
 Selection, as README.md describes: per encoder and arm (pretrained / from scratch) the fine-tuning learning rate and
