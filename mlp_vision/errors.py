@@ -1,4 +1,5 @@
-""" The one error path of the commands (``mlp_vision.train`` / ``validate`` / ``benchmark``, ``mlp_vision.train_text``).
+""" The one error path of every command (train, validate, benchmark, complexity, text-train, fill-mask, visualize:
+:mod:`mlp_vision.commands`). Each parses with :class:`ArgumentParser` (help with :class:`DefaultsHelpFormatter`).
 
 A script's ``main`` runs its work through :func:`run_cli`, which turns every expected failure into one line on
 stderr, ``<prog>: error: <what was wrong and what is expected>``, and an exit status:

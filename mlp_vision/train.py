@@ -38,7 +38,7 @@ import time
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Optional
+from typing import Any, List, Mapping, Optional
 
 import timm
 import torch
@@ -284,35 +284,37 @@ def _add_misc_args(parser) -> None:
                        help='metric for best checkpoint')
 
 
-def _has_dataset(args) -> bool:
-    return bool(args.data or args.data_dir or args.dataset)
+def _has_dataset(settings: Mapping[str, Any]) -> bool:
+    """``settings`` (arguments by destination) name a dataset."""
+    return bool(settings.get('data') or settings.get('data_dir') or settings.get('dataset'))
+
+
+def _demo_recipe_unless_dataset(settings: Mapping[str, Any]) -> List[str]:
+    """The base config of a run whose settings name no dataset: the demo recipe, under the user's -c and flags."""
+    return [] if _has_dataset(settings) else [str(find_recipe(DEMO_RECIPE))]
 
 
 def parse_args(argv):
-    """Parse flags, the optional yaml config and (``--resume``) the run's saved settings.
+    """Parse flags (once), the optional yaml config and (``--resume``) the run's saved settings.
 
     Returns (args, demo, resume checkpoint) where demo = no dataset was given.
     """
-    args, resume_ckpt = parse_run_args(build_parser(), argv, kind='image', recipes=True)
-    if _has_dataset(args):
-        return args, False, resume_ckpt
-    # the demo recipe sits under the user's config and flags
     args, resume_ckpt = parse_run_args(build_parser(), argv, kind='image', recipes=True,
-                                       base_configs=[str(find_recipe(DEMO_RECIPE))])
-    return args, True, resume_ckpt
+                                       base_configs=_demo_recipe_unless_dataset)
+    return args, not _has_dataset(vars(args)), resume_ckpt
 
 
 def resolve_lr(args, world_size: int) -> None:
-    # timm's rule: with no --lr, scale --lr-base from --lr-base-size to the global batch
+    """timm's rule: with no --lr, the run's lr is --lr-base scaled from --lr-base-size to the global batch (a derived
+    value: args.yaml keeps --lr unset, so a resume with another batch scales again)."""
     if args.lr is not None:
         return
     global_batch = args.batch_size * world_size * args.grad_accum_steps
     ratio = global_batch / args.lr_base_size
-    if not args.lr_base_scale:
-        args.lr_base_scale = 'sqrt' if any(o in args.opt.lower() for o in ('ada', 'lamb')) else 'linear'
-    if args.lr_base_scale == 'sqrt':
+    scale = args.lr_base_scale or ('sqrt' if any(o in args.opt.lower() for o in ('ada', 'lamb')) else 'linear')
+    if scale == 'sqrt':
         ratio = ratio ** 0.5
-    args.lr = args.lr_base * ratio
+    args.derive(lr=args.lr_base * ratio, **({} if args.lr_base_scale else {'lr_base_scale': scale}))
     _logger.info(f'learning rate {args.lr:.4g} = lr_base {args.lr_base:g} x {args.lr_base_scale} scaling of the '
                  f'global batch {global_batch} / {args.lr_base_size}')
 
@@ -449,8 +451,7 @@ def _train(args, demo, run, argv, prog):
 
 
 def _use_demo_data(args) -> None:
-    args.data_dir = str(prepare_digits_folder())
-    args.dataset, args.train_split, args.val_split = '', 'train', 'val'
+    args.derive(data_dir=str(prepare_digits_folder()), dataset='', train_split='train', val_split='val')
     _logger.info(
         'Demo: no dataset was given, so this trains a small model on scikit-learn\'s bundled handwritten '
         f'digits (1,797 real 8x8 scans, 10 classes), written once as an ImageFolder tree under '
@@ -517,7 +518,7 @@ def _create_datasets(args, data_dir):
     if args.num_classes is None:
         if train_classes is None:
             raise UsageError('the training set does not list its classes: pass --num-classes N')
-        args.num_classes = len(train_classes)
+        args.derive(num_classes=len(train_classes))
     if args.eval_metric == 'top5' and not reports_top5(args.num_classes):
         raise UsageError(f'--eval-metric top5 with {args.num_classes} classes: every label is among the top 5, so it '
                          f'is 100 % whatever the model does; use top1 or loss')
@@ -534,8 +535,10 @@ def _fit_batch_to_training_set(args, dataset_train, world_size: int) -> None:
     if isinstance(dataset_train, torch.utils.data.IterableDataset):
         return
     mixes = args.mixup > 0 or args.cutmix > 0 or args.cutmix_minmax is not None  # needs an even batch
-    args.batch_size = fit_batch_to_data(
+    batch_size = fit_batch_to_data(
         args.batch_size, train_samples_per_rank(dataset_train, world_size, args.aug_repeats), even=mixes)
+    if batch_size != args.batch_size:
+        args.derive(batch_size=batch_size)
 
 
 def _hint_small_data_recipe(args, num_images: int) -> None:

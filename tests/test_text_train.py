@@ -157,6 +157,29 @@ def test_resume_equals_uninterrupted_run(task, model, tiny_text, tmp_path):
         'val_final']['loss']
 
 
+def test_recipe_fills_are_derived_and_a_resume_fills_them_again(tiny_text, tmp_path):
+    """Issue 35 item 3: the recipe's optimizer values and the model's block size are derived values (derived.yaml,
+    the checkpoint's 'derived'); args.yaml keeps the flags as given, so a resume with more --steps caps the recipe's
+    warmup at a tenth of the new count, not at the first run's."""
+    import yaml
+    from mlp_vision.training.text.recipes import load_recipe
+    unset = ('lr', 'opt_betas', 'opt_eps', 'weight_decay', 'sched', 'warmup_steps', 'block_size')
+    text_train.main(TINY_GMLP + COMMON + [
+        '--task', 'mlm', '--train-file', tiny_text, '--steps', '20', '-b', '2', '--eval-interval', '10',
+        '--eval-batches', '1', '--final-eval-batches', '1', '--output', str(tmp_path), '--experiment', 'run',
+        '--stop-after-step', '10'])
+    recipe = load_recipe('gmlp_masked_lm')
+    given = yaml.safe_load((tmp_path / 'run' / 'args.yaml').read_text())
+    derived = yaml.safe_load((tmp_path / 'run' / 'derived.yaml').read_text())
+    assert {k: given[k] for k in unset} == dict.fromkeys(unset) and given['model'] == 'amlp_base'
+    assert derived == {**{k: recipe[k] for k in unset[:5]}, 'warmup_steps': 2, 'block_size': 32}  # 2: 20 // 10
+    assert _state(tmp_path / 'run' / 'last.pth')['derived'] == derived
+    text_train.main(['--resume', str(tmp_path / 'run' / 'last.pth'), '--steps', '40', '--stop-after-step', '11'])
+    resumed = _state(tmp_path / 'run' / 'last.pth')
+    assert resumed['step'] == 11 and resumed['args']['warmup_steps'] is None and resumed['args']['steps'] == 40
+    assert resumed['derived'] == {**derived, 'warmup_steps': 4} and resumed['schedule']['warmup_epochs'] == 4
+
+
 def test_a_stop_inside_an_update_saves_the_state_before_it_and_resume_is_exact(tiny_text, tmp_path, monkeypatch):
     """SIGINT during micro-batch 2 of update 7 (3 micro-batches each): the update is abandoned, its data position and
     RNG states put back, step 6 saved; the resumed run ends bit-identical to an uninterrupted one."""

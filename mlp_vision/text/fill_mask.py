@@ -20,7 +20,6 @@ From Python::
     fill_mask(model, model.tokenizer, 'the movie was [MASK] .', top_k=5)
     # [[{'token_id': 2204, 'token': 'good', 'score': 0.31}, ...]]   one list per mask, best first
 """
-import argparse
 import os
 import pickle
 import sys
@@ -29,8 +28,7 @@ from typing import Dict, List, Optional, Sequence
 import torch
 import torch.nn as nn
 
-from mlp_vision.errors import parse_device
-from mlp_vision.errors import UsageError, check_range, run_cli
+from mlp_vision.errors import ArgumentParser, DefaultsHelpFormatter, UsageError, check_range, parse_device, run_cli
 from .modeling_utils import is_saved_folder
 from .registry import list_architectures, load_config
 from .tokenizer import Tokenizer
@@ -123,12 +121,13 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = PROG) -> List[List[Di
 
 
 def _main(argv: Sequence[str], prog: str) -> List[List[Dict]]:
-    parser = argparse.ArgumentParser(
-        prog=prog, description='Print the most likely tokens and their probabilities at each mask token of a text.')
+    parser = ArgumentParser(  # the one error path of every command: one line, status 2
+        prog=prog, description='Print the most likely tokens and their probabilities at each mask token of a text.',
+        formatter_class=DefaultsHelpFormatter)
     parser.add_argument('directory', help='a save_pretrained folder of a masked LM, or an official BiGS folder')
     parser.add_argument('text', help='text with one or more mask tokens ([MASK] for BERT vocabularies)')
-    parser.add_argument('--top-k', type=int, default=5, help='predictions per mask (default 5)')
-    parser.add_argument('--device', default='cpu', help='torch device (default cpu)')
+    parser.add_argument('--top-k', type=int, default=5, help='predictions per mask')
+    parser.add_argument('--device', default='cpu', help='torch device')
     add_threads_argument(parser)
     parser.add_argument('--debug', action='store_true', help='show the traceback of an error, not its one line')
     args = parser.parse_args(argv)

@@ -155,9 +155,9 @@ _BATCH = dict(low=1, high=MAX_BATCH, why='samples per micro-batch per process; u
 def check_args(args) -> None:
     """Every flag value that cannot work, as one line, before a file is read or a model built. Flags left at None
     take their value later (from the recipe or the model) and are checked only when given. An unset ``--model``
-    becomes the task's default (:data:`DEFAULT_MODELS`)."""
+    becomes the task's default (:data:`DEFAULT_MODELS`), a derived value (``args.yaml`` keeps it unset)."""
     if args.model is None:
-        args.model = DEFAULT_MODELS[args.task]
+        args.derive(model=DEFAULT_MODELS[args.task])
     check_compile_backend(args.torchcompile)
     min_block = 3 if args.task == 'mlm' else 1  # MLM: <cls>, one token, <sep>
     ranges = [
@@ -199,7 +199,7 @@ def check_args(args) -> None:
         raise UsageError('--sample-prompt is empty: give at least one character')
     if args.model_ema and args.task != 'classify':
         raise UsageError(f'--model-ema is implemented for --task classify, not --task {args.task}')
-    saved = getattr(args, 'resumed_settings', None) or {}
+    saved = args.resumed_settings
     if saved and bool(saved.get('freeze_embeddings', False)) != args.freeze_embeddings:
         # the optimizer state holds exactly the trained parameters, so the set cannot change mid-run
         raise UsageError(f'--resume {args.resume} was trained with{"" if saved.get("freeze_embeddings") else "out"} '

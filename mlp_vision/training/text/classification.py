@@ -376,14 +376,15 @@ def _build_classifier(args, run: TrainingRun, data: ClassifyData) -> Tuple[nn.Mo
                                                             args.tokenizer_from),
             trust=getattr(args, 'trust_checkpoint', False))
         if args.init_from:  # the checkpoint decides the architecture; --model names it in the outputs
-            args.model = f'{type(model).__name__} from {args.init_from}'
+            args.derive(model=f'{type(model).__name__} from {args.init_from}')
     if tokenizer.cls_id is None or tokenizer.pad_id is None:
         raise UsageError(f'the tokenizer {tokenizer!r} has no <cls> / <pad> token; sequence classification needs '
                          f'both (the BERT template)')
     if train.pairs is not None and tokenizer.sep_id is None:
         raise UsageError(f'sentence pairs need a separator token; the tokenizer {tokenizer!r} has none')
     seq_len = model.config.max_position_embeddings
-    args.block_size = seq_len if args.block_size is None else args.block_size
+    if args.block_size is None:
+        args.derive(block_size=seq_len)
     if args.block_size > seq_len:
         raise UsageError(f'--block-size {args.block_size} is larger than the model\'s maximum length {seq_len}')
     if args.block_size < tokenizer.num_special_tokens(train.pairs is not None) + 1:

@@ -213,7 +213,8 @@ def _build_model(args, run: TrainingRun, entry, tokenizer: Tokenizer) -> Tuple[n
     except (TypeError, ValueError, KeyError) as e:
         raise UsageError(f'cannot build {args.model} with --model-kwargs {args.model_kwargs}: {e}') from e
     seq_len = model.config.max_position_embeddings
-    args.block_size = seq_len if args.block_size is None else args.block_size
+    if args.block_size is None:
+        args.derive(block_size=seq_len)
     if args.block_size > seq_len:
         raise UsageError(f'--block-size {args.block_size} is larger than the model\'s maximum length {seq_len}; use '
                          f'--block-size <= {seq_len} or --model-kwargs max_position_embeddings={args.block_size}')
