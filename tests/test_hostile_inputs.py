@@ -126,7 +126,7 @@ def test_fill_mask_and_visualize_refuse_nan_weights(vision_ckpt, tmp_path, capsy
     torch.save(sd, tmp_path / 'BiGS' / 'pytorch_model.bin')
     msg = _fail(fill_mask.main, [str(tmp_path / 'BiGS'), 'the [MASK]'], capsys)
     assert f'the official BiGS weights in {tmp_path / "BiGS"}' in msg and 'NaN / infinite' in msg, msg
-    tok = mt.ByteTokenizer()
+    tok = mt.byte_tokenizer()
     model = mt.create_model('amlp_base', vocab_size=tok.vocab_size, num_hidden_layers=1, hidden_size=16,
                             intermediate_size=32, tiny_attention_size=8, max_position_embeddings=32)
     with torch.no_grad():

@@ -47,7 +47,7 @@ def data(tmp_path_factory):
     torch.manual_seed(0)
     kwargs = dict(num_hidden_layers=1, hidden_size=16, intermediate_size=32, tiny_attention_size=8,
                   max_position_embeddings=32)
-    byte = mt.ByteTokenizer()
+    byte = mt.byte_tokenizer()
     mt.create_model('amlp_base', vocab_size=byte.vocab_size, **kwargs).save_pretrained(str(root / 'good'), tokenizer=byte)
     sub = mt.train_tokenizer(texts=text.splitlines(), vocab_size=60)
     mt.create_model('amlp_base', vocab_size=sub.vocab_size, **kwargs).save_pretrained(str(root / 'subword'), tokenizer=sub)
