@@ -52,6 +52,7 @@ from mlp_vision.errors import UsageError, check_range, short_repr
 __all__ = [
     'Tokenizer', 'byte_tokenizer', 'char_tokenizer', 'wordpiece_tokenizer', 'train_tokenizer', 'load_tokenizer',
     'find_tokenizer', 'tokenizer_from_dict', 'tokenizer_to_dict', 'tokenizer_kind', 'encode_with_template',
+    'unknown_character',
     'check_vocab_size', 'DEFAULT_CONTROL_TOKENS', 'BERT_CONTROL_TOKENS', 'SUBWORD_KINDS', 'check_no_regex',
 ]
 
@@ -204,6 +205,17 @@ def _longest_first(n_first: int, n_second: int, budget: int) -> Tuple[int, int]:
     if 2 * short <= budget:
         return (short, budget - short) if n_first == short else (budget - short, short)
     return (budget + 1) // 2, budget // 2
+
+
+def unknown_character(tok: PreTrainedTokenizerFast, texts: Sequence[str], error: Exception) -> str:
+    """The first character of ``texts`` outside a char tokenizer's alphabet, for the message of the ``error``
+    ``tokenizers`` raised ("Missing [UNK] token"); the error itself when there is none."""
+    if tokenizer_kind(tok) == 'char':
+        vocab = tok.get_vocab()
+        found = next((c for text in texts for c in text if c not in vocab), None)
+        if found is not None:
+            return found
+    raise error
 
 
 def encode_with_template(tok: PreTrainedTokenizerFast, texts: Sequence[str], pairs: Optional[Sequence[str]],

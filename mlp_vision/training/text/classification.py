@@ -63,7 +63,7 @@ from timm.utils import random_seed
 
 from ...text.modeling_utils import check_text_model_size
 from ...text.registry import model_class
-from ...text.tokenizer import Tokenizer, encode_with_template, tokenizer_from_dict, tokenizer_kind, \
+from ...text.tokenizer import Tokenizer, encode_with_template, unknown_character, tokenizer_from_dict, tokenizer_kind, \
     tokenizer_to_dict
 from ..checkpoint import atomic_folder, load_checkpoint_file
 from mlp_vision.errors import UsageError, short_repr
@@ -221,7 +221,8 @@ def encode_examples(tokenizer: Tokenizer, data: LabelledData, max_length: int) -
     except ValueError as e:
         raise UsageError(f'cannot encode {data.path}: {e}') from None
     except Exception as e:  # tokenizers' plain Exception: a character outside a char alphabet without <unk>
-        raise UsageError(f'{data.path} has a character the tokenizer does not know ({e})') from None
+        bad = unknown_character(tokenizer, list(data.texts) + list(data.pairs or []), e)
+        raise UsageError(f'{data.path} has the character {bad!r}, which the tokenizer does not know') from None
     check_unknown_tokens([i for row in ids for i in row], tokenizer, f'text of {data.path}')
     return ids, types
 

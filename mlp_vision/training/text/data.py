@@ -27,7 +27,7 @@ import torch
 
 from mlp_vision.errors import Interrupted, UsageError
 from ...text.tokenizer import DEFAULT_CONTROL_TOKENS, SUBWORD_KINDS, Tokenizer, byte_tokenizer, char_tokenizer, \
-    find_tokenizer, train_tokenizer
+    find_tokenizer, tokenizer_kind, train_tokenizer, unknown_character
 
 __all__ = [
     'Batch', 'MLM_CONTROL_TOKENS', 'build_tokenizer', 'tokenizer_from_path', 'encode_text', 'read_text_file', 'sample_causal_batch',
@@ -80,7 +80,7 @@ def tokenizer_from_path(path: str, needs: Sequence[str] = ()) -> Tokenizer:
     if tokenizer is None:
         raise UsageError(f'--tokenizer-from {path} holds no tokenizer (tokenizer_config.json, tokenizer.json or '
                          f'vocab.txt)')
-    missing = [name for name in needs if getattr(tokenizer, f'{name}_id') is None]
+    missing = [name for name in needs if getattr(tokenizer, f'{name}_token_id') is None]
     if missing:
         raise UsageError(f'--tokenizer-from {path}: this task needs the {", ".join(f"<{n}>" for n in needs)} '
                          f'tokens; the tokenizer lacks {", ".join(f"<{n}>" for n in missing)}')
@@ -100,10 +100,9 @@ _LINE_LOCAL_STEPS = {'BertNormalizer', 'Lowercase', 'NFC', 'NFD', 'NFKC', 'NFKD'
 def _encodes_by_pieces(tok: Tokenizer) -> bool:
     """Whether ``tok`` gives a text's ids when it encodes the text's pieces (split at :data:`_SAFE_BREAK`) one by
     one: byte / char tokenizers, and subword ones whose normalizer and pre-tokenizer are line-local."""
-    backend = getattr(tok, 'backend', None)
-    if backend is None:
+    if tokenizer_kind(tok) in ('byte', 'char'):
         return True
-    payload = json.loads(backend.to_str())
+    payload = json.loads(tok.backend_tokenizer.to_str())
 
     def local(step) -> bool:
         if step is None:
@@ -141,9 +140,9 @@ def encode_text(tok: Tokenizer, text: str, what: str, stop: Optional[Callable[[]
             raise Interrupted(signum, f'tokenizing the {what} ({len(ids)} tokens so far)')
         try:
             ids += tok.encode(piece, add_special_tokens=False)
-        except KeyError as e:
-            raise UsageError(f'the {what} has character {e.args[0]!r}, which the tokenizer (from the checkpoint or '
-                             f'the training text) does not know') from None
+        except Exception as e:  # tokenizers' plain Exception: a character outside a char alphabet without <unk>
+            raise UsageError(f'the {what} has character {unknown_character(tok, [piece], e)!r}, which the tokenizer '
+                             f'(from the checkpoint or the training text) does not know') from None
     return torch.tensor(ids, dtype=torch.long)
 
 
