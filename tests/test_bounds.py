@@ -211,12 +211,13 @@ def _with_regex_pre_tokenizer(folder):
 
 @pytest.mark.parametrize('kind', ['wordpiece', 'bpe'])
 def test_tokenizer_file_with_a_regex_is_refused_unless_allowed(kind, tmp_path):
-    from mlp_vision.text.tokenizer import find_tokenizer, load_tokenizer, tokenizer_from_dict, train_tokenizer
+    from mlp_vision.text.tokenizer import find_tokenizer, load_tokenizer, tokenizer_from_dict, tokenizer_to_dict, \
+        train_tokenizer
     texts = ['the cat sat on the mat', 'a dog ate the bone'] * 20
     ours = train_tokenizer(texts=texts, kind=kind, vocab_size=300)
     ours.save_pretrained(str(tmp_path))
     assert load_tokenizer(str(tmp_path)).encode('the cat') == ours.encode('the cat')  # ours keep loading
-    assert tokenizer_from_dict(mt.tokenizer_to_dict(ours)).encode('the cat') == ours.encode('the cat')
+    assert tokenizer_from_dict(tokenizer_to_dict(ours)).encode('the cat') == ours.encode('the cat')
     path = _with_regex_pre_tokenizer(tmp_path)
     line = (f"{path}: pre_tokenizer.pretokenizers[0].pattern is the regular expression '(a+)+$', refused: a crafted "
             f"pattern takes minutes per text")
@@ -225,8 +226,8 @@ def test_tokenizer_file_with_a_regex_is_refused_unless_allowed(kind, tmp_path):
             load()
         assert str(e.value).startswith(line) and 'allow_regex=True' in str(e.value)
     trusted = load_tokenizer(str(tmp_path), allow_regex=True)
-    assert trusted.vocab_size == ours.vocab_size
-    saved = dict(mt.tokenizer_to_dict(ours), tokenizer_json=path.read_text())  # a checkpoint's tokenizer, edited
+    assert len(trusted) == len(ours)
+    saved = dict(tokenizer_to_dict(ours), tokenizer_json=path.read_text())  # a checkpoint's tokenizer, edited
     with pytest.raises(UsageError, match=r'the saved tokenizer: pre_tokenizer.pretokenizers\[0\].pattern is the '):
         tokenizer_from_dict(saved)
 
