@@ -13,7 +13,7 @@ import torch
 import mlp_vision.train_text as text_train
 from mlp_vision.training.text.classification import (
     classification_metrics, collate, encode_examples, init_classifier, label_ids, read_labelled_file)
-from mlp_vision.text.tokenizer import byte_tokenizer
+from mlp_vision.text.tokenizer import byte_tokenizer, tokenizer_to_dict
 
 TINY_BERT = ['--model', 'bert_small', '--model-kwargs', 'num_hidden_layers=2', 'hidden_size=32',
              'intermediate_size=64', 'num_attention_heads=2', 'max_position_embeddings=64']
@@ -167,7 +167,7 @@ def test_init_from_mlm_run_loads_encoder(mlm_run, toy, tmp_path, which):
     train, dev = toy
     mlm = torch.load(mlm_run / 'last.pth', weights_only=True)['state_dict']
     model, family, tok, report = init_classifier(str(mlm_run / which), 'ignored', {}, 2)
-    assert family == 'gmlp' and mt.tokenizer_to_dict(tok) == mt.tokenizer_to_dict(byte_tokenizer())
+    assert family == 'gmlp' and tokenizer_to_dict(tok) == tokenizer_to_dict(byte_tokenizer())
     assert report.new == ['classifier.weight', 'classifier.bias']
     # the MLM head: its output bias (and in a training checkpoint the tied decoder, the embedding under its 2nd name)
     assert 'output_bias' in report.unused and set(report.unused) <= {'output_bias', 'decoder.weight'}
