@@ -272,7 +272,7 @@ class TextPreTrainedModel(PreTrainedModel):
 
     def save_pretrained(self, save_directory, *args, tokenizer=None, **kwargs) -> None:
         """``transformers``' ``save_pretrained``, plus the tokenizer's files (``tokenizer``, else
-        ``self.tokenizer``, if any; :meth:`mlp_vision.text.tokenizer.Tokenizer.save_pretrained`)."""
+        ``self.tokenizer``, if any; a ``transformers.PreTrainedTokenizerFast``'s ``save_pretrained``)."""
         if args and not isinstance(args[0], bool):  # transformers' second argument is is_main_process
             raise TypeError(f'{type(self).__name__}.save_pretrained: pass the tokenizer as tokenizer=..., not '
                             f'positionally (the second argument is transformers\' is_main_process)')

@@ -86,11 +86,11 @@ def _wrap(backend: Backend, kind: str, special_tokens_map: Mapping[str, str],
     backend.add_special_tokens(list(roles.values()))  # matched whole in text, skipped by decode(skip_special_tokens)
     cls_token, sep_token = roles.get('cls'), roles.get('sep')
     if cls_token or sep_token:
-        ends = {'': None, **{t: backend.token_to_id(t) for t in (cls_token, sep_token) if t}}
         first = ' '.join(t for t in (cls_token, '$A', sep_token) if t)
         pair = f'{first} $B:1 {sep_token}:1' if sep_token else None  # no separator: pairs cannot be told apart
         backend.post_processor = processors.TemplateProcessing(
-            single=first, pair=pair, special_tokens=[(t, i) for t, i in ends.items() if t])
+            single=first, pair=pair,
+            special_tokens=[(t, backend.token_to_id(t)) for t in (cls_token, sep_token) if t])
     else:
         backend.post_processor = None
     extra = {} if do_lower_case is None else {'do_lower_case': do_lower_case}
@@ -425,7 +425,8 @@ def _from_tokenizer_json(path: str, config: Mapping[str, Any], specials: Mapping
     with open(path, encoding='utf-8') as f:
         text = f.read()
     payload = json.loads(text)
-    if payload.get('type') in ('byte', 'char'):  # the text trainer's own dict of older runs, under this name
+    if payload.get('type', payload.get('tokenizer_type')) in ('byte', 'char') and 'model' not in payload:
+        # the text trainer's own dict of older runs, under this name
         return tokenizer_from_dict(payload)
     check_no_regex(payload, path, allow_regex)
     backend = Backend.from_str(text)
