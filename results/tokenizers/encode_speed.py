@@ -2,7 +2,7 @@
 # saved to /tmp/tokexp/old_tokenizer.py by 'git show 7a0705c:mlp_vision/text/tokenizer.py') and after they became
 # PreTrainedTokenizerFast objects. Run from the checkout root: OMP_NUM_THREADS=1 python results/tokenizers/encode_speed.py
 import sys, time, importlib.util
-sys.path.insert(0, '/work/wt-tok')
+sys.path.insert(0, __import__('os').path.dirname(__import__('os').path.dirname(__import__('os').path.dirname(__import__('os').path.abspath(__file__)))))
 import mlp_vision.text as mt
 spec = importlib.util.spec_from_file_location('old_tokenizer', '/tmp/tokexp/old_tokenizer.py'); old = importlib.util.module_from_spec(spec); spec.loader.exec_module(old)
 text = open('/work/shared/data/tinyshakespeare/input.txt').read()
