@@ -128,8 +128,8 @@ def test_command_line_model_sizes_are_bounded_too():
 
 def test_text_config_json_sizes_are_bounded_before_building(tmp_path):
     import mlp_vision.text as mt
-    from mlp_vision.text.tokenizer import ByteTokenizer
-    tokenizer = ByteTokenizer()
+    from mlp_vision.text.tokenizer import byte_tokenizer
+    tokenizer = byte_tokenizer()
     mt.create_model('gmlp_causal_char', vocab_size=tokenizer.vocab_size, hidden_size=8, num_hidden_layers=1,
                     max_position_embeddings=8).save_pretrained(str(tmp_path), tokenizer=tokenizer)
     payload = json.loads((tmp_path / 'config.json').read_text())
@@ -211,12 +211,13 @@ def _with_regex_pre_tokenizer(folder):
 
 @pytest.mark.parametrize('kind', ['wordpiece', 'bpe'])
 def test_tokenizer_file_with_a_regex_is_refused_unless_allowed(kind, tmp_path):
-    from mlp_vision.text.tokenizer import find_tokenizer, load_tokenizer, tokenizer_from_dict, train_tokenizer
+    from mlp_vision.text.tokenizer import find_tokenizer, load_tokenizer, tokenizer_from_dict, tokenizer_to_dict, \
+        train_tokenizer
     texts = ['the cat sat on the mat', 'a dog ate the bone'] * 20
     ours = train_tokenizer(texts=texts, kind=kind, vocab_size=300)
     ours.save_pretrained(str(tmp_path))
     assert load_tokenizer(str(tmp_path)).encode('the cat') == ours.encode('the cat')  # ours keep loading
-    assert tokenizer_from_dict(ours.to_dict()).encode('the cat') == ours.encode('the cat')
+    assert tokenizer_from_dict(tokenizer_to_dict(ours)).encode('the cat') == ours.encode('the cat')
     path = _with_regex_pre_tokenizer(tmp_path)
     line = (f"{path}: pre_tokenizer.pretokenizers[0].pattern is the regular expression '(a+)+$', refused: a crafted "
             f"pattern takes minutes per text")
@@ -225,8 +226,8 @@ def test_tokenizer_file_with_a_regex_is_refused_unless_allowed(kind, tmp_path):
             load()
         assert str(e.value).startswith(line) and 'allow_regex=True' in str(e.value)
     trusted = load_tokenizer(str(tmp_path), allow_regex=True)
-    assert trusted.vocab_size == ours.vocab_size
-    saved = dict(ours.to_dict(), tokenizer_json=path.read_text())  # a checkpoint's tokenizer, edited
+    assert len(trusted) == len(ours)
+    saved = dict(tokenizer_to_dict(ours), tokenizer_json=path.read_text())  # a checkpoint's tokenizer, edited
     with pytest.raises(UsageError, match=r'the saved tokenizer: pre_tokenizer.pretokenizers\[0\].pattern is the '):
         tokenizer_from_dict(saved)
 
@@ -302,7 +303,7 @@ def test_tokenizing_in_pieces_gives_the_whole_text_ids(kind, monkeypatch):
              for _ in range(300)]
     text = '\n'.join(lines) + '\n'
     tok = data.build_tokenizer(kind, 'causal', text, vocab_size=300)
-    whole = torch.tensor(tok.encode(text))
+    whole = torch.tensor(tok.encode(text, add_special_tokens=False))
     monkeypatch.setattr(data, 'ENCODE_CHUNK_CHARS', 50)
     calls = []
     pieces = data.encode_text(tok, text, 'training text', stop=lambda: calls.append(1) or 0)

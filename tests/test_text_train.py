@@ -104,7 +104,7 @@ def test_causal_lm_learns_tiny_shakespeare(shakespeare, tmp_path):
     model = mt.from_pretrained(str(exp / 'pretrained'))
     tok = model.tokenizer  # saved beside the weights
     text = Path(shakespeare).read_text()
-    ids = torch.tensor(tok.encode(text[int(len(text) * 0.9):]))
+    ids = torch.tensor(tok.encode(text[int(len(text) * 0.9):], add_special_tokens=False))
     batches = subset_batches(causal_eval_batches(ids, 32, 16), 40, 42)  # the run's fixed subset
     again = text_lm.evaluate_lm(model, batches, task='causal', device=torch.device('cpu'))
     assert again['loss'] == pytest.approx(res['val_final']['loss'], rel=1e-5)
@@ -275,16 +275,16 @@ def masking_text(tiny_text):
 
 def test_mlm_masking_statistics(masking_text):
     tok = build_tokenizer('char', 'mlm', masking_text)
-    ids = torch.tensor(tok.encode(masking_text))
+    ids = torch.tensor(tok.encode(masking_text, add_special_tokens=False))
     masker = MLMMasker(tok)
     # 1,500 segments of 64 (<cls> + 62 text + <sep>), the last rows shortened so that they are padded
     starts = torch.arange(1500) * 62
     starts[-50:] = len(ids) - 30
     segments, attention = mlm_segments(ids, starts, 64, tok)
-    assert (segments[:, 0] == tok.cls_id).all()
-    assert (segments[-1, 31] == tok.sep_id) and (segments[-1, 32:] == tok.pad_id).all() and not attention[-1, 32:].any()
+    assert (segments[:, 0] == tok.cls_token_id).all()
+    assert (segments[-1, 31] == tok.sep_token_id) and (segments[-1, 32:] == tok.pad_token_id).all() and not attention[-1, 32:].any()
     inputs, labels = masker(segments, torch.Generator().manual_seed(0))
-    special = torch.isin(segments, torch.tensor(tok.special_ids))
+    special = torch.isin(segments, torch.tensor(tok.all_special_ids))
     selected = labels != -100
     assert not (selected & special).any(), 'a special token was selected'
     assert torch.equal(inputs[special], segments[special]), 'a special token was changed'
@@ -292,12 +292,12 @@ def test_mlm_masking_statistics(masking_text):
     per_row = selected.sum(1).double() / (~special).sum(1)
     assert (per_row - 0.15).abs().max() < 0.5 / 30 + 1e-9  # exactly round(15 %) of every row's text tokens
     n = selected.sum().item()
-    as_mask = (inputs[selected] == tok.mask_id).sum().item() / n
+    as_mask = (inputs[selected] == tok.mask_token_id).sum().item() / n
     kept = (inputs[selected] == segments[selected]).sum().item() / n
     other = 1 - as_mask - kept
     assert abs(as_mask - 0.8) < 0.01 and abs(kept - 0.1) < 0.01 and abs(other - 0.1) < 0.01, (as_mask, kept, other)
-    replaced = selected & (inputs != tok.mask_id) & (inputs != segments)
-    assert (inputs[replaced] < tok.vocab_size - len(tok.special_ids)).all(), 'random replacement by a special'
+    replaced = selected & (inputs != tok.mask_token_id) & (inputs != segments)
+    assert (inputs[replaced] < tok.vocab_size - len(tok.all_special_ids)).all(), 'random replacement by a special'
     # unselected positions are untouched; same seed -> same masks
     assert torch.equal(inputs[~selected], segments[~selected])
     again, again_labels = masker(segments, torch.Generator().manual_seed(0))
@@ -355,7 +355,7 @@ def test_ddp_two_processes_gloo(tiny_text, tmp_path):
     model = mt.from_pretrained(str(tmp_path / 'ddp' / 'pretrained'))
     tok = model.tokenizer
     text = Path(tiny_text).read_text()
-    ids = torch.tensor(tok.encode(text[int(len(text) * 0.9):]))
+    ids = torch.tensor(tok.encode(text[int(len(text) * 0.9):], add_special_tokens=False))
     batches = subset_batches(causal_eval_batches(ids, 32, 4), 5, 42)
     one = text_lm.evaluate_lm(model, batches, task='causal', device=torch.device('cpu'))
     assert one['loss'] == pytest.approx(res['val_final']['loss'], rel=1e-5) and one['tokens'] == 5 * 4 * 32

@@ -70,7 +70,7 @@ def load_masked_lm(directory: str, device: str = 'cpu') -> nn.Module:
 
 
 def _token_string(tokenizer: Tokenizer, token_id: int) -> str:
-    return tokenizer.decode([token_id], skip_special_tokens=False) or tokenizer.id_to_token(token_id)
+    return tokenizer.decode([token_id], skip_special_tokens=False) or tokenizer.convert_ids_to_tokens(token_id)
 
 
 @torch.no_grad()
@@ -83,18 +83,14 @@ def fill_mask(model: nn.Module, tokenizer: Tokenizer, text: str, top_k: int = 5)
     except UnicodeEncodeError as e:
         raise UsageError(f'the text is not UTF-8: character {e.start} is {text[e.start]!r} (a byte that is not UTF-8, '
                          f'passed on as an escape); give UTF-8 text') from None
-    mask_token, mask_id = tokenizer.mask_token, tokenizer.mask_id
+    mask_token, mask_id = tokenizer.mask_token, tokenizer.mask_token_id
     if mask_token is None or mask_id is None:
         raise UsageError(f'{type(tokenizer).__name__} has no mask token; fill-mask needs a masked-LM tokenizer')
-    pieces = text.split(mask_token)
-    if len(pieces) == 1:
+    if mask_token not in text:
         raise UsageError(f'the text has no mask token {mask_token}: {text!r}')
-    ids: List[int] = []
-    for i, piece in enumerate(pieces):  # the mask id is inserted by id, whatever the tokenizer does with its string
-        if i:
-            ids.append(mask_id)
-        ids.extend(tokenizer.encode(piece))
-    input_ids, _ = tokenizer.build_inputs(ids)
+    # special-token strings in the text are tokens here (the byte / char tokenizers otherwise read them as text),
+    # as in transformers' fill-mask pipeline: the text around each one is encoded on its own
+    input_ids = tokenizer(text, split_special_tokens=False)['input_ids']
     max_length = model.config.max_position_embeddings
     if len(input_ids) > max_length:
         raise UsageError(f'the text is {len(input_ids)} tokens long, more than the model\'s maximum {max_length}')

@@ -272,7 +272,7 @@ class TextPreTrainedModel(PreTrainedModel):
 
     def save_pretrained(self, save_directory, *args, tokenizer=None, **kwargs) -> None:
         """``transformers``' ``save_pretrained``, plus the tokenizer's files (``tokenizer``, else
-        ``self.tokenizer``, if any; :meth:`mlp_vision.text.tokenizer.Tokenizer.save_pretrained`)."""
+        ``self.tokenizer``, if any; a ``transformers.PreTrainedTokenizerFast``'s ``save_pretrained``)."""
         if args and not isinstance(args[0], bool):  # transformers' second argument is is_main_process
             raise TypeError(f'{type(self).__name__}.save_pretrained: pass the tokenizer as tokenizer=..., not '
                             f'positionally (the second argument is transformers\' is_main_process)')
@@ -559,7 +559,7 @@ def check_text_model_size(model_cls: type, config: TextConfig, source: str) -> N
 def check_tokenizer_fits(tokenizer, config: TextConfig, source: str) -> None:
     """A model's vocabulary is its tokenizer's: a :class:`~mlp_vision.errors.UsageError` when the sizes
     differ (ids past the embedding fail, embedding rows without a token predict what cannot be written)."""
-    if tokenizer is not None and tokenizer.vocab_size != config.vocab_size:
+    if tokenizer is not None and len(tokenizer) != config.vocab_size:
         raise UsageError(f'{source}: the model has vocab_size {config.vocab_size} but its tokenizer has '
-                         f'{tokenizer.vocab_size} tokens; they do not belong together (the config was edited, or the '
+                         f'{len(tokenizer)} tokens; they do not belong together (the config was edited, or the '
                          f'tokenizer files come from another model)')

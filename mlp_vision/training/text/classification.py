@@ -63,7 +63,8 @@ from timm.utils import random_seed
 
 from ...text.modeling_utils import check_text_model_size
 from ...text.registry import model_class
-from ...text.tokenizer import Tokenizer, tokenizer_from_dict
+from ...text.tokenizer import Tokenizer, encode_with_template, unknown_character, tokenizer_from_dict, tokenizer_kind, \
+    tokenizer_to_dict
 from ..checkpoint import atomic_folder, load_checkpoint_file
 from mlp_vision.errors import UsageError, short_repr
 from ..loop import format_duration, warn_global_batch_beyond_data
@@ -216,13 +217,14 @@ def label_ids(train_labels: Sequence[str], dev_labels: Sequence[str], dev_what: 
 def encode_examples(tokenizer: Tokenizer, data: LabelledData, max_length: int) -> Tuple[List[List[int]], List[List[int]]]:
     """(input ids, token type ids) per example: BERT's template, longest-first truncation to ``max_length``."""
     try:
-        enc = tokenizer(data.texts, data.pairs, max_length=max_length, truncation=True)
-    except KeyError as e:
-        raise UsageError(f'{data.path} has the character {e.args[0]!r}, which the tokenizer does not know') from None
+        ids, types = encode_with_template(tokenizer, data.texts, data.pairs, max_length)
     except ValueError as e:
         raise UsageError(f'cannot encode {data.path}: {e}') from None
-    check_unknown_tokens([i for row in enc['input_ids'] for i in row], tokenizer, f'text of {data.path}')
-    return enc['input_ids'], enc['token_type_ids']
+    except Exception as e:  # tokenizers' plain Exception: a character outside a char alphabet without <unk>
+        bad = unknown_character(tokenizer, list(data.texts) + list(data.pairs or []), e)
+        raise UsageError(f'{data.path} has the character {bad!r}, which the tokenizer does not know') from None
+    check_unknown_tokens([i for row in ids for i in row], tokenizer, f'text of {data.path}')
+    return ids, types
 
 
 def collate(ids: Sequence[List[int]], types: Sequence[List[int]], labels: torch.Tensor, pad_id: int,
@@ -377,17 +379,17 @@ def _build_classifier(args, run: TrainingRun, data: ClassifyData) -> Tuple[nn.Mo
             trust=getattr(args, 'trust_checkpoint', False))
         if args.init_from:  # the checkpoint decides the architecture; --model names it in the outputs
             args.derive(model=f'{type(model).__name__} from {args.init_from}')
-    if tokenizer.cls_id is None or tokenizer.pad_id is None:
+    if tokenizer.cls_token_id is None or tokenizer.pad_token_id is None:
         raise UsageError(f'the tokenizer {tokenizer!r} has no <cls> / <pad> token; sequence classification needs '
                          f'both (the BERT template)')
-    if train.pairs is not None and tokenizer.sep_id is None:
+    if train.pairs is not None and tokenizer.sep_token_id is None:
         raise UsageError(f'sentence pairs need a separator token; the tokenizer {tokenizer!r} has none')
     seq_len = model.config.max_position_embeddings
     if args.block_size is None:
         args.derive(block_size=seq_len)
     if args.block_size > seq_len:
         raise UsageError(f'--block-size {args.block_size} is larger than the model\'s maximum length {seq_len}')
-    if args.block_size < tokenizer.num_special_tokens(train.pairs is not None) + 1:
+    if args.block_size < tokenizer.num_special_tokens_to_add(pair=train.pairs is not None) + 1:
         raise UsageError(f'--block-size {args.block_size} leaves no room for text after the special tokens')
     return model, family, tokenizer, report
 
@@ -421,7 +423,7 @@ class ClassificationTask(StepTask):
         bs = self.args.eval_batch_size or self.args.batch_size
         ids, types = encode_examples(self.tokenizer, data, self.args.block_size)
         labels = self.data.labels(data)
-        return [collate(ids[i:i + bs], types[i:i + bs], labels[i:i + bs], self.tokenizer.pad_id, self.with_types)
+        return [collate(ids[i:i + bs], types[i:i + bs], labels[i:i + bs], self.tokenizer.pad_token_id, self.with_types)
                 for i in range(0, len(ids), bs)]
 
     def score(self, model: nn.Module, batches=None, dist_info='run') -> Dict[str, float]:
@@ -436,7 +438,7 @@ class ClassificationTask(StepTask):
         idx = self.order[self.position:self.position + self.global_bs][rank::world].tolist()
         self.position += self.global_bs
         batch = collate([self.train_ids[i] for i in idx], [self.train_types[i] for i in idx], self.train_labels[idx],
-                        self.tokenizer.pad_id, self.with_types)
+                        self.tokenizer.pad_token_id, self.with_types)
         return _forward(self.opt.train_model, batch, self.run.dist_info.device, self.opt.amp_autocast).loss
 
     def evaluate(self) -> Dict[str, float]:
@@ -481,7 +483,8 @@ def train_classifier(args, run: TrainingRun, argv: Sequence[str], prog: str) -> 
     opt = setup_optimization(args, run, model, family, ema=args.model_ema)
     state = StepState(step=opt.start_step, start_step=opt.start_step)
     meta = dict(task=args.task, model_cfg={'name': args.model, 'family': family, 'kwargs': dict(args.model_kwargs)},
-                model_config=model.config.text_fields(), tokenizer=tokenizer.to_dict(), block_size=args.block_size,
+                model_config=model.config.text_fields(), tokenizer=tokenizer_to_dict(tokenizer),
+                block_size=args.block_size,
                 label_names=data.names, text_columns=list(data.train.text_columns), init_report=report.to_dict())
     task = ClassificationTask(args, run, opt, data, tokenizer, state, meta)
 
@@ -554,7 +557,7 @@ def _finish(args, run: TrainingRun, task: ClassificationTask, family: str, repor
     results = {
         'model': type(model).__name__, 'family': family, 'task': 'classify', 'model_config': model.config.text_fields(),
         'params': sum(p.numel() for p in model.parameters()), 'init': report.to_dict(),
-        'tokenizer': {'type': task.tokenizer.to_dict()['tokenizer_type'], 'vocab_size': task.tokenizer.vocab_size},
+        'tokenizer': {'type': tokenizer_kind(task.tokenizer), 'vocab_size': len(task.tokenizer)},
         'data': {'train_file': args.train_file, 'val_file': args.val_file,
                  'text_columns': list(data.train.text_columns), 'label_column': args.label_column,
                  'label_names': data.names, 'train_examples': len(data.train), 'dev_examples': len(data.dev),

@@ -16,7 +16,7 @@ from ...text.bigs import (
 from ...text.modeling_utils import WEIGHTS_NAME, check_text_model_size, check_tokenizer_fits, is_saved_folder, \
     weight_file_shapes
 from ...text.registry import create_model, is_model, list_models, load_config, model_class, model_entry
-from ...text.tokenizer import DEFAULT_CONTROL_TOKENS, ByteTokenizer, CharTokenizer, Tokenizer, find_tokenizer, \
+from ...text.tokenizer import DEFAULT_CONTROL_TOKENS, Tokenizer, byte_tokenizer, char_tokenizer, find_tokenizer, \
     tokenizer_from_dict
 from ...weights import load_backbone
 from ..checkpoint import load_checkpoint_file
@@ -142,12 +142,12 @@ def _fresh_classifier(model_name: str, model_kwargs: Dict[str, Any], num_labels:
                          f'BERT model: {", ".join(n for n in list_models() if model_entry(n).family in CLASSIFY_FAMILIES)}')
     tokenizer = tokenizer_for_scratch()
     kwargs = _config_overrides(entry.config_class, model_kwargs, num_labels)
-    if 'vocab_size' in kwargs and kwargs['vocab_size'] != tokenizer.vocab_size:
+    if 'vocab_size' in kwargs and kwargs['vocab_size'] != len(tokenizer):
         raise UsageError(f'--model-kwargs vocab_size={kwargs["vocab_size"]} differs from the tokenizer\'s '
-                         f'{tokenizer.vocab_size}; leave vocab_size out (it is set from the tokenizer)')
-    kwargs['vocab_size'] = tokenizer.vocab_size
+                         f'{len(tokenizer)}; leave vocab_size out (it is set from the tokenizer)')
+    kwargs['vocab_size'] = len(tokenizer)
     if 'pad_token_id' in entry.config_class.text_field_names():
-        kwargs.setdefault('pad_token_id', tokenizer.pad_id)
+        kwargs.setdefault('pad_token_id', tokenizer.pad_token_id)
     try:
         model = create_model(model_name, task='sequence_classification', **kwargs)
     except (TypeError, ValueError, KeyError) as e:
@@ -232,9 +232,9 @@ def scratch_tokenizer(kind: str, texts: Sequence[str], tokenizer_from: str = '')
     if tokenizer_from:
         return tokenizer_from_path(tokenizer_from, needs=('cls', 'sep', 'pad'))
     if kind == 'byte':
-        return ByteTokenizer(DEFAULT_CONTROL_TOKENS)
+        return byte_tokenizer(DEFAULT_CONTROL_TOKENS)
     if kind != 'char':
         raise UsageError(f"--tokenizer {kind!r} is not available for --task classify without --init-from; use char "
                          f"or byte (subword vocabularies come with the --init-from checkpoint)")
     chars = set(''.join(texts))
-    return CharTokenizer(chars, DEFAULT_CONTROL_TOKENS, unk='<unk>')
+    return char_tokenizer(chars, DEFAULT_CONTROL_TOKENS, unk='<unk>')
