@@ -61,7 +61,7 @@ import torch.distributed as dist
 import torch.nn as nn
 from timm.utils import random_seed
 
-from ...text.modeling_utils import check_text_model_size
+from ...text.modeling_utils import check_text_activations, check_text_model_size
 from ...text.registry import model_class
 from ...text.tokenizer import Tokenizer, tokenizer_from_dict
 from ..checkpoint import atomic_folder, load_checkpoint_file
@@ -367,14 +367,14 @@ def _build_classifier(args, run: TrainingRun, data: ClassifyData) -> Tuple[nn.Mo
         config = cls.config_class.from_dict(resumed['model_config'])
         check_text_model_size(cls, config, f'--resume {args.resume}')
         model = cls(config)
-        tokenizer = tokenizer_from_dict(resumed['tokenizer'])
+        tokenizer = tokenizer_from_dict(resumed['tokenizer'], args.allow_regex)
         report = InitReport(**resumed['init_report'])
     else:
         model, family, tokenizer, report = init_classifier(
             args.init_from, args.model, args.model_kwargs, len(data.names),
             tokenizer_for_scratch=lambda: scratch_tokenizer(args.tokenizer, train.texts + (train.pairs or []),
-                                                            args.tokenizer_from),
-            trust=getattr(args, 'trust_checkpoint', False))
+                                                            args.tokenizer_from, args.allow_regex),
+            trust=getattr(args, 'trust_checkpoint', False), allow_regex=args.allow_regex)
         if args.init_from:  # the checkpoint decides the architecture; --model names it in the outputs
             args.model = f'{type(model).__name__} from {args.init_from}'
     if tokenizer.cls_id is None or tokenizer.pad_id is None:
@@ -388,6 +388,7 @@ def _build_classifier(args, run: TrainingRun, data: ClassifyData) -> Tuple[nn.Mo
         raise UsageError(f'--block-size {args.block_size} is larger than the model\'s maximum length {seq_len}')
     if args.block_size < tokenizer.num_special_tokens(train.pairs is not None) + 1:
         raise UsageError(f'--block-size {args.block_size} leaves no room for text after the special tokens')
+    check_text_activations(type(model), model.config, args.batch_size, args.block_size, True, f'--model {args.model}')
     return model, family, tokenizer, report
 
 

@@ -69,14 +69,15 @@ def build_tokenizer(kind: str, task: str, train_text: str, val_text: str = '', v
     return CharTokenizer(alphabet, specials, unk=UNK if unseen else None)
 
 
-def tokenizer_from_path(path: str, needs: Sequence[str] = ()) -> Tokenizer:
+def tokenizer_from_path(path: str, needs: Sequence[str] = (), allow_regex: bool = False) -> Tokenizer:
     """``--tokenizer-from PATH``: the tokenizer of a folder (our ``pretrained/`` or a run folder, an official one) or
     file (``tokenizer.json``, BERT ``vocab.txt``), so that several runs share one vocabulary exactly (WordPiece
     training is not reproducible run to run). ``needs``: control tokens the task uses (``'cls'``, ``'sep'``,
-    ``'pad'``, ``'mask'``); a tokenizer without one is a :class:`UsageError`."""
+    ``'pad'``, ``'mask'``); a tokenizer without one is a :class:`UsageError`. ``allow_regex`` (``--allow-regex``): a
+    ``tokenizer.json`` may hold a regular expression (refused otherwise)."""
     if not Path(path).exists():
         raise UsageError(f'--tokenizer-from {path} does not exist')
-    tokenizer = find_tokenizer(path)
+    tokenizer = find_tokenizer(path, allow_regex)
     if tokenizer is None:
         raise UsageError(f'--tokenizer-from {path} holds no tokenizer (tokenizer_config.json, tokenizer.json or '
                          f'vocab.txt)')
