@@ -420,6 +420,47 @@ def test_tokenizing_in_pieces_gives_the_whole_text_ids(kind, monkeypatch):
     assert len(calls) > 20 and torch.equal(pieces, whole)
 
 
+
+def _foreign_tokenizer(kind):
+    """A user's tokenizer.json of a kind whose pieces are not provably exact: GPT-2's byte-level BPE (a space added
+    before a text), SentencePiece's Metaspace, and a Prepend normalizer (a mark before every text: no cut is exact)."""
+    from tokenizers import Tokenizer as Backend, decoders, models, normalizers, pre_tokenizers, trainers
+    from mlp_vision.text.tokenizer import SubwordTokenizer
+    backend = Backend(models.BPE(unk_token='[UNK]'))
+    if kind == 'byte_level':
+        backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=True)
+        backend.decoder = decoders.ByteLevel()
+    elif kind == 'metaspace':
+        backend.pre_tokenizer = pre_tokenizers.Metaspace()
+    else:
+        backend.normalizer = normalizers.Prepend('>')
+        backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    alphabet = pre_tokenizers.ByteLevel.alphabet() if kind == 'byte_level' else []
+    backend.train_from_iterator([' '.join(WORDS + ['Tis,', "o'er", '...', '>'])] * 20,
+                                trainers.BpeTrainer(vocab_size=200, special_tokens=['[UNK]'], initial_alphabet=alphabet))
+    return SubwordTokenizer(backend, {'unk': '[UNK]'})
+
+
+@pytest.mark.parametrize('kind, cut', [('byte_level', True), ('metaspace', True), ('prepend', False)])
+def test_foreign_tokenizers_are_cut_only_where_the_ids_stay(kind, cut, monkeypatch):
+    """A tokenizer.json that is not line-local is cut where the ids are checked to stay the whole text's (the stop
+    flag read between pieces); one with no such place encodes the text in one call, never different ids."""
+    import random
+    import mlp_vision.training.text.data as data
+    tok = _foreign_tokenizer(kind)
+    assert not data._encodes_by_pieces(tok)
+    rng = random.Random(2)
+    text = '\n'.join(' '.join(rng.choice(WORDS + ['  ', 'Tis,', "o'er", '...']) for _ in range(rng.randint(0, 9)))
+                     for _ in range(300)) + '\n'
+    whole = torch.tensor(tok.encode(text))
+    monkeypatch.setattr(data, 'ENCODE_CHUNK_CHARS', 50)
+    monkeypatch.setattr(data, 'CUT_CHECK_CHARS', 40)
+    calls = []
+    pieces = data.encode_text(tok, text, 'training text', stop=lambda: calls.append(1) or 0)
+    assert torch.equal(pieces, whole)
+    assert (len(calls) > 20) if cut else (len(calls) == 1)
+
+
 def test_stop_signal_is_honoured_while_tokenizing(monkeypatch):
     import signal
     import mlp_vision.training.text.data as data
