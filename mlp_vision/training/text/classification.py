@@ -54,7 +54,7 @@ import time
 from contextlib import nullcontext
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
@@ -65,7 +65,7 @@ from ...text.modeling_utils import check_text_activations, check_text_model_size
 from ...text.registry import model_class
 from ...text.tokenizer import Tokenizer, tokenizer_from_dict
 from ..checkpoint import atomic_folder, load_checkpoint_file
-from mlp_vision.errors import UsageError, short_repr
+from mlp_vision.errors import Interrupted, UsageError, short_repr
 from ..loop import format_duration, warn_global_batch_beyond_data
 from ..run import TrainingRun
 from ..summary import plot_curves
@@ -213,16 +213,35 @@ def label_ids(train_labels: Sequence[str], dev_labels: Sequence[str], dev_what: 
 
 
 # ------------------------------------------------------------------------------------------------ tensors
-def encode_examples(tokenizer: Tokenizer, data: LabelledData, max_length: int) -> Tuple[List[List[int]], List[List[int]]]:
-    """(input ids, token type ids) per example: BERT's template, longest-first truncation to ``max_length``."""
-    try:
-        enc = tokenizer(data.texts, data.pairs, max_length=max_length, truncation=True)
-    except KeyError as e:
-        raise UsageError(f'{data.path} has the character {e.args[0]!r}, which the tokenizer does not know') from None
-    except ValueError as e:
-        raise UsageError(f'cannot encode {data.path}: {e}') from None
-    check_unknown_tokens([i for row in enc['input_ids'] for i in row], tokenizer, f'text of {data.path}')
-    return enc['input_ids'], enc['token_type_ids']
+# examples are tokenized this many at a time, the run's stop flag read between (each example is encoded on its own,
+# so the pieces' ids are the whole file's)
+ENCODE_EXAMPLES_PER_PIECE = 10_000
+
+
+def encode_examples(tokenizer: Tokenizer, data: LabelledData, max_length: int,
+                    stop: Optional[Callable[[], int]] = None) -> Tuple[List[List[int]], List[List[int]]]:
+    """(input ids, token type ids) per example: BERT's template, longest-first truncation to ``max_length``.
+    ``stop``: the run's stop flag (``TrainingRun.stop_signal``), read between pieces of
+    :data:`ENCODE_EXAMPLES_PER_PIECE` examples: SIGTERM during a large file is :class:`Interrupted` there."""
+    ids: List[List[int]] = []
+    types: List[List[int]] = []
+    for start in range(0, len(data.texts), ENCODE_EXAMPLES_PER_PIECE):
+        signum = stop() if stop is not None else 0
+        if signum:
+            raise Interrupted(signum, f'tokenizing {data.path} ({start} of {len(data.texts)} examples so far)')
+        end = start + ENCODE_EXAMPLES_PER_PIECE
+        try:
+            enc = tokenizer(data.texts[start:end], None if data.pairs is None else data.pairs[start:end],
+                            max_length=max_length, truncation=True)
+        except KeyError as e:
+            raise UsageError(f'{data.path} has the character {e.args[0]!r}, which the tokenizer does not know') \
+                from None
+        except ValueError as e:
+            raise UsageError(f'cannot encode {data.path}: {e}') from None
+        ids += enc['input_ids']
+        types += enc['token_type_ids']
+    check_unknown_tokens([i for row in ids for i in row], tokenizer, f'text of {data.path}')
+    return ids, types
 
 
 def collate(ids: Sequence[List[int]], types: Sequence[List[int]], labels: torch.Tensor, pad_id: int,
@@ -404,7 +423,7 @@ class ClassificationTask(StepTask):
             args, run, opt, data, tokenizer, state, meta
         self.num_labels = len(data.names)
         self.with_types = 'token_type_ids' in inspect.signature(opt.model.forward).parameters
-        self.train_ids, self.train_types = encode_examples(tokenizer, data.train, args.block_size)
+        self.train_ids, self.train_types = encode_examples(tokenizer, data.train, args.block_size, run.stop_signal)
         self.train_labels = data.labels(data.train)
         warn_global_batch_beyond_data(args.batch_size, run.dist_info.world_size, args.grad_accum_steps,
                                       len(self.train_labels), f'examples in {data.train.path}')
@@ -419,7 +438,7 @@ class ClassificationTask(StepTask):
 
     def eval_batches(self, data: LabelledData) -> List[Dict[str, torch.Tensor]]:
         bs = self.args.eval_batch_size or self.args.batch_size
-        ids, types = encode_examples(self.tokenizer, data, self.args.block_size)
+        ids, types = encode_examples(self.tokenizer, data, self.args.block_size, self.run.stop_signal)
         labels = self.data.labels(data)
         return [collate(ids[i:i + bs], types[i:i + bs], labels[i:i + bs], self.tokenizer.pad_id, self.with_types)
                 for i in range(0, len(ids), bs)]
