@@ -60,11 +60,11 @@ from mlp_vision.training.data import (
 from mlp_vision.training.distributed import all_gather_objects, init_device, wrap_ddp
 from mlp_vision.training.engine import evaluate, format_duration, reports_top5, train_one_epoch
 from mlp_vision.training.loop import StepLoop
-from mlp_vision.errors import ArgumentParser, DefaultsHelpFormatter, Interrupted, UsageError, run_cli
+from mlp_vision.errors import ArgumentParser, DefaultsHelpFormatter, Interrupted, UsageError, run_cli, size_bounds
 from mlp_vision.training.log import setup_logging
 from mlp_vision.training.loop import warn_global_batch_beyond_data
 from mlp_vision.training.model import (
-    ALLOW_MISSING_FLAG, add_compile_arguments, check_compile_backend, compile_model, create_model,
+    ALLOW_MISSING_FLAG, add_compile_arguments, check_activations, check_compile_backend, compile_model, create_model,
     load_pretrained_weights, model_create_kwargs)
 from mlp_vision.training.run import (
     NonFiniteLossError, TrainingRun, UpdateStep, add_run_arguments, create_lr_scheduler, parse_run_args, setup_amp)
@@ -388,7 +388,7 @@ def _main(argv, prog):
     _logger.info(set_run_threads(args.threads, resume_ckpt, args.workers))
     run = TrainingRun(args, dist_info, resume_ckpt, kind='image', key='epoch', prog=prog,
                       decreasing=args.eval_metric == 'loss', max_history=args.checkpoint_hist)
-    with run:
+    with run, size_bounds(args):
         return _train(args, demo, run, argv, prog)
 
 
@@ -583,6 +583,9 @@ def _create_model(args, dist_info):
     if getattr(model, 'img_size', None) is not None and not args.input_size and not args.img_size:
         data_config['input_size'] = (data_config['input_size'][0], *model.img_size)  # built via --model-kwargs
     data_config = {k: (tuple(v) if isinstance(v, list) else v) for k, v in data_config.items()}
+    # before the first batch: a -c recipe or a resumed run's settings may give a size no machine holds
+    check_activations(args.model, create_kwargs, data_config['input_size'], args.batch_size,
+                      training=not args.grad_checkpointing)
 
     if args.grad_checkpointing:
         model.set_grad_checkpointing(enable=True)

@@ -28,8 +28,9 @@ from typing import Dict, List, Optional, Sequence
 import torch
 import torch.nn as nn
 
-from mlp_vision.errors import ArgumentParser, DefaultsHelpFormatter, UsageError, check_range, parse_device, run_cli
-from .modeling_utils import is_saved_folder
+from mlp_vision.errors import ArgumentParser, DefaultsHelpFormatter, UsageError, add_allow_regex_argument, \
+    add_bound_arguments, check_range, parse_device, run_cli, size_bounds
+from .modeling_utils import check_text_activations, is_saved_folder
 from .registry import list_architectures, load_config
 from .tokenizer import Tokenizer
 from ..threads import add_threads_argument, set_threads
@@ -39,8 +40,9 @@ __all__ = ['fill_mask', 'load_masked_lm', 'main']
 PROG = 'python -m mlp_vision.text.fill_mask'
 
 
-def load_masked_lm(directory: str, device: str = 'cpu') -> nn.Module:
+def load_masked_lm(directory: str, device: str = 'cpu', allow_regex: bool = False) -> nn.Module:
     """The masked LM in ``directory`` with its tokenizer as ``model.tokenizer`` (our format, else official BiGS).
+    ``allow_regex``: a save_pretrained folder's ``tokenizer.json`` may hold a regular expression (refused otherwise).
 
     Bad input is a :class:`~mlp_vision.errors.UsageError` (a ``ValueError``) naming the file: a missing
     folder, damaged files, a config that does not fit its weights or its tokenizer, a model that is not a masked LM.
@@ -54,7 +56,7 @@ def load_masked_lm(directory: str, device: str = 'cpu') -> nn.Module:
         if not cls.__name__.endswith('ForMaskedLM'):
             masked = [a for a in list_architectures() if a.endswith('ForMaskedLM')]
             raise UsageError(f'{directory} holds a {cls.__name__}, not a masked LM ({", ".join(masked)})')
-        model = cls.from_pretrained(directory, device=device)
+        model = cls.from_pretrained(directory, device=device, allow_regex=allow_regex)
     else:
         try:
             model = BiGSForMaskedLM.from_official(directory, device=device)
@@ -97,6 +99,7 @@ def fill_mask(model: nn.Module, tokenizer: Tokenizer, text: str, top_k: int = 5)
     if max(input_ids) >= model.config.vocab_size:
         raise UsageError(f'the tokenizer produced id {max(input_ids)} but the model has {model.config.vocab_size} '
                          f'tokens: tokenizer and model do not belong together')
+    check_text_activations(type(model), model.config, 1, len(input_ids), False, 'fill-mask')
     positions = [i for i, t in enumerate(input_ids) if t == mask_id]
     device = next(model.parameters()).device
     was_training = model.training
@@ -126,12 +129,15 @@ def _main(argv: Sequence[str], prog: str) -> List[List[Dict]]:
     parser.add_argument('--device', default='cpu', help='torch device')
     add_threads_argument(parser)
     parser.add_argument('--debug', action='store_true', help='show the traceback of an error, not its one line')
+    add_bound_arguments(parser)
+    add_allow_regex_argument(parser)
     args = parser.parse_args(argv)
     check_range('--top-k', args.top_k, low=1)
     set_threads(args.threads)  # not printed: stdout is the predictions
     device = parse_device(args.device)
-    model = load_masked_lm(args.directory, device=str(device))
-    results = fill_mask(model, model.tokenizer, args.text, top_k=args.top_k)
+    with size_bounds(args):
+        model = load_masked_lm(args.directory, device=str(device), allow_regex=args.allow_regex)
+        results = fill_mask(model, model.tokenizer, args.text, top_k=args.top_k)
     print(f'{args.text}   ({type(model).__name__}, {model.config.vocab_size} tokens)')
     for n, predictions in enumerate(results, 1):
         print(f'mask {n}:')

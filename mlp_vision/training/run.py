@@ -50,7 +50,7 @@ from .checkpoint import (
 from .checkpoint import check_rng_state
 from .config import RunArgs, args_to_yaml, merge_settings, parse_given, read_yaml_file
 from .distributed import DistInfo, all_gather_objects, state_dict_digest
-from mlp_vision.errors import Interrupted, RunError, UsageError, short_repr
+from mlp_vision.errors import Interrupted, RunError, UsageError, add_bound_arguments, short_repr
 from .log import add_log_file, remove_log_file
 from .run_folder import (
     FolderLock, check_own_files, is_run_id, new_run_folder, newer_than, read_run_id, write_run_id)
@@ -67,6 +67,7 @@ _logger = logging.getLogger(__name__)
 RUN_CONTROL_ARGS = frozenset({
     'config', 'resume', 'trust_checkpoint', 'debug', 'output', 'experiment', 'stop_after_step', 'no_resume_opt',
     'initial_checkpoint', 'pretrained', 'pretrained_path', 'allow_missing_weights',
+    'max_params', 'max_activation_gib', 'allow_regex',  # opt-ins past a bound: given again each time, as the trust
 })
 _SCHEDULERS = ('cosine', 'tanh', 'step', 'multistep', 'poly', 'wsd', 'rsqrt', 'constant', 'plateau')
 
@@ -81,12 +82,14 @@ def add_run_arguments(group: argparse._ActionsContainer, resume_help: str) -> No
 
 
 def add_common_arguments(group: argparse._ActionsContainer) -> None:
-    """``--trust-checkpoint`` and ``--debug``: the same in every script that reads checkpoint files."""
+    """``--trust-checkpoint``, ``--debug`` and the size bounds' ``--max-params`` / ``--max-activation-gib``
+    (:func:`~mlp_vision.errors.add_bound_arguments`): the same in every script that reads checkpoint files."""
     group.add_argument(TRUST_FLAG, action='store_true', default=False,
                        help='UNSAFE: allow checkpoint files that need a full unpickle; that runs arbitrary code from '
                             'the file. Only for files you made or whose maker you trust')
     group.add_argument('--debug', action='store_true', default=False,
                        help='show the full traceback of an error instead of its one-line message')
+    add_bound_arguments(group)
 
 
 # ------------------------------------------------------------------------------------------------ arguments

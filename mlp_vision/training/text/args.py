@@ -13,6 +13,7 @@ from ..config import SEED_MAX
 from ..model import add_compile_arguments, check_compile_backend
 from mlp_vision.errors import ArgumentParser, DefaultsHelpFormatter, UsageError, check_range
 from ..run import add_run_arguments
+from mlp_vision.errors import add_allow_regex_argument  # the opt-in past check_no_regex (issue 33)
 from mlp_vision.threads import THREADS_RANGE, add_threads_argument
 
 __all__ = ['PROG', 'TASKS', 'DEFAULT_MODELS', 'SCHEDULES', 'build_parser', 'check_args', 'task_model_entry']
@@ -122,6 +123,7 @@ def _add_outputs(parser: argparse.ArgumentParser) -> None:
     g.add_argument('--experiment', default='', type=str, help='experiment folder name (default: date-model-task)')
     add_run_arguments(g, 'continue the run of this last.pth in its folder, with its saved settings; flags given '
                          'here override them (e.g. a larger --steps)')
+    add_allow_regex_argument(g)
     g.add_argument('--stop-after-step', default=None, type=int, metavar='N',
                    help='checkpoint at update N and exit (continue later with --resume); the schedule still '
                         'spans --steps')

@@ -54,19 +54,19 @@ import time
 from contextlib import nullcontext
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 from timm.utils import random_seed
 
-from ...text.modeling_utils import check_text_model_size
+from ...text.modeling_utils import check_text_activations, check_text_model_size
 from ...text.registry import model_class
 from ...text.tokenizer import Tokenizer, encode_with_template, unknown_character, tokenizer_from_dict, tokenizer_kind, \
     tokenizer_to_dict
 from ..checkpoint import atomic_folder, load_checkpoint_file
-from mlp_vision.errors import UsageError, short_repr
+from mlp_vision.errors import Interrupted, UsageError, short_repr
 from ..loop import format_duration, warn_global_batch_beyond_data
 from ..run import TrainingRun
 from ..summary import plot_curves
@@ -214,15 +214,33 @@ def label_ids(train_labels: Sequence[str], dev_labels: Sequence[str], dev_what: 
 
 
 # ------------------------------------------------------------------------------------------------ tensors
-def encode_examples(tokenizer: Tokenizer, data: LabelledData, max_length: int) -> Tuple[List[List[int]], List[List[int]]]:
-    """(input ids, token type ids) per example: BERT's template, longest-first truncation to ``max_length``."""
-    try:
-        ids, types = encode_with_template(tokenizer, data.texts, data.pairs, max_length)
-    except ValueError as e:
-        raise UsageError(f'cannot encode {data.path}: {e}') from None
-    except Exception as e:  # tokenizers' plain Exception: a character outside a char alphabet without <unk>
-        bad = unknown_character(tokenizer, list(data.texts) + list(data.pairs or []), e)
-        raise UsageError(f'{data.path} has the character {bad!r}, which the tokenizer does not know') from None
+# examples are tokenized this many at a time, the run's stop flag read between (each example is encoded on its own,
+# so the pieces' ids are the whole file's)
+ENCODE_EXAMPLES_PER_PIECE = 10_000
+
+
+def encode_examples(tokenizer: Tokenizer, data: LabelledData, max_length: int,
+                    stop: Optional[Callable[[], int]] = None) -> Tuple[List[List[int]], List[List[int]]]:
+    """(input ids, token type ids) per example: BERT's template, longest-first truncation to ``max_length``.
+    ``stop``: the run's stop flag (``TrainingRun.stop_signal``), read between pieces of
+    :data:`ENCODE_EXAMPLES_PER_PIECE` examples: SIGTERM during a large file is :class:`Interrupted` there."""
+    ids: List[List[int]] = []
+    types: List[List[int]] = []
+    for start in range(0, len(data.texts), ENCODE_EXAMPLES_PER_PIECE):
+        signum = stop() if stop is not None else 0
+        if signum:
+            raise Interrupted(signum, f'tokenizing {data.path} ({start} of {len(data.texts)} examples so far)')
+        texts = data.texts[start:start + ENCODE_EXAMPLES_PER_PIECE]
+        pairs = None if data.pairs is None else data.pairs[start:start + ENCODE_EXAMPLES_PER_PIECE]
+        try:
+            piece_ids, piece_types = encode_with_template(tokenizer, texts, pairs, max_length)
+        except ValueError as e:
+            raise UsageError(f'cannot encode {data.path}: {e}') from None
+        except Exception as e:  # tokenizers' plain Exception: a character outside a char alphabet without <unk>
+            bad = unknown_character(tokenizer, list(texts) + list(pairs or []), e)
+            raise UsageError(f'{data.path} has the character {bad!r}, which the tokenizer does not know') from None
+        ids += piece_ids
+        types += piece_types
     check_unknown_tokens([i for row in ids for i in row], tokenizer, f'text of {data.path}')
     return ids, types
 
@@ -369,14 +387,14 @@ def _build_classifier(args, run: TrainingRun, data: ClassifyData) -> Tuple[nn.Mo
         config = cls.config_class.from_dict(resumed['model_config'])
         check_text_model_size(cls, config, f'--resume {args.resume}')
         model = cls(config)
-        tokenizer = tokenizer_from_dict(resumed['tokenizer'])
+        tokenizer = tokenizer_from_dict(resumed['tokenizer'], args.allow_regex)
         report = InitReport(**resumed['init_report'])
     else:
         model, family, tokenizer, report = init_classifier(
             args.init_from, args.model, args.model_kwargs, len(data.names),
             tokenizer_for_scratch=lambda: scratch_tokenizer(args.tokenizer, train.texts + (train.pairs or []),
-                                                            args.tokenizer_from),
-            trust=getattr(args, 'trust_checkpoint', False))
+                                                            args.tokenizer_from, args.allow_regex),
+            trust=getattr(args, 'trust_checkpoint', False), allow_regex=args.allow_regex)
         if args.init_from:  # the checkpoint decides the architecture; --model names it in the outputs
             args.derive(model=f'{type(model).__name__} from {args.init_from}')
     if tokenizer.cls_token_id is None or tokenizer.pad_token_id is None:
@@ -391,6 +409,7 @@ def _build_classifier(args, run: TrainingRun, data: ClassifyData) -> Tuple[nn.Mo
         raise UsageError(f'--block-size {args.block_size} is larger than the model\'s maximum length {seq_len}')
     if args.block_size < tokenizer.num_special_tokens_to_add(pair=train.pairs is not None) + 1:
         raise UsageError(f'--block-size {args.block_size} leaves no room for text after the special tokens')
+    check_text_activations(type(model), model.config, args.batch_size, args.block_size, True, f'--model {args.model}')
     return model, family, tokenizer, report
 
 
@@ -406,7 +425,7 @@ class ClassificationTask(StepTask):
             args, run, opt, data, tokenizer, state, meta
         self.num_labels = len(data.names)
         self.with_types = 'token_type_ids' in inspect.signature(opt.model.forward).parameters
-        self.train_ids, self.train_types = encode_examples(tokenizer, data.train, args.block_size)
+        self.train_ids, self.train_types = encode_examples(tokenizer, data.train, args.block_size, run.stop_signal)
         self.train_labels = data.labels(data.train)
         warn_global_batch_beyond_data(args.batch_size, run.dist_info.world_size, args.grad_accum_steps,
                                       len(self.train_labels), f'examples in {data.train.path}')
@@ -421,7 +440,7 @@ class ClassificationTask(StepTask):
 
     def eval_batches(self, data: LabelledData) -> List[Dict[str, torch.Tensor]]:
         bs = self.args.eval_batch_size or self.args.batch_size
-        ids, types = encode_examples(self.tokenizer, data, self.args.block_size)
+        ids, types = encode_examples(self.tokenizer, data, self.args.block_size, self.run.stop_signal)
         labels = self.data.labels(data)
         return [collate(ids[i:i + bs], types[i:i + bs], labels[i:i + bs], self.tokenizer.pad_token_id, self.with_types)
                 for i in range(0, len(ids), bs)]

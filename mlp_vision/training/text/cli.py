@@ -4,7 +4,7 @@ import logging
 from typing import Optional, Sequence
 
 from ..distributed import init_device
-from mlp_vision.errors import run_cli
+from mlp_vision.errors import run_cli, size_bounds
 from ..log import setup_logging
 from ..run import TrainingRun, parse_run_args
 from mlp_vision.threads import set_run_threads
@@ -30,6 +30,6 @@ def _main(argv: Sequence[str], prog: str):
     logging.getLogger('mlp_vision.train_text').info(threads)
     run = TrainingRun(args, dist_info, resume_ckpt, kind='text', key='step', prog=prog,
                       decreasing=args.task != 'classify', max_history=0)  # classify: best = highest dev accuracy
-    with run:
+    with run, size_bounds(args):
         train = train_classifier if args.task == 'classify' else train_lm
         return train(args, run, argv, prog)

@@ -69,14 +69,15 @@ def build_tokenizer(kind: str, task: str, train_text: str, val_text: str = '', v
     return char_tokenizer(alphabet, specials, unk=UNK if unseen else None)
 
 
-def tokenizer_from_path(path: str, needs: Sequence[str] = ()) -> Tokenizer:
+def tokenizer_from_path(path: str, needs: Sequence[str] = (), allow_regex: bool = False) -> Tokenizer:
     """``--tokenizer-from PATH``: the tokenizer of a folder (our ``pretrained/`` or a run folder, an official one) or
     file (``tokenizer.json``, BERT ``vocab.txt``), so that several runs share one vocabulary exactly (WordPiece
     training is not reproducible run to run). ``needs``: control tokens the task uses (``'cls'``, ``'sep'``,
-    ``'pad'``, ``'mask'``); a tokenizer without one is a :class:`UsageError`."""
+    ``'pad'``, ``'mask'``); a tokenizer without one is a :class:`UsageError`. ``allow_regex`` (``--allow-regex``): a
+    ``tokenizer.json`` may hold a regular expression (refused otherwise)."""
     if not Path(path).exists():
         raise UsageError(f'--tokenizer-from {path} does not exist')
-    tokenizer = find_tokenizer(path)
+    tokenizer = find_tokenizer(path, allow_regex)
     if tokenizer is None:
         raise UsageError(f'--tokenizer-from {path} holds no tokenizer (tokenizer_config.json, tokenizer.json or '
                          f'vocab.txt)')
@@ -95,6 +96,12 @@ _SAFE_BREAK = re.compile(r'(?<=\S)\n(?=\S)')
 # the parts of a tokenizer.json that keep that true: they act within a character, a word or a line
 _LINE_LOCAL_STEPS = {'BertNormalizer', 'Lowercase', 'NFC', 'NFD', 'NFKC', 'NFKD', 'StripAccents', 'BertPreTokenizer',
                      'Whitespace', 'WhitespaceSplit', 'Punctuation', 'Digits', 'Sequence'}
+# for any other tokenizer (a user's tokenizer.json: GPT-2's byte-level BPE adds a space before a text, SentencePiece's
+# Metaspace a word-start mark) a cut is taken only where it is checked to change no id: after a line break or before
+# a space between two words, tried on the CUT_CHECK_CHARS either side of it; CUT_TRIES failed places per piece
+# and the rest of the text is encoded in one call (no place where this tokenizer can be cut)
+_CUT_CANDIDATE = re.compile(r'(?<=\S)\n(?=\S)|(?<=\S)(?= \S)')
+CUT_CHECK_CHARS, CUT_TRIES = 2048, 32
 
 
 def _encodes_by_pieces(tok: Tokenizer) -> bool:
@@ -115,14 +122,30 @@ def _encodes_by_pieces(tok: Tokenizer) -> bool:
     return local(payload.get('normalizer')) and local(payload.get('pre_tokenizer'))
 
 
-def _pieces(text: str, size: int) -> Iterator[str]:
+def _cut_keeps_ids(tok: Tokenizer, text: str, cut: int) -> bool:
+    """Whether encoding the text on either side of ``cut`` apart gives the ids of encoding it whole, on the
+    :data:`CUT_CHECK_CHARS` characters either side (the window's own ends are the same in both encodings)."""
+    left, right = text[max(0, cut - CUT_CHECK_CHARS):cut], text[cut:cut + CUT_CHECK_CHARS]
+    def encode(t: str) -> List[int]:
+        return tok.encode(t, add_special_tokens=False)
+    return encode(left + right) == encode(left) + encode(right)
+
+
+def _pieces(text: str, size: int, tok: Optional[Tokenizer] = None) -> Iterator[str]:
+    """``text`` in pieces of about ``size`` characters: cut at :data:`_SAFE_BREAK` (``tok`` None: a line-local
+    tokenizer), else at the first :data:`_CUT_CANDIDATE` where :func:`_cut_keeps_ids`."""
     start = 0
     while len(text) - start > size:
-        cut = _SAFE_BREAK.search(text, start + size)
+        if tok is None:
+            found = _SAFE_BREAK.search(text, start + size)
+            cut = None if found is None else found.end()
+        else:
+            places = (m.end() for _, m in zip(range(CUT_TRIES), _CUT_CANDIDATE.finditer(text, start + size)))
+            cut = next((c for c in places if _cut_keeps_ids(tok, text, c)), None)
         if cut is None:
             break
-        yield text[start:cut.end()]
-        start = cut.end()
+        yield text[start:cut]
+        start = cut
     yield text[start:]
 
 
@@ -131,8 +154,13 @@ def encode_text(tok: Tokenizer, text: str, what: str, stop: Optional[Callable[[]
 
     ``stop``: the run's stop flag (a signal number, 0 for none; e.g. ``TrainingRun.stop_signal``), read between
     pieces of :data:`ENCODE_CHUNK_CHARS` characters, so that SIGINT / SIGTERM stops a long tokenization within
-    about a second (:class:`~mlp_vision.errors.Interrupted`) instead of after it."""
-    pieces = _pieces(text, ENCODE_CHUNK_CHARS) if stop is not None and _encodes_by_pieces(tok) else [text]
+    about a second (:class:`~mlp_vision.errors.Interrupted`) instead of after it. The pieces' ids are the whole
+    text's: cut where a line-local tokenizer provably keeps them, any other (a user's ``tokenizer.json``) where it is
+    checked to (:func:`_pieces`)."""
+    if stop is None:
+        pieces = [text]
+    else:
+        pieces = _pieces(text, ENCODE_CHUNK_CHARS, None if _encodes_by_pieces(tok) else tok)
     ids: List[int] = []
     for piece in pieces:
         signum = stop() if stop is not None else 0

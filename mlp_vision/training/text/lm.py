@@ -51,6 +51,7 @@ import torch.distributed as dist
 import torch.nn as nn
 from timm.utils import random_seed, unwrap_model
 
+from ...text.modeling_utils import check_text_activations
 from ...text.modeling_utils import masked_lm_loss as lm_loss  # token cross-entropy; causal labels are already shifted
 from ...text.registry import create_model
 from ...text.tokenizer import SUBWORD_KINDS, Tokenizer, tokenizer_from_dict, tokenizer_kind, tokenizer_to_dict
@@ -185,10 +186,10 @@ def _tokenizer(args, run: TrainingRun, train_text: str, val_text: str) -> Tokeni
     """The resumed run's tokenizer, ``--tokenizer-from``'s, or one built on the training text (rank 0's)."""
     resumed = run.resume_ckpt or {}
     if resumed:
-        return tokenizer_from_dict(resumed['tokenizer'])
+        return tokenizer_from_dict(resumed['tokenizer'], args.allow_regex)
     if args.tokenizer_from:
         return tokenizer_from_path(args.tokenizer_from, needs=('pad', 'cls', 'sep', 'mask') if args.task == 'mlm'
-                                   else ())
+                                   else (), allow_regex=args.allow_regex)
     tokenizer = build_tokenizer(args.tokenizer, args.task, train_text, val_text, args.vocab_size)
     if run.dist_info.world_size > 1 and args.tokenizer in SUBWORD_KINDS:
         # WordPiece training is not reproducible run to run (hash-ordered ties): every rank takes rank 0's
@@ -218,6 +219,7 @@ def _build_model(args, run: TrainingRun, entry, tokenizer: Tokenizer) -> Tuple[n
     if args.block_size > seq_len:
         raise UsageError(f'--block-size {args.block_size} is larger than the model\'s maximum length {seq_len}; use '
                          f'--block-size <= {seq_len} or --model-kwargs max_position_embeddings={args.block_size}')
+    check_text_activations(type(model), model.config, args.batch_size, args.block_size, True, f'--model {args.model}')
     return model, model_kwargs
 
 
