@@ -342,7 +342,7 @@ def check_no_regex(payload: Any, where: str, allow_regex: bool = False) -> None:
         field, pattern = found
         raise UsageError(f'{where}: {field} is the regular expression {short_repr(pattern, 80)}, refused: a crafted '
                          f'pattern takes minutes per text; the tokenizers this package writes use none. Load a file '
-                         f'you trust with allow_regex=True (in Python)')
+                         f'you trust with --allow-regex (allow_regex=True in Python)')
 
 
 def tokenizer_to_dict(tok: PreTrainedTokenizerFast) -> Dict[str, Any]:
