@@ -43,7 +43,7 @@ def benchmark() -> int:
 
 def complexity() -> int:
     from .complexity.report import main
-    return _exit_status(main())
+    return _exit_status(main(prog='mlp-vision-complexity'))
 
 
 def text_train() -> int:

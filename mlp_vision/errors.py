@@ -1,4 +1,5 @@
-""" The one error path of the commands (``mlp_vision.train`` / ``validate`` / ``benchmark``, ``mlp_vision.train_text``).
+""" The one error path of every command (train, validate, benchmark, complexity, text-train, fill-mask, visualize:
+:mod:`mlp_vision.commands`). Each parses with :class:`ArgumentParser` (help with :class:`DefaultsHelpFormatter`).
 
 A script's ``main`` runs its work through :func:`run_cli`, which turns every expected failure into one line on
 stderr, ``<prog>: error: <what was wrong and what is expected>``, and an exit status:
@@ -15,6 +16,7 @@ stderr, ``<prog>: error: <what was wrong and what is expected>``, and an exit st
 ``--debug`` on the command line re-raises instead, with the full traceback. Library callers get the exceptions.
 """
 import argparse
+import contextlib
 import errno
 import json
 import math
@@ -22,14 +24,15 @@ import os
 import reprlib
 import signal
 import sys
-from typing import Any, Callable, Optional, Sequence, Tuple
+from typing import Any, Callable, Iterator, Optional, Sequence, Tuple
 
 import torch
 import torch.nn as nn
 
 __all__ = ['ArgumentParser', 'DefaultsHelpFormatter', 'UsageError', 'RunError', 'Interrupted', 'ScriptExit', 'run_cli', 'find_os_error',
            'check_range', 'parse_device', 'read_json_file', 'short_repr', 'MAX_PARAMS',
-           'check_model_size']
+           'check_model_size', 'MAX_ACTIVATION_BYTES', 'estimate_activation_bytes', 'check_activation_size',
+           'add_bound_arguments', 'add_allow_regex_argument', 'size_bounds', 'within_bounds', 'MAX_ACTIVATION_FLAG', 'MAX_PARAMS_FLAG', 'ALLOW_REGEX_FLAG']
 
 
 class UsageError(ValueError):
@@ -147,8 +150,139 @@ def check_model_size(build_on_meta: Callable[[], Optional[nn.Module]], what: str
         raise UsageError(f'{what} would have more than {max_params:.3g} parameters (the bound of '
                          f'mlp_vision.errors.MAX_PARAMS, {4 * max_params / 1e9:.0f} GB of float32 weights); '
                          f'expected sizes of a model this machine can hold: check the sizes given (a damaged or '
-                         f'edited file?), or raise mlp_vision.errors.MAX_PARAMS in Python if the model is meant')
+                         f'edited file?), or raise the bound with --max-params (mlp_vision.errors.MAX_PARAMS in '
+                         f'Python) if the model is meant')
     return None if model is None else sum(p.numel() for p in model.parameters())
+
+
+# the activations one forward may hold (estimate_activation_bytes) before anything has checked its sizes: a size read
+# from a file (a checkpoint's img_size, a config.json's max_position_embeddings) can make the first step take far
+# more memory than any machine has. The estimate of a training step at 224 px and batch 256 is 33 GiB for resnet50,
+# 45 GiB for gmlp_s16_224, 55 GiB for mixer_b16_224, 59 GiB for smlpnet_t (measured 2026-11-26); 256 GiB is beyond
+# any single accelerator's memory. The commands' --max-activation-gib raises it (size_bounds).
+MAX_ACTIVATION_BYTES = 256 * 2 ** 30
+
+
+def _tensor_bytes(value: Any) -> int:
+    if isinstance(value, torch.Tensor):
+        return value.numel() * value.element_size()
+    if isinstance(value, (tuple, list)):
+        return sum(_tensor_bytes(v) for v in value)
+    if isinstance(value, dict):  # transformers' ModelOutput is one
+        return sum(_tensor_bytes(v) for v in value.values())
+    return 0
+
+
+def estimate_activation_bytes(model: nn.Module, inputs: Sequence[torch.Tensor], training: bool,
+                              stop_above: Optional[int] = None) -> int:
+    """Bytes of activations one forward of ``model`` on ``inputs`` holds, from a run on the ``meta`` device (model
+    and inputs there: shapes only, nothing allocated). Every leaf module's output is counted (modules with children
+    return what their leaves made):
+
+    * ``training``: the sum over all leaf outputs -- autograd keeps them (or tensors of their size) until backward;
+    * otherwise: the largest leaf input + output pair, the most one layer holds at once under ``no_grad``.
+
+    An estimate, not a bound: functional ops between modules (residual adds, reshapes) are not counted. With
+    ``stop_above``, the forward stops as soon as the estimate passes it (a 100,000-layer model is not walked to the
+    end) and a value above ``stop_above`` is returned."""
+    total, largest = 0, 0
+
+    def observe(module: nn.Module, args: Tuple[Any, ...], output: Any) -> None:
+        nonlocal total, largest
+        if next(module.children(), None) is not None:
+            return
+        out_bytes = _tensor_bytes(output)
+        total += out_bytes
+        largest = max(largest, _tensor_bytes(args) + out_bytes)
+        if stop_above is not None and (total if training else largest) > stop_above:
+            raise _OverBudget
+
+    was_training = model.training
+    handle = nn.modules.module.register_module_forward_hook(observe)
+    try:
+        with torch.set_grad_enabled(training):
+            model.train(training)(*inputs)
+    except _OverBudget:
+        pass
+    finally:
+        handle.remove()
+        model.train(was_training)
+    return total if training else largest
+
+
+def check_activation_size(build_on_meta: Callable[[], Optional[nn.Module]], inputs: Sequence[torch.Tensor],
+                          training: bool, what: str, max_bytes: Optional[int] = None) -> Optional[int]:
+    """:func:`estimate_activation_bytes` of the model ``build_on_meta()`` builds on the ``meta`` device for
+    ``inputs`` (``meta`` tensors of the batch that will be used), or a :class:`UsageError` naming ``what`` (the model,
+    the batch, the file its sizes came from) when it exceeds ``max_bytes`` (None: :data:`MAX_ACTIVATION_BYTES`).
+    Checked before the real model's first forward, so a crafted ``img_size`` or sequence length stops here instead
+    of allocating gigabytes. A model that cannot be built or run on ``meta`` skips the check: None is returned (the
+    real forward reports its own errors)."""
+    max_bytes = MAX_ACTIVATION_BYTES if max_bytes is None else max_bytes
+    try:
+        model = build_on_meta()
+        estimate = None if model is None else estimate_activation_bytes(model, inputs, training, max_bytes)
+    except Exception:  # an op without a meta kernel, a data-dependent branch: the real forward will tell
+        return None
+    if estimate is not None and estimate > max_bytes:
+        step = 'a training step' if training else 'one forward'
+        raise UsageError(f'{what} would hold more than {max_bytes / 2 ** 30:.3g} GiB of activations in {step} '
+                         f'(estimated on the meta device: at least {estimate / 2 ** 30:.3g} GiB; '
+                         f'the bound is --max-activation-gib, mlp_vision.errors.MAX_ACTIVATION_BYTES in Python); '
+                         f'reduce the batch size or the input size / sequence length, check the sizes given (a '
+                         f'damaged or edited file?), or raise --max-activation-gib if the model is meant')
+    return estimate
+
+
+MAX_ACTIVATION_FLAG, MAX_PARAMS_FLAG, ALLOW_REGEX_FLAG = '--max-activation-gib', '--max-params', '--allow-regex'
+
+
+def add_bound_arguments(group: argparse._ActionsContainer) -> None:
+    """The command-line opt-ins past the bounds on the sizes files may ask for: ``--max-params``
+    (:data:`MAX_PARAMS`) and ``--max-activation-gib`` (:data:`MAX_ACTIVATION_BYTES`), set for the command by
+    :func:`size_bounds`."""
+    group.add_argument(MAX_PARAMS_FLAG, type=float, default=None, metavar='N',
+                       help=f'raises the bound on a model\'s parameter count (default {MAX_PARAMS:.0e}), checked '
+                            f'before it is built: for a model this large that is meant, not a damaged or crafted '
+                            f'checkpoint / config.json')
+    group.add_argument(MAX_ACTIVATION_FLAG, type=float, default=None, metavar='GIB',
+                       help=f'raises the bound on the activations one step may hold (default '
+                            f'{MAX_ACTIVATION_BYTES // 2 ** 30} GiB, estimated on the meta device before the first '
+                            f'batch): for a batch / input size this large that is meant')
+
+
+def add_allow_regex_argument(group: argparse._ActionsContainer) -> None:
+    """``--allow-regex`` (``args.allow_regex``): the command-line opt-in of the tokenizer readers' ``allow_regex``."""
+    group.add_argument(ALLOW_REGEX_FLAG, action='store_true', default=False,
+                       help='UNSAFE: read a tokenizer.json whose pre-tokenizer or normalizer has a regular '
+                            'expression; a crafted pattern can take minutes per text (backtracking). Only for '
+                            'tokenizer files you made or whose maker you trust')
+
+
+@contextlib.contextmanager
+def size_bounds(args: argparse.Namespace) -> Iterator[None]:
+    """:data:`MAX_PARAMS` and :data:`MAX_ACTIVATION_BYTES` as ``args``' ``--max-params`` / ``--max-activation-gib``
+    say (:func:`add_bound_arguments`; absent or None: unchanged) for the ``with`` block, the defaults again after
+    it (an in-process caller, a test, keeps its own). A bound that is not a positive number is a UsageError."""
+    global MAX_PARAMS, MAX_ACTIVATION_BYTES
+    max_params, max_gib = getattr(args, 'max_params', None), getattr(args, 'max_activation_gib', None)
+    if max_params is not None:
+        check_range(MAX_PARAMS_FLAG, max_params, low=0, low_open=True)
+    if max_gib is not None:
+        check_range(MAX_ACTIVATION_FLAG, max_gib, low=0, low_open=True)
+    saved = MAX_PARAMS, MAX_ACTIVATION_BYTES
+    MAX_PARAMS = saved[0] if max_params is None else int(max_params)
+    MAX_ACTIVATION_BYTES = saved[1] if max_gib is None else int(max_gib * 2 ** 30)
+    try:
+        yield
+    finally:
+        MAX_PARAMS, MAX_ACTIVATION_BYTES = saved
+
+
+def within_bounds(work: Callable[[argparse.Namespace], Any], args: argparse.Namespace) -> Any:
+    """``work(args)`` under :func:`size_bounds` ``(args)``: a command's ``main`` in one expression."""
+    with size_bounds(args):
+        return work(args)
 
 
 def parse_device(device: str, flag: str = '--device') -> torch.device:

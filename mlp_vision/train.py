@@ -38,7 +38,7 @@ import time
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Optional, Tuple
+from typing import Any, List, Mapping, Optional, Tuple
 
 import timm
 import torch
@@ -60,11 +60,11 @@ from mlp_vision.training.data import (
 from mlp_vision.training.distributed import all_gather_objects, init_device
 from mlp_vision.training.driver import Optimization, TrainingTask, drive
 from mlp_vision.training.engine import evaluate, format_duration, reports_top5, train_one_epoch
-from mlp_vision.errors import ArgumentParser, DefaultsHelpFormatter, UsageError, run_cli
+from mlp_vision.errors import ArgumentParser, DefaultsHelpFormatter, UsageError, run_cli, size_bounds
 from mlp_vision.training.log import setup_logging
 from mlp_vision.training.loop import StepLoop, warn_global_batch_beyond_data
 from mlp_vision.training.model import (
-    ALLOW_MISSING_FLAG, add_compile_arguments, check_compile_backend, create_model,
+    ALLOW_MISSING_FLAG, add_compile_arguments, check_activations, check_compile_backend, create_model,
     load_pretrained_weights, model_create_kwargs)
 from mlp_vision.training.run import (
     TrainingRun, UpdateStep, add_run_arguments, create_lr_scheduler, parse_run_args, setup_amp)
@@ -284,35 +284,37 @@ def _add_misc_args(parser) -> None:
                        help='metric for best checkpoint')
 
 
-def _has_dataset(args) -> bool:
-    return bool(args.data or args.data_dir or args.dataset)
+def _has_dataset(settings: Mapping[str, Any]) -> bool:
+    """``settings`` (arguments by destination) name a dataset."""
+    return bool(settings.get('data') or settings.get('data_dir') or settings.get('dataset'))
+
+
+def _demo_recipe_unless_dataset(settings: Mapping[str, Any]) -> List[str]:
+    """The base config of a run whose settings name no dataset: the demo recipe, under the user's -c and flags."""
+    return [] if _has_dataset(settings) else [str(find_recipe(DEMO_RECIPE))]
 
 
 def parse_args(argv):
-    """Parse flags, the optional yaml config and (``--resume``) the run's saved settings.
+    """Parse flags (once), the optional yaml config and (``--resume``) the run's saved settings.
 
     Returns (args, demo, resume checkpoint) where demo = no dataset was given.
     """
-    args, resume_ckpt = parse_run_args(build_parser(), argv, kind='image', recipes=True)
-    if _has_dataset(args):
-        return args, False, resume_ckpt
-    # the demo recipe sits under the user's config and flags
     args, resume_ckpt = parse_run_args(build_parser(), argv, kind='image', recipes=True,
-                                       base_configs=[str(find_recipe(DEMO_RECIPE))])
-    return args, True, resume_ckpt
+                                       base_configs=_demo_recipe_unless_dataset)
+    return args, not _has_dataset(vars(args)), resume_ckpt
 
 
 def resolve_lr(args, world_size: int) -> None:
-    # timm's rule: with no --lr, scale --lr-base from --lr-base-size to the global batch
+    """timm's rule: with no --lr, the run's lr is --lr-base scaled from --lr-base-size to the global batch (a derived
+    value: args.yaml keeps --lr unset, so a resume with another batch scales again)."""
     if args.lr is not None:
         return
     global_batch = args.batch_size * world_size * args.grad_accum_steps
     ratio = global_batch / args.lr_base_size
-    if not args.lr_base_scale:
-        args.lr_base_scale = 'sqrt' if any(o in args.opt.lower() for o in ('ada', 'lamb')) else 'linear'
-    if args.lr_base_scale == 'sqrt':
+    scale = args.lr_base_scale or ('sqrt' if any(o in args.opt.lower() for o in ('ada', 'lamb')) else 'linear')
+    if scale == 'sqrt':
         ratio = ratio ** 0.5
-    args.lr = args.lr_base * ratio
+    args.derive(lr=args.lr_base * ratio, **({} if args.lr_base_scale else {'lr_base_scale': scale}))
     _logger.info(f'learning rate {args.lr:.4g} = lr_base {args.lr_base:g} x {args.lr_base_scale} scaling of the '
                  f'global batch {global_batch} / {args.lr_base_size}')
 
@@ -386,7 +388,7 @@ def _main(argv, prog):
     _logger.info(set_run_threads(args.threads, resume_ckpt, args.workers))
     run = TrainingRun(args, dist_info, resume_ckpt, kind='image', key='epoch', prog=prog,
                       decreasing=args.eval_metric == 'loss', max_history=args.checkpoint_hist)
-    with run:
+    with run, size_bounds(args):
         return drive(run, ImageClassification(args, run, demo, ' '.join([prog] + list(argv))))
 
 
@@ -590,8 +592,7 @@ class ImageClassification(TrainingTask):
 
 
 def _use_demo_data(args) -> None:
-    args.data_dir = str(prepare_digits_folder())
-    args.dataset, args.train_split, args.val_split = '', 'train', 'val'
+    args.derive(data_dir=str(prepare_digits_folder()), dataset='', train_split='train', val_split='val')
     _logger.info(
         'Demo: no dataset was given, so this trains a small model on scikit-learn\'s bundled handwritten '
         f'digits (1,797 real 8x8 scans, 10 classes), written once as an ImageFolder tree under '
@@ -609,7 +610,7 @@ def _create_datasets(args, data_dir):
     if args.num_classes is None:
         if train_classes is None:
             raise UsageError('the training set does not list its classes: pass --num-classes N')
-        args.num_classes = len(train_classes)
+        args.derive(num_classes=len(train_classes))
     if args.eval_metric == 'top5' and not reports_top5(args.num_classes):
         raise UsageError(f'--eval-metric top5 with {args.num_classes} classes: every label is among the top 5, so it '
                          f'is 100 % whatever the model does; use top1 or loss')
@@ -626,8 +627,10 @@ def _fit_batch_to_training_set(args, dataset_train, world_size: int) -> None:
     if isinstance(dataset_train, torch.utils.data.IterableDataset):
         return
     mixes = args.mixup > 0 or args.cutmix > 0 or args.cutmix_minmax is not None  # needs an even batch
-    args.batch_size = fit_batch_to_data(
+    batch_size = fit_batch_to_data(
         args.batch_size, train_samples_per_rank(dataset_train, world_size, args.aug_repeats), even=mixes)
+    if batch_size != args.batch_size:
+        args.derive(batch_size=batch_size)
 
 
 def _hint_small_data_recipe(args, num_images: int) -> None:
@@ -672,6 +675,9 @@ def _create_model(args, dist_info):
     if getattr(model, 'img_size', None) is not None and not args.input_size and not args.img_size:
         data_config['input_size'] = (data_config['input_size'][0], *model.img_size)  # built via --model-kwargs
     data_config = {k: (tuple(v) if isinstance(v, list) else v) for k, v in data_config.items()}
+    # before the first batch: a -c recipe or a resumed run's settings may give a size no machine holds
+    check_activations(args.model, create_kwargs, data_config['input_size'], args.batch_size,
+                      training=not args.grad_checkpointing)
 
     if args.grad_checkpointing:
         model.set_grad_checkpointing(enable=True)

@@ -40,10 +40,11 @@ from mlp_vision.training.data import (
 )
 from mlp_vision.training.distributed import init_device
 from mlp_vision.training.engine import evaluate
-from mlp_vision.errors import ArgumentParser, DefaultsHelpFormatter, UsageError, check_range, run_cli
+from mlp_vision.errors import ArgumentParser, DefaultsHelpFormatter, UsageError, check_range, run_cli, within_bounds
 from mlp_vision.training.log import setup_logging
 from mlp_vision.training.model import (
-    add_compile_arguments, check_compile_backend, compile_model, create_model_for_eval, model_create_kwargs)
+    add_compile_arguments, check_activations, check_compile_backend, compile_model, create_model_for_eval,
+    model_create_kwargs)
 from mlp_vision.training.run import add_common_arguments, setup_amp
 from mlp_vision.training.summary import write_json
 from mlp_vision.threads import add_threads_argument, set_threads
@@ -244,6 +245,8 @@ def validate(args: argparse.Namespace) -> dict:
     if getattr(model, 'img_size', None) is not None and not explicit['input_size'] and 'input_size' not in ckpt_data:
         data_config['input_size'] = (data_config['input_size'][0], *model.img_size)
     data_config = {k: (tuple(v) if isinstance(v, list) else v) for k, v in data_config.items()}
+    check_activations(model_name, info['create_kwargs'], data_config['input_size'], args.batch_size, training=False,
+                      sizes_from=f"checkpoint {args.checkpoint}'s model_cfg / data_cfg" if info['checkpoint_kind'] else '')
 
     model.to(device)
     if args.channels_last:
@@ -293,7 +296,7 @@ def validate(args: argparse.Namespace) -> dict:
 def main(argv=None, prog: str = 'validate.py') -> dict:
     """Validate; returns the results dict. Errors: one line starting with ``prog`` and exit status 2 / 1 (see
     ``run_cli``)."""
-    return run_cli(prog, lambda a: validate(build_parser().parse_args(a)), argv)
+    return run_cli(prog, lambda a: within_bounds(validate, build_parser().parse_args(a)), argv)
 
 
 if __name__ == '__main__':

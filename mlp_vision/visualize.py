@@ -40,7 +40,7 @@ from .layers.gating import SpatialGatingUnit
 from .layers.sparse_mlp import AxialSparseMLP
 from .layers.ssm import BidirectionalGatedSSM
 from .training.checkpoint import load_checkpoint_file
-from .errors import ArgumentParser, DefaultsHelpFormatter, UsageError, check_range, run_cli
+from .errors import ArgumentParser, DefaultsHelpFormatter, UsageError, check_range, run_cli, within_bounds
 from .training.model import create_model, create_model_for_eval, model_create_kwargs
 from .training.run import add_common_arguments
 from .threads import add_threads_argument, set_threads
@@ -383,7 +383,7 @@ def build_parser(prog: Optional[str] = None) -> argparse.ArgumentParser:
 
 def main(argv=None, prog: str = 'python -m mlp_vision.visualize') -> List[str]:
     """Draw; returns the PNG paths. Errors: one line starting with ``prog``, exit status 2 / 1 (``run_cli``)."""
-    return run_cli(prog, lambda a: visualize(build_parser(prog).parse_args(a)), argv)
+    return run_cli(prog, lambda a: within_bounds(visualize, build_parser(prog).parse_args(a)), argv)
 
 
 if __name__ == '__main__':

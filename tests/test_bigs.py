@@ -616,8 +616,8 @@ def test_shared_layer_class():
 def test_bigs_small_forward_backward(single_thread):
     torch.manual_seed(0)
     model = mt.create_model('bigs_small')
-    tok = mt.ByteTokenizer()
-    assert model.config.vocab_size == tok.vocab_size and model.config.pad_token_id == tok.pad_id
+    tok = mt.byte_tokenizer()
+    assert model.config.vocab_size == tok.vocab_size and model.config.pad_token_id == tok.pad_token_id
     ids = torch.randint(0, 256, (2, 40))
     out = model(ids, attention_mask=torch.ones_like(ids), labels=ids)
     assert out.logits.shape == (2, 40, 260) and torch.isfinite(out.loss)
@@ -677,8 +677,8 @@ def test_mlm_training_on_wikitext_reduces_loss(single_thread):
                     '(../shared/data/wikitext-2/valid.txt relative to the repo root)')
     with open(WIKITEXT, encoding='utf-8') as f:
         text = f.read()
-    tok = mt.ByteTokenizer()
-    data = torch.tensor(tok.encode(text), dtype=torch.long)
+    tok = mt.byte_tokenizer()
+    data = torch.tensor(tok.encode(text, add_special_tokens=False), dtype=torch.long)
     n = int(0.9 * len(data))
     train, val = data[:n], data[n:]
     torch.manual_seed(0)
@@ -696,7 +696,7 @@ def test_mlm_training_on_wikitext_reduces_loss(single_thread):
         x = torch.stack([split[i:i + T] for i in ix])
         masked = torch.rand(x.shape, generator=g) < 0.15
         labels = torch.where(masked, x, torch.full_like(x, -100))
-        return torch.where(masked, torch.full_like(x, tok.mask_id), x), labels
+        return torch.where(masked, torch.full_like(x, tok.mask_token_id), x), labels
 
     vx, vy = batch(val)
     model.eval()

@@ -8,6 +8,7 @@ import json
 import logging
 import math
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -128,8 +129,8 @@ def test_command_line_model_sizes_are_bounded_too():
 
 def test_text_config_json_sizes_are_bounded_before_building(tmp_path):
     import mlp_vision.text as mt
-    from mlp_vision.text.tokenizer import ByteTokenizer
-    tokenizer = ByteTokenizer()
+    from mlp_vision.text.tokenizer import byte_tokenizer
+    tokenizer = byte_tokenizer()
     mt.create_model('gmlp_causal_char', vocab_size=tokenizer.vocab_size, hidden_size=8, num_hidden_layers=1,
                     max_position_embeddings=8).save_pretrained(str(tmp_path), tokenizer=tokenizer)
     payload = json.loads((tmp_path / 'config.json').read_text())
@@ -138,6 +139,98 @@ def test_text_config_json_sizes_are_bounded_before_building(tmp_path):
     with pytest.raises(UsageError, match=r"config\.json: GMLPForCausalLM with \{'hidden_size': 4096, .*"
                                          r"'num_hidden_layers': 100000, .*\} would have more than 2e\+09 parameters"):
         mt.from_pretrained(str(tmp_path))
+
+
+
+# ------------------------------------------------------------------------------------------------ activation size
+def test_activation_estimate_counts_leaf_outputs_on_meta():
+    """Training: every leaf's output (autograd keeps them); evaluation: the largest leaf input + output pair."""
+    from mlp_vision.errors import estimate_activation_bytes
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2)).to('meta')
+    x = torch.empty(16, 4, device='meta')
+    assert estimate_activation_bytes(model, [x], training=True) == 4 * 16 * (8 + 8 + 2)
+    assert estimate_activation_bytes(model, [x], training=False) == 4 * 16 * (8 + 8)  # the ReLU's in + out
+    assert model.training  # the caller's mode is kept
+
+
+def test_activation_check_stops_the_meta_forward_early():
+    from mlp_vision.errors import check_activation_size
+    ran = []
+
+    class Counted(torch.nn.Linear):
+        def forward(self, x):
+            ran.append(1)
+            return super().forward(x)
+
+    build = lambda: torch.nn.Sequential(*[Counted(1024, 1024, device='meta') for _ in range(2000)])  # noqa: E731
+    batch = [torch.empty(2 ** 20, 1024, device='meta')]  # 4 GiB per layer output
+    with pytest.raises(UsageError, match=r'^stack, batch 2\*\*20 would hold more than 256 GiB of activations in a '
+                                         r'training step \(estimated on the meta device: at least 260 GiB; the bound '
+                                         r'is --max-activation-gib'):
+        check_activation_size(build, batch, True, 'stack, batch 2**20')
+    assert len(ran) == 65  # refused at the 65th layer's output, not after 2,000
+    assert check_activation_size(build, [torch.empty(2, 1024, device='meta')], False, 'small') == 2 * 2 * 1024 * 4
+    assert check_activation_size(lambda: None, batch, True, 'not buildable on meta') is None
+
+
+def test_checkpoint_input_size_is_bounded_before_the_first_batch(tmp_path, capsys):
+    """A checkpoint whose data_cfg says 8192 px (the most validate accepts): its first batch of 128 would hold 384
+    GiB; validate stops with one line before the model sees it."""
+    import timm
+    import mlp_vision.validate as validate
+    from _helpers import exits_with_one_line
+    _png(tmp_path / 'data' / 'a' / '0.png')
+    path = tmp_path / 'big.pth'
+    weights = timm.create_model('test_convnext', num_classes=1).state_dict()
+    torch.save({'arch': 'test_convnext', 'state_dict': weights, 'epoch': 0,
+                'data_cfg': {'input_size': [3, 8192, 8192]},
+                'model_cfg': {'name': 'test_convnext', 'kwargs': {'num_classes': 1}}}, path)
+    msg = exits_with_one_line(validate.main, ['--checkpoint', str(path), '--data-dir', str(tmp_path / 'data'),
+                                              '-b', '128', '--threads', '1'], capsys)
+    assert (f"model test_convnext with {{'num_classes': 1}} at input (3, 8192, 8192), batch 128 (sizes from "
+            f"checkpoint {path}'s model_cfg / data_cfg) would hold more than 256 GiB of activations in one forward "
+            f"(estimated on the meta device: at least 384 GiB;") in msg
+
+
+def test_text_trainer_batch_is_bounded_before_the_first_step(tmp_path, capsys):
+    import mlp_vision.train_text as text_train
+    from _helpers import exits_with_one_line
+    (tmp_path / 'a.txt').write_text('to be or not to be\n' * 50)
+    argv = ['--task', 'causal', '--model', 'gmlp_causal_char', '--model-kwargs', 'num_hidden_layers=1',
+            'hidden_size=256', 'max_position_embeddings=1024', '--threads', '1', '--steps', '1', '-b', '65536',
+            '--train-file', str(tmp_path / 'a.txt'), '--output', str(tmp_path / 'out')]
+    msg = exits_with_one_line(text_train.main, argv, capsys)
+    assert "--model gmlp_causal_char: GMLPForCausalLM with {" in msg
+    assert 'batch 65536 x 1024 tokens would hold more than 256 GiB of activations in a training step' in msg
+
+
+# ------------------------------------------------------------------------------------------------ bound flags
+def test_size_bounds_set_the_flags_for_the_block_only():
+    import mlp_vision.errors as errors
+    from mlp_vision.errors import size_bounds
+    args = errors.ArgumentParser()
+    errors.add_bound_arguments(args)
+    with size_bounds(args.parse_args(['--max-params', '5e9', '--max-activation-gib', '0.5'])):
+        assert (errors.MAX_PARAMS, errors.MAX_ACTIVATION_BYTES) == (5_000_000_000, 2 ** 29)
+    assert (errors.MAX_PARAMS, errors.MAX_ACTIVATION_BYTES) == (2_000_000_000, 256 * 2 ** 30)
+    with pytest.raises(UsageError, match=r'^--max-params must be a positive number, got 0.0$'):
+        with size_bounds(args.parse_args(['--max-params', '0'])):
+            pass
+
+
+@pytest.mark.parametrize('flag, line', [
+    (['--max-params', '1000'], r"model mixer_s16 with \{.*\} would have more than 1e\+03 parameters"),
+    (['--max-activation-gib', '1e-6'], r"model mixer_s16 with \{.*\} at input \(3, 32, 32\), batch 2 would hold "
+                                       r"more than 9.99e-07 GiB of activations in one forward"),
+])
+def test_validate_bound_flags_reach_the_checks(flag, line, tmp_path, capsys):
+    """Lowering a bound from the command line refuses a small model: the flag is what the check reads."""
+    import mlp_vision.validate as validate
+    from _helpers import exits_with_one_line
+    _png(tmp_path / 'a' / '0.png')
+    argv = ['--model', 'mixer_s16', '--model-kwargs', 'embed_dim=8', 'num_blocks=1', 'img_size=32',
+            '--num-classes', '1', '--data-dir', str(tmp_path), '-b', '2', '--threads', '1'] + flag
+    assert re.search(line, exits_with_one_line(validate.main, argv, capsys))
 
 
 # ------------------------------------------------------------------------------------------------ image folders
@@ -211,12 +304,13 @@ def _with_regex_pre_tokenizer(folder):
 
 @pytest.mark.parametrize('kind', ['wordpiece', 'bpe'])
 def test_tokenizer_file_with_a_regex_is_refused_unless_allowed(kind, tmp_path):
-    from mlp_vision.text.tokenizer import find_tokenizer, load_tokenizer, tokenizer_from_dict, train_tokenizer
+    from mlp_vision.text.tokenizer import find_tokenizer, load_tokenizer, tokenizer_from_dict, tokenizer_to_dict, \
+        train_tokenizer
     texts = ['the cat sat on the mat', 'a dog ate the bone'] * 20
     ours = train_tokenizer(texts=texts, kind=kind, vocab_size=300)
     ours.save_pretrained(str(tmp_path))
     assert load_tokenizer(str(tmp_path)).encode('the cat') == ours.encode('the cat')  # ours keep loading
-    assert tokenizer_from_dict(ours.to_dict()).encode('the cat') == ours.encode('the cat')
+    assert tokenizer_from_dict(tokenizer_to_dict(ours)).encode('the cat') == ours.encode('the cat')
     path = _with_regex_pre_tokenizer(tmp_path)
     line = (f"{path}: pre_tokenizer.pretokenizers[0].pattern is the regular expression '(a+)+$', refused: a crafted "
             f"pattern takes minutes per text")
@@ -225,10 +319,28 @@ def test_tokenizer_file_with_a_regex_is_refused_unless_allowed(kind, tmp_path):
             load()
         assert str(e.value).startswith(line) and 'allow_regex=True' in str(e.value)
     trusted = load_tokenizer(str(tmp_path), allow_regex=True)
-    assert trusted.vocab_size == ours.vocab_size
-    saved = dict(ours.to_dict(), tokenizer_json=path.read_text())  # a checkpoint's tokenizer, edited
+    assert len(trusted) == len(ours)
+    saved = dict(tokenizer_to_dict(ours), tokenizer_json=path.read_text())  # a checkpoint's tokenizer, edited
     with pytest.raises(UsageError, match=r'the saved tokenizer: pre_tokenizer.pretokenizers\[0\].pattern is the '):
         tokenizer_from_dict(saved)
+
+
+
+def test_allow_regex_flag_is_the_command_line_opt_in(tmp_path, capsys):
+    """fill-mask on a folder whose tokenizer.json has a regex: refused with one line naming the flag; with
+    --allow-regex it reads the tokenizer and predicts."""
+    import mlp_vision.text as mt
+    import mlp_vision.text.fill_mask as fm
+    from mlp_vision.text.tokenizer import train_tokenizer
+    from _helpers import exits_with_one_line
+    tok = train_tokenizer(texts=['the cat sat on the mat', 'a dog ate the bone'] * 20, kind='wordpiece',
+                          vocab_size=300)
+    mt.create_model('gmlp_base', vocab_size=tok.vocab_size, num_hidden_layers=1, hidden_size=16,
+                    intermediate_size=32, max_position_embeddings=16).save_pretrained(str(tmp_path), tokenizer=tok)
+    path = _with_regex_pre_tokenizer(tmp_path)
+    msg = exits_with_one_line(fm.main, [str(tmp_path), 'the [MASK] sat'], capsys)
+    assert f"{path}: pre_tokenizer.pretokenizers[0].pattern is the regular expression '(a+)+$', refused" in msg
+    assert len(fm.main([str(tmp_path), 'the [MASK] sat', '--allow-regex', '--top-k', '2'])[0]) == 2
 
 
 # ------------------------------------------------------------------------------------------------ text data
@@ -302,11 +414,52 @@ def test_tokenizing_in_pieces_gives_the_whole_text_ids(kind, monkeypatch):
              for _ in range(300)]
     text = '\n'.join(lines) + '\n'
     tok = data.build_tokenizer(kind, 'causal', text, vocab_size=300)
-    whole = torch.tensor(tok.encode(text))
+    whole = torch.tensor(tok.encode(text, add_special_tokens=False))
     monkeypatch.setattr(data, 'ENCODE_CHUNK_CHARS', 50)
     calls = []
     pieces = data.encode_text(tok, text, 'training text', stop=lambda: calls.append(1) or 0)
     assert len(calls) > 20 and torch.equal(pieces, whole)
+
+
+
+def _foreign_tokenizer(kind):
+    """A user's tokenizer.json of a kind whose pieces are not provably exact: GPT-2's byte-level BPE (a space added
+    before a text), SentencePiece's Metaspace, and a Prepend normalizer (a mark before every text: no cut is exact)."""
+    from tokenizers import Tokenizer as Backend, decoders, models, normalizers, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+    backend = Backend(models.BPE(unk_token='[UNK]'))
+    if kind == 'byte_level':
+        backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=True)
+        backend.decoder = decoders.ByteLevel()
+    elif kind == 'metaspace':
+        backend.pre_tokenizer = pre_tokenizers.Metaspace()
+    else:
+        backend.normalizer = normalizers.Prepend('>')
+        backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    alphabet = pre_tokenizers.ByteLevel.alphabet() if kind == 'byte_level' else []
+    backend.train_from_iterator([' '.join(WORDS + ['Tis,', "o'er", '...', '>'])] * 20,
+                                trainers.BpeTrainer(vocab_size=200, special_tokens=['[UNK]'], initial_alphabet=alphabet))
+    return PreTrainedTokenizerFast(tokenizer_object=backend, unk_token='[UNK]')
+
+
+@pytest.mark.parametrize('kind, cut', [('byte_level', True), ('metaspace', True), ('prepend', False)])
+def test_foreign_tokenizers_are_cut_only_where_the_ids_stay(kind, cut, monkeypatch):
+    """A tokenizer.json that is not line-local is cut where the ids are checked to stay the whole text's (the stop
+    flag read between pieces); one with no such place encodes the text in one call, never different ids."""
+    import random
+    import mlp_vision.training.text.data as data
+    tok = _foreign_tokenizer(kind)
+    assert not data._encodes_by_pieces(tok)
+    rng = random.Random(2)
+    text = '\n'.join(' '.join(rng.choice(WORDS + ['  ', 'Tis,', "o'er", '...']) for _ in range(rng.randint(0, 9)))
+                     for _ in range(300)) + '\n'
+    whole = torch.tensor(tok.encode(text, add_special_tokens=False))
+    monkeypatch.setattr(data, 'ENCODE_CHUNK_CHARS', 50)
+    monkeypatch.setattr(data, 'CUT_CHECK_CHARS', 40)
+    calls = []
+    pieces = data.encode_text(tok, text, 'training text', stop=lambda: calls.append(1) or 0)
+    assert torch.equal(pieces, whole)
+    assert (len(calls) > 20) if cut else (len(calls) == 1)
 
 
 def test_stop_signal_is_honoured_while_tokenizing(monkeypatch):
@@ -320,6 +473,26 @@ def test_stop_signal_is_honoured_while_tokenizing(monkeypatch):
                                           r'so far\)') as e:
         data.encode_text(tok, 'word\n' * 1000, 'training text', stop=lambda: next(flags))
     assert e.value.exit_status == 128 + signal.SIGTERM
+
+
+
+def test_stop_signal_is_honoured_while_tokenizing_a_classification_file(english_wordpiece, monkeypatch):
+    """The classifier's examples are tokenized in pieces (each example on its own: the ids are the whole file's),
+    the stop flag read between them."""
+    import signal
+    import mlp_vision.training.text.classification as classification
+    from mlp_vision.errors import Interrupted
+    texts = [' '.join(WORDS[i % 7:i % 7 + 3]) for i in range(25)]
+    data = classification.LabelledData('train.tsv', ('sentence',), texts, texts[::-1], ['0'] * 25)
+    whole = classification.encode_examples(english_wordpiece, data, 16)
+    monkeypatch.setattr(classification, 'ENCODE_EXAMPLES_PER_PIECE', 10)
+    calls = []
+    assert classification.encode_examples(english_wordpiece, data, 16, stop=lambda: calls.append(1) or 0) == whole
+    assert len(calls) == 3
+    flags = iter([0, signal.SIGTERM])
+    with pytest.raises(Interrupted, match=r'^interrupted by SIGTERM at tokenizing train.tsv \(10 of 25 examples so '
+                                          r'far\)$'):
+        classification.encode_examples(english_wordpiece, data, 16, stop=lambda: next(flags))
 
 
 def test_global_batch_beyond_the_data_is_a_warning_with_numbers(caplog):

@@ -200,11 +200,13 @@ def test_eval_metric_top5_is_refused_for_five_classes_or_fewer(images, tmp_path,
 
 def test_text_trainer_default_model_follows_the_task(tmp_path, capsys):
     """--task mlm without --model: the missing file is named (the causal default is no longer checked first)."""
+    from mlp_vision.training.config import parse_args_with_config
     from mlp_vision.training.text.args import DEFAULT_MODELS, build_parser, check_args
     for task, model in DEFAULT_MODELS.items():
-        args = build_parser().parse_args(['--task', task])
+        args, _ = parse_args_with_config(build_parser(), ['--task', task])
         check_args(args)
-        assert args.model == model
+        assert args.model == model  # derived: the arguments as given (args.yaml) keep --model unset
+        assert args.given()['model'] is None and args.derived == {'model': model}
     with pytest.raises(SystemExit):
         _text(['--task', 'mlm', '--train-file', str(tmp_path / 'missing.txt'), '--threads', '1'])
     err = capsys.readouterr().err
@@ -229,3 +231,29 @@ def test_fill_mask_errors_carry_the_name_it_was_run_as(tmp_path, capsys):
     finally:
         sys.argv = argv
     assert capsys.readouterr().err.startswith('mlp-vision-fill-mask: error: ')
+
+
+CONSOLE_SCRIPTS = {  # COMMANDS' names -> the functions pip's console scripts call (mlp_vision.commands)
+    'train': 'train', 'validate': 'validate', 'benchmark': 'benchmark', 'complexity': 'complexity',
+    'visualize': 'visualize', 'fill-mask': 'fill_mask', 'text-train': 'text_train'}
+
+
+@pytest.mark.parametrize('name', sorted(COMMANDS))
+@pytest.mark.parametrize('bad, expected', [
+    (['--no-such-flag'], 'unrecognized arguments: --no-such-flag'),
+    (['--threads', 'many'], "argument --threads: invalid int value: 'many'"),
+])
+def test_every_command_has_one_argument_error_shape(name, bad, expected, tmp_path, monkeypatch, capsys):
+    """Issue 35 item 4: one parser class and error path for every command: an unknown flag and a value of the wrong
+    type are one line ``<the name it was run as>: error: ...`` on stderr and status 2, nothing on stdout."""
+    from mlp_vision import commands
+    monkeypatch.chdir(tmp_path)
+    script = f'mlp-vision-{name}'
+    assert script in commands.COMMANDS
+    monkeypatch.setattr('sys.argv', [script] + COMMANDS[name][1] + bad)
+    with pytest.raises(SystemExit) as e:
+        getattr(commands, CONSOLE_SCRIPTS[name])()
+    assert e.value.code == 2
+    out, err = capsys.readouterr()
+    assert err.splitlines() == [f'{script}: error: {expected}'] and out == ''
+    assert not os.path.exists(tmp_path / 'never-written')

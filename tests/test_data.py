@@ -496,6 +496,33 @@ def test_image_modes_without_a_scale_are_refused_with_the_file_name(tmp_path):
     assert '0..65535' in skipped['signed.tif'] and 'only 0..1' in skipped['float.tif']
 
 
+
+def test_multi_page_tiff_is_read_by_its_first_page_with_a_warning(tmp_path, caplog, monkeypatch):
+    """Left out with a count by default (timm's extensions; test_bounds.py); with .tiff added, a 3-page scan is one
+    sample, its first page, and the first such file is named once with its page count."""
+    import mlp_vision.training.data.decode as decode
+    _folder(tmp_path / 'val', {'a': 1})
+    pages = [Image.new('RGB', (4, 4), colour) for colour in ((255, 0, 0), (0, 255, 0), (0, 0, 255))]
+    pages[0].save(tmp_path / 'val' / 'a' / 'p1.tiff', save_all=True, append_images=pages[1:])
+    pages[1].save(tmp_path / 'val' / 'a' / 'p2.tiff', save_all=True, append_images=pages[2:])
+    from timm.data import set_img_extensions, get_img_extensions
+    before = get_img_extensions()
+    set_img_extensions(before + ('.tiff',))
+    try:
+        ds = create_image_dataset('', str(tmp_path), 'val')
+    finally:
+        set_img_extensions(before)
+    monkeypatch.setattr(decode, '_said_first_frame', False)
+    with caplog.at_level(logging.WARNING):
+        images = {os.path.basename(ds.filename(i)): ds[i][0] for i in range(len(ds))}
+    assert set(images) == {'0.png', 'p1.tiff', 'p2.tiff'}
+    assert images['p1.tiff'].getpixel((0, 0)) == (255, 0, 0) and images['p2.tiff'].getpixel((0, 0)) == (0, 255, 0)
+    said = [r.getMessage() for r in caplog.records if 'frames (pages)' in r.getMessage()]
+    assert said == [f'{tmp_path / "val" / "a" / "p1.tiff"} holds 3 frames (pages); only the first is read, as for '
+                    f'every multi-frame image of this dataset (said once): save the pages as separate files to use '
+                    f'them all']
+
+
 # ---------------------------------------------------------------------------------------------------- unreadable
 
 

@@ -53,7 +53,7 @@ def test_from_official_folder_brings_its_tokenizer(tmp_path):
     ref = make_official_folder(tmp_path / 'BiGS')
     model = mt.BiGSForMaskedLM.from_official(str(tmp_path / 'BiGS')).eval()
     tok = model.tokenizer
-    assert isinstance(tok, mt.SubwordTokenizer) and tok.do_lower_case and tok.mask_id == 5
+    assert mt.tokenizer_kind(tok) == 'subword' and tok.init_kwargs['do_lower_case'] and tok.mask_token_id == 5
     assert model.config.hidden_dropout_prob == 0.0 and model.config.pad_token_id == 0  # from config.json
     enc = tok('The movie was good .', return_tensors='pt')
     assert enc['input_ids'].tolist() == [[3, 6, 7, 8, 9, 11, 4]]
@@ -86,12 +86,12 @@ def test_fill_mask_cli_on_official_folder(tmp_path, capsys):
 
 def test_fill_mask_on_our_saved_folder(tmp_path):
     torch.manual_seed(0)
-    tok = mt.ByteTokenizer()
+    tok = mt.byte_tokenizer()
     model = mt.create_model('amlp_base', vocab_size=tok.vocab_size, num_hidden_layers=1, hidden_size=16,
                             intermediate_size=32, tiny_attention_size=8, max_position_embeddings=32).eval()
     model.save_pretrained(str(tmp_path / 'ours'), tokenizer=tok)
     results = fm.main([str(tmp_path / 'ours'), 'the movie was g<mask>od', '--top-k', '2'])
-    ids = torch.tensor([[tok.cls_id] + tok.encode('the movie was g') + [tok.mask_id] + tok.encode('od') + [tok.sep_id]])
+    ids = torch.tensor([tok.encode('the movie was g<mask>od', split_special_tokens=False)])
     with torch.no_grad():
         top = model(ids).logits[0, 16].softmax(-1).topk(2)
     assert [r['token_id'] for r in results[0]] == top.indices.tolist()
@@ -113,6 +113,6 @@ def test_fill_mask_errors(tmp_path, capsys):
     (tmp_path / 'BiGS' / 'vocab.txt').unlink()
     assert 'holds no tokenizer' in _usage_error([str(tmp_path / 'BiGS'), 'the [MASK]'], capsys)
     gpt = mt.create_model('gpt_sdpa', num_hidden_layers=1, hidden_size=16, num_attention_heads=2)
-    gpt.save_pretrained(str(tmp_path / 'gpt'), tokenizer=mt.CharTokenizer.from_text('abc'))
+    gpt.save_pretrained(str(tmp_path / 'gpt'), tokenizer=mt.char_tokenizer('abc'))
     assert 'not a masked LM' in _usage_error([str(tmp_path / 'gpt'), 'a<mask>'], capsys)
     assert 'is not a folder' in _usage_error([str(tmp_path / 'missing'), 'a [MASK]'], capsys)

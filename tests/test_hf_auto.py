@@ -54,7 +54,7 @@ def _create(key, tokenizer, task=None, **extra):
     name, fields = MASKED_LMS[key]
     fields = {**TINY, **fields, 'vocab_size': tokenizer.vocab_size, **extra}
     if key in ('bigs', 'bert'):
-        fields['pad_token_id'] = tokenizer.pad_id
+        fields['pad_token_id'] = tokenizer.pad_token_id
     torch.manual_seed(0)
     return mt.create_model(name, task=task, **fields)
 
@@ -187,7 +187,7 @@ def test_single_output_classifier_is_regression(tokenizer, tmp_path):
     ours.save_pretrained(str(tmp_path), tokenizer=tokenizer)
     theirs = AutoModelForSequenceClassification.from_pretrained(str(tmp_path))
     assert theirs.config.problem_type == 'regression'  # our 1-output head is trained with MSE: no sigmoid
-    got = pipeline('text-classification', model=theirs, tokenizer=tokenizer.to_transformers())(TEXTS[0])
+    got = pipeline('text-classification', model=theirs, tokenizer=tokenizer)(TEXTS[0])
     with torch.no_grad():
         expected = mt.from_pretrained(str(tmp_path)).eval()(**_batch(tokenizer, [TEXTS[0]], False)).logits
     assert got[0]['score'] == pytest.approx(float(expected), rel=1e-6)
@@ -223,7 +223,7 @@ def test_causal_lm_through_auto_class_and_generate(name, tmp_path, single_thread
 
 def test_pipeline_takes_our_model_itself(tokenizer):
     ours = _create('bert', tokenizer).eval()
-    fill = pipeline('fill-mask', model=ours, tokenizer=tokenizer.to_transformers())
+    fill = pipeline('fill-mask', model=ours, tokenizer=tokenizer)
     assert fill.model is ours
     expected = fill_mask(ours, tokenizer, 'the film was [MASK] .', top_k=3)[0]
     assert [p['token'] for p in fill('the film was [MASK] .', top_k=3)] == [p['token_id'] for p in expected]
@@ -303,15 +303,17 @@ BYTE_CHAR_TEXTS = ['hello <mask>orld', 'héllo  wörld 日本 ', '\n\ttab <mask>
 def _byte_or_char(which):
     from mlp_vision.text.tokenizer import DEFAULT_CONTROL_TOKENS
     if which == 'byte':
-        return mt.ByteTokenizer()
+        return mt.byte_tokenizer()
     # 'char': no unknown token, so an unseen character is an error
-    return mt.CharTokenizer(set('hello world\n\t'), DEFAULT_CONTROL_TOKENS, unk='<unk>' if which == 'char-unk' else None)
+    return mt.char_tokenizer(set('hello world\n\t'), DEFAULT_CONTROL_TOKENS,
+                             unk='<unk>' if which == 'char-unk' else None)
 
 
 def _ours_with_masks(ours, text):
     """Our ids of ``text`` with each '<mask>' string as the mask id (ours encode it as characters)."""
     pieces = text.split('<mask>')
-    return [i for n, piece in enumerate(pieces) for i in ([ours.mask_id] if n else []) + ours.encode(piece)]
+    return [i for n, piece in enumerate(pieces)
+            for i in ([ours.mask_token_id] if n else []) + ours.encode(piece, add_special_tokens=False)]
 
 
 @pytest.mark.parametrize('which', ['byte', 'char-unk', 'char'])
@@ -322,21 +324,24 @@ def test_byte_and_char_tokenizers_have_the_same_ids_in_transformers(which, tmp_p
     never dropped."""
     ours = _byte_or_char(which)
     ours.save_pretrained(str(tmp_path))
-    assert mt.load_tokenizer(str(tmp_path)).to_dict() == ours.to_dict()  # our loader still reads our tokenizer
-    for theirs in (ours.to_transformers(), AutoTokenizer.from_pretrained(str(tmp_path))):
+    assert mt.tokenizer_to_dict(mt.load_tokenizer(str(tmp_path))) == mt.tokenizer_to_dict(ours)  # ours reloads
+    world = ours.encode('world', add_special_tokens=False)
+    for theirs in (AutoTokenizer.from_pretrained(str(tmp_path)),):
         for text in BYTE_CHAR_TEXTS:
-            if which == 'char' and set(text.replace('<mask>', '')) - set(ours.chars):
+            if which == 'char' and set(text.replace('<mask>', '')) - set(ours.get_vocab()):
                 with pytest.raises(Exception, match='Missing'):
                     theirs(text)
                 continue
             got = theirs(text, 'world')
-            assert (got['input_ids'], got['token_type_ids']) == ours.build_inputs(_ours_with_masks(ours, text),
-                                                                                  ours.encode('world'))
-            assert theirs.decode(got['input_ids'], skip_special_tokens=True) == ours.decode(got['input_ids'])
+            first = [ours.cls_token_id] + _ours_with_masks(ours, text) + [ours.sep_token_id]
+            assert got['input_ids'] == first + world + [ours.sep_token_id]
+            assert got['token_type_ids'] == [0] * len(first) + [1] * (len(world) + 1)
+            assert theirs.decode(got['input_ids'], skip_special_tokens=True) == \
+                ours.decode(got['input_ids'], skip_special_tokens=True)
 
 
 def test_pipeline_on_a_byte_tokenizer_folder(tmp_path, single_thread):
-    tok = mt.ByteTokenizer()
+    tok = mt.byte_tokenizer()
     torch.manual_seed(0)
     model = mt.create_model('gmlp_base', **{**TINY, 'vocab_size': tok.vocab_size})
     model.save_pretrained(str(tmp_path), tokenizer=tok)

@@ -33,11 +33,11 @@ def sentiment_dataset(tokenizer, n=64, seed=0):
 @pytest.mark.parametrize('name', ['gmlp_base', 'bigs_small'])
 def test_transformers_trainer_fine_tunes_our_classifier(name, tmp_path, single_thread):
     torch.manual_seed(0)
-    tok = mt.ByteTokenizer()
+    tok = mt.byte_tokenizer()
     small = dict(vocab_size=tok.vocab_size, hidden_size=32, num_hidden_layers=2, intermediate_size=64,
                  max_position_embeddings=32, classifier_dropout=0.0)
     if name == 'bigs_small':
-        small.update(pad_token_id=tok.pad_id, num_ssm_states=8, hidden_dropout_prob=0.0)
+        small.update(pad_token_id=tok.pad_token_id, num_ssm_states=8, hidden_dropout_prob=0.0)
     model = mt.create_model(name, task='sequence_classification', num_labels=2, **small)
     data = sentiment_dataset(tok)
     args = transformers.TrainingArguments(
@@ -87,4 +87,4 @@ def test_auto_tokenizer_reads_our_saved_subword_tokenizer(tmp_path):
         theirs = hf(a, b)
         assert ours['input_ids'] == theirs['input_ids']
         assert ours['token_type_ids'] == theirs['token_type_ids']
-    assert (hf.pad_token_id, hf.mask_token_id, hf.cls_token_id) == (tok.pad_id, tok.mask_id, tok.cls_id)
+    assert (hf.pad_token_id, hf.mask_token_id, hf.cls_token_id) == (tok.pad_token_id, tok.mask_token_id, tok.cls_token_id)

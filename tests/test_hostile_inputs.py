@@ -126,7 +126,7 @@ def test_fill_mask_and_visualize_refuse_nan_weights(vision_ckpt, tmp_path, capsy
     torch.save(sd, tmp_path / 'BiGS' / 'pytorch_model.bin')
     msg = _fail(fill_mask.main, [str(tmp_path / 'BiGS'), 'the [MASK]'], capsys)
     assert f'the official BiGS weights in {tmp_path / "BiGS"}' in msg and 'NaN / infinite' in msg, msg
-    tok = mt.ByteTokenizer()
+    tok = mt.byte_tokenizer()
     model = mt.create_model('amlp_base', vocab_size=tok.vocab_size, num_hidden_layers=1, hidden_size=16,
                             intermediate_size=32, tiny_attention_size=8, max_position_embeddings=32)
     with torch.no_grad():
@@ -262,7 +262,8 @@ def test_run_cli_turns_boundary_failures_into_one_line(capsys, error, status, li
 
 def test_a_tokenizer_panic_is_one_line(tmp_path, capsys):
     """A tokenizer.json whose BPE continuing-subword prefix is longer than its pieces makes ``tokenizers`` panic
-    (``pyo3_runtime.PanicException``, a BaseException): fill_mask ends with one line, status 1."""
+    (``pyo3_runtime.PanicException``, a BaseException) while loading: fill_mask ends with one line naming the file,
+    status 2 (issue 33; it was run_cli's line without the file)."""
     tok = mt.train_tokenizer(texts=['the movie was good', 'the film was bad'] * 20, kind='bpe', vocab_size=300)
     model = mt.create_model('amlp_base', vocab_size=tok.vocab_size, num_hidden_layers=1, hidden_size=16,
                             intermediate_size=32, tiny_attention_size=8, max_position_embeddings=32)
@@ -270,8 +271,9 @@ def test_a_tokenizer_panic_is_one_line(tmp_path, capsys):
     spec = json.loads((tmp_path / 'm' / 'tokenizer.json').read_text())
     spec['model']['continuing_subword_prefix'] = 'abcdefgh'
     (tmp_path / 'm' / 'tokenizer.json').write_text(json.dumps(spec))
-    msg = _fail(fill_mask.main, [str(tmp_path / 'm'), 'the <mask>'], capsys, status=1)
-    assert 'a Rust library stopped with a panic (range end index' in msg, msg
+    msg = _fail(fill_mask.main, [str(tmp_path / 'm'), 'the <mask>'], capsys)
+    assert f'{tmp_path / "m" / "tokenizer.json"} is not a tokenizer file this package reads (PanicException: range ' \
+           f'end index' in msg, msg
 
 
 def test_fill_mask_bad_text_and_config_files(tmp_path, capsys):

@@ -110,6 +110,7 @@ def test_eviction_deletes_only_the_runs_own_top_n_file(vision_run, tmp_path):
     (lambda c: c['args'].update(lr='1e-3; rm -rf /'), 'lr must be a number'),
     (lambda c: c['args'].update(amp_dtype='save'), 'amp_dtype must be one of'),
     (lambda c: c['args'].update(amp='yes'), 'amp must be true or false'),
+    (lambda c: c.update(derived=['lr', 1]), "checkpoint's derived is not a mapping of setting names"),
     (lambda c: c.update(step=-3), 'checkpoint\'s step'),
     (lambda c: c.update(state_dict=['not', 'a', 'dict']), 'state_dict'),
     (lambda c: c['scheduler'].update(optimizer='replaced'), "entry 'optimizer'"),

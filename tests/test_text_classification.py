@@ -13,7 +13,7 @@ import torch
 import mlp_vision.train_text as text_train
 from mlp_vision.training.text.classification import (
     classification_metrics, collate, encode_examples, init_classifier, label_ids, read_labelled_file)
-from mlp_vision.text.tokenizer import ByteTokenizer
+from mlp_vision.text.tokenizer import byte_tokenizer, tokenizer_to_dict
 
 TINY_BERT = ['--model', 'bert_small', '--model-kwargs', 'num_hidden_layers=2', 'hidden_size=32',
              'intermediate_size=64', 'num_attention_heads=2', 'max_position_embeddings=64']
@@ -89,7 +89,7 @@ def test_learns_toy_sentiment_and_keeps_best(toy, tmp_path):
     ids, types = encode_examples(model.tokenizer, data, 64)
     labels = torch.tensor([int(x) for x in data.labels])
     with torch.no_grad():
-        preds = model(**{k: v for k, v in collate(ids, types, labels, model.tokenizer.pad_id, True).items()
+        preds = model(**{k: v for k, v in collate(ids, types, labels, model.tokenizer.pad_token_id, True).items()
                          if k != 'labels'}).logits.argmax(-1)
     assert classification_metrics(preds, labels, 2)['acc'] == pytest.approx(res['val_best']['acc'])
     assert res['init']['kind'] == 'none'
@@ -121,17 +121,17 @@ def test_pairs_detected_encoded_with_token_types_and_trained(tmp_path):
     train, dev = _toy(tmp_path / 'train.tsv', 64, 0, pair=True), _toy(tmp_path / 'dev.tsv', 16, 1, pair=True)
     data = read_labelled_file(str(train))
     assert data.text_columns == ('sentence1', 'sentence2') and len(data.pairs) == len(data.texts) == 64
-    tok = ByteTokenizer()
+    tok = byte_tokenizer()
     ids, types = encode_examples(tok, data, 24)  # truncated to 24 tokens, longest first
     assert max(len(r) for r in ids) == 24
     for r, t, a, b in zip(ids, types, data.texts, data.pairs):
         n_first = min(len(a.encode()), 24) + 2
-        assert r[0] == tok.cls_id and r.count(tok.sep_id) == 2 and r[-1] == tok.sep_id
-        assert t == [0] * (r.index(tok.sep_id) + 1) + [1] * (len(r) - r.index(tok.sep_id) - 1)
-        assert r.index(tok.sep_id) + 1 <= n_first
-    batch = collate(ids[:3], types[:3], torch.tensor([0, 1, 0]), tok.pad_id, True)
+        assert r[0] == tok.cls_token_id and r.count(tok.sep_token_id) == 2 and r[-1] == tok.sep_token_id
+        assert t == [0] * (r.index(tok.sep_token_id) + 1) + [1] * (len(r) - r.index(tok.sep_token_id) - 1)
+        assert r.index(tok.sep_token_id) + 1 <= n_first
+    batch = collate(ids[:3], types[:3], torch.tensor([0, 1, 0]), tok.pad_token_id, True)
     assert batch['attention_mask'].sum(1).tolist() == [len(r) for r in ids[:3]]
-    assert (batch['input_ids'][batch['attention_mask'] == 0] == tok.pad_id).all()
+    assert (batch['input_ids'][batch['attention_mask'] == 0] == tok.pad_token_id).all()
     res = _run(TINY_BERT + ['--tokenizer', 'byte', '--train-file', str(train), '--val-file', str(dev), '--steps', '2',
                             '-b', '8', '--block-size', '48'], tmp_path, 'pairs')
     assert res['data']['text_columns'] == ['sentence1', 'sentence2'] and res['val_final']['examples'] == 16
@@ -167,7 +167,7 @@ def test_init_from_mlm_run_loads_encoder(mlm_run, toy, tmp_path, which):
     train, dev = toy
     mlm = torch.load(mlm_run / 'last.pth', weights_only=True)['state_dict']
     model, family, tok, report = init_classifier(str(mlm_run / which), 'ignored', {}, 2)
-    assert family == 'gmlp' and tok.to_dict() == ByteTokenizer().to_dict()
+    assert family == 'gmlp' and tokenizer_to_dict(tok) == tokenizer_to_dict(byte_tokenizer())
     assert report.new == ['classifier.weight', 'classifier.bias']
     # the MLM head: its output bias (and in a training checkpoint the tied decoder, the embedding under its 2nd name)
     assert 'output_bias' in report.unused and set(report.unused) <= {'output_bias', 'decoder.weight'}

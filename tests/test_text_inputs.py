@@ -47,7 +47,7 @@ def data(tmp_path_factory):
     torch.manual_seed(0)
     kwargs = dict(num_hidden_layers=1, hidden_size=16, intermediate_size=32, tiny_attention_size=8,
                   max_position_embeddings=32)
-    byte = mt.ByteTokenizer()
+    byte = mt.byte_tokenizer()
     mt.create_model('amlp_base', vocab_size=byte.vocab_size, **kwargs).save_pretrained(str(root / 'good'), tokenizer=byte)
     sub = mt.train_tokenizer(texts=text.splitlines(), vocab_size=60)
     mt.create_model('amlp_base', vocab_size=sub.vocab_size, **kwargs).save_pretrained(str(root / 'subword'), tokenizer=sub)
@@ -147,8 +147,10 @@ DAMAGE = {
                                'model.safetensors does not exist'),
     'truncated tokenizer_config.json': ('good', lambda p: _truncate(p / 'tokenizer_config.json', 12),
                                         'tokenizer_config.json is not a tokenizer file'),
-    'char tokenizer without its characters': ('good', lambda p: (p / 'tokenizer_config.json').write_text(
-        '{"tokenizer_type": "char"}'), "tokenizer_config.json is not a tokenizer file this package reads (KeyError"),
+    # an older run's folder: the char tokenizer only in tokenizer_config.json, its characters missing
+    'char tokenizer without its characters': ('good', lambda p: ((p / 'tokenizer.json').unlink(), (
+        p / 'tokenizer_config.json').write_text('{"tokenizer_type": "char"}')),
+        "tokenizer_config.json is not a tokenizer file this package reads (KeyError"),
     'truncated tokenizer.json': ('subword', lambda p: _truncate(p / 'tokenizer.json', 100),
                                  'tokenizer.json is not a tokenizer file'),
     'tokenizer.json of another kind': ('subword', lambda p: (p / 'tokenizer.json').write_text(

@@ -104,7 +104,7 @@ def test_causal_lm_learns_tiny_shakespeare(shakespeare, tmp_path):
     model = mt.from_pretrained(str(exp / 'pretrained'))
     tok = model.tokenizer  # saved beside the weights
     text = Path(shakespeare).read_text()
-    ids = torch.tensor(tok.encode(text[int(len(text) * 0.9):]))
+    ids = torch.tensor(tok.encode(text[int(len(text) * 0.9):], add_special_tokens=False))
     batches = subset_batches(causal_eval_batches(ids, 32, 16), 40, 42)  # the run's fixed subset
     again = text_lm.evaluate_lm(model, batches, task='causal', device=torch.device('cpu'))
     assert again['loss'] == pytest.approx(res['val_final']['loss'], rel=1e-5)
@@ -155,6 +155,29 @@ def test_resume_equals_uninterrupted_run(task, model, tiny_text, tmp_path):
     assert [r['step'] for r in c_rows] == ['4', '8', '12']
     assert resumed['val_final']['loss'] == json.loads((tmp_path / 'ref' / 'results.json').read_text())[
         'val_final']['loss']
+
+
+def test_recipe_fills_are_derived_and_a_resume_fills_them_again(tiny_text, tmp_path):
+    """Issue 35 item 3: the recipe's optimizer values and the model's block size are derived values (derived.yaml,
+    the checkpoint's 'derived'); args.yaml keeps the flags as given, so a resume with more --steps caps the recipe's
+    warmup at a tenth of the new count, not at the first run's."""
+    import yaml
+    from mlp_vision.training.text.recipes import load_recipe
+    unset = ('lr', 'opt_betas', 'opt_eps', 'weight_decay', 'sched', 'warmup_steps', 'block_size')
+    text_train.main(TINY_GMLP + COMMON + [
+        '--task', 'mlm', '--train-file', tiny_text, '--steps', '20', '-b', '2', '--eval-interval', '10',
+        '--eval-batches', '1', '--final-eval-batches', '1', '--output', str(tmp_path), '--experiment', 'run',
+        '--stop-after-step', '10'])
+    recipe = load_recipe('gmlp_masked_lm')
+    given = yaml.safe_load((tmp_path / 'run' / 'args.yaml').read_text())
+    derived = yaml.safe_load((tmp_path / 'run' / 'derived.yaml').read_text())
+    assert {k: given[k] for k in unset} == dict.fromkeys(unset) and given['model'] == 'amlp_base'
+    assert derived == {**{k: recipe[k] for k in unset[:5]}, 'warmup_steps': 2, 'block_size': 32}  # 2: 20 // 10
+    assert _state(tmp_path / 'run' / 'last.pth')['derived'] == derived
+    text_train.main(['--resume', str(tmp_path / 'run' / 'last.pth'), '--steps', '40', '--stop-after-step', '11'])
+    resumed = _state(tmp_path / 'run' / 'last.pth')
+    assert resumed['step'] == 11 and resumed['args']['warmup_steps'] is None and resumed['args']['steps'] == 40
+    assert resumed['derived'] == {**derived, 'warmup_steps': 4} and resumed['schedule']['warmup_epochs'] == 4
 
 
 def test_a_stop_inside_an_update_saves_the_state_before_it_and_resume_is_exact(tiny_text, tmp_path, monkeypatch):
@@ -252,16 +275,16 @@ def masking_text(tiny_text):
 
 def test_mlm_masking_statistics(masking_text):
     tok = build_tokenizer('char', 'mlm', masking_text)
-    ids = torch.tensor(tok.encode(masking_text))
+    ids = torch.tensor(tok.encode(masking_text, add_special_tokens=False))
     masker = MLMMasker(tok)
     # 1,500 segments of 64 (<cls> + 62 text + <sep>), the last rows shortened so that they are padded
     starts = torch.arange(1500) * 62
     starts[-50:] = len(ids) - 30
     segments, attention = mlm_segments(ids, starts, 64, tok)
-    assert (segments[:, 0] == tok.cls_id).all()
-    assert (segments[-1, 31] == tok.sep_id) and (segments[-1, 32:] == tok.pad_id).all() and not attention[-1, 32:].any()
+    assert (segments[:, 0] == tok.cls_token_id).all()
+    assert (segments[-1, 31] == tok.sep_token_id) and (segments[-1, 32:] == tok.pad_token_id).all() and not attention[-1, 32:].any()
     inputs, labels = masker(segments, torch.Generator().manual_seed(0))
-    special = torch.isin(segments, torch.tensor(tok.special_ids))
+    special = torch.isin(segments, torch.tensor(tok.all_special_ids))
     selected = labels != -100
     assert not (selected & special).any(), 'a special token was selected'
     assert torch.equal(inputs[special], segments[special]), 'a special token was changed'
@@ -269,12 +292,12 @@ def test_mlm_masking_statistics(masking_text):
     per_row = selected.sum(1).double() / (~special).sum(1)
     assert (per_row - 0.15).abs().max() < 0.5 / 30 + 1e-9  # exactly round(15 %) of every row's text tokens
     n = selected.sum().item()
-    as_mask = (inputs[selected] == tok.mask_id).sum().item() / n
+    as_mask = (inputs[selected] == tok.mask_token_id).sum().item() / n
     kept = (inputs[selected] == segments[selected]).sum().item() / n
     other = 1 - as_mask - kept
     assert abs(as_mask - 0.8) < 0.01 and abs(kept - 0.1) < 0.01 and abs(other - 0.1) < 0.01, (as_mask, kept, other)
-    replaced = selected & (inputs != tok.mask_id) & (inputs != segments)
-    assert (inputs[replaced] < tok.vocab_size - len(tok.special_ids)).all(), 'random replacement by a special'
+    replaced = selected & (inputs != tok.mask_token_id) & (inputs != segments)
+    assert (inputs[replaced] < tok.vocab_size - len(tok.all_special_ids)).all(), 'random replacement by a special'
     # unselected positions are untouched; same seed -> same masks
     assert torch.equal(inputs[~selected], segments[~selected])
     again, again_labels = masker(segments, torch.Generator().manual_seed(0))
@@ -332,7 +355,7 @@ def test_ddp_two_processes_gloo(tiny_text, tmp_path):
     model = mt.from_pretrained(str(tmp_path / 'ddp' / 'pretrained'))
     tok = model.tokenizer
     text = Path(tiny_text).read_text()
-    ids = torch.tensor(tok.encode(text[int(len(text) * 0.9):]))
+    ids = torch.tensor(tok.encode(text[int(len(text) * 0.9):], add_special_tokens=False))
     batches = subset_batches(causal_eval_batches(ids, 32, 4), 5, 42)
     one = text_lm.evaluate_lm(model, batches, task='causal', device=torch.device('cpu'))
     assert one['loss'] == pytest.approx(res['val_final']['loss'], rel=1e-5) and one['tokens'] == 5 * 4 * 32

@@ -27,7 +27,8 @@ pytest.importorskip('sklearn', reason='the test images come from scikit-learn (p
 import mlp_vision.train as train  # noqa: E402  (the commands' code; train.py / validate.py at the root run it)
 import mlp_vision.validate as validate  # noqa: E402
 from mlp_vision.training.checkpoint import atomic_save  # noqa: E402
-from mlp_vision.training.config import find_recipe, parse_args_with_config, recipe_names  # noqa: E402
+from mlp_vision.training.config import (  # noqa: E402
+    args_to_yaml, find_recipe, parse_args_with_config, recipe_names)
 from mlp_vision.errors import UsageError  # noqa: E402
 from mlp_vision.training.data import prepare_digits_folder  # noqa: E402
 
@@ -290,6 +291,51 @@ def three_class_run(digits, tmp_path_factory):
     return out / 'run' / 'last.pth'
 
 
+def test_settings_are_saved_as_given_and_derived_values_apart(three_class_run):
+    """Issue 35 item 3: args.yaml and a checkpoint's 'args' hold the arguments as given (no --lr, no --num-classes);
+    the lr timm's rule scaled to the batch and the classes counted in the data are derived values, saved apart."""
+    folder, ckpt = three_class_run.parent, _state(three_class_run)
+    given = yaml.safe_load((folder / 'args.yaml').read_text())
+    derived = yaml.safe_load((folder / 'derived.yaml').read_text())
+    assert given['lr'] is None and given['num_classes'] is None and given['lr_base_scale'] == ''
+    assert derived == {'num_classes': 3, 'lr': pytest.approx(0.1 * 8 / 256), 'lr_base_scale': 'linear'}
+    assert yaml.safe_load(args_to_yaml(ckpt['args'])) == given and ckpt['derived'] == derived  # tuples: lists
+    assert ckpt['schedule']['lr'] == derived['lr']
+
+
+def _resumed_with_batch(checkpoint, data, folder, batch_size):
+    """A second epoch of ``checkpoint`` (copied into ``folder``, so the fixture's run is left as it is) at
+    ``batch_size``; returns the resumed run's last.pth."""
+    folder.mkdir()
+    shutil.copy(checkpoint, folder / 'last.pth')
+    res = train.main(['--resume', str(folder / 'last.pth'), '--epochs', '2', '-b', str(batch_size), '--workers', '0',
+                      '--data-dir', str(data), '--log-interval', '100'])
+    return _state(Path(res['experiment_dir']) / 'last.pth')
+
+
+def test_a_resume_derives_the_lr_again_from_the_given_one(three_class_run, tmp_path, caplog):
+    # the run was at -b 8 with no --lr: at -b 4 the lr is scaled again from --lr-base, not from the saved lr
+    data = Path(_state(three_class_run)['args']['data_dir'])
+    resumed = _resumed_with_batch(three_class_run, data, tmp_path / 'r', 4)
+    assert resumed['args']['lr'] is None and resumed['args']['batch_size'] == 4
+    assert resumed['derived']['lr'] == pytest.approx(0.1 * 4 / 256) and resumed['derived']['num_classes'] == 3
+    assert resumed['optimizer']['param_groups'][0]['initial_lr'] == pytest.approx(0.1 * 4 / 256)
+    assert any('derived again: lr 0.0015625 (was 0.003125)' in r.getMessage() for r in caplog.records)
+
+
+def test_a_checkpoint_without_derived_values_still_resumes(three_class_run, tmp_path):
+    # written before the derived values were kept apart: its 'args' hold them, and a resume takes them as given
+    old = _state(three_class_run)
+    old['args'].update(old.pop('derived'))
+    (tmp_path / 'old').mkdir()
+    torch.save(old, tmp_path / 'old' / 'made-the-old-way.pth')
+    resumed = _resumed_with_batch(tmp_path / 'old' / 'made-the-old-way.pth', old['args']['data_dir'],
+                                  tmp_path / 'r', 4)
+    assert resumed['epoch'] == 1
+    assert resumed['args']['lr'] == pytest.approx(0.1 * 8 / 256) and 'lr' not in resumed['derived']
+    assert resumed['optimizer']['param_groups'][0]['initial_lr'] == pytest.approx(0.1 * 8 / 256)
+
+
 def _validate_with_dataset(monkeypatch, argv):
     """validate.main(argv) and the validation set it labelled."""
     made = []
@@ -502,6 +548,12 @@ def test_demo_wiring_one_epoch(tmp_path, monkeypatch):
     assert (tmp_path / 'cache' / 'digits' / 'train' / '0').is_dir()
     val = results['demo_validation']
     assert val['samples'] == 364
+    # the demo recipe is part of the arguments as given; the data folder it trains on is derived
+    folder = Path(results['experiment_dir'])
+    given = yaml.safe_load((folder / 'args.yaml').read_text())
+    assert given['data_dir'] is None and given['epochs'] == 1 and given['lr'] == 2e-3  # demo_digits.yaml's lr
+    derived = yaml.safe_load((folder / 'derived.yaml').read_text())
+    assert derived['data_dir'] == str(tmp_path / 'cache' / 'digits') and derived['val_split'] == 'val'
     assert val['top1'] == pytest.approx(results['best']['metric'], abs=1e-4)
 
 

@@ -15,6 +15,7 @@ import torch
 import torch.nn as nn
 
 from .handles import NON_MAC_OPS, count_module
+from ..errors import UsageError
 
 __all__ = [
     'Count', 'count', 'count_vision', 'count_text', 'count_bert_large', 'model_macs', 'CountCache',
@@ -141,7 +142,8 @@ def known_models() -> List[str]:
 
 
 def resolve_models(patterns: Optional[Sequence[str]]) -> List[str]:
-    """Known names matching any of the shell-style ``patterns`` (all when None); error for a pattern with no match."""
+    """Known names matching any of the shell-style ``patterns`` (all when None); a :class:`UsageError` (a
+    ``ValueError``) for a pattern with no match."""
     known = known_models()
     if not patterns:
         return known
@@ -149,7 +151,7 @@ def resolve_models(patterns: Optional[Sequence[str]]) -> List[str]:
     for pattern in patterns:
         hits = [n for n in known if fnmatch.fnmatch(n, pattern)]
         if not hits:
-            raise ValueError(f'--models: pattern {pattern!r} matches no model; expected shell-style patterns over '
+            raise UsageError(f'--models: pattern {pattern!r} matches no model; expected shell-style patterns over '
                              f'the known names: {", ".join(known)}')
         selected.update(hits)
     return [n for n in known if n in selected]

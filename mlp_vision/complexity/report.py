@@ -12,7 +12,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from ..errors import UsageError, check_range
+from ..errors import ArgumentParser, DefaultsHelpFormatter, UsageError, check_range, run_cli
 from ..training.checkpoint import atomic_write_text
 from ..threads import THREADS_RANGE, add_threads_argument, set_threads
 from .counts import DEFAULT_IMG_SIZE, Count, CountCache, family, resolve_models, text_seq_len
@@ -20,9 +20,10 @@ from .paper import PAPER_ROWS, QUANTITIES, STATUSES, Comparison, compare, format
 
 __all__ = [
     'Report', 'build_report', 'conventions', 'render_markdown', 'render_csv', 'render_json', 'parse_args', 'main',
-    'COMMAND', 'COMMAND_PLOT',
+    'COMMAND', 'COMMAND_PLOT', 'PROG',
 ]
 
+PROG = 'python -m mlp_vision.complexity'  # the command's name in messages; the console script passes its own
 COMMAND = 'python -m mlp_vision.complexity --output results/complexity.md results/complexity.csv'
 COMMAND_PLOT = 'python -m mlp_vision.complexity --plot results/complexity_scaling.png'
 
@@ -224,15 +225,17 @@ def _positive_int(text: str) -> int:
     return value
 
 
-def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        prog='python -m mlp_vision.complexity',
+def parse_args(argv: Optional[Sequence[str]] = None, prog: str = PROG) -> argparse.Namespace:
+    """The flags, checked before anything is counted; bad input is a :class:`UsageError` (``main``: one line,
+    status 2, as every command)."""
+    p = ArgumentParser(
+        prog=prog, formatter_class=DefaultsHelpFormatter,
         description='Parameters and fvcore MACs of every model beside the paper tables. The report opens with '
                     'its counting conventions (which paper counts FLOPs as MACs, the handles added to fvcore).')
     p.add_argument('--models', nargs='+', metavar='PATTERN',
                    help='shell-style name patterns (default: every model); e.g. "smlpnet_*" "bigs_*"')
     p.add_argument('--img-size', type=_positive_int, default=DEFAULT_IMG_SIZE,
-                   help='image side for the vision models, a multiple of 32 (default 224)')
+                   help='image side for the vision models, a multiple of 32')
     p.add_argument('--seq-len', type=_positive_int, default=None,
                    help='sequence length for the registered text models incl. BiGS (default: each model\'s '
                         'maximum; longer than a model\'s maximum: that model is listed as not counted); the '
@@ -244,29 +247,29 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument('--plot', metavar='PNG', help='write the MACs-scaling plot (vision sizes, BiGS/BERT lengths) '
                                                  'and exit')
     add_threads_argument(p)  # fvcore traces every model: a forward each
+    p.add_argument('--debug', action='store_true', help='show the traceback of an error, not its one line')
     args = p.parse_args(argv)
-    try:
-        if args.threads is not None:
-            check_range('--threads', args.threads, **THREADS_RANGE)
-    except UsageError as e:  # as this command's other flag errors: argparse's usage and the line, status 2
-        p.error(str(e))
+    if args.threads is not None:
+        check_range('--threads', args.threads, **THREADS_RANGE)
     if args.img_size % 32:
-        p.error(f'--img-size must be a multiple of 32 (sMLPNet needs H and W divisible by 32), got {args.img_size}')
+        raise UsageError(f'--img-size must be a multiple of 32 (sMLPNet needs H and W divisible by 32), got '
+                         f'{args.img_size}')
+    resolve_models(args.models)  # a pattern that matches nothing stops here, before any counting
     for flag, path in [('--output', path) for path in args.output or []] + [('--plot', args.plot)]:
         folder = os.path.dirname(path or '') or '.'
         if path is not None and (os.path.isdir(path) or not os.path.isdir(folder)):
-            p.error(f'{flag} {path!r}: expected a file path in an existing folder'
-                    + (' (it is a folder)' if os.path.isdir(path) else f' ({folder} does not exist)'))
+            raise UsageError(f'{flag} {path!r}: expected a file path in an existing folder'
+                             + (' (it is a folder)' if os.path.isdir(path) else f' ({folder} does not exist)'))
     outputs = args.output or [None]
     if args.format is not None and len(outputs) > 1:
-        p.error('--format applies to a single --output; with several, each path\'s suffix sets its format')
+        raise UsageError('--format applies to a single --output; with several, each path\'s suffix sets its format')
     args.targets = []
     for path in outputs:
         suffix = path.rsplit('.', 1)[-1].lower() if path and '.' in path else ''
         fmt = args.format or (suffix if suffix in FORMATS else None)
         if fmt is None:
             if path is not None and len(outputs) > 1:
-                p.error(f'--output {path!r}: cannot tell the format, expected a .md, .csv or .json suffix')
+                raise UsageError(f'--output {path!r}: cannot tell the format, expected a .md, .csv or .json suffix')
             fmt = 'md'
         args.targets.append((path, fmt))
     return args
@@ -287,18 +290,16 @@ def _command_line(args: argparse.Namespace) -> str:
     return ' '.join(parts)
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    """Exit status: 0; 1 when a paper row FAILs or a model could not be counted (ERROR); 2 for bad arguments.
-    torch's thread count is the caller's again afterwards (``--threads`` is for this run only)."""
-    threads = torch.get_num_threads()
-    try:
-        return _main(argv)
-    finally:
-        torch.set_num_threads(threads)
+def main(argv: Optional[Sequence[str]] = None, prog: str = PROG) -> int:
+    """Exit status: 0; 1 when a paper row FAILs or a model could not be counted (ERROR). Bad arguments: one line
+    starting with ``prog`` (the name the command was run as: ``mlp-vision-complexity`` for the console script) and
+    status 2, see ``run_cli`` (which also gives an in-process caller its thread count back)."""
+    return run_cli(prog, lambda a: _main(a, prog), argv)
 
 
-def _main(argv: Optional[Sequence[str]]) -> int:
-    args = parse_args(argv)
+def _main(argv: Sequence[str], prog: str) -> int:
+    args = parse_args(argv, prog)
+
     def progress(line: str) -> None:  # on stderr: stdout may be the report itself
         print(line, file=sys.stderr, flush=True)
     progress(set_threads(args.threads))
@@ -309,11 +310,7 @@ def _main(argv: Optional[Sequence[str]]) -> int:
         plot_scaling(args.plot, progress=progress)
         print(f'wrote {args.plot}', file=sys.stderr)
         return 0
-    try:
-        report = build_report(args.models, args.img_size, args.seq_len, progress=progress)
-    except ValueError as e:
-        print(f'error: {e}', file=sys.stderr)
-        return 2
+    report = build_report(args.models, args.img_size, args.seq_len, progress=progress)
     for path, fmt in args.targets:
         if fmt == 'md':
             text = render_markdown(report, _command_line(args))

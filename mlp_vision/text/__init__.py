@@ -9,8 +9,8 @@ Needs ``transformers`` (>= 5): ``pip install mlp_vision[text]``. ``import mlp_vi
 * BERT, the attention baseline, from the same embeddings / heads as BiGS.
 * A char-level GPT with MLP-Attention and its dot-product-attention (SDPA) baseline.
 * Tokenizers: UTF-8 bytes, corpus characters, and subwords (BERT ``vocab.txt``, any ``tokenizer.json``, or a
-  WordPiece / BPE vocabulary trained offline) behind one interface; a fill-mask entry point
-  (:mod:`mlp_vision.text.fill_mask`, not imported here so that ``python -m`` runs it cleanly).
+  WordPiece / BPE vocabulary trained offline), each a ``transformers.PreTrainedTokenizerFast``; a fill-mask
+  entry point (:mod:`mlp_vision.text.fill_mask`, not imported here so that ``python -m`` runs it cleanly).
 
 Every config is a ``transformers.PreTrainedConfig`` and every model a ``transformers.PreTrainedModel``, one class per
 family and task (``GMLPForMaskedLM``, ``BiGSForSequenceClassification``, ...), registered with the Auto classes when
@@ -53,4 +53,5 @@ from .registry import (
     architecture_class, create_model, from_pretrained, is_model, list_architectures, list_models, model_class,
     model_config, register_model)
 from .tokenizer import (
-    ByteTokenizer, CharTokenizer, SubwordTokenizer, Tokenizer, find_tokenizer, load_tokenizer, train_tokenizer)
+    Tokenizer, byte_tokenizer, char_tokenizer, find_tokenizer, load_tokenizer, tokenizer_from_dict, tokenizer_kind,
+    tokenizer_to_dict, train_tokenizer, wordpiece_tokenizer)

@@ -484,8 +484,8 @@ def _from_official(cls, path_or_state_dict, device, dtype, config_overrides):
     if bad or unexpected:
         raise ValueError(f'official BiGS weights do not fit {cls.__name__}: missing {bad}, unexpected {unexpected}')
     tokenizer = find_tokenizer(directory) if directory is not None else None
-    if tokenizer is not None and tokenizer.vocab_size > config.vocab_size:
-        raise ValueError(f'the tokenizer in {directory} has {tokenizer.vocab_size} tokens, more than the model\'s '
+    if tokenizer is not None and len(tokenizer) > config.vocab_size:
+        raise ValueError(f'the tokenizer in {directory} has {len(tokenizer)} tokens, more than the model\'s '
                          f'{config.vocab_size} embeddings: it does not belong to these weights')
     model.tokenizer = tokenizer
     return model

@@ -20,7 +20,6 @@ From Python::
     fill_mask(model, model.tokenizer, 'the movie was [MASK] .', top_k=5)
     # [[{'token_id': 2204, 'token': 'good', 'score': 0.31}, ...]]   one list per mask, best first
 """
-import argparse
 import os
 import pickle
 import sys
@@ -29,9 +28,9 @@ from typing import Dict, List, Optional, Sequence
 import torch
 import torch.nn as nn
 
-from mlp_vision.errors import parse_device
-from mlp_vision.errors import UsageError, check_range, run_cli
-from .modeling_utils import is_saved_folder
+from mlp_vision.errors import ArgumentParser, DefaultsHelpFormatter, UsageError, add_allow_regex_argument, \
+    add_bound_arguments, check_range, parse_device, run_cli, size_bounds
+from .modeling_utils import check_text_activations, is_saved_folder
 from .registry import list_architectures, load_config
 from .tokenizer import Tokenizer
 from ..threads import add_threads_argument, set_threads
@@ -41,8 +40,9 @@ __all__ = ['fill_mask', 'load_masked_lm', 'main']
 PROG = 'python -m mlp_vision.text.fill_mask'
 
 
-def load_masked_lm(directory: str, device: str = 'cpu') -> nn.Module:
+def load_masked_lm(directory: str, device: str = 'cpu', allow_regex: bool = False) -> nn.Module:
     """The masked LM in ``directory`` with its tokenizer as ``model.tokenizer`` (our format, else official BiGS).
+    ``allow_regex``: a save_pretrained folder's ``tokenizer.json`` may hold a regular expression (refused otherwise).
 
     Bad input is a :class:`~mlp_vision.errors.UsageError` (a ``ValueError``) naming the file: a missing
     folder, damaged files, a config that does not fit its weights or its tokenizer, a model that is not a masked LM.
@@ -56,7 +56,7 @@ def load_masked_lm(directory: str, device: str = 'cpu') -> nn.Module:
         if not cls.__name__.endswith('ForMaskedLM'):
             masked = [a for a in list_architectures() if a.endswith('ForMaskedLM')]
             raise UsageError(f'{directory} holds a {cls.__name__}, not a masked LM ({", ".join(masked)})')
-        model = cls.from_pretrained(directory, device=device)
+        model = cls.from_pretrained(directory, device=device, allow_regex=allow_regex)
     else:
         try:
             model = BiGSForMaskedLM.from_official(directory, device=device)
@@ -72,7 +72,7 @@ def load_masked_lm(directory: str, device: str = 'cpu') -> nn.Module:
 
 
 def _token_string(tokenizer: Tokenizer, token_id: int) -> str:
-    return tokenizer.decode([token_id], skip_special_tokens=False) or tokenizer.id_to_token(token_id)
+    return tokenizer.decode([token_id], skip_special_tokens=False) or tokenizer.convert_ids_to_tokens(token_id)
 
 
 @torch.no_grad()
@@ -85,24 +85,21 @@ def fill_mask(model: nn.Module, tokenizer: Tokenizer, text: str, top_k: int = 5)
     except UnicodeEncodeError as e:
         raise UsageError(f'the text is not UTF-8: character {e.start} is {text[e.start]!r} (a byte that is not UTF-8, '
                          f'passed on as an escape); give UTF-8 text') from None
-    mask_token, mask_id = tokenizer.mask_token, tokenizer.mask_id
+    mask_token, mask_id = tokenizer.mask_token, tokenizer.mask_token_id
     if mask_token is None or mask_id is None:
         raise UsageError(f'{type(tokenizer).__name__} has no mask token; fill-mask needs a masked-LM tokenizer')
-    pieces = text.split(mask_token)
-    if len(pieces) == 1:
+    if mask_token not in text:
         raise UsageError(f'the text has no mask token {mask_token}: {text!r}')
-    ids: List[int] = []
-    for i, piece in enumerate(pieces):  # the mask id is inserted by id, whatever the tokenizer does with its string
-        if i:
-            ids.append(mask_id)
-        ids.extend(tokenizer.encode(piece))
-    input_ids, _ = tokenizer.build_inputs(ids)
+    # special-token strings in the text are tokens here (the byte / char tokenizers otherwise read them as text),
+    # as in transformers' fill-mask pipeline: the text around each one is encoded on its own
+    input_ids = tokenizer(text, split_special_tokens=False)['input_ids']
     max_length = model.config.max_position_embeddings
     if len(input_ids) > max_length:
         raise UsageError(f'the text is {len(input_ids)} tokens long, more than the model\'s maximum {max_length}')
     if max(input_ids) >= model.config.vocab_size:
         raise UsageError(f'the tokenizer produced id {max(input_ids)} but the model has {model.config.vocab_size} '
                          f'tokens: tokenizer and model do not belong together')
+    check_text_activations(type(model), model.config, 1, len(input_ids), False, 'fill-mask')
     positions = [i for i, t in enumerate(input_ids) if t == mask_id]
     device = next(model.parameters()).device
     was_training = model.training
@@ -123,20 +120,24 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = PROG) -> List[List[Di
 
 
 def _main(argv: Sequence[str], prog: str) -> List[List[Dict]]:
-    parser = argparse.ArgumentParser(
-        prog=prog, description='Print the most likely tokens and their probabilities at each mask token of a text.')
+    parser = ArgumentParser(  # the one error path of every command: one line, status 2
+        prog=prog, description='Print the most likely tokens and their probabilities at each mask token of a text.',
+        formatter_class=DefaultsHelpFormatter)
     parser.add_argument('directory', help='a save_pretrained folder of a masked LM, or an official BiGS folder')
     parser.add_argument('text', help='text with one or more mask tokens ([MASK] for BERT vocabularies)')
-    parser.add_argument('--top-k', type=int, default=5, help='predictions per mask (default 5)')
-    parser.add_argument('--device', default='cpu', help='torch device (default cpu)')
+    parser.add_argument('--top-k', type=int, default=5, help='predictions per mask')
+    parser.add_argument('--device', default='cpu', help='torch device')
     add_threads_argument(parser)
     parser.add_argument('--debug', action='store_true', help='show the traceback of an error, not its one line')
+    add_bound_arguments(parser)
+    add_allow_regex_argument(parser)
     args = parser.parse_args(argv)
     check_range('--top-k', args.top_k, low=1)
     set_threads(args.threads)  # not printed: stdout is the predictions
     device = parse_device(args.device)
-    model = load_masked_lm(args.directory, device=str(device))
-    results = fill_mask(model, model.tokenizer, args.text, top_k=args.top_k)
+    with size_bounds(args):
+        model = load_masked_lm(args.directory, device=str(device), allow_regex=args.allow_regex)
+        results = fill_mask(model, model.tokenizer, args.text, top_k=args.top_k)
     print(f'{args.text}   ({type(model).__name__}, {model.config.vocab_size} tokens)')
     for n, predictions in enumerate(results, 1):
         print(f'mask {n}:')

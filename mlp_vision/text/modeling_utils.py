@@ -34,13 +34,13 @@ from transformers import GenerationMixin, PreTrainedConfig, PreTrainedModel
 from transformers.generation.configuration_utils import GenerationConfig
 from transformers.utils import logging as transformers_logging
 
-from mlp_vision.errors import UsageError, check_model_size, check_range, read_json_file, short_repr
+from mlp_vision.errors import UsageError, check_activation_size, check_model_size, check_range, read_json_file, short_repr
 from ..weights import check_weights
 
 __all__ = [
     'TextConfig', 'TextPreTrainedModel', 'TextGenerationMixin', 'check_text_inputs',
     'masked_lm_loss', 'causal_lm_loss', 'scored_positions', 'sequence_classification_loss', 'tied_decoder',
-    'read_config', 'is_saved_folder', 'weight_file_shapes', 'check_text_model_size', 'check_tokenizer_fits',
+    'read_config', 'is_saved_folder', 'weight_file_shapes', 'check_text_model_size', 'check_text_activations', 'check_tokenizer_fits',
     'pool_sequence', 'check_classifier_pooling', 'CLASSIFIER_POOLINGS', 'read_label_names',
     'CONFIG_NAME', 'WEIGHTS_NAME', 'LABELS_NAME',
 ]
@@ -272,7 +272,7 @@ class TextPreTrainedModel(PreTrainedModel):
 
     def save_pretrained(self, save_directory, *args, tokenizer=None, **kwargs) -> None:
         """``transformers``' ``save_pretrained``, plus the tokenizer's files (``tokenizer``, else
-        ``self.tokenizer``, if any; :meth:`mlp_vision.text.tokenizer.Tokenizer.save_pretrained`)."""
+        ``self.tokenizer``, if any; a ``transformers.PreTrainedTokenizerFast``'s ``save_pretrained``)."""
         if args and not isinstance(args[0], bool):  # transformers' second argument is is_main_process
             raise TypeError(f'{type(self).__name__}.save_pretrained: pass the tokenizer as tokenizer=..., not '
                             f'positionally (the second argument is transformers\' is_main_process)')
@@ -287,12 +287,13 @@ class TextPreTrainedModel(PreTrainedModel):
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *model_args, config: Optional[TextConfig] = None,
-                        strict: Optional[bool] = None, **kwargs):
+                        strict: Optional[bool] = None, allow_regex: bool = False, **kwargs):
         """``transformers``' ``from_pretrained`` on a local folder, after the checks of the module docstring;
         ``model.tokenizer`` is the folder's tokenizer (None without one). Keyword arguments that are config fields
         change the config (``num_labels=3`` for a new head, ``hidden_dropout_prob=0.1``; fields that change weight
         shapes stop). ``strict``: every weight must match (default: when the folder holds this very class;
-        otherwise only this class's head, ``head_prefixes``, may be new)."""
+        otherwise only this class's head, ``head_prefixes``, may be new). ``allow_regex``: the folder's
+        ``tokenizer.json`` may hold a regular expression (:func:`~mlp_vision.text.tokenizer.check_no_regex`)."""
         from .tokenizer import find_tokenizer
         folder = os.fspath(pretrained_model_name_or_path)
         if not os.path.isdir(folder):
@@ -303,7 +304,7 @@ class TextPreTrainedModel(PreTrainedModel):
             names = set(cls.config_class.text_field_names()) | set(cls.config_class.legacy_names)
             overrides = {k: kwargs.pop(k) for k in list(kwargs) if k in names}
             config = load_text_config(cls.config_class, folder, **overrides)
-        tokenizer = find_tokenizer(folder)
+        tokenizer = find_tokenizer(folder, allow_regex)
         check_tokenizer_fits(tokenizer, config, folder)
         check_text_model_size(cls, config, config_path)
         _check_weights_file(cls, config, weights_path, config_path)
@@ -556,10 +557,24 @@ def check_text_model_size(model_cls: type, config: TextConfig, source: str) -> N
     check_model_size(lambda: model_cls(config, device='meta'), f'{source}: {model_cls.__name__} with {short_repr(sizes)}')
 
 
+def check_text_activations(model_cls: type, config: TextConfig, batch_size: int, seq_len: int, training: bool,
+                           source: str) -> None:
+    """Refuse (:func:`~mlp_vision.errors.check_activation_size`, a :class:`UsageError` naming ``source``, the size
+    fields and the batch) a ``model_cls(config)`` whose forward on ``batch_size`` sequences of ``seq_len`` tokens
+    would hold more activations than the bound, estimated on the ``meta`` device before the first real batch: a
+    ``config.json`` may say ``hidden_size`` 8192 with ``max_position_embeddings`` a million. ``training``: a
+    training step (autograd keeps every layer's output), else one forward under ``no_grad``."""
+    sizes = {k: v for k, v in config.text_fields().items() if k in _POSITIVE_SIZE_FIELDS}
+    token_ids = torch.zeros(batch_size, seq_len, dtype=torch.long, device='meta')
+    check_activation_size(lambda: model_cls(config, device='meta'), [token_ids], training,
+                          f'{source}: {model_cls.__name__} with {short_repr(sizes)}, batch {batch_size} x {seq_len} '
+                          f'tokens')
+
+
 def check_tokenizer_fits(tokenizer, config: TextConfig, source: str) -> None:
     """A model's vocabulary is its tokenizer's: a :class:`~mlp_vision.errors.UsageError` when the sizes
     differ (ids past the embedding fail, embedding rows without a token predict what cannot be written)."""
-    if tokenizer is not None and tokenizer.vocab_size != config.vocab_size:
+    if tokenizer is not None and len(tokenizer) != config.vocab_size:
         raise UsageError(f'{source}: the model has vocab_size {config.vocab_size} but its tokenizer has '
-                         f'{tokenizer.vocab_size} tokens; they do not belong together (the config was edited, or the '
+                         f'{len(tokenizer)} tokens; they do not belong together (the config was edited, or the '
                          f'tokenizer files come from another model)')

@@ -249,7 +249,7 @@ register_model('bert_base', 'bert', 'masked_lm', num_hidden_layers=12, hidden_si
 register_model('bert_large', 'bert', 'masked_lm', num_hidden_layers=24, hidden_size=1024, num_attention_heads=16,
                intermediate_size=4096)
 
-# --- small encoders for CPU experiments; vocab / pad id fit ByteTokenizer() (256 bytes + <pad> <cls> <sep> <mask>):
+# --- small encoders for CPU experiments; vocab / pad id fit byte_tokenizer() (256 bytes + <pad> <cls> <sep> <mask>):
 #     override vocab_size and pad_token_id for another tokenizer
 _SMALL = dict(vocab_size=260, pad_token_id=256, hidden_size=256, num_hidden_layers=4, max_position_embeddings=512)
 register_model('bigs_small', 'bigs', 'masked_lm', intermediate_size=768, num_ssm_states=64, **_SMALL)

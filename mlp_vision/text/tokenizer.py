@@ -1,61 +1,68 @@
-""" Tokenizers of the text models: UTF-8 bytes, the characters of a corpus, or subwords (WordPiece / BPE).
+""" Tokenizers of the text models: ``transformers.PreTrainedTokenizerFast`` objects over a ``tokenizers.Tokenizer``.
 
-All three share the :class:`Tokenizer` interface::
+Every tokenizer here is a ``tokenizers`` model with a pre-tokenizer and decoder, BERT's template as its
+``TemplateProcessing`` post-processor, behind ``transformers``' ``PreTrainedTokenizerFast`` (padding, truncation,
+batching, special tokens and saving are the libraries')::
 
     tok = load_tokenizer('ckpt/')                      # whatever save_pretrained wrote, a vocab.txt or a tokenizer.json
-    tok.encode('the movie was good')                   # ids, no special tokens
+    tok.encode('the movie was good', add_special_tokens=False)   # ids, no special tokens
     batch = tok(['a sentence', 'another'], ['its pair', 'pair'], max_length=64, truncation=True,
-                padding='max_length', return_tensors='pt')   # input_ids, attention_mask, token_type_ids (B, 64)
-    model(**batch)                                     # BiGS / BERT; gMLP and GPT take return_token_type_ids=False
-    tok.decode(ids); tok.pad_id, tok.cls_id, tok.sep_id, tok.mask_id, tok.unk_id; tok.vocab_size
-    tok.save_pretrained('ckpt/')
+                padding='max_length', return_tensors='pt')   # input_ids, token_type_ids, attention_mask (B, 64)
+    tok.decode(ids); tok.pad_token_id, tok.cls_token_id, tok.sep_token_id, tok.mask_token_id; len(tok)
+    tok.save_pretrained('ckpt/')                       # tokenizer.json + tokenizer_config.json, for AutoTokenizer too
 
-* :class:`ByteTokenizer` -- ids 0..255 are the UTF-8 bytes, special tokens follow (256, 257, ...). Covers any text
-  with a fixed vocabulary; the default specials ``<pad> <cls> <sep> <mask>`` serve masked LM and the BERT protocol.
-* :class:`CharTokenizer` -- one id per distinct character of a corpus, in sorted order (ids 0..C-1), special tokens
-  after them. Without specials it reproduces nanoGPT's / the MLP-Attention paper's Tiny Shakespeare vocabulary (65
-  characters).
-* :class:`SubwordTokenizer` -- Hugging Face's ``tokenizers`` (the Rust implementation; nothing is downloaded): a
-  BERT ``vocab.txt`` (WordPiece, lower-cased when the vocabulary is uncased), any ``tokenizer.json``, or a WordPiece
-  / byte-level BPE vocabulary trained offline on a corpus with :func:`train_tokenizer`. BiGS was pretrained with
-  BERT's uncased WordPiece vocabulary of 30,522 tokens (arXiv 2212.10544, §5 "Pretraining").
+* :func:`byte_tokenizer` -- ids 0..255 are the UTF-8 bytes (a byte-level BPE without merges), special tokens follow
+  (256, 257, ...). Covers any text with a fixed vocabulary; the default specials ``<pad> <cls> <sep> <mask>`` serve
+  masked LM and the BERT protocol.
+* :func:`char_tokenizer` -- one id per distinct character of a corpus, in sorted order (ids 0..C-1; a word-level
+  model over an empty-string ``Split``), special tokens after them. Without specials it reproduces nanoGPT's / the
+  MLP-Attention paper's Tiny Shakespeare vocabulary (65 characters). A character outside the alphabet is the
+  ``unk`` token, or, without one, an error ("Missing [UNK] token"), never dropped.
+* WordPiece / BPE -- a BERT ``vocab.txt`` (:func:`wordpiece_tokenizer`, lower-cased when the vocabulary is
+  uncased), any ``tokenizer.json``, or a WordPiece / byte-level BPE vocabulary trained offline on a corpus with
+  :func:`train_tokenizer` (nothing is downloaded). BiGS was pretrained with BERT's uncased WordPiece vocabulary of
+  30,522 tokens (arXiv 2212.10544, §5 "Pretraining").
 
 Sequences follow BERT's template (arXiv 1810.04805, §3 "Input/Output Representations"): ``<cls> A <sep>`` and
-``<cls> A <sep> B <sep>``, token type 0 up to and including the first ``<sep>``, 1 after it; a tokenizer without a
-``<cls>`` (the char tokenizer of a causal LM) adds nothing. Padding is on the right, the only layout the models
-accept.
+``<cls> A <sep> B <sep>``, token type 0 up to and including the first ``<sep>``, 1 after it; a tokenizer without
+special tokens (the char tokenizer of a causal LM) adds nothing. Padding is on the right, the only layout the models
+accept. :func:`encode_with_template` truncates pairs longest-first cutting the second segment on ties, as this
+package always did (``tokenizers``' own ``longest_first`` gives the odd token to the longer or second segment).
+
+Special-token strings in the text: the byte and char tokenizers read them as text (``split_special_tokens``, so a
+corpus holding ``<unk>`` keeps its characters); a WordPiece / BPE tokenizer recognises them, and the files saved for
+``transformers`` (``AutoTokenizer``, ``pipeline``) recognise them for every kind, as every ``transformers`` tokenizer
+does (that is how the fill-mask pipeline finds ``<mask>``). Insert them by id to be independent of that.
 
 A ``tokenizer.json`` with a regular expression in its normalizer, pre-tokenizer or elsewhere (``Split`` /
 ``Replace`` with ``{"Regex": ...}``) is refused unless the caller opts in (``allow_regex=True``): ``tokenizers``
 runs them with a backtracking engine, and a crafted pattern takes minutes per text. The tokenizers this package
 writes use none (BERT's normalizer and pre-tokenizer, byte-level BPE's built-in split).
-
-Special-token strings in the text: the byte and char tokenizers never produce special ids from text; a subword
-tokenizer recognises its special tokens (as ``transformers`` does). Insert them by id to be independent of that.
-
-Every tokenizer here also has a ``transformers`` form with the same ids (:meth:`Tokenizer.to_transformers`; the
-``tokenizer.json`` that :meth:`Tokenizer.save_pretrained` writes beside ``tokenizer_config.json``), so a saved
-folder works in ``transformers.pipeline`` whichever tokenizer it holds; that form recognises special-token strings
-in the text, as every ``transformers`` tokenizer does.
 """
 import json
 import os
 import re
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+
+from tokenizers import Tokenizer as Backend, decoders, models, normalizers, pre_tokenizers, processors, trainers
+from transformers import PreTrainedTokenizerFast
 
 from mlp_vision.errors import UsageError, check_range, short_repr
 
 __all__ = [
-    'Tokenizer', 'ByteTokenizer', 'CharTokenizer', 'SubwordTokenizer', 'train_tokenizer', 'load_tokenizer',
-    'find_tokenizer', 'tokenizer_from_dict', 'check_vocab_size', 'DEFAULT_CONTROL_TOKENS', 'BERT_CONTROL_TOKENS',
-    'SUBWORD_KINDS', 'check_no_regex',
+    'Tokenizer', 'byte_tokenizer', 'char_tokenizer', 'wordpiece_tokenizer', 'train_tokenizer', 'load_tokenizer',
+    'find_tokenizer', 'tokenizer_from_dict', 'tokenizer_to_dict', 'tokenizer_kind', 'encode_with_template',
+    'unknown_character',
+    'check_vocab_size', 'DEFAULT_CONTROL_TOKENS', 'BERT_CONTROL_TOKENS', 'SUBWORD_KINDS', 'check_no_regex',
 ]
 
+Tokenizer = PreTrainedTokenizerFast  # every tokenizer of the package is one
 DEFAULT_CONTROL_TOKENS = ('<pad>', '<cls>', '<sep>', '<mask>')
 # BERT's names, in the order a trained vocabulary gets them (so <pad> is id 0, BiGS' default pad_token_id)
 BERT_CONTROL_TOKENS = {'pad': '[PAD]', 'unk': '[UNK]', 'cls': '[CLS]', 'sep': '[SEP]', 'mask': '[MASK]'}
 CONTROL_ROLES = ('pad', 'unk', 'cls', 'sep', 'mask')
 SUBWORD_KINDS = ('wordpiece', 'bpe')
+KINDS = ('byte', 'char', 'subword')
 TOKENIZER_CONFIG_NAME = 'tokenizer_config.json'
 TOKENIZER_FILE_NAME = 'tokenizer.json'
 VOCAB_FILE_NAME = 'vocab.txt'
@@ -66,363 +73,81 @@ _ROLE_NAMES = {
 }
 
 
-class Tokenizer:
-    """The interface of every tokenizer here.
+# ------------------------------------------------------------------------------------------------ the wrapper
 
-    Subclasses implement ``vocab_size``, ``encode`` (text -> ids without special tokens), ``decode``,
-    ``token_to_id`` (None for an unknown token), ``id_to_token``, ``to_dict`` and set ``special_tokens_map``
-    (role -> token string for the roles ``pad unk cls sep mask`` they have).
-    """
-    special_tokens_map: Dict[str, str]
-
-    # ------------------------------------------------------------------ vocabulary
-    @property
-    def vocab_size(self) -> int:
-        raise NotImplementedError
-
-    def encode(self, text: str) -> List[int]:
-        raise NotImplementedError
-
-    def decode(self, ids: Iterable[int], skip_special_tokens: bool = True) -> str:
-        raise NotImplementedError
-
-    def token_to_id(self, token: str) -> Optional[int]:
-        raise NotImplementedError
-
-    def id_to_token(self, index: int) -> str:
-        raise NotImplementedError
-
-    def to_dict(self) -> Dict[str, Any]:
-        """Plain JSON-able values that :func:`tokenizer_from_dict` turns back into this tokenizer (for
-        checkpoints loaded with ``torch.load(weights_only=True)``)."""
-        raise NotImplementedError
-
-    # ------------------------------------------------------------------ special tokens
-    def _special_id(self, role: str) -> Optional[int]:
-        token = self.special_tokens_map.get(role)
-        return None if token is None else self.token_to_id(token)
-
-    @property
-    def pad_id(self) -> Optional[int]:
-        return self._special_id('pad')
-
-    @property
-    def unk_id(self) -> Optional[int]:
-        return self._special_id('unk')
-
-    @property
-    def cls_id(self) -> Optional[int]:
-        return self._special_id('cls')
-
-    @property
-    def sep_id(self) -> Optional[int]:
-        return self._special_id('sep')
-
-    @property
-    def mask_id(self) -> Optional[int]:
-        return self._special_id('mask')
-
-    @property
-    def mask_token(self) -> Optional[str]:
-        return self.special_tokens_map.get('mask')
-
-    @property
-    def special_ids(self) -> List[int]:
-        """Sorted ids of the special tokens (the ones masked-LM corruption never picks)."""
-        return sorted({i for i in (self._special_id(r) for r in self.special_tokens_map) if i is not None})
-
-    # ------------------------------------------------------------------ sequences
-    def build_inputs(self, ids: List[int], pair_ids: Optional[List[int]] = None):
-        """(input ids, token type ids) of one sequence or pair with the special tokens of the BERT template."""
-        cls_id, sep_id = self.cls_id, self.sep_id
-        if pair_ids is not None and sep_id is None:
-            raise ValueError(f'{type(self).__name__} has no separator token; it cannot encode sentence pairs')
-        first = ([cls_id] if cls_id is not None else []) + ids + ([sep_id] if sep_id is not None else [])
-        if pair_ids is None:
-            return first, [0] * len(first)
-        second = pair_ids + [sep_id]
-        return first + second, [0] * len(first) + [1] * len(second)
-
-    def num_special_tokens(self, pair: bool = False) -> int:
-        return len(self.build_inputs([], [] if pair else None)[0])
-
-    def __call__(
-            self,
-            text: Union[str, Sequence[str]],
-            text_pair: Union[None, str, Sequence[str]] = None,
-            *,
-            add_special_tokens: bool = True,
-            max_length: Optional[int] = None,
-            truncation: bool = False,
-            padding: Union[bool, str] = False,
-            return_tensors: Optional[str] = None,
-            return_token_type_ids: bool = True,
-    ) -> Dict[str, Any]:
-        """Encode a text (or a batch) with the template, optional truncation and right padding.
-
-        Args:
-            text: a string or a list of strings.
-            text_pair: the second segments (same structure as ``text``), or None.
-            max_length: the longest allowed result (with the special tokens).
-            truncation: cut sequences to ``max_length``, longest segment first; without it a longer sequence stops
-                with an error.
-            padding: False (none), True / 'longest' (to the longest in the batch) or 'max_length'.
-            return_tensors: None (lists) or 'pt' (int64 tensors of shape (B, L); a single text gives B = 1).
-
-        Returns: a dict with ``input_ids``, ``attention_mask`` (1 = real token) and, unless
-        ``return_token_type_ids=False``, ``token_type_ids``.
-        """
-        single = isinstance(text, str)
-        texts = [text] if single else list(text)
-        if text_pair is not None:
-            pairs = [text_pair] if isinstance(text_pair, str) else list(text_pair)
-            if isinstance(text_pair, str) != single or len(pairs) != len(texts):
-                raise ValueError(f'text_pair must match text: {len(texts)} texts, {len(pairs)} pairs')
-        else:
-            pairs = [None] * len(texts)
-        if padding not in (False, True, 'longest', 'max_length', 'do_not_pad'):
-            raise ValueError(f"padding must be False, True, 'longest' or 'max_length', got {padding!r}")
-        if (truncation or padding == 'max_length') and max_length is None:
-            raise ValueError('truncation and padding="max_length" need max_length')
-
-        rows, types = [], []
-        for a, b in zip(texts, pairs):
-            ids, pair_ids = self.encode(a), None if b is None else self.encode(b)
-            if max_length is not None and truncation:
-                budget = max_length - (self.num_special_tokens(b is not None) if add_special_tokens else 0)
-                if budget < (0 if b is None else 1):
-                    raise ValueError(f'max_length {max_length} leaves no room for text after the special tokens')
-                ids, pair_ids = _truncate_longest_first(ids, pair_ids, budget)
-            if add_special_tokens:
-                ids, type_ids = self.build_inputs(ids, pair_ids)
-            else:
-                ids = ids + (pair_ids or [])
-                type_ids = [0] * (len(ids) - len(pair_ids or [])) + [1] * len(pair_ids or [])
-            if max_length is not None and len(ids) > max_length:
-                raise ValueError(f'a sequence has {len(ids)} tokens, more than max_length {max_length}; pass '
-                                 f'truncation=True to cut it')
-            rows.append(ids)
-            types.append(type_ids)
-
-        target = None
-        if padding == 'max_length':
-            target = max_length
-        elif padding in (True, 'longest'):
-            target = max(len(r) for r in rows)
-        masks = [[1] * len(r) for r in rows]
-        if target is not None:
-            if self.pad_id is None:
-                raise ValueError(f'{type(self).__name__} has no padding token; it cannot pad')
-            for r, t, m in zip(rows, types, masks):
-                n = target - len(r)
-                r.extend([self.pad_id] * n)
-                t.extend([0] * n)
-                m.extend([0] * n)
-        out = {'input_ids': rows, 'attention_mask': masks}
-        if return_token_type_ids:
-            out['token_type_ids'] = types
-        if return_tensors == 'pt':
-            import torch
-            if len({len(r) for r in rows}) > 1:
-                raise ValueError('sequences of different lengths cannot be stacked into a tensor; pass padding=True')
-            return {k: torch.tensor(v, dtype=torch.long) for k, v in out.items()}
-        if return_tensors is not None:
-            raise ValueError(f"return_tensors must be None or 'pt', got {return_tensors!r}")
-        return {k: v[0] for k, v in out.items()} if single else out
-
-    # ------------------------------------------------------------------ files
-    def _hf_backend(self):
-        """A new ``tokenizers.Tokenizer`` that gives the same ids as :meth:`encode` (without a template)."""
-        raise NotImplementedError
-
-    def _backend_with_template(self):
-        """:meth:`_hf_backend` whose post-processor applies BERT's template (``<cls> A <sep> [B <sep>]``, token
-        types 0 / 1) the way :meth:`build_inputs` does, for ``transformers``, which reads the template there."""
-        from tokenizers import processors
-        backend = self._hf_backend()
-        cls_token, sep_token = self.special_tokens_map.get('cls'), self.special_tokens_map.get('sep')
-        if cls_token and sep_token:
-            backend.post_processor = processors.TemplateProcessing(
-                single=f'{cls_token} $A {sep_token}', pair=f'{cls_token} $A {sep_token} $B:1 {sep_token}:1',
-                special_tokens=[(cls_token, self.cls_id), (sep_token, self.sep_id)])
-        return backend
-
-    def _transformers_config(self) -> Dict[str, Any]:
-        """What ``transformers`` needs besides ``tokenizer.json``: the special tokens by role and the model inputs."""
-        config = {f'{role}_token': token for role, token in self.special_tokens_map.items()}
-        config['model_input_names'] = ['input_ids', 'token_type_ids', 'attention_mask']
-        return config
-
-    def _saved_fields(self) -> Dict[str, Any]:
-        """What :func:`find_tokenizer` reads back from ``tokenizer_config.json`` besides ``tokenizer.json``."""
-        return self.to_dict()
-
-    def save_pretrained(self, directory: str) -> None:
-        """``tokenizer.json`` (with BERT's template as post-processor, so that ``transformers.AutoTokenizer`` and
-        ``pipeline(task, model=directory)`` give the same ids) and ``tokenizer_config.json`` (the special tokens by
-        role, as ``transformers`` names them, and what :func:`load_tokenizer` reads)."""
-        os.makedirs(directory, exist_ok=True)
-        path = os.path.join(directory, TOKENIZER_FILE_NAME)
-        self._backend_with_template().save(path + '.tmp')
-        os.replace(path + '.tmp', path)
-        config = {**self._saved_fields(), **self._transformers_config(), 'tokenizer_class': 'PreTrainedTokenizerFast'}
-        _write_json(os.path.join(directory, TOKENIZER_CONFIG_NAME), config)
-
-    def to_transformers(self):
-        """This tokenizer as a ``transformers.PreTrainedTokenizerFast`` (same ids, template, token types and special
-        tokens), for ``transformers.pipeline``; needs ``transformers``. ``AutoTokenizer.from_pretrained`` on a folder
-        written by :meth:`save_pretrained` gives the same tokenizer. Unlike :meth:`encode` of the byte and char
-        tokenizers, it recognises special-token strings in the text, as every ``transformers`` tokenizer does
-        (that is how the fill-mask pipeline finds ``<mask>``)."""
-        from transformers import PreTrainedTokenizerFast
-        return PreTrainedTokenizerFast(tokenizer_object=self._backend_with_template(), **self._transformers_config())
-
-    @staticmethod
-    def from_pretrained(path: str) -> 'Tokenizer':
-        """Same as :func:`load_tokenizer`."""
-        return load_tokenizer(path)
-
-    def __repr__(self) -> str:
-        return f'{type(self).__name__}(vocab_size={self.vocab_size}, special_tokens={self.special_tokens_map})'
+def _wrap(backend: Backend, kind: str, special_tokens_map: Mapping[str, str],
+          do_lower_case: Optional[bool] = None) -> PreTrainedTokenizerFast:
+    """``backend`` with BERT's template as post-processor behind ``PreTrainedTokenizerFast``. ``special_tokens_map``:
+    role (``pad unk cls sep mask``) -> token (roles the vocabulary lacks are left out). ``kind`` (byte / char /
+    subword) is kept in ``init_kwargs['tokenizer_type']`` and in the saved ``tokenizer_config.json``; byte and char
+    tokenizers read special-token strings in the text as text."""
+    roles = {r: t for r, t in special_tokens_map.items()
+             if r in CONTROL_ROLES and t is not None and backend.token_to_id(t) is not None}
+    backend.add_special_tokens(list(roles.values()))  # matched whole in text, skipped by decode(skip_special_tokens)
+    cls_token, sep_token = roles.get('cls'), roles.get('sep')
+    if cls_token or sep_token:
+        first = ' '.join(t for t in (cls_token, '$A', sep_token) if t)
+        pair = f'{first} $B:1 {sep_token}:1' if sep_token else None  # no separator: pairs cannot be told apart
+        backend.post_processor = processors.TemplateProcessing(
+            single=first, pair=pair,
+            special_tokens=[(t, backend.token_to_id(t)) for t in (cls_token, sep_token) if t])
+    else:
+        backend.post_processor = None
+    extra = {} if do_lower_case is None else {'do_lower_case': do_lower_case}
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=backend, **{f'{r}_token': t for r, t in roles.items()}, tokenizer_type=kind,
+        padding_side='right', clean_up_tokenization_spaces=False,
+        model_input_names=['input_ids', 'token_type_ids', 'attention_mask'], **extra)
+    tok.split_special_tokens = kind in ('byte', 'char')  # not saved: AutoTokenizer's form recognises them
+    return tok
 
 
-def _truncate_longest_first(ids: List[int], pair_ids: Optional[List[int]], budget: int):
-    """Drop tokens from the end of the longer segment (the second on ties) until both fit in ``budget``."""
-    if pair_ids is None:
-        return ids[:budget], None
-    n_a, n_b = len(ids), len(pair_ids)
-    while n_a + n_b > budget:
-        if n_a > n_b:
-            n_a -= 1
-        else:
-            n_b -= 1
-    return ids[:n_a], pair_ids[:n_b]
+def tokenizer_kind(tok: PreTrainedTokenizerFast) -> str:
+    """'byte', 'char' or 'subword' ('subword' for a ``tokenizer.json`` this package did not write)."""
+    return tok.init_kwargs.get('tokenizer_type') or 'subword'
 
 
-def _write_json(path: str, obj: Any) -> None:
-    with open(path + '.tmp', 'w', encoding='utf-8') as f:
-        json.dump(obj, f, ensure_ascii=False, indent=1)
-    os.replace(path + '.tmp', path)
+def _roles_of(special_tokens: Iterable[str]) -> Dict[str, str]:
+    """role -> token for the tokens with a conventional role name (``<pad>``, ``[MASK]``...)."""
+    tokens = set(special_tokens)
+    return {role: next(n for n in names if n in tokens) for role, names in _ROLE_NAMES.items()
+            if any(n in tokens for n in names)}
 
 
-# ------------------------------------------------------------------------------------------ byte / char tokenizers
-
-class _AppendedSpecials(Tokenizer):
-    """Specials appended after a fixed base vocabulary of ``_base_size`` ids; roles by their conventional names."""
-    _base_size: int
-
-    def _init_specials(self, special_tokens: Iterable[str]) -> None:
-        self.special_tokens = tuple(special_tokens)
-        if len(set(self.special_tokens)) != len(self.special_tokens):
-            raise ValueError(f'duplicate special tokens: {self.special_tokens}')
-        self._special_to_id = {t: self._base_size + i for i, t in enumerate(self.special_tokens)}
-        self.special_tokens_map = {role: name for role, names in _ROLE_NAMES.items() for name in names
-                                   if name in self._special_to_id}
-
-    @property
-    def vocab_size(self) -> int:
-        return self._base_size + len(self.special_tokens)
-
-    def token_to_id(self, token: str) -> Optional[int]:
-        """Id of a special token (e.g. ``'<mask>'``), or None."""
-        return self._special_to_id.get(token)
-
-    @property
-    def special_ids(self) -> List[int]:
-        """Ids of every appended special token, whatever its role."""
-        return list(self._special_to_id.values())
-
-    def id_to_token(self, index: int) -> str:
-        if self._base_size <= index < self.vocab_size:
-            return self.special_tokens[index - self._base_size]
-        return self.decode([index])
+def _appended_specials(base: Dict[str, int], special_tokens: Iterable[str]) -> Tuple[Dict[str, int], List[str]]:
+    specials = list(special_tokens)
+    if len(set(specials)) != len(specials):
+        raise ValueError(f'duplicate special tokens: {specials}')
+    return {**base, **{t: len(base) + i for i, t in enumerate(specials)}}, specials
 
 
-class ByteTokenizer(_AppendedSpecials):
-    """UTF-8 byte tokenizer: ``vocab_size = 256 + len(special_tokens)``.
-
-    ``decode`` drops special ids and replaces invalid UTF-8 (e.g. a sequence cut inside a character) with U+FFFD.
-    """
-
-    def __init__(self, special_tokens: Iterable[str] = DEFAULT_CONTROL_TOKENS):
-        self._base_size = 256
-        self._init_specials(special_tokens)
-
-    def encode(self, text: str) -> List[int]:
-        return list(text.encode('utf-8'))
-
-    def decode(self, ids: Iterable[int], skip_special_tokens: bool = True) -> str:
-        return bytes(i for i in ids if 0 <= i < 256).decode('utf-8', errors='replace')
-
-    def to_dict(self) -> Dict[str, Any]:
-        return {'tokenizer_type': 'byte', 'special_tokens': list(self.special_tokens)}
-
-    def _hf_backend(self):
-        """Byte-level BPE without merges: ``tokenizers``' ByteLevel step maps each byte to one printable character
-        (GPT-2's table, :func:`_byte_characters`), and the vocabulary gives that character the byte's value."""
-        from tokenizers import Tokenizer as Backend, decoders, models, pre_tokenizers
-        vocab = {char: byte for byte, char in enumerate(_byte_characters())}
-        backend = Backend(models.BPE(vocab={**vocab, **self._special_to_id}, merges=[]))
-        backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
-        backend.decoder = decoders.ByteLevel()
-        backend.add_special_tokens(list(self.special_tokens))
-        return backend
+def byte_tokenizer(special_tokens: Iterable[str] = DEFAULT_CONTROL_TOKENS) -> PreTrainedTokenizerFast:
+    """UTF-8 bytes, ``len(tok) = 256 + len(special_tokens)``: a byte-level BPE without merges (``tokenizers``'
+    ByteLevel step maps each byte to one printable character, GPT-2's table :func:`_byte_characters`, and the
+    vocabulary gives that character the byte's value). Invalid UTF-8 decodes to U+FFFD."""
+    vocab, specials = _appended_specials({c: b for b, c in enumerate(_byte_characters())}, special_tokens)
+    backend = Backend(models.BPE(vocab=vocab, merges=[]))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    backend.decoder = decoders.ByteLevel()
+    backend.add_special_tokens(specials)
+    return _wrap(backend, 'byte', _roles_of(specials))
 
 
-class CharTokenizer(_AppendedSpecials):
-    """Character tokenizer over a fixed alphabet (sorted), specials after it.
-
-    Args:
-        chars: the alphabet (duplicates removed, sorted).
-        special_tokens: appended after the characters.
-        unk: if given, a special token (added when missing) that unknown characters map to; otherwise ``encode``
-            raises ``KeyError`` on a character outside the alphabet.
-    """
-
-    def __init__(self, chars: Iterable[str], special_tokens: Iterable[str] = (), unk: Optional[str] = None):
-        self.chars = sorted(set(chars))
-        if any(len(c) != 1 for c in self.chars):
-            raise ValueError('chars must be single characters')
-        specials = list(special_tokens)
-        if unk is not None and unk not in specials:
-            specials.append(unk)
-        self.unk = unk
-        self._base_size = len(self.chars)
-        self._init_specials(specials)
-        if unk is not None:
-            self.special_tokens_map['unk'] = unk
-        self._stoi = {c: i for i, c in enumerate(self.chars)}
-
-    @classmethod
-    def from_text(cls, text: str, special_tokens: Iterable[str] = (), unk: Optional[str] = None) -> 'CharTokenizer':
-        """Alphabet = the distinct characters of ``text``."""
-        return cls(set(text), special_tokens, unk)
-
-    def encode(self, text: str) -> List[int]:
-        if self.unk is None:
-            return [self._stoi[c] for c in text]
-        unk_id = self._special_to_id[self.unk]
-        return [self._stoi.get(c, unk_id) for c in text]
-
-    def decode(self, ids: Iterable[int], skip_special_tokens: bool = True) -> str:
-        n = self._base_size
-        return ''.join(self.chars[i] for i in ids if 0 <= i < n)
-
-    def to_dict(self) -> Dict[str, Any]:
-        return {'tokenizer_type': 'char', 'chars': ''.join(self.chars), 'special_tokens': list(self.special_tokens),
-                'unk': self.unk}
-
-    def _hf_backend(self):
-        """One token per character: an empty-string ``Split`` (no regular expression) isolates each character and
-        a word-level vocabulary maps it; a character outside the alphabet is the unknown token, or, without one, an
-        error (as :meth:`encode`'s ``KeyError``), never silently dropped."""
-        from tokenizers import Tokenizer as Backend, decoders, models, pre_tokenizers
-        vocab = {**self._stoi, **self._special_to_id}
-        backend = Backend(models.WordLevel(vocab=vocab, unk_token=self.unk))
-        backend.pre_tokenizer = pre_tokenizers.Split('', behavior='isolated')
-        backend.decoder = decoders.Fuse()
-        backend.add_special_tokens(list(self.special_tokens))
-        return backend
+def char_tokenizer(chars: Iterable[str], special_tokens: Iterable[str] = (),
+                   unk: Optional[str] = None) -> PreTrainedTokenizerFast:
+    """One id per character of the alphabet ``chars`` (duplicates removed, sorted), ``special_tokens`` after them.
+    ``unk``: a special token (added when missing) that characters outside the alphabet map to; without it they
+    are an error. An empty-string ``Split`` (no regular expression) isolates each character."""
+    alphabet = sorted(set(chars))
+    if any(len(c) != 1 for c in alphabet):
+        raise ValueError('chars must be single characters')
+    specials = list(special_tokens) + ([unk] if unk is not None and unk not in special_tokens else [])
+    vocab, specials = _appended_specials({c: i for i, c in enumerate(alphabet)}, specials)
+    backend = Backend(models.WordLevel(vocab=vocab, unk_token=unk))
+    backend.pre_tokenizer = pre_tokenizers.Split('', behavior='isolated')
+    backend.decoder = decoders.Fuse()
+    backend.add_special_tokens(specials)
+    return _wrap(backend, 'char', {**_roles_of(specials), **({'unk': unk} if unk is not None else {})})
 
 
 def _byte_characters() -> List[str]:
@@ -437,97 +162,32 @@ def _byte_characters() -> List[str]:
     return chars
 
 
-# ------------------------------------------------------------------------------------------- subword tokenizers
+def _bert_wordpiece(vocab, unk_token: str, lowercase: bool) -> Backend:
+    """BERT's WordPiece (normalizer, pre-tokenizer, ``##`` continuation) over ``vocab`` (None: to be trained)."""
+    backend = Backend(models.WordPiece(vocab, unk_token=unk_token) if vocab else models.WordPiece(unk_token=unk_token))
+    backend.normalizer = normalizers.BertNormalizer(lowercase=lowercase)
+    backend.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    backend.decoder = decoders.WordPiece()
+    return backend
 
-class SubwordTokenizer(Tokenizer):
-    """A Hugging Face ``tokenizers.Tokenizer`` behind the common interface.
 
-    Args:
-        backend: the ``tokenizers.Tokenizer`` (its own post-processor is not used: the template is applied here,
-            the same way for every tokenizer).
-        special_tokens_map: role (``pad unk cls sep mask``) -> token string; roles the vocabulary lacks are left out.
-        do_lower_case: whether the backend lower-cases (recorded for ``tokenizer_config.json``; informative).
+def wordpiece_tokenizer(path: str, do_lower_case: Optional[bool] = None,
+                        special_tokens_map: Optional[Mapping[str, str]] = None) -> PreTrainedTokenizerFast:
+    """A BERT WordPiece tokenizer from a ``vocab.txt`` (one token per line, the line number is its id).
+
+    ``do_lower_case`` None: uncased when no ordinary token of the vocabulary has an upper-case letter (BERT's
+    uncased vocabularies; the cased ones hold 'The', 'Paris', ...). Lower-casing also strips accents, as BERT's
+    uncased tokenizer does.
     """
-
-    def __init__(self, backend, special_tokens_map: Mapping[str, str], do_lower_case: Optional[bool] = None):
-        self.backend = backend
-        self.special_tokens_map = {r: t for r, t in special_tokens_map.items()
-                                   if r in CONTROL_ROLES and t is not None and backend.token_to_id(t) is not None}
-        self.do_lower_case = do_lower_case
-        # special tokens are matched whole in the text and skipped by decode(skip_special_tokens=True)
-        backend.add_special_tokens(list(self.special_tokens_map.values()))
-
-    @classmethod
-    def from_vocab_file(cls, path: str, do_lower_case: Optional[bool] = None,
-                        special_tokens_map: Optional[Mapping[str, str]] = None) -> 'SubwordTokenizer':
-        """A BERT WordPiece tokenizer from a ``vocab.txt`` (one token per line, the line number is its id).
-
-        ``do_lower_case`` None: uncased when no ordinary token of the vocabulary has an upper-case letter (BERT's
-        uncased vocabularies; the cased ones hold 'The', 'Paris', ...). Lower-casing also strips accents, as BERT's
-        uncased tokenizer does.
-        """
-        from tokenizers import Tokenizer as Backend, decoders, models, normalizers, pre_tokenizers
-        vocab = models.WordPiece.read_file(path)
-        if not vocab:
-            raise ValueError(f'{path} holds no tokens')
-        if do_lower_case is None:
-            do_lower_case = _vocab_is_uncased(vocab)
-        specials = dict(special_tokens_map or _guess_special_tokens(vocab))
-        if 'unk' not in specials:
-            raise ValueError(f'{path}: no unknown-word token ([UNK] or <unk>) in the vocabulary; WordPiece needs one')
-        backend = Backend(models.WordPiece(vocab, unk_token=specials['unk']))
-        backend.normalizer = normalizers.BertNormalizer(lowercase=do_lower_case)
-        backend.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-        backend.decoder = decoders.WordPiece()
-        return cls(backend, specials, do_lower_case)
-
-    @classmethod
-    def from_file(cls, path: str, special_tokens_map: Optional[Mapping[str, str]] = None,
-                  do_lower_case: Optional[bool] = None, allow_regex: bool = False) -> 'SubwordTokenizer':
-        """Any ``tokenizer.json`` of Hugging Face's ``tokenizers``; roles not given are found by their usual
-        names ([PAD]/<pad>, [CLS]/<cls>/<s>, ...). One with a regular expression is refused unless ``allow_regex``
-        (:func:`check_no_regex`)."""
-        from tokenizers import Tokenizer as Backend
-        with open(path, encoding='utf-8') as f:
-            text = f.read()
-        check_no_regex(json.loads(text), path, allow_regex)
-        backend = Backend.from_str(text)
-        specials = dict(_guess_special_tokens(backend.get_vocab(with_added_tokens=True)))
-        specials.update(special_tokens_map or {})
-        return cls(backend, specials, do_lower_case)
-
-    @property
-    def vocab_size(self) -> int:
-        return self.backend.get_vocab_size(with_added_tokens=True)
-
-    def encode(self, text: str) -> List[int]:
-        return self.backend.encode(text, add_special_tokens=False).ids
-
-    def decode(self, ids: Iterable[int], skip_special_tokens: bool = True) -> str:
-        return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
-
-    def token_to_id(self, token: str) -> Optional[int]:
-        return self.backend.token_to_id(token)
-
-    def id_to_token(self, index: int) -> str:
-        token = self.backend.id_to_token(index)
-        if token is None:
-            raise KeyError(f'id {index} outside the vocabulary of {self.vocab_size}')
-        return token
-
-    def to_dict(self) -> Dict[str, Any]:
-        return {'tokenizer_type': 'subword', 'tokenizer_json': self.backend.to_str(),
-                'special_tokens_map': dict(self.special_tokens_map), 'do_lower_case': self.do_lower_case}
-
-    def _hf_backend(self):
-        from tokenizers import Tokenizer as Backend
-        return Backend.from_str(self.backend.to_str())  # a copy: the template is set on it, not on ours
-
-    def _saved_fields(self) -> Dict[str, Any]:
-        fields = {'tokenizer_type': 'subword'}  # the vocabulary itself is tokenizer.json
-        if self.do_lower_case is not None:
-            fields['do_lower_case'] = self.do_lower_case
-        return fields
+    vocab = models.WordPiece.read_file(path)
+    if not vocab:
+        raise ValueError(f'{path} holds no tokens')
+    if do_lower_case is None:
+        do_lower_case = _vocab_is_uncased(vocab)
+    specials = {**_roles_of(vocab), **(special_tokens_map or {})}
+    if 'unk' not in specials:
+        raise ValueError(f'{path}: no unknown-word token ([UNK] or <unk>) in the vocabulary; WordPiece needs one')
+    return _wrap(_bert_wordpiece(vocab, specials['unk'], do_lower_case), 'subword', specials, do_lower_case)
 
 
 def _vocab_is_uncased(vocab: Iterable[str]) -> bool:
@@ -536,14 +196,49 @@ def _vocab_is_uncased(vocab: Iterable[str]) -> bool:
     return not any(t != t.lower() for t in vocab if not special.match(t))
 
 
-def _guess_special_tokens(vocab: Iterable[str]) -> Dict[str, str]:
-    vocab = set(vocab)
-    out = {}
-    for role, names in _ROLE_NAMES.items():
-        found = next((n for n in names if n in vocab), None)
+def _longest_first(n_first: int, n_second: int, budget: int) -> Tuple[int, int]:
+    """Segment lengths after dropping tokens one at a time from the longer segment (the second on ties) until both
+    fit in ``budget``: the shorter stays whole when the longer can take the rest, else the first gets the odd one."""
+    if n_first + n_second <= budget:
+        return n_first, n_second
+    short = min(n_first, n_second)
+    if 2 * short <= budget:
+        return (short, budget - short) if n_first == short else (budget - short, short)
+    return (budget + 1) // 2, budget // 2
+
+
+def unknown_character(tok: PreTrainedTokenizerFast, texts: Sequence[str], error: Exception) -> str:
+    """The first character of ``texts`` outside a char tokenizer's alphabet, for the message of the ``error``
+    ``tokenizers`` raised ("Missing [UNK] token"); the error itself when there is none."""
+    if tokenizer_kind(tok) == 'char':
+        vocab = tok.get_vocab()
+        found = next((c for text in texts for c in text if c not in vocab), None)
         if found is not None:
-            out[role] = found
-    return out
+            return found
+    raise error
+
+
+def encode_with_template(tok: PreTrainedTokenizerFast, texts: Sequence[str], pairs: Optional[Sequence[str]],
+                         max_length: int) -> Tuple[List[List[int]], List[List[int]]]:
+    """(input ids, token type ids) per text (and pair) with the template, truncated to ``max_length`` tokens
+    longest-first: tokens leave the end of the longer segment, of the second on ties (the split this package's
+    classifiers always used; ``tokenizers``' ``longest_first`` gives the odd token to the second). The
+    template is the tokenizer's post-processor."""
+    budget = max_length - tok.num_special_tokens_to_add(pair=pairs is not None)
+    if budget < (0 if pairs is None else 2):
+        raise ValueError(f'max_length {max_length} leaves no room for text after the special tokens')
+    firsts = tok(list(texts), add_special_tokens=False).encodings
+    seconds = tok(list(pairs), add_special_tokens=False).encodings if pairs is not None else [None] * len(firsts)
+    ids, types = [], []
+    for first, second in zip(firsts, seconds):
+        n_first, n_second = _longest_first(len(first.ids), 0 if second is None else len(second.ids), budget)
+        first.truncate(n_first)
+        if second is not None:
+            second.truncate(n_second)
+        out = tok.backend_tokenizer.post_process(first, second, add_special_tokens=True)
+        ids.append(out.ids)
+        types.append(out.type_ids)
+    return ids, types
 
 
 MAX_VOCAB_SIZE = 2 ** 20  # the largest vocabularies in use are ~256k; tokenizers' trainer aborts the process
@@ -569,7 +264,7 @@ def train_tokenizer(
         lowercase: bool = True,
         min_frequency: int = 2,
         special_tokens: Mapping[str, str] = BERT_CONTROL_TOKENS,
-) -> SubwordTokenizer:
+) -> PreTrainedTokenizerFast:
     """Train a subword vocabulary offline on ``texts`` (an iterable of strings, e.g. lines) or ``files``.
 
     Args:
@@ -585,7 +280,6 @@ def train_tokenizer(
     pairs by those numbers, so two runs can keep slightly different rare pieces: train once and save it
     (``save_pretrained``) -- e.g. on one DDP rank, the others loading the saved files.
     """
-    from tokenizers import Tokenizer as Backend, decoders, models, normalizers, pre_tokenizers, trainers
     if kind not in SUBWORD_KINDS:
         raise ValueError(f'kind must be one of {SUBWORD_KINDS}, got {kind!r}')
     if (texts is None) == (files is None):
@@ -593,10 +287,7 @@ def train_tokenizer(
     specials = list(special_tokens.values())
     check_vocab_size('vocab_size', kind, vocab_size, len(specials))
     if kind == 'wordpiece':
-        backend = Backend(models.WordPiece(unk_token=special_tokens.get('unk', '[UNK]')))
-        backend.normalizer = normalizers.BertNormalizer(lowercase=lowercase)
-        backend.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-        backend.decoder = decoders.WordPiece()
+        backend = _bert_wordpiece(None, special_tokens.get('unk', '[UNK]'), lowercase)
         trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, min_frequency=min_frequency,
                                             special_tokens=specials, show_progress=False)
     else:
@@ -614,7 +305,7 @@ def train_tokenizer(
         backend.train(list(files), trainer)
     else:
         backend.train_from_iterator(texts, trainer)
-    return SubwordTokenizer(backend, special_tokens, lowercase)
+    return _wrap(backend, 'subword', special_tokens, lowercase)
 
 
 # ---------------------------------------------------------------------------------------------------- loading
@@ -651,22 +342,34 @@ def check_no_regex(payload: Any, where: str, allow_regex: bool = False) -> None:
         field, pattern = found
         raise UsageError(f'{where}: {field} is the regular expression {short_repr(pattern, 80)}, refused: a crafted '
                          f'pattern takes minutes per text; the tokenizers this package writes use none. Load a file '
-                         f'you trust with allow_regex=True (in Python)')
+                         f'you trust with --allow-regex (allow_regex=True in Python)')
 
 
-def tokenizer_from_dict(d: Mapping[str, Any], allow_regex: bool = False) -> Tokenizer:
-    """Inverse of :meth:`Tokenizer.to_dict` (also reads the ``{"type": "char" | "byte"}`` dicts of older runs); a
-    subword tokenizer with a regular expression is refused unless ``allow_regex`` (:func:`check_no_regex`)."""
+def tokenizer_to_dict(tok: PreTrainedTokenizerFast) -> Dict[str, Any]:
+    """Plain JSON-able values that :func:`tokenizer_from_dict` turns back into ``tok`` (for checkpoints loaded with
+    ``torch.load(weights_only=True)``): its kind, ``tokenizer.json`` text, special tokens by role and casing."""
+    return {'tokenizer_type': tokenizer_kind(tok), 'tokenizer_json': tok.backend_tokenizer.to_str(),
+            'special_tokens_map': _roles_in(tok), 'do_lower_case': tok.init_kwargs.get('do_lower_case')}
+
+
+def _roles_in(tok: PreTrainedTokenizerFast) -> Dict[str, str]:
+    return {r: getattr(tok, f'{r}_token') for r in CONTROL_ROLES if getattr(tok, f'{r}_token') is not None}
+
+
+def tokenizer_from_dict(d: Mapping[str, Any], allow_regex: bool = False) -> PreTrainedTokenizerFast:
+    """Inverse of :func:`tokenizer_to_dict`; also converts the dicts of runs before the tokenizers were
+    ``transformers`` objects (``{"tokenizer_type" | "type": "byte", "special_tokens"}``, ``{..: "char", "chars",
+    "special_tokens", "unk"}``; the fixtures' folders hold them). A tokenizer with a regular expression is refused
+    unless ``allow_regex`` (:func:`check_no_regex`)."""
     kind = d.get('tokenizer_type', d.get('type'))
-    if kind == 'byte':
-        return ByteTokenizer(d['special_tokens'])
-    if kind == 'char':
-        return CharTokenizer(d['chars'], d['special_tokens'], d.get('unk'))
-    if kind == 'subword':
-        from tokenizers import Tokenizer as Backend
-        check_no_regex(json.loads(d['tokenizer_json']), 'the saved tokenizer', allow_regex)
-        return SubwordTokenizer(Backend.from_str(d['tokenizer_json']), d['special_tokens_map'], d.get('do_lower_case'))
-    raise ValueError(f'unknown tokenizer type {kind!r}; expected byte, char or subword')
+    if kind not in KINDS:
+        raise ValueError(f'unknown tokenizer type {kind!r}; expected byte, char or subword')
+    if 'tokenizer_json' not in d:  # the byte / char dicts of older runs: rebuilt from their fields
+        if kind == 'byte':
+            return byte_tokenizer(d['special_tokens'])
+        return char_tokenizer(d['chars'], d['special_tokens'], d.get('unk'))
+    check_no_regex(json.loads(d['tokenizer_json']), 'the saved tokenizer', allow_regex)
+    return _wrap(Backend.from_str(d['tokenizer_json']), kind, d['special_tokens_map'], d.get('do_lower_case'))
 
 
 def _read_json(path: str) -> Optional[dict]:
@@ -686,12 +389,16 @@ def _json_object(path: str) -> dict:
 
 def _read_tokenizer_file(path: str, read):
     """``read()`` of the tokenizer file ``path``; a damaged file, or one of another kind, is a :class:`UsageError`
-    naming it (instead of a traceback from json, a missing key, or ``tokenizers``' Rust parser)."""
+    naming it (instead of a traceback from json, a missing key, or ``tokenizers``' Rust parser -- including its
+    panics, ``pyo3_runtime.PanicException``, a ``BaseException``, e.g. a BPE ``continuing_subword_prefix`` longer
+    than its pieces)."""
     try:
         return read()
     except (OSError, UsageError):
         raise  # a file that cannot be read, or another file's error: each names its file
-    except Exception as e:  # json's ValueError, KeyError / TypeError of a missing field, tokenizers' plain Exception
+    except BaseException as e:  # json's ValueError, KeyError / TypeError of a missing field, tokenizers' errors
+        if not isinstance(e, Exception) and type(e).__name__ != 'PanicException':
+            raise  # KeyboardInterrupt, SystemExit: not the file's fault
         detail = str(e).splitlines()[0] if str(e) else ''
         raise UsageError(f'{path} is not a tokenizer file this package reads ({type(e).__name__}: {detail}); it is '
                          f'damaged, truncated or of another kind') from None
@@ -711,58 +418,69 @@ def _hf_special_tokens(directory: str) -> Dict[str, str]:
     return out
 
 
-def find_tokenizer(path: str, allow_regex: bool = False) -> Optional[Tokenizer]:
+def _from_tokenizer_json(path: str, config: Mapping[str, Any], specials: Mapping[str, str],
+                         allow_regex: bool) -> PreTrainedTokenizerFast:
+    """Any ``tokenizer.json`` of ``tokenizers``; roles not in ``specials`` are found by their usual names
+    ([PAD]/<pad>, [CLS]/<cls>/<s>, ...); ``config`` (its ``tokenizer_config.json``) gives the kind and casing."""
+    with open(path, encoding='utf-8') as f:
+        text = f.read()
+    payload = json.loads(text)
+    if payload.get('type', payload.get('tokenizer_type')) in ('byte', 'char') and 'model' not in payload:
+        # the text trainer's own dict of older runs, under this name
+        return tokenizer_from_dict(payload)
+    check_no_regex(payload, path, allow_regex)
+    backend = Backend.from_str(text)
+    roles = {**_roles_of(backend.get_vocab(with_added_tokens=True)), **specials}
+    kind = config.get('tokenizer_type') if config.get('tokenizer_type') in KINDS else 'subword'
+    return _wrap(backend, kind, roles, config.get('do_lower_case'))
+
+
+def _find_in_file(path: str, allow_regex: bool) -> Optional[PreTrainedTokenizerFast]:
+    """The tokenizer of a ``vocab.txt`` / ``tokenizer.json`` file, None for a file of another kind."""
+    if os.path.basename(path) == VOCAB_FILE_NAME or path.endswith('.txt'):
+        return _read_tokenizer_file(path, lambda: wordpiece_tokenizer(path))
+    try:
+        d = _read_json(path)
+    except UsageError:  # not JSON: not a tokenizer file
+        return None
+    if d.get('type', d.get('tokenizer_type')) not in ('byte', 'char') and 'model' not in d:
+        return None  # JSON of something else (a config.json)
+    return _read_tokenizer_file(path, lambda: _from_tokenizer_json(path, {}, {}, allow_regex))
+
+
+def find_tokenizer(path: str, allow_regex: bool = False) -> Optional[PreTrainedTokenizerFast]:
     """The tokenizer in a folder (or of a file), or None when there is none. Looked for, in order:
 
-    * ``tokenizer_config.json`` written by :meth:`Tokenizer.save_pretrained` for a byte / char tokenizer;
-    * ``tokenizer.json``: ours from older runs (``{"type": "char" | "byte"}``) or Hugging Face's, with the special
-      tokens of ``tokenizer_config.json`` / ``special_tokens_map.json`` when present;
+    * ``tokenizer.json`` (ours, with ``tokenizer_config.json``'s kind and casing, or Hugging Face's, with the
+      special tokens of ``tokenizer_config.json`` / ``special_tokens_map.json`` when present);
+    * a ``tokenizer_config.json`` alone holding a byte / char tokenizer of older runs (:func:`tokenizer_from_dict`);
     * ``vocab.txt``: BERT WordPiece, lower-casing from ``tokenizer_config.json``'s ``do_lower_case`` when present,
-      else from the vocabulary (see :meth:`SubwordTokenizer.from_vocab_file`).
+      else from the vocabulary (see :func:`wordpiece_tokenizer`).
 
     A ``tokenizer.json`` with a regular expression is refused unless ``allow_regex`` (:func:`check_no_regex`).
     """
     path = os.fspath(path)
     if os.path.isfile(path):
-        if os.path.basename(path) == VOCAB_FILE_NAME or path.endswith('.txt'):
-            return _read_tokenizer_file(path, lambda: SubwordTokenizer.from_vocab_file(path))
-        try:
-            d = _read_json(path)
-        except UsageError:  # not JSON: not a tokenizer file
-            return None
-        if d.get('type', d.get('tokenizer_type')) in ('byte', 'char'):
-            return _read_tokenizer_file(path, lambda: tokenizer_from_dict(d))
-        if 'model' not in d:  # JSON of something else (a config.json)
-            return None
-        return _read_tokenizer_file(path, lambda: SubwordTokenizer.from_file(path, allow_regex=allow_regex))
+        return _find_in_file(path, allow_regex)
     if not os.path.isdir(path):
         raise FileNotFoundError(f'{path} does not exist')
     config_file = os.path.join(path, TOKENIZER_CONFIG_NAME)
     config = _read_json(config_file) or {}
-    if config.get('tokenizer_type') in ('byte', 'char'):
-        return _read_tokenizer_file(config_file, lambda: tokenizer_from_dict(config))
-    lower = config.get('do_lower_case')
     tokenizer_file = os.path.join(path, TOKENIZER_FILE_NAME)
     if os.path.isfile(tokenizer_file):
-        d = _read_json(tokenizer_file)
-        if d.get('type') in ('byte', 'char'):
-            return _read_tokenizer_file(tokenizer_file, lambda: tokenizer_from_dict(d))
         specials = _hf_special_tokens(path)
-        return _read_tokenizer_file(tokenizer_file, lambda: SubwordTokenizer.from_file(
-            tokenizer_file, specials, lower, allow_regex=allow_regex))
+        return _read_tokenizer_file(tokenizer_file, lambda: _from_tokenizer_json(
+            tokenizer_file, config, specials, allow_regex))
+    if config.get('tokenizer_type') in ('byte', 'char'):
+        return _read_tokenizer_file(config_file, lambda: tokenizer_from_dict(config))
     vocab_file = os.path.join(path, VOCAB_FILE_NAME)
     if os.path.isfile(vocab_file):
-        return _read_tokenizer_file(vocab_file, lambda: SubwordTokenizer.from_vocab_file(
-            vocab_file, lower, {**_guess_special_tokens(_read_lines(vocab_file)), **_hf_special_tokens(path)}))
+        return _read_tokenizer_file(vocab_file, lambda: wordpiece_tokenizer(
+            vocab_file, config.get('do_lower_case'), _hf_special_tokens(path)))
     return None
 
 
-def _read_lines(path: str) -> List[str]:
-    with open(path, encoding='utf-8') as f:
-        return [line.rstrip('\n') for line in f]
-
-
-def load_tokenizer(path: str, allow_regex: bool = False) -> Tokenizer:
+def load_tokenizer(path: str, allow_regex: bool = False) -> PreTrainedTokenizerFast:
     """As :func:`find_tokenizer`, but a folder without a tokenizer is an error."""
     tok = find_tokenizer(path, allow_regex)
     if tok is None:

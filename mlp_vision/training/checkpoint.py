@@ -27,8 +27,9 @@ from mlp_vision.errors import UsageError, find_os_error
 from mlp_vision.weights import check_weights
 
 __all__ = [
-    'CHECKPOINT_VERSION', 'TRUST_FLAG', 'open_own_file', 'temp_path', 'clean_stale_temp_files', 'atomic_save', 'atomic_write_text',
-    'atomic_folder', 'atomic_link', 'keep_previous', 'CheckpointManager', 'load_checkpoint_file',
+    'CHECKPOINT_VERSION', 'TRUST_FLAG', 'open_own_file', 'temp_path', 'clean_stale_temp_files', 'atomic_write',
+    'atomic_save', 'atomic_write_text', 'atomic_folder', 'atomic_link', 'keep_previous', 'CheckpointManager',
+    'load_checkpoint_file',
     'is_training_checkpoint', 'check_settings_state', 'check_optimizer_state', 'get_rng_state', 'set_rng_state',
     'check_rng_state', 'preserve_rng', 'clean_state_dict', 'load_model_weights',
 ]
@@ -43,17 +44,12 @@ _LEGACY_MAGIC = b'\x80\x02\x8a\nl\xfc\x9cF\xf9 j\xa8P\x19.'  # pickled magic num
 
 
 def _fsync_dir(path: Path) -> None:
-    # make the rename itself durable (POSIX); not possible / needed on every platform
-    try:
+    with contextlib.suppress(OSError):  # makes the rename itself durable (POSIX); not possible on every platform
         fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 def open_own_file(path: os.PathLike, flags: int, mode: int = 0o644) -> int:
@@ -113,12 +109,15 @@ def clean_stale_temp_files(folder: os.PathLike) -> List[Path]:
     return removed
 
 
-def _atomic_write(path: os.PathLike, write: Callable[[Any], None], mode: str = 'wb') -> None:
+def atomic_write(path: os.PathLike, write: Callable[[Any], None], mode: str = 'wb') -> None:
+    """``write(f)`` into a file of our own (:func:`open_own_file`) named :func:`temp_path`, flush + fsync, then
+    ``os.replace`` onto ``path``: a reader (or a run killed at any point) sees either the previous file or the
+    complete new one, and a failed write (a full disk: ``OSError`` 'No space left on device' naming ``path``)
+    leaves the previous file as it was and no temporary file behind."""
     path = Path(path)
     tmp = temp_path(path)
     try:
-        if tmp.is_symlink() or tmp.exists():  # this process's own name: a leftover (or a planted link) goes first
-            tmp.unlink()
+        tmp.unlink(missing_ok=True)  # this process's own name: a leftover (or a planted link) goes first
         fd = open_own_file(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
         with open(fd, mode, **({} if 'b' in mode else {'newline': '', 'encoding': 'utf-8'})) as f:
             write(f)
@@ -131,23 +130,18 @@ def _atomic_write(path: os.PathLike, write: Callable[[Any], None], mode: str = '
             raise OSError(os_error.errno, os_error.strerror, str(path)) from e
         raise
     finally:
-        if tmp.exists() or tmp.is_symlink():
-            tmp.unlink()
+        tmp.unlink(missing_ok=True)
     _fsync_dir(path.parent)
 
 
 def atomic_save(obj: Any, path: os.PathLike) -> None:
-    """``torch.save`` to a temporary file in the same folder, flush + fsync, then ``os.replace``.
-
-    A reader (or a run killed at any point) sees either the previous file or the complete new one; a failed
-    write (a full disk: ``OSError`` 'No space left on device' naming ``path``) leaves the previous file as it was.
-    """
-    _atomic_write(path, lambda f: torch.save(obj, f))
+    """``torch.save(obj)`` to ``path`` by :func:`atomic_write`."""
+    atomic_write(path, lambda f: torch.save(obj, f))
 
 
 def atomic_write_text(path: os.PathLike, text: str) -> None:
-    """Text written as :func:`atomic_save` writes checkpoints."""
-    _atomic_write(path, lambda f: f.write(text), mode='w')
+    """``text`` (UTF-8) to ``path`` by :func:`atomic_write`."""
+    atomic_write(path, lambda f: f.write(text), mode='w')
 
 
 def keep_previous(path: os.PathLike) -> Optional[Path]:
@@ -185,22 +179,21 @@ def atomic_folder(path: os.PathLike):
 
 
 def atomic_link(src: os.PathLike, dst: os.PathLike) -> None:
-    """Make ``dst`` a hard link to ``src`` (a durable copy where links are not supported), atomically."""
+    """Make ``dst`` a hard link to ``src`` (a copy by :func:`atomic_write` where links are not supported),
+    atomically."""
     src, dst = Path(src), Path(dst)
     tmp = temp_path(dst)
-    if tmp.exists():
-        tmp.unlink()
+    tmp.unlink(missing_ok=True)  # a leftover, or a planted (even dangling) link, goes first
     try:
-        try:
-            os.link(src, tmp)
-        except OSError:
-            shutil.copyfile(src, tmp)
-            with open(tmp, 'rb+') as f:
-                os.fsync(f.fileno())
+        os.link(src, tmp)
+    except OSError:
+        with open(src, 'rb') as source:
+            atomic_write(dst, lambda f: shutil.copyfileobj(source, f))
+        return
+    try:
         os.replace(tmp, dst)
     finally:
-        if tmp.exists():
-            tmp.unlink()
+        tmp.unlink(missing_ok=True)
     _fsync_dir(dst.parent)
 
 
@@ -223,6 +216,12 @@ class CheckpointManager:
     A checkpoint is data from whoever made it, never an instruction: a restored history is checked entry by
     entry (:meth:`load_state_dict`), and the file of an evicted entry is always ``checkpoint-<position>.pth`` in
     ``output_dir``, named from the position, never a path read from the checkpoint.
+
+    Not a subclass of ``timm.utils.CheckpointSaver`` (timm 1.0.31), whose ranking this follows (best first, ties
+    keep the earlier position): it refuses ``max_history=0`` (the text trainer, ``--checkpoint-hist 0``) and only
+    tracks the best inside a top-N slot, keeps metric-less checkpoints by recency, writes non-atomically through a
+    fixed ``tmp`` name, links full states as best / top-N, and deletes the paths a restored state names (a crafted
+    ``../file`` included). Keeping our files and history meant overriding its save, track and cleanup too.
     """
 
     def __init__(self, output_dir: os.PathLike, decreasing: bool = False, max_history: int = 3, key: str = 'epoch',
@@ -250,9 +249,6 @@ class CheckpointManager:
 
     def _better(self, a: float, b: float) -> bool:
         return a < b if self.decreasing else a > b
-
-    def state_dict(self) -> Dict[str, Any]:
-        return {'history': [dict(h) for h in self.history], 'best': dict(self.best) if self.best else None}
 
     def _checked_entry(self, entry: Any, with_file: bool) -> Dict[str, Any]:
         """``entry`` as this class writes it, or a ``ValueError`` saying what is wrong with it."""

@@ -6,6 +6,11 @@ Keys may be written as the flag (``weight-decay``) or its destination (``weight_
 an error, so a typo in a recipe cannot be silently ignored, and every value must have the flag's type
 (``batch_size: 32.5`` is an error, as ``--batch-size 32.5`` is).
 
+The command line is parsed once (:func:`parse_given`: only what it sets), then laid over the other layers
+(:func:`merge_settings`), so the ``-c`` file and a ``--resume`` checkpoint are read after that one parse and no
+flag is parsed twice. The result is a :class:`RunArgs`: the arguments as given, and apart from them the values a
+run derives (a scaled LR, the data's class count, recipe fills), saved under their own names.
+
 Every yaml file the package reads (``-c`` files, the recipes, a run's ``args.yaml``) goes through
 :func:`read_yaml_file`: yaml's safe loader (no tags run code) that also refuses aliases (``*name``: a 1 KB file of
 nested aliases expands to gigabytes), duplicate keys (yaml lets the last one win silently), nesting deeper than
@@ -18,13 +23,14 @@ import argparse
 import importlib.resources
 import os
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import yaml
 
 from mlp_vision.errors import UsageError, check_range, short_repr
 
-__all__ = ['load_yaml_config', 'parse_args_with_config', 'args_to_yaml', 'check_flag_ranges', 'SEED_MAX',
+__all__ = ['RunArgs', 'parse_given', 'merge_settings', 'load_yaml_config', 'parse_args_with_config', 'args_to_yaml',
+           'check_flag_ranges', 'SEED_MAX',
            'find_recipe', 'recipe_names', 'recipe_folder', 'read_yaml_file', 'parse_yaml', 'MAX_YAML_BYTES',
            'MAX_YAML_DEPTH']
 
@@ -215,50 +221,122 @@ def load_yaml_config(path: str, parser: argparse.ArgumentParser, notes: Sequence
     return out
 
 
+class RunArgs(argparse.Namespace):
+    """The arguments of a run (argparse's ``Namespace``) and, kept apart, the values the run derives from them.
+
+    A run derives some values from its arguments and its data: the learning rate scaled to the global batch
+    (timm's rule), the class count of the dataset, the demo's data folder, a text recipe's optimizer values, the
+    model's block size. :meth:`derive` sets them, so the code reads every value it uses as ``args.NAME``, and keeps
+    what was given: :meth:`given` is the arguments as the user gave them (command line over ``-c`` over a resumed
+    run's over the defaults) -- what ``args.yaml`` and a checkpoint's ``args`` hold and a resume takes over --
+    and :attr:`derived` the values derived, saved beside them (``derived.yaml``, a checkpoint's ``derived``), so a
+    resume derives them again from the given ones (a scaled LR follows a new ``--batch-size``).
+
+    ``resumed_settings`` / ``resumed_derived``: the given and derived values of the run being resumed ({} if none).
+    """
+    __slots__ = ('_given', '_derived', 'resumed_settings', 'resumed_derived')  # slots: not in vars(), not settings
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self._given, self._derived = {}, {}
+        self.resumed_settings, self.resumed_derived = {}, {}
+
+    def derive(self, **values: Any) -> None:
+        """Use these values from now on (``args.NAME`` reads them); the given ones stay in :meth:`given`."""
+        for name, value in values.items():
+            if name not in self._derived:
+                self._given[name] = getattr(self, name)  # a name that is no argument is a bug: AttributeError
+            self._derived[name] = value
+            setattr(self, name, value)
+
+    def given(self) -> Dict[str, Any]:
+        """The arguments as given, by destination (the values before any :meth:`derive`)."""
+        return {**vars(self), **self._given}
+
+    @property
+    def derived(self) -> Dict[str, Any]:
+        """The values derived so far, by the name of the argument they stand in for."""
+        return dict(self._derived)
+
+
+_UNSET = object()  # marks a destination the command line did not set
+
+
+def parse_given(parser: argparse.ArgumentParser, argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
+    """The values the command line ``argv`` sets, by destination: the one parse of ``argv`` (its errors are the
+    parser's). Every destination starts as a marker, which argparse leaves where no flag is given (it sets a
+    default only where the namespace has none); an optional positional argument left out is set to its default
+    by argparse itself, and counts as not given."""
+    actions = _actions(parser)
+    namespace = argparse.Namespace(**{dest: _UNSET for dest in actions})
+    parser.parse_args(argv, namespace)
+    return {dest: value for dest, value in vars(namespace).items()
+            if value is not _UNSET and not (dest in actions and not actions[dest].option_strings
+                                            and actions[dest].nargs == '?' and value is actions[dest].default)}
+
+
+def _parser_defaults(parser: argparse.ArgumentParser) -> Dict[str, Any]:
+    """Every destination's default; a string default converted by the flag's type, as argparse converts it."""
+    defaults = {}
+    for dest, action in _actions(parser).items():
+        value = parser.get_default(dest)
+        defaults[dest] = action.type(value) if isinstance(value, str) and callable(action.type) else value
+    return defaults
+
+
+def merge_settings(
+        parser: argparse.ArgumentParser,
+        given: Mapping[str, Any],
+        base_configs: Union[Sequence[str], Callable[[Mapping[str, Any]], Sequence[str]]] = (),
+        run_settings: Optional[Mapping[str, Any]] = None,
+        recipes: bool = False,
+) -> Tuple[RunArgs, List[str]]:
+    """The arguments of a run from their layers, lowest first: the parser's defaults, ``base_configs``, a resumed
+    run's ``run_settings`` (by destination), the ``-c`` file, then ``given`` (:func:`parse_given`). ``base_configs``
+    may be a function of the settings above it (run settings, ``-c``, command line; train.py's demo recipe applies
+    when they name no dataset). ``recipes``: ``-c NAME`` may name one of the image recipes (:func:`find_recipe`).
+
+    Returns the :class:`RunArgs` and the list of config files used (base ones first)."""
+    known = _actions(parser)
+    config = _config_path(given['config'], recipes) if given.get('config') else ''
+    # a resumed run's settings come from a file: checked as the command line checks its values
+    above = {k: _typed(v, known[k], 'the resumed checkpoint\'s saved settings')
+             for k, v in (run_settings or {}).items() if k in known}
+    if config:
+        above.update(load_yaml_config(config, parser))
+    above.update(given)
+    bases = list(base_configs(above) if callable(base_configs) else base_configs)
+    values = _parser_defaults(parser)
+    for path in bases:
+        values.update(load_yaml_config(path, parser))
+    values.update(above)
+    return RunArgs(**values), bases + ([config] if config else [])
+
+
 def parse_args_with_config(
         parser: argparse.ArgumentParser,
         argv: Optional[Sequence[str]] = None,
-        base_configs: Sequence[str] = (),
+        base_configs: Union[Sequence[str], Callable[[Mapping[str, Any]], Sequence[str]]] = (),
         run_settings: Optional[Mapping[str, Any]] = None,
         recipes: bool = False,
-) -> Tuple[argparse.Namespace, List[str]]:
-    """Parse ``argv`` with ``-c/--config`` support. ``base_configs`` are applied below ``run_settings`` (a resumed
-    run's saved arguments, by destination), which are below the user's config and the command line. ``recipes``:
-    ``-c NAME`` may name one of the image recipes (:func:`find_recipe`).
+) -> Tuple[RunArgs, List[str]]:
+    """Parse ``argv`` (once) with ``-c/--config`` support: :func:`merge_settings` of :func:`parse_given`.
 
     Returns the namespace and the list of config files used (base ones first).
     """
-    config_parser = argparse.ArgumentParser(add_help=False)
-    config_parser.add_argument('-c', '--config', default='', type=str)
-    config_args, _ = config_parser.parse_known_args(argv)
-    config = _config_path(config_args.config, recipes) if config_args.config else ''
-    defaults = {}
-    for path in base_configs:
-        defaults.update(load_yaml_config(path, parser))
-    known = _actions(parser)
-    # a resumed run's settings come from a file: checked as the command line checks its values
-    defaults.update({k: _typed(v, known[k], 'the resumed checkpoint\'s saved settings')
-                     for k, v in (run_settings or {}).items() if k in known})
-    if config:
-        defaults.update(load_yaml_config(config, parser))
-    if defaults:
-        parser.set_defaults(**defaults)
-    args = parser.parse_args(argv)
-    return args, list(base_configs) + ([config] if config else [])
+    return merge_settings(parser, parse_given(parser, argv), base_configs, run_settings, recipes)
 
 
-def args_to_yaml(args: argparse.Namespace) -> str:
-    """The resolved arguments as yaml, loadable again with ``-c``."""
+def args_to_yaml(settings: Mapping[str, Any]) -> str:
+    """``settings`` (by destination: a run's given arguments, or its derived values) as yaml, loadable again
+    with ``-c``."""
     def plain(v):
-        if isinstance(v, tuple):
-            return [plain(x) for x in v]
-        if isinstance(v, list):
+        if isinstance(v, (tuple, list)):
             return [plain(x) for x in v]
         if isinstance(v, dict):
             return {k: plain(x) for k, x in v.items()}
         return v
-    return yaml.safe_dump({k: plain(v) for k, v in vars(args).items()}, default_flow_style=False, sort_keys=False)
-
+    return yaml.safe_dump({k: plain(v) for k, v in settings.items()}, default_flow_style=False, sort_keys=False)
 
 
 def check_flag_ranges(args: argparse.Namespace, ranges: Mapping[str, Dict[str, Any]]) -> None:

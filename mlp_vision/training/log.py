@@ -1,4 +1,8 @@
-""" Console / file logging for train.py and validate.py (rank 0 logs INFO, other ranks WARNING). """
+""" Console / file logging for train.py and validate.py (rank 0 logs INFO, other ranks WARNING).
+
+Not timm's ``setup_default_logging``: it adds a stderr handler at every call (a second in-process run prints each
+line twice) and logs to a ``RotatingFileHandler``, which opens ``train.log`` by name (through a planted link)
+and renames it away at 2 MB, where a resumed run continues the one ``train.log``. """
 import logging
 import os
 import sys

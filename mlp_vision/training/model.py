@@ -14,7 +14,7 @@ import torch.nn as nn
 import mlp_vision  # noqa: F401  (registers gmlp_* / smlpnet_* / mixer_* with timm)
 from ..weights import load_backbone
 from .checkpoint import clean_state_dict, is_training_checkpoint, load_checkpoint_file, load_model_weights
-from mlp_vision.errors import UsageError, check_model_size, short_repr
+from mlp_vision.errors import UsageError, check_activation_size, check_model_size, short_repr
 
 __all__ = ['model_create_kwargs', 'create_model', 'load_pretrained_weights', 'create_model_for_eval']
 
@@ -132,6 +132,19 @@ def create_model(name: str, pretrained: bool = False, sizes_from: str = '', **kw
         if pretrained:
             raise UsageError(f'cannot load the pretrained weights of {name}: {msg}') from e
         raise UsageError(f'cannot build {name} with {short_repr(kwargs)}: {msg}') from e
+
+
+def check_activations(name: str, kwargs: Dict[str, Any], input_size: Tuple[int, ...], batch_size: int,
+                      training: bool, sizes_from: str = '') -> None:
+    """Refuse (:func:`~mlp_vision.errors.check_activation_size`) the model ``name`` built with ``kwargs`` when one
+    forward of a ``batch_size`` batch of ``input_size`` (C, H, W) images would hold more activations than the bound:
+    estimated on the ``meta`` device before the real model sees a batch. ``training``: a training step (autograd
+    keeps every layer's output); False for evaluation and for training with gradient checkpointing (one block's at
+    a time). ``sizes_from`` names the file the sizes came from for the message."""
+    what = (f'model {name} with {short_repr(kwargs)} at input {tuple(input_size)}, batch {batch_size}'
+            + (f' (sizes from {sizes_from})' if sizes_from else ''))
+    images = torch.empty(batch_size, *input_size, device='meta')
+    check_activation_size(lambda: _build_on_meta(name, kwargs), [images], training, what)
 
 
 def _checkpoint_filter_fn(name: str):

@@ -7,8 +7,8 @@ Each entry point keeps only what differs (data, model, loss and metrics); everyt
 * :func:`setup_amp` and :class:`UpdateStep` -- autocast, the float16 loss scaler (timm's ``NativeScaler``),
   gradient accumulation, clipping and the optimizer step, one implementation for both loops;
 * :func:`create_lr_scheduler` -- timm's ``create_scheduler_v2`` for both (per epoch or per update);
-* :class:`TrainingRun` -- the output folder (``args.yaml``, ``train.log``, ``summary.csv``; its identity and lock in
-  :mod:`.run_folder`), resume (weights, optimizer, scaler, schedule, RNG, history; in place only into the checkpoint's
+* :class:`TrainingRun` -- the output folder (``args.yaml``, ``derived.yaml``, ``train.log``, ``summary.csv``; its
+  identity and lock in :mod:`.run_folder`), resume (weights, optimizer, scaler, schedule, RNG, history; in place only into the checkpoint's
   own run at its newest position, refusing a finished run), the checkpoint payload, the NaN
   and SIGINT / SIGTERM stops, and the final ``results.json`` (an earlier one is kept, never overwritten).
 
@@ -17,7 +17,9 @@ Checkpoint payload (every value a tensor or plain Python value, so it loads with
     version, kind ('image' | 'text'), run_id (the folder's run.json, :mod:`.run_folder`), threads (the compute
     threads it ran with: a resume keeps them), arch, <position key> ('epoch': last completed epoch | 'step': completed
     updates), num_updates, model_cfg, state_dict, optimizer, scheduler, schedule (create_scheduler_v2 kwargs),
-    amp_scaler, rng_states (one per rank), metric, args, checkpoint_history, + the trainer's own fields
+    amp_scaler, rng_states (one per rank), metric, args (as given), derived (the values derived from them: a scaled
+    lr, the data's class count, recipe fills; :class:`~mlp_vision.training.config.RunArgs`), checkpoint_history, + the
+    trainer's own fields
 
 ``last.pth`` holds all of it; ``model_best.pth`` / ``checkpoint-N.pth`` leave out ``optimizer`` and ``amp_scaler``
 unless ``--keep-optimizer-state`` (:class:`~mlp_vision.training.checkpoint.CheckpointManager`'s ``resume_only``), and
@@ -35,7 +37,7 @@ from contextlib import suppress
 from datetime import datetime
 from functools import partial
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn as nn
@@ -46,9 +48,9 @@ from .checkpoint import (
     CHECKPOINT_VERSION, TRUST_FLAG, CheckpointManager, atomic_write_text, open_own_file, check_optimizer_state, check_settings_state,
     clean_stale_temp_files, get_rng_state, keep_previous, load_checkpoint_file, load_model_weights, set_rng_state)
 from .checkpoint import check_rng_state
-from .config import args_to_yaml, parse_args_with_config, read_yaml_file
+from .config import RunArgs, args_to_yaml, merge_settings, parse_given, read_yaml_file
 from .distributed import DistInfo, all_gather_objects, state_dict_digest
-from mlp_vision.errors import Interrupted, RunError, UsageError
+from mlp_vision.errors import Interrupted, RunError, UsageError, add_bound_arguments, short_repr
 from .log import add_log_file, remove_log_file
 from .run_folder import (
     FolderLock, check_own_files, is_run_id, new_run_folder, newer_than, read_run_id, write_run_id)
@@ -65,6 +67,7 @@ _logger = logging.getLogger(__name__)
 RUN_CONTROL_ARGS = frozenset({
     'config', 'resume', 'trust_checkpoint', 'debug', 'output', 'experiment', 'stop_after_step', 'no_resume_opt',
     'initial_checkpoint', 'pretrained', 'pretrained_path', 'allow_missing_weights',
+    'max_params', 'max_activation_gib', 'allow_regex',  # opt-ins past a bound: given again each time, as the trust
 })
 _SCHEDULERS = ('cosine', 'tanh', 'step', 'multistep', 'poly', 'wsd', 'rsqrt', 'constant', 'plateau')
 
@@ -79,12 +82,14 @@ def add_run_arguments(group: argparse._ActionsContainer, resume_help: str) -> No
 
 
 def add_common_arguments(group: argparse._ActionsContainer) -> None:
-    """``--trust-checkpoint`` and ``--debug``: the same in every script that reads checkpoint files."""
+    """``--trust-checkpoint``, ``--debug`` and the size bounds' ``--max-params`` / ``--max-activation-gib``
+    (:func:`~mlp_vision.errors.add_bound_arguments`): the same in every script that reads checkpoint files."""
     group.add_argument(TRUST_FLAG, action='store_true', default=False,
                        help='UNSAFE: allow checkpoint files that need a full unpickle; that runs arbitrary code from '
                             'the file. Only for files you made or whose maker you trust')
     group.add_argument('--debug', action='store_true', default=False,
                        help='show the full traceback of an error instead of its one-line message')
+    add_bound_arguments(group)
 
 
 # ------------------------------------------------------------------------------------------------ arguments
@@ -92,34 +97,47 @@ def parse_run_args(
         parser: argparse.ArgumentParser,
         argv: Sequence[str],
         kind: str,
-        base_configs: Sequence[str] = (),
+        base_configs: Union[Sequence[str], Callable[[Mapping[str, Any]], Sequence[str]]] = (),
         recipes: bool = False,
-) -> Tuple[argparse.Namespace, Optional[Dict[str, Any]]]:
-    """Parse ``argv``; with ``--resume`` the checkpoint is loaded (safely), checked to be a ``kind`` training
-    checkpoint, and its saved arguments become the defaults under ``-c`` and the command line. ``recipes``:
-    ``-c NAME`` may name a shipped recipe (:func:`~mlp_vision.training.config.find_recipe`).
+) -> Tuple[RunArgs, Optional[Dict[str, Any]]]:
+    """Parse ``argv`` once (:func:`~mlp_vision.training.config.parse_given`); with ``--resume`` the checkpoint is
+    loaded (once, safely), checked to be a ``kind`` training checkpoint, and its saved arguments as given become
+    the defaults under ``-c`` and the command line (:func:`~mlp_vision.training.config.merge_settings`, which
+    takes ``base_configs``: files, or a function of the settings above them). ``recipes``: ``-c NAME`` may name a
+    shipped recipe (:func:`~mlp_vision.training.config.find_recipe`).
 
-    Returns (args, the loaded resume checkpoint or None). ``args.resumed_settings`` holds the saved arguments.
+    Returns (args, the loaded resume checkpoint or None). ``args.resumed_settings`` holds the saved arguments,
+    ``args.resumed_derived`` the values the run derived from them (its checkpoint's ``derived``; a checkpoint
+    written before these were kept apart has none, and its ``args`` hold its derived values as if given).
     """
-    pre = argparse.ArgumentParser(add_help=False)
-    pre.add_argument('--resume', default='')
-    pre.add_argument(TRUST_FLAG, action='store_true')
-    known, _ = pre.parse_known_args(argv)
+    given = parse_given(parser, argv)
+    resume = given.get('resume', '')
     ckpt, saved = None, {}
-    if known.resume:
-        ckpt = load_checkpoint_file(known.resume, trust=known.trust_checkpoint, what='--resume')
+    if resume:
+        ckpt = load_checkpoint_file(resume, trust=given.get('trust_checkpoint', False), what='--resume')
         found = (ckpt.get('kind', 'image') if 'state_dict' in ckpt and (
             'optimizer' in ckpt or 'checkpoint_history' in ckpt) else None)  # the latter: a weights-only best / top-N
         if found != kind:
             what = f'a checkpoint of the {found} trainer' if found else 'not a training checkpoint'
-            raise UsageError(f'--resume {known.resume} is {what}; expected the last.pth (or checkpoint-N.pth) of '
+            raise UsageError(f'--resume {resume} is {what}; expected the last.pth (or checkpoint-N.pth) of '
                              f'a {kind} training run of {parser.prog}')
+        _check_resume_settings(ckpt, f'--resume {resume}')
         saved = {k: v for k, v in (ckpt.get('args') or {}).items() if k not in RUN_CONTROL_ARGS}
-    args, _ = parse_args_with_config(parser, argv, base_configs=base_configs, run_settings=saved, recipes=recipes)
+    args, _ = merge_settings(parser, given, base_configs=base_configs, run_settings=saved, recipes=recipes)
     args.resumed_settings = saved
+    args.resumed_derived = dict(ckpt.get('derived') or {}) if ckpt is not None else {}
     if ckpt is not None and 'optimizer' not in ckpt and not getattr(args, 'no_resume_opt', False):
-        _refuse_weights_only(known.resume, args)
+        _refuse_weights_only(resume, args)
     return args, ckpt
+
+
+def _check_resume_settings(ckpt: Dict[str, Any], source: str) -> None:
+    """A checkpoint's ``args`` and ``derived`` are mappings keyed by names (what :meth:`TrainingRun.save` writes)."""
+    for field in ('args', 'derived'):
+        value = ckpt.get(field)
+        if value is not None and not (isinstance(value, dict) and all(isinstance(k, str) for k in value)):
+            raise UsageError(f'{source}: the checkpoint\'s {field} is not a mapping of setting names to values; the '
+                             f'file is damaged or was crafted, and is not used')
 
 
 def _refuse_weights_only(path: str, args: argparse.Namespace) -> None:
@@ -504,12 +522,14 @@ class TrainingRun:
         return is_run_id(run_id) and read_run_id(Path(self.args.resume).resolve().parent) == run_id
 
     def _write_settings(self, output_dir: Path) -> None:
-        """Remove a killed run's temporary files, then write ``args.yaml`` (an earlier, different one is kept)."""
+        """Remove a killed run's temporary files, then write ``args.yaml`` (the arguments as given; an earlier,
+        different one is kept) and ``derived.yaml`` (the values derived from them so far, see
+        :class:`~mlp_vision.training.config.RunArgs`; every checkpoint holds them too)."""
         removed = clean_stale_temp_files(output_dir)
         if removed:
             _logger.info(f'removed {len(removed)} temporary files left by a killed run: '
                          f'{", ".join(p.name for p in removed)}')
-        settings = {k: v for k, v in vars(self.args).items() if k != 'resumed_settings'}
+        settings = self.args.given()
         args_file = output_dir / 'args.yaml'
         if args_file.exists():
             try:  # through the one strict yaml reader (bounded size, no aliases or duplicate keys)
@@ -519,7 +539,8 @@ class TrainingRun:
             if not isinstance(previous, dict) or _differences(
                     *({k: v for k, v in d.items() if k not in RUN_CONTROL_ARGS} for d in (previous, settings))):
                 _logger.info(f'the settings changed: the previous args.yaml is kept as {keep_previous(args_file).name}')
-        atomic_write_text(args_file, args_to_yaml(argparse.Namespace(**settings)))
+        atomic_write_text(args_file, args_to_yaml(settings))
+        atomic_write_text(output_dir / 'derived.yaml', args_to_yaml(self.args.derived))
 
     def _resume_folder(self, root: Path) -> Tuple[Path, bool, str]:
         """(the folder a resumed run writes to, whether that is the checkpoint's own folder, a note to log).
@@ -551,14 +572,22 @@ class TrainingRun:
                                f'{folder}, and {source} is left as it is')
 
     def log_settings_changes(self) -> None:
-        """Log each setting where this resumed run differs from the run it continues."""
-        saved = getattr(self.args, 'resumed_settings', None)
+        """Log each setting where this resumed run differs from the run it continues: the arguments as given, then
+        the values derived from them (a scaled LR after a new ``--batch-size``), each under its own heading."""
+        args = self.args
+        saved = args.resumed_settings
         if not saved:
             return
-        changed = [f'--{k.replace("_", "-")} {_plain(getattr(self.args, k, None))!r} (was {_plain(v)!r})'
-                   for k, v in saved.items() if _plain(getattr(self.args, k, None)) != _plain(v)]
-        _logger.info(f'Resuming with the settings of {self.args.resume}'
-                     + (f'; changed: {", ".join(changed)}' if changed else ' (unchanged)'))
+        given = args.given()
+        changed = [f'--{k.replace("_", "-")} {_plain(given.get(k))!r} (was {_plain(v)!r})'
+                   for k, v in saved.items() if _plain(given.get(k)) != _plain(v)]
+        derived, was = args.derived, args.resumed_derived
+        # the saved derived values are a file's, never used: each shown bounded
+        rederived = [f'{k} {short_repr(_plain(derived.get(k)))} (was {short_repr(_plain(was.get(k)))})'
+                     for k in sorted(set(derived) | set(was)) if _plain(derived.get(k)) != _plain(was.get(k))]
+        _logger.info(f'Resuming with the settings of {args.resume}'
+                     + (f'; changed: {", ".join(changed)}' if changed else ' (unchanged)')
+                     + (f'; derived again: {", ".join(rederived)}' if rederived and was else ''))
 
     # ------------------------------------------------------------------ checkpoints
     def save(self, position: int, metric: Optional[float], *, model: nn.Module, optimizer, scheduler,
@@ -572,7 +601,6 @@ class TrainingRun:
         self.last_saved = position  # on every rank: they decide together whether a save is due
         if not self.primary:
             return None
-        args = {k: v for k, v in vars(self.args).items() if k != 'resumed_settings'}
         state = {
             'version': CHECKPOINT_VERSION,
             'kind': self.kind,
@@ -589,7 +617,8 @@ class TrainingRun:
             'rng_states': rng_states,
             'metric': metric,
             **extra,
-            'args': args,
+            'args': self.args.given(),  # as given: a resume takes them over and derives the rest again
+            'derived': self.args.derived,
         }
         return self.saver.save(state, position, metric)
 

@@ -1,18 +1,26 @@
 """ Experiment-folder outputs: ``summary.csv`` (one row per epoch -- or per evaluation step for the step-based
 text trainer -- one header, resume-safe), the loss / accuracy curves PNG, an overlay PNG of several runs, and
-JSON results (written atomically). """
+JSON results (written atomically).
+
+``summary.csv`` has the columns of timm's ``update_summary`` for train.py (``epoch``, ``train_*``, ``eval_*``,
+``lr``) but is not written by it: that function names the first column ``epoch`` (the text trainer's is
+``step``), opens the file by name (through a link planted in the run folder), and appends a row with new columns
+under the old header; a resume also needs the rows past the resumed position dropped (:meth:`SummaryWriter.truncate`).
+"""
 import csv
 import json
 import logging
 import os
+from io import StringIO
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
-from .checkpoint import atomic_write_text, open_own_file
+from .checkpoint import atomic_write, atomic_write_text, open_own_file
 
 __all__ = ['SummaryWriter', 'write_json', 'plot_curves', 'plot_comparison']
 
 _logger = logging.getLogger(__name__)
+_STYLES = ('-', '--', ':', '-.')  # one line style per column of a run
 
 
 def write_json(path: os.PathLike, obj: Any) -> None:
@@ -38,7 +46,6 @@ class SummaryWriter:
             return list(csv.DictReader(f))
 
     def _write_all(self, rows: List[Dict[str, Any]], fieldnames: List[str]) -> None:
-        from io import StringIO
         buf = StringIO()
         writer = csv.DictWriter(buf, fieldnames=fieldnames, restval='')
         writer.writeheader()
@@ -70,13 +77,9 @@ class SummaryWriter:
     def append(self, row: Dict[str, Any]) -> None:
         row = {k: (f'{v:.6g}' if isinstance(v, float) else v) for k, v in row.items()}
         rows = self.read()
-        fieldnames = list(rows[0].keys()) if rows else list(row.keys())
-        if rows and set(row) - set(fieldnames):
-            fieldnames += [k for k in row if k not in fieldnames]
-            self._write_all(rows + [row], fieldnames)
-            return
-        if not rows:
-            self._write_all([row], fieldnames)
+        fieldnames = list(rows[0].keys()) if rows else []
+        if not rows or set(row) - set(fieldnames):  # a new file, or new columns: written whole, one header
+            self._write_all(rows + [row], fieldnames + [k for k in row if k not in fieldnames])
             return
         with open(open_own_file(self.path, os.O_WRONLY | os.O_APPEND), 'a', newline='') as f:
             csv.DictWriter(f, fieldnames=fieldnames, restval='').writerow(row)
@@ -100,17 +103,24 @@ def _column(rows: List[Dict[str, str]], x: str, name: str):
     return [p[0] for p in pts], [p[1] for p in pts]
 
 
-def _save_figure(fig, plt, out_png: os.PathLike) -> Path:
+def _save_figure(fig, plt, out_png: os.PathLike, x: str, ylabels: Sequence[str], title: str,
+                 legend_size: Optional[int] = None) -> Path:
+    """Label the axes of ``fig`` (x, then ``ylabels`` in order), then write it as a PNG by :func:`atomic_write`
+    (its temporary file is the one a next start cleans when a killed run left it)."""
+    for ax, ylabel in zip(fig.axes, ylabels):
+        ax.set_xlabel(x)
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=.3)
+        if ax.lines:
+            ax.legend(fontsize=legend_size)
+    if title:
+        fig.suptitle(title)
     fig.tight_layout()
-    out_png = Path(out_png)
-    tmp = out_png.with_name(f'.{out_png.name}.tmp-{os.getpid()}.png')
-    if tmp.is_symlink() or tmp.exists():
-        tmp.unlink()
-    with open(open_own_file(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL), 'wb') as f:
-        fig.savefig(f, dpi=110, format='png')
-    plt.close(fig)
-    os.replace(tmp, out_png)
-    return out_png
+    try:
+        atomic_write(out_png, lambda f: fig.savefig(f, dpi=110, format='png'))
+    finally:
+        plt.close(fig)
+    return Path(out_png)
 
 
 def plot_curves(
@@ -134,21 +144,12 @@ def plot_curves(
     if not rows:
         return None
     fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(11, 4))
-    styles = ('-', '--', ':', '-.')
     for ax, names in ((ax_loss, loss_columns), (ax_acc, metric_columns)):
         for i, name in enumerate(names):
-            xs, ys = _column(rows, x, name) if name in rows[0] else ([], [])
+            xs, ys = _column(rows, x, name)
             if xs:
-                ax.plot(xs, ys, styles[i % len(styles)], marker='o', markersize=3, label=name)
-        ax.set_xlabel(x)
-        ax.grid(alpha=.3)
-        if ax.lines:
-            ax.legend()
-    ax_loss.set_ylabel('loss')
-    ax_acc.set_ylabel(metric_label)
-    if title:
-        fig.suptitle(title)
-    return _save_figure(fig, plt, out_png)
+                ax.plot(xs, ys, _STYLES[i % len(_STYLES)], marker='o', markersize=3, label=name)
+    return _save_figure(fig, plt, out_png, x, ('loss', metric_label), title)
 
 
 def plot_comparison(
@@ -171,26 +172,15 @@ def plot_comparison(
     ncols = 2 if metric_column else 1
     fig, axes = plt.subplots(1, ncols, figsize=(5.5 * ncols + 0.5, 4), squeeze=False)
     ax_loss = axes[0][0]
-    styles = ('-', '--', ':', '-.')
     for r_i, (label, path) in enumerate(runs.items()):
         rows = SummaryWriter(path, key=x).read()
         color = f'C{r_i}'
         for i, name in enumerate(loss_columns):
-            xs, ys = _column(rows, x, name) if rows and name in rows[0] else ([], [])
+            xs, ys = _column(rows, x, name)
             if xs:
-                ax_loss.plot(xs, ys, styles[i % len(styles)], color=color, label=f'{label} {name}')
+                ax_loss.plot(xs, ys, _STYLES[i % len(_STYLES)], color=color, label=f'{label} {name}')
         if metric_column:
-            xs, ys = _column(rows, x, metric_column) if rows and metric_column in rows[0] else ([], [])
+            xs, ys = _column(rows, x, metric_column)
             if xs:
                 axes[0][1].plot(xs, ys, '-', marker='o', markersize=3, color=color, label=label)
-    for ax in axes[0]:
-        ax.set_xlabel(x)
-        ax.grid(alpha=.3)
-        if ax.lines:
-            ax.legend(fontsize=8)
-    ax_loss.set_ylabel('loss')
-    if metric_column:
-        axes[0][1].set_ylabel(metric_label or metric_column)
-    if title:
-        fig.suptitle(title)
-    return _save_figure(fig, plt, out_png)
+    return _save_figure(fig, plt, out_png, x, ('loss', metric_label or metric_column), title, legend_size=8)

@@ -1,6 +1,7 @@
 """ Gather one round of the study's runs (issue 13.4) into a results folder (``--out``, results/text/study by
-default): each run's args.yaml, summary.csv and results.json (what the tables are made from; no weights, logs or
-per-run plots) under runs/, the pretraining curves of the four encoders in pretraining_curves.png, and table.md.
+default): each run's args.yaml, derived.yaml, summary.csv and results.json (what the tables are made from; no
+weights, logs or per-run plots) under runs/, the pretraining curves of the four encoders in pretraining_curves.png,
+and table.md.
 The baselines come from results/text/study/baselines.json (baselines.py).
 
 Selection, as README.md describes: per encoder and arm (pretrained / from scratch) the fine-tuning learning rate and
@@ -36,7 +37,7 @@ def load(path: Path):
 def copy_run(run: Path, out: Path):
     dst = out / 'runs' / run.name
     dst.mkdir(parents=True, exist_ok=True)
-    for name in ('args.yaml', 'summary.csv', 'results.json'):
+    for name in ('args.yaml', 'derived.yaml', 'summary.csv', 'results.json'):
         if (run / name).exists():
             shutil.copy2(run / name, dst / name)
 
@@ -61,7 +62,7 @@ def pretraining_outcome(run: Path):
     best = min(rows, key=lambda row: float(row['val_loss']))
     planned = yaml_field(run / 'args.yaml', 'steps')
     logged = re.search(r'\(([0-9.]+) M params', (run / 'train.log').read_text()) if (run / 'train.log').exists() else None
-    return (float(best['val_loss']), float(best['val_masked_acc']), yaml_field(run / 'args.yaml', 'lr'),
+    return (float(best['val_loss']), float(best['val_masked_acc']), run_lr(run),
             float(logged.group(1)) * 1e6 if logged else None, float(rows[-1]['elapsed_s']) / 60,
             f" (stopped at update {rows[-1]['step']} of {planned}; best periodic evaluation, update {best['step']})")
 
@@ -87,9 +88,18 @@ def pretraining_curve(run: Path):
     return rows
 
 
-def yaml_field(path: Path, name: str):
+def run_lr(run: Path):
+    """The lr a run trained with: its derived.yaml's (a recipe's, when --lr was not given), else its args.yaml's (the
+    --lr given; runs written before derived.yaml held the recipe's value there too)."""
+    derived = run / 'derived.yaml'
+    lr = yaml_field(derived, 'lr', None) if derived.exists() else None
+    return lr if lr is not None else yaml_field(run / 'args.yaml', 'lr')
+
+
+def yaml_field(path: Path, name: str, *default):
     import yaml
-    return yaml.safe_load(path.read_text())[name]
+    fields = yaml.safe_load(path.read_text()) or {}
+    return fields.get(name, *default) if default else fields[name]
 
 
 def fmt(m):

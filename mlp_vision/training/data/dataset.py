@@ -58,7 +58,7 @@ class ImageFileDataset(ImageDataset):
         try:
             fp, target = self.reader[index]
             with fp:
-                img = load_image(fp, self.input_img_mode)
+                img = load_image(fp, self.input_img_mode, self.filename(index))
         except Exception as e:  # any decode failure skips this image only (KeyboardInterrupt etc. pass)
             return SkippedImage(self.filename(index), f'{type(e).__name__}: {e}')
         if self.transform is not None:

@@ -8,6 +8,7 @@ right values (:func:`convert_image_mode`), anything unusable raises (:func:`load
 cannot be used becomes a :class:`SkippedImage`, which the loaders leave out and count (``loader.py``).
 """
 import io
+import logging
 import os
 import warnings
 from typing import Optional, Union
@@ -16,6 +17,8 @@ import numpy as np
 from PIL import Image
 
 __all__ = ['SkippedImage', 'UnusableImageError', 'convert_image_mode', 'load_image']
+
+_logger = logging.getLogger(__name__)
 
 
 class SkippedImage:
@@ -80,22 +83,44 @@ def convert_image_mode(img: Image.Image, mode: Optional[str] = 'RGB') -> Image.I
     return img if img.mode == mode else img.convert(mode)
 
 
-def load_image(fp: Union[str, os.PathLike, io.IOBase], mode: Optional[str] = 'RGB') -> Image.Image:
-    """Open and fully decode one image (first frame) and convert it with :func:`convert_image_mode`.
+# whether this process has said that a multi-frame image was read by its first frame (said once: a folder of
+# scanned documents would otherwise warn per file, per epoch)
+_said_first_frame = False
+
+
+def _note_first_frame(img: Image.Image, name: str) -> None:
+    """Warn, once per process, that ``img`` (a multi-page TIFF, an animated GIF / WebP) is read by its first frame
+    only: a classification sample is one image, and the frames after the first are not looked at."""
+    global _said_first_frame
+    frames = getattr(img, 'n_frames', 1)
+    if frames > 1 and not _said_first_frame:
+        _said_first_frame = True
+        _logger.warning(f'{name} holds {frames} frames (pages); only the first is read, as for every multi-frame '
+                        f'image of this dataset (said once): save the pages as separate files to use them all')
+
+
+def load_image(fp: Union[str, os.PathLike, io.IOBase], mode: Optional[str] = 'RGB',
+               name: Optional[str] = None) -> Image.Image:
+    """Open and fully decode one image (first frame) and convert it with :func:`convert_image_mode`. A file of
+    several frames (a multi-page TIFF) is read by its first, with one warning per process naming the file (``name``,
+    default ``fp``) and its frame count.
 
     Raises for anything unusable: unreadable / truncated / corrupt files (``OSError``, ``SyntaxError``, ...),
     images larger than PIL's decompression-bomb limit ``PIL.Image.MAX_IMAGE_PIXELS`` (PIL only warns between 1x
     and 2x the limit; here both raise, so one huge image cannot exhaust a worker's memory) and
     :class:`UnusableImageError`.
     """
+    name = name or str(getattr(fp, 'name', fp))
     with warnings.catch_warnings():
         warnings.simplefilter('error', Image.DecompressionBombWarning)
         if isinstance(fp, (str, os.PathLike)):
             with open(fp, 'rb') as f:
                 img = Image.open(f)
+                _note_first_frame(img, name)  # before load: counting a TIFF's pages seeks, dropping decoded data
                 img.load()  # decode now, while the file is open: truncated data fails here
         else:
             img = Image.open(fp)
+            _note_first_frame(img, name)
             img.load()
     return convert_image_mode(img, mode)
 

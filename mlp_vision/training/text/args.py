@@ -13,6 +13,7 @@ from ..config import SEED_MAX
 from ..model import add_compile_arguments, check_compile_backend
 from mlp_vision.errors import ArgumentParser, DefaultsHelpFormatter, UsageError, check_range
 from ..run import add_run_arguments
+from mlp_vision.errors import add_allow_regex_argument  # the opt-in past check_no_regex (issue 33)
 from mlp_vision.threads import THREADS_RANGE, add_threads_argument
 
 __all__ = ['PROG', 'TASKS', 'DEFAULT_MODELS', 'SCHEDULES', 'build_parser', 'check_args', 'task_model_entry']
@@ -122,6 +123,7 @@ def _add_outputs(parser: argparse.ArgumentParser) -> None:
     g.add_argument('--experiment', default='', type=str, help='experiment folder name (default: date-model-task)')
     add_run_arguments(g, 'continue the run of this last.pth in its folder, with its saved settings; flags given '
                          'here override them (e.g. a larger --steps)')
+    add_allow_regex_argument(g)
     g.add_argument('--stop-after-step', default=None, type=int, metavar='N',
                    help='checkpoint at update N and exit (continue later with --resume); the schedule still '
                         'spans --steps')
@@ -155,9 +157,9 @@ _BATCH = dict(low=1, high=MAX_BATCH, why='samples per micro-batch per process; u
 def check_args(args) -> None:
     """Every flag value that cannot work, as one line, before a file is read or a model built. Flags left at None
     take their value later (from the recipe or the model) and are checked only when given. An unset ``--model``
-    becomes the task's default (:data:`DEFAULT_MODELS`)."""
+    becomes the task's default (:data:`DEFAULT_MODELS`), a derived value (``args.yaml`` keeps it unset)."""
     if args.model is None:
-        args.model = DEFAULT_MODELS[args.task]
+        args.derive(model=DEFAULT_MODELS[args.task])
     check_compile_backend(args.torchcompile)
     min_block = 3 if args.task == 'mlm' else 1  # MLM: <cls>, one token, <sep>
     ranges = [
@@ -199,7 +201,7 @@ def check_args(args) -> None:
         raise UsageError('--sample-prompt is empty: give at least one character')
     if args.model_ema and args.task != 'classify':
         raise UsageError(f'--model-ema is implemented for --task classify, not --task {args.task}')
-    saved = getattr(args, 'resumed_settings', None) or {}
+    saved = args.resumed_settings
     if saved and bool(saved.get('freeze_embeddings', False)) != args.freeze_embeddings:
         # the optimizer state holds exactly the trained parameters, so the set cannot change mid-run
         raise UsageError(f'--resume {args.resume} was trained with{"" if saved.get("freeze_embeddings") else "out"} '

@@ -54,18 +54,19 @@ import time
 from contextlib import nullcontext
 from datetime import datetime
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 from timm.utils import ModelEmaV3, random_seed
 
-from ...text.modeling_utils import check_text_model_size
+from ...text.modeling_utils import check_text_activations, check_text_model_size
 from ...text.registry import model_class
-from ...text.tokenizer import Tokenizer, tokenizer_from_dict
+from ...text.tokenizer import Tokenizer, encode_with_template, unknown_character, tokenizer_from_dict, tokenizer_kind, \
+    tokenizer_to_dict
 from ..checkpoint import atomic_folder, load_checkpoint_file
-from mlp_vision.errors import UsageError, short_repr
+from mlp_vision.errors import Interrupted, UsageError, short_repr
 from ..loop import format_duration, warn_global_batch_beyond_data
 from ..driver import Optimization, StepTask
 from ..run import TrainingRun
@@ -213,16 +214,35 @@ def label_ids(train_labels: Sequence[str], dev_labels: Sequence[str], dev_what: 
 
 
 # ------------------------------------------------------------------------------------------------ tensors
-def encode_examples(tokenizer: Tokenizer, data: LabelledData, max_length: int) -> Tuple[List[List[int]], List[List[int]]]:
-    """(input ids, token type ids) per example: BERT's template, longest-first truncation to ``max_length``."""
-    try:
-        enc = tokenizer(data.texts, data.pairs, max_length=max_length, truncation=True)
-    except KeyError as e:
-        raise UsageError(f'{data.path} has the character {e.args[0]!r}, which the tokenizer does not know') from None
-    except ValueError as e:
-        raise UsageError(f'cannot encode {data.path}: {e}') from None
-    check_unknown_tokens([i for row in enc['input_ids'] for i in row], tokenizer, f'text of {data.path}')
-    return enc['input_ids'], enc['token_type_ids']
+# examples are tokenized this many at a time, the run's stop flag read between (each example is encoded on its own,
+# so the pieces' ids are the whole file's)
+ENCODE_EXAMPLES_PER_PIECE = 10_000
+
+
+def encode_examples(tokenizer: Tokenizer, data: LabelledData, max_length: int,
+                    stop: Optional[Callable[[], int]] = None) -> Tuple[List[List[int]], List[List[int]]]:
+    """(input ids, token type ids) per example: BERT's template, longest-first truncation to ``max_length``.
+    ``stop``: the run's stop flag (``TrainingRun.stop_signal``), read between pieces of
+    :data:`ENCODE_EXAMPLES_PER_PIECE` examples: SIGTERM during a large file is :class:`Interrupted` there."""
+    ids: List[List[int]] = []
+    types: List[List[int]] = []
+    for start in range(0, len(data.texts), ENCODE_EXAMPLES_PER_PIECE):
+        signum = stop() if stop is not None else 0
+        if signum:
+            raise Interrupted(signum, f'tokenizing {data.path} ({start} of {len(data.texts)} examples so far)')
+        texts = data.texts[start:start + ENCODE_EXAMPLES_PER_PIECE]
+        pairs = None if data.pairs is None else data.pairs[start:start + ENCODE_EXAMPLES_PER_PIECE]
+        try:
+            piece_ids, piece_types = encode_with_template(tokenizer, texts, pairs, max_length)
+        except ValueError as e:
+            raise UsageError(f'cannot encode {data.path}: {e}') from None
+        except Exception as e:  # tokenizers' plain Exception: a character outside a char alphabet without <unk>
+            bad = unknown_character(tokenizer, list(texts) + list(pairs or []), e)
+            raise UsageError(f'{data.path} has the character {bad!r}, which the tokenizer does not know') from None
+        ids += piece_ids
+        types += piece_types
+    check_unknown_tokens([i for row in ids for i in row], tokenizer, f'text of {data.path}')
+    return ids, types
 
 
 def collate(ids: Sequence[List[int]], types: Sequence[List[int]], labels: torch.Tensor, pad_id: int,
@@ -366,27 +386,29 @@ def _build_classifier(args, run: TrainingRun, data: ClassifyData) -> Tuple[nn.Mo
         config = cls.config_class.from_dict(resumed['model_config'])
         check_text_model_size(cls, config, f'--resume {args.resume}')
         model = cls(config)
-        tokenizer = tokenizer_from_dict(resumed['tokenizer'])
+        tokenizer = tokenizer_from_dict(resumed['tokenizer'], args.allow_regex)
         report = InitReport(**resumed['init_report'])
     else:
         model, family, tokenizer, report = init_classifier(
             args.init_from, args.model, args.model_kwargs, len(data.names),
             tokenizer_for_scratch=lambda: scratch_tokenizer(args.tokenizer, train.texts + (train.pairs or []),
-                                                            args.tokenizer_from),
-            trust=getattr(args, 'trust_checkpoint', False))
+                                                            args.tokenizer_from, args.allow_regex),
+            trust=getattr(args, 'trust_checkpoint', False), allow_regex=args.allow_regex)
         if args.init_from:  # the checkpoint decides the architecture; --model names it in the outputs
-            args.model = f'{type(model).__name__} from {args.init_from}'
-    if tokenizer.cls_id is None or tokenizer.pad_id is None:
+            args.derive(model=f'{type(model).__name__} from {args.init_from}')
+    if tokenizer.cls_token_id is None or tokenizer.pad_token_id is None:
         raise UsageError(f'the tokenizer {tokenizer!r} has no <cls> / <pad> token; sequence classification needs '
                          f'both (the BERT template)')
-    if train.pairs is not None and tokenizer.sep_id is None:
+    if train.pairs is not None and tokenizer.sep_token_id is None:
         raise UsageError(f'sentence pairs need a separator token; the tokenizer {tokenizer!r} has none')
     seq_len = model.config.max_position_embeddings
-    args.block_size = seq_len if args.block_size is None else args.block_size
+    if args.block_size is None:
+        args.derive(block_size=seq_len)
     if args.block_size > seq_len:
         raise UsageError(f'--block-size {args.block_size} is larger than the model\'s maximum length {seq_len}')
-    if args.block_size < tokenizer.num_special_tokens(train.pairs is not None) + 1:
+    if args.block_size < tokenizer.num_special_tokens_to_add(pair=train.pairs is not None) + 1:
         raise UsageError(f'--block-size {args.block_size} leaves no room for text after the special tokens')
+    check_text_activations(type(model), model.config, args.batch_size, args.block_size, True, f'--model {args.model}')
     return model, family, tokenizer, report
 
 
@@ -418,12 +440,12 @@ class ClassificationTask(StepTask):
         args, run, data, model = self.args, self.run, self.data, opt.model
         self.meta = dict(task=args.task, model_cfg={'name': args.model, 'family': self.family,
                                                     'kwargs': dict(args.model_kwargs)},
-                         model_config=model.config.text_fields(), tokenizer=self.tokenizer.to_dict(),
+                         model_config=model.config.text_fields(), tokenizer=tokenizer_to_dict(self.tokenizer),
                          block_size=args.block_size, label_names=data.names,
                          text_columns=list(data.train.text_columns), init_report=self.init_report.to_dict())
         self.num_labels = len(data.names)
         self.with_types = 'token_type_ids' in inspect.signature(model.forward).parameters
-        self.train_ids, self.train_types = encode_examples(self.tokenizer, data.train, args.block_size)
+        self.train_ids, self.train_types = encode_examples(self.tokenizer, data.train, args.block_size, run.stop_signal)
         self.train_labels = data.labels(data.train)
         warn_global_batch_beyond_data(args.batch_size, run.dist_info.world_size, args.grad_accum_steps,
                                       len(self.train_labels), f'examples in {data.train.path}')
@@ -444,9 +466,9 @@ class ClassificationTask(StepTask):
 
     def eval_batches(self, data: LabelledData) -> List[Dict[str, torch.Tensor]]:
         bs = self.args.eval_batch_size or self.args.batch_size
-        ids, types = encode_examples(self.tokenizer, data, self.args.block_size)
+        ids, types = encode_examples(self.tokenizer, data, self.args.block_size, self.run.stop_signal)
         labels = self.data.labels(data)
-        return [collate(ids[i:i + bs], types[i:i + bs], labels[i:i + bs], self.tokenizer.pad_id, self.with_types)
+        return [collate(ids[i:i + bs], types[i:i + bs], labels[i:i + bs], self.tokenizer.pad_token_id, self.with_types)
                 for i in range(0, len(ids), bs)]
 
     def score(self, model: nn.Module, batches=None, dist_info='run') -> Dict[str, float]:
@@ -461,7 +483,7 @@ class ClassificationTask(StepTask):
         idx = self.order[self.position:self.position + self.global_bs][rank::world].tolist()
         self.position += self.global_bs
         batch = collate([self.train_ids[i] for i in idx], [self.train_types[i] for i in idx], self.train_labels[idx],
-                        self.tokenizer.pad_id, self.with_types)
+                        self.tokenizer.pad_token_id, self.with_types)
         return _forward(self.opt.train_model, batch, self.run.dist_info.device, self.opt.amp_autocast).loss
 
     def evaluate(self) -> Dict[str, float]:
@@ -538,7 +560,7 @@ class ClassificationTask(StepTask):
             'model': type(model).__name__, 'family': family, 'task': 'classify',
             'model_config': model.config.text_fields(),
             'params': sum(p.numel() for p in model.parameters()), 'init': report.to_dict(),
-            'tokenizer': {'type': self.tokenizer.to_dict()['tokenizer_type'], 'vocab_size': self.tokenizer.vocab_size},
+            'tokenizer': {'type': tokenizer_kind(self.tokenizer), 'vocab_size': len(self.tokenizer)},
             'data': {'train_file': args.train_file, 'val_file': args.val_file,
                      'text_columns': list(data.train.text_columns), 'label_column': args.label_column,
                      'label_names': data.names, 'train_examples': len(data.train), 'dev_examples': len(data.dev),

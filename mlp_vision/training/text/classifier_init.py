@@ -16,7 +16,7 @@ from ...text.bigs import (
 from ...text.modeling_utils import WEIGHTS_NAME, check_text_model_size, check_tokenizer_fits, is_saved_folder, \
     weight_file_shapes
 from ...text.registry import create_model, is_model, list_models, load_config, model_class, model_entry
-from ...text.tokenizer import DEFAULT_CONTROL_TOKENS, ByteTokenizer, CharTokenizer, Tokenizer, find_tokenizer, \
+from ...text.tokenizer import DEFAULT_CONTROL_TOKENS, Tokenizer, byte_tokenizer, char_tokenizer, find_tokenizer, \
     tokenizer_from_dict
 from ...weights import load_backbone
 from ..checkpoint import load_checkpoint_file
@@ -114,11 +114,13 @@ def _check_shapes_kept(before, after, source: str) -> None:
 
 
 def init_classifier(init_from: str, model_name: str, model_kwargs: Dict[str, Any], num_labels: int,
-                    tokenizer_for_scratch=None, trust: bool = False) -> Tuple[nn.Module, str, Tokenizer, InitReport]:
+                    tokenizer_for_scratch=None, trust: bool = False,
+                    allow_regex: bool = False) -> Tuple[nn.Module, str, Tokenizer, InitReport]:
     """(sequence classifier, family, tokenizer, report) for ``--init-from`` -- a run checkpoint, a
     ``save_pretrained`` folder or an official BiGS folder -- or, without it, a fresh ``model_name``.
 
-    ``tokenizer_for_scratch``: a callable giving the tokenizer of a model without ``--init-from``.
+    ``tokenizer_for_scratch``: a callable giving the tokenizer of a model without ``--init-from``. ``allow_regex``
+    (``--allow-regex``): the checkpoint's or folder's tokenizer may hold a regular expression (refused otherwise).
     """
     if not init_from:
         return _fresh_classifier(model_name, model_kwargs, num_labels, tokenizer_for_scratch)
@@ -127,9 +129,9 @@ def init_classifier(init_from: str, model_name: str, model_kwargs: Dict[str, Any
         raise UsageError(f'--init-from {init_from!r} does not exist; expected a run\'s last.pth / model_best.pth, '
                          f'its pretrained/ folder, or an official BiGS folder')
     if path.is_file():
-        return _classifier_from_run_checkpoint(init_from, model_kwargs, num_labels, trust)
+        return _classifier_from_run_checkpoint(init_from, model_kwargs, num_labels, trust, allow_regex)
     if is_saved_folder(str(path)):  # a damaged config.json is an error here, not a reason to try the official layout
-        return _classifier_from_pretrained_folder(init_from, model_kwargs, num_labels)
+        return _classifier_from_pretrained_folder(init_from, model_kwargs, num_labels, allow_regex)
     return _classifier_from_official_bigs(init_from, model_kwargs, num_labels)
 
 
@@ -142,12 +144,12 @@ def _fresh_classifier(model_name: str, model_kwargs: Dict[str, Any], num_labels:
                          f'BERT model: {", ".join(n for n in list_models() if model_entry(n).family in CLASSIFY_FAMILIES)}')
     tokenizer = tokenizer_for_scratch()
     kwargs = _config_overrides(entry.config_class, model_kwargs, num_labels)
-    if 'vocab_size' in kwargs and kwargs['vocab_size'] != tokenizer.vocab_size:
+    if 'vocab_size' in kwargs and kwargs['vocab_size'] != len(tokenizer):
         raise UsageError(f'--model-kwargs vocab_size={kwargs["vocab_size"]} differs from the tokenizer\'s '
-                         f'{tokenizer.vocab_size}; leave vocab_size out (it is set from the tokenizer)')
-    kwargs['vocab_size'] = tokenizer.vocab_size
+                         f'{len(tokenizer)}; leave vocab_size out (it is set from the tokenizer)')
+    kwargs['vocab_size'] = len(tokenizer)
     if 'pad_token_id' in entry.config_class.text_field_names():
-        kwargs.setdefault('pad_token_id', tokenizer.pad_id)
+        kwargs.setdefault('pad_token_id', tokenizer.pad_token_id)
     try:
         model = create_model(model_name, task='sequence_classification', **kwargs)
     except (TypeError, ValueError, KeyError) as e:
@@ -156,7 +158,8 @@ def _fresh_classifier(model_name: str, model_kwargs: Dict[str, Any], num_labels:
     return model, entry.family, tokenizer, InitReport('', 'none', [], new, [])
 
 
-def _classifier_from_run_checkpoint(init_from: str, model_kwargs: Dict[str, Any], num_labels: int, trust: bool):
+def _classifier_from_run_checkpoint(init_from: str, model_kwargs: Dict[str, Any], num_labels: int, trust: bool,
+                                    allow_regex: bool = False):
     path = Path(init_from)
     ckpt = load_checkpoint_file(path, trust=trust, what='--init-from')
     if not all(k in ckpt for k in ('state_dict', 'model_config', 'model_cfg', 'tokenizer')):
@@ -173,7 +176,7 @@ def _classifier_from_run_checkpoint(init_from: str, model_kwargs: Dict[str, Any]
     cls = model_class(family, 'sequence_classification')
     try:  # the checkpoint's saved values are data, checked as a config.json is
         base = cls.config_class.from_dict(ckpt['model_config'])
-        tokenizer = tokenizer_from_dict(ckpt['tokenizer'])
+        tokenizer = tokenizer_from_dict(ckpt['tokenizer'], allow_regex)
     except Exception as e:  # TypeError / ValueError of a field, KeyError of a missing one, tokenizers' errors
         raise UsageError(f'--init-from {init_from}: its saved model config or tokenizer is damaged '
                          f'({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ""})') from None
@@ -185,12 +188,13 @@ def _classifier_from_run_checkpoint(init_from: str, model_kwargs: Dict[str, Any]
     return model, family, tokenizer, InitReport(str(init_from), 'run checkpoint', loaded, new, unused)
 
 
-def _classifier_from_pretrained_folder(init_from: str, model_kwargs: Dict[str, Any], num_labels: int):
+def _classifier_from_pretrained_folder(init_from: str, model_kwargs: Dict[str, Any], num_labels: int,
+                                       allow_regex: bool = False):
     path = Path(init_from)
     stored, base = load_config(str(path))
     family = _family_of_class(stored)
     cls = model_class(family, 'sequence_classification')
-    tokenizer = find_tokenizer(str(path))
+    tokenizer = find_tokenizer(str(path), allow_regex)
     if tokenizer is None:
         raise UsageError(f'--init-from {init_from} holds no tokenizer (tokenizer_config.json, tokenizer.json or '
                          f'vocab.txt); the model cannot be fed without the tokenizer it was trained with')
@@ -228,13 +232,13 @@ def _classifier_from_official_bigs(init_from: str, model_kwargs: Dict[str, Any],
     return model, 'bigs', model.tokenizer, InitReport(str(init_from), 'official BiGS', loaded, new, unused_official)
 
 
-def scratch_tokenizer(kind: str, texts: Sequence[str], tokenizer_from: str = '') -> Tokenizer:
+def scratch_tokenizer(kind: str, texts: Sequence[str], tokenizer_from: str = '', allow_regex: bool = False) -> Tokenizer:
     if tokenizer_from:
-        return tokenizer_from_path(tokenizer_from, needs=('cls', 'sep', 'pad'))
+        return tokenizer_from_path(tokenizer_from, needs=('cls', 'sep', 'pad'), allow_regex=allow_regex)
     if kind == 'byte':
-        return ByteTokenizer(DEFAULT_CONTROL_TOKENS)
+        return byte_tokenizer(DEFAULT_CONTROL_TOKENS)
     if kind != 'char':
         raise UsageError(f"--tokenizer {kind!r} is not available for --task classify without --init-from; use char "
                          f"or byte (subword vocabularies come with the --init-from checkpoint)")
     chars = set(''.join(texts))
-    return CharTokenizer(chars, DEFAULT_CONTROL_TOKENS, unk='<unk>')
+    return char_tokenizer(chars, DEFAULT_CONTROL_TOKENS, unk='<unk>')

@@ -5,7 +5,7 @@ from typing import Optional, Sequence
 
 from ..distributed import init_device
 from ..driver import drive
-from mlp_vision.errors import run_cli
+from mlp_vision.errors import run_cli, size_bounds
 from ..log import setup_logging
 from ..run import TrainingRun, parse_run_args
 from mlp_vision.threads import set_run_threads
@@ -31,6 +31,6 @@ def _main(argv: Sequence[str], prog: str):
     logging.getLogger('mlp_vision.train_text').info(threads)
     run = TrainingRun(args, dist_info, resume_ckpt, kind='text', key='step', prog=prog,
                       decreasing=args.task != 'classify', max_history=0)  # classify: best = highest dev accuracy
-    with run:
+    with run, size_bounds(args):
         task = ClassificationTask if args.task == 'classify' else LMTask
         return drive(run, task(args, run, command_line(prog, argv)))

@@ -26,8 +26,8 @@ from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 import torch
 
 from mlp_vision.errors import Interrupted, UsageError
-from ...text.tokenizer import DEFAULT_CONTROL_TOKENS, SUBWORD_KINDS, ByteTokenizer, CharTokenizer, Tokenizer, \
-    find_tokenizer, train_tokenizer
+from ...text.tokenizer import DEFAULT_CONTROL_TOKENS, SUBWORD_KINDS, Tokenizer, byte_tokenizer, char_tokenizer, \
+    find_tokenizer, tokenizer_kind, train_tokenizer, unknown_character
 
 __all__ = [
     'Batch', 'MLM_CONTROL_TOKENS', 'build_tokenizer', 'tokenizer_from_path', 'encode_text', 'read_text_file', 'sample_causal_batch',
@@ -49,14 +49,14 @@ def build_tokenizer(kind: str, task: str, train_text: str, val_text: str = '', v
     ``vocab_size`` tokens trained on the lines of ``train_text`` only (BERT's special tokens first)."""
     if kind in SUBWORD_KINDS:
         tokenizer = train_tokenizer(texts=train_text.splitlines(), kind=kind, vocab_size=vocab_size)
-        if tokenizer.vocab_size < vocab_size:  # the trainer stops when no pair is frequent enough to merge
+        if len(tokenizer) < vocab_size:  # the trainer stops when no pair is frequent enough to merge
             _logger.warning(f'--vocab-size {vocab_size}: the {kind} vocabulary trained on the training text has only '
-                            f'{tokenizer.vocab_size} tokens (the text has no more pieces that occur twice); the model '
-                            f'gets {tokenizer.vocab_size} embeddings')
+                            f'{len(tokenizer)} tokens (the text has no more pieces that occur twice); the model '
+                            f'gets {len(tokenizer)} embeddings')
         return tokenizer
     specials = MLM_CONTROL_TOKENS if task == 'mlm' else ()
     if kind == 'byte':
-        return ByteTokenizer(specials)
+        return byte_tokenizer(specials)
     if kind != 'char':
         raise UsageError(f"--tokenizer must be one of 'char', 'byte', {', '.join(map(repr, SUBWORD_KINDS))}; "
                          f"got {kind!r}")
@@ -66,21 +66,22 @@ def build_tokenizer(kind: str, task: str, train_text: str, val_text: str = '', v
         count = sum(c in unseen for c in val_text)
         _logger.info(f'char tokenizer: {len(unseen)} characters of the validation text ({count} occurrences) '
                      f'are not in the training text; they map to {UNK}')
-    return CharTokenizer(alphabet, specials, unk=UNK if unseen else None)
+    return char_tokenizer(alphabet, specials, unk=UNK if unseen else None)
 
 
-def tokenizer_from_path(path: str, needs: Sequence[str] = ()) -> Tokenizer:
+def tokenizer_from_path(path: str, needs: Sequence[str] = (), allow_regex: bool = False) -> Tokenizer:
     """``--tokenizer-from PATH``: the tokenizer of a folder (our ``pretrained/`` or a run folder, an official one) or
     file (``tokenizer.json``, BERT ``vocab.txt``), so that several runs share one vocabulary exactly (WordPiece
     training is not reproducible run to run). ``needs``: control tokens the task uses (``'cls'``, ``'sep'``,
-    ``'pad'``, ``'mask'``); a tokenizer without one is a :class:`UsageError`."""
+    ``'pad'``, ``'mask'``); a tokenizer without one is a :class:`UsageError`. ``allow_regex`` (``--allow-regex``): a
+    ``tokenizer.json`` may hold a regular expression (refused otherwise)."""
     if not Path(path).exists():
         raise UsageError(f'--tokenizer-from {path} does not exist')
-    tokenizer = find_tokenizer(path)
+    tokenizer = find_tokenizer(path, allow_regex)
     if tokenizer is None:
         raise UsageError(f'--tokenizer-from {path} holds no tokenizer (tokenizer_config.json, tokenizer.json or '
                          f'vocab.txt)')
-    missing = [name for name in needs if getattr(tokenizer, f'{name}_id') is None]
+    missing = [name for name in needs if getattr(tokenizer, f'{name}_token_id') is None]
     if missing:
         raise UsageError(f'--tokenizer-from {path}: this task needs the {", ".join(f"<{n}>" for n in needs)} '
                          f'tokens; the tokenizer lacks {", ".join(f"<{n}>" for n in missing)}')
@@ -95,15 +96,20 @@ _SAFE_BREAK = re.compile(r'(?<=\S)\n(?=\S)')
 # the parts of a tokenizer.json that keep that true: they act within a character, a word or a line
 _LINE_LOCAL_STEPS = {'BertNormalizer', 'Lowercase', 'NFC', 'NFD', 'NFKC', 'NFKD', 'StripAccents', 'BertPreTokenizer',
                      'Whitespace', 'WhitespaceSplit', 'Punctuation', 'Digits', 'Sequence'}
+# for any other tokenizer (a user's tokenizer.json: GPT-2's byte-level BPE adds a space before a text, SentencePiece's
+# Metaspace a word-start mark) a cut is taken only where it is checked to change no id: after a line break or before
+# a space between two words, tried on the CUT_CHECK_CHARS either side of it; CUT_TRIES failed places per piece
+# and the rest of the text is encoded in one call (no place where this tokenizer can be cut)
+_CUT_CANDIDATE = re.compile(r'(?<=\S)\n(?=\S)|(?<=\S)(?= \S)')
+CUT_CHECK_CHARS, CUT_TRIES = 2048, 32
 
 
 def _encodes_by_pieces(tok: Tokenizer) -> bool:
     """Whether ``tok`` gives a text's ids when it encodes the text's pieces (split at :data:`_SAFE_BREAK`) one by
     one: byte / char tokenizers, and subword ones whose normalizer and pre-tokenizer are line-local."""
-    backend = getattr(tok, 'backend', None)
-    if backend is None:
+    if tokenizer_kind(tok) in ('byte', 'char'):
         return True
-    payload = json.loads(backend.to_str())
+    payload = json.loads(tok.backend_tokenizer.to_str())
 
     def local(step) -> bool:
         if step is None:
@@ -116,14 +122,30 @@ def _encodes_by_pieces(tok: Tokenizer) -> bool:
     return local(payload.get('normalizer')) and local(payload.get('pre_tokenizer'))
 
 
-def _pieces(text: str, size: int) -> Iterator[str]:
+def _cut_keeps_ids(tok: Tokenizer, text: str, cut: int) -> bool:
+    """Whether encoding the text on either side of ``cut`` apart gives the ids of encoding it whole, on the
+    :data:`CUT_CHECK_CHARS` characters either side (the window's own ends are the same in both encodings)."""
+    left, right = text[max(0, cut - CUT_CHECK_CHARS):cut], text[cut:cut + CUT_CHECK_CHARS]
+    def encode(t: str) -> List[int]:
+        return tok.encode(t, add_special_tokens=False)
+    return encode(left + right) == encode(left) + encode(right)
+
+
+def _pieces(text: str, size: int, tok: Optional[Tokenizer] = None) -> Iterator[str]:
+    """``text`` in pieces of about ``size`` characters: cut at :data:`_SAFE_BREAK` (``tok`` None: a line-local
+    tokenizer), else at the first :data:`_CUT_CANDIDATE` where :func:`_cut_keeps_ids`."""
     start = 0
     while len(text) - start > size:
-        cut = _SAFE_BREAK.search(text, start + size)
+        if tok is None:
+            found = _SAFE_BREAK.search(text, start + size)
+            cut = None if found is None else found.end()
+        else:
+            places = (m.end() for _, m in zip(range(CUT_TRIES), _CUT_CANDIDATE.finditer(text, start + size)))
+            cut = next((c for c in places if _cut_keeps_ids(tok, text, c)), None)
         if cut is None:
             break
-        yield text[start:cut.end()]
-        start = cut.end()
+        yield text[start:cut]
+        start = cut
     yield text[start:]
 
 
@@ -132,18 +154,23 @@ def encode_text(tok: Tokenizer, text: str, what: str, stop: Optional[Callable[[]
 
     ``stop``: the run's stop flag (a signal number, 0 for none; e.g. ``TrainingRun.stop_signal``), read between
     pieces of :data:`ENCODE_CHUNK_CHARS` characters, so that SIGINT / SIGTERM stops a long tokenization within
-    about a second (:class:`~mlp_vision.errors.Interrupted`) instead of after it."""
-    pieces = _pieces(text, ENCODE_CHUNK_CHARS) if stop is not None and _encodes_by_pieces(tok) else [text]
+    about a second (:class:`~mlp_vision.errors.Interrupted`) instead of after it. The pieces' ids are the whole
+    text's: cut where a line-local tokenizer provably keeps them, any other (a user's ``tokenizer.json``) where it is
+    checked to (:func:`_pieces`)."""
+    if stop is None:
+        pieces = [text]
+    else:
+        pieces = _pieces(text, ENCODE_CHUNK_CHARS, None if _encodes_by_pieces(tok) else tok)
     ids: List[int] = []
     for piece in pieces:
         signum = stop() if stop is not None else 0
         if signum:
             raise Interrupted(signum, f'tokenizing the {what} ({len(ids)} tokens so far)')
         try:
-            ids += tok.encode(piece)
-        except KeyError as e:
-            raise UsageError(f'the {what} has character {e.args[0]!r}, which the tokenizer (from the checkpoint or '
-                             f'the training text) does not know') from None
+            ids += tok.encode(piece, add_special_tokens=False)
+        except Exception as e:  # tokenizers' plain Exception: a character outside a char alphabet without <unk>
+            raise UsageError(f'the {what} has character {unknown_character(tok, [piece], e)!r}, which the tokenizer '
+                             f'(from the checkpoint or the training text) does not know') from None
     return torch.tensor(ids, dtype=torch.long)
 
 
@@ -155,15 +182,15 @@ def check_unknown_tokens(ids: Sequence[int], tok: Tokenizer, what: str) -> None:
     """Warn when more than :data:`UNKNOWN_WARN_FRACTION` of ``ids`` (a text's tokens; special tokens other than the
     unknown one are not counted) are the tokenizer's unknown token, and stop with a :class:`UsageError` when all
     are: a model trained on ``[UNK] [UNK] ...`` learns nothing about the text, with no other sign of it."""
-    unk = tok.unk_id
+    unk = tok.unk_token_id
     if unk is None:
         return
     ids = torch.as_tensor(ids, dtype=torch.long).flatten()
-    others = [i for i in tok.special_ids if i != unk]
+    others = [i for i in tok.all_special_ids if i != unk]
     if others:
         ids = ids[~torch.isin(ids, torch.tensor(others, dtype=torch.long))]
     n, unknown = len(ids), int((ids == unk).sum()) if len(ids) else 0
-    name = tok.special_tokens_map.get('unk', 'unknown')
+    name = tok.unk_token or 'unknown'
     if n and unknown == n:
         raise UsageError(f'the {what} tokenizes entirely to {name} ({n} tokens): the tokenizer knows none of it; '
                          f'expected a tokenizer of text like it (--tokenizer-from / --init-from / --tokenizer)')
@@ -224,13 +251,13 @@ class MLMMasker:
 
     def __init__(self, tokenizer: Tokenizer, rate: float = 0.15, mask_prob: float = 0.8, random_prob: float = 0.1,
                  ignore_index: int = -100):
-        if tokenizer.mask_id is None:
+        if tokenizer.mask_token_id is None:
             raise ValueError('masked LM needs a tokenizer with a <mask> token')
-        self.mask_id = tokenizer.mask_id
-        self.special_ids = torch.tensor(tokenizer.special_ids, dtype=torch.long)
+        self.mask_id = tokenizer.mask_token_id
+        self.special_ids = torch.tensor(tokenizer.all_special_ids, dtype=torch.long)
         # random replacements are drawn from the non-special ids (char / byte: 0..n-1, the specials come after;
         # a subword vocabulary puts its specials first, BERT's at 0 and 100-103)
-        is_base = torch.ones(tokenizer.vocab_size, dtype=torch.bool)
+        is_base = torch.ones(len(tokenizer), dtype=torch.bool)
         is_base[self.special_ids] = False
         self.base_ids = is_base.nonzero().squeeze(1)
         self.rate, self.mask_prob, self.random_prob = rate, mask_prob, random_prob
@@ -262,14 +289,14 @@ def mlm_segments(ids: torch.Tensor, starts: torch.Tensor, block_size: int,
     """``<cls>`` + ``ids[s : s + block_size - 2]`` + ``<sep>`` per start, right-padded with ``<pad>`` where the
     text ends early. Returns (input ids (B, block_size), attention mask (B, block_size) bool)."""
     body = block_size - 2
-    out = torch.full((len(starts), block_size), tokenizer.pad_id, dtype=torch.long)
+    out = torch.full((len(starts), block_size), tokenizer.pad_token_id, dtype=torch.long)
     mask = torch.zeros((len(starts), block_size), dtype=torch.bool)
     for row, s in enumerate(starts.tolist()):
         piece = ids[s:s + body]
         n = len(piece)
-        out[row, 0] = tokenizer.cls_id
+        out[row, 0] = tokenizer.cls_token_id
         out[row, 1:1 + n] = piece
-        out[row, 1 + n] = tokenizer.sep_id
+        out[row, 1 + n] = tokenizer.sep_token_id
         mask[row, :n + 2] = True
     return out, mask
 

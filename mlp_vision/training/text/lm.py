@@ -51,9 +51,10 @@ import torch.distributed as dist
 import torch.nn as nn
 from timm.utils import random_seed, unwrap_model
 
+from ...text.modeling_utils import check_text_activations
 from ...text.modeling_utils import masked_lm_loss as lm_loss  # token cross-entropy; causal labels are already shifted
 from ...text.registry import create_model
-from ...text.tokenizer import SUBWORD_KINDS, Tokenizer, tokenizer_from_dict
+from ...text.tokenizer import SUBWORD_KINDS, Tokenizer, tokenizer_from_dict, tokenizer_kind, tokenizer_to_dict
 from ..checkpoint import atomic_folder, atomic_write_text, preserve_rng
 from ..distributed import DistInfo, all_gather_objects
 from mlp_vision.errors import UsageError
@@ -167,11 +168,11 @@ def _lm_data(args, tokenizer: Tokenizer, train_ids: torch.Tensor, val_ids: torch
         masker = MLMMasker(tokenizer, rate=args.mask_rate)
         val_batches = mlm_eval_batches(val_ids, args.block_size, eval_bs, tokenizer, masker, seed=args.seed)
         next_batch = partial(sample_mlm_batch, train_ids, args.batch_size, args.block_size, tokenizer, masker)
-        mask_id, base_ids = tokenizer.mask_id, masker.base_ids
+        mask_id, base_ids = tokenizer.mask_token_id, masker.base_ids
     else:
         val_batches = causal_eval_batches(val_ids, args.block_size, eval_bs)
         next_batch = partial(sample_causal_batch, train_ids, args.batch_size, args.block_size)
-        mask_id, base_ids = None, torch.arange(tokenizer.vocab_size)
+        mask_id, base_ids = None, torch.arange(len(tokenizer))
     return LMData(tokenizer, train_ids, val_ids, next_batch, subset_batches(val_batches, args.eval_batches, args.seed),
                   subset_batches(val_batches, args.final_eval_batches, args.seed), mask_id, base_ids)
 
@@ -186,14 +187,14 @@ def _tokenizer(args, run: TrainingRun, train_text: str, val_text: str) -> Tokeni
     """The resumed run's tokenizer, ``--tokenizer-from``'s, or one built on the training text (rank 0's)."""
     resumed = run.resume_ckpt or {}
     if resumed:
-        return tokenizer_from_dict(resumed['tokenizer'])
+        return tokenizer_from_dict(resumed['tokenizer'], args.allow_regex)
     if args.tokenizer_from:
         return tokenizer_from_path(args.tokenizer_from, needs=('pad', 'cls', 'sep', 'mask') if args.task == 'mlm'
-                                   else ())
+                                   else (), allow_regex=args.allow_regex)
     tokenizer = build_tokenizer(args.tokenizer, args.task, train_text, val_text, args.vocab_size)
     if run.dist_info.world_size > 1 and args.tokenizer in SUBWORD_KINDS:
         # WordPiece training is not reproducible run to run (hash-ordered ties): every rank takes rank 0's
-        tokenizer = tokenizer_from_dict(all_gather_objects(tokenizer.to_dict(), run.dist_info)[0])
+        tokenizer = tokenizer_from_dict(all_gather_objects(tokenizer_to_dict(tokenizer), run.dist_info)[0])
     return tokenizer
 
 
@@ -201,23 +202,25 @@ def _build_model(args, run: TrainingRun, entry, tokenizer: Tokenizer) -> Tuple[n
     """(the model of ``--model`` / ``--model-kwargs`` with the tokenizer's vocabulary, its kwargs); sets
     ``--block-size`` (default: the model's maximum length, which it may not exceed)."""
     model_kwargs = dict(args.model_kwargs)
-    if 'vocab_size' in model_kwargs and model_kwargs['vocab_size'] != tokenizer.vocab_size:
+    if 'vocab_size' in model_kwargs and model_kwargs['vocab_size'] != len(tokenizer):
         raise UsageError(f'--model-kwargs vocab_size={model_kwargs["vocab_size"]} differs from the tokenizer\'s '
-                         f'{tokenizer.vocab_size}; leave vocab_size out (it is set from the tokenizer)')
-    model_kwargs['vocab_size'] = tokenizer.vocab_size
+                         f'{len(tokenizer)}; leave vocab_size out (it is set from the tokenizer)')
+    model_kwargs['vocab_size'] = len(tokenizer)
     config_fields = set(entry.config_class.text_field_names())
-    if 'pad_token_id' in config_fields and tokenizer.pad_id is not None:
-        model_kwargs.setdefault('pad_token_id', tokenizer.pad_id)  # BiGS: the zero embedding row is the <pad>
+    if 'pad_token_id' in config_fields and tokenizer.pad_token_id is not None:
+        model_kwargs.setdefault('pad_token_id', tokenizer.pad_token_id)  # BiGS: the zero embedding row is the <pad>
     random_seed(args.seed, run.dist_info.rank)
     try:
         model = create_model(args.model, **model_kwargs)
     except (TypeError, ValueError, KeyError) as e:
         raise UsageError(f'cannot build {args.model} with --model-kwargs {args.model_kwargs}: {e}') from e
     seq_len = model.config.max_position_embeddings
-    args.block_size = seq_len if args.block_size is None else args.block_size
+    if args.block_size is None:
+        args.derive(block_size=seq_len)
     if args.block_size > seq_len:
         raise UsageError(f'--block-size {args.block_size} is larger than the model\'s maximum length {seq_len}; use '
                          f'--block-size <= {seq_len} or --model-kwargs max_position_embeddings={args.block_size}')
+    check_text_activations(type(model), model.config, args.batch_size, args.block_size, True, f'--model {args.model}')
     return model, model_kwargs
 
 
@@ -304,7 +307,7 @@ class LMTask(StepTask):
     def checkpoint_fields(self, metrics) -> dict:
         args = self.args
         return dict(task=args.task, model_cfg={'name': args.model, 'kwargs': self.model_kwargs},
-                    model_config=self.opt.model.config.text_fields(), tokenizer=self.data.tokenizer.to_dict(),
+                    model_config=self.opt.model.config.text_fields(), tokenizer=tokenizer_to_dict(self.data.tokenizer),
                     block_size=args.block_size, train_tokens=self.tokens_before + self.tokens_done(),
                     train_seconds=self.seconds_before + self.state.train_seconds, val_metrics=metrics)
 
@@ -357,7 +360,7 @@ class LMTask(StepTask):
             'task': args.task,
             'model_kwargs': self.model_kwargs,
             'params': sum(p.numel() for p in model.parameters()),
-            'tokenizer': {'type': data.tokenizer.to_dict()['tokenizer_type'], 'vocab_size': data.tokenizer.vocab_size},
+            'tokenizer': {'type': tokenizer_kind(data.tokenizer), 'vocab_size': len(data.tokenizer)},
             'data': {'train_file': args.train_file, 'val_file': args.val_file or None,
                      'val_fraction': None if args.val_file else args.val_fraction,
                      'train_tokens': len(data.train_ids), 'val_tokens': len(data.val_ids)},
@@ -420,7 +423,7 @@ def _write_samples(model: nn.Module, tokenizer: Tokenizer, args, device: torch.d
             out = model.generate(prompt[None].to(device), max_new_tokens=args.sample_tokens, do_sample=sample,
                                  temperature=args.sample_temperature if sample else None,
                                  top_k=args.sample_top_k or 0)  # 0: no top-k filter (transformers' default is 50)
-            texts.append(tokenizer.decode(out[0].tolist()))
+            texts.append(tokenizer.decode(out[0].tolist(), skip_special_tokens=True))
     header = (f'# {args.model}, {args.steps} steps, seed {args.seed}, temperature {args.sample_temperature}, '
               f'top_k {args.sample_top_k}, {args.sample_tokens} new tokens, prompt {args.sample_prompt!r}\n')
     body = ''.join(f'\n----- sample {i + 1} -----\n{t}\n' for i, t in enumerate(texts))

@@ -3,7 +3,9 @@ trainer's flag names, as the image recipes of ``configs/``, read by :func:`mlp_v
 the AdamW groups and timm's per-update schedule.
 
 A recipe fills only the flags left unset (None) on the command line; ``warmup_steps`` is capped at a tenth of
-``--steps`` unless ``--warmup-steps`` is given (a tenth of ``--steps`` when the recipe has none).
+``--steps`` unless ``--warmup-steps`` is given (a tenth of ``--steps`` when the recipe has none). The fills are
+derived values (:class:`~mlp_vision.training.config.RunArgs`): ``args.yaml`` keeps the flags as given, and a resume
+fills them again (from ``--steps`` as it is then).
 """
 from typing import Dict, Tuple
 
@@ -48,12 +50,10 @@ def apply_recipe(args, recipe: dict, name: str) -> dict:
     given = {'lr': args.lr, 'opt_betas': args.opt_betas, 'opt_eps': args.opt_eps,
              'weight_decay': args.weight_decay, 'sched': args.sched}
     overridden = [k for k, v in given.items() if v is not None and v != recipe[k]]
-    for dest in given:
-        if getattr(args, dest) is None:
-            setattr(args, dest, recipe[dest])
-    args.opt_betas = list(args.opt_betas)
+    fills = {dest: recipe[dest] for dest, value in given.items() if value is None}
     if args.warmup_steps is None:
-        args.warmup_steps = min(recipe.get('warmup_steps', args.steps // 10), args.steps // 10)
+        fills['warmup_steps'] = min(recipe.get('warmup_steps', args.steps // 10), args.steps // 10)
+    args.derive(**fills)  # derived values: args.yaml keeps these flags unset, a resume fills them again
     record_names = {'opt_betas': 'betas', 'opt_eps': 'eps'}  # the names results.json has always used
     overridden = [record_names.get(k, k) for k in overridden]
     source = recipe['source'] + (f'; overridden on the command line: {", ".join(overridden)}' if overridden else '')
