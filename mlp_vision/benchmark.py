@@ -70,12 +70,13 @@ from timm.models import model_entrypoint
 
 import mlp_vision
 from mlp_vision.layers import BidirectionalGatedSSM
-from mlp_vision.training.checkpoint import atomic_write_text
-from mlp_vision.training.config import SEED_MAX, check_flag_ranges
+from mlp_vision.training.run.checkpoint import atomic_write_text
+from mlp_vision.training.run.config import SEED_MAX, check_flag_ranges
 from mlp_vision.threads import THREADS_RANGE, add_threads_argument, set_threads
 from mlp_vision.errors import parse_device
 from mlp_vision.errors import ArgumentParser, UsageError, run_cli
-from mlp_vision.training.model import COMPILE_MODES, is_local_dir
+from mlp_vision.training.tasks.image_model import is_local_dir
+from mlp_vision.training.run.compile import COMPILE_MODES
 
 PRECISIONS = ('fp32', 'bf16', 'fp16', 'amp_bf16', 'amp_fp16')
 LAYERS = ('bigs_layer', 'bert_layer')  # sequence-layer contenders (tokens/s); ref:bigs_layer is the straightforward one

@@ -50,25 +50,25 @@ from timm.optim import create_optimizer_v2, list_optimizers, optimizer_kwargs
 from timm.scheduler import scheduler_kwargs
 from timm.utils import ModelEmaV3, ParseKwargs, distribute_bn, random_seed, unwrap_model
 
-from mlp_vision.training.checkpoint import (
+from mlp_vision.training.run.checkpoint import (
     atomic_folder, is_training_checkpoint, load_checkpoint_file, load_model_weights, preserve_rng)
-from mlp_vision.training.config import SEED_MAX, check_flag_ranges, find_recipe
+from mlp_vision.training.run.config import SEED_MAX, check_flag_ranges, find_recipe
 from mlp_vision.training.data import (
     INTERPOLATIONS, IMAGE_MODE_CHANNELS, check_image_args, check_num_classes, create_eval_loader, create_train_loader,
     create_train_val_datasets, dataset_class_names, dataset_source, default_workers, fit_batch_to_data,
     prepare_digits_folder, train_samples_per_rank)
-from mlp_vision.training.distributed import all_gather_objects, init_device
-from mlp_vision.training.driver import Optimization, TrainingTask, drive
-from mlp_vision.training.engine import evaluate, format_duration, reports_top5, train_one_epoch
+from mlp_vision.training.run.distributed import all_gather_objects, init_device
+from mlp_vision.training.run.driver import Optimization, TrainingTask, drive
+from mlp_vision.training.tasks.image_classification import evaluate, format_duration, reports_top5, train_one_epoch
 from mlp_vision.errors import ArgumentParser, DefaultsHelpFormatter, UsageError, run_cli, size_bounds
-from mlp_vision.training.log import setup_logging
-from mlp_vision.training.loop import StepLoop, warn_global_batch_beyond_data
-from mlp_vision.training.model import (
-    ALLOW_MISSING_FLAG, add_compile_arguments, check_activations, check_compile_backend, create_model,
-    load_pretrained_weights, model_create_kwargs)
-from mlp_vision.training.run import (
+from mlp_vision.training.run.log import setup_logging
+from mlp_vision.training.run.loop import StepLoop, warn_global_batch_beyond_data
+from mlp_vision.training.tasks.image_model import (
+    ALLOW_MISSING_FLAG, check_activations, create_model, load_pretrained_weights, model_create_kwargs)
+from mlp_vision.training.run.compile import add_compile_arguments, check_compile_backend
+from mlp_vision.training.run.training_run import (
     TrainingRun, UpdateStep, add_run_arguments, create_lr_scheduler, parse_run_args, setup_amp)
-from mlp_vision.training.summary import plot_curves
+from mlp_vision.training.run.summary import plot_curves
 from mlp_vision.threads import add_threads_argument, set_run_threads
 from mlp_vision.validate import main as validate_main
 
@@ -402,7 +402,7 @@ class EpochMetrics:
 
 
 class ImageClassification(TrainingTask):
-    """Image classification in epochs (timm's train.py) for :func:`~mlp_vision.training.driver.drive`: datasets,
+    """Image classification in epochs (timm's train.py) for :func:`~mlp_vision.training.run.driver.drive`: datasets,
     model, optimizer, loaders, loss and schedule from the flags; per epoch train, evaluate, step the schedule,
     save, log; at the end ``pretrained/``, the demo's validation, results and curves."""
     logger = _logger

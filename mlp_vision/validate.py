@@ -32,21 +32,20 @@ import torch
 from timm.data import resolve_data_config
 from timm.utils import ParseKwargs
 
-from mlp_vision.training.checkpoint import atomic_write_text, keep_previous
-from mlp_vision.training.config import check_flag_ranges
+from mlp_vision.training.run.checkpoint import atomic_write_text, keep_previous
+from mlp_vision.training.run.config import check_flag_ranges
 from mlp_vision.training.data import (
     INTERPOLATIONS, IMAGE_MODE_CHANNELS, check_class_names, check_image_args, check_num_classes, create_eval_loader,
     create_image_dataset, default_workers,
 )
-from mlp_vision.training.distributed import init_device
-from mlp_vision.training.engine import evaluate
+from mlp_vision.training.run.distributed import init_device
+from mlp_vision.training.tasks.image_classification import evaluate
 from mlp_vision.errors import ArgumentParser, DefaultsHelpFormatter, UsageError, check_range, run_cli, within_bounds
-from mlp_vision.training.log import setup_logging
-from mlp_vision.training.model import (
-    add_compile_arguments, check_activations, check_compile_backend, compile_model, create_model_for_eval,
-    model_create_kwargs)
-from mlp_vision.training.run import add_common_arguments, setup_amp
-from mlp_vision.training.summary import write_json
+from mlp_vision.training.run.log import setup_logging
+from mlp_vision.training.tasks.image_model import check_activations, create_model_for_eval, model_create_kwargs
+from mlp_vision.training.run.compile import add_compile_arguments, check_compile_backend, compile_model
+from mlp_vision.training.run.training_run import add_common_arguments, setup_amp
+from mlp_vision.training.run.summary import write_json
 from mlp_vision.threads import add_threads_argument, set_threads
 
 _logger = logging.getLogger('validate')

@@ -39,10 +39,10 @@ from timm.utils import ParseKwargs
 from .layers.gating import SpatialGatingUnit
 from .layers.sparse_mlp import AxialSparseMLP
 from .layers.ssm import BidirectionalGatedSSM
-from .training.checkpoint import load_checkpoint_file
+from mlp_vision.training.run.checkpoint import load_checkpoint_file
 from .errors import ArgumentParser, DefaultsHelpFormatter, UsageError, check_range, run_cli, within_bounds
-from .training.model import create_model, create_model_for_eval, model_create_kwargs
-from .training.run import add_common_arguments
+from mlp_vision.training.tasks.image_model import create_model, create_model_for_eval, model_create_kwargs
+from mlp_vision.training.run.training_run import add_common_arguments
 from .threads import add_threads_argument, set_threads
 
 __all__ = ['spatial_projections', 'axial_weights', 'ssm_responses', 'token_grid', 'load_model', 'visualize', 'main']
@@ -266,7 +266,7 @@ def draw_ssm_responses(responses: Named, out: str, title: str, max_lag: int = 64
 def load_model(source: str, model_name: Optional[str] = None, pretrained: bool = False,
                model_kwargs: Optional[Dict[str, Any]] = None, trust_checkpoint: bool = False) -> Tuple[nn.Module, str]:
     """(the model in eval mode, what it is) from a checkpoint file (through the validation loader of
-    :func:`~mlp_vision.training.model.create_model_for_eval`), a ``save_pretrained`` folder (the text registry's
+    :func:`~mlp_vision.training.tasks.image_model.create_model_for_eval`), a ``save_pretrained`` folder (the text registry's
     ``from_pretrained``) or a model name (timm's registry, else the text registry's; no name is in both)."""
     kwargs = dict(model_kwargs or {})
     if pretrained and os.path.exists(source):

@@ -1,10 +1,10 @@
 """ Loading a backbone's weights into a model that may have another head: the one implementation behind fine-tuning
-an image model (:func:`mlp_vision.training.model.load_pretrained_weights`), the official BiGS weights
+an image model (:func:`mlp_vision.training.tasks.image_model.load_pretrained_weights`), the official BiGS weights
 (``BiGSForMaskedLM.from_official``) and the text classifier's ``--init-from``
-(:mod:`mlp_vision.training.text.classifier_init`).
+(:mod:`mlp_vision.training.tasks.classifier_init`).
 
 Every loader of weights (:func:`load_backbone`, a text model's ``from_pretrained`` before ``transformers`` reads the
-file, and the strict :func:`mlp_vision.training.checkpoint.load_model_weights` of ``--resume``,
+file, and the strict :func:`mlp_vision.training.run.checkpoint.load_model_weights` of ``--resume``,
 ``--initial-checkpoint`` and validate's ``--checkpoint``) first runs :func:`check_weights`: a tensor that cannot be right for any model (not a tensor,
 integer / bool values for a floating-point parameter, NaN or infinity) stops with one line naming the file and the
 tensor before anything is loaded (``load_state_dict`` would cast integers silently, and NaN weights evaluate, fill

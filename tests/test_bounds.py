@@ -20,7 +20,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from mlp_vision.errors import UsageError, check_model_size, check_range, short_repr  # noqa: E402
-from mlp_vision.training.config import MAX_YAML_DEPTH, load_yaml_config, read_yaml_file  # noqa: E402
+from mlp_vision.training.run.config import MAX_YAML_DEPTH, load_yaml_config, read_yaml_file  # noqa: E402
 
 
 # ------------------------------------------------------------------------------------------------ yaml files
@@ -121,7 +121,7 @@ def test_checkpoint_model_cfg_sizes_are_bounded_before_building(tmp_path, capsys
 
 
 def test_command_line_model_sizes_are_bounded_too():
-    from mlp_vision.training.model import create_model
+    from mlp_vision.training.tasks.image_model import create_model
     with pytest.raises(UsageError, match=r"model mixer_s16 with \{'embed_dim': 65536\} would have more than"):
         create_model('mixer_s16', embed_dim=65536)
     assert create_model('mixer_s16', num_classes=3, embed_dim=8, num_blocks=1, img_size=32).num_classes == 3
@@ -357,7 +357,7 @@ def english_wordpiece():
 
 
 def test_tsv_column_named_twice_is_an_error(tmp_path):
-    from mlp_vision.training.text.classification import read_labelled_file
+    from mlp_vision.training.tasks.text_classification import read_labelled_file
     path = tmp_path / 'train.tsv'
     path.write_text('sentence\tlabel\tsentence\nto be\t1\tor not\nthat is\t0\tthe question\n')
     with pytest.raises(UsageError, match=r"train\.tsv' names the column 'sentence' 2 times in its header \(tab-"
@@ -367,7 +367,7 @@ def test_tsv_column_named_twice_is_an_error(tmp_path):
 
 
 def test_tsv_header_repeated_inside_the_file_is_an_error(tmp_path):
-    from mlp_vision.training.text.classification import read_labelled_file
+    from mlp_vision.training.tasks.text_classification import read_labelled_file
     path = tmp_path / 'train.tsv'
     path.write_text('sentence\tlabel\nto be\t1\nsentence\tlabel\nthat is\t0\n')  # two files joined
     with pytest.raises(UsageError, match=r"train\.tsv' line 3 repeats the header row \(files joined with their "
@@ -376,7 +376,7 @@ def test_tsv_header_repeated_inside_the_file_is_an_error(tmp_path):
 
 
 def test_corpus_entirely_unknown_is_an_error_and_mostly_unknown_a_warning(english_wordpiece, caplog):
-    from mlp_vision.training.text.data import check_unknown_tokens, encode_text
+    from mlp_vision.training.tasks.text_data import check_unknown_tokens, encode_text
     greek = encode_text(english_wordpiece, 'άλφα βήτα γάμμα δέλτα ' * 20, 'training text')
     with pytest.raises(UsageError, match=r'the training text tokenizes entirely to \[UNK\] \(80 tokens\): the '
                                          r'tokenizer knows none of it'):
@@ -408,7 +408,7 @@ def test_trainer_stops_on_a_corpus_the_tokenizer_does_not_know(english_wordpiece
 def test_tokenizing_in_pieces_gives_the_whole_text_ids(kind, monkeypatch):
     """The stop flag is read between pieces of the text; the pieces' ids must be exactly the whole text's."""
     import random
-    import mlp_vision.training.text.data as data
+    import mlp_vision.training.tasks.text_data as data
     rng = random.Random(1)
     lines = [' '.join(rng.choice(WORDS + ['  ', 'Tis,', "o'er", '...']) for _ in range(rng.randint(0, 9)))
              for _ in range(300)]
@@ -447,7 +447,7 @@ def test_foreign_tokenizers_are_cut_only_where_the_ids_stay(kind, cut, monkeypat
     """A tokenizer.json that is not line-local is cut where the ids are checked to stay the whole text's (the stop
     flag read between pieces); one with no such place encodes the text in one call, never different ids."""
     import random
-    import mlp_vision.training.text.data as data
+    import mlp_vision.training.tasks.text_data as data
     tok = _foreign_tokenizer(kind)
     assert not data._encodes_by_pieces(tok)
     rng = random.Random(2)
@@ -464,7 +464,7 @@ def test_foreign_tokenizers_are_cut_only_where_the_ids_stay(kind, cut, monkeypat
 
 def test_stop_signal_is_honoured_while_tokenizing(monkeypatch):
     import signal
-    import mlp_vision.training.text.data as data
+    import mlp_vision.training.tasks.text_data as data
     from mlp_vision.errors import Interrupted
     tok = data.build_tokenizer('byte', 'causal', '')
     monkeypatch.setattr(data, 'ENCODE_CHUNK_CHARS', 100)
@@ -480,7 +480,7 @@ def test_stop_signal_is_honoured_while_tokenizing_a_classification_file(english_
     """The classifier's examples are tokenized in pieces (each example on its own: the ids are the whole file's),
     the stop flag read between them."""
     import signal
-    import mlp_vision.training.text.classification as classification
+    import mlp_vision.training.tasks.text_classification as classification
     from mlp_vision.errors import Interrupted
     texts = [' '.join(WORDS[i % 7:i % 7 + 3]) for i in range(25)]
     data = classification.LabelledData('train.tsv', ('sentence',), texts, texts[::-1], ['0'] * 25)
@@ -496,7 +496,7 @@ def test_stop_signal_is_honoured_while_tokenizing_a_classification_file(english_
 
 
 def test_global_batch_beyond_the_data_is_a_warning_with_numbers(caplog):
-    from mlp_vision.training.loop import warn_global_batch_beyond_data
+    from mlp_vision.training.run.loop import warn_global_batch_beyond_data
     with caplog.at_level(logging.WARNING):
         warn_global_batch_beyond_data(8, 2, 10 ** 9, 300, 'images')
     assert ('the global batch (8 x 2 processes x 1000000000 accumulation steps = 16,000,000,000) is larger than the '

@@ -16,14 +16,14 @@ import torch
 import torch.nn as nn
 from PIL import Image
 
-from mlp_vision.training import UsageError
+from mlp_vision.errors import UsageError
 from mlp_vision.training.data import (
     ImageFileDataset, SkippedImage, StridedSampler, convert_image_mode, create_eval_loader, create_image_dataset,
     create_train_loader, create_train_val_datasets, dataset_class_names, dataset_source, fit_batch_to_data,
     load_image, parse_val_split, read_class_map, stratified_holdout, train_samples_per_rank, unused_images_message,
 )
 from mlp_vision.training.data.loader import create_train_sampler
-from mlp_vision.training.engine import evaluate
+from mlp_vision.training.tasks.image_classification import evaluate
 
 SIZE = 8
 DATA_CONFIG = dict(input_size=(3, SIZE, SIZE), interpolation='bilinear', mean=(0.5, 0.5, 0.5), std=(0.25, 0.25, 0.25),

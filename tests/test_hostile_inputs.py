@@ -23,11 +23,11 @@ import mlp_vision.text as mt  # noqa: E402
 import mlp_vision.text.fill_mask as fill_mask  # noqa: E402
 import mlp_vision.train as train  # noqa: E402
 import mlp_vision.train_text as text_train  # noqa: E402
-import mlp_vision.training.text.lm as text_lm  # noqa: E402
+import mlp_vision.training.tasks.language_model as text_lm  # noqa: E402
 import mlp_vision.validate as validate  # noqa: E402
 from mlp_vision import benchmark, visualize  # noqa: E402
 from mlp_vision.errors import UsageError, run_cli  # noqa: E402
-from mlp_vision.training.checkpoint import check_rng_state, get_rng_state  # noqa: E402
+from mlp_vision.training.run.checkpoint import check_rng_state, get_rng_state  # noqa: E402
 from mlp_vision.weights import check_weights  # noqa: E402
 from _helpers import TINY_GPT, TINY_VISION, crafted_checkpoint, exits_with_one_line  # noqa: E402
 from test_fill_mask import make_official_folder  # noqa: E402

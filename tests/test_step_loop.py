@@ -1,4 +1,4 @@
-""" The shared optimizer update (mlp_vision/training/loop.py: StepLoop, used by the image epoch and the text steps):
+""" The shared optimizer update (mlp_vision/training/run/loop.py: StepLoop, used by the image epoch and the text steps):
 its result, its NaN and signal stops, and where it waits (host syncs and collectives counted per update and per
 evaluation, in a real one-process gloo group); and the shared backbone loader (mlp_vision/weights.py: load_backbone,
 used by image fine-tuning, text from_pretrained and the text classifier's --init-from). Small models, CPU, a few
@@ -13,14 +13,14 @@ import torch.distributed as dist
 import torch.nn as nn
 
 import mlp_vision.text as mt
-import mlp_vision.training.engine as engine
-import mlp_vision.training.loop as loop_module
-import mlp_vision.training.text.classification as classification
-import mlp_vision.training.text.lm as text_lm
+import mlp_vision.training.tasks.image_classification as engine
+import mlp_vision.training.run.loop as loop_module
+import mlp_vision.training.tasks.text_classification as classification
+import mlp_vision.training.tasks.language_model as text_lm
 from mlp_vision.errors import Interrupted, UsageError
-from mlp_vision.training.distributed import DistInfo, process_group_backend
-from mlp_vision.training.loop import StepLoop
-from mlp_vision.training.run import NonFiniteLossError, TrainingRun, UpdateStep
+from mlp_vision.training.run.distributed import DistInfo, process_group_backend
+from mlp_vision.training.run.loop import StepLoop
+from mlp_vision.training.run.training_run import NonFiniteLossError, TrainingRun, UpdateStep
 from mlp_vision.weights import load_backbone
 
 

@@ -104,6 +104,26 @@ def test_text_models_import_nothing_from_the_trainers():
     assert {m: t for m, t in bad.items() if t} == {}
 
 
+def test_training_is_layered_by_job():
+    """training/run (the infrastructure every command uses) imports no task, no image data and no text model;
+    training/data (images) imports no task and no text model; the tasks import no command."""
+    rules = {
+        'mlp_vision.training.run': ('mlp_vision.training.tasks', 'mlp_vision.training.data', 'mlp_vision.text',
+                                    'mlp_vision.train', 'mlp_vision.validate'),
+        'mlp_vision.training.data': ('mlp_vision.training.tasks', 'mlp_vision.text', 'mlp_vision.train',
+                                     'mlp_vision.validate'),
+        'mlp_vision.training.tasks': ('mlp_vision.train', 'mlp_vision.train_text', 'mlp_vision.validate',
+                                      'mlp_vision.benchmark', 'mlp_vision.visualize'),
+    }
+    graph = _graph()
+    for layer, forbidden in rules.items():
+        modules = [m for m in MODULES if m == layer or m.startswith(layer + '.')]
+        assert modules, f'{layer} has no modules'
+        bad = {m: sorted(t for t in graph[m] if any(t == f or t.startswith(f + '.') for f in forbidden))
+               for m in modules}
+        assert {m: t for m, t in bad.items() if t} == {}, layer
+
+
 def test_no_private_names_imported_from_another_module():
     borrowed = [f'{m} imports {name} from {t}' for m in MODULES for t, name in _imports(m)
                 if name and name.startswith('_') and not name.startswith('__') and t != m]

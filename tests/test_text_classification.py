@@ -1,4 +1,4 @@
-""" --task classify of mlp_vision.train_text (mlp_vision/training/text/classification.py): learning a toy sentiment task made
+""" --task classify of mlp_vision.train_text (mlp_vision/training/tasks/text_classification.py): learning a toy sentiment task made
 here, sentence pairs, GLUE's metrics against scikit-learn, --init-from a tiny MLM run / its pretrained folder / an
 official-BiGS-layout folder (the log lists loaded vs new weights; the encoder equals the MLM run's), and the
 one-line errors for bad files. One slow test fine-tunes on ../shared/data/rt-polarity (skipped without it).
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import mlp_vision.train_text as text_train
-from mlp_vision.training.text.classification import (
+from mlp_vision.training.tasks.text_classification import (
     classification_metrics, collate, encode_examples, init_classifier, label_ids, read_labelled_file)
 from mlp_vision.text.tokenizer import byte_tokenizer, tokenizer_to_dict
 

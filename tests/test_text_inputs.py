@@ -19,8 +19,8 @@ import torch
 import mlp_vision.text as mt
 import mlp_vision.text.fill_mask as fm
 import mlp_vision.train_text as text_train
-from mlp_vision.training.text.classification import read_labelled_file
-from mlp_vision.training.text.data import build_tokenizer
+from mlp_vision.training.tasks.text_classification import read_labelled_file
+from mlp_vision.training.tasks.text_data import build_tokenizer
 from mlp_vision.errors import UsageError, check_range
 from _helpers import exits_with_one_line
 
@@ -242,7 +242,7 @@ def test_quoted_newline_in_a_csv_field_is_kept(tmp_path):
 
 def test_a_vocabulary_smaller_than_asked_is_a_warning(data, caplog):
     text = (data / 'tiny.txt').read_text()
-    with caplog.at_level(logging.WARNING, logger='mlp_vision.training.text.data'):
+    with caplog.at_level(logging.WARNING, logger='mlp_vision.training.tasks.text_data'):
         tokenizer = build_tokenizer('wordpiece', 'mlm', text, vocab_size=8000)
     assert tokenizer.vocab_size < 8000
     assert f'--vocab-size 8000: the wordpiece vocabulary trained on the training text has only ' \

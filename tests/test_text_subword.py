@@ -7,7 +7,7 @@ import torch
 
 import mlp_vision.text as mt
 import mlp_vision.train_text as text_train
-from mlp_vision.training.text.data import MLMMasker, build_tokenizer
+from mlp_vision.training.tasks.text_data import MLMMasker, build_tokenizer
 
 TINY_BIGS = ['--model', 'bigs_small', '--model-kwargs', 'hidden_size=32', 'intermediate_size=64', 'num_hidden_layers=1',
              'num_ssm_states=8', 'max_position_embeddings=32']

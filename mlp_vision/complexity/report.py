@@ -13,7 +13,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 
 from ..errors import ArgumentParser, DefaultsHelpFormatter, UsageError, check_range, run_cli
-from ..training.checkpoint import atomic_write_text
+from mlp_vision.training.run.checkpoint import atomic_write_text
 from ..threads import THREADS_RANGE, add_threads_argument, set_threads
 from .counts import DEFAULT_IMG_SIZE, Count, CountCache, family, resolve_models, text_seq_len
 from .paper import PAPER_ROWS, QUANTITIES, STATUSES, Comparison, compare, format_like

@@ -47,7 +47,7 @@ __all__ = [
 
 CONFIG_NAME = 'config.json'
 WEIGHTS_NAME = 'model.safetensors'
-LABELS_NAME = 'labels.json'  # written beside a classifier by the text trainer (mlp_vision.training.text.classification)
+LABELS_NAME = 'labels.json'  # written beside a classifier by the text trainer (mlp_vision.training.tasks.text_classification)
 
 
 # ------------------------------------------------------------------------------------------------------ configs

@@ -1,13 +1,13 @@
-""" Shared pieces of ``mlp_vision.train``, ``mlp_vision.validate`` (also ``train.py`` / ``validate.py`` at the
-repository root) and ``mlp_vision.train_text``: the training core
-(:mod:`.driver`: the one driver of every trainer and its task interface; :mod:`.run`: run setup, resume,
-checkpoint payload, AMP + optimizer step, LR schedule, NaN / signal stops, results), datasets and loaders, model
-creation and safe checkpoint loading, the image training epoch and evaluation loop, distributed setup, outputs,
-and the one error path of the scripts (:mod:`.errors`).
+""" Training code, by job:
 
-Built from timm's library pieces (``timm.data``, ``timm.optim``, ``timm.scheduler``, ``timm.loss``,
-``timm.utils``); every function here has one implementation used by both scripts.
+* :mod:`.run` -- the run infrastructure every command uses: the one driver and its task interface, the training
+  run (resume, checkpoints, outputs), the optimizer step loop, ``-c`` configs, logging, distributed setup;
+* :mod:`.data` -- the image data pipeline (readers, datasets, loaders, hold-out splits);
+* :mod:`.tasks` -- what is trained: image classification, masked / causal language modelling, text classification.
+
+The commands are one module each: :mod:`mlp_vision.train` (images), :mod:`mlp_vision.train_text` (text),
+:mod:`mlp_vision.validate`, :mod:`mlp_vision.benchmark`, :mod:`mlp_vision.visualize`,
+:mod:`mlp_vision.text.fill_mask` and :mod:`mlp_vision.complexity`. Built from timm's library pieces (``timm.data``,
+``timm.optim``, ``timm.scheduler``, ``timm.loss``, ``timm.utils``); the one error path of the commands is
+:mod:`mlp_vision.errors`.
 """
-from mlp_vision.errors import RunError, UsageError
-
-__all__ = ['UsageError', 'RunError']

@@ -8,7 +8,7 @@ import argparse
 import json
 from pathlib import Path
 
-from mlp_vision.training.summary import plot_comparison
+from mlp_vision.training.run.summary import plot_comparison
 
 
 def main(argv=None):

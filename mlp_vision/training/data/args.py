@@ -7,7 +7,7 @@ from typing import Optional
 
 from mlp_vision.errors import UsageError, check_range
 from mlp_vision.threads import usable_cpus
-from .class_map import read_class_map
+from mlp_vision.training.data.class_map import read_class_map
 
 __all__ = ['IMAGE_MODE_CHANNELS', 'INTERPOLATIONS', 'DATASET_KINDS', 'default_workers', 'check_image_args']
 

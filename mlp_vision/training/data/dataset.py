@@ -10,8 +10,8 @@ from typing import Callable, Dict, List, Optional, Tuple, Union
 
 from timm.data import ImageDataset
 
-from .decode import SkippedImage, load_image
-from .reader import ImageFileReader
+from mlp_vision.training.data.decode import SkippedImage, load_image
+from mlp_vision.training.data.reader import ImageFileReader
 
 __all__ = ['ImageFileDataset']
 

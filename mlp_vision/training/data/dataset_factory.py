@@ -16,11 +16,11 @@ from timm.data import create_dataset
 from timm.data.readers.img_extensions import get_img_extensions
 
 from mlp_vision.errors import UsageError
-from .class_map import read_class_map
-from .dataset import ImageFileDataset
-from .holdout import DatasetSubset, holdout_split, parse_val_split
-from .labels import dataset_class_names, short_names
-from .reader import find_split, split_entries, split_names
+from mlp_vision.training.data.class_map import read_class_map
+from mlp_vision.training.data.dataset import ImageFileDataset
+from mlp_vision.training.data.holdout import DatasetSubset, holdout_split, parse_val_split
+from mlp_vision.training.data.labels import dataset_class_names, short_names
+from mlp_vision.training.data.reader import find_split, split_entries, split_names
 
 __all__ = ['create_image_dataset', 'create_train_val_datasets', 'dataset_source']
 

@@ -11,8 +11,8 @@ from typing import Dict, List, Sequence, Tuple, Union
 import torch.utils.data
 
 from mlp_vision.errors import UsageError
-from .dataset import ImageFileDataset
-from .labels import dataset_class_to_idx
+from mlp_vision.training.data.dataset import ImageFileDataset
+from mlp_vision.training.data.labels import dataset_class_to_idx
 
 __all__ = ['parse_val_split', 'stratified_holdout', 'DatasetSubset', 'holdout_split']
 

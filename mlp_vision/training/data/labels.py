@@ -11,7 +11,7 @@ import torch.utils.data
 from timm.utils.misc import natural_key
 
 from mlp_vision.errors import UsageError
-from .dataset import ImageFileDataset
+from mlp_vision.training.data.dataset import ImageFileDataset
 
 __all__ = ['dataset_class_to_idx', 'dataset_class_names', 'check_num_classes', 'check_class_names', 'short_names']
 

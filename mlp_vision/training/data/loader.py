@@ -25,7 +25,7 @@ from timm.data.distributed_sampler import RepeatAugSampler
 from timm.data.loader import PrefetchLoader, fast_collate
 
 from mlp_vision.errors import UsageError
-from .decode import SkippedImage
+from mlp_vision.training.data.decode import SkippedImage
 
 __all__ = [
     'seeded_rng', 'SeededSampler', 'SeededDataset', 'StridedSampler', 'collate_readable', 'ReadableBatches',

@@ -17,9 +17,9 @@ from timm.data.readers.reader import Reader
 from timm.utils.misc import natural_key
 
 from mlp_vision.errors import UsageError
-from .class_map import read_class_map
-from .reader_folder import count_linked_images_once, scan_folder
-from .reader_tar import scan_tar
+from mlp_vision.training.data.class_map import read_class_map
+from mlp_vision.training.data.reader_folder import count_linked_images_once, scan_folder
+from mlp_vision.training.data.reader_tar import scan_tar
 
 __all__ = ['SPLIT_SYNONYMS', 'find_split', 'split_names', 'split_entries', 'ImageFileReader']
 

@@ -12,7 +12,7 @@ import tarfile
 from typing import Dict, Set, Tuple
 
 from mlp_vision.errors import UsageError
-from .reader_folder import LeftOut, is_hidden, is_image_name
+from mlp_vision.training.data.reader_folder import LeftOut, is_hidden, is_image_name
 
 __all__ = ['scan_tar']
 

@@ -26,7 +26,7 @@ from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 import torch
 
 from mlp_vision.errors import Interrupted, UsageError
-from ...text.tokenizer import DEFAULT_CONTROL_TOKENS, SUBWORD_KINDS, Tokenizer, byte_tokenizer, char_tokenizer, \
+from mlp_vision.text.tokenizer import DEFAULT_CONTROL_TOKENS, SUBWORD_KINDS, Tokenizer, byte_tokenizer, char_tokenizer, \
     find_tokenizer, tokenizer_kind, train_tokenizer, unknown_character
 
 __all__ = [

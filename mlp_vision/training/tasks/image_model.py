@@ -1,6 +1,6 @@
 """ Model creation for train.py / validate.py: timm's factory with our models registered, clear errors, and
 loading our training checkpoints, timm train.py checkpoints or foreign state dicts (every file through the safe
-loader of :mod:`.checkpoint`: nothing in a file runs unless the user trusts it). """
+loader of :mod:`mlp_vision.training.run.checkpoint`: nothing in a file runs unless the user trusts it). """
 import logging
 import reprlib
 import sys
@@ -12,8 +12,8 @@ import torch
 import torch.nn as nn
 
 import mlp_vision  # noqa: F401  (registers gmlp_* / smlpnet_* / mixer_* with timm)
-from ..weights import load_backbone
-from .checkpoint import clean_state_dict, is_training_checkpoint, load_checkpoint_file, load_model_weights
+from mlp_vision.weights import load_backbone
+from mlp_vision.training.run.checkpoint import clean_state_dict, is_training_checkpoint, load_checkpoint_file, load_model_weights
 from mlp_vision.errors import UsageError, check_activation_size, check_model_size, short_repr
 
 __all__ = ['model_create_kwargs', 'create_model', 'load_pretrained_weights', 'create_model_for_eval']
@@ -46,32 +46,6 @@ def model_create_kwargs(
         if isinstance(kwargs.get(k), list):
             kwargs[k] = tuple(kwargs[k])
     return kwargs
-
-
-COMPILE_MODES = ('default', 'reduce-overhead', 'max-autotune', 'max-autotune-no-cudagraphs')  # torch.compile's modes
-
-
-def add_compile_arguments(group, modes: bool = True) -> None:
-    """``--torchcompile [BACKEND]`` (and ``--torchcompile-mode``), the same flags in every command."""
-    group.add_argument('--torchcompile', nargs='?', type=str, default=None, const='inductor',
-                       help='torch.compile the model (optional backend, default inductor)')
-    if modes:
-        group.add_argument('--torchcompile-mode', type=str, default=None, choices=COMPILE_MODES,
-                           help='torch.compile mode')
-
-
-def compile_model(model: nn.Module, args) -> nn.Module:
-    """``torch.compile(model)`` as ``--torchcompile`` / ``--torchcompile-mode`` ask; ``model`` unchanged without."""
-    if not args.torchcompile:
-        return model
-    return torch.compile(model, backend=args.torchcompile, mode=getattr(args, 'torchcompile_mode', None))
-
-
-def check_compile_backend(backend: Optional[str]) -> None:
-    """``--torchcompile BACKEND`` names a ``torch.compile`` backend (checked before anything is built)."""
-    if backend and backend not in torch.compiler.list_backends(exclude_tags=()):
-        raise UsageError(f'--torchcompile {backend!r} is not a torch.compile backend (e.g. inductor; all: '
-                         f'torch.compiler.list_backends())')
 
 
 def is_local_dir(name: str) -> bool:

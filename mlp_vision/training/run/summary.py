@@ -15,7 +15,7 @@ from io import StringIO
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
-from .checkpoint import atomic_write, atomic_write_text, open_own_file
+from mlp_vision.training.run.checkpoint import atomic_write, atomic_write_text, open_own_file
 
 __all__ = ['SummaryWriter', 'write_json', 'plot_curves', 'plot_comparison']
 

@@ -10,7 +10,7 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .loop import StepLoop, format_duration, progress_line
+from mlp_vision.training.run.loop import StepLoop, format_duration, progress_line
 
 __all__ = ['train_one_epoch', 'evaluate', 'reports_top5', 'format_duration']
 
@@ -35,9 +35,9 @@ def train_one_epoch(
     """One epoch of training with the run's ``loop``. Returns {'loss', 'lr', 'img_per_sec', 'seconds'} (the loss
     and the rate over every rank); ``loop.num_updates`` counts on.
 
-    Each optimizer update is :meth:`~mlp_vision.training.loop.StepLoop.update` over ``grad_accum_steps`` batches
+    Each optimizer update is :meth:`~mlp_vision.training.run.loop.StepLoop.update` over ``grad_accum_steps`` batches
     (the epoch's last update over the batches left): DDP syncs only on the last one, a NaN / inf loss raises
-    :class:`~mlp_vision.training.run.NonFiniteLossError` on every rank before the optimizer step, and a SIGINT /
+    :class:`~mlp_vision.training.run.training_run.NonFiniteLossError` on every rank before the optimizer step, and a SIGINT /
     SIGTERM (agreed by all ranks) stops the run at the next update. One host sync per update (the loop's), none per
     batch; the epoch's loss is all-reduced once, at its end.
     """

@@ -1,8 +1,8 @@
-""" The one training driver: :func:`drive` makes the calls of a :class:`~mlp_vision.training.run.TrainingRun` in
+""" The one training driver: :func:`drive` makes the calls of a :class:`~mlp_vision.training.run.training_run.TrainingRun` in
 their fixed order around a :class:`TrainingTask`, which says what is trained and how: the image classifier's epochs
-(``mlp_vision/train.py``) or a :class:`StepTask` (the text tasks of :mod:`mlp_vision.training.text`).
+(``mlp_vision/train.py``) or a :class:`StepTask` (the text tasks of :mod:`mlp_vision.training.tasks`).
 
-The step loop (:meth:`StepTask.train`): each update is :meth:`mlp_vision.training.loop.StepLoop.update`, shared with
+The step loop (:meth:`StepTask.train`): each update is :meth:`mlp_vision.training.run.loop.StepLoop.update`, shared with
 the image epoch; then the log line. A stop signal inside a long update abandons it and puts its data position and
 RNG states back (``rewind_point``), so the checkpoint saved at the stop resumes exactly. Every ``--eval-interval``
 steps and at the end: evaluation under :func:`preserve_rng` (it must not shift the training's random streams), the
@@ -21,11 +21,11 @@ import torch.nn as nn
 from timm.utils import ModelEmaV3
 
 from mlp_vision.errors import Interrupted
-from .checkpoint import get_rng_state, preserve_rng, set_rng_state
-from .distributed import wrap_ddp
-from .loop import StepLoop, format_duration, progress_line
-from .model import compile_model
-from .run import NonFiniteLossError, TrainingRun, UpdateStep
+from mlp_vision.training.run.checkpoint import get_rng_state, preserve_rng, set_rng_state
+from mlp_vision.training.run.distributed import wrap_ddp
+from mlp_vision.training.run.loop import StepLoop, format_duration, progress_line
+from mlp_vision.training.run.compile import compile_model
+from mlp_vision.training.run.training_run import NonFiniteLossError, TrainingRun, UpdateStep
 
 __all__ = ['Optimization', 'TrainingTask', 'drive', 'StepState', 'StepTask']
 

@@ -1,5 +1,5 @@
-""" The optimizer update of every trainer: the image epoch (:func:`mlp_vision.training.engine.train_one_epoch`) and
-the text steps (:meth:`mlp_vision.training.driver.StepTask.train`) both advance through :meth:`StepLoop.update`.
+""" The optimizer update of every trainer: the image epoch (:func:`mlp_vision.training.tasks.image_classification.train_one_epoch`) and
+the text steps (:meth:`mlp_vision.training.run.driver.StepTask.train`) both advance through :meth:`StepLoop.update`.
 
 One update: ``n`` micro-batches (DDP's ``no_sync`` on all but the last, so gradients are reduced once), the optimizer
 step of :class:`UpdateStep` (loss scaling, clipping), then the EMA update and the per-update LR schedule. What a
@@ -36,7 +36,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from mlp_vision.errors import Interrupted
-from .run import NonFiniteLossError, UpdateStep
+from mlp_vision.training.run.training_run import NonFiniteLossError, UpdateStep
 
 __all__ = ['StepLoop', 'UpdateLosses', 'format_duration', 'progress_line', 'warn_global_batch_beyond_data']
 
@@ -96,7 +96,7 @@ class StepLoop:
     """The optimizer updates of one run. ``num_updates`` counts them (the schedule's and the EMA's step).
 
     ``stop_signal()``: this process's SIGINT / SIGTERM number (0: none), read without any collective
-    (:meth:`~mlp_vision.training.run.TrainingRun.stop_signal`); the loop agrees on it across the ranks.
+    (:meth:`~mlp_vision.training.run.training_run.TrainingRun.stop_signal`); the loop agrees on it across the ranks.
     ``rewind_point()``: called at the start of an update of several micro-batches, returns the function that puts
     back what they consume (data position, RNG), called when a stop abandons the update. ``device``: the training
     device (default: the model's), where the loop's collectives run."""

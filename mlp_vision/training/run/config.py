@@ -1,7 +1,7 @@
 """ ``-c/--config`` yaml files for argparse scripts: yaml keys are the flag names; explicit flags win.
 
 Precedence, lowest first: the parser's defaults, base configs (train.py's demo recipe), the settings of a run
-being resumed (:func:`mlp_vision.training.run.parse_run_args`), the ``-c`` file, then the command line.
+being resumed (:func:`mlp_vision.training.run.training_run.parse_run_args`), the ``-c`` file, then the command line.
 Keys may be written as the flag (``weight-decay``) or its destination (``weight_decay``); an unknown key is
 an error, so a typo in a recipe cannot be silently ignored, and every value must have the flag's type
 (``batch_size: 32.5`` is an error, as ``--batch-size 32.5`` is).
@@ -169,8 +169,8 @@ def recipe_folder() -> Optional[Path]:
     ``configs/`` there), else ``configs/`` beside the package folder (a checkout, and an editable install, whose
     package folder is the checkout's); None when neither exists. Only one: beside an installed package is
     site-packages, whose ``configs/`` (if any) is another distribution's."""
-    shipped = Path(str(importlib.resources.files('mlp_vision'))) / 'configs'
-    checkout = Path(__file__).resolve().parents[2] / 'configs'
+    package = Path(str(importlib.resources.files('mlp_vision')))
+    shipped, checkout = package / 'configs', package.resolve().parent / 'configs'
     return next((folder for folder in (shipped, checkout) if folder.is_dir()), None)
 
 

@@ -1,7 +1,7 @@
 """ Checkpoints: atomic writes, last / best / top-N bookkeeping that survives a resume, RNG state capture,
 and safe loading of checkpoint files (ours, timm's train.py's, foreign state dicts, safetensors).
 
-Our training checkpoints (:mod:`mlp_vision.training.run` writes them for both trainers) are dicts of tensors and
+Our training checkpoints (:mod:`mlp_vision.training.run.training_run` writes them for both trainers) are dicts of tensors and
 plain Python values, so they load with ``torch.load(weights_only=True)``. No file is ever unpickled in full
 unless the caller passes ``trust=True`` (the scripts' ``--trust-checkpoint``): a full unpickle runs whatever code
 the file names, so a file that needs one stops with a message saying so.

@@ -1,10 +1,10 @@
 """ The optimizer and schedule of the text trainers: the recipes of ``configs/text/`` (yaml files keyed by the
-trainer's flag names, as the image recipes of ``configs/``, read by :func:`mlp_vision.training.config.load_yaml_config`),
+trainer's flag names, as the image recipes of ``configs/``, read by :func:`mlp_vision.training.run.config.load_yaml_config`),
 the AdamW groups and timm's per-update schedule.
 
 A recipe fills only the flags left unset (None) on the command line; ``warmup_steps`` is capped at a tenth of
 ``--steps`` unless ``--warmup-steps`` is given (a tenth of ``--steps`` when the recipe has none). The fills are
-derived values (:class:`~mlp_vision.training.config.RunArgs`): ``args.yaml`` keeps the flags as given, and a resume
+derived values (:class:`~mlp_vision.training.run.config.RunArgs`): ``args.yaml`` keeps the flags as given, and a resume
 fills them again (from ``--steps`` as it is then).
 """
 from typing import Dict, Tuple
@@ -13,9 +13,9 @@ import torch
 import torch.nn as nn
 from timm.optim import create_optimizer_v2
 
-from ...text.bigs import bigs_param_groups
-from ..config import find_recipe, load_yaml_config
-from .args import build_parser
+from mlp_vision.text.bigs import bigs_param_groups
+from mlp_vision.training.run.config import find_recipe, load_yaml_config
+from mlp_vision.training.tasks.text_args import build_parser
 
 __all__ = ['RECIPES', 'FINETUNE_RECIPE', 'TIMM_SCHED', 'load_recipe', 'apply_recipe', 'apply_family_recipe',
            'create_optimizer', 'lm_schedule', 'params_note']

@@ -11,17 +11,17 @@ import torch
 import torch.nn as nn
 from safetensors.torch import load_file
 
-from ...text.bigs import (
+from mlp_vision.text.bigs import (
     BiGSForSequenceClassification, convert_official_bigs_state_dict, load_official_bigs_state_dict)
-from ...text.modeling_utils import WEIGHTS_NAME, check_text_model_size, check_tokenizer_fits, is_saved_folder, \
+from mlp_vision.text.modeling_utils import WEIGHTS_NAME, check_text_model_size, check_tokenizer_fits, is_saved_folder, \
     weight_file_shapes
-from ...text.registry import create_model, is_model, list_models, load_config, model_class, model_entry
-from ...text.tokenizer import DEFAULT_CONTROL_TOKENS, Tokenizer, byte_tokenizer, char_tokenizer, find_tokenizer, \
+from mlp_vision.text.registry import create_model, is_model, list_models, load_config, model_class, model_entry
+from mlp_vision.text.tokenizer import DEFAULT_CONTROL_TOKENS, Tokenizer, byte_tokenizer, char_tokenizer, find_tokenizer, \
     tokenizer_from_dict
-from ...weights import load_backbone
-from ..checkpoint import load_checkpoint_file
+from mlp_vision.weights import load_backbone
+from mlp_vision.training.run.checkpoint import load_checkpoint_file
 from mlp_vision.errors import UsageError
-from .data import tokenizer_from_path
+from mlp_vision.training.tasks.text_data import tokenizer_from_path
 
 __all__ = ['CLASSIFY_FAMILIES', 'InitReport', 'init_classifier', 'scratch_tokenizer']
 

@@ -18,11 +18,11 @@ Checkpoint payload (every value a tensor or plain Python value, so it loads with
     threads it ran with: a resume keeps them), arch, <position key> ('epoch': last completed epoch | 'step': completed
     updates), num_updates, model_cfg, state_dict, optimizer, scheduler, schedule (create_scheduler_v2 kwargs),
     amp_scaler, rng_states (one per rank), metric, args (as given), derived (the values derived from them: a scaled
-    lr, the data's class count, recipe fills; :class:`~mlp_vision.training.config.RunArgs`), checkpoint_history, + the
+    lr, the data's class count, recipe fills; :class:`~mlp_vision.training.run.config.RunArgs`), checkpoint_history, + the
     trainer's own fields
 
 ``last.pth`` holds all of it; ``model_best.pth`` / ``checkpoint-N.pth`` leave out ``optimizer`` and ``amp_scaler``
-unless ``--keep-optimizer-state`` (:class:`~mlp_vision.training.checkpoint.CheckpointManager`'s ``resume_only``), and
+unless ``--keep-optimizer-state`` (:class:`~mlp_vision.training.run.checkpoint.CheckpointManager`'s ``resume_only``), and
 ``--resume`` of such a file needs ``--no-resume-opt`` (:func:`parse_run_args`).
 """
 import argparse
@@ -44,17 +44,17 @@ import torch.nn as nn
 from timm.scheduler import create_scheduler_v2
 from timm.utils import NativeScaler, dispatch_clip_grad, unwrap_model
 
-from .checkpoint import (
+from mlp_vision.training.run.checkpoint import (
     CHECKPOINT_VERSION, TRUST_FLAG, CheckpointManager, atomic_write_text, open_own_file, check_optimizer_state, check_settings_state,
     clean_stale_temp_files, get_rng_state, keep_previous, load_checkpoint_file, load_model_weights, set_rng_state)
-from .checkpoint import check_rng_state
-from .config import RunArgs, args_to_yaml, merge_settings, parse_given, read_yaml_file
-from .distributed import DistInfo, all_gather_objects, state_dict_digest
+from mlp_vision.training.run.checkpoint import check_rng_state
+from mlp_vision.training.run.config import RunArgs, args_to_yaml, merge_settings, parse_given, read_yaml_file
+from mlp_vision.training.run.distributed import DistInfo, all_gather_objects, state_dict_digest
 from mlp_vision.errors import Interrupted, RunError, UsageError, add_bound_arguments, short_repr
-from .log import add_log_file, remove_log_file
-from .run_folder import (
+from mlp_vision.training.run.log import add_log_file, remove_log_file
+from mlp_vision.training.run.folder import (
     FolderLock, check_own_files, is_run_id, new_run_folder, newer_than, read_run_id, write_run_id)
-from .summary import SummaryWriter, write_json
+from mlp_vision.training.run.summary import SummaryWriter, write_json
 
 __all__ = [
     'RUN_CONTROL_ARGS', 'add_run_arguments', 'add_common_arguments', 'parse_run_args', 'setup_amp', 'UpdateStep', 'create_lr_scheduler',
@@ -100,11 +100,11 @@ def parse_run_args(
         base_configs: Union[Sequence[str], Callable[[Mapping[str, Any]], Sequence[str]]] = (),
         recipes: bool = False,
 ) -> Tuple[RunArgs, Optional[Dict[str, Any]]]:
-    """Parse ``argv`` once (:func:`~mlp_vision.training.config.parse_given`); with ``--resume`` the checkpoint is
+    """Parse ``argv`` once (:func:`~mlp_vision.training.run.config.parse_given`); with ``--resume`` the checkpoint is
     loaded (once, safely), checked to be a ``kind`` training checkpoint, and its saved arguments as given become
-    the defaults under ``-c`` and the command line (:func:`~mlp_vision.training.config.merge_settings`, which
+    the defaults under ``-c`` and the command line (:func:`~mlp_vision.training.run.config.merge_settings`, which
     takes ``base_configs``: files, or a function of the settings above them). ``recipes``: ``-c NAME`` may name a
-    shipped recipe (:func:`~mlp_vision.training.config.find_recipe`).
+    shipped recipe (:func:`~mlp_vision.training.run.config.find_recipe`).
 
     Returns (args, the loaded resume checkpoint or None). ``args.resumed_settings`` holds the saved arguments,
     ``args.resumed_derived`` the values the run derived from them (its checkpoint's ``derived``; a checkpoint
@@ -347,7 +347,7 @@ class TrainingRun:
 
     def stop_signal(self) -> int:
         """This process's SIGINT / SIGTERM number (0: none). Local, no collective: the step loop
-        (:meth:`mlp_vision.training.loop.StepLoop.update`) agrees on it across the ranks at points every rank reaches
+        (:meth:`mlp_vision.training.run.loop.StepLoop.update`) agrees on it across the ranks at points every rank reaches
         in the same order, inside its one per-update all-reduce."""
         return self._signal
 
@@ -470,7 +470,7 @@ class TrainingRun:
 
         A new run gets a new folder (``NAME-1`` if NAME exists) and a new run id. ``--resume`` continues in the
         checkpoint's own folder only when, under that folder's lock, the folder is the checkpoint's run and holds
-        nothing newer (:func:`~mlp_vision.training.run_folder.newer_than`); otherwise (an earlier checkpoint, another
+        nothing newer (:func:`~mlp_vision.training.run.folder.newer_than`); otherwise (an earlier checkpoint, another
         run's or a non-run folder, another ``--output`` / ``--experiment``) the run continues in a new folder, so no
         run's later checkpoints or outputs, and no file that is not a run's, are replaced (:meth:`_resume_folder`).
         A folder in use by another process, or holding links or FIFOs, is refused.
@@ -524,7 +524,7 @@ class TrainingRun:
     def _write_settings(self, output_dir: Path) -> None:
         """Remove a killed run's temporary files, then write ``args.yaml`` (the arguments as given; an earlier,
         different one is kept) and ``derived.yaml`` (the values derived from them so far, see
-        :class:`~mlp_vision.training.config.RunArgs`; every checkpoint holds them too)."""
+        :class:`~mlp_vision.training.run.config.RunArgs`; every checkpoint holds them too)."""
         removed = clean_stale_temp_files(output_dir)
         if removed:
             _logger.info(f'removed {len(removed)} temporary files left by a killed run: '

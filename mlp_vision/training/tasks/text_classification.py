@@ -61,20 +61,20 @@ import torch.distributed as dist
 import torch.nn as nn
 from timm.utils import ModelEmaV3, random_seed
 
-from ...text.modeling_utils import check_text_activations, check_text_model_size
-from ...text.registry import model_class
-from ...text.tokenizer import Tokenizer, encode_with_template, unknown_character, tokenizer_from_dict, tokenizer_kind, \
+from mlp_vision.text.modeling_utils import check_text_activations, check_text_model_size
+from mlp_vision.text.registry import model_class
+from mlp_vision.text.tokenizer import Tokenizer, encode_with_template, unknown_character, tokenizer_from_dict, tokenizer_kind, \
     tokenizer_to_dict
-from ..checkpoint import atomic_folder, load_checkpoint_file
+from mlp_vision.training.run.checkpoint import atomic_folder, load_checkpoint_file
 from mlp_vision.errors import Interrupted, UsageError, short_repr
-from ..loop import format_duration, warn_global_batch_beyond_data
-from ..driver import Optimization, StepTask
-from ..run import TrainingRun
-from ..summary import plot_curves
-from .classifier_init import CLASSIFY_FAMILIES, InitReport, init_classifier, scratch_tokenizer
-from .data import check_unknown_tokens
-from .lm import STEP_STOP_ADVICE, setup_optimization
-from .recipes import FINETUNE_RECIPE, apply_recipe, load_recipe, params_note
+from mlp_vision.training.run.loop import format_duration, warn_global_batch_beyond_data
+from mlp_vision.training.run.driver import Optimization, StepTask
+from mlp_vision.training.run.training_run import TrainingRun
+from mlp_vision.training.run.summary import plot_curves
+from mlp_vision.training.tasks.classifier_init import CLASSIFY_FAMILIES, InitReport, init_classifier, scratch_tokenizer
+from mlp_vision.training.tasks.text_data import check_unknown_tokens
+from mlp_vision.training.tasks.language_model import STEP_STOP_ADVICE, setup_optimization
+from mlp_vision.training.tasks.text_recipes import FINETUNE_RECIPE, apply_recipe, load_recipe, params_note
 
 __all__ = [
     'LabelledData', 'read_labelled_file', 'label_ids', 'encode_examples', 'collate', 'classification_metrics',
@@ -413,7 +413,7 @@ def _build_classifier(args, run: TrainingRun, data: ClassifyData) -> Tuple[nn.Mo
 
 
 class ClassificationTask(StepTask):
-    """Sequence classification for :func:`~mlp_vision.training.driver.drive`: epochs of the training examples in a
+    """Sequence classification for :func:`~mlp_vision.training.run.driver.drive`: epochs of the training examples in a
     seeded order (the incomplete tail dropped, so every batch has one size), cross-entropy, dev accuracy / F1 / MCC;
     with ``--model-ema`` the average is evaluated (and the raw weights' accuracy reported beside it)."""
     logger = _logger

@@ -8,7 +8,7 @@ import os
 import sys
 from pathlib import Path
 
-from .checkpoint import open_own_file
+from mlp_vision.training.run.checkpoint import open_own_file
 
 __all__ = ['setup_logging', 'add_log_file', 'remove_log_file']
 
@@ -40,7 +40,7 @@ def setup_logging(primary: bool = True) -> None:
 
 class _OwnFileHandler(logging.FileHandler):
     """A ``FileHandler`` that appends only to a regular file of its own, never through a symbolic link
-    (:func:`~mlp_vision.training.checkpoint.open_own_file`)."""
+    (:func:`~mlp_vision.training.run.checkpoint.open_own_file`)."""
 
     def _open(self):
         return open(open_own_file(self.baseFilename, os.O_WRONLY | os.O_APPEND | os.O_CREAT), 'a',

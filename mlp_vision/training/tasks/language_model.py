@@ -3,7 +3,7 @@ masked LM (``--task causal`` / ``mlm`` of ``python -m mlp_vision.train_text``).
 
 One step-based loop for every registered text model; the run itself (outputs, resume, checkpoints, AMP and the
 optimizer step, timm's LR schedule, NaN and signal stops, results) is the training core of
-:mod:`mlp_vision.training.run`, shared with ``train.py``; the data is :mod:`.data`::
+:mod:`mlp_vision.training.run.training_run`, shared with ``train.py``; the data is :mod:`.text_data`::
 
     # char-level causal LM on Tiny Shakespeare (first 90 % train, last 10 % validation)
     python -m mlp_vision.train_text --task causal --model gpt_mlp_attention \\
@@ -26,7 +26,7 @@ global RNG. The tokenizer is stored in every checkpoint and saved with the model
 
 Optimizer: AdamW (timm's ``create_optimizer_v2``: no weight decay on biases / norms / 1-D parameters; BiGS: the
 official decay mask of :func:`~mlp_vision.text.bigs.bigs_param_groups`) with the recipe of the model family
-(``configs/text/``, :mod:`.recipes`); every value can be overridden. Schedule (timm's, per update): linear warmup over
+(``configs/text/``, :mod:`.text_recipes`); every value can be overridden. Schedule (timm's, per update): linear warmup over
 ``--warmup-steps`` from LR / warmup_steps, then ``--sched`` ``cosine`` | ``linear`` (to ``--min-lr-ratio`` x LR)
 | ``constant``.
 
@@ -51,22 +51,22 @@ import torch.distributed as dist
 import torch.nn as nn
 from timm.utils import random_seed, unwrap_model
 
-from ...text.modeling_utils import check_text_activations
-from ...text.modeling_utils import masked_lm_loss as lm_loss  # token cross-entropy; causal labels are already shifted
-from ...text.registry import create_model
-from ...text.tokenizer import SUBWORD_KINDS, Tokenizer, tokenizer_from_dict, tokenizer_kind, tokenizer_to_dict
-from ..checkpoint import atomic_folder, atomic_write_text, preserve_rng
-from ..distributed import DistInfo, all_gather_objects
+from mlp_vision.text.modeling_utils import check_text_activations
+from mlp_vision.text.modeling_utils import masked_lm_loss as lm_loss  # token cross-entropy; causal labels are already shifted
+from mlp_vision.text.registry import create_model
+from mlp_vision.text.tokenizer import SUBWORD_KINDS, Tokenizer, tokenizer_from_dict, tokenizer_kind, tokenizer_to_dict
+from mlp_vision.training.run.checkpoint import atomic_folder, atomic_write_text, preserve_rng
+from mlp_vision.training.run.distributed import DistInfo, all_gather_objects
 from mlp_vision.errors import UsageError
-from ..loop import format_duration, warn_global_batch_beyond_data
-from ..driver import Optimization, StepTask
-from ..run import TrainingRun, UpdateStep, create_lr_scheduler, setup_amp
-from ..summary import plot_curves
-from .args import task_model_entry
-from .data import (
+from mlp_vision.training.run.loop import format_duration, warn_global_batch_beyond_data
+from mlp_vision.training.run.driver import Optimization, StepTask
+from mlp_vision.training.run.training_run import TrainingRun, UpdateStep, create_lr_scheduler, setup_amp
+from mlp_vision.training.run.summary import plot_curves
+from mlp_vision.training.tasks.text_args import task_model_entry
+from mlp_vision.training.tasks.text_data import (
     Batch, MLMMasker, build_tokenizer, causal_eval_batches, check_unknown_tokens, encode_text, mlm_eval_batches,
     read_text_file, sample_causal_batch, sample_mlm_batch, subset_batches, tokenizer_from_path, unigram_mlm_baseline)
-from .recipes import apply_family_recipe, create_optimizer, lm_schedule, params_note
+from mlp_vision.training.tasks.text_recipes import apply_family_recipe, create_optimizer, lm_schedule, params_note
 
 __all__ = ['forward_logits', 'evaluate_lm', 'LMData', 'LMTask', 'setup_optimization', 'command_line']
 
@@ -225,7 +225,7 @@ def _build_model(args, run: TrainingRun, entry, tokenizer: Tokenizer) -> Tuple[n
 
 
 def setup_optimization(args, run: TrainingRun, model: nn.Module, family: str) -> Optimization:
-    """AdamW of the recipe (:mod:`.recipes`, already applied to ``args``), AMP and the per-update schedule of a text
+    """AdamW of the recipe (:mod:`.text_recipes`, already applied to ``args``), AMP and the per-update schedule of a text
     task's ``model`` (on its device); the driver restores them from ``--resume``."""
     optimizer = create_optimizer(model, family, args)
     amp_autocast, loss_scaler, amp_dtype = setup_amp(args.amp, args.amp_dtype, run.dist_info.device)
@@ -238,7 +238,7 @@ def setup_optimization(args, run: TrainingRun, model: nn.Module, family: str) ->
 
 
 class LMTask(StepTask):
-    """Causal / masked LM for :func:`~mlp_vision.training.driver.drive`: random blocks of the training tokens (a
+    """Causal / masked LM for :func:`~mlp_vision.training.run.driver.drive`: random blocks of the training tokens (a
     generator of their own, seeded by ``--seed`` and the rank), token cross-entropy, perplexity on the periodic
     validation batches."""
     logger = _logger

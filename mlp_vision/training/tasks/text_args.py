@@ -1,18 +1,18 @@
 """ The flags of the text trainer (``python -m mlp_vision.train_text`` / ``mlp-vision-text-train``) and their checks.
 
 Every value that cannot work is one line before a file is read or a model is built; the flags left at None take
-their value later, from the recipe (:mod:`.recipes`) or the model, and are checked only when given.
+their value later, from the recipe (:mod:`.text_recipes`) or the model, and are checked only when given.
 """
 import argparse
 
 from timm.utils import ParseKwargs
 
-from ...text.registry import is_model, list_models, model_entry
-from ...text.tokenizer import SUBWORD_KINDS, check_vocab_size
-from ..config import SEED_MAX
-from ..model import add_compile_arguments, check_compile_backend
+from mlp_vision.text.registry import is_model, list_models, model_entry
+from mlp_vision.text.tokenizer import SUBWORD_KINDS, check_vocab_size
+from mlp_vision.training.run.config import SEED_MAX
+from mlp_vision.training.run.compile import add_compile_arguments, check_compile_backend
 from mlp_vision.errors import ArgumentParser, DefaultsHelpFormatter, UsageError, check_range
-from ..run import add_run_arguments
+from mlp_vision.training.run.training_run import add_run_arguments
 from mlp_vision.errors import add_allow_regex_argument  # the opt-in past check_no_regex (issue 33)
 from mlp_vision.threads import THREADS_RANGE, add_threads_argument
 
@@ -46,7 +46,7 @@ def _add_task_and_data(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group('Task and data')
     g.add_argument('--task', default='causal', choices=sorted(TASKS),
                    help='causal LM, masked LM, or classify (fine-tune on a labelled TSV / CSV, see '
-                        'mlp_vision.training.text.classification)')
+                        'mlp_vision.training.tasks.text_classification)')
     g.add_argument('--text-columns', default='', type=str, metavar='COL[,COL]',
                    help='classify: the text column or sentence pair (default: sentence, else sentence1,sentence2)')
     g.add_argument('--label-column', default='label', type=str, metavar='COL', help='classify: the label column')

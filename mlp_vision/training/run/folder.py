@@ -10,7 +10,7 @@ epochs and branches off instead of overwriting them.
 
 The lock is a POSIX record lock on ``.lock`` (not ``flock``: forked data-loader workers do not inherit it, so a killed
 run's orphaned workers cannot keep its folder locked). Every file a run writes is opened without following links
-(:func:`~mlp_vision.training.checkpoint.open_own_file`), and a folder holding a link or a FIFO is refused
+(:func:`~mlp_vision.training.run.checkpoint.open_own_file`), and a folder holding a link or a FIFO is refused
 (:func:`check_own_files`).
 """
 import csv
@@ -25,8 +25,8 @@ from typing import Optional
 import torch
 
 from mlp_vision.errors import UsageError
-from .checkpoint import atomic_write_text, open_own_file
-from .summary import SummaryWriter
+from mlp_vision.training.run.checkpoint import atomic_write_text, open_own_file
+from mlp_vision.training.run.summary import SummaryWriter
 
 __all__ = ['RUN_FILE', 'new_run_folder', 'write_run_id', 'read_run_id', 'is_run_id', 'FolderLock', 'check_own_files',
            'saved_position', 'newer_than']
