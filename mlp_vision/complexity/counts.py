@@ -8,6 +8,7 @@ materialised with ``to_empty(device='cpu')``, zero-filled (no random init, deter
 a zero image: the counts depend only on shapes.
 """
 import fnmatch
+import traceback
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -123,12 +124,8 @@ def count_bert_large(seq_len: int) -> Count:
 # ------------------------------------------------------------------------------------------------------------------
 # model names
 # ------------------------------------------------------------------------------------------------------------------
-def _bigs_names() -> List[str]:
-    return [f'bigs_large_{n}' for n in BIGS_LENGTHS]
-
-
-def _bert_names() -> List[str]:
-    return [f'bert_large_{n}' for n in BIGS_LENGTHS]
+_BIGS_NAMES = [f'bigs_large_{n}' for n in BIGS_LENGTHS]
+_BERT_NAMES = [f'bert_large_{n}' for n in BIGS_LENGTHS]  # the BERT-large baselines, counted by count_bert_large
 
 
 def known_models() -> List[str]:
@@ -136,8 +133,8 @@ def known_models() -> List[str]:
     BERT-large baselines."""
     from .. import VISION_MODELS
     import mlp_vision.text as mt
-    text = [n for n in mt.list_models() if n not in _bigs_names()]
-    return list(VISION_MODELS) + text + _bigs_names() + _bert_names()
+    text = [n for n in mt.list_models() if n not in _BIGS_NAMES]
+    return list(VISION_MODELS) + text + _BIGS_NAMES + _BERT_NAMES
 
 
 def resolve_models(patterns: Optional[Sequence[str]]) -> List[str]:
@@ -160,7 +157,7 @@ def family(name: str) -> str:
     from .. import VISION_MODELS
     if name in VISION_MODELS:
         return 'vision'
-    if name in _bert_names():
+    if name in _BERT_NAMES:
         return 'bert'
     return 'text'
 
@@ -198,12 +195,8 @@ class CountCache:
             try:
                 self.cache[key] = count(name, size)
             except Exception as e:  # reported as ERROR rows
-                where = ''
-                tb = e.__traceback__
-                while tb is not None:
-                    if 'mlp_vision' in tb.tb_frame.f_code.co_filename:
-                        where = f' at {tb.tb_frame.f_code.co_filename.split("mlp_vision")[-1]}:{tb.tb_lineno}'
-                    tb = tb.tb_next
+                ours = [f for f in traceback.extract_tb(e.__traceback__) if 'mlp_vision' in f.filename]
+                where = f' at {ours[-1].filename.split("mlp_vision")[-1]}:{ours[-1].lineno}' if ours else ''
                 msg = str(e).splitlines()[0][:160] if str(e) else ''
                 self.problems[key] = ('ERROR', f'error counting {name}: {type(e).__name__}: {msg}{where}')
         return self.cache[key]
