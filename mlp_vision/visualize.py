@@ -12,15 +12,8 @@ The three views of the papers:
   (causal) and backward (anti-causal) SSM, i.e. the S4D kernel ``K`` with ``D`` at lag 0; BiGS shares one kernel
   across all channels of a layer and direction, so there is one curve per direction.
 
-The model comes from a checkpoint of ``mlp-vision-train`` or another state dict (loaded as ``mlp-vision-validate``
-loads it: never unpickled unless ``--trust-checkpoint``), a text-model folder written by ``save_pretrained``, or a
-model name (timm's registry, random init or ``--pretrained``; or the text registry)::
-
-    python -m mlp_vision.visualize output/train/EXP/model_best.pth --out figs/
-    python -m mlp_vision.visualize output/text/EXP/pretrained --out figs/
-    python -m mlp_vision.visualize gmlp_s --pretrained --out figs/
-
-PNGs go to ``--out``, which must be new or empty: nothing already there is overwritten.
+The model: a training checkpoint or state dict (loaded as ``mlp-vision-validate`` loads it), a ``save_pretrained``
+folder or a model name (:func:`load_model`); usage in the README. Nothing in ``--out`` is overwritten.
 """
 import argparse
 import math
