@@ -492,7 +492,7 @@ def peak_memory(spec: str, mode: str, args: argparse.Namespace) -> Dict[str, flo
     cmd = [sys.executable, '-m', 'mlp_vision.benchmark', '--memprobe', f'{spec}|{mode}', '--model', spec]
     cmd += ['--threads', str(torch.get_num_threads())]  # the count this run chose, not the child's own default
     for k in ('batch_size', 'img_size', 'num_classes', 'device', 'precision', 'seed', 'seq_len', 'dim',
-              'hidden_dim', 'num_states', 'heads', 'ffn_dim'):
+              'hidden_dim', 'num_states', 'bigs_conv_impl', 'heads', 'ffn_dim'):
         v = getattr(args, k)
         if v is not None:
             cmd += [f'--{k.replace("_", "-")}', str(v)]

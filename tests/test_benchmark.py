@@ -208,3 +208,21 @@ def test_error_notes_end_at_a_whole_word():
     assert len(cut) <= NOTE_CHARS and f'RuntimeError: {" ".join(str(e).split())}'.startswith(cut + ' ')
     assert rest.endswith(' more characters)') and '\n' not in note
     assert error_summary(ValueError('short')) == 'ValueError: short'
+
+
+def test_memory_probe_child_builds_the_same_contender(monkeypatch):
+    """The memory probe's child process is given every flag that shapes the contender and its step (regression: it
+    ran bigs_layer with the default --bigs-conv-impl whatever the parent's)."""
+    from mlp_vision import benchmark
+    flags = ['--model', 'bigs_layer', '--bigs-conv-impl', 'fft', '--dim', '24', '--hidden-dim', '40',
+             '--num-states', '4', '--seq-len', '16', '-b', '3', '--precision', 'bf16', '--seed', '7']
+    parent = benchmark.parse_args(flags)
+    commands = []
+    monkeypatch.setattr(benchmark.subprocess, 'run', lambda cmd, **kw: commands.append(cmd) or 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        benchmark.peak_memory('bigs_layer', 'train', parent)
+    child = benchmark.parse_args(commands[0][3:])  # after python -m mlp_vision.benchmark
+    assert child.memprobe == 'bigs_layer|train'
+    for key in ('bigs_conv_impl', 'dim', 'hidden_dim', 'num_states', 'seq_len', 'batch_size', 'precision', 'seed',
+                'heads', 'ffn_dim', 'device', 'channels_last'):
+        assert getattr(child, key) == getattr(parent, key), key
