@@ -524,24 +524,20 @@ def _memprobe_main(args: argparse.Namespace) -> None:
     model = build(spec, args)
     runner = Runner(model, mode, args, input_size(spec, model, args))
     device = runner.device
-    if device.type == 'cuda':
-        runner.step()
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        base = torch.cuda.memory_allocated()
-        runner.step()
-        torch.cuda.synchronize()
-        peak = torch.cuda.max_memory_allocated()
-        print(json.dumps({'peak_mem_mb': peak / 2 ** 20, 'step_mem_mb': (peak - base) / 2 ** 20}))
-        return
     runner.step()  # allocator pools, optimizer state, lazy init
-    rss_before = _current_rss()
+    _sync(device)
+    if device.type == 'cuda':
+        torch.cuda.reset_peak_memory_stats(device)
+    base = torch.cuda.memory_allocated(device) if device.type == 'cuda' else _current_rss()
     runner.step()
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
-    print(json.dumps({'peak_mem_mb': peak / 2 ** 20, 'step_mem_mb': max(peak - rss_before, 0) / 2 ** 20}))
+    _sync(device)
+    peak = (torch.cuda.max_memory_allocated(device) if device.type == 'cuda'
+            else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+    print(json.dumps({'peak_mem_mb': peak / 2 ** 20, 'step_mem_mb': max(peak - base, 0) / 2 ** 20}))
 
 
 def _current_rss() -> int:
+    """Resident set size in bytes now (ru_maxrss, the peak, is in KiB on Linux)."""
     with open('/proc/self/statm') as f:
         return int(f.read().split()[1]) * os.sysconf('SC_PAGE_SIZE')
 
