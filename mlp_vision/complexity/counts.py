@@ -1,8 +1,8 @@
 """ Parameters and MACs of one model: building it without memory, tracing it with fvcore, caching the counts.
 
 Models are built on ``device='meta'`` (no memory, no init). Text models (up to gMLP-xlarge, 941 M), BiGS and the
-BERT-large baseline are traced on meta directly (a text model whose forward cannot run on meta falls back to CPU
-with zero weights; :attr:`Count.traced_on` says which). Vision models contain convolutions, whose meta kernel
+BERT-large baseline are traced on meta directly (one whose forward cannot run on meta is an ERROR row of the
+report). Vision models contain convolutions, whose meta kernel
 cannot run under the JIT tracer (it compares traced sizes: ``TypeError: cond must be a bool``), so they are
 materialised with ``to_empty(device='cpu')``, zero-filled (no random init, deterministic) and traced on CPU with
 a zero image: the counts depend only on shapes.
@@ -101,18 +101,10 @@ def count_text(name: str, seq_len: Optional[int] = None, label: Optional[str] = 
         raise ValueError(f'{name}: --seq-len must be in [1, {max_len}] (its maximum sequence length), got {seq_len}')
     model = mt.create_model(name, device='meta', **overrides).eval()
     encoder = next((a for a in _ENCODER_ATTR if isinstance(getattr(model, a, None), nn.Module)), None)
-    params = _param_count(model)
-    try:
-        ids = torch.zeros(1, seq_len, dtype=torch.long, device='meta')
-        counted, traced_on = count_module(model, (ids,), encoder), 'meta'
-    except Exception as e:  # a forward that cannot run on meta: count it on CPU with zero weights
-        reason = f'{type(e).__name__}: {str(e).splitlines()[0][:80]}' if str(e) else type(e).__name__
-        model = _materialise_zeros(model)
-        ids = torch.zeros(1, seq_len, dtype=torch.long)
-        counted, traced_on = count_module(model, (ids,), encoder), f'cpu (zero weights; meta failed: {reason})'
-    total, by_op, uncounted, enc = counted
-    return Count(label or name, f'1x{seq_len} tokens', params, total, by_op, uncounted, encoder_macs=enc,
-                 traced_on=traced_on)
+    total, by_op, uncounted, enc = count_module(model, (torch.zeros(1, seq_len, dtype=torch.long, device='meta'),),
+                                                encoder)
+    return Count(label or name, f'1x{seq_len} tokens', _param_count(model), total, by_op, uncounted,
+                 encoder_macs=enc)
 
 
 def count_bert_large(seq_len: int) -> Count:
