@@ -1,7 +1,6 @@
 """ Inference / training-step throughput of timm models (ours and any registered one), alone or in pairs.
 
-Run as ``mlp-vision-benchmark`` or ``python -m mlp_vision.benchmark`` (installed package), or ``python
-benchmark.py`` in a checkout (the same code).
+Run as ``mlp-vision-benchmark`` / ``python -m mlp_vision.benchmark``, or ``python benchmark.py`` in a checkout.
 
 In the spirit of timm's ``benchmark.py``: throughput (images/s), step time, peak memory and achieved GFLOP/s
 against this machine's measured matrix-multiply rate, for any registered model, on CPU or CUDA, in
@@ -14,7 +13,7 @@ of a pair about equally, so the ratio is much steadier than either throughput on
 
 Contenders:
     NAME             any timm-registered model (``import mlp_vision`` registers ours), e.g. ``smlpnet_t``,
-                     ``gmlp_s16_224`` (timm's own).
+                     ``gmlp_s16_224`` (timm's own); ``local-dir:FOLDER``, a training run's pretrained/ folder.
     ref:NAME         the straightforward sMLPNet (the reference ``smlpnet.py`` kept with the checkout's tests, outside
                      the installed package) built as the twin of our ``NAME`` (same config, our weights). ``ref:``
                      contenders need the checkout's ``benchmark.py`` (``python benchmark.py``), which hands this
@@ -31,16 +30,7 @@ Contenders:
 In a pair, B's weights are loaded into A through A's ``checkpoint_filter_fn`` (so ``--compare gmlp_s
 gmlp_s16_224`` runs ours with timm's weights); a ``ref:`` or ``fused:`` contender is built from the other one.
 
-Results go to ``--out PREFIX`` as PREFIX.csv, PREFIX.json and PREFIX.md (markdown table + environment).
-
-Examples::
-
-    python benchmark.py --model smlpnet_t gmlp_s --bench both --batch-size 32 --threads 2
-    python benchmark.py --compare smlpnet_t ref:smlpnet_t --bench both --batch-size 32 --threads 2 \\
-        --out results/benchmarks/cpu_2t_smlpnet_t
-    python benchmark.py --compare gmlp_s gmlp_s16_224 --device cuda --precision amp_bf16 --channels-last --compile
-    python benchmark.py --compare bigs_layer ref:bigs_layer --seq-len 128 -b 8 --bench both --threads 2
-    python benchmark.py --compare bigs_layer bert_layer --seq-len 4096 -b 1 --threads 2
+Results: ``--out PREFIX`` (PREFIX.csv / .json / .md), else a markdown table on stdout. Example commands: README.
 """
 import argparse
 import csv
