@@ -470,6 +470,10 @@ def _cached_macs(spec: str, model: nn.Module, in_size: Tuple[int, ...], cache: D
     return cache[spec, in_size]
 
 
+_MEMPROBE_CHILD = ('import sys; from mlp_vision.benchmark import main; '
+                   'main(sys.argv[2:], prog="python -m mlp_vision.benchmark", reference_dir=sys.argv[1] or None)')
+
+
 def peak_memory(spec: str, mode: str, args: argparse.Namespace) -> Dict[str, float]:
     """Peak memory of one step.
 
@@ -479,7 +483,9 @@ def peak_memory(spec: str, mode: str, args: argparse.Namespace) -> Dict[str, flo
     left in use, plus the peak RSS of the whole process. First-touch effects make this an upper bound.
     """
     progress(f'{spec}, {mode}: peak memory (a child process runs two steps)')
-    cmd = [sys.executable, '-m', 'mlp_vision.benchmark', '--memprobe', f'{spec}|{mode}', '--model', spec]
+    # this command in a child, handed the checkout's reference folder (a ref: contender's) as an argument
+    cmd = [sys.executable, '-c', _MEMPROBE_CHILD, str(REFERENCE_DIR or '')]
+    cmd += ['--memprobe', f'{spec}|{mode}', '--model', spec]
     cmd += ['--threads', str(torch.get_num_threads())]  # the count this run chose, not the child's own default
     for k in ('batch_size', 'img_size', 'num_classes', 'device', 'precision', 'seed', 'seq_len', 'dim',
               'hidden_dim', 'num_states', 'bigs_conv_impl', 'heads', 'ffn_dim'):

@@ -221,8 +221,19 @@ def test_memory_probe_child_builds_the_same_contender(monkeypatch):
     monkeypatch.setattr(benchmark.subprocess, 'run', lambda cmd, **kw: commands.append(cmd) or 1 / 0)
     with pytest.raises(ZeroDivisionError):
         benchmark.peak_memory('bigs_layer', 'train', parent)
-    child = benchmark.parse_args(commands[0][3:])  # after python -m mlp_vision.benchmark
+    child = benchmark.parse_args(commands[0][4:])  # after python -c CODE REFERENCE_DIR
     assert child.memprobe == 'bigs_layer|train'
     for key in ('bigs_conv_impl', 'dim', 'hidden_dim', 'num_states', 'seq_len', 'batch_size', 'precision', 'seed',
                 'heads', 'ffn_dim', 'device', 'channels_last'):
         assert getattr(child, key) == getattr(parent, key), key
+
+
+def test_memory_probe_of_a_reference_contender(monkeypatch):
+    """The memory probe's child has the checkout's reference folder too (regression: it ran without it, so a
+    ``ref:`` contender's probe failed and its memory columns were missing)."""
+    from mlp_vision import benchmark
+    monkeypatch.setattr(benchmark, 'REFERENCE_DIR', REPO / 'tests' / 'reference')  # as the checkout's benchmark.py
+    args = benchmark.parse_args(['--model', 'ref:bigs_layer', '--dim', '8', '--hidden-dim', '16', '--num-states',
+                                 '2', '--seq-len', '8', '-b', '1', '--threads', '1'])
+    memory = benchmark.peak_memory('ref:bigs_layer', 'train', args)
+    assert set(memory) == {'peak_mem_mb', 'step_mem_mb'} and memory['peak_mem_mb'] > 0
