@@ -835,6 +835,7 @@ def _main(argv, prog: str) -> None:
         _memprobe_main(args)
         return
     _run_start = time.monotonic()
+    PROFILES.clear()  # this run's tables only, when main is called again in one process
     progress(threads)
     # as typed: python benchmark.py ... in a checkout, mlp-vision-benchmark ... / python -m mlp_vision.benchmark ...
     env = environment(args, ('python ' if prog.endswith('.py') else '') + ' '.join([prog, shlex.join(argv)]))

@@ -237,3 +237,14 @@ def test_memory_probe_of_a_reference_contender(monkeypatch):
                                  '2', '--seq-len', '8', '-b', '1', '--threads', '1'])
     memory = benchmark.peak_memory('ref:bigs_layer', 'train', args)
     assert set(memory) == {'peak_mem_mb', 'step_mem_mb'} and memory['peak_mem_mb'] > 0
+
+
+def test_profile_file_holds_only_its_own_run(tmp_path):
+    """Two runs in one process: the second's _profile.txt has its own table only (regression: the tables of every
+    earlier run in the process were written again)."""
+    from mlp_vision import benchmark
+    for run in ('first', 'second'):
+        benchmark.main(['--model', 'mixer_s16', '--img-size', '32', '-b', '1', '--samples', '1', '--warmup', '0',
+                        '--min-sample-time', '0.01', '--threads', '1', '--no-memory', '--no-ceiling', '--no-flops',
+                        '--profile', '--out', str(tmp_path / run)])
+    assert (tmp_path / 'second_profile.txt').read_text().count('\n## ') == 1
