@@ -1,7 +1,6 @@
 """ Inference / training-step throughput of timm models (ours and any registered one), alone or in pairs.
 
-Run as ``mlp-vision-benchmark`` or ``python -m mlp_vision.benchmark`` (installed package), or ``python
-benchmark.py`` in a checkout (the same code).
+Run as ``mlp-vision-benchmark`` / ``python -m mlp_vision.benchmark``, or ``python benchmark.py`` in a checkout.
 
 In the spirit of timm's ``benchmark.py``: throughput (images/s), step time, peak memory and achieved GFLOP/s
 against this machine's measured matrix-multiply rate, for any registered model, on CPU or CUDA, in
@@ -14,7 +13,7 @@ of a pair about equally, so the ratio is much steadier than either throughput on
 
 Contenders:
     NAME             any timm-registered model (``import mlp_vision`` registers ours), e.g. ``smlpnet_t``,
-                     ``gmlp_s16_224`` (timm's own).
+                     ``gmlp_s16_224`` (timm's own); ``local-dir:FOLDER``, a training run's pretrained/ folder.
     ref:NAME         the straightforward sMLPNet (the reference ``smlpnet.py`` kept with the checkout's tests, outside
                      the installed package) built as the twin of our ``NAME`` (same config, our weights). ``ref:``
                      contenders need the checkout's ``benchmark.py`` (``python benchmark.py``), which hands this
@@ -31,16 +30,7 @@ Contenders:
 In a pair, B's weights are loaded into A through A's ``checkpoint_filter_fn`` (so ``--compare gmlp_s
 gmlp_s16_224`` runs ours with timm's weights); a ``ref:`` or ``fused:`` contender is built from the other one.
 
-Results go to ``--out PREFIX`` as PREFIX.csv, PREFIX.json and PREFIX.md (markdown table + environment).
-
-Examples::
-
-    python benchmark.py --model smlpnet_t gmlp_s --bench both --batch-size 32 --threads 2
-    python benchmark.py --compare smlpnet_t ref:smlpnet_t --bench both --batch-size 32 --threads 2 \\
-        --out results/benchmarks/cpu_2t_smlpnet_t
-    python benchmark.py --compare gmlp_s gmlp_s16_224 --device cuda --precision amp_bf16 --channels-last --compile
-    python benchmark.py --compare bigs_layer ref:bigs_layer --seq-len 128 -b 8 --bench both --threads 2
-    python benchmark.py --compare bigs_layer bert_layer --seq-len 4096 -b 1 --threads 2
+Results: ``--out PREFIX`` (PREFIX.csv / .json / .md), else a markdown table on stdout. Example commands: README.
 """
 import argparse
 import csv
@@ -73,10 +63,9 @@ from mlp_vision.layers import BidirectionalGatedSSM
 from mlp_vision.training.run.checkpoint import atomic_write_text
 from mlp_vision.training.run.config import SEED_MAX, check_flag_ranges
 from mlp_vision.threads import THREADS_RANGE, add_threads_argument, set_threads
-from mlp_vision.errors import parse_device
-from mlp_vision.errors import ArgumentParser, UsageError, run_cli
-from mlp_vision.training.tasks.image_model import is_local_dir
+from mlp_vision.errors import ArgumentParser, UsageError, parse_device, run_cli
 from mlp_vision.training.run.compile import COMPILE_MODES
+from mlp_vision.training.tasks.image_model import is_local_dir
 
 PRECISIONS = ('fp32', 'bf16', 'fp16', 'amp_bf16', 'amp_fp16')
 LAYERS = ('bigs_layer', 'bert_layer')  # sequence-layer contenders (tokens/s); ref:bigs_layer is the straightforward one
@@ -338,6 +327,16 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def _seconds_per_call(fn: Callable[[], Any], calls: int, device: torch.device, clock: Callable[[], float]) -> float:
+    """Seconds per call over ``calls`` consecutive calls of ``fn`` (the device synchronised before and after)."""
+    _sync(device)
+    t0 = clock()
+    for _ in range(calls):
+        fn()
+    _sync(device)
+    return (clock() - t0) / calls
+
+
 class Runner:
     """Prepares one contender for one mode and runs steps of it."""
 
@@ -377,12 +376,7 @@ class Runner:
 
     def timed(self, iters: int) -> float:
         """Seconds per step over ``iters`` consecutive steps."""
-        _sync(self.device)
-        t0 = self.clock()
-        for _ in range(iters):
-            self.step()
-        _sync(self.device)
-        return (self.clock() - t0) / iters
+        return _seconds_per_call(self.step, iters, self.device, self.clock)
 
     def warmup(self, n: int) -> float:
         """Untimed steps; returns the fastest. The first step's time is kept as ``first_step_s``: with
@@ -401,8 +395,8 @@ class Runner:
 PROFILES: List[str] = []
 
 
-def profile_step(runner: 'Runner', label: str, rows: int = 15) -> None:
-    """Top operators of one step by self time (torch.profiler), kept for the _profile.txt output."""
+def profile_step(runner: 'Runner', spec: str, rows: int = 15) -> None:
+    """Top operators of one step of ``spec`` by self time (torch.profiler), kept for the _profile.txt output."""
     from torch.profiler import ProfilerActivity, profile
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if runner.device.type == 'cuda' else [])
     runner.step()
@@ -411,6 +405,7 @@ def profile_step(runner: 'Runner', label: str, rows: int = 15) -> None:
         _sync(runner.device)
     sort = 'self_cuda_time_total' if runner.device.type == 'cuda' else 'self_cpu_time_total'
     table = prof.key_averages().table(sort_by=sort, row_limit=rows, max_name_column_width=36)
+    label = f'{spec}, {runner.mode}, batch {runner.x.shape[0]}, {torch.get_num_threads()} threads'
     PROFILES.append(f'## {label}\n\n{table}\n')
     print(PROFILES[-1], flush=True)
 
@@ -426,15 +421,7 @@ def _iters_for(step_time: float, args: argparse.Namespace) -> int:
 def _best_time(fn: Callable[[], Any], device: torch.device, reps: int, clock: Callable[[], float],
                rounds: int = 5) -> float:
     fn()
-    best = float('inf')
-    for _ in range(rounds):
-        _sync(device)
-        t0 = clock()
-        for _ in range(reps):
-            fn()
-        _sync(device)
-        best = min(best, (clock() - t0) / reps)
-    return best
+    return min(_seconds_per_call(fn, reps, device, clock) for _ in range(rounds))
 
 
 def matmul_ceiling(device: torch.device, precision: str, clock: Callable[[], float] = time.perf_counter
@@ -476,6 +463,18 @@ def count_macs(model: nn.Module, in_size: Tuple[int, ...]) -> float:
         model.train(was_training)
 
 
+def _cached_macs(spec: str, model: nn.Module, in_size: Tuple[int, ...], cache: Dict[Any, float]) -> float:
+    """:func:`count_macs`, once per contender and input size of a run (``--bench both`` builds each twice)."""
+    if (spec, in_size) not in cache:
+        progress(f'{spec}: counting MACs (fvcore)')
+        cache[spec, in_size] = count_macs(model, in_size)
+    return cache[spec, in_size]
+
+
+_MEMPROBE_CHILD = ('import sys; from mlp_vision.benchmark import main; '
+                   'main(sys.argv[2:], prog="python -m mlp_vision.benchmark", reference_dir=sys.argv[1] or None)')
+
+
 def peak_memory(spec: str, mode: str, args: argparse.Namespace) -> Dict[str, float]:
     """Peak memory of one step.
 
@@ -484,10 +483,13 @@ def peak_memory(spec: str, mode: str, args: argparse.Namespace) -> Dict[str, flo
     reports the growth of its peak resident set size (ru_maxrss) during a second step beyond what the first step
     left in use, plus the peak RSS of the whole process. First-touch effects make this an upper bound.
     """
-    cmd = [sys.executable, '-m', 'mlp_vision.benchmark', '--memprobe', f'{spec}|{mode}', '--model', spec]
+    progress(f'{spec}, {mode}: peak memory (a child process runs two steps)')
+    # this command in a child, handed the checkout's reference folder (a ref: contender's) as an argument
+    cmd = [sys.executable, '-c', _MEMPROBE_CHILD, str(REFERENCE_DIR or '')]
+    cmd += ['--memprobe', f'{spec}|{mode}', '--model', spec]
     cmd += ['--threads', str(torch.get_num_threads())]  # the count this run chose, not the child's own default
     for k in ('batch_size', 'img_size', 'num_classes', 'device', 'precision', 'seed', 'seq_len', 'dim',
-              'hidden_dim', 'num_states', 'heads', 'ffn_dim'):
+              'hidden_dim', 'num_states', 'bigs_conv_impl', 'heads', 'ffn_dim'):
         v = getattr(args, k)
         if v is not None:
             cmd += [f'--{k.replace("_", "-")}', str(v)]
@@ -519,24 +521,20 @@ def _memprobe_main(args: argparse.Namespace) -> None:
     model = build(spec, args)
     runner = Runner(model, mode, args, input_size(spec, model, args))
     device = runner.device
-    if device.type == 'cuda':
-        runner.step()
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        base = torch.cuda.memory_allocated()
-        runner.step()
-        torch.cuda.synchronize()
-        peak = torch.cuda.max_memory_allocated()
-        print(json.dumps({'peak_mem_mb': peak / 2 ** 20, 'step_mem_mb': (peak - base) / 2 ** 20}))
-        return
     runner.step()  # allocator pools, optimizer state, lazy init
-    rss_before = _current_rss()
+    _sync(device)
+    if device.type == 'cuda':
+        torch.cuda.reset_peak_memory_stats(device)
+    base = torch.cuda.memory_allocated(device) if device.type == 'cuda' else _current_rss()
     runner.step()
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
-    print(json.dumps({'peak_mem_mb': peak / 2 ** 20, 'step_mem_mb': max(peak - rss_before, 0) / 2 ** 20}))
+    _sync(device)
+    peak = (torch.cuda.max_memory_allocated(device) if device.type == 'cuda'
+            else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+    print(json.dumps({'peak_mem_mb': peak / 2 ** 20, 'step_mem_mb': max(peak - base, 0) / 2 ** 20}))
 
 
 def _current_rss() -> int:
+    """Resident set size in bytes now (ru_maxrss, the peak, is in KiB on Linux)."""
     with open('/proc/self/statm') as f:
         return int(f.read().split()[1]) * os.sysconf('SC_PAGE_SIZE')
 
@@ -588,13 +586,7 @@ def run_single(spec: str, args, env, macs_cache) -> List[Dict[str, Any]]:
         progress(f'{spec}, {mode}: building')
         model = build(spec, args)
         in_size = input_size(spec, model, args)
-        macs = None
-        if not args.no_flops:
-            key = (spec, in_size)
-            if key not in macs_cache:
-                progress(f'{spec}: counting MACs (fvcore)')
-                macs_cache[key] = count_macs(model, in_size)
-            macs = macs_cache[key]
+        macs = None if args.no_flops else _cached_macs(spec, model, in_size, macs_cache)
         runner = Runner(model, mode, args, in_size, label=f'{spec}, {mode}')
         iters = _iters_for(runner.warmup(args.warmup), args)
         times = []
@@ -603,7 +595,7 @@ def run_single(spec: str, args, env, macs_cache) -> List[Dict[str, Any]]:
             progress(f'{spec}, {mode}: sample {k + 1}/{args.samples} ({iters} steps): {times[-1] * 1e3:.1f} ms/step')
         t = statistics.median(times)
         if args.profile:
-            profile_step(runner, f'{spec}, {mode}, batch {args.batch_size}, {torch.get_num_threads()} threads')
+            profile_step(runner, spec)
         row = dict(model=spec, **_row_common(args, mode, in_size), step_ms=1e3 * t,
                    step_ms_min=1e3 * min(times), **_rate('', in_size, args.batch_size, t), samples=len(times),
                    iters=iters)
@@ -611,7 +603,6 @@ def run_single(spec: str, args, env, macs_cache) -> List[Dict[str, Any]]:
         if args.compile:
             row.update(compile_s=runner.first_step_s)
         if not args.no_memory:
-            progress(f'{spec}, {mode}: peak memory (a child process runs two steps)')
             row.update(peak_memory(spec, mode, args))
         rows.append(row)
         print(_fmt_row(row), flush=True)
@@ -650,14 +641,8 @@ def run_pair(a_spec: str, b_spec: str, args, env, macs_cache) -> List[Dict[str, 
             raise UsageError(f'{a_spec} takes {in_size} inputs and {b_spec} {input_size(b_spec, b, args)}: pass '
                              f'--img-size to compare them at one size')
         diff, scale = _max_diff(a, b, in_size, args) if same_function else (None, None)
-        macs = {}
-        for spec, m in ((a_spec, a), (b_spec, b)):
-            if not args.no_flops:
-                key = (spec, in_size)
-                if key not in macs_cache:
-                    progress(f'{spec}: counting MACs (fvcore)')
-                    macs_cache[key] = count_macs(m, in_size)
-                macs[spec] = macs_cache[key]
+        macs = {} if args.no_flops else {spec: _cached_macs(spec, m, in_size, macs_cache)
+                                         for spec, m in ((a_spec, a), (b_spec, b))}
         ra = Runner(a, mode, args, in_size, label=f'A {a_spec}, {mode}')
         rb = Runner(b, mode, args, in_size, label=f'B {b_spec}, {mode}')
         # warm both up, then size the samples from the slower one so each sample has >= min_sample_time
@@ -680,8 +665,8 @@ def run_pair(a_spec: str, b_spec: str, args, env, macs_cache) -> List[Dict[str, 
                      f'{t_a * 1e3:.1f}, B {t_b * 1e3:.1f} ms/step')
         ta, tb = statistics.median(times_a), statistics.median(times_b)
         if args.profile:
-            for spec, runner in ((a_spec, ra), (b_spec, rb)):
-                profile_step(runner, f'{spec}, {mode}, batch {args.batch_size}, {torch.get_num_threads()} threads')
+            profile_step(ra, a_spec)
+            profile_step(rb, b_spec)
         q = statistics.quantiles(ratios, n=4) if len(ratios) >= 2 else [ratios[0]] * 3
         row = dict(
             model=a_spec, baseline=b_spec, **_row_common(args, mode, in_size),
@@ -699,7 +684,6 @@ def run_pair(a_spec: str, b_spec: str, args, env, macs_cache) -> List[Dict[str, 
         del ra, rb, a, b
         if not args.no_memory:
             for prefix, spec in (('', a_spec), ('base_', b_spec)):
-                progress(f'{spec}, {mode}: peak memory (a child process runs two steps)')
                 row.update({prefix + k: v for k, v in peak_memory(spec, mode, args).items()})
         rows.append(row)
         print(_fmt_row(row), flush=True)
@@ -754,7 +738,7 @@ def environment(args, command: str) -> Dict[str, Any]:
         cpu = names[0] if names else cpu
     except OSError:
         pass
-    env = dict(
+    return dict(
         date_utc=datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d %H:%M UTC'),
         host=platform.node(), cpu=cpu, logical_cpus=os.cpu_count(), device=args.device,
         device_name=torch.cuda.get_device_name(args.device) if args.device.startswith('cuda') else cpu,
@@ -764,7 +748,6 @@ def environment(args, command: str) -> Dict[str, Any]:
         python=platform.python_version(), load_avg_start=os.getloadavg(),
         command=command,
     )
-    return env
 
 
 _MD_COLS_PAIR = [
@@ -819,11 +802,8 @@ def markdown(rows: List[Dict[str, Any]], env: Dict[str, Any], args) -> str:
 def write_results(rows, env, args) -> None:
     prefix = args.out
     os.makedirs(os.path.dirname(os.path.abspath(prefix)), exist_ok=True)
-    keys: List[str] = []
-    for r in rows:
-        keys += [k for k in r if k not in keys]
     table = io.StringIO()
-    w = csv.DictWriter(table, fieldnames=keys)
+    w = csv.DictWriter(table, fieldnames=list(dict.fromkeys(k for r in rows for k in r)))  # every row's, in order
     w.writeheader()
     w.writerows(rows)
     atomic_write_text(prefix + '.csv', table.getvalue())
@@ -856,6 +836,7 @@ def _main(argv, prog: str) -> None:
         _memprobe_main(args)
         return
     _run_start = time.monotonic()
+    PROFILES.clear()  # this run's tables only, when main is called again in one process
     progress(threads)
     # as typed: python benchmark.py ... in a checkout, mlp-vision-benchmark ... / python -m mlp_vision.benchmark ...
     env = environment(args, ('python ' if prog.endswith('.py') else '') + ' '.join([prog, shlex.join(argv)]))

@@ -12,15 +12,8 @@ The three views of the papers:
   (causal) and backward (anti-causal) SSM, i.e. the S4D kernel ``K`` with ``D`` at lag 0; BiGS shares one kernel
   across all channels of a layer and direction, so there is one curve per direction.
 
-The model comes from a checkpoint of ``mlp-vision-train`` or another state dict (loaded as ``mlp-vision-validate``
-loads it: never unpickled unless ``--trust-checkpoint``), a text-model folder written by ``save_pretrained``, or a
-model name (timm's registry, random init or ``--pretrained``; or the text registry)::
-
-    python -m mlp_vision.visualize output/train/EXP/model_best.pth --out figs/
-    python -m mlp_vision.visualize output/text/EXP/pretrained --out figs/
-    python -m mlp_vision.visualize gmlp_s --pretrained --out figs/
-
-PNGs go to ``--out``, which must be new or empty: nothing already there is overwritten.
+The model: a training checkpoint or state dict (loaded as ``mlp-vision-validate`` loads it), a ``save_pretrained``
+folder or a model name (:func:`load_model`); usage in the README. Nothing in ``--out`` is overwritten.
 """
 import argparse
 import math
@@ -120,7 +113,11 @@ def _pyplot():
     return plt
 
 
-def _save(fig, path: str) -> str:
+def _finish(fig, path: str, *title_lines: str, fontsize: int = 8) -> str:
+    """Title the figure (each line wrapped to its width), lay it out, write it to ``path`` and close it."""
+    chars = int(fig.get_figwidth() * 110 / fontsize)
+    fig.suptitle('\n'.join(textwrap.fill(line, chars) for line in title_lines), fontsize=fontsize)
+    fig.tight_layout()
     if os.path.exists(path):  # --out was empty; two figures of one run never share a name
         raise UsageError(f'{path} exists; nothing is overwritten')
     fig.savefig(path, dpi=DPI)
@@ -132,12 +129,6 @@ def _symmetric(values: torch.Tensor) -> Dict[str, Any]:
     """imshow arguments: a diverging map centred on 0, scaled to the largest |value|."""
     vmax = values.abs().max().item() or 1.
     return dict(cmap='RdBu_r', vmin=-vmax, vmax=vmax, interpolation='nearest')
-
-
-def _suptitle(fig, *lines: str, fontsize: int = 8) -> None:
-    """The figure's title, each line wrapped to the figure's width."""
-    chars = int(fig.get_figwidth() * 110 / fontsize)
-    fig.suptitle('\n'.join(textwrap.fill(line, chars) for line in lines), fontsize=fontsize)
 
 
 def _integer_ticks(ax) -> None:
@@ -175,42 +166,42 @@ def draw_spatial_filters(projections: Named, grid: Tuple[int, int], out: str, ti
                 if row == 0:
                     ax.set_title(f'token ({r}, {c})', fontsize=7)
             axes[row, 0].set_ylabel(_layer_label(name, start + row), fontsize=7)
-        _suptitle(fig, f'gMLP spatial projection W: the row of each token (black +) on the {grid[0]}x{grid[1]} '
-                       f'patch grid; red +, blue -, each filter scaled to its own max |w|', title, fontsize=7)
-        fig.tight_layout()
         end = start + len(chunk) - 1
-        paths.append(_save(fig, os.path.join(out, f'gmlp_spatial_filters_layers{start:02d}-{end:02d}.png')))
+        paths.append(_finish(fig, os.path.join(out, f'gmlp_spatial_filters_layers{start:02d}-{end:02d}.png'),
+                             f'gMLP spatial projection W: the row of each token (black +) on the {grid[0]}x{grid[1]} '
+                             f'patch grid; red +, blue -, each filter scaled to its own max |w|', title, fontsize=7))
     return paths
 
 
-def _panels(plt, count: int, cols: int = 4, size: Tuple[float, float] = (3.0, 2.1)):
-    """A figure with ``count`` line-plot panels, ``cols`` per row; the unused panels hidden."""
-    cols = min(cols, count)
-    rows = math.ceil(count / cols)
-    fig, axes = plt.subplots(rows, cols, squeeze=False, figsize=(size[0] * cols, size[1] * rows + 0.6))
-    flat = list(axes.flat)
-    for ax in flat[count:]:
+def _curve_panels(named: Named, plot: Callable[[Any, torch.Tensor], None], xlabel: str, path: str,
+                  *title_lines: str) -> str:
+    """One line-plot panel per layer, 4 per row (the unused ones hidden): ``plot(ax, values)`` draws its curves,
+    then the zero line, the layer's label and ``xlabel``."""
+    cols = min(4, len(named))
+    rows = math.ceil(len(named) / cols)
+    fig, axes = _pyplot().subplots(rows, cols, squeeze=False, figsize=(3.0 * cols, 2.1 * rows + 0.6))
+    for ax in list(axes.flat)[len(named):]:
         ax.set_visible(False)
-    return fig, flat[:count]
+    for index, (ax, (name, values)) in enumerate(zip(axes.flat, named)):
+        plot(ax, values)
+        ax.axhline(0, color='k', lw=0.4)
+        ax.set_title(_layer_label(name, index), fontsize=8)
+        ax.tick_params(labelsize=7)
+        ax.set_xlabel(xlabel, fontsize=7)
+    return _finish(fig, path, *title_lines)
 
 
 def draw_sequence_filters(projections: Named, out: str, title: str, max_offset: int = 64) -> List[str]:
     """Text gMLP (paper Fig. 4 view): per layer, the centre token's row of ``W`` over the offset j - i."""
-    plt = _pyplot()
-    fig, axes = _panels(plt, len(projections))
-    for index, (ax, (name, w)) in enumerate(zip(axes, projections)):
-        centre = w.shape[0] // 2
-        offsets = torch.arange(w.shape[1]) - centre
+    def plot(ax, w):
+        offsets = torch.arange(w.shape[1]) - w.shape[0] // 2
         keep = offsets.abs() <= max_offset
-        ax.plot(offsets[keep].numpy(), w[centre][keep].numpy(), lw=0.9)
-        ax.axhline(0, color='k', lw=0.4)
-        ax.set_title(_layer_label(name, index), fontsize=8)
-        ax.tick_params(labelsize=7)
-        ax.set_xlabel('input token j - output token i', fontsize=7)
-    _suptitle(fig, f'gMLP spatial projection W: the row of the centre token (i = {centre}) over the relative '
-                   f'position', title)
-    fig.tight_layout()
-    return [_save(fig, os.path.join(out, 'gmlp_text_spatial_filters.png'))]
+        ax.plot(offsets[keep].numpy(), w[w.shape[0] // 2][keep].numpy(), lw=0.9)
+    centre = projections[-1][1].shape[0] // 2
+    return [_curve_panels(projections, plot, 'input token j - output token i',
+                          os.path.join(out, 'gmlp_text_spatial_filters.png'),
+                          f'gMLP spatial projection W: the row of the centre token (i = {centre}) over the relative '
+                          f'position', title)]
 
 
 def draw_axial_weights(weights: List[Tuple[str, torch.Tensor, torch.Tensor]], out: str, title: str) -> List[str]:
@@ -236,30 +227,22 @@ def draw_axial_weights(weights: List[Tuple[str, torch.Tensor, torch.Tensor]], ou
         axes[0, 0].set_ylabel('H-mixing\noutput row i', fontsize=7)
         axes[1, 0].set_ylabel('W-mixing\noutput column i', fontsize=7)
         size = f'{blocks[0][1].shape[0]}x{blocks[0][1].shape[0]} / {blocks[0][2].shape[0]}x{blocks[0][2].shape[0]}'
-        _suptitle(fig, f'sMLPNet stage {stage}: axial mixing weights W[i, j] ({size}; red +, blue -)', title)
-        fig.tight_layout()
-        paths.append(_save(fig, os.path.join(out, f'smlp_axial_weights_stage{stage}.png')))
+        paths.append(_finish(fig, os.path.join(out, f'smlp_axial_weights_stage{stage}.png'),
+                             f'sMLPNet stage {stage}: axial mixing weights W[i, j] ({size}; red +, blue -)', title))
     return paths
 
 
 def draw_ssm_responses(responses: Named, out: str, title: str, max_lag: int = 64) -> List[str]:
     """BiGS: per layer, the forward SSM's weights of earlier tokens (offset <= 0) and the backward SSM's of later
     tokens (offset >= 0) as curves over the offset; lag 0 includes ``D``."""
-    plt = _pyplot()
-    fig, axes = _panels(plt, len(responses))
-    for index, (ax, (name, r)) in enumerate(zip(axes, responses)):
+    def plot(ax, r):
         lags = torch.arange(min(r.shape[1], max_lag + 1))
         ax.plot(-lags.numpy(), r[0, :len(lags)].numpy(), lw=0.9, label=f'forward (D + K[0] = {r[0, 0]:.2f})')
         ax.plot(lags.numpy(), r[1, :len(lags)].numpy(), lw=0.9, label=f'backward (D + K[0] = {r[1, 0]:.2f})')
-        ax.axhline(0, color='k', lw=0.4)
-        ax.set_title(_layer_label(name, index), fontsize=8)
-        ax.tick_params(labelsize=7)
-        ax.set_xlabel('input token j - output token t', fontsize=7)
         ax.legend(fontsize=6)
-    _suptitle(fig, 'BiGS SSM convolution kernels (S4D K, D added at lag 0): one per layer and direction, shared by '
-                   'all channels', title)
-    fig.tight_layout()
-    return [_save(fig, os.path.join(out, 'bigs_ssm_kernels.png'))]
+    return [_curve_panels(responses, plot, 'input token j - output token t', os.path.join(out, 'bigs_ssm_kernels.png'),
+                          'BiGS SSM convolution kernels (S4D K, D added at lag 0): one per layer and direction, '
+                          'shared by all channels', title)]
 
 
 # ------------------------------------------------------------------------------------------------ the command
@@ -336,19 +319,18 @@ def visualize(args: argparse.Namespace, progress: Callable[[str], None] = print)
         raise UsageError(f'{what} has none of the layers this command draws (gMLP spatial gating units, sMLPNet '
                          f'axial sMLPs, BiGS SSMs)')
     os.makedirs(args.out, exist_ok=True)
-    title = what
     progress(f'[{time.monotonic() - start:.0f} s] loaded {what}')
     drawings = []
     if projections:
         grid = token_grid(model, projections[0][1].shape[0])
         if grid is not None:
-            drawings.append(lambda: draw_spatial_filters(projections, grid, args.out, title, args.grid_tokens))
+            drawings.append(lambda: draw_spatial_filters(projections, grid, args.out, what, args.grid_tokens))
         else:
-            drawings.append(lambda: draw_sequence_filters(projections, args.out, title, args.max_lag))
+            drawings.append(lambda: draw_sequence_filters(projections, args.out, what, args.max_lag))
     if axial:
-        drawings.append(lambda: draw_axial_weights(axial, args.out, title))
+        drawings.append(lambda: draw_axial_weights(axial, args.out, what))
     if responses:
-        drawings.append(lambda: draw_ssm_responses(responses, args.out, title, args.max_lag))
+        drawings.append(lambda: draw_ssm_responses(responses, args.out, what, args.max_lag))
     paths = []
     for draw in drawings:
         for path in draw():

@@ -208,3 +208,43 @@ def test_error_notes_end_at_a_whole_word():
     assert len(cut) <= NOTE_CHARS and f'RuntimeError: {" ".join(str(e).split())}'.startswith(cut + ' ')
     assert rest.endswith(' more characters)') and '\n' not in note
     assert error_summary(ValueError('short')) == 'ValueError: short'
+
+
+def test_memory_probe_child_builds_the_same_contender(monkeypatch):
+    """The memory probe's child process is given every flag that shapes the contender and its step (regression: it
+    ran bigs_layer with the default --bigs-conv-impl whatever the parent's)."""
+    from mlp_vision import benchmark
+    flags = ['--model', 'bigs_layer', '--bigs-conv-impl', 'fft', '--dim', '24', '--hidden-dim', '40',
+             '--num-states', '4', '--seq-len', '16', '-b', '3', '--precision', 'bf16', '--seed', '7']
+    parent = benchmark.parse_args(flags)
+    commands = []
+    monkeypatch.setattr(benchmark.subprocess, 'run', lambda cmd, **kw: commands.append(cmd) or 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        benchmark.peak_memory('bigs_layer', 'train', parent)
+    child = benchmark.parse_args(commands[0][4:])  # after python -c CODE REFERENCE_DIR
+    assert child.memprobe == 'bigs_layer|train'
+    for key in ('bigs_conv_impl', 'dim', 'hidden_dim', 'num_states', 'seq_len', 'batch_size', 'precision', 'seed',
+                'heads', 'ffn_dim', 'device', 'channels_last'):
+        assert getattr(child, key) == getattr(parent, key), key
+
+
+def test_memory_probe_of_a_reference_contender(monkeypatch):
+    """The memory probe's child has the checkout's reference folder too (regression: it ran without it, so a
+    ``ref:`` contender's probe failed and its memory columns were missing)."""
+    from mlp_vision import benchmark
+    monkeypatch.setattr(benchmark, 'REFERENCE_DIR', REPO / 'tests' / 'reference')  # as the checkout's benchmark.py
+    args = benchmark.parse_args(['--model', 'ref:bigs_layer', '--dim', '8', '--hidden-dim', '16', '--num-states',
+                                 '2', '--seq-len', '8', '-b', '1', '--threads', '1'])
+    memory = benchmark.peak_memory('ref:bigs_layer', 'train', args)
+    assert set(memory) == {'peak_mem_mb', 'step_mem_mb'} and memory['peak_mem_mb'] > 0
+
+
+def test_profile_file_holds_only_its_own_run(tmp_path):
+    """Two runs in one process: the second's _profile.txt has its own table only (regression: the tables of every
+    earlier run in the process were written again)."""
+    from mlp_vision import benchmark
+    for run in ('first', 'second'):
+        benchmark.main(['--model', 'mixer_s16', '--img-size', '32', '-b', '1', '--samples', '1', '--warmup', '0',
+                        '--min-sample-time', '0.01', '--threads', '1', '--no-memory', '--no-ceiling', '--no-flops',
+                        '--profile', '--out', str(tmp_path / run)])
+    assert (tmp_path / 'second_profile.txt').read_text().count('\n## ') == 1

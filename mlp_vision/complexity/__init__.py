@@ -1,14 +1,6 @@
 """ Complexity report: parameters and MACs of every model, beside the paper tables (fvcore).
 
-Usage::
-
-    python -m mlp_vision.complexity                                  # full report (markdown) to stdout
-    python -m mlp_vision.complexity --output results/complexity.md results/complexity.csv   # the committed one
-    python -m mlp_vision.complexity --models 'smlpnet_*' 'bigs_*' --format csv
-    python -m mlp_vision.complexity --img-size 384 --models gmlp_ti gmlp_s gmlp_b   # vision models at 384 x 384
-    python -m mlp_vision.complexity --models 'gpt_*' --seq-len 128
-    python -m mlp_vision.complexity --plot results/complexity_scaling.png
-
+Usage: ``python -m mlp_vision.complexity --help``; the committed report is :data:`.report.COMMAND`'s output.
 Exit status: 0, or 1 when a paper row FAILs or a model could not be counted (ERROR), 2 for bad arguments.
 
 From Python::

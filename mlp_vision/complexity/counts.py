@@ -1,13 +1,14 @@
 """ Parameters and MACs of one model: building it without memory, tracing it with fvcore, caching the counts.
 
 Models are built on ``device='meta'`` (no memory, no init). Text models (up to gMLP-xlarge, 941 M), BiGS and the
-BERT-large baseline are traced on meta directly (a text model whose forward cannot run on meta falls back to CPU
-with zero weights; :attr:`Count.traced_on` says which). Vision models contain convolutions, whose meta kernel
+BERT-large baseline are traced on meta directly (one whose forward cannot run on meta is an ERROR row of the
+report). Vision models contain convolutions, whose meta kernel
 cannot run under the JIT tracer (it compares traced sizes: ``TypeError: cond must be a bool``), so they are
 materialised with ``to_empty(device='cpu')``, zero-filled (no random init, deterministic) and traced on CPU with
 a zero image: the counts depend only on shapes.
 """
 import fnmatch
+import traceback
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -101,18 +102,10 @@ def count_text(name: str, seq_len: Optional[int] = None, label: Optional[str] = 
         raise ValueError(f'{name}: --seq-len must be in [1, {max_len}] (its maximum sequence length), got {seq_len}')
     model = mt.create_model(name, device='meta', **overrides).eval()
     encoder = next((a for a in _ENCODER_ATTR if isinstance(getattr(model, a, None), nn.Module)), None)
-    params = _param_count(model)
-    try:
-        ids = torch.zeros(1, seq_len, dtype=torch.long, device='meta')
-        counted, traced_on = count_module(model, (ids,), encoder), 'meta'
-    except Exception as e:  # a forward that cannot run on meta: count it on CPU with zero weights
-        reason = f'{type(e).__name__}: {str(e).splitlines()[0][:80]}' if str(e) else type(e).__name__
-        model = _materialise_zeros(model)
-        ids = torch.zeros(1, seq_len, dtype=torch.long)
-        counted, traced_on = count_module(model, (ids,), encoder), f'cpu (zero weights; meta failed: {reason})'
-    total, by_op, uncounted, enc = counted
-    return Count(label or name, f'1x{seq_len} tokens', params, total, by_op, uncounted, encoder_macs=enc,
-                 traced_on=traced_on)
+    total, by_op, uncounted, enc = count_module(model, (torch.zeros(1, seq_len, dtype=torch.long, device='meta'),),
+                                                encoder)
+    return Count(label or name, f'1x{seq_len} tokens', _param_count(model), total, by_op, uncounted,
+                 encoder_macs=enc)
 
 
 def count_bert_large(seq_len: int) -> Count:
@@ -124,12 +117,8 @@ def count_bert_large(seq_len: int) -> Count:
 # ------------------------------------------------------------------------------------------------------------------
 # model names
 # ------------------------------------------------------------------------------------------------------------------
-def _bigs_names() -> List[str]:
-    return [f'bigs_large_{n}' for n in BIGS_LENGTHS]
-
-
-def _bert_names() -> List[str]:
-    return [f'bert_large_{n}' for n in BIGS_LENGTHS]
+_BIGS_NAMES = [f'bigs_large_{n}' for n in BIGS_LENGTHS]
+_BERT_NAMES = [f'bert_large_{n}' for n in BIGS_LENGTHS]  # the BERT-large baselines, counted by count_bert_large
 
 
 def known_models() -> List[str]:
@@ -137,8 +126,8 @@ def known_models() -> List[str]:
     BERT-large baselines."""
     from .. import VISION_MODELS
     import mlp_vision.text as mt
-    text = [n for n in mt.list_models() if n not in _bigs_names()]
-    return list(VISION_MODELS) + text + _bigs_names() + _bert_names()
+    text = [n for n in mt.list_models() if n not in _BIGS_NAMES]
+    return list(VISION_MODELS) + text + _BIGS_NAMES + _BERT_NAMES
 
 
 def resolve_models(patterns: Optional[Sequence[str]]) -> List[str]:
@@ -162,7 +151,7 @@ def family(name: str) -> str:
     from .. import VISION_MODELS
     if name in VISION_MODELS:
         return 'vision'
-    if name in _bert_names():
+    if name in _BERT_NAMES:
         return 'bert'
     return 'text'
 
@@ -200,12 +189,8 @@ class CountCache:
             try:
                 self.cache[key] = count(name, size)
             except Exception as e:  # reported as ERROR rows
-                where = ''
-                tb = e.__traceback__
-                while tb is not None:
-                    if 'mlp_vision' in tb.tb_frame.f_code.co_filename:
-                        where = f' at {tb.tb_frame.f_code.co_filename.split("mlp_vision")[-1]}:{tb.tb_lineno}'
-                    tb = tb.tb_next
+                ours = [f for f in traceback.extract_tb(e.__traceback__) if 'mlp_vision' in f.filename]
+                where = f' at {ours[-1].filename.split("mlp_vision")[-1]}:{ours[-1].lineno}' if ours else ''
                 msg = str(e).splitlines()[0][:160] if str(e) else ''
                 self.problems[key] = ('ERROR', f'error counting {name}: {type(e).__name__}: {msg}{where}')
         return self.cache[key]

@@ -1,19 +1,7 @@
-""" fvcore plumbing: the op handles this project adds to fvcore's, and one call that counts a module.
-
-fvcore's stock handles are kept (linear, conv, einsum, bmm, norms: LayerNorm 5 / eval BatchNorm 2 per element).
-The handles here cover ops the stock set skips or miscounts (see ``docs/complexity.md``):
-
-* ``aten::matmul`` / ``aten::mm``: broadcast-aware, ``prod(output shape) x K``. The stock handle multiplies the
-  *first* operand's shape by the last output dim, which drops broadcast batch dims of the second operand.
-* ``aten::baddbmm`` / ``addbmm`` / ``addmv`` and their in-place forms, ``addmm_``: the MACs of the product;
-  ``aten::mv`` / ``dot`` / ``vdot``.
-* ``aten::scaled_dot_product_attention``: ``Q K^T + A V`` over the full L x S score matrix (causal or not), what
-  explicit matmuls would count; fvcore alone sees nothing inside fused attention.
-* FFTs: 2.5 N log2 N FLOPs per real transform of N points (5 N log2 N per complex one), charged as half of that
-  in MACs so that the report's FLOPs (2 x MACs) carry exactly 2.5 N log2 N.
-
-Element-wise ops and lookups (:data:`NON_MAC_OPS`) are not multiply-accumulates and stay uncounted, as in the
-papers.
+""" fvcore plumbing: the op handles this project adds to fvcore's (kept: linear, conv, einsum, bmm, norms), and one
+call that counts a module. Each handle's docstring gives its rule; why each is needed (what the stock set skips or
+miscounts) is in ``docs/complexity.md``. Element-wise ops and lookups (:data:`NON_MAC_OPS`) are not
+multiply-accumulates and stay uncounted, as in the papers.
 """
 import math
 from typing import Dict, List, Optional, Sequence, Tuple

@@ -123,16 +123,16 @@ PAPER_ROWS: Tuple[PaperRow, ...] = (
     # encoder (2 x forward MACs, although §7.4 calls them training FLOPs: docs/complexity.md)
     PaperRow('BiGS §5', 'bigs_large_128', 'params', '3.5e2',
              '"around 350M parameters" (two significant digits); BiGS-large with 128 positions (pretraining length)'),
-    *(PaperRow('BiGS T6', f'bigs_large_{n}', 'encoder_flops_raw', p, 'forward FLOPs = 2 x encoder MACs')
-      for n, p in zip(BIGS_LENGTHS, ('8.1e10', '3.2e11', '6.5e11', '2.6e12'))),
-    *(PaperRow('BiGS T6', f'bert_large_{n}', 'encoder_flops_raw', p, 'forward FLOPs = 2 x encoder MACs')
-      for n, p in zip(BIGS_LENGTHS, ('7.9e10', '3.4e11', '7.2e11', '4.1e12'))),
-    # Table 6 reproduced with fvcore x 2 (same handles): the official BiGS code (github.com/jxiw/BiGS) and an
-    # explicit-attention BERT-large
-    *(PaperRow('BiGS T6 reproduced', f'bigs_large_{n}', 'encoder_flops_raw', p, 'official BiGS code, fvcore x 2')
-      for n, p in zip(BIGS_LENGTHS, ('8.08e10', '3.24e11', '6.48e11', '2.59e12'))),
-    *(PaperRow('BiGS T6 reproduced', f'bert_large_{n}', 'encoder_flops_raw', p, 'explicit BERT-large, fvcore x 2')
-      for n, p in zip(BIGS_LENGTHS, ('7.90e10', '3.35e11', '7.22e11', '4.13e12'))),
+    # Table 6, and Table 6 reproduced with fvcore x 2 (same handles) on the official BiGS code (github.com/jxiw/BiGS)
+    # and an explicit-attention BERT-large
+    *(PaperRow(source, f'{model}_{n}', 'encoder_flops_raw', p, note) for source, model, note, printed in (
+        ('BiGS T6', 'bigs_large', 'forward FLOPs = 2 x encoder MACs', ('8.1e10', '3.2e11', '6.5e11', '2.6e12')),
+        ('BiGS T6', 'bert_large', 'forward FLOPs = 2 x encoder MACs', ('7.9e10', '3.4e11', '7.2e11', '4.1e12')),
+        ('BiGS T6 reproduced', 'bigs_large', 'official BiGS code, fvcore x 2',
+         ('8.08e10', '3.24e11', '6.48e11', '2.59e12')),
+        ('BiGS T6 reproduced', 'bert_large', 'explicit BERT-large, fvcore x 2',
+         ('7.90e10', '3.35e11', '7.22e11', '4.13e12')))
+      for n, p in zip(BIGS_LENGTHS, printed)),
 )
 
 
