@@ -84,6 +84,28 @@ def test_fill_mask_cli_on_official_folder(tmp_path, capsys):
     assert 'mask 1:' in printed and 'mask 2:' in printed and "'good'" in printed
 
 
+def test_official_folder_tokenizer_regex_needs_the_opt_in(tmp_path, capsys):
+    """An official BiGS folder whose tokenizer.json holds a regex: refused (one line naming the file and the flag)
+    by fill-mask and --init-from alike, read with --allow-regex (allow_regex=True in Python)."""
+    from _helpers import exits_with_one_line
+    folder = tmp_path / 'BiGS'
+    make_official_folder(folder)
+    payload = json.loads(mt.load_tokenizer(str(folder)).backend_tokenizer.to_str())
+    payload['pre_tokenizer'] = {'type': 'Sequence', 'pretokenizers': [
+        {'type': 'Split', 'pattern': {'Regex': '(a+)+$'}, 'behavior': 'Isolated', 'invert': False},
+        payload['pre_tokenizer']]}
+    (folder / 'tokenizer.json').write_text(json.dumps(payload))
+    msg = exits_with_one_line(fm.main, [str(folder), 'The movie was [MASK] .'], capsys)
+    assert f"{folder / 'tokenizer.json'}: pre_tokenizer.pretokenizers[0].pattern is the regular expression" in msg
+    assert '--allow-regex' in msg
+    with pytest.raises(ValueError, match='regular expression'):
+        mt.BiGSForSequenceClassification.from_official(str(folder))
+    results = fm.main([str(folder), 'The movie was [MASK] .', '--allow-regex', '--top-k', '1'])
+    assert results[0][0]['token'] == 'good'
+    model = mt.BiGSForSequenceClassification.from_official(str(folder), allow_regex=True)
+    assert model.tokenizer is not None and len(model.tokenizer) == len(VOCAB)
+
+
 def test_fill_mask_on_our_saved_folder(tmp_path):
     torch.manual_seed(0)
     tok = mt.byte_tokenizer()

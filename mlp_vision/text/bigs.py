@@ -186,6 +186,7 @@ class BiGSForMaskedLM(BiGSPreTrainedModel, EncoderForMaskedLM):
             path_or_state_dict: Union[str, os.PathLike, Mapping[str, torch.Tensor]],
             device: str = 'cpu',
             dtype: Optional[torch.dtype] = None,
+            allow_regex: bool = False,
             **config_overrides,
     ) -> 'BiGSForMaskedLM':
         """Build from an official BiGS checkpoint (offline): a ``pytorch_model.bin`` / ``*.safetensors`` file, a
@@ -197,9 +198,10 @@ class BiGSForMaskedLM(BiGSPreTrainedModel, EncoderForMaskedLM):
         folder's ``config.json`` when it has them (a ``config.json`` whose sizes disagree with the tensors is an
         error); other fields (e.g. ``mask_padding=False`` to reproduce the official outputs on padded batches) come
         from ``config_overrides``. ``dtype``: parameter dtype (default float32; the SSM kernel and FFTs run in
-        float32 regardless). ``model.tokenizer`` is the folder's tokenizer, or None.
+        float32 regardless). ``model.tokenizer`` is the folder's tokenizer, or None; ``allow_regex``: accept a
+        ``tokenizer.json`` with a regular expression (refused otherwise, see :mod:`mlp_vision.text.tokenizer`).
         """
-        return _from_official(cls, path_or_state_dict, device, dtype, config_overrides)
+        return _from_official(cls, path_or_state_dict, device, dtype, config_overrides, allow_regex)
 
 
 class BiGSForSequenceClassification(BiGSPreTrainedModel, EncoderForSequenceClassification):
@@ -221,11 +223,12 @@ class BiGSForSequenceClassification(BiGSPreTrainedModel, EncoderForSequenceClass
             path_or_state_dict: Union[str, os.PathLike, Mapping[str, torch.Tensor]],
             device: str = 'cpu',
             dtype: Optional[torch.dtype] = None,
+            allow_regex: bool = False,
             **config_overrides,
     ) -> 'BiGSForSequenceClassification':
         """As :meth:`BiGSForMaskedLM.from_official`; the pooler is loaded when present, the classifier is new
         (an official fine-tuned ``classifier.*`` is loaded too when present)."""
-        return _from_official(cls, path_or_state_dict, device, dtype, config_overrides)
+        return _from_official(cls, path_or_state_dict, device, dtype, config_overrides, allow_regex)
 
 
 def bigs_param_groups(model: nn.Module, weight_decay: float = 0.05) -> List[dict]:
@@ -460,7 +463,7 @@ def _official_config_fields(directory: str, shape_config: BiGSConfig) -> dict:
     return {k: official[k] for k in _OFFICIAL_CONFIG_FIELDS if official.get(k) is not None}
 
 
-def _from_official(cls, path_or_state_dict, device, dtype, config_overrides):
+def _from_official(cls, path_or_state_dict, device, dtype, config_overrides, allow_regex: bool = False):
     from .tokenizer import find_tokenizer
     directory = None
     if isinstance(path_or_state_dict, (str, os.PathLike)):
@@ -483,7 +486,7 @@ def _from_official(cls, path_or_state_dict, device, dtype, config_overrides):
     bad, unexpected = report.missing, report.unused
     if bad or unexpected:
         raise ValueError(f'official BiGS weights do not fit {cls.__name__}: missing {bad}, unexpected {unexpected}')
-    tokenizer = find_tokenizer(directory) if directory is not None else None
+    tokenizer = find_tokenizer(directory, allow_regex) if directory is not None else None
     if tokenizer is not None and len(tokenizer) > config.vocab_size:
         raise ValueError(f'the tokenizer in {directory} has {len(tokenizer)} tokens, more than the model\'s '
                          f'{config.vocab_size} embeddings: it does not belong to these weights')

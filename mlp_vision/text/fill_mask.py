@@ -59,7 +59,7 @@ def load_masked_lm(directory: str, device: str = 'cpu', allow_regex: bool = Fals
         model = cls.from_pretrained(directory, device=device, allow_regex=allow_regex)
     else:
         try:
-            model = BiGSForMaskedLM.from_official(directory, device=device)
+            model = BiGSForMaskedLM.from_official(directory, device=device, allow_regex=allow_regex)
         except (ValueError, KeyError, RuntimeError, OSError, pickle.UnpicklingError) as e:  # what the folder lacks
             if isinstance(e, UsageError):
                 raise

@@ -132,7 +132,7 @@ def init_classifier(init_from: str, model_name: str, model_kwargs: Dict[str, Any
         return _classifier_from_run_checkpoint(init_from, model_kwargs, num_labels, trust, allow_regex)
     if is_saved_folder(str(path)):  # a damaged config.json is an error here, not a reason to try the official layout
         return _classifier_from_pretrained_folder(init_from, model_kwargs, num_labels, allow_regex)
-    return _classifier_from_official_bigs(init_from, model_kwargs, num_labels)
+    return _classifier_from_official_bigs(init_from, model_kwargs, num_labels, allow_regex)
 
 
 def _fresh_classifier(model_name: str, model_kwargs: Dict[str, Any], num_labels: int, tokenizer_for_scratch):
@@ -208,7 +208,8 @@ def _classifier_from_pretrained_folder(init_from: str, model_kwargs: Dict[str, A
     return model, family, tokenizer, InitReport(str(init_from), 'pretrained folder', loaded, new, unused)
 
 
-def _classifier_from_official_bigs(init_from: str, model_kwargs: Dict[str, Any], num_labels: int):
+def _classifier_from_official_bigs(init_from: str, model_kwargs: Dict[str, Any], num_labels: int,
+                                   allow_regex: bool = False):
     path = Path(init_from)
     if not any((path / n).is_file() for n in ('pytorch_model.bin', 'model.safetensors')):
         raise UsageError(f'--init-from {init_from} is a folder without our config.json nor official BiGS weights '
@@ -219,7 +220,7 @@ def _classifier_from_official_bigs(init_from: str, model_kwargs: Dict[str, Any],
         unused_official = sorted(k for k in official if k.startswith('cls.'))  # the MLM head
         del official
         kwargs = _config_overrides(BiGSForSequenceClassification.config_class, model_kwargs, num_labels)
-        model = BiGSForSequenceClassification.from_official(str(path), **kwargs)
+        model = BiGSForSequenceClassification.from_official(str(path), allow_regex=allow_regex, **kwargs)
     except (ValueError, RuntimeError, OSError, KeyError) as e:
         raise UsageError(f'--init-from {init_from}: cannot read it as an official BiGS folder: '
                          f'{str(e).splitlines()[0] if str(e) else type(e).__name__}') from None
