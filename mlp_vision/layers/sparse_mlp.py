@@ -26,7 +26,7 @@ from typing import Dict, List, Sequence, Tuple, Type, Union
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from timm.layers import DropPath, Mlp
+from timm.layers import DropPath, Mlp, register_notrace_module
 
 from .activations import fresh_input_act
 from .linear import TokenLinear
@@ -74,6 +74,7 @@ def _fold_batchnorm_into_conv(conv: nn.Conv2d, bn: nn.BatchNorm2d) -> nn.Conv2d:
     return fused
 
 
+@register_notrace_module  # a leaf for timm's FX feature extraction (it checks its list's shapes in Python)
 class ChannelConcatConv2d(nn.Conv2d):
     """A 1x1 ``nn.Conv2d`` (stride 1, one group; same parameters, initialisation and state dict) that also takes a
     list of maps and convolves their channel concatenation without writing it: ``conv([a, b, c]) ==
@@ -99,7 +100,13 @@ class ChannelConcatConv2d(nn.Conv2d):
         widths = [part.shape[1] for part in x]
         if sum(widths) != self.in_channels:
             raise ValueError(f'ChannelConcatConv2d needs maps of {self.in_channels} channels in all, got {widths}')
-        batch, _, height, width = x[0].shape
+        first = x[0].shape
+        for part in x:
+            if part.dim() != 4 or len(first) != 4 or [part.shape[0], part.shape[2], part.shape[3]] != [
+                    first[0], first[2], first[3]]:
+                raise ValueError(f'ChannelConcatConv2d needs (B, C_i, H, W) maps of one (B, H, W), got shapes '
+                                 f'{[list(p.shape) for p in x]}')
+        batch, height, width = first[0], first[2], first[3]
         out = torch.empty(0)  # replaced by the first GEMM (TorchScript needs a tensor here)
         for i, (part, weight) in enumerate(zip(x, self.weight.flatten(1).split(widths, dim=1))):
             rows = part.permute(0, 2, 3, 1).reshape(-1, part.shape[1])  # a view for a channels-last map
