@@ -75,11 +75,11 @@ def main(argv: Optional[List[str]] = None) -> None:
     for r in range(args.rounds):
         for way in (('split', 'concat') if r % 2 == 0 else ('concat', 'split')):
             rates[way].append(steps(way, args.steps))
-        print(f'round {r + 1}: split {rates["split"][-1]:.0f} img/s, concat {rates["concat"][-1]:.0f} img/s',
+        print(f'round {r + 1}: split {rates["split"][-1]:.3g} img/s, concat {rates["concat"][-1]:.3g} img/s',
               flush=True)
     med = {k: statistics.median(v) for k, v in rates.items()}
     print(f'median img/s, batch {args.batch}, {args.img_size}^2, threads {torch.get_num_threads()}, channels_last '
-          f'{args.channels_last}: split {med["split"]:.0f}, concat {med["concat"]:.0f}, ratio split/concat '
+          f'{args.channels_last}: split {med["split"]:.3g}, concat {med["concat"]:.3g}, ratio split/concat '
           f'{med["split"] / med["concat"]:.3f}')
 
 
