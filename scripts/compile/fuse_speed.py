@@ -1,7 +1,8 @@
-""" Eager CPU training step of sMLPNet with the sMLP's fuse conv computed two ways, alternated in one process on the
-same weights (issue 34, item 2): ``split`` (the model as it is: ``fuse_conv([x, x_h, x_w])``, three accumulated
-GEMMs, :class:`~mlp_vision.layers.ChannelConcatConv2d`) and ``concat`` (``fuse_conv(torch.cat([x, x_h, x_w], 1))``,
-one 1x1 conv over the written concatenation, as before the change).
+""" Eager CPU training step of sMLPNet as it is and as it was before issue 34 item 2's layout changes, alternated in
+one process on the same weights: ``split`` (the model as it is: the sMLP's ``fuse_conv([x, x_h, x_w])``, three
+accumulated GEMMs, :class:`~mlp_vision.layers.ChannelConcatConv2d`; each stage's output through the view that makes
+its gradient channels-last) and ``concat`` (``fuse_conv(torch.cat([x, x_h, x_w], 1))``, one 1x1 conv over the written
+concatenation, and the stages returning their blocks' output as it is: main before the change).
 
     OMP_NUM_THREADS=1 python scripts/compile/fuse_speed.py --demo --rounds 5
     OMP_NUM_THREADS=1 python scripts/compile/fuse_speed.py --img-size 224 --batch 4 --channels-last --rounds 3
@@ -21,6 +22,7 @@ import torch
 
 import mlp_vision  # noqa: F401  (registers the sMLPNet models)
 from mlp_vision.layers import AxialSparseMLP
+from mlp_vision.models.smlpnet import SparseMLPStage
 
 
 def _concat_forward(self: AxialSparseMLP, x: torch.Tensor) -> torch.Tensor:
@@ -31,11 +33,17 @@ def _concat_forward(self: AxialSparseMLP, x: torch.Tensor) -> torch.Tensor:
     return self.fuse_conv(torch.cat([x, x_h, x_w], dim=1))
 
 
+def _plain_stage_forward(self: SparseMLPStage, x: torch.Tensor) -> torch.Tensor:
+    """SparseMLPStage.forward as before the change (no grad checkpointing here): the blocks' output as it is."""
+    return self.blocks(self.downsample(x))
+
+
 def _set_fuse(model: torch.nn.Module, way: str) -> None:
     for module in model.modules():
-        if isinstance(module, AxialSparseMLP):
+        before = {AxialSparseMLP: _concat_forward, SparseMLPStage: _plain_stage_forward}.get(type(module))
+        if before is not None:
             if way == 'concat':
-                module.forward = types.MethodType(_concat_forward, module)
+                module.forward = types.MethodType(before, module)
             else:
                 module.__dict__.pop('forward', None)  # back to the class's forward
 
@@ -69,17 +77,21 @@ def main(argv: Optional[List[str]] = None) -> None:
             torch.nn.functional.cross_entropy(model(x), target).backward()
             opt.step()
         return n * args.batch / (time.perf_counter() - start)
+    with torch.no_grad():  # the two ways compute the same function (eval mode: running statistics untouched)
+        outs = [(_set_fuse(model.eval(), way), model(x))[1] for way in ('split', 'concat')]
+        torch.testing.assert_close(outs[0], outs[1], rtol=1e-4, atol=1e-4)
+    model.train()
     for way in ('split', 'concat'):
         steps(way, 2)  # warm-up
     rates = {'split': [], 'concat': []}
     for r in range(args.rounds):
         for way in (('split', 'concat') if r % 2 == 0 else ('concat', 'split')):
             rates[way].append(steps(way, args.steps))
-        print(f'round {r + 1}: split {rates["split"][-1]:.3g} img/s, concat {rates["concat"][-1]:.3g} img/s',
+        print(f'round {r + 1}: split {rates["split"][-1]:.4g} img/s, concat {rates["concat"][-1]:.4g} img/s',
               flush=True)
     med = {k: statistics.median(v) for k, v in rates.items()}
     print(f'median img/s, batch {args.batch}, {args.img_size}^2, threads {torch.get_num_threads()}, channels_last '
-          f'{args.channels_last}: split {med["split"]:.3g}, concat {med["concat"]:.3g}, ratio split/concat '
+          f'{args.channels_last}: split {med["split"]:.4g}, concat {med["concat"]:.4g}, ratio split/concat '
           f'{med["split"] / med["concat"]:.3f}')
 
 
