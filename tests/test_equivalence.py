@@ -166,14 +166,20 @@ def _smlpnet(**kwargs):
     return _randomize_(timm.create_model('smlpnet_t', **kwargs))
 
 
+@pytest.mark.parametrize('channels_last', [False, True])
 @pytest.mark.parametrize('train', [False, True])
 @pytest.mark.parametrize('batch', [2, 17])
-def test_smlpnet_matches_reference(train, batch):
+def test_smlpnet_matches_reference(train, batch, channels_last):
+    """Outputs, parameter gradients and running statistics as the reference's (NCHW, concatenated fuse), for a
+    contiguous and a channels-last model and input."""
     ours = _smlpnet().train(train)
     ref = reference_from(ours)
     assert ref.training == train
     x = torch.randn(batch, 3, *IMG)
-    y, y_ref = ours(x), ref(x)
+    x_ours = x
+    if channels_last:
+        ours, x_ours = ours.to(memory_format=torch.channels_last), x.contiguous(memory_format=torch.channels_last)
+    y, y_ref = ours(x_ours), ref(x)
     assert y.shape == (batch, 10)
     _close(y, y_ref)
     g = torch.randn(y.shape)
