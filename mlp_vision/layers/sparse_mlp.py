@@ -12,21 +12,16 @@ The sMLP (Alg. 1) on a (B, C, H, W) map ``x``::
 Activations are channels-last (NCHW shape, NHWC memory) throughout: the 1x1 convs, the LayerNorm and the channel
 MLP then read contiguous channel vectors, and the axial Linears (:class:`~mlp_vision.layers.TokenLinear`) mix the
 H and W axes of that memory as batched GEMMs, ``(H, H) @ (B, H, W*C)`` and ``(W, W) @ (B*H, W, C)``, with no
-permuted copies. The fuse conv (:class:`ChannelConcatConv2d`) takes the three maps as a list and sums three GEMMs
-over its weight's column blocks instead of convolving their concatenation: the (B, H, W, 3C) concatenation is never
-written, and in the backward the H mix's input gradient is a whole (B, H, W*C) GEMM output, where the concatenation's
-gradient gave it a (*, C) slice of (*, 3C) rows that its GEMM could not read without a copy (issue 34 item 2,
-``results/compile/README.md``).
+permuted copies.
 
 Inference fusion: :meth:`SparseMLPTokenMixer.reparameterize` (called by ``timm.utils.reparameterize_model``) folds
 the sMLP's BatchNorm into the depthwise conv it directly follows, once, replacing both modules by one conv.
 """
-from typing import Dict, List, Sequence, Tuple, Type, Union
+from typing import Dict, Sequence, Tuple, Type
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
-from timm.layers import DropPath, Mlp, register_notrace_module
+from timm.layers import DropPath, Mlp
 
 from .activations import fresh_input_act
 from .linear import TokenLinear
@@ -35,8 +30,7 @@ from .resample import TokenAxes, resample_token_params_
 # norms that always return a new tensor, so the activation after them may work in place (layers.activations)
 _FRESH_OUTPUT_NORMS = (nn.BatchNorm2d, nn.GroupNorm, nn.LayerNorm)
 
-__all__ = [
-    'AxialSparseMLP', 'ChannelConcatConv2d', 'SparseMLPTokenMixer', 'SparseMLPBlock', 'rename_legacy_smlp_keys']
+__all__ = ['AxialSparseMLP', 'SparseMLPTokenMixer', 'SparseMLPBlock', 'rename_legacy_smlp_keys']
 
 # AxialSparseMLP's state-dict names that changed, old -> new (relative to the module). The 1x1 projection was the
 # child ``fuse`` until issue 25: timm's reparameterize_model replaces every child that has a ``fuse`` attribute by
@@ -74,47 +68,6 @@ def _fold_batchnorm_into_conv(conv: nn.Conv2d, bn: nn.BatchNorm2d) -> nn.Conv2d:
     return fused
 
 
-@register_notrace_module  # a leaf for timm's FX feature extraction (it checks its list's shapes in Python)
-class ChannelConcatConv2d(nn.Conv2d):
-    """A 1x1 ``nn.Conv2d`` (stride 1, one group; same parameters, initialisation and state dict) that also takes a
-    list of maps and convolves their channel concatenation without writing it: ``conv([a, b, c]) ==
-    conv(torch.cat([a, b, c], dim=1))`` up to float rounding, computed as one GEMM per map over the matching column
-    block of the weight, accumulated (``addmm``). For channels-last maps every GEMM operand is a view, and each map's
-    input gradient is a GEMM output of its own (the concatenation's gradient would be strided slices of one tensor).
-    A tensor goes to ``nn.Conv2d.forward``.
-
-    Shapes: a tensor (B, in_channels, H, W), or a list of (B, C_i, H, W) with sum(C_i) == in_channels ->
-    (B, out_channels, H, W); from a list, channels-last memory.
-    """
-
-    def __init__(self, in_channels: int, out_channels: int, kernel_size=1, *args, **kwargs) -> None:
-        super().__init__(in_channels, out_channels, kernel_size, *args, **kwargs)
-        if self.kernel_size != (1, 1) or self.stride != (1, 1) or self.groups != 1 or self.padding != (0, 0):
-            raise ValueError(f'ChannelConcatConv2d is a 1x1 conv with stride 1, no padding and one group, got '
-                             f'kernel {self.kernel_size}, stride {self.stride}, padding {self.padding}, groups '
-                             f'{self.groups}')
-
-    def forward(self, x: Union[torch.Tensor, List[torch.Tensor]]) -> torch.Tensor:
-        if isinstance(x, torch.Tensor):
-            return self._conv_forward(x, self.weight, self.bias)
-        widths = [part.shape[1] for part in x]
-        if sum(widths) != self.in_channels:
-            raise ValueError(f'ChannelConcatConv2d needs maps of {self.in_channels} channels in all, got {widths}')
-        first = x[0].shape
-        for part in x:
-            if part.dim() != 4 or len(first) != 4 or [part.shape[0], part.shape[2], part.shape[3]] != [
-                    first[0], first[2], first[3]]:
-                raise ValueError(f'ChannelConcatConv2d needs (B, C_i, H, W) maps of one (B, H, W), got shapes '
-                                 f'{[list(p.shape) for p in x]}')
-        batch, height, width = first[0], first[2], first[3]
-        out = torch.empty(0)  # replaced by the first GEMM (TorchScript needs a tensor here)
-        for i, (part, weight) in enumerate(zip(x, self.weight.flatten(1).split(widths, dim=1))):
-            rows = part.permute(0, 2, 3, 1).reshape(-1, part.shape[1])  # a view for a channels-last map
-            # the first GEMM takes the bias; the others accumulate into its output
-            out = F.linear(rows, weight, self.bias) if i == 0 else torch.addmm(out, rows, weight.t())
-        return out.view(batch, height, width, self.out_channels).permute(0, 3, 1, 2)
-
-
 class AxialSparseMLP(nn.Module):
     """sMLP: ``fuse_conv(concat[x, mix_H(x), mix_W(x)])`` on ``x = GELU(BN(x))`` (arXiv 2109.05422, Alg. 1).
 
@@ -146,7 +99,7 @@ class AxialSparseMLP(nn.Module):
         self.act = fresh_input_act(act_layer()) if isinstance(self.norm, _FRESH_OUTPUT_NORMS) else act_layer()
         self.proj_h = TokenLinear(height, height, **dd)  # mixes along H
         self.proj_w = TokenLinear(width, width, **dd)  # mixes along W
-        self.fuse_conv = ChannelConcatConv2d(3 * dim, dim, kernel_size=1, bias=False, **dd)
+        self.fuse_conv = nn.Conv2d(3 * dim, dim, kernel_size=1, bias=False, **dd)
 
     def set_feat_size(self, feat_size: Sequence[int]) -> None:
         """Resample ``proj_h`` along H and ``proj_w`` along W to an (H, W) map size, as the checkpoint loader does."""
@@ -163,9 +116,8 @@ class AxialSparseMLP(nn.Module):
         x = self.act(self.norm(x.contiguous(memory_format=torch.channels_last)))
         x_h = self.proj_h(x.transpose(2, 3)).transpose(2, 3)  # the Linear sees (B, C, W, H): mixes along H
         x_w = self.proj_w(x)  # (B, C, H, W): mixes along W
-        # a wrong-sized input fails in the axial Linears (RuntimeError); the models check sizes before.
-        # fuse_conv([...]) is fuse_conv(torch.cat([...], dim=1)) without the concatenation (ChannelConcatConv2d)
-        return self.fuse_conv([x, x_h, x_w])
+        # a wrong-sized input fails in the axial Linears (RuntimeError); the models check sizes before
+        return self.fuse_conv(torch.cat([x, x_h, x_w], dim=1))
 
 
 class SparseMLPTokenMixer(nn.Module):

@@ -35,18 +35,6 @@ from ..layers import (
 __all__ = ['SparseMLPNet', 'SparseMLPStage']
 
 
-def _channels_last_gradient(x: torch.Tensor) -> torch.Tensor:
-    """``x`` (B, C, H, W), channels-last, as a view whose gradient comes back channels-last (one copy, only when it
-    arrives in other strides).
-
-    What comes after the last stage (the final BatchNorm's and the global pool's backward, a feature head) can return
-    an NCHW-contiguous gradient; every block of the stage would then copy it to (B, H, W, C) rows for its GEMMs (two
-    copies per block, issue 34 item 2). Through the flat view of the (B, H, W, C) rows, autograd reshapes the
-    gradient into that order once, here. Forward: views only (a copy only if ``x`` is not channels-last)."""
-    rows = x.permute(0, 2, 3, 1)
-    return rows.reshape(-1).view(rows.shape).permute(0, 3, 1, 2)
-
-
 class SparseMLPStage(nn.Module):
     """Patch merging (2x2 conv, stride 2, no bias; none for the first stage) followed by ``depth`` blocks."""
 
@@ -92,7 +80,7 @@ class SparseMLPStage(nn.Module):
             x = checkpoint_seq(self.blocks, x)
         else:
             x = self.blocks(x)
-        return _channels_last_gradient(x)
+        return x
 
 
 class SparseMLPNet(nn.Module):
