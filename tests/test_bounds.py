@@ -443,7 +443,7 @@ def _foreign_tokenizer(kind):
 
 
 @pytest.mark.parametrize('kind, cut', [('byte_level', True), ('metaspace', True), ('prepend', False)])
-def test_foreign_tokenizers_are_cut_only_where_the_ids_stay(kind, cut, monkeypatch):
+def test_foreign_tokenizers_are_cut_only_where_the_ids_stay(kind, cut, monkeypatch, caplog):
     """A tokenizer.json that is not line-local is cut where the ids are checked to stay the whole text's (the stop
     flag read between pieces); one with no such place encodes the text in one call, never different ids."""
     import random
@@ -457,9 +457,11 @@ def test_foreign_tokenizers_are_cut_only_where_the_ids_stay(kind, cut, monkeypat
     monkeypatch.setattr(data, 'ENCODE_CHUNK_CHARS', 50)
     monkeypatch.setattr(data, 'CUT_CHECK_CHARS', 40)
     calls = []
-    pieces = data.encode_text(tok, text, 'training text', stop=lambda: calls.append(1) or 0)
+    with caplog.at_level(logging.WARNING):
+        pieces = data.encode_text(tok, text, 'training text', stop=lambda: calls.append(1) or 0)
     assert torch.equal(pieces, whole)
     assert (len(calls) > 20) if cut else (len(calls) == 1)
+    assert ('in one call' in caplog.text) == (not cut)  # the fallback says that a stop waits for the call
 
 
 def test_stop_signal_is_honoured_while_tokenizing(monkeypatch):

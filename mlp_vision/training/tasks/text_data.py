@@ -142,7 +142,10 @@ def _pieces(text: str, size: int, tok: Optional[Tokenizer] = None) -> Iterator[s
         else:
             places = (m.end() for _, m in zip(range(CUT_TRIES), _CUT_CANDIDATE.finditer(text, start + size)))
             cut = next((c for c in places if _cut_keeps_ids(tok, text, c)), None)
-        if cut is None:
+        if cut is None:  # the stop flag is read again only after this call: say so, with the size
+            _logger.warning(f'tokenizing the last {len(text) - start:,} characters in one call: this tokenizer has '
+                            f'no place among the next {CUT_TRIES} candidates where a cut keeps the ids, so a stop '
+                            f'signal takes effect when the call returns')
             break
         yield text[start:cut]
         start = cut
