@@ -656,6 +656,11 @@ class TrainingRun:
             _logger.error(f'weights differ across ranks: {digests}')
         return digests
 
+    def checkpoint_files(self) -> Dict[str, Optional[str]]:
+        """``last.pth`` and ``model_best.pth`` (None when nothing was evaluated), as ``results.json`` names them."""
+        return {'last': str(self.saver.last_path),
+                'best': str(self.saver.best_path) if self.saver.best_path.exists() else None}
+
     def write_results(self, results: Dict[str, Any]) -> None:
         """``results.json`` (rank 0); the results of an earlier finish of this run are kept as ``results-N.json``."""
         path = self.output_dir / 'results.json'
