@@ -69,9 +69,9 @@ from mlp_vision.training.tasks.image_model import (
     resolve_model_data_config)
 from mlp_vision.training.run.compile import add_compile_arguments, check_compile_backend
 from mlp_vision.training.run.training_run import (
-    TrainingRun, UpdateStep, add_run_arguments, create_lr_scheduler, parse_run_args, setup_amp)
+    TrainingRun, UpdateStep, add_device_arguments, add_run_arguments, create_lr_scheduler, parse_run_args, setup_amp)
 from mlp_vision.training.run.summary import plot_curves
-from mlp_vision.threads import add_threads_argument, set_run_threads
+from mlp_vision.threads import set_run_threads
 from mlp_vision.validate import main as validate_main
 
 _logger = logging.getLogger('train')
@@ -163,18 +163,10 @@ def _add_model_args(parser) -> None:
 
 def _add_device_args(parser) -> None:
     group = parser.add_argument_group('Device and distributed')
-    group.add_argument('--device', default=None, type=str, help="'cuda', 'cuda:1', 'cpu' (default: cuda if available)")
-    group.add_argument('--dist-backend', default=None, type=str,
-                       help='a backend or device:backend pairs (default: cpu:gloo,cuda:nccl for CUDA, gloo for CPU)')
-    group.add_argument('--dist-url', default=None, type=str, help="default: 'env://' (torchrun)")
-    add_threads_argument(group)
+    add_device_arguments(group)
     group.add_argument('--sync-bn', action='store_true', default=False, help='SyncBatchNorm (CUDA, distributed)')
     group.add_argument('--dist-bn', type=str, default='reduce', choices=('reduce', 'broadcast', ''),
                        help='after each epoch, make BatchNorm stats equal on all ranks (average or rank 0)')
-    group.add_argument('--amp', action='store_true', default=False,
-                       help='mixed precision: bfloat16 autocast on CPU, float16 (+ grad scaler) on CUDA')
-    group.add_argument('--amp-dtype', default=None, type=str, choices=('float16', 'bfloat16'),
-                       help='autocast dtype (default: bfloat16 on CPU, float16 on CUDA)')
 
 
 def _add_optimizer_args(parser) -> None:

@@ -44,9 +44,9 @@ from mlp_vision.training.run.log import setup_logging
 from mlp_vision.training.tasks.image_model import (
     check_activations, create_model_for_eval, model_create_kwargs, resolve_model_data_config)
 from mlp_vision.training.run.compile import add_compile_arguments, check_compile_backend, compile_model
-from mlp_vision.training.run.training_run import add_common_arguments, setup_amp
+from mlp_vision.training.run.training_run import add_common_arguments, add_device_arguments, setup_amp
 from mlp_vision.training.run.summary import write_json
-from mlp_vision.threads import add_threads_argument, set_threads
+from mlp_vision.threads import set_threads
 
 _logger = logging.getLogger('validate')
 
@@ -89,11 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument('-j', '--workers', default=default_workers(), type=int, metavar='N',
                         help='data loading processes (default: 4, at most the CPUs this process may use)')
     parser.add_argument('--pin-mem', action='store_true', default=False, help='pin CPU memory in the loader')
-    parser.add_argument('--device', default=None, type=str, help="'cuda', 'cpu' (default: cuda if available)")
-    add_threads_argument(parser)
-    parser.add_argument('--amp', action='store_true', default=False,
-                        help='mixed precision (bfloat16 on CPU, float16 on CUDA)')
-    parser.add_argument('--amp-dtype', default=None, type=str, choices=('float16', 'bfloat16'), help='autocast dtype')
+    add_device_arguments(parser, distributed=False)
     parser.add_argument('--channels-last', action='store_true', default=False, help='channels_last memory layout')
     add_compile_arguments(parser)
     parser.add_argument('--log-interval', default=10, type=int, metavar='N', help='batches between progress logs')

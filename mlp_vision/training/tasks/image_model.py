@@ -17,7 +17,8 @@ from mlp_vision.weights import load_backbone
 from mlp_vision.training.run.checkpoint import clean_state_dict, is_training_checkpoint, load_checkpoint_file, load_model_weights
 from mlp_vision.errors import UsageError, check_activation_size, check_model_size, short_repr
 
-__all__ = ['model_create_kwargs', 'resolve_model_data_config', 'create_model', 'load_pretrained_weights', 'create_model_for_eval']
+__all__ = ['model_create_kwargs', 'resolve_model_data_config', 'create_model', 'load_pretrained_weights',
+           'create_model_for_eval']
 
 ALLOW_MISSING_FLAG = '--allow-missing-weights'
 
