@@ -37,13 +37,14 @@ import logging
 import time
 from dataclasses import dataclass
 from datetime import datetime
+from functools import partial
 from pathlib import Path
 from typing import Any, List, Mapping, Optional, Tuple
 
 import timm
 import torch
 import torch.nn as nn
-from timm.data import Mixup, create_transform, resolve_data_config
+from timm.data import Mixup, create_transform
 from timm.loss import BinaryCrossEntropy, LabelSmoothingCrossEntropy, SoftTargetCrossEntropy
 from timm.models import model_parameters, save_for_hf
 from timm.optim import create_optimizer_v2, list_optimizers, optimizer_kwargs
@@ -64,12 +65,13 @@ from mlp_vision.errors import ArgumentParser, DefaultsHelpFormatter, UsageError,
 from mlp_vision.training.run.log import setup_logging
 from mlp_vision.training.run.loop import StepLoop, warn_global_batch_beyond_data
 from mlp_vision.training.tasks.image_model import (
-    ALLOW_MISSING_FLAG, check_activations, create_model, load_pretrained_weights, model_create_kwargs)
+    ALLOW_MISSING_FLAG, check_activations, create_model, load_pretrained_weights, model_create_kwargs,
+    resolve_model_data_config)
 from mlp_vision.training.run.compile import add_compile_arguments, check_compile_backend
 from mlp_vision.training.run.training_run import (
-    TrainingRun, UpdateStep, add_run_arguments, create_lr_scheduler, parse_run_args, setup_amp)
+    TrainingRun, UpdateStep, add_device_arguments, add_run_arguments, create_lr_scheduler, parse_run_args, setup_amp)
 from mlp_vision.training.run.summary import plot_curves
-from mlp_vision.threads import add_threads_argument, set_run_threads
+from mlp_vision.threads import set_run_threads
 from mlp_vision.validate import main as validate_main
 
 _logger = logging.getLogger('train')
@@ -161,18 +163,10 @@ def _add_model_args(parser) -> None:
 
 def _add_device_args(parser) -> None:
     group = parser.add_argument_group('Device and distributed')
-    group.add_argument('--device', default=None, type=str, help="'cuda', 'cuda:1', 'cpu' (default: cuda if available)")
-    group.add_argument('--dist-backend', default=None, type=str,
-                       help='a backend or device:backend pairs (default: cpu:gloo,cuda:nccl for CUDA, gloo for CPU)')
-    group.add_argument('--dist-url', default=None, type=str, help="default: 'env://' (torchrun)")
-    add_threads_argument(group)
+    add_device_arguments(group)
     group.add_argument('--sync-bn', action='store_true', default=False, help='SyncBatchNorm (CUDA, distributed)')
     group.add_argument('--dist-bn', type=str, default='reduce', choices=('reduce', 'broadcast', ''),
                        help='after each epoch, make BatchNorm stats equal on all ranks (average or rank 0)')
-    group.add_argument('--amp', action='store_true', default=False,
-                       help='mixed precision: bfloat16 autocast on CPU, float16 (+ grad scaler) on CUDA')
-    group.add_argument('--amp-dtype', default=None, type=str, choices=('float16', 'bfloat16'),
-                       help='autocast dtype (default: bfloat16 on CPU, float16 on CUDA)')
 
 
 def _add_optimizer_args(parser) -> None:
@@ -309,7 +303,7 @@ def resolve_lr(args, world_size: int) -> None:
     value: args.yaml keeps --lr unset, so a resume with another batch scales again)."""
     if args.lr is not None:
         return
-    global_batch = args.batch_size * world_size * args.grad_accum_steps
+    global_batch = _global_batch(args, world_size)
     ratio = global_batch / args.lr_base_size
     scale = args.lr_base_scale or ('sqrt' if any(o in args.opt.lower() for o in ('ada', 'lamb')) else 'linear')
     if scale == 'sqrt':
@@ -367,7 +361,7 @@ def check_args(args, dist_info) -> None:
             raise UsageError(f'--aa {args.aa!r} is not an augmentation policy timm reads (e.g. '
                              f'rand-m9-mstd0.5-inc1, augmix-m5-w4-d2, original, v0): {e}') from None
     check_compile_backend(args.torchcompile)
-    if (args.mixup > 0 or args.cutmix > 0 or args.cutmix_minmax is not None) and args.batch_size % 2:
+    if _mixes(args) and args.batch_size % 2:
         raise UsageError(f'mixup / cutmix need an even --batch-size, got {args.batch_size}')
     if args.sync_bn and dist_info.device.type != 'cuda':
         raise UsageError('--sync-bn needs CUDA (PyTorch\'s SyncBatchNorm does not run on the CPU); '
@@ -409,8 +403,8 @@ class ImageClassification(TrainingTask):
     stop_advice = 'Lower --lr, add --clip-grad or more --warmup-epochs'
 
     def __init__(self, args, run, demo: bool, command: str):
-        super().__init__(args, run)
-        self.demo, self.command = demo, command
+        super().__init__(args, run, command)
+        self.demo = demo
         if run.dist_info.distributed:
             _logger.info(f'distributed: {run.dist_info.world_size} processes, backend '
                          f'{torch.distributed.get_backend()}, device {run.dist_info.device} on rank 0')
@@ -537,7 +531,6 @@ class ImageClassification(TrainingTask):
             else None
         if not dist_info.primary:
             return None
-        saver, best = run.saver, run.saver.best
         loader_train, loader_eval = self.loader_train, self.loader_eval
         pretrained = _export_pretrained(run, self)
         return {
@@ -556,10 +549,9 @@ class ImageClassification(TrainingTask):
             'train': dict(metrics.train),
             'eval': dict(metrics.eval) if metrics.eval is not None else None,
             'ema_eval': dict(metrics.ema_eval) if metrics.ema_eval is not None else None,
-            'best': best,
+            'best': run.saver.best,
             'eval_metric': args.eval_metric,
-            'checkpoints': {'last': str(saver.last_path),
-                            'best': str(saver.best_path) if saver.best_path.exists() else None},
+            'checkpoints': run.checkpoint_files(),
             'pretrained': str(pretrained),
             'weights_sha256_per_rank': digests,
             'ranks_agree': len(set(digests)) == 1,
@@ -626,9 +618,8 @@ def _fit_batch_to_training_set(args, dataset_train, world_size: int) -> None:
     the learning rate is scaled to the batch; an iterable dataset (no length) keeps --batch-size."""
     if isinstance(dataset_train, torch.utils.data.IterableDataset):
         return
-    mixes = args.mixup > 0 or args.cutmix > 0 or args.cutmix_minmax is not None  # needs an even batch
-    batch_size = fit_batch_to_data(
-        args.batch_size, train_samples_per_rank(dataset_train, world_size, args.aug_repeats), even=mixes)
+    batch_size = fit_batch_to_data(  # mixing pairs the images of a batch: an even one
+        args.batch_size, train_samples_per_rank(dataset_train, world_size, args.aug_repeats), even=_mixes(args))
     if batch_size != args.batch_size:
         args.derive(batch_size=batch_size)
 
@@ -671,10 +662,7 @@ def _create_model(args, dist_info):
         state_dict = ckpt['state_dict'] if is_training_checkpoint(ckpt) else ckpt
         load_model_weights(model, state_dict, f'--initial-checkpoint {args.initial_checkpoint}', args.model)
 
-    data_config = resolve_data_config(vars(args), model=model, verbose=False)
-    if getattr(model, 'img_size', None) is not None and not args.input_size and not args.img_size:
-        data_config['input_size'] = (data_config['input_size'][0], *model.img_size)  # built via --model-kwargs
-    data_config = {k: (tuple(v) if isinstance(v, list) else v) for k, v in data_config.items()}
+    data_config = resolve_model_data_config(args, model)
     # before the first batch: a -c recipe or a resumed run's settings may give a size no machine holds
     check_activations(args.model, create_kwargs, data_config['input_size'], args.batch_size,
                       training=not args.grad_checkpointing)
@@ -710,7 +698,7 @@ def _create_loaders(args, dataset_train, dataset_eval, data_config, dist_info):
 def _create_mixup_and_loss(args, device):
     """(Mixup / CutMix or None, the training loss that matches its soft or hard targets)."""
     mixup_fn = None
-    if args.mixup > 0 or args.cutmix > 0. or args.cutmix_minmax is not None:
+    if _mixes(args):
         mixup_fn = Mixup(
             mixup_alpha=args.mixup, cutmix_alpha=args.cutmix, cutmix_minmax=args.cutmix_minmax,
             prob=args.mixup_prob, switch_prob=args.mixup_switch_prob, mode=args.mixup_mode,
@@ -723,6 +711,10 @@ def _create_mixup_and_loss(args, device):
     else:
         train_loss_fn = nn.BCEWithLogitsLoss() if args.bce_loss else nn.CrossEntropyLoss()
     return mixup_fn, train_loss_fn.to(device=device)
+
+
+def _mixes(args) -> bool:  # mixup or cutmix is on
+    return args.mixup > 0 or args.cutmix > 0 or args.cutmix_minmax is not None
 
 
 def _global_batch(args, world_size: int) -> int:
@@ -740,16 +732,14 @@ def _evaluate_epoch(args, dist_info, job: ImageClassification, metrics: EpochMet
     """Evaluate the model (and its EMA) into ``metrics``; returns the metric that selects the best checkpoint."""
     if job.loader_eval is None:
         return None
-    metrics.eval = evaluate(
-        job.opt.train_model, job.loader_eval, amp_autocast=job.opt.amp_autocast, channels_last=args.channels_last,
-        distributed=dist_info.distributed, log_interval=0, primary=dist_info.primary)
+    evaluate_on = partial(evaluate, loader=job.loader_eval, amp_autocast=job.opt.amp_autocast, log_interval=0,
+                          channels_last=args.channels_last, distributed=dist_info.distributed, primary=dist_info.primary)
+    metrics.eval = evaluate_on(job.opt.train_model)
     if job.opt.model_ema is None or args.model_ema_force_cpu:
         return metrics.eval[args.eval_metric]
     if dist_info.distributed and args.dist_bn in ('broadcast', 'reduce'):
         distribute_bn(job.opt.model_ema, dist_info.world_size, args.dist_bn == 'reduce')
-    metrics.ema_eval = evaluate(
-        job.opt.model_ema.module, job.loader_eval, amp_autocast=job.opt.amp_autocast, channels_last=args.channels_last,
-        distributed=dist_info.distributed, log_interval=0, primary=dist_info.primary)
+    metrics.ema_eval = evaluate_on(job.opt.model_ema.module)
     return metrics.ema_eval[args.eval_metric]  # as timm: EMA selects the best checkpoint
 
 

@@ -29,7 +29,6 @@ import os
 import reprlib
 
 import torch
-from timm.data import resolve_data_config
 from timm.utils import ParseKwargs
 
 from mlp_vision.training.run.checkpoint import atomic_write_text, keep_previous
@@ -42,11 +41,12 @@ from mlp_vision.training.run.distributed import init_device
 from mlp_vision.training.tasks.image_classification import evaluate
 from mlp_vision.errors import ArgumentParser, DefaultsHelpFormatter, UsageError, check_range, run_cli, within_bounds
 from mlp_vision.training.run.log import setup_logging
-from mlp_vision.training.tasks.image_model import check_activations, create_model_for_eval, model_create_kwargs
+from mlp_vision.training.tasks.image_model import (
+    check_activations, create_model_for_eval, model_create_kwargs, resolve_model_data_config)
 from mlp_vision.training.run.compile import add_compile_arguments, check_compile_backend, compile_model
-from mlp_vision.training.run.training_run import add_common_arguments, setup_amp
+from mlp_vision.training.run.training_run import add_common_arguments, add_device_arguments, setup_amp
 from mlp_vision.training.run.summary import write_json
-from mlp_vision.threads import add_threads_argument, set_threads
+from mlp_vision.threads import set_threads
 
 _logger = logging.getLogger('validate')
 
@@ -89,11 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument('-j', '--workers', default=default_workers(), type=int, metavar='N',
                         help='data loading processes (default: 4, at most the CPUs this process may use)')
     parser.add_argument('--pin-mem', action='store_true', default=False, help='pin CPU memory in the loader')
-    parser.add_argument('--device', default=None, type=str, help="'cuda', 'cpu' (default: cuda if available)")
-    add_threads_argument(parser)
-    parser.add_argument('--amp', action='store_true', default=False,
-                        help='mixed precision (bfloat16 on CPU, float16 on CUDA)')
-    parser.add_argument('--amp-dtype', default=None, type=str, choices=('float16', 'bfloat16'), help='autocast dtype')
+    add_device_arguments(parser, distributed=False)
     parser.add_argument('--channels-last', action='store_true', default=False, help='channels_last memory layout')
     add_compile_arguments(parser)
     parser.add_argument('--log-interval', default=10, type=int, metavar='N', help='batches between progress logs')
@@ -218,7 +214,7 @@ def validate(args: argparse.Namespace) -> dict:
     create_kwargs = model_create_kwargs(
         num_classes=args.num_classes,
         in_chans=args.in_chans or (args.input_size[0] if args.input_size else None),
-        img_size=tuple(img_size) if isinstance(img_size, list) else img_size,
+        img_size=img_size,
         global_pool=args.gp,
         model_kwargs=args.model_kwargs,
     )
@@ -232,18 +228,8 @@ def validate(args: argparse.Namespace) -> dict:
     dataset, labels = _validation_dataset(args, data_dir, model, info)
 
     # preprocessing: explicit flags, then the training checkpoint's eval preprocessing, then the model's config
-    data_config = resolve_data_config(vars(args), model=model, verbose=False)
-    ckpt_data = checkpoint_data_config(info.get('data_cfg'), args.checkpoint, getattr(model, 'in_chans', 3))
-    explicit = {
-        'input_size': args.input_size or args.img_size, 'interpolation': args.interpolation,
-        'mean': args.mean, 'std': args.std, 'crop_pct': args.crop_pct, 'crop_mode': args.crop_mode,
-    }
-    for key, given in explicit.items():
-        if not given and key in ckpt_data:
-            data_config[key] = ckpt_data[key]
-    if getattr(model, 'img_size', None) is not None and not explicit['input_size'] and 'input_size' not in ckpt_data:
-        data_config['input_size'] = (data_config['input_size'][0], *model.img_size)
-    data_config = {k: (tuple(v) if isinstance(v, list) else v) for k, v in data_config.items()}
+    data_config = resolve_model_data_config(
+        args, model, checkpoint_data_config(info.get('data_cfg'), args.checkpoint, getattr(model, 'in_chans', 3)))
     check_activations(model_name, info['create_kwargs'], data_config['input_size'], args.batch_size, training=False,
                       sizes_from=f"checkpoint {args.checkpoint}'s model_cfg / data_cfg" if info['checkpoint_kind'] else '')
 

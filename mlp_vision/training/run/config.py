@@ -30,7 +30,7 @@ import yaml
 from mlp_vision.errors import UsageError, check_range, short_repr
 
 __all__ = ['RunArgs', 'parse_given', 'merge_settings', 'load_yaml_config', 'parse_args_with_config', 'args_to_yaml',
-           'check_flag_ranges', 'SEED_MAX',
+           'plain_value', 'check_flag_ranges', 'SEED_MAX',
            'find_recipe', 'recipe_names', 'recipe_folder', 'read_yaml_file', 'parse_yaml', 'MAX_YAML_BYTES',
            'MAX_YAML_DEPTH']
 
@@ -327,16 +327,20 @@ def parse_args_with_config(
     return merge_settings(parser, parse_given(parser, argv), base_configs, run_settings, recipes)
 
 
+def plain_value(v: Any) -> Any:
+    """``v`` with every tuple a list, in nested lists and dicts too: yaml and ``torch.load`` give lists back, so a
+    saved setting compares equal to the tuple it was."""
+    if isinstance(v, (tuple, list)):
+        return [plain_value(x) for x in v]
+    if isinstance(v, dict):
+        return {k: plain_value(x) for k, x in v.items()}
+    return v
+
+
 def args_to_yaml(settings: Mapping[str, Any]) -> str:
     """``settings`` (by destination: a run's given arguments, or its derived values) as yaml, loadable again
     with ``-c``."""
-    def plain(v):
-        if isinstance(v, (tuple, list)):
-            return [plain(x) for x in v]
-        if isinstance(v, dict):
-            return {k: plain(x) for k, x in v.items()}
-        return v
-    return yaml.safe_dump({k: plain(v) for k, v in settings.items()}, default_flow_style=False, sort_keys=False)
+    return yaml.safe_dump(plain_value(dict(settings)), default_flow_style=False, sort_keys=False)
 
 
 def check_flag_ranges(args: argparse.Namespace, ranges: Mapping[str, Dict[str, Any]]) -> None:

@@ -53,12 +53,13 @@ class Optimization:
 
 class TrainingTask:
     """What a trainer gives :func:`drive`, its methods in the order they are called. ``logger``: the command's;
-    ``stop_advice``: the flags worth changing after a NaN / inf loss."""
+    ``stop_advice``: the flags worth changing after a NaN / inf loss; ``command``: the command line, as
+    ``results.json`` records it."""
     logger = logging.getLogger('mlp_vision.train')
     stop_advice = ''
 
-    def __init__(self, args, run: TrainingRun):
-        self.args, self.run = args, run
+    def __init__(self, args, run: TrainingRun, command: str = ''):
+        self.args, self.run, self.command = args, run, command
         self.opt: Optional[Optimization] = None
 
     def resume_identity(self) -> Dict[str, Any]:  # what a resumed checkpoint must be of, e.g. arch='smlpnet_t'
@@ -223,6 +224,16 @@ class StepTask(TrainingTask):
 
     def stop_result(self) -> Optional[Dict[str, Any]]:
         return self.state.stop_result
+
+    def closing_results(self, digests, **checkpoints) -> Dict[str, Any]:
+        """The last fields of a step task's ``results.json``: this process, every rank's weights digest, the files
+        (``checkpoints``: more of them beside last / best) and the command."""
+        run = self.run
+        return {'wall_seconds_this_process': time.time() - run.start_time, 'device': str(run.dist_info.device),
+                'world_size': run.dist_info.world_size, 'threads': torch.get_num_threads(), 'seed': self.args.seed,
+                'torch': torch.__version__, 'weights_sha256_per_rank': digests,
+                'checkpoints': {**run.checkpoint_files(), **checkpoints}, 'experiment_dir': str(run.output_dir),
+                'command': self.command}
 
     def _rewind_point(self):  # what an update's micro-batches consume, put back when a stop abandons the update
         data, rng = self.data_state(), get_rng_state()

@@ -119,7 +119,7 @@ def check_own_files(folder: Path) -> None:
                              f'or continue in a new folder with --output / --experiment')
 
 
-def saved_position(path: Path, key: str, run_id: Optional[str] = None):
+def saved_position(path: Path, key: str):
     """(the ``key`` position stored in checkpoint ``path``, its ``run_id``), memory-mapped (tensors are not read);
     (None, None) if the file cannot be read as one of ours."""
     try:

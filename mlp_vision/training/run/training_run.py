@@ -48,16 +48,18 @@ from mlp_vision.training.run.checkpoint import (
     CHECKPOINT_VERSION, TRUST_FLAG, CheckpointManager, atomic_write_text, open_own_file, check_optimizer_state, check_settings_state,
     clean_stale_temp_files, get_rng_state, keep_previous, load_checkpoint_file, load_model_weights, set_rng_state)
 from mlp_vision.training.run.checkpoint import check_rng_state
-from mlp_vision.training.run.config import RunArgs, args_to_yaml, merge_settings, parse_given, read_yaml_file
+from mlp_vision.training.run.config import (
+    RunArgs, args_to_yaml, merge_settings, parse_given, plain_value, read_yaml_file)
 from mlp_vision.training.run.distributed import DistInfo, all_gather_objects, state_dict_digest
 from mlp_vision.errors import Interrupted, RunError, UsageError, add_bound_arguments, short_repr
 from mlp_vision.training.run.log import add_log_file, remove_log_file
 from mlp_vision.training.run.folder import (
     FolderLock, check_own_files, is_run_id, new_run_folder, newer_than, read_run_id, write_run_id)
 from mlp_vision.training.run.summary import SummaryWriter, write_json
+from mlp_vision.threads import add_threads_argument
 
 __all__ = [
-    'RUN_CONTROL_ARGS', 'add_run_arguments', 'add_common_arguments', 'parse_run_args', 'setup_amp', 'UpdateStep', 'create_lr_scheduler',
+    'RUN_CONTROL_ARGS', 'add_run_arguments', 'add_common_arguments', 'add_device_arguments', 'parse_run_args', 'setup_amp', 'UpdateStep', 'create_lr_scheduler',
     'NonFiniteLossError', 'TrainingRun',
 ]
 
@@ -90,6 +92,21 @@ def add_common_arguments(group: argparse._ActionsContainer) -> None:
     group.add_argument('--debug', action='store_true', default=False,
                        help='show the full traceback of an error instead of its one-line message')
     add_bound_arguments(group)
+
+
+def add_device_arguments(group: argparse._ActionsContainer, distributed: bool = True) -> None:
+    """``--device``, ``--threads``, ``--amp`` / ``--amp-dtype`` (:func:`setup_amp`) and, for a trainer
+    (``distributed``), ``--dist-backend`` / ``--dist-url``: the same in every command that runs a model."""
+    group.add_argument('--device', default=None, type=str, help="'cuda', 'cuda:1', 'cpu' (default: cuda if available)")
+    if distributed:
+        group.add_argument('--dist-backend', default=None, type=str, help='a backend or device:backend pairs '
+                           '(default: cpu:gloo,cuda:nccl for CUDA, gloo for CPU)')
+        group.add_argument('--dist-url', default=None, type=str, help="default: 'env://' (torchrun)")
+    add_threads_argument(group)
+    group.add_argument('--amp', action='store_true', default=False,
+                       help='mixed precision: bfloat16 autocast on CPU, float16 on CUDA (training: + a loss scaler)')
+    group.add_argument('--amp-dtype', default=None, type=str, choices=('float16', 'bfloat16'),
+                       help='autocast dtype (default: bfloat16 on CPU, float16 on CUDA)')
 
 
 # ------------------------------------------------------------------------------------------------ arguments
@@ -236,15 +253,7 @@ def _differences(old: Optional[Dict[str, Any]], new: Dict[str, Any]) -> List[str
     if old is None:
         return ['the checkpoint records no schedule']
     return [f'{k} {new.get(k)!r} (was {old.get(k)!r})' for k in sorted(set(old) | set(new))
-            if _plain(old.get(k)) != _plain(new.get(k))]
-
-
-def _plain(v):  # tuples / lists compare equal (yaml and torch.load give lists back)
-    if isinstance(v, (list, tuple)):
-        return [_plain(x) for x in v]
-    if isinstance(v, dict):
-        return {k: _plain(x) for k, x in v.items()}
-    return v
+            if plain_value(old.get(k)) != plain_value(new.get(k))]
 
 
 def _check_resume_payload(ckpt: Dict[str, Any], key: str, source: str) -> None:
@@ -579,12 +588,13 @@ class TrainingRun:
         if not saved:
             return
         given = args.given()
-        changed = [f'--{k.replace("_", "-")} {_plain(given.get(k))!r} (was {_plain(v)!r})'
-                   for k, v in saved.items() if _plain(given.get(k)) != _plain(v)]
+        plain = plain_value
+        changed = [f'--{k.replace("_", "-")} {plain(given.get(k))!r} (was {plain(v)!r})'
+                   for k, v in saved.items() if plain(given.get(k)) != plain(v)]
         derived, was = args.derived, args.resumed_derived
         # the saved derived values are a file's, never used: each shown bounded
-        rederived = [f'{k} {short_repr(_plain(derived.get(k)))} (was {short_repr(_plain(was.get(k)))})'
-                     for k in sorted(set(derived) | set(was)) if _plain(derived.get(k)) != _plain(was.get(k))]
+        rederived = [f'{k} {short_repr(plain(derived.get(k)))} (was {short_repr(plain(was.get(k)))})'
+                     for k in sorted(set(derived) | set(was)) if plain(derived.get(k)) != plain(was.get(k))]
         _logger.info(f'Resuming with the settings of {args.resume}'
                      + (f'; changed: {", ".join(changed)}' if changed else ' (unchanged)')
                      + (f'; derived again: {", ".join(rederived)}' if rederived and was else ''))
@@ -655,6 +665,11 @@ class TrainingRun:
         if len(set(digests)) != 1:
             _logger.error(f'weights differ across ranks: {digests}')
         return digests
+
+    def checkpoint_files(self) -> Dict[str, Optional[str]]:
+        """``last.pth`` and ``model_best.pth`` (None when nothing was evaluated), as ``results.json`` names them."""
+        return {'last': str(self.saver.last_path),
+                'best': str(self.saver.best_path) if self.saver.best_path.exists() else None}
 
     def write_results(self, results: Dict[str, Any]) -> None:
         """``results.json`` (rank 0); the results of an earlier finish of this run are kept as ``results-N.json``."""

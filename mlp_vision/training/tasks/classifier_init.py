@@ -15,13 +15,13 @@ from mlp_vision.text.bigs import (
     BiGSForSequenceClassification, convert_official_bigs_state_dict, load_official_bigs_state_dict)
 from mlp_vision.text.modeling_utils import WEIGHTS_NAME, check_text_model_size, check_tokenizer_fits, is_saved_folder, \
     weight_file_shapes
-from mlp_vision.text.registry import create_model, is_model, list_models, load_config, model_class, model_entry
+from mlp_vision.text.registry import is_model, list_models, load_config, model_class, model_entry
 from mlp_vision.text.tokenizer import DEFAULT_CONTROL_TOKENS, Tokenizer, byte_tokenizer, char_tokenizer, find_tokenizer, \
     tokenizer_from_dict
 from mlp_vision.weights import load_backbone
 from mlp_vision.training.run.checkpoint import load_checkpoint_file
 from mlp_vision.errors import UsageError
-from mlp_vision.training.tasks.text_data import tokenizer_from_path
+from mlp_vision.training.tasks.text_data import model_for_tokenizer, tokenizer_from_path
 
 __all__ = ['CLASSIFY_FAMILIES', 'InitReport', 'init_classifier', 'scratch_tokenizer']
 
@@ -143,17 +143,8 @@ def _fresh_classifier(model_name: str, model_kwargs: Dict[str, Any], num_labels:
         raise UsageError(f'model {model_name!r} ({entry.family}) has no sequence classifier; use a gMLP, BiGS or '
                          f'BERT model: {", ".join(n for n in list_models() if model_entry(n).family in CLASSIFY_FAMILIES)}')
     tokenizer = tokenizer_for_scratch()
-    kwargs = _config_overrides(entry.config_class, model_kwargs, num_labels)
-    if 'vocab_size' in kwargs and kwargs['vocab_size'] != len(tokenizer):
-        raise UsageError(f'--model-kwargs vocab_size={kwargs["vocab_size"]} differs from the tokenizer\'s '
-                         f'{len(tokenizer)}; leave vocab_size out (it is set from the tokenizer)')
-    kwargs['vocab_size'] = len(tokenizer)
-    if 'pad_token_id' in entry.config_class.text_field_names():
-        kwargs.setdefault('pad_token_id', tokenizer.pad_token_id)
-    try:
-        model = create_model(model_name, task='sequence_classification', **kwargs)
-    except (TypeError, ValueError, KeyError) as e:
-        raise UsageError(f'cannot build {model_name} with --model-kwargs {model_kwargs}: {e}') from e
+    model, _ = model_for_tokenizer(model_name, _config_overrides(entry.config_class, model_kwargs, num_labels),
+                                   tokenizer, entry.config_class, model_kwargs, task='sequence_classification')
     new = list(model.state_dict())
     return model, entry.family, tokenizer, InitReport('', 'none', [], new, [])
 

@@ -3,7 +3,7 @@ import logging
 import time
 from collections import OrderedDict
 from contextlib import suppress
-from typing import Callable, Dict, Optional
+from typing import Callable, Dict
 
 import torch
 import torch.distributed as dist

@@ -10,13 +10,15 @@ from typing import Any, Dict, List, Optional, Tuple
 import timm
 import torch
 import torch.nn as nn
+from timm.data import resolve_data_config
 
 import mlp_vision  # noqa: F401  (registers gmlp_* / smlpnet_* / mixer_* with timm)
 from mlp_vision.weights import load_backbone
 from mlp_vision.training.run.checkpoint import clean_state_dict, is_training_checkpoint, load_checkpoint_file, load_model_weights
 from mlp_vision.errors import UsageError, check_activation_size, check_model_size, short_repr
 
-__all__ = ['model_create_kwargs', 'create_model', 'load_pretrained_weights', 'create_model_for_eval']
+__all__ = ['model_create_kwargs', 'resolve_model_data_config', 'create_model', 'load_pretrained_weights',
+           'create_model_for_eval']
 
 ALLOW_MISSING_FLAG = '--allow-missing-weights'
 
@@ -46,6 +48,23 @@ def model_create_kwargs(
         if isinstance(kwargs.get(k), list):
             kwargs[k] = tuple(kwargs[k])
     return kwargs
+
+
+def resolve_model_data_config(args, model: nn.Module, stored: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+    """The preprocessing of ``model``: timm's ``resolve_data_config`` of the flags and the model, then for each value
+    no flag gives, ``stored`` (a training checkpoint's ``data_cfg``), else for the input size the one the model was
+    built for (e.g. by ``--model-kwargs img_size=...``, which the model's pretrained config does not know); lists
+    (yaml's, torch.load's) as tuples."""
+    data_config = resolve_data_config(vars(args), model=model, verbose=False)
+    stored = stored or {}
+    given = {'input_size': args.input_size or args.img_size, 'interpolation': args.interpolation, 'mean': args.mean,
+             'std': args.std, 'crop_pct': args.crop_pct, 'crop_mode': getattr(args, 'crop_mode', None)}
+    for key, value in given.items():
+        if not value and key in stored:
+            data_config[key] = stored[key]
+    if getattr(model, 'img_size', None) is not None and not given['input_size'] and 'input_size' not in stored:
+        data_config['input_size'] = (data_config['input_size'][0], *model.img_size)
+    return {k: (tuple(v) if isinstance(v, list) else v) for k, v in data_config.items()}
 
 
 def is_local_dir(name: str) -> bool:

@@ -53,7 +53,6 @@ from timm.utils import random_seed, unwrap_model
 
 from mlp_vision.text.modeling_utils import check_text_activations
 from mlp_vision.text.modeling_utils import masked_lm_loss as lm_loss  # token cross-entropy; causal labels are already shifted
-from mlp_vision.text.registry import create_model
 from mlp_vision.text.tokenizer import SUBWORD_KINDS, Tokenizer, tokenizer_from_dict, tokenizer_kind, tokenizer_to_dict
 from mlp_vision.training.run.checkpoint import atomic_folder, atomic_write_text, preserve_rng
 from mlp_vision.training.run.distributed import DistInfo, all_gather_objects
@@ -65,10 +64,12 @@ from mlp_vision.training.run.summary import plot_curves
 from mlp_vision.training.tasks.text_args import task_model_entry
 from mlp_vision.training.tasks.text_data import (
     Batch, MLMMasker, build_tokenizer, causal_eval_batches, check_unknown_tokens, encode_text, mlm_eval_batches,
-    read_text_file, sample_causal_batch, sample_mlm_batch, subset_batches, tokenizer_from_path, unigram_mlm_baseline)
-from mlp_vision.training.tasks.text_recipes import apply_family_recipe, create_optimizer, lm_schedule, params_note
+    model_for_tokenizer, read_text_file, sample_causal_batch, sample_mlm_batch, subset_batches, tokenizer_from_path,
+    unigram_mlm_baseline)
+from mlp_vision.training.tasks.text_recipes import (
+    apply_family_recipe, create_optimizer, lm_schedule, optimizer_record, params_note)
 
-__all__ = ['forward_logits', 'evaluate_lm', 'LMData', 'LMTask', 'setup_optimization', 'command_line']
+__all__ = ['forward_logits', 'evaluate_lm', 'LMData', 'LMTask', 'setup_optimization', 'fit_block_size', 'command_line']
 
 _logger = logging.getLogger('mlp_vision.train_text')
 STEP_STOP_ADVICE = 'Lower --lr, keep --clip-grad on, add --warmup-steps'  # after a NaN / inf loss
@@ -200,28 +201,25 @@ def _tokenizer(args, run: TrainingRun, train_text: str, val_text: str) -> Tokeni
 
 def _build_model(args, run: TrainingRun, entry, tokenizer: Tokenizer) -> Tuple[nn.Module, dict]:
     """(the model of ``--model`` / ``--model-kwargs`` with the tokenizer's vocabulary, its kwargs); sets
-    ``--block-size`` (default: the model's maximum length, which it may not exceed)."""
-    model_kwargs = dict(args.model_kwargs)
-    if 'vocab_size' in model_kwargs and model_kwargs['vocab_size'] != len(tokenizer):
-        raise UsageError(f'--model-kwargs vocab_size={model_kwargs["vocab_size"]} differs from the tokenizer\'s '
-                         f'{len(tokenizer)}; leave vocab_size out (it is set from the tokenizer)')
-    model_kwargs['vocab_size'] = len(tokenizer)
-    config_fields = set(entry.config_class.text_field_names())
-    if 'pad_token_id' in config_fields and tokenizer.pad_token_id is not None:
-        model_kwargs.setdefault('pad_token_id', tokenizer.pad_token_id)  # BiGS: the zero embedding row is the <pad>
+    ``--block-size`` (:func:`fit_block_size`)."""
     random_seed(args.seed, run.dist_info.rank)
-    try:
-        model = create_model(args.model, **model_kwargs)
-    except (TypeError, ValueError, KeyError) as e:
-        raise UsageError(f'cannot build {args.model} with --model-kwargs {args.model_kwargs}: {e}') from e
+    model, model_kwargs = model_for_tokenizer(args.model, dict(args.model_kwargs), tokenizer, entry.config_class,
+                                              args.model_kwargs)
+    fit_block_size(args, model, resizable=True)
+    return model, model_kwargs
+
+
+def fit_block_size(args, model: nn.Module, resizable: bool) -> None:
+    """``--block-size``, by default the model's maximum length, which it may not exceed (``resizable``: the message
+    names ``--model-kwargs max_position_embeddings``); then the activations of a batch are checked to fit."""
     seq_len = model.config.max_position_embeddings
     if args.block_size is None:
         args.derive(block_size=seq_len)
     if args.block_size > seq_len:
-        raise UsageError(f'--block-size {args.block_size} is larger than the model\'s maximum length {seq_len}; use '
-                         f'--block-size <= {seq_len} or --model-kwargs max_position_embeddings={args.block_size}')
+        raise UsageError(f'--block-size {args.block_size} is larger than the model\'s maximum length {seq_len}' + (
+            f'; use --block-size <= {seq_len} or --model-kwargs max_position_embeddings={args.block_size}'
+            if resizable else ''))
     check_text_activations(type(model), model.config, args.batch_size, args.block_size, True, f'--model {args.model}')
-    return model, model_kwargs
 
 
 def setup_optimization(args, run: TrainingRun, model: nn.Module, family: str) -> Optimization:
@@ -247,8 +245,7 @@ class LMTask(StepTask):
     stop_advice = STEP_STOP_ADVICE
 
     def __init__(self, args, run: TrainingRun, command: str):
-        super().__init__(args, run)
-        self.command = command
+        super().__init__(args, run, command)
         self.entry = task_model_entry(args.model, args.task)
 
     def resume_identity(self) -> dict:
@@ -367,9 +364,7 @@ class LMTask(StepTask):
             'block_size': args.block_size,
             'steps': args.steps,
             'tokens_per_step': self.tokens_per_step,
-            'optimizer': {'name': 'adamw', 'lr': args.lr, 'betas': list(args.opt_betas), 'eps': args.opt_eps,
-                          'weight_decay': args.weight_decay, 'sched': args.sched, 'warmup_steps': args.warmup_steps,
-                          'min_lr_ratio': args.min_lr_ratio, 'clip_grad': args.clip_grad, **self.recipe_info},
+            'optimizer': optimizer_record(args, self.recipe_info, min_lr_ratio=args.min_lr_ratio),
             'val_periodic': self.state.val_metrics,
             'val_final': final_metrics,
             'val_final_batches': len(data.final_batches),
@@ -378,19 +373,9 @@ class LMTask(StepTask):
             'train_tokens': total_tokens,
             'train_seconds': total_seconds,
             'tokens_per_sec': total_tokens / max(total_seconds, 1e-9),
-            'wall_seconds_this_process': time.time() - run.start_time,
-            'device': str(run.dist_info.device),
-            'world_size': run.dist_info.world_size,
-            'threads': torch.get_num_threads(),
             'amp': str(self.opt.amp_dtype) if args.amp else None,
-            'seed': args.seed,
-            'torch': torch.__version__,
             'samples_file': str(output_dir / 'samples.txt') if samples is not None else None,
-            'weights_sha256_per_rank': digests,
-            'checkpoints': {'last': str(run.saver.last_path),
-                            'best': str(run.saver.best_path) if run.saver.best_path.exists() else None},
-            'experiment_dir': str(output_dir),
-            'command': self.command,
+            **self.closing_results(digests),
         }
 
     def report(self, results: dict) -> None:

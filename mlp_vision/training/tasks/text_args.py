@@ -12,9 +12,9 @@ from mlp_vision.text.tokenizer import SUBWORD_KINDS, check_vocab_size
 from mlp_vision.training.run.config import SEED_MAX
 from mlp_vision.training.run.compile import add_compile_arguments, check_compile_backend
 from mlp_vision.errors import ArgumentParser, DefaultsHelpFormatter, UsageError, check_range
-from mlp_vision.training.run.training_run import add_run_arguments
+from mlp_vision.training.run.training_run import add_device_arguments, add_run_arguments
 from mlp_vision.errors import add_allow_regex_argument  # the opt-in past check_no_regex (issue 33)
-from mlp_vision.threads import THREADS_RANGE, add_threads_argument
+from mlp_vision.threads import THREADS_RANGE
 
 __all__ = ['PROG', 'TASKS', 'DEFAULT_MODELS', 'SCHEDULES', 'build_parser', 'check_args', 'task_model_entry']
 
@@ -137,15 +137,8 @@ def _add_outputs(parser: argparse.ArgumentParser) -> None:
 
 def _add_device(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group('Device')
-    g.add_argument('--device', default=None, type=str, help="'cuda', 'cpu', ... (default: cuda if available)")
-    g.add_argument('--dist-backend', default=None, type=str,
-                   help='a backend or device:backend pairs (default: cpu:gloo,cuda:nccl for CUDA, gloo for CPU)')
-    g.add_argument('--dist-url', default=None, type=str, help="default: 'env://' (torchrun)")
-    g.add_argument('--amp', action='store_true', default=False,
-                   help='mixed precision: bfloat16 autocast on CPU, float16 + grad scaler on CUDA')
-    g.add_argument('--amp-dtype', default=None, choices=('float16', 'bfloat16'), help='autocast dtype')
+    add_device_arguments(g)
     add_compile_arguments(g)  # compiles the training forward and backward; evaluation and sampling run eager
-    add_threads_argument(g)
     g.add_argument('--seed', default=42, type=int, help='seed of the model init, dropout and data order')
 
 

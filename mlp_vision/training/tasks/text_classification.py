@@ -61,7 +61,7 @@ import torch.distributed as dist
 import torch.nn as nn
 from timm.utils import ModelEmaV3, random_seed
 
-from mlp_vision.text.modeling_utils import check_text_activations, check_text_model_size
+from mlp_vision.text.modeling_utils import check_text_model_size
 from mlp_vision.text.registry import model_class
 from mlp_vision.text.tokenizer import Tokenizer, encode_with_template, unknown_character, tokenizer_from_dict, tokenizer_kind, \
     tokenizer_to_dict
@@ -73,8 +73,9 @@ from mlp_vision.training.run.training_run import TrainingRun
 from mlp_vision.training.run.summary import plot_curves
 from mlp_vision.training.tasks.classifier_init import CLASSIFY_FAMILIES, InitReport, init_classifier, scratch_tokenizer
 from mlp_vision.training.tasks.text_data import check_unknown_tokens
-from mlp_vision.training.tasks.language_model import STEP_STOP_ADVICE, setup_optimization
-from mlp_vision.training.tasks.text_recipes import FINETUNE_RECIPE, apply_recipe, load_recipe, params_note
+from mlp_vision.training.tasks.language_model import STEP_STOP_ADVICE, fit_block_size, setup_optimization
+from mlp_vision.training.tasks.text_recipes import (
+    FINETUNE_RECIPE, apply_recipe, load_recipe, optimizer_record, params_note)
 
 __all__ = [
     'LabelledData', 'read_labelled_file', 'label_ids', 'encode_examples', 'collate', 'classification_metrics',
@@ -401,14 +402,9 @@ def _build_classifier(args, run: TrainingRun, data: ClassifyData) -> Tuple[nn.Mo
                          f'both (the BERT template)')
     if train.pairs is not None and tokenizer.sep_token_id is None:
         raise UsageError(f'sentence pairs need a separator token; the tokenizer {tokenizer!r} has none')
-    seq_len = model.config.max_position_embeddings
-    if args.block_size is None:
-        args.derive(block_size=seq_len)
-    if args.block_size > seq_len:
-        raise UsageError(f'--block-size {args.block_size} is larger than the model\'s maximum length {seq_len}')
+    fit_block_size(args, model, resizable=False)
     if args.block_size < tokenizer.num_special_tokens_to_add(pair=train.pairs is not None) + 1:
         raise UsageError(f'--block-size {args.block_size} leaves no room for text after the special tokens')
-    check_text_activations(type(model), model.config, args.batch_size, args.block_size, True, f'--model {args.model}')
     return model, family, tokenizer, report
 
 
@@ -419,10 +415,6 @@ class ClassificationTask(StepTask):
     logger = _logger
     best_key = 'acc'
     stop_advice = STEP_STOP_ADVICE
-
-    def __init__(self, args, run: TrainingRun, command: str):
-        super().__init__(args, run)
-        self.command = command
 
     def setup(self) -> Optimization:
         args, run = self.args, self.run
@@ -566,23 +558,14 @@ class ClassificationTask(StepTask):
                      'label_names': data.names, 'train_examples': len(data.train), 'dev_examples': len(data.dev),
                      'train_label_counts': self.counts, 'dev_majority_acc': self.majority},
             'max_length': args.block_size, 'steps': args.steps, 'batch_size': args.batch_size,
-            'optimizer': {'name': 'adamw', 'lr': args.lr, 'betas': list(args.opt_betas), 'eps': args.opt_eps,
-                          'weight_decay': args.weight_decay, 'sched': args.sched, 'warmup_steps': args.warmup_steps,
-                          'clip_grad': args.clip_grad, **recipe_info},
+            'optimizer': optimizer_record(args, recipe_info),
             'model_ema': None if opt.model_ema is None else {
                 'decay': args.model_ema_decay,
                 'note': 'val metrics, model_best.pth\'s choice, test and pretrained/ are the EMA weights\''},
             'best_step': best_step, 'val_best': best_metrics, 'val_final': final_metrics,
             'test_file': args.test_file or None, 'test': test_metrics,
             'train_seconds': self.seconds_before + self.state.train_seconds,
-            'wall_seconds_this_process': time.time() - run.start_time, 'device': str(run.dist_info.device),
-            'world_size': run.dist_info.world_size, 'threads': torch.get_num_threads(), 'seed': args.seed,
-            'torch': torch.__version__, 'weights_sha256_per_rank': digests,
-            'checkpoints': {'last': str(run.saver.last_path),
-                            'best': str(run.saver.best_path) if run.saver.best_path.exists() else None,
-                            'pretrained': str(output_dir / 'pretrained') + ' (the best checkpoint\'s weights)'},
-            'experiment_dir': str(output_dir),
-            'command': self.command,
+            **self.closing_results(digests, pretrained=f'{output_dir / "pretrained"} (the best checkpoint\'s weights)'),
         }
 
     def report(self, results: dict) -> None:

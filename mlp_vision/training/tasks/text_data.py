@@ -26,13 +26,14 @@ from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 import torch
 
 from mlp_vision.errors import Interrupted, UsageError
+from mlp_vision.text.registry import create_model
 from mlp_vision.text.tokenizer import DEFAULT_CONTROL_TOKENS, SUBWORD_KINDS, Tokenizer, byte_tokenizer, char_tokenizer, \
     find_tokenizer, tokenizer_kind, train_tokenizer, unknown_character
 
 __all__ = [
     'Batch', 'MLM_CONTROL_TOKENS', 'build_tokenizer', 'tokenizer_from_path', 'encode_text', 'read_text_file', 'sample_causal_batch',
     'causal_eval_batches', 'MLMMasker', 'mlm_segments', 'sample_mlm_batch', 'mlm_eval_batches', 'subset_batches',
-    'unigram_mlm_baseline', 'check_unknown_tokens', 'UNKNOWN_WARN_FRACTION',
+    'unigram_mlm_baseline', 'check_unknown_tokens', 'UNKNOWN_WARN_FRACTION', 'model_for_tokenizer',
 ]
 
 _logger = logging.getLogger(__name__)
@@ -365,3 +366,19 @@ def unigram_mlm_baseline(train_ids: torch.Tensor, batches: Sequence[Batch], base
     return {'loss': loss, 'ppl': math.exp(loss), 'masked_acc': 100. * correct / n,
             'mask_token_acc': 100. * correct_mask / max(n_mask, 1), 'tokens': n, 'predicted_token_id': top}
 
+
+
+def model_for_tokenizer(name: str, kwargs: Dict, tokenizer: Tokenizer, config_class, given: Dict, **create):
+    """The text model ``name`` built from the config ``kwargs`` (the ``--model-kwargs`` ``given``, checked) with the
+    tokenizer's vocabulary (a different ``vocab_size`` given is an error) and, where the config has one, its
+    ``<pad>`` id (BiGS: the zero embedding row is the ``<pad>``); ``create``: e.g. ``task=``."""
+    if 'vocab_size' in kwargs and kwargs['vocab_size'] != len(tokenizer):
+        raise UsageError(f'--model-kwargs vocab_size={kwargs["vocab_size"]} differs from the tokenizer\'s '
+                         f'{len(tokenizer)}; leave vocab_size out (it is set from the tokenizer)')
+    kwargs = {**kwargs, 'vocab_size': len(tokenizer)}
+    if 'pad_token_id' in config_class.text_field_names() and tokenizer.pad_token_id is not None:
+        kwargs.setdefault('pad_token_id', tokenizer.pad_token_id)
+    try:
+        return create_model(name, **create, **kwargs), kwargs
+    except (TypeError, ValueError, KeyError) as e:
+        raise UsageError(f'cannot build {name} with --model-kwargs {given}: {e}') from e

@@ -18,7 +18,7 @@ from mlp_vision.training.run.config import find_recipe, load_yaml_config
 from mlp_vision.training.tasks.text_args import build_parser
 
 __all__ = ['RECIPES', 'FINETUNE_RECIPE', 'TIMM_SCHED', 'load_recipe', 'apply_recipe', 'apply_family_recipe',
-           'create_optimizer', 'lm_schedule', 'params_note']
+           'create_optimizer', 'lm_schedule', 'optimizer_record', 'params_note']
 
 # (model family, registry task) -> its recipe in configs/text/; a family without one takes its task's default
 RECIPES: Dict[Tuple[str, str], str] = {
@@ -79,6 +79,13 @@ def lm_schedule(lr: float, steps: int, warmup_steps: int, sched: str, min_lr_rat
     return dict(sched=TIMM_SCHED[sched], num_epochs=steps, warmup_epochs=warmup_steps,
                 warmup_lr=lr / max(warmup_steps, 1), min_lr=min_lr_ratio * lr, decay_rate=1.,
                 step_on_epochs=False, lr=lr)
+
+
+def optimizer_record(args, recipe_info: dict, **settings) -> dict:
+    """The optimizer as ``results.json`` records it: AdamW's values, the schedule (and ``settings``), the recipe."""
+    return {'name': 'adamw', 'lr': args.lr, 'betas': list(args.opt_betas), 'eps': args.opt_eps,
+            'weight_decay': args.weight_decay, 'sched': args.sched, 'warmup_steps': args.warmup_steps, **settings,
+            'clip_grad': args.clip_grad, **recipe_info}
 
 
 def params_note(model: nn.Module) -> str:
