@@ -410,15 +410,18 @@ def test_tokenizing_in_pieces_gives_the_whole_text_ids(kind, monkeypatch):
     import random
     import mlp_vision.training.tasks.text_data as data
     rng = random.Random(1)
-    lines = [' '.join(rng.choice(WORDS + ['  ', 'Tis,', "o'er", '...']) for _ in range(rng.randint(0, 9)))
-             for _ in range(300)]
+    # special-token strings (read as text by byte / char tokenizers, as tokens by subword ones) and non-ASCII
+    extra = ['  ', 'Tis,', "o'er", '...', '<pad>', '<mask>', '[MASK]', '[UNK]', 'naïve', '日本語']
+    lines = [' '.join(rng.choice(WORDS + extra) for _ in range(rng.randint(0, 9))) for _ in range(300)]
     text = '\n'.join(lines) + '\n'
-    tok = data.build_tokenizer(kind, 'causal', text, vocab_size=300)
-    whole = torch.tensor(tok.encode(text, add_special_tokens=False))
+    tok = data.build_tokenizer(kind, 'mlm', text, vocab_size=300)
     monkeypatch.setattr(data, 'ENCODE_CHUNK_CHARS', 50)
+    monkeypatch.setattr(data, 'CHARACTER_PART_CHARS', 7)  # byte / char pieces in parts cut anywhere
     calls = []
-    pieces = data.encode_text(tok, text, 'training text', stop=lambda: calls.append(1) or 0)
-    assert len(calls) > 20 and torch.equal(pieces, whole)
+    pieces = data.encode_text(tok, text, 'training text', stop=lambda: calls.append(1) or 0)  # a fresh tokenizer
+    one_piece = data.encode_text(tok, text, 'training text')
+    whole = torch.tensor(tok.encode(text, add_special_tokens=False))
+    assert len(calls) > 20 and torch.equal(pieces, whole) and torch.equal(one_piece, whole)
 
 
 
