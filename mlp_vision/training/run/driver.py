@@ -1,6 +1,6 @@
 """ The one training driver: :func:`drive` makes the calls of a :class:`~mlp_vision.training.run.training_run.TrainingRun` in
 their fixed order around a :class:`TrainingTask`, which says what is trained and how: the image classifier's epochs
-(``mlp_vision/train.py``) or a :class:`StepTask` (the text tasks of :mod:`mlp_vision.training.tasks`).
+or a :class:`StepTask` (the text tasks), all in :mod:`mlp_vision.training.tasks`.
 
 The step loop (:meth:`StepTask.train`): each update is :meth:`mlp_vision.training.run.loop.StepLoop.update`, shared with
 the image epoch; then the log line. A stop signal inside a long update abandons it and puts its data position and

@@ -1,9 +1,8 @@
 """ What is trained: the tasks the driver (:mod:`mlp_vision.training.run.driver`) runs, and what each needs.
 
-* image classification -- its epoch and evaluation loops (:mod:`.image_classification`, also validate.py's
-  evaluation) and model creation / checkpoint loading (:mod:`.image_model`); the task itself is
-  ``ImageClassification`` in :mod:`mlp_vision.train` (the command, beside its flags); the image data pipeline is
-  :mod:`mlp_vision.training.data`;
+* image classification -- :mod:`.image_classification` (``ImageClassification``, with its epoch and evaluation
+  loops, also validate.py's evaluation) and model creation / checkpoint loading (:mod:`.image_model`); its
+  command is :mod:`mlp_vision.train`, the image data pipeline :mod:`mlp_vision.training.data`;
 * masked / causal language modelling -- :mod:`.language_model` (``LMTask``), its text data and tokenizer
   (:mod:`.text_data`);
 * text classification -- :mod:`.text_classification` (``ClassificationTask``), its initial weights
