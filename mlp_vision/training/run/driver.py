@@ -103,13 +103,24 @@ class TrainingTask:
     def report(self, results: Dict[str, Any]) -> None:  # after results.json (rank 0): curves, closing log lines
         pass
 
+    def close(self) -> None:
+        """Release what would outlive the run (e.g. data-loader worker processes), however the run ended."""
+
 
 def drive(run: TrainingRun, task: TrainingTask) -> Optional[Dict[str, Any]]:
     """Run ``task`` inside ``run``: the resumed checkpoint's identity, the task's setup, the resumed state (weights,
     optimizer, schedule, then the EMA), nothing-left-to-train, DDP and compile, the run folder, the RNG states (last:
     nothing built before shifts them), training (a stop signal or NaN / inf loss ends it with
     :meth:`TrainingRun.stopped`'s one line), then the final stage. Returns the results dict on rank 0 (None on the
-    other ranks, the task's :meth:`~TrainingTask.stop_result` after a requested stop)."""
+    other ranks, the task's :meth:`~TrainingTask.stop_result` after a requested stop). The task is closed however
+    the run ends."""
+    try:
+        return _drive(run, task)
+    finally:
+        task.close()
+
+
+def _drive(run: TrainingRun, task: TrainingTask) -> Optional[Dict[str, Any]]:
     run.check_resume(**task.resume_identity())
     opt = task.setup()
     resumed = run.resume_ckpt is not None
