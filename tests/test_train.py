@@ -542,6 +542,24 @@ def test_recipes_are_found_by_name(capsys):
     assert ', '.join(recipe_names()) in err[0]
 
 
+def _help_default(capsys, argv, flag='--warmup-epochs N'):
+    """The default --help states for ``flag`` after ``train.main(argv + ['--help'])`` (status 0)."""
+    with pytest.raises(SystemExit) as e:
+        train.main(argv + ['--help'])
+    assert e.value.code == 0
+    line = next(line for line in capsys.readouterr().out.splitlines() if line.strip().startswith(flag))
+    return line.rsplit('(default: ', 1)[1].rstrip(')')
+
+
+def test_help_states_the_defaults_of_the_recipe_and_the_resumed_run(reference_run, capsys):
+    """``-c smlpnet_t --help`` shows the recipe's values as the defaults (20 warmup epochs, not the parser's 5), the
+    demo recipe is not shown (it applies only without a dataset), and ``--resume`` shows the resumed run's."""
+    assert _help_default(capsys, []) == '5'
+    assert _help_default(capsys, ['-c', 'smlpnet_t']) == '20'
+    assert _help_default(capsys, ['--resume', str(reference_run / 'last.pth')], '--opt OPTIMIZER') == 'adamw'
+    assert _help_default(capsys, ['-c', 'smlpnet_t', '--hel']) == '20'  # argparse's abbreviation of --help
+
+
 def test_atomic_save_keeps_previous_file_on_failure(tmp_path):
     path = tmp_path / 'last.pth'
     atomic_save({'epoch': 1}, path)

@@ -22,6 +22,7 @@ name: ``-c smlpnet_t`` is ``configs/smlpnet_t.yaml`` from a checkout and from an
 import argparse
 import importlib.resources
 import os
+import sys
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
@@ -262,17 +263,33 @@ class RunArgs(argparse.Namespace):
 _UNSET = object()  # marks a destination the command line did not set
 
 
+_HELP = 'help'  # the key under which parse_given reports -h / --help (merge_settings prints the help)
+
+
+def _help_flags(parser: argparse.ArgumentParser, argv: Sequence[str]) -> List[str]:
+    """The tokens of ``argv`` (before ``--``) that ask ``parser`` for its help: ``-h``, ``--help`` or an
+    abbreviation of it that names no other flag (argparse's own rule)."""
+    longs = [s for a in parser._actions for s in a.option_strings if s.startswith('--') and s != '--help']
+    tokens = list(argv[:argv.index('--')] if '--' in argv else argv)
+    return [t for t in tokens if t == '-h' or (len(t) > 2 and '--help'.startswith(t)
+                                              and not any(s.startswith(t) for s in longs))]
+
+
 def parse_given(parser: argparse.ArgumentParser, argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     """The values the command line ``argv`` sets, by destination: the one parse of ``argv`` (its errors are the
     parser's). Every destination starts as a marker, which argparse leaves where no flag is given (it sets a
     default only where the namespace has none); an optional positional argument left out is set to its default
-    by argparse itself, and counts as not given."""
+    by argparse itself, and counts as not given. ``-h`` / ``--help`` is not acted on here but reported (key
+    ``'help'``): :func:`merge_settings` prints the help with the defaults that ``-c`` and ``--resume`` set."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    helps = _help_flags(parser, argv)
     actions = _actions(parser)
     namespace = argparse.Namespace(**{dest: _UNSET for dest in actions})
-    parser.parse_args(argv, namespace)
-    return {dest: value for dest, value in vars(namespace).items()
-            if value is not _UNSET and not (dest in actions and not actions[dest].option_strings
-                                            and actions[dest].nargs == '?' and value is actions[dest].default)}
+    parser.parse_args([a for a in argv if a not in helps], namespace)
+    given = {dest: value for dest, value in vars(namespace).items()
+             if value is not _UNSET and not (dest in actions and not actions[dest].option_strings
+                                             and actions[dest].nargs == '?' and value is actions[dest].default)}
+    return {**given, _HELP: True} if helps else given
 
 
 def _parser_defaults(parser: argparse.ArgumentParser) -> Dict[str, Any]:
@@ -296,7 +313,11 @@ def merge_settings(
     may be a function of the settings above it (run settings, ``-c``, command line; train.py's demo recipe applies
     when they name no dataset). ``recipes``: ``-c NAME`` may name one of the image recipes (:func:`find_recipe`).
 
-    Returns the :class:`RunArgs` and the list of config files used (base ones first)."""
+    Returns the :class:`RunArgs` and the list of config files used (base ones first); with ``given['help']``
+    prints the help with the defaults of a resumed run and the ``-c`` file (``-c smlpnet_t --help`` shows the
+    recipe's) and exits."""
+    given = dict(given)
+    wants_help = given.pop(_HELP, False)
     known = _actions(parser)
     config = _config_path(given['config'], recipes) if given.get('config') else ''
     # a resumed run's settings come from a file: checked as the command line checks its values
@@ -309,6 +330,10 @@ def merge_settings(
     values = _parser_defaults(parser)
     for path in bases:
         values.update(load_yaml_config(path, parser))
+    if wants_help:  # the defaults a run with these -c / --resume has; base configs (the demo's) are not shown
+        parser.set_defaults(**above)
+        parser.print_help()
+        parser.exit()
     values.update(above)
     return RunArgs(**values), bases + ([config] if config else [])
 
