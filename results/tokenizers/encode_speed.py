@@ -5,7 +5,7 @@ import sys, time, importlib.util
 sys.path.insert(0, __import__('os').path.dirname(__import__('os').path.dirname(__import__('os').path.dirname(__import__('os').path.abspath(__file__)))))
 import mlp_vision.text as mt
 spec = importlib.util.spec_from_file_location('old_tokenizer', '/tmp/tokexp/old_tokenizer.py'); old = importlib.util.module_from_spec(spec); spec.loader.exec_module(old)
-text = open('/work/shared/data/tinyshakespeare/input.txt').read()
+text = open(__import__('os').path.join(__import__('os').path.dirname(__import__('os').path.abspath(__file__)), '..', '..', '..', 'shared', 'data', 'tinyshakespeare', 'input.txt')).read()  # ../shared beside the checkout
 for name, new, prev in (('byte', mt.byte_tokenizer(), old.ByteTokenizer()), ('char', mt.char_tokenizer(set(text)), old.CharTokenizer(set(text)))):
     t = time.perf_counter(); a = new.encode(text, add_special_tokens=False); tn = time.perf_counter() - t
     t = time.perf_counter(); b = prev.encode(text); to = time.perf_counter() - t
