@@ -12,7 +12,6 @@ from . import models
 from .models import MlpMixer, SparseMLPNet
 
 
-
 def _registered_vision_models():
     """The names this package's model files registered with timm, read back from timm's registry (one source)."""
     from timm.models import list_models, model_entrypoint

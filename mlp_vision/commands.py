@@ -5,8 +5,9 @@ Each function runs the command's ``main`` and returns an exit status: a console 
 ``sys.exit``, and the trainers' ``main`` returns its results dict, which ``sys.exit`` would print and turn into
 status 1. The commands' modules are imported when run, so listing them imports none of them.
 """
+import importlib
 import textwrap
-from typing import Any
+from typing import Callable
 
 __all__ = ['COMMANDS', 'train', 'validate', 'benchmark', 'complexity', 'text_train', 'fill_mask', 'visualize']
 
@@ -22,43 +23,21 @@ COMMANDS = {
 }
 
 
-def _exit_status(result: Any) -> int:
-    return result if isinstance(result, int) else 0
+def _command(script: str, module: str = '') -> Callable[[], int]:
+    """The console script ``script``: ``main(prog=script)`` of ``module`` (default: its ``python -m`` module)."""
+    def run() -> int:
+        result = importlib.import_module(module or COMMANDS[script][0]).main(prog=script)
+        return result if isinstance(result, int) else 0
+    return run
 
 
-def train() -> int:
-    from .train import main
-    return _exit_status(main(prog='mlp-vision-train'))
-
-
-def validate() -> int:
-    from .validate import main
-    return _exit_status(main(prog='mlp-vision-validate'))
-
-
-def benchmark() -> int:
-    from .benchmark import main
-    return _exit_status(main(prog='mlp-vision-benchmark'))
-
-
-def complexity() -> int:
-    from .complexity.report import main
-    return _exit_status(main(prog='mlp-vision-complexity'))
-
-
-def text_train() -> int:
-    from .train_text import main
-    return _exit_status(main(prog='mlp-vision-text-train'))
-
-
-def fill_mask() -> int:
-    from .text.fill_mask import main
-    return _exit_status(main(prog='mlp-vision-fill-mask'))
-
-
-def visualize() -> int:
-    from .visualize import main
-    return _exit_status(main(prog='mlp-vision-visualize'))
+train = _command('mlp-vision-train')
+validate = _command('mlp-vision-validate')
+benchmark = _command('mlp-vision-benchmark')
+complexity = _command('mlp-vision-complexity', 'mlp_vision.complexity.report')  # python -m runs its __main__
+text_train = _command('mlp-vision-text-train')
+fill_mask = _command('mlp-vision-fill-mask')
+visualize = _command('mlp-vision-visualize')
 
 
 def describe() -> str:

@@ -29,34 +29,29 @@ from typing import Any, Callable, Iterator, Optional, Sequence, Tuple
 import torch
 import torch.nn as nn
 
-__all__ = ['ArgumentParser', 'DefaultsHelpFormatter', 'UsageError', 'RunError', 'Interrupted', 'ScriptExit', 'run_cli', 'find_os_error',
-           'check_range', 'parse_device', 'read_json_file', 'short_repr', 'MAX_PARAMS',
+__all__ = ['ArgumentParser', 'DefaultsHelpFormatter', 'UsageError', 'RunError', 'Interrupted', 'ScriptExit', 'run_cli',
+           'find_os_error', 'check_range', 'parse_device', 'read_json_file', 'short_repr', 'MAX_PARAMS',
            'check_model_size', 'MAX_ACTIVATION_BYTES', 'estimate_activation_bytes', 'check_activation_size',
-           'add_bound_arguments', 'add_allow_regex_argument', 'size_bounds', 'within_bounds', 'MAX_ACTIVATION_FLAG', 'MAX_PARAMS_FLAG', 'ALLOW_REGEX_FLAG']
+           'add_bound_arguments', 'add_allow_regex_argument', 'size_bounds', 'within_bounds']
 
 
 class UsageError(ValueError):
-    """Bad input from the user (a path, a flag, a dataset or a checkpoint that does not fit).
-
-    The message says what was wrong and what is expected. The scripts exit with status 2 and that one line
-    instead of a traceback; library callers get a ``ValueError``.
-    """
+    """Bad input from the user: the message says what was wrong and what is expected. The scripts exit with status
+    2 and that one line instead of a traceback; library callers get a ``ValueError``."""
     exit_status = 2
 
 
 class ArgumentParser(argparse.ArgumentParser):
     """``argparse.ArgumentParser`` whose errors (a bad choice, a value of the wrong type, an unknown flag) raise
-    :class:`UsageError`, so a script run through :func:`run_cli` reports them as its one line with status 2, like
-    every other usage error, instead of argparse's usage text plus the message."""
+    :class:`UsageError`: one line and status 2 through :func:`run_cli`, not argparse's usage text."""
 
     def error(self, message: str):
         raise UsageError(message)
 
 
 class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """argparse's ``(default: X)`` after each flag's help, except where the help already says its default in words
-    (``'... (default: the training set's)'`` would otherwise read ``(default: the training set's) (default:
-    None)``)."""
+    """argparse's ``(default: X)`` after each flag's help, except where the help already says its default in
+    words."""
 
     def _get_help_string(self, action):
         if 'default' in (action.help or '').lower():
@@ -70,10 +65,9 @@ _SHORT.maxstring, _SHORT.maxother, _SHORT.maxlong = 120, 120, 40
 
 
 def short_repr(value: Any, limit: int = 200) -> str:
-    """``repr(value)`` bounded in work and length, for every message that echoes a value from the user or a file:
-    nested containers are shown to 3 levels and 6 items each, long strings and numbers are cut (``...``), and the
-    whole is at most ``limit`` characters. A full ``repr`` of a yaml alias bomb (1 KB of file, billions of
-    elements once expanded) or of a 10**5000 integer (``ValueError``: too many digits) never ends or fails."""
+    """``repr(value)`` bounded in work and length (3 levels, 6 items each, long strings and numbers cut, at most
+    ``limit`` characters), for every message that echoes a value from the user or a file: a full ``repr`` of a
+    yaml alias bomb or of a 10**5000 integer (``ValueError``: too many digits) would never end or fail."""
     if isinstance(value, int) and value.bit_length() > 256:  # repr of >4300 digits raises; of fewer takes long
         return f'<an integer of about {int(value.bit_length() * math.log10(2)) + 1} digits>'
     try:
@@ -88,8 +82,7 @@ def check_range(name: str, value, low=None, high=None, *, low_open: bool = False
     """A :class:`UsageError` ``<name> must be <range>[ (why)], got <value>`` unless ``value`` is a finite number in
     the range: ``low`` / ``high`` None leave that side open-ended, ``low_open`` / ``high_open`` exclude the bound.
 
-    NaN and infinities are never in range: no flag or config value means anything by them, and NaN passes every
-    ``<`` test unnoticed (``not 0 < nan`` is how NaN used to slip through to a NaN loss).
+    NaN and infinities are never in range: no flag means anything by them, and NaN passes every ``<`` test.
     """
     number = isinstance(value, (int, float)) and not isinstance(value, bool)
     ok = number and (isinstance(value, int) or math.isfinite(value))  # an int may be too large for a float
@@ -111,8 +104,7 @@ def check_range(name: str, value, low=None, high=None, *, low_open: bool = False
 
 
 # the largest model any command builds unasked: 2e9 parameters are 8 GB of float32 weights (32 GB with AdamW's
-# state and the gradients); a size read from a file (a checkpoint's model_cfg, a config.json) beyond it is far more
-# likely damaged or hostile than meant. Library callers pass another ``max_params`` to check_model_size.
+# state and the gradients); a size read from a file beyond it is far more likely damaged or hostile than meant
 MAX_PARAMS = 2_000_000_000
 
 
@@ -123,11 +115,10 @@ class _OverBudget(BaseException):
 
 def check_model_size(build_on_meta: Callable[[], Optional[nn.Module]], what: str,
                      max_params: Optional[int] = None) -> Optional[int]:
-    """The parameter count of the model ``build_on_meta()`` builds on the ``meta`` device (no memory: only shapes),
-    or a :class:`UsageError` naming ``what`` (the model, and the file or field its sizes came from) when it exceeds
-    ``max_params``. The build stops as soon as the parameters registered so far pass the bound, so a config of
-    100,000 wide layers is refused after a few of them, not built. ``build_on_meta`` returning None (a model that
-    cannot be built on ``meta``) skips the check: None is returned. ``max_params`` None: :data:`MAX_PARAMS`."""
+    """The parameter count of the model ``build_on_meta()`` builds on the ``meta`` device (only shapes), or a
+    :class:`UsageError` naming ``what`` (the model, and the file its sizes came from) when it exceeds
+    ``max_params`` (None: :data:`MAX_PARAMS`). The build stops as soon as the count passes the bound, so 100,000
+    wide layers are refused after a few. ``build_on_meta`` returning None skips the check (None is returned)."""
     max_params = MAX_PARAMS if max_params is None else max_params
     seen, total = set(), 0
 
@@ -155,11 +146,10 @@ def check_model_size(build_on_meta: Callable[[], Optional[nn.Module]], what: str
     return None if model is None else sum(p.numel() for p in model.parameters())
 
 
-# the activations one forward may hold (estimate_activation_bytes) before anything has checked its sizes: a size read
-# from a file (a checkpoint's img_size, a config.json's max_position_embeddings) can make the first step take far
-# more memory than any machine has. The estimate of a training step at 224 px and batch 256 is 33 GiB for resnet50,
-# 45 GiB for gmlp_s16_224, 55 GiB for mixer_b16_224, 59 GiB for smlpnet_t (measured 2026-11-26); 256 GiB is beyond
-# any single accelerator's memory. The commands' --max-activation-gib raises it (size_bounds).
+# the activations one forward may hold (estimate_activation_bytes): a size read from a file (a checkpoint's img_size,
+# a config.json's max_position_embeddings) can make the first step take more memory than any machine has. A training
+# step at 224 px, batch 256 is estimated at 33-59 GiB (resnet50 to smlpnet_t, 2026-11-26); 256 GiB is beyond any
+# single accelerator's memory. --max-activation-gib raises it (size_bounds).
 MAX_ACTIVATION_BYTES = 256 * 2 ** 30
 
 
@@ -175,16 +165,12 @@ def _tensor_bytes(value: Any) -> int:
 
 def estimate_activation_bytes(model: nn.Module, inputs: Sequence[torch.Tensor], training: bool,
                               stop_above: Optional[int] = None) -> int:
-    """Bytes of activations one forward of ``model`` on ``inputs`` holds, from a run on the ``meta`` device (model
-    and inputs there: shapes only, nothing allocated). Every leaf module's output is counted (modules with children
-    return what their leaves made):
-
-    * ``training``: the sum over all leaf outputs -- autograd keeps them (or tensors of their size) until backward;
-    * otherwise: the largest leaf input + output pair, the most one layer holds at once under ``no_grad``.
+    """Bytes of activations one forward of ``model`` on ``inputs`` holds, from a run on the ``meta`` device (shapes
+    only, nothing allocated), counted over leaf modules' outputs: ``training``, their sum (autograd keeps them until
+    backward); otherwise the largest leaf input + output pair (the most one layer holds under ``no_grad``).
 
     An estimate, not a bound: functional ops between modules (residual adds, reshapes) are not counted. With
-    ``stop_above``, the forward stops as soon as the estimate passes it (a 100,000-layer model is not walked to the
-    end) and a value above ``stop_above`` is returned."""
+    ``stop_above``, the forward stops as soon as the estimate passes it and a value above it is returned."""
     total, largest = 0, 0
 
     def observe(module: nn.Module, args: Tuple[Any, ...], output: Any) -> None:
@@ -213,11 +199,10 @@ def estimate_activation_bytes(model: nn.Module, inputs: Sequence[torch.Tensor], 
 def check_activation_size(build_on_meta: Callable[[], Optional[nn.Module]], inputs: Sequence[torch.Tensor],
                           training: bool, what: str, max_bytes: Optional[int] = None) -> Optional[int]:
     """:func:`estimate_activation_bytes` of the model ``build_on_meta()`` builds on the ``meta`` device for
-    ``inputs`` (``meta`` tensors of the batch that will be used), or a :class:`UsageError` naming ``what`` (the model,
-    the batch, the file its sizes came from) when it exceeds ``max_bytes`` (None: :data:`MAX_ACTIVATION_BYTES`).
-    Checked before the real model's first forward, so a crafted ``img_size`` or sequence length stops here instead
-    of allocating gigabytes. A model that cannot be built or run on ``meta`` skips the check: None is returned (the
-    real forward reports its own errors)."""
+    ``inputs`` (``meta`` tensors of the batch to come), or a :class:`UsageError` naming ``what`` when it exceeds
+    ``max_bytes`` (None: :data:`MAX_ACTIVATION_BYTES`): checked before the real first forward, so a crafted
+    ``img_size`` or sequence length stops here. A model that cannot be built or run on ``meta`` skips the check
+    (None is returned; the real forward reports its own errors)."""
     max_bytes = MAX_ACTIVATION_BYTES if max_bytes is None else max_bytes
     try:
         model = build_on_meta()
@@ -234,18 +219,14 @@ def check_activation_size(build_on_meta: Callable[[], Optional[nn.Module]], inpu
     return estimate
 
 
-MAX_ACTIVATION_FLAG, MAX_PARAMS_FLAG, ALLOW_REGEX_FLAG = '--max-activation-gib', '--max-params', '--allow-regex'
-
-
 def add_bound_arguments(group: argparse._ActionsContainer) -> None:
-    """The command-line opt-ins past the bounds on the sizes files may ask for: ``--max-params``
-    (:data:`MAX_PARAMS`) and ``--max-activation-gib`` (:data:`MAX_ACTIVATION_BYTES`), set for the command by
-    :func:`size_bounds`."""
-    group.add_argument(MAX_PARAMS_FLAG, type=float, default=None, metavar='N',
+    """``--max-params`` (:data:`MAX_PARAMS`) and ``--max-activation-gib`` (:data:`MAX_ACTIVATION_BYTES`): the
+    opt-ins past the bounds on the sizes files may ask for, set for the command by :func:`size_bounds`."""
+    group.add_argument('--max-params', type=float, default=None, metavar='N',
                        help=f'raises the bound on a model\'s parameter count (default {MAX_PARAMS:.0e}), checked '
                             f'before it is built: for a model this large that is meant, not a damaged or crafted '
                             f'checkpoint / config.json')
-    group.add_argument(MAX_ACTIVATION_FLAG, type=float, default=None, metavar='GIB',
+    group.add_argument('--max-activation-gib', type=float, default=None, metavar='GIB',
                        help=f'raises the bound on the activations one step may hold (default '
                             f'{MAX_ACTIVATION_BYTES // 2 ** 30} GiB, estimated on the meta device before the first '
                             f'batch): for a batch / input size this large that is meant')
@@ -253,7 +234,7 @@ def add_bound_arguments(group: argparse._ActionsContainer) -> None:
 
 def add_allow_regex_argument(group: argparse._ActionsContainer) -> None:
     """``--allow-regex`` (``args.allow_regex``): the command-line opt-in of the tokenizer readers' ``allow_regex``."""
-    group.add_argument(ALLOW_REGEX_FLAG, action='store_true', default=False,
+    group.add_argument('--allow-regex', action='store_true', default=False,
                        help='UNSAFE: read a tokenizer.json whose pre-tokenizer or normalizer has a regular '
                             'expression; a crafted pattern can take minutes per text (backtracking). Only for '
                             'tokenizer files you made or whose maker you trust')
@@ -262,14 +243,14 @@ def add_allow_regex_argument(group: argparse._ActionsContainer) -> None:
 @contextlib.contextmanager
 def size_bounds(args: argparse.Namespace) -> Iterator[None]:
     """:data:`MAX_PARAMS` and :data:`MAX_ACTIVATION_BYTES` as ``args``' ``--max-params`` / ``--max-activation-gib``
-    say (:func:`add_bound_arguments`; absent or None: unchanged) for the ``with`` block, the defaults again after
-    it (an in-process caller, a test, keeps its own). A bound that is not a positive number is a UsageError."""
+    say (absent or None: unchanged) for the ``with`` block, restored after it; a bound that is not a positive
+    number is a UsageError."""
     global MAX_PARAMS, MAX_ACTIVATION_BYTES
     max_params, max_gib = getattr(args, 'max_params', None), getattr(args, 'max_activation_gib', None)
     if max_params is not None:
-        check_range(MAX_PARAMS_FLAG, max_params, low=0, low_open=True)
+        check_range('--max-params', max_params, low=0, low_open=True)
     if max_gib is not None:
-        check_range(MAX_ACTIVATION_FLAG, max_gib, low=0, low_open=True)
+        check_range('--max-activation-gib', max_gib, low=0, low_open=True)
     saved = MAX_PARAMS, MAX_ACTIVATION_BYTES
     MAX_PARAMS = saved[0] if max_params is None else int(max_params)
     MAX_ACTIVATION_BYTES = saved[1] if max_gib is None else int(max_gib * 2 ** 30)
@@ -310,8 +291,7 @@ CONFIG_MAX_BYTES = 16 * 2 ** 20  # a config.json is kilobytes (a 21k-class label
 
 def read_json_file(path: str, max_bytes: int = CONFIG_MAX_BYTES):
     """The parsed JSON of the file ``path``; a :class:`UsageError` naming it when it is larger than ``max_bytes``
-    (checked before it is read: a multi-gigabyte "config" would fill the memory), not UTF-8, not JSON, or nested
-    too deeply for the parser (a ``RecursionError`` in ``json``)."""
+    (checked before it is read), not UTF-8, not JSON, or nested too deeply for the parser."""
     size = os.path.getsize(path)
     if size > max_bytes:
         raise UsageError(f'{path} is {size:,} bytes, more than the {max_bytes:,} a JSON config can need; it is not '
@@ -373,11 +353,9 @@ _ALLOCATION_FAILURES = ("can't allocate memory", 'out of memory', 'failed to all
 
 
 def _boundary_line(error: BaseException) -> Optional[Tuple[int, str]]:
-    """(status, one line) of a failure no input check rules out everywhere (None for any other error): memory
-    running out (``MemoryError``, ``torch.OutOfMemoryError``, the CPU allocator's RuntimeError) and a Rust
-    library's panic (``pyo3_runtime.PanicException``, e.g. from ``tokenizers``: a ``BaseException``, so no ``except
-    Exception`` sees it), status 1; input nested beyond Python's recursion limit or bytes that are not UTF-8, status
-    2 (the readers that know the file name say it themselves; this is the net under the others)."""
+    """(status, one line) of a failure no input check rules out everywhere, as the module docstring lists them
+    (None for any other error). A Rust panic (``pyo3_runtime.PanicException``) is a ``BaseException``; recursion
+    and UTF-8 errors here are the net under the readers that name their file themselves."""
     text = ' '.join(str(error).split())[:300]
     if isinstance(error, (MemoryError, getattr(torch, 'OutOfMemoryError', MemoryError))) or (
             isinstance(error, RuntimeError) and any(m in text.lower() for m in _ALLOCATION_FAILURES)):
@@ -395,8 +373,7 @@ def _boundary_line(error: BaseException) -> Optional[Tuple[int, str]]:
 
 def run_cli(prog: str, main: Callable[[Sequence[str]], object], argv: Optional[Sequence[str]] = None):
     """``main(argv)`` with the scripts' error path (see the module docstring); returns what ``main`` returns.
-    torch's intra-op thread count is the caller's again afterwards: a command's ``--threads`` is for its run only
-    (an in-process caller, a test, keeps its own)."""
+    torch's intra-op thread count is the caller's again afterwards: a command's ``--threads`` is for its run only."""
     threads = torch.get_num_threads()
     try:
         return _run_cli(prog, main, argv)

@@ -1,22 +1,16 @@
-""" ``--threads``: the intra-op threads of every command that computes (train, validate, benchmark, complexity,
-visualize, fill-mask and the text trainer), one definition for all.
+""" ``--threads``: the intra-op threads of every command that computes, one definition for all.
 
 ``--threads N`` sets ``torch.set_num_threads(N)`` for the command's run (N from 1 to the CPUs this process may
 use: more only oversubscribe them, and ``torch.set_num_threads(100000)`` crashes the process). Without it a
 command keeps PyTorch's count, lowered to the CPUs the rest of the machine leaves idle: the CPUs minus the
-1-minute load average minus this run's own data-loader processes, rounded, at least 1.
+1-minute load average minus this run's own data-loader processes, rounded, at least 1; a count set before the
+command (``OMP_NUM_THREADS``, an in-process caller's, torchrun's 1 per process) is never raised.
 
-Why (``results/threads/README.md``, the demo ``python train.py`` on 2 cores): PyTorch's default is one thread per
-CPU, and its OpenMP threads spin-wait for each other at every parallel region, so when another process holds one of
-the cores the step waits for the thread that is not running. On the machine busy with other work (load 6-12),
-3 epochs of the demo took 3 min 9 s to 8 min 21 s with PyTorch's 2 threads and 27-43 s with 1; on the quiet
-machine the whole demo took 57 s with 2 threads and 46 s with 1 (its loader process holds the second core). A count
-set before the command (the ``OMP_NUM_THREADS`` variable, ``torch.set_num_threads`` by an in-process caller,
-torchrun's 1 per process) is never raised. The load average lags: right after another heavy job ends it still
-counts that job for a minute or two, and picks fewer threads; ``--threads N`` decides.
-
-:func:`~mlp_vision.errors.run_cli` restores the caller's count after every command, so ``--threads`` of an
-in-process run does not leak into the caller.
+Why: PyTorch's OpenMP threads spin-wait for each other at every parallel region, so when another process holds a
+core every step waits for the thread that is not running: on the busy 2-core machine 3 demo epochs took 3-8 min
+with PyTorch's 2 threads and 27-43 s with 1 (``results/threads/README.md``). The load average lags a minute or
+two behind the machine; ``--threads N`` decides. :func:`~mlp_vision.errors.run_cli` restores the caller's count
+after every command.
 """
 import argparse
 import os
@@ -38,8 +32,6 @@ def usable_cpus() -> int:
         return os.cpu_count() or 1
 
 
-# --threads in every command: more threads than CPUs only oversubscribe them, and torch.set_num_threads(100000)
-# crashes the process (SIGSEGV)
 THREADS_RANGE = dict(low=1, high=usable_cpus(), why='the CPUs this process may use')
 
 

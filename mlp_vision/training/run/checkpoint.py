@@ -1,10 +1,9 @@
 """ Checkpoints: atomic writes, last / best / top-N bookkeeping that survives a resume, RNG state capture,
 and safe loading of checkpoint files (ours, timm's train.py's, foreign state dicts, safetensors).
 
-Our training checkpoints (:mod:`mlp_vision.training.run.training_run` writes them for both trainers) are dicts of tensors and
-plain Python values, so they load with ``torch.load(weights_only=True)``. No file is ever unpickled in full
-unless the caller passes ``trust=True`` (the scripts' ``--trust-checkpoint``): a full unpickle runs whatever code
-the file names, so a file that needs one stops with a message saying so.
+Our training checkpoints (:mod:`.training_run` writes them) are dicts of tensors and plain Python values, so they
+load with ``torch.load(weights_only=True)``. No file is unpickled in full unless the caller passes ``trust=True``
+(``--trust-checkpoint``): a full unpickle runs whatever code the file names.
 """
 import contextlib
 import logging
@@ -54,9 +53,8 @@ def _fsync_dir(path: Path) -> None:
 
 def open_own_file(path: os.PathLike, flags: int, mode: int = 0o644) -> int:
     """``os.open(path, flags)`` for a file a run writes: never through a symbolic link (``O_NOFOLLOW``) and never
-    into a FIFO, device or socket (opened non-blocking, then checked to be a regular file), so a link planted in a
-    run folder cannot make the run append to or truncate a file elsewhere. Returns the descriptor; otherwise a
-    :class:`UsageError` naming the file."""
+    into a FIFO, device or socket (opened non-blocking, then checked), so a link planted in a run folder cannot make
+    the run write to a file elsewhere. Returns the descriptor; otherwise a :class:`UsageError` naming the file."""
     path = Path(path)
     try:
         fd = os.open(path, flags | getattr(os, 'O_NOFOLLOW', 0) | getattr(os, 'O_NONBLOCK', 0), mode)
@@ -87,16 +85,14 @@ def _pid_alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except (PermissionError, OverflowError):
-        return True
+    except (PermissionError, OverflowError):  # another user's process, or no valid pid: left alone
+        pass
     return True
 
 
 def clean_stale_temp_files(folder: os.PathLike) -> List[Path]:
-    """Remove the temporary files (:func:`temp_path`) that killed processes left in ``folder``; returns them.
-
-    A file whose process still runs (another writer, or this process) is left alone.
-    """
+    """Remove the temporary files (:func:`temp_path`) that killed processes left in ``folder``; returns them. A
+    file whose process still runs (another writer, or this process) is left alone."""
     removed = []
     for p in sorted(Path(folder).glob(f'.*{_TMP_TAG}*')):
         pid = p.name.rsplit(_TMP_TAG, 1)[-1]
@@ -179,8 +175,7 @@ def atomic_folder(path: os.PathLike):
 
 
 def atomic_link(src: os.PathLike, dst: os.PathLike) -> None:
-    """Make ``dst`` a hard link to ``src`` (a copy by :func:`atomic_write` where links are not supported),
-    atomically."""
+    """Make ``dst`` a hard link to ``src`` atomically (a copy by :func:`atomic_write` where links fail)."""
     src, dst = Path(src), Path(dst)
     tmp = temp_path(dst)
     tmp.unlink(missing_ok=True)  # a leftover, or a planted (even dangling) link, goes first
@@ -198,30 +193,22 @@ def atomic_link(src: os.PathLike, dst: os.PathLike) -> None:
 
 
 class CheckpointManager:
-    """``last.pth`` every epoch (or step), ``model_best.pth`` and the ``max_history`` best ``checkpoint-<epoch>.pth``.
+    """``last.pth`` every epoch (or step, ``key``), ``model_best.pth`` and the ``max_history`` best
+    ``checkpoint-<position>.pth``.
 
-    ``key`` names the position in the history entries: ``epoch`` (train.py) or ``step`` (the text trainer).
+    ``resume_only``: the fields of ``state`` only a resume needs (``optimizer``, ``amp_scaler`` unless
+    ``--keep-optimizer-state``): ``last.pth`` always holds them, best / top-N files are then written without them
+    (for AdamW a third of the size), else as hard links of ``last.pth``.
 
-    ``resume_only``: the fields of ``state`` only a resume needs (the trainers' ``optimizer`` and ``amp_scaler``,
-    unless ``--keep-optimizer-state``). ``last.pth`` always holds them; best / top-N files are then written without
-    them (weights, EMA weights, position, settings and history: for AdamW a third of ``last.pth``'s size, half with
-    EMA weights), else as hard links of ``last.pth``.
+    The best / top-N history is stored inside every checkpoint and restored on resume. Writes, in order:
+    ``last.pth`` (atomic, holding the new history), best / top-N, then removal of the file that fell out of the
+    top N; a crash between them leaves at worst a stale or missing top-N file, never a broken one. A restored
+    history is checked entry by entry, and an evicted file is always named from its position, never from a path
+    read from the checkpoint.
 
-    The best / top-N history is stored inside every checkpoint and restored by :meth:`load_state_dict` on
-    resume. Order of writes for an epoch: ``last.pth`` (atomic, already holding the new history), then best /
-    top-N (atomic, or hard links), then removal of the checkpoint that fell out of the top N. A crash between the
-    steps leaves at worst a stale or missing top-N file, never a broken one; history entries whose file is
-    missing are dropped on load.
-
-    A checkpoint is data from whoever made it, never an instruction: a restored history is checked entry by
-    entry (:meth:`load_state_dict`), and the file of an evicted entry is always ``checkpoint-<position>.pth`` in
-    ``output_dir``, named from the position, never a path read from the checkpoint.
-
-    Not a subclass of ``timm.utils.CheckpointSaver`` (timm 1.0.31), whose ranking this follows (best first, ties
-    keep the earlier position): it refuses ``max_history=0`` (the text trainer, ``--checkpoint-hist 0``) and only
-    tracks the best inside a top-N slot, keeps metric-less checkpoints by recency, writes non-atomically through a
-    fixed ``tmp`` name, links full states as best / top-N, and deletes the paths a restored state names (a crafted
-    ``../file`` included). Keeping our files and history meant overriding its save, track and cleanup too.
+    Not ``timm.utils.CheckpointSaver`` (timm 1.0.31), whose ranking this follows: it refuses ``max_history=0``,
+    tracks the best only inside a top-N slot, writes non-atomically through a fixed ``tmp`` name, and deletes the
+    paths a restored state names (a crafted ``../file`` included).
     """
 
     def __init__(self, output_dir: os.PathLike, decreasing: bool = False, max_history: int = 3, key: str = 'epoch',
@@ -287,7 +274,7 @@ class CheckpointManager:
         return {'history': history, 'best': best}
 
     def load_state_dict(self, state: Optional[Dict[str, Any]], source: str = 'the checkpoint') -> None:
-        """Restore a history checked by :meth:`check_state`; entries whose file is gone are dropped."""
+        """Restore a history (checked by :meth:`check_state`); entries whose file is gone are dropped."""
         state = self.check_state(state, source)
         if not state:
             return
@@ -301,9 +288,7 @@ class CheckpointManager:
         """Write the checkpoint of position ``epoch`` (an epoch or a step); ``state`` gets ``checkpoint_history``
         added. Returns what was written."""
         is_best = metric is not None and (self.best is None or self._better(metric, self.best['metric']))
-        history = list(self.history)
-        evicted = []
-        in_top = False
+        history, evicted, in_top = list(self.history), [], False
         if metric is not None and self.max_history > 0:
             history = [h for h in history if h[self.key] != epoch]  # an epoch re-run after a crash
             history.append({self.key: epoch, 'metric': metric, 'file': self.file_name(epoch)})
@@ -431,7 +416,8 @@ def get_rng_state() -> Dict[str, Any]:
 
 
 def set_rng_state(state: Dict[str, Any]) -> None:
-    random.setstate(state['python'])
+    version, words, gauss = state['python']  # torch.load(weights_only=True) gives lists back where tuples were saved
+    random.setstate((version, tuple(words), gauss))
     n = state['numpy']
     np.random.set_state((n['name'], n['keys'].numpy().astype(np.uint32), n['pos'], n['has_gauss'],
                          n['cached_gaussian']))
@@ -500,14 +486,6 @@ def preserve_rng():
         set_rng_state(state)
 
 
-def _python_rng_state_to_tuple(state):
-    # torch.load(weights_only=True) gives lists back where torch.save got tuples; a damaged state is left as it is,
-    # for check_rng_state to refuse with one line where it is used (a --resume), not here in every loader
-    if isinstance(state, (list, tuple)) and len(state) == 3 and isinstance(state[1], (list, tuple)):
-        return state[0], tuple(state[1]), state[2]
-    return state
-
-
 def _file_format(path: Path) -> str:
     if path.suffix == '.safetensors':
         return 'safetensors'
@@ -574,10 +552,6 @@ def load_checkpoint_file(path: os.PathLike, trust: bool = False, what: str = 'ch
                          f'{" ".join(str(e).split())[:200]}') from None
     if not isinstance(ckpt, dict):
         raise UsageError(f'{name} holds a {type(ckpt).__name__}, expected a dict / state dict')
-    rng_states = ckpt.get('rng_states')
-    for s in rng_states if isinstance(rng_states, list) else []:
-        if isinstance(s, dict) and 'python' in s:
-            s['python'] = _python_rng_state_to_tuple(s['python'])
     return ckpt
 
 
@@ -597,12 +571,7 @@ def clean_state_dict(state_dict: Dict[str, torch.Tensor]) -> Dict[str, torch.Ten
     return out
 
 
-def load_model_weights(
-        model: nn.Module,
-        state_dict: Dict[str, torch.Tensor],
-        source: str,
-        model_name: str,
-) -> None:
+def load_model_weights(model: nn.Module, state_dict: Dict[str, torch.Tensor], source: str, model_name: str) -> None:
     """``model.load_state_dict(strict=True)`` (the load of ``--resume``, ``--initial-checkpoint`` and validate's
     ``--checkpoint``) after :func:`mlp_vision.weights.check_weights` (tensors, floating point where the model's
     are, finite), with a readable :class:`UsageError` naming ``source`` when the weights belong to another model.
@@ -619,19 +588,16 @@ def load_model_weights(
         return
     except RuntimeError as e:
         result_error = e
-    model_keys = set(model.state_dict().keys())
-    missing = sorted(model_keys - set(ckpt))
-    unexpected = sorted(set(ckpt) - model_keys)
-    shape = [k for k in sorted(model_keys & set(ckpt)) if tuple(ckpt[k].shape) != tuple(model.state_dict()[k].shape)]
-    parts = []
-    if missing:
-        parts.append(f'{len(missing)} weights missing (e.g. {", ".join(missing[:3])})')
+    own = model.state_dict()
+    missing, unexpected = sorted(set(own) - set(ckpt)), sorted(set(ckpt) - set(own))
+    shape = [k for k in sorted(set(own) & set(ckpt)) if tuple(ckpt[k].shape) != tuple(own[k].shape)]
+    parts = [f'{len(missing)} weights missing (e.g. {", ".join(missing[:3])})'] if missing else []
     if unexpected:
         parts.append(f'{len(unexpected)} unexpected (e.g. {", ".join(unexpected[:3])})')
     if shape:
         k = shape[0]
         parts.append(f'{len(shape)} with other shapes (e.g. {k}: checkpoint {tuple(ckpt[k].shape)}, '
-                     f'model {tuple(model.state_dict()[k].shape)})')
+                     f'model {tuple(own[k].shape)})')
     detail = '; '.join(parts) or str(result_error)
     raise UsageError(
         f'{source} does not fit model {model_name}: {detail}. Expected a checkpoint of the same architecture '

@@ -1,23 +1,16 @@
 """ ``-c/--config`` yaml files for argparse scripts: yaml keys are the flag names; explicit flags win.
 
 Precedence, lowest first: the parser's defaults, base configs (train.py's demo recipe), the settings of a run
-being resumed (:func:`mlp_vision.training.run.training_run.parse_run_args`), the ``-c`` file, then the command line.
-Keys may be written as the flag (``weight-decay``) or its destination (``weight_decay``); an unknown key is
-an error, so a typo in a recipe cannot be silently ignored, and every value must have the flag's type
-(``batch_size: 32.5`` is an error, as ``--batch-size 32.5`` is).
+being resumed (:func:`~.training_run.parse_run_args`), the ``-c`` file, then the command line. Keys are the flag
+(``weight-decay``) or its destination (``weight_decay``); an unknown key or a value not of the flag's type is an
+error, as on the command line. The command line is parsed once (:func:`parse_given`), then laid over the other
+layers (:func:`merge_settings`) into a :class:`RunArgs`.
 
-The command line is parsed once (:func:`parse_given`: only what it sets), then laid over the other layers
-(:func:`merge_settings`), so the ``-c`` file and a ``--resume`` checkpoint are read after that one parse and no
-flag is parsed twice. The result is a :class:`RunArgs`: the arguments as given, and apart from them the values a
-run derives (a scaled LR, the data's class count, recipe fills), saved under their own names.
+Every yaml file the package reads goes through :func:`read_yaml_file`: yaml's safe loader that also refuses
+aliases (a 1 KB file of nested aliases expands to gigabytes), duplicate keys (yaml lets the last one win
+silently), nesting deeper than :data:`MAX_YAML_DEPTH` and files over :data:`MAX_YAML_BYTES`, each with one line.
 
-Every yaml file the package reads (``-c`` files, the recipes, a run's ``args.yaml``) goes through
-:func:`read_yaml_file`: yaml's safe loader (no tags run code) that also refuses aliases (``*name``: a 1 KB file of
-nested aliases expands to gigabytes), duplicate keys (yaml lets the last one win silently), nesting deeper than
-:data:`MAX_YAML_DEPTH` and files over :data:`MAX_YAML_BYTES`, each with one line naming the file and line.
-
-The image recipes (the repository's ``configs/``, shipped in the package as ``mlp_vision/configs``) are found by
-name: ``-c smlpnet_t`` is ``configs/smlpnet_t.yaml`` from a checkout and from an installed package alike.
+The image recipes (``configs/``, shipped as ``mlp_vision/configs``) are found by name: ``-c smlpnet_t``.
 """
 import argparse
 import importlib.resources
@@ -148,13 +141,13 @@ def _typed_one(value: Any, action: argparse.Action, where: str, flag: str) -> An
             value = int(value)
         else:
             raise UsageError(f'{where}: {action.dest} must be an integer (as {flag}), got {short_repr(value)}')
-    elif kind is float and not isinstance(value, bool) and isinstance(value, (int, float, str)):
-        try:
-            value = float(value)
-        except ValueError:
-            raise UsageError(f'{where}: {action.dest} must be a number (as {flag}), got {short_repr(value)}') from None
     elif kind is float:
-        raise UsageError(f'{where}: {action.dest} must be a number (as {flag}), got {short_repr(value)}')
+        try:
+            if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+                raise ValueError
+            value = float(value)
+        except (ValueError, OverflowError):  # an integer too large for a float overflows
+            raise UsageError(f'{where}: {action.dest} must be a number (as {flag}), got {short_repr(value)}') from None
     elif kind is str and not isinstance(value, str):
         raise UsageError(f'{where}: {action.dest} must be a string (as {flag}), got {short_repr(value)}')
     if action.choices and value not in action.choices:
@@ -166,28 +159,29 @@ RECIPE_SUFFIX = '.yaml'
 
 
 def recipe_folder() -> Optional[Path]:
-    """Where the recipes are: ``mlp_vision/configs`` in a built package (pyproject.toml maps the repository's
-    ``configs/`` there), else ``configs/`` beside the package folder (a checkout, and an editable install, whose
-    package folder is the checkout's); None when neither exists. Only one: beside an installed package is
+    """Where the recipes are: ``mlp_vision/configs`` in a built package, else ``configs/`` beside the package folder
+    (a checkout, an editable install); None when neither exists. Never both: beside an installed package is
     site-packages, whose ``configs/`` (if any) is another distribution's."""
     package = Path(str(importlib.resources.files('mlp_vision')))
     shipped, checkout = package / 'configs', package.resolve().parent / 'configs'
     return next((folder for folder in (shipped, checkout) if folder.is_dir()), None)
 
 
-def recipe_names(kind: str = '') -> List[str]:
-    """The names ``-c`` accepts for the recipes (sorted, without ``.yaml``); ``kind='text'``: the text trainer's
-    (``configs/text/``)."""
+def _recipe_folder(kind: str) -> Optional[Path]:
     folder = recipe_folder()
-    folder = folder / kind if folder is not None and kind else folder
+    return folder / kind if folder is not None and kind else folder
+
+
+def recipe_names(kind: str = '') -> List[str]:
+    """The names ``-c`` accepts for the recipes (sorted, without ``.yaml``); ``kind='text'``: ``configs/text/``'s."""
+    folder = _recipe_folder(kind)
     return sorted(p.name[:-len(RECIPE_SUFFIX)] for p in folder.glob('*' + RECIPE_SUFFIX)) if folder else []
 
 
 def find_recipe(name: str, kind: str = '') -> Path:
     """The file of the recipe ``name`` (``smlpnet_t`` -> ``.../configs/smlpnet_t.yaml``; ``kind='text'``:
     ``.../configs/text/NAME.yaml``); an unknown name is a :class:`UsageError` listing the recipes there are."""
-    folder = recipe_folder()
-    folder = folder / kind if folder is not None and kind else folder
+    folder = _recipe_folder(kind)
     if folder is not None and (folder / (name + RECIPE_SUFFIX)).is_file():
         return folder / (name + RECIPE_SUFFIX)
     raise UsageError(f'-c {name}: no such file, and no recipe of that name (recipes: '
@@ -225,14 +219,10 @@ def load_yaml_config(path: str, parser: argparse.ArgumentParser, notes: Sequence
 class RunArgs(argparse.Namespace):
     """The arguments of a run (argparse's ``Namespace``) and, kept apart, the values the run derives from them.
 
-    A run derives some values from its arguments and its data: the learning rate scaled to the global batch
-    (timm's rule), the class count of the dataset, the demo's data folder, a text recipe's optimizer values, the
-    model's block size. :meth:`derive` sets them, so the code reads every value it uses as ``args.NAME``, and keeps
-    what was given: :meth:`given` is the arguments as the user gave them (command line over ``-c`` over a resumed
-    run's over the defaults) -- what ``args.yaml`` and a checkpoint's ``args`` hold and a resume takes over --
-    and :attr:`derived` the values derived, saved beside them (``derived.yaml``, a checkpoint's ``derived``), so a
-    resume derives them again from the given ones (a scaled LR follows a new ``--batch-size``).
-
+    :meth:`derive` sets a derived value (an LR scaled to the global batch, the data's class count, recipe fills), so
+    the code reads every value as ``args.NAME``; :meth:`given` stays the arguments as given (``args.yaml``, a
+    checkpoint's ``args``: what a resume takes over) and :attr:`derived` the derived ones (``derived.yaml``, a
+    checkpoint's ``derived``), so a resume derives them again (a scaled LR follows a new ``--batch-size``).
     ``resumed_settings`` / ``resumed_derived``: the given and derived values of the run being resumed ({} if none).
     """
     __slots__ = ('_given', '_derived', 'resumed_settings', 'resumed_derived')  # slots: not in vars(), not settings
@@ -261,8 +251,6 @@ class RunArgs(argparse.Namespace):
 
 
 _UNSET = object()  # marks a destination the command line did not set
-
-
 _HELP = 'help'  # the key under which parse_given reports -h / --help (merge_settings prints the help)
 
 
@@ -276,11 +264,10 @@ def _help_flags(parser: argparse.ArgumentParser, argv: Sequence[str]) -> List[st
 
 
 def parse_given(parser: argparse.ArgumentParser, argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
-    """The values the command line ``argv`` sets, by destination: the one parse of ``argv`` (its errors are the
-    parser's). Every destination starts as a marker, which argparse leaves where no flag is given (it sets a
-    default only where the namespace has none); an optional positional argument left out is set to its default
-    by argparse itself, and counts as not given. ``-h`` / ``--help`` is not acted on here but reported (key
-    ``'help'``): :func:`merge_settings` prints the help with the defaults that ``-c`` and ``--resume`` set."""
+    """The values the command line ``argv`` sets, by destination (the one parse of ``argv``): every destination
+    starts as a marker, which argparse leaves where no flag is given; an optional positional left out counts as not
+    given. ``-h`` / ``--help`` is reported (key ``'help'``): :func:`merge_settings` prints the help with the
+    defaults that ``-c`` and ``--resume`` set."""
     argv = list(sys.argv[1:] if argv is None else argv)
     helps = _help_flags(parser, argv)
     actions = _actions(parser)
@@ -301,13 +288,11 @@ def _parser_defaults(parser: argparse.ArgumentParser) -> Dict[str, Any]:
     return defaults
 
 
-def merge_settings(
-        parser: argparse.ArgumentParser,
-        given: Mapping[str, Any],
-        base_configs: Union[Sequence[str], Callable[[Mapping[str, Any]], Sequence[str]]] = (),
-        run_settings: Optional[Mapping[str, Any]] = None,
-        recipes: bool = False,
-) -> Tuple[RunArgs, List[str]]:
+BaseConfigs = Union[Sequence[str], Callable[[Mapping[str, Any]], Sequence[str]]]  # files, or a function giving them
+
+
+def merge_settings(parser: argparse.ArgumentParser, given: Mapping[str, Any], base_configs: BaseConfigs = (),
+                   run_settings: Optional[Mapping[str, Any]] = None, recipes: bool = False) -> Tuple[RunArgs, List[str]]:
     """The arguments of a run from their layers, lowest first: the parser's defaults, ``base_configs``, a resumed
     run's ``run_settings`` (by destination), the ``-c`` file, then ``given`` (:func:`parse_given`). ``base_configs``
     may be a function of the settings above it (run settings, ``-c``, command line; train.py's demo recipe applies
@@ -338,17 +323,10 @@ def merge_settings(
     return RunArgs(**values), bases + ([config] if config else [])
 
 
-def parse_args_with_config(
-        parser: argparse.ArgumentParser,
-        argv: Optional[Sequence[str]] = None,
-        base_configs: Union[Sequence[str], Callable[[Mapping[str, Any]], Sequence[str]]] = (),
-        run_settings: Optional[Mapping[str, Any]] = None,
-        recipes: bool = False,
-) -> Tuple[RunArgs, List[str]]:
-    """Parse ``argv`` (once) with ``-c/--config`` support: :func:`merge_settings` of :func:`parse_given`.
-
-    Returns the namespace and the list of config files used (base ones first).
-    """
+def parse_args_with_config(parser: argparse.ArgumentParser, argv: Optional[Sequence[str]] = None,
+                           base_configs: BaseConfigs = (), run_settings: Optional[Mapping[str, Any]] = None,
+                           recipes: bool = False) -> Tuple[RunArgs, List[str]]:
+    """:func:`merge_settings` of :func:`parse_given` ``(argv)``: (the arguments, the config files used)."""
     return merge_settings(parser, parse_given(parser, argv), base_configs, run_settings, recipes)
 
 

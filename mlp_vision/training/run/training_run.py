@@ -1,29 +1,24 @@
-""" The training core shared by ``train.py`` (epochs of images) and ``mlp_vision.train_text`` (steps of text).
-
-Each entry point keeps only what differs (data, model, loss and metrics); everything about *a run* is here:
+""" What is the same in every training run, whatever the task (image epochs, text steps):
 
 * :func:`parse_run_args` -- flags, ``-c`` yaml, and on ``--resume`` the resumed run's saved settings (explicit flags
-  and ``-c`` win; every difference is logged by :meth:`TrainingRun.log_start`);
+  and ``-c`` win; every difference is logged by :meth:`TrainingRun.log_settings_changes`);
 * :func:`setup_amp` and :class:`UpdateStep` -- autocast, the float16 loss scaler (timm's ``NativeScaler``),
-  gradient accumulation, clipping and the optimizer step, one implementation for both loops;
-* :func:`create_lr_scheduler` -- timm's ``create_scheduler_v2`` for both (per epoch or per update);
+  gradient accumulation, clipping and the optimizer step;
+* :func:`create_lr_scheduler` -- timm's ``create_scheduler_v2`` (per epoch or per update);
 * :class:`TrainingRun` -- the output folder (``args.yaml``, ``derived.yaml``, ``train.log``, ``summary.csv``; its
-  identity and lock in :mod:`.run_folder`), resume (weights, optimizer, scaler, schedule, RNG, history; in place only into the checkpoint's
-  own run at its newest position, refusing a finished run), the checkpoint payload, the NaN
-  and SIGINT / SIGTERM stops, and the final ``results.json`` (an earlier one is kept, never overwritten).
+  identity and lock in :mod:`.folder`), resume (in place only into the checkpoint's own run at its newest
+  position, refusing a finished run), the checkpoint payload, the NaN and signal stops, and ``results.json``
+  (an earlier one is kept, never overwritten).
 
-Checkpoint payload (every value a tensor or plain Python value, so it loads with ``weights_only=True``)::
+Checkpoint payload (tensors and plain Python values only, so it loads with ``weights_only=True``)::
 
-    version, kind ('image' | 'text'), run_id (the folder's run.json, :mod:`.run_folder`), threads (the compute
-    threads it ran with: a resume keeps them), arch, <position key> ('epoch': last completed epoch | 'step': completed
-    updates), num_updates, model_cfg, state_dict, optimizer, scheduler, schedule (create_scheduler_v2 kwargs),
-    amp_scaler, rng_states (one per rank), metric, args (as given), derived (the values derived from them: a scaled
-    lr, the data's class count, recipe fills; :class:`~mlp_vision.training.run.config.RunArgs`), checkpoint_history, + the
-    trainer's own fields
+    version, kind ('image' | 'text'), run_id (the folder's run.json), threads (a resume keeps them), arch,
+    <position key> ('epoch': last completed epoch | 'step': completed updates), num_updates, model_cfg,
+    state_dict, optimizer, scheduler, schedule (create_scheduler_v2 kwargs), amp_scaler, rng_states (one per
+    rank), metric, args (as given), derived (:class:`~.config.RunArgs`), checkpoint_history, + the task's fields
 
-``last.pth`` holds all of it; ``model_best.pth`` / ``checkpoint-N.pth`` leave out ``optimizer`` and ``amp_scaler``
-unless ``--keep-optimizer-state`` (:class:`~mlp_vision.training.run.checkpoint.CheckpointManager`'s ``resume_only``), and
-``--resume`` of such a file needs ``--no-resume-opt`` (:func:`parse_run_args`).
+``model_best.pth`` / ``checkpoint-N.pth`` leave out ``optimizer`` and ``amp_scaler`` unless
+``--keep-optimizer-state``; ``--resume`` of such a file needs ``--no-resume-opt``.
 """
 import argparse
 import json
@@ -37,7 +32,7 @@ from contextlib import suppress
 from datetime import datetime
 from functools import partial
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn as nn
@@ -45,11 +40,11 @@ from timm.scheduler import create_scheduler_v2
 from timm.utils import NativeScaler, dispatch_clip_grad, unwrap_model
 
 from mlp_vision.training.run.checkpoint import (
-    CHECKPOINT_VERSION, TRUST_FLAG, CheckpointManager, atomic_write_text, open_own_file, check_optimizer_state, check_settings_state,
-    clean_stale_temp_files, get_rng_state, keep_previous, load_checkpoint_file, load_model_weights, set_rng_state)
-from mlp_vision.training.run.checkpoint import check_rng_state
+    CHECKPOINT_VERSION, TRUST_FLAG, CheckpointManager, atomic_write_text, check_optimizer_state, check_rng_state,
+    check_settings_state, clean_stale_temp_files, get_rng_state, keep_previous, load_checkpoint_file,
+    load_model_weights, open_own_file, set_rng_state)
 from mlp_vision.training.run.config import (
-    RunArgs, args_to_yaml, merge_settings, parse_given, plain_value, read_yaml_file)
+    BaseConfigs, RunArgs, args_to_yaml, merge_settings, parse_given, plain_value, read_yaml_file)
 from mlp_vision.training.run.distributed import DistInfo, all_gather_objects, state_dict_digest
 from mlp_vision.errors import Interrupted, RunError, UsageError, add_bound_arguments, short_repr
 from mlp_vision.training.run.log import add_log_file, remove_log_file
@@ -58,10 +53,8 @@ from mlp_vision.training.run.folder import (
 from mlp_vision.training.run.summary import SummaryWriter, write_json
 from mlp_vision.threads import add_threads_argument
 
-__all__ = [
-    'RUN_CONTROL_ARGS', 'add_run_arguments', 'add_common_arguments', 'add_device_arguments', 'parse_run_args', 'setup_amp', 'UpdateStep', 'create_lr_scheduler',
-    'NonFiniteLossError', 'TrainingRun',
-]
+__all__ = ['RUN_CONTROL_ARGS', 'add_run_arguments', 'add_common_arguments', 'add_device_arguments', 'parse_run_args',
+           'setup_amp', 'UpdateStep', 'create_lr_scheduler', 'NonFiniteLossError', 'TrainingRun']
 
 _logger = logging.getLogger(__name__)
 
@@ -110,22 +103,14 @@ def add_device_arguments(group: argparse._ActionsContainer, distributed: bool = 
 
 
 # ------------------------------------------------------------------------------------------------ arguments
-def parse_run_args(
-        parser: argparse.ArgumentParser,
-        argv: Sequence[str],
-        kind: str,
-        base_configs: Union[Sequence[str], Callable[[Mapping[str, Any]], Sequence[str]]] = (),
-        recipes: bool = False,
-) -> Tuple[RunArgs, Optional[Dict[str, Any]]]:
-    """Parse ``argv`` once (:func:`~mlp_vision.training.run.config.parse_given`); with ``--resume`` the checkpoint is
-    loaded (once, safely), checked to be a ``kind`` training checkpoint, and its saved arguments as given become
-    the defaults under ``-c`` and the command line (:func:`~mlp_vision.training.run.config.merge_settings`, which
-    takes ``base_configs``: files, or a function of the settings above them). ``recipes``: ``-c NAME`` may name a
-    shipped recipe (:func:`~mlp_vision.training.run.config.find_recipe`).
+def parse_run_args(parser: argparse.ArgumentParser, argv: Sequence[str], kind: str, base_configs: BaseConfigs = (),
+                   recipes: bool = False) -> Tuple[RunArgs, Optional[Dict[str, Any]]]:
+    """Parse ``argv`` once (:func:`~.config.parse_given`); with ``--resume`` the checkpoint is loaded (once, safely),
+    checked to be a ``kind`` training checkpoint, and its saved arguments as given become the defaults under ``-c``
+    and the command line (:func:`~.config.merge_settings`, which takes ``base_configs`` and ``recipes``).
 
-    Returns (args, the loaded resume checkpoint or None). ``args.resumed_settings`` holds the saved arguments,
-    ``args.resumed_derived`` the values the run derived from them (its checkpoint's ``derived``; a checkpoint
-    written before these were kept apart has none, and its ``args`` hold its derived values as if given).
+    Returns (args, the loaded resume checkpoint or None); ``args.resumed_settings`` / ``args.resumed_derived``
+    hold the checkpoint's ``args`` / ``derived``.
     """
     given = parse_given(parser, argv)
     resume = given.get('resume', '')
@@ -185,10 +170,8 @@ def setup_amp(enabled: bool, dtype_name: Optional[str], device: torch.device):
 
 
 class UpdateStep:
-    """Backward of one (micro-)batch loss and, on the last micro-batch of an update, clipping + optimizer step.
-
-    ``loss`` is the micro-batch's mean loss; it is divided by ``accum_steps`` (the number of micro-batches of
-    this update) so an update's gradient is the mean over its micro-batches. Under float16 AMP timm's
+    """Backward of one micro-batch's mean loss, divided by ``accum_steps`` (the update's micro-batches, so its
+    gradient is their mean), and on the last micro-batch clipping + optimizer step. Under float16 AMP timm's
     ``NativeScaler`` scales the loss and unscales before clipping. ``clip_grad`` <= 0 or None: no clipping.
     """
 
@@ -227,11 +210,8 @@ class NonFiniteLossError(RuntimeError):
 # ------------------------------------------------------------------------------------------------ schedule
 def create_lr_scheduler(optimizer: torch.optim.Optimizer, schedule: Dict[str, Any], updates_per_epoch: int = 1):
     """timm's ``create_scheduler_v2(optimizer, **schedule)``; returns (scheduler, total epochs incl. cooldown).
-
-    ``schedule`` holds its keyword arguments and ``lr``, the base LR (the optimizer's). It is stored in every
-    checkpoint: a resume with other values continues the new schedule from the checkpoint's position (see
-    :meth:`TrainingRun.restore`).
-    """
+    ``schedule`` holds its keyword arguments and ``lr`` (the optimizer's base LR); every checkpoint stores it
+    (:meth:`TrainingRun.restore` continues a changed one from the checkpoint's position)."""
     if schedule['sched'] not in _SCHEDULERS:
         raise UsageError(f'--sched {schedule["sched"]!r} is not a learning-rate schedule; use one of '
                          f'{", ".join(_SCHEDULERS)}')
@@ -289,17 +269,10 @@ def _read_results(path: Path) -> Optional[Dict[str, Any]]:
 
 # ------------------------------------------------------------------------------------------------ the run
 class TrainingRun:
-    """The bookkeeping of one training run, for both trainers. Use as a context manager around the run.
-
-    Args:
-        args: the parsed arguments (of :func:`parse_run_args`).
-        dist_info: this process's place (rank 0 writes every file).
-        resume_ckpt: the loaded ``--resume`` checkpoint, or None.
-        kind: 'image' or 'text' (stored in checkpoints; ``--resume`` checks it).
-        key: the position of a checkpoint: 'epoch' (train.py) or 'step' (text trainer).
-        prog: the script's name in messages.
-        decreasing: the best-checkpoint metric is better when lower.
-        max_history: keep the N best ``checkpoint-<position>.pth`` (0: none).
+    """The bookkeeping of one training run, used as a context manager around it. ``args`` and ``resume_ckpt``
+    (None: not resuming): :func:`parse_run_args`'s; rank 0 of ``dist_info`` writes every file. ``kind``: 'image' or
+    'text' (``--resume`` checks it); ``key``: a checkpoint's position, 'epoch' or 'step'; ``decreasing``: the
+    best-checkpoint metric is better when lower; ``max_history``: the N best ``checkpoint-<position>.pth`` kept.
     """
 
     def __init__(self, args, dist_info: DistInfo, resume_ckpt: Optional[Dict[str, Any]], *, kind: str, key: str,
@@ -318,7 +291,7 @@ class TrainingRun:
         self._signal: int = 0
         self._previous_handlers: Dict[int, Any] = {}
         self._lock: Optional[FolderLock] = None
-        self.run_id: Optional[str] = None  # this run's identity (run_folder.RUN_FILE), stored in every checkpoint
+        self.run_id: Optional[str] = None  # this run's identity (folder.RUN_FILE), stored in every checkpoint
         self._results_written = False
         self._in_final_stage = False
         self.start_time = time.time()
@@ -355,9 +328,8 @@ class TrainingRun:
         self._previous_handlers.clear()
 
     def stop_signal(self) -> int:
-        """This process's SIGINT / SIGTERM number (0: none). Local, no collective: the step loop
-        (:meth:`mlp_vision.training.run.loop.StepLoop.update`) agrees on it across the ranks at points every rank reaches
-        in the same order, inside its one per-update all-reduce."""
+        """This process's SIGINT / SIGTERM number (0: none); no collective (:class:`~.loop.StepLoop` agrees on it
+        across the ranks)."""
         return self._signal
 
     # ------------------------------------------------------------------ resume
@@ -375,13 +347,10 @@ class TrainingRun:
 
     def restore(self, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler, schedule: Dict[str, Any],
                 loss_scaler=None, weights_only: bool = False) -> Tuple[int, int]:
-        """Load the resumed state into the run's objects; returns (position, num_updates) of the checkpoint
-        (0, 0 when not resuming).
-
-        The schedule continues exactly when ``schedule`` equals the checkpoint's; otherwise (e.g. a larger
-        ``--epochs``) the new schedule is positioned at the checkpoint's epoch / update, and the change logged.
-        ``weights_only`` (``--no-resume-opt``): weights and position only; the optimizer starts fresh.
-        """
+        """Load the resumed state into the run's objects; returns the checkpoint's (position, num_updates), (0, 0)
+        when not resuming. The schedule continues exactly when ``schedule`` equals the checkpoint's; otherwise (a
+        larger ``--epochs``) the new one is positioned at the checkpoint's epoch / update, and the change logged.
+        ``weights_only`` (``--no-resume-opt``): weights and position only; the optimizer starts fresh."""
         ckpt = self.resume_ckpt
         if ckpt is None:
             return 0, 0
@@ -475,15 +444,9 @@ class TrainingRun:
     # ------------------------------------------------------------------ outputs
     def open_outputs(self, default_root: str, default_name: str) -> Optional[Path]:
         """Rank 0: the experiment folder (locked for this process), ``train.log``, ``args.yaml``, the checkpoint
-        manager and ``summary.csv``.
-
-        A new run gets a new folder (``NAME-1`` if NAME exists) and a new run id. ``--resume`` continues in the
-        checkpoint's own folder only when, under that folder's lock, the folder is the checkpoint's run and holds
-        nothing newer (:func:`~mlp_vision.training.run.folder.newer_than`); otherwise (an earlier checkpoint, another
-        run's or a non-run folder, another ``--output`` / ``--experiment``) the run continues in a new folder, so no
-        run's later checkpoints or outputs, and no file that is not a run's, are replaced (:meth:`_resume_folder`).
-        A folder in use by another process, or holding links or FIFOs, is refused.
-        """
+        manager and ``summary.csv``. A new run gets a new folder (``NAME-1`` if NAME exists) and run id; a resumed
+        one continues in place only as :meth:`_resume_folder` decides, else in a new folder. A folder in use by
+        another process, or holding links or FIFOs, is refused."""
         if not self.primary:
             return None
         args = self.args
@@ -587,8 +550,7 @@ class TrainingRun:
         saved = args.resumed_settings
         if not saved:
             return
-        given = args.given()
-        plain = plain_value
+        given, plain = args.given(), plain_value
         changed = [f'--{k.replace("_", "-")} {plain(given.get(k))!r} (was {plain(v)!r})'
                    for k, v in saved.items() if plain(given.get(k)) != plain(v)]
         derived, was = args.derived, args.resumed_derived
@@ -605,9 +567,7 @@ class TrainingRun:
              **extra) -> Optional[Dict[str, bool]]:
         """Every rank: gather the RNG states (with ``rank_extra``); rank 0: write the checkpoint of ``position``.
         Returns what was written (rank 0) or None."""
-        rank_state = get_rng_state()
-        rank_state.update(rank_extra or {})
-        rng_states = all_gather_objects(rank_state, self.dist_info)
+        rng_states = all_gather_objects({**get_rng_state(), **(rank_extra or {})}, self.dist_info)
         self.last_saved = position  # on every rank: they decide together whether a save is due
         if not self.primary:
             return None
@@ -635,11 +595,8 @@ class TrainingRun:
     # ------------------------------------------------------------------ stops
     def stopped(self, error: Exception, advice: str = '') -> RunError:
         """The :class:`RunError` that ends a run stopped by a NaN / inf loss or a signal: where it happened, which
-        checkpoint is intact and how to go on (``advice``: the flags worth changing).
-
-        Only a checkpoint that exists is named: this run's ``last.pth`` once written, else the checkpoint it resumed
-        from (a resume into a new folder has written none yet). A NaN loss is said to have arisen in training:
-        whatever it started from was checked finite when loaded (weights, optimizer and scheduler state)."""
+        checkpoint is intact (only one that exists: this run's ``last.pth``, else the one it resumed from) and how to
+        go on (``advice``: the flags worth changing)."""
         last = self.saver.last_path if self.saver is not None else None
         resumed = self.args.resume if getattr(self.args, 'resume', '') and os.path.isfile(self.args.resume) else None
         intact = None
@@ -681,9 +638,8 @@ class TrainingRun:
         self._results_written = True
 
     def begin_final_stage(self) -> None:
-        """Mark the end of training: from here on (final evaluation, exports, ``results.json``) a failure still
-        leaves a ``results.json`` holding the error (:meth:`__exit__`), so the folder never lacks its results
-        file and a ``--resume`` can say what happened."""
+        """From here on (final evaluation, exports) a failure still leaves a ``results.json`` holding the error
+        (:meth:`__exit__`), so a ``--resume`` can say what happened."""
         self._in_final_stage = True
 
     def _record_final_stage_error(self, error: BaseException) -> None:
