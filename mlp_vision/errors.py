@@ -1,5 +1,4 @@
-""" The one error path of every command (train, validate, benchmark, complexity, text-train, fill-mask, visualize:
-:mod:`mlp_vision.commands`). Each parses with :class:`ArgumentParser` (help with :class:`DefaultsHelpFormatter`).
+""" The one error path of every command (:mod:`mlp_vision.commands`); each parses with :class:`ArgumentParser`.
 
 A script's ``main`` runs its work through :func:`run_cli`, which turns every expected failure into one line on
 stderr, ``<prog>: error: <what was wrong and what is expected>``, and an exit status:
@@ -310,7 +309,7 @@ def read_json_file(path: str, max_bytes: int = CONFIG_MAX_BYTES):
 
 
 class RunError(RuntimeError):
-    """A run that cannot go on (the loss became NaN, the disk is full). The message says what was kept."""
+    """A run that cannot go on (the loss became NaN, the disk is full); the message says what was kept."""
     exit_status = 1
 
 
@@ -375,13 +374,6 @@ def run_cli(prog: str, main: Callable[[Sequence[str]], object], argv: Optional[S
     """``main(argv)`` with the scripts' error path (see the module docstring); returns what ``main`` returns.
     torch's intra-op thread count is the caller's again afterwards: a command's ``--threads`` is for its run only."""
     threads = torch.get_num_threads()
-    try:
-        return _run_cli(prog, main, argv)
-    finally:
-        torch.set_num_threads(threads)
-
-
-def _run_cli(prog: str, main: Callable[[Sequence[str]], object], argv: Optional[Sequence[str]]):
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = '--debug' in argv
     try:
@@ -403,6 +395,8 @@ def _run_cli(prog: str, main: Callable[[Sequence[str]], object], argv: Optional[
         if debug or known is None:
             raise
         status, message = known
+    finally:
+        torch.set_num_threads(threads)
     rank = int(os.environ.get('RANK', 0) or 0)
     line = f'{prog}: error: {" ".join(message.split())}'
     if rank == 0 or status == UsageError.exit_status:  # a run's stop is reported once, by rank 0 (it holds the files)

@@ -1,19 +1,13 @@
-""" Loading a backbone's weights into a model that may have another head: the one implementation behind fine-tuning
-an image model (:func:`mlp_vision.training.tasks.image_model.load_pretrained_weights`), the official BiGS weights
-(``BiGSForMaskedLM.from_official``) and the text classifier's ``--init-from``
-(:mod:`mlp_vision.training.tasks.classifier_init`).
+""" Loading a backbone's weights into a model that may have another head (:func:`load_backbone`: fine-tuning an
+image model, the official BiGS weights, the text classifier's ``--init-from``), and :func:`check_weights`, which
+every loader of weights runs first (also ``from_pretrained`` and the strict
+:func:`~mlp_vision.training.run.checkpoint.load_model_weights`): a tensor that cannot be right for any model (not a
+tensor, integer values for a floating-point parameter, NaN or infinity) stops with one line naming the file and
+the tensor before anything is loaded (``load_state_dict`` would cast integers silently, and NaN weights run
+without a word).
 
-Every loader of weights (:func:`load_backbone`, a text model's ``from_pretrained`` before ``transformers`` reads the
-file, and the strict :func:`mlp_vision.training.run.checkpoint.load_model_weights` of ``--resume``,
-``--initial-checkpoint`` and validate's ``--checkpoint``) first runs :func:`check_weights`: a tensor that cannot be right for any model (not a tensor,
-integer / bool values for a floating-point parameter, NaN or infinity) stops with one line naming the file and the
-tensor before anything is loaded (``load_state_dict`` would cast integers silently, and NaN weights evaluate, fill
-and draw without a word).
-
-It lives at the top of the package, beside neither ``text/`` nor ``training/``, because both use it and ``text/``
-must not import the trainers. Otherwise it only loads and reports; what else is an error (missing, unexpected or
-mis-shaped tensors) is the caller's decision (a trainer's one-line :class:`~mlp_vision.errors.UsageError`,
-``from_pretrained``'s exceptions).
+At the top of the package because ``text/`` uses it and must not import the trainers. Missing, unexpected or
+mis-shaped tensors are the caller's to report.
 """
 import dataclasses
 from typing import Dict, List, Mapping, Sequence
@@ -50,10 +44,9 @@ def tied_aliases(model: nn.Module) -> List[str]:
 
 def check_weights(own: Mapping[str, torch.Tensor], state_dict: Mapping[str, object], source: str) -> None:
     """A :class:`~mlp_vision.errors.UsageError` naming ``source`` and the first bad entry of ``state_dict``: for a
-    tensor the model has (``own``: its state dict), a value that is not a tensor, or a tensor whose kind is not the
-    model's (integer / bool values for a floating-point parameter or buffer, or floating-point values for an integer
-    one such as BatchNorm's ``num_batches_tracked``); for every floating-point tensor (also under names a module
-    renames while loading), NaN or infinite values. Other entries the model lacks are the caller's to report."""
+    tensor the model has (``own``: its state dict), a value that is not a tensor or not of the model's kind
+    (integer / bool for floating point, or the reverse, e.g. ``num_batches_tracked``); for every floating-point
+    tensor (also under names a module renames while loading), NaN or infinite values."""
     for key, value in state_dict.items():
         mine = own.get(key)
         if mine is not None and not isinstance(value, torch.Tensor):
@@ -73,13 +66,10 @@ def check_weights(own: Mapping[str, torch.Tensor], state_dict: Mapping[str, obje
 
 def load_backbone(model: nn.Module, state_dict: Mapping[str, torch.Tensor],
                   head_prefixes: Sequence[str] = (), source: str = 'the weights') -> LoadReport:
-    """Load every tensor of ``state_dict`` that ``model`` has in the same shape; report what was loaded, what stays
-    new, what is missing and what the file had in vain.
-
-    ``head_prefixes`` name the task head (e.g. ``('head.',)``, ``('classifier.',)``): its tensors may be absent or
-    of another shape (another class count) and are then ``new``; an empty tuple makes every tensor backbone.
-    Keys may carry DDP's ``module.`` prefix. The model is changed only where a tensor is loaded, and not at all when
-    :func:`check_weights` refuses a tensor (a :class:`~mlp_vision.errors.UsageError` naming ``source``, the file).
+    """Load every tensor of ``state_dict`` (keys may carry DDP's ``module.``) that ``model`` has in the same shape;
+    report what was loaded, what stays new, what is missing and what the file had in vain. ``head_prefixes`` name
+    the task head (e.g. ``('head.',)``): its tensors may be absent or of another shape and are then ``new``. The
+    model is changed only where a tensor is loaded, and not at all when :func:`check_weights` refuses one.
     """
     head = tuple(head_prefixes)
     in_head = (lambda k: k.startswith(head)) if head else (lambda k: False)

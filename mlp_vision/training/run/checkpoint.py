@@ -213,11 +213,8 @@ class CheckpointManager:
 
     def __init__(self, output_dir: os.PathLike, decreasing: bool = False, max_history: int = 3, key: str = 'epoch',
                  resume_only: Sequence[str] = ()):
-        self.output_dir = Path(output_dir)
-        self.resume_only = tuple(resume_only)
-        self.decreasing = decreasing
-        self.max_history = max_history
-        self.key = key
+        self.output_dir, self.resume_only = Path(output_dir), tuple(resume_only)
+        self.decreasing, self.max_history, self.key = decreasing, max_history, key
         self.history: List[Dict[str, Any]] = []  # [{key, 'metric', 'file'}], best first
         self.best: Optional[Dict[str, Any]] = None  # {key, 'metric'}
 
@@ -234,18 +231,15 @@ class CheckpointManager:
         """The top-N file of ``position``: the only kind of file this class ever deletes."""
         return f'checkpoint-{position}.pth'
 
-    def _better(self, a: float, b: float) -> bool:
-        return a < b if self.decreasing else a > b
-
     def _checked_entry(self, entry: Any, with_file: bool) -> Dict[str, Any]:
         """``entry`` as this class writes it, or a ``ValueError`` saying what is wrong with it."""
         keys = {self.key, 'metric'} | ({'file'} if with_file else set())
         if not isinstance(entry, dict) or set(entry) != keys:
             raise ValueError(f'{entry!r} is not a {{{", ".join(sorted(keys))}}} entry')
         position, metric = entry[self.key], entry['metric']
-        if isinstance(position, bool) or not isinstance(position, int) or position < 0:
+        if not _is_number(position) or not isinstance(position, int) or position < 0:
             raise ValueError(f'{self.key} {position!r} is not a non-negative integer')
-        if isinstance(metric, bool) or not isinstance(metric, (int, float)) or not math.isfinite(metric):
+        if not _is_number(metric) or not math.isfinite(metric):
             raise ValueError(f'metric {metric!r} is not a finite number')
         if with_file and entry['file'] != self.file_name(position):
             raise ValueError(f'file {entry["file"]!r} is not {self.file_name(position)!r}, the name this trainer '
@@ -287,7 +281,8 @@ class CheckpointManager:
     def save(self, state: Dict[str, Any], epoch: int, metric: Optional[float]) -> Dict[str, bool]:
         """Write the checkpoint of position ``epoch`` (an epoch or a step); ``state`` gets ``checkpoint_history``
         added. Returns what was written."""
-        is_best = metric is not None and (self.best is None or self._better(metric, self.best['metric']))
+        is_best = metric is not None and (self.best is None or (
+            metric < self.best['metric'] if self.decreasing else metric > self.best['metric']))
         history, evicted, in_top = list(self.history), [], False
         if metric is not None and self.max_history > 0:
             history = [h for h in history if h[self.key] != epoch]  # an epoch re-run after a crash

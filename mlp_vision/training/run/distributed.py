@@ -1,20 +1,12 @@
 """ Device selection and distributed (torchrun) setup for CPU (gloo) and CUDA (NCCL, with gloo beside it).
 
 timm's ``init_distributed_device_so`` reads torchrun's / SLURM's environment and initialises the process group with
-the backend of :func:`process_group_backend`: on CUDA ``'cpu:gloo,cuda:nccl'``, so tensors on the GPU (every tensor
-collective of the training loops: their tensors live on the training device) go through NCCL, and the object
-collectives (:func:`all_gather_objects`: RNG states at each checkpoint, weight digests, the tokenizer) go through
-gloo in CPU memory. The DDP wrapper is ours: on CPU, ``DistributedDataParallel`` must get no ``device_ids`` (timm's
-train.py passes ``[device]``, which PyTorch rejects for CPU modules).
-
-Multi-node: run the same command on every node with torchrun's rendezvous, e.g.::
-
-    torchrun --nnodes=2 --nproc_per_node=8 --rdzv_backend=c10d --rdzv_endpoint=HOST:29500 \\
-        --rdzv_id=JOB train.py -c configs/smlpnet_t.yaml --data-dir /data/imagenet
-
-(gloo connects the nodes over TCP on the interface their host names resolve to: set ``GLOO_SOCKET_IFNAME`` where
-that is not the right one, or pass ``--dist-backend nccl`` for NCCL alone.)
+the backend of :func:`process_group_backend`. The DDP wrapper is ours: on CPU, ``DistributedDataParallel`` must get
+no ``device_ids`` (timm's train.py passes ``[device]``, which PyTorch rejects for CPU modules). Multi-node: the same
+command on every node with torchrun's rendezvous (README); gloo connects the nodes over TCP on the interface their
+host names resolve to (set ``GLOO_SOCKET_IFNAME`` where that is not the right one).
 """
+import dataclasses
 import hashlib
 import logging
 import os
@@ -32,31 +24,25 @@ __all__ = ['DistInfo', 'process_group_backend', 'init_device', 'wrap_ddp', 'all_
 _logger = logging.getLogger(__name__)
 
 
+@dataclasses.dataclass
 class DistInfo:
-    """Where this process runs: ``device``, ``distributed``, ``world_size``, ``rank``, ``local_rank``."""
-
-    def __init__(self, device: torch.device, distributed: bool, world_size: int, rank: int, local_rank: int):
-        self.device, self.distributed = device, distributed
-        self.world_size, self.rank, self.local_rank = world_size, rank, local_rank
+    """Where this process runs."""
+    device: torch.device
+    distributed: bool
+    world_size: int
+    rank: int
+    local_rank: int
 
     @property
     def primary(self) -> bool:
         return self.rank == 0
 
-    def __repr__(self) -> str:
-        return (f'DistInfo(device={self.device}, distributed={self.distributed}, world_size={self.world_size}, '
-                f'rank={self.rank}, local_rank={self.local_rank})')
-
 
 def process_group_backend(device_type: str, dist_backend: Optional[str] = None) -> Optional[str]:
-    """The ``backend`` that ``torch.distributed.init_process_group`` gets for a run on ``device_type``.
-
-    ``dist_backend`` (``--dist-backend``) when given, checked: a backend name (``'gloo'``, ``'nccl'``, ...) or
-    ``device:backend`` pairs (``'cpu:gloo,cuda:nccl'``); else ``'cpu:gloo,cuda:nccl'`` on CUDA, the pair PyTorch's
-    ``init_process_group()`` itself builds when given no backend. NCCL refuses CPU tensors; with gloo beside it the
-    object collectives run in CPU memory (no GPU round trip of pickled bytes, no dependence on the current CUDA
-    device) and a collective on a CPU tensor is valid rather than an error, while every tensor the training loops
-    reduce is on the GPU and goes through NCCL. Elsewhere None: timm's choice (gloo on the CPU).
+    """The ``backend`` that ``torch.distributed.init_process_group`` gets for a run on ``device_type``:
+    ``dist_backend`` (``--dist-backend``: a backend name or ``device:backend`` pairs) when given, checked; else on
+    CUDA ``'cpu:gloo,cuda:nccl'`` (the loops' tensor collectives run on the GPU through NCCL, the object
+    collectives -- RNG states, digests, the tokenizer -- in CPU memory through gloo), elsewhere None (timm's gloo).
     """
     if dist_backend is None:
         return 'cpu:gloo,cuda:nccl' if device_type == 'cuda' else None
@@ -83,10 +69,7 @@ def _is_device_type(name: str) -> bool:
 def init_device(device: Optional[str] = None, dist_backend: Optional[str] = None,
                 dist_url: Optional[str] = None) -> DistInfo:
     """Pick the device ('cuda' if available, else 'cpu', unless given) and join torchrun's process group (backend:
-    :func:`process_group_backend`).
-
-    Under torchrun with CUDA each process takes GPU ``LOCAL_RANK``; on CPU all processes use the CPU with gloo.
-    """
+    :func:`process_group_backend`); under torchrun with CUDA each process takes GPU ``LOCAL_RANK``."""
     if device is None:
         device = 'cuda' if torch.cuda.is_available() else 'cpu'
     device_type = parse_device(device).type
@@ -100,13 +83,8 @@ def init_device(device: Optional[str] = None, dist_backend: Optional[str] = None
             device = f'cuda:{local_rank}'
         return DistInfo(torch.device(device), True, dist.get_world_size(), dist.get_rank(), local_rank)
     result = init_distributed_device_so(device=device, dist_backend=dist_backend, dist_url=dist_url)
-    return DistInfo(
-        device=torch.device(result['device']),
-        distributed=result['distributed'],
-        world_size=result['world_size'],
-        rank=result['global_rank'],
-        local_rank=result['local_rank'],
-    )
+    return DistInfo(torch.device(result['device']), result['distributed'], result['world_size'],
+                    result['global_rank'], result['local_rank'])
 
 
 def wrap_ddp(model: nn.Module, info: DistInfo, **kwargs) -> nn.Module:
@@ -124,13 +102,11 @@ def wrap_ddp(model: nn.Module, info: DistInfo, **kwargs) -> nn.Module:
 def _grad_in_param_strides(param: torch.Tensor):
     """A gradient hook that gives the gradient the parameter's strides where the two differ only along size-1 dims.
 
-    Convolution kernels return their weight gradient in the memory format of their input: sMLPNet's 1x1 fuse conv
-    of a channels-last activation gets a (C_out, C_in, 1, 1) gradient of strides (C_in, 1, C_in, C_in) for a
-    parameter of strides (C_in, 1, 1, 1), and ``--channels-last`` depthwise weights (C, 1, 3, 3) get (9, 9, 3, 1)
-    for (9, 1, 3, 1). Along a size-1 dim a stride is never used, so the memory is laid out the same and autograd
-    accepts it; DDP's reducer compares all strides and printed PyTorch's "Grad strides do not match bucket view
-    strides" on every rank. The view with the parameter's strides is the same memory (no copy, same values); a
-    gradient laid out differently along a dim longer than 1 is left as it is.
+    Convolution kernels return their weight gradient in the memory format of their input (sMLPNet's 1x1 fuse conv
+    of a channels-last activation: strides (C_in, 1, C_in, C_in) for a parameter's (C_in, 1, 1, 1)). A size-1 dim's
+    stride is never used, so autograd accepts it, but DDP's reducer compares all strides and warns "Grad strides do
+    not match bucket view strides" on every rank. The restrided view is the same memory; a gradient laid out
+    differently along a dim longer than 1 is left as it is.
     """
     def restride(grad: torch.Tensor) -> torch.Tensor:
         if grad.layout != torch.strided or grad.shape != param.shape or grad.stride() == param.stride():

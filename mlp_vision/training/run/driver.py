@@ -1,14 +1,11 @@
-""" The one training driver: :func:`drive` makes the calls of a :class:`~mlp_vision.training.run.training_run.TrainingRun` in
-their fixed order around a :class:`TrainingTask`, which says what is trained and how: the image classifier's epochs
-or a :class:`StepTask` (the text tasks), all in :mod:`mlp_vision.training.tasks`.
+""" The one training driver: :func:`drive` makes the calls of a :class:`~.training_run.TrainingRun` in their fixed
+order around a :class:`TrainingTask` (:mod:`mlp_vision.training.tasks`): the image classifier's epochs, or a
+:class:`StepTask` (the text tasks).
 
-The step loop (:meth:`StepTask.train`): each update is :meth:`mlp_vision.training.run.loop.StepLoop.update`, shared with
-the image epoch; then the log line. A stop signal inside a long update abandons it and puts its data position and
-RNG states back (``rewind_point``), so the checkpoint saved at the stop resumes exactly. Every ``--eval-interval``
-steps and at the end: evaluation under :func:`preserve_rng` (it must not shift the training's random streams), the
-all-reduced interval train loss, a summary row and a checkpoint (``last.pth``, and ``model_best.pth`` when the
-task's metric improves); ``--stop-after-step`` saves and stops between evaluations. Each rank's checkpoint holds its
-RNG, the task's data position and the running interval loss, so a resume continues bit-identically.
+The step loop (:meth:`StepTask.train`): each update is :meth:`~.loop.StepLoop.update`, then the log line. Every
+``--eval-interval`` steps and at the end: evaluation under :func:`preserve_rng`, the all-reduced interval train
+loss, a summary row and a checkpoint; ``--stop-after-step`` saves and stops between evaluations. Each rank's
+checkpoint holds its RNG, the task's data position and the running interval loss, so a resume is bit-identical.
 """
 import dataclasses
 import logging

@@ -1,17 +1,11 @@
 """ A run folder and what makes it one run's: its identity, its lock, its own files, and the newest position it holds.
 
-Every folder a trainer creates holds ``run.json`` (``{"run_id": <32 hex digits>, "kind": "image" | "text"}``) and every
-checkpoint it writes carries the same ``run_id`` beside its position (``epoch`` or ``step``). ``--resume`` continues
-*in place* only when, under the folder's lock, the folder is the checkpoint's run and holds nothing newer than the
-checkpoint (:func:`newer_than`); otherwise the run continues in a new folder, so no checkpoint, summary row or file of
-another run -- or of a folder that is not a run at all -- is replaced. The decision is re-read after the lock is taken:
-a second resume of the same run that loaded ``last.pth`` before the first took the lock sees the first's later
-epochs and branches off instead of overwriting them.
-
-The lock is a POSIX record lock on ``.lock`` (not ``flock``: forked data-loader workers do not inherit it, so a killed
-run's orphaned workers cannot keep its folder locked). Every file a run writes is opened without following links
-(:func:`~mlp_vision.training.run.checkpoint.open_own_file`), and a folder holding a link or a FIFO is refused
-(:func:`check_own_files`).
+Every folder a trainer creates holds ``run.json`` (``{"run_id": <32 hex digits>, "kind": "image" | "text"}``), and
+every checkpoint it writes carries the same ``run_id``. ``--resume`` continues *in place* only when, under the
+folder's lock (re-read after taking it), the folder is the checkpoint's run and holds nothing newer
+(:func:`newer_than`); otherwise in a new folder, so nothing of another run, or of a folder that is no run, is
+replaced. The lock is a POSIX record lock on ``.lock`` (not ``flock``: forked data-loader workers do not inherit
+it, so a killed run's orphaned workers cannot keep its folder locked).
 """
 import csv
 import json
@@ -36,8 +30,8 @@ _RUN_ID = re.compile(r'[0-9a-f]{32}')
 
 
 def new_run_folder(root: os.PathLike, name: str) -> Path:
-    """``root/name``, or the first free ``root/name-N``, created here. ``mkdir`` either creates a folder or fails,
-    so two runs started at once never share one, and there is no limit on N."""
+    """``root/name``, or the first free ``root/name-N``, created here (``mkdir`` is atomic: two runs started at once
+    never share one)."""
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     n = 0
@@ -135,9 +129,8 @@ def saved_position(path: Path, key: str):
 
 def newer_than(folder: Path, key: str, position: int, run_id: Optional[str]) -> Optional[str]:
     """Why ``folder`` may not continue in place from the checkpoint of run ``run_id`` at ``position``, or None when
-    it may: the folder is that run (``run.json``) and its newest position is ``position``. The newest position is
-    ``last.pth``'s; a folder without ``last.pth`` counts its ``checkpoint-N.pth`` files and ``summary.csv`` rows
-    (with ``last.pth`` present, rows past it are an epoch logged before a crash, dropped on resume)."""
+    it may: the folder is that run and its newest position -- ``last.pth``'s, else that of its ``checkpoint-N.pth``
+    files and ``summary.csv`` rows -- is ``position`` (rows past ``last.pth`` are dropped on resume)."""
     folder_id = read_run_id(folder)
     if not is_run_id(run_id):
         return 'the checkpoint carries no run id (it was written before runs had one, or elsewhere)'

@@ -1,8 +1,8 @@
-""" Console / file logging for train.py and validate.py (rank 0 logs INFO, other ranks WARNING).
+""" Console / file logging of the commands (rank 0 logs INFO, other ranks WARNING).
 
 Not timm's ``setup_default_logging``: it adds a stderr handler at every call (a second in-process run prints each
-line twice) and logs to a ``RotatingFileHandler``, which opens ``train.log`` by name (through a planted link)
-and renames it away at 2 MB, where a resumed run continues the one ``train.log``. """
+line twice) and its ``RotatingFileHandler`` opens ``train.log`` by name (through a planted link) and renames it
+away at 2 MB, where a resumed run continues the one ``train.log``. """
 import logging
 import os
 import sys
@@ -15,17 +15,7 @@ __all__ = ['setup_logging', 'add_log_file', 'remove_log_file']
 
 class _StdoutHandler(logging.StreamHandler):
     """Writes to whatever ``sys.stdout`` is at the time (safe when a caller swaps stdout, e.g. pytest)."""
-
-    def __init__(self):
-        super().__init__(sys.stdout)
-
-    @property
-    def stream(self):
-        return sys.stdout
-
-    @stream.setter
-    def stream(self, value):
-        pass
+    stream = property(lambda self: sys.stdout, lambda self, value: None)
 
 
 def setup_logging(primary: bool = True) -> None:

@@ -1,28 +1,21 @@
-""" The optimizer update of every trainer: the image epoch (:func:`mlp_vision.training.tasks.image_classification.train_one_epoch`) and
-the text steps (:meth:`mlp_vision.training.run.driver.StepTask.train`) both advance through :meth:`StepLoop.update`.
+""" The optimizer update of every trainer (the image epoch and :meth:`~.driver.StepTask.train`):
+:meth:`StepLoop.update`. One update: ``n`` micro-batches (DDP's ``no_sync`` on all but the last), the optimizer step
+of :class:`UpdateStep` (loss scaling, clipping), then the EMA update and the per-update LR schedule. A micro-batch's
+data, forward and loss are the trainer's: the ``micro_loss`` callable.
 
-One update: ``n`` micro-batches (DDP's ``no_sync`` on all but the last, so gradients are reduced once), the optimizer
-step of :class:`UpdateStep` (loss scaling, clipping), then the EMA update and the per-update LR schedule. What a
-micro-batch is (its data, forward and loss) is the trainer's: the ``micro_loss`` callable.
+The loop waits for the device and the other ranks once per update, at the **agreement** just before the last
+micro-batch's backward pass: the losses, summed on the device as they come, are read with one device-to-host copy,
+together with one all-reduce (MAX, on the training device, so valid under NCCL) of ``[first non-finite
+micro-batch, stop signal, seconds per micro-batch]``. Every rank decides the same: a NaN / inf loss anywhere raises
+:class:`NonFiniteLossError` before the optimizer step; a SIGINT / SIGTERM anywhere stops the next update before its
+first micro-batch (:class:`Interrupted`).
 
-Where the loop waits for the device or the other ranks (issue 34 item 3): once per update, at the **agreement**, just
-before the last micro-batch's backward pass. The micro-batch losses are summed on the device as they come (no
-``.item()``); the agreement reads them with one device-to-host copy, together with one all-reduce (MAX, of a tensor
-on the training device, so valid under NCCL) of ``[first non-finite micro-batch, stop signal, seconds per
-micro-batch]``. Every rank therefore decides the same: a NaN / inf loss anywhere raises :class:`NonFiniteLossError`
-on every rank before the optimizer step (the weights are untouched); a SIGINT / SIGTERM anywhere lets this update
-finish and stops the next :meth:`~StepLoop.update` before its first micro-batch (:class:`Interrupted`).
-
-Long updates (``--grad-accum-steps`` in the thousands) also agree *inside* the update, about every
-``agree_every_s`` seconds, so a stop signal is honoured within seconds, not at the end of a 26-minute update. Their
-positions are counted in micro-batches from the agreed (slowest rank's) time of one micro-batch, so every rank calls
-the same collectives in the same order. A rank never acts on its own signal flag alone in a distributed run: its
-forward passes may hold collectives of their own (DDP's buffer broadcast, SyncBatchNorm's all-gather), which the
-other ranks would then wait for forever. One process (no collectives) reads its flag before every micro-batch. A
-stop inside an update abandons it: its gradients are dropped, the parameters and ``num_updates`` stay as before it,
-and ``rewind_point`` (the text trainer's data position and RNG states) puts back what its micro-batches consumed, so
-the checkpoint saved at the stop resumes exactly. (Running statistics that its forward passes moved, BatchNorm's,
-are not put back: the text models have none, and the image trainer saves no checkpoint inside an epoch.)
+Long updates (``--grad-accum-steps`` in the thousands) also agree about every ``agree_every_s`` seconds *inside*
+the update, at positions counted from the slowest rank's time per micro-batch, so every rank calls the same
+collectives in order; a rank never acts on its own signal alone (its forward may hold collectives of its own: DDP's
+buffer broadcast, SyncBatchNorm). A stop inside an update abandons it: gradients dropped, parameters and
+``num_updates`` as before, and ``rewind_point`` puts back the data position and RNG states its micro-batches
+consumed (not BatchNorm statistics: the text models have none, the image trainer saves no checkpoint mid-epoch).
 """
 import dataclasses
 import logging
@@ -54,11 +47,8 @@ def progress_line(position: str, loss: str, lr: float, rate: str, eta: str) -> s
 
 @dataclasses.dataclass
 class UpdateLosses:
-    """This rank's losses of one update (read from the device once, at the update's agreement).
-
-    ``loss_sum``: the micro-batch losses times their weights, summed; ``weight_sum``: the weights (1 per micro-batch
-    unless ``micro_loss`` returns ``(loss, weight)``, e.g. the image epoch's batch size); ``micro_batches``: their
-    count."""
+    """This rank's losses of one update: ``loss_sum`` of the micro-batch losses times their weights, ``weight_sum``
+    (1 per micro-batch unless ``micro_loss`` returns ``(loss, weight)``, e.g. the batch size), their count."""
     loss_sum: float
     weight_sum: float
     micro_batches: int
@@ -93,13 +83,11 @@ class _DeviceLosses:
 
 @dataclasses.dataclass
 class StepLoop:
-    """The optimizer updates of one run. ``num_updates`` counts them (the schedule's and the EMA's step).
+    """The optimizer updates of one run; ``num_updates`` counts them (the schedule's and the EMA's step).
 
-    ``stop_signal()``: this process's SIGINT / SIGTERM number (0: none), read without any collective
-    (:meth:`~mlp_vision.training.run.training_run.TrainingRun.stop_signal`); the loop agrees on it across the ranks.
-    ``rewind_point()``: called at the start of an update of several micro-batches, returns the function that puts
-    back what they consume (data position, RNG), called when a stop abandons the update. ``device``: the training
-    device (default: the model's), where the loop's collectives run."""
+    ``stop_signal()``: this process's SIGINT / SIGTERM number (0: none), no collective. ``rewind_point()``: called
+    at the start of an update of several micro-batches, returns the function that puts back what they consume.
+    ``device``: the training device (default: the model's), where the loop's collectives run."""
     model: nn.Module  # what the EMA averages (unwrapped)
     train_model: nn.Module  # what runs the forward (DDP-wrapped in a distributed run)
     update_step: UpdateStep
@@ -200,10 +188,9 @@ class StepLoop:
 
 def warn_global_batch_beyond_data(batch_size: int, world_size: int, grad_accum_steps: int, samples: int,
                                   what: str) -> None:
-    """Warn (with the numbers) when one update's global batch, ``batch_size`` x ``world_size`` processes x
-    ``grad_accum_steps``, is larger than the ``samples`` of the training data (``what`` names them): such an update
-    averages over more than the whole data set, an unintended setting (``-b 1e9``, ``--grad-accum-steps 1e9``) that
-    trains without another sign of it."""
+    """Warn (with the numbers) when one update's global batch, ``batch_size`` x ``world_size`` x
+    ``grad_accum_steps``, is larger than the ``samples`` of the training data (``what`` names them): an unintended
+    setting (``-b 1e9``) that trains without another sign of it."""
     global_batch = batch_size * world_size * grad_accum_steps
     if global_batch > samples:
         _logger.warning(f'the global batch ({batch_size} x {world_size} processes x {grad_accum_steps} accumulation '

@@ -1,11 +1,9 @@
-""" Experiment-folder outputs: ``summary.csv`` (one row per epoch -- or per evaluation step for the step-based
-text trainer -- one header, resume-safe), the loss / accuracy curves PNG, an overlay PNG of several runs, and
-JSON results (written atomically).
+""" Experiment-folder outputs: ``summary.csv`` (a row per epoch or evaluation step, one header, resume-safe), the
+curves PNG, an overlay PNG of several runs, and JSON results (written atomically).
 
-``summary.csv`` has the columns of timm's ``update_summary`` for train.py (``epoch``, ``train_*``, ``eval_*``,
-``lr``) but is not written by it: that function names the first column ``epoch`` (the text trainer's is
-``step``), opens the file by name (through a link planted in the run folder), and appends a row with new columns
-under the old header; a resume also needs the rows past the resumed position dropped (:meth:`SummaryWriter.truncate`).
+``summary.csv`` has the columns of timm's ``update_summary`` but is not written by it: that names the first column
+``epoch`` (the text trainer's is ``step``), opens the file by name (through a link planted in the run folder) and
+appends new columns under the old header; a resume also drops rows past its position.
 """
 import csv
 import json
@@ -28,12 +26,8 @@ def write_json(path: os.PathLike, obj: Any) -> None:
 
 
 class SummaryWriter:
-    """``summary.csv`` whose first column is ``key`` (``epoch`` for train.py, ``step`` for the text trainer).
-
-    :meth:`truncate` (called on resume) keeps the rows of epochs (steps) before the resumed one, so an epoch
-    that was logged but not checkpointed before a crash is not listed twice. Columns are fixed by the first
-    row; later rows with new keys rewrite the file with the union of columns (still one header).
-    """
+    """``summary.csv`` whose first column is ``key`` (``epoch`` or ``step``). Columns are fixed by the first row;
+    a later row with new keys rewrites the file with the union of columns (still one header)."""
 
     def __init__(self, path: os.PathLike, key: str = 'epoch'):
         self.path = Path(path)
@@ -59,7 +53,7 @@ class SummaryWriter:
             return False
 
     def truncate(self, before_epoch: int) -> None:
-        """Drop the rows whose ``key`` column is >= ``before_epoch`` (an epoch, or a step for key='step')."""
+        """On resume: drop the rows whose ``key`` is >= ``before_epoch`` (logged, not checkpointed, before a crash)."""
         rows = self.read()
         if not rows:
             return
@@ -105,8 +99,7 @@ def _column(rows: List[Dict[str, str]], x: str, name: str):
 
 def _save_figure(fig, plt, out_png: os.PathLike, x: str, ylabels: Sequence[str], title: str,
                  legend_size: Optional[int] = None) -> Path:
-    """Label the axes of ``fig`` (x, then ``ylabels`` in order), then write it as a PNG by :func:`atomic_write`
-    (its temporary file is the one a next start cleans when a killed run left it)."""
+    """Label the axes of ``fig`` (x, then ``ylabels`` in order), then write it as a PNG by :func:`atomic_write`."""
     for ax, ylabel in zip(fig.axes, ylabels):
         ax.set_xlabel(x)
         ax.set_ylabel(ylabel)
@@ -123,20 +116,12 @@ def _save_figure(fig, plt, out_png: os.PathLike, x: str, ylabels: Sequence[str],
     return Path(out_png)
 
 
-def plot_curves(
-        summary_csv: os.PathLike,
-        out_png: os.PathLike,
-        title: str = '',
-        x: str = 'epoch',
-        loss_columns: Sequence[str] = ('train_loss', 'eval_loss', 'ema_eval_loss'),
-        metric_columns: Sequence[str] = ('eval_top1', 'eval_top5', 'ema_eval_top1'),
-        metric_label: str = 'accuracy (%)',
-) -> Optional[Path]:
-    """Loss columns (left) and metric columns (right) of ``summary.csv`` against column ``x``, as a PNG.
-
-    The defaults are train.py's: train / eval loss and eval top-1 / top-5 (EMA if present) per epoch. Columns
-    missing from the file are skipped.
-    """
+def plot_curves(summary_csv: os.PathLike, out_png: os.PathLike, title: str = '', x: str = 'epoch',
+                loss_columns: Sequence[str] = ('train_loss', 'eval_loss', 'ema_eval_loss'),
+                metric_columns: Sequence[str] = ('eval_top1', 'eval_top5', 'ema_eval_top1'),
+                metric_label: str = 'accuracy (%)') -> Optional[Path]:
+    """Loss columns (left) and metric columns (right) of ``summary.csv`` against column ``x``, as a PNG (defaults:
+    train.py's); columns missing from the file are skipped."""
     plt = _pyplot()
     if plt is None:
         return None
@@ -152,33 +137,22 @@ def plot_curves(
     return _save_figure(fig, plt, out_png, x, ('loss', metric_label), title)
 
 
-def plot_comparison(
-        runs: Dict[str, os.PathLike],
-        out_png: os.PathLike,
-        title: str = '',
-        x: str = 'step',
-        loss_columns: Sequence[str] = ('train_loss', 'val_loss'),
-        metric_column: Optional[str] = None,
-        metric_label: str = '',
-) -> Optional[Path]:
-    """Several runs in one PNG: ``runs`` maps a label to a ``summary.csv``; one colour per run.
-
-    Left panel: each run's ``loss_columns`` (solid, dashed, ...); right panel (when ``metric_column`` is
-    given): that column of every run.
-    """
+def plot_comparison(runs: Dict[str, os.PathLike], out_png: os.PathLike, title: str = '', x: str = 'step',
+                    loss_columns: Sequence[str] = ('train_loss', 'val_loss'), metric_column: Optional[str] = None,
+                    metric_label: str = '') -> Optional[Path]:
+    """Several runs in one PNG (``runs``: label -> ``summary.csv``; one colour per run): each run's
+    ``loss_columns`` on the left, its ``metric_column`` (when given) on the right."""
     plt = _pyplot()
     if plt is None:
         return None
     ncols = 2 if metric_column else 1
     fig, axes = plt.subplots(1, ncols, figsize=(5.5 * ncols + 0.5, 4), squeeze=False)
-    ax_loss = axes[0][0]
     for r_i, (label, path) in enumerate(runs.items()):
-        rows = SummaryWriter(path, key=x).read()
-        color = f'C{r_i}'
+        rows, color = SummaryWriter(path, key=x).read(), f'C{r_i}'
         for i, name in enumerate(loss_columns):
             xs, ys = _column(rows, x, name)
             if xs:
-                ax_loss.plot(xs, ys, _STYLES[i % len(_STYLES)], color=color, label=f'{label} {name}')
+                axes[0][0].plot(xs, ys, _STYLES[i % len(_STYLES)], color=color, label=f'{label} {name}')
         if metric_column:
             xs, ys = _column(rows, x, metric_column)
             if xs:

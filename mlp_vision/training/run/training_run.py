@@ -123,7 +123,11 @@ def parse_run_args(parser: argparse.ArgumentParser, argv: Sequence[str], kind: s
             what = f'a checkpoint of the {found} trainer' if found else 'not a training checkpoint'
             raise UsageError(f'--resume {resume} is {what}; expected the last.pth (or checkpoint-N.pth) of '
                              f'a {kind} training run of {parser.prog}')
-        _check_resume_settings(ckpt, f'--resume {resume}')
+        for field in ('args', 'derived'):  # mappings keyed by names, as TrainingRun.save writes them
+            value = ckpt.get(field)
+            if value is not None and not (isinstance(value, dict) and all(isinstance(k, str) for k in value)):
+                raise UsageError(f'--resume {resume}: the checkpoint\'s {field} is not a mapping of setting names to '
+                                 f'values; the file is damaged or was crafted, and is not used')
         saved = {k: v for k, v in (ckpt.get('args') or {}).items() if k not in RUN_CONTROL_ARGS}
     args, _ = merge_settings(parser, given, base_configs=base_configs, run_settings=saved, recipes=recipes)
     args.resumed_settings = saved
@@ -133,18 +137,8 @@ def parse_run_args(parser: argparse.ArgumentParser, argv: Sequence[str], kind: s
     return args, ckpt
 
 
-def _check_resume_settings(ckpt: Dict[str, Any], source: str) -> None:
-    """A checkpoint's ``args`` and ``derived`` are mappings keyed by names (what :meth:`TrainingRun.save` writes)."""
-    for field in ('args', 'derived'):
-        value = ckpt.get(field)
-        if value is not None and not (isinstance(value, dict) and all(isinstance(k, str) for k in value)):
-            raise UsageError(f'{source}: the checkpoint\'s {field} is not a mapping of setting names to values; the '
-                             f'file is damaged or was crafted, and is not used')
-
-
 def _refuse_weights_only(path: str, args: argparse.Namespace) -> None:
-    """A best / top-N checkpoint written without ``--keep-optimizer-state`` has no optimizer state to resume: say what
-    the trainer offers instead (the flags differ between the trainers)."""
+    """A best / top-N checkpoint without optimizer state cannot be resumed: say what this trainer offers instead."""
     ways = ['continue from last.pth']
     if hasattr(args, 'no_resume_opt'):
         ways.append('resume from its weights with a fresh optimizer (--no-resume-opt)')
@@ -249,7 +243,6 @@ def _check_resume_payload(ckpt: Dict[str, Any], key: str, source: str) -> None:
         ('scheduler', isinstance(ckpt.get('scheduler'), dict)),
         ('schedule', ckpt.get('schedule') is None or isinstance(ckpt['schedule'], dict)),
         ('rng_states', ckpt.get('rng_states') is None or isinstance(ckpt['rng_states'], list)),
-        ('args', ckpt.get('args') is None or isinstance(ckpt['args'], dict)),
         ('run_id', ckpt.get('run_id') is None or is_run_id(ckpt['run_id'])),
         ('threads', ckpt.get('threads') is None or counter(ckpt['threads'])),
     ) if not ok]
@@ -284,16 +277,14 @@ class TrainingRun:
         self.output_dir: Optional[Path] = None
         self.saver: Optional[CheckpointManager] = None
         self.summary: Optional[SummaryWriter] = None
+        self.run_id: Optional[str] = None  # this run's identity (folder.RUN_FILE), stored in every checkpoint
         if resume_ckpt is not None:
             _check_resume_payload(resume_ckpt, key, f'--resume {args.resume}')
         self.last_saved: Optional[int] = resume_ckpt.get(key) if resume_ckpt is not None else None
         self._log_handlers: List[logging.Handler] = []
-        self._signal: int = 0
-        self._previous_handlers: Dict[int, Any] = {}
+        self._signal, self._previous_handlers = 0, {}
         self._lock: Optional[FolderLock] = None
-        self.run_id: Optional[str] = None  # this run's identity (folder.RUN_FILE), stored in every checkpoint
-        self._results_written = False
-        self._in_final_stage = False
+        self._results_written = self._in_final_stage = False
         self.start_time = time.time()
 
     # ------------------------------------------------------------------ context: signals, log files, errors
@@ -571,25 +562,14 @@ class TrainingRun:
         self.last_saved = position  # on every rank: they decide together whether a save is due
         if not self.primary:
             return None
-        state = {
-            'version': CHECKPOINT_VERSION,
-            'kind': self.kind,
-            'run_id': self.run_id,
-            'threads': torch.get_num_threads(),  # a resume computes with the same count (float rounding depends on it)
-            'arch': self.args.model,
-            self.key: position,
-            'num_updates': num_updates,
-            'state_dict': unwrap_model(model).state_dict(),
-            'optimizer': optimizer.state_dict(),
-            'scheduler': scheduler.state_dict(),
-            'schedule': dict(schedule),
-            'amp_scaler': loss_scaler.state_dict() if loss_scaler is not None else None,
-            'rng_states': rng_states,
-            'metric': metric,
-            **extra,
-            'args': self.args.given(),  # as given: a resume takes them over and derives the rest again
-            'derived': self.args.derived,
-        }
+        # the payload of the module docstring; threads: a resume computes with the same count (float rounding)
+        state = {'version': CHECKPOINT_VERSION, 'kind': self.kind, 'run_id': self.run_id,
+                 'threads': torch.get_num_threads(), 'arch': self.args.model, self.key: position,
+                 'num_updates': num_updates, 'state_dict': unwrap_model(model).state_dict(),
+                 'optimizer': optimizer.state_dict(), 'scheduler': scheduler.state_dict(), 'schedule': dict(schedule),
+                 'amp_scaler': loss_scaler.state_dict() if loss_scaler is not None else None,
+                 'rng_states': rng_states, 'metric': metric, **extra,
+                 'args': self.args.given(), 'derived': self.args.derived}
         return self.saver.save(state, position, metric)
 
     # ------------------------------------------------------------------ stops
@@ -630,8 +610,7 @@ class TrainingRun:
 
     def write_results(self, results: Dict[str, Any]) -> None:
         """``results.json`` (rank 0); the results of an earlier finish of this run are kept as ``results-N.json``."""
-        path = self.output_dir / 'results.json'
-        kept = keep_previous(path)
+        kept = keep_previous(path := self.output_dir / 'results.json')
         if kept is not None:
             _logger.info(f'the earlier results.json of this run is kept as {kept.name}')
         write_json(path, results)
