@@ -106,12 +106,10 @@ def clean_stale_temp_files(folder: os.PathLike) -> List[Path]:
 
 
 def atomic_write(path: os.PathLike, write: Callable[[Any], None], mode: str = 'wb') -> None:
-    """``write(f)`` into a file of our own (:func:`open_own_file`) named :func:`temp_path`, flush + fsync, then
-    ``os.replace`` onto ``path``: a reader (or a run killed at any point) sees either the previous file or the
-    complete new one, and a failed write (a full disk: ``OSError`` 'No space left on device' naming ``path``)
-    leaves the previous file as it was and no temporary file behind."""
-    path = Path(path)
-    tmp = temp_path(path)
+    """``write(f)`` into a file of our own named :func:`temp_path`, flush + fsync, then ``os.replace`` onto
+    ``path``: a reader (or a run killed at any point) sees the previous file or the complete new one, and a failed
+    write (a full disk: an ``OSError`` naming ``path``) leaves the previous file and no temporary file behind."""
+    path, tmp = Path(path), temp_path(path)
     try:
         tmp.unlink(missing_ok=True)  # this process's own name: a leftover (or a planted link) goes first
         fd = open_own_file(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
@@ -141,8 +139,8 @@ def atomic_write_text(path: os.PathLike, text: str) -> None:
 
 
 def keep_previous(path: os.PathLike) -> Optional[Path]:
-    """Rename an existing ``path`` (``results.json``) to the first free ``<stem>-<n><suffix>``; returns the new
-    name (None when there was nothing to keep). A later write of ``path`` then loses nothing."""
+    """Rename an existing ``path`` (``results.json``) to the first free ``<stem>-<n><suffix>``, so a later write of
+    ``path`` loses nothing; returns the new name (None when there was nothing to keep)."""
     path = Path(path)
     if not path.exists():
         return None
@@ -155,11 +153,9 @@ def keep_previous(path: os.PathLike) -> Optional[Path]:
 
 @contextlib.contextmanager
 def atomic_folder(path: os.PathLike):
-    """Write a folder (a ``save_pretrained`` export) as :func:`atomic_save` writes a file: the block fills a
-    temporary folder beside ``path`` (yielded), which then replaces ``path``. A failure or a kill inside the block
-    leaves ``path`` as it was (a previous export, or nothing), never a mix of old and new files."""
-    path = Path(path)
-    tmp = temp_path(path)
+    """Write a folder (a ``save_pretrained`` export) atomically: the block fills a temporary folder beside ``path``
+    (yielded), which then replaces ``path``; a failure or a kill inside the block leaves ``path`` as it was."""
+    path, tmp = Path(path), temp_path(path)
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     try:
@@ -176,8 +172,7 @@ def atomic_folder(path: os.PathLike):
 
 def atomic_link(src: os.PathLike, dst: os.PathLike) -> None:
     """Make ``dst`` a hard link to ``src`` atomically (a copy by :func:`atomic_write` where links fail)."""
-    src, dst = Path(src), Path(dst)
-    tmp = temp_path(dst)
+    src, dst, tmp = Path(src), Path(dst), temp_path(dst)
     tmp.unlink(missing_ok=True)  # a leftover, or a planted (even dangling) link, goes first
     try:
         os.link(src, tmp)
@@ -248,8 +243,7 @@ class CheckpointManager:
 
     def check_state(self, state: Optional[Dict[str, Any]], source: str = 'the checkpoint') -> Optional[Dict[str, Any]]:
         """``state`` (a checkpoint's ``checkpoint_history``) if every entry is exactly what :meth:`save` writes (a
-        position, a finite metric and the file name of that position); else a :class:`UsageError` naming
-        ``source``. Nothing read from a checkpoint can so name a file to delete."""
+        position, a finite metric, the file name of that position); else a :class:`UsageError` naming ``source``."""
         if not state:
             return None
         try:
@@ -260,8 +254,7 @@ class CheckpointManager:
             if not isinstance(history, list):
                 raise ValueError(f'the history is a {type(history).__name__}, not a list')
             history = [self._checked_entry(h, with_file=True) for h in history]
-            best = state.get('best')
-            best = None if best is None else self._checked_entry(best, with_file=False)
+            best = None if state.get('best') is None else self._checked_entry(state['best'], with_file=False)
         except ValueError as e:
             raise UsageError(f'{source}: its checkpoint_history is not one this trainer writes ({e}); the file is '
                              f'damaged or was crafted, and is not used') from None
@@ -272,8 +265,7 @@ class CheckpointManager:
         state = self.check_state(state, source)
         if not state:
             return
-        self.history = [h for h in state['history'] if (self.output_dir / h['file']).is_file()]
-        self.best = state['best']
+        self.history, self.best = [h for h in state['history'] if (self.output_dir / h['file']).is_file()], state['best']
         if self.best is not None and not self.best_path.exists():
             _logger.warning(f'{self.best_path} is missing; best-checkpoint tracking restarts')
             self.best = None
@@ -336,10 +328,9 @@ def _finite_numbers(value: Any, live: Any = None) -> bool:
 
 
 def check_settings_state(saved: Any, live: Dict[str, Any], what: str) -> None:
-    """A saved scheduler / scaler state (loaded by assigning its entries to attributes) may only hold the keys the
-    live object's ``state_dict()`` has, each a plain value, a number where the live one is a number, and no NaN /
-    infinity (a saved NaN base learning rate would train on NaN); else a ``ValueError`` naming ``what``. Checked
-    before loading, so a crafted state cannot replace other attributes."""
+    """A saved scheduler / scaler state (loaded by assigning its entries to attributes, so checked before loading)
+    holds only keys of the live object's ``state_dict()``, each a plain value, a number where the live one is, and
+    no NaN / infinity (a NaN base LR would train on NaN); else a ``ValueError`` naming ``what``."""
     if not isinstance(saved, dict):
         raise ValueError(f'{what} is a {type(saved).__name__}, not a state dict')
     for k, v in saved.items():
@@ -352,10 +343,9 @@ def check_settings_state(saved: Any, live: Dict[str, Any], what: str) -> None:
 
 
 def check_optimizer_state(saved: Any, optimizer: torch.optim.Optimizer) -> None:
-    """A saved optimizer state fits ``optimizer``: its groups have the same keys and parameter counts, settings
-    are plain values (numbers where the live ones are) and finite, and per-parameter state holds tensors no larger
-    in rank than their parameter (the same shape when of the same rank) or numbers, all finite. Else a
-    ``ValueError`` (a NaN there would reach the weights at the first step, and read as a NaN of training)."""
+    """A saved optimizer state fits ``optimizer``: groups of the same keys and parameter counts, settings plain and
+    finite (numbers where the live ones are), per-parameter state numbers or tensors no larger in rank than their
+    parameter (the same shape when of the same rank), all finite; else a ``ValueError``."""
     if not isinstance(saved, dict) or set(saved) != {'state', 'param_groups'}:
         raise ValueError('the optimizer state is not a {state, param_groups} dict')
     groups, live_groups = saved['param_groups'], optimizer.param_groups
@@ -396,15 +386,10 @@ def check_optimizer_state(saved: Any, optimizer: torch.optim.Optimizer) -> None:
 
 def get_rng_state() -> Dict[str, Any]:
     """Python, numpy and torch (CPU, and CUDA if initialised) RNG states as tensors / plain Python values."""
-    np_state = np.random.get_state()
-    state = {
-        'python': random.getstate(),
-        'numpy': {
-            'name': np_state[0], 'keys': torch.from_numpy(np_state[1].astype(np.int64)),
-            'pos': int(np_state[2]), 'has_gauss': int(np_state[3]), 'cached_gaussian': float(np_state[4]),
-        },
-        'torch': torch.get_rng_state(),
-    }
+    name, keys, pos, has_gauss, cached_gaussian = np.random.get_state()
+    state = {'python': random.getstate(), 'torch': torch.get_rng_state(),
+             'numpy': {'name': name, 'keys': torch.from_numpy(keys.astype(np.int64)), 'pos': int(pos),
+                       'has_gauss': int(has_gauss), 'cached_gaussian': float(cached_gaussian)}}
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         state['cuda'] = torch.cuda.get_rng_state_all()
     return state
@@ -440,11 +425,10 @@ def _is_generator_state(value: Any) -> bool:
 
 
 def check_rng_state(state: Any) -> None:
-    """One rank's saved state (``rng_states[rank]``) as :func:`get_rng_state` and the trainers write it: Python's
-    (version, 625 32-bit words, gauss), numpy's MT19937 (624 words, position, gauss), torch's generator state, CUDA
-    generator states, and the trainer's extra fields (a data generator's state, finite non-negative counters).
-    Else a ``ValueError`` saying which part; checked before any of it is converted or set (``random.setstate`` and
-    numpy accept some damaged states and fail later, or fail with their own traceback)."""
+    """One rank's saved state (``rng_states[rank]``) as :func:`get_rng_state` and the trainers write it (Python's
+    version, 625 words and gauss; numpy's MT19937; torch's and CUDA's generator states; the trainer's generator
+    states and finite non-negative counters), else a ``ValueError`` saying which part: ``random.setstate`` and
+    numpy accept some damaged states and fail later."""
     if not isinstance(state, dict) or not {'python', 'numpy', 'torch'} <= set(state):
         raise ValueError('a saved random-number state is not a {python, numpy, torch} dict')
     py = state['python']
@@ -498,13 +482,10 @@ def _file_format(path: Path) -> str:
 
 
 def load_checkpoint_file(path: os.PathLike, trust: bool = False, what: str = 'checkpoint') -> Dict[str, Any]:
-    """Load a checkpoint file on the CPU without running code from it; a :class:`UsageError` says why not.
-
-    ``torch.save`` files (zip or legacy format) load with ``weights_only=True``: tensors and plain Python values
-    only. A file that needs more (pickled objects, i.e. code the unpickler would run) is refused unless ``trust``
-    (``--trust-checkpoint``). ``.safetensors`` files load with safetensors. Anything else (a bare pickle, random
-    bytes, a truncated file) is refused with what it is. ``what`` names the file's role in the messages.
-    """
+    """Load a checkpoint file on the CPU without running code from it; a :class:`UsageError` (naming the file as
+    ``what``) says why not. ``torch.save`` files load with ``weights_only=True``; one that needs more (pickled
+    objects: code) is refused unless ``trust``. ``.safetensors`` files load with safetensors. Anything else (a bare
+    pickle, random bytes, a truncated file) is refused with what it is."""
     path = Path(path)
     name = f'{what} {str(path)!r}'
     if not path.is_file():
@@ -567,12 +548,10 @@ def clean_state_dict(state_dict: Dict[str, torch.Tensor]) -> Dict[str, torch.Ten
 
 
 def load_model_weights(model: nn.Module, state_dict: Dict[str, torch.Tensor], source: str, model_name: str) -> None:
-    """``model.load_state_dict(strict=True)`` (the load of ``--resume``, ``--initial-checkpoint`` and validate's
-    ``--checkpoint``) after :func:`mlp_vision.weights.check_weights` (tensors, floating point where the model's
-    are, finite), with a readable :class:`UsageError` naming ``source`` when the weights belong to another model.
-
-    The strict load, not :func:`~mlp_vision.weights.load_backbone`: modules may rename keys of older files while
-    loading (``AxialSparseMLP``'s ``fuse`` -> ``fuse_conv``), which only ``load_state_dict`` sees."""
+    """``model.load_state_dict(strict=True)`` (``--resume``, ``--initial-checkpoint``, validate's ``--checkpoint``)
+    after :func:`~mlp_vision.weights.check_weights`, with a :class:`UsageError` naming ``source`` when the weights
+    are another model's. Strict, not :func:`~mlp_vision.weights.load_backbone`: modules may rename keys of older
+    files while loading (``AxialSparseMLP``'s ``fuse`` -> ``fuse_conv``), which only ``load_state_dict`` sees."""
     if not isinstance(state_dict, dict) or not all(isinstance(k, str) for k in state_dict):
         raise UsageError(f'{source}: its weights are a {type(state_dict).__name__}, not a state dict (tensors by '
                          f'name); the file is damaged or holds other data')

@@ -32,8 +32,7 @@ __all__ = ['RunArgs', 'parse_given', 'merge_settings', 'load_yaml_config', 'pars
 SEED_MAX = 2 ** 31 - 1
 
 
-# a settings file is a few KB (a run's args.yaml about 4 KB) and at most a few levels deep (a dict of model kwargs
-# holding a tuple); far beyond either is no recipe, and reading it unbounded is the hazard
+# a settings file is a few KB (a run's args.yaml about 4 KB) and a few levels deep; far beyond either is no recipe
 MAX_YAML_BYTES = 1 << 20
 MAX_YAML_DEPTH = 20
 
@@ -76,8 +75,8 @@ class _StrictYamlLoader(yaml.SafeLoader):
 
 
 def parse_yaml(data: bytes, where: str) -> Any:
-    """The yaml document ``data`` (bytes, UTF-8 / UTF-16 with a BOM) through :class:`_StrictYamlLoader`; anything
-    unreadable is one :class:`UsageError` line naming ``where`` and the line."""
+    """The yaml document ``data`` (bytes) through :class:`_StrictYamlLoader`; anything unreadable is one
+    :class:`UsageError` line naming ``where`` and the line."""
     try:
         return yaml.load(data, Loader=_StrictYamlLoader)
     except yaml.MarkedYAMLError as e:
@@ -135,23 +134,24 @@ def _typed(value: Any, action: argparse.Action, where: str) -> Any:
 
 
 def _typed_one(value: Any, action: argparse.Action, where: str, flag: str) -> Any:
+    def wrong(expected: str) -> UsageError:
+        return UsageError(f'{where}: {action.dest} must be {expected}, got {short_repr(value)}')
     kind = action.type
     if kind is int and (isinstance(value, bool) or not isinstance(value, int)):
-        if isinstance(value, str) and value.strip().lstrip('+-').isdigit():
-            value = int(value)
-        else:
-            raise UsageError(f'{where}: {action.dest} must be an integer (as {flag}), got {short_repr(value)}')
+        if not (isinstance(value, str) and value.strip().lstrip('+-').isdigit()):
+            raise wrong(f'an integer (as {flag})')
+        value = int(value)
     elif kind is float:
         try:
             if isinstance(value, bool) or not isinstance(value, (int, float, str)):
                 raise ValueError
             value = float(value)
         except (ValueError, OverflowError):  # an integer too large for a float overflows
-            raise UsageError(f'{where}: {action.dest} must be a number (as {flag}), got {short_repr(value)}') from None
+            raise wrong(f'a number (as {flag})') from None
     elif kind is str and not isinstance(value, str):
-        raise UsageError(f'{where}: {action.dest} must be a string (as {flag}), got {short_repr(value)}')
+        raise wrong(f'a string (as {flag})')
     if action.choices and value not in action.choices:
-        raise UsageError(f'{where}: {action.dest} must be one of {", ".join(map(str, action.choices))}, got {short_repr(value)}')
+        raise wrong(f'one of {", ".join(map(str, action.choices))}')
     return value
 
 
@@ -197,13 +197,11 @@ def _config_path(value: str, recipes: bool) -> str:
 
 def load_yaml_config(path: str, parser: argparse.ArgumentParser, notes: Sequence[str] = ()) -> Dict[str, Any]:
     """Read a yaml mapping of flag names to values; return it keyed by argparse destinations. ``notes``: keys that
-    are no flag but data about the file (a text recipe's ``source``), returned under their own name."""
+    are data about the file (a text recipe's ``source``), returned under their own name."""
     cfg = read_yaml_file(path) or {}
     if not isinstance(cfg, dict):
         raise UsageError(f'config file {path!r} must be a mapping of flag names to values, got {type(cfg).__name__}')
-    names = _dest_names(parser)
-    actions = _actions(parser)
-    out = {}
+    names, actions, out = _dest_names(parser), _actions(parser), {}
     for key, value in cfg.items():
         if key in notes:
             out[key] = value
@@ -293,14 +291,12 @@ BaseConfigs = Union[Sequence[str], Callable[[Mapping[str, Any]], Sequence[str]]]
 
 def merge_settings(parser: argparse.ArgumentParser, given: Mapping[str, Any], base_configs: BaseConfigs = (),
                    run_settings: Optional[Mapping[str, Any]] = None, recipes: bool = False) -> Tuple[RunArgs, List[str]]:
-    """The arguments of a run from their layers, lowest first: the parser's defaults, ``base_configs``, a resumed
-    run's ``run_settings`` (by destination), the ``-c`` file, then ``given`` (:func:`parse_given`). ``base_configs``
-    may be a function of the settings above it (run settings, ``-c``, command line; train.py's demo recipe applies
-    when they name no dataset). ``recipes``: ``-c NAME`` may name one of the image recipes (:func:`find_recipe`).
+    """The arguments of a run from their layers, lowest first: the parser's defaults, ``base_configs`` (or a
+    function of the layers above it giving them: train.py's demo recipe), a resumed run's ``run_settings``, the
+    ``-c`` file (``recipes``: it may name an image recipe), then ``given`` (:func:`parse_given`).
 
-    Returns the :class:`RunArgs` and the list of config files used (base ones first); with ``given['help']``
-    prints the help with the defaults of a resumed run and the ``-c`` file (``-c smlpnet_t --help`` shows the
-    recipe's) and exits."""
+    Returns the :class:`RunArgs` and the config files used (base ones first); with ``given['help']`` prints the
+    help with the defaults of ``--resume`` and ``-c`` (``-c smlpnet_t --help`` shows the recipe's) and exits."""
     given = dict(given)
     wants_help = given.pop(_HELP, False)
     known = _actions(parser)
@@ -341,15 +337,13 @@ def plain_value(v: Any) -> Any:
 
 
 def args_to_yaml(settings: Mapping[str, Any]) -> str:
-    """``settings`` (by destination: a run's given arguments, or its derived values) as yaml, loadable again
-    with ``-c``."""
+    """``settings`` (by destination) as yaml, loadable again with ``-c``."""
     return yaml.safe_dump(plain_value(dict(settings)), default_flow_style=False, sort_keys=False)
 
 
 def check_flag_ranges(args: argparse.Namespace, ranges: Mapping[str, Dict[str, Any]]) -> None:
-    """:func:`~mlp_vision.errors.check_range` for each flag named (by destination) in ``ranges``, whose
-    values are ``check_range``'s bounds (e.g. ``dict(low=0, high=1)``). A flag left unset (None) is not checked;
-    a flag of several values (``nargs``) has each checked."""
+    """:func:`~mlp_vision.errors.check_range` of each flag (by destination) in ``ranges`` with its bounds (e.g.
+    ``dict(low=0, high=1)``); unset (None) flags are not checked, each of several values (``nargs``) is."""
     for dest, bounds in ranges.items():
         value = getattr(args, dest, None)
         for v in value if isinstance(value, (list, tuple)) else [value]:

@@ -49,9 +49,8 @@ class Optimization:
 
 
 class TrainingTask:
-    """What a trainer gives :func:`drive`, its methods in the order they are called. ``logger``: the command's;
-    ``stop_advice``: the flags worth changing after a NaN / inf loss; ``command``: the command line, as
-    ``results.json`` records it."""
+    """What a trainer gives :func:`drive`, its methods in the order they are called. ``stop_advice``: the flags
+    worth changing after a NaN / inf loss; ``command``: the command line, as ``results.json`` records it."""
     logger = logging.getLogger('mlp_vision.train')
     stop_advice = ''
 
@@ -105,12 +104,10 @@ class TrainingTask:
 
 
 def drive(run: TrainingRun, task: TrainingTask) -> Optional[Dict[str, Any]]:
-    """Run ``task`` inside ``run``: the resumed checkpoint's identity, the task's setup, the resumed state (weights,
-    optimizer, schedule, then the EMA), nothing-left-to-train, DDP and compile, the run folder, the RNG states (last:
-    nothing built before shifts them), training (a stop signal or NaN / inf loss ends it with
-    :meth:`TrainingRun.stopped`'s one line), then the final stage. Returns the results dict on rank 0 (None on the
-    other ranks, the task's :meth:`~TrainingTask.stop_result` after a requested stop). The task is closed however
-    the run ends."""
+    """Run ``task`` inside ``run``: the resumed checkpoint's identity, the task's setup, the resumed state, DDP and
+    compile, the run folder, the RNG states (last: nothing built before shifts them), training (a stop signal or NaN
+    loss ends it with :meth:`TrainingRun.stopped`'s one line), the final stage. Returns the results dict on rank 0
+    (None elsewhere; :meth:`~TrainingTask.stop_result` after a requested stop); the task is closed however it ends."""
     try:
         return _drive(run, task)
     finally:
@@ -176,10 +173,9 @@ class StepState:
 
 
 class StepTask(TrainingTask):
-    """A task trained in optimizer steps (``--steps``, ``--eval-interval``, ``--stop-after-step``, ...). It gives
-    the loop one micro-batch's loss, its evaluation and its data position. ``best_key``: the metric of
-    :meth:`evaluate` that picks ``model_best.pth`` (the run's saver knows whether lower or higher is better);
-    ``show_percent``: the progress line shows the share of steps done."""
+    """A task trained in optimizer steps (``--steps``, ``--eval-interval``, ``--stop-after-step``): it gives the loop
+    a micro-batch's loss, its evaluation and its data position. ``best_key``: the metric of :meth:`evaluate` that
+    picks ``model_best.pth``; ``show_percent``: the progress line shows the share of steps done."""
     best_key = 'loss'
     show_percent = False
     state: StepState
@@ -234,8 +230,7 @@ class StepTask(TrainingTask):
         return self.state.stop_result
 
     def closing_results(self, digests, **checkpoints) -> Dict[str, Any]:
-        """The last fields of a step task's ``results.json``: this process, every rank's weights digest, the files
-        (``checkpoints``: more of them beside last / best) and the command."""
+        """The last fields of a step task's ``results.json`` (``checkpoints``: files beside last / best)."""
         run = self.run
         return {'wall_seconds_this_process': time.time() - run.start_time, 'device': str(run.dist_info.device),
                 'world_size': run.dist_info.world_size, 'threads': torch.get_num_threads(), 'seed': self.args.seed,

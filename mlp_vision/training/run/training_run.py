@@ -360,18 +360,19 @@ class TrainingRun:
             return position, num_updates
         base_lrs = [g['initial_lr'] for g in optimizer.param_groups]
         changed = _differences(ckpt.get('schedule'), schedule)
+        scaler_state = ckpt.get('amp_scaler') if loss_scaler is not None else None
         try:  # checked before anything is loaded: a checkpoint's states are data, never new attributes
             check_optimizer_state(ckpt['optimizer'], optimizer)
-            if loss_scaler is not None and ckpt.get('amp_scaler'):
-                check_settings_state(ckpt['amp_scaler'], loss_scaler.state_dict(), 'the AMP loss-scaler state')
+            if scaler_state:
+                check_settings_state(scaler_state, loss_scaler.state_dict(), 'the AMP loss-scaler state')
             if not changed:
                 check_settings_state(ckpt['scheduler'], scheduler.state_dict(), 'the scheduler state')
         except ValueError as e:
             raise UsageError(f'{source}: {e}; the file is damaged, was crafted, or belongs to another optimizer or '
                              f'schedule (--no-resume-opt loads only its weights)') from None
         optimizer.load_state_dict(ckpt['optimizer'])
-        if loss_scaler is not None and ckpt.get('amp_scaler'):
-            loss_scaler.load_state_dict(ckpt['amp_scaler'])
+        if scaler_state:
+            loss_scaler.load_state_dict(scaler_state)
         if not changed:
             # the scheduler state after the constructor (which reset the LR): the optimizer state holds the exact
             # LR of the next update, the scheduler state the rest
