@@ -112,14 +112,12 @@ class _OverBudget(BaseException):
     that no ``except Exception`` in a model's or the caller's build code takes it for a build error)."""
 
 
-def check_model_size(build_on_meta: Callable[[], Optional[nn.Module]], what: str,
-                     max_params: Optional[int] = None) -> Optional[int]:
+def check_model_size(build_on_meta: Callable[[], Optional[nn.Module]], what: str) -> Optional[int]:
     """The parameter count of the model ``build_on_meta()`` builds on the ``meta`` device (only shapes), or a
     :class:`UsageError` naming ``what`` (the model, and the file its sizes came from) when it exceeds
-    ``max_params`` (None: :data:`MAX_PARAMS`). The build stops as soon as the count passes the bound, so 100,000
-    wide layers are refused after a few. ``build_on_meta`` returning None skips the check (None is returned)."""
-    max_params = MAX_PARAMS if max_params is None else max_params
-    seen, total = set(), 0
+    :data:`MAX_PARAMS`. The build stops as soon as the count passes the bound, so 100,000 wide layers are refused
+    after a few. ``build_on_meta`` returning None skips the check (None is returned)."""
+    max_params, seen, total = MAX_PARAMS, set(), 0
 
     def count(module: nn.Module, name: str, param: Optional[nn.Parameter]) -> None:
         nonlocal total
@@ -196,13 +194,12 @@ def estimate_activation_bytes(model: nn.Module, inputs: Sequence[torch.Tensor], 
 
 
 def check_activation_size(build_on_meta: Callable[[], Optional[nn.Module]], inputs: Sequence[torch.Tensor],
-                          training: bool, what: str, max_bytes: Optional[int] = None) -> Optional[int]:
+                          training: bool, what: str) -> Optional[int]:
     """:func:`estimate_activation_bytes` of the model ``build_on_meta()`` builds on the ``meta`` device for
     ``inputs`` (``meta`` tensors of the batch to come), or a :class:`UsageError` naming ``what`` when it exceeds
-    ``max_bytes`` (None: :data:`MAX_ACTIVATION_BYTES`): checked before the real first forward, so a crafted
-    ``img_size`` or sequence length stops here. A model that cannot be built or run on ``meta`` skips the check
-    (None is returned; the real forward reports its own errors)."""
-    max_bytes = MAX_ACTIVATION_BYTES if max_bytes is None else max_bytes
+    :data:`MAX_ACTIVATION_BYTES`: checked before the real first forward, so a crafted ``img_size`` or sequence
+    length stops here. A model that cannot be built or run on ``meta`` skips the check (None is returned)."""
+    max_bytes = MAX_ACTIVATION_BYTES
     try:
         model = build_on_meta()
         estimate = None if model is None else estimate_activation_bytes(model, inputs, training, max_bytes)
@@ -288,13 +285,13 @@ def parse_device(device: str, flag: str = '--device') -> torch.device:
 CONFIG_MAX_BYTES = 16 * 2 ** 20  # a config.json is kilobytes (a 21k-class label map is ~1 MB); beyond, it is not one
 
 
-def read_json_file(path: str, max_bytes: int = CONFIG_MAX_BYTES):
-    """The parsed JSON of the file ``path``; a :class:`UsageError` naming it when it is larger than ``max_bytes``
-    (checked before it is read), not UTF-8, not JSON, or nested too deeply for the parser."""
+def read_json_file(path: str):
+    """The parsed JSON of the file ``path``; a :class:`UsageError` naming it when it is larger than
+    :data:`CONFIG_MAX_BYTES` (checked before it is read), not UTF-8, not JSON, or nested too deeply for the parser."""
     size = os.path.getsize(path)
-    if size > max_bytes:
-        raise UsageError(f'{path} is {size:,} bytes, more than the {max_bytes:,} a JSON config can need; it is not '
-                         f'one, and is not read')
+    if size > CONFIG_MAX_BYTES:
+        raise UsageError(f'{path} is {size:,} bytes, more than the {CONFIG_MAX_BYTES:,} a JSON config can need; it is '
+                         f'not one, and is not read')
     try:
         with open(path, encoding='utf-8') as f:
             return json.load(f)

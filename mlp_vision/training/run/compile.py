@@ -12,20 +12,18 @@ __all__ = ['COMPILE_MODES', 'add_compile_arguments', 'compile_model', 'check_com
 COMPILE_MODES = ('default', 'reduce-overhead', 'max-autotune', 'max-autotune-no-cudagraphs')  # torch.compile's modes
 
 
-def add_compile_arguments(group, modes: bool = True) -> None:
-    """``--torchcompile [BACKEND]`` (and ``--torchcompile-mode``), the same flags in every command."""
+def add_compile_arguments(group) -> None:
+    """``--torchcompile [BACKEND]`` and ``--torchcompile-mode``, the same flags in every command."""
     group.add_argument('--torchcompile', nargs='?', type=str, default=None, const='inductor',
                        help='torch.compile the model (optional backend, default inductor)')
-    if modes:
-        group.add_argument('--torchcompile-mode', type=str, default=None, choices=COMPILE_MODES,
-                           help='torch.compile mode')
+    group.add_argument('--torchcompile-mode', type=str, default=None, choices=COMPILE_MODES, help='torch.compile mode')
 
 
 def compile_model(model: nn.Module, args) -> nn.Module:
     """``torch.compile(model)`` as ``--torchcompile`` / ``--torchcompile-mode`` ask; ``model`` unchanged without."""
     if not args.torchcompile:
         return model
-    return torch.compile(model, backend=args.torchcompile, mode=getattr(args, 'torchcompile_mode', None))
+    return torch.compile(model, backend=args.torchcompile, mode=args.torchcompile_mode)
 
 
 def check_compile_backend(backend: Optional[str]) -> None:
