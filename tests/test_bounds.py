@@ -73,6 +73,8 @@ def test_config_errors_show_a_bounded_value(tmp_path):
     with pytest.raises(UsageError) as e:
         load_yaml_config(path, train.build_parser())
     assert 'epochs must be an integer (as --epochs), got [[123456789' in str(e.value) and len(str(e.value)) < 400
+    with pytest.raises(UsageError, match=r'lr must be a number \(as --lr\), got <an integer of about 401 digits>'):
+        load_yaml_config(_yaml(tmp_path, 'lr: 1' + '0' * 400 + '\n'), train.build_parser())  # float() overflows
 
 
 def test_short_repr_is_bounded_in_length_and_work():

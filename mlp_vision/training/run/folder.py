@@ -123,8 +123,7 @@ def saved_position(path: Path, key: str):
     if not isinstance(ckpt, dict):
         return None, None
     position = ckpt.get(key)
-    position = position if isinstance(position, int) and not isinstance(position, bool) else None
-    return position, ckpt.get('run_id')
+    return (position if isinstance(position, int) and not isinstance(position, bool) else None), ckpt.get('run_id')
 
 
 def newer_than(folder: Path, key: str, position: int, run_id: Optional[str]) -> Optional[str]:

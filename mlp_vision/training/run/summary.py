@@ -30,8 +30,7 @@ class SummaryWriter:
     a later row with new keys rewrites the file with the union of columns (still one header)."""
 
     def __init__(self, path: os.PathLike, key: str = 'epoch'):
-        self.path = Path(path)
-        self.key = key
+        self.path, self.key = Path(path), key
 
     def read(self) -> List[Dict[str, str]]:
         if not self.path.exists():
