@@ -487,14 +487,12 @@ class TrainingRun:
 
     def _write_settings(self, output_dir: Path) -> None:
         """Remove a killed run's temporary files, then write ``args.yaml`` (the arguments as given; an earlier,
-        different one is kept) and ``derived.yaml`` (the values derived from them so far, see
-        :class:`~mlp_vision.training.run.config.RunArgs`; every checkpoint holds them too)."""
+        different one is kept) and ``derived.yaml`` (:class:`~.config.RunArgs`)."""
         removed = clean_stale_temp_files(output_dir)
         if removed:
             _logger.info(f'removed {len(removed)} temporary files left by a killed run: '
                          f'{", ".join(p.name for p in removed)}')
-        settings = self.args.given()
-        args_file = output_dir / 'args.yaml'
+        settings, args_file = self.args.given(), output_dir / 'args.yaml'
         if args_file.exists():
             try:  # through the one strict yaml reader (bounded size, no aliases or duplicate keys)
                 previous = read_yaml_file(str(args_file), 'args.yaml') or {}
@@ -507,10 +505,9 @@ class TrainingRun:
         atomic_write_text(output_dir / 'derived.yaml', args_to_yaml(self.args.derived))
 
     def _resume_folder(self, root: Path) -> Tuple[Path, bool, str]:
-        """(the folder a resumed run writes to, whether that is the checkpoint's own folder, a note to log).
-
-        In place is decided under the folder's lock (taken here and kept), from the folder as it is then: a second
-        resume of the same run that loaded its checkpoint before the first took the lock sees the first's epochs."""
+        """(the folder a resumed run writes to, whether that is the checkpoint's own folder, a note to log). In place
+        is decided under the folder's lock (taken here and kept), from the folder as it is then: a second resume of
+        the same run that loaded its checkpoint before the first took the lock sees the first's epochs."""
         args, key = self.args, self.key
         resumed = Path(args.resume).resolve()
         source = resumed.parent
@@ -537,9 +534,8 @@ class TrainingRun:
 
     def log_settings_changes(self) -> None:
         """Log each setting where this resumed run differs from the run it continues: the arguments as given, then
-        the values derived from them (a scaled LR after a new ``--batch-size``), each under its own heading."""
-        args = self.args
-        saved = args.resumed_settings
+        the values derived from them (a scaled LR after a new ``--batch-size``)."""
+        args, saved = self.args, self.args.resumed_settings
         if not saved:
             return
         given, plain = args.given(), plain_value
