@@ -3,9 +3,6 @@
 One implementation, shared by the vision models (dense spatial weights over image patches) and the text
 models (Toeplitz weights for masked LM, causal weights for autoregressive LM).
 
-The SGU's token GEMM contracts a token axis padded with zeros to a multiple of ``token_multiple`` (default 8, so
-gMLP's 196 = 14 x 14 patches become 200; see :class:`SpatialGatingUnit`): exactly the same function.
-
 Paper: `Pay Attention to MLPs` - https://arxiv.org/abs/2105.08050 (eq. 1-4, Fig. 1, Fig. 6)
 """
 from functools import partial
@@ -39,19 +36,11 @@ class SpatialGatingUnit(nn.Module):
     Inputs shorter than ``seq_len`` use the leading L x L block of ``W`` and the first L entries of ``b``,
     which for a Toeplitz ``W`` is again Toeplitz and for a causal ``W`` again causal.
 
-    Token padding (``token_multiple``): the product ``W · norm(Z2)`` (paper §2, eq. 2) contracts a token axis
-    padded with zeros up to a multiple of ``token_multiple``: the applied (L, L) matrix gets zero columns and
-    ``norm(Z2)`` zero tokens. Every padded term is an exact ``0 * 0``, so outputs and gradients are those of the
-    unpadded product (float rounding may differ only where the GEMM kernel sums in another order), ``W`` and ``b``
-    keep their (n, n) / (n,) shapes and hooks see the unpadded tensors. Why: GPU GEMM kernels need 16-byte aligned
-    row strides to run on the fast (on H100, Hopper) kernels; a 196-token row is 392 bytes in bf16, which kept the
-    gMLP-S SGU GEMM on an H100 on older, slower kernels (196 tokens 273.6 us, the same product padded to 200
-    tokens 176.0 us, 1.55x, measured with both token axes padded). Padding the contracted axis alone already makes
-    every row stride of the forward GEMM and of both backward GEMMs (dW: (L, L_pad), dZ2: W^T) a multiple of the
-    padding, and leaves the output unpadded: no slice, no padded bias (``scripts/gpu/token_padding.py`` times
-    both forms and the multiples 1 / 8 / 16 on a GPU). The text models' lengths (128, 512, ...) are already multiples and are not padded; a
-    shorter batch (L < seq_len) is, whatever ``spatial_mode`` (the (L, L) matrix actually applied is padded).
-    ``token_multiple=1`` computes without padding. A plain attribute, read at each call.
+    Token padding (``token_multiple``, a plain attribute read at each call; 1 = none): the product ``W · norm(Z2)``
+    (paper §2, eq. 2) contracts the token axis zero-padded up to a multiple
+    (:func:`~mlp_vision.layers.linear.token_matmul`; why in :mod:`mlp_vision.layers.linear`): the same outputs and
+    gradients, ``W`` and ``b`` keep their shapes, the output is not padded. Text lengths (128, 512, ...) are
+    multiples already; a shorter batch (L < seq_len) is padded, whatever ``spatial_mode``.
 
     Init: ``W`` ~ N(0, init_std) with a tiny std and ``b = 1``, so the unit starts as ``Z1 * norm(Z2)`` and
     the block as a plain FFN. ``W`` and ``b`` are raw parameters (not an ``nn.Linear``) so generic
@@ -86,13 +75,12 @@ class SpatialGatingUnit(nn.Module):
         self.gate_dim = dim // 2
         self.seq_len = seq_len
         self.spatial_mode = spatial_mode
-        self.toeplitz = spatial_mode == 'toeplitz'
         self.causal = spatial_mode == 'causal'
         self.init_std = init_std
         self.token_multiple = token_multiple
 
         self.norm = norm_layer(self.gate_dim, **dd)
-        if self.toeplitz:
+        if spatial_mode == 'toeplitz':
             self.weight = nn.Parameter(torch.empty(2 * seq_len - 1, **dd))
             # index[i, j] = i - j + n - 1 picks w for W[i, j]; its leading L x L block is the index for length L
             idx = torch.arange(seq_len, device=device)
@@ -206,8 +194,7 @@ class GatedMLPBlock(nn.Module):
         attn_dim: size of the tiny attention head (0 = plain gMLP). Its attention is causal when the SGU is.
         hidden_dim: d_ffn given directly (overrides ``mlp_ratio``; avoids rounding of non-integer ratios).
         sgu_mask: also pass the padding mask to the SGU (off by default, as the paper).
-        token_multiple: the SGU's token GEMM runs on the token axis zero-padded to this multiple (exact; see
-            :class:`SpatialGatingUnit`); 1 = no padding.
+        token_multiple: the SGU's token padding multiple (:class:`SpatialGatingUnit`); 1 = no padding.
 
     Shapes:
         x: (B, L, dim); mask: optional (B, L) bool padding mask (True = real token), used by the tiny

@@ -1,33 +1,26 @@
-""" ``TokenLinear``: a Linear along a token axis, without the transposed copies.
+""" ``TokenLinear``: a Linear along a token axis, without the transposed copies; and the zero token padding of the
+token GEMMs (``token_matmul``) that it shares with the Spatial Gating Unit.
 
-Token-mixing layers apply a Linear along the token axis of activations whose contiguous axis is the channel axis:
-MLP-Mixer's token MLP maps the n patches of a (B, n, C) tensor (Mixer, arXiv 2105.01601, eq. 1: ``X^T W``), the
-sMLP of sMLPNet maps the H (or W) positions of a channels-last (B, H, W, C) map (sMLPNet, arXiv 2109.05422, §3.2,
-Alg. 1). Written as in the papers, ``linear(x.transpose(...))``, the Linear sees an input whose last axis has
-stride C. ``F.linear`` copies such an input into a contiguous one and returns the result in the transposed order,
-which the caller transposes back: two copies of the activations around one GEMM.
+Token-mixing layers apply a Linear along the token axis of channels-last activations: MLP-Mixer's token MLP maps
+the n patches of a (B, n, C) tensor (arXiv 2105.01601, eq. 1: ``X^T W``), sMLPNet's sMLP the H (or W) positions of
+a channels-last (B, H, W, C) map (arXiv 2109.05422, §3.2, Alg. 1). Written as in the papers,
+``linear(x.transpose(...))``, ``F.linear`` copies the strided input into a contiguous one and the caller transposes
+the result back: two copies of the activations around one GEMM. :class:`TokenLinear` is an ``nn.Linear`` (same
+parameters, init, state dict and function) that contracts the axis where it lies in memory instead: with ``x``'s
+axes in memory order, ``x`` is a ``(P, n, Q)`` view and the result one batched GEMM ``W (out, n) @ x (P, n, Q)``,
+returned as a view in ``x``'s axis order. The caller writes the plain formulation, so hooks, LoRA wrappers, pruning
+and FLOP counters see an ordinary Linear call. The route depends on the input's strides only (``F.linear`` when the
+last axis is contiguous or the input has fewer than three dimensions); TorchScript compiles the ``F.linear`` branch.
 
-:class:`TokenLinear` is an ``nn.Linear`` (same parameters, initialisation, state dict and function
-``y = x W^T + b`` over the last axis) that contracts that axis where it lies in memory instead: with ``x``'s
-axes put in memory order (outermost first), the contracted axis sits between ``P`` outer and ``Q`` inner
-elements, so ``x`` is a ``(P, n, Q)`` view and the result is one batched GEMM ``W (out, n) @ x (P, n, Q)`` plus the
-bias, returned as a view in ``x``'s axis order. No copy in either direction. The caller writes the plain
-formulation, ``self.fc(x.transpose(1, 2)).transpose(1, 2)``, and hooks, LoRA wrappers, pruning and FLOP counters
-see an ordinary Linear call.
-
-Token padding (``token_multiple``, default 1 = none): the contracted axis is computed padded with zeros up to a
-multiple, as the Spatial Gating Unit's is (``mlp_vision.layers.gating``): the weight gets zero columns and the input
-zero tokens. Every padded term is an exact ``0 * 0``: the same function, parameters and gradients (float rounding
-may differ only where the GEMM kernel sums in another order). Why: the fast GPU GEMM kernels (Hopper's on an H100)
-want 16-byte aligned row strides, and a 196-token row (Mixer-B/16 at 224², arXiv 2105.01601 §2: the token MLP
-contracts the n = 196 patches) is 392 bytes in bf16; padded to 200 it is 400, for the forward GEMM and both
-backward ones (dW (out, n_pad), dx with W^T). :class:`~mlp_vision.layers.MixerBlock` sets it for its token MLP.
-
-The layout is chosen from the input's strides only: ``F.linear`` when the last axis is contiguous or the input has
-fewer than three dimensions, the batched GEMM otherwise, whether or not anything traces or hooks the module.
-TorchScript compiles the ``F.linear`` branch only (the stride-sorting code is not scriptable).
+Token padding (``token_multiple``, 1 = none): the contracted token axis is computed zero-padded up to a multiple
+(zero weight columns, zero tokens). Every padded term is an exact ``0 * 0``: the same function, parameters and
+gradients (float rounding may differ only where the GEMM kernel sums in another order). Why: the fast GPU GEMM
+kernels (Hopper's on an H100) want 16-byte aligned row strides, and a 196-token row (14 x 14 patches at 224²) is
+392 bytes in bf16; padded to 200 it is 400, for the forward GEMM and both backward ones. Measured on the gMLP-S SGU
+GEMM on an H100: 273.6 us for 196 tokens, 176.0 us padded to 200 (``scripts/gpu/token_padding.py``).
 """
 import contextlib
+import math
 from typing import Iterator, List, Optional
 
 import torch
@@ -86,32 +79,22 @@ def _linear_in_memory_order(
         bias: Optional[torch.Tensor] = None,
         token_multiple: int = 1,
 ) -> torch.Tensor:
-    """``F.linear(x, weight, bias)`` for an ``x`` whose last axis is not the contiguous one (see module docstring).
-
-    The contracted axis is zero-padded to a multiple of ``token_multiple`` in memory order (:func:`token_matmul`).
-    """
+    """``F.linear(x, weight, bias)`` for an ``x`` whose last axis is not the contiguous one (module docstring), the
+    contracted axis zero-padded to a multiple of ``token_multiple`` (:func:`token_matmul`)."""
     last = x.dim() - 1
     # axes outermost-first in memory; the contracted axis is placed last among equal strides (size-1 axes)
     order: List[int] = sorted(range(x.dim()), key=lambda d: (-x.stride(d), d == last))
     pos = order.index(last)
     xm = x.permute(order)  # contiguous whenever x is a permutation of a contiguous tensor
-    outer = xm.shape[:pos]
-    inner = xm.shape[pos + 1:]
-    n_outer, n_inner = 1, 1
-    for s in outer:
-        n_outer *= s
-    for s in inner:
-        n_inner *= s
-    x3 = xm.reshape(n_outer, x.shape[-1], n_inner)  # (P, n, Q): a view when xm is contiguous (sizes given: P may be 0)
+    outer, inner = xm.shape[:pos], xm.shape[pos + 1:]
+    # (P, n, Q): a view when xm is contiguous (sizes given: P may be 0)
+    x3 = xm.reshape(math.prod(outer), x.shape[-1], math.prod(inner))
     # the GEMM, then the bias in place: the same in eager mode and under torch.jit.trace
     y = token_matmul(weight, x3, token_multiple)
     if bias is not None:
         y = y.add_(bias.unsqueeze(-1))
     y = y.view(list(outer) + [weight.shape[0]] + list(inner))
-    inverse = [0] * len(order)
-    for i, d in enumerate(order):
-        inverse[d] = i
-    return y.permute(inverse)
+    return y.permute([order.index(d) for d in range(x.dim())])
 
 
 @register_notrace_module  # a leaf for timm's FX feature extraction (its route depends on strides)

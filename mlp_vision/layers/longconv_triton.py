@@ -14,54 +14,36 @@ and, with ``gated=True`` and a bias (2, C), the product ``(y[..., 0, :] + bias[0
 
 Formulation: blocked Toeplitz GEMM (why not FFTs)
 -------------------------------------------------
-Because the kernel is shared by all channels, each direction is one matrix product ``Y = T U`` of the (L, L)
-Toeplitz matrix ``T[i, j] = K[i - j]`` with the (L, B*C) input, whose wide second operand keeps tensor cores
-busy. ``T`` is never materialised: cut into square tiles of ``block_l`` rows, its tile at block row ``i``,
-block column ``j`` depends only on ``m = |i - j|``, so the ``ceil(L / block_l)`` distinct tiles per direction
-form a table of ``~L * block_l`` entries (8 MiB in bf16 for both directions at L = 16,384, block 128), built
-from ``K`` by one gather and held in L2. Each program computes an output tile of ``block_l`` positions x
-``block_c`` channels as ``sum_j table[|i - j|] @ U[j]``, skipping the all-zero tiles above (causal) or below
-(anti-causal) the diagonal: ``L^2 / 2`` multiply-adds per channel and direction, i.e. ``L * C`` per token for
-both directions together (d = 1024, L = 4,096: 4.2 M per token, against 12.6 M for the BERT-large layer's
-projections and 8.4 M for its attention).
+The kernel is shared by all channels, so each direction is one product ``Y = T U`` of the (L, L) Toeplitz matrix
+``T[i, j] = K[i - j]`` with the (L, B*C) input, whose wide second operand keeps tensor cores busy. ``T`` is never
+materialised: its ``block_l``-square tile at block row ``i``, column ``j`` depends only on ``m = |i - j|``, so the
+``ceil(L / block_l)`` distinct tiles per direction form a table of ``~L * block_l`` entries (8 MiB in bf16 for both
+directions at L = 16,384), built from ``K`` by one gather and held in L2. Each program computes a ``block_l`` x
+``block_c`` output tile as ``sum_j table[|i - j|] @ U[j]``, skipping the all-zero tiles: ``L^2 / 2`` MACs per
+channel and direction, ``L * C`` per token for both (d = 1024, L = 4,096: 4.2 M, against 12.6 M for a BERT-large
+layer's projections and 8.4 M for its attention). A tile step does 64 FLOP per byte for 128 x 128 bf16 tiles, and
+with a program group's input column kept in L2 (programs launched block-row-fastest) ``L / 4`` FLOP per byte
+against HBM: compute-bound, at GEMM speed. The FFT route (``ssm._BidirectionalFFTConv``) does ``O(log L)`` FLOPs
+per element but is memory-bound (~100 bytes of traffic per element); FlashFFTConv (arXiv 2311.05908) removes that
+traffic with fewer FLOPs (~5x fewer at 16K) but in many small products and a far larger kernel, built for a kernel
+per channel. The cost grows as L^2, half attention's constant (2 L d FLOPs per token against 4 L d); going below
+needs the kernel's SSM structure (far-off tiles have rank <= 2N: chunked state passing), not this generic route.
 
-Arithmetic intensity: a tile step reads a ``block_l^2`` table tile and a ``block_l x block_c`` input tile and
-does ``block_l^2 * block_c`` MACs, 64 FLOP per byte for 128 x 128 bf16 tiles (the ratio of a GEMM with the
-same tiles); against HBM the input is read once and the output written once if the ``L x block_c`` input
-column of a program group stays in L2 (programs are launched block-row-fastest for that: 1 MiB per column at
-L = 4,096), i.e. ``L / 4`` FLOP per byte (1,024 at L = 4,096), far above the H100's ~300 FLOP/byte ridge:
-compute-bound, at GEMM speed. The FFT route (``ssm._BidirectionalFFTConv``) does ``O(log L)`` FLOPs per
-element but is memory-bound: float32 casts, permutes, padded complex spectra, ~100 bytes of traffic per
-element. FlashFFTConv (https://arxiv.org/abs/2311.05908) removes that traffic with Monarch-decomposed FFTs on
-tensor cores, built for a different kernel per channel. It does fewer FLOPs (three radix-16/16/32 stages at
-n_fft = 8,192: ~4 * 10^6 real MACs per channel for the forward and inverse transforms, against L^2 / 2 =
-8.4 * 10^6 here; ~5x fewer at 16K) but spends them in many small matrix products with twiddle multiplies and
-transposes in between, in a far larger kernel; with one kernel shared by all channels the Toeplitz GEMM is
-simple, exact in the kernel's taps and runs like one large GEMM. Its cost grows as L^2, like attention's but
-with half the constant: 2 L d FLOPs per token against flash attention's 4 L d. Going below that needs the
-kernel's SSM structure (K[l] is a sum of N damped complex exponentials, so far-off tiles have rank <= 2N: a
-chunked state-passing scheme), not this generic-kernel route.
+Precision: tiles are multiplied in the input dtype (the table cast to it: bf16 / fp16 taps carry the input's unit
+roundoff) with float32 accumulation; float32 inputs use ``ieee`` products. Outputs are cast back to the input dtype.
 
-Precision: tiles are multiplied in the input dtype (the table is cast to it: bf16 / fp16 taps carry the
-input's unit roundoff, 2^-8 / 2^-11) with float32 accumulation; float32 inputs use full-precision
-(``ieee``) products. Outputs are cast back to the input dtype.
+Backward (both GEMMs in Triton, in a ``torch.autograd.Function``): the adjoint of a causal convolution is the
+anti-causal correlation with the same taps, so ``grad_u`` is the same kernel with each direction's causality
+flipped and the table tiles transposed; the gradient of table tile ``m`` is ``sum_{b, c-blocks, i} G[i]
+U[i -/+ m]^T`` (deterministic partial sums over a split of the batch x channel blocks), carried to ``K`` by autograd
+through the gather. With ``gated=True`` the gate's backward runs in PyTorch on the two factors the forward saved.
 
-Backward (both GEMMs in Triton, wrapped in a ``torch.autograd.Function``): the adjoint of a causal
-convolution is the anti-causal correlation with the same taps, so ``grad_u`` is the same kernel with each
-direction's causality flipped and the table tiles transposed; the gradient of table tile ``m`` is
-``sum_{b, c-blocks, i} G[i] U[i -/+ m]^T`` (one tile-sized accumulator per program, deterministic partial
-sums over a split of the batch x channel blocks), and autograd carries it through the gather to ``K``. With
-``gated=True`` the gate's backward (``grad_y_f = grad_out * (y_b + bias_b)`` and vice versa) runs in PyTorch
-on the two factors saved by the forward kernel.
+Fused input GELU (:func:`bidirectional_gelu_long_conv`, the BiGS layer's Triton route): the kernel computes
+``u = mask * GELU(a)`` as it loads each input tile and multiplies the adjoint's output tile by ``mask * GELU'(a)``,
+so neither ``u`` nor a stacked copy of the two directions is ever written, and the backward pass keeps only ``a``.
 
-Fused input GELU (:func:`bidirectional_gelu_long_conv`, the BiGS layer's Triton route): the layer convolves
-``u = mask * GELU(a)`` of its two input projections' outputs ``a``. The kernel computes ``u`` as it loads each input
-tile (prologue) and multiplies the adjoint's output tile by ``mask * GELU'(a)`` (epilogue); the table gradient
-recomputes ``u`` the same way. So neither ``u`` nor a stacked (B, L, 2, C) copy of the two directions is ever
-written: the two directions are read from their own tensors, and the backward pass keeps only ``a``.
-
-Devices: CUDA tensors run the compiled kernels; CPU tensors run the same kernel source in Triton's
-interpreter (numpy; slow, for tests on machines without a GPU -- no ``TRITON_INTERPRET`` needed).
+Devices: CUDA tensors run the compiled kernels; CPU tensors the same source in Triton's interpreter (numpy; slow,
+for tests on machines without a GPU; no ``TRITON_INTERPRET`` needed).
 """
 from typing import Optional, Tuple
 

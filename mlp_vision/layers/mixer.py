@@ -27,22 +27,13 @@ class MixerBlock(nn.Module):
         dim: token width d.
         seq_len: number of tokens n.
         mlp_ratio: (tokens_dim / d, channels_dim / d); Mixer uses (0.5, 4.0).
-        token_multiple: the token MLP contracts its token axes zero-padded to this multiple (default 8: Mixer-B/16's
-            196 patches become 200); exact, 1 = no padding. See below.
+        token_multiple: the token MLP's Linears contract their token axes zero-padded to this multiple (default 8:
+            Mixer-B/16's 196 patches become 200; exact, why in :mod:`mlp_vision.layers.linear`); 1 = no padding.
 
-    The forward is timm's, module by module. The token MLP's Linears are :class:`~mlp_vision.layers.TokenLinear`
-    (``nn.Linear`` subclasses with the same parameters) when ``mlp_layer`` is timm's ``Mlp``: they mix the n axis
-    of the transposed view in place, as one batched GEMM, instead of copying the activations to and from a
-    transposed layout.
-
-    Token padding: the token MLP's first Linear contracts the n patches (eq. 1, ``X^T W_1``, arXiv 2105.01601 §2);
-    its :class:`~mlp_vision.layers.TokenLinear` computes on the token axis zero-padded to a multiple of
-    ``token_multiple`` (zero weight columns, zero tokens: every padded term an exact ``0 * 0``, the same outputs,
-    gradients and state dict), so every GEMM row stride of its forward and backward is 16-byte aligned in bf16,
-    which the fast GPU kernels want (a 196-token row is 392 bytes; the same padding took the gMLP-S SGU GEMM from
-    273.6 to 176.0 us on an H100). The second Linear contracts ``tokens_dim`` (a multiple already for Mixer's
-    widths) and writes the n tokens unpadded. Set on the TokenLinears (``mlp_tokens.fc1.token_multiple``), so a
-    custom ``mlp_layer`` (plain Linears) is not padded.
+    The forward is timm's, module by module. With timm's ``Mlp`` as ``mlp_layer``, the token MLP's Linears are
+    :class:`~mlp_vision.layers.TokenLinear` (same parameters): they mix the n axis of the transposed view in place,
+    as one batched GEMM, without copies, and carry the padding (``mlp_tokens.fc1.token_multiple``); a custom
+    ``mlp_layer`` keeps its plain Linears, unpadded.
 
     Shapes: x (B, n, dim) -> (B, n, dim).
     """

@@ -1,22 +1,17 @@
 """ Resampling of token-mixing weights to a new input size.
 
-Token-mixing weights (gMLP's SGU W and b, MLP-Mixer's token MLP, sMLP's H x H / W x W mixes) are tied to
-the token grid they were trained on. To build a model at another ``img_size`` from a checkpoint, each
-token axis of such a weight is treated as a sampled function of token position on the grid and resampled:
+Token-mixing weights (gMLP's SGU W and b, MLP-Mixer's token MLP, sMLP's H x H / W x W mixes) are tied to the token
+grid they were trained on. For another ``img_size``, each token axis of such a weight is treated as a sampled
+function of token position and interpolated over its grid (1-D for the axial sMLP mixes, 2-D (h, w) for the
+flattened token axis of gMLP / Mixer), bilinear with ``align_corners=False``, antialiased when the grid shrinks. A
+*contracted* (input) token axis is also scaled by ``old_tokens / new_tokens``, so the sum over input tokens keeps
+its magnitude; output token axes and biases are not scaled. Equal grids return the tensor unchanged.
 
-* every token axis is interpolated over its grid (1-D for the axial sMLP mixes, 2-D (h, w) for the
-  flattened token axis of gMLP / Mixer), bilinear with ``align_corners=False`` and antialiasing when the
-  grid shrinks;
-* an *input* (contracted) token axis is also scaled by ``old_tokens / new_tokens`` so that a smooth map
-  mixes to the same values: the sum over input tokens keeps its magnitude when there are more or fewer of
-  them. Output token axes and biases are not scaled.
-
-When the grids are equal the tensor is returned unchanged (bit-exact identity).
-
-One implementation serves both routes to another size: the models' ``checkpoint_filter_fn`` resample the tensors of
-a state dict, and their ``set_input_size`` resample a built model's parameters in place
-(:func:`resample_token_params_`), from the same table of token axes that each block declares (``token_axes``).
+Both routes to another size use this: the models' ``checkpoint_filter_fn`` (tensors of a state dict) and their
+``set_input_size`` (a built model's parameters in place, :func:`resample_token_params_`), from the table of token
+axes each block declares (``token_axes``).
 """
+import math
 from typing import Dict, Sequence, Tuple
 
 import torch
@@ -46,9 +41,7 @@ def resample_token_axis(
     old_grid, new_grid = tuple(old_grid), tuple(new_grid)
     if len(old_grid) != len(new_grid) or len(old_grid) not in (1, 2):
         raise ValueError(f'grids must both be (n,) or (h, w), got {old_grid} and {new_grid}')
-    old_n = 1
-    for s in old_grid:
-        old_n *= s
+    old_n = math.prod(old_grid)
     if t.shape[dim] != old_n:
         raise ValueError(f'axis {dim} of a tensor of shape {tuple(t.shape)} has length {t.shape[dim]}, '
                          f'expected {old_n} for grid {old_grid}')

@@ -14,8 +14,7 @@ MLP then read contiguous channel vectors, and the axial Linears (:class:`~mlp_vi
 H and W axes of that memory as batched GEMMs, ``(H, H) @ (B, H, W*C)`` and ``(W, W) @ (B*H, W, C)``, with no
 permuted copies.
 
-Inference fusion: :meth:`SparseMLPTokenMixer.reparameterize` (called by ``timm.utils.reparameterize_model``) folds
-the sMLP's BatchNorm into the depthwise conv it directly follows, once, replacing both modules by one conv.
+Inference fusion: :meth:`SparseMLPTokenMixer.reparameterize` (``timm.utils.reparameterize_model``).
 """
 from typing import Dict, Sequence, Tuple, Type
 
@@ -32,17 +31,15 @@ _FRESH_OUTPUT_NORMS = (nn.BatchNorm2d, nn.GroupNorm, nn.LayerNorm)
 
 __all__ = ['AxialSparseMLP', 'SparseMLPTokenMixer', 'SparseMLPBlock', 'rename_legacy_smlp_keys']
 
-# AxialSparseMLP's state-dict names that changed, old -> new (relative to the module). The 1x1 projection was the
-# child ``fuse`` until issue 25: timm's reparameterize_model replaces every child that has a ``fuse`` attribute by
-# ``child.fuse()``, which called the conv without input
+# AxialSparseMLP's old state-dict names -> current (relative to the module): the 1x1 projection was the child
+# ``fuse``, which timm's reparameterize_model takes for a fusion method (it replaces such a child by ``child.fuse()``)
 _LEGACY_SMLP_KEYS = {'fuse.weight': 'fuse_conv.weight', 'fuse.bias': 'fuse_conv.bias'}
 
 
 def rename_legacy_smlp_keys(state_dict: Dict[str, torch.Tensor], prefix: str = '') -> Dict[str, torch.Tensor]:
-    """In place: the old key names of the :class:`AxialSparseMLP` at ``prefix`` (``'stages.0.blocks.0.token_mixer.
-    smlp.'``; ``''`` for the module itself) renamed to the current ones; returns ``state_dict``. Every
-    ``load_state_dict`` of the module applies it (train.py ``--resume``, validate.py ``--checkpoint``, timm's loaders),
-    and sMLPNet's ``checkpoint_filter_fn`` over the whole model."""
+    """In place: the old key names of the :class:`AxialSparseMLP` at ``prefix`` (e.g.
+    ``'stages.0.blocks.0.token_mixer.smlp.'``) renamed to the current ones; returns ``state_dict``. Every
+    ``load_state_dict`` of the module applies it, and sMLPNet's ``checkpoint_filter_fn`` over the whole model."""
     for old, new in _LEGACY_SMLP_KEYS.items():
         if prefix + old in state_dict:
             value = state_dict.pop(prefix + old)
@@ -109,7 +106,7 @@ class AxialSparseMLP(nn.Module):
         self.feat_size = (new_h, new_w)
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
-        rename_legacy_smlp_keys(state_dict, prefix)  # checkpoints saved before issue 25
+        rename_legacy_smlp_keys(state_dict, prefix)
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -145,20 +142,16 @@ class SparseMLPTokenMixer(nn.Module):
             dim, dim, kernel_size, padding=kernel_size // 2, groups=dim, bias=False, **dd)
         self.smlp = AxialSparseMLP(dim, feat_size, norm_layer=norm_layer, act_layer=act_layer, **dd)
 
-    def set_feat_size(self, feat_size: Sequence[int]) -> None:
-        self.smlp.set_feat_size(feat_size)
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.act(self.norm(x.contiguous(memory_format=torch.channels_last)))
         return self.smlp(self.conv_dw(x))
 
     def reparameterize(self) -> None:
         """Inference fusion, once (``timm.utils.reparameterize_model`` calls it): the sMLP's BatchNorm, which
-        directly follows the depthwise conv, folded into that conv with its running statistics. ``conv_dw`` becomes
-        a conv with bias, ``smlp.norm`` an ``nn.Identity``: the eval-mode function up to float rounding, one pass
-        over the (B, C, H, W) map less per block. The first BatchNorm is followed by GELU and stays. For eval only:
-        afterwards nothing normalises with batch statistics. A no-op when the modules are not (or no longer) a
-        plain conv followed by a BatchNorm with running statistics."""
+        directly follows the depthwise conv, folded into that conv with its running statistics (``conv_dw`` gets a
+        bias, ``smlp.norm`` becomes ``nn.Identity``): the eval-mode function up to float rounding, one pass over the
+        map less per block. For eval only (nothing normalises with batch statistics afterwards). A no-op unless the
+        modules are a plain conv followed by a BatchNorm with running statistics."""
         conv, bn = self.conv_dw, self.smlp.norm
         if type(conv) is not nn.Conv2d or type(bn) is not nn.BatchNorm2d or bn.running_var is None:
             return
@@ -195,9 +188,6 @@ class SparseMLPBlock(nn.Module):
         self.mlp = Mlp(dim, int(dim * mlp_ratio), act_layer=act_layer, drop=proj_drop, **dd)
         self.mlp.act = fresh_input_act(self.mlp.act)  # applied to the fresh fc1 output only
         self.drop_path = DropPath(drop_path) if drop_path > 0. else nn.Identity()
-
-    def set_feat_size(self, feat_size: Sequence[int]) -> None:
-        self.token_mixer.set_feat_size(feat_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x.contiguous(memory_format=torch.channels_last)

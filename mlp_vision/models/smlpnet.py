@@ -8,11 +8,11 @@ Differences from the official code, none of which changes the function computed 
 * any input size with H and W divisible by 32, square or not (the official code runs only at 224x224);
 * ``drop_path_rate`` takes effect (linear ramp over all blocks; the official flag is silently ignored);
 * scriptable / exportable (no einops), timm model contract, 4-level ``features_only`` pyramid;
-* our names say what each tensor mixes: ``proj_h`` mixes along H, ``proj_w`` along W. The official
-  checkpoint has them swapped (``proj_h`` mixes along W, ``proh_w`` along H); ``checkpoint_filter_fn``
-  maps them, and the fuse conv's input blocks, accordingly;
-* the sMLP's 1x1 fuse conv is ``fuse_conv`` (``fuse`` until issue 25, a name timm's ``reparameterize_model`` takes
-  for a fusion method); ``checkpoint_filter_fn`` and every ``load_state_dict`` map the old name.
+* our names say what each tensor mixes: ``proj_h`` mixes along H, ``proj_w`` along W (the official checkpoint
+  has them swapped: ``proj_h`` mixes along W, ``proh_w`` along H); ``checkpoint_filter_fn`` maps them, and the fuse
+  conv's input blocks, accordingly;
+* the sMLP's 1x1 fuse conv is ``fuse_conv`` (``fuse`` is a name timm's ``reparameterize_model`` takes for a fusion
+  method); ``checkpoint_filter_fn`` and every ``load_state_dict`` map the official / old name.
 
 Inference fusion: ``timm.utils.reparameterize_model(model.eval())`` folds each block's sMLP BatchNorm into the
 depthwise conv before it (:meth:`~mlp_vision.layers.SparseMLPTokenMixer.reparameterize`).
@@ -68,11 +68,6 @@ class SparseMLPStage(nn.Module):
                 out_chs, feat_size, mlp_ratio=mlp_ratio, norm_layer=norm_layer, act_layer=act_layer,
                 proj_drop=proj_drop, drop_path=drop_path_rates[i], **dd)
             for i in range(depth)])
-
-    def set_feat_size(self, feat_size: Sequence[int]) -> None:
-        """Resample every block's axial mixes to an (H, W) output map size (``AxialSparseMLP.set_feat_size``)."""
-        for blk in self.blocks:
-            blk.set_feat_size(feat_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.downsample(x)
@@ -162,22 +157,20 @@ class SparseMLPNet(nn.Module):
     def set_input_size(self, img_size: Optional[Union[int, Tuple[int, int]]] = None) -> None:
         """Move the built model to another input size (timm's ``set_input_size``); None keeps the current one.
 
-        Every sMLP's axial mixes (``proj_h`` H x H, ``proj_w`` W x W; arXiv 2109.05422, §3.2) are resampled to their
-        stage's new map size exactly as ``checkpoint_filter_fn`` resamples a checkpoint (one implementation,
-        :mod:`mlp_vision.layers.resample`); ``img_size`` follows, ``feature_info`` (strides 4-32) is unchanged, and
-        ``pretrained_cfg`` / ``default_cfg`` take the new ``input_size`` (``record_input_size``). The resampled
-        weights are new parameters: build the optimizer afterwards.
-
-        Args:
-            img_size: new (H, W) or int; both must be positive multiples of the total stride, 32 (else
-                ``ValueError``, and the model is left as it was).
+        Every sMLP's axial mixes (arXiv 2109.05422, §3.2) are resampled to their stage's new map size as
+        ``checkpoint_filter_fn`` resamples a checkpoint (:mod:`mlp_vision.layers.resample`); ``feature_info`` is
+        unchanged, ``pretrained_cfg`` takes the new ``input_size`` (``record_input_size``). The resampled weights
+        are new parameters: build the optimizer afterwards. ``img_size``: (H, W) or int, positive multiples of the
+        total stride, 32 (else ``ValueError``, the model left as it was).
         """
         if img_size is None:
             return
         img_size = _check_img_size(img_size, len(self.stages))
         for i, stage in enumerate(self.stages):
             stride = self.feature_info[i]['reduction']
-            stage.set_feat_size((img_size[0] // stride, img_size[1] // stride))
+            for module in stage.modules():
+                if isinstance(module, AxialSparseMLP):
+                    module.set_feat_size((img_size[0] // stride, img_size[1] // stride))
         self.img_size = img_size
         record_input_size(self, img_size)
 
@@ -293,21 +286,29 @@ def _init_weights(module: nn.Module, name: str = '') -> None:
             nn.init.zeros_(module.bias)
 
 
-def _official_key_map(depths: Sequence[int]) -> List[Tuple[int, int]]:
-    """Global block index of the official checkpoint -> (stage, block)."""
-    return [(s, b) for s, d in enumerate(depths) for b in range(d)]
+# official block module (group, path inside the block) -> ours (inside the block); the official proj_h mixes along W
+# and proh_w along H, ours are named by what they mix
+_OFFICIAL_BLOCK_MODULES = {
+    ('token_mix', '0.conv_merge.BN'): 'token_mixer.norm',
+    ('token_mix', '0.conv_merge.Conv'): 'token_mixer.conv_dw',
+    ('token_mix', '1.BN'): 'token_mixer.smlp.norm',
+    ('token_mix', '1.proj_h'): 'token_mixer.smlp.proj_w',
+    ('token_mix', '1.proh_w'): 'token_mixer.smlp.proj_h',
+    ('token_mix', '1.fuse'): 'token_mixer.smlp.fuse_conv',
+    ('channel_mix', '1'): 'norm',
+    ('channel_mix', '2.net.0'): 'mlp.fc1',
+    ('channel_mix', '2.net.3'): 'mlp.fc2',
+}
 
 
 def checkpoint_filter_fn(state_dict: Dict[str, torch.Tensor], model: SparseMLPNet) -> Dict[str, torch.Tensor]:
     """Official SPACH sMLPNet checkpoint (or ours) -> this model.
 
     Official layout (``model`` dict of ``smlp_{t,s,b}.pth``): ``to_patch_embedding.{s}.0`` stems,
-    ``token_mix.{i}`` / ``channel_mix.{i}`` numbered over all blocks, ``batch_norm``, ``mlp_head.0``.
-    Its ``proj_h`` mixes along W and ``proh_w`` along H (names swapped); the fuse conv's input channel
-    blocks are [x, W-mixed, H-mixed] there and [x, H-mixed, W-mixed] here (its ``fuse`` is our ``fuse_conv``, the
-    name our own checkpoints had before issue 25 too: mapped). The 1x1-conv axial weights
-    (N, N, 1, 1) become (N, N) Linear weights. Axial weights are resampled when the model's stage sizes
-    differ from the checkpoint's (see :mod:`mlp_vision.layers.resample`).
+    ``token_mix.{i}`` / ``channel_mix.{i}`` numbered over all blocks, ``batch_norm``, ``mlp_head.0``; its axial
+    mixes are named swapped and its fuse conv's input blocks are [x, W-mixed, H-mixed] (ours [x, H-mixed, W-mixed]).
+    Our own checkpoints may have the old ``fuse`` name (mapped). Axial weights are resampled when the model's stage
+    sizes differ from the checkpoint's (:mod:`mlp_vision.layers.resample`).
     """
     if 'model' in state_dict and isinstance(state_dict['model'], dict):
         state_dict = state_dict['model']
@@ -336,7 +337,7 @@ def _official_depths(state_dict: Dict[str, torch.Tensor], num_blocks: int) -> Li
 
 def _convert_official(state_dict: Dict[str, torch.Tensor], model: SparseMLPNet) -> Dict[str, torch.Tensor]:
     depths = [len(s.blocks) for s in model.stages]
-    blocks = _official_key_map(depths)
+    blocks = [(s, b) for s, d in enumerate(depths) for b in range(d)]  # official global block index -> ours
     num_official = 1 + max(
         (int(k.split('.')[1]) for k in state_dict if k.startswith('token_mix.')), default=-1)
     if num_official != len(blocks):
@@ -357,36 +358,16 @@ def _convert_official(state_dict: Dict[str, torch.Tensor], model: SparseMLPNet) 
             k = 'stem.weight' if s == 0 else f'stages.{s}.downsample.weight'
         elif parts[0] in ('token_mix', 'channel_mix'):
             s, b = blocks[int(parts[1])]
-            prefix = f'stages.{s}.blocks.{b}'
-            rest = '.'.join(parts[2:])
-            if parts[0] == 'token_mix':
-                if rest.startswith('0.conv_merge.BN.'):
-                    k = f'{prefix}.token_mixer.norm.{parts[-1]}'
-                elif rest == '0.conv_merge.Conv.weight':
-                    k = f'{prefix}.token_mixer.conv_dw.weight'
-                elif rest.startswith('1.BN.'):
-                    k = f'{prefix}.token_mixer.smlp.norm.{parts[-1]}'
-                elif rest.startswith('1.proj_h.'):  # official proj_h mixes along W
-                    k = f'{prefix}.token_mixer.smlp.proj_w.{parts[-1]}'
-                    v = v.flatten(1) if v.ndim == 4 else v
-                elif rest.startswith('1.proh_w.'):  # official proh_w mixes along H
-                    k = f'{prefix}.token_mixer.smlp.proj_h.{parts[-1]}'
-                    v = v.flatten(1) if v.ndim == 4 else v
-                elif rest == '1.fuse.weight':
-                    x_id, x_w, x_h = v.chunk(3, dim=1)  # official input order [x, W-mixed, H-mixed]
-                    v = torch.cat([x_id, x_h, x_w], dim=1)
-                    k = f'{prefix}.token_mixer.smlp.fuse_conv.weight'
-                else:
-                    raise ValueError(f'unexpected key in official sMLPNet checkpoint: {k}')
-            else:
-                if rest.startswith('1.'):
-                    k = f'{prefix}.norm.{parts[-1]}'
-                elif rest.startswith('2.net.0.'):
-                    k = f'{prefix}.mlp.fc1.{parts[-1]}'
-                elif rest.startswith('2.net.3.'):
-                    k = f'{prefix}.mlp.fc2.{parts[-1]}'
-                else:
-                    raise ValueError(f'unexpected key in official sMLPNet checkpoint: {k}')
+            path = '.'.join(parts[2:-1])
+            module = _OFFICIAL_BLOCK_MODULES.get((parts[0], path))
+            if module is None or (path in ('0.conv_merge.Conv', '1.fuse') and parts[-1] != 'weight'):  # bias-free
+                raise ValueError(f'unexpected key in official sMLPNet checkpoint: {k}')
+            k = f'stages.{s}.blocks.{b}.{module}.{parts[-1]}'
+            if module.endswith(('proj_h', 'proj_w')):  # official 1x1 convs (N, N, 1, 1): Linear weights (N, N)
+                v = v.flatten(1) if v.ndim == 4 else v
+            elif module.endswith('fuse_conv'):
+                x_id, x_w, x_h = v.chunk(3, dim=1)  # official input order [x, W-mixed, H-mixed]
+                v = torch.cat([x_id, x_h, x_w], dim=1)
         elif parts[0] == 'batch_norm':
             k = f'norm.{parts[-1]}'
         elif parts[0] == 'mlp_head':
