@@ -50,14 +50,10 @@ class _GELUProduct(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         a, b = ctx.saved_tensors
-        approximate = ctx.approximate
-        grad_a = grad_b = None
-        if ctx.needs_input_grad[0]:
-            grad_a = torch.ops.aten.gelu_backward(grad * F.gelu(b, approximate=approximate), a,
-                                                  approximate=approximate)
-        if ctx.needs_input_grad[1]:
-            grad_b = torch.ops.aten.gelu_backward(grad * F.gelu(a, approximate=approximate), b,
-                                                  approximate=approximate)
+        act = ctx.approximate
+        grad_a, grad_b = (torch.ops.aten.gelu_backward(grad * F.gelu(other, approximate=act), x, approximate=act)
+                          if needed else None
+                          for x, other, needed in ((a, b, ctx.needs_input_grad[0]), (b, a, ctx.needs_input_grad[1])))
         return grad_a, grad_b, None
 
 

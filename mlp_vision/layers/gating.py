@@ -106,12 +106,8 @@ class SpatialGatingUnit(nn.Module):
             w = torch.tril(w)
         return w
 
-    def forward(
-            self,
-            x: torch.Tensor,
-            res: Optional[torch.Tensor] = None,
-            mask: Optional[torch.Tensor] = None,
-    ) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, res: Optional[torch.Tensor] = None,
+                mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         u, v = x.chunk(2, dim=-1)
         length = v.shape[-2]
         v = self.norm(v)
@@ -173,11 +169,7 @@ class TinyAttention(nn.Module):
                 attn_mask = attn_mask & torch.ones(length, length, dtype=torch.bool, device=x.device).tril()
                 is_causal = False  # SDPA takes either a mask or is_causal, not both
         x = F.scaled_dot_product_attention(
-            q, k, v,
-            attn_mask=attn_mask,
-            dropout_p=self.attn_drop if self.training else 0.,
-            is_causal=is_causal,
-        )
+            q, k, v, attn_mask=attn_mask, dropout_p=self.attn_drop if self.training else 0., is_causal=is_causal)
         return self.proj(x)
 
 
@@ -196,10 +188,8 @@ class GatedMLPBlock(nn.Module):
         sgu_mask: also pass the padding mask to the SGU (off by default, as the paper).
         token_multiple: the SGU's token padding multiple (:class:`SpatialGatingUnit`); 1 = no padding.
 
-    Shapes:
-        x: (B, L, dim); mask: optional (B, L) bool padding mask (True = real token), used by the tiny
-        attention. The SGU itself mixes every position it is given, pads included, exactly as the paper's
-        models do; how padding is handled for text is the text models' business. Output: (B, L, dim).
+    Shapes: x (B, L, dim) -> (B, L, dim); mask: optional (B, L) bool padding mask (True = real token) for the tiny
+    attention (and the SGU with ``sgu_mask``; without it the SGU mixes pads too, as the paper's models do).
     """
     # the SGU's dense W (n, n) and b (n) and their token axes (output, contracted): what the vision checkpoint
     # loaders and set_token_grid resample for another patch grid (mlp_vision.layers.resample)

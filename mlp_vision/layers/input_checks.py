@@ -102,19 +102,10 @@ def _is_int(value: Any) -> bool:
     return not isinstance(value, bool)
 
 
-def check_model_args(
-        in_chans: int,
-        num_classes: int,
-        drop_rate: float = 0.,
-        proj_drop_rate: float = 0.,
-        drop_path_rate: float = 0.,
-        *,
-        sizes: Optional[Mapping[str, Any]] = None,
-        depths: Optional[Sequence[int]] = None,
-        mlp_ratio: Union[None, float, Sequence[float]] = None,
-        global_pool: Optional[str] = None,
-        pools: Sequence[str] = TIMM_POOL_TYPES,
-) -> None:
+def check_model_args(in_chans: int, num_classes: int, drop_rate: float = 0., proj_drop_rate: float = 0.,
+                     drop_path_rate: float = 0., *, sizes: Optional[Mapping[str, Any]] = None,
+                     depths: Optional[Sequence[int]] = None, mlp_ratio: Union[None, float, Sequence[float]] = None,
+                     global_pool: Optional[str] = None, pools: Sequence[str] = TIMM_POOL_TYPES) -> None:
     """Raise ``ValueError`` with what is expected for constructor arguments no model can be built with (instead of
     a failure deep in a layer, a silently different model, or one at the first training step).
 

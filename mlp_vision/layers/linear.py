@@ -59,12 +59,8 @@ def tokens_padded_to(model: nn.Module, token_multiple: int) -> Iterator[nn.Modul
 @register_notrace_function  # a leaf for timm's FX feature extraction (whether it pads depends on the token count)
 def token_matmul(weight: torch.Tensor, x: torch.Tensor, token_multiple: int = 1) -> torch.Tensor:
     """``torch.bmm(weight.expand(P, -1, -1), x)``: (m, n) @ (P, n, Q) -> (P, m, Q), contracting the n tokens padded
-    with zeros up to a multiple of ``token_multiple`` (zero weight columns, zero tokens: the same product).
-
-    The token GEMM of the SGU and of :class:`TokenLinear`. bmm is an op every FLOP counter knows (stock fvcore has no
-    baddbmm handle); it counts the padded product, so the project's counter traces with ``tokens_padded_to(model,
-    1)``.
-    """
+    with zeros up to a multiple of ``token_multiple`` (module docstring). The token GEMM of the SGU and of
+    :class:`TokenLinear`; bmm is an op every FLOP counter knows (stock fvcore has no baddbmm handle)."""
     pad = token_padding(x.shape[1], token_multiple)
     if pad:
         weight = F.pad(weight, (0, pad))
@@ -73,12 +69,8 @@ def token_matmul(weight: torch.Tensor, x: torch.Tensor, token_multiple: int = 1)
 
 
 @torch.jit.unused
-def _linear_in_memory_order(
-        x: torch.Tensor,
-        weight: torch.Tensor,
-        bias: Optional[torch.Tensor] = None,
-        token_multiple: int = 1,
-) -> torch.Tensor:
+def _linear_in_memory_order(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None,
+                            token_multiple: int = 1) -> torch.Tensor:
     """``F.linear(x, weight, bias)`` for an ``x`` whose last axis is not the contiguous one (module docstring), the
     contracted axis zero-padded to a multiple of ``token_multiple`` (:func:`token_matmul`)."""
     last = x.dim() - 1
@@ -108,15 +100,8 @@ class TokenLinear(nn.Linear):
     axis of a channels-last tensor the output is channels-last too).
     """
 
-    def __init__(
-            self,
-            in_features: int,
-            out_features: int,
-            bias: bool = True,
-            device=None,
-            dtype=None,
-            token_multiple: int = 1,
-    ) -> None:
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, device=None, dtype=None,
+                 token_multiple: int = 1) -> None:
         super().__init__(in_features, out_features, bias, device=device, dtype=dtype)
         check_token_multiple(token_multiple)
         self.token_multiple = token_multiple

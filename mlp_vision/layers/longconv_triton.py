@@ -103,15 +103,11 @@ def causal_toeplitz(k: torch.Tensor, anticausal: bool = False) -> torch.Tensor:
     return torch.where(lag >= 0, k[lag.clamp(min=0)], k.new_zeros(()))
 
 
-def bidirectional_long_conv_reference(
-        u: torch.Tensor,
-        kernels: torch.Tensor,
-        bias: Optional[torch.Tensor] = None,
-        gated: bool = False,
-) -> torch.Tensor:
+def bidirectional_long_conv_reference(u: torch.Tensor, kernels: torch.Tensor, bias: Optional[torch.Tensor] = None,
+                                      gated: bool = False) -> torch.Tensor:
     """The same function as :func:`bidirectional_long_conv`, computed directly: dense (L, L) Toeplitz matrices
-    (:func:`causal_toeplitz`) times the input, ``O(L^2)`` memory. In float32, or
-    float64 when ``u`` or ``kernels`` is float64; result in ``u.dtype``. For tests and small inputs."""
+    (:func:`causal_toeplitz`) times the input, in float32 (float64 when ``u`` or ``kernels`` is), result in
+    ``u.dtype``. For tests and small inputs."""
     _check_inputs(u, kernels, bias, dtypes=SUPPORTED_DTYPES + (torch.float64,))
     dtype = torch.float64 if torch.float64 in (u.dtype, kernels.dtype) else torch.float32
     k = kernels.to(dtype)
@@ -124,14 +120,8 @@ def bidirectional_long_conv_reference(
     return y.to(u.dtype)
 
 
-def bidirectional_long_conv(
-        u: torch.Tensor,
-        kernels: torch.Tensor,
-        bias: Optional[torch.Tensor] = None,
-        gated: bool = False,
-        block_l: int = 128,
-        block_c: int = 128,
-) -> torch.Tensor:
+def bidirectional_long_conv(u: torch.Tensor, kernels: torch.Tensor, bias: Optional[torch.Tensor] = None,
+                            gated: bool = False, block_l: int = 128, block_c: int = 128) -> torch.Tensor:
     """Causal convolution of ``u[:, :, 0]`` with ``kernels[0]`` and anti-causal convolution of ``u[:, :, 1]``
     with ``kernels[1]`` along the sequence, by the Triton blocked Toeplitz GEMM (module docstring);
     optionally plus a per-channel bias and multiplied together (the BiGS gate).
@@ -156,23 +146,15 @@ def bidirectional_long_conv(
     return out if gated else torch.stack(out, 2)
 
 
-def bidirectional_gelu_long_conv(
-        a_f: torch.Tensor,
-        a_b: torch.Tensor,
-        kernels: torch.Tensor,
-        approximate: str = 'none',
-        mask: Optional[torch.Tensor] = None,
-        block_l: int = 128,
-        block_c: int = 128,
-) -> Tuple[torch.Tensor, torch.Tensor]:
+def bidirectional_gelu_long_conv(a_f: torch.Tensor, a_b: torch.Tensor, kernels: torch.Tensor, approximate: str = 'none',
+                                 mask: Optional[torch.Tensor] = None, block_l: int = 128,
+                                 block_c: int = 128) -> Tuple[torch.Tensor, torch.Tensor]:
     """The BiGS layer's two SSM convolutions with their input GELUs (and padding mask) fused in:
     ``(causal_conv(m * GELU(a_f), K_f), anticausal_conv(m * GELU(a_b), K_b))`` with ``m`` the mask broadcast over
     channels (arXiv 2212.10544 §4: ``u = GELU(h W_u)`` feeds the SSM).
 
-    The GELU is applied as each input tile is loaded and its derivative as each gradient tile is stored
-    (:mod:`._longconv_kernels`), so ``GELU(a)`` is never written to memory and the backward pass keeps only the
-    pre-activations ``a_f``, ``a_b`` (which a separate GELU would keep too). Values: the GELU is computed in float32
-    and rounded to the input dtype, as ``F.gelu`` rounds it, then convolved as :func:`bidirectional_long_conv`.
+    ``GELU(a)`` is never written to memory (module docstring); it is computed in float32 and rounded to the input
+    dtype, as ``F.gelu`` rounds it, then convolved as :func:`bidirectional_long_conv`.
 
     Args:
         a_f, a_b: (B, L, C) pre-activations of the forward / backward inputs, one dtype (float16 / bfloat16 /

@@ -24,19 +24,12 @@ __all__ = ['TokenAxes', 'resample_token_axis', 'resample_token_weight', 'resampl
 TokenAxes = Dict[str, Tuple[Tuple[int, ...], Tuple[int, ...]]]
 
 
-def resample_token_axis(
-        t: torch.Tensor,
-        dim: int,
-        old_grid: Sequence[int],
-        new_grid: Sequence[int],
-        contracted: bool = False,
-) -> torch.Tensor:
-    """Resample axis ``dim`` of ``t`` (length prod(old_grid)) to length prod(new_grid).
+def resample_token_axis(t: torch.Tensor, dim: int, old_grid: Sequence[int], new_grid: Sequence[int],
+                        contracted: bool = False) -> torch.Tensor:
+    """Resample the flattened token axis ``dim`` of ``t`` (length prod(old_grid)) to length prod(new_grid).
 
-    Args:
-        t: tensor with a flattened token axis at ``dim``.
-        old_grid, new_grid: (n,) for a 1-D axis or (h, w) for a row-major flattened 2-D token grid.
-        contracted: True if the axis is summed over by the layer (an input axis); scales by old/new count.
+    ``old_grid``, ``new_grid``: (n,) for a 1-D axis or (h, w) for a row-major flattened 2-D token grid;
+    ``contracted``: the axis is summed over by the layer (an input axis), so it is scaled by old / new count.
     """
     old_grid, new_grid = tuple(old_grid), tuple(new_grid)
     if len(old_grid) != len(new_grid) or len(old_grid) not in (1, 2):
@@ -67,13 +60,8 @@ def resample_token_axis(
     return x.movedim(-1, dim).to(orig_dtype)
 
 
-def resample_token_weight(
-        weight: torch.Tensor,
-        old_grid: Sequence[int],
-        new_grid: Sequence[int],
-        out_dims: Sequence[int] = (),
-        in_dims: Sequence[int] = (),
-) -> torch.Tensor:
+def resample_token_weight(weight: torch.Tensor, old_grid: Sequence[int], new_grid: Sequence[int],
+                          out_dims: Sequence[int] = (), in_dims: Sequence[int] = ()) -> torch.Tensor:
     """Resample the token axes of a weight: ``out_dims`` are output token axes, ``in_dims`` contracted ones."""
     for d in out_dims:
         weight = resample_token_axis(weight, d, old_grid, new_grid, contracted=False)
@@ -82,12 +70,8 @@ def resample_token_weight(
     return weight
 
 
-def resample_token_params_(
-        module: nn.Module,
-        token_axes: TokenAxes,
-        old_grid: Sequence[int],
-        new_grid: Sequence[int],
-) -> None:
+def resample_token_params_(module: nn.Module, token_axes: TokenAxes, old_grid: Sequence[int],
+                           new_grid: Sequence[int]) -> None:
     """In place: each parameter named in ``token_axes`` (relative to ``module``) replaced by its
     :func:`resample_token_weight` from ``old_grid`` to ``new_grid``, keeping ``requires_grad``.
 

@@ -42,14 +42,8 @@ DIRECT_MAX_LEN = 1024
 TRITON_MIN_LEN = 1024
 
 
-def auto_conv_impl(
-        device_type: str,
-        dtype: torch.dtype,
-        length: int,
-        triton_available: bool,
-        direct_max_len: int = DIRECT_MAX_LEN,
-        triton_min_len: int = TRITON_MIN_LEN,
-) -> str:
+def auto_conv_impl(device_type: str, dtype: torch.dtype, length: int, triton_available: bool,
+                   direct_max_len: int = DIRECT_MAX_LEN, triton_min_len: int = TRITON_MIN_LEN) -> str:
     """The SSM convolution route ``conv_impl='auto'`` takes: ``'triton'`` on CUDA for ``length >= triton_min_len``
     when triton is installed and the dtype is one its kernel multiplies (float16 / bfloat16 / float32), else
     ``'direct'`` up to ``direct_max_len`` and ``'fft'`` beyond. Static facts of the input only, never timings or
@@ -259,9 +253,8 @@ class S4DLayer(nn.Module):
     ``D`` starts at 1 as in the official Flax pretraining code (its later torch port draws it from N(0, 1);
     checkpoints overwrite it either way).
 
-    It has no forward of its own: :class:`BidirectionalGatedSSM` convolves both directions' kernels (``K`` with
-    ``D`` folded into lag 0) in one pass. The straightforward per-direction convolution is the reference the tests
-    check the layer against.
+    It has no forward of its own: :class:`BidirectionalGatedSSM` convolves both directions' kernels (``D`` folded
+    into lag 0) in one pass.
     """
 
     def __init__(
@@ -408,9 +401,8 @@ class BidirectionalGatedSSM(nn.Module):
         return auto_conv_impl(u.device.type, u.dtype, u.shape[1], has_triton(u.device),
                               direct_max_len=self.DIRECT_MAX_LEN, triton_min_len=self.TRITON_MIN_LEN)
 
-    def _bidirectional_gelu_ssm(
-            self, a_f: torch.Tensor, a_b: torch.Tensor, mask: Optional[torch.Tensor],
-    ) -> Tuple[torch.Tensor, torch.Tensor]:
+    def _bidirectional_gelu_ssm(self, a_f: torch.Tensor, a_b: torch.Tensor,
+                                mask: Optional[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
         """``SSM_f(u_f)`` and ``SSM_b(u_b, anticausal=True)`` of ``u = GELU(a)`` (zeroed at padded positions), (B, L, d)
         each in ``a``'s dtype. The Triton route computes the GELUs and the mask inside the convolution kernel;
         the others apply them first and convolve the stacked inputs (:meth:`_bidirectional_ssm`)."""

@@ -199,24 +199,12 @@ class SparseMLPNet(nn.Module):
         self.head.reset(num_classes, pool_type=global_pool)
 
     def forward_intermediates(
-            self,
-            x: torch.Tensor,
-            indices: Optional[Union[int, List[int]]] = None,
-            norm: bool = False,
-            stop_early: bool = False,
-            output_fmt: str = 'NCHW',
-            intermediates_only: bool = False,
+            self, x: torch.Tensor, indices: Optional[Union[int, List[int]]] = None, norm: bool = False,
+            stop_early: bool = False, output_fmt: str = 'NCHW', intermediates_only: bool = False,
     ) -> Union[List[torch.Tensor], Tuple[torch.Tensor, List[torch.Tensor]]]:
-        """Forward features returning the stage outputs (NCHW, strides 4/8/16/32).
-
-        Args:
-            x: input images (B, in_chans, H, W).
-            indices: last n stages if int, all if None, else the stage indices to take.
-            norm: apply the final BatchNorm to the last stage's output.
-            stop_early: stop after the last stage needed.
-            output_fmt: 'NCHW' only.
-            intermediates_only: return only the intermediates.
-        """
+        """timm's ``forward_intermediates``: the stage outputs (NCHW only, strides 4/8/16/32) of ``x`` (B, in_chans, H,
+        W); ``indices``: last n stages if int, all if None, else those; ``norm``: the final BatchNorm on the last
+        stage's output."""
         if output_fmt != 'NCHW':
             raise ValueError(f"sMLPNet intermediates are NCHW maps, got output_fmt={output_fmt!r}")
         x = check_image_input(x, self.in_chans, self.img_size)
@@ -241,12 +229,8 @@ class SparseMLPNet(nn.Module):
             x = self.norm(x)
         return x, intermediates
 
-    def prune_intermediate_layers(
-            self,
-            indices: Union[int, List[int]] = 1,
-            prune_norm: bool = False,
-            prune_head: bool = True,
-    ) -> List[int]:
+    def prune_intermediate_layers(self, indices: Union[int, List[int]] = 1, prune_norm: bool = False,
+                                  prune_head: bool = True) -> List[int]:
         take_indices, max_index = feature_take_indices(len(self.stages), indices)
         prune_end = max_index < len(self.stages) - 1
         self.stages = self.stages[:max_index + 1]
@@ -396,15 +380,11 @@ def _resample_axial(state_dict: Dict[str, torch.Tensor], model: SparseMLPNet) ->
 
 def _create_smlpnet(variant: str, pretrained: bool = False, **kwargs) -> SparseMLPNet:
     return build_model_with_cfg(
-        SparseMLPNet,
-        variant,
-        pretrained,
-        pretrained_filter_fn=checkpoint_filter_fn,
+        SparseMLPNet, variant, pretrained, pretrained_filter_fn=checkpoint_filter_fn,
         # the getter runs forward_intermediates, so a features_only model checks its input as the classifier does;
         # FeatureBackbone also loads a classifier's state dict (create_model(checkpoint_path=...))
         feature_cfg=dict(out_indices=(0, 1, 2, 3), feature_cls=FeatureBackbone),
-        **kwargs,
-    )
+        **kwargs)
 
 
 def _cfg(url: str = '', **kwargs) -> Dict[str, Any]:
