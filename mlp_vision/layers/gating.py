@@ -23,18 +23,13 @@ SPATIAL_MODES = ('dense', 'toeplitz', 'causal')
 
 
 class SpatialGatingUnit(nn.Module):
-    """Spatial Gating Unit: ``s(Z) = Z1 * (W · norm(Z2) + b [+ res])``.
+    """Spatial Gating Unit: ``s(Z) = Z1 * (W · norm(Z2) + b [+ res])``: the first channel half ``Z1`` is the
+    multiplicative bypass, the second ``Z2`` is normalised and projected along the token axis by ``W`` (n x n), ``b``.
 
-    The channels of ``Z`` are split in two halves; the first half ``Z1`` is the multiplicative bypass, the
-    second half ``Z2`` is normalised and projected along the token axis by ``W`` (n x n) and ``b`` (n).
-
-    Spatial weight variants (``spatial_mode``):
-        * ``'dense'``: ``W`` is a full (n, n) matrix (vision).
-        * ``'toeplitz'``: ``W[i, j] = w[i - j + n - 1]`` with 2n - 1 parameters (masked LM, paper §4).
-        * ``'causal'``: dense ``W`` masked to ``j <= i`` so token i never sees a later token (causal LM).
-
-    Inputs shorter than ``seq_len`` use the leading L x L block of ``W`` and the first L entries of ``b``,
-    which for a Toeplitz ``W`` is again Toeplitz and for a causal ``W`` again causal.
+    ``spatial_mode``: ``'dense'`` (a full (n, n) ``W``, vision), ``'toeplitz'`` (``W[i, j] = w[i - j + n - 1]``,
+    2n - 1 parameters, masked LM, paper §4) or ``'causal'`` (dense ``W`` masked to ``j <= i``, causal LM). Inputs
+    shorter than ``seq_len`` use the leading L x L block of ``W`` and the first L entries of ``b`` (again Toeplitz,
+    again causal).
 
     Token padding (``token_multiple``, a plain attribute read at each call; 1 = none): the product ``W · norm(Z2)``
     (paper §2, eq. 2) contracts the token axis zero-padded up to a multiple
@@ -42,15 +37,12 @@ class SpatialGatingUnit(nn.Module):
     gradients, ``W`` and ``b`` keep their shapes, the output is not padded. Text lengths (128, 512, ...) are
     multiples already; a shorter batch (L < seq_len) is padded, whatever ``spatial_mode``.
 
-    Init: ``W`` ~ N(0, init_std) with a tiny std and ``b = 1``, so the unit starts as ``Z1 * norm(Z2)`` and
-    the block as a plain FFN. ``W`` and ``b`` are raw parameters (not an ``nn.Linear``) so generic
-    model-level ``Linear`` initialisers do not touch them; models call :meth:`init_weights` after theirs.
+    Init: ``W`` ~ N(0, init_std) with a tiny std and ``b = 1``, so the block starts as a plain FFN; ``W`` and ``b``
+    are raw parameters, untouched by model-level ``Linear`` initialisers (models call :meth:`init_weights` last).
 
-    Shapes:
-        x: (B, L, dim) with L <= seq_len; res: optional (B, L, dim // 2) added after the projection
-        (aMLP's tiny attention); mask: optional (B, L) padding mask (True = real token) that zeroes the padded
-        tokens' normalised gate values before the projection, so padded content cannot reach real positions
-        (the paper does not mask, and neither does the unit without ``mask``); output: (B, L, dim // 2).
+    Shapes: x (B, L, dim) with L <= seq_len -> (B, L, dim // 2); res: optional (B, L, dim // 2) added after the
+    projection (aMLP's tiny attention); mask: optional (B, L) padding mask (True = real token) zeroing the padded
+    tokens' normalised gate values before the projection (the paper does not mask, nor does the unit without it).
     """
 
     def __init__(
@@ -137,16 +129,8 @@ class TinyAttention(nn.Module):
         NaN); output: (B, L, out_dim).
     """
 
-    def __init__(
-            self,
-            dim: int,
-            attn_dim: int = 64,
-            out_dim: Optional[int] = None,
-            causal: bool = False,
-            attn_drop: float = 0.,
-            device=None,
-            dtype=None,
-    ) -> None:
+    def __init__(self, dim: int, attn_dim: int = 64, out_dim: Optional[int] = None, causal: bool = False,
+                 attn_drop: float = 0., device=None, dtype=None) -> None:
         super().__init__()
         dd = {'device': device, 'dtype': dtype}
         out_dim = out_dim or dim

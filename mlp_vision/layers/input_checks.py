@@ -22,13 +22,9 @@ TIMM_POOL_TYPES = ('', 'avg', 'max', 'avgmax', 'catavgmax', 'fast', 'fastavg', '
 
 @register_notrace_function  # a leaf for timm's FX feature extraction (its control flow is on shapes)
 def check_image_input(x: torch.Tensor, in_chans: int, img_size: Tuple[int, int]) -> torch.Tensor:
-    """Return ``x`` unchanged; raise ``ValueError`` unless it is (B, in_chans, img_size[0], img_size[1]).
-
-    Callers write ``x = check_image_input(x, ...)``: the data flows through the check, so FX feature extraction
-    (which drops graph nodes whose outputs are unused) keeps it.
-
-    The token-mixing weights of gMLP, MLP-Mixer and sMLPNet are tied to one spatial size, so a different
-    input cannot be processed (build the model with ``img_size=...``, resampling pretrained weights, instead).
+    """Return ``x`` unchanged; raise ``ValueError`` unless it is (B, in_chans, img_size[0], img_size[1]): the
+    token-mixing weights of gMLP, MLP-Mixer and sMLPNet are tied to one spatial size. Callers write ``x =
+    check_image_input(x, ...)``, so FX feature extraction (which drops nodes whose outputs are unused) keeps it.
     """
     if torch.jit.is_tracing():
         _check_image_shape_quietly(x, in_chans, img_size)

@@ -1,16 +1,14 @@
 """ ``TokenLinear``: a Linear along a token axis, without the transposed copies; and the zero token padding of the
 token GEMMs (``token_matmul``) that it shares with the Spatial Gating Unit.
 
-Token-mixing layers apply a Linear along the token axis of channels-last activations: MLP-Mixer's token MLP maps
-the n patches of a (B, n, C) tensor (arXiv 2105.01601, eq. 1: ``X^T W``), sMLPNet's sMLP the H (or W) positions of
-a channels-last (B, H, W, C) map (arXiv 2109.05422, §3.2, Alg. 1). Written as in the papers,
-``linear(x.transpose(...))``, ``F.linear`` copies the strided input into a contiguous one and the caller transposes
-the result back: two copies of the activations around one GEMM. :class:`TokenLinear` is an ``nn.Linear`` (same
-parameters, init, state dict and function) that contracts the axis where it lies in memory instead: with ``x``'s
-axes in memory order, ``x`` is a ``(P, n, Q)`` view and the result one batched GEMM ``W (out, n) @ x (P, n, Q)``,
-returned as a view in ``x``'s axis order. The caller writes the plain formulation, so hooks, LoRA wrappers, pruning
-and FLOP counters see an ordinary Linear call. The route depends on the input's strides only (``F.linear`` when the
-last axis is contiguous or the input has fewer than three dimensions); TorchScript compiles the ``F.linear`` branch.
+Token-mixing layers apply a Linear along the token axis of channels-last activations (Mixer's token MLP, arXiv
+2105.01601 eq. 1 ``X^T W``; sMLPNet's sMLP, arXiv 2109.05422 Alg. 1). Written as in the papers,
+``linear(x.transpose(...))``, ``F.linear`` copies the strided input and the caller transposes the result back.
+:class:`TokenLinear` is an ``nn.Linear`` (same parameters, init, state dict and function) that contracts the axis
+where it lies in memory instead: ``x`` as a ``(P, n, Q)`` view, one batched GEMM ``W (out, n) @ x (P, n, Q)``,
+returned as a view in ``x``'s axis order. Callers write the plain formulation, so hooks, LoRA, pruning and FLOP
+counters see an ordinary Linear call. The route depends on strides only (``F.linear`` for a contiguous last axis or
+fewer than three dimensions, the one branch TorchScript compiles).
 
 Token padding (``token_multiple``, 1 = none): the contracted token axis is computed zero-padded up to a multiple
 (zero weight columns, zero tokens). Every padded term is an exact ``0 * 0``: the same function, parameters and

@@ -1,11 +1,9 @@
 """ Bidirectional long convolution of the BiGS layer as a blocked Toeplitz GEMM in Triton, optionally fused
 with the input GELUs (the layer's route) or with the multiplicative gate.
 
-Paper: `Pretraining Without Attention` (BiGS) - https://arxiv.org/abs/2212.10544. An SSM applied to a sequence
-is a convolution with a long kernel ``K`` (§3.1); the BiGS layer runs one causal SSM and one over the reversed
-sequence, i.e. an anti-causal one, and multiplies their (projected) outputs (§4, "Gated Architecture"); one
-kernel per direction is shared by all hidden channels (§4, "SSM Layer"). With ``D`` folded into lag 0
-(``K[0] += D``), for u (B, L, 2, C) holding the two directions' inputs::
+Paper: `Pretraining Without Attention` (BiGS) - https://arxiv.org/abs/2212.10544: an SSM is a convolution with a
+long kernel ``K`` (§3.1), one causal and one anti-causal per layer, one kernel per direction shared by all channels
+(§4). With ``D`` folded into lag 0, for u (B, L, 2, C) holding the two directions' inputs::
 
     y[b, l, 0, c] = sum_{j <= l} K_f[l - j] u[b, j, 0, c]        (causal, forward SSM)
     y[b, l, 1, c] = sum_{j >= l} K_b[j - l] u[b, j, 1, c]        (anti-causal, backward SSM)
@@ -14,29 +12,24 @@ and, with ``gated=True`` and a bias (2, C), the product ``(y[..., 0, :] + bias[0
 
 Formulation: blocked Toeplitz GEMM (why not FFTs)
 -------------------------------------------------
-The kernel is shared by all channels, so each direction is one product ``Y = T U`` of the (L, L) Toeplitz matrix
-``T[i, j] = K[i - j]`` with the (L, B*C) input, whose wide second operand keeps tensor cores busy. ``T`` is never
-materialised: its ``block_l``-square tile at block row ``i``, column ``j`` depends only on ``m = |i - j|``, so the
-``ceil(L / block_l)`` distinct tiles per direction form a table of ``~L * block_l`` entries (8 MiB in bf16 for both
-directions at L = 16,384), built from ``K`` by one gather and held in L2. Each program computes a ``block_l`` x
-``block_c`` output tile as ``sum_j table[|i - j|] @ U[j]``, skipping the all-zero tiles: ``L^2 / 2`` MACs per
-channel and direction, ``L * C`` per token for both (d = 1024, L = 4,096: 4.2 M, against 12.6 M for a BERT-large
-layer's projections and 8.4 M for its attention). A tile step does 64 FLOP per byte for 128 x 128 bf16 tiles, and
-with a program group's input column kept in L2 (programs launched block-row-fastest) ``L / 4`` FLOP per byte
-against HBM: compute-bound, at GEMM speed. The FFT route (``ssm._BidirectionalFFTConv``) does ``O(log L)`` FLOPs
-per element but is memory-bound (~100 bytes of traffic per element); FlashFFTConv (arXiv 2311.05908) removes that
-traffic with fewer FLOPs (~5x fewer at 16K) but in many small products and a far larger kernel, built for a kernel
-per channel. The cost grows as L^2, half attention's constant (2 L d FLOPs per token against 4 L d); going below
-needs the kernel's SSM structure (far-off tiles have rank <= 2N: chunked state passing), not this generic route.
+Each direction is one product ``Y = T U`` of the (L, L) Toeplitz matrix ``T[i, j] = K[i - j]`` with the (L, B*C)
+input. ``T`` is never built: its ``block_l``-square tile at block position (i, j) depends only on ``m = |i - j|``,
+so a table of ``~L * block_l`` taps (:func:`lag_block_table`, 8 MiB in bf16 at L = 16,384) held in L2 serves every
+tile. Each program computes a ``block_l x block_c`` output tile as ``sum_j table[|i - j|] @ U[j]``, skipping the
+zero tiles: ``L * C`` MACs per token for both directions (d = 1024, L = 4,096: 4.2 M, against 12.6 M for a
+BERT-large layer's projections and 8.4 M for its attention), compute-bound at GEMM speed (``L / 4`` FLOP per HBM
+byte with a program group's input column kept in L2). The FFT route (``ssm._BidirectionalFFTConv``) does fewer
+FLOPs but is memory-bound (~100 bytes per element); FlashFFTConv (arXiv 2311.05908) avoids that traffic with a far
+larger kernel built for a kernel per channel. The cost grows as L^2 with half attention's constant; going below
+needs the kernel's SSM structure (far-off tiles have rank <= 2N: chunked state passing).
 
 Precision: tiles are multiplied in the input dtype (the table cast to it: bf16 / fp16 taps carry the input's unit
 roundoff) with float32 accumulation; float32 inputs use ``ieee`` products. Outputs are cast back to the input dtype.
 
-Backward (both GEMMs in Triton, in a ``torch.autograd.Function``): the adjoint of a causal convolution is the
-anti-causal correlation with the same taps, so ``grad_u`` is the same kernel with each direction's causality
-flipped and the table tiles transposed; the gradient of table tile ``m`` is ``sum_{b, c-blocks, i} G[i]
-U[i -/+ m]^T`` (deterministic partial sums over a split of the batch x channel blocks), carried to ``K`` by autograd
-through the gather. With ``gated=True`` the gate's backward runs in PyTorch on the two factors the forward saved.
+Backward (both GEMMs in Triton): ``grad_u`` is the same kernel with each direction's causality flipped and the
+table tiles transposed (the adjoint of a causal convolution is the anti-causal correlation); table tile ``m`` gets
+``sum_{b, c-blocks, i} G[i] U[i -/+ m]^T`` (deterministic partial sums), carried to ``K`` through the gather. With
+``gated=True`` the gate's backward runs in PyTorch on the two factors the forward saved.
 
 Fused input GELU (:func:`bidirectional_gelu_long_conv`, the BiGS layer's Triton route): the kernel computes
 ``u = mask * GELU(a)`` as it loads each input tile and multiplies the adjoint's output tile by ``mask * GELU'(a)``,
@@ -72,16 +65,11 @@ def _cdiv(a: int, b: int) -> int:
 
 
 def lag_block_table(kernels: torch.Tensor, block_l: int) -> torch.Tensor:
-    """The distinct ``block_l x block_l`` tiles of both directions' Toeplitz matrices, in the orientation the
-    forward pass multiplies them.
-
-    ``table[0, m, r, s] = K_f[m * block_l + r - s]``: the causal matrix's tile at block row ``i``, column
-    ``i - m``; ``table[1, m, r, s] = K_b[m * block_l + s - r]``: the anti-causal matrix's tile at block row
-    ``i``, column ``i + m``. Taps at lags outside ``0..L-1`` are zero (the upper / lower triangle of the
-    diagonal tile ``m = 0``, and lags past the end when ``block_l`` does not divide L). Differentiable (one
-    gather: autograd scatters tile gradients back onto the taps).
-
-    Shapes: kernels (2, L) -> (2, ceil(L / block_l), block_l, block_l), same dtype.
+    """The distinct ``block_l x block_l`` tiles of both directions' Toeplitz matrices, as the forward pass
+    multiplies them: ``table[0, m, r, s] = K_f[m * block_l + r - s]`` (the causal tile at block row ``i``, column
+    ``i - m``), ``table[1, m, r, s] = K_b[m * block_l + s - r]`` (anti-causal, column ``i + m``); taps at lags outside
+    ``0..L-1`` are zero. Differentiable (one gather). Shapes: kernels (2, L) -> (2, ceil(L / block_l), block_l,
+    block_l), same dtype.
     """
     length = kernels.shape[-1]
     n_blocks = _cdiv(length, block_l)
@@ -127,18 +115,14 @@ def bidirectional_long_conv(u: torch.Tensor, kernels: torch.Tensor, bias: Option
     optionally plus a per-channel bias and multiplied together (the BiGS gate).
 
     Args:
-        u: (B, L, 2, C) float16 / bfloat16 / float32, any strides (e.g. a view of a wider projection output);
-            dim 2 holds the forward (causal) and backward (anti-causal) inputs.
-        kernels: (2, L) float, ``[K_f, K_b]`` with ``D`` already added to lag 0; cast to ``u.dtype`` for the
-            products (float32 accumulation).
+        u: (B, L, 2, C) float16 / bfloat16 / float32, any strides; dim 2: the forward (causal) and backward
+            (anti-causal) inputs.
+        kernels: (2, L) float, ``[K_f, K_b]`` with ``D`` added to lag 0; cast to ``u.dtype`` for the products.
         bias: optional (2, C), added to each direction's output (before the gate).
         gated: return ``(y_f + bias_f) * (y_b + bias_b)`` (B, L, C) instead of ``y`` (B, L, 2, C).
-        block_l: sequence tile (power of two >= 16; rows and reduction depth of each tile product).
-        block_c: channel tile (power of two >= 16).
+        block_l, block_c: sequence and channel tiles (powers of two >= 16).
 
-    Returns:
-        (B, L, 2, C), or (B, L, C) with ``gated``, in ``u.dtype``. Differentiable in ``u``, ``kernels`` and
-        ``bias``.
+    Returns (B, L, 2, C), or (B, L, C) with ``gated``, in ``u.dtype``; differentiable in ``u``, ``kernels``, ``bias``.
     """
     _check_inputs(u, kernels, bias, dtypes=SUPPORTED_DTYPES)
     table = _table_for(u.device, kernels, block_l, block_c)
@@ -158,13 +142,12 @@ def bidirectional_gelu_long_conv(a_f: torch.Tensor, a_b: torch.Tensor, kernels: 
 
     Args:
         a_f, a_b: (B, L, C) pre-activations of the forward / backward inputs, one dtype (float16 / bfloat16 /
-            float32); separate tensors, read in place (neither stacked nor copied when their strides agree).
+            float32), read in place (not copied when their strides agree).
         kernels: (2, L) float, ``[K_f, K_b]`` with ``D`` added to lag 0.
         approximate: ``'none'`` (exact, erf) or ``'tanh'``, as ``F.gelu``.
         mask: optional (B, L) bool, True = real token; the GELU outputs at False positions are zeroed.
 
-    Returns:
-        ``(y_f, y_b)``, (B, L, C) each in the input dtype. Differentiable in ``a_f``, ``a_b`` and ``kernels``.
+    Returns ``(y_f, y_b)``, (B, L, C) each in the input dtype; differentiable in ``a_f``, ``a_b`` and ``kernels``.
     """
     if a_f.dim() != 3 or a_f.shape != a_b.shape or a_f.dtype != a_b.dtype:
         raise ValueError(f'a_f and a_b must be (B, L, C) tensors of one shape and dtype, got {a_f.dtype} '

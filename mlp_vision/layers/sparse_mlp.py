@@ -9,10 +9,9 @@ The sMLP (Alg. 1) on a (B, C, H, W) map ``x``::
     x_w = x mixed along W by one Linear(W, W), shared by every row and channel
     out = Conv1x1_{3C -> C}(concat[x, x_h, x_w])          (no bias; the paper's "fuse", our ``fuse_conv``)
 
-Activations are channels-last (NCHW shape, NHWC memory) throughout: the 1x1 convs, the LayerNorm and the channel
-MLP then read contiguous channel vectors, and the axial Linears (:class:`~mlp_vision.layers.TokenLinear`) mix the
-H and W axes of that memory as batched GEMMs, ``(H, H) @ (B, H, W*C)`` and ``(W, W) @ (B*H, W, C)``, with no
-permuted copies.
+Activations are channels-last (NCHW shape, NHWC memory) throughout, so the 1x1 convs, the LayerNorm and the
+channel MLP read contiguous channel vectors and the axial :class:`~mlp_vision.layers.TokenLinear` mix H and W in
+place as batched GEMMs, without permuted copies.
 
 Inference fusion: :meth:`SparseMLPTokenMixer.reparameterize` (``timm.utils.reparameterize_model``).
 """
@@ -79,15 +78,8 @@ class AxialSparseMLP(nn.Module):
     token_axes_h: TokenAxes = {'proj_h.weight': ((0,), (1,)), 'proj_h.bias': ((0,), ())}
     token_axes_w: TokenAxes = {'proj_w.weight': ((0,), (1,)), 'proj_w.bias': ((0,), ())}
 
-    def __init__(
-            self,
-            dim: int,
-            feat_size: Tuple[int, int],
-            norm_layer: Type[nn.Module] = nn.BatchNorm2d,
-            act_layer: Type[nn.Module] = nn.GELU,
-            device=None,
-            dtype=None,
-    ) -> None:
+    def __init__(self, dim: int, feat_size: Tuple[int, int], norm_layer: Type[nn.Module] = nn.BatchNorm2d,
+                 act_layer: Type[nn.Module] = nn.GELU, device=None, dtype=None) -> None:
         super().__init__()
         dd = {'device': device, 'dtype': dtype}
         self.feat_size = tuple(feat_size)
@@ -124,16 +116,9 @@ class SparseMLPTokenMixer(nn.Module):
     Shapes: x (B, C, H, W) -> (B, C, H, W) (channels-last memory).
     """
 
-    def __init__(
-            self,
-            dim: int,
-            feat_size: Tuple[int, int],
-            kernel_size: int = 3,
-            norm_layer: Type[nn.Module] = nn.BatchNorm2d,
-            act_layer: Type[nn.Module] = nn.GELU,
-            device=None,
-            dtype=None,
-    ) -> None:
+    def __init__(self, dim: int, feat_size: Tuple[int, int], kernel_size: int = 3,
+                 norm_layer: Type[nn.Module] = nn.BatchNorm2d, act_layer: Type[nn.Module] = nn.GELU, device=None,
+                 dtype=None) -> None:
         super().__init__()
         dd = {'device': device, 'dtype': dtype}
         self.norm = norm_layer(dim, **dd)

@@ -145,11 +145,9 @@ class _BidirectionalFFTConv(torch.autograd.Function):
 class S4DKernel(nn.Module):
     """Convolution kernel of a diagonal SSM with N complex states, one kernel shared by all channels.
 
-    Parameters (official BiGS names and shapes):
-        log_step: (1,) log of the step dt, init uniform in [log dt_min, log dt_max] = [log 0.01, log 1].
-        A_re: (N,) real part of A, init -0.5; clamped to <= -1e-4 when used (keeps the SSM stable).
-        A_im: (N,) imaginary part of A, init pi * n (S4D-Lin).
-        C: (N, 2) complex output projection as [real, imag], each part ~ N(0, 0.5), i.e. std sqrt(0.5).
+    Parameters (official BiGS names and shapes): ``log_step`` (1,), log of the step dt, init uniform in
+    [log dt_min, log dt_max]; ``A_re`` (N,), init -0.5, clamped to <= -1e-4 when used (keeps the SSM stable);
+    ``A_im`` (N,), init pi * n (S4D-Lin); ``C`` (N, 2) as [real, imag], each part ~ N(0, 0.5).
 
     ``forward(L)`` returns the kernel ``K`` (L,) of the module docstring, computed with autocast disabled in float32
     (float64 if the parameters are float64).
@@ -160,14 +158,8 @@ class S4DKernel(nn.Module):
     bypass the version counter: call :meth:`clear_cache` (or ``eval()``) after them.
     """
 
-    def __init__(
-            self,
-            num_states: int = 64,
-            dt_min: float = 0.01,
-            dt_max: float = 1.0,
-            device=None,
-            dtype=None,
-    ) -> None:
+    def __init__(self, num_states: int = 64, dt_min: float = 0.01, dt_max: float = 1.0, device=None,
+                 dtype=None) -> None:
         super().__init__()
         dd = {'device': device, 'dtype': dtype}
         self.num_states = num_states
@@ -257,14 +249,8 @@ class S4DLayer(nn.Module):
     into lag 0) in one pass.
     """
 
-    def __init__(
-            self,
-            num_states: int = 64,
-            dt_min: float = 0.01,
-            dt_max: float = 1.0,
-            device=None,
-            dtype=None,
-    ) -> None:
+    def __init__(self, num_states: int = 64, dt_min: float = 0.01, dt_max: float = 1.0, device=None,
+                 dtype=None) -> None:
         super().__init__()
         dd = {'device': device, 'dtype': dtype}
         self.kernel = S4DKernel(num_states, dt_min=dt_min, dt_max=dt_max, **dd)
@@ -303,16 +289,14 @@ class BidirectionalGatedSSM(nn.Module):
           times the input, one batched GEMM for both directions (``L^2 d`` MACs, at GEMM speed);
         * ``'fft'``: real FFTs of length ``fast_fft_len(2L)``, ``O(L log L)`` per channel (the paper's formulation
           and the FLOP counts');
-        * ``'triton'``: the direct route as a blocked-Toeplitz Triton kernel
-          (:mod:`mlp_vision.layers.longconv_triton`) that never builds the (L, L) matrices, multiplies tiles in the
-          activations' dtype (bf16 taps under autocast) with float32 accumulation and fuses the input GELUs and the
-          mask (:func:`~mlp_vision.layers.longconv_triton.bidirectional_gelu_long_conv`). For CUDA (elsewhere it
-          runs in Triton's interpreter: slow, for tests);
+        * ``'triton'``: the direct route as a blocked-Toeplitz Triton kernel with the input GELUs and the mask fused
+          in (:func:`~mlp_vision.layers.longconv_triton.bidirectional_gelu_long_conv`), tiles multiplied in the
+          activations' dtype (bf16 taps under autocast), float32 accumulation. For CUDA (on the CPU it runs in
+          Triton's interpreter: slow, for tests);
         * ``'auto'`` (default, :func:`auto_conv_impl`): on CUDA with triton, ``'triton'`` from :data:`TRITON_MIN_LEN`
-          tokens (provisional: at 4,096 tokens on an H100 it made the layer 1.02x a flash-attention BERT-large
-          layer, the FFT route 0.61x); otherwise ``'direct'`` up to :data:`DIRECT_MAX_LEN` and ``'fft'`` beyond (on
-          the project's 2-thread CPU at d 1024 the direct route is 3-4x faster for L = 128-512, still ahead at 1024;
-          at 4096 the FFT wins). The choice depends only on the device type, the dtype and the length.
+          tokens (at 4,096 tokens on an H100 the layer ran 1.02x a flash-attention BERT-large layer, 0.61x by FFT);
+          otherwise ``'direct'`` up to :data:`DIRECT_MAX_LEN` and ``'fft'`` beyond (2-thread CPU, d 1024: direct
+          3-4x faster at L = 128-512, still ahead at 1024, FFT ahead at 4096).
         The direct and FFT routes run in float32 (float64 for float64 inputs) with autocast off.
 
     GELU: exact (erf) by default, as the official torch port; ``gelu_approximate='tanh'`` as the official Flax code

@@ -88,17 +88,8 @@ class MlpMixer(nn.Module):
         num_patches = self.grid_size[0] * self.grid_size[1]
         dpr = [x.item() for x in torch.linspace(0, drop_path_rate, num_blocks)]
         self.blocks = nn.Sequential(*[
-            block_layer(
-                embed_dim,
-                num_patches,
-                mlp_ratio,
-                norm_layer=norm_layer,
-                act_layer=act_layer,
-                drop=proj_drop_rate,
-                drop_path=dpr[i],
-                **(block_kwargs or {}),
-                **dd,
-            )
+            block_layer(embed_dim, num_patches, mlp_ratio, norm_layer=norm_layer, act_layer=act_layer,
+                        drop=proj_drop_rate, drop_path=dpr[i], **(block_kwargs or {}), **dd)
             for i in range(num_blocks)])
         self.feature_info = [
             dict(module=f'blocks.{i}', num_chs=embed_dim, reduction=patch_size) for i in range(num_blocks)]

@@ -1,22 +1,19 @@
 """ sMLPNet: a 4-stage pyramid of depthwise-conv + axial sparse-MLP token mixing and channel MLPs.
 
-Paper: `Sparse MLP for Image Recognition: Is Self-Attention Really Necessary?` (AAAI 2022)
-    - https://arxiv.org/abs/2109.05422
+Paper: `Sparse MLP for Image Recognition: Is Self-Attention Really Necessary?` - https://arxiv.org/abs/2109.05422
 Official code and weights: https://github.com/microsoft/SPACH (MIT license)
 
 Differences from the official code, none of which changes the function computed at 224x224:
 * any input size with H and W divisible by 32, square or not (the official code runs only at 224x224);
 * ``drop_path_rate`` takes effect (linear ramp over all blocks; the official flag is silently ignored);
 * scriptable / exportable (no einops), timm model contract, 4-level ``features_only`` pyramid;
-* our names say what each tensor mixes: ``proj_h`` mixes along H, ``proj_w`` along W (the official checkpoint
-  has them swapped: ``proj_h`` mixes along W, ``proh_w`` along H); ``checkpoint_filter_fn`` maps them, and the fuse
-  conv's input blocks, accordingly;
-* the sMLP's 1x1 fuse conv is ``fuse_conv`` (``fuse`` is a name timm's ``reparameterize_model`` takes for a fusion
-  method); ``checkpoint_filter_fn`` and every ``load_state_dict`` map the official / old name.
-
-Inference fusion: ``timm.utils.reparameterize_model(model.eval())`` folds each block's sMLP BatchNorm into the
-depthwise conv before it (:meth:`~mlp_vision.layers.SparseMLPTokenMixer.reparameterize`).
+* our names say what each tensor mixes (``proj_h`` along H; the official ``proj_h`` mixes along W, ``proh_w``
+  along H) and the fuse conv is ``fuse_conv`` (timm's ``reparameterize_model`` takes ``fuse`` for a fusion method);
+  ``checkpoint_filter_fn`` maps them and the fuse conv's input blocks;
+* ``timm.utils.reparameterize_model(model.eval())`` folds each sMLP's BatchNorm into the depthwise conv before it
+  (:meth:`~mlp_vision.layers.SparseMLPTokenMixer.reparameterize`).
 """
+import itertools
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Type, Union
 
 import torch
@@ -128,23 +125,12 @@ class SparseMLPNet(nn.Module):
         dpr = [x.tolist() for x in torch.linspace(0, drop_path_rate, sum(depths)).split(list(depths))]
         stages = []
         self.feature_info = []
-        stride = 4
-        prev_dim = dims[0]
         for i in range(num_stages):
-            if i > 0:
-                stride *= 2
-            feat_size = (self.img_size[0] // stride, self.img_size[1] // stride)
+            stride = 4 * 2 ** i
             stages.append(SparseMLPStage(
-                prev_dim, dims[i], depths[i], feat_size,
-                downsample=i > 0,
-                mlp_ratio=mlp_ratio,
-                drop_path_rates=dpr[i],
-                proj_drop=proj_drop_rate,
-                norm_layer=norm_layer,
-                act_layer=act_layer,
-                **dd,
-            ))
-            prev_dim = dims[i]
+                dims[max(i - 1, 0)], dims[i], depths[i], (self.img_size[0] // stride, self.img_size[1] // stride),
+                downsample=i > 0, mlp_ratio=mlp_ratio, drop_path_rates=dpr[i], proj_drop=proj_drop_rate,
+                norm_layer=norm_layer, act_layer=act_layer, **dd))
             self.feature_info.append(dict(num_chs=dims[i], reduction=stride, module=f'stages.{i}'))
         self.stages = nn.Sequential(*stages)
         # the official model normalises the last map with BatchNorm before pooling
@@ -308,15 +294,8 @@ def checkpoint_filter_fn(state_dict: Dict[str, torch.Tensor], model: SparseMLPNe
 
 def _official_depths(state_dict: Dict[str, torch.Tensor], num_blocks: int) -> List[int]:
     """Stage depths of an official checkpoint, from the widths of its globally numbered blocks."""
-    depths: List[int] = []
-    prev = -1
-    for g in range(num_blocks):
-        width = state_dict[f'channel_mix.{g}.1.weight'].shape[0]
-        if width != prev:
-            depths.append(0)
-            prev = width
-        depths[-1] += 1
-    return depths
+    widths = [state_dict[f'channel_mix.{g}.1.weight'].shape[0] for g in range(num_blocks)]
+    return [len(list(blocks)) for _, blocks in itertools.groupby(widths)]
 
 
 def _convert_official(state_dict: Dict[str, torch.Tensor], model: SparseMLPNet) -> Dict[str, torch.Tensor]:
