@@ -45,17 +45,8 @@ class SpatialGatingUnit(nn.Module):
     tokens' normalised gate values before the projection (the paper does not mask, nor does the unit without it).
     """
 
-    def __init__(
-            self,
-            dim: int,
-            seq_len: int,
-            spatial_mode: str = 'dense',
-            norm_layer: Type[nn.Module] = nn.LayerNorm,
-            init_std: float = 1e-6,
-            token_multiple: int = 8,
-            device=None,
-            dtype=None,
-    ) -> None:
+    def __init__(self, dim: int, seq_len: int, spatial_mode: str = 'dense', norm_layer: Type[nn.Module] = nn.LayerNorm,
+                 init_std: float = 1e-6, token_multiple: int = 8, device=None, dtype=None) -> None:
         super().__init__()
         dd = {'device': device, 'dtype': dtype}
         check_token_multiple(token_multiple)
@@ -118,15 +109,11 @@ class SpatialGatingUnit(nn.Module):
 
 
 class TinyAttention(nn.Module):
-    """Single-head "tiny" attention of aMLP (paper Fig. 6).
+    """Single-head "tiny" attention of aMLP (paper Fig. 6): ``out = softmax(q k^T / sqrt(attn_dim)) v W_o`` with
+    ``q, k, v = x W_qkv`` (dim -> 3 * attn_dim, attn_dim -> out_dim), by ``F.scaled_dot_product_attention``.
 
-    ``qkv = x W_qkv`` (dim -> 3 * attn_dim), ``A = softmax(q k^T / sqrt(attn_dim))``, ``out = (A v) W_o``
-    (attn_dim -> out_dim). Uses ``F.scaled_dot_product_attention``.
-
-    Shapes:
-        x: (B, L, dim); mask: optional (B, L) bool, True for real tokens and False for padding (padded keys get
-        no attention weight; a sequence that is all padding attends to every position instead of producing
-        NaN); output: (B, L, out_dim).
+    Shapes: x (B, L, dim) -> (B, L, out_dim); mask: optional (B, L) bool, True for real tokens (padded keys get no
+    weight; an all-padding sequence attends to every position instead of producing NaN).
     """
 
     def __init__(self, dim: int, attn_dim: int = 64, out_dim: Optional[int] = None, causal: bool = False,
@@ -175,8 +162,7 @@ class GatedMLPBlock(nn.Module):
     Shapes: x (B, L, dim) -> (B, L, dim); mask: optional (B, L) bool padding mask (True = real token) for the tiny
     attention (and the SGU with ``sgu_mask``; without it the SGU mixes pads too, as the paper's models do).
     """
-    # the SGU's dense W (n, n) and b (n) and their token axes (output, contracted): what the vision checkpoint
-    # loaders and set_token_grid resample for another patch grid (mlp_vision.layers.resample)
+    # the SGU's dense W (n, n) and b (n): token axes (output, contracted) resampled for another grid (layers.resample)
     token_axes: TokenAxes = {
         'sgu.weight': ((0,), (1,)),  # W[i, j]: token j -> token i
         'sgu.bias': ((0,), ()),
@@ -207,9 +193,8 @@ class GatedMLPBlock(nn.Module):
         self.norm = norm_layer(dim, **dd)
         self.fc1 = nn.Linear(dim, hidden_dim, **dd)
         self.act = fresh_input_act(act_layer())  # applied to fresh fc1 outputs only
-        self.attn = TinyAttention(
-            dim, attn_dim, out_dim=hidden_dim // 2, causal=spatial_mode == 'causal', **dd,
-        ) if attn_dim > 0 else None
+        causal = spatial_mode == 'causal'
+        self.attn = TinyAttention(dim, attn_dim, out_dim=hidden_dim // 2, causal=causal, **dd) if attn_dim > 0 else None
         self.sgu = SpatialGatingUnit(
             hidden_dim, seq_len, spatial_mode=spatial_mode, norm_layer=gate_norm_layer, token_multiple=token_multiple,
             **dd)

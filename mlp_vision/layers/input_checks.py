@@ -105,11 +105,9 @@ def check_model_args(in_chans: int, num_classes: int, drop_rate: float = 0., pro
     """Raise ``ValueError`` with what is expected for constructor arguments no model can be built with (instead of
     a failure deep in a layer, a silently different model, or one at the first training step).
 
-    ``sizes``: name -> value of integers that must be >= 1 (``embed_dim``, ``patch_size``, ``num_blocks``);
-    ``depths``: blocks per stage, a non-empty sequence of integers >= 1; ``mlp_ratio``: a ratio or a tuple of them,
-    each finite and large enough for ``embed_dim`` (``sizes['embed_dim']``) to give a hidden width >= 1 (timm's
-    ``Mlp`` takes a width of 0 for "the input width": ``mlp_ratio=0`` built a ratio of 1); ``global_pool``: one
-    of ``pools``.
+    ``sizes``: name -> integer that must be >= 1 (``embed_dim``, ``patch_size``, ...); ``depths``: a non-empty
+    sequence of integers >= 1; ``mlp_ratio``: a ratio or a tuple of them, each finite and giving ``embed_dim`` a
+    hidden width >= 1 (timm's ``Mlp`` takes a width of 0 for "the input width"); ``global_pool``: one of ``pools``.
     """
     if not _is_int(in_chans) or in_chans < 1:
         raise ValueError(f'in_chans must be an integer >= 1 (input image channels), got {in_chans!r}')

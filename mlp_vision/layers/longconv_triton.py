@@ -14,14 +14,12 @@ Formulation: blocked Toeplitz GEMM (why not FFTs)
 -------------------------------------------------
 Each direction is one product ``Y = T U`` of the (L, L) Toeplitz matrix ``T[i, j] = K[i - j]`` with the (L, B*C)
 input. ``T`` is never built: its ``block_l``-square tile at block position (i, j) depends only on ``m = |i - j|``,
-so a table of ``~L * block_l`` taps (:func:`lag_block_table`, 8 MiB in bf16 at L = 16,384) held in L2 serves every
-tile. Each program computes a ``block_l x block_c`` output tile as ``sum_j table[|i - j|] @ U[j]``, skipping the
-zero tiles: ``L * C`` MACs per token for both directions (d = 1024, L = 4,096: 4.2 M, against 12.6 M for a
-BERT-large layer's projections and 8.4 M for its attention), compute-bound at GEMM speed (``L / 4`` FLOP per HBM
-byte with a program group's input column kept in L2). The FFT route (``ssm._BidirectionalFFTConv``) does fewer
-FLOPs but is memory-bound (~100 bytes per element); FlashFFTConv (arXiv 2311.05908) avoids that traffic with a far
-larger kernel built for a kernel per channel. The cost grows as L^2 with half attention's constant; going below
-needs the kernel's SSM structure (far-off tiles have rank <= 2N: chunked state passing).
+so a table of ``~L * block_l`` taps (:func:`lag_block_table`) held in L2 serves every tile, and each program sums
+``table[|i - j|] @ U[j]`` over the non-zero tiles: ``L * C`` MACs per token for both directions (d = 1024,
+L = 4,096: 4.2 M, against 12.6 M for a BERT-large layer's projections and 8.4 M for its attention), compute-bound
+at GEMM speed. The FFT route (``ssm._BidirectionalFFTConv``) does fewer FLOPs but is memory-bound (~100 bytes per
+element); FlashFFTConv (arXiv 2311.05908) avoids that traffic with a far larger kernel, built for a kernel per
+channel. Going below L^2 (half attention's constant) needs the SSM structure (chunked state passing).
 
 Precision: tiles are multiplied in the input dtype (the table cast to it: bf16 / fp16 taps carry the input's unit
 roundoff) with float32 accumulation; float32 inputs use ``ieee`` products. Outputs are cast back to the input dtype.

@@ -30,8 +30,7 @@ class MixerBlock(TimmMixerBlock):
 
     Shapes: x (B, n, dim) -> (B, n, dim).
     """
-    # the token MLP's tensors and their token axes (output, contracted): what the checkpoint loaders and
-    # set_token_grid resample for another grid (mlp_vision.layers.resample)
+    # the token MLP's tensors: token axes (output, contracted) resampled for another grid (layers.resample)
     token_axes: TokenAxes = {
         'mlp_tokens.fc1.weight': ((), (1,)),  # (tokens_dim, n): n is summed over
         'mlp_tokens.fc2.weight': ((0,), ()),  # (n, tokens_dim): n are outputs

@@ -20,6 +20,7 @@ from typing import Dict, Sequence, Tuple, Type
 import torch
 import torch.nn as nn
 from timm.layers import DropPath, Mlp
+from torch.nn.utils import fuse_conv_bn_weights
 
 from .activations import fresh_input_act
 from .linear import TokenLinear
@@ -47,34 +48,28 @@ def rename_legacy_smlp_keys(state_dict: Dict[str, torch.Tensor], prefix: str = '
 
 
 def _fold_batchnorm_into_conv(conv: nn.Conv2d, bn: nn.BatchNorm2d) -> nn.Conv2d:
-    """A new conv computing ``bn(conv(x))`` with the BatchNorm's running statistics (its eval-mode function):
-    ``W' = W * s``, ``b' = (b - mean) * s + beta`` with ``s = gamma / sqrt(var + eps)`` per output channel."""
+    """A new conv computing ``bn(conv(x))`` with the BatchNorm's running statistics (its eval-mode function)."""
     with torch.no_grad():
-        scale = torch.rsqrt(bn.running_var + bn.eps)
-        shift = -bn.running_mean * scale
-        if bn.affine:
-            scale = scale * bn.weight
-            shift = shift * bn.weight + bn.bias
         fused = nn.Conv2d(
             conv.in_channels, conv.out_channels, conv.kernel_size, stride=conv.stride, padding=conv.padding,
             dilation=conv.dilation, groups=conv.groups, bias=True, padding_mode=conv.padding_mode,
             device=conv.weight.device, dtype=conv.weight.dtype)
-        fused.weight.copy_(conv.weight * scale.view(-1, 1, 1, 1))
-        fused.bias.copy_(shift if conv.bias is None else conv.bias * scale + shift)
+        weight, bias = fuse_conv_bn_weights(conv.weight, conv.bias, bn.running_mean, bn.running_var, bn.eps,
+                                            bn.weight, bn.bias)
+        fused.weight.copy_(weight)
+        fused.bias.copy_(bias)
     return fused
 
 
 class AxialSparseMLP(nn.Module):
     """sMLP: ``fuse_conv(concat[x, mix_H(x), mix_W(x)])`` on ``x = GELU(BN(x))`` (arXiv 2109.05422, Alg. 1).
 
-    ``proj_h`` is one Linear(H, H) applied along the H axis, ``proj_w`` one Linear(W, W) along the W axis;
-    ``fuse_conv`` (the paper's "fuse") is a 1x1 conv 3C -> C without bias whose input channels are ordered
-    [identity, H-mixed, W-mixed]. State dicts with its old name ``fuse`` load (:func:`rename_legacy_smlp_keys`).
+    ``proj_h``: one Linear(H, H) along H, ``proj_w``: one Linear(W, W) along W; ``fuse_conv`` (the paper's "fuse";
+    old state dicts' ``fuse`` loads): a 1x1 conv 3C -> C without bias, input channels [identity, H-mixed, W-mixed].
 
     Shapes: x (B, C, H, W) -> (B, C, H, W) (channels-last memory); H, W must equal ``feat_size``.
     """
-    # the axial mixes and their token axes (output, contracted), each over the one axis it mixes (H for proj_h, W
-    # for proj_w): what sMLPNet's checkpoint loader and set_feat_size resample for another map size
+    # the axial mixes: token axes (output, contracted) over the one axis each mixes, resampled for another map size
     token_axes_h: TokenAxes = {'proj_h.weight': ((0,), (1,)), 'proj_h.bias': ((0,), ())}
     token_axes_w: TokenAxes = {'proj_w.weight': ((0,), (1,)), 'proj_w.bias': ((0,), ())}
 
@@ -146,26 +141,14 @@ class SparseMLPTokenMixer(nn.Module):
 
 class SparseMLPBlock(nn.Module):
     """sMLPNet block: ``x = x + DropPath(TokenMixer(x))``; ``x = x + DropPath(MLP(LayerNorm_C(x)))``
-    (arXiv 2109.05422, §3.1, Fig. 2).
-
-    The channel MLP is timm's ``Mlp`` (``mlp.fc1`` / ``mlp.fc2`` are ``nn.Linear``) on the (B, H, W, C) view of the
-    channels-last activations, which is contiguous: no copies around the LayerNorm and the GEMMs.
+    (arXiv 2109.05422, §3.1, Fig. 2); the channel MLP is timm's ``Mlp`` on the contiguous (B, H, W, C) view.
 
     Shapes: x (B, C, H, W) -> (B, C, H, W) (channels-last memory) with (H, W) == feat_size.
     """
 
-    def __init__(
-            self,
-            dim: int,
-            feat_size: Tuple[int, int],
-            mlp_ratio: float = 3.,
-            norm_layer: Type[nn.Module] = nn.LayerNorm,
-            act_layer: Type[nn.Module] = nn.GELU,
-            proj_drop: float = 0.,
-            drop_path: float = 0.,
-            device=None,
-            dtype=None,
-    ) -> None:
+    def __init__(self, dim: int, feat_size: Tuple[int, int], mlp_ratio: float = 3.,
+                 norm_layer: Type[nn.Module] = nn.LayerNorm, act_layer: Type[nn.Module] = nn.GELU,
+                 proj_drop: float = 0., drop_path: float = 0., device=None, dtype=None) -> None:
         super().__init__()
         dd = {'device': device, 'dtype': dtype}
         self.token_mixer = SparseMLPTokenMixer(dim, feat_size, act_layer=act_layer, **dd)

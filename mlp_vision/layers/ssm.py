@@ -104,11 +104,10 @@ class _BidirectionalFFTConv(torch.autograd.Function):
     """``y[:, 0] = causal_conv(u[:, 0], k[0])``, ``y[:, 1] = anticausal_conv(u[:, 1], k[1])`` along the last axis,
     by real FFTs of length ``n_fft``, with a hand-written backward.
 
-    Why a Function: autograd's backward of rfft -> product -> irfft -> narrow zero-fills and copies full padded
-    buffers and runs a complex-to-complex FFT. The adjoint of the convolution with spectrum ``S`` is the
-    correlation (spectrum ``conj(S)``): ``grad_u = irfft(rfft(grad_y) conj(S))[:L]``; the kernel gradient is the
-    correlation of ``grad_y`` with ``u`` summed over batch and channels, on the (2, n_f) spectrum sums. It keeps
-    ``u`` in its own dtype (2 bytes under bf16 autocast, not the 16 of its float32 spectrum) and transforms it again.
+    Why a Function: autograd's backward of rfft -> product -> irfft -> narrow copies full padded buffers and runs a
+    complex FFT. Here ``grad_u = irfft(rfft(grad_y) conj(S))[:L]`` (the adjoint is the correlation) and the kernel
+    gradient is the correlation of ``grad_y`` with ``u`` summed over batch and channels, on (2, n_f) spectrum sums;
+    ``u`` is kept in its own dtype (2 bytes under bf16 autocast, not its 16-byte spectrum) and transformed again.
 
     Shapes: u (B, 2, C, L) real, any float dtype, transformed in ``dtype`` (``k``'s: float32 / float64); k (2, L)
     real (group 0 causal, group 1 anti-causal); output (B, 2, C, L) in ``dtype``.
@@ -121,8 +120,7 @@ class _BidirectionalFFTConv(torch.autograd.Function):
         u_f = torch.fft.rfft(u.to(k.dtype), n=n_fft)  # (B, 2, C, n_f)
         y = torch.fft.irfft(u_f * spectrum, n=n_fft).narrow(-1, 0, length)
         ctx.save_for_backward(u, spectrum)
-        ctx.n_fft = n_fft
-        ctx.length = length
+        ctx.n_fft, ctx.length = n_fft, length
         return y
 
     @staticmethod
@@ -176,8 +174,7 @@ class S4DKernel(nn.Module):
     def init_weights(self) -> None:
         if self.log_step.is_meta:
             return
-        lo, hi = math.log(self.dt_min), math.log(self.dt_max)
-        self.log_step.uniform_(lo, hi)
+        self.log_step.uniform_(math.log(self.dt_min), math.log(self.dt_max))
         self.A_re.fill_(-0.5)
         self.A_im.copy_(math.pi * torch.arange(self.num_states, dtype=torch.float64))
         self.C.normal_(0.0, math.sqrt(0.5))
@@ -241,12 +238,9 @@ class S4DLayer(nn.Module):
     """The parameters of a diagonal SSM along the sequence, ``y = causal_conv(u, K) + D * u`` (arXiv 2212.10544, §4;
     S4D kernel: arXiv 2206.11893).
 
-    One kernel ``K`` (:class:`S4DKernel`) and one scalar ``D`` (official shape (1,)) are shared by all channels.
-    ``D`` starts at 1 as in the official Flax pretraining code (its later torch port draws it from N(0, 1);
-    checkpoints overwrite it either way).
-
-    It has no forward of its own: :class:`BidirectionalGatedSSM` convolves both directions' kernels (``D`` folded
-    into lag 0) in one pass.
+    One kernel ``K`` (:class:`S4DKernel`) and one ``D`` (official shape (1,)) for all channels; ``D`` starts at 1 as
+    in the official Flax pretraining code (its torch port draws N(0, 1); checkpoints overwrite it). No forward of its
+    own: :class:`BidirectionalGatedSSM` convolves both directions' kernels (``D`` folded into lag 0) in one pass.
     """
 
     def __init__(self, num_states: int = 64, dt_min: float = 0.01, dt_max: float = 1.0, device=None,

@@ -30,18 +30,11 @@ __all__ = ['MlpMixer']
 class MlpMixer(nn.Module):
     """Isotropic patch-token MLP network (MLP-Mixer, gMLP).
 
-    Args:
-        num_classes: classifier outputs (0 for no classifier).
-        img_size: input size, int or (H, W); H and W must be divisible by ``patch_size``.
-        in_chans: input channels.
-        patch_size: stem patch size (the stride of every feature map).
-        num_blocks: number of blocks.
-        embed_dim: token width.
+    Args (timm's names and meanings, and):
+        img_size: int or (H, W), both divisible by ``patch_size`` (the stride of every feature map).
         mlp_ratio: passed to the block (Mixer: (token, channel) ratios; gMLP: d_ffn / d).
         block_layer: block class, called as ``block_layer(dim, seq_len, mlp_ratio, norm_layer=..., act_layer=...,
-            drop=..., drop_path=..., **block_kwargs)``.
-        drop_rate: dropout before the classifier.
-        proj_drop_rate: dropout inside the blocks.
+            drop=proj_drop_rate, drop_path=..., **block_kwargs)``.
         drop_path_rate: stochastic depth, ramped linearly from 0 (first block) to this rate (last block).
         global_pool: '' or 'avg'.
     """

@@ -78,15 +78,11 @@ class SparseMLPStage(nn.Module):
 class SparseMLPNet(nn.Module):
     """sMLPNet.
 
-    Args:
-        num_classes: classifier outputs (0 for no classifier).
-        in_chans: input channels.
+    Args (timm's names and meanings, and):
         img_size: int or (H, W); both divisible by 32 (four stages of stride 4, 2, 2, 2).
         global_pool: pooling before the classifier ('avg' as the paper; any timm ``ClassifierHead`` type).
         embed_dim: C, the first stage's width; stage i has width C * 2^i.
-        depths: blocks per stage.
         mlp_ratio: channel-MLP expansion alpha (3; 2 for the paper's T*).
-        drop_rate: dropout before the classifier.
         proj_drop_rate: dropout in the channel MLPs.
         drop_path_rate: stochastic depth, rate * i / (N - 1) for block i of N (all stages together).
     """
@@ -292,12 +288,6 @@ def checkpoint_filter_fn(state_dict: Dict[str, torch.Tensor], model: SparseMLPNe
     return _resample_axial(state_dict, model)
 
 
-def _official_depths(state_dict: Dict[str, torch.Tensor], num_blocks: int) -> List[int]:
-    """Stage depths of an official checkpoint, from the widths of its globally numbered blocks."""
-    widths = [state_dict[f'channel_mix.{g}.1.weight'].shape[0] for g in range(num_blocks)]
-    return [len(list(blocks)) for _, blocks in itertools.groupby(widths)]
-
-
 def _convert_official(state_dict: Dict[str, torch.Tensor], model: SparseMLPNet) -> Dict[str, torch.Tensor]:
     depths = [len(s.blocks) for s in model.stages]
     blocks = [(s, b) for s, d in enumerate(depths) for b in range(d)]  # official global block index -> ours
@@ -310,7 +300,8 @@ def _convert_official(state_dict: Dict[str, torch.Tensor], model: SparseMLPNet) 
     for g, (s, _) in enumerate(blocks):
         ck_dim = state_dict[f'channel_mix.{g}.1.weight'].shape[0]
         if ck_dim != dims[s]:
-            ck_depths = _official_depths(state_dict, num_official)
+            widths = [state_dict[f'channel_mix.{i}.1.weight'].shape[0] for i in range(num_official)]
+            ck_depths = [len(list(run)) for _, run in itertools.groupby(widths)]  # stage depths, from the widths
             raise ValueError(f'official sMLPNet checkpoint has stage depths {ck_depths}, this model has {depths} '
                              f'(block {g} is {ck_dim} wide in the checkpoint, {dims[s]} here)')
     out = {}
@@ -351,8 +342,7 @@ def _resample_axial(state_dict: Dict[str, torch.Tensor], model: SparseMLPNet) ->
         target = model_sd.get(k)
         axes = next((a for suffix, a in token_axes.items() if k.endswith(suffix)), None)
         if axes is not None and target is not None and v.shape != target.shape:
-            out_dims, in_dims = axes
-            v = resample_token_weight(v, (v.shape[0],), (target.shape[0],), out_dims, in_dims)
+            v = resample_token_weight(v, (v.shape[0],), (target.shape[0],), *axes)  # (out_dims, in_dims)
         out[k] = v
     return out
 
