@@ -37,20 +37,10 @@ class MixerBlock(TimmMixerBlock):
         'mlp_tokens.fc2.bias': ((0,), ()),
     }
 
-    def __init__(
-            self,
-            dim: int,
-            seq_len: int,
-            mlp_ratio: Union[float, Tuple[float, float]] = (0.5, 4.0),
-            mlp_layer: Type[nn.Module] = Mlp,
-            norm_layer: Type[nn.Module] = partial(nn.LayerNorm, eps=1e-6),
-            act_layer: Type[nn.Module] = nn.GELU,
-            drop: float = 0.,
-            drop_path: float = 0.,
-            token_multiple: int = 8,
-            device=None,
-            dtype=None,
-    ) -> None:
+    def __init__(self, dim: int, seq_len: int, mlp_ratio: Union[float, Tuple[float, float]] = (0.5, 4.0),
+                 mlp_layer: Type[nn.Module] = Mlp, norm_layer: Type[nn.Module] = partial(nn.LayerNorm, eps=1e-6),
+                 act_layer: Type[nn.Module] = nn.GELU, drop: float = 0., drop_path: float = 0., token_multiple: int = 8,
+                 device=None, dtype=None) -> None:
         dd = {'device': device, 'dtype': dtype}
         super().__init__(dim, seq_len, mlp_ratio=mlp_ratio, mlp_layer=mlp_layer, norm_layer=norm_layer,
                          act_layer=act_layer, drop=drop, drop_path=drop_path, **dd)

@@ -308,19 +308,9 @@ class BidirectionalGatedSSM(nn.Module):
         x: (B, L, d); mask: optional (B, L) bool; output: (B, L, d).
     """
 
-    def __init__(
-            self,
-            dim: int,
-            hidden_dim: int,
-            num_states: int = 64,
-            norm_eps: float = 1e-12,
-            dt_min: float = 0.01,
-            dt_max: float = 1.0,
-            gelu_approximate: str = 'none',
-            conv_impl: str = 'auto',
-            device=None,
-            dtype=None,
-    ) -> None:
+    def __init__(self, dim: int, hidden_dim: int, num_states: int = 64, norm_eps: float = 1e-12, dt_min: float = 0.01,
+                 dt_max: float = 1.0, gelu_approximate: str = 'none', conv_impl: str = 'auto', device=None,
+                 dtype=None) -> None:
         super().__init__()
         dd = {'device': device, 'dtype': dtype}
         if gelu_approximate not in ('none', 'tanh'):

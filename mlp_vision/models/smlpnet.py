@@ -35,21 +35,10 @@ __all__ = ['SparseMLPNet', 'SparseMLPStage']
 class SparseMLPStage(nn.Module):
     """Patch merging (2x2 conv, stride 2, no bias; none for the first stage) followed by ``depth`` blocks."""
 
-    def __init__(
-            self,
-            in_chs: int,
-            out_chs: int,
-            depth: int,
-            feat_size: Tuple[int, int],
-            downsample: bool = True,
-            mlp_ratio: float = 3.,
-            drop_path_rates: Optional[Sequence[float]] = None,
-            proj_drop: float = 0.,
-            norm_layer: Type[nn.Module] = nn.LayerNorm,
-            act_layer: Type[nn.Module] = nn.GELU,
-            device=None,
-            dtype=None,
-    ) -> None:
+    def __init__(self, in_chs: int, out_chs: int, depth: int, feat_size: Tuple[int, int], downsample: bool = True,
+                 mlp_ratio: float = 3., drop_path_rates: Optional[Sequence[float]] = None, proj_drop: float = 0.,
+                 norm_layer: Type[nn.Module] = nn.LayerNorm, act_layer: Type[nn.Module] = nn.GELU, device=None,
+                 dtype=None) -> None:
         super().__init__()
         dd = {'device': device, 'dtype': dtype}
         self.grad_checkpointing = False
