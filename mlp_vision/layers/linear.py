@@ -18,7 +18,6 @@ kernels (Hopper's on an H100) want 16-byte aligned row strides, and a 196-token 
 GEMM on an H100: 273.6 us for 196 tokens, 176.0 us padded to 200 (``scripts/gpu/token_padding.py``).
 """
 import contextlib
-import math
 from typing import Iterator, List, Optional
 
 import torch
@@ -77,8 +76,12 @@ def _linear_in_memory_order(x: torch.Tensor, weight: torch.Tensor, bias: Optiona
     pos = order.index(last)
     xm = x.permute(order)  # contiguous whenever x is a permutation of a contiguous tensor
     outer, inner = xm.shape[:pos], xm.shape[pos + 1:]
-    # (P, n, Q): a view when xm is contiguous (sizes given: P may be 0)
-    x3 = xm.reshape(math.prod(outer), x.shape[-1], math.prod(inner))
+    n_outer, n_inner = 1, 1  # *= on purpose: traced sizes are values, and results/complexity.md lists these ops
+    for s in outer:
+        n_outer *= s
+    for s in inner:
+        n_inner *= s
+    x3 = xm.reshape(n_outer, x.shape[-1], n_inner)  # (P, n, Q): a view when xm is contiguous (sizes given: P may be 0)
     # the GEMM, then the bias in place: the same in eager mode and under torch.jit.trace
     y = token_matmul(weight, x3, token_multiple)
     if bias is not None:
