@@ -1,18 +1,12 @@
 """ Triton kernels of :mod:`mlp_vision.layers.longconv_triton` (kept apart so that module imports without triton).
 
-The kernels are plain functions, compiled by ``triton.jit`` for CUDA tensors and run by Triton's interpreter
-for CPU tensors, both from this one source. So they call no other jit function (``tl.zeros`` and ``tl.sigmoid``
-included: they are ones, use ``tl.full`` and ``1 / (1 + exp(-x))``): a helper would be bound to one of the two
-modes. That is why the GELU of the prologue is written out in both kernels.
-
-Each direction's tensors come as two pointers with shared strides (``*0_ptr`` forward / causal, ``*1_ptr``
-backward / anti-causal), so the two directions may be separate tensors (the layer's two projections) or the two
-halves of one (B, L, 2, C) tensor, and are never stacked into a copy.
-
-Fused element-wise ops (``ACT``: 0 none, 1 exact GELU, 2 tanh GELU; ``HAS_MASK``: (B, L) int8 keep-mask): the
-forward pass convolves ``u = mask * act(a)`` computed from the pre-activation ``a`` as each tile is loaded (in
-float32, rounded to the input dtype as a separate GELU would round it), and the adjoint pass multiplies its
-result by ``mask * act'(a)`` before the store, so ``u`` is never written to memory and only ``a`` is kept.
+The kernels are plain functions, compiled by ``triton.jit`` for CUDA tensors and run by Triton's interpreter for
+CPU tensors, from this one source. So they call no other jit function (``tl.zeros`` and ``tl.sigmoid`` are ones:
+use ``tl.full`` and ``1 / (1 + exp(-x))``), since a helper would be bound to one of the two modes; hence the GELU
+written out in both kernels. Each direction's tensors come as two pointers with shared strides (``*0_ptr``
+forward / causal, ``*1_ptr`` backward / anti-causal): separate tensors or two halves of one, never stacked.
+Fused ops (``ACT``: 0 none, 1 exact GELU, 2 tanh GELU; ``HAS_MASK``: (B, L) int8 keep-mask): see the fused input
+GELU of :mod:`~mlp_vision.layers.longconv_triton`.
 """
 import triton
 import triton.language as tl

@@ -1,16 +1,12 @@
 """ GELU that works in place on a freshly computed activation when no gradient is recorded.
 
-Why: on CPU a new activation of tens of MB is a fresh ``mmap`` (above glibc's mmap threshold) whose pages fault in
-on first touch, and that costs several times the arithmetic of an element-wise op: GELU on 4,096 x 5,120 floats
-took 29 ms out of place vs 6 ms in place (2 threads, this project's CPU). In eval / inference (``no_grad``,
-``inference_mode``) nothing needs the pre-activation, so the GELU can overwrite it. With autograd the input must be
-kept for the backward pass, and the op is the ordinary out-of-place one.
-
-Only for inputs the caller has just computed and owns (a GEMM / conv / norm output): the blocks of this package
-swap their ``nn.GELU`` modules for :class:`FreshGELU` (:func:`fresh_input_act`) exactly where that holds. Same
-values, same state dict (GELU has no parameters), scriptable, traceable and exportable. While ``torch.jit.trace``
-records the module it is the ordinary out-of-place GELU, so a traced graph does not depend on whether gradients were
-on while tracing (``torch.jit.trace``'s check re-runs the model and compares the graphs).
+Why: on CPU a new activation of tens of MB is a fresh ``mmap`` whose pages fault in on first touch, which costs
+several times an element-wise op (GELU on 4,096 x 5,120 floats: 29 ms out of place, 6 ms in place, 2 threads). In
+``no_grad`` / ``inference_mode`` nothing needs the pre-activation, so the GELU may overwrite it; with autograd it is
+the ordinary out-of-place op. Only for inputs the caller has just computed and owns (a GEMM / conv / norm output):
+the blocks here swap their ``nn.GELU`` for :class:`FreshGELU` (:func:`fresh_input_act`) exactly there. Same values,
+same state dict, scriptable and exportable; while ``torch.jit.trace`` records it is the out-of-place GELU, so a
+traced graph does not depend on whether gradients were on.
 """
 import torch
 import torch.nn as nn
@@ -41,10 +37,9 @@ def fresh_input_act(act: nn.Module) -> nn.Module:
 
 
 class _GELUProduct(torch.autograd.Function):
-    """``GELU(a) * GELU(b)`` keeping only ``a`` and ``b`` for the backward pass; the two GELUs are recomputed there.
-    Autograd's own graph of the same expression keeps four tensors of that size (both inputs for the GELUs' backward,
-    both outputs for the product's): two are redundant, since each output is a function of its input. The gradients
-    are the ones autograd computes (the product's backward, then ``gelu_backward``), bit for bit."""
+    """``GELU(a) * GELU(b)`` keeping only ``a`` and ``b`` for the backward pass (autograd's graph keeps both outputs
+    too), the GELUs recomputed there. The gradients are autograd's (the product's backward, then ``gelu_backward``),
+    bit for bit."""
 
     @staticmethod
     def forward(ctx, a: torch.Tensor, b: torch.Tensor, approximate: str) -> torch.Tensor:
@@ -55,24 +50,19 @@ class _GELUProduct(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         a, b = ctx.saved_tensors
-        approximate = ctx.approximate
-        grad_a = grad_b = None
-        if ctx.needs_input_grad[0]:
-            grad_a = torch.ops.aten.gelu_backward(grad * F.gelu(b, approximate=approximate), a,
-                                                  approximate=approximate)
-        if ctx.needs_input_grad[1]:
-            grad_b = torch.ops.aten.gelu_backward(grad * F.gelu(a, approximate=approximate), b,
-                                                  approximate=approximate)
+        act = ctx.approximate
+        grad_a, grad_b = (torch.ops.aten.gelu_backward(grad * F.gelu(other, approximate=act), x, approximate=act)
+                          if needed else None
+                          for x, other, needed in ((a, b, ctx.needs_input_grad[0]), (b, a, ctx.needs_input_grad[1])))
         return grad_a, grad_b, None
 
 
 def gelu_product(a: torch.Tensor, b: torch.Tensor, approximate: str = 'none') -> torch.Tensor:
     """``F.gelu(a) * F.gelu(b)`` of two fresh tensors of one shape (e.g. gMLP-style gates, BiGS's output gate).
 
-    With autograd it keeps half the activations autograd would (:class:`_GELUProduct`: ``a`` and ``b`` only, the
-    GELUs recomputed in the backward pass); without, it works in place on ``a`` and ``b`` as :func:`fresh_gelu`.
-    While ``torch.jit.trace`` records, the ordinary ops (a traced graph holds no Python autograd function). The
-    values are the same in every case."""
+    With autograd it keeps half the activations autograd would (:class:`_GELUProduct`); without, it works in place
+    on ``a`` and ``b`` (:func:`fresh_gelu`); while ``torch.jit.trace`` records, the ordinary ops (a traced graph holds
+    no Python autograd function). The values are the same in every case."""
     if torch.jit.is_tracing():
         return F.gelu(a, approximate=approximate) * F.gelu(b, approximate=approximate)
     if torch.is_grad_enabled() and (a.requires_grad or b.requires_grad):

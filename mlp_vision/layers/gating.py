@@ -3,9 +3,6 @@
 One implementation, shared by the vision models (dense spatial weights over image patches) and the text
 models (Toeplitz weights for masked LM, causal weights for autoregressive LM).
 
-The SGU's token GEMM contracts a token axis padded with zeros to a multiple of ``token_multiple`` (default 8, so
-gMLP's 196 = 14 x 14 patches become 200; see :class:`SpatialGatingUnit`): exactly the same function.
-
 Paper: `Pay Attention to MLPs` - https://arxiv.org/abs/2105.08050 (eq. 1-4, Fig. 1, Fig. 6)
 """
 from functools import partial
@@ -26,55 +23,30 @@ SPATIAL_MODES = ('dense', 'toeplitz', 'causal')
 
 
 class SpatialGatingUnit(nn.Module):
-    """Spatial Gating Unit: ``s(Z) = Z1 * (W · norm(Z2) + b [+ res])``.
+    """Spatial Gating Unit: ``s(Z) = Z1 * (W · norm(Z2) + b [+ res])``: the first channel half ``Z1`` is the
+    multiplicative bypass, the second ``Z2`` is normalised and projected along the token axis by ``W`` (n x n), ``b``.
 
-    The channels of ``Z`` are split in two halves; the first half ``Z1`` is the multiplicative bypass, the
-    second half ``Z2`` is normalised and projected along the token axis by ``W`` (n x n) and ``b`` (n).
+    ``spatial_mode``: ``'dense'`` (a full (n, n) ``W``, vision), ``'toeplitz'`` (``W[i, j] = w[i - j + n - 1]``,
+    2n - 1 parameters, masked LM, paper §4) or ``'causal'`` (dense ``W`` masked to ``j <= i``, causal LM). Inputs
+    shorter than ``seq_len`` use the leading L x L block of ``W`` and the first L entries of ``b`` (again Toeplitz,
+    again causal).
 
-    Spatial weight variants (``spatial_mode``):
-        * ``'dense'``: ``W`` is a full (n, n) matrix (vision).
-        * ``'toeplitz'``: ``W[i, j] = w[i - j + n - 1]`` with 2n - 1 parameters (masked LM, paper §4).
-        * ``'causal'``: dense ``W`` masked to ``j <= i`` so token i never sees a later token (causal LM).
+    Token padding (``token_multiple``, a plain attribute read at each call; 1 = none): the product ``W · norm(Z2)``
+    (paper §2, eq. 2) contracts the token axis zero-padded up to a multiple
+    (:func:`~mlp_vision.layers.linear.token_matmul`; why in :mod:`mlp_vision.layers.linear`): the same outputs and
+    gradients, ``W`` and ``b`` keep their shapes, the output is not padded. Text lengths (128, 512, ...) are
+    multiples already; a shorter batch (L < seq_len) is padded, whatever ``spatial_mode``.
 
-    Inputs shorter than ``seq_len`` use the leading L x L block of ``W`` and the first L entries of ``b``,
-    which for a Toeplitz ``W`` is again Toeplitz and for a causal ``W`` again causal.
+    Init: ``W`` ~ N(0, init_std) with a tiny std and ``b = 1``, so the block starts as a plain FFN; ``W`` and ``b``
+    are raw parameters, untouched by model-level ``Linear`` initialisers (models call :meth:`init_weights` last).
 
-    Token padding (``token_multiple``): the product ``W · norm(Z2)`` (paper §2, eq. 2) contracts a token axis
-    padded with zeros up to a multiple of ``token_multiple``: the applied (L, L) matrix gets zero columns and
-    ``norm(Z2)`` zero tokens. Every padded term is an exact ``0 * 0``, so outputs and gradients are those of the
-    unpadded product (float rounding may differ only where the GEMM kernel sums in another order), ``W`` and ``b``
-    keep their (n, n) / (n,) shapes and hooks see the unpadded tensors. Why: GPU GEMM kernels need 16-byte aligned
-    row strides to run on the fast (on H100, Hopper) kernels; a 196-token row is 392 bytes in bf16, which kept the
-    gMLP-S SGU GEMM on an H100 on older, slower kernels (196 tokens 273.6 us, the same product padded to 200
-    tokens 176.0 us, 1.55x, measured with both token axes padded). Padding the contracted axis alone already makes
-    every row stride of the forward GEMM and of both backward GEMMs (dW: (L, L_pad), dZ2: W^T) a multiple of the
-    padding, and leaves the output unpadded: no slice, no padded bias (``scripts/gpu/token_padding.py`` times
-    both forms and the multiples 1 / 8 / 16 on a GPU). The text models' lengths (128, 512, ...) are already multiples and are not padded; a
-    shorter batch (L < seq_len) is, whatever ``spatial_mode`` (the (L, L) matrix actually applied is padded).
-    ``token_multiple=1`` computes without padding. A plain attribute, read at each call.
-
-    Init: ``W`` ~ N(0, init_std) with a tiny std and ``b = 1``, so the unit starts as ``Z1 * norm(Z2)`` and
-    the block as a plain FFN. ``W`` and ``b`` are raw parameters (not an ``nn.Linear``) so generic
-    model-level ``Linear`` initialisers do not touch them; models call :meth:`init_weights` after theirs.
-
-    Shapes:
-        x: (B, L, dim) with L <= seq_len; res: optional (B, L, dim // 2) added after the projection
-        (aMLP's tiny attention); mask: optional (B, L) padding mask (True = real token) that zeroes the padded
-        tokens' normalised gate values before the projection, so padded content cannot reach real positions
-        (the paper does not mask, and neither does the unit without ``mask``); output: (B, L, dim // 2).
+    Shapes: x (B, L, dim) with L <= seq_len -> (B, L, dim // 2); res: optional (B, L, dim // 2) added after the
+    projection (aMLP's tiny attention); mask: optional (B, L) padding mask (True = real token) zeroing the padded
+    tokens' normalised gate values before the projection (the paper does not mask, nor does the unit without it).
     """
 
-    def __init__(
-            self,
-            dim: int,
-            seq_len: int,
-            spatial_mode: str = 'dense',
-            norm_layer: Type[nn.Module] = nn.LayerNorm,
-            init_std: float = 1e-6,
-            token_multiple: int = 8,
-            device=None,
-            dtype=None,
-    ) -> None:
+    def __init__(self, dim: int, seq_len: int, spatial_mode: str = 'dense', norm_layer: Type[nn.Module] = nn.LayerNorm,
+                 init_std: float = 1e-6, token_multiple: int = 8, device=None, dtype=None) -> None:
         super().__init__()
         dd = {'device': device, 'dtype': dtype}
         check_token_multiple(token_multiple)
@@ -86,13 +58,12 @@ class SpatialGatingUnit(nn.Module):
         self.gate_dim = dim // 2
         self.seq_len = seq_len
         self.spatial_mode = spatial_mode
-        self.toeplitz = spatial_mode == 'toeplitz'
         self.causal = spatial_mode == 'causal'
         self.init_std = init_std
         self.token_multiple = token_multiple
 
         self.norm = norm_layer(self.gate_dim, **dd)
-        if self.toeplitz:
+        if spatial_mode == 'toeplitz':
             self.weight = nn.Parameter(torch.empty(2 * seq_len - 1, **dd))
             # index[i, j] = i - j + n - 1 picks w for W[i, j]; its leading L x L block is the index for length L
             idx = torch.arange(seq_len, device=device)
@@ -118,12 +89,8 @@ class SpatialGatingUnit(nn.Module):
             w = torch.tril(w)
         return w
 
-    def forward(
-            self,
-            x: torch.Tensor,
-            res: Optional[torch.Tensor] = None,
-            mask: Optional[torch.Tensor] = None,
-    ) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, res: Optional[torch.Tensor] = None,
+                mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         u, v = x.chunk(2, dim=-1)
         length = v.shape[-2]
         v = self.norm(v)
@@ -142,27 +109,15 @@ class SpatialGatingUnit(nn.Module):
 
 
 class TinyAttention(nn.Module):
-    """Single-head "tiny" attention of aMLP (paper Fig. 6).
+    """Single-head "tiny" attention of aMLP (paper Fig. 6): ``out = softmax(q k^T / sqrt(attn_dim)) v W_o`` with
+    ``q, k, v = x W_qkv`` (dim -> 3 * attn_dim, attn_dim -> out_dim), by ``F.scaled_dot_product_attention``.
 
-    ``qkv = x W_qkv`` (dim -> 3 * attn_dim), ``A = softmax(q k^T / sqrt(attn_dim))``, ``out = (A v) W_o``
-    (attn_dim -> out_dim). Uses ``F.scaled_dot_product_attention``.
-
-    Shapes:
-        x: (B, L, dim); mask: optional (B, L) bool, True for real tokens and False for padding (padded keys get
-        no attention weight; a sequence that is all padding attends to every position instead of producing
-        NaN); output: (B, L, out_dim).
+    Shapes: x (B, L, dim) -> (B, L, out_dim); mask: optional (B, L) bool, True for real tokens (padded keys get no
+    weight; an all-padding sequence attends to every position instead of producing NaN).
     """
 
-    def __init__(
-            self,
-            dim: int,
-            attn_dim: int = 64,
-            out_dim: Optional[int] = None,
-            causal: bool = False,
-            attn_drop: float = 0.,
-            device=None,
-            dtype=None,
-    ) -> None:
+    def __init__(self, dim: int, attn_dim: int = 64, out_dim: Optional[int] = None, causal: bool = False,
+                 attn_drop: float = 0., device=None, dtype=None) -> None:
         super().__init__()
         dd = {'device': device, 'dtype': dtype}
         out_dim = out_dim or dim
@@ -185,11 +140,7 @@ class TinyAttention(nn.Module):
                 attn_mask = attn_mask & torch.ones(length, length, dtype=torch.bool, device=x.device).tril()
                 is_causal = False  # SDPA takes either a mask or is_causal, not both
         x = F.scaled_dot_product_attention(
-            q, k, v,
-            attn_mask=attn_mask,
-            dropout_p=self.attn_drop if self.training else 0.,
-            is_causal=is_causal,
-        )
+            q, k, v, attn_mask=attn_mask, dropout_p=self.attn_drop if self.training else 0., is_causal=is_causal)
         return self.proj(x)
 
 
@@ -206,16 +157,12 @@ class GatedMLPBlock(nn.Module):
         attn_dim: size of the tiny attention head (0 = plain gMLP). Its attention is causal when the SGU is.
         hidden_dim: d_ffn given directly (overrides ``mlp_ratio``; avoids rounding of non-integer ratios).
         sgu_mask: also pass the padding mask to the SGU (off by default, as the paper).
-        token_multiple: the SGU's token GEMM runs on the token axis zero-padded to this multiple (exact; see
-            :class:`SpatialGatingUnit`); 1 = no padding.
+        token_multiple: the SGU's token padding multiple (:class:`SpatialGatingUnit`); 1 = no padding.
 
-    Shapes:
-        x: (B, L, dim); mask: optional (B, L) bool padding mask (True = real token), used by the tiny
-        attention. The SGU itself mixes every position it is given, pads included, exactly as the paper's
-        models do; how padding is handled for text is the text models' business. Output: (B, L, dim).
+    Shapes: x (B, L, dim) -> (B, L, dim); mask: optional (B, L) bool padding mask (True = real token) for the tiny
+    attention (and the SGU with ``sgu_mask``; without it the SGU mixes pads too, as the paper's models do).
     """
-    # the SGU's dense W (n, n) and b (n) and their token axes (output, contracted): what the vision checkpoint
-    # loaders and set_token_grid resample for another patch grid (mlp_vision.layers.resample)
+    # the SGU's dense W (n, n) and b (n): token axes (output, contracted) resampled for another grid (layers.resample)
     token_axes: TokenAxes = {
         'sgu.weight': ((0,), (1,)),  # W[i, j]: token j -> token i
         'sgu.bias': ((0,), ()),
@@ -246,9 +193,8 @@ class GatedMLPBlock(nn.Module):
         self.norm = norm_layer(dim, **dd)
         self.fc1 = nn.Linear(dim, hidden_dim, **dd)
         self.act = fresh_input_act(act_layer())  # applied to fresh fc1 outputs only
-        self.attn = TinyAttention(
-            dim, attn_dim, out_dim=hidden_dim // 2, causal=spatial_mode == 'causal', **dd,
-        ) if attn_dim > 0 else None
+        causal = spatial_mode == 'causal'
+        self.attn = TinyAttention(dim, attn_dim, out_dim=hidden_dim // 2, causal=causal, **dd) if attn_dim > 0 else None
         self.sgu = SpatialGatingUnit(
             hidden_dim, seq_len, spatial_mode=spatial_mode, norm_layer=gate_norm_layer, token_multiple=token_multiple,
             **dd)

@@ -22,13 +22,9 @@ TIMM_POOL_TYPES = ('', 'avg', 'max', 'avgmax', 'catavgmax', 'fast', 'fastavg', '
 
 @register_notrace_function  # a leaf for timm's FX feature extraction (its control flow is on shapes)
 def check_image_input(x: torch.Tensor, in_chans: int, img_size: Tuple[int, int]) -> torch.Tensor:
-    """Return ``x`` unchanged; raise ``ValueError`` unless it is (B, in_chans, img_size[0], img_size[1]).
-
-    Callers write ``x = check_image_input(x, ...)``: the data flows through the check, so FX feature extraction
-    (which drops graph nodes whose outputs are unused) keeps it.
-
-    The token-mixing weights of gMLP, MLP-Mixer and sMLPNet are tied to one spatial size, so a different
-    input cannot be processed (build the model with ``img_size=...``, resampling pretrained weights, instead).
+    """Return ``x`` unchanged; raise ``ValueError`` unless it is (B, in_chans, img_size[0], img_size[1]): the
+    token-mixing weights of gMLP, MLP-Mixer and sMLPNet are tied to one spatial size. Callers write ``x =
+    check_image_input(x, ...)``, so FX feature extraction (which drops nodes whose outputs are unused) keeps it.
     """
     if torch.jit.is_tracing():
         _check_image_shape_quietly(x, in_chans, img_size)
@@ -39,10 +35,8 @@ def check_image_input(x: torch.Tensor, in_chans: int, img_size: Tuple[int, int])
 
 @torch.jit.unused  # TorchScript cannot compile catch_warnings; scripted code never traces, so never calls it
 def _check_image_shape_quietly(x: torch.Tensor, in_chans: int, img_size: Tuple[int, int]) -> None:
-    """The check without TracerWarnings. torch.jit.trace records sizes as tensors and warns on every Python
-    comparison of them; the check runs on the example input and is (rightly) absent from the trace, so the warning
-    says nothing a user can act on. Only the warning filter depends on the tracer (torch.compile cannot trace
-    catch_warnings either): the same check runs either way."""
+    """The same check without the TracerWarning torch.jit.trace gives for every Python comparison of sizes (the check
+    runs on the example input and is rightly absent from the trace: nothing a user can act on)."""
     with warnings.catch_warnings():
         warnings.simplefilter('ignore', torch.jit.TracerWarning)
         _check_image_shape(x, in_chans, img_size)
@@ -80,13 +74,11 @@ def check_img_size(img_size: Union[int, Sequence[int]], stride: int, what: str, 
 
 
 def record_input_size(model: nn.Module, img_size: Tuple[int, int]) -> None:
-    """After ``set_input_size``: record the model's new input size everywhere timm's data helpers look, so transforms
-    built the usual timm way have the size the model now takes: ``get_model_input_config`` /
-    ``resolve_input_data_config`` (as timm's own ``set_input_size`` do) and also ``pretrained_cfg`` / ``default_cfg``
-    (``input_size``, and ``test_input_size`` where one is set), which ``resolve_model_data_config`` and
-    ``resolve_data_config(model=...)`` read. timm leaves ``pretrained_cfg`` at the checkpoint's size; here a resized
-    model describes itself (and ``push_to_hf_hub`` / ``save_for_hf`` write the size it takes). The cfg is replaced by
-    a copy, never changed in place, so no other model's cfg moves."""
+    """After ``set_input_size``: record the new input size everywhere timm's data helpers look, so transforms built
+    the timm way have it: timm's own record (as its ``set_input_size`` do) and ``pretrained_cfg`` / ``default_cfg``
+    (``input_size``, and ``test_input_size`` where set), which timm leaves at the checkpoint's size
+    (``resolve_data_config(model=...)``, ``push_to_hf_hub`` read them). The cfg is replaced by a copy, so no other
+    model's cfg moves."""
     if update_model_input_size is not None:
         update_model_input_size(model, img_size)
     cfg = getattr(model, 'pretrained_cfg', None)
@@ -106,28 +98,16 @@ def _is_int(value: Any) -> bool:
     return not isinstance(value, bool)
 
 
-def check_model_args(
-        in_chans: int,
-        num_classes: int,
-        drop_rate: float = 0.,
-        proj_drop_rate: float = 0.,
-        drop_path_rate: float = 0.,
-        *,
-        sizes: Optional[Mapping[str, Any]] = None,
-        depths: Optional[Sequence[int]] = None,
-        mlp_ratio: Union[None, float, Sequence[float]] = None,
-        global_pool: Optional[str] = None,
-        pools: Sequence[str] = TIMM_POOL_TYPES,
-) -> None:
+def check_model_args(in_chans: int, num_classes: int, drop_rate: float = 0., proj_drop_rate: float = 0.,
+                     drop_path_rate: float = 0., *, sizes: Optional[Mapping[str, Any]] = None,
+                     depths: Optional[Sequence[int]] = None, mlp_ratio: Union[None, float, Sequence[float]] = None,
+                     global_pool: Optional[str] = None, pools: Sequence[str] = TIMM_POOL_TYPES) -> None:
     """Raise ``ValueError`` with what is expected for constructor arguments no model can be built with (instead of
-    a failure deep in a layer, a silently different model, or a failure at the first training step for a
-    drop-path rate of 1 or more).
+    a failure deep in a layer, a silently different model, or one at the first training step).
 
-    ``sizes``: name -> value of integers that must be >= 1 (``embed_dim``, ``patch_size``, ``num_blocks``);
-    ``depths``: blocks per stage, a non-empty sequence of integers >= 1; ``mlp_ratio``: a ratio or a tuple of them,
-    each finite and large enough for ``embed_dim`` (``sizes['embed_dim']``) to give a hidden width >= 1 (timm's
-    ``Mlp`` takes a width of 0 for "the input width": ``mlp_ratio=0`` built a ratio of 1); ``global_pool``: one
-    of ``pools``.
+    ``sizes``: name -> integer that must be >= 1 (``embed_dim``, ``patch_size``, ...); ``depths``: a non-empty
+    sequence of integers >= 1; ``mlp_ratio``: a ratio or a tuple of them, each finite and giving ``embed_dim`` a
+    hidden width >= 1 (timm's ``Mlp`` takes a width of 0 for "the input width"); ``global_pool``: one of ``pools``.
     """
     if not _is_int(in_chans) or in_chans < 1:
         raise ValueError(f'in_chans must be an integer >= 1 (input image channels), got {in_chans!r}')

@@ -1,31 +1,21 @@
-""" ``TokenLinear``: a Linear along a token axis, without the transposed copies.
+""" ``TokenLinear``: a Linear along a token axis, without the transposed copies; and the zero token padding of the
+token GEMMs (``token_matmul``) that it shares with the Spatial Gating Unit.
 
-Token-mixing layers apply a Linear along the token axis of activations whose contiguous axis is the channel axis:
-MLP-Mixer's token MLP maps the n patches of a (B, n, C) tensor (Mixer, arXiv 2105.01601, eq. 1: ``X^T W``), the
-sMLP of sMLPNet maps the H (or W) positions of a channels-last (B, H, W, C) map (sMLPNet, arXiv 2109.05422, §3.2,
-Alg. 1). Written as in the papers, ``linear(x.transpose(...))``, the Linear sees an input whose last axis has
-stride C. ``F.linear`` copies such an input into a contiguous one and returns the result in the transposed order,
-which the caller transposes back: two copies of the activations around one GEMM.
+Token-mixing layers apply a Linear along the token axis of channels-last activations (Mixer's token MLP, arXiv
+2105.01601 eq. 1 ``X^T W``; sMLPNet's sMLP, arXiv 2109.05422 Alg. 1). Written as in the papers,
+``linear(x.transpose(...))``, ``F.linear`` copies the strided input and the caller transposes the result back.
+:class:`TokenLinear` is an ``nn.Linear`` (same parameters, init, state dict and function) that contracts the axis
+where it lies in memory instead: ``x`` as a ``(P, n, Q)`` view, one batched GEMM ``W (out, n) @ x (P, n, Q)``,
+returned as a view in ``x``'s axis order. Callers write the plain formulation, so hooks, LoRA, pruning and FLOP
+counters see an ordinary Linear call. The route depends on strides only (``F.linear`` for a contiguous last axis or
+fewer than three dimensions, the one branch TorchScript compiles).
 
-:class:`TokenLinear` is an ``nn.Linear`` (same parameters, initialisation, state dict and function
-``y = x W^T + b`` over the last axis) that contracts that axis where it lies in memory instead: with ``x``'s
-axes put in memory order (outermost first), the contracted axis sits between ``P`` outer and ``Q`` inner
-elements, so ``x`` is a ``(P, n, Q)`` view and the result is one batched GEMM ``W (out, n) @ x (P, n, Q)`` plus the
-bias, returned as a view in ``x``'s axis order. No copy in either direction. The caller writes the plain
-formulation, ``self.fc(x.transpose(1, 2)).transpose(1, 2)``, and hooks, LoRA wrappers, pruning and FLOP counters
-see an ordinary Linear call.
-
-Token padding (``token_multiple``, default 1 = none): the contracted axis is computed padded with zeros up to a
-multiple, as the Spatial Gating Unit's is (``mlp_vision.layers.gating``): the weight gets zero columns and the input
-zero tokens. Every padded term is an exact ``0 * 0``: the same function, parameters and gradients (float rounding
-may differ only where the GEMM kernel sums in another order). Why: the fast GPU GEMM kernels (Hopper's on an H100)
-want 16-byte aligned row strides, and a 196-token row (Mixer-B/16 at 224², arXiv 2105.01601 §2: the token MLP
-contracts the n = 196 patches) is 392 bytes in bf16; padded to 200 it is 400, for the forward GEMM and both
-backward ones (dW (out, n_pad), dx with W^T). :class:`~mlp_vision.layers.MixerBlock` sets it for its token MLP.
-
-The layout is chosen from the input's strides only: ``F.linear`` when the last axis is contiguous or the input has
-fewer than three dimensions, the batched GEMM otherwise, whether or not anything traces or hooks the module.
-TorchScript compiles the ``F.linear`` branch only (the stride-sorting code is not scriptable).
+Token padding (``token_multiple``, 1 = none): the contracted token axis is computed zero-padded up to a multiple
+(zero weight columns, zero tokens). Every padded term is an exact ``0 * 0``: the same function, parameters and
+gradients (float rounding may differ only where the GEMM kernel sums in another order). Why: the fast GPU GEMM
+kernels (Hopper's on an H100) want 16-byte aligned row strides, and a 196-token row (14 x 14 patches at 224²) is
+392 bytes in bf16; padded to 200 it is 400, for the forward GEMM and both backward ones. Measured on the gMLP-S SGU
+GEMM on an H100: 273.6 us for 196 tokens, 176.0 us padded to 200 (``scripts/gpu/token_padding.py``).
 """
 import contextlib
 from typing import Iterator, List, Optional
@@ -66,12 +56,8 @@ def tokens_padded_to(model: nn.Module, token_multiple: int) -> Iterator[nn.Modul
 @register_notrace_function  # a leaf for timm's FX feature extraction (whether it pads depends on the token count)
 def token_matmul(weight: torch.Tensor, x: torch.Tensor, token_multiple: int = 1) -> torch.Tensor:
     """``torch.bmm(weight.expand(P, -1, -1), x)``: (m, n) @ (P, n, Q) -> (P, m, Q), contracting the n tokens padded
-    with zeros up to a multiple of ``token_multiple`` (zero weight columns, zero tokens: the same product).
-
-    The token GEMM of the SGU and of :class:`TokenLinear`. bmm is an op every FLOP counter knows (stock fvcore has no
-    baddbmm handle); it counts the padded product, so the project's counter traces with ``tokens_padded_to(model,
-    1)``.
-    """
+    with zeros up to a multiple of ``token_multiple`` (module docstring). The token GEMM of the SGU and of
+    :class:`TokenLinear`; bmm is an op every FLOP counter knows (stock fvcore has no baddbmm handle)."""
     pad = token_padding(x.shape[1], token_multiple)
     if pad:
         weight = F.pad(weight, (0, pad))
@@ -80,24 +66,17 @@ def token_matmul(weight: torch.Tensor, x: torch.Tensor, token_multiple: int = 1)
 
 
 @torch.jit.unused
-def _linear_in_memory_order(
-        x: torch.Tensor,
-        weight: torch.Tensor,
-        bias: Optional[torch.Tensor] = None,
-        token_multiple: int = 1,
-) -> torch.Tensor:
-    """``F.linear(x, weight, bias)`` for an ``x`` whose last axis is not the contiguous one (see module docstring).
-
-    The contracted axis is zero-padded to a multiple of ``token_multiple`` in memory order (:func:`token_matmul`).
-    """
+def _linear_in_memory_order(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None,
+                            token_multiple: int = 1) -> torch.Tensor:
+    """``F.linear(x, weight, bias)`` for an ``x`` whose last axis is not the contiguous one (module docstring), the
+    contracted axis zero-padded to a multiple of ``token_multiple`` (:func:`token_matmul`)."""
     last = x.dim() - 1
     # axes outermost-first in memory; the contracted axis is placed last among equal strides (size-1 axes)
     order: List[int] = sorted(range(x.dim()), key=lambda d: (-x.stride(d), d == last))
     pos = order.index(last)
     xm = x.permute(order)  # contiguous whenever x is a permutation of a contiguous tensor
-    outer = xm.shape[:pos]
-    inner = xm.shape[pos + 1:]
-    n_outer, n_inner = 1, 1
+    outer, inner = xm.shape[:pos], xm.shape[pos + 1:]
+    n_outer, n_inner = 1, 1  # *= on purpose: traced sizes are values, and results/complexity.md lists these ops
     for s in outer:
         n_outer *= s
     for s in inner:
@@ -108,10 +87,7 @@ def _linear_in_memory_order(
     if bias is not None:
         y = y.add_(bias.unsqueeze(-1))
     y = y.view(list(outer) + [weight.shape[0]] + list(inner))
-    inverse = [0] * len(order)
-    for i, d in enumerate(order):
-        inverse[d] = i
-    return y.permute(inverse)
+    return y.permute([order.index(d) for d in range(x.dim())])
 
 
 @register_notrace_module  # a leaf for timm's FX feature extraction (its route depends on strides)
@@ -125,15 +101,8 @@ class TokenLinear(nn.Linear):
     axis of a channels-last tensor the output is channels-last too).
     """
 
-    def __init__(
-            self,
-            in_features: int,
-            out_features: int,
-            bias: bool = True,
-            device=None,
-            dtype=None,
-            token_multiple: int = 1,
-    ) -> None:
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, device=None, dtype=None,
+                 token_multiple: int = 1) -> None:
         super().__init__(in_features, out_features, bias, device=device, dtype=dtype)
         check_token_multiple(token_multiple)
         self.token_multiple = token_multiple

@@ -1,11 +1,9 @@
 """ Bidirectional long convolution of the BiGS layer as a blocked Toeplitz GEMM in Triton, optionally fused
 with the input GELUs (the layer's route) or with the multiplicative gate.
 
-Paper: `Pretraining Without Attention` (BiGS) - https://arxiv.org/abs/2212.10544. An SSM applied to a sequence
-is a convolution with a long kernel ``K`` (§3.1); the BiGS layer runs one causal SSM and one over the reversed
-sequence, i.e. an anti-causal one, and multiplies their (projected) outputs (§4, "Gated Architecture"); one
-kernel per direction is shared by all hidden channels (§4, "SSM Layer"). With ``D`` folded into lag 0
-(``K[0] += D``), for u (B, L, 2, C) holding the two directions' inputs::
+Paper: `Pretraining Without Attention` (BiGS) - https://arxiv.org/abs/2212.10544: an SSM is a convolution with a
+long kernel ``K`` (§3.1), one causal and one anti-causal per layer, one kernel per direction shared by all channels
+(§4). With ``D`` folded into lag 0, for u (B, L, 2, C) holding the two directions' inputs::
 
     y[b, l, 0, c] = sum_{j <= l} K_f[l - j] u[b, j, 0, c]        (causal, forward SSM)
     y[b, l, 1, c] = sum_{j >= l} K_b[j - l] u[b, j, 1, c]        (anti-causal, backward SSM)
@@ -14,54 +12,29 @@ and, with ``gated=True`` and a bias (2, C), the product ``(y[..., 0, :] + bias[0
 
 Formulation: blocked Toeplitz GEMM (why not FFTs)
 -------------------------------------------------
-Because the kernel is shared by all channels, each direction is one matrix product ``Y = T U`` of the (L, L)
-Toeplitz matrix ``T[i, j] = K[i - j]`` with the (L, B*C) input, whose wide second operand keeps tensor cores
-busy. ``T`` is never materialised: cut into square tiles of ``block_l`` rows, its tile at block row ``i``,
-block column ``j`` depends only on ``m = |i - j|``, so the ``ceil(L / block_l)`` distinct tiles per direction
-form a table of ``~L * block_l`` entries (8 MiB in bf16 for both directions at L = 16,384, block 128), built
-from ``K`` by one gather and held in L2. Each program computes an output tile of ``block_l`` positions x
-``block_c`` channels as ``sum_j table[|i - j|] @ U[j]``, skipping the all-zero tiles above (causal) or below
-(anti-causal) the diagonal: ``L^2 / 2`` multiply-adds per channel and direction, i.e. ``L * C`` per token for
-both directions together (d = 1024, L = 4,096: 4.2 M per token, against 12.6 M for the BERT-large layer's
-projections and 8.4 M for its attention).
+Each direction is one product ``Y = T U`` of the (L, L) Toeplitz matrix ``T[i, j] = K[i - j]`` with the (L, B*C)
+input. ``T`` is never built: its ``block_l``-square tile at block position (i, j) depends only on ``m = |i - j|``,
+so a table of ``~L * block_l`` taps (:func:`lag_block_table`) held in L2 serves every tile, and each program sums
+``table[|i - j|] @ U[j]`` over the non-zero tiles: ``L * C`` MACs per token for both directions (d = 1024,
+L = 4,096: 4.2 M, against 12.6 M for a BERT-large layer's projections and 8.4 M for its attention), compute-bound
+at GEMM speed. The FFT route (``ssm._BidirectionalFFTConv``) does fewer FLOPs but is memory-bound (~100 bytes per
+element); FlashFFTConv (arXiv 2311.05908) avoids that traffic with a far larger kernel, built for a kernel per
+channel. Going below L^2 (half attention's constant) needs the SSM structure (chunked state passing).
 
-Arithmetic intensity: a tile step reads a ``block_l^2`` table tile and a ``block_l x block_c`` input tile and
-does ``block_l^2 * block_c`` MACs, 64 FLOP per byte for 128 x 128 bf16 tiles (the ratio of a GEMM with the
-same tiles); against HBM the input is read once and the output written once if the ``L x block_c`` input
-column of a program group stays in L2 (programs are launched block-row-fastest for that: 1 MiB per column at
-L = 4,096), i.e. ``L / 4`` FLOP per byte (1,024 at L = 4,096), far above the H100's ~300 FLOP/byte ridge:
-compute-bound, at GEMM speed. The FFT route (``ssm._BidirectionalFFTConv``) does ``O(log L)`` FLOPs per
-element but is memory-bound: float32 casts, permutes, padded complex spectra, ~100 bytes of traffic per
-element. FlashFFTConv (https://arxiv.org/abs/2311.05908) removes that traffic with Monarch-decomposed FFTs on
-tensor cores, built for a different kernel per channel. It does fewer FLOPs (three radix-16/16/32 stages at
-n_fft = 8,192: ~4 * 10^6 real MACs per channel for the forward and inverse transforms, against L^2 / 2 =
-8.4 * 10^6 here; ~5x fewer at 16K) but spends them in many small matrix products with twiddle multiplies and
-transposes in between, in a far larger kernel; with one kernel shared by all channels the Toeplitz GEMM is
-simple, exact in the kernel's taps and runs like one large GEMM. Its cost grows as L^2, like attention's but
-with half the constant: 2 L d FLOPs per token against flash attention's 4 L d. Going below that needs the
-kernel's SSM structure (K[l] is a sum of N damped complex exponentials, so far-off tiles have rank <= 2N: a
-chunked state-passing scheme), not this generic-kernel route.
+Precision: tiles are multiplied in the input dtype (the table cast to it: bf16 / fp16 taps carry the input's unit
+roundoff) with float32 accumulation; float32 inputs use ``ieee`` products. Outputs are cast back to the input dtype.
 
-Precision: tiles are multiplied in the input dtype (the table is cast to it: bf16 / fp16 taps carry the
-input's unit roundoff, 2^-8 / 2^-11) with float32 accumulation; float32 inputs use full-precision
-(``ieee``) products. Outputs are cast back to the input dtype.
+Backward (both GEMMs in Triton): ``grad_u`` is the same kernel with each direction's causality flipped and the
+table tiles transposed (the adjoint of a causal convolution is the anti-causal correlation); table tile ``m`` gets
+``sum_{b, c-blocks, i} G[i] U[i -/+ m]^T`` (deterministic partial sums), carried to ``K`` through the gather. With
+``gated=True`` the gate's backward runs in PyTorch on the two factors the forward saved.
 
-Backward (both GEMMs in Triton, wrapped in a ``torch.autograd.Function``): the adjoint of a causal
-convolution is the anti-causal correlation with the same taps, so ``grad_u`` is the same kernel with each
-direction's causality flipped and the table tiles transposed; the gradient of table tile ``m`` is
-``sum_{b, c-blocks, i} G[i] U[i -/+ m]^T`` (one tile-sized accumulator per program, deterministic partial
-sums over a split of the batch x channel blocks), and autograd carries it through the gather to ``K``. With
-``gated=True`` the gate's backward (``grad_y_f = grad_out * (y_b + bias_b)`` and vice versa) runs in PyTorch
-on the two factors saved by the forward kernel.
+Fused input GELU (:func:`bidirectional_gelu_long_conv`, the BiGS layer's Triton route): the kernel computes
+``u = mask * GELU(a)`` as it loads each input tile and multiplies the adjoint's output tile by ``mask * GELU'(a)``,
+so neither ``u`` nor a stacked copy of the two directions is ever written, and the backward pass keeps only ``a``.
 
-Fused input GELU (:func:`bidirectional_gelu_long_conv`, the BiGS layer's Triton route): the layer convolves
-``u = mask * GELU(a)`` of its two input projections' outputs ``a``. The kernel computes ``u`` as it loads each input
-tile (prologue) and multiplies the adjoint's output tile by ``mask * GELU'(a)`` (epilogue); the table gradient
-recomputes ``u`` the same way. So neither ``u`` nor a stacked (B, L, 2, C) copy of the two directions is ever
-written: the two directions are read from their own tensors, and the backward pass keeps only ``a``.
-
-Devices: CUDA tensors run the compiled kernels; CPU tensors run the same kernel source in Triton's
-interpreter (numpy; slow, for tests on machines without a GPU -- no ``TRITON_INTERPRET`` needed).
+Devices: CUDA tensors run the compiled kernels; CPU tensors the same source in Triton's interpreter (numpy; slow,
+for tests on machines without a GPU; no ``TRITON_INTERPRET`` needed).
 """
 from typing import Optional, Tuple
 
@@ -90,16 +63,11 @@ def _cdiv(a: int, b: int) -> int:
 
 
 def lag_block_table(kernels: torch.Tensor, block_l: int) -> torch.Tensor:
-    """The distinct ``block_l x block_l`` tiles of both directions' Toeplitz matrices, in the orientation the
-    forward pass multiplies them.
-
-    ``table[0, m, r, s] = K_f[m * block_l + r - s]``: the causal matrix's tile at block row ``i``, column
-    ``i - m``; ``table[1, m, r, s] = K_b[m * block_l + s - r]``: the anti-causal matrix's tile at block row
-    ``i``, column ``i + m``. Taps at lags outside ``0..L-1`` are zero (the upper / lower triangle of the
-    diagonal tile ``m = 0``, and lags past the end when ``block_l`` does not divide L). Differentiable (one
-    gather: autograd scatters tile gradients back onto the taps).
-
-    Shapes: kernels (2, L) -> (2, ceil(L / block_l), block_l, block_l), same dtype.
+    """The distinct ``block_l x block_l`` tiles of both directions' Toeplitz matrices, as the forward pass
+    multiplies them: ``table[0, m, r, s] = K_f[m * block_l + r - s]`` (the causal tile at block row ``i``, column
+    ``i - m``), ``table[1, m, r, s] = K_b[m * block_l + s - r]`` (anti-causal, column ``i + m``); taps at lags outside
+    ``0..L-1`` are zero. Differentiable (one gather). Shapes: kernels (2, L) -> (2, ceil(L / block_l), block_l,
+    block_l), same dtype.
     """
     length = kernels.shape[-1]
     n_blocks = _cdiv(length, block_l)
@@ -121,15 +89,11 @@ def causal_toeplitz(k: torch.Tensor, anticausal: bool = False) -> torch.Tensor:
     return torch.where(lag >= 0, k[lag.clamp(min=0)], k.new_zeros(()))
 
 
-def bidirectional_long_conv_reference(
-        u: torch.Tensor,
-        kernels: torch.Tensor,
-        bias: Optional[torch.Tensor] = None,
-        gated: bool = False,
-) -> torch.Tensor:
+def bidirectional_long_conv_reference(u: torch.Tensor, kernels: torch.Tensor, bias: Optional[torch.Tensor] = None,
+                                      gated: bool = False) -> torch.Tensor:
     """The same function as :func:`bidirectional_long_conv`, computed directly: dense (L, L) Toeplitz matrices
-    (:func:`causal_toeplitz`) times the input, ``O(L^2)`` memory. In float32, or
-    float64 when ``u`` or ``kernels`` is float64; result in ``u.dtype``. For tests and small inputs."""
+    (:func:`causal_toeplitz`) times the input, in float32 (float64 when ``u`` or ``kernels`` is), result in
+    ``u.dtype``. For tests and small inputs."""
     _check_inputs(u, kernels, bias, dtypes=SUPPORTED_DTYPES + (torch.float64,))
     dtype = torch.float64 if torch.float64 in (u.dtype, kernels.dtype) else torch.float32
     k = kernels.to(dtype)
@@ -142,31 +106,21 @@ def bidirectional_long_conv_reference(
     return y.to(u.dtype)
 
 
-def bidirectional_long_conv(
-        u: torch.Tensor,
-        kernels: torch.Tensor,
-        bias: Optional[torch.Tensor] = None,
-        gated: bool = False,
-        block_l: int = 128,
-        block_c: int = 128,
-) -> torch.Tensor:
+def bidirectional_long_conv(u: torch.Tensor, kernels: torch.Tensor, bias: Optional[torch.Tensor] = None,
+                            gated: bool = False, block_l: int = 128, block_c: int = 128) -> torch.Tensor:
     """Causal convolution of ``u[:, :, 0]`` with ``kernels[0]`` and anti-causal convolution of ``u[:, :, 1]``
     with ``kernels[1]`` along the sequence, by the Triton blocked Toeplitz GEMM (module docstring);
     optionally plus a per-channel bias and multiplied together (the BiGS gate).
 
     Args:
-        u: (B, L, 2, C) float16 / bfloat16 / float32, any strides (e.g. a view of a wider projection output);
-            dim 2 holds the forward (causal) and backward (anti-causal) inputs.
-        kernels: (2, L) float, ``[K_f, K_b]`` with ``D`` already added to lag 0; cast to ``u.dtype`` for the
-            products (float32 accumulation).
+        u: (B, L, 2, C) float16 / bfloat16 / float32, any strides; dim 2: the forward (causal) and backward
+            (anti-causal) inputs.
+        kernels: (2, L) float, ``[K_f, K_b]`` with ``D`` added to lag 0; cast to ``u.dtype`` for the products.
         bias: optional (2, C), added to each direction's output (before the gate).
         gated: return ``(y_f + bias_f) * (y_b + bias_b)`` (B, L, C) instead of ``y`` (B, L, 2, C).
-        block_l: sequence tile (power of two >= 16; rows and reduction depth of each tile product).
-        block_c: channel tile (power of two >= 16).
+        block_l, block_c: sequence and channel tiles (powers of two >= 16).
 
-    Returns:
-        (B, L, 2, C), or (B, L, C) with ``gated``, in ``u.dtype``. Differentiable in ``u``, ``kernels`` and
-        ``bias``.
+    Returns (B, L, 2, C), or (B, L, C) with ``gated``, in ``u.dtype``; differentiable in ``u``, ``kernels``, ``bias``.
     """
     _check_inputs(u, kernels, bias, dtypes=SUPPORTED_DTYPES)
     table = _table_for(u.device, kernels, block_l, block_c)
@@ -174,33 +128,24 @@ def bidirectional_long_conv(
     return out if gated else torch.stack(out, 2)
 
 
-def bidirectional_gelu_long_conv(
-        a_f: torch.Tensor,
-        a_b: torch.Tensor,
-        kernels: torch.Tensor,
-        approximate: str = 'none',
-        mask: Optional[torch.Tensor] = None,
-        block_l: int = 128,
-        block_c: int = 128,
-) -> Tuple[torch.Tensor, torch.Tensor]:
+def bidirectional_gelu_long_conv(a_f: torch.Tensor, a_b: torch.Tensor, kernels: torch.Tensor, approximate: str = 'none',
+                                 mask: Optional[torch.Tensor] = None, block_l: int = 128,
+                                 block_c: int = 128) -> Tuple[torch.Tensor, torch.Tensor]:
     """The BiGS layer's two SSM convolutions with their input GELUs (and padding mask) fused in:
     ``(causal_conv(m * GELU(a_f), K_f), anticausal_conv(m * GELU(a_b), K_b))`` with ``m`` the mask broadcast over
     channels (arXiv 2212.10544 §4: ``u = GELU(h W_u)`` feeds the SSM).
 
-    The GELU is applied as each input tile is loaded and its derivative as each gradient tile is stored
-    (:mod:`._longconv_kernels`), so ``GELU(a)`` is never written to memory and the backward pass keeps only the
-    pre-activations ``a_f``, ``a_b`` (which a separate GELU would keep too). Values: the GELU is computed in float32
-    and rounded to the input dtype, as ``F.gelu`` rounds it, then convolved as :func:`bidirectional_long_conv`.
+    ``GELU(a)`` is never written to memory (module docstring); it is computed in float32 and rounded to the input
+    dtype, as ``F.gelu`` rounds it, then convolved as :func:`bidirectional_long_conv`.
 
     Args:
         a_f, a_b: (B, L, C) pre-activations of the forward / backward inputs, one dtype (float16 / bfloat16 /
-            float32); separate tensors, read in place (neither stacked nor copied when their strides agree).
+            float32), read in place (not copied when their strides agree).
         kernels: (2, L) float, ``[K_f, K_b]`` with ``D`` added to lag 0.
         approximate: ``'none'`` (exact, erf) or ``'tanh'``, as ``F.gelu``.
         mask: optional (B, L) bool, True = real token; the GELU outputs at False positions are zeroed.
 
-    Returns:
-        ``(y_f, y_b)``, (B, L, C) each in the input dtype. Differentiable in ``a_f``, ``a_b`` and ``kernels``.
+    Returns ``(y_f, y_b)``, (B, L, C) each in the input dtype; differentiable in ``a_f``, ``a_b`` and ``kernels``.
     """
     if a_f.dim() != 3 or a_f.shape != a_b.shape or a_f.dtype != a_b.dtype:
         raise ValueError(f'a_f and a_b must be (B, L, C) tensors of one shape and dtype, got {a_f.dtype} '

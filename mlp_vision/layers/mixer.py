@@ -1,14 +1,14 @@
 """ MLP-Mixer block: token-mixing MLP across the token axis, then channel MLP.
 
 Paper: `MLP-Mixer: An all-MLP Architecture for Vision` - https://arxiv.org/abs/2105.01601
-Parameter names follow timm's ``MixerBlock`` (norm1, mlp_tokens, norm2, mlp_channels) so its checkpoints load as-is.
+timm's ``MixerBlock`` with token padding and copy-free token Linears, so timm's checkpoints load as-is.
 """
 from functools import partial
 from typing import Sequence, Tuple, Type, Union
 
-import torch
 import torch.nn as nn
-from timm.layers import DropPath, Mlp, to_2tuple
+from timm.layers import Mlp
+from timm.models.mlp_mixer import MixerBlock as TimmMixerBlock
 
 from .activations import fresh_input_act
 from .linear import TokenLinear
@@ -17,67 +17,36 @@ from .resample import TokenAxes, resample_token_params_
 __all__ = ['MixerBlock']
 
 
-class MixerBlock(nn.Module):
-    """Residual token-mixing + channel-mixing block (arXiv 2105.01601, §2, eq. 1).
+class MixerBlock(TimmMixerBlock):
+    """timm's Mixer block (arXiv 2105.01601, §2, eq. 1: ``x = x + DropPath(TokenMLP(norm1(x)^T)^T)``, then
+    ``x = x + DropPath(ChannelMLP(norm2(x)))``; same modules and forward) whose token MLP, when ``mlp_layer`` is
+    timm's ``Mlp``, has :class:`~mlp_vision.layers.TokenLinear` Linears (same parameters): they mix the n axis of the
+    transposed view in place, as one batched GEMM, and carry the token padding (a custom ``mlp_layer`` keeps its
+    plain, unpadded Linears).
 
-    ``x = x + DropPath(TokenMLP(norm1(x)^T)^T)``; ``x = x + DropPath(ChannelMLP(norm2(x)))``.
-    The token MLP maps seq_len -> tokens_dim -> seq_len (GELU), the channel MLP dim -> channels_dim -> dim.
-
-    Args:
-        dim: token width d.
-        seq_len: number of tokens n.
-        mlp_ratio: (tokens_dim / d, channels_dim / d); Mixer uses (0.5, 4.0).
-        token_multiple: the token MLP contracts its token axes zero-padded to this multiple (default 8: Mixer-B/16's
-            196 patches become 200); exact, 1 = no padding. See below.
-
-    The forward is timm's, module by module. The token MLP's Linears are :class:`~mlp_vision.layers.TokenLinear`
-    (``nn.Linear`` subclasses with the same parameters) when ``mlp_layer`` is timm's ``Mlp``: they mix the n axis
-    of the transposed view in place, as one batched GEMM, instead of copying the activations to and from a
-    transposed layout.
-
-    Token padding: the token MLP's first Linear contracts the n patches (eq. 1, ``X^T W_1``, arXiv 2105.01601 §2);
-    its :class:`~mlp_vision.layers.TokenLinear` computes on the token axis zero-padded to a multiple of
-    ``token_multiple`` (zero weight columns, zero tokens: every padded term an exact ``0 * 0``, the same outputs,
-    gradients and state dict), so every GEMM row stride of its forward and backward is 16-byte aligned in bf16,
-    which the fast GPU kernels want (a 196-token row is 392 bytes; the same padding took the gMLP-S SGU GEMM from
-    273.6 to 176.0 us on an H100). The second Linear contracts ``tokens_dim`` (a multiple already for Mixer's
-    widths) and writes the n tokens unpadded. Set on the TokenLinears (``mlp_tokens.fc1.token_multiple``), so a
-    custom ``mlp_layer`` (plain Linears) is not padded.
+    Args (beyond timm's): token_multiple: the token MLP's Linears contract their token axes zero-padded to this
+    multiple (default 8: Mixer-B/16's 196 patches become 200; exact, why in :mod:`mlp_vision.layers.linear`);
+    1 = no padding.
 
     Shapes: x (B, n, dim) -> (B, n, dim).
     """
-    # the token MLP's tensors and their token axes (output, contracted): what the checkpoint loaders and
-    # set_token_grid resample for another grid (mlp_vision.layers.resample)
+    # the token MLP's tensors: token axes (output, contracted) resampled for another grid (layers.resample)
     token_axes: TokenAxes = {
         'mlp_tokens.fc1.weight': ((), (1,)),  # (tokens_dim, n): n is summed over
         'mlp_tokens.fc2.weight': ((0,), ()),  # (n, tokens_dim): n are outputs
         'mlp_tokens.fc2.bias': ((0,), ()),
     }
 
-    def __init__(
-            self,
-            dim: int,
-            seq_len: int,
-            mlp_ratio: Union[float, Tuple[float, float]] = (0.5, 4.0),
-            mlp_layer: Type[nn.Module] = Mlp,
-            norm_layer: Type[nn.Module] = partial(nn.LayerNorm, eps=1e-6),
-            act_layer: Type[nn.Module] = nn.GELU,
-            drop: float = 0.,
-            drop_path: float = 0.,
-            token_multiple: int = 8,
-            device=None,
-            dtype=None,
-    ) -> None:
-        super().__init__()
+    def __init__(self, dim: int, seq_len: int, mlp_ratio: Union[float, Tuple[float, float]] = (0.5, 4.0),
+                 mlp_layer: Type[nn.Module] = Mlp, norm_layer: Type[nn.Module] = partial(nn.LayerNorm, eps=1e-6),
+                 act_layer: Type[nn.Module] = nn.GELU, drop: float = 0., drop_path: float = 0., token_multiple: int = 8,
+                 device=None, dtype=None) -> None:
         dd = {'device': device, 'dtype': dtype}
-        tokens_dim, channels_dim = [int(r * dim) for r in to_2tuple(mlp_ratio)]
-        self.norm1 = norm_layer(dim, **dd)
-        self.mlp_tokens = mlp_layer(seq_len, tokens_dim, act_layer=act_layer, drop=drop, **dd)
-        self.drop_path = DropPath(drop_path) if drop_path > 0. else nn.Identity()
-        self.norm2 = norm_layer(dim, **dd)
-        self.mlp_channels = mlp_layer(dim, channels_dim, act_layer=act_layer, drop=drop, **dd)
+        super().__init__(dim, seq_len, mlp_ratio=mlp_ratio, mlp_layer=mlp_layer, norm_layer=norm_layer,
+                         act_layer=act_layer, drop=drop, drop_path=drop_path, **dd)
         if mlp_layer is Mlp:
             # timm's Mlp: fc1 -> act -> drop1 -> norm -> fc2 -> drop2; its act only ever sees fresh fc1 outputs
+            tokens_dim = self.mlp_tokens.fc1.out_features
             self.mlp_tokens.fc1 = TokenLinear(seq_len, tokens_dim, token_multiple=token_multiple, **dd)
             self.mlp_tokens.fc2 = TokenLinear(tokens_dim, seq_len, token_multiple=token_multiple, **dd)
             self.mlp_tokens.act = fresh_input_act(self.mlp_tokens.act)
@@ -86,8 +55,3 @@ class MixerBlock(nn.Module):
     def set_token_grid(self, old_grid: Sequence[int], new_grid: Sequence[int]) -> None:
         """Resample the token MLP from an (h, w) patch grid to another, as the checkpoint loaders do."""
         resample_token_params_(self, self.token_axes, old_grid, new_grid)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.drop_path(self.mlp_tokens(self.norm1(x).transpose(1, 2)).transpose(1, 2))
-        x = x + self.drop_path(self.mlp_channels(self.norm2(x)))
-        return x

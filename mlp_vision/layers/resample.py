@@ -1,22 +1,17 @@
 """ Resampling of token-mixing weights to a new input size.
 
-Token-mixing weights (gMLP's SGU W and b, MLP-Mixer's token MLP, sMLP's H x H / W x W mixes) are tied to
-the token grid they were trained on. To build a model at another ``img_size`` from a checkpoint, each
-token axis of such a weight is treated as a sampled function of token position on the grid and resampled:
+Token-mixing weights (gMLP's SGU W and b, MLP-Mixer's token MLP, sMLP's H x H / W x W mixes) are tied to the token
+grid they were trained on. For another ``img_size``, each token axis of such a weight is treated as a sampled
+function of token position and interpolated over its grid (1-D for the axial sMLP mixes, 2-D (h, w) for the
+flattened token axis of gMLP / Mixer), bilinear with ``align_corners=False``, antialiased when the grid shrinks. A
+*contracted* (input) token axis is also scaled by ``old_tokens / new_tokens``, so the sum over input tokens keeps
+its magnitude; output token axes and biases are not scaled. Equal grids return the tensor unchanged.
 
-* every token axis is interpolated over its grid (1-D for the axial sMLP mixes, 2-D (h, w) for the
-  flattened token axis of gMLP / Mixer), bilinear with ``align_corners=False`` and antialiasing when the
-  grid shrinks;
-* an *input* (contracted) token axis is also scaled by ``old_tokens / new_tokens`` so that a smooth map
-  mixes to the same values: the sum over input tokens keeps its magnitude when there are more or fewer of
-  them. Output token axes and biases are not scaled.
-
-When the grids are equal the tensor is returned unchanged (bit-exact identity).
-
-One implementation serves both routes to another size: the models' ``checkpoint_filter_fn`` resample the tensors of
-a state dict, and their ``set_input_size`` resample a built model's parameters in place
-(:func:`resample_token_params_`), from the same table of token axes that each block declares (``token_axes``).
+Both routes to another size use this: the models' ``checkpoint_filter_fn`` (tensors of a state dict) and their
+``set_input_size`` (a built model's parameters in place, :func:`resample_token_params_`), from the table of token
+axes each block declares (``token_axes``).
 """
+import math
 from typing import Dict, Sequence, Tuple
 
 import torch
@@ -29,26 +24,17 @@ __all__ = ['TokenAxes', 'resample_token_axis', 'resample_token_weight', 'resampl
 TokenAxes = Dict[str, Tuple[Tuple[int, ...], Tuple[int, ...]]]
 
 
-def resample_token_axis(
-        t: torch.Tensor,
-        dim: int,
-        old_grid: Sequence[int],
-        new_grid: Sequence[int],
-        contracted: bool = False,
-) -> torch.Tensor:
-    """Resample axis ``dim`` of ``t`` (length prod(old_grid)) to length prod(new_grid).
+def resample_token_axis(t: torch.Tensor, dim: int, old_grid: Sequence[int], new_grid: Sequence[int],
+                        contracted: bool = False) -> torch.Tensor:
+    """Resample the flattened token axis ``dim`` of ``t`` (length prod(old_grid)) to length prod(new_grid).
 
-    Args:
-        t: tensor with a flattened token axis at ``dim``.
-        old_grid, new_grid: (n,) for a 1-D axis or (h, w) for a row-major flattened 2-D token grid.
-        contracted: True if the axis is summed over by the layer (an input axis); scales by old/new count.
+    ``old_grid``, ``new_grid``: (n,) for a 1-D axis or (h, w) for a row-major flattened 2-D token grid;
+    ``contracted``: the axis is summed over by the layer (an input axis), so it is scaled by old / new count.
     """
     old_grid, new_grid = tuple(old_grid), tuple(new_grid)
     if len(old_grid) != len(new_grid) or len(old_grid) not in (1, 2):
         raise ValueError(f'grids must both be (n,) or (h, w), got {old_grid} and {new_grid}')
-    old_n = 1
-    for s in old_grid:
-        old_n *= s
+    old_n = math.prod(old_grid)
     if t.shape[dim] != old_n:
         raise ValueError(f'axis {dim} of a tensor of shape {tuple(t.shape)} has length {t.shape[dim]}, '
                          f'expected {old_n} for grid {old_grid}')
@@ -74,13 +60,8 @@ def resample_token_axis(
     return x.movedim(-1, dim).to(orig_dtype)
 
 
-def resample_token_weight(
-        weight: torch.Tensor,
-        old_grid: Sequence[int],
-        new_grid: Sequence[int],
-        out_dims: Sequence[int] = (),
-        in_dims: Sequence[int] = (),
-) -> torch.Tensor:
+def resample_token_weight(weight: torch.Tensor, old_grid: Sequence[int], new_grid: Sequence[int],
+                          out_dims: Sequence[int] = (), in_dims: Sequence[int] = ()) -> torch.Tensor:
     """Resample the token axes of a weight: ``out_dims`` are output token axes, ``in_dims`` contracted ones."""
     for d in out_dims:
         weight = resample_token_axis(weight, d, old_grid, new_grid, contracted=False)
@@ -89,12 +70,8 @@ def resample_token_weight(
     return weight
 
 
-def resample_token_params_(
-        module: nn.Module,
-        token_axes: TokenAxes,
-        old_grid: Sequence[int],
-        new_grid: Sequence[int],
-) -> None:
+def resample_token_params_(module: nn.Module, token_axes: TokenAxes, old_grid: Sequence[int],
+                           new_grid: Sequence[int]) -> None:
     """In place: each parameter named in ``token_axes`` (relative to ``module``) replaced by its
     :func:`resample_token_weight` from ``old_grid`` to ``new_grid``, keeping ``requires_grad``.
 

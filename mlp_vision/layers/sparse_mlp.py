@@ -9,19 +9,18 @@ The sMLP (Alg. 1) on a (B, C, H, W) map ``x``::
     x_w = x mixed along W by one Linear(W, W), shared by every row and channel
     out = Conv1x1_{3C -> C}(concat[x, x_h, x_w])          (no bias; the paper's "fuse", our ``fuse_conv``)
 
-Activations are channels-last (NCHW shape, NHWC memory) throughout: the 1x1 convs, the LayerNorm and the channel
-MLP then read contiguous channel vectors, and the axial Linears (:class:`~mlp_vision.layers.TokenLinear`) mix the
-H and W axes of that memory as batched GEMMs, ``(H, H) @ (B, H, W*C)`` and ``(W, W) @ (B*H, W, C)``, with no
-permuted copies.
+Activations are channels-last (NCHW shape, NHWC memory) throughout, so the 1x1 convs, the LayerNorm and the
+channel MLP read contiguous channel vectors and the axial :class:`~mlp_vision.layers.TokenLinear` mix H and W in
+place as batched GEMMs, without permuted copies.
 
-Inference fusion: :meth:`SparseMLPTokenMixer.reparameterize` (called by ``timm.utils.reparameterize_model``) folds
-the sMLP's BatchNorm into the depthwise conv it directly follows, once, replacing both modules by one conv.
+Inference fusion: :meth:`SparseMLPTokenMixer.reparameterize` (``timm.utils.reparameterize_model``).
 """
 from typing import Dict, Sequence, Tuple, Type
 
 import torch
 import torch.nn as nn
 from timm.layers import DropPath, Mlp
+from torch.nn.utils import fuse_conv_bn_weights
 
 from .activations import fresh_input_act
 from .linear import TokenLinear
@@ -32,17 +31,15 @@ _FRESH_OUTPUT_NORMS = (nn.BatchNorm2d, nn.GroupNorm, nn.LayerNorm)
 
 __all__ = ['AxialSparseMLP', 'SparseMLPTokenMixer', 'SparseMLPBlock', 'rename_legacy_smlp_keys']
 
-# AxialSparseMLP's state-dict names that changed, old -> new (relative to the module). The 1x1 projection was the
-# child ``fuse`` until issue 25: timm's reparameterize_model replaces every child that has a ``fuse`` attribute by
-# ``child.fuse()``, which called the conv without input
+# AxialSparseMLP's old state-dict names -> current (relative to the module): the 1x1 projection was the child
+# ``fuse``, which timm's reparameterize_model takes for a fusion method (it replaces such a child by ``child.fuse()``)
 _LEGACY_SMLP_KEYS = {'fuse.weight': 'fuse_conv.weight', 'fuse.bias': 'fuse_conv.bias'}
 
 
 def rename_legacy_smlp_keys(state_dict: Dict[str, torch.Tensor], prefix: str = '') -> Dict[str, torch.Tensor]:
-    """In place: the old key names of the :class:`AxialSparseMLP` at ``prefix`` (``'stages.0.blocks.0.token_mixer.
-    smlp.'``; ``''`` for the module itself) renamed to the current ones; returns ``state_dict``. Every
-    ``load_state_dict`` of the module applies it (train.py ``--resume``, validate.py ``--checkpoint``, timm's loaders),
-    and sMLPNet's ``checkpoint_filter_fn`` over the whole model."""
+    """In place: the old key names of the :class:`AxialSparseMLP` at ``prefix`` (e.g.
+    ``'stages.0.blocks.0.token_mixer.smlp.'``) renamed to the current ones; returns ``state_dict``. Every
+    ``load_state_dict`` of the module applies it, and sMLPNet's ``checkpoint_filter_fn`` over the whole model."""
     for old, new in _LEGACY_SMLP_KEYS.items():
         if prefix + old in state_dict:
             value = state_dict.pop(prefix + old)
@@ -51,46 +48,33 @@ def rename_legacy_smlp_keys(state_dict: Dict[str, torch.Tensor], prefix: str = '
 
 
 def _fold_batchnorm_into_conv(conv: nn.Conv2d, bn: nn.BatchNorm2d) -> nn.Conv2d:
-    """A new conv computing ``bn(conv(x))`` with the BatchNorm's running statistics (its eval-mode function):
-    ``W' = W * s``, ``b' = (b - mean) * s + beta`` with ``s = gamma / sqrt(var + eps)`` per output channel."""
+    """A new conv computing ``bn(conv(x))`` with the BatchNorm's running statistics (its eval-mode function)."""
     with torch.no_grad():
-        scale = torch.rsqrt(bn.running_var + bn.eps)
-        shift = -bn.running_mean * scale
-        if bn.affine:
-            scale = scale * bn.weight
-            shift = shift * bn.weight + bn.bias
         fused = nn.Conv2d(
             conv.in_channels, conv.out_channels, conv.kernel_size, stride=conv.stride, padding=conv.padding,
             dilation=conv.dilation, groups=conv.groups, bias=True, padding_mode=conv.padding_mode,
             device=conv.weight.device, dtype=conv.weight.dtype)
-        fused.weight.copy_(conv.weight * scale.view(-1, 1, 1, 1))
-        fused.bias.copy_(shift if conv.bias is None else conv.bias * scale + shift)
+        weight, bias = fuse_conv_bn_weights(conv.weight, conv.bias, bn.running_mean, bn.running_var, bn.eps,
+                                            bn.weight, bn.bias)
+        fused.weight.copy_(weight)
+        fused.bias.copy_(bias)
     return fused
 
 
 class AxialSparseMLP(nn.Module):
     """sMLP: ``fuse_conv(concat[x, mix_H(x), mix_W(x)])`` on ``x = GELU(BN(x))`` (arXiv 2109.05422, Alg. 1).
 
-    ``proj_h`` is one Linear(H, H) applied along the H axis, ``proj_w`` one Linear(W, W) along the W axis;
-    ``fuse_conv`` (the paper's "fuse") is a 1x1 conv 3C -> C without bias whose input channels are ordered
-    [identity, H-mixed, W-mixed]. State dicts with its old name ``fuse`` load (:func:`rename_legacy_smlp_keys`).
+    ``proj_h``: one Linear(H, H) along H, ``proj_w``: one Linear(W, W) along W; ``fuse_conv`` (the paper's "fuse";
+    old state dicts' ``fuse`` loads): a 1x1 conv 3C -> C without bias, input channels [identity, H-mixed, W-mixed].
 
     Shapes: x (B, C, H, W) -> (B, C, H, W) (channels-last memory); H, W must equal ``feat_size``.
     """
-    # the axial mixes and their token axes (output, contracted), each over the one axis it mixes (H for proj_h, W
-    # for proj_w): what sMLPNet's checkpoint loader and set_feat_size resample for another map size
+    # the axial mixes: token axes (output, contracted) over the one axis each mixes, resampled for another map size
     token_axes_h: TokenAxes = {'proj_h.weight': ((0,), (1,)), 'proj_h.bias': ((0,), ())}
     token_axes_w: TokenAxes = {'proj_w.weight': ((0,), (1,)), 'proj_w.bias': ((0,), ())}
 
-    def __init__(
-            self,
-            dim: int,
-            feat_size: Tuple[int, int],
-            norm_layer: Type[nn.Module] = nn.BatchNorm2d,
-            act_layer: Type[nn.Module] = nn.GELU,
-            device=None,
-            dtype=None,
-    ) -> None:
+    def __init__(self, dim: int, feat_size: Tuple[int, int], norm_layer: Type[nn.Module] = nn.BatchNorm2d,
+                 act_layer: Type[nn.Module] = nn.GELU, device=None, dtype=None) -> None:
         super().__init__()
         dd = {'device': device, 'dtype': dtype}
         self.feat_size = tuple(feat_size)
@@ -109,7 +93,7 @@ class AxialSparseMLP(nn.Module):
         self.feat_size = (new_h, new_w)
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
-        rename_legacy_smlp_keys(state_dict, prefix)  # checkpoints saved before issue 25
+        rename_legacy_smlp_keys(state_dict, prefix)
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -127,16 +111,9 @@ class SparseMLPTokenMixer(nn.Module):
     Shapes: x (B, C, H, W) -> (B, C, H, W) (channels-last memory).
     """
 
-    def __init__(
-            self,
-            dim: int,
-            feat_size: Tuple[int, int],
-            kernel_size: int = 3,
-            norm_layer: Type[nn.Module] = nn.BatchNorm2d,
-            act_layer: Type[nn.Module] = nn.GELU,
-            device=None,
-            dtype=None,
-    ) -> None:
+    def __init__(self, dim: int, feat_size: Tuple[int, int], kernel_size: int = 3,
+                 norm_layer: Type[nn.Module] = nn.BatchNorm2d, act_layer: Type[nn.Module] = nn.GELU, device=None,
+                 dtype=None) -> None:
         super().__init__()
         dd = {'device': device, 'dtype': dtype}
         self.norm = norm_layer(dim, **dd)
@@ -145,20 +122,16 @@ class SparseMLPTokenMixer(nn.Module):
             dim, dim, kernel_size, padding=kernel_size // 2, groups=dim, bias=False, **dd)
         self.smlp = AxialSparseMLP(dim, feat_size, norm_layer=norm_layer, act_layer=act_layer, **dd)
 
-    def set_feat_size(self, feat_size: Sequence[int]) -> None:
-        self.smlp.set_feat_size(feat_size)
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.act(self.norm(x.contiguous(memory_format=torch.channels_last)))
         return self.smlp(self.conv_dw(x))
 
     def reparameterize(self) -> None:
         """Inference fusion, once (``timm.utils.reparameterize_model`` calls it): the sMLP's BatchNorm, which
-        directly follows the depthwise conv, folded into that conv with its running statistics. ``conv_dw`` becomes
-        a conv with bias, ``smlp.norm`` an ``nn.Identity``: the eval-mode function up to float rounding, one pass
-        over the (B, C, H, W) map less per block. The first BatchNorm is followed by GELU and stays. For eval only:
-        afterwards nothing normalises with batch statistics. A no-op when the modules are not (or no longer) a
-        plain conv followed by a BatchNorm with running statistics."""
+        directly follows the depthwise conv, folded into that conv with its running statistics (``conv_dw`` gets a
+        bias, ``smlp.norm`` becomes ``nn.Identity``): the eval-mode function up to float rounding, one pass over the
+        map less per block. For eval only (nothing normalises with batch statistics afterwards). A no-op unless the
+        modules are a plain conv followed by a BatchNorm with running statistics."""
         conv, bn = self.conv_dw, self.smlp.norm
         if type(conv) is not nn.Conv2d or type(bn) is not nn.BatchNorm2d or bn.running_var is None:
             return
@@ -168,26 +141,14 @@ class SparseMLPTokenMixer(nn.Module):
 
 class SparseMLPBlock(nn.Module):
     """sMLPNet block: ``x = x + DropPath(TokenMixer(x))``; ``x = x + DropPath(MLP(LayerNorm_C(x)))``
-    (arXiv 2109.05422, §3.1, Fig. 2).
-
-    The channel MLP is timm's ``Mlp`` (``mlp.fc1`` / ``mlp.fc2`` are ``nn.Linear``) on the (B, H, W, C) view of the
-    channels-last activations, which is contiguous: no copies around the LayerNorm and the GEMMs.
+    (arXiv 2109.05422, §3.1, Fig. 2); the channel MLP is timm's ``Mlp`` on the contiguous (B, H, W, C) view.
 
     Shapes: x (B, C, H, W) -> (B, C, H, W) (channels-last memory) with (H, W) == feat_size.
     """
 
-    def __init__(
-            self,
-            dim: int,
-            feat_size: Tuple[int, int],
-            mlp_ratio: float = 3.,
-            norm_layer: Type[nn.Module] = nn.LayerNorm,
-            act_layer: Type[nn.Module] = nn.GELU,
-            proj_drop: float = 0.,
-            drop_path: float = 0.,
-            device=None,
-            dtype=None,
-    ) -> None:
+    def __init__(self, dim: int, feat_size: Tuple[int, int], mlp_ratio: float = 3.,
+                 norm_layer: Type[nn.Module] = nn.LayerNorm, act_layer: Type[nn.Module] = nn.GELU,
+                 proj_drop: float = 0., drop_path: float = 0., device=None, dtype=None) -> None:
         super().__init__()
         dd = {'device': device, 'dtype': dtype}
         self.token_mixer = SparseMLPTokenMixer(dim, feat_size, act_layer=act_layer, **dd)
@@ -195,9 +156,6 @@ class SparseMLPBlock(nn.Module):
         self.mlp = Mlp(dim, int(dim * mlp_ratio), act_layer=act_layer, drop=proj_drop, **dd)
         self.mlp.act = fresh_input_act(self.mlp.act)  # applied to the fresh fc1 output only
         self.drop_path = DropPath(drop_path) if drop_path > 0. else nn.Identity()
-
-    def set_feat_size(self, feat_size: Sequence[int]) -> None:
-        self.token_mixer.set_feat_size(feat_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x.contiguous(memory_format=torch.channels_last)

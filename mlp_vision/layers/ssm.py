@@ -1,29 +1,21 @@
 """ Diagonal state-space (S4D) convolution and the bidirectional gated SSM layer of BiGS.
 
-Paper: `Pretraining Without Attention` (BiGS) - https://arxiv.org/abs/2212.10544 (§3-4).
-The SSM is S4D (`On the Parameterization and Initialization of Diagonal State Space Models`,
-https://arxiv.org/abs/2206.11893) with zero-order-hold discretisation and B = 1.
+Paper: `Pretraining Without Attention` (BiGS) - https://arxiv.org/abs/2212.10544 (§3-4). The SSM is S4D
+(https://arxiv.org/abs/2206.11893) with zero-order-hold discretisation and B = 1; per complex state n::
 
-Continuous system per state n (complex diagonal A, B = 1), step ``dt`` and ZOH discretisation::
-
-    x_k = exp(dt A) x_{k-1} + ((exp(dt A) - 1) / A) u_k          (complex, n = 0..N-1)
+    x_k = exp(dt A) x_{k-1} + ((exp(dt A) - 1) / A) u_k
     y_k = Re(sum_n C_n x_{n,k}) + D u_k
 
-Unrolling the recurrence (x_{-1} = 0) gives a causal convolution with the kernel::
+which unrolled (x_{-1} = 0) is a causal convolution ``y = causal_conv(u, K) + D u`` with the kernel
+``K[l] = Re(sum_n C_n (exp(dt A_n) - 1) / A_n exp(dt A_n l))``, l = 0..L-1.
 
-    K[l] = Re( sum_n C_n (exp(dt A_n) - 1) / A_n exp(dt A_n l) ),  l = 0..L-1
-    y    = causal_conv(u, K) + D u
+BiGS uses **one** kernel (and one ``D``) for all hidden channels of a layer and direction: ``2 + 4N`` parameters
+per SSM (258 for N = 64), named and shaped as the official checkpoints (``fs4.kernel.{log_step, A_re, A_im, C}``,
+``fs4.D``; ``C`` (N, 2) holds [real, imag]), so they load without reshaping.
 
-BiGS uses **one** kernel (and one ``D``) for all hidden channels of a layer and direction, so each SSM has
-only ``2 + 4N`` parameters (258 for N = 64): ``log_step`` (1,), ``A_re`` (N,), ``A_im`` (N,), ``C`` (N, 2) (a
-complex vector stored as [real, imag] pairs) and ``D`` (1,). Those are the names and shapes of the official
-checkpoints (``fs4.kernel.{log_step, A_re, A_im, C}``, ``fs4.D``), so they load without reshaping.
-
-FFT length: the convolution of an L-long input with an L-long kernel is computed with real FFTs of length
-``n_fft = fast_fft_len(2L)`` (the smallest 2^a 3^b 5^c >= 2L: 256 for L = 128, 1024 for L = 512), long enough
-that the circular convolution equals the linear one on the first L outputs (no wrap-around). The kernel and
-the FFTs run in float32 (float64 if the inputs are float64) even under autocast; results are cast back to the
-input dtype.
+FFT route: real FFTs of length ``n_fft = fast_fft_len(2L)`` (256 for L = 128), long enough that the circular
+convolution equals the linear one on the first L outputs. Kernels and FFTs run in float32 (float64 for float64
+inputs) even under autocast; results are cast back to the input dtype.
 """
 import contextlib
 import math
@@ -44,29 +36,18 @@ __all__ = [
 ]
 
 # conv_impl='auto' (see BidirectionalGatedSSM): the longest sequence convolved as a dense Toeplitz GEMM, and on CUDA
-# the shortest one convolved by the Triton kernel.
+# the shortest one convolved by the Triton kernel (provisional: its cost per token grows as L, the FFT's as log L; the
+# crossover below 4,096 is not yet measured, `scripts/gpu/text_models.py --mode routes` times every route per length)
 DIRECT_MAX_LEN = 1024
-# Provisional: on an H100 at 4,096 tokens the Triton route made the BiGS-large layer 1.02x a flash-attention BERT-large
-# layer against the FFT route's 0.61x (training step, bf16); its cost per token grows as L and the FFT's as log L, so
-# it also wins at shorter lengths down to where fixed costs dominate. The crossover below 4,096 is not yet measured:
-# `scripts/gpu/text_models.py --mode routes` times every route (and 'auto') per length to place it.
 TRITON_MIN_LEN = 1024
 
 
-def auto_conv_impl(
-        device_type: str,
-        dtype: torch.dtype,
-        length: int,
-        triton_available: bool,
-        direct_max_len: int = DIRECT_MAX_LEN,
-        triton_min_len: int = TRITON_MIN_LEN,
-) -> str:
-    """The SSM convolution route ``conv_impl='auto'`` takes: ``'triton'`` on CUDA for ``length >=
-    triton_min_len`` when triton is installed and the dtype is one its kernel multiplies (float16 / bfloat16 /
-    float32), else ``'direct'`` up to ``direct_max_len`` and ``'fft'`` beyond.
-
-    A function of static facts of the input only (device type, dtype, sequence length), never of timings or
-    of what observes the model, so a model computes the same thing on every run."""
+def auto_conv_impl(device_type: str, dtype: torch.dtype, length: int, triton_available: bool,
+                   direct_max_len: int = DIRECT_MAX_LEN, triton_min_len: int = TRITON_MIN_LEN) -> str:
+    """The SSM convolution route ``conv_impl='auto'`` takes: ``'triton'`` on CUDA for ``length >= triton_min_len``
+    when triton is installed and the dtype is one its kernel multiplies (float16 / bfloat16 / float32), else
+    ``'direct'`` up to ``direct_max_len`` and ``'fft'`` beyond. Static facts of the input only, never timings or
+    observers, so a model computes the same thing on every run."""
     if device_type == 'cuda' and triton_available and dtype in TRITON_DTYPES and length >= triton_min_len:
         return 'triton'
     return 'direct' if length <= direct_max_len else 'fft'
@@ -103,12 +84,6 @@ def _compute_dtype(*tensors: torch.Tensor) -> torch.dtype:
     return torch.float64 if any(t.dtype == torch.float64 for t in tensors) else torch.float32
 
 
-def _kernel_spectrum(k: torch.Tensor, n_fft: int, anticausal: bool) -> torch.Tensor:
-    """rfft of a kernel along dim 0 (conjugated for the anti-causal direction): (L, ...) -> (n_fft // 2 + 1, ...)."""
-    k_f = torch.fft.rfft(k, n=n_fft, dim=0)
-    return k_f.conj() if anticausal else k_f
-
-
 def _bidirectional_spectrum(kernels: torch.Tensor, n_fft: int) -> torch.Tensor:
     """Spectra of a causal (``kernels[0]``) and an anti-causal (``kernels[1]``) kernel, (2, L) -> (2, 1, n_f),
     broadcasting against (B, 2, C, n_f) transforms."""
@@ -129,15 +104,10 @@ class _BidirectionalFFTConv(torch.autograd.Function):
     """``y[:, 0] = causal_conv(u[:, 0], k[0])``, ``y[:, 1] = anticausal_conv(u[:, 1], k[1])`` along the last axis,
     by real FFTs of length ``n_fft``, with a hand-written backward.
 
-    Why a Function: autograd's backward of rfft -> product -> irfft -> narrow zero-fills and copies full padded
-    buffers at every step and runs a complex-to-complex FFT; the adjoints are simpler. The convolution with
-    spectrum ``S`` has the correlation with ``S`` (spectrum ``conj(S)``) as its adjoint, so
-    ``grad_u = irfft(rfft(grad_y) conj(S))[:L]`` (two real FFTs), and the kernel gradient is the correlation of
-    ``grad_y`` with ``u`` summed over batch and channels, computed on the (2, n_f) spectrum sums.
-
-    Memory: the backward pass needs ``rfft(u)``, a complex tensor of about twice u's length per channel (16
-    bytes per token and channel in float32); it keeps ``u`` itself, in its own dtype (2 bytes under bf16 autocast),
-    and transforms it again.
+    Why a Function: autograd's backward of rfft -> product -> irfft -> narrow copies full padded buffers and runs a
+    complex FFT. Here ``grad_u = irfft(rfft(grad_y) conj(S))[:L]`` (the adjoint is the correlation) and the kernel
+    gradient is the correlation of ``grad_y`` with ``u`` summed over batch and channels, on (2, n_f) spectrum sums;
+    ``u`` is kept in its own dtype (2 bytes under bf16 autocast, not its 16-byte spectrum) and transformed again.
 
     Shapes: u (B, 2, C, L) real, any float dtype, transformed in ``dtype`` (``k``'s: float32 / float64); k (2, L)
     real (group 0 causal, group 1 anti-causal); output (B, 2, C, L) in ``dtype``.
@@ -150,8 +120,7 @@ class _BidirectionalFFTConv(torch.autograd.Function):
         u_f = torch.fft.rfft(u.to(k.dtype), n=n_fft)  # (B, 2, C, n_f)
         y = torch.fft.irfft(u_f * spectrum, n=n_fft).narrow(-1, 0, length)
         ctx.save_for_backward(u, spectrum)
-        ctx.n_fft = n_fft
-        ctx.length = length
+        ctx.n_fft, ctx.length = n_fft, length
         return y
 
     @staticmethod
@@ -174,30 +143,21 @@ class _BidirectionalFFTConv(torch.autograd.Function):
 class S4DKernel(nn.Module):
     """Convolution kernel of a diagonal SSM with N complex states, one kernel shared by all channels.
 
-    Parameters (official BiGS names and shapes):
-        log_step: (1,) log of the step dt, init uniform in [log dt_min, log dt_max] = [log 0.01, log 1].
-        A_re: (N,) real part of A, init -0.5; clamped to <= -1e-4 when used (keeps the SSM stable).
-        A_im: (N,) imaginary part of A, init pi * n (S4D-Lin).
-        C: (N, 2) complex output projection as [real, imag], each part ~ N(0, 0.5), i.e. std sqrt(0.5).
+    Parameters (official BiGS names and shapes): ``log_step`` (1,), log of the step dt, init uniform in
+    [log dt_min, log dt_max]; ``A_re`` (N,), init -0.5, clamped to <= -1e-4 when used (keeps the SSM stable);
+    ``A_im`` (N,), init pi * n (S4D-Lin); ``C`` (N, 2) as [real, imag], each part ~ N(0, 0.5).
 
-    ``forward(L)`` returns ``K`` (L,) with ``K[l] = Re(sum_n C_n (exp(dt A_n) - 1) / A_n exp(dt A_n l))``,
-    computed with autocast disabled in float32 (float64 if the parameters are float64).
+    ``forward(L)`` returns the kernel ``K`` (L,) of the module docstring, computed with autocast disabled in float32
+    (float64 if the parameters are float64).
 
-    Caching: in eval mode with gradients disabled (``model.eval()`` + ``torch.no_grad()``/``inference_mode``) the
-    kernel of each length is computed once and reused. The cache key holds each parameter's version counter and
-    storage address, so any in-place update (optimizer step, ``load_state_dict``, ``.to()``) recomputes it, and
-    ``train()``/``eval()`` clear it. With gradients enabled nothing is cached (the kernel must be in the graph).
-    Writes through ``param.data`` bypass the version counter: call :meth:`clear_cache` (or ``eval()``) after them.
+    Caching: in eval mode with gradients disabled the kernel of each length is computed once and reused. The key
+    holds each parameter's version counter and storage address, so an in-place update (optimizer step,
+    ``load_state_dict``, ``.to()``) recomputes it; ``train()`` / ``eval()`` clear it. Writes through ``param.data``
+    bypass the version counter: call :meth:`clear_cache` (or ``eval()``) after them.
     """
 
-    def __init__(
-            self,
-            num_states: int = 64,
-            dt_min: float = 0.01,
-            dt_max: float = 1.0,
-            device=None,
-            dtype=None,
-    ) -> None:
+    def __init__(self, num_states: int = 64, dt_min: float = 0.01, dt_max: float = 1.0, device=None,
+                 dtype=None) -> None:
         super().__init__()
         dd = {'device': device, 'dtype': dtype}
         self.num_states = num_states
@@ -214,8 +174,7 @@ class S4DKernel(nn.Module):
     def init_weights(self) -> None:
         if self.log_step.is_meta:
             return
-        lo, hi = math.log(self.dt_min), math.log(self.dt_max)
-        self.log_step.uniform_(lo, hi)
+        self.log_step.uniform_(math.log(self.dt_min), math.log(self.dt_max))
         self.A_re.fill_(-0.5)
         self.A_im.copy_(math.pi * torch.arange(self.num_states, dtype=torch.float64))
         self.C.normal_(0.0, math.sqrt(0.5))
@@ -279,23 +238,13 @@ class S4DLayer(nn.Module):
     """The parameters of a diagonal SSM along the sequence, ``y = causal_conv(u, K) + D * u`` (arXiv 2212.10544, §4;
     S4D kernel: arXiv 2206.11893).
 
-    One kernel ``K`` (:class:`S4DKernel`) and one scalar ``D`` (official shape (1,)) are shared by all channels.
-    ``D`` starts at 1 as in the official Flax pretraining code (its later torch port draws it from N(0, 1);
-    checkpoints overwrite it either way).
-
-    It has no forward of its own: :class:`BidirectionalGatedSSM` convolves both directions' kernels (``K`` with
-    ``D`` folded into lag 0) in one pass. The straightforward per-direction convolution is the reference the tests
-    check the layer against.
+    One kernel ``K`` (:class:`S4DKernel`) and one ``D`` (official shape (1,)) for all channels; ``D`` starts at 1 as
+    in the official Flax pretraining code (its torch port draws N(0, 1); checkpoints overwrite it). No forward of its
+    own: :class:`BidirectionalGatedSSM` convolves both directions' kernels (``D`` folded into lag 0) in one pass.
     """
 
-    def __init__(
-            self,
-            num_states: int = 64,
-            dt_min: float = 0.01,
-            dt_max: float = 1.0,
-            device=None,
-            dtype=None,
-    ) -> None:
+    def __init__(self, num_states: int = 64, dt_min: float = 0.01, dt_max: float = 1.0, device=None,
+                 dtype=None) -> None:
         super().__init__()
         dd = {'device': device, 'dtype': dtype}
         self.kernel = S4DKernel(num_states, dt_min=dt_min, dt_max=dt_max, **dd)
@@ -322,75 +271,46 @@ class BidirectionalGatedSSM(nn.Module):
         g   = (s_f W_cf) * flip(s_b W_cb)                   # forward_out_proj / backward_out_proj: d -> d
         out = x + W_o(GELU(g W_ol) * v)                     # gate_proj: d -> d_i, out_proj: d_i -> d
 
-    ``flip`` reverses the sequence axis, so the backward branch is a causal SSM over the reversed sequence, i.e.
-    an anti-causal one over the original order: position t sees tokens 0..t through the forward branch and
-    tokens t..L-1 through the backward branch. The implementation uses that identity instead of the three flips
-    (a Linear and GELU act per position, so ``flip(GELU(flip(h) W_ub)) = GELU(h W_ub)``, and
-    ``flip(SSM_b(flip(w))) = SSM_b(w, anticausal=True)``): the same function, with no reversed copies of the
-    activations. Both SSMs run together (one batched GEMM or one pair of FFTs, see ``conv_impl``; checked against the
-    straightforward layer in ``tests/test_equivalence.py``). Every projection is its own ``nn.Linear``, called as a
-    module, so hooks, LoRA adapters and quantised replacements act on it. Parameter names
-    map one-to-one onto the official ones (``dv, du_forward, du_backward, duc_forward, duc_backward, dol, do, fs4,
-    bs4, LayerNorm``).
+    ``flip`` reverses the sequence axis: the backward branch is an anti-causal SSM over the original order, and the
+    layer computes it that way (``flip(GELU(flip(h) W_ub)) = GELU(h W_ub)``, ``flip(SSM_b(flip(w))) =
+    SSM_b(w, anticausal=True)``): the same function without reversed copies, both SSMs in one pass (checked against
+    the straightforward layer in ``tests/test_equivalence.py``). Every projection is its own ``nn.Linear`` (hooks,
+    LoRA and quantised replacements act on it); names map one-to-one onto the official ones (``dv, du_forward,
+    du_backward, duc_forward, duc_backward, dol, do, fs4, bs4, LayerNorm``).
 
-    SSM convolution route (``conv_impl``), two computations of the same convolution:
-        * ``'direct'``: as the (L, L) Toeplitz matrix of the kernel (:func:`causal_toeplitz`, with ``D`` on the
-          diagonal) times the input, one batched GEMM for both directions: ``L^2 d`` MACs per sequence and
-          direction, but GEMM-speed;
-        * ``'fft'``: real FFTs of length ``fast_fft_len(2L)`` along the sequence, ``O(L log L)`` per channel --
-          the formulation the paper and the FLOP counts (:mod:`mlp_vision.complexity`) use;
-        * ``'triton'``: the direct route as a blocked-Toeplitz Triton kernel (:mod:`mlp_vision.layers.longconv_triton`)
-          that never materialises the (L, L) matrices and multiplies tiles in the activations' dtype (bf16 tensor
-          cores under autocast, so the taps are rounded to bf16 there) with float32 accumulation; the input GELUs
-          and the padding mask are fused into it
-          (:func:`~mlp_vision.layers.longconv_triton.bidirectional_gelu_long_conv`: ``GELU(h W_u)`` is never
-          written, the backward pass keeps only the pre-activations). For CUDA (elsewhere it runs in Triton's
-          interpreter: slow, for tests).
-        * ``'auto'`` (default, :func:`auto_conv_impl`): on CUDA with triton, ``'triton'`` from
-          :data:`TRITON_MIN_LEN` (1,024) tokens (on an H100 at 4,096 tokens it made the layer 1.02x a flash-attention
-          BERT-large layer, the FFT route 0.61x; the threshold is provisional until the crossover is measured);
-          otherwise ``'direct'`` for L <= :data:`DIRECT_MAX_LEN` (1,024) and ``'fft'`` beyond. On the project's CPU
-          (2 threads, d 1024) the direct route is 3-4x faster than the FFT route for the SSM part at L = 128-512 and
-          still ahead at 1024; FFTs over the strided sequence axis of (B, L, 2d) activations run far below GEMM
-          speed. At 4096 the L^2 cost dominates and the FFT wins. The choice depends only on the device type, the
-          dtype and the length.
+    SSM convolution route (``conv_impl``), computations of the same convolution:
+        * ``'direct'``: the (L, L) Toeplitz matrix of the kernel (:func:`causal_toeplitz`, ``D`` on the diagonal)
+          times the input, one batched GEMM for both directions (``L^2 d`` MACs, at GEMM speed);
+        * ``'fft'``: real FFTs of length ``fast_fft_len(2L)``, ``O(L log L)`` per channel (the paper's formulation
+          and the FLOP counts');
+        * ``'triton'``: the direct route as a blocked-Toeplitz Triton kernel with the input GELUs and the mask fused
+          in (:func:`~mlp_vision.layers.longconv_triton.bidirectional_gelu_long_conv`), tiles multiplied in the
+          activations' dtype (bf16 taps under autocast), float32 accumulation. For CUDA (on the CPU it runs in
+          Triton's interpreter: slow, for tests);
+        * ``'auto'`` (default, :func:`auto_conv_impl`): on CUDA with triton, ``'triton'`` from :data:`TRITON_MIN_LEN`
+          tokens (at 4,096 tokens on an H100 the layer ran 1.02x a flash-attention BERT-large layer, 0.61x by FFT);
+          otherwise ``'direct'`` up to :data:`DIRECT_MAX_LEN` and ``'fft'`` beyond (2-thread CPU, d 1024: direct
+          3-4x faster at L = 128-512, still ahead at 1024, FFT ahead at 4096).
         The direct and FFT routes run in float32 (float64 for float64 inputs) with autocast off.
 
-    GELU: exact (erf) by default, as the official torch port; ``gelu_approximate='tanh'`` gives the tanh
-    approximation that the official Flax code (which pretrained the released weights) applies inside the layer.
+    GELU: exact (erf) by default, as the official torch port; ``gelu_approximate='tanh'`` as the official Flax code
+    (which pretrained the released weights).
 
-    Padding (``mask``, (B, L) bool, True = real token):
-        * With a mask, ``u_f`` and ``u_b`` are zeroed at padded positions before the SSMs. For right padding
-          (real tokens 0..n-1, pads n..L-1) the outputs at real positions then equal those of the unpadded
-          length-n input, exactly up to float rounding:
-            - forward branch: at t < n it reads u_f[0..t] only (a causal convolution never looks ahead), all real;
-            - backward branch: in the paper's form the flip puts the zeroed pads first, and a zero prefix of
-              length L-n adds nothing to a time-invariant causal convolution -- it only shifts the output by L-n,
-              which the flip back undoes. (Equivalently, in the anti-causal form used here, position t < n sums
-              K[j - t] u_b[j] over j = t..L-1, and the terms j >= n are zero.)
-          Everything else in the layer acts per position. The same argument makes left padding exact at the
-          layer level (roles of the branches swapped); pads in the middle of a sequence are not.
-        * Without a mask, pads are mixed like real tokens: real-position outputs depend on the pads. This is
-          how the official BiGS models were pretrained and run (inputs padded to full length, no masking), so
-          use it to reproduce their numbers exactly.
+    Padding (``mask``, (B, L) bool, True = real token): with a mask, ``u_f`` and ``u_b`` are zeroed at padded
+    positions before the SSMs, and for right padding the outputs at real positions equal those of the unpadded
+    input up to float rounding: the causal branch never looks ahead, and in the anti-causal one position t < n sums
+    ``K[j - t] u_b[j]`` over j = t..L-1, where the terms j >= n are zero (in the paper's flipped form: a zero prefix
+    only shifts a time-invariant causal convolution). Left padding is exact likewise, pads in the middle are not.
+    Without a mask, pads are mixed like real tokens, as the official BiGS models were pretrained and run (use it to
+    reproduce their numbers).
 
     Shapes:
         x: (B, L, d); mask: optional (B, L) bool; output: (B, L, d).
     """
 
-    def __init__(
-            self,
-            dim: int,
-            hidden_dim: int,
-            num_states: int = 64,
-            norm_eps: float = 1e-12,
-            dt_min: float = 0.01,
-            dt_max: float = 1.0,
-            gelu_approximate: str = 'none',
-            conv_impl: str = 'auto',
-            device=None,
-            dtype=None,
-    ) -> None:
+    def __init__(self, dim: int, hidden_dim: int, num_states: int = 64, norm_eps: float = 1e-12, dt_min: float = 0.01,
+                 dt_max: float = 1.0, gelu_approximate: str = 'none', conv_impl: str = 'auto', device=None,
+                 dtype=None) -> None:
         super().__init__()
         dd = {'device': device, 'dtype': dtype}
         if gelu_approximate not in ('none', 'tanh'):
@@ -449,9 +369,8 @@ class BidirectionalGatedSSM(nn.Module):
         return auto_conv_impl(u.device.type, u.dtype, u.shape[1], has_triton(u.device),
                               direct_max_len=self.DIRECT_MAX_LEN, triton_min_len=self.TRITON_MIN_LEN)
 
-    def _bidirectional_gelu_ssm(
-            self, a_f: torch.Tensor, a_b: torch.Tensor, mask: Optional[torch.Tensor],
-    ) -> Tuple[torch.Tensor, torch.Tensor]:
+    def _bidirectional_gelu_ssm(self, a_f: torch.Tensor, a_b: torch.Tensor,
+                                mask: Optional[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
         """``SSM_f(u_f)`` and ``SSM_b(u_b, anticausal=True)`` of ``u = GELU(a)`` (zeroed at padded positions), (B, L, d)
         each in ``a``'s dtype. The Triton route computes the GELUs and the mask inside the convolution kernel;
         the others apply them first and convolve the stacked inputs (:meth:`_bidirectional_ssm`)."""

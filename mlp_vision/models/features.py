@@ -1,12 +1,10 @@
 """ The ``features_only`` wrapper of every model here: timm's ``FeatureGetterNet`` (features from
 ``forward_intermediates``) that also loads the state dict of the classifier it was made from.
 
-``timm.create_model(name, features_only=True, checkpoint_path=ck)`` loads ``ck`` after the wrapper is built; the
-wrapper's keys are the classifier's with a ``model.`` prefix, and the modules it pruned (the head, the final norm,
-blocks after the last feature) are gone, so timm's ``FeatureGetterNet`` stops with a long list of missing and
-unexpected keys. :class:`FeatureBackbone` maps such a state dict itself: each key gets the ``model.`` prefix, and only
-the keys of the modules its own pruning removed are dropped. Anything else a checkpoint holds that the classifier
-never had stays and fails the strict load as before (nothing is dropped silently).
+``timm.create_model(name, features_only=True, checkpoint_path=ck)`` loads ``ck`` into the wrapper, whose keys are the
+classifier's with a ``model.`` prefix and without the modules it pruned (head, final norm, later blocks): timm's
+wrapper stops with missing and unexpected keys. :class:`FeatureBackbone` prefixes each key and drops only the keys
+of the modules its own pruning removed; anything else fails the strict load as before (nothing dropped silently).
 """
 from typing import Any, Dict, List
 

@@ -7,14 +7,14 @@ is :class:`mlp_vision.layers.GatedMLPBlock`, the same class the text models use.
 maps timm's ``gmlp_*16_224`` layout to ours and resamples the SGU's W and b for another ``img_size``.
 """
 import re
+from functools import partial
 from typing import Any, Dict
 
 import torch
-from timm.data import IMAGENET_INCEPTION_MEAN, IMAGENET_INCEPTION_STD
 from timm.models import generate_default_cfgs, register_model
 
 from ..layers import GatedMLPBlock
-from .mlp_mixer import MlpMixer, create_isotropic_model, resample_isotropic_state_dict
+from .mlp_mixer import MlpMixer, create_isotropic_model, isotropic_cfg, resample_isotropic_state_dict
 
 __all__ = []
 
@@ -46,18 +46,7 @@ def _create_gmlp(variant: str, pretrained: bool = False, **kwargs) -> MlpMixer:
     return create_isotropic_model(variant, pretrained, checkpoint_filter_fn, **kwargs)
 
 
-def _cfg(url: str = '', **kwargs) -> Dict[str, Any]:
-    return {
-        'url': url,
-        'num_classes': 1000, 'input_size': (3, 224, 224), 'pool_size': None,
-        'crop_pct': 0.875, 'interpolation': 'bicubic', 'fixed_input_size': True,
-        'mean': IMAGENET_INCEPTION_MEAN, 'std': IMAGENET_INCEPTION_STD,
-        'first_conv': 'stem.proj', 'classifier': 'head',
-        'license': 'apache-2.0',
-        'paper_ids': 'arXiv:2105.08050',
-        'paper_name': 'Pay Attention to MLPs',
-        **kwargs,
-    }
+_cfg = partial(isotropic_cfg, paper_ids='arXiv:2105.08050', paper_name='Pay Attention to MLPs', origin_url=None)
 
 
 default_cfgs = generate_default_cfgs({

@@ -2,13 +2,10 @@
 
 Paper: `MLP-Mixer: An all-MLP Architecture for Vision` - https://arxiv.org/abs/2105.01601
 
-``MlpMixer`` is the isotropic model: patch-embedding stem, a stack of token-mixing blocks over a fixed
-grid of patches, final LayerNorm, average-pool head. The block is a parameter: :class:`MixerBlock` here,
-:class:`~mlp_vision.layers.GatedMLPBlock` for gMLP (see ``gmlp.py``).
-
-Names are ``mixer_s16``, ``mixer_b16``, ``mixer_l16`` (timm's own ``mixer_*_224`` entries are left alone).
-The parameter layout equals timm's, so timm's Mixer checkpoints load; ``checkpoint_filter_fn`` resamples
-the token-mixing MLP when the model is built for another ``img_size``.
+``MlpMixer`` is the isotropic model: patch-embedding stem, token-mixing blocks over a fixed grid of patches, final
+LayerNorm, average-pool head; the block is :class:`MixerBlock` here, :class:`~mlp_vision.layers.GatedMLPBlock` for
+gMLP (``gmlp.py``). Names are ``mixer_s16``, ``mixer_b16``, ``mixer_l16`` (timm's ``mixer_*_224`` are left alone);
+the layout is timm's, so its checkpoints load, resampled by ``checkpoint_filter_fn`` for another ``img_size``.
 """
 import math
 from functools import partial
@@ -33,19 +30,11 @@ __all__ = ['MlpMixer']
 class MlpMixer(nn.Module):
     """Isotropic patch-token MLP network (MLP-Mixer, gMLP).
 
-    Args:
-        num_classes: classifier outputs (0 for no classifier).
-        img_size: input size, int or (H, W); H and W must be divisible by ``patch_size``.
-        in_chans: input channels.
-        patch_size: stem patch size (the stride of every feature map).
-        num_blocks: number of blocks.
-        embed_dim: token width.
+    Args (timm's names and meanings, and):
+        img_size: int or (H, W), both divisible by ``patch_size`` (the stride of every feature map).
         mlp_ratio: passed to the block (Mixer: (token, channel) ratios; gMLP: d_ffn / d).
         block_layer: block class, called as ``block_layer(dim, seq_len, mlp_ratio, norm_layer=..., act_layer=...,
-            drop=..., drop_path=..., **block_kwargs)``.
-        block_kwargs: extra keyword arguments for every block.
-        drop_rate: dropout before the classifier.
-        proj_drop_rate: dropout inside the blocks.
+            drop=proj_drop_rate, drop_path=..., **block_kwargs)``.
         drop_path_rate: stochastic depth, ramped linearly from 0 (first block) to this rate (last block).
         global_pool: '' or 'avg'.
     """
@@ -92,17 +81,8 @@ class MlpMixer(nn.Module):
         num_patches = self.grid_size[0] * self.grid_size[1]
         dpr = [x.item() for x in torch.linspace(0, drop_path_rate, num_blocks)]
         self.blocks = nn.Sequential(*[
-            block_layer(
-                embed_dim,
-                num_patches,
-                mlp_ratio,
-                norm_layer=norm_layer,
-                act_layer=act_layer,
-                drop=proj_drop_rate,
-                drop_path=dpr[i],
-                **(block_kwargs or {}),
-                **dd,
-            )
+            block_layer(embed_dim, num_patches, mlp_ratio, norm_layer=norm_layer, act_layer=act_layer,
+                        drop=proj_drop_rate, drop_path=dpr[i], **(block_kwargs or {}), **dd)
             for i in range(num_blocks)])
         self.feature_info = [
             dict(module=f'blocks.{i}', num_chs=embed_dim, reduction=patch_size) for i in range(num_blocks)]
@@ -117,24 +97,15 @@ class MlpMixer(nn.Module):
         # depth-first, so modules with their own init_weights (the SGU: W ~ 0, b = 1) run theirs last
         named_apply(_init_weights, module=self)
 
-    def set_input_size(
-            self,
-            img_size: Optional[Union[int, Tuple[int, int]]] = None,
-            patch_size: Optional[Union[int, Tuple[int, int]]] = None,
-    ) -> None:
+    def set_input_size(self, img_size: Optional[Union[int, Tuple[int, int]]] = None,
+                       patch_size: Optional[Union[int, Tuple[int, int]]] = None) -> None:
         """Move the built model to another input size (timm's ``set_input_size``); None keeps the current one.
 
-        Every block's token-mixing weights are resampled from the current (h, w) patch grid to the new one exactly
-        as ``checkpoint_filter_fn`` resamples a checkpoint (each block's ``set_token_grid``, one implementation in
-        :mod:`mlp_vision.layers.resample`); ``img_size``, ``grid_size`` and the stem's sizes follow, ``feature_info``
-        (stride p) is unchanged, and ``pretrained_cfg`` / ``default_cfg`` take the new ``input_size`` (so timm's
-        data helpers build transforms of the new size; ``record_input_size``). The resampled weights are new
-        parameters: build the optimizer afterwards.
-
-        Args:
-            img_size: new (H, W) or int; both must be positive multiples of ``patch_size`` (else ``ValueError``,
-                and the model is left as it was).
-            patch_size: only the current patch size (a new one would need the stem resampled: ``ValueError``).
+        Every block's token-mixing weights are resampled to the new patch grid as ``checkpoint_filter_fn`` resamples a
+        checkpoint (each block's ``set_token_grid``); ``grid_size`` and the stem follow, ``pretrained_cfg`` takes the
+        new ``input_size`` (``record_input_size``). The resampled weights are new parameters: build the optimizer
+        afterwards. ``img_size``: (H, W) or int, positive multiples of ``patch_size`` (else ``ValueError``, the model
+        left as it was); ``patch_size``: only the current one (a new one would need the stem resampled).
         """
         if patch_size is not None and tuple(to_2tuple(patch_size)) != tuple(self.stem.patch_size):
             raise ValueError(f'set_input_size cannot change patch_size ({self.patch_size} -> {patch_size}); build the '
@@ -179,24 +150,12 @@ class MlpMixer(nn.Module):
         self.head.train(self.training)
 
     def forward_intermediates(
-            self,
-            x: torch.Tensor,
-            indices: Optional[Union[int, List[int]]] = None,
-            norm: bool = False,
-            stop_early: bool = False,
-            output_fmt: str = 'NCHW',
-            intermediates_only: bool = False,
+            self, x: torch.Tensor, indices: Optional[Union[int, List[int]]] = None, norm: bool = False,
+            stop_early: bool = False, output_fmt: str = 'NCHW', intermediates_only: bool = False,
     ) -> Union[List[torch.Tensor], Tuple[torch.Tensor, List[torch.Tensor]]]:
-        """Forward features returning intermediates.
-
-        Args:
-            x: input images (B, in_chans, H, W).
-            indices: last n blocks if int, all if None, else the block indices to take.
-            norm: apply the final norm to every intermediate.
-            stop_early: stop after the last block needed.
-            output_fmt: 'NCHW' (B, C, H/p, W/p) or 'NLC' (B, H/p * W/p, C).
-            intermediates_only: return only the intermediates.
-        """
+        """timm's ``forward_intermediates``: block outputs of ``x`` (B, in_chans, H, W) as 'NCHW' (B, C, H/p, W/p) or
+        'NLC' (B, H/p * W/p, C); ``indices``: last n blocks if int, all if None, else those; ``norm``: the final norm
+        on every intermediate."""
         if output_fmt not in ('NCHW', 'NLC'):
             raise ValueError(f"output_fmt must be 'NCHW' or 'NLC', got {output_fmt!r}")
         x = check_image_input(x, self.in_chans, self.img_size)
@@ -226,12 +185,8 @@ class MlpMixer(nn.Module):
         x = self.norm(x)
         return x, intermediates
 
-    def prune_intermediate_layers(
-            self,
-            indices: Union[int, List[int]] = 1,
-            prune_norm: bool = False,
-            prune_head: bool = True,
-    ) -> List[int]:
+    def prune_intermediate_layers(self, indices: Union[int, List[int]] = 1, prune_norm: bool = False,
+                                  prune_head: bool = True) -> List[int]:
         take_indices, max_index = feature_take_indices(len(self.blocks), indices)
         self.blocks = self.blocks[:max_index + 1]
         if prune_norm:
@@ -294,16 +249,10 @@ def checkpoint_grid(num_tokens: int, what: str) -> Tuple[int, int]:
     return side, side
 
 
-def resample_isotropic_state_dict(
-        state_dict: Dict[str, torch.Tensor],
-        model: MlpMixer,
-        token_axes: TokenAxes,
-) -> Dict[str, torch.Tensor]:
-    """Resample token-mixing tensors whose token axes do not match ``model.grid_size``.
-
-    ``token_axes`` (a block's, e.g. ``MixerBlock.token_axes``) maps a key suffix to the (output, contracted) token
-    axes of that tensor; ``set_input_size`` resamples a built model's parameters from the same table.
-    """
+def resample_isotropic_state_dict(state_dict: Dict[str, torch.Tensor], model: MlpMixer,
+                                  token_axes: TokenAxes) -> Dict[str, torch.Tensor]:
+    """Resample token-mixing tensors whose token axes do not match ``model.grid_size``; ``token_axes`` is a block's
+    table (e.g. ``MixerBlock.token_axes``: key suffix -> (output, contracted) token axes)."""
     num_tokens = model.grid_size[0] * model.grid_size[1]
     out = {}
     for k, v in state_dict.items():
@@ -322,29 +271,21 @@ def checkpoint_filter_fn(state_dict: Dict[str, torch.Tensor], model: MlpMixer) -
     return resample_isotropic_state_dict(state_dict, model, MixerBlock.token_axes)
 
 
-def create_isotropic_model(
-        variant: str,
-        pretrained: bool,
-        filter_fn: Callable,
-        **kwargs,
-) -> MlpMixer:
+def create_isotropic_model(variant: str, pretrained: bool, filter_fn: Callable, **kwargs) -> MlpMixer:
     """Build an isotropic model; ``features_only`` goes through ``forward_intermediates`` (stride-p maps)."""
     out_indices = kwargs.pop('out_indices', 3)
     return build_model_with_cfg(
-        MlpMixer,
-        variant,
-        pretrained,
-        pretrained_filter_fn=filter_fn,
+        MlpMixer, variant, pretrained, pretrained_filter_fn=filter_fn,
         feature_cfg=dict(out_indices=out_indices, feature_cls=FeatureBackbone),  # also loads a classifier's state
-        **kwargs,
-    )
+        **kwargs)
 
 
 def _create_mixer(variant: str, pretrained: bool = False, **kwargs) -> MlpMixer:
     return create_isotropic_model(variant, pretrained, checkpoint_filter_fn, **kwargs)
 
 
-def _cfg(url: str = '', **kwargs) -> Dict[str, Any]:
+def isotropic_cfg(url: str = '', **kwargs) -> Dict[str, Any]:
+    """A Mixer pretrained cfg; gMLP's with its paper given (``gmlp.py``)."""
     return {
         'url': url,
         'num_classes': 1000, 'input_size': (3, 224, 224), 'pool_size': None,
@@ -366,32 +307,32 @@ _MIIL = dict(
     origin_url='https://github.com/Alibaba-MIIL/ImageNet21K',
 )
 default_cfgs = generate_default_cfgs({
-    'mixer_s16.untrained': _cfg(),
-    'mixer_b16.goog_in21k_ft_in1k': _cfg(
+    'mixer_s16.untrained': isotropic_cfg(),
+    'mixer_b16.goog_in21k_ft_in1k': isotropic_cfg(
         hf_hub_id='timm/mixer_b16_224.goog_in21k_ft_in1k',
         url='https://github.com/rwightman/pytorch-image-models/releases/download/v0.1-vitjx/jx_mixer_b16_224-76587d61.pth',
     ),
-    'mixer_b16.goog_in21k': _cfg(
+    'mixer_b16.goog_in21k': isotropic_cfg(
         hf_hub_id='timm/mixer_b16_224.goog_in21k',
         url='https://github.com/rwightman/pytorch-image-models/releases/download/v0.1-vitjx/jx_mixer_b16_224_in21k-617b3de2.pth',
         num_classes=21843,
     ),
-    'mixer_b16.miil_in21k_ft_in1k': _cfg(
+    'mixer_b16.miil_in21k_ft_in1k': isotropic_cfg(
         hf_hub_id='timm/mixer_b16_224.miil_in21k_ft_in1k',
         url='https://github.com/rwightman/pytorch-image-models/releases/download/v0.1-tresnet/mixer_b16_224_miil-9229a591.pth',
         **_MIIL,
     ),
-    'mixer_b16.miil_in21k': _cfg(
+    'mixer_b16.miil_in21k': isotropic_cfg(
         hf_hub_id='timm/mixer_b16_224.miil_in21k',
         url='https://github.com/rwightman/pytorch-image-models/releases/download/v0.1-tresnet/mixer_b16_224_miil_in21k-2a558a71.pth',
         num_classes=11221,
         **_MIIL,
     ),
-    'mixer_l16.goog_in21k_ft_in1k': _cfg(
+    'mixer_l16.goog_in21k_ft_in1k': isotropic_cfg(
         hf_hub_id='timm/mixer_l16_224.goog_in21k_ft_in1k',
         url='https://github.com/rwightman/pytorch-image-models/releases/download/v0.1-vitjx/jx_mixer_l16_224-92f9adc4.pth',
     ),
-    'mixer_l16.goog_in21k': _cfg(
+    'mixer_l16.goog_in21k': isotropic_cfg(
         hf_hub_id='timm/mixer_l16_224.goog_in21k',
         url='https://github.com/rwightman/pytorch-image-models/releases/download/v0.1-vitjx/jx_mixer_l16_224_in21k-846aa33c.pth',
         num_classes=21843,

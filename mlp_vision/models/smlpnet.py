@@ -1,22 +1,19 @@
 """ sMLPNet: a 4-stage pyramid of depthwise-conv + axial sparse-MLP token mixing and channel MLPs.
 
-Paper: `Sparse MLP for Image Recognition: Is Self-Attention Really Necessary?` (AAAI 2022)
-    - https://arxiv.org/abs/2109.05422
+Paper: `Sparse MLP for Image Recognition: Is Self-Attention Really Necessary?` - https://arxiv.org/abs/2109.05422
 Official code and weights: https://github.com/microsoft/SPACH (MIT license)
 
 Differences from the official code, none of which changes the function computed at 224x224:
 * any input size with H and W divisible by 32, square or not (the official code runs only at 224x224);
 * ``drop_path_rate`` takes effect (linear ramp over all blocks; the official flag is silently ignored);
 * scriptable / exportable (no einops), timm model contract, 4-level ``features_only`` pyramid;
-* our names say what each tensor mixes: ``proj_h`` mixes along H, ``proj_w`` along W. The official
-  checkpoint has them swapped (``proj_h`` mixes along W, ``proh_w`` along H); ``checkpoint_filter_fn``
-  maps them, and the fuse conv's input blocks, accordingly;
-* the sMLP's 1x1 fuse conv is ``fuse_conv`` (``fuse`` until issue 25, a name timm's ``reparameterize_model`` takes
-  for a fusion method); ``checkpoint_filter_fn`` and every ``load_state_dict`` map the old name.
-
-Inference fusion: ``timm.utils.reparameterize_model(model.eval())`` folds each block's sMLP BatchNorm into the
-depthwise conv before it (:meth:`~mlp_vision.layers.SparseMLPTokenMixer.reparameterize`).
+* our names say what each tensor mixes (``proj_h`` along H; the official ``proj_h`` mixes along W, ``proh_w``
+  along H) and the fuse conv is ``fuse_conv`` (timm's ``reparameterize_model`` takes ``fuse`` for a fusion method);
+  ``checkpoint_filter_fn`` maps them and the fuse conv's input blocks;
+* ``timm.utils.reparameterize_model(model.eval())`` folds each sMLP's BatchNorm into the depthwise conv before it
+  (:meth:`~mlp_vision.layers.SparseMLPTokenMixer.reparameterize`).
 """
+import itertools
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Type, Union
 
 import torch
@@ -38,21 +35,10 @@ __all__ = ['SparseMLPNet', 'SparseMLPStage']
 class SparseMLPStage(nn.Module):
     """Patch merging (2x2 conv, stride 2, no bias; none for the first stage) followed by ``depth`` blocks."""
 
-    def __init__(
-            self,
-            in_chs: int,
-            out_chs: int,
-            depth: int,
-            feat_size: Tuple[int, int],
-            downsample: bool = True,
-            mlp_ratio: float = 3.,
-            drop_path_rates: Optional[Sequence[float]] = None,
-            proj_drop: float = 0.,
-            norm_layer: Type[nn.Module] = nn.LayerNorm,
-            act_layer: Type[nn.Module] = nn.GELU,
-            device=None,
-            dtype=None,
-    ) -> None:
+    def __init__(self, in_chs: int, out_chs: int, depth: int, feat_size: Tuple[int, int], downsample: bool = True,
+                 mlp_ratio: float = 3., drop_path_rates: Optional[Sequence[float]] = None, proj_drop: float = 0.,
+                 norm_layer: Type[nn.Module] = nn.LayerNorm, act_layer: Type[nn.Module] = nn.GELU, device=None,
+                 dtype=None) -> None:
         super().__init__()
         dd = {'device': device, 'dtype': dtype}
         self.grad_checkpointing = False
@@ -69,11 +55,6 @@ class SparseMLPStage(nn.Module):
                 proj_drop=proj_drop, drop_path=drop_path_rates[i], **dd)
             for i in range(depth)])
 
-    def set_feat_size(self, feat_size: Sequence[int]) -> None:
-        """Resample every block's axial mixes to an (H, W) output map size (``AxialSparseMLP.set_feat_size``)."""
-        for blk in self.blocks:
-            blk.set_feat_size(feat_size)
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.downsample(x)
         if self.grad_checkpointing and not torch.jit.is_scripting():
@@ -86,15 +67,11 @@ class SparseMLPStage(nn.Module):
 class SparseMLPNet(nn.Module):
     """sMLPNet.
 
-    Args:
-        num_classes: classifier outputs (0 for no classifier).
-        in_chans: input channels.
+    Args (timm's names and meanings, and):
         img_size: int or (H, W); both divisible by 32 (four stages of stride 4, 2, 2, 2).
         global_pool: pooling before the classifier ('avg' as the paper; any timm ``ClassifierHead`` type).
         embed_dim: C, the first stage's width; stage i has width C * 2^i.
-        depths: blocks per stage.
         mlp_ratio: channel-MLP expansion alpha (3; 2 for the paper's T*).
-        drop_rate: dropout before the classifier.
         proj_drop_rate: dropout in the channel MLPs.
         drop_path_rate: stochastic depth, rate * i / (N - 1) for block i of N (all stages together).
     """
@@ -133,23 +110,12 @@ class SparseMLPNet(nn.Module):
         dpr = [x.tolist() for x in torch.linspace(0, drop_path_rate, sum(depths)).split(list(depths))]
         stages = []
         self.feature_info = []
-        stride = 4
-        prev_dim = dims[0]
         for i in range(num_stages):
-            if i > 0:
-                stride *= 2
-            feat_size = (self.img_size[0] // stride, self.img_size[1] // stride)
+            stride = 4 * 2 ** i
             stages.append(SparseMLPStage(
-                prev_dim, dims[i], depths[i], feat_size,
-                downsample=i > 0,
-                mlp_ratio=mlp_ratio,
-                drop_path_rates=dpr[i],
-                proj_drop=proj_drop_rate,
-                norm_layer=norm_layer,
-                act_layer=act_layer,
-                **dd,
-            ))
-            prev_dim = dims[i]
+                dims[max(i - 1, 0)], dims[i], depths[i], (self.img_size[0] // stride, self.img_size[1] // stride),
+                downsample=i > 0, mlp_ratio=mlp_ratio, drop_path_rates=dpr[i], proj_drop=proj_drop_rate,
+                norm_layer=norm_layer, act_layer=act_layer, **dd))
             self.feature_info.append(dict(num_chs=dims[i], reduction=stride, module=f'stages.{i}'))
         self.stages = nn.Sequential(*stages)
         # the official model normalises the last map with BatchNorm before pooling
@@ -162,22 +128,20 @@ class SparseMLPNet(nn.Module):
     def set_input_size(self, img_size: Optional[Union[int, Tuple[int, int]]] = None) -> None:
         """Move the built model to another input size (timm's ``set_input_size``); None keeps the current one.
 
-        Every sMLP's axial mixes (``proj_h`` H x H, ``proj_w`` W x W; arXiv 2109.05422, §3.2) are resampled to their
-        stage's new map size exactly as ``checkpoint_filter_fn`` resamples a checkpoint (one implementation,
-        :mod:`mlp_vision.layers.resample`); ``img_size`` follows, ``feature_info`` (strides 4-32) is unchanged, and
-        ``pretrained_cfg`` / ``default_cfg`` take the new ``input_size`` (``record_input_size``). The resampled
-        weights are new parameters: build the optimizer afterwards.
-
-        Args:
-            img_size: new (H, W) or int; both must be positive multiples of the total stride, 32 (else
-                ``ValueError``, and the model is left as it was).
+        Every sMLP's axial mixes (arXiv 2109.05422, §3.2) are resampled to their stage's new map size as
+        ``checkpoint_filter_fn`` resamples a checkpoint (:mod:`mlp_vision.layers.resample`); ``feature_info`` is
+        unchanged, ``pretrained_cfg`` takes the new ``input_size`` (``record_input_size``). The resampled weights
+        are new parameters: build the optimizer afterwards. ``img_size``: (H, W) or int, positive multiples of the
+        total stride, 32 (else ``ValueError``, the model left as it was).
         """
         if img_size is None:
             return
         img_size = _check_img_size(img_size, len(self.stages))
         for i, stage in enumerate(self.stages):
             stride = self.feature_info[i]['reduction']
-            stage.set_feat_size((img_size[0] // stride, img_size[1] // stride))
+            for module in stage.modules():
+                if isinstance(module, AxialSparseMLP):
+                    module.set_feat_size((img_size[0] // stride, img_size[1] // stride))
         self.img_size = img_size
         record_input_size(self, img_size)
 
@@ -206,24 +170,12 @@ class SparseMLPNet(nn.Module):
         self.head.reset(num_classes, pool_type=global_pool)
 
     def forward_intermediates(
-            self,
-            x: torch.Tensor,
-            indices: Optional[Union[int, List[int]]] = None,
-            norm: bool = False,
-            stop_early: bool = False,
-            output_fmt: str = 'NCHW',
-            intermediates_only: bool = False,
+            self, x: torch.Tensor, indices: Optional[Union[int, List[int]]] = None, norm: bool = False,
+            stop_early: bool = False, output_fmt: str = 'NCHW', intermediates_only: bool = False,
     ) -> Union[List[torch.Tensor], Tuple[torch.Tensor, List[torch.Tensor]]]:
-        """Forward features returning the stage outputs (NCHW, strides 4/8/16/32).
-
-        Args:
-            x: input images (B, in_chans, H, W).
-            indices: last n stages if int, all if None, else the stage indices to take.
-            norm: apply the final BatchNorm to the last stage's output.
-            stop_early: stop after the last stage needed.
-            output_fmt: 'NCHW' only.
-            intermediates_only: return only the intermediates.
-        """
+        """timm's ``forward_intermediates``: the stage outputs (NCHW only, strides 4/8/16/32) of ``x`` (B, in_chans, H,
+        W); ``indices``: last n stages if int, all if None, else those; ``norm``: the final BatchNorm on the last
+        stage's output."""
         if output_fmt != 'NCHW':
             raise ValueError(f"sMLPNet intermediates are NCHW maps, got output_fmt={output_fmt!r}")
         x = check_image_input(x, self.in_chans, self.img_size)
@@ -248,12 +200,8 @@ class SparseMLPNet(nn.Module):
             x = self.norm(x)
         return x, intermediates
 
-    def prune_intermediate_layers(
-            self,
-            indices: Union[int, List[int]] = 1,
-            prune_norm: bool = False,
-            prune_head: bool = True,
-    ) -> List[int]:
+    def prune_intermediate_layers(self, indices: Union[int, List[int]] = 1, prune_norm: bool = False,
+                                  prune_head: bool = True) -> List[int]:
         take_indices, max_index = feature_take_indices(len(self.stages), indices)
         prune_end = max_index < len(self.stages) - 1
         self.stages = self.stages[:max_index + 1]
@@ -293,21 +241,29 @@ def _init_weights(module: nn.Module, name: str = '') -> None:
             nn.init.zeros_(module.bias)
 
 
-def _official_key_map(depths: Sequence[int]) -> List[Tuple[int, int]]:
-    """Global block index of the official checkpoint -> (stage, block)."""
-    return [(s, b) for s, d in enumerate(depths) for b in range(d)]
+# official block module (group, path inside the block) -> ours (inside the block); the official proj_h mixes along W
+# and proh_w along H, ours are named by what they mix
+_OFFICIAL_BLOCK_MODULES = {
+    ('token_mix', '0.conv_merge.BN'): 'token_mixer.norm',
+    ('token_mix', '0.conv_merge.Conv'): 'token_mixer.conv_dw',
+    ('token_mix', '1.BN'): 'token_mixer.smlp.norm',
+    ('token_mix', '1.proj_h'): 'token_mixer.smlp.proj_w',
+    ('token_mix', '1.proh_w'): 'token_mixer.smlp.proj_h',
+    ('token_mix', '1.fuse'): 'token_mixer.smlp.fuse_conv',
+    ('channel_mix', '1'): 'norm',
+    ('channel_mix', '2.net.0'): 'mlp.fc1',
+    ('channel_mix', '2.net.3'): 'mlp.fc2',
+}
 
 
 def checkpoint_filter_fn(state_dict: Dict[str, torch.Tensor], model: SparseMLPNet) -> Dict[str, torch.Tensor]:
     """Official SPACH sMLPNet checkpoint (or ours) -> this model.
 
     Official layout (``model`` dict of ``smlp_{t,s,b}.pth``): ``to_patch_embedding.{s}.0`` stems,
-    ``token_mix.{i}`` / ``channel_mix.{i}`` numbered over all blocks, ``batch_norm``, ``mlp_head.0``.
-    Its ``proj_h`` mixes along W and ``proh_w`` along H (names swapped); the fuse conv's input channel
-    blocks are [x, W-mixed, H-mixed] there and [x, H-mixed, W-mixed] here (its ``fuse`` is our ``fuse_conv``, the
-    name our own checkpoints had before issue 25 too: mapped). The 1x1-conv axial weights
-    (N, N, 1, 1) become (N, N) Linear weights. Axial weights are resampled when the model's stage sizes
-    differ from the checkpoint's (see :mod:`mlp_vision.layers.resample`).
+    ``token_mix.{i}`` / ``channel_mix.{i}`` numbered over all blocks, ``batch_norm``, ``mlp_head.0``; its axial
+    mixes are named swapped and its fuse conv's input blocks are [x, W-mixed, H-mixed] (ours [x, H-mixed, W-mixed]).
+    Our own checkpoints may have the old ``fuse`` name (mapped). Axial weights are resampled when the model's stage
+    sizes differ from the checkpoint's (:mod:`mlp_vision.layers.resample`).
     """
     if 'model' in state_dict and isinstance(state_dict['model'], dict):
         state_dict = state_dict['model']
@@ -321,22 +277,9 @@ def checkpoint_filter_fn(state_dict: Dict[str, torch.Tensor], model: SparseMLPNe
     return _resample_axial(state_dict, model)
 
 
-def _official_depths(state_dict: Dict[str, torch.Tensor], num_blocks: int) -> List[int]:
-    """Stage depths of an official checkpoint, from the widths of its globally numbered blocks."""
-    depths: List[int] = []
-    prev = -1
-    for g in range(num_blocks):
-        width = state_dict[f'channel_mix.{g}.1.weight'].shape[0]
-        if width != prev:
-            depths.append(0)
-            prev = width
-        depths[-1] += 1
-    return depths
-
-
 def _convert_official(state_dict: Dict[str, torch.Tensor], model: SparseMLPNet) -> Dict[str, torch.Tensor]:
     depths = [len(s.blocks) for s in model.stages]
-    blocks = _official_key_map(depths)
+    blocks = [(s, b) for s, d in enumerate(depths) for b in range(d)]  # official global block index -> ours
     num_official = 1 + max(
         (int(k.split('.')[1]) for k in state_dict if k.startswith('token_mix.')), default=-1)
     if num_official != len(blocks):
@@ -346,7 +289,8 @@ def _convert_official(state_dict: Dict[str, torch.Tensor], model: SparseMLPNet) 
     for g, (s, _) in enumerate(blocks):
         ck_dim = state_dict[f'channel_mix.{g}.1.weight'].shape[0]
         if ck_dim != dims[s]:
-            ck_depths = _official_depths(state_dict, num_official)
+            widths = [state_dict[f'channel_mix.{i}.1.weight'].shape[0] for i in range(num_official)]
+            ck_depths = [len(list(run)) for _, run in itertools.groupby(widths)]  # stage depths, from the widths
             raise ValueError(f'official sMLPNet checkpoint has stage depths {ck_depths}, this model has {depths} '
                              f'(block {g} is {ck_dim} wide in the checkpoint, {dims[s]} here)')
     out = {}
@@ -357,36 +301,16 @@ def _convert_official(state_dict: Dict[str, torch.Tensor], model: SparseMLPNet) 
             k = 'stem.weight' if s == 0 else f'stages.{s}.downsample.weight'
         elif parts[0] in ('token_mix', 'channel_mix'):
             s, b = blocks[int(parts[1])]
-            prefix = f'stages.{s}.blocks.{b}'
-            rest = '.'.join(parts[2:])
-            if parts[0] == 'token_mix':
-                if rest.startswith('0.conv_merge.BN.'):
-                    k = f'{prefix}.token_mixer.norm.{parts[-1]}'
-                elif rest == '0.conv_merge.Conv.weight':
-                    k = f'{prefix}.token_mixer.conv_dw.weight'
-                elif rest.startswith('1.BN.'):
-                    k = f'{prefix}.token_mixer.smlp.norm.{parts[-1]}'
-                elif rest.startswith('1.proj_h.'):  # official proj_h mixes along W
-                    k = f'{prefix}.token_mixer.smlp.proj_w.{parts[-1]}'
-                    v = v.flatten(1) if v.ndim == 4 else v
-                elif rest.startswith('1.proh_w.'):  # official proh_w mixes along H
-                    k = f'{prefix}.token_mixer.smlp.proj_h.{parts[-1]}'
-                    v = v.flatten(1) if v.ndim == 4 else v
-                elif rest == '1.fuse.weight':
-                    x_id, x_w, x_h = v.chunk(3, dim=1)  # official input order [x, W-mixed, H-mixed]
-                    v = torch.cat([x_id, x_h, x_w], dim=1)
-                    k = f'{prefix}.token_mixer.smlp.fuse_conv.weight'
-                else:
-                    raise ValueError(f'unexpected key in official sMLPNet checkpoint: {k}')
-            else:
-                if rest.startswith('1.'):
-                    k = f'{prefix}.norm.{parts[-1]}'
-                elif rest.startswith('2.net.0.'):
-                    k = f'{prefix}.mlp.fc1.{parts[-1]}'
-                elif rest.startswith('2.net.3.'):
-                    k = f'{prefix}.mlp.fc2.{parts[-1]}'
-                else:
-                    raise ValueError(f'unexpected key in official sMLPNet checkpoint: {k}')
+            path = '.'.join(parts[2:-1])
+            module = _OFFICIAL_BLOCK_MODULES.get((parts[0], path))
+            if module is None or (path in ('0.conv_merge.Conv', '1.fuse') and parts[-1] != 'weight'):  # bias-free
+                raise ValueError(f'unexpected key in official sMLPNet checkpoint: {k}')
+            k = f'stages.{s}.blocks.{b}.{module}.{parts[-1]}'
+            if module.endswith(('proj_h', 'proj_w')):  # official 1x1 convs (N, N, 1, 1): Linear weights (N, N)
+                v = v.flatten(1) if v.ndim == 4 else v
+            elif module.endswith('fuse_conv'):
+                x_id, x_w, x_h = v.chunk(3, dim=1)  # official input order [x, W-mixed, H-mixed]
+                v = torch.cat([x_id, x_h, x_w], dim=1)
         elif parts[0] == 'batch_norm':
             k = f'norm.{parts[-1]}'
         elif parts[0] == 'mlp_head':
@@ -407,23 +331,18 @@ def _resample_axial(state_dict: Dict[str, torch.Tensor], model: SparseMLPNet) ->
         target = model_sd.get(k)
         axes = next((a for suffix, a in token_axes.items() if k.endswith(suffix)), None)
         if axes is not None and target is not None and v.shape != target.shape:
-            out_dims, in_dims = axes
-            v = resample_token_weight(v, (v.shape[0],), (target.shape[0],), out_dims, in_dims)
+            v = resample_token_weight(v, (v.shape[0],), (target.shape[0],), *axes)  # (out_dims, in_dims)
         out[k] = v
     return out
 
 
 def _create_smlpnet(variant: str, pretrained: bool = False, **kwargs) -> SparseMLPNet:
     return build_model_with_cfg(
-        SparseMLPNet,
-        variant,
-        pretrained,
-        pretrained_filter_fn=checkpoint_filter_fn,
+        SparseMLPNet, variant, pretrained, pretrained_filter_fn=checkpoint_filter_fn,
         # the getter runs forward_intermediates, so a features_only model checks its input as the classifier does;
         # FeatureBackbone also loads a classifier's state dict (create_model(checkpoint_path=...))
         feature_cfg=dict(out_indices=(0, 1, 2, 3), feature_cls=FeatureBackbone),
-        **kwargs,
-    )
+        **kwargs)
 
 
 def _cfg(url: str = '', **kwargs) -> Dict[str, Any]:

@@ -6,8 +6,7 @@ directions in one pass (``BidirectionalGatedSSM._bidirectional_ssm``) and never 
 """
 import torch
 
-from mlp_vision.layers.ssm import S4DLayer, _autocast_off, _compute_dtype, _conv_with_spectrum, _kernel_spectrum, \
-    fast_fft_len
+from mlp_vision.layers.ssm import S4DLayer, _autocast_off, _compute_dtype, _conv_with_spectrum, fast_fft_len
 
 __all__ = ['fft_causal_conv', 's4d_conv']
 
@@ -36,7 +35,8 @@ def fft_causal_conv(u: torch.Tensor, k: torch.Tensor, anticausal: bool = False) 
         k = k.to(dtype)
         if k.dim() == 1:
             k = k.unsqueeze(-1)  # (L, 1): broadcast over channels
-        y = _conv_with_spectrum(u.to(dtype), _kernel_spectrum(k, n_fft, anticausal), n_fft, dim=-2)
+        k_f = torch.fft.rfft(k, n=n_fft, dim=0)
+        y = _conv_with_spectrum(u.to(dtype), k_f.conj() if anticausal else k_f, n_fft, dim=-2)
     return y.to(u.dtype)
 
 
