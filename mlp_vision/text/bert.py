@@ -19,7 +19,7 @@ Attention is ``F.scaled_dot_product_attention`` (PyTorch's fused flash / memory-
 Heads: ``BertForMaskedLM`` (MLM transform dense + GELU + LayerNorm, decoder tied to the word embedding, output
 bias) and ``BertForSequenceClassification`` (BERT's pooler -- dense + tanh on the [CLS] state -- dropout, linear
 classifier). ``benchmark.py`` times :class:`BertLayer` against the BiGS layer, and :mod:`mlp_vision.complexity`
-counts BERT-large (24 layers, d 1024, 16 heads, FFN 4096; :func:`BertForMaskedLMBaseline`) for the BiGS paper's
+counts BERT-large (24 layers, d 1024, 16 heads, FFN 4096; the registered ``bert_large``) for the BiGS paper's
 Table 6 comparison.
 """
 from typing import ClassVar, Optional
@@ -31,13 +31,13 @@ from transformers.modeling_outputs import BaseModelOutput, MaskedLMOutput, Seque
 
 from .modeling_utils import (
     TextConfig, TextPreTrainedModel, check_classifier_pooling, check_text_inputs, masked_lm_loss, pool_sequence,
-    scored_positions, sequence_classification_loss, tied_decoder)
+    scored_positions, sequence_classification_loss)
 
 __all__ = [
     'BertConfig', 'BertEmbeddings', 'BertSelfAttention', 'BertLayer', 'EncoderModel', 'BertModel',
     'MaskedLMHeadTransform',
     'SequencePooler', 'EncoderForMaskedLM', 'EncoderForSequenceClassification', 'BertForMaskedLM',
-    'BertForSequenceClassification', 'BertForMaskedLMBaseline', 'BertPreTrainedModel',
+    'BertForSequenceClassification', 'BertPreTrainedModel',
 ]
 
 
@@ -271,7 +271,7 @@ class EncoderForMaskedLM(TextPreTrainedModel):
         encoder = self.encoder_class(config, device=device, dtype=dtype)
         setattr(self, self.base_model_prefix, encoder)
         self.mlm_head = MaskedLMHeadTransform(config.hidden_size, config.layer_norm_eps, device=device, dtype=dtype)
-        self.decoder = tied_decoder(encoder.embeddings.word_embeddings, device=device, dtype=dtype)
+        self.decoder = nn.Linear(config.hidden_size, config.vocab_size, bias=False, device=device, dtype=dtype)
         self.output_bias = nn.Parameter(torch.zeros(config.vocab_size, device=device, dtype=dtype))
         self.post_init()
 
@@ -359,10 +359,3 @@ class BertForSequenceClassification(BertPreTrainedModel, EncoderForSequenceClass
     """
     encoder_class = BertModel
 
-
-def BertForMaskedLMBaseline(seq_len: int = 512, device=None, dtype=None, **config) -> BertForMaskedLM:
-    """BERT-large masked LM with ``seq_len`` positions, no dropout: the FLOP baseline of the BiGS paper's Table 6
-    (what :mod:`mlp_vision.complexity` counts). Same as ``create_model('bert_large', max_position_embeddings=L)``."""
-    config = BertConfig(max_position_embeddings=seq_len, hidden_dropout_prob=0., attention_probs_dropout_prob=0.,
-                        **config)
-    return BertForMaskedLM(config, device=device, dtype=dtype)

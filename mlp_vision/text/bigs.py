@@ -4,12 +4,9 @@ Paper: `Pretraining Without Attention` (Wang, Yan, Gu, Rush) - https://arxiv.org
 gated bidirectional layer; §5: the BERT-large-sized setup; Table 6: FLOPs).
 Official code and weights: github.com/jxiw/BiGS (``JunxiongWang/BiGS_{128,512,1024,4096}`` on the HF hub).
 
-Every layer is :class:`mlp_vision.layers.BidirectionalGatedSSM` (S4D kernel shared across channels, see
-:mod:`mlp_vision.layers.ssm` for the kernel, the FFT length and the padding argument). The SSM convolutions run,
-like the kernel, in float32 even under autocast; everything else follows the autocast dtype. Up to 1,024 tokens
-they run as Toeplitz GEMMs (faster on CPU at these lengths), beyond as real FFTs of length ``fast_fft_len(2L)``
-(8192 for L = 4096: the smallest 2^a 3^b 5^c >= 2L, so no circular wrap-around); the same function either way
-(``conv_impl`` of the layer), and the FLOP counts use the FFT formulation.
+Every layer is :class:`mlp_vision.layers.BidirectionalGatedSSM` (:mod:`mlp_vision.layers.ssm`: the S4D kernel, its
+float32 convolutions, Toeplitz GEMM or FFT); the embeddings, the MLM transform and the pooler are BERT's modules
+(:mod:`mlp_vision.text.bert`): BiGS replaces only the layers (§4).
 
 Model layout (``BiGSModel``)::
 
@@ -18,15 +15,9 @@ Model layout (``BiGSModel``)::
         -> num_hidden_layers x BidirectionalGatedSSM(d, d_i, N)
         -> hidden states (B, L, d)          (pre-norm residual layers; no final LayerNorm, as the official model)
 
-The embeddings, the MLM transform and the pooler are BERT's modules (:mod:`mlp_vision.text.bert`): BiGS replaces
-only the layers (§4).
-
-Heads:
-    * ``BiGSForMaskedLM``: BERT MLM head -- dense d -> d, GELU, LayerNorm, decoder tied to the word embedding,
-      per-token output bias -> logits (B, L, V).
-    * ``BiGSForSequenceClassification``: the official BiGS pooler -- **mean of the last hidden states over the
-      real tokens** (``attention_mask``; all positions when no mask is given), dense d -> d, tanh -- then dropout
-      and a linear classifier. (Not BERT's [CLS] pooler: BiGS has no next-sentence task that would train one.)
+Heads: ``BiGSForMaskedLM`` (BERT's MLM head) and ``BiGSForSequenceClassification`` (the official BiGS pooler: the
+**mean of the last hidden states over the real tokens**, dense, tanh; not BERT's [CLS] pooler, which only a
+next-sentence task would train -- then dropout and a linear classifier).
 
 ``attention_mask`` (B, L), 1 = real token, 0 = padding, right padding only (any other layout stops with an error):
     * ``config.mask_padding = True`` (default): the SSM inputs are zeroed at padded positions, so the real
@@ -51,11 +42,8 @@ With 128 / 1024 / 4096 positions: 346.31 M / 347.23 M / 350.37 M. The official c
 sequence-classification pooler (``bigs.pooler.dense``, (d + 1) d = 1.05 M) even for masked LM; it is not part of
 the 346 M and ours lives in the classifier model only.
 
-Official checkpoints: :func:`convert_official_bigs_state_dict` maps the official torch keys to ours and
-:meth:`BiGSForMaskedLM.from_official` builds the model from a ``pytorch_model.bin`` / ``.safetensors`` file or a
-folder in the official layout (offline; the sizes are read from the tensor shapes, the remaining fields from the
-folder's ``config.json`` when present); the folder's tokenizer (``tokenizer.json`` / ``vocab.txt``) becomes
-``model.tokenizer``, so ``python -m mlp_vision.text.fill_mask DIR "the movie was [MASK] ."`` works on it.
+Official checkpoints: :func:`convert_official_bigs_state_dict` maps their keys to ours, ``from_official`` builds
+a model from their files (:func:`_from_official`).
 """
 import os
 from typing import ClassVar, Dict, List, Mapping, Optional, Union
@@ -181,26 +169,9 @@ class BiGSForMaskedLM(BiGSPreTrainedModel, EncoderForMaskedLM):
     encoder_class = BiGSModel
 
     @classmethod
-    def from_official(
-            cls,
-            path_or_state_dict: Union[str, os.PathLike, Mapping[str, torch.Tensor]],
-            device: str = 'cpu',
-            dtype: Optional[torch.dtype] = None,
-            allow_regex: bool = False,
-            **config_overrides,
-    ) -> 'BiGSForMaskedLM':
-        """Build from an official BiGS checkpoint (offline): a ``pytorch_model.bin`` / ``*.safetensors`` file, a
-        folder in the official layout (the weights file, ``config.json``, ``vocab.txt`` / ``tokenizer.json``), or
-        an already loaded state dict in the official key layout.
-
-        The sizes (V, d, d_i, layers, N, positions, token types) are read from the tensor shapes; ``pad_token_id``,
-        ``layer_norm_eps``, ``hidden_dropout_prob``, ``initializer_range`` and ``classifier_dropout`` from the
-        folder's ``config.json`` when it has them (a ``config.json`` whose sizes disagree with the tensors is an
-        error); other fields (e.g. ``mask_padding=False`` to reproduce the official outputs on padded batches) come
-        from ``config_overrides``. ``dtype``: parameter dtype (default float32; the SSM kernel and FFTs run in
-        float32 regardless). ``model.tokenizer`` is the folder's tokenizer, or None; ``allow_regex``: accept a
-        ``tokenizer.json`` with a regular expression (refused otherwise, see :mod:`mlp_vision.text.tokenizer`).
-        """
+    def from_official(cls, path_or_state_dict: Union[str, os.PathLike, Mapping[str, torch.Tensor]], device: str = 'cpu',
+                      dtype: Optional[torch.dtype] = None, allow_regex: bool = False, **config_overrides):
+        """Build from an official BiGS checkpoint (offline; :func:`_from_official` says what is read)."""
         return _from_official(cls, path_or_state_dict, device, dtype, config_overrides, allow_regex)
 
 
@@ -208,8 +179,7 @@ class BiGSForSequenceClassification(BiGSPreTrainedModel, EncoderForSequenceClass
     """Sequence classifier: encoder, official BiGS pooler (masked mean, dense, tanh), dropout, linear classifier.
 
     Load a masked-LM checkpoint with ``BiGSForSequenceClassification.from_pretrained(dir, num_labels=k)``: the
-    encoder is loaded, the pooler and classifier are freshly initialised. ``from_official`` also loads the
-    official pooler (``bigs.pooler.dense``) when the checkpoint has it.
+    encoder is loaded, the pooler and classifier are freshly initialised.
 
     Shapes:
         input_ids, attention_mask, token_type_ids: (B, L); labels: optional (B,) int64 class ids, or (B,) float
@@ -218,16 +188,9 @@ class BiGSForSequenceClassification(BiGSPreTrainedModel, EncoderForSequenceClass
     encoder_class = BiGSModel
 
     @classmethod
-    def from_official(
-            cls,
-            path_or_state_dict: Union[str, os.PathLike, Mapping[str, torch.Tensor]],
-            device: str = 'cpu',
-            dtype: Optional[torch.dtype] = None,
-            allow_regex: bool = False,
-            **config_overrides,
-    ) -> 'BiGSForSequenceClassification':
-        """As :meth:`BiGSForMaskedLM.from_official`; the pooler is loaded when present, the classifier is new
-        (an official fine-tuned ``classifier.*`` is loaded too when present)."""
+    def from_official(cls, path_or_state_dict: Union[str, os.PathLike, Mapping[str, torch.Tensor]], device: str = 'cpu',
+                      dtype: Optional[torch.dtype] = None, allow_regex: bool = False, **config_overrides):
+        """Build from an official BiGS checkpoint (offline; :func:`_from_official` says what is read)."""
         return _from_official(cls, path_or_state_dict, device, dtype, config_overrides, allow_regex)
 
 
@@ -259,40 +222,17 @@ def bigs_param_groups(model: nn.Module, weight_decay: float = 0.05) -> List[dict
 
 # per-layer official name -> ours (attributes of the official BiGSLayer, github.com/jxiw/BiGS BiGS/modeling_bigs.py)
 _LAYER_KEYS = {
-    'LayerNorm.weight': 'norm.weight',
-    'LayerNorm.bias': 'norm.bias',
-    'fs4.D': 'ssm_forward.D',
-    'fs4.kernel.log_step': 'ssm_forward.kernel.log_step',
-    'fs4.kernel.A_re': 'ssm_forward.kernel.A_re',
-    'fs4.kernel.A_im': 'ssm_forward.kernel.A_im',
-    'fs4.kernel.C': 'ssm_forward.kernel.C',
-    'bs4.D': 'ssm_backward.D',
-    'bs4.kernel.log_step': 'ssm_backward.kernel.log_step',
-    'bs4.kernel.A_re': 'ssm_backward.kernel.A_re',
-    'bs4.kernel.A_im': 'ssm_backward.kernel.A_im',
-    'bs4.kernel.C': 'ssm_backward.kernel.C',
-    'dv.weight': 'value_proj.weight',
-    'dv.bias': 'value_proj.bias',
-    'du_forward.weight': 'forward_in_proj.weight',
-    'du_forward.bias': 'forward_in_proj.bias',
-    'du_backward.weight': 'backward_in_proj.weight',
-    'du_backward.bias': 'backward_in_proj.bias',
-    'duc_forward.weight': 'forward_out_proj.weight',
-    'duc_forward.bias': 'forward_out_proj.bias',
-    'duc_backward.weight': 'backward_out_proj.weight',
-    'duc_backward.bias': 'backward_out_proj.bias',
-    'dol.weight': 'gate_proj.weight',
-    'dol.bias': 'gate_proj.bias',
-    'do.weight': 'out_proj.weight',
-    'do.bias': 'out_proj.bias',
+    'LayerNorm.weight': 'norm.weight', 'LayerNorm.bias': 'norm.bias',
+    **{f'{theirs}.{p}': f'ssm_{ours}.{p}' for theirs, ours in (('fs4', 'forward'), ('bs4', 'backward'))
+       for p in ('D', 'kernel.log_step', 'kernel.A_re', 'kernel.A_im', 'kernel.C')},
+    **{f'{theirs}.{p}': f'{ours}.{p}' for theirs, ours in (
+        ('dv', 'value_proj'), ('du_forward', 'forward_in_proj'), ('du_backward', 'backward_in_proj'),
+        ('duc_forward', 'forward_out_proj'), ('duc_backward', 'backward_out_proj'), ('dol', 'gate_proj'),
+        ('do', 'out_proj')) for p in ('weight', 'bias')},
 }
-_EMBEDDING_KEYS = {
-    'bigs.embeddings.word_embeddings.weight': 'bigs.embeddings.word_embeddings.weight',
-    'bigs.embeddings.position_embeddings.weight': 'bigs.embeddings.position_embeddings.weight',
-    'bigs.embeddings.token_type_embeddings.weight': 'bigs.embeddings.token_type_embeddings.weight',
-    'bigs.embeddings.LayerNorm.weight': 'bigs.embeddings.norm.weight',
-    'bigs.embeddings.LayerNorm.bias': 'bigs.embeddings.norm.bias',
-}
+_EMBEDDING_KEYS = {f'bigs.embeddings.{k}': f'bigs.embeddings.{k.replace("LayerNorm", "norm")}' for k in (
+    'word_embeddings.weight', 'position_embeddings.weight', 'token_type_embeddings.weight', 'LayerNorm.weight',
+    'LayerNorm.bias')}
 _MLM_KEYS = {
     'cls.predictions.transform.dense.weight': 'mlm_head.dense.weight',
     'cls.predictions.transform.dense.bias': 'mlm_head.dense.bias',
@@ -351,28 +291,21 @@ def convert_official_bigs_state_dict(
     """
     if task not in _TASKS:
         raise ValueError(f'task must be one of {_TASKS}, got {task!r}')
-    sd = {(k[len('module.'):] if k.startswith('module.') else k): v for k, v in state_dict.items()}
+    sd = {k.removeprefix('module.'): v for k, v in state_dict.items()}
     num_layers = _num_official_layers(sd)
 
     required: Dict[str, str] = dict(_EMBEDDING_KEYS)
     for i in range(num_layers):
         for theirs, ours in _LAYER_KEYS.items():
             required[f'bigs.encoder.layer.{i}.{theirs}'] = f'bigs.layers.{i}.{ours}'
-    optional: Dict[str, Optional[str]] = {}
+    tied = ('cls.predictions.decoder.weight', 'cls.predictions.decoder.bias')
+    # keys of the heads the task does not have are dropped (None); the classifier's are loaded when present
+    optional: Dict[str, Optional[str]] = {
+        k: None for k in (*_MLM_KEYS, *_POOLER_KEYS, *_CLASSIFIER_KEYS, *tied, *_IGNORED_KEYS)}
     if task == 'masked_lm':
         required.update(_MLM_KEYS)
-        optional.update({k: None for k in _POOLER_KEYS})
-        optional.update({k: None for k in _CLASSIFIER_KEYS})
-    else:
-        optional.update({k: None for k in _MLM_KEYS})
-        if task == 'sequence_classification':
-            optional.update(_POOLER_KEYS)
-            optional.update(_CLASSIFIER_KEYS)
-        else:
-            optional.update({k: None for k in _POOLER_KEYS})
-            optional.update({k: None for k in _CLASSIFIER_KEYS})
-    tied = ('cls.predictions.decoder.weight', 'cls.predictions.decoder.bias')
-    optional.update({k: None for k in tied + _IGNORED_KEYS})
+    elif task == 'sequence_classification':
+        optional.update({**_POOLER_KEYS, **_CLASSIFIER_KEYS})
 
     missing = sorted(k for k in required if k not in sd)
     unexpected = sorted(k for k in sd if k not in required and k not in optional)
@@ -392,10 +325,7 @@ def convert_official_bigs_state_dict(
         raise ValueError('cls.predictions.decoder.bias differs from cls.predictions.bias (they are one tensor in '
                          'the official model)')
 
-    out: Dict[str, torch.Tensor] = {}
-    for theirs, ours in list(required.items()) + list(optional.items()):
-        if ours is not None and theirs in sd:
-            out[ours] = sd[theirs]
+    out = {ours: sd[theirs] for theirs, ours in {**optional, **required}.items() if ours is not None and theirs in sd}
     if task == 'masked_lm':
         out['decoder.weight'] = word  # our decoder Linear shares the word embedding's parameter
     if task == 'base':
@@ -405,7 +335,7 @@ def convert_official_bigs_state_dict(
 
 def bigs_config_from_official(state_dict: Mapping[str, torch.Tensor], **overrides) -> BiGSConfig:
     """A :class:`BiGSConfig` whose sizes are read from an official state dict's tensor shapes."""
-    sd = {(k[len('module.'):] if k.startswith('module.') else k): v for k, v in state_dict.items()}
+    sd = {k.removeprefix('module.'): v for k, v in state_dict.items()}
     try:
         vocab, dim = sd['bigs.embeddings.word_embeddings.weight'].shape
         fields = dict(
@@ -464,6 +394,19 @@ def _official_config_fields(directory: str, shape_config: BiGSConfig) -> dict:
 
 
 def _from_official(cls, path_or_state_dict, device, dtype, config_overrides, allow_regex: bool = False):
+    """``cls.from_official``: a model from an official BiGS checkpoint -- a ``pytorch_model.bin`` /
+    ``*.safetensors`` file, a folder in the official layout (the weights file, ``config.json``, ``vocab.txt`` /
+    ``tokenizer.json``), or a state dict in the official key layout.
+
+    The sizes (V, d, d_i, layers, N, positions, token types) are read from the tensor shapes; ``pad_token_id``,
+    ``layer_norm_eps``, ``hidden_dropout_prob``, ``initializer_range`` and ``classifier_dropout`` from the folder's
+    ``config.json`` when it has them (sizes there that disagree with the tensors are an error); other fields (e.g.
+    ``mask_padding=False`` to reproduce the official outputs on padded batches) from ``config_overrides``.
+    ``dtype``: parameter dtype (default float32; the SSM kernel and FFTs run in float32 regardless). A classifier
+    loads the official pooler (``bigs.pooler.dense``) and a fine-tuned ``classifier.*`` when present, else its head
+    is new. ``model.tokenizer`` is the folder's tokenizer, or None; ``allow_regex``: accept a ``tokenizer.json``
+    with a regular expression (:mod:`mlp_vision.text.tokenizer`).
+    """
     from .tokenizer import find_tokenizer
     directory = None
     if isinstance(path_or_state_dict, (str, os.PathLike)):

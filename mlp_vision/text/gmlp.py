@@ -60,7 +60,7 @@ from transformers.modeling_outputs import BaseModelOutput, CausalLMOutput, Maske
 from ..layers import GatedMLPBlock, SPATIAL_MODES
 from .modeling_utils import (
     TextConfig, TextGenerationMixin, TextPreTrainedModel, causal_lm_loss, check_classifier_pooling,
-    check_text_inputs, masked_lm_loss, pool_sequence, scored_positions, sequence_classification_loss, tied_decoder)
+    check_text_inputs, masked_lm_loss, pool_sequence, scored_positions, sequence_classification_loss)
 
 __all__ = ['GMLPConfig', 'GMLPPreTrainedModel', 'GMLPModel', 'GMLPForMaskedLM', 'GMLPForSequenceClassification', 'GMLPForCausalLM']
 
@@ -182,17 +182,10 @@ class GMLPModel(GMLPPreTrainedModel):
         return out if return_dict else out.to_tuple()
 
 
-def _token_decoder(config: GMLPConfig, embed: nn.Embedding, device, dtype) -> nn.Linear:
-    """d -> V Linear without bias; its weight IS the token embedding's when ``tie_word_embeddings`` (one
-    parameter, counted and saved once)."""
-    if config.tie_word_embeddings:
-        return tied_decoder(embed, device=device, dtype=dtype)
-    return nn.Linear(config.hidden_size, config.vocab_size, bias=False, device=device, dtype=dtype)
-
-
 class _GMLPForTokenLM(GMLPPreTrainedModel):
-    """Backbone + a per-token LM head: the :func:`_token_decoder` Linear (stored as ``head_name``, the state-dict
-    prefix) plus an output bias, scored by ``loss_fn``. Shared by the masked and the causal LM."""
+    """Backbone + a per-token LM head: a d -> V Linear without bias (stored as ``head_name``, the state-dict prefix;
+    ``transformers`` ties its weight to the token embedding when ``tie_word_embeddings``) plus an output bias,
+    scored by ``loss_fn``. Shared by the masked and the causal LM."""
     head_name: str
     loss_fn: staticmethod
     output_class: type
@@ -200,7 +193,8 @@ class _GMLPForTokenLM(GMLPPreTrainedModel):
     def __init__(self, config: GMLPConfig, device=None, dtype=None):
         super().__init__(config)
         self.gmlp = GMLPModel(config, device=device, dtype=dtype)
-        setattr(self, self.head_name, _token_decoder(config, self.gmlp.embed, device, dtype))
+        setattr(self, self.head_name, nn.Linear(config.hidden_size, config.vocab_size, bias=False, device=device,
+                                                dtype=dtype))
         self.output_bias = nn.Parameter(torch.zeros(config.vocab_size, device=device, dtype=dtype))
         self.post_init()
 

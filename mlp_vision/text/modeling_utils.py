@@ -39,7 +39,7 @@ from ..weights import check_weights
 
 __all__ = [
     'TextConfig', 'TextPreTrainedModel', 'TextGenerationMixin', 'check_text_inputs',
-    'masked_lm_loss', 'causal_lm_loss', 'scored_positions', 'sequence_classification_loss', 'tied_decoder',
+    'masked_lm_loss', 'causal_lm_loss', 'scored_positions', 'sequence_classification_loss',
     'read_config', 'is_saved_folder', 'weight_file_shapes', 'check_text_model_size', 'check_text_activations', 'check_tokenizer_fits',
     'pool_sequence', 'check_classifier_pooling', 'CLASSIFIER_POOLINGS', 'read_label_names',
     'CONFIG_NAME', 'WEIGHTS_NAME', 'LABELS_NAME',
@@ -458,15 +458,6 @@ def pool_sequence(hidden: torch.Tensor, attention_mask: Optional[torch.Tensor], 
         return hidden.mean(dim=1)
     w = attention_mask.to(hidden.dtype).unsqueeze(-1)  # (B, L, 1)
     return (hidden * w).sum(dim=1) / w.sum(dim=1).clamp(min=1)
-
-
-def tied_decoder(embedding: nn.Embedding, device=None, dtype=None) -> nn.Linear:
-    """The d -> V output Linear (no bias) of a language model whose weight IS ``embedding``'s: one parameter,
-    counted once by ``parameters()`` and saved once by safetensors (BERT's weight tying, arXiv 1810.04805)."""
-    decoder = nn.Linear(embedding.embedding_dim, embedding.num_embeddings, bias=False, device=device, dtype=dtype)
-    decoder.weight = embedding.weight
-    return decoder
-
 
 
 # -------------------------------------------------------------------------------------------------- save / load
