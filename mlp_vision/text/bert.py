@@ -30,8 +30,8 @@ import torch.nn.functional as F
 from transformers.modeling_outputs import BaseModelOutput, MaskedLMOutput, SequenceClassifierOutput
 
 from .modeling_utils import (
-    TextConfig, TextPreTrainedModel, check_classifier_pooling, check_text_inputs, masked_lm_loss, pool_sequence,
-    scored_positions, sequence_classification_loss)
+    TextConfig, TextPreTrainedModel, check_text_inputs, masked_lm_loss, pool_sequence, scored_positions,
+    sequence_classification_loss)
 
 __all__ = [
     'BertConfig', 'BertEmbeddings', 'BertSelfAttention', 'BertLayer', 'EncoderModel', 'BertModel',
@@ -79,7 +79,6 @@ class BertConfig(TextConfig):
 
     def __post_init__(self, **kwargs):
         super().__post_init__(**kwargs)
-        check_classifier_pooling(self.classifier_pooling)
         if self.hidden_size % self.num_attention_heads:
             raise ValueError(f'hidden_size {self.hidden_size} not divisible by num_attention_heads '
                              f'{self.num_attention_heads}')
@@ -173,27 +172,16 @@ class BertPreTrainedModel(TextPreTrainedModel):
 
 class EncoderModel(TextPreTrainedModel):
     """What :class:`BertModel` and :class:`mlp_vision.text.bigs.BiGSModel` share: :class:`BertEmbeddings`, then
-    ``self.layers`` (each ``layer(x, mask)``), with the mask given to the layers when ``uses_mask(config)``.
+    ``self.layers`` (each ``layer(x, mask)``), given the mask unless ``config.mask_padding`` is False (BiGS).
 
     Shapes: as :class:`BertModel`; returns ``BaseModelOutput(last_hidden_state (B, L, d))``.
     """
 
-    def uses_mask(self) -> bool:
-        return True
-
-    def get_input_embeddings(self) -> nn.Embedding:
-        return self.embeddings.word_embeddings
-
-    def forward(
-            self,
-            input_ids: torch.Tensor,
-            attention_mask: Optional[torch.Tensor] = None,
-            token_type_ids: Optional[torch.Tensor] = None,
-            **kwargs,
-    ) -> BaseModelOutput:
+    def forward(self, input_ids: torch.Tensor, attention_mask: Optional[torch.Tensor] = None,
+                token_type_ids: Optional[torch.Tensor] = None, **kwargs) -> BaseModelOutput:
         return_dict = self.forward_options(kwargs)
         mask = check_text_inputs(input_ids, attention_mask, self.config.max_position_embeddings, token_type_ids)
-        mask = mask if self.uses_mask() else None
+        mask = mask if getattr(self.config, 'mask_padding', True) else None  # BERT has no such field: it masks
         x = self.embeddings(input_ids, token_type_ids)
         for layer in self.layers:
             x = layer(x, mask)
@@ -244,7 +232,6 @@ class SequencePooler(nn.Module):
 
     def __init__(self, hidden_size: int, pooling: str = 'cls', device=None, dtype=None):
         super().__init__()
-        check_classifier_pooling(pooling)
         self.pooling = pooling
         self.dense = nn.Linear(hidden_size, hidden_size, device=device, dtype=dtype)
 
@@ -262,6 +249,11 @@ class EncoderForMaskedLM(TextPreTrainedModel):
     Subclasses (also of their family's ``PreTrainedModel``, which names ``base_model_prefix``: the attribute and
     state-dict prefix the encoder is stored under) set ``encoder_class`` (built from the config; it has
     ``embeddings.word_embeddings`` and maps ``(input_ids, attention_mask, token_type_ids)`` to its output).
+
+    Shapes:
+        input_ids, attention_mask, token_type_ids: (B, L) as the encoder; labels: optional (B, L) int64 with -100 at
+        positions that are not scored. Returns ``MaskedLMOutput(loss, logits (B, L, V))``; logits (N, V) of the N
+        scored positions when ``config.sparse_prediction`` and labels are given.
     """
     head_prefixes = ('mlm_head', 'decoder', 'output_bias')
     encoder_class: type
@@ -279,17 +271,8 @@ class EncoderForMaskedLM(TextPreTrainedModel):
         super().__init_subclass__(**kwargs)
         cls._tied_weights_keys = {'decoder.weight': f'{cls.base_model_prefix}.embeddings.word_embeddings.weight'}
 
-    def get_input_embeddings(self) -> nn.Embedding:
-        return self.base_model.embeddings.word_embeddings
-
-    def forward(
-            self,
-            input_ids: torch.Tensor,
-            attention_mask: Optional[torch.Tensor] = None,
-            token_type_ids: Optional[torch.Tensor] = None,
-            labels: Optional[torch.Tensor] = None,
-            **kwargs,
-    ):
+    def forward(self, input_ids: torch.Tensor, attention_mask: Optional[torch.Tensor] = None,
+                token_type_ids: Optional[torch.Tensor] = None, labels: Optional[torch.Tensor] = None, **kwargs):
         return_dict = self.forward_options(kwargs)
         hidden = self.base_model(input_ids, attention_mask, token_type_ids).last_hidden_state
         hidden, labels = scored_positions(hidden, labels, self.config.sparse_prediction)
@@ -299,13 +282,7 @@ class EncoderForMaskedLM(TextPreTrainedModel):
 
 
 class BertForMaskedLM(BertPreTrainedModel, EncoderForMaskedLM):
-    """BERT masked LM: encoder, MLM transform, decoder tied to the word embedding, per-token output bias.
-
-    Shapes:
-        input_ids, attention_mask, token_type_ids: (B, L) as :class:`BertModel`; labels: optional (B, L) int64 with
-        -100 at positions that are not scored. Returns ``MaskedLMOutput(loss, logits (B, L, V))``;
-        logits (N, V) of the N scored positions when ``config.sparse_prediction`` and labels are given.
-    """
+    """BERT masked LM (§3.1): :class:`EncoderForMaskedLM` on :class:`BertModel`."""
     encoder_class = BertModel
 
 
@@ -313,7 +290,11 @@ class EncoderForSequenceClassification(TextPreTrainedModel):
     """An encoder + :class:`SequencePooler` (``config.classifier_pooling``: 'cls' or 'mean' over the unpadded
     tokens), dropout and a linear classifier. Shared by :class:`BertForSequenceClassification` and
     :class:`mlp_vision.text.bigs.BiGSForSequenceClassification`; subclasses set ``encoder_class`` (as
-    :class:`EncoderForMaskedLM`).
+    :class:`EncoderForMaskedLM`). Load a masked-LM folder with ``from_pretrained(dir, num_labels=k)``: the encoder is
+    loaded, the pooler and classifier are new (MLM-only pretraining, as RoBERTa's and BiGS', trains no pooler).
+
+    Shapes: as :class:`EncoderForMaskedLM`; labels optional (B,) int64 class ids, or (B,) float targets when
+    ``num_labels == 1`` (regression, MSE). Returns ``SequenceClassifierOutput(loss, logits (B, num_labels))``.
     """
     head_prefixes = ('pooler', 'classifier')
     encoder_class: type
@@ -326,17 +307,8 @@ class EncoderForSequenceClassification(TextPreTrainedModel):
         self.classifier = nn.Linear(config.hidden_size, config.num_labels, device=device, dtype=dtype)
         self.post_init()
 
-    def get_input_embeddings(self) -> nn.Embedding:
-        return self.base_model.embeddings.word_embeddings
-
-    def forward(
-            self,
-            input_ids: torch.Tensor,
-            attention_mask: Optional[torch.Tensor] = None,
-            token_type_ids: Optional[torch.Tensor] = None,
-            labels: Optional[torch.Tensor] = None,
-            **kwargs,
-    ):
+    def forward(self, input_ids: torch.Tensor, attention_mask: Optional[torch.Tensor] = None,
+                token_type_ids: Optional[torch.Tensor] = None, labels: Optional[torch.Tensor] = None, **kwargs):
         return_dict = self.forward_options(kwargs)
         h = self.base_model(input_ids, attention_mask, token_type_ids).last_hidden_state
         mask = None if attention_mask is None else attention_mask.to(torch.bool)  # 'mean' pooling skips padding
@@ -347,15 +319,7 @@ class EncoderForSequenceClassification(TextPreTrainedModel):
 
 
 class BertForSequenceClassification(BertPreTrainedModel, EncoderForSequenceClassification):
-    """BERT classifier (§3): pooler (dense + tanh on the [CLS] state; ``classifier_pooling='mean'``: on the mean of
-    the real tokens' states), dropout, linear classifier.
-
-    Load a masked-LM checkpoint with ``BertForSequenceClassification.from_pretrained(dir, num_labels=k)``: the
-    encoder is loaded, the pooler and classifier are new (MLM-only pretraining, as RoBERTa and BiGS, does not train
-    a pooler).
-
-    Shapes: as :class:`BertForMaskedLM`; labels optional (B,) class ids (or float targets when num_labels == 1).
-    Returns ``SequenceClassifierOutput(loss, logits (B, num_labels))``.
-    """
+    """BERT classifier (§3): :class:`EncoderForSequenceClassification` on :class:`BertModel` (pooler on the [CLS]
+    state by default)."""
     encoder_class = BertModel
 

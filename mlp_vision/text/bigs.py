@@ -55,7 +55,7 @@ from mlp_vision.errors import UsageError, read_json_file
 from ..layers import BidirectionalGatedSSM
 from ..weights import load_backbone
 from .bert import BertEmbeddings, EncoderForMaskedLM, EncoderForSequenceClassification, EncoderModel
-from .modeling_utils import TextConfig, TextPreTrainedModel, check_classifier_pooling
+from .modeling_utils import TextConfig, TextPreTrainedModel
 
 __all__ = [
     'BiGSConfig', 'BiGSPreTrainedModel', 'BiGSModel', 'BiGSForMaskedLM', 'BiGSForSequenceClassification',
@@ -115,7 +115,6 @@ class BiGSConfig(TextConfig):
 
     def __post_init__(self, **kwargs):
         super().__post_init__(**kwargs)
-        check_classifier_pooling(self.classifier_pooling)
         if not 0 <= self.pad_token_id < self.vocab_size:
             raise ValueError(f'pad_token_id {self.pad_token_id} outside [0, {self.vocab_size})')
         if not 0 < self.dt_min <= self.dt_max:
@@ -154,18 +153,9 @@ class BiGSModel(BiGSPreTrainedModel, EncoderModel):
         # transformers' _init_weights: Linear / Embedding only, the SSM parameters keep their S4D init
         self.post_init()
 
-    def uses_mask(self) -> bool:
-        return self.config.mask_padding
-
 
 class BiGSForMaskedLM(BiGSPreTrainedModel, EncoderForMaskedLM):
-    """BiGS masked LM: encoder + BERT MLM head, decoder tied to the word embedding, per-token output bias.
-
-    Shapes:
-        input_ids, attention_mask, token_type_ids: (B, L) as :class:`BiGSModel`; labels: optional (B, L) int64
-        with -100 at positions that are not scored. Returns ``MaskedLMOutput(loss, logits (B, L, V))``;
-        logits (N, V) of the N scored positions when ``config.sparse_prediction`` and labels are given.
-    """
+    """BiGS masked LM: :class:`~mlp_vision.text.bert.EncoderForMaskedLM` (BERT's MLM head) on :class:`BiGSModel`."""
     encoder_class = BiGSModel
 
     @classmethod
@@ -176,15 +166,8 @@ class BiGSForMaskedLM(BiGSPreTrainedModel, EncoderForMaskedLM):
 
 
 class BiGSForSequenceClassification(BiGSPreTrainedModel, EncoderForSequenceClassification):
-    """Sequence classifier: encoder, official BiGS pooler (masked mean, dense, tanh), dropout, linear classifier.
-
-    Load a masked-LM checkpoint with ``BiGSForSequenceClassification.from_pretrained(dir, num_labels=k)``: the
-    encoder is loaded, the pooler and classifier are freshly initialised.
-
-    Shapes:
-        input_ids, attention_mask, token_type_ids: (B, L); labels: optional (B,) int64 class ids, or (B,) float
-        targets when ``num_labels == 1`` (MSE). Returns ``SequenceClassifierOutput(loss, logits (B, num_labels))``.
-    """
+    """BiGS classifier: :class:`~mlp_vision.text.bert.EncoderForSequenceClassification` on :class:`BiGSModel`, with
+    the official pooler (masked mean, dense, tanh) by default."""
     encoder_class = BiGSModel
 
     @classmethod
@@ -257,10 +240,8 @@ def _num_official_layers(state_dict: Mapping[str, torch.Tensor]) -> int:
     return max(idx) + 1 if idx else 0
 
 
-def convert_official_bigs_state_dict(
-        state_dict: Mapping[str, torch.Tensor],
-        task: str = 'masked_lm',
-) -> Dict[str, torch.Tensor]:
+def convert_official_bigs_state_dict(state_dict: Mapping[str, torch.Tensor], task: str = 'masked_lm'
+                                     ) -> Dict[str, torch.Tensor]:
     """Map an official BiGS torch state dict to the keys of our model for ``task``.
 
     Official layout (github.com/jxiw/BiGS, ``BiGS/modeling_bigs.py``; HF hub ``JunxiongWang/BiGS_*``)::

@@ -59,8 +59,8 @@ from transformers.modeling_outputs import BaseModelOutput, CausalLMOutput, Maske
 
 from ..layers import GatedMLPBlock, SPATIAL_MODES
 from .modeling_utils import (
-    TextConfig, TextGenerationMixin, TextPreTrainedModel, causal_lm_loss, check_classifier_pooling,
-    check_text_inputs, masked_lm_loss, pool_sequence, scored_positions, sequence_classification_loss)
+    TextConfig, TextGenerationMixin, TextPreTrainedModel, causal_lm_loss, check_text_inputs,
+    masked_lm_loss, pool_sequence, scored_positions, sequence_classification_loss)
 
 __all__ = ['GMLPConfig', 'GMLPPreTrainedModel', 'GMLPModel', 'GMLPForMaskedLM', 'GMLPForSequenceClassification', 'GMLPForCausalLM']
 
@@ -117,7 +117,6 @@ class GMLPConfig(TextConfig):
 
     def __post_init__(self, **kwargs):
         super().__post_init__(**kwargs)
-        check_classifier_pooling(self.classifier_pooling)
         if self.spatial_mode not in SPATIAL_MODES:
             raise ValueError(f'spatial_mode must be one of {SPATIAL_MODES}, got {self.spatial_mode!r}')
         if self.intermediate_size % 2:
@@ -130,6 +129,7 @@ class GMLPPreTrainedModel(TextPreTrainedModel):
     """Base of the gMLP / aMLP models: their config, and the backbone's attribute (``gmlp``)."""
     config_class = GMLPConfig
     base_model_prefix = 'gmlp'
+    _input_embed_layer = 'embed'
 
 
 class GMLPModel(GMLPPreTrainedModel):
@@ -168,9 +168,6 @@ class GMLPModel(GMLPPreTrainedModel):
         # parameters are left as GatedMLPBlock made them
         self.post_init()
 
-    def get_input_embeddings(self) -> nn.Embedding:
-        return self.embed
-
     def forward(self, input_ids: torch.Tensor, attention_mask: Optional[torch.Tensor] = None,
                 token_type_ids: Optional[torch.Tensor] = None, **kwargs) -> BaseModelOutput:
         return_dict = self.forward_options(kwargs)
@@ -198,17 +195,8 @@ class _GMLPForTokenLM(GMLPPreTrainedModel):
         self.output_bias = nn.Parameter(torch.zeros(config.vocab_size, device=device, dtype=dtype))
         self.post_init()
 
-    def get_input_embeddings(self) -> nn.Embedding:
-        return self.gmlp.embed
-
-    def forward(
-            self,
-            input_ids: torch.Tensor,
-            attention_mask: Optional[torch.Tensor] = None,
-            token_type_ids: Optional[torch.Tensor] = None,
-            labels: Optional[torch.Tensor] = None,
-            **kwargs,
-    ):
+    def forward(self, input_ids: torch.Tensor, attention_mask: Optional[torch.Tensor] = None,
+                token_type_ids: Optional[torch.Tensor] = None, labels: Optional[torch.Tensor] = None, **kwargs):
         return_dict = self.forward_options(kwargs)
         hidden, labels = scored_positions(self.gmlp(input_ids, attention_mask).last_hidden_state, labels,
                                           self.config.sparse_prediction and self.loss_fn is masked_lm_loss)
@@ -256,17 +244,8 @@ class GMLPForSequenceClassification(GMLPPreTrainedModel):
         self.classifier = nn.Linear(config.hidden_size, config.num_labels, device=device, dtype=dtype)
         self.post_init()
 
-    def get_input_embeddings(self) -> nn.Embedding:
-        return self.gmlp.embed
-
-    def forward(
-            self,
-            input_ids: torch.Tensor,
-            attention_mask: Optional[torch.Tensor] = None,
-            token_type_ids: Optional[torch.Tensor] = None,
-            labels: Optional[torch.Tensor] = None,
-            **kwargs,
-    ):
+    def forward(self, input_ids: torch.Tensor, attention_mask: Optional[torch.Tensor] = None,
+                token_type_ids: Optional[torch.Tensor] = None, labels: Optional[torch.Tensor] = None, **kwargs):
         return_dict = self.forward_options(kwargs)
         h = pool_sequence(self.gmlp(input_ids, attention_mask).last_hidden_state, attention_mask,
                           self.config.classifier_pooling, self.config.cls_index)  # (B, d)

@@ -26,7 +26,6 @@ import os
 from typing import Any, ClassVar, Dict, List, Optional, Tuple
 
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file
@@ -125,6 +124,8 @@ class TextConfig(PreTrainedConfig):
                 hint = ' (write True or False)' if field is not None and field.type is bool else ''
                 type_name = field.type.__name__ if field is not None else 'int'
                 raise TypeError(f'{where} must be a {type_name}{hint}, got {value!r} ({type(value).__name__})')
+            if name == 'classifier_pooling':
+                check_classifier_pooling(value)
             if value is None or isinstance(value, (bool, str)):
                 continue
             if name in _POSITIVE_SIZE_FIELDS:
@@ -235,6 +236,8 @@ class TextPreTrainedModel(PreTrainedModel):
     """
     config_class = TextConfig
     main_input_name = 'input_ids'
+    # transformers' get_input_embeddings: this attribute, else embeddings.<it>, else the base model's
+    _input_embed_layer = 'word_embeddings'
     head_prefixes: ClassVar[Tuple[str, ...]] = ()
     # our losses are means over the batch's scored tokens / examples and forward takes no num_items_in_batch, so
     # transformers.Trainer averages over gradient-accumulation steps itself (it asks this attribute)
@@ -357,12 +360,8 @@ class TextGenerationMixin(GenerationMixin):
 
 # ----------------------------------------------------------------------------------------------- input checks
 
-def check_text_inputs(
-        input_ids: torch.Tensor,
-        attention_mask: Optional[torch.Tensor],
-        max_length: int,
-        token_type_ids: Optional[torch.Tensor] = None,
-) -> Optional[torch.Tensor]:
+def check_text_inputs(input_ids: torch.Tensor, attention_mask: Optional[torch.Tensor], max_length: int,
+                      token_type_ids: Optional[torch.Tensor] = None) -> Optional[torch.Tensor]:
     """Check the shapes (and the padding layout) of a text model's inputs; returns the mask as bool (or None).
 
     ``input_ids`` must be (B, L) with 1 <= L <= ``max_length``; ``attention_mask`` and ``token_type_ids``, when
@@ -544,8 +543,7 @@ def check_text_model_size(model_cls: type, config: TextConfig, source: str) -> N
     fields) a ``model_cls(config)`` beyond :data:`~mlp_vision.errors.MAX_PARAMS` parameters, counted on the
     ``meta`` device before anything is allocated: a ``config.json`` or a checkpoint's saved config may say
     ``hidden_size`` 4096 and 100,000 layers."""
-    sizes = {k: v for k, v in config.text_fields().items() if k in _POSITIVE_SIZE_FIELDS}
-    check_model_size(lambda: model_cls(config, device='meta'), f'{source}: {model_cls.__name__} with {short_repr(sizes)}')
+    check_model_size(lambda: model_cls(config, device='meta'), _model_description(model_cls, config, source))
 
 
 def check_text_activations(model_cls: type, config: TextConfig, batch_size: int, seq_len: int, training: bool,
@@ -555,11 +553,14 @@ def check_text_activations(model_cls: type, config: TextConfig, batch_size: int,
     would hold more activations than the bound, estimated on the ``meta`` device before the first real batch: a
     ``config.json`` may say ``hidden_size`` 8192 with ``max_position_embeddings`` a million. ``training``: a
     training step (autograd keeps every layer's output), else one forward under ``no_grad``."""
-    sizes = {k: v for k, v in config.text_fields().items() if k in _POSITIVE_SIZE_FIELDS}
     token_ids = torch.zeros(batch_size, seq_len, dtype=torch.long, device='meta')
     check_activation_size(lambda: model_cls(config, device='meta'), [token_ids], training,
-                          f'{source}: {model_cls.__name__} with {short_repr(sizes)}, batch {batch_size} x {seq_len} '
-                          f'tokens')
+                          f'{_model_description(model_cls, config, source)}, batch {batch_size} x {seq_len} tokens')
+
+
+def _model_description(model_cls: type, config: TextConfig, source: str) -> str:
+    sizes = {k: v for k, v in config.text_fields().items() if k in _POSITIVE_SIZE_FIELDS}
+    return f'{source}: {model_cls.__name__} with {short_repr(sizes)}'
 
 
 def check_tokenizer_fits(tokenizer, config: TextConfig, source: str) -> None:

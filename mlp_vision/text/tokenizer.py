@@ -236,15 +236,9 @@ def check_vocab_size(name: str, kind: str, vocab_size: int, num_special_tokens: 
     check_range(name, vocab_size, high=MAX_VOCAB_SIZE, why='the largest vocabularies in use have ~256k tokens')
 
 
-def train_tokenizer(
-        texts: Optional[Iterable[str]] = None,
-        files: Optional[Sequence[str]] = None,
-        kind: str = 'wordpiece',
-        vocab_size: int = 8000,
-        lowercase: bool = True,
-        min_frequency: int = 2,
-        special_tokens: Mapping[str, str] = BERT_CONTROL_TOKENS,
-) -> PreTrainedTokenizerFast:
+def train_tokenizer(texts: Optional[Iterable[str]] = None, files: Optional[Sequence[str]] = None,
+                    kind: str = 'wordpiece', vocab_size: int = 8000, lowercase: bool = True, min_frequency: int = 2,
+                    special_tokens: Mapping[str, str] = BERT_CONTROL_TOKENS) -> PreTrainedTokenizerFast:
     """Train a subword vocabulary offline on ``texts`` (an iterable of strings, e.g. lines) or ``files``.
 
     Args:
@@ -356,15 +350,14 @@ def _read_json(path: str) -> Optional[dict]:
     """The JSON object of ``path`` (None when there is no such file); damaged JSON is a UsageError naming it."""
     if not os.path.isfile(path):
         return None
-    return _read_tokenizer_file(path, lambda: _json_object(path))
 
-
-def _json_object(path: str) -> dict:
-    with open(path, encoding='utf-8') as f:
-        d = json.load(f)
-    if not isinstance(d, dict):
-        raise ValueError(f'expected a JSON object, got a {type(d).__name__}')
-    return d
+    def read() -> dict:
+        with open(path, encoding='utf-8') as f:
+            d = json.load(f)
+        if not isinstance(d, dict):
+            raise ValueError(f'expected a JSON object, got a {type(d).__name__}')
+        return d
+    return _read_tokenizer_file(path, read)
 
 
 def _read_tokenizer_file(path: str, read):
