@@ -88,7 +88,8 @@ class BiGSConfig(TextConfig):
         num_labels: (``transformers``' keyword) outputs of the sequence classifier (1 = regression with MSE).
         classifier_dropout: dropout between the pooler and the classifier.
         classifier_pooling: what the pooler reads, 'mean' (over the real tokens; the official BiGS pooler) or 'cls'.
-        sparse_prediction: masked LM with labels: decode only the scored positions, logits (N, V) (:func:`~mlp_vision.text.modeling_utils.scored_positions`).
+        sparse_prediction: masked LM with labels: decode only the scored positions, logits (N, V)
+            (:func:`~mlp_vision.text.modeling_utils.scored_positions`).
     """
     vocab_size: int = 30522
     hidden_size: int = 1024
@@ -358,7 +359,7 @@ _OFFICIAL_CONFIG_FIELDS = ('pad_token_id', 'layer_norm_eps', 'hidden_dropout_pro
                            'classifier_dropout')
 
 
-def _official_config_fields(directory: str, shape_config: BiGSConfig) -> dict:
+def _official_config_fields(directory: str, shapes: Dict[str, int]) -> dict:
     """The non-shape fields of an official folder's ``config.json``; its sizes must match the tensors."""
     path = os.path.join(directory, 'config.json')
     if not os.path.isfile(path):
@@ -368,9 +369,9 @@ def _official_config_fields(directory: str, shape_config: BiGSConfig) -> dict:
         raise UsageError(f'{path} holds a JSON {type(official).__name__}, not a config object')
     for name in ('vocab_size', 'hidden_size', 'intermediate_size', 'num_hidden_layers', 'max_position_embeddings',
                  'type_vocab_size'):
-        if name in official and official[name] != getattr(shape_config, name):
-            raise ValueError(f'{path} says {name}={official[name]} but the weights have '
-                             f'{getattr(shape_config, name)}: the config does not belong to these weights')
+        if name in official and official[name] != shapes[name]:
+            raise ValueError(f'{path} says {name}={official[name]} but the weights have {shapes[name]}: the config '
+                             f'does not belong to these weights')
     return {k: official[k] for k in _OFFICIAL_CONFIG_FIELDS if official.get(k) is not None}
 
 
@@ -397,19 +398,19 @@ def _from_official(cls, path_or_state_dict, device, dtype, config_overrides, all
     else:
         sd = dict(path_or_state_dict)
     task = 'masked_lm' if cls is BiGSForMaskedLM else 'sequence_classification'
-    config = bigs_config_from_official(sd)
+    fields = bigs_config_from_official(sd).text_fields()
     if directory is not None:
-        config = BiGSConfig.from_dict({**config.text_fields(), **_official_config_fields(directory, config)})
-    config = BiGSConfig.from_dict({**config.text_fields(), **BiGSConfig.rename_legacy(dict(config_overrides))})
+        fields.update(_official_config_fields(directory, fields))
+    config = BiGSConfig.from_dict({**fields, **BiGSConfig.rename_legacy(dict(config_overrides))})
     ours = convert_official_bigs_state_dict(sd, task=task)
     model = cls(config, device=device, dtype=dtype)
     allowed = cls.head_prefixes if task == 'sequence_classification' else ()
     # load_backbone: the official tensors pass the same value checks as every other weights file
     report = load_backbone(model, ours, allowed, 'official BiGS weights' if directory is None else
                            f'the official BiGS weights in {path}')
-    bad, unexpected = report.missing, report.unused
-    if bad or unexpected:
-        raise ValueError(f'official BiGS weights do not fit {cls.__name__}: missing {bad}, unexpected {unexpected}')
+    if report.missing or report.unused:
+        raise ValueError(f'official BiGS weights do not fit {cls.__name__}: missing {report.missing}, unexpected '
+                         f'{report.unused}')
     tokenizer = find_tokenizer(directory, allow_regex) if directory is not None else None
     if tokenizer is not None and len(tokenizer) > config.vocab_size:
         raise ValueError(f'the tokenizer in {directory} has {len(tokenizer)} tokens, more than the model\'s '

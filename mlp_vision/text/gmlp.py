@@ -62,7 +62,9 @@ from .modeling_utils import (
     TextConfig, TextGenerationMixin, TextPreTrainedModel, causal_lm_loss, check_text_inputs,
     masked_lm_loss, pool_sequence, scored_positions, sequence_classification_loss)
 
-__all__ = ['GMLPConfig', 'GMLPPreTrainedModel', 'GMLPModel', 'GMLPForMaskedLM', 'GMLPForSequenceClassification', 'GMLPForCausalLM']
+__all__ = [
+    'GMLPConfig', 'GMLPPreTrainedModel', 'GMLPModel', 'GMLPForMaskedLM', 'GMLPForSequenceClassification',
+    'GMLPForCausalLM']
 
 
 class GMLPConfig(TextConfig):
@@ -87,7 +89,8 @@ class GMLPConfig(TextConfig):
         classifier_pooling: 'cls' (the state at ``cls_index``, the paper's protocol) or 'mean' (over the real tokens).
         num_labels: (``transformers``' keyword) outputs of the sequence-classification head (1 = regression, MSE).
         classifier_dropout: dropout before the classifier.
-        sparse_prediction: masked LM with labels: decode only the scored positions, logits (N, V) (:func:`~mlp_vision.text.modeling_utils.scored_positions`).
+        sparse_prediction: masked LM with labels: decode only the scored positions, logits (N, V)
+            (:func:`~mlp_vision.text.modeling_utils.scored_positions`).
     """
     vocab_size: int = 32000
     max_position_embeddings: int = 512
@@ -221,19 +224,13 @@ class GMLPForMaskedLM(_GMLPForTokenLM):
 
 
 class GMLPForSequenceClassification(GMLPPreTrainedModel):
-    """Sequence classifier with the BERT ``<cls>`` protocol of the paper (§2, §4).
+    """Sequence classifier with the BERT ``<cls>`` protocol of the paper (§2, §4): on ``<cls> segment_a <sep>
+    [segment_b <sep>] <pad>...``, a linear map of the last-layer state at ``config.cls_index`` (0), or of the mean of
+    the real tokens' states (``classifier_pooling='mean'``). No BERT pooler (tanh dense layer): next-sentence
+    prediction trains it, and the paper's C4 MLM pretraining has none. ``from_pretrained(mlm_dir, num_labels=k)``
+    loads the backbone of a masked LM, with a new classifier.
 
-    The input is ``<cls> segment_a <sep> [segment_b <sep>] <pad>...``; the prediction is a linear map of the
-    last-layer (final-LayerNorm) state at ``config.cls_index`` (0), or of the mean of the real tokens' states with
-    ``config.classifier_pooling = 'mean'``. There is no BERT "pooler" (tanh dense layer):
-    that layer is trained by next-sentence prediction, which the paper's C4 MLM pretraining does not have. Load a
-    masked-LM checkpoint with ``GMLPForSequenceClassification.from_pretrained(dir, num_labels=k)``: the backbone is
-    loaded and the classifier is freshly initialised.
-
-    Shapes:
-        input_ids: (B, L); attention_mask: optional (B, L); labels: optional (B,) int64 class ids, or (B,) float
-        targets when ``num_labels == 1`` (regression, MSE). Returns ``SequenceClassifierOutput(loss, logits
-        (B, num_labels))``.
+    Shapes: as :class:`~mlp_vision.text.bert.EncoderForSequenceClassification`.
     """
     head_prefixes = ('classifier',)
 
@@ -256,12 +253,10 @@ class GMLPForSequenceClassification(GMLPPreTrainedModel):
 
 
 class GMLPForCausalLM(TextGenerationMixin, _GMLPForTokenLM):
-    """Autoregressive gMLP LM: causal SGU (W masked to j <= i), no position embeddings, LM head.
-
-    As in the annotated implementation (labml.ai): token embedding -> gMLP blocks with a causal spatial mask ->
-    final LayerNorm -> linear generator (untied by default there; ``tie_word_embeddings`` chooses). Unlike that
-    implementation we add no sinusoidal position encoding: the causal W is position-indexed already (paper §2).
-    Works for any length 1..max_position_embeddings, and ``generate`` crops longer contexts.
+    """Autoregressive gMLP LM, as the annotated implementation (labml.ai): token embedding -> gMLP blocks with a
+    causal SGU (W masked to j <= i) -> final LayerNorm -> linear generator (``tie_word_embeddings`` chooses; untied
+    there). No sinusoidal position encoding: the causal W is position-indexed already (paper §2). Any length
+    1..max_position_embeddings; ``generate`` crops longer contexts.
 
     Shapes:
         input_ids: (B, T) int64; attention_mask: optional (B, T) (right padding never reaches real tokens);

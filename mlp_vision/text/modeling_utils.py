@@ -31,7 +31,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file
 from transformers import GenerationMixin, PreTrainedConfig, PreTrainedModel
 from transformers.generation.configuration_utils import GenerationConfig
-from transformers.utils import logging as transformers_logging
+from transformers.utils import CONFIG_NAME, SAFE_WEIGHTS_NAME as WEIGHTS_NAME, logging as transformers_logging
 
 from mlp_vision.errors import UsageError, check_activation_size, check_model_size, check_range, read_json_file, short_repr
 from ..weights import check_weights
@@ -39,14 +39,13 @@ from ..weights import check_weights
 __all__ = [
     'TextConfig', 'TextPreTrainedModel', 'TextGenerationMixin', 'check_text_inputs',
     'masked_lm_loss', 'causal_lm_loss', 'scored_positions', 'sequence_classification_loss',
-    'read_config', 'is_saved_folder', 'weight_file_shapes', 'check_text_model_size', 'check_text_activations', 'check_tokenizer_fits',
+    'read_config', 'is_saved_folder', 'weight_file_shapes', 'check_text_model_size', 'check_text_activations',
+    'check_tokenizer_fits',
     'pool_sequence', 'check_classifier_pooling', 'CLASSIFIER_POOLINGS', 'read_label_names',
     'CONFIG_NAME', 'WEIGHTS_NAME', 'LABELS_NAME',
 ]
 
-CONFIG_NAME = 'config.json'
-WEIGHTS_NAME = 'model.safetensors'
-LABELS_NAME = 'labels.json'  # written beside a classifier by the text trainer (mlp_vision.training.tasks.text_classification)
+LABELS_NAME = 'labels.json'  # the text trainer writes it beside a classifier (mlp_vision.training.tasks.text_classification)
 
 
 # ------------------------------------------------------------------------------------------------------ configs

@@ -1,11 +1,7 @@
-""" The table of the text models: name -> (family, default task, config defaults), family -> (config class,
-task -> model class); the same table registers every family with ``transformers``' Auto classes (``AutoConfig`` by
-``model_type``, ``AutoModel`` / ``AutoModelForMaskedLM`` / ``AutoModelForSequenceClassification`` /
-``AutoModelForCausalLM`` by task), so ``AutoModelForMaskedLM.from_pretrained('ckpt/')`` and
-``pipeline('fill-mask', model='ckpt/')`` work on our folders once ``mlp_vision.text`` is imported.
-
-A separate table from timm's (text models are not timm image models). Each name builds a config from its
-defaults updated by the overrides and instantiates the model class of the requested task::
+""" The table of the text models (a separate one from timm's): name -> (family, default task, config defaults),
+family -> task -> model class. The same table registers every family with ``transformers``' Auto classes
+(``AutoConfig`` by ``model_type``, ``AutoModel*`` by task), so ``AutoModelForMaskedLM.from_pretrained('ckpt/')`` and
+``pipeline('fill-mask', model='ckpt/')`` work on our folders once ``mlp_vision.text`` is imported::
 
     create_model('amlp_base')                                         # GMLPForMaskedLM, 108.8 M params
     create_model('gmlp_base', task='sequence_classification', num_labels=3)
@@ -166,15 +162,10 @@ def from_pretrained(directory: str, device: str = 'cpu', **overrides: Any) -> Te
     return stored.from_pretrained(directory, **overrides).to(device)
 
 
-def _register_auto_classes() -> None:
-    """Every family's config with ``AutoConfig`` and every (family, task) class with its task's Auto class."""
-    for models in _FAMILIES.values():
-        for task, cls in models.items():
-            AutoConfig.register(cls.config_class.model_type, cls.config_class, exist_ok=True)
-            AUTO_CLASSES[task].register(cls.config_class, cls, exist_ok=True)
-
-
-_register_auto_classes()
+for _models in _FAMILIES.values():  # every config with AutoConfig, every class with its task's Auto class
+    for _task, _cls in _models.items():
+        AutoConfig.register(_cls.config_class.model_type, _cls.config_class, exist_ok=True)
+        AUTO_CLASSES[_task].register(_cls.config_class, _cls, exist_ok=True)
 
 
 # --- gMLP / aMLP masked LM, BERT setup (arXiv 2105.08050 §4, Table 5): vocab 32,000, seq 512, Toeplitz W ----------
