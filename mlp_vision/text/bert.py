@@ -175,7 +175,10 @@ class EncoderModel(TextPreTrainedModel):
     """What :class:`BertModel` and :class:`mlp_vision.text.bigs.BiGSModel` share: :class:`BertEmbeddings`, then
     ``self.layers`` (each ``layer(x, mask)``), given the mask unless ``config.mask_padding`` is False (BiGS).
 
-    Shapes: as :class:`BertModel`; returns ``BaseModelOutput(last_hidden_state (B, L, d))``.
+    Shapes:
+        input_ids: (B, L) int64, 1 <= L <= max_position_embeddings; attention_mask: optional (B, L), 1 = real
+        token, right padding; token_type_ids: optional (B, L) in [0, type_vocab_size) (zeros when omitted).
+        Returns ``BaseModelOutput(last_hidden_state (B, L, hidden_size))``.
     """
 
     def forward(self, input_ids: torch.Tensor, attention_mask: Optional[torch.Tensor] = None,
@@ -191,12 +194,8 @@ class EncoderModel(TextPreTrainedModel):
 
 
 class BertModel(BertPreTrainedModel, EncoderModel):
-    """BERT encoder: :class:`BertEmbeddings` -> ``num_hidden_layers`` x :class:`BertLayer`.
-
-    Shapes:
-        input_ids: (B, L) int64, 1 <= L <= max_position_embeddings; attention_mask: optional (B, L), 1 = real
-        token, right padding; token_type_ids: optional (B, L) (zeros when omitted). Output: (B, L, hidden_size).
-    """
+    """BERT encoder: :class:`BertEmbeddings` -> ``num_hidden_layers`` x :class:`BertLayer` (shapes:
+    :class:`EncoderModel`)."""
 
     def __init__(self, config: BertConfig, device=None, dtype=None):
         super().__init__(config)

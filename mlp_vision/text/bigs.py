@@ -131,14 +131,8 @@ class BiGSPreTrainedModel(TextPreTrainedModel):
 
 
 class BiGSModel(BiGSPreTrainedModel, EncoderModel):
-    """BiGS encoder: BERT embeddings -> ``num_hidden_layers`` x :class:`~mlp_vision.layers.BidirectionalGatedSSM`.
-
-    Shapes:
-        input_ids: (B, L) int64, 1 <= L <= max_position_embeddings.
-        attention_mask: optional (B, L) bool/int, 1 = real token, right padding (module docstring for its effect).
-        token_type_ids: optional (B, L) int64 in [0, type_vocab_size); zeros when omitted.
-        output: ``BaseModelOutput(last_hidden_state (B, L, hidden_size))``.
-    """
+    """BiGS encoder: BERT embeddings -> ``num_hidden_layers`` x :class:`~mlp_vision.layers.BidirectionalGatedSSM`
+    (shapes: :class:`~mlp_vision.text.bert.EncoderModel`; the mask's effect: ``config.mask_padding``)."""
 
     def __init__(self, config: BiGSConfig, device=None, dtype=None):
         super().__init__(config)
@@ -187,19 +181,12 @@ def bigs_param_groups(model: nn.Module, weight_decay: float = 0.05) -> List[dict
     whose other hyperparameters §5 follows) is
     ``torch.optim.AdamW(bigs_param_groups(model, 0.05), lr=6e-4, betas=(0.9, 0.98), eps=1e-6)``.
     """
-    no_decay = set()
-    for module in model.modules():
-        if isinstance(module, nn.LayerNorm):
-            no_decay.update(id(p) for p in module.parameters(recurse=False))
-    decay_params, no_decay_params = [], []
+    norm_params = {id(p) for m in model.modules() if isinstance(m, nn.LayerNorm) for p in m.parameters(recurse=False)}
+    decay, no_decay = [], []
     for name, p in model.named_parameters():
-        if not p.requires_grad:
-            continue
-        if id(p) in no_decay or name.endswith('bias'):
-            no_decay_params.append(p)
-        else:
-            decay_params.append(p)
-    return [{'params': decay_params, 'weight_decay': weight_decay}, {'params': no_decay_params, 'weight_decay': 0.0}]
+        if p.requires_grad:
+            (no_decay if id(p) in norm_params or name.endswith('bias') else decay).append(p)
+    return [{'params': decay, 'weight_decay': weight_decay}, {'params': no_decay, 'weight_decay': 0.0}]
 
 
 # ------------------------------------------------------------------------------------ official checkpoints

@@ -154,16 +154,9 @@ class GMLPModel(GMLPPreTrainedModel):
         dpr = [c.drop_path_rate * i / max(c.num_hidden_layers - 1, 1) for i in range(c.num_hidden_layers)]
         self.blocks = nn.ModuleList([
             GatedMLPBlock(
-                c.hidden_size, c.max_position_embeddings,
-                hidden_dim=c.intermediate_size,
-                spatial_mode=c.spatial_mode,
-                attn_dim=c.tiny_attention_size,
-                sgu_mask=c.mask_padding,
-                norm_layer=partial(nn.LayerNorm, eps=c.layer_norm_eps),
-                drop=c.hidden_dropout_prob,
-                drop_path=dpr[i],
-                **dd,
-            )
+                c.hidden_size, c.max_position_embeddings, hidden_dim=c.intermediate_size, spatial_mode=c.spatial_mode,
+                attn_dim=c.tiny_attention_size, sgu_mask=c.mask_padding, drop=c.hidden_dropout_prob,
+                norm_layer=partial(nn.LayerNorm, eps=c.layer_norm_eps), drop_path=dpr[i], **dd)
             for i in range(c.num_hidden_layers)
         ])
         self.norm = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps, **dd)
