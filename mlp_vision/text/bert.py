@@ -28,6 +28,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from transformers.modeling_outputs import BaseModelOutput, MaskedLMOutput, SequenceClassifierOutput
+from transformers.utils import can_return_tuple
 
 from .modeling_utils import (
     TextConfig, TextPreTrainedModel, check_text_inputs, masked_lm_loss, pool_sequence, scored_positions,
@@ -181,16 +182,16 @@ class EncoderModel(TextPreTrainedModel):
         Returns ``BaseModelOutput(last_hidden_state (B, L, hidden_size))``.
     """
 
+    @can_return_tuple
     def forward(self, input_ids: torch.Tensor, attention_mask: Optional[torch.Tensor] = None,
                 token_type_ids: Optional[torch.Tensor] = None, **kwargs) -> BaseModelOutput:
-        return_dict = self.forward_options(kwargs)
+        self.check_forward_kwargs(kwargs)
         mask = check_text_inputs(input_ids, attention_mask, self.config.max_position_embeddings, token_type_ids)
         mask = mask if getattr(self.config, 'mask_padding', True) else None  # BERT has no such field: it masks
         x = self.embeddings(input_ids, token_type_ids)
         for layer in self.layers:
             x = layer(x, mask)
-        out = BaseModelOutput(last_hidden_state=x)
-        return out if return_dict else out.to_tuple()
+        return BaseModelOutput(last_hidden_state=x)
 
 
 class BertModel(BertPreTrainedModel, EncoderModel):
@@ -271,14 +272,14 @@ class EncoderForMaskedLM(TextPreTrainedModel):
         super().__init_subclass__(**kwargs)
         cls._tied_weights_keys = {'decoder.weight': f'{cls.base_model_prefix}.embeddings.word_embeddings.weight'}
 
+    @can_return_tuple
     def forward(self, input_ids: torch.Tensor, attention_mask: Optional[torch.Tensor] = None,
                 token_type_ids: Optional[torch.Tensor] = None, labels: Optional[torch.Tensor] = None, **kwargs):
-        return_dict = self.forward_options(kwargs)
+        self.check_forward_kwargs(kwargs)
         hidden = self.base_model(input_ids, attention_mask, token_type_ids).last_hidden_state
         hidden, labels = scored_positions(hidden, labels, self.config.sparse_prediction)
         logits = self.decoder(self.mlm_head(hidden)) + self.output_bias
-        out = MaskedLMOutput(loss=None if labels is None else masked_lm_loss(logits, labels), logits=logits)
-        return out if return_dict else out.to_tuple()
+        return MaskedLMOutput(loss=None if labels is None else masked_lm_loss(logits, labels), logits=logits)
 
 
 class BertForMaskedLM(BertPreTrainedModel, EncoderForMaskedLM):
@@ -307,15 +308,15 @@ class EncoderForSequenceClassification(TextPreTrainedModel):
         self.classifier = nn.Linear(config.hidden_size, config.num_labels, device=device, dtype=dtype)
         self.post_init()
 
+    @can_return_tuple
     def forward(self, input_ids: torch.Tensor, attention_mask: Optional[torch.Tensor] = None,
                 token_type_ids: Optional[torch.Tensor] = None, labels: Optional[torch.Tensor] = None, **kwargs):
-        return_dict = self.forward_options(kwargs)
+        self.check_forward_kwargs(kwargs)
         h = self.base_model(input_ids, attention_mask, token_type_ids).last_hidden_state
         mask = None if attention_mask is None else attention_mask.to(torch.bool)  # 'mean' pooling skips padding
         logits = self.classifier(self.dropout(self.pooler(h, mask)))
-        out = SequenceClassifierOutput(
+        return SequenceClassifierOutput(
             loss=None if labels is None else sequence_classification_loss(logits, labels), logits=logits)
-        return out if return_dict else out.to_tuple()
 
 
 class BertForSequenceClassification(BertPreTrainedModel, EncoderForSequenceClassification):

@@ -56,6 +56,7 @@ from typing import Optional
 import torch
 import torch.nn as nn
 from transformers.modeling_outputs import BaseModelOutput, CausalLMOutput, MaskedLMOutput, SequenceClassifierOutput
+from transformers.utils import can_return_tuple
 
 from ..layers import GatedMLPBlock, SPATIAL_MODES
 from .modeling_utils import (
@@ -164,15 +165,15 @@ class GMLPModel(GMLPPreTrainedModel):
         # parameters are left as GatedMLPBlock made them
         self.post_init()
 
+    @can_return_tuple
     def forward(self, input_ids: torch.Tensor, attention_mask: Optional[torch.Tensor] = None,
                 token_type_ids: Optional[torch.Tensor] = None, **kwargs) -> BaseModelOutput:
-        return_dict = self.forward_options(kwargs)
+        self.check_forward_kwargs(kwargs)
         mask = check_text_inputs(input_ids, attention_mask, self.config.max_position_embeddings)
         x = self.drop(self.embed(input_ids))
         for block in self.blocks:
             x = block(x, mask)
-        out = BaseModelOutput(last_hidden_state=self.norm(x))
-        return out if return_dict else out.to_tuple()
+        return BaseModelOutput(last_hidden_state=self.norm(x))
 
 
 class _GMLPForTokenLM(GMLPPreTrainedModel):
@@ -191,14 +192,14 @@ class _GMLPForTokenLM(GMLPPreTrainedModel):
         self.output_bias = nn.Parameter(torch.zeros(config.vocab_size, device=device, dtype=dtype))
         self.post_init()
 
+    @can_return_tuple
     def forward(self, input_ids: torch.Tensor, attention_mask: Optional[torch.Tensor] = None,
                 token_type_ids: Optional[torch.Tensor] = None, labels: Optional[torch.Tensor] = None, **kwargs):
-        return_dict = self.forward_options(kwargs)
+        self.check_forward_kwargs(kwargs)
         hidden, labels = scored_positions(self.gmlp(input_ids, attention_mask).last_hidden_state, labels,
                                           self.config.sparse_prediction and self.loss_fn is masked_lm_loss)
         logits = getattr(self, self.head_name)(hidden) + self.output_bias
-        out = self.output_class(loss=None if labels is None else self.loss_fn(logits, labels), logits=logits)
-        return out if return_dict else out.to_tuple()
+        return self.output_class(loss=None if labels is None else self.loss_fn(logits, labels), logits=logits)
 
 
 class GMLPForMaskedLM(_GMLPForTokenLM):
@@ -234,15 +235,15 @@ class GMLPForSequenceClassification(GMLPPreTrainedModel):
         self.classifier = nn.Linear(config.hidden_size, config.num_labels, device=device, dtype=dtype)
         self.post_init()
 
+    @can_return_tuple
     def forward(self, input_ids: torch.Tensor, attention_mask: Optional[torch.Tensor] = None,
                 token_type_ids: Optional[torch.Tensor] = None, labels: Optional[torch.Tensor] = None, **kwargs):
-        return_dict = self.forward_options(kwargs)
+        self.check_forward_kwargs(kwargs)
         h = pool_sequence(self.gmlp(input_ids, attention_mask).last_hidden_state, attention_mask,
                           self.config.classifier_pooling, self.config.cls_index)  # (B, d)
         logits = self.classifier(self.dropout(h))
-        out = SequenceClassifierOutput(
+        return SequenceClassifierOutput(
             loss=None if labels is None else sequence_classification_loss(logits, labels), logits=logits)
-        return out if return_dict else out.to_tuple()
 
 
 class GMLPForCausalLM(TextGenerationMixin, _GMLPForTokenLM):

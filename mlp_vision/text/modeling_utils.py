@@ -209,7 +209,7 @@ def read_label_names(folder: str, num_labels: int) -> Optional[List[str]]:
 # ------------------------------------------------------------------------------------------------------- models
 # forward arguments that transformers' generate, pipelines and Trainer pass besides the inputs
 _FORWARD_KWARGS = frozenset({
-    'use_cache', 'past_key_values', 'cache_position', 'return_dict', 'output_hidden_states', 'output_attentions',
+    'use_cache', 'past_key_values', 'cache_position', 'output_hidden_states', 'output_attentions',
     'position_ids', 'logits_to_keep'})
 
 
@@ -248,18 +248,17 @@ class TextPreTrainedModel(PreTrainedModel):
         if self.can_generate():
             self.generation_config.use_cache = False  # our causal LMs keep no cache (TextGenerationMixin)
 
-    def forward_options(self, kwargs: Dict[str, Any]) -> bool:
-        """Whether to return the output type (else its tuple), from the ``kwargs`` a ``forward`` got besides its
-        inputs: what ``generate``, pipelines and ``Trainer`` pass; any other keyword is an error (a misspelt
-        ``attention_mask`` must not pass unseen), and so are the per-layer outputs our models do not collect."""
+    def check_forward_kwargs(self, kwargs: Dict[str, Any]) -> None:
+        """The ``kwargs`` a ``forward`` got besides its inputs may be what ``generate``, pipelines and ``Trainer``
+        pass (``return_dict`` is ``transformers``' ``can_return_tuple``'s, around every ``forward``); any other
+        keyword is an error (a misspelt ``attention_mask`` must not pass unseen), and so are the per-layer outputs
+        our models do not collect."""
         unknown = sorted(k for k, v in kwargs.items() if k not in _FORWARD_KWARGS and v is not None)
         if unknown:
             raise TypeError(f'{type(self).__name__}.forward got arguments it does not take: {unknown}')
         if kwargs.get('output_hidden_states') or kwargs.get('output_attentions'):
             raise NotImplementedError(f'{type(self).__name__} returns logits (or the last hidden states) only; our '
                                       f'models do not collect per-layer hidden states or attention weights')
-        return_dict = kwargs.get('return_dict')
-        return self.config.return_dict if return_dict is None else return_dict
 
     @classmethod
     def get_init_context(cls, *args, **kwargs):

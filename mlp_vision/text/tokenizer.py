@@ -162,18 +162,12 @@ def wordpiece_tokenizer(path: str, do_lower_case: Optional[bool] = None,
     vocab = models.WordPiece.read_file(path)
     if not vocab:
         raise ValueError(f'{path} holds no tokens')
-    if do_lower_case is None:
-        do_lower_case = _vocab_is_uncased(vocab)
+    if do_lower_case is None:  # uncased: no ordinary token (not [...] / <...>) has an upper-case letter
+        do_lower_case = not any(t != t.lower() for t in vocab if not re.match(r'^(\[.*\]|<.*>)$', t))
     specials = {**_roles_of(vocab), **(special_tokens_map or {})}
     if 'unk' not in specials:
         raise ValueError(f'{path}: no unknown-word token ([UNK] or <unk>) in the vocabulary; WordPiece needs one')
     return _wrap(_bert_wordpiece(vocab, specials['unk'], do_lower_case), 'subword', specials, do_lower_case)
-
-
-def _vocab_is_uncased(vocab: Iterable[str]) -> bool:
-    """True when no ordinary token (not ``[...]`` / ``<...>``) has an upper-case letter."""
-    special = re.compile(r'^(\[.*\]|<.*>)$')
-    return not any(t != t.lower() for t in vocab if not special.match(t))
 
 
 def _longest_first(n_first: int, n_second: int, budget: int) -> Tuple[int, int]:
@@ -323,11 +317,9 @@ def tokenizer_to_dict(tok: PreTrainedTokenizerFast) -> Dict[str, Any]:
     """Plain JSON-able values that :func:`tokenizer_from_dict` turns back into ``tok`` (for checkpoints loaded with
     ``torch.load(weights_only=True)``): its kind, ``tokenizer.json`` text, special tokens by role and casing."""
     return {'tokenizer_type': tokenizer_kind(tok), 'tokenizer_json': tok.backend_tokenizer.to_str(),
-            'special_tokens_map': _roles_in(tok), 'do_lower_case': tok.init_kwargs.get('do_lower_case')}
-
-
-def _roles_in(tok: PreTrainedTokenizerFast) -> Dict[str, str]:
-    return {r: getattr(tok, f'{r}_token') for r in CONTROL_ROLES if getattr(tok, f'{r}_token') is not None}
+            'special_tokens_map': {r: getattr(tok, f'{r}_token') for r in CONTROL_ROLES
+                                   if getattr(tok, f'{r}_token') is not None},
+            'do_lower_case': tok.init_kwargs.get('do_lower_case')}
 
 
 def tokenizer_from_dict(d: Mapping[str, Any], allow_regex: bool = False) -> PreTrainedTokenizerFast:
