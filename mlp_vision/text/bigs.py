@@ -308,14 +308,11 @@ def bigs_config_from_official(state_dict: Mapping[str, torch.Tensor], **override
     try:
         vocab, dim = sd['bigs.embeddings.word_embeddings.weight'].shape
         fields = dict(
-            vocab_size=vocab,
-            hidden_size=dim,
+            vocab_size=vocab, hidden_size=dim, num_hidden_layers=_num_official_layers(sd),
             max_position_embeddings=sd['bigs.embeddings.position_embeddings.weight'].shape[0],
             type_vocab_size=sd['bigs.embeddings.token_type_embeddings.weight'].shape[0],
-            num_hidden_layers=_num_official_layers(sd),
             intermediate_size=sd['bigs.encoder.layer.0.dv.weight'].shape[0],
-            num_ssm_states=sd['bigs.encoder.layer.0.fs4.kernel.A_re'].shape[0],
-        )
+            num_ssm_states=sd['bigs.encoder.layer.0.fs4.kernel.A_re'].shape[0])
     except KeyError as e:
         raise ValueError(f'not an official BiGS state dict: no {e.args[0]!r}') from None
     if 'classifier.weight' in sd:
