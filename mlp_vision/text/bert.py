@@ -289,21 +289,25 @@ class BertForMaskedLM(BertPreTrainedModel, EncoderForMaskedLM):
 
 class EncoderForSequenceClassification(TextPreTrainedModel):
     """An encoder + :class:`SequencePooler` (``config.classifier_pooling``: 'cls' or 'mean' over the unpadded
-    tokens), dropout and a linear classifier. Shared by :class:`BertForSequenceClassification` and
-    :class:`mlp_vision.text.bigs.BiGSForSequenceClassification`; subclasses set ``encoder_class`` (as
-    :class:`EncoderForMaskedLM`). Load a masked-LM folder with ``from_pretrained(dir, num_labels=k)``: the encoder is
-    loaded, the pooler and classifier are new (MLM-only pretraining, as RoBERTa's and BiGS', trains no pooler).
+    tokens), dropout and a linear classifier. Shared by :class:`BertForSequenceClassification`,
+    :class:`mlp_vision.text.bigs.BiGSForSequenceClassification` and, without the pooler's dense + tanh
+    (``use_pooler = False``: the pooled state itself), :class:`mlp_vision.text.gmlp.GMLPForSequenceClassification`;
+    subclasses set ``encoder_class`` (as :class:`EncoderForMaskedLM`). Load a masked-LM folder with
+    ``from_pretrained(dir, num_labels=k)``: the encoder is loaded, the pooler and classifier are new (MLM-only
+    pretraining, as RoBERTa's and BiGS', trains no pooler).
 
     Shapes: as :class:`EncoderForMaskedLM`; labels optional (B,) int64 class ids, or (B,) float targets when
     ``num_labels == 1`` (regression, MSE). Returns ``SequenceClassifierOutput(loss, logits (B, num_labels))``.
     """
     head_prefixes = ('pooler', 'classifier')
     encoder_class: type
+    use_pooler = True
 
     def __init__(self, config, device=None, dtype=None):
         super().__init__(config)
         setattr(self, self.base_model_prefix, self.encoder_class(config, device=device, dtype=dtype))
-        self.pooler = SequencePooler(config.hidden_size, config.classifier_pooling, device=device, dtype=dtype)
+        if self.use_pooler:
+            self.pooler = SequencePooler(config.hidden_size, config.classifier_pooling, device=device, dtype=dtype)
         self.dropout = nn.Dropout(config.classifier_dropout)
         self.classifier = nn.Linear(config.hidden_size, config.num_labels, device=device, dtype=dtype)
         self.post_init()
@@ -314,7 +318,11 @@ class EncoderForSequenceClassification(TextPreTrainedModel):
         self.check_forward_kwargs(kwargs)
         h = self.base_model(input_ids, attention_mask, token_type_ids).last_hidden_state
         mask = None if attention_mask is None else attention_mask.to(torch.bool)  # 'mean' pooling skips padding
-        logits = self.classifier(self.dropout(self.pooler(h, mask)))
+        if self.use_pooler:
+            h = self.pooler(h, mask)
+        else:  # gMLP: the state at cls_index (or the mean) as it is
+            h = pool_sequence(h, mask, self.config.classifier_pooling, self.config.cls_index)
+        logits = self.classifier(self.dropout(h))
         return SequenceClassifierOutput(
             loss=None if labels is None else sequence_classification_loss(logits, labels), logits=logits)
 

@@ -55,13 +55,14 @@ from typing import Optional
 
 import torch
 import torch.nn as nn
-from transformers.modeling_outputs import BaseModelOutput, CausalLMOutput, MaskedLMOutput, SequenceClassifierOutput
+from transformers.modeling_outputs import BaseModelOutput, CausalLMOutput, MaskedLMOutput
 from transformers.utils import can_return_tuple
 
 from ..layers import GatedMLPBlock, SPATIAL_MODES
+from .bert import EncoderForSequenceClassification
 from .modeling_utils import (
-    TextConfig, TextGenerationMixin, TextPreTrainedModel, causal_lm_loss, check_text_inputs,
-    masked_lm_loss, pool_sequence, scored_positions, sequence_classification_loss)
+    TextConfig, TextGenerationMixin, TextPreTrainedModel, causal_lm_loss, check_text_inputs, masked_lm_loss,
+    scored_positions)
 
 __all__ = [
     'GMLPConfig', 'GMLPPreTrainedModel', 'GMLPModel', 'GMLPForMaskedLM', 'GMLPForSequenceClassification',
@@ -217,7 +218,7 @@ class GMLPForMaskedLM(_GMLPForTokenLM):
     _tied_weights_keys = {'decoder.weight': 'gmlp.embed.weight'}
 
 
-class GMLPForSequenceClassification(GMLPPreTrainedModel):
+class GMLPForSequenceClassification(GMLPPreTrainedModel, EncoderForSequenceClassification):
     """Sequence classifier with the BERT ``<cls>`` protocol of the paper (§2, §4): on ``<cls> segment_a <sep>
     [segment_b <sep>] <pad>...``, a linear map of the last-layer state at ``config.cls_index`` (0), or of the mean of
     the real tokens' states (``classifier_pooling='mean'``). No BERT pooler (tanh dense layer): next-sentence
@@ -226,24 +227,8 @@ class GMLPForSequenceClassification(GMLPPreTrainedModel):
 
     Shapes: as :class:`~mlp_vision.text.bert.EncoderForSequenceClassification`.
     """
-    head_prefixes = ('classifier',)
-
-    def __init__(self, config: GMLPConfig, device=None, dtype=None):
-        super().__init__(config)
-        self.gmlp = GMLPModel(config, device=device, dtype=dtype)
-        self.dropout = nn.Dropout(config.classifier_dropout)
-        self.classifier = nn.Linear(config.hidden_size, config.num_labels, device=device, dtype=dtype)
-        self.post_init()
-
-    @can_return_tuple
-    def forward(self, input_ids: torch.Tensor, attention_mask: Optional[torch.Tensor] = None,
-                token_type_ids: Optional[torch.Tensor] = None, labels: Optional[torch.Tensor] = None, **kwargs):
-        self.check_forward_kwargs(kwargs)
-        h = pool_sequence(self.gmlp(input_ids, attention_mask).last_hidden_state, attention_mask,
-                          self.config.classifier_pooling, self.config.cls_index)  # (B, d)
-        logits = self.classifier(self.dropout(h))
-        return SequenceClassifierOutput(
-            loss=None if labels is None else sequence_classification_loss(logits, labels), logits=logits)
+    encoder_class = GMLPModel
+    use_pooler = False
 
 
 class GMLPForCausalLM(TextGenerationMixin, _GMLPForTokenLM):
