@@ -3,19 +3,16 @@
 Needs ``transformers`` (>= 5): ``pip install mlp_vision[text]``. ``import mlp_vision`` and the vision models do not.
 
 * gMLP / aMLP masked-LM encoders (Toeplitz SGU) with masked-LM and ``<cls>`` sequence-classification heads, and a
-  causal gMLP LM (causal SGU) -- all from :class:`mlp_vision.layers.GatedMLPBlock`.
-* BiGS (bidirectional gated SSM, :class:`mlp_vision.layers.BidirectionalGatedSSM`) masked-LM and
-  sequence-classification encoders, with a loader for the official checkpoints (``from_official``).
-* BERT, the attention baseline, from the same embeddings / heads as BiGS.
-* A char-level GPT with MLP-Attention and its dot-product-attention (SDPA) baseline.
-* Tokenizers: UTF-8 bytes, corpus characters, and subwords (BERT ``vocab.txt``, any ``tokenizer.json``, or a
-  WordPiece / BPE vocabulary trained offline), each a ``transformers.PreTrainedTokenizerFast``; a fill-mask
-  entry point (:mod:`mlp_vision.text.fill_mask`, not imported here so that ``python -m`` runs it cleanly).
+  causal gMLP LM (causal SGU), all from :class:`mlp_vision.layers.GatedMLPBlock`;
+* BiGS (:class:`mlp_vision.layers.BidirectionalGatedSSM`) masked-LM and sequence-classification encoders, with a
+  loader for the official checkpoints (``from_official``), and BERT, the attention baseline, from the same parts;
+* a char-level GPT with MLP-Attention and its dot-product-attention (SDPA) baseline;
+* tokenizers (UTF-8 bytes, corpus characters, WordPiece / BPE), each a ``transformers.PreTrainedTokenizerFast``,
+  and fill-mask (:mod:`mlp_vision.text.fill_mask`, not imported here so that ``python -m`` runs it cleanly).
 
 Every config is a ``transformers.PreTrainedConfig`` and every model a ``transformers.PreTrainedModel``, one class per
-family and task (``GMLPForMaskedLM``, ``BiGSForSequenceClassification``, ...), registered with the Auto classes when
-this package is imported (:mod:`mlp_vision.text.registry`): ``save_pretrained``, ``from_pretrained``, ``generate``,
-pipelines and ``Trainer`` are ``transformers``' own (:mod:`mlp_vision.text.modeling_utils` says what we add).
+family and task, registered with the Auto classes on import (:mod:`~mlp_vision.text.registry`); what we add to
+``transformers``' own save / load / ``generate`` is listed in :mod:`mlp_vision.text.modeling_utils`.
 
 Usage::
 

@@ -19,7 +19,7 @@ Attention is ``F.scaled_dot_product_attention`` (PyTorch's fused flash / memory-
 Heads: ``BertForMaskedLM`` (MLM transform dense + GELU + LayerNorm, decoder tied to the word embedding, output
 bias) and ``BertForSequenceClassification`` (BERT's pooler -- dense + tanh on the [CLS] state -- dropout, linear
 classifier). ``benchmark.py`` times :class:`BertLayer` against the BiGS layer, and :mod:`mlp_vision.complexity`
-counts BERT-large (24 layers, d 1024, 16 heads, FFN 4096; :func:`BertForMaskedLMBaseline`) for the BiGS paper's
+counts BERT-large (24 layers, d 1024, 16 heads, FFN 4096; the registered ``bert_large``) for the BiGS paper's
 Table 6 comparison.
 """
 from typing import ClassVar, Optional
@@ -28,16 +28,17 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from transformers.modeling_outputs import BaseModelOutput, MaskedLMOutput, SequenceClassifierOutput
+from transformers.utils import can_return_tuple
 
 from .modeling_utils import (
-    TextConfig, TextPreTrainedModel, check_classifier_pooling, check_text_inputs, masked_lm_loss, pool_sequence,
-    scored_positions, sequence_classification_loss, tied_decoder)
+    TextConfig, TextPreTrainedModel, check_text_inputs, masked_lm_loss, pool_sequence, scored_positions,
+    sequence_classification_loss)
 
 __all__ = [
     'BertConfig', 'BertEmbeddings', 'BertSelfAttention', 'BertLayer', 'EncoderModel', 'BertModel',
     'MaskedLMHeadTransform',
     'SequencePooler', 'EncoderForMaskedLM', 'EncoderForSequenceClassification', 'BertForMaskedLM',
-    'BertForSequenceClassification', 'BertForMaskedLMBaseline', 'BertPreTrainedModel',
+    'BertForSequenceClassification', 'BertPreTrainedModel',
 ]
 
 
@@ -56,7 +57,8 @@ class BertConfig(TextConfig):
         num_labels: (``transformers``' keyword) outputs of the sequence classifier (1 = regression with MSE).
         classifier_dropout: dropout between the pooler and the classifier.
         classifier_pooling: what the pooler reads, 'cls' (the [CLS] state, §3) or 'mean' (over the real tokens).
-        sparse_prediction: masked LM with labels: decode only the scored positions, logits (N, V) (:func:`~mlp_vision.text.modeling_utils.scored_positions`).
+        sparse_prediction: masked LM with labels: decode only the scored positions, logits (N, V)
+            (:func:`~mlp_vision.text.modeling_utils.scored_positions`).
     """
     vocab_size: int = 30522
     hidden_size: int = 1024
@@ -79,7 +81,6 @@ class BertConfig(TextConfig):
 
     def __post_init__(self, **kwargs):
         super().__post_init__(**kwargs)
-        check_classifier_pooling(self.classifier_pooling)
         if self.hidden_size % self.num_attention_heads:
             raise ValueError(f'hidden_size {self.hidden_size} not divisible by num_attention_heads '
                              f'{self.num_attention_heads}')
@@ -173,41 +174,29 @@ class BertPreTrainedModel(TextPreTrainedModel):
 
 class EncoderModel(TextPreTrainedModel):
     """What :class:`BertModel` and :class:`mlp_vision.text.bigs.BiGSModel` share: :class:`BertEmbeddings`, then
-    ``self.layers`` (each ``layer(x, mask)``), with the mask given to the layers when ``uses_mask(config)``.
-
-    Shapes: as :class:`BertModel`; returns ``BaseModelOutput(last_hidden_state (B, L, d))``.
-    """
-
-    def uses_mask(self) -> bool:
-        return True
-
-    def get_input_embeddings(self) -> nn.Embedding:
-        return self.embeddings.word_embeddings
-
-    def forward(
-            self,
-            input_ids: torch.Tensor,
-            attention_mask: Optional[torch.Tensor] = None,
-            token_type_ids: Optional[torch.Tensor] = None,
-            **kwargs,
-    ) -> BaseModelOutput:
-        return_dict = self.forward_options(kwargs)
-        mask = check_text_inputs(input_ids, attention_mask, self.config.max_position_embeddings, token_type_ids)
-        mask = mask if self.uses_mask() else None
-        x = self.embeddings(input_ids, token_type_ids)
-        for layer in self.layers:
-            x = layer(x, mask)
-        out = BaseModelOutput(last_hidden_state=x)
-        return out if return_dict else out.to_tuple()
-
-
-class BertModel(BertPreTrainedModel, EncoderModel):
-    """BERT encoder: :class:`BertEmbeddings` -> ``num_hidden_layers`` x :class:`BertLayer`.
+    ``self.layers`` (each ``layer(x, mask)``), given the mask unless ``config.mask_padding`` is False (BiGS).
 
     Shapes:
         input_ids: (B, L) int64, 1 <= L <= max_position_embeddings; attention_mask: optional (B, L), 1 = real
-        token, right padding; token_type_ids: optional (B, L) (zeros when omitted). Output: (B, L, hidden_size).
+        token, right padding; token_type_ids: optional (B, L) in [0, type_vocab_size) (zeros when omitted).
+        Returns ``BaseModelOutput(last_hidden_state (B, L, hidden_size))``.
     """
+
+    @can_return_tuple
+    def forward(self, input_ids: torch.Tensor, attention_mask: Optional[torch.Tensor] = None,
+                token_type_ids: Optional[torch.Tensor] = None, **kwargs) -> BaseModelOutput:
+        self.check_forward_kwargs(kwargs)
+        mask = check_text_inputs(input_ids, attention_mask, self.config.max_position_embeddings, token_type_ids)
+        mask = mask if getattr(self.config, 'mask_padding', True) else None  # BERT has no such field: it masks
+        x = self.embeddings(input_ids, token_type_ids)
+        for layer in self.layers:
+            x = layer(x, mask)
+        return BaseModelOutput(last_hidden_state=x)
+
+
+class BertModel(BertPreTrainedModel, EncoderModel):
+    """BERT encoder: :class:`BertEmbeddings` -> ``num_hidden_layers`` x :class:`BertLayer` (shapes:
+    :class:`EncoderModel`)."""
 
     def __init__(self, config: BertConfig, device=None, dtype=None):
         super().__init__(config)
@@ -244,7 +233,6 @@ class SequencePooler(nn.Module):
 
     def __init__(self, hidden_size: int, pooling: str = 'cls', device=None, dtype=None):
         super().__init__()
-        check_classifier_pooling(pooling)
         self.pooling = pooling
         self.dense = nn.Linear(hidden_size, hidden_size, device=device, dtype=dtype)
 
@@ -262,6 +250,11 @@ class EncoderForMaskedLM(TextPreTrainedModel):
     Subclasses (also of their family's ``PreTrainedModel``, which names ``base_model_prefix``: the attribute and
     state-dict prefix the encoder is stored under) set ``encoder_class`` (built from the config; it has
     ``embeddings.word_embeddings`` and maps ``(input_ids, attention_mask, token_type_ids)`` to its output).
+
+    Shapes:
+        input_ids, attention_mask, token_type_ids: (B, L) as the encoder; labels: optional (B, L) int64 with -100 at
+        positions that are not scored. Returns ``MaskedLMOutput(loss, logits (B, L, V))``; logits (N, V) of the N
+        scored positions when ``config.sparse_prediction`` and labels are given.
     """
     head_prefixes = ('mlm_head', 'decoder', 'output_bias')
     encoder_class: type
@@ -271,7 +264,7 @@ class EncoderForMaskedLM(TextPreTrainedModel):
         encoder = self.encoder_class(config, device=device, dtype=dtype)
         setattr(self, self.base_model_prefix, encoder)
         self.mlm_head = MaskedLMHeadTransform(config.hidden_size, config.layer_norm_eps, device=device, dtype=dtype)
-        self.decoder = tied_decoder(encoder.embeddings.word_embeddings, device=device, dtype=dtype)
+        self.decoder = nn.Linear(config.hidden_size, config.vocab_size, bias=False, device=device, dtype=dtype)
         self.output_bias = nn.Parameter(torch.zeros(config.vocab_size, device=device, dtype=dtype))
         self.post_init()
 
@@ -279,90 +272,63 @@ class EncoderForMaskedLM(TextPreTrainedModel):
         super().__init_subclass__(**kwargs)
         cls._tied_weights_keys = {'decoder.weight': f'{cls.base_model_prefix}.embeddings.word_embeddings.weight'}
 
-    def get_input_embeddings(self) -> nn.Embedding:
-        return self.base_model.embeddings.word_embeddings
-
-    def forward(
-            self,
-            input_ids: torch.Tensor,
-            attention_mask: Optional[torch.Tensor] = None,
-            token_type_ids: Optional[torch.Tensor] = None,
-            labels: Optional[torch.Tensor] = None,
-            **kwargs,
-    ):
-        return_dict = self.forward_options(kwargs)
+    @can_return_tuple
+    def forward(self, input_ids: torch.Tensor, attention_mask: Optional[torch.Tensor] = None,
+                token_type_ids: Optional[torch.Tensor] = None, labels: Optional[torch.Tensor] = None, **kwargs):
+        self.check_forward_kwargs(kwargs)
         hidden = self.base_model(input_ids, attention_mask, token_type_ids).last_hidden_state
         hidden, labels = scored_positions(hidden, labels, self.config.sparse_prediction)
         logits = self.decoder(self.mlm_head(hidden)) + self.output_bias
-        out = MaskedLMOutput(loss=None if labels is None else masked_lm_loss(logits, labels), logits=logits)
-        return out if return_dict else out.to_tuple()
+        return MaskedLMOutput(loss=None if labels is None else masked_lm_loss(logits, labels), logits=logits)
 
 
 class BertForMaskedLM(BertPreTrainedModel, EncoderForMaskedLM):
-    """BERT masked LM: encoder, MLM transform, decoder tied to the word embedding, per-token output bias.
-
-    Shapes:
-        input_ids, attention_mask, token_type_ids: (B, L) as :class:`BertModel`; labels: optional (B, L) int64 with
-        -100 at positions that are not scored. Returns ``MaskedLMOutput(loss, logits (B, L, V))``;
-        logits (N, V) of the N scored positions when ``config.sparse_prediction`` and labels are given.
-    """
+    """BERT masked LM (§3.1): :class:`EncoderForMaskedLM` on :class:`BertModel`."""
     encoder_class = BertModel
 
 
 class EncoderForSequenceClassification(TextPreTrainedModel):
     """An encoder + :class:`SequencePooler` (``config.classifier_pooling``: 'cls' or 'mean' over the unpadded
-    tokens), dropout and a linear classifier. Shared by :class:`BertForSequenceClassification` and
-    :class:`mlp_vision.text.bigs.BiGSForSequenceClassification`; subclasses set ``encoder_class`` (as
-    :class:`EncoderForMaskedLM`).
+    tokens), dropout and a linear classifier. Shared by :class:`BertForSequenceClassification`,
+    :class:`mlp_vision.text.bigs.BiGSForSequenceClassification` and, without the pooler's dense + tanh
+    (``use_pooler = False``: the pooled state itself), :class:`mlp_vision.text.gmlp.GMLPForSequenceClassification`;
+    subclasses set ``encoder_class`` (as :class:`EncoderForMaskedLM`). Load a masked-LM folder with
+    ``from_pretrained(dir, num_labels=k)``: the encoder is loaded, the pooler and classifier are new (MLM-only
+    pretraining, as RoBERTa's and BiGS', trains no pooler).
+
+    Shapes: as :class:`EncoderForMaskedLM`; labels optional (B,) int64 class ids, or (B,) float targets when
+    ``num_labels == 1`` (regression, MSE). Returns ``SequenceClassifierOutput(loss, logits (B, num_labels))``.
     """
     head_prefixes = ('pooler', 'classifier')
     encoder_class: type
+    use_pooler = True
 
     def __init__(self, config, device=None, dtype=None):
         super().__init__(config)
         setattr(self, self.base_model_prefix, self.encoder_class(config, device=device, dtype=dtype))
-        self.pooler = SequencePooler(config.hidden_size, config.classifier_pooling, device=device, dtype=dtype)
+        if self.use_pooler:
+            self.pooler = SequencePooler(config.hidden_size, config.classifier_pooling, device=device, dtype=dtype)
         self.dropout = nn.Dropout(config.classifier_dropout)
         self.classifier = nn.Linear(config.hidden_size, config.num_labels, device=device, dtype=dtype)
         self.post_init()
 
-    def get_input_embeddings(self) -> nn.Embedding:
-        return self.base_model.embeddings.word_embeddings
-
-    def forward(
-            self,
-            input_ids: torch.Tensor,
-            attention_mask: Optional[torch.Tensor] = None,
-            token_type_ids: Optional[torch.Tensor] = None,
-            labels: Optional[torch.Tensor] = None,
-            **kwargs,
-    ):
-        return_dict = self.forward_options(kwargs)
+    @can_return_tuple
+    def forward(self, input_ids: torch.Tensor, attention_mask: Optional[torch.Tensor] = None,
+                token_type_ids: Optional[torch.Tensor] = None, labels: Optional[torch.Tensor] = None, **kwargs):
+        self.check_forward_kwargs(kwargs)
         h = self.base_model(input_ids, attention_mask, token_type_ids).last_hidden_state
         mask = None if attention_mask is None else attention_mask.to(torch.bool)  # 'mean' pooling skips padding
-        logits = self.classifier(self.dropout(self.pooler(h, mask)))
-        out = SequenceClassifierOutput(
+        if self.use_pooler:
+            h = self.pooler(h, mask)
+        else:  # gMLP: the state at cls_index (or the mean) as it is
+            h = pool_sequence(h, mask, self.config.classifier_pooling, self.config.cls_index)
+        logits = self.classifier(self.dropout(h))
+        return SequenceClassifierOutput(
             loss=None if labels is None else sequence_classification_loss(logits, labels), logits=logits)
-        return out if return_dict else out.to_tuple()
 
 
 class BertForSequenceClassification(BertPreTrainedModel, EncoderForSequenceClassification):
-    """BERT classifier (§3): pooler (dense + tanh on the [CLS] state; ``classifier_pooling='mean'``: on the mean of
-    the real tokens' states), dropout, linear classifier.
-
-    Load a masked-LM checkpoint with ``BertForSequenceClassification.from_pretrained(dir, num_labels=k)``: the
-    encoder is loaded, the pooler and classifier are new (MLM-only pretraining, as RoBERTa and BiGS, does not train
-    a pooler).
-
-    Shapes: as :class:`BertForMaskedLM`; labels optional (B,) class ids (or float targets when num_labels == 1).
-    Returns ``SequenceClassifierOutput(loss, logits (B, num_labels))``.
-    """
+    """BERT classifier (§3): :class:`EncoderForSequenceClassification` on :class:`BertModel` (pooler on the [CLS]
+    state by default)."""
     encoder_class = BertModel
 
-
-def BertForMaskedLMBaseline(seq_len: int = 512, device=None, dtype=None, **config) -> BertForMaskedLM:
-    """BERT-large masked LM with ``seq_len`` positions, no dropout: the FLOP baseline of the BiGS paper's Table 6
-    (what :mod:`mlp_vision.complexity` counts). Same as ``create_model('bert_large', max_position_embeddings=L)``."""
-    config = BertConfig(max_position_embeddings=seq_len, hidden_dropout_prob=0., attention_probs_dropout_prob=0.,
-                        **config)
-    return BertForMaskedLM(config, device=device, dtype=dtype)

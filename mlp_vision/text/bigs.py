@@ -4,12 +4,9 @@ Paper: `Pretraining Without Attention` (Wang, Yan, Gu, Rush) - https://arxiv.org
 gated bidirectional layer; §5: the BERT-large-sized setup; Table 6: FLOPs).
 Official code and weights: github.com/jxiw/BiGS (``JunxiongWang/BiGS_{128,512,1024,4096}`` on the HF hub).
 
-Every layer is :class:`mlp_vision.layers.BidirectionalGatedSSM` (S4D kernel shared across channels, see
-:mod:`mlp_vision.layers.ssm` for the kernel, the FFT length and the padding argument). The SSM convolutions run,
-like the kernel, in float32 even under autocast; everything else follows the autocast dtype. Up to 1,024 tokens
-they run as Toeplitz GEMMs (faster on CPU at these lengths), beyond as real FFTs of length ``fast_fft_len(2L)``
-(8192 for L = 4096: the smallest 2^a 3^b 5^c >= 2L, so no circular wrap-around); the same function either way
-(``conv_impl`` of the layer), and the FLOP counts use the FFT formulation.
+Every layer is :class:`mlp_vision.layers.BidirectionalGatedSSM` (:mod:`mlp_vision.layers.ssm`: the S4D kernel, its
+float32 convolutions, Toeplitz GEMM or FFT); the embeddings, the MLM transform and the pooler are BERT's modules
+(:mod:`mlp_vision.text.bert`): BiGS replaces only the layers (§4).
 
 Model layout (``BiGSModel``)::
 
@@ -18,15 +15,9 @@ Model layout (``BiGSModel``)::
         -> num_hidden_layers x BidirectionalGatedSSM(d, d_i, N)
         -> hidden states (B, L, d)          (pre-norm residual layers; no final LayerNorm, as the official model)
 
-The embeddings, the MLM transform and the pooler are BERT's modules (:mod:`mlp_vision.text.bert`): BiGS replaces
-only the layers (§4).
-
-Heads:
-    * ``BiGSForMaskedLM``: BERT MLM head -- dense d -> d, GELU, LayerNorm, decoder tied to the word embedding,
-      per-token output bias -> logits (B, L, V).
-    * ``BiGSForSequenceClassification``: the official BiGS pooler -- **mean of the last hidden states over the
-      real tokens** (``attention_mask``; all positions when no mask is given), dense d -> d, tanh -- then dropout
-      and a linear classifier. (Not BERT's [CLS] pooler: BiGS has no next-sentence task that would train one.)
+Heads: ``BiGSForMaskedLM`` (BERT's MLM head) and ``BiGSForSequenceClassification`` (the official BiGS pooler: the
+**mean of the last hidden states over the real tokens**, dense, tanh; not BERT's [CLS] pooler, which only a
+next-sentence task would train -- then dropout and a linear classifier).
 
 ``attention_mask`` (B, L), 1 = real token, 0 = padding, right padding only (any other layout stops with an error):
     * ``config.mask_padding = True`` (default): the SSM inputs are zeroed at padded positions, so the real
@@ -51,11 +42,8 @@ With 128 / 1024 / 4096 positions: 346.31 M / 347.23 M / 350.37 M. The official c
 sequence-classification pooler (``bigs.pooler.dense``, (d + 1) d = 1.05 M) even for masked LM; it is not part of
 the 346 M and ours lives in the classifier model only.
 
-Official checkpoints: :func:`convert_official_bigs_state_dict` maps the official torch keys to ours and
-:meth:`BiGSForMaskedLM.from_official` builds the model from a ``pytorch_model.bin`` / ``.safetensors`` file or a
-folder in the official layout (offline; the sizes are read from the tensor shapes, the remaining fields from the
-folder's ``config.json`` when present); the folder's tokenizer (``tokenizer.json`` / ``vocab.txt``) becomes
-``model.tokenizer``, so ``python -m mlp_vision.text.fill_mask DIR "the movie was [MASK] ."`` works on it.
+Official checkpoints: :func:`convert_official_bigs_state_dict` maps their keys to ours, ``from_official`` builds
+a model from their files (:func:`_from_official`).
 """
 import os
 from typing import ClassVar, Dict, List, Mapping, Optional, Union
@@ -67,7 +55,7 @@ from mlp_vision.errors import UsageError, read_json_file
 from ..layers import BidirectionalGatedSSM
 from ..weights import load_backbone
 from .bert import BertEmbeddings, EncoderForMaskedLM, EncoderForSequenceClassification, EncoderModel
-from .modeling_utils import TextConfig, TextPreTrainedModel, check_classifier_pooling
+from .modeling_utils import TextConfig, TextPreTrainedModel
 
 __all__ = [
     'BiGSConfig', 'BiGSPreTrainedModel', 'BiGSModel', 'BiGSForMaskedLM', 'BiGSForSequenceClassification',
@@ -100,7 +88,8 @@ class BiGSConfig(TextConfig):
         num_labels: (``transformers``' keyword) outputs of the sequence classifier (1 = regression with MSE).
         classifier_dropout: dropout between the pooler and the classifier.
         classifier_pooling: what the pooler reads, 'mean' (over the real tokens; the official BiGS pooler) or 'cls'.
-        sparse_prediction: masked LM with labels: decode only the scored positions, logits (N, V) (:func:`~mlp_vision.text.modeling_utils.scored_positions`).
+        sparse_prediction: masked LM with labels: decode only the scored positions, logits (N, V)
+            (:func:`~mlp_vision.text.modeling_utils.scored_positions`).
     """
     vocab_size: int = 30522
     hidden_size: int = 1024
@@ -127,7 +116,6 @@ class BiGSConfig(TextConfig):
 
     def __post_init__(self, **kwargs):
         super().__post_init__(**kwargs)
-        check_classifier_pooling(self.classifier_pooling)
         if not 0 <= self.pad_token_id < self.vocab_size:
             raise ValueError(f'pad_token_id {self.pad_token_id} outside [0, {self.vocab_size})')
         if not 0 < self.dt_min <= self.dt_max:
@@ -143,14 +131,8 @@ class BiGSPreTrainedModel(TextPreTrainedModel):
 
 
 class BiGSModel(BiGSPreTrainedModel, EncoderModel):
-    """BiGS encoder: BERT embeddings -> ``num_hidden_layers`` x :class:`~mlp_vision.layers.BidirectionalGatedSSM`.
-
-    Shapes:
-        input_ids: (B, L) int64, 1 <= L <= max_position_embeddings.
-        attention_mask: optional (B, L) bool/int, 1 = real token, right padding (module docstring for its effect).
-        token_type_ids: optional (B, L) int64 in [0, type_vocab_size); zeros when omitted.
-        output: ``BaseModelOutput(last_hidden_state (B, L, hidden_size))``.
-    """
+    """BiGS encoder: BERT embeddings -> ``num_hidden_layers`` x :class:`~mlp_vision.layers.BidirectionalGatedSSM`
+    (shapes: :class:`~mlp_vision.text.bert.EncoderModel`; the mask's effect: ``config.mask_padding``)."""
 
     def __init__(self, config: BiGSConfig, device=None, dtype=None):
         super().__init__(config)
@@ -166,68 +148,27 @@ class BiGSModel(BiGSPreTrainedModel, EncoderModel):
         # transformers' _init_weights: Linear / Embedding only, the SSM parameters keep their S4D init
         self.post_init()
 
-    def uses_mask(self) -> bool:
-        return self.config.mask_padding
-
 
 class BiGSForMaskedLM(BiGSPreTrainedModel, EncoderForMaskedLM):
-    """BiGS masked LM: encoder + BERT MLM head, decoder tied to the word embedding, per-token output bias.
-
-    Shapes:
-        input_ids, attention_mask, token_type_ids: (B, L) as :class:`BiGSModel`; labels: optional (B, L) int64
-        with -100 at positions that are not scored. Returns ``MaskedLMOutput(loss, logits (B, L, V))``;
-        logits (N, V) of the N scored positions when ``config.sparse_prediction`` and labels are given.
-    """
+    """BiGS masked LM: :class:`~mlp_vision.text.bert.EncoderForMaskedLM` (BERT's MLM head) on :class:`BiGSModel`."""
     encoder_class = BiGSModel
 
     @classmethod
-    def from_official(
-            cls,
-            path_or_state_dict: Union[str, os.PathLike, Mapping[str, torch.Tensor]],
-            device: str = 'cpu',
-            dtype: Optional[torch.dtype] = None,
-            allow_regex: bool = False,
-            **config_overrides,
-    ) -> 'BiGSForMaskedLM':
-        """Build from an official BiGS checkpoint (offline): a ``pytorch_model.bin`` / ``*.safetensors`` file, a
-        folder in the official layout (the weights file, ``config.json``, ``vocab.txt`` / ``tokenizer.json``), or
-        an already loaded state dict in the official key layout.
-
-        The sizes (V, d, d_i, layers, N, positions, token types) are read from the tensor shapes; ``pad_token_id``,
-        ``layer_norm_eps``, ``hidden_dropout_prob``, ``initializer_range`` and ``classifier_dropout`` from the
-        folder's ``config.json`` when it has them (a ``config.json`` whose sizes disagree with the tensors is an
-        error); other fields (e.g. ``mask_padding=False`` to reproduce the official outputs on padded batches) come
-        from ``config_overrides``. ``dtype``: parameter dtype (default float32; the SSM kernel and FFTs run in
-        float32 regardless). ``model.tokenizer`` is the folder's tokenizer, or None; ``allow_regex``: accept a
-        ``tokenizer.json`` with a regular expression (refused otherwise, see :mod:`mlp_vision.text.tokenizer`).
-        """
+    def from_official(cls, path_or_state_dict: Union[str, os.PathLike, Mapping[str, torch.Tensor]], device: str = 'cpu',
+                      dtype: Optional[torch.dtype] = None, allow_regex: bool = False, **config_overrides):
+        """Build from an official BiGS checkpoint (offline; :func:`_from_official` says what is read)."""
         return _from_official(cls, path_or_state_dict, device, dtype, config_overrides, allow_regex)
 
 
 class BiGSForSequenceClassification(BiGSPreTrainedModel, EncoderForSequenceClassification):
-    """Sequence classifier: encoder, official BiGS pooler (masked mean, dense, tanh), dropout, linear classifier.
-
-    Load a masked-LM checkpoint with ``BiGSForSequenceClassification.from_pretrained(dir, num_labels=k)``: the
-    encoder is loaded, the pooler and classifier are freshly initialised. ``from_official`` also loads the
-    official pooler (``bigs.pooler.dense``) when the checkpoint has it.
-
-    Shapes:
-        input_ids, attention_mask, token_type_ids: (B, L); labels: optional (B,) int64 class ids, or (B,) float
-        targets when ``num_labels == 1`` (MSE). Returns ``SequenceClassifierOutput(loss, logits (B, num_labels))``.
-    """
+    """BiGS classifier: :class:`~mlp_vision.text.bert.EncoderForSequenceClassification` on :class:`BiGSModel`, with
+    the official pooler (masked mean, dense, tanh) by default."""
     encoder_class = BiGSModel
 
     @classmethod
-    def from_official(
-            cls,
-            path_or_state_dict: Union[str, os.PathLike, Mapping[str, torch.Tensor]],
-            device: str = 'cpu',
-            dtype: Optional[torch.dtype] = None,
-            allow_regex: bool = False,
-            **config_overrides,
-    ) -> 'BiGSForSequenceClassification':
-        """As :meth:`BiGSForMaskedLM.from_official`; the pooler is loaded when present, the classifier is new
-        (an official fine-tuned ``classifier.*`` is loaded too when present)."""
+    def from_official(cls, path_or_state_dict: Union[str, os.PathLike, Mapping[str, torch.Tensor]], device: str = 'cpu',
+                      dtype: Optional[torch.dtype] = None, allow_regex: bool = False, **config_overrides):
+        """Build from an official BiGS checkpoint (offline; :func:`_from_official` says what is read)."""
         return _from_official(cls, path_or_state_dict, device, dtype, config_overrides, allow_regex)
 
 
@@ -240,59 +181,29 @@ def bigs_param_groups(model: nn.Module, weight_decay: float = 0.05) -> List[dict
     whose other hyperparameters §5 follows) is
     ``torch.optim.AdamW(bigs_param_groups(model, 0.05), lr=6e-4, betas=(0.9, 0.98), eps=1e-6)``.
     """
-    no_decay = set()
-    for module in model.modules():
-        if isinstance(module, nn.LayerNorm):
-            no_decay.update(id(p) for p in module.parameters(recurse=False))
-    decay_params, no_decay_params = [], []
+    norm_params = {id(p) for m in model.modules() if isinstance(m, nn.LayerNorm) for p in m.parameters(recurse=False)}
+    decay, no_decay = [], []
     for name, p in model.named_parameters():
-        if not p.requires_grad:
-            continue
-        if id(p) in no_decay or name.endswith('bias'):
-            no_decay_params.append(p)
-        else:
-            decay_params.append(p)
-    return [{'params': decay_params, 'weight_decay': weight_decay}, {'params': no_decay_params, 'weight_decay': 0.0}]
+        if p.requires_grad:
+            (no_decay if id(p) in norm_params or name.endswith('bias') else decay).append(p)
+    return [{'params': decay, 'weight_decay': weight_decay}, {'params': no_decay, 'weight_decay': 0.0}]
 
 
 # ------------------------------------------------------------------------------------ official checkpoints
 
 # per-layer official name -> ours (attributes of the official BiGSLayer, github.com/jxiw/BiGS BiGS/modeling_bigs.py)
 _LAYER_KEYS = {
-    'LayerNorm.weight': 'norm.weight',
-    'LayerNorm.bias': 'norm.bias',
-    'fs4.D': 'ssm_forward.D',
-    'fs4.kernel.log_step': 'ssm_forward.kernel.log_step',
-    'fs4.kernel.A_re': 'ssm_forward.kernel.A_re',
-    'fs4.kernel.A_im': 'ssm_forward.kernel.A_im',
-    'fs4.kernel.C': 'ssm_forward.kernel.C',
-    'bs4.D': 'ssm_backward.D',
-    'bs4.kernel.log_step': 'ssm_backward.kernel.log_step',
-    'bs4.kernel.A_re': 'ssm_backward.kernel.A_re',
-    'bs4.kernel.A_im': 'ssm_backward.kernel.A_im',
-    'bs4.kernel.C': 'ssm_backward.kernel.C',
-    'dv.weight': 'value_proj.weight',
-    'dv.bias': 'value_proj.bias',
-    'du_forward.weight': 'forward_in_proj.weight',
-    'du_forward.bias': 'forward_in_proj.bias',
-    'du_backward.weight': 'backward_in_proj.weight',
-    'du_backward.bias': 'backward_in_proj.bias',
-    'duc_forward.weight': 'forward_out_proj.weight',
-    'duc_forward.bias': 'forward_out_proj.bias',
-    'duc_backward.weight': 'backward_out_proj.weight',
-    'duc_backward.bias': 'backward_out_proj.bias',
-    'dol.weight': 'gate_proj.weight',
-    'dol.bias': 'gate_proj.bias',
-    'do.weight': 'out_proj.weight',
-    'do.bias': 'out_proj.bias',
+    'LayerNorm.weight': 'norm.weight', 'LayerNorm.bias': 'norm.bias',
+    **{f'{theirs}.{p}': f'ssm_{ours}.{p}' for theirs, ours in (('fs4', 'forward'), ('bs4', 'backward'))
+       for p in ('D', 'kernel.log_step', 'kernel.A_re', 'kernel.A_im', 'kernel.C')},
+    **{f'{theirs}.{p}': f'{ours}.{p}' for theirs, ours in (
+        ('dv', 'value_proj'), ('du_forward', 'forward_in_proj'), ('du_backward', 'backward_in_proj'),
+        ('duc_forward', 'forward_out_proj'), ('duc_backward', 'backward_out_proj'), ('dol', 'gate_proj'),
+        ('do', 'out_proj')) for p in ('weight', 'bias')},
 }
-_EMBEDDING_KEYS = {
-    'bigs.embeddings.word_embeddings.weight': 'bigs.embeddings.word_embeddings.weight',
-    'bigs.embeddings.position_embeddings.weight': 'bigs.embeddings.position_embeddings.weight',
-    'bigs.embeddings.token_type_embeddings.weight': 'bigs.embeddings.token_type_embeddings.weight',
-    'bigs.embeddings.LayerNorm.weight': 'bigs.embeddings.norm.weight',
-    'bigs.embeddings.LayerNorm.bias': 'bigs.embeddings.norm.bias',
-}
+_EMBEDDING_KEYS = {f'bigs.embeddings.{k}': f'bigs.embeddings.{k.replace("LayerNorm", "norm")}' for k in (
+    'word_embeddings.weight', 'position_embeddings.weight', 'token_type_embeddings.weight', 'LayerNorm.weight',
+    'LayerNorm.bias')}
 _MLM_KEYS = {
     'cls.predictions.transform.dense.weight': 'mlm_head.dense.weight',
     'cls.predictions.transform.dense.bias': 'mlm_head.dense.bias',
@@ -317,10 +228,8 @@ def _num_official_layers(state_dict: Mapping[str, torch.Tensor]) -> int:
     return max(idx) + 1 if idx else 0
 
 
-def convert_official_bigs_state_dict(
-        state_dict: Mapping[str, torch.Tensor],
-        task: str = 'masked_lm',
-) -> Dict[str, torch.Tensor]:
+def convert_official_bigs_state_dict(state_dict: Mapping[str, torch.Tensor], task: str = 'masked_lm'
+                                     ) -> Dict[str, torch.Tensor]:
     """Map an official BiGS torch state dict to the keys of our model for ``task``.
 
     Official layout (github.com/jxiw/BiGS, ``BiGS/modeling_bigs.py``; HF hub ``JunxiongWang/BiGS_*``)::
@@ -351,28 +260,21 @@ def convert_official_bigs_state_dict(
     """
     if task not in _TASKS:
         raise ValueError(f'task must be one of {_TASKS}, got {task!r}')
-    sd = {(k[len('module.'):] if k.startswith('module.') else k): v for k, v in state_dict.items()}
+    sd = {k.removeprefix('module.'): v for k, v in state_dict.items()}
     num_layers = _num_official_layers(sd)
 
     required: Dict[str, str] = dict(_EMBEDDING_KEYS)
     for i in range(num_layers):
         for theirs, ours in _LAYER_KEYS.items():
             required[f'bigs.encoder.layer.{i}.{theirs}'] = f'bigs.layers.{i}.{ours}'
-    optional: Dict[str, Optional[str]] = {}
+    tied = ('cls.predictions.decoder.weight', 'cls.predictions.decoder.bias')
+    # keys of the heads the task does not have are dropped (None); the classifier's are loaded when present
+    optional: Dict[str, Optional[str]] = {
+        k: None for k in (*_MLM_KEYS, *_POOLER_KEYS, *_CLASSIFIER_KEYS, *tied, *_IGNORED_KEYS)}
     if task == 'masked_lm':
         required.update(_MLM_KEYS)
-        optional.update({k: None for k in _POOLER_KEYS})
-        optional.update({k: None for k in _CLASSIFIER_KEYS})
-    else:
-        optional.update({k: None for k in _MLM_KEYS})
-        if task == 'sequence_classification':
-            optional.update(_POOLER_KEYS)
-            optional.update(_CLASSIFIER_KEYS)
-        else:
-            optional.update({k: None for k in _POOLER_KEYS})
-            optional.update({k: None for k in _CLASSIFIER_KEYS})
-    tied = ('cls.predictions.decoder.weight', 'cls.predictions.decoder.bias')
-    optional.update({k: None for k in tied + _IGNORED_KEYS})
+    elif task == 'sequence_classification':
+        optional.update({**_POOLER_KEYS, **_CLASSIFIER_KEYS})
 
     missing = sorted(k for k in required if k not in sd)
     unexpected = sorted(k for k in sd if k not in required and k not in optional)
@@ -392,10 +294,7 @@ def convert_official_bigs_state_dict(
         raise ValueError('cls.predictions.decoder.bias differs from cls.predictions.bias (they are one tensor in '
                          'the official model)')
 
-    out: Dict[str, torch.Tensor] = {}
-    for theirs, ours in list(required.items()) + list(optional.items()):
-        if ours is not None and theirs in sd:
-            out[ours] = sd[theirs]
+    out = {ours: sd[theirs] for theirs, ours in {**optional, **required}.items() if ours is not None and theirs in sd}
     if task == 'masked_lm':
         out['decoder.weight'] = word  # our decoder Linear shares the word embedding's parameter
     if task == 'base':
@@ -405,18 +304,15 @@ def convert_official_bigs_state_dict(
 
 def bigs_config_from_official(state_dict: Mapping[str, torch.Tensor], **overrides) -> BiGSConfig:
     """A :class:`BiGSConfig` whose sizes are read from an official state dict's tensor shapes."""
-    sd = {(k[len('module.'):] if k.startswith('module.') else k): v for k, v in state_dict.items()}
+    sd = {k.removeprefix('module.'): v for k, v in state_dict.items()}
     try:
         vocab, dim = sd['bigs.embeddings.word_embeddings.weight'].shape
         fields = dict(
-            vocab_size=vocab,
-            hidden_size=dim,
+            vocab_size=vocab, hidden_size=dim, num_hidden_layers=_num_official_layers(sd),
             max_position_embeddings=sd['bigs.embeddings.position_embeddings.weight'].shape[0],
             type_vocab_size=sd['bigs.embeddings.token_type_embeddings.weight'].shape[0],
-            num_hidden_layers=_num_official_layers(sd),
             intermediate_size=sd['bigs.encoder.layer.0.dv.weight'].shape[0],
-            num_ssm_states=sd['bigs.encoder.layer.0.fs4.kernel.A_re'].shape[0],
-        )
+            num_ssm_states=sd['bigs.encoder.layer.0.fs4.kernel.A_re'].shape[0])
     except KeyError as e:
         raise ValueError(f'not an official BiGS state dict: no {e.args[0]!r}') from None
     if 'classifier.weight' in sd:
@@ -447,7 +343,7 @@ _OFFICIAL_CONFIG_FIELDS = ('pad_token_id', 'layer_norm_eps', 'hidden_dropout_pro
                            'classifier_dropout')
 
 
-def _official_config_fields(directory: str, shape_config: BiGSConfig) -> dict:
+def _official_config_fields(directory: str, shapes: Dict[str, int]) -> dict:
     """The non-shape fields of an official folder's ``config.json``; its sizes must match the tensors."""
     path = os.path.join(directory, 'config.json')
     if not os.path.isfile(path):
@@ -457,13 +353,26 @@ def _official_config_fields(directory: str, shape_config: BiGSConfig) -> dict:
         raise UsageError(f'{path} holds a JSON {type(official).__name__}, not a config object')
     for name in ('vocab_size', 'hidden_size', 'intermediate_size', 'num_hidden_layers', 'max_position_embeddings',
                  'type_vocab_size'):
-        if name in official and official[name] != getattr(shape_config, name):
-            raise ValueError(f'{path} says {name}={official[name]} but the weights have '
-                             f'{getattr(shape_config, name)}: the config does not belong to these weights')
+        if name in official and official[name] != shapes[name]:
+            raise ValueError(f'{path} says {name}={official[name]} but the weights have {shapes[name]}: the config '
+                             f'does not belong to these weights')
     return {k: official[k] for k in _OFFICIAL_CONFIG_FIELDS if official.get(k) is not None}
 
 
 def _from_official(cls, path_or_state_dict, device, dtype, config_overrides, allow_regex: bool = False):
+    """``cls.from_official``: a model from an official BiGS checkpoint -- a ``pytorch_model.bin`` /
+    ``*.safetensors`` file, a folder in the official layout (the weights file, ``config.json``, ``vocab.txt`` /
+    ``tokenizer.json``), or a state dict in the official key layout.
+
+    The sizes (V, d, d_i, layers, N, positions, token types) are read from the tensor shapes; ``pad_token_id``,
+    ``layer_norm_eps``, ``hidden_dropout_prob``, ``initializer_range`` and ``classifier_dropout`` from the folder's
+    ``config.json`` when it has them (sizes there that disagree with the tensors are an error); other fields (e.g.
+    ``mask_padding=False`` to reproduce the official outputs on padded batches) from ``config_overrides``.
+    ``dtype``: parameter dtype (default float32; the SSM kernel and FFTs run in float32 regardless). A classifier
+    loads the official pooler (``bigs.pooler.dense``) and a fine-tuned ``classifier.*`` when present, else its head
+    is new. ``model.tokenizer`` is the folder's tokenizer, or None; ``allow_regex``: accept a ``tokenizer.json``
+    with a regular expression (:mod:`mlp_vision.text.tokenizer`).
+    """
     from .tokenizer import find_tokenizer
     directory = None
     if isinstance(path_or_state_dict, (str, os.PathLike)):
@@ -473,19 +382,19 @@ def _from_official(cls, path_or_state_dict, device, dtype, config_overrides, all
     else:
         sd = dict(path_or_state_dict)
     task = 'masked_lm' if cls is BiGSForMaskedLM else 'sequence_classification'
-    config = bigs_config_from_official(sd)
+    fields = bigs_config_from_official(sd).text_fields()
     if directory is not None:
-        config = BiGSConfig.from_dict({**config.text_fields(), **_official_config_fields(directory, config)})
-    config = BiGSConfig.from_dict({**config.text_fields(), **BiGSConfig.rename_legacy(dict(config_overrides))})
+        fields.update(_official_config_fields(directory, fields))
+    config = BiGSConfig.from_dict({**fields, **BiGSConfig.rename_legacy(dict(config_overrides))})
     ours = convert_official_bigs_state_dict(sd, task=task)
     model = cls(config, device=device, dtype=dtype)
     allowed = cls.head_prefixes if task == 'sequence_classification' else ()
     # load_backbone: the official tensors pass the same value checks as every other weights file
     report = load_backbone(model, ours, allowed, 'official BiGS weights' if directory is None else
                            f'the official BiGS weights in {path}')
-    bad, unexpected = report.missing, report.unused
-    if bad or unexpected:
-        raise ValueError(f'official BiGS weights do not fit {cls.__name__}: missing {bad}, unexpected {unexpected}')
+    if report.missing or report.unused:
+        raise ValueError(f'official BiGS weights do not fit {cls.__name__}: missing {report.missing}, unexpected '
+                         f'{report.unused}')
     tokenizer = find_tokenizer(directory, allow_regex) if directory is not None else None
     if tokenizer is not None and len(tokenizer) > config.vocab_size:
         raise ValueError(f'the tokenizer in {directory} has {len(tokenizer)} tokens, more than the model\'s '

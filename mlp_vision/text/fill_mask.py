@@ -10,9 +10,8 @@ with the tokenizer's template (``<cls> text <sep>``) and each mask predicts one 
 1810.04805 §3.1 "Task #1: Masked LM").
 
 Bad input (a damaged or inconsistent folder, a text without a mask token, ``--top-k 0``, a device this machine
-lacks) is one line ``python -m mlp_vision.text.fill_mask: error: ...`` (``mlp-vision-fill-mask: error: ...`` when run
-as the console script) and exit status 2, as the other scripts;
-``--debug`` shows the traceback. From Python the same problems are a ``UsageError`` (a ``ValueError``).
+lacks) is one line ``<the name it was run as>: error: ...`` and exit status 2, as the other commands (``--debug``
+shows the traceback); from Python, a ``UsageError`` (a ``ValueError``).
 
 From Python::
 

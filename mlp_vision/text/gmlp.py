@@ -55,14 +55,18 @@ from typing import Optional
 
 import torch
 import torch.nn as nn
-from transformers.modeling_outputs import BaseModelOutput, CausalLMOutput, MaskedLMOutput, SequenceClassifierOutput
+from transformers.modeling_outputs import BaseModelOutput, CausalLMOutput, MaskedLMOutput
+from transformers.utils import can_return_tuple
 
 from ..layers import GatedMLPBlock, SPATIAL_MODES
+from .bert import EncoderForSequenceClassification
 from .modeling_utils import (
-    TextConfig, TextGenerationMixin, TextPreTrainedModel, causal_lm_loss, check_classifier_pooling,
-    check_text_inputs, masked_lm_loss, pool_sequence, scored_positions, sequence_classification_loss, tied_decoder)
+    TextConfig, TextGenerationMixin, TextPreTrainedModel, causal_lm_loss, check_text_inputs, masked_lm_loss,
+    scored_positions)
 
-__all__ = ['GMLPConfig', 'GMLPPreTrainedModel', 'GMLPModel', 'GMLPForMaskedLM', 'GMLPForSequenceClassification', 'GMLPForCausalLM']
+__all__ = [
+    'GMLPConfig', 'GMLPPreTrainedModel', 'GMLPModel', 'GMLPForMaskedLM', 'GMLPForSequenceClassification',
+    'GMLPForCausalLM']
 
 
 class GMLPConfig(TextConfig):
@@ -87,7 +91,8 @@ class GMLPConfig(TextConfig):
         classifier_pooling: 'cls' (the state at ``cls_index``, the paper's protocol) or 'mean' (over the real tokens).
         num_labels: (``transformers``' keyword) outputs of the sequence-classification head (1 = regression, MSE).
         classifier_dropout: dropout before the classifier.
-        sparse_prediction: masked LM with labels: decode only the scored positions, logits (N, V) (:func:`~mlp_vision.text.modeling_utils.scored_positions`).
+        sparse_prediction: masked LM with labels: decode only the scored positions, logits (N, V)
+            (:func:`~mlp_vision.text.modeling_utils.scored_positions`).
     """
     vocab_size: int = 32000
     max_position_embeddings: int = 512
@@ -117,7 +122,6 @@ class GMLPConfig(TextConfig):
 
     def __post_init__(self, **kwargs):
         super().__post_init__(**kwargs)
-        check_classifier_pooling(self.classifier_pooling)
         if self.spatial_mode not in SPATIAL_MODES:
             raise ValueError(f'spatial_mode must be one of {SPATIAL_MODES}, got {self.spatial_mode!r}')
         if self.intermediate_size % 2:
@@ -130,6 +134,7 @@ class GMLPPreTrainedModel(TextPreTrainedModel):
     """Base of the gMLP / aMLP models: their config, and the backbone's attribute (``gmlp``)."""
     config_class = GMLPConfig
     base_model_prefix = 'gmlp'
+    _input_embed_layer = 'embed'
 
 
 class GMLPModel(GMLPPreTrainedModel):
@@ -151,16 +156,9 @@ class GMLPModel(GMLPPreTrainedModel):
         dpr = [c.drop_path_rate * i / max(c.num_hidden_layers - 1, 1) for i in range(c.num_hidden_layers)]
         self.blocks = nn.ModuleList([
             GatedMLPBlock(
-                c.hidden_size, c.max_position_embeddings,
-                hidden_dim=c.intermediate_size,
-                spatial_mode=c.spatial_mode,
-                attn_dim=c.tiny_attention_size,
-                sgu_mask=c.mask_padding,
-                norm_layer=partial(nn.LayerNorm, eps=c.layer_norm_eps),
-                drop=c.hidden_dropout_prob,
-                drop_path=dpr[i],
-                **dd,
-            )
+                c.hidden_size, c.max_position_embeddings, hidden_dim=c.intermediate_size, spatial_mode=c.spatial_mode,
+                attn_dim=c.tiny_attention_size, sgu_mask=c.mask_padding, drop=c.hidden_dropout_prob,
+                norm_layer=partial(nn.LayerNorm, eps=c.layer_norm_eps), drop_path=dpr[i], **dd)
             for i in range(c.num_hidden_layers)
         ])
         self.norm = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps, **dd)
@@ -168,31 +166,21 @@ class GMLPModel(GMLPPreTrainedModel):
         # parameters are left as GatedMLPBlock made them
         self.post_init()
 
-    def get_input_embeddings(self) -> nn.Embedding:
-        return self.embed
-
+    @can_return_tuple
     def forward(self, input_ids: torch.Tensor, attention_mask: Optional[torch.Tensor] = None,
                 token_type_ids: Optional[torch.Tensor] = None, **kwargs) -> BaseModelOutput:
-        return_dict = self.forward_options(kwargs)
+        self.check_forward_kwargs(kwargs)
         mask = check_text_inputs(input_ids, attention_mask, self.config.max_position_embeddings)
         x = self.drop(self.embed(input_ids))
         for block in self.blocks:
             x = block(x, mask)
-        out = BaseModelOutput(last_hidden_state=self.norm(x))
-        return out if return_dict else out.to_tuple()
-
-
-def _token_decoder(config: GMLPConfig, embed: nn.Embedding, device, dtype) -> nn.Linear:
-    """d -> V Linear without bias; its weight IS the token embedding's when ``tie_word_embeddings`` (one
-    parameter, counted and saved once)."""
-    if config.tie_word_embeddings:
-        return tied_decoder(embed, device=device, dtype=dtype)
-    return nn.Linear(config.hidden_size, config.vocab_size, bias=False, device=device, dtype=dtype)
+        return BaseModelOutput(last_hidden_state=self.norm(x))
 
 
 class _GMLPForTokenLM(GMLPPreTrainedModel):
-    """Backbone + a per-token LM head: the :func:`_token_decoder` Linear (stored as ``head_name``, the state-dict
-    prefix) plus an output bias, scored by ``loss_fn``. Shared by the masked and the causal LM."""
+    """Backbone + a per-token LM head: a d -> V Linear without bias (stored as ``head_name``, the state-dict prefix;
+    ``transformers`` ties its weight to the token embedding when ``tie_word_embeddings``) plus an output bias,
+    scored by ``loss_fn``. Shared by the masked and the causal LM."""
     head_name: str
     loss_fn: staticmethod
     output_class: type
@@ -200,27 +188,19 @@ class _GMLPForTokenLM(GMLPPreTrainedModel):
     def __init__(self, config: GMLPConfig, device=None, dtype=None):
         super().__init__(config)
         self.gmlp = GMLPModel(config, device=device, dtype=dtype)
-        setattr(self, self.head_name, _token_decoder(config, self.gmlp.embed, device, dtype))
+        setattr(self, self.head_name, nn.Linear(config.hidden_size, config.vocab_size, bias=False, device=device,
+                                                dtype=dtype))
         self.output_bias = nn.Parameter(torch.zeros(config.vocab_size, device=device, dtype=dtype))
         self.post_init()
 
-    def get_input_embeddings(self) -> nn.Embedding:
-        return self.gmlp.embed
-
-    def forward(
-            self,
-            input_ids: torch.Tensor,
-            attention_mask: Optional[torch.Tensor] = None,
-            token_type_ids: Optional[torch.Tensor] = None,
-            labels: Optional[torch.Tensor] = None,
-            **kwargs,
-    ):
-        return_dict = self.forward_options(kwargs)
+    @can_return_tuple
+    def forward(self, input_ids: torch.Tensor, attention_mask: Optional[torch.Tensor] = None,
+                token_type_ids: Optional[torch.Tensor] = None, labels: Optional[torch.Tensor] = None, **kwargs):
+        self.check_forward_kwargs(kwargs)
         hidden, labels = scored_positions(self.gmlp(input_ids, attention_mask).last_hidden_state, labels,
                                           self.config.sparse_prediction and self.loss_fn is masked_lm_loss)
         logits = getattr(self, self.head_name)(hidden) + self.output_bias
-        out = self.output_class(loss=None if labels is None else self.loss_fn(logits, labels), logits=logits)
-        return out if return_dict else out.to_tuple()
+        return self.output_class(loss=None if labels is None else self.loss_fn(logits, labels), logits=logits)
 
 
 class GMLPForMaskedLM(_GMLPForTokenLM):
@@ -238,57 +218,24 @@ class GMLPForMaskedLM(_GMLPForTokenLM):
     _tied_weights_keys = {'decoder.weight': 'gmlp.embed.weight'}
 
 
-class GMLPForSequenceClassification(GMLPPreTrainedModel):
-    """Sequence classifier with the BERT ``<cls>`` protocol of the paper (§2, §4).
+class GMLPForSequenceClassification(GMLPPreTrainedModel, EncoderForSequenceClassification):
+    """Sequence classifier with the BERT ``<cls>`` protocol of the paper (§2, §4): on ``<cls> segment_a <sep>
+    [segment_b <sep>] <pad>...``, a linear map of the last-layer state at ``config.cls_index`` (0), or of the mean of
+    the real tokens' states (``classifier_pooling='mean'``). No BERT pooler (tanh dense layer): next-sentence
+    prediction trains it, and the paper's C4 MLM pretraining has none. ``from_pretrained(mlm_dir, num_labels=k)``
+    loads the backbone of a masked LM, with a new classifier.
 
-    The input is ``<cls> segment_a <sep> [segment_b <sep>] <pad>...``; the prediction is a linear map of the
-    last-layer (final-LayerNorm) state at ``config.cls_index`` (0), or of the mean of the real tokens' states with
-    ``config.classifier_pooling = 'mean'``. There is no BERT "pooler" (tanh dense layer):
-    that layer is trained by next-sentence prediction, which the paper's C4 MLM pretraining does not have. Load a
-    masked-LM checkpoint with ``GMLPForSequenceClassification.from_pretrained(dir, num_labels=k)``: the backbone is
-    loaded and the classifier is freshly initialised.
-
-    Shapes:
-        input_ids: (B, L); attention_mask: optional (B, L); labels: optional (B,) int64 class ids, or (B,) float
-        targets when ``num_labels == 1`` (regression, MSE). Returns ``SequenceClassifierOutput(loss, logits
-        (B, num_labels))``.
+    Shapes: as :class:`~mlp_vision.text.bert.EncoderForSequenceClassification`.
     """
-    head_prefixes = ('classifier',)
-
-    def __init__(self, config: GMLPConfig, device=None, dtype=None):
-        super().__init__(config)
-        self.gmlp = GMLPModel(config, device=device, dtype=dtype)
-        self.dropout = nn.Dropout(config.classifier_dropout)
-        self.classifier = nn.Linear(config.hidden_size, config.num_labels, device=device, dtype=dtype)
-        self.post_init()
-
-    def get_input_embeddings(self) -> nn.Embedding:
-        return self.gmlp.embed
-
-    def forward(
-            self,
-            input_ids: torch.Tensor,
-            attention_mask: Optional[torch.Tensor] = None,
-            token_type_ids: Optional[torch.Tensor] = None,
-            labels: Optional[torch.Tensor] = None,
-            **kwargs,
-    ):
-        return_dict = self.forward_options(kwargs)
-        h = pool_sequence(self.gmlp(input_ids, attention_mask).last_hidden_state, attention_mask,
-                          self.config.classifier_pooling, self.config.cls_index)  # (B, d)
-        logits = self.classifier(self.dropout(h))
-        out = SequenceClassifierOutput(
-            loss=None if labels is None else sequence_classification_loss(logits, labels), logits=logits)
-        return out if return_dict else out.to_tuple()
+    encoder_class = GMLPModel
+    use_pooler = False
 
 
 class GMLPForCausalLM(TextGenerationMixin, _GMLPForTokenLM):
-    """Autoregressive gMLP LM: causal SGU (W masked to j <= i), no position embeddings, LM head.
-
-    As in the annotated implementation (labml.ai): token embedding -> gMLP blocks with a causal spatial mask ->
-    final LayerNorm -> linear generator (untied by default there; ``tie_word_embeddings`` chooses). Unlike that
-    implementation we add no sinusoidal position encoding: the causal W is position-indexed already (paper §2).
-    Works for any length 1..max_position_embeddings, and ``generate`` crops longer contexts.
+    """Autoregressive gMLP LM, as the annotated implementation (labml.ai): token embedding -> gMLP blocks with a
+    causal SGU (W masked to j <= i) -> final LayerNorm -> linear generator (``tie_word_embeddings`` chooses; untied
+    there). No sinusoidal position encoding: the causal W is position-indexed already (paper §2). Any length
+    1..max_position_embeddings; ``generate`` crops longer contexts.
 
     Shapes:
         input_ids: (B, T) int64; attention_mask: optional (B, T) (right padding never reaches real tokens);

@@ -30,6 +30,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from timm.layers import Attention, Mlp
 from transformers.modeling_outputs import CausalLMOutput
+from transformers.utils import can_return_tuple
 
 from .modeling_utils import TextConfig, TextGenerationMixin, TextPreTrainedModel, causal_lm_loss, check_text_inputs
 
@@ -116,17 +117,8 @@ class MLPAttention(nn.Module):
     Shapes: x (B, T, d) with 1 <= T <= T_max -> (B, T, d). Row t attends to keys 0..t only.
     """
 
-    def __init__(
-            self,
-            dim: int,
-            num_heads: int,
-            seq_len: int,
-            hidden_dim: int = 256,
-            attn_drop: float = 0.,
-            proj_drop: float = 0.,
-            device=None,
-            dtype=None,
-    ) -> None:
+    def __init__(self, dim: int, num_heads: int, seq_len: int, hidden_dim: int = 256, attn_drop: float = 0.,
+                 proj_drop: float = 0., device=None, dtype=None) -> None:
         super().__init__()
         dd = {'device': device, 'dtype': dtype}
         if dim % num_heads:
@@ -220,6 +212,7 @@ class GPTLanguageModel(TextGenerationMixin, TextPreTrainedModel):
     """
     config_class = GPTConfig
     base_model_prefix = 'gpt'  # no separate backbone module: every weight is this class's
+    _input_embed_layer = 'tok_emb'
 
     def __init__(self, config: GPTConfig, device=None, dtype=None) -> None:
         super().__init__(config)
@@ -234,23 +227,14 @@ class GPTLanguageModel(TextGenerationMixin, TextPreTrainedModel):
                 m.init_weights(config.initializer_range)
         self.post_init()  # transformers' _init_weights: Linear / Embedding ~ N(0, initializer_range), biases 0
 
-    def get_input_embeddings(self) -> nn.Embedding:
-        return self.tok_emb
-
-    def forward(
-            self,
-            input_ids: torch.Tensor,
-            attention_mask: Optional[torch.Tensor] = None,
-            token_type_ids: Optional[torch.Tensor] = None,
-            labels: Optional[torch.Tensor] = None,
-            **kwargs,
-    ):
-        return_dict = self.forward_options(kwargs)
+    @can_return_tuple
+    def forward(self, input_ids: torch.Tensor, attention_mask: Optional[torch.Tensor] = None,
+                token_type_ids: Optional[torch.Tensor] = None, labels: Optional[torch.Tensor] = None, **kwargs):
+        self.check_forward_kwargs(kwargs)
         check_text_inputs(input_ids, attention_mask, self.config.max_position_embeddings)  # right padding only
         pos = torch.arange(input_ids.shape[1], device=input_ids.device)
         x = self.tok_emb(input_ids) + self.pos_emb(pos)  # no embedding dropout, as the reference
         for block in self.blocks:
             x = block(x)
         logits = self.lm_head(self.ln_f(x))
-        out = CausalLMOutput(loss=None if labels is None else causal_lm_loss(logits, labels), logits=logits)
-        return out if return_dict else out.to_tuple()
+        return CausalLMOutput(loss=None if labels is None else causal_lm_loss(logits, labels), logits=logits)

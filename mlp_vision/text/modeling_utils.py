@@ -26,28 +26,26 @@ import os
 from typing import Any, ClassVar, Dict, List, Optional, Tuple
 
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file
 from transformers import GenerationMixin, PreTrainedConfig, PreTrainedModel
 from transformers.generation.configuration_utils import GenerationConfig
-from transformers.utils import logging as transformers_logging
+from transformers.utils import CONFIG_NAME, SAFE_WEIGHTS_NAME as WEIGHTS_NAME, logging as transformers_logging
 
 from mlp_vision.errors import UsageError, check_activation_size, check_model_size, check_range, read_json_file, short_repr
 from ..weights import check_weights
 
 __all__ = [
     'TextConfig', 'TextPreTrainedModel', 'TextGenerationMixin', 'check_text_inputs',
-    'masked_lm_loss', 'causal_lm_loss', 'scored_positions', 'sequence_classification_loss', 'tied_decoder',
-    'read_config', 'is_saved_folder', 'weight_file_shapes', 'check_text_model_size', 'check_text_activations', 'check_tokenizer_fits',
+    'masked_lm_loss', 'causal_lm_loss', 'scored_positions', 'sequence_classification_loss',
+    'read_config', 'is_saved_folder', 'weight_file_shapes', 'check_text_model_size', 'check_text_activations',
+    'check_tokenizer_fits',
     'pool_sequence', 'check_classifier_pooling', 'CLASSIFIER_POOLINGS', 'read_label_names',
     'CONFIG_NAME', 'WEIGHTS_NAME', 'LABELS_NAME',
 ]
 
-CONFIG_NAME = 'config.json'
-WEIGHTS_NAME = 'model.safetensors'
-LABELS_NAME = 'labels.json'  # written beside a classifier by the text trainer (mlp_vision.training.tasks.text_classification)
+LABELS_NAME = 'labels.json'  # the text trainer writes it beside a classifier (mlp_vision.training.tasks.text_classification)
 
 
 # ------------------------------------------------------------------------------------------------------ configs
@@ -125,6 +123,8 @@ class TextConfig(PreTrainedConfig):
                 hint = ' (write True or False)' if field is not None and field.type is bool else ''
                 type_name = field.type.__name__ if field is not None else 'int'
                 raise TypeError(f'{where} must be a {type_name}{hint}, got {value!r} ({type(value).__name__})')
+            if name == 'classifier_pooling':
+                check_classifier_pooling(value)
             if value is None or isinstance(value, (bool, str)):
                 continue
             if name in _POSITIVE_SIZE_FIELDS:
@@ -209,7 +209,7 @@ def read_label_names(folder: str, num_labels: int) -> Optional[List[str]]:
 # ------------------------------------------------------------------------------------------------------- models
 # forward arguments that transformers' generate, pipelines and Trainer pass besides the inputs
 _FORWARD_KWARGS = frozenset({
-    'use_cache', 'past_key_values', 'cache_position', 'return_dict', 'output_hidden_states', 'output_attentions',
+    'use_cache', 'past_key_values', 'cache_position', 'output_hidden_states', 'output_attentions',
     'position_ids', 'logits_to_keep'})
 
 
@@ -235,6 +235,8 @@ class TextPreTrainedModel(PreTrainedModel):
     """
     config_class = TextConfig
     main_input_name = 'input_ids'
+    # transformers' get_input_embeddings: this attribute, else embeddings.<it>, else the base model's
+    _input_embed_layer = 'word_embeddings'
     head_prefixes: ClassVar[Tuple[str, ...]] = ()
     # our losses are means over the batch's scored tokens / examples and forward takes no num_items_in_batch, so
     # transformers.Trainer averages over gradient-accumulation steps itself (it asks this attribute)
@@ -246,18 +248,17 @@ class TextPreTrainedModel(PreTrainedModel):
         if self.can_generate():
             self.generation_config.use_cache = False  # our causal LMs keep no cache (TextGenerationMixin)
 
-    def forward_options(self, kwargs: Dict[str, Any]) -> bool:
-        """Whether to return the output type (else its tuple), from the ``kwargs`` a ``forward`` got besides its
-        inputs: what ``generate``, pipelines and ``Trainer`` pass; any other keyword is an error (a misspelt
-        ``attention_mask`` must not pass unseen), and so are the per-layer outputs our models do not collect."""
+    def check_forward_kwargs(self, kwargs: Dict[str, Any]) -> None:
+        """The ``kwargs`` a ``forward`` got besides its inputs may be what ``generate``, pipelines and ``Trainer``
+        pass (``return_dict`` is ``transformers``' ``can_return_tuple``'s, around every ``forward``); any other
+        keyword is an error (a misspelt ``attention_mask`` must not pass unseen), and so are the per-layer outputs
+        our models do not collect."""
         unknown = sorted(k for k, v in kwargs.items() if k not in _FORWARD_KWARGS and v is not None)
         if unknown:
             raise TypeError(f'{type(self).__name__}.forward got arguments it does not take: {unknown}')
         if kwargs.get('output_hidden_states') or kwargs.get('output_attentions'):
             raise NotImplementedError(f'{type(self).__name__} returns logits (or the last hidden states) only; our '
                                       f'models do not collect per-layer hidden states or attention weights')
-        return_dict = kwargs.get('return_dict')
-        return self.config.return_dict if return_dict is None else return_dict
 
     @classmethod
     def get_init_context(cls, *args, **kwargs):
@@ -357,12 +358,8 @@ class TextGenerationMixin(GenerationMixin):
 
 # ----------------------------------------------------------------------------------------------- input checks
 
-def check_text_inputs(
-        input_ids: torch.Tensor,
-        attention_mask: Optional[torch.Tensor],
-        max_length: int,
-        token_type_ids: Optional[torch.Tensor] = None,
-) -> Optional[torch.Tensor]:
+def check_text_inputs(input_ids: torch.Tensor, attention_mask: Optional[torch.Tensor], max_length: int,
+                      token_type_ids: Optional[torch.Tensor] = None) -> Optional[torch.Tensor]:
     """Check the shapes (and the padding layout) of a text model's inputs; returns the mask as bool (or None).
 
     ``input_ids`` must be (B, L) with 1 <= L <= ``max_length``; ``attention_mask`` and ``token_type_ids``, when
@@ -460,15 +457,6 @@ def pool_sequence(hidden: torch.Tensor, attention_mask: Optional[torch.Tensor], 
     return (hidden * w).sum(dim=1) / w.sum(dim=1).clamp(min=1)
 
 
-def tied_decoder(embedding: nn.Embedding, device=None, dtype=None) -> nn.Linear:
-    """The d -> V output Linear (no bias) of a language model whose weight IS ``embedding``'s: one parameter,
-    counted once by ``parameters()`` and saved once by safetensors (BERT's weight tying, arXiv 1810.04805)."""
-    decoder = nn.Linear(embedding.embedding_dim, embedding.num_embeddings, bias=False, device=device, dtype=dtype)
-    decoder.weight = embedding.weight
-    return decoder
-
-
-
 # -------------------------------------------------------------------------------------------------- save / load
 
 def read_config(directory: str) -> Tuple[str, dict]:
@@ -553,8 +541,7 @@ def check_text_model_size(model_cls: type, config: TextConfig, source: str) -> N
     fields) a ``model_cls(config)`` beyond :data:`~mlp_vision.errors.MAX_PARAMS` parameters, counted on the
     ``meta`` device before anything is allocated: a ``config.json`` or a checkpoint's saved config may say
     ``hidden_size`` 4096 and 100,000 layers."""
-    sizes = {k: v for k, v in config.text_fields().items() if k in _POSITIVE_SIZE_FIELDS}
-    check_model_size(lambda: model_cls(config, device='meta'), f'{source}: {model_cls.__name__} with {short_repr(sizes)}')
+    check_model_size(lambda: model_cls(config, device='meta'), _model_description(model_cls, config, source))
 
 
 def check_text_activations(model_cls: type, config: TextConfig, batch_size: int, seq_len: int, training: bool,
@@ -564,11 +551,14 @@ def check_text_activations(model_cls: type, config: TextConfig, batch_size: int,
     would hold more activations than the bound, estimated on the ``meta`` device before the first real batch: a
     ``config.json`` may say ``hidden_size`` 8192 with ``max_position_embeddings`` a million. ``training``: a
     training step (autograd keeps every layer's output), else one forward under ``no_grad``."""
-    sizes = {k: v for k, v in config.text_fields().items() if k in _POSITIVE_SIZE_FIELDS}
     token_ids = torch.zeros(batch_size, seq_len, dtype=torch.long, device='meta')
     check_activation_size(lambda: model_cls(config, device='meta'), [token_ids], training,
-                          f'{source}: {model_cls.__name__} with {short_repr(sizes)}, batch {batch_size} x {seq_len} '
-                          f'tokens')
+                          f'{_model_description(model_cls, config, source)}, batch {batch_size} x {seq_len} tokens')
+
+
+def _model_description(model_cls: type, config: TextConfig, source: str) -> str:
+    sizes = {k: v for k, v in config.text_fields().items() if k in _POSITIVE_SIZE_FIELDS}
+    return f'{source}: {model_cls.__name__} with {short_repr(sizes)}'
 
 
 def check_tokenizer_fits(tokenizer, config: TextConfig, source: str) -> None:

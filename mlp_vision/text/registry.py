@@ -1,11 +1,7 @@
-""" The table of the text models: name -> (family, default task, config defaults), family -> (config class,
-task -> model class); the same table registers every family with ``transformers``' Auto classes (``AutoConfig`` by
-``model_type``, ``AutoModel`` / ``AutoModelForMaskedLM`` / ``AutoModelForSequenceClassification`` /
-``AutoModelForCausalLM`` by task), so ``AutoModelForMaskedLM.from_pretrained('ckpt/')`` and
-``pipeline('fill-mask', model='ckpt/')`` work on our folders once ``mlp_vision.text`` is imported.
-
-A separate table from timm's (text models are not timm image models). Each name builds a config from its
-defaults updated by the overrides and instantiates the model class of the requested task::
+""" The table of the text models (a separate one from timm's): name -> (family, default task, config defaults),
+family -> task -> model class. The same table registers every family with ``transformers``' Auto classes
+(``AutoConfig`` by ``model_type``, ``AutoModel*`` by task), so ``AutoModelForMaskedLM.from_pretrained('ckpt/')`` and
+``pipeline('fill-mask', model='ckpt/')`` work on our folders once ``mlp_vision.text`` is imported::
 
     create_model('amlp_base')                                         # GMLPForMaskedLM, 108.8 M params
     create_model('gmlp_base', task='sequence_classification', num_labels=3)
@@ -26,17 +22,16 @@ from transformers import (
     AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForMaskedLM, AutoModelForSequenceClassification)
 
 from mlp_vision.errors import UsageError
-from .bert import BertConfig, BertForMaskedLM, BertForSequenceClassification, BertModel
-from .bigs import BiGSConfig, BiGSForMaskedLM, BiGSForSequenceClassification, BiGSModel
-from .gmlp import GMLPConfig, GMLPForCausalLM, GMLPForMaskedLM, GMLPForSequenceClassification, GMLPModel
-from .gpt import GPTConfig, GPTLanguageModel
+from .bert import BertForMaskedLM, BertForSequenceClassification, BertModel
+from .bigs import BiGSForMaskedLM, BiGSForSequenceClassification, BiGSModel
+from .gmlp import GMLPForCausalLM, GMLPForMaskedLM, GMLPForSequenceClassification, GMLPModel
+from .gpt import GPTLanguageModel
 from .modeling_utils import (
     CONFIG_NAME, TextConfig, TextPreTrainedModel, check_text_model_size, load_text_config, read_config)
 
 __all__ = [
     'create_model', 'list_models', 'is_model', 'model_config', 'model_entry', 'register_model', 'model_class',
-    'config_class', 'list_families', 'list_tasks', 'architecture_class', 'list_architectures', 'from_pretrained',
-    'ModelEntry', 'TASKS', 'load_config',
+    'architecture_class', 'list_architectures', 'from_pretrained', 'ModelEntry', 'TASKS', 'load_config',
 ]
 
 # task -> the transformers Auto class its models are registered with
@@ -45,23 +40,15 @@ AUTO_CLASSES = {
     'causal_lm': AutoModelForCausalLM}
 TASKS = tuple(AUTO_CLASSES)
 
-
-@dataclasses.dataclass(frozen=True)
-class _Family:
-    config_class: Type[TextConfig]
-    models: Dict[str, Type[TextPreTrainedModel]]  # task -> class
-
-
-_FAMILIES: Dict[str, _Family] = {
-    'gmlp': _Family(GMLPConfig, {
-        'base': GMLPModel, 'masked_lm': GMLPForMaskedLM, 'sequence_classification': GMLPForSequenceClassification,
-        'causal_lm': GMLPForCausalLM}),
-    'gpt': _Family(GPTConfig, {'causal_lm': GPTLanguageModel}),
-    'bigs': _Family(BiGSConfig, {
-        'base': BiGSModel, 'masked_lm': BiGSForMaskedLM, 'sequence_classification': BiGSForSequenceClassification}),
-    'bert': _Family(BertConfig, {
-        'base': BertModel, 'masked_lm': BertForMaskedLM, 'sequence_classification': BertForSequenceClassification}),
+# family -> task -> model class (each class names its config: ``config_class``)
+_FAMILIES: Dict[str, Dict[str, Type[TextPreTrainedModel]]] = {
+    'gmlp': {'base': GMLPModel, 'masked_lm': GMLPForMaskedLM, 'sequence_classification': GMLPForSequenceClassification,
+             'causal_lm': GMLPForCausalLM},
+    'gpt': {'causal_lm': GPTLanguageModel},
+    'bigs': {'base': BiGSModel, 'masked_lm': BiGSForMaskedLM, 'sequence_classification': BiGSForSequenceClassification},
+    'bert': {'base': BertModel, 'masked_lm': BertForMaskedLM, 'sequence_classification': BertForSequenceClassification},
 }
+_ARCHITECTURES = {cls.__name__: cls for models in _FAMILIES.values() for cls in models.values()}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,11 +61,11 @@ class ModelEntry:
 
     @property
     def config_class(self) -> Type[TextConfig]:
-        return _FAMILIES[self.family].config_class
+        return _FAMILIES[self.family][self.task].config_class
 
     @property
     def tasks(self) -> Tuple[str, ...]:
-        return tuple(_FAMILIES[self.family].models)
+        return tuple(_FAMILIES[self.family])
 
     def build_config(self, **overrides) -> TextConfig:
         """The defaults updated by ``overrides`` (legacy names accepted)."""
@@ -89,14 +76,11 @@ _ENTRIES: Dict[str, ModelEntry] = {}
 
 
 def register_model(name: str, family: str, default_task: str, **defaults) -> None:
-    """Register ``name``: a ``family`` config (one of :func:`list_families`) with ``defaults``, built as
-    ``default_task`` unless ``create_model`` asks for another of the family's tasks."""
+    """Register ``name``: a ``family`` config with ``defaults``, built as ``default_task`` unless ``create_model``
+    asks for another of the family's tasks."""
     if name in _ENTRIES:
         raise ValueError(f'text model {name!r} already registered')
-    if family not in _FAMILIES:
-        raise ValueError(f'unknown family {family!r}; known: {list_families()}')
-    if default_task not in _FAMILIES[family].models:
-        raise ValueError(f'task {default_task!r} not available for family {family!r}')
+    model_class(family, default_task)  # a known family and one of its tasks
     entry = ModelEntry(name, family, default_task, dict(defaults))
     entry.build_config()  # validate the defaults now
     _ENTRIES[name] = entry
@@ -136,40 +120,25 @@ def model_config(name: str, **overrides) -> dict:
     return {'family': entry.family, 'task': entry.task, **entry.build_config(**overrides).text_fields()}
 
 
-def list_families() -> List[str]:
-    return sorted(_FAMILIES)
-
-
-def list_tasks(family: str) -> List[str]:
-    return list(_FAMILIES[family].models)
-
-
-def config_class(family: str) -> Type[TextConfig]:
-    if family not in _FAMILIES:
-        raise KeyError(f'unknown family {family!r}; known: {list_families()}')
-    return _FAMILIES[family].config_class
-
-
 def model_class(family: str, task: str) -> Type[TextPreTrainedModel]:
     """The class a ``family`` uses for ``task``; a clear error when the family has no such task."""
-    models = _FAMILIES[family].models if family in _FAMILIES else {}
-    if task not in models:
-        raise ValueError(f'family {family!r} has no task {task!r}; its tasks: {sorted(models) or "none"}')
-    return models[task]
+    if family not in _FAMILIES:
+        raise ValueError(f'unknown family {family!r}; known: {sorted(_FAMILIES)}')
+    if task not in _FAMILIES[family]:
+        raise ValueError(f'family {family!r} has no task {task!r}; its tasks: {sorted(_FAMILIES[family])}')
+    return _FAMILIES[family][task]
 
 
 def architecture_class(class_name: str) -> Type[TextPreTrainedModel]:
     """The model class called ``class_name`` (what ``config.json`` stores as its architecture)."""
-    for family in _FAMILIES.values():
-        for cls in family.models.values():
-            if cls.__name__ == class_name:
-                return cls
-    raise KeyError(f'unknown architecture {class_name!r}; known: {list_architectures()}')
+    if class_name not in _ARCHITECTURES:
+        raise KeyError(f'unknown architecture {class_name!r}; known: {list_architectures()}')
+    return _ARCHITECTURES[class_name]
 
 
 def list_architectures() -> List[str]:
     """Class names that :func:`from_pretrained` can build."""
-    return sorted(cls.__name__ for f in _FAMILIES.values() for cls in f.models.values())
+    return sorted(_ARCHITECTURES)
 
 
 def load_config(directory: str) -> Tuple[Type[TextPreTrainedModel], TextConfig]:
@@ -193,15 +162,10 @@ def from_pretrained(directory: str, device: str = 'cpu', **overrides: Any) -> Te
     return stored.from_pretrained(directory, **overrides).to(device)
 
 
-def _register_auto_classes() -> None:
-    """Every family's config with ``AutoConfig`` and every (family, task) class with its task's Auto class."""
-    for family in _FAMILIES.values():
-        AutoConfig.register(family.config_class.model_type, family.config_class, exist_ok=True)
-        for task, cls in family.models.items():
-            AUTO_CLASSES[task].register(family.config_class, cls, exist_ok=True)
-
-
-_register_auto_classes()
+for _models in _FAMILIES.values():  # every config with AutoConfig, every class with its task's Auto class
+    for _task, _cls in _models.items():
+        AutoConfig.register(_cls.config_class.model_type, _cls.config_class, exist_ok=True)
+        AUTO_CLASSES[_task].register(_cls.config_class, _cls, exist_ok=True)
 
 
 # --- gMLP / aMLP masked LM, BERT setup (arXiv 2105.08050 §4, Table 5): vocab 32,000, seq 512, Toeplitz W ----------

@@ -1,43 +1,34 @@
-""" Tokenizers of the text models: ``transformers.PreTrainedTokenizerFast`` objects over a ``tokenizers.Tokenizer``.
-
-Every tokenizer here is a ``tokenizers`` model with a pre-tokenizer and decoder, BERT's template as its
-``TemplateProcessing`` post-processor, behind ``transformers``' ``PreTrainedTokenizerFast`` (padding, truncation,
+""" Tokenizers of the text models: ``transformers.PreTrainedTokenizerFast`` objects over a ``tokenizers.Tokenizer``
+(a ``tokenizers`` model, pre-tokenizer and decoder, BERT's template as ``TemplateProcessing``; padding, truncation,
 batching, special tokens and saving are the libraries')::
 
     tok = load_tokenizer('ckpt/')                      # whatever save_pretrained wrote, a vocab.txt or a tokenizer.json
     tok.encode('the movie was good', add_special_tokens=False)   # ids, no special tokens
     batch = tok(['a sentence', 'another'], ['its pair', 'pair'], max_length=64, truncation=True,
                 padding='max_length', return_tensors='pt')   # input_ids, token_type_ids, attention_mask (B, 64)
-    tok.decode(ids); tok.pad_token_id, tok.cls_token_id, tok.sep_token_id, tok.mask_token_id; len(tok)
     tok.save_pretrained('ckpt/')                       # tokenizer.json + tokenizer_config.json, for AutoTokenizer too
 
-* :func:`byte_tokenizer` -- ids 0..255 are the UTF-8 bytes (a byte-level BPE without merges), special tokens follow
-  (256, 257, ...). Covers any text with a fixed vocabulary; the default specials ``<pad> <cls> <sep> <mask>`` serve
-  masked LM and the BERT protocol.
-* :func:`char_tokenizer` -- one id per distinct character of a corpus, in sorted order (ids 0..C-1; a word-level
-  model over an empty-string ``Split``), special tokens after them. Without specials it reproduces nanoGPT's / the
-  MLP-Attention paper's Tiny Shakespeare vocabulary (65 characters). A character outside the alphabet is the
-  ``unk`` token, or, without one, an error ("Missing [UNK] token"), never dropped.
-* WordPiece / BPE -- a BERT ``vocab.txt`` (:func:`wordpiece_tokenizer`, lower-cased when the vocabulary is
-  uncased), any ``tokenizer.json``, or a WordPiece / byte-level BPE vocabulary trained offline on a corpus with
-  :func:`train_tokenizer` (nothing is downloaded). BiGS was pretrained with BERT's uncased WordPiece vocabulary of
-  30,522 tokens (arXiv 2212.10544, §5 "Pretraining").
+* :func:`byte_tokenizer` -- ids 0..255 are the UTF-8 bytes, special tokens follow (default ``<pad> <cls> <sep>
+  <mask>``: masked LM and the BERT protocol). Any text, a fixed vocabulary.
+* :func:`char_tokenizer` -- one id per distinct character of a corpus, sorted, special tokens after them; without
+  specials it is nanoGPT's / the MLP-Attention paper's Tiny Shakespeare vocabulary (65 characters). A character
+  outside the alphabet is the ``unk`` token or, without one, an error ("Missing [UNK] token"), never dropped.
+* WordPiece / BPE -- a BERT ``vocab.txt`` (:func:`wordpiece_tokenizer`), any ``tokenizer.json``, or a vocabulary
+  trained offline with :func:`train_tokenizer`. BiGS was pretrained with BERT's uncased WordPiece vocabulary of
+  30,522 tokens (arXiv 2212.10544, §5).
 
-Sequences follow BERT's template (arXiv 1810.04805, §3 "Input/Output Representations"): ``<cls> A <sep>`` and
-``<cls> A <sep> B <sep>``, token type 0 up to and including the first ``<sep>``, 1 after it; a tokenizer without
-special tokens (the char tokenizer of a causal LM) adds nothing. Padding is on the right, the only layout the models
-accept. :func:`encode_with_template` truncates pairs longest-first cutting the second segment on ties, as this
-package always did (``tokenizers``' own ``longest_first`` gives the odd token to the longer or second segment).
+Sequences follow BERT's template (arXiv 1810.04805, §3): ``<cls> A <sep>`` and ``<cls> A <sep> B <sep>``, token type
+0 up to and including the first ``<sep>``, 1 after it; a tokenizer without special tokens adds nothing. Padding is on
+the right, the only layout the models accept.
 
 Special-token strings in the text: the byte and char tokenizers read them as text (``split_special_tokens``, so a
-corpus holding ``<unk>`` keeps its characters); a WordPiece / BPE tokenizer recognises them, and the files saved for
-``transformers`` (``AutoTokenizer``, ``pipeline``) recognise them for every kind, as every ``transformers`` tokenizer
-does (that is how the fill-mask pipeline finds ``<mask>``). Insert them by id to be independent of that.
+corpus holding ``<unk>`` keeps its characters); a WordPiece / BPE tokenizer, and the files saved for
+``transformers`` (``AutoTokenizer``, ``pipeline``: how the fill-mask pipeline finds ``<mask>``), recognise them.
+Insert them by id to be independent of that.
 
-A ``tokenizer.json`` with a regular expression in its normalizer, pre-tokenizer or elsewhere (``Split`` /
-``Replace`` with ``{"Regex": ...}``) is refused unless the caller opts in (``allow_regex=True``): ``tokenizers``
-runs them with a backtracking engine, and a crafted pattern takes minutes per text. The tokenizers this package
-writes use none (BERT's normalizer and pre-tokenizer, byte-level BPE's built-in split).
+A ``tokenizer.json`` with a regular expression (``Split`` / ``Replace`` with ``{"Regex": ...}``) is refused unless
+the caller opts in (``allow_regex=True``): ``tokenizers`` runs them with a backtracking engine, and a crafted
+pattern takes minutes per text. The tokenizers this package writes use none.
 """
 import json
 import os
@@ -46,6 +37,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from tokenizers import Tokenizer as Backend, decoders, models, normalizers, pre_tokenizers, processors, trainers
 from transformers import PreTrainedTokenizerFast
+from transformers.convert_slow_tokenizer import bytes_to_unicode
 
 from mlp_vision.errors import UsageError, check_range, short_repr
 
@@ -123,9 +115,9 @@ def _appended_specials(base: Dict[str, int], special_tokens: Iterable[str]) -> T
 
 def byte_tokenizer(special_tokens: Iterable[str] = DEFAULT_CONTROL_TOKENS) -> PreTrainedTokenizerFast:
     """UTF-8 bytes, ``len(tok) = 256 + len(special_tokens)``: a byte-level BPE without merges (``tokenizers``'
-    ByteLevel step maps each byte to one printable character, GPT-2's table :func:`_byte_characters`, and the
+    ByteLevel step maps each byte to one printable character, GPT-2's ``bytes_to_unicode`` table, and the
     vocabulary gives that character the byte's value). Invalid UTF-8 decodes to U+FFFD."""
-    vocab, specials = _appended_specials({c: b for b, c in enumerate(_byte_characters())}, special_tokens)
+    vocab, specials = _appended_specials({c: b for b, c in bytes_to_unicode().items()}, special_tokens)
     backend = Backend(models.BPE(vocab=vocab, merges=[]))
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     backend.decoder = decoders.ByteLevel()
@@ -150,18 +142,6 @@ def char_tokenizer(chars: Iterable[str], special_tokens: Iterable[str] = (),
     return _wrap(backend, 'char', {**_roles_of(specials), **({'unk': unk} if unk is not None else {})})
 
 
-def _byte_characters() -> List[str]:
-    """The printable character standing for each byte value in ``tokenizers``' ByteLevel step (GPT-2's
-    ``bytes_to_unicode`` table: printable Latin-1 bytes stand for themselves, the others for U+0100 onwards, in
-    order)."""
-    printable = set(range(ord('!'), ord('~') + 1)) | set(range(0xA1, 0xAC + 1)) | set(range(0xAE, 0xFF + 1))
-    chars, shifted = [], 0
-    for byte in range(256):
-        chars.append(chr(byte) if byte in printable else chr(256 + shifted))
-        shifted += byte not in printable
-    return chars
-
-
 def _bert_wordpiece(vocab, unk_token: str, lowercase: bool) -> Backend:
     """BERT's WordPiece (normalizer, pre-tokenizer, ``##`` continuation) over ``vocab`` (None: to be trained)."""
     backend = Backend(models.WordPiece(vocab, unk_token=unk_token) if vocab else models.WordPiece(unk_token=unk_token))
@@ -182,18 +162,12 @@ def wordpiece_tokenizer(path: str, do_lower_case: Optional[bool] = None,
     vocab = models.WordPiece.read_file(path)
     if not vocab:
         raise ValueError(f'{path} holds no tokens')
-    if do_lower_case is None:
-        do_lower_case = _vocab_is_uncased(vocab)
+    if do_lower_case is None:  # uncased: no ordinary token (not [...] / <...>) has an upper-case letter
+        do_lower_case = not any(t != t.lower() for t in vocab if not re.match(r'^(\[.*\]|<.*>)$', t))
     specials = {**_roles_of(vocab), **(special_tokens_map or {})}
     if 'unk' not in specials:
         raise ValueError(f'{path}: no unknown-word token ([UNK] or <unk>) in the vocabulary; WordPiece needs one')
     return _wrap(_bert_wordpiece(vocab, specials['unk'], do_lower_case), 'subword', specials, do_lower_case)
-
-
-def _vocab_is_uncased(vocab: Iterable[str]) -> bool:
-    """True when no ordinary token (not ``[...]`` / ``<...>``) has an upper-case letter."""
-    special = re.compile(r'^(\[.*\]|<.*>)$')
-    return not any(t != t.lower() for t in vocab if not special.match(t))
 
 
 def _longest_first(n_first: int, n_second: int, budget: int) -> Tuple[int, int]:
@@ -256,15 +230,9 @@ def check_vocab_size(name: str, kind: str, vocab_size: int, num_special_tokens: 
     check_range(name, vocab_size, high=MAX_VOCAB_SIZE, why='the largest vocabularies in use have ~256k tokens')
 
 
-def train_tokenizer(
-        texts: Optional[Iterable[str]] = None,
-        files: Optional[Sequence[str]] = None,
-        kind: str = 'wordpiece',
-        vocab_size: int = 8000,
-        lowercase: bool = True,
-        min_frequency: int = 2,
-        special_tokens: Mapping[str, str] = BERT_CONTROL_TOKENS,
-) -> PreTrainedTokenizerFast:
+def train_tokenizer(texts: Optional[Iterable[str]] = None, files: Optional[Sequence[str]] = None,
+                    kind: str = 'wordpiece', vocab_size: int = 8000, lowercase: bool = True, min_frequency: int = 2,
+                    special_tokens: Mapping[str, str] = BERT_CONTROL_TOKENS) -> PreTrainedTokenizerFast:
     """Train a subword vocabulary offline on ``texts`` (an iterable of strings, e.g. lines) or ``files``.
 
     Args:
@@ -349,11 +317,9 @@ def tokenizer_to_dict(tok: PreTrainedTokenizerFast) -> Dict[str, Any]:
     """Plain JSON-able values that :func:`tokenizer_from_dict` turns back into ``tok`` (for checkpoints loaded with
     ``torch.load(weights_only=True)``): its kind, ``tokenizer.json`` text, special tokens by role and casing."""
     return {'tokenizer_type': tokenizer_kind(tok), 'tokenizer_json': tok.backend_tokenizer.to_str(),
-            'special_tokens_map': _roles_in(tok), 'do_lower_case': tok.init_kwargs.get('do_lower_case')}
-
-
-def _roles_in(tok: PreTrainedTokenizerFast) -> Dict[str, str]:
-    return {r: getattr(tok, f'{r}_token') for r in CONTROL_ROLES if getattr(tok, f'{r}_token') is not None}
+            'special_tokens_map': {r: getattr(tok, f'{r}_token') for r in CONTROL_ROLES
+                                   if getattr(tok, f'{r}_token') is not None},
+            'do_lower_case': tok.init_kwargs.get('do_lower_case')}
 
 
 def tokenizer_from_dict(d: Mapping[str, Any], allow_regex: bool = False) -> PreTrainedTokenizerFast:
@@ -376,15 +342,14 @@ def _read_json(path: str) -> Optional[dict]:
     """The JSON object of ``path`` (None when there is no such file); damaged JSON is a UsageError naming it."""
     if not os.path.isfile(path):
         return None
-    return _read_tokenizer_file(path, lambda: _json_object(path))
 
-
-def _json_object(path: str) -> dict:
-    with open(path, encoding='utf-8') as f:
-        d = json.load(f)
-    if not isinstance(d, dict):
-        raise ValueError(f'expected a JSON object, got a {type(d).__name__}')
-    return d
+    def read() -> dict:
+        with open(path, encoding='utf-8') as f:
+            d = json.load(f)
+        if not isinstance(d, dict):
+            raise ValueError(f'expected a JSON object, got a {type(d).__name__}')
+        return d
+    return _read_tokenizer_file(path, read)
 
 
 def _read_tokenizer_file(path: str, read):
