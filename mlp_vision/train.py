@@ -1,35 +1,18 @@
 """ mlp_vision training command: timm's ImageNet training pipeline for the registered models (and any timm model).
 
 Run as ``mlp-vision-train`` or ``python -m mlp_vision.train`` (installed package), or ``python train.py`` in a
-checkout (the same code). Flags follow timm's train.py; ``-c/--config`` reads a yaml file whose keys are the flag
-names (explicit flags win). The recipes of the papers are in ``configs/`` (see the comments there for global
-batch and LR scaling), shipped with the package and found by name: ``-c smlpnet_t``.
+checkout. Flags follow timm's train.py; ``-c/--config`` reads a yaml file of flag values, or a recipe of
+``configs/`` by name (``-c smlpnet_t``); explicit flags win. With no dataset it trains the demo on scikit-learn's
+handwritten digits. Usage, outputs and resume: README, "Training and validation".
 
-    # the demo: no dataset given -> scikit-learn's bundled handwritten digits, a small model, a few minutes on CPU
-    python train.py
-
-    # your own photos (DIR/train/<class>/, DIR/val/<class>/): a small model in minutes on a CPU
-    python train.py -c own_folder_cpu --data-dir DIR
-
-    # one process (CPU or one GPU)
-    python train.py -c smlpnet_t --data-dir /data/imagenet
-
-    # N processes on one machine (NCCL on GPUs, gloo on CPU); multi-node: add torchrun's rendezvous flags
+    python train.py -c own_folder_cpu --data-dir DIR                 # your photos: DIR/train/<class>/, DIR/val/<class>/
     torchrun --nproc_per_node=8 -m mlp_vision.train -c smlpnet_t --data-dir /data/imagenet
+    python train.py --resume output/train/EXP/last.pth [--epochs 400]   # saved settings; flags given override them
 
-    # continue a run in its folder with its saved settings: model, optimizer, scheduler, EMA, scaler, epoch, RNG,
-    # history; flags given override the saved ones (e.g. a larger --epochs continues a longer schedule)
-    python train.py --resume output/train/EXP/last.pth [--epochs 400]
-
-Outputs (experiment folder ``--output/--experiment``): ``args.yaml``, ``train.log``, ``summary.csv``,
-``last.pth``, ``model_best.pth``, ``checkpoint-<epoch>.pth`` (top ``--checkpoint-hist``), ``results.json``,
-``curves.png``. Checkpoints are written atomically, once per epoch; a run killed at any point resumes from
-``last.pth`` and (on CPU, one process) ends with bit-identical weights to an uninterrupted run. SIGINT / SIGTERM
-stop the run at the next batch with one line naming the last epoch's checkpoint.
-
-Files are loaded without running code from them (``torch.load(weights_only=True)`` or safetensors); a checkpoint
-that needs a full unpickle is refused unless ``--trust-checkpoint`` (unsafe: it runs whatever the file contains).
-Bad input ends with one line and exit status 2 (``--debug``: the traceback).
+Checkpoints are written atomically, once per epoch; a run killed at any point resumes from ``last.pth`` (bit-identical
+on CPU, one process). SIGINT / SIGTERM stop the run at the next batch with one line naming the last checkpoint.
+Files load without running code from them unless ``--trust-checkpoint``. Bad input ends with one line and exit
+status 2 (``--debug``: the traceback).
 """
 import argparse
 import logging
@@ -100,7 +83,8 @@ def _add_dataset_args(parser) -> None:
 def _add_model_args(parser) -> None:
     group = parser.add_argument_group('Model parameters')
     group.add_argument('--model', default='smlpnet_t', type=str, metavar='MODEL', help='name of model to train')
-    group.add_argument('--pretrained', action='store_true', default=False, help="start with the model's pretrained weights")
+    group.add_argument('--pretrained', action='store_true', default=False,
+                       help="start with the model's pretrained weights")
     group.add_argument('--pretrained-path', default=None, type=str, metavar='PATH',
                        help="start from a local weights file, loaded through the model's checkpoint filter "
                             "(official / timm layouts; classifier dropped if --num-classes differs)")
@@ -256,8 +240,7 @@ def _add_misc_args(parser) -> None:
                        help='metric for best checkpoint')
 
 
-def _has_dataset(settings: Mapping[str, Any]) -> bool:
-    """``settings`` (arguments by destination) name a dataset."""
+def _has_dataset(settings: Mapping[str, Any]) -> bool:  # settings: arguments by destination
     return bool(settings.get('data') or settings.get('data_dir') or settings.get('dataset'))
 
 
@@ -267,10 +250,8 @@ def _demo_recipe_unless_dataset(settings: Mapping[str, Any]) -> List[str]:
 
 
 def parse_args(argv):
-    """Parse flags (once), the optional yaml config and (``--resume``) the run's saved settings.
-
-    Returns (args, demo, resume checkpoint) where demo = no dataset was given.
-    """
+    """(args, demo = no dataset given, resume checkpoint) from the flags, the ``-c`` yaml and a resumed run's
+    saved settings."""
     args, resume_ckpt = parse_run_args(build_parser(), argv, kind='image', recipes=True,
                                        base_configs=_demo_recipe_unless_dataset)
     return args, not _has_dataset(vars(args)), resume_ckpt
@@ -351,9 +332,8 @@ def _main(argv, prog):
 
 
 def _validate_demo(run: TrainingRun, job: ImageClassification) -> Dict[str, Any]:
-    """The demo ends by validating its best checkpoint with the validation command (every rank takes part: in
-    distributed mode validate.py's evaluation is split over the ranks); the task calls it at its final stage, so
-    ``results.json`` keeps the result as ``demo_validation``."""
+    """The demo's closing validation of its best checkpoint with the validation command (every rank takes part;
+    the evaluation is split over them)."""
     args, dist_info = job.args, run.dist_info
     best_path = Path(all_gather_objects(str(run.saver.best_path) if dist_info.primary else '', dist_info)[0])
     val_argv = ['--checkpoint', str(best_path), '--data-dir', job.data_dir, '--split', args.val_split,

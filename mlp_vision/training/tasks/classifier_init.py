@@ -1,7 +1,6 @@
-""" The weights of a text classifier (``--task classify --init-from``): a run checkpoint of ours, a ``save_pretrained``
-folder or an official BiGS folder, loaded with :func:`mlp_vision.weights.load_backbone` and a new head; the log's
-report lists the weights loaded, the new ones and the checkpoint's unused ones. Without ``--init-from``: a fresh
-model and the ``--tokenizer`` of the training text.
+""" The weights of a text classifier (``--task classify --init-from``): a run checkpoint of ours, a
+``save_pretrained`` folder or an official BiGS folder, loaded with :func:`mlp_vision.weights.load_backbone` and a
+new head. Without ``--init-from``: a fresh model and the ``--tokenizer`` of the training text.
 """
 import dataclasses
 from pathlib import Path
@@ -13,11 +12,11 @@ from safetensors.torch import load_file
 
 from mlp_vision.text.bigs import (
     BiGSForSequenceClassification, convert_official_bigs_state_dict, load_official_bigs_state_dict)
-from mlp_vision.text.modeling_utils import WEIGHTS_NAME, check_text_model_size, check_tokenizer_fits, is_saved_folder, \
-    weight_file_shapes
+from mlp_vision.text.modeling_utils import (
+    WEIGHTS_NAME, check_text_model_size, check_tokenizer_fits, is_saved_folder, weight_file_shapes)
 from mlp_vision.text.registry import is_model, list_models, load_config, model_class, model_entry
-from mlp_vision.text.tokenizer import DEFAULT_CONTROL_TOKENS, Tokenizer, byte_tokenizer, char_tokenizer, find_tokenizer, \
-    tokenizer_from_dict
+from mlp_vision.text.tokenizer import (
+    DEFAULT_CONTROL_TOKENS, Tokenizer, byte_tokenizer, char_tokenizer, find_tokenizer, tokenizer_from_dict)
 from mlp_vision.weights import load_backbone
 from mlp_vision.training.run.checkpoint import load_checkpoint_file
 from mlp_vision.errors import UsageError
@@ -59,8 +58,8 @@ def _prefixes(keys: Sequence[str]) -> str:
 
 def _load_partial(model: nn.Module, state_dict: Dict[str, torch.Tensor], head_prefixes: Sequence[str],
                   source: str) -> Tuple[List[str], List[str], List[str]]:
-    """:func:`~mlp_vision.weights.load_backbone`; (loaded, new, unused) keys. Head tensors of another shape (a
-    classifier of another label count) stay new; any other missing or mis-shaped tensor is an error."""
+    """:func:`~mlp_vision.weights.load_backbone`; (loaded, new, unused) keys. Head tensors of another shape stay new;
+    any other missing or mis-shaped tensor is an error."""
     report = load_backbone(model, state_dict, head_prefixes, f'--init-from {source}')
     bad_shape = report.mismatched_outside(head_prefixes)
     if bad_shape or report.missing:
@@ -116,11 +115,8 @@ def _check_shapes_kept(before, after, source: str) -> None:
 def init_classifier(init_from: str, model_name: str, model_kwargs: Dict[str, Any], num_labels: int,
                     tokenizer_for_scratch=None, trust: bool = False,
                     allow_regex: bool = False) -> Tuple[nn.Module, str, Tokenizer, InitReport]:
-    """(sequence classifier, family, tokenizer, report) for ``--init-from`` -- a run checkpoint, a
-    ``save_pretrained`` folder or an official BiGS folder -- or, without it, a fresh ``model_name``.
-
-    ``tokenizer_for_scratch``: a callable giving the tokenizer of a model without ``--init-from``. ``allow_regex``
-    (``--allow-regex``): the checkpoint's or folder's tokenizer may hold a regular expression (refused otherwise).
+    """(sequence classifier, family, tokenizer, report) for ``--init-from``, or without it a fresh ``model_name``
+    with the tokenizer ``tokenizer_for_scratch()`` gives. ``allow_regex``: ``--allow-regex`` for the file's tokenizer.
     """
     if not init_from:
         return _fresh_classifier(model_name, model_kwargs, num_labels, tokenizer_for_scratch)
@@ -140,13 +136,13 @@ def _fresh_classifier(model_name: str, model_kwargs: Dict[str, Any], num_labels:
         raise UsageError(f'unknown text model {model_name!r}; known: {", ".join(list_models())}')
     entry = model_entry(model_name)
     if entry.family not in CLASSIFY_FAMILIES:
+        known = ', '.join(n for n in list_models() if model_entry(n).family in CLASSIFY_FAMILIES)
         raise UsageError(f'model {model_name!r} ({entry.family}) has no sequence classifier; use a gMLP, BiGS or '
-                         f'BERT model: {", ".join(n for n in list_models() if model_entry(n).family in CLASSIFY_FAMILIES)}')
+                         f'BERT model: {known}')
     tokenizer = tokenizer_for_scratch()
     model, _ = model_for_tokenizer(model_name, _config_overrides(entry.config_class, model_kwargs, num_labels),
                                    tokenizer, entry.config_class, model_kwargs, task='sequence_classification')
-    new = list(model.state_dict())
-    return model, entry.family, tokenizer, InitReport('', 'none', [], new, [])
+    return model, entry.family, tokenizer, InitReport('', 'none', [], list(model.state_dict()), [])
 
 
 def _classifier_from_run_checkpoint(init_from: str, model_kwargs: Dict[str, Any], num_labels: int, trust: bool,
@@ -224,7 +220,10 @@ def _classifier_from_official_bigs(init_from: str, model_kwargs: Dict[str, Any],
     return model, 'bigs', model.tokenizer, InitReport(str(init_from), 'official BiGS', loaded, new, unused_official)
 
 
-def scratch_tokenizer(kind: str, texts: Sequence[str], tokenizer_from: str = '', allow_regex: bool = False) -> Tokenizer:
+def scratch_tokenizer(kind: str, texts: Sequence[str], tokenizer_from: str = '',
+                      allow_regex: bool = False) -> Tokenizer:
+    """The tokenizer of a classifier trained from scratch: ``--tokenizer-from``'s, or a byte / char one (the char
+    alphabet of ``texts``, with ``<unk>``) with the control tokens."""
     if tokenizer_from:
         return tokenizer_from_path(tokenizer_from, needs=('cls', 'sep', 'pad'), allow_regex=allow_regex)
     if kind == 'byte':
@@ -232,5 +231,4 @@ def scratch_tokenizer(kind: str, texts: Sequence[str], tokenizer_from: str = '',
     if kind != 'char':
         raise UsageError(f"--tokenizer {kind!r} is not available for --task classify without --init-from; use char "
                          f"or byte (subword vocabularies come with the --init-from checkpoint)")
-    chars = set(''.join(texts))
-    return char_tokenizer(chars, DEFAULT_CONTROL_TOKENS, unk='<unk>')
+    return char_tokenizer(set(''.join(texts)), DEFAULT_CONTROL_TOKENS, unk='<unk>')

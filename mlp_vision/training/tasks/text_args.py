@@ -1,8 +1,4 @@
-""" The flags of the text trainer (``python -m mlp_vision.train_text`` / ``mlp-vision-text-train``) and their checks.
-
-Every value that cannot work is one line before a file is read or a model is built; the flags left at None take
-their value later, from the recipe (:mod:`.text_recipes`) or the model, and are checked only when given.
-"""
+""" The flags of the text trainer (``python -m mlp_vision.train_text``) and their checks (:func:`check_args`). """
 import argparse
 
 from timm.utils import ParseKwargs
@@ -11,9 +7,8 @@ from mlp_vision.text.registry import is_model, list_models, model_entry
 from mlp_vision.text.tokenizer import SUBWORD_KINDS, check_vocab_size
 from mlp_vision.training.run.config import SEED_MAX
 from mlp_vision.training.run.compile import add_compile_arguments, check_compile_backend
-from mlp_vision.errors import ArgumentParser, DefaultsHelpFormatter, UsageError, check_range
+from mlp_vision.errors import ArgumentParser, DefaultsHelpFormatter, UsageError, add_allow_regex_argument, check_range
 from mlp_vision.training.run.training_run import add_device_arguments, add_run_arguments
-from mlp_vision.errors import add_allow_regex_argument  # the opt-in past check_no_regex (issue 33)
 from mlp_vision.threads import THREADS_RANGE
 
 __all__ = ['PROG', 'TASKS', 'DEFAULT_MODELS', 'SCHEDULES', 'build_parser', 'check_args', 'task_model_entry']
@@ -21,14 +16,13 @@ __all__ = ['PROG', 'TASKS', 'DEFAULT_MODELS', 'SCHEDULES', 'build_parser', 'chec
 PROG = 'python -m mlp_vision.train_text'  # the command's name in messages; the console script passes its own
 # --task -> the registry task a model must have
 TASKS = {'causal': 'causal_lm', 'mlm': 'masked_lm', 'classify': 'sequence_classification'}
-# --model when not given: a model of the task (the causal default is no masked LM; a classifier from scratch needs
-# a family with a classification head)
+# --model when not given: a model of the task (a classifier from scratch needs a family with a classification head)
 DEFAULT_MODELS = {'causal': 'gpt_mlp_attention', 'mlm': 'bigs_small', 'classify': 'bigs_small'}
 SCHEDULES = ('constant', 'cosine', 'linear')  # --sched: the decay after warmup (recipes.TIMM_SCHED maps them)
 
 
 def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
-    parser = ArgumentParser(  # its errors (a value of the wrong type, e.g. -b 1e9) are one line, as every command's
+    parser = ArgumentParser(
         prog=prog,
         description='Train a mlp_vision.text model: char/byte-level causal LM or BERT-style masked LM.',
         formatter_class=DefaultsHelpFormatter)
@@ -148,9 +142,9 @@ _BATCH = dict(low=1, high=MAX_BATCH, why='samples per micro-batch per process; u
 
 
 def check_args(args) -> None:
-    """Every flag value that cannot work, as one line, before a file is read or a model built. Flags left at None
-    take their value later (from the recipe or the model) and are checked only when given. An unset ``--model``
-    becomes the task's default (:data:`DEFAULT_MODELS`), a derived value (``args.yaml`` keeps it unset)."""
+    """Every flag value that cannot work, as one line, before a file is read or a model built; flags left at None
+    (filled later by the recipe or the model) are checked only when given. An unset ``--model`` becomes the task's
+    default (:data:`DEFAULT_MODELS`), a derived value."""
     if args.model is None:
         args.derive(model=DEFAULT_MODELS[args.task])
     check_compile_backend(args.torchcompile)
