@@ -25,7 +25,7 @@ from timm.optim import list_optimizers
 from timm.utils import ParseKwargs
 
 from mlp_vision.training.run.config import SEED_MAX, check_flag_ranges, find_recipe
-from mlp_vision.training.data import INTERPOLATIONS, IMAGE_MODE_CHANNELS, check_image_args, default_workers
+from mlp_vision.training.data import INTERPOLATIONS, check_image_args
 from mlp_vision.training.run.distributed import all_gather_objects, init_device
 from mlp_vision.training.run.driver import drive
 from mlp_vision.training.tasks.image_classification import (
@@ -36,7 +36,7 @@ from mlp_vision.training.tasks.image_model import ALLOW_MISSING_FLAG
 from mlp_vision.training.run.compile import add_compile_arguments, check_compile_backend
 from mlp_vision.training.run.training_run import TrainingRun, add_device_arguments, add_run_arguments, parse_run_args
 from mlp_vision.threads import set_run_threads
-from mlp_vision.validate import main as validate_main
+from mlp_vision.validate import add_dataset_arguments, add_input_arguments, main as validate_main
 
 _logger = logging.getLogger('train')
 
@@ -50,37 +50,20 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument('-c', '--config', default='', type=str, metavar='FILE|RECIPE',
                         help='yaml file of flag values (keys = flag names), or the name of a recipe of configs/ '
                              '(shipped with the package), e.g. smlpnet_t; explicit flags override it')
-    _add_dataset_args(parser)
-    _add_model_args(parser)
-    _add_device_args(parser)
-    _add_optimizer_args(parser)
-    _add_schedule_args(parser)
-    _add_augmentation_args(parser)
-    _add_ema_args(parser)
-    _add_misc_args(parser)
+    _add_data_and_model_args(parser)
+    _add_device_and_optimizer_args(parser)
+    _add_regularization_and_misc_args(parser)
     return parser
 
 
-def _add_dataset_args(parser) -> None:
+def _add_data_and_model_args(parser) -> None:
     group = parser.add_argument_group('Dataset parameters')
-    group.add_argument('data', nargs='?', metavar='DIR', help='path to dataset (positional, same as --data-dir)')
-    group.add_argument('--data-dir', metavar='DIR', help='path to dataset root (ImageFolder tree or folder of tars)')
-    group.add_argument('--dataset', metavar='NAME', default='',
-                       help="dataset type + name ('' = image folder / tar, torch/cifar10, hfds/NAME, wds/...)")
+    add_dataset_arguments(group)
     group.add_argument('--train-split', metavar='NAME', default='train', help='dataset train split (folder / tar)')
     group.add_argument('--val-split', metavar='NAME|FRACTION', default='validation',
                        help="validation split: a split name (folder / tar; an error when the data has none), a "
                             "fraction 0 < f < 1 of the training images held out (class-stratified, seeded by "
                             "--seed), or '' for no evaluation")
-    group.add_argument('--dataset-download', action='store_true', default=False,
-                       help='allow download of dataset for torch/ and tfds/ datasets that support it')
-    group.add_argument('--class-map', default='', type=str, metavar='FILENAME',
-                       help='path to class to idx mapping file')
-    group.add_argument('--input-img-mode', default='RGB', type=str, choices=tuple(IMAGE_MODE_CHANNELS),
-                       help='PIL mode every image is converted to (its channel count must equal --in-chans)')
-
-
-def _add_model_args(parser) -> None:
     group = parser.add_argument_group('Model parameters')
     group.add_argument('--model', default='smlpnet_t', type=str, metavar='MODEL', help='name of model to train')
     group.add_argument('--pretrained', action='store_true', default=False,
@@ -99,39 +82,23 @@ def _add_model_args(parser) -> None:
                             '(otherwise an error; a classifier for another class count is always re-initialised)')
     group.add_argument('--num-classes', type=int, default=None, metavar='N',
                        help='number of label classes (default: the training set\'s)')
-    group.add_argument('--gp', default=None, type=str, metavar='POOL', help='global pool type (model default)')
-    group.add_argument('--img-size', type=int, default=None, metavar='N',
-                       help='image size (the model is built for it; default: the model\'s)')
-    group.add_argument('--in-chans', type=int, default=None, metavar='N', help='image input channels')
-    group.add_argument('--input-size', default=None, nargs=3, type=int, metavar='N',
-                       help='input dimensions (d h w), overrides --img-size')
-    group.add_argument('--crop-pct', default=None, type=float, metavar='N', help='eval center crop pct')
-    group.add_argument('--mean', type=float, nargs='+', default=None, metavar='MEAN', help='override mean')
-    group.add_argument('--std', type=float, nargs='+', default=None, metavar='STD', help='override std')
-    group.add_argument('--interpolation', default='', type=str, choices=INTERPOLATIONS,
-                       help="eval resize interpolation ('': the model's)")
+    add_input_arguments(group)
     group.add_argument('-b', '--batch-size', type=int, default=128, metavar='N', help='batch size per process')
     group.add_argument('-vb', '--validation-batch-size', type=int, default=None, metavar='N',
                        help='validation batch size (default: --batch-size)')
-    group.add_argument('--channels-last', action='store_true', default=False, help='use channels_last memory layout')
     group.add_argument('--grad-accum-steps', type=int, default=1, metavar='N',
                        help='accumulate gradients over N batches per optimizer step')
     group.add_argument('--grad-checkpointing', action='store_true', default=False,
                        help='activation checkpointing through the model')
-    group.add_argument('--model-kwargs', nargs='*', default={}, action=ParseKwargs,
-                       help='extra model arguments k=v (python literals), e.g. embed_dim=32 depths="(1,1,2,1)"')
     add_compile_arguments(group)
 
 
-def _add_device_args(parser) -> None:
+def _add_device_and_optimizer_args(parser) -> None:
     group = parser.add_argument_group('Device and distributed')
     add_device_arguments(group)
     group.add_argument('--sync-bn', action='store_true', default=False, help='SyncBatchNorm (CUDA, distributed)')
     group.add_argument('--dist-bn', type=str, default='reduce', choices=('reduce', 'broadcast', ''),
                        help='after each epoch, make BatchNorm stats equal on all ranks (average or rank 0)')
-
-
-def _add_optimizer_args(parser) -> None:
     group = parser.add_argument_group('Optimizer parameters')
     group.add_argument('--opt', default='sgd', type=str, metavar='OPTIMIZER', help='optimizer (timm names)')
     group.add_argument('--opt-eps', default=None, type=float, metavar='EPSILON', help='optimizer epsilon')
@@ -143,9 +110,6 @@ def _add_optimizer_args(parser) -> None:
                        help='what --clip-grad bounds')
     group.add_argument('--layer-decay', type=float, default=None, help='layer-wise learning rate decay')
     group.add_argument('--opt-kwargs', nargs='*', default={}, action=ParseKwargs, help='extra optimizer arguments')
-
-
-def _add_schedule_args(parser) -> None:
     group = parser.add_argument_group('Learning rate schedule parameters')
     group.add_argument('--sched', type=str, default='cosine', metavar='SCHEDULER', help='LR scheduler')
     group.add_argument('--sched-on-updates', action='store_true', default=False,
@@ -179,7 +143,7 @@ def _add_schedule_args(parser) -> None:
                        help='LR decay rate (step / plateau), power for poly')
 
 
-def _add_augmentation_args(parser) -> None:
+def _add_regularization_and_misc_args(parser) -> None:
     group = parser.add_argument_group('Augmentation and regularization parameters')
     group.add_argument('--no-aug', action='store_true', default=False, help='disable all training augmentation')
     group.add_argument('--scale', type=float, nargs='+', default=[0.08, 1.0], metavar='PCT',
@@ -212,26 +176,17 @@ def _add_augmentation_args(parser) -> None:
                        help='training interpolation')
     group.add_argument('--drop', type=float, default=0.0, metavar='PCT', help='dropout rate before the classifier')
     group.add_argument('--drop-path', type=float, default=None, metavar='PCT', help='drop path (stochastic depth)')
-
-
-def _add_ema_args(parser) -> None:
     group = parser.add_argument_group('Model exponential moving average parameters')
     group.add_argument('--model-ema', action='store_true', default=False, help='keep an EMA of the weights')
     group.add_argument('--model-ema-force-cpu', action='store_true', default=False,
                        help='keep the EMA on the CPU (not evaluated during training)')
     group.add_argument('--model-ema-decay', type=float, default=0.9998, help='EMA decay')
     group.add_argument('--model-ema-warmup', action='store_true', default=False, help='EMA decay warmup')
-
-
-def _add_misc_args(parser) -> None:
     group = parser.add_argument_group('Miscellaneous parameters')
     group.add_argument('--seed', type=int, default=42, metavar='S', help='random seed')
     group.add_argument('--log-interval', type=int, default=50, metavar='N', help='optimizer updates between logs')
     group.add_argument('--checkpoint-hist', type=int, default=3, metavar='N',
                        help='keep the N best checkpoint-<epoch>.pth files (besides last / best)')
-    group.add_argument('-j', '--workers', type=int, default=default_workers(), metavar='N',
-                       help='data loading processes (default: 4, at most the CPUs this process may use)')
-    group.add_argument('--pin-mem', action='store_true', default=False, help='pin CPU memory in the loader')
     group.add_argument('--output', default='', type=str, metavar='PATH',
                        help='output root (default: ./output/train)')
     group.add_argument('--experiment', default='', type=str, metavar='NAME',

@@ -48,16 +48,8 @@ CROP_MODES = ('center', 'squash', 'border')  # timm's eval crop modes
 def build_parser() -> argparse.ArgumentParser:
     parser = ArgumentParser(description='mlp_vision validation (timm pipeline)',
                             formatter_class=DefaultsHelpFormatter)
-    parser.add_argument('data', nargs='?', metavar='DIR', help='path to dataset (positional, same as --data-dir)')
-    parser.add_argument('--data-dir', metavar='DIR', help='path to dataset root (ImageFolder tree or folder of tars)')
-    parser.add_argument('--dataset', metavar='NAME', default='',
-                        help="dataset type + name ('' = image folder / tar, torch/cifar10, hfds/NAME, ...)")
+    add_dataset_arguments(parser)
     parser.add_argument('--split', metavar='NAME', default='validation', help='dataset split (folder / tar)')
-    parser.add_argument('--dataset-download', action='store_true', default=False, help='allow dataset download')
-    parser.add_argument('--class-map', default='', type=str, metavar='FILENAME', help='class to idx mapping file')
-    parser.add_argument('--input-img-mode', default='RGB', type=str, choices=tuple(IMAGE_MODE_CHANNELS),
-                        help='PIL mode every image is converted to (its channel count must equal the model\'s)')
-
     parser.add_argument('--model', '-m', default=None, metavar='NAME',
                         help='model name (default: the one a training checkpoint was made for)')
     parser.add_argument('--pretrained', action='store_true', default=False, help="use the model's pretrained weights")
@@ -67,30 +59,50 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument('--use-ema', action='store_true', default=False, help="evaluate the checkpoint's EMA weights")
     parser.add_argument('--num-classes', type=int, default=None,
                         help='number of classes (default: from checkpoint/model)')
-    parser.add_argument('--gp', default=None, type=str, metavar='POOL', help='global pool type')
-    parser.add_argument('--img-size', default=None, type=int, metavar='N', help='input image size')
-    parser.add_argument('--in-chans', type=int, default=None, metavar='N', help='image input channels')
-    parser.add_argument('--input-size', default=None, nargs=3, type=int, metavar='N', help='input dims (d h w)')
-    parser.add_argument('--crop-pct', default=None, type=float, metavar='N', help='center crop pct')
-    parser.add_argument('--crop-mode', default=None, type=str, choices=CROP_MODES,
-                        help='how the eval crop is taken')
-    parser.add_argument('--mean', type=float, nargs='+', default=None, metavar='MEAN', help='override mean')
-    parser.add_argument('--std', type=float, nargs='+', default=None, metavar='STD', help='override std')
-    parser.add_argument('--interpolation', default='', type=str, choices=INTERPOLATIONS,
-                        help="resize interpolation ('': the model's or checkpoint's)")
-    parser.add_argument('--model-kwargs', nargs='*', default={}, action=ParseKwargs, help='extra model arguments k=v')
-
+    add_input_arguments(parser)
+    parser.add_argument('--crop-mode', default=None, type=str, choices=CROP_MODES, help='how the eval crop is taken')
     parser.add_argument('-b', '--batch-size', default=256, type=int, metavar='N', help='batch size')
-    parser.add_argument('-j', '--workers', default=default_workers(), type=int, metavar='N',
-                        help='data loading processes (default: 4, at most the CPUs this process may use)')
-    parser.add_argument('--pin-mem', action='store_true', default=False, help='pin CPU memory in the loader')
     add_device_arguments(parser, distributed=False)
-    parser.add_argument('--channels-last', action='store_true', default=False, help='channels_last memory layout')
     add_compile_arguments(parser)
     parser.add_argument('--log-interval', default=10, type=int, metavar='N', help='batches between progress logs')
     parser.add_argument('--results-file', default='', type=str, metavar='FILENAME',
                         help='write the results to this .json or .csv file')
     return parser
+
+
+def add_dataset_arguments(group) -> None:
+    """The dataset and loader flags of train.py and validate.py (the split flags are each command's)."""
+    group.add_argument('data', nargs='?', metavar='DIR', help='path to dataset (positional, same as --data-dir)')
+    group.add_argument('--data-dir', metavar='DIR', help='path to dataset root (ImageFolder tree or folder of tars)')
+    group.add_argument('--dataset', metavar='NAME', default='',
+                       help="dataset type + name ('' = image folder / tar, torch/cifar10, hfds/NAME, wds/...)")
+    group.add_argument('--dataset-download', action='store_true', default=False,
+                       help='allow download of dataset for torch/ and tfds/ datasets that support it')
+    group.add_argument('--class-map', default='', type=str, metavar='FILENAME',
+                       help='path to class to idx mapping file')
+    group.add_argument('--input-img-mode', default='RGB', type=str, choices=tuple(IMAGE_MODE_CHANNELS),
+                       help='PIL mode every image is converted to (its channel count must equal the model\'s)')
+    group.add_argument('-j', '--workers', type=int, default=default_workers(), metavar='N',
+                       help='data loading processes (default: 4, at most the CPUs this process may use)')
+    group.add_argument('--pin-mem', action='store_true', default=False, help='pin CPU memory in the loader')
+
+
+def add_input_arguments(group) -> None:
+    """The model input and preprocessing flags of train.py and validate.py."""
+    group.add_argument('--gp', default=None, type=str, metavar='POOL', help='global pool type (model default)')
+    group.add_argument('--img-size', type=int, default=None, metavar='N',
+                       help='image size (the model is built for it; default: the model\'s)')
+    group.add_argument('--in-chans', type=int, default=None, metavar='N', help='image input channels')
+    group.add_argument('--input-size', default=None, nargs=3, type=int, metavar='N',
+                       help='input dimensions (d h w), overrides --img-size')
+    group.add_argument('--crop-pct', default=None, type=float, metavar='N', help='eval center crop pct')
+    group.add_argument('--mean', type=float, nargs='+', default=None, metavar='MEAN', help='override mean')
+    group.add_argument('--std', type=float, nargs='+', default=None, metavar='STD', help='override std')
+    group.add_argument('--interpolation', default='', type=str, choices=INTERPOLATIONS,
+                       help="eval resize interpolation ('': the model's, or a training checkpoint's)")
+    group.add_argument('--channels-last', action='store_true', default=False, help='use channels_last memory layout')
+    group.add_argument('--model-kwargs', nargs='*', default={}, action=ParseKwargs,
+                       help='extra model arguments k=v (python literals), e.g. embed_dim=32 depths="(1,1,2,1)"')
 
 
 # the range of each numeric flag (check_range's bounds)
@@ -215,8 +227,9 @@ def validate(args: argparse.Namespace) -> dict:
     # preprocessing: explicit flags, then the training checkpoint's eval preprocessing, then the model's config
     data_config = resolve_model_data_config(
         args, model, checkpoint_data_config(info.get('data_cfg'), args.checkpoint, getattr(model, 'in_chans', 3)))
+    sizes_from = f"checkpoint {args.checkpoint}'s model_cfg / data_cfg" if info['checkpoint_kind'] else ''
     check_activations(model_name, info['create_kwargs'], data_config['input_size'], args.batch_size, training=False,
-                      sizes_from=f"checkpoint {args.checkpoint}'s model_cfg / data_cfg" if info['checkpoint_kind'] else '')
+                      sizes_from=sizes_from)
 
     model.to(device)
     if args.channels_last:
@@ -227,8 +240,8 @@ def validate(args: argparse.Namespace) -> dict:
     loader = create_eval_loader(dataset, data_config, args.batch_size, device, num_workers=args.workers,
                                 distributed=dist_info.distributed, pin_memory=args.pin_mem)
     _logger.info(f'Validating {model_name} ({num_params / 1e6:.3f} M params, weights: {info["source"]}) on '
-                 f'{len(dataset)} images of {data_dir or args.dataset} ({args.split}), input {data_config["input_size"]}, '
-                 f'{device}{", AMP " + str(amp_dtype) if args.amp else ""}')
+                 f'{len(dataset)} images of {data_dir or args.dataset} ({args.split}), input '
+                 f'{data_config["input_size"]}, {device}{", AMP " + str(amp_dtype) if args.amp else ""}')
     if device.type == 'cuda':
         torch.cuda.reset_peak_memory_stats(device)
     metrics = evaluate(model, loader, amp_autocast=amp_autocast, channels_last=args.channels_last,

@@ -25,6 +25,8 @@ from mlp_vision.training.tasks.text_data import model_for_tokenizer, tokenizer_f
 __all__ = ['CLASSIFY_FAMILIES', 'InitReport', 'init_classifier', 'scratch_tokenizer']
 
 CLASSIFY_FAMILIES = ('gmlp', 'bigs', 'bert')
+_SHAPE_FIELDS = ('vocab_size', 'hidden_size', 'intermediate_size', 'num_hidden_layers', 'max_position_embeddings',
+                 'type_vocab_size', 'num_ssm_states', 'tiny_attention_size', 'num_attention_heads')
 
 
 @dataclasses.dataclass
@@ -91,25 +93,18 @@ def _config_overrides(config_class, model_kwargs: Dict[str, Any], num_labels: in
 
 
 def _overridden_config(base, model_kwargs: Dict[str, Any], num_labels: int, source: str):
-    """The ``--init-from`` checkpoint's config ``base`` with the ``--model-kwargs`` fields that keep the weight shapes;
-    a field value the config rejects (e.g. ``classifier_pooling=max``) stops with one line."""
+    """The ``--init-from`` checkpoint's config ``base`` with the ``--model-kwargs`` fields, which must keep the weight
+    shapes (:data:`_SHAPE_FIELDS`); a value the config rejects (e.g. ``classifier_pooling=max``) stops with one line."""
     overrides = _config_overrides(type(base), model_kwargs, num_labels)
     try:
         config = type(base)(**{**base.text_fields(), **overrides})
     except (TypeError, ValueError) as e:
         raise UsageError(f'--model-kwargs {model_kwargs} for the --init-from {source} model: {e}') from None
-    _check_shapes_kept(base, config, source)
-    return config
-
-
-def _check_shapes_kept(before, after, source: str) -> None:
-    shape_fields = ('vocab_size', 'hidden_size', 'intermediate_size', 'num_hidden_layers',
-                    'max_position_embeddings', 'type_vocab_size', 'num_ssm_states', 'tiny_attention_size',
-                    'num_attention_heads')
-    changed = [f for f in shape_fields if hasattr(before, f) and getattr(before, f) != getattr(after, f)]
+    changed = [f for f in _SHAPE_FIELDS if hasattr(base, f) and getattr(base, f) != getattr(config, f)]
     if changed:
         raise UsageError(f'--model-kwargs change {", ".join(changed)} of the --init-from {source} model; only '
                          f'fields that keep the weight shapes (e.g. dropout) can change with --init-from')
+    return config
 
 
 def init_classifier(init_from: str, model_name: str, model_kwargs: Dict[str, Any], num_labels: int,

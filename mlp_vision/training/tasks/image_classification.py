@@ -543,7 +543,8 @@ def _evaluate_epoch(args, dist_info, job: ImageClassification, metrics: EpochMet
     if job.loader_eval is None:
         return None
     evaluate_on = partial(evaluate, loader=job.loader_eval, amp_autocast=job.opt.amp_autocast, log_interval=0,
-                          channels_last=args.channels_last, distributed=dist_info.distributed, primary=dist_info.primary)
+                          channels_last=args.channels_last, distributed=dist_info.distributed,
+                          primary=dist_info.primary)
     metrics.eval = evaluate_on(job.opt.train_model)
     if job.opt.model_ema is None or args.model_ema_force_cpu:
         return metrics.eval[args.eval_metric]

@@ -6,12 +6,9 @@
     python -m mlp_vision.train_text --task causal --model gpt_mlp_attention \\
         --train-file ../shared/data/tinyshakespeare/input.txt --steps 2000 -b 32 --sample-prompt "ROMEO:"
 
-    # masked LM (15 % masking, 80/10/10) with a separate held-out file
-    python -m mlp_vision.train_text --task mlm --model gmlp_base --model-kwargs num_hidden_layers=6 \\
-        hidden_size=256 intermediate_size=1536 --train-file wikitext-2/valid.txt --val-file wikitext-2/test.txt
-
-    # two processes (gloo on CPU, NCCL on GPUs)
-    torchrun --nproc_per_node=2 -m mlp_vision.train_text --task causal --model gpt_sdpa --train-file input.txt
+    # masked LM (15 % masking, 80/10/10) with a separate held-out file, on two processes (gloo / NCCL)
+    torchrun --nproc_per_node=2 -m mlp_vision.train_text --task mlm --model gmlp_base --model-kwargs \\
+        num_hidden_layers=6 hidden_size=256 --train-file wikitext-2/valid.txt --val-file wikitext-2/test.txt
 
     # continue a run in its folder with its saved settings (bit-exact on CPU, 1 process); flags given override them
     python -m mlp_vision.train_text --resume output/text/EXP/last.pth [--steps 4000]

@@ -45,8 +45,8 @@ from timm.utils import ModelEmaV3, random_seed
 
 from mlp_vision.text.modeling_utils import check_text_model_size
 from mlp_vision.text.registry import model_class
-from mlp_vision.text.tokenizer import Tokenizer, encode_with_template, unknown_character, tokenizer_from_dict, tokenizer_kind, \
-    tokenizer_to_dict
+from mlp_vision.text.tokenizer import (
+    Tokenizer, encode_with_template, unknown_character, tokenizer_from_dict, tokenizer_kind, tokenizer_to_dict)
 from mlp_vision.training.run.checkpoint import atomic_folder, load_checkpoint_file
 from mlp_vision.errors import Interrupted, UsageError, short_repr
 from mlp_vision.training.run.loop import format_duration, warn_global_batch_beyond_data
@@ -80,15 +80,6 @@ class LabelledData:
         return len(self.labels)
 
 
-def _delimiter(path: Path, header_line: str) -> str:
-    suffix = path.suffix.lower()
-    if suffix == '.tsv':
-        return '\t'
-    if suffix == '.csv':
-        return ','
-    return '\t' if '\t' in header_line else ','
-
-
 def read_labelled_file(path: str, text_columns: Optional[Sequence[str]] = None, label_column: str = 'label',
                        what: str = '--train-file') -> LabelledData:
     """Read a GLUE-style TSV / CSV file with a header row (see the module docstring); one-line :class:`UsageError`
@@ -106,14 +97,11 @@ def read_labelled_file(path: str, text_columns: Optional[Sequence[str]] = None, 
     header_line = content.split('\n', 1)[0]
     if not header_line.strip():
         raise UsageError(f'{what} {path!r} is empty; expected a header row (e.g. "sentence<TAB>label") and examples')
-    delimiter = _delimiter(p, header_line)
+    delimiter = {'.tsv': '\t', '.csv': ','}.get(p.suffix.lower(), '\t' if '\t' in header_line else ',')
     # the csv module reads the lines itself (newline=''): a quoted field keeps its line breaks, and no split at
     # \x0b, \x1c, U+2028, ... (as str.splitlines does) cuts one
     stream = io.StringIO(content, newline='')
-    if delimiter == '\t':
-        reader = csv.reader(stream, delimiter='\t', quoting=csv.QUOTE_NONE)
-    else:
-        reader = csv.reader(stream, delimiter=',')
+    reader = csv.reader(stream, delimiter='\t', quoting=csv.QUOTE_NONE) if delimiter == '\t' else csv.reader(stream)
     rows = []
     try:
         for row in reader:

@@ -25,8 +25,9 @@ import torch
 
 from mlp_vision.errors import Interrupted, UsageError
 from mlp_vision.text.registry import create_model
-from mlp_vision.text.tokenizer import DEFAULT_CONTROL_TOKENS, SUBWORD_KINDS, Tokenizer, byte_tokenizer, char_tokenizer, \
-    find_tokenizer, tokenizer_kind, train_tokenizer, unknown_character
+from mlp_vision.text.tokenizer import (
+    DEFAULT_CONTROL_TOKENS, SUBWORD_KINDS, Tokenizer, byte_tokenizer, char_tokenizer, find_tokenizer, tokenizer_kind,
+    train_tokenizer, unknown_character)
 
 __all__ = [
     'Batch', 'build_tokenizer', 'tokenizer_from_path', 'encode_text', 'read_text_file', 'sample_causal_batch',
