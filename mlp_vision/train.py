@@ -3,16 +3,10 @@
 Run as ``mlp-vision-train`` or ``python -m mlp_vision.train`` (installed package), or ``python train.py`` in a
 checkout. Flags follow timm's train.py; ``-c/--config`` reads a yaml file of flag values, or a recipe of
 ``configs/`` by name (``-c smlpnet_t``); explicit flags win. With no dataset it trains the demo on scikit-learn's
-handwritten digits. Usage, outputs and resume: README, "Training and validation".
-
-    python train.py -c own_folder_cpu --data-dir DIR                 # your photos: DIR/train/<class>/, DIR/val/<class>/
-    torchrun --nproc_per_node=8 -m mlp_vision.train -c smlpnet_t --data-dir /data/imagenet
-    python train.py --resume output/train/EXP/last.pth [--epochs 400]   # saved settings; flags given override them
-
-Checkpoints are written atomically, once per epoch; a run killed at any point resumes from ``last.pth`` (bit-identical
-on CPU, one process). SIGINT / SIGTERM stop the run at the next batch with one line naming the last checkpoint.
-Files load without running code from them unless ``--trust-checkpoint``. Bad input ends with one line and exit
-status 2 (``--debug``: the traceback).
+handwritten digits. Usage, outputs and resume (bit-identical on CPU, one process): README, "Training and
+validation". SIGINT / SIGTERM stop the run at the next batch with one line naming the last checkpoint. Files load
+without running code from them unless ``--trust-checkpoint``. Bad input ends with one line and exit status 2
+(``--debug``: the traceback).
 """
 import argparse
 import logging

@@ -3,6 +3,7 @@
 new head. Without ``--init-from``: a fresh model and the ``--tokenizer`` of the training text.
 """
 import dataclasses
+from collections import Counter
 from pathlib import Path
 from typing import Any, Dict, List, Sequence, Tuple
 
@@ -45,16 +46,10 @@ class InitReport:
                 f'({_prefixes(self.loaded)}); new {len(self.new)}: {", ".join(self.new) or "none"}; '
                 f'unused from the checkpoint {len(self.unused)}: {_prefixes(self.unused) or "none"}')
 
-    def to_dict(self) -> Dict[str, Any]:
-        return dataclasses.asdict(self)
-
 
 def _prefixes(keys: Sequence[str]) -> str:
     """The keys grouped by their first two name parts, e.g. 'bigs.embeddings (5), bigs.layers (40)'."""
-    counts: Dict[str, int] = {}
-    for k in keys:
-        head = '.'.join(k.split('.')[:2])
-        counts[head] = counts.get(head, 0) + 1
+    counts = Counter('.'.join(k.split('.')[:2]) for k in keys)
     return ', '.join(f'{h} ({n})' for h, n in counts.items())
 
 

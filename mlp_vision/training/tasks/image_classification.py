@@ -50,21 +50,9 @@ SMALL_DATA_IMAGES = 20_000  # a training set up to this size, given without -c, 
 DEFAULT_EPOCHS = 300  # train.py's --epochs default, timm's ImageNet schedule (the small-data hint compares to it)
 
 
-def train_one_epoch(
-        epoch: int,
-        loop: StepLoop,
-        loader,
-        loss_fn: Callable,
-        *,
-        total_epochs: int,
-        amp_autocast=suppress,
-        mixup_fn=None,
-        grad_accum_steps: int = 1,
-        channels_last: bool = False,
-        world_size: int = 1,
-        log_interval: int = 50,
-        primary: bool = True,
-) -> Dict[str, float]:
+def train_one_epoch(epoch: int, loop: StepLoop, loader, loss_fn: Callable, *, total_epochs: int, amp_autocast=suppress,
+                    mixup_fn=None, grad_accum_steps: int = 1, channels_last: bool = False, world_size: int = 1,
+                    log_interval: int = 50, primary: bool = True) -> Dict[str, float]:
     """One epoch with the run's ``loop``; returns {'loss', 'lr', 'img_per_sec', 'seconds'} (loss and rate over every
     rank). Each optimizer update is :meth:`~mlp_vision.training.run.loop.StepLoop.update` over ``grad_accum_steps``
     batches (the last one over the batches left), which owns DDP sync, the NaN / inf and signal stops and the one host
@@ -139,17 +127,8 @@ def reports_top5(num_classes: int) -> bool:
 
 
 @torch.no_grad()
-def evaluate(
-        model: nn.Module,
-        loader,
-        *,
-        amp_autocast=suppress,
-        channels_last: bool = False,
-        distributed: bool = False,
-        log_interval: int = 50,
-        log_prefix: str = 'Test',
-        primary: bool = True,
-) -> Dict[str, float]:
+def evaluate(model: nn.Module, loader, *, amp_autocast=suppress, channels_last: bool = False, distributed: bool = False,
+             log_interval: int = 50, primary: bool = True) -> Dict[str, float]:
     """Top-1 / top-5 accuracy (%; ``top5`` None per :func:`reports_top5`), mean cross-entropy and images/s over the
     loader. Distributed: each rank evaluates its own samples (the ``StridedSampler`` pads nothing) and the sums,
     kept on the device, are all-reduced once, so the numbers equal a one-process run.
@@ -175,7 +154,7 @@ def evaluate(
         sums = batch if sums is None else sums + batch  # on the device: no host sync per batch
         if primary and log_interval and ((batch_idx + 1) % log_interval == 0 or batch_idx == num_batches - 1):
             elapsed = time.perf_counter() - start
-            _logger.info(f'{log_prefix}: [{batch_idx + 1:>{len(str(num_batches))}d}/{num_batches}]  '
+            _logger.info(f'Test: [{batch_idx + 1:>{len(str(num_batches))}d}/{num_batches}]  '
                          f'{processed / max(elapsed, 1e-9):,.0f} img/s')
     if sums is None:
         raise RuntimeError('evaluation loader yielded no batches')
@@ -236,7 +215,12 @@ class ImageClassification(TrainingTask):
             _task_logger.info(f'distributed: {run.dist_info.world_size} processes, backend '
                               f'{torch.distributed.get_backend()}, device {run.dist_info.device} on rank 0')
         if demo:
-            _use_demo_data(args)
+            args.derive(data_dir=str(prepare_digits_folder()), dataset='', train_split='train', val_split='val')
+            _task_logger.info(
+                'Demo: no dataset was given, so this trains a small model on scikit-learn\'s bundled handwritten '
+                f'digits (1,797 real 8x8 scans, 10 classes), written once as an ImageFolder tree under '
+                f'{args.data_dir}, through the same pipeline as an ImageNet run (recipe {DEMO_RECIPE}). '
+                f'For your own photos: -c {OWN_FOLDER_RECIPE} --data-dir DIR (README, "Your own photos").')
         self.data_dir = args.data_dir or args.data
         self.metrics = EpochMetrics()
 
@@ -398,15 +382,6 @@ class ImageClassification(TrainingTask):
                 f'Demo result: validation accuracy {demo_val["top1"]:.2f}% top-1 on {demo_val["samples"]} held-out '
                 f'digit images (chance: 10%), checkpoint {run.saver.best_path}; '
                 f'total time {format_duration(time.time() - run.start_time)}.')
-
-
-def _use_demo_data(args) -> None:
-    args.derive(data_dir=str(prepare_digits_folder()), dataset='', train_split='train', val_split='val')
-    _task_logger.info(
-        'Demo: no dataset was given, so this trains a small model on scikit-learn\'s bundled handwritten '
-        f'digits (1,797 real 8x8 scans, 10 classes), written once as an ImageFolder tree under '
-        f'{args.data_dir}, through the same pipeline as an ImageNet run (recipe {DEMO_RECIPE}). '
-        f'For your own photos: -c {OWN_FOLDER_RECIPE} --data-dir DIR (README, "Your own photos").')
 
 
 def _create_datasets(args, data_dir):

@@ -26,15 +26,10 @@ ALLOW_MISSING_FLAG = '--allow-missing-weights'
 _logger = logging.getLogger(__name__)
 
 
-def model_create_kwargs(
-        num_classes: Optional[int] = None,
-        in_chans: Optional[int] = None,
-        img_size: Optional[Any] = None,
-        drop_rate: Optional[float] = None,
-        drop_path_rate: Optional[float] = None,
-        global_pool: Optional[str] = None,
-        model_kwargs: Optional[Dict[str, Any]] = None,
-) -> Dict[str, Any]:
+def model_create_kwargs(num_classes: Optional[int] = None, in_chans: Optional[int] = None,
+                        img_size: Optional[Any] = None, drop_rate: Optional[float] = None,
+                        drop_path_rate: Optional[float] = None, global_pool: Optional[str] = None,
+                        model_kwargs: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """The keyword arguments for ``timm.create_model``: the values given (None: the model's default), then
     ``model_kwargs`` (``--model-kwargs k=v ...``), which win over the dedicated flags."""
     kwargs = dict(num_classes=num_classes, in_chans=in_chans, img_size=img_size, drop_rate=drop_rate,
@@ -149,14 +144,8 @@ def _short_list(keys: List[str], n: int = 4) -> str:
     return ', '.join(keys[:n]) + (f' and {len(keys) - n} more' if len(keys) > n else '')
 
 
-def load_pretrained_weights(
-        model: nn.Module,
-        name: str,
-        state_dict: Dict[str, torch.Tensor],
-        source: str,
-        head_must_fit: bool = False,
-        allow_missing: bool = False,
-) -> None:
+def load_pretrained_weights(model: nn.Module, name: str, state_dict: Dict[str, torch.Tensor], source: str,
+                            head_must_fit: bool = False, allow_missing: bool = False) -> None:
     """Load a state dict of another layout (official, timm's, ours) through ``name``'s checkpoint filter.
 
     Every backbone tensor must be in the file and fit: otherwise a :class:`UsageError`, unless ``allow_missing``
@@ -221,14 +210,9 @@ def _check_saved_fields(ckpt: Dict[str, Any], checkpoint: str) -> None:
                      f'and is not used')
 
 
-def create_model_for_eval(
-        name: Optional[str],
-        checkpoint: Optional[str] = None,
-        pretrained: bool = False,
-        use_ema: bool = False,
-        create_kwargs: Optional[Dict[str, Any]] = None,
-        trust_checkpoint: bool = False,
-) -> Tuple[nn.Module, Dict[str, Any]]:
+def create_model_for_eval(name: Optional[str], checkpoint: Optional[str] = None, pretrained: bool = False,
+                          use_ema: bool = False, create_kwargs: Optional[Dict[str, Any]] = None,
+                          trust_checkpoint: bool = False) -> Tuple[nn.Module, Dict[str, Any]]:
     """Build a model and load weights for evaluation: from our training checkpoint (rebuilt from its ``model_cfg``,
     ``create_kwargs`` on top; ``name`` defaults to its own and must match), a timm train.py checkpoint (``name``
     defaults to ``arch``), or any other state dict through the model's filter (``name`` required).

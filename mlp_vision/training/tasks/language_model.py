@@ -179,15 +179,6 @@ def _tokenizer(args, run: TrainingRun, train_text: str, val_text: str) -> Tokeni
     return tokenizer
 
 
-def _build_model(args, run: TrainingRun, entry, tokenizer: Tokenizer) -> Tuple[nn.Module, dict]:
-    """(the ``--model`` with the tokenizer's vocabulary, its kwargs); sets ``--block-size``."""
-    random_seed(args.seed, run.dist_info.rank)
-    model, model_kwargs = model_for_tokenizer(args.model, dict(args.model_kwargs), tokenizer, entry.config_class,
-                                              args.model_kwargs)
-    fit_block_size(args, model, resizable=True)
-    return model, model_kwargs
-
-
 def fit_block_size(args, model: nn.Module, resizable: bool) -> None:
     """``--block-size``, by default the model's maximum length, which it may not exceed (``resizable``: the message
     names ``--model-kwargs max_position_embeddings``); then the activations of a batch are checked to fit."""
@@ -240,7 +231,10 @@ class LMTask(StepTask):
         if args.sample_prompt is not None:
             encode_text(tokenizer, args.sample_prompt, '--sample-prompt')  # fail now, not after training
         self.recipe_info = apply_family_recipe(args, self.entry.family, self.entry.task)
-        model, self.model_kwargs = _build_model(args, run, self.entry, tokenizer)  # also sets --block-size
+        random_seed(args.seed, run.dist_info.rank)
+        model, self.model_kwargs = model_for_tokenizer(args.model, dict(args.model_kwargs), tokenizer,
+                                                       self.entry.config_class, args.model_kwargs)
+        fit_block_size(args, model, resizable=True)
         warn_global_batch_beyond_data(args.batch_size, run.dist_info.world_size, args.grad_accum_steps,
                                       max(len(train_ids) // args.block_size, 1), f'blocks of {args.block_size} tokens')
         self.data = _lm_data(args, tokenizer, train_ids, val_ids)

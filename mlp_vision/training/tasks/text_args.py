@@ -28,15 +28,12 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
         formatter_class=DefaultsHelpFormatter)
     parser.add_argument('-c', '--config', default='', type=str, metavar='FILE',
                         help='yaml file of flag values (keys = flag names); explicit flags override it')
-    _add_task_and_data(parser)
-    _add_model(parser)
-    _add_optimization(parser)
-    _add_outputs(parser)
-    _add_device(parser)
+    _add_task_data_and_model(parser)
+    _add_optimization_and_outputs(parser)
     return parser
 
 
-def _add_task_and_data(parser: argparse.ArgumentParser) -> None:
+def _add_task_data_and_model(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group('Task and data')
     g.add_argument('--task', default='causal', choices=sorted(TASKS),
                    help='causal LM, masked LM, or classify (fine-tune on a labelled TSV / CSV, see '
@@ -66,9 +63,6 @@ def _add_task_and_data(parser: argparse.ArgumentParser) -> None:
     g.add_argument('--block-size', '--seq-len', default=None, type=int, metavar='N',
                    help="tokens per sample (MLM: including <cls> and <sep>); default: the model's max length")
     g.add_argument('--mask-rate', default=0.15, type=float, help='MLM: fraction of tokens selected')
-
-
-def _add_model(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group('Model')
     g.add_argument('--model', default=None, type=str,
                    help='name in mlp_vision.text.list_models() (default: ' + ', '.join(
@@ -78,7 +72,7 @@ def _add_model(parser: argparse.ArgumentParser) -> None:
                         'the tokenizer)')
 
 
-def _add_optimization(parser: argparse.ArgumentParser) -> None:
+def _add_optimization_and_outputs(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group('Optimization (defaults: the recipe of the model family, configs/text/)')
     g.add_argument('--steps', default=1000, type=int, help='optimizer updates')
     g.add_argument('-b', '--batch-size', default=32, type=int, help='samples per micro-batch per process')
@@ -100,9 +94,6 @@ def _add_optimization(parser: argparse.ArgumentParser) -> None:
     g.add_argument('--freeze-embeddings', action=argparse.BooleanOptionalAction, default=False,
                    help='keep the token embedding (model.get_input_embeddings(); a tied MLM decoder too) fixed: a '
                         'small labelled set then cannot move its words\' rows away from those of the words it lacks')
-
-
-def _add_outputs(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group('Evaluation, checkpoints, outputs')
     g.add_argument('--eval-interval', default=100, type=int, help='evaluate + checkpoint every N updates')
     g.add_argument('--eval-batches', default=8, type=int,
@@ -124,9 +115,6 @@ def _add_outputs(parser: argparse.ArgumentParser) -> None:
     g.add_argument('--num-samples', default=1, type=int, help='samples per prompt')
     g.add_argument('--sample-temperature', default=1.0, type=float, help='sampling temperature (<= 0: greedy)')
     g.add_argument('--sample-top-k', default=None, type=int, help='sample from the k most likely tokens')
-
-
-def _add_device(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group('Device')
     add_device_arguments(g)
     add_compile_arguments(g)  # compiles the training forward and backward; evaluation and sampling run eager

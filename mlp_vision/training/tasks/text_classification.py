@@ -102,10 +102,8 @@ def read_labelled_file(path: str, text_columns: Optional[Sequence[str]] = None, 
     # \x0b, \x1c, U+2028, ... (as str.splitlines does) cuts one
     stream = io.StringIO(content, newline='')
     reader = csv.reader(stream, delimiter='\t', quoting=csv.QUOTE_NONE) if delimiter == '\t' else csv.reader(stream)
-    rows = []
     try:
-        for row in reader:
-            rows.append((reader.line_num, row))
+        rows = [(reader.line_num, row) for row in reader]
     except csv.Error as e:  # a field over csv.field_size_limit() (131,072 characters), a NUL byte, ...
         raise UsageError(f'{what} {path!r} line {reader.line_num}: {e}; one field runs on (an unclosed quote?) or '
                          f'holds a whole document: one example per row, each field under {csv.field_size_limit():,} '
@@ -290,10 +288,6 @@ def evaluate_classifier(model: nn.Module, batches: Sequence[Dict[str, torch.Tens
     return metrics
 
 
-def _epoch_order(n: int, seed: int, epoch: int) -> torch.Tensor:
-    return torch.randperm(n, generator=torch.Generator().manual_seed(seed * 100_003 + epoch))
-
-
 @dataclasses.dataclass
 class ClassifyData:
     """The labelled files of a run, their label names and the encoded training examples."""
@@ -391,7 +385,7 @@ class ClassificationTask(StepTask):
                                                     'kwargs': dict(args.model_kwargs)},
                          model_config=model.config.text_fields(), tokenizer=tokenizer_to_dict(self.tokenizer),
                          block_size=args.block_size, label_names=data.names,
-                         text_columns=list(data.train.text_columns), init_report=self.init_report.to_dict())
+                         text_columns=list(data.train.text_columns), init_report=dataclasses.asdict(self.init_report))
         self.num_labels = len(data.names)
         self.with_types = 'token_type_ids' in inspect.signature(model.forward).parameters
         self.train_ids, self.train_types = encode_examples(self.tokenizer, data.train, args.block_size, run.stop_signal)
@@ -446,7 +440,8 @@ class ClassificationTask(StepTask):
 
     def load_data_state(self, state: dict) -> None:
         self.epoch, self.position = state['epoch'], state['position']
-        self.order = _epoch_order(len(self.data.train), self.args.seed, self.epoch)
+        seed = self.args.seed * 100_003 + self.epoch
+        self.order = torch.randperm(len(self.data.train), generator=torch.Generator().manual_seed(seed))
 
     def checkpoint_fields(self, metrics) -> dict:
         ema = self.opt.model_ema
@@ -508,7 +503,7 @@ class ClassificationTask(StepTask):
         return {
             'model': type(model).__name__, 'family': family, 'task': 'classify',
             'model_config': model.config.text_fields(),
-            'params': sum(p.numel() for p in model.parameters()), 'init': report.to_dict(),
+            'params': sum(p.numel() for p in model.parameters()), 'init': dataclasses.asdict(report),
             'tokenizer': {'type': tokenizer_kind(self.tokenizer), 'vocab_size': len(self.tokenizer)},
             'data': {'train_file': args.train_file, 'val_file': args.val_file,
                      'text_columns': list(data.train.text_columns), 'label_column': args.label_column,
