@@ -232,12 +232,8 @@ def _metrics_from_confusion(cm: torch.Tensor) -> Dict[str, float]:
     n = cm.sum().item()
     correct = cm.diag().sum().item()
     k = cm.shape[0]
-
-    def f1_of(c):
-        tp, fp, fn = cm[c, c].item(), cm[:, c].sum().item() - cm[c, c].item(), cm[c, :].sum().item() - cm[c, c].item()
-        return 0. if tp == 0 else 2 * tp / (2 * tp + fp + fn)
-
-    f1 = f1_of(1) if k == 2 else sum(f1_of(c) for c in range(k)) / k
+    f1_per_class = 2 * cm.diag() / (cm.sum(0) + cm.sum(1)).clamp(min=1)  # 2 tp / (2 tp + fp + fn); 0 without tp
+    f1 = (f1_per_class[1] if k == 2 else f1_per_class.mean()).item()
     # multi-class MCC (Gorodkin 2004), which is Matthews' phi for two classes (as scikit-learn's matthews_corrcoef)
     t, p = cm.sum(1), cm.sum(0)
     cov_ytyp = correct * n - (t * p).sum().item()
