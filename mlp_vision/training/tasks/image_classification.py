@@ -38,7 +38,7 @@ from mlp_vision.training.run.training_run import UpdateStep, create_lr_scheduler
 from mlp_vision.training.tasks.image_model import (
     check_activations, create_model, load_pretrained_weights, model_create_kwargs, resolve_model_data_config)
 
-__all__ = ['train_one_epoch', 'evaluate', 'reports_top5', 'format_duration', 'ImageClassification', 'EpochMetrics',
+__all__ = ['train_one_epoch', 'evaluate', 'reports_top5', 'ImageClassification', 'EpochMetrics',
            'resolve_lr', 'uses_mixup', 'DEMO_RECIPE', 'OWN_FOLDER_RECIPE', 'SMALL_DATA_IMAGES', 'DEFAULT_EPOCHS']
 
 _logger = logging.getLogger(__name__)

@@ -1,29 +1,18 @@
-""" Fine-tuning on labelled data: ``python -m mlp_vision.train_text --task classify`` (README, Workflow 3).
+""" Fine-tuning on labelled data: ``python -m mlp_vision.train_text --task classify``; the workflow (``--init-from``,
+``--test-file``, ``--model-ema``, outputs) is README's Workflow 3, the initial weights :mod:`.classifier_init`.
 
-GLUE-style files (arXiv 1804.07461: SST-2 one ``sentence`` column, MRPC / RTE ``sentence1, sentence2``, QNLI
-``question, sentence``) train a ``*ForSequenceClassification`` model of the gMLP, BiGS or BERT family, evaluated on
-the dev file every ``--eval-interval`` updates, the best checkpoint kept by dev accuracy.
-
-Data (:func:`read_labelled_file`): a header row; tab-separated for ``.tsv`` (no quoting, as GLUE's files, whose
-sentences hold bare quote characters), comma-separated with CSV quoting for ``.csv`` (other names: tab when the
-header has one). ``--text-columns`` names one column or a pair (default ``sentence``, else
-``sentence1,sentence2``), ``--label-column`` the label. Label ids are the sorted distinct training labels
-(numerically when all are integers, so GLUE's ``0`` / ``1`` stay 0 / 1). ``--test-file`` (same columns) is scored
-once at the end with the best checkpoint, chosen on ``--val-file``.
+Data (:func:`read_labelled_file`): GLUE-style files (arXiv 1804.07461) with a header row; tab-separated for ``.tsv``
+(no quoting, as GLUE's files, whose sentences hold bare quote characters), comma-separated with CSV quoting for
+``.csv`` (other names: tab when the header has one). ``--text-columns`` names one column or a pair (default
+``sentence``, else ``sentence1,sentence2``). Label ids are the sorted distinct training labels (numerically when
+all are integers, so GLUE's ``0`` / ``1`` stay 0 / 1).
 
 Inputs: the model's tokenizer with BERT's template (``<cls> A <sep> [B <sep>]``, token types 0 / 1 where the family
 reads them), longest-first truncation to ``--block-size`` tokens (default: the model's maximum length), right
 padding to each batch's longest sequence with an attention mask (padding never changes a real token's output).
 
-Weights (``--init-from``, :mod:`.classifier_init`): the checkpoint's architecture and tokenizer; ``--model-kwargs``
-may change non-shape fields (dropout); a checkpoint lacking encoder weights is refused. Without it: ``--model``
-with random weights and a ``--tokenizer`` char / byte vocabulary plus ``<pad> <cls> <sep> <mask>``.
-
 Metrics (:func:`classification_metrics`, in %): accuracy, F1 of label id 1 (binary; macro-F1 with more labels) and
-Matthews correlation, GLUE's metrics (arXiv 1804.07461 §3). Outputs as the LM tasks, plus ``labels.json`` in
-``pretrained/`` (the best model). ``--model-ema``: the average of the weights (timm ``ModelEmaV3``) is evaluated,
-picks ``model_best.pth`` and is what ``--test-file`` and ``pretrained/`` use (the raw weights' accuracy:
-``raw_val_acc``).
+Matthews correlation, GLUE's metrics (arXiv 1804.07461 §3); ``model_best.pth`` by dev accuracy.
 """
 import csv
 import dataclasses
@@ -111,7 +100,7 @@ def read_labelled_file(path: str, text_columns: Optional[Sequence[str]] = None, 
     header = [h.strip() for h in rows[0][1]]
     sep_name = 'tab' if delimiter == '\t' else 'comma'
     twice = sorted({h for h in header if header.count(h) > 1})
-    if twice:  # which of the two would be read is a guess: the first was, the second ignored silently
+    if twice:  # which of the two to read would be a guess
         raise UsageError(f'{what} {path!r} names the column {twice[0]!r} {header.count(twice[0])} times in its header '
                          f'({sep_name}-separated: {short_repr(header)}); expected each column named once')
     if text_columns is None:
