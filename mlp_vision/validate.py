@@ -99,7 +99,7 @@ def add_input_arguments(group) -> None:
     group.add_argument('--mean', type=float, nargs='+', default=None, metavar='MEAN', help='override mean')
     group.add_argument('--std', type=float, nargs='+', default=None, metavar='STD', help='override std')
     group.add_argument('--interpolation', default='', type=str, choices=INTERPOLATIONS,
-                       help="eval resize interpolation ('': the model's, or a training checkpoint's)")
+                       help="eval resize interpolation ('': the model's; validate.py: a training checkpoint's first)")
     group.add_argument('--channels-last', action='store_true', default=False, help='use channels_last memory layout')
     group.add_argument('--model-kwargs', nargs='*', default={}, action=ParseKwargs,
                        help='extra model arguments k=v (python literals), e.g. embed_dim=32 depths="(1,1,2,1)"')

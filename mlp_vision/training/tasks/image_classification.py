@@ -286,10 +286,12 @@ class ImageClassification(TrainingTask):
             f'{args.num_classes} classes')
         if not self.demo:
             _hint_small_data_recipe(args, len(self.dataset_train))
+        # an epoch may sample less than the training set (the loader's warning says why)
+        samples, images = len(self.loader_train) * args.batch_size * dist_info.world_size, len(self.dataset_train)
         _task_logger.info(
             f'Training {opt.total} epochs x {self.updates_per_epoch} updates, global batch '
             f'{_global_batch(args, dist_info.world_size)}, {args.opt} lr {args.lr:.4g}, {args.sched} schedule'
-            + _epoch_share(args, self, dist_info.world_size)
+            + (f'; an epoch trains {samples:,} samples of the {images:,} images' if samples < images else '')
             + (f'; resuming at epoch {opt.start} from {args.resume}' if args.resume else ''))
 
     def train(self) -> bool:
@@ -504,13 +506,6 @@ def uses_mixup(args) -> bool:  # mixup or cutmix is on
 
 def _global_batch(args, world_size: int) -> int:
     return args.batch_size * world_size * args.grad_accum_steps
-
-
-def _epoch_share(args, job: ImageClassification, world_size: int) -> str:
-    """'' when an epoch samples the whole training set; else how much of it (the loader's warning says why)."""
-    samples = len(job.loader_train) * args.batch_size * world_size
-    images = len(job.dataset_train)
-    return f'; an epoch trains {samples:,} samples of the {images:,} images' if samples < images else ''
 
 
 def _evaluate_epoch(args, dist_info, job: ImageClassification, metrics: EpochMetrics):
