@@ -229,13 +229,10 @@ def create_model_for_eval(name: Optional[str], checkpoint: Optional[str] = None,
             _check_saved_fields(ckpt, checkpoint)
             arch = ckpt['arch']
             if name and name != arch:
-                raise UsageError(
-                    f'checkpoint {checkpoint} was trained for model {arch!r}, not --model {name!r}: '
-                    f'drop --model or pass --model {arch}')
+                raise UsageError(f'checkpoint {checkpoint} was trained for model {arch!r}, not --model {name!r}: '
+                                 f'drop --model or pass --model {arch}')
             name = arch
-            model_cfg = ckpt.get('model_cfg') or {}
-            kwargs = dict(model_cfg.get('kwargs') or {})
-            kwargs.update(create_kwargs)
+            kwargs = {**((ckpt.get('model_cfg') or {}).get('kwargs') or {}), **create_kwargs}  # given flags win
             model = create_model(name, sizes_from=f"checkpoint {checkpoint}'s model_cfg", **kwargs)
             key = 'state_dict_ema' if use_ema else 'state_dict'
             if ckpt.get(key) is None:
