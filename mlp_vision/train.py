@@ -1,35 +1,12 @@
 """ mlp_vision training command: timm's ImageNet training pipeline for the registered models (and any timm model).
 
 Run as ``mlp-vision-train`` or ``python -m mlp_vision.train`` (installed package), or ``python train.py`` in a
-checkout (the same code). Flags follow timm's train.py; ``-c/--config`` reads a yaml file whose keys are the flag
-names (explicit flags win). The recipes of the papers are in ``configs/`` (see the comments there for global
-batch and LR scaling), shipped with the package and found by name: ``-c smlpnet_t``.
-
-    # the demo: no dataset given -> scikit-learn's bundled handwritten digits, a small model, a few minutes on CPU
-    python train.py
-
-    # your own photos (DIR/train/<class>/, DIR/val/<class>/): a small model in minutes on a CPU
-    python train.py -c own_folder_cpu --data-dir DIR
-
-    # one process (CPU or one GPU)
-    python train.py -c smlpnet_t --data-dir /data/imagenet
-
-    # N processes on one machine (NCCL on GPUs, gloo on CPU); multi-node: add torchrun's rendezvous flags
-    torchrun --nproc_per_node=8 -m mlp_vision.train -c smlpnet_t --data-dir /data/imagenet
-
-    # continue a run in its folder with its saved settings: model, optimizer, scheduler, EMA, scaler, epoch, RNG,
-    # history; flags given override the saved ones (e.g. a larger --epochs continues a longer schedule)
-    python train.py --resume output/train/EXP/last.pth [--epochs 400]
-
-Outputs (experiment folder ``--output/--experiment``): ``args.yaml``, ``train.log``, ``summary.csv``,
-``last.pth``, ``model_best.pth``, ``checkpoint-<epoch>.pth`` (top ``--checkpoint-hist``), ``results.json``,
-``curves.png``. Checkpoints are written atomically, once per epoch; a run killed at any point resumes from
-``last.pth`` and (on CPU, one process) ends with bit-identical weights to an uninterrupted run. SIGINT / SIGTERM
-stop the run at the next batch with one line naming the last epoch's checkpoint.
-
-Files are loaded without running code from them (``torch.load(weights_only=True)`` or safetensors); a checkpoint
-that needs a full unpickle is refused unless ``--trust-checkpoint`` (unsafe: it runs whatever the file contains).
-Bad input ends with one line and exit status 2 (``--debug``: the traceback).
+checkout. Flags follow timm's train.py; ``-c/--config`` reads a yaml file of flag values, or a recipe of
+``configs/`` by name (``-c smlpnet_t``); explicit flags win. With no dataset it trains the demo on scikit-learn's
+handwritten digits. Usage, outputs and resume (bit-identical on CPU, one process): README, "Training and
+validation". SIGINT / SIGTERM stop the run at the next batch with one line naming the last checkpoint. Files load
+without running code from them unless ``--trust-checkpoint``. Bad input ends with one line and exit status 2
+(``--debug``: the traceback).
 """
 import argparse
 import logging
@@ -42,7 +19,7 @@ from timm.optim import list_optimizers
 from timm.utils import ParseKwargs
 
 from mlp_vision.training.run.config import SEED_MAX, check_flag_ranges, find_recipe
-from mlp_vision.training.data import INTERPOLATIONS, IMAGE_MODE_CHANNELS, check_image_args, default_workers
+from mlp_vision.training.data import INTERPOLATIONS, check_image_args
 from mlp_vision.training.run.distributed import all_gather_objects, init_device
 from mlp_vision.training.run.driver import drive
 from mlp_vision.training.tasks.image_classification import (
@@ -53,7 +30,7 @@ from mlp_vision.training.tasks.image_model import ALLOW_MISSING_FLAG
 from mlp_vision.training.run.compile import add_compile_arguments, check_compile_backend
 from mlp_vision.training.run.training_run import TrainingRun, add_device_arguments, add_run_arguments, parse_run_args
 from mlp_vision.threads import set_run_threads
-from mlp_vision.validate import main as validate_main
+from mlp_vision.validate import add_dataset_arguments, add_input_arguments, main as validate_main
 
 _logger = logging.getLogger('train')
 
@@ -67,40 +44,24 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument('-c', '--config', default='', type=str, metavar='FILE|RECIPE',
                         help='yaml file of flag values (keys = flag names), or the name of a recipe of configs/ '
                              '(shipped with the package), e.g. smlpnet_t; explicit flags override it')
-    _add_dataset_args(parser)
-    _add_model_args(parser)
-    _add_device_args(parser)
-    _add_optimizer_args(parser)
-    _add_schedule_args(parser)
-    _add_augmentation_args(parser)
-    _add_ema_args(parser)
-    _add_misc_args(parser)
+    _add_data_and_model_args(parser)
+    _add_device_and_optimizer_args(parser)
+    _add_regularization_and_misc_args(parser)
     return parser
 
 
-def _add_dataset_args(parser) -> None:
+def _add_data_and_model_args(parser) -> None:
     group = parser.add_argument_group('Dataset parameters')
-    group.add_argument('data', nargs='?', metavar='DIR', help='path to dataset (positional, same as --data-dir)')
-    group.add_argument('--data-dir', metavar='DIR', help='path to dataset root (ImageFolder tree or folder of tars)')
-    group.add_argument('--dataset', metavar='NAME', default='',
-                       help="dataset type + name ('' = image folder / tar, torch/cifar10, hfds/NAME, wds/...)")
+    add_dataset_arguments(group)
     group.add_argument('--train-split', metavar='NAME', default='train', help='dataset train split (folder / tar)')
     group.add_argument('--val-split', metavar='NAME|FRACTION', default='validation',
                        help="validation split: a split name (folder / tar; an error when the data has none), a "
                             "fraction 0 < f < 1 of the training images held out (class-stratified, seeded by "
                             "--seed), or '' for no evaluation")
-    group.add_argument('--dataset-download', action='store_true', default=False,
-                       help='allow download of dataset for torch/ and tfds/ datasets that support it')
-    group.add_argument('--class-map', default='', type=str, metavar='FILENAME',
-                       help='path to class to idx mapping file')
-    group.add_argument('--input-img-mode', default='RGB', type=str, choices=tuple(IMAGE_MODE_CHANNELS),
-                       help='PIL mode every image is converted to (its channel count must equal --in-chans)')
-
-
-def _add_model_args(parser) -> None:
     group = parser.add_argument_group('Model parameters')
     group.add_argument('--model', default='smlpnet_t', type=str, metavar='MODEL', help='name of model to train')
-    group.add_argument('--pretrained', action='store_true', default=False, help="start with the model's pretrained weights")
+    group.add_argument('--pretrained', action='store_true', default=False,
+                       help="start with the model's pretrained weights")
     group.add_argument('--pretrained-path', default=None, type=str, metavar='PATH',
                        help="start from a local weights file, loaded through the model's checkpoint filter "
                             "(official / timm layouts; classifier dropped if --num-classes differs)")
@@ -115,39 +76,23 @@ def _add_model_args(parser) -> None:
                             '(otherwise an error; a classifier for another class count is always re-initialised)')
     group.add_argument('--num-classes', type=int, default=None, metavar='N',
                        help='number of label classes (default: the training set\'s)')
-    group.add_argument('--gp', default=None, type=str, metavar='POOL', help='global pool type (model default)')
-    group.add_argument('--img-size', type=int, default=None, metavar='N',
-                       help='image size (the model is built for it; default: the model\'s)')
-    group.add_argument('--in-chans', type=int, default=None, metavar='N', help='image input channels')
-    group.add_argument('--input-size', default=None, nargs=3, type=int, metavar='N',
-                       help='input dimensions (d h w), overrides --img-size')
-    group.add_argument('--crop-pct', default=None, type=float, metavar='N', help='eval center crop pct')
-    group.add_argument('--mean', type=float, nargs='+', default=None, metavar='MEAN', help='override mean')
-    group.add_argument('--std', type=float, nargs='+', default=None, metavar='STD', help='override std')
-    group.add_argument('--interpolation', default='', type=str, choices=INTERPOLATIONS,
-                       help="eval resize interpolation ('': the model's)")
+    add_input_arguments(group)
     group.add_argument('-b', '--batch-size', type=int, default=128, metavar='N', help='batch size per process')
     group.add_argument('-vb', '--validation-batch-size', type=int, default=None, metavar='N',
                        help='validation batch size (default: --batch-size)')
-    group.add_argument('--channels-last', action='store_true', default=False, help='use channels_last memory layout')
     group.add_argument('--grad-accum-steps', type=int, default=1, metavar='N',
                        help='accumulate gradients over N batches per optimizer step')
     group.add_argument('--grad-checkpointing', action='store_true', default=False,
                        help='activation checkpointing through the model')
-    group.add_argument('--model-kwargs', nargs='*', default={}, action=ParseKwargs,
-                       help='extra model arguments k=v (python literals), e.g. embed_dim=32 depths="(1,1,2,1)"')
     add_compile_arguments(group)
 
 
-def _add_device_args(parser) -> None:
+def _add_device_and_optimizer_args(parser) -> None:
     group = parser.add_argument_group('Device and distributed')
     add_device_arguments(group)
     group.add_argument('--sync-bn', action='store_true', default=False, help='SyncBatchNorm (CUDA, distributed)')
     group.add_argument('--dist-bn', type=str, default='reduce', choices=('reduce', 'broadcast', ''),
                        help='after each epoch, make BatchNorm stats equal on all ranks (average or rank 0)')
-
-
-def _add_optimizer_args(parser) -> None:
     group = parser.add_argument_group('Optimizer parameters')
     group.add_argument('--opt', default='sgd', type=str, metavar='OPTIMIZER', help='optimizer (timm names)')
     group.add_argument('--opt-eps', default=None, type=float, metavar='EPSILON', help='optimizer epsilon')
@@ -159,9 +104,6 @@ def _add_optimizer_args(parser) -> None:
                        help='what --clip-grad bounds')
     group.add_argument('--layer-decay', type=float, default=None, help='layer-wise learning rate decay')
     group.add_argument('--opt-kwargs', nargs='*', default={}, action=ParseKwargs, help='extra optimizer arguments')
-
-
-def _add_schedule_args(parser) -> None:
     group = parser.add_argument_group('Learning rate schedule parameters')
     group.add_argument('--sched', type=str, default='cosine', metavar='SCHEDULER', help='LR scheduler')
     group.add_argument('--sched-on-updates', action='store_true', default=False,
@@ -195,7 +137,7 @@ def _add_schedule_args(parser) -> None:
                        help='LR decay rate (step / plateau), power for poly')
 
 
-def _add_augmentation_args(parser) -> None:
+def _add_regularization_and_misc_args(parser) -> None:
     group = parser.add_argument_group('Augmentation and regularization parameters')
     group.add_argument('--no-aug', action='store_true', default=False, help='disable all training augmentation')
     group.add_argument('--scale', type=float, nargs='+', default=[0.08, 1.0], metavar='PCT',
@@ -228,26 +170,17 @@ def _add_augmentation_args(parser) -> None:
                        help='training interpolation')
     group.add_argument('--drop', type=float, default=0.0, metavar='PCT', help='dropout rate before the classifier')
     group.add_argument('--drop-path', type=float, default=None, metavar='PCT', help='drop path (stochastic depth)')
-
-
-def _add_ema_args(parser) -> None:
     group = parser.add_argument_group('Model exponential moving average parameters')
     group.add_argument('--model-ema', action='store_true', default=False, help='keep an EMA of the weights')
     group.add_argument('--model-ema-force-cpu', action='store_true', default=False,
                        help='keep the EMA on the CPU (not evaluated during training)')
     group.add_argument('--model-ema-decay', type=float, default=0.9998, help='EMA decay')
     group.add_argument('--model-ema-warmup', action='store_true', default=False, help='EMA decay warmup')
-
-
-def _add_misc_args(parser) -> None:
     group = parser.add_argument_group('Miscellaneous parameters')
     group.add_argument('--seed', type=int, default=42, metavar='S', help='random seed')
     group.add_argument('--log-interval', type=int, default=50, metavar='N', help='optimizer updates between logs')
     group.add_argument('--checkpoint-hist', type=int, default=3, metavar='N',
                        help='keep the N best checkpoint-<epoch>.pth files (besides last / best)')
-    group.add_argument('-j', '--workers', type=int, default=default_workers(), metavar='N',
-                       help='data loading processes (default: 4, at most the CPUs this process may use)')
-    group.add_argument('--pin-mem', action='store_true', default=False, help='pin CPU memory in the loader')
     group.add_argument('--output', default='', type=str, metavar='PATH',
                        help='output root (default: ./output/train)')
     group.add_argument('--experiment', default='', type=str, metavar='NAME',
@@ -256,8 +189,7 @@ def _add_misc_args(parser) -> None:
                        help='metric for best checkpoint')
 
 
-def _has_dataset(settings: Mapping[str, Any]) -> bool:
-    """``settings`` (arguments by destination) name a dataset."""
+def _has_dataset(settings: Mapping[str, Any]) -> bool:  # settings: arguments by destination
     return bool(settings.get('data') or settings.get('data_dir') or settings.get('dataset'))
 
 
@@ -267,10 +199,8 @@ def _demo_recipe_unless_dataset(settings: Mapping[str, Any]) -> List[str]:
 
 
 def parse_args(argv):
-    """Parse flags (once), the optional yaml config and (``--resume``) the run's saved settings.
-
-    Returns (args, demo, resume checkpoint) where demo = no dataset was given.
-    """
+    """(args, demo = no dataset given, resume checkpoint) from the flags, the ``-c`` yaml and a resumed run's
+    saved settings."""
     args, resume_ckpt = parse_run_args(build_parser(), argv, kind='image', recipes=True,
                                        base_configs=_demo_recipe_unless_dataset)
     return args, not _has_dataset(vars(args)), resume_ckpt
@@ -351,9 +281,8 @@ def _main(argv, prog):
 
 
 def _validate_demo(run: TrainingRun, job: ImageClassification) -> Dict[str, Any]:
-    """The demo ends by validating its best checkpoint with the validation command (every rank takes part: in
-    distributed mode validate.py's evaluation is split over the ranks); the task calls it at its final stage, so
-    ``results.json`` keeps the result as ``demo_validation``."""
+    """The demo's closing validation of its best checkpoint with the validation command (every rank takes part;
+    the evaluation is split over them)."""
     args, dist_info = job.args, run.dist_info
     best_path = Path(all_gather_objects(str(run.saver.best_path) if dist_info.primary else '', dist_info)[0])
     val_argv = ['--checkpoint', str(best_path), '--data-dir', job.data_dir, '--split', args.val_split,

@@ -23,8 +23,8 @@ __all__ = ['main']
 
 
 def main(argv: Optional[Sequence[str]] = None, prog: str = PROG):
-    """Train; returns the results dict on rank 0 (None on other ranks). Errors: one line starting with ``prog`` (the
-    name the command was run as), see ``run_cli`` (which also gives an in-process caller its thread count back)."""
+    """Train; returns the results dict on rank 0 (None on other ranks). Errors: one line starting with ``prog``, see
+    ``run_cli``."""
     return run_cli(prog, lambda a: _main(a, prog), argv)
 
 
@@ -40,6 +40,7 @@ def _main(argv: Sequence[str], prog: str):
     with run, size_bounds(args):
         task = ClassificationTask if args.task == 'classify' else LMTask
         return drive(run, task(args, run, command_line(prog, argv)))
+
 
 if __name__ == '__main__':
     main(prog='python -m mlp_vision.train_text')

@@ -1,25 +1,16 @@
 """ mlp_vision validation command: top-1 / top-5 accuracy, loss and images/s of a model on a dataset.
 
 Run as ``mlp-vision-validate`` or ``python -m mlp_vision.validate`` (installed package), or ``python validate.py``
-in a checkout (the same code). Weights come from one of:
-
-* ``--checkpoint EXP/model_best.pth``: a checkpoint of our train.py. The model (name, kwargs such as img_size or
-  num_classes) and the eval preprocessing are rebuilt from it, so ``--model`` is optional;
-  ``--use-ema`` evaluates its EMA weights;
-* ``--checkpoint FILE --model NAME``: any other state dict (timm's weights, the official sMLPNet release, ...),
-  loaded through the model's pretrained filter fn (layout conversion, token-mixing weight resampling);
-* ``--pretrained``: the model's registered pretrained weights.
+in a checkout. Weights: ``--checkpoint`` of our train.py (model, kwargs and eval preprocessing rebuilt from it,
+``--use-ema`` for its EMA weights), ``--checkpoint FILE --model NAME`` for any other state dict (loaded through the
+model's checkpoint filter), or ``--pretrained``. ``torchrun`` splits the evaluation exactly over the ranks.
 
     python validate.py --checkpoint output/train/EXP/model_best.pth --data-dir /data/imagenet
     python validate.py --model smlpnet_s --checkpoint smlp_s.pth --data-dir /data/imagenet --amp
-    torchrun --nproc_per_node=2 -m mlp_vision.validate ...  # exact: the padding that evens out ranks is not counted
 
-Labels: a checkpoint of our train.py stores the class names it was trained on; the class folders are labelled
-by those names (a subset of the classes is fine; a folder of another class stops with both lists, exit 2).
-``--class-map FILE`` overrides them. Weights without class names (older checkpoints, timm's, ``--pretrained``)
-are assumed to follow the folder order, with a warning.
-
-Results are logged and, with ``--results-file``, written as JSON or CSV (by the file's extension).
+Labels: ``--class-map FILE``, else the class names a checkpoint of ours stores, matched to the class folders (a
+subset is fine, another class stops with both lists), else folder order (with a warning). Results are logged and,
+with ``--results-file``, written as JSON or CSV (by the extension).
 """
 import argparse
 import csv
@@ -50,20 +41,15 @@ from mlp_vision.threads import set_threads
 
 _logger = logging.getLogger('validate')
 
+MAX_INPUT_SIDE = 8192  # pixels; a checkpoint's input_size beyond it is damage, not a model (3 x 8192^2 floats = 0.8 GB)
+CROP_MODES = ('center', 'squash', 'border')  # timm's eval crop modes
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = ArgumentParser(description='mlp_vision validation (timm pipeline)',
                             formatter_class=DefaultsHelpFormatter)
-    parser.add_argument('data', nargs='?', metavar='DIR', help='path to dataset (positional, same as --data-dir)')
-    parser.add_argument('--data-dir', metavar='DIR', help='path to dataset root (ImageFolder tree or folder of tars)')
-    parser.add_argument('--dataset', metavar='NAME', default='',
-                        help="dataset type + name ('' = image folder / tar, torch/cifar10, hfds/NAME, ...)")
+    add_dataset_arguments(parser)
     parser.add_argument('--split', metavar='NAME', default='validation', help='dataset split (folder / tar)')
-    parser.add_argument('--dataset-download', action='store_true', default=False, help='allow dataset download')
-    parser.add_argument('--class-map', default='', type=str, metavar='FILENAME', help='class to idx mapping file')
-    parser.add_argument('--input-img-mode', default='RGB', type=str, choices=tuple(IMAGE_MODE_CHANNELS),
-                        help='PIL mode every image is converted to (its channel count must equal the model\'s)')
-
     parser.add_argument('--model', '-m', default=None, metavar='NAME',
                         help='model name (default: the one a training checkpoint was made for)')
     parser.add_argument('--pretrained', action='store_true', default=False, help="use the model's pretrained weights")
@@ -71,31 +57,52 @@ def build_parser() -> argparse.ArgumentParser:
                         help='our training checkpoint, a timm train.py checkpoint, or a state dict for --model')
     add_common_arguments(parser)
     parser.add_argument('--use-ema', action='store_true', default=False, help="evaluate the checkpoint's EMA weights")
-    parser.add_argument('--num-classes', type=int, default=None, help='number of classes (default: from checkpoint/model)')
-    parser.add_argument('--gp', default=None, type=str, metavar='POOL', help='global pool type')
-    parser.add_argument('--img-size', default=None, type=int, metavar='N', help='input image size')
-    parser.add_argument('--in-chans', type=int, default=None, metavar='N', help='image input channels')
-    parser.add_argument('--input-size', default=None, nargs=3, type=int, metavar='N', help='input dims (d h w)')
-    parser.add_argument('--crop-pct', default=None, type=float, metavar='N', help='center crop pct')
-    parser.add_argument('--crop-mode', default=None, type=str, choices=('center', 'squash', 'border'),
-                        help='how the eval crop is taken')
-    parser.add_argument('--mean', type=float, nargs='+', default=None, metavar='MEAN', help='override mean')
-    parser.add_argument('--std', type=float, nargs='+', default=None, metavar='STD', help='override std')
-    parser.add_argument('--interpolation', default='', type=str, choices=INTERPOLATIONS,
-                        help="resize interpolation ('': the model's or checkpoint's)")
-    parser.add_argument('--model-kwargs', nargs='*', default={}, action=ParseKwargs, help='extra model arguments k=v')
-
+    parser.add_argument('--num-classes', type=int, default=None,
+                        help='number of classes (default: from checkpoint/model)')
+    add_input_arguments(parser)
+    parser.add_argument('--crop-mode', default=None, type=str, choices=CROP_MODES, help='how the eval crop is taken')
     parser.add_argument('-b', '--batch-size', default=256, type=int, metavar='N', help='batch size')
-    parser.add_argument('-j', '--workers', default=default_workers(), type=int, metavar='N',
-                        help='data loading processes (default: 4, at most the CPUs this process may use)')
-    parser.add_argument('--pin-mem', action='store_true', default=False, help='pin CPU memory in the loader')
     add_device_arguments(parser, distributed=False)
-    parser.add_argument('--channels-last', action='store_true', default=False, help='channels_last memory layout')
     add_compile_arguments(parser)
     parser.add_argument('--log-interval', default=10, type=int, metavar='N', help='batches between progress logs')
     parser.add_argument('--results-file', default='', type=str, metavar='FILENAME',
                         help='write the results to this .json or .csv file')
     return parser
+
+
+def add_dataset_arguments(group) -> None:
+    """The dataset and loader flags of train.py and validate.py (the split flags are each command's)."""
+    group.add_argument('data', nargs='?', metavar='DIR', help='path to dataset (positional, same as --data-dir)')
+    group.add_argument('--data-dir', metavar='DIR', help='path to dataset root (ImageFolder tree or folder of tars)')
+    group.add_argument('--dataset', metavar='NAME', default='',
+                       help="dataset type + name ('' = image folder / tar, torch/cifar10, hfds/NAME, wds/...)")
+    group.add_argument('--dataset-download', action='store_true', default=False,
+                       help='allow download of dataset for torch/ and tfds/ datasets that support it')
+    group.add_argument('--class-map', default='', type=str, metavar='FILENAME',
+                       help='path to class to idx mapping file')
+    group.add_argument('--input-img-mode', default='RGB', type=str, choices=tuple(IMAGE_MODE_CHANNELS),
+                       help='PIL mode every image is converted to (its channel count must equal the model\'s)')
+    group.add_argument('-j', '--workers', type=int, default=default_workers(), metavar='N',
+                       help='data loading processes (default: 4, at most the CPUs this process may use)')
+    group.add_argument('--pin-mem', action='store_true', default=False, help='pin CPU memory in the loader')
+
+
+def add_input_arguments(group) -> None:
+    """The model input and preprocessing flags of train.py and validate.py."""
+    group.add_argument('--gp', default=None, type=str, metavar='POOL', help='global pool type (model default)')
+    group.add_argument('--img-size', type=int, default=None, metavar='N',
+                       help='image size (the model is built for it; default: the model\'s)')
+    group.add_argument('--in-chans', type=int, default=None, metavar='N', help='image input channels')
+    group.add_argument('--input-size', default=None, nargs=3, type=int, metavar='N',
+                       help='input dimensions (d h w), overrides --img-size')
+    group.add_argument('--crop-pct', default=None, type=float, metavar='N', help='eval center crop pct')
+    group.add_argument('--mean', type=float, nargs='+', default=None, metavar='MEAN', help='override mean')
+    group.add_argument('--std', type=float, nargs='+', default=None, metavar='STD', help='override std')
+    group.add_argument('--interpolation', default='', type=str, choices=INTERPOLATIONS,
+                       help="eval resize interpolation ('': the model's; validate.py: a training checkpoint's first)")
+    group.add_argument('--channels-last', action='store_true', default=False, help='use channels_last memory layout')
+    group.add_argument('--model-kwargs', nargs='*', default={}, action=ParseKwargs,
+                       help='extra model arguments k=v (python literals), e.g. embed_dim=32 depths="(1,1,2,1)"')
 
 
 # the range of each numeric flag (check_range's bounds)
@@ -131,10 +138,8 @@ def _write_results(path: str, results: dict) -> None:
 
 
 def _validation_dataset(args: argparse.Namespace, data_dir, model, info: dict):
-    """(the validation set, how its labels were decided). Labels follow, in order: ``--class-map``; the class
-    names stored in a training checkpoint, matched to the class folders by name (a subset of the classes is
-    fine, a folder of another class is refused with both lists); else the dataset's own class order (folder
-    order), with a warning, since nothing says it is the order the model was trained with."""
+    """(the validation set, how its labels were decided): by ``--class-map``, else the class names a training
+    checkpoint stores, else the dataset's folder order (with a warning: nothing says the model was trained so)."""
     class_names = info.get('class_names')
     where = f' ({info["model_name"]} from {info["source"]})'
     create = dict(root=data_dir, split=args.split, is_training=False, download=args.dataset_download,
@@ -163,15 +168,11 @@ def _validation_dataset(args: argparse.Namespace, data_dir, model, info: dict):
     return dataset, labels
 
 
-MAX_INPUT_SIDE = 8192  # pixels; a checkpoint's input_size beyond it is damage, not a model (3 x 8192^2 floats = 0.8 GB)
-CROP_MODES = ('center', 'squash', 'border')  # timm's eval crop modes (the --crop-mode choices)
-
-
 def checkpoint_data_config(data_cfg, checkpoint: str, in_chans: int) -> dict:
-    """The eval preprocessing a training checkpoint stores (``data_cfg``), checked as the flags it stands in for
-    are: ``input_size`` (``in_chans``, H, W) of positive ints up to :data:`MAX_INPUT_SIDE`, ``mean`` / ``std`` one
-    finite value or one per channel (std > 0: 0 divides every pixel by 0), ``crop_pct`` in (0, 1],
-    ``interpolation`` / ``crop_mode`` names timm knows. A :class:`UsageError` naming the checkpoint otherwise."""
+    """The eval preprocessing a training checkpoint stores (``data_cfg``), checked as the flags it stands in for:
+    ``input_size`` (``in_chans``, H, W) up to :data:`MAX_INPUT_SIDE`, ``mean`` / ``std`` one finite value or one
+    per channel (std > 0), ``crop_pct`` in (0, 1], known ``interpolation`` / ``crop_mode``; else a
+    :class:`UsageError` naming the checkpoint."""
     if data_cfg is None:
         return {}
     where = f'checkpoint {checkpoint}: its data_cfg'
@@ -212,12 +213,8 @@ def validate(args: argparse.Namespace) -> dict:
     # the weights decide the model (a training checkpoint knows its own); explicit flags override
     img_size = args.input_size[-2:] if args.input_size else args.img_size
     create_kwargs = model_create_kwargs(
-        num_classes=args.num_classes,
-        in_chans=args.in_chans or (args.input_size[0] if args.input_size else None),
-        img_size=img_size,
-        global_pool=args.gp,
-        model_kwargs=args.model_kwargs,
-    )
+        num_classes=args.num_classes, in_chans=args.in_chans or (args.input_size[0] if args.input_size else None),
+        img_size=img_size, global_pool=args.gp, model_kwargs=args.model_kwargs)
     model, info = create_model_for_eval(
         args.model, checkpoint=args.checkpoint, pretrained=args.pretrained, use_ema=args.use_ema,
         create_kwargs=create_kwargs, trust_checkpoint=args.trust_checkpoint)
@@ -230,8 +227,9 @@ def validate(args: argparse.Namespace) -> dict:
     # preprocessing: explicit flags, then the training checkpoint's eval preprocessing, then the model's config
     data_config = resolve_model_data_config(
         args, model, checkpoint_data_config(info.get('data_cfg'), args.checkpoint, getattr(model, 'in_chans', 3)))
+    sizes_from = f"checkpoint {args.checkpoint}'s model_cfg / data_cfg" if info['checkpoint_kind'] else ''
     check_activations(model_name, info['create_kwargs'], data_config['input_size'], args.batch_size, training=False,
-                      sizes_from=f"checkpoint {args.checkpoint}'s model_cfg / data_cfg" if info['checkpoint_kind'] else '')
+                      sizes_from=sizes_from)
 
     model.to(device)
     if args.channels_last:
@@ -242,29 +240,21 @@ def validate(args: argparse.Namespace) -> dict:
     loader = create_eval_loader(dataset, data_config, args.batch_size, device, num_workers=args.workers,
                                 distributed=dist_info.distributed, pin_memory=args.pin_mem)
     _logger.info(f'Validating {model_name} ({num_params / 1e6:.3f} M params, weights: {info["source"]}) on '
-                 f'{len(dataset)} images of {data_dir or args.dataset} ({args.split}), input {data_config["input_size"]}, '
-                 f'{device}{", AMP " + str(amp_dtype) if args.amp else ""}')
+                 f'{len(dataset)} images of {data_dir or args.dataset} ({args.split}), input '
+                 f'{data_config["input_size"]}, {device}{", AMP " + str(amp_dtype) if args.amp else ""}')
     if device.type == 'cuda':
         torch.cuda.reset_peak_memory_stats(device)
     metrics = evaluate(model, loader, amp_autocast=amp_autocast, channels_last=args.channels_last,
                        distributed=dist_info.distributed, log_interval=args.log_interval,
                        primary=dist_info.primary)
     results = {
-        'model': model_name,
-        'weights': info['source'],
-        'labels': labels,
-        'top1': round(metrics['top1'], 4),
+        'model': model_name, 'weights': info['source'], 'labels': labels, 'top1': round(metrics['top1'], 4),
         'top5': None if metrics['top5'] is None else round(metrics['top5'], 4),  # None: 5 classes or fewer
-        'loss': round(metrics['loss'], 6),
-        'samples': metrics['samples'],
-        'img_per_sec': round(metrics['img_per_sec'], 2),
-        'param_count_m': round(num_params / 1e6, 3),
-        'img_size': data_config['input_size'][-1],
-        'crop_pct': data_config['crop_pct'],
-        'interpolation': data_config['interpolation'],
-        'device': str(device),
-        'amp': str(amp_dtype) if args.amp else None,
-        'channels_last': args.channels_last,
+        'loss': round(metrics['loss'], 6), 'samples': metrics['samples'],
+        'img_per_sec': round(metrics['img_per_sec'], 2), 'param_count_m': round(num_params / 1e6, 3),
+        'img_size': data_config['input_size'][-1], 'crop_pct': data_config['crop_pct'],
+        'interpolation': data_config['interpolation'], 'device': str(device),
+        'amp': str(amp_dtype) if args.amp else None, 'channels_last': args.channels_last,
         'torchcompile': args.torchcompile,
     }
     if device.type == 'cuda':

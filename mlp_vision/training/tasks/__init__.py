@@ -1,12 +1,8 @@
-""" What is trained: the tasks the driver (:mod:`mlp_vision.training.run.driver`) runs, and what each needs.
+""" What is trained: the tasks the driver (:mod:`mlp_vision.training.run.driver`) runs.
 
-* image classification -- :mod:`.image_classification` (``ImageClassification``, with its epoch and evaluation
-  loops, also validate.py's evaluation) and model creation / checkpoint loading (:mod:`.image_model`); its
-  command is :mod:`mlp_vision.train`, the image data pipeline :mod:`mlp_vision.training.data`;
-* masked / causal language modelling -- :mod:`.language_model` (``LMTask``), its text data and tokenizer
-  (:mod:`.text_data`);
-* text classification -- :mod:`.text_classification` (``ClassificationTask``), its initial weights
-  (:mod:`.classifier_init`);
-* the text trainer's flags (:mod:`.text_args`) and recipes, optimizer and schedule (:mod:`.text_recipes`); its
-  command is :mod:`mlp_vision.train_text`.
+* image classification: :mod:`.image_classification` (task, epoch and evaluation loops) and :mod:`.image_model`
+  (model creation, checkpoint loading); command :mod:`mlp_vision.train`, data :mod:`mlp_vision.training.data`;
+* masked / causal language modelling: :mod:`.language_model`, its data and tokenizer :mod:`.text_data`;
+* text classification: :mod:`.text_classification`, its initial weights :mod:`.classifier_init`;
+* the text trainer's flags (:mod:`.text_args`) and recipes (:mod:`.text_recipes`); command :mod:`mlp_vision.train_text`.
 """

@@ -1,9 +1,9 @@
-""" The weights of a text classifier (``--task classify --init-from``): a run checkpoint of ours, a ``save_pretrained``
-folder or an official BiGS folder, loaded with :func:`mlp_vision.weights.load_backbone` and a new head; the log's
-report lists the weights loaded, the new ones and the checkpoint's unused ones. Without ``--init-from``: a fresh
-model and the ``--tokenizer`` of the training text.
+""" The weights of a text classifier (``--task classify --init-from``): a run checkpoint of ours, a
+``save_pretrained`` folder or an official BiGS folder, loaded with :func:`mlp_vision.weights.load_backbone` and a
+new head. Without ``--init-from``: a fresh model and the ``--tokenizer`` of the training text.
 """
 import dataclasses
+from collections import Counter
 from pathlib import Path
 from typing import Any, Dict, List, Sequence, Tuple
 
@@ -13,11 +13,11 @@ from safetensors.torch import load_file
 
 from mlp_vision.text.bigs import (
     BiGSForSequenceClassification, convert_official_bigs_state_dict, load_official_bigs_state_dict)
-from mlp_vision.text.modeling_utils import WEIGHTS_NAME, check_text_model_size, check_tokenizer_fits, is_saved_folder, \
-    weight_file_shapes
+from mlp_vision.text.modeling_utils import (
+    WEIGHTS_NAME, check_text_model_size, check_tokenizer_fits, is_saved_folder, weight_file_shapes)
 from mlp_vision.text.registry import is_model, list_models, load_config, model_class, model_entry
-from mlp_vision.text.tokenizer import DEFAULT_CONTROL_TOKENS, Tokenizer, byte_tokenizer, char_tokenizer, find_tokenizer, \
-    tokenizer_from_dict
+from mlp_vision.text.tokenizer import (
+    DEFAULT_CONTROL_TOKENS, Tokenizer, byte_tokenizer, char_tokenizer, find_tokenizer, tokenizer_from_dict)
 from mlp_vision.weights import load_backbone
 from mlp_vision.training.run.checkpoint import load_checkpoint_file
 from mlp_vision.errors import UsageError
@@ -26,6 +26,8 @@ from mlp_vision.training.tasks.text_data import model_for_tokenizer, tokenizer_f
 __all__ = ['CLASSIFY_FAMILIES', 'InitReport', 'init_classifier', 'scratch_tokenizer']
 
 CLASSIFY_FAMILIES = ('gmlp', 'bigs', 'bert')
+_SHAPE_FIELDS = ('vocab_size', 'hidden_size', 'intermediate_size', 'num_hidden_layers', 'max_position_embeddings',
+                 'type_vocab_size', 'num_ssm_states', 'tiny_attention_size', 'num_attention_heads')
 
 
 @dataclasses.dataclass
@@ -44,23 +46,17 @@ class InitReport:
                 f'({_prefixes(self.loaded)}); new {len(self.new)}: {", ".join(self.new) or "none"}; '
                 f'unused from the checkpoint {len(self.unused)}: {_prefixes(self.unused) or "none"}')
 
-    def to_dict(self) -> Dict[str, Any]:
-        return dataclasses.asdict(self)
-
 
 def _prefixes(keys: Sequence[str]) -> str:
     """The keys grouped by their first two name parts, e.g. 'bigs.embeddings (5), bigs.layers (40)'."""
-    counts: Dict[str, int] = {}
-    for k in keys:
-        head = '.'.join(k.split('.')[:2])
-        counts[head] = counts.get(head, 0) + 1
+    counts = Counter('.'.join(k.split('.')[:2]) for k in keys)
     return ', '.join(f'{h} ({n})' for h, n in counts.items())
 
 
 def _load_partial(model: nn.Module, state_dict: Dict[str, torch.Tensor], head_prefixes: Sequence[str],
                   source: str) -> Tuple[List[str], List[str], List[str]]:
-    """:func:`~mlp_vision.weights.load_backbone`; (loaded, new, unused) keys. Head tensors of another shape (a
-    classifier of another label count) stay new; any other missing or mis-shaped tensor is an error."""
+    """:func:`~mlp_vision.weights.load_backbone`; (loaded, new, unused) keys. Head tensors of another shape stay new;
+    any other missing or mis-shaped tensor is an error."""
     report = load_backbone(model, state_dict, head_prefixes, f'--init-from {source}')
     bad_shape = report.mismatched_outside(head_prefixes)
     if bad_shape or report.missing:
@@ -92,35 +88,25 @@ def _config_overrides(config_class, model_kwargs: Dict[str, Any], num_labels: in
 
 
 def _overridden_config(base, model_kwargs: Dict[str, Any], num_labels: int, source: str):
-    """The ``--init-from`` checkpoint's config ``base`` with the ``--model-kwargs`` fields that keep the weight shapes;
-    a field value the config rejects (e.g. ``classifier_pooling=max``) stops with one line."""
+    """The ``--init-from`` checkpoint's config ``base`` with the ``--model-kwargs`` fields, which must keep the weight
+    shapes (:data:`_SHAPE_FIELDS`); a value the config rejects (e.g. ``classifier_pooling=max``) stops with one line."""
     overrides = _config_overrides(type(base), model_kwargs, num_labels)
     try:
         config = type(base)(**{**base.text_fields(), **overrides})
     except (TypeError, ValueError) as e:
         raise UsageError(f'--model-kwargs {model_kwargs} for the --init-from {source} model: {e}') from None
-    _check_shapes_kept(base, config, source)
-    return config
-
-
-def _check_shapes_kept(before, after, source: str) -> None:
-    shape_fields = ('vocab_size', 'hidden_size', 'intermediate_size', 'num_hidden_layers',
-                    'max_position_embeddings', 'type_vocab_size', 'num_ssm_states', 'tiny_attention_size',
-                    'num_attention_heads')
-    changed = [f for f in shape_fields if hasattr(before, f) and getattr(before, f) != getattr(after, f)]
+    changed = [f for f in _SHAPE_FIELDS if hasattr(base, f) and getattr(base, f) != getattr(config, f)]
     if changed:
         raise UsageError(f'--model-kwargs change {", ".join(changed)} of the --init-from {source} model; only '
                          f'fields that keep the weight shapes (e.g. dropout) can change with --init-from')
+    return config
 
 
 def init_classifier(init_from: str, model_name: str, model_kwargs: Dict[str, Any], num_labels: int,
                     tokenizer_for_scratch=None, trust: bool = False,
                     allow_regex: bool = False) -> Tuple[nn.Module, str, Tokenizer, InitReport]:
-    """(sequence classifier, family, tokenizer, report) for ``--init-from`` -- a run checkpoint, a
-    ``save_pretrained`` folder or an official BiGS folder -- or, without it, a fresh ``model_name``.
-
-    ``tokenizer_for_scratch``: a callable giving the tokenizer of a model without ``--init-from``. ``allow_regex``
-    (``--allow-regex``): the checkpoint's or folder's tokenizer may hold a regular expression (refused otherwise).
+    """(sequence classifier, family, tokenizer, report) for ``--init-from``, or without it a fresh ``model_name``
+    with the tokenizer ``tokenizer_for_scratch()`` gives. ``allow_regex``: ``--allow-regex`` for the file's tokenizer.
     """
     if not init_from:
         return _fresh_classifier(model_name, model_kwargs, num_labels, tokenizer_for_scratch)
@@ -140,13 +126,13 @@ def _fresh_classifier(model_name: str, model_kwargs: Dict[str, Any], num_labels:
         raise UsageError(f'unknown text model {model_name!r}; known: {", ".join(list_models())}')
     entry = model_entry(model_name)
     if entry.family not in CLASSIFY_FAMILIES:
+        known = ', '.join(n for n in list_models() if model_entry(n).family in CLASSIFY_FAMILIES)
         raise UsageError(f'model {model_name!r} ({entry.family}) has no sequence classifier; use a gMLP, BiGS or '
-                         f'BERT model: {", ".join(n for n in list_models() if model_entry(n).family in CLASSIFY_FAMILIES)}')
+                         f'BERT model: {known}')
     tokenizer = tokenizer_for_scratch()
     model, _ = model_for_tokenizer(model_name, _config_overrides(entry.config_class, model_kwargs, num_labels),
                                    tokenizer, entry.config_class, model_kwargs, task='sequence_classification')
-    new = list(model.state_dict())
-    return model, entry.family, tokenizer, InitReport('', 'none', [], new, [])
+    return model, entry.family, tokenizer, InitReport('', 'none', [], list(model.state_dict()), [])
 
 
 def _classifier_from_run_checkpoint(init_from: str, model_kwargs: Dict[str, Any], num_labels: int, trust: bool,
@@ -224,7 +210,10 @@ def _classifier_from_official_bigs(init_from: str, model_kwargs: Dict[str, Any],
     return model, 'bigs', model.tokenizer, InitReport(str(init_from), 'official BiGS', loaded, new, unused_official)
 
 
-def scratch_tokenizer(kind: str, texts: Sequence[str], tokenizer_from: str = '', allow_regex: bool = False) -> Tokenizer:
+def scratch_tokenizer(kind: str, texts: Sequence[str], tokenizer_from: str = '',
+                      allow_regex: bool = False) -> Tokenizer:
+    """The tokenizer of a classifier trained from scratch: ``--tokenizer-from``'s, or a byte / char one (the char
+    alphabet of ``texts``, with ``<unk>``) with the control tokens."""
     if tokenizer_from:
         return tokenizer_from_path(tokenizer_from, needs=('cls', 'sep', 'pad'), allow_regex=allow_regex)
     if kind == 'byte':
@@ -232,5 +221,4 @@ def scratch_tokenizer(kind: str, texts: Sequence[str], tokenizer_from: str = '',
     if kind != 'char':
         raise UsageError(f"--tokenizer {kind!r} is not available for --task classify without --init-from; use char "
                          f"or byte (subword vocabularies come with the --init-from checkpoint)")
-    chars = set(''.join(texts))
-    return char_tokenizer(chars, DEFAULT_CONTROL_TOKENS, unk='<unk>')
+    return char_tokenizer(set(''.join(texts)), DEFAULT_CONTROL_TOKENS, unk='<unk>')

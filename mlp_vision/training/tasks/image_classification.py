@@ -1,10 +1,6 @@
 """ Image classification in epochs (timm's train.py): the task :class:`ImageClassification` that
-:func:`~mlp_vision.training.run.driver.drive` runs for the ``mlp_vision.train`` command (datasets, model, optimizer,
-loaders, mixup and loss, schedule, the epoch loop, ``pretrained/``, results), and the training epoch and evaluation
-loops (one implementation, used by the task and by validate.py).
-
-The command (flags, their checks, the demo's closing validation with validate.py) is :mod:`mlp_vision.train`; this
-module imports no command (validate.py imports this one).
+:func:`~mlp_vision.training.run.driver.drive` runs for :mod:`mlp_vision.train`, and the training epoch and
+evaluation loops (validate.py's evaluation too). Imports no command: validate.py imports this module.
 """
 import copy
 import logging
@@ -42,7 +38,7 @@ from mlp_vision.training.run.training_run import UpdateStep, create_lr_scheduler
 from mlp_vision.training.tasks.image_model import (
     check_activations, create_model, load_pretrained_weights, model_create_kwargs, resolve_model_data_config)
 
-__all__ = ['train_one_epoch', 'evaluate', 'reports_top5', 'format_duration', 'ImageClassification', 'EpochMetrics',
+__all__ = ['train_one_epoch', 'evaluate', 'reports_top5', 'ImageClassification', 'EpochMetrics',
            'resolve_lr', 'uses_mixup', 'DEMO_RECIPE', 'OWN_FOLDER_RECIPE', 'SMALL_DATA_IMAGES', 'DEFAULT_EPOCHS']
 
 _logger = logging.getLogger(__name__)
@@ -54,29 +50,13 @@ SMALL_DATA_IMAGES = 20_000  # a training set up to this size, given without -c, 
 DEFAULT_EPOCHS = 300  # train.py's --epochs default, timm's ImageNet schedule (the small-data hint compares to it)
 
 
-def train_one_epoch(
-        epoch: int,
-        loop: StepLoop,
-        loader,
-        loss_fn: Callable,
-        *,
-        total_epochs: int,
-        amp_autocast=suppress,
-        mixup_fn=None,
-        grad_accum_steps: int = 1,
-        channels_last: bool = False,
-        world_size: int = 1,
-        log_interval: int = 50,
-        primary: bool = True,
-) -> Dict[str, float]:
-    """One epoch of training with the run's ``loop``. Returns {'loss', 'lr', 'img_per_sec', 'seconds'} (the loss
-    and the rate over every rank); ``loop.num_updates`` counts on.
-
-    Each optimizer update is :meth:`~mlp_vision.training.run.loop.StepLoop.update` over ``grad_accum_steps`` batches
-    (the epoch's last update over the batches left): DDP syncs only on the last one, a NaN / inf loss raises
-    :class:`~mlp_vision.training.run.training_run.NonFiniteLossError` on every rank before the optimizer step, and a SIGINT /
-    SIGTERM (agreed by all ranks) stops the run at the next update. One host sync per update (the loop's), none per
-    batch; the epoch's loss is all-reduced once, at its end.
+def train_one_epoch(epoch: int, loop: StepLoop, loader, loss_fn: Callable, *, total_epochs: int, amp_autocast=suppress,
+                    mixup_fn=None, grad_accum_steps: int = 1, channels_last: bool = False, world_size: int = 1,
+                    log_interval: int = 50, primary: bool = True) -> Dict[str, float]:
+    """One epoch with the run's ``loop``; returns {'loss', 'lr', 'img_per_sec', 'seconds'} (loss and rate over every
+    rank). Each optimizer update is :meth:`~mlp_vision.training.run.loop.StepLoop.update` over ``grad_accum_steps``
+    batches (the last one over the batches left), which owns DDP sync, the NaN / inf and signal stops and the one host
+    sync per update; the epoch's loss is all-reduced once, at its end.
     """
     model, optimizer = loop.train_model, loop.update_step.optimizer
     model.train()
@@ -93,8 +73,7 @@ def train_one_epoch(
         with amp_autocast():
             return loss_fn(model(input), target), input.shape[0]  # weighted by its samples
 
-    loss_sum = 0.
-    sample_count = 0
+    loss_sum, sample_count = 0., 0
     window_loss, window_samples = 0., 0
     update_time_sum, timed_updates = 0., 0
     epoch_start = update_start = time.perf_counter()
@@ -142,30 +121,17 @@ def train_one_epoch(
 
 
 def reports_top5(num_classes: int) -> bool:
-    """Whether top-5 accuracy means anything: with 5 classes or fewer every label is among the top 5, so it would be
-    100 % whatever the model does; train.py and validate.py leave it out then (an empty ``eval_top5`` cell, a null
-    ``top5``), and ``--eval-metric top5`` is refused."""
+    """Whether top-5 accuracy means anything: with 5 classes or fewer it is 100 % whatever the model does (then an
+    empty ``eval_top5`` cell, a null ``top5``, and ``--eval-metric top5`` refused)."""
     return num_classes > 5
 
 
 @torch.no_grad()
-def evaluate(
-        model: nn.Module,
-        loader,
-        *,
-        amp_autocast=suppress,
-        channels_last: bool = False,
-        distributed: bool = False,
-        log_interval: int = 50,
-        log_prefix: str = 'Test',
-        primary: bool = True,
-) -> Dict[str, float]:
-    """Top-1 / top-5 accuracy (%) and mean cross-entropy over the whole loader, and images/s.
-
-    Exact in distributed mode: each rank evaluates its own samples, none twice (the eval loader's ``StridedSampler``
-    pads nothing), and the sums are reduced over the ranks, so the numbers equal a one-process run. ``top5`` is None for a model of at most
-    5 classes (see :func:`reports_top5`).
-    The sums stay on the device until the end: one all-reduce and one host sync per evaluation, none per batch.
+def evaluate(model: nn.Module, loader, *, amp_autocast=suppress, channels_last: bool = False, distributed: bool = False,
+             log_interval: int = 50, primary: bool = True) -> Dict[str, float]:
+    """Top-1 / top-5 accuracy (%; ``top5`` None per :func:`reports_top5`), mean cross-entropy and images/s over the
+    loader. Distributed: each rank evaluates its own samples (the ``StridedSampler`` pads nothing) and the sums,
+    kept on the device, are all-reduced once, so the numbers equal a one-process run.
     """
     model.eval()
     num_batches = len(loader)
@@ -188,7 +154,7 @@ def evaluate(
         sums = batch if sums is None else sums + batch  # on the device: no host sync per batch
         if primary and log_interval and ((batch_idx + 1) % log_interval == 0 or batch_idx == num_batches - 1):
             elapsed = time.perf_counter() - start
-            _logger.info(f'{log_prefix}: [{batch_idx + 1:>{len(str(num_batches))}d}/{num_batches}]  '
+            _logger.info(f'Test: [{batch_idx + 1:>{len(str(num_batches))}d}/{num_batches}]  '
                          f'{processed / max(elapsed, 1e-9):,.0f} img/s')
     if sums is None:
         raise RuntimeError('evaluation loader yielded no batches')
@@ -209,8 +175,8 @@ def evaluate(
 
 
 def resolve_lr(args, world_size: int) -> None:
-    """timm's rule: with no --lr, the run's lr is --lr-base scaled from --lr-base-size to the global batch (a derived
-    value: args.yaml keeps --lr unset, so a resume with another batch scales again)."""
+    """timm's rule: with no --lr, --lr-base scaled from --lr-base-size to the global batch (derived: args.yaml keeps
+    --lr unset, so a resume with another batch scales again)."""
     if args.lr is not None:
         return
     global_batch = _global_batch(args, world_size)
@@ -233,14 +199,11 @@ class EpochMetrics:
 
 
 class ImageClassification(TrainingTask):
-    """Image classification in epochs (timm's train.py) for :func:`~mlp_vision.training.run.driver.drive`: datasets,
-    model, optimizer, loaders, loss and schedule from the flags; per epoch train, evaluate, step the schedule,
-    save, log; at the end ``pretrained/``, the demo's validation, results and curves.
+    """Image classification in epochs for :func:`~mlp_vision.training.run.driver.drive`.
 
-    ``validate_demo(run, task)``: the demo's closing validation of its best checkpoint, called on every rank before
-    ``pretrained/`` is written; it returns the validation results that ``results.json`` keeps as
-    ``demo_validation``. The command gives it (train.py runs validate.py's command, which this module cannot
-    import: validate.py imports it); None: no validation."""
+    ``validate_demo(run, task)``: the demo's closing validation of its best checkpoint (every rank, before
+    ``pretrained/``), kept as ``demo_validation`` in ``results.json``; given by train.py, since validate.py imports
+    this module; None: no validation."""
     logger = _task_logger
     stop_advice = 'Lower --lr, add --clip-grad or more --warmup-epochs'
 
@@ -252,9 +215,14 @@ class ImageClassification(TrainingTask):
             _task_logger.info(f'distributed: {run.dist_info.world_size} processes, backend '
                               f'{torch.distributed.get_backend()}, device {run.dist_info.device} on rank 0')
         if demo:
-            _use_demo_data(args)
+            args.derive(data_dir=str(prepare_digits_folder()), dataset='', train_split='train', val_split='val')
+            _task_logger.info(
+                'Demo: no dataset was given, so this trains a small model on scikit-learn\'s bundled handwritten '
+                f'digits (1,797 real 8x8 scans, 10 classes), written once as an ImageFolder tree under '
+                f'{args.data_dir}, through the same pipeline as an ImageNet run (recipe {DEMO_RECIPE}). '
+                f'For your own photos: -c {OWN_FOLDER_RECIPE} --data-dir DIR (README, "Your own photos").')
         self.data_dir = args.data_dir or args.data
-        self.metrics = EpochMetrics()  # the latest epoch's
+        self.metrics = EpochMetrics()
 
     def resume_identity(self) -> dict:
         return {'arch': self.args.model}
@@ -309,7 +277,7 @@ class ImageClassification(TrainingTask):
             f'{f" x {dist_info.world_size} processes" if dist_info.distributed else ""}; '
             f'input {self.data_config["input_size"]}, AMP {opt.amp_dtype if args.amp else "off"}')
         dataset_eval = self.dataset_eval
-        # what was read (a folder or a tar found for the split name), not the split name asked for
+        # what was read (a folder or tar found for the split), not the split name asked for
         val_source = (dataset_source(dataset_eval) or args.val_split) if dataset_eval is not None else 'none'
         _task_logger.info(
             f'Data {self.data_dir or args.dataset}: {len(self.dataset_train)} training images '
@@ -318,10 +286,12 @@ class ImageClassification(TrainingTask):
             f'{args.num_classes} classes')
         if not self.demo:
             _hint_small_data_recipe(args, len(self.dataset_train))
+        # an epoch may sample less than the training set (the loader's warning says why)
+        samples, images = len(self.loader_train) * args.batch_size * dist_info.world_size, len(self.dataset_train)
         _task_logger.info(
             f'Training {opt.total} epochs x {self.updates_per_epoch} updates, global batch '
             f'{_global_batch(args, dist_info.world_size)}, {args.opt} lr {args.lr:.4g}, {args.sched} schedule'
-            + _epoch_share(args, self, dist_info.world_size)
+            + (f'; an epoch trains {samples:,} samples of the {images:,} images' if samples < images else '')
             + (f'; resuming at epoch {opt.start} from {args.resume}' if args.resume else ''))
 
     def train(self) -> bool:
@@ -367,9 +337,8 @@ class ImageClassification(TrainingTask):
 
     def final_results(self, digests) -> Optional[dict]:
         """The demo's validation (every rank), ``pretrained/`` and the results (rank 0; None elsewhere)."""
-        args, run, opt = self.args, self.run, self.opt
-        dist_info, metrics = run.dist_info, self.metrics
-        device = dist_info.device
+        args, run, opt, metrics = self.args, self.run, self.opt, self.metrics
+        dist_info, device = run.dist_info, run.dist_info.device
         validates = self.demo and self.loader_eval is not None and self.validate_demo is not None
         demo_val = self.validate_demo(run, self) if validates else None
         if not dist_info.primary:
@@ -377,29 +346,16 @@ class ImageClassification(TrainingTask):
         loader_train, loader_eval = self.loader_train, self.loader_eval
         pretrained = _export_pretrained(run, self)
         return {
-            'model': args.model,
-            'model_kwargs': self.create_kwargs,
-            'experiment_dir': str(run.output_dir),
-            'device': str(device),
-            'device_name': torch.cuda.get_device_name(device) if device.type == 'cuda' else None,
+            'model': args.model, 'model_kwargs': self.create_kwargs, 'experiment_dir': str(run.output_dir),
+            'device': str(device), 'device_name': torch.cuda.get_device_name(device) if device.type == 'cuda' else None,
             'cuda_peak_mem_gib': metrics.peak_mem_gib,  # max over this process's epochs of max_memory_allocated
-            'torch_version': torch.__version__,
-            'world_size': dist_info.world_size,
-            'epochs': opt.total,
-            'global_batch': _global_batch(args, dist_info.world_size),
-            'lr': args.lr,
-            'final_epoch': opt.total - 1,
-            'train': dict(metrics.train),
-            'eval': dict(metrics.eval) if metrics.eval is not None else None,
+            'torch_version': torch.__version__, 'world_size': dist_info.world_size, 'epochs': opt.total,
+            'global_batch': _global_batch(args, dist_info.world_size), 'lr': args.lr, 'final_epoch': opt.total - 1,
+            'train': dict(metrics.train), 'eval': dict(metrics.eval) if metrics.eval is not None else None,
             'ema_eval': dict(metrics.ema_eval) if metrics.ema_eval is not None else None,
-            'best': run.saver.best,
-            'eval_metric': args.eval_metric,
-            'checkpoints': run.checkpoint_files(),
-            'pretrained': str(pretrained),
-            'weights_sha256_per_rank': digests,
-            'ranks_agree': len(set(digests)) == 1,
-            'train_seconds_this_process': time.time() - self.train_start,
-            'demo_validation': demo_val,
+            'best': run.saver.best, 'eval_metric': args.eval_metric, 'checkpoints': run.checkpoint_files(),
+            'pretrained': str(pretrained), 'weights_sha256_per_rank': digests, 'ranks_agree': len(set(digests)) == 1,
+            'train_seconds_this_process': time.time() - self.train_start, 'demo_validation': demo_val,
             'skipped_images': {  # unreadable files, left out (never replaced): last epoch / last evaluation, this rank
                 'train': loader_train.skipped, 'eval': loader_eval.skipped if loader_eval is not None else 0,
                 'files': {**loader_train.skipped_files,
@@ -408,8 +364,7 @@ class ImageClassification(TrainingTask):
         }
 
     def close(self) -> None:
-        # the loaders' persistent worker processes end here, with the run: left to the garbage collector, the
-        # loaders of a finished run kept 4 worker processes alive and a later collection stalled ~10 s per loader
+        # end the loaders' persistent workers with the run: a later garbage collection stalled ~10 s per loader
         self.loader_train = self.loader_eval = None
 
     def report(self, results: dict) -> None:
@@ -429,15 +384,6 @@ class ImageClassification(TrainingTask):
                 f'Demo result: validation accuracy {demo_val["top1"]:.2f}% top-1 on {demo_val["samples"]} held-out '
                 f'digit images (chance: 10%), checkpoint {run.saver.best_path}; '
                 f'total time {format_duration(time.time() - run.start_time)}.')
-
-
-def _use_demo_data(args) -> None:
-    args.derive(data_dir=str(prepare_digits_folder()), dataset='', train_split='train', val_split='val')
-    _task_logger.info(
-        'Demo: no dataset was given, so this trains a small model on scikit-learn\'s bundled handwritten '
-        f'digits (1,797 real 8x8 scans, 10 classes), written once as an ImageFolder tree under '
-        f'{args.data_dir}, through the same pipeline as an ImageNet run (recipe {DEMO_RECIPE}). '
-        f'For your own photos: -c {OWN_FOLDER_RECIPE} --data-dir DIR (README, "Your own photos").')
 
 
 def _create_datasets(args, data_dir):
@@ -463,7 +409,7 @@ def _create_datasets(args, data_dir):
 
 def _fit_batch_to_training_set(args, dataset_train, world_size: int) -> None:
     """A training set smaller than one batch per process trains in one batch of all of it (with a warning), before
-    the learning rate is scaled to the batch; an iterable dataset (no length) keeps --batch-size."""
+    the lr is scaled to the batch; an iterable dataset keeps --batch-size."""
     if isinstance(dataset_train, torch.utils.data.IterableDataset):
         return
     batch_size = fit_batch_to_data(  # mixing pairs the images of a batch: an even one
@@ -473,9 +419,8 @@ def _fit_batch_to_training_set(args, dataset_train, world_size: int) -> None:
 
 
 def _hint_small_data_recipe(args, num_images: int) -> None:
-    """A small training set given without a recipe (-c) and with the command's default schedule (timm's ImageNet
-    one: 300 epochs, the model at 224 px): hours on a CPU for a few hundred photos; say which shipped recipe is
-    made for it (a warning; the run goes on as asked)."""
+    """Warn when a small training set gets no -c recipe and the default schedule (timm's ImageNet one: hours on a
+    CPU for a few hundred photos), naming the shipped recipe made for it; the run goes on as asked."""
     if args.config or args.resume or num_images > SMALL_DATA_IMAGES or args.epochs != DEFAULT_EPOCHS:
         return
     _task_logger.warning(
@@ -491,14 +436,9 @@ def _create_model(args, dist_info):
     # models with a fixed input size (ours, ViTs) are built for --img-size; others just get resized inputs
     takes_img_size = timm.is_model(args.model) and timm.models.get_pretrained_cfg_value(args.model, 'fixed_input_size')
     create_kwargs = model_create_kwargs(
-        num_classes=args.num_classes,
-        in_chans=args.in_chans or (args.input_size[0] if args.input_size else None),
-        img_size=img_size if takes_img_size else None,
-        drop_rate=args.drop,
-        drop_path_rate=args.drop_path,
-        global_pool=args.gp,
-        model_kwargs=args.model_kwargs,
-    )
+        num_classes=args.num_classes, in_chans=args.in_chans or (args.input_size[0] if args.input_size else None),
+        img_size=img_size if takes_img_size else None, drop_rate=args.drop, drop_path_rate=args.drop_path,
+        global_pool=args.gp, model_kwargs=args.model_kwargs)
     model = create_model(args.model, pretrained=args.pretrained, **create_kwargs)
     if args.pretrained_path:
         weights = load_checkpoint_file(args.pretrained_path, trust=args.trust_checkpoint, what='--pretrained-path')
@@ -568,19 +508,13 @@ def _global_batch(args, world_size: int) -> int:
     return args.batch_size * world_size * args.grad_accum_steps
 
 
-def _epoch_share(args, job: ImageClassification, world_size: int) -> str:
-    """'' when an epoch samples the whole training set; else how much of it (the loader's warning says why)."""
-    samples = len(job.loader_train) * args.batch_size * world_size
-    images = len(job.dataset_train)
-    return f'; an epoch trains {samples:,} samples of the {images:,} images' if samples < images else ''
-
-
 def _evaluate_epoch(args, dist_info, job: ImageClassification, metrics: EpochMetrics):
     """Evaluate the model (and its EMA) into ``metrics``; returns the metric that selects the best checkpoint."""
     if job.loader_eval is None:
         return None
     evaluate_on = partial(evaluate, loader=job.loader_eval, amp_autocast=job.opt.amp_autocast, log_interval=0,
-                          channels_last=args.channels_last, distributed=dist_info.distributed, primary=dist_info.primary)
+                          channels_last=args.channels_last, distributed=dist_info.distributed,
+                          primary=dist_info.primary)
     metrics.eval = evaluate_on(job.opt.train_model)
     if job.opt.model_ema is None or args.model_ema_force_cpu:
         return metrics.eval[args.eval_metric]
@@ -622,11 +556,9 @@ def _epoch_message(epoch: int, num_epochs: int, metrics: EpochMetrics, row: dict
 
 
 def _export_pretrained(run, job: ImageClassification) -> Path:
-    """``pretrained/``: the run's best weights (the EMA's where the EMA's accuracy chose them; the last epoch's
-    when nothing was evaluated) as a weights-only folder timm loads as it is -- ``config.json`` (architecture,
-    model arguments, class names, the data config it was trained with) and ``model.safetensors``, written by timm's
-    own ``save_for_hf``, so ``timm.create_model('local-dir:RUN/pretrained', pretrained=True)`` (``features_only=True``
-    too) builds it, and ``push_to_hf_hub`` would upload it unchanged. Written to a temporary folder and swapped in."""
+    """``pretrained/``: the best weights (the EMA's where its accuracy chose them; the last epoch's when nothing was
+    evaluated) written atomically by timm's ``save_for_hf`` (``config.json`` with class names and data config,
+    ``model.safetensors``), so ``timm.create_model('local-dir:RUN/pretrained', pretrained=True)`` builds it."""
     source = run.saver.best_path if run.saver.best_path.exists() else run.saver.last_path
     ckpt = load_checkpoint_file(source, what=source.name)
     use_ema = job.opt.model_ema is not None and ckpt.get('state_dict_ema') is not None

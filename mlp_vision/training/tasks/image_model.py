@@ -14,7 +14,8 @@ from timm.data import resolve_data_config
 
 import mlp_vision  # noqa: F401  (registers gmlp_* / smlpnet_* / mixer_* with timm)
 from mlp_vision.weights import load_backbone
-from mlp_vision.training.run.checkpoint import clean_state_dict, is_training_checkpoint, load_checkpoint_file, load_model_weights
+from mlp_vision.training.run.checkpoint import (
+    clean_state_dict, is_training_checkpoint, load_checkpoint_file, load_model_weights)
 from mlp_vision.errors import UsageError, check_activation_size, check_model_size, short_repr
 
 __all__ = ['model_create_kwargs', 'resolve_model_data_config', 'create_model', 'load_pretrained_weights',
@@ -25,24 +26,15 @@ ALLOW_MISSING_FLAG = '--allow-missing-weights'
 _logger = logging.getLogger(__name__)
 
 
-def model_create_kwargs(
-        num_classes: Optional[int] = None,
-        in_chans: Optional[int] = None,
-        img_size: Optional[Any] = None,
-        drop_rate: Optional[float] = None,
-        drop_path_rate: Optional[float] = None,
-        global_pool: Optional[str] = None,
-        model_kwargs: Optional[Dict[str, Any]] = None,
-) -> Dict[str, Any]:
-    """The keyword arguments for ``timm.create_model`` (unset values are left to the model's defaults).
-
-    ``model_kwargs`` (``--model-kwargs k=v ...``) come last and win over the dedicated flags.
-    """
+def model_create_kwargs(num_classes: Optional[int] = None, in_chans: Optional[int] = None,
+                        img_size: Optional[Any] = None, drop_rate: Optional[float] = None,
+                        drop_path_rate: Optional[float] = None, global_pool: Optional[str] = None,
+                        model_kwargs: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+    """The keyword arguments for ``timm.create_model``: the values given (None: the model's default), then
+    ``model_kwargs`` (``--model-kwargs k=v ...``), which win over the dedicated flags."""
     kwargs = dict(num_classes=num_classes, in_chans=in_chans, img_size=img_size, drop_rate=drop_rate,
                   drop_path_rate=drop_path_rate, global_pool=global_pool)
     kwargs = {k: v for k, v in kwargs.items() if v is not None}
-    if isinstance(kwargs.get('img_size'), list):
-        kwargs['img_size'] = tuple(kwargs['img_size'])
     kwargs.update(model_kwargs or {})
     for k in ('depths', 'img_size', 'mlp_ratio'):  # yaml gives lists where the models document tuples
         if isinstance(kwargs.get(k), list):
@@ -68,16 +60,14 @@ def resolve_model_data_config(args, model: nn.Module, stored: Optional[Dict[str,
 
 
 def is_local_dir(name: str) -> bool:
-    """``local-dir:FOLDER`` naming a folder timm builds a model from: its ``config.json`` (architecture, model
-    arguments, data config) and, with ``pretrained=True``, its ``model.safetensors`` (a training run's
+    """``local-dir:FOLDER`` naming a folder with the ``config.json`` timm builds a model from (a run's
     ``pretrained/``)."""
     return name.startswith('local-dir:') and (Path(name[len('local-dir:'):]) / 'config.json').is_file()
 
 
 def _build_on_meta(name: str, kwargs: Dict[str, Any]) -> Optional[nn.Module]:
-    """``name`` built with ``kwargs`` on the ``meta`` device (shapes only, no memory): through the ``device``
-    argument of timm's newer models (ours all take it), else under ``torch.device('meta')``; None for a model that
-    cannot be built there (its init reads tensor values), whose real build then reports any error itself."""
+    """``name`` built with ``kwargs`` on the ``meta`` device (shapes only): through timm's ``device`` argument, else
+    under ``torch.device('meta')``; None where that fails (an init reading values): the real build reports it."""
     try:  # any failure but the bound's (not an Exception) is left to the real build, which raises it again
         return timm.create_model(name, device='meta', **kwargs)
     except Exception as e:
@@ -129,11 +119,9 @@ def create_model(name: str, pretrained: bool = False, sizes_from: str = '', **kw
 
 def check_activations(name: str, kwargs: Dict[str, Any], input_size: Tuple[int, ...], batch_size: int,
                       training: bool, sizes_from: str = '') -> None:
-    """Refuse (:func:`~mlp_vision.errors.check_activation_size`) the model ``name`` built with ``kwargs`` when one
-    forward of a ``batch_size`` batch of ``input_size`` (C, H, W) images would hold more activations than the bound:
-    estimated on the ``meta`` device before the real model sees a batch. ``training``: a training step (autograd
-    keeps every layer's output); False for evaluation and for training with gradient checkpointing (one block's at
-    a time). ``sizes_from`` names the file the sizes came from for the message."""
+    """Refuse (:func:`~mlp_vision.errors.check_activation_size`, on the ``meta`` device) a model whose forward of a
+    ``batch_size`` batch of ``input_size`` (C, H, W) images would exceed the activation bound. ``training``: autograd
+    keeps every layer's output (False: evaluation, gradient checkpointing); ``sizes_from``: for the message."""
     what = (f'model {name} with {short_repr(kwargs)} at input {tuple(input_size)}, batch {batch_size}'
             + (f' (sizes from {sizes_from})' if sizes_from else ''))
     images = torch.empty(batch_size, *input_size, device='meta')
@@ -156,21 +144,13 @@ def _short_list(keys: List[str], n: int = 4) -> str:
     return ', '.join(keys[:n]) + (f' and {len(keys) - n} more' if len(keys) > n else '')
 
 
-def load_pretrained_weights(
-        model: nn.Module,
-        name: str,
-        state_dict: Dict[str, torch.Tensor],
-        source: str,
-        head_must_fit: bool = False,
-        allow_missing: bool = False,
-) -> None:
+def load_pretrained_weights(model: nn.Module, name: str, state_dict: Dict[str, torch.Tensor], source: str,
+                            head_must_fit: bool = False, allow_missing: bool = False) -> None:
     """Load a state dict of another layout (official, timm's, ours) through ``name``'s checkpoint filter.
 
-    Fine-tuning (``head_must_fit=False``): classifier tensors whose shape differs from the model's (another class
-    count) are dropped and the missing classifier is reported at WARNING with its tensor names. Every backbone
-    tensor must be in the file: a missing or unexpected one is a :class:`UsageError` unless ``allow_missing``
-    (``--allow-missing-weights``; then a WARNING lists them and they keep their random init). Evaluation
-    (``head_must_fit=True``): the classifier must be in the file and fit too.
+    Every backbone tensor must be in the file and fit: otherwise a :class:`UsageError`, unless ``allow_missing``
+    (``--allow-missing-weights``: a WARNING, random init kept). Fine-tuning: a classifier of another class count is
+    dropped (WARNING); ``head_must_fit`` (evaluation): the classifier must be in the file and fit too.
     """
     if is_training_checkpoint(state_dict):
         state_dict = state_dict['state_dict']
@@ -212,9 +192,8 @@ def load_pretrained_weights(
 
 
 def _check_saved_fields(ckpt: Dict[str, Any], checkpoint: str) -> None:
-    """A training checkpoint's ``arch``, ``model_cfg`` and ``class_names`` as a train.py writes them (a model name,
-    ``{name, kwargs: {argument: value}}``, distinct class names), else a :class:`UsageError` showing the value
-    (a bounded ``repr``) before any of them is used: they are data from whoever made the file."""
+    """A training checkpoint's ``arch``, ``model_cfg`` and ``class_names`` as train.py writes them, else a
+    :class:`UsageError` showing the bounded ``repr`` before any is used: they are data from whoever made the file."""
     arch, cfg, names = ckpt.get('arch'), ckpt.get('model_cfg'), ckpt.get('class_names')
     kwargs = cfg.get('kwargs') if isinstance(cfg, dict) else None
     if not isinstance(arch, str) or not arch:
@@ -231,25 +210,15 @@ def _check_saved_fields(ckpt: Dict[str, Any], checkpoint: str) -> None:
                      f'and is not used')
 
 
-def create_model_for_eval(
-        name: Optional[str],
-        checkpoint: Optional[str] = None,
-        pretrained: bool = False,
-        use_ema: bool = False,
-        create_kwargs: Optional[Dict[str, Any]] = None,
-        trust_checkpoint: bool = False,
-) -> Tuple[nn.Module, Dict[str, Any]]:
-    """Build a model and load weights for evaluation.
-
-    * our training checkpoint: the model is rebuilt from the checkpoint's ``model_cfg``, with ``create_kwargs``
-      (the explicitly given flags) on top; ``name`` defaults to the checkpoint's and must match it;
-    * a timm train.py checkpoint (``arch`` + ``state_dict``): ``name`` defaults to ``arch``;
-    * any other file: a state dict (ours, timm's, the official layout) loaded through the model's
-      pretrained filter fn; ``name`` is required.
+def create_model_for_eval(name: Optional[str], checkpoint: Optional[str] = None, pretrained: bool = False,
+                          use_ema: bool = False, create_kwargs: Optional[Dict[str, Any]] = None,
+                          trust_checkpoint: bool = False) -> Tuple[nn.Module, Dict[str, Any]]:
+    """Build a model and load weights for evaluation: from our training checkpoint (rebuilt from its ``model_cfg``,
+    ``create_kwargs`` on top; ``name`` defaults to its own and must match), a timm train.py checkpoint (``name``
+    defaults to ``arch``), or any other state dict through the model's filter (``name`` required).
 
     Returns the model (eval mode, CPU) and info: ``source``, ``checkpoint_kind``, ``data_cfg`` (ours only),
-    ``epoch``, ``model_name``, ``create_kwargs``, ``class_names`` (the training set's classes in label order,
-    which train.py stores in its checkpoints; None for older checkpoints and other weights).
+    ``epoch``, ``model_name``, ``create_kwargs``, ``class_names`` (label order; None where the file has none).
     """
     create_kwargs = dict(create_kwargs or {})
     info: Dict[str, Any] = {'source': 'random init', 'checkpoint_kind': None, 'data_cfg': None, 'epoch': None,
@@ -260,20 +229,15 @@ def create_model_for_eval(
             _check_saved_fields(ckpt, checkpoint)
             arch = ckpt['arch']
             if name and name != arch:
-                raise UsageError(
-                    f'checkpoint {checkpoint} was trained for model {arch!r}, not --model {name!r}: '
-                    f'drop --model or pass --model {arch}')
+                raise UsageError(f'checkpoint {checkpoint} was trained for model {arch!r}, not --model {name!r}: '
+                                 f'drop --model or pass --model {arch}')
             name = arch
-            model_cfg = ckpt.get('model_cfg') or {}
-            kwargs = dict(model_cfg.get('kwargs') or {})
-            kwargs.update(create_kwargs)
+            kwargs = {**((ckpt.get('model_cfg') or {}).get('kwargs') or {}), **create_kwargs}  # given flags win
             model = create_model(name, sizes_from=f"checkpoint {checkpoint}'s model_cfg", **kwargs)
-            key = 'state_dict'
-            if use_ema:
-                if ckpt.get('state_dict_ema') is None:
-                    raise UsageError(f'--use-ema: checkpoint {checkpoint} has no EMA weights '
-                                     f'(it was trained without --model-ema)')
-                key = 'state_dict_ema'
+            key = 'state_dict_ema' if use_ema else 'state_dict'
+            if ckpt.get(key) is None:
+                raise UsageError(f'--use-ema: checkpoint {checkpoint} has no EMA weights '
+                                 f'(it was trained without --model-ema)')
             load_model_weights(model, ckpt[key], f'checkpoint {checkpoint}', name)
             class_names = ckpt.get('class_names')
             if class_names is not None and len(class_names) != getattr(model, 'num_classes', len(class_names)):
@@ -282,21 +246,19 @@ def create_model_for_eval(
             info.update(source=f'{checkpoint} ({key}, epoch {ckpt.get("epoch")})',
                         checkpoint_kind='ours' if 'model_cfg' in ckpt else 'timm-train',
                         data_cfg=ckpt.get('data_cfg'), epoch=ckpt.get('epoch'), create_kwargs=kwargs,
-                        class_names=ckpt.get('class_names'))
+                        class_names=class_names)
         else:
             if use_ema:
                 raise UsageError(f'--use-ema: {checkpoint} is a plain state dict with no EMA weights')
             if not name:
                 raise UsageError(f'{checkpoint} is a plain state dict: pass --model NAME to say which model it is for')
-            kwargs = create_kwargs
-            model = create_model(name, **kwargs)
+            model = create_model(name, **create_kwargs)
             load_pretrained_weights(model, name, ckpt, f'--checkpoint {checkpoint}', head_must_fit=True)
             info.update(source=f'{checkpoint} (state dict through the {name} filter)', checkpoint_kind='foreign',
-                        create_kwargs=kwargs)
+                        create_kwargs=create_kwargs)
     else:
-        kwargs = create_kwargs
-        model = create_model(name, pretrained=pretrained, **kwargs)
-        info.update(source='pretrained weights' if pretrained else 'random init', create_kwargs=kwargs)
+        model = create_model(name, pretrained=pretrained, **create_kwargs)
+        info.update(source='pretrained weights' if pretrained else 'random init', create_kwargs=create_kwargs)
         if not pretrained:
             _logger.warning(f'no --checkpoint or --pretrained: evaluating a randomly initialised {name}')
     info['model_name'] = name

@@ -1,34 +1,21 @@
-""" Language modelling with the text models of :mod:`mlp_vision.text`: char/byte-level causal LM or BERT-style
-masked LM (``--task causal`` / ``mlm`` of ``python -m mlp_vision.train_text``).
-
-One step-based loop for every registered text model; the run itself (outputs, resume, checkpoints, AMP and the
-optimizer step, timm's LR schedule, NaN and signal stops, results) is the training core of
-:mod:`mlp_vision.training.run.training_run`, shared with ``train.py``; the data is :mod:`.text_data`::
+""" Causal or BERT-style masked language modelling with the text models of :mod:`mlp_vision.text` (``--task causal``
+/ ``mlm`` of ``python -m mlp_vision.train_text``); the run (outputs, resume, AMP, schedule, stops) is
+:mod:`mlp_vision.training.run`'s, shared with ``train.py``, the data :mod:`.text_data`::
 
     # char-level causal LM on Tiny Shakespeare (first 90 % train, last 10 % validation)
     python -m mlp_vision.train_text --task causal --model gpt_mlp_attention \\
         --train-file ../shared/data/tinyshakespeare/input.txt --steps 2000 -b 32 --sample-prompt "ROMEO:"
 
-    # masked LM (15 % masking, 80/10/10) with a separate held-out file
-    python -m mlp_vision.train_text --task mlm --model gmlp_base --model-kwargs num_hidden_layers=6 \\
-        hidden_size=256 intermediate_size=1536 --train-file wikitext-2/valid.txt --val-file wikitext-2/test.txt
-
-    # two processes (gloo on CPU, NCCL on GPUs)
-    torchrun --nproc_per_node=2 -m mlp_vision.train_text --task causal --model gpt_sdpa --train-file input.txt
+    # masked LM (15 % masking, 80/10/10) with a separate held-out file, on two processes (gloo / NCCL)
+    torchrun --nproc_per_node=2 -m mlp_vision.train_text --task mlm --model gmlp_base --model-kwargs \\
+        num_hidden_layers=6 hidden_size=256 --train-file wikitext-2/valid.txt --val-file wikitext-2/test.txt
 
     # continue a run in its folder with its saved settings (bit-exact on CPU, 1 process); flags given override them
     python -m mlp_vision.train_text --resume output/text/EXP/last.pth [--steps 4000]
 
-Validation uses a fixed subset of ``--eval-batches`` batches periodically and all of them (or
-``--final-eval-batches``) at the end. Training batches come from a generator of their own (seeded by ``--seed``
-and the rank), so two models trained with the same seed see the same data in the same order; dropout uses the
-global RNG. The tokenizer is stored in every checkpoint and saved with the model in ``pretrained/``.
-
-Optimizer: AdamW (timm's ``create_optimizer_v2``: no weight decay on biases / norms / 1-D parameters; BiGS: the
-official decay mask of :func:`~mlp_vision.text.bigs.bigs_param_groups`) with the recipe of the model family
-(``configs/text/``, :mod:`.text_recipes`); every value can be overridden. Schedule (timm's, per update): linear warmup over
-``--warmup-steps`` from LR / warmup_steps, then ``--sched`` ``cosine`` | ``linear`` (to ``--min-lr-ratio`` x LR)
-| ``constant``.
+Validation: a fixed subset of ``--eval-batches`` batches periodically, all (or ``--final-eval-batches``) at the
+end. Training batches come from a generator seeded by ``--seed`` and the rank, so two models trained with one seed
+see the same data in the same order. Optimizer and schedule: :mod:`.text_recipes`.
 
 Outputs (``--output/--experiment``): ``args.yaml``, ``train.log``, ``summary.csv`` (step, lr, train loss, val
 loss, val perplexity, [masked accuracy], tokens/s), ``last.pth`` / ``model_best.pth`` (lowest periodic val loss),
@@ -52,7 +39,7 @@ import torch.nn as nn
 from timm.utils import random_seed, unwrap_model
 
 from mlp_vision.text.modeling_utils import check_text_activations
-from mlp_vision.text.modeling_utils import masked_lm_loss as lm_loss  # token cross-entropy; causal labels are already shifted
+from mlp_vision.text.modeling_utils import masked_lm_loss as lm_loss  # token cross-entropy (causal: labels shifted)
 from mlp_vision.text.tokenizer import SUBWORD_KINDS, Tokenizer, tokenizer_from_dict, tokenizer_kind, tokenizer_to_dict
 from mlp_vision.training.run.checkpoint import atomic_folder, atomic_write_text, preserve_rng
 from mlp_vision.training.run.distributed import DistInfo, all_gather_objects
@@ -75,13 +62,10 @@ _logger = logging.getLogger('mlp_vision.train_text')
 STEP_STOP_ADVICE = 'Lower --lr, keep --clip-grad on, add --warmup-steps'  # after a NaN / inf loss
 
 
-# ------------------------------------------------------------------------------------------------ model calls
 def forward_logits(model: nn.Module, batch: Batch, device: torch.device, amp_autocast=nullcontext,
                    sparse_prediction: bool = False) -> Tuple[torch.Tensor, torch.Tensor]:
-    """(logits (B, L, V), labels (B, L)) of a batch on ``device``: the one place that calls a text model.
-
-    ``sparse_prediction`` (a masked LM whose config has it): the labels go into the model, which decodes only the
-    scored positions, and the result is (logits (N, V), labels (N,)) -- the same loss for a fraction of the head.
+    """(logits (B, L, V), labels (B, L)) of a batch on ``device``. ``sparse_prediction`` (a masked LM's config
+    option): the model decodes only the scored positions, giving (logits (N, V), labels (N,)) -- the same loss.
     """
     x, attention, y = batch
     x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
@@ -98,14 +82,12 @@ def forward_logits(model: nn.Module, batch: Batch, device: torch.device, amp_aut
 def evaluate_lm(model: nn.Module, batches: Sequence[Batch], *, task: str, device: torch.device,
                 amp_autocast=nullcontext, dist_info: Optional[DistInfo] = None,
                 mask_id: Optional[int] = None) -> Dict[str, float]:
-    """Mean token cross-entropy (``loss``), ``ppl`` = exp(loss) and, for MLM, masked-token accuracy (%) over all
-    scored positions (``masked_acc``) and over the ``<mask>`` inputs only (``mask_token_acc``); causal LM also
-    gets bits per token (``bpc``). Batches are split over the ranks and the sums reduced: the numbers equal a
-    one-process run."""
+    """Mean token cross-entropy (``loss``), ``ppl`` = exp(loss); MLM: accuracy (%) over all scored positions
+    (``masked_acc``) and over the ``<mask>`` inputs (``mask_token_acc``); causal: bits per token (``bpc``). Batches
+    are split over the ranks and the sums reduced: the numbers equal a one-process run."""
     model.eval()
     rank, world = (dist_info.rank, dist_info.world_size) if dist_info is not None and dist_info.distributed else (0, 1)
-    # loss sum, scored tokens, correct, <mask> inputs, correct there: on the device until the end (no host sync
-    # per batch), where NCCL can reduce them
+    # loss sum, scored tokens, correct, <mask> inputs, correct there: on the device (no host sync per batch)
     sums = torch.zeros(5, dtype=torch.float64, device=device)
     start = time.perf_counter()
     for batch in batches[rank::world]:
@@ -134,11 +116,9 @@ def evaluate_lm(model: nn.Module, batches: Sequence[Batch], *, task: str, device
     return metrics
 
 
-# ------------------------------------------------------------------------------------------------ data
 @dataclasses.dataclass
 class LMData:
-    """What the loop needs of a task's data: the tokenizer, a sampler of training batches, the validation
-    batches (periodic subset and final set) and the evaluation of a model on them."""
+    """A run's tokenizer, training-batch sampler and validation batches (periodic subset, final set)."""
     tokenizer: Tokenizer
     train_ids: torch.Tensor
     val_ids: torch.Tensor
@@ -158,7 +138,7 @@ def _read_texts(args) -> Tuple[str, str]:
 
 
 def _lm_data(args, tokenizer: Tokenizer, train_ids: torch.Tensor, val_ids: torch.Tensor) -> LMData:
-    """The training sampler and validation batches of --task causal / mlm (see :mod:`mlp_vision.text.data`)."""
+    """The training sampler and validation batches of --task causal / mlm (see :mod:`.text_data`)."""
     need = args.block_size + 1 if args.task == 'causal' else 1
     for ids, what in ((train_ids, 'training'), (val_ids, 'validation')):
         if len(ids) < need:
@@ -199,16 +179,6 @@ def _tokenizer(args, run: TrainingRun, train_text: str, val_text: str) -> Tokeni
     return tokenizer
 
 
-def _build_model(args, run: TrainingRun, entry, tokenizer: Tokenizer) -> Tuple[nn.Module, dict]:
-    """(the model of ``--model`` / ``--model-kwargs`` with the tokenizer's vocabulary, its kwargs); sets
-    ``--block-size`` (:func:`fit_block_size`)."""
-    random_seed(args.seed, run.dist_info.rank)
-    model, model_kwargs = model_for_tokenizer(args.model, dict(args.model_kwargs), tokenizer, entry.config_class,
-                                              args.model_kwargs)
-    fit_block_size(args, model, resizable=True)
-    return model, model_kwargs
-
-
 def fit_block_size(args, model: nn.Module, resizable: bool) -> None:
     """``--block-size``, by default the model's maximum length, which it may not exceed (``resizable``: the message
     names ``--model-kwargs max_position_embeddings``); then the activations of a batch are checked to fit."""
@@ -223,8 +193,8 @@ def fit_block_size(args, model: nn.Module, resizable: bool) -> None:
 
 
 def setup_optimization(args, run: TrainingRun, model: nn.Module, family: str) -> Optimization:
-    """AdamW of the recipe (:mod:`.text_recipes`, already applied to ``args``), AMP and the per-update schedule of a text
-    task's ``model`` (on its device); the driver restores them from ``--resume``."""
+    """AdamW of the recipe (already applied to ``args``), AMP and the per-update schedule of ``model`` (on its
+    device); the driver restores them from ``--resume``."""
     optimizer = create_optimizer(model, family, args)
     amp_autocast, loss_scaler, amp_dtype = setup_amp(args.amp, args.amp_dtype, run.dist_info.device)
     params = [p for p in model.parameters() if p.requires_grad]
@@ -236,9 +206,8 @@ def setup_optimization(args, run: TrainingRun, model: nn.Module, family: str) ->
 
 
 class LMTask(StepTask):
-    """Causal / masked LM for :func:`~mlp_vision.training.run.driver.drive`: random blocks of the training tokens (a
-    generator of their own, seeded by ``--seed`` and the rank), token cross-entropy, perplexity on the periodic
-    validation batches."""
+    """Causal / masked LM for :func:`~mlp_vision.training.run.driver.drive`: random blocks of the training tokens,
+    token cross-entropy, perplexity on the validation batches."""
     logger = _logger
     best_key = 'loss'
     show_percent = True
@@ -262,7 +231,10 @@ class LMTask(StepTask):
         if args.sample_prompt is not None:
             encode_text(tokenizer, args.sample_prompt, '--sample-prompt')  # fail now, not after training
         self.recipe_info = apply_family_recipe(args, self.entry.family, self.entry.task)
-        model, self.model_kwargs = _build_model(args, run, self.entry, tokenizer)  # also sets --block-size
+        random_seed(args.seed, run.dist_info.rank)
+        model, self.model_kwargs = model_for_tokenizer(args.model, dict(args.model_kwargs), tokenizer,
+                                                       self.entry.config_class, args.model_kwargs)
+        fit_block_size(args, model, resizable=True)
         warn_global_batch_beyond_data(args.batch_size, run.dist_info.world_size, args.grad_accum_steps,
                                       max(len(train_ids) // args.block_size, 1), f'blocks of {args.block_size} tokens')
         self.data = _lm_data(args, tokenizer, train_ids, val_ids)
@@ -353,25 +325,17 @@ class LMTask(StepTask):
         total_tokens = self.tokens_before + self.tokens_done()
         total_seconds = self.seconds_before + self.state.train_seconds
         return {
-            'model': args.model,
-            'task': args.task,
-            'model_kwargs': self.model_kwargs,
+            'model': args.model, 'task': args.task, 'model_kwargs': self.model_kwargs,
             'params': sum(p.numel() for p in model.parameters()),
             'tokenizer': {'type': tokenizer_kind(data.tokenizer), 'vocab_size': len(data.tokenizer)},
             'data': {'train_file': args.train_file, 'val_file': args.val_file or None,
                      'val_fraction': None if args.val_file else args.val_fraction,
                      'train_tokens': len(data.train_ids), 'val_tokens': len(data.val_ids)},
-            'block_size': args.block_size,
-            'steps': args.steps,
-            'tokens_per_step': self.tokens_per_step,
+            'block_size': args.block_size, 'steps': args.steps, 'tokens_per_step': self.tokens_per_step,
             'optimizer': optimizer_record(args, self.recipe_info, min_lr_ratio=args.min_lr_ratio),
-            'val_periodic': self.state.val_metrics,
-            'val_final': final_metrics,
-            'val_final_batches': len(data.final_batches),
-            'unigram_baseline': baseline,
-            'best': run.saver.best,
-            'train_tokens': total_tokens,
-            'train_seconds': total_seconds,
+            'val_periodic': self.state.val_metrics, 'val_final': final_metrics,
+            'val_final_batches': len(data.final_batches), 'unigram_baseline': baseline, 'best': run.saver.best,
+            'train_tokens': total_tokens, 'train_seconds': total_seconds,
             'tokens_per_sec': total_tokens / max(total_seconds, 1e-9),
             'amp': str(self.opt.amp_dtype) if args.amp else None,
             'samples_file': str(output_dir / 'samples.txt') if samples is not None else None,
@@ -397,7 +361,7 @@ class LMTask(StepTask):
 
 
 def _write_samples(model: nn.Module, tokenizer: Tokenizer, args, device: torch.device, path: Path) -> List[str]:
-    """Sample ``--num-samples`` continuations of ``--sample-prompt`` (seeded) and write them to ``path``."""
+    """``--num-samples`` seeded continuations of ``--sample-prompt``, written to ``path``."""
     model = unwrap_model(model)
     prompt = encode_text(tokenizer, args.sample_prompt, '--sample-prompt')
     texts = []

@@ -1,19 +1,14 @@
-""" The flags of the text trainer (``python -m mlp_vision.train_text`` / ``mlp-vision-text-train``) and their checks.
-
-Every value that cannot work is one line before a file is read or a model is built; the flags left at None take
-their value later, from the recipe (:mod:`.text_recipes`) or the model, and are checked only when given.
-"""
+""" The flags of the text trainer (``python -m mlp_vision.train_text``) and their checks (:func:`check_args`). """
 import argparse
 
 from timm.utils import ParseKwargs
 
 from mlp_vision.text.registry import is_model, list_models, model_entry
 from mlp_vision.text.tokenizer import SUBWORD_KINDS, check_vocab_size
-from mlp_vision.training.run.config import SEED_MAX
+from mlp_vision.training.run.config import SEED_MAX, check_flag_ranges
 from mlp_vision.training.run.compile import add_compile_arguments, check_compile_backend
-from mlp_vision.errors import ArgumentParser, DefaultsHelpFormatter, UsageError, check_range
+from mlp_vision.errors import ArgumentParser, DefaultsHelpFormatter, UsageError, add_allow_regex_argument
 from mlp_vision.training.run.training_run import add_device_arguments, add_run_arguments
-from mlp_vision.errors import add_allow_regex_argument  # the opt-in past check_no_regex (issue 33)
 from mlp_vision.threads import THREADS_RANGE
 
 __all__ = ['PROG', 'TASKS', 'DEFAULT_MODELS', 'SCHEDULES', 'build_parser', 'check_args', 'task_model_entry']
@@ -21,28 +16,24 @@ __all__ = ['PROG', 'TASKS', 'DEFAULT_MODELS', 'SCHEDULES', 'build_parser', 'chec
 PROG = 'python -m mlp_vision.train_text'  # the command's name in messages; the console script passes its own
 # --task -> the registry task a model must have
 TASKS = {'causal': 'causal_lm', 'mlm': 'masked_lm', 'classify': 'sequence_classification'}
-# --model when not given: a model of the task (the causal default is no masked LM; a classifier from scratch needs
-# a family with a classification head)
+# --model when not given: a model of the task (a classifier from scratch needs a family with a classification head)
 DEFAULT_MODELS = {'causal': 'gpt_mlp_attention', 'mlm': 'bigs_small', 'classify': 'bigs_small'}
 SCHEDULES = ('constant', 'cosine', 'linear')  # --sched: the decay after warmup (recipes.TIMM_SCHED maps them)
 
 
 def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
-    parser = ArgumentParser(  # its errors (a value of the wrong type, e.g. -b 1e9) are one line, as every command's
+    parser = ArgumentParser(
         prog=prog,
         description='Train a mlp_vision.text model: char/byte-level causal LM or BERT-style masked LM.',
         formatter_class=DefaultsHelpFormatter)
     parser.add_argument('-c', '--config', default='', type=str, metavar='FILE',
                         help='yaml file of flag values (keys = flag names); explicit flags override it')
-    _add_task_and_data(parser)
-    _add_model(parser)
-    _add_optimization(parser)
-    _add_outputs(parser)
-    _add_device(parser)
+    _add_task_data_and_model(parser)
+    _add_optimization_and_outputs(parser)
     return parser
 
 
-def _add_task_and_data(parser: argparse.ArgumentParser) -> None:
+def _add_task_data_and_model(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group('Task and data')
     g.add_argument('--task', default='causal', choices=sorted(TASKS),
                    help='causal LM, masked LM, or classify (fine-tune on a labelled TSV / CSV, see '
@@ -72,9 +63,6 @@ def _add_task_and_data(parser: argparse.ArgumentParser) -> None:
     g.add_argument('--block-size', '--seq-len', default=None, type=int, metavar='N',
                    help="tokens per sample (MLM: including <cls> and <sep>); default: the model's max length")
     g.add_argument('--mask-rate', default=0.15, type=float, help='MLM: fraction of tokens selected')
-
-
-def _add_model(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group('Model')
     g.add_argument('--model', default=None, type=str,
                    help='name in mlp_vision.text.list_models() (default: ' + ', '.join(
@@ -84,7 +72,7 @@ def _add_model(parser: argparse.ArgumentParser) -> None:
                         'the tokenizer)')
 
 
-def _add_optimization(parser: argparse.ArgumentParser) -> None:
+def _add_optimization_and_outputs(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group('Optimization (defaults: the recipe of the model family, configs/text/)')
     g.add_argument('--steps', default=1000, type=int, help='optimizer updates')
     g.add_argument('-b', '--batch-size', default=32, type=int, help='samples per micro-batch per process')
@@ -99,19 +87,13 @@ def _add_optimization(parser: argparse.ArgumentParser) -> None:
     g.add_argument('--min-lr-ratio', default=0.0, type=float, help='cosine / linear decay ends at this x LR')
     g.add_argument('--clip-grad', default=1.0, type=float, help='max gradient norm (<= 0: off)')
     g.add_argument('--model-ema', action='store_true', default=False,
-                   help='classify: keep an exponential moving average of the weights (timm ModelEmaV3); the '
-                        'periodic evaluation scores it (and the raw weights, column raw_val_acc), its accuracy picks '
-                        'model_best.pth, and --test-file and pretrained/ use its weights')
+                   help='classify: an exponential moving average of the weights (timm ModelEmaV3) is evaluated (raw '
+                        'weights: raw_val_acc), picks model_best.pth, and is what --test-file and pretrained/ use')
     g.add_argument('--model-ema-decay', default=0.999, type=float,
                    help='EMA decay per update (1 / (1 - decay) updates is its horizon)')
     g.add_argument('--freeze-embeddings', action=argparse.BooleanOptionalAction, default=False,
-                   help='keep the token embedding (model.get_input_embeddings()) fixed: no gradient, not in the '
-                        'optimizer. A small labelled set updates only the rows of the words it contains; frozen, '
-                        'the pretrained vectors of the words it lacks stay where the encoder learnt to read them '
-                        '(with a tied MLM decoder the decoder is fixed too)')
-
-
-def _add_outputs(parser: argparse.ArgumentParser) -> None:
+                   help='keep the token embedding (model.get_input_embeddings(); a tied MLM decoder too) fixed: a '
+                        'small labelled set then cannot move its words\' rows away from those of the words it lacks')
     g = parser.add_argument_group('Evaluation, checkpoints, outputs')
     g.add_argument('--eval-interval', default=100, type=int, help='evaluate + checkpoint every N updates')
     g.add_argument('--eval-batches', default=8, type=int,
@@ -133,9 +115,6 @@ def _add_outputs(parser: argparse.ArgumentParser) -> None:
     g.add_argument('--num-samples', default=1, type=int, help='samples per prompt')
     g.add_argument('--sample-temperature', default=1.0, type=float, help='sampling temperature (<= 0: greedy)')
     g.add_argument('--sample-top-k', default=None, type=int, help='sample from the k most likely tokens')
-
-
-def _add_device(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group('Device')
     add_device_arguments(g)
     add_compile_arguments(g)  # compiles the training forward and backward; evaluation and sampling run eager
@@ -148,38 +127,25 @@ _BATCH = dict(low=1, high=MAX_BATCH, why='samples per micro-batch per process; u
 
 
 def check_args(args) -> None:
-    """Every flag value that cannot work, as one line, before a file is read or a model built. Flags left at None
-    take their value later (from the recipe or the model) and are checked only when given. An unset ``--model``
-    becomes the task's default (:data:`DEFAULT_MODELS`), a derived value (``args.yaml`` keeps it unset)."""
+    """Every flag value that cannot work, as one line, before a file is read or a model built; flags left at None
+    (filled later by the recipe or the model) are checked only when given. An unset ``--model`` becomes the task's
+    default (:data:`DEFAULT_MODELS`), a derived value."""
     if args.model is None:
         args.derive(model=DEFAULT_MODELS[args.task])
     check_compile_backend(args.torchcompile)
-    min_block = 3 if args.task == 'mlm' else 1  # MLM: <cls>, one token, <sep>
-    ranges = [
-        ('--steps', args.steps, dict(low=1)), ('--batch-size', args.batch_size, _BATCH),
-        ('--grad-accum-steps', args.grad_accum_steps, dict(low=1)),
-        ('--eval-interval', args.eval_interval, dict(low=1)), ('--log-interval', args.log_interval, dict(low=1)),
-        ('--eval-batch-size', args.eval_batch_size, _BATCH), ('--threads', args.threads, THREADS_RANGE),
-        ('--sample-tokens', args.sample_tokens, dict(low=1)), ('--num-samples', args.num_samples, dict(low=1)),
-        ('--sample-top-k', args.sample_top_k, dict(low=1)),
-        ('--sample-temperature', args.sample_temperature, dict(why='<= 0: greedy')),
-        ('--seed', args.seed, dict(low=0, high=SEED_MAX)),
-        ('--block-size', args.block_size, dict(low=min_block, why=f'--task {args.task}')),
-        ('--vocab-size', args.vocab_size, dict(low=1)),
-        ('--val-fraction', None if args.val_file else args.val_fraction, _UNIT_OPEN),
-        ('--mask-rate', args.mask_rate, _UNIT_OPEN),
-        ('--lr', args.lr, dict(low=0, low_open=True)),
-        ('--opt-eps', args.opt_eps, dict(low=0, low_open=True)),  # 0: a parameter without gradient gets 0 / 0
-        ('--weight-decay', args.weight_decay, dict(low=0)),
-        ('--clip-grad', args.clip_grad, dict(why='<= 0: no clipping')),
-        ('--min-lr-ratio', args.min_lr_ratio, dict(low=0, high=1)),
-        ('--warmup-steps', args.warmup_steps, dict(low=0)),
-        ('--model-ema-decay', args.model_ema_decay, dict(low=0, high=1, high_open=True)),
-        ('--stop-after-step', args.stop_after_step, dict(low=1, high=args.steps, why='--steps')),
-    ] + [('--opt-betas', beta, dict(low=0, high=1, high_open=True)) for beta in args.opt_betas or ()]
-    for flag, value, bounds in ranges:
-        if value is not None:
-            check_range(flag, value, **bounds)
+    positive = dict(low=0, low_open=True)
+    check_flag_ranges(args, {
+        'steps': dict(low=1), 'batch_size': _BATCH, 'grad_accum_steps': dict(low=1), 'eval_interval': dict(low=1),
+        'log_interval': dict(low=1), 'eval_batch_size': _BATCH, 'threads': THREADS_RANGE,
+        'sample_tokens': dict(low=1), 'num_samples': dict(low=1), 'sample_top_k': dict(low=1),
+        'sample_temperature': dict(why='<= 0: greedy'), 'seed': dict(low=0, high=SEED_MAX),
+        'block_size': dict(low=3 if args.task == 'mlm' else 1, why=f'--task {args.task}'),  # MLM: <cls> token <sep>
+        'vocab_size': dict(low=1), **({} if args.val_file else {'val_fraction': _UNIT_OPEN}), 'mask_rate': _UNIT_OPEN,
+        'lr': positive, 'opt_eps': positive,  # --opt-eps 0: a parameter without gradient gets 0 / 0
+        'weight_decay': dict(low=0), 'clip_grad': dict(why='<= 0: no clipping'), 'min_lr_ratio': dict(low=0, high=1),
+        'warmup_steps': dict(low=0), 'model_ema_decay': dict(low=0, high=1, high_open=True),
+        'stop_after_step': dict(low=1, high=args.steps, why='--steps'),
+        'opt_betas': dict(low=0, high=1, high_open=True)})
     if args.tokenizer in SUBWORD_KINDS and not args.tokenizer_from:
         check_vocab_size('--vocab-size', args.tokenizer, args.vocab_size)
     if args.task != 'classify':  # these only mean something to classify: ignoring them would hide a mistake

@@ -1,47 +1,18 @@
-""" Fine-tuning on labelled data: ``python -m mlp_vision.train_text --task classify``.
+""" Fine-tuning on labelled data: ``python -m mlp_vision.train_text --task classify``; the workflow (``--init-from``,
+``--test-file``, ``--model-ema``, outputs) is README's Workflow 3, the initial weights :mod:`.classifier_init`.
 
-GLUE-style files (arXiv 1804.07461: SST-2 one ``sentence`` column, MRPC / RTE ``sentence1, sentence2``, QNLI
-``question, sentence``), a ``*ForSequenceClassification`` model of the gMLP, BiGS or BERT family, started from a
-pretrained checkpoint of ours or an official BiGS folder, dev evaluation every ``--eval-interval`` updates and the
-best checkpoint by dev accuracy::
+Data (:func:`read_labelled_file`): GLUE-style files (arXiv 1804.07461) with a header row; tab-separated for ``.tsv``
+(no quoting, as GLUE's files, whose sentences hold bare quote characters), comma-separated with CSV quoting for
+``.csv`` (other names: tab when the header has one). ``--text-columns`` names one column or a pair (default
+``sentence``, else ``sentence1,sentence2``). Label ids are the sorted distinct training labels (numerically when
+all are integers, so GLUE's ``0`` / ``1`` stay 0 / 1).
 
-    python -m mlp_vision.train_text --task classify --init-from output/text/MLM-RUN/pretrained \\
-        --train-file ../shared/data/rt-polarity/train.tsv --val-file ../shared/data/rt-polarity/dev.tsv \\
-        --steps 1000 -b 32 --eval-interval 100 --block-size 64
+Inputs: the model's tokenizer with BERT's template (``<cls> A <sep> [B <sep>]``, token types 0 / 1 where the family
+reads them), longest-first truncation to ``--block-size`` tokens (default: the model's maximum length), right
+padding to each batch's longest sequence with an attention mask (padding never changes a real token's output).
 
-Data (:func:`read_labelled_file`): a header row; tab-separated for ``.tsv`` (no quoting, as GLUE's files, whose
-sentences hold bare quote characters), comma-separated with CSV quoting for ``.csv`` (other names: tab when the
-header has one). ``--text-columns`` names one column or a pair (``question,sentence``); by default ``sentence``,
-else ``sentence1,sentence2``. ``--label-column`` (default ``label``). Label ids are the sorted distinct training
-labels (numerically when all are integers, so GLUE's ``0`` / ``1`` stay 0 / 1); a dev label outside that set, a
-missing column, an empty file or a row with the wrong number of fields stops with one line. ``--test-file`` (same
-columns) is scored once at the end with the best checkpoint: choose the learning rate and the checkpoint on
-``--val-file`` (e.g. a held-out part of the training data) and report the test file, which nothing was chosen on.
-
-Inputs: the model's tokenizer with BERT's template (``<cls> A <sep> [B <sep>]``, token types 0 / 1 for the
-families that read them; gMLP has no token-type embedding), longest-first truncation to ``--block-size`` tokens
-(default: the model's maximum length), right padding to the longest sequence of each batch with an attention mask
-(every family guarantees that padded positions never change a real token's output).
-
-Weights (``--init-from``): a training checkpoint of ours (``last.pth`` / ``model_best.pth`` of an MLM or classify
-run), a ``save_pretrained`` folder (a run's ``pretrained/``), or an official BiGS folder (``pytorch_model.bin`` /
-``model.safetensors``, read by :meth:`~mlp_vision.text.bigs.BiGSForSequenceClassification.from_official`). The
-architecture and tokenizer are the checkpoint's; ``--model-kwargs`` may change non-shape fields (dropout). The log
-lists the weights loaded and the new ones (the classifier head; the pooler of BERT / BiGS unless the checkpoint has
-one); a checkpoint that lacks encoder weights is refused. Without ``--init-from`` the model is ``--model`` with
-random weights and a tokenizer from ``--tokenizer`` (char / byte; plus ``<pad> <cls> <sep> <mask>``).
-
-Metrics (:func:`classification_metrics`, in %): accuracy, F1 of label id 1 (binary tasks; macro-F1 with more
-labels) and Matthews correlation -- GLUE's metrics for SST-2 (accuracy), MRPC / QQP (F1, accuracy) and CoLA (MCC),
-arXiv 1804.07461 §3. Outputs as the LM tasks: ``summary.csv`` (step, lr, train loss, val loss, val acc / f1 /
-mcc), ``last.pth``, ``model_best.pth`` (highest dev accuracy), ``results.json`` (best and final dev metrics, the
-loaded / new weights, the label names), ``pretrained/`` (the best model, its tokenizer and ``labels.json``).
-
-Small labelled sets: ``--model-ema`` keeps an exponential moving average of the weights (timm ``ModelEmaV3``,
-``--model-ema-decay``); the periodic evaluation scores the average (the raw weights' accuracy goes to
-``raw_val_acc``), its accuracy picks ``model_best.pth`` (which also holds ``state_dict_ema``), and ``--test-file``
-and ``pretrained/`` use the best checkpoint's averaged weights. ``--freeze-embeddings`` keeps the token embedding
-(``model.get_input_embeddings()``) fixed.
+Metrics (:func:`classification_metrics`, in %): accuracy, F1 of label id 1 (binary; macro-F1 with more labels) and
+Matthews correlation, GLUE's metrics (arXiv 1804.07461 §3); ``model_best.pth`` by dev accuracy.
 """
 import csv
 import dataclasses
@@ -63,8 +34,8 @@ from timm.utils import ModelEmaV3, random_seed
 
 from mlp_vision.text.modeling_utils import check_text_model_size
 from mlp_vision.text.registry import model_class
-from mlp_vision.text.tokenizer import Tokenizer, encode_with_template, unknown_character, tokenizer_from_dict, tokenizer_kind, \
-    tokenizer_to_dict
+from mlp_vision.text.tokenizer import (
+    Tokenizer, encode_with_template, unknown_character, tokenizer_from_dict, tokenizer_kind, tokenizer_to_dict)
 from mlp_vision.training.run.checkpoint import atomic_folder, load_checkpoint_file
 from mlp_vision.errors import Interrupted, UsageError, short_repr
 from mlp_vision.training.run.loop import format_duration, warn_global_batch_beyond_data
@@ -85,7 +56,6 @@ __all__ = [
 _logger = logging.getLogger('mlp_vision.train_text')
 
 
-# ------------------------------------------------------------------------------------------------ files
 @dataclasses.dataclass
 class LabelledData:
     """The examples of one file: first (and second) text segments and the raw label strings."""
@@ -99,19 +69,10 @@ class LabelledData:
         return len(self.labels)
 
 
-def _delimiter(path: Path, header_line: str) -> str:
-    suffix = path.suffix.lower()
-    if suffix == '.tsv':
-        return '\t'
-    if suffix == '.csv':
-        return ','
-    return '\t' if '\t' in header_line else ','
-
-
 def read_labelled_file(path: str, text_columns: Optional[Sequence[str]] = None, label_column: str = 'label',
                        what: str = '--train-file') -> LabelledData:
-    """Read a GLUE-style TSV / CSV file with a header row (see the module docstring); :class:`UsageError` with one
-    line for a missing / empty file, missing columns, ragged rows or an empty label."""
+    """Read a GLUE-style TSV / CSV file with a header row (see the module docstring); one-line :class:`UsageError`
+    for a missing / empty file, missing columns, ragged rows or an empty label."""
     if not path:
         raise UsageError(f'no {what} given: --task classify needs --train-file and --val-file (TSV / CSV with a '
                          f'header row)')
@@ -125,19 +86,13 @@ def read_labelled_file(path: str, text_columns: Optional[Sequence[str]] = None, 
     header_line = content.split('\n', 1)[0]
     if not header_line.strip():
         raise UsageError(f'{what} {path!r} is empty; expected a header row (e.g. "sentence<TAB>label") and examples')
-    delimiter = _delimiter(p, header_line)
-    # the csv module reads the lines itself (newline=''), so a quoted CSV field keeps its line breaks; lines given
-    # without their ends lost them ("two\nlines" became "twolines"), and str.splitlines also split at \x0b, \x1c,
-    # U+2028, ... inside a field
+    delimiter = {'.tsv': '\t', '.csv': ','}.get(p.suffix.lower(), '\t' if '\t' in header_line else ',')
+    # the csv module reads the lines itself (newline=''): a quoted field keeps its line breaks, and no split at
+    # \x0b, \x1c, U+2028, ... (as str.splitlines does) cuts one
     stream = io.StringIO(content, newline='')
-    if delimiter == '\t':
-        reader = csv.reader(stream, delimiter='\t', quoting=csv.QUOTE_NONE)
-    else:
-        reader = csv.reader(stream, delimiter=',')
-    rows = []
+    reader = csv.reader(stream, delimiter='\t', quoting=csv.QUOTE_NONE) if delimiter == '\t' else csv.reader(stream)
     try:
-        for row in reader:
-            rows.append((reader.line_num, row))
+        rows = [(reader.line_num, row) for row in reader]
     except csv.Error as e:  # a field over csv.field_size_limit() (131,072 characters), a NUL byte, ...
         raise UsageError(f'{what} {path!r} line {reader.line_num}: {e}; one field runs on (an unclosed quote?) or '
                          f'holds a whole document: one example per row, each field under {csv.field_size_limit():,} '
@@ -145,7 +100,7 @@ def read_labelled_file(path: str, text_columns: Optional[Sequence[str]] = None, 
     header = [h.strip() for h in rows[0][1]]
     sep_name = 'tab' if delimiter == '\t' else 'comma'
     twice = sorted({h for h in header if header.count(h) > 1})
-    if twice:  # which of the two would be read is a guess: the first was, the second ignored silently
+    if twice:  # which of the two to read would be a guess
         raise UsageError(f'{what} {path!r} names the column {twice[0]!r} {header.count(twice[0])} times in its header '
                          f'({sep_name}-separated: {short_repr(header)}); expected each column named once')
     if text_columns is None:
@@ -203,7 +158,7 @@ def _label_sort_key(label: str):
 
 def label_ids(train_labels: Sequence[str], dev_labels: Sequence[str], dev_what: str = '--val-file') -> List[str]:
     """The label names in id order: the sorted distinct training labels (numerically when they are numbers);
-    a dev label the training file lacks is an error. Fewer than two labels is an error."""
+    fewer than two, or a dev label the training file lacks, is an error."""
     names = sorted(set(train_labels), key=_label_sort_key)
     if len(names) < 2:
         raise UsageError(f'the training file has only the label {names}; classification needs at least two labels')
@@ -214,17 +169,14 @@ def label_ids(train_labels: Sequence[str], dev_labels: Sequence[str], dev_what: 
     return names
 
 
-# ------------------------------------------------------------------------------------------------ tensors
-# examples are tokenized this many at a time, the run's stop flag read between (each example is encoded on its own,
-# so the pieces' ids are the whole file's)
+# examples tokenized at a time, the run's stop flag read between (each example is encoded on its own)
 ENCODE_EXAMPLES_PER_PIECE = 10_000
 
 
 def encode_examples(tokenizer: Tokenizer, data: LabelledData, max_length: int,
                     stop: Optional[Callable[[], int]] = None) -> Tuple[List[List[int]], List[List[int]]]:
     """(input ids, token type ids) per example: BERT's template, longest-first truncation to ``max_length``.
-    ``stop``: the run's stop flag (``TrainingRun.stop_signal``), read between pieces of
-    :data:`ENCODE_EXAMPLES_PER_PIECE` examples: SIGTERM during a large file is :class:`Interrupted` there."""
+    ``stop``: the run's stop flag, read every :data:`ENCODE_EXAMPLES_PER_PIECE` examples (:class:`Interrupted`)."""
     ids: List[List[int]] = []
     types: List[List[int]] = []
     for start in range(0, len(data.texts), ENCODE_EXAMPLES_PER_PIECE):
@@ -263,19 +215,14 @@ def collate(ids: Sequence[List[int]], types: Sequence[List[int]], labels: torch.
     return batch
 
 
-# ------------------------------------------------------------------------------------------------ metrics
 def _metrics_from_confusion(cm: torch.Tensor) -> Dict[str, float]:
     """Accuracy, F1 and Matthews correlation (%) of a (K, K) confusion matrix (rows true, columns predicted)."""
     cm = cm.to(torch.float64)
     n = cm.sum().item()
     correct = cm.diag().sum().item()
     k = cm.shape[0]
-
-    def f1_of(c):
-        tp, fp, fn = cm[c, c].item(), cm[:, c].sum().item() - cm[c, c].item(), cm[c, :].sum().item() - cm[c, c].item()
-        return 0. if tp == 0 else 2 * tp / (2 * tp + fp + fn)
-
-    f1 = f1_of(1) if k == 2 else sum(f1_of(c) for c in range(k)) / k
+    f1_per_class = 2 * cm.diag() / (cm.sum(0) + cm.sum(1)).clamp(min=1)  # 2 tp / (2 tp + fp + fn); 0 without tp
+    f1 = (f1_per_class[1] if k == 2 else f1_per_class.mean()).item()
     # multi-class MCC (Gorodkin 2004), which is Matthews' phi for two classes (as scikit-learn's matthews_corrcoef)
     t, p = cm.sum(1), cm.sum(0)
     cov_ytyp = correct * n - (t * p).sum().item()
@@ -296,7 +243,6 @@ def classification_metrics(predictions, labels, num_labels: int) -> Dict[str, fl
     return _metrics_from_confusion(cm.reshape(num_labels, num_labels))
 
 
-# ------------------------------------------------------------------------------------------------ the task
 def _forward(model, batch: Dict[str, torch.Tensor], device, amp_autocast):
     inputs = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
     with amp_autocast():
@@ -309,8 +255,7 @@ def evaluate_classifier(model: nn.Module, batches: Sequence[Dict[str, torch.Tens
     """Dev loss and :func:`classification_metrics` over ``batches`` (split over the ranks, sums reduced)."""
     model.eval()
     rank, world = (dist_info.rank, dist_info.world_size) if dist_info is not None and dist_info.distributed else (0, 1)
-    # the confusion matrix and the loss sum, on the device until the end (no host sync per batch; NCCL reduces
-    # tensors on the device only)
+    # the confusion matrix and the loss sum, on the device (no host sync per batch)
     sums = torch.zeros(num_labels * num_labels + 1, dtype=torch.float64, device=device)
     start = time.perf_counter()
     for batch in batches[rank::world]:
@@ -328,10 +273,6 @@ def evaluate_classifier(model: nn.Module, batches: Sequence[Dict[str, torch.Tens
     return metrics
 
 
-def _epoch_order(n: int, seed: int, epoch: int) -> torch.Tensor:
-    return torch.randperm(n, generator=torch.Generator().manual_seed(seed * 100_003 + epoch))
-
-
 @dataclasses.dataclass
 class ClassifyData:
     """The labelled files of a run, their label names and the encoded training examples."""
@@ -340,12 +281,8 @@ class ClassifyData:
     test: Optional[LabelledData]
     names: List[str]  # label names in id order
 
-    @property
-    def to_id(self) -> Dict[str, int]:
-        return {n: i for i, n in enumerate(self.names)}
-
     def labels(self, data: LabelledData) -> torch.Tensor:
-        to_id = self.to_id
+        to_id = {n: i for i, n in enumerate(self.names)}
         return torch.tensor([to_id[x] for x in data.labels], dtype=torch.long)
 
 
@@ -373,8 +310,8 @@ def _read_data(args, resumed: dict) -> ClassifyData:
 
 
 def _build_classifier(args, run: TrainingRun, data: ClassifyData) -> Tuple[nn.Module, str, Tokenizer, InitReport]:
-    """(model, family, tokenizer, report): the resumed run's architecture and tokenizer (its weights come with the
-    run's restore), else :func:`init_classifier`; sets ``--block-size`` (default: the model's maximum length)."""
+    """(model, family, tokenizer, report): the resumed run's architecture and tokenizer (the driver restores its
+    weights), else :func:`init_classifier`; sets ``--block-size``."""
     if args.init_from and args.tokenizer_from:
         raise UsageError('--tokenizer-from is for a model trained from scratch; with --init-from the checkpoint\'s '
                          'tokenizer is used (give one of the two)')
@@ -410,8 +347,7 @@ def _build_classifier(args, run: TrainingRun, data: ClassifyData) -> Tuple[nn.Mo
 
 class ClassificationTask(StepTask):
     """Sequence classification for :func:`~mlp_vision.training.run.driver.drive`: epochs of the training examples in a
-    seeded order (the incomplete tail dropped, so every batch has one size), cross-entropy, dev accuracy / F1 / MCC;
-    with ``--model-ema`` the average is evaluated (and the raw weights' accuracy reported beside it)."""
+    seeded order (the incomplete tail dropped: one batch size), cross-entropy, dev accuracy / F1 / MCC."""
     logger = _logger
     best_key = 'acc'
     stop_advice = STEP_STOP_ADVICE
@@ -434,7 +370,7 @@ class ClassificationTask(StepTask):
                                                     'kwargs': dict(args.model_kwargs)},
                          model_config=model.config.text_fields(), tokenizer=tokenizer_to_dict(self.tokenizer),
                          block_size=args.block_size, label_names=data.names,
-                         text_columns=list(data.train.text_columns), init_report=self.init_report.to_dict())
+                         text_columns=list(data.train.text_columns), init_report=dataclasses.asdict(self.init_report))
         self.num_labels = len(data.names)
         self.with_types = 'token_type_ids' in inspect.signature(model.forward).parameters
         self.train_ids, self.train_types = encode_examples(self.tokenizer, data.train, args.block_size, run.stop_signal)
@@ -489,7 +425,8 @@ class ClassificationTask(StepTask):
 
     def load_data_state(self, state: dict) -> None:
         self.epoch, self.position = state['epoch'], state['position']
-        self.order = _epoch_order(len(self.data.train), self.args.seed, self.epoch)
+        seed = self.args.seed * 100_003 + self.epoch
+        self.order = torch.randperm(len(self.data.train), generator=torch.Generator().manual_seed(seed))
 
     def checkpoint_fields(self, metrics) -> dict:
         ema = self.opt.model_ema
@@ -551,7 +488,7 @@ class ClassificationTask(StepTask):
         return {
             'model': type(model).__name__, 'family': family, 'task': 'classify',
             'model_config': model.config.text_fields(),
-            'params': sum(p.numel() for p in model.parameters()), 'init': report.to_dict(),
+            'params': sum(p.numel() for p in model.parameters()), 'init': dataclasses.asdict(report),
             'tokenizer': {'type': tokenizer_kind(self.tokenizer), 'vocab_size': len(self.tokenizer)},
             'data': {'train_file': args.train_file, 'val_file': args.val_file,
                      'text_columns': list(data.train.text_columns), 'label_column': args.label_column,
@@ -585,9 +522,8 @@ class ClassificationTask(StepTask):
 
 
 def _best_weights(run: TrainingRun, task: ClassificationTask, final_metrics: dict) -> Tuple[dict, int]:
-    """Load the weights that were selected into the model: model_best.pth's (its EMA's with ``--model-ema``; a best
-    checkpoint saved before --model-ema was added on a resume has none, and was chosen on its raw weights), else
-    the final EMA; (their dev metrics, their step)."""
+    """Load the selected weights into the model: model_best.pth's (its EMA's with ``--model-ema``, where it has them),
+    else the final EMA; returns (their dev metrics, their step)."""
     model, ema = task.opt.model, task.opt.model_ema
     if run.saver.best_path.exists():
         best = load_checkpoint_file(run.saver.best_path, what='model_best.pth')

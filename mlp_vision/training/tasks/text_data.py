@@ -1,5 +1,5 @@
-""" Text data of the language-model trainer (:mod:`mlp_vision.train_text`): reading text files, the run's
-tokenizer, training batches sampled from a token stream and the fixed validation batches.
+""" Text data of the language-model trainer: text files, the run's tokenizer, training batches sampled from a
+token stream and the fixed validation batches.
 
 * causal: every training sample is a contiguous block of ``block_size`` tokens at a random offset of the training
   tokens; the target is the block shifted by one (the trainer scores position t on token t + 1).
@@ -12,9 +12,7 @@ tokenizer, training batches sampled from a token stream and the fixed validation
   from the seed, so every evaluation and every model sees the same masked positions).
 
 A batch is ``(input ids (B, L), attention mask (B, L) bool or None, labels (B, L))``; labels are -100 where not
-scored. Tokenizers: ``char`` -- the training text's distinct characters (plus ``<unk>`` when the held-out text has
-others), so Tiny Shakespeare gives the papers' 65-character vocabulary; ``byte`` -- UTF-8 bytes (256). MLM adds
-``<pad> <cls> <sep> <mask>``.
+scored.
 """
 import json
 import logging
@@ -27,11 +25,12 @@ import torch
 
 from mlp_vision.errors import Interrupted, UsageError
 from mlp_vision.text.registry import create_model
-from mlp_vision.text.tokenizer import DEFAULT_CONTROL_TOKENS, SUBWORD_KINDS, Tokenizer, byte_tokenizer, char_tokenizer, \
-    find_tokenizer, tokenizer_kind, train_tokenizer, unknown_character
+from mlp_vision.text.tokenizer import (
+    DEFAULT_CONTROL_TOKENS, SUBWORD_KINDS, Tokenizer, byte_tokenizer, char_tokenizer, find_tokenizer, tokenizer_kind,
+    train_tokenizer, unknown_character)
 
 __all__ = [
-    'Batch', 'MLM_CONTROL_TOKENS', 'build_tokenizer', 'tokenizer_from_path', 'encode_text', 'read_text_file', 'sample_causal_batch',
+    'Batch', 'build_tokenizer', 'tokenizer_from_path', 'encode_text', 'read_text_file', 'sample_causal_batch',
     'causal_eval_batches', 'MLMMasker', 'mlm_segments', 'sample_mlm_batch', 'mlm_eval_batches', 'subset_batches',
     'unigram_mlm_baseline', 'check_unknown_tokens', 'UNKNOWN_WARN_FRACTION', 'model_for_tokenizer',
 ]
@@ -39,15 +38,14 @@ __all__ = [
 _logger = logging.getLogger(__name__)
 
 Batch = Tuple[torch.Tensor, Optional[torch.Tensor], torch.Tensor]  # input ids, attention mask or None, labels
-MLM_CONTROL_TOKENS = tuple(DEFAULT_CONTROL_TOKENS)  # <pad> <cls> <sep> <mask>
 UNK = '<unk>'
 
 
 def build_tokenizer(kind: str, task: str, train_text: str, val_text: str = '', vocab_size: int = 8000) -> Tokenizer:
-    """The tokenizer of a run: ``char`` (alphabet of ``train_text``; ``<unk>`` added only when ``val_text`` has
-    other characters) or ``byte``, where MLM gets ``<pad> <cls> <sep> <mask>`` after the base vocabulary; or a
-    subword vocabulary (``wordpiece`` / ``bpe``, :func:`~mlp_vision.text.tokenizer.train_tokenizer`) of at most
-    ``vocab_size`` tokens trained on the lines of ``train_text`` only (BERT's special tokens first)."""
+    """The tokenizer of a run: ``char`` (alphabet of ``train_text``, so Tiny Shakespeare gives the papers' 65
+    characters; ``<unk>`` only when ``val_text`` has others) or ``byte`` (256), MLM adding ``<pad> <cls> <sep>
+    <mask>`` after them; or a ``wordpiece`` / ``bpe`` vocabulary of at most ``vocab_size`` tokens trained on the
+    lines of ``train_text`` (:func:`~mlp_vision.text.tokenizer.train_tokenizer`)."""
     if kind in SUBWORD_KINDS:
         tokenizer = train_tokenizer(texts=train_text.splitlines(), kind=kind, vocab_size=vocab_size)
         if len(tokenizer) < vocab_size:  # the trainer stops when no pair is frequent enough to merge
@@ -55,7 +53,7 @@ def build_tokenizer(kind: str, task: str, train_text: str, val_text: str = '', v
                             f'{len(tokenizer)} tokens (the text has no more pieces that occur twice); the model '
                             f'gets {len(tokenizer)} embeddings')
         return tokenizer
-    specials = MLM_CONTROL_TOKENS if task == 'mlm' else ()
+    specials = tuple(DEFAULT_CONTROL_TOKENS) if task == 'mlm' else ()
     if kind == 'byte':
         return byte_tokenizer(specials)
     if kind != 'char':
@@ -71,11 +69,9 @@ def build_tokenizer(kind: str, task: str, train_text: str, val_text: str = '', v
 
 
 def tokenizer_from_path(path: str, needs: Sequence[str] = (), allow_regex: bool = False) -> Tokenizer:
-    """``--tokenizer-from PATH``: the tokenizer of a folder (our ``pretrained/`` or a run folder, an official one) or
-    file (``tokenizer.json``, BERT ``vocab.txt``), so that several runs share one vocabulary exactly (WordPiece
-    training is not reproducible run to run). ``needs``: control tokens the task uses (``'cls'``, ``'sep'``,
-    ``'pad'``, ``'mask'``); a tokenizer without one is a :class:`UsageError`. ``allow_regex`` (``--allow-regex``): a
-    ``tokenizer.json`` may hold a regular expression (refused otherwise)."""
+    """``--tokenizer-from PATH``: the tokenizer of a folder or file (``tokenizer.json``, BERT ``vocab.txt``), so that
+    runs share one vocabulary exactly. ``needs``: control tokens the task uses (``'cls'``, ``'sep'``, ``'pad'``,
+    ``'mask'``; one missing is a :class:`UsageError`); ``allow_regex``: ``--allow-regex``."""
     if not Path(path).exists():
         raise UsageError(f'--tokenizer-from {path} does not exist')
     tokenizer = find_tokenizer(path, allow_regex)
@@ -173,11 +169,9 @@ def _encode_piece(tok: Tokenizer, piece: str) -> List[int]:
 def encode_text(tok: Tokenizer, text: str, what: str, stop: Optional[Callable[[], int]] = None) -> torch.Tensor:
     """``text`` as a 1-D int64 tensor of ids; a :class:`UsageError` naming ``what`` for an unknown character.
 
-    ``stop``: the run's stop flag (a signal number, 0 for none; e.g. ``TrainingRun.stop_signal``), read between
-    pieces of :data:`ENCODE_CHUNK_CHARS` characters, so that SIGINT / SIGTERM stops a long tokenization within
-    about a second (:class:`~mlp_vision.errors.Interrupted`) instead of after it. The pieces' ids are the whole
-    text's: cut where a line-local tokenizer provably keeps them, any other (a user's ``tokenizer.json``) where it is
-    checked to (:func:`_pieces`)."""
+    ``stop``: the run's stop flag (a signal number, 0 for none), read between pieces of :data:`ENCODE_CHUNK_CHARS`
+    characters, so SIGINT / SIGTERM stops a long tokenization within about a second
+    (:class:`~mlp_vision.errors.Interrupted`). The pieces' ids are the whole text's (:func:`_pieces`)."""
     if stop is None:
         pieces = [text]
     else:
@@ -200,9 +194,8 @@ UNKNOWN_WARN_FRACTION = 0.5
 
 
 def check_unknown_tokens(ids: Sequence[int], tok: Tokenizer, what: str) -> None:
-    """Warn when more than :data:`UNKNOWN_WARN_FRACTION` of ``ids`` (a text's tokens; special tokens other than the
-    unknown one are not counted) are the tokenizer's unknown token, and stop with a :class:`UsageError` when all
-    are: a model trained on ``[UNK] [UNK] ...`` learns nothing about the text, with no other sign of it."""
+    """Warn when more than :data:`UNKNOWN_WARN_FRACTION` of ``ids`` (other special tokens not counted) are the
+    unknown token; a :class:`UsageError` when all are (a model of ``[UNK] [UNK] ...`` learns nothing, silently)."""
     unk = tok.unk_token_id
     if unk is None:
         return
@@ -250,24 +243,16 @@ def sample_causal_batch(ids: torch.Tensor, batch_size: int, block_size: int,
 
 def causal_eval_batches(ids: torch.Tensor, block_size: int, batch_size: int) -> List[Batch]:
     """All full non-overlapping blocks of the held-out tokens, in order, as batches."""
-    n_blocks = (len(ids) - 1) // block_size
-    starts = torch.arange(n_blocks) * block_size
+    starts = torch.arange((len(ids) - 1) // block_size) * block_size
     offsets = torch.arange(block_size)
-    batches = []
-    for chunk in starts.split(batch_size):
-        batches.append((ids[chunk[:, None] + offsets], None, ids[chunk[:, None] + offsets + 1]))
-    return batches
+    return [(ids[chunk[:, None] + offsets], None, ids[chunk[:, None] + offsets + 1])
+            for chunk in starts.split(batch_size)]
 
 
 class MLMMasker:
-    """BERT masking: of the non-special positions of each row, exactly ``max(1, round(rate * n))`` are selected;
-    a selected position becomes ``<mask>`` with probability 0.8, a random non-special token with 0.1, and stays
-    with 0.1. Labels are the original ids at the selected positions and ``ignore_index`` elsewhere.
-
-    Args:
-        tokenizer: gives ``mask_id``, the special ids and the base (non-special) vocabulary size.
-        rate: fraction of the non-special positions selected (0.15).
-        mask_prob, random_prob: replacement fractions of the selected positions (0.8, 0.1; the rest stay).
+    """BERT masking (arXiv 1810.04805 §3.1): of the non-special positions of each row exactly
+    ``max(1, round(rate * n))`` are selected; one becomes ``<mask>`` with probability ``mask_prob``, a random
+    non-special token with ``random_prob``, else stays. Labels: the original ids there, ``ignore_index`` elsewhere.
     """
 
     def __init__(self, tokenizer: Tokenizer, rate: float = 0.15, mask_prob: float = 0.8, random_prob: float = 0.1,
@@ -324,9 +309,14 @@ def mlm_segments(ids: torch.Tensor, starts: torch.Tensor, block_size: int,
 
 def sample_mlm_batch(ids: torch.Tensor, batch_size: int, block_size: int, tokenizer: Tokenizer,
                      masker: MLMMasker, generator: torch.Generator) -> Batch:
-    """``batch_size`` segments at random offsets, masked. The attention mask is None when no row is padded."""
-    body = block_size - 2
-    starts = torch.randint(max(len(ids) - body, 0) + 1, (batch_size,), generator=generator)
+    """``batch_size`` segments at random offsets, masked."""
+    starts = torch.randint(max(len(ids) - (block_size - 2), 0) + 1, (batch_size,), generator=generator)
+    return _masked_batch(ids, starts, block_size, tokenizer, masker, generator)
+
+
+def _masked_batch(ids: torch.Tensor, starts: torch.Tensor, block_size: int, tokenizer: Tokenizer, masker: MLMMasker,
+                  generator: torch.Generator) -> Batch:
+    """The segments at ``starts``, masked; the attention mask None when no row is padded."""
     segments, attention = mlm_segments(ids, starts, block_size, tokenizer)
     inputs, labels = masker(segments, generator)
     return inputs, (None if bool(attention.all()) else attention), labels
@@ -335,15 +325,9 @@ def sample_mlm_batch(ids: torch.Tensor, batch_size: int, block_size: int, tokeni
 def mlm_eval_batches(ids: torch.Tensor, block_size: int, batch_size: int, tokenizer: Tokenizer,
                      masker: MLMMasker, seed: int) -> List[Batch]:
     """The held-out tokens as consecutive segments (the last one padded), masked once with ``seed``."""
-    body = block_size - 2
-    starts = torch.arange(0, len(ids), body)
     generator = torch.Generator().manual_seed(seed)
-    batches = []
-    for chunk in starts.split(batch_size):
-        segments, attention = mlm_segments(ids, chunk, block_size, tokenizer)
-        inputs, labels = masker(segments, generator)
-        batches.append((inputs, None if bool(attention.all()) else attention, labels))
-    return batches
+    return [_masked_batch(ids, chunk, block_size, tokenizer, masker, generator)
+            for chunk in torch.arange(0, len(ids), block_size - 2).split(batch_size)]
 
 
 def subset_batches(batches: List[Batch], n: int, seed: int) -> List[Batch]:
@@ -356,10 +340,9 @@ def subset_batches(batches: List[Batch], n: int, seed: int) -> List[Batch]:
 
 def unigram_mlm_baseline(train_ids: torch.Tensor, batches: Sequence[Batch], base_ids: torch.Tensor,
                          mask_id: Optional[int] = None) -> Dict[str, float]:
-    """Masked-token accuracy (%) and perplexity of a model that ignores the input and predicts every masked
-    token from the training text's token frequencies (add-one smoothed over the text tokens ``base_ids``, the
-    non-special ids); accuracy = always answering the most frequent training token. Same scored positions as the
-    trainer's ``evaluate_lm``."""
+    """Masked-token accuracy (%) and perplexity of predicting every masked token from the training text's token
+    frequencies (add-one smoothed over the non-special ``base_ids``; accuracy: always the most frequent token), on
+    the positions ``evaluate_lm`` scores."""
     vocab = max(int(train_ids.max()) + 1, int(base_ids.max()) + 1)
     counts = torch.bincount(train_ids, minlength=vocab)[base_ids].double() + 1.
     log_p_base = (counts / counts.sum()).log()
@@ -384,11 +367,10 @@ def unigram_mlm_baseline(train_ids: torch.Tensor, batches: Sequence[Batch], base
             'mask_token_acc': 100. * correct_mask / max(n_mask, 1), 'tokens': n, 'predicted_token_id': top}
 
 
-
 def model_for_tokenizer(name: str, kwargs: Dict, tokenizer: Tokenizer, config_class, given: Dict, **create):
-    """The text model ``name`` built from the config ``kwargs`` (the ``--model-kwargs`` ``given``, checked) with the
-    tokenizer's vocabulary (a different ``vocab_size`` given is an error) and, where the config has one, its
-    ``<pad>`` id (BiGS: the zero embedding row is the ``<pad>``); ``create``: e.g. ``task=``."""
+    """The text model ``name`` built from the config ``kwargs`` (``given``: the ``--model-kwargs``, for messages) with
+    the tokenizer's vocabulary (another ``vocab_size`` given is an error) and, where the config has one, its
+    ``<pad>`` id (BiGS: the zero embedding row); ``create``: e.g. ``task=``."""
     if 'vocab_size' in kwargs and kwargs['vocab_size'] != len(tokenizer):
         raise UsageError(f'--model-kwargs vocab_size={kwargs["vocab_size"]} differs from the tokenizer\'s '
                          f'{len(tokenizer)}; leave vocab_size out (it is set from the tokenizer)')

@@ -1,11 +1,9 @@
 """ The optimizer and schedule of the text trainers: the recipes of ``configs/text/`` (yaml files keyed by the
-trainer's flag names, as the image recipes of ``configs/``, read by :func:`mlp_vision.training.run.config.load_yaml_config`),
-the AdamW groups and timm's per-update schedule.
+trainer's flag names), AdamW and timm's per-update schedule: linear warmup, then cosine, linear or constant.
 
-A recipe fills only the flags left unset (None) on the command line; ``warmup_steps`` is capped at a tenth of
-``--steps`` unless ``--warmup-steps`` is given (a tenth of ``--steps`` when the recipe has none). The fills are
-derived values (:class:`~mlp_vision.training.run.config.RunArgs`): ``args.yaml`` keeps the flags as given, and a resume
-fills them again (from ``--steps`` as it is then).
+A recipe fills only the flags left unset (None); ``warmup_steps`` is capped at a tenth of ``--steps`` unless
+``--warmup-steps`` is given. The fills are derived values (:class:`~mlp_vision.training.run.config.RunArgs`):
+``args.yaml`` keeps the flags as given, and a resume fills them again.
 """
 from typing import Dict, Tuple
 
@@ -45,15 +43,15 @@ def apply_family_recipe(args, family: str, registry_task: str) -> dict:
 
 
 def apply_recipe(args, recipe: dict, name: str) -> dict:
-    """Fill the optimizer flags left unset (None) from ``recipe`` (flag destinations, see the module docstring).
-    Returns the run's record: ``name``, the source and the flags the command line overrode."""
+    """Fill the optimizer flags left unset from ``recipe`` (by destination); returns the run's record: ``name``, the
+    source and the flags the command line overrode."""
     given = {'lr': args.lr, 'opt_betas': args.opt_betas, 'opt_eps': args.opt_eps,
              'weight_decay': args.weight_decay, 'sched': args.sched}
     overridden = [k for k, v in given.items() if v is not None and v != recipe[k]]
     fills = {dest: recipe[dest] for dest, value in given.items() if value is None}
     if args.warmup_steps is None:
         fills['warmup_steps'] = min(recipe.get('warmup_steps', args.steps // 10), args.steps // 10)
-    args.derive(**fills)  # derived values: args.yaml keeps these flags unset, a resume fills them again
+    args.derive(**fills)
     record_names = {'opt_betas': 'betas', 'opt_eps': 'eps'}  # the names results.json has always used
     overridden = [record_names.get(k, k) for k in overridden]
     source = recipe['source'] + (f'; overridden on the command line: {", ".join(overridden)}' if overridden else '')
