@@ -218,8 +218,8 @@ def draw_axial_weights(weights: List[Tuple[str, torch.Tensor, torch.Tensor]], ou
                 ax.imshow(w.numpy(), **_symmetric(w))
                 ax.set_title(f'{block}, {axis}: max |w| {w.abs().max():.2g}', fontsize=7)
                 ax.tick_params(labelsize=6)
-                for axis in (ax.xaxis, ax.yaxis):
-                    axis.set_major_locator(MaxNLocator(integer=True, nbins=4))
+                for ticks in (ax.xaxis, ax.yaxis):
+                    ticks.set_major_locator(MaxNLocator(integer=True, nbins=4))
             axes[1, col].set_xlabel('input position j', fontsize=7)
         axes[0, 0].set_ylabel('H-mixing\noutput row i', fontsize=7)
         axes[1, 0].set_ylabel('W-mixing\noutput column i', fontsize=7)
@@ -292,18 +292,14 @@ def load_model(source: str, model_name: Optional[str] = None, pretrained: bool =
                      f'folder (save_pretrained) or a timm / text model name (e.g. gmlp_s, smlpnet_t, bigs_small)')
 
 
-def _check_out(out: str) -> None:
-    if os.path.isfile(out):
-        raise UsageError(f'--out {out} is a file; expected a new or empty folder')
-    if os.path.isdir(out) and os.listdir(out):
-        raise UsageError(f'--out {out} is not empty; give a new or empty folder (nothing there is overwritten)')
-
-
 def visualize(args: argparse.Namespace, progress: Callable[[str], None] = print) -> List[str]:
     """Draw every layer kind the model has into ``args.out``; returns the PNG paths."""
     check_range('--grid-tokens', args.grid_tokens, low=1)
     check_range('--max-lag', args.max_lag, low=1)
-    _check_out(args.out)
+    if os.path.isfile(args.out):
+        raise UsageError(f'--out {args.out} is a file; expected a new or empty folder')
+    if os.path.isdir(args.out) and os.listdir(args.out):
+        raise UsageError(f'--out {args.out} is not empty; give a new or empty folder (nothing there is overwritten)')
     threads = set_threads(args.threads)
     start = time.monotonic()
     progress(threads)

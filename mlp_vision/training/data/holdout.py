@@ -12,7 +12,6 @@ import torch.utils.data
 
 from mlp_vision.errors import UsageError
 from mlp_vision.training.data.reader import ImageFileDataset
-from mlp_vision.training.data.labels import dataset_class_to_idx
 
 __all__ = ['parse_val_split', 'stratified_holdout', 'DatasetSubset', 'holdout_split']
 
@@ -54,7 +53,7 @@ def stratified_holdout(
 
 
 class DatasetSubset(torch.utils.data.Subset):
-    """``Subset`` that passes ``transform`` through to its dataset (the loaders set it) and tells the classes."""
+    """``Subset`` that passes ``transform`` through to its dataset (the loaders set it)."""
 
     @property
     def transform(self):
@@ -63,10 +62,6 @@ class DatasetSubset(torch.utils.data.Subset):
     @transform.setter
     def transform(self, value):
         self.dataset.transform = value
-
-    @property
-    def class_to_idx(self):
-        return dataset_class_to_idx(self.dataset)
 
     def filename(self, index: int) -> str:
         return self.dataset.filename(self.indices[index])
