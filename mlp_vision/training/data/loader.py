@@ -19,7 +19,8 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 import torch.utils.data
-from timm.data import create_transform
+from PIL import Image
+from timm.data import auto_augment, create_transform
 from timm.data.distributed_sampler import RepeatAugSampler
 from timm.data.loader import PrefetchLoader, fast_collate
 
@@ -35,31 +36,18 @@ __all__ = [
 _logger = logging.getLogger(__name__)
 
 
-def _patch_posterize_for_new_pillow() -> None:
-    """timm's RandAugment / AutoAugment posterize can ask for 0 bits (``rand-m9-mstd0.5-inc1`` at magnitude 10):
-    a black image in TF and older Pillow; recent Pillow raises ``ValueError`` instead, which would kill a training
-    run at a random step. Keep the black image where Pillow refuses 0 bits."""
-    from PIL import Image, ImageOps
-    from timm.data import auto_augment
-    try:
-        ImageOps.posterize(Image.new('RGB', (1, 1)), 0)
-        return  # this Pillow still accepts 0 bits
-    except ValueError:
-        pass
-
-    def posterize(img, bits_to_keep, **__):
-        if bits_to_keep >= 8:
-            return img
-        if bits_to_keep <= 0:
-            return Image.new(img.mode, img.size)  # all bits dropped: zeros
-        return ImageOps.posterize(img, bits_to_keep)
-
-    for name in ('Posterize', 'PosterizeIncreasing', 'PosterizeOriginal'):
-        if name in auto_augment.NAME_TO_OP:
-            auto_augment.NAME_TO_OP[name] = posterize
+def _posterize(img: Image.Image, bits_to_keep: int, **kwargs) -> Image.Image:
+    """timm's RandAugment / AutoAugment posterize, except that 0 bits (``rand-m9-mstd0.5-inc1`` at magnitude 10)
+    give a black image, as in TF and older Pillow: recent Pillow raises ``ValueError``, which would kill a training
+    run at a random step."""
+    if bits_to_keep <= 0:
+        return Image.new(img.mode, img.size)
+    return _timm_posterize(img, bits_to_keep, **kwargs)
 
 
-_patch_posterize_for_new_pillow()
+_timm_posterize = auto_augment.posterize
+for _op in ('Posterize', 'PosterizeIncreasing', 'PosterizeOriginal'):
+    auto_augment.NAME_TO_OP[_op] = _posterize
 
 
 @contextlib.contextmanager
