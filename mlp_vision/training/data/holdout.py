@@ -70,10 +70,9 @@ class DatasetSubset(torch.utils.data.Subset):
 def _sample_names_and_targets(ds) -> Tuple[List[str], List[int]]:
     if isinstance(ds, ImageFileDataset):
         return [p for p, _ in ds.samples], [t for _, t in ds.samples]
-    reader = getattr(ds, 'reader', None)
     targets = getattr(ds, 'targets', None)
-    if targets is None and reader is not None:
-        targets = getattr(reader, 'targets', None)
+    if targets is None:
+        targets = getattr(getattr(ds, 'reader', None), 'targets', None)
     if targets is None:
         raise UsageError(f'--val-split FRACTION needs a dataset whose labels are known up front ({type(ds).__name__} '
                          f'does not list them): give a validation split by name instead')

@@ -72,10 +72,7 @@ class SeededSampler(torch.utils.data.Sampler):
     and everything is reproducible."""
 
     def __init__(self, sampler: torch.utils.data.Sampler, seed: int, rank: int = 0):
-        self.sampler = sampler
-        self.seed = seed
-        self.rank = rank
-        self.epoch = 0
+        self.sampler, self.seed, self.rank, self.epoch = sampler, seed, rank, 0
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
@@ -137,8 +134,7 @@ class ReadableBatches:
     run the same number of steps, or the others wait for it forever)."""
 
     def __init__(self, loader: torch.utils.data.DataLoader, empty_batch_error: Optional[str] = None):
-        self.loader = loader
-        self.empty_batch_error = empty_batch_error
+        self.loader, self.empty_batch_error = loader, empty_batch_error
         self.skipped = 0
         self.skipped_files: Dict[str, str] = {}
 
