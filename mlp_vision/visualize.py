@@ -21,6 +21,7 @@ import os
 import re
 import textwrap
 import time
+from types import SimpleNamespace
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import timm
@@ -33,7 +34,8 @@ from .layers.gating import SpatialGatingUnit
 from .layers.sparse_mlp import AxialSparseMLP
 from .layers.ssm import BidirectionalGatedSSM
 from mlp_vision.training.run.checkpoint import load_checkpoint_file
-from .errors import ArgumentParser, DefaultsHelpFormatter, UsageError, check_range, run_cli, within_bounds
+from .errors import (
+    MAX_ACTIVATION_FLAG, ArgumentParser, DefaultsHelpFormatter, UsageError, check_range, run_cli, within_bounds)
 from mlp_vision.training.tasks.image_model import create_model, create_model_for_eval, model_create_kwargs
 from mlp_vision.training.run.training_run import add_common_arguments
 from .threads import add_threads_argument, set_threads
@@ -48,8 +50,8 @@ DPI = 100
 # ------------------------------------------------------------------------------------------------ what is drawn
 def spatial_projections(model: nn.Module) -> Named:
     """``(module name, W)`` for every Spatial Gating Unit (ours, or timm's ``proj``): ``W`` (n, n) is the token
-    mixing actually applied (Toeplitz expanded, causal masked), ``W[i, j]`` the weight of input token j in output
-    token i (gMLP eq. 2; the bias ``b`` is not drawn)."""
+    mixing applied (Toeplitz expanded, causal masked), ``W[i, j]`` the weight of input token j in output token i
+    (gMLP eq. 2; the bias is not drawn)."""
     out = []
     for name, m in model.named_modules():
         if isinstance(m, SpatialGatingUnit):
@@ -131,15 +133,8 @@ def _symmetric(values: torch.Tensor) -> Dict[str, Any]:
     return dict(cmap='RdBu_r', vmin=-vmax, vmax=vmax, interpolation='nearest')
 
 
-def _integer_ticks(ax) -> None:
-    from matplotlib.ticker import MaxNLocator
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True, nbins=4))
-    ax.yaxis.set_major_locator(MaxNLocator(integer=True, nbins=4))
-
-
 def _layer_label(name: str, index: int) -> str:
-    """``'layer 3'`` for ``'blocks.3.sgu'`` or ``'bigs.layers.3'`` (the last index in the module name), else by
-    position."""
+    """``'layer 3'`` for ``'blocks.3.sgu'`` or ``'bigs.layers.3'`` (the module name's last index), else by position."""
     found = re.findall(r'\.(\d+)(?:\.|$)', name)
     return f'layer {found[-1] if found else index}'
 
@@ -206,6 +201,7 @@ def draw_sequence_filters(projections: Named, out: str, title: str, max_offset: 
 
 def draw_axial_weights(weights: List[Tuple[str, torch.Tensor, torch.Tensor]], out: str, title: str) -> List[str]:
     """sMLPNet: per stage, the H-mixing (top) and W-mixing (bottom) weights of each block as heatmaps."""
+    from matplotlib.ticker import MaxNLocator
     plt = _pyplot()
     stages: Dict[str, list] = {}
     for name, w_h, w_w in weights:
@@ -222,7 +218,8 @@ def draw_axial_weights(weights: List[Tuple[str, torch.Tensor, torch.Tensor]], ou
                 ax.imshow(w.numpy(), **_symmetric(w))
                 ax.set_title(f'{block}, {axis}: max |w| {w.abs().max():.2g}', fontsize=7)
                 ax.tick_params(labelsize=6)
-                _integer_ticks(ax)
+                for ticks in (ax.xaxis, ax.yaxis):
+                    ticks.set_major_locator(MaxNLocator(integer=True, nbins=4))
             axes[1, col].set_xlabel('input position j', fontsize=7)
         axes[0, 0].set_ylabel('H-mixing\noutput row i', fontsize=7)
         axes[1, 0].set_ylabel('W-mixing\noutput column i', fontsize=7)
@@ -248,9 +245,9 @@ def draw_ssm_responses(responses: Named, out: str, title: str, max_lag: int = 64
 # ------------------------------------------------------------------------------------------------ the command
 def load_model(source: str, model_name: Optional[str] = None, pretrained: bool = False,
                model_kwargs: Optional[Dict[str, Any]] = None, trust_checkpoint: bool = False) -> Tuple[nn.Module, str]:
-    """(the model in eval mode, what it is) from a checkpoint file (through the validation loader of
-    :func:`~mlp_vision.training.tasks.image_model.create_model_for_eval`), a ``save_pretrained`` folder (the text registry's
-    ``from_pretrained``) or a model name (timm's registry, else the text registry's; no name is in both)."""
+    """(the model in eval mode, what it is) from a checkpoint file (as
+    :func:`~mlp_vision.training.tasks.image_model.create_model_for_eval` loads it), a ``save_pretrained`` folder or
+    a model name (timm's registry, else the text registry's; no name is in both)."""
     kwargs = dict(model_kwargs or {})
     if pretrained and os.path.exists(source):
         raise UsageError(f'--pretrained loads a model name\'s registered weights; {source} is a path')
@@ -295,18 +292,14 @@ def load_model(source: str, model_name: Optional[str] = None, pretrained: bool =
                      f'folder (save_pretrained) or a timm / text model name (e.g. gmlp_s, smlpnet_t, bigs_small)')
 
 
-def _check_out(out: str) -> None:
-    if os.path.isfile(out):
-        raise UsageError(f'--out {out} is a file; expected a new or empty folder')
-    if os.path.isdir(out) and os.listdir(out):
-        raise UsageError(f'--out {out} is not empty; give a new or empty folder (nothing there is overwritten)')
-
-
 def visualize(args: argparse.Namespace, progress: Callable[[str], None] = print) -> List[str]:
     """Draw every layer kind the model has into ``args.out``; returns the PNG paths."""
     check_range('--grid-tokens', args.grid_tokens, low=1)
     check_range('--max-lag', args.max_lag, low=1)
-    _check_out(args.out)
+    if os.path.isfile(args.out):
+        raise UsageError(f'--out {args.out} is a file; expected a new or empty folder')
+    if os.path.isdir(args.out) and os.listdir(args.out):
+        raise UsageError(f'--out {args.out} is not empty; give a new or empty folder (nothing there is overwritten)')
     threads = set_threads(args.threads)
     start = time.monotonic()
     progress(threads)
@@ -359,7 +352,10 @@ def build_parser(prog: Optional[str] = None) -> argparse.ArgumentParser:
     parser.add_argument('--max-lag', type=int, default=64, metavar='N',
                         help='BiGS / text gMLP: plot token offsets up to N')
     add_threads_argument(parser)
-    add_common_arguments(parser)
+    # the common flags less --max-activation-gib: this command runs no forward pass, so that bound would limit
+    # nothing (an accepted flag that did nothing); --max-params bounds the model it builds
+    add_common_arguments(SimpleNamespace(add_argument=lambda *names, **kwargs: (
+        None if MAX_ACTIVATION_FLAG in names else parser.add_argument(*names, **kwargs))))
     return parser
 
 

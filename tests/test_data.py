@@ -761,3 +761,16 @@ def test_class_maps_are_text_and_never_unpickled(tmp_path):
         (tmp_path / 'bad.txt').write_text(text)
         with pytest.raises(UsageError, match=problem):
             read_class_map(str(tmp_path / 'bad.txt'))
+
+
+def test_posterize_to_zero_bits_is_a_black_image():
+    """timm's RandAugment asks for 0 bits at magnitude 10 (``rand-m9-mstd0.5-inc1``): recent Pillow raises there,
+    which would kill a run at a random step; the data package gives the black image of TF and older Pillow, and
+    leaves every other bit count to timm / Pillow."""
+    from PIL import ImageOps
+    from timm.data.auto_augment import AugmentOp
+    img = Image.fromarray(np.arange(48, dtype=np.uint8).reshape(4, 4, 3) * 5)
+    black = AugmentOp('PosterizeIncreasing', prob=1., magnitude=10, hparams={'magnitude_std': 0})(img)
+    assert black.size == img.size and np.asarray(black).max() == 0
+    three_bits = AugmentOp('PosterizeIncreasing', prob=1., magnitude=2.5, hparams={'magnitude_std': 0})(img)
+    assert np.array_equal(np.asarray(three_bits), np.asarray(ImageOps.posterize(img, 3)))

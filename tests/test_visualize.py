@@ -120,3 +120,14 @@ def test_command_errors_are_one_line(tmp_path, capsys):
     torch.save({'kind': 'text', 'arch': 'bigs_small', 'state_dict': {}, 'optimizer': {}}, tmp_path / 'last.pth')
     line = exits_with_one_line(main, [str(tmp_path / 'last.pth'), '--out', str(tmp_path / 'o')], capsys)
     assert "checkpoint of the text trainer; give its run's pretrained/ folder" in line
+
+
+def test_only_the_size_bounds_that_apply_are_flags(tmp_path, capsys):
+    """visualize runs no forward pass, so --max-activation-gib (a bound on a forward's activations) is no flag of
+    it (it was accepted and did nothing); --max-params bounds the model it builds."""
+    out = ['--out', str(tmp_path / 'o')]
+    line = exits_with_one_line(main, ['smlpnet_t', '--max-activation-gib', '1e-9'] + out, capsys)
+    assert 'unrecognized arguments: --max-activation-gib' in line
+    tiny = ['--model-kwargs', 'embed_dim=8', 'depths=(1,1,1,1)', 'img_size=32']
+    line = exits_with_one_line(main, ['smlpnet_t', '--max-params', '1000'] + tiny + out, capsys)
+    assert 'would have more than 1e+03 parameters' in line and not (tmp_path / 'o').exists()

@@ -24,11 +24,10 @@ def default_workers(most: int = 4) -> int:
 
 
 def check_image_args(args, model_in_chans: Optional[int] = 3) -> None:
-    """The data flags train.py and validate.py share, checked before anything is built: the image mode gives as
-    many channels as the model takes, ``--mean`` / ``--std`` have one value or one per channel (std > 0),
-    ``--crop-pct`` > 0, ``--class-map`` is a readable class map (never a pickle), ``--dataset`` is a kind timm
-    reads. ``model_in_chans`` None: the model's channel count is not known yet (validate.py before it reads the
-    checkpoint; it checks again with the model's), so only what does not depend on it is checked."""
+    """The image mode gives as many channels as the model takes, ``--mean`` / ``--std`` have one value or one per
+    channel (std > 0), ``--crop-pct`` > 0, ``--class-map`` is a readable class map, ``--dataset`` is a kind timm
+    reads. ``model_in_chans`` None: not known yet (validate.py before it reads the checkpoint; it checks again
+    with the model's), so only what does not depend on it is checked."""
     channels = IMAGE_MODE_CHANNELS.get(args.input_img_mode)
     if args.input_img_mode and channels is None:
         raise UsageError(f'--input-img-mode must be one of {", ".join(IMAGE_MODE_CHANNELS)}, got '

@@ -15,8 +15,8 @@ __all__ = ['read_class_map']
 
 def read_class_map(class_map: Union[str, Dict[str, int]], root: str = '') -> Dict[str, int]:
     """``--class-map``: ``{class folder name: label}`` from a dict, or from a text file of one class name per line
-    in label order (timm's ``.txt`` format), found as given or under ``root``. timm also reads ``.pkl`` maps by
-    unpickling them, which runs code from the file: they are refused. A :class:`UsageError` says what is wrong."""
+    in label order (timm's ``.txt`` format), found as given or under ``root``; a :class:`UsageError` says what is
+    wrong (a pickle is refused unopened)."""
     if isinstance(class_map, dict):
         return dict(class_map)
     path = class_map if os.path.isfile(class_map) or not root else os.path.join(root, class_map)

@@ -2,11 +2,11 @@
 
 timm's ``ImageDataset`` opens an image with ``Image.open(...).convert(mode)``: PIL's own conversion clips 16-bit,
 32-bit and float grayscale at 255 (a 16-bit PNG becomes almost all white), drops premultiplied alpha wrongly, and
-a decompression bomb in PIL's warn-only range (1x to 2x ``Image.MAX_IMAGE_PIXELS``) is decoded anyway. On a
-failure timm's dataset returns the *next* sample in its place. Here every mode PIL decodes is converted to the
-right values (:func:`convert_image_mode`), anything unusable raises (:func:`load_image`), and a sample whose image
-cannot be used becomes a :class:`SkippedImage`, which the loaders leave out and count (``loader.py``).
+a decompression bomb in PIL's warn-only range (1x to 2x ``Image.MAX_IMAGE_PIXELS``) is decoded anyway. Here every
+mode PIL decodes is converted to the right values (:func:`convert_image_mode`), anything unusable raises
+(:func:`load_image`), and a sample whose image cannot be used becomes a :class:`SkippedImage`.
 """
+import contextlib
 import io
 import logging
 import os
@@ -22,7 +22,7 @@ _logger = logging.getLogger(__name__)
 
 
 class SkippedImage:
-    """What :class:`.dataset.ImageFileDataset` returns in place of a sample whose image cannot be used: its ``name``
+    """What :class:`.reader.ImageFileDataset` returns in place of a sample whose image cannot be used: its ``name``
     (file path, or ``tar:member``) and the ``reason``. The loaders leave it out of the batch, warn once with
     both and count it (:attr:`ImageLoader.skipped`); it is never replaced by another sample."""
     __slots__ = ('name', 'reason')
@@ -42,13 +42,9 @@ _SIXTEEN_BIT_MODES = frozenset({'I;16', 'I;16L', 'I;16B', 'I;16N'})
 
 
 def _to_8bit_grayscale(img: Image.Image) -> Image.Image:
-    """An 'L' image from a 16-bit ('I;16*'), 32-bit integer ('I') or float ('F') grayscale image.
-
-    PIL's own ``convert('RGB' | 'L')`` clips these modes at 255 instead of scaling them, so a 16-bit PNG would
-    become almost all white. 16-bit values v (and 'I' images within 0..65535, which is what 16-bit files
-    decode to) map to round(v / 257), i.e. 65535 -> 255; floats in [0, 1] map to round(255 v). Other value
-    ranges have no defined scale and raise :class:`UnusableImageError`.
-    """
+    """An 'L' image from a 16-bit ('I;16*'), 32-bit integer ('I') or float ('F') grayscale image: 16-bit values v
+    (and 'I' images within 0..65535, which is what 16-bit files decode to) map to round(v / 257), floats in [0, 1]
+    to round(255 v). Other value ranges have no defined scale and raise :class:`UnusableImageError`."""
     values = np.asarray(img)
     if img.mode == 'F':
         if not np.isfinite(values).all() or values.min() < 0 or values.max() > 1:
@@ -90,7 +86,7 @@ _said_first_frame = False
 
 def _note_first_frame(img: Image.Image, name: str) -> None:
     """Warn, once per process, that ``img`` (a multi-page TIFF, an animated GIF / WebP) is read by its first frame
-    only: a classification sample is one image, and the frames after the first are not looked at."""
+    only (a classification sample is one image)."""
     global _said_first_frame
     frames = getattr(img, 'n_frames', 1)
     if frames > 1 and not _said_first_frame:
@@ -101,9 +97,8 @@ def _note_first_frame(img: Image.Image, name: str) -> None:
 
 def load_image(fp: Union[str, os.PathLike, io.IOBase], mode: Optional[str] = 'RGB',
                name: Optional[str] = None) -> Image.Image:
-    """Open and fully decode one image (first frame) and convert it with :func:`convert_image_mode`. A file of
-    several frames (a multi-page TIFF) is read by its first, with one warning per process naming the file (``name``,
-    default ``fp``) and its frame count.
+    """Open and fully decode one image (first frame; one warning per process names a file of several, ``name``
+    default ``fp``) and convert it with :func:`convert_image_mode`.
 
     Raises for anything unusable: unreadable / truncated / corrupt files (``OSError``, ``SyntaxError``, ...),
     images larger than PIL's decompression-bomb limit ``PIL.Image.MAX_IMAGE_PIXELS`` (PIL only warns between 1x
@@ -111,16 +106,12 @@ def load_image(fp: Union[str, os.PathLike, io.IOBase], mode: Optional[str] = 'RG
     :class:`UnusableImageError`.
     """
     name = name or str(getattr(fp, 'name', fp))
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), contextlib.ExitStack() as stack:
         warnings.simplefilter('error', Image.DecompressionBombWarning)
         if isinstance(fp, (str, os.PathLike)):
-            with open(fp, 'rb') as f:
-                img = Image.open(f)
-                _note_first_frame(img, name)  # before load: counting a TIFF's pages seeks, dropping decoded data
-                img.load()  # decode now, while the file is open: truncated data fails here
-        else:
-            img = Image.open(fp)
-            _note_first_frame(img, name)
-            img.load()
+            fp = stack.enter_context(open(fp, 'rb'))
+        img = Image.open(fp)
+        _note_first_frame(img, name)  # before load: counting a TIFF's pages seeks, dropping decoded data
+        img.load()  # decode now, while the file is open: truncated data fails here
     return convert_image_mode(img, mode)
 

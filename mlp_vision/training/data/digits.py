@@ -34,13 +34,11 @@ def prepare_digits_folder(
 ) -> Path:
     """Write scikit-learn's handwritten digits as an ImageFolder tree, once; return its root.
 
-    ``root/train/<digit>/<index>.png`` and ``root/val/<digit>/<index>.png``: grayscale PNGs upscaled from the
-    8x8 scans (pixel values 0..16) to ``size`` x ``size`` (bicubic). Within each class (samples in dataset order)
-    every ``val_every``-th sample goes to val (a stratified 80/20 split for 5: 1,437 train / 360 val images).
-    ``max_per_class`` keeps only the first samples of each class (small test sets).
-
-    The tree is built in a temporary folder beside ``root`` and renamed into place, so a folder that exists is
-    complete, and concurrent callers (DDP ranks, parallel tests) do not see each other's partial files.
+    ``root/{train,val}/<digit>/<index>.png``: grayscale PNGs upscaled (bicubic) from the 8x8 scans (values 0..16)
+    to ``size`` x ``size``. Within each class every ``val_every``-th sample goes to val (5: 1,437 train / 360 val
+    images); ``max_per_class`` keeps only the first samples of each class (small test sets). Built in a temporary
+    folder beside ``root`` and renamed into place, so a folder that exists is complete, and concurrent callers
+    (DDP ranks, parallel tests) do not see each other's partial files.
     """
     if root is None:
         name = 'digits' if size == 32 and max_per_class is None else f'digits_{size}px_{max_per_class or "all"}'

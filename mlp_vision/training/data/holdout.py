@@ -1,8 +1,8 @@
 """ ``--val-split FRACTION``: a seeded, class-stratified hold-out of the training images.
 
-timm has no hold-out split (its ``create_dataset`` reads named splits only, and a missing validation folder is
-found under a synonym or not at all); a random split drawn with the process's RNG would differ between runs,
-machines and file orders. :func:`stratified_holdout` depends on the seed and the sample names alone.
+timm has no hold-out split (its ``create_dataset`` reads named splits only); a random split drawn with the
+process's RNG would differ between runs, machines and file orders. :func:`stratified_holdout` depends on the seed
+and the sample names alone.
 """
 import copy
 import hashlib
@@ -11,8 +11,7 @@ from typing import Dict, List, Sequence, Tuple, Union
 import torch.utils.data
 
 from mlp_vision.errors import UsageError
-from mlp_vision.training.data.dataset import ImageFileDataset
-from mlp_vision.training.data.labels import dataset_class_to_idx
+from mlp_vision.training.data.reader import ImageFileDataset
 
 __all__ = ['parse_val_split', 'stratified_holdout', 'DatasetSubset', 'holdout_split']
 
@@ -33,35 +32,28 @@ def parse_val_split(value: Union[str, float, None]) -> Union[str, float]:
     return float(value)
 
 
-def _holdout_key(seed: int, name: str) -> bytes:
-    return hashlib.sha256(f'{seed}\0{name}'.encode()).digest()
-
-
 def stratified_holdout(
         names: Sequence[str],
         targets: Sequence[int],
         fraction: float,
         seed: int,
 ) -> Tuple[List[int], List[int]]:
-    """Split sample indices into (train, held out): from each class, the ``round(fraction * n)`` samples
-    (at most n - 1, so no class leaves training) whose ``sha256(seed, name)`` is smallest.
-
-    Deterministic from ``seed`` and the sample names alone: the same on every machine, process, numpy version
-    and file order, and adding images to a class moves at most a few others. Both lists are sorted.
-    """
+    """Sorted sample indices (train, held out): from each class, the ``round(fraction * n)`` samples (at most
+    n - 1, so no class leaves training) whose ``sha256(seed, name)`` is smallest. The same on every machine,
+    process, numpy version and file order; adding images to a class moves at most a few others."""
     by_class: Dict[int, List[int]] = {}
     for i, t in enumerate(targets):
         by_class.setdefault(int(t), []).append(i)
     held = []
     for t, indices in by_class.items():
         k = min(int(round(fraction * len(indices))), len(indices) - 1)
-        held += sorted(indices, key=lambda i: _holdout_key(seed, names[i]))[:k]
+        held += sorted(indices, key=lambda i: hashlib.sha256(f'{seed}\0{names[i]}'.encode()).digest())[:k]
     held_set = set(held)
     return [i for i in range(len(targets)) if i not in held_set], sorted(held)
 
 
 class DatasetSubset(torch.utils.data.Subset):
-    """``Subset`` that passes ``transform`` through to its dataset (the loaders set it) and tells the classes."""
+    """``Subset`` that passes ``transform`` through to its dataset (the loaders set it)."""
 
     @property
     def transform(self):
@@ -71,10 +63,6 @@ class DatasetSubset(torch.utils.data.Subset):
     def transform(self, value):
         self.dataset.transform = value
 
-    @property
-    def class_to_idx(self):
-        return dataset_class_to_idx(self.dataset)
-
     def filename(self, index: int) -> str:
         return self.dataset.filename(self.indices[index])
 
@@ -82,10 +70,9 @@ class DatasetSubset(torch.utils.data.Subset):
 def _sample_names_and_targets(ds) -> Tuple[List[str], List[int]]:
     if isinstance(ds, ImageFileDataset):
         return [p for p, _ in ds.samples], [t for _, t in ds.samples]
-    reader = getattr(ds, 'reader', None)
     targets = getattr(ds, 'targets', None)
-    if targets is None and reader is not None:
-        targets = getattr(reader, 'targets', None)
+    if targets is None:
+        targets = getattr(getattr(ds, 'reader', None), 'targets', None)
     if targets is None:
         raise UsageError(f'--val-split FRACTION needs a dataset whose labels are known up front ({type(ds).__name__} '
                          f'does not list them): give a validation split by name instead')
@@ -93,8 +80,8 @@ def _sample_names_and_targets(ds) -> Tuple[List[str], List[int]]:
 
 
 def holdout_split(ds, fraction: float, seed: int) -> Tuple[DatasetSubset, DatasetSubset]:
-    """(training part, held-out part) of ``ds``: :func:`stratified_holdout` by class. The parts read a
-    (shallow) copy each, so each gets its own transform."""
+    """(training part, held-out part) of ``ds`` (:func:`stratified_holdout`), each over its own shallow copy, so
+    each gets its own transform."""
     names, targets = _sample_names_and_targets(ds)
     train_idx, held_idx = stratified_holdout(names, targets, fraction, seed)
     if not held_idx:

@@ -1,8 +1,8 @@
 """ The class names of a dataset, and the checks that its labels are the model's.
 
-timm's datasets keep their classes in different places (``class_to_idx`` of a folder reader, ``class_name_to_idx``
-of others, ``classes`` of torchvision's); train.py stores them in checkpoints and validate.py labels class
-folders by them, so a model is never scored against labels of other classes without a one-line error.
+timm's datasets keep their classes in different places (``class_to_idx``, ``class_name_to_idx``, torchvision's
+``classes``); train.py stores them in checkpoints and validate.py labels class folders by them, so a model is
+never scored against labels of other classes without a one-line error.
 """
 import logging
 from typing import Dict, List, Optional, Sequence
@@ -11,7 +11,7 @@ import torch.utils.data
 from timm.utils.misc import natural_key
 
 from mlp_vision.errors import UsageError
-from mlp_vision.training.data.dataset import ImageFileDataset
+from mlp_vision.training.data.reader import ImageFileDataset
 
 __all__ = ['dataset_class_to_idx', 'dataset_class_names', 'check_num_classes', 'check_class_names', 'short_names']
 
@@ -59,10 +59,9 @@ def short_names(names: Sequence[str], n: int = 10) -> str:
 
 
 def check_class_names(ds, class_names: Sequence[str], what: str = 'dataset', hint: str = '') -> None:
-    """Raise a :class:`UsageError`, with both lists, when ``ds`` has classes not in ``class_names`` (a model's
-    classes in label order) or labels them otherwise. An image folder / tar built with ``class_to_idx`` from
-    these names labels its class folders by name, so a subset of the classes is fine; other datasets must list
-    the same classes in the same order."""
+    """Raise a :class:`UsageError`, with both lists, when ``ds`` has classes not in ``class_names`` (a model's, in
+    label order) or labels them otherwise. An image folder / tar labelled by these names may hold a subset of the
+    classes; other datasets must list the same classes in the same order."""
     if isinstance(ds, ImageFileDataset):
         if not ds.other_classes:
             return

@@ -4,8 +4,7 @@ what ``timm.data.create_loader`` lacks.
 * Reproducible augmentation: timm's augmentations draw from each worker's global RNGs, so they change with the
   worker count and with what ran before; here every sample's augmentation is a function of
   ``(seed, epoch, rank, position in the epoch)`` only (:class:`SeededSampler` + :class:`SeededDataset`), which
-  is what lets ``--resume`` reproduce an uninterrupted run bit for bit. Repeated augmentation runs in one
-  process too (timm's ``RepeatAugSampler`` only under distributed training).
+  is what lets ``--resume`` reproduce an uninterrupted run bit for bit.
 * Unreadable images: ``fast_collate`` cannot batch a :class:`.decode.SkippedImage`; :func:`collate_readable`
   leaves them out and :class:`ReadableBatches` warns once per file and counts them (:attr:`ImageLoader.skipped`).
 * Exact distributed evaluation: timm's ``OrderedDistributedSampler`` pads ranks with repeated samples, which
@@ -20,7 +19,8 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 import torch.utils.data
-from timm.data import create_transform
+from PIL import Image
+from timm.data import auto_augment, create_transform
 from timm.data.distributed_sampler import RepeatAugSampler
 from timm.data.loader import PrefetchLoader, fast_collate
 
@@ -36,40 +36,24 @@ __all__ = [
 _logger = logging.getLogger(__name__)
 
 
-def _patch_posterize_for_new_pillow() -> None:
-    """timm's RandAugment / AutoAugment posterize can ask for 0 bits (e.g. ``rand-m9-mstd0.5-inc1`` at magnitude
-    10, or AutoAugment v0's ('Posterize', 0.8, 2)): a black image, as in TF's implementation and older Pillow.
-    Recent Pillow raises ``ValueError: bits must be between or equal to 1 and 8`` instead, which would kill a
-    training run at a random step; keep the old behaviour where Pillow refuses it."""
-    from PIL import Image, ImageOps
-    from timm.data import auto_augment
-    try:
-        ImageOps.posterize(Image.new('RGB', (1, 1)), 0)
-        return  # this Pillow still accepts 0 bits
-    except ValueError:
-        pass
-
-    def posterize(img, bits_to_keep, **__):
-        if bits_to_keep >= 8:
-            return img
-        if bits_to_keep <= 0:
-            return Image.new(img.mode, img.size)  # all bits dropped: zeros
-        return ImageOps.posterize(img, bits_to_keep)
-
-    for name in ('Posterize', 'PosterizeIncreasing', 'PosterizeOriginal'):
-        if name in auto_augment.NAME_TO_OP:
-            auto_augment.NAME_TO_OP[name] = posterize
+def _posterize(img: Image.Image, bits_to_keep: int, **kwargs) -> Image.Image:
+    """timm's RandAugment / AutoAugment posterize, except that 0 bits (``rand-m9-mstd0.5-inc1`` at magnitude 10)
+    give a black image, as in TF and older Pillow: recent Pillow raises ``ValueError``, which would kill a training
+    run at a random step."""
+    if bits_to_keep <= 0:
+        return Image.new(img.mode, img.size)
+    return _timm_posterize(img, bits_to_keep, **kwargs)
 
 
-_patch_posterize_for_new_pillow()
+_timm_posterize = auto_augment.posterize
+for _op in ('Posterize', 'PosterizeIncreasing', 'PosterizeOriginal'):
+    auto_augment.NAME_TO_OP[_op] = _posterize
 
 
 @contextlib.contextmanager
 def seeded_rng(seed: int):
     """Seed python / numpy / torch (CPU) RNGs with ``seed`` inside the block; restore their states after it.
-
-    Only the CPU generator of torch is touched (never CUDA's), so on a GPU this cannot disturb the model's RNG.
-    """
+    Never touches CUDA's generator, so on a GPU this cannot disturb the model's RNG."""
     py_state, np_state, torch_state = random.getstate(), np.random.get_state(), torch.get_rng_state()
     random.seed(seed)
     np.random.seed(seed % (2 ** 32))
@@ -83,17 +67,12 @@ def seeded_rng(seed: int):
 
 
 class SeededSampler(torch.utils.data.Sampler):
-    """Yield ``(sample_seed, index)``: the wrapped sampler's indices, each with its own augmentation seed.
-
-    The seed of the sample at ``position`` of an epoch is ``base(seed, epoch, rank) + position``, so repeated
-    samples (repeated augmentation) and ranks get different augmentations and everything is reproducible.
-    """
+    """Yield ``(sample_seed, index)``: the wrapped sampler's indices, each with its own augmentation seed
+    ``base(seed, epoch, rank) + position in the epoch``, so repeated samples and ranks get different augmentations
+    and everything is reproducible."""
 
     def __init__(self, sampler: torch.utils.data.Sampler, seed: int, rank: int = 0):
-        self.sampler = sampler
-        self.seed = seed
-        self.rank = rank
-        self.epoch = 0
+        self.sampler, self.seed, self.rank, self.epoch = sampler, seed, rank, 0
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
@@ -151,15 +130,11 @@ def collate_readable(batch: List[Any]) -> Tuple[torch.Tensor, torch.Tensor, List
 class ReadableBatches:
     """Iterate a ``DataLoader`` that collates with :func:`collate_readable`: yield ``(input, target)`` of the
     readable images, warn once per skipped file, count the skipped images of each pass (:attr:`skipped`) and
-    leave out batches with no image left.
-
-    ``empty_batch_error``: raise instead of leaving out an empty batch (DDP training: every rank must run
-    the same number of steps, or the others wait for it forever).
-    """
+    leave out batches with no image left; with ``empty_batch_error``, raise instead (DDP training: every rank must
+    run the same number of steps, or the others wait for it forever)."""
 
     def __init__(self, loader: torch.utils.data.DataLoader, empty_batch_error: Optional[str] = None):
-        self.loader = loader
-        self.empty_batch_error = empty_batch_error
+        self.loader, self.empty_batch_error = loader, empty_batch_error
         self.skipped = 0
         self.skipped_files: Dict[str, str] = {}
 
@@ -182,30 +157,16 @@ class ReadableBatches:
     def __len__(self) -> int:
         return len(self.loader)
 
-    @property
-    def sampler(self):
-        return self.loader.sampler
-
-    @property
-    def batch_sampler(self):
-        return self.loader.batch_sampler
-
-    @property
-    def dataset(self):
-        return self.loader.dataset
-
-    @property
-    def collate_fn(self):
-        return self.loader.collate_fn
+    def __getattr__(self, name: str):  # the DataLoader's sampler, batch_sampler, dataset, ... (PrefetchLoader's)
+        if name == 'loader':  # not set yet (a copy being made): no recursion
+            raise AttributeError(name)
+        return getattr(self.loader, name)
 
 
 class ImageLoader(PrefetchLoader):
     """timm's ``PrefetchLoader`` over :class:`ReadableBatches`: batches of the images that could be read.
-
-    :attr:`skipped` is the number of images this rank left out in the current / last pass (an epoch, an
-    evaluation); :attr:`skipped_files` maps every file skipped so far to the reason. Evaluation metrics over
-    this loader count each readable image exactly once and no skipped one.
-    """
+    :attr:`skipped`: the images this rank left out in the current / last pass; :attr:`skipped_files`: every file
+    skipped so far, with the reason."""
 
     @property
     def skipped(self) -> int:
@@ -269,9 +230,8 @@ def train_samples_per_rank(dataset, world_size: int = 1, aug_repeats: float = 0)
 
 def fit_batch_to_data(batch_size: int, samples_per_rank: int, even: bool = False) -> int:
     """The training batch per process for a rank that draws ``samples_per_rank`` samples an epoch: ``batch_size``,
-    or, when that is more than the rank's samples (the loader keeps full batches only, so no update would run),
-    all of them in one batch, with a warning that says so (``even``: rounded down to an even size, for mixup /
-    cutmix). A rank with no sample at all is a :class:`UsageError`."""
+    or, when that is more (full batches only: no update would run), all of them, with a warning (``even``: rounded
+    down to an even size, for mixup / cutmix). A rank with no sample at all is a :class:`UsageError`."""
     if samples_per_rank < (2 if even else 1):
         raise UsageError(f'the training sampler draws {samples_per_rank} image(s) per process and epoch: too few to '
                          f'train on (with --aug-repeats, timm\'s RepeatAugSampler draws whole multiples of 256 '
@@ -295,14 +255,9 @@ def _batch_size_without_remainder(samples: int, batch_size: int) -> int:
 def unused_images_message(num_images: int, samples_per_rank: int, batch_size: int, world_size: int = 1,
                           aug_repeats: float = 0) -> Optional[str]:
     """The warning when an epoch of the training loader leaves part of the ``num_images`` training images unused,
-    or None when it trains on all of them.
-
-    Each of ``world_size`` ranks draws ``samples_per_rank`` samples and keeps full batches of ``batch_size`` only
-    (``drop_last``: a partial batch would give BatchNorm a batch of one and compiled models a new shape), so
-    ``samples_per_rank % batch_size`` of them are dropped every epoch (a different set each epoch: the order is
-    shuffled). With ``aug_repeats`` (timm's ``RepeatAugSampler``) each image is drawn that many times, so an epoch
-    covers about ``1 / aug_repeats`` of the distinct images, less the dropped ones.
-    """
+    or None. Each of ``world_size`` ranks draws ``samples_per_rank`` samples and keeps full batches only
+    (``drop_last``: a partial batch would give BatchNorm a batch of one and compiled models a new shape); with
+    ``aug_repeats`` each image is drawn that many times, so an epoch covers about ``1 / aug_repeats`` of them."""
     kept_per_rank = samples_per_rank // batch_size * batch_size
     repeats = max(aug_repeats, 1)
     distinct = int(kept_per_rank * world_size / repeats)
@@ -348,16 +303,14 @@ def create_train_loader(
         re_count: int = 1,
         img_dtype: torch.dtype = torch.float32,
 ) -> Tuple[ImageLoader, Optional[torch.utils.data.Sampler]]:
-    """Training loader: timm's train transforms, a (distributed / repeated-augmentation) sampler, timm's fast
-    collate and ``PrefetchLoader`` (normalisation and random erasing on the device). Full batches only, less
-    the unreadable images (:class:`ImageLoader`; with one process a batch of only unreadable images is left
-    out, with several it stops the run, since all ranks must take the same number of steps). When full batches
-    or the sampler leave training images unused every epoch, a warning says how many
+    """(training loader, the sampler whose ``set_epoch`` must be called before each epoch): timm's train
+    transforms, a (distributed / repeated-augmentation) sampler, timm's fast collate and ``PrefetchLoader``
+    (normalisation and random erasing on the device). Full batches only, less the unreadable images
+    (:class:`ImageLoader`); a warning says how many training images an epoch leaves unused
     (:func:`unused_images_message`).
 
-    Unlike ``timm.data.create_loader`` this also runs repeated augmentation in one process (a
-    ``RepeatAugSampler`` with one replica) and seeds every sample's augmentation (see :class:`SeededSampler`).
-    Returns the loader and the sampler whose ``set_epoch`` must be called before each epoch.
+    ``timm.data.create_loader`` takes no sampler or generator, so it cannot seed every sample's augmentation
+    (:class:`SeededSampler`) nor run repeated augmentation in one process (a one-replica ``RepeatAugSampler``).
     """
     dataset.transform = create_transform(
         data_config['input_size'],
@@ -409,12 +362,9 @@ def create_eval_loader(
         pin_memory: bool = False,
         img_dtype: torch.dtype = torch.float32,
 ) -> ImageLoader:
-    """Evaluation loader: timm's eval transforms (resize / center crop per ``data_config``) and prefetcher.
-
-    Every readable image is yielded exactly once over all ranks (in distributed mode rank r gets images
-    r, r + world_size, ...: no padding, so ranks may run one batch more or less) and unreadable ones are left
-    out and counted (:class:`ImageLoader`), so metrics summed over the batches and ranks are exact.
-    """
+    """Evaluation loader: timm's eval transforms (resize / center crop per ``data_config``) and prefetcher. Every
+    readable image is yielded exactly once over all ranks (:class:`StridedSampler`) and unreadable ones are left
+    out and counted (:class:`ImageLoader`), so metrics summed over the batches and ranks are exact."""
     dataset.transform = create_transform(
         data_config['input_size'],
         is_training=False,

@@ -1,27 +1,32 @@
-""" Where the images of a split are and which class each belongs to: timm's reader interface over
-:mod:`.reader_folder` / :mod:`.reader_tar`.
+""" The image folder / tar dataset: where the images of a split are and which class each belongs to, as a timm
+``Reader`` over :mod:`.reader_folder` / :mod:`.reader_tar`, and timm's ``ImageDataset`` over that reader.
 
-:class:`ImageFileReader` is a ``timm.data.readers.reader.Reader``, so :class:`.dataset.ImageFileDataset` is a
-timm ``ImageDataset`` with a custom reader (timm's extension point). It differs from timm's folder / tar readers
-in what it labels: an image belongs to the class folder it lies in, at any depth below it (timm: its leaf
-folder); an image outside any class folder is an error (timm: class ''); a ``val.tar`` holding ``val/<class>/``
-is read like ``val/`` itself. :func:`find_split` finds a split as a folder or a tar under timm's synonyms of its
-name (timm's ``_search_split`` finds folders only).
+:class:`ImageFileReader` differs from timm's folder / tar readers in what it labels: an image belongs to the class
+folder it lies in, at any depth below it (timm: its leaf folder); an image outside any class folder is an error
+(timm: class ''); a ``val.tar`` holding ``val/<class>/`` is read like ``val/`` itself. :func:`find_split` finds a
+split as a folder or a tar under timm's synonyms of its name (timm's ``_search_split`` finds folders only).
+
+timm's ``ImageDataset.__getitem__`` converts with ``Image.convert`` (wrong for 16-bit, float and premultiplied
+images) and, when an image fails to load, returns the next sample in its place, so a corrupt file silently doubles
+another image in training and in the metrics. :class:`ImageFileDataset` decodes with :func:`.decode.load_image`
+and returns an image that cannot be used as a :class:`.decode.SkippedImage`, never replaced.
 """
 import io
 import os
-from typing import Dict, List, Optional, Sequence, Tuple, Union
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
+from timm.data import ImageDataset
 from timm.data.readers.img_extensions import get_img_extensions
 from timm.data.readers.reader import Reader
 from timm.utils.misc import natural_key
 
 from mlp_vision.errors import UsageError
 from mlp_vision.training.data.class_map import read_class_map
+from mlp_vision.training.data.decode import SkippedImage, load_image
 from mlp_vision.training.data.reader_folder import count_linked_images_once, scan_folder
 from mlp_vision.training.data.reader_tar import scan_tar
 
-__all__ = ['SPLIT_SYNONYMS', 'find_split', 'split_names', 'split_entries', 'ImageFileReader']
+__all__ = ['SPLIT_SYNONYMS', 'find_split', 'split_names', 'split_entries', 'ImageFileReader', 'ImageFileDataset']
 
 # timm's split synonyms (timm.data.dataset_factory): a split asked for by one name is found under any of them
 SPLIT_SYNONYMS = (('train', 'training'), ('validation', 'val', 'valid', 'eval', 'evaluation'))
@@ -37,12 +42,8 @@ def split_names(split: str) -> List[str]:
 
 
 def find_split(root: str, split: str) -> Optional[str]:
-    """The folder or image tar that holds ``split`` in the folder ``root``, or None.
-
-    Tried in order: ``root/<split>`` (a folder, or a tar when ``split`` ends in ``.tar``), ``root/<split>.tar``,
-    then the same for timm's synonyms of the split name ('train' / 'training'; 'validation' / 'val' / 'valid' /
-    'eval' / 'evaluation').
-    """
+    """The folder or image tar that holds ``split`` in the folder ``root``, or None: ``root/<split>`` (a folder, or
+    a tar when ``split`` ends in ``.tar``), else ``root/<split>.tar``, tried for ``split`` then timm's synonyms."""
     for name in split_names(split):
         path = os.path.join(root, name)
         if os.path.isdir(path) or (os.path.isfile(path) and path.lower().endswith('.tar')):
@@ -59,18 +60,14 @@ def split_entries(root: str) -> List[str]:
                   if (e[:-4] if e.lower().endswith('.tar') else e) in names)
 
 
-
 def _samples_by_class(
         paths: Sequence[str],
         class_to_idx: Optional[Dict[str, int]],
         where: str,
 ) -> Tuple[List[Tuple[str, int]], Dict[str, int], List[str]]:
-    """Label relative image paths ``<class>/<any sub-folders>/<image>`` by their first folder.
-
-    Returns (``(path, target)`` list in natural order, class_to_idx, classes left out). With a given
-    ``class_to_idx`` (a class map, or the training set's classes for a validation set) images of other classes
-    are left out, as in timm; the caller decides whether that is an error.
-    """
+    """(``(path, target)`` in natural order, class_to_idx, classes left out) of relative image paths
+    ``<class>/<any sub-folders>/<image>``, labelled by their first folder. With a given ``class_to_idx`` images of
+    other classes are left out, as in timm; the caller decides whether that is an error."""
     loose = [p for p in paths if '/' not in p]
     if loose:
         raise UsageError(
@@ -85,12 +82,9 @@ def _samples_by_class(
     return samples, class_to_idx, other_classes
 
 
-
-
 def _strip_split_folder(paths: Sequence[str], tar_path: str) -> Tuple[List[str], str]:
-    """Drop a leading folder every image of a tar shares when it names the split (``val.tar`` holding
-    ``val/<class>/<image>``, as imagenette's tars do), so that class folders come first. Returns the paths
-    and the prefix dropped ('' for none)."""
+    """(paths, prefix dropped or '') without a leading folder every image of a tar shares when it names the split
+    (``val.tar`` holding ``val/<class>/<image>``, as imagenette's tars do), so that class folders come first."""
     if not paths:
         return list(paths), ''
     first = paths[0].split('/', 1)[0]
@@ -100,28 +94,17 @@ def _strip_split_folder(paths: Sequence[str], tar_path: str) -> Tuple[List[str],
     return list(paths), ''
 
 
-
-def _read_exactly(f, offset: int, size: int) -> bytes:
-    f.seek(offset)
-    data = f.read(size)
-    if len(data) != size:
-        raise EOFError(f'{size - len(data)} bytes missing at the end of the file')
-    return data
-
-
-
 class ImageFileReader(Reader):
     """The labelled images of an ImageFolder tree or an uncompressed image tar, as a timm reader:
     ``reader[index]`` is ``(open binary file, target)``.
 
     Layout: ``root/<class>/<image>``, or the same paths inside ``root`` = ``<name>.tar`` (optionally below one
     folder named like the split, ``val/<class>/<image>``; a tar of per-class tars ``<class>.tar`` works too).
-    Images in sub-folders of a class folder belong to that class; hidden files and folders are ignored, and an
-    image outside any class folder is an error. Symlinks (folder) and link members (tar) are read as
-    :func:`.reader_folder.scan_folder` and :func:`.reader_tar.scan_tar` say: each image once, loops skipped with a
-    warning. Classes are sorted in natural order (as timm); extensions are timm's
-    (``timm.data.set_img_extensions``). ``class_to_idx`` (or a ``class_map``, which wins) labels classes by name;
-    folders of other classes are left out and listed in :attr:`other_classes`.
+    Images in sub-folders of a class folder belong to that class; hidden files and folders are ignored. Symlinks
+    (folder) and link members (tar): see :func:`.reader_folder.scan_folder` and :func:`.reader_tar.scan_tar`.
+    Classes are sorted in natural order (as timm); extensions are timm's (``timm.data.set_img_extensions``).
+    ``class_to_idx`` (or a ``class_map``, which wins) labels classes by name; folders of other classes are left
+    out and listed in :attr:`other_classes`.
     """
 
     def __init__(
@@ -166,11 +149,16 @@ class ImageFileReader(Reader):
             return open(os.path.join(self.root, path), 'rb'), target
         if self._file_pid != os.getpid():  # a forked / spawned worker opens its own handle
             self._file, self._file_pid = open(self.root, 'rb'), os.getpid()
-        return io.BytesIO(_read_exactly(self._file, *self._offsets[path])), target
+        offset, size = self._offsets[path]
+        self._file.seek(offset)
+        data = self._file.read(size)
+        if len(data) != size:
+            raise EOFError(f'{size - len(data)} bytes missing at the end of the file')
+        return io.BytesIO(data), target
 
     def _filename(self, index: int, basename: bool = False, absolute: bool = False) -> str:
-        """Where the image of sample ``index`` is: a file path, or ``<tar path>:<member path>`` (``absolute``:
-        with the root made absolute; ``basename``: the file / member name only)."""
+        """A file path, or ``<tar path>:<member path>`` (``absolute``: the root made absolute; ``basename``: the
+        file / member name only)."""
         path = self.samples[index][0]
         if basename:
             return path.rsplit('/', 1)[-1]
@@ -181,3 +169,39 @@ class ImageFileReader(Reader):
         state = self.__dict__.copy()
         state['_file'] = state['_file_pid'] = None
         return state
+
+
+class ImageFileDataset(ImageDataset):
+    """Labelled images of an ImageFolder tree or an uncompressed image tar (``--dataset ''``), read by
+    :class:`ImageFileReader` (its ``samples``, ``class_to_idx``, ``other_classes``, ``is_tar`` are this dataset's).
+
+    ``__getitem__`` returns ``(transform(image), target)``, or a :class:`.decode.SkippedImage` when the image
+    cannot be used (see :func:`.decode.load_image`): the loaders of this package leave those out and count them.
+    """
+
+    def __init__(
+            self,
+            root: str,
+            class_map: Optional[Union[str, Dict[str, int]]] = None,
+            class_to_idx: Optional[Dict[str, int]] = None,
+            input_img_mode: Optional[str] = 'RGB',
+            transform: Optional[Callable] = None,
+    ):
+        reader = ImageFileReader(root, class_map=class_map, class_to_idx=class_to_idx)
+        super().__init__(root, reader=reader, input_img_mode=input_img_mode, transform=transform)
+        self.root = root
+        self.samples, self.class_to_idx = reader.samples, reader.class_to_idx
+        self.other_classes, self.is_tar = reader.other_classes, reader.is_tar
+
+    def __getitem__(self, index: int):
+        try:
+            fp, target = self.reader[index]
+            with fp:
+                img = load_image(fp, self.input_img_mode, self.filename(index))
+        except Exception as e:  # any decode failure skips this image only (KeyboardInterrupt etc. pass)
+            return SkippedImage(self.filename(index), f'{type(e).__name__}: {e}')
+        if self.transform is not None:
+            img = self.transform(img)
+        if self.target_transform is not None:
+            target = self.target_transform(target)
+        return img, target

@@ -1,16 +1,14 @@
 """ Finding the images of an ImageFolder tree, each once, with the class folder it lies in.
 
 timm's ``find_images_and_targets`` (``ReaderImageFolder``) walks with ``os.walk(followlinks=True)``: a symlink
-loop in a class folder walks forever, or files copies of every image under the looping class; it labels an image
-by its *leaf* folder, so a sub-folder of a class becomes a class of its own; an image loose in the root gets the
-class ''; hidden files (macOS' ``._<image>``) count as images. :func:`scan_folder` follows each link at most once,
-skips loops with a warning naming them, counts an image reached by several paths once, refuses an image that
-links would put in two classes, and leaves hidden files out; the labelling is :mod:`.reader`'s.
+loop in a class folder walks forever, or files copies of every image under the looping class; hidden files
+(macOS' ``._<image>``) count as images. :func:`scan_folder` follows each link at most once, skips loops with a
+warning naming them, counts an image reached by several paths once, refuses an image that links would put in two
+classes, and leaves hidden files out; the labelling is :mod:`.reader`'s.
 
-Nothing is left out unsaid: an entry named like an image that is no regular file (a FIFO would block ``open()``
-forever, a device read endlessly; a broken link) is skipped with a warning, and files of image formats outside
-timm's image extensions (``.bmp``, ``.gif``, ``.tiff``, ... which timm's readers drop silently) are counted by
-extension in one warning (:class:`LeftOut`).
+Nothing is left out unsaid (:class:`LeftOut`): an entry named like an image that is no regular file (a FIFO would
+block ``open()`` forever, a device read endlessly; a broken link) is skipped with a warning, and files of image
+formats outside timm's image extensions (which timm's readers drop silently) are counted in one warning.
 """
 import collections
 import functools
@@ -82,14 +80,6 @@ def _contains(folder: str, path: str) -> bool:
     return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
 
 
-def _visible_relpath(path: str, folder: str) -> Optional[str]:
-    """``path`` relative to ``folder`` ('/'-separated) if it lies below it with no hidden part, else None."""
-    if not _contains(folder, path) or path == folder:
-        return None
-    rel = os.path.relpath(path, folder).replace(os.sep, '/')
-    return None if any(is_hidden(part) for part in rel.split('/')) else rel
-
-
 class _FolderScan:
     """The images of an ImageFolder tree, symlinks followed at most once (see :func:`scan_folder`)."""
 
@@ -107,8 +97,8 @@ class _FolderScan:
             _logger.warning(f'{self.root}: skipped the symlink {rel} -> {target}: {why}')
 
     def class_folders(self) -> List[str]:
-        """Loose images in the root (the caller refuses them); fills :attr:`class_real` with the class folders,
-        leaving out a link to the root or a folder above it (a loop)."""
+        """Loose images in the root (the caller refuses them); fills :attr:`class_real` with the class folders
+        (a link to the root or a folder above it left out: a loop)."""
         loose = []
         with os.scandir(self.root) as entries:
             for entry in sorted(entries, key=lambda e: e.name):
@@ -145,15 +135,15 @@ class _FolderScan:
         parent = os.path.dirname(real)
         while parent != os.path.dirname(parent):
             if parent in owners:
-                rel = _visible_relpath(real, parent)
-                return None if rel is None else f'{owners[parent]}/{rel}'
+                rel = os.path.relpath(real, parent).replace(os.sep, '/')
+                return None if any(is_hidden(part) for part in rel.split('/')) else f'{owners[parent]}/{rel}'
             parent = os.path.dirname(parent)
         return None
 
     def walk_class(self, name: str) -> Tuple[List[str], List[Tuple[str, str]]]:
         """(images of the class's own folder tree, ``(relative path, real path)`` of those reached through
-        symlinks). Folders are read in trees: the class folder's own tree first (links not followed), then the
-        tree of each link found, in turn; every real folder is read once, so the walk ends."""
+        symlinks): the class folder's own tree first (links not followed), then the tree of each link found, in
+        turn; every real folder is read once, so the walk ends."""
         read: Dict[str, str] = {}  # real folder -> the relative path it was read as
         own, linked = [], []
         trees = [(self.class_real[name], name, True)]
@@ -238,12 +228,11 @@ def count_linked_images_once(
 def scan_folder(root: str, extensions: Set[str]) -> List[str]:
     """Image paths under ``root`` relative to it ('/'-separated), hidden files and folders left out.
 
-    Symlinks are followed at most once: a class folder may be a link, and a link inside one adds the images it
-    reaches to that class, but a link to a folder that contains it (a loop), to the dataset root, or to a
-    folder already read for the class is skipped with a warning naming it. A file reached by several paths of
-    one class (file links, links into the class's own folders) is counted once; a file that is an image of two
-    classes is a :class:`UsageError`, since no label would be right for both. Hard links are files of their
-    own, as copies would be.
+    A class folder may be a link, and a link inside one adds the images it reaches to that class, but a link to a
+    folder that contains it (a loop), to the dataset root, or to a folder already read for the class is skipped
+    with a warning naming it. A file reached by several paths of one class is counted once; a file that is an
+    image of two classes is a :class:`UsageError` (no label is right for both). Hard links are files of their own,
+    as copies would be.
     """
     scan = _FolderScan(root, extensions)
     paths = scan.class_folders()

@@ -1,10 +1,10 @@
 """ Finding the images of an uncompressed tar (or a tar of per-class tars) without extracting it.
 
-timm's ``ReaderImageTar`` keeps ``TarInfo`` objects and reads through ``tarfile`` in each worker; it labels by the
-leaf folder, drops link members silently (a tar made from a folder with symlinks loses those images), and
-``tarfile`` stops quietly at a truncated member, so a cut-off download trains on part of the data.
-:func:`scan_tar` lists each image's byte range in the file (one seek reads it in any process), reads link
-members as the folder the tar came from would be read, and stops with one line on a truncated or corrupt tar.
+timm's ``ReaderImageTar`` reads through ``tarfile`` in each worker, drops link members silently (a tar made from
+a folder with symlinks loses those images), and ``tarfile`` stops quietly at a truncated member, so a cut-off
+download trains on part of the data. :func:`scan_tar` lists each image's byte range in the file (one seek reads it
+in any process), reads link members as the folder the tar came from would be read, and stops with one line on a
+truncated or corrupt tar.
 """
 import os
 import posixpath
@@ -57,15 +57,13 @@ def _resolve_tar_links(
 
 
 def scan_tar(path: str, extensions: Set[str]) -> Tuple[Dict[str, Tuple[int, int]], Dict[str, str]]:
-    """``{member path: (byte offset of its data in the file, size)}`` for the images of an uncompressed tar, and
-    ``{symlink member: the member it reaches}`` for those of them that are symlinks.
+    """(``{member path: (byte offset of its data in the file, size)}`` of the images of an uncompressed tar,
+    ``{symlink member: the member it reaches}`` of those that are symlinks).
 
     Images inside tars inside the tar (ImageNet's train tar holds one tar per class) are listed as
-    ``<inner tar name without .tar>/<member path>``, their offsets in the outer file (tar stores members
-    uncompressed and contiguous, so an image can be read with one seek, without tarfile, in any process).
-    A hard-link member is an image of its own with its file's data (as a hard-linked file in a folder); a
-    symlink member reads the member it points to (see :func:`_resolve_tar_links`).
-    A truncated or corrupt tar raises a :class:`UsageError` naming it.
+    ``<inner tar name without .tar>/<member path>``, with offsets in the outer file. A hard-link member is an image
+    of its own with its file's data (as a hard-linked file in a folder); a symlink member reads the member it
+    points to (:func:`_resolve_tar_links`). A truncated or corrupt tar raises a :class:`UsageError` naming it.
     """
     images: Dict[str, Tuple[int, int]] = {}
     links: Dict[str, str] = {}
