@@ -215,13 +215,16 @@ def check_activation_size(build_on_meta: Callable[[], Optional[nn.Module]], inpu
     return estimate
 
 
-def add_bound_arguments(group: argparse._ActionsContainer) -> None:
-    """``--max-params`` (:data:`MAX_PARAMS`) and ``--max-activation-gib`` (:data:`MAX_ACTIVATION_BYTES`): the
-    opt-ins past the bounds on the sizes files may ask for, set for the command by :func:`size_bounds`."""
+def add_bound_arguments(group: argparse._ActionsContainer, activations: bool = True) -> None:
+    """``--max-params`` (:data:`MAX_PARAMS`) and, for a command that runs a forward pass (``activations``),
+    ``--max-activation-gib`` (:data:`MAX_ACTIVATION_BYTES`): the opt-ins past the bounds on the sizes files may ask
+    for, set for the command by :func:`size_bounds`."""
     group.add_argument('--max-params', type=float, default=None, metavar='N',
                        help=f'raises the bound on a model\'s parameter count (default {MAX_PARAMS:.0e}), checked '
                             f'before it is built: for a model this large that is meant, not a damaged or crafted '
                             f'checkpoint / config.json')
+    if not activations:  # a flag accepted where it bounds nothing would be a silent no-op
+        return
     group.add_argument('--max-activation-gib', type=float, default=None, metavar='GIB',
                        help=f'raises the bound on the activations one step may hold (default '
                             f'{MAX_ACTIVATION_BYTES // 2 ** 30} GiB, estimated on the meta device before the first '

@@ -21,7 +21,6 @@ import os
 import re
 import textwrap
 import time
-from types import SimpleNamespace
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import timm
@@ -34,8 +33,7 @@ from .layers.gating import SpatialGatingUnit
 from .layers.sparse_mlp import AxialSparseMLP
 from .layers.ssm import BidirectionalGatedSSM
 from mlp_vision.training.run.checkpoint import load_checkpoint_file
-from .errors import (
-    MAX_ACTIVATION_FLAG, ArgumentParser, DefaultsHelpFormatter, UsageError, check_range, run_cli, within_bounds)
+from .errors import ArgumentParser, DefaultsHelpFormatter, UsageError, check_range, run_cli, within_bounds
 from mlp_vision.training.tasks.image_model import create_model, create_model_for_eval, model_create_kwargs
 from mlp_vision.training.run.training_run import add_common_arguments
 from .threads import add_threads_argument, set_threads
@@ -352,10 +350,7 @@ def build_parser(prog: Optional[str] = None) -> argparse.ArgumentParser:
     parser.add_argument('--max-lag', type=int, default=64, metavar='N',
                         help='BiGS / text gMLP: plot token offsets up to N')
     add_threads_argument(parser)
-    # the common flags less --max-activation-gib: this command runs no forward pass, so that bound would limit
-    # nothing (an accepted flag that did nothing); --max-params bounds the model it builds
-    add_common_arguments(SimpleNamespace(add_argument=lambda *names, **kwargs: (
-        None if MAX_ACTIVATION_FLAG in names else parser.add_argument(*names, **kwargs))))
+    add_common_arguments(parser, activations=False)  # no forward pass here: --max-params only
     return parser
 
 

@@ -76,15 +76,16 @@ def add_run_arguments(group: argparse._ActionsContainer, resume_help: str) -> No
     add_common_arguments(group)
 
 
-def add_common_arguments(group: argparse._ActionsContainer) -> None:
+def add_common_arguments(group: argparse._ActionsContainer, activations: bool = True) -> None:
     """``--trust-checkpoint``, ``--debug`` and the size bounds' ``--max-params`` / ``--max-activation-gib``
-    (:func:`~mlp_vision.errors.add_bound_arguments`): the same in every script that reads checkpoint files."""
+    (:func:`~mlp_vision.errors.add_bound_arguments`; ``activations=False``: a command that runs no forward pass):
+    the same in every script that reads checkpoint files."""
     group.add_argument(TRUST_FLAG, action='store_true', default=False,
                        help='UNSAFE: allow checkpoint files that need a full unpickle; that runs arbitrary code from '
                             'the file. Only for files you made or whose maker you trust')
     group.add_argument('--debug', action='store_true', default=False,
                        help='show the full traceback of an error instead of its one-line message')
-    add_bound_arguments(group)
+    add_bound_arguments(group, activations)
 
 
 def add_device_arguments(group: argparse._ActionsContainer, distributed: bool = True) -> None:
