@@ -522,6 +522,10 @@ def test_legacy_config_names_still_load(tmp_path):
     gpt = mt.create_model('gpt_sdpa', n_layer=1, n_embd=32, n_head=2, block_size=32, dropout=0.1, ffn_ratio=2)
     assert (gpt.config.num_hidden_layers, gpt.config.hidden_size, gpt.config.max_position_embeddings,
             gpt.config.intermediate_size, gpt.config.attention_probs_dropout_prob) == (1, 32, 32, 64, 0.1)
+    # the config class itself (not only create_model): the ratio scales the width given beside it
+    from mlp_vision.text.gpt import GPTConfig
+    assert GPTConfig(n_embd=32, n_head=2, ffn_ratio=2).intermediate_size == 64
+    assert GPTConfig(hidden_size=32, num_attention_heads=2, ffn_ratio=3).intermediate_size == 96
     with pytest.raises(TypeError, match="both 'dim'"):
         mt.create_model('gmlp_base', dim=32, hidden_size=32, device='meta')
     with pytest.raises(TypeError, match="no field 'no_such_field'"):

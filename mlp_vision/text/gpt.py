@@ -86,8 +86,11 @@ class GPTConfig(TextConfig):
 
     def __post_init__(self, **kwargs):
         if 'dropout' in kwargs or 'ffn_ratio' in kwargs:  # legacy names given to the class itself
-            legacy = self.rename_legacy({k: kwargs.pop(k) for k in ('dropout', 'ffn_ratio') if k in kwargs}
-                                        | {'hidden_size': self.hidden_size})
+            # the ratio scales the width given with it (n_embd, still a legacy kwarg here), else the field's
+            given = {'hidden_size': kwargs.get('n_embd', self.hidden_size)}
+            if self.intermediate_size is not None:
+                given['intermediate_size'] = self.intermediate_size
+            legacy = self.rename_legacy({k: kwargs.pop(k) for k in ('dropout', 'ffn_ratio') if k in kwargs} | given)
             for name, value in legacy.items():
                 setattr(self, name, value)
         super().__post_init__(**kwargs)
