@@ -114,9 +114,6 @@ def count_bert_large(seq_len: int) -> Count:
     return count_text('bert_large', seq_len, label=f'bert_large_{seq_len}', max_position_embeddings=seq_len)
 
 
-# ------------------------------------------------------------------------------------------------------------------
-# model names
-# ------------------------------------------------------------------------------------------------------------------
 _BIGS_NAMES = [f'bigs_large_{n}' for n in BIGS_LENGTHS]
 _BERT_NAMES = [f'bert_large_{n}' for n in BIGS_LENGTHS]  # the BERT-large baselines, counted by count_bert_large
 

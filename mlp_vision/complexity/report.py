@@ -77,12 +77,8 @@ def _g(x: Optional[float], unit: float = 1e9, digits: int = 3) -> str:
 
 
 def _uncounted_str(count: Count) -> str:
-    parts = [f'{op.replace("aten::", "")}×{n}' for op, n in count.uncounted.items()]
-    flagged = count.flagged
-    s = ', '.join(parts) if parts else 'none'
-    if flagged:
-        s += ' — **not element-wise: ' + ', '.join(flagged) + '**'
-    return s
+    text = ', '.join(f'{op.replace("aten::", "")}×{n}' for op, n in count.uncounted.items()) or 'none'
+    return text + (' — **not element-wise: ' + ', '.join(count.flagged) + '**' if count.flagged else '')
 
 
 def conventions() -> List[str]:
@@ -209,9 +205,6 @@ def render_json(report: Report) -> str:
     return json.dumps(data, indent=1) + '\n'
 
 
-# ------------------------------------------------------------------------------------------------------------------
-# CLI
-# ------------------------------------------------------------------------------------------------------------------
 FORMATS = ('md', 'csv', 'json')
 
 
@@ -291,9 +284,8 @@ def _command_line(args: argparse.Namespace) -> str:
 
 
 def main(argv: Optional[Sequence[str]] = None, prog: str = PROG) -> int:
-    """Exit status: 0; 1 when a paper row FAILs or a model could not be counted (ERROR). Bad arguments: one line
-    starting with ``prog`` (the name the command was run as: ``mlp-vision-complexity`` for the console script) and
-    status 2, see ``run_cli`` (which also gives an in-process caller its thread count back)."""
+    """Exit status: 0; 1 when a paper row FAILs or a model could not be counted (ERROR); bad arguments: one line
+    starting with ``prog`` (the name it was run as) and status 2 (``run_cli``)."""
     return run_cli(prog, lambda a: _main(a, prog), argv)
 
 
@@ -311,13 +303,9 @@ def _main(argv: Sequence[str], prog: str) -> int:
         print(f'wrote {args.plot}', file=sys.stderr)
         return 0
     report = build_report(args.models, args.img_size, args.seq_len, progress=progress)
+    render = dict(md=lambda r: render_markdown(r, _command_line(args)), csv=render_csv, json=render_json)
     for path, fmt in args.targets:
-        if fmt == 'md':
-            text = render_markdown(report, _command_line(args))
-        elif fmt == 'csv':
-            text = render_csv(report)
-        else:
-            text = render_json(report)
+        text = render[fmt](report)
         if path:
             atomic_write_text(path, text)  # a failed write leaves the previous report whole
             progress(f'wrote {path}')
