@@ -65,7 +65,10 @@ from mlp_vision.errors import ArgumentParser, UsageError, parse_device, run_cli
 from mlp_vision.training.run.compile import COMPILE_MODES
 from mlp_vision.training.tasks.image_model import is_local_dir
 
-PRECISIONS = ('fp32', 'bf16', 'fp16', 'amp_bf16', 'amp_fp16')
+PRECISIONS = {  # --precision: (parameter / input dtype, autocast dtype or None)
+    'fp32': (torch.float32, None), 'bf16': (torch.bfloat16, None), 'fp16': (torch.float16, None),
+    'amp_bf16': (torch.float32, torch.bfloat16), 'amp_fp16': (torch.float32, torch.float16),
+}
 LAYERS = ('bigs_layer', 'bert_layer')  # sequence-layer contenders (tokens/s)
 FUSED_PREFIX = 'fused:'
 
@@ -238,10 +241,8 @@ def build(spec: str, args: argparse.Namespace, twin_of: Optional[nn.Module] = No
 
 def share_weights(a: nn.Module, a_spec: str, b: nn.Module, b_spec: str) -> Tuple[str, bool]:
     """Give A the weights of B (through A's checkpoint filter) when they are one architecture; returns (how, for
-    the record; whether the two now compute the same function, so that their outputs can be compared).
-
-    Two different architectures (``--compare smlpnet_t convnext_tiny``) keep their own random weights: only
-    their speed is compared."""
+    the record; whether the two now compute the same function). Two different architectures (``--compare
+    smlpnet_t convnext_tiny``) keep their own random weights: only their speed is compared."""
     if b_spec.startswith('ref:') or a_spec.startswith('ref:'):
         return 'ref built from the other', True
     if b_spec.startswith(FUSED_PREFIX) or a_spec.startswith(FUSED_PREFIX):
@@ -286,24 +287,14 @@ def error_summary(e: BaseException) -> str:
 
 
 def input_size(spec: str, model: nn.Module, args: argparse.Namespace) -> Tuple[int, ...]:
-    """Per-sample input shape: (C, H, W) for image models, (seq-len, dim) for sequence layers.
-
-    Decided by the contender's name: a ``ref:`` model has no pretrained cfg of its own, so its input size comes
-    from the model it was built from."""
+    """Per-sample input shape: (C, H, W) for image models, (seq-len, dim) for sequence layers; by the contender's
+    name, as a ``ref:`` model has no pretrained cfg of its own (its size is that of the model it was built from)."""
     if is_layer(spec):
         return args.seq_len, args.dim
     if args.img_size is not None:
         return 3, args.img_size, args.img_size
     cfg = getattr(model, 'pretrained_cfg', None) or timm.models.get_pretrained_cfg(base_name(spec)).to_dict()
     return tuple(cfg.get('input_size', (3, 224, 224)))
-
-
-def _dtypes(precision: str) -> Tuple[torch.dtype, Optional[torch.dtype]]:
-    """(parameter / input dtype, autocast dtype or None)."""
-    return {
-        'fp32': (torch.float32, None), 'bf16': (torch.bfloat16, None), 'fp16': (torch.float16, None),
-        'amp_bf16': (torch.float32, torch.bfloat16), 'amp_fp16': (torch.float32, torch.float16),
-    }[precision]
 
 
 def _sync(device: torch.device) -> None:
@@ -331,7 +322,7 @@ class Runner:
         self.device = torch.device(args.device)
         self.clock = time.process_time if args.timer == 'cpu' else time.perf_counter
         self.mode = mode
-        dtype, self.amp_dtype = _dtypes(args.precision)
+        dtype, self.amp_dtype = PRECISIONS[args.precision]
         memory_format = torch.channels_last if args.channels_last else torch.contiguous_format
         model = model.to(device=self.device, dtype=dtype, memory_format=memory_format)
         model.train(mode == 'train')
@@ -393,16 +384,6 @@ def profile_step(runner: 'Runner', spec: str, rows: int = 15) -> None:
     print(PROFILES[-1], flush=True)
 
 
-def _iters_for(step_time: float, args: argparse.Namespace) -> int:
-    return args.iters if args.iters > 0 else max(1, math.ceil(args.min_sample_time / max(step_time, 1e-9)))
-
-
-def _best_time(fn: Callable[[], Any], device: torch.device, reps: int, clock: Callable[[], float],
-               rounds: int = 5) -> float:
-    fn()
-    return min(_seconds_per_call(fn, reps, device, clock) for _ in range(rounds))
-
-
 def matmul_ceiling(device: torch.device, precision: str, clock: Callable[[], float] = time.perf_counter
                    ) -> Dict[str, Any]:
     """Measured GEMM rates in the compute dtype (best of 5 rounds), the denominators of "% of ceiling".
@@ -412,16 +393,20 @@ def matmul_ceiling(device: torch.device, precision: str, clock: Callable[[], flo
     the route of 1x1 convolutions (sMLPNet's fuse); the higher of the two where MKL's float32 sgemm skips AVX-512
     (AMD). Batch 16: single-threaded PyTorch sends 1x1 convs of smaller batches to its own im2col + MKL path."""
     n = 2048 if device.type == 'cpu' else 8192
-    dtype = _dtypes(precision)[1] or _dtypes(precision)[0]
+    dtype = PRECISIONS[precision][1] or PRECISIONS[precision][0]
     a = torch.randn(n, n, device=device, dtype=dtype)
     b = torch.randn(n, n, device=device, dtype=dtype)
     reps = 3 if device.type == 'cpu' else 20
+
+    def gflops(gemm: Callable[[], Any]) -> float:
+        gemm()
+        return 2 * n ** 3 / min(_seconds_per_call(gemm, reps, device, clock) for _ in range(5)) / 1e9
     out: Dict[str, Any] = {'matmul_n': n, 'matmul_dtype': str(dtype).replace('torch.', '')}
-    out['matmul_gflops'] = 2 * n ** 3 / _best_time(lambda: torch.mm(a, b), device, reps, clock) / 1e9
+    out['matmul_gflops'] = gflops(lambda: torch.mm(a, b))
     if device.type == 'cpu':
         x = torch.randn(16, n, 16, 8, dtype=dtype).contiguous(memory_format=torch.channels_last)
         w = torch.randn(n, n, 1, 1, dtype=dtype)
-        out['onednn_gflops'] = 2 * n ** 3 / _best_time(lambda: F.conv2d(x, w), device, reps, clock) / 1e9
+        out['onednn_gflops'] = gflops(lambda: F.conv2d(x, w))
     return out
 
 
@@ -441,8 +426,10 @@ def _cached_macs(spec: str, model: nn.Module, in_size: Tuple[int, ...], cache: D
     return cache[spec, in_size]
 
 
-_MEMPROBE_CHILD = ('import sys; from mlp_vision.benchmark import main; '
-                   'main(sys.argv[2:], prog="python -m mlp_vision.benchmark", reference_dir=sys.argv[1] or None)')
+# the child: this command, importing this very ``mlp_vision`` (a checkout's is found through the script's folder,
+# which a child does not search), handed the checkout's reference folder (a ref: contender's)
+_MEMPROBE_CHILD = ('import sys; sys.path.insert(0, sys.argv[1]); from mlp_vision.benchmark import main; '
+                   'main(sys.argv[3:], prog="python -m mlp_vision.benchmark", reference_dir=sys.argv[2] or None)')
 
 
 def peak_memory(spec: str, mode: str, args: argparse.Namespace) -> Dict[str, float]:
@@ -451,8 +438,8 @@ def peak_memory(spec: str, mode: str, args: argparse.Namespace) -> Dict[str, flo
     allocator statistics): the growth of the peak resident set size (ru_maxrss) beyond what the first step left
     in use, an upper bound (first-touch effects), plus the peak RSS of the whole process."""
     progress(f'{spec}, {mode}: peak memory (a child process runs two steps)')
-    # this command in a child, handed the checkout's reference folder (a ref: contender's) as an argument
-    cmd = [sys.executable, '-c', _MEMPROBE_CHILD, str(REFERENCE_DIR or '')]
+    package_root = str(Path(mlp_vision.__file__).resolve().parents[1])
+    cmd = [sys.executable, '-c', _MEMPROBE_CHILD, package_root, str(REFERENCE_DIR or '')]
     cmd += ['--memprobe', f'{spec}|{mode}', '--model', spec]
     cmd += ['--threads', str(torch.get_num_threads())]  # the count this run chose, not the child's own default
     for k in ('batch_size', 'img_size', 'num_classes', 'device', 'precision', 'seed', 'seq_len', 'dim',
@@ -463,8 +450,7 @@ def peak_memory(spec: str, mode: str, args: argparse.Namespace) -> Dict[str, flo
     if args.channels_last:
         cmd.append('--channels-last')
     try:
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=900, check=True,
-                             env=_same_package_env()).stdout
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=900, check=True).stdout
         return json.loads(out.strip().splitlines()[-1])
     except subprocess.CalledProcessError as e:  # the child's own last line says why
         why = (e.stderr or '').strip().splitlines()[-1:] or [f'exit status {e.returncode}']
@@ -472,15 +458,6 @@ def peak_memory(spec: str, mode: str, args: argparse.Namespace) -> Dict[str, flo
     except (subprocess.SubprocessError, ValueError, IndexError) as e:
         print(f'note: memory probe failed for {spec} ({error_summary(e)})', file=sys.stderr)
     return {}
-
-
-def _same_package_env() -> Dict[str, str]:
-    """The environment of a child process that imports this very ``mlp_vision`` (a checkout's is found through
-    the script's folder, which ``python -m`` in a child does not search)."""
-    env = dict(os.environ)
-    root = str(Path(mlp_vision.__file__).resolve().parents[1])
-    env['PYTHONPATH'] = os.pathsep.join([root] + [p for p in env.get('PYTHONPATH', '').split(os.pathsep) if p])
-    return env
 
 
 def _memprobe_main(args: argparse.Namespace) -> None:
@@ -492,18 +469,14 @@ def _memprobe_main(args: argparse.Namespace) -> None:
     _sync(device)
     if device.type == 'cuda':
         torch.cuda.reset_peak_memory_stats(device)
-    base = torch.cuda.memory_allocated(device) if device.type == 'cuda' else _current_rss()
+        base = torch.cuda.memory_allocated(device)
+    else:  # the resident set size now (ru_maxrss below, the peak, is in KiB on Linux)
+        base = int(Path('/proc/self/statm').read_text().split()[1]) * os.sysconf('SC_PAGE_SIZE')
     runner.step()
     _sync(device)
     peak = (torch.cuda.max_memory_allocated(device) if device.type == 'cuda'
             else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
     print(json.dumps({'peak_mem_mb': peak / 2 ** 20, 'step_mem_mb': max(peak - base, 0) / 2 ** 20}))
-
-
-def _current_rss() -> int:
-    """Resident set size in bytes now (ru_maxrss, the peak, is in KiB on Linux)."""
-    with open('/proc/self/statm') as f:
-        return int(f.read().split()[1]) * os.sysconf('SC_PAGE_SIZE')
 
 
 def _row_common(args, mode, in_size) -> Dict[str, Any]:
@@ -602,8 +575,9 @@ def run_contenders(specs: Sequence[str], args, env, macs_cache) -> List[Dict[str
         macs = {} if args.no_flops else {s: _cached_macs(s, m, in_size, macs_cache) for s, m in zip(specs, models)}
         labels = [f'A {specs[0]}, {mode}', f'B {specs[1]}, {mode}'] if pair else [title]
         runners = [Runner(m, mode, args, in_size, label=label) for m, label in zip(models, labels)]
-        # size the samples from the slowest contender so each sample has >= min_sample_time
-        iters = _iters_for(max([r.warmup(args.warmup) for r in runners]), args)
+        # size the samples from the slowest contender so each sample has >= --min-sample-time
+        slowest = max([r.warmup(args.warmup) for r in runners])
+        iters = args.iters or max(1, math.ceil(args.min_sample_time / max(slowest, 1e-9)))
         load_start = os.getloadavg()[0]
         times = _timed_samples(runners, iters, args, title)
         if args.profile:
@@ -757,8 +731,7 @@ def write_results(rows, env, args) -> None:
 
 def main(argv=None, prog: str = 'benchmark.py', reference_dir: Optional[Path] = None) -> None:
     """Benchmark; bad arguments stop with one line starting with ``prog`` and exit status 2 (``run_cli``).
-    ``reference_dir``: the folder of reference models kept with the checkout's tests (the ``ref:`` contenders), given
-    by the checkout's benchmark.py."""
+    ``reference_dir``: the checkout's folder of reference models (the ``ref:`` contenders), from its benchmark.py."""
     global REFERENCE_DIR
     if reference_dir is not None:
         REFERENCE_DIR = Path(reference_dir)

@@ -9,10 +9,6 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import torch
 import torch.nn as nn
 
-__all__ = [
-    'matmul_macs', 'batched_matmul_add_macs', 'vector_macs', 'sdpa_macs', 'fft_flops', 'fft_macs',
-    'EXTRA_HANDLES', 'NON_MAC_OPS', 'count_module',
-]
 
 def _shape(value) -> List[int]:
     from fvcore.nn.jit_handles import get_shape

@@ -15,7 +15,6 @@ from typing import Optional, Tuple
 
 from .counts import BIGS_LENGTHS, Count
 
-__all__ = ['QUANTITIES', 'PaperRow', 'PAPER_ROWS', 'STATUSES', 'Comparison', 'compare', 'format_like']
 
 QUANTITIES = {
     # name: (Count attribute, unit, unit label, default tolerance)

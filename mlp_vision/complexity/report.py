@@ -1,6 +1,7 @@
 """ The complexity report: counts beside the paper rows, rendered as markdown / CSV / JSON, and its CLI. """
 import argparse
 import csv
+import functools
 import io
 import json
 import os
@@ -18,10 +19,6 @@ from ..threads import THREADS_RANGE, add_threads_argument, set_threads
 from .counts import DEFAULT_IMG_SIZE, Count, CountCache, family, resolve_models, text_seq_len
 from .paper import PAPER_ROWS, QUANTITIES, STATUSES, Comparison, compare, format_like
 
-__all__ = [
-    'Report', 'build_report', 'conventions', 'render_markdown', 'render_csv', 'render_json', 'parse_args', 'main',
-    'COMMAND', 'COMMAND_PLOT', 'PROG',
-]
 
 PROG = 'python -m mlp_vision.complexity'  # the command's name in messages; the console script passes its own
 COMMAND = 'python -m mlp_vision.complexity --output results/complexity.md results/complexity.csv'
@@ -162,7 +159,7 @@ CSV_FIELDS = ('section', 'source', 'model', 'input', 'quantity', 'unit', 'paper'
               'tolerance_pct', 'by', 'status', 'note')
 
 
-def _csv_rows(report: Report) -> List[dict]:
+def render_csv(report: Report) -> str:
     rows = []
     for c in report.comparisons:
         rows.append(dict(
@@ -183,14 +180,10 @@ def _csv_rows(report: Report) -> List[dict]:
             if value is not None:
                 rows.append(dict(base, input=c.input, quantity=quantity, unit='', ours=str(value), status='',
                                  note='uncounted: ' + _uncounted_str(c) if quantity == 'macs' else ''))
-    return rows
-
-
-def render_csv(report: Report) -> str:
     out = io.StringIO()
     writer = csv.DictWriter(out, fieldnames=CSV_FIELDS, lineterminator='\n')
     writer.writeheader()
-    writer.writerows(_csv_rows(report))
+    writer.writerows(rows)
     return out.getvalue()
 
 
@@ -291,16 +284,14 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = PROG) -> int:
 
 def _main(argv: Sequence[str], prog: str) -> int:
     args = parse_args(argv, prog)
-
-    def progress(line: str) -> None:  # on stderr: stdout may be the report itself
-        print(line, file=sys.stderr, flush=True)
+    progress = functools.partial(print, file=sys.stderr, flush=True)  # stdout may be the report itself
     progress(set_threads(args.threads))
     # fvcore traces with torch.jit, whose deprecation notice (one per model) says nothing about the counts
     warnings.filterwarnings('ignore', message='`torch.jit.script` is deprecated', category=FutureWarning)
     if args.plot:
         from .plot import plot_scaling
         plot_scaling(args.plot, progress=progress)
-        print(f'wrote {args.plot}', file=sys.stderr)
+        progress(f'wrote {args.plot}')
         return 0
     report = build_report(args.models, args.img_size, args.seq_len, progress=progress)
     render = dict(md=lambda r: render_markdown(r, _command_line(args)), csv=render_csv, json=render_json)
