@@ -60,7 +60,7 @@ import mlp_vision
 from mlp_vision.layers import BidirectionalGatedSSM
 from mlp_vision.training.run.checkpoint import atomic_write_text
 from mlp_vision.training.run.config import SEED_MAX, check_flag_ranges
-from mlp_vision.threads import THREADS_RANGE, add_threads_argument, set_threads
+from mlp_vision.threads import add_threads_argument, set_threads
 from mlp_vision.errors import ArgumentParser, UsageError, parse_device, run_cli
 from mlp_vision.training.run.compile import COMPILE_MODES
 from mlp_vision.training.tasks.image_model import is_local_dir
@@ -109,8 +109,7 @@ def _load_reference(path: Path) -> ModuleType:
 FLAG_RANGES = {k: dict(low=1) for k in ('seq_len', 'dim', 'hidden_dim', 'num_states', 'heads', 'ffn_dim', 'batch_size',
                                           'img_size', 'samples')}
 FLAG_RANGES.update(num_classes=dict(low=0), warmup=dict(low=0), iters=dict(low=0),
-                   min_sample_time=dict(low=0, low_open=True), seed=dict(low=0, high=SEED_MAX),
-                   threads=THREADS_RANGE)
+                   min_sample_time=dict(low=0, low_open=True), seed=dict(low=0, high=SEED_MAX))  # --threads: set_threads
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -159,7 +158,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument('--seed', type=int, default=0)
     p.add_argument('--out', default=None, help='write PREFIX.csv / .json / .md (directories are created)')
     p.add_argument('--title', default=None, help='heading of the markdown file')
-    p.add_argument('--memprobe', default=None, help=argparse.SUPPRESS)  # internal: peak-RSS child process
     args = p.parse_args(argv)
     specs = list(args.model or []) + [s for pair in (args.compare or []) for s in pair]
     unknown = [s for s in specs if not (is_layer(s) or timm.is_model(base_name(s)) or is_local_dir(s))
@@ -186,7 +184,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     check_flag_ranges(args, FLAG_RANGES)
     parse_device(args.device)
     taken = [f'{args.out}{ext}' for ext in ('.csv', '.json', '.md', '_profile.txt')
-             if args.out and not args.memprobe and os.path.exists(f'{args.out}{ext}')]
+             if args.out and os.path.exists(f'{args.out}{ext}')]
     if taken:  # checked before minutes of timing, not after: earlier results are never replaced
         raise UsageError(f'--out {args.out}: {taken[0]} exists (an earlier run\'s results); give another prefix')
     return args
@@ -426,10 +424,10 @@ def _cached_macs(spec: str, model: nn.Module, in_size: Tuple[int, ...], cache: D
     return cache[spec, in_size]
 
 
-# the child: this command, importing this very ``mlp_vision`` (a checkout's is found through the script's folder,
-# which a child does not search), handed the checkout's reference folder (a ref: contender's)
-_MEMPROBE_CHILD = ('import sys; sys.path.insert(0, sys.argv[1]); from mlp_vision.benchmark import main; '
-                   'main(sys.argv[3:], prog="python -m mlp_vision.benchmark", reference_dir=sys.argv[2] or None)')
+# the child imports this very ``mlp_vision`` (a checkout's is found through the script's folder, which a child does
+# not search) and runs through ``run_cli`` (an error is one line, the last on its stderr)
+_MEMPROBE_CHILD = ('import sys; sys.path.insert(0, sys.argv[1]); from mlp_vision.errors import run_cli; '
+                   'from mlp_vision.benchmark import probe_memory; run_cli("memory probe", probe_memory, sys.argv[2:])')
 
 
 def peak_memory(spec: str, mode: str, args: argparse.Namespace) -> Dict[str, float]:
@@ -438,17 +436,12 @@ def peak_memory(spec: str, mode: str, args: argparse.Namespace) -> Dict[str, flo
     allocator statistics): the growth of the peak resident set size (ru_maxrss) beyond what the first step left
     in use, an upper bound (first-touch effects), plus the peak RSS of the whole process."""
     progress(f'{spec}, {mode}: peak memory (a child process runs two steps)')
+    # every setting of this run (the thread count it chose, not the child's own default), the checkout's folder of
+    # reference models (a ref: contender's)
+    settings = dict(vars(args), spec=spec, mode=mode, threads=torch.get_num_threads(),
+                    reference_dir=str(REFERENCE_DIR or ''))
     package_root = str(Path(mlp_vision.__file__).resolve().parents[1])
-    cmd = [sys.executable, '-c', _MEMPROBE_CHILD, package_root, str(REFERENCE_DIR or '')]
-    cmd += ['--memprobe', f'{spec}|{mode}', '--model', spec]
-    cmd += ['--threads', str(torch.get_num_threads())]  # the count this run chose, not the child's own default
-    for k in ('batch_size', 'img_size', 'num_classes', 'device', 'precision', 'seed', 'seq_len', 'dim',
-              'hidden_dim', 'num_states', 'bigs_conv_impl', 'heads', 'ffn_dim'):
-        v = getattr(args, k)
-        if v is not None:
-            cmd += [f'--{k.replace("_", "-")}', str(v)]
-    if args.channels_last:
-        cmd.append('--channels-last')
+    cmd = [sys.executable, '-c', _MEMPROBE_CHILD, package_root, json.dumps(settings)]
     try:
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=900, check=True).stdout
         return json.loads(out.strip().splitlines()[-1])
@@ -460,10 +453,14 @@ def peak_memory(spec: str, mode: str, args: argparse.Namespace) -> Dict[str, flo
     return {}
 
 
-def _memprobe_main(args: argparse.Namespace) -> None:
-    spec, mode = args.memprobe.split('|')
-    model = build(spec, args)
-    runner = Runner(model, mode, args, input_size(spec, model, args))
+def probe_memory(argv: Sequence[str]) -> None:
+    """The child of :func:`peak_memory`: ``argv`` holds the run's settings as JSON; prints the result as JSON."""
+    global REFERENCE_DIR
+    args = argparse.Namespace(**json.loads(argv[0]))
+    REFERENCE_DIR = Path(args.reference_dir) if args.reference_dir else None
+    set_threads(args.threads)
+    model = build(args.spec, args)
+    runner = Runner(model, args.mode, args, input_size(args.spec, model, args))
     device = runner.device
     runner.step()  # allocator pools, optimizer state, lazy init
     _sync(device)
@@ -742,9 +739,6 @@ def _main(argv, prog: str) -> None:
     global _run_start
     args = parse_args(argv)
     threads = set_threads(args.threads)
-    if args.memprobe:
-        _memprobe_main(args)
-        return
     _run_start = time.monotonic()
     PROFILES.clear()  # this run's tables only, when main is called again in one process
     progress(threads)

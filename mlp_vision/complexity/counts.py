@@ -126,10 +126,8 @@ def resolve_models(patterns: Optional[Sequence[str]]) -> List[str]:
     """Known names matching any of the shell-style ``patterns`` (all when None); a :class:`UsageError` (a
     ``ValueError``) for a pattern with no match."""
     known = known_models()
-    if not patterns:
-        return known
     selected = set()
-    for pattern in patterns:
+    for pattern in patterns or ['*']:
         hits = [n for n in known if fnmatch.fnmatch(n, pattern)]
         if not hits:
             raise UsageError(f'--models: pattern {pattern!r} matches no model; expected shell-style patterns over '

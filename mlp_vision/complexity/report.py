@@ -13,9 +13,9 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from ..errors import ArgumentParser, DefaultsHelpFormatter, UsageError, check_range, run_cli
+from ..errors import ArgumentParser, DefaultsHelpFormatter, UsageError, run_cli
 from mlp_vision.training.run.checkpoint import atomic_write_text
-from ..threads import THREADS_RANGE, add_threads_argument, set_threads
+from ..threads import add_threads_argument, set_threads
 from .counts import DEFAULT_IMG_SIZE, Count, CountCache, family, resolve_models, text_seq_len
 from .paper import PAPER_ROWS, QUANTITIES, STATUSES, Comparison, compare, format_like
 
@@ -212,8 +212,8 @@ def _positive_int(text: str) -> int:
 
 
 def parse_args(argv: Optional[Sequence[str]] = None, prog: str = PROG) -> argparse.Namespace:
-    """The flags, checked before anything is counted; bad input is a :class:`UsageError` (``main``: one line,
-    status 2, as every command)."""
+    """The flags, checked before anything is counted (``--threads`` by ``set_threads``, next); bad input is a
+    :class:`UsageError` (``main``: one line, status 2, as every command)."""
     p = ArgumentParser(
         prog=prog, formatter_class=DefaultsHelpFormatter,
         description='Parameters and fvcore MACs of every model beside the paper tables. The report opens with '
@@ -235,8 +235,6 @@ def parse_args(argv: Optional[Sequence[str]] = None, prog: str = PROG) -> argpar
     add_threads_argument(p)  # fvcore traces every model: a forward each
     p.add_argument('--debug', action='store_true', help='show the traceback of an error, not its one line')
     args = p.parse_args(argv)
-    if args.threads is not None:
-        check_range('--threads', args.threads, **THREADS_RANGE)
     if args.img_size % 32:
         raise UsageError(f'--img-size must be a multiple of 32 (sMLPNet needs H and W divisible by 32), got '
                          f'{args.img_size}')
