@@ -105,11 +105,11 @@ def _load_reference(path: Path) -> ModuleType:
     return module
 
 
-# the range of each numeric flag (check_range's bounds)
+# the range of each numeric flag (check_range's bounds; --threads is checked by set_threads)
 FLAG_RANGES = {k: dict(low=1) for k in ('seq_len', 'dim', 'hidden_dim', 'num_states', 'heads', 'ffn_dim', 'batch_size',
                                           'img_size', 'samples')}
 FLAG_RANGES.update(num_classes=dict(low=0), warmup=dict(low=0), iters=dict(low=0),
-                   min_sample_time=dict(low=0, low_open=True), seed=dict(low=0, high=SEED_MAX))  # --threads: set_threads
+                   min_sample_time=dict(low=0, low_open=True), seed=dict(low=0, high=SEED_MAX))
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -639,13 +639,11 @@ def _fmt_row(r: Dict[str, Any]) -> str:
 
 
 def environment(args, command: str) -> Dict[str, Any]:
-    cpu = platform.processor() or platform.machine()
-    try:
+    try:  # the processor's name on Linux
         with open('/proc/cpuinfo') as f:
-            names = [ln.split(':', 1)[1].strip() for ln in f if ln.startswith('model name')]
-        cpu = names[0] if names else cpu
-    except OSError:
-        pass
+            cpu = next(ln.split(':', 1)[1].strip() for ln in f if ln.startswith('model name'))
+    except (OSError, StopIteration):
+        cpu = platform.processor() or platform.machine()
     return dict(
         date_utc=datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d %H:%M UTC'),
         host=platform.node(), cpu=cpu, logical_cpus=os.cpu_count(), device=args.device,
