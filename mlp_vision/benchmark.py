@@ -1,34 +1,32 @@
 """ Inference / training-step throughput of timm models (ours and any registered one), alone or in pairs.
 
 Run as ``mlp-vision-benchmark`` / ``python -m mlp_vision.benchmark``, or ``python benchmark.py`` in a checkout.
-
-In the spirit of timm's ``benchmark.py``: throughput (images/s), step time, peak memory and achieved GFLOP/s
-against this machine's measured matrix-multiply rate, for any registered model, on CPU or CUDA, in
-fp32 / bf16 / fp16 (cast or autocast), optionally channels_last and ``torch.compile``.
+As timm's ``benchmark.py``: throughput, step time, peak memory and achieved GFLOP/s against this machine's measured
+matrix-multiply rate, on CPU or CUDA, in fp32 / bf16 / fp16 (cast or autocast), optionally channels_last and
+``torch.compile``.
 
 Paired comparisons (``--compare A B``) build both contenders in one process, give them the same weights, check
-that they compute the same outputs, then time them alternately (A B, B A, A B, ...) and report the median of
-the per-pair time ratios t_B / t_A (the speed-up of A over B). Load from other processes changes both members
-of a pair about equally, so the ratio is much steadier than either throughput on a shared machine.
+that they compute the same outputs, then time them alternately (A B, B A, ...) and report the median of the
+per-pair ratios t_B / t_A (the speed-up of A over B): load from other processes changes both members of a pair
+about equally, so the ratio is much steadier than either throughput on a shared machine.
 
 Contenders:
-    NAME             any timm-registered model (``import mlp_vision`` registers ours), e.g. ``smlpnet_t``,
-                     ``gmlp_s16_224`` (timm's own); ``local-dir:FOLDER``, a training run's pretrained/ folder.
-    ref:NAME         the straightforward sMLPNet (the reference ``smlpnet.py`` kept with the checkout's tests, outside
-                     the installed package) built as the twin of our ``NAME`` (same config, our weights). ``ref:``
-                     contenders need the checkout's ``benchmark.py`` (``python benchmark.py``), which hands this
-                     command the folder of reference models; the installed command has none.
-    bigs_layer       one BiGS layer (``mlp_vision.layers.BidirectionalGatedSSM``, d ``--dim``, d_i ``--hidden-dim``,
-                     N ``--num-states``; default BiGS-large: 1024 / 3072 / 64) on (batch, ``--seq-len``, d) inputs;
-    ref:bigs_layer   the straightforward BiGS layer (the checkout's reference ``bigs.py``) with the same weights;
-    fused:NAME       ``NAME`` with the same weights, then ``timm.utils.reparameterize_model`` (eval-time fusions such
-                     as sMLPNet's BatchNorm folded into the depthwise conv it follows; a model without any is
-                     unchanged): ``--compare fused:smlpnet_t smlpnet_t`` is what the fusions buy. Inference only.
-    bert_layer       the BERT layer it replaces, with SDPA attention (``mlp_vision.text.bert.BertLayer``: d ``--dim``,
-                     ``--heads`` heads, FFN ``--ffn-dim``; default BERT-large: 1024 / 16 / 4096).
-                     Layer contenders report tokens/s (batch x seq-len per step) instead of images/s.
-In a pair, B's weights are loaded into A through A's ``checkpoint_filter_fn`` (so ``--compare gmlp_s
-gmlp_s16_224`` runs ours with timm's weights); a ``ref:`` or ``fused:`` contender is built from the other one.
+    NAME             any timm-registered model (``import mlp_vision`` registers ours), or ``local-dir:FOLDER``
+                     (a training run's pretrained/ folder).
+    ref:NAME         the straightforward sMLPNet (the checkout's reference ``tests/reference/smlpnet.py``) built as
+                     the twin of our ``NAME`` (same config, our weights); only from the checkout's ``benchmark.py``,
+                     which hands this command the folder of reference models.
+    bigs_layer       one BiGS layer (``BidirectionalGatedSSM``: d ``--dim``, d_i ``--hidden-dim``, N
+                     ``--num-states``; default BiGS-large 1024 / 3072 / 64) on (batch, ``--seq-len``, d) inputs;
+                     ``ref:bigs_layer`` is the checkout's reference ``bigs.py`` with the same weights.
+    fused:NAME       ``NAME`` with the same weights after ``timm.utils.reparameterize_model`` (eval-time fusions
+                     such as sMLPNet's BatchNorm folded into its depthwise conv; a model without any is unchanged);
+                     inference only.
+    bert_layer       the BERT layer BiGS replaces, with SDPA attention (``mlp_vision.text.bert.BertLayer``: d
+                     ``--dim``, ``--heads``, FFN ``--ffn-dim``; default BERT-large 1024 / 16 / 4096).
+Layer contenders report tokens/s (batch x seq-len per step) instead of images/s. In a pair, B's weights are loaded
+into A through A's ``checkpoint_filter_fn`` (``--compare gmlp_s gmlp_s16_224`` runs ours with timm's weights); a
+``ref:`` or ``fused:`` contender is built from the other one.
 
 Results: ``--out PREFIX`` (PREFIX.csv / .json / .md), else a markdown table on stdout. Example commands: README.
 """
@@ -50,7 +48,7 @@ import sys
 import time
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn as nn
@@ -62,22 +60,21 @@ import mlp_vision
 from mlp_vision.layers import BidirectionalGatedSSM
 from mlp_vision.training.run.checkpoint import atomic_write_text
 from mlp_vision.training.run.config import SEED_MAX, check_flag_ranges
-from mlp_vision.threads import THREADS_RANGE, add_threads_argument, set_threads
+from mlp_vision.threads import add_threads_argument, set_threads
 from mlp_vision.errors import ArgumentParser, UsageError, parse_device, run_cli
 from mlp_vision.training.run.compile import COMPILE_MODES
 from mlp_vision.training.tasks.image_model import is_local_dir
 
-PRECISIONS = ('fp32', 'bf16', 'fp16', 'amp_bf16', 'amp_fp16')
-LAYERS = ('bigs_layer', 'bert_layer')  # sequence-layer contenders (tokens/s); ref:bigs_layer is the straightforward one
+PRECISIONS = {  # --precision: (parameter / input dtype, autocast dtype or None)
+    'fp32': (torch.float32, None), 'bf16': (torch.bfloat16, None), 'fp16': (torch.float16, None),
+    'amp_bf16': (torch.float32, torch.bfloat16), 'amp_fp16': (torch.float32, torch.float16),
+}
+LAYERS = ('bigs_layer', 'bert_layer')  # sequence-layer contenders (tokens/s)
+FUSED_PREFIX = 'fused:'
 
-
-# The straightforward twins of ``ref:`` contenders: the folder of reference models kept with the checkout's tests,
-# given by the checkout's benchmark.py (``main(reference_dir=...)``). The package never looks for the tests' files
-# itself, so an installed package has no ``ref:`` contenders.
+# The folder of the checkout's reference models (the ``ref:`` contenders), given by the checkout's benchmark.py
+# (``main(reference_dir=...)``): the package never looks for the tests' files itself.
 REFERENCE_DIR: Optional[Path] = None
-
-
-FUSED_PREFIX = 'fused:'  # our model with the same weights, reparameterized for inference (timm.utils)
 
 
 def base_name(spec: str) -> str:
@@ -108,12 +105,11 @@ def _load_reference(path: Path) -> ModuleType:
     return module
 
 
-# the range of each numeric flag (check_range's bounds)
+# the range of each numeric flag (check_range's bounds; --threads is checked by set_threads)
 FLAG_RANGES = {k: dict(low=1) for k in ('seq_len', 'dim', 'hidden_dim', 'num_states', 'heads', 'ffn_dim', 'batch_size',
                                           'img_size', 'samples')}
 FLAG_RANGES.update(num_classes=dict(low=0), warmup=dict(low=0), iters=dict(low=0),
-                   min_sample_time=dict(low=0, low_open=True), seed=dict(low=0, high=SEED_MAX),
-                   threads=THREADS_RANGE)
+                   min_sample_time=dict(low=0, low_open=True), seed=dict(low=0, high=SEED_MAX))
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -162,7 +158,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument('--seed', type=int, default=0)
     p.add_argument('--out', default=None, help='write PREFIX.csv / .json / .md (directories are created)')
     p.add_argument('--title', default=None, help='heading of the markdown file')
-    p.add_argument('--memprobe', default=None, help=argparse.SUPPRESS)  # internal: peak-RSS child process
     args = p.parse_args(argv)
     specs = list(args.model or []) + [s for pair in (args.compare or []) for s in pair]
     unknown = [s for s in specs if not (is_layer(s) or timm.is_model(base_name(s)) or is_local_dir(s))
@@ -189,7 +184,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     check_flag_ranges(args, FLAG_RANGES)
     parse_device(args.device)
     taken = [f'{args.out}{ext}' for ext in ('.csv', '.json', '.md', '_profile.txt')
-             if args.out and not args.memprobe and os.path.exists(f'{args.out}{ext}')]
+             if args.out and os.path.exists(f'{args.out}{ext}')]
     if taken:  # checked before minutes of timing, not after: earlier results are never replaced
         raise UsageError(f'--out {args.out}: {taken[0]} exists (an earlier run\'s results); give another prefix')
     return args
@@ -199,16 +194,10 @@ _run_start = time.monotonic()  # progress lines count seconds from here (reset w
 
 
 def progress(line: str) -> None:
-    """A progress line on stdout, beside the result rows, seconds since the run began first: every step that can
-    take more than a few seconds (building, counting MACs, compiling, warming up, each timed sample, the memory
-    probe) says so as it starts or ends, so a slow run is never minutes of silence. stderr stays the one line of an
-    error (and the notes)."""
+    """A progress line on stdout (stderr stays the one line of an error, and the notes), seconds since the run
+    began first: every step that can take more than a few seconds says so, so a slow run is never silent."""
     print(f'[{time.monotonic() - _run_start:5.0f} s] {line}', flush=True)
 
-
-# ---------------------------------------------------------------------------------------------------------------
-# contenders
-# ---------------------------------------------------------------------------------------------------------------
 
 def _create(name: str, args: argparse.Namespace) -> nn.Module:
     kwargs: Dict[str, Any] = dict(num_classes=args.num_classes)
@@ -250,10 +239,8 @@ def build(spec: str, args: argparse.Namespace, twin_of: Optional[nn.Module] = No
 
 def share_weights(a: nn.Module, a_spec: str, b: nn.Module, b_spec: str) -> Tuple[str, bool]:
     """Give A the weights of B (through A's checkpoint filter) when they are one architecture; returns (how, for
-    the record; whether the two now compute the same function, so that their outputs can be compared).
-
-    Two different architectures (``--compare smlpnet_t convnext_tiny``) keep their own random weights: only
-    their speed is compared."""
+    the record; whether the two now compute the same function). Two different architectures (``--compare
+    smlpnet_t convnext_tiny``) keep their own random weights: only their speed is compared."""
     if b_spec.startswith('ref:') or a_spec.startswith('ref:'):
         return 'ref built from the other', True
     if b_spec.startswith(FUSED_PREFIX) or a_spec.startswith(FUSED_PREFIX):
@@ -298,28 +285,14 @@ def error_summary(e: BaseException) -> str:
 
 
 def input_size(spec: str, model: nn.Module, args: argparse.Namespace) -> Tuple[int, ...]:
-    """Per-sample input shape: (C, H, W) for image models, (seq-len, dim) for sequence layers.
-
-    Decided by the contender's name: a ``ref:`` model has no pretrained cfg of its own, so its input size comes
-    from the model it was built from."""
+    """Per-sample input shape: (C, H, W) for image models, (seq-len, dim) for sequence layers; by the contender's
+    name, as a ``ref:`` model has no pretrained cfg of its own (its size is that of the model it was built from)."""
     if is_layer(spec):
         return args.seq_len, args.dim
     if args.img_size is not None:
         return 3, args.img_size, args.img_size
     cfg = getattr(model, 'pretrained_cfg', None) or timm.models.get_pretrained_cfg(base_name(spec)).to_dict()
     return tuple(cfg.get('input_size', (3, 224, 224)))
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# one step
-# ---------------------------------------------------------------------------------------------------------------
-
-def _dtypes(precision: str) -> Tuple[torch.dtype, Optional[torch.dtype]]:
-    """(parameter / input dtype, autocast dtype or None)."""
-    return {
-        'fp32': (torch.float32, None), 'bf16': (torch.bfloat16, None), 'fp16': (torch.float16, None),
-        'amp_bf16': (torch.float32, torch.bfloat16), 'amp_fp16': (torch.float32, torch.float16),
-    }[precision]
 
 
 def _sync(device: torch.device) -> None:
@@ -347,11 +320,10 @@ class Runner:
         self.device = torch.device(args.device)
         self.clock = time.process_time if args.timer == 'cpu' else time.perf_counter
         self.mode = mode
-        dtype, self.amp_dtype = _dtypes(args.precision)
+        dtype, self.amp_dtype = PRECISIONS[args.precision]
         memory_format = torch.channels_last if args.channels_last else torch.contiguous_format
         model = model.to(device=self.device, dtype=dtype, memory_format=memory_format)
         model.train(mode == 'train')
-        self.model = model
         self.fn = torch.compile(model, mode=args.compile_mode) if args.compile else model
         g = torch.Generator().manual_seed(args.seed)
         self.x = torch.randn((args.batch_size,) + tuple(in_size), generator=g).to(
@@ -410,94 +382,68 @@ def profile_step(runner: 'Runner', spec: str, rows: int = 15) -> None:
     print(PROFILES[-1], flush=True)
 
 
-def _iters_for(step_time: float, args: argparse.Namespace) -> int:
-    return args.iters if args.iters > 0 else max(1, math.ceil(args.min_sample_time / max(step_time, 1e-9)))
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# machine ceiling, MACs, memory
-# ---------------------------------------------------------------------------------------------------------------
-
-def _best_time(fn: Callable[[], Any], device: torch.device, reps: int, clock: Callable[[], float],
-               rounds: int = 5) -> float:
-    fn()
-    return min(_seconds_per_call(fn, reps, device, clock) for _ in range(rounds))
-
-
 def matmul_ceiling(device: torch.device, precision: str, clock: Callable[[], float] = time.perf_counter
                    ) -> Dict[str, Any]:
     """Measured GEMM rates in the compute dtype (best of 5 rounds), the denominators of "% of ceiling".
 
-    ``matmul_gflops``: ``torch.mm`` of two n x n matrices (n = 2048 on CPU, 8192 on CUDA), the plain GEMM
-    ceiling. On CPU in float32 ``torch.mm`` runs MKL's sgemm, which on AMD processors does not use AVX-512;
-    ``onednn_gflops`` is the same-sized GEMM (M = K = N = 2048) run through oneDNN as a 1x1 convolution on a
-    channels-last (16, 2048, 16, 8) map, the route 1x1 convolutions (sMLPNet's fuse) take, which is the higher of the
-    two on such machines (batch 16: single-threaded PyTorch sends 1x1 convs of smaller batches to its own
-    im2col + MKL path). On CUDA only ``matmul_gflops`` is measured.
-    """
+    ``matmul_gflops``: ``torch.mm`` of two n x n matrices (n = 2048 on CPU, 8192 on CUDA). CPU only:
+    ``onednn_gflops``, the same GEMM through oneDNN as a 1x1 convolution on a channels-last (16, 2048, 16, 8) map,
+    the route of 1x1 convolutions (sMLPNet's fuse); the higher of the two where MKL's float32 sgemm skips AVX-512
+    (AMD). Batch 16: single-threaded PyTorch sends 1x1 convs of smaller batches to its own im2col + MKL path."""
     n = 2048 if device.type == 'cpu' else 8192
-    dtype = _dtypes(precision)[1] or _dtypes(precision)[0]
+    dtype = PRECISIONS[precision][1] or PRECISIONS[precision][0]
     a = torch.randn(n, n, device=device, dtype=dtype)
     b = torch.randn(n, n, device=device, dtype=dtype)
     reps = 3 if device.type == 'cpu' else 20
+
+    def gflops(gemm: Callable[[], Any]) -> float:
+        gemm()
+        return 2 * n ** 3 / min(_seconds_per_call(gemm, reps, device, clock) for _ in range(5)) / 1e9
     out: Dict[str, Any] = {'matmul_n': n, 'matmul_dtype': str(dtype).replace('torch.', '')}
-    out['matmul_gflops'] = 2 * n ** 3 / _best_time(lambda: torch.mm(a, b), device, reps, clock) / 1e9
+    out['matmul_gflops'] = gflops(lambda: torch.mm(a, b))
     if device.type == 'cpu':
         x = torch.randn(16, n, 16, 8, dtype=dtype).contiguous(memory_format=torch.channels_last)
         w = torch.randn(n, n, 1, 1, dtype=dtype)
-        out['onednn_gflops'] = 2 * n ** 3 / _best_time(lambda: F.conv2d(x, w), device, reps, clock) / 1e9
+        out['onednn_gflops'] = gflops(lambda: F.conv2d(x, w))
     return out
 
 
-def count_macs(model: nn.Module, in_size: Tuple[int, ...]) -> float:
-    """fvcore MACs per image or sequence (batch 1, eval), with the project's counting rules
-    (:mod:`mlp_vision.complexity`)."""
-    from mlp_vision.complexity import count_module
-    was_training = model.training
-    model.eval()
-    try:
+def _cached_macs(spec: str, model: nn.Module, in_size: Tuple[int, ...], cache: Dict[Any, float]) -> float:
+    """fvcore MACs per image or sequence (batch 1, eval) with the project's counting rules
+    (:func:`mlp_vision.complexity.count_module`), once per contender and input size of a run."""
+    if (spec, in_size) not in cache:
+        from mlp_vision.complexity import count_module
+        progress(f'{spec}: counting MACs (fvcore)')
+        was_training = model.training
         param = next(model.parameters(), None)
         x = torch.randn((1,) + tuple(in_size), device=param.device if param is not None else None)
-        return float(count_module(model, (x,))[0])
-    finally:
-        model.train(was_training)
-
-
-def _cached_macs(spec: str, model: nn.Module, in_size: Tuple[int, ...], cache: Dict[Any, float]) -> float:
-    """:func:`count_macs`, once per contender and input size of a run (``--bench both`` builds each twice)."""
-    if (spec, in_size) not in cache:
-        progress(f'{spec}: counting MACs (fvcore)')
-        cache[spec, in_size] = count_macs(model, in_size)
+        try:
+            cache[spec, in_size] = float(count_module(model.eval(), (x,))[0])
+        finally:
+            model.train(was_training)
     return cache[spec, in_size]
 
 
-_MEMPROBE_CHILD = ('import sys; from mlp_vision.benchmark import main; '
-                   'main(sys.argv[2:], prog="python -m mlp_vision.benchmark", reference_dir=sys.argv[1] or None)')
+# the child imports this very ``mlp_vision`` (a checkout's is found through the script's folder, which a child does
+# not search) and runs through ``run_cli`` (an error is one line, the last on its stderr)
+_MEMPROBE_CHILD = ('import sys; sys.path.insert(0, sys.argv[1]); from mlp_vision.errors import run_cli; '
+                   'from mlp_vision.benchmark import probe_memory; run_cli("memory probe", probe_memory, sys.argv[2:])')
 
 
 def peak_memory(spec: str, mode: str, args: argparse.Namespace) -> Dict[str, float]:
-    """Peak memory of one step.
-
-    CUDA: ``max_memory_allocated`` over a step (in a child process, so nothing else is resident). CPU: PyTorch
-    keeps no CPU allocator statistics, so a child process builds the contender, runs one warm-up step, and
-    reports the growth of its peak resident set size (ru_maxrss) during a second step beyond what the first step
-    left in use, plus the peak RSS of the whole process. First-touch effects make this an upper bound.
-    """
+    """Peak memory of one step, measured in a child process (nothing else resident) that builds the contender and
+    runs a warm-up step, then a second. CUDA: ``max_memory_allocated`` over the second. CPU (PyTorch keeps no CPU
+    allocator statistics): the growth of the peak resident set size (ru_maxrss) beyond what the first step left
+    in use, an upper bound (first-touch effects), plus the peak RSS of the whole process."""
     progress(f'{spec}, {mode}: peak memory (a child process runs two steps)')
-    # this command in a child, handed the checkout's reference folder (a ref: contender's) as an argument
-    cmd = [sys.executable, '-c', _MEMPROBE_CHILD, str(REFERENCE_DIR or '')]
-    cmd += ['--memprobe', f'{spec}|{mode}', '--model', spec]
-    cmd += ['--threads', str(torch.get_num_threads())]  # the count this run chose, not the child's own default
-    for k in ('batch_size', 'img_size', 'num_classes', 'device', 'precision', 'seed', 'seq_len', 'dim',
-              'hidden_dim', 'num_states', 'bigs_conv_impl', 'heads', 'ffn_dim'):
-        v = getattr(args, k)
-        if v is not None:
-            cmd += [f'--{k.replace("_", "-")}', str(v)]
-    if args.channels_last:
-        cmd.append('--channels-last')
+    # every setting of this run (the thread count it chose, not the child's own default), the checkout's folder of
+    # reference models (a ref: contender's)
+    settings = dict(vars(args), spec=spec, mode=mode, threads=torch.get_num_threads(),
+                    reference_dir=str(REFERENCE_DIR or ''))
+    package_root = str(Path(mlp_vision.__file__).resolve().parents[1])
+    cmd = [sys.executable, '-c', _MEMPROBE_CHILD, package_root, json.dumps(settings)]
     try:
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=900, check=True,
-                             env=_same_package_env()).stdout
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=900, check=True).stdout
         return json.loads(out.strip().splitlines()[-1])
     except subprocess.CalledProcessError as e:  # the child's own last line says why
         why = (e.stderr or '').strip().splitlines()[-1:] or [f'exit status {e.returncode}']
@@ -507,44 +453,27 @@ def peak_memory(spec: str, mode: str, args: argparse.Namespace) -> Dict[str, flo
     return {}
 
 
-def _same_package_env() -> Dict[str, str]:
-    """The environment of a child process that imports this very ``mlp_vision`` (a checkout's is found through
-    the script's folder, which ``python -m`` in a child does not search)."""
-    env = dict(os.environ)
-    root = str(Path(mlp_vision.__file__).resolve().parents[1])
-    env['PYTHONPATH'] = os.pathsep.join([root] + [p for p in env.get('PYTHONPATH', '').split(os.pathsep) if p])
-    return env
-
-
-def _memprobe_main(args: argparse.Namespace) -> None:
-    spec, mode = args.memprobe.split('|')
-    model = build(spec, args)
-    runner = Runner(model, mode, args, input_size(spec, model, args))
+def probe_memory(argv: Sequence[str]) -> None:
+    """The child of :func:`peak_memory`: ``argv`` holds the run's settings as JSON; prints the result as JSON."""
+    global REFERENCE_DIR
+    args = argparse.Namespace(**json.loads(argv[0]))
+    REFERENCE_DIR = Path(args.reference_dir) if args.reference_dir else None
+    set_threads(args.threads)
+    model = build(args.spec, args)
+    runner = Runner(model, args.mode, args, input_size(args.spec, model, args))
     device = runner.device
     runner.step()  # allocator pools, optimizer state, lazy init
     _sync(device)
     if device.type == 'cuda':
         torch.cuda.reset_peak_memory_stats(device)
-    base = torch.cuda.memory_allocated(device) if device.type == 'cuda' else _current_rss()
+        base = torch.cuda.memory_allocated(device)
+    else:  # the resident set size now (ru_maxrss below, the peak, is in KiB on Linux)
+        base = int(Path('/proc/self/statm').read_text().split()[1]) * os.sysconf('SC_PAGE_SIZE')
     runner.step()
     _sync(device)
     peak = (torch.cuda.max_memory_allocated(device) if device.type == 'cuda'
             else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
     print(json.dumps({'peak_mem_mb': peak / 2 ** 20, 'step_mem_mb': max(peak - base, 0) / 2 ** 20}))
-
-
-def _current_rss() -> int:
-    """Resident set size in bytes now (ru_maxrss, the peak, is in KiB on Linux)."""
-    with open('/proc/self/statm') as f:
-        return int(f.read().split()[1]) * os.sysconf('SC_PAGE_SIZE')
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# runs
-# ---------------------------------------------------------------------------------------------------------------
-
-def _modes(args) -> List[str]:
-    return ['inference', 'train'] if args.bench == 'both' else [args.bench]
 
 
 def _row_common(args, mode, in_size) -> Dict[str, Any]:
@@ -557,57 +486,28 @@ def _row_common(args, mode, in_size) -> Dict[str, Any]:
         compile=args.compile, device=args.device, threads=torch.get_num_threads(), timer=args.timer)
 
 
-def _rate(prefix: str, in_size, batch: int, step_s: float) -> Dict[str, float]:
-    """Throughput: images/s (image models) or tokens/s (sequence layers: batch x seq-len per step)."""
-    if len(in_size) == 2:
-        return {f'{prefix}tok_per_s': batch * in_size[0] / step_s}
-    return {f'{prefix}img_per_s': batch / step_s}
-
-
-def _flops_fields(prefix: str, macs: Optional[float], mode: str, step_s: float, batch: int,
-                  env: Dict[str, Any], in_size) -> Dict[str, Any]:
-    """MACs per sample (``gmacs_per_img``, or ``gmacs_per_seq`` for sequence layers) and achieved GFLOP/s."""
-    if macs is None:
-        return {}
-    # a training step is forward + backward ~ 3x the forward flops (backward = 2 GEMMs per forward GEMM)
-    flops = 2 * macs * batch * (3 if mode == 'train' else 1)
-    gflops = flops / step_s / 1e9
-    out = {f'{prefix}gmacs_per_{"seq" if len(in_size) == 2 else "img"}': macs / 1e9, f'{prefix}gflops': gflops}
-    if env.get('matmul_gflops'):
-        out[f'{prefix}pct_of_matmul'] = 100 * gflops / env['matmul_gflops']
-    if env.get('onednn_gflops'):
-        out[f'{prefix}pct_of_onednn'] = 100 * gflops / env['onednn_gflops']
+def _contender_fields(prefix: str, macs: Optional[float], runner: Runner, step_s: float, in_size,
+                      args, env: Dict[str, Any]) -> Dict[str, Any]:
+    """One contender's columns of a row (``prefix`` 'base_' for B of a pair): median step time, throughput
+    (images/s, or tokens/s = batch x seq-len per step for a sequence layer), MACs per sample (``gmacs_per_img`` /
+    ``gmacs_per_seq``) and achieved GFLOP/s, also as % of the measured ceilings; the compile time."""
+    batch, is_seq = args.batch_size, len(in_size) == 2
+    out = {f'{prefix}step_ms': 1e3 * step_s}
+    if is_seq:
+        out[f'{prefix}tok_per_s'] = batch * in_size[0] / step_s
+    else:
+        out[f'{prefix}img_per_s'] = batch / step_s
+    if macs is not None:
+        # a training step is forward + backward ~ 3x the forward flops (backward = 2 GEMMs per forward GEMM)
+        gflops = 2 * macs * batch * (3 if runner.mode == 'train' else 1) / step_s / 1e9
+        out[f'{prefix}gmacs_per_{"seq" if is_seq else "img"}'] = macs / 1e9
+        out[f'{prefix}gflops'] = gflops
+        for ceiling in ('matmul', 'onednn'):
+            if env.get(f'{ceiling}_gflops'):
+                out[f'{prefix}pct_of_{ceiling}'] = 100 * gflops / env[f'{ceiling}_gflops']
+    if args.compile:
+        out[f'{prefix}compile_s'] = runner.first_step_s
     return out
-
-
-def run_single(spec: str, args, env, macs_cache) -> List[Dict[str, Any]]:
-    rows = []
-    for mode in _modes(args):
-        progress(f'{spec}, {mode}: building')
-        model = build(spec, args)
-        in_size = input_size(spec, model, args)
-        macs = None if args.no_flops else _cached_macs(spec, model, in_size, macs_cache)
-        runner = Runner(model, mode, args, in_size, label=f'{spec}, {mode}')
-        iters = _iters_for(runner.warmup(args.warmup), args)
-        times = []
-        for k in range(args.samples):
-            times.append(runner.timed(iters))
-            progress(f'{spec}, {mode}: sample {k + 1}/{args.samples} ({iters} steps): {times[-1] * 1e3:.1f} ms/step')
-        t = statistics.median(times)
-        if args.profile:
-            profile_step(runner, spec)
-        row = dict(model=spec, **_row_common(args, mode, in_size), step_ms=1e3 * t,
-                   step_ms_min=1e3 * min(times), **_rate('', in_size, args.batch_size, t), samples=len(times),
-                   iters=iters)
-        row.update(_flops_fields('', macs, mode, t, args.batch_size, env, in_size))
-        if args.compile:
-            row.update(compile_s=runner.first_step_s)
-        if not args.no_memory:
-            row.update(peak_memory(spec, mode, args))
-        rows.append(row)
-        print(_fmt_row(row), flush=True)
-        del runner, model
-    return rows
 
 
 def _max_diff(a: nn.Module, b: nn.Module, in_size, args) -> Tuple[float, float]:
@@ -624,75 +524,83 @@ def _max_diff(a: nn.Module, b: nn.Module, in_size, args) -> Tuple[float, float]:
     return float((ya - yb).abs().max()), float(yb.abs().max())
 
 
-def run_pair(a_spec: str, b_spec: str, args, env, macs_cache) -> List[Dict[str, Any]]:
+def _build_contenders(specs: Sequence[str], args) -> Tuple[List[nn.Module], Tuple[int, ...], Dict[str, Any]]:
+    """The contender(s) and their input size; a pair (A, B) also gets one set of weights where it can
+    (:func:`share_weights`) and the record of it: how, and max |A - B| beside max |B| when they are one function."""
+    if len(specs) == 1:
+        model = build(specs[0], args)
+        return [model], input_size(specs[0], model, args), {}
+    a_spec, b_spec = specs
+    torch.manual_seed(args.seed)
+    if a_spec.startswith(('ref:', FUSED_PREFIX)):  # built from B (same weights)
+        b = build(b_spec, args)
+        a = build(a_spec, args, twin_of=b)
+    else:
+        a = build(a_spec, args)
+        b = build(b_spec, args, twin_of=a)
+    how, same_function = share_weights(a, a_spec, b, b_spec)
+    in_size = input_size(a_spec, a, args)
+    if input_size(b_spec, b, args) != in_size:
+        raise UsageError(f'{a_spec} takes {in_size} inputs and {b_spec} {input_size(b_spec, b, args)}: pass '
+                         f'--img-size to compare them at one size')
+    diff, scale = _max_diff(a, b, in_size, args) if same_function else (None, None)
+    return [a, b], in_size, dict(max_abs_diff=diff, max_abs_out=scale, weights=how)
+
+
+def _timed_samples(runners: List[Runner], iters: int, args, title: str) -> List[List[float]]:
+    """``--samples`` times per step of each runner (over ``iters`` steps each); a pair alternates its order (A B,
+    B A, ...) so that a slow drift (thermal, other jobs) does not favour whoever runs first."""
+    times: List[List[float]] = [[] for _ in runners]
+    for i in range(args.samples):
+        for k in (range(len(runners)) if i % 2 == 0 else reversed(range(len(runners)))):
+            times[k].append(runners[k].timed(iters))
+        ms = [t[-1] * 1e3 for t in times]
+        progress(f'{title}: sample {i + 1}/{args.samples} ({iters} steps): {ms[0]:.1f} ms/step' if len(ms) == 1 else
+                 f'{title}: pair {i + 1}/{args.samples} ({iters} steps each): A {ms[0]:.1f}, B {ms[1]:.1f} ms/step')
+    return times
+
+
+def run_contenders(specs: Sequence[str], args, env, macs_cache) -> List[Dict[str, Any]]:
+    """A row per mode: one contender (``--model``) timed alone, or a pair (``--compare A B``) timed alternately,
+    with the median and quartiles of the per-pair ratios t_B / t_A (the speed-up of A over B)."""
     rows = []
-    for mode in _modes(args):
-        progress(f'{a_spec} vs {b_spec}, {mode}: building both')
-        torch.manual_seed(args.seed)
-        if a_spec.startswith(('ref:', FUSED_PREFIX)):  # built from B (same weights)
-            b = build(b_spec, args)
-            a = build(a_spec, args, twin_of=b)
-        else:
-            a = build(a_spec, args)
-            b = build(b_spec, args, twin_of=a)
-        how, same_function = share_weights(a, a_spec, b, b_spec)
-        in_size = input_size(a_spec, a, args)
-        if input_size(b_spec, b, args) != in_size:
-            raise UsageError(f'{a_spec} takes {in_size} inputs and {b_spec} {input_size(b_spec, b, args)}: pass '
-                             f'--img-size to compare them at one size')
-        diff, scale = _max_diff(a, b, in_size, args) if same_function else (None, None)
-        macs = {} if args.no_flops else {spec: _cached_macs(spec, m, in_size, macs_cache)
-                                         for spec, m in ((a_spec, a), (b_spec, b))}
-        ra = Runner(a, mode, args, in_size, label=f'A {a_spec}, {mode}')
-        rb = Runner(b, mode, args, in_size, label=f'B {b_spec}, {mode}')
-        # warm both up, then size the samples from the slower one so each sample has >= min_sample_time
-        ta, tb = ra.warmup(args.warmup), rb.warmup(args.warmup)
-        iters = _iters_for(max(ta, tb), args)
-        times_a, times_b, ratios = [], [], []
+    pair = len(specs) == 2
+    for mode in ['inference', 'train'] if args.bench == 'both' else [args.bench]:
+        title = f'{" vs ".join(specs)}, {mode}'
+        progress(f'{title}: building both' if pair else f'{title}: building')
+        models, in_size, record = _build_contenders(specs, args)
+        macs = {} if args.no_flops else {s: _cached_macs(s, m, in_size, macs_cache) for s, m in zip(specs, models)}
+        labels = [f'A {specs[0]}, {mode}', f'B {specs[1]}, {mode}'] if pair else [title]
+        runners = [Runner(m, mode, args, in_size, label=label) for m, label in zip(models, labels)]
+        # size the samples from the slowest contender so each sample has >= --min-sample-time
+        slowest = max([r.warmup(args.warmup) for r in runners])
+        iters = args.iters or max(1, math.ceil(args.min_sample_time / max(slowest, 1e-9)))
         load_start = os.getloadavg()[0]
-        for i in range(args.samples):
-            # alternate the order so a slow drift (thermal, other jobs) does not favour whoever runs first
-            if i % 2 == 0:
-                t_a = ra.timed(iters)
-                t_b = rb.timed(iters)
-            else:
-                t_b = rb.timed(iters)
-                t_a = ra.timed(iters)
-            times_a.append(t_a)
-            times_b.append(t_b)
-            ratios.append(t_b / t_a)
-            progress(f'{a_spec} vs {b_spec}, {mode}: pair {i + 1}/{args.samples} ({iters} steps each): A '
-                     f'{t_a * 1e3:.1f}, B {t_b * 1e3:.1f} ms/step')
-        ta, tb = statistics.median(times_a), statistics.median(times_b)
+        times = _timed_samples(runners, iters, args, title)
         if args.profile:
-            profile_step(ra, a_spec)
-            profile_step(rb, b_spec)
-        q = statistics.quantiles(ratios, n=4) if len(ratios) >= 2 else [ratios[0]] * 3
-        row = dict(
-            model=a_spec, baseline=b_spec, **_row_common(args, mode, in_size),
-            speedup=statistics.median(ratios), speedup_q1=q[0], speedup_q3=q[2],
-            speedup_min=min(ratios), speedup_max=max(ratios), pairs=len(ratios), iters=iters,
-            step_ms=1e3 * ta, base_step_ms=1e3 * tb,
-            **_rate('', in_size, args.batch_size, ta), **_rate('base_', in_size, args.batch_size, tb),
-            max_abs_diff=diff, max_abs_out=scale, weights=how,
-            load_start=load_start, load_end=os.getloadavg()[0])
-        if args.compile:
-            row.update(compile_s=ra.first_step_s, base_compile_s=rb.first_step_s)
-        if macs:
-            row.update(_flops_fields('', macs[a_spec], mode, ta, args.batch_size, env, in_size))
-            row.update(_flops_fields('base_', macs[b_spec], mode, tb, args.batch_size, env, in_size))
-        del ra, rb, a, b
-        if not args.no_memory:
-            for prefix, spec in (('', a_spec), ('base_', b_spec)):
+            for spec, runner in zip(specs, runners):
+                profile_step(runner, spec)
+        row = dict(model=specs[0], **({'baseline': specs[1]} if pair else {}), **_row_common(args, mode, in_size))
+        if pair:
+            ratios = [t_b / t_a for t_a, t_b in zip(*times)]
+            q = statistics.quantiles(ratios, n=4) if len(ratios) >= 2 else [ratios[0]] * 3
+            row.update(speedup=statistics.median(ratios), speedup_q1=q[0], speedup_q3=q[2], speedup_min=min(ratios),
+                       speedup_max=max(ratios), pairs=len(ratios))
+        else:
+            row.update(step_ms_min=1e3 * min(times[0]), samples=len(times[0]))
+        row['iters'] = iters
+        for prefix, spec, runner, spec_times in zip(('', 'base_'), specs, runners, times):
+            row.update(_contender_fields(prefix, macs.get(spec), runner, statistics.median(spec_times), in_size,
+                                         args, env))
+        row.update(record, **(dict(load_start=load_start, load_end=os.getloadavg()[0]) if pair else {}))
+        del runners, models
+        if not args.no_memory:  # each in a child process, with this one's contenders freed
+            for prefix, spec in zip(('', 'base_'), specs):
                 row.update({prefix + k: v for k, v in peak_memory(spec, mode, args).items()})
         rows.append(row)
         print(_fmt_row(row), flush=True)
     return rows
 
-
-# ---------------------------------------------------------------------------------------------------------------
-# output
-# ---------------------------------------------------------------------------------------------------------------
 
 def rate_text(rate: float) -> str:
     """A throughput with at least 3 significant digits (0.352, 41.7, 1234), so two slow contenders never print
@@ -731,13 +639,11 @@ def _fmt_row(r: Dict[str, Any]) -> str:
 
 
 def environment(args, command: str) -> Dict[str, Any]:
-    cpu = platform.processor() or platform.machine()
-    try:
+    try:  # the processor's name on Linux
         with open('/proc/cpuinfo') as f:
-            names = [ln.split(':', 1)[1].strip() for ln in f if ln.startswith('model name')]
-        cpu = names[0] if names else cpu
-    except OSError:
-        pass
+            cpu = next(ln.split(':', 1)[1].strip() for ln in f if ln.startswith('model name'))
+    except (OSError, StopIteration):
+        cpu = platform.processor() or platform.machine()
     return dict(
         date_utc=datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d %H:%M UTC'),
         host=platform.node(), cpu=cpu, logical_cpus=os.cpu_count(), device=args.device,
@@ -820,8 +726,7 @@ def write_results(rows, env, args) -> None:
 
 def main(argv=None, prog: str = 'benchmark.py', reference_dir: Optional[Path] = None) -> None:
     """Benchmark; bad arguments stop with one line starting with ``prog`` and exit status 2 (``run_cli``).
-    ``reference_dir``: the folder of reference models kept with the checkout's tests (the ``ref:`` contenders), given
-    by the checkout's benchmark.py."""
+    ``reference_dir``: the checkout's folder of reference models (the ``ref:`` contenders), from its benchmark.py."""
     global REFERENCE_DIR
     if reference_dir is not None:
         REFERENCE_DIR = Path(reference_dir)
@@ -832,9 +737,6 @@ def _main(argv, prog: str) -> None:
     global _run_start
     args = parse_args(argv)
     threads = set_threads(args.threads)
-    if args.memprobe:
-        _memprobe_main(args)
-        return
     _run_start = time.monotonic()
     PROFILES.clear()  # this run's tables only, when main is called again in one process
     progress(threads)
@@ -849,12 +751,8 @@ def _main(argv, prog: str) -> None:
               + f" ({env['matmul_dtype']}, {env['threads']} threads)", flush=True)
     macs_cache: Dict[Any, float] = {}
     rows: List[Dict[str, Any]] = []
-    if args.compare:
-        for a_spec, b_spec in args.compare:
-            rows += run_pair(a_spec, b_spec, args, env, macs_cache)
-    else:
-        for spec in args.model:
-            rows += run_single(spec, args, env, macs_cache)
+    for specs in args.compare or [[spec] for spec in args.model]:
+        rows += run_contenders(specs, args, env, macs_cache)
     env['load_avg_end'] = os.getloadavg()
     if args.out:
         write_results(rows, env, args)

@@ -221,11 +221,11 @@ def test_memory_probe_child_builds_the_same_contender(monkeypatch):
     monkeypatch.setattr(benchmark.subprocess, 'run', lambda cmd, **kw: commands.append(cmd) or 1 / 0)
     with pytest.raises(ZeroDivisionError):
         benchmark.peak_memory('bigs_layer', 'train', parent)
-    child = benchmark.parse_args(commands[0][4:])  # after python -c CODE REFERENCE_DIR
-    assert child.memprobe == 'bigs_layer|train'
+    child = json.loads(commands[0][4])  # the settings, after python -c CODE PACKAGE_ROOT
+    assert (child['spec'], child['mode']) == ('bigs_layer', 'train')
     for key in ('bigs_conv_impl', 'dim', 'hidden_dim', 'num_states', 'seq_len', 'batch_size', 'precision', 'seed',
                 'heads', 'ffn_dim', 'device', 'channels_last'):
-        assert getattr(child, key) == getattr(parent, key), key
+        assert child[key] == getattr(parent, key), key
 
 
 def test_memory_probe_of_a_reference_contender(monkeypatch):

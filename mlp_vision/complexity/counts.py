@@ -2,10 +2,9 @@
 
 Models are built on ``device='meta'`` (no memory, no init). Text models (up to gMLP-xlarge, 941 M), BiGS and the
 BERT-large baseline are traced on meta directly (one whose forward cannot run on meta is an ERROR row of the
-report). Vision models contain convolutions, whose meta kernel
-cannot run under the JIT tracer (it compares traced sizes: ``TypeError: cond must be a bool``), so they are
-materialised with ``to_empty(device='cpu')``, zero-filled (no random init, deterministic) and traced on CPU with
-a zero image: the counts depend only on shapes.
+report). The meta kernel of the vision models' convolutions cannot run under the JIT tracer (``TypeError: cond
+must be a bool``), so they are materialised with ``to_empty(device='cpu')``, zero-filled (no random init,
+deterministic) and traced on CPU with a zero image: the counts depend only on shapes.
 """
 import fnmatch
 import traceback
@@ -18,10 +17,6 @@ import torch.nn as nn
 from .handles import NON_MAC_OPS, count_module
 from ..errors import UsageError
 
-__all__ = [
-    'Count', 'count', 'count_vision', 'count_text', 'count_bert_large', 'model_macs', 'CountCache',
-    'known_models', 'resolve_models', 'family', 'text_seq_len', 'BIGS_LENGTHS', 'DEFAULT_IMG_SIZE',
-]
 
 DEFAULT_IMG_SIZE = 224
 BIGS_LENGTHS = (128, 512, 1024, 4096)  # BiGS Table 6 (arXiv:2212.10544): BiGS-large and BERT-large lengths
@@ -114,9 +109,6 @@ def count_bert_large(seq_len: int) -> Count:
     return count_text('bert_large', seq_len, label=f'bert_large_{seq_len}', max_position_embeddings=seq_len)
 
 
-# ------------------------------------------------------------------------------------------------------------------
-# model names
-# ------------------------------------------------------------------------------------------------------------------
 _BIGS_NAMES = [f'bigs_large_{n}' for n in BIGS_LENGTHS]
 _BERT_NAMES = [f'bert_large_{n}' for n in BIGS_LENGTHS]  # the BERT-large baselines, counted by count_bert_large
 
@@ -134,10 +126,8 @@ def resolve_models(patterns: Optional[Sequence[str]]) -> List[str]:
     """Known names matching any of the shell-style ``patterns`` (all when None); a :class:`UsageError` (a
     ``ValueError``) for a pattern with no match."""
     known = known_models()
-    if not patterns:
-        return known
     selected = set()
-    for pattern in patterns:
+    for pattern in patterns or ['*']:
         hits = [n for n in known if fnmatch.fnmatch(n, pattern)]
         if not hits:
             raise UsageError(f'--models: pattern {pattern!r} matches no model; expected shell-style patterns over '

@@ -9,14 +9,6 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import torch
 import torch.nn as nn
 
-__all__ = [
-    'matmul_macs', 'batched_matmul_add_macs', 'vector_macs', 'sdpa_macs', 'fft_flops', 'fft_macs',
-    'EXTRA_HANDLES', 'NON_MAC_OPS', 'count_module',
-]
-
-FFT_FLOPS_REAL = 2.5  # FLOPs per point per log2(N) of a real transform (r2c / c2r)
-FFT_FLOPS_COMPLEX = 5.0  # ... of a complex transform (c2c)
-
 
 def _shape(value) -> List[int]:
     from fvcore.nn.jit_handles import get_shape
@@ -60,11 +52,9 @@ def sdpa_macs(inputs, outputs) -> int:
 
 
 def fft_flops(batch: int, size: int, complex_input: bool = False) -> float:
-    """FLOPs of ``batch`` transforms of ``size`` points: 2.5 N log2 N (real) or 5 N log2 N (complex) each."""
-    if size <= 1:
-        return 0.0
-    coef = FFT_FLOPS_COMPLEX if complex_input else FFT_FLOPS_REAL
-    return batch * coef * size * math.log2(size)
+    """FLOPs of ``batch`` transforms of ``size`` points: 2.5 N log2 N (real: r2c / c2r) or 5 N log2 N (complex:
+    c2c) each."""
+    return batch * (5.0 if complex_input else 2.5) * size * math.log2(size) if size > 1 else 0.0
 
 
 def fft_macs(batch: int, size: int, complex_input: bool = False) -> float:

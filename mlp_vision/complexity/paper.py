@@ -15,7 +15,6 @@ from typing import Optional, Tuple
 
 from .counts import BIGS_LENGTHS, Count
 
-__all__ = ['QUANTITIES', 'PaperRow', 'PAPER_ROWS', 'STATUSES', 'Comparison', 'compare', 'format_like']
 
 QUANTITIES = {
     # name: (Count attribute, unit, unit label, default tolerance)
@@ -80,14 +79,10 @@ PAPER_ROWS: Tuple[PaperRow, ...] = (
     PaperRow(_T2, 'gmlp_b', 'params', '73'),
     PaperRow(_T2, 'gmlp_b', 'macs', '15.8'),
     # sMLPNet Table 6 (FLOPs = MACs); the Mixer rows equal gMLP Table 2's
-    PaperRow(_S6, 'smlpnet_t_a2', 'params', '19.2', 'sMLPNet-T* (alpha = 2)'),
-    PaperRow(_S6, 'smlpnet_t_a2', 'macs', '4.0', 'sMLPNet-T* (alpha = 2)'),
-    PaperRow(_S6, 'smlpnet_t', 'params', '24.1'),
-    PaperRow(_S6, 'smlpnet_t', 'macs', '5.0'),
-    PaperRow(_S6, 'smlpnet_s', 'params', '48.6'),
-    PaperRow(_S6, 'smlpnet_s', 'macs', '10.3'),
-    PaperRow(_S6, 'smlpnet_b', 'params', '65.9'),
-    PaperRow(_S6, 'smlpnet_b', 'macs', '14.0'),
+    *(PaperRow(_S6, model, quantity, value, note) for model, numbers, note in (
+        ('smlpnet_t_a2', ('19.2', '4.0'), 'sMLPNet-T* (alpha = 2)'), ('smlpnet_t', ('24.1', '5.0'), ''),
+        ('smlpnet_s', ('48.6', '10.3'), ''), ('smlpnet_b', ('65.9', '14.0'), ''))
+      for quantity, value in zip(('params', 'macs'), numbers)),
     PaperRow(_S6 + ' / ' + _T2, 'mixer_b16', 'params_no_head', '59', _NO_HEAD),
     PaperRow(_S6 + ' / ' + _T2, 'mixer_b16', 'macs', '12.7'),
     PaperRow(_S6 + ' / ' + _T2, 'mixer_l16', 'params_no_head', '207', _NO_HEAD),
@@ -99,20 +94,12 @@ PAPER_ROWS: Tuple[PaperRow, ...] = (
       for quantity, value in zip(('params', 'macs'), numbers)),
     # gMLP Tables 3-5 (text; BERT setup, vocab 32,000, tied embeddings)
     PaperRow('gMLP T3', 'gmlp_36l_seq128', 'params', '102', 'multiplicative split gMLP, 36 x d512, seq 128'),
-    PaperRow('gMLP T4', 'gmlp_18l_seq128', 'params', '59'),
-    PaperRow('gMLP T4', 'gmlp_36l_seq128', 'params', '102'),
-    PaperRow('gMLP T4', 'gmlp_72l_seq128', 'params', '187'),
-    PaperRow('gMLP T4', 'gmlp_144l_seq128', 'params', '357'),
-    PaperRow('gMLP T5', 'gmlp_base', 'params', '130'),
-    PaperRow('gMLP T5', 'amlp_base', 'params', '109'),
-    PaperRow('gMLP T5', 'gmlp_large', 'params', '365'),
-    PaperRow('gMLP T5', 'amlp_large', 'params', '316'),
-    PaperRow('gMLP T5', 'gmlp_xlarge', 'params', '941'),
-    PaperRow('gMLP T5', 'gmlp_base', 'encoder_flops', '158.0', _FLOPS_T5),
-    PaperRow('gMLP T5', 'amlp_base', 'encoder_flops', '128.9', _FLOPS_T5),
-    PaperRow('gMLP T5', 'gmlp_large', 'encoder_flops', '430.1', _FLOPS_T5),
-    PaperRow('gMLP T5', 'amlp_large', 'encoder_flops', '370.3', _FLOPS_T5),
-    PaperRow('gMLP T5', 'gmlp_xlarge', 'encoder_flops', '1091.3', _FLOPS_T5),
+    *(PaperRow('gMLP T4', f'gmlp_{depth}l_seq128', 'params', value)
+      for depth, value in ((18, '59'), (36, '102'), (72, '187'), (144, '357'))),
+    *(PaperRow('gMLP T5', model, quantity, value, note) for quantity, note, values in (
+        ('params', '', ('130', '109', '365', '316', '941')),
+        ('encoder_flops', _FLOPS_T5, ('158.0', '128.9', '430.1', '370.3', '1091.3')))
+      for model, value in zip(('gmlp_base', 'amlp_base', 'gmlp_large', 'amlp_large', 'gmlp_xlarge'), values)),
     PaperRow('gMLP T5', 'bert_large_512', 'encoder_flops', '341.2',
              'BERT-large baseline (ours; SDPA counted as Q K^T + A V), encoder only'),
     # MLP-Attention paper (text: "6 million" vs "5.5 million")

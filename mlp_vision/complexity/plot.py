@@ -5,7 +5,6 @@ from typing import Callable, Optional, Sequence
 from .counts import BIGS_LENGTHS, count_bert_large, count_text, count_vision
 from .paper import PAPER_ROWS
 
-__all__ = ['scaling_data', 'plot_scaling']
 
 PLOT_IMG_SIZES = (224, 320, 448, 640, 832, 1024)
 PLOT_VISION = ('smlpnet_t', 'mixer_s16', 'gmlp_s')

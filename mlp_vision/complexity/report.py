@@ -1,6 +1,7 @@
 """ The complexity report: counts beside the paper rows, rendered as markdown / CSV / JSON, and its CLI. """
 import argparse
 import csv
+import functools
 import io
 import json
 import os
@@ -12,16 +13,12 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from ..errors import ArgumentParser, DefaultsHelpFormatter, UsageError, check_range, run_cli
+from ..errors import ArgumentParser, DefaultsHelpFormatter, UsageError, run_cli
 from mlp_vision.training.run.checkpoint import atomic_write_text
-from ..threads import THREADS_RANGE, add_threads_argument, set_threads
+from ..threads import add_threads_argument, set_threads
 from .counts import DEFAULT_IMG_SIZE, Count, CountCache, family, resolve_models, text_seq_len
 from .paper import PAPER_ROWS, QUANTITIES, STATUSES, Comparison, compare, format_like
 
-__all__ = [
-    'Report', 'build_report', 'conventions', 'render_markdown', 'render_csv', 'render_json', 'parse_args', 'main',
-    'COMMAND', 'COMMAND_PLOT', 'PROG',
-]
 
 PROG = 'python -m mlp_vision.complexity'  # the command's name in messages; the console script passes its own
 COMMAND = 'python -m mlp_vision.complexity --output results/complexity.md results/complexity.csv'
@@ -77,12 +74,8 @@ def _g(x: Optional[float], unit: float = 1e9, digits: int = 3) -> str:
 
 
 def _uncounted_str(count: Count) -> str:
-    parts = [f'{op.replace("aten::", "")}×{n}' for op, n in count.uncounted.items()]
-    flagged = count.flagged
-    s = ', '.join(parts) if parts else 'none'
-    if flagged:
-        s += ' — **not element-wise: ' + ', '.join(flagged) + '**'
-    return s
+    text = ', '.join(f'{op.replace("aten::", "")}×{n}' for op, n in count.uncounted.items()) or 'none'
+    return text + (' — **not element-wise: ' + ', '.join(count.flagged) + '**' if count.flagged else '')
 
 
 def conventions() -> List[str]:
@@ -166,7 +159,7 @@ CSV_FIELDS = ('section', 'source', 'model', 'input', 'quantity', 'unit', 'paper'
               'tolerance_pct', 'by', 'status', 'note')
 
 
-def _csv_rows(report: Report) -> List[dict]:
+def render_csv(report: Report) -> str:
     rows = []
     for c in report.comparisons:
         rows.append(dict(
@@ -187,14 +180,10 @@ def _csv_rows(report: Report) -> List[dict]:
             if value is not None:
                 rows.append(dict(base, input=c.input, quantity=quantity, unit='', ours=str(value), status='',
                                  note='uncounted: ' + _uncounted_str(c) if quantity == 'macs' else ''))
-    return rows
-
-
-def render_csv(report: Report) -> str:
     out = io.StringIO()
     writer = csv.DictWriter(out, fieldnames=CSV_FIELDS, lineterminator='\n')
     writer.writeheader()
-    writer.writerows(_csv_rows(report))
+    writer.writerows(rows)
     return out.getvalue()
 
 
@@ -209,9 +198,6 @@ def render_json(report: Report) -> str:
     return json.dumps(data, indent=1) + '\n'
 
 
-# ------------------------------------------------------------------------------------------------------------------
-# CLI
-# ------------------------------------------------------------------------------------------------------------------
 FORMATS = ('md', 'csv', 'json')
 
 
@@ -226,8 +212,8 @@ def _positive_int(text: str) -> int:
 
 
 def parse_args(argv: Optional[Sequence[str]] = None, prog: str = PROG) -> argparse.Namespace:
-    """The flags, checked before anything is counted; bad input is a :class:`UsageError` (``main``: one line,
-    status 2, as every command)."""
+    """The flags, checked before anything is counted (``--threads`` by ``set_threads``, next); bad input is a
+    :class:`UsageError` (``main``: one line, status 2, as every command)."""
     p = ArgumentParser(
         prog=prog, formatter_class=DefaultsHelpFormatter,
         description='Parameters and fvcore MACs of every model beside the paper tables. The report opens with '
@@ -249,8 +235,6 @@ def parse_args(argv: Optional[Sequence[str]] = None, prog: str = PROG) -> argpar
     add_threads_argument(p)  # fvcore traces every model: a forward each
     p.add_argument('--debug', action='store_true', help='show the traceback of an error, not its one line')
     args = p.parse_args(argv)
-    if args.threads is not None:
-        check_range('--threads', args.threads, **THREADS_RANGE)
     if args.img_size % 32:
         raise UsageError(f'--img-size must be a multiple of 32 (sMLPNet needs H and W divisible by 32), got '
                          f'{args.img_size}')
@@ -291,33 +275,26 @@ def _command_line(args: argparse.Namespace) -> str:
 
 
 def main(argv: Optional[Sequence[str]] = None, prog: str = PROG) -> int:
-    """Exit status: 0; 1 when a paper row FAILs or a model could not be counted (ERROR). Bad arguments: one line
-    starting with ``prog`` (the name the command was run as: ``mlp-vision-complexity`` for the console script) and
-    status 2, see ``run_cli`` (which also gives an in-process caller its thread count back)."""
+    """Exit status: 0; 1 when a paper row FAILs or a model could not be counted (ERROR); bad arguments: one line
+    starting with ``prog`` (the name it was run as) and status 2 (``run_cli``)."""
     return run_cli(prog, lambda a: _main(a, prog), argv)
 
 
 def _main(argv: Sequence[str], prog: str) -> int:
     args = parse_args(argv, prog)
-
-    def progress(line: str) -> None:  # on stderr: stdout may be the report itself
-        print(line, file=sys.stderr, flush=True)
+    progress = functools.partial(print, file=sys.stderr, flush=True)  # stdout may be the report itself
     progress(set_threads(args.threads))
     # fvcore traces with torch.jit, whose deprecation notice (one per model) says nothing about the counts
     warnings.filterwarnings('ignore', message='`torch.jit.script` is deprecated', category=FutureWarning)
     if args.plot:
         from .plot import plot_scaling
         plot_scaling(args.plot, progress=progress)
-        print(f'wrote {args.plot}', file=sys.stderr)
+        progress(f'wrote {args.plot}')
         return 0
     report = build_report(args.models, args.img_size, args.seq_len, progress=progress)
+    render = dict(md=lambda r: render_markdown(r, _command_line(args)), csv=render_csv, json=render_json)
     for path, fmt in args.targets:
-        if fmt == 'md':
-            text = render_markdown(report, _command_line(args))
-        elif fmt == 'csv':
-            text = render_csv(report)
-        else:
-            text = render_json(report)
+        text = render[fmt](report)
         if path:
             atomic_write_text(path, text)  # a failed write leaves the previous report whole
             progress(f'wrote {path}')
