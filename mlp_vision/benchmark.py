@@ -54,7 +54,6 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 import timm
-from timm.models import model_entrypoint
 
 import mlp_vision
 from mlp_vision.layers import BidirectionalGatedSSM
@@ -248,7 +247,7 @@ def share_weights(a: nn.Module, a_spec: str, b: nn.Module, b_spec: str) -> Tuple
     if is_layer(a_spec) or is_layer(b_spec):
         return ('same layer' if base_name(a_spec) == base_name(b_spec) else 'none (different layers)',
                 base_name(a_spec) == base_name(b_spec))
-    module = sys.modules[model_entrypoint(a_spec).__module__]
+    module = sys.modules[type(a).__module__]  # the model's own file (a local-dir: folder has no entrypoint name)
     filter_fn = getattr(module, 'checkpoint_filter_fn', None)
     try:
         sd = b.state_dict()

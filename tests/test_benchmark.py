@@ -248,3 +248,19 @@ def test_profile_file_holds_only_its_own_run(tmp_path):
                         '--min-sample-time', '0.01', '--threads', '1', '--no-memory', '--no-ceiling', '--no-flops',
                         '--profile', '--out', str(tmp_path / run)])
     assert (tmp_path / 'second_profile.txt').read_text().count('\n## ') == 1
+
+
+def test_a_local_dir_contender_takes_the_weights_of_its_twin(tmp_path):
+    """``--compare local-dir:FOLDER NAME``: A, built from a saved folder, gets B's weights through its model
+    file's checkpoint filter and computes the same function (it raised a KeyError looking A up by name)."""
+    import timm
+    import torch
+    from timm.models import save_for_hf
+    from mlp_vision.benchmark import share_weights
+    save_for_hf(timm.create_model('mixer_s16', img_size=32, num_classes=5), str(tmp_path))
+    a = timm.create_model(f'local-dir:{tmp_path}', pretrained=True).eval()
+    b = timm.create_model('mixer_s16', img_size=32, num_classes=5).eval()
+    how, same = share_weights(a, f'local-dir:{tmp_path}', b, 'mixer_s16')
+    assert same and how == f'mixer_s16 -> local-dir:{tmp_path}'
+    x = torch.randn(2, 3, 32, 32)
+    assert torch.equal(a(x), b(x))
