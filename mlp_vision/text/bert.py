@@ -245,11 +245,14 @@ class SequencePooler(nn.Module):
 
 class EncoderForMaskedLM(TextPreTrainedModel):
     """An encoder + the BERT MLM head: :class:`MaskedLMHeadTransform`, decoder tied to the word embedding, per-token
-    output bias. Shared by :class:`BertForMaskedLM` and :class:`mlp_vision.text.bigs.BiGSForMaskedLM`.
+    output bias. Shared by :class:`BertForMaskedLM`, :class:`mlp_vision.text.bigs.BiGSForMaskedLM` and, without the
+    transform (``use_transform = False``: the decoder reads the last hidden states), by
+    :class:`mlp_vision.text.gmlp.GMLPForMaskedLM`.
 
     Subclasses (also of their family's ``PreTrainedModel``, which names ``base_model_prefix``: the attribute and
-    state-dict prefix the encoder is stored under) set ``encoder_class`` (built from the config; it has
-    ``embeddings.word_embeddings`` and maps ``(input_ids, attention_mask, token_type_ids)`` to its output).
+    state-dict prefix the encoder is stored under) set ``encoder_class`` (built from the config; it maps
+    ``(input_ids, attention_mask, token_type_ids)`` to its output) and, when the encoder's word embedding is not
+    ``embeddings.word_embeddings``, its weight's key in ``embedding_key``: the decoder is tied to it.
 
     Shapes:
         input_ids, attention_mask, token_type_ids: (B, L) as the encoder; labels: optional (B, L) int64 with -100 at
@@ -258,19 +261,22 @@ class EncoderForMaskedLM(TextPreTrainedModel):
     """
     head_prefixes = ('mlm_head', 'decoder', 'output_bias')
     encoder_class: type
+    use_transform = True
+    embedding_key = 'embeddings.word_embeddings.weight'
 
     def __init__(self, config, device=None, dtype=None):
         super().__init__(config)
         encoder = self.encoder_class(config, device=device, dtype=dtype)
         setattr(self, self.base_model_prefix, encoder)
-        self.mlm_head = MaskedLMHeadTransform(config.hidden_size, config.layer_norm_eps, device=device, dtype=dtype)
+        if self.use_transform:
+            self.mlm_head = MaskedLMHeadTransform(config.hidden_size, config.layer_norm_eps, device=device, dtype=dtype)
         self.decoder = nn.Linear(config.hidden_size, config.vocab_size, bias=False, device=device, dtype=dtype)
         self.output_bias = nn.Parameter(torch.zeros(config.vocab_size, device=device, dtype=dtype))
         self.post_init()
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
-        cls._tied_weights_keys = {'decoder.weight': f'{cls.base_model_prefix}.embeddings.word_embeddings.weight'}
+        cls._tied_weights_keys = {'decoder.weight': f'{cls.base_model_prefix}.{cls.embedding_key}'}
 
     @can_return_tuple
     def forward(self, input_ids: torch.Tensor, attention_mask: Optional[torch.Tensor] = None,
@@ -278,7 +284,7 @@ class EncoderForMaskedLM(TextPreTrainedModel):
         self.check_forward_kwargs(kwargs)
         hidden = self.base_model(input_ids, attention_mask, token_type_ids).last_hidden_state
         hidden, labels = scored_positions(hidden, labels, self.config.sparse_prediction)
-        logits = self.decoder(self.mlm_head(hidden)) + self.output_bias
+        logits = self.decoder(self.mlm_head(hidden) if self.use_transform else hidden) + self.output_bias
         return MaskedLMOutput(loss=None if labels is None else masked_lm_loss(logits, labels), logits=logits)
 
 

@@ -27,20 +27,8 @@ next-sentence task would train -- then dropout and a linear classifier).
       length) and is what their port computes; use it to reproduce official outputs on padded batches.
     The MLM loss only counts positions whose label is not -100; give pads label -100.
 
-Parameter accounting of BiGS-large (L 23, d 1024, d_i 3072, N 64, V 30522, P 512, T 2)::
-
-    embeddings   V d + P d + T d + 2d (LayerNorm)                      = 31,782,912
-    per layer    2d (LayerNorm) + (d + 1) d_i (value_proj)
-                 + 4 (d + 1) d (forward/backward in/out projections)
-                 + (d + 1) d_i (gate_proj) + (d_i + 1) d (out_proj)
-                 + 2 (1 + 1 + N + N + 2N) (two SSMs: D, log_step, A_re, A_im, C)   = 13,645,316
-    23 layers                                                          = 313,842,268
-    MLM head     (d + 1) d (dense) + 2d (LayerNorm) + V (output bias); decoder tied = 1,082,170
-    total        bigs_large_512                                        = 346,707,350  (paper: 346 M)
-
-With 128 / 1024 / 4096 positions: 346.31 M / 347.23 M / 350.37 M. The official checkpoints also carry the
-sequence-classification pooler (``bigs.pooler.dense``, (d + 1) d = 1.05 M) even for masked LM; it is not part of
-the 346 M and ours lives in the classifier model only.
+Parameter accounting of BiGS-large (346.7 M at 512 positions, paper 346 M; the official pooler is not in it):
+docs/models.md §4.
 
 Official checkpoints: :func:`convert_official_bigs_state_dict` maps their keys to ours, ``from_official`` builds
 a model from their files (:func:`_from_official`).

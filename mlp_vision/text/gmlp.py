@@ -19,25 +19,8 @@ Heads: ``GMLPForMaskedLM`` (decoder tied to the token embedding + output bias), 
 (linear classifier on the last-layer state of the ``<cls>`` token, paper §2 "Our model uses exactly the same
 input and output protocols as BERT"), ``GMLPForCausalLM`` (causal SGU + LM head + ``generate``).
 
-Parameter accounting (the paper's counts, Tables 4-5, are per-layer params x layers + 32,000 x d, rounded):
-    per block = 2d (norm) + (d + 1) d_ffn (fc1) + d_ffn (SGU norm on d_ffn / 2 channels)
-              + (2n - 1) + n (Toeplitz w, b) + (d_ffn / 2 + 1) d (fc2)
-              [+ (d + 1) 3a + (a + 1) d_ffn / 2 for aMLP's tiny attention of size a]
-    model     = blocks + V d (tied embedding = decoder) + 2d (final norm) + V (MLM output bias)
-The final norm and output bias (33-34 K) are below the papers' rounding. A BERT-style MLM transform
-(d x d dense + LayerNorm, 0.26-1.05 M) is *not* part of the model: with it gMLP-144L would count 357.6 M
-(paper 357) and gMLP_xlarge 941.6 M (paper 941), so the papers' numbers exclude it.
-
-    name              L    d    d_ffn  n    a    ours (M)   paper (M)
-    gmlp_base         48   512  3072   512  -    130.106    130
-    amlp_base         36   512  3072   512  64   108.824    109
-    gmlp_large        96   768  3072   512  -    365.306    365
-    amlp_large        72   768  3072   512  128  315.660    316
-    gmlp_xlarge       144  1024 4096   512  -    940.615    941
-    gmlp_18l_seq128   18   512  3072   128  -     59.029     59
-    gmlp_36l_seq128   36   512  3072   128  -    101.642    102
-    gmlp_72l_seq128   72   512  3072   128  -    186.867    187
-    gmlp_144l_seq128  144  512  3072   128  -    357.317    357
+Parameter accounting, ours against the papers' Tables 4-5 (no BERT MLM transform in the papers' counts):
+docs/models.md §1.
 
 Padding (``attention_mask``, (B, L), 1 = real token, right padding):
     * ``config.mask_padding = True`` (default): the tiny attention (aMLP) ignores padded keys and the SGU zeroes
@@ -55,14 +38,13 @@ from typing import Optional
 
 import torch
 import torch.nn as nn
-from transformers.modeling_outputs import BaseModelOutput, CausalLMOutput, MaskedLMOutput
+from transformers.modeling_outputs import BaseModelOutput, CausalLMOutput
 from transformers.utils import can_return_tuple
 
 from ..layers import GatedMLPBlock, SPATIAL_MODES
-from .bert import EncoderForSequenceClassification
+from .bert import EncoderForMaskedLM, EncoderForSequenceClassification
 from .modeling_utils import (
-    TextConfig, TextGenerationMixin, TextPreTrainedModel, causal_lm_loss, check_text_inputs, masked_lm_loss,
-    scored_positions)
+    TextConfig, TextGenerationMixin, TextPreTrainedModel, causal_lm_loss, check_text_inputs)
 
 __all__ = [
     'GMLPConfig', 'GMLPPreTrainedModel', 'GMLPModel', 'GMLPForMaskedLM', 'GMLPForSequenceClassification',
@@ -177,45 +159,14 @@ class GMLPModel(GMLPPreTrainedModel):
         return BaseModelOutput(last_hidden_state=self.norm(x))
 
 
-class _GMLPForTokenLM(GMLPPreTrainedModel):
-    """Backbone + a per-token LM head: a d -> V Linear without bias (stored as ``head_name``, the state-dict prefix;
-    ``transformers`` ties its weight to the token embedding when ``tie_word_embeddings``) plus an output bias,
-    scored by ``loss_fn``. Shared by the masked and the causal LM."""
-    head_name: str
-    loss_fn: staticmethod
-    output_class: type
-
-    def __init__(self, config: GMLPConfig, device=None, dtype=None):
-        super().__init__(config)
-        self.gmlp = GMLPModel(config, device=device, dtype=dtype)
-        setattr(self, self.head_name, nn.Linear(config.hidden_size, config.vocab_size, bias=False, device=device,
-                                                dtype=dtype))
-        self.output_bias = nn.Parameter(torch.zeros(config.vocab_size, device=device, dtype=dtype))
-        self.post_init()
-
-    @can_return_tuple
-    def forward(self, input_ids: torch.Tensor, attention_mask: Optional[torch.Tensor] = None,
-                token_type_ids: Optional[torch.Tensor] = None, labels: Optional[torch.Tensor] = None, **kwargs):
-        self.check_forward_kwargs(kwargs)
-        hidden, labels = scored_positions(self.gmlp(input_ids, attention_mask).last_hidden_state, labels,
-                                          self.config.sparse_prediction and self.loss_fn is masked_lm_loss)
-        logits = getattr(self, self.head_name)(hidden) + self.output_bias
-        return self.output_class(loss=None if labels is None else self.loss_fn(logits, labels), logits=logits)
-
-
-class GMLPForMaskedLM(_GMLPForTokenLM):
-    """gMLP / aMLP masked LM: backbone, decoder Linear (weight tied to the token embedding by default), output bias.
-
-    Shapes:
-        input_ids: (B, L); attention_mask: optional (B, L); labels: optional (B, L) int64 with -100 at positions
-        that are not scored. Returns ``MaskedLMOutput(loss, logits (B, L, V))``;
-        logits (N, V) of the N scored positions when ``config.sparse_prediction`` and labels are given.
+class GMLPForMaskedLM(GMLPPreTrainedModel, EncoderForMaskedLM):
+    """gMLP / aMLP masked LM: :class:`~mlp_vision.text.bert.EncoderForMaskedLM` on :class:`GMLPModel` without the
+    BERT MLM transform (the papers' counts exclude one, module docstring): decoder Linear (weight tied to the token
+    embedding by default) and output bias on the last hidden states. Shapes: as ``EncoderForMaskedLM``.
     """
-    head_prefixes = ('decoder', 'output_bias')
-    head_name = 'decoder'
-    loss_fn = staticmethod(masked_lm_loss)
-    output_class = MaskedLMOutput
-    _tied_weights_keys = {'decoder.weight': 'gmlp.embed.weight'}
+    encoder_class = GMLPModel
+    use_transform = False
+    embedding_key = 'embed.weight'
 
 
 class GMLPForSequenceClassification(GMLPPreTrainedModel, EncoderForSequenceClassification):
@@ -231,11 +182,11 @@ class GMLPForSequenceClassification(GMLPPreTrainedModel, EncoderForSequenceClass
     use_pooler = False
 
 
-class GMLPForCausalLM(TextGenerationMixin, _GMLPForTokenLM):
+class GMLPForCausalLM(TextGenerationMixin, GMLPPreTrainedModel):
     """Autoregressive gMLP LM, as the annotated implementation (labml.ai): token embedding -> gMLP blocks with a
-    causal SGU (W masked to j <= i) -> final LayerNorm -> linear generator (``tie_word_embeddings`` chooses; untied
-    there). No sinusoidal position encoding: the causal W is position-indexed already (paper §2). Any length
-    1..max_position_embeddings; ``generate`` crops longer contexts.
+    causal SGU (W masked to j <= i) -> final LayerNorm -> linear generator without bias (``tie_word_embeddings``
+    chooses; untied there) plus an output bias. No sinusoidal position encoding: the causal W is position-indexed
+    already (paper §2). Any length 1..max_position_embeddings; ``generate`` crops longer contexts.
 
     Shapes:
         input_ids: (B, T) int64; attention_mask: optional (B, T) (right padding never reaches real tokens);
@@ -243,12 +194,20 @@ class GMLPForCausalLM(TextGenerationMixin, _GMLPForTokenLM):
         scored). Returns ``CausalLMOutput(loss, logits (B, T, V))``.
     """
     head_prefixes = ('lm_head', 'output_bias')
-    head_name = 'lm_head'
-    loss_fn = staticmethod(causal_lm_loss)
-    output_class = CausalLMOutput
     _tied_weights_keys = {'lm_head.weight': 'gmlp.embed.weight'}
 
     def __init__(self, config: GMLPConfig, device=None, dtype=None):
         if config.spatial_mode != 'causal':
             raise ValueError(f"GMLPForCausalLM needs spatial_mode='causal', got {config.spatial_mode!r}")
-        super().__init__(config, device=device, dtype=dtype)
+        super().__init__(config)
+        self.gmlp = GMLPModel(config, device=device, dtype=dtype)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False, device=device, dtype=dtype)
+        self.output_bias = nn.Parameter(torch.zeros(config.vocab_size, device=device, dtype=dtype))
+        self.post_init()
+
+    @can_return_tuple
+    def forward(self, input_ids: torch.Tensor, attention_mask: Optional[torch.Tensor] = None,
+                token_type_ids: Optional[torch.Tensor] = None, labels: Optional[torch.Tensor] = None, **kwargs):
+        self.check_forward_kwargs(kwargs)
+        logits = self.lm_head(self.gmlp(input_ids, attention_mask).last_hidden_state) + self.output_bias
+        return CausalLMOutput(loss=None if labels is None else causal_lm_loss(logits, labels), logits=logits)

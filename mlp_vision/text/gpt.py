@@ -14,14 +14,8 @@ GPT (both variants): token + learned position embedding -> n_layer pre-LN blocks
 The dot-product baseline uses :class:`timm.layers.Attention` (fused SDPA, ``is_causal=True``; q/k/v without
 bias, projection with bias, as the reference) and both variants use :class:`timm.layers.Mlp` for the FFN.
 
-Parameter counts at the paper's settings (vocab 65, 3 layers, 3 heads, d 384, T_max 256, d_hidden 256):
-    dot-product:   65*384 + 256*384                                    (token + position embedding)
-                   + 3 * (4*384 + 3*384^2 + 384^2 + 384 + 2*384*1536 + 1536 + 384)   (LNs, q/k/v, proj, FFN)
-                   + 2*384 + 384*65 + 65                               (final LN, LM head)
-                   = 5,468,993   (paper: "5.5 million")
-    MLP-Attention: q and k (2 * 384^2 per layer) replaced by 3 heads x (384*256 + 256 + 256*256):
-                   5,468,993 + 3 * (492,288 - 294,912) = 6,061,121   (paper: "6 million")
-Both equal the counts the reference code records (``results/Final/hyper_params.json``: 5.468993 / 6.061121 M).
+Parameter counts at the paper's settings: 5,468,993 (dot-product, paper "5.5 million") and 6,061,121
+(MLP-Attention, "6 million"), the counts the reference code records; derivation in docs/models.md §5.
 """
 from typing import Optional
 
