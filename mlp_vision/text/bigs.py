@@ -137,27 +137,62 @@ class BiGSModel(BiGSPreTrainedModel, EncoderModel):
         self.post_init()
 
 
+def _from_official(cls, path_or_state_dict: Union[str, os.PathLike, Mapping[str, torch.Tensor]], device: str = 'cpu',
+                   dtype: Optional[torch.dtype] = None, allow_regex: bool = False, **config_overrides):
+    """``cls.from_official`` (offline): a model from an official BiGS checkpoint -- a ``pytorch_model.bin`` /
+    ``*.safetensors`` file, a folder in the official layout (the weights file, ``config.json``, ``vocab.txt`` /
+    ``tokenizer.json``), or a state dict in the official key layout.
+
+    The sizes (V, d, d_i, layers, N, positions, token types) are read from the tensor shapes; ``pad_token_id``,
+    ``layer_norm_eps``, ``hidden_dropout_prob``, ``initializer_range`` and ``classifier_dropout`` from the folder's
+    ``config.json`` when it has them (sizes there that disagree with the tensors are an error); other fields (e.g.
+    ``mask_padding=False`` to reproduce the official outputs on padded batches) from ``config_overrides``.
+    ``dtype``: parameter dtype (default float32; the SSM kernel and FFTs run in float32 regardless). A classifier
+    loads the official pooler (``bigs.pooler.dense``) and a fine-tuned ``classifier.*`` when present, else its head
+    is new. ``model.tokenizer`` is the folder's tokenizer, or None; ``allow_regex``: accept a ``tokenizer.json``
+    with a regular expression (:mod:`mlp_vision.text.tokenizer`).
+    """
+    from .tokenizer import find_tokenizer
+    directory = None
+    if isinstance(path_or_state_dict, (str, os.PathLike)):
+        path = os.fspath(path_or_state_dict)
+        directory = path if os.path.isdir(path) else os.path.dirname(path)
+        sd = load_official_bigs_state_dict(path)
+    else:
+        sd = dict(path_or_state_dict)
+    task = 'masked_lm' if issubclass(cls, EncoderForMaskedLM) else 'sequence_classification'
+    fields = bigs_config_from_official(sd).text_fields()
+    if directory is not None:
+        fields.update(_official_config_fields(directory, fields))
+    config = BiGSConfig.from_dict({**fields, **BiGSConfig.rename_legacy(dict(config_overrides))})
+    ours = convert_official_bigs_state_dict(sd, task=task)
+    model = cls(config, device=device, dtype=dtype)
+    allowed = cls.head_prefixes if task == 'sequence_classification' else ()
+    # load_backbone: the official tensors pass the same value checks as every other weights file
+    report = load_backbone(model, ours, allowed, 'official BiGS weights' if directory is None else
+                           f'the official BiGS weights in {path}')
+    if report.missing or report.unused:
+        raise ValueError(f'official BiGS weights do not fit {cls.__name__}: missing {report.missing}, unexpected '
+                         f'{report.unused}')
+    tokenizer = find_tokenizer(directory, allow_regex) if directory is not None else None
+    if tokenizer is not None and len(tokenizer) > config.vocab_size:
+        raise ValueError(f'the tokenizer in {directory} has {len(tokenizer)} tokens, more than the model\'s '
+                         f'{config.vocab_size} embeddings: it does not belong to these weights')
+    model.tokenizer = tokenizer
+    return model
+
+
 class BiGSForMaskedLM(BiGSPreTrainedModel, EncoderForMaskedLM):
     """BiGS masked LM: :class:`~mlp_vision.text.bert.EncoderForMaskedLM` (BERT's MLM head) on :class:`BiGSModel`."""
     encoder_class = BiGSModel
-
-    @classmethod
-    def from_official(cls, path_or_state_dict: Union[str, os.PathLike, Mapping[str, torch.Tensor]], device: str = 'cpu',
-                      dtype: Optional[torch.dtype] = None, allow_regex: bool = False, **config_overrides):
-        """Build from an official BiGS checkpoint (offline; :func:`_from_official` says what is read)."""
-        return _from_official(cls, path_or_state_dict, device, dtype, config_overrides, allow_regex)
+    from_official = classmethod(_from_official)
 
 
 class BiGSForSequenceClassification(BiGSPreTrainedModel, EncoderForSequenceClassification):
     """BiGS classifier: :class:`~mlp_vision.text.bert.EncoderForSequenceClassification` on :class:`BiGSModel`, with
     the official pooler (masked mean, dense, tanh) by default."""
     encoder_class = BiGSModel
-
-    @classmethod
-    def from_official(cls, path_or_state_dict: Union[str, os.PathLike, Mapping[str, torch.Tensor]], device: str = 'cpu',
-                      dtype: Optional[torch.dtype] = None, allow_regex: bool = False, **config_overrides):
-        """Build from an official BiGS checkpoint (offline; :func:`_from_official` says what is read)."""
-        return _from_official(cls, path_or_state_dict, device, dtype, config_overrides, allow_regex)
+    from_official = classmethod(_from_official)
 
 
 def bigs_param_groups(model: nn.Module, weight_decay: float = 0.05) -> List[dict]:
@@ -220,21 +255,8 @@ def convert_official_bigs_state_dict(state_dict: Mapping[str, torch.Tensor], tas
                                      ) -> Dict[str, torch.Tensor]:
     """Map an official BiGS torch state dict to the keys of our model for ``task``.
 
-    Official layout (github.com/jxiw/BiGS, ``BiGS/modeling_bigs.py``; HF hub ``JunxiongWang/BiGS_*``)::
-
-        bigs.embeddings.{word,position,token_type}_embeddings.weight, bigs.embeddings.LayerNorm.{weight,bias}
-        bigs.encoder.layer.{i}.LayerNorm.{weight,bias}
-        bigs.encoder.layer.{i}.{fs4,bs4}.D                         (1,)
-        bigs.encoder.layer.{i}.{fs4,bs4}.kernel.log_step           (1,)
-        bigs.encoder.layer.{i}.{fs4,bs4}.kernel.{A_re,A_im}        (N,)
-        bigs.encoder.layer.{i}.{fs4,bs4}.kernel.C                  (N, 2)  [real, imag]
-        bigs.encoder.layer.{i}.{dv,dol}.{weight,bias}              (d_i, d), (d_i,)
-        bigs.encoder.layer.{i}.{du,duc}_{forward,backward}.{weight,bias}   (d, d), (d,)
-        bigs.encoder.layer.{i}.do.{weight,bias}                    (d, d_i), (d,)
-        bigs.pooler.dense.{weight,bias}                            (present in every official model)
-        cls.predictions.transform.{dense,LayerNorm}.*, cls.predictions.bias (V,)
-        cls.predictions.decoder.weight (V, d) tied to the word embedding, cls.predictions.decoder.bias = bias
-        classifier.{weight,bias}                                   (fine-tuned classifiers only)
+    Official layout (github.com/jxiw/BiGS ``BiGS/modeling_bigs.py``; HF hub ``JunxiongWang/BiGS_*``), key names
+    and shapes: docs/models.md §4.
 
     Args:
         state_dict: the official tensors (names as above; a ``module.`` prefix from DDP is stripped).
@@ -345,47 +367,3 @@ def _official_config_fields(directory: str, shapes: Dict[str, int]) -> dict:
             raise ValueError(f'{path} says {name}={official[name]} but the weights have {shapes[name]}: the config '
                              f'does not belong to these weights')
     return {k: official[k] for k in _OFFICIAL_CONFIG_FIELDS if official.get(k) is not None}
-
-
-def _from_official(cls, path_or_state_dict, device, dtype, config_overrides, allow_regex: bool = False):
-    """``cls.from_official``: a model from an official BiGS checkpoint -- a ``pytorch_model.bin`` /
-    ``*.safetensors`` file, a folder in the official layout (the weights file, ``config.json``, ``vocab.txt`` /
-    ``tokenizer.json``), or a state dict in the official key layout.
-
-    The sizes (V, d, d_i, layers, N, positions, token types) are read from the tensor shapes; ``pad_token_id``,
-    ``layer_norm_eps``, ``hidden_dropout_prob``, ``initializer_range`` and ``classifier_dropout`` from the folder's
-    ``config.json`` when it has them (sizes there that disagree with the tensors are an error); other fields (e.g.
-    ``mask_padding=False`` to reproduce the official outputs on padded batches) from ``config_overrides``.
-    ``dtype``: parameter dtype (default float32; the SSM kernel and FFTs run in float32 regardless). A classifier
-    loads the official pooler (``bigs.pooler.dense``) and a fine-tuned ``classifier.*`` when present, else its head
-    is new. ``model.tokenizer`` is the folder's tokenizer, or None; ``allow_regex``: accept a ``tokenizer.json``
-    with a regular expression (:mod:`mlp_vision.text.tokenizer`).
-    """
-    from .tokenizer import find_tokenizer
-    directory = None
-    if isinstance(path_or_state_dict, (str, os.PathLike)):
-        path = os.fspath(path_or_state_dict)
-        directory = path if os.path.isdir(path) else os.path.dirname(path)
-        sd = load_official_bigs_state_dict(path)
-    else:
-        sd = dict(path_or_state_dict)
-    task = 'masked_lm' if cls is BiGSForMaskedLM else 'sequence_classification'
-    fields = bigs_config_from_official(sd).text_fields()
-    if directory is not None:
-        fields.update(_official_config_fields(directory, fields))
-    config = BiGSConfig.from_dict({**fields, **BiGSConfig.rename_legacy(dict(config_overrides))})
-    ours = convert_official_bigs_state_dict(sd, task=task)
-    model = cls(config, device=device, dtype=dtype)
-    allowed = cls.head_prefixes if task == 'sequence_classification' else ()
-    # load_backbone: the official tensors pass the same value checks as every other weights file
-    report = load_backbone(model, ours, allowed, 'official BiGS weights' if directory is None else
-                           f'the official BiGS weights in {path}')
-    if report.missing or report.unused:
-        raise ValueError(f'official BiGS weights do not fit {cls.__name__}: missing {report.missing}, unexpected '
-                         f'{report.unused}')
-    tokenizer = find_tokenizer(directory, allow_regex) if directory is not None else None
-    if tokenizer is not None and len(tokenizer) > config.vocab_size:
-        raise ValueError(f'the tokenizer in {directory} has {len(tokenizer)} tokens, more than the model\'s '
-                         f'{config.vocab_size} embeddings: it does not belong to these weights')
-    model.tokenizer = tokenizer
-    return model
