@@ -161,9 +161,8 @@ class GMLPModel(GMLPPreTrainedModel):
 
 class GMLPForMaskedLM(GMLPPreTrainedModel, EncoderForMaskedLM):
     """gMLP / aMLP masked LM: :class:`~mlp_vision.text.bert.EncoderForMaskedLM` on :class:`GMLPModel` without the
-    BERT MLM transform (the papers' counts exclude one, module docstring): decoder Linear (weight tied to the token
-    embedding by default) and output bias on the last hidden states. Shapes: as ``EncoderForMaskedLM``.
-    """
+    BERT MLM transform (the papers' counts exclude one: docs/models.md §1): decoder Linear (weight tied to the token
+    embedding by default) and output bias on the last hidden states. Shapes: as ``EncoderForMaskedLM``."""
     encoder_class = GMLPModel
     use_transform = False
     embedding_key = 'embed.weight'

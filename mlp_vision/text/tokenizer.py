@@ -369,11 +369,11 @@ def _read_tokenizer_file(path: str, read):
                          f'damaged, truncated or of another kind') from None
 
 
-def _hf_special_tokens(directory: str) -> Dict[str, str]:
-    """Roles named by ``transformers``' ``special_tokens_map.json`` / ``tokenizer_config.json`` (``cls_token``...)."""
+def _hf_special_tokens(directory: str, config: Mapping[str, Any]) -> Dict[str, str]:
+    """Roles named by ``transformers``' ``special_tokens_map.json`` and ``tokenizer_config.json`` (``config``, read
+    already; its names win), as ``cls_token``..."""
     out = {}
-    for name in ('special_tokens_map.json', TOKENIZER_CONFIG_NAME):
-        d = _read_json(os.path.join(directory, name)) or {}
+    for d in (_read_json(os.path.join(directory, 'special_tokens_map.json')) or {}, config):
         for role in CONTROL_ROLES:
             value = d.get(f'{role}_token')
             if isinstance(value, dict):  # transformers' AddedToken form
@@ -402,7 +402,7 @@ def _from_tokenizer_json(path: str, config: Mapping[str, Any], specials: Mapping
 
 def _find_in_file(path: str, allow_regex: bool) -> Optional[PreTrainedTokenizerFast]:
     """The tokenizer of a ``vocab.txt`` / ``tokenizer.json`` file, None for a file of another kind."""
-    if os.path.basename(path) == VOCAB_FILE_NAME or path.endswith('.txt'):
+    if path.endswith('.txt'):  # vocab.txt or another name
         return _read_tokenizer_file(path, lambda: wordpiece_tokenizer(path))
     try:
         d = _read_json(path)
@@ -433,7 +433,7 @@ def find_tokenizer(path: str, allow_regex: bool = False) -> Optional[PreTrainedT
     config = _read_json(config_file) or {}
     tokenizer_file = os.path.join(path, TOKENIZER_FILE_NAME)
     if os.path.isfile(tokenizer_file):
-        specials = _hf_special_tokens(path)
+        specials = _hf_special_tokens(path, config)
         return _read_tokenizer_file(tokenizer_file, lambda: _from_tokenizer_json(
             tokenizer_file, config, specials, allow_regex))
     if config.get('tokenizer_type') in ('byte', 'char'):
@@ -441,7 +441,7 @@ def find_tokenizer(path: str, allow_regex: bool = False) -> Optional[PreTrainedT
     vocab_file = os.path.join(path, VOCAB_FILE_NAME)
     if os.path.isfile(vocab_file):
         return _read_tokenizer_file(vocab_file, lambda: wordpiece_tokenizer(
-            vocab_file, config.get('do_lower_case'), _hf_special_tokens(path)))
+            vocab_file, config.get('do_lower_case'), _hf_special_tokens(path, config)))
     return None
 
 
