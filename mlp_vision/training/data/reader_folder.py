@@ -88,13 +88,10 @@ class _FolderScan:
         self.root_real = os.path.realpath(root)
         self.class_real: Dict[str, str] = {}  # class folder name -> its real path
         self.owner_of_real: Dict[str, str] = {}  # real class folder -> class name
-        self.warned: Set[str] = set()
         self.left_out = LeftOut(extensions)
 
-    def _warn_skipped(self, rel: str, target: str, why: str) -> None:
-        if rel not in self.warned:
-            self.warned.add(rel)
-            _logger.warning(f'{self.root}: skipped the symlink {rel} -> {target}: {why}')
+    def _warn_skipped(self, rel: str, target: str, why: str) -> None:  # each link is met once: one warning
+        _logger.warning(f'{self.root}: skipped the symlink {rel} -> {target}: {why}')
 
     def class_folders(self) -> List[str]:
         """Loose images in the root (the caller refuses them); fills :attr:`class_real` with the class folders
@@ -144,12 +141,10 @@ class _FolderScan:
         """(images of the class's own folder tree, ``(relative path, real path)`` of those reached through
         symlinks): the class folder's own tree first (links not followed), then the tree of each link found, in
         turn; every real folder is read once, so the walk ends."""
-        read: Dict[str, str] = {}  # real folder -> the relative path it was read as
+        read = {self.class_real[name]: name}  # real folder -> the relative path it was read as
         own, linked = [], []
         trees = [(self.class_real[name], name, True)]
-        while trees:
-            base_real, base_rel, is_own = trees.pop(0)
-            read[base_real] = base_rel
+        for base_real, base_rel, is_own in trees:  # a link's tree is appended to the list as it is found
             links = []
             stack = [(base_real, base_rel)]
             while stack:
