@@ -25,14 +25,3 @@ from mlp_vision.training.data.loader import (
     ImageLoader, ReadableBatches, SeededDataset, SeededSampler, StridedSampler, collate_readable, create_eval_loader,
     create_train_loader, fit_batch_to_data, seeded_rng, train_samples_per_rank, unused_images_message)
 from mlp_vision.training.data.reader import ImageFileDataset, ImageFileReader, find_split
-
-__all__ = [
-    'default_cache_dir', 'prepare_digits_folder', 'SkippedImage', 'UnusableImageError', 'convert_image_mode',
-    'load_image', 'find_split', 'ImageFileReader', 'ImageFileDataset', 'parse_val_split', 'stratified_holdout',
-    'DatasetSubset', 'holdout_split', 'read_class_map', 'default_workers', 'check_image_args',
-    'create_image_dataset', 'create_train_val_datasets', 'dataset_class_to_idx', 'dataset_class_names',
-    'check_num_classes', 'check_class_names', 'seeded_rng', 'SeededSampler', 'SeededDataset', 'StridedSampler',
-    'collate_readable', 'ReadableBatches', 'ImageLoader', 'create_train_loader', 'create_eval_loader',
-    'IMAGE_MODE_CHANNELS', 'INTERPOLATIONS', 'DATASET_KINDS', 'fit_batch_to_data',
-    'train_samples_per_rank', 'unused_images_message', 'dataset_source',
-]
