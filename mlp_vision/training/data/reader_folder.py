@@ -87,7 +87,6 @@ class _FolderScan:
         self.root, self.extensions = root, extensions
         self.root_real = os.path.realpath(root)
         self.class_real: Dict[str, str] = {}  # class folder name -> its real path
-        self.owner_of_real: Dict[str, str] = {}  # real class folder -> class name
         self.left_out = LeftOut(extensions)
 
     def _warn_skipped(self, rel: str, target: str, why: str) -> None:  # each link is met once: one warning
@@ -123,7 +122,6 @@ class _FolderScan:
                 raise UsageError(
                     f'{self.root}: class folder {name} is the folder {outer} inside another class folder ({real}): '
                     f'its images would have two labels; expected each class folder to hold only its own images')
-        self.owner_of_real = owners
         return loose
 
     @staticmethod
@@ -184,13 +182,6 @@ class _FolderScan:
                     trees.append((target, rel, False))
         return own, linked
 
-    def own_image(self, real: str) -> Optional[str]:
-        """The relative path of the file ``real`` as an image of its own class folder, or None."""
-        rel = self._enclosing_class(real, self.owner_of_real)
-        if rel is None or not is_image_name(os.path.basename(real), self.extensions) or not os.path.isfile(real):
-            return None
-        return rel
-
 
 def count_linked_images_once(
         where: str,
@@ -231,11 +222,12 @@ def scan_folder(root: str, extensions: Set[str]) -> List[str]:
     """
     scan = _FolderScan(root, extensions)
     paths = scan.class_folders()
-    linked = []
+    own_real, reached = {}, []  # {real path of an image of its own class folder: its relative path}, links
     for name in sorted(scan.class_real, key=natural_key):
-        own, reached = scan.walk_class(name)
+        own, linked = scan.walk_class(name)
         paths += own
-        linked += [(rel, real, scan.own_image(real)) for rel, real in reached]
+        own_real.update((os.path.join(scan.class_real[name], *rel.split('/')[1:]), rel) for rel in own)
+        reached += linked
     scan.left_out.warn(root)
-    return count_linked_images_once(root, paths, linked)
+    return count_linked_images_once(root, paths, [(rel, real, own_real.get(real)) for rel, real in reached])
 
