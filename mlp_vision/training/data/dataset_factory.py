@@ -31,10 +31,9 @@ def _image_dataset(split_path: str, class_map, input_img_mode, what: str,
     ds = ImageFileDataset(split_path, class_map=class_map or None, class_to_idx=class_to_idx,
                           input_img_mode=input_img_mode)
     if len(ds) == 0 and ds.other_classes:  # every class folder is of another class than those labelled
-        labelled = [c for c, _ in sorted(ds.class_to_idx.items(), key=lambda kv: kv[1])]
         raise UsageError(
             f'{what} at {split_path}: none of its class folders {short_names(ds.other_classes)} is one of the '
-            f'classes it is labelled with {short_names(labelled)} (the model\'s or the class map\'s); '
+            f'classes it is labelled with {short_names(dataset_class_names(ds))} (the model\'s or the class map\'s); '
             f'expected class folders named as those classes')
     if len(ds) == 0:
         kind = 'tar' if ds.is_tar else 'folder'
