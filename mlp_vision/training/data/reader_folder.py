@@ -183,11 +183,7 @@ class _FolderScan:
         return own, linked
 
 
-def count_linked_images_once(
-        where: str,
-        own: List[str],
-        linked: Sequence[Tuple[str, str, Optional[str]]],
-) -> List[str]:
+def count_linked_images_once(where: str, own: List[str], linked: Sequence[Tuple[str, str, Optional[str]]]) -> List[str]:
     """``own`` images plus those of ``linked`` (``(relative path, identity of the file, where that file is an
     image of its own class or None)``) that are not the same file as another image of the class; a file that
     is an image of two classes is refused."""
