@@ -674,9 +674,10 @@ _MD_COLS_SINGLE = [
 
 
 def ceiling_text(env: Dict[str, Any]) -> str:
-    """The measured matmul ceilings (:func:`matmul_ceiling`) in words, for the progress line and the markdown."""
-    return (f"matmul ceiling: torch.mm {env['matmul_n']}² {env['matmul_dtype']} {env['matmul_gflops']:.0f} GFLOP/s"
-            + (f", oneDNN {env['onednn_gflops']:.0f} GFLOP/s" if 'onednn_gflops' in env else ''))
+    """The measured matmul ceilings (:func:`matmul_ceiling`), 3 significant digits or more, for the progress line
+    and the markdown."""
+    return (f"matmul ceiling: torch.mm {env['matmul_n']}² {env['matmul_dtype']} {rate_text(env['matmul_gflops'])} "
+            f"GFLOP/s" + (f", oneDNN {rate_text(env['onednn_gflops'])} GFLOP/s" if 'onednn_gflops' in env else ''))
 
 
 def run_line(env: Dict[str, Any], args) -> str:
