@@ -78,10 +78,7 @@ REFERENCE_DIR: Optional[Path] = None
 
 def base_name(spec: str) -> str:
     """The contender's model / layer name without the ``ref:`` (straightforward twin) or ``fused:`` prefix."""
-    for prefix in ('ref:', FUSED_PREFIX):
-        if spec.startswith(prefix):
-            return spec[len(prefix):]
-    return spec
+    return spec.split(':', 1)[1] if spec.startswith(('ref:', FUSED_PREFIX)) else spec
 
 
 def is_layer(spec: str) -> bool:

@@ -308,20 +308,15 @@ def visualize(args: argparse.Namespace, progress: Callable[[str], None] = print)
                          f'axial sMLPs, BiGS SSMs)')
     os.makedirs(args.out, exist_ok=True)
     progress(f'[{time.monotonic() - start:.0f} s] loaded {what}')
-    drawings = []
-    if projections:
-        grid = token_grid(model, projections[0][1].shape[0])
-        if grid is not None:
-            drawings.append(lambda: draw_spatial_filters(projections, grid, args.out, what, args.grid_tokens))
-        else:
-            drawings.append(lambda: draw_sequence_filters(projections, args.out, what, args.max_lag))
-    if axial:
-        drawings.append(lambda: draw_axial_weights(axial, args.out, what))
-    if responses:
-        drawings.append(lambda: draw_ssm_responses(responses, args.out, what, args.max_lag))
+    grid = token_grid(model, projections[0][1].shape[0]) if projections else None  # None: a text gMLP
+    drawings = [  # (whether the model has those layers, the drawing): each draws in turn, reported as it goes
+        (projections and grid, lambda: draw_spatial_filters(projections, grid, args.out, what, args.grid_tokens)),
+        (projections and not grid, lambda: draw_sequence_filters(projections, args.out, what, args.max_lag)),
+        (axial, lambda: draw_axial_weights(axial, args.out, what)),
+        (responses, lambda: draw_ssm_responses(responses, args.out, what, args.max_lag))]
     paths = []
-    for draw in drawings:
-        for path in draw():
+    for found, draw in drawings:
+        for path in draw() if found else []:
             paths.append(path)
             progress(f'[{time.monotonic() - start:.0f} s] wrote {path}')
     progress(f'{len(paths)} figure(s) of {what} in {args.out}')
