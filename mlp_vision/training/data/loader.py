@@ -108,13 +108,13 @@ class StridedSampler(torch.utils.data.Sampler):
     rank, no padding (unlike timm's ``OrderedDistributedSampler``), so no sample is evaluated twice."""
 
     def __init__(self, size: int, rank: int, world_size: int):
-        self.size, self.rank, self.world_size = size, rank, world_size
+        self.indices = range(rank, size, world_size)
 
     def __iter__(self) -> Iterator[int]:
-        return iter(range(self.rank, self.size, self.world_size))
+        return iter(self.indices)
 
     def __len__(self) -> int:
-        return len(range(self.rank, self.size, self.world_size))
+        return len(self.indices)
 
 
 def collate_readable(batch: List[Any]) -> Tuple[torch.Tensor, torch.Tensor, List[SkippedImage]]:
