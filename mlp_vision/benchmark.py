@@ -78,10 +78,7 @@ REFERENCE_DIR: Optional[Path] = None
 
 def base_name(spec: str) -> str:
     """The contender's model / layer name without the ``ref:`` (straightforward twin) or ``fused:`` prefix."""
-    for prefix in ('ref:', FUSED_PREFIX):
-        if spec.startswith(prefix):
-            return spec[len(prefix):]
-    return spec
+    return spec.split(':', 1)[1] if spec.startswith(('ref:', FUSED_PREFIX)) else spec
 
 
 def is_layer(spec: str) -> bool:
@@ -475,16 +472,6 @@ def probe_memory(argv: Sequence[str]) -> None:
     print(json.dumps({'peak_mem_mb': peak / 2 ** 20, 'step_mem_mb': max(peak - base, 0) / 2 ** 20}))
 
 
-def _row_common(args, mode, in_size) -> Dict[str, Any]:
-    if len(in_size) == 2:  # sequence layer
-        shape = dict(seq_len=in_size[0], dim=in_size[1])
-    else:
-        shape = dict(img_size=in_size[-1] if in_size[-1] == in_size[-2] else f'{in_size[-2]}x{in_size[-1]}')
-    return dict(
-        mode=mode, batch_size=args.batch_size, **shape, precision=args.precision, channels_last=args.channels_last,
-        compile=args.compile, device=args.device, threads=torch.get_num_threads(), timer=args.timer)
-
-
 def _contender_fields(prefix: str, macs: Optional[float], runner: Runner, step_s: float, in_size,
                       args, env: Dict[str, Any]) -> Dict[str, Any]:
     """One contender's columns of a row (``prefix`` 'base_' for B of a pair): median step time, throughput
@@ -579,7 +566,11 @@ def run_contenders(specs: Sequence[str], args, env, macs_cache) -> List[Dict[str
         if args.profile:
             for spec, runner in zip(specs, runners):
                 profile_step(runner, spec)
-        row = dict(model=specs[0], **({'baseline': specs[1]} if pair else {}), **_row_common(args, mode, in_size))
+        shape = (dict(seq_len=in_size[0], dim=in_size[1]) if len(in_size) == 2 else  # a sequence layer
+                 dict(img_size=in_size[-1] if in_size[-1] == in_size[-2] else f'{in_size[-2]}x{in_size[-1]}'))
+        row = dict(model=specs[0], **({'baseline': specs[1]} if pair else {}), mode=mode, batch_size=args.batch_size,
+                   **shape, precision=args.precision, channels_last=args.channels_last, compile=args.compile,
+                   device=args.device, threads=torch.get_num_threads(), timer=args.timer)
         if pair:
             ratios = [t_b / t_a for t_a, t_b in zip(*times)]
             q = statistics.quantiles(ratios, n=4) if len(ratios) >= 2 else [ratios[0]] * 3
@@ -679,27 +670,34 @@ _MD_COLS_SINGLE = [
 ]
 
 
-def markdown(rows: List[Dict[str, Any]], env: Dict[str, Any], args) -> str:
-    cols = _MD_COLS_PAIR if rows and 'baseline' in rows[0] else _MD_COLS_SINGLE
-    cols = [c for c in cols if any(c[0] in r for r in rows)]
-    lines = [f"# {args.title or 'Benchmark'}", '']
+def ceiling_text(env: Dict[str, Any]) -> str:
+    """The measured matmul ceilings (:func:`matmul_ceiling`), 3 significant digits or more, for the progress line
+    and the markdown."""
+    return (f"matmul ceiling: torch.mm {env['matmul_n']}² {env['matmul_dtype']} {rate_text(env['matmul_gflops'])} "
+            f"GFLOP/s" + (f", oneDNN {rate_text(env['onednn_gflops'])} GFLOP/s" if 'onednn_gflops' in env else ''))
+
+
+def run_line(env: Dict[str, Any], args) -> str:
+    """The run's setting on one line: date, device, threads, precision, versions, ceilings, machine load (the
+    header of the markdown and of the profile file)."""
     prec = args.precision + (', channels_last' if args.channels_last else '') + (', compile' if args.compile else '')
     prec += ', CPU-time timer' if args.timer == 'cpu' else ''
     cpu = f" ({env['cpu_capability']})" if env['device'] == 'cpu' else ''
-    lines.append(f"{env['date_utc']} · {env['device_name']}{cpu} · {env['threads']} threads · {prec} · "
-                 f"torch {env['torch']} · timm {env['timm']}"
-                 + (f" · matmul ceiling: torch.mm {env['matmul_n']}² {env['matmul_dtype']} "
-                    f"{env['matmul_gflops']:.0f} GFLOP/s" if 'matmul_gflops' in env else '')
-                 + (f", oneDNN {env['onednn_gflops']:.0f} GFLOP/s" if 'onednn_gflops' in env else '')
-                 + f" · load avg {env['load_avg_start'][0]:.2f} → {env['load_avg_end'][0]:.2f}")
+    return (f"{env['date_utc']} · {env['device_name']}{cpu} · {env['threads']} threads · {prec} · torch "
+            f"{env['torch']} · timm {env['timm']}" + (f' · {ceiling_text(env)}' if 'matmul_gflops' in env else '')
+            + f" · load avg {env['load_avg_start'][0]:.2f} → {env['load_avg_end'][0]:.2f}")
+
+
+def markdown(rows: List[Dict[str, Any]], env: Dict[str, Any], args) -> str:
+    cols = _MD_COLS_PAIR if rows and 'baseline' in rows[0] else _MD_COLS_SINGLE
+    cols = [c for c in cols if any(c[0] in r for r in rows)]
+    lines = [f"# {args.title or 'Benchmark'}", '', run_line(env, args)]
     lines += ['', '`' + env['command'] + '`', '']
     lines.append('| ' + ' | '.join(c[1] for c in cols) + ' |')
     lines.append('|' + '---|' * len(cols))
     for r in rows:
-        cells = []
-        for key, _, fmt in cols:
-            v = r.get(key)
-            cells.append('–' if v is None else fmt(v) if callable(fmt) else fmt.format(v))
+        cells = ['–' if r.get(key) is None else fmt(r[key]) if callable(fmt) else fmt.format(r[key])
+                 for key, _, fmt in cols]
         lines.append('| ' + ' | '.join(cells) + ' |')
     return '\n'.join(lines) + '\n'
 
@@ -717,8 +715,7 @@ def write_results(rows, env, args) -> None:
     print(f'wrote {prefix}.csv / .json / .md')
     if PROFILES:
         atomic_write_text(prefix + '_profile.txt',
-                          f"# torch.profiler, top ops by self time · {env['date_utc']} · {env['device_name']} · "
-                          f"{env['threads']} threads · torch {env['torch']}\n# {env['command']}\n\n"
+                          f"# torch.profiler, top ops by self time · {run_line(env, args)}\n# {env['command']}\n\n"
                           + '\n'.join(PROFILES))
         print(f'wrote {prefix}_profile.txt')
 
@@ -745,9 +742,7 @@ def _main(argv, prog: str) -> None:
         progress('matmul ceiling: timing torch.mm (--no-ceiling skips it)')
         env.update(matmul_ceiling(torch.device(args.device), args.precision,
                                   time.process_time if args.timer == 'cpu' else time.perf_counter))
-        print(f"matmul ceiling: torch.mm {env['matmul_gflops']:.1f} GFLOP/s"
-              + (f", oneDNN {env['onednn_gflops']:.1f} GFLOP/s" if 'onednn_gflops' in env else '')
-              + f" ({env['matmul_dtype']}, {env['threads']} threads)", flush=True)
+        print(f"{ceiling_text(env)} ({env['threads']} threads)", flush=True)
     macs_cache: Dict[Any, float] = {}
     rows: List[Dict[str, Any]] = []
     for specs in args.compare or [[spec] for spec in args.model]:

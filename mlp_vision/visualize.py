@@ -154,8 +154,7 @@ def draw_spatial_filters(projections: Named, grid: Tuple[int, int], out: str, ti
                 f = w[r * grid[1] + c].reshape(grid)
                 ax.imshow(f.numpy(), **_symmetric(f))
                 ax.plot(c, r, marker='+', color='k', ms=5, mew=0.8)
-                ax.set_xticks([])
-                ax.set_yticks([])
+                ax.set(xticks=[], yticks=[])
                 if row == 0:
                     ax.set_title(f'token ({r}, {c})', fontsize=7)
             axes[row, 0].set_ylabel(_layer_label(name, start + row), fontsize=7)
@@ -199,7 +198,6 @@ def draw_sequence_filters(projections: Named, out: str, title: str, max_offset: 
 
 def draw_axial_weights(weights: List[Tuple[str, torch.Tensor, torch.Tensor]], out: str, title: str) -> List[str]:
     """sMLPNet: per stage, the H-mixing (top) and W-mixing (bottom) weights of each block as heatmaps."""
-    from matplotlib.ticker import MaxNLocator
     plt = _pyplot()
     stages: Dict[str, list] = {}
     for name, w_h, w_w in weights:
@@ -216,8 +214,7 @@ def draw_axial_weights(weights: List[Tuple[str, torch.Tensor, torch.Tensor]], ou
                 ax.imshow(w.numpy(), **_symmetric(w))
                 ax.set_title(f'{block}, {axis}: max |w| {w.abs().max():.2g}', fontsize=7)
                 ax.tick_params(labelsize=6)
-                for ticks in (ax.xaxis, ax.yaxis):
-                    ticks.set_major_locator(MaxNLocator(integer=True, nbins=4))
+                ax.locator_params(integer=True, nbins=4)  # ticks at token positions
             axes[1, col].set_xlabel('input position j', fontsize=7)
         axes[0, 0].set_ylabel('H-mixing\noutput row i', fontsize=7)
         axes[1, 0].set_ylabel('W-mixing\noutput column i', fontsize=7)
@@ -311,20 +308,15 @@ def visualize(args: argparse.Namespace, progress: Callable[[str], None] = print)
                          f'axial sMLPs, BiGS SSMs)')
     os.makedirs(args.out, exist_ok=True)
     progress(f'[{time.monotonic() - start:.0f} s] loaded {what}')
-    drawings = []
-    if projections:
-        grid = token_grid(model, projections[0][1].shape[0])
-        if grid is not None:
-            drawings.append(lambda: draw_spatial_filters(projections, grid, args.out, what, args.grid_tokens))
-        else:
-            drawings.append(lambda: draw_sequence_filters(projections, args.out, what, args.max_lag))
-    if axial:
-        drawings.append(lambda: draw_axial_weights(axial, args.out, what))
-    if responses:
-        drawings.append(lambda: draw_ssm_responses(responses, args.out, what, args.max_lag))
+    grid = token_grid(model, projections[0][1].shape[0]) if projections else None  # None: a text gMLP
+    drawings = [  # (whether the model has those layers, the drawing): each draws in turn, reported as it goes
+        (projections and grid, lambda: draw_spatial_filters(projections, grid, args.out, what, args.grid_tokens)),
+        (projections and not grid, lambda: draw_sequence_filters(projections, args.out, what, args.max_lag)),
+        (axial, lambda: draw_axial_weights(axial, args.out, what)),
+        (responses, lambda: draw_ssm_responses(responses, args.out, what, args.max_lag))]
     paths = []
-    for draw in drawings:
-        for path in draw():
+    for found, draw in drawings:
+        for path in draw() if found else []:
             paths.append(path)
             progress(f'[{time.monotonic() - start:.0f} s] wrote {path}')
     progress(f'{len(paths)} figure(s) of {what} in {args.out}')

@@ -14,25 +14,16 @@ top what timm lacks there:
 
 What each input does is listed, with its test, in ``docs/what_happens_when.md`` ("Image data").
 """
-from mlp_vision.training.data.args import DATASET_KINDS, IMAGE_MODE_CHANNELS, INTERPOLATIONS, check_image_args, default_workers
+from mlp_vision.training.data.args import (
+    DATASET_KINDS, IMAGE_MODE_CHANNELS, INTERPOLATIONS, check_image_args, default_workers)
 from mlp_vision.training.data.class_map import read_class_map
 from mlp_vision.training.data.dataset_factory import create_image_dataset, create_train_val_datasets, dataset_source
 from mlp_vision.training.data.decode import SkippedImage, UnusableImageError, convert_image_mode, load_image
 from mlp_vision.training.data.digits import default_cache_dir, prepare_digits_folder
 from mlp_vision.training.data.holdout import DatasetSubset, holdout_split, parse_val_split, stratified_holdout
-from mlp_vision.training.data.labels import check_class_names, check_num_classes, dataset_class_names, dataset_class_to_idx
+from mlp_vision.training.data.labels import (
+    check_class_names, check_num_classes, dataset_class_names, dataset_class_to_idx)
 from mlp_vision.training.data.loader import (
     ImageLoader, ReadableBatches, SeededDataset, SeededSampler, StridedSampler, collate_readable, create_eval_loader,
     create_train_loader, fit_batch_to_data, seeded_rng, train_samples_per_rank, unused_images_message)
 from mlp_vision.training.data.reader import ImageFileDataset, ImageFileReader, find_split
-
-__all__ = [
-    'default_cache_dir', 'prepare_digits_folder', 'SkippedImage', 'UnusableImageError', 'convert_image_mode',
-    'load_image', 'find_split', 'ImageFileReader', 'ImageFileDataset', 'parse_val_split', 'stratified_holdout',
-    'DatasetSubset', 'holdout_split', 'read_class_map', 'default_workers', 'check_image_args',
-    'create_image_dataset', 'create_train_val_datasets', 'dataset_class_to_idx', 'dataset_class_names',
-    'check_num_classes', 'check_class_names', 'seeded_rng', 'SeededSampler', 'SeededDataset', 'StridedSampler',
-    'collate_readable', 'ReadableBatches', 'ImageLoader', 'create_train_loader', 'create_eval_loader',
-    'IMAGE_MODE_CHANNELS', 'INTERPOLATIONS', 'DATASET_KINDS', 'fit_batch_to_data',
-    'train_samples_per_rank', 'unused_images_message', 'dataset_source',
-]

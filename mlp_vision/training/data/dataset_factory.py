@@ -6,6 +6,7 @@ others by its own folder order. Here image folders and tars are read with :class
 validation set is labelled by the training set's class names, and a missing, empty or mismatched split stops with
 one line; other ``--dataset`` names (``torch/cifar10``, ``hfds/...``, ``wds/...``) go to timm's ``create_dataset``.
 """
+import contextlib
 import logging
 import os
 from typing import Dict, Optional, Tuple, Union
@@ -31,10 +32,9 @@ def _image_dataset(split_path: str, class_map, input_img_mode, what: str,
     ds = ImageFileDataset(split_path, class_map=class_map or None, class_to_idx=class_to_idx,
                           input_img_mode=input_img_mode)
     if len(ds) == 0 and ds.other_classes:  # every class folder is of another class than those labelled
-        labelled = [c for c, _ in sorted(ds.class_to_idx.items(), key=lambda kv: kv[1])]
         raise UsageError(
             f'{what} at {split_path}: none of its class folders {short_names(ds.other_classes)} is one of the '
-            f'classes it is labelled with {short_names(labelled)} (the model\'s or the class map\'s); '
+            f'classes it is labelled with {short_names(dataset_class_names(ds))} (the model\'s or the class map\'s); '
             f'expected class folders named as those classes')
     if len(ds) == 0:
         kind = 'tar' if ds.is_tar else 'folder'
@@ -54,12 +54,9 @@ def _timm_dataset(name, root, split, is_training, class_map, download, input_img
                             class_map=read_class_map(class_map, root) if class_map else None)
     except (RuntimeError, FileNotFoundError, AssertionError, ValueError) as e:
         raise UsageError(f'cannot read {what} {name} at {root!r}, split {split!r}: {e or type(e).__name__}') from e
-    try:
-        n = len(ds)
-    except TypeError:  # some iterable datasets have no length
-        n = None
-    if n == 0:
-        raise UsageError(f'{what} {name} split {split!r} is empty')
+    with contextlib.suppress(TypeError):  # raised by len() of an iterable dataset with no length
+        if len(ds) == 0:
+            raise UsageError(f'{what} {name} split {split!r} is empty')
     return ds
 
 

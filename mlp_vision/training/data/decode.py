@@ -7,6 +7,7 @@ mode PIL decodes is converted to the right values (:func:`convert_image_mode`), 
 (:func:`load_image`), and a sample whose image cannot be used becomes a :class:`SkippedImage`.
 """
 import contextlib
+import dataclasses
 import io
 import logging
 import os
@@ -21,17 +22,14 @@ __all__ = ['SkippedImage', 'UnusableImageError', 'convert_image_mode', 'load_ima
 _logger = logging.getLogger(__name__)
 
 
+@dataclasses.dataclass(frozen=True)
 class SkippedImage:
     """What :class:`.reader.ImageFileDataset` returns in place of a sample whose image cannot be used: its ``name``
     (file path, or ``tar:member``) and the ``reason``. The loaders leave it out of the batch, warn once with
-    both and count it (:attr:`ImageLoader.skipped`); it is never replaced by another sample."""
-    __slots__ = ('name', 'reason')
-
-    def __init__(self, name: str, reason: str):
-        self.name, self.reason = name, reason
-
-    def __repr__(self) -> str:
-        return f'SkippedImage({self.name!r}, {self.reason!r})'
+    both and count it (:attr:`ImageLoader.skipped`); it is never replaced by another sample (and, not being a
+    tuple, never unpacked as one)."""
+    name: str
+    reason: str
 
 
 class UnusableImageError(ValueError):

@@ -32,12 +32,8 @@ def parse_val_split(value: Union[str, float, None]) -> Union[str, float]:
     return float(value)
 
 
-def stratified_holdout(
-        names: Sequence[str],
-        targets: Sequence[int],
-        fraction: float,
-        seed: int,
-) -> Tuple[List[int], List[int]]:
+def stratified_holdout(names: Sequence[str], targets: Sequence[int], fraction: float,
+                       seed: int) -> Tuple[List[int], List[int]]:
     """Sorted sample indices (train, held out): from each class, the ``round(fraction * n)`` samples (at most
     n - 1, so no class leaves training) whose ``sha256(seed, name)`` is smallest. The same on every machine,
     process, numpy version and file order; adding images to a class moves at most a few others."""

@@ -36,9 +36,7 @@ def dataset_class_to_idx(ds) -> Optional[Dict[str, int]]:
 def dataset_class_names(ds) -> Optional[List[str]]:
     """Class names in label order (folder / tar / torchvision datasets), None if the dataset does not say."""
     class_to_idx = dataset_class_to_idx(ds)
-    if class_to_idx is None:
-        return None
-    return [c for c, _ in sorted(class_to_idx.items(), key=lambda kv: kv[1])]
+    return None if class_to_idx is None else sorted(class_to_idx, key=class_to_idx.get)
 
 
 def check_num_classes(ds, num_classes: int, what: str = 'dataset', hint: str = '') -> None:

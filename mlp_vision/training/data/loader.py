@@ -22,7 +22,7 @@ import torch.utils.data
 from PIL import Image
 from timm.data import auto_augment, create_transform
 from timm.data.distributed_sampler import RepeatAugSampler
-from timm.data.loader import PrefetchLoader, fast_collate
+from timm.data.loader import PrefetchLoader, _worker_init, fast_collate
 
 from mlp_vision.errors import UsageError
 from mlp_vision.training.data.decode import SkippedImage
@@ -108,13 +108,13 @@ class StridedSampler(torch.utils.data.Sampler):
     rank, no padding (unlike timm's ``OrderedDistributedSampler``), so no sample is evaluated twice."""
 
     def __init__(self, size: int, rank: int, world_size: int):
-        self.size, self.rank, self.world_size = size, rank, world_size
+        self.indices = range(rank, size, world_size)
 
     def __iter__(self) -> Iterator[int]:
-        return iter(range(self.rank, self.size, self.world_size))
+        return iter(self.indices)
 
     def __len__(self) -> int:
-        return len(range(self.rank, self.size, self.world_size))
+        return len(self.indices)
 
 
 def collate_readable(batch: List[Any]) -> Tuple[torch.Tensor, torch.Tensor, List[SkippedImage]]:
@@ -177,38 +177,18 @@ class ImageLoader(PrefetchLoader):
         return self.loader.skipped_files
 
 
-def _worker_init(worker_id: int) -> None:
-    # augmentation randomness comes from SeededDataset; keep numpy distinct per worker for anything else
-    info = torch.utils.data.get_worker_info()
-    np.random.seed(info.seed % (2 ** 32))
-
-
 def _image_loader(dataset, sampler, data_config, batch_size, device, num_workers, pin_memory, drop_last,
                   generator, img_dtype, re_prob=0., re_mode='const', re_count=1,
                   empty_batch_error: Optional[str] = None) -> ImageLoader:
+    # timm's worker init: augmentation randomness comes from SeededDataset, numpy is kept distinct per worker
     loader = torch.utils.data.DataLoader(
-        dataset,
-        batch_size=batch_size,
-        sampler=sampler,
-        num_workers=num_workers,
-        collate_fn=collate_readable,
-        pin_memory=pin_memory,
-        drop_last=drop_last,
-        generator=generator,
-        worker_init_fn=_worker_init,
-        persistent_workers=num_workers > 0,
-    )
+        dataset, batch_size=batch_size, sampler=sampler, num_workers=num_workers, collate_fn=collate_readable,
+        pin_memory=pin_memory, drop_last=drop_last, generator=generator, worker_init_fn=_worker_init,
+        persistent_workers=num_workers > 0)
     return ImageLoader(
-        ReadableBatches(loader, empty_batch_error),
-        mean=data_config['mean'],
-        std=data_config['std'],
-        channels=data_config['input_size'][0],
-        device=device,
-        img_dtype=img_dtype,
-        re_prob=re_prob,
-        re_mode=re_mode,
-        re_count=re_count,
-    )
+        ReadableBatches(loader, empty_batch_error), mean=data_config['mean'], std=data_config['std'],
+        channels=data_config['input_size'][0], device=device, img_dtype=img_dtype, re_prob=re_prob, re_mode=re_mode,
+        re_count=re_count)
 
 
 def create_train_sampler(dataset, world_size: int, rank: int, seed: int,
@@ -313,22 +293,12 @@ def create_train_loader(
     (:class:`SeededSampler`) nor run repeated augmentation in one process (a one-replica ``RepeatAugSampler``).
     """
     dataset.transform = create_transform(
-        data_config['input_size'],
-        is_training=True,
-        no_aug=no_aug,
-        scale=tuple(scale) if scale else None,
-        ratio=tuple(ratio) if ratio else None,
-        hflip=hflip,
-        vflip=vflip,
-        color_jitter=color_jitter,
-        auto_augment=auto_augment,
-        interpolation=train_interpolation or data_config['interpolation'],
-        mean=data_config['mean'],
-        std=data_config['std'],
-        use_prefetcher=True,  # uint8 tensors out; normalise + random-erase in the PrefetchLoader
-    )
-    generator = torch.Generator()
-    generator.manual_seed(seed + rank)  # worker base seeds; never draws from the global torch RNG
+        data_config['input_size'], is_training=True, no_aug=no_aug, scale=tuple(scale) if scale else None,
+        ratio=tuple(ratio) if ratio else None, hflip=hflip, vflip=vflip, color_jitter=color_jitter,
+        auto_augment=auto_augment, interpolation=train_interpolation or data_config['interpolation'],
+        mean=data_config['mean'], std=data_config['std'],
+        use_prefetcher=True)  # uint8 tensors out; normalise + random-erase in the PrefetchLoader
+    generator = torch.Generator().manual_seed(seed + rank)  # worker base seeds; never the global torch RNG
     if isinstance(dataset, torch.utils.data.IterableDataset):
         _logger.warning('iterable dataset: sample order and augmentation are up to the dataset; '
                         '--resume will not reproduce an uninterrupted run exactly')
@@ -366,15 +336,9 @@ def create_eval_loader(
     readable image is yielded exactly once over all ranks (:class:`StridedSampler`) and unreadable ones are left
     out and counted (:class:`ImageLoader`), so metrics summed over the batches and ranks are exact."""
     dataset.transform = create_transform(
-        data_config['input_size'],
-        is_training=False,
-        interpolation=data_config['interpolation'],
-        mean=data_config['mean'],
-        std=data_config['std'],
-        crop_pct=data_config['crop_pct'],
-        crop_mode=data_config.get('crop_mode'),
-        use_prefetcher=True,
-    )
+        data_config['input_size'], is_training=False, interpolation=data_config['interpolation'],
+        mean=data_config['mean'], std=data_config['std'], crop_pct=data_config['crop_pct'],
+        crop_mode=data_config.get('crop_mode'), use_prefetcher=True)
     sampler = None
     if distributed and not isinstance(dataset, torch.utils.data.IterableDataset):
         sampler = StridedSampler(len(dataset), torch.distributed.get_rank(), torch.distributed.get_world_size())

@@ -60,11 +60,8 @@ def split_entries(root: str) -> List[str]:
                   if (e[:-4] if e.lower().endswith('.tar') else e) in names)
 
 
-def _samples_by_class(
-        paths: Sequence[str],
-        class_to_idx: Optional[Dict[str, int]],
-        where: str,
-) -> Tuple[List[Tuple[str, int]], Dict[str, int], List[str]]:
+def _samples_by_class(paths: Sequence[str], class_to_idx: Optional[Dict[str, int]],
+                      where: str) -> Tuple[List[Tuple[str, int]], Dict[str, int], List[str]]:
     """(``(path, target)`` in natural order, class_to_idx, classes left out) of relative image paths
     ``<class>/<any sub-folders>/<image>``, labelled by their first folder. With a given ``class_to_idx`` images of
     other classes are left out, as in timm; the caller decides whether that is an error."""

@@ -87,14 +87,10 @@ class _FolderScan:
         self.root, self.extensions = root, extensions
         self.root_real = os.path.realpath(root)
         self.class_real: Dict[str, str] = {}  # class folder name -> its real path
-        self.owner_of_real: Dict[str, str] = {}  # real class folder -> class name
-        self.warned: Set[str] = set()
         self.left_out = LeftOut(extensions)
 
-    def _warn_skipped(self, rel: str, target: str, why: str) -> None:
-        if rel not in self.warned:
-            self.warned.add(rel)
-            _logger.warning(f'{self.root}: skipped the symlink {rel} -> {target}: {why}')
+    def _warn_skipped(self, rel: str, target: str, why: str) -> None:  # each link is met once: one warning
+        _logger.warning(f'{self.root}: skipped the symlink {rel} -> {target}: {why}')
 
     def class_folders(self) -> List[str]:
         """Loose images in the root (the caller refuses them); fills :attr:`class_real` with the class folders
@@ -126,7 +122,6 @@ class _FolderScan:
                 raise UsageError(
                     f'{self.root}: class folder {name} is the folder {outer} inside another class folder ({real}): '
                     f'its images would have two labels; expected each class folder to hold only its own images')
-        self.owner_of_real = owners
         return loose
 
     @staticmethod
@@ -144,12 +139,10 @@ class _FolderScan:
         """(images of the class's own folder tree, ``(relative path, real path)`` of those reached through
         symlinks): the class folder's own tree first (links not followed), then the tree of each link found, in
         turn; every real folder is read once, so the walk ends."""
-        read: Dict[str, str] = {}  # real folder -> the relative path it was read as
+        read = {self.class_real[name]: name}  # real folder -> the relative path it was read as
         own, linked = [], []
         trees = [(self.class_real[name], name, True)]
-        while trees:
-            base_real, base_rel, is_own = trees.pop(0)
-            read[base_real] = base_rel
+        for base_real, base_rel, is_own in trees:  # a link's tree is appended to the list as it is found
             links = []
             stack = [(base_real, base_rel)]
             while stack:
@@ -189,19 +182,8 @@ class _FolderScan:
                     trees.append((target, rel, False))
         return own, linked
 
-    def own_image(self, real: str) -> Optional[str]:
-        """The relative path of the file ``real`` as an image of its own class folder, or None."""
-        rel = self._enclosing_class(real, self.owner_of_real)
-        if rel is None or not is_image_name(os.path.basename(real), self.extensions) or not os.path.isfile(real):
-            return None
-        return rel
 
-
-def count_linked_images_once(
-        where: str,
-        own: List[str],
-        linked: Sequence[Tuple[str, str, Optional[str]]],
-) -> List[str]:
+def count_linked_images_once(where: str, own: List[str], linked: Sequence[Tuple[str, str, Optional[str]]]) -> List[str]:
     """``own`` images plus those of ``linked`` (``(relative path, identity of the file, where that file is an
     image of its own class or None)``) that are not the same file as another image of the class; a file that
     is an image of two classes is refused."""
@@ -236,11 +218,12 @@ def scan_folder(root: str, extensions: Set[str]) -> List[str]:
     """
     scan = _FolderScan(root, extensions)
     paths = scan.class_folders()
-    linked = []
+    own_real, reached = {}, []  # {real path of an image of its own class folder: its relative path}, links
     for name in sorted(scan.class_real, key=natural_key):
-        own, reached = scan.walk_class(name)
+        own, linked = scan.walk_class(name)
         paths += own
-        linked += [(rel, real, scan.own_image(real)) for rel, real in reached]
+        own_real.update((os.path.join(scan.class_real[name], *rel.split('/')[1:]), rel) for rel in own)
+        reached += linked
     scan.left_out.warn(root)
-    return count_linked_images_once(root, paths, linked)
+    return count_linked_images_once(root, paths, [(rel, real, own_real.get(real)) for rel, real in reached])
 

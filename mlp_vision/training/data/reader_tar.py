@@ -21,13 +21,8 @@ def _tar_member_name(name: str) -> str:
     return '/'.join(part for part in name.split('/') if part not in ('', '.'))
 
 
-def _resolve_tar_links(
-        path: str,
-        where: str,
-        regular: Dict[str, Tuple[int, int]],
-        symlinks: Dict[str, str],
-        hardlinks: Dict[str, str],
-) -> Tuple[Dict[str, Tuple[int, int]], Dict[str, str]]:
+def _resolve_tar_links(path: str, where: str, regular: Dict[str, Tuple[int, int]], symlinks: Dict[str, str],
+                       hardlinks: Dict[str, str]) -> Tuple[Dict[str, Tuple[int, int]], Dict[str, str]]:
     """(``{hard link: data of its file}``, ``{symlink: the regular member it reaches}``) of one tar's link
     members. A symlink that does not reach a file in the tar (a folder, a path outside the tar, nothing) is a
     :class:`UsageError`: the tar holds the link, not what it pointed to."""
