@@ -12,7 +12,6 @@ import os
 import pickle
 import random
 import re
-import reprlib
 import shutil
 import stat
 from pathlib import Path
@@ -22,7 +21,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from mlp_vision.errors import UsageError, find_os_error
+from mlp_vision.errors import UsageError, find_os_error, short_repr
 from mlp_vision.weights import check_weights
 
 __all__ = [
@@ -300,46 +299,46 @@ class CheckpointManager:
         return {'last': True, 'best': is_best, 'top': in_top}
 
 
-def _is_plain(value: Any) -> bool:
-    """None, a bool, number or string, or a list / tuple / str-keyed dict of such values."""
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return True
-    if isinstance(value, (list, tuple)):
-        return all(_is_plain(v) for v in value)
-    if isinstance(value, dict):
-        return all(isinstance(k, str) and _is_plain(v) for k, v in value.items())
-    return False
-
-
 def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def _finite_numbers(value: Any, live: Any = None) -> bool:
-    """No NaN in the numbers of a plain ``value`` (lists / dicts included), and no infinity unless the live value
-    in its place is infinite too (a plateau scheduler's starting ``best`` is -inf)."""
-    if isinstance(value, float):
-        return math.isfinite(value) or (not math.isnan(value) and isinstance(live, float) and math.isinf(live))
-    if isinstance(value, (list, tuple)):
-        return all(_finite_numbers(v) for v in value)
-    if isinstance(value, dict):
-        return all(_finite_numbers(v) for v in value.values())
-    return True
+def _plain_problem(value: Any, live: Any = None) -> Optional[str]:
+    """What keeps a saved setting from being a plain value (None, a bool, number or string, or a list / tuple /
+    str-keyed dict of such) without NaN or infinity, or None. An infinity is kept where the ``live`` value in its
+    place is infinite too (a plateau scheduler's starting ``best`` is -inf)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None if not math.isnan(value) and isinstance(live, float) and math.isinf(live) else 'NaN or infinite'
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return None
+    if isinstance(value, dict) and all(isinstance(k, str) for k in value):
+        value = value.values()
+    elif not isinstance(value, (list, tuple)):
+        return 'not a value of its kind'
+    return next(filter(None, map(_plain_problem, value)), None)
+
+
+def _check_settings(saved: Dict[str, Any], live: Dict[str, Any], name: Callable[[str], str],
+                    none_for_number: bool = True) -> None:
+    """Each entry of ``saved`` is one ``live`` has, a plain finite value (:func:`_plain_problem`), and a number where
+    the live one is (or None, if ``none_for_number``); else a ``ValueError`` naming the entry as ``name(key)``."""
+    for k, v in saved.items():
+        if k not in live:
+            raise ValueError(f'{name(k)} is no entry of the live state')
+        problem = _plain_problem(v, live[k])
+        if not problem and _is_number(live[k]) and not (_is_number(v) or none_for_number and v is None):
+            problem = 'not a value of its kind'
+        if problem:  # e.g. a saved NaN base LR would train on NaN
+            raise ValueError(f'{name(k)} is {short_repr(v)}: {problem}')
 
 
 def check_settings_state(saved: Any, live: Dict[str, Any], what: str) -> None:
     """A saved scheduler / scaler state (loaded by assigning its entries to attributes, so checked before loading)
-    holds only keys of the live object's ``state_dict()``, each a plain value, a number where the live one is, and
-    no NaN / infinity (a NaN base LR would train on NaN); else a ``ValueError`` naming ``what``."""
+    fits the live object's ``state_dict()`` ``live`` (:func:`_check_settings`); else a ``ValueError`` naming
+    ``what``."""
     if not isinstance(saved, dict):
         raise ValueError(f'{what} is a {type(saved).__name__}, not a state dict')
-    for k, v in saved.items():
-        if k not in live:
-            raise ValueError(f'{what} has an entry {k!r} that {what} never has')
-        if not _is_plain(v) or (_is_number(live[k]) and not (_is_number(v) or v is None)):
-            raise ValueError(f'{what} entry {k!r} is {v!r}, not a value of its kind')
-        if not _finite_numbers(v, live[k]):
-            raise ValueError(f'{what} entry {k!r} is {reprlib.repr(v)}: NaN or infinite')
+    _check_settings(saved, live, lambda k: f'{what} entry {k!r}')
 
 
 def check_optimizer_state(saved: Any, optimizer: torch.optim.Optimizer) -> None:
@@ -360,11 +359,8 @@ def check_optimizer_state(saved: Any, optimizer: torch.optim.Optimizer) -> None:
         if not isinstance(ids, list) or len(ids) != len(live['params']) or not all(_is_number(j) for j in ids):
             raise ValueError(f'optimizer parameter group {i} does not list {len(live["params"])} parameters')
         params.update(zip(ids, live['params']))
-        for k, v in group.items():
-            if k != 'params' and (not _is_plain(v) or (_is_number(live[k]) and not _is_number(v))):
-                raise ValueError(f'optimizer setting {k!r} of group {i} is {v!r}')
-            if k != 'params' and not _finite_numbers(v):  # a saved NaN learning rate trains on NaN
-                raise ValueError(f'optimizer setting {k!r} of group {i} is {reprlib.repr(v)}: NaN or infinite')
+        _check_settings({k: v for k, v in group.items() if k != 'params'}, live,
+                        lambda k: f'optimizer setting {k!r} of group {i}', none_for_number=False)
     state = saved['state']
     if not isinstance(state, dict) or not set(state) <= set(params):
         raise ValueError('the optimizer state names parameters the groups do not list')
@@ -373,13 +369,12 @@ def check_optimizer_state(saved: Any, optimizer: torch.optim.Optimizer) -> None:
             raise ValueError(f'the optimizer state of parameter {j} is not a dict')
         p = params[j]
         for k, v in entry.items():
-            ok = (_is_number(v) or isinstance(v, torch.Tensor) and (
+            fits = (_is_number(v) or isinstance(v, torch.Tensor) and (
                 v.dim() < p.dim() or tuple(v.shape) == tuple(p.shape)) and (v.is_floating_point() or v.dim() == 0))
-            if not ok:
+            if not fits:
                 raise ValueError(f'the optimizer state {k!r} of parameter {j} does not fit a parameter of shape '
                                  f'{tuple(p.shape)}')
-            finite = (_finite_numbers(v) if _is_number(v) else
-                      not v.is_floating_point() or bool(torch.isfinite(v).all()))
+            finite = not _plain_problem(v) if _is_number(v) else not v.is_floating_point() or torch.isfinite(v).all()
             if not finite:  # e.g. a NaN exp_avg: the first step would write NaN into the weights
                 raise ValueError(f'the optimizer state {k!r} of parameter {j} holds NaN or infinite values')
 
@@ -451,7 +446,7 @@ def check_rng_state(state: Any) -> None:
         ok = (key in _RNG_KEYS or _is_generator_state(value) or (
             _is_number(value) and math.isfinite(value) and value >= 0))
         if not ok:
-            raise ValueError(f'the saved data state {key!r} is {reprlib.repr(value)}, not a generator state or a '
+            raise ValueError(f'the saved data state {key!r} is {short_repr(value)}, not a generator state or a '
                              f'count')
 
 

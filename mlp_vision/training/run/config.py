@@ -103,17 +103,6 @@ def read_yaml_file(path: str, what: str = 'config file') -> Any:
         return parse_yaml(f.read(MAX_YAML_BYTES + 1), where)
 
 
-def _dest_names(parser: argparse.ArgumentParser) -> Dict[str, str]:
-    names = {}
-    for action in parser._actions:
-        if action.dest in (argparse.SUPPRESS, 'help'):
-            continue
-        names[action.dest] = action.dest
-        for opt in action.option_strings:
-            names[opt.lstrip('-').replace('-', '_')] = action.dest
-    return names
-
-
 def _actions(parser: argparse.ArgumentParser) -> Dict[str, argparse.Action]:
     return {a.dest: a for a in parser._actions if a.dest not in (argparse.SUPPRESS, 'help')}
 
@@ -155,35 +144,28 @@ def _typed_one(value: Any, action: argparse.Action, where: str, flag: str) -> An
     return value
 
 
-RECIPE_SUFFIX = '.yaml'
-
-
-def recipe_folder() -> Optional[Path]:
+def recipe_folder(kind: str = '') -> Optional[Path]:
     """Where the recipes are: ``mlp_vision/configs`` in a built package, else ``configs/`` beside the package folder
     (a checkout, an editable install); None when neither exists. Never both: beside an installed package is
-    site-packages, whose ``configs/`` (if any) is another distribution's."""
+    site-packages, whose ``configs/`` (if any) is another distribution's. ``kind='text'``: its ``text/``."""
     package = Path(str(importlib.resources.files('mlp_vision')))
     shipped, checkout = package / 'configs', package.resolve().parent / 'configs'
-    return next((folder for folder in (shipped, checkout) if folder.is_dir()), None)
-
-
-def _recipe_folder(kind: str) -> Optional[Path]:
-    folder = recipe_folder()
+    folder = next((folder for folder in (shipped, checkout) if folder.is_dir()), None)
     return folder / kind if folder is not None and kind else folder
 
 
 def recipe_names(kind: str = '') -> List[str]:
-    """The names ``-c`` accepts for the recipes (sorted, without ``.yaml``); ``kind='text'``: ``configs/text/``'s."""
-    folder = _recipe_folder(kind)
-    return sorted(p.name[:-len(RECIPE_SUFFIX)] for p in folder.glob('*' + RECIPE_SUFFIX)) if folder else []
+    """The names ``-c`` accepts for the recipes of :func:`recipe_folder` ``(kind)`` (sorted, without ``.yaml``)."""
+    folder = recipe_folder(kind)
+    return sorted(p.stem for p in folder.glob('*.yaml')) if folder else []
 
 
 def find_recipe(name: str, kind: str = '') -> Path:
     """The file of the recipe ``name`` (``smlpnet_t`` -> ``.../configs/smlpnet_t.yaml``; ``kind='text'``:
     ``.../configs/text/NAME.yaml``); an unknown name is a :class:`UsageError` listing the recipes there are."""
-    folder = _recipe_folder(kind)
-    if folder is not None and (folder / (name + RECIPE_SUFFIX)).is_file():
-        return folder / (name + RECIPE_SUFFIX)
+    folder = recipe_folder(kind)
+    if folder is not None and (folder / f'{name}.yaml').is_file():
+        return folder / f'{name}.yaml'
     raise UsageError(f'-c {name}: no such file, and no recipe of that name (recipes: '
                      f'{", ".join(recipe_names(kind)) or "none found"}; or pass the path of a yaml file)')
 
@@ -201,7 +183,9 @@ def load_yaml_config(path: str, parser: argparse.ArgumentParser, notes: Sequence
     cfg = read_yaml_file(path) or {}
     if not isinstance(cfg, dict):
         raise UsageError(f'config file {path!r} must be a mapping of flag names to values, got {type(cfg).__name__}')
-    names, actions, out = _dest_names(parser), _actions(parser), {}
+    actions, out = _actions(parser), {}
+    names = {key: dest for dest, action in actions.items()  # a yaml key is a destination or a flag's name
+             for key in [dest] + [opt.lstrip('-').replace('-', '_') for opt in action.option_strings]}
     for key, value in cfg.items():
         if key in notes:
             out[key] = value

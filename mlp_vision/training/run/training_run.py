@@ -224,11 +224,12 @@ def _schedule_position(scheduler, next_epoch: int, num_updates: int) -> None:
         scheduler.step_update(num_updates)
 
 
-def _differences(old: Optional[Dict[str, Any]], new: Dict[str, Any]) -> List[str]:
-    if old is None:
-        return ['the checkpoint records no schedule']
-    return [f'{k} {new.get(k)!r} (was {old.get(k)!r})' for k in sorted(set(old) | set(new))
-            if plain_value(old.get(k)) != plain_value(new.get(k))]
+def _differences(old: Dict[str, Any], new: Dict[str, Any], name: Callable[[str], str] = str,
+                 show: Callable[[Any], str] = repr) -> List[str]:
+    """``'<name(key)> <new value> (was <old value>)'`` for each key whose plain values (:func:`~.config.plain_value`)
+    differ between ``old`` and ``new``."""
+    plain = {k: (plain_value(old.get(k)), plain_value(new.get(k))) for k in sorted(set(old) | set(new))}
+    return [f'{name(k)} {show(b)} (was {show(a)})' for k, (a, b) in plain.items() if a != b]
 
 
 def _check_resume_payload(ckpt: Dict[str, Any], key: str, source: str) -> None:
@@ -360,7 +361,8 @@ class TrainingRun:
             _schedule_position(scheduler, next_epoch, num_updates)
             return position, num_updates
         base_lrs = [g['initial_lr'] for g in optimizer.param_groups]
-        changed = _differences(ckpt.get('schedule'), schedule)
+        changed = (_differences(ckpt['schedule'], schedule) if ckpt.get('schedule') is not None
+                   else ['the checkpoint records no schedule'])
         scaler_state = ckpt.get('amp_scaler') if loss_scaler is not None else None
         try:  # checked before anything is loaded: a checkpoint's states are data, never new attributes
             check_optimizer_state(ckpt['optimizer'], optimizer)
@@ -449,19 +451,20 @@ class TrainingRun:
         if args.experiment and (Path(args.experiment).name != args.experiment or args.experiment in ('.', '..')):
             raise UsageError(f'--experiment {args.experiment!r} is not a folder name; give a plain name (no '
                              f'"/" or ".."), and the parent folder with --output')
-        in_place, note, history = False, '', None
+        note, history = '', None
         if args.resume:
             # the saved history is checked before any folder is made or touched
             history = CheckpointManager(root, key=self.key).check_state(
                 self.resume_ckpt.get('checkpoint_history') if self.resume_ckpt is not None else None,
                 source=f'--resume {args.resume}')
-            output_dir, in_place, note = self._resume_folder(root)
+            output_dir, note = self._resume_folder(root)
         else:
             output_dir = new_run_folder(root, args.experiment or default_name)
         self.output_dir = output_dir = output_dir.resolve()
-        if self._lock is None:
+        in_place = self._lock is not None  # _resume_folder locks (and checks) the folder it continues in place
+        if not in_place:
             self._lock = FolderLock(output_dir)
-        check_own_files(output_dir)
+            check_own_files(output_dir)
         self.run_id = self.resume_ckpt['run_id'] if in_place else write_run_id(output_dir, self.kind)
         self._log_handlers.append(add_log_file(output_dir / 'train.log'))
         if note:
@@ -505,33 +508,26 @@ class TrainingRun:
         atomic_write_text(args_file, args_to_yaml(settings))
         atomic_write_text(output_dir / 'derived.yaml', args_to_yaml(self.args.derived))
 
-    def _resume_folder(self, root: Path) -> Tuple[Path, bool, str]:
-        """(the folder a resumed run writes to, whether that is the checkpoint's own folder, a note to log). In place
-        is decided under the folder's lock (taken here and kept), from the folder as it is then: a second resume of
-        the same run that loaded its checkpoint before the first took the lock sees the first's epochs."""
-        args, key = self.args, self.key
-        resumed = Path(args.resume).resolve()
-        source = resumed.parent
-        where = f'{resumed} ({key} {self.last_saved})'
-        if args.output or args.experiment:
-            wanted = root.resolve() / (args.experiment or source.name)
-            if wanted != source:
-                folder = new_run_folder(wanted.parent, wanted.name)
-                return folder, False, (f'--resume with --output / --experiment: a new run in {folder} starts from '
-                                       f'{where}; {source} is left as it is')
-        run_id = self.resume_ckpt.get('run_id')
-        reason = newer_than(source, key, self.last_saved, run_id)
-        if reason is None:  # the folder looks like this run's newest state: lock it, then look again
+    def _resume_folder(self, root: Path) -> Tuple[Path, str]:
+        """(the folder a resumed run writes to, a note to log: '' when it is the checkpoint's own folder, then locked
+        here). In place is decided under the folder's lock, from the folder as it is then: a second resume of the
+        same run that loaded its checkpoint before the first took the lock sees the first's epochs."""
+        args, resumed = self.args, Path(self.args.resume).resolve()
+        source, run_id = resumed.parent, self.resume_ckpt.get('run_id')
+        wanted = root.resolve() / (args.experiment or source.name) if args.output or args.experiment else source
+        if wanted != source:
+            why = f'--output / --experiment name the folder {wanted}'
+        elif (why := newer_than(source, self.key, self.last_saved, run_id)) is None:
+            # the folder looks like this run's newest state: lock it, then look again
             self._lock = FolderLock(source)
             check_own_files(source)
-            reason = newer_than(source, key, self.last_saved, run_id)
-            if reason is None:
-                return source, True, ''
+            if (why := newer_than(source, self.key, self.last_saved, run_id)) is None:
+                return source, ''
             self._lock.release()
             self._lock = None
-        folder = new_run_folder(source.parent, source.name)
-        return folder, False, (f'--resume {args.resume}: {reason}; the run continues from {where} in a new folder, '
-                               f'{folder}, and {source} is left as it is')
+        folder = new_run_folder(wanted.parent, wanted.name)
+        return folder, (f'--resume {args.resume}: {why}; a new run in {folder} starts from {resumed} ({self.key} '
+                        f'{self.last_saved}), and {source} is left as it is')
 
     def log_settings_changes(self) -> None:
         """Log each setting where this resumed run differs from the run it continues: the arguments as given, then
@@ -539,16 +535,13 @@ class TrainingRun:
         args, saved = self.args, self.args.resumed_settings
         if not saved:
             return
-        given, plain = args.given(), plain_value
-        changed = [f'--{k.replace("_", "-")} {plain(given.get(k))!r} (was {plain(v)!r})'
-                   for k, v in saved.items() if plain(given.get(k)) != plain(v)]
-        derived, was = args.derived, args.resumed_derived
+        given = args.given()
+        changed = _differences(saved, {k: given.get(k) for k in saved}, name=lambda k: f'--{k.replace("_", "-")}')
         # the saved derived values are a file's, never used: each shown bounded
-        rederived = [f'{k} {short_repr(plain(derived.get(k)))} (was {short_repr(plain(was.get(k)))})'
-                     for k in sorted(set(derived) | set(was)) if plain(derived.get(k)) != plain(was.get(k))]
+        rederived = _differences(args.resumed_derived, args.derived, show=short_repr)
         _logger.info(f'Resuming with the settings of {args.resume}'
                      + (f'; changed: {", ".join(changed)}' if changed else ' (unchanged)')
-                     + (f'; derived again: {", ".join(rederived)}' if rederived and was else ''))
+                     + (f'; derived again: {", ".join(rederived)}' if rederived and args.resumed_derived else ''))
 
     # ------------------------------------------------------------------ checkpoints
     def save(self, position: int, metric: Optional[float], *, model: nn.Module, optimizer, scheduler,
