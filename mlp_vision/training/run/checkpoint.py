@@ -29,7 +29,7 @@ __all__ = [
     'atomic_save', 'atomic_write_text', 'atomic_folder', 'atomic_link', 'keep_previous', 'CheckpointManager',
     'load_checkpoint_file',
     'is_training_checkpoint', 'check_settings_state', 'check_optimizer_state', 'get_rng_state', 'set_rng_state',
-    'check_rng_state', 'preserve_rng', 'clean_state_dict', 'load_model_weights',
+    'check_rng_state', 'preserve_rng', 'clean_state_dict', 'load_model_weights', 'is_count',
 ]
 
 _logger = logging.getLogger(__name__)
@@ -208,17 +208,10 @@ class CheckpointManager:
     def __init__(self, output_dir: os.PathLike, decreasing: bool = False, max_history: int = 3, key: str = 'epoch',
                  resume_only: Sequence[str] = ()):
         self.output_dir, self.resume_only = Path(output_dir), tuple(resume_only)
+        self.last_path, self.best_path = self.output_dir / 'last.pth', self.output_dir / 'model_best.pth'
         self.decreasing, self.max_history, self.key = decreasing, max_history, key
         self.history: List[Dict[str, Any]] = []  # [{key, 'metric', 'file'}], best first
         self.best: Optional[Dict[str, Any]] = None  # {key, 'metric'}
-
-    @property
-    def last_path(self) -> Path:
-        return self.output_dir / 'last.pth'
-
-    @property
-    def best_path(self) -> Path:
-        return self.output_dir / 'model_best.pth'
 
     @staticmethod
     def file_name(position: int) -> str:
@@ -231,9 +224,9 @@ class CheckpointManager:
         if not isinstance(entry, dict) or set(entry) != keys:
             raise ValueError(f'{entry!r} is not a {{{", ".join(sorted(keys))}}} entry')
         position, metric = entry[self.key], entry['metric']
-        if not _is_number(position) or not isinstance(position, int) or position < 0:
+        if not is_count(position):
             raise ValueError(f'{self.key} {position!r} is not a non-negative integer')
-        if not _is_number(metric) or not math.isfinite(metric):
+        if not _is_number(metric) or _plain_problem(metric):
             raise ValueError(f'metric {metric!r} is not a finite number')
         if with_file and entry['file'] != self.file_name(position):
             raise ValueError(f'file {entry["file"]!r} is not {self.file_name(position)!r}, the name this trainer '
@@ -301,6 +294,11 @@ class CheckpointManager:
 
 def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def is_count(value: Any) -> bool:
+    """A non-negative ``int`` (not a bool): a position, an update count, a thread count."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def _plain_problem(value: Any, live: Any = None) -> Optional[str]:
@@ -409,8 +407,7 @@ _RNG_KEYS = frozenset({'python', 'numpy', 'torch', 'cuda'})
 
 
 def _is_word_list(values: Any, n: int) -> bool:
-    return (isinstance(values, (list, tuple)) and len(values) == n
-            and all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2 ** 32 for v in values))
+    return isinstance(values, (list, tuple)) and len(values) == n and all(is_count(v) and v < 2 ** 32 for v in values)
 
 
 def _is_generator_state(value: Any) -> bool:
@@ -444,7 +441,7 @@ def check_rng_state(state: Any) -> None:
         raise ValueError('the CUDA random states are not generator states')
     for key, value in state.items():
         ok = (key in _RNG_KEYS or _is_generator_state(value) or (
-            _is_number(value) and math.isfinite(value) and value >= 0))
+            _is_number(value) and not _plain_problem(value) and value >= 0))
         if not ok:
             raise ValueError(f'the saved data state {key!r} is {short_repr(value)}, not a generator state or a '
                              f'count')
@@ -460,22 +457,6 @@ def preserve_rng():
         set_rng_state(state)
 
 
-def _file_format(path: Path) -> str:
-    if path.suffix == '.safetensors':
-        return 'safetensors'
-    with open(path, 'rb') as f:
-        head = f.read(len(_LEGACY_MAGIC))
-    if not head:
-        return 'empty'
-    if head.startswith(_ZIP_MAGIC):
-        return 'zip'
-    if head == _LEGACY_MAGIC:
-        return 'legacy'
-    if head[:1] == b'\x80':
-        return 'pickle'
-    return 'unknown'
-
-
 def load_checkpoint_file(path: os.PathLike, trust: bool = False, what: str = 'checkpoint') -> Dict[str, Any]:
     """Load a checkpoint file on the CPU without running code from it; a :class:`UsageError` (naming the file as
     ``what``) says why not. ``torch.save`` files load with ``weights_only=True``; one that needs more (pickled
@@ -485,20 +466,22 @@ def load_checkpoint_file(path: os.PathLike, trust: bool = False, what: str = 'ch
     name = f'{what} {str(path)!r}'
     if not path.is_file():
         raise UsageError(f'{name} does not exist' if not path.exists() else f'{name} is not a file')
-    kind = _file_format(path)
-    if kind == 'safetensors':
+    if path.suffix == '.safetensors':
         from safetensors import SafetensorError
         from safetensors.torch import load_file
         try:
             return load_file(str(path), device='cpu')
         except (SafetensorError, OSError, ValueError) as e:
             raise UsageError(f'{name} is not a readable safetensors file: {e}') from e
-    if kind == 'empty':
+    with open(path, 'rb') as f:
+        head = f.read(len(_LEGACY_MAGIC))
+    kind = 'zip' if head.startswith(_ZIP_MAGIC) else 'legacy' if head == _LEGACY_MAGIC else None
+    if not head:
         raise UsageError(f'{name} is empty (0 bytes), not a PyTorch checkpoint')
-    if kind == 'pickle':
+    if kind is None and head[:1] == b'\x80':
         raise UsageError(f'{name} is a bare Python pickle, not a PyTorch checkpoint (torch.save file); pickles can '
                          f'run code when loaded and are never loaded here')
-    if kind == 'unknown':
+    if kind is None:
         raise UsageError(f'{name} is not a PyTorch checkpoint (neither torch.save\'s zip nor its legacy format, '
                          f'nor .safetensors)')
     try:

@@ -170,13 +170,6 @@ def find_recipe(name: str, kind: str = '') -> Path:
                      f'{", ".join(recipe_names(kind)) or "none found"}; or pass the path of a yaml file)')
 
 
-def _config_path(value: str, recipes: bool) -> str:
-    """``-c`` value -> file: an existing path, or anything that looks like one, is a file; a bare name (no folder,
-    no suffix) is a recipe's when ``recipes``."""
-    is_name = not os.path.exists(value) and os.sep not in value and '/' not in value and '.' not in value
-    return str(find_recipe(value)) if recipes and is_name else value
-
-
 def load_yaml_config(path: str, parser: argparse.ArgumentParser, notes: Sequence[str] = ()) -> Dict[str, Any]:
     """Read a yaml mapping of flag names to values; return it keyed by argparse destinations. ``notes``: keys that
     are data about the file (a text recipe's ``source``), returned under their own name."""
@@ -284,7 +277,10 @@ def merge_settings(parser: argparse.ArgumentParser, given: Mapping[str, Any], ba
     given = dict(given)
     wants_help = given.pop(_HELP, False)
     known = _actions(parser)
-    config = _config_path(given['config'], recipes) if given.get('config') else ''
+    config = given.get('config') or ''
+    # -c: an existing path, or anything that looks like one, is a file; a bare name is a recipe's when `recipes`
+    if recipes and config and not os.path.exists(config) and not any(c in config for c in (os.sep, '/', '.')):
+        config = str(find_recipe(config))
     # a resumed run's settings come from a file: checked as the command line checks its values
     above = {k: _typed(v, known[k], 'the resumed checkpoint\'s saved settings')
              for k, v in (run_settings or {}).items() if k in known}

@@ -21,7 +21,6 @@ Checkpoint payload (tensors and plain Python values only, so it loads with ``wei
 ``--keep-optimizer-state``; ``--resume`` of such a file needs ``--no-resume-opt``.
 """
 import argparse
-import json
 import logging
 import math
 import os
@@ -41,12 +40,12 @@ from timm.utils import NativeScaler, dispatch_clip_grad, unwrap_model
 
 from mlp_vision.training.run.checkpoint import (
     CHECKPOINT_VERSION, TRUST_FLAG, CheckpointManager, atomic_write_text, check_optimizer_state, check_rng_state,
-    check_settings_state, clean_stale_temp_files, get_rng_state, keep_previous, load_checkpoint_file,
+    check_settings_state, clean_stale_temp_files, get_rng_state, is_count, keep_previous, load_checkpoint_file,
     load_model_weights, open_own_file, set_rng_state)
 from mlp_vision.training.run.config import (
     BaseConfigs, RunArgs, args_to_yaml, merge_settings, parse_given, plain_value, read_yaml_file)
 from mlp_vision.training.run.distributed import DistInfo, all_gather_objects, state_dict_digest
-from mlp_vision.errors import Interrupted, RunError, UsageError, add_bound_arguments, short_repr
+from mlp_vision.errors import Interrupted, RunError, UsageError, add_bound_arguments, read_json_file, short_repr
 from mlp_vision.training.run.log import add_log_file, remove_log_file
 from mlp_vision.training.run.folder import (
     FolderLock, check_own_files, is_run_id, new_run_folder, newer_than, read_run_id, write_run_id)
@@ -234,11 +233,9 @@ def _differences(old: Dict[str, Any], new: Dict[str, Any], name: Callable[[str],
 
 def _check_resume_payload(ckpt: Dict[str, Any], key: str, source: str) -> None:
     """The fields of a training checkpoint have the types :meth:`TrainingRun.save` writes; else one line."""
-    def counter(v):
-        return isinstance(v, int) and not isinstance(v, bool) and v >= 0
     problems = [name for name, ok in (
-        (key, counter(ckpt.get(key))),
-        ('num_updates', counter(ckpt.get('num_updates', ckpt.get(key)))),
+        (key, is_count(ckpt.get(key))),
+        ('num_updates', is_count(ckpt.get('num_updates', ckpt.get(key)))),
         ('state_dict', isinstance(ckpt.get('state_dict'), dict) and all(
             isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in ckpt['state_dict'].items())),
         ('state_dict_ema', ckpt.get('state_dict_ema') is None or isinstance(ckpt['state_dict_ema'], dict)),
@@ -246,20 +243,11 @@ def _check_resume_payload(ckpt: Dict[str, Any], key: str, source: str) -> None:
         ('schedule', ckpt.get('schedule') is None or isinstance(ckpt['schedule'], dict)),
         ('rng_states', ckpt.get('rng_states') is None or isinstance(ckpt['rng_states'], list)),
         ('run_id', ckpt.get('run_id') is None or is_run_id(ckpt['run_id'])),
-        ('threads', ckpt.get('threads') is None or counter(ckpt['threads'])),
+        ('threads', ckpt.get('threads') is None or is_count(ckpt['threads'])),
     ) if not ok]
     if problems:
         raise UsageError(f'{source}: the checkpoint\'s {", ".join(problems)} {"is" if len(problems) == 1 else "are"} '
                          f'not what this trainer writes; the file is damaged or was crafted, and is not used')
-
-
-def _read_results(path: Path) -> Optional[Dict[str, Any]]:
-    """A run's ``results.json`` as a dict, None when missing or unreadable."""
-    try:
-        results = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return results if isinstance(results, dict) else None
 
 
 # ------------------------------------------------------------------------------------------------ the run
@@ -402,11 +390,12 @@ class TrainingRun:
         if self.resume_ckpt is None or done < total:
             return
         folder = Path(self.args.resume).resolve().parent
-        results = folder / 'results.json'
-        recorded = _read_results(results)
+        results, recorded = folder / 'results.json', None
+        with suppress(OSError, UsageError):
+            recorded = read_json_file(str(results))
         if not self._resumed_from_a_run():
             outcome = f'the checkpoint lies outside its run\'s folder, so {folder} says nothing about its results'
-        elif recorded is None:
+        elif not isinstance(recorded, dict):
             outcome = (f'its final outputs were never written (no readable {results}: the process was stopped '
                        f'during its final stage); its weights are in {folder / "last.pth"}')
         elif recorded.get('error'):
