@@ -222,15 +222,15 @@ class CheckpointManager:
         """``entry`` as this class writes it, or a ``ValueError`` saying what is wrong with it."""
         keys = {self.key, 'metric'} | ({'file'} if with_file else set())
         if not isinstance(entry, dict) or set(entry) != keys:
-            raise ValueError(f'{entry!r} is not a {{{", ".join(sorted(keys))}}} entry')
+            raise ValueError(f'{short_repr(entry)} is not a {{{", ".join(sorted(keys))}}} entry')
         position, metric = entry[self.key], entry['metric']
         if not is_count(position):
-            raise ValueError(f'{self.key} {position!r} is not a non-negative integer')
+            raise ValueError(f'{self.key} {short_repr(position)} is not a non-negative integer')
         if not _is_number(metric) or _plain_problem(metric):
-            raise ValueError(f'metric {metric!r} is not a finite number')
+            raise ValueError(f'metric {short_repr(metric)} is not a finite number')
         if with_file and entry['file'] != self.file_name(position):
-            raise ValueError(f'file {entry["file"]!r} is not {self.file_name(position)!r}, the name this trainer '
-                             f'gives the checkpoint of {self.key} {position}')
+            raise ValueError(f'file {short_repr(entry["file"])} is not {self.file_name(position)!r}, the name this '
+                             f'trainer gives the checkpoint of {self.key} {position}')
         return dict(entry)
 
     def check_state(self, state: Optional[Dict[str, Any]], source: str = 'the checkpoint') -> Optional[Dict[str, Any]]:
@@ -240,8 +240,7 @@ class CheckpointManager:
             return None
         try:
             if not isinstance(state, dict) or not set(state) <= {'history', 'best'}:
-                raise ValueError(f'{type(state).__name__} {sorted(state) if isinstance(state, dict) else ""} is '
-                                 f'not {{history, best}}')
+                raise ValueError(f'{short_repr(state)} is not a {{history, best}} dict')
             history = state.get('history') or []
             if not isinstance(history, list):
                 raise ValueError(f'the history is a {type(history).__name__}, not a list')
@@ -516,13 +515,7 @@ def is_training_checkpoint(ckpt: Dict[str, Any]) -> bool:
 
 def clean_state_dict(state_dict: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
     """Strip DDP's ``module.`` and torch.compile's ``_orig_mod.`` prefixes."""
-    out = {}
-    for k, v in state_dict.items():
-        for prefix in ('module.', '_orig_mod.'):
-            while k.startswith(prefix):
-                k = k[len(prefix):]
-        out[k] = v
-    return out
+    return {re.sub(r'^(module\.|_orig_mod\.)+', '', k): v for k, v in state_dict.items()}
 
 
 def load_model_weights(model: nn.Module, state_dict: Dict[str, torch.Tensor], source: str, model_name: str) -> None:

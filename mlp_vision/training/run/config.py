@@ -114,11 +114,8 @@ def _typed(value: Any, action: argparse.Action, where: str) -> Any:
         raise UsageError(f'{where}: {action.dest} must be true or false (as {flag}), got {short_repr(value)}')
     if value is None or action.type is None and not action.choices:
         return value
-    many = action.nargs in ('+', '*') or isinstance(action.nargs, int)
-    if many and not isinstance(value, (list, tuple)):
-        value = [value]
-    if many:
-        return [_typed_one(v, action, where, flag) for v in value]
+    if action.nargs in ('+', '*') or isinstance(action.nargs, int):
+        return [_typed_one(v, action, where, flag) for v in (value if isinstance(value, (list, tuple)) else [value])]
     return _typed_one(value, action, where, flag)
 
 
@@ -254,15 +251,6 @@ def parse_given(parser: argparse.ArgumentParser, argv: Optional[Sequence[str]] =
     return {**given, _HELP: True} if helps else given
 
 
-def _parser_defaults(parser: argparse.ArgumentParser) -> Dict[str, Any]:
-    """Every destination's default; a string default converted by the flag's type, as argparse converts it."""
-    defaults = {}
-    for dest, action in _actions(parser).items():
-        value = parser.get_default(dest)
-        defaults[dest] = action.type(value) if isinstance(value, str) and callable(action.type) else value
-    return defaults
-
-
 BaseConfigs = Union[Sequence[str], Callable[[Mapping[str, Any]], Sequence[str]]]  # files, or a function giving them
 
 
@@ -288,7 +276,9 @@ def merge_settings(parser: argparse.ArgumentParser, given: Mapping[str, Any], ba
         above.update(load_yaml_config(config, parser))
     above.update(given)
     bases = list(base_configs(above) if callable(base_configs) else base_configs)
-    values = _parser_defaults(parser)
+    # every default, a string one converted by the flag's type as argparse converts it
+    values = {dest: action.type(v) if isinstance(v := parser.get_default(dest), str) and callable(action.type) else v
+              for dest, action in known.items()}
     for path in bases:
         values.update(load_yaml_config(path, parser))
     if wants_help:  # the defaults a run with these -c / --resume has; base configs (the demo's) are not shown

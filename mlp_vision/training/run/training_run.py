@@ -1,14 +1,6 @@
-""" What is the same in every training run, whatever the task (image epochs, text steps):
-
-* :func:`parse_run_args` -- flags, ``-c`` yaml, and on ``--resume`` the resumed run's saved settings (explicit flags
-  and ``-c`` win; every difference is logged by :meth:`TrainingRun.log_settings_changes`);
-* :func:`setup_amp` and :class:`UpdateStep` -- autocast, the float16 loss scaler (timm's ``NativeScaler``),
-  gradient accumulation, clipping and the optimizer step;
-* :func:`create_lr_scheduler` -- timm's ``create_scheduler_v2`` (per epoch or per update);
-* :class:`TrainingRun` -- the output folder (``args.yaml``, ``derived.yaml``, ``train.log``, ``summary.csv``; its
-  identity and lock in :mod:`.folder`), resume (in place only into the checkpoint's own run at its newest
-  position, refusing a finished run), the checkpoint payload, the NaN and signal stops, and ``results.json``
-  (an earlier one is kept, never overwritten).
+""" What is the same in every training run, whatever the task (image epochs, text steps): the arguments with
+their resumed settings (:func:`parse_run_args`), AMP and the update step, the LR schedule, and :class:`TrainingRun`
+(the output folder, resume, checkpoints, stops, ``results.json``).
 
 Checkpoint payload (tensors and plain Python values only, so it loads with ``weights_only=True``)::
 
@@ -321,10 +313,10 @@ class TrainingRun:
             return
         found = {k: ckpt.get(k) for k in expected}
         if found != expected:
-            def describe(d):
-                return ', '.join(f'{"model" if k == "arch" else k} {v!r}' for k, v in d.items())
-            raise UsageError(f'--resume {self.args.resume} is a checkpoint of {describe(found)}, not of '
-                             f'{describe(expected)}; leave these flags out to continue the run as it was')
+            was, wanted = (', '.join(f'{"model" if k == "arch" else k} {short_repr(v)}' for k, v in d.items())
+                           for d in (found, expected))
+            raise UsageError(f'--resume {self.args.resume} is a checkpoint of {was}, not of {wanted}; leave these '
+                             f'flags out to continue the run as it was')
 
     def restore(self, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler, schedule: Dict[str, Any],
                 loss_scaler=None, weights_only: bool = False) -> Tuple[int, int]:
