@@ -188,17 +188,13 @@ def atomic_link(src: os.PathLike, dst: os.PathLike) -> None:
 
 class CheckpointManager:
     """``last.pth`` every epoch (or step, ``key``), ``model_best.pth`` and the ``max_history`` best
-    ``checkpoint-<position>.pth``.
+    ``checkpoint-<position>.pth``. ``resume_only``: the fields only a resume needs (``optimizer``, ``amp_scaler``),
+    which best / top-N files then leave out (for AdamW a third of the size; else they are hard links of ``last.pth``).
 
-    ``resume_only``: the fields of ``state`` only a resume needs (``optimizer``, ``amp_scaler`` unless
-    ``--keep-optimizer-state``): ``last.pth`` always holds them, best / top-N files are then written without them
-    (for AdamW a third of the size), else as hard links of ``last.pth``.
-
-    The best / top-N history is stored inside every checkpoint and restored on resume. Writes, in order:
-    ``last.pth`` (atomic, holding the new history), best / top-N, then removal of the file that fell out of the
-    top N; a crash between them leaves at worst a stale or missing top-N file, never a broken one. A restored
-    history is checked entry by entry, and an evicted file is always named from its position, never from a path
-    read from the checkpoint.
+    The best / top-N history is stored in every checkpoint and restored (checked) on resume. Writes, in order:
+    ``last.pth`` (atomic, with the new history), best / top-N, then removal of the file that fell out of the top N
+    (named from its position, never from a path read from a checkpoint): a crash between them leaves at worst a
+    stale or missing top-N file, never a broken one.
 
     Not ``timm.utils.CheckpointSaver`` (timm 1.0.31), whose ranking this follows: it refuses ``max_history=0``,
     tracks the best only inside a top-N slot, writes non-atomically through a fixed ``tmp`` name, and deletes the
@@ -402,13 +398,6 @@ def set_rng_state(state: Dict[str, Any]) -> None:
             _logger.warning('checkpoint has CUDA RNG states for another GPU count; CUDA RNG not restored')
 
 
-_RNG_KEYS = frozenset({'python', 'numpy', 'torch', 'cuda'})
-
-
-def _is_word_list(values: Any, n: int) -> bool:
-    return isinstance(values, (list, tuple)) and len(values) == n and all(is_count(v) and v < 2 ** 32 for v in values)
-
-
 def _is_generator_state(value: Any) -> bool:
     """A ``torch.Generator`` state: a uint8 tensor of the CPU generator's state size."""
     return (isinstance(value, torch.Tensor) and value.dtype == torch.uint8 and value.dim() == 1
@@ -423,14 +412,15 @@ def check_rng_state(state: Any) -> None:
     if not isinstance(state, dict) or not {'python', 'numpy', 'torch'} <= set(state):
         raise ValueError('a saved random-number state is not a {python, numpy, torch} dict')
     py = state['python']
-    if not (isinstance(py, (list, tuple)) and len(py) == 3 and isinstance(py[0], int) and _is_word_list(py[1], 625)
+    if not (isinstance(py, (list, tuple)) and len(py) == 3 and isinstance(py[0], int) and isinstance(py[1], (
+            list, tuple)) and len(py[1]) == 625 and all(is_count(w) and w < 2 ** 32 for w in py[1])
             and py[1][-1] <= 624 and (py[2] is None or isinstance(py[2], float))):
         raise ValueError('the Python random state is not (version, 625 words, gauss)')
     n = state['numpy']
     if not (isinstance(n, dict) and n.get('name') == 'MT19937' and isinstance(n.get('keys'), torch.Tensor)
             and n['keys'].dtype == torch.int64 and tuple(n['keys'].shape) == (624,)
-            and bool(((n['keys'] >= 0) & (n['keys'] < 2 ** 32)).all()) and _is_word_list([n.get('pos')], 1)
-            and n['pos'] <= 624 and n.get('has_gauss') in (0, 1) and _is_number(n.get('cached_gaussian'))):
+            and bool(((n['keys'] >= 0) & (n['keys'] < 2 ** 32)).all()) and is_count(n.get('pos')) and n['pos'] <= 624
+            and is_count(n.get('has_gauss')) and n['has_gauss'] <= 1 and _is_number(n.get('cached_gaussian'))):
         raise ValueError('the numpy random state is not MT19937 (624 words, position, gauss)')
     if not _is_generator_state(state['torch']):
         raise ValueError('the torch random state is not a generator state')
@@ -439,7 +429,7 @@ def check_rng_state(state: Any) -> None:
             isinstance(t, torch.Tensor) and t.dtype == torch.uint8 and t.dim() == 1 for t in cuda)):
         raise ValueError('the CUDA random states are not generator states')
     for key, value in state.items():
-        ok = (key in _RNG_KEYS or _is_generator_state(value) or (
+        ok = (key in ('python', 'numpy', 'torch', 'cuda') or _is_generator_state(value) or (
             _is_number(value) and not _plain_problem(value) and value >= 0))
         if not ok:
             raise ValueError(f'the saved data state {key!r} is {short_repr(value)}, not a generator state or a '

@@ -97,13 +97,10 @@ def add_device_arguments(group: argparse._ActionsContainer, distributed: bool = 
 # ------------------------------------------------------------------------------------------------ arguments
 def parse_run_args(parser: argparse.ArgumentParser, argv: Sequence[str], kind: str, base_configs: BaseConfigs = (),
                    recipes: bool = False) -> Tuple[RunArgs, Optional[Dict[str, Any]]]:
-    """Parse ``argv`` once (:func:`~.config.parse_given`); with ``--resume`` the checkpoint is loaded (once, safely),
-    checked to be a ``kind`` training checkpoint, and its saved arguments as given become the defaults under ``-c``
-    and the command line (:func:`~.config.merge_settings`, which takes ``base_configs`` and ``recipes``).
-
-    Returns (args, the loaded resume checkpoint or None); ``args.resumed_settings`` / ``args.resumed_derived``
-    hold the checkpoint's ``args`` / ``derived``.
-    """
+    """(args, the ``--resume`` checkpoint or None): ``argv`` parsed once (:func:`~.config.parse_given`); a resumed
+    checkpoint is loaded safely, checked to be a ``kind`` training checkpoint, and its saved arguments become the
+    defaults under ``-c`` and the command line (:func:`~.config.merge_settings`, with ``base_configs`` and
+    ``recipes``), kept with its ``derived`` in ``args.resumed_settings`` / ``args.resumed_derived``."""
     given = parse_given(parser, argv)
     resume = given.get('resume', '')
     ckpt, saved = None, {}
