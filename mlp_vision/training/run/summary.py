@@ -91,11 +91,6 @@ def _pyplot():
     return plt
 
 
-def _column(rows: List[Dict[str, str]], x: str, name: str):
-    pts = [(float(r[x]), float(r[name])) for r in rows if r.get(name) not in (None, '') and r.get(x) not in (None, '')]
-    return [p[0] for p in pts], [p[1] for p in pts]
-
-
 def _plot(runs: Dict[str, List[Dict[str, str]]], out_png: os.PathLike, title: str, x: str,
           panels: Sequence[Tuple[str, Sequence[str]]]) -> Optional[Path]:
     """``panels`` side by side in a PNG written by :func:`atomic_write`, each (its y label, its columns against
@@ -109,9 +104,10 @@ def _plot(runs: Dict[str, List[Dict[str, str]]], out_png: os.PathLike, title: st
         style = {'marker': 'o', 'markersize': 3, **({'color': f'C{r_i}'} if len(runs) > 1 else {})}
         for ax, (_, names) in zip(axes[0], panels):
             for i, name in enumerate(names):
-                xs, ys = _column(rows, x, name)
-                if xs:
-                    ax.plot(xs, ys, _STYLES[i % len(_STYLES)], label=f'{label} {name}'.strip(), **style)
+                points = [(float(r[x]), float(r[name])) for r in rows if r.get(name) not in (None, '')
+                          and r.get(x) not in (None, '')]
+                if points:
+                    ax.plot(*zip(*points), _STYLES[i % len(_STYLES)], label=f'{label} {name}'.strip(), **style)
     for ax, (ylabel, _) in zip(axes[0], panels):
         ax.set_xlabel(x)
         ax.set_ylabel(ylabel)
