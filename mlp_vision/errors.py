@@ -246,10 +246,9 @@ def size_bounds(args: argparse.Namespace) -> Iterator[None]:
     number is a UsageError."""
     global MAX_PARAMS, MAX_ACTIVATION_BYTES
     max_params, max_gib = getattr(args, 'max_params', None), getattr(args, 'max_activation_gib', None)
-    if max_params is not None:
-        check_range('--max-params', max_params, low=0, low_open=True)
-    if max_gib is not None:
-        check_range('--max-activation-gib', max_gib, low=0, low_open=True)
+    for flag, value in (('--max-params', max_params), ('--max-activation-gib', max_gib)):
+        if value is not None:
+            check_range(flag, value, low=0, low_open=True)
     saved = MAX_PARAMS, MAX_ACTIVATION_BYTES
     MAX_PARAMS = saved[0] if max_params is None else int(max_params)
     MAX_ACTIVATION_BYTES = saved[1] if max_gib is None else int(max_gib * 2 ** 30)

@@ -12,7 +12,6 @@ import os
 import pickle
 import random
 import re
-import reprlib
 import shutil
 import stat
 from pathlib import Path
@@ -22,7 +21,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from mlp_vision.errors import UsageError, find_os_error
+from mlp_vision.errors import UsageError, find_os_error, short_repr
 from mlp_vision.weights import check_weights
 
 __all__ = [
@@ -30,7 +29,7 @@ __all__ = [
     'atomic_save', 'atomic_write_text', 'atomic_folder', 'atomic_link', 'keep_previous', 'CheckpointManager',
     'load_checkpoint_file',
     'is_training_checkpoint', 'check_settings_state', 'check_optimizer_state', 'get_rng_state', 'set_rng_state',
-    'check_rng_state', 'preserve_rng', 'clean_state_dict', 'load_model_weights',
+    'check_rng_state', 'preserve_rng', 'clean_state_dict', 'load_model_weights', 'is_count',
 ]
 
 _logger = logging.getLogger(__name__)
@@ -189,17 +188,13 @@ def atomic_link(src: os.PathLike, dst: os.PathLike) -> None:
 
 class CheckpointManager:
     """``last.pth`` every epoch (or step, ``key``), ``model_best.pth`` and the ``max_history`` best
-    ``checkpoint-<position>.pth``.
+    ``checkpoint-<position>.pth``. ``resume_only``: the fields only a resume needs (``optimizer``, ``amp_scaler``),
+    which best / top-N files then leave out (for AdamW a third of the size; else they are hard links of ``last.pth``).
 
-    ``resume_only``: the fields of ``state`` only a resume needs (``optimizer``, ``amp_scaler`` unless
-    ``--keep-optimizer-state``): ``last.pth`` always holds them, best / top-N files are then written without them
-    (for AdamW a third of the size), else as hard links of ``last.pth``.
-
-    The best / top-N history is stored inside every checkpoint and restored on resume. Writes, in order:
-    ``last.pth`` (atomic, holding the new history), best / top-N, then removal of the file that fell out of the
-    top N; a crash between them leaves at worst a stale or missing top-N file, never a broken one. A restored
-    history is checked entry by entry, and an evicted file is always named from its position, never from a path
-    read from the checkpoint.
+    The best / top-N history is stored in every checkpoint and restored (checked) on resume. Writes, in order:
+    ``last.pth`` (atomic, with the new history), best / top-N, then removal of the file that fell out of the top N
+    (named from its position, never from a path read from a checkpoint): a crash between them leaves at worst a
+    stale or missing top-N file, never a broken one.
 
     Not ``timm.utils.CheckpointSaver`` (timm 1.0.31), whose ranking this follows: it refuses ``max_history=0``,
     tracks the best only inside a top-N slot, writes non-atomically through a fixed ``tmp`` name, and deletes the
@@ -209,17 +204,10 @@ class CheckpointManager:
     def __init__(self, output_dir: os.PathLike, decreasing: bool = False, max_history: int = 3, key: str = 'epoch',
                  resume_only: Sequence[str] = ()):
         self.output_dir, self.resume_only = Path(output_dir), tuple(resume_only)
+        self.last_path, self.best_path = self.output_dir / 'last.pth', self.output_dir / 'model_best.pth'
         self.decreasing, self.max_history, self.key = decreasing, max_history, key
         self.history: List[Dict[str, Any]] = []  # [{key, 'metric', 'file'}], best first
         self.best: Optional[Dict[str, Any]] = None  # {key, 'metric'}
-
-    @property
-    def last_path(self) -> Path:
-        return self.output_dir / 'last.pth'
-
-    @property
-    def best_path(self) -> Path:
-        return self.output_dir / 'model_best.pth'
 
     @staticmethod
     def file_name(position: int) -> str:
@@ -230,15 +218,15 @@ class CheckpointManager:
         """``entry`` as this class writes it, or a ``ValueError`` saying what is wrong with it."""
         keys = {self.key, 'metric'} | ({'file'} if with_file else set())
         if not isinstance(entry, dict) or set(entry) != keys:
-            raise ValueError(f'{entry!r} is not a {{{", ".join(sorted(keys))}}} entry')
+            raise ValueError(f'{short_repr(entry)} is not a {{{", ".join(sorted(keys))}}} entry')
         position, metric = entry[self.key], entry['metric']
-        if not _is_number(position) or not isinstance(position, int) or position < 0:
-            raise ValueError(f'{self.key} {position!r} is not a non-negative integer')
-        if not _is_number(metric) or not math.isfinite(metric):
-            raise ValueError(f'metric {metric!r} is not a finite number')
+        if not is_count(position):
+            raise ValueError(f'{self.key} {short_repr(position)} is not a non-negative integer')
+        if not _is_number(metric) or _plain_problem(metric):
+            raise ValueError(f'metric {short_repr(metric)} is not a finite number')
         if with_file and entry['file'] != self.file_name(position):
-            raise ValueError(f'file {entry["file"]!r} is not {self.file_name(position)!r}, the name this trainer '
-                             f'gives the checkpoint of {self.key} {position}')
+            raise ValueError(f'file {short_repr(entry["file"])} is not {self.file_name(position)!r}, the name this '
+                             f'trainer gives the checkpoint of {self.key} {position}')
         return dict(entry)
 
     def check_state(self, state: Optional[Dict[str, Any]], source: str = 'the checkpoint') -> Optional[Dict[str, Any]]:
@@ -248,8 +236,7 @@ class CheckpointManager:
             return None
         try:
             if not isinstance(state, dict) or not set(state) <= {'history', 'best'}:
-                raise ValueError(f'{type(state).__name__} {sorted(state) if isinstance(state, dict) else ""} is '
-                                 f'not {{history, best}}')
+                raise ValueError(f'{short_repr(state)} is not a {{history, best}} dict')
             history = state.get('history') or []
             if not isinstance(history, list):
                 raise ValueError(f'the history is a {type(history).__name__}, not a list')
@@ -300,46 +287,51 @@ class CheckpointManager:
         return {'last': True, 'best': is_best, 'top': in_top}
 
 
-def _is_plain(value: Any) -> bool:
-    """None, a bool, number or string, or a list / tuple / str-keyed dict of such values."""
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return True
-    if isinstance(value, (list, tuple)):
-        return all(_is_plain(v) for v in value)
-    if isinstance(value, dict):
-        return all(isinstance(k, str) and _is_plain(v) for k, v in value.items())
-    return False
-
-
 def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def _finite_numbers(value: Any, live: Any = None) -> bool:
-    """No NaN in the numbers of a plain ``value`` (lists / dicts included), and no infinity unless the live value
-    in its place is infinite too (a plateau scheduler's starting ``best`` is -inf)."""
-    if isinstance(value, float):
-        return math.isfinite(value) or (not math.isnan(value) and isinstance(live, float) and math.isinf(live))
-    if isinstance(value, (list, tuple)):
-        return all(_finite_numbers(v) for v in value)
-    if isinstance(value, dict):
-        return all(_finite_numbers(v) for v in value.values())
-    return True
+def is_count(value: Any) -> bool:
+    """A non-negative ``int`` (not a bool): a position, an update count, a thread count."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _plain_problem(value: Any, live: Any = None) -> Optional[str]:
+    """What keeps a saved setting from being a plain value (None, a bool, number or string, or a list / tuple /
+    str-keyed dict of such) without NaN or infinity, or None. An infinity is kept where the ``live`` value in its
+    place is infinite too (a plateau scheduler's starting ``best`` is -inf)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None if not math.isnan(value) and isinstance(live, float) and math.isinf(live) else 'NaN or infinite'
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return None
+    if isinstance(value, dict) and all(isinstance(k, str) for k in value):
+        value = value.values()
+    elif not isinstance(value, (list, tuple)):
+        return 'not a value of its kind'
+    return next(filter(None, map(_plain_problem, value)), None)
+
+
+def _check_settings(saved: Dict[str, Any], live: Dict[str, Any], name: Callable[[str], str],
+                    none_for_number: bool = True) -> None:
+    """Each entry of ``saved`` is one ``live`` has, a plain finite value (:func:`_plain_problem`), and a number where
+    the live one is (or None, if ``none_for_number``); else a ``ValueError`` naming the entry as ``name(key)``."""
+    for k, v in saved.items():
+        if k not in live:
+            raise ValueError(f'{name(k)} is no entry of the live state')
+        problem = _plain_problem(v, live[k])
+        if not problem and _is_number(live[k]) and not (_is_number(v) or none_for_number and v is None):
+            problem = 'not a value of its kind'
+        if problem:  # e.g. a saved NaN base LR would train on NaN
+            raise ValueError(f'{name(k)} is {short_repr(v)}: {problem}')
 
 
 def check_settings_state(saved: Any, live: Dict[str, Any], what: str) -> None:
     """A saved scheduler / scaler state (loaded by assigning its entries to attributes, so checked before loading)
-    holds only keys of the live object's ``state_dict()``, each a plain value, a number where the live one is, and
-    no NaN / infinity (a NaN base LR would train on NaN); else a ``ValueError`` naming ``what``."""
+    fits the live object's ``state_dict()`` ``live`` (:func:`_check_settings`); else a ``ValueError`` naming
+    ``what``."""
     if not isinstance(saved, dict):
         raise ValueError(f'{what} is a {type(saved).__name__}, not a state dict')
-    for k, v in saved.items():
-        if k not in live:
-            raise ValueError(f'{what} has an entry {k!r} that {what} never has')
-        if not _is_plain(v) or (_is_number(live[k]) and not (_is_number(v) or v is None)):
-            raise ValueError(f'{what} entry {k!r} is {v!r}, not a value of its kind')
-        if not _finite_numbers(v, live[k]):
-            raise ValueError(f'{what} entry {k!r} is {reprlib.repr(v)}: NaN or infinite')
+    _check_settings(saved, live, lambda k: f'{what} entry {k!r}')
 
 
 def check_optimizer_state(saved: Any, optimizer: torch.optim.Optimizer) -> None:
@@ -360,11 +352,8 @@ def check_optimizer_state(saved: Any, optimizer: torch.optim.Optimizer) -> None:
         if not isinstance(ids, list) or len(ids) != len(live['params']) or not all(_is_number(j) for j in ids):
             raise ValueError(f'optimizer parameter group {i} does not list {len(live["params"])} parameters')
         params.update(zip(ids, live['params']))
-        for k, v in group.items():
-            if k != 'params' and (not _is_plain(v) or (_is_number(live[k]) and not _is_number(v))):
-                raise ValueError(f'optimizer setting {k!r} of group {i} is {v!r}')
-            if k != 'params' and not _finite_numbers(v):  # a saved NaN learning rate trains on NaN
-                raise ValueError(f'optimizer setting {k!r} of group {i} is {reprlib.repr(v)}: NaN or infinite')
+        _check_settings({k: v for k, v in group.items() if k != 'params'}, live,
+                        lambda k: f'optimizer setting {k!r} of group {i}', none_for_number=False)
     state = saved['state']
     if not isinstance(state, dict) or not set(state) <= set(params):
         raise ValueError('the optimizer state names parameters the groups do not list')
@@ -373,13 +362,12 @@ def check_optimizer_state(saved: Any, optimizer: torch.optim.Optimizer) -> None:
             raise ValueError(f'the optimizer state of parameter {j} is not a dict')
         p = params[j]
         for k, v in entry.items():
-            ok = (_is_number(v) or isinstance(v, torch.Tensor) and (
+            fits = (_is_number(v) or isinstance(v, torch.Tensor) and (
                 v.dim() < p.dim() or tuple(v.shape) == tuple(p.shape)) and (v.is_floating_point() or v.dim() == 0))
-            if not ok:
+            if not fits:
                 raise ValueError(f'the optimizer state {k!r} of parameter {j} does not fit a parameter of shape '
                                  f'{tuple(p.shape)}')
-            finite = (_finite_numbers(v) if _is_number(v) else
-                      not v.is_floating_point() or bool(torch.isfinite(v).all()))
+            finite = not _plain_problem(v) if _is_number(v) else not v.is_floating_point() or torch.isfinite(v).all()
             if not finite:  # e.g. a NaN exp_avg: the first step would write NaN into the weights
                 raise ValueError(f'the optimizer state {k!r} of parameter {j} holds NaN or infinite values')
 
@@ -410,14 +398,6 @@ def set_rng_state(state: Dict[str, Any]) -> None:
             _logger.warning('checkpoint has CUDA RNG states for another GPU count; CUDA RNG not restored')
 
 
-_RNG_KEYS = frozenset({'python', 'numpy', 'torch', 'cuda'})
-
-
-def _is_word_list(values: Any, n: int) -> bool:
-    return (isinstance(values, (list, tuple)) and len(values) == n
-            and all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2 ** 32 for v in values))
-
-
 def _is_generator_state(value: Any) -> bool:
     """A ``torch.Generator`` state: a uint8 tensor of the CPU generator's state size."""
     return (isinstance(value, torch.Tensor) and value.dtype == torch.uint8 and value.dim() == 1
@@ -432,14 +412,15 @@ def check_rng_state(state: Any) -> None:
     if not isinstance(state, dict) or not {'python', 'numpy', 'torch'} <= set(state):
         raise ValueError('a saved random-number state is not a {python, numpy, torch} dict')
     py = state['python']
-    if not (isinstance(py, (list, tuple)) and len(py) == 3 and isinstance(py[0], int) and _is_word_list(py[1], 625)
+    if not (isinstance(py, (list, tuple)) and len(py) == 3 and isinstance(py[0], int) and isinstance(py[1], (
+            list, tuple)) and len(py[1]) == 625 and all(is_count(w) and w < 2 ** 32 for w in py[1])
             and py[1][-1] <= 624 and (py[2] is None or isinstance(py[2], float))):
         raise ValueError('the Python random state is not (version, 625 words, gauss)')
     n = state['numpy']
     if not (isinstance(n, dict) and n.get('name') == 'MT19937' and isinstance(n.get('keys'), torch.Tensor)
             and n['keys'].dtype == torch.int64 and tuple(n['keys'].shape) == (624,)
-            and bool(((n['keys'] >= 0) & (n['keys'] < 2 ** 32)).all()) and _is_word_list([n.get('pos')], 1)
-            and n['pos'] <= 624 and n.get('has_gauss') in (0, 1) and _is_number(n.get('cached_gaussian'))):
+            and bool(((n['keys'] >= 0) & (n['keys'] < 2 ** 32)).all()) and is_count(n.get('pos')) and n['pos'] <= 624
+            and is_count(n.get('has_gauss')) and n['has_gauss'] <= 1 and _is_number(n.get('cached_gaussian'))):
         raise ValueError('the numpy random state is not MT19937 (624 words, position, gauss)')
     if not _is_generator_state(state['torch']):
         raise ValueError('the torch random state is not a generator state')
@@ -448,10 +429,10 @@ def check_rng_state(state: Any) -> None:
             isinstance(t, torch.Tensor) and t.dtype == torch.uint8 and t.dim() == 1 for t in cuda)):
         raise ValueError('the CUDA random states are not generator states')
     for key, value in state.items():
-        ok = (key in _RNG_KEYS or _is_generator_state(value) or (
-            _is_number(value) and math.isfinite(value) and value >= 0))
+        ok = (key in ('python', 'numpy', 'torch', 'cuda') or _is_generator_state(value) or (
+            _is_number(value) and not _plain_problem(value) and value >= 0))
         if not ok:
-            raise ValueError(f'the saved data state {key!r} is {reprlib.repr(value)}, not a generator state or a '
+            raise ValueError(f'the saved data state {key!r} is {short_repr(value)}, not a generator state or a '
                              f'count')
 
 
@@ -465,22 +446,6 @@ def preserve_rng():
         set_rng_state(state)
 
 
-def _file_format(path: Path) -> str:
-    if path.suffix == '.safetensors':
-        return 'safetensors'
-    with open(path, 'rb') as f:
-        head = f.read(len(_LEGACY_MAGIC))
-    if not head:
-        return 'empty'
-    if head.startswith(_ZIP_MAGIC):
-        return 'zip'
-    if head == _LEGACY_MAGIC:
-        return 'legacy'
-    if head[:1] == b'\x80':
-        return 'pickle'
-    return 'unknown'
-
-
 def load_checkpoint_file(path: os.PathLike, trust: bool = False, what: str = 'checkpoint') -> Dict[str, Any]:
     """Load a checkpoint file on the CPU without running code from it; a :class:`UsageError` (naming the file as
     ``what``) says why not. ``torch.save`` files load with ``weights_only=True``; one that needs more (pickled
@@ -490,20 +455,22 @@ def load_checkpoint_file(path: os.PathLike, trust: bool = False, what: str = 'ch
     name = f'{what} {str(path)!r}'
     if not path.is_file():
         raise UsageError(f'{name} does not exist' if not path.exists() else f'{name} is not a file')
-    kind = _file_format(path)
-    if kind == 'safetensors':
+    if path.suffix == '.safetensors':
         from safetensors import SafetensorError
         from safetensors.torch import load_file
         try:
             return load_file(str(path), device='cpu')
         except (SafetensorError, OSError, ValueError) as e:
             raise UsageError(f'{name} is not a readable safetensors file: {e}') from e
-    if kind == 'empty':
+    with open(path, 'rb') as f:
+        head = f.read(len(_LEGACY_MAGIC))
+    kind = 'zip' if head.startswith(_ZIP_MAGIC) else 'legacy' if head == _LEGACY_MAGIC else None
+    if not head:
         raise UsageError(f'{name} is empty (0 bytes), not a PyTorch checkpoint')
-    if kind == 'pickle':
+    if kind is None and head[:1] == b'\x80':
         raise UsageError(f'{name} is a bare Python pickle, not a PyTorch checkpoint (torch.save file); pickles can '
                          f'run code when loaded and are never loaded here')
-    if kind == 'unknown':
+    if kind is None:
         raise UsageError(f'{name} is not a PyTorch checkpoint (neither torch.save\'s zip nor its legacy format, '
                          f'nor .safetensors)')
     try:
@@ -538,13 +505,7 @@ def is_training_checkpoint(ckpt: Dict[str, Any]) -> bool:
 
 def clean_state_dict(state_dict: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
     """Strip DDP's ``module.`` and torch.compile's ``_orig_mod.`` prefixes."""
-    out = {}
-    for k, v in state_dict.items():
-        for prefix in ('module.', '_orig_mod.'):
-            while k.startswith(prefix):
-                k = k[len(prefix):]
-        out[k] = v
-    return out
+    return {re.sub(r'^(module\.|_orig_mod\.)+', '', k): v for k, v in state_dict.items()}
 
 
 def load_model_weights(model: nn.Module, state_dict: Dict[str, torch.Tensor], source: str, model_name: str) -> None:

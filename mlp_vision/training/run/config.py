@@ -103,17 +103,6 @@ def read_yaml_file(path: str, what: str = 'config file') -> Any:
         return parse_yaml(f.read(MAX_YAML_BYTES + 1), where)
 
 
-def _dest_names(parser: argparse.ArgumentParser) -> Dict[str, str]:
-    names = {}
-    for action in parser._actions:
-        if action.dest in (argparse.SUPPRESS, 'help'):
-            continue
-        names[action.dest] = action.dest
-        for opt in action.option_strings:
-            names[opt.lstrip('-').replace('-', '_')] = action.dest
-    return names
-
-
 def _actions(parser: argparse.ArgumentParser) -> Dict[str, argparse.Action]:
     return {a.dest: a for a in parser._actions if a.dest not in (argparse.SUPPRESS, 'help')}
 
@@ -125,11 +114,8 @@ def _typed(value: Any, action: argparse.Action, where: str) -> Any:
         raise UsageError(f'{where}: {action.dest} must be true or false (as {flag}), got {short_repr(value)}')
     if value is None or action.type is None and not action.choices:
         return value
-    many = action.nargs in ('+', '*') or isinstance(action.nargs, int)
-    if many and not isinstance(value, (list, tuple)):
-        value = [value]
-    if many:
-        return [_typed_one(v, action, where, flag) for v in value]
+    if action.nargs in ('+', '*') or isinstance(action.nargs, int):
+        return [_typed_one(v, action, where, flag) for v in (value if isinstance(value, (list, tuple)) else [value])]
     return _typed_one(value, action, where, flag)
 
 
@@ -155,44 +141,30 @@ def _typed_one(value: Any, action: argparse.Action, where: str, flag: str) -> An
     return value
 
 
-RECIPE_SUFFIX = '.yaml'
-
-
-def recipe_folder() -> Optional[Path]:
+def recipe_folder(kind: str = '') -> Optional[Path]:
     """Where the recipes are: ``mlp_vision/configs`` in a built package, else ``configs/`` beside the package folder
     (a checkout, an editable install); None when neither exists. Never both: beside an installed package is
-    site-packages, whose ``configs/`` (if any) is another distribution's."""
+    site-packages, whose ``configs/`` (if any) is another distribution's. ``kind='text'``: its ``text/``."""
     package = Path(str(importlib.resources.files('mlp_vision')))
     shipped, checkout = package / 'configs', package.resolve().parent / 'configs'
-    return next((folder for folder in (shipped, checkout) if folder.is_dir()), None)
-
-
-def _recipe_folder(kind: str) -> Optional[Path]:
-    folder = recipe_folder()
+    folder = next((folder for folder in (shipped, checkout) if folder.is_dir()), None)
     return folder / kind if folder is not None and kind else folder
 
 
 def recipe_names(kind: str = '') -> List[str]:
-    """The names ``-c`` accepts for the recipes (sorted, without ``.yaml``); ``kind='text'``: ``configs/text/``'s."""
-    folder = _recipe_folder(kind)
-    return sorted(p.name[:-len(RECIPE_SUFFIX)] for p in folder.glob('*' + RECIPE_SUFFIX)) if folder else []
+    """The names ``-c`` accepts for the recipes of :func:`recipe_folder` ``(kind)`` (sorted, without ``.yaml``)."""
+    folder = recipe_folder(kind)
+    return sorted(p.stem for p in folder.glob('*.yaml')) if folder else []
 
 
 def find_recipe(name: str, kind: str = '') -> Path:
     """The file of the recipe ``name`` (``smlpnet_t`` -> ``.../configs/smlpnet_t.yaml``; ``kind='text'``:
     ``.../configs/text/NAME.yaml``); an unknown name is a :class:`UsageError` listing the recipes there are."""
-    folder = _recipe_folder(kind)
-    if folder is not None and (folder / (name + RECIPE_SUFFIX)).is_file():
-        return folder / (name + RECIPE_SUFFIX)
+    folder = recipe_folder(kind)
+    if folder is not None and (folder / f'{name}.yaml').is_file():
+        return folder / f'{name}.yaml'
     raise UsageError(f'-c {name}: no such file, and no recipe of that name (recipes: '
                      f'{", ".join(recipe_names(kind)) or "none found"}; or pass the path of a yaml file)')
-
-
-def _config_path(value: str, recipes: bool) -> str:
-    """``-c`` value -> file: an existing path, or anything that looks like one, is a file; a bare name (no folder,
-    no suffix) is a recipe's when ``recipes``."""
-    is_name = not os.path.exists(value) and os.sep not in value and '/' not in value and '.' not in value
-    return str(find_recipe(value)) if recipes and is_name else value
 
 
 def load_yaml_config(path: str, parser: argparse.ArgumentParser, notes: Sequence[str] = ()) -> Dict[str, Any]:
@@ -201,7 +173,9 @@ def load_yaml_config(path: str, parser: argparse.ArgumentParser, notes: Sequence
     cfg = read_yaml_file(path) or {}
     if not isinstance(cfg, dict):
         raise UsageError(f'config file {path!r} must be a mapping of flag names to values, got {type(cfg).__name__}')
-    names, actions, out = _dest_names(parser), _actions(parser), {}
+    actions, out = _actions(parser), {}
+    names = {key: dest for dest, action in actions.items()  # a yaml key is a destination or a flag's name
+             for key in [dest] + [opt.lstrip('-').replace('-', '_') for opt in action.option_strings]}
     for key, value in cfg.items():
         if key in notes:
             out[key] = value
@@ -277,15 +251,6 @@ def parse_given(parser: argparse.ArgumentParser, argv: Optional[Sequence[str]] =
     return {**given, _HELP: True} if helps else given
 
 
-def _parser_defaults(parser: argparse.ArgumentParser) -> Dict[str, Any]:
-    """Every destination's default; a string default converted by the flag's type, as argparse converts it."""
-    defaults = {}
-    for dest, action in _actions(parser).items():
-        value = parser.get_default(dest)
-        defaults[dest] = action.type(value) if isinstance(value, str) and callable(action.type) else value
-    return defaults
-
-
 BaseConfigs = Union[Sequence[str], Callable[[Mapping[str, Any]], Sequence[str]]]  # files, or a function giving them
 
 
@@ -300,7 +265,10 @@ def merge_settings(parser: argparse.ArgumentParser, given: Mapping[str, Any], ba
     given = dict(given)
     wants_help = given.pop(_HELP, False)
     known = _actions(parser)
-    config = _config_path(given['config'], recipes) if given.get('config') else ''
+    config = given.get('config') or ''
+    # -c: an existing path, or anything that looks like one, is a file; a bare name is a recipe's when `recipes`
+    if recipes and config and not os.path.exists(config) and not any(c in config for c in (os.sep, '/', '.')):
+        config = str(find_recipe(config))
     # a resumed run's settings come from a file: checked as the command line checks its values
     above = {k: _typed(v, known[k], 'the resumed checkpoint\'s saved settings')
              for k, v in (run_settings or {}).items() if k in known}
@@ -308,7 +276,9 @@ def merge_settings(parser: argparse.ArgumentParser, given: Mapping[str, Any], ba
         above.update(load_yaml_config(config, parser))
     above.update(given)
     bases = list(base_configs(above) if callable(base_configs) else base_configs)
-    values = _parser_defaults(parser)
+    # every default, a string one converted by the flag's type as argparse converts it
+    values = {dest: action.type(v) if isinstance(v := parser.get_default(dest), str) and callable(action.type) else v
+              for dest, action in known.items()}
     for path in bases:
         values.update(load_yaml_config(path, parser))
     if wants_help:  # the defaults a run with these -c / --resume has; base configs (the demo's) are not shown

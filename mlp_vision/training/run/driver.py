@@ -109,54 +109,50 @@ def drive(run: TrainingRun, task: TrainingTask) -> Optional[Dict[str, Any]]:
     loss ends it with :meth:`TrainingRun.stopped`'s one line), the final stage. Returns the results dict on rank 0
     (None elsewhere; :meth:`~TrainingTask.stop_result` after a requested stop); the task is closed however it ends."""
     try:
-        return _drive(run, task)
+        run.check_resume(**task.resume_identity())
+        opt = task.setup()
+        position, opt.num_updates = run.restore(opt.model, opt.optimizer, opt.scheduler, opt.schedule,
+                                                opt.loss_scaler, weights_only=opt.weights_only)
+        # an epoch checkpoint holds a done epoch
+        opt.start = position + 1 if run.resume_ckpt is not None and run.key == 'epoch' else position
+        run.check_not_finished(opt.start, opt.total, opt.total_flag)
+        # EMA: a copy of the (resumed) model, before DDP / compile (as timm); then the resumed EMA weights
+        opt.model_ema = task.create_ema(opt.model)
+        if opt.model_ema is not None:
+            run.restore_ema(opt.model_ema.module)
+        train_model = wrap_ddp(opt.model, run.dist_info) if run.dist_info.distributed else opt.model
+        opt.train_model = compile_model(train_model, run.args)
+        task.ready(opt)
+
+        output_dir = run.open_outputs(*task.output_folder())
+        run.log_settings_changes()
+        task.log_setup()
+        if run.primary:
+            task.logger.info(f'Outputs: {output_dir}')
+        rank_state = run.restore_rng()
+        if rank_state is not None:
+            task.load_rank_state(rank_state)
+        try:
+            finished = task.train()
+        except Interrupted as e:
+            task.save_at_stop()
+            raise run.stopped(e, task.stop_advice) from None
+        except NonFiniteLossError as e:
+            raise run.stopped(e, task.stop_advice) from None
+        if not finished:
+            return task.stop_result()
+
+        run.begin_final_stage()
+        digests = run.weights_digests(opt.model, opt.model_ema.module if opt.model_ema is not None else None)
+        results = task.final_results(digests)
+        if results is None:  # the other ranks
+            return None
+        run.write_results(results)
+        task.report(results)
+        run.list_outputs()
+        return results
     finally:
         task.close()
-
-
-def _drive(run: TrainingRun, task: TrainingTask) -> Optional[Dict[str, Any]]:
-    run.check_resume(**task.resume_identity())
-    opt = task.setup()
-    resumed = run.resume_ckpt is not None
-    position, opt.num_updates = run.restore(opt.model, opt.optimizer, opt.scheduler, opt.schedule, opt.loss_scaler,
-                                            weights_only=opt.weights_only)
-    opt.start = position + 1 if resumed and run.key == 'epoch' else position  # an epoch checkpoint holds a done epoch
-    run.check_not_finished(opt.start, opt.total, opt.total_flag)
-    # EMA: a copy of the (resumed) model, before DDP / compile (as timm); then the resumed EMA weights
-    opt.model_ema = task.create_ema(opt.model)
-    if opt.model_ema is not None:
-        run.restore_ema(opt.model_ema.module)
-    train_model = wrap_ddp(opt.model, run.dist_info) if run.dist_info.distributed else opt.model
-    opt.train_model = compile_model(train_model, run.args)
-    task.ready(opt)
-
-    output_dir = run.open_outputs(*task.output_folder())
-    run.log_settings_changes()
-    task.log_setup()
-    if run.primary:
-        task.logger.info(f'Outputs: {output_dir}')
-    rank_state = run.restore_rng()
-    if rank_state is not None:
-        task.load_rank_state(rank_state)
-    try:
-        finished = task.train()
-    except Interrupted as e:
-        task.save_at_stop()
-        raise run.stopped(e, task.stop_advice) from None
-    except NonFiniteLossError as e:
-        raise run.stopped(e, task.stop_advice) from None
-    if not finished:
-        return task.stop_result()
-
-    run.begin_final_stage()
-    digests = run.weights_digests(opt.model, opt.model_ema.module if opt.model_ema is not None else None)
-    results = task.final_results(digests)
-    if results is None:  # the other ranks
-        return None
-    run.write_results(results)
-    task.report(results)
-    run.list_outputs()
-    return results
 
 
 # ------------------------------------------------------------------------------------------------ the step loop

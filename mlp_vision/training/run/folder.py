@@ -7,7 +7,9 @@ folder's lock (re-read after taking it), the folder is the checkpoint's run and 
 replaced. The lock is a POSIX record lock on ``.lock`` (not ``flock``: forked data-loader workers do not inherit
 it, so a killed run's orphaned workers cannot keep its folder locked).
 """
+import contextlib
 import csv
+import itertools
 import json
 import os
 import re
@@ -34,14 +36,11 @@ def new_run_folder(root: os.PathLike, name: str) -> Path:
     never share one)."""
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
-    n = 0
-    while True:
+    for n in itertools.count():
         folder = root / (name if n == 0 else f'{name}-{n}')
-        try:
+        with contextlib.suppress(FileExistsError):
             folder.mkdir()
             return folder
-        except FileExistsError:
-            n += 1
 
 
 def is_run_id(value) -> bool:

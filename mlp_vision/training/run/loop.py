@@ -154,10 +154,8 @@ class StepLoop:
 
     def _agree(self, losses: _DeviceLosses, micro_batches_since: int, since: float,
                loss_at: Callable[[int], str]) -> Tuple[float, int]:
-        """The update's one host sync (and, distributed, its one collective): every rank learns the first
-        micro-batch whose loss was not finite on any rank (raised here, gradients dropped), whether any rank saw a
-        stop signal, and the slowest rank's seconds per micro-batch, which spaces the next agreements. Returns
-        (this rank's weighted loss sum, the signal)."""
+        """The agreement of the module docstring (a non-finite loss on any rank is raised here, gradients dropped);
+        returns (this rank's weighted loss sum, the agreed stop signal)."""
         packed = torch.zeros(6, dtype=torch.float64, device=self.device)
         # MAX of (first bad micro-batch counted down from 2**52): the earliest bad micro-batch of any rank, 0 if none
         packed[0] = (losses.bad_micro >= 0) * (_NO_BAD_MICRO - losses.bad_micro)

@@ -11,7 +11,7 @@ import logging
 import os
 from io import StringIO
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from mlp_vision.training.run.checkpoint import atomic_write, atomic_write_text, open_own_file
 
@@ -91,20 +91,29 @@ def _pyplot():
     return plt
 
 
-def _column(rows: List[Dict[str, str]], x: str, name: str):
-    pts = [(float(r[x]), float(r[name])) for r in rows if r.get(name) not in (None, '') and r.get(x) not in (None, '')]
-    return [p[0] for p in pts], [p[1] for p in pts]
-
-
-def _save_figure(fig, plt, out_png: os.PathLike, x: str, ylabels: Sequence[str], title: str,
-                 legend_size: Optional[int] = None) -> Path:
-    """Label the axes of ``fig`` (x, then ``ylabels`` in order), then write it as a PNG by :func:`atomic_write`."""
-    for ax, ylabel in zip(fig.axes, ylabels):
+def _plot(runs: Dict[str, List[Dict[str, str]]], out_png: os.PathLike, title: str, x: str,
+          panels: Sequence[Tuple[str, Sequence[str]]]) -> Optional[Path]:
+    """``panels`` side by side in a PNG written by :func:`atomic_write`, each (its y label, its columns against
+    column ``x``): a line per column of each run (``runs``: label -> ``summary.csv`` rows; several runs get a colour
+    each). Columns missing from a run are skipped."""
+    plt = _pyplot()
+    if plt is None:
+        return None
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels) + 0.5, 4), squeeze=False)
+    for r_i, (label, rows) in enumerate(runs.items()):
+        style = {'marker': 'o', 'markersize': 3, **({'color': f'C{r_i}'} if len(runs) > 1 else {})}
+        for ax, (_, names) in zip(axes[0], panels):
+            for i, name in enumerate(names):
+                points = [(float(r[x]), float(r[name])) for r in rows if r.get(name) not in (None, '')
+                          and r.get(x) not in (None, '')]
+                if points:
+                    ax.plot(*zip(*points), _STYLES[i % len(_STYLES)], label=f'{label} {name}'.strip(), **style)
+    for ax, (ylabel, _) in zip(axes[0], panels):
         ax.set_xlabel(x)
         ax.set_ylabel(ylabel)
         ax.grid(alpha=.3)
         if ax.lines:
-            ax.legend(fontsize=legend_size)
+            ax.legend(fontsize=8 if len(runs) > 1 else None)
     if title:
         fig.suptitle(title)
     fig.tight_layout()
@@ -120,20 +129,10 @@ def plot_curves(summary_csv: os.PathLike, out_png: os.PathLike, title: str = '',
                 metric_columns: Sequence[str] = ('eval_top1', 'eval_top5', 'ema_eval_top1'),
                 metric_label: str = 'accuracy (%)') -> Optional[Path]:
     """Loss columns (left) and metric columns (right) of ``summary.csv`` against column ``x``, as a PNG (defaults:
-    train.py's); columns missing from the file are skipped."""
-    plt = _pyplot()
-    if plt is None:
-        return None
+    train.py's); None without rows."""
     rows = SummaryWriter(summary_csv, key=x).read()
-    if not rows:
-        return None
-    fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(11, 4))
-    for ax, names in ((ax_loss, loss_columns), (ax_acc, metric_columns)):
-        for i, name in enumerate(names):
-            xs, ys = _column(rows, x, name)
-            if xs:
-                ax.plot(xs, ys, _STYLES[i % len(_STYLES)], marker='o', markersize=3, label=name)
-    return _save_figure(fig, plt, out_png, x, ('loss', metric_label), title)
+    panels = [('loss', loss_columns), (metric_label, metric_columns)]
+    return _plot({'': rows}, out_png, title, x, panels) if rows else None
 
 
 def plot_comparison(runs: Dict[str, os.PathLike], out_png: os.PathLike, title: str = '', x: str = 'step',
@@ -141,19 +140,5 @@ def plot_comparison(runs: Dict[str, os.PathLike], out_png: os.PathLike, title: s
                     metric_label: str = '') -> Optional[Path]:
     """Several runs in one PNG (``runs``: label -> ``summary.csv``; one colour per run): each run's
     ``loss_columns`` on the left, its ``metric_column`` (when given) on the right."""
-    plt = _pyplot()
-    if plt is None:
-        return None
-    ncols = 2 if metric_column else 1
-    fig, axes = plt.subplots(1, ncols, figsize=(5.5 * ncols + 0.5, 4), squeeze=False)
-    for r_i, (label, path) in enumerate(runs.items()):
-        rows, color = SummaryWriter(path, key=x).read(), f'C{r_i}'
-        for i, name in enumerate(loss_columns):
-            xs, ys = _column(rows, x, name)
-            if xs:
-                axes[0][0].plot(xs, ys, _STYLES[i % len(_STYLES)], color=color, label=f'{label} {name}')
-        if metric_column:
-            xs, ys = _column(rows, x, metric_column)
-            if xs:
-                axes[0][1].plot(xs, ys, '-', marker='o', markersize=3, color=color, label=label)
-    return _save_figure(fig, plt, out_png, x, ('loss', metric_label or metric_column), title, legend_size=8)
+    panels = [('loss', loss_columns)] + ([(metric_label or metric_column, [metric_column])] if metric_column else [])
+    return _plot({label: SummaryWriter(path, key=x).read() for label, path in runs.items()}, out_png, title, x, panels)

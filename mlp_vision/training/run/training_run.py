@@ -1,14 +1,6 @@
-""" What is the same in every training run, whatever the task (image epochs, text steps):
-
-* :func:`parse_run_args` -- flags, ``-c`` yaml, and on ``--resume`` the resumed run's saved settings (explicit flags
-  and ``-c`` win; every difference is logged by :meth:`TrainingRun.log_settings_changes`);
-* :func:`setup_amp` and :class:`UpdateStep` -- autocast, the float16 loss scaler (timm's ``NativeScaler``),
-  gradient accumulation, clipping and the optimizer step;
-* :func:`create_lr_scheduler` -- timm's ``create_scheduler_v2`` (per epoch or per update);
-* :class:`TrainingRun` -- the output folder (``args.yaml``, ``derived.yaml``, ``train.log``, ``summary.csv``; its
-  identity and lock in :mod:`.folder`), resume (in place only into the checkpoint's own run at its newest
-  position, refusing a finished run), the checkpoint payload, the NaN and signal stops, and ``results.json``
-  (an earlier one is kept, never overwritten).
+""" What is the same in every training run, whatever the task (image epochs, text steps): the arguments with
+their resumed settings (:func:`parse_run_args`), AMP and the update step, the LR schedule, and :class:`TrainingRun`
+(the output folder, resume, checkpoints, stops, ``results.json``).
 
 Checkpoint payload (tensors and plain Python values only, so it loads with ``weights_only=True``)::
 
@@ -21,7 +13,6 @@ Checkpoint payload (tensors and plain Python values only, so it loads with ``wei
 ``--keep-optimizer-state``; ``--resume`` of such a file needs ``--no-resume-opt``.
 """
 import argparse
-import json
 import logging
 import math
 import os
@@ -41,12 +32,12 @@ from timm.utils import NativeScaler, dispatch_clip_grad, unwrap_model
 
 from mlp_vision.training.run.checkpoint import (
     CHECKPOINT_VERSION, TRUST_FLAG, CheckpointManager, atomic_write_text, check_optimizer_state, check_rng_state,
-    check_settings_state, clean_stale_temp_files, get_rng_state, keep_previous, load_checkpoint_file,
+    check_settings_state, clean_stale_temp_files, get_rng_state, is_count, keep_previous, load_checkpoint_file,
     load_model_weights, open_own_file, set_rng_state)
 from mlp_vision.training.run.config import (
     BaseConfigs, RunArgs, args_to_yaml, merge_settings, parse_given, plain_value, read_yaml_file)
 from mlp_vision.training.run.distributed import DistInfo, all_gather_objects, state_dict_digest
-from mlp_vision.errors import Interrupted, RunError, UsageError, add_bound_arguments, short_repr
+from mlp_vision.errors import Interrupted, RunError, UsageError, add_bound_arguments, read_json_file, short_repr
 from mlp_vision.training.run.log import add_log_file, remove_log_file
 from mlp_vision.training.run.folder import (
     FolderLock, check_own_files, is_run_id, new_run_folder, newer_than, read_run_id, write_run_id)
@@ -106,13 +97,10 @@ def add_device_arguments(group: argparse._ActionsContainer, distributed: bool = 
 # ------------------------------------------------------------------------------------------------ arguments
 def parse_run_args(parser: argparse.ArgumentParser, argv: Sequence[str], kind: str, base_configs: BaseConfigs = (),
                    recipes: bool = False) -> Tuple[RunArgs, Optional[Dict[str, Any]]]:
-    """Parse ``argv`` once (:func:`~.config.parse_given`); with ``--resume`` the checkpoint is loaded (once, safely),
-    checked to be a ``kind`` training checkpoint, and its saved arguments as given become the defaults under ``-c``
-    and the command line (:func:`~.config.merge_settings`, which takes ``base_configs`` and ``recipes``).
-
-    Returns (args, the loaded resume checkpoint or None); ``args.resumed_settings`` / ``args.resumed_derived``
-    hold the checkpoint's ``args`` / ``derived``.
-    """
+    """(args, the ``--resume`` checkpoint or None): ``argv`` parsed once (:func:`~.config.parse_given`); a resumed
+    checkpoint is loaded safely, checked to be a ``kind`` training checkpoint, and its saved arguments become the
+    defaults under ``-c`` and the command line (:func:`~.config.merge_settings`, with ``base_configs`` and
+    ``recipes``), kept with its ``derived`` in ``args.resumed_settings`` / ``args.resumed_derived``."""
     given = parse_given(parser, argv)
     resume = given.get('resume', '')
     ckpt, saved = None, {}
@@ -224,20 +212,19 @@ def _schedule_position(scheduler, next_epoch: int, num_updates: int) -> None:
         scheduler.step_update(num_updates)
 
 
-def _differences(old: Optional[Dict[str, Any]], new: Dict[str, Any]) -> List[str]:
-    if old is None:
-        return ['the checkpoint records no schedule']
-    return [f'{k} {new.get(k)!r} (was {old.get(k)!r})' for k in sorted(set(old) | set(new))
-            if plain_value(old.get(k)) != plain_value(new.get(k))]
+def _differences(old: Dict[str, Any], new: Dict[str, Any], name: Callable[[str], str] = str,
+                 show: Callable[[Any], str] = repr) -> List[str]:
+    """``'<name(key)> <new value> (was <old value>)'`` for each key whose plain values (:func:`~.config.plain_value`)
+    differ between ``old`` and ``new``."""
+    plain = {k: (plain_value(old.get(k)), plain_value(new.get(k))) for k in sorted(set(old) | set(new))}
+    return [f'{name(k)} {show(b)} (was {show(a)})' for k, (a, b) in plain.items() if a != b]
 
 
 def _check_resume_payload(ckpt: Dict[str, Any], key: str, source: str) -> None:
     """The fields of a training checkpoint have the types :meth:`TrainingRun.save` writes; else one line."""
-    def counter(v):
-        return isinstance(v, int) and not isinstance(v, bool) and v >= 0
     problems = [name for name, ok in (
-        (key, counter(ckpt.get(key))),
-        ('num_updates', counter(ckpt.get('num_updates', ckpt.get(key)))),
+        (key, is_count(ckpt.get(key))),
+        ('num_updates', is_count(ckpt.get('num_updates', ckpt.get(key)))),
         ('state_dict', isinstance(ckpt.get('state_dict'), dict) and all(
             isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in ckpt['state_dict'].items())),
         ('state_dict_ema', ckpt.get('state_dict_ema') is None or isinstance(ckpt['state_dict_ema'], dict)),
@@ -245,20 +232,11 @@ def _check_resume_payload(ckpt: Dict[str, Any], key: str, source: str) -> None:
         ('schedule', ckpt.get('schedule') is None or isinstance(ckpt['schedule'], dict)),
         ('rng_states', ckpt.get('rng_states') is None or isinstance(ckpt['rng_states'], list)),
         ('run_id', ckpt.get('run_id') is None or is_run_id(ckpt['run_id'])),
-        ('threads', ckpt.get('threads') is None or counter(ckpt['threads'])),
+        ('threads', ckpt.get('threads') is None or is_count(ckpt['threads'])),
     ) if not ok]
     if problems:
         raise UsageError(f'{source}: the checkpoint\'s {", ".join(problems)} {"is" if len(problems) == 1 else "are"} '
                          f'not what this trainer writes; the file is damaged or was crafted, and is not used')
-
-
-def _read_results(path: Path) -> Optional[Dict[str, Any]]:
-    """A run's ``results.json`` as a dict, None when missing or unreadable."""
-    try:
-        results = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return results if isinstance(results, dict) else None
 
 
 # ------------------------------------------------------------------------------------------------ the run
@@ -332,10 +310,10 @@ class TrainingRun:
             return
         found = {k: ckpt.get(k) for k in expected}
         if found != expected:
-            def describe(d):
-                return ', '.join(f'{"model" if k == "arch" else k} {v!r}' for k, v in d.items())
-            raise UsageError(f'--resume {self.args.resume} is a checkpoint of {describe(found)}, not of '
-                             f'{describe(expected)}; leave these flags out to continue the run as it was')
+            was, wanted = (', '.join(f'{"model" if k == "arch" else k} {short_repr(v)}' for k, v in d.items())
+                           for d in (found, expected))
+            raise UsageError(f'--resume {self.args.resume} is a checkpoint of {was}, not of {wanted}; leave these '
+                             f'flags out to continue the run as it was')
 
     def restore(self, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler, schedule: Dict[str, Any],
                 loss_scaler=None, weights_only: bool = False) -> Tuple[int, int]:
@@ -360,7 +338,8 @@ class TrainingRun:
             _schedule_position(scheduler, next_epoch, num_updates)
             return position, num_updates
         base_lrs = [g['initial_lr'] for g in optimizer.param_groups]
-        changed = _differences(ckpt.get('schedule'), schedule)
+        changed = (_differences(ckpt['schedule'], schedule) if ckpt.get('schedule') is not None
+                   else ['the checkpoint records no schedule'])
         scaler_state = ckpt.get('amp_scaler') if loss_scaler is not None else None
         try:  # checked before anything is loaded: a checkpoint's states are data, never new attributes
             check_optimizer_state(ckpt['optimizer'], optimizer)
@@ -400,11 +379,12 @@ class TrainingRun:
         if self.resume_ckpt is None or done < total:
             return
         folder = Path(self.args.resume).resolve().parent
-        results = folder / 'results.json'
-        recorded = _read_results(results)
+        results, recorded = folder / 'results.json', None
+        with suppress(OSError, UsageError):
+            recorded = read_json_file(str(results))
         if not self._resumed_from_a_run():
             outcome = f'the checkpoint lies outside its run\'s folder, so {folder} says nothing about its results'
-        elif recorded is None:
+        elif not isinstance(recorded, dict):
             outcome = (f'its final outputs were never written (no readable {results}: the process was stopped '
                        f'during its final stage); its weights are in {folder / "last.pth"}')
         elif recorded.get('error'):
@@ -449,19 +429,20 @@ class TrainingRun:
         if args.experiment and (Path(args.experiment).name != args.experiment or args.experiment in ('.', '..')):
             raise UsageError(f'--experiment {args.experiment!r} is not a folder name; give a plain name (no '
                              f'"/" or ".."), and the parent folder with --output')
-        in_place, note, history = False, '', None
+        note, history = '', None
         if args.resume:
             # the saved history is checked before any folder is made or touched
             history = CheckpointManager(root, key=self.key).check_state(
                 self.resume_ckpt.get('checkpoint_history') if self.resume_ckpt is not None else None,
                 source=f'--resume {args.resume}')
-            output_dir, in_place, note = self._resume_folder(root)
+            output_dir, note = self._resume_folder(root)
         else:
             output_dir = new_run_folder(root, args.experiment or default_name)
         self.output_dir = output_dir = output_dir.resolve()
-        if self._lock is None:
+        in_place = self._lock is not None  # _resume_folder locks (and checks) the folder it continues in place
+        if not in_place:
             self._lock = FolderLock(output_dir)
-        check_own_files(output_dir)
+            check_own_files(output_dir)
         self.run_id = self.resume_ckpt['run_id'] if in_place else write_run_id(output_dir, self.kind)
         self._log_handlers.append(add_log_file(output_dir / 'train.log'))
         if note:
@@ -505,33 +486,26 @@ class TrainingRun:
         atomic_write_text(args_file, args_to_yaml(settings))
         atomic_write_text(output_dir / 'derived.yaml', args_to_yaml(self.args.derived))
 
-    def _resume_folder(self, root: Path) -> Tuple[Path, bool, str]:
-        """(the folder a resumed run writes to, whether that is the checkpoint's own folder, a note to log). In place
-        is decided under the folder's lock (taken here and kept), from the folder as it is then: a second resume of
-        the same run that loaded its checkpoint before the first took the lock sees the first's epochs."""
-        args, key = self.args, self.key
-        resumed = Path(args.resume).resolve()
-        source = resumed.parent
-        where = f'{resumed} ({key} {self.last_saved})'
-        if args.output or args.experiment:
-            wanted = root.resolve() / (args.experiment or source.name)
-            if wanted != source:
-                folder = new_run_folder(wanted.parent, wanted.name)
-                return folder, False, (f'--resume with --output / --experiment: a new run in {folder} starts from '
-                                       f'{where}; {source} is left as it is')
-        run_id = self.resume_ckpt.get('run_id')
-        reason = newer_than(source, key, self.last_saved, run_id)
-        if reason is None:  # the folder looks like this run's newest state: lock it, then look again
+    def _resume_folder(self, root: Path) -> Tuple[Path, str]:
+        """(the folder a resumed run writes to, a note to log: '' when it is the checkpoint's own folder, then locked
+        here). In place is decided under the folder's lock, from the folder as it is then: a second resume of the
+        same run that loaded its checkpoint before the first took the lock sees the first's epochs."""
+        args, resumed = self.args, Path(self.args.resume).resolve()
+        source, run_id = resumed.parent, self.resume_ckpt.get('run_id')
+        wanted = root.resolve() / (args.experiment or source.name) if args.output or args.experiment else source
+        if wanted != source:
+            why = f'--output / --experiment name the folder {wanted}'
+        elif (why := newer_than(source, self.key, self.last_saved, run_id)) is None:
+            # the folder looks like this run's newest state: lock it, then look again
             self._lock = FolderLock(source)
             check_own_files(source)
-            reason = newer_than(source, key, self.last_saved, run_id)
-            if reason is None:
-                return source, True, ''
+            if (why := newer_than(source, self.key, self.last_saved, run_id)) is None:
+                return source, ''
             self._lock.release()
             self._lock = None
-        folder = new_run_folder(source.parent, source.name)
-        return folder, False, (f'--resume {args.resume}: {reason}; the run continues from {where} in a new folder, '
-                               f'{folder}, and {source} is left as it is')
+        folder = new_run_folder(wanted.parent, wanted.name)
+        return folder, (f'--resume {args.resume}: {why}; a new run in {folder} starts from {resumed} ({self.key} '
+                        f'{self.last_saved}), and {source} is left as it is')
 
     def log_settings_changes(self) -> None:
         """Log each setting where this resumed run differs from the run it continues: the arguments as given, then
@@ -539,16 +513,13 @@ class TrainingRun:
         args, saved = self.args, self.args.resumed_settings
         if not saved:
             return
-        given, plain = args.given(), plain_value
-        changed = [f'--{k.replace("_", "-")} {plain(given.get(k))!r} (was {plain(v)!r})'
-                   for k, v in saved.items() if plain(given.get(k)) != plain(v)]
-        derived, was = args.derived, args.resumed_derived
+        given = args.given()
+        changed = _differences(saved, {k: given.get(k) for k in saved}, name=lambda k: f'--{k.replace("_", "-")}')
         # the saved derived values are a file's, never used: each shown bounded
-        rederived = [f'{k} {short_repr(plain(derived.get(k)))} (was {short_repr(plain(was.get(k)))})'
-                     for k in sorted(set(derived) | set(was)) if plain(derived.get(k)) != plain(was.get(k))]
+        rederived = _differences(args.resumed_derived, args.derived, show=short_repr)
         _logger.info(f'Resuming with the settings of {args.resume}'
                      + (f'; changed: {", ".join(changed)}' if changed else ' (unchanged)')
-                     + (f'; derived again: {", ".join(rederived)}' if rederived and was else ''))
+                     + (f'; derived again: {", ".join(rederived)}' if rederived and args.resumed_derived else ''))
 
     # ------------------------------------------------------------------ checkpoints
     def save(self, position: int, metric: Optional[float], *, model: nn.Module, optimizer, scheduler,
