@@ -79,11 +79,11 @@ def lm_schedule(lr: float, steps: int, warmup_steps: int, sched: str, min_lr_rat
                 step_on_epochs=False, lr=lr)
 
 
-def optimizer_record(args, recipe_info: dict, **settings) -> dict:
-    """The optimizer as ``results.json`` records it: AdamW's values, the schedule (and ``settings``), the recipe."""
+def optimizer_record(args, recipe_info: dict) -> dict:
+    """The optimizer as ``results.json`` records it: AdamW's values, the schedule, the recipe."""
     return {'name': 'adamw', 'lr': args.lr, 'betas': list(args.opt_betas), 'eps': args.opt_eps,
-            'weight_decay': args.weight_decay, 'sched': args.sched, 'warmup_steps': args.warmup_steps, **settings,
-            'clip_grad': args.clip_grad, **recipe_info}
+            'weight_decay': args.weight_decay, 'sched': args.sched, 'warmup_steps': args.warmup_steps,
+            'min_lr_ratio': args.min_lr_ratio, 'clip_grad': args.clip_grad, **recipe_info}
 
 
 def params_note(model: nn.Module) -> str:

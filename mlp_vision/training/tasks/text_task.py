@@ -1,0 +1,118 @@
+""" What the two tasks of ``python -m mlp_vision.train_text`` share (:class:`~.language_model.LMTask`,
+:class:`~.text_classification.ClassificationTask`): the step-task base :class:`TextTask` (model on its device with
+AdamW, AMP and the per-update schedule; the checkpoint fields; ``pretrained/``, the results' common fields, the
+curves and the closing line), the ``--block-size`` check and the command line that ``results.json`` records.
+"""
+import json
+import logging
+import time
+from typing import Any, Dict, Optional, Sequence
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from timm.utils import random_seed
+
+from mlp_vision.errors import UsageError
+from mlp_vision.text.modeling_utils import check_text_activations
+from mlp_vision.text.tokenizer import Tokenizer, tokenizer_kind, tokenizer_to_dict
+from mlp_vision.training.run.checkpoint import atomic_folder
+from mlp_vision.training.run.driver import Optimization, StepTask
+from mlp_vision.training.run.loop import format_duration
+from mlp_vision.training.run.summary import plot_curves
+from mlp_vision.training.run.training_run import UpdateStep, create_lr_scheduler, setup_amp
+from mlp_vision.training.tasks.text_recipes import create_optimizer, lm_schedule, optimizer_record, params_note
+
+__all__ = ['TextTask', 'fit_block_size', 'command_line']
+
+_logger = logging.getLogger('mlp_vision.train_text')
+
+
+def command_line(prog: str, argv: Sequence[str]) -> str:
+    """The command of a run as results.json records it: ``prog`` and the arguments, quoted where needed."""
+    return ' '.join([prog] + [a if a and all(c.isalnum() or c in '-_=./:,+' for c in a) else json.dumps(a)
+                              for a in argv])
+
+
+def fit_block_size(args, model: nn.Module, resizable: bool) -> None:
+    """``--block-size``, by default the model's maximum length, which it may not exceed (``resizable``: the message
+    names ``--model-kwargs max_position_embeddings``); then the activations of a batch are checked to fit."""
+    seq_len = model.config.max_position_embeddings
+    if args.block_size is None:
+        args.derive(block_size=seq_len)
+    if args.block_size > seq_len:
+        raise UsageError(f'--block-size {args.block_size} is larger than the model\'s maximum length {seq_len}' + (
+            f'; use --block-size <= {seq_len} or --model-kwargs max_position_embeddings={args.block_size}'
+            if resizable else ''))
+    check_text_activations(type(model), model.config, args.batch_size, args.block_size, True, f'--model {args.model}')
+
+
+class TextTask(StepTask):
+    """A text task for :func:`~mlp_vision.training.run.driver.drive`. :meth:`build` (seeded) reads the data and sets
+    ``tokenizer``, ``family``, ``model_cfg`` (the checkpoint's) and ``recipe_info`` (the recipe already applied to
+    ``args``); the rest of the setup and the shared parts of the checkpoints, results and report are here."""
+    logger = _logger
+    stop_advice = 'Lower --lr, keep --clip-grad on, add --warmup-steps'  # after a NaN / inf loss
+    tokenizer: Tokenizer
+
+    def resume_identity(self) -> Dict[str, Any]:
+        return {'task': self.args.task}
+
+    def build(self) -> nn.Module:  # the model (its block size fitted), the data and the tokenizer
+        raise NotImplementedError
+
+    def setup(self) -> Optimization:
+        """:meth:`build`, then AdamW of the recipe, AMP and the per-update schedule of the model on its device; the
+        driver restores them from ``--resume``."""
+        args, run = self.args, self.run
+        random_seed(args.seed, run.dist_info.rank)
+        model = self.build().to(run.dist_info.device)
+        optimizer = create_optimizer(model, self.family, args)
+        amp_autocast, loss_scaler, amp_dtype = setup_amp(args.amp, args.amp_dtype, run.dist_info.device)
+        params = [p for p in model.parameters() if p.requires_grad]
+        update_step = UpdateStep(optimizer, lambda: params, loss_scaler, args.clip_grad)
+        schedule = lm_schedule(args.lr, args.steps, args.warmup_steps, args.sched, args.min_lr_ratio)
+        scheduler, _ = create_lr_scheduler(optimizer, schedule)
+        return Optimization(model, optimizer, scheduler, schedule, loss_scaler, update_step, amp_autocast, amp_dtype,
+                            total=args.steps, total_flag='--steps')
+
+    def ready(self, opt: Optimization) -> None:
+        super().ready(opt)
+        self.seconds_before = (self.run.resume_ckpt or {}).get('train_seconds', 0.)
+
+    @property
+    def train_seconds(self) -> float:  # the run's training time over its resumes
+        return self.seconds_before + self.state.train_seconds
+
+    def checkpoint_fields(self, metrics) -> Dict[str, Any]:
+        args = self.args
+        return dict(task=args.task, model_cfg=self.model_cfg, model_config=self.opt.model.config.text_fields(),
+                    tokenizer=tokenizer_to_dict(self.tokenizer), block_size=args.block_size,
+                    train_seconds=self.train_seconds, val_metrics=metrics)
+
+    def log_model(self, name: str, detail: str) -> None:
+        """The setup log's first line: the model, its parameters, device, processes, AMP and threads."""
+        dist_info, opt = self.run.dist_info, self.opt
+        processes = f' x {dist_info.world_size} processes ({dist.get_backend()})' if dist_info.distributed else ''
+        self.logger.info(f'Model {name} ({params_note(opt.model)}, {detail}) on {dist_info.device}{processes}, '
+                         f'AMP {opt.amp_dtype if self.args.amp else "off"}, {torch.get_num_threads()} threads')
+
+    def export(self, digests, extra_files: Optional[Dict[str, str]] = None, **checkpoints) -> Dict[str, Any]:
+        """``pretrained/`` (``save_pretrained`` of the model with its tokenizer, and ``extra_files``: name -> text),
+        then the results' common fields (rank 0)."""
+        args, model, tokenizer = self.args, self.opt.model, self.tokenizer
+        with atomic_folder(self.run.output_dir / 'pretrained') as folder:
+            model.save_pretrained(str(folder), tokenizer=tokenizer)
+            for name, text in (extra_files or {}).items():
+                (folder / name).write_text(text)
+        return {'params': sum(p.numel() for p in model.parameters()),
+                'tokenizer': {'type': tokenizer_kind(tokenizer), 'vocab_size': len(tokenizer)},
+                'optimizer': optimizer_record(args, self.recipe_info),
+                'train_seconds': self.train_seconds, **self.closing_results(digests, **checkpoints)}
+
+    def plot_and_close(self, title: str, metric_column: str, metric_label: str, done: str) -> None:
+        """``curves.png`` (train / val loss and ``metric_column``) and the closing log line ``Done: <done>; <time>``."""
+        out = self.run.output_dir
+        plot_curves(out / 'summary.csv', out / 'curves.png', title=title, x='step',
+                    loss_columns=('train_loss', 'val_loss'), metric_columns=(metric_column,), metric_label=metric_label)
+        self.logger.info(f'Done: {done}; {format_duration(time.time() - self.run.start_time)}')
