@@ -15,7 +15,7 @@
 
 Validation: a fixed subset of ``--eval-batches`` batches periodically, all (or ``--final-eval-batches``) at the
 end. Training batches come from a generator seeded by ``--seed`` and the rank, so two models trained with one seed
-see the same data in the same order. Optimizer and schedule: :mod:`.text_recipes`.
+see the same data in the same order. Optimizer and schedule: :mod:`.text_task`.
 
 Outputs (``--output/--experiment``): ``args.yaml``, ``train.log``, ``summary.csv`` (step, lr, train loss, val
 loss, val perplexity, [masked accuracy], tokens/s), ``last.pth`` / ``model_best.pth`` (lowest periodic val loss),
@@ -50,8 +50,7 @@ from mlp_vision.training.tasks.text_data import (
     Batch, MLMMasker, build_tokenizer, causal_eval_batches, check_unknown_tokens, encode_text, mlm_eval_batches,
     model_for_tokenizer, read_text_file, sample_causal_batch, sample_mlm_batch, subset_batches, tokenizer_from_path,
     unigram_mlm_baseline)
-from mlp_vision.training.tasks.text_recipes import apply_family_recipe
-from mlp_vision.training.tasks.text_task import TextTask, fit_block_size
+from mlp_vision.training.tasks.text_task import TextTask, apply_family_recipe, fit_block_size
 
 __all__ = ['forward_logits', 'evaluate_lm', 'LMData', 'LMTask']
 

@@ -42,8 +42,7 @@ from mlp_vision.training.run.loop import warn_global_batch_beyond_data
 from mlp_vision.training.run.training_run import TrainingRun
 from mlp_vision.training.tasks.classifier_init import CLASSIFY_FAMILIES, InitReport, init_classifier, scratch_tokenizer
 from mlp_vision.training.tasks.text_data import check_unknown_tokens
-from mlp_vision.training.tasks.text_recipes import FINETUNE_RECIPE, apply_recipe, load_recipe
-from mlp_vision.training.tasks.text_task import TextTask, fit_block_size
+from mlp_vision.training.tasks.text_task import FINETUNE_RECIPE, TextTask, apply_recipe, fit_block_size, load_recipe
 
 __all__ = [
     'LabelledData', 'read_labelled_file', 'label_ids', 'encode_examples', 'collate', 'classification_metrics',
