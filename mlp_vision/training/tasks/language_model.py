@@ -113,8 +113,7 @@ def evaluate_lm(model: nn.Module, batches: Sequence[Batch], *, task: str, device
 
 @dataclasses.dataclass
 class LMData:
-    """A run's tokenizer, training-batch sampler and validation batches (periodic subset, final set)."""
-    tokenizer: Tokenizer
+    """A run's training-batch sampler and validation batches (periodic subset, final set)."""
     train_ids: torch.Tensor
     val_ids: torch.Tensor
     next_batch: Callable[[torch.Generator], Batch]
@@ -122,14 +121,6 @@ class LMData:
     final_batches: List[Batch]
     mask_id: Optional[int]
     base_ids: torch.Tensor  # the non-special token ids
-
-
-def _read_texts(args) -> Tuple[str, str]:
-    train_text = read_text_file(args.train_file, 'training text file')
-    if args.val_file:
-        return train_text, read_text_file(args.val_file, 'validation text file')
-    cut = int(len(train_text) * (1. - args.val_fraction))
-    return train_text[:cut], train_text[cut:]
 
 
 def _lm_data(args, tokenizer: Tokenizer, train_ids: torch.Tensor, val_ids: torch.Tensor) -> LMData:
@@ -149,7 +140,7 @@ def _lm_data(args, tokenizer: Tokenizer, train_ids: torch.Tensor, val_ids: torch
         val_batches = causal_eval_batches(val_ids, args.block_size, eval_bs)
         next_batch = partial(sample_causal_batch, train_ids, args.batch_size, args.block_size)
         mask_id, base_ids = None, torch.arange(len(tokenizer))
-    return LMData(tokenizer, train_ids, val_ids, next_batch, subset_batches(val_batches, args.eval_batches, args.seed),
+    return LMData(train_ids, val_ids, next_batch, subset_batches(val_batches, args.eval_batches, args.seed),
                   subset_batches(val_batches, args.final_eval_batches, args.seed), mask_id, base_ids)
 
 
@@ -184,7 +175,12 @@ class LMTask(TextTask):
 
     def build(self) -> nn.Module:
         args, run = self.args, self.run
-        train_text, val_text = _read_texts(args)
+        train_text = read_text_file(args.train_file, 'training text file')
+        if args.val_file:
+            val_text = read_text_file(args.val_file, 'validation text file')
+        else:  # the last --val-fraction of the training text
+            cut = int(len(train_text) * (1. - args.val_fraction))
+            train_text, val_text = train_text[:cut], train_text[cut:]
         self.tokenizer = tokenizer = _tokenizer(args, run, train_text, val_text)
         train_ids = encode_text(tokenizer, train_text, 'training text', stop=run.stop_signal)
         val_ids = encode_text(tokenizer, val_text, 'validation text', stop=run.stop_signal)

@@ -39,9 +39,8 @@ from mlp_vision.text.tokenizer import Tokenizer, encode_with_template, tokenizer
 from mlp_vision.training.run.checkpoint import load_checkpoint_file
 from mlp_vision.training.run.driver import Optimization
 from mlp_vision.training.run.loop import warn_global_batch_beyond_data
-from mlp_vision.training.run.training_run import TrainingRun
 from mlp_vision.training.tasks.classifier_init import CLASSIFY_FAMILIES, InitReport, init_classifier, scratch_tokenizer
-from mlp_vision.training.tasks.text_data import check_unknown_tokens
+from mlp_vision.training.tasks.text_data import check_unknown_tokens, read_utf8_file
 from mlp_vision.training.tasks.text_task import FINETUNE_RECIPE, TextTask, apply_recipe, fit_block_size, load_recipe
 
 __all__ = [
@@ -69,20 +68,12 @@ def read_labelled_file(path: str, text_columns: Optional[Sequence[str]] = None, 
                        what: str = '--train-file') -> LabelledData:
     """Read a GLUE-style TSV / CSV file with a header row (see the module docstring); one-line :class:`UsageError`
     for a missing / empty file, missing columns, ragged rows or an empty label."""
-    if not path:
-        raise UsageError(f'no {what} given: --task classify needs --train-file and --val-file (TSV / CSV with a '
-                         f'header row)')
-    p = Path(path)
-    if not p.is_file():
-        raise UsageError(f'{what} {path!r} ' + ('is not a file' if p.exists() else 'does not exist'))
-    try:
-        content = p.read_text(encoding='utf-8-sig')
-    except UnicodeDecodeError as e:
-        raise UsageError(f'{what} {path!r} is not UTF-8 text (byte {e.start}); expected a UTF-8 TSV / CSV') from None
+    content = read_utf8_file(path, what, ': --task classify needs --train-file and --val-file (TSV / CSV with a '
+                             'header row)', encoding='utf-8-sig', expected='; expected a UTF-8 TSV / CSV')
     header_line = content.split('\n', 1)[0]
     if not header_line.strip():
         raise UsageError(f'{what} {path!r} is empty; expected a header row (e.g. "sentence<TAB>label") and examples')
-    delimiter = {'.tsv': '\t', '.csv': ','}.get(p.suffix.lower(), '\t' if '\t' in header_line else ',')
+    delimiter = {'.tsv': '\t', '.csv': ','}.get(Path(path).suffix.lower(), '\t' if '\t' in header_line else ',')
     # the csv module reads the lines itself (newline=''): a quoted field keeps its line breaks, and no split at
     # \x0b, \x1c, U+2028, ... (as str.splitlines does) cuts one
     stream = io.StringIO(content, newline='')
@@ -305,51 +296,46 @@ def _read_data(args, resumed: dict) -> ClassifyData:
     return ClassifyData(train, dev, test, names)
 
 
-def _build_classifier(args, run: TrainingRun, data: ClassifyData) -> Tuple[nn.Module, str, Tokenizer, InitReport]:
-    """(model, family, tokenizer, report): the resumed run's architecture and tokenizer (the driver restores its
-    weights), else :func:`init_classifier`; sets ``--block-size``."""
-    if args.init_from and args.tokenizer_from:
-        raise UsageError('--tokenizer-from is for a model trained from scratch; with --init-from the checkpoint\'s '
-                         'tokenizer is used (give one of the two)')
-    resumed = run.resume_ckpt or {}
-    train = data.train
-    if resumed:
-        family = resumed['model_cfg']['family']
-        cls = model_class(family, 'sequence_classification')
-        config = cls.config_class.from_dict(resumed['model_config'])
-        check_text_model_size(cls, config, f'--resume {args.resume}')
-        model = cls(config)
-        tokenizer = tokenizer_from_dict(resumed['tokenizer'], args.allow_regex)
-        report = InitReport(**resumed['init_report'])
-    else:
-        model, family, tokenizer, report = init_classifier(
-            args.init_from, args.model, args.model_kwargs, len(data.names),
-            tokenizer_for_scratch=lambda: scratch_tokenizer(args.tokenizer, train.texts + (train.pairs or []),
-                                                            args.tokenizer_from, args.allow_regex),
-            trust=getattr(args, 'trust_checkpoint', False), allow_regex=args.allow_regex)
-        if args.init_from:  # the checkpoint decides the architecture; --model names it in the outputs
-            args.derive(model=f'{type(model).__name__} from {args.init_from}')
-    if tokenizer.cls_token_id is None or tokenizer.pad_token_id is None:
-        raise UsageError(f'the tokenizer {tokenizer!r} has no <cls> / <pad> token; sequence classification needs '
-                         f'both (the BERT template)')
-    if train.pairs is not None and tokenizer.sep_token_id is None:
-        raise UsageError(f'sentence pairs need a separator token; the tokenizer {tokenizer!r} has none')
-    fit_block_size(args, model, resizable=False)
-    if args.block_size < tokenizer.num_special_tokens_to_add(pair=train.pairs is not None) + 1:
-        raise UsageError(f'--block-size {args.block_size} leaves no room for text after the special tokens')
-    return model, family, tokenizer, report
-
-
 class ClassificationTask(TextTask):
     """Sequence classification for :func:`~mlp_vision.training.run.driver.drive`: epochs of the training examples in a
     seeded order (the incomplete tail dropped: one batch size), cross-entropy, dev accuracy / F1 / MCC."""
     best_key = 'acc'
 
     def build(self) -> nn.Module:
-        args, run = self.args, self.run
-        self.data = data = _read_data(args, run.resume_ckpt or {})
-        model, self.family, self.tokenizer, self.init_report = _build_classifier(args, run, data)
-        self.model_cfg = {'name': args.model, 'family': self.family, 'kwargs': dict(args.model_kwargs)}
+        """The data; the resumed run's architecture and tokenizer (the driver restores its weights), else
+        :func:`init_classifier`'s; ``--block-size``."""
+        args, resumed = self.args, self.run.resume_ckpt or {}
+        self.data = data = _read_data(args, resumed)
+        if args.init_from and args.tokenizer_from:
+            raise UsageError('--tokenizer-from is for a model trained from scratch; with --init-from the checkpoint\'s '
+                             'tokenizer is used (give one of the two)')
+        train = data.train
+        if resumed:
+            family = resumed['model_cfg']['family']
+            cls = model_class(family, 'sequence_classification')
+            config = cls.config_class.from_dict(resumed['model_config'])
+            check_text_model_size(cls, config, f'--resume {args.resume}')
+            model = cls(config)
+            tokenizer = tokenizer_from_dict(resumed['tokenizer'], args.allow_regex)
+            self.init_report = InitReport(**resumed['init_report'])
+        else:
+            model, family, tokenizer, self.init_report = init_classifier(
+                args.init_from, args.model, args.model_kwargs, len(data.names),
+                tokenizer_for_scratch=lambda: scratch_tokenizer(args.tokenizer, train.texts + (train.pairs or []),
+                                                                args.tokenizer_from, args.allow_regex),
+                trust=getattr(args, 'trust_checkpoint', False), allow_regex=args.allow_regex)
+            if args.init_from:  # the checkpoint decides the architecture; --model names it in the outputs
+                args.derive(model=f'{type(model).__name__} from {args.init_from}')
+        if tokenizer.cls_token_id is None or tokenizer.pad_token_id is None:
+            raise UsageError(f'the tokenizer {tokenizer!r} has no <cls> / <pad> token; sequence classification needs '
+                             f'both (the BERT template)')
+        if train.pairs is not None and tokenizer.sep_token_id is None:
+            raise UsageError(f'sentence pairs need a separator token; the tokenizer {tokenizer!r} has none')
+        fit_block_size(args, model, resizable=False)
+        if args.block_size < tokenizer.num_special_tokens_to_add(pair=train.pairs is not None) + 1:
+            raise UsageError(f'--block-size {args.block_size} leaves no room for text after the special tokens')
+        self.family, self.tokenizer = family, tokenizer
+        self.model_cfg = {'name': args.model, 'family': family, 'kwargs': dict(args.model_kwargs)}
         self.recipe_info = apply_recipe(args, load_recipe(FINETUNE_RECIPE), FINETUNE_RECIPE)
         return model
 
@@ -457,7 +443,7 @@ class ClassificationTask(TextTask):
         final_metrics = self.state.val_metrics if self.state.val_metrics is not None else self.evaluate()
         if not run.dist_info.primary:
             return None
-        best_metrics, best_step = _best_weights(run, self, final_metrics)
+        best_metrics, best_step = self._best_weights(final_metrics)
         # the test file is scored once, by the best checkpoint, on the primary rank alone (no reduction across ranks)
         test_metrics = self.score(model, self.test_batches, dist_info=None) if data.test is not None else None
         labels = json.dumps({'label_names': data.names, 'text_columns': list(data.train.text_columns),
@@ -490,18 +476,15 @@ class ClassificationTask(TextTask):
             + (f'; test ({self.args.test_file}, the best checkpoint): acc {test_metrics["acc"]:.2f}% F1 '
                f'{test_metrics["f1"]:.2f} MCC {test_metrics["mcc"]:.2f}' if test_metrics is not None else ''))
 
-
-def _best_weights(run: TrainingRun, task: ClassificationTask, final_metrics: dict) -> Tuple[dict, int]:
-    """Load the selected weights into the model: model_best.pth's (its EMA's with ``--model-ema``, where it has them),
-    else the final EMA; returns (their dev metrics, their step)."""
-    model, ema = task.opt.model, task.opt.model_ema
-    if run.saver.best_path.exists():
-        best = load_checkpoint_file(run.saver.best_path, what='model_best.pth')
-        ema_weights = best.get('state_dict_ema') if ema is not None else None
-        model.load_state_dict(best['state_dict'] if ema_weights is None else ema_weights)
-        return best.get('val_metrics') or final_metrics, best['step']
-    if ema is not None:
-        model.load_state_dict(ema.module.state_dict())
-    return final_metrics, task.state.step
-
-
+    def _best_weights(self, final_metrics: dict) -> Tuple[dict, int]:
+        """Load the selected weights into the model: model_best.pth's (its EMA's with ``--model-ema``, where it has
+        them), else the final EMA; returns (their dev metrics, their step)."""
+        model, ema, best_path = self.opt.model, self.opt.model_ema, self.run.saver.best_path
+        if best_path.exists():
+            best = load_checkpoint_file(best_path, what='model_best.pth')
+            ema_weights = best.get('state_dict_ema') if ema is not None else None
+            model.load_state_dict(best['state_dict'] if ema_weights is None else ema_weights)
+            return best.get('val_metrics') or final_metrics, best['step']
+        if ema is not None:
+            model.load_state_dict(ema.module.state_dict())
+        return final_metrics, self.state.step
