@@ -50,7 +50,7 @@ from mlp_vision.training.tasks.text_data import (
     Batch, MLMMasker, build_tokenizer, causal_eval_batches, check_unknown_tokens, encode_text, mlm_eval_batches,
     model_for_tokenizer, read_text_file, sample_causal_batch, sample_mlm_batch, subset_batches, tokenizer_from_path,
     unigram_mlm_baseline)
-from mlp_vision.training.tasks.text_task import TextTask, apply_family_recipe, fit_block_size
+from mlp_vision.training.tasks.text_task import TextTask, fit_block_size
 
 __all__ = ['forward_logits', 'evaluate_lm', 'LMData', 'LMTask']
 
@@ -168,7 +168,7 @@ class LMTask(TextTask):
     def __init__(self, args, run: TrainingRun, command: str):
         super().__init__(args, run, command)
         self.entry = task_model_entry(args.model, args.task)
-        self.family = self.entry.family
+        self.family, self.registry_task = self.entry.family, self.entry.task
 
     def resume_identity(self) -> dict:
         return {'arch': self.args.model, 'task': self.args.task}
@@ -188,7 +188,6 @@ class LMTask(TextTask):
         check_unknown_tokens(val_ids, tokenizer, 'validation text')
         if args.sample_prompt is not None:
             encode_text(tokenizer, args.sample_prompt, '--sample-prompt')  # fail now, not after training
-        self.recipe_info = apply_family_recipe(args, self.family, self.entry.task)
         model, model_kwargs = model_for_tokenizer(args.model, dict(args.model_kwargs), tokenizer,
                                                   self.entry.config_class, args.model_kwargs)
         self.model_cfg = {'name': args.model, 'kwargs': model_kwargs}

@@ -41,7 +41,7 @@ from mlp_vision.training.run.driver import Optimization
 from mlp_vision.training.run.loop import warn_global_batch_beyond_data
 from mlp_vision.training.tasks.classifier_init import CLASSIFY_FAMILIES, InitReport, init_classifier, scratch_tokenizer
 from mlp_vision.training.tasks.text_data import check_unknown_tokens, read_utf8_file
-from mlp_vision.training.tasks.text_task import FINETUNE_RECIPE, TextTask, apply_recipe, fit_block_size, load_recipe
+from mlp_vision.training.tasks.text_task import TextTask, fit_block_size
 
 __all__ = [
     'LabelledData', 'read_labelled_file', 'label_ids', 'encode_examples', 'collate', 'classification_metrics',
@@ -300,6 +300,7 @@ class ClassificationTask(TextTask):
     """Sequence classification for :func:`~mlp_vision.training.run.driver.drive`: epochs of the training examples in a
     seeded order (the incomplete tail dropped: one batch size), cross-entropy, dev accuracy / F1 / MCC."""
     best_key = 'acc'
+    registry_task = 'sequence_classification'
 
     def build(self) -> nn.Module:
         """The data; the resumed run's architecture and tokenizer (the driver restores its weights), else
@@ -336,7 +337,6 @@ class ClassificationTask(TextTask):
             raise UsageError(f'--block-size {args.block_size} leaves no room for text after the special tokens')
         self.family, self.tokenizer = family, tokenizer
         self.model_cfg = {'name': args.model, 'family': family, 'kwargs': dict(args.model_kwargs)}
-        self.recipe_info = apply_recipe(args, load_recipe(FINETUNE_RECIPE), FINETUNE_RECIPE)
         return model
 
     def create_ema(self, model: nn.Module) -> Optional[ModelEmaV3]:

@@ -33,7 +33,7 @@ from mlp_vision.training.run.training_run import UpdateStep, create_lr_scheduler
 from mlp_vision.training.tasks.text_args import build_parser
 
 __all__ = ['TextTask', 'fit_block_size', 'command_line', 'RECIPES', 'FINETUNE_RECIPE', 'TIMM_SCHED', 'load_recipe',
-           'apply_recipe', 'apply_family_recipe', 'create_optimizer', 'lm_schedule', 'optimizer_record', 'params_note']
+           'apply_recipe', 'lm_schedule']
 
 _logger = logging.getLogger('mlp_vision.train_text')
 
@@ -54,16 +54,17 @@ def load_recipe(name: str) -> dict:
     return load_yaml_config(str(find_recipe(name, kind='text')), build_parser(), notes=('source',))
 
 
-def apply_family_recipe(args, family: str, registry_task: str) -> dict:
-    """:func:`apply_recipe` with the recipe of the model family (its task's default when it has none)."""
-    key = (family, registry_task) if (family, registry_task) in RECIPES else (
-        DEFAULT_FAMILY[registry_task], registry_task)
-    return apply_recipe(args, load_recipe(RECIPES[key]), '/'.join(key))
-
-
-def apply_recipe(args, recipe: dict, name: str) -> dict:
-    """Fill the optimizer flags left unset from ``recipe`` (by destination); returns the run's record: ``name``, the
-    source and the flags the command line overrode."""
+def apply_recipe(args, family: str, registry_task: str) -> dict:
+    """Fill the optimizer flags left unset from the recipe of the model family and registry task (the task's
+    default when the family has none; :data:`FINETUNE_RECIPE` for sequence classification); returns the run's record:
+    the recipe, its source and the flags the command line overrode."""
+    if registry_task == 'sequence_classification':
+        file_name = name = FINETUNE_RECIPE
+    else:
+        key = (family, registry_task) if (family, registry_task) in RECIPES else (
+            DEFAULT_FAMILY[registry_task], registry_task)
+        file_name, name = RECIPES[key], '/'.join(key)
+    recipe = load_recipe(file_name)
     given = {'lr': args.lr, 'opt_betas': args.opt_betas, 'opt_eps': args.opt_eps,
              'weight_decay': args.weight_decay, 'sched': args.sched}
     overridden = [k for k, v in given.items() if v is not None and v != recipe[k]]
@@ -77,41 +78,12 @@ def apply_recipe(args, recipe: dict, name: str) -> dict:
     return {'recipe': name, 'source': source, 'overridden': overridden}
 
 
-def create_optimizer(model: nn.Module, family: str, args) -> torch.optim.Optimizer:
-    """AdamW. BiGS: the official decay mask (:func:`~mlp_vision.text.bigs.bigs_param_groups`: SSM parameters and
-    embeddings decayed, biases / LayerNorms not); other families: timm's groups (no decay on 1-D parameters).
-    ``--freeze-embeddings``: the token embedding gets no gradient and is left out of both."""
-    if args.freeze_embeddings:
-        model.get_input_embeddings().weight.requires_grad_(False)
-    if family == 'bigs':
-        return torch.optim.AdamW(bigs_param_groups(model, args.weight_decay), lr=args.lr,
-                                 betas=tuple(args.opt_betas), eps=args.opt_eps)
-    return create_optimizer_v2(model, 'adamw', lr=args.lr, weight_decay=args.weight_decay,
-                               betas=tuple(args.opt_betas), eps=args.opt_eps)
-
-
 def lm_schedule(lr: float, steps: int, warmup_steps: int, sched: str, min_lr_ratio: float = 0.) -> dict:
     """The ``create_scheduler_v2`` arguments (+ ``lr``) of a run: per-update steps, linear warmup from
     ``lr / warmup_steps``, then ``sched`` towards ``min_lr_ratio * lr``."""
     return dict(sched=TIMM_SCHED[sched], num_epochs=steps, warmup_epochs=warmup_steps,
                 warmup_lr=lr / max(warmup_steps, 1), min_lr=min_lr_ratio * lr, decay_rate=1.,
                 step_on_epochs=False, lr=lr)
-
-
-def optimizer_record(args, recipe_info: dict) -> dict:
-    """The optimizer as ``results.json`` records it: AdamW's values, the schedule, the recipe."""
-    return {'name': 'adamw', 'lr': args.lr, 'betas': list(args.opt_betas), 'eps': args.opt_eps,
-            'weight_decay': args.weight_decay, 'sched': args.sched, 'warmup_steps': args.warmup_steps,
-            'min_lr_ratio': args.min_lr_ratio, 'clip_grad': args.clip_grad, **recipe_info}
-
-
-def params_note(model: nn.Module) -> str:
-    """'1.724 M params' for the log, with the fixed ones (``--freeze-embeddings``) counted apart."""
-    total = sum(p.numel() for p in model.parameters())
-    fixed = sum(p.numel() for p in model.parameters() if not p.requires_grad)
-    fixed_note = f', {fixed / 1e6:.3f} M of them fixed (--freeze-embeddings)' if fixed else ''
-    return f'{total / 1e6:.3f} M params{fixed_note}'
-
 
 
 def command_line(prog: str, argv: Sequence[str]) -> str:
@@ -135,11 +107,12 @@ def fit_block_size(args, model: nn.Module, resizable: bool) -> None:
 
 class TextTask(StepTask):
     """A text task for :func:`~mlp_vision.training.run.driver.drive`. :meth:`build` (seeded) reads the data and sets
-    ``tokenizer``, ``family``, ``model_cfg`` (the checkpoint's) and ``recipe_info`` (the recipe already applied to
-    ``args``); the rest of the setup and the shared parts of the checkpoints, results and report are here."""
+    ``tokenizer``, ``family`` and ``model_cfg`` (the checkpoint's); ``registry_task`` picks the recipe. The rest of
+    the setup and the shared parts of the checkpoints, results and report are here."""
     logger = _logger
     stop_advice = 'Lower --lr, keep --clip-grad on, add --warmup-steps'  # after a NaN / inf loss
     tokenizer: Tokenizer
+    registry_task: str  # the registry task of the model (its recipe's key)
 
     def resume_identity(self) -> Dict[str, Any]:
         return {'task': self.args.task}
@@ -148,12 +121,22 @@ class TextTask(StepTask):
         raise NotImplementedError
 
     def setup(self) -> Optimization:
-        """:meth:`build`, then AdamW of the recipe, AMP and the per-update schedule of the model on its device; the
-        driver restores them from ``--resume``."""
+        """:meth:`build`, the recipe, then AdamW, AMP and the per-update schedule of the model on its device (the
+        driver restores them from ``--resume``). AdamW's groups: BiGS has the official decay mask
+        (:func:`~mlp_vision.text.bigs.bigs_param_groups`: SSM parameters and embeddings decayed, biases / LayerNorms
+        not), other families timm's (no decay on 1-D parameters); ``--freeze-embeddings`` leaves the token embedding
+        out of both."""
         args, run = self.args, self.run
         random_seed(args.seed, run.dist_info.rank)
         model = self.build().to(run.dist_info.device)
-        optimizer = create_optimizer(model, self.family, args)
+        self.recipe_info = apply_recipe(args, self.family, self.registry_task)
+        if args.freeze_embeddings:
+            model.get_input_embeddings().weight.requires_grad_(False)
+        adamw = dict(lr=args.lr, betas=tuple(args.opt_betas), eps=args.opt_eps)
+        if self.family == 'bigs':
+            optimizer = torch.optim.AdamW(bigs_param_groups(model, args.weight_decay), **adamw)
+        else:
+            optimizer = create_optimizer_v2(model, 'adamw', weight_decay=args.weight_decay, **adamw)
         amp_autocast, loss_scaler, amp_dtype = setup_amp(args.amp, args.amp_dtype, run.dist_info.device)
         params = [p for p in model.parameters() if p.requires_grad]
         update_step = UpdateStep(optimizer, lambda: params, loss_scaler, args.clip_grad)
@@ -179,8 +162,12 @@ class TextTask(StepTask):
     def log_model(self, name: str, detail: str) -> None:
         """The setup log's first line: the model, its parameters, device, processes, AMP and threads."""
         dist_info, opt = self.run.dist_info, self.opt
+        total = sum(p.numel() for p in opt.model.parameters())
+        fixed = sum(p.numel() for p in opt.model.parameters() if not p.requires_grad)  # --freeze-embeddings
+        params = f'{total / 1e6:.3f} M params' + (f', {fixed / 1e6:.3f} M of them fixed (--freeze-embeddings)'
+                                                   if fixed else '')
         processes = f' x {dist_info.world_size} processes ({dist.get_backend()})' if dist_info.distributed else ''
-        self.logger.info(f'Model {name} ({params_note(opt.model)}, {detail}) on {dist_info.device}{processes}, '
+        self.logger.info(f'Model {name} ({params}, {detail}) on {dist_info.device}{processes}, '
                          f'AMP {opt.amp_dtype if self.args.amp else "off"}, {torch.get_num_threads()} threads')
 
     def export(self, digests, extra_files: Optional[Dict[str, str]] = None, **checkpoints) -> Dict[str, Any]:
@@ -193,7 +180,10 @@ class TextTask(StepTask):
                 (folder / name).write_text(text)
         return {'params': sum(p.numel() for p in model.parameters()),
                 'tokenizer': {'type': tokenizer_kind(tokenizer), 'vocab_size': len(tokenizer)},
-                'optimizer': optimizer_record(args, self.recipe_info),
+                'optimizer': {'name': 'adamw', 'lr': args.lr, 'betas': list(args.opt_betas), 'eps': args.opt_eps,
+                              'weight_decay': args.weight_decay, 'sched': args.sched,
+                              'warmup_steps': args.warmup_steps, 'min_lr_ratio': args.min_lr_ratio,
+                              'clip_grad': args.clip_grad, **self.recipe_info},
                 'train_seconds': self.train_seconds, **self.closing_results(digests, **checkpoints)}
 
     def plot_and_close(self, title: str, metric_column: str, metric_label: str, done: str) -> None:
