@@ -5,9 +5,7 @@ token stream and the fixed validation batches.
   tokens; the target is the block shifted by one (the trainer scores position t on token t + 1).
 * mlm: every training sample is ``<cls>`` + a contiguous window of ``block_size - 2`` tokens at a random offset +
   ``<sep>`` (padded with ``<pad>`` only where the text is shorter than a window), masked as BERT (arXiv 1810.04805,
-  §3.1 "Task #1: Masked LM"): of the non-special positions of each segment exactly ``round(0.15 n)`` (at least
-  one) are selected; of those 80 % become ``<mask>``, 10 % a random non-special token and 10 % stay; the loss is on
-  the selected positions only.
+  §3.1 "Task #1: Masked LM"; :class:`MLMMasker`: 15 % selected, 80/10/10); the loss is on the selected positions.
 * validation: the held-out tokens cut into consecutive non-overlapping blocks / segments (MLM masks drawn once
   from the seed, so every evaluation and every model sees the same masked positions).
 
