@@ -30,6 +30,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 import torch.distributed as dist
 import torch.nn as nn
+from torch.nn.utils.rnn import pad_sequence
 from timm.utils import ModelEmaV3
 
 from mlp_vision.errors import Interrupted, UsageError, short_repr
@@ -188,17 +189,11 @@ def encode_examples(tokenizer: Tokenizer, data: LabelledData, max_length: int,
 def collate(ids: Sequence[List[int]], types: Sequence[List[int]], labels: torch.Tensor, pad_id: int,
             with_token_types: bool) -> Dict[str, torch.Tensor]:
     """A right-padded batch: ``input_ids``, ``attention_mask`` (1 = real), [``token_type_ids``], ``labels``."""
-    length = max(len(r) for r in ids)
-    input_ids = torch.full((len(ids), length), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(ids), length), dtype=torch.long)
-    token_types = torch.zeros((len(ids), length), dtype=torch.long)
-    for i, (r, t) in enumerate(zip(ids, types)):
-        input_ids[i, :len(r)] = torch.tensor(r, dtype=torch.long)
-        token_types[i, :len(t)] = torch.tensor(t, dtype=torch.long)
-        mask[i, :len(r)] = 1
-    batch = {'input_ids': input_ids, 'attention_mask': mask, 'labels': labels}
+    def padded(rows, value=0):
+        return pad_sequence([torch.tensor(r, dtype=torch.long) for r in rows], batch_first=True, padding_value=value)
+    batch = {'input_ids': padded(ids, pad_id), 'attention_mask': padded([[1] * len(r) for r in ids]), 'labels': labels}
     if with_token_types:
-        batch['token_type_ids'] = token_types
+        batch['token_type_ids'] = padded(types)
     return batch
 
 
