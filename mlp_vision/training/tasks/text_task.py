@@ -9,8 +9,8 @@ timm's per-update schedule: linear warmup, then cosine, linear or constant. A re
 derived values (:class:`~mlp_vision.training.run.config.RunArgs`): ``args.yaml`` keeps the flags as given, and a
 resume fills them again.
 """
-import json
 import logging
+import shlex
 import time
 from typing import Any, Dict, Optional, Sequence, Tuple
 
@@ -87,9 +87,8 @@ def lm_schedule(lr: float, steps: int, warmup_steps: int, sched: str, min_lr_rat
 
 
 def command_line(prog: str, argv: Sequence[str]) -> str:
-    """The command of a run as results.json records it: ``prog`` and the arguments, quoted where needed."""
-    return ' '.join([prog] + [a if a and all(c.isalnum() or c in '-_=./:,+' for c in a) else json.dumps(a)
-                              for a in argv])
+    """The command of a run as results.json records it: ``prog`` and the arguments, shell-quoted where needed."""
+    return ' '.join([prog, *map(shlex.quote, argv)])
 
 
 def fit_block_size(args, model: nn.Module, resizable: bool) -> None:
