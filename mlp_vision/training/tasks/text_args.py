@@ -155,6 +155,9 @@ def check_args(args) -> None:
         if given:
             raise UsageError(f'{", ".join(given)} {"is" if len(given) == 1 else "are"} for --task classify, not '
                              f'--task {args.task}')
+    if args.init_from and args.tokenizer_from:
+        raise UsageError('--tokenizer-from is for a model trained from scratch; with --init-from the checkpoint\'s '
+                         'tokenizer is used (give one of the two)')
     if args.sample_prompt is not None and args.task != 'causal':
         raise UsageError('--sample-prompt needs --task causal (masked LMs do not generate)')
     if args.sample_prompt == '':

@@ -302,9 +302,6 @@ class ClassificationTask(TextTask):
         :func:`init_classifier`'s; ``--block-size``."""
         args, resumed = self.args, self.run.resume_ckpt or {}
         self.data = data = _read_data(args, resumed)
-        if args.init_from and args.tokenizer_from:
-            raise UsageError('--tokenizer-from is for a model trained from scratch; with --init-from the checkpoint\'s '
-                             'tokenizer is used (give one of the two)')
         train = data.train
         if resumed:
             family = resumed['model_cfg']['family']
