@@ -11,7 +11,7 @@ without running code from them unless ``--trust-checkpoint``. Bad input ends wit
 import argparse
 import logging
 from pathlib import Path
-from typing import Any, Dict, List, Mapping
+from typing import Any, Dict, Mapping
 
 import torch
 from timm.data import create_transform
@@ -193,16 +193,13 @@ def _has_dataset(settings: Mapping[str, Any]) -> bool:  # settings: arguments by
     return bool(settings.get('data') or settings.get('data_dir') or settings.get('dataset'))
 
 
-def _demo_recipe_unless_dataset(settings: Mapping[str, Any]) -> List[str]:
-    """The base config of a run whose settings name no dataset: the demo recipe, under the user's -c and flags."""
-    return [] if _has_dataset(settings) else [str(find_recipe(DEMO_RECIPE))]
-
-
 def parse_args(argv):
     """(args, demo = no dataset given, resume checkpoint) from the flags, the ``-c`` yaml and a resumed run's
-    saved settings."""
-    args, resume_ckpt = parse_run_args(build_parser(), argv, kind='image', recipes=True,
-                                       base_configs=_demo_recipe_unless_dataset)
+    saved settings; settings that name no dataset have the demo recipe as their base, under the user's -c and
+    flags."""
+    args, resume_ckpt = parse_run_args(
+        build_parser(), argv, kind='image', recipes=True,
+        base_configs=lambda settings: [] if _has_dataset(settings) else [str(find_recipe(DEMO_RECIPE))])
     return args, not _has_dataset(vars(args)), resume_ckpt
 
 

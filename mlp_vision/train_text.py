@@ -17,7 +17,8 @@ from mlp_vision.training.run.training_run import TrainingRun, parse_run_args
 from mlp_vision.threads import set_run_threads
 from mlp_vision.training.tasks.text_args import PROG, build_parser, check_args
 from mlp_vision.training.tasks.text_classification import ClassificationTask
-from mlp_vision.training.tasks.language_model import LMTask, command_line
+from mlp_vision.training.tasks.language_model import LMTask
+from mlp_vision.training.tasks.text_task import command_line
 
 __all__ = ['main']
 

@@ -4,13 +4,9 @@ Run as ``mlp-vision-validate`` or ``python -m mlp_vision.validate`` (installed p
 in a checkout. Weights: ``--checkpoint`` of our train.py (model, kwargs and eval preprocessing rebuilt from it,
 ``--use-ema`` for its EMA weights), ``--checkpoint FILE --model NAME`` for any other state dict (loaded through the
 model's checkpoint filter), or ``--pretrained``. ``torchrun`` splits the evaluation exactly over the ranks.
-
-    python validate.py --checkpoint output/train/EXP/model_best.pth --data-dir /data/imagenet
-    python validate.py --model smlpnet_s --checkpoint smlp_s.pth --data-dir /data/imagenet --amp
-
-Labels: ``--class-map FILE``, else the class names a checkpoint of ours stores, matched to the class folders (a
-subset is fine, another class stops with both lists), else folder order (with a warning). Results are logged and,
-with ``--results-file``, written as JSON or CSV (by the extension).
+Examples: README, "Training and validation". Labels: ``--class-map FILE``, else the class names a checkpoint of
+ours stores, matched to the class folders (a subset is fine, another class stops with both lists), else folder
+order (with a warning). Results are logged and, with ``--results-file``, written as JSON or CSV (by the extension).
 """
 import argparse
 import csv

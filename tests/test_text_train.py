@@ -21,7 +21,7 @@ import torch
 import mlp_vision.text as mt
 import mlp_vision.train_text as text_train
 import mlp_vision.training.tasks.language_model as text_lm
-from mlp_vision.training.tasks.text_recipes import lm_schedule
+from mlp_vision.training.tasks.text_task import lm_schedule
 from mlp_vision.training.tasks.text_data import (
     MLMMasker, build_tokenizer, causal_eval_batches, mlm_segments, subset_batches, unigram_mlm_baseline)
 from mlp_vision.training.run.training_run import create_lr_scheduler
@@ -162,7 +162,7 @@ def test_recipe_fills_are_derived_and_a_resume_fills_them_again(tiny_text, tmp_p
     the checkpoint's 'derived'); args.yaml keeps the flags as given, so a resume with more --steps caps the recipe's
     warmup at a tenth of the new count, not at the first run's."""
     import yaml
-    from mlp_vision.training.tasks.text_recipes import load_recipe
+    from mlp_vision.training.tasks.text_task import load_recipe
     unset = ('lr', 'opt_betas', 'opt_eps', 'weight_decay', 'sched', 'warmup_steps', 'block_size')
     text_train.main(TINY_GMLP + COMMON + [
         '--task', 'mlm', '--train-file', tiny_text, '--steps', '20', '-b', '2', '--eval-interval', '10',

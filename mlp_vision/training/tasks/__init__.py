@@ -4,5 +4,6 @@
   (model creation, checkpoint loading); command :mod:`mlp_vision.train`, data :mod:`mlp_vision.training.data`;
 * masked / causal language modelling: :mod:`.language_model`, its data and tokenizer :mod:`.text_data`;
 * text classification: :mod:`.text_classification`, its initial weights :mod:`.classifier_init`;
-* the text trainer's flags (:mod:`.text_args`) and recipes (:mod:`.text_recipes`); command :mod:`mlp_vision.train_text`.
+* the text trainer's flags (:mod:`.text_args`), recipes and shared task base (:mod:`.text_task`); command
+  :mod:`mlp_vision.train_text`.
 """

@@ -21,6 +21,7 @@ from mlp_vision.text.tokenizer import (
 from mlp_vision.weights import load_backbone
 from mlp_vision.training.run.checkpoint import load_checkpoint_file
 from mlp_vision.errors import UsageError
+from mlp_vision.training.tasks.text_args import task_model_entry
 from mlp_vision.training.tasks.text_data import model_for_tokenizer, tokenizer_from_path
 
 __all__ = ['CLASSIFY_FAMILIES', 'InitReport', 'init_classifier', 'scratch_tokenizer']
@@ -122,9 +123,7 @@ def init_classifier(init_from: str, model_name: str, model_kwargs: Dict[str, Any
 
 
 def _fresh_classifier(model_name: str, model_kwargs: Dict[str, Any], num_labels: int, tokenizer_for_scratch):
-    if not is_model(model_name):
-        raise UsageError(f'unknown text model {model_name!r}; known: {", ".join(list_models())}')
-    entry = model_entry(model_name)
+    entry = task_model_entry(model_name)
     if entry.family not in CLASSIFY_FAMILIES:
         known = ', '.join(n for n in list_models() if model_entry(n).family in CLASSIFY_FAMILIES)
         raise UsageError(f'model {model_name!r} ({entry.family}) has no sequence classifier; use a gMLP, BiGS or '

@@ -5,7 +5,6 @@ evaluation loops (validate.py's evaluation too). Imports no command: validate.py
 import copy
 import logging
 import time
-from collections import OrderedDict
 from contextlib import suppress
 from dataclasses import dataclass
 from datetime import datetime
@@ -62,10 +61,10 @@ def train_one_epoch(epoch: int, loop: StepLoop, loader, loss_fn: Callable, *, to
     model.train()
     num_batches = len(loader)
     updates_per_epoch = (num_batches + grad_accum_steps - 1) // grad_accum_steps
-    batches = enumerate(loader)
+    batches = iter(loader)
 
     def micro_loss():
-        batch_idx, (input, target) = next(batches)
+        input, target = next(batches)
         if mixup_fn is not None:
             input, target = mixup_fn(input, target)
         if channels_last:
@@ -75,8 +74,7 @@ def train_one_epoch(epoch: int, loop: StepLoop, loader, loss_fn: Callable, *, to
 
     loss_sum, sample_count = 0., 0
     window_loss, window_samples = 0., 0
-    update_time_sum, timed_updates = 0., 0
-    epoch_start = update_start = time.perf_counter()
+    epoch_start = time.perf_counter()
     optimizer.zero_grad()
     for update_idx in range(updates_per_epoch):
         first = update_idx * grad_accum_steps  # the update's first batch; the last update may have fewer
@@ -88,14 +86,11 @@ def train_one_epoch(epoch: int, loop: StepLoop, loader, loss_fn: Callable, *, to
         window_loss, window_samples = window_loss + losses.loss_sum, window_samples + losses.weight_sum
 
         now = time.perf_counter()
-        if update_idx > 0:  # the first update includes loader start-up; keep it out of the rate
-            update_time_sum += now - update_start
-            timed_updates += 1
-        update_start = now
-
+        if update_idx == 0:  # the first update includes loader start-up: the rate counts from its end
+            first_done = now
         last = update_idx == updates_per_epoch - 1
         if primary and (last or (update_idx + 1) % log_interval == 0):
-            sec_per_update = update_time_sum / timed_updates if timed_updates else now - epoch_start
+            sec_per_update = (now - first_done) / update_idx if update_idx else now - epoch_start
             img_per_sec = losses.weight_sum * world_size / sec_per_update if sec_per_update > 0 else 0.
             left_epoch = (updates_per_epoch - update_idx - 1) * sec_per_update
             left_run = left_epoch + (total_epochs - epoch - 1) * updates_per_epoch * sec_per_update
@@ -112,12 +107,8 @@ def train_one_epoch(epoch: int, loop: StepLoop, loader, loss_fn: Callable, *, to
     if loop.distributed:
         dist.all_reduce(totals)
     total_loss, total_samples = totals.tolist()
-    return OrderedDict(
-        loss=total_loss / total_samples,
-        lr=sum(g['lr'] for g in optimizer.param_groups) / len(optimizer.param_groups),
-        img_per_sec=total_samples / seconds,
-        seconds=seconds,
-    )
+    lr = sum(g['lr'] for g in optimizer.param_groups) / len(optimizer.param_groups)
+    return {'loss': total_loss / total_samples, 'lr': lr, 'img_per_sec': total_samples / seconds, 'seconds': seconds}
 
 
 def reports_top5(num_classes: int) -> bool:
@@ -163,15 +154,8 @@ def evaluate(model: nn.Module, loader, *, amp_autocast=suppress, channels_last: 
         dist.all_reduce(sums)
     seconds = time.perf_counter() - start
     loss_sum, c1, c5, n = sums.tolist()  # the evaluation's one host sync
-    world = dist.get_world_size() if distributed else 1
-    return OrderedDict(
-        loss=loss_sum / n,
-        top1=100. * c1 / n,
-        top5=100. * c5 / n if reports_top5(num_classes) else None,
-        samples=int(n),
-        img_per_sec=processed * world / seconds,
-        seconds=seconds,
-    )
+    return {'loss': loss_sum / n, 'top1': 100. * c1 / n, 'top5': 100. * c5 / n if reports_top5(num_classes) else None,
+            'samples': int(n), 'img_per_sec': n / seconds, 'seconds': seconds}
 
 
 def resolve_lr(args, world_size: int) -> None:
@@ -329,8 +313,7 @@ class ImageClassification(TrainingTask):
                 model_cfg={'name': args.model, 'kwargs': self.create_kwargs}, data_cfg=dict(self.data_config),
                 class_names=self.train_classes,  # label order; validate.py labels class folders by these names
                 state_dict_ema=opt.model_ema.module.state_dict() if opt.model_ema is not None else None,
-                eval_metrics=dict(metrics.eval) if metrics.eval is not None else None,
-                ema_eval_metrics=dict(metrics.ema_eval) if metrics.ema_eval is not None else None)
+                eval_metrics=metrics.eval, ema_eval_metrics=metrics.ema_eval)
             if dist_info.primary:
                 _task_logger.info(_epoch_message(epoch, opt.total, metrics, row, written['best']))
         return True
@@ -351,8 +334,7 @@ class ImageClassification(TrainingTask):
             'cuda_peak_mem_gib': metrics.peak_mem_gib,  # max over this process's epochs of max_memory_allocated
             'torch_version': torch.__version__, 'world_size': dist_info.world_size, 'epochs': opt.total,
             'global_batch': _global_batch(args, dist_info.world_size), 'lr': args.lr, 'final_epoch': opt.total - 1,
-            'train': dict(metrics.train), 'eval': dict(metrics.eval) if metrics.eval is not None else None,
-            'ema_eval': dict(metrics.ema_eval) if metrics.ema_eval is not None else None,
+            'train': metrics.train, 'eval': metrics.eval, 'ema_eval': metrics.ema_eval,
             'best': run.saver.best, 'eval_metric': args.eval_metric, 'checkpoints': run.checkpoint_files(),
             'pretrained': str(pretrained), 'weights_sha256_per_rank': digests, 'ranks_agree': len(set(digests)) == 1,
             'train_seconds_this_process': time.time() - self.train_start, 'demo_validation': demo_val,

@@ -15,7 +15,7 @@
 
 Validation: a fixed subset of ``--eval-batches`` batches periodically, all (or ``--final-eval-batches``) at the
 end. Training batches come from a generator seeded by ``--seed`` and the rank, so two models trained with one seed
-see the same data in the same order. Optimizer and schedule: :mod:`.text_recipes`.
+see the same data in the same order. Optimizer and schedule: :mod:`.text_task`.
 
 Outputs (``--output/--experiment``): ``args.yaml``, ``train.log``, ``summary.csv`` (step, lr, train loss, val
 loss, val perplexity, [masked accuracy], tokens/s), ``last.pth`` / ``model_best.pth`` (lowest periodic val loss),
@@ -23,7 +23,6 @@ loss, val perplexity, [masked accuracy], tokens/s), ``last.pth`` / ``model_best.
 (causal, with ``--sample-prompt``).
 """
 import dataclasses
-import json
 import logging
 import math
 import time
@@ -36,30 +35,26 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 import torch.distributed as dist
 import torch.nn as nn
-from timm.utils import random_seed, unwrap_model
+from timm.utils import unwrap_model
 
-from mlp_vision.text.modeling_utils import check_text_activations
-from mlp_vision.text.modeling_utils import masked_lm_loss as lm_loss  # token cross-entropy (causal: labels shifted)
-from mlp_vision.text.tokenizer import SUBWORD_KINDS, Tokenizer, tokenizer_from_dict, tokenizer_kind, tokenizer_to_dict
-from mlp_vision.training.run.checkpoint import atomic_folder, atomic_write_text, preserve_rng
-from mlp_vision.training.run.distributed import DistInfo, all_gather_objects
 from mlp_vision.errors import UsageError
-from mlp_vision.training.run.loop import format_duration, warn_global_batch_beyond_data
-from mlp_vision.training.run.driver import Optimization, StepTask
-from mlp_vision.training.run.training_run import TrainingRun, UpdateStep, create_lr_scheduler, setup_amp
-from mlp_vision.training.run.summary import plot_curves
+from mlp_vision.text.modeling_utils import masked_lm_loss as lm_loss  # token cross-entropy (causal: labels shifted)
+from mlp_vision.text.tokenizer import SUBWORD_KINDS, Tokenizer, tokenizer_from_dict, tokenizer_to_dict
+from mlp_vision.training.run.checkpoint import atomic_write_text, preserve_rng
+from mlp_vision.training.run.distributed import DistInfo, all_gather_objects
+from mlp_vision.training.run.driver import Optimization
+from mlp_vision.training.run.loop import warn_global_batch_beyond_data
+from mlp_vision.training.run.training_run import TrainingRun
 from mlp_vision.training.tasks.text_args import task_model_entry
 from mlp_vision.training.tasks.text_data import (
     Batch, MLMMasker, build_tokenizer, causal_eval_batches, check_unknown_tokens, encode_text, mlm_eval_batches,
     model_for_tokenizer, read_text_file, sample_causal_batch, sample_mlm_batch, subset_batches, tokenizer_from_path,
     unigram_mlm_baseline)
-from mlp_vision.training.tasks.text_recipes import (
-    apply_family_recipe, create_optimizer, lm_schedule, optimizer_record, params_note)
+from mlp_vision.training.tasks.text_task import TextTask, fit_block_size
 
-__all__ = ['forward_logits', 'evaluate_lm', 'LMData', 'LMTask', 'setup_optimization', 'fit_block_size', 'command_line']
+__all__ = ['forward_logits', 'evaluate_lm', 'LMData', 'LMTask']
 
 _logger = logging.getLogger('mlp_vision.train_text')
-STEP_STOP_ADVICE = 'Lower --lr, keep --clip-grad on, add --warmup-steps'  # after a NaN / inf loss
 
 
 def forward_logits(model: nn.Module, batch: Batch, device: torch.device, amp_autocast=nullcontext,
@@ -118,8 +113,7 @@ def evaluate_lm(model: nn.Module, batches: Sequence[Batch], *, task: str, device
 
 @dataclasses.dataclass
 class LMData:
-    """A run's tokenizer, training-batch sampler and validation batches (periodic subset, final set)."""
-    tokenizer: Tokenizer
+    """A run's training-batch sampler and validation batches (periodic subset, final set)."""
     train_ids: torch.Tensor
     val_ids: torch.Tensor
     next_batch: Callable[[torch.Generator], Batch]
@@ -127,14 +121,6 @@ class LMData:
     final_batches: List[Batch]
     mask_id: Optional[int]
     base_ids: torch.Tensor  # the non-special token ids
-
-
-def _read_texts(args) -> Tuple[str, str]:
-    train_text = read_text_file(args.train_file, 'training text file')
-    if args.val_file:
-        return train_text, read_text_file(args.val_file, 'validation text file')
-    cut = int(len(train_text) * (1. - args.val_fraction))
-    return train_text[:cut], train_text[cut:]
 
 
 def _lm_data(args, tokenizer: Tokenizer, train_ids: torch.Tensor, val_ids: torch.Tensor) -> LMData:
@@ -154,14 +140,8 @@ def _lm_data(args, tokenizer: Tokenizer, train_ids: torch.Tensor, val_ids: torch
         val_batches = causal_eval_batches(val_ids, args.block_size, eval_bs)
         next_batch = partial(sample_causal_batch, train_ids, args.batch_size, args.block_size)
         mask_id, base_ids = None, torch.arange(len(tokenizer))
-    return LMData(tokenizer, train_ids, val_ids, next_batch, subset_batches(val_batches, args.eval_batches, args.seed),
+    return LMData(train_ids, val_ids, next_batch, subset_batches(val_batches, args.eval_batches, args.seed),
                   subset_batches(val_batches, args.final_eval_batches, args.seed), mask_id, base_ids)
-
-
-def command_line(prog: str, argv: Sequence[str]) -> str:
-    """The command of a run as results.json records it: ``prog`` and the arguments, quoted where needed."""
-    return ' '.join([prog] + [a if a and all(c.isalnum() or c in '-_=./:,+' for c in a) else json.dumps(a)
-                              for a in argv])
 
 
 def _tokenizer(args, run: TrainingRun, train_text: str, val_text: str) -> Tokenizer:
@@ -179,75 +159,50 @@ def _tokenizer(args, run: TrainingRun, train_text: str, val_text: str) -> Tokeni
     return tokenizer
 
 
-def fit_block_size(args, model: nn.Module, resizable: bool) -> None:
-    """``--block-size``, by default the model's maximum length, which it may not exceed (``resizable``: the message
-    names ``--model-kwargs max_position_embeddings``); then the activations of a batch are checked to fit."""
-    seq_len = model.config.max_position_embeddings
-    if args.block_size is None:
-        args.derive(block_size=seq_len)
-    if args.block_size > seq_len:
-        raise UsageError(f'--block-size {args.block_size} is larger than the model\'s maximum length {seq_len}' + (
-            f'; use --block-size <= {seq_len} or --model-kwargs max_position_embeddings={args.block_size}'
-            if resizable else ''))
-    check_text_activations(type(model), model.config, args.batch_size, args.block_size, True, f'--model {args.model}')
-
-
-def setup_optimization(args, run: TrainingRun, model: nn.Module, family: str) -> Optimization:
-    """AdamW of the recipe (already applied to ``args``), AMP and the per-update schedule of ``model`` (on its
-    device); the driver restores them from ``--resume``."""
-    optimizer = create_optimizer(model, family, args)
-    amp_autocast, loss_scaler, amp_dtype = setup_amp(args.amp, args.amp_dtype, run.dist_info.device)
-    params = [p for p in model.parameters() if p.requires_grad]
-    update_step = UpdateStep(optimizer, lambda: params, loss_scaler, args.clip_grad)
-    schedule = lm_schedule(args.lr, args.steps, args.warmup_steps, args.sched, args.min_lr_ratio)
-    scheduler, _ = create_lr_scheduler(optimizer, schedule)
-    return Optimization(model, optimizer, scheduler, schedule, loss_scaler, update_step, amp_autocast, amp_dtype,
-                        total=args.steps, total_flag='--steps')
-
-
-class LMTask(StepTask):
+class LMTask(TextTask):
     """Causal / masked LM for :func:`~mlp_vision.training.run.driver.drive`: random blocks of the training tokens,
     token cross-entropy, perplexity on the validation batches."""
-    logger = _logger
     best_key = 'loss'
     show_percent = True
-    stop_advice = STEP_STOP_ADVICE
 
     def __init__(self, args, run: TrainingRun, command: str):
         super().__init__(args, run, command)
         self.entry = task_model_entry(args.model, args.task)
+        self.family, self.registry_task = self.entry.family, self.entry.task
 
     def resume_identity(self) -> dict:
         return {'arch': self.args.model, 'task': self.args.task}
 
-    def setup(self) -> Optimization:
+    def build(self) -> nn.Module:
         args, run = self.args, self.run
-        train_text, val_text = _read_texts(args)
-        tokenizer = _tokenizer(args, run, train_text, val_text)
+        train_text = read_text_file(args.train_file, 'training text file')
+        if args.val_file:
+            val_text = read_text_file(args.val_file, 'validation text file')
+        else:  # the last --val-fraction of the training text
+            cut = int(len(train_text) * (1. - args.val_fraction))
+            train_text, val_text = train_text[:cut], train_text[cut:]
+        self.tokenizer = tokenizer = _tokenizer(args, run, train_text, val_text)
         train_ids = encode_text(tokenizer, train_text, 'training text', stop=run.stop_signal)
         val_ids = encode_text(tokenizer, val_text, 'validation text', stop=run.stop_signal)
         check_unknown_tokens(train_ids, tokenizer, 'training text')
         check_unknown_tokens(val_ids, tokenizer, 'validation text')
         if args.sample_prompt is not None:
             encode_text(tokenizer, args.sample_prompt, '--sample-prompt')  # fail now, not after training
-        self.recipe_info = apply_family_recipe(args, self.entry.family, self.entry.task)
-        random_seed(args.seed, run.dist_info.rank)
-        model, self.model_kwargs = model_for_tokenizer(args.model, dict(args.model_kwargs), tokenizer,
-                                                       self.entry.config_class, args.model_kwargs)
+        model, model_kwargs = model_for_tokenizer(args.model, dict(args.model_kwargs), tokenizer,
+                                                  self.entry.config_class, args.model_kwargs)
+        self.model_cfg = {'name': args.model, 'kwargs': model_kwargs}
         fit_block_size(args, model, resizable=True)
         warn_global_batch_beyond_data(args.batch_size, run.dist_info.world_size, args.grad_accum_steps,
                                       max(len(train_ids) // args.block_size, 1), f'blocks of {args.block_size} tokens')
         self.data = _lm_data(args, tokenizer, train_ids, val_ids)
-        model.to(run.dist_info.device)
-        return setup_optimization(args, run, model, self.entry.family)
+        return model
 
     def ready(self, opt: Optimization) -> None:
         super().ready(opt)
         args, run, data = self.args, self.run, self.data
         self.generator = torch.Generator().manual_seed(args.seed + 10_000 * run.dist_info.rank)
         self.tokens_per_step = args.batch_size * args.block_size * args.grad_accum_steps * run.dist_info.world_size
-        resumed = run.resume_ckpt or {}
-        self.tokens_before, self.seconds_before = resumed.get('train_tokens', 0), resumed.get('train_seconds', 0.)
+        self.tokens_before = (run.resume_ckpt or {}).get('train_tokens', 0)
         # training decodes only the scored positions when the masked LM's config asks for it (evaluation: all)
         self.sparse_prediction = args.task == 'mlm' and getattr(opt.model.config, 'sparse_prediction', False)
         self.evaluate_on = partial(evaluate_lm, task=args.task, device=run.dist_info.device,
@@ -256,8 +211,9 @@ class LMTask(StepTask):
     def output_folder(self) -> Tuple[str, str]:
         return './output/text', f'{datetime.now():%Y%m%d-%H%M%S}-{self.args.model}-{self.args.task}'
 
-    def tokens_done(self) -> int:
-        return self.tokens_per_step * (self.state.step - self.state.start_step)
+    @property
+    def train_tokens(self) -> int:  # the run's training tokens over its resumes
+        return self.tokens_before + self.tokens_per_step * (self.state.step - self.state.start_step)
 
     def micro_loss(self) -> torch.Tensor:
         batch = self.data.next_batch(self.generator)
@@ -274,93 +230,73 @@ class LMTask(StepTask):
         self.generator.set_state(state['data'])
 
     def checkpoint_fields(self, metrics) -> dict:
-        args = self.args
-        return dict(task=args.task, model_cfg={'name': args.model, 'kwargs': self.model_kwargs},
-                    model_config=self.opt.model.config.text_fields(), tokenizer=tokenizer_to_dict(self.data.tokenizer),
-                    block_size=args.block_size, train_tokens=self.tokens_before + self.tokens_done(),
-                    train_seconds=self.seconds_before + self.state.train_seconds, val_metrics=metrics)
+        return {**super().checkpoint_fields(metrics), 'train_tokens': self.train_tokens}
 
     def progress(self) -> str:
-        return f'{self.tokens_done() / max(self.state.train_seconds, 1e-9):,.0f} tok/s'
+        tokens = self.train_tokens - self.tokens_before
+        return f'{tokens / max(self.state.train_seconds, 1e-9):,.0f} tok/s'
 
     def eval_report(self, metrics) -> Tuple[dict, str]:
         row, text = {'val_ppl': metrics['ppl']}, f'val loss {metrics["loss"]:.4f} ppl {metrics["ppl"]:.3f}'
         if self.args.task == 'mlm':
             row.update(val_masked_acc=metrics['masked_acc'], val_mask_token_acc=metrics['mask_token_acc'])
             text += f' masked acc {metrics["masked_acc"]:.2f}%'
-        row.update(tokens_per_sec=(self.tokens_before + self.tokens_done()) /
-                   max(self.seconds_before + self.state.train_seconds, 1e-9))
+        row.update(tokens_per_sec=self.train_tokens / max(self.train_seconds, 1e-9))
         return row, text
 
     def log_setup(self) -> None:
-        args, run, opt, recipe_info = self.args, self.run, self.opt, self.recipe_info
-        dist_info, data, world = run.dist_info, self.data, run.dist_info.world_size
-        _logger.info(f'Model {args.model} ({params_note(opt.model)}, {self.model_kwargs}) on {dist_info.device}'
-                     f'{f" x {world} processes ({dist.get_backend()})" if dist_info.distributed else ""}, '
-                     f'AMP {opt.amp_dtype if args.amp else "off"}, {torch.get_num_threads()} threads')
+        args, opt, data, world = self.args, self.opt, self.data, self.run.dist_info.world_size
+        self.log_model(args.model, str(self.model_cfg['kwargs']))
+        recipe_source = self.recipe_info['source']
         _logger.info(f'Data: {len(data.train_ids):,} training tokens ({args.train_file}), {len(data.val_ids):,} '
                      f'validation tokens ({args.val_file or f"last {args.val_fraction:.0%} of the training file"}); '
-                     f'{data.tokenizer!r}')
+                     f'{self.tokenizer!r}')
         _logger.info(f'Task {args.task}: {args.steps} updates x {self.tokens_per_step:,} tokens (batch '
                      f'{args.batch_size} x block {args.block_size} x accum {args.grad_accum_steps} x {world} '
                      f'processes); AdamW lr {args.lr:g} betas {tuple(args.opt_betas)} eps {args.opt_eps:g} wd '
-                     f'{args.weight_decay:g}, {args.warmup_steps} warmup then {args.sched} ({recipe_info["source"]})'
+                     f'{args.weight_decay:g}, {args.warmup_steps} warmup then {args.sched} ({recipe_source})'
                      + (f'; resuming at step {opt.start} from {args.resume}' if args.resume else ''))
 
     def final_results(self, digests) -> Optional[dict]:
         """The final evaluation, samples, ``pretrained/`` and the results (rank 0)."""
-        args, run = self.args, self.run
-        model, data, device, output_dir = self.opt.model, self.data, run.dist_info.device, run.output_dir
-        final_metrics = self.evaluate_on(model, data.final_batches)
+        args, run, data = self.args, self.run, self.data
+        final_metrics = self.evaluate_on(self.opt.model, data.final_batches)
         baseline = None
         if args.task == 'mlm':
             baseline = unigram_mlm_baseline(data.train_ids, data.final_batches, data.base_ids, data.mask_id)
-        samples = None
-        if run.dist_info.primary and args.sample_prompt is not None:
-            samples = _write_samples(model, data.tokenizer, args, device, output_dir / 'samples.txt')
         if not run.dist_info.primary:
             return None
-        with atomic_folder(output_dir / 'pretrained') as folder:
-            model.save_pretrained(str(folder), tokenizer=data.tokenizer)
-        total_tokens = self.tokens_before + self.tokens_done()
-        total_seconds = self.seconds_before + self.state.train_seconds
+        samples_file = None
+        if args.sample_prompt is not None:
+            samples_file = run.output_dir / 'samples.txt'
+            _write_samples(self.opt.model, self.tokenizer, args, run.dist_info.device, samples_file)
         return {
-            'model': args.model, 'task': args.task, 'model_kwargs': self.model_kwargs,
-            'params': sum(p.numel() for p in model.parameters()),
-            'tokenizer': {'type': tokenizer_kind(data.tokenizer), 'vocab_size': len(data.tokenizer)},
+            'model': args.model, 'task': args.task, 'model_kwargs': self.model_cfg['kwargs'],
             'data': {'train_file': args.train_file, 'val_file': args.val_file or None,
                      'val_fraction': None if args.val_file else args.val_fraction,
                      'train_tokens': len(data.train_ids), 'val_tokens': len(data.val_ids)},
             'block_size': args.block_size, 'steps': args.steps, 'tokens_per_step': self.tokens_per_step,
-            'optimizer': optimizer_record(args, self.recipe_info, min_lr_ratio=args.min_lr_ratio),
             'val_periodic': self.state.val_metrics, 'val_final': final_metrics,
             'val_final_batches': len(data.final_batches), 'unigram_baseline': baseline, 'best': run.saver.best,
-            'train_tokens': total_tokens, 'train_seconds': total_seconds,
-            'tokens_per_sec': total_tokens / max(total_seconds, 1e-9),
+            'train_tokens': self.train_tokens, 'tokens_per_sec': self.train_tokens / max(self.train_seconds, 1e-9),
             'amp': str(self.opt.amp_dtype) if args.amp else None,
-            'samples_file': str(output_dir / 'samples.txt') if samples is not None else None,
-            **self.closing_results(digests),
+            'samples_file': None if samples_file is None else str(samples_file), **self.export(digests),
         }
 
     def report(self, results: dict) -> None:
         """The curves and the closing log line."""
-        args, run = self.args, self.run
-        final_metrics, baseline, output_dir = results['val_final'], results['unigram_baseline'], run.output_dir
-        metric_col, metric_label = (('val_masked_acc', 'masked-token accuracy (%)') if args.task == 'mlm'
-                                    else ('val_ppl', 'validation perplexity'))
-        plot_curves(output_dir / 'summary.csv', output_dir / 'curves.png', title=f'{args.model} ({args.task} LM)',
-                    x='step', loss_columns=('train_loss', 'val_loss'), metric_columns=(metric_col,),
-                    metric_label=metric_label)
-        msg = f'Done: final val loss {final_metrics["loss"]:.4f} ppl {final_metrics["ppl"]:.3f}'
+        args, final_metrics, baseline = self.args, results['val_final'], results['unigram_baseline']
+        msg = f'final val loss {final_metrics["loss"]:.4f} ppl {final_metrics["ppl"]:.3f}'
         if args.task == 'mlm':
             msg += (f' masked acc {final_metrics["masked_acc"]:.2f}% (unigram baseline: loss {baseline["loss"]:.4f} '
                     f'ppl {baseline["ppl"]:.3f} acc {baseline["masked_acc"]:.2f}%)')
-        msg += (f' on {final_metrics["tokens"]:,} tokens; {results["tokens_per_sec"]:,.0f} tok/s; '
-                f'{format_duration(time.time() - run.start_time)}')
-        _logger.info(msg)
+        metric = ('val_masked_acc', 'masked-token accuracy (%)') if args.task == 'mlm' else ('val_ppl',
+                                                                                            'validation perplexity')
+        self.plot_and_close(f'{args.model} ({args.task} LM)', *metric,
+                            msg + f' on {final_metrics["tokens"]:,} tokens; {results["tokens_per_sec"]:,.0f} tok/s')
 
 
-def _write_samples(model: nn.Module, tokenizer: Tokenizer, args, device: torch.device, path: Path) -> List[str]:
+def _write_samples(model: nn.Module, tokenizer: Tokenizer, args, device: torch.device, path: Path) -> None:
     """``--num-samples`` seeded continuations of ``--sample-prompt``, written to ``path``."""
     model = unwrap_model(model)
     prompt = encode_text(tokenizer, args.sample_prompt, '--sample-prompt')
@@ -378,4 +314,3 @@ def _write_samples(model: nn.Module, tokenizer: Tokenizer, args, device: torch.d
     body = ''.join(f'\n----- sample {i + 1} -----\n{t}\n' for i, t in enumerate(texts))
     atomic_write_text(path, header + body)  # never through a link planted in the run folder
     _logger.info(f'samples written to {path}:\n{texts[0][:300]}')
-    return texts

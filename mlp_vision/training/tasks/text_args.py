@@ -1,5 +1,6 @@
 """ The flags of the text trainer (``python -m mlp_vision.train_text``) and their checks (:func:`check_args`). """
 import argparse
+from typing import Optional
 
 from timm.utils import ParseKwargs
 
@@ -154,6 +155,9 @@ def check_args(args) -> None:
         if given:
             raise UsageError(f'{", ".join(given)} {"is" if len(given) == 1 else "are"} for --task classify, not '
                              f'--task {args.task}')
+    if args.init_from and args.tokenizer_from:
+        raise UsageError('--tokenizer-from is for a model trained from scratch; with --init-from the checkpoint\'s '
+                         'tokenizer is used (give one of the two)')
     if args.sample_prompt is not None and args.task != 'causal':
         raise UsageError('--sample-prompt needs --task causal (masked LMs do not generate)')
     if args.sample_prompt == '':
@@ -167,12 +171,12 @@ def check_args(args) -> None:
                          f'--freeze-embeddings; resume it the same way (start a new run to change it)')
 
 
-def task_model_entry(name: str, task: str):
-    """The registry entry of ``name``; it must be registered for ``task`` (its default task)."""
+def task_model_entry(name: str, task: Optional[str] = None):
+    """The registry entry of ``name``; with ``task``, it must be registered for it (its default task)."""
     if not is_model(name):
         raise UsageError(f'unknown text model {name!r}; known: {", ".join(list_models())}')
     entry = model_entry(name)
-    if entry.task != TASKS[task]:
+    if task is not None and entry.task != TASKS[task]:
         raise UsageError(f'model {name!r} is a {entry.task} model; --task {task} needs a {TASKS[task]} model: '
                          f'{", ".join(list_models(task=TASKS[task]))}')
     return entry

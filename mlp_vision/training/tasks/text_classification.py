@@ -30,23 +30,19 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 import torch.distributed as dist
 import torch.nn as nn
-from timm.utils import ModelEmaV3, random_seed
+from torch.nn.utils.rnn import pad_sequence
+from timm.utils import ModelEmaV3
 
+from mlp_vision.errors import Interrupted, UsageError, short_repr
 from mlp_vision.text.modeling_utils import check_text_model_size
 from mlp_vision.text.registry import model_class
-from mlp_vision.text.tokenizer import (
-    Tokenizer, encode_with_template, unknown_character, tokenizer_from_dict, tokenizer_kind, tokenizer_to_dict)
-from mlp_vision.training.run.checkpoint import atomic_folder, load_checkpoint_file
-from mlp_vision.errors import Interrupted, UsageError, short_repr
-from mlp_vision.training.run.loop import format_duration, warn_global_batch_beyond_data
-from mlp_vision.training.run.driver import Optimization, StepTask
-from mlp_vision.training.run.training_run import TrainingRun
-from mlp_vision.training.run.summary import plot_curves
+from mlp_vision.text.tokenizer import Tokenizer, encode_with_template, tokenizer_from_dict, unknown_character
+from mlp_vision.training.run.checkpoint import load_checkpoint_file
+from mlp_vision.training.run.driver import Optimization
+from mlp_vision.training.run.loop import warn_global_batch_beyond_data
 from mlp_vision.training.tasks.classifier_init import CLASSIFY_FAMILIES, InitReport, init_classifier, scratch_tokenizer
-from mlp_vision.training.tasks.text_data import check_unknown_tokens
-from mlp_vision.training.tasks.language_model import STEP_STOP_ADVICE, fit_block_size, setup_optimization
-from mlp_vision.training.tasks.text_recipes import (
-    FINETUNE_RECIPE, apply_recipe, load_recipe, optimizer_record, params_note)
+from mlp_vision.training.tasks.text_data import check_unknown_tokens, read_utf8_file
+from mlp_vision.training.tasks.text_task import TextTask, fit_block_size
 
 __all__ = [
     'LabelledData', 'read_labelled_file', 'label_ids', 'encode_examples', 'collate', 'classification_metrics',
@@ -73,20 +69,12 @@ def read_labelled_file(path: str, text_columns: Optional[Sequence[str]] = None, 
                        what: str = '--train-file') -> LabelledData:
     """Read a GLUE-style TSV / CSV file with a header row (see the module docstring); one-line :class:`UsageError`
     for a missing / empty file, missing columns, ragged rows or an empty label."""
-    if not path:
-        raise UsageError(f'no {what} given: --task classify needs --train-file and --val-file (TSV / CSV with a '
-                         f'header row)')
-    p = Path(path)
-    if not p.is_file():
-        raise UsageError(f'{what} {path!r} ' + ('is not a file' if p.exists() else 'does not exist'))
-    try:
-        content = p.read_text(encoding='utf-8-sig')
-    except UnicodeDecodeError as e:
-        raise UsageError(f'{what} {path!r} is not UTF-8 text (byte {e.start}); expected a UTF-8 TSV / CSV') from None
+    content = read_utf8_file(path, what, ': --task classify needs --train-file and --val-file (TSV / CSV with a '
+                             'header row)', encoding='utf-8-sig', expected='; expected a UTF-8 TSV / CSV')
     header_line = content.split('\n', 1)[0]
     if not header_line.strip():
         raise UsageError(f'{what} {path!r} is empty; expected a header row (e.g. "sentence<TAB>label") and examples')
-    delimiter = {'.tsv': '\t', '.csv': ','}.get(p.suffix.lower(), '\t' if '\t' in header_line else ',')
+    delimiter = {'.tsv': '\t', '.csv': ','}.get(Path(path).suffix.lower(), '\t' if '\t' in header_line else ',')
     # the csv module reads the lines itself (newline=''): a quoted field keeps its line breaks, and no split at
     # \x0b, \x1c, U+2028, ... (as str.splitlines does) cuts one
     stream = io.StringIO(content, newline='')
@@ -201,17 +189,11 @@ def encode_examples(tokenizer: Tokenizer, data: LabelledData, max_length: int,
 def collate(ids: Sequence[List[int]], types: Sequence[List[int]], labels: torch.Tensor, pad_id: int,
             with_token_types: bool) -> Dict[str, torch.Tensor]:
     """A right-padded batch: ``input_ids``, ``attention_mask`` (1 = real), [``token_type_ids``], ``labels``."""
-    length = max(len(r) for r in ids)
-    input_ids = torch.full((len(ids), length), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(ids), length), dtype=torch.long)
-    token_types = torch.zeros((len(ids), length), dtype=torch.long)
-    for i, (r, t) in enumerate(zip(ids, types)):
-        input_ids[i, :len(r)] = torch.tensor(r, dtype=torch.long)
-        token_types[i, :len(t)] = torch.tensor(t, dtype=torch.long)
-        mask[i, :len(r)] = 1
-    batch = {'input_ids': input_ids, 'attention_mask': mask, 'labels': labels}
+    def padded(rows, value=0):
+        return pad_sequence([torch.tensor(r, dtype=torch.long) for r in rows], batch_first=True, padding_value=value)
+    batch = {'input_ids': padded(ids, pad_id), 'attention_mask': padded([[1] * len(r) for r in ids]), 'labels': labels}
     if with_token_types:
-        batch['token_type_ids'] = token_types
+        batch['token_type_ids'] = padded(types)
     return batch
 
 
@@ -309,56 +291,45 @@ def _read_data(args, resumed: dict) -> ClassifyData:
     return ClassifyData(train, dev, test, names)
 
 
-def _build_classifier(args, run: TrainingRun, data: ClassifyData) -> Tuple[nn.Module, str, Tokenizer, InitReport]:
-    """(model, family, tokenizer, report): the resumed run's architecture and tokenizer (the driver restores its
-    weights), else :func:`init_classifier`; sets ``--block-size``."""
-    if args.init_from and args.tokenizer_from:
-        raise UsageError('--tokenizer-from is for a model trained from scratch; with --init-from the checkpoint\'s '
-                         'tokenizer is used (give one of the two)')
-    random_seed(args.seed, run.dist_info.rank)
-    resumed = run.resume_ckpt or {}
-    train = data.train
-    if resumed:
-        family = resumed['model_cfg']['family']
-        cls = model_class(family, 'sequence_classification')
-        config = cls.config_class.from_dict(resumed['model_config'])
-        check_text_model_size(cls, config, f'--resume {args.resume}')
-        model = cls(config)
-        tokenizer = tokenizer_from_dict(resumed['tokenizer'], args.allow_regex)
-        report = InitReport(**resumed['init_report'])
-    else:
-        model, family, tokenizer, report = init_classifier(
-            args.init_from, args.model, args.model_kwargs, len(data.names),
-            tokenizer_for_scratch=lambda: scratch_tokenizer(args.tokenizer, train.texts + (train.pairs or []),
-                                                            args.tokenizer_from, args.allow_regex),
-            trust=getattr(args, 'trust_checkpoint', False), allow_regex=args.allow_regex)
-        if args.init_from:  # the checkpoint decides the architecture; --model names it in the outputs
-            args.derive(model=f'{type(model).__name__} from {args.init_from}')
-    if tokenizer.cls_token_id is None or tokenizer.pad_token_id is None:
-        raise UsageError(f'the tokenizer {tokenizer!r} has no <cls> / <pad> token; sequence classification needs '
-                         f'both (the BERT template)')
-    if train.pairs is not None and tokenizer.sep_token_id is None:
-        raise UsageError(f'sentence pairs need a separator token; the tokenizer {tokenizer!r} has none')
-    fit_block_size(args, model, resizable=False)
-    if args.block_size < tokenizer.num_special_tokens_to_add(pair=train.pairs is not None) + 1:
-        raise UsageError(f'--block-size {args.block_size} leaves no room for text after the special tokens')
-    return model, family, tokenizer, report
-
-
-class ClassificationTask(StepTask):
+class ClassificationTask(TextTask):
     """Sequence classification for :func:`~mlp_vision.training.run.driver.drive`: epochs of the training examples in a
     seeded order (the incomplete tail dropped: one batch size), cross-entropy, dev accuracy / F1 / MCC."""
-    logger = _logger
     best_key = 'acc'
-    stop_advice = STEP_STOP_ADVICE
+    registry_task = 'sequence_classification'
 
-    def setup(self) -> Optimization:
-        args, run = self.args, self.run
-        self.data = data = _read_data(args, run.resume_ckpt or {})
-        model, self.family, self.tokenizer, self.init_report = _build_classifier(args, run, data)
-        model.to(run.dist_info.device)
-        self.recipe_info = apply_recipe(args, load_recipe(FINETUNE_RECIPE), FINETUNE_RECIPE)
-        return setup_optimization(args, run, model, self.family)
+    def build(self) -> nn.Module:
+        """The data; the resumed run's architecture and tokenizer (the driver restores its weights), else
+        :func:`init_classifier`'s; ``--block-size``."""
+        args, resumed = self.args, self.run.resume_ckpt or {}
+        self.data = data = _read_data(args, resumed)
+        train = data.train
+        if resumed:
+            family = resumed['model_cfg']['family']
+            cls = model_class(family, 'sequence_classification')
+            config = cls.config_class.from_dict(resumed['model_config'])
+            check_text_model_size(cls, config, f'--resume {args.resume}')
+            model = cls(config)
+            tokenizer = tokenizer_from_dict(resumed['tokenizer'], args.allow_regex)
+            self.init_report = InitReport(**resumed['init_report'])
+        else:
+            model, family, tokenizer, self.init_report = init_classifier(
+                args.init_from, args.model, args.model_kwargs, len(data.names),
+                tokenizer_for_scratch=lambda: scratch_tokenizer(args.tokenizer, train.texts + (train.pairs or []),
+                                                                args.tokenizer_from, args.allow_regex),
+                trust=getattr(args, 'trust_checkpoint', False), allow_regex=args.allow_regex)
+            if args.init_from:  # the checkpoint decides the architecture; --model names it in the outputs
+                args.derive(model=f'{type(model).__name__} from {args.init_from}')
+        if tokenizer.cls_token_id is None or tokenizer.pad_token_id is None:
+            raise UsageError(f'the tokenizer {tokenizer!r} has no <cls> / <pad> token; sequence classification needs '
+                             f'both (the BERT template)')
+        if train.pairs is not None and tokenizer.sep_token_id is None:
+            raise UsageError(f'sentence pairs need a separator token; the tokenizer {tokenizer!r} has none')
+        fit_block_size(args, model, resizable=False)
+        if args.block_size < tokenizer.num_special_tokens_to_add(pair=train.pairs is not None) + 1:
+            raise UsageError(f'--block-size {args.block_size} leaves no room for text after the special tokens')
+        self.family, self.tokenizer = family, tokenizer
+        self.model_cfg = {'name': args.model, 'family': family, 'kwargs': dict(args.model_kwargs)}
+        return model
 
     def create_ema(self, model: nn.Module) -> Optional[ModelEmaV3]:
         return ModelEmaV3(model, decay=self.args.model_ema_decay) if self.args.model_ema else None
@@ -366,11 +337,6 @@ class ClassificationTask(StepTask):
     def ready(self, opt: Optimization) -> None:
         super().ready(opt)
         args, run, data, model = self.args, self.run, self.data, opt.model
-        self.meta = dict(task=args.task, model_cfg={'name': args.model, 'family': self.family,
-                                                    'kwargs': dict(args.model_kwargs)},
-                         model_config=model.config.text_fields(), tokenizer=tokenizer_to_dict(self.tokenizer),
-                         block_size=args.block_size, label_names=data.names,
-                         text_columns=list(data.train.text_columns), init_report=dataclasses.asdict(self.init_report))
         self.num_labels = len(data.names)
         self.with_types = 'token_type_ids' in inspect.signature(model.forward).parameters
         self.train_ids, self.train_types = encode_examples(self.tokenizer, data.train, args.block_size, run.stop_signal)
@@ -383,11 +349,7 @@ class ClassificationTask(StepTask):
         if len(data.train) < self.global_bs:
             raise UsageError(f'the training file has {len(data.train)} examples, fewer than one batch of '
                              f'{self.global_bs}; use a smaller --batch-size')
-        self.seconds_before = (run.resume_ckpt or {}).get('train_seconds', 0.)
         self.load_data_state({'epoch': 0, 'position': 0})
-
-    def resume_identity(self) -> dict:
-        return {'task': self.args.task}
 
     def output_folder(self) -> Tuple[str, str]:
         return './output/text', f'{datetime.now():%Y%m%d-%H%M%S}-{self.family}-classify'
@@ -429,9 +391,10 @@ class ClassificationTask(StepTask):
         self.order = torch.randperm(len(self.data.train), generator=torch.Generator().manual_seed(seed))
 
     def checkpoint_fields(self, metrics) -> dict:
-        ema = self.opt.model_ema
-        return dict(train_seconds=self.seconds_before + self.state.train_seconds, val_metrics=metrics,
-                    state_dict_ema=None if ema is None else ema.module.state_dict(), **self.meta)
+        ema, data = self.opt.model_ema, self.data
+        return {**super().checkpoint_fields(metrics), 'label_names': data.names,
+                'text_columns': list(data.train.text_columns), 'init_report': dataclasses.asdict(self.init_report),
+                'state_dict_ema': None if ema is None else ema.module.state_dict()}
 
     def progress(self) -> str:
         return f'epoch {self.epoch}'
@@ -441,97 +404,79 @@ class ClassificationTask(StepTask):
         row = {'val_acc': m['acc'], 'val_f1': m['f1'], 'val_mcc': m['mcc'],
                **({'raw_val_acc': m['raw_acc']} if 'raw_acc' in m else {}),
                'examples_per_sec': state.step * self.global_bs * self.args.grad_accum_steps / max(
-                   self.seconds_before + state.train_seconds, 1e-9) if state.start_step == 0 else None}
+                   self.train_seconds, 1e-9) if state.start_step == 0 else None}
         text = (f'dev loss {m["loss"]:.4f} acc {m["acc"]:.2f}% F1 {m["f1"]:.2f} MCC {m["mcc"]:.2f}'
                 + (f' (EMA; raw weights {m["raw_acc"]:.2f}%)' if 'raw_acc' in m else ''))
         return row, text
 
     def log_setup(self) -> None:
         """The setup lines of the log; keeps the training label counts and the dev majority-class accuracy (%)."""
-        args, run, family, report, recipe_info = self.args, self.run, self.family, self.init_report, self.recipe_info
-        opt, data, n = self.opt, self.data, self.num_labels
+        args, run, opt, data, n = self.args, self.run, self.opt, self.data, self.num_labels
         counts = torch.bincount(self.train_labels, minlength=n).tolist()
         dev_labels = data.labels(data.dev)
         majority = 100. * torch.bincount(dev_labels, minlength=n).max().item() / len(dev_labels)
-        _logger.info(f'Model {type(opt.model).__name__} ({params_note(opt.model)}, {family}) on '
-                     f'{run.dist_info.device}, AMP {opt.amp_dtype if args.amp else "off"}, '
-                     f'{torch.get_num_threads()} threads')
-        _logger.info(report.log_line())
+        self.log_model(type(opt.model).__name__, self.family)
+        _logger.info(self.init_report.log_line())
         _logger.info(f'Data: {len(data.train)} training examples ({args.train_file}), {len(data.dev)} dev '
                      f'({args.val_file}); text columns {list(data.train.text_columns)}, labels '
                      f'{dict(zip(data.names, counts))} (training counts), dev majority class {majority:.2f}%; max '
                      f'length {args.block_size}; {self.tokenizer!r}')
         _logger.info(f'Task classify: {args.steps} updates x batch {args.batch_size} x accum {args.grad_accum_steps} x '
                      f'{run.dist_info.world_size} processes; AdamW lr {args.lr:g} wd {args.weight_decay:g}, '
-                     f'{args.warmup_steps} warmup then {args.sched} ({recipe_info["source"]})'
+                     f'{args.warmup_steps} warmup then {args.sched} ({self.recipe_info["source"]})'
                      + (f'; weight EMA decay {args.model_ema_decay:g} (it is evaluated, selected and exported)'
                         if opt.model_ema is not None else '')
                      + (f'; resuming at step {opt.start} from {args.resume}' if args.resume else ''))
         self.counts, self.majority = counts, majority
 
     def final_results(self, digests) -> Optional[dict]:
-        """The best checkpoint's test score, ``pretrained/`` and the results (rank 0)."""
-        args, run = self.args, self.run
-        opt, data, model, output_dir = self.opt, self.data, self.opt.model, run.output_dir
-        family, report, recipe_info = self.family, self.init_report, self.recipe_info
+        """The best checkpoint's test score, ``pretrained/`` (with ``labels.json``) and the results (rank 0)."""
+        args, run, opt, data, model = self.args, self.run, self.opt, self.data, self.opt.model
         final_metrics = self.state.val_metrics if self.state.val_metrics is not None else self.evaluate()
         if not run.dist_info.primary:
             return None
-        best_metrics, best_step = _best_weights(run, self, final_metrics)
+        best_metrics, best_step = self._best_weights(final_metrics)
         # the test file is scored once, by the best checkpoint, on the primary rank alone (no reduction across ranks)
         test_metrics = self.score(model, self.test_batches, dist_info=None) if data.test is not None else None
-        with atomic_folder(output_dir / 'pretrained') as folder:
-            model.save_pretrained(str(folder), tokenizer=self.tokenizer)
-            (folder / 'labels.json').write_text(json.dumps(
-                {'label_names': data.names, 'text_columns': list(data.train.text_columns),
-                 'label_column': args.label_column, 'max_length': args.block_size}, indent=2))
+        labels = json.dumps({'label_names': data.names, 'text_columns': list(data.train.text_columns),
+                             'label_column': args.label_column, 'max_length': args.block_size}, indent=2)
         return {
-            'model': type(model).__name__, 'family': family, 'task': 'classify',
-            'model_config': model.config.text_fields(),
-            'params': sum(p.numel() for p in model.parameters()), 'init': dataclasses.asdict(report),
-            'tokenizer': {'type': tokenizer_kind(self.tokenizer), 'vocab_size': len(self.tokenizer)},
+            'model': type(model).__name__, 'family': self.family, 'task': 'classify',
+            'model_config': model.config.text_fields(), 'init': dataclasses.asdict(self.init_report),
             'data': {'train_file': args.train_file, 'val_file': args.val_file,
                      'text_columns': list(data.train.text_columns), 'label_column': args.label_column,
                      'label_names': data.names, 'train_examples': len(data.train), 'dev_examples': len(data.dev),
                      'train_label_counts': self.counts, 'dev_majority_acc': self.majority},
             'max_length': args.block_size, 'steps': args.steps, 'batch_size': args.batch_size,
-            'optimizer': optimizer_record(args, recipe_info),
             'model_ema': None if opt.model_ema is None else {
                 'decay': args.model_ema_decay,
                 'note': 'val metrics, model_best.pth\'s choice, test and pretrained/ are the EMA weights\''},
             'best_step': best_step, 'val_best': best_metrics, 'val_final': final_metrics,
             'test_file': args.test_file or None, 'test': test_metrics,
-            'train_seconds': self.seconds_before + self.state.train_seconds,
-            **self.closing_results(digests, pretrained=f'{output_dir / "pretrained"} (the best checkpoint\'s weights)'),
+            **self.export(digests, {'labels.json': labels},
+                          pretrained=f'{run.output_dir / "pretrained"} (the best checkpoint\'s weights)'),
         }
 
     def report(self, results: dict) -> None:
         """The curves and the closing log line."""
-        args, run = self.args, self.run
-        output_dir, best_metrics, final_metrics = run.output_dir, results['val_best'], results['val_final']
-        test_metrics, majority, best_step = results['test'], results['data']['dev_majority_acc'], results['best_step']
-        plot_curves(output_dir / 'summary.csv', output_dir / 'curves.png', title=f'{results["model"]} (classify)',
-                    x='step', loss_columns=('train_loss', 'val_loss'), metric_columns=('val_acc',),
-                    metric_label='dev accuracy (%)')
-        _logger.info(f'Done: best dev acc {best_metrics["acc"]:.2f}% F1 {best_metrics["f1"]:.2f} MCC '
-                     f'{best_metrics["mcc"]:.2f} at step {best_step} (final: acc {final_metrics["acc"]:.2f}%; majority '
-                     f'class {majority:.2f}%)'
-                     + (f'; test ({args.test_file}, the best checkpoint): acc {test_metrics["acc"]:.2f}% F1 '
-                        f'{test_metrics["f1"]:.2f} MCC {test_metrics["mcc"]:.2f}' if test_metrics is not None else '')
-                     + f'; {format_duration(time.time() - run.start_time)}')
+        best_metrics, final_metrics, test_metrics = results['val_best'], results['val_final'], results['test']
+        self.plot_and_close(
+            f'{results["model"]} (classify)', 'val_acc', 'dev accuracy (%)',
+            f'best dev acc {best_metrics["acc"]:.2f}% F1 {best_metrics["f1"]:.2f} MCC {best_metrics["mcc"]:.2f} at '
+            f'step {results["best_step"]} (final: acc {final_metrics["acc"]:.2f}%; majority class '
+            f'{results["data"]["dev_majority_acc"]:.2f}%)'
+            + (f'; test ({self.args.test_file}, the best checkpoint): acc {test_metrics["acc"]:.2f}% F1 '
+               f'{test_metrics["f1"]:.2f} MCC {test_metrics["mcc"]:.2f}' if test_metrics is not None else ''))
 
-
-def _best_weights(run: TrainingRun, task: ClassificationTask, final_metrics: dict) -> Tuple[dict, int]:
-    """Load the selected weights into the model: model_best.pth's (its EMA's with ``--model-ema``, where it has them),
-    else the final EMA; returns (their dev metrics, their step)."""
-    model, ema = task.opt.model, task.opt.model_ema
-    if run.saver.best_path.exists():
-        best = load_checkpoint_file(run.saver.best_path, what='model_best.pth')
-        ema_weights = best.get('state_dict_ema') if ema is not None else None
-        model.load_state_dict(best['state_dict'] if ema_weights is None else ema_weights)
-        return best.get('val_metrics') or final_metrics, best['step']
-    if ema is not None:
-        model.load_state_dict(ema.module.state_dict())
-    return final_metrics, task.state.step
-
-
+    def _best_weights(self, final_metrics: dict) -> Tuple[dict, int]:
+        """Load the selected weights into the model: model_best.pth's (its EMA's with ``--model-ema``, where it has
+        them), else the final EMA; returns (their dev metrics, their step)."""
+        model, ema, best_path = self.opt.model, self.opt.model_ema, self.run.saver.best_path
+        if best_path.exists():
+            best = load_checkpoint_file(best_path, what='model_best.pth')
+            ema_weights = best.get('state_dict_ema') if ema is not None else None
+            model.load_state_dict(best['state_dict'] if ema_weights is None else ema_weights)
+            return best.get('val_metrics') or final_metrics, best['step']
+        if ema is not None:
+            model.load_state_dict(ema.module.state_dict())
+        return final_metrics, self.state.step

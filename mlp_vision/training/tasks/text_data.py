@@ -5,9 +5,7 @@ token stream and the fixed validation batches.
   tokens; the target is the block shifted by one (the trainer scores position t on token t + 1).
 * mlm: every training sample is ``<cls>`` + a contiguous window of ``block_size - 2`` tokens at a random offset +
   ``<sep>`` (padded with ``<pad>`` only where the text is shorter than a window), masked as BERT (arXiv 1810.04805,
-  §3.1 "Task #1: Masked LM"): of the non-special positions of each segment exactly ``round(0.15 n)`` (at least
-  one) are selected; of those 80 % become ``<mask>``, 10 % a random non-special token and 10 % stay; the loss is on
-  the selected positions only.
+  §3.1 "Task #1: Masked LM"; :class:`MLMMasker`: 15 % selected, 80/10/10); the loss is on the selected positions.
 * validation: the held-out tokens cut into consecutive non-overlapping blocks / segments (MLM masks drawn once
   from the seed, so every evaluation and every model sees the same masked positions).
 
@@ -32,7 +30,7 @@ from mlp_vision.text.tokenizer import (
 __all__ = [
     'Batch', 'build_tokenizer', 'tokenizer_from_path', 'encode_text', 'read_text_file', 'sample_causal_batch',
     'causal_eval_batches', 'MLMMasker', 'mlm_segments', 'sample_mlm_batch', 'mlm_eval_batches', 'subset_batches',
-    'unigram_mlm_baseline', 'check_unknown_tokens', 'UNKNOWN_WARN_FRACTION', 'model_for_tokenizer',
+    'unigram_mlm_baseline', 'check_unknown_tokens', 'UNKNOWN_WARN_FRACTION', 'model_for_tokenizer', 'read_utf8_file',
 ]
 
 _logger = logging.getLogger(__name__)
@@ -213,19 +211,23 @@ def check_unknown_tokens(ids: Sequence[int], tok: Tokenizer, what: str) -> None:
                         f'the model learns little from them: check that the tokenizer fits this text')
 
 
+def read_utf8_file(path: str, what: str, needs: str, encoding: str = 'utf-8', expected: str = '') -> str:
+    """The text of ``path``; a :class:`UsageError` when none is given (``needs``: the message's tail, what the task
+    needs), it is missing, not a file, or not UTF-8 (``expected``: the message's tail, what was expected)."""
+    if not path:
+        raise UsageError(f'no {what} given{needs}')
+    p = Path(path)
+    if not p.is_file():
+        raise UsageError(f'{what} {path!r} ' + ('is not a file' if p.exists() else 'does not exist'))
+    try:
+        return p.read_text(encoding=encoding)
+    except UnicodeDecodeError as e:
+        raise UsageError(f'{what} {path!r} is not UTF-8 text (byte {e.start}){expected}') from None
+
+
 def read_text_file(path: str, what: str) -> str:
     """The UTF-8 text of ``path``, with a clear error when it is missing, not a file, empty or not UTF-8."""
-    if not path:
-        raise UsageError(f'no {what} given (--train-file PATH)')
-    p = Path(path)
-    if not p.exists():
-        raise UsageError(f'{what} {path!r} does not exist')
-    if not p.is_file():
-        raise UsageError(f'{what} {path!r} is not a file')
-    try:
-        text = p.read_text(encoding='utf-8')
-    except UnicodeDecodeError as e:
-        raise UsageError(f'{what} {path!r} is not UTF-8 text: {e}') from None
+    text = read_utf8_file(path, what, ' (--train-file PATH)')
     if not text.strip():
         raise UsageError(f'{what} {path!r} is empty')
     return text
