@@ -48,7 +48,7 @@ import sys
 import time
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn as nn
@@ -291,18 +291,22 @@ def input_size(spec: str, model: nn.Module, args: argparse.Namespace) -> Tuple[i
     return tuple(cfg.get('input_size', (3, 224, 224)))
 
 
-def _sync(device: torch.device) -> None:
+def sync(device: Union[str, torch.device]) -> None:
+    """Wait for the device's queued work (CUDA); a no-op elsewhere."""
+    device = torch.device(device)
     if device.type == 'cuda':
         torch.cuda.synchronize(device)
 
 
-def _seconds_per_call(fn: Callable[[], Any], calls: int, device: torch.device, clock: Callable[[], float]) -> float:
-    """Seconds per call over ``calls`` consecutive calls of ``fn`` (the device synchronised before and after)."""
-    _sync(device)
+def seconds_per_call(fn: Callable[[], Any], calls: int, device: Union[str, torch.device],
+                     clock: Callable[[], float] = time.perf_counter) -> float:
+    """Seconds per call over ``calls`` consecutive calls of ``fn`` (the device synchronised before and after;
+    ``clock``: the wall clock, or ``time.process_time`` for the CPU time of a 1-thread run on a busy machine)."""
+    sync(device)
     t0 = clock()
     for _ in range(calls):
         fn()
-    _sync(device)
+    sync(device)
     return (clock() - t0) / calls
 
 
@@ -344,7 +348,7 @@ class Runner:
 
     def timed(self, iters: int) -> float:
         """Seconds per step over ``iters`` consecutive steps."""
-        return _seconds_per_call(self.step, iters, self.device, self.clock)
+        return seconds_per_call(self.step, iters, self.device, self.clock)
 
     def warmup(self, n: int) -> float:
         """Untimed steps; returns the fastest. The first step's time is kept as ``first_step_s``: with
@@ -370,7 +374,7 @@ def profile_step(runner: 'Runner', spec: str, rows: int = 15) -> None:
     runner.step()
     with profile(activities=activities) as prof:
         runner.step()
-        _sync(runner.device)
+        sync(runner.device)
     sort = 'self_cuda_time_total' if runner.device.type == 'cuda' else 'self_cpu_time_total'
     table = prof.key_averages().table(sort_by=sort, row_limit=rows, max_name_column_width=36)
     label = f'{spec}, {runner.mode}, batch {runner.x.shape[0]}, {torch.get_num_threads()} threads'
@@ -394,7 +398,7 @@ def matmul_ceiling(device: torch.device, precision: str, clock: Callable[[], flo
 
     def gflops(gemm: Callable[[], Any]) -> float:
         gemm()
-        return 2 * n ** 3 / min(_seconds_per_call(gemm, reps, device, clock) for _ in range(5)) / 1e9
+        return 2 * n ** 3 / min(seconds_per_call(gemm, reps, device, clock) for _ in range(5)) / 1e9
     out: Dict[str, Any] = {'matmul_n': n, 'matmul_dtype': str(dtype).replace('torch.', '')}
     out['matmul_gflops'] = gflops(lambda: torch.mm(a, b))
     if device.type == 'cpu':
@@ -459,14 +463,14 @@ def probe_memory(argv: Sequence[str]) -> None:
     runner = Runner(model, args.mode, args, input_size(args.spec, model, args))
     device = runner.device
     runner.step()  # allocator pools, optimizer state, lazy init
-    _sync(device)
+    sync(device)
     if device.type == 'cuda':
         torch.cuda.reset_peak_memory_stats(device)
         base = torch.cuda.memory_allocated(device)
     else:  # the resident set size now (ru_maxrss below, the peak, is in KiB on Linux)
         base = int(Path('/proc/self/statm').read_text().split()[1]) * os.sysconf('SC_PAGE_SIZE')
     runner.step()
-    _sync(device)
+    sync(device)
     peak = (torch.cuda.max_memory_allocated(device) if device.type == 'cuda'
             else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
     print(json.dumps({'peak_mem_mb': peak / 2 ** 20, 'step_mem_mb': max(peak - base, 0) / 2 ** 20}))

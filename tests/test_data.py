@@ -479,17 +479,22 @@ def test_other_pil_modes_convert_to_the_right_colours(tmp_path):
     assert convert_image_mode(Image.new('La', (1, 1), (100, 128)), 'RGB').getpixel((0, 0)) == (199, 199, 199)
 
 
+def _dataset_with_extension(root, ext):
+    """The 'val' image dataset of ``root`` read with ``ext`` added to timm's image extensions (restored after)."""
+    from timm.data import set_img_extensions, get_img_extensions
+    before = get_img_extensions()
+    set_img_extensions(before + (ext,))
+    try:
+        return create_image_dataset('', str(root), 'val')
+    finally:
+        set_img_extensions(before)
+
+
 def test_image_modes_without_a_scale_are_refused_with_the_file_name(tmp_path):
     _folder(tmp_path / 'val', {'a': 1})
     Image.fromarray(np.array([[-5, 70000]], dtype=np.int32)).save(tmp_path / 'val' / 'a' / 'signed.tif')
     Image.fromarray(np.array([[0., 3.]], dtype=np.float32)).save(tmp_path / 'val' / 'a' / 'float.tif')
-    from timm.data import set_img_extensions, get_img_extensions
-    before = get_img_extensions()
-    set_img_extensions(before + ('.tif',))
-    try:
-        ds = create_image_dataset('', str(tmp_path), 'val')
-    finally:
-        set_img_extensions(before)
+    ds = _dataset_with_extension(tmp_path, '.tif')
     skipped = {os.path.basename(s.name): s.reason for s in (ds[i] for i in range(len(ds)))
                if isinstance(s, SkippedImage)}
     assert set(skipped) == {'signed.tif', 'float.tif'}
@@ -505,13 +510,7 @@ def test_multi_page_tiff_is_read_by_its_first_page_with_a_warning(tmp_path, capl
     pages = [Image.new('RGB', (4, 4), colour) for colour in ((255, 0, 0), (0, 255, 0), (0, 0, 255))]
     pages[0].save(tmp_path / 'val' / 'a' / 'p1.tiff', save_all=True, append_images=pages[1:])
     pages[1].save(tmp_path / 'val' / 'a' / 'p2.tiff', save_all=True, append_images=pages[2:])
-    from timm.data import set_img_extensions, get_img_extensions
-    before = get_img_extensions()
-    set_img_extensions(before + ('.tiff',))
-    try:
-        ds = create_image_dataset('', str(tmp_path), 'val')
-    finally:
-        set_img_extensions(before)
+    ds = _dataset_with_extension(tmp_path, '.tiff')
     monkeypatch.setattr(decode, '_said_first_frame', False)
     with caplog.at_level(logging.WARNING):
         images = {os.path.basename(ds.filename(i)): ds[i][0] for i in range(len(ds))}

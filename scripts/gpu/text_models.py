@@ -30,6 +30,7 @@ from typing import Callable, Dict, List
 import torch
 
 import mlp_vision.text as mt
+from mlp_vision.benchmark import seconds_per_call, sync
 from mlp_vision.layers import BidirectionalGatedSSM
 from mlp_vision.layers.longconv_triton import has_triton
 from mlp_vision.layers.ssm import auto_conv_impl, ssm_conv_impl
@@ -48,11 +49,6 @@ def build(family: str, args, seq_len: int) -> torch.nn.Module:
         model = mt.create_model('bert_base', intermediate_size=4 * h, num_attention_heads=max(h // 64, 1),
                                 attention_probs_dropout_prob=0., **common)
     return model.to(args.device)
-
-
-def _sync(device) -> None:
-    if torch.device(device).type == 'cuda':
-        torch.cuda.synchronize()
 
 
 def _autocast(args):
@@ -80,24 +76,13 @@ def training_step(model, args, batch: int, seq_len: int) -> Callable[[], None]:
     return step
 
 
-def timed(step, device, iters: int, clock: Callable[[], float] = time.perf_counter) -> float:
-    """Seconds per call of ``step`` over ``iters`` calls (``clock``: wall clock, or ``time.process_time`` for the CPU
-    time of a 1-thread run on a busy machine)."""
-    _sync(device)
-    t0 = clock()
-    for _ in range(iters):
-        step()
-    _sync(device)
-    return (clock() - t0) / iters
-
-
 def peak_memory_mb(step, device) -> float:
     if torch.device(device).type != 'cuda':
         return float('nan')
     torch.cuda.reset_peak_memory_stats()
     base = torch.cuda.memory_allocated()
     step()
-    _sync(device)
+    sync(device)
     return (torch.cuda.max_memory_allocated() - base) / 2 ** 20
 
 
@@ -114,7 +99,7 @@ def pair(args) -> List[Dict]:
         for i in range(args.samples):
             order = ('bigs', 'bert') if i % 2 == 0 else ('bert', 'bigs')
             for f in order:
-                times[f].append(timed(steps[f], args.device, args.iters))
+                times[f].append(seconds_per_call(steps[f], args.iters, args.device))
         ratio = statistics.median(b / a for a, b in zip(times['bigs'], times['bert']))
         tokens = batch * seq_len
         row = dict(seq_len=seq_len, batch=batch, speedup_bigs_over_bert=ratio,
@@ -133,7 +118,7 @@ def _fits(family: str, args, seq_len: int) -> bool:
         step = training_step(build(family, args, seq_len), args, 1, seq_len)
         step()
         step()
-        _sync(args.device)
+        sync(args.device)
         return True
     except torch.OutOfMemoryError:
         return False
@@ -189,7 +174,7 @@ def routes(args) -> List[Dict]:
                 for name, fn in (('inference', infer), ('train', train)):
                     for _ in range(args.warmup):
                         fn()
-                    row[f'{impl}_{name}_ms'] = 1000 * min(timed(fn, args.device, args.iters)
+                    row[f'{impl}_{name}_ms'] = 1000 * min(seconds_per_call(fn, args.iters, args.device)
                                                           for _ in range(args.samples))
         rows.append(row)
         print(json.dumps(row), flush=True)

@@ -34,7 +34,8 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout, when run from anywhere
 sys.path.insert(1, str(Path(__file__).resolve().parent))
-from text_models import timed, write  # noqa: E402  (the timing and table writing of the other GPU script)
+from text_models import write  # noqa: E402  (the table writing of the other GPU script)
+from mlp_vision.benchmark import seconds_per_call  # noqa: E402
 
 import mlp_vision  # noqa: E402,F401  (registers the models with timm)
 from mlp_vision.layers import MixerBlock, SpatialGatingUnit  # noqa: E402
@@ -71,7 +72,7 @@ def alternate(variants: Dict[str, Callable[[], None]], args, baseline: str) -> L
     times: Dict[str, List[float]] = {k: [] for k in variants}
     for _ in range(args.samples):
         for name, step in variants.items():
-            times[name].append(timed(step, args.device, args.iters, CLOCKS[args.timer]))
+            times[name].append(seconds_per_call(step, args.iters, args.device, CLOCKS[args.timer]))
     rows = []
     for name, ts in times.items():
         ratios = [b / t for b, t in zip(times[baseline], ts)]
