@@ -352,12 +352,14 @@ class BidirectionalGatedSSM(nn.Module):
             h = h.to(torch.get_autocast_dtype(h.device.type))
         a_f = self.forward_in_proj(h)  # (B, L, d): pre-activation of u_f
         a_b = self.backward_in_proj(h)  # flip(GELU(flip(h) W_ub)) = GELU(h W_ub): the flips cancel
-        v = self.value_proj(h)  # (B, L, d_i): its GELU is taken with the gate's, below
         s_f, s_b = self._bidirectional_gelu_ssm(a_f, a_b, mask)  # SSM_f(u_f), flip(SSM_b(flip(u_b)))
         g = self.forward_out_proj(s_f)
         g_b = self.backward_out_proj(s_b)
         g = g * g_b if torch.is_grad_enabled() else g.mul_(g_b)  # (B, L, d); in place: see layers.activations
         # GELU(gate) * GELU(value), keeping only the two pre-activations for the backward pass (layers.activations)
+        # v only now, next to its use: computed before the SSMs, torch.compile's partitioner kept its float32
+        # upcast for the backward pass (12 KiB per token at d_i 3072) instead of v itself (6)
+        v = self.value_proj(h)  # (B, L, d_i): its GELU is taken with the gate's, below
         y = gelu_product(self.gate_proj(g), v, act)  # (B, L, d_i)
         return x + self.out_proj(y)
 
