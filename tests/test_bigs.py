@@ -220,22 +220,22 @@ def test_fft_causal_conv_equals_direct(length, per_channel):
 @pytest.mark.parametrize('length', [1, 6, 9])
 def test_bidirectional_fft_conv_function_forward_and_backward(length):
     """The layer's FFT route (a hand-written backward) equals fft_causal_conv both ways, and passes gradcheck."""
-    from mlp_vision.layers.ssm import _BidirectionalFFTConv
+    from mlp_vision.layers.ssm import bidirectional_fft_conv
     g = torch.Generator().manual_seed(1)
     u = torch.randn(2, 2, 3, length, generator=g, dtype=torch.float64, requires_grad=True)
     k = torch.randn(2, length, generator=g, dtype=torch.float64, requires_grad=True)
     n_fft = fast_fft_len(2 * length)
-    y = _BidirectionalFFTConv.apply(u, k, n_fft)
+    y = bidirectional_fft_conv(u, k, n_fft)
     for group, anticausal in ((0, False), (1, True)):
         ref = fft_causal_conv(u[:, group].transpose(-1, -2), k[group], anticausal=anticausal).transpose(-1, -2)
         torch.testing.assert_close(y[:, group], ref)
-    assert torch.autograd.gradcheck(lambda u_, k_: _BidirectionalFFTConv.apply(u_, k_, n_fft), (u, k))
+    assert torch.autograd.gradcheck(lambda u_, k_: bidirectional_fft_conv(u_, k_, n_fft), (u, k))
 
 
 def test_bidirectional_fft_conv_keeps_its_bf16_input_not_the_spectrum():
-    """Under bf16 the FFT route transforms in float32 but keeps only the bf16 input (and the kernels' spectrum) for
+    """Under bf16 the FFT route transforms in float32 but keeps only the bf16 input (and the (2, L) kernels) for
     the backward pass; its input gradient comes back in bf16 and equals the float32 computation's, rounded once."""
-    from mlp_vision.layers.ssm import _BidirectionalFFTConv
+    from mlp_vision.layers.ssm import bidirectional_fft_conv
     g = torch.Generator().manual_seed(2)
     u32 = torch.randn(2, 2, 8, 64, generator=g)
     k = torch.randn(2, 64, generator=g)
@@ -243,15 +243,69 @@ def test_bidirectional_fft_conv_keeps_its_bf16_input_not_the_spectrum():
     u16 = u32.bfloat16().requires_grad_()
     kept = []
     with torch.autograd.graph.saved_tensors_hooks(lambda t: kept.append(t) or t, lambda t: t):
-        y = _BidirectionalFFTConv.apply(u16, k, n_fft)
+        y = bidirectional_fft_conv(u16, k, n_fft)
     assert y.dtype == torch.float32
     assert sorted((tuple(t.shape), t.dtype) for t in kept) == sorted(
-        [((2, 2, 8, 64), torch.bfloat16), ((2, 1, n_fft // 2 + 1), torch.complex64)])
+        [((2, 2, 8, 64), torch.bfloat16), ((2, 64), torch.float32)])
     grad = torch.randn(y.shape, generator=g)
     y.backward(grad)
     u_ref = u16.detach().float().requires_grad_()
-    _BidirectionalFFTConv.apply(u_ref, k, n_fft).backward(grad)
+    bidirectional_fft_conv(u_ref, k, n_fft).backward(grad)
     assert u16.grad.dtype == torch.bfloat16 and torch.equal(u16.grad, u_ref.grad.bfloat16())
+
+
+def test_fft_conv_ops_pass_opcheck():
+    """The FFT route's forward and backward are custom ops: schema, autograd registration, fake (meta) outputs of
+    the real shapes and strides, and the same results when AOTAutograd runs them (torch.compile) as in eager (a lazily
+    conjugated spectrum was read unconjugated there: the anti-causal half came out wrong)."""
+    from mlp_vision.layers.ssm import _bidirectional_fft_conv_backward, bidirectional_fft_conv
+    g = torch.Generator().manual_seed(3)
+    n_fft = fast_fft_len(2 * 9)
+    for dtype in (torch.bfloat16, torch.float64):
+        u = torch.randn(2, 2, 3, 9, generator=g, dtype=dtype, requires_grad=True)
+        k = torch.randn(2, 9, generator=g, dtype=torch.float64 if dtype == torch.float64 else torch.float32,
+                        requires_grad=True)
+        torch.library.opcheck(bidirectional_fft_conv, (u, k, n_fft))
+        grad_y = torch.randn(2, 2, 3, 9, generator=g, dtype=k.dtype)
+        for needs in ((True, True), (True, False), (False, True)):
+            torch.library.opcheck(_bidirectional_fft_conv_backward, (grad_y, u.detach(), k.detach(), n_fft, *needs))
+
+
+def _training_step_kept_bytes(fn, layer: nn.Module, x: torch.Tensor, autocast: bool):
+    """Output, input and parameter gradients of one training step of ``fn`` (``layer`` or a compiled ``layer``), and
+    the bytes of the distinct storages saved for its backward pass but the weights (and their casts)."""
+    weight_shapes = {s for p in layer.parameters() for s in (tuple(p.shape), tuple(p.shape[::-1]))}
+    kept = {}
+
+    def pack(t):
+        if tuple(t.shape) not in weight_shapes:
+            kept[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+    layer.zero_grad()
+    x.grad = None
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), \
+            torch.autocast('cpu', dtype=torch.bfloat16, enabled=autocast):
+        y = fn(x)
+    y.float().pow(2).sum().backward()
+    return [y.detach().float(), x.grad] + [p.grad for p in layer.parameters()], sum(kept.values())
+
+
+@pytest.mark.parametrize('autocast', [False, True])
+def test_compiled_fft_route_equals_eager_and_keeps_no_more(autocast):
+    """torch.compile (one graph) of a training step on the FFT route: in float32 the same outputs and gradients as
+    eager up to float rounding; under bf16 autocast no more kept for the backward pass than eager keeps (traced
+    through, the partitioner kept u's complex float32 spectrum instead of u; with v computed before the SSMs, v's
+    float32 upcast instead of v)."""
+    torch.manual_seed(0)
+    layer = BidirectionalGatedSSM(32, 96, conv_impl='fft')
+    x = torch.randn(2, 40, 32, requires_grad=True)
+    eager, eager_bytes = _training_step_kept_bytes(layer, layer, x, autocast)
+    compiled, compiled_bytes = _training_step_kept_bytes(torch.compile(layer, fullgraph=True), layer, x, autocast)
+    if autocast:
+        assert compiled_bytes <= eager_bytes
+    else:
+        for a, b in zip(eager, compiled):
+            torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5 * a.abs().max().item())
 
 
 @pytest.mark.parametrize('anticausal', [False, True])

@@ -17,7 +17,7 @@ input. ``T`` is never built: its ``block_l``-square tile at block position (i, j
 so a table of ``~L * block_l`` taps (:func:`lag_block_table`) held in L2 serves every tile, and each program sums
 ``table[|i - j|] @ U[j]`` over the non-zero tiles: ``L * C`` MACs per token for both directions (d = 1024,
 L = 4,096: 4.2 M, against 12.6 M for a BERT-large layer's projections and 8.4 M for its attention), compute-bound
-at GEMM speed. The FFT route (``ssm._BidirectionalFFTConv``) does fewer FLOPs but is memory-bound (~100 bytes per
+at GEMM speed. The FFT route (``ssm.bidirectional_fft_conv``) does fewer FLOPs but is memory-bound (~100 bytes per
 element); FlashFFTConv (arXiv 2311.05908) avoids that traffic with a far larger kernel, built for a kernel per
 channel. Going below L^2 (half attention's constant) needs the SSM structure (chunked state passing).
 

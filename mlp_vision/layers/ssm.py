@@ -88,7 +88,9 @@ def _bidirectional_spectrum(kernels: torch.Tensor, n_fft: int) -> torch.Tensor:
     """Spectra of a causal (``kernels[0]``) and an anti-causal (``kernels[1]``) kernel, (2, L) -> (2, 1, n_f),
     broadcasting against (B, 2, C, n_f) transforms."""
     k_f = torch.fft.rfft(kernels, n=n_fft)  # (2, n_f)
-    return torch.stack([k_f[0], k_f[1].conj()]).unsqueeze(1)
+    # conj_physical here and in the backward op: inside a custom op run by AOTAutograd (torch.compile), a lazily
+    # conjugated view (.conj()) was read unconjugated (torch 2.14; torch.library.opcheck in tests/test_bigs.py)
+    return torch.stack([k_f[0], k_f[1].conj_physical()]).unsqueeze(1)
 
 
 def _conv_with_spectrum(u: torch.Tensor, k_f: torch.Tensor, n_fft: int, dim: int) -> torch.Tensor:
@@ -100,44 +102,73 @@ def _conv_with_spectrum(u: torch.Tensor, k_f: torch.Tensor, n_fft: int, dim: int
     return torch.fft.irfft(u_f, n=n_fft, dim=dim).narrow(dim, 0, length)
 
 
-class _BidirectionalFFTConv(torch.autograd.Function):
+@torch.library.custom_op('mlp_vision::bidirectional_fft_conv', mutates_args=())
+def bidirectional_fft_conv(u: torch.Tensor, k: torch.Tensor, n_fft: int) -> torch.Tensor:
     """``y[:, 0] = causal_conv(u[:, 0], k[0])``, ``y[:, 1] = anticausal_conv(u[:, 1], k[1])`` along the last axis,
-    by real FFTs of length ``n_fft``, with a hand-written backward.
+    by real FFTs of length ``n_fft``, with a hand-written backward (:func:`_bidirectional_fft_conv_backward`).
 
-    Why a Function: autograd's backward of rfft -> product -> irfft -> narrow copies full padded buffers and runs a
-    complex FFT. Here ``grad_u = irfft(rfft(grad_y) conj(S))[:L]`` (the adjoint is the correlation) and the kernel
-    gradient is the correlation of ``grad_y`` with ``u`` summed over batch and channels, on (2, n_f) spectrum sums;
-    ``u`` is kept in its own dtype (2 bytes under bf16 autocast, not its 16-byte spectrum) and transformed again.
+    Why: autograd's backward of rfft -> product -> irfft -> narrow copies full padded buffers and runs a complex
+    FFT. Here ``grad_u = irfft(rfft(grad_y) conj(S))[:L]`` (the adjoint is the correlation) and the kernel gradient
+    is the correlation of ``grad_y`` with ``u`` summed over batch and channels, on (2, n_f) spectrum sums; ``u`` is
+    kept in its own dtype (2 bytes under bf16 autocast, not its 16-byte spectrum) and transformed again. Why custom
+    ops (forward and backward): to ``torch.compile`` they are opaque calls, so the compiled step keeps what this
+    forward keeps; traced through, AOTAutograd's partitioner moved the backward's ``rfft(u)`` into the forward pass
+    and kept the spectrum (16 KiB per token of a BiGS-large layer instead of 2).
 
     Shapes: u (B, 2, C, L) real, any float dtype, transformed in ``dtype`` (``k``'s: float32 / float64); k (2, L)
     real (group 0 causal, group 1 anti-causal); output (B, 2, C, L) in ``dtype``.
     """
+    u_f = torch.fft.rfft(u.to(k.dtype), n=n_fft)  # (B, 2, C, n_f)
+    return torch.fft.irfft(u_f.mul_(_bidirectional_spectrum(k, n_fft)), n=n_fft).narrow(-1, 0, u.shape[-1])
 
-    @staticmethod
-    def forward(ctx, u: torch.Tensor, k: torch.Tensor, n_fft: int) -> torch.Tensor:
-        length = u.shape[-1]
-        spectrum = _bidirectional_spectrum(k, n_fft)  # (2, 1, n_f)
-        u_f = torch.fft.rfft(u.to(k.dtype), n=n_fft)  # (B, 2, C, n_f)
-        y = torch.fft.irfft(u_f * spectrum, n=n_fft).narrow(-1, 0, length)
-        ctx.save_for_backward(u, spectrum)
-        ctx.n_fft, ctx.length = n_fft, length
-        return y
 
-    @staticmethod
-    def backward(ctx, grad_y: torch.Tensor):
-        u, spectrum = ctx.saved_tensors
-        n_fft, length = ctx.n_fft, ctx.length
-        g_f = torch.fft.rfft(grad_y, n=n_fft)  # (B, 2, C, n_f)
-        grad_u = grad_k = None
-        if ctx.needs_input_grad[1]:
-            u_f = torch.fft.rfft(u.to(grad_y.dtype), n=n_fft)  # again, as in the forward pass
-            # sum_{b,c} of the cross-spectra: causal group conj(U) G, anti-causal group U conj(G)
-            cross = (g_f * u_f.conj()).sum(dim=(0, 2))  # (2, n_f)
-            cross = torch.stack([cross[0], cross[1].conj()])
-            grad_k = torch.fft.irfft(cross, n=n_fft).narrow(-1, 0, length)
-        if ctx.needs_input_grad[0]:
-            grad_u = torch.fft.irfft(g_f.mul_(spectrum.conj()), n=n_fft).narrow(-1, 0, length).to(u.dtype)
-        return grad_u, grad_k, None
+@bidirectional_fft_conv.register_fake
+def _(u: torch.Tensor, k: torch.Tensor, n_fft: int) -> torch.Tensor:
+    return u.new_empty((*u.shape[:-1], n_fft), dtype=k.dtype).narrow(-1, 0, u.shape[-1])
+
+
+@torch.library.custom_op('mlp_vision::bidirectional_fft_conv_backward', mutates_args=())
+def _bidirectional_fft_conv_backward(grad_y: torch.Tensor, u: torch.Tensor, k: torch.Tensor, n_fft: int,
+                                     needs_grad_u: bool, needs_grad_k: bool) -> Tuple[torch.Tensor, torch.Tensor]:
+    """The gradients of :func:`bidirectional_fft_conv` for ``u`` and ``k`` (an empty tensor for one not needed)."""
+    length = u.shape[-1]
+    g_f = torch.fft.rfft(grad_y, n=n_fft)  # (B, 2, C, n_f)
+    grad_u, grad_k = u.new_empty(0), k.new_empty(0)
+    if needs_grad_k:
+        u_f_conj = torch.fft.rfft(u.to(grad_y.dtype), n=n_fft).conj_physical_()  # again, as in the forward pass
+        # sum_{b,c} of the cross-spectra: causal group conj(U) G, anti-causal group U conj(G)
+        cross = (g_f * u_f_conj).sum(dim=(0, 2))  # (2, n_f)
+        cross = torch.stack([cross[0], cross[1].conj_physical()])
+        grad_k = torch.fft.irfft(cross, n=n_fft).narrow(-1, 0, length)
+    if needs_grad_u:
+        spectrum = _bidirectional_spectrum(k, n_fft)  # (2, 1, n_f), as in the forward pass
+        grad_u = torch.fft.irfft(g_f.mul_(spectrum.conj_physical()), n=n_fft).narrow(-1, 0, length).to(u.dtype)
+    return grad_u, grad_k
+
+
+@_bidirectional_fft_conv_backward.register_fake
+def _(grad_y, u, k, n_fft, needs_grad_u, needs_grad_k):
+    length = u.shape[-1]
+    grad_u = (grad_y.new_empty((*u.shape[:-1], n_fft)).narrow(-1, 0, length).to(u.dtype) if needs_grad_u
+              else u.new_empty(0))
+    grad_k = k.new_empty((2, n_fft)).narrow(-1, 0, length) if needs_grad_k else k.new_empty(0)
+    return grad_u, grad_k
+
+
+def _fft_conv_setup_context(ctx, inputs, output) -> None:
+    u, k, n_fft = inputs
+    ctx.save_for_backward(u, k)  # u in its own dtype; the kernels' spectrum is recomputed from k (2, L)
+    ctx.n_fft = n_fft
+
+
+def _fft_conv_backward(ctx, grad_y: torch.Tensor):
+    u, k = ctx.saved_tensors
+    needs_u, needs_k = ctx.needs_input_grad[:2]
+    grad_u, grad_k = _bidirectional_fft_conv_backward(grad_y, u, k, ctx.n_fft, needs_u, needs_k)
+    return grad_u if needs_u else None, grad_k if needs_k else None, None
+
+
+bidirectional_fft_conv.register_autograd(_fft_conv_backward, setup_context=_fft_conv_setup_context)
 
 
 class S4DKernel(nn.Module):
@@ -421,7 +452,7 @@ class BidirectionalGatedSSM(nn.Module):
                 if torch.is_grad_enabled() and (u_t.requires_grad or kernels.requires_grad) \
                         and not torch.jit.is_tracing():
                     # training: the hand-written backward, which keeps u in its own dtype (it casts u itself)
-                    y = _BidirectionalFFTConv.apply(u_t, kernels, n_fft)
+                    y = bidirectional_fft_conv(u_t, kernels, n_fft)
                 else:  # no graph (and what FLOP counters trace): plain ops, the product in place
                     y = _conv_with_spectrum(u_t.to(dtype), _bidirectional_spectrum(kernels, n_fft), n_fft, dim=-1)
                 y = y.permute(0, 3, 1, 2)  # (B, L, 2, d)

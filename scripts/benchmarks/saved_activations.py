@@ -1,12 +1,14 @@
 """ Activation memory a training step keeps per token: the bytes of the distinct tensors autograd saves for the
 backward pass of one BiGS layer (each SSM convolution route) and of the BERT layer it replaces, under bf16 autocast
 on the CPU. Parameters (and their bf16 casts) are left out, so the number is what grows with the sequence.
+With ``--compiled`` each layer is also measured under ``torch.compile`` (both sides the same mode): there
+AOTAutograd's partitioner, not the module code, decides what the training step keeps.
 
 This is the part of the GPU's step memory that the model code decides (the allocator, workspaces and the Triton
 kernel's tiles come on top); ``triton`` runs in Triton's interpreter here (CPU tensors take it without
 TRITON_INTERPRET), at fewer tokens. The layer code measured is this checkout's, wherever the script is run from.
 
-    python scripts/benchmarks/saved_activations.py
+    python scripts/benchmarks/saved_activations.py [--compiled]
 """
 import argparse
 import sys
@@ -39,6 +41,8 @@ def main() -> None:
     p.add_argument('--hidden-dim', type=int, default=3072)
     p.add_argument('--ffn-dim', type=int, default=4096)
     p.add_argument('--heads', type=int, default=16)
+    p.add_argument('--compiled', action='store_true',
+                   help='also measure each layer under torch.compile (fullgraph)')
     args = p.parse_args()
     torch.manual_seed(0)
     rows = []
@@ -47,10 +51,16 @@ def main() -> None:
                (3, 128 if impl == 'triton' else 640, args.dim)) for impl in ('direct', 'fft', 'triton')],
             ('BERT layer (SDPA)', BertLayer(args.dim, num_heads=args.heads, ffn_dim=args.ffn_dim), (3, 640, args.dim))]:
         x = torch.randn(shape, requires_grad=True)
-        rows.append((name, saved_activation_bytes(layer, x) / (shape[0] * shape[1]) / 1024))
-    print('| layer | KiB kept per token |\n| --- | --- |')
-    for name, kib in rows:
-        print(f'| {name} | {kib:.1f} |')
+        per_token = [saved_activation_bytes(layer, x) / (shape[0] * shape[1]) / 1024]
+        if args.compiled:
+            compiled = torch.compile(layer, fullgraph=True)
+            saved_activation_bytes(compiled, x)  # compiles
+            per_token.append(saved_activation_bytes(compiled, x) / (shape[0] * shape[1]) / 1024)
+        rows.append((name, per_token))
+    print('| layer | KiB kept per token, eager |' + (' compiled |' if args.compiled else '') + '\n| --- | --- |'
+          + (' --- |' if args.compiled else ''))
+    for name, per_token in rows:
+        print(f'| {name} | ' + ' | '.join(f'{kib:.1f}' for kib in per_token) + ' |')
 
 
 if __name__ == '__main__':
