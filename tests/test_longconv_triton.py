@@ -189,15 +189,18 @@ def test_fused_gelu_conv_bf16_within_its_rounding(approximate):
         assert _rel_err(grad, ref_grad) < 2e-2, name
 
 
-def test_fused_gelu_conv_keeps_only_the_pre_activations():
+@pytest.mark.parametrize('compiled', [False, True])
+def test_fused_gelu_conv_keeps_only_the_pre_activations(compiled):
     """For the backward pass the fused route keeps a_f and a_b themselves (the caller's tensors, no GELU output, no
-    stacked copy) plus the small lag table."""
+    stacked copy) plus the small lag table; compiled too (the partitioner sees the custom op, not the kernel)."""
     a_f, a_b, kernels, mask, _ = _gelu_inputs(2, 40, 64, masked=True)  # the table (2, 3, 16, 16) is smaller
     a_f.requires_grad_()
     a_b.requires_grad_()
+    conv = torch.compile(bidirectional_gelu_long_conv, fullgraph=True) if compiled else bidirectional_gelu_long_conv
+    conv(a_f, a_b, kernels, mask=mask, block_l=16, block_c=16)  # compiles outside the hooks
     saved = []
     with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
-        bidirectional_gelu_long_conv(a_f, a_b, kernels, mask=mask, block_l=16, block_c=16)
+        conv(a_f, a_b, kernels, mask=mask, block_l=16, block_c=16)
     activations = [t for t in saved if t.numel() >= a_f.numel()]
     assert len(activations) == 2
     assert {t.data_ptr() for t in activations} == {a_f.data_ptr(), a_b.data_ptr()}
