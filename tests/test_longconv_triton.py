@@ -189,15 +189,18 @@ def test_fused_gelu_conv_bf16_within_its_rounding(approximate):
         assert _rel_err(grad, ref_grad) < 2e-2, name
 
 
-def test_fused_gelu_conv_keeps_only_the_pre_activations():
+@pytest.mark.parametrize('compiled', [False, True])
+def test_fused_gelu_conv_keeps_only_the_pre_activations(compiled):
     """For the backward pass the fused route keeps a_f and a_b themselves (the caller's tensors, no GELU output, no
-    stacked copy) plus the small lag table."""
+    stacked copy) plus the small lag table; compiled too (the partitioner sees the custom op, not the kernel)."""
     a_f, a_b, kernels, mask, _ = _gelu_inputs(2, 40, 64, masked=True)  # the table (2, 3, 16, 16) is smaller
     a_f.requires_grad_()
     a_b.requires_grad_()
+    conv = torch.compile(bidirectional_gelu_long_conv, fullgraph=True) if compiled else bidirectional_gelu_long_conv
+    conv(a_f, a_b, kernels, mask=mask, block_l=16, block_c=16)  # compiles outside the hooks
     saved = []
     with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
-        bidirectional_gelu_long_conv(a_f, a_b, kernels, mask=mask, block_l=16, block_c=16)
+        conv(a_f, a_b, kernels, mask=mask, block_l=16, block_c=16)
     activations = [t for t in saved if t.numel() >= a_f.numel()]
     assert len(activations) == 2
     assert {t.data_ptr() for t in activations} == {a_f.data_ptr(), a_b.data_ptr()}
@@ -317,6 +320,76 @@ def test_bad_tile_sizes(blocks, match):
     with pytest.raises(ValueError, match=match):
         bidirectional_long_conv(u, kernels, **blocks)
 
+
+# --- the custom ops: opaque to torch.compile -------------------------------------------------------------------
+
+@pytest.mark.parametrize('gated', [False, True])
+def test_custom_ops_pass_opcheck(gated):
+    """torch.library.opcheck of the forward op (the layer's case: GELU fused, masked; and the gated case with a
+    bias and saved factors) and of the backward op: schema, fake tensors (shapes, dtypes and strides of the real
+    outputs), autograd registration, and AOTAutograd tracing them with dynamic shapes (the backward op included)."""
+    a_f, a_b, kernels, mask, _ = _gelu_inputs(2, 20, 16, masked=True)
+    table = lag_block_table(kernels, 16).requires_grad_()
+    bias = torch.randn(2, 16, requires_grad=True) if gated else None
+    u_f, u_b = a_f.requires_grad_(), a_b.requires_grad_()
+    mask = None if gated else mask.to(torch.int8)
+    act = 'identity' if gated else 'none'
+    forward_args = (u_f, u_b, table, bias, mask, act, gated, gated, 16)
+    torch.library.opcheck(torch.ops.mlp_vision.bidirectional_long_conv.default, forward_args)
+    grads = torch.randn(2, 2, 20, 16).unbind(0)
+    backward_args = (*grads, u_f.detach(), u_b.detach(), table.detach(), mask, act, 16, True, True)
+    torch.library.opcheck(torch.ops.mlp_vision.bidirectional_long_conv_backward.default, backward_args)
+
+
+def test_compiled_fused_gelu_conv_equals_eager():
+    """torch.compile(fullgraph=True) of the fused route: one graph with the convolution as an extern call (dynamo
+    does not trace into the Triton launch), outputs and gradients bit-identical to eager's."""
+    a_f, a_b, kernels, mask, upstream = _gelu_inputs(2, 37, 20, masked=True)
+
+    def run(fn):
+        inputs = [t.detach().clone().requires_grad_() for t in (a_f, a_b, kernels)]
+        outs = fn(*inputs, mask=mask, block_l=16, block_c=16)
+        sum((o * g).sum() for o, g in zip(outs, upstream)).backward()
+        return outs, [t.grad for t in inputs]
+    (outs, grads), (ref_outs, ref_grads) = run(torch.compile(bidirectional_gelu_long_conv, fullgraph=True)), \
+        run(bidirectional_gelu_long_conv)
+    for out, ref in zip(outs + tuple(grads), ref_outs + tuple(ref_grads)):
+        torch.testing.assert_close(out, ref, rtol=0, atol=0)
+
+
+def _compiled_and_eager_layer_step(backend):
+    """Output and (input, parameter) gradients of BidirectionalGatedSSM(64, 192, conv_impl='triton') under bf16
+    autocast, compiled (fullgraph) with ``backend`` and eager."""
+    torch.manual_seed(0)
+    layer = BidirectionalGatedSSM(64, 192, conv_impl='triton')
+    x = torch.randn(2, 32, 64)
+    results = []
+    for run in (torch.compile(layer, fullgraph=True, backend=backend), layer):
+        layer.zero_grad(set_to_none=True)
+        xi = x.clone().requires_grad_()
+        with torch.autocast('cpu', dtype=torch.bfloat16):
+            out = run(xi)
+        out.sum().backward()
+        results.append([out, xi.grad] + [p.grad for p in layer.parameters()])
+    return results
+
+
+def test_compiled_layer_through_aot_autograd_is_bit_identical():
+    """The layer compiled fullgraph through dynamo and AOTAutograd (aot_eager: the graphs run op by op, no
+    fusion): the custom ops' fake tensors and registered autograd give eager's output and gradients to the bit."""
+    compiled, eager = _compiled_and_eager_layer_step('aot_eager')
+    for got, expected in zip(compiled, eager):
+        torch.testing.assert_close(got, expected, rtol=0, atol=0)
+
+
+@pytest.mark.slow  # inductor's compile of the layer and its backward: ~25 s on one busy core
+def test_compiled_layer_equals_eager_within_bf16_rounding():
+    """The layer compiled fullgraph with inductor (the default backend; fails without the custom ops: dynamo
+    cannot trace the Triton launch) equals eager within bf16 rounding: the convolution is the same extern call,
+    the differences come from inductor fusing the bf16 ops around it (the direct route differs as much)."""
+    compiled, eager = _compiled_and_eager_layer_step('inductor')
+    for got, expected in zip(compiled, eager):
+        assert _rel_err(got, expected) < 2e-2
 
 # --- the compiled (CUDA) path: compile for an H100 without a GPU ------------------------------------------------
 

@@ -35,8 +35,14 @@ so neither ``u`` nor a stacked copy of the two directions is ever written, and t
 
 Devices: CUDA tensors run the compiled kernels; CPU tensors the same source in Triton's interpreter (numpy; slow,
 for tests on machines without a GPU; no ``TRITON_INTERPRET`` needed).
+
+torch.compile: the forward and backward launches are two custom ops (``torch.ops.mlp_vision.bidirectional_long_conv``
+and ``..._backward``, with fake implementations), so the compiler sees extern calls, not the Triton launches
+(dynamo cannot trace those, on the CPU least of all), and AOTAutograd's partitioner keeps for the backward pass
+what the registered autograd saves: the inputs (``a_f``, ``a_b`` on the fused route), the lag table, the mask and,
+when gated, the factors.
 """
-from typing import Optional, Tuple
+from typing import List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -124,7 +130,7 @@ def bidirectional_long_conv(u: torch.Tensor, kernels: torch.Tensor, bias: Option
     """
     _check_inputs(u, kernels, bias, dtypes=SUPPORTED_DTYPES)
     table = _table_for(u.device, kernels, block_l, block_c)
-    out = _BidirectionalLongConv.apply(u[:, :, 0], u[:, :, 1], table, bias, None, 'identity', gated, block_c)
+    out = _long_conv(u[:, :, 0], u[:, :, 1], table, bias, None, 'identity', gated, block_c)
     return out if gated else torch.stack(out, 2)
 
 
@@ -159,7 +165,7 @@ def bidirectional_gelu_long_conv(a_f: torch.Tensor, a_b: torch.Tensor, kernels: 
     table = _table_for(a_f.device, kernels, block_l, block_c)
     if mask is not None:
         mask = mask.to(device=a_f.device, dtype=torch.int8).contiguous()
-    return _BidirectionalLongConv.apply(a_f, a_b, table, None, mask, approximate, False, block_c)
+    return _long_conv(a_f, a_b, table, None, mask, approximate, False, block_c)
 
 
 GELU_ACTS = ('none', 'tanh')  # F.gelu's approximations
@@ -200,45 +206,111 @@ def _shared_strides(a: torch.Tensor, b: torch.Tensor) -> Tuple[torch.Tensor, tor
     return a.contiguous(), b.contiguous()
 
 
-class _BidirectionalLongConv(torch.autograd.Function):
+def _long_conv(u_f, u_b, table, bias, mask, act, gated, block_c):
+    """:func:`_long_conv_op` on the pair ``u_f``, ``u_b`` given one set of strides (so that the backward pass keeps
+    the caller's tensors when theirs agree), keeping the gate's factors only when a gradient will be asked for:
+    ``(y_f, y_b)``, or the product when ``gated``."""
+    u_f, u_b = _shared_strides(u_f, u_b)
+    save_factors = gated and torch.is_grad_enabled() and any(
+        t is not None and t.requires_grad for t in (u_f, u_b, table, bias))
+    out = _long_conv_op(u_f, u_b, table, bias, mask, act, gated, save_factors, block_c)
+    return out[0] if gated else tuple(out)
+
+
+# The convolution as a pair of custom ops: opaque to torch.compile (dynamo cannot trace a Triton launch in the
+# interpreter, and AOTAutograd's partitioner, seeing one extern call, keeps for the backward pass exactly what the
+# registered autograd saves). Ops return no None: the forward returns [y_f, y_b], or [product] (+ [factors] when
+# the gate's backward needs them); the backward returns the gradients its flags ask for, in input order.
+
+@torch.library.custom_op('mlp_vision::bidirectional_long_conv', mutates_args=())
+def _long_conv_op(u_f: torch.Tensor, u_b: torch.Tensor, table: torch.Tensor, bias: Optional[torch.Tensor],
+                  mask: Optional[torch.Tensor], act: str, gated: bool, save_factors: bool,
+                  block_c: int) -> List[torch.Tensor]:
     """``u_f``, ``u_b`` (B, L, C) (the two directions' inputs, pre-activations when ``act`` is a GELU),
     ``table`` (2, n_blocks, bl, bl) float32 (:func:`lag_block_table`), ``bias`` (2, C) or None, ``mask`` (B, L)
-    int8 or None -> ``(y_f, y_b)`` (B, L, C) each, or (B, L, C) when ``gated``.
+    int8 or None -> ``[y_f, y_b]`` (B, L, C) each, or ``[y_f * y_b]`` (B, L, C) when ``gated``, followed by the
+    factors ``y + bias`` (B, L, 2, C) when ``save_factors``."""
+    out, factors = _launch_conv(_shared_strides(u_f, u_b), table.to(u_f.dtype), bias, mask, None, act, gated,
+                                adjoint=False, save_factors=save_factors, block_c=block_c)
+    return _as_list(out, factors)
 
-    Saved for the backward pass: ``u_f``, ``u_b`` (the caller's tensors, not copies), the table, the mask and,
+
+@_long_conv_op.register_fake
+def _long_conv_fake(u_f, u_b, table, bias, mask, act, gated, save_factors, block_c):
+    return _as_list(*_new_conv_outputs(u_f, gated, save_factors))
+
+
+def _long_conv_setup_context(ctx, inputs, output) -> None:
+    """Saved for the backward pass: ``u_f``, ``u_b`` (the caller's tensors, not copies), the table, the mask and,
     when gated, both factors ``y + bias``."""
+    u_f, u_b, table, bias, mask, act, gated, save_factors, block_c = inputs
+    ctx.save_for_backward(u_f, u_b, table, mask, output[1] if save_factors else None)
+    ctx.act, ctx.gated, ctx.block_c = act, gated, block_c
+    ctx.bias_dtype = None if bias is None else bias.dtype
 
-    @staticmethod
-    def forward(ctx, u_f, u_b, table, bias, mask, act: str, gated: bool, block_c: int):
-        u_f, u_b = _shared_strides(u_f, u_b)
-        save_factors = gated and any(ctx.needs_input_grad[:4])  # the gate's backward needs both factors
-        out, factors = _launch_conv((u_f, u_b), table.to(u_f.dtype), bias, mask, None, act, gated, adjoint=False,
-                                    save_factors=save_factors, block_c=block_c)
-        ctx.save_for_backward(u_f, u_b, table, mask, factors)
-        ctx.act, ctx.gated, ctx.block_c = act, gated, block_c
-        ctx.bias_dtype = None if bias is None else bias.dtype
-        return out
 
-    @staticmethod
-    def backward(ctx, *grads):
-        u_f, u_b, table, mask, factors = ctx.saved_tensors
-        if ctx.gated:  # d(f_f * f_b): grad_f_f = grad * f_b, grad_f_b = grad * f_f (float32)
-            grad_out = grads[0].float()
-            grad_y = (grad_out * factors[:, :, 1].float(), grad_out * factors[:, :, 0].float())
-        else:  # an output that took no part in the loss has no gradient
-            grad_y = tuple(torch.zeros_like(u) if g is None else g for g, u in zip(grads, (u_f, u_b)))
-        grad_u_f = grad_u_b = grad_table = grad_bias = None
-        if ctx.needs_input_grad[3]:
-            grad_bias = torch.stack([g.float().sum((0, 1)) for g in grad_y]).to(ctx.bias_dtype)
-        grad_y = _shared_strides(*(g.to(u_f.dtype) for g in grad_y))
-        if ctx.needs_input_grad[0] or ctx.needs_input_grad[1]:  # T^T G: adjoint tiles, causality flipped
-            (grad_u_f, grad_u_b), _ = _launch_conv(grad_y, table.transpose(-1, -2).to(u_f.dtype), None, mask,
-                                                   (u_f, u_b), ctx.act, gated=False, adjoint=True,
-                                                   save_factors=False, block_c=ctx.block_c)
-        if ctx.needs_input_grad[2]:
-            grad_table = _launch_table_grad(grad_y, (u_f, u_b), mask, ctx.act, table.shape[1], table.shape[-1],
-                                            ctx.block_c)
-        return grad_u_f, grad_u_b, grad_table, grad_bias, None, None, None, None
+def _long_conv_backward(ctx, grads):
+    """The forward op's registered backward: the gate's product rule and the bias gradient in PyTorch (traceable),
+    the two Triton GEMMs in :func:`_long_conv_backward_op` (opaque also when AOTAutograd traces this function)."""
+    u_f, u_b, table, mask, factors = ctx.saved_tensors
+    if ctx.gated:  # d(f_f * f_b): grad_f_f = grad * f_b, grad_f_b = grad * f_f (float32)
+        grad_out = grads[0].float()
+        grad_y = (grad_out * factors[:, :, 1].float(), grad_out * factors[:, :, 0].float())
+    else:  # an output that took no part in the loss has no gradient
+        grad_y = tuple(torch.zeros_like(u) if g is None else g for g, u in zip(grads, (u_f, u_b)))
+    grad_bias = None
+    if ctx.needs_input_grad[3]:
+        grad_bias = torch.stack([g.float().sum((0, 1)) for g in grad_y]).to(ctx.bias_dtype)
+    input_grads, table_grad = ctx.needs_input_grad[0] or ctx.needs_input_grad[1], ctx.needs_input_grad[2]
+    computed = iter(_long_conv_backward_op(*(g.to(u_f.dtype) for g in grad_y), u_f, u_b, table, mask, ctx.act,
+                                           ctx.block_c, input_grads, table_grad))
+    grad_u_f, grad_u_b = (next(computed), next(computed)) if input_grads else (None, None)
+    grad_table = next(computed) if table_grad else None
+    return grad_u_f, grad_u_b, grad_table, grad_bias, None, None, None, None, None
+
+
+_long_conv_op.register_autograd(_long_conv_backward, setup_context=_long_conv_setup_context)
+
+
+@torch.library.custom_op('mlp_vision::bidirectional_long_conv_backward', mutates_args=())
+def _long_conv_backward_op(grad_f: torch.Tensor, grad_b: torch.Tensor, u_f: torch.Tensor, u_b: torch.Tensor,
+                           table: torch.Tensor, mask: Optional[torch.Tensor], act: str, block_c: int,
+                           input_grads: bool, table_grad: bool) -> List[torch.Tensor]:
+    """The Triton GEMMs of :func:`_long_conv_op`'s backward pass: the gradients ``grad_f``, ``grad_b`` (B, L, C) of
+    the two directions' outputs (before the gate), in ``u_f``'s dtype -> ``[grad_u_f, grad_u_b]`` (B, L, C) when
+    ``input_grads`` (``T^T G``: adjoint tiles, causality flipped, times ``mask * act'(u)``), then the float32
+    table's gradient (2, n_blocks, bl, bl) when ``table_grad``."""
+    grad_y, u = _shared_strides(grad_f, grad_b), _shared_strides(u_f, u_b)
+    grads = []
+    if input_grads:
+        grads += _launch_conv(grad_y, table.transpose(-1, -2).to(u_f.dtype), None, mask, u, act, gated=False,
+                              adjoint=True, save_factors=False, block_c=block_c)[0]
+    if table_grad:
+        grads.append(_launch_table_grad(grad_y, u, mask, act, table.shape[1], table.shape[-1], block_c))
+    return grads
+
+
+@_long_conv_backward_op.register_fake
+def _long_conv_backward_fake(grad_f, grad_b, u_f, u_b, table, mask, act, block_c, input_grads, table_grad):
+    grads = list(_new_conv_outputs(grad_f, gated=False, save_factors=False)[0]) if input_grads else []
+    return grads + ([table.new_empty(table.shape, dtype=torch.float32)] if table_grad else [])
+
+
+def _as_list(out, factors) -> List[torch.Tensor]:
+    """The forward op's outputs as its schema's one list (no None)."""
+    return ([out] if isinstance(out, torch.Tensor) else list(out)) + ([] if factors is None else [factors])
+
+
+def _new_conv_outputs(u_f, gated, save_factors):
+    """The empty outputs of :func:`_launch_conv` (also the ops' fake outputs, so shapes and strides agree): one
+    (B, L, C) tensor when ``gated``, else a pair, contiguous, in ``u_f``'s dtype; and the (B, L, 2, C) factors
+    when ``save_factors``, else None."""
+    batch, length, channels = u_f.shape
+    if gated:
+        out = u_f.new_empty((batch, length, channels))
+    else:  # two contiguous outputs, one set of strides
+        out = (u_f.new_empty((batch, length, channels)), u_f.new_empty((batch, length, channels)))
+    return out, u_f.new_empty((batch, length, 2, channels)) if save_factors else None
 
 
 def _launch_conv(u, table, bias, mask, pre, act, gated, adjoint, save_factors, block_c):
@@ -249,16 +321,12 @@ def _launch_conv(u, table, bias, mask, pre, act, gated, adjoint, save_factors, b
     u_f, u_b = u
     batch, length, channels = u_f.shape
     n_blocks, block_l = table.shape[1], table.shape[-1]
-    if gated:
-        out = u_f.new_empty((batch, length, channels))
-    else:  # two contiguous outputs, one set of strides
-        out = (u_f.new_empty((batch, length, channels)), u_b.new_empty((batch, length, channels)))
+    out, factors = _new_conv_outputs(u_f, gated, save_factors)
     out_f, out_b = (out, out) if gated else out  # gated: both directions' stores go to the one product
     pre_f, pre_b = (u_f, u_b) if pre is None else pre
-    factors = u_f.new_empty((batch, length, 2, channels)) if save_factors else None
     grid = (n_blocks, _cdiv(channels, block_c), batch if gated else 2 * batch)
     CONV_KERNELS[u_f.device.type][grid](
-        u_f, u_b, table.contiguous(), u_f if bias is None else bias.contiguous(), u_f if mask is None else mask,
+        u_f, u_b, table.contiguous(), u_f if bias is None else bias.contiguous(), u_f if mask is None else mask.contiguous(),
         pre_f, pre_b, out_f, out_b, out_f if factors is None else factors,
         length, channels, n_blocks,
         *u_f.stride(), *pre_f.stride(), *out_f.stride(),
@@ -281,7 +349,7 @@ def _launch_table_grad(grad_y, u, mask, act, n_blocks, block_l, block_c) -> torc
     n_split = max(1, min(n_pairs, -(-target // (2 * n_blocks))))
     partial = torch.empty((n_split, 2, n_blocks, block_l, block_l), device=u[0].device, dtype=torch.float32)
     TABLE_GRAD_KERNELS[u[0].device.type][(n_blocks, 2, n_split)](
-        *grad_y, *u, u[0] if mask is None else mask, partial,
+        *grad_y, *u, u[0] if mask is None else mask.contiguous(), partial,
         length, channels, n_blocks, n_pairs, n_cblocks, n_split,
         *grad_y[0].stride(), *u[0].stride(),
         ACT=_ACT_CODES[act], HAS_MASK=mask is not None,
