@@ -326,7 +326,8 @@ def _launch_conv(u, table, bias, mask, pre, act, gated, adjoint, save_factors, b
     pre_f, pre_b = (u_f, u_b) if pre is None else pre
     grid = (n_blocks, _cdiv(channels, block_c), batch if gated else 2 * batch)
     CONV_KERNELS[u_f.device.type][grid](
-        u_f, u_b, table.contiguous(), u_f if bias is None else bias.contiguous(), u_f if mask is None else mask.contiguous(),
+        u_f, u_b, table.contiguous(), u_f if bias is None else bias.contiguous(),
+        u_f if mask is None else mask.contiguous(),
         pre_f, pre_b, out_f, out_b, out_f if factors is None else factors,
         length, channels, n_blocks,
         *u_f.stride(), *pre_f.stride(), *out_f.stride(),
