@@ -56,7 +56,8 @@ def test_pair_and_routes_run_and_write_their_tables(text_models, tmp_path):
 
 # ------------------------------------------------------------------------------------------------ issue 34 item 5
 GPU_DIR = SCRIPT.parent
-LEASE_PARTS = ['a_gmlp', 'b_smlpnet', 'c_mixer', 'd_bigs_layer', 'e_bigs_model', 'f_text_trainer']
+LEASE_PARTS = ['a_gmlp', 'b_smlpnet', 'c_mixer', 'd_bigs_layer', 'e_bigs_model', 'f_text_trainer',
+               'g_bigs_layer_compiled']
 
 
 def _plan(part, tmp_path):

@@ -29,6 +29,7 @@
 #   d_bigs_layer    the BiGS-large layer (conv_impl auto) vs the flash-attention BERT-large layer at 4K / 16K tokens
 #   e_bigs_model    12-layer BiGS vs 12-layer BERT training tokens/s at 1K-16K, and the longest sequence at batch 1
 #   f_text_trainer  the text trainer's tokens/s, eager vs --torchcompile
+#   g_bigs_layer_compiled  d_bigs_layer in the goals' mode: both layers compiled (training step, step memory)
 # DRY=1 prints each step (name, limit, command) instead of running it (tests/test_gpu_scripts.py checks the plan).
 #
 # Several parts in one call: bash scripts/gpu/run_gpu.sh bench text
@@ -40,7 +41,7 @@
 # torch.compile costs minutes per deep model and mode (inductor compiled sMLPNet-T's training graph in 3.5 min
 # on the H100 machine's 16 cores), so only the compiled sMLPNet-T inference pair is in `bench`.
 set -u
-[ $# -gt 0 ] || { echo 'usage: run_gpu.sh a_gmlp|b_smlpnet|c_mixer|d_bigs_layer|e_bigs_model|f_text_trainer|train|ddp|bench|text|longconv|bigs_models|peers_smlpnet|peers_gmlp|peers_mixer|token_pad|token_pad_models ...'; exit 2; }
+[ $# -gt 0 ] || { echo 'usage: run_gpu.sh a_gmlp|b_smlpnet|c_mixer|d_bigs_layer|e_bigs_model|f_text_trainer|g_bigs_layer_compiled|train|ddp|bench|text|longconv|bigs_models|peers_smlpnet|peers_gmlp|peers_mixer|token_pad|token_pad_models ...'; exit 2; }
 PY=${PY:-python3}
 DATA=${DATA:-../shared/data/imagenette-mini}
 WORK=${WORK:-output/gpu}
@@ -227,6 +228,18 @@ e_bigs_model)
 f_text_trainer)
     text_trainer_pair f_text_trainer 235 400
     ;;
+g_bigs_layer_compiled)
+    # the goals' mode: torch.compile of both layers, training step, bf16 autocast, step memory (its child process
+    # compiles too); the Triton convolution is a custom op, an extern call in BiGS's compiled graph
+    flags=(--device cuda --precision amp_bf16 --compile --bench train --samples 6 --min-sample-time 0.3 --warmup 3
+           --bigs-conv-impl auto --profile)
+    for len_batch in 4096:8 16384:2; do
+        seq=${len_batch%%:*}
+        step "g_bigs_layer_compiled_$seq" 240 $PY benchmark.py --compare bigs_layer bert_layer --seq-len "$seq" \
+            -b "${len_batch##*:}" "${flags[@]}" --out "$WORK/bench/g_bigs_layer_compiled_$seq" \
+            --title "GPU, torch.compile: BiGS-large layer vs BERT-large layer, $seq tokens"
+    done
+    ;;
 token_pad)
     # the SGU token GEMM of gMLP-S (batch 256, 768 gated channels, 196 tokens) alone: unpadded, the contracted axis
     # padded (what the modules do) and both axes padded; then the SGU and Mixer-B's token MLP, eager and compiled
@@ -243,7 +256,7 @@ token_pad_models)
     step token_pad_mixer_b16 200 $PY "${tp[@]}" --models mixer_b16 --batch 128 --out "$WORK/bench/gpu_token_pad_mixer_b16"
     ;;
 *)
-    echo "unknown part $part (a_gmlp|b_smlpnet|c_mixer|d_bigs_layer|e_bigs_model|f_text_trainer|train|ddp|bench|text|"\
+    echo "unknown part $part (a_gmlp|b_smlpnet|c_mixer|d_bigs_layer|e_bigs_model|f_text_trainer|g_bigs_layer_compiled|train|ddp|bench|text|"\
 "longconv|bigs_models|peers_smlpnet|peers_gmlp|peers_mixer|token_pad|token_pad_models)"; exit 2 ;;
 esac
 done
