@@ -367,19 +367,26 @@ class Runner:
 PROFILES: List[str] = []
 
 
-def profile_step(runner: 'Runner', spec: str, rows: int = 15) -> None:
-    """Top operators of one step of ``spec`` by self time (torch.profiler), kept for the _profile.txt output."""
+def profile_call(step: Callable[[], Any], device: torch.device, label: str, rows: int = 15) -> str:
+    """Top operators of one call of ``step`` (after one untimed call) by self time (torch.profiler): GPU time on
+    CUDA (the kernels), CPU time elsewhere; a markdown section headed by ``label``, also printed."""
     from torch.profiler import ProfilerActivity, profile
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if runner.device.type == 'cuda' else [])
-    runner.step()
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == 'cuda' else [])
+    step()
     with profile(activities=activities) as prof:
-        runner.step()
-        sync(runner.device)
-    sort = 'self_cuda_time_total' if runner.device.type == 'cuda' else 'self_cpu_time_total'
+        step()
+        sync(device)
+    sort = 'self_cuda_time_total' if device.type == 'cuda' else 'self_cpu_time_total'
     table = prof.key_averages().table(sort_by=sort, row_limit=rows, max_name_column_width=36)
+    section = f'## {label}\n\n{table}\n'
+    print(section, flush=True)
+    return section
+
+
+def profile_step(runner: 'Runner', spec: str, rows: int = 15) -> None:
+    """:func:`profile_call` of one step of ``spec``, kept for the _profile.txt output."""
     label = f'{spec}, {runner.mode}, batch {runner.x.shape[0]}, {torch.get_num_threads()} threads'
-    PROFILES.append(f'## {label}\n\n{table}\n')
-    print(PROFILES[-1], flush=True)
+    PROFILES.append(profile_call(runner.step, runner.device, label, rows))
 
 
 def matmul_ceiling(device: torch.device, precision: str, clock: Callable[[], float] = time.perf_counter

@@ -42,11 +42,15 @@ def test_longest_fitting_stops_at_the_cap(text_models):
 def test_pair_and_routes_run_and_write_their_tables(text_models, tmp_path):
     common = ['--device', 'cpu', '--precision', 'fp32', '--hidden', '32', '--samples', '2', '--iters', '1',
               '--warmup', '1', '--batch-tokens', '128']
-    assert text_models.main(['pair', '--layers', '1', '--seq-lens', '32', '64', '--out', str(tmp_path / 'pair')]
-                            + common) == 0
+    assert text_models.main(['pair', '--layers', '1', '--seq-lens', '32', '64', '--profile',
+                             '--out', str(tmp_path / 'pair')] + common) == 0
     rows = json.loads((tmp_path / 'pair.json').read_text())['rows']
     assert [(r['seq_len'], r['batch']) for r in rows] == [(32, 4), (64, 2)]
     assert all(r['speedup_bigs_over_bert'] > 0 and r['bigs_tokens_per_s'] > 0 for r in rows)
+    profiles = (tmp_path / 'pair_profile.txt').read_text()  # both models' top ops, at the first length only
+    assert [line for line in profiles.splitlines() if line.startswith('## ')] == [
+        '## bigs, 1 layers, batch 4 x 32 tokens, training step', '## bert, 1 layers, batch 4 x 32 tokens, training step']
+    assert profiles.count('Self CPU') >= 2 and 'aten::' in profiles
     assert text_models.main(['routes', '--seq-lens', '64', '--out', str(tmp_path / 'routes')] + common) == 0
     row = json.loads((tmp_path / 'routes.json').read_text())['rows'][0]
     assert {'direct_train_ms', 'fft_train_ms'} <= set(row) and 'triton_train_ms' not in row  # no CUDA here

@@ -220,7 +220,7 @@ d_bigs_layer)
     ;;
 e_bigs_model)
     tm=(scripts/gpu/text_models.py --device cuda --precision amp_bf16 --conv-impl auto)
-    step e_bigs12_vs_bert12_train 270 $PY "${tm[@]}" pair --seq-lens 1024 4096 16384 \
+    step e_bigs12_vs_bert12_train 270 $PY "${tm[@]}" pair --seq-lens 1024 4096 16384 --profile \
         --out "$WORK/bench/e_bigs12_vs_bert12_train"
     step e_bigs12_vs_bert12_longest 200 $PY "${tm[@]}" longest --start-len 4096 --granularity 4096 \
         --out "$WORK/bench/e_bigs12_vs_bert12_longest"

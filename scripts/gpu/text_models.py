@@ -30,7 +30,7 @@ from typing import Callable, Dict, List
 import torch
 
 import mlp_vision.text as mt
-from mlp_vision.benchmark import seconds_per_call, sync
+from mlp_vision.benchmark import profile_call, seconds_per_call, sync
 from mlp_vision.layers import BidirectionalGatedSSM
 from mlp_vision.layers.longconv_triton import has_triton
 from mlp_vision.layers.ssm import auto_conv_impl, ssm_conv_impl
@@ -86,6 +86,9 @@ def peak_memory_mb(step, device) -> float:
     return (torch.cuda.max_memory_allocated() - base) / 2 ** 20
 
 
+PROFILES: List[str] = []  # pair --profile: the top-kernel tables, written to PREFIX_profile.txt
+
+
 def pair(args) -> List[Dict]:
     rows = []
     for seq_len in args.seq_lens:
@@ -107,6 +110,9 @@ def pair(args) -> List[Dict]:
                    **{f'{f}_step_mem_mb_per_1k_tokens': memory[f] / tokens * 1000 for f in memory})
         rows.append(row)
         print(json.dumps(row), flush=True)
+        if args.profile and seq_len == args.seq_lens[0]:  # the top kernels, at the first length
+            PROFILES.extend(profile_call(step, torch.device(args.device), f'{f}, {args.layers} layers, batch {batch} '
+                                         f'x {seq_len} tokens, training step') for f, step in steps.items())
         del steps
         if torch.device(args.device).type == 'cuda':
             torch.cuda.empty_cache()
@@ -195,6 +201,9 @@ def write(rows: List[Dict], args, prefix: str) -> None:
     md += ['| ' + ' | '.join(f'{r.get(k):.4g}' if isinstance(r.get(k), float) else str(r.get(k)) for k in keys)
            + ' |' for r in rows]
     Path(prefix + '.md').write_text('\n'.join(md) + '\n')
+    if PROFILES:
+        Path(prefix + '_profile.txt').write_text(f'# torch.profiler, top ops by self time: {env["device"]}, '
+                                                 f'{env["date"]}\n# {env["command"]}\n\n' + '\n'.join(PROFILES))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -207,6 +216,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument('--conv-impl', default='auto', choices=BidirectionalGatedSSM.CONV_IMPLS,
                    help='BiGS route (pair, longest)')
     p.add_argument('--compile', action='store_true', help='torch.compile both models (pair, longest)')
+    p.add_argument('--profile', action='store_true',
+                   help="pair: profile one training step of each model at the first length (torch.profiler's top "
+                        'ops by self time; PREFIX_profile.txt with --out)')
     p.add_argument('--seq-lens', type=int, nargs='+', default=[1024, 4096, 16384])
     p.add_argument('--batch-tokens', type=int, default=32768, help='tokens per step (batch = this / seq-len)')
     p.add_argument('--samples', type=int, default=6)
@@ -222,6 +234,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    PROFILES.clear()  # this run's tables only, when main is called again in one process
     rows = {'pair': pair, 'longest': longest, 'routes': routes}[args.mode](args)
     if args.out:
         write(rows, args, args.out)
