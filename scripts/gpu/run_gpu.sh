@@ -226,7 +226,11 @@ e_bigs_model)
         --out "$WORK/bench/e_bigs12_vs_bert12_longest"
     ;;
 f_text_trainer)
-    text_trainer_pair f_text_trainer 235 400
+    text_trainer_pair f_text_trainer 205 400
+    # the top kernels of the study's encoder size (4 x 256, d_i 768, 128 tokens, batch 128; BERT of that size beside)
+    step f_text_trainer_profile 60 $PY scripts/gpu/text_models.py --device cuda --precision amp_bf16 --conv-impl auto \
+        pair --layers 4 --hidden 256 --seq-lens 128 --batch-tokens 16384 --samples 2 --warmup 1 --profile \
+        --out "$WORK/bench/f_text_trainer_profile"
     ;;
 g_bigs_layer_compiled)
     # the goals' mode: torch.compile of both layers, training step, bf16 autocast, step memory (its child process
