@@ -235,25 +235,30 @@ class Keep(logging.Handler):
     def emit(self, record):
         warnings.append(record.getMessage())
 logging.getLogger().addHandler(Keep(logging.WARNING))
-try:
-    ds = ImageFileDataset(sys.argv[1])
-    names = dataset_class_names(ds)
-    print(json.dumps({'samples': {p: names[t] for p, t in ds.samples}, 'warnings': warnings}))
-except UsageError as e:
-    print(json.dumps({'error': str(e), 'warnings': warnings}))
+results = []
+for root in sys.argv[1:]:
+    warnings.clear()
+    try:
+        ds = ImageFileDataset(root)
+        names = dataset_class_names(ds)
+        results.append({'samples': {p: names[t] for p, t in ds.samples}, 'warnings': list(warnings)})
+    except UsageError as e:
+        results.append({'error': str(e), 'warnings': list(warnings)})
+print(json.dumps(results))
 """
 
 
-def _scan_in_subprocess(root):
-    """ImageFileDataset(root) in another process with a time limit (a symlink loop used to walk forever, filling
-    the memory): ``{'samples': {relative path: class}, 'warnings': [...]}`` or ``{'error': ...}``."""
+def _scan_in_subprocess(*roots):
+    """ImageFileDataset(root) of each root, in one other process with a time limit (a symlink loop used to walk
+    forever, filling the memory): per root ``{'samples': {relative path: class}, 'warnings': [...]}`` or
+    ``{'error': ...}``."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO] + [p for p in os.environ.get('PYTHONPATH', '').split(
         os.pathsep) if p]))
     try:
-        proc = subprocess.run([sys.executable, '-c', _SCAN_SCRIPT, str(root)], capture_output=True, text=True,
+        proc = subprocess.run([sys.executable, '-c', _SCAN_SCRIPT, *map(str, roots)], capture_output=True, text=True,
                               env=env, timeout=120)
     except subprocess.TimeoutExpired:
-        pytest.fail(f'reading {root} did not end within 120 s (a symlink loop followed forever)')
+        pytest.fail(f'reading {roots} did not end within 120 s (a symlink loop followed forever)')
     assert proc.returncode == 0, proc.stderr[-2000:]
     return json.loads(proc.stdout)
 
@@ -287,13 +292,25 @@ def _loop_layout(root, kind):
     return warned, extra
 
 
-@pytest.mark.parametrize('kind', ['self', 'two_loops', 'root', 'mutual', 'mutual_outside'])
-def test_symlink_loops_are_skipped_with_a_warning_and_counts_are_true(tmp_path, kind):
+LOOP_KINDS = ['self', 'two_loops', 'root', 'mutual', 'mutual_outside']
+
+
+@pytest.fixture(scope='module')
+def scanned_loop_layouts(tmp_path_factory):
+    """Each kind's layout and what reading it gave: {kind: (warned, extra, result)}, all read in one subprocess
+    (the interpreter and torch start once, not once per kind)."""
+    layouts = {kind: (tmp_path_factory.mktemp(kind) / 'train') for kind in LOOP_KINDS}
+    expected = {kind: _loop_layout(root, kind) for kind, root in layouts.items()}
+    results = _scan_in_subprocess(*layouts.values())
+    return {kind: (*expected[kind], result) for kind, result in zip(layouts, results)}
+
+
+@pytest.mark.parametrize('kind', LOOP_KINDS)
+def test_symlink_loops_are_skipped_with_a_warning_and_counts_are_true(scanned_loop_layouts, kind):
     """The issue's data: a symlink loop in a class folder walked forever (two loops) or multiplied the images
     and filed them under the looping class (one loop). Each loop is now skipped with one warning naming the
     link and where it points; every image is read once, with its class."""
-    warned, extra = _loop_layout(tmp_path / 'train', kind)
-    result = _scan_in_subprocess(tmp_path / 'train')
+    warned, extra, result = scanned_loop_layouts[kind]
     assert result['samples'] == {'a/0.png': 'a', 'a/1.png': 'a', 'a/2.png': 'a', 'a/sub/deep.png': 'a',
                                  'b/3.png': 'b', 'b/4.png': 'b', **extra}
     for link, why in warned.items():
@@ -308,7 +325,7 @@ def test_links_between_class_folders_are_refused(tmp_path):
     _folder(tmp_path / 'mutual', {'a': 1, 'b': 1})
     os.symlink('../b', tmp_path / 'mutual' / 'a' / 'to_b')
     os.symlink('../a', tmp_path / 'mutual' / 'b' / 'to_a')
-    result = _scan_in_subprocess(tmp_path / 'mutual')
+    result, = _scan_in_subprocess(tmp_path / 'mutual')
     assert result['error'].endswith('the image a/to_b/1.png is the same file as b/1.png (a link): one image in two '
                                     'classes has no single label; expected each image in the folder of one class')
 
