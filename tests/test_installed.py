@@ -111,12 +111,23 @@ def test_wheel_holds_every_module_recipe_and_command(wheel):
         assert module == 'mlp_vision.commands' and function == script[len('mlp-vision-'):].replace('-', '_')
 
 
-@pytest.mark.parametrize('script', list(COMMANDS))
-def test_each_command_runs_installed(installed, script):
+@pytest.fixture(scope='module')
+def installed_help(installed):
+    """{script: (return code, stdout, stderr)} of each installed command's ``--help``, the commands started
+    together (each is a Python start and an import of torch: one core idles while the suite runs them in turn)."""
     bin_dir, work = installed
-    res = _run([bin_dir / script, '--help'], cwd=work)
-    assert res.returncode == 0, res.stderr
-    assert res.stdout.startswith('usage:'), res.stdout[:300]
+    environ = {k: v for k, v in os.environ.items() if k != 'PYTHONPATH'}
+    procs = {script: subprocess.Popen([str(bin_dir / script), '--help'], cwd=work, env=environ, text=True,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE) for script in COMMANDS}
+    outputs = {script: proc.communicate(timeout=300) for script, proc in procs.items()}
+    return {script: (procs[script].returncode, *outputs[script]) for script in procs}
+
+
+@pytest.mark.parametrize('script', list(COMMANDS))
+def test_each_command_runs_installed(installed_help, script):
+    returncode, stdout, stderr = installed_help[script]
+    assert returncode == 0, stderr
+    assert stdout.startswith('usage:'), stdout[:300]
 
 
 def test_the_installed_package_lists_its_commands_and_its_recipes(installed):
