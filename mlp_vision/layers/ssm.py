@@ -118,8 +118,7 @@ def bidirectional_fft_conv(u: torch.Tensor, k: torch.Tensor, n_fft: int) -> torc
     Shapes: u (B, 2, C, L) real, any float dtype, transformed in ``dtype`` (``k``'s: float32 / float64); k (2, L)
     real (group 0 causal, group 1 anti-causal); output (B, 2, C, L) in ``dtype``.
     """
-    u_f = torch.fft.rfft(u.to(k.dtype), n=n_fft)  # (B, 2, C, n_f)
-    return torch.fft.irfft(u_f.mul_(_bidirectional_spectrum(k, n_fft)), n=n_fft).narrow(-1, 0, u.shape[-1])
+    return _conv_with_spectrum(u.to(k.dtype), _bidirectional_spectrum(k, n_fft), n_fft, dim=-1)
 
 
 @bidirectional_fft_conv.register_fake
