@@ -73,5 +73,6 @@ def main() -> None:
     for name, kibs in rows:
         print(f'| {name} | ' + ' | '.join(f'{kib:.1f}' for kib in kibs) + ' |')
 
+
 if __name__ == '__main__':
     main()
