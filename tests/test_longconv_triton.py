@@ -4,6 +4,9 @@ CPU tensors run the kernels' source in Triton's interpreter (no GPU needed, no T
 an interpreted copy of each kernel for CPU tensors), against a direct dense-Toeplitz convolution in float64.
 The compiled CUDA path is checked by compiling the same kernels for an H100 (sm_90) without running them.
 """
+import ast
+import inspect
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -204,6 +207,36 @@ def test_fused_gelu_conv_keeps_only_the_pre_activations(compiled):
     activations = [t for t in saved if t.numel() >= a_f.numel()]
     assert len(activations) == 2
     assert {t.data_ptr() for t in activations} == {a_f.data_ptr(), a_b.data_ptr()}
+
+
+SPECIAL_FUNCTIONS = {'erf', 'exp', 'exp2', 'log', 'log2', 'tanh', 'sigmoid', 'math', 'libdevice'}
+
+
+def _tile_loop_offences(source):
+    """What a kernel (its source) computes inside its loops over GEMM tiles that it should compute once per element:
+    special functions (``tl.erf``, ``tl.exp``, ``tl.math.*``, ...) and any use of ``mask_ptr``. The tile loops are
+    the runtime loops (every ``for`` but the unrolled ``tl.static_range`` over the two directions, which holds the
+    once-per-output-element epilogue); every ``tl.dot`` must lie in one, so the check cannot pass vacuously."""
+    tree = ast.parse(source)
+    loops = [node for node in ast.walk(tree) if isinstance(node, ast.For)
+             and not (isinstance(node.iter, ast.Call) and isinstance(node.iter.func, ast.Attribute)
+                      and node.iter.func.attr == 'static_range')]
+    in_loops = [node for loop in loops for stmt in loop.body for node in ast.walk(stmt)]
+    dots = [node for node in ast.walk(tree) if isinstance(node, ast.Attribute) and node.attr == 'dot']
+    assert dots and all(any(dot is node for node in in_loops) for dot in dots), 'a tl.dot outside the tile loops'
+    return sorted({f'line {node.lineno}: {node.attr if isinstance(node, ast.Attribute) else node.id}'
+                   for node in in_loops if isinstance(node, ast.Attribute) and node.attr in SPECIAL_FUNCTIONS
+                   or isinstance(node, ast.Name) and node.id == 'mask_ptr'})
+
+
+@pytest.mark.parametrize('kernel', ['_toeplitz_conv_kernel', '_table_grad_kernel'])
+def test_no_special_function_or_mask_load_inside_the_tile_loops(kernel):
+    """The kernels read each input tile once per output block row (or table tile) that needs it: a GELU or mask
+    applied there is recomputed ~L / (2 block_l) times per element and starves the tensor cores on the special
+    function unit. The GELU and mask are applied once per element before the launch; the adjoint's GELU'
+    epilogue runs once per output tile, after the loop."""
+    from mlp_vision.layers import _longconv_kernels
+    assert _tile_loop_offences(inspect.getsource(getattr(_longconv_kernels, kernel))) == []
 
 
 @pytest.mark.parametrize('make_args,match', [
