@@ -38,6 +38,10 @@ is not applied as the kernel loads an input tile: a tile is read once per output
 transcendental there is recomputed that many times per element, and the special-function unit then starves the
 tensor cores. No kernel runs a transcendental or loads the mask inside its loop over tiles.
 
+Changing what runs on CUDA: what runs by default on CUDA changes only with a GPU row in ``results/gpu/`` showing it
+is not slower, or with a FLOP count that falls at least 4x; otherwise the change lands opt-in. Triton's interpreter
+proves a kernel exact, not fast.
+
 Devices: CUDA tensors run the compiled kernels; CPU tensors the same source in Triton's interpreter (numpy; slow,
 for tests on machines without a GPU; no ``TRITON_INTERPRET`` needed).
 
