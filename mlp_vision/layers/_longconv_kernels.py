@@ -3,10 +3,16 @@
 The kernels are plain functions, compiled by ``triton.jit`` for CUDA tensors and run by Triton's interpreter for
 CPU tensors, from this one source. So they call no other jit function (``tl.zeros`` and ``tl.sigmoid`` are ones:
 use ``tl.full`` and ``1 / (1 + exp(-x))``), since a helper would be bound to one of the two modes; hence the GELU
-written out in both kernels. Each direction's tensors come as two pointers with shared strides (``*0_ptr``
-forward / causal, ``*1_ptr`` backward / anti-causal): separate tensors or two halves of one, never stacked.
-Fused ops (``ACT``: 0 none, 1 exact GELU, 2 tanh GELU; ``HAS_MASK``: (B, L) int8 keep-mask): see the fused input
-GELU of :mod:`~mlp_vision.layers.longconv_triton`.
+derivative written out in the adjoint's epilogue. Each direction's tensors come as two pointers with shared strides
+(``*0_ptr`` forward / causal, ``*1_ptr`` backward / anti-causal): separate tensors or two halves of one, never
+stacked.
+
+Input tiles are plain loads: no transcendental (erf, exp, tanh) and no mask load runs inside a loop over GEMM tiles.
+An input tile is read once per output block row (or table tile) that needs it, so an activation applied there would
+be recomputed that many times per element, and the special-function unit would starve the tensor cores. The input
+GELU is applied before the launch (:mod:`~mlp_vision.layers.longconv_triton`); only the adjoint's epilogue, once per
+output element after the loop, multiplies by ``mask * GELU'(pre)`` (``ACT``: 0 none, 1 exact GELU, 2 tanh GELU;
+``HAS_MASK``: (B, L) int8 keep-mask).
 """
 import triton
 import triton.language as tl
@@ -35,8 +41,9 @@ def _toeplitz_conv_kernel(
     adjoint (``ADJOINT``, table tiles transposed by the caller) flips both. Grid: (block rows, channel blocks,
     batch x directions), or batch alone when ``GATED`` (both directions of the tile, then their product).
 
-    Forward (not ``ADJOINT``): the input tiles are ``mask * act(u)`` (prologue). Adjoint: the result is
-    multiplied by ``mask * act'(pre)`` (epilogue), ``pre`` being the forward pass's input."""
+    The input tiles are used as loaded. ``ACT`` and ``HAS_MASK`` are the adjoint's (the forward passes 0 and
+    False): after the loop, the output tile is multiplied by ``mask * act'(pre)`` (epilogue), ``pre`` being the
+    forward pass's pre-activation, so ``grad_u`` is never written before the GELU's derivative."""
     pid_l = tl.program_id(0)
     pid_c = tl.program_id(1)
     pid_z = tl.program_id(2)
@@ -72,17 +79,6 @@ def _toeplitz_conv_kernel(
             a = tl.load(a_ptrs + lag_block * BLOCK_L * BLOCK_L)
             src = j * BLOCK_L + offs_r
             x = tl.load(x_ptrs + src[:, None] * stride_ul, mask=(src < L)[:, None] & c_mask[None, :], other=0.0)
-            if not ADJOINT:  # prologue: u = mask * act(a), rounded to the input dtype like a separate GELU
-                if ACT == 1:
-                    xf = x.to(tl.float32)
-                    x = (xf * (0.5 + 0.5 * tl.erf(xf * 0.7071067811865476))).to(x.dtype)
-                if ACT == 2:  # 0.5 (1 + tanh(z)) = sigmoid(2 z)
-                    xf = x.to(tl.float32)
-                    z = 0.7978845608028654 * (xf + 0.044715 * xf * xf * xf)
-                    x = (xf / (1.0 + tl.exp(-2.0 * z))).to(x.dtype)
-                if HAS_MASK:
-                    keep = tl.load(mask_ptr + batch.to(tl.int64) * L + src, mask=src < L, other=0)
-                    x = tl.where((keep != 0)[:, None], x, 0.0).to(x.dtype)
             if UPCAST_DOT:  # the interpreter multiplies bf16 as raw uint16; bf16 x bf16 products are exact in fp32
                 acc = tl.dot(a.to(tl.float32), x.to(tl.float32), acc)
             else:
@@ -119,17 +115,17 @@ def _toeplitz_conv_kernel(
 
 
 def _table_grad_kernel(
-        g0_ptr, g1_ptr, u0_ptr, u1_ptr, mask_ptr, partial_ptr,
+        g0_ptr, g1_ptr, u0_ptr, u1_ptr, partial_ptr,
         L, C, n_blocks, n_pairs, n_cblocks, n_split,
         stride_gb, stride_gl, stride_gc,
         stride_ub, stride_ul, stride_uc,
-        ACT: tl.constexpr, HAS_MASK: tl.constexpr, UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
+        UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
         BLOCK_L: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
     """Gradient of table tile ``m`` of direction ``d`` (forward orientation), one share of the sum:
     ``sum_{(b, c-block) = split, split + n_split, ...} sum_i G[b, i, d, c] U[b, j, d, c]^T`` with ``j = i - m``
-    (causal) or ``i + m`` (anti-causal), into ``partial[split, d, m]``; ``U = mask * act(u)`` as in the forward
-    prologue. Grid: (n_blocks, 2, n_split)."""
+    (causal) or ``i + m`` (anti-causal), into ``partial[split, d, m]``; ``U`` is the forward pass's input as the
+    conv kernel read it (activated and masked already). Grid: (n_blocks, 2, n_split)."""
     lag_block = tl.program_id(0)
     direction = tl.program_id(1)
     split = tl.program_id(2)
@@ -154,16 +150,6 @@ def _table_grad_kernel(
             src = tl.where(anticausal, i + lag_block, i - lag_block) * BLOCK_L + offs_r
             g = tl.load(g_ptrs + dst[:, None] * stride_gl, mask=(dst < L)[:, None] & c_mask[None, :], other=0.0)
             x = tl.load(x_ptrs + src[None, :] * stride_ul, mask=c_mask[:, None] & (src < L)[None, :], other=0.0)
-            if ACT == 1:  # the forward prologue's u = mask * act(a), on the transposed tile
-                xf = x.to(tl.float32)
-                x = (xf * (0.5 + 0.5 * tl.erf(xf * 0.7071067811865476))).to(x.dtype)
-            if ACT == 2:
-                xf = x.to(tl.float32)
-                z = 0.7978845608028654 * (xf + 0.044715 * xf * xf * xf)
-                x = (xf / (1.0 + tl.exp(-2.0 * z))).to(x.dtype)
-            if HAS_MASK:
-                keep = tl.load(mask_ptr + batch.to(tl.int64) * L + src, mask=src < L, other=0)
-                x = tl.where((keep != 0)[None, :], x, 0.0).to(x.dtype)
             if UPCAST_DOT:
                 acc = tl.dot(g.to(tl.float32), x.to(tl.float32), acc)
             else:

@@ -1,5 +1,5 @@
-""" Bidirectional long convolution of the BiGS layer as a blocked Toeplitz GEMM in Triton, optionally fused
-with the input GELUs (the layer's route) or with the multiplicative gate.
+""" Bidirectional long convolution of the BiGS layer as a blocked Toeplitz GEMM in Triton, optionally with the
+input GELUs in the same op (the layer's route) or fused with the multiplicative gate.
 
 Paper: `Pretraining Without Attention` (BiGS) - https://arxiv.org/abs/2212.10544: an SSM is a convolution with a
 long kernel ``K`` (§3.1), one causal and one anti-causal per layer, one kernel per direction shared by all channels
@@ -29,9 +29,18 @@ table tiles transposed (the adjoint of a causal convolution is the anti-causal c
 ``sum_{b, c-blocks, i} G[i] U[i -/+ m]^T`` (deterministic partial sums), carried to ``K`` through the gather. With
 ``gated=True`` the gate's backward runs in PyTorch on the two factors the forward saved.
 
-Fused input GELU (:func:`bidirectional_gelu_long_conv`, the BiGS layer's Triton route): the kernel computes
-``u = mask * GELU(a)`` as it loads each input tile and multiplies the adjoint's output tile by ``mask * GELU'(a)``,
-so neither ``u`` nor a stacked copy of the two directions is ever written, and the backward pass keeps only ``a``.
+Input GELU (:func:`bidirectional_gelu_long_conv`, the BiGS layer's Triton route): the forward op computes
+``u = mask * GELU(a)`` once per element (``F.gelu``, then the padded positions zeroed) and runs the kernel on ``u``;
+the backward op recomputes ``u`` from ``a`` for the table gradient, and the adjoint kernel multiplies each output
+tile by ``mask * GELU'(a)`` once, after its tile loop, so ``grad_u`` is never written before the GELU's derivative.
+``u`` is transient: the backward pass keeps only ``a``, and no stacked copy of the two directions is made. The GELU
+is not applied as the kernel loads an input tile: a tile is read once per output block row that needs it, a
+transcendental there is recomputed that many times per element, and the special-function unit then starves the
+tensor cores. No kernel runs a transcendental or loads the mask inside its loop over tiles.
+
+Changing what runs on CUDA: what runs by default on CUDA changes only with a GPU row in ``results/gpu/`` showing it
+is not slower, or with a FLOP count that falls at least 4x; otherwise the change lands opt-in. Triton's interpreter
+proves a kernel exact, not fast.
 
 Devices: CUDA tensors run the compiled kernels; CPU tensors the same source in Triton's interpreter (numpy; slow,
 for tests on machines without a GPU; no ``TRITON_INTERPRET`` needed).
@@ -141,8 +150,9 @@ def bidirectional_gelu_long_conv(a_f: torch.Tensor, a_b: torch.Tensor, kernels: 
     ``(causal_conv(m * GELU(a_f), K_f), anticausal_conv(m * GELU(a_b), K_b))`` with ``m`` the mask broadcast over
     channels (arXiv 2212.10544 §4: ``u = GELU(h W_u)`` feeds the SSM).
 
-    ``GELU(a)`` is never written to memory (module docstring); it is computed in float32 and rounded to the input
-    dtype, as ``F.gelu`` rounds it, then convolved as :func:`bidirectional_long_conv`.
+    ``GELU(a)`` is computed once per element by ``F.gelu`` (float32, rounded to the input dtype) inside the op,
+    convolved as :func:`bidirectional_long_conv` and freed: the backward pass keeps only ``a_f`` and ``a_b``
+    (module docstring).
 
     Args:
         a_f, a_b: (B, L, C) pre-activations of the forward / backward inputs, one dtype (float16 / bfloat16 /
@@ -169,7 +179,7 @@ def bidirectional_gelu_long_conv(a_f: torch.Tensor, a_b: torch.Tensor, kernels: 
 
 
 GELU_ACTS = ('none', 'tanh')  # F.gelu's approximations
-_ACT_CODES = {'identity': 0, 'none': 1, 'tanh': 2}  # the kernels' ACT constexpr
+_ACT_CODES = {'identity': 0, 'none': 1, 'tanh': 2}  # the conv kernel's ACT constexpr (the adjoint's epilogue)
 
 
 def _table_for(device, kernels, block_l, block_c) -> torch.Tensor:
@@ -229,9 +239,10 @@ def _long_conv_op(u_f: torch.Tensor, u_b: torch.Tensor, table: torch.Tensor, bia
     """``u_f``, ``u_b`` (B, L, C) (the two directions' inputs, pre-activations when ``act`` is a GELU),
     ``table`` (2, n_blocks, bl, bl) float32 (:func:`lag_block_table`), ``bias`` (2, C) or None, ``mask`` (B, L)
     int8 or None -> ``[y_f, y_b]`` (B, L, C) each, or ``[y_f * y_b]`` (B, L, C) when ``gated``, followed by the
-    factors ``y + bias`` (B, L, 2, C) when ``save_factors``."""
-    out, factors = _launch_conv(_shared_strides(u_f, u_b), table.to(u_f.dtype), bias, mask, None, act, gated,
-                                adjoint=False, save_factors=save_factors, block_c=block_c)
+    factors ``y + bias`` (B, L, 2, C) when ``save_factors``. The kernel convolves ``mask * act(u)``
+    (:func:`_activated`, a transient tensor unless ``act`` is ``'identity'`` without a mask)."""
+    out, factors = _launch_conv(_activated(u_f, u_b, mask, act), table.to(u_f.dtype), bias, None, None, 'identity',
+                                gated, adjoint=False, save_factors=save_factors, block_c=block_c)
     return _as_list(out, factors)
 
 
@@ -241,8 +252,8 @@ def _long_conv_fake(u_f, u_b, table, bias, mask, act, gated, save_factors, block
 
 
 def _long_conv_setup_context(ctx, inputs, output) -> None:
-    """Saved for the backward pass: ``u_f``, ``u_b`` (the caller's tensors, not copies), the table, the mask and,
-    when gated, both factors ``y + bias``."""
+    """Saved for the backward pass: ``u_f``, ``u_b`` (the caller's tensors, not copies: on the GELU route the
+    pre-activations, never ``act(u)``), the table, the mask and, when gated, both factors ``y + bias``."""
     u_f, u_b, table, bias, mask, act, gated, save_factors, block_c = inputs
     ctx.save_for_backward(u_f, u_b, table, mask, output[1] if save_factors else None)
     ctx.act, ctx.gated, ctx.block_c = act, gated, block_c
@@ -278,15 +289,16 @@ def _long_conv_backward_op(grad_f: torch.Tensor, grad_b: torch.Tensor, u_f: torc
                            input_grads: bool, table_grad: bool) -> List[torch.Tensor]:
     """The Triton GEMMs of :func:`_long_conv_op`'s backward pass: the gradients ``grad_f``, ``grad_b`` (B, L, C) of
     the two directions' outputs (before the gate), in ``u_f``'s dtype -> ``[grad_u_f, grad_u_b]`` (B, L, C) when
-    ``input_grads`` (``T^T G``: adjoint tiles, causality flipped, times ``mask * act'(u)``), then the float32
-    table's gradient (2, n_blocks, bl, bl) when ``table_grad``."""
+    ``input_grads`` (``T^T G``: adjoint tiles, causality flipped, times ``mask * act'(u)`` in the kernel's
+    epilogue), then the float32 table's gradient (2, n_blocks, bl, bl) when ``table_grad`` (from ``mask * act(u)``,
+    recomputed here as the forward op computed it)."""
     grad_y, u = _shared_strides(grad_f, grad_b), _shared_strides(u_f, u_b)
     grads = []
     if input_grads:
         grads += _launch_conv(grad_y, table.transpose(-1, -2).to(u_f.dtype), None, mask, u, act, gated=False,
                               adjoint=True, save_factors=False, block_c=block_c)[0]
     if table_grad:
-        grads.append(_launch_table_grad(grad_y, u, mask, act, table.shape[1], table.shape[-1], block_c))
+        grads.append(_launch_table_grad(grad_y, _activated(*u, mask, act), table.shape[1], table.shape[-1], block_c))
     return grads
 
 
@@ -294,6 +306,25 @@ def _long_conv_backward_op(grad_f: torch.Tensor, grad_b: torch.Tensor, u_f: torc
 def _long_conv_backward_fake(grad_f, grad_b, u_f, u_b, table, mask, act, block_c, input_grads, table_grad):
     grads = list(_new_conv_outputs(grad_f, gated=False, save_factors=False)[0]) if input_grads else []
     return grads + ([table.new_empty(table.shape, dtype=torch.float32)] if table_grad else [])
+
+
+def _activated(u_f, u_b, mask, act) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``mask * act(u)`` of both directions, elementwise (``F.gelu``: float32, rounded to the input dtype), zero
+    where the (B, L) int8 ``mask`` is 0; ``u_f``, ``u_b`` themselves when ``act`` is ``'identity'`` and there is no
+    mask. Returned with one set of strides."""
+    if act == 'identity' and mask is None:
+        return _shared_strides(u_f, u_b)
+    drop = None if mask is None else mask[:, :, None] == 0
+    out = []
+    for u in (u_f, u_b):
+        if act != 'identity':
+            u = F.gelu(u, approximate=act)
+            if drop is not None:
+                u.masked_fill_(drop, 0)  # in place: the GELU's output is this function's own tensor
+        elif drop is not None:
+            u = u.masked_fill(drop, 0)
+        out.append(u)
+    return _shared_strides(*out)
 
 
 def _as_list(out, factors) -> List[torch.Tensor]:
@@ -314,10 +345,11 @@ def _new_conv_outputs(u_f, gated, save_factors):
 
 
 def _launch_conv(u, table, bias, mask, pre, act, gated, adjoint, save_factors, block_c):
-    """Run the tile-product kernel on the pair ``u`` (two (B, L, C) tensors of shared strides): ``(out, factors)``
-    with ``out`` a pair of (B, L, C) tensors, or one when ``gated``; ``factors`` (B, L, 2, C) holds ``y + bias``
-    of both directions when ``save_factors`` (gated forward with a graph), else None. ``pre`` (adjoint only): the
-    forward inputs whose ``act`` derivative and ``mask`` the result is multiplied by."""
+    """Run the tile-product kernel on the pair ``u`` (two (B, L, C) tensors of shared strides, used as they are):
+    ``(out, factors)`` with ``out`` a pair of (B, L, C) tensors, or one when ``gated``; ``factors`` (B, L, 2, C)
+    holds ``y + bias`` of both directions when ``save_factors`` (gated forward with a graph), else None. ``mask``,
+    ``pre`` and ``act`` are the adjoint's epilogue (the forward passes None, None, ``'identity'``): the result is
+    multiplied by ``mask * act'(pre)``, ``pre`` being the forward's pre-activations."""
     u_f, u_b = u
     batch, length, channels = u_f.shape
     n_blocks, block_l = table.shape[1], table.shape[-1]
@@ -339,9 +371,10 @@ def _launch_conv(u, table, bias, mask, pre, act, gated, adjoint, save_factors, b
     return out, factors
 
 
-def _launch_table_grad(grad_y, u, mask, act, n_blocks, block_l, block_c) -> torch.Tensor:
+def _launch_table_grad(grad_y, u, n_blocks, block_l, block_c) -> torch.Tensor:
     """Gradient of the float32 table: (2, n_blocks, bl, bl), summed over deterministic partial sums; ``grad_y``
-    and ``u`` are pairs of (B, L, C) tensors of shared strides (``u`` the forward inputs, before ``act``)."""
+    and ``u`` are pairs of (B, L, C) tensors of shared strides (``u`` what the forward kernel convolved: after the
+    GELU and the mask)."""
     batch, length, channels = u[0].shape
     n_cblocks = _cdiv(channels, block_c)
     n_pairs = batch * n_cblocks
@@ -350,10 +383,9 @@ def _launch_table_grad(grad_y, u, mask, act, n_blocks, block_l, block_c) -> torc
     n_split = max(1, min(n_pairs, -(-target // (2 * n_blocks))))
     partial = torch.empty((n_split, 2, n_blocks, block_l, block_l), device=u[0].device, dtype=torch.float32)
     TABLE_GRAD_KERNELS[u[0].device.type][(n_blocks, 2, n_split)](
-        *grad_y, *u, u[0] if mask is None else mask.contiguous(), partial,
+        *grad_y, *u, partial,
         length, channels, n_blocks, n_pairs, n_cblocks, n_split,
         *grad_y[0].stride(), *u[0].stride(),
-        ACT=_ACT_CODES[act], HAS_MASK=mask is not None,
         UPCAST_DOT=u[0].device.type == 'cpu', DOT_PRECISION=_dot_precision(u[0].dtype),
         BLOCK_L=block_l, BLOCK_C=block_c, **_launch_options(u[0], block_l, block_c),
     )
