@@ -417,7 +417,8 @@ def matmul_ceiling(device: torch.device, precision: str, clock: Callable[[], flo
 
 def _cached_macs(spec: str, model: nn.Module, in_size: Tuple[int, ...], cache: Dict[Any, float]) -> float:
     """fvcore MACs per image or sequence (batch 1, eval) with the project's counting rules
-    (:func:`mlp_vision.complexity.count_module`), once per contender and input size of a run."""
+    (:func:`mlp_vision.complexity.count_module`), once per contender and input size of a run; a BiGS layer's
+    convolution as the route it runs on this device and length (not the paper's FFT count)."""
     if (spec, in_size) not in cache:
         from mlp_vision.complexity import count_module
         progress(f'{spec}: counting MACs (fvcore)')
@@ -425,7 +426,7 @@ def _cached_macs(spec: str, model: nn.Module, in_size: Tuple[int, ...], cache: D
         param = next(model.parameters(), None)
         x = torch.randn((1,) + tuple(in_size), device=param.device if param is not None else None)
         try:
-            cache[spec, in_size] = float(count_module(model.eval(), (x,))[0])
+            cache[spec, in_size] = float(count_module(model.eval(), (x,), bigs_conv_impl=None)[0])
         finally:
             model.train(was_training)
     return cache[spec, in_size]

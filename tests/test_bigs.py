@@ -433,13 +433,14 @@ def test_layer_mask_exact_for_right_and_left_padding():
 
 def test_auto_conv_impl_depends_only_on_device_dtype_and_length():
     """conv_impl='auto': the Triton kernel on CUDA from TRITON_MIN_LEN tokens (where triton is installed and the
-    dtype is one it multiplies), else the dense Toeplitz GEMM up to DIRECT_MAX_LEN and FFTs beyond, as before."""
+    dtype is one it multiplies) until the chunked route pays, else the dense Toeplitz GEMM up to DIRECT_MAX_LEN and FFTs beyond, as before."""
     from types import SimpleNamespace
     from mlp_vision.layers.ssm import DIRECT_MAX_LEN, TRITON_MIN_LEN, auto_conv_impl
     bf16 = torch.bfloat16
     for dtype in (bf16, torch.float16, torch.float32):
         assert auto_conv_impl('cuda', dtype, TRITON_MIN_LEN, True) == 'triton'
-        assert auto_conv_impl('cuda', dtype, 16384, True) == 'triton'
+        assert auto_conv_impl('cuda', dtype, 2048, True) == 'triton'
+        assert auto_conv_impl('cuda', dtype, 16384, True) == 'chunked'  # tests/test_ssm_chunked.py
     below = TRITON_MIN_LEN - 1
     assert auto_conv_impl('cuda', bf16, below, True) == ('direct' if below <= DIRECT_MAX_LEN else 'fft')
     assert auto_conv_impl('cuda', bf16, 4096, False) == 'fft'  # no triton

@@ -3,6 +3,7 @@ call that counts a module. Each handle's docstring gives its rule; why each is n
 miscounts) is in ``docs/complexity.md``. Element-wise ops and lookups (:data:`NON_MAC_OPS`) are not
 multiply-accumulates and stay uncounted, as in the papers.
 """
+import contextlib
 import math
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -37,6 +38,16 @@ def batched_matmul_add_macs(inputs, outputs) -> int:
     a, b = _shape(inputs[1]), _shape(inputs[2])
     cols = b[-1] if len(b) > 1 else 1
     return math.prod(a[:-1]) * a[-1] * cols
+
+
+def toeplitz_conv_macs(inputs, outputs) -> float:
+    """``mlp_vision::bidirectional_long_conv(u_f, u_b, table, ...)`` (BiGS's Triton route): both directions'
+    tiles on one side of the block diagonal, ``B C L`` times
+    :func:`~mlp_vision.layers.longconv_triton.toeplitz_conv_macs_per_token` each."""
+    from ..layers.longconv_triton import toeplitz_conv_macs_per_token
+    batch, length, channels = _shape(inputs[0])
+    block_l = _shape(inputs[2])[-1]
+    return 2 * batch * channels * length * toeplitz_conv_macs_per_token(length, block_l)
 
 
 def vector_macs(inputs, outputs) -> int:
@@ -119,6 +130,7 @@ EXTRA_HANDLES = {
     )},
     **{f'aten::{op}': vector_macs for op in ('mv', 'dot', 'vdot')},
     'aten::scaled_dot_product_attention': sdpa_macs,
+    'mlp_vision::bidirectional_long_conv': toeplitz_conv_macs,
     **{f'aten::{op}': _fft_handle(kind, variant) for op, (kind, variant) in _FFT_OPS.items()},
 }
 
@@ -135,15 +147,17 @@ NON_MAC_OPS = frozenset('aten::' + op for op in (
 ))
 
 
-def count_module(model: nn.Module, inputs: Tuple[torch.Tensor, ...], encoder: Optional[str] = None
-                 ) -> Tuple[int, Dict[str, int], Dict[str, int], Optional[int]]:
+def count_module(model: nn.Module, inputs: Tuple[torch.Tensor, ...], encoder: Optional[str] = None,
+                 bigs_conv_impl: Optional[str] = 'fft') -> Tuple[int, Dict[str, int], Dict[str, int], Optional[int]]:
     """fvcore MACs of ``model(*inputs)`` with :data:`EXTRA_HANDLES`.
 
     Returns ``(total, by_operator, uncounted, encoder_total)``: ``uncounted`` maps each op fvcore skipped to its
     number of calls; ``encoder_total`` is the total of the submodule named ``encoder`` (None without one).
 
-    BiGS layers are traced with their FFT convolution (``conv_impl='fft'``), the O(L log L) formulation the paper
-    counts, even where they would run it as a Toeplitz GEMM (faster on CPU up to L = 1024, more MACs). Token GEMMs
+    BiGS layers are traced with the convolution route ``bigs_conv_impl``: by default their FFT convolution
+    (``'fft'``), the O(L log L) formulation the paper counts, even where they would run a Toeplitz GEMM (faster on
+    CPU up to L = 1024, more MACs) or the chunked route; ``None`` counts the route each layer takes for ``inputs``
+    (``conv_impl``, or what ``'auto'`` picks on their device: what ``benchmark.py`` reports). Token GEMMs
     (gMLP's SGU, Mixer's token MLP) are traced unpadded (``token_multiple=1``): the papers' MACs, not the exact
     zeros they add for GPU kernels (196 -> 200 tokens)."""
     from fvcore.nn import FlopCountAnalysis
@@ -154,7 +168,8 @@ def count_module(model: nn.Module, inputs: Tuple[torch.Tensor, ...], encoder: Op
     fca.unsupported_ops_warnings(False)
     fca.uncalled_modules_warnings(False)
     fca.tracer_warnings('none')
-    with torch.no_grad(), ssm_conv_impl(model, 'fft'), tokens_padded_to(model, 1):
+    route = ssm_conv_impl(model, bigs_conv_impl) if bigs_conv_impl else contextlib.nullcontext(model)
+    with torch.no_grad(), route, tokens_padded_to(model, 1):
         total = int(round(fca.total()))
         by_op = {k: int(round(v)) for k, v in sorted(fca.by_operator().items(), key=lambda kv: -kv[1])}
         uncounted = dict(sorted(fca.unsupported_ops().items()))

@@ -62,7 +62,7 @@ except ImportError:
     CONV_KERNELS = TABLE_GRAD_KERNELS = {}
 
 __all__ = ['bidirectional_long_conv', 'bidirectional_gelu_long_conv', 'bidirectional_long_conv_reference',
-           'causal_toeplitz', 'lag_block_table', 'has_triton']
+           'causal_toeplitz', 'lag_block_table', 'has_triton', 'toeplitz_conv_macs_per_token']
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -75,6 +75,14 @@ def has_triton(device: torch.device) -> bool:
 
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
+
+
+def toeplitz_conv_macs_per_token(length: int, block_l: int = 128) -> float:
+    """Multiply-accumulates per token and channel of one direction of the blocked Toeplitz kernel: the
+    ``n (n + 1) / 2`` tiles of ``block_l^2`` taps on and below the block diagonal, ``n = ceil(L / block_l)``, over
+    ``L`` tokens (about ``(L + block_l) / 2``: it grows with ``L``)."""
+    n_blocks = _cdiv(length, block_l)
+    return n_blocks * (n_blocks + 1) / 2 * block_l * block_l / length
 
 
 def lag_block_table(kernels: torch.Tensor, block_l: int) -> torch.Tensor:

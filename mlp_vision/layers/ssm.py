@@ -24,32 +24,44 @@ from typing import Dict, Iterator, Optional, Tuple
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
 from .activations import fresh_gelu, gelu_product
 from .longconv_triton import SUPPORTED_DTYPES as TRITON_DTYPES, bidirectional_gelu_long_conv, bidirectional_long_conv, \
-    causal_toeplitz, has_triton
+    causal_toeplitz, has_triton, toeplitz_conv_macs_per_token
 from .overrides import attribute_set_to
+from .ssm_chunked import bidirectional_chunked_conv, chunked_conv_macs_per_token
 
 __all__ = [
     'fast_fft_len', 'causal_toeplitz', 'S4DKernel', 'S4DLayer', 'BidirectionalGatedSSM',
-    'ssm_conv_impl', 'auto_conv_impl', 'DIRECT_MAX_LEN', 'TRITON_MIN_LEN',
+    'ssm_conv_impl', 'auto_conv_impl', 'chunked_route_pays', 'DIRECT_MAX_LEN', 'TRITON_MIN_LEN',
 ]
 
 # conv_impl='auto' (see BidirectionalGatedSSM): the longest sequence convolved as a dense Toeplitz GEMM, and on CUDA
-# the shortest one convolved by the Triton kernel (provisional: its cost per token grows as L, the FFT's as log L; the
-# crossover below 4,096 is not yet measured, `scripts/gpu/text_models.py --mode routes` times every route per length)
+# the shortest one convolved by the Triton kernel (provisional: `scripts/gpu/text_models.py routes` times every route
+# per length). Beyond, on CUDA, the chunked route once it needs a quarter of the Toeplitz kernel's MACs or fewer
+# (about 3,300 tokens with N = 64): the rule for GPU defaults without a GPU measurement (see longconv_triton).
 DIRECT_MAX_LEN = 1024
 TRITON_MIN_LEN = 1024
 
 
-def auto_conv_impl(device_type: str, dtype: torch.dtype, length: int, triton_available: bool,
+def chunked_route_pays(length: int, num_states: int) -> bool:
+    """Whether the chunked route needs at most a quarter of the MACs of the Triton Toeplitz kernel at ``length``
+    tokens (both per token and channel: :func:`~mlp_vision.layers.ssm_chunked.chunked_conv_macs_per_token`,
+    :func:`~mlp_vision.layers.longconv_triton.toeplitz_conv_macs_per_token`)."""
+    return 4 * chunked_conv_macs_per_token(length, num_states) <= toeplitz_conv_macs_per_token(length)
+
+
+def auto_conv_impl(device_type: str, dtype: torch.dtype, length: int, triton_available: bool, num_states: int = 64,
                    direct_max_len: int = DIRECT_MAX_LEN, triton_min_len: int = TRITON_MIN_LEN) -> str:
-    """The SSM convolution route ``conv_impl='auto'`` takes: ``'triton'`` on CUDA for ``length >= triton_min_len``
-    when triton is installed and the dtype is one its kernel multiplies (float16 / bfloat16 / float32), else
-    ``'direct'`` up to ``direct_max_len`` and ``'fft'`` beyond. Static facts of the input only, never timings or
-    observers, so a model computes the same thing on every run."""
+    """The SSM convolution route ``conv_impl='auto'`` takes. On CUDA, for ``length >= triton_min_len`` when triton
+    is installed and the dtype is one its kernel multiplies (float16 / bfloat16 / float32): ``'chunked'`` where
+    :func:`chunked_route_pays`, else ``'triton'``. Otherwise ``'direct'`` up to ``direct_max_len`` and ``'fft'``
+    beyond (on the CPU the FFT route is as fast as the chunked one at 16K tokens and faster below:
+    ``results/bigs_linear/``). Static facts of the input and the layer only, never timings or observers, so a model
+    computes the same thing on every run."""
     if device_type == 'cuda' and triton_available and dtype in TRITON_DTYPES and length >= triton_min_len:
-        return 'triton'
+        return 'chunked' if chunked_route_pays(length, num_states) else 'triton'
     return 'direct' if length <= direct_max_len else 'fft'
 
 
@@ -237,6 +249,22 @@ class S4DKernel(nn.Module):
             a_bar = torch.exp(dt * a)
             return a_bar, (a_bar - 1) / a, c
 
+    def modes(self) -> Tuple[torch.Tensor, torch.Tensor]:
+        """The kernel as N decaying modes, ``K[l] = Re(sum_n w_n lam_n^l)``, in float64 real arithmetic (for the
+        chunked route, :mod:`~mlp_vision.layers.ssm_chunked`): ``log_decay`` (2, N) = [Re, Im] of
+        ``log lam = dt A`` (real part <= -1e-4 dt) and ``weight`` (2, N) = [Re, Im] of ``w = C (lam - 1) / A``."""
+        dt = self.log_step.to(torch.float64).exp()
+        a_re = self.A_re.to(torch.float64).clamp(max=-1e-4)
+        a_im = self.A_im.to(torch.float64)
+        x, y = dt * a_re, dt * a_im
+        # lam - 1 = exp(x) cos(y) - 1 + i exp(x) sin(y), its real part without cancellation for small |dt A|
+        e_re = torch.expm1(x) * torch.cos(y) - 2 * torch.sin(y / 2) ** 2
+        e_im = torch.exp(x) * torch.sin(y)
+        norm = a_re * a_re + a_im * a_im
+        q_re, q_im = (e_re * a_re + e_im * a_im) / norm, (e_im * a_re - e_re * a_im) / norm  # (lam - 1) / A
+        c_re, c_im = self.C[:, 0].to(torch.float64), self.C[:, 1].to(torch.float64)
+        return torch.stack([x, y]), torch.stack([c_re * q_re - c_im * q_im, c_re * q_im + c_im * q_re])
+
     def _kernel(self, length: int) -> torch.Tensor:
         with _autocast_off(self.log_step.device):
             dt, a, c = self._continuous_params()
@@ -313,12 +341,16 @@ class BidirectionalGatedSSM(nn.Module):
           times the input, one batched GEMM for both directions (``L^2 d`` MACs, at GEMM speed);
         * ``'fft'``: real FFTs of length ``fast_fft_len(2L)``, ``O(L log L)`` per channel (the paper's formulation
           and the FLOP counts');
-        * ``'triton'``: the direct route as a blocked-Toeplitz Triton kernel with the input GELUs and the mask fused
-          in (:func:`~mlp_vision.layers.longconv_triton.bidirectional_gelu_long_conv`), tiles multiplied in the
-          activations' dtype (bf16 taps under autocast), float32 accumulation. For CUDA (on the CPU it runs in
-          Triton's interpreter: slow, for tests);
+        * ``'triton'``: the direct route as a blocked-Toeplitz Triton kernel, the input GELUs and the mask applied
+          once per element in the same op (:func:`~mlp_vision.layers.longconv_triton.bidirectional_gelu_long_conv`),
+          tiles multiplied in the activations' dtype (bf16 taps under autocast), float32 accumulation. For CUDA (on
+          the CPU it runs in Triton's interpreter: slow, for tests);
+        * ``'chunked'``: linear in L: chunks of T tokens, each a T x T Toeplitz GEMM, joined by the N states of the
+          S4D kernel (:mod:`~mlp_vision.layers.ssm_chunked`), ``T + 4N`` MACs per token and channel at any length;
+          GEMMs in the activations' dtype, states in float32. With a graph it is recomputed in the backward pass,
+          keeping only the pre-activations, as the Triton route does;
         * ``'auto'`` (default, :func:`auto_conv_impl`): on CUDA with triton, ``'triton'`` from :data:`TRITON_MIN_LEN`
-          tokens (at 4,096 tokens on an H100 the layer ran 1.02x a flash-attention BERT-large layer, 0.61x by FFT);
+          tokens and ``'chunked'`` from where it needs a quarter of the Toeplitz kernel's MACs (about 3,300 tokens);
           otherwise ``'direct'`` up to :data:`DIRECT_MAX_LEN` and ``'fft'`` beyond (2-thread CPU, d 1024: direct
           3-4x faster at L = 128-512, still ahead at 1024, FFT ahead at 4096).
         The direct and FFT routes run in float32 (float64 for float64 inputs) with autocast off.
@@ -362,7 +394,7 @@ class BidirectionalGatedSSM(nn.Module):
 
     DIRECT_MAX_LEN = DIRECT_MAX_LEN  # 'auto' (auto_conv_impl): longest sequence convolved as a Toeplitz GEMM
     TRITON_MIN_LEN = TRITON_MIN_LEN  # 'auto' on CUDA: shortest sequence convolved by the Triton kernel
-    CONV_IMPLS = ('auto', 'direct', 'fft', 'triton')
+    CONV_IMPLS = ('auto', 'direct', 'fft', 'triton', 'chunked')
 
     @property
     def conv_impl(self) -> str:
@@ -399,15 +431,19 @@ class BidirectionalGatedSSM(nn.Module):
         if self.conv_impl != 'auto':
             return self.conv_impl
         return auto_conv_impl(u.device.type, u.dtype, u.shape[1], has_triton(u.device),
-                              direct_max_len=self.DIRECT_MAX_LEN, triton_min_len=self.TRITON_MIN_LEN)
+                              num_states=self.ssm_forward.kernel.num_states, direct_max_len=self.DIRECT_MAX_LEN,
+                              triton_min_len=self.TRITON_MIN_LEN)
 
     def _bidirectional_gelu_ssm(self, a_f: torch.Tensor, a_b: torch.Tensor,
                                 mask: Optional[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
         """``SSM_f(u_f)`` and ``SSM_b(u_b, anticausal=True)`` of ``u = GELU(a)`` (zeroed at padded positions), (B, L, d)
-        each in ``a``'s dtype. The Triton route computes the GELUs and the mask inside the convolution kernel;
-        the others apply them first and convolve the stacked inputs (:meth:`_bidirectional_ssm`)."""
+        each in ``a``'s dtype. The Triton and chunked routes take the pre-activations (and keep only them for the
+        backward pass); the others apply the GELUs and the mask first and convolve the stacked inputs
+        (:meth:`_bidirectional_ssm`)."""
         act = self.gelu_approximate
         route = self.conv_route(a_f)
+        if route == 'chunked':
+            return self._chunked_gelu_ssm(a_f, a_b, mask)
         if route == 'triton':
             kernels = self._ssm_kernels(a_f.shape[1], a_f)
             with _autocast_off(a_f.device):
@@ -416,6 +452,34 @@ class BidirectionalGatedSSM(nn.Module):
         if mask is not None:
             u = u * mask[:, :, None, None].to(u.dtype)
         return self._bidirectional_ssm(u, route).unbind(2)
+
+    def _chunked_gelu_ssm(self, a_f: torch.Tensor, a_b: torch.Tensor,
+                          mask: Optional[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
+        """The chunked route of :meth:`_bidirectional_gelu_ssm`: ``u = mask * GELU(a)`` once per element, then
+        :func:`~mlp_vision.layers.ssm_chunked.bidirectional_chunked_conv`. With a graph, the whole of it is
+        recomputed in the backward pass (activation checkpointing), so that it keeps only ``a_f`` and ``a_b``, as
+        the Triton route does, not its chunk states."""
+        act = self.gelu_approximate
+
+        def gelu_conv(a_f: torch.Tensor, a_b: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+            u_f, u_b = fresh_gelu(a_f, act), fresh_gelu(a_b, act)
+            if mask is not None:
+                keep = mask[:, :, None].to(u_f.dtype)
+                u_f, u_b = u_f * keep, u_b * keep
+            return self._chunked_ssm(u_f, u_b)
+
+        if torch.is_grad_enabled() and not torch.jit.is_tracing():
+            return checkpoint(gelu_conv, a_f, a_b, use_reentrant=False, preserve_rng_state=False)
+        return gelu_conv(a_f, a_b)
+
+    def _chunked_ssm(self, u_f: torch.Tensor, u_b: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """``SSM_f(u_f)`` and ``SSM_b(u_b, anticausal=True)`` by chunked state passing, (B, L, d) each in the
+        inputs' dtype, autocast off (GEMMs in the inputs' dtype, states in float32; float64 for float64)."""
+        fwd, bwd = self.ssm_forward, self.ssm_backward
+        (decay_f, weight_f), (decay_b, weight_b) = fwd.kernel.modes(), bwd.kernel.modes()
+        with _autocast_off(u_f.device):
+            return bidirectional_chunked_conv(u_f, u_b, torch.stack([decay_f, decay_b]),
+                                              torch.stack([weight_f, weight_b]), torch.stack([fwd.D, bwd.D]))
 
     def _ssm_kernels(self, length: int, like: torch.Tensor) -> torch.Tensor:
         """Both directions' kernels (2, L) with ``D`` folded into lag 0 (the ``D u`` term is the lag-0 tap of the
@@ -431,9 +495,11 @@ class BidirectionalGatedSSM(nn.Module):
         """Both SSMs at once on stacked inputs: ``u`` (B, L, 2, d) holds ``u_f`` / ``u_b`` on dim 2; returns
         ``SSM_f(u_f)`` (causal) and ``SSM_b(u_b, anticausal=True)`` stacked the same way, in ``u.dtype`` (the same
         function as the two :class:`S4DLayer` calls; float32 / float64 with autocast off, as there). ``route``:
-        ``'direct'``, ``'fft'`` or ``'triton'`` (unfused: the layer's forward runs that one with the GELUs fused in);
-        by default :meth:`conv_route`'s."""
+        ``'direct'``, ``'fft'``, ``'triton'`` or ``'chunked'`` (the layer's forward runs the last two from the
+        pre-activations); by default :meth:`conv_route`'s."""
         route = self.conv_route(u) if route is None else route
+        if route == 'chunked':
+            return torch.stack(self._chunked_ssm(u[:, :, 0], u[:, :, 1]), 2)
         length = u.shape[1]
         kernels = self._ssm_kernels(length, u)  # (2, L)
         dtype = kernels.dtype
@@ -458,7 +524,7 @@ class BidirectionalGatedSSM(nn.Module):
             elif route == 'triton':  # tiles multiply in u's dtype, float32 accumulation
                 y = bidirectional_long_conv(u, kernels.float())
             else:
-                raise ValueError(f"route must be one of 'direct', 'fft', 'triton', got {route!r}")
+                raise ValueError(f"route must be one of 'direct', 'fft', 'triton', 'chunked', got {route!r}")
         return y.to(u.dtype)
 
     def extra_repr(self) -> str:
