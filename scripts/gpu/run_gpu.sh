@@ -30,6 +30,15 @@
 #   e_bigs_model    12-layer BiGS vs 12-layer BERT training tokens/s at 1K-16K, and the longest sequence at batch 1
 #   f_text_trainer  the text trainer's tokens/s, eager vs --torchcompile
 #   g_bigs_layer_compiled  d_bigs_layer in the goals' mode: both layers compiled (training step, step memory)
+#   h_bigs_linear   issue 42 item 5: the BiGS-large layer (conv_impl auto = the linear-time chunked route from ~3.3K
+#                   tokens) vs the flash-attention BERT-large layer at 4K / 16K / 64K tokens, eager, and at 64K
+#                   compiled: training step, step memory, top kernels
+#   i_bigs_linear_more  issue 42 item 5, the rest: that pair compiled at 16K (4K compiled: g_bigs_layer_compiled),
+#                   the longest sequence the 12-layer BiGS (and BERT) trains at batch 1, and the routes (direct / fft
+#                   / triton / chunked, BERT beside) at 2K / 4K / 16K: where auto switches from Triton to chunked
+#                   Issue 42's goals for these two (bf16, training step): BiGS-large layer >= 1.4x BERT-large + flash
+#                   attention at 4K, >= 3x at 16K, >= 8x at 64K, memory per token <= BERT's; the 12-layer BiGS
+#                   trains at 4x the length BERT fits at batch 1
 # DRY=1 prints each step (name, limit, command) instead of running it (tests/test_gpu_scripts.py checks the plan).
 #
 # Several parts in one call: bash scripts/gpu/run_gpu.sh bench text
@@ -41,7 +50,7 @@
 # torch.compile costs minutes per deep model and mode (inductor compiled sMLPNet-T's training graph in 3.5 min
 # on the H100 machine's 16 cores), so only the compiled sMLPNet-T inference pair is in `bench`.
 set -u
-[ $# -gt 0 ] || { echo 'usage: run_gpu.sh a_gmlp|b_smlpnet|c_mixer|d_bigs_layer|e_bigs_model|f_text_trainer|g_bigs_layer_compiled|train|ddp|bench|text|longconv|bigs_models|peers_smlpnet|peers_gmlp|peers_mixer|token_pad|token_pad_models ...'; exit 2; }
+[ $# -gt 0 ] || { echo 'usage: run_gpu.sh a_gmlp|b_smlpnet|c_mixer|d_bigs_layer|e_bigs_model|f_text_trainer|g_bigs_layer_compiled|h_bigs_linear|i_bigs_linear_more|train|ddp|bench|text|longconv|bigs_models|peers_smlpnet|peers_gmlp|peers_mixer|token_pad|token_pad_models ...'; exit 2; }
 PY=${PY:-python3}
 DATA=${DATA:-../shared/data/imagenette-mini}
 WORK=${WORK:-output/gpu}
@@ -244,6 +253,39 @@ g_bigs_layer_compiled)
             --title "GPU, torch.compile: BiGS-large layer vs BERT-large layer, $seq tokens"
     done
     ;;
+h_bigs_linear|i_bigs_linear_more)
+    # issue 42 item 5: BiGS in linear time. bf16 autocast, training step, step memory (a child process per layer;
+    # compiled runs compile there too), top kernels; conv_impl auto takes the chunked route at these lengths. The
+    # layers at their large sizes (benchmark.py defaults: d 1,024, BiGS d_i 3,072, BERT 16 heads, FFN 4,096)
+    flags=(--device cuda --precision amp_bf16 --bench train --min-sample-time 0.3 --warmup 3 --bigs-conv-impl auto
+           --profile)
+    layer_pair() {  # NAME SECONDS SEQ BATCH [--compile]: the BiGS-large layer vs the BERT-large layer
+        local name=$1 secs=$2 seq=$3 batch=$4 mode=eager samples=8; shift 4
+        [ $# -gt 0 ] && { mode=torch.compile; samples=6; }
+        step "$name" "$secs" $PY benchmark.py --compare bigs_layer bert_layer --seq-len "$seq" -b "$batch" \
+            "${flags[@]}" --samples "$samples" "$@" --out "$WORK/bench/$name" \
+            --title "GPU, $mode, training step: BiGS-large layer (conv_impl auto) vs BERT-large layer, $seq tokens"
+    }
+    if [ "$part" = h_bigs_linear ]; then
+        # eager at 4K / 16K / 64K tokens (32K / 32K / 64K tokens a step), then the 64K pair compiled (its compiles
+        # dominate: both layers here and again in the memory probes' children)
+        layer_pair h_bigs_linear_4096 80 4096 8
+        layer_pair h_bigs_linear_16384 80 16384 2
+        layer_pair h_bigs_linear_65536 100 65536 1
+        layer_pair h_bigs_linear_compiled_65536 220 65536 1 --compile
+    else
+        layer_pair i_bigs_linear_more_compiled_16384 200 16384 2 --compile
+        # the 12-layer models (text_models.py defaults: 12 layers, hidden 768, BiGS d_i 2,304, BERT FFN 3,072; search
+        # capped at --max-len, default 2^20 tokens): doubling from 16K, then bisection to 16K tokens, BiGS first
+        # (its row is in the log even if BERT's search, whose steps grow as L^2, runs out of time)
+        step i_bigs_linear_more_longest 200 $PY scripts/gpu/text_models.py --device cuda --precision amp_bf16 \
+            --conv-impl auto longest --start-len 16384 --granularity 16384 --out "$WORK/bench/i_bigs_linear_more_longest"
+        # the BiGS-large layer's routes (direct up to 8K, fft, triton, chunked) and the BERT layer of that width,
+        # 32K tokens a step, time and memory per token: where auto's Triton -> chunked switch (~3.3K) belongs
+        step i_bigs_linear_more_routes 80 $PY scripts/gpu/text_models.py --device cuda --precision amp_bf16 routes \
+            --hidden 1024 --seq-lens 2048 4096 16384 --out "$WORK/bench/i_bigs_linear_more_routes"
+    fi
+    ;;
 token_pad)
     # the SGU token GEMM of gMLP-S (batch 256, 768 gated channels, 196 tokens) alone: unpadded, the contracted axis
     # padded (what the modules do) and both axes padded; then the SGU and Mixer-B's token MLP, eager and compiled
@@ -260,7 +302,7 @@ token_pad_models)
     step token_pad_mixer_b16 200 $PY "${tp[@]}" --models mixer_b16 --batch 128 --out "$WORK/bench/gpu_token_pad_mixer_b16"
     ;;
 *)
-    echo "unknown part $part (a_gmlp|b_smlpnet|c_mixer|d_bigs_layer|e_bigs_model|f_text_trainer|g_bigs_layer_compiled|train|ddp|bench|text|"\
+    echo "unknown part $part (a_gmlp|b_smlpnet|c_mixer|d_bigs_layer|e_bigs_model|f_text_trainer|g_bigs_layer_compiled|h_bigs_linear|i_bigs_linear_more|train|ddp|bench|text|"\
 "longconv|bigs_models|peers_smlpnet|peers_gmlp|peers_mixer|token_pad|token_pad_models)"; exit 2 ;;
 esac
 done
