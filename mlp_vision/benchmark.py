@@ -367,6 +367,25 @@ class Runner:
 PROFILES: List[str] = []
 
 
+def saved_activation_bytes(model: nn.Module, *inputs: torch.Tensor, autocast_dtype: Optional[torch.dtype] = None,
+                           **kwargs) -> int:
+    """Bytes of the distinct storages autograd saves for the backward pass of ``model(*inputs, **kwargs)`` (one
+    forward, bf16 / fp16 autocast on the inputs' device when ``autocast_dtype`` is given), the parameters and
+    their casts left out: the activation memory a training step keeps, what grows with the batch and sequence."""
+    shapes = {tuple(p.shape) for p in model.parameters()} | {tuple(p.shape[::-1]) for p in model.parameters()}
+    kept = {}
+
+    def pack(t):
+        if tuple(t.shape) not in shapes:  # batch x length never equals a weight's shape at the sizes measured
+            kept[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+    device_type = inputs[0].device.type
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), \
+            torch.autocast(device_type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
+        model(*inputs, **kwargs)
+    return sum(kept.values())
+
+
 def profile_call(step: Callable[[], Any], device: torch.device, label: str, rows: int = 15) -> str:
     """Top operators of one call of ``step`` (after one untimed call) by self time (torch.profiler): GPU time on
     CUDA (the kernels), CPU time elsewhere; a markdown section headed by ``label``, also printed."""

@@ -53,7 +53,11 @@ def test_pair_and_routes_run_and_write_their_tables(text_models, tmp_path):
     assert profiles.count('Self CPU') >= 2 and 'aten::' in profiles
     assert text_models.main(['routes', '--seq-lens', '64', '--out', str(tmp_path / 'routes')] + common) == 0
     row = json.loads((tmp_path / 'routes.json').read_text())['rows'][0]
-    assert {'direct_train_ms', 'fft_train_ms'} <= set(row) and 'triton_train_ms' not in row  # no CUDA here
+    assert {'direct_train_ms', 'fft_train_ms', 'chunked_train_ms', 'bert_train_ms'} <= set(row)
+    assert 'triton_train_ms' not in row  # no CUDA here
+    # memory per token on the CPU: the activations kept for the backward pass; the chunked route keeps less than FFT
+    assert 0 < row['chunked_train_kib_per_token'] < row['fft_train_kib_per_token']
+    assert row['bert_train_tokens_per_s'] > 0
     assert row['auto_route'] == 'direct'  # 64 tokens on the CPU
     assert (tmp_path / 'routes.md').read_text().startswith('# routes:')
 

@@ -9,6 +9,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from mlp_vision.benchmark import saved_activation_bytes
 from mlp_vision.complexity import count_module
 from mlp_vision.layers.ssm import BidirectionalGatedSSM, S4DKernel, auto_conv_impl, causal_toeplitz, \
     chunked_route_pays
@@ -156,35 +157,24 @@ def test_fvcore_counts_the_route_a_layer_runs():
 
 def _kept_bytes(layer, x, mask=None):
     """Bytes of the distinct storages a training step keeps for its backward pass but the parameters."""
-    params = {p.untyped_storage().data_ptr() for p in layer.parameters()}
-    kept = {}
-
-    def pack(t):
-        ptr = t.untyped_storage().data_ptr()
-        if ptr not in params and t.numel() > 64:
-            kept[ptr] = t.untyped_storage().nbytes()
-        return t
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        y = layer(x, mask)
-    y.sum().backward()
-    return sum(kept.values())
+    return saved_activation_bytes(layer, x, mask=mask)
 
 
 def test_chunked_route_keeps_only_the_pre_activations():
-    """With a graph the chunked convolution is recomputed in the backward pass: the layer keeps less than on the
-    FFT route less the stacked GELU outputs u (B, L, 2, d) that the FFT op saves (a_f and a_b, kept for the GELUs
-    there, are all the chunked route keeps: no chunk state, no GELU output), and per token the same at any length;
-    eager and compiled."""
+    """With a graph the chunked route's gate (GELUs, convolution, the two out-projections and their product) is
+    recomputed in the backward pass: the layer keeps at least six (B, L, d) tensors less than on the FFT route (the
+    stacked GELU outputs u that the FFT op saves, s_f and s_b, both projections' outputs), only a_f and a_b (which
+    the FFT route keeps too, for its GELUs), no chunk state; per token the same at any length; eager and compiled."""
     torch.manual_seed(0)
     layer = BidirectionalGatedSSM(32, 48, num_states=8)
     x = torch.randn(2, 300, 32, requires_grad=True)
     mask = torch.ones(2, 300, dtype=torch.bool)
-    u_bytes = 2 * 300 * 2 * 32 * 4
+    activation = 2 * 300 * 32 * 4  # one (B, L, d) float32 tensor
     layer.conv_impl = 'fft'
     fft_bytes = _kept_bytes(layer, x, mask)
     layer.conv_impl = 'chunked'
     chunked_bytes = _kept_bytes(layer, x, mask)
-    assert chunked_bytes <= fft_bytes - u_bytes
+    assert chunked_bytes <= fft_bytes - 6 * activation
     assert _kept_bytes(layer, torch.randn(2, 600, 32, requires_grad=True)) == 2 * _kept_bytes(layer, x)
     compiled = torch.compile(layer, fullgraph=True, backend='aot_eager_decomp_partition')
     compiled(x, mask)  # compiles outside the hooks

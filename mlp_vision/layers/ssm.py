@@ -414,10 +414,7 @@ class BidirectionalGatedSSM(nn.Module):
             h = h.to(torch.get_autocast_dtype(h.device.type))
         a_f = self.forward_in_proj(h)  # (B, L, d): pre-activation of u_f
         a_b = self.backward_in_proj(h)  # flip(GELU(flip(h) W_ub)) = GELU(h W_ub): the flips cancel
-        s_f, s_b = self._bidirectional_gelu_ssm(a_f, a_b, mask)  # SSM_f(u_f), flip(SSM_b(flip(u_b)))
-        g = self.forward_out_proj(s_f)
-        g_b = self.backward_out_proj(s_b)
-        g = g * g_b if torch.is_grad_enabled() else g.mul_(g_b)  # (B, L, d); in place: see layers.activations
+        g = self._gate(a_f, a_b, mask)  # (s_f W_cf) * flip(s_b W_cb), (B, L, d)
         # GELU(gate) * GELU(value), keeping only the two pre-activations for the backward pass (layers.activations)
         # v only now, next to its use: computed before the SSMs, torch.compile's partitioner kept its float32
         # upcast for the backward pass (12 KiB per token at d_i 3072) instead of v itself (6)
@@ -434,16 +431,37 @@ class BidirectionalGatedSSM(nn.Module):
                               num_states=self.ssm_forward.kernel.num_states, direct_max_len=self.DIRECT_MAX_LEN,
                               triton_min_len=self.TRITON_MIN_LEN)
 
-    def _bidirectional_gelu_ssm(self, a_f: torch.Tensor, a_b: torch.Tensor,
-                                mask: Optional[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
+    def _gate(self, a_f: torch.Tensor, a_b: torch.Tensor, mask: Optional[torch.Tensor]) -> torch.Tensor:
+        """``forward_out_proj(SSM_f(u_f)) * backward_out_proj(SSM_b(u_b))`` from the pre-activations ``a_f``,
+        ``a_b`` (B, L, d). On the chunked route with a graph, all of it is recomputed in the backward pass
+        (activation checkpointing): it keeps ``a_f`` and ``a_b`` alone, not the SSM outputs, the projections' outputs
+        nor any chunk state (a recomputation of the two d x d projections, a few percent of the layer's FLOPs, for
+        8 of the 38 bytes per channel and token a bf16 training step otherwise keeps)."""
+        route = self.conv_route(a_f)
+        if route == 'chunked' and torch.is_grad_enabled() and not torch.jit.is_tracing():
+            return checkpoint(self._gate_by, a_f, a_b, mask, route, use_reentrant=False, preserve_rng_state=False)
+        return self._gate_by(a_f, a_b, mask, route)
+
+    def _gate_by(self, a_f: torch.Tensor, a_b: torch.Tensor, mask: Optional[torch.Tensor], route: str) -> torch.Tensor:
+        s_f, s_b = self._bidirectional_gelu_ssm(a_f, a_b, mask, route)  # SSM_f(u_f), flip(SSM_b(flip(u_b)))
+        g = self.forward_out_proj(s_f)
+        g_b = self.backward_out_proj(s_b)
+        return g * g_b if torch.is_grad_enabled() else g.mul_(g_b)  # in place: see layers.activations
+
+    def _bidirectional_gelu_ssm(self, a_f: torch.Tensor, a_b: torch.Tensor, mask: Optional[torch.Tensor],
+                                route: Optional[str] = None) -> Tuple[torch.Tensor, torch.Tensor]:
         """``SSM_f(u_f)`` and ``SSM_b(u_b, anticausal=True)`` of ``u = GELU(a)`` (zeroed at padded positions), (B, L, d)
         each in ``a``'s dtype. The Triton and chunked routes take the pre-activations (and keep only them for the
         backward pass); the others apply the GELUs and the mask first and convolve the stacked inputs
         (:meth:`_bidirectional_ssm`)."""
         act = self.gelu_approximate
-        route = self.conv_route(a_f)
+        route = self.conv_route(a_f) if route is None else route
         if route == 'chunked':
-            return self._chunked_gelu_ssm(a_f, a_b, mask)
+            u_f, u_b = fresh_gelu(a_f, act), fresh_gelu(a_b, act)
+            if mask is not None:
+                keep = mask[:, :, None].to(u_f.dtype)
+                u_f, u_b = u_f * keep, u_b * keep
+            return self._chunked_ssm(u_f, u_b)
         if route == 'triton':
             kernels = self._ssm_kernels(a_f.shape[1], a_f)
             with _autocast_off(a_f.device):
@@ -452,25 +470,6 @@ class BidirectionalGatedSSM(nn.Module):
         if mask is not None:
             u = u * mask[:, :, None, None].to(u.dtype)
         return self._bidirectional_ssm(u, route).unbind(2)
-
-    def _chunked_gelu_ssm(self, a_f: torch.Tensor, a_b: torch.Tensor,
-                          mask: Optional[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
-        """The chunked route of :meth:`_bidirectional_gelu_ssm`: ``u = mask * GELU(a)`` once per element, then
-        :func:`~mlp_vision.layers.ssm_chunked.bidirectional_chunked_conv`. With a graph, the whole of it is
-        recomputed in the backward pass (activation checkpointing), so that it keeps only ``a_f`` and ``a_b``, as
-        the Triton route does, not its chunk states."""
-        act = self.gelu_approximate
-
-        def gelu_conv(a_f: torch.Tensor, a_b: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-            u_f, u_b = fresh_gelu(a_f, act), fresh_gelu(a_b, act)
-            if mask is not None:
-                keep = mask[:, :, None].to(u_f.dtype)
-                u_f, u_b = u_f * keep, u_b * keep
-            return self._chunked_ssm(u_f, u_b)
-
-        if torch.is_grad_enabled() and not torch.jit.is_tracing():
-            return checkpoint(gelu_conv, a_f, a_b, use_reentrant=False, preserve_rng_state=False)
-        return gelu_conv(a_f, a_b)
 
     def _chunked_ssm(self, u_f: torch.Tensor, u_b: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         """``SSM_f(u_f)`` and ``SSM_b(u_b, anticausal=True)`` by chunked state passing, (B, L, d) each in the

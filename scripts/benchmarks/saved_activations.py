@@ -21,21 +21,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # this checkout, not an installed copy
 
+from mlp_vision.benchmark import saved_activation_bytes as _saved_bytes  # noqa: E402
 from mlp_vision.layers import BidirectionalGatedSSM  # noqa: E402
 from mlp_vision.text.bert import BertLayer  # noqa: E402
 
 
 def saved_activation_bytes(layer: torch.nn.Module, x: torch.Tensor) -> int:
-    shapes = {tuple(p.shape) for p in layer.parameters()} | {tuple(p.shape[::-1]) for p in layer.parameters()}
-    kept = {}
-
-    def pack(t):
-        if tuple(t.shape) not in shapes:  # batch x length never equals a weight's shape at the sizes used here
-            kept[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-        return t
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), torch.autocast('cpu', dtype=torch.bfloat16):
-        layer(x)
-    return sum(kept.values())
+    return _saved_bytes(layer, x, autocast_dtype=torch.bfloat16)
 
 
 def kib_per_token(layer: torch.nn.Module, batches: Tuple[int, int], length: int, dim: int) -> Tuple[float, float]:
@@ -59,7 +51,7 @@ def main() -> None:
     rows = []
     for name, layer, length in [
             *[(f'BiGS layer, conv_impl={impl}', BidirectionalGatedSSM(args.dim, args.hidden_dim, conv_impl=impl),
-               128 if impl == 'triton' else 640) for impl in ('direct', 'fft', 'triton')],
+               128 if impl == 'triton' else 640) for impl in ('direct', 'fft', 'triton', 'chunked')],
             ('BERT layer (SDPA)', BertLayer(args.dim, num_heads=args.heads, ffn_dim=args.ffn_dim), 640)]:
         runs = [layer, torch.compile(layer, fullgraph=True)] if args.compiled else [layer]
         for run in runs[1:]:  # compile once per batch before counting

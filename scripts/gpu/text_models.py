@@ -6,10 +6,12 @@ Modes:
              (A B, B A, ...), with the median of the per-pair time ratios and each side's peak memory per token.
     longest  the longest sequence each model trains on at batch 1 in the device's memory: doubling from
              ``--start-len`` until a step runs out of memory, then bisection to ``--granularity`` tokens.
-    routes   the BiGS layer's SSM convolution routes (``conv_impl`` direct / fft / triton) at each ``--seq-lens``:
-             inference and training-step time of the layer, to place ``conv_impl='auto'``'s crossovers
-             (``mlp_vision.layers.ssm.DIRECT_MAX_LEN`` and the provisional ``TRITON_MIN_LEN``); ``auto_route`` is
-             the route ``'auto'`` takes there today.
+    routes   the BiGS layer's SSM convolution routes (``conv_impl`` direct / fft / chunked / triton) and the BERT
+             layer of the same width (SDPA: flash attention on CUDA) at each ``--seq-lens``: inference and
+             training-step time, tokens/s of the training step and memory per token (CUDA: the step's peak memory
+             above what was allocated before; CPU: the activations autograd keeps for the backward pass), to place
+             ``conv_impl='auto'``'s crossovers; ``auto_route`` is the route ``'auto'`` takes there today. The direct
+             route is left out beyond ``--max-direct-len`` (its (L, L) matrices), BERT beyond ``--max-bert-len``.
 
 BiGS: ``bigs_large_512``'s family with ``--layers`` layers of width ``--hidden`` and intermediate 3 x hidden (the
 BiGS-large ratio, arXiv 2212.10544 Table 6); BERT: ``bert_base``'s family, same depth and width, FFN 4 x hidden,
@@ -19,6 +21,7 @@ Writes PREFIX.json and PREFIX.md with ``--out PREFIX``. On the CPU it runs too (
 which is how its logic is tested; the numbers that matter come from a GPU (``scripts/gpu/run_gpu.sh bigs_models``).
 """
 import argparse
+import contextlib
 import json
 import platform
 import statistics
@@ -30,10 +33,11 @@ from typing import Callable, Dict, List
 import torch
 
 import mlp_vision.text as mt
-from mlp_vision.benchmark import profile_call, seconds_per_call, sync
+from mlp_vision.benchmark import profile_call, saved_activation_bytes, seconds_per_call, sync
 from mlp_vision.layers import BidirectionalGatedSSM
 from mlp_vision.layers.longconv_triton import has_triton
 from mlp_vision.layers.ssm import auto_conv_impl, ssm_conv_impl
+from mlp_vision.text.bert import BertLayer
 
 
 def build(family: str, args, seq_len: int) -> torch.nn.Module:
@@ -156,19 +160,32 @@ def longest(args) -> List[Dict]:
     return rows
 
 
+def _layer_memory_per_token_kib(layer, x, train, args) -> float:
+    """KiB per token a training step of ``layer`` takes: on CUDA the step's peak memory, elsewhere the activations
+    autograd keeps for the backward pass (:func:`mlp_vision.benchmark.saved_activation_bytes`)."""
+    if torch.device(args.device).type == 'cuda':
+        return peak_memory_mb(train, args.device) * 1024 / x.shape[:2].numel()
+    dtype = {'amp_bf16': torch.bfloat16, 'amp_fp16': torch.float16}.get(args.precision)
+    return saved_activation_bytes(layer, x, autocast_dtype=dtype) / 1024 / x.shape[:2].numel()
+
+
 def routes(args) -> List[Dict]:
     rows = []
-    impls = [i for i in ('direct', 'fft', 'triton') if i != 'triton' or torch.device(args.device).type == 'cuda'
-             or args.interpret_triton]
+    impls = [i for i in ('direct', 'fft', 'chunked', 'triton')
+             if i != 'triton' or torch.device(args.device).type == 'cuda' or args.interpret_triton]
     for seq_len in args.seq_lens:
         batch = max(args.batch_tokens // seq_len, 1)
-        layer = BidirectionalGatedSSM(args.hidden, 3 * args.hidden).to(args.device)
+        bigs = BidirectionalGatedSSM(args.hidden, 3 * args.hidden).to(args.device)
         x = torch.randn(batch, seq_len, args.hidden, device=args.device, requires_grad=True)
         dtype = {'amp_bf16': torch.bfloat16, 'amp_fp16': torch.float16}.get(args.precision, x.dtype)  # a_f's dtype
         row = dict(seq_len=seq_len, batch=batch,
                    auto_route=auto_conv_impl(x.device.type, dtype, seq_len, has_triton(x.device)))
-        for impl in impls:
-            with ssm_conv_impl(layer, impl):
+        contenders = [(impl, bigs, impl) for impl in impls if impl != 'direct' or seq_len <= args.max_direct_len]
+        if seq_len <= args.max_bert_len:
+            bert = BertLayer(args.hidden, num_heads=max(args.hidden // 64, 1), ffn_dim=4 * args.hidden)
+            contenders.append(('bert', bert.to(args.device), None))
+        for name, layer, impl in contenders:
+            with ssm_conv_impl(layer, impl) if impl else contextlib.nullcontext():
                 def infer():
                     with torch.no_grad(), _autocast(args):
                         layer(x)
@@ -177,11 +194,13 @@ def routes(args) -> List[Dict]:
                     with _autocast(args):
                         out = layer(x)
                     out.float().sum().backward()
-                for name, fn in (('inference', infer), ('train', train)):
+                for mode, fn in (('inference', infer), ('train', train)):
                     for _ in range(args.warmup):
                         fn()
-                    row[f'{impl}_{name}_ms'] = 1000 * min(seconds_per_call(fn, args.iters, args.device)
+                    row[f'{name}_{mode}_ms'] = 1000 * min(seconds_per_call(fn, args.iters, args.device)
                                                           for _ in range(args.samples))
+                row[f'{name}_train_tokens_per_s'] = batch * seq_len / row[f'{name}_train_ms'] * 1000
+                row[f'{name}_train_kib_per_token'] = _layer_memory_per_token_kib(layer, x, train, args)
         rows.append(row)
         print(json.dumps(row), flush=True)
     return rows
@@ -228,6 +247,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument('--max-len', type=int, default=1 << 20)
     p.add_argument('--granularity', type=int, default=512)
     p.add_argument('--interpret-triton', action='store_true', help='routes: include triton off CUDA (interpreter)')
+    p.add_argument('--max-direct-len', type=int, default=8192, help='routes: the longest length of the direct route')
+    p.add_argument('--max-bert-len', type=int, default=1 << 20, help='routes: the longest length of the BERT layer')
     p.add_argument('--out', default=None, help='write PREFIX.json and PREFIX.md')
     return p
 
