@@ -379,7 +379,7 @@ def saved_activation_bytes(model: nn.Module, *inputs: torch.Tensor, autocast_dty
         if tuple(t.shape) not in shapes:  # batch x length never equals a weight's shape at the sizes measured
             kept[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
         return t
-    device_type = inputs[0].device.type
+    device_type = next(t for t in (*inputs, *kwargs.values()) if isinstance(t, torch.Tensor)).device.type
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), \
             torch.autocast(device_type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
         model(*inputs, **kwargs)

@@ -77,6 +77,9 @@ def training_step(model, args, batch: int, seq_len: int) -> Callable[[], None]:
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
+    step.kept_bytes = lambda: saved_activation_bytes(  # the activations the step keeps (memory off CUDA)
+        model, input_ids=ids, labels=labels, autocast_dtype=_autocast(args).fast_dtype if args.precision != 'fp32'
+        else None)
     return step
 
 
@@ -101,7 +104,12 @@ def pair(args) -> List[Dict]:
         for f, step in steps.items():
             for _ in range(args.warmup):
                 step()
-        memory = {f: peak_memory_mb(step, args.device) for f, step in steps.items()}
+        if torch.device(args.device).type == 'cuda':
+            memory = {f'{f}_step_mem_mb_per_1k_tokens': peak_memory_mb(step, args.device) / (batch * seq_len) * 1000
+                      for f, step in steps.items()}
+        else:  # the activations a training step keeps for its backward pass
+            memory = {f'{f}_kept_kib_per_token': step.kept_bytes() / 1024 / (batch * seq_len)
+                      for f, step in steps.items()}
         times = {'bigs': [], 'bert': []}
         for i in range(args.samples):
             order = ('bigs', 'bert') if i % 2 == 0 else ('bert', 'bigs')
@@ -110,8 +118,7 @@ def pair(args) -> List[Dict]:
         ratio = statistics.median(b / a for a, b in zip(times['bigs'], times['bert']))
         tokens = batch * seq_len
         row = dict(seq_len=seq_len, batch=batch, speedup_bigs_over_bert=ratio,
-                   **{f'{f}_tokens_per_s': tokens / statistics.median(t) for f, t in times.items()},
-                   **{f'{f}_step_mem_mb_per_1k_tokens': memory[f] / tokens * 1000 for f in memory})
+                   **{f'{f}_tokens_per_s': tokens / statistics.median(t) for f, t in times.items()}, **memory)
         rows.append(row)
         print(json.dumps(row), flush=True)
         if args.profile and seq_len == args.seq_lens[0]:  # the top kernels, at the first length
