@@ -7,8 +7,9 @@ Modes:
     longest  the longest sequence each model trains on at batch 1 in the device's memory: doubling from
              ``--start-len`` until a step runs out of memory, then bisection to ``--granularity`` tokens.
     routes   the BiGS layer's SSM convolution routes (``conv_impl`` direct / fft / chunked / triton) and the BERT
-             layer of the same width (SDPA: flash attention on CUDA) at each ``--seq-lens``: inference and
-             training-step time, tokens/s of the training step and memory per token (CUDA: the step's peak memory
+             layer of the same width (SDPA: flash attention on CUDA) at each ``--seq-lens``, alternating in one
+             process (medians of the samples): inference and training-step time, tokens/s of the training step and
+             memory per token (CUDA: the step's peak memory
              above what was allocated before; CPU: the activations autograd keeps for the backward pass), to place
              ``conv_impl='auto'``'s crossovers; ``auto_route`` is the route ``'auto'`` takes there today. The direct
              route is left out beyond ``--max-direct-len`` (its (L, L) matrices), BERT beyond ``--max-bert-len``.
@@ -176,6 +177,23 @@ def _layer_memory_per_token_kib(layer, x, train, args) -> float:
     return saved_activation_bytes(layer, x, autocast_dtype=dtype) / 1024 / x.shape[:2].numel()
 
 
+def _layer_calls(layer, x, impl, args) -> Dict[str, Callable[[], None]]:
+    """An inference call and a training step (forward, backward) of ``layer`` on ``x``, on the convolution route
+    ``impl`` for a BiGS layer (None: as it is)."""
+    def route():
+        return ssm_conv_impl(layer, impl) if impl else contextlib.nullcontext()
+
+    def infer():
+        with route(), torch.no_grad(), _autocast(args):
+            layer(x)
+
+    def train():
+        with route(), _autocast(args):
+            out = layer(x)
+        out.float().sum().backward()
+    return {'inference': infer, 'train': train}
+
+
 def routes(args) -> List[Dict]:
     rows = []
     impls = [i for i in ('direct', 'fft', 'chunked', 'triton')
@@ -187,27 +205,28 @@ def routes(args) -> List[Dict]:
         dtype = {'amp_bf16': torch.bfloat16, 'amp_fp16': torch.float16}.get(args.precision, x.dtype)  # a_f's dtype
         row = dict(seq_len=seq_len, batch=batch,
                    auto_route=auto_conv_impl(x.device.type, dtype, seq_len, has_triton(x.device)))
-        contenders = [(impl, bigs, impl) for impl in impls if impl != 'direct' or seq_len <= args.max_direct_len]
+        contenders = {impl: _layer_calls(bigs, x, impl, args) for impl in impls
+                      if impl != 'direct' or seq_len <= args.max_direct_len}
         if seq_len <= args.max_bert_len:
             bert = BertLayer(args.hidden, num_heads=max(args.hidden // 64, 1), ffn_dim=4 * args.hidden)
-            contenders.append(('bert', bert.to(args.device), None))
-        for name, layer, impl in contenders:
-            with ssm_conv_impl(layer, impl) if impl else contextlib.nullcontext():
-                def infer():
-                    with torch.no_grad(), _autocast(args):
-                        layer(x)
-
-                def train():
-                    with _autocast(args):
-                        out = layer(x)
-                    out.float().sum().backward()
-                for mode, fn in (('inference', infer), ('train', train)):
-                    for _ in range(args.warmup):
-                        fn()
-                    row[f'{name}_{mode}_ms'] = 1000 * min(seconds_per_call(fn, args.iters, args.device)
-                                                          for _ in range(args.samples))
-                row[f'{name}_train_tokens_per_s'] = batch * seq_len / row[f'{name}_train_ms'] * 1000
-                row[f'{name}_train_kib_per_token'] = _layer_memory_per_token_kib(layer, x, train, args)
+            contenders['bert'] = _layer_calls(bert.to(args.device), x, None, args)
+        times = {(name, mode): [] for name in contenders for mode in ('inference', 'train')}
+        for name, calls in contenders.items():
+            for mode, fn in calls.items():
+                for _ in range(args.warmup):
+                    fn()
+        for i in range(args.samples):  # the contenders alternate, each sample in another order
+            names = list(contenders)
+            for name in names[i % len(names):] + names[:i % len(names)]:
+                for mode, fn in contenders[name].items():
+                    times[name, mode].append(seconds_per_call(fn, args.iters, args.device))
+        for name, calls in contenders.items():
+            for mode in calls:
+                row[f'{name}_{mode}_ms'] = 1000 * statistics.median(times[name, mode])
+            row[f'{name}_train_tokens_per_s'] = batch * seq_len / row[f'{name}_train_ms'] * 1000
+            layer = bert if name == 'bert' else bigs
+            with ssm_conv_impl(layer, name) if name != 'bert' else contextlib.nullcontext():
+                row[f'{name}_train_kib_per_token'] = _layer_memory_per_token_kib(layer, x, calls['train'], args)
         rows.append(row)
         print(json.dumps(row), flush=True)
     return rows
