@@ -57,7 +57,7 @@ import timm
 
 import mlp_vision
 from mlp_vision.layers import BidirectionalGatedSSM
-from mlp_vision.training.run.checkpoint import atomic_write_text
+from mlp_vision.training.run.checkpoint import output_kind, write_output_file
 from mlp_vision.training.run.config import SEED_MAX, check_flag_ranges
 from mlp_vision.threads import add_threads_argument, set_threads
 from mlp_vision.errors import ArgumentParser, UsageError, parse_device, run_cli
@@ -179,10 +179,12 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error('--channels-last applies to image models only; sequence layers take (batch, seq-len, dim) inputs')
     check_flag_ranges(args, FLAG_RANGES)
     parse_device(args.device)
-    taken = [f'{args.out}{ext}' for ext in ('.csv', '.json', '.md', '_profile.txt')
-             if args.out and os.path.exists(f'{args.out}{ext}')]
-    if taken:  # checked before minutes of timing, not after: earlier results are never replaced
-        raise UsageError(f'--out {args.out}: {taken[0]} exists (an earlier run\'s results); give another prefix')
+    for path in [f'{args.out}{ext}' for ext in ('.csv', '.json', '.md', '_profile.txt')] if args.out else []:
+        kind = output_kind(path)  # checked before minutes of timing, not after: earlier results are never replaced
+        if kind == 'regular':
+            raise UsageError(f'--out {args.out}: {path} exists (an earlier run\'s results); give another prefix')
+        if kind in ('folder', 'socket'):
+            raise UsageError(f'--out {args.out}: {path} is a {kind}; give another prefix')
     return args
 
 
@@ -740,12 +742,12 @@ def write_results(rows, env, args) -> None:
     w = csv.DictWriter(table, fieldnames=list(dict.fromkeys(k for r in rows for k in r)))  # every row's, in order
     w.writeheader()
     w.writerows(rows)
-    atomic_write_text(prefix + '.csv', table.getvalue())
-    atomic_write_text(prefix + '.json', json.dumps({'environment': env, 'results': rows}, indent=2))
-    atomic_write_text(prefix + '.md', markdown(rows, env, args))
+    write_output_file(prefix + '.csv', table.getvalue())
+    write_output_file(prefix + '.json', json.dumps({'environment': env, 'results': rows}, indent=2))
+    write_output_file(prefix + '.md', markdown(rows, env, args))
     print(f'wrote {prefix}.csv / .json / .md')
     if PROFILES:
-        atomic_write_text(prefix + '_profile.txt',
+        write_output_file(prefix + '_profile.txt',
                           f"# torch.profiler, top ops by self time · {run_line(env, args)}\n# {env['command']}\n\n"
                           + '\n'.join(PROFILES))
         print(f'wrote {prefix}_profile.txt')

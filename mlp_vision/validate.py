@@ -18,7 +18,7 @@ import reprlib
 import torch
 from timm.utils import ParseKwargs
 
-from mlp_vision.training.run.checkpoint import atomic_write_text, keep_previous
+from mlp_vision.training.run.checkpoint import write_output_file
 from mlp_vision.training.run.config import check_flag_ranges
 from mlp_vision.training.data import (
     INTERPOLATIONS, IMAGE_MODE_CHANNELS, check_class_names, check_image_args, check_num_classes, create_eval_loader,
@@ -32,7 +32,7 @@ from mlp_vision.training.tasks.image_model import (
     check_activations, create_model_for_eval, model_create_kwargs, resolve_model_data_config)
 from mlp_vision.training.run.compile import add_compile_arguments, check_compile_backend, compile_model
 from mlp_vision.training.run.training_run import add_common_arguments, add_device_arguments, setup_amp
-from mlp_vision.training.run.summary import write_json
+from mlp_vision.training.run.summary import json_text
 from mlp_vision.threads import set_threads
 
 _logger = logging.getLogger('validate')
@@ -62,7 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_compile_arguments(parser)
     parser.add_argument('--log-interval', default=10, type=int, metavar='N', help='batches between progress logs')
     parser.add_argument('--results-file', default='', type=str, metavar='FILENAME',
-                        help='write the results to this .json or .csv file')
+                        help='write the results to this .json or .csv file (an earlier regular file is kept as '
+                             'NAME-1; a FIFO, device or /dev/stdout is written as it is)')
     return parser
 
 
@@ -119,18 +120,19 @@ def check_args(args: argparse.Namespace) -> None:
 
 
 def _write_results(path: str, results: dict) -> None:
-    """``path`` as JSON, or CSV by its extension; an earlier file there is kept as ``<stem>-N<suffix>``."""
-    kept = keep_previous(path)
-    if kept is not None:
-        _logger.info(f'the earlier {path} is kept as {kept}')
+    """``path`` as JSON, or CSV by its extension (:func:`write_output_file`: an earlier regular file there is kept
+    as ``<stem>-N<suffix>``; a FIFO, device or ``/dev/stdout`` is written as it is)."""
     if path.endswith('.csv'):
         buf = io.StringIO()
         writer = csv.DictWriter(buf, fieldnames=list(results.keys()))
         writer.writeheader()
         writer.writerow(results)
-        atomic_write_text(path, buf.getvalue())
+        text = buf.getvalue()
     else:
-        write_json(path, results)
+        text = json_text(results)
+    kept = write_output_file(path, text, keep=True)
+    if kept is not None:
+        _logger.info(f'the earlier {path} is kept as {kept}')
 
 
 def _validation_dataset(args: argparse.Namespace, data_dir, model, info: dict):

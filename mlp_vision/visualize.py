@@ -291,8 +291,8 @@ def visualize(args: argparse.Namespace, progress: Callable[[str], None] = print)
     """Draw every layer kind the model has into ``args.out``; returns the PNG paths."""
     check_range('--grid-tokens', args.grid_tokens, low=1)
     check_range('--max-lag', args.max_lag, low=1)
-    if os.path.isfile(args.out):
-        raise UsageError(f'--out {args.out} is a file; expected a new or empty folder')
+    if os.path.lexists(args.out) and not os.path.isdir(args.out):  # a file, FIFO, device or link to none
+        raise UsageError(f'--out {args.out} is not a folder; expected a new or empty folder')
     if os.path.isdir(args.out) and os.listdir(args.out):
         raise UsageError(f'--out {args.out} is not empty; give a new or empty folder (nothing there is overwritten)')
     threads = set_threads(args.threads)

@@ -147,7 +147,7 @@ def test_train_bad_inputs_one_line_exit_2(images, tmp_path, capsys):
         ('--pretrained-path', str(tmp_path / 'missing.pth')): 'missing.pth\' does not exist',
         ('--pretrained-path', str(empty)): 'is empty (0 bytes), not a PyTorch checkpoint',
         ('-c', str(float_batch)): 'batch_size must be an integer (as --batch-size), got 32.5',
-        ('--output', str(a_file)): 'is a file; expected a folder',
+        ('--output', str(a_file)): 'is not a folder; expected a folder',
         ('--drop-path', '1.0'): '--drop-path must be in [0, 1), got 1.0',
         # issue 29: every family of flag values, checked before anything is built
         ('--input-img-mode', 'XYZ'): "invalid choice: 'XYZ'",

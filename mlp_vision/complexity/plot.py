@@ -1,6 +1,9 @@
 """ The MACs-scaling plot: vision models over image sizes, BiGS-large vs BERT-large over sequence lengths. """
+import io
 import math
 from typing import Callable, Optional, Sequence
+
+from mlp_vision.training.run.checkpoint import write_output_file
 
 from .counts import BIGS_LENGTHS, count_bert_large, count_text, count_vision
 from .paper import PAPER_ROWS
@@ -83,6 +86,8 @@ def plot_scaling(path: str, data: Optional[dict] = None, progress: Optional[Call
                  'Text: BiGS-large vs BERT-large (encoders, batch 1)')
     fig.suptitle(f'fvcore counts; `python -m mlp_vision.complexity --plot {path}`', fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    png = io.BytesIO()
+    fig.savefig(png, dpi=110, format='png')
     plt.close(fig)
+    write_output_file(path, png.getvalue())
     return data

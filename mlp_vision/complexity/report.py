@@ -14,7 +14,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 
 from ..errors import ArgumentParser, DefaultsHelpFormatter, UsageError, run_cli
-from mlp_vision.training.run.checkpoint import atomic_write_text
+from mlp_vision.training.run.checkpoint import write_output_file
 from ..threads import add_threads_argument, set_threads
 from .counts import DEFAULT_IMG_SIZE, Count, CountCache, family, resolve_models, text_seq_len
 from .paper import PAPER_ROWS, QUANTITIES, STATUSES, Comparison, compare, format_like
@@ -296,7 +296,7 @@ def _main(argv: Sequence[str], prog: str) -> int:
     for path, fmt in args.targets:
         text = render[fmt](report)
         if path:
-            atomic_write_text(path, text)  # a failed write leaves the previous report whole
+            write_output_file(path, text)  # a failed write leaves a previous regular file whole
             progress(f'wrote {path}')
         else:
             sys.stdout.write(text)

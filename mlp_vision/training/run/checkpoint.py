@@ -15,7 +15,7 @@ import re
 import shutil
 import stat
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 
 import numpy as np
 import torch
@@ -26,8 +26,8 @@ from mlp_vision.weights import check_weights
 
 __all__ = [
     'CHECKPOINT_VERSION', 'TRUST_FLAG', 'open_own_file', 'temp_path', 'clean_stale_temp_files', 'atomic_write',
-    'atomic_save', 'atomic_write_text', 'atomic_folder', 'atomic_link', 'keep_previous', 'CheckpointManager',
-    'load_checkpoint_file',
+    'atomic_save', 'atomic_write_text', 'atomic_folder', 'atomic_link', 'keep_previous', 'output_kind',
+    'write_output_file', 'CheckpointManager', 'load_checkpoint_file',
     'is_training_checkpoint', 'check_settings_state', 'check_optimizer_state', 'get_rng_state', 'set_rng_state',
     'check_rng_state', 'preserve_rng', 'clean_state_dict', 'load_model_weights', 'is_count',
 ]
@@ -138,15 +138,86 @@ def atomic_write_text(path: os.PathLike, text: str) -> None:
 
 
 def keep_previous(path: os.PathLike) -> Optional[Path]:
-    """Rename an existing ``path`` (``results.json``) to the first free ``<stem>-<n><suffix>``, so a later write of
-    ``path`` loses nothing; returns the new name (None when there was nothing to keep)."""
+    """Rename an existing regular file ``path`` (``results.json``) to the first free ``<stem>-<n><suffix>``, so a
+    later write of ``path`` loses nothing; returns the new name (None when there was nothing to keep). Anything else
+    there (a link, FIFO, device, folder) is never renamed: a :class:`UsageError`."""
     path = Path(path)
-    if not path.exists():
+    if not os.path.lexists(path):
         return None
+    if not stat.S_ISREG(os.lstat(path).st_mode):
+        raise UsageError(f'{path} is not a regular file; only a regular file is kept under a new name')
     n = 1
-    while (kept := path.with_name(f'{path.stem}-{n}{path.suffix}')).exists():
+    while os.path.lexists(kept := path.with_name(f'{path.stem}-{n}{path.suffix}')):
         n += 1
     os.replace(path, kept)
+    return kept
+
+
+def output_kind(path: os.PathLike) -> str:
+    """What an output path names, through its links: ``'new'`` (nothing, or a link to nothing), ``'regular'``,
+    ``'stream'`` (a FIFO or device), ``'folder'`` or ``'socket'``."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return 'new'
+    if stat.S_ISREG(mode):
+        return 'regular'
+    if stat.S_ISFIFO(mode) or stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return 'stream'
+    return 'folder' if stat.S_ISDIR(mode) else 'socket'
+
+
+def _through_proc(path: str) -> bool:
+    """Whether the link ``path`` leads through ``/proc/<pid>/fd`` (``/dev/stdout``, ``/dev/fd/N``): an open
+    descriptor of this process, not a file name to replace."""
+    for _ in range(40):  # the kernel's own limit of links in a row
+        if os.path.realpath(os.path.dirname(path) or '.').startswith('/proc/'):
+            return True
+        if not os.path.islink(path):
+            return False
+        path = os.path.join(os.path.dirname(path), os.readlink(path))
+    return False
+
+
+def _write_in_place(path: str, data: bytes, append: bool = False) -> bool:
+    """Open ``path`` for writing (never created, truncated or renamed) and write ``data``, as a shell's ``>`` does
+    to a device or FIFO (a FIFO blocks until a reader opens it). False, nothing written, when it turned out to be a
+    regular file (or vanished) since it was looked at, and ``append`` is not set."""
+    try:
+        fd = os.open(path, os.O_WRONLY | getattr(os, 'O_NOCTTY', 0) | (os.O_APPEND if append else 0))
+    except FileNotFoundError:
+        return False
+    with open(fd, 'wb', buffering=0) as f:
+        if stat.S_ISREG(os.fstat(fd).st_mode) and not append:
+            return False
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[f.write(view):]
+        except OSError as e:  # a full device (/dev/full), a reader gone (a closed pipe): name the path
+            raise OSError(e.errno, e.strerror, path) from e
+    return True
+
+
+def write_output_file(path: os.PathLike, data: Union[str, bytes], keep: bool = False) -> Optional[Path]:
+    """Write ``data`` (a str as UTF-8) to an output path the user gave, as any Unix tool would. A FIFO or device is
+    opened and written as it is; a regular file (``keep``: the earlier one first kept by :func:`keep_previous`) or a
+    new name by :func:`atomic_write`. A symbolic link stays a link: these rules apply to its target, and through
+    ``/dev/stdout`` (``/proc/self/fd``) the bytes are appended. A folder or socket: a :class:`UsageError`. Returns the
+    name the earlier file was kept under, else None."""
+    path = os.fspath(path)
+    data = data.encode('utf-8') if isinstance(data, str) else bytes(data)
+    kind, is_link = output_kind(path), os.path.islink(path)
+    if kind == 'stream' and _write_in_place(path, data):
+        return None
+    if kind == 'regular' and is_link and _through_proc(path):
+        _write_in_place(path, data, append=True)
+        return None
+    if kind in ('folder', 'socket'):
+        raise UsageError(f'{path} is a {kind}; expected a file path (a new or regular file, a FIFO or a device)')
+    target = Path(os.path.realpath(path) if is_link else path)  # the link itself is never replaced
+    kept = keep_previous(target) if keep else None
+    atomic_write(target, lambda f: f.write(data))
     return kept
 
 

@@ -15,14 +15,19 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from mlp_vision.training.run.checkpoint import atomic_write, atomic_write_text, open_own_file
 
-__all__ = ['SummaryWriter', 'write_json', 'plot_curves', 'plot_comparison']
+__all__ = ['SummaryWriter', 'json_text', 'write_json', 'plot_curves', 'plot_comparison']
 
 _logger = logging.getLogger(__name__)
 _STYLES = ('-', '--', ':', '-.')  # one line style per column of a run
 
 
+def json_text(obj: Any) -> str:
+    """The text of every results JSON file: indented, keys in their order, other values as ``str``."""
+    return json.dumps(obj, indent=2, sort_keys=False, default=str) + '\n'
+
+
 def write_json(path: os.PathLike, obj: Any) -> None:
-    atomic_write_text(Path(path), json.dumps(obj, indent=2, sort_keys=False, default=str) + '\n')
+    atomic_write_text(Path(path), json_text(obj))
 
 
 class SummaryWriter:

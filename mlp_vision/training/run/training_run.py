@@ -424,8 +424,8 @@ class TrainingRun:
             return None
         args = self.args
         root = Path(args.output or default_root)
-        if root.exists() and not root.is_dir():
-            raise UsageError(f'--output {root} is a file; expected a folder (created if missing)')
+        if os.path.lexists(root) and not root.is_dir():  # a file, FIFO, device or link to none
+            raise UsageError(f'--output {root} is not a folder; expected a folder (created if missing)')
         if args.experiment and (Path(args.experiment).name != args.experiment or args.experiment in ('.', '..')):
             raise UsageError(f'--experiment {args.experiment!r} is not a folder name; give a plain name (no '
                              f'"/" or ".."), and the parent folder with --output')
