@@ -235,6 +235,11 @@ def build(spec: str, args: argparse.Namespace, twin_of: Optional[nn.Module] = No
     return model
 
 
+def _architecture(model: nn.Module) -> Tuple[str, Optional[str]]:
+    """The model's class and timm architecture name (a ``local-dir:`` folder's is in its config.json)."""
+    return type(model).__qualname__, (getattr(model, 'pretrained_cfg', None) or {}).get('architecture')
+
+
 def share_weights(a: nn.Module, a_spec: str, b: nn.Module, b_spec: str) -> Tuple[str, bool]:
     """Give A the weights of B (through A's checkpoint filter) when they are one architecture; returns (how, for
     the record; whether the two now compute the same function). Two different architectures (``--compare
@@ -254,10 +259,14 @@ def share_weights(a: nn.Module, a_spec: str, b: nn.Module, b_spec: str) -> Tuple
             sd = filter_fn(sd, a)
         a.load_state_dict(sd)
     except (RuntimeError, KeyError, ValueError, IndexError, AttributeError, TypeError) as e:
-        # another architecture: its state dict does not map onto A's (the filters fail in their own ways). Said on
-        # stderr, so a converter that breaks for one architecture cannot silently turn a pair into speed only
-        print(f'note: {b_spec} weights do not load into {a_spec} ({error_summary(e)}): speed only, no output '
-              f'comparison', file=sys.stderr)
+        # the state dict does not map onto A's (the filters fail in their own ways). Said on stderr; the error is
+        # quoted only for one architecture, where a converter that breaks would otherwise pass as speed only
+        if _architecture(a) != _architecture(b):
+            print(f'note: {a_spec} and {b_spec} are different architectures: weights not shared, speed only (no '
+                  f'output comparison)', file=sys.stderr)
+        else:
+            print(f'note: {b_spec} weights do not load into {a_spec} ({error_summary(e)}): speed only, no output '
+                  f'comparison', file=sys.stderr)
         return 'none (different architectures: speed only)', False
     return f'{b_spec} -> {a_spec}', True
 

@@ -41,10 +41,14 @@ def test_paired_comparison_writes_results(tmp_path):
 def test_two_architectures_compare_speed_only(tmp_path):
     """A peer of another architecture (ConvNeXt against Mixer): both keep their own weights, the speed is
     compared, no output difference is claimed; a peer that takes no img_size runs at the same input size."""
-    rows, md = _run_bench(tmp_path, '--compare', 'mixer_s16', 'convnext_atto', '-b', '2', '--img-size', '32')
-    (row,) = rows
+    proc = _run_bench_proc(tmp_path, '--compare', 'mixer_s16', 'convnext_atto', '-b', '2', '--img-size', '32')
+    (row,) = list(csv.DictReader(open(tmp_path / 'bench.csv')))
     assert row['model'] == 'mixer_s16' and row['baseline'] == 'convnext_atto' and float(row['speedup']) > 0
     assert row['weights'].startswith('none (different architectures') and row['max_abs_diff'] == ''
+    # one short note says so, not the load error of one family's weights in the other
+    (note,) = [line for line in proc.stderr.splitlines() if 'weights' in line]
+    assert note == ('note: mixer_s16 and convnext_atto are different architectures: weights not shared, speed '
+                    'only (no output comparison)')
     assert row['img_size'] == '32'
     # the same --out again: refused before any timing, the first results stay
     before = (tmp_path / 'bench.csv').read_bytes()
@@ -61,11 +65,15 @@ def test_bad_model_name_is_a_clear_error(tmp_path):
     assert 'no_such_model' in res.stderr
 
 
-def _run_bench(tmp_path, *args):
-    out = tmp_path / 'bench'
+def _run_bench_proc(tmp_path, *args):
     cmd = [sys.executable, str(REPO / 'benchmark.py'), *args, '--samples', '2', '--min-sample-time', '0.02',
-           '--threads', '1', '--no-memory', '--no-ceiling', '--out', str(out)]
-    subprocess.run(cmd, check=True, cwd=REPO, capture_output=True, text=True, timeout=600)
+           '--threads', '1', '--no-memory', '--no-ceiling', '--out', str(tmp_path / 'bench')]
+    return subprocess.run(cmd, check=True, cwd=REPO, capture_output=True, text=True, timeout=600)
+
+
+def _run_bench(tmp_path, *args):
+    _run_bench_proc(tmp_path, *args)
+    out = tmp_path / 'bench'
     return list(csv.DictReader(open(f'{out}.csv'))), Path(f'{out}.md').read_text()
 
 

@@ -127,6 +127,19 @@ def test_mlm_learns_wikitext_and_beats_unigram(wikitext, tmp_path):
     assert res['optimizer']['lr'] == 3e-3 and 'overridden on the command line: lr' in res['optimizer']['source']
 
 
+def test_the_log_describes_the_tokenizer_in_one_short_line(tiny_text, tmp_path):
+    text_train.main(TINY_GMLP + COMMON + [
+        '--task', 'mlm', '--train-file', tiny_text, '--tokenizer', 'wordpiece', '--vocab-size', '200',
+        '--steps', '1', '-b', '2', '--eval-interval', '1', '--eval-batches', '1', '--final-eval-batches', '1',
+        '--output', str(tmp_path), '--experiment', 'run'])
+    log = (tmp_path / 'run' / 'train.log').read_text()
+    assert 'AddedToken' not in log
+    line = next(line for line in log.splitlines() if line.startswith('Data:') or ' Data: ' in line)
+    description = line[line.rindex('; ') + 2:]
+    assert description.startswith('TokenizersBackend (subword, WordPiece): ') and len(description) < 200
+    assert "5 special ['[UNK]'" in description or "5 special ['[PAD]'" in description, description
+
+
 # ------------------------------------------------------------------------------------------------ resume
 @pytest.mark.parametrize('task,model', [('causal', TINY_GPT), ('mlm', TINY_GMLP), ('mlm', TINY_BIGS)],
                          ids=['causal-gpt', 'mlm-amlp', 'mlm-bigs'])

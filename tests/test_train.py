@@ -117,6 +117,24 @@ def test_a_run_writes_a_timm_folder_of_its_best_weights(reference_run):
     assert all(torch.equal(a, b) for a, b in zip(feats, expected))
 
 
+def test_the_exported_config_describes_the_run_not_the_upstream_weights(reference_run):
+    folder = reference_run / 'pretrained'
+    config = json.loads((folder / 'config.json').read_text())
+    cfg = config['pretrained_cfg']
+    for key in ('tag', 'license', 'origin_url', 'paper_name', 'paper_ids', 'hf_hub_id', 'url', 'notes'):
+        assert key not in cfg, key
+    assert cfg['description'] == 'smlpnet_t trained by mlp_vision from digits, 10 classes'
+    assert config['architecture'] == 'smlpnet_t' and config['num_classes'] == 10
+    assert config['label_names'] == [str(d) for d in range(10)]
+    model = timm.create_model(f'local-dir:{folder}', pretrained=True).eval()
+    assert model.pretrained_cfg['description'] == cfg['description'] and 'license' not in model.pretrained_cfg
+    reference = timm.create_model('smlpnet_t', num_classes=10, embed_dim=8, depths=(1, 1, 1, 1), img_size=32).eval()
+    reference.load_state_dict(_state(reference_run / 'model_best.pth')['state_dict_ema'])
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        assert torch.equal(model(x), reference(x))
+
+
 def test_resume_is_bit_identical(reference_run, digits, tmp_path):
     # continue from the end of epoch 0 (another folder, loader workers this time): same weights as 2 epochs
     exp = tmp_path / 'resumed'

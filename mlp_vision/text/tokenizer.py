@@ -43,7 +43,8 @@ from mlp_vision.errors import UsageError, check_range, short_repr
 
 __all__ = [
     'Tokenizer', 'byte_tokenizer', 'char_tokenizer', 'wordpiece_tokenizer', 'train_tokenizer', 'load_tokenizer',
-    'find_tokenizer', 'tokenizer_from_dict', 'tokenizer_to_dict', 'tokenizer_kind', 'encode_with_template',
+    'find_tokenizer', 'tokenizer_from_dict', 'tokenizer_to_dict', 'tokenizer_kind', 'describe_tokenizer',
+    'encode_with_template',
     'unknown_character',
     'check_vocab_size', 'DEFAULT_CONTROL_TOKENS', 'BERT_CONTROL_TOKENS', 'SUBWORD_KINDS', 'check_no_regex',
 ]
@@ -97,6 +98,14 @@ def _wrap(backend: Backend, kind: str, special_tokens_map: Mapping[str, str],
 def tokenizer_kind(tok: PreTrainedTokenizerFast) -> str:
     """'byte', 'char' or 'subword' ('subword' for a ``tokenizer.json`` this package did not write)."""
     return tok.init_kwargs.get('tokenizer_type') or 'subword'
+
+
+def describe_tokenizer(tok: PreTrainedTokenizerFast) -> str:
+    """One line for logs and errors: class, kind, vocabulary size and special tokens (a tokenizer's repr is many)."""
+    model = type(tok.backend_tokenizer.model).__name__
+    specials = tok.all_special_tokens
+    return (f'{type(tok).__name__} ({tokenizer_kind(tok)}, {model}): {len(tok):,} tokens, {len(specials)} special '
+            f'{short_repr(specials, limit=80)}')
 
 
 def _roles_of(special_tokens: Iterable[str]) -> Dict[str, str]:

@@ -537,6 +537,22 @@ def _epoch_message(epoch: int, num_epochs: int, metrics: EpochMetrics, row: dict
     return msg + ' | saved last.pth' + (' + model_best.pth' if saved_best else '')
 
 
+_UPSTREAM_CFG_KEYS = ('tag', 'license', 'description', 'origin_url', 'paper_name', 'paper_ids', 'notes', 'url',
+                      'file', 'hf_hub_id', 'hf_hub_filename', 'source')
+
+
+def _run_description(job: ImageClassification, num_classes: int) -> str:
+    """One line for the export's ``pretrained_cfg['description']``: model, data, classes and starting weights."""
+    args = job.args
+    data = args.dataset or (Path(job.data_dir).resolve().name if job.data_dir else 'unnamed data')
+    text = f'{args.model} trained by mlp_vision from {data}, {num_classes} classes'
+    if args.initial_checkpoint:
+        text += f', starting from {Path(args.initial_checkpoint).name}'
+    elif args.pretrained:
+        text += f', starting from timm\'s pretrained {args.model}'
+    return text
+
+
 def _export_pretrained(run, job: ImageClassification) -> Path:
     """``pretrained/``: the best weights (the EMA's where its accuracy chose them; the last epoch's when nothing was
     evaluated) written atomically by timm's ``save_for_hf`` (``config.json`` with class names and data config,
@@ -548,10 +564,14 @@ def _export_pretrained(run, job: ImageClassification) -> Path:
     load_model_weights(model, ckpt['state_dict_ema' if use_ema else 'state_dict'], str(source), ckpt.get('arch'))
     data_config = {k: v for k, v in job.data_config.items() if k in ('input_size', 'interpolation', 'mean', 'std',
                                                                       'crop_pct', 'crop_mode')}
+    # the architecture's cfg names the upstream weights (tag, license, paper): this export describes the run instead
+    model.pretrained_cfg = {k: v for k, v in model.pretrained_cfg.items() if k not in _UPSTREAM_CFG_KEYS}
+    model_config = {'pretrained_cfg': {'description': _run_description(job, model.num_classes)}}
+    if job.train_classes:
+        model_config['label_names'] = list(job.train_classes)
     folder = run.output_dir / 'pretrained'
     with atomic_folder(folder) as tmp:
-        save_for_hf(model, tmp, model_config={'label_names': list(job.train_classes)} if job.train_classes else None,
-                    safe_serialization=True, data_config=data_config)
+        save_for_hf(model, tmp, model_config=model_config, safe_serialization=True, data_config=data_config)
     _task_logger.info(f'{folder}: the {"EMA " if use_ema else ""}weights of {source.name} for timm '
                       f"(timm.create_model('local-dir:{folder}', pretrained=True), features_only=True too)")
     return folder

@@ -39,7 +39,8 @@ from timm.utils import unwrap_model
 
 from mlp_vision.errors import UsageError
 from mlp_vision.text.modeling_utils import masked_lm_loss as lm_loss  # token cross-entropy (causal: labels shifted)
-from mlp_vision.text.tokenizer import SUBWORD_KINDS, Tokenizer, tokenizer_from_dict, tokenizer_to_dict
+from mlp_vision.text.tokenizer import (
+    SUBWORD_KINDS, Tokenizer, describe_tokenizer, tokenizer_from_dict, tokenizer_to_dict)
 from mlp_vision.training.run.checkpoint import atomic_write_text, preserve_rng
 from mlp_vision.training.run.distributed import DistInfo, all_gather_objects
 from mlp_vision.training.run.driver import Optimization
@@ -250,7 +251,7 @@ class LMTask(TextTask):
         recipe_source = self.recipe_info['source']
         _logger.info(f'Data: {len(data.train_ids):,} training tokens ({args.train_file}), {len(data.val_ids):,} '
                      f'validation tokens ({args.val_file or f"last {args.val_fraction:.0%} of the training file"}); '
-                     f'{self.tokenizer!r}')
+                     f'{describe_tokenizer(self.tokenizer)}')
         _logger.info(f'Task {args.task}: {args.steps} updates x {self.tokens_per_step:,} tokens (batch '
                      f'{args.batch_size} x block {args.block_size} x accum {args.grad_accum_steps} x {world} '
                      f'processes); AdamW lr {args.lr:g} betas {tuple(args.opt_betas)} eps {args.opt_eps:g} wd '

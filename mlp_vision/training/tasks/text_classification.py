@@ -36,7 +36,8 @@ from timm.utils import ModelEmaV3
 from mlp_vision.errors import Interrupted, UsageError, short_repr
 from mlp_vision.text.modeling_utils import check_text_model_size
 from mlp_vision.text.registry import model_class
-from mlp_vision.text.tokenizer import Tokenizer, encode_with_template, tokenizer_from_dict, unknown_character
+from mlp_vision.text.tokenizer import (
+    Tokenizer, describe_tokenizer, encode_with_template, tokenizer_from_dict, unknown_character)
 from mlp_vision.training.run.checkpoint import load_checkpoint_file
 from mlp_vision.training.run.driver import Optimization
 from mlp_vision.training.run.loop import warn_global_batch_beyond_data
@@ -320,10 +321,11 @@ class ClassificationTask(TextTask):
             if args.init_from:  # the checkpoint decides the architecture; --model names it in the outputs
                 args.derive(model=f'{type(model).__name__} from {args.init_from}')
         if tokenizer.cls_token_id is None or tokenizer.pad_token_id is None:
-            raise UsageError(f'the tokenizer {tokenizer!r} has no <cls> / <pad> token; sequence classification needs '
-                             f'both (the BERT template)')
+            raise UsageError(f'the tokenizer {describe_tokenizer(tokenizer)} has no <cls> / <pad> token; sequence '
+                             f'classification needs both (the BERT template)')
         if train.pairs is not None and tokenizer.sep_token_id is None:
-            raise UsageError(f'sentence pairs need a separator token; the tokenizer {tokenizer!r} has none')
+            raise UsageError(f'sentence pairs need a separator token; the tokenizer '
+                             f'{describe_tokenizer(tokenizer)} has none')
         fit_block_size(args, model, resizable=False)
         if args.block_size < tokenizer.num_special_tokens_to_add(pair=train.pairs is not None) + 1:
             raise UsageError(f'--block-size {args.block_size} leaves no room for text after the special tokens')
@@ -420,7 +422,7 @@ class ClassificationTask(TextTask):
         _logger.info(f'Data: {len(data.train)} training examples ({args.train_file}), {len(data.dev)} dev '
                      f'({args.val_file}); text columns {list(data.train.text_columns)}, labels '
                      f'{dict(zip(data.names, counts))} (training counts), dev majority class {majority:.2f}%; max '
-                     f'length {args.block_size}; {self.tokenizer!r}')
+                     f'length {args.block_size}; {describe_tokenizer(self.tokenizer)}')
         _logger.info(f'Task classify: {args.steps} updates x batch {args.batch_size} x accum {args.grad_accum_steps} x '
                      f'{run.dist_info.world_size} processes; AdamW lr {args.lr:g} wd {args.weight_decay:g}, '
                      f'{args.warmup_steps} warmup then {args.sched} ({self.recipe_info["source"]})'
