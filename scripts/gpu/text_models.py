@@ -24,6 +24,7 @@ which is how its logic is tested; the numbers that matter come from a GPU (``scr
 import argparse
 import contextlib
 import json
+import os
 import platform
 import statistics
 import sys
@@ -236,7 +237,8 @@ def write(rows: List[Dict], args, prefix: str) -> None:
     on_cuda = torch.device(args.device).type == 'cuda'
     env = dict(date=time.strftime('%Y-%m-%d'), torch=torch.__version__, python=platform.python_version(),
                device=torch.cuda.get_device_name(0) if on_cuda else platform.processor() or 'CPU',
-               command=' '.join(sys.argv), args=vars(args))
+               threads=torch.get_num_threads(), load_avg_at_end=os.getloadavg(), command=' '.join(sys.argv),
+               args=vars(args))
     Path(prefix).parent.mkdir(parents=True, exist_ok=True)
     Path(prefix + '.json').write_text(json.dumps(dict(env=env, rows=rows), indent=2))
     keys = list(rows[0]) if rows else []
