@@ -27,10 +27,14 @@ def test_folder_of_the_previous_format_loads_with_equal_logits(name, tmp_path):
     folder = str(FIXTURES / name)
     expected = load_file(os.path.join(folder, 'expected_logits.safetensors'))
     inputs = {'input_ids': expected['input_ids'], 'attention_mask': expected['attention_mask']}
+    logits = []
     for model in (mt.from_pretrained(folder), AUTO[name].from_pretrained(folder)):
         assert isinstance(model, PreTrainedModel) and not model.training
         with torch.no_grad():
-            assert torch.equal(model(**inputs).logits, expected['logits'])
+            logits.append(model(**inputs).logits)
+        # the fixture's logits come from another machine: its CPU's GEMM kernels may sum in another order
+        torch.testing.assert_close(logits[-1], expected['logits'], rtol=1e-5, atol=1e-6)
+    assert torch.equal(logits[0], logits[1])  # here, both entry points: the same model, bit for bit
     model = mt.from_pretrained(folder)
     assert (model.tokenizer is None) == (name == 'gpt_causal_lm')
     if name == 'bigs_classifier':  # labels.json names the labels
@@ -38,7 +42,7 @@ def test_folder_of_the_previous_format_loads_with_equal_logits(name, tmp_path):
     model.save_pretrained(str(tmp_path))  # re-saved in transformers' layout, the same model
     again = mt.from_pretrained(str(tmp_path))
     with torch.no_grad():
-        assert torch.equal(again(**inputs).logits, expected['logits'])
+        assert torch.equal(again(**inputs).logits, logits[0])
     assert again.config.text_fields() == model.config.text_fields()
 
 
