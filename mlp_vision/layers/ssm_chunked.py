@@ -55,6 +55,7 @@ def chunked_conv_macs_per_token(length: int, num_states: int, chunk_len: int = C
         macs += 4 * num_states * (g + 1) * g * n_groups  # the complex (g + 1) x g matrix per state and group
         if n_groups == 1:
             return macs / length
+        macs += 4 * num_states * (g + 1) * n_groups  # adding the entering states (a K = 2 GEMM)
         g, n_groups = _grouping(n_groups, group)
 
 
@@ -125,23 +126,25 @@ def _grouped_scan(states: torch.Tensor, log_decay: torch.Tensor, group: int, rev
     mats = _scan_matrix(log_decay, g, reverse).to(states.dtype).view(n_states, 2 * (g + 1), 2, g)
     x = states.view(2, n_states, g, -1)
     out = torch.bmm(mats[:, :, 0], x[0]).baddbmm_(mats[:, :, 1], x[1])  # (N, 2 (g + 1), B G C)
-    out = out.view(n_states, 2, g + 1, batch, n_groups, channels)
     if n_groups == 1:
-        return out
+        return out.view(n_states, 2, g + 1, batch, n_groups, channels)
     # the totals are the next level's chunk states (decay Lam^g); what enters each group comes back
     g2, n_groups2 = _grouping(n_groups, group)
-    totals = F.pad(out[:, :, g], (0, 0, 0, g2 * n_groups2 - n_groups)).transpose(0, 1)  # (2, N, B, G', C)
+    totals = out.view(n_states, 2, g + 1, batch, n_groups, channels)[:, :, g]
+    totals = F.pad(totals, (0, 0, 0, g2 * n_groups2 - n_groups)).transpose(0, 1)  # (2, N, B, G', C)
     totals = totals.reshape(2, n_states, batch, n_groups2, g2, channels).permute(0, 1, 4, 2, 3, 5)
     sub = _grouped_scan(totals.clone(memory_format=torch.contiguous_format), log_decay * g, group, reverse)
     entering = sub[:, :, :g2].permute(0, 1, 3, 4, 2, 5).reshape(n_states, 2, batch, -1, channels)
-    h_re, h_im = entering[:, 0, None, :, :n_groups], entering[:, 1, None, :, :n_groups]  # (N, 1, B, G, C)
-    # position j of a group gets Lam^j (Lam^(g-1-j) mirrored) times the state entering the group
+    entering = entering[:, :, :, :n_groups].reshape(n_states, 2, -1)  # (N, 2, B G C), as the columns of out
+    # position j of a group gets Lam^j (Lam^(g-1-j) mirrored) times the state entering the group: one more GEMM
+    # (K = 2) into out, rows (part, j), the totals' rows untouched
     exponents = torch.arange(g, device=states.device)
-    e_re, e_im = (t.to(states.dtype)[:, :, None, None, None]  # (N, g, 1, 1, 1)
-                  for t in _powers(log_decay, exponents.flip(0) if reverse else exponents))
-    out[:, 0, :g].addcmul_(e_re, h_re).addcmul_(e_im, h_im, value=-1)
-    out[:, 1, :g].addcmul_(e_re, h_im).addcmul_(e_im, h_re)
-    return out
+    e_re, e_im = _powers(log_decay, exponents.flip(0) if reverse else exponents)  # (N, g)
+    zero = e_re.new_zeros(n_states, 1)
+    carry = torch.stack([torch.cat([e_re, zero, e_im, zero], 1),  # times Re h: Re(e h) rows, then Im(e h) rows
+                         torch.cat([-e_im, zero, e_re, zero], 1)], 2)  # times Im h
+    out.baddbmm_(carry.to(states.dtype), entering)
+    return out.view(n_states, 2, g + 1, batch, n_groups, channels)
 
 
 def _chunked_direction(u: torch.Tensor, log_decay: torch.Tensor, weight: torch.Tensor, skip: torch.Tensor,
