@@ -1,9 +1,13 @@
 """ Token padding of the SGU and Mixer token GEMMs (issue 34 item 1): the same function, gradients and state dict.
 
-The Spatial Gating Unit (gMLP, arXiv 2105.08050 §2) and Mixer's token MLP (arXiv 2105.01601 §2) contract their token
-axis padded with zeros to a multiple of ``token_multiple`` (default 8). Checked here against the unpadded modules
-(``token_multiple=1``, same parameters) and against plain formulas written with ``einsum`` / ``F.linear``; that the
-padding really happens is read from PyTorch's public FLOP counter (the padded GEMM does more multiply-adds).
+The Spatial Gating Unit (gMLP, arXiv 2105.08050 §2) and Mixer's token MLP (arXiv 2105.01601 §2) contract the token
+axis of a CUDA input padded with zeros to a multiple of ``token_multiple`` (default 8); CPU inputs are not padded
+(issue 45 item 4). One function decides from the input's device, ``token_multiple_on``: its CUDA decision is tested
+directly, and the padded path is run on the CPU by the ``pad_as_on_cuda`` fixture, which makes the modules take that
+CUDA decision for their CPU inputs (the test patches the module-level name; the model has no switch). Checked against
+the unpadded modules (``token_multiple=1``, same parameters) and against plain formulas written with ``einsum`` /
+``F.linear``; whether the padding happens is read from PyTorch's public FLOP counter (the padded GEMM does more
+multiply-adds).
 """
 import pytest
 import timm
@@ -14,7 +18,8 @@ from torch.utils.flop_counter import FlopCounterMode
 
 import mlp_vision  # noqa: F401  (registers the models with timm)
 from mlp_vision.layers import GatedMLPBlock, MixerBlock, SpatialGatingUnit, TokenLinear
-from mlp_vision.layers.linear import token_padding, tokens_padded_to
+from mlp_vision.layers import gating, linear
+from mlp_vision.layers.linear import token_matmul, token_multiple_on, token_padding, tokens_padded_to
 
 from _helpers import randomize_
 
@@ -22,6 +27,21 @@ from _helpers import randomize_
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
+
+
+def _as_on_cuda(device: torch.device, token_multiple: int) -> int:
+    """The decision ``token_multiple_on`` takes for a CUDA input, whatever ``device``."""
+    return token_multiple_on(torch.device('cuda'), token_multiple)
+
+
+@pytest.fixture
+def pad_as_on_cuda(monkeypatch):
+    """The modules pad their CPU inputs as they pad CUDA ones (the padded path, run without a GPU)."""
+    for module in (linear, gating):
+        monkeypatch.setattr(module, 'token_multiple_on', _as_on_cuda)
+    torch._dynamo.reset()  # no graph compiled with the other decision is reused
+    yield
+    torch._dynamo.reset()
 
 
 def _tight(a, b):
@@ -47,9 +67,52 @@ def _same_function(padded: nn.Module, unpadded: nn.Module, *inputs):
 
 
 def _bmm_flops(fn) -> int:
+    return _flops(fn).get(torch.ops.aten.bmm, 0)
+
+
+def _flops(fn) -> dict:
     with FlopCounterMode(display=False) as counter:
         fn()
-    return counter.get_flop_counts()['Global'].get(torch.ops.aten.bmm, 0)
+    return counter.get_flop_counts()['Global']
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The decision: CUDA inputs are padded, others are not
+# ---------------------------------------------------------------------------------------------------------------
+def test_only_cuda_inputs_are_padded():
+    assert token_multiple_on(torch.device('cuda'), 8) == 8 and token_multiple_on(torch.device('cuda:1'), 16) == 16
+    assert token_multiple_on(torch.device('cuda'), 1) == 1
+    for device in ('cpu', 'meta'):
+        assert token_multiple_on(torch.empty(0, device=device).device, 8) == 1
+
+
+def test_cpu_gemms_see_the_unpadded_tokens():
+    """The defaults (multiple 8) on CPU inputs: every token GEMM contracts the n tokens as they are."""
+    sgu = SpatialGatingUnit(16, 196)
+    assert sgu.token_multiple == 8
+    assert _bmm_flops(lambda: sgu(torch.randn(2, 196, 16))) == 2 * 2 * 196 * 196 * 8
+    block = MixerBlock(16, 20)
+    assert block.mlp_tokens.fc1.token_multiple == 8
+    # fc1 contracts the 20 tokens (not 24) into 8, fc2 the 8 hidden ones into the 20 tokens
+    assert _bmm_flops(lambda: block(torch.randn(3, 20, 16))) == 2 * 3 * 16 * 8 * (20 + 20)
+    layer = TokenLinear(13, 9, token_multiple=8)  # the F.linear route (contiguous last axis)
+    assert sum(_flops(lambda: layer(torch.randn(2, 3, 13))).values()) == 2 * 6 * 13 * 9
+
+
+@pytest.mark.parametrize('n,multiple', [(13, 8), (196, 8), (20, 16), (16, 8)])
+def test_the_padded_gemm_is_the_unpadded_one(n, multiple):
+    """The padded helper the CUDA path runs, called on the CPU: outputs and gradients of the unpadded GEMM."""
+    w = torch.randn(n, n, requires_grad=True)
+    x = torch.randn(3, n, 5, requires_grad=True)
+    y_pad, y = token_matmul(w, x, multiple), token_matmul(w, x, 1)
+    _tight(y_pad, y)
+    _tight(y, torch.einsum('ij,bjc->bic', w, x))
+    g = torch.randn(y.shape)
+    grads_pad, grads = torch.autograd.grad(y_pad, (w, x), g), torch.autograd.grad(y, (w, x), g)
+    for a, b in zip(grads_pad, grads):
+        _tight(a, b)
+    flops = _bmm_flops(lambda: token_matmul(w, x, multiple))
+    assert flops == 2 * 3 * n * (n + token_padding(n, multiple)) * 5
 
 
 @pytest.mark.parametrize('n,multiple', [(0, 8), (1, 8), (7, 8), (8, 8), (196, 8), (196, 16), (200, 8), (13, 1)])
@@ -90,7 +153,7 @@ def _plain_sgu(sgu: SpatialGatingUnit, x, res=None, mask=None):
 @pytest.mark.parametrize('mode', ['dense', 'toeplitz', 'causal'])
 @pytest.mark.parametrize('length', [20, 13, 16])
 @pytest.mark.parametrize('multiple', [8, 16])
-def test_sgu_padding_is_the_same_function(mode, length, multiple):
+def test_sgu_padding_is_the_same_function(mode, length, multiple, pad_as_on_cuda):
     n = 20
     padded, unpadded = _sgu_pair(mode, n, multiple)
     x = torch.randn(3, length, 16)
@@ -106,8 +169,9 @@ def test_sgu_padding_is_the_same_function(mode, length, multiple):
     assert padded.weight.shape == ((2 * n - 1,) if mode == 'toeplitz' else (n, n)) and padded.bias.shape == (n,)
 
 
-def test_sgu_padding_happens_and_only_when_needed():
-    """The token GEMM contracts the padded axis (FLOPs of L x L_pad x C per sample); a multiple length is untouched."""
+def test_sgu_padding_happens_and_only_when_needed(pad_as_on_cuda):
+    """Padded (CUDA's decision), the token GEMM contracts the padded axis (FLOPs of L x L_pad x C per sample); a
+    multiple length is untouched."""
     sgu = SpatialGatingUnit(16, 196)  # default multiple 8: gMLP's 14 x 14 patches
     assert sgu.token_multiple == 8
     assert _bmm_flops(lambda: sgu(torch.randn(2, 196, 16))) == 2 * 2 * 196 * 200 * 8
@@ -116,7 +180,7 @@ def test_sgu_padding_happens_and_only_when_needed():
     assert _bmm_flops(lambda: sgu(torch.randn(2, 196, 16))) == 2 * 2 * 196 * 196 * 8
 
 
-def test_sgu_padding_is_invisible_to_hooks():
+def test_sgu_padding_is_invisible_to_hooks(pad_as_on_cuda):
     sgu = randomize_(SpatialGatingUnit(16, 13))
     seen = []
     sgu.register_forward_hook(lambda m, args, out: seen.append((args[0].shape, out.shape)))
@@ -125,7 +189,7 @@ def test_sgu_padding_is_invisible_to_hooks():
 
 
 @pytest.mark.parametrize('mode,attn_dim', [('dense', 0), ('toeplitz', 8), ('causal', 8)])
-def test_gmlp_block_passes_token_multiple_and_keeps_its_function(mode, attn_dim):
+def test_gmlp_block_passes_token_multiple_and_keeps_its_function(mode, attn_dim, pad_as_on_cuda):
     padded = randomize_(GatedMLPBlock(16, 20, mlp_ratio=2, spatial_mode=mode, attn_dim=attn_dim, token_multiple=16))
     unpadded = GatedMLPBlock(16, 20, mlp_ratio=2, spatial_mode=mode, attn_dim=attn_dim, token_multiple=1)
     unpadded.load_state_dict(padded.state_dict())
@@ -133,13 +197,15 @@ def test_gmlp_block_passes_token_multiple_and_keeps_its_function(mode, attn_dim)
     _same_function(padded.eval(), unpadded.eval(), torch.randn(2, 13, 16))
 
 
-def test_sgu_scripted_pads_like_eager():
+def test_sgu_scripted_is_eager():
+    """TorchScript compiles the device decision (a CPU input: unpadded) and reads the attribute at each call."""
     sgu = randomize_(SpatialGatingUnit(16, 13, spatial_mode='causal')).eval()
     x = torch.randn(2, 13, 16)
     scripted = torch.jit.script(sgu)
     _tight(scripted(x), sgu(x))
     scripted.token_multiple = 1
     _tight(scripted(x), sgu(x))
+    assert 'token_multiple_on' in scripted.code
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -147,7 +213,7 @@ def test_sgu_scripted_pads_like_eager():
 # ---------------------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize('layout', ['token_axis_of_bnc', 'channels_last_w', 'contiguous', '2d'])
 @pytest.mark.parametrize('bias', [True, False])
-def test_token_linear_padding_is_linear(layout, bias):
+def test_token_linear_padding_is_linear(layout, bias, pad_as_on_cuda):
     x = {
         'token_axis_of_bnc': lambda: torch.randn(3, 13, 24).transpose(1, 2),  # Mixer: (B, C, n) view, strided
         'channels_last_w': lambda: torch.randn(2, 5, 13, 24).permute(0, 3, 1, 2),  # sMLP W-mix layout
@@ -163,15 +229,16 @@ def test_token_linear_padding_is_linear(layout, bias):
         _tight(padded(x), F.linear(x, padded.weight, padded.bias))
     strided = layout in ('token_axis_of_bnc', 'channels_last_w')
     assert _bmm_flops(lambda: padded(x)) == (2 * x[..., 0].numel() * 16 * 9 if strided else 0)
+    assert sum(_flops(lambda: padded(x)).values()) == 2 * x[..., 0].numel() * 16 * 9  # either route pads
 
 
-def test_token_linear_padding_keeps_the_output_layout():
+def test_token_linear_padding_keeps_the_output_layout(pad_as_on_cuda):
     x = torch.randn(2, 8, 6, 13).contiguous(memory_format=torch.channels_last)
     y = TokenLinear(13, 13, token_multiple=8)(x)
     assert y.shape == x.shape and y.is_contiguous(memory_format=torch.channels_last)
 
 
-def test_mixer_block_padding_is_the_same_function():
+def test_mixer_block_padding_is_the_same_function(pad_as_on_cuda):
     n = 20
     padded = randomize_(MixerBlock(16, n))
     unpadded = MixerBlock(16, n, token_multiple=1)
@@ -189,7 +256,7 @@ def test_mixer_block_padding_is_the_same_function():
 # Models: the defaults, and the whole model the same function
 # ---------------------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize('name', ['gmlp_ti', 'mixer_s16'])
-def test_models_pad_by_default_and_compute_the_same(name):
+def test_models_pad_by_default_and_compute_the_same(name, pad_as_on_cuda):
     model = randomize_(timm.create_model(name, img_size=(48, 64), num_classes=5), std=0.1)  # 3 x 4 = 12 tokens
     reference = timm.create_model(name, img_size=(48, 64), num_classes=5, block_kwargs={'token_multiple': 1})
     reference.load_state_dict(model.state_dict())
@@ -200,7 +267,7 @@ def test_models_pad_by_default_and_compute_the_same(name):
     _same_function(model.train(), reference.train(), torch.randn(2, 3, 48, 64))
 
 
-def test_tokens_padded_to_sets_and_restores_every_padding_module():
+def test_tokens_padded_to_sets_and_restores_every_padding_module(pad_as_on_cuda):
     model = timm.create_model('mixer_s16', img_size=48, num_blocks=2)  # 9 tokens
     model.blocks[0].mlp_tokens.fc2.token_multiple = 16
     before = [m.token_multiple for m in model.modules() if isinstance(m, TokenLinear)]
@@ -217,7 +284,7 @@ def test_tokens_padded_to_sets_and_restores_every_padding_module():
             pass
 
 
-def test_flop_counter_counts_the_unpadded_tokens():
+def test_flop_counter_counts_the_unpadded_tokens(pad_as_on_cuda):
     """The project's MAC counts are the papers' (n tokens), not the zeros added for GPU kernels."""
     from mlp_vision.complexity import count_module
     model = timm.create_model('gmlp_ti', img_size=(48, 64), num_blocks=2).eval()  # 12 tokens, padded to 16
@@ -232,21 +299,29 @@ def test_smlpnet_token_linears_stay_unpadded():
     assert linears and all(m.token_multiple == 1 for m in linears)
 
 
+@pytest.mark.parametrize('padded', [False, True], ids=['cpu_unpadded', 'padded_as_on_cuda'])
 @pytest.mark.parametrize('name', ['gmlp_ti', 'mixer_s16'])
-def test_padded_models_work_with_every_tool(name):
-    """With the padding active (12 tokens -> 16; the contract tests' 4 x 6 grid is already a multiple): one dynamo
-    graph without breaks in training mode, TorchScript script / trace, torch.export and timm's FX extraction give
-    the eager outputs."""
+def test_padded_models_work_with_every_tool(name, padded, request):
+    """On a CPU input (unpadded) and with CUDA's decision (12 tokens -> 16; the contract tests' 4 x 6 grid is already
+    a multiple): one dynamo graph without breaks in training mode, TorchScript trace, torch.export and timm's FX
+    extraction give the eager outputs; TorchScript script too on the CPU path (a scripted function is compiled once
+    per process, so the patched decision would not be the one compiled)."""
     from timm.models import create_feature_extractor, get_graph_node_names
+    if padded:
+        request.getfixturevalue('pad_as_on_cuda')
     model = timm.create_model(name, img_size=(48, 64), num_classes=5, num_blocks=2)
     x = torch.randn(2, 3, 48, 64)
+    with tokens_padded_to(model, 1):
+        unpadded_flops = _bmm_flops(lambda: model(x))
+    assert unpadded_flops > 0 and (_bmm_flops(lambda: model(x)) > unpadded_flops) == padded  # padded iff CUDA's
     torch._dynamo.reset()
     explanation = torch._dynamo.explain(model.train())(x)
     assert explanation.graph_break_count == 0 and explanation.graph_count == 1, explanation.break_reasons
     model.eval()
     with torch.no_grad():
         ref = model(x)
-        _tight(torch.jit.script(model)(x), ref)
+        if not padded:
+            _tight(torch.jit.script(model)(x), ref)
         _tight(torch.jit.trace(model, x, check_trace=False)(x), ref)
         _tight(torch.export.export(model, (x,)).module()(x), ref)
         final = get_graph_node_names(model)[1][-1]

@@ -159,7 +159,7 @@ def count_module(model: nn.Module, inputs: Tuple[torch.Tensor, ...], encoder: Op
     CPU up to L = 1024, more MACs) or the chunked route; ``None`` counts the route each layer takes for ``inputs``
     (``conv_impl``, or what ``'auto'`` picks on their device: what ``benchmark.py`` reports). Token GEMMs
     (gMLP's SGU, Mixer's token MLP) are traced unpadded (``token_multiple=1``): the papers' MACs, not the exact
-    zeros they add for GPU kernels (196 -> 200 tokens)."""
+    zeros they add for GPU kernels on CUDA inputs (196 -> 200 tokens)."""
     from fvcore.nn import FlopCountAnalysis
     from ..layers.linear import tokens_padded_to
     from ..layers.ssm import ssm_conv_impl

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from timm.layers import DropPath
 
 from .activations import fresh_input_act
-from .linear import check_token_multiple, token_matmul
+from .linear import check_token_multiple, token_matmul, token_multiple_on
 from .resample import TokenAxes, resample_token_params_
 
 __all__ = ['SPATIAL_MODES', 'SpatialGatingUnit', 'TinyAttention', 'GatedMLPBlock']
@@ -31,9 +31,10 @@ class SpatialGatingUnit(nn.Module):
     shorter than ``seq_len`` use the leading L x L block of ``W`` and the first L entries of ``b`` (again Toeplitz,
     again causal).
 
-    Token padding (``token_multiple``, a plain attribute read at each call; 1 = none): the product ``W · norm(Z2)``
-    (paper §2, eq. 2) contracts the token axis zero-padded up to a multiple
-    (:func:`~mlp_vision.layers.linear.token_matmul`; why in :mod:`mlp_vision.layers.linear`): the same outputs and
+    Token padding (``token_multiple``, a plain attribute read at each call; 1 = none), on CUDA only: for a CUDA
+    input the product ``W · norm(Z2)`` (paper §2, eq. 2) contracts the token axis zero-padded up to a multiple
+    (:func:`~mlp_vision.layers.linear.token_matmul`; why, and why not on the CPU, in
+    :mod:`mlp_vision.layers.linear`; other devices never pad): the same outputs and
     gradients, ``W`` and ``b`` keep their shapes, the output is not padded. Text lengths (128, 512, ...) are
     multiples already; a shorter batch (L < seq_len) is padded, whatever ``spatial_mode``.
 
@@ -96,9 +97,10 @@ class SpatialGatingUnit(nn.Module):
         v = self.norm(v)
         if mask is not None:
             v = v * mask.unsqueeze(-1).to(v.dtype)
-        # (L, L) @ (B, L, C) on the zero-padded token axis (class docstring), then the bias: mixes tokens without
+        # (L, L) @ (B, L, C) on the token axis (zero-padded on CUDA, class docstring), then the bias: mixes tokens without
         # transposing the activations; the add is in place on the fresh product
-        v = token_matmul(self.spatial_weight(length), v, self.token_multiple).add_(self.bias[:length].unsqueeze(-1))
+        token_multiple = token_multiple_on(v.device, self.token_multiple)
+        v = token_matmul(self.spatial_weight(length), v, token_multiple).add_(self.bias[:length].unsqueeze(-1))
         if res is not None:
             v = v + res
         return u * v
@@ -157,7 +159,7 @@ class GatedMLPBlock(nn.Module):
         attn_dim: size of the tiny attention head (0 = plain gMLP). Its attention is causal when the SGU is.
         hidden_dim: d_ffn given directly (overrides ``mlp_ratio``; avoids rounding of non-integer ratios).
         sgu_mask: also pass the padding mask to the SGU (off by default, as the paper).
-        token_multiple: the SGU's token padding multiple (:class:`SpatialGatingUnit`); 1 = no padding.
+        token_multiple: the SGU's token padding multiple on CUDA (:class:`SpatialGatingUnit`); 1 = no padding.
 
     Shapes: x (B, L, dim) -> (B, L, dim); mask: optional (B, L) bool padding mask (True = real token) for the tiny
     attention (and the SGU with ``sgu_mask``; without it the SGU mixes pads too, as the paper's models do).

@@ -10,12 +10,16 @@ returned as a view in ``x``'s axis order. Callers write the plain formulation, s
 counters see an ordinary Linear call. The route depends on strides only (``F.linear`` for a contiguous last axis or
 fewer than three dimensions, the one branch TorchScript compiles).
 
-Token padding (``token_multiple``, 1 = none): the contracted token axis is computed zero-padded up to a multiple
-(zero weight columns, zero tokens). Every padded term is an exact ``0 * 0``: the same function, parameters and
+Token padding (``token_multiple``, 1 = none), on CUDA only: the contracted token axis of a CUDA tensor is computed
+zero-padded up to a multiple (zero weight columns, zero tokens); elsewhere (CPU, meta, ...) it is contracted as is.
+One function decides, :func:`token_multiple_on`, from the input's device (a static fact of the input: the values
+are the same either way). Every padded term is an exact ``0 * 0``: the same function, parameters and
 gradients (float rounding may differ only where the GEMM kernel sums in another order). Why: the fast GPU GEMM
 kernels (Hopper's on an H100) want 16-byte aligned row strides, and a 196-token row (14 x 14 patches at 224²) is
 392 bytes in bf16; padded to 200 it is 400, for the forward GEMM and both backward ones. Measured on the gMLP-S SGU
-GEMM on an H100: 273.6 us for 196 tokens, 176.0 us padded to 200 (``scripts/gpu/token_padding.py``).
+GEMM on an H100: 273.6 us for 196 tokens, 176.0 us padded to 200 (``scripts/gpu/token_padding.py``). Why not on
+the CPU: there the padding only adds work (issue 45: Mixer-B/16, eager, 2 threads, 0.98x timm padded; before /
+after runs in ``results/benchmarks/token_padding_cpu_2026-11-28.md``).
 """
 import contextlib
 from typing import Iterator, List, Optional
@@ -27,13 +31,23 @@ from timm.layers import register_notrace_function, register_notrace_module
 
 from .overrides import attribute_set_to
 
-__all__ = ['TokenLinear', 'check_token_multiple', 'token_padding', 'token_matmul', 'tokens_padded_to']
+__all__ = ['TokenLinear', 'check_token_multiple', 'token_multiple_on', 'token_padding', 'token_matmul',
+           'tokens_padded_to']
 
 
 def check_token_multiple(token_multiple: int) -> None:
     """A token padding multiple must be a positive int (1 = no padding)."""
     if isinstance(token_multiple, bool) or not isinstance(token_multiple, int) or token_multiple < 1:
         raise ValueError(f'token_multiple must be an int >= 1 (1 = no padding), got {token_multiple!r}')
+
+
+@register_notrace_function  # a leaf for timm's FX feature extraction (a device is no FX proxy value to branch on)
+def token_multiple_on(device: torch.device, token_multiple: int) -> int:
+    """The multiple a token axis on ``device`` is padded to: ``token_multiple`` on CUDA, 1 (no padding) elsewhere.
+
+    The one place that decides (module docstring): the padding pays for the GPU's GEMM kernels and costs on the
+    CPU. The device is a property of the input, the same whatever traces or observes the call."""
+    return token_multiple if device.type == 'cuda' else 1
 
 
 def token_padding(length: int, token_multiple: int) -> int:
@@ -44,7 +58,8 @@ def token_padding(length: int, token_multiple: int) -> int:
 @contextlib.contextmanager
 def tokens_padded_to(model: nn.Module, token_multiple: int) -> Iterator[nn.Module]:
     """Temporarily set ``token_multiple`` on every module of ``model`` that pads a token axis (those with that int
-    attribute: ``SpatialGatingUnit``, ``TokenLinear``); restored on exit. The function computed is the same.
+    attribute: ``SpatialGatingUnit``, ``TokenLinear``); restored on exit. The function computed is the same. The
+    attribute is the multiple used on CUDA (:func:`token_multiple_on`); other devices never pad.
 
     FLOP counters use 1: the papers' MACs, without the zero padding GPU kernels want."""
     check_token_multiple(token_multiple)
@@ -56,8 +71,9 @@ def tokens_padded_to(model: nn.Module, token_multiple: int) -> Iterator[nn.Modul
 @register_notrace_function  # a leaf for timm's FX feature extraction (whether it pads depends on the token count)
 def token_matmul(weight: torch.Tensor, x: torch.Tensor, token_multiple: int = 1) -> torch.Tensor:
     """``torch.bmm(weight.expand(P, -1, -1), x)``: (m, n) @ (P, n, Q) -> (P, m, Q), contracting the n tokens padded
-    with zeros up to a multiple of ``token_multiple`` (module docstring). The token GEMM of the SGU and of
-    :class:`TokenLinear`; bmm is an op every FLOP counter knows (stock fvcore has no baddbmm handle)."""
+    with zeros up to a multiple of ``token_multiple`` (module docstring), whatever the device: callers pass
+    ``token_multiple_on(x.device, multiple)``. The token GEMM of the SGU and of :class:`TokenLinear`; bmm is an op
+    every FLOP counter knows (stock fvcore has no baddbmm handle)."""
     pad = token_padding(x.shape[1], token_multiple)
     if pad:
         weight = F.pad(weight, (0, pad))
@@ -69,7 +85,7 @@ def token_matmul(weight: torch.Tensor, x: torch.Tensor, token_multiple: int = 1)
 def _linear_in_memory_order(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None,
                             token_multiple: int = 1) -> torch.Tensor:
     """``F.linear(x, weight, bias)`` for an ``x`` whose last axis is not the contiguous one (module docstring), the
-    contracted axis zero-padded to a multiple of ``token_multiple`` (:func:`token_matmul`)."""
+    contracted axis zero-padded to a multiple of ``token_multiple`` (:func:`token_matmul`; the caller decides it)."""
     last = x.dim() - 1
     # axes outermost-first in memory; the contracted axis is placed last among equal strides (size-1 axes)
     order: List[int] = sorted(range(x.dim()), key=lambda d: (-x.stride(d), d == last))
@@ -94,8 +110,9 @@ def _linear_in_memory_order(x: torch.Tensor, weight: torch.Tensor, bias: Optiona
 class TokenLinear(nn.Linear):
     """``nn.Linear`` whose input's last axis may be a strided token axis; see the module docstring.
 
-    Args (beyond ``nn.Linear``'s): token_multiple: the contracted axis (in_features) is computed zero-padded up to
-    this multiple (exact; module docstring); 1 = no padding. A plain attribute, read at each call.
+    Args (beyond ``nn.Linear``'s): token_multiple: on CUDA, the contracted axis (in_features) is computed
+    zero-padded up to this multiple (exact; module docstring; other devices never pad); 1 = no padding. A plain
+    attribute, read at each call.
 
     Shapes: x (*, in_features) with any strides -> (*, out_features), laid out in memory like ``x`` (for a token
     axis of a channels-last tensor the output is channels-last too).
@@ -108,12 +125,13 @@ class TokenLinear(nn.Linear):
         self.token_multiple = token_multiple
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        token_multiple = token_multiple_on(x.device, self.token_multiple)
         if torch.jit.is_scripting() or x.dim() < 3 or x.stride(-1) == 1:
-            pad = token_padding(x.shape[-1], self.token_multiple)
+            pad = token_padding(x.shape[-1], token_multiple)
             if pad:  # zero columns of the weight, as many zero tokens
                 return F.linear(F.pad(x, (0, pad)), F.pad(self.weight, (0, pad)), self.bias)
             return F.linear(x, self.weight, self.bias)
-        return _linear_in_memory_order(x, self.weight, self.bias, self.token_multiple)
+        return _linear_in_memory_order(x, self.weight, self.bias, token_multiple)
 
     def extra_repr(self) -> str:
         return f'{super().extra_repr()}, token_multiple={self.token_multiple}'

@@ -24,9 +24,9 @@ class MixerBlock(TimmMixerBlock):
     transposed view in place, as one batched GEMM, and carry the token padding (a custom ``mlp_layer`` keeps its
     plain, unpadded Linears).
 
-    Args (beyond timm's): token_multiple: the token MLP's Linears contract their token axes zero-padded to this
-    multiple (default 8: Mixer-B/16's 196 patches become 200; exact, why in :mod:`mlp_vision.layers.linear`);
-    1 = no padding.
+    Args (beyond timm's): token_multiple: on CUDA, the token MLP's Linears contract their token axes zero-padded to
+    this multiple (default 8: Mixer-B/16's 196 patches become 200; exact, why in :mod:`mlp_vision.layers.linear`);
+    other devices never pad; 1 = no padding.
 
     Shapes: x (B, n, dim) -> (B, n, dim).
     """

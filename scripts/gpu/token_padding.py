@@ -3,7 +3,8 @@
 gMLP's Spatial Gating Unit (arXiv 2105.08050 §2) and Mixer's token MLP (arXiv 2105.01601 §2) contract a token axis of
 196 patches at 224². In bf16 a 196-token row is 392 bytes, not a multiple of 16, and an H100 ran these GEMMs on
 older kernels (the gMLP-S SGU GEMM 273.6 us at 196 tokens, 176.0 us padded to 200). The modules pad the contracted
-token axis with zeros to a multiple of ``token_multiple`` (default 8); this script times the choices.
+token axis of CUDA inputs with zeros to a multiple of ``token_multiple`` (default 8; CPU inputs are never padded:
+``mlp_vision.layers.linear.token_multiple_on``); this script times the choices.
 
 Parts (each alternates its variants in one process: A B C, A B C, ...; medians and the median of per-round ratios
 against the unpadded variant):
@@ -19,7 +20,8 @@ against the unpadded variant):
 ``--precision bf16`` runs ``gemm`` on bf16 tensors and ``layers`` / ``models`` under bf16 autocast; ``--compile``
 compiles the layers and models (one graph per multiple: the multiple is an attribute the graph is guarded on).
 Writes PREFIX.json and PREFIX.md with ``--out PREFIX``. On the CPU it runs at toy sizes, which is how its logic is
-tested (``tests/test_gpu_scripts.py``); the numbers that choose the default come from ``run_gpu.sh token_pad``.
+tested (``tests/test_gpu_scripts.py``; there ``layers`` and ``models`` run every multiple unpadded, as the modules do
+on the CPU); the numbers that choose the default come from ``run_gpu.sh token_pad``.
 """
 import argparse
 import statistics
