@@ -435,8 +435,8 @@ class BidirectionalGatedSSM(nn.Module):
         """``forward_out_proj(SSM_f(u_f)) * backward_out_proj(SSM_b(u_b))`` from the pre-activations ``a_f``,
         ``a_b`` (B, L, d). On the chunked route with a graph, all of it is recomputed in the backward pass
         (activation checkpointing): it keeps ``a_f`` and ``a_b`` alone, not the SSM outputs, the projections' outputs
-        nor any chunk state (a recomputation of the two d x d projections, a few percent of the layer's FLOPs, for
-        8 of the 38 bytes per channel and token a bf16 training step otherwise keeps)."""
+        nor any chunk state: two d x d projections computed twice, a few percent of the layer's FLOPs, for four
+        (B, L, d) activations fewer kept."""
         route = self.conv_route(a_f)
         if route == 'chunked' and torch.is_grad_enabled() and not torch.jit.is_tracing():
             return checkpoint(self._gate_by, a_f, a_b, mask, route, use_reentrant=False, preserve_rng_state=False)
