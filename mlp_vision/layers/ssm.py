@@ -57,7 +57,7 @@ def auto_conv_impl(device_type: str, dtype: torch.dtype, length: int, triton_ava
     """The SSM convolution route ``conv_impl='auto'`` takes. On CUDA, for ``length >= triton_min_len`` when triton
     is installed and the dtype is one its kernel multiplies (float16 / bfloat16 / float32): ``'chunked'`` where
     :func:`chunked_route_pays`, else ``'triton'``. Otherwise ``'direct'`` up to ``direct_max_len`` and ``'fft'``
-    beyond (on the CPU the FFT route is as fast as the chunked one at 16K tokens and faster below:
+    beyond (on the CPU the FFT route is faster than the chunked one up to 16K tokens and as fast at 32K-64K:
     ``results/bigs_linear/``). Static facts of the input and the layer only, never timings or observers, so a model
     computes the same thing on every run."""
     if device_type == 'cuda' and triton_available and dtype in TRITON_DTYPES and length >= triton_min_len:
