@@ -17,6 +17,7 @@ import torch.nn.functional as F
 import mlp_vision.layers as layers
 import mlp_vision.layers.gating as gating
 import mlp_vision.text as mt
+from mlp_vision.errors import UsageError
 from mlp_vision.text import gmlp as text_gmlp
 from mlp_vision.text.gpt import MLPAttention
 from mlp_vision.text.registry import model_entry
@@ -514,39 +515,26 @@ def test_every_registered_config_names_its_maximum_length():
                                             'GPTLanguageModel'}
 
 
-def test_legacy_config_names_still_load(tmp_path):
-    """Command lines and checkpoints written with the families' old field names build the same models."""
-    old = mt.create_model('gmlp_base', depth=2, dim=32, ffn_dim=64, attn_dim=8, max_seq_len=16, dropout=0.1,
-                          vocab_size=50)
-    assert old.config.text_fields() == small_gmlp(tiny_attention_size=8, hidden_dropout_prob=0.1).config.text_fields()
-    gpt = mt.create_model('gpt_sdpa', n_layer=1, n_embd=32, n_head=2, block_size=32, dropout=0.1, ffn_ratio=2)
-    assert (gpt.config.num_hidden_layers, gpt.config.hidden_size, gpt.config.max_position_embeddings,
-            gpt.config.intermediate_size, gpt.config.attention_probs_dropout_prob) == (1, 32, 32, 64, 0.1)
-    # the config class itself (not only create_model): the ratio scales the width given beside it
-    from mlp_vision.text.gpt import GPTConfig
-    assert GPTConfig(n_embd=32, n_head=2, ffn_ratio=2).intermediate_size == 64
-    assert GPTConfig(hidden_size=32, num_attention_heads=2, ffn_ratio=3).intermediate_size == 96
-    with pytest.raises(TypeError, match="both 'dim'"):
-        mt.create_model('gmlp_base', dim=32, hidden_size=32, device='meta')
-    with pytest.raises(TypeError, match="no field 'no_such_field'"):
+def test_unknown_config_fields_are_one_clear_line(tmp_path):
+    """A field name a config does not have (a misspelling, or a name no release ever had) stops with one line naming
+    it and the fields there are, from a command line's keywords and from a config.json alike."""
+    with pytest.raises(TypeError, match="GMLPConfig has no field 'no_such_field'; its fields are .*hidden_size"):
         mt.create_model('gmlp_base', no_such_field=1, device='meta')
-    # a format-1 checkpoint (old names, no mask_padding field) loads with the unmasked SGU it was trained with
-    torch.manual_seed(0)
-    model = small_gmlp(mask_padding=False).eval()
+    for name, field in (('gmlp_base', 'dim'), ('gpt_sdpa', 'n_embd'), ('bigs_small', 'num_ssm')):
+        with pytest.raises(TypeError, match=f"has no field '{field}'"):
+            mt.create_model(name, **{field: 32}, device='meta')
+    model = small_gmlp()
     model.save_pretrained(str(tmp_path))
     cfg_path = tmp_path / 'config.json'
     payload = json.loads(cfg_path.read_text())
-    c = payload  # transformers' flat config.json; rewritten below as a format-1 file of ours
-    legacy = dict(vocab_size=c['vocab_size'], max_seq_len=c['max_position_embeddings'], dim=c['hidden_size'],
-                  depth=c['num_hidden_layers'], ffn_dim=c['intermediate_size'], attn_dim=0, spatial_mode='toeplitz',
-                  tie_word_embeddings=True, dropout=0.0, drop_path_rate=0.0, norm_eps=1e-6, init_std=0.02,
-                  cls_index=0, num_labels=2, classifier_dropout=0.1)
-    cfg_path.write_text(json.dumps({'architecture': 'GMLPForMaskedLM', 'config': legacy, 'format_version': 1}))
-    loaded = mt.from_pretrained(str(tmp_path))
-    assert loaded.config.text_fields() == model.config.text_fields() and loaded.config.mask_padding is False
-    x = torch.randint(50, (1, 10))
-    with torch.no_grad():
-        assert torch.equal(loaded.eval()(x).logits, model(x).logits)
+    cfg_path.write_text(json.dumps({**payload, 'dim': payload['hidden_size']}))
+    with pytest.raises(UsageError, match=r"config\.json: GMLPConfig has no field 'dim'") as e:
+        mt.from_pretrained(str(tmp_path))
+    assert '\n' not in str(e.value)
+    # a config.json of another layout (not transformers' flat one) is not ours
+    cfg_path.write_text(json.dumps({'architecture': 'GMLPForMaskedLM', 'config': {}, 'format_version': 1}))
+    with pytest.raises(ValueError, match='is not a config written by save_pretrained'):
+        mt.from_pretrained(str(tmp_path))
 
 
 def test_save_pretrained_keeps_the_tokenizer(tmp_path):

@@ -99,7 +99,6 @@ class BiGSConfig(TextConfig):
     sparse_prediction: bool = False
 
     model_type = 'mlp_vision_bigs'  # config.json's key for transformers' AutoConfig
-    legacy_names = {'hidden_dropout': 'hidden_dropout_prob', 'num_ssm': 'num_ssm_states'}
     tie_word_embeddings: ClassVar[bool] = True  # the MLM decoder is the word embedding (transformers reads this)
 
     def __post_init__(self, **kwargs):
@@ -164,7 +163,7 @@ def _from_official(cls, path_or_state_dict: Union[str, os.PathLike, Mapping[str,
     fields = bigs_config_from_official(sd).text_fields()
     if directory is not None:
         fields.update(_official_config_fields(directory, fields))
-    config = BiGSConfig.from_dict({**fields, **BiGSConfig.rename_legacy(dict(config_overrides))})
+    config = BiGSConfig.from_dict({**fields, **config_overrides})
     ours = convert_official_bigs_state_dict(sd, task=task)
     model = cls(config, device=device, dtype=dtype)
     allowed = cls.head_prefixes if task == 'sequence_classification' else ()

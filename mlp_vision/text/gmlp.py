@@ -29,8 +29,7 @@ Padding (``attention_mask``, (B, L), 1 = real token, right padding):
       Toeplitz / causal W of a shorter input is the leading block of the longer one's).
     * ``config.mask_padding = False``: the SGU mixes every position it is given, pads included, as the paper
       ("we find it unnecessary to mask out <pad> tokens in gMLP blocks during finetuning as the model can quickly
-      learn to ignore them", §4); only the tiny attention uses the mask. Checkpoints written before the option
-      existed load with this setting, which is what they were trained with.
+      learn to ignore them", §4); only the tiny attention uses the mask.
     Causal models never see trailing pads (a causal W never looks right).
 """
 from functools import partial
@@ -95,12 +94,6 @@ class GMLPConfig(TextConfig):
     sparse_prediction: bool = False
 
     model_type = 'mlp_vision_gmlp'  # config.json's key for transformers' AutoConfig
-    legacy_names = {
-        'max_seq_len': 'max_position_embeddings', 'dim': 'hidden_size', 'depth': 'num_hidden_layers',
-        'ffn_dim': 'intermediate_size', 'attn_dim': 'tiny_attention_size', 'dropout': 'hidden_dropout_prob',
-        'norm_eps': 'layer_norm_eps', 'init_std': 'initializer_range',
-    }
-    legacy_defaults = {'mask_padding': False}  # what format-1 checkpoints were trained with
 
     def __post_init__(self, **kwargs):
         super().__post_init__(**kwargs)

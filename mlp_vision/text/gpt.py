@@ -61,32 +61,8 @@ class GPTConfig(TextConfig):
     initializer_range: float = 0.02
 
     model_type = 'mlp_vision_gpt'  # config.json's key for transformers' AutoConfig
-    legacy_names = {
-        'block_size': 'max_position_embeddings', 'n_layer': 'num_hidden_layers', 'n_head': 'num_attention_heads',
-        'n_embd': 'hidden_size', 'mlp_attn_hidden': 'mlp_attention_hidden_size', 'init_std': 'initializer_range',
-    }
-
-    @classmethod
-    def rename_legacy(cls, d: dict) -> dict:
-        d = super().rename_legacy(d)
-        # one dropout for attention weights and residuals, and the FFN width as a ratio of the model width
-        if 'dropout' in d:
-            p = d.pop('dropout')
-            d.setdefault('hidden_dropout_prob', p)
-            d.setdefault('attention_probs_dropout_prob', p)
-        if 'ffn_ratio' in d:
-            d.setdefault('intermediate_size', d.pop('ffn_ratio') * d.get('hidden_size', 384))
-        return d
 
     def __post_init__(self, **kwargs):
-        if 'dropout' in kwargs or 'ffn_ratio' in kwargs:  # legacy names given to the class itself
-            # the ratio scales the width given with it (n_embd, still a legacy kwarg here), else the field's
-            given = {'hidden_size': kwargs.get('n_embd', self.hidden_size)}
-            if self.intermediate_size is not None:
-                given['intermediate_size'] = self.intermediate_size
-            legacy = self.rename_legacy({k: kwargs.pop(k) for k in ('dropout', 'ffn_ratio') if k in kwargs} | given)
-            for name, value in legacy.items():
-                setattr(self, name, value)
         super().__post_init__(**kwargs)
         if self.intermediate_size is None:
             self.intermediate_size = 4 * self.hidden_size
