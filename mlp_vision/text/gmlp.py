@@ -37,10 +37,11 @@ from typing import Optional
 
 import torch
 import torch.nn as nn
+from transformers import initialization as init
 from transformers.modeling_outputs import BaseModelOutput, CausalLMOutput
 from transformers.utils import can_return_tuple
 
-from ..layers import GatedMLPBlock, SPATIAL_MODES
+from ..layers import GatedMLPBlock, SPATIAL_MODES, SpatialGatingUnit
 from .bert import EncoderForMaskedLM, EncoderForSequenceClassification
 from .modeling_utils import (
     TextConfig, TextGenerationMixin, TextPreTrainedModel, causal_lm_loss, check_text_inputs)
@@ -111,6 +112,18 @@ class GMLPPreTrainedModel(TextPreTrainedModel):
     base_model_prefix = 'gmlp'
     _input_embed_layer = 'embed'
 
+    def _init_weights(self, module: nn.Module) -> None:
+        """Also the SGUs' raw parameters, as :meth:`~mlp_vision.layers.SpatialGatingUnit.init_weights` draws them
+        (W ~ N(0, its ``init_std``), b = 1: each block starts as an FFN, paper §2), and their Toeplitz index
+        (``index[i, j] = i - j + n - 1``, not saved)."""
+        super()._init_weights(module)
+        if isinstance(module, SpatialGatingUnit):
+            init.normal_(module.weight, std=module.init_std)
+            init.ones_(module.bias)
+            if module.toeplitz_index is not None:
+                idx = torch.arange(module.seq_len, device=module.toeplitz_index.device)
+                init.copy_(module.toeplitz_index, idx[:, None] - idx[None, :] + module.seq_len - 1)
+
 
 class GMLPModel(GMLPPreTrainedModel):
     """gMLP / aMLP backbone: token embedding -> GatedMLPBlocks -> final LayerNorm.
@@ -137,8 +150,6 @@ class GMLPModel(GMLPPreTrainedModel):
             for i in range(c.num_hidden_layers)
         ])
         self.norm = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps, **dd)
-        # transformers' _init_weights: Linear / Embedding ~ N(0, initializer_range); the SGUs' raw W (~0) and b (=1)
-        # parameters are left as GatedMLPBlock made them
         self.post_init()
 
     @can_return_tuple

@@ -23,6 +23,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from timm.layers import Attention, Mlp
+from transformers import initialization as init
 from transformers.modeling_outputs import CausalLMOutput
 from transformers.utils import can_return_tuple
 
@@ -195,10 +196,16 @@ class GPTLanguageModel(TextGenerationMixin, TextPreTrainedModel):
         self.blocks = nn.ModuleList([GPTBlock(config, **dd) for _ in range(config.num_hidden_layers)])
         self.ln_f = nn.LayerNorm(config.hidden_size, **dd)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, **dd)
-        for m in self.modules():
-            if isinstance(m, MLPAttention):
-                m.init_weights(config.initializer_range)
-        self.post_init()  # transformers' _init_weights: Linear / Embedding ~ N(0, initializer_range), biases 0
+        self.post_init()
+
+    def _init_weights(self, module: nn.Module) -> None:
+        """``transformers``' init (Linear / Embedding ~ N(0, ``initializer_range``), biases 0: nanoGPT's) and the
+        MLP-Attention heads' second layers with the same std (:meth:`MLPAttention.init_weights`) and causal mask
+        (not saved)."""
+        super()._init_weights(module)
+        if isinstance(module, MLPAttention):
+            init.normal_(module.fc2_weight, std=self.config.initializer_range)
+            init.copy_(module.causal_mask, torch.ones_like(module.causal_mask).tril())
 
     @can_return_tuple
     def forward(self, input_ids: torch.Tensor, attention_mask: Optional[torch.Tensor] = None,

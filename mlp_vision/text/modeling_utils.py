@@ -23,10 +23,11 @@ import os
 from typing import Any, ClassVar, Dict, List, Optional, Tuple
 
 import torch
+import torch.nn as nn
 import torch.nn.functional as F
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file
-from transformers import GenerationMixin, PreTrainedConfig, PreTrainedModel
+from transformers import GenerationMixin, PreTrainedConfig, PreTrainedModel, initialization as init
 from transformers.generation.configuration_utils import GenerationConfig
 from transformers.utils import CONFIG_NAME, SAFE_WEIGHTS_NAME as WEIGHTS_NAME, logging as transformers_logging
 
@@ -50,11 +51,12 @@ LABELS_NAME = 'labels.json'  # the text trainer writes it beside a classifier (m
 _POSITIVE_SIZE_FIELDS = frozenset({
     'vocab_size', 'max_position_embeddings', 'hidden_size', 'num_hidden_layers', 'intermediate_size',
     'num_attention_heads', 'mlp_attention_hidden_size', 'num_ssm_states', 'type_vocab_size', 'num_labels'})
-# what transformers itself passes to a config besides its fields (PreTrainedConfig.__post_init__ takes them, and the
-# generation parameters it drops); any other unknown keyword is a misspelt field and stops
+# what transformers itself passes to a config besides its fields (PreTrainedConfig.__post_init__ takes them), and the
+# generation parameters (its Trainer writes use_cache into config.json; PreTrainedConfig drops them); any other
+# unknown keyword is a misspelt field and stops
 _TRANSFORMERS_CONFIG_KWARGS = frozenset({
     'num_labels', 'torch_dtype', 'name_or_path', 'output_attentions', 'attn_implementation', 'experts_implementation',
-    'per_layer_config', 'model_type', 'use_return_dict'} | set(GenerationConfig._get_default_generation_params()))
+    'per_layer_config', 'model_type', 'use_return_dict'} | set(GenerationConfig().to_dict()))
 _BASE_FIELDS = frozenset(f.name for f in dataclasses.fields(PreTrainedConfig))
 _TYPE_CHECKS = {bool: lambda v: isinstance(v, bool),
                 int: lambda v: isinstance(v, int) and not isinstance(v, bool),
@@ -228,16 +230,15 @@ class TextPreTrainedModel(PreTrainedModel):
             raise NotImplementedError(f'{type(self).__name__} returns logits (or the last hidden states) only; our '
                                       f'models do not collect per-layer hidden states or attention weights')
 
-    @classmethod
-    def get_init_context(cls, *args, **kwargs):
-        """``transformers``' contexts for building the model in ``from_pretrained``, less the ``meta`` device: our
-        modules initialise their own parameters and index buffers when built (SGU ``W ~ 0, b = 1``, the S4D kernel,
-        the Toeplitz index), which a meta build would leave for ``_init_weights`` to redo."""
-        return [c for c in super().get_init_context(*args, **kwargs) if not isinstance(c, torch.device)]
-
-    def _move_missing_keys_from_meta_to_device(self, *args, **kwargs) -> None:
-        """Nothing to move: the model was not built on the ``meta`` device (:meth:`get_init_context`), so the
-        tensors the folder lacks (a new head) keep their init and the non-persistent buffers their values."""
+    def _init_weights(self, module: nn.Module) -> None:
+        """``transformers``' init (Linear / Embedding ~ N(0, ``initializer_range``), biases 0, the padding row of an
+        embedding 0, LayerNorm 1 / 0) and the zero output bias of our LM heads. ``post_init`` runs it on a model built
+        directly; ``from_pretrained`` builds on the ``meta`` device and runs it for what the folder does not hold (a
+        new head, the non-persistent buffers): the ``init`` functions skip the tensors that were loaded. Each family
+        adds what its own layers compute when built, as ``transformers``' ``modeling_bert.py`` does."""
+        super()._init_weights(module)
+        if isinstance(module, TextPreTrainedModel) and getattr(module, 'output_bias', None) is not None:
+            init.zeros_(module.output_bias)
 
     def save_pretrained(self, save_directory, *args, tokenizer=None, **kwargs) -> None:
         """``transformers``' ``save_pretrained``, plus the tokenizer's files (``tokenizer``, else
