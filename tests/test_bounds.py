@@ -19,7 +19,9 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from mlp_vision.errors import UsageError, check_model_size, check_range, short_repr  # noqa: E402
+from mlp_vision.arguments import check_range
+from mlp_vision.bounds import check_model_size
+from mlp_vision.errors import UsageError, short_repr
 from mlp_vision.training.run.config import MAX_YAML_DEPTH, load_yaml_config, read_yaml_file  # noqa: E402
 
 
@@ -99,7 +101,7 @@ def test_check_model_size_stops_the_meta_build_early():
         return layers
 
     with pytest.raises(UsageError, match=r'stack would have more than 2e\+09 parameters \(the bound of '
-                                         r'mlp_vision.errors.MAX_PARAMS, 8 GB of float32 weights\)'):
+                                         r'mlp_vision.bounds.MAX_PARAMS, 8 GB of float32 weights\)'):
         check_model_size(build, 'stack')
     assert len(built) < 200  # refused after ~120 layers, not after building 100,000
     assert check_model_size(lambda: torch.nn.Linear(3, 2, device='meta'), 'small') == 8
@@ -147,7 +149,7 @@ def test_text_config_json_sizes_are_bounded_before_building(tmp_path):
 # ------------------------------------------------------------------------------------------------ activation size
 def test_activation_estimate_counts_leaf_outputs_on_meta():
     """Training: every leaf's output (autograd keeps them); evaluation: the largest leaf input + output pair."""
-    from mlp_vision.errors import estimate_activation_bytes
+    from mlp_vision.bounds import estimate_activation_bytes
     model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2)).to('meta')
     x = torch.empty(16, 4, device='meta')
     assert estimate_activation_bytes(model, [x], training=True) == 4 * 16 * (8 + 8 + 2)
@@ -156,7 +158,7 @@ def test_activation_estimate_counts_leaf_outputs_on_meta():
 
 
 def test_activation_check_stops_the_meta_forward_early():
-    from mlp_vision.errors import check_activation_size
+    from mlp_vision.bounds import check_activation_size
     ran = []
 
     class Counted(torch.nn.Linear):
@@ -208,16 +210,31 @@ def test_text_trainer_batch_is_bounded_before_the_first_step(tmp_path, capsys):
 
 # ------------------------------------------------------------------------------------------------ bound flags
 def test_size_bounds_set_the_flags_for_the_block_only():
-    import mlp_vision.errors as errors
-    from mlp_vision.errors import size_bounds
-    args = errors.ArgumentParser()
-    errors.add_bound_arguments(args)
-    with size_bounds(args.parse_args(['--max-params', '5e9', '--max-activation-gib', '0.5'])):
-        assert (errors.MAX_PARAMS, errors.MAX_ACTIVATION_BYTES) == (5_000_000_000, 2 ** 29)
-    assert (errors.MAX_PARAMS, errors.MAX_ACTIVATION_BYTES) == (2_000_000_000, 256 * 2 ** 30)
+    import threading
+    import mlp_vision.bounds as bounds
+    from mlp_vision.arguments import ArgumentParser
+    parser = ArgumentParser()
+    bounds.add_bound_arguments(parser)
+    defaults = (2_000_000_000, 256 * 2 ** 30)
+    seen_by_other_thread = []
+    with bounds.size_bounds(parser.parse_args(['--max-params', '5e9', '--max-activation-gib', '0.5'])):
+        assert bounds.current_bounds() == (5_000_000_000, 2 ** 29)
+        with bounds.size_bounds(max_params=10):  # nested: the other bound is the block's around it
+            assert bounds.current_bounds() == (10, 2 ** 29)
+        assert bounds.current_bounds() == (5_000_000_000, 2 ** 29)
+        other = threading.Thread(target=lambda: seen_by_other_thread.append(bounds.current_bounds()))
+        other.start()
+        other.join()
+        # the module's constants are never rewritten: a command's flags are its block's only
+        assert (bounds.MAX_PARAMS, bounds.MAX_ACTIVATION_BYTES) == defaults
+    assert seen_by_other_thread == [defaults]
+    assert bounds.current_bounds() == defaults
     with pytest.raises(UsageError, match=r'^--max-params must be a positive number, got 0.0$'):
-        with size_bounds(args.parse_args(['--max-params', '0'])):
+        with bounds.size_bounds(parser.parse_args(['--max-params', '0'])):
             pass
+    with bounds.size_bounds(max_params=8):  # the bound the checks use
+        with pytest.raises(UsageError, match='would have more than 8 parameters'):
+            check_model_size(lambda: torch.nn.Linear(3, 3, device='meta'), 'linear 3x3')
 
 
 @pytest.mark.parametrize('flag, line', [
