@@ -1,14 +1,16 @@
 """ Bounds on the sizes a file or a flag may ask a command to build: a model's parameters (:data:`MAX_PARAMS`,
-counted on the ``meta`` device before anything is allocated) and the activations of its first step
-(:data:`MAX_ACTIVATION_BYTES`, estimated on ``meta``). A command raises them for its run with ``--max-params`` /
-``--max-activation-gib`` (:func:`size_bounds`); the module constants are the defaults and never change: the bound a
-check uses is a context variable, set only inside a ``with size_bounds(...)`` block (the thread or task that entered
-it, as ``decimal.localcontext``), so a command never changes what another caller in the process sees.
+counted on the ``meta`` device before anything is allocated), its blocks (:data:`MAX_BLOCKS`, counted from the
+configuration before any block is built, so that a deep, narrow model is refused at once) and the activations of
+its first step (:data:`MAX_ACTIVATION_BYTES`, estimated on ``meta``). A command raises them for its run with
+``--max-params`` / ``--max-blocks`` / ``--max-activation-gib`` (:func:`size_bounds`); the module constants are the
+defaults and never change: the bounds a check uses are a context variable, set only inside a ``with
+size_bounds(...)`` block (for the thread or task that entered it, as ``decimal.localcontext``), so a command never
+changes what another caller in the process sees.
 """
 import argparse
 import contextlib
 import contextvars
-from typing import Any, Callable, Iterator, Optional, Sequence, Tuple
+from typing import Any, Callable, Iterator, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 import torch.nn as nn
@@ -16,8 +18,9 @@ import torch.nn as nn
 from mlp_vision.arguments import check_range
 from mlp_vision.errors import UsageError
 
-__all__ = ['MAX_PARAMS', 'MAX_ACTIVATION_BYTES', 'current_bounds', 'check_model_size', 'estimate_activation_bytes',
-           'check_activation_size', 'add_bound_arguments', 'size_bounds', 'within_bounds']
+__all__ = ['MAX_PARAMS', 'MAX_ACTIVATION_BYTES', 'MAX_BLOCKS', 'Bounds', 'current_bounds', 'check_block_count',
+           'check_model_size', 'estimate_activation_bytes', 'check_activation_size', 'add_bound_arguments',
+           'size_bounds', 'within_bounds']
 
 
 # the largest model any command builds unasked: 2e9 parameters are 8 GB of float32 weights (32 GB with AdamW's
@@ -35,7 +38,7 @@ def check_model_size(build_on_meta: Callable[[], Optional[nn.Module]], what: str
     :class:`UsageError` naming ``what`` (the model, and the file its sizes came from) when it exceeds
     :data:`MAX_PARAMS`. The build stops as soon as the count passes the bound, so 100,000 wide layers are refused
     after a few. ``build_on_meta`` returning None skips the check (None is returned)."""
-    max_params, seen, total = current_bounds()[0], set(), 0
+    max_params, seen, total = current_bounds().params, set(), 0
 
     def count(module: nn.Module, name: str, param: Optional[nn.Parameter]) -> None:
         nonlocal total
@@ -67,14 +70,37 @@ def check_model_size(build_on_meta: Callable[[], Optional[nn.Module]], what: str
 # single accelerator's memory. --max-activation-gib raises it (size_bounds).
 MAX_ACTIVATION_BYTES = 256 * 2 ** 30
 
-# (max parameters, max activation bytes) the checks use: the defaults above, or what size_bounds set for its block
-_BOUNDS = contextvars.ContextVar('mlp_vision_size_bounds', default=(MAX_PARAMS, MAX_ACTIVATION_BYTES))
+# the most blocks (residual blocks, transformer layers) a model may stack, counted from its configuration before
+# anything is built: the deepest published models have a few hundred (ResNet-1001: 333 blocks); a depth of 100,000
+# in a file or a flag is damaged or hostile, and building it (even on the meta device) would take minutes
+MAX_BLOCKS = 1_000
 
 
-def current_bounds() -> Tuple[int, int]:
-    """(max parameters, max activation bytes) the checks use here: :data:`MAX_PARAMS` and
-    :data:`MAX_ACTIVATION_BYTES` unless a :func:`size_bounds` block around the caller raised them."""
+class Bounds(NamedTuple):
+    params: int
+    activation_bytes: int
+    blocks: int
+
+
+# what the checks use: the defaults above, or what size_bounds set for its block
+_BOUNDS = contextvars.ContextVar('mlp_vision_size_bounds', default=Bounds(MAX_PARAMS, MAX_ACTIVATION_BYTES, MAX_BLOCKS))
+
+
+def current_bounds() -> Bounds:
+    """The bounds the checks use here: :data:`MAX_PARAMS`, :data:`MAX_ACTIVATION_BYTES` and :data:`MAX_BLOCKS`
+    unless a :func:`size_bounds` block around the caller raised them."""
     return _BOUNDS.get()
+
+
+def check_block_count(count: int, what: str) -> None:
+    """A :class:`UsageError` when ``what`` (the configuration value, e.g. ``depths=(100000, 1, 1, 1)``) asks for
+    more than the bound's blocks: called by a model's constructor before it builds any block."""
+    max_blocks = current_bounds().blocks
+    if count > max_blocks:
+        raise UsageError(f'{what} asks for {count:,} blocks, more than the bound of {max_blocks:,} '
+                         f'(mlp_vision.bounds.MAX_BLOCKS; the deepest published models have a few hundred): lower '
+                         f'it (a damaged or edited file?), or raise the bound with --max-blocks '
+                         f'(mlp_vision.bounds.size_bounds(max_blocks=N) in Python) if the model is meant')
 
 
 def _tensor_bytes(value: Any) -> int:
@@ -126,7 +152,7 @@ def check_activation_size(build_on_meta: Callable[[], Optional[nn.Module]], inpu
     ``inputs`` (``meta`` tensors of the batch to come), or a :class:`UsageError` naming ``what`` when it exceeds
     :data:`MAX_ACTIVATION_BYTES`: checked before the real first forward, so a crafted ``img_size`` or sequence
     length stops here. A model that cannot be built or run on ``meta`` skips the check (None is returned)."""
-    max_bytes = current_bounds()[1]
+    max_bytes = current_bounds().activation_bytes
     try:
         model = build_on_meta()
         estimate = None if model is None else estimate_activation_bytes(model, inputs, training, max_bytes)
@@ -143,13 +169,16 @@ def check_activation_size(build_on_meta: Callable[[], Optional[nn.Module]], inpu
 
 
 def add_bound_arguments(group: argparse._ActionsContainer, activations: bool = True) -> None:
-    """``--max-params`` (:data:`MAX_PARAMS`) and, for a command that runs a forward pass (``activations``),
-    ``--max-activation-gib`` (:data:`MAX_ACTIVATION_BYTES`): the opt-ins past the bounds on the sizes files may ask
-    for, set for the command by :func:`size_bounds`."""
+    """``--max-params`` (:data:`MAX_PARAMS`), ``--max-blocks`` (:data:`MAX_BLOCKS`) and, for a command that runs a
+    forward pass (``activations``), ``--max-activation-gib`` (:data:`MAX_ACTIVATION_BYTES`): the opt-ins past the
+    bounds on the sizes files may ask for, set for the command by :func:`size_bounds`."""
     group.add_argument('--max-params', type=float, default=None, metavar='N',
                        help=f'raises the bound on a model\'s parameter count (default {MAX_PARAMS:.0e}), checked '
                             f'before it is built: for a model this large that is meant, not a damaged or crafted '
                             f'checkpoint / config.json')
+    group.add_argument('--max-blocks', type=int, default=None, metavar='N',
+                       help=f'raises the bound on a model\'s blocks / layers (default {MAX_BLOCKS:,}), checked from '
+                            f'its configuration before any block is built')
     if not activations:  # a flag accepted where it bounds nothing would be a silent no-op
         return
     group.add_argument('--max-activation-gib', type=float, default=None, metavar='GIB',
@@ -160,19 +189,24 @@ def add_bound_arguments(group: argparse._ActionsContainer, activations: bool = T
 
 @contextlib.contextmanager
 def size_bounds(args: Optional[argparse.Namespace] = None, *, max_params: Optional[float] = None,
-                max_activation_gib: Optional[float] = None) -> Iterator[None]:
-    """The checks of this module bounded, inside the ``with`` block, by ``max_params`` parameters and
-    ``max_activation_gib`` GiB of activations (from ``args``' ``--max-params`` / ``--max-activation-gib`` when given;
-    None: the bound around the block, by default :data:`MAX_PARAMS` / :data:`MAX_ACTIVATION_BYTES`). A bound that
-    is not a positive number is a UsageError. Nothing outside the block (another thread, a later caller) sees it."""
+                max_activation_gib: Optional[float] = None, max_blocks: Optional[int] = None) -> Iterator[None]:
+    """The checks of this module bounded, inside the ``with`` block, by ``max_params`` parameters,
+    ``max_activation_gib`` GiB of activations and ``max_blocks`` blocks (from ``args``' ``--max-params`` /
+    ``--max-activation-gib`` / ``--max-blocks`` when given; None: the bound around the block, by default the module's
+    constants). A bound that is not a positive number is a UsageError. Nothing outside the block (another thread, a
+    later caller) sees it."""
     if args is not None:
-        max_params, max_activation_gib = getattr(args, 'max_params', None), getattr(args, 'max_activation_gib', None)
-    for flag, value in (('--max-params', max_params), ('--max-activation-gib', max_activation_gib)):
+        max_params, max_activation_gib, max_blocks = (getattr(args, name, None) for name in (
+            'max_params', 'max_activation_gib', 'max_blocks'))
+    for flag, value in (('--max-params', max_params), ('--max-activation-gib', max_activation_gib),
+                        ('--max-blocks', max_blocks)):
         if value is not None:
             check_range(flag, value, low=0, low_open=True)
-    params, activation_bytes = current_bounds()
-    token = _BOUNDS.set((params if max_params is None else int(max_params),
-                         activation_bytes if max_activation_gib is None else int(max_activation_gib * 2 ** 30)))
+    around = current_bounds()
+    token = _BOUNDS.set(Bounds(
+        around.params if max_params is None else int(max_params),
+        around.activation_bytes if max_activation_gib is None else int(max_activation_gib * 2 ** 30),
+        around.blocks if max_blocks is None else int(max_blocks)))
     try:
         yield
     finally:
