@@ -24,7 +24,9 @@ from mlp_vision.training.run.distributed import all_gather_objects, init_device
 from mlp_vision.training.run.driver import drive
 from mlp_vision.training.tasks.image_classification import (
     DEFAULT_EPOCHS, DEMO_RECIPE, ImageClassification, uses_mixup)
-from mlp_vision.errors import ArgumentParser, DefaultsHelpFormatter, UsageError, run_cli, size_bounds
+from mlp_vision.arguments import ArgumentParser, DefaultsHelpFormatter
+from mlp_vision.bounds import size_bounds
+from mlp_vision.errors import UsageError, run_cli
 from mlp_vision.training.run.log import setup_logging
 from mlp_vision.training.tasks.image_model import ALLOW_MISSING_FLAG
 from mlp_vision.training.run.compile import add_compile_arguments, check_compile_backend

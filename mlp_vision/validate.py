@@ -26,7 +26,9 @@ from mlp_vision.training.data import (
 )
 from mlp_vision.training.run.distributed import init_device
 from mlp_vision.training.tasks.image_classification import evaluate
-from mlp_vision.errors import ArgumentParser, DefaultsHelpFormatter, UsageError, check_range, run_cli, within_bounds
+from mlp_vision.arguments import ArgumentParser, DefaultsHelpFormatter, check_range
+from mlp_vision.bounds import within_bounds
+from mlp_vision.errors import UsageError, run_cli
 from mlp_vision.training.run.log import setup_logging
 from mlp_vision.training.tasks.image_model import (
     check_activations, create_model_for_eval, model_create_kwargs, resolve_model_data_config)

@@ -41,7 +41,8 @@ import torch
 import torch.nn as nn
 from transformers import initialization as init
 
-from mlp_vision.errors import UsageError, read_json_file
+from mlp_vision.arguments import read_json_file
+from mlp_vision.errors import UsageError
 from ..layers import BidirectionalGatedSSM, S4DKernel, S4DLayer
 from ..weights import load_backbone
 from .bert import BertEmbeddings, EncoderForMaskedLM, EncoderForSequenceClassification, EncoderModel
