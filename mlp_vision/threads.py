@@ -2,15 +2,16 @@
 
 ``--threads N`` sets ``torch.set_num_threads(N)`` for the command's run (N from 1 to the CPUs this process may
 use: more only oversubscribe them, and ``torch.set_num_threads(100000)`` crashes the process). Without it a
-command keeps PyTorch's count, lowered to the CPUs the rest of the machine leaves idle: the CPUs minus the
-1-minute load average minus this run's own data-loader processes, rounded, at least 1; a count set before the
-command (``OMP_NUM_THREADS``, an in-process caller's, torchrun's 1 per process) is never raised.
+command computes with one thread, unless ``OMP_NUM_THREADS`` is set (torchrun sets it to 1 per process): then with
+the count PyTorch took from it. The rule is fixed: it does not look at the machine's load, so the same command
+computes the same way (and rounds the same way) whenever it runs.
 
-Why: PyTorch's OpenMP threads spin-wait for each other at every parallel region, so when another process holds a
-core every step waits for the thread that is not running: on the busy 2-core machine 3 demo epochs took 3-8 min
-with PyTorch's 2 threads and 27-43 s with 1 (``results/threads/README.md``). The load average lags a minute or
-two behind the machine; ``--threads N`` decides. :func:`~mlp_vision.errors.run_cli` restores the caller's count
-after every command.
+Why one: PyTorch's own default, one OpenMP thread per CPU, spin-waits at every parallel region for a thread that
+is not running as soon as another process holds a core; on the shared 2-core machine that made 3 demo epochs 6 to
+16 times slower than one thread, for the same accuracy, and one thread was as fast or faster in every other run
+measured there (the demo beside its loader worker; without a worker a second thread saved about a tenth):
+``results/threads/README.md``. On a larger, quiet machine more threads help a larger model: ``--threads N``.
+:func:`~mlp_vision.errors.run_cli` restores the caller's count after every command.
 """
 import argparse
 import os
@@ -39,44 +40,28 @@ def add_threads_argument(container: argparse._ActionsContainer) -> None:
     """``--threads N`` (a parser or an argument group), read by :func:`set_threads`."""
     container.add_argument(
         '--threads', type=int, default=None, metavar='N',
-        help=f'PyTorch intra-op threads for this run, 1 to {THREADS_RANGE["high"]} (default: PyTorch\'s count, '
-             f'lowered to the CPUs left idle by the 1-minute load average and this run\'s loader workers: on a busy '
-             f'machine extra threads spin-wait and slow every step several-fold)')
-
-
-def _load_average() -> Optional[float]:
-    try:
-        return os.getloadavg()[0]
-    except (AttributeError, OSError):  # no load average on this system
-        return None
+        help=f'PyTorch intra-op threads for this run, 1 to {THREADS_RANGE["high"]} (default: 1, or OMP_NUM_THREADS '
+             f'when set: on a shared CPU more threads spin-wait and slow every step several-fold)')
 
 
 def default_threads(loader_workers: int = 0) -> int:
-    """The count without ``--threads``: torch's present count, lowered to the idle CPUs -- the machine's CPUs minus
-    its 1-minute load average and minus ``loader_workers`` (this run's data-loader processes, not yet in the load),
-    rounded; at least 1. Without a load average, torch's count."""
-    current = torch.get_num_threads()
-    load = _load_average()
-    if load is None:
-        return current
-    idle = round((os.cpu_count() or 1) - load - loader_workers)
-    return max(1, min(current, idle))
+    """The count without ``--threads``: torch's present count when ``OMP_NUM_THREADS`` is set (it chose that count),
+    else 1. ``loader_workers`` (this run's data-loader processes) does not change it: one compute thread leaves the
+    other CPUs to them."""
+    return torch.get_num_threads() if os.environ.get('OMP_NUM_THREADS') else 1
 
 
 def set_threads(requested: Optional[int], loader_workers: int = 0) -> str:
     """Set torch's intra-op threads to ``requested`` (checked against :data:`THREADS_RANGE`) or, for None, to
-    :func:`default_threads`; returns the line a command logs, e.g. ``'1 compute thread (2 CPUs, load 6.3, 1 loader
-    worker, fewer than PyTorch's 2; --threads N to choose)'``."""
+    :func:`default_threads`; returns the line a command logs, e.g. ``'1 compute thread (the default; --threads N
+    or OMP_NUM_THREADS to choose)'``."""
     if requested is not None:
         check_range('--threads', requested, **THREADS_RANGE)
         threads, why = requested, '--threads'
     else:
-        before, load = torch.get_num_threads(), _load_average()
         threads = default_threads(loader_workers)
-        why = [f'{os.cpu_count() or 1} CPUs'] + ([f'load {load:.1f}'] if load is not None else [])
-        why += [f'{loader_workers} loader worker{"s" if loader_workers > 1 else ""}'] if loader_workers else []
-        why += [f'fewer than PyTorch\'s {before}'] if threads < before else []
-        why = ', '.join(why) + '; --threads N to choose'
+        why = ('OMP_NUM_THREADS; --threads N to choose' if os.environ.get('OMP_NUM_THREADS') else
+               'the default; --threads N or OMP_NUM_THREADS to choose')
     torch.set_num_threads(threads)
     return f'{threads} compute thread{"s" if threads > 1 else ""} ({why})'
 

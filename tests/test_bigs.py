@@ -522,7 +522,7 @@ def test_kernel_cache():
 @pytest.mark.parametrize('gelu', ['none', 'tanh'])
 def test_official_state_dict_parity_with_spec_reference(gelu):
     sd = official_state_dict()
-    model = BiGSForMaskedLM.from_official(sd, dtype=torch.float64, mask_padding=False, hidden_dropout=0.0,
+    model = BiGSForMaskedLM.from_official(sd, dtype=torch.float64, mask_padding=False, hidden_dropout_prob=0.0,
                                           gelu_approximate=gelu).eval()
     assert model.config.num_hidden_layers == 2 and model.config.num_ssm_states == 6
     ids = torch.randint(0, 40, (2, 19), generator=torch.Generator().manual_seed(0))
@@ -585,7 +585,7 @@ def test_from_official_file(tmp_path, fmt):
         path = tmp_path / 'model.safetensors'
         save_file({k: v.clone().contiguous() for k, v in sd.items()}, str(path))  # no shared storage in safetensors
     for src in (path, tmp_path):  # the file or its folder
-        model = BiGSForMaskedLM.from_official(src, mask_padding=False, hidden_dropout=0.0).eval()
+        model = BiGSForMaskedLM.from_official(src, mask_padding=False, hidden_dropout_prob=0.0).eval()
         ids = torch.randint(0, 40, (1, 12), generator=torch.Generator().manual_seed(0))
         with torch.no_grad():
             ours = model(ids).logits.double()
@@ -741,7 +741,7 @@ def test_mlm_training_on_wikitext_reduces_loss(single_thread):
     torch.manual_seed(0)
     T, B, steps = 64, 16, 40
     model = mt.create_model('bigs_small', hidden_size=64, intermediate_size=192, num_hidden_layers=2,
-                            num_ssm_states=16, max_position_embeddings=T, hidden_dropout=0.0)
+                            num_ssm_states=16, max_position_embeddings=T, hidden_dropout_prob=0.0)
     groups = bigs_param_groups(model, weight_decay=0.05)  # the BiGS optimizer settings (docs/training.md), larger lr for a short run
     assert sum(len(g['params']) for g in groups) == len(list(model.parameters()))
     assert any(p is model.output_bias for p in groups[1]['params'])

@@ -8,8 +8,6 @@ models; the tokenizer is a WordPiece trained here on generated sentences.
 """
 import inspect
 import json
-import shutil
-from pathlib import Path
 
 import pytest
 import torch
@@ -23,7 +21,6 @@ from transformers import (
 from mlp_vision.text.fill_mask import fill_mask, load_masked_lm
 from mlp_vision.errors import UsageError
 
-FIXTURES = Path(__file__).resolve().parent / 'fixtures' / 'text_folders_v2'
 
 SUBJECTS = ['the movie', 'the film', 'the plot', 'the actors', 'this story']
 WORDS = 'good great fine bad awful dull slow long short'.split()
@@ -276,25 +273,6 @@ def test_trainer_fine_tunes_the_auto_loaded_classifier(tokenizer, tmp_path, sing
     again = mt.from_pretrained(best).eval()  # a checkpoint is our folder, and the model holds its weights
     with torch.no_grad():
         assert torch.equal(again(**batch).logits, model.eval()(**batch).logits)
-
-
-def test_folder_without_model_type(tmp_path):
-    """Folders written before config.json held model_type: our loader and the classes called directly read them;
-    AutoConfig needs the key (transformers' error names it), and re-saving adds it."""
-    folder = tmp_path / 'old'
-    shutil.copytree(FIXTURES / 'gmlp_masked_lm', folder)
-    payload = json.loads((folder / 'config.json').read_text())
-    del payload['model_type']
-    (folder / 'config.json').write_text(json.dumps(payload))
-    ours = mt.from_pretrained(str(folder)).eval()
-    theirs = mt.GMLPForMaskedLM.from_pretrained(str(folder))
-    x = torch.randint(ours.config.vocab_size, (2, 7))
-    with torch.no_grad():
-        assert torch.equal(theirs(x).logits, ours(x).logits)
-    with pytest.raises(ValueError, match='model_type'):
-        AutoModelForMaskedLM.from_pretrained(str(folder))
-    ours.save_pretrained(str(folder))
-    assert type(AutoModelForMaskedLM.from_pretrained(str(folder))) is type(theirs)
 
 
 BYTE_CHAR_TEXTS = ['hello <mask>orld', 'héllo  wörld 日本 ', '\n\ttab <mask>', 'world', '']

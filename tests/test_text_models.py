@@ -8,6 +8,7 @@ and label conventions; exact padding for every family (a padded batch equals eac
 char-level training run on Tiny Shakespeare that must reduce the loss.
 """
 import json
+import math
 import os
 
 import pytest
@@ -17,6 +18,7 @@ import torch.nn.functional as F
 import mlp_vision.layers as layers
 import mlp_vision.layers.gating as gating
 import mlp_vision.text as mt
+from mlp_vision.errors import UsageError
 from mlp_vision.text import gmlp as text_gmlp
 from mlp_vision.text.gpt import MLPAttention
 from mlp_vision.text.registry import model_entry
@@ -262,6 +264,8 @@ ROUNDTRIP = {
     'gmlp_causal': CAUSAL_MODELS['gmlp_causal'],
     'gpt_mlp_attention': lambda: small_gpt('mlp'),
     'gpt_sdpa': lambda: small_gpt('sdpa'),
+    'bert_mlm': lambda: _bert(),
+    'bigs_cls': lambda: _bigs(task='sequence_classification', num_labels=3),
 }
 
 
@@ -297,6 +301,134 @@ def test_masked_lm_checkpoint_into_classifier(tmp_path):
     small_gpt().save_pretrained(str(tmp_path / 'gpt'))
     with pytest.raises(TypeError):  # a GPT checkpoint is not a gMLP
         mt.GMLPForMaskedLM.from_pretrained(str(tmp_path / 'gpt'))
+
+
+# ---------------------------------------------------------------- initialisation: transformers' _init_weights path
+
+def test_text_models_override_no_transformers_internals():
+    """Our classes redefine only what transformers' own modeling files set or extend -- ``_init_weights``, the class
+    attributes (``_tied_weights_keys``, ``_input_embed_layer``, ``config_class``, ...), ``forward`` -- and the public
+    ``post_init`` / ``from_pretrained`` / ``save_pretrained`` / ``from_dict``; no internal such as
+    ``get_init_context`` or ``_move_missing_keys_from_meta_to_device``, which may change in any release."""
+    from transformers import PreTrainedConfig, PreTrainedModel
+    allowed = {PreTrainedModel: {'_init_weights', '_tied_weights_keys', '_input_embed_layer', 'base_model_prefix',
+                                 'config_class', 'main_input_name', 'forward', 'post_init', 'from_pretrained',
+                                 'save_pretrained'},
+               PreTrainedConfig: {'model_type', 'from_dict', 'from_pretrained'}}
+    for name in mt.list_architectures():
+        cls = mt.architecture_class(name)
+        for base, theirs in ((cls, PreTrainedModel), (cls.config_class, PreTrainedConfig)):
+            redefined = {k for c in base.__mro__ if c.__module__.startswith('mlp_vision') for k in vars(c)
+                         if hasattr(theirs, k) and not (k.startswith('__') and k.endswith('__'))}
+            assert redefined <= allowed[theirs], (base.__name__, sorted(redefined - allowed[theirs]))
+
+
+def _index_buffers(model):
+    """(name, buffer, its value recomputed from its definition) for every non-persistent buffer of ``model``."""
+    found = []
+    for name, m in model.named_modules():
+        if isinstance(m, layers.SpatialGatingUnit) and m.toeplitz_index is not None:
+            i, j = torch.meshgrid(torch.arange(m.seq_len), torch.arange(m.seq_len), indexing='ij')
+            found.append((f'{name}.toeplitz_index', m.toeplitz_index, i - j + m.seq_len - 1))
+        elif isinstance(m, MLPAttention):
+            n = m.seq_len
+            found.append((f'{name}.causal_mask', m.causal_mask,
+                          torch.tensor([[j <= i for j in range(n)] for i in range(n)])))
+    return found
+
+
+@pytest.mark.parametrize('name', sorted(ROUNDTRIP))
+def test_from_pretrained_gives_the_non_persistent_buffers_their_values(name, tmp_path):
+    """from_pretrained builds on the meta device and fills what the weights file does not hold in _init_weights:
+    the index buffers equal their definitions (and their values in the saved model)."""
+    torch.manual_seed(0)
+    model = ROUNDTRIP[name]()
+    model.save_pretrained(str(tmp_path))
+    loaded = mt.from_pretrained(str(tmp_path))
+    expected = {'amlp_mlm': 2, 'gmlp_cls': 2, 'gmlp_causal': 0, 'gpt_mlp_attention': 2, 'gpt_sdpa': 0,
+                'bert_mlm': 0, 'bigs_cls': 0}[name]
+    assert len(_index_buffers(loaded)) == expected
+    assert dict(loaded.named_buffers()).keys() == dict(model.named_buffers()).keys()
+    for buf_name, buf, definition in _index_buffers(loaded):
+        assert buf.device.type == 'cpu' and torch.equal(buf, definition), buf_name
+        assert torch.equal(buf, model.get_buffer(buf_name)), buf_name
+
+
+@pytest.mark.parametrize('family, source_task, task, head', [
+    ('gmlp', 'masked_lm', 'sequence_classification', ('classifier',)),
+    ('bert', 'masked_lm', 'sequence_classification', ('pooler.dense', 'classifier')),
+    ('bigs', 'masked_lm', 'sequence_classification', ('pooler.dense', 'classifier')),
+    ('gmlp', 'base', 'masked_lm', ()),
+    ('bigs', 'base', 'masked_lm', ('mlm_head.dense',)),
+])
+def test_a_head_the_folder_lacks_is_initialised_by_the_config(family, source_task, task, head, tmp_path):
+    """A folder of another task of the family loads its backbone and gets a new head drawn as a direct build draws
+    it (Linear ~ N(0, initializer_range), biases 0, LayerNorm 1 / 0, output bias 0): an initializer_range of 0.17
+    given to from_pretrained (a std no other init uses) shows the head came from _init_weights on that config."""
+    make = {'gmlp': lambda t: small_gmlp(t), 'bert': lambda t: _bert(task=t), 'bigs': lambda t: _bigs(task=t)}[family]
+    torch.manual_seed(0)
+    source = make(source_task)
+    source.save_pretrained(str(tmp_path))
+    model = mt.model_class(family, task).from_pretrained(str(tmp_path), initializer_range=0.17, num_labels=3)
+    loaded = model.base_model.state_dict()
+    for k, v in source.base_model.state_dict().items():  # the backbone is the folder's
+        assert torch.equal(loaded[k], v), k
+    for prefix in head:
+        linear = model.get_submodule(prefix)
+        std = linear.weight.std().item()
+        assert 0.17 * 0.85 < std < 0.17 * 1.15 and abs(linear.weight.mean().item()) < 0.05, (prefix, std)
+        assert torch.equal(linear.bias, torch.zeros_like(linear.bias)), prefix
+    if task == 'masked_lm':
+        assert torch.equal(model.output_bias, torch.zeros_like(model.output_bias))
+        assert model.decoder.weight is model.get_input_embeddings().weight  # tied to the loaded embedding
+        if hasattr(model, 'mlm_head'):
+            assert torch.equal(model.mlm_head.norm.weight, torch.ones_like(model.mlm_head.norm.weight))
+            assert torch.equal(model.mlm_head.norm.bias, torch.zeros_like(model.mlm_head.norm.bias))
+
+
+def test_init_weights_draws_our_layers_as_their_own_init():
+    """_init_weights (re)draws the tensors our layers make themselves -- the SGU's W, b and Toeplitz index, the S4D
+    kernel and D, MLP-Attention's second layers and causal mask -- exactly as the layers' own init does from the
+    same random state, so a model built directly keeps the init it had when only the layers drew them."""
+    from mlp_vision.layers import S4DKernel, S4DLayer
+    cases = [(small_gmlp(), layers.SpatialGatingUnit, lambda m, model: m.init_weights()),
+             (_bigs(), S4DKernel, lambda m, model: m.init_weights()),
+             (_bigs(), S4DLayer, lambda m, model: m.init_weights()),
+             (small_gpt(), MLPAttention, lambda m, model: m.init_weights(model.config.initializer_range))]
+    for model, kind, own_init in cases:
+        module = next(m for m in model.modules() if isinstance(m, kind))
+
+        def own_tensors():  # the module's own parameters and buffers (its children are transformers' to init)
+            return dict(module.named_parameters(recurse=False)) | dict(module.named_buffers(recurse=False))
+        expected_keys = {'SpatialGatingUnit': {'weight', 'bias', 'toeplitz_index'}, 'S4DLayer': {'D'},
+                         'S4DKernel': {'log_step', 'A_re', 'A_im', 'C'}, 'MLPAttention': {'fc2_weight', 'causal_mask'}}
+        assert set(own_tensors()) == expected_keys[kind.__name__]
+        torch.manual_seed(7)
+        own_init(module, model)
+        expected = {k: v.clone() for k, v in own_tensors().items()}
+        with torch.no_grad():
+            for t in own_tensors().values():
+                t.fill_(float('nan') if t.is_floating_point() else 0)
+            torch.manual_seed(7)
+            model._init_weights(module)
+        got = own_tensors()
+        assert all(torch.equal(got[k], expected[k]) for k in got), kind.__name__
+
+
+def test_a_seeded_direct_build_is_reproducible_and_keeps_the_layer_inits():
+    from mlp_vision.layers import S4DKernel, S4DLayer
+    for make in (small_gmlp, _bigs, small_gpt, _bert):
+        torch.manual_seed(3)
+        a = make().state_dict()
+        torch.manual_seed(3)
+        b = make().state_dict()
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    for m in _bigs().modules():
+        if isinstance(m, S4DKernel):
+            assert torch.all(m.A_re == -0.5) and torch.equal(m.A_im, math.pi * torch.arange(4.))
+            assert math.log(m.dt_min) <= m.log_step.item() <= math.log(m.dt_max)
+        elif isinstance(m, S4DLayer):
+            assert m.D.item() == 1.0
 
 
 # ------------------------------------------------------------------------------------ Hugging Face conventions
@@ -514,39 +646,26 @@ def test_every_registered_config_names_its_maximum_length():
                                             'GPTLanguageModel'}
 
 
-def test_legacy_config_names_still_load(tmp_path):
-    """Command lines and checkpoints written with the families' old field names build the same models."""
-    old = mt.create_model('gmlp_base', depth=2, dim=32, ffn_dim=64, attn_dim=8, max_seq_len=16, dropout=0.1,
-                          vocab_size=50)
-    assert old.config.text_fields() == small_gmlp(tiny_attention_size=8, hidden_dropout_prob=0.1).config.text_fields()
-    gpt = mt.create_model('gpt_sdpa', n_layer=1, n_embd=32, n_head=2, block_size=32, dropout=0.1, ffn_ratio=2)
-    assert (gpt.config.num_hidden_layers, gpt.config.hidden_size, gpt.config.max_position_embeddings,
-            gpt.config.intermediate_size, gpt.config.attention_probs_dropout_prob) == (1, 32, 32, 64, 0.1)
-    # the config class itself (not only create_model): the ratio scales the width given beside it
-    from mlp_vision.text.gpt import GPTConfig
-    assert GPTConfig(n_embd=32, n_head=2, ffn_ratio=2).intermediate_size == 64
-    assert GPTConfig(hidden_size=32, num_attention_heads=2, ffn_ratio=3).intermediate_size == 96
-    with pytest.raises(TypeError, match="both 'dim'"):
-        mt.create_model('gmlp_base', dim=32, hidden_size=32, device='meta')
-    with pytest.raises(TypeError, match="no field 'no_such_field'"):
+def test_unknown_config_fields_are_one_clear_line(tmp_path):
+    """A field name a config does not have (a misspelling, or a name no release ever had) stops with one line naming
+    it and the fields there are, from a command line's keywords and from a config.json alike."""
+    with pytest.raises(TypeError, match="GMLPConfig has no field 'no_such_field'; its fields are .*hidden_size"):
         mt.create_model('gmlp_base', no_such_field=1, device='meta')
-    # a format-1 checkpoint (old names, no mask_padding field) loads with the unmasked SGU it was trained with
-    torch.manual_seed(0)
-    model = small_gmlp(mask_padding=False).eval()
+    for name, field in (('gmlp_base', 'dim'), ('gpt_sdpa', 'n_embd'), ('bigs_small', 'num_ssm')):
+        with pytest.raises(TypeError, match=f"has no field '{field}'"):
+            mt.create_model(name, **{field: 32}, device='meta')
+    model = small_gmlp()
     model.save_pretrained(str(tmp_path))
     cfg_path = tmp_path / 'config.json'
     payload = json.loads(cfg_path.read_text())
-    c = payload  # transformers' flat config.json; rewritten below as a format-1 file of ours
-    legacy = dict(vocab_size=c['vocab_size'], max_seq_len=c['max_position_embeddings'], dim=c['hidden_size'],
-                  depth=c['num_hidden_layers'], ffn_dim=c['intermediate_size'], attn_dim=0, spatial_mode='toeplitz',
-                  tie_word_embeddings=True, dropout=0.0, drop_path_rate=0.0, norm_eps=1e-6, init_std=0.02,
-                  cls_index=0, num_labels=2, classifier_dropout=0.1)
-    cfg_path.write_text(json.dumps({'architecture': 'GMLPForMaskedLM', 'config': legacy, 'format_version': 1}))
-    loaded = mt.from_pretrained(str(tmp_path))
-    assert loaded.config.text_fields() == model.config.text_fields() and loaded.config.mask_padding is False
-    x = torch.randint(50, (1, 10))
-    with torch.no_grad():
-        assert torch.equal(loaded.eval()(x).logits, model(x).logits)
+    cfg_path.write_text(json.dumps({**payload, 'dim': payload['hidden_size']}))
+    with pytest.raises(UsageError, match=r"config\.json: GMLPConfig has no field 'dim'") as e:
+        mt.from_pretrained(str(tmp_path))
+    assert '\n' not in str(e.value)
+    # a config.json of another layout (not transformers' flat one) is not ours
+    cfg_path.write_text(json.dumps({'architecture': 'GMLPForMaskedLM', 'config': {}, 'format_version': 1}))
+    with pytest.raises(ValueError, match='is not a config written by save_pretrained'):
+        mt.from_pretrained(str(tmp_path))
 
 
 def test_save_pretrained_keeps_the_tokenizer(tmp_path):

@@ -92,7 +92,8 @@ def test_causal_lm_learns_tiny_shakespeare(shakespeare, tmp_path):
     # uniform over 65 characters is ln 65 = 4.17 nats; a 1-layer, 32-wide model gets well below 2.9 in 300 steps
     assert res['val_final']['loss'] < 2.9 and float(rows[-1]['val_loss']) < float(rows[0]['val_loss']) - 0.1
     assert res['params'] == sum(p.numel() for p in mt.create_model(
-        'gpt_mlp_attention', n_layer=1, n_embd=32, n_head=2, block_size=32, mlp_attn_hidden=32).parameters())
+        'gpt_mlp_attention', num_hidden_layers=1, hidden_size=32, num_attention_heads=2, max_position_embeddings=32,
+        mlp_attention_hidden_size=32).parameters())
     assert res['tokenizer'] == {'type': 'char', 'vocab_size': 65}  # the papers' Tiny Shakespeare vocabulary
     assert res['data']['val_tokens'] == 111_540 and res['val_final_batches'] == 40
     assert res['tokens_per_sec'] > 0 and res['command'].startswith('python -m mlp_vision.train_text')

@@ -1,6 +1,6 @@
 """ Text models built on the shared blocks of :mod:`mlp_vision.layers`, as ``transformers`` models.
 
-Needs ``transformers`` (>= 5): ``pip install mlp_vision[text]``. ``import mlp_vision`` and the vision models do not.
+Needs ``transformers`` (>= 5.4, < 6): ``pip install mlp_vision[text]``. ``import mlp_vision`` and the vision models do not.
 
 * gMLP / aMLP masked-LM encoders (Toeplitz SGU) with masked-LM and ``<cls>`` sequence-classification heads, and a
   causal gMLP LM (causal SGU), all from :class:`mlp_vision.layers.GatedMLPBlock`;
@@ -36,8 +36,8 @@ try:
     import transformers as _transformers
 except ImportError:
     _transformers = None
-if _transformers is None or int(_transformers.__version__.split('.')[0]) < 5:
-    raise ImportError('mlp_vision.text needs transformers >= 5 (the text models are transformers models): '
+if _transformers is None or not (5, 4) <= tuple(int(x) for x in _transformers.__version__.split('.')[:2]) < (6,):
+    raise ImportError('mlp_vision.text needs transformers >= 5.4, < 6 (the text models are transformers models): '
                       'pip install "mlp_vision[text]"')
 del _transformers
 

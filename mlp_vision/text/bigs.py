@@ -33,15 +33,17 @@ docs/models.md §4.
 Official checkpoints: :func:`convert_official_bigs_state_dict` maps their keys to ours, ``from_official`` builds
 a model from their files (:func:`_from_official`).
 """
+import math
 import os
 from typing import ClassVar, Dict, List, Mapping, Optional, Union
 
 import torch
 import torch.nn as nn
+from transformers import initialization as init
 
 from mlp_vision.arguments import read_json_file
 from mlp_vision.errors import UsageError
-from ..layers import BidirectionalGatedSSM
+from ..layers import BidirectionalGatedSSM, S4DKernel, S4DLayer
 from ..weights import load_backbone
 from .bert import BertEmbeddings, EncoderForMaskedLM, EncoderForSequenceClassification, EncoderModel
 from .modeling_utils import TextConfig, TextPreTrainedModel
@@ -100,7 +102,6 @@ class BiGSConfig(TextConfig):
     sparse_prediction: bool = False
 
     model_type = 'mlp_vision_bigs'  # config.json's key for transformers' AutoConfig
-    legacy_names = {'hidden_dropout': 'hidden_dropout_prob', 'num_ssm': 'num_ssm_states'}
     tie_word_embeddings: ClassVar[bool] = True  # the MLM decoder is the word embedding (transformers reads this)
 
     def __post_init__(self, **kwargs):
@@ -118,6 +119,20 @@ class BiGSPreTrainedModel(TextPreTrainedModel):
     config_class = BiGSConfig
     base_model_prefix = 'bigs'
 
+    def _init_weights(self, module: nn.Module) -> None:
+        """Also the S4D parameters, as :meth:`~mlp_vision.layers.ssm.S4DKernel.init_weights` and
+        :meth:`~mlp_vision.layers.ssm.S4DLayer.init_weights` draw them: ``log_step`` ~ U[log dt_min, log dt_max],
+        ``A_re = -0.5``, ``A_im = pi n`` (S4D-Lin), ``C`` ~ N(0, 1/2), ``D = 1``."""
+        super()._init_weights(module)
+        if isinstance(module, S4DKernel):
+            init.uniform_(module.log_step, math.log(module.dt_min), math.log(module.dt_max))
+            init.constant_(module.A_re, -0.5)
+            init.copy_(module.A_im, math.pi * torch.arange(module.num_states, dtype=torch.float64))
+            init.normal_(module.C, 0.0, math.sqrt(0.5))
+            module.clear_cache()
+        elif isinstance(module, S4DLayer):
+            init.ones_(module.D)
+
 
 class BiGSModel(BiGSPreTrainedModel, EncoderModel):
     """BiGS encoder: BERT embeddings -> ``num_hidden_layers`` x :class:`~mlp_vision.layers.BidirectionalGatedSSM`
@@ -134,7 +149,6 @@ class BiGSModel(BiGSPreTrainedModel, EncoderModel):
                 dt_min=c.dt_min, dt_max=c.dt_max, gelu_approximate=c.gelu_approximate, **dd)
             for _ in range(c.num_hidden_layers)
         ])
-        # transformers' _init_weights: Linear / Embedding only, the SSM parameters keep their S4D init
         self.post_init()
 
 
@@ -165,7 +179,7 @@ def _from_official(cls, path_or_state_dict: Union[str, os.PathLike, Mapping[str,
     fields = bigs_config_from_official(sd).text_fields()
     if directory is not None:
         fields.update(_official_config_fields(directory, fields))
-    config = BiGSConfig.from_dict({**fields, **BiGSConfig.rename_legacy(dict(config_overrides))})
+    config = BiGSConfig.from_dict({**fields, **config_overrides})
     ours = convert_official_bigs_state_dict(sd, task=task)
     model = cls(config, device=device, dtype=dtype)
     allowed = cls.head_prefixes if task == 'sequence_classification' else ()

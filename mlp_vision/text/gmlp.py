@@ -29,8 +29,7 @@ Padding (``attention_mask``, (B, L), 1 = real token, right padding):
       Toeplitz / causal W of a shorter input is the leading block of the longer one's).
     * ``config.mask_padding = False``: the SGU mixes every position it is given, pads included, as the paper
       ("we find it unnecessary to mask out <pad> tokens in gMLP blocks during finetuning as the model can quickly
-      learn to ignore them", §4); only the tiny attention uses the mask. Checkpoints written before the option
-      existed load with this setting, which is what they were trained with.
+      learn to ignore them", §4); only the tiny attention uses the mask.
     Causal models never see trailing pads (a causal W never looks right).
 """
 from functools import partial
@@ -38,10 +37,11 @@ from typing import Optional
 
 import torch
 import torch.nn as nn
+from transformers import initialization as init
 from transformers.modeling_outputs import BaseModelOutput, CausalLMOutput
 from transformers.utils import can_return_tuple
 
-from ..layers import GatedMLPBlock, SPATIAL_MODES
+from ..layers import GatedMLPBlock, SPATIAL_MODES, SpatialGatingUnit
 from .bert import EncoderForMaskedLM, EncoderForSequenceClassification
 from .modeling_utils import (
     TextConfig, TextGenerationMixin, TextPreTrainedModel, causal_lm_loss, check_text_inputs)
@@ -95,12 +95,6 @@ class GMLPConfig(TextConfig):
     sparse_prediction: bool = False
 
     model_type = 'mlp_vision_gmlp'  # config.json's key for transformers' AutoConfig
-    legacy_names = {
-        'max_seq_len': 'max_position_embeddings', 'dim': 'hidden_size', 'depth': 'num_hidden_layers',
-        'ffn_dim': 'intermediate_size', 'attn_dim': 'tiny_attention_size', 'dropout': 'hidden_dropout_prob',
-        'norm_eps': 'layer_norm_eps', 'init_std': 'initializer_range',
-    }
-    legacy_defaults = {'mask_padding': False}  # what format-1 checkpoints were trained with
 
     def __post_init__(self, **kwargs):
         super().__post_init__(**kwargs)
@@ -117,6 +111,18 @@ class GMLPPreTrainedModel(TextPreTrainedModel):
     config_class = GMLPConfig
     base_model_prefix = 'gmlp'
     _input_embed_layer = 'embed'
+
+    def _init_weights(self, module: nn.Module) -> None:
+        """Also the SGUs' raw parameters, as :meth:`~mlp_vision.layers.SpatialGatingUnit.init_weights` draws them
+        (W ~ N(0, its ``init_std``), b = 1: each block starts as an FFN, paper §2), and their Toeplitz index
+        (``index[i, j] = i - j + n - 1``, not saved)."""
+        super()._init_weights(module)
+        if isinstance(module, SpatialGatingUnit):
+            init.normal_(module.weight, std=module.init_std)
+            init.ones_(module.bias)
+            if module.toeplitz_index is not None:
+                idx = torch.arange(module.seq_len, device=module.toeplitz_index.device)
+                init.copy_(module.toeplitz_index, idx[:, None] - idx[None, :] + module.seq_len - 1)
 
 
 class GMLPModel(GMLPPreTrainedModel):
@@ -144,8 +150,6 @@ class GMLPModel(GMLPPreTrainedModel):
             for i in range(c.num_hidden_layers)
         ])
         self.norm = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps, **dd)
-        # transformers' _init_weights: Linear / Embedding ~ N(0, initializer_range); the SGUs' raw W (~0) and b (=1)
-        # parameters are left as GatedMLPBlock made them
         self.post_init()
 
     @can_return_tuple

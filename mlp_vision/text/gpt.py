@@ -23,6 +23,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from timm.layers import Attention, Mlp
+from transformers import initialization as init
 from transformers.modeling_outputs import CausalLMOutput
 from transformers.utils import can_return_tuple
 
@@ -61,32 +62,8 @@ class GPTConfig(TextConfig):
     initializer_range: float = 0.02
 
     model_type = 'mlp_vision_gpt'  # config.json's key for transformers' AutoConfig
-    legacy_names = {
-        'block_size': 'max_position_embeddings', 'n_layer': 'num_hidden_layers', 'n_head': 'num_attention_heads',
-        'n_embd': 'hidden_size', 'mlp_attn_hidden': 'mlp_attention_hidden_size', 'init_std': 'initializer_range',
-    }
-
-    @classmethod
-    def rename_legacy(cls, d: dict) -> dict:
-        d = super().rename_legacy(d)
-        # one dropout for attention weights and residuals, and the FFN width as a ratio of the model width
-        if 'dropout' in d:
-            p = d.pop('dropout')
-            d.setdefault('hidden_dropout_prob', p)
-            d.setdefault('attention_probs_dropout_prob', p)
-        if 'ffn_ratio' in d:
-            d.setdefault('intermediate_size', d.pop('ffn_ratio') * d.get('hidden_size', 384))
-        return d
 
     def __post_init__(self, **kwargs):
-        if 'dropout' in kwargs or 'ffn_ratio' in kwargs:  # legacy names given to the class itself
-            # the ratio scales the width given with it (n_embd, still a legacy kwarg here), else the field's
-            given = {'hidden_size': kwargs.get('n_embd', self.hidden_size)}
-            if self.intermediate_size is not None:
-                given['intermediate_size'] = self.intermediate_size
-            legacy = self.rename_legacy({k: kwargs.pop(k) for k in ('dropout', 'ffn_ratio') if k in kwargs} | given)
-            for name, value in legacy.items():
-                setattr(self, name, value)
         super().__post_init__(**kwargs)
         if self.intermediate_size is None:
             self.intermediate_size = 4 * self.hidden_size
@@ -219,10 +196,16 @@ class GPTLanguageModel(TextGenerationMixin, TextPreTrainedModel):
         self.blocks = nn.ModuleList([GPTBlock(config, **dd) for _ in range(config.num_hidden_layers)])
         self.ln_f = nn.LayerNorm(config.hidden_size, **dd)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, **dd)
-        for m in self.modules():
-            if isinstance(m, MLPAttention):
-                m.init_weights(config.initializer_range)
-        self.post_init()  # transformers' _init_weights: Linear / Embedding ~ N(0, initializer_range), biases 0
+        self.post_init()
+
+    def _init_weights(self, module: nn.Module) -> None:
+        """``transformers``' init (Linear / Embedding ~ N(0, ``initializer_range``), biases 0: nanoGPT's) and the
+        MLP-Attention heads' second layers with the same std (:meth:`MLPAttention.init_weights`) and causal mask
+        (not saved)."""
+        super()._init_weights(module)
+        if isinstance(module, MLPAttention):
+            init.normal_(module.fc2_weight, std=self.config.initializer_range)
+            init.copy_(module.causal_mask, torch.ones_like(module.causal_mask).tril())
 
     @can_return_tuple
     def forward(self, input_ids: torch.Tensor, attention_mask: Optional[torch.Tensor] = None,

@@ -15,10 +15,7 @@ What is ours, on top:
 * ``from_pretrained`` reads local folders only and first checks what it reads: the config builds a model within
   :data:`~mlp_vision.bounds.MAX_PARAMS`, the weights fit the config's shapes and hold finite values of the right kind
   (:func:`mlp_vision.weights.check_weights`), the tokenizer saved beside them fits the vocabulary (it becomes
-  ``model.tokenizer``); a model of the same family but another task loads the backbone and a new head;
-* folders written before the models were ``transformers`` classes (``config.json`` as ``{"architecture", "config",
-  "format_version", "model_type"}``, the same weight names) load: :meth:`TextConfig.from_dict` reads that layout
-  (``tests/fixtures/text_folders_v2``).
+  ``model.tokenizer``); a model of the same family but another task loads the backbone and a new head.
 """
 import contextlib
 import dataclasses
@@ -26,10 +23,11 @@ import os
 from typing import Any, ClassVar, Dict, List, Optional, Tuple
 
 import torch
+import torch.nn as nn
 import torch.nn.functional as F
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file
-from transformers import GenerationMixin, PreTrainedConfig, PreTrainedModel
+from transformers import GenerationMixin, PreTrainedConfig, PreTrainedModel, initialization as init
 from transformers.generation.configuration_utils import GenerationConfig
 from transformers.utils import CONFIG_NAME, SAFE_WEIGHTS_NAME as WEIGHTS_NAME, logging as transformers_logging
 
@@ -55,11 +53,12 @@ LABELS_NAME = 'labels.json'  # the text trainer writes it beside a classifier (m
 _POSITIVE_SIZE_FIELDS = frozenset({
     'vocab_size', 'max_position_embeddings', 'hidden_size', 'num_hidden_layers', 'intermediate_size',
     'num_attention_heads', 'mlp_attention_hidden_size', 'num_ssm_states', 'type_vocab_size', 'num_labels'})
-# what transformers itself passes to a config besides its fields (PreTrainedConfig.__post_init__ takes them, and the
-# generation parameters it drops); any other unknown keyword is a misspelt field and stops
+# what transformers itself passes to a config besides its fields (PreTrainedConfig.__post_init__ takes them), and the
+# generation parameters (its Trainer writes use_cache into config.json; PreTrainedConfig drops them); any other
+# unknown keyword is a misspelt field and stops
 _TRANSFORMERS_CONFIG_KWARGS = frozenset({
     'num_labels', 'torch_dtype', 'name_or_path', 'output_attentions', 'attn_implementation', 'experts_implementation',
-    'per_layer_config', 'model_type', 'use_return_dict'} | set(GenerationConfig._get_default_generation_params()))
+    'per_layer_config', 'model_type', 'use_return_dict'} | set(GenerationConfig().to_dict()))
 _BASE_FIELDS = frozenset(f.name for f in dataclasses.fields(PreTrainedConfig))
 _TYPE_CHECKS = {bool: lambda v: isinstance(v, bool),
                 int: lambda v: isinstance(v, int) and not isinstance(v, bool),
@@ -71,19 +70,12 @@ class TextConfig(PreTrainedConfig):
     """Base of the text configs: a ``transformers`` ``PreTrainedConfig`` whose own fields are checked when made.
 
     Subclasses declare their fields (dataclass style, as ``transformers``' ``BertConfig``), set ``model_type`` (the
-    key ``AutoConfig`` dispatches on, ``mlp_vision_<family>``), and may list ``legacy_names`` (old field name ->
-    current name, still read from older checkpoints and command lines) and ``legacy_defaults`` (values a field takes
-    in a folder of format version 1, written before the field existed). ``num_labels`` is ``transformers``' (the
-    length of ``id2label``); one label means regression (``problem_type='regression'``: our head is trained with
-    MSE, so pipelines apply no sigmoid).
+    key ``AutoConfig`` dispatches on, ``mlp_vision_<family>``). ``num_labels`` is ``transformers``' (the length of
+    ``id2label``); one label means regression (``problem_type='regression'``: our head is trained with MSE, so
+    pipelines apply no sigmoid).
     """
-    legacy_names: ClassVar[Dict[str, str]] = {}
-    legacy_defaults: ClassVar[Dict[str, Any]] = {}
 
     def __post_init__(self, **kwargs):
-        for old, new in self.legacy_names.items():
-            if old in kwargs:
-                setattr(self, new, kwargs.pop(old))
         unknown = sorted(k for k in kwargs if k not in _TRANSFORMERS_CONFIG_KWARGS and not k.startswith('_'))
         if unknown:
             raise TypeError(f'{type(self).__name__} has no field {", ".join(map(repr, unknown))}; its fields are '
@@ -104,12 +96,8 @@ class TextConfig(PreTrainedConfig):
 
     @classmethod
     def rename_legacy(cls, d: dict) -> dict:
-        """``d`` (modified in place) with the legacy field names replaced by the current ones."""
-        for old, new in cls.legacy_names.items():
-            if old in d:
-                if new in d:
-                    raise TypeError(f'{cls.__name__}: both {old!r} (the old name) and {new!r} given; use {new!r}')
-                d[new] = d.pop(old)
+        """``d`` as it is: the configs have one name per field. Only ``mlp_vision.training.tasks.classifier_init``
+        still calls it; it goes with that call."""
         return d
 
     def check_fields(self) -> None:
@@ -149,19 +137,16 @@ class TextConfig(PreTrainedConfig):
 
     @classmethod
     def from_dict(cls, config_dict: Dict[str, Any], **kwargs):
-        """``transformers``' ``from_dict`` (what ``from_pretrained`` and ``AutoConfig`` call), reading the layout of
-        folders written before our models were ``transformers`` classes too (:func:`_flat_config_payload`); keyword
-        arguments that are our fields (or their legacy names) are checked as the others; a folder's ``labels.json``
-        (the text trainer's) names the labels when ``config.json`` does not."""
+        """``transformers``' ``from_dict`` (what ``from_pretrained`` and ``AutoConfig`` call): a ``config.json`` of
+        another family stops (:class:`WrongFamilyError`), keyword arguments that are our fields are checked as the
+        others, and a folder's ``labels.json`` (the text trainer's) names the labels when ``config.json`` does not."""
         config_dict = dict(config_dict)
         folder = kwargs.get('name_or_path')
         stored_type = config_dict.get('model_type', cls.model_type)
         if stored_type != cls.model_type:
             raise WrongFamilyError(f'{os.path.join(folder or "", CONFIG_NAME)} holds a {stored_type} model; '
                                    f'{cls.__name__} reads {cls.model_type}')
-        if 'architecture' in config_dict and 'config' in config_dict:
-            config_dict = _flat_config_payload(cls, config_dict, os.path.join(folder or '', CONFIG_NAME))
-        names = set(cls.text_field_names()) | set(cls.legacy_names)
+        names = set(cls.text_field_names())
         config_dict.update({k: kwargs.pop(k) for k in list(kwargs) if k in names})
         id2label = config_dict.get('id2label')
         if folder and (not id2label or list(id2label.values()) == [f'LABEL_{i}' for i in range(len(id2label))]):
@@ -175,21 +160,6 @@ class TextConfig(PreTrainedConfig):
 
 class WrongFamilyError(TypeError):
     """A folder of another family (``model_type``) than the config class that reads it."""
-
-
-def _flat_config_payload(cls, payload: Dict[str, Any], path: str) -> Dict[str, Any]:
-    """The ``config.json`` of a folder written before our models were ``transformers`` classes --
-    ``{"architecture", "config": {fields}, "format_version", "model_type"}`` -- as ``transformers``' flat layout."""
-    if not isinstance(payload['architecture'], str) or not isinstance(payload['config'], dict):
-        raise UsageError(f'{path}: "architecture" must be a class name and "config" a mapping of fields')
-    try:
-        version = int(payload.get('format_version', 1))
-    except (TypeError, ValueError):
-        raise UsageError(f'{path}: format_version must be an integer, got {payload["format_version"]!r}') from None
-    fields = cls.rename_legacy(dict(payload['config']))
-    if version < 2:
-        fields = {**cls.legacy_defaults, **fields}
-    return {**fields, 'architectures': [payload['architecture']]}
 
 
 def read_label_names(folder: str, num_labels: int) -> Optional[List[str]]:
@@ -262,16 +232,15 @@ class TextPreTrainedModel(PreTrainedModel):
             raise NotImplementedError(f'{type(self).__name__} returns logits (or the last hidden states) only; our '
                                       f'models do not collect per-layer hidden states or attention weights')
 
-    @classmethod
-    def get_init_context(cls, *args, **kwargs):
-        """``transformers``' contexts for building the model in ``from_pretrained``, less the ``meta`` device: our
-        modules initialise their own parameters and index buffers when built (SGU ``W ~ 0, b = 1``, the S4D kernel,
-        the Toeplitz index), which a meta build would leave for ``_init_weights`` to redo."""
-        return [c for c in super().get_init_context(*args, **kwargs) if not isinstance(c, torch.device)]
-
-    def _move_missing_keys_from_meta_to_device(self, *args, **kwargs) -> None:
-        """Nothing to move: the model was not built on the ``meta`` device (:meth:`get_init_context`), so the
-        tensors the folder lacks (a new head) keep their init and the non-persistent buffers their values."""
+    def _init_weights(self, module: nn.Module) -> None:
+        """``transformers``' init (Linear / Embedding ~ N(0, ``initializer_range``), biases 0, the padding row of an
+        embedding 0, LayerNorm 1 / 0) and the zero output bias of our LM heads. ``post_init`` runs it on a model built
+        directly; ``from_pretrained`` builds on the ``meta`` device and runs it for what the folder does not hold (a
+        new head, the non-persistent buffers): the ``init`` functions skip the tensors that were loaded. Each family
+        adds what its own layers compute when built, as ``transformers``' ``modeling_bert.py`` does."""
+        super()._init_weights(module)
+        if isinstance(module, TextPreTrainedModel) and getattr(module, 'output_bias', None) is not None:
+            init.zeros_(module.output_bias)
 
     def save_pretrained(self, save_directory, *args, tokenizer=None, **kwargs) -> None:
         """``transformers``' ``save_pretrained``, plus the tokenizer's files (``tokenizer``, else
@@ -304,7 +273,7 @@ class TextPreTrainedModel(PreTrainedModel):
                              f'(nothing is downloaded)')
         config_path, weights_path = os.path.join(folder, CONFIG_NAME), os.path.join(folder, WEIGHTS_NAME)
         if config is None:
-            names = set(cls.config_class.text_field_names()) | set(cls.config_class.legacy_names)
+            names = set(cls.config_class.text_field_names())
             overrides = {k: kwargs.pop(k) for k in list(kwargs) if k in names}
             config = load_text_config(cls.config_class, folder, **overrides)
         tokenizer = find_tokenizer(folder, allow_regex)
@@ -462,8 +431,7 @@ def pool_sequence(hidden: torch.Tensor, attention_mask: Optional[torch.Tensor], 
 # -------------------------------------------------------------------------------------------------- save / load
 
 def read_config(directory: str) -> Tuple[str, dict]:
-    """(architecture name, parsed ``config.json``) of a folder written by ``save_pretrained`` (ours, or of the
-    layout before our models were ``transformers`` classes).
+    """(architecture name, parsed ``config.json``) of a folder written by ``save_pretrained``.
 
     A missing ``config.json`` is a ``FileNotFoundError`` and one of another layout (an official BiGS folder's) a
     ``ValueError``; a damaged one (not JSON, wrong value types) a :class:`~mlp_vision.errors.UsageError`
@@ -473,14 +441,11 @@ def read_config(directory: str) -> Tuple[str, dict]:
     if not os.path.isfile(path):
         raise FileNotFoundError(f'{directory} has no {CONFIG_NAME}: not a folder written by save_pretrained')
     payload = read_json_file(path)
-    if isinstance(payload, dict) and 'architecture' in payload and 'config' in payload:
-        architecture = payload['architecture']
-    elif isinstance(payload, dict) and str(payload.get('model_type', '')).startswith('mlp_vision_'):
-        architectures = payload.get('architectures')
-        architecture = architectures[0] if isinstance(architectures, list) and architectures else None
-    else:
+    if not (isinstance(payload, dict) and str(payload.get('model_type', '')).startswith('mlp_vision_')):
         raise ValueError(f'{path} is not a config written by save_pretrained (no mlp_vision model_type); for an '
                          f'official BiGS folder use BiGSForMaskedLM.from_official')
+    architectures = payload.get('architectures')
+    architecture = architectures[0] if isinstance(architectures, list) and architectures else None
     if not isinstance(architecture, str):
         raise UsageError(f'{path}: the architecture must be a class name, got {short_repr(architecture)}')
     return architecture, payload

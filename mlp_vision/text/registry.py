@@ -9,9 +9,8 @@ family -> task -> model class. The same table registers every family with ``tran
     create_model('gmlp_xlarge', device='meta')                        # shapes only, no memory
     model_config('bigs_large_512')['max_position_embeddings']         # every config has this field: 512
 
-Overrides are config fields (the legacy names of older checkpoints and command lines too, see
-:class:`~mlp_vision.text.modeling_utils.TextConfig`), plus ``task``, ``device`` and ``dtype``. Every
-config's ``max_position_embeddings`` is the longest input the model accepts; nothing else knows it.
+Overrides are config fields, plus ``task``, ``device`` and ``dtype``. Every config's ``max_position_embeddings`` is
+the longest input the model accepts; nothing else knows it.
 """
 import dataclasses
 import fnmatch
@@ -68,8 +67,8 @@ class ModelEntry:
         return tuple(_FAMILIES[self.family])
 
     def build_config(self, **overrides) -> TextConfig:
-        """The defaults updated by ``overrides`` (legacy names accepted)."""
-        return self.config_class(**{**self.defaults, **self.config_class.rename_legacy(dict(overrides))})
+        """The defaults updated by ``overrides``."""
+        return self.config_class(**{**self.defaults, **overrides})
 
 
 _ENTRIES: Dict[str, ModelEntry] = {}
@@ -142,8 +141,8 @@ def list_architectures() -> List[str]:
 
 
 def load_config(directory: str) -> Tuple[Type[TextPreTrainedModel], TextConfig]:
-    """(the stored architecture's class, its config) of a ``save_pretrained`` folder (either layout, see
-    :func:`~mlp_vision.text.modeling_utils.read_config`); a config that does not build (an unknown architecture or
+    """(the stored architecture's class, its config) of a ``save_pretrained`` folder
+    (:func:`~mlp_vision.text.modeling_utils.read_config`); a config that does not build (an unknown architecture or
     field, a value out of range such as a NaN ``layer_norm_eps``) is a :class:`~mlp_vision.errors.UsageError`
     naming ``config.json``."""
     architecture, _ = read_config(directory)

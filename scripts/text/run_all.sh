@@ -42,11 +42,11 @@ mlm() {  # b. small masked LMs on WikiText-2 (train: valid.txt, evaluate: test.t
     --tokenizer char --block-size 128 --steps $MLM_STEPS -b 16 --warmup-steps $((MLM_STEPS / 10)) \
     --eval-interval $MLM_EVAL_INTERVAL --eval-batches 2 --eval-batch-size 64 --final-eval-batches 8 --log-interval 10 --seed 1337"
   declare -A kwargs=(
-    [gmlp]="--model gmlp_base --model-kwargs depth=6 dim=256 ffn_dim=1536 max_seq_len=128"
-    [amlp]="--model amlp_base --model-kwargs depth=5 dim=256 ffn_dim=1536 attn_dim=64 max_seq_len=128"
-    [bigs]="--model bigs_small --model-kwargs max_position_embeddings=128 hidden_dropout=0.0"
+    [gmlp]="--model gmlp_base --model-kwargs num_hidden_layers=6 hidden_size=256 intermediate_size=1536 max_position_embeddings=128"
+    [amlp]="--model amlp_base --model-kwargs num_hidden_layers=5 hidden_size=256 intermediate_size=1536 tiny_attention_size=64 max_position_embeddings=128"
+    [bigs]="--model bigs_small --model-kwargs max_position_embeddings=128 hidden_dropout_prob=0.0"
     # control: BiGS with the gMLP/aMLP optimizer recipe instead of its own (not in the default MLM_MODELS)
-    [bigs_gmlp_recipe]="--model bigs_small --model-kwargs max_position_embeddings=128 hidden_dropout=0.0 \
+    [bigs_gmlp_recipe]="--model bigs_small --model-kwargs max_position_embeddings=128 hidden_dropout_prob=0.0 \
       --lr 7e-4 --opt-betas 0.9 0.999 --weight-decay 0.01 --sched linear"
   )
   local runs=()

@@ -22,7 +22,7 @@ python -m mlp_vision.train -c imagenette_mini_cpu --model gmlp_ti --img-size 56 
 
 # BiGS: bigs_small (4 layers, d 256, N 64) as a char-level masked LM on Tiny Shakespeare, 128 positions
 python -m mlp_vision.train_text --task mlm --model bigs_small \
-  --model-kwargs max_position_embeddings=128 hidden_dropout=0.0 \
+  --model-kwargs max_position_embeddings=128 hidden_dropout_prob=0.0 \
   --train-file ../shared/data/tinyshakespeare/input.txt --tokenizer char --block-size 128 \
   --steps 400 -b 16 --warmup-steps 40 --eval-interval 100 --eval-batches 2 --log-interval 50 --seed 1337 \
   --threads 1 --output "$OUT" --experiment bigs_shakespeare
@@ -32,7 +32,7 @@ python -c "
 import torch
 from mlp_vision.text.registry import create_model
 torch.manual_seed(1337)
-create_model('bigs_small', max_position_embeddings=128, hidden_dropout=0.0, vocab_size=69,
+create_model('bigs_small', max_position_embeddings=128, hidden_dropout_prob=0.0, vocab_size=69,
              pad_token_id=65).save_pretrained('$OUT/bigs_shakespeare_init')"
 
 FIGS=results/visualize
