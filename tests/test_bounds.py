@@ -169,12 +169,19 @@ def test_text_config_json_sizes_are_bounded_before_building(tmp_path):
     mt.create_model('gmlp_causal_char', vocab_size=tokenizer.vocab_size, hidden_size=8, num_hidden_layers=1,
                     max_position_embeddings=8).save_pretrained(str(tmp_path), tokenizer=tokenizer)
     payload = json.loads((tmp_path / 'config.json').read_text())
-    payload.update(hidden_size=4096, num_hidden_layers=100_000)  # transformers' flat config.json
+    payload.update(hidden_size=4096, num_hidden_layers=1_000)  # transformers' flat config.json
     (tmp_path / 'config.json').write_text(json.dumps(payload))
     with pytest.raises(UsageError, match=r"config\.json: GMLPForCausalLM with \{'hidden_size': 4096, .*"
-                                         r"'num_hidden_layers': 100000, .*\} would have more than 2e\+09 parameters"):
+                                         r"'num_hidden_layers': 1000, .*\} would have more than 2e\+09 parameters"):
         mt.from_pretrained(str(tmp_path))
-
+    # deep and narrow: within the parameter bound, refused from the config before any layer is built
+    payload.update(hidden_size=8, num_hidden_layers=100_000)
+    (tmp_path / 'config.json').write_text(json.dumps(payload))
+    line = r'GMLPConfig.num_hidden_layers=100000 asks for 100,000 blocks, more than the bound of 1,000'
+    for load in (lambda: mt.from_pretrained(str(tmp_path)),
+                 lambda: mt.create_model('gmlp_causal_char', hidden_size=8, num_hidden_layers=100_000)):
+        with pytest.raises(UsageError, match=line):
+            load()
 
 
 # ------------------------------------------------------------------------------------------------ activation size

@@ -32,7 +32,7 @@ from transformers.generation.configuration_utils import GenerationConfig
 from transformers.utils import CONFIG_NAME, SAFE_WEIGHTS_NAME as WEIGHTS_NAME, logging as transformers_logging
 
 from mlp_vision.arguments import check_range, read_json_file
-from mlp_vision.bounds import check_activation_size, check_model_size
+from mlp_vision.bounds import check_activation_size, check_block_count, check_model_size
 from mlp_vision.errors import UsageError, short_repr
 from ..weights import check_weights
 
@@ -103,8 +103,9 @@ class TextConfig(PreTrainedConfig):
     def check_fields(self) -> None:
         """Types, then the ranges of the field names every family shares (a :class:`~mlp_vision.errors.UsageError`,
         which is a ``ValueError``): sizes >= 1, other integers >= 0, epsilons > 0, dropout rates in [0, 1), every
-        float finite. A config comes from the command line or from a file someone may have edited: a NaN
-        ``layer_norm_eps`` builds a model whose every score is NaN, an unparsed ``'false'`` is a true string."""
+        float finite; ``num_hidden_layers`` within :func:`mlp_vision.bounds.check_block_count`'s bound. A config
+        comes from the command line or from a file someone may have edited: a NaN ``layer_norm_eps`` builds a model
+        whose every score is NaN, an unparsed ``'false'`` is a true string."""
         for name in self.text_field_names():
             value, where = getattr(self, name), f'{type(self).__name__}.{name}'
             field = self.__dataclass_fields__.get(name)
@@ -119,6 +120,8 @@ class TextConfig(PreTrainedConfig):
                 continue
             if name in _POSITIVE_SIZE_FIELDS:
                 check_range(where, value, low=1)
+                if name == 'num_hidden_layers':  # before any layer is built (a meta build of 100,000 takes minutes)
+                    check_block_count(value, f'{where}={value!r}')
             elif name.endswith('_eps'):
                 check_range(where, value, low=0, low_open=True)
             elif 'dropout' in name or name.endswith(('_prob', 'drop_path_rate')):
