@@ -785,14 +785,32 @@ def test_class_maps_are_text_and_never_unpickled(tmp_path):
             read_class_map(str(tmp_path / 'bad.txt'))
 
 
-def test_posterize_to_zero_bits_is_a_black_image():
+def test_posterize_to_zero_bits_is_a_black_image_in_the_training_pipeline(tmp_path):
     """timm's RandAugment asks for 0 bits at magnitude 10 (``rand-m9-mstd0.5-inc1``): recent Pillow raises there,
-    which would kill a run at a random step; the data package gives the black image of TF and older Pillow, and
-    leaves every other bit count to timm / Pillow."""
+    which would kill a run at a random step; the training loader's transform gives the black image of TF and older
+    Pillow, and leaves every other bit count to timm / Pillow."""
     from PIL import ImageOps
     from timm.data.auto_augment import AugmentOp
+    _folder(tmp_path / 'train', {'a': 2, 'b': 2})
+    dataset = create_image_dataset('', str(tmp_path), 'train')
+    create_train_loader(dataset, DATA_CONFIG, 2, CPU, num_workers=0, auto_augment='rand-m10-mstd0-n1-inc1')
+    rand_augment = next(t for t in dataset.transform.transforms if hasattr(t, 'ops'))
+    posterize = next(op for op in rand_augment.ops if op.name == 'PosterizeIncreasing')
+    posterize.prob = 1.
     img = Image.fromarray(np.arange(48, dtype=np.uint8).reshape(4, 4, 3) * 5)
-    black = AugmentOp('PosterizeIncreasing', prob=1., magnitude=10, hparams={'magnitude_std': 0})(img)
+    black = posterize(img)
     assert black.size == img.size and np.asarray(black).max() == 0
-    three_bits = AugmentOp('PosterizeIncreasing', prob=1., magnitude=2.5, hparams={'magnitude_std': 0})(img)
-    assert np.array_equal(np.asarray(three_bits), np.asarray(ImageOps.posterize(img, 3)))
+    three_bits = AugmentOp('PosterizeIncreasing', prob=1., magnitude=2.5, hparams={'magnitude_std': 0})
+    three_bits.aug_fn = posterize.aug_fn
+    assert np.array_equal(np.asarray(three_bits(img)), np.asarray(ImageOps.posterize(img, 3)))
+
+
+def test_importing_mlp_vision_leaves_timm_augment_ops_as_they_are():
+    """No global state: timm's table of augmentation ops is the same after ``import mlp_vision`` (and building a
+    training loader) as in a fresh timm."""
+    script = ('from timm.data import auto_augment as a; fresh = dict(a.NAME_TO_OP); import mlp_vision, '
+              'mlp_vision.train; from mlp_vision.training.data import loader; '
+              'print(all(a.NAME_TO_OP[k] is f for k, f in fresh.items()) and fresh.keys() == a.NAME_TO_OP.keys())')
+    out = subprocess.run([sys.executable, '-c', script], capture_output=True, text=True, cwd=REPO,
+                         env={**os.environ, 'PYTHONPATH': REPO}, check=True).stdout
+    assert out.strip().splitlines()[-1] == 'True'
