@@ -23,7 +23,7 @@ from mlp_vision.training.data import (
     load_image, parse_val_split, read_class_map, stratified_holdout, train_samples_per_rank, unused_images_message,
 )
 from mlp_vision.training.data.loader import create_train_sampler
-from mlp_vision.training.tasks.image_classification import evaluate
+from mlp_vision.training.tasks.image_model import validate
 
 SIZE = 8
 DATA_CONFIG = dict(input_size=(3, SIZE, SIZE), interpolation='bilinear', mean=(0.5, 0.5, 0.5), std=(0.25, 0.25, 0.25),
@@ -582,7 +582,7 @@ def test_unreadable_images_are_skipped_counted_and_excluded_from_metrics(tmp_pat
     def run(root):
         ds = create_image_dataset('', str(root), 'val')
         loader = create_eval_loader(ds, DATA_CONFIG, 3, CPU, num_workers=num_workers)
-        metrics = evaluate(model, loader, log_interval=0)
+        metrics = validate(model, loader, log_interval=0)
         return ds, loader, metrics
 
     with caplog.at_level(logging.WARNING):
@@ -731,7 +731,7 @@ def _evaluate_rank(rank, world_size, root, port, out):
         model = _MeanColour()
         ds = create_image_dataset('', root, 'val')
         loader = create_eval_loader(ds, DATA_CONFIG, 2, CPU, num_workers=0, distributed=True)
-        metrics = evaluate(model, loader, distributed=True, log_interval=0)
+        metrics = validate(model, loader, distributed=True, log_interval=0)
         torch.save({'metrics': dict(metrics), 'skipped': loader.skipped}, f'{out}.{rank}')
     finally:
         dist.destroy_process_group()
@@ -746,7 +746,7 @@ def test_distributed_evaluation_counts_each_readable_image_once(tmp_path, monkey
     _val_with_bad_images(tmp_path / 'with_bad')
     _folder(tmp_path / 'clean' / 'val', {'a': 5, 'b': 3})
     torch.manual_seed(0)
-    reference = evaluate(_MeanColour(), create_eval_loader(
+    reference = validate(_MeanColour(), create_eval_loader(
         create_image_dataset('', str(tmp_path / 'clean'), 'val'), DATA_CONFIG, 2, CPU, num_workers=0), log_interval=0)
     with socket.socket() as s:
         s.bind(('127.0.0.1', 0))
