@@ -48,11 +48,11 @@ from mlp_vision.training.run.compile import add_compile_arguments, check_compile
 from mlp_vision.training.run.config import SEED_MAX, check_flag_ranges, find_recipe
 from mlp_vision.training.run.distributed import all_gather_objects, init_device, wrap_ddp
 from mlp_vision.training.run.log import setup_logging
-from mlp_vision.training.run.loop import StepLoop, format_duration, progress_line, warn_global_batch_beyond_data
+from mlp_vision.training.run.loop import (
+    NonFiniteLossError, StepLoop, UpdateStep, format_duration, progress_line, warn_global_batch_beyond_data)
 from mlp_vision.training.run.summary import plot_curves
 from mlp_vision.training.run.training_run import (
-    NonFiniteLossError, TrainingRun, UpdateStep, add_device_arguments, add_run_arguments, create_lr_scheduler,
-    parse_run_args, setup_amp)
+    TrainingRun, add_device_arguments, add_run_arguments, create_lr_scheduler, parse_run_args, setup_amp)
 from mlp_vision.training.tasks.image_model import (
     ALLOW_MISSING_FLAG, check_activations, create_model, load_pretrained_weights, model_create_kwargs, reports_top5,
     resolve_model_data_config, validate)

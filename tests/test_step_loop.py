@@ -19,8 +19,8 @@ import mlp_vision.training.tasks.text_classification as classification
 import mlp_vision.training.tasks.language_model as text_lm
 from mlp_vision.errors import Interrupted, UsageError
 from mlp_vision.training.run.distributed import DistInfo, process_group_backend
-from mlp_vision.training.run.loop import StepLoop
-from mlp_vision.training.run.training_run import NonFiniteLossError, TrainingRun, UpdateStep
+from mlp_vision.training.run.loop import NonFiniteLossError, StepLoop, UpdateStep
+from mlp_vision.training.run.training_run import TrainingRun
 from mlp_vision.training.tasks.image_model import validate
 from mlp_vision.weights import load_backbone
 
