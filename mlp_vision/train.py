@@ -314,7 +314,8 @@ def _main(argv, prog):
 def train(args, run: TrainingRun, demo: bool, command: str) -> Optional[Dict[str, Any]]:
     """timm's ``main`` after the arguments: data, model, optimizer, AMP, loaders, loss, schedule, the resumed
     state, EMA, DDP / compile, the run folder, then per epoch :func:`train_one_epoch`, :func:`validate` and a
-    checkpoint; then :func:`_finish`. Returns the results dict on rank 0, None on the other ranks."""
+    checkpoint; then the final stage (the demo's validation, ``pretrained/``, ``results.json``). Returns the
+    results dict on rank 0, None on the other ranks."""
     dist_info, device = run.dist_info, run.dist_info.device
     data_dir = _prepare_demo(args) if demo else args.data_dir or args.data
     run.check_resume(arch=args.model)
