@@ -60,7 +60,8 @@ from mlp_vision.layers import BidirectionalGatedSSM
 from mlp_vision.training.run.checkpoint import output_kind, write_output_file
 from mlp_vision.training.run.config import SEED_MAX, check_flag_ranges
 from mlp_vision.threads import add_threads_argument, set_threads
-from mlp_vision.errors import ArgumentParser, UsageError, parse_device, run_cli
+from mlp_vision.arguments import ArgumentParser, parse_device
+from mlp_vision.errors import UsageError, run_cli
 from mlp_vision.training.run.compile import COMPILE_MODES
 from mlp_vision.training.tasks.image_model import is_local_dir
 

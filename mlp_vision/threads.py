@@ -18,7 +18,7 @@ from typing import Optional
 
 import torch
 
-from mlp_vision.errors import check_range
+from mlp_vision.arguments import check_range
 
 __all__ = ['THREADS_RANGE', 'usable_cpus', 'add_threads_argument', 'default_threads', 'set_threads',
            'set_run_threads']

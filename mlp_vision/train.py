@@ -36,7 +36,9 @@ from timm.optim import create_optimizer_v2, list_optimizers, optimizer_kwargs
 from timm.scheduler import scheduler_kwargs
 from timm.utils import ModelEmaV3, ParseKwargs, distribute_bn, random_seed, unwrap_model
 
-from mlp_vision.errors import ArgumentParser, DefaultsHelpFormatter, Interrupted, UsageError, run_cli, size_bounds
+from mlp_vision.arguments import ArgumentParser, DefaultsHelpFormatter
+from mlp_vision.bounds import size_bounds
+from mlp_vision.errors import Interrupted, UsageError, run_cli
 from mlp_vision.threads import set_run_threads
 from mlp_vision.training.data import (
     INTERPOLATIONS, check_image_args, check_num_classes, create_eval_loader, create_train_loader,

@@ -11,7 +11,8 @@ from typing import Optional, Sequence
 
 from mlp_vision.training.run.distributed import init_device
 from mlp_vision.training.run.driver import drive
-from mlp_vision.errors import run_cli, size_bounds
+from mlp_vision.bounds import size_bounds
+from mlp_vision.errors import run_cli
 from mlp_vision.training.run.log import setup_logging
 from mlp_vision.training.run.training_run import TrainingRun, parse_run_args
 from mlp_vision.threads import set_run_threads

@@ -25,7 +25,9 @@ from mlp_vision.training.data import (
     create_image_dataset, default_workers,
 )
 from mlp_vision.training.run.distributed import init_device
-from mlp_vision.errors import ArgumentParser, DefaultsHelpFormatter, UsageError, check_range, run_cli, within_bounds
+from mlp_vision.arguments import ArgumentParser, DefaultsHelpFormatter, check_range
+from mlp_vision.bounds import within_bounds
+from mlp_vision.errors import UsageError, run_cli
 from mlp_vision.training.run.log import setup_logging
 from mlp_vision.training.tasks import image_model
 from mlp_vision.training.tasks.image_model import (

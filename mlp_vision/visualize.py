@@ -33,7 +33,9 @@ from .layers.gating import SpatialGatingUnit
 from .layers.sparse_mlp import AxialSparseMLP
 from .layers.ssm import BidirectionalGatedSSM
 from mlp_vision.training.run.checkpoint import load_checkpoint_file
-from .errors import ArgumentParser, DefaultsHelpFormatter, UsageError, check_range, run_cli, within_bounds
+from .arguments import ArgumentParser, DefaultsHelpFormatter, check_range
+from .bounds import within_bounds
+from .errors import UsageError, run_cli
 from mlp_vision.training.tasks.image_model import create_model, create_model_for_eval, model_create_kwargs
 from mlp_vision.training.run.training_run import add_common_arguments
 from .threads import add_threads_argument, set_threads

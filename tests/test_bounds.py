@@ -19,7 +19,9 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from mlp_vision.errors import UsageError, check_model_size, check_range, short_repr  # noqa: E402
+from mlp_vision.arguments import check_range
+from mlp_vision.bounds import check_model_size
+from mlp_vision.errors import UsageError, short_repr
 from mlp_vision.training.run.config import MAX_YAML_DEPTH, load_yaml_config, read_yaml_file  # noqa: E402
 
 
@@ -99,7 +101,7 @@ def test_check_model_size_stops_the_meta_build_early():
         return layers
 
     with pytest.raises(UsageError, match=r'stack would have more than 2e\+09 parameters \(the bound of '
-                                         r'mlp_vision.errors.MAX_PARAMS, 8 GB of float32 weights\)'):
+                                         r'mlp_vision.bounds.MAX_PARAMS, 8 GB of float32 weights\)'):
         check_model_size(build, 'stack')
     assert len(built) < 200  # refused after ~120 layers, not after building 100,000
     assert check_model_size(lambda: torch.nn.Linear(3, 2, device='meta'), 'small') == 8
@@ -107,19 +109,22 @@ def test_check_model_size_stops_the_meta_build_early():
 
 
 def test_checkpoint_model_cfg_sizes_are_bounded_before_building(tmp_path, capsys):
-    """A checkpoint whose model_cfg says embed_dim 4096 and 100,000 blocks: one line from validate, in about a
-    second, no gigabytes allocated."""
+    """A checkpoint whose model_cfg says embed_dim 4096 and 1,000 blocks (or 100,000 narrow ones): one line from
+    validate, in about a second, no gigabytes allocated."""
     import mlp_vision.validate as validate
     path = tmp_path / 'evil.pth'
-    torch.save({'arch': 'gmlp_ti', 'state_dict': {}, 'epoch': 0,
-                'model_cfg': {'name': 'gmlp_ti', 'kwargs': {'embed_dim': 4096, 'num_blocks': 100_000}}}, path)
-    with pytest.raises(SystemExit) as e:
-        validate.main(['--checkpoint', str(path), '--data-dir', str(tmp_path)])
-    assert e.value.code == 2
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1
-    assert (f"model gmlp_ti with {{'embed_dim': 4096, 'num_blocks': 100000}} (from checkpoint {path}'s model_cfg) "
-            f"would have more than 2e+09 parameters") in err
+    for kwargs, line in (({'embed_dim': 4096, 'num_blocks': 1_000},
+                          f"model gmlp_ti with {{'embed_dim': 4096, 'num_blocks': 1000}} (from checkpoint {path}'s "
+                          f"model_cfg) would have more than 2e+09 parameters"),
+                         ({'embed_dim': 8, 'num_blocks': 100_000}, 'num_blocks=100000 asks for 100,000 blocks')):
+        torch.save({'arch': 'gmlp_ti', 'state_dict': {}, 'epoch': 0,
+                    'model_cfg': {'name': 'gmlp_ti', 'kwargs': kwargs}}, path)
+        with pytest.raises(SystemExit) as e:
+            validate.main(['--checkpoint', str(path), '--data-dir', str(tmp_path)])
+        assert e.value.code == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1
+        assert line in err
 
 
 def test_command_line_model_sizes_are_bounded_too():
@@ -127,6 +132,34 @@ def test_command_line_model_sizes_are_bounded_too():
     with pytest.raises(UsageError, match=r"model mixer_s16 with \{'embed_dim': 65536\} would have more than"):
         create_model('mixer_s16', embed_dim=65536)
     assert create_model('mixer_s16', num_classes=3, embed_dim=8, num_blocks=1, img_size=32).num_classes == 3
+
+
+@pytest.mark.parametrize('name, kwargs, what', [
+    ('smlpnet_t', dict(depths=(100_000, 1, 1, 1)), r'depths=\(100000, 1, 1, 1\) asks for 100,003 blocks'),
+    ('gmlp_ti', dict(num_blocks=100_000), 'num_blocks=100000 asks for 100,000 blocks'),
+    ('mixer_s16', dict(num_blocks=1_001), 'num_blocks=1001 asks for 1,001 blocks')])
+def test_deep_narrow_models_are_refused_before_any_block_is_built(name, kwargs, what):
+    """Narrow enough to pass the parameter bound, deep enough that building it (even on meta) took minutes: the
+    block count is bounded from the configuration by every path that builds the model -- timm's create_model (the
+    library, local-dir: folders, benchmark.py) and the commands' create_model."""
+    import timm
+    from mlp_vision.bounds import size_bounds
+    from mlp_vision.training.tasks.image_model import create_model
+    kwargs = dict(kwargs, embed_dim=8) if name != 'smlpnet_t' else dict(kwargs, embed_dim=4)
+    line = what + r', more than the bound of 1,000 \(mlp_vision.bounds.MAX_BLOCKS.* --max-blocks'
+    registered = []
+    hook = torch.nn.modules.module.register_module_module_registration_hook(
+        lambda module, child_name, child: registered.append(child_name))
+    try:
+        for build in (lambda: timm.create_model(name, **kwargs), lambda: create_model(name, **kwargs)):
+            with pytest.raises(UsageError, match=line):
+                build()
+    finally:
+        hook.remove()
+    assert registered == []  # refused in the constructor's argument checks, before any submodule exists
+    if name == 'mixer_s16':  # the opt-in: a bound raised for the block only
+        with size_bounds(max_blocks=1_001):
+            assert len(timm.create_model(name, device='meta', **kwargs).blocks) == 1_001
 
 
 def test_text_config_json_sizes_are_bounded_before_building(tmp_path):
@@ -147,7 +180,7 @@ def test_text_config_json_sizes_are_bounded_before_building(tmp_path):
 # ------------------------------------------------------------------------------------------------ activation size
 def test_activation_estimate_counts_leaf_outputs_on_meta():
     """Training: every leaf's output (autograd keeps them); evaluation: the largest leaf input + output pair."""
-    from mlp_vision.errors import estimate_activation_bytes
+    from mlp_vision.bounds import estimate_activation_bytes
     model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2)).to('meta')
     x = torch.empty(16, 4, device='meta')
     assert estimate_activation_bytes(model, [x], training=True) == 4 * 16 * (8 + 8 + 2)
@@ -156,7 +189,7 @@ def test_activation_estimate_counts_leaf_outputs_on_meta():
 
 
 def test_activation_check_stops_the_meta_forward_early():
-    from mlp_vision.errors import check_activation_size
+    from mlp_vision.bounds import check_activation_size
     ran = []
 
     class Counted(torch.nn.Linear):
@@ -208,16 +241,31 @@ def test_text_trainer_batch_is_bounded_before_the_first_step(tmp_path, capsys):
 
 # ------------------------------------------------------------------------------------------------ bound flags
 def test_size_bounds_set_the_flags_for_the_block_only():
-    import mlp_vision.errors as errors
-    from mlp_vision.errors import size_bounds
-    args = errors.ArgumentParser()
-    errors.add_bound_arguments(args)
-    with size_bounds(args.parse_args(['--max-params', '5e9', '--max-activation-gib', '0.5'])):
-        assert (errors.MAX_PARAMS, errors.MAX_ACTIVATION_BYTES) == (5_000_000_000, 2 ** 29)
-    assert (errors.MAX_PARAMS, errors.MAX_ACTIVATION_BYTES) == (2_000_000_000, 256 * 2 ** 30)
+    import threading
+    import mlp_vision.bounds as bounds
+    from mlp_vision.arguments import ArgumentParser
+    parser = ArgumentParser()
+    bounds.add_bound_arguments(parser)
+    defaults = (2_000_000_000, 256 * 2 ** 30, 1_000)
+    seen_by_other_thread = []
+    with bounds.size_bounds(parser.parse_args(['--max-params', '5e9', '--max-activation-gib', '0.5'])):
+        assert bounds.current_bounds() == (5_000_000_000, 2 ** 29, 1_000)
+        with bounds.size_bounds(max_params=10):  # nested: the other bounds are the block's around it
+            assert bounds.current_bounds() == (10, 2 ** 29, 1_000)
+        assert bounds.current_bounds() == (5_000_000_000, 2 ** 29, 1_000)
+        other = threading.Thread(target=lambda: seen_by_other_thread.append(bounds.current_bounds()))
+        other.start()
+        other.join()
+        # the module's constants are never rewritten: a command's flags are its block's only
+        assert (bounds.MAX_PARAMS, bounds.MAX_ACTIVATION_BYTES, bounds.MAX_BLOCKS) == defaults
+    assert seen_by_other_thread == [defaults]
+    assert bounds.current_bounds() == defaults
     with pytest.raises(UsageError, match=r'^--max-params must be a positive number, got 0.0$'):
-        with size_bounds(args.parse_args(['--max-params', '0'])):
+        with bounds.size_bounds(parser.parse_args(['--max-params', '0'])):
             pass
+    with bounds.size_bounds(max_params=8):  # the bound the checks use
+        with pytest.raises(UsageError, match='would have more than 8 parameters'):
+            check_model_size(lambda: torch.nn.Linear(3, 3, device='meta'), 'linear 3x3')
 
 
 @pytest.mark.parametrize('flag, line', [

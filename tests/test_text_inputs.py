@@ -21,7 +21,8 @@ import mlp_vision.text.fill_mask as fm
 import mlp_vision.train_text as text_train
 from mlp_vision.training.tasks.text_classification import read_labelled_file
 from mlp_vision.training.tasks.text_data import build_tokenizer
-from mlp_vision.errors import UsageError, check_range
+from mlp_vision.arguments import check_range
+from mlp_vision.errors import UsageError
 from _helpers import exits_with_one_line
 
 TINY_GPT = ['--model', 'gpt_mlp_attention', '--model-kwargs', 'num_hidden_layers=1', 'hidden_size=16',

@@ -13,7 +13,8 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from ..errors import ArgumentParser, DefaultsHelpFormatter, UsageError, run_cli
+from ..arguments import ArgumentParser, DefaultsHelpFormatter
+from ..errors import UsageError, run_cli
 from mlp_vision.training.run.checkpoint import write_output_file
 from ..threads import add_threads_argument, set_threads
 from .counts import DEFAULT_IMG_SIZE, Count, CountCache, family, resolve_models, text_seq_len

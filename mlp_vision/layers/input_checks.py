@@ -8,6 +8,8 @@ import torch
 import torch.nn as nn
 from timm.layers import register_notrace_function, to_2tuple
 
+from mlp_vision.bounds import check_block_count
+
 try:  # timm's record of a built model's current input size, apart from its pretrained_cfg (newer timm only)
     from timm.models._input import update_model_input_size
 except ImportError:
@@ -105,9 +107,10 @@ def check_model_args(in_chans: int, num_classes: int, drop_rate: float = 0., pro
     """Raise ``ValueError`` with what is expected for constructor arguments no model can be built with (instead of
     a failure deep in a layer, a silently different model, or one at the first training step).
 
-    ``sizes``: name -> integer that must be >= 1 (``embed_dim``, ``patch_size``, ...); ``depths``: a non-empty
-    sequence of integers >= 1; ``mlp_ratio``: a ratio or a tuple of them, each finite and giving ``embed_dim`` a
-    hidden width >= 1 (timm's ``Mlp`` takes a width of 0 for "the input width"); ``global_pool``: one of ``pools``.
+    ``sizes``: name -> integer that must be >= 1 (``embed_dim``, ``patch_size``, ``num_blocks``, ...); ``depths``: a
+    non-empty sequence of integers >= 1; ``num_blocks`` or the sum of ``depths`` is bounded by
+    :func:`mlp_vision.bounds.check_block_count` before the model builds any block; ``mlp_ratio``: a ratio or a tuple
+    of them, each finite and giving ``embed_dim`` a hidden width >= 1 (timm's ``Mlp`` takes a width of 0 for "the input width"); ``global_pool``: one of ``pools``.
     """
     if not _is_int(in_chans) or in_chans < 1:
         raise ValueError(f'in_chans must be an integer >= 1 (input image channels), got {in_chans!r}')
@@ -123,6 +126,10 @@ def check_model_args(in_chans: int, num_classes: int, drop_rate: float = 0., pro
     if depths is not None and (isinstance(depths, (str, bytes)) or not isinstance(depths, Sequence) or not depths
                                or not all(_is_int(d) and d >= 1 for d in depths)):
         raise ValueError(f'depths must be a non-empty sequence of integers >= 1 (blocks per stage), got {depths!r}')
+    if depths is not None:
+        check_block_count(sum(depths), f'depths={tuple(depths)!r}')
+    if (sizes or {}).get('num_blocks') is not None:
+        check_block_count(sizes['num_blocks'], f'num_blocks={sizes["num_blocks"]!r}')
     if mlp_ratio is not None:
         _check_mlp_ratio(mlp_ratio, (sizes or {}).get('embed_dim'))
     if global_pool is not None and global_pool not in pools:

@@ -39,7 +39,8 @@ from typing import ClassVar, Dict, List, Mapping, Optional, Union
 import torch
 import torch.nn as nn
 
-from mlp_vision.errors import UsageError, read_json_file
+from mlp_vision.arguments import read_json_file
+from mlp_vision.errors import UsageError
 from ..layers import BidirectionalGatedSSM
 from ..weights import load_backbone
 from .bert import BertEmbeddings, EncoderForMaskedLM, EncoderForSequenceClassification, EncoderModel

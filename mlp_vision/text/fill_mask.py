@@ -27,8 +27,10 @@ from typing import Dict, List, Optional, Sequence
 import torch
 import torch.nn as nn
 
-from mlp_vision.errors import ArgumentParser, DefaultsHelpFormatter, UsageError, add_allow_regex_argument, \
-    add_bound_arguments, check_range, parse_device, run_cli, size_bounds
+from mlp_vision.arguments import ArgumentParser, DefaultsHelpFormatter, add_allow_regex_argument, check_range, \
+    parse_device
+from mlp_vision.bounds import add_bound_arguments, size_bounds
+from mlp_vision.errors import UsageError, run_cli
 from .modeling_utils import check_text_activations, is_saved_folder
 from .registry import list_architectures, load_config
 from .tokenizer import Tokenizer

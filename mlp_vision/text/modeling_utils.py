@@ -13,7 +13,7 @@ What is ours, on top:
 * config values are checked when the config is made (:meth:`TextConfig.check_fields`), so a NaN ``layer_norm_eps``
   or an unparsed ``'false'`` stops with one line instead of building a wrong model;
 * ``from_pretrained`` reads local folders only and first checks what it reads: the config builds a model within
-  :data:`~mlp_vision.errors.MAX_PARAMS`, the weights fit the config's shapes and hold finite values of the right kind
+  :data:`~mlp_vision.bounds.MAX_PARAMS`, the weights fit the config's shapes and hold finite values of the right kind
   (:func:`mlp_vision.weights.check_weights`), the tokenizer saved beside them fits the vocabulary (it becomes
   ``model.tokenizer``); a model of the same family but another task loads the backbone and a new head;
 * folders written before the models were ``transformers`` classes (``config.json`` as ``{"architecture", "config",
@@ -33,7 +33,9 @@ from transformers import GenerationMixin, PreTrainedConfig, PreTrainedModel
 from transformers.generation.configuration_utils import GenerationConfig
 from transformers.utils import CONFIG_NAME, SAFE_WEIGHTS_NAME as WEIGHTS_NAME, logging as transformers_logging
 
-from mlp_vision.errors import UsageError, check_activation_size, check_model_size, check_range, read_json_file, short_repr
+from mlp_vision.arguments import check_range, read_json_file
+from mlp_vision.bounds import check_activation_size, check_model_size
+from mlp_vision.errors import UsageError, short_repr
 from ..weights import check_weights
 
 __all__ = [
@@ -537,8 +539,8 @@ def _check_weights_file(model_cls: type, config: TextConfig, weights_path: str, 
 
 
 def check_text_model_size(model_cls: type, config: TextConfig, source: str) -> None:
-    """Refuse (:func:`~mlp_vision.errors.check_model_size`, a :class:`UsageError` naming ``source`` and the size
-    fields) a ``model_cls(config)`` beyond :data:`~mlp_vision.errors.MAX_PARAMS` parameters, counted on the
+    """Refuse (:func:`~mlp_vision.bounds.check_model_size`, a :class:`UsageError` naming ``source`` and the size
+    fields) a ``model_cls(config)`` beyond :data:`~mlp_vision.bounds.MAX_PARAMS` parameters, counted on the
     ``meta`` device before anything is allocated: a ``config.json`` or a checkpoint's saved config may say
     ``hidden_size`` 4096 and 100,000 layers."""
     check_model_size(lambda: model_cls(config, device='meta'), _model_description(model_cls, config, source))
@@ -546,7 +548,7 @@ def check_text_model_size(model_cls: type, config: TextConfig, source: str) -> N
 
 def check_text_activations(model_cls: type, config: TextConfig, batch_size: int, seq_len: int, training: bool,
                            source: str) -> None:
-    """Refuse (:func:`~mlp_vision.errors.check_activation_size`, a :class:`UsageError` naming ``source``, the size
+    """Refuse (:func:`~mlp_vision.bounds.check_activation_size`, a :class:`UsageError` naming ``source``, the size
     fields and the batch) a ``model_cls(config)`` whose forward on ``batch_size`` sequences of ``seq_len`` tokens
     would hold more activations than the bound, estimated on the ``meta`` device before the first real batch: a
     ``config.json`` may say ``hidden_size`` 8192 with ``max_position_embeddings`` a million. ``training``: a

@@ -94,7 +94,7 @@ def model_entry(name: str) -> ModelEntry:
 
 def create_model(name: str, task: Optional[str] = None, device=None, dtype=None, **overrides) -> TextPreTrainedModel:
     """Build the registered text model ``name`` (see the module docstring for the overrides); one of more than
-    :data:`mlp_vision.errors.MAX_PARAMS` parameters (counted on the ``meta`` device first) is a ``UsageError``."""
+    :data:`mlp_vision.bounds.MAX_PARAMS` parameters (counted on the ``meta`` device first) is a ``UsageError``."""
     entry = model_entry(name)
     task = entry.task if task is None else task
     cls, config = model_class(entry.family, task), entry.build_config(**overrides)

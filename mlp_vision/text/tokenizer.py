@@ -39,7 +39,8 @@ from tokenizers import Tokenizer as Backend, decoders, models, normalizers, pre_
 from transformers import PreTrainedTokenizerFast
 from transformers.convert_slow_tokenizer import bytes_to_unicode
 
-from mlp_vision.errors import UsageError, check_range, short_repr
+from mlp_vision.arguments import check_range
+from mlp_vision.errors import UsageError, short_repr
 
 __all__ = [
     'Tokenizer', 'byte_tokenizer', 'char_tokenizer', 'wordpiece_tokenizer', 'train_tokenizer', 'load_tokenizer',

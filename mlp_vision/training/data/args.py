@@ -5,7 +5,8 @@ failure deep in timm's transforms or readers.
 """
 from typing import Optional
 
-from mlp_vision.errors import UsageError, check_range
+from mlp_vision.arguments import check_range
+from mlp_vision.errors import UsageError
 from mlp_vision.threads import usable_cpus
 from mlp_vision.training.data.class_map import read_class_map
 

@@ -21,7 +21,8 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import yaml
 
-from mlp_vision.errors import UsageError, check_range, short_repr
+from mlp_vision.arguments import check_range
+from mlp_vision.errors import UsageError, short_repr
 
 __all__ = ['RunArgs', 'parse_given', 'merge_settings', 'load_yaml_config', 'parse_args_with_config', 'args_to_yaml',
            'plain_value', 'check_flag_ranges', 'SEED_MAX',
@@ -312,7 +313,7 @@ def args_to_yaml(settings: Mapping[str, Any]) -> str:
 
 
 def check_flag_ranges(args: argparse.Namespace, ranges: Mapping[str, Dict[str, Any]]) -> None:
-    """:func:`~mlp_vision.errors.check_range` of each flag (by destination) in ``ranges`` with its bounds (e.g.
+    """:func:`~mlp_vision.arguments.check_range` of each flag (by destination) in ``ranges`` with its bounds (e.g.
     ``dict(low=0, high=1)``); unset (None) flags are not checked, each of several values (``nargs``) is."""
     for dest, bounds in ranges.items():
         value = getattr(args, dest, None)

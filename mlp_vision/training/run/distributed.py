@@ -17,7 +17,8 @@ import torch.distributed as dist
 import torch.nn as nn
 from timm.utils.distributed import init_distributed_device_so
 
-from mlp_vision.errors import UsageError, parse_device
+from mlp_vision.arguments import parse_device
+from mlp_vision.errors import UsageError
 
 __all__ = ['DistInfo', 'process_group_backend', 'init_device', 'wrap_ddp', 'all_gather_objects', 'state_dict_digest']
 

@@ -36,7 +36,9 @@ from mlp_vision.training.run.checkpoint import (
 from mlp_vision.training.run.config import (
     BaseConfigs, RunArgs, args_to_yaml, merge_settings, parse_given, plain_value, read_yaml_file)
 from mlp_vision.training.run.distributed import DistInfo, all_gather_objects, state_dict_digest
-from mlp_vision.errors import Interrupted, RunError, UsageError, add_bound_arguments, read_json_file, short_repr
+from mlp_vision.arguments import read_json_file
+from mlp_vision.bounds import add_bound_arguments
+from mlp_vision.errors import Interrupted, RunError, UsageError, short_repr
 from mlp_vision.training.run.log import add_log_file, remove_log_file
 from mlp_vision.training.run.loop import UpdateStep  # noqa: F401  (the text trainer imports it from here)
 from mlp_vision.training.run.folder import (
@@ -69,7 +71,7 @@ def add_run_arguments(group: argparse._ActionsContainer, resume_help: str) -> No
 
 def add_common_arguments(group: argparse._ActionsContainer, activations: bool = True) -> None:
     """``--trust-checkpoint``, ``--debug`` and the size bounds' ``--max-params`` / ``--max-activation-gib``
-    (:func:`~mlp_vision.errors.add_bound_arguments`; ``activations=False``: a command that runs no forward pass):
+    (:func:`~mlp_vision.bounds.add_bound_arguments`; ``activations=False``: a command that runs no forward pass):
     the same in every script that reads checkpoint files."""
     group.add_argument(TRUST_FLAG, action='store_true', default=False,
                        help='UNSAFE: allow checkpoint files that need a full unpickle; that runs arbitrary code from '

@@ -21,7 +21,8 @@ import mlp_vision  # noqa: F401  (registers gmlp_* / smlpnet_* / mixer_* with ti
 from mlp_vision.weights import load_backbone
 from mlp_vision.training.run.checkpoint import (
     clean_state_dict, is_training_checkpoint, load_checkpoint_file, load_model_weights)
-from mlp_vision.errors import UsageError, check_activation_size, check_model_size, short_repr
+from mlp_vision.bounds import check_activation_size, check_model_size
+from mlp_vision.errors import UsageError, short_repr
 
 __all__ = ['model_create_kwargs', 'resolve_model_data_config', 'create_model', 'load_pretrained_weights',
            'create_model_for_eval', 'validate', 'reports_top5']
@@ -88,8 +89,8 @@ def _build_on_meta(name: str, kwargs: Dict[str, Any]) -> Optional[nn.Module]:
 def create_model(name: str, pretrained: bool = False, sizes_from: str = '', **kwargs) -> nn.Module:
     """``timm.create_model`` with a :class:`UsageError` for an unknown name, bad kwargs or unloadable weights.
 
-    The model is first built on the ``meta`` device and refused (:func:`~mlp_vision.errors.check_model_size`)
-    beyond :data:`~mlp_vision.errors.MAX_PARAMS` parameters before any memory is taken; ``sizes_from`` names where
+    The model is first built on the ``meta`` device and refused (:func:`~mlp_vision.bounds.check_model_size`)
+    beyond :data:`~mlp_vision.bounds.MAX_PARAMS` parameters before any memory is taken; ``sizes_from`` names where
     ``kwargs`` came from for that message (e.g. ``"checkpoint x.pth's model_cfg"``)."""
     if not name:
         raise UsageError('no model given: pass --model NAME (e.g. smlpnet_t, gmlp_ti, mixer_b16)')
@@ -124,7 +125,7 @@ def create_model(name: str, pretrained: bool = False, sizes_from: str = '', **kw
 
 def check_activations(name: str, kwargs: Dict[str, Any], input_size: Tuple[int, ...], batch_size: int,
                       training: bool, sizes_from: str = '') -> None:
-    """Refuse (:func:`~mlp_vision.errors.check_activation_size`, on the ``meta`` device) a model whose forward of a
+    """Refuse (:func:`~mlp_vision.bounds.check_activation_size`, on the ``meta`` device) a model whose forward of a
     ``batch_size`` batch of ``input_size`` (C, H, W) images would exceed the activation bound. ``training``: autograd
     keeps every layer's output (False: evaluation, gradient checkpointing); ``sizes_from``: for the message."""
     what = (f'model {name} with {short_repr(kwargs)} at input {tuple(input_size)}, batch {batch_size}'

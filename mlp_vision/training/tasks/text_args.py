@@ -8,7 +8,8 @@ from mlp_vision.text.registry import is_model, list_models, model_entry
 from mlp_vision.text.tokenizer import SUBWORD_KINDS, check_vocab_size
 from mlp_vision.training.run.config import SEED_MAX, check_flag_ranges
 from mlp_vision.training.run.compile import add_compile_arguments, check_compile_backend
-from mlp_vision.errors import ArgumentParser, DefaultsHelpFormatter, UsageError, add_allow_regex_argument
+from mlp_vision.arguments import ArgumentParser, DefaultsHelpFormatter, add_allow_regex_argument
+from mlp_vision.errors import UsageError
 from mlp_vision.training.run.training_run import add_device_arguments, add_run_arguments
 from mlp_vision.threads import THREADS_RANGE
 
