@@ -7,36 +7,67 @@ handwritten digits. Usage, outputs and resume (bit-identical on CPU, one process
 validation". SIGINT / SIGTERM stop the run at the next batch with one line naming the last checkpoint. Files load
 without running code from them unless ``--trust-checkpoint``. Bad input ends with one line and exit status 2
 (``--debug``: the traceback).
+
+The file reads as timm's train.py: the flags and their checks, then :func:`main` (through :func:`train`: data,
+model, optimizer, schedule, EMA, loaders, then the epochs), :func:`train_one_epoch` and the evaluation loop
+:func:`~mlp_vision.training.tasks.image_model.validate` (shared with validate.py). The run's files and their
+safety are :class:`~mlp_vision.training.run.training_run.TrainingRun`'s; one optimizer update is
+:meth:`~mlp_vision.training.run.loop.StepLoop.update`.
 """
 import argparse
+import copy
 import logging
+import time
+from contextlib import suppress
+from dataclasses import dataclass
+from datetime import datetime
+from functools import partial
 from pathlib import Path
-from typing import Any, Dict, Mapping
+from typing import Any, Callable, Dict, Mapping, Optional
 
+import timm
 import torch
-from timm.data import create_transform
-from timm.optim import list_optimizers
-from timm.utils import ParseKwargs
+import torch.distributed as dist
+import torch.nn as nn
+from timm.data import Mixup, create_transform
+from timm.loss import BinaryCrossEntropy, LabelSmoothingCrossEntropy, SoftTargetCrossEntropy
+from timm.models import model_parameters, save_for_hf
+from timm.optim import create_optimizer_v2, list_optimizers, optimizer_kwargs
+from timm.scheduler import scheduler_kwargs
+from timm.utils import ModelEmaV3, ParseKwargs, distribute_bn, random_seed, unwrap_model
 
-from mlp_vision.training.run.config import SEED_MAX, check_flag_ranges, find_recipe
-from mlp_vision.training.data import INTERPOLATIONS, check_image_args
-from mlp_vision.training.run.distributed import all_gather_objects, init_device
-from mlp_vision.training.run.driver import drive
-from mlp_vision.training.tasks.image_classification import (
-    DEFAULT_EPOCHS, DEMO_RECIPE, ImageClassification, uses_mixup)
 from mlp_vision.arguments import ArgumentParser, DefaultsHelpFormatter
 from mlp_vision.bounds import size_bounds
-from mlp_vision.errors import UsageError, run_cli
-from mlp_vision.training.run.log import setup_logging
-from mlp_vision.training.tasks.image_model import ALLOW_MISSING_FLAG
-from mlp_vision.training.run.compile import add_compile_arguments, check_compile_backend
-from mlp_vision.training.run.training_run import TrainingRun, add_device_arguments, add_run_arguments, parse_run_args
+from mlp_vision.errors import Interrupted, UsageError, run_cli
 from mlp_vision.threads import set_run_threads
+from mlp_vision.training.data import (
+    INTERPOLATIONS, check_image_args, check_num_classes, create_eval_loader, create_train_loader,
+    create_train_val_datasets, dataset_class_names, dataset_source, fit_batch_to_data, prepare_digits_folder,
+    train_samples_per_rank)
+from mlp_vision.training.run.checkpoint import (
+    atomic_folder, is_training_checkpoint, load_checkpoint_file, load_model_weights, preserve_rng)
+from mlp_vision.training.run.compile import add_compile_arguments, check_compile_backend, compile_model
+from mlp_vision.training.run.config import SEED_MAX, check_flag_ranges, find_recipe
+from mlp_vision.training.run.distributed import all_gather_objects, init_device, wrap_ddp
+from mlp_vision.training.run.log import setup_logging
+from mlp_vision.training.run.loop import (
+    NonFiniteLossError, StepLoop, UpdateStep, format_duration, progress_line, warn_global_batch_beyond_data)
+from mlp_vision.training.run.summary import plot_curves
+from mlp_vision.training.run.training_run import (
+    TrainingRun, add_device_arguments, add_run_arguments, create_lr_scheduler, parse_run_args, setup_amp)
+from mlp_vision.training.tasks.image_model import (
+    ALLOW_MISSING_FLAG, check_activations, create_model, load_pretrained_weights, model_create_kwargs, reports_top5,
+    resolve_model_data_config, validate)
 from mlp_vision.validate import add_dataset_arguments, add_input_arguments, main as validate_main
 
 _logger = logging.getLogger('train')
 
 PROG = 'train.py'  # the command's name in messages (the console script and ``python -m`` pass their own)
+DEMO_RECIPE = 'demo_digits'  # configs/demo_digits.yaml, the recipe of the run with no dataset
+OWN_FOLDER_RECIPE = 'own_folder_cpu'  # configs/own_folder_cpu.yaml, a user's small photo folder on a CPU
+SMALL_DATA_IMAGES = 20_000  # a training set up to this size, given without -c, gets the hint to use that recipe
+DEFAULT_EPOCHS = 300  # --epochs default, timm's ImageNet schedule (the small-data hint compares to it)
+STOP_ADVICE = 'Lower --lr, add --clip-grad or more --warmup-epochs'  # after a NaN / inf loss
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -260,6 +291,7 @@ def check_args(args, dist_info) -> None:
                          'on CPU use --dist-bn reduce (the default) to average BatchNorm stats every epoch')
 
 
+# ------------------------------------------------------------------------------------------------ main
 def main(argv=None, prog: str = PROG):
     """Train; returns the results dict on rank 0 (None on other ranks). Errors: one line starting with ``prog``,
     see ``run_cli``."""
@@ -272,26 +304,512 @@ def _main(argv, prog):
     setup_logging(dist_info.primary)
     check_args(args, dist_info)
     _logger.info(set_run_threads(args.threads, resume_ckpt, args.workers))
+    # the run's files and safety (folder identity and lock, atomic checkpoints with history, exact resume, stop
+    # signals): training_run.TrainingRun. timm's CheckpointSaver is not used: it replaces files with os.rename and
+    # keeps no earlier version, writes through links, and saves no RNG state for an exact resume.
     run = TrainingRun(args, dist_info, resume_ckpt, kind='image', key='epoch', prog=prog,
                       decreasing=args.eval_metric == 'loss', max_history=args.checkpoint_hist)
     with run, size_bounds(args):
-        return drive(run, ImageClassification(args, run, demo, ' '.join([prog] + list(argv)),
-                                              validate_demo=_validate_demo))
+        return train(args, run, demo, command=' '.join([prog] + list(argv)))
 
 
-def _validate_demo(run: TrainingRun, job: ImageClassification) -> Dict[str, Any]:
+def train(args, run: TrainingRun, demo: bool, command: str) -> Optional[Dict[str, Any]]:
+    """timm's ``main`` after the arguments: data, model, optimizer, AMP, loaders, loss, schedule, the resumed
+    state, EMA, DDP / compile, the run folder, then per epoch :func:`train_one_epoch`, :func:`validate` and a
+    checkpoint; then the final stage (the demo's validation, ``pretrained/``, ``results.json``). Returns the
+    results dict on rank 0, None on the other ranks."""
+    dist_info, device = run.dist_info, run.dist_info.device
+    data_dir = _prepare_demo(args) if demo else args.data_dir or args.data
+    run.check_resume(arch=args.model)
+    random_seed(args.seed, dist_info.rank)
+    dataset_train, dataset_eval, train_classes = _create_datasets(args, data_dir)
+    _fit_batch_to_training_set(args, dataset_train, dist_info.world_size)
+    model, create_kwargs, data_config = _create_model(args, dist_info)
+    resolve_lr(args, dist_info.world_size)
+    optimizer = _create_optimizer(args, model)
+    amp_autocast, loss_scaler, amp_dtype = setup_amp(args.amp, args.amp_dtype, device)
+    loader_train, sampler_train, loader_eval = _create_loaders(args, dataset_train, dataset_eval, data_config,
+                                                               dist_info)
+    try:
+        mixup_fn, train_loss_fn = _create_mixup_and_loss(args, device)
+        updates_per_epoch = (len(loader_train) + args.grad_accum_steps - 1) // args.grad_accum_steps
+        warn_global_batch_beyond_data(args.batch_size, dist_info.world_size, args.grad_accum_steps,
+                                      len(dataset_train), 'images')
+        schedule = dict(scheduler_kwargs(args, decreasing_metric=args.eval_metric == 'loss'), lr=args.lr)
+        lr_scheduler, num_epochs = create_lr_scheduler(optimizer, schedule, updates_per_epoch)
+
+        last_epoch, num_updates = run.restore(model, optimizer, lr_scheduler, schedule, loss_scaler,
+                                              weights_only=args.no_resume_opt)
+        start_epoch = last_epoch + 1 if run.resume_ckpt is not None else 0  # a checkpoint holds a done epoch
+        run.check_not_finished(start_epoch, num_epochs, '--epochs')
+        model_ema = None
+        if args.model_ema:  # a copy of the (resumed) model, before DDP / compile, as timm; then the resumed EMA
+            model_ema = ModelEmaV3(model, decay=args.model_ema_decay, use_warmup=args.model_ema_warmup,
+                                   device=torch.device('cpu') if args.model_ema_force_cpu else None)
+            run.restore_ema(model_ema.module)
+        train_model = compile_model(wrap_ddp(model, dist_info) if dist_info.distributed else model, args)
+        update_step = UpdateStep(optimizer, lambda: model_parameters(train_model, exclude_head='agc' in args.clip_mode),
+                                 loss_scaler, args.clip_grad, args.clip_mode)
+
+        output_dir = run.open_outputs('./output/train', _experiment_name(args, demo, data_config))
+        run.log_settings_changes()
+        if dist_info.primary:
+            _log_setup(args, dist_info, train_model, create_kwargs, data_config, amp_dtype, data_dir, dataset_train,
+                       dataset_eval, demo)
+            _logger.info(
+                f'Training {num_epochs} epochs x {updates_per_epoch} updates, global batch '
+                f'{_global_batch(args, dist_info.world_size)}, {args.opt} lr {args.lr:.4g}, {args.sched} schedule'
+                + _epoch_coverage(len(loader_train) * args.batch_size * dist_info.world_size, len(dataset_train))
+                + (f'; resuming at epoch {start_epoch} from {args.resume}' if args.resume else ''))
+            _logger.info(f'Outputs: {output_dir}')
+        run.restore_rng()  # last: nothing built before shifts the random streams
+        # one loop for the run: a stop agreed at an epoch's last update stops the next epoch's first
+        loop = StepLoop(train_model, train_model, update_step, lr_scheduler, model_ema, run.stop_signal,
+                        dist_info.distributed, num_updates, device=device)
+        metrics = EpochMetrics()
+        train_start = time.time()
+        for epoch in range(start_epoch, num_epochs):
+            if sampler_train is not None:
+                sampler_train.set_epoch(epoch)
+            if mixup_fn is not None and args.mixup_off_epoch and epoch >= args.mixup_off_epoch:
+                mixup_fn.mixup_enabled = False
+            if device.type == 'cuda':
+                torch.cuda.reset_peak_memory_stats(device)  # peak_mem_gib is this epoch's (training + eval)
+            try:
+                metrics.train = train_one_epoch(
+                    epoch, loop, loader_train, train_loss_fn, total_epochs=num_epochs, amp_autocast=amp_autocast,
+                    mixup_fn=mixup_fn, grad_accum_steps=args.grad_accum_steps, channels_last=args.channels_last,
+                    world_size=dist_info.world_size, log_interval=args.log_interval, primary=dist_info.primary)
+            except (Interrupted, NonFiniteLossError) as e:
+                raise run.stopped(e, STOP_ADVICE) from None
+            if dist_info.distributed and args.dist_bn in ('broadcast', 'reduce'):
+                distribute_bn(train_model, dist_info.world_size, args.dist_bn == 'reduce')
+            with preserve_rng():  # evaluation must not shift the training's random stream
+                metric = _validate_epoch(args, dist_info, train_model, model_ema, loader_eval, amp_autocast, metrics)
+            lr_scheduler.step(epoch + 1, metric)  # before saving: the checkpoint holds next epoch's LR
+            row = _summary_row(epoch, metrics, device)
+            if dist_info.primary:
+                run.summary.append(row)
+            written = run.save(
+                epoch, metric, model=train_model, optimizer=optimizer, scheduler=lr_scheduler, schedule=schedule,
+                num_updates=loop.num_updates, loss_scaler=loss_scaler,
+                model_cfg={'name': args.model, 'kwargs': create_kwargs}, data_cfg=dict(data_config),
+                class_names=train_classes,  # label order; validate.py labels class folders by these names
+                state_dict_ema=model_ema.module.state_dict() if model_ema is not None else None,
+                eval_metrics=metrics.eval, ema_eval_metrics=metrics.ema_eval)
+            if dist_info.primary:
+                _logger.info(_epoch_message(epoch, num_epochs, metrics, row, written['best']))
+
+        run.begin_final_stage()
+        digests = run.weights_digests(model, model_ema.module if model_ema is not None else None)
+        demo_val = _validate_demo(args, run, data_dir, model_ema) if demo and loader_eval is not None else None
+        if not dist_info.primary:
+            return None
+        pretrained = _export_pretrained(args, run, train_model, model_ema, data_config, train_classes, data_dir)
+        results = {
+            'model': args.model, 'model_kwargs': create_kwargs, 'experiment_dir': str(run.output_dir),
+            'device': str(device), 'device_name': torch.cuda.get_device_name(device) if device.type == 'cuda' else None,
+            'cuda_peak_mem_gib': metrics.peak_mem_gib,  # max over this process's epochs of max_memory_allocated
+            'torch_version': torch.__version__, 'world_size': dist_info.world_size, 'epochs': num_epochs,
+            'global_batch': _global_batch(args, dist_info.world_size), 'lr': args.lr, 'final_epoch': num_epochs - 1,
+            'train': metrics.train, 'eval': metrics.eval, 'ema_eval': metrics.ema_eval,
+            'best': run.saver.best, 'eval_metric': args.eval_metric, 'checkpoints': run.checkpoint_files(),
+            'pretrained': str(pretrained), 'weights_sha256_per_rank': digests, 'ranks_agree': len(set(digests)) == 1,
+            'train_seconds_this_process': time.time() - train_start, 'demo_validation': demo_val,
+            'skipped_images': {  # unreadable files, left out (never replaced): last epoch / last evaluation, this rank
+                'train': loader_train.skipped, 'eval': loader_eval.skipped if loader_eval is not None else 0,
+                'files': {**loader_train.skipped_files,
+                          **(loader_eval.skipped_files if loader_eval is not None else {})}},
+            'command': command,
+        }
+        run.write_results(results)
+        _report(args, run, metrics, results, data_dir, train_start)
+        run.list_outputs()
+        return results
+    finally:
+        # end the loaders' persistent workers with the run: a later garbage collection stalled ~10 s per loader
+        loader_train = loader_eval = None
+
+
+def train_one_epoch(epoch: int, loop: StepLoop, loader, loss_fn: Callable, *, total_epochs: int, amp_autocast=suppress,
+                    mixup_fn=None, grad_accum_steps: int = 1, channels_last: bool = False, world_size: int = 1,
+                    log_interval: int = 50, primary: bool = True) -> Dict[str, float]:
+    """One epoch with the run's ``loop``; returns {'loss', 'lr', 'img_per_sec', 'seconds'} (loss and rate over every
+    rank). Each optimizer update is :meth:`~mlp_vision.training.run.loop.StepLoop.update` over ``grad_accum_steps``
+    batches (the last one over the batches left), which owns DDP sync, the NaN / inf and signal stops and the one host
+    sync per update; the epoch's loss is all-reduced once, at its end.
+    """
+    model, optimizer = loop.train_model, loop.update_step.optimizer
+    model.train()
+    num_batches = len(loader)
+    updates_per_epoch = (num_batches + grad_accum_steps - 1) // grad_accum_steps
+    batches = iter(loader)
+
+    def micro_loss():
+        input, target = next(batches)
+        if mixup_fn is not None:
+            input, target = mixup_fn(input, target)
+        if channels_last:
+            input = input.contiguous(memory_format=torch.channels_last)
+        with amp_autocast():
+            return loss_fn(model(input), target), input.shape[0]  # weighted by its samples
+
+    loss_sum, sample_count = 0., 0
+    window_loss, window_samples = 0., 0
+    epoch_start = time.perf_counter()
+    optimizer.zero_grad()
+    for update_idx in range(updates_per_epoch):
+        first = update_idx * grad_accum_steps  # the update's first batch; the last update may have fewer
+        losses = loop.update(
+            micro_loss, min(grad_accum_steps, num_batches - first), stopped_at=f'epoch {epoch}, batch {first}',
+            loss_at=lambda m: f'epoch {epoch}, batch {first + m} (optimizer update {loop.num_updates})',
+            metric=lambda u: (loss_sum + u.loss_sum) / (sample_count + u.weight_sum))
+        loss_sum, sample_count = loss_sum + losses.loss_sum, sample_count + losses.weight_sum
+        window_loss, window_samples = window_loss + losses.loss_sum, window_samples + losses.weight_sum
+
+        now = time.perf_counter()
+        if update_idx == 0:  # the first update includes loader start-up: the rate counts from its end
+            first_done = now
+        last = update_idx == updates_per_epoch - 1
+        if primary and (last or (update_idx + 1) % log_interval == 0):
+            sec_per_update = (now - first_done) / update_idx if update_idx else now - epoch_start
+            img_per_sec = losses.weight_sum * world_size / sec_per_update if sec_per_update > 0 else 0.
+            left_epoch = (updates_per_epoch - update_idx - 1) * sec_per_update
+            left_run = left_epoch + (total_epochs - epoch - 1) * updates_per_epoch * sec_per_update
+            _logger.info(progress_line(
+                f'Train: {epoch}/{total_epochs - 1} [{update_idx + 1:>{len(str(updates_per_epoch))}d}/'
+                f'{updates_per_epoch} ({100. * (update_idx + 1) / updates_per_epoch:3.0f}%)]',
+                f'{window_loss / max(window_samples, 1):.4f} ({loss_sum / sample_count:.4f})',
+                optimizer.param_groups[0]['lr'], f'{img_per_sec:,.0f} img/s',
+                f'epoch {format_duration(left_epoch)}, training {format_duration(left_run)}'))
+            window_loss, window_samples = 0., 0
+
+    seconds = time.perf_counter() - epoch_start
+    totals = torch.tensor([loss_sum, float(sample_count)], dtype=torch.float64, device=loop.device)
+    if loop.distributed:
+        dist.all_reduce(totals)
+    total_loss, total_samples = totals.tolist()
+    lr = sum(g['lr'] for g in optimizer.param_groups) / len(optimizer.param_groups)
+    return {'loss': total_loss / total_samples, 'lr': lr, 'img_per_sec': total_samples / seconds, 'seconds': seconds}
+
+
+# ------------------------------------------------------------------------------------------------ what main builds
+def _prepare_demo(args) -> str:
+    """The demo's data: scikit-learn's digits as an ImageFolder tree (written once); returns its folder."""
+    args.derive(data_dir=str(prepare_digits_folder()), dataset='', train_split='train', val_split='val')
+    _logger.info(
+        'Demo: no dataset was given, so this trains a small model on scikit-learn\'s bundled handwritten '
+        f'digits (1,797 real 8x8 scans, 10 classes), written once as an ImageFolder tree under '
+        f'{args.data_dir}, through the same pipeline as an ImageNet run (recipe {DEMO_RECIPE}). '
+        f'For your own photos: -c {OWN_FOLDER_RECIPE} --data-dir DIR (README, "Your own photos").')
+    return args.data_dir
+
+
+def _create_datasets(args, data_dir):
+    """(training set, evaluation set or None, the training set's class names); sets --num-classes if unset."""
+    dataset_train, dataset_eval = create_train_val_datasets(
+        args.dataset, data_dir, train_split=args.train_split, val_split=args.val_split, class_map=args.class_map,
+        download=args.dataset_download, input_img_mode=args.input_img_mode, batch_size=args.batch_size,
+        seed=args.seed)
+    train_classes = dataset_class_names(dataset_train)
+    if args.num_classes is None:
+        if train_classes is None:
+            raise UsageError('the training set does not list its classes: pass --num-classes N')
+        args.derive(num_classes=len(train_classes))
+    if args.eval_metric == 'top5' and not reports_top5(args.num_classes):
+        raise UsageError(f'--eval-metric top5 with {args.num_classes} classes: every label is among the top 5, so it '
+                         f'is 100 % whatever the model does; use top1 or loss')
+    hint = f' (--num-classes {args.num_classes}); pass --num-classes to match the data, or a --class-map'
+    check_num_classes(dataset_train, args.num_classes, 'training set', hint)
+    if dataset_eval is not None:
+        check_num_classes(dataset_eval, args.num_classes, 'validation set', hint)
+    return dataset_train, dataset_eval, train_classes
+
+
+def _fit_batch_to_training_set(args, dataset_train, world_size: int) -> None:
+    """A training set smaller than one batch per process trains in one batch of all of it (with a warning), before
+    the lr is scaled to the batch; an iterable dataset keeps --batch-size."""
+    if isinstance(dataset_train, torch.utils.data.IterableDataset):
+        return
+    batch_size = fit_batch_to_data(  # mixing pairs the images of a batch: an even one
+        args.batch_size, train_samples_per_rank(dataset_train, world_size, args.aug_repeats), even=uses_mixup(args))
+    if batch_size != args.batch_size:
+        args.derive(batch_size=batch_size)
+
+
+def _create_model(args, dist_info):
+    """The model on its device with its starting weights; returns (model, create kwargs, data config)."""
+    img_size = args.input_size[-2:] if args.input_size else args.img_size
+    # models with a fixed input size (ours, ViTs) are built for --img-size; others just get resized inputs
+    takes_img_size = timm.is_model(args.model) and timm.models.get_pretrained_cfg_value(args.model, 'fixed_input_size')
+    create_kwargs = model_create_kwargs(
+        num_classes=args.num_classes, in_chans=args.in_chans or (args.input_size[0] if args.input_size else None),
+        img_size=img_size if takes_img_size else None, drop_rate=args.drop, drop_path_rate=args.drop_path,
+        global_pool=args.gp, model_kwargs=args.model_kwargs)
+    model = create_model(args.model, pretrained=args.pretrained, **create_kwargs)
+    if args.pretrained_path:
+        weights = load_checkpoint_file(args.pretrained_path, trust=args.trust_checkpoint, what='--pretrained-path')
+        load_pretrained_weights(model, args.model, weights, f'--pretrained-path {args.pretrained_path}',
+                                allow_missing=args.allow_missing_weights)
+    if args.initial_checkpoint:
+        ckpt = load_checkpoint_file(args.initial_checkpoint, trust=args.trust_checkpoint, what='--initial-checkpoint')
+        state_dict = ckpt['state_dict'] if is_training_checkpoint(ckpt) else ckpt
+        load_model_weights(model, state_dict, f'--initial-checkpoint {args.initial_checkpoint}', args.model)
+
+    data_config = resolve_model_data_config(args, model)
+    # before the first batch: a -c recipe or a resumed run's settings may give a size no machine holds
+    check_activations(args.model, create_kwargs, data_config['input_size'], args.batch_size,
+                      training=not args.grad_checkpointing)
+
+    if args.grad_checkpointing:
+        model.set_grad_checkpointing(enable=True)
+    model.to(device=dist_info.device)
+    if args.channels_last:
+        model.to(memory_format=torch.channels_last)
+    if dist_info.distributed and args.sync_bn:
+        model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    return model, create_kwargs, data_config
+
+
+def resolve_lr(args, world_size: int) -> None:
+    """timm's rule: with no --lr, --lr-base scaled from --lr-base-size to the global batch (derived: args.yaml keeps
+    --lr unset, so a resume with another batch scales again)."""
+    if args.lr is not None:
+        return
+    global_batch = _global_batch(args, world_size)
+    ratio = global_batch / args.lr_base_size
+    scale = args.lr_base_scale or ('sqrt' if any(o in args.opt.lower() for o in ('ada', 'lamb')) else 'linear')
+    if scale == 'sqrt':
+        ratio = ratio ** 0.5
+    args.derive(lr=args.lr_base * ratio, **({} if args.lr_base_scale else {'lr_base_scale': scale}))
+    _logger.info(f'learning rate {args.lr:.4g} = lr_base {args.lr_base:g} x {args.lr_base_scale} scaling of '
+                 f'the global batch {global_batch} / {args.lr_base_size}')
+
+
+def _create_optimizer(args, model: nn.Module) -> torch.optim.Optimizer:
+    # timm's optimizer_kwargs reads extra arguments from `opt_args`; this script's flag is --opt-kwargs
+    try:
+        return create_optimizer_v2(model, **{**optimizer_kwargs(cfg=args), **args.opt_kwargs})
+    except (TypeError, ValueError) as e:
+        raise UsageError(f'--opt {args.opt} cannot be built with {args.opt_kwargs or "these settings"}: {e}') from e
+
+
+def _create_loaders(args, dataset_train, dataset_eval, data_config, dist_info):
+    """(training loader, its distributed sampler or None, evaluation loader or None)."""
+    device = dist_info.device
+    loader_train, sampler_train = create_train_loader(
+        dataset_train, data_config, args.batch_size, device,
+        seed=args.seed, rank=dist_info.rank, world_size=dist_info.world_size, num_workers=args.workers,
+        pin_memory=args.pin_mem, aug_repeats=args.aug_repeats, no_aug=args.no_aug, scale=args.scale,
+        ratio=args.ratio, hflip=args.hflip, vflip=args.vflip, color_jitter=args.color_jitter,
+        auto_augment=args.aa, train_interpolation=args.train_interpolation, re_prob=args.reprob,
+        re_mode=args.remode, re_count=args.recount)
+    loader_eval = None
+    if dataset_eval is not None:
+        loader_eval = create_eval_loader(
+            dataset_eval, data_config, args.validation_batch_size or args.batch_size, device,
+            num_workers=args.workers, distributed=dist_info.distributed, pin_memory=args.pin_mem)
+    return loader_train, sampler_train, loader_eval
+
+
+def _create_mixup_and_loss(args, device):
+    """(timm's Mixup / CutMix or None, the training loss that matches its soft or hard targets)."""
+    mixup_fn = None
+    if uses_mixup(args):
+        mixup_fn = Mixup(
+            mixup_alpha=args.mixup, cutmix_alpha=args.cutmix, cutmix_minmax=args.cutmix_minmax,
+            prob=args.mixup_prob, switch_prob=args.mixup_switch_prob, mode=args.mixup_mode,
+            label_smoothing=args.smoothing, num_classes=args.num_classes)
+        train_loss_fn = (BinaryCrossEntropy(target_threshold=args.bce_target_thresh) if args.bce_loss
+                         else SoftTargetCrossEntropy())
+    elif args.smoothing:
+        train_loss_fn = (BinaryCrossEntropy(smoothing=args.smoothing, target_threshold=args.bce_target_thresh)
+                         if args.bce_loss else LabelSmoothingCrossEntropy(smoothing=args.smoothing))
+    else:
+        train_loss_fn = nn.BCEWithLogitsLoss() if args.bce_loss else nn.CrossEntropyLoss()
+    return mixup_fn, train_loss_fn.to(device=device)
+
+
+def uses_mixup(args) -> bool:  # mixup or cutmix is on
+    return args.mixup > 0 or args.cutmix > 0 or args.cutmix_minmax is not None
+
+
+def _global_batch(args, world_size: int) -> int:
+    return args.batch_size * world_size * args.grad_accum_steps
+
+
+def _experiment_name(args, demo: bool, data_config) -> str:  # the default experiment folder: date-model-size
+    return '-'.join([datetime.now().strftime('%Y%m%d-%H%M%S')] + (['demo_digits'] if demo else [])
+                    + [args.model.replace('/', '_'), str(data_config['input_size'][-1])])
+
+
+# ------------------------------------------------------------------------------------------------ the log
+def _log_setup(args, dist_info, model, create_kwargs, data_config, amp_dtype, data_dir, dataset_train, dataset_eval,
+               demo: bool) -> None:
+    """The setup lines of the log: model, data (what was read: the folder or tar found for each split)."""
+    if dist_info.distributed:
+        _logger.info(f'distributed: {dist_info.world_size} processes, backend {dist.get_backend()}, device '
+                     f'{dist_info.device} on rank 0')
+    num_params = sum(p.numel() for p in model.parameters())
+    _logger.info(
+        f'Model {args.model} ({num_params / 1e6:.3f} M params, {create_kwargs}) on {dist_info.device}'
+        f'{f" x {dist_info.world_size} processes" if dist_info.distributed else ""}; '
+        f'input {data_config["input_size"]}, AMP {amp_dtype if args.amp else "off"}')
+    val_source = (dataset_source(dataset_eval) or args.val_split) if dataset_eval is not None else 'none'
+    _logger.info(
+        f'Data {data_dir or args.dataset}: {len(dataset_train)} training images '
+        f'({dataset_source(dataset_train) or args.train_split}), '
+        f'{len(dataset_eval) if dataset_eval is not None else 0} validation images ({val_source}), '
+        f'{args.num_classes} classes')
+    if not demo:
+        _hint_small_data_recipe(args, len(dataset_train))
+
+
+def _epoch_coverage(samples: int, images: int) -> str:
+    # an epoch may sample less than the training set (the loader's warning says why)
+    return f'; an epoch trains {samples:,} samples of the {images:,} images' if samples < images else ''
+
+
+def _hint_small_data_recipe(args, num_images: int) -> None:
+    """Warn when a small training set gets no -c recipe and the default schedule (timm's ImageNet one: hours on a
+    CPU for a few hundred photos), naming the shipped recipe made for it; the run goes on as asked."""
+    if args.config or args.resume or num_images > SMALL_DATA_IMAGES or args.epochs != DEFAULT_EPOCHS:
+        return
+    _logger.warning(
+        f'no -c recipe: {num_images:,} training images get timm\'s ImageNet defaults ({args.epochs} epochs of '
+        f'--opt {args.opt}, {args.model} at {args.img_size or "its default size"}{" px" if args.img_size else ""}), '
+        f'made for a million images on GPUs: hours on a CPU; for a small folder on a CPU, -c {OWN_FOLDER_RECIPE} '
+        f'trains a small model in minutes (configs/{OWN_FOLDER_RECIPE}.yaml)')
+
+
+@dataclass
+class EpochMetrics:
+    """The latest epoch's metrics (None before the first epoch / without evaluation)."""
+    train: Optional[dict] = None
+    eval: Optional[dict] = None
+    ema_eval: Optional[dict] = None
+    peak_mem_gib: Optional[float] = None  # max over this process's epochs (CUDA)
+
+
+def _validate_epoch(args, dist_info, model, model_ema, loader_eval, amp_autocast, metrics: EpochMetrics):
+    """:func:`validate` the model (and its EMA) into ``metrics``; returns the metric that selects the best
+    checkpoint (None without an evaluation set)."""
+    if loader_eval is None:
+        return None
+    validate_on = partial(validate, loader=loader_eval, amp_autocast=amp_autocast, log_interval=0,
+                          channels_last=args.channels_last, distributed=dist_info.distributed,
+                          primary=dist_info.primary)
+    metrics.eval = validate_on(model)
+    if model_ema is None or args.model_ema_force_cpu:
+        return metrics.eval[args.eval_metric]
+    if dist_info.distributed and args.dist_bn in ('broadcast', 'reduce'):
+        distribute_bn(model_ema, dist_info.world_size, args.dist_bn == 'reduce')
+    metrics.ema_eval = validate_on(model_ema.module)
+    return metrics.ema_eval[args.eval_metric]  # as timm: EMA selects the best checkpoint
+
+
+def _summary_row(epoch: int, metrics: EpochMetrics, device) -> dict:
+    """One summary.csv row; also updates ``metrics.peak_mem_gib`` on CUDA."""
+    row = {'epoch': epoch, 'lr': metrics.train['lr'], 'train_loss': metrics.train['loss']}
+    if metrics.eval is not None:
+        row.update({f'eval_{k}': metrics.eval[k] for k in ('loss', 'top1', 'top5')})
+    if metrics.ema_eval is not None:
+        row.update({f'ema_eval_{k}': metrics.ema_eval[k] for k in ('loss', 'top1', 'top5')})
+    row.update(train_img_per_sec=metrics.train['img_per_sec'], epoch_seconds=metrics.train['seconds'])
+    if device.type == 'cuda':
+        row['peak_mem_gib'] = torch.cuda.max_memory_allocated(device) / 2 ** 30
+        metrics.peak_mem_gib = max(metrics.peak_mem_gib or 0., row['peak_mem_gib'])
+    return row
+
+
+def _accuracy_text(metrics: dict) -> str:
+    """``'top1 97.25 top5 99.75'``; top-5 only where it means something (more than 5 classes)."""
+    return f'top1 {metrics["top1"]:.2f}' + (f' top5 {metrics["top5"]:.2f}' if metrics['top5'] is not None else '')
+
+
+def _epoch_message(epoch: int, num_epochs: int, metrics: EpochMetrics, row: dict, saved_best: bool) -> str:
+    msg = f'Epoch {epoch}/{num_epochs - 1}: train loss {metrics.train["loss"]:.4f}'
+    if metrics.eval is not None:
+        msg += f' | eval loss {metrics.eval["loss"]:.4f} {_accuracy_text(metrics.eval)}'
+    if metrics.ema_eval is not None:
+        msg += f' | EMA top1 {metrics.ema_eval["top1"]:.2f}'
+    msg += f' | {metrics.train["img_per_sec"]:,.0f} img/s, {format_duration(metrics.train["seconds"])}'
+    if 'peak_mem_gib' in row:
+        msg += f', peak {row["peak_mem_gib"]:.2f} GiB'
+    return msg + ' | saved last.pth' + (' + model_best.pth' if saved_best else '')
+
+
+# ------------------------------------------------------------------------------------------------ the end of a run
+def _validate_demo(args, run: TrainingRun, data_dir: str, model_ema) -> Dict[str, Any]:
     """The demo's closing validation of its best checkpoint with the validation command (every rank takes part;
-    the evaluation is split over them)."""
-    args, dist_info = job.args, run.dist_info
-    best_path = Path(all_gather_objects(str(run.saver.best_path) if dist_info.primary else '', dist_info)[0])
-    val_argv = ['--checkpoint', str(best_path), '--data-dir', job.data_dir, '--split', args.val_split,
+    the evaluation is split over them); kept as ``demo_validation`` in ``results.json``."""
+    best_path = Path(all_gather_objects(str(run.saver.best_path) if run.primary else '', run.dist_info)[0])
+    val_argv = ['--checkpoint', str(best_path), '--data-dir', data_dir, '--split', args.val_split,
                 '--workers', str(args.workers), '--results-file', str(best_path.parent / 'validate_best.json'),
                 '--threads', str(torch.get_num_threads())]  # the training's count: the load now includes this run
-    if job.opt.model_ema is not None and not args.model_ema_force_cpu:
+    if model_ema is not None and not args.model_ema_force_cpu:
         val_argv.append('--use-ema')  # the EMA weights' accuracy chose the best checkpoint
     _logger.info('Demo: validating the saved best checkpoint with the validation command:\n'
                  '  python -m mlp_vision.validate ' + ' '.join(val_argv))
     return validate_main(val_argv)
+
+
+_UPSTREAM_CFG_KEYS = ('tag', 'license', 'description', 'origin_url', 'paper_name', 'paper_ids', 'notes', 'url',
+                      'file', 'hf_hub_id', 'hf_hub_filename', 'source')
+
+
+def _run_description(args, data_dir: str, num_classes: int) -> str:
+    """One line for the export's ``pretrained_cfg['description']``: model, data, classes and starting weights."""
+    data = args.dataset or (Path(data_dir).resolve().name if data_dir else 'unnamed data')
+    text = f'{args.model} trained by mlp_vision from {data}, {num_classes} classes'
+    if args.initial_checkpoint:
+        text += f', starting from {Path(args.initial_checkpoint).name}'
+    elif args.pretrained:
+        text += f', starting from timm\'s pretrained {args.model}'
+    return text
+
+
+def _export_pretrained(args, run: TrainingRun, train_model, model_ema, data_config, train_classes,
+                       data_dir: str) -> Path:
+    """``pretrained/``: the best weights (the EMA's where its accuracy chose them; the last epoch's when nothing was
+    evaluated) written atomically by timm's ``save_for_hf`` (``config.json`` with class names and data config,
+    ``model.safetensors``), so ``timm.create_model('local-dir:RUN/pretrained', pretrained=True)`` builds it."""
+    source = run.saver.best_path if run.saver.best_path.exists() else run.saver.last_path
+    ckpt = load_checkpoint_file(source, what=source.name)
+    use_ema = model_ema is not None and ckpt.get('state_dict_ema') is not None
+    model = copy.deepcopy(unwrap_model(train_model)).cpu().to(memory_format=torch.contiguous_format)
+    load_model_weights(model, ckpt['state_dict_ema' if use_ema else 'state_dict'], str(source), ckpt.get('arch'))
+    data_config = {k: v for k, v in data_config.items() if k in ('input_size', 'interpolation', 'mean', 'std',
+                                                                  'crop_pct', 'crop_mode')}
+    # the architecture's cfg names the upstream weights (tag, license, paper): this export describes the run instead
+    model.pretrained_cfg = {k: v for k, v in model.pretrained_cfg.items() if k not in _UPSTREAM_CFG_KEYS}
+    model_config = {'pretrained_cfg': {'description': _run_description(args, data_dir, model.num_classes)}}
+    if train_classes:
+        model_config['label_names'] = list(train_classes)
+    folder = run.output_dir / 'pretrained'
+    with atomic_folder(folder) as tmp:
+        save_for_hf(model, tmp, model_config=model_config, safe_serialization=True, data_config=data_config)
+    _logger.info(f'{folder}: the {"EMA " if use_ema else ""}weights of {source.name} for timm '
+                 f"(timm.create_model('local-dir:{folder}', pretrained=True), features_only=True too)")
+    return folder
+
+
+def _report(args, run: TrainingRun, metrics: EpochMetrics, results: dict, data_dir: str, train_start: float) -> None:
+    """The curves and the closing log lines."""
+    best, demo_val = results['best'], results['demo_validation']
+    plot_curves(run.output_dir / 'summary.csv', run.output_dir / 'curves.png',
+                title=f'{args.model} on {Path(data_dir).name if data_dir else args.dataset}')
+    if metrics.eval is not None:
+        msg = (f'Done in {format_duration(time.time() - train_start)}: final eval '
+               f'{_accuracy_text(metrics.eval)} loss {metrics.eval["loss"]:.4f}')
+        if best:
+            msg += f'; best {args.eval_metric} {best["metric"]:.4f} at epoch {best["epoch"]}'
+        _logger.info(msg)
+    if demo_val is not None:
+        _logger.info(
+            f'Demo result: validation accuracy {demo_val["top1"]:.2f}% top-1 on {demo_val["samples"]} held-out '
+            f'digit images (chance: 10%), checkpoint {run.saver.best_path}; '
+            f'total time {format_duration(time.time() - run.start_time)}.')
 
 
 if __name__ == '__main__':

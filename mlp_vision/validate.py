@@ -25,11 +25,11 @@ from mlp_vision.training.data import (
     create_image_dataset, default_workers,
 )
 from mlp_vision.training.run.distributed import init_device
-from mlp_vision.training.tasks.image_classification import evaluate
 from mlp_vision.arguments import ArgumentParser, DefaultsHelpFormatter, check_range
 from mlp_vision.bounds import within_bounds
 from mlp_vision.errors import UsageError, run_cli
 from mlp_vision.training.run.log import setup_logging
+from mlp_vision.training.tasks import image_model
 from mlp_vision.training.tasks.image_model import (
     check_activations, create_model_for_eval, model_create_kwargs, resolve_model_data_config)
 from mlp_vision.training.run.compile import add_compile_arguments, check_compile_backend, compile_model
@@ -244,9 +244,9 @@ def validate(args: argparse.Namespace) -> dict:
                  f'{data_config["input_size"]}, {device}{", AMP " + str(amp_dtype) if args.amp else ""}')
     if device.type == 'cuda':
         torch.cuda.reset_peak_memory_stats(device)
-    metrics = evaluate(model, loader, amp_autocast=amp_autocast, channels_last=args.channels_last,
-                       distributed=dist_info.distributed, log_interval=args.log_interval,
-                       primary=dist_info.primary)
+    metrics = image_model.validate(model, loader, amp_autocast=amp_autocast, channels_last=args.channels_last,
+                                   distributed=dist_info.distributed, log_interval=args.log_interval,
+                                   primary=dist_info.primary)
     results = {
         'model': model_name, 'weights': info['source'], 'labels': labels, 'top1': round(metrics['top1'], 4),
         'top5': None if metrics['top5'] is None else round(metrics['top5'], 4),  # None: 5 classes or fewer

@@ -23,7 +23,7 @@ from mlp_vision.training.data import (
     load_image, parse_val_split, read_class_map, stratified_holdout, train_samples_per_rank, unused_images_message,
 )
 from mlp_vision.training.data.loader import create_train_sampler
-from mlp_vision.training.tasks.image_classification import evaluate
+from mlp_vision.training.tasks.image_model import validate
 
 SIZE = 8
 DATA_CONFIG = dict(input_size=(3, SIZE, SIZE), interpolation='bilinear', mean=(0.5, 0.5, 0.5), std=(0.25, 0.25, 0.25),
@@ -582,7 +582,7 @@ def test_unreadable_images_are_skipped_counted_and_excluded_from_metrics(tmp_pat
     def run(root):
         ds = create_image_dataset('', str(root), 'val')
         loader = create_eval_loader(ds, DATA_CONFIG, 3, CPU, num_workers=num_workers)
-        metrics = evaluate(model, loader, log_interval=0)
+        metrics = validate(model, loader, log_interval=0)
         return ds, loader, metrics
 
     with caplog.at_level(logging.WARNING):
@@ -731,7 +731,7 @@ def _evaluate_rank(rank, world_size, root, port, out):
         model = _MeanColour()
         ds = create_image_dataset('', root, 'val')
         loader = create_eval_loader(ds, DATA_CONFIG, 2, CPU, num_workers=0, distributed=True)
-        metrics = evaluate(model, loader, distributed=True, log_interval=0)
+        metrics = validate(model, loader, distributed=True, log_interval=0)
         torch.save({'metrics': dict(metrics), 'skipped': loader.skipped}, f'{out}.{rank}')
     finally:
         dist.destroy_process_group()
@@ -746,7 +746,7 @@ def test_distributed_evaluation_counts_each_readable_image_once(tmp_path, monkey
     _val_with_bad_images(tmp_path / 'with_bad')
     _folder(tmp_path / 'clean' / 'val', {'a': 5, 'b': 3})
     torch.manual_seed(0)
-    reference = evaluate(_MeanColour(), create_eval_loader(
+    reference = validate(_MeanColour(), create_eval_loader(
         create_image_dataset('', str(tmp_path / 'clean'), 'val'), DATA_CONFIG, 2, CPU, num_workers=0), log_interval=0)
     with socket.socket() as s:
         s.bind(('127.0.0.1', 0))
@@ -785,14 +785,32 @@ def test_class_maps_are_text_and_never_unpickled(tmp_path):
             read_class_map(str(tmp_path / 'bad.txt'))
 
 
-def test_posterize_to_zero_bits_is_a_black_image():
+def test_posterize_to_zero_bits_is_a_black_image_in_the_training_pipeline(tmp_path):
     """timm's RandAugment asks for 0 bits at magnitude 10 (``rand-m9-mstd0.5-inc1``): recent Pillow raises there,
-    which would kill a run at a random step; the data package gives the black image of TF and older Pillow, and
-    leaves every other bit count to timm / Pillow."""
+    which would kill a run at a random step; the training loader's transform gives the black image of TF and older
+    Pillow, and leaves every other bit count to timm / Pillow."""
     from PIL import ImageOps
     from timm.data.auto_augment import AugmentOp
+    _folder(tmp_path / 'train', {'a': 2, 'b': 2})
+    dataset = create_image_dataset('', str(tmp_path), 'train')
+    create_train_loader(dataset, DATA_CONFIG, 2, CPU, num_workers=0, auto_augment='rand-m10-mstd0-n1-inc1')
+    rand_augment = next(t for t in dataset.transform.transforms if hasattr(t, 'ops'))
+    posterize = next(op for op in rand_augment.ops if op.name == 'PosterizeIncreasing')
+    posterize.prob = 1.
     img = Image.fromarray(np.arange(48, dtype=np.uint8).reshape(4, 4, 3) * 5)
-    black = AugmentOp('PosterizeIncreasing', prob=1., magnitude=10, hparams={'magnitude_std': 0})(img)
+    black = posterize(img)
     assert black.size == img.size and np.asarray(black).max() == 0
-    three_bits = AugmentOp('PosterizeIncreasing', prob=1., magnitude=2.5, hparams={'magnitude_std': 0})(img)
-    assert np.array_equal(np.asarray(three_bits), np.asarray(ImageOps.posterize(img, 3)))
+    three_bits = AugmentOp('PosterizeIncreasing', prob=1., magnitude=2.5, hparams={'magnitude_std': 0})
+    three_bits.aug_fn = posterize.aug_fn
+    assert np.array_equal(np.asarray(three_bits(img)), np.asarray(ImageOps.posterize(img, 3)))
+
+
+def test_importing_mlp_vision_leaves_timm_augment_ops_as_they_are():
+    """No global state: timm's table of augmentation ops is the same after ``import mlp_vision`` (and building a
+    training loader) as in a fresh timm."""
+    script = ('from timm.data import auto_augment as a; fresh = dict(a.NAME_TO_OP); import mlp_vision, '
+              'mlp_vision.train; from mlp_vision.training.data import loader; '
+              'print(all(a.NAME_TO_OP[k] is f for k, f in fresh.items()) and fresh.keys() == a.NAME_TO_OP.keys())')
+    out = subprocess.run([sys.executable, '-c', script], capture_output=True, text=True, cwd=REPO,
+                         env={**os.environ, 'PYTHONPATH': REPO}, check=True).stdout
+    assert out.strip().splitlines()[-1] == 'True'

@@ -16,7 +16,6 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 import mlp_vision.train as train  # noqa: E402
-import mlp_vision.training.tasks.image_classification as image_task  # noqa: E402
 from mlp_vision.training.run.config import find_recipe, parse_args_with_config  # noqa: E402
 
 # the recipe, at a tiny width / size so a run takes seconds
@@ -40,7 +39,7 @@ def test_own_folder_recipe_is_found_by_name_and_is_small():
     """``-c own_folder_cpu`` is the shipped configs/own_folder_cpu.yaml (tests/test_train.py checks every recipe
     parses and is listed): a small model at a low resolution, AdamW, tens of epochs, lr scaled from its batch."""
     assert find_recipe('own_folder_cpu') == REPO / 'configs' / 'own_folder_cpu.yaml'
-    assert find_recipe(image_task.OWN_FOLDER_RECIPE) == find_recipe('own_folder_cpu')
+    assert find_recipe(train.OWN_FOLDER_RECIPE) == find_recipe('own_folder_cpu')
     args, _ = parse_args_with_config(train.build_parser(), ['-c', 'own_folder_cpu', '--data-dir', 'x'], recipes=True)
     assert args.model == 'smlpnet_t' and args.model_kwargs == {'embed_dim': 32, 'depths': [1, 1, 2, 1]}
     assert args.img_size == 64 and args.img_size % 32 == 0  # sMLPNet needs a multiple of 32
@@ -90,7 +89,7 @@ def test_no_recipe_on_small_data_names_the_own_folder_recipe(caplog):
         args, _ = parse_args_with_config(train.build_parser(), argv + ['--data-dir', 'x'], recipes=True)
         caplog.clear()
         with caplog.at_level(logging.WARNING):
-            image_task._hint_small_data_recipe(args, num_images)
+            train._hint_small_data_recipe(args, num_images)
         return caplog.text
 
     text = warning([])

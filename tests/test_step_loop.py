@@ -13,14 +13,15 @@ import torch.distributed as dist
 import torch.nn as nn
 
 import mlp_vision.text as mt
-import mlp_vision.training.tasks.image_classification as engine
+import mlp_vision.train as image_train
 import mlp_vision.training.run.loop as loop_module
 import mlp_vision.training.tasks.text_classification as classification
 import mlp_vision.training.tasks.language_model as text_lm
 from mlp_vision.errors import Interrupted, UsageError
 from mlp_vision.training.run.distributed import DistInfo, process_group_backend
-from mlp_vision.training.run.loop import StepLoop
-from mlp_vision.training.run.training_run import NonFiniteLossError, TrainingRun, UpdateStep
+from mlp_vision.training.run.loop import NonFiniteLossError, StepLoop, UpdateStep
+from mlp_vision.training.run.training_run import TrainingRun
+from mlp_vision.training.tasks.image_model import validate
 from mlp_vision.weights import load_backbone
 
 
@@ -220,11 +221,11 @@ def test_an_image_epoch_syncs_once_per_update(batches, one_rank_group, record):
     loop, _ = _ddp_loop(agree_every_s=60.)
     torch.manual_seed(2)
     loader = [(x, x[:, :1]) for x in (torch.randn(8 if i % 2 else 3, 4) for i in range(batches))]
-    engine.train_one_epoch(0, loop, loader, nn.functional.mse_loss, total_epochs=2, grad_accum_steps=4)
+    image_train.train_one_epoch(0, loop, loader, nn.functional.mse_loss, total_epochs=2, grad_accum_steps=4)
     record.calls.clear(), record.devices.clear()
     loop.update_step.optimizer.param_groups[0]['lr'] = 0.  # fixed weights: the reference losses below are the same
-    metrics = engine.train_one_epoch(1, loop, loader, nn.functional.mse_loss, total_epochs=2, grad_accum_steps=4,
-                                     log_interval=1)
+    metrics = image_train.train_one_epoch(1, loop, loader, nn.functional.mse_loss, total_epochs=2,
+                                          grad_accum_steps=4, log_interval=1)
     updates = batches // 4
     assert loop.num_updates == 2 * updates
     assert record.calls['all_reduce'] == updates + 1 and set(record.devices) == {loop.device}
@@ -279,7 +280,7 @@ def test_image_evaluation_syncs_once_not_per_batch(batches, one_rank_group, reco
     torch.manual_seed(0)
     model = nn.Linear(4, 3)
     loader = _classifier_batches(batches)
-    metrics = engine.evaluate(model, loader, distributed=True, log_interval=1)
+    metrics = validate(model, loader, distributed=True, log_interval=1)
     assert record.calls['all_reduce'] == 1 and record.devices == [torch.device('cpu')]
     assert sum(record.calls[s] for s in HOST_SYNCS) == 1, record.calls
     logits, targets = torch.cat([model(x) for x, _ in loader]), torch.cat([t for _, t in loader])
@@ -352,7 +353,7 @@ def test_every_collective_of_the_loop_and_evaluation_is_valid_under_nccl_alone()
         x = torch.randn(8, 4, device=device)
         loop.update(lambda: nn.functional.mse_loss(ddp(x), x[:, :1]), 3, stopped_at='', loss_at=str)
         loader = [(torch.randn(5, 4, device=device), torch.randint(0, 3, (5,), device=device))]
-        engine.evaluate(nn.Linear(4, 3).to(device), loader, distributed=True, log_interval=0)
+        validate(nn.Linear(4, 3).to(device), loader, distributed=True, log_interval=0)
         assert loop.num_updates == 1
     finally:
         dist.destroy_process_group()

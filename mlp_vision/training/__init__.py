@@ -1,13 +1,14 @@
 """ Training code, by job:
 
-* :mod:`.run` -- the run infrastructure every command uses: the one driver and its task interface, the training
-  run (resume, checkpoints, outputs), the optimizer step loop, ``-c`` configs, logging, distributed setup;
+* :mod:`.run` -- the run infrastructure: the training run (resume, checkpoints, outputs, stop signals), the
+  optimizer update (:mod:`.run.loop`), ``-c`` configs, logging, distributed setup; the text trainer's step driver
+  (:mod:`.run.driver`);
 * :mod:`.data` -- the image data pipeline (readers, datasets, loaders, hold-out splits);
-* :mod:`.tasks` -- what is trained: image classification, masked / causal language modelling, text classification
-  (each task with everything it builds; a task imports no command).
+* :mod:`.tasks` -- the image model (:mod:`.tasks.image_model`: creation, weight loading and the evaluation loop
+  ``validate``), masked / causal language modelling, text classification (a task imports no command).
 
-The commands are one module each (flags, their checks, the run built and driven with its task):
-:mod:`mlp_vision.train` (images), :mod:`mlp_vision.train_text` (text),
+The commands are one module each: :mod:`mlp_vision.train` (images; it reads as timm's train.py: ``main``,
+``train_one_epoch``, ``validate``), :mod:`mlp_vision.train_text` (text),
 :mod:`mlp_vision.validate`, :mod:`mlp_vision.benchmark`, :mod:`mlp_vision.visualize`,
 :mod:`mlp_vision.text.fill_mask` and :mod:`mlp_vision.complexity`. Built from timm's library pieces (``timm.data``,
 ``timm.optim``, ``timm.scheduler``, ``timm.loss``, ``timm.utils``); the one error path of the commands is

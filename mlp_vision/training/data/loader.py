@@ -9,7 +9,9 @@ what ``timm.data.create_loader`` lacks.
   leaves them out and :class:`ReadableBatches` warns once per file and counts them (:attr:`ImageLoader.skipped`).
 * Exact distributed evaluation: timm's ``OrderedDistributedSampler`` pads ranks with repeated samples, which
   then count twice in the metrics; :class:`StridedSampler` gives every sample to exactly one rank.
-* Posterize with 0 bits (timm's RandAugment / AutoAugment) raises in recent Pillow: patched on import.
+* Posterize with 0 bits (timm's RandAugment / AutoAugment / AugMix) raises in recent Pillow: our training
+  transform's posterize ops get a function that gives a black image (:func:`with_safe_posterize`); timm's
+  ``NAME_TO_OP`` is left as it is.
 """
 import contextlib
 import logging
@@ -30,24 +32,36 @@ from mlp_vision.training.data.decode import SkippedImage
 __all__ = [
     'seeded_rng', 'SeededSampler', 'SeededDataset', 'StridedSampler', 'collate_readable', 'ReadableBatches',
     'ImageLoader', 'create_train_loader', 'create_eval_loader', 'train_samples_per_rank',
-    'create_train_sampler', 'fit_batch_to_data', 'unused_images_message',
+    'create_train_sampler', 'fit_batch_to_data', 'unused_images_message', 'with_safe_posterize',
 ]
 
 _logger = logging.getLogger(__name__)
 
 
+_POSTERIZE_OPS = ('Posterize', 'PosterizeIncreasing', 'PosterizeOriginal')
+
+
 def _posterize(img: Image.Image, bits_to_keep: int, **kwargs) -> Image.Image:
-    """timm's RandAugment / AutoAugment posterize, except that 0 bits (``rand-m9-mstd0.5-inc1`` at magnitude 10)
-    give a black image, as in TF and older Pillow: recent Pillow raises ``ValueError``, which would kill a training
-    run at a random step."""
+    """timm's posterize, except that 0 bits (``rand-m9-mstd0.5-inc1`` at magnitude 10) give a black image, as in
+    TF and older Pillow: recent Pillow raises ``ValueError``, which would kill a training run at a random step."""
     if bits_to_keep <= 0:
         return Image.new(img.mode, img.size)
-    return _timm_posterize(img, bits_to_keep, **kwargs)
+    return auto_augment.posterize(img, bits_to_keep, **kwargs)
 
 
-_timm_posterize = auto_augment.posterize
-for _op in ('Posterize', 'PosterizeIncreasing', 'PosterizeOriginal'):
-    auto_augment.NAME_TO_OP[_op] = _posterize
+def with_safe_posterize(transform):
+    """``transform`` (timm's, from ``create_transform``) with the posterize ops of its AutoAugment / RandAugment /
+    AugMix stage running :func:`_posterize`: each ``AugmentOp`` of ours gets the function, timm's table of ops
+    is not touched."""
+    stages = list(getattr(transform, 'transforms', [transform]))
+    for stage in stages:
+        if hasattr(stage, 'transforms'):  # a nested Compose
+            stages.extend(stage.transforms)
+        ops = list(getattr(stage, 'ops', [])) + [op for sub in getattr(stage, 'policy', []) for op in sub]
+        for op in ops:
+            if isinstance(op, auto_augment.AugmentOp) and op.name in _POSTERIZE_OPS:
+                op.aug_fn = _posterize
+    return transform
 
 
 @contextlib.contextmanager
@@ -292,12 +306,12 @@ def create_train_loader(
     ``timm.data.create_loader`` takes no sampler or generator, so it cannot seed every sample's augmentation
     (:class:`SeededSampler`) nor run repeated augmentation in one process (a one-replica ``RepeatAugSampler``).
     """
-    dataset.transform = create_transform(
+    dataset.transform = with_safe_posterize(create_transform(
         data_config['input_size'], is_training=True, no_aug=no_aug, scale=tuple(scale) if scale else None,
         ratio=tuple(ratio) if ratio else None, hflip=hflip, vflip=vflip, color_jitter=color_jitter,
         auto_augment=auto_augment, interpolation=train_interpolation or data_config['interpolation'],
         mean=data_config['mean'], std=data_config['std'],
-        use_prefetcher=True)  # uint8 tensors out; normalise + random-erase in the PrefetchLoader
+        use_prefetcher=True))  # uint8 tensors out; normalise + random-erase in the PrefetchLoader
     generator = torch.Generator().manual_seed(seed + rank)  # worker base seeds; never the global torch RNG
     if isinstance(dataset, torch.utils.data.IterableDataset):
         _logger.warning('iterable dataset: sample order and augmentation are up to the dataset; '

@@ -1,7 +1,8 @@
-""" The run infrastructure every command shares: :func:`.driver.drive` around a :class:`.driver.TrainingTask`,
-:class:`.training_run.TrainingRun` (resume, the run folder, checkpoints, stops, results), :mod:`.loop` (the optimizer
-update), :mod:`.checkpoint` (atomic writes, safe loading, RNG capture), :mod:`.folder` (a run folder's identity and
-lock), :mod:`.config` (``-c`` yaml), :mod:`.summary`, :mod:`.log`, :mod:`.distributed`, :mod:`.compile`.
+""" The run infrastructure the commands share: :class:`.training_run.TrainingRun` (resume, the run folder,
+checkpoints, stops, results), :mod:`.loop` (the optimizer update), :mod:`.checkpoint` (atomic writes, safe
+loading, RNG capture), :mod:`.folder` (a run folder's identity and lock), :mod:`.config` (``-c`` yaml),
+:mod:`.summary`, :mod:`.log`, :mod:`.distributed`, :mod:`.compile`; :func:`.driver.drive` runs the text trainer's
+steps (the image trainer, :mod:`mlp_vision.train`, runs its epochs itself).
 
 Nothing here imports a task, a dataset or a text model (tests/test_structure.py checks it).
 """

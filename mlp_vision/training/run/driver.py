@@ -1,6 +1,6 @@
-""" The one training driver: :func:`drive` makes the calls of a :class:`~.training_run.TrainingRun` in their fixed
-order around a :class:`TrainingTask` (:mod:`mlp_vision.training.tasks`): the image classifier's epochs, or a
-:class:`StepTask` (the text tasks).
+""" The text trainer's driver: :func:`drive` makes the calls of a :class:`~.training_run.TrainingRun` in their
+fixed order around a :class:`StepTask` (:mod:`mlp_vision.training.tasks`' text tasks). The image trainer,
+:mod:`mlp_vision.train`, makes them itself.
 
 The step loop (:meth:`StepTask.train`): each update is :meth:`~.loop.StepLoop.update`, then the log line. Every
 ``--eval-interval`` steps and at the end: evaluation under :func:`preserve_rng`, the all-reduced interval train
@@ -20,9 +20,9 @@ from timm.utils import ModelEmaV3
 from mlp_vision.errors import Interrupted
 from mlp_vision.training.run.checkpoint import get_rng_state, preserve_rng, set_rng_state
 from mlp_vision.training.run.distributed import wrap_ddp
-from mlp_vision.training.run.loop import StepLoop, format_duration, progress_line
+from mlp_vision.training.run.loop import NonFiniteLossError, StepLoop, UpdateStep, format_duration, progress_line
 from mlp_vision.training.run.compile import compile_model
-from mlp_vision.training.run.training_run import NonFiniteLossError, TrainingRun, UpdateStep
+from mlp_vision.training.run.training_run import TrainingRun
 
 __all__ = ['Optimization', 'TrainingTask', 'drive', 'StepState', 'StepTask']
 
@@ -113,8 +113,7 @@ def drive(run: TrainingRun, task: TrainingTask) -> Optional[Dict[str, Any]]:
         opt = task.setup()
         position, opt.num_updates = run.restore(opt.model, opt.optimizer, opt.scheduler, opt.schedule,
                                                 opt.loss_scaler, weights_only=opt.weights_only)
-        # an epoch checkpoint holds a done epoch
-        opt.start = position + 1 if run.resume_ckpt is not None and run.key == 'epoch' else position
+        opt.start = position  # the updates done
         run.check_not_finished(opt.start, opt.total, opt.total_flag)
         # EMA: a copy of the (resumed) model, before DDP / compile (as timm); then the resumed EMA weights
         opt.model_ema = task.create_ema(opt.model)

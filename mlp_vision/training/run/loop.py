@@ -1,6 +1,7 @@
-""" The optimizer update of every trainer (the image epoch and :meth:`~.driver.StepTask.train`):
-:meth:`StepLoop.update`. One update: ``n`` micro-batches (DDP's ``no_sync`` on all but the last), the optimizer step
-of :class:`UpdateStep` (loss scaling, clipping), then the EMA update and the per-update LR schedule. A micro-batch's
+""" The optimizer update of every trainer (:func:`mlp_vision.train.train_one_epoch` and the text trainer's
+:meth:`~.driver.StepTask.train`): :meth:`StepLoop.update`. One update: ``n`` micro-batches (DDP's ``no_sync`` on
+all but the last), the optimizer step of :class:`UpdateStep` (loss scaling, clipping), then the EMA update and the
+per-update LR schedule. A micro-batch's
 data, forward and loss are the trainer's: the ``micro_loss`` callable.
 
 The loop waits for the device and the other ranks once per update, at the **agreement** just before the last
@@ -19,19 +20,21 @@ consumed (not BatchNorm statistics: the text models have none, the image trainer
 """
 import dataclasses
 import logging
+import math
 import time
 from contextlib import nullcontext
 from datetime import timedelta
-from typing import Callable, Optional, Tuple, Union
+from typing import Callable, Iterable, Optional, Tuple, Union
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
+from timm.utils import NativeScaler, dispatch_clip_grad
 
 from mlp_vision.errors import Interrupted
-from mlp_vision.training.run.training_run import NonFiniteLossError, UpdateStep
 
-__all__ = ['StepLoop', 'UpdateLosses', 'format_duration', 'progress_line', 'warn_global_batch_beyond_data']
+__all__ = ['UpdateStep', 'NonFiniteLossError', 'StepLoop', 'UpdateLosses', 'format_duration', 'progress_line',
+           'warn_global_batch_beyond_data']
 
 _logger = logging.getLogger(__name__)
 
@@ -43,6 +46,44 @@ def format_duration(seconds: float) -> str:
 def progress_line(position: str, loss: str, lr: float, rate: str, eta: str) -> str:
     """The progress line of both trainers: ``<position>  loss <loss>  lr <lr>  <rate>  ETA <eta>``."""
     return f'{position}  loss {loss}  lr {lr:.3e}  {rate}  ETA {eta}'
+
+
+class UpdateStep:
+    """Backward of one micro-batch's mean loss, divided by ``accum_steps`` (the update's micro-batches, so its
+    gradient is their mean), and on the last micro-batch clipping + optimizer step. Under float16 AMP timm's
+    ``NativeScaler`` scales the loss and unscales before clipping. ``clip_grad`` <= 0 or None: no clipping.
+    """
+
+    def __init__(self, optimizer: torch.optim.Optimizer, parameters: Callable[[], Iterable[torch.Tensor]],
+                 loss_scaler: Optional[NativeScaler] = None, clip_grad: Optional[float] = None,
+                 clip_mode: str = 'norm'):
+        self.optimizer, self.parameters, self.loss_scaler = optimizer, parameters, loss_scaler
+        self.clip_grad = clip_grad if clip_grad and clip_grad > 0 else None
+        self.clip_mode = clip_mode
+
+    def __call__(self, loss: torch.Tensor, accum_steps: int = 1, need_update: bool = True) -> None:
+        if accum_steps > 1:
+            loss = loss / accum_steps
+        if self.loss_scaler is not None:
+            self.loss_scaler(loss, self.optimizer, clip_grad=self.clip_grad, clip_mode=self.clip_mode,
+                             parameters=self.parameters() if self.clip_grad else None, need_update=need_update)
+        else:
+            loss.backward()
+            if need_update:
+                if self.clip_grad is not None:
+                    dispatch_clip_grad(self.parameters(), value=self.clip_grad, mode=self.clip_mode)
+                self.optimizer.step()
+        if need_update:
+            self.optimizer.zero_grad(set_to_none=True)
+
+
+class NonFiniteLossError(RuntimeError):
+    """The training loss became NaN or infinite at ``where``; raised before that loss reaches the weights."""
+
+    def __init__(self, value: float, where: str):
+        self.value, self.where = value, where
+        what = f'{value}' if not math.isfinite(value) else 'not finite on another rank'
+        super().__init__(f'training loss is {what} at {where}; stopped before applying it')
 
 
 @dataclasses.dataclass

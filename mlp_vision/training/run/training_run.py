@@ -1,5 +1,5 @@
 """ What is the same in every training run, whatever the task (image epochs, text steps): the arguments with
-their resumed settings (:func:`parse_run_args`), AMP and the update step, the LR schedule, and :class:`TrainingRun`
+their resumed settings (:func:`parse_run_args`), AMP, the LR schedule, and :class:`TrainingRun`
 (the output folder, resume, checkpoints, stops, ``results.json``).
 
 Checkpoint payload (tensors and plain Python values only, so it loads with ``weights_only=True``)::
@@ -14,7 +14,6 @@ Checkpoint payload (tensors and plain Python values only, so it loads with ``wei
 """
 import argparse
 import logging
-import math
 import os
 import signal
 import threading
@@ -23,12 +22,12 @@ from contextlib import suppress
 from datetime import datetime
 from functools import partial
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn as nn
 from timm.scheduler import create_scheduler_v2
-from timm.utils import NativeScaler, dispatch_clip_grad, unwrap_model
+from timm.utils import NativeScaler, unwrap_model
 
 from mlp_vision.training.run.checkpoint import (
     CHECKPOINT_VERSION, TRUST_FLAG, CheckpointManager, atomic_write_text, check_optimizer_state, check_rng_state,
@@ -41,13 +40,14 @@ from mlp_vision.arguments import read_json_file
 from mlp_vision.bounds import add_bound_arguments
 from mlp_vision.errors import Interrupted, RunError, UsageError, short_repr
 from mlp_vision.training.run.log import add_log_file, remove_log_file
+from mlp_vision.training.run.loop import UpdateStep  # noqa: F401  (the text trainer imports it from here)
 from mlp_vision.training.run.folder import (
     FolderLock, check_own_files, is_run_id, new_run_folder, newer_than, read_run_id, write_run_id)
 from mlp_vision.training.run.summary import SummaryWriter, write_json
 from mlp_vision.threads import add_threads_argument
 
 __all__ = ['RUN_CONTROL_ARGS', 'add_run_arguments', 'add_common_arguments', 'add_device_arguments', 'parse_run_args',
-           'setup_amp', 'UpdateStep', 'create_lr_scheduler', 'NonFiniteLossError', 'TrainingRun']
+           'setup_amp', 'create_lr_scheduler', 'TrainingRun']
 
 _logger = logging.getLogger(__name__)
 
@@ -141,7 +141,7 @@ def _refuse_weights_only(path: str, args: argparse.Namespace) -> None:
                      f'{", ".join(ways[:-1])} or {ways[-1]}')
 
 
-# ------------------------------------------------------------------------------------------------ update step
+# ------------------------------------------------------------------------------------------------ AMP
 def setup_amp(enabled: bool, dtype_name: Optional[str], device: torch.device):
     """(autocast context factory, loss scaler or None, dtype or None). float16 (CUDA) gets timm's NativeScaler;
     bfloat16 needs none."""
@@ -152,44 +152,6 @@ def setup_amp(enabled: bool, dtype_name: Optional[str], device: torch.device):
         raise UsageError('--amp-dtype float16 needs CUDA; on the CPU use bfloat16 (the default)')
     scaler = NativeScaler(device=device.type) if dtype == torch.float16 else None
     return partial(torch.autocast, device_type=device.type, dtype=dtype), scaler, dtype
-
-
-class UpdateStep:
-    """Backward of one micro-batch's mean loss, divided by ``accum_steps`` (the update's micro-batches, so its
-    gradient is their mean), and on the last micro-batch clipping + optimizer step. Under float16 AMP timm's
-    ``NativeScaler`` scales the loss and unscales before clipping. ``clip_grad`` <= 0 or None: no clipping.
-    """
-
-    def __init__(self, optimizer: torch.optim.Optimizer, parameters: Callable[[], Iterable[torch.Tensor]],
-                 loss_scaler: Optional[NativeScaler] = None, clip_grad: Optional[float] = None,
-                 clip_mode: str = 'norm'):
-        self.optimizer, self.parameters, self.loss_scaler = optimizer, parameters, loss_scaler
-        self.clip_grad = clip_grad if clip_grad and clip_grad > 0 else None
-        self.clip_mode = clip_mode
-
-    def __call__(self, loss: torch.Tensor, accum_steps: int = 1, need_update: bool = True) -> None:
-        if accum_steps > 1:
-            loss = loss / accum_steps
-        if self.loss_scaler is not None:
-            self.loss_scaler(loss, self.optimizer, clip_grad=self.clip_grad, clip_mode=self.clip_mode,
-                             parameters=self.parameters() if self.clip_grad else None, need_update=need_update)
-        else:
-            loss.backward()
-            if need_update:
-                if self.clip_grad is not None:
-                    dispatch_clip_grad(self.parameters(), value=self.clip_grad, mode=self.clip_mode)
-                self.optimizer.step()
-        if need_update:
-            self.optimizer.zero_grad(set_to_none=True)
-
-
-class NonFiniteLossError(RuntimeError):
-    """The training loss became NaN or infinite at ``where``; raised before that loss reaches the weights."""
-
-    def __init__(self, value: float, where: str):
-        self.value, self.where = value, where
-        what = f'{value}' if not math.isfinite(value) else 'not finite on another rank'
-        super().__init__(f'training loss is {what} at {where}; stopped before applying it')
 
 
 # ------------------------------------------------------------------------------------------------ schedule

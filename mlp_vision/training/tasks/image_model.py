@@ -1,15 +1,20 @@
-""" Model creation for train.py / validate.py: timm's factory with our models registered, clear errors, and
-loading our training checkpoints, timm train.py checkpoints or foreign state dicts (every file through the safe
-loader of :mod:`mlp_vision.training.run.checkpoint`: nothing in a file runs unless the user trusts it). """
+""" The image classifier of train.py / validate.py: model creation (timm's factory with our models registered,
+clear errors), loading our training checkpoints, timm train.py checkpoints or foreign state dicts (every file
+through the safe loader of :mod:`mlp_vision.training.run.checkpoint`: nothing in a file runs unless the user trusts
+it), and the evaluation loop :func:`validate` (timm train.py's ``validate``, exact over distributed ranks). """
 import logging
 import reprlib
 import sys
+import time
+from contextlib import suppress
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
 import timm
 import torch
+import torch.distributed as dist
 import torch.nn as nn
+import torch.nn.functional as F
 from timm.data import resolve_data_config
 
 import mlp_vision  # noqa: F401  (registers gmlp_* / smlpnet_* / mixer_* with timm)
@@ -20,7 +25,7 @@ from mlp_vision.bounds import check_activation_size, check_model_size
 from mlp_vision.errors import UsageError, short_repr
 
 __all__ = ['model_create_kwargs', 'resolve_model_data_config', 'create_model', 'load_pretrained_weights',
-           'create_model_for_eval']
+           'create_model_for_eval', 'validate', 'reports_top5']
 
 ALLOW_MISSING_FLAG = '--allow-missing-weights'
 
@@ -265,3 +270,50 @@ def create_model_for_eval(name: Optional[str], checkpoint: Optional[str] = None,
     info['model_name'] = name
     model.eval()
     return model, info
+
+
+def reports_top5(num_classes: int) -> bool:
+    """Whether top-5 accuracy means anything: with 5 classes or fewer it is 100 % whatever the model does (then an
+    empty ``eval_top5`` cell, a null ``top5``, and ``--eval-metric top5`` refused)."""
+    return num_classes > 5
+
+
+@torch.no_grad()
+def validate(model: nn.Module, loader, *, amp_autocast=suppress, channels_last: bool = False, distributed: bool = False,
+             log_interval: int = 50, primary: bool = True) -> Dict[str, float]:
+    """Top-1 / top-5 accuracy (%; ``top5`` None per :func:`reports_top5`), mean cross-entropy and images/s over the
+    loader. Distributed: each rank evaluates its own samples (the ``StridedSampler`` pads nothing) and the sums,
+    kept on the device, are all-reduced once, so the numbers equal a one-process run.
+    """
+    model.eval()
+    num_batches = len(loader)
+    sums = None
+    processed = 0
+    start = time.perf_counter()
+    for batch_idx, (input, target) in enumerate(loader):
+        if channels_last:
+            input = input.contiguous(memory_format=torch.channels_last)
+        with amp_autocast():
+            output = model(input)
+        if isinstance(output, (tuple, list)):
+            output = output[0]
+        output = output.float()
+        processed += len(target)
+        loss = F.cross_entropy(output, target, reduction='sum')
+        num_classes = output.shape[1]
+        correct = output.topk(min(5, num_classes), dim=1).indices.eq(target[:, None])
+        batch = torch.stack([loss.double(), correct[:, :1].sum().double(), correct.sum().double()])
+        sums = batch if sums is None else sums + batch  # on the device: no host sync per batch
+        if primary and log_interval and ((batch_idx + 1) % log_interval == 0 or batch_idx == num_batches - 1):
+            elapsed = time.perf_counter() - start
+            _logger.info(f'Test: [{batch_idx + 1:>{len(str(num_batches))}d}/{num_batches}]  '
+                         f'{processed / max(elapsed, 1e-9):,.0f} img/s')
+    if sums is None:
+        raise RuntimeError('evaluation loader yielded no batches')
+    sums = torch.cat([sums, sums.new_tensor([processed])])
+    if distributed:
+        dist.all_reduce(sums)
+    seconds = time.perf_counter() - start
+    loss_sum, c1, c5, n = sums.tolist()  # the evaluation's one host sync
+    return {'loss': loss_sum / n, 'top1': 100. * c1 / n, 'top5': 100. * c5 / n if reports_top5(num_classes) else None,
+            'samples': int(n), 'img_per_sec': n / seconds, 'seconds': seconds}
