@@ -5,6 +5,8 @@ used by image fine-tuning, text from_pretrained and the text classifier's --init
 seconds. """
 import collections
 import copy
+import os
+import signal
 import types
 
 import pytest
@@ -20,8 +22,8 @@ import mlp_vision.training.tasks.language_model as text_lm
 from mlp_vision.errors import Interrupted, UsageError
 from mlp_vision.training.run.distributed import DistInfo, process_group_backend
 from mlp_vision.training.run.loop import NonFiniteLossError, StepLoop, UpdateStep
-from mlp_vision.training.run.training_run import TrainingRun
-from mlp_vision.training.tasks.image_model import validate
+from mlp_vision.training.run.run_files import stop_signals
+from mlp_vision.training.image_model import validate
 from mlp_vision.weights import load_backbone
 
 
@@ -320,12 +322,16 @@ def test_text_evaluations_sync_once_not_per_batch(batches, one_rank_group, recor
 
 
 def test_the_stop_signal_is_read_without_a_collective(monkeypatch):
+    """SIGTERM only sets the flag stop_signals() gives (no collective: the loop agrees on it across ranks); the
+    previous handler is back after the first signal, and after the block."""
     monkeypatch.setattr(dist, 'all_reduce', lambda *a, **k: pytest.fail('stop_signal() is local'))
-    run = TrainingRun(types.SimpleNamespace(resume=None), DistInfo(torch.device('cpu'), True, 2, 0, 0), None,
-                      kind='text', key='step', prog='x', decreasing=True)
-    assert run.stop_signal() == 0
-    run._on_signal(15, None)
-    assert run.stop_signal() == 15
+    before = signal.getsignal(signal.SIGTERM)
+    with stop_signals() as stop_signal:
+        assert stop_signal() == 0 and signal.getsignal(signal.SIGTERM) is not before
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert stop_signal() == signal.SIGTERM
+        assert signal.getsignal(signal.SIGTERM) is before  # a second signal acts at once
+    assert signal.getsignal(signal.SIGTERM) is before
 
 
 def test_the_process_group_has_gloo_beside_nccl_on_cuda():
