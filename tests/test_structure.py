@@ -114,6 +114,8 @@ def test_training_is_layered_by_job():
                                      'mlp_vision.validate'),
         'mlp_vision.training.tasks': ('mlp_vision.train', 'mlp_vision.train_text', 'mlp_vision.validate',
                                       'mlp_vision.benchmark', 'mlp_vision.visualize'),
+        'mlp_vision.training.image_model': ('mlp_vision.training.tasks', 'mlp_vision.text', 'mlp_vision.train',
+                                            'mlp_vision.validate', 'mlp_vision.benchmark', 'mlp_vision.visualize'),
     }
     graph = _graph()
     for layer, forbidden in rules.items():
