@@ -343,7 +343,8 @@ def train(args, dist_info, resume_ckpt: Optional[dict], demo: bool, stop_signal:
         last_epoch, num_updates = restore_training_state(resume_ckpt, args.resume, 'epoch', args.model, model,
                                                          optimizer, lr_scheduler, schedule, loss_scaler,
                                                          weights_only=args.no_resume_opt)
-        start_epoch = last_epoch + 1 if resume_ckpt is not None else 0  # a checkpoint holds a done epoch
+        last_saved = last_epoch if resume_ckpt is not None else None  # a checkpoint holds a done epoch
+        start_epoch = last_epoch + 1 if resume_ckpt is not None else 0
         check_not_finished(resume_ckpt, args.resume, 'epoch', start_epoch, num_epochs, '--epochs')
         model_ema = None
         if args.model_ema:  # a copy of the (resumed) model, before DDP / compile, as timm; then the resumed EMA
@@ -380,12 +381,14 @@ def train(args, dist_info, resume_ckpt: Optional[dict], demo: bool, stop_signal:
                          loss_scaler=loss_scaler, model_cfg={'name': args.model, 'kwargs': create_kwargs},
                          data_cfg=dict(data_config),
                          class_names=train_classes)  # label order; validate.py labels class folders by these names
-            metrics = _train_epochs(args, dist_info, folder, loop, state, model_ema, loader_train, sampler_train,
-                                    loader_eval, mixup_fn, train_loss_fn, amp_autocast, start_epoch, num_epochs,
-                                    last_epoch if resume_ckpt is not None else None)
-            results = _final_stage(args, dist_info, folder, model, train_model, model_ema, metrics, loader_train,
-                                   loader_eval, create_kwargs, data_config, train_classes, data_dir, demo,
-                                   num_epochs, command)
+            metrics = _train_epochs(
+                args, dist_info, folder, loop, state, model_ema, loader_train, sampler_train, loader_eval,
+                mixup_fn=mixup_fn, train_loss_fn=train_loss_fn, amp_autocast=amp_autocast, start_epoch=start_epoch,
+                num_epochs=num_epochs, last_saved=last_saved)
+            results = _final_stage(
+                args, dist_info, folder, model, train_model, model_ema, metrics, loader_train, loader_eval,
+                create_kwargs=create_kwargs, data_config=data_config, train_classes=train_classes, data_dir=data_dir,
+                demo=demo, num_epochs=num_epochs, command=command)
             if results is not None:
                 _report(args, folder, metrics, results, data_dir, run_start)
                 list_outputs(folder)
@@ -400,8 +403,8 @@ def train(args, dist_info, resume_ckpt: Optional[dict], demo: bool, stop_signal:
 
 
 def _train_epochs(args, dist_info, folder: Optional[RunFolder], loop: StepLoop, state: Dict[str, Any], model_ema,
-                  loader_train, sampler_train, loader_eval, mixup_fn, train_loss_fn, amp_autocast, start_epoch: int,
-                  num_epochs: int, last_saved: Optional[int]) -> 'EpochMetrics':
+                  loader_train, sampler_train, loader_eval, *, mixup_fn, train_loss_fn, amp_autocast,
+                  start_epoch: int, num_epochs: int, last_saved: Optional[int]) -> 'EpochMetrics':
     """Per epoch: :func:`train_one_epoch`, :func:`validate`, the schedule's step, a summary row and a checkpoint
     (``state``: the checkpoint's objects and fields); a stop signal or a NaN / inf loss ends the run with one line
     naming the intact checkpoint (``last_saved``: its epoch, None before any). Returns the last epoch's metrics."""
@@ -441,7 +444,7 @@ def _train_epochs(args, dist_info, folder: Optional[RunFolder], loop: StepLoop, 
 
 
 def _final_stage(args, dist_info, folder: Optional[RunFolder], model, train_model, model_ema, metrics: 'EpochMetrics',
-                 loader_train, loader_eval, create_kwargs, data_config, train_classes, data_dir: str, demo: bool,
+                 loader_train, loader_eval, *, create_kwargs, data_config, train_classes, data_dir: str, demo: bool,
                  num_epochs: int, command: str) -> Optional[Dict[str, Any]]:
     """After the last epoch (every rank): the weights' digests, the demo's validation, then on rank 0
     ``pretrained/`` and ``results.json`` (a failure from here on is recorded in it). Returns the results dict on
@@ -449,7 +452,9 @@ def _final_stage(args, dist_info, folder: Optional[RunFolder], model, train_mode
     if folder is not None:
         folder.in_final_stage = True
     digests = weights_digests(dist_info, model, model_ema.module if model_ema is not None else None)
-    demo_val = _validate_demo(args, dist_info, folder, data_dir, model_ema) if demo and loader_eval is not None else None
+    demo_val = None
+    if demo and loader_eval is not None:
+        demo_val = _validate_demo(args, dist_info, folder, data_dir, model_ema)
     if folder is None:
         return None
     pretrained = _export_pretrained(args, folder, train_model, model_ema, data_config, train_classes, data_dir)

@@ -22,7 +22,7 @@ import mlp_vision.train as train  # noqa: E402  (the command's code; train.py at
 import mlp_vision.train_text as text_train  # noqa: E402
 from mlp_vision.training.run.checkpoint import CheckpointManager, atomic_save  # noqa: E402
 from mlp_vision.errors import UsageError  # noqa: E402
-from mlp_vision.training.run.folder import new_run_folder  # noqa: E402
+from mlp_vision.training.run.run_files import new_run_folder  # noqa: E402
 from mlp_vision.text.modeling_utils import TextPreTrainedModel  # noqa: E402
 from _helpers import TINY_GPT, TINY_VISION, crafted_checkpoint, exits_with_one_line  # noqa: E402
 
