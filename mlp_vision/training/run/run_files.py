@@ -516,34 +516,34 @@ def open_run_folder(args, ckpt: Optional[Dict[str, Any]], *, kind: str, key: str
         output_dir = new_run_folder(root, args.experiment or default_name)
     output_dir = output_dir.resolve()
     in_place = lock is not None  # _resume_folder locks (and checks) the folder it continues in place
-    folder = None
+    log_handler = None
     try:
         if not in_place:
             lock = FolderLock(output_dir)
             check_own_files(output_dir)
-        folder = RunFolder(output_dir, ckpt['run_id'] if in_place else write_run_id(output_dir, kind), None, None,
-                           lock, add_log_file(output_dir / 'train.log'), last_saved)
+        run_id = ckpt['run_id'] if in_place else write_run_id(output_dir, kind)
+        log_handler = add_log_file(output_dir / 'train.log')
         if note:
             _logger.warning(note)
         _write_settings(args, output_dir)
-        folder.saver = CheckpointManager(output_dir, decreasing=decreasing, max_history=max_history, key=key,
-                                         resume_only=() if args.keep_optimizer_state else ('optimizer', 'amp_scaler'))
-        folder.summary = SummaryWriter(output_dir / 'summary.csv', key=key)
+        saver = CheckpointManager(output_dir, decreasing=decreasing, max_history=max_history, key=key,
+                                  resume_only=() if args.keep_optimizer_state else ('optimizer', 'amp_scaler'))
+        summary = SummaryWriter(output_dir / 'summary.csv', key=key)
         if in_place:
-            folder.saver.load_state_dict(history)
-            folder.summary.truncate(before_epoch=last_saved + 1)
+            saver.load_state_dict(history)
+            summary.truncate(before_epoch=last_saved + 1)
         elif args.resume and resumed_from_a_run(ckpt, args.resume):
             # a new folder for a checkpoint of a run: best / top-N tracking starts afresh, the curve keeps the way
             # here (the summary.csv of another run's folder, or of a folder that is no run, is not this run's past)
             source = Path(args.resume).resolve().parent / 'summary.csv'
-            folder.summary.copy_rows(SummaryWriter(source, key=key), before_epoch=last_saved + 1)
+            summary.copy_rows(SummaryWriter(source, key=key), before_epoch=last_saved + 1)
     except BaseException:  # a folder that could not be set up is not held
-        if folder is not None:
-            remove_log_file(folder.log_handler)
+        if log_handler is not None:
+            remove_log_file(log_handler)
         if lock is not None:
             lock.release()
         raise
-    return folder
+    return RunFolder(output_dir, run_id, saver, summary, lock, log_handler, last_saved)
 
 
 def _resume_folder(args, ckpt: Dict[str, Any], root: Path, key: str,
