@@ -1,0 +1,251 @@
+""" The text of the trainer's causal and masked LM runs (``python -m mlp_vision.train_text --task causal / mlm``):
+UTF-8 text files read with one clear line for bad input, the run's tokenizer (built on the training text, or another
+run's), the text encoded (a stop signal read between pieces) and cut into the blocks ``transformers.Trainer`` iterates.
+
+* causal: consecutive blocks of ``block_size`` tokens, ``labels = input_ids`` (the models shift inside), batched by
+  ``transformers.default_data_collator`` (every block has one length: nothing to pad).
+* mlm: ``<cls>`` + ``block_size - 2`` consecutive tokens + ``<sep>`` per block; ``DataCollatorForLanguageModeling``
+  masks them per batch (BERT's 80/10/10, arXiv 1810.04805 §3.1) from the global RNG, which Trainer's checkpoints keep,
+  so a resumed run draws the masks the uninterrupted run draws.
+* held-out text: ``--val-file``, else the last ``--val-fraction`` of ``--train-file``, cut the same way.
+
+The tail shorter than a block is dropped. Labelled files for ``--task classify``: :mod:`.labelled_data`.
+"""
+import json
+import logging
+import re
+from pathlib import Path
+from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+
+import torch
+
+from mlp_vision.errors import Interrupted, UsageError
+from mlp_vision.text.tokenizer import (
+    DEFAULT_CONTROL_TOKENS, SUBWORD_KINDS, Tokenizer, byte_tokenizer, char_tokenizer, find_tokenizer, tokenizer_kind,
+    train_tokenizer, unknown_character)
+
+__all__ = [
+    'build_tokenizer', 'tokenizer_from_path', 'encode_text', 'check_unknown_tokens', 'read_utf8_file',
+    'read_text_file', 'split_held_out', 'lm_blocks', 'UNKNOWN_WARN_FRACTION',
+]
+
+_logger = logging.getLogger(__name__)
+
+UNK = '<unk>'
+
+
+def build_tokenizer(kind: str, task: str, train_text: str, val_text: str = '', vocab_size: int = 8000) -> Tokenizer:
+    """The tokenizer of a run: ``char`` (alphabet of ``train_text``, so Tiny Shakespeare gives the papers' 65
+    characters; ``<unk>`` only when ``val_text`` has others) or ``byte`` (256), mlm / classify adding ``<pad> <cls> <sep>
+    <mask>`` after them; or a ``wordpiece`` / ``bpe`` vocabulary of at most ``vocab_size`` tokens trained on the
+    lines of ``train_text`` (:func:`~mlp_vision.text.tokenizer.train_tokenizer`)."""
+    if kind in SUBWORD_KINDS:
+        tokenizer = train_tokenizer(texts=train_text.splitlines(), kind=kind, vocab_size=vocab_size)
+        if len(tokenizer) < vocab_size:  # the trainer stops when no pair is frequent enough to merge
+            _logger.warning(f'--vocab-size {vocab_size}: the {kind} vocabulary trained on the training text has only '
+                            f'{len(tokenizer)} tokens (the text has no more pieces that occur twice); the model '
+                            f'gets {len(tokenizer)} embeddings')
+        return tokenizer
+    specials = () if task == 'causal' else tuple(DEFAULT_CONTROL_TOKENS)  # mlm / classify: BERT's template
+    if kind == 'byte':
+        return byte_tokenizer(specials)
+    if kind != 'char':
+        raise UsageError(f"--tokenizer must be one of 'char', 'byte', {', '.join(map(repr, SUBWORD_KINDS))}; "
+                         f"got {kind!r}")
+    alphabet = set(train_text)
+    unseen = set(val_text) - alphabet
+    if unseen:
+        count = sum(c in unseen for c in val_text)
+        _logger.info(f'char tokenizer: {len(unseen)} characters of the validation text ({count} occurrences) '
+                     f'are not in the training text; they map to {UNK}')
+    return char_tokenizer(alphabet, specials, unk=UNK if unseen else None)
+
+
+def tokenizer_from_path(path: str, needs: Sequence[str] = (), allow_regex: bool = False) -> Tokenizer:
+    """``--tokenizer-from PATH``: the tokenizer of a folder or file (``tokenizer.json``, BERT ``vocab.txt``), so that
+    runs share one vocabulary exactly. ``needs``: control tokens the task uses (``'cls'``, ``'sep'``, ``'pad'``,
+    ``'mask'``; one missing is a :class:`UsageError`); ``allow_regex``: ``--allow-regex``."""
+    if not Path(path).exists():
+        raise UsageError(f'--tokenizer-from {path} does not exist')
+    tokenizer = find_tokenizer(path, allow_regex)
+    if tokenizer is None:
+        raise UsageError(f'--tokenizer-from {path} holds no tokenizer (tokenizer_config.json, tokenizer.json or '
+                         f'vocab.txt)')
+    missing = [name for name in needs if getattr(tokenizer, f'{name}_token_id') is None]
+    if missing:
+        raise UsageError(f'--tokenizer-from {path}: this task needs the {", ".join(f"<{n}>" for n in needs)} '
+                         f'tokens; the tokenizer lacks {", ".join(f"<{n}>" for n in missing)}')
+    return tokenizer
+
+
+# a text is tokenized in pieces of about this many characters, the stop signal read between them (~0.1-1 s each)
+ENCODE_CHUNK_CHARS = 1 << 20
+# a line break between two non-space characters: no normalizer / pre-tokenizer that works within words joins
+# tokens across it, so the pieces' ids are the whole text's (tests/test_bounds.py checks WordPiece and BPE)
+_SAFE_BREAK = re.compile(r'(?<=\S)\n(?=\S)')
+# the parts of a tokenizer.json that keep that true: they act within a character, a word or a line
+_LINE_LOCAL_STEPS = {'BertNormalizer', 'Lowercase', 'NFC', 'NFD', 'NFKC', 'NFKD', 'StripAccents', 'BertPreTokenizer',
+                     'Whitespace', 'WhitespaceSplit', 'Punctuation', 'Digits', 'Sequence'}
+# for any other tokenizer (a user's tokenizer.json: GPT-2's byte-level BPE adds a space before a text, SentencePiece's
+# Metaspace a word-start mark) a cut is taken only where it is checked to change no id: after a line break or before
+# a space between two words, tried on the CUT_CHECK_CHARS either side of it; CUT_TRIES failed places per piece
+# and the rest of the text is encoded in one call (no place where this tokenizer can be cut)
+_CUT_CANDIDATE = re.compile(r'(?<=\S)\n(?=\S)|(?<=\S)(?= \S)')
+CUT_CHECK_CHARS, CUT_TRIES = 2048, 32
+
+
+def _encodes_by_pieces(tok: Tokenizer) -> bool:
+    """Whether ``tok`` gives a text's ids when it encodes the text's pieces (split at :data:`_SAFE_BREAK`) one by
+    one: byte / char tokenizers, and subword ones whose normalizer and pre-tokenizer are line-local."""
+    if tokenizer_kind(tok) in ('byte', 'char'):
+        return True
+    payload = json.loads(tok.backend_tokenizer.to_str())
+
+    def local(step) -> bool:
+        if step is None:
+            return True
+        kind = step.get('type')
+        if kind == 'ByteLevel':
+            return not step.get('add_prefix_space', True)  # with it, each piece would get a leading space
+        parts = step.get('normalizers') or step.get('pretokenizers') or []
+        return kind in _LINE_LOCAL_STEPS and all(local(p) for p in parts)
+    return local(payload.get('normalizer')) and local(payload.get('pre_tokenizer'))
+
+
+def _cut_keeps_ids(tok: Tokenizer, text: str, cut: int) -> bool:
+    """Whether encoding the text on either side of ``cut`` apart gives the ids of encoding it whole, on the
+    :data:`CUT_CHECK_CHARS` characters either side (the window's own ends are the same in both encodings)."""
+    left, right = text[max(0, cut - CUT_CHECK_CHARS):cut], text[cut:cut + CUT_CHECK_CHARS]
+    def encode(t: str) -> List[int]:
+        return tok.encode(t, add_special_tokens=False)
+    return encode(left + right) == encode(left) + encode(right)
+
+
+def _pieces(text: str, size: int, tok: Optional[Tokenizer] = None) -> Iterator[str]:
+    """``text`` in pieces of about ``size`` characters: cut at :data:`_SAFE_BREAK` (``tok`` None: a line-local
+    tokenizer), else at the first :data:`_CUT_CANDIDATE` where :func:`_cut_keeps_ids`."""
+    start = 0
+    while len(text) - start > size:
+        if tok is None:
+            found = _SAFE_BREAK.search(text, start + size)
+            cut = None if found is None else found.end()
+        else:
+            places = (m.end() for _, m in zip(range(CUT_TRIES), _CUT_CANDIDATE.finditer(text, start + size)))
+            cut = next((c for c in places if _cut_keeps_ids(tok, text, c)), None)
+        if cut is None:  # the stop flag is read again only after this call: say so, with the size
+            _logger.warning(f'tokenizing the last {len(text) - start:,} characters in one call: this tokenizer has '
+                            f'no place among the next {CUT_TRIES} candidates where a cut keeps the ids, so a stop '
+                            f'signal takes effect when the call returns')
+            break
+        yield text[start:cut]
+        start = cut
+    yield text[start:]
+
+
+# a byte / char tokenizer's ids are per character, so any cut keeps them: a piece goes to the library as parts of
+# this many characters, encoded in one parallel call without offsets (tokenizers' encode_batch_fast), 3-6x faster
+# than one encode of the piece (results/tokenizers/encode_speed.md)
+CHARACTER_PART_CHARS = 1 << 16
+
+
+def _encode_piece(tok: Tokenizer, piece: str) -> List[int]:
+    """The ids of ``piece`` without special tokens added, as ``tok.encode(piece, add_special_tokens=False)``."""
+    backend = tok.backend_tokenizer
+    backend.encode_special_tokens = tok.split_special_tokens  # what PreTrainedTokenizerFast.encode sets per call
+    if tokenizer_kind(tok) in ('byte', 'char'):
+        parts = [piece[i:i + CHARACTER_PART_CHARS] for i in range(0, len(piece), CHARACTER_PART_CHARS)]
+    else:
+        parts = [piece]
+    return [i for encoding in backend.encode_batch_fast(parts, add_special_tokens=False) for i in encoding.ids]
+
+
+def encode_text(tok: Tokenizer, text: str, what: str, stop: Optional[Callable[[], int]] = None) -> torch.Tensor:
+    """``text`` as a 1-D int64 tensor of ids; a :class:`UsageError` naming ``what`` for an unknown character.
+
+    ``stop``: the run's stop flag (a signal number, 0 for none), read between pieces of :data:`ENCODE_CHUNK_CHARS`
+    characters, so SIGINT / SIGTERM stops a long tokenization within about a second
+    (:class:`~mlp_vision.errors.Interrupted`). The pieces' ids are the whole text's (:func:`_pieces`)."""
+    if stop is None:
+        pieces = [text]
+    else:
+        pieces = _pieces(text, ENCODE_CHUNK_CHARS, None if _encodes_by_pieces(tok) else tok)
+    ids: List[int] = []
+    for piece in pieces:
+        signum = stop() if stop is not None else 0
+        if signum:
+            raise Interrupted(signum, f'tokenizing the {what} ({len(ids)} tokens so far)')
+        try:
+            ids += _encode_piece(tok, piece)
+        except Exception as e:  # tokenizers' plain Exception: a character outside a char alphabet without <unk>
+            raise UsageError(f'the {what} has character {unknown_character(tok, [piece], e)!r}, which the tokenizer '
+                             f'(from the checkpoint or the training text) does not know') from None
+    return torch.tensor(ids, dtype=torch.long)
+
+
+# a corpus with more unknown tokens than this fraction is reported (all of them: an error)
+UNKNOWN_WARN_FRACTION = 0.5
+
+
+def check_unknown_tokens(ids: Sequence[int], tok: Tokenizer, what: str) -> None:
+    """Warn when more than :data:`UNKNOWN_WARN_FRACTION` of ``ids`` (other special tokens not counted) are the
+    unknown token; a :class:`UsageError` when all are (a model of ``[UNK] [UNK] ...`` learns nothing, silently)."""
+    unk = tok.unk_token_id
+    if unk is None:
+        return
+    ids = torch.as_tensor(ids, dtype=torch.long).flatten()
+    others = [i for i in tok.all_special_ids if i != unk]
+    if others:
+        ids = ids[~torch.isin(ids, torch.tensor(others, dtype=torch.long))]
+    n, unknown = len(ids), int((ids == unk).sum()) if len(ids) else 0
+    name = tok.unk_token or 'unknown'
+    if n and unknown == n:
+        raise UsageError(f'the {what} tokenizes entirely to {name} ({n} tokens): the tokenizer knows none of it; '
+                         f'expected a tokenizer of text like it (--tokenizer-from / --init-from / --tokenizer)')
+    if n and unknown > UNKNOWN_WARN_FRACTION * n:
+        _logger.warning(f'the {what}: {unknown / n:.0%} of its {n} tokens are {name} (unknown to the tokenizer); '
+                        f'the model learns little from them: check that the tokenizer fits this text')
+
+
+def read_utf8_file(path: str, what: str, needs: str, encoding: str = 'utf-8', expected: str = '') -> str:
+    """The text of ``path``; a :class:`UsageError` when none is given (``needs``: the message's tail, what the task
+    needs), it is missing, not a file, or not UTF-8 (``expected``: the message's tail, what was expected)."""
+    if not path:
+        raise UsageError(f'no {what} given{needs}')
+    p = Path(path)
+    if not p.is_file():
+        raise UsageError(f'{what} {path!r} ' + ('is not a file' if p.exists() else 'does not exist'))
+    try:
+        return p.read_text(encoding=encoding)
+    except UnicodeDecodeError as e:
+        raise UsageError(f'{what} {path!r} is not UTF-8 text (byte {e.start}){expected}') from None
+
+
+def read_text_file(path: str, what: str) -> str:
+    """The UTF-8 text of ``path``, with a clear error when it is missing, not a file, empty or not UTF-8."""
+    text = read_utf8_file(path, what, ' (--train-file PATH)')
+    if not text.strip():
+        raise UsageError(f'{what} {path!r} is empty')
+    return text
+
+
+def split_held_out(train_text: str, val_fraction: float) -> Tuple[str, str]:
+    """(training text, held-out text): the last ``val_fraction`` of the characters are held out."""
+    cut = int(len(train_text) * (1. - val_fraction))
+    return train_text[:cut], train_text[cut:]
+
+
+def lm_blocks(ids: torch.Tensor, block_size: int, task: str, tokenizer: Tokenizer, what: str) -> List[Dict]:
+    """The examples of ``--task causal`` (``input_ids`` = ``labels``, (block_size,)) or ``mlm`` (``input_ids``:
+    ``<cls>`` + ``block_size - 2`` tokens + ``<sep>``) cut from the 1-D ``ids`` in order; a :class:`UsageError`
+    naming ``what`` when it holds no whole block."""
+    body = block_size if task == 'causal' else block_size - 2
+    n = len(ids) // body
+    if n == 0:
+        raise UsageError(f'the {what} has {len(ids)} tokens, fewer than one block of {body}; use a longer text or a '
+                         f'smaller --block-size')
+    blocks = ids[:n * body].view(n, body)
+    if task == 'causal':
+        return [{'input_ids': b, 'labels': b} for b in blocks]
+    cls = torch.full((n, 1), tokenizer.cls_token_id, dtype=torch.long)
+    sep = torch.full((n, 1), tokenizer.sep_token_id, dtype=torch.long)
+    return [{'input_ids': b} for b in torch.cat([cls, blocks, sep], dim=1)]
