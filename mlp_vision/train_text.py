@@ -332,11 +332,12 @@ def _fit_block_size(args, model) -> None:
 
 
 def _lm_data(args, resume: Optional[str], distributed: bool, stop):
-    """(model with ``model.tokenizer``, training blocks, held-out blocks, collator) of --task causal / mlm."""
-    from transformers import DataCollatorForLanguageModeling, default_data_collator
+    """(model with ``model.tokenizer``, training blocks, held-out blocks, collator) of --task causal / mlm (mlm:
+    :class:`~mlp_vision.text.training_data.MaskedBlocks`)."""
+    from transformers import default_data_collator
     from mlp_vision.text.registry import from_pretrained
     from mlp_vision.text.training_data import (
-        build_tokenizer, check_unknown_tokens, encode_text, lm_blocks, read_text_file, split_held_out,
+        MaskedBlocks, build_tokenizer, check_unknown_tokens, encode_text, lm_blocks, read_text_file, split_held_out,
         tokenizer_from_path)
     train_text = read_text_file(args.train_file, 'training text file')
     if args.val_file:
@@ -362,9 +363,9 @@ def _lm_data(args, resume: Optional[str], distributed: bool, stop):
         ids = encode_text(tokenizer, text, what, stop=stop)
         check_unknown_tokens(ids, tokenizer, what)
         blocks.append(lm_blocks(ids, args.block_size, args.task, tokenizer, what))
-    collator = DataCollatorForLanguageModeling(tokenizer, mlm_probability=args.mask_rate) if mlm else \
-        default_data_collator
-    return model, blocks[0], blocks[1], collator
+    if mlm:
+        blocks = [MaskedBlocks(b, tokenizer, args.mask_rate, args.seed) for b in blocks]
+    return model, blocks[0], blocks[1], default_data_collator
 
 
 def _classify_data(args, resume: Optional[str], distributed: bool, stop):
@@ -460,12 +461,14 @@ def _optimizers(args, model) -> Tuple[Optional[torch.optim.Optimizer], None]:
 def _train(args, signals) -> Optional[Dict[str, float]]:
     """Data, model and ``Trainer`` from the flags; train, then save and evaluate the final model (rank 0 writes)."""
     from accelerate import PartialState
-    from mlp_vision.text.callbacks import RunStops, StoppableTrainer
+    from transformers import set_seed
+    from mlp_vision.text.callbacks import DatasetEpoch, RunStops, StoppableTrainer
     from mlp_vision.text.labelled_data import classification_metrics
     resume = _resume_checkpoint(args.resume)
     distributed = PartialState(cpu=args.device == 'cpu' or not torch.cuda.is_available()).num_processes > 1
     output_dir = _output_dir(args, resume, distributed)
     stop, classify = (lambda: signals.signum), args.task == 'classify'
+    set_seed(args.seed)  # the model's init (Trainer seeds again before training)
     test = None
     if classify:
         model, train, val, test, collator = _classify_data(args, resume, distributed, stop)
@@ -480,7 +483,7 @@ def _train(args, signals) -> Optional[Dict[str, float]]:
     n_labels = len(model.config.id2label) if classify else 0
     stops = RunStops(signals, args.stop_after_step)
     trainer = StoppableTrainer(
-        stops=stops, model=model, args=_training_arguments(args, output_dir, classify), data_collator=collator,
+        stops=stops, callbacks=[DatasetEpoch(train)] if hasattr(train, 'epoch') else [], model=model, args=_training_arguments(args, output_dir, classify), data_collator=collator,
         train_dataset=train, eval_dataset=val, optimizers=_optimizers(args, model),
         compute_metrics=(lambda p: classification_metrics(p.predictions.argmax(-1), p.label_ids, n_labels))
         if classify else None)

@@ -19,7 +19,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoin
 
 from mlp_vision.errors import RunError
 
-__all__ = ['StopSignals', 'RunStops', 'StoppableTrainer']
+__all__ = ['StopSignals', 'RunStops', 'DatasetEpoch', 'StoppableTrainer']
 
 _logger = logging.getLogger(__name__)
 
@@ -90,11 +90,21 @@ class RunStops(TrainerCallback):
         return control
 
 
-class StoppableTrainer(Trainer):
-    """``transformers.Trainer`` with :class:`RunStops` as a callback, told each training loss."""
+class DatasetEpoch(TrainerCallback):
+    """Sets ``dataset.epoch`` to the epoch Trainer starts (also the one a resume continues in)."""
 
-    def __init__(self, *args, stops: RunStops, **kwargs):
-        super().__init__(*args, callbacks=[stops], **kwargs)
+    def __init__(self, dataset):
+        self.dataset = dataset
+
+    def on_epoch_begin(self, args, state, control, **kwargs):
+        self.dataset.epoch = int(state.epoch or 0)
+
+
+class StoppableTrainer(Trainer):
+    """``transformers.Trainer`` with :class:`RunStops` (told each training loss) and ``callbacks`` as callbacks."""
+
+    def __init__(self, *args, stops: RunStops, callbacks=(), **kwargs):
+        super().__init__(*args, callbacks=[stops, *callbacks], **kwargs)
         self.stops = stops
 
     def training_step(self, *args, **kwargs) -> torch.Tensor:

@@ -4,9 +4,8 @@ run's), the text encoded (a stop signal read between pieces) and cut into the bl
 
 * causal: consecutive blocks of ``block_size`` tokens, ``labels = input_ids`` (the models shift inside), batched by
   ``transformers.default_data_collator`` (every block has one length: nothing to pad).
-* mlm: ``<cls>`` + ``block_size - 2`` consecutive tokens + ``<sep>`` per block; ``DataCollatorForLanguageModeling``
-  masks them per batch (BERT's 80/10/10, arXiv 1810.04805 §3.1) from the global RNG, which Trainer's checkpoints keep,
-  so a resumed run draws the masks the uninterrupted run draws.
+* mlm: ``<cls>`` + ``block_size - 2`` consecutive tokens + ``<sep>`` per block, masked per epoch by
+  :class:`MaskedBlocks` (BERT's 80/10/10, arXiv 1810.04805 §3.1) and batched by ``default_data_collator``.
 * held-out text: ``--val-file``, else the last ``--val-fraction`` of ``--train-file``, cut the same way.
 
 The tail shorter than a block is dropped. Labelled files for ``--task classify``: :mod:`.labelled_data`.
@@ -26,7 +25,7 @@ from mlp_vision.text.tokenizer import (
 
 __all__ = [
     'build_tokenizer', 'tokenizer_from_path', 'encode_text', 'check_unknown_tokens', 'read_utf8_file',
-    'read_text_file', 'split_held_out', 'lm_blocks', 'UNKNOWN_WARN_FRACTION',
+    'read_text_file', 'split_held_out', 'lm_blocks', 'MLMMasker', 'MaskedBlocks', 'UNKNOWN_WARN_FRACTION',
 ]
 
 _logger = logging.getLogger(__name__)
@@ -249,3 +248,67 @@ def lm_blocks(ids: torch.Tensor, block_size: int, task: str, tokenizer: Tokenize
     cls = torch.full((n, 1), tokenizer.cls_token_id, dtype=torch.long)
     sep = torch.full((n, 1), tokenizer.sep_token_id, dtype=torch.long)
     return [{'input_ids': b} for b in torch.cat([cls, blocks, sep], dim=1)]
+
+
+class MLMMasker:
+    """BERT masking (arXiv 1810.04805 §3.1): of the non-special positions of each row exactly
+    ``max(1, round(rate * n))`` are selected; one becomes ``<mask>`` with probability ``mask_prob``, a random
+    non-special token with ``random_prob``, else stays. Labels: the original ids there, ``ignore_index`` elsewhere.
+    """
+
+    def __init__(self, tokenizer: Tokenizer, rate: float = 0.15, mask_prob: float = 0.8, random_prob: float = 0.1,
+                 ignore_index: int = -100):
+        if tokenizer.mask_token_id is None:
+            raise ValueError('masked LM needs a tokenizer with a <mask> token')
+        self.mask_id = tokenizer.mask_token_id
+        self.special_ids = torch.tensor(tokenizer.all_special_ids, dtype=torch.long)
+        # random replacements are drawn from the non-special ids (char / byte: 0..n-1, the specials come after;
+        # a subword vocabulary puts its specials first, BERT's at 0 and 100-103)
+        is_base = torch.ones(len(tokenizer), dtype=torch.bool)
+        is_base[self.special_ids] = False
+        self.base_ids = is_base.nonzero().squeeze(1)
+        self.rate, self.mask_prob, self.random_prob = rate, mask_prob, random_prob
+        self.ignore_index = ignore_index
+
+    def __call__(self, input_ids: torch.Tensor, generator: torch.Generator) -> Tuple[torch.Tensor, torch.Tensor]:
+        """(B, L) ids -> (masked input ids, labels)."""
+        candidate = ~torch.isin(input_ids, self.special_ids)
+        n_candidates = candidate.sum(dim=1)
+        n_select = torch.clamp((n_candidates.double() * self.rate).round().long(), min=1)
+        n_select = torch.minimum(n_select, n_candidates)
+        scores = torch.rand(input_ids.shape, generator=generator)
+        scores = scores.masked_fill(~candidate, 2.)  # specials sort last: never selected
+        rank = scores.argsort(dim=1).argsort(dim=1)
+        selected = rank < n_select[:, None]
+        labels = input_ids.masked_fill(~selected, self.ignore_index)
+        action = torch.rand(input_ids.shape, generator=generator)
+        random_tokens = self.base_ids[torch.randint(len(self.base_ids), input_ids.shape, generator=generator)]
+        out = input_ids.clone()
+        to_mask = selected & (action < self.mask_prob)
+        to_random = selected & (action >= self.mask_prob) & (action < self.mask_prob + self.random_prob)
+        out[to_mask] = self.mask_id
+        out[to_random] = random_tokens[to_random]
+        return out, labels
+
+
+class MaskedBlocks(torch.utils.data.Dataset):
+    """MLM blocks (``lm_blocks``' ``input_ids``) masked by :class:`MLMMasker`: item ``i`` is ``input_ids`` and
+    ``labels`` drawn from a generator seeded by (``seed``, ``epoch``, ``i``); Trainer sets ``epoch`` at each epoch's
+    start (:class:`~mlp_vision.text.callbacks.DatasetEpoch`), so each epoch masks anew (RoBERTa's dynamic masking)
+    and the held-out blocks (epoch 0) are masked alike at every evaluation.
+
+    Ours, not ``DataCollatorForLanguageModeling``, deliberately: that collator draws from the global RNG, and the
+    data loader collates one batch ahead, so the batch after a checkpoint is masked before the checkpoint's RNG
+    state is taken in an uninterrupted run and after it is restored in a resumed one -- different masks, a resume
+    that is not exact. Here the masks depend on nothing but the three numbers."""
+
+    def __init__(self, blocks: Sequence[Dict], tokenizer: Tokenizer, rate: float, seed: int):
+        self.blocks, self.masker, self.seed, self.epoch = blocks, MLMMasker(tokenizer, rate), seed, 0
+
+    def __len__(self) -> int:
+        return len(self.blocks)
+
+    def __getitem__(self, i: int) -> Dict[str, torch.Tensor]:
+        generator = torch.Generator().manual_seed(hash((self.seed, self.epoch, i)) & (2 ** 63 - 1))
+        inputs, labels = self.masker(self.blocks[i]['input_ids'][None], generator)
+        return {'input_ids': inputs[0], 'labels': labels[0]}
