@@ -3,8 +3,8 @@
 * :mod:`.run` -- the run infrastructure every command uses: the one driver and its task interface, the training
   run (resume, checkpoints, outputs), the optimizer step loop, ``-c`` configs, logging, distributed setup;
 * :mod:`.data` -- the image data pipeline (readers, datasets, loaders, hold-out splits);
-* :mod:`.tasks` -- what is trained: image classification, masked / causal language modelling, text classification
-  (each task with everything it builds; a task imports no command).
+* :mod:`.tasks` -- what is trained: image classification (the task with everything it builds; a task imports no
+  command). The text trainer is ``transformers.Trainer`` with the data and callbacks of :mod:`mlp_vision.text`.
 
 The commands are one module each (flags, their checks, the run built and driven with its task):
 :mod:`mlp_vision.train` (images), :mod:`mlp_vision.train_text` (text),
