@@ -29,6 +29,7 @@ import argparse
 import logging
 import math
 import os
+import pickle
 import signal
 from datetime import datetime
 from pathlib import Path
@@ -491,7 +492,11 @@ def _train(args, signals) -> Optional[Dict[str, float]]:
                  f'{len(train):,} training and {len(val):,} held-out {"examples" if classify else "blocks"} of '
                  f'<= {args.block_size} tokens; AdamW lr {args.lr:g} wd {args.weight_decay:g}, {args.warmup_steps} '
                  f'warmup then {args.sched} ({source}); output {output_dir}')
-    trainer.train(resume_from_checkpoint=resume)
+    try:
+        trainer.train(resume_from_checkpoint=resume)
+    except pickle.UnpicklingError as e:  # Trainer loads checkpoints with torch.load(weights_only=True)
+        raise UsageError(f'--resume {resume}: {_unsafe_file(resume)} holds more than tensors and plain values, '
+                         f'refused: loading it would run code from the file ({str(e).splitlines()[0]})') from None
     if stops.signum:
         raise Interrupted(stops.signum, message=f'interrupted by {signal.Signals(stops.signum).name}: checkpoint '
                           f'{stops.checkpoint} saved; continue with --resume {stops.checkpoint}')
@@ -499,6 +504,18 @@ def _train(args, signals) -> Optional[Dict[str, float]]:
         _logger.info(f'stopped after step {args.stop_after_step}: continue with --resume {stops.checkpoint}')
         return None
     return _finish(trainer, output_dir, test)
+
+
+def _unsafe_file(checkpoint: str) -> str:
+    """The first file of ``checkpoint`` that ``torch.load(weights_only=True)`` refuses, as Trainer loads them."""
+    from transformers.trainer_pt_utils import safe_globals
+    for path in sorted(Path(checkpoint).glob('*.pt*')):
+        try:
+            with safe_globals():
+                torch.load(path, map_location='cpu', weights_only=True)
+        except pickle.UnpicklingError:
+            return str(path)
+    return 'a file there'
 
 
 def _finish(trainer, output_dir: str, test) -> Optional[Dict[str, float]]:
