@@ -236,6 +236,9 @@ def _output_dir(args, resume: Optional[str], distributed: bool) -> str:
     non-empty folder is refused: a new run never writes over another's files); every rank takes rank 0's name."""
     if resume:
         return str(Path(resume).resolve().parent)
+    if args.experiment and (Path(args.experiment).name != args.experiment or args.experiment in ('.', '..')):
+        raise UsageError(f'--experiment {args.experiment!r} is not a folder name; expected a name without "/" (the '
+                         f'run folder is made under --output)')
     name = [args.experiment or f'{datetime.now():%Y%m%d-%H%M%S}-{args.model.replace(os.sep, "_")}-{args.task}']
     if distributed:
         dist.broadcast_object_list(name, src=0)
