@@ -292,20 +292,19 @@ def _pretrained_classifier(args, num_labels: int, labels: Dict[str, Any]):
     from transformers import AutoModelForSequenceClassification
     from mlp_vision.text.bigs import BiGSForSequenceClassification
     from mlp_vision.text.modeling_utils import is_saved_folder
+    from mlp_vision.text.registry import load_config
     path = args.init_from
     if not Path(path).is_dir():
         raise UsageError(f'--init-from {path} is not a folder; expected the save_pretrained folder of a run (its '
                          f'run folder) or an official BiGS folder')
     overrides = {**dict(args.model_kwargs), 'num_labels': num_labels, **labels}
     if is_saved_folder(path):
-        try:
-            model = AutoModelForSequenceClassification.from_pretrained(path, allow_regex=args.allow_regex,
-                                                                       **overrides)
-        except ValueError as e:  # a family without a classifier (Auto's "Unrecognized configuration class")
-            if isinstance(e, UsageError):
-                raise
-            raise UsageError(f'--init-from {path}: {str(e).splitlines()[0]}; use a gMLP, BiGS or BERT '
-                             f'folder') from None
+        stored, config = load_config(path)  # a damaged config.json: one line naming it
+        family = config.model_type.removeprefix('mlp_vision_')
+        if family not in CLASSIFY_FAMILIES:
+            raise UsageError(f'--init-from {path} holds a {stored.__name__}, whose family ({family}) has no sequence '
+                             f'classifier; use a gMLP, BiGS or BERT folder')
+        model = AutoModelForSequenceClassification.from_pretrained(path, allow_regex=args.allow_regex, **overrides)
     else:
         try:
             model = BiGSForSequenceClassification.from_official(path, allow_regex=args.allow_regex, **overrides)
