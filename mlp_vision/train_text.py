@@ -521,9 +521,11 @@ def _unsafe_file(checkpoint: str) -> str:
 
 
 def _finish(trainer, output_dir: str, test) -> Optional[Dict[str, float]]:
-    """The final model (classify: the best checkpoint's) and tokenizer saved at the top of the run folder, its
-    held-out (and test) metrics in ``eval_results.json`` / ``test_results.json``."""
+    """The final model (classify: the best checkpoint's) and tokenizer saved at the top of the run folder with the
+    run's ``trainer_state.json`` (its whole log), its held-out (and test) metrics in ``eval_results.json`` /
+    ``test_results.json``."""
     trainer.save_model(output_dir)
+    trainer.save_state()
     metrics = trainer.evaluate()
     if 'eval_loss' in metrics and 'eval_acc' not in metrics:
         metrics['eval_ppl'] = math.exp(min(metrics['eval_loss'], 700.))
