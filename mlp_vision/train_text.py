@@ -100,8 +100,9 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
                         "max length")
     g.add_argument('--mask-rate', default=0.15, type=float, help='mlm: fraction of tokens selected')
     g = parser.add_argument_group('Model')
-    g.add_argument('--model', default=None, type=str, help='name in mlp_vision.text.list_models() (default: ' + ', '.join(
-        f'{name} for --task {task}' for task, name in DEFAULT_MODELS.items()) + ')')
+    defaults = ', '.join(f'{name} for --task {task}' for task, name in DEFAULT_MODELS.items())
+    g.add_argument('--model', default=None, type=str,
+                   help=f'name in mlp_vision.text.list_models() (default: {defaults})')
     g.add_argument('--model-kwargs', nargs='*', default={}, action=ParseKwargs,
                    help='config fields k=v, e.g. num_hidden_layers=4 hidden_size=256 (vocab_size: the tokenizer\'s)')
     _add_optimization_and_run(parser)
@@ -206,12 +207,13 @@ def _main(argv: Sequence[str], prog: str):
     from mlp_vision.text.callbacks import StopSignals
     args, _ = parse_args_with_config(build_parser(prog), argv)
     check_args(args)
-    logging.basicConfig(level=logging.INFO, format='%(asctime)s %(levelname)s %(message)s')
+    primary = int(os.environ.get('RANK', 0) or 0) == 0  # torchrun / accelerate launch: rank 0 logs the setup
+    logging.basicConfig(level=logging.INFO if primary else logging.WARNING,
+                        format='%(asctime)s %(levelname)s %(message)s')
     threads = set_threads(args.threads)
     _logger.info(threads)
     with size_bounds(args), StopSignals() as signals:
         return _train(args, signals)
-
 
 
 def _resume_checkpoint(path: str) -> Optional[str]:
@@ -327,11 +329,11 @@ def _fit_block_size(args, model) -> None:
     if args.block_size is None:
         args.derive(block_size=seq_len)
     if args.block_size > seq_len:
+        resizable = not (args.init_from or args.resume)  # a new model: its config may say another length
         raise UsageError(f'--block-size {args.block_size} is larger than the model\'s maximum length {seq_len}; use '
-                         f'--block-size <= {seq_len}' + ('' if args.init_from or args.resume else
-                                                        f' or --model-kwargs max_position_embeddings={args.block_size}'))
+                         f'--block-size <= {seq_len}' + (f' or --model-kwargs max_position_embeddings='
+                                                          f'{args.block_size}' if resizable else ''))
     check_text_activations(type(model), model.config, args.batch_size, args.block_size, True, f'--model {args.model}')
-
 
 
 def _lm_data(args, resume: Optional[str], distributed: bool, stop):
@@ -418,7 +420,6 @@ def _classify_data(args, resume: Optional[str], distributed: bool, stop):
     return (model, *examples, DataCollatorWithPadding(tokenizer))
 
 
-
 def _check_classify_tokenizer(args, tokenizer, pairs: bool) -> None:
     from mlp_vision.text.tokenizer import describe_tokenizer
     if tokenizer.cls_token_id is None or tokenizer.pad_token_id is None:
@@ -480,14 +481,15 @@ def _train(args, signals) -> Optional[Dict[str, float]]:
     source = apply_recipe(args, model.config.model_type.removeprefix('mlp_vision_'), TASKS[args.task])
     if args.freeze_embeddings:
         model.get_input_embeddings().weight.requires_grad_(False)
-    model.accepts_loss_kwargs = False  # the loss is the mean over a micro-batch's scored tokens, as before Trainer
+    model.accepts_loss_kwargs = False  # the loss: the model's own mean over a micro-batch's scored tokens
     # no processing_class: Trainer would copy the tokenizer's <pad> id into configs without that field (gMLP's), which
     # then do not load; the model's save_pretrained writes model.tokenizer into every checkpoint and the final folder
     n_labels = len(model.config.id2label) if classify else 0
     stops = RunStops(signals, args.stop_after_step)
     trainer = StoppableTrainer(
-        stops=stops, callbacks=[DatasetEpoch(train)] if hasattr(train, 'epoch') else [], model=model, args=_training_arguments(args, output_dir, classify), data_collator=collator,
-        train_dataset=train, eval_dataset=val, optimizers=_optimizers(args, model),
+        stops=stops, callbacks=[DatasetEpoch(train)] if hasattr(train, 'epoch') else [], model=model,
+        args=_training_arguments(args, output_dir, classify), data_collator=collator, train_dataset=train,
+        eval_dataset=val, optimizers=_optimizers(args, model),
         compute_metrics=(lambda p: classification_metrics(p.predictions.argmax(-1), p.label_ids, n_labels))
         if classify else None)
     _logger.info(f'Model {type(model).__name__} ({sum(p.numel() for p in model.parameters()) / 1e6:.3f} M params), '

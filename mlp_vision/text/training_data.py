@@ -35,9 +35,9 @@ UNK = '<unk>'
 
 def build_tokenizer(kind: str, task: str, train_text: str, val_text: str = '', vocab_size: int = 8000) -> Tokenizer:
     """The tokenizer of a run: ``char`` (alphabet of ``train_text``, so Tiny Shakespeare gives the papers' 65
-    characters; ``<unk>`` only when ``val_text`` has others) or ``byte`` (256), mlm / classify adding ``<pad> <cls> <sep>
-    <mask>`` after them; or a ``wordpiece`` / ``bpe`` vocabulary of at most ``vocab_size`` tokens trained on the
-    lines of ``train_text`` (:func:`~mlp_vision.text.tokenizer.train_tokenizer`)."""
+    characters; ``<unk>`` only when ``val_text`` has others) or ``byte`` (256), mlm / classify adding ``<pad> <cls>
+    <sep> <mask>`` after them; or a ``wordpiece`` / ``bpe`` vocabulary of at most ``vocab_size`` tokens trained on
+    the lines of ``train_text`` (:func:`~mlp_vision.text.tokenizer.train_tokenizer`)."""
     if kind in SUBWORD_KINDS:
         tokenizer = train_tokenizer(texts=train_text.splitlines(), kind=kind, vocab_size=vocab_size)
         if len(tokenizer) < vocab_size:  # the trainer stops when no pair is frequent enough to merge
