@@ -306,7 +306,13 @@ def _pretrained_classifier(args, num_labels: int, labels: Dict[str, Any]):
         if family not in CLASSIFY_FAMILIES:
             raise UsageError(f'--init-from {path} holds a {stored.__name__}, whose family ({family}) has no sequence '
                              f'classifier; use a gMLP, BiGS or BERT folder')
-        model = AutoModelForSequenceClassification.from_pretrained(path, allow_regex=args.allow_regex, **overrides)
+        try:
+            model = AutoModelForSequenceClassification.from_pretrained(path, allow_regex=args.allow_regex, **overrides)
+        except (TypeError, ValueError) as e:  # a --model-kwargs value the config refuses
+            if isinstance(e, UsageError):
+                raise
+            raise UsageError(f'--init-from {path} with --model-kwargs {dict(args.model_kwargs)}: '
+                             f'{str(e).splitlines()[0]}') from None
     else:
         try:
             model = BiGSForSequenceClassification.from_official(path, allow_regex=args.allow_regex, **overrides)
