@@ -44,9 +44,9 @@ from mlp_vision.errors import (
     run_cli, size_bounds)
 from mlp_vision.threads import THREADS_RANGE, add_threads_argument, set_threads
 from mlp_vision.training.run.config import SEED_MAX, check_flag_ranges, find_recipe, load_yaml_config, \
-    parse_args_with_config
+    merge_settings, parse_given
 
-__all__ = ['main', 'build_parser', 'check_args', 'PROG', 'TASKS', 'DEFAULT_MODELS']
+__all__ = ['main', 'build_parser', 'parse_args', 'check_args', 'PROG', 'TASKS', 'DEFAULT_MODELS']
 
 PROG = 'python -m mlp_vision.train_text'  # the command's name in messages; the console script passes its own
 # --task -> the registry task a model must have
@@ -151,6 +151,18 @@ def _add_optimization_and_run(parser: argparse.ArgumentParser) -> None:
     g.add_argument('--seed', default=42, type=int, help='seed of the model init, dropout, masking and data order')
 
 
+def parse_args(argv: Sequence[str], prog: str = PROG):
+    """The flags of ``argv`` over the ``-c`` file's values (a recipe of ``configs/text/`` too: its ``source`` is
+    a note, not a flag) over the defaults."""
+    parser = build_parser(prog)
+    given = parse_given(parser, argv)
+    config = given.pop('config', '')
+    values = load_yaml_config(config, parser, notes=('source',)) if config else {}
+    values.pop('source', None)
+    args, _ = merge_settings(parser, {**values, **given})
+    return args
+
+
 def check_args(args) -> None:
     """Every flag value that cannot work, as one line, before a file is read; an unset ``--model`` becomes the
     task's default (:data:`DEFAULT_MODELS`)."""
@@ -205,7 +217,7 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = PROG):
 
 def _main(argv: Sequence[str], prog: str):
     from mlp_vision.text.callbacks import StopSignals
-    args, _ = parse_args_with_config(build_parser(prog), argv)
+    args = parse_args(argv, prog)
     check_args(args)
     primary = int(os.environ.get('RANK', 0) or 0) == 0  # torchrun / accelerate launch: rank 0 logs the setup
     logging.basicConfig(level=logging.INFO if primary else logging.WARNING,

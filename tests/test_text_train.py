@@ -24,6 +24,7 @@ from transformers import AutoModelForCausalLM, AutoModelForMaskedLM, AutoTokeniz
 
 import mlp_vision.text as mt
 import mlp_vision.train_text as text_train
+from mlp_vision.errors import UsageError
 from mlp_vision.text.fill_mask import fill_mask, load_masked_lm
 from mlp_vision.text.training_data import MaskedBlocks, MLMMasker, build_tokenizer, lm_blocks
 
@@ -204,7 +205,7 @@ def test_resume_refuses_a_checkpoint_file_that_would_run_code(small_text, tmp_pa
         def __reduce__(self):
             return os.system, (f'touch {marker}',)
     ckpt = tmp_path / 'r' / 'checkpoint-2'
-    (ckpt / 'rng_state.pth').write_bytes(pickle.dumps(Payload()))
+    (ckpt / 'rng_state.pth').write_bytes(pickle.dumps(Payload(), protocol=2))
     msg = _error(args + ['--steps', '4', '--resume', str(ckpt)])
     assert 'rng_state.pth' in msg and 'refused' in msg and not marker.exists()
 
@@ -288,6 +289,14 @@ def test_bad_inputs(tiny_text, tmp_path):
     (tmp_path / 'taken' / 'keep.txt').write_text('a file of another run')
     assert 'exists already' in err(*TINY_GPT, *ok, '--experiment', 'taken')
     assert (tmp_path / 'taken' / 'keep.txt').read_text() == 'a file of another run'
+
+
+def test_a_recipe_file_gives_flag_values_that_the_command_line_overrides(tmp_path):
+    args = text_train.parse_args(['-c', str(REPO / 'configs' / 'text' / 'bigs_masked_lm.yaml'), '--lr', '1e-3'])
+    assert (args.lr, args.weight_decay, args.opt_betas, args.sched) == (1e-3, 0.05, [0.9, 0.98], 'cosine')
+    (tmp_path / 'bad.yaml').write_text('banana: 1\n')
+    with pytest.raises(UsageError, match="unknown key 'banana'"):
+        text_train.parse_args(['-c', str(tmp_path / 'bad.yaml')])
 
 
 def test_threads_flag_does_not_leak_into_the_caller(small_text, tmp_path):
