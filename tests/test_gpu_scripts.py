@@ -90,7 +90,7 @@ def test_each_lease_part_fits_a_lease_and_its_commands_parse(part, tmp_path, mon
             assert args.device == 'cuda' and args.out, name
         elif argv[1] == '-m':
             assert argv[2] == 'mlp_vision.train_text', name
-            from mlp_vision.training.tasks.text_args import build_parser
+            from mlp_vision.train_text import build_parser
             build_parser().parse_args(argv[3:])
         else:
             assert argv[1] == 'scripts/gpu/text_models.py', name

@@ -1,4 +1,4 @@
-""" The shared optimizer update (mlp_vision/training/run/loop.py: StepLoop, used by the image epoch and the text steps):
+""" The shared optimizer update (mlp_vision/training/run/loop.py: StepLoop, used by the image epochs):
 its result, its NaN and signal stops, and where it waits (host syncs and collectives counted per update and per
 evaluation, in a real one-process gloo group); and the shared backbone loader (mlp_vision/weights.py: load_backbone,
 used by image fine-tuning, text from_pretrained and the text classifier's --init-from). Small models, CPU, a few
@@ -15,8 +15,6 @@ import torch.nn as nn
 import mlp_vision.text as mt
 import mlp_vision.train as image_train
 import mlp_vision.training.run.loop as loop_module
-import mlp_vision.training.tasks.text_classification as classification
-import mlp_vision.training.tasks.language_model as text_lm
 from mlp_vision.errors import Interrupted, UsageError
 from mlp_vision.training.run.distributed import DistInfo, process_group_backend
 from mlp_vision.training.run.loop import NonFiniteLossError, StepLoop, UpdateStep
@@ -287,36 +285,6 @@ def test_image_evaluation_syncs_once_not_per_batch(batches, one_rank_group, reco
     assert metrics['samples'] == 5 * batches
     assert metrics['loss'] == pytest.approx(nn.functional.cross_entropy(logits, targets).item(), rel=1e-6)
     assert metrics['top1'] == pytest.approx(100. * (logits.argmax(1) == targets).double().mean().item())
-
-
-class _TinyText(nn.Module):
-    """Token logits (B, L, V), or with ``classify`` sequence logits (B, 3)."""
-
-    def __init__(self, classify=False, vocab=11):
-        super().__init__()
-        self.classify, self.embed = classify, nn.Embedding(vocab, 8)
-        self.head = nn.Linear(8, 3 if classify else vocab)
-
-    def forward(self, input_ids, attention_mask=None, token_type_ids=None, labels=None):
-        h = self.embed(input_ids)
-        return types.SimpleNamespace(logits=self.head(h.mean(1) if self.classify else h))
-
-
-@pytest.mark.parametrize('batches', [2, 6])
-def test_text_evaluations_sync_once_not_per_batch(batches, one_rank_group, record):
-    torch.manual_seed(0)
-    model, rank0_of_two = _TinyText(), DistInfo(torch.device('cpu'), True, 2, 0, 0)  # every collective path runs
-    lm_batches = [(torch.randint(0, 11, (2, 6)), None, torch.randint(0, 11, (2, 6))) for _ in range(2 * batches)]
-    text_lm.evaluate_lm(model, lm_batches, task='mlm', device=torch.device('cpu'), dist_info=rank0_of_two, mask_id=3)
-    lm_syncs = sum(record.calls[s] for s in HOST_SYNCS)
-    assert record.calls['all_reduce'] == 1 and record.devices == [torch.device('cpu')] and lm_syncs == 1
-    record.calls.clear(), record.devices.clear()
-    cls_batches = [{'input_ids': torch.randint(0, 11, (2, 6)), 'attention_mask': torch.ones(2, 6, dtype=torch.long),
-                    'labels': torch.randint(0, 3, (2,))} for _ in range(2 * batches)]
-    classification.evaluate_classifier(_TinyText(classify=True), cls_batches, 3, torch.device('cpu'),
-                                       dist_info=rank0_of_two)
-    assert record.calls['all_reduce'] == 1 and record.devices == [torch.device('cpu')]
-    assert record.calls['cpu'] == 1  # the one copy to the host; the metrics are then read from that host tensor
 
 
 def test_the_stop_signal_is_read_without_a_collective(monkeypatch):

@@ -5,7 +5,7 @@
   (:mod:`.run.driver`);
 * :mod:`.data` -- the image data pipeline (readers, datasets, loaders, hold-out splits);
 * :mod:`.tasks` -- the image model (:mod:`.tasks.image_model`: creation, weight loading and the evaluation loop
-  ``validate``), masked / causal language modelling, text classification (a task imports no command).
+  ``validate``). The text trainer is ``transformers.Trainer`` with the data and callbacks of :mod:`mlp_vision.text`.
 
 The commands are one module each: :mod:`mlp_vision.train` (images; it reads as timm's train.py: ``main``,
 ``train_one_epoch``, ``validate``), :mod:`mlp_vision.train_text` (text),

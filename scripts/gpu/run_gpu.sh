@@ -28,7 +28,7 @@
 #   c_mixer         mixer_b16 vs vit_base_patch16_224 and vs timm's mixer_b16_224 (% of the matmul rate, profiled)
 #   d_bigs_layer    the BiGS-large layer (conv_impl auto) vs the flash-attention BERT-large layer at 4K / 16K tokens
 #   e_bigs_model    12-layer BiGS vs 12-layer BERT training tokens/s at 1K-16K, and the longest sequence at batch 1
-#   f_text_trainer  the text trainer's tokens/s, eager vs --torchcompile
+#   f_text_trainer  the text trainer's blocks/s (trainer_state.json), eager vs --torchcompile
 #   g_bigs_layer_compiled  d_bigs_layer in the goals' mode: both layers compiled (training step, step memory)
 #   h_bigs_linear   issue 42 item 5: the BiGS-large layer (conv_impl auto = the linear-time chunked route from ~3.3K
 #                   tokens) vs the flash-attention BERT-large layer at 4K / 16K / 64K tokens, eager, and at 64K
@@ -69,14 +69,15 @@ step() {  # step NAME SECONDS CMD...: run CMD with a time limit, log to WORK/NAM
 }
 
 text_trainer_pair() {  # NAME SECONDS STEPS: the text trainer on the study's BiGS encoder (4 x 256, 128 tokens,
-    # batch 128, sparse prediction), bf16 autocast, eager then --torchcompile: tokens/s from each run's results.json
+    # batch 128, sparse prediction), bf16 autocast, eager then --torchcompile: blocks/s of 128 tokens from each run's
+    # checkpoint-STEPS/trainer_state.json (train_samples_per_second)
     local name=$1 secs=$2 steps=$3 text=${TEXT:-../shared/data/tinyshakespeare/input.txt} mode flag
     for mode in eager compiled; do
         flag=(); [ "$mode" = compiled ] && flag=(--torchcompile)
         step "${name}_$mode" "$secs" $PY -m mlp_vision.train_text --task mlm --model bigs_small --model-kwargs \
             num_hidden_layers=4 hidden_size=256 intermediate_size=768 max_position_embeddings=128 \
             sparse_prediction=True --tokenizer char --train-file "$text" --block-size 128 -b 128 --steps "$steps" \
-            --eval-interval "$steps" --eval-batches 4 --final-eval-batches 8 --amp --amp-dtype bfloat16 "${flag[@]}" \
+            --eval-interval "$steps" --amp --amp-dtype bfloat16 "${flag[@]}" \
             --output "$WORK/text_trainer" --experiment "bigs_4x256_$mode"
     done
 }
@@ -172,7 +173,7 @@ bigs_models)
     step bigs_vs_bert_longest 420 $PY "${tm[@]}" longest --conv-impl triton --start-len 4096 --granularity 2048 \
         --out "$WORK/bench/gpu_bigs12_vs_bert12_longest"
     # 4. item 4: the text trainer on the study's BiGS encoder (4 x 256, 128 tokens, batch 128, sparse prediction),
-    #    bf16 autocast, eager vs --torchcompile: tokens/s from each run's results.json
+    #    bf16 autocast, eager vs --torchcompile: blocks/s from each run's trainer_state.json
     text_trainer_pair text_trainer 240 600
     ;;
 longconv)
