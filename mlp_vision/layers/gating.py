@@ -8,11 +8,10 @@ Paper: `Pay Attention to MLPs` - https://arxiv.org/abs/2105.08050 (eq. 1-4, Fig.
 from functools import partial
 from typing import Optional, Sequence, Type
 
-from torch.jit import Final
-
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.jit import Final
 from timm.layers import DropPath
 
 from .activations import fresh_input_act
@@ -195,7 +194,7 @@ class GatedMLPBlock(nn.Module):
         token_multiple: the SGU's token padding multiple on CUDA (:class:`SpatialGatingUnit`); 1 = no padding.
         split_fc1: fc1 is a :class:`~mlp_vision.layers.linear.SplitLinear` (the same ``fc1.weight`` (d_ffn, d) and
             ``fc1.bias``) whose two halves go to the SGU as separate tensors: no pass splits the channels, nor
-            concatenates their gradients; the GELU runs on each half. Its tradeoff (no LoRA on fc1) is there.
+            concatenates their gradients; the GELU runs on each half. Tradeoff: LoRA cannot wrap that fc1.
         token_major: the block works on the (L, B, dim) transpose of its input (a view; contiguous when the input is
             the output of a token-major block) and returns the (B, L, dim) view of its (L, B, dim) result, so a stack
             of such blocks keeps the activations token-major in memory without copies, and the SGU's token mix is one
@@ -204,8 +203,9 @@ class GatedMLPBlock(nn.Module):
     Every option computes the same function with the same parameters and state dict (a checkpoint loads into each);
     the defaults are the measured GPU defaults (a variant becomes the default once it is measured faster there).
 
-    Shapes: x (B, L, dim) -> (B, L, dim) (any strides: token-major blocks return a token-major view); mask: optional (B, L) bool padding mask (True = real token) for the tiny
-    attention (and the SGU with ``sgu_mask``; without it the SGU mixes pads too, as the paper's models do).
+    Shapes: x (B, L, dim) -> (B, L, dim) (any strides; a token-major block returns a token-major view); mask:
+    optional (B, L) bool padding mask (True = real token) for the tiny attention (and the SGU with ``sgu_mask``;
+    without it the SGU mixes pads too, as the paper's models do).
     """
     # the SGU's dense W (n, n) and b (n): token axes (output, contracted) resampled for another grid (layers.resample)
     token_axes: TokenAxes = {

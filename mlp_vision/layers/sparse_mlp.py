@@ -17,11 +17,10 @@ Inference fusion: :meth:`SparseMLPTokenMixer.reparameterize` (``timm.utils.repar
 """
 from typing import Dict, Sequence, Tuple, Type
 
-from torch.jit import Final
-
 import torch
 import torch.nn as nn
 from timm.layers import DropPath, Mlp
+from torch.jit import Final
 from torch.nn.utils import fuse_conv_bn_weights
 
 from .activations import fresh_input_act

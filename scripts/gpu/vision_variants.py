@@ -9,7 +9,8 @@ Groups (``--groups``), each timed in one process with its contenders alternating
 Each contender: a training step (forward, cross-entropy, backward; no optimizer) of ``torch.compile(model)`` under
 bf16 autocast (``--precision``) on channels-last images; images/s (median of ``--samples`` rounds of ``--iters``
 steps), the median per-round ratio to the group's first contender, the step's FLOPs (``FlopCounterMode``, forward
-and backward, counted once eagerly at batch 2) as % of the measured bf16 matmul rate (:func:`mlp_vision.benchmark.matmul_ceiling`)
+and backward, counted once eagerly at batch 2) as % of the measured bf16 matmul rate
+(:func:`mlp_vision.benchmark.matmul_ceiling`)
 and, with ``--profile``, the top CUDA kernels of one step (torch.profiler). Writes PREFIX.json and PREFIX.md.
 
     python scripts/gpu/vision_variants.py --groups gmlp smlp mixer --out output/gpu/bench/vision_variants
@@ -60,7 +61,8 @@ GROUPS: Dict[str, List[Tuple[str, str, Dict[str, Any]]]] = {
 TINY = {'gmlp_s': ('gmlp_s', dict(num_blocks=2)), 'gmlp_s16_224': ('gmlp_ti16_224', {}),
         'mixer_b16': ('mixer_b16', dict(num_blocks=2)), 'mixer_b16_224': ('mixer_s16_224', {}),
         'vit_small_patch16_224': ('vit_small_patch16_224', dict(depth=2)),
-        'smlpnet_t': ('smlpnet_t', dict(depths=(1, 1, 1, 1))), 'convnext_tiny': ('convnext_tiny', dict(depths=(1, 1, 1, 1)))}
+        'smlpnet_t': ('smlpnet_t', dict(depths=(1, 1, 1, 1))),
+        'convnext_tiny': ('convnext_tiny', dict(depths=(1, 1, 1, 1)))}
 NUM_CLASSES = 1000
 ANY_SIZE = ('convnext_tiny',)  # fully convolutional: takes any input size and has no img_size argument
 
@@ -150,7 +152,8 @@ def write(rows: List[Dict], profiles: List[str], env: Dict[str, Any], prefix: st
     lines = [f"# vision layout variants: {env['device_name']}, {env['precision']}, channels_last, "
              f"{'compiled' if env['compile'] else 'eager'} training step",
              '', f"torch {env['torch']}, timm {env['timm']}, matmul rate {env['matmul_gflops']:,.0f} GFLOP/s", '',
-             '| group | contender | batch | img/s | / group baseline | GFLOP/img (fwd+bwd) | % of mm | build+warmup s |',
+             '| group | contender | batch | img/s | / group baseline | GFLOP/img (fwd+bwd) | % of mm '
+             '| build+warmup s |',
              '| --- | --- | --- | --- | --- | --- | --- | --- |']
     lines += [f"| {r['group']} | {r['contender']} | {r['batch']} | {r['img_per_s']:,.0f} | "
               f"{r['ratio_to_baseline']:.2f}x | {r['gflop_per_img']:.2f} | {r['pct_of_matmul']:.0f} | "
@@ -184,7 +187,8 @@ def main(argv: Sequence[str] = None) -> int:
     env = dict(date_utc=time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime()), torch=torch.__version__,
                timm=timm.__version__, python=platform.python_version(), precision=args.precision,
                compile=args.compile,
-               device_name=torch.cuda.get_device_name(device) if device.type == 'cuda' else platform.processor() or 'cpu',
+               device_name=(torch.cuda.get_device_name(device) if device.type == 'cuda'
+                            else platform.processor() or 'cpu'),
                **matmul_ceiling(device, precision))
     rows, profiles = [], []
     for group in args.groups:
