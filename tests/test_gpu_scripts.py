@@ -94,7 +94,7 @@ def test_each_lease_part_fits_a_lease_and_its_commands_parse(part, tmp_path, mon
             build_parser().parse_args(argv[3:])
         elif argv[1] == 'scripts/gpu/vision_variants.py':
             args = _load(GPU_DIR / 'vision_variants.py').build_parser().parse_args(argv[2:])
-            assert args.device == 'cuda' and args.compile and args.out, name
+            assert args.device == 'cuda' and args.compile != 'none' and args.out, name
         else:
             assert argv[1] == 'scripts/gpu/text_models.py', name
             args = _load(SCRIPT).build_parser().parse_args(argv[2:])
@@ -181,7 +181,7 @@ def test_vision_variants_script_times_every_contender(tmp_path):
     and share of the matmul rate; an existing --out is refused before any work."""
     vv = _load(GPU_DIR / 'vision_variants.py')
     prefix = str(tmp_path / 'vv')
-    argv = ['--device', 'cpu', '--precision', 'fp32', '--no-compile', '--tiny', '--img-size', '32', '--batch', '2',
+    argv = ['--device', 'cpu', '--precision', 'fp32', '--compile', 'none', '--tiny', '--img-size', '32', '--batch', '2',
             '--samples', '2', '--iters', '1', '--warmup', '1', '--out', prefix]
     assert vv.main(argv) == 0
     rows = json.loads((tmp_path / 'vv.json').read_text())['rows']
