@@ -291,8 +291,8 @@ h_bigs_linear|i_bigs_linear_more)
     fi
     ;;
 j_vision_variants)
-    # batch 128, few steps: the 11 compiles dominate; a group per process and step, so that one slow compile (sMLPNet-T
-    # took 3.5 min on the H100 machine) costs only its group
+    # batch 128, few steps, regional compilation (each block once per shape; the whole-model compile of sMLPNet-T
+    # alone took 3.5 min on the H100 machine); a group per process and step, so that a slow group costs only itself
     vv=(scripts/gpu/vision_variants.py --device cuda --precision bf16 --batch 128 --samples 5 --iters 5 --warmup 2
         --profile)
     step j_vision_variants_gmlp 230 $PY "${vv[@]}" --groups gmlp --out "$WORK/bench/j_vision_variants_gmlp"
