@@ -84,6 +84,19 @@ def test_aligned_rows_same_values_aligned_stride():
     assert aligned_rows(w, 1) is w and aligned_rows(torch.randn(8, 16), 8).stride() == (16, 1)
 
 
+def test_aligned_rows_gemm_same_product_and_gradients():
+    """The token-major SGU's GEMM on CUDA (``addmm`` with W at a padded row stride) against W as is, here on the
+    CPU: the same product and the same gradients of W, b and the activations."""
+    torch.manual_seed(0)
+    w, b, v = (torch.randn(*shape, dtype=torch.float64, requires_grad=True) for shape in ((13, 13), (13, 1), (13, 6)))
+    results = []
+    for multiple in (1, 8):
+        out = torch.addmm(b, aligned_rows(w, multiple), v)
+        results.append((out, *torch.autograd.grad(out, (w, b, v), torch.ones_like(out))))
+    for a, ref in zip(*results):
+        _assert_close(a, ref, 'aligned GEMM')
+
+
 def test_token_major_sgu_one_gemm():
     """The token-major SGU's token mix is a single (L, L) x (L, B * C) matrix product, no batched one."""
     sgu = SpatialGatingUnit(8, 5, token_major=True)
