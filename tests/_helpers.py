@@ -34,7 +34,7 @@ TINY_VISION = ['--model', 'smlpnet_t', '--model-kwargs', 'embed_dim=8', 'depths=
                '--workers', '0', '--log-interval', '100', '-b', '4', '--warmup-epochs', '0']
 TINY_GPT = ['--model', 'gpt_mlp_attention', '--model-kwargs', 'num_hidden_layers=1', 'hidden_size=16',
             'num_attention_heads=2', 'max_position_embeddings=16', 'mlp_attention_hidden_size=16', '--threads', '1',
-            '--log-interval', '1000', '-b', '2', '--eval-batches', '1', '--final-eval-batches', '2']
+            '--log-interval', '1000', '-b', '2', '--device', 'cpu']
 
 
 def exits_with_one_line(main, argv, capsys, status: int = 2) -> str:

@@ -1,9 +1,25 @@
-""" Fixtures shared by the test files. """
+""" Fixtures shared by the test files, and where the suite's temporary files go.
+
+What the suite writes under the temp folder is removed when it ends: pytest's ``tmp_path`` folders of passing tests
+(``tmp_path_retention_policy`` in pyproject.toml; a failing test's folder is kept to look at) and torch.compile's
+caches, which inductor otherwise keeps in ``<tmp>/torchinductor_<user>`` across runs (hundreds of MB): they go in
+one folder of this session (a ``TORCHINDUCTOR_CACHE_DIR`` set by the user is left as it is).
+"""
+import os
 import random
+import shutil
+import tempfile
 
 import numpy as np
 import pytest
 import torch
+
+_SESSION_TEMP = tempfile.mkdtemp(prefix='mlp_vision_tests_')
+os.environ.setdefault('TORCHINDUCTOR_CACHE_DIR', os.path.join(_SESSION_TEMP, 'torchinductor'))
+
+
+def pytest_sessionfinish(session, exitstatus):
+    shutil.rmtree(_SESSION_TEMP, ignore_errors=True)
 
 
 @pytest.fixture

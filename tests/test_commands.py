@@ -81,7 +81,7 @@ def test_every_command_has_the_one_threads_flag():
     """The same flag, help and all, in every parser (one definition: ``add_threads_argument``)."""
     from mlp_vision import benchmark, train, validate, visualize
     from mlp_vision.complexity import report
-    from mlp_vision.training.tasks.text_args import build_parser as text_parser
+    from mlp_vision.train_text import build_parser as text_parser
     reference = argparse.ArgumentParser()
     threads_module.add_threads_argument(reference)
     (expected,) = [a for a in reference._actions if a.dest == 'threads']
@@ -150,7 +150,7 @@ def test_explicit_threads_are_checked_and_set():
 @pytest.mark.parametrize('name', ['train', 'validate', 'visualize', 'text-train'])
 def test_help_states_each_default_once(name):
     from mlp_vision import train, validate, visualize
-    from mlp_vision.training.tasks.text_args import build_parser as text_parser
+    from mlp_vision.train_text import build_parser as text_parser
     parser = {'train': train.build_parser, 'validate': validate.build_parser, 'visualize': visualize.build_parser,
               'text-train': text_parser}[name]()
     text = ' '.join(parser.format_help().split())
@@ -196,7 +196,7 @@ def test_eval_metric_top5_is_refused_for_five_classes_or_fewer(images, tmp_path,
 def test_text_trainer_default_model_follows_the_task(tmp_path, capsys):
     """--task mlm without --model: the missing file is named (the causal default is no longer checked first)."""
     from mlp_vision.training.run.config import parse_args_with_config
-    from mlp_vision.training.tasks.text_args import DEFAULT_MODELS, build_parser, check_args
+    from mlp_vision.train_text import DEFAULT_MODELS, build_parser, check_args
     for task, model in DEFAULT_MODELS.items():
         args, _ = parse_args_with_config(build_parser(), ['--task', task])
         check_args(args)

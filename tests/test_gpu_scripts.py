@@ -65,7 +65,7 @@ def test_pair_and_routes_run_and_write_their_tables(text_models, tmp_path):
 # ------------------------------------------------------------------------------------------------ issue 34 item 5
 GPU_DIR = SCRIPT.parent
 LEASE_PARTS = ['a_gmlp', 'b_smlpnet', 'c_mixer', 'd_bigs_layer', 'e_bigs_model', 'f_text_trainer',
-               'g_bigs_layer_compiled', 'h_bigs_linear', 'i_bigs_linear_more']
+               'g_bigs_layer_compiled', 'h_bigs_linear', 'i_bigs_linear_more', 'j_vision_variants']
 
 
 def _plan(part, tmp_path):
@@ -90,8 +90,11 @@ def test_each_lease_part_fits_a_lease_and_its_commands_parse(part, tmp_path, mon
             assert args.device == 'cuda' and args.out, name
         elif argv[1] == '-m':
             assert argv[2] == 'mlp_vision.train_text', name
-            from mlp_vision.training.tasks.text_args import build_parser
+            from mlp_vision.train_text import build_parser
             build_parser().parse_args(argv[3:])
+        elif argv[1] == 'scripts/gpu/vision_variants.py':
+            args = _load(GPU_DIR / 'vision_variants.py').build_parser().parse_args(argv[2:])
+            assert args.device == 'cuda' and args.compile != 'none' and args.out, name
         else:
             assert argv[1] == 'scripts/gpu/text_models.py', name
             args = _load(SCRIPT).build_parser().parse_args(argv[2:])
@@ -171,3 +174,21 @@ def test_token_padding_script_times_every_variant(token_padding_script, tmp_path
     assert [(r['model'], r['token_multiple_modules']) for r in rows[::3]] == [('gmlp_ti', 30), ('mixer_s16', 16)]
     assert (tmp_path / 'models.md').read_text().startswith('# models:')
 
+
+
+def test_vision_variants_script_times_every_contender(tmp_path):
+    """Issue 45 items 3 and 5 at toy sizes on the CPU (eager): every contender of every group timed, with its FLOPs
+    and share of the matmul rate; an existing --out is refused before any work."""
+    vv = _load(GPU_DIR / 'vision_variants.py')
+    prefix = str(tmp_path / 'vv')
+    argv = ['--device', 'cpu', '--precision', 'fp32', '--compile', 'none', '--tiny', '--img-size', '32', '--batch', '2',
+            '--samples', '2', '--iters', '1', '--warmup', '1', '--out', prefix]
+    assert vv.main(argv) == 0
+    rows = json.loads((tmp_path / 'vv.json').read_text())['rows']
+    assert [r['contender'] for r in rows] == [label for group in vv.GROUPS.values() for label, _, _ in group]
+    assert all(r['img_per_s'] > 0 and r['gflop_per_img'] > 0 and r['pct_of_matmul'] > 0 for r in rows)
+    flops = {r['contender']: r['gflop_per_img'] for r in rows}
+    assert flops['gmlp_s token_major'] == flops['gmlp_s split_fc1'] == flops['gmlp_s']  # same function, same work
+    assert '| gmlp | gmlp_s token_major |' in (tmp_path / 'vv.md').read_text()
+    with pytest.raises(SystemExit, match='exists'):
+        vv.main(argv)

@@ -3,7 +3,7 @@
 refuses a resume with one line; ``timm.create_model(name, checkpoint_path=..., features_only=True)`` loads a
 classifier checkpoint into the feature backbone of every family.
 
-Every run here is tiny (a width-8 sMLPNet on 16 generated PNGs, a 1-layer text model for a few updates).
+Every run here is tiny (a width-8 sMLPNet on 16 generated PNGs).
 """
 import json
 import sys
@@ -18,9 +18,8 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 import mlp_vision.train as train  # noqa: E402
-import mlp_vision.train_text as text_train  # noqa: E402
 import mlp_vision.validate as validate  # noqa: E402
-from _helpers import TINY_GPT, TINY_VISION, exits_with_one_line, randomize_  # noqa: E402
+from _helpers import TINY_VISION, exits_with_one_line, randomize_  # noqa: E402
 
 
 def _load(path):
@@ -96,16 +95,6 @@ def test_keep_optimizer_state_makes_best_and_top_n_resumable(images, tmp_path):
     for name in ('model_best.pth', 'checkpoint-0.pth'):  # links of last.pth, as written
         assert (folder / name).samefile(folder / 'last.pth')
         assert 'optimizer' in _load(folder / name)
-
-
-def test_the_text_trainer_keeps_a_weights_only_best(text_file, tmp_path, capsys):
-    text_train.main(TINY_GPT + ['--train-file', text_file, '--steps', '4', '--eval-interval', '2', '--output',
-                                str(tmp_path), '--experiment', 't'])
-    folder = tmp_path / 't'
-    best, last = _load(folder / 'model_best.pth'), _load(folder / 'last.pth')
-    assert 'optimizer' not in best and 'optimizer' in last and best['run_id'] == last['run_id']
-    msg = exits_with_one_line(text_train.main, ['--resume', str(folder / 'model_best.pth')], capsys)
-    assert 'holds the weights only' in msg and 'continue from last.pth' in msg and '--no-resume-opt' not in msg
 
 
 # ------------------------------------------------------------------------------------------------ checkpoint_path=

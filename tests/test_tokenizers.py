@@ -5,8 +5,8 @@ padding, with errors for what cannot be done; a BERT vocab.txt read as WordPiece
 BERT's example 'unaffable' -> un ##aff ##able), cased vs uncased detection and tokenizer_config.json's
 do_lower_case; offline WordPiece / BPE training (special ids first, frequent words whole, BPE deterministic with an exact round
 trip);
-save_pretrained / load_tokenizer / checkpoint-dict round trips, the older tokenizer.json of the text trainer and a
-tokenizer.json that makes tokenizers panic. All data is made here (tests/test_tokenizer_ids.py: the same ids as before).
+save_pretrained / load_tokenizer round trips, a tokenizer.json that makes tokenizers panic, and longest-first
+truncation against the one-token-at-a-time rule. All data is made here.
 """
 import json
 
@@ -15,7 +15,7 @@ import torch
 
 import mlp_vision.text as mt
 from mlp_vision.errors import UsageError
-from mlp_vision.text.tokenizer import encode_with_template, find_tokenizer, tokenizer_from_dict, tokenizer_to_dict
+from mlp_vision.text.tokenizer import _longest_first, encode_with_template, find_tokenizer
 
 CORPUS = [
     'the movie was good and the actors were great .',
@@ -63,13 +63,6 @@ def test_byte_and_char_tokenizers(tmp_path):
     assert ct2.get_vocab() == ct.get_vocab() and mt.tokenizer_kind(ct2) == 'char' and ids(ct2, 'low') == ids(ct, 'low')
     cu = mt.char_tokenizer('abc', unk='<unk>')
     assert ids(cu, 'abz') == [0, 1, cu.unk_token_id] and cu.unk_token_id == 3
-
-
-def test_older_trainer_tokenizer_json_still_loads(tmp_path):
-    (tmp_path / 'tokenizer.json').write_text(json.dumps(
-        {'type': 'char', 'chars': 'abc ', 'special_tokens': ['<pad>', '<cls>', '<sep>', '<mask>'], 'unk': None}))
-    tok = mt.load_tokenizer(str(tmp_path))
-    assert mt.tokenizer_kind(tok) == 'char' and ids(tok, 'cab') == [3, 1, 2] and tok.mask_token_id == 7
 
 
 # ------------------------------------------------------------------------------------------------ template
@@ -180,11 +173,11 @@ def test_train_subword_vocabulary(kind, tmp_path):
         assert tok.decode(ids(tok, odd)) == odd.lower()
         again = mt.train_tokenizer(texts=CORPUS, kind=kind, vocab_size=size, min_frequency=2)
         assert again.get_vocab() == tok.get_vocab()  # BPE training is deterministic
-    # saved beside a checkpoint and reloaded, or through a checkpoint dict: the same ids
+    # saved beside a checkpoint and reloaded: the same ids
     tok.save_pretrained(str(tmp_path / 'ckpt'))
-    for loaded in (mt.load_tokenizer(str(tmp_path / 'ckpt')), tokenizer_from_dict(tokenizer_to_dict(tok))):
-        assert ids(loaded, text) == got and tokenizer_to_dict(loaded) == tokenizer_to_dict(tok)
-        assert loaded('the movie', 'was good') == tok('the movie', 'was good')
+    loaded = mt.load_tokenizer(str(tmp_path / 'ckpt'))
+    assert ids(loaded, text) == got and loaded.backend_tokenizer.to_str() == tok.backend_tokenizer.to_str()
+    assert loaded('the movie', 'was good') == tok('the movie', 'was good')
 
 
 def test_train_tokenizer_errors(tmp_path):
@@ -198,3 +191,17 @@ def test_train_tokenizer_errors(tmp_path):
         mt.train_tokenizer(texts=CORPUS, kind='bpe', vocab_size=200)
     with pytest.raises(FileNotFoundError):
         mt.train_tokenizer(files=[str(tmp_path / 'missing.txt')])
+
+
+def test_longest_first_is_the_one_token_at_a_time_rule():
+    def one_at_a_time(n_a, n_b, budget):
+        while n_a + n_b > budget:
+            if n_a > n_b:
+                n_a -= 1
+            else:
+                n_b -= 1
+        return n_a, n_b
+    for n_a in range(12):
+        for n_b in range(12):
+            for budget in range(1, 14):
+                assert _longest_first(n_a, n_b, budget) == one_at_a_time(n_a, n_b, budget), (n_a, n_b, budget)

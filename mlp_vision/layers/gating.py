@@ -11,10 +11,11 @@ from typing import Optional, Sequence, Type
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.jit import Final
 from timm.layers import DropPath
 
 from .activations import fresh_input_act
-from .linear import check_token_multiple, token_matmul, token_multiple_on
+from .linear import SplitLinear, aligned_rows, check_token_multiple, token_matmul, token_multiple_on
 from .resample import TokenAxes, resample_token_params_
 
 __all__ = ['SPATIAL_MODES', 'SpatialGatingUnit', 'TinyAttention', 'GatedMLPBlock']
@@ -38,16 +39,28 @@ class SpatialGatingUnit(nn.Module):
     gradients, ``W`` and ``b`` keep their shapes, the output is not padded. Text lengths (128, 512, ...) are
     multiples already; a shorter batch (L < seq_len) is padded, whatever ``spatial_mode``.
 
+    Token-major layout (``token_major=True``): the activations come as (L, B, dim) instead of (B, L, dim), so the
+    token mix is one GEMM ``W (L, L) @ norm(Z2) (L, B * dim / 2)`` over the contiguous normalised half, with the
+    bias in the GEMM (``addmm``): no activation is padded or transposed. On CUDA only ``W`` is held at an aligned
+    row stride (:func:`~mlp_vision.layers.linear.aligned_rows`; the other operand's rows, B * dim / 2 wide, are
+    aligned already). Same parameters, same values.
+
+    Halves apart (``gate`` given): ``x`` is then ``Z1`` alone and ``gate`` is ``Z2`` (e.g. the two outputs of
+    :class:`~mlp_vision.layers.linear.SplitLinear`), so no pass splits the channels.
+
     Init: ``W`` ~ N(0, init_std) with a tiny std and ``b = 1``, so the block starts as a plain FFN; ``W`` and ``b``
     are raw parameters, untouched by model-level ``Linear`` initialisers (models call :meth:`init_weights` last).
 
-    Shapes: x (B, L, dim) with L <= seq_len -> (B, L, dim // 2); res: optional (B, L, dim // 2) added after the
+    Shapes: x (B, L, dim) with L <= seq_len -> (B, L, dim // 2) ((L, B, ...) for every tensor when token-major, the
+    mask excepted); with ``gate``: x and gate (B, L, dim // 2) each; res: optional (B, L, dim // 2) added after the
     projection (aMLP's tiny attention); mask: optional (B, L) padding mask (True = real token) zeroing the padded
     tokens' normalised gate values before the projection (the paper does not mask, nor does the unit without it).
     """
+    token_major: Final[bool]
 
     def __init__(self, dim: int, seq_len: int, spatial_mode: str = 'dense', norm_layer: Type[nn.Module] = nn.LayerNorm,
-                 init_std: float = 1e-6, token_multiple: int = 8, device=None, dtype=None) -> None:
+                 init_std: float = 1e-6, token_multiple: int = 8, token_major: bool = False, device=None,
+                 dtype=None) -> None:
         super().__init__()
         dd = {'device': device, 'dtype': dtype}
         check_token_multiple(token_multiple)
@@ -62,6 +75,7 @@ class SpatialGatingUnit(nn.Module):
         self.causal = spatial_mode == 'causal'
         self.init_std = init_std
         self.token_multiple = token_multiple
+        self.token_major = token_major
 
         self.norm = norm_layer(self.gate_dim, **dd)
         if spatial_mode == 'toeplitz':
@@ -90,9 +104,14 @@ class SpatialGatingUnit(nn.Module):
             w = torch.tril(w)
         return w
 
-    def forward(self, x: torch.Tensor, res: Optional[torch.Tensor] = None,
-                mask: Optional[torch.Tensor] = None) -> torch.Tensor:
-        u, v = x.chunk(2, dim=-1)
+    def forward(self, x: torch.Tensor, res: Optional[torch.Tensor] = None, mask: Optional[torch.Tensor] = None,
+                gate: Optional[torch.Tensor] = None) -> torch.Tensor:
+        if gate is None:
+            u, v = x.chunk(2, dim=-1)
+        else:
+            u, v = x, gate
+        if self.token_major:
+            return u * self._token_major_mix(v, res, mask)
         length = v.shape[-2]
         v = self.norm(v)
         if mask is not None:
@@ -105,9 +124,22 @@ class SpatialGatingUnit(nn.Module):
             v = v + res
         return u * v
 
+    def _token_major_mix(self, v: torch.Tensor, res: Optional[torch.Tensor],
+                         mask: Optional[torch.Tensor]) -> torch.Tensor:
+        """``W · norm(v) + b [+ res]`` for a token-major v (L, B, C) as one GEMM (class docstring)."""
+        length = v.shape[0]
+        v = self.norm(v)
+        if mask is not None:
+            v = v * mask.t().unsqueeze(-1).to(v.dtype)
+        weight = aligned_rows(self.spatial_weight(length), token_multiple_on(v.device, self.token_multiple))
+        out = torch.addmm(self.bias[:length].unsqueeze(-1), weight, v.reshape(length, -1)).view(v.shape)
+        if res is not None:
+            out = out + res
+        return out
+
     def extra_repr(self) -> str:
         return (f'dim={self.dim}, seq_len={self.seq_len}, spatial_mode={self.spatial_mode}, '
-                f'token_multiple={self.token_multiple}')
+                f'token_multiple={self.token_multiple}, token_major={self.token_major}')
 
 
 class TinyAttention(nn.Module):
@@ -160,15 +192,28 @@ class GatedMLPBlock(nn.Module):
         hidden_dim: d_ffn given directly (overrides ``mlp_ratio``; avoids rounding of non-integer ratios).
         sgu_mask: also pass the padding mask to the SGU (off by default, as the paper).
         token_multiple: the SGU's token padding multiple on CUDA (:class:`SpatialGatingUnit`); 1 = no padding.
+        split_fc1: fc1 is a :class:`~mlp_vision.layers.linear.SplitLinear` (the same ``fc1.weight`` (d_ffn, d) and
+            ``fc1.bias``) whose two halves go to the SGU as separate tensors: no pass splits the channels, nor
+            concatenates their gradients; the GELU runs on each half. Tradeoff: LoRA cannot wrap that fc1.
+        token_major: the block works on the (L, B, dim) transpose of its input (a view; contiguous when the input is
+            the output of a token-major block) and returns the (B, L, dim) view of its (L, B, dim) result, so a stack
+            of such blocks keeps the activations token-major in memory without copies, and the SGU's token mix is one
+            GEMM over all of them (:class:`SpatialGatingUnit`). Not with the tiny attention (``attn_dim > 0``).
 
-    Shapes: x (B, L, dim) -> (B, L, dim); mask: optional (B, L) bool padding mask (True = real token) for the tiny
-    attention (and the SGU with ``sgu_mask``; without it the SGU mixes pads too, as the paper's models do).
+    Every option computes the same function with the same parameters and state dict (a checkpoint loads into each);
+    the defaults are the measured GPU defaults (a variant becomes the default once it is measured faster there).
+
+    Shapes: x (B, L, dim) -> (B, L, dim) (any strides; a token-major block returns a token-major view); mask:
+    optional (B, L) bool padding mask (True = real token) for the tiny attention (and the SGU with ``sgu_mask``;
+    without it the SGU mixes pads too, as the paper's models do).
     """
     # the SGU's dense W (n, n) and b (n): token axes (output, contracted) resampled for another grid (layers.resample)
     token_axes: TokenAxes = {
         'sgu.weight': ((0,), (1,)),  # W[i, j]: token j -> token i
         'sgu.bias': ((0,), ()),
     }
+    split_fc1: Final[bool]
+    token_major: Final[bool]
 
     def __init__(
             self,
@@ -185,21 +230,28 @@ class GatedMLPBlock(nn.Module):
             drop: float = 0.,
             drop_path: float = 0.,
             token_multiple: int = 8,
+            split_fc1: bool = False,
+            token_major: bool = False,
             device=None,
             dtype=None,
     ) -> None:
         super().__init__()
         dd = {'device': device, 'dtype': dtype}
         hidden_dim = hidden_dim or int(dim * mlp_ratio)
+        if token_major and attn_dim > 0:
+            raise ValueError(f'token_major=True is for the plain gMLP block; the tiny attention (attn_dim={attn_dim}) '
+                             f'works batch-major: use token_major=False')
         self.sgu_mask = sgu_mask
+        self.split_fc1 = split_fc1
+        self.token_major = token_major
         self.norm = norm_layer(dim, **dd)
-        self.fc1 = nn.Linear(dim, hidden_dim, **dd)
+        self.fc1 = (SplitLinear if split_fc1 else nn.Linear)(dim, hidden_dim, **dd)
         self.act = fresh_input_act(act_layer())  # applied to fresh fc1 outputs only
         causal = spatial_mode == 'causal'
         self.attn = TinyAttention(dim, attn_dim, out_dim=hidden_dim // 2, causal=causal, **dd) if attn_dim > 0 else None
         self.sgu = SpatialGatingUnit(
             hidden_dim, seq_len, spatial_mode=spatial_mode, norm_layer=gate_norm_layer, token_multiple=token_multiple,
-            **dd)
+            token_major=token_major, **dd)
         self.drop = nn.Dropout(drop)
         self.fc2 = nn.Linear(hidden_dim // 2, dim, **dd)
         self.drop_path = DropPath(drop_path) if drop_path > 0. else nn.Identity()
@@ -214,10 +266,21 @@ class GatedMLPBlock(nn.Module):
 
     def forward(self, x: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         shortcut = x
+        if self.token_major:
+            x = x.transpose(0, 1)  # (L, B, dim)
         x = self.norm(x)
         res: Optional[torch.Tensor] = None
         if self.attn is not None:
             res = self.attn(x, mask)
-        x = self.sgu(self.act(self.fc1(x)), res, mask if self.sgu_mask else None)
+        sgu_mask = mask if self.sgu_mask else None
+        if self.split_fc1:
+            u, v = self.fc1(x)
+            x = self.sgu(self.act(u), res, sgu_mask, gate=self.act(v))
+        else:
+            x = self.sgu(self.act(self.fc1(x)), res, sgu_mask)
         x = self.fc2(self.drop(x))
+        if self.token_major:
+            # the (B, L, dim) view first (DropPath drops samples along dim 0): the sum takes the first operand's
+            # layout, so it stays token-major and the next block's transpose is contiguous
+            return self.drop_path(x.transpose(0, 1)) + shortcut
         return shortcut + self.drop_path(x)

@@ -22,7 +22,7 @@ the CPU: there the padding only adds work (issue 45: Mixer-B/16, eager, 2 thread
 after runs in ``results/benchmarks/token_padding_cpu_2026-11-28.md``).
 """
 import contextlib
-from typing import Iterator, List, Optional
+from typing import Iterator, List, Optional, Tuple
 
 import torch
 import torch.nn as nn
@@ -31,8 +31,8 @@ from timm.layers import register_notrace_function, register_notrace_module
 
 from .overrides import attribute_set_to
 
-__all__ = ['TokenLinear', 'check_token_multiple', 'token_multiple_on', 'token_padding', 'token_matmul',
-           'tokens_padded_to']
+__all__ = ['SplitLinear', 'TokenLinear', 'aligned_rows', 'check_token_multiple', 'token_multiple_on', 'token_padding',
+           'token_matmul', 'tokens_padded_to']
 
 
 def check_token_multiple(token_multiple: int) -> None:
@@ -79,6 +79,18 @@ def token_matmul(weight: torch.Tensor, x: torch.Tensor, token_multiple: int = 1)
         weight = F.pad(weight, (0, pad))
         x = F.pad(x, (0, 0, 0, pad))
     return torch.bmm(weight.expand(x.shape[0], -1, -1), x)
+
+
+@register_notrace_function  # a leaf for timm's FX feature extraction (whether it pads depends on the token count)
+def aligned_rows(weight: torch.Tensor, token_multiple: int = 1) -> torch.Tensor:
+    """``weight`` (m, n) as the leading (m, n) view of a zero-padded (m, n + pad) copy: the same values at a row
+    stride that is a multiple of ``token_multiple`` (``weight`` itself when it already is, or for 1). For a GEMM
+    ``weight @ x`` whose right operand is already aligned (the SGU's token-major route): only the small weight is
+    copied, no activation is padded; the GEMM contracts exactly n terms."""
+    pad = token_padding(weight.shape[-1], token_multiple)
+    if pad:
+        return F.pad(weight, (0, pad))[:, :weight.shape[-1]]
+    return weight
 
 
 @torch.jit.unused
@@ -135,3 +147,29 @@ class TokenLinear(nn.Linear):
 
     def extra_repr(self) -> str:
         return f'{super().extra_repr()}, token_multiple={self.token_multiple}'
+
+
+class SplitLinear(nn.Linear):
+    """``nn.Linear`` (same parameters, init and state dict) that returns its output's two halves along the last axis
+    as two separate, contiguous tensors, by two GEMMs on the halves of ``weight`` and ``bias`` (views): the values of
+    ``linear(x).chunk(2, -1)``, without a later pass that splits (forward) or concatenates (backward) the whole
+    output. gMLP's fc1 when its Spatial Gating Unit takes the halves apart (``GatedMLPBlock(split_fc1=True)``).
+
+    Tradeoff: it is an ``nn.Linear`` for initialisers, state dicts, optimizers and FLOP counters (two ``addmm`` of
+    half size), but its forward returns a pair, so a wrapper that adds a tensor to a Linear's output (LoRA) fails on
+    it (TypeError, not a wrong value): LoRA users keep the default ``split_fc1=False``.
+
+    Shapes: x (*, in_features) -> ((*, out_features // 2), (*, out_features // 2)).
+    """
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, device=None, dtype=None) -> None:
+        if out_features % 2:
+            raise ValueError(f'SplitLinear returns two halves; out_features must be even, got {out_features}')
+        super().__init__(in_features, out_features, bias, device=device, dtype=dtype)
+
+    def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:  # type: ignore[override]
+        half = self.out_features // 2
+        w1, w2 = self.weight[:half], self.weight[half:]
+        if self.bias is None:
+            return F.linear(x, w1), F.linear(x, w2)
+        return F.linear(x, w1, self.bias[:half]), F.linear(x, w2, self.bias[half:])

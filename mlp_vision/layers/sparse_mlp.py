@@ -20,6 +20,7 @@ from typing import Dict, Sequence, Tuple, Type
 import torch
 import torch.nn as nn
 from timm.layers import DropPath, Mlp
+from torch.jit import Final
 from torch.nn.utils import fuse_conv_bn_weights
 
 from .activations import fresh_input_act
@@ -67,17 +68,25 @@ class AxialSparseMLP(nn.Module):
     ``proj_h``: one Linear(H, H) along H, ``proj_w``: one Linear(W, W) along W; ``fuse_conv`` (the paper's "fuse";
     old state dicts' ``fuse`` loads): a 1x1 conv 3C -> C without bias, input channels [identity, H-mixed, W-mixed].
 
+    ``one_gemm_mixes``: the mixes read a copy of ``x`` laid out (H, B, C, W), where H is outermost and W innermost,
+    so each is one GEMM over the whole batch (``W_h (H, H) @ x (H, B*C*W)``, ``x (H*B*C, W) @ W_w^T``) instead of
+    a batched GEMM of B (along H) or B*H (along W) small products; the price is that copy, one pass over the map.
+    Same parameters and values; off by default (a layout becomes the default once measured faster on the GPU).
+
     Shapes: x (B, C, H, W) -> (B, C, H, W) (channels-last memory); H, W must equal ``feat_size``.
     """
     # the axial mixes: token axes (output, contracted) over the one axis each mixes, resampled for another map size
     token_axes_h: TokenAxes = {'proj_h.weight': ((0,), (1,)), 'proj_h.bias': ((0,), ())}
     token_axes_w: TokenAxes = {'proj_w.weight': ((0,), (1,)), 'proj_w.bias': ((0,), ())}
+    one_gemm_mixes: Final[bool]
 
     def __init__(self, dim: int, feat_size: Tuple[int, int], norm_layer: Type[nn.Module] = nn.BatchNorm2d,
-                 act_layer: Type[nn.Module] = nn.GELU, device=None, dtype=None) -> None:
+                 act_layer: Type[nn.Module] = nn.GELU, one_gemm_mixes: bool = False, device=None,
+                 dtype=None) -> None:
         super().__init__()
         dd = {'device': device, 'dtype': dtype}
         self.feat_size = tuple(feat_size)
+        self.one_gemm_mixes = one_gemm_mixes
         height, width = self.feat_size
         self.norm = norm_layer(dim, **dd)
         self.act = fresh_input_act(act_layer()) if isinstance(self.norm, _FRESH_OUTPUT_NORMS) else act_layer()
@@ -98,29 +107,43 @@ class AxialSparseMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.act(self.norm(x.contiguous(memory_format=torch.channels_last)))
+        if self.one_gemm_mixes:
+            return self.fuse_conv(self._one_gemm_mixes(x))
         x_h = self.proj_h(x.transpose(2, 3)).transpose(2, 3)  # the Linear sees (B, C, W, H): mixes along H
         x_w = self.proj_w(x)  # (B, C, H, W): mixes along W
         # a wrong-sized input fails in the axial Linears (RuntimeError); the models check sizes before
         return self.fuse_conv(torch.cat([x, x_h, x_w], dim=1))
+
+    def _one_gemm_mixes(self, x: torch.Tensor) -> torch.Tensor:
+        """concat[x, mix_H(x), mix_W(x)] (B, 3C, H, W), channels-last, each mix one GEMM (class docstring)."""
+        xt = x.permute(2, 0, 1, 3).contiguous()  # (H, B, C, W)
+        x_h = self.proj_h(xt.permute(1, 2, 3, 0))  # (B, C, W, H) view, H outermost in memory: W_h @ (H, B*C*W)
+        x_w = self.proj_w(xt)  # (H, B, C, W), W innermost: (H*B*C, W) @ W_w^T
+        # concatenated in the (B, H, W, C) view: the result is contiguous there, i.e. channels-last for the 1x1 conv
+        parts = [x.permute(0, 2, 3, 1), x_h.permute(0, 3, 2, 1), x_w.permute(1, 0, 3, 2)]
+        return torch.cat(parts, dim=3).permute(0, 3, 1, 2)
 
 
 class SparseMLPTokenMixer(nn.Module):
     """sMLPNet token mixing: depthwise-conv branch (BN -> GELU -> DWConv 3x3) followed by :class:`AxialSparseMLP`
     (arXiv 2109.05422, Fig. 2: the DWConv and the sMLP share one residual connection).
 
+    ``one_gemm_mixes``: the sMLP's axial mixes as one GEMM each (:class:`AxialSparseMLP`).
+
     Shapes: x (B, C, H, W) -> (B, C, H, W) (channels-last memory).
     """
 
     def __init__(self, dim: int, feat_size: Tuple[int, int], kernel_size: int = 3,
-                 norm_layer: Type[nn.Module] = nn.BatchNorm2d, act_layer: Type[nn.Module] = nn.GELU, device=None,
-                 dtype=None) -> None:
+                 norm_layer: Type[nn.Module] = nn.BatchNorm2d, act_layer: Type[nn.Module] = nn.GELU,
+                 one_gemm_mixes: bool = False, device=None, dtype=None) -> None:
         super().__init__()
         dd = {'device': device, 'dtype': dtype}
         self.norm = norm_layer(dim, **dd)
         self.act = fresh_input_act(act_layer()) if isinstance(self.norm, _FRESH_OUTPUT_NORMS) else act_layer()
         self.conv_dw = nn.Conv2d(
             dim, dim, kernel_size, padding=kernel_size // 2, groups=dim, bias=False, **dd)
-        self.smlp = AxialSparseMLP(dim, feat_size, norm_layer=norm_layer, act_layer=act_layer, **dd)
+        self.smlp = AxialSparseMLP(
+            dim, feat_size, norm_layer=norm_layer, act_layer=act_layer, one_gemm_mixes=one_gemm_mixes, **dd)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.act(self.norm(x.contiguous(memory_format=torch.channels_last)))
@@ -143,15 +166,18 @@ class SparseMLPBlock(nn.Module):
     """sMLPNet block: ``x = x + DropPath(TokenMixer(x))``; ``x = x + DropPath(MLP(LayerNorm_C(x)))``
     (arXiv 2109.05422, §3.1, Fig. 2); the channel MLP is timm's ``Mlp`` on the contiguous (B, H, W, C) view.
 
+    ``one_gemm_mixes``: the sMLP's axial mixes as one GEMM each (:class:`AxialSparseMLP`).
+
     Shapes: x (B, C, H, W) -> (B, C, H, W) (channels-last memory) with (H, W) == feat_size.
     """
 
     def __init__(self, dim: int, feat_size: Tuple[int, int], mlp_ratio: float = 3.,
                  norm_layer: Type[nn.Module] = nn.LayerNorm, act_layer: Type[nn.Module] = nn.GELU,
-                 proj_drop: float = 0., drop_path: float = 0., device=None, dtype=None) -> None:
+                 proj_drop: float = 0., drop_path: float = 0., one_gemm_mixes: bool = False, device=None,
+                 dtype=None) -> None:
         super().__init__()
         dd = {'device': device, 'dtype': dtype}
-        self.token_mixer = SparseMLPTokenMixer(dim, feat_size, act_layer=act_layer, **dd)
+        self.token_mixer = SparseMLPTokenMixer(dim, feat_size, act_layer=act_layer, one_gemm_mixes=one_gemm_mixes, **dd)
         self.norm = norm_layer(dim, **dd)
         self.mlp = Mlp(dim, int(dim * mlp_ratio), act_layer=act_layer, drop=proj_drop, **dd)
         self.mlp.act = fresh_input_act(self.mlp.act)  # applied to the fresh fc1 output only

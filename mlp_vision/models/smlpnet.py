@@ -37,8 +37,8 @@ class SparseMLPStage(nn.Module):
 
     def __init__(self, in_chs: int, out_chs: int, depth: int, feat_size: Tuple[int, int], downsample: bool = True,
                  mlp_ratio: float = 3., drop_path_rates: Optional[Sequence[float]] = None, proj_drop: float = 0.,
-                 norm_layer: Type[nn.Module] = nn.LayerNorm, act_layer: Type[nn.Module] = nn.GELU, device=None,
-                 dtype=None) -> None:
+                 norm_layer: Type[nn.Module] = nn.LayerNorm, act_layer: Type[nn.Module] = nn.GELU,
+                 one_gemm_mixes: bool = False, device=None, dtype=None) -> None:
         super().__init__()
         dd = {'device': device, 'dtype': dtype}
         self.grad_checkpointing = False
@@ -52,7 +52,7 @@ class SparseMLPStage(nn.Module):
         self.blocks = nn.Sequential(*[
             SparseMLPBlock(
                 out_chs, feat_size, mlp_ratio=mlp_ratio, norm_layer=norm_layer, act_layer=act_layer,
-                proj_drop=proj_drop, drop_path=drop_path_rates[i], **dd)
+                proj_drop=proj_drop, drop_path=drop_path_rates[i], one_gemm_mixes=one_gemm_mixes, **dd)
             for i in range(depth)])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -74,6 +74,9 @@ class SparseMLPNet(nn.Module):
         mlp_ratio: channel-MLP expansion alpha (3; 2 for the paper's T*).
         proj_drop_rate: dropout in the channel MLPs.
         drop_path_rate: stochastic depth, rate * i / (N - 1) for block i of N (all stages together).
+        one_gemm_mixes: every sMLP's axial mixes as one GEMM each over an (H, B, C, W) copy of its input
+            (:class:`~mlp_vision.layers.AxialSparseMLP`); the same parameters and function. Off by default until
+            measured faster on the GPU.
     """
 
     def __init__(
@@ -90,6 +93,7 @@ class SparseMLPNet(nn.Module):
             drop_rate: float = 0.,
             proj_drop_rate: float = 0.,
             drop_path_rate: float = 0.,
+            one_gemm_mixes: bool = False,
             device=None,
             dtype=None,
     ) -> None:
@@ -115,7 +119,7 @@ class SparseMLPNet(nn.Module):
             stages.append(SparseMLPStage(
                 dims[max(i - 1, 0)], dims[i], depths[i], (self.img_size[0] // stride, self.img_size[1] // stride),
                 downsample=i > 0, mlp_ratio=mlp_ratio, drop_path_rates=dpr[i], proj_drop=proj_drop_rate,
-                norm_layer=norm_layer, act_layer=act_layer, **dd))
+                norm_layer=norm_layer, act_layer=act_layer, one_gemm_mixes=one_gemm_mixes, **dd))
             self.feature_info.append(dict(num_chs=dims[i], reduction=stride, module=f'stages.{i}'))
         self.stages = nn.Sequential(*stages)
         # the official model normalises the last map with BatchNorm before pooling

@@ -50,5 +50,5 @@ from .registry import (
     architecture_class, create_model, from_pretrained, is_model, list_architectures, list_models, model_class,
     model_config, register_model)
 from .tokenizer import (
-    Tokenizer, byte_tokenizer, char_tokenizer, find_tokenizer, load_tokenizer, tokenizer_from_dict, tokenizer_kind,
-    tokenizer_to_dict, train_tokenizer, wordpiece_tokenizer)
+    Tokenizer, byte_tokenizer, char_tokenizer, find_tokenizer, load_tokenizer, tokenizer_kind, train_tokenizer,
+    wordpiece_tokenizer)

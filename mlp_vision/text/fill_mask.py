@@ -2,8 +2,8 @@
 
     python -m mlp_vision.text.fill_mask DIR "the movie was [MASK] ." [--top-k 5] [--device cpu]
 
-``DIR`` is a folder written by ``save_pretrained`` holding a masked LM and its tokenizer (what the text trainer
-writes under ``pretrained/``), or an official BiGS folder (``pytorch_model.bin`` / ``model.safetensors``,
+``DIR`` is a folder written by ``save_pretrained`` holding a masked LM and its tokenizer (a masked-LM run folder of
+the text trainer, or one of its ``checkpoint-N/``), or an official BiGS folder (``pytorch_model.bin`` / ``model.safetensors``,
 ``config.json``, ``vocab.txt`` / ``tokenizer.json``; see :meth:`BiGSForMaskedLM.from_official`). The mask token is
 the tokenizer's: ``[MASK]`` for BERT vocabularies, ``<mask>`` for the byte / char tokenizers. The text is encoded
 with the tokenizer's template (``<cls> text <sep>``) and each mask predicts one token (masked LM, BERT arXiv
@@ -50,8 +50,8 @@ def load_masked_lm(directory: str, device: str = 'cpu', allow_regex: bool = Fals
     """
     from .bigs import BiGSForMaskedLM
     if not os.path.isdir(directory):
-        raise UsageError(f'{directory} is not a folder; expected a save_pretrained folder of a masked LM (a run\'s '
-                         f'pretrained/) or an official BiGS folder')
+        raise UsageError(f'{directory} is not a folder; expected a save_pretrained folder of a masked LM (a text '
+                         f'run folder) or an official BiGS folder')
     if is_saved_folder(directory):
         cls, _ = load_config(directory)
         if not cls.__name__.endswith('ForMaskedLM'):

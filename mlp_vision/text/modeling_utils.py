@@ -41,11 +41,8 @@ __all__ = [
     'masked_lm_loss', 'causal_lm_loss', 'scored_positions', 'sequence_classification_loss',
     'read_config', 'is_saved_folder', 'weight_file_shapes', 'check_text_model_size', 'check_text_activations',
     'check_tokenizer_fits',
-    'pool_sequence', 'check_classifier_pooling', 'CLASSIFIER_POOLINGS', 'read_label_names',
-    'CONFIG_NAME', 'WEIGHTS_NAME', 'LABELS_NAME',
+    'pool_sequence', 'check_classifier_pooling', 'CLASSIFIER_POOLINGS', 'CONFIG_NAME', 'WEIGHTS_NAME',
 ]
-
-LABELS_NAME = 'labels.json'  # the text trainer writes it beside a classifier (mlp_vision.training.tasks.text_classification)
 
 
 # ------------------------------------------------------------------------------------------------------ configs
@@ -94,12 +91,6 @@ class TextConfig(PreTrainedConfig):
         """Our fields and their values: what ``create_model`` takes and what two equal models share."""
         return {name: getattr(self, name) for name in self.text_field_names()}
 
-    @classmethod
-    def rename_legacy(cls, d: dict) -> dict:
-        """``d`` as it is: the configs have one name per field. Only ``mlp_vision.training.tasks.classifier_init``
-        still calls it; it goes with that call."""
-        return d
-
     def check_fields(self) -> None:
         """Types, then the ranges of the field names every family shares (a :class:`~mlp_vision.errors.UsageError`,
         which is a ``ValueError``): sizes >= 1, other integers >= 0, epsilons > 0, dropout rates in [0, 1), every
@@ -133,7 +124,7 @@ class TextConfig(PreTrainedConfig):
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, **kwargs):
-        """``transformers``' ``from_pretrained``, telling :meth:`from_dict` the folder (for its ``labels.json``) as
+        """``transformers``' ``from_pretrained``, telling :meth:`from_dict` the folder (named in its errors) as
         ``AutoConfig`` does."""
         kwargs.setdefault('name_or_path', os.fspath(pretrained_model_name_or_path))
         return super().from_pretrained(pretrained_model_name_or_path, **kwargs)
@@ -142,7 +133,7 @@ class TextConfig(PreTrainedConfig):
     def from_dict(cls, config_dict: Dict[str, Any], **kwargs):
         """``transformers``' ``from_dict`` (what ``from_pretrained`` and ``AutoConfig`` call): a ``config.json`` of
         another family stops (:class:`WrongFamilyError`), keyword arguments that are our fields are checked as the
-        others, and a folder's ``labels.json`` (the text trainer's) names the labels when ``config.json`` does not."""
+        others."""
         config_dict = dict(config_dict)
         folder = kwargs.get('name_or_path')
         stored_type = config_dict.get('model_type', cls.model_type)
@@ -151,34 +142,11 @@ class TextConfig(PreTrainedConfig):
                                    f'{cls.__name__} reads {cls.model_type}')
         names = set(cls.text_field_names())
         config_dict.update({k: kwargs.pop(k) for k in list(kwargs) if k in names})
-        id2label = config_dict.get('id2label')
-        if folder and (not id2label or list(id2label.values()) == [f'LABEL_{i}' for i in range(len(id2label))]):
-            labels = read_label_names(folder, len(id2label) if id2label else config_dict.get('num_labels', 2))
-            if labels is not None:
-                config_dict['id2label'] = dict(enumerate(labels))
-                config_dict.pop('label2id', None)
-                config_dict.pop('num_labels', None)
         return super().from_dict(config_dict, **kwargs)
 
 
 class WrongFamilyError(TypeError):
     """A folder of another family (``model_type``) than the config class that reads it."""
-
-
-def read_label_names(folder: str, num_labels: int) -> Optional[List[str]]:
-    """The label names in ``folder/labels.json`` (None without the file); they must be ``num_labels``."""
-    path = os.path.join(folder, LABELS_NAME)
-    if not os.path.isfile(path):
-        return None
-    try:
-        names = read_json_file(path)['label_names']
-        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
-            raise TypeError('label_names must be a list of strings')
-    except (KeyError, TypeError) as e:
-        raise UsageError(f'{path} is not a labels file of ours ({type(e).__name__}: {e})') from None
-    if len(names) != num_labels:
-        raise UsageError(f'{path} names {len(names)} labels but the model has num_labels {num_labels}')
-    return names
 
 
 # ------------------------------------------------------------------------------------------------------- models

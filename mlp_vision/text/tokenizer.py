@@ -44,7 +44,7 @@ from mlp_vision.errors import UsageError, short_repr
 
 __all__ = [
     'Tokenizer', 'byte_tokenizer', 'char_tokenizer', 'wordpiece_tokenizer', 'train_tokenizer', 'load_tokenizer',
-    'find_tokenizer', 'tokenizer_from_dict', 'tokenizer_to_dict', 'tokenizer_kind', 'describe_tokenizer',
+    'find_tokenizer', 'tokenizer_kind', 'describe_tokenizer',
     'encode_with_template',
     'unknown_character',
     'check_vocab_size', 'DEFAULT_CONTROL_TOKENS', 'BERT_CONTROL_TOKENS', 'SUBWORD_KINDS', 'check_no_regex',
@@ -323,31 +323,6 @@ def check_no_regex(payload: Any, where: str, allow_regex: bool = False) -> None:
                          f'you trust with --allow-regex (allow_regex=True in Python)')
 
 
-def tokenizer_to_dict(tok: PreTrainedTokenizerFast) -> Dict[str, Any]:
-    """Plain JSON-able values that :func:`tokenizer_from_dict` turns back into ``tok`` (for checkpoints loaded with
-    ``torch.load(weights_only=True)``): its kind, ``tokenizer.json`` text, special tokens by role and casing."""
-    return {'tokenizer_type': tokenizer_kind(tok), 'tokenizer_json': tok.backend_tokenizer.to_str(),
-            'special_tokens_map': {r: getattr(tok, f'{r}_token') for r in CONTROL_ROLES
-                                   if getattr(tok, f'{r}_token') is not None},
-            'do_lower_case': tok.init_kwargs.get('do_lower_case')}
-
-
-def tokenizer_from_dict(d: Mapping[str, Any], allow_regex: bool = False) -> PreTrainedTokenizerFast:
-    """Inverse of :func:`tokenizer_to_dict`; also converts the dicts of runs before the tokenizers were
-    ``transformers`` objects (``{"tokenizer_type" | "type": "byte", "special_tokens"}``, ``{..: "char", "chars",
-    "special_tokens", "unk"}``; the fixtures' folders hold them). A tokenizer with a regular expression is refused
-    unless ``allow_regex`` (:func:`check_no_regex`)."""
-    kind = d.get('tokenizer_type', d.get('type'))
-    if kind not in KINDS:
-        raise ValueError(f'unknown tokenizer type {kind!r}; expected byte, char or subword')
-    if 'tokenizer_json' not in d:  # the byte / char dicts of older runs: rebuilt from their fields
-        if kind == 'byte':
-            return byte_tokenizer(d['special_tokens'])
-        return char_tokenizer(d['chars'], d['special_tokens'], d.get('unk'))
-    check_no_regex(json.loads(d['tokenizer_json']), 'the saved tokenizer', allow_regex)
-    return _wrap(Backend.from_str(d['tokenizer_json']), kind, d['special_tokens_map'], d.get('do_lower_case'))
-
-
 def _read_json(path: str) -> Optional[dict]:
     """The JSON object of ``path`` (None when there is no such file); damaged JSON is a UsageError naming it."""
     if not os.path.isfile(path):
@@ -400,9 +375,6 @@ def _from_tokenizer_json(path: str, config: Mapping[str, Any], specials: Mapping
     with open(path, encoding='utf-8') as f:
         text = f.read()
     payload = json.loads(text)
-    if payload.get('type', payload.get('tokenizer_type')) in ('byte', 'char') and 'model' not in payload:
-        # the text trainer's own dict of older runs, under this name
-        return tokenizer_from_dict(payload)
     check_no_regex(payload, path, allow_regex)
     backend = Backend.from_str(text)
     roles = {**_roles_of(backend.get_vocab(with_added_tokens=True)), **specials}
@@ -418,7 +390,7 @@ def _find_in_file(path: str, allow_regex: bool) -> Optional[PreTrainedTokenizerF
         d = _read_json(path)
     except UsageError:  # not JSON: not a tokenizer file
         return None
-    if d.get('type', d.get('tokenizer_type')) not in ('byte', 'char') and 'model' not in d:
+    if 'model' not in d:
         return None  # JSON of something else (a config.json)
     return _read_tokenizer_file(path, lambda: _from_tokenizer_json(path, {}, {}, allow_regex))
 
@@ -428,7 +400,6 @@ def find_tokenizer(path: str, allow_regex: bool = False) -> Optional[PreTrainedT
 
     * ``tokenizer.json`` (ours, with ``tokenizer_config.json``'s kind and casing, or Hugging Face's, with the
       special tokens of ``tokenizer_config.json`` / ``special_tokens_map.json`` when present);
-    * a ``tokenizer_config.json`` alone holding a byte / char tokenizer of older runs (:func:`tokenizer_from_dict`);
     * ``vocab.txt``: BERT WordPiece, lower-casing from ``tokenizer_config.json``'s ``do_lower_case`` when present,
       else from the vocabulary (see :func:`wordpiece_tokenizer`).
 
@@ -446,8 +417,6 @@ def find_tokenizer(path: str, allow_regex: bool = False) -> Optional[PreTrainedT
         specials = _hf_special_tokens(path, config)
         return _read_tokenizer_file(tokenizer_file, lambda: _from_tokenizer_json(
             tokenizer_file, config, specials, allow_regex))
-    if config.get('tokenizer_type') in ('byte', 'char'):
-        return _read_tokenizer_file(config_file, lambda: tokenizer_from_dict(config))
     vocab_file = os.path.join(path, VOCAB_FILE_NAME)
     if os.path.isfile(vocab_file):
         return _read_tokenizer_file(vocab_file, lambda: wordpiece_tokenizer(

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One GPU lease, one part of the speed table (issue 34 item 5), on the device machine from the repo root:
 #
-#   bash scripts/gpu/lease.sh a_gmlp        # (see scripts/gpu/run_gpu.sh for the parts a_ .. i_)
+#   bash scripts/gpu/lease.sh a_gmlp        # (see scripts/gpu/run_gpu.sh for the parts a_ .. j_)
 #
 # Prepared here first with `bash scripts/gpu/prepare_lease.sh` (wheels the device lacks in .whl/, data in gpu_data/,
 # both git-ignored and named in the device call's carry). The device call:

@@ -28,11 +28,15 @@
 #   c_mixer         mixer_b16 vs vit_base_patch16_224 and vs timm's mixer_b16_224 (% of the matmul rate, profiled)
 #   d_bigs_layer    the BiGS-large layer (conv_impl auto) vs the flash-attention BERT-large layer at 4K / 16K tokens
 #   e_bigs_model    12-layer BiGS vs 12-layer BERT training tokens/s at 1K-16K, and the longest sequence at batch 1
-#   f_text_trainer  the text trainer's tokens/s, eager vs --torchcompile
+#   f_text_trainer  the text trainer's blocks/s (trainer_state.json), eager vs --torchcompile
 #   g_bigs_layer_compiled  d_bigs_layer in the goals' mode: both layers compiled (training step, step memory)
 #   h_bigs_linear   issue 42 item 5: the BiGS-large layer (conv_impl auto = the linear-time chunked route from ~3.3K
 #                   tokens) vs the flash-attention BERT-large layer at 4K / 16K / 64K tokens, eager, and at 64K
 #                   compiled: training step, step memory, top kernels
+#   j_vision_variants  issue 45 items 3 and 5: every layout variant of gMLP-S (split_fc1, token_major) vs timm's
+#                   gMLP-S and ViT-S, of sMLPNet-T (one_gemm_mixes) vs ConvNeXt-T, and Mixer-B vs timm's Mixer-B,
+#                   compiled bf16 channels_last training steps alternating in one process per group, % of the
+#                   matmul rate, top kernels (scripts/gpu/vision_variants.py); the fastest variant becomes the default
 #   i_bigs_linear_more  issue 42 item 5, the rest: that pair compiled at 16K (4K compiled: g_bigs_layer_compiled),
 #                   the longest sequence the 12-layer BiGS (and BERT) trains at batch 1, and the routes (direct / fft
 #                   / triton / chunked, BERT beside) at 2K / 4K / 16K: where auto switches from Triton to chunked
@@ -50,7 +54,7 @@
 # torch.compile costs minutes per deep model and mode (inductor compiled sMLPNet-T's training graph in 3.5 min
 # on the H100 machine's 16 cores), so only the compiled sMLPNet-T inference pair is in `bench`.
 set -u
-[ $# -gt 0 ] || { echo 'usage: run_gpu.sh a_gmlp|b_smlpnet|c_mixer|d_bigs_layer|e_bigs_model|f_text_trainer|g_bigs_layer_compiled|h_bigs_linear|i_bigs_linear_more|train|ddp|bench|text|longconv|bigs_models|peers_smlpnet|peers_gmlp|peers_mixer|token_pad|token_pad_models ...'; exit 2; }
+[ $# -gt 0 ] || { echo 'usage: run_gpu.sh a_gmlp|b_smlpnet|c_mixer|d_bigs_layer|e_bigs_model|f_text_trainer|g_bigs_layer_compiled|h_bigs_linear|i_bigs_linear_more|j_vision_variants|train|ddp|bench|text|longconv|bigs_models|peers_smlpnet|peers_gmlp|peers_mixer|token_pad|token_pad_models ...'; exit 2; }
 PY=${PY:-python3}
 DATA=${DATA:-../shared/data/imagenette-mini}
 WORK=${WORK:-output/gpu}
@@ -69,14 +73,15 @@ step() {  # step NAME SECONDS CMD...: run CMD with a time limit, log to WORK/NAM
 }
 
 text_trainer_pair() {  # NAME SECONDS STEPS: the text trainer on the study's BiGS encoder (4 x 256, 128 tokens,
-    # batch 128, sparse prediction), bf16 autocast, eager then --torchcompile: tokens/s from each run's results.json
+    # batch 128, sparse prediction), bf16 autocast, eager then --torchcompile: blocks/s of 128 tokens from each run's
+    # checkpoint-STEPS/trainer_state.json (train_samples_per_second)
     local name=$1 secs=$2 steps=$3 text=${TEXT:-../shared/data/tinyshakespeare/input.txt} mode flag
     for mode in eager compiled; do
         flag=(); [ "$mode" = compiled ] && flag=(--torchcompile)
         step "${name}_$mode" "$secs" $PY -m mlp_vision.train_text --task mlm --model bigs_small --model-kwargs \
             num_hidden_layers=4 hidden_size=256 intermediate_size=768 max_position_embeddings=128 \
             sparse_prediction=True --tokenizer char --train-file "$text" --block-size 128 -b 128 --steps "$steps" \
-            --eval-interval "$steps" --eval-batches 4 --final-eval-batches 8 --amp --amp-dtype bfloat16 "${flag[@]}" \
+            --eval-interval "$steps" --amp --amp-dtype bfloat16 "${flag[@]}" \
             --output "$WORK/text_trainer" --experiment "bigs_4x256_$mode"
     done
 }
@@ -172,7 +177,7 @@ bigs_models)
     step bigs_vs_bert_longest 420 $PY "${tm[@]}" longest --conv-impl triton --start-len 4096 --granularity 2048 \
         --out "$WORK/bench/gpu_bigs12_vs_bert12_longest"
     # 4. item 4: the text trainer on the study's BiGS encoder (4 x 256, 128 tokens, batch 128, sparse prediction),
-    #    bf16 autocast, eager vs --torchcompile: tokens/s from each run's results.json
+    #    bf16 autocast, eager vs --torchcompile: blocks/s from each run's trainer_state.json
     text_trainer_pair text_trainer 240 600
     ;;
 longconv)
@@ -286,6 +291,15 @@ h_bigs_linear|i_bigs_linear_more)
             --hidden 1024 --seq-lens 2048 4096 16384 --out "$WORK/bench/i_bigs_linear_more_routes"
     fi
     ;;
+j_vision_variants)
+    # batch 128, few steps, regional compilation (each block once per shape; the whole-model compile of sMLPNet-T
+    # alone took 3.5 min on the H100 machine); a group per process and step, so that a slow group costs only itself
+    vv=(scripts/gpu/vision_variants.py --device cuda --precision bf16 --batch 128 --samples 5 --iters 5 --warmup 2
+        --profile)
+    step j_vision_variants_gmlp 230 $PY "${vv[@]}" --groups gmlp --out "$WORK/bench/j_vision_variants_gmlp"
+    step j_vision_variants_smlp 150 $PY "${vv[@]}" --groups smlp --out "$WORK/bench/j_vision_variants_smlp"
+    step j_vision_variants_mixer 100 $PY "${vv[@]}" --groups mixer --out "$WORK/bench/j_vision_variants_mixer"
+    ;;
 token_pad)
     # the SGU token GEMM of gMLP-S (batch 256, 768 gated channels, 196 tokens) alone: unpadded, the contracted axis
     # padded (what the modules do) and both axes padded; then the SGU and Mixer-B's token MLP, eager and compiled
@@ -302,7 +316,7 @@ token_pad_models)
     step token_pad_mixer_b16 200 $PY "${tp[@]}" --models mixer_b16 --batch 128 --out "$WORK/bench/gpu_token_pad_mixer_b16"
     ;;
 *)
-    echo "unknown part $part (a_gmlp|b_smlpnet|c_mixer|d_bigs_layer|e_bigs_model|f_text_trainer|g_bigs_layer_compiled|h_bigs_linear|i_bigs_linear_more|train|ddp|bench|text|"\
+    echo "unknown part $part (a_gmlp|b_smlpnet|c_mixer|d_bigs_layer|e_bigs_model|f_text_trainer|g_bigs_layer_compiled|h_bigs_linear|i_bigs_linear_more|j_vision_variants|train|ddp|bench|text|"\
 "longconv|bigs_models|peers_smlpnet|peers_gmlp|peers_mixer|token_pad|token_pad_models)"; exit 2 ;;
 esac
 done

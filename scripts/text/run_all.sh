@@ -27,12 +27,14 @@ shakespeare() {  # a. MLP-Attention vs dot-product attention, the paper's model 
     python -m mlp_vision.train_text --task causal --model "$model" \
       --train-file $DATA/tinyshakespeare/input.txt --val-fraction 0.1 --block-size 256 \
       --steps "$SHAKESPEARE_STEPS" -b "$SHAKESPEARE_BATCH" --lr 3e-4 --sched constant --warmup-steps 0 \
-      --eval-interval "$SHAKESPEARE_EVAL_INTERVAL" --eval-batches 2 --eval-batch-size 32 --final-eval-batches 0 --log-interval 20 \
-      --seed 1337 --sample-prompt "ROMEO:" --sample-tokens 300 --num-samples 2 \
+      --eval-interval "$SHAKESPEARE_EVAL_INTERVAL" --eval-batch-size 32 --log-interval 20 --seed 1337 \
       --output $SHAKESPEARE_OUT --experiment "$model" > "$SHAKESPEARE_OUT/$model.console.log" 2>&1
+    python -c "import mlp_vision.text, sys; from transformers import pipeline, set_seed; set_seed(1337)
+print(pipeline('text-generation', model=sys.argv[1])('ROMEO:', max_new_tokens=300, do_sample=True, top_k=0)[0]['generated_text'])" \
+      "$SHAKESPEARE_OUT/$model" > "$SHAKESPEARE_OUT/$model.samples.txt"
     stamp "end $model"
   done
-  python scripts/text/compare.py $SHAKESPEARE_OUT/compare.png --metric val_ppl --metric-label 'validation perplexity (per char)' \
+  python scripts/text/compare.py $SHAKESPEARE_OUT/compare.png \
     --title "Tiny Shakespeare (char): MLP-Attention vs dot-product attention, $SHAKESPEARE_STEPS updates x $SHAKESPEARE_BATCH" \
     MLP-Attention=$SHAKESPEARE_OUT/gpt_mlp_attention SDPA=$SHAKESPEARE_OUT/gpt_sdpa | tee $SHAKESPEARE_OUT/table.md
 }
@@ -40,7 +42,7 @@ shakespeare() {  # a. MLP-Attention vs dot-product attention, the paper's model 
 mlm() {  # b. small masked LMs on WikiText-2 (train: valid.txt, evaluate: test.txt), ~3.5 M parameters each
   local common="--task mlm --train-file $DATA/wikitext-2/valid.txt --val-file $DATA/wikitext-2/test.txt \
     --tokenizer char --block-size 128 --steps $MLM_STEPS -b 16 --warmup-steps $((MLM_STEPS / 10)) \
-    --eval-interval $MLM_EVAL_INTERVAL --eval-batches 2 --eval-batch-size 64 --final-eval-batches 8 --log-interval 10 --seed 1337"
+    --eval-interval $MLM_EVAL_INTERVAL --eval-batch-size 64 --log-interval 10 --seed 1337"
   declare -A kwargs=(
     [gmlp]="--model gmlp_base --model-kwargs num_hidden_layers=6 hidden_size=256 intermediate_size=1536 max_position_embeddings=128"
     [amlp]="--model amlp_base --model-kwargs num_hidden_layers=5 hidden_size=256 intermediate_size=1536 tiny_attention_size=64 max_position_embeddings=128"
@@ -61,9 +63,9 @@ mlm() {  # b. small masked LMs on WikiText-2 (train: valid.txt, evaluate: test.t
     stamp "end $name"
   done
   for name in gmlp amlp bigs bigs_gmlp_recipe; do
-    if [ -f "$MLM_OUT/$name/results.json" ]; then runs+=("${label[$name]}=$MLM_OUT/$name"); fi
+    if [ -f "$MLM_OUT/$name/eval_results.json" ]; then runs+=("${label[$name]}=$MLM_OUT/$name"); fi
   done
-  python scripts/text/compare.py "$MLM_OUT/compare.png" --metric val_masked_acc --metric-label 'masked-token accuracy (%)' \
+  python scripts/text/compare.py "$MLM_OUT/compare.png" \
     --title "WikiText-2 char MLM (train valid.txt, eval test.txt), ~3.5 M params, $MLM_STEPS updates" \
     "${runs[@]}" | tee "$MLM_OUT/table.md"
 }

@@ -1,4 +1,7 @@
 #!/usr/bin/env bash
+# NOTE: this script drives the text trainer as it was before it moved onto transformers.Trainer (last.pth /
+# model_best.pth, --eval-batches, results.json / summary.csv, CONTINUE_FROM into a new folder), the trainer that
+# recorded rounds 3 to 6; it does not run with today's trainer (README, "What changed") until it is updated.
 # One round of the pretrain-then-fine-tune study (issue 13.4) as one command (rounds 3 to 6). The defaults are sized
 # for one GPU and a 10-minute limit; the 2-core CPU runs recorded in round3/ to round6/README.md set the
 # knobs below:

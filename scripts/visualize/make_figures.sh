@@ -24,10 +24,10 @@ python -m mlp_vision.train -c imagenette_mini_cpu --model gmlp_ti --img-size 56 
 python -m mlp_vision.train_text --task mlm --model bigs_small \
   --model-kwargs max_position_embeddings=128 hidden_dropout_prob=0.0 \
   --train-file ../shared/data/tinyshakespeare/input.txt --tokenizer char --block-size 128 \
-  --steps 400 -b 16 --warmup-steps 40 --eval-interval 100 --eval-batches 2 --log-interval 50 --seed 1337 \
+  --steps 400 -b 16 --warmup-steps 40 --eval-interval 100 --log-interval 50 --seed 1337 \
   --threads 1 --output "$OUT" --experiment bigs_shakespeare
 
-# the BiGS run's initial weights, for comparison: the trainer seeds with random_seed(1337) right before create_model
+# the BiGS run's initial weights, for comparison: the trainer seeds with transformers.set_seed(1337) before create_model
 python -c "
 import torch
 from mlp_vision.text.registry import create_model
@@ -39,5 +39,5 @@ FIGS=results/visualize
 python -m mlp_vision.visualize "$OUT/gmlp_digits56/model_best.pth" --out $FIGS/gmlp_digits56
 python -m mlp_vision.visualize "$OUT/gmlp_imagenette56/model_best.pth" --out $FIGS/gmlp_imagenette56
 python -m mlp_vision.visualize "$OUT/demo_smlpnet_t/model_best.pth" --out $FIGS/smlpnet_demo
-python -m mlp_vision.visualize "$OUT/bigs_shakespeare/pretrained" --out $FIGS/bigs_shakespeare
+python -m mlp_vision.visualize "$OUT/bigs_shakespeare" --out $FIGS/bigs_shakespeare
 python -m mlp_vision.visualize "$OUT/bigs_shakespeare_init" --out $FIGS/bigs_shakespeare_init

@@ -76,7 +76,7 @@ _logger = logging.getLogger(__name__)
 
 # flags about this invocation, not the run's settings: never taken over from a resumed run
 RUN_CONTROL_ARGS = frozenset({
-    'config', 'resume', 'trust_checkpoint', 'debug', 'output', 'experiment', 'stop_after_step', 'no_resume_opt',
+    'config', 'resume', 'trust_checkpoint', 'debug', 'output', 'experiment', 'no_resume_opt',
     'initial_checkpoint', 'pretrained', 'pretrained_path', 'allow_missing_weights',
     'max_params', 'max_activation_gib', 'allow_regex',  # opt-ins past a bound: given again each time, as the trust
 })
@@ -148,22 +148,11 @@ def parse_run_args(parser: argparse.ArgumentParser, argv: Sequence[str], kind: s
     args, _ = merge_settings(parser, given, base_configs=base_configs, run_settings=saved, recipes=recipes)
     args.resumed_settings = saved
     args.resumed_derived = dict(ckpt.get('derived') or {}) if ckpt is not None else {}
-    if ckpt is not None and 'optimizer' not in ckpt and not getattr(args, 'no_resume_opt', False):
-        _refuse_weights_only(resume, args)
+    if ckpt is not None and 'optimizer' not in ckpt and not args.no_resume_opt:
+        raise UsageError(f'--resume {resume} holds the weights only (written without --keep-optimizer-state): '
+                         f'continue from last.pth, resume from its weights with a fresh optimizer (--no-resume-opt) '
+                         f'or start a new run from its weights with --initial-checkpoint')
     return args, ckpt
-
-
-def _refuse_weights_only(path: str, args: argparse.Namespace) -> None:
-    """A best / top-N checkpoint without optimizer state cannot be resumed: say what this trainer offers instead."""
-    ways = ['continue from last.pth']
-    if hasattr(args, 'no_resume_opt'):
-        ways.append('resume from its weights with a fresh optimizer (--no-resume-opt)')
-    if hasattr(args, 'initial_checkpoint'):
-        ways.append('start a new run from its weights with --initial-checkpoint')
-    elif hasattr(args, 'init_from'):
-        ways.append('start a classify run from its weights with --init-from')
-    raise UsageError(f'--resume {path} holds the weights only (written without --keep-optimizer-state): '
-                     f'{", ".join(ways[:-1])} or {ways[-1]}')
 
 
 def setup_amp(enabled: bool, dtype_name: Optional[str], device: torch.device):
@@ -329,22 +318,21 @@ def check_not_finished(ckpt: Optional[Dict[str, Any]], resume: str, key: str, do
                      f'pass a larger {flag}')
 
 
-def restore_rng(ckpt: Optional[Dict[str, Any]], resume: str, dist_info: DistInfo) -> Optional[Dict[str, Any]]:
-    """Restore this rank's RNG states (call it last: nothing built before shifts them); returns the rank's saved
-    state (with the trainer's extra fields) or None."""
+def restore_rng(ckpt: Optional[Dict[str, Any]], resume: str, dist_info: DistInfo) -> None:
+    """Restore this rank's RNG states from the resumed checkpoint ``ckpt`` (None: not resuming); call it last:
+    nothing built before shifts them."""
     if ckpt is None:
-        return None
+        return
     states, world = ckpt.get('rng_states') or [], dist_info.world_size
     if len(states) != world:
         _logger.warning(f'the checkpoint has RNG states for {len(states)} processes, this run has {world}: '
                         f'continuing with fresh seeds (not bit-exact)')
-        return None
+        return
     try:
         set_rng_state(states[dist_info.rank])
     except (TypeError, ValueError, KeyError, IndexError, AttributeError, RuntimeError) as e:
         raise UsageError(f'--resume {resume}: its saved random-number state is damaged or crafted '
                          f'({type(e).__name__}: {" ".join(str(e).split())[:120]}); the file is not used') from None
-    return states[dist_info.rank]
 
 
 # ------------------------------------------------------------------------------------------------ folder identity
@@ -636,11 +624,10 @@ def log_settings_changes(args) -> None:
 # ------------------------------------------------------------------------------------------------ checkpoints
 def save_checkpoint(folder: Optional[RunFolder], args, dist_info: DistInfo, position: int, metric: Optional[float],
                     *, kind: str, key: str, model: nn.Module, optimizer, scheduler, schedule: Dict[str, Any],
-                    num_updates: int, loss_scaler=None, rank_extra: Optional[Dict] = None,
-                    **extra) -> Optional[Dict[str, bool]]:
-    """Every rank: gather the RNG states (with ``rank_extra``); rank 0 (``folder``): write the checkpoint of
+                    num_updates: int, loss_scaler=None, **extra) -> Optional[Dict[str, bool]]:
+    """Every rank: gather the RNG states; rank 0 (``folder``): write the checkpoint of
     ``position`` (the payload of the module docstring). Returns what was written (rank 0) or None."""
-    rng_states = all_gather_objects({**get_rng_state(), **(rank_extra or {})}, dist_info)
+    rng_states = all_gather_objects(get_rng_state(), dist_info)
     if folder is None:
         return None
     folder.last_saved = position

@@ -1,20 +1,17 @@
-""" Text data of the language-model trainer: text files, the run's tokenizer, training batches sampled from a
-token stream and the fixed validation batches.
+""" The text of the trainer's causal and masked LM runs (``python -m mlp_vision.train_text --task causal / mlm``):
+UTF-8 text files read with one clear line for bad input, the run's tokenizer (built on the training text, or another
+run's), the text encoded (a stop signal read between pieces) and cut into the blocks ``transformers.Trainer`` iterates.
 
-* causal: every training sample is a contiguous block of ``block_size`` tokens at a random offset of the training
-  tokens; the target is the block shifted by one (the trainer scores position t on token t + 1).
-* mlm: every training sample is ``<cls>`` + a contiguous window of ``block_size - 2`` tokens at a random offset +
-  ``<sep>`` (padded with ``<pad>`` only where the text is shorter than a window), masked as BERT (arXiv 1810.04805,
-  §3.1 "Task #1: Masked LM"; :class:`MLMMasker`: 15 % selected, 80/10/10); the loss is on the selected positions.
-* validation: the held-out tokens cut into consecutive non-overlapping blocks / segments (MLM masks drawn once
-  from the seed, so every evaluation and every model sees the same masked positions).
+* causal: consecutive blocks of ``block_size`` tokens, ``labels = input_ids`` (the models shift inside), batched by
+  ``transformers.default_data_collator`` (every block has one length: nothing to pad).
+* mlm: ``<cls>`` + ``block_size - 2`` consecutive tokens + ``<sep>`` per block, masked per epoch by
+  :class:`MaskedBlocks` (BERT's 80/10/10, arXiv 1810.04805 §3.1) and batched by ``default_data_collator``.
+* held-out text: ``--val-file``, else the last ``--val-fraction`` of ``--train-file``, cut the same way.
 
-A batch is ``(input ids (B, L), attention mask (B, L) bool or None, labels (B, L))``; labels are -100 where not
-scored.
+The tail shorter than a block is dropped. Labelled files for ``--task classify``: :mod:`.labelled_data`.
 """
 import json
 import logging
-import math
 import re
 from pathlib import Path
 from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
@@ -22,28 +19,25 @@ from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 import torch
 
 from mlp_vision.errors import Interrupted, UsageError
-from mlp_vision.text.registry import create_model
 from mlp_vision.text.tokenizer import (
     DEFAULT_CONTROL_TOKENS, SUBWORD_KINDS, Tokenizer, byte_tokenizer, char_tokenizer, find_tokenizer, tokenizer_kind,
     train_tokenizer, unknown_character)
 
 __all__ = [
-    'Batch', 'build_tokenizer', 'tokenizer_from_path', 'encode_text', 'read_text_file', 'sample_causal_batch',
-    'causal_eval_batches', 'MLMMasker', 'mlm_segments', 'sample_mlm_batch', 'mlm_eval_batches', 'subset_batches',
-    'unigram_mlm_baseline', 'check_unknown_tokens', 'UNKNOWN_WARN_FRACTION', 'model_for_tokenizer', 'read_utf8_file',
+    'build_tokenizer', 'tokenizer_from_path', 'encode_text', 'check_unknown_tokens', 'read_utf8_file',
+    'read_text_file', 'split_held_out', 'lm_blocks', 'MLMMasker', 'MaskedBlocks', 'UNKNOWN_WARN_FRACTION',
 ]
 
 _logger = logging.getLogger(__name__)
 
-Batch = Tuple[torch.Tensor, Optional[torch.Tensor], torch.Tensor]  # input ids, attention mask or None, labels
 UNK = '<unk>'
 
 
 def build_tokenizer(kind: str, task: str, train_text: str, val_text: str = '', vocab_size: int = 8000) -> Tokenizer:
     """The tokenizer of a run: ``char`` (alphabet of ``train_text``, so Tiny Shakespeare gives the papers' 65
-    characters; ``<unk>`` only when ``val_text`` has others) or ``byte`` (256), MLM adding ``<pad> <cls> <sep>
-    <mask>`` after them; or a ``wordpiece`` / ``bpe`` vocabulary of at most ``vocab_size`` tokens trained on the
-    lines of ``train_text`` (:func:`~mlp_vision.text.tokenizer.train_tokenizer`)."""
+    characters; ``<unk>`` only when ``val_text`` has others) or ``byte`` (256), mlm / classify adding ``<pad> <cls>
+    <sep> <mask>`` after them; or a ``wordpiece`` / ``bpe`` vocabulary of at most ``vocab_size`` tokens trained on
+    the lines of ``train_text`` (:func:`~mlp_vision.text.tokenizer.train_tokenizer`)."""
     if kind in SUBWORD_KINDS:
         tokenizer = train_tokenizer(texts=train_text.splitlines(), kind=kind, vocab_size=vocab_size)
         if len(tokenizer) < vocab_size:  # the trainer stops when no pair is frequent enough to merge
@@ -51,7 +45,7 @@ def build_tokenizer(kind: str, task: str, train_text: str, val_text: str = '', v
                             f'{len(tokenizer)} tokens (the text has no more pieces that occur twice); the model '
                             f'gets {len(tokenizer)} embeddings')
         return tokenizer
-    specials = tuple(DEFAULT_CONTROL_TOKENS) if task == 'mlm' else ()
+    specials = () if task == 'causal' else tuple(DEFAULT_CONTROL_TOKENS)  # mlm / classify: BERT's template
     if kind == 'byte':
         return byte_tokenizer(specials)
     if kind != 'char':
@@ -233,22 +227,27 @@ def read_text_file(path: str, what: str) -> str:
     return text
 
 
-def sample_causal_batch(ids: torch.Tensor, batch_size: int, block_size: int,
-                        generator: torch.Generator) -> Batch:
-    """``batch_size`` random contiguous blocks: inputs ``ids[i:i+T]``, targets ``ids[i+1:i+T+1]``."""
-    starts = torch.randint(len(ids) - block_size, (batch_size,), generator=generator)
-    offsets = torch.arange(block_size)
-    x = ids[starts[:, None] + offsets]
-    y = ids[starts[:, None] + offsets + 1]
-    return x, None, y
+def split_held_out(train_text: str, val_fraction: float) -> Tuple[str, str]:
+    """(training text, held-out text): the last ``val_fraction`` of the characters are held out."""
+    cut = int(len(train_text) * (1. - val_fraction))
+    return train_text[:cut], train_text[cut:]
 
 
-def causal_eval_batches(ids: torch.Tensor, block_size: int, batch_size: int) -> List[Batch]:
-    """All full non-overlapping blocks of the held-out tokens, in order, as batches."""
-    starts = torch.arange((len(ids) - 1) // block_size) * block_size
-    offsets = torch.arange(block_size)
-    return [(ids[chunk[:, None] + offsets], None, ids[chunk[:, None] + offsets + 1])
-            for chunk in starts.split(batch_size)]
+def lm_blocks(ids: torch.Tensor, block_size: int, task: str, tokenizer: Tokenizer, what: str) -> List[Dict]:
+    """The examples of ``--task causal`` (``input_ids`` = ``labels``, (block_size,)) or ``mlm`` (``input_ids``:
+    ``<cls>`` + ``block_size - 2`` tokens + ``<sep>``) cut from the 1-D ``ids`` in order; a :class:`UsageError`
+    naming ``what`` when it holds no whole block."""
+    body = block_size if task == 'causal' else block_size - 2
+    n = len(ids) // body
+    if n == 0:
+        raise UsageError(f'the {what} has {len(ids)} tokens, fewer than one block of {body}; use a longer text or a '
+                         f'smaller --block-size')
+    blocks = ids[:n * body].view(n, body)
+    if task == 'causal':
+        return [{'input_ids': b, 'labels': b} for b in blocks]
+    cls = torch.full((n, 1), tokenizer.cls_token_id, dtype=torch.long)
+    sep = torch.full((n, 1), tokenizer.sep_token_id, dtype=torch.long)
+    return [{'input_ids': b} for b in torch.cat([cls, blocks, sep], dim=1)]
 
 
 class MLMMasker:
@@ -292,94 +291,24 @@ class MLMMasker:
         return out, labels
 
 
-def mlm_segments(ids: torch.Tensor, starts: torch.Tensor, block_size: int,
-                 tokenizer: Tokenizer) -> Tuple[torch.Tensor, torch.Tensor]:
-    """``<cls>`` + ``ids[s : s + block_size - 2]`` + ``<sep>`` per start, right-padded with ``<pad>`` where the
-    text ends early. Returns (input ids (B, block_size), attention mask (B, block_size) bool)."""
-    body = block_size - 2
-    out = torch.full((len(starts), block_size), tokenizer.pad_token_id, dtype=torch.long)
-    mask = torch.zeros((len(starts), block_size), dtype=torch.bool)
-    for row, s in enumerate(starts.tolist()):
-        piece = ids[s:s + body]
-        n = len(piece)
-        out[row, 0] = tokenizer.cls_token_id
-        out[row, 1:1 + n] = piece
-        out[row, 1 + n] = tokenizer.sep_token_id
-        mask[row, :n + 2] = True
-    return out, mask
+class MaskedBlocks(torch.utils.data.Dataset):
+    """MLM blocks (``lm_blocks``' ``input_ids``) masked by :class:`MLMMasker`: item ``i`` is ``input_ids`` and
+    ``labels`` drawn from a generator seeded by (``seed``, ``epoch``, ``i``); Trainer sets ``epoch`` at each epoch's
+    start (:class:`~mlp_vision.text.callbacks.DatasetEpoch`), so each epoch masks anew (RoBERTa's dynamic masking)
+    and the held-out blocks (epoch 0) are masked alike at every evaluation.
 
+    Ours, not ``DataCollatorForLanguageModeling``, deliberately: that collator draws from the global RNG, and the
+    data loader collates one batch ahead, so the batch after a checkpoint is masked before the checkpoint's RNG
+    state is taken in an uninterrupted run and after it is restored in a resumed one -- different masks, a resume
+    that is not exact. Here the masks depend on nothing but the three numbers."""
 
-def sample_mlm_batch(ids: torch.Tensor, batch_size: int, block_size: int, tokenizer: Tokenizer,
-                     masker: MLMMasker, generator: torch.Generator) -> Batch:
-    """``batch_size`` segments at random offsets, masked."""
-    starts = torch.randint(max(len(ids) - (block_size - 2), 0) + 1, (batch_size,), generator=generator)
-    return _masked_batch(ids, starts, block_size, tokenizer, masker, generator)
+    def __init__(self, blocks: Sequence[Dict], tokenizer: Tokenizer, rate: float, seed: int):
+        self.blocks, self.masker, self.seed, self.epoch = blocks, MLMMasker(tokenizer, rate), seed, 0
 
+    def __len__(self) -> int:
+        return len(self.blocks)
 
-def _masked_batch(ids: torch.Tensor, starts: torch.Tensor, block_size: int, tokenizer: Tokenizer, masker: MLMMasker,
-                  generator: torch.Generator) -> Batch:
-    """The segments at ``starts``, masked; the attention mask None when no row is padded."""
-    segments, attention = mlm_segments(ids, starts, block_size, tokenizer)
-    inputs, labels = masker(segments, generator)
-    return inputs, (None if bool(attention.all()) else attention), labels
-
-
-def mlm_eval_batches(ids: torch.Tensor, block_size: int, batch_size: int, tokenizer: Tokenizer,
-                     masker: MLMMasker, seed: int) -> List[Batch]:
-    """The held-out tokens as consecutive segments (the last one padded), masked once with ``seed``."""
-    generator = torch.Generator().manual_seed(seed)
-    return [_masked_batch(ids, chunk, block_size, tokenizer, masker, generator)
-            for chunk in torch.arange(0, len(ids), block_size - 2).split(batch_size)]
-
-
-def subset_batches(batches: List[Batch], n: int, seed: int) -> List[Batch]:
-    """A fixed, evenly drawn subset of ``n`` batches (all when n <= 0 or n >= len)."""
-    if n <= 0 or n >= len(batches):
-        return batches
-    order = torch.randperm(len(batches), generator=torch.Generator().manual_seed(seed))[:n].sort().values
-    return [batches[i] for i in order.tolist()]
-
-
-def unigram_mlm_baseline(train_ids: torch.Tensor, batches: Sequence[Batch], base_ids: torch.Tensor,
-                         mask_id: Optional[int] = None) -> Dict[str, float]:
-    """Masked-token accuracy (%) and perplexity of predicting every masked token from the training text's token
-    frequencies (add-one smoothed over the non-special ``base_ids``; accuracy: always the most frequent token), on
-    the positions ``evaluate_lm`` scores."""
-    vocab = max(int(train_ids.max()) + 1, int(base_ids.max()) + 1)
-    counts = torch.bincount(train_ids, minlength=vocab)[base_ids].double() + 1.
-    log_p_base = (counts / counts.sum()).log()
-    # special labels get the smallest text-token probability
-    log_p = torch.full((vocab,), float(log_p_base.min()), dtype=torch.float64)
-    log_p[base_ids] = log_p_base
-    top = int(base_ids[counts.argmax()])
-    nll, n, correct, n_mask, correct_mask = 0., 0, 0, 0, 0
-    for x, _, y in batches:
-        scored = y != -100
-        labels = y[scored]
-        lp = log_p[labels.clamp(max=vocab - 1)]
-        nll -= lp.sum().item()
-        n += len(labels)
-        correct += (labels == top).sum().item()
-        if mask_id is not None:
-            at_mask = x[scored] == mask_id
-            n_mask += int(at_mask.sum())
-            correct_mask += int((labels[at_mask] == top).sum())
-    loss = nll / n
-    return {'loss': loss, 'ppl': math.exp(loss), 'masked_acc': 100. * correct / n,
-            'mask_token_acc': 100. * correct_mask / max(n_mask, 1), 'tokens': n, 'predicted_token_id': top}
-
-
-def model_for_tokenizer(name: str, kwargs: Dict, tokenizer: Tokenizer, config_class, given: Dict, **create):
-    """The text model ``name`` built from the config ``kwargs`` (``given``: the ``--model-kwargs``, for messages) with
-    the tokenizer's vocabulary (another ``vocab_size`` given is an error) and, where the config has one, its
-    ``<pad>`` id (BiGS: the zero embedding row); ``create``: e.g. ``task=``."""
-    if 'vocab_size' in kwargs and kwargs['vocab_size'] != len(tokenizer):
-        raise UsageError(f'--model-kwargs vocab_size={kwargs["vocab_size"]} differs from the tokenizer\'s '
-                         f'{len(tokenizer)}; leave vocab_size out (it is set from the tokenizer)')
-    kwargs = {**kwargs, 'vocab_size': len(tokenizer)}
-    if 'pad_token_id' in config_class.text_field_names() and tokenizer.pad_token_id is not None:
-        kwargs.setdefault('pad_token_id', tokenizer.pad_token_id)
-    try:
-        return create_model(name, **create, **kwargs), kwargs
-    except (TypeError, ValueError, KeyError) as e:
-        raise UsageError(f'cannot build {name} with --model-kwargs {given}: {e}') from e
+    def __getitem__(self, i: int) -> Dict[str, torch.Tensor]:
+        generator = torch.Generator().manual_seed(hash((self.seed, self.epoch, i)) & (2 ** 63 - 1))
+        inputs, labels = self.masker(self.blocks[i]['input_ids'][None], generator)
+        return {'input_ids': inputs[0], 'labels': labels[0]}
