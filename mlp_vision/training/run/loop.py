@@ -125,7 +125,8 @@ class _DeviceLosses:
 class StepLoop:
     """The optimizer updates of one run; ``num_updates`` counts them (the schedule's and the EMA's step).
 
-    ``stop_signal()``: this process's SIGINT / SIGTERM number (0: none), no collective. ``device``: the training device (default: the model's), where the loop's collectives run."""
+    ``stop_signal()``: this process's SIGINT / SIGTERM number (0: none), no collective. ``device``: the training
+    device (default: the model's), where the loop's collectives run."""
     model: nn.Module  # what the EMA averages (unwrapped)
     train_model: nn.Module  # what runs the forward (DDP-wrapped in a distributed run)
     update_step: UpdateStep
