@@ -216,11 +216,9 @@ def main(runs: Path, out: Path, text_label: str, lrs=None, table_name: str = 'ta
             copy_run(run, out)
         if outcomes:
             curves[label] = evaluations(min(outcomes, key=lambda p: outcomes[p][0]))
-        cells, means, pooled_cells, pooled_means = [], [], [], []
-        for arm in ('pre', 'scratch'):
-            cell, mean, pooled, pooled_mean, choice = arm_cells(runs, key, label, arm, lrs, out, detail_rows)
-            cells.append(cell), means.append(mean), pooled_cells.append(pooled), pooled_means.append(pooled_mean)
-            lr_choice_made |= choice
+        arms = [arm_cells(runs, key, label, arm, lrs, out, detail_rows) for arm in ('pre', 'scratch')]
+        cells, means, pooled_cells, pooled_means, choices = zip(*arms)
+        lr_choice_made |= any(choices)
         gain = 'n/a' if None in means else f'{means[0] - means[1]:+.2f}'
         ft_rows.append(f'| {label} | {cells[0]} | {cells[1]} | {gain} |')
         gain = 'n/a' if None in pooled_means else f'{pooled_means[0] - pooled_means[1]:+.2f}'
