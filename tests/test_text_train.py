@@ -11,6 +11,7 @@ import math
 import os
 import pickle
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -250,6 +251,64 @@ def test_ddp_two_processes_gloo(tiny_text, tmp_path):
     # both ranks ran every update on one vocabulary (rank 0's, sent to rank 1): 2 x 4 blocks per update
     assert state['global_step'] == 6 and state['train_batch_size'] == 4
     assert len(AutoTokenizer.from_pretrained(str(exp))) == mt.from_pretrained(str(exp)).config.vocab_size
+    assert all(torch.isfinite(v).all() for v in _weights(exp).values())
+
+
+def _children(pid: int) -> list:
+    """The ids of the processes whose parent is ``pid`` (from /proc)."""
+    found = []
+    for proc in Path('/proc').iterdir():
+        try:
+            if proc.name.isdigit() and int((proc / 'stat').read_text().rsplit(')', 1)[1].split()[1]) == pid:
+                found.append(int(proc.name))
+        except (OSError, IndexError, ValueError):  # a process that ended meanwhile
+            continue
+    return found
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path('/proc/self/stat').exists(), reason='finds the worker processes in /proc')
+def test_ddp_sigterm_to_one_rank_stops_both_at_one_update_and_resume_completes(small_text, tmp_path):
+    """SIGTERM to one of two gloo ranks mid-run: the ranks agree at the end of the update (RunStops), both save
+    and stop at that step -- one checkpoint-N, the one error line naming it, exit 128 + 15 on each rank -- and
+    ``--resume`` of it runs the remaining updates to the end."""
+    args = [*TINY_GPT, *COMMON, '--task', 'causal', '--train-file', small_text, '--block-size', '16', '-b', '2',
+            '--steps', '60', '--eval-interval', '50', '--log-interval', '1']
+    env = {**os.environ, 'PYTHONPATH': str(REPO), 'OMP_NUM_THREADS': '1', 'PYTHONUNBUFFERED': '1'}
+    torchrun = [sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node', '2',
+                '-m', 'mlp_vision.train_text']
+    proc = subprocess.Popen(torchrun + args + ['--output', str(tmp_path), '--experiment', 'term'],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    seen = []
+    try:
+        for line in proc.stdout:  # rank 0 prints each update's loss: both ranks are in the loop, handlers set
+            seen.append(line)
+            if "{'loss'" in line:
+                break
+        workers = _children(proc.pid)
+        assert len(workers) == 2, ''.join(seen)[-3000:]
+        os.kill(max(workers), signal.SIGTERM)  # one rank only, not torchrun (which would signal both)
+        out = ''.join(seen) + proc.communicate(timeout=300)[0]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    exp = tmp_path / 'term'
+    checkpoints = sorted(exp.glob('checkpoint-*'))
+    assert len(checkpoints) == 1, (checkpoints, out[-3000:])  # the stop's checkpoint only, saved once
+    ckpt = checkpoints[0]
+    step = json.loads((ckpt / 'trainer_state.json').read_text())['global_step']
+    assert ckpt.name == f'checkpoint-{step}' and 1 <= step < 50
+    assert out.count('error: interrupted by SIGTERM') == 1, out[-3000:]  # reported once, by rank 0
+    assert f'checkpoint {ckpt} saved; continue with --resume {ckpt}' in out, out[-3000:]
+    # torchrun's failure report: rank 0 exited with 128 + 15; the other rank exited too, neither left waiting in a
+    # collective: with 143 of its own, or by torchrun's SIGTERM when torchrun saw rank 0's exit first
+    assert 'failed (exitcode: 143) local_rank: 0' in out and proc.returncode != 0, out[-3000:]
+    assert sorted(re.findall(r'exitcode  : (-?\d+)', out)) in (['143', '143'], ['-15', '143']), out[-3000:]
+    res = subprocess.run(torchrun + args + ['--resume', str(ckpt)], capture_output=True, text=True, timeout=300,
+                         env=env)
+    assert res.returncode == 0, res.stderr[-3000:]
+    state = json.loads((exp / 'trainer_state.json').read_text())
+    assert state['global_step'] == 60 and (exp / 'eval_results.json').is_file()
     assert all(torch.isfinite(v).all() for v in _weights(exp).values())
 
 

@@ -1,30 +1,36 @@
 #!/usr/bin/env bash
-# NOTE: this script drives the text trainer as it was before it moved onto transformers.Trainer (last.pth /
-# model_best.pth, --eval-batches, results.json / summary.csv, CONTINUE_FROM into a new folder), the trainer that
-# recorded rounds 3 to 6; it does not run with today's trainer (README, "What changed") until it is updated.
-# One round of the pretrain-then-fine-tune study (issue 13.4) as one command (rounds 3 to 6). The defaults are sized
-# for one GPU and a 10-minute limit; the 2-core CPU runs recorded in round3/ to round6/README.md set the
-# knobs below:
+# One round of the pretrain-then-fine-tune study (issue 13.4) as one command, with today's text trainer
+# (python -m mlp_vision.train_text on transformers.Trainer). The defaults are sized for one GPU and a 10-minute
+# limit; the 2-core CPU knobs of rounds 3 to 6 are in results/text/study/roundN/README.md (those rounds ran on the
+# trainer before Trainer, at commit cc06155 and earlier: their files are results.json / summary.csv).
 #
 #   bash scripts/text_study/run_study.sh            # DATA=../shared/data RUNS=output/study by default
+#   python scripts/text_study/collect.py output/study --out DIR   # the round's tables
 #
 # 1. prepare.py (PREPARE_FLAGS): the splits of rounds 2-4 and one WordPiece 8,000 vocabulary.
 # 2. Masked-LM pretraining (on PRE_TEXT: WikiText-2 + the unlabelled fit.tsv sentences by default) of the four encoders
 #    (4 layers, hidden WIDTH, max length 128) at PRE_LRS (PRE_LRS_GMLP, ... for one encoder), all runs at once on the
-#    one device; each encoder's run is the one with the lowest held-out MLM loss, and fine-tuning starts from its
-#    model_best.pth (the checkpoint with the lowest periodic held-out loss).
-# 3. Fine-tuning on fit.tsv, pretrained and from scratch (same vocabulary and architecture), at FT_LRS; the LR and
-#    checkpoint are chosen on heldout.tsv and dev.tsv is scored once by that checkpoint (--test-file).
+#    one device, in RUNS/pre_<name>_lr<lr>/. Each encoder's run is the one with the lowest held-out MLM loss
+#    (collect.py --encoder); fine-tuning starts (--init-from) from its final model, or from its latest checkpoint-N/
+#    when the run was stopped before its last update.
+# 3. Fine-tuning on fit.tsv, pretrained and from scratch (same vocabulary and architecture), at FT_LRS, in
+#    RUNS/ft_<name>_<pre|scratch>_lr<lr>[_seed<S>]/; the checkpoint is chosen on heldout.tsv (the run keeps the best
+#    as its final model), the LR by collect.py, and dev.tsv is scored once by that checkpoint (--test-file:
+#    test_results.json).
 #
-# Every stage runs under `timeout`, so the script ends inside the device's limit and whatever finished is kept; a
-# pretraining run stopped by it continues from its last.pth when the script runs again.
+# Every stage runs under `timeout`, so the script ends inside the device's limit and whatever finished is kept: the
+# SIGTERM makes each run save a checkpoint-N/ at its next update and stop, and running the script again continues
+# every such run in place (--resume of its run folder) up to its --steps; a finished run (eval_results.json /
+# test_results.json) is not run again.
 # Knobs (environment): WIDTH, PREPARE_FLAGS, PRE_TEXT (file under RUNS/data), PRE_STEPS, PRE_BATCH, PRE_LRS,
-# PRE_LRS_<NAME>, PRE_LIMIT (seconds for the whole pretraining stage), FT_STEPS, FT_LRS, FT_PAR (fine-tuning runs at
-# once), FT_LIMIT, FT_KWARGS (config fields) / FT_FLAGS (trainer flags) of both fine-tuning arms, THREADS (per
-# process), AMP (flags for pretraining), DROPOUT, ENCODER_NAMES (a subset of
-# "gmlp amlp bigs bert"), STAGES ("pretrain finetune", or one of them), PY, CONTINUE_FROM (an earlier round's RUNS:
-# each pretraining run without a last.pth in RUNS continues that round's run of the same name from its last.pth,
-# up to PRE_STEPS updates in all, writing into RUNS; that round's folder is only read).
+# PRE_LRS_<NAME>, PRE_EVALS (evaluations + checkpoints per pretraining run), PRE_LIMIT (seconds for the whole
+# pretraining stage), FT_STEPS, FT_EVAL (updates between fine-tuning evaluations), FT_LRS, FT_SEEDS, FT_ARMS,
+# FT_PAR (fine-tuning runs at once), FT_LIMIT, FT_KWARGS (config fields) / FT_FLAGS (trainer flags) of both
+# fine-tuning arms, THREADS (per process), AMP (flags for pretraining), DROPOUT, ENCODER_NAMES (a subset of
+# "gmlp amlp bigs bert"), STAGES ("pretrain finetune", or one of them), PY.
+# Gone with the old trainer: CONTINUE_FROM (continuing an earlier round's run into a new folder; Trainer continues a
+# run in its own folder: raise PRE_STEPS and --resume it with its checkpoint's schedule, or pretrain anew) and the
+# evaluation sizes (--eval-batches: Trainer scores the whole held-out text).
 set -u
 PY=${PY:-python3}
 DATA=${DATA:-../shared/data}
@@ -34,13 +40,15 @@ PRE_TEXT=${PRE_TEXT:-pretrain_text.txt}
 PRE_STEPS=${PRE_STEPS:-8000}
 PRE_BATCH=${PRE_BATCH:-128}
 PRE_LRS=${PRE_LRS-5e-4 1e-3}
+PRE_EVALS=${PRE_EVALS:-16}
 PRE_LIMIT=${PRE_LIMIT:-330}
 FT_STEPS=${FT_STEPS:-2000}
+FT_EVAL=${FT_EVAL:-100}
 FT_LRS=${FT_LRS-3e-5 1e-4 3e-4 1e-3}
 FT_PAR=${FT_PAR:-8}
 FT_LIMIT=${FT_LIMIT:-200}
 FT_KWARGS=${FT_KWARGS:-}   # config fields for both fine-tuning arms, e.g. classifier_pooling=mean
-FT_FLAGS=${FT_FLAGS:-}     # trainer flags for both fine-tuning arms, e.g. --model-ema --model-ema-decay 0.995
+FT_FLAGS=${FT_FLAGS:-}     # trainer flags for both fine-tuning arms, e.g. --freeze-embeddings
 FT_SEEDS=${FT_SEEDS-42}   # fine-tuning seeds (init of new weights, dropout, data order); 42 keeps the old run names
 FT_ARMS=${FT_ARMS:-pre scratch}  # "scratch" alone can run while the encoders are still pretraining
 THREADS=${THREADS:-2}
@@ -72,72 +80,52 @@ for enc in "${ENCODERS[@]}"; do [[ " $ENCODER_NAMES " == *" ${enc%%|*} "* ]] && 
 ENCODERS=("${selected[@]}")
 STAGES=${STAGES:-pretrain finetune}
 
+# how a run folder stands: done (its final results), resume (a checkpoint-N/ to continue), new (absent or empty),
+# or stuck (files but no checkpoint: left for a look, move it away to run it again)
+run_state() {  # FOLDER DONE_FILE
+  if [ -f "$1/$2" ]; then echo done
+  elif compgen -G "$1/checkpoint-*/trainer_state.json" > /dev/null; then echo resume
+  elif [ ! -d "$1" ] || [ -z "$(ls -A "$1")" ]; then echo new
+  else echo stuck; fi
+}
+
 t0=$SECONDS
 echo "=== prepare ($(date -u +%H:%M:%S))"
 [ -f "$RUNS/data/fit.tsv" ] || $PY scripts/text_study/prepare.py --data "$DATA" --out "$RUNS/data" $PREPARE_FLAGS || exit 1
 
 if [[ " $STAGES " == *" pretrain "* ]]; then
-# CONTINUE_FROM must hold every run to continue before any starts (not one run started and the next refused)
-for enc in "${ENCODERS[@]}"; do
-  name=${enc%%|*} lrs_var="PRE_LRS_${enc%%|*}"; lrs_var=${lrs_var^^}
-  for lr in ${!lrs_var:-$PRE_LRS}; do
-    [ -n "${CONTINUE_FROM:-}" ] && [ ! -f "$RUNS/pre_${name}_lr${lr}/last.pth" ] && \
-      [ ! -f "$CONTINUE_FROM/pre_${name}_lr${lr}/last.pth" ] && {
-        echo "run_study.sh: CONTINUE_FROM=$CONTINUE_FROM has no pre_${name}_lr${lr}/last.pth to continue" >&2; exit 2; }
-  done
-done
 echo "=== pretraining on $PRE_TEXT: ${#ENCODERS[@]} encoders x lr {$PRE_LRS}, $PRE_STEPS updates x $PRE_BATCH x 128 tokens"
+eval_interval=$((PRE_STEPS / PRE_EVALS > 0 ? PRE_STEPS / PRE_EVALS : 1))
 for enc in "${ENCODERS[@]}"; do
   IFS='|' read -r name model kwargs <<< "$enc"
   # PRE_LRS_GMLP, PRE_LRS_BERT, ...: this encoder's learning rates instead of PRE_LRS
   lrs_var="PRE_LRS_${name^^}"
   for lr in ${!lrs_var:-$PRE_LRS}; do
-    # a run stopped earlier (time limit, SIGTERM) continues from its resumable checkpoint
+    exp=pre_${name}_lr${lr}
     resume=""
-    if [ -f "$RUNS/pre_${name}_lr${lr}/last.pth" ]; then
-      resume="--resume $RUNS/pre_${name}_lr${lr}/last.pth"
-    elif [ -n "${CONTINUE_FROM:-}" ]; then
-      # continued pretraining: the earlier run's weights, optimizer and data position; the new --steps /
-      # --warmup-steps give a new linear schedule positioned at that run's last update (logged by the trainer)
-      resume="--resume $CONTINUE_FROM/pre_${name}_lr${lr}/last.pth"
-    fi
+    case $(run_state "$RUNS/$exp" eval_results.json) in
+      done) echo "--- $exp: finished earlier"; continue ;;
+      stuck) echo "--- $exp: $RUNS/$exp holds no checkpoint to continue; move it away to run it again" >&2; continue ;;
+      resume) resume="--resume $RUNS/$exp" ;;  # its latest checkpoint, in place
+    esac
     timeout "$PRE_LIMIT" $PY -m mlp_vision.train_text --task mlm --model "$model" $resume \
       --model-kwargs $kwargs sparse_prediction=True --tokenizer-from "$RUNS/data/tokenizer" \
       --train-file "$RUNS/data/$PRE_TEXT" --val-file "$RUNS/data/wikitext_val.txt" --block-size 128 \
       --steps "$PRE_STEPS" -b "$PRE_BATCH" --lr "$lr" --opt-betas 0.9 0.98 --opt-eps 1e-6 --weight-decay 0.01 \
-      --sched linear --warmup-steps $((PRE_STEPS / 10)) --eval-interval $((PRE_STEPS / 16)) --eval-batches 8 \
-      --final-eval-batches 40 --log-interval 200 $AMP --threads "$THREADS" --output "$RUNS" \
-      --experiment "pre_${name}_lr${lr}" >> "$RUNS/pre_${name}_lr${lr}.out" 2>&1 &
+      --sched linear --warmup-steps $((PRE_STEPS / 10)) --eval-interval $eval_interval --log-interval 200 $AMP \
+      --threads "$THREADS" --output "$RUNS" --experiment "$exp" >> "$RUNS/$exp.out" 2>&1 &
   done
 done
 wait
 echo "=== pretraining done after $((SECONDS - t0)) s"
-for f in "$RUNS"/pre_*.out; do echo "--- $f"; tail -n 2 "$f"; done
+for f in "$RUNS"/pre_*.out; do [ -f "$f" ] && { echo "--- $f"; tail -n 2 "$f"; }; done
 fi
 [[ " $STAGES " == *" finetune "* ]] || exit 0
-
-# the encoder of each family: the pretraining run with the lowest held-out MLM loss (its best periodic value, so a
-# run stopped by the time limit still counts through its model_best.pth)
-choose() {
-  $PY - "$RUNS" "$1" <<'EOF'
-import csv, sys
-from pathlib import Path
-runs, name = Path(sys.argv[1]), sys.argv[2]
-best = None
-for run in sorted(runs.glob(f'pre_{name}_lr*')):
-    if not (run / 'model_best.pth').exists() or not (run / 'summary.csv').exists():
-        continue
-    losses = [float(r['val_loss']) for r in csv.DictReader(open(run / 'summary.csv')) if r.get('val_loss')]
-    if losses and (best is None or min(losses) < best[0]):
-        best = (min(losses), run)
-print(best[1] if best else '')
-EOF
-}
 
 # one job list per invocation: a second invocation (e.g. the pretrained arm once pretraining ends) must not rewrite
 # the list an earlier one is still reading
 declare -A chosen_of  # once per encoder, not per seed and learning rate
-for enc in "${ENCODERS[@]}"; do chosen_of[${enc%%|*}]=$(choose "${enc%%|*}"); done
+for enc in "${ENCODERS[@]}"; do chosen_of[${enc%%|*}]=$($PY scripts/text_study/collect.py "$RUNS" --encoder "${enc%%|*}"); done
 
 jobs_file="$RUNS/finetune_jobs_$(date -u +%Y%m%dT%H%M%S)_$$.txt"
 : > "$jobs_file"
@@ -152,23 +140,34 @@ for seed in $FT_SEEDS; do
       chosen=${chosen_of[$name]}
       [[ " $FT_ARMS " == *" pre "* ]] && echo "=== $name, lr $lr, seed $seed: the pretrained arm starts from ${chosen:-nothing (no pretraining run finished an evaluation)}"
       common="--task classify --train-file $RUNS/data/fit.tsv --val-file $RUNS/data/heldout.tsv \
---test-file $DATA/rt-polarity/dev.tsv --steps $FT_STEPS -b 32 --eval-interval 100 --block-size 64 --lr $lr \
+--test-file $DATA/rt-polarity/dev.tsv --steps $FT_STEPS -b 32 --eval-interval $FT_EVAL --block-size 64 --lr $lr \
 --seed $seed --threads $THREADS --log-interval 200 --output $RUNS${FT_FLAGS:+ $FT_FLAGS}"
-      # a run that finished (results.json) is not run again; one that did not is left for a look (the trainer
-      # never writes into an existing run folder): move it away to run it again
-      pre=ft_${name}_pre_lr${lr}$suffix scratch=ft_${name}_scratch_lr${lr}$suffix
-      [[ " $FT_ARMS " == *" pre "* && -n "$chosen" && ! -f "$RUNS/$pre/results.json" ]] && \
-        echo "$PY -m mlp_vision.train_text $common --init-from $chosen/model_best.pth \
-${FT_KWARGS:+--model-kwargs $FT_KWARGS }--experiment $pre" >> "$jobs_file"
-      [[ " $FT_ARMS " == *" scratch "* && ! -f "$RUNS/$scratch/results.json" ]] && \
-        echo "$PY -m mlp_vision.train_text $common --model $model --model-kwargs $kwargs $FT_KWARGS \
---tokenizer-from $RUNS/data/tokenizer --experiment $scratch" >> "$jobs_file"
+      for arm in pre scratch; do
+        exp=ft_${name}_${arm}_lr${lr}$suffix
+        [[ " $FT_ARMS " == *" $arm "* ]] || continue
+        [ $arm = pre ] && [ -z "$chosen" ] && continue
+        resume=""
+        case $(run_state "$RUNS/$exp" test_results.json) in
+          done) continue ;;
+          stuck) echo "--- $exp: $RUNS/$exp holds no checkpoint to continue; move it away to run it again" >&2
+                 continue ;;
+          resume) resume=" --resume $RUNS/$exp" ;;
+        esac
+        if [ $arm = pre ]; then
+          echo "$PY -m mlp_vision.train_text $common --init-from $chosen ${FT_KWARGS:+--model-kwargs $FT_KWARGS }\
+--experiment $exp$resume" >> "$jobs_file"
+        else
+          echo "$PY -m mlp_vision.train_text $common --model $model --model-kwargs $kwargs $FT_KWARGS \
+--tokenizer-from $RUNS/data/tokenizer --experiment $exp$resume" >> "$jobs_file"
+        fi
+      done
     done
   done
 done
 echo "=== fine-tuning: $(wc -l < "$jobs_file") runs, $FT_PAR at once"
 # each job logs to RUNS/<experiment>.out
-timeout "$FT_LIMIT" xargs -P "$FT_PAR" -I CMD sh -c 'exp=$(echo "CMD" | sed "s/.*--experiment //"); CMD > '"$RUNS"'/$exp.out 2>&1' \
-  < "$jobs_file"
+timeout "$FT_LIMIT" xargs -P "$FT_PAR" -I CMD sh -c \
+  'exp=$(echo "CMD" | sed "s/.*--experiment \([^ ]*\).*/\1/"); CMD >> '"$RUNS"'/$exp.out 2>&1' < "$jobs_file"
 echo "=== fine-tuning done after $((SECONDS - t0)) s"
-for f in "$RUNS"/ft_*.out; do printf '%s: ' "$(basename "$f" .out)"; grep -ho 'best dev acc [0-9.]*%\|test (.*' "$f" | tr '\n' ' '; echo; done
+for f in "$RUNS"/ft_*/test_results.json; do [ -f "$f" ] && echo "$(basename "$(dirname "$f")"): $(tr -d '\n ' < "$f")"; done
+exit 0
