@@ -63,7 +63,7 @@ from mlp_vision.threads import add_threads_argument, set_threads
 from mlp_vision.arguments import ArgumentParser, parse_device
 from mlp_vision.errors import UsageError, run_cli
 from mlp_vision.training.run.compile import COMPILE_MODES
-from mlp_vision.training.tasks.image_model import is_local_dir
+from mlp_vision.training.image_model import is_local_dir
 
 PRECISIONS = {  # --precision: (parameter / input dtype, autocast dtype or None)
     'fp32': (torch.float32, None), 'bf16': (torch.bfloat16, None), 'fp16': (torch.float16, None),

@@ -10,8 +10,9 @@ without running code from them unless ``--trust-checkpoint``. Bad input ends wit
 
 The file reads as timm's train.py: the flags and their checks, then :func:`main` (through :func:`train`: data,
 model, optimizer, schedule, EMA, loaders, then the epochs), :func:`train_one_epoch` and the evaluation loop
-:func:`~mlp_vision.training.tasks.image_model.validate` (shared with validate.py). The run's files and their
-safety are :class:`~mlp_vision.training.run.training_run.TrainingRun`'s; one optimizer update is
+:func:`~mlp_vision.training.image_model.validate` (shared with validate.py). The run's files and their
+safety (folder identity and lock, atomic checkpoints with history, exact resume, stop lines, results) are the
+functions of :mod:`~mlp_vision.training.run.run_files`, called in order; one optimizer update is
 :meth:`~mlp_vision.training.run.loop.StepLoop.update`.
 """
 import argparse
@@ -19,7 +20,7 @@ import copy
 import logging
 import time
 from contextlib import suppress
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from functools import partial
 from pathlib import Path
@@ -52,10 +53,13 @@ from mlp_vision.training.run.distributed import all_gather_objects, init_device,
 from mlp_vision.training.run.log import setup_logging
 from mlp_vision.training.run.loop import (
     NonFiniteLossError, StepLoop, UpdateStep, format_duration, progress_line, warn_global_batch_beyond_data)
+from mlp_vision.training.run.run_files import (
+    RunFolder, add_device_arguments, add_run_arguments, check_not_finished, check_resume_identity,
+    check_resume_payload, checkpoint_files, close_run_folder, create_lr_scheduler, list_outputs, log_settings_changes,
+    open_run_folder, parse_run_args, restore_ema, restore_rng, restore_training_state, save_checkpoint, setup_amp,
+    stop_error, stop_signals, weights_digests, write_results)
 from mlp_vision.training.run.summary import plot_curves
-from mlp_vision.training.run.training_run import (
-    TrainingRun, add_device_arguments, add_run_arguments, create_lr_scheduler, parse_run_args, setup_amp)
-from mlp_vision.training.tasks.image_model import (
+from mlp_vision.training.image_model import (
     ALLOW_MISSING_FLAG, check_activations, create_model, load_pretrained_weights, model_create_kwargs, reports_top5,
     resolve_model_data_config, validate)
 from mlp_vision.validate import add_dataset_arguments, add_input_arguments, main as validate_main
@@ -304,23 +308,21 @@ def _main(argv, prog):
     setup_logging(dist_info.primary)
     check_args(args, dist_info)
     _logger.info(set_run_threads(args.threads, resume_ckpt, args.workers))
-    # the run's files and safety (folder identity and lock, atomic checkpoints with history, exact resume, stop
-    # signals): training_run.TrainingRun. timm's CheckpointSaver is not used: it replaces files with os.rename and
-    # keeps no earlier version, writes through links, and saves no RNG state for an exact resume.
-    run = TrainingRun(args, dist_info, resume_ckpt, kind='image', key='epoch', prog=prog,
-                      decreasing=args.eval_metric == 'loss', max_history=args.checkpoint_hist)
-    with run, size_bounds(args):
-        return train(args, run, demo, command=' '.join([prog] + list(argv)))
+    if resume_ckpt is not None:
+        check_resume_payload(resume_ckpt, 'epoch', f'--resume {args.resume}')
+    with stop_signals() as stop_signal, size_bounds(args):
+        return train(args, dist_info, resume_ckpt, demo, stop_signal, command=' '.join([prog] + list(argv)))
 
 
-def train(args, run: TrainingRun, demo: bool, command: str) -> Optional[Dict[str, Any]]:
-    """timm's ``main`` after the arguments: data, model, optimizer, AMP, loaders, loss, schedule, the resumed
-    state, EMA, DDP / compile, the run folder, then per epoch :func:`train_one_epoch`, :func:`validate` and a
-    checkpoint; then the final stage (the demo's validation, ``pretrained/``, ``results.json``). Returns the
-    results dict on rank 0, None on the other ranks."""
-    dist_info, device = run.dist_info, run.dist_info.device
+def train(args, dist_info, resume_ckpt: Optional[dict], demo: bool, stop_signal: Callable[[], int],
+          command: str) -> Optional[Dict[str, Any]]:
+    """timm's ``main`` after the arguments: data, model, optimizer, AMP, loaders, loss, schedule, the resumed state
+    (``resume_ckpt``: the ``--resume`` checkpoint or None), EMA, DDP / compile, the run folder (rank 0), the RNG
+    states, then the epochs (:func:`_train_epochs`) and the final stage. ``stop_signal``: the SIGINT / SIGTERM
+    received (0: none). Returns the results dict on rank 0, None on the other ranks."""
+    device, run_start = dist_info.device, time.time()
     data_dir = _prepare_demo(args) if demo else args.data_dir or args.data
-    run.check_resume(arch=args.model)
+    check_resume_identity(resume_ckpt, args.resume, arch=args.model)
     random_seed(args.seed, dist_info.rank)
     dataset_train, dataset_eval, train_classes = _create_datasets(args, data_dir)
     _fit_batch_to_training_set(args, dataset_train, dist_info.world_size)
@@ -338,97 +340,142 @@ def train(args, run: TrainingRun, demo: bool, command: str) -> Optional[Dict[str
         schedule = dict(scheduler_kwargs(args, decreasing_metric=args.eval_metric == 'loss'), lr=args.lr)
         lr_scheduler, num_epochs = create_lr_scheduler(optimizer, schedule, updates_per_epoch)
 
-        last_epoch, num_updates = run.restore(model, optimizer, lr_scheduler, schedule, loss_scaler,
-                                              weights_only=args.no_resume_opt)
-        start_epoch = last_epoch + 1 if run.resume_ckpt is not None else 0  # a checkpoint holds a done epoch
-        run.check_not_finished(start_epoch, num_epochs, '--epochs')
+        last_epoch, num_updates = restore_training_state(resume_ckpt, args.resume, 'epoch', args.model, model,
+                                                         optimizer, lr_scheduler, schedule, loss_scaler,
+                                                         weights_only=args.no_resume_opt)
+        last_saved = last_epoch if resume_ckpt is not None else None  # a checkpoint holds a done epoch
+        start_epoch = last_epoch + 1 if resume_ckpt is not None else 0
+        check_not_finished(resume_ckpt, args.resume, 'epoch', start_epoch, num_epochs, '--epochs')
         model_ema = None
         if args.model_ema:  # a copy of the (resumed) model, before DDP / compile, as timm; then the resumed EMA
             model_ema = ModelEmaV3(model, decay=args.model_ema_decay, use_warmup=args.model_ema_warmup,
                                    device=torch.device('cpu') if args.model_ema_force_cpu else None)
-            run.restore_ema(model_ema.module)
+            restore_ema(resume_ckpt, args.resume, args.model, model_ema.module)
         train_model = compile_model(wrap_ddp(model, dist_info) if dist_info.distributed else model, args)
         update_step = UpdateStep(optimizer, lambda: model_parameters(train_model, exclude_head='agc' in args.clip_mode),
                                  loss_scaler, args.clip_grad, args.clip_mode)
 
-        output_dir = run.open_outputs('./output/train', _experiment_name(args, demo, data_config))
-        run.log_settings_changes()
-        if dist_info.primary:
-            _log_setup(args, dist_info, train_model, create_kwargs, data_config, amp_dtype, data_dir, dataset_train,
-                       dataset_eval, demo)
-            _logger.info(
-                f'Training {num_epochs} epochs x {updates_per_epoch} updates, global batch '
-                f'{_global_batch(args, dist_info.world_size)}, {args.opt} lr {args.lr:.4g}, {args.sched} schedule'
-                + _epoch_coverage(len(loader_train) * args.batch_size * dist_info.world_size, len(dataset_train))
-                + (f'; resuming at epoch {start_epoch} from {args.resume}' if args.resume else ''))
-            _logger.info(f'Outputs: {output_dir}')
-        run.restore_rng()  # last: nothing built before shifts the random streams
-        # one loop for the run: a stop agreed at an epoch's last update stops the next epoch's first
-        loop = StepLoop(train_model, train_model, update_step, lr_scheduler, model_ema, run.stop_signal,
-                        dist_info.distributed, num_updates, device=device)
-        metrics = EpochMetrics()
-        train_start = time.time()
-        for epoch in range(start_epoch, num_epochs):
-            if sampler_train is not None:
-                sampler_train.set_epoch(epoch)
-            if mixup_fn is not None and args.mixup_off_epoch and epoch >= args.mixup_off_epoch:
-                mixup_fn.mixup_enabled = False
-            if device.type == 'cuda':
-                torch.cuda.reset_peak_memory_stats(device)  # peak_mem_gib is this epoch's (training + eval)
-            try:
-                metrics.train = train_one_epoch(
-                    epoch, loop, loader_train, train_loss_fn, total_epochs=num_epochs, amp_autocast=amp_autocast,
-                    mixup_fn=mixup_fn, grad_accum_steps=args.grad_accum_steps, channels_last=args.channels_last,
-                    world_size=dist_info.world_size, log_interval=args.log_interval, primary=dist_info.primary)
-            except (Interrupted, NonFiniteLossError) as e:
-                raise run.stopped(e, STOP_ADVICE) from None
-            if dist_info.distributed and args.dist_bn in ('broadcast', 'reduce'):
-                distribute_bn(train_model, dist_info.world_size, args.dist_bn == 'reduce')
-            with preserve_rng():  # evaluation must not shift the training's random stream
-                metric = _validate_epoch(args, dist_info, train_model, model_ema, loader_eval, amp_autocast, metrics)
-            lr_scheduler.step(epoch + 1, metric)  # before saving: the checkpoint holds next epoch's LR
-            row = _summary_row(epoch, metrics, device)
+        folder = open_run_folder(
+            args, resume_ckpt, kind='image', key='epoch', default_root='./output/train',
+            default_name=_experiment_name(args, demo, data_config), decreasing=args.eval_metric == 'loss',
+            max_history=args.checkpoint_hist) if dist_info.primary else None
+        try:
+            log_settings_changes(args)
             if dist_info.primary:
-                run.summary.append(row)
-            written = run.save(
-                epoch, metric, model=train_model, optimizer=optimizer, scheduler=lr_scheduler, schedule=schedule,
-                num_updates=loop.num_updates, loss_scaler=loss_scaler,
-                model_cfg={'name': args.model, 'kwargs': create_kwargs}, data_cfg=dict(data_config),
-                class_names=train_classes,  # label order; validate.py labels class folders by these names
-                state_dict_ema=model_ema.module.state_dict() if model_ema is not None else None,
-                eval_metrics=metrics.eval, ema_eval_metrics=metrics.ema_eval)
-            if dist_info.primary:
-                _logger.info(_epoch_message(epoch, num_epochs, metrics, row, written['best']))
-
-        run.begin_final_stage()
-        digests = run.weights_digests(model, model_ema.module if model_ema is not None else None)
-        demo_val = _validate_demo(args, run, data_dir, model_ema) if demo and loader_eval is not None else None
-        if not dist_info.primary:
-            return None
-        pretrained = _export_pretrained(args, run, train_model, model_ema, data_config, train_classes, data_dir)
-        results = {
-            'model': args.model, 'model_kwargs': create_kwargs, 'experiment_dir': str(run.output_dir),
-            'device': str(device), 'device_name': torch.cuda.get_device_name(device) if device.type == 'cuda' else None,
-            'cuda_peak_mem_gib': metrics.peak_mem_gib,  # max over this process's epochs of max_memory_allocated
-            'torch_version': torch.__version__, 'world_size': dist_info.world_size, 'epochs': num_epochs,
-            'global_batch': _global_batch(args, dist_info.world_size), 'lr': args.lr, 'final_epoch': num_epochs - 1,
-            'train': metrics.train, 'eval': metrics.eval, 'ema_eval': metrics.ema_eval,
-            'best': run.saver.best, 'eval_metric': args.eval_metric, 'checkpoints': run.checkpoint_files(),
-            'pretrained': str(pretrained), 'weights_sha256_per_rank': digests, 'ranks_agree': len(set(digests)) == 1,
-            'train_seconds_this_process': time.time() - train_start, 'demo_validation': demo_val,
-            'skipped_images': {  # unreadable files, left out (never replaced): last epoch / last evaluation, this rank
-                'train': loader_train.skipped, 'eval': loader_eval.skipped if loader_eval is not None else 0,
-                'files': {**loader_train.skipped_files,
-                          **(loader_eval.skipped_files if loader_eval is not None else {})}},
-            'command': command,
-        }
-        run.write_results(results)
-        _report(args, run, metrics, results, data_dir, train_start)
-        run.list_outputs()
+                _log_setup(args, dist_info, train_model, create_kwargs, data_config, amp_dtype, data_dir,
+                           dataset_train, dataset_eval, demo)
+                _logger.info(
+                    f'Training {num_epochs} epochs x {updates_per_epoch} updates, global batch '
+                    f'{_global_batch(args, dist_info.world_size)}, {args.opt} lr {args.lr:.4g}, {args.sched} '
+                    f'schedule' + _epoch_coverage(len(loader_train) * args.batch_size * dist_info.world_size,
+                                                  len(dataset_train))
+                    + (f'; resuming at epoch {start_epoch} from {args.resume}' if args.resume else ''))
+                _logger.info(f'Outputs: {folder.output_dir}')
+            restore_rng(resume_ckpt, args.resume, dist_info)  # last: nothing built before shifts the random streams
+            if resume_ckpt is not None:
+                resume_ckpt.clear()  # its tensors are not needed past here: freed, the caller's reference included
+            # one loop for the run: a stop agreed at an epoch's last update stops the next epoch's first
+            loop = StepLoop(train_model, train_model, update_step, lr_scheduler, model_ema, stop_signal,
+                            dist_info.distributed, num_updates, device=device)
+            state = dict(model=train_model, optimizer=optimizer, scheduler=lr_scheduler, schedule=schedule,
+                         loss_scaler=loss_scaler, model_cfg={'name': args.model, 'kwargs': create_kwargs},
+                         data_cfg=dict(data_config),
+                         class_names=train_classes)  # label order; validate.py labels class folders by these names
+            metrics = _train_epochs(
+                args, dist_info, folder, loop, state, model_ema, loader_train, sampler_train, loader_eval,
+                mixup_fn=mixup_fn, train_loss_fn=train_loss_fn, amp_autocast=amp_autocast, start_epoch=start_epoch,
+                num_epochs=num_epochs, last_saved=last_saved)
+            results = _final_stage(
+                args, dist_info, folder, model, train_model, model_ema, metrics, loader_train, loader_eval,
+                create_kwargs=create_kwargs, data_config=data_config, train_classes=train_classes, data_dir=data_dir,
+                demo=demo, num_epochs=num_epochs, command=command)
+            if results is not None:
+                _report(args, folder, metrics, results, data_dir, run_start)
+                list_outputs(folder)
+        except BaseException as e:
+            close_run_folder(folder, e, 'epoch')
+            raise
+        close_run_folder(folder, None, 'epoch')
         return results
     finally:
         # end the loaders' persistent workers with the run: a later garbage collection stalled ~10 s per loader
         loader_train = loader_eval = None
+
+
+def _train_epochs(args, dist_info, folder: Optional[RunFolder], loop: StepLoop, state: Dict[str, Any], model_ema,
+                  loader_train, sampler_train, loader_eval, *, mixup_fn, train_loss_fn, amp_autocast,
+                  start_epoch: int, num_epochs: int, last_saved: Optional[int]) -> 'EpochMetrics':
+    """Per epoch: :func:`train_one_epoch`, :func:`validate`, the schedule's step, a summary row and a checkpoint
+    (``state``: the checkpoint's objects and fields); a stop signal or a NaN / inf loss ends the run with one line
+    naming the intact checkpoint (``last_saved``: its epoch, None before any). Returns the last epoch's metrics."""
+    device, train_model, lr_scheduler = dist_info.device, loop.train_model, state['scheduler']
+    metrics = EpochMetrics()
+    for epoch in range(start_epoch, num_epochs):
+        if sampler_train is not None:
+            sampler_train.set_epoch(epoch)
+        if mixup_fn is not None and args.mixup_off_epoch and epoch >= args.mixup_off_epoch:
+            mixup_fn.mixup_enabled = False
+        if device.type == 'cuda':
+            torch.cuda.reset_peak_memory_stats(device)  # peak_mem_gib is this epoch's (training + eval)
+        try:
+            metrics.train = train_one_epoch(
+                epoch, loop, loader_train, train_loss_fn, total_epochs=num_epochs, amp_autocast=amp_autocast,
+                mixup_fn=mixup_fn, grad_accum_steps=args.grad_accum_steps, channels_last=args.channels_last,
+                world_size=dist_info.world_size, log_interval=args.log_interval, primary=dist_info.primary)
+        except (Interrupted, NonFiniteLossError) as e:
+            last_path = folder.saver.last_path if folder is not None else None
+            raise stop_error(e, last_path, last_saved, args.resume, 'epoch', STOP_ADVICE) from None
+        if dist_info.distributed and args.dist_bn in ('broadcast', 'reduce'):
+            distribute_bn(train_model, dist_info.world_size, args.dist_bn == 'reduce')
+        with preserve_rng():  # evaluation must not shift the training's random stream
+            metric = _validate_epoch(args, dist_info, train_model, model_ema, loader_eval, amp_autocast, metrics)
+        lr_scheduler.step(epoch + 1, metric)  # before saving: the checkpoint holds next epoch's LR
+        row = _summary_row(epoch, metrics, device)
+        if folder is not None:
+            folder.summary.append(row)
+        written = save_checkpoint(
+            folder, args, dist_info, epoch, metric, kind='image', key='epoch', num_updates=loop.num_updates, **state,
+            state_dict_ema=model_ema.module.state_dict() if model_ema is not None else None,
+            eval_metrics=metrics.eval, ema_eval_metrics=metrics.ema_eval)
+        last_saved = epoch
+        if folder is not None:
+            _logger.info(_epoch_message(epoch, num_epochs, metrics, row, written['best']))
+    return metrics
+
+
+def _final_stage(args, dist_info, folder: Optional[RunFolder], model, train_model, model_ema, metrics: 'EpochMetrics',
+                 loader_train, loader_eval, *, create_kwargs, data_config, train_classes, data_dir: str, demo: bool,
+                 num_epochs: int, command: str) -> Optional[Dict[str, Any]]:
+    """After the last epoch (every rank): the weights' digests, the demo's validation, then on rank 0
+    ``pretrained/`` and ``results.json`` (a failure from here on is recorded in it). Returns the results dict on
+    rank 0, None on the other ranks."""
+    if folder is not None:
+        folder.in_final_stage = True
+    digests = weights_digests(dist_info, model, model_ema.module if model_ema is not None else None)
+    demo_val = None
+    if demo and loader_eval is not None:
+        demo_val = _validate_demo(args, dist_info, folder, data_dir, model_ema)
+    if folder is None:
+        return None
+    pretrained = _export_pretrained(args, folder, train_model, model_ema, data_config, train_classes, data_dir)
+    device = dist_info.device
+    results = {
+        'model': args.model, 'model_kwargs': create_kwargs, 'experiment_dir': str(folder.output_dir),
+        'device': str(device), 'device_name': torch.cuda.get_device_name(device) if device.type == 'cuda' else None,
+        'cuda_peak_mem_gib': metrics.peak_mem_gib,  # max over this process's epochs of max_memory_allocated
+        'torch_version': torch.__version__, 'world_size': dist_info.world_size, 'epochs': num_epochs,
+        'global_batch': _global_batch(args, dist_info.world_size), 'lr': args.lr, 'final_epoch': num_epochs - 1,
+        'train': metrics.train, 'eval': metrics.eval, 'ema_eval': metrics.ema_eval,
+        'best': folder.saver.best, 'eval_metric': args.eval_metric, 'checkpoints': checkpoint_files(folder),
+        'pretrained': str(pretrained), 'weights_sha256_per_rank': digests, 'ranks_agree': len(set(digests)) == 1,
+        'train_seconds_this_process': time.time() - metrics.train_start, 'demo_validation': demo_val,
+        'skipped_images': {  # unreadable files, left out (never replaced): last epoch / last evaluation, this rank
+            'train': loader_train.skipped, 'eval': loader_eval.skipped if loader_eval is not None else 0,
+            'files': {**loader_train.skipped_files, **(loader_eval.skipped_files if loader_eval is not None else {})}},
+        'command': command,
+    }
+    write_results(folder, results)
+    return results
 
 
 def train_one_epoch(epoch: int, loop: StepLoop, loader, loss_fn: Callable, *, total_epochs: int, amp_autocast=suppress,
@@ -689,6 +736,7 @@ class EpochMetrics:
     eval: Optional[dict] = None
     ema_eval: Optional[dict] = None
     peak_mem_gib: Optional[float] = None  # max over this process's epochs (CUDA)
+    train_start: float = field(default_factory=time.time)  # when this process's first epoch began
 
 
 def _validate_epoch(args, dist_info, model, model_ema, loader_eval, amp_autocast, metrics: EpochMetrics):
@@ -740,10 +788,10 @@ def _epoch_message(epoch: int, num_epochs: int, metrics: EpochMetrics, row: dict
 
 
 # ------------------------------------------------------------------------------------------------ the end of a run
-def _validate_demo(args, run: TrainingRun, data_dir: str, model_ema) -> Dict[str, Any]:
+def _validate_demo(args, dist_info, folder: Optional[RunFolder], data_dir: str, model_ema) -> Dict[str, Any]:
     """The demo's closing validation of its best checkpoint with the validation command (every rank takes part;
     the evaluation is split over them); kept as ``demo_validation`` in ``results.json``."""
-    best_path = Path(all_gather_objects(str(run.saver.best_path) if run.primary else '', run.dist_info)[0])
+    best_path = Path(all_gather_objects(str(folder.saver.best_path) if folder is not None else '', dist_info)[0])
     val_argv = ['--checkpoint', str(best_path), '--data-dir', data_dir, '--split', args.val_split,
                 '--workers', str(args.workers), '--results-file', str(best_path.parent / 'validate_best.json'),
                 '--threads', str(torch.get_num_threads())]  # the training's count: the load now includes this run
@@ -769,12 +817,12 @@ def _run_description(args, data_dir: str, num_classes: int) -> str:
     return text
 
 
-def _export_pretrained(args, run: TrainingRun, train_model, model_ema, data_config, train_classes,
+def _export_pretrained(args, folder: RunFolder, train_model, model_ema, data_config, train_classes,
                        data_dir: str) -> Path:
     """``pretrained/``: the best weights (the EMA's where its accuracy chose them; the last epoch's when nothing was
     evaluated) written atomically by timm's ``save_for_hf`` (``config.json`` with class names and data config,
     ``model.safetensors``), so ``timm.create_model('local-dir:RUN/pretrained', pretrained=True)`` builds it."""
-    source = run.saver.best_path if run.saver.best_path.exists() else run.saver.last_path
+    source = folder.saver.best_path if folder.saver.best_path.exists() else folder.saver.last_path
     ckpt = load_checkpoint_file(source, what=source.name)
     use_ema = model_ema is not None and ckpt.get('state_dict_ema') is not None
     model = copy.deepcopy(unwrap_model(train_model)).cpu().to(memory_format=torch.contiguous_format)
@@ -786,21 +834,21 @@ def _export_pretrained(args, run: TrainingRun, train_model, model_ema, data_conf
     model_config = {'pretrained_cfg': {'description': _run_description(args, data_dir, model.num_classes)}}
     if train_classes:
         model_config['label_names'] = list(train_classes)
-    folder = run.output_dir / 'pretrained'
-    with atomic_folder(folder) as tmp:
+    export = folder.output_dir / 'pretrained'
+    with atomic_folder(export) as tmp:
         save_for_hf(model, tmp, model_config=model_config, safe_serialization=True, data_config=data_config)
-    _logger.info(f'{folder}: the {"EMA " if use_ema else ""}weights of {source.name} for timm '
-                 f"(timm.create_model('local-dir:{folder}', pretrained=True), features_only=True too)")
-    return folder
+    _logger.info(f'{export}: the {"EMA " if use_ema else ""}weights of {source.name} for timm '
+                 f"(timm.create_model('local-dir:{export}', pretrained=True), features_only=True too)")
+    return export
 
 
-def _report(args, run: TrainingRun, metrics: EpochMetrics, results: dict, data_dir: str, train_start: float) -> None:
-    """The curves and the closing log lines."""
+def _report(args, folder: RunFolder, metrics: EpochMetrics, results: dict, data_dir: str, run_start: float) -> None:
+    """The curves and the closing log lines (``run_start``: when this process's run began)."""
     best, demo_val = results['best'], results['demo_validation']
-    plot_curves(run.output_dir / 'summary.csv', run.output_dir / 'curves.png',
+    plot_curves(folder.output_dir / 'summary.csv', folder.output_dir / 'curves.png',
                 title=f'{args.model} on {Path(data_dir).name if data_dir else args.dataset}')
     if metrics.eval is not None:
-        msg = (f'Done in {format_duration(time.time() - train_start)}: final eval '
+        msg = (f'Done in {format_duration(time.time() - metrics.train_start)}: final eval '
                f'{_accuracy_text(metrics.eval)} loss {metrics.eval["loss"]:.4f}')
         if best:
             msg += f'; best {args.eval_metric} {best["metric"]:.4f} at epoch {best["epoch"]}'
@@ -808,8 +856,8 @@ def _report(args, run: TrainingRun, metrics: EpochMetrics, results: dict, data_d
     if demo_val is not None:
         _logger.info(
             f'Demo result: validation accuracy {demo_val["top1"]:.2f}% top-1 on {demo_val["samples"]} held-out '
-            f'digit images (chance: 10%), checkpoint {run.saver.best_path}; '
-            f'total time {format_duration(time.time() - run.start_time)}.')
+            f'digit images (chance: 10%), checkpoint {folder.saver.best_path}; '
+            f'total time {format_duration(time.time() - run_start)}.')
 
 
 if __name__ == '__main__':

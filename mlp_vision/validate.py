@@ -29,11 +29,11 @@ from mlp_vision.arguments import ArgumentParser, DefaultsHelpFormatter, check_ra
 from mlp_vision.bounds import within_bounds
 from mlp_vision.errors import UsageError, run_cli
 from mlp_vision.training.run.log import setup_logging
-from mlp_vision.training.tasks import image_model
-from mlp_vision.training.tasks.image_model import (
+from mlp_vision.training import image_model
+from mlp_vision.training.image_model import (
     check_activations, create_model_for_eval, model_create_kwargs, resolve_model_data_config)
 from mlp_vision.training.run.compile import add_compile_arguments, check_compile_backend, compile_model
-from mlp_vision.training.run.training_run import add_common_arguments, add_device_arguments, setup_amp
+from mlp_vision.training.run.run_files import add_common_arguments, add_device_arguments, setup_amp
 from mlp_vision.training.run.summary import json_text
 from mlp_vision.threads import set_threads
 

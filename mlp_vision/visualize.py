@@ -36,8 +36,8 @@ from mlp_vision.training.run.checkpoint import load_checkpoint_file
 from .arguments import ArgumentParser, DefaultsHelpFormatter, check_range
 from .bounds import within_bounds
 from .errors import UsageError, run_cli
-from mlp_vision.training.tasks.image_model import create_model, create_model_for_eval, model_create_kwargs
-from mlp_vision.training.run.training_run import add_common_arguments
+from mlp_vision.training.image_model import create_model, create_model_for_eval, model_create_kwargs
+from mlp_vision.training.run.run_files import add_common_arguments
 from .threads import add_threads_argument, set_threads
 
 __all__ = ['spatial_projections', 'axial_weights', 'ssm_responses', 'token_grid', 'load_model', 'visualize', 'main']
@@ -243,7 +243,7 @@ def draw_ssm_responses(responses: Named, out: str, title: str, max_lag: int = 64
 def load_model(source: str, model_name: Optional[str] = None, pretrained: bool = False,
                model_kwargs: Optional[Dict[str, Any]] = None, trust_checkpoint: bool = False) -> Tuple[nn.Module, str]:
     """(the model in eval mode, what it is) from a checkpoint file (as
-    :func:`~mlp_vision.training.tasks.image_model.create_model_for_eval` loads it), a ``save_pretrained`` folder or
+    :func:`~mlp_vision.training.image_model.create_model_for_eval` loads it), a ``save_pretrained`` folder or
     a model name (timm's registry, else the text registry's; no name is in both)."""
     kwargs = dict(model_kwargs or {})
     if pretrained and os.path.exists(source):

@@ -128,7 +128,7 @@ def test_checkpoint_model_cfg_sizes_are_bounded_before_building(tmp_path, capsys
 
 
 def test_command_line_model_sizes_are_bounded_too():
-    from mlp_vision.training.tasks.image_model import create_model
+    from mlp_vision.training.image_model import create_model
     with pytest.raises(UsageError, match=r"model mixer_s16 with \{'embed_dim': 65536\} would have more than"):
         create_model('mixer_s16', embed_dim=65536)
     assert create_model('mixer_s16', num_classes=3, embed_dim=8, num_blocks=1, img_size=32).num_classes == 3
@@ -144,7 +144,7 @@ def test_deep_narrow_models_are_refused_before_any_block_is_built(name, kwargs, 
     library, local-dir: folders, benchmark.py) and the commands' create_model."""
     import timm
     from mlp_vision.bounds import size_bounds
-    from mlp_vision.training.tasks.image_model import create_model
+    from mlp_vision.training.image_model import create_model
     kwargs = dict(kwargs, embed_dim=8) if name != 'smlpnet_t' else dict(kwargs, embed_dim=4)
     line = what + r', more than the bound of 1,000 \(mlp_vision.bounds.MAX_BLOCKS.* --max-blocks'
     registered = []

@@ -23,7 +23,7 @@ from mlp_vision.training.data import (
     load_image, parse_val_split, read_class_map, stratified_holdout, train_samples_per_rank, unused_images_message,
 )
 from mlp_vision.training.data.loader import create_train_sampler
-from mlp_vision.training.tasks.image_model import validate
+from mlp_vision.training.image_model import validate
 
 SIZE = 8
 DATA_CONFIG = dict(input_size=(3, SIZE, SIZE), interpolation='bilinear', mean=(0.5, 0.5, 0.5), std=(0.25, 0.25, 0.25),

@@ -20,7 +20,7 @@ import mlp_vision.train as train  # noqa: E402  (the command's code; train.py at
 import mlp_vision.train_text as text_train  # noqa: E402
 from mlp_vision.training.run.checkpoint import CheckpointManager, atomic_save  # noqa: E402
 from mlp_vision.errors import UsageError  # noqa: E402
-from mlp_vision.training.run.folder import new_run_folder  # noqa: E402
+from mlp_vision.training.run.run_files import new_run_folder  # noqa: E402
 from _helpers import TINY_GPT, TINY_VISION, crafted_checkpoint, exits_with_one_line  # noqa: E402
 
 
@@ -150,7 +150,7 @@ def test_a_folder_without_last_pth_keeps_its_later_epochs(vision_run, tmp_path):
 def test_two_resumes_of_one_run_race_and_neither_loses_epochs(vision_run, tmp_path, monkeypatch):
     # B loads last.pth (epoch 1) and is held before taking the lock; meanwhile A resumes the same run in place to
     # epoch 3 and ends. B then takes the lock, looks again, sees epoch 3 and branches off instead of replacing it.
-    import mlp_vision.training.run.training_run as run_module
+    import mlp_vision.training.run.run_files as run_module
     folder, _ = vision_run
     run_copy = _copy_run(folder, tmp_path / 'v')
     real, held = run_module.newer_than, []

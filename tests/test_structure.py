@@ -105,15 +105,15 @@ def test_text_models_import_nothing_from_the_trainers():
 
 
 def test_training_is_layered_by_job():
-    """training/run (the infrastructure every command uses) imports no task, no image data and no text model;
-    training/data (images) imports no task and no text model; the tasks import no command."""
+    """training/run (the infrastructure every command uses) imports no image data and no text model;
+    training/data (images) imports no text model; the image model imports no command."""
     rules = {
-        'mlp_vision.training.run': ('mlp_vision.training.tasks', 'mlp_vision.training.data', 'mlp_vision.text',
+        'mlp_vision.training.run': ('mlp_vision.training.image_model', 'mlp_vision.training.data', 'mlp_vision.text',
                                     'mlp_vision.train', 'mlp_vision.validate'),
-        'mlp_vision.training.data': ('mlp_vision.training.tasks', 'mlp_vision.text', 'mlp_vision.train',
+        'mlp_vision.training.data': ('mlp_vision.training.image_model', 'mlp_vision.text', 'mlp_vision.train',
                                      'mlp_vision.validate'),
-        'mlp_vision.training.tasks': ('mlp_vision.train', 'mlp_vision.train_text', 'mlp_vision.validate',
-                                      'mlp_vision.benchmark', 'mlp_vision.visualize'),
+        'mlp_vision.training.image_model': ('mlp_vision.text', 'mlp_vision.train', 'mlp_vision.train_text',
+                                            'mlp_vision.validate', 'mlp_vision.benchmark', 'mlp_vision.visualize'),
     }
     graph = _graph()
     for layer, forbidden in rules.items():
@@ -126,20 +126,16 @@ def test_training_is_layered_by_job():
 
 def test_the_image_trainer_runs_its_own_epochs():
     """train.py reads as timm's: ``main``, ``train_one_epoch`` and ``validate`` (the evaluation loop of
-    image_model, which validate.py shares), no task class, and nothing it imports, directly or not, reaches the text
-    trainer's driver."""
-    graph, seen, todo = _graph(), set(), ['mlp_vision.train']
-    while todo:
-        module = todo.pop()
-        if module not in seen:
-            seen.add(module)
-            todo.extend(graph[module])
-    assert 'mlp_vision.training.run.driver' not in seen
+    image_model, which validate.py shares), no class but its metrics record, and the run's files are the functions
+    of run_files, called from train.py itself (no run object between them)."""
     tree = ast.parse(MODULES['mlp_vision.train'].read_text())
     functions = {node.name for node in tree.body if isinstance(node, ast.FunctionDef)}
     assert {'main', 'train', 'train_one_epoch'} <= functions
     assert not [node.name for node in tree.body if isinstance(node, ast.ClassDef) and node.name != 'EpochMetrics']
-    assert ('mlp_vision.training.tasks.image_model', 'validate') in _imports('mlp_vision.train')
+    assert ('mlp_vision.training.image_model', 'validate') in _imports('mlp_vision.train')
+    run_files = {name for module, name in _imports('mlp_vision.train') if module == 'mlp_vision.training.run.run_files'}
+    assert {'open_run_folder', 'save_checkpoint', 'restore_training_state', 'restore_rng', 'stop_error',
+            'write_results', 'close_run_folder'} <= run_files
 
 
 def test_no_private_names_imported_from_another_module():

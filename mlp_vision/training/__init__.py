@@ -1,11 +1,13 @@
 """ Training code, by job:
 
-* :mod:`.run` -- the run infrastructure: the training run (resume, checkpoints, outputs, stop signals), the
-  optimizer update (:mod:`.run.loop`), ``-c`` configs, logging, distributed setup; the text trainer's step driver
-  (:mod:`.run.driver`);
-* :mod:`.data` -- the image data pipeline (readers, datasets, loaders, hold-out splits);
-* :mod:`.tasks` -- the image model (:mod:`.tasks.image_model`: creation, weight loading and the evaluation loop
-  ``validate``). The text trainer is ``transformers.Trainer`` with the data and callbacks of :mod:`mlp_vision.text`.
+* :mod:`.image_model` -- the image model of train.py / validate.py: creation, weight loading and the evaluation
+  loop ``validate``;
+* :mod:`.run` -- the run infrastructure: the run's files and their safety (:mod:`.run.run_files`: the run
+  folder's identity and lock, resume, checkpoints, stop lines, results, as functions train.py calls in order), the
+  optimizer update (:mod:`.run.loop`), checkpoint files, ``-c`` configs, logging, distributed setup;
+* :mod:`.data` -- the image data pipeline (readers, datasets, loaders, hold-out splits).
+
+The text trainer is ``transformers.Trainer`` with the data and callbacks of :mod:`mlp_vision.text`.
 
 The commands are one module each: :mod:`mlp_vision.train` (images; it reads as timm's train.py: ``main``,
 ``train_one_epoch``, ``validate``), :mod:`mlp_vision.train_text` (text),

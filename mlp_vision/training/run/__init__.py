@@ -1,8 +1,7 @@
-""" The run infrastructure the commands share: :class:`.training_run.TrainingRun` (resume, the run folder,
-checkpoints, stops, results), :mod:`.loop` (the optimizer update), :mod:`.checkpoint` (atomic writes, safe
-loading, RNG capture), :mod:`.folder` (a run folder's identity and lock), :mod:`.config` (``-c`` yaml),
-:mod:`.summary`, :mod:`.log`, :mod:`.distributed`, :mod:`.compile`; :func:`.driver.drive` runs the text trainer's
-steps (the image trainer, :mod:`mlp_vision.train`, runs its epochs itself).
+""" The run infrastructure of the commands: :mod:`.run_files` (the run folder's identity and lock, resume,
+checkpoints, stops, results: functions the image trainer calls in order), :mod:`.loop` (the optimizer update),
+:mod:`.checkpoint` (atomic writes, safe loading, RNG capture), :mod:`.config` (``-c`` yaml), :mod:`.summary`,
+:mod:`.log`, :mod:`.distributed`, :mod:`.compile`.
 
 Nothing here imports a task, a dataset or a text model (tests/test_structure.py checks it).
 """

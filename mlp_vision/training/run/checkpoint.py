@@ -1,7 +1,7 @@
 """ Checkpoints: atomic writes, last / best / top-N bookkeeping that survives a resume, RNG state capture,
 and safe loading of checkpoint files (ours, timm's train.py's, foreign state dicts, safetensors).
 
-Our training checkpoints (:mod:`.training_run` writes them) are dicts of tensors and plain Python values, so they
+Our training checkpoints (:mod:`.run_files` writes them) are dicts of tensors and plain Python values, so they
 load with ``torch.load(weights_only=True)``. No file is unpickled in full unless the caller passes ``trust=True``
 (``--trust-checkpoint``): a full unpickle runs whatever code the file names.
 """

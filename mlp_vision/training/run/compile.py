@@ -1,5 +1,5 @@
 """ ``--torchcompile`` / ``--torchcompile-mode``: the same flags and the same ``torch.compile`` call in every
-command that runs a model (the trainers through the driver, validate.py, benchmark.py). """
+command that runs a model (the trainers, validate.py, benchmark.py). """
 from typing import Optional
 
 import torch

@@ -1,7 +1,7 @@
 """ ``-c/--config`` yaml files for argparse scripts: yaml keys are the flag names; explicit flags win.
 
 Precedence, lowest first: the parser's defaults, base configs (train.py's demo recipe), the settings of a run
-being resumed (:func:`~.training_run.parse_run_args`), the ``-c`` file, then the command line. Keys are the flag
+being resumed (:func:`~.run_files.parse_run_args`), the ``-c`` file, then the command line. Keys are the flag
 (``weight-decay``) or its destination (``weight_decay``); an unknown key or a value not of the flag's type is an
 error, as on the command line. The command line is parsed once (:func:`parse_given`), then laid over the other
 layers (:func:`merge_settings`) into a :class:`RunArgs`.

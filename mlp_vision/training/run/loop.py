@@ -1,5 +1,5 @@
-""" The optimizer update of every trainer (:func:`mlp_vision.train.train_one_epoch` and the text trainer's
-:meth:`~.driver.StepTask.train`): :meth:`StepLoop.update`. One update: ``n`` micro-batches (DDP's ``no_sync`` on
+""" The optimizer update of the image trainer (:func:`mlp_vision.train.train_one_epoch`): :meth:`StepLoop.update`.
+One update: ``n`` micro-batches (DDP's ``no_sync`` on
 all but the last), the optimizer step of :class:`UpdateStep` (loss scaling, clipping), then the EMA update and the
 per-update LR schedule. A micro-batch's
 data, forward and loss are the trainer's: the ``micro_loss`` callable.
@@ -15,8 +15,7 @@ Long updates (``--grad-accum-steps`` in the thousands) also agree about every ``
 the update, at positions counted from the slowest rank's time per micro-batch, so every rank calls the same
 collectives in order; a rank never acts on its own signal alone (its forward may hold collectives of its own: DDP's
 buffer broadcast, SyncBatchNorm). A stop inside an update abandons it: gradients dropped, parameters and
-``num_updates`` as before, and ``rewind_point`` puts back the data position and RNG states its micro-batches
-consumed (not BatchNorm statistics: the text models have none, the image trainer saves no checkpoint mid-epoch).
+``num_updates`` as before (the run resumes from its last checkpoint, at an epoch's end).
 """
 import dataclasses
 import logging
@@ -126,9 +125,8 @@ class _DeviceLosses:
 class StepLoop:
     """The optimizer updates of one run; ``num_updates`` counts them (the schedule's and the EMA's step).
 
-    ``stop_signal()``: this process's SIGINT / SIGTERM number (0: none), no collective. ``rewind_point()``: called
-    at the start of an update of several micro-batches, returns the function that puts back what they consume.
-    ``device``: the training device (default: the model's), where the loop's collectives run."""
+    ``stop_signal()``: this process's SIGINT / SIGTERM number (0: none), no collective. ``device``: the training
+    device (default: the model's), where the loop's collectives run."""
     model: nn.Module  # what the EMA averages (unwrapped)
     train_model: nn.Module  # what runs the forward (DDP-wrapped in a distributed run)
     update_step: UpdateStep
@@ -137,7 +135,6 @@ class StepLoop:
     stop_signal: Optional[Callable[[], int]] = None
     distributed: bool = False
     num_updates: int = 0
-    rewind_point: Optional[Callable[[], Callable[[], None]]] = None
     device: Optional[torch.device] = None
     agree_every_s: float = 2.  # a long update agrees on the stop signal about this often
     stop_pending: int = dataclasses.field(default=0, init=False)  # a stop agreed at the end of the last update
@@ -161,13 +158,12 @@ class StepLoop:
         signum = self.stop_pending or (0 if self.distributed else self._local_signal())
         if signum:
             raise Interrupted(signum, stopped_at)
-        rewind = self.rewind_point() if self.rewind_point is not None and micro_batches > 1 else None
         losses = _DeviceLosses(self.device)
         since, since_micro, next_check = time.perf_counter(), 0, self._check_every
         for micro in range(micro_batches):
             last = micro == micro_batches - 1
             if micro and not self.distributed and self._local_signal():
-                self._abandon(rewind, self._local_signal(), stopped_at)
+                self._abandon(self._local_signal(), stopped_at)
             no_sync = getattr(self.train_model, 'no_sync', None)
             with no_sync() if no_sync is not None and not last else nullcontext():
                 out = micro_loss()
@@ -179,7 +175,7 @@ class StepLoop:
             if not last and micro + 1 == next_check:
                 _, signum = self._agree(losses, micro + 1 - since_micro, since, loss_at)
                 if signum:
-                    self._abandon(rewind, signum, stopped_at)
+                    self._abandon(signum, stopped_at)
                 since, since_micro, next_check = time.perf_counter(), micro + 1, micro + 1 + self._check_every
         result = UpdateLosses(loss_sum, losses.weight_sum, losses.count)
         self.num_updates += 1
@@ -217,11 +213,9 @@ class StepLoop:
             raise NonFiniteLossError(0., loss_at(int(_NO_BAD_MICRO - first_bad)))  # 'not finite on another rank'
         return loss_sum, int(signum)
 
-    def _abandon(self, rewind: Optional[Callable[[], None]], signum: int, stopped_at: str) -> None:
-        """A stop inside the update: its gradients are dropped and its data put back; the weights are as before."""
+    def _abandon(self, signum: int, stopped_at: str) -> None:
+        """A stop inside the update: its gradients are dropped; the weights are as before."""
         self.update_step.optimizer.zero_grad(set_to_none=True)
-        if rewind is not None:
-            rewind()
         raise Interrupted(signum, stopped_at)
 
 
