@@ -6,7 +6,10 @@ Every run here is tiny (a 1-layer text model for a few updates, or a width-8 sML
 """
 import json
 import os
+import shutil
+import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -18,7 +21,7 @@ if str(REPO) not in sys.path:
 
 import mlp_vision.train as train  # noqa: E402  (the command's code; train.py at the root runs it)
 import mlp_vision.train_text as text_train  # noqa: E402
-from mlp_vision.training.run.checkpoint import CheckpointManager, atomic_save  # noqa: E402
+from mlp_vision.training.run.checkpoint import CheckpointManager, atomic_save, temp_path  # noqa: E402
 from mlp_vision.errors import UsageError  # noqa: E402
 from mlp_vision.training.run.run_files import new_run_folder  # noqa: E402
 from _helpers import TINY_GPT, TINY_VISION, crafted_checkpoint, exits_with_one_line  # noqa: E402
@@ -234,3 +237,119 @@ def test_every_checkpoint_carries_the_folders_run_id(vision_run):
     run_id = json.loads((folder / 'run.json').read_text())['run_id']
     for name in ('last.pth', 'model_best.pth', 'checkpoint-0.pth', 'checkpoint-1.pth'):
         assert torch.load(folder / name, weights_only=True)['run_id'] == run_id
+
+
+# ------------------------------------------------------------------------------------------------ resume checks
+def _misfit_optimizer_state(ckpt):  # the first optimizer state tensor (SGD's momentum buffer) of another shape
+    state = next(iter(ckpt['optimizer']['state'].values()))
+    state[next(k for k, v in state.items() if isinstance(v, torch.Tensor))] = torch.zeros(3, 3, 3, 3, 3)
+
+
+@pytest.mark.parametrize('change, problem', [
+    (lambda c: c['args'].update(lr='1e-3; rm -rf /'), 'lr must be a number'),
+    (lambda c: c['args'].update(amp_dtype='save'), 'amp_dtype must be one of'),
+    (lambda c: c['args'].update(amp='yes'), 'amp must be true or false'),
+    (lambda c: c.update(epoch=-3), "checkpoint's epoch"),
+    (lambda c: c.update(state_dict=['not', 'a', 'dict']), 'state_dict'),
+    (lambda c: c['scheduler'].update(optimizer='replaced'), "entry 'optimizer'"),
+    (lambda c: c['scheduler'].update(t_initial='long'), "entry 't_initial'"),
+    (lambda c: c['optimizer']['param_groups'][0].update(lr='fast'), "setting 'lr'"),
+    (_misfit_optimizer_state, 'does not fit'),
+    (lambda c: c['rng_states'][0].update(torch='seed'), 'random-number state'),
+])
+def test_crafted_saved_values_stop_with_one_line(vision_run, tmp_path, capsys, change, problem):
+    # no new flags: the schedule is the checkpoint's, so its scheduler state is checked (and loaded) too
+    folder, _ = vision_run
+    crafted = _crafted(folder / 'last.pth', tmp_path / 'crafted', change)
+    before = _files(crafted.parent)
+    msg = _fail(train.main, ['--resume', str(crafted)], capsys)
+    assert problem in msg, msg
+    assert _files(crafted.parent) == before  # nothing loaded into a run, no folder written
+
+
+def test_temporary_files_of_a_killed_run_are_removed_at_the_next_start(vision_run, tmp_path):
+    folder, _ = vision_run
+    run_copy = _copy_run(folder, tmp_path / 'v')
+    dead = subprocess.Popen([sys.executable, '-c', 'pass'])
+    dead.wait()
+    live = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])
+    try:
+        killed = run_copy / temp_path('last.pth').name.replace(str(os.getpid()), str(dead.pid))
+        running = run_copy / temp_path('summary.csv').name.replace(str(os.getpid()), str(live.pid))
+        killed.write_bytes(b'half a checkpoint')
+        running.write_bytes(b'another process is writing this')
+        res = train.main(['--resume', str(run_copy / 'last.pth'), '--epochs', '3'])
+        assert Path(res['experiment_dir']) == run_copy.resolve()  # continued in place
+        assert not killed.exists()
+        assert running.read_bytes() == b'another process is writing this'
+        assert killed.name in (run_copy / 'train.log').read_text()
+    finally:
+        live.kill()
+        live.wait()
+
+
+def test_a_run_folder_in_use_is_refused(vision_run, tmp_path, capsys):
+    folder, _ = vision_run
+    run_copy = _copy_run(folder, tmp_path / 'v')
+    # another process takes the folder's lock the way FolderLock does (a POSIX record lock, its pid inside)
+    holder = subprocess.Popen([sys.executable, '-c', textwrap.dedent(f'''
+        import fcntl, os, time
+        fd = os.open({str(run_copy / '.lock')!r}, os.O_RDWR | os.O_CREAT)
+        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        os.ftruncate(fd, 0)
+        os.write(fd, b'4242')
+        print('locked', flush=True)
+        time.sleep(60)
+        ''')], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == 'locked'
+        before = _files(run_copy)
+        msg = _fail(train.main, ['--resume', str(run_copy / 'last.pth'), '--epochs', '3'], capsys)
+        assert 'is in use by another training process (pid 4242)' in msg
+        assert _files(run_copy) == before
+    finally:
+        holder.kill()
+        holder.wait()
+    res = train.main(['--resume', str(run_copy / 'last.pth'), '--epochs', '3'])  # free once the holder is gone
+    assert Path(res['experiment_dir']) == run_copy.resolve()
+    assert torch.load(run_copy / 'last.pth', weights_only=True)['epoch'] == 2
+
+
+def test_a_failed_final_stage_leaves_results_and_the_previous_export(vision_run, tmp_path, capsys, monkeypatch):
+    folder, _ = vision_run
+    run_copy = _copy_run(folder, tmp_path / 'v')
+    shutil.copytree(folder / 'pretrained', run_copy / 'pretrained')
+    export_before = _files(run_copy / 'pretrained')
+    results_before = (run_copy / 'results.json').read_bytes()
+
+    def save_then_fail(model, directory, **kwargs):
+        (Path(directory) / 'config.json').write_text('{"partial": true}')
+        raise OSError(28, 'No space left on device', str(Path(directory) / 'model.safetensors'))
+    monkeypatch.setattr(train, 'save_for_hf', save_then_fail)
+    msg = _fail(train.main, ['--resume', str(run_copy / 'last.pth'), '--epochs', '3'], capsys, status=1)
+    assert 'No space left on device' in msg
+    assert _files(run_copy / 'pretrained') == export_before  # the earlier export, whole
+    assert not [p for p in run_copy.iterdir() if p.name.startswith('.pretrained')]
+    recorded = json.loads((run_copy / 'results.json').read_text())
+    assert 'No space left on device' in recorded['error'] and recorded['epoch'] == 2
+    assert (run_copy / 'results-1.json').read_bytes() == results_before
+    msg = _fail(train.main, ['--resume', str(run_copy / 'last.pth'), '--epochs', '3'], capsys)
+    assert 'its final stage failed' in msg and 'No space left on device' in msg
+
+
+def test_a_finished_run_without_results_says_so(vision_run, tmp_path, capsys):
+    folder, _ = vision_run
+    run_copy = _copy_run(folder, tmp_path / 'v')
+    (run_copy / 'results.json').unlink()  # as after a kill during the final stage
+    msg = _fail(train.main, ['--resume', str(run_copy / 'last.pth')], capsys)
+    assert 'its final outputs were never written' in msg and 'results in' not in msg
+
+
+def test_resuming_a_finished_run_is_refused_and_changes_nothing(vision_run, tmp_path, capsys):
+    folder, _ = vision_run
+    run_copy = _copy_run(folder, tmp_path / 'v')
+    before = _files(run_copy)
+    msg = _fail(train.main, ['--resume', str(run_copy / 'last.pth')], capsys)
+    assert 'already finished its 2 epochs' in msg and 'pass a larger --epochs' in msg
+    assert f'results in {run_copy.resolve() / "results.json"}' in msg
+    assert _files(run_copy) == before
