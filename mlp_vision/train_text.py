@@ -304,7 +304,7 @@ def _pretrained_classifier(args, num_labels: int, labels: Dict[str, Any]):
     """``--init-from``: a save_pretrained folder through ``AutoModelForSequenceClassification.from_pretrained``
     (a new head), or an official BiGS folder through ``BiGSForSequenceClassification.from_official``."""
     from transformers import AutoModelForSequenceClassification
-    from mlp_vision.text.bigs import BiGSForSequenceClassification
+    from mlp_vision.text.bigs import BiGSForSequenceClassification, from_official_folder
     from mlp_vision.text.modeling_utils import is_saved_folder
     from mlp_vision.text.registry import load_config
     path = args.init_from
@@ -326,13 +326,8 @@ def _pretrained_classifier(args, num_labels: int, labels: Dict[str, Any]):
             raise UsageError(f'--init-from {path} with --model-kwargs {dict(args.model_kwargs)}: '
                              f'{str(e).splitlines()[0]}') from None
     else:
-        try:
-            model = BiGSForSequenceClassification.from_official(path, allow_regex=args.allow_regex, **overrides)
-        except (ValueError, RuntimeError, OSError, KeyError) as e:
-            if isinstance(e, UsageError):
-                raise
-            raise UsageError(f'--init-from {path} is neither a save_pretrained folder nor an official BiGS folder: '
-                             f'{str(e).splitlines()[0] if str(e) else type(e).__name__}') from None
+        model = from_official_folder(BiGSForSequenceClassification, path, f'--init-from {path}',
+                                     allow_regex=args.allow_regex, **overrides)
     if model.tokenizer is None:
         raise UsageError(f'--init-from {path} holds no tokenizer (tokenizer.json or vocab.txt); the model cannot '
                          f'be fed without the tokenizer it was trained with')

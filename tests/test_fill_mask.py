@@ -138,3 +138,33 @@ def test_fill_mask_errors(tmp_path, capsys):
     gpt.save_pretrained(str(tmp_path / 'gpt'), tokenizer=mt.char_tokenizer('abc'))
     assert 'not a masked LM' in _usage_error([str(tmp_path / 'gpt'), 'a<mask>'], capsys)
     assert 'is not a folder' in _usage_error([str(tmp_path / 'missing'), 'a [MASK]'], capsys)
+
+
+def test_a_folder_that_is_neither_layout_is_one_line_from_both_commands(tmp_path, capsys):
+    """A folder without our config.json whose weights file is not an official checkpoint (random bytes; a pickle that
+    would run code): fill-mask and the text trainer's --init-from both stop with the one line naming the folder."""
+    import os
+    import pickle
+    import mlp_vision.train_text as text_train
+    from _helpers import exits_with_one_line
+    from mlp_vision.errors import UsageError
+    from mlp_vision.text.fill_mask import load_masked_lm
+    marker = tmp_path / 'payload-ran'
+
+    class Payload:
+        def __reduce__(self):  # unpickling it would create the marker file
+            return (open, (str(marker), 'w'))
+
+    for name, content in (('random', os.urandom(64)), ('pickle', pickle.dumps(Payload()))):
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / 'pytorch_model.bin').write_bytes(content)
+        with pytest.raises(UsageError, match=f'^{folder} is neither a save_pretrained folder nor an official BiGS'):
+            load_masked_lm(str(folder))
+        data = tmp_path / 'train.tsv'
+        data.write_text('sentence\tlabel\n' + 'a good film\t1\na bad film\t0\n' * 4)
+        msg = exits_with_one_line(text_train.main, [
+            '--task', 'classify', '--train-file', str(data), '--val-file', str(data), '--init-from', str(folder),
+            '--steps', '1', '--output', str(tmp_path / 'out'), '--experiment', name], capsys)
+        assert f'--init-from {folder} is neither a save_pretrained folder nor an official BiGS folder' in msg
+    assert not marker.exists()

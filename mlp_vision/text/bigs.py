@@ -35,6 +35,7 @@ a model from their files (:func:`_from_official`).
 """
 import math
 import os
+import pickle
 from typing import ClassVar, Dict, List, Mapping, Optional, Union
 
 import torch
@@ -51,7 +52,7 @@ from .modeling_utils import TextConfig, TextPreTrainedModel
 __all__ = [
     'BiGSConfig', 'BiGSPreTrainedModel', 'BiGSModel', 'BiGSForMaskedLM', 'BiGSForSequenceClassification',
     'convert_official_bigs_state_dict', 'load_official_bigs_state_dict', 'bigs_config_from_official',
-    'bigs_param_groups',
+    'from_official_folder', 'bigs_param_groups',
 ]
 
 
@@ -325,6 +326,19 @@ def convert_official_bigs_state_dict(state_dict: Mapping[str, torch.Tensor], tas
     if task == 'base':
         out = {k[len('bigs.'):]: v for k, v in out.items()}
     return out
+
+
+def from_official_folder(cls, directory: str, what: str, **kwargs) -> 'BiGSPreTrainedModel':
+    """``cls.from_official(directory, **kwargs)`` for a command that was given ``directory`` as ``what`` (a flag and
+    the path): a folder that is not an official one (files missing, damaged or holding code) is one
+    :class:`UsageError` line naming it."""
+    try:
+        return cls.from_official(directory, **kwargs)
+    except (ValueError, KeyError, RuntimeError, OSError, pickle.UnpicklingError) as e:  # what the folder lacks
+        if isinstance(e, UsageError):
+            raise
+        raise UsageError(f'{what} is neither a save_pretrained folder nor an official BiGS folder: '
+                         f'{str(e).splitlines()[0] if str(e) else type(e).__name__}') from None
 
 
 def bigs_config_from_official(state_dict: Mapping[str, torch.Tensor], **overrides) -> BiGSConfig:

@@ -3,8 +3,8 @@
     python -m mlp_vision.text.fill_mask DIR "the movie was [MASK] ." [--top-k 5] [--device cpu]
 
 ``DIR`` is a folder written by ``save_pretrained`` holding a masked LM and its tokenizer (a masked-LM run folder of
-the text trainer, or one of its ``checkpoint-N/``), or an official BiGS folder (``pytorch_model.bin`` / ``model.safetensors``,
-``config.json``, ``vocab.txt`` / ``tokenizer.json``; see :meth:`BiGSForMaskedLM.from_official`). The mask token is
+the text trainer, or one of its ``checkpoint-N/``), or an official BiGS folder (``pytorch_model.bin`` /
+``model.safetensors``, ``config.json``, ``vocab.txt`` / ``tokenizer.json``; see :meth:`BiGSForMaskedLM.from_official`). The mask token is
 the tokenizer's: ``[MASK]`` for BERT vocabularies, ``<mask>`` for the byte / char tokenizers. The text is encoded
 with the tokenizer's template (``<cls> text <sep>``) and each mask predicts one token (masked LM, BERT arXiv
 1810.04805 §3.1 "Task #1: Masked LM").
@@ -20,7 +20,6 @@ From Python::
     # [[{'token_id': 2204, 'token': 'good', 'score': 0.31}, ...]]   one list per mask, best first
 """
 import os
-import pickle
 import sys
 from typing import Dict, List, Optional, Sequence
 
@@ -48,7 +47,7 @@ def load_masked_lm(directory: str, device: str = 'cpu', allow_regex: bool = Fals
     Bad input is a :class:`~mlp_vision.errors.UsageError` (a ``ValueError``) naming the file: a missing
     folder, damaged files, a config that does not fit its weights or its tokenizer, a model that is not a masked LM.
     """
-    from .bigs import BiGSForMaskedLM
+    from .bigs import BiGSForMaskedLM, from_official_folder
     if not os.path.isdir(directory):
         raise UsageError(f'{directory} is not a folder; expected a save_pretrained folder of a masked LM (a text '
                          f'run folder) or an official BiGS folder')
@@ -59,13 +58,7 @@ def load_masked_lm(directory: str, device: str = 'cpu', allow_regex: bool = Fals
             raise UsageError(f'{directory} holds a {cls.__name__}, not a masked LM ({", ".join(masked)})')
         model = cls.from_pretrained(directory, device=device, allow_regex=allow_regex)
     else:
-        try:
-            model = BiGSForMaskedLM.from_official(directory, device=device, allow_regex=allow_regex)
-        except (ValueError, KeyError, RuntimeError, OSError, pickle.UnpicklingError) as e:  # what the folder lacks
-            if isinstance(e, UsageError):
-                raise
-            raise UsageError(f'{directory} is neither a save_pretrained folder nor an official BiGS folder: '
-                             f'{str(e).splitlines()[0] if str(e) else type(e).__name__}') from None
+        model = from_official_folder(BiGSForMaskedLM, directory, directory, device=device, allow_regex=allow_regex)
     if model.tokenizer is None:
         raise UsageError(f'{directory} holds no tokenizer (tokenizer_config.json, tokenizer.json or vocab.txt); '
                          f'fill-mask needs the one the model was trained with')
