@@ -97,9 +97,8 @@ def test_aligned_rows_gemm_same_product_and_gradients():
         _assert_close(a, ref, 'aligned GEMM')
 
 
-def test_token_major_sgu_one_gemm():
-    """The token-major SGU's token mix is a single (L, L) x (L, B * C) matrix product, no batched one."""
-    sgu = SpatialGatingUnit(8, 5, token_major=True)
+def _gemm_calls(run):
+    """(aten op, tensor argument shapes) of every matrix product ``run()`` dispatches."""
     seen = []
 
     class Ops(torch.utils._python_dispatch.TorchDispatchMode):
@@ -107,8 +106,14 @@ def test_token_major_sgu_one_gemm():
             seen.append((str(func), [tuple(a.shape) for a in args if isinstance(a, torch.Tensor)]))
             return func(*args, **(kwargs or {}))
     with Ops():
-        sgu(torch.randn(5, 3, 8))
-    gemms = [s for s in seen if 'mm' in s[0]]
+        run()
+    return [s for s in seen if 'mm' in s[0]]
+
+
+def test_token_major_sgu_one_gemm():
+    """The token-major SGU's token mix is a single (L, L) x (L, B * C) matrix product, no batched one."""
+    sgu = SpatialGatingUnit(8, 5, token_major=True)
+    gemms = _gemm_calls(lambda: sgu(torch.randn(5, 3, 8)))
     assert gemms == [('aten.addmm.default', [(5, 1), (5, 5), (5, 12)])]
 
 
@@ -164,15 +169,7 @@ def test_smlpnet_model_variant_same_function(variant):
 def test_one_gemm_mixes_gemm_count():
     """Each axial mix of a one-GEMM sMLP is one GEMM with the whole batch in it: P = 1 for the bmm along H."""
     smlp = AxialSparseMLP(6, (4, 5), one_gemm_mixes=True)
-    seen = []
-
-    class Ops(torch.utils._python_dispatch.TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            seen.append((str(func), [tuple(a.shape) for a in args if isinstance(a, torch.Tensor)]))
-            return func(*args, **(kwargs or {}))
-    with Ops():
-        smlp(torch.randn(3, 6, 4, 5))
-    gemms = [s for s in seen if 'mm' in s[0]]
+    gemms = _gemm_calls(lambda: smlp(torch.randn(3, 6, 4, 5)))
     assert gemms == [('aten.bmm.default', [(1, 4, 4), (1, 4, 90)]), ('aten.addmm.default', [(5,), (72, 5), (5, 5)])]
 
 
