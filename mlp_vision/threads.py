@@ -44,14 +44,13 @@ def add_threads_argument(container: argparse._ActionsContainer) -> None:
              f'when set: on a shared CPU more threads spin-wait and slow every step several-fold)')
 
 
-def default_threads(loader_workers: int = 0) -> int:
+def default_threads() -> int:
     """The count without ``--threads``: torch's present count when ``OMP_NUM_THREADS`` is set (it chose that count),
-    else 1. ``loader_workers`` (this run's data-loader processes) does not change it: one compute thread leaves the
-    other CPUs to them."""
+    else 1 (one compute thread leaves the other CPUs to the run's data-loader processes)."""
     return torch.get_num_threads() if os.environ.get('OMP_NUM_THREADS') else 1
 
 
-def set_threads(requested: Optional[int], loader_workers: int = 0) -> str:
+def set_threads(requested: Optional[int]) -> str:
     """Set torch's intra-op threads to ``requested`` (checked against :data:`THREADS_RANGE`) or, for None, to
     :func:`default_threads`; returns the line a command logs, e.g. ``'1 compute thread (the default; --threads N
     or OMP_NUM_THREADS to choose)'``."""
@@ -59,21 +58,21 @@ def set_threads(requested: Optional[int], loader_workers: int = 0) -> str:
         check_range('--threads', requested, **THREADS_RANGE)
         threads, why = requested, '--threads'
     else:
-        threads = default_threads(loader_workers)
+        threads = default_threads()
         why = ('OMP_NUM_THREADS; --threads N to choose' if os.environ.get('OMP_NUM_THREADS') else
                'the default; --threads N or OMP_NUM_THREADS to choose')
     torch.set_num_threads(threads)
     return f'{threads} compute thread{"s" if threads > 1 else ""} ({why})'
 
 
-def set_run_threads(requested: Optional[int], resume_ckpt: Optional[dict], loader_workers: int = 0) -> str:
+def set_run_threads(requested: Optional[int], resume_ckpt: Optional[dict]) -> str:
     """:func:`set_threads` for a training run: ``--threads``, else -- when resuming -- the count the run computed with
     (every checkpoint stores it as ``threads``: the thread count changes float rounding, e.g. gradients at 1e-6, so a
     resume is bit-identical to the uninterrupted run only with the same count; capped at this machine's CPUs), else
     :func:`default_threads`. Returns the line to log."""
     saved = (resume_ckpt or {}).get('threads')
     if requested is not None or isinstance(saved, bool) or not isinstance(saved, int) or saved < 1:
-        return set_threads(requested, loader_workers)
+        return set_threads(requested)
     threads = min(saved, usable_cpus())
     torch.set_num_threads(threads)
     capped = f', capped from its {saved} at the CPUs here' if threads < saved else ''

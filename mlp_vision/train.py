@@ -307,7 +307,7 @@ def _main(argv, prog):
     dist_info = init_device(args.device, args.dist_backend, args.dist_url)
     setup_logging(dist_info.primary)
     check_args(args, dist_info)
-    _logger.info(set_run_threads(args.threads, resume_ckpt, args.workers))
+    _logger.info(set_run_threads(args.threads, resume_ckpt))
     if resume_ckpt is not None:
         check_resume_payload(resume_ckpt, 'epoch', f'--resume {args.resume}')
     with stop_signals() as stop_signal, size_bounds(args):

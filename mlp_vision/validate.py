@@ -203,7 +203,7 @@ def checkpoint_data_config(data_cfg, checkpoint: str, in_chans: int) -> dict:
 def validate(args: argparse.Namespace) -> dict:
     """Run one validation; returns the results dict. Raises :class:`UsageError` for bad input."""
     check_args(args)
-    threads = set_threads(args.threads, args.workers)
+    threads = set_threads(args.threads)
     dist_info = init_device(args.device)
     device = dist_info.device
     setup_logging(dist_info.primary)

@@ -108,16 +108,16 @@ def test_threads_are_given_back_to_an_in_process_caller():
         torch.set_num_threads(before)
 
 
-@pytest.mark.parametrize('load, workers', [(0.0, 0), (64.0, 0), (0.0, 3)])
-def test_default_threads_are_one_whatever_the_load(monkeypatch, load, workers):
-    # the rule is fixed (mlp_vision.threads): the machine's load and the loader workers never change it
+@pytest.mark.parametrize('load', [0.0, 64.0])
+def test_default_threads_are_one_whatever_the_load(monkeypatch, load):
+    # the rule is fixed (mlp_vision.threads): the machine's load never changes it
     monkeypatch.delenv('OMP_NUM_THREADS', raising=False)
     monkeypatch.setattr(os, 'getloadavg', lambda: (load, load, load))
     before = torch.get_num_threads()
     try:
         torch.set_num_threads(CPUS)
-        assert default_threads(workers) == 1
-        line = set_threads(None, loader_workers=workers)
+        assert default_threads() == 1
+        line = set_threads(None)
         assert torch.get_num_threads() == 1
         assert line == '1 compute thread (the default; --threads N or OMP_NUM_THREADS to choose)'
     finally:
