@@ -35,9 +35,9 @@ from timm.loss import BinaryCrossEntropy, LabelSmoothingCrossEntropy, SoftTarget
 from timm.models import model_parameters, save_for_hf
 from timm.optim import create_optimizer_v2, list_optimizers, optimizer_kwargs
 from timm.scheduler import scheduler_kwargs
-from timm.utils import ModelEmaV3, ParseKwargs, distribute_bn, random_seed, unwrap_model
+from timm.utils import ModelEmaV3, distribute_bn, random_seed, unwrap_model
 
-from mlp_vision.arguments import ArgumentParser, DefaultsHelpFormatter
+from mlp_vision.arguments import ArgumentParser, DefaultsHelpFormatter, ParseKwargs
 from mlp_vision.bounds import size_bounds
 from mlp_vision.errors import Interrupted, UsageError, run_cli
 from mlp_vision.threads import set_run_threads

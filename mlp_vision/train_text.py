@@ -37,9 +37,8 @@ from typing import Any, Dict, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
-from timm.utils import ParseKwargs
 
-from mlp_vision.arguments import ArgumentParser, DefaultsHelpFormatter, add_allow_regex_argument
+from mlp_vision.arguments import ArgumentParser, DefaultsHelpFormatter, ParseKwargs, add_allow_regex_argument
 from mlp_vision.bounds import add_bound_arguments, size_bounds
 from mlp_vision.errors import Interrupted, UsageError, run_cli
 from mlp_vision.threads import THREADS_RANGE, add_threads_argument, set_threads

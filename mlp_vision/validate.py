@@ -16,7 +16,6 @@ import os
 import reprlib
 
 import torch
-from timm.utils import ParseKwargs
 
 from mlp_vision.training.run.checkpoint import write_output_file
 from mlp_vision.training.run.config import check_flag_ranges
@@ -25,7 +24,7 @@ from mlp_vision.training.data import (
     create_image_dataset, default_workers,
 )
 from mlp_vision.training.run.distributed import init_device
-from mlp_vision.arguments import ArgumentParser, DefaultsHelpFormatter, check_range
+from mlp_vision.arguments import ArgumentParser, DefaultsHelpFormatter, ParseKwargs, check_range
 from mlp_vision.bounds import within_bounds
 from mlp_vision.errors import UsageError, run_cli
 from mlp_vision.training.run.log import setup_logging
