@@ -69,7 +69,10 @@ TRAINER_FLAGS = {
     ('--opt-eps', '0'): '--opt-eps must be a positive number, got 0.0',
     ('--lr', 'inf'): '--lr must be a positive number, got inf',
     ('--clip-grad', 'nan'): '--clip-grad must be a finite number (<= 0: no clipping), got nan',
-    ('--warmup-steps', '-1'): '--warmup-steps must be >= 0, got -1',
+    ('--warmup-steps', '-1'): '--warmup-steps must be in [0, ',
+    ('--steps', '10', '--warmup-steps', '10'): '--warmup-steps must be in [0, 9] (below --steps: a run all warmup never '
+                                               'reaches --lr), got 10',
+    ('--max-params', '0.5'): '--max-params must be >= 1 (a parameter count), got 0.5',
     ('--block-size', '0'): '--block-size must be >= 1 (--task causal), got 0',
     ('--block-size', '100'): "--block-size 100 is larger than the model's maximum length 16",
     ('--task', 'mlm', '--model', 'amlp_base', '--block-size', '2'): '--block-size must be >= 3 (--task mlm), got 2',
