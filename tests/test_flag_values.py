@@ -73,3 +73,45 @@ def test_every_numeric_flag_refuses_nan_inf_and_negative_in_one_line(command, ca
     assert not accepted, f'{command} accepted (add a range to its table, or to ALLOWED with a reason): {accepted}'
     unused = [key for key in ALLOWED if key[0] == command and key[1] not in {f for f, _, _ in flags}]
     assert not unused, f'ALLOWED names flags {command} no longer has: {unused}'
+
+
+# the families of issue 44 that are one flag's value: (command, flags) -> the one line's text
+FAMILIES = {
+    ('train.py', '--max-activation-gib', '1e300'): '--max-activation-gib must be in (0, 1073741824]',  # OverflowError
+    ('validate.py', '--max-activation-gib', '1e300'): '--max-activation-gib must be in (0, 1073741824]',
+    ('train.py', '--max-params', '0.5'): '--max-params must be >= 1 (a parameter count), got 0.5',  # was a bound of 0
+    ('train.py', '--model-kwargs', 'embed_dim'): "argument --model-kwargs: 'embed_dim' is not NAME=VALUE",
+    ('validate.py', '--model-kwargs', '=5'): "argument --model-kwargs: '=5' is not NAME=VALUE",
+    ('train_text', '--model-kwargs', 'hidden_size'): "argument --model-kwargs: 'hidden_size' is not NAME=VALUE",
+    ('train.py', '--opt-kwargs', 'eps'): "argument --opt-kwargs: 'eps' is not NAME=VALUE",
+    ('train.py', '--min-lr', '1', '--lr', '0.1'): '--min-lr 1 is above --lr 0.1: the schedule would raise the LR',
+    ('train_text', '--steps', '10', '--warmup-steps', '10'): '--warmup-steps must be in [0, 9]',
+    ('validate.py', '--crop-pct', '100'): '--crop-pct must be in (0, 1]',
+    ('train.py', '--experiment', '\udcff'): "--experiment '\\xff' is not UTF-8 text",  # $'\xff' in bash
+    ('train_text', '--experiment', 'a\udcffb'): "--experiment 'a\\xffb' is not UTF-8 text",
+    ('validate.py', '--dataset', 'hfds/mnist'): 'which is not installed: pip install datasets (or give an image folder',
+}
+
+
+@pytest.mark.parametrize('case', list(FAMILIES), ids=' '.join)
+def test_issue_44_flag_families_are_one_line(case, capsys, monkeypatch):
+    command, *flags = case
+    monkeypatch.setitem(validate.DATASET_PACKAGES, 'hfds', ('datasets_not_installed', 'datasets'))  # if it is
+    _, base, checks = COMMANDS[command]
+    with pytest.raises(ScriptExit) as e:
+        run_cli(command, checks, base + flags)
+    assert e.value.code == 2 and FAMILIES[case] in e.value.message, e.value.message
+    assert capsys.readouterr().err.strip().splitlines() == [e.value.message]
+
+
+def test_warmup_as_long_as_the_run_is_said_in_one_line(caplog):
+    """Allowed (a recipe's warmup in a short trial run: the demo's --epochs 1), but said: the LR never reaches the
+    scheduled rate."""
+    _train_checks(['--device', 'cpu', '--warmup-epochs', '5', '--epochs', '2'])
+    said = [r.getMessage() for r in caplog.records if 'warmup' in r.getMessage()]
+    assert said == ['--warmup-epochs 5 is not shorter than --epochs 2: the whole run is warmup, its LR rising from '
+                    '--warmup-lr 0.0001 and never reaching the scheduled rate; give --warmup-epochs 1 or less (0: '
+                    'none) to train at it'], said
+    caplog.clear()
+    _train_checks(['--device', 'cpu', '--warmup-epochs', '1', '--epochs', '2'])
+    assert not [r for r in caplog.records if 'warmup' in r.getMessage()]
