@@ -270,3 +270,65 @@ def test_check_range_messages():
             check_range(*args, **kwargs)
         assert str(e.value).startswith(expected), str(e.value)
     check_range('--x', 10 ** 400, low=1)  # an int too large for a float is still compared exactly
+
+
+# ------------------------------------------------------------------------------------------------ a corpus's inputs
+def test_tokenizer_from_with_truncation_and_padding_encodes_the_corpus_whole(data, tmp_path, caplog):
+    """A tokenizer.json saved with truncation (2 tokens) and fixed padding (1,000 tokens) would turn the corpus into
+    2 tokens, or pad tokens: both are turned off for the corpus, in one line, and the ids are the plain tokenizer's."""
+    from mlp_vision.text.training_data import encode_text, tokenizer_from_path
+    text = (data / 'tiny.txt').read_text()
+    plain = tokenizer_from_path(str(data / 'subword'))
+    payload = json.loads((data / 'subword' / 'tokenizer.json').read_text())
+    payload['truncation'] = {'direction': 'Right', 'max_length': 2, 'strategy': 'LongestFirst', 'stride': 0}
+    payload['padding'] = {'strategy': {'Fixed': 1000}, 'direction': 'Right', 'pad_to_multiple_of': None,
+                          'pad_id': 0, 'pad_type_id': 0, 'pad_token': '[PAD]'}
+    (tmp_path / 'tokenizer.json').write_text(json.dumps(payload))
+    tok = tokenizer_from_path(str(tmp_path / 'tokenizer.json'))
+    assert tok.backend_tokenizer.truncation and tok.backend_tokenizer.padding
+    with caplog.at_level(logging.WARNING):
+        ids = encode_text(tok, text, 'training text', stop=lambda: 0)
+    expected = torch.tensor(plain.encode(text, add_special_tokens=False))
+    assert len(expected) > 1000 and torch.equal(ids, expected)
+    said = [r.getMessage() for r in caplog.records]
+    assert said == ["the tokenizer's truncation to 2 tokens and padding to 1000 tokens (set in its tokenizer.json) "
+                    "turned off: the training text is encoded whole and cut into --block-size blocks"], said
+
+
+def test_tokenizer_from_a_device_is_one_line(data, tmp_path, capsys):
+    """/dev/zero (a device: read forever) is refused before it is opened."""
+    argv = TINY_GPT + ['--train-file', str(data / 'tiny.txt'), '--tokenizer-from', '/dev/zero',
+                       '--output', str(tmp_path)]
+    assert '/dev/zero is not a regular file or a folder (a device, FIFO or socket)' in _fail(text_train.main, argv,
+                                                                                            capsys)
+
+
+def test_a_tokenizer_file_larger_than_any_tokenizer_is_not_read(data, tmp_path, monkeypatch):
+    import mlp_vision.text.tokenizer as tokenizer
+    from mlp_vision.text.training_data import tokenizer_from_path
+    monkeypatch.setattr(tokenizer, 'MAX_TOKENIZER_FILE_BYTES', 1000)
+    with pytest.raises(UsageError, match=r'tokenizer.json is [\d,]+ bytes, more than the 1,000 a tokenizer file'):
+        tokenizer_from_path(str(data / 'subword'))
+
+
+@pytest.mark.parametrize('kind', ['char', 'byte', 'wordpiece'])
+def test_a_line_too_long_to_tokenize_at_once(kind, monkeypatch):
+    """A line with no place to cut within MAX_PIECE_CHARS: char / byte tokenizers cut it anywhere (the ids stay the
+    whole text's); a subword one cuts at spaces, and a line with none is one line naming it, before tokenizers
+    allocates for it (a 100 MB line aborted the process)."""
+    import mlp_vision.text.training_data as text_data
+    monkeypatch.setattr(text_data, 'ENCODE_CHUNK_CHARS', 50)
+    monkeypatch.setattr(text_data, 'MAX_PIECE_CHARS', 200)
+    spaced = ' '.join(WORDS * 10)  # one line of ~800 characters, with spaces
+    head = f'to be\nor not\n{spaced}\n'
+    text = head + 'x' * 500 + '\nthe end\n'
+    tok = build_tokenizer(kind, 'causal', text, vocab_size=40)
+    if kind != 'wordpiece':
+        ids = text_data.encode_text(tok, text, 'training text', stop=lambda: 0)
+        assert torch.equal(ids, torch.tensor(tok.encode(text, add_special_tokens=False)))
+        return
+    ids = text_data.encode_text(tok, head, 'training text', stop=lambda: 0)  # the spaced line: cut at spaces
+    assert torch.equal(ids, torch.tensor(tok.encode(head, add_special_tokens=False)))
+    with pytest.raises(UsageError, match=r'^line 4 of the training text has 500 characters and no place this '
+                                         r'tokenizer can be cut \(a line break or a space between words\) within 200'):
+        text_data.encode_text(tok, text, 'training text', stop=lambda: 0)
