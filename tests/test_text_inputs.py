@@ -317,12 +317,12 @@ def test_a_line_too_long_to_tokenize_at_once(kind, monkeypatch):
     whole text's); a subword one cuts at spaces, and a line with none is one line naming it, before tokenizers
     allocates for it (a 100 MB line aborted the process)."""
     import mlp_vision.text.training_data as text_data
-    monkeypatch.setattr(text_data, 'ENCODE_CHUNK_CHARS', 50)
-    monkeypatch.setattr(text_data, 'MAX_PIECE_CHARS', 200)
     spaced = ' '.join(WORDS * 10)  # one line of ~800 characters, with spaces
     head = f'to be\nor not\n{spaced}\n'
     text = head + 'x' * 500 + '\nthe end\n'
     tok = build_tokenizer(kind, 'causal', text, vocab_size=40)
+    monkeypatch.setattr(text_data, 'ENCODE_CHUNK_CHARS', 50)
+    monkeypatch.setattr(text_data, 'MAX_PIECE_CHARS', 200)
     if kind != 'wordpiece':
         ids = text_data.encode_text(tok, text, 'training text', stop=lambda: 0)
         assert torch.equal(ids, torch.tensor(tok.encode(text, add_special_tokens=False)))
@@ -332,3 +332,19 @@ def test_a_line_too_long_to_tokenize_at_once(kind, monkeypatch):
     with pytest.raises(UsageError, match=r'^line 4 of the training text has 500 characters and no place this '
                                          r'tokenizer can be cut \(a line break or a space between words\) within 200'):
         text_data.encode_text(tok, text, 'training text', stop=lambda: 0)
+
+
+def test_a_long_line_trains_the_vocabulary_of_its_words(monkeypatch):
+    """The subword trainer gets a line over ENCODE_CHUNK_CHARS in pieces cut before spaces (it held ~65 bytes per
+    character of a line: a 100 MB line aborted the process): the same words, so the same BPE vocabulary; a line
+    with no space to cut at is one line naming it."""
+    import mlp_vision.text.training_data as text_data
+    rng = random.Random(3)
+    text = 'to be\n' + ' '.join(rng.choice(WORDS) for _ in range(400)) + '\nthe end\n'
+    whole = build_tokenizer('bpe', 'causal', text, vocab_size=300)
+    monkeypatch.setattr(text_data, 'ENCODE_CHUNK_CHARS', 50)
+    assert list(text_data._training_lines(text))[0] == 'to be' and len(list(text_data._training_lines(text))) > 20
+    assert build_tokenizer('bpe', 'causal', text, vocab_size=300).get_vocab() == whole.get_vocab()
+    monkeypatch.setattr(text_data, 'MAX_PIECE_CHARS', 200)
+    with pytest.raises(UsageError, match=r'^line 3 of the training text has 300 characters and no place'):
+        build_tokenizer('wordpiece', 'causal', 'to be\nor not\n' + 'x' * 300 + '\n', vocab_size=40)

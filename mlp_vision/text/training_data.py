@@ -39,7 +39,7 @@ def build_tokenizer(kind: str, task: str, train_text: str, val_text: str = '', v
     <sep> <mask>`` after them; or a ``wordpiece`` / ``bpe`` vocabulary of at most ``vocab_size`` tokens trained on
     the lines of ``train_text`` (:func:`~mlp_vision.text.tokenizer.train_tokenizer`)."""
     if kind in SUBWORD_KINDS:
-        tokenizer = train_tokenizer(texts=train_text.splitlines(), kind=kind, vocab_size=vocab_size)
+        tokenizer = train_tokenizer(texts=_training_lines(train_text), kind=kind, vocab_size=vocab_size)
         if len(tokenizer) < vocab_size:  # the trainer stops when no pair is frequent enough to merge
             _logger.warning(f'--vocab-size {vocab_size}: the {kind} vocabulary trained on the training text has only '
                             f'{len(tokenizer)} tokens (the text has no more pieces that occur twice); the model '
@@ -125,19 +125,20 @@ def _cut_keeps_ids(tok: Tokenizer, text: str, cut: int) -> bool:
     return encode(left + right) == encode(left) + encode(right)
 
 
-def _too_long(text: str, start: int, what: str) -> UsageError:
-    """The one line for a text with no place to cut after ``start`` within :data:`MAX_PIECE_CHARS`: its line."""
+def _too_long(text: str, start: int, what: str, first_line: int = 1) -> UsageError:
+    """The one line for a text (whose first line is line ``first_line``) with no place to cut after ``start``
+    within :data:`MAX_PIECE_CHARS`: its line."""
     line_start = text.rfind('\n', 0, start + 1) + 1
     line_end = text.find('\n', start)
     length = (len(text) if line_end < 0 else line_end) - line_start
-    return UsageError(f'line {text.count(chr(10), 0, line_start) + 1:,} of the {what} has {length:,} characters and no '
+    return UsageError(f'line {text.count(chr(10), 0, line_start) + first_line:,} of the {what} has {length:,} characters and no '
                       f'place this tokenizer can be cut (a line break or a space between words) within '
                       f'{MAX_PIECE_CHARS:,}, the most tokenized in one call; break the text into lines, or use '
                       f'--tokenizer char or byte, which any text can be cut for')
 
 
-def _pieces(text: str, size: int, what: str, tok: Optional[Tokenizer] = None, cut_anywhere: bool = False
-            ) -> Iterator[str]:
+def _pieces(text: str, size: int, what: str, tok: Optional[Tokenizer] = None, cut_anywhere: bool = False,
+            first_line: int = 1) -> Iterator[str]:
     """``text`` in pieces of about ``size`` characters, none over :data:`MAX_PIECE_CHARS` (else a
     :class:`UsageError` naming the line): cut at :data:`_SAFE_BREAK` (``tok`` None: a line-local tokenizer;
     ``cut_anywhere``: a byte / char one, cut at ``size`` when no break is near), else at the first
@@ -151,7 +152,7 @@ def _pieces(text: str, size: int, what: str, tok: Optional[Tokenizer] = None, cu
             places = (m.end() for _, m in zip(range(CUT_TRIES), _CUT_CANDIDATE.finditer(text, start + size)))
             cut = next((c for c in places if _cut_keeps_ids(tok, text, c)), None)
         if cut is None and len(text) - start > MAX_PIECE_CHARS:
-            raise _too_long(text, start + size, what)
+            raise _too_long(text, start + size, what, first_line)
         if cut is None:  # the stop flag is read again only after this call: say so, with the size
             _logger.warning(f'tokenizing the last {len(text) - start:,} characters in one call: this tokenizer has '
                             f'no place among the next {CUT_TRIES} candidates where a cut keeps the ids, so a stop '
@@ -160,6 +161,17 @@ def _pieces(text: str, size: int, what: str, tok: Optional[Tokenizer] = None, cu
         yield text[start:cut]
         start = cut
     yield text[start:]
+
+
+def _training_lines(text: str) -> Iterator[str]:
+    """The lines of ``text`` for a subword trainer, a line over :data:`ENCODE_CHUNK_CHARS` in pieces cut before a
+    space between words (its words, so the vocabulary, are the same; the trainer holds ~65 bytes per character of
+    a line: a 100 MB line aborted the process)."""
+    for number, line in enumerate(text.splitlines(), 1):
+        if len(line) <= ENCODE_CHUNK_CHARS:
+            yield line
+        else:
+            yield from _pieces(line, ENCODE_CHUNK_CHARS, 'training text', first_line=number)
 
 
 # a byte / char tokenizer's ids are per character, so any cut keeps them: a piece goes to the library as parts of
