@@ -15,7 +15,7 @@ from timm.utils import ParseKwargs as TimmParseKwargs
 
 from mlp_vision.errors import UsageError, short_repr
 
-__all__ = ['ArgumentParser', 'ParseKwargs', 'DefaultsHelpFormatter', 'check_range', 'parse_device', 'read_json_file',
+__all__ = ['ArgumentParser', 'ParseKwargs', 'check_kwargs_flags', 'DefaultsHelpFormatter', 'check_range', 'parse_device', 'read_json_file',
            'CONFIG_MAX_BYTES', 'add_allow_regex_argument']
 
 
@@ -114,6 +114,18 @@ def check_range(name: str, value, low=None, high=None, *, low_open: bool = False
     else:
         expected = 'a finite number'
     raise UsageError(f'{name} must be {expected}{f" ({why})" if why else ""}, got {short_repr(value)}')
+
+
+def check_kwargs_flags(args: argparse.Namespace, *dests: str) -> None:
+    """A :class:`UsageError` unless each ``NAME=VALUE`` flag of ``dests`` (``model_kwargs``, ``opt_kwargs``) holds a
+    mapping of Python names to values: a ``-c`` yaml file or a resumed run's settings give them without
+    :class:`ParseKwargs` (``model_kwargs: 5`` was a TypeError traceback)."""
+    for dest in dests:
+        value = getattr(args, dest, None)
+        if value is not None and not (isinstance(value, dict) and all(
+                isinstance(name, str) and name.isidentifier() for name in value)):
+            raise UsageError(f'--{dest.replace("_", "-")} is {short_repr(value)}; expected a mapping of names to '
+                             f'values (in yaml: {dest}: {{embed_dim: 32}}; on the command line NAME=VALUE words)')
 
 
 def parse_device(device: str, flag: str = '--device') -> torch.device:

@@ -37,7 +37,7 @@ from timm.optim import create_optimizer_v2, list_optimizers, optimizer_kwargs
 from timm.scheduler import scheduler_kwargs
 from timm.utils import ModelEmaV3, distribute_bn, random_seed, unwrap_model
 
-from mlp_vision.arguments import ArgumentParser, DefaultsHelpFormatter, ParseKwargs
+from mlp_vision.arguments import ArgumentParser, DefaultsHelpFormatter, ParseKwargs, check_kwargs_flags
 from mlp_vision.bounds import BOUND_RANGES, size_bounds
 from mlp_vision.errors import Interrupted, UsageError, run_cli
 from mlp_vision.threads import THREADS_RANGE, set_run_threads
@@ -287,6 +287,7 @@ def check_args(args, dist_info) -> None:
                         f'scheduled rate; give --warmup-epochs {args.epochs - 1} or less (0: none) to train at it')
     check_image_args(args)
     check_dataset_package(args.dataset)
+    check_kwargs_flags(args, 'model_kwargs', 'opt_kwargs')
     if args.opt.lower().split('_')[-1] not in list_optimizers():
         raise UsageError(f'--opt {args.opt!r} is not an optimizer timm knows (e.g. sgd, momentum, adamw, lamb; '
                          f'all: timm.optim.list_optimizers())')

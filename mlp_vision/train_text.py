@@ -38,7 +38,8 @@ from typing import Any, Dict, Optional, Sequence, Tuple
 import torch
 import torch.distributed as dist
 
-from mlp_vision.arguments import ArgumentParser, DefaultsHelpFormatter, ParseKwargs, add_allow_regex_argument
+from mlp_vision.arguments import ArgumentParser, DefaultsHelpFormatter, ParseKwargs, add_allow_regex_argument, \
+    check_kwargs_flags
 from mlp_vision.bounds import BOUND_RANGES, add_bound_arguments, size_bounds
 from mlp_vision.errors import Interrupted, UsageError, run_cli
 from mlp_vision.threads import THREADS_RANGE, add_threads_argument, set_threads
@@ -181,6 +182,7 @@ def check_args(args) -> None:
         'clip_grad': dict(why='<= 0: no clipping'),
         'opt_betas': dict(low=0, high=1, high_open=True), **BOUND_RANGES,
         'stop_after_step': dict(low=1, high=args.steps, why='--steps')})
+    check_kwargs_flags(args, 'model_kwargs')
     if args.tokenizer in SUBWORD_KINDS and not (args.tokenizer_from or args.init_from or args.resume):
         check_vocab_size('--vocab-size', args.tokenizer, args.vocab_size)
     if args.task != 'classify':  # these only mean something to classify: ignoring them would hide a mistake

@@ -115,3 +115,15 @@ def test_warmup_as_long_as_the_run_is_said_in_one_line(caplog):
     caplog.clear()
     _train_checks(['--device', 'cpu', '--warmup-epochs', '1', '--epochs', '2'])
     assert not [r for r in caplog.records if 'warmup' in r.getMessage()]
+
+
+@pytest.mark.parametrize('command', ['train.py', 'train_text'])
+def test_kwargs_flags_from_a_yaml_file_are_a_mapping(command, tmp_path, capsys):
+    """``-c`` gives ``model_kwargs`` without the command line's NAME=VALUE action: a number there was a TypeError
+    traceback when the model was built."""
+    (tmp_path / 'c.yaml').write_text('model_kwargs: 5\n')
+    _, base, checks = COMMANDS[command]
+    with pytest.raises(ScriptExit) as e:
+        run_cli(command, checks, base + ['-c', str(tmp_path / 'c.yaml')])
+    assert e.value.code == 2 and '--model-kwargs is 5; expected a mapping of names to values' in e.value.message
+    assert capsys.readouterr().err.strip().splitlines() == [e.value.message]
