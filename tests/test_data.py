@@ -1,4 +1,4 @@
-""" Image data that never gives a silent wrong result (mlp_vision.training.data): validation splits, image tars,
+""" Image data that never gives a silent wrong result (mlp_vision.training.image_data, image_loader): validation splits, image tars,
 nested class folders, every PIL mode, unreadable images. Every test makes its own tiny data in tmp_path. """
 import io
 import json
@@ -17,12 +17,14 @@ import torch.nn as nn
 from PIL import Image
 
 from mlp_vision.errors import UsageError
-from mlp_vision.training.data import (
-    ImageFileDataset, SkippedImage, StridedSampler, convert_image_mode, create_eval_loader, create_image_dataset,
-    create_train_loader, create_train_val_datasets, dataset_class_names, dataset_source, fit_batch_to_data,
-    load_image, parse_val_split, read_class_map, stratified_holdout, train_samples_per_rank, unused_images_message,
+from mlp_vision.training.image_data import (
+    ImageFileDataset, SkippedImage, convert_image_mode, create_image_dataset, create_train_val_datasets,
+    dataset_class_names, dataset_source, load_image, parse_val_split, read_class_map, stratified_holdout,
 )
-from mlp_vision.training.data.loader import create_train_sampler
+from mlp_vision.training.image_loader import (
+    StridedSampler, create_eval_loader, create_train_loader, create_train_sampler, fit_batch_to_data,
+    train_samples_per_rank, unused_images_message,
+)
 from mlp_vision.training.image_model import validate
 
 SIZE = 8
@@ -228,7 +230,7 @@ def test_image_outside_a_class_folder_is_an_error(tmp_path):
 
 _SCAN_SCRIPT = """
 import json, logging, sys
-from mlp_vision.training.data import ImageFileDataset, dataset_class_names
+from mlp_vision.training.image_data import ImageFileDataset, dataset_class_names
 from mlp_vision.errors import UsageError
 warnings = []
 class Keep(logging.Handler):
@@ -522,13 +524,13 @@ def test_image_modes_without_a_scale_are_refused_with_the_file_name(tmp_path):
 def test_multi_page_tiff_is_read_by_its_first_page_with_a_warning(tmp_path, caplog, monkeypatch):
     """Left out with a count by default (timm's extensions; test_bounds.py); with .tiff added, a 3-page scan is one
     sample, its first page, and the first such file is named once with its page count."""
-    import mlp_vision.training.data.decode as decode
+    import mlp_vision.training.image_data as image_data
     _folder(tmp_path / 'val', {'a': 1})
     pages = [Image.new('RGB', (4, 4), colour) for colour in ((255, 0, 0), (0, 255, 0), (0, 0, 255))]
     pages[0].save(tmp_path / 'val' / 'a' / 'p1.tiff', save_all=True, append_images=pages[1:])
     pages[1].save(tmp_path / 'val' / 'a' / 'p2.tiff', save_all=True, append_images=pages[2:])
     ds = _dataset_with_extension(tmp_path, '.tiff')
-    monkeypatch.setattr(decode, '_said_first_frame', False)
+    monkeypatch.setattr(image_data, '_said_first_frame', False)
     with caplog.at_level(logging.WARNING):
         images = {os.path.basename(ds.filename(i)): ds[i][0] for i in range(len(ds))}
     assert set(images) == {'0.png', 'p1.tiff', 'p2.tiff'}
@@ -714,7 +716,7 @@ def test_strided_sampler_covers_each_sample_once():
 
 def test_digits_demo_folder_reads(tmp_path):
     pytest.importorskip('sklearn')
-    from mlp_vision.training.data import prepare_digits_folder
+    from mlp_vision.training.image_data import prepare_digits_folder
     root = prepare_digits_folder(tmp_path / 'digits', size=16, max_per_class=5)
     train, val = create_train_val_datasets('', str(root), 'train', 'val')
     assert (len(train), len(val)) == (40, 10)  # every 5th image of a class is val
@@ -809,7 +811,7 @@ def test_importing_mlp_vision_leaves_timm_augment_ops_as_they_are():
     """No global state: timm's table of augmentation ops is the same after ``import mlp_vision`` (and building a
     training loader) as in a fresh timm."""
     script = ('from timm.data import auto_augment as a; fresh = dict(a.NAME_TO_OP); import mlp_vision, '
-              'mlp_vision.train; from mlp_vision.training.data import loader; '
+              'mlp_vision.train; from mlp_vision.training import image_loader; '
               'print(all(a.NAME_TO_OP[k] is f for k, f in fresh.items()) and fresh.keys() == a.NAME_TO_OP.keys())')
     out = subprocess.run([sys.executable, '-c', script], capture_output=True, text=True, cwd=REPO,
                          env={**os.environ, 'PYTHONPATH': REPO}, check=True).stdout

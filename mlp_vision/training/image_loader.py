@@ -1,0 +1,363 @@
+""" Training and evaluation loaders: timm's transforms, samplers, ``fast_collate`` and ``PrefetchLoader``, and what
+``timm.data.create_loader`` lacks.
+
+* Reproducible augmentation: timm's augmentations draw from each worker's global RNGs, so they change with the
+  worker count; here a sample's augmentation is a function of ``(seed, epoch, rank, position in the epoch)`` only
+  (:class:`SeededSampler`, :class:`SeededDataset`), which lets ``--resume`` reproduce an uninterrupted run exactly.
+* Unusable images (:class:`~.image_data.SkippedImage`) are left out of their batch, warned once and counted, and a
+  class with no usable training image stops the run (:class:`ReadableBatches`).
+* Exact distributed evaluation: timm's ``OrderedDistributedSampler`` pads ranks with repeated samples, which count
+  twice in the metrics; :class:`StridedSampler` gives every sample to exactly one rank.
+* Posterize with 0 bits (timm's RandAugment at magnitude 10) raises in recent Pillow: our transform's ops get a
+  function that gives a black image; timm's ``NAME_TO_OP`` is left as it is.
+* Loader workers ignore SIGINT / SIGTERM, so that a signal to the whole process group stops the run at a step
+  boundary (the main process's handler) instead of killing the workers under it.
+"""
+import collections
+import contextlib
+import logging
+import random
+import signal
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.utils.data
+from PIL import Image
+from timm.data import auto_augment, create_transform
+from timm.data.distributed_sampler import RepeatAugSampler
+from timm.data.loader import PrefetchLoader, _worker_init as timm_worker_init, fast_collate
+
+from mlp_vision.errors import RunError, UsageError
+from mlp_vision.threads import usable_cpus
+from mlp_vision.training.image_data import SkippedImage, dataset_class_names, sample_targets
+
+__all__ = [
+    'default_workers', 'seeded_rng', 'SeededSampler', 'SeededDataset', 'StridedSampler', 'ReadableBatches',
+    'ImageLoader', 'create_train_sampler', 'train_samples_per_rank', 'fit_batch_to_data', 'unused_images_message',
+    'create_train_loader', 'create_eval_loader',
+]
+
+_logger = logging.getLogger(__name__)
+
+
+def default_workers(most: int = 4) -> int:
+    """Loader processes by default: ``most``, but no more than the CPUs this process may use (more only compete
+    with the model for the same cores)."""
+    return max(1, min(most, usable_cpus()))
+
+
+def _posterize(img: Image.Image, bits_to_keep: int, **kwargs) -> Image.Image:
+    """timm's posterize, except that 0 bits give a black image, as in TF and older Pillow (recent Pillow raises,
+    which would kill a training run at a random step)."""
+    if bits_to_keep <= 0:
+        return Image.new(img.mode, img.size)
+    return auto_augment.posterize(img, bits_to_keep, **kwargs)
+
+
+def _with_safe_posterize(transform):
+    """``transform`` (timm's) with the posterize ops of its AutoAugment / RandAugment / AugMix stages running
+    :func:`_posterize`; timm's table of ops is not touched."""
+    stages = list(getattr(transform, 'transforms', [transform]))
+    for stage in stages:
+        if hasattr(stage, 'transforms'):  # a nested Compose
+            stages.extend(stage.transforms)
+        ops = list(getattr(stage, 'ops', [])) + [op for sub in getattr(stage, 'policy', []) for op in sub]
+        for op in ops:
+            if isinstance(op, auto_augment.AugmentOp) and op.name in ('Posterize', 'PosterizeIncreasing',
+                                                                      'PosterizeOriginal'):
+                op.aug_fn = _posterize
+    return transform
+
+
+def _worker_init(worker_id: int) -> None:
+    """timm's worker init (numpy seeded per worker), with SIGINT / SIGTERM ignored: Ctrl-C or ``timeout`` signal
+    the whole process group, and a worker killed first ends the run in a DataLoader traceback; the main process
+    stops at a step boundary and then ends its workers itself."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    timm_worker_init(worker_id)
+
+
+@contextlib.contextmanager
+def seeded_rng(seed: int):
+    """Seed python / numpy / torch (CPU) RNGs with ``seed`` inside the block and restore their states after it;
+    CUDA's generator is never touched, so this cannot disturb the model's RNG."""
+    py_state, np_state, torch_state = random.getstate(), np.random.get_state(), torch.get_rng_state()
+    random.seed(seed)
+    np.random.seed(seed % (2 ** 32))
+    torch.random.default_generator.manual_seed(seed)
+    try:
+        yield
+    finally:
+        random.setstate(py_state)
+        np.random.set_state(np_state)
+        torch.set_rng_state(torch_state)
+
+
+class SeededSampler(torch.utils.data.Sampler):
+    """``(sample_seed, index)`` for each index of the wrapped sampler: the seed is ``base(seed, epoch, rank) +
+    position in the epoch``, so repeated samples and ranks get different augmentations, reproducibly."""
+
+    def __init__(self, sampler: torch.utils.data.Sampler, seed: int, rank: int = 0):
+        self.sampler, self.seed, self.rank, self.epoch = sampler, seed, rank, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+        if hasattr(self.sampler, 'set_epoch'):
+            self.sampler.set_epoch(epoch)
+
+    def __iter__(self) -> Iterator[Tuple[int, int]]:
+        base = int(np.random.SeedSequence([self.seed, self.epoch, self.rank]).generate_state(1, np.uint64)[0])
+        for position, index in enumerate(self.sampler):
+            yield (base + position) % (2 ** 63), index
+
+    def __len__(self) -> int:
+        return len(self.sampler)
+
+
+class SeededDataset(torch.utils.data.Dataset):
+    """The wrapped dataset's ``__getitem__`` (decode + transforms) under :func:`seeded_rng` of the sample's seed."""
+
+    def __init__(self, dataset: torch.utils.data.Dataset):
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, item: Tuple[int, int]):
+        seed, index = item
+        with seeded_rng(seed):
+            return self.dataset[index]
+
+
+class StridedSampler(torch.utils.data.Sampler):
+    """Indices ``rank, rank + world_size, ...`` of ``size`` samples: each on exactly one rank, no padding."""
+
+    def __init__(self, size: int, rank: int, world_size: int):
+        self.indices = range(rank, size, world_size)
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.indices)
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+
+def _collate_readable(batch: List[Any]) -> Tuple[torch.Tensor, torch.Tensor, List[SkippedImage]]:
+    """timm's ``fast_collate`` of the samples that decoded (possibly none), and the skipped ones."""
+    skipped = [s for s in batch if isinstance(s, SkippedImage)]
+    kept = [s for s in batch if not isinstance(s, SkippedImage)]
+    if not kept:
+        return torch.zeros(0, dtype=torch.uint8), torch.zeros(0, dtype=torch.long), skipped
+    return (*fast_collate(kept), skipped)
+
+
+class ReadableBatches:
+    """Iterate a ``DataLoader`` that collates with :func:`_collate_readable`: yield ``(input, target)`` of the
+    readable images, warn once per skipped file, count the skipped images of each pass (:attr:`skipped`) and leave
+    out batches with no image left; with ``empty_batch_error``, raise instead (DDP: every rank must run the same
+    number of steps). ``train_set`` (training): at the end of a pass, a class none of whose images could be read
+    is a :class:`RunError` naming it (the model would get an output that nothing trains)."""
+
+    def __init__(self, loader: torch.utils.data.DataLoader, empty_batch_error: Optional[str] = None,
+                 train_set: Optional[torch.utils.data.Dataset] = None, device: Optional[torch.device] = None):
+        self.loader, self.empty_batch_error, self.train_set, self.device = loader, empty_batch_error, train_set, device
+        self.skipped = 0
+        self.skipped_files: Dict[str, str] = {}
+
+    def __iter__(self):
+        self.skipped = 0
+        read, unusable = collections.Counter(), collections.Counter()  # images of each class, this pass
+        for batch_idx, (input, target, skipped) in enumerate(self.loader):
+            for s in skipped:
+                if s.name not in self.skipped_files:
+                    _logger.warning(f'skipped unreadable image {s.name} ({s.reason}); it is left out, '
+                                    f'not replaced by another image')
+                    self.skipped_files[s.name] = s.reason
+                unusable[s.target] += 1
+            self.skipped += len(skipped)
+            if self.train_set is not None:
+                read.update(target.tolist())
+            if len(target) == 0:
+                if self.empty_batch_error:
+                    raise UsageError(f'every image of batch {batch_idx} was unreadable (see the warnings above): '
+                                     f'{self.empty_batch_error}')
+                continue
+            yield input, target
+        if self.train_set is not None:
+            self._stop_if_a_class_has_no_image(read, unusable)
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __getattr__(self, name: str):  # the DataLoader's sampler, batch_sampler, dataset, ... (PrefetchLoader's)
+        if name == 'loader':  # not set yet (a copy being made): no recursion
+            raise AttributeError(name)
+        return getattr(self.loader, name)
+
+    def _stop_if_a_class_has_no_image(self, read: collections.Counter, unusable: collections.Counter) -> None:
+        names, targets = dataset_class_names(self.train_set), sample_targets(self.train_set)
+        if names is None or targets is None:
+            return
+        counts = torch.tensor([[read[t] for t in range(len(names))], [unusable[t] for t in range(len(names))]],
+                              device=self.device)
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            dist.all_reduce(counts)  # each rank read a part of every class
+        read_n, unusable_n = counts.tolist()
+        suspects = [t for t in range(len(names)) if read_n[t] == 0 and unusable_n[t] > 0]
+        if not suspects:
+            return
+        with seeded_rng(0):  # images of a suspect class this pass did not draw (full batches only), read once
+            readable = {t for t in suspects for i, target in enumerate(targets)
+                        if target == t and self.train_set.filename(i) not in self.skipped_files
+                        and not isinstance(self.train_set[i], SkippedImage)}
+        empty = [t for t in suspects if t not in readable]
+        if empty:
+            listed = ', '.join(f'{names[t]} (all {targets.count(t)} images unusable)' for t in empty)
+            raise RunError(f'no training image of class(es) {listed} could be read (see the warnings above): the '
+                           f'model would learn nothing for them; stopped at the end of this epoch\'s reading, before '
+                           f'its checkpoint was written: fix or remove those files (or the class folder) and start '
+                           f'again')
+
+
+class ImageLoader(PrefetchLoader):
+    """timm's ``PrefetchLoader`` over :class:`ReadableBatches`: :attr:`skipped` images of this rank's current / last
+    pass, :attr:`skipped_files` every file skipped so far, with the reason."""
+
+    @property
+    def skipped(self) -> int:
+        return self.loader.skipped
+
+    @property
+    def skipped_files(self) -> Dict[str, str]:
+        return self.loader.skipped_files
+
+
+def _image_loader(dataset, sampler, data_config, batch_size, device, num_workers, pin_memory, drop_last,
+                  generator, re_prob=0., re_mode='const', re_count=1, empty_batch_error: Optional[str] = None,
+                  train_set=None) -> ImageLoader:
+    loader = torch.utils.data.DataLoader(
+        dataset, batch_size=batch_size, sampler=sampler, num_workers=num_workers, collate_fn=_collate_readable,
+        pin_memory=pin_memory, drop_last=drop_last, generator=generator, worker_init_fn=_worker_init,
+        persistent_workers=num_workers > 0)
+    return ImageLoader(
+        ReadableBatches(loader, empty_batch_error, train_set, device), mean=data_config['mean'],
+        std=data_config['std'], channels=data_config['input_size'][0], device=device, re_prob=re_prob,
+        re_mode=re_mode, re_count=re_count)
+
+
+def create_train_sampler(dataset, world_size: int, rank: int, seed: int,
+                         aug_repeats: float = 0) -> torch.utils.data.Sampler:
+    """One rank's training sampler: timm's ``RepeatAugSampler`` with ``aug_repeats`` (replicas given, so it runs
+    in one process too), else a shuffling ``DistributedSampler``."""
+    if aug_repeats:
+        return RepeatAugSampler(dataset, num_replicas=world_size, rank=rank, num_repeats=aug_repeats)
+    return torch.utils.data.DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=seed)
+
+
+def train_samples_per_rank(dataset, world_size: int = 1, aug_repeats: float = 0) -> int:
+    """How many samples one rank's training sampler draws per epoch."""
+    return len(create_train_sampler(dataset, world_size, 0, 0, aug_repeats))
+
+
+def fit_batch_to_data(batch_size: int, samples_per_rank: int, even: bool = False) -> int:
+    """The training batch per process: ``batch_size``, or all the ``samples_per_rank`` when that is fewer (full
+    batches only: no update would run), with a warning (``even``: rounded down to even, for mixup / cutmix). A rank
+    with no sample is a :class:`UsageError`."""
+    if samples_per_rank < (2 if even else 1):
+        raise UsageError(f'the training sampler draws {samples_per_rank} image(s) per process and epoch: too few to '
+                         f'train on (with --aug-repeats, timm\'s RepeatAugSampler draws whole multiples of 256 '
+                         f'images once there are 256; use --aug-repeats 0 for a small training set)')
+    if batch_size <= samples_per_rank:
+        return batch_size
+    fitted = samples_per_rank - (samples_per_rank % 2 if even else 0)
+    _logger.warning(f'--batch-size {batch_size} is more than the {samples_per_rank} training images each process '
+                    f'draws per epoch (full batches only: no update would run): training with batch {fitted}, '
+                    f'one update per epoch')
+    return fitted
+
+
+def unused_images_message(num_images: int, samples_per_rank: int, batch_size: int, world_size: int = 1,
+                          aug_repeats: float = 0) -> Optional[str]:
+    """The warning when an epoch leaves part of the ``num_images`` training images unused (full batches only: a
+    partial batch would give BatchNorm a batch of one and compiled models a new shape; ``aug_repeats``: each image
+    drawn that many times), with a batch size from half to twice ``batch_size`` that leaves fewer out; or None."""
+    kept_per_rank = samples_per_rank // batch_size * batch_size
+    distinct = int(kept_per_rank * world_size / max(aug_repeats, 1))
+    unused = num_images - distinct
+    if unused <= 0:
+        return None
+    share = f'{unused:,} of the {num_images:,} training images ({100 * unused / num_images:.2g} %)'
+    if aug_repeats:
+        return (f'{share} are unused in every epoch: --aug-repeats {aug_repeats:g} (timm\'s RepeatAugSampler) '
+                f'trains {kept_per_rank * world_size:,} samples an epoch, about {distinct:,} distinct images '
+                f'{aug_repeats:g} times each; a different part each epoch')
+    dropped = samples_per_rank - kept_per_rank
+    processes = f' per process (x {world_size} processes)' if world_size > 1 else ''
+    candidates = range(max(1, batch_size // 2), min(2 * batch_size, samples_per_rank) + 1)
+    better = min(candidates, key=lambda b: (samples_per_rank % b, abs(b - batch_size), -b), default=batch_size)
+    hint = (f'; --batch-size {better} leaves {samples_per_rank % better or "none"} out'
+            if samples_per_rank % better < dropped else '')
+    return (f'{share} are unused in every epoch: the training loader keeps full batches only ({samples_per_rank:,} '
+            f'images{processes} = {samples_per_rank // batch_size:,} x batch {batch_size} + {dropped:,} dropped, a '
+            f'different {dropped:,} each epoch as the order is shuffled){hint}')
+
+
+def create_train_loader(
+        dataset: torch.utils.data.Dataset, data_config: Dict[str, Any], batch_size: int, device: torch.device,
+        seed: int = 42, rank: int = 0, world_size: int = 1, num_workers: int = 2, pin_memory: bool = False,
+        aug_repeats: float = 0, no_aug: bool = False, scale: Optional[Sequence[float]] = None,
+        ratio: Optional[Sequence[float]] = None, hflip: float = 0.5, vflip: float = 0., color_jitter: float = 0.4,
+        auto_augment: Optional[str] = None, train_interpolation: Optional[str] = None, re_prob: float = 0.,
+        re_mode: str = 'pixel', re_count: int = 1) -> Tuple[ImageLoader, Optional[torch.utils.data.Sampler]]:
+    """(training loader, the sampler whose ``set_epoch`` is called before each epoch): timm's train transforms, a
+    (distributed / repeated-augmentation) sampler, fast collate and ``PrefetchLoader`` (normalisation and random
+    erasing on the device); full batches only, less the unusable images, with a warning of the images an epoch
+    leaves unused. ``timm.data.create_loader`` takes no sampler or generator, so it could not seed each sample's
+    augmentation nor run repeated augmentation in one process."""
+    dataset.transform = _with_safe_posterize(create_transform(
+        data_config['input_size'], is_training=True, no_aug=no_aug, scale=tuple(scale) if scale else None,
+        ratio=tuple(ratio) if ratio else None, hflip=hflip, vflip=vflip, color_jitter=color_jitter,
+        auto_augment=auto_augment, interpolation=train_interpolation or data_config['interpolation'],
+        mean=data_config['mean'], std=data_config['std'],
+        use_prefetcher=True))  # uint8 tensors out; normalise + random-erase in the PrefetchLoader
+    generator = torch.Generator().manual_seed(seed + rank)  # worker base seeds; never the global torch RNG
+    if isinstance(dataset, torch.utils.data.IterableDataset):
+        _logger.warning('iterable dataset: sample order and augmentation are up to the dataset; '
+                        '--resume will not reproduce an uninterrupted run exactly')
+        sampler, samples, unused = None, dataset, None
+    else:
+        base_sampler = create_train_sampler(dataset, world_size, rank, seed, aug_repeats)
+        sampler, samples = SeededSampler(base_sampler, seed=seed, rank=rank), SeededDataset(dataset)
+        unused = unused_images_message(len(dataset), len(base_sampler), batch_size, world_size, aug_repeats)
+    loader = _image_loader(
+        samples, sampler, data_config, batch_size, device, num_workers, pin_memory, drop_last=True,
+        generator=generator, re_prob=0. if no_aug else re_prob, re_mode=re_mode, re_count=re_count,
+        empty_batch_error='with several processes a batch cannot be left out; fix or remove those files'
+        if world_size > 1 else None, train_set=dataset)
+    if len(loader) == 0:
+        raise UsageError(
+            f'the training set ({len(dataset)} images over {world_size} process(es)) does not fill one batch of '
+            f'{batch_size}: lower --batch-size')
+    if unused:
+        _logger.warning(unused)
+    return loader, sampler
+
+
+def create_eval_loader(dataset: torch.utils.data.Dataset, data_config: Dict[str, Any], batch_size: int,
+                       device: torch.device, num_workers: int = 2, distributed: bool = False,
+                       pin_memory: bool = False) -> ImageLoader:
+    """Evaluation loader: timm's eval transforms (resize / center crop per ``data_config``) and prefetcher; each
+    readable image yielded exactly once over all ranks and unusable ones left out and counted, so metrics summed
+    over batches and ranks are exact."""
+    dataset.transform = create_transform(
+        data_config['input_size'], is_training=False, interpolation=data_config['interpolation'],
+        mean=data_config['mean'], std=data_config['std'], crop_pct=data_config['crop_pct'],
+        crop_mode=data_config.get('crop_mode'), use_prefetcher=True)
+    sampler = None
+    if distributed and not isinstance(dataset, torch.utils.data.IterableDataset):
+        sampler = StridedSampler(len(dataset), torch.distributed.get_rank(), torch.distributed.get_world_size())
+    return _image_loader(dataset, sampler, data_config, batch_size, device, num_workers, pin_memory,
+                         drop_last=False, generator=None)
