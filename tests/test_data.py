@@ -1,5 +1,6 @@
-""" Image data that never gives a silent wrong result (mlp_vision.training.image_data, image_loader): validation splits, image tars,
-nested class folders, every PIL mode, unreadable images. Every test makes its own tiny data in tmp_path. """
+""" Image data that never gives a silent wrong result (mlp_vision.training.image_data, image_loader): validation
+splits, image tars, nested class folders, every PIL mode, unreadable images, a class with no usable image, signals
+to the process group. Every test makes its own tiny data in tmp_path. """
 import io
 import json
 import logging

@@ -1,11 +1,8 @@
-""" The image datasets of train.py and validate.py: timm's ``ImageDataset`` / ``Reader`` and ``create_dataset``,
-and what they lack, so that image data never gives a silent wrong result.
-
-timm falls back to the root when a split is missing (validating on the training images), labels a validation
-folder by its own folder order, walks symlink loops forever, drops tar link members and stops quietly at a truncated
-tar, converts 16-bit and premultiplied images wrongly, replaces an unreadable image by the next sample, unpickles
-``.pkl`` class maps and has no hold-out split. Here each of those is read right or stops with one line; what each
-input does is listed, with its test, in ``docs/what_happens_when.md`` ("Image data").
+""" The image datasets of train.py and validate.py: timm's ``ImageDataset``, ``Reader`` and ``create_dataset``, and
+what they lack. timm validates on the training images when a split is missing, labels a validation folder by its
+own folder order, walks symlink loops forever, drops tar link members, stops quietly at a truncated tar, converts
+16-bit and premultiplied images wrongly, replaces an unreadable image by the next sample, unpickles ``.pkl`` class
+maps and has no hold-out split; here each is read right or stops with one line (``docs/what_happens_when.md``).
 """
 import collections
 import contextlib
@@ -55,10 +52,9 @@ SPLIT_SYNONYMS = (('train', 'training'), ('validation', 'val', 'valid', 'eval', 
 
 # ------------------------------------------------------------------------------------------------ flags
 def check_image_args(args, model_in_chans: Optional[int] = 3) -> None:
-    """The data flags of train.py / validate.py, before any file is read: the image mode gives as many channels as
-    the model takes, ``--mean`` / ``--std`` have one value or one per channel (std > 0), ``--crop-pct`` > 0,
-    ``--class-map`` is a readable class map, ``--dataset`` is a kind timm reads. ``model_in_chans`` None: not known
-    yet (validate.py checks again once it has the model)."""
+    """The data flags, before any file is read: the image mode's channels are the model's, ``--mean`` / ``--std``
+    have 1 value or 1 per channel, std and ``--crop-pct`` > 0, ``--class-map`` reads, ``--dataset`` is a kind timm
+    reads. ``model_in_chans`` None: not known yet (validate.py checks again with the model's)."""
     channels = IMAGE_MODE_CHANNELS.get(args.input_img_mode)
     if args.input_img_mode and channels is None:
         raise UsageError(f'--input-img-mode must be one of {", ".join(IMAGE_MODE_CHANNELS)}, got '
@@ -88,9 +84,8 @@ def check_image_args(args, model_in_chans: Optional[int] = 3) -> None:
 
 
 def read_class_map(class_map: Union[str, Dict[str, int]], root: str = '') -> Dict[str, int]:
-    """``--class-map``: ``{class folder name: label}`` from a dict, or from timm's ``.txt`` format (one class name a
-    line, in label order), found as given or under ``root``. A pickle is refused unopened (timm unpickles ``.pkl``
-    maps); a blank line or a name twice (timm: silently wrong labels) is a :class:`UsageError`."""
+    """``{class folder name: label}`` from a dict, or timm's ``.txt`` format (a class name a line, in label order)
+    found as given or under ``root``; a pickle is refused unopened, a blank line or a name twice is one line."""
     if isinstance(class_map, dict):
         return dict(class_map)
     path = class_map if os.path.isfile(class_map) or not root else os.path.join(root, class_map)
@@ -117,16 +112,14 @@ def read_class_map(class_map: Union[str, Dict[str, int]], root: str = '') -> Dic
 # ------------------------------------------------------------------------------------------------ decoding
 @dataclasses.dataclass(frozen=True)
 class SkippedImage:
-    """What :class:`ImageFileDataset` returns in place of a sample whose image cannot be used (never another
-    sample, as timm's ``ImageDataset`` does): the file (``tar:member``), why, and its label. The loaders leave
-    it out of the batch, warn once and count it."""
+    """A sample whose image cannot be used (the loaders leave it out, warn once and count it): file, why, label."""
     name: str
     reason: str
     target: int = -1
 
 
 class UnusableImageError(ValueError):
-    """An image that decodes, but in a pixel format with no defined 8-bit scale (e.g. signed 32-bit values)."""
+    """An image in a pixel format with no defined 8-bit scale (e.g. signed 32-bit values)."""
 
 
 def _to_8bit_grayscale(img: Image.Image) -> Image.Image:
@@ -148,8 +141,7 @@ def _to_8bit_grayscale(img: Image.Image) -> Image.Image:
 
 
 def convert_image_mode(img: Image.Image, mode: Optional[str] = 'RGB') -> Image.Image:
-    """``img`` in PIL ``mode`` (none: unchanged), right for every mode PIL decodes: high bit depths scaled
-    (:func:`_to_8bit_grayscale`), premultiplied 'La' and palette transparency through straight alpha first."""
+    """``img`` in PIL ``mode`` (none: unchanged), right for high bit depths and premultiplied / palette alpha."""
     if not mode or img.mode == mode:
         return img
     if img.mode in ('I;16', 'I;16L', 'I;16B', 'I;16N', 'I', 'F'):
@@ -166,10 +158,8 @@ _said_first_frame = False  # said once per process: a folder of scanned document
 
 def load_image(fp: Union[str, os.PathLike, io.IOBase], mode: Optional[str] = 'RGB',
                name: Optional[str] = None) -> Image.Image:
-    """Open, fully decode (the first frame; the first file of several frames is named once per process) and
-    convert one image. Raises for anything unusable: unreadable / truncated files, :class:`UnusableImageError`, and
-    images over PIL's ``MAX_IMAGE_PIXELS`` (PIL only warns up to twice the limit; one huge image could exhaust a
-    worker's memory)."""
+    """One image decoded (its first frame) and converted; raises for anything unusable, also between 1x and 2x PIL's
+    ``MAX_IMAGE_PIXELS``, where PIL only warns (one huge image could exhaust a worker's memory)."""
     global _said_first_frame
     name = name or str(getattr(fp, 'name', fp))
     with warnings.catch_warnings(), contextlib.ExitStack() as stack:
@@ -196,9 +186,8 @@ def _is_image_name(name: str, extensions: Set[str]) -> bool:
 
 
 class _LeftOut:
-    """What a scan did not read, for one warning each: entries named like images that are no regular file (a
-    FIFO blocks ``open()`` forever), and files of image formats outside the extensions read (timm drops them
-    silently), counted by extension."""
+    """What a scan did not read, for a warning each: entries named like images that are no regular file (a FIFO
+    blocks ``open()`` forever), and image files of other formats than those read (timm drops them silently)."""
 
     def __init__(self, extensions: Set[str]):
         self.extensions = extensions
@@ -237,8 +226,7 @@ def _contains(folder: str, path: str) -> bool:
 
 
 class _FolderScan:
-    """The images of an ImageFolder tree (timm's ``os.walk(followlinks=True)`` walks a symlink loop forever):
-    every link followed at most once, loops skipped with a warning naming them (see :func:`_scan_folder`)."""
+    """An ImageFolder tree's images, each link followed once (timm's ``os.walk`` walks a link loop forever)."""
 
     def __init__(self, root: str, extensions: Set[str]):
         self.root, self.extensions = root, extensions
@@ -250,8 +238,8 @@ class _FolderScan:
         _logger.warning(f'{self.root}: skipped the symlink {rel} -> {target}: {why}')
 
     def class_folders(self) -> List[str]:
-        """Loose images in the root (the caller refuses them); fills :attr:`class_real` (a link to the root or a
-        folder above it left out: a loop). Two class folders that are one folder, or nested, are refused."""
+        """Loose images in the root; fills :attr:`class_real`. Class folders that are one folder, or nested, have
+        no single label: refused."""
         loose = []
         with os.scandir(self.root) as entries:
             for entry in sorted(entries, key=lambda e: e.name):
@@ -293,9 +281,8 @@ class _FolderScan:
         return None
 
     def walk_class(self, name: str) -> Tuple[List[str], List[Tuple[str, str]]]:
-        """(images of the class's own folder tree, ``(relative path, real path)`` of those reached through
-        symlinks): the own tree first (links not followed), then each link's tree in turn; every real folder is
-        read once, so the walk ends."""
+        """(the class's own images, ``(relative path, real path)`` of those reached through links): the own tree,
+        then each link's tree in turn, every real folder read once, so the walk ends."""
         read = {self.class_real[name]: name}  # real folder -> the relative path it was read as
         own, linked = [], []
         trees = [(self.class_real[name], name, True)]
@@ -342,9 +329,8 @@ class _FolderScan:
 
 def _count_linked_images_once(where: str, own: List[str],
                               linked: Sequence[Tuple[str, str, Optional[str]]]) -> List[str]:
-    """``own`` images plus those of ``linked`` (``(relative path, identity of the file, where that file is an
-    image of its own class or None)``) that are not the same file as another image of the class; a file that
-    is an image of two classes is refused."""
+    """``own`` plus the ``linked`` ``(path, file identity, its own path or None)`` that are no other image of the
+    class; one file in two classes is refused."""
     first: Dict[str, str] = {}  # identity -> the relative path it was counted as
     kept, duplicates = list(own), []
     for rel, identity, own_rel in linked:
@@ -366,9 +352,8 @@ def _count_linked_images_once(where: str, own: List[str],
 
 
 def _scan_folder(root: str, extensions: Set[str]) -> List[str]:
-    """Image paths under ``root``, relative ('/'-separated), hidden files and folders left out. Links are
-    followed once (:class:`_FolderScan`); a file reached by several paths of one class counts once, a file that
-    is an image of two classes is a :class:`UsageError`. Hard links are files of their own, as copies would be."""
+    """Image paths under ``root``, relative, hidden ones left out; a file reached by several paths of one class
+    counts once (hard links are files of their own, as copies)."""
     scan = _FolderScan(root, extensions)
     paths = scan.class_folders()
     own_real, reached = {}, []  # {real path of an image of its own class folder: its relative path}, links
@@ -387,8 +372,7 @@ def _tar_member_name(name: str) -> str:
 
 def _resolve_tar_links(path: str, where: str, regular: Dict[str, Tuple[int, int]], symlinks: Dict[str, str],
                        hardlinks: Dict[str, str]) -> Tuple[Dict[str, Tuple[int, int]], Dict[str, str]]:
-    """(``{hard link: data of its file}``, ``{symlink: the regular member it reaches}``) of one tar; a symlink
-    that reaches no file in the tar is a :class:`UsageError` (the tar holds the link, not what it pointed to)."""
+    """(``{hard link: its file's data}``, ``{symlink: the member it reaches}``); a symlink to no file is one line."""
     hard = {}
     for name, target in hardlinks.items():
         if _tar_member_name(target) not in regular:
@@ -415,11 +399,9 @@ def _resolve_tar_links(path: str, where: str, regular: Dict[str, Tuple[int, int]
 
 
 def _scan_tar(path: str, extensions: Set[str]) -> Tuple[Dict[str, Tuple[int, int]], Dict[str, str]]:
-    """(``{member: (byte offset of its data in the file, size)}`` of an uncompressed tar's images, ``{symlink
-    member: the member it reaches}``), so that one seek reads an image in any process (timm re-reads the tar per
-    worker). Tars inside the tar (ImageNet's per-class train tars) are listed as ``<inner tar stem>/<member>``; a
-    hard link is an image with its file's data; a truncated or corrupt tar (``tarfile`` stops quietly) is a
-    :class:`UsageError` naming it."""
+    """(``{member: (offset of its data in the file, size)}`` of an uncompressed tar's images, ``{symlink member: the
+    member it reaches}``): one seek reads an image in any process. Inner tars (ImageNet's train tar) give
+    ``<inner tar stem>/<member>``; a truncated or corrupt tar (``tarfile`` stops quietly) is one line."""
     images: Dict[str, Tuple[int, int]] = {}
     links: Dict[str, str] = {}
     file_size = os.path.getsize(path)
@@ -484,9 +466,8 @@ def _split_names(split: str) -> List[str]:
 
 
 def find_split(root: str, split: str) -> Optional[str]:
-    """The folder or image tar of ``split`` in the folder ``root``, or None: ``root/<split>`` (a folder, or a tar
-    when ``split`` ends in ``.tar``), else ``root/<split>.tar``, for ``split`` then timm's synonyms (timm's
-    ``_search_split`` finds folders only)."""
+    """``root/<split>`` (folder, or tar for ``*.tar``) else ``root/<split>.tar``, for ``split`` then timm's synonyms,
+    or None (timm's ``_search_split`` finds folders only)."""
     for name in _split_names(split):
         path = os.path.join(root, name)
         if os.path.isdir(path) or (os.path.isfile(path) and path.lower().endswith('.tar')):
@@ -499,9 +480,8 @@ def find_split(root: str, split: str) -> Optional[str]:
 # ------------------------------------------------------------------------------------------------ the dataset
 def _samples_by_class(paths: Sequence[str], class_to_idx: Optional[Dict[str, int]],
                       where: str) -> Tuple[List[Tuple[str, int]], Dict[str, int], List[str]]:
-    """(``(path, target)`` in natural order, class_to_idx, classes left out) of relative image paths, labelled by
-    their first folder at any depth below it (timm: the leaf folder). With a given ``class_to_idx`` images of other
-    classes are left out, as in timm; the caller decides whether that is an error."""
+    """(``(path, target)`` in natural order, class_to_idx, classes left out): an image is of the first folder it lies
+    in, at any depth (timm: its leaf folder); with ``class_to_idx``, other classes are left out, as in timm."""
     loose = [p for p in paths if '/' not in p]
     if loose:  # timm labels them class ''
         raise UsageError(
@@ -517,11 +497,9 @@ def _samples_by_class(paths: Sequence[str], class_to_idx: Optional[Dict[str, int
 
 
 class ImageFileReader(Reader):
-    """The labelled images of an ImageFolder tree ``root/<class>/<image>`` or an uncompressed image tar of the same
-    paths (optionally below one folder named like the split, as imagenette's ``val.tar`` holds ``val/``; or a tar of
-    ``<class>.tar``), as a timm reader: ``reader[index]`` is ``(open binary file, target)``. Classes in natural
-    order (as timm), timm's extensions; ``class_to_idx`` (or a ``class_map``, which wins) labels classes by name,
-    and folders of other classes are left out and listed in :attr:`other_classes`."""
+    """A timm reader (``reader[index]``: ``(open binary file, target)``) of ``root/<class>/<image>``, a folder or an
+    uncompressed tar (whose paths may lie below one folder named like the split, imagenette's ``val.tar``).
+    ``class_to_idx`` (a ``class_map`` wins) labels by name; folders of other classes go to :attr:`other_classes`."""
 
     def __init__(self, root: str, class_map: Optional[Union[str, Dict[str, int]]] = None,
                  class_to_idx: Optional[Dict[str, int]] = None):
@@ -571,7 +549,6 @@ class ImageFileReader(Reader):
         return io.BytesIO(data), target
 
     def _filename(self, index: int, basename: bool = False, absolute: bool = False) -> str:
-        """A file path, or ``<tar path>:<member path>``."""
         path = self.samples[index][0]
         if basename:
             return path.rsplit('/', 1)[-1]
@@ -585,9 +562,8 @@ class ImageFileReader(Reader):
 
 
 class ImageFileDataset(ImageDataset):
-    """timm's ``ImageDataset`` over :class:`ImageFileReader` (its ``samples``, ``class_to_idx``, ``other_classes``,
-    ``is_tar`` are this dataset's). ``__getitem__`` decodes with :func:`load_image` and returns an image that cannot
-    be used as a :class:`SkippedImage`, never replaced by the next sample."""
+    """timm's ``ImageDataset`` over :class:`ImageFileReader`; an image that cannot be used is a :class:`SkippedImage`,
+    never replaced by the next sample (timm's)."""
 
     def __init__(self, root: str, class_map: Optional[Union[str, Dict[str, int]]] = None,
                  class_to_idx: Optional[Dict[str, int]] = None, input_img_mode: Optional[str] = 'RGB',
@@ -614,8 +590,7 @@ class ImageFileDataset(ImageDataset):
 
 # ------------------------------------------------------------------------------------------------ hold-out
 def parse_val_split(value: Union[str, float, None]) -> Union[str, float]:
-    """``--val-split``: a split name ('val', 'validation', 'val.tar', ...), '' for no validation, or a fraction
-    0 < f < 1 of the training images to hold out (:func:`stratified_holdout`)."""
+    """``--val-split``: a split name, '' for none, or a fraction 0 < f < 1 of the training images to hold out."""
     if value is None:
         return ''
     if isinstance(value, str):
@@ -631,9 +606,8 @@ def parse_val_split(value: Union[str, float, None]) -> Union[str, float]:
 
 def stratified_holdout(names: Sequence[str], targets: Sequence[int], fraction: float,
                        seed: int) -> Tuple[List[int], List[int]]:
-    """Sorted sample indices (train, held out): from each class, the ``round(fraction * n)`` samples (at most
-    n - 1, so no class leaves training) whose ``sha256(seed, name)`` is smallest. timm has no hold-out; this one is
-    the same on every machine, process and file order, and adding images to a class moves at most a few others."""
+    """Sorted indices (train, held out): of each class the ``round(fraction * n)`` samples (at most n - 1: no class
+    leaves training) of smallest ``sha256(seed, name)``: the same on any machine and file order."""
     by_class: Dict[int, List[int]] = {}
     for i, t in enumerate(targets):
         by_class.setdefault(int(t), []).append(i)
@@ -674,7 +648,7 @@ def sample_targets(ds) -> Optional[List[int]]:
 
 
 def _holdout_split(ds, fraction: float, seed: int) -> Tuple[DatasetSubset, DatasetSubset]:
-    """(training part, held-out part) of ``ds``, each over its own shallow copy, so each gets its own transform."""
+    """(training part, held-out part), each over its own shallow copy of ``ds`` (its own transform)."""
     targets = sample_targets(ds)
     if targets is None:
         raise UsageError(f'--val-split FRACTION needs a dataset whose labels are known up front ({type(ds).__name__} '
@@ -690,7 +664,7 @@ def _holdout_split(ds, fraction: float, seed: int) -> Tuple[DatasetSubset, Datas
 
 # ------------------------------------------------------------------------------------------------ labels
 def _dataset_class_to_idx(ds) -> Optional[Dict[str, int]]:
-    """``{class name: label}`` wherever timm's / torchvision's datasets keep it, None if unknown."""
+    """``{class name: label}`` wherever timm's / torchvision's datasets keep it, or None."""
     if isinstance(ds, torch.utils.data.Subset):
         return _dataset_class_to_idx(ds.dataset)
     reader = getattr(ds, 'reader', None)
@@ -723,8 +697,8 @@ def _short_names(names: Sequence[str], n: int = 10) -> str:
 
 
 def check_class_names(ds, class_names: Sequence[str], what: str = 'dataset', hint: str = '') -> None:
-    """A :class:`UsageError`, with both lists, when ``ds`` has classes not in ``class_names`` (a model's, in label
-    order) or labels them otherwise. An image folder / tar labelled by these names may hold a subset of them."""
+    """One line with both lists when ``ds`` has classes not in the model's ``class_names`` or labels them otherwise
+    (an image folder / tar labelled by them may hold a subset)."""
     if isinstance(ds, ImageFileDataset):
         if not ds.other_classes:
             return
@@ -743,8 +717,7 @@ def check_class_names(ds, class_names: Sequence[str], what: str = 'dataset', hin
 
 
 def _check_every_class_trains(ds) -> None:
-    """A :class:`UsageError` when a class of the training set has no image (e.g. a class map naming a class with
-    no folder): the model would get an output that nothing trains."""
+    """One line when a training class has no image (a class map naming a class with no folder)."""
     names, targets = dataset_class_names(ds), sample_targets(ds)
     if names is None or targets is None:
         return
@@ -791,8 +764,7 @@ def _timm_dataset(name, root, split, is_training, class_map, download, input_img
 
 
 def _find_image_split(root: Optional[str], split: str, what: str) -> str:
-    """The folder / tar of ``split`` under ``root``; a tar given as ``root``, or a root of class folders with no
-    split folders or tars at all, is the split itself."""
+    """The folder / tar of ``split`` under ``root``; a tar root, or a root without split folders, is the split."""
     if not root:
         raise UsageError(f'no {what} given: pass --data-dir DIR (an ImageFolder tree DIR/<split>/<class>/<image>, '
                          f'or a folder holding <split>.tar) or --dataset NAME')
@@ -820,10 +792,8 @@ def create_image_dataset(name: str, root: Optional[str], split: str, is_training
                          class_map: Optional[str] = None, download: bool = False, input_img_mode: str = 'RGB',
                          batch_size: int = 1, seed: int = 42, what: str = 'dataset',
                          class_to_idx: Optional[Dict[str, int]] = None) -> torch.utils.data.Dataset:
-    """One split (validate.py), never silently another one: ``name`` '' reads an :class:`ImageFileDataset` at
-    :func:`find_split` (a ``.tar`` root, or a root of class folders only, is the split itself); other names go to
-    timm's ``create_dataset``. ``class_to_idx`` (folder / tar; a ``class_map`` wins) labels the classes by name,
-    e.g. the model's; folders of other classes are left out and listed in ``other_classes``."""
+    """One split (validate.py), never silently another: ``name`` '' an :class:`ImageFileDataset` (``class_to_idx``:
+    labelled by name, e.g. the model's classes), other names timm's ``create_dataset``."""
     if name == '':
         return _image_dataset(_find_image_split(root, split, what), class_map, input_img_mode, what, class_to_idx)
     return _timm_dataset(name, root, split, is_training, class_map, download, input_img_mode, batch_size, seed, what)
@@ -833,11 +803,9 @@ def create_train_val_datasets(
         name: str, root: Optional[str], train_split: str = 'train', val_split: Union[str, float, None] = 'validation',
         class_map: Optional[str] = None, download: bool = False, input_img_mode: str = 'RGB', batch_size: int = 1,
         seed: int = 42) -> Tuple[torch.utils.data.Dataset, Optional[torch.utils.data.Dataset]]:
-    """(training set, validation set) of train.py; validation is never silently the training images, and every
-    class has a training image. ``val_split`` (:func:`parse_val_split`): a split name, which must exist as a folder
-    or tar (labelled by the training set's class names; without one a :class:`UsageError` asks for ``--val-split
-    FRACTION`` or a ``val/`` folder); a fraction: a seeded class-stratified hold-out of the training images
-    (:func:`stratified_holdout`), the training set the rest; '' or None: no validation set."""
+    """(training set, validation set or None) of train.py: a named split must exist (it is labelled by the training
+    set's class names), a fraction holds out part of the training images (:func:`stratified_holdout`); validation
+    is never silently the training images, and every training class has an image."""
     val_split = parse_val_split(val_split)
     timm_args = dict(class_map=class_map, download=download, input_img_mode=input_img_mode, batch_size=batch_size,
                      seed=seed)
@@ -881,8 +849,7 @@ def create_train_val_datasets(
 
 
 def dataset_source(ds) -> Optional[str]:
-    """What a dataset was read from, for the log: ``folder PATH``, ``tar PATH``, ``part of the folder PATH`` (a
-    hold-out's side); None for ``--dataset`` datasets."""
+    """``folder PATH``, ``tar PATH`` or ``part of the folder PATH`` (a hold-out) for the log; None for others."""
     if isinstance(ds, DatasetSubset):
         parent = dataset_source(ds.dataset)
         return f'part of the {parent}' if parent else None
@@ -894,17 +861,15 @@ def dataset_source(ds) -> Optional[str]:
 # ------------------------------------------------------------------------------------------------ the demo data
 def prepare_digits_folder(root: Optional[os.PathLike] = None, size: int = 32, val_every: int = 5,
                           max_per_class: Optional[int] = None) -> Path:
-    """scikit-learn's bundled handwritten digits (the demo's data: no download) written once as an ImageFolder tree
-    ``root/{train,val}/<digit>/<index>.png``: grayscale PNGs upscaled (bicubic) from the 8x8 scans to ``size``
-    pixels; every ``val_every``-th sample of a class is in val (5: 1,437 train / 360 val); ``max_per_class``
-    keeps the first samples of each class. ``root`` defaults to ``$MLP_VISION_CACHE``, else
-    ``$XDG_CACHE_HOME/mlp_vision``, else ``~/.cache/mlp_vision``. Built beside ``root`` and renamed into place, so
-    a folder that exists is complete and concurrent callers (DDP ranks, tests) never see partial files."""
+    """The demo's data, no download: scikit-learn's digits written once as ``root/{train,val}/<digit>/<i>.png``
+    (8x8 scans upscaled to ``size``; each ``val_every``-th of a class in val; ``max_per_class`` first ones), under
+    ``$MLP_VISION_CACHE`` or the user's cache by default. Renamed into place: a folder that exists is complete."""
     if root is None:
         cache = os.environ.get('MLP_VISION_CACHE')
         cache = Path(cache).expanduser() if cache else Path(
             os.environ.get('XDG_CACHE_HOME') or os.path.join(os.path.expanduser('~'), '.cache')) / 'mlp_vision'
-        root = cache / ('digits' if size == 32 and max_per_class is None else f'digits_{size}px_{max_per_class or "all"}')
+        name = 'digits' if size == 32 and max_per_class is None else f'digits_{size}px_{max_per_class or "all"}'
+        root = cache / name
     root = Path(root)
     marker = root / 'DIGITS_CACHE'
     if marker.is_file():

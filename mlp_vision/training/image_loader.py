@@ -1,17 +1,8 @@
 """ Training and evaluation loaders: timm's transforms, samplers, ``fast_collate`` and ``PrefetchLoader``, and what
-``timm.data.create_loader`` lacks.
-
-* Reproducible augmentation: timm's augmentations draw from each worker's global RNGs, so they change with the
-  worker count; here a sample's augmentation is a function of ``(seed, epoch, rank, position in the epoch)`` only
-  (:class:`SeededSampler`, :class:`SeededDataset`), which lets ``--resume`` reproduce an uninterrupted run exactly.
-* Unusable images (:class:`~.image_data.SkippedImage`) are left out of their batch, warned once and counted, and a
-  class with no usable training image stops the run (:class:`ReadableBatches`).
-* Exact distributed evaluation: timm's ``OrderedDistributedSampler`` pads ranks with repeated samples, which count
-  twice in the metrics; :class:`StridedSampler` gives every sample to exactly one rank.
-* Posterize with 0 bits (timm's RandAugment at magnitude 10) raises in recent Pillow: our transform's ops get a
-  function that gives a black image; timm's ``NAME_TO_OP`` is left as it is.
-* Loader workers ignore SIGINT / SIGTERM, so that a signal to the whole process group stops the run at a step
-  boundary (the main process's handler) instead of killing the workers under it.
+``timm.data.create_loader`` lacks: augmentation seeded per sample (timm's follows each worker's global RNGs, so
+``--resume`` could not reproduce a run), unusable images left out and counted (:class:`ReadableBatches`), exact
+distributed evaluation (timm's sampler pads ranks with repeated samples), a 0-bit posterize that does not raise in
+recent Pillow, and workers that leave SIGINT / SIGTERM to the main process.
 """
 import collections
 import contextlib
@@ -43,22 +34,19 @@ _logger = logging.getLogger(__name__)
 
 
 def default_workers(most: int = 4) -> int:
-    """Loader processes by default: ``most``, but no more than the CPUs this process may use (more only compete
-    with the model for the same cores)."""
+    """Loader processes by default: ``most``, at most the CPUs this process may use (more compete with the model)."""
     return max(1, min(most, usable_cpus()))
 
 
 def _posterize(img: Image.Image, bits_to_keep: int, **kwargs) -> Image.Image:
-    """timm's posterize, except that 0 bits give a black image, as in TF and older Pillow (recent Pillow raises,
-    which would kill a training run at a random step)."""
+    """timm's posterize; 0 bits give a black image, as in TF and older Pillow (recent Pillow raises mid-run)."""
     if bits_to_keep <= 0:
         return Image.new(img.mode, img.size)
     return auto_augment.posterize(img, bits_to_keep, **kwargs)
 
 
 def _with_safe_posterize(transform):
-    """``transform`` (timm's) with the posterize ops of its AutoAugment / RandAugment / AugMix stages running
-    :func:`_posterize`; timm's table of ops is not touched."""
+    """``transform`` with its AugmentOps' posterize running :func:`_posterize`; timm's ``NAME_TO_OP`` is untouched."""
     stages = list(getattr(transform, 'transforms', [transform]))
     for stage in stages:
         if hasattr(stage, 'transforms'):  # a nested Compose
@@ -72,9 +60,8 @@ def _with_safe_posterize(transform):
 
 
 def _worker_init(worker_id: int) -> None:
-    """timm's worker init (numpy seeded per worker), with SIGINT / SIGTERM ignored: Ctrl-C or ``timeout`` signal
-    the whole process group, and a worker killed first ends the run in a DataLoader traceback; the main process
-    stops at a step boundary and then ends its workers itself."""
+    """timm's worker init, SIGINT / SIGTERM ignored: Ctrl-C or ``timeout`` signal the whole process group, and a
+    worker killed first ended the run in a traceback; the main process stops at a step boundary and ends them."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     timm_worker_init(worker_id)
@@ -82,8 +69,7 @@ def _worker_init(worker_id: int) -> None:
 
 @contextlib.contextmanager
 def seeded_rng(seed: int):
-    """Seed python / numpy / torch (CPU) RNGs with ``seed`` inside the block and restore their states after it;
-    CUDA's generator is never touched, so this cannot disturb the model's RNG."""
+    """Python / numpy / torch CPU RNGs seeded inside the block, restored after it (CUDA's is never touched)."""
     py_state, np_state, torch_state = random.getstate(), np.random.get_state(), torch.get_rng_state()
     random.seed(seed)
     np.random.seed(seed % (2 ** 32))
@@ -97,8 +83,7 @@ def seeded_rng(seed: int):
 
 
 class SeededSampler(torch.utils.data.Sampler):
-    """``(sample_seed, index)`` for each index of the wrapped sampler: the seed is ``base(seed, epoch, rank) +
-    position in the epoch``, so repeated samples and ranks get different augmentations, reproducibly."""
+    """``(base(seed, epoch, rank) + position in the epoch, index)`` for each index of ``sampler``."""
 
     def __init__(self, sampler: torch.utils.data.Sampler, seed: int, rank: int = 0):
         self.sampler, self.seed, self.rank, self.epoch = sampler, seed, rank, 0
@@ -155,11 +140,9 @@ def _collate_readable(batch: List[Any]) -> Tuple[torch.Tensor, torch.Tensor, Lis
 
 
 class ReadableBatches:
-    """Iterate a ``DataLoader`` that collates with :func:`_collate_readable`: yield ``(input, target)`` of the
-    readable images, warn once per skipped file, count the skipped images of each pass (:attr:`skipped`) and leave
-    out batches with no image left; with ``empty_batch_error``, raise instead (DDP: every rank must run the same
-    number of steps). ``train_set`` (training): at the end of a pass, a class none of whose images could be read
-    is a :class:`RunError` naming it (the model would get an output that nothing trains)."""
+    """``(input, target)`` of a ``DataLoader``'s readable images: each skipped file warned once, the skipped images
+    of a pass counted (:attr:`skipped`), empty batches left out (``empty_batch_error``: raised, as DDP ranks must run
+    the same steps). ``train_set``: a class none of whose images could be read stops the run after the pass."""
 
     def __init__(self, loader: torch.utils.data.DataLoader, empty_batch_error: Optional[str] = None,
                  train_set: Optional[torch.utils.data.Dataset] = None, device: Optional[torch.device] = None):
@@ -198,8 +181,8 @@ class ReadableBatches:
         return getattr(self.loader, name)
 
     def _stop_if_a_class_has_no_image(self, read: collections.Counter, unusable: collections.Counter) -> None:
-        names, targets = dataset_class_names(self.train_set), sample_targets(self.train_set)
-        if names is None or targets is None:
+        names = dataset_class_names(self.train_set)
+        if names is None:
             return
         counts = torch.tensor([[read[t] for t in range(len(names))], [unusable[t] for t in range(len(names))]],
                               device=self.device)
@@ -207,7 +190,8 @@ class ReadableBatches:
             dist.all_reduce(counts)  # each rank read a part of every class
         read_n, unusable_n = counts.tolist()
         suspects = [t for t in range(len(names)) if read_n[t] == 0 and unusable_n[t] > 0]
-        if not suspects:
+        targets = sample_targets(self.train_set) if suspects else None  # suspects: images of ours, listed
+        if not targets:
             return
         with seeded_rng(0):  # images of a suspect class this pass did not draw (full batches only), read once
             readable = {t for t in suspects for i, target in enumerate(targets)
@@ -223,8 +207,7 @@ class ReadableBatches:
 
 
 class ImageLoader(PrefetchLoader):
-    """timm's ``PrefetchLoader`` over :class:`ReadableBatches`: :attr:`skipped` images of this rank's current / last
-    pass, :attr:`skipped_files` every file skipped so far, with the reason."""
+    """timm's ``PrefetchLoader`` over :class:`ReadableBatches`, with its :attr:`skipped` and :attr:`skipped_files`."""
 
     @property
     def skipped(self) -> int:
@@ -250,8 +233,7 @@ def _image_loader(dataset, sampler, data_config, batch_size, device, num_workers
 
 def create_train_sampler(dataset, world_size: int, rank: int, seed: int,
                          aug_repeats: float = 0) -> torch.utils.data.Sampler:
-    """One rank's training sampler: timm's ``RepeatAugSampler`` with ``aug_repeats`` (replicas given, so it runs
-    in one process too), else a shuffling ``DistributedSampler``."""
+    """timm's ``RepeatAugSampler`` with ``aug_repeats`` (one process too), else a shuffling ``DistributedSampler``."""
     if aug_repeats:
         return RepeatAugSampler(dataset, num_replicas=world_size, rank=rank, num_repeats=aug_repeats)
     return torch.utils.data.DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=seed)
@@ -263,9 +245,8 @@ def train_samples_per_rank(dataset, world_size: int = 1, aug_repeats: float = 0)
 
 
 def fit_batch_to_data(batch_size: int, samples_per_rank: int, even: bool = False) -> int:
-    """The training batch per process: ``batch_size``, or all the ``samples_per_rank`` when that is fewer (full
-    batches only: no update would run), with a warning (``even``: rounded down to even, for mixup / cutmix). A rank
-    with no sample is a :class:`UsageError`."""
+    """``batch_size``, or all ``samples_per_rank`` when fewer (full batches only: no update would run) with a warning
+    (``even``: rounded down to even, for mixup); a rank with no sample is one line."""
     if samples_per_rank < (2 if even else 1):
         raise UsageError(f'the training sampler draws {samples_per_rank} image(s) per process and epoch: too few to '
                          f'train on (with --aug-repeats, timm\'s RepeatAugSampler draws whole multiples of 256 '
@@ -281,9 +262,8 @@ def fit_batch_to_data(batch_size: int, samples_per_rank: int, even: bool = False
 
 def unused_images_message(num_images: int, samples_per_rank: int, batch_size: int, world_size: int = 1,
                           aug_repeats: float = 0) -> Optional[str]:
-    """The warning when an epoch leaves part of the ``num_images`` training images unused (full batches only: a
-    partial batch would give BatchNorm a batch of one and compiled models a new shape; ``aug_repeats``: each image
-    drawn that many times), with a batch size from half to twice ``batch_size`` that leaves fewer out; or None."""
+    """The warning when an epoch leaves training images unused (full batches only: a partial batch gives BatchNorm
+    a batch of one, compiled models a new shape), naming a batch size that leaves fewer out; or None."""
     kept_per_rank = samples_per_rank // batch_size * batch_size
     distinct = int(kept_per_rank * world_size / max(aug_repeats, 1))
     unused = num_images - distinct
@@ -312,11 +292,8 @@ def create_train_loader(
         ratio: Optional[Sequence[float]] = None, hflip: float = 0.5, vflip: float = 0., color_jitter: float = 0.4,
         auto_augment: Optional[str] = None, train_interpolation: Optional[str] = None, re_prob: float = 0.,
         re_mode: str = 'pixel', re_count: int = 1) -> Tuple[ImageLoader, Optional[torch.utils.data.Sampler]]:
-    """(training loader, the sampler whose ``set_epoch`` is called before each epoch): timm's train transforms, a
-    (distributed / repeated-augmentation) sampler, fast collate and ``PrefetchLoader`` (normalisation and random
-    erasing on the device); full batches only, less the unusable images, with a warning of the images an epoch
-    leaves unused. ``timm.data.create_loader`` takes no sampler or generator, so it could not seed each sample's
-    augmentation nor run repeated augmentation in one process."""
+    """(training loader, the sampler to ``set_epoch``): timm's train transforms, sampler, fast collate and
+    ``PrefetchLoader`` (``create_loader`` takes no sampler or generator: it could not seed each sample)."""
     dataset.transform = _with_safe_posterize(create_transform(
         data_config['input_size'], is_training=True, no_aug=no_aug, scale=tuple(scale) if scale else None,
         ratio=tuple(ratio) if ratio else None, hflip=hflip, vflip=vflip, color_jitter=color_jitter,
@@ -349,9 +326,7 @@ def create_train_loader(
 def create_eval_loader(dataset: torch.utils.data.Dataset, data_config: Dict[str, Any], batch_size: int,
                        device: torch.device, num_workers: int = 2, distributed: bool = False,
                        pin_memory: bool = False) -> ImageLoader:
-    """Evaluation loader: timm's eval transforms (resize / center crop per ``data_config``) and prefetcher; each
-    readable image yielded exactly once over all ranks and unusable ones left out and counted, so metrics summed
-    over batches and ranks are exact."""
+    """timm's eval transforms and prefetcher; every readable image once over all ranks, so summed metrics are exact."""
     dataset.transform = create_transform(
         data_config['input_size'], is_training=False, interpolation=data_config['interpolation'],
         mean=data_config['mean'], std=data_config['std'], crop_pct=data_config['crop_pct'],
