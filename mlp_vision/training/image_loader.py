@@ -53,15 +53,15 @@ def _with_safe_posterize(transform):
             stages.extend(stage.transforms)
         ops = list(getattr(stage, 'ops', [])) + [op for sub in getattr(stage, 'policy', []) for op in sub]
         for op in ops:
-            if isinstance(op, auto_augment.AugmentOp) and op.name in ('Posterize', 'PosterizeIncreasing',
-                                                                      'PosterizeOriginal'):
+            if isinstance(op, auto_augment.AugmentOp) and op.name.startswith('Posterize'):
                 op.aug_fn = _posterize
     return transform
 
 
 def _worker_init(worker_id: int) -> None:
-    """timm's worker init, SIGINT / SIGTERM ignored: Ctrl-C or ``timeout`` signal the whole process group, and a
-    worker killed first ended the run in a traceback; the main process stops at a step boundary and ends them."""
+    """timm's worker init, SIGINT / SIGTERM ignored: Ctrl-C and ``timeout`` signal the whole process group, and a
+    worker killed first would end the run in a DataLoader traceback; the main process stops at a step boundary and
+    ends its workers itself."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     timm_worker_init(worker_id)
@@ -190,10 +190,10 @@ class ReadableBatches:
             dist.all_reduce(counts)  # each rank read a part of every class
         read_n, unusable_n = counts.tolist()
         suspects = [t for t in range(len(names)) if read_n[t] == 0 and unusable_n[t] > 0]
-        targets = sample_targets(self.train_set) if suspects else None  # suspects: images of ours, listed
+        targets = sample_targets(self.train_set) if suspects else None  # known: only our datasets skip images
         if not targets:
             return
-        with seeded_rng(0):  # images of a suspect class this pass did not draw (full batches only), read once
+        with seeded_rng(0):  # a suspect class's images this pass did not draw (full batches only), read to tell
             readable = {t for t in suspects for i, target in enumerate(targets)
                         if target == t and self.train_set.filename(i) not in self.skipped_files
                         and not isinstance(self.train_set[i], SkippedImage)}
