@@ -884,6 +884,13 @@ def test_a_class_with_a_readable_image_the_epoch_did_not_draw_trains_on(tmp_path
 
 
 # ------------------------------------------------------------------------------------- signals to the process group
+def _signals_ignored(img):
+    """In place of an image: (SIGINT ignored, SIGTERM ignored) in the process that reads it."""
+    import signal
+    return torch.tensor([[[signal.getsignal(s) == signal.SIG_IGN for s in (signal.SIGINT, signal.SIGTERM)]]],
+                        dtype=torch.uint8)
+
+
 def test_loader_workers_ignore_sigint_and_sigterm(tmp_path):
     """Ctrl-C and `timeout` signal the whole process group; a worker killed first ended the run in a 40-line
     DataLoader traceback. The workers ignore both; the main process stops at a step boundary and ends them."""
@@ -891,8 +898,7 @@ def test_loader_workers_ignore_sigint_and_sigterm(tmp_path):
     _folder(tmp_path / 'val', {'a': 2})
     ds = create_image_dataset('', str(tmp_path), 'val')
     loader = create_eval_loader(ds, DATA_CONFIG, 2, CPU, num_workers=2)
-    ds.transform = lambda img: torch.tensor([[[signal.getsignal(signal.SIGINT) == signal.SIG_IGN,
-                                               signal.getsignal(signal.SIGTERM) == signal.SIG_IGN]]], dtype=torch.uint8)
+    ds.transform = _signals_ignored
     ignored = [flags.tolist() for input, _, _ in loader.loader.loader for flags in input]
     assert ignored == [[[[1, 1]]]] * 2
     assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL  # not in this process
