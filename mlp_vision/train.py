@@ -41,10 +41,11 @@ from mlp_vision.arguments import ArgumentParser, DefaultsHelpFormatter, ParseKwa
 from mlp_vision.bounds import BOUND_RANGES, size_bounds
 from mlp_vision.errors import Interrupted, UsageError, run_cli
 from mlp_vision.threads import THREADS_RANGE, set_run_threads
-from mlp_vision.training.data import (
-    INTERPOLATIONS, check_image_args, check_num_classes, create_eval_loader, create_train_loader,
-    create_train_val_datasets, dataset_class_names, dataset_source, fit_batch_to_data, prepare_digits_folder,
-    train_samples_per_rank)
+from mlp_vision.training.image_data import (
+    INTERPOLATIONS, check_image_args, check_num_classes, create_train_val_datasets, dataset_class_names,
+    dataset_source, prepare_digits_folder)
+from mlp_vision.training.image_loader import (
+    create_eval_loader, create_train_loader, fit_batch_to_data, train_samples_per_rank)
 from mlp_vision.training.run.checkpoint import (
     atomic_folder, is_training_checkpoint, load_checkpoint_file, load_model_weights, preserve_rng)
 from mlp_vision.training.run.compile import add_compile_arguments, check_compile_backend, compile_model

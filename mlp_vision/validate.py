@@ -20,10 +20,9 @@ import torch
 
 from mlp_vision.training.run.checkpoint import write_output_file
 from mlp_vision.training.run.config import check_flag_ranges
-from mlp_vision.training.data import (
-    INTERPOLATIONS, IMAGE_MODE_CHANNELS, check_class_names, check_image_args, check_num_classes, create_eval_loader,
-    create_image_dataset, default_workers,
-)
+from mlp_vision.training.image_data import (
+    INTERPOLATIONS, IMAGE_MODE_CHANNELS, check_class_names, check_image_args, check_num_classes, create_image_dataset)
+from mlp_vision.training.image_loader import create_eval_loader, default_workers
 from mlp_vision.training.run.distributed import init_device
 from mlp_vision.arguments import ArgumentParser, DefaultsHelpFormatter, ParseKwargs, check_range
 from mlp_vision.bounds import BOUND_RANGES, within_bounds

@@ -302,7 +302,7 @@ def _png(path, colour=(200, 40, 40)):
 
 def test_fifo_named_like_an_image_is_skipped_with_a_warning(tmp_path, caplog):
     """A FIFO named x.png would block the loader in open() forever: it is not read, and the warning says so."""
-    from mlp_vision.training.data import ImageFileReader
+    from mlp_vision.training.image_data import ImageFileReader
     for c in ('a', 'b'):
         _png(tmp_path / c / '0.png')
     os.mkfifo(tmp_path / 'a' / 'pipe.png')
@@ -318,7 +318,7 @@ def test_images_of_other_formats_are_counted_in_a_warning(tmp_path, caplog):
     """timm's extensions decide what is read (.png .jpg .jpeg); .bmp, .gif and a multi-page .tiff are not dropped
     silently: one warning counts them by extension."""
     from PIL import Image
-    from mlp_vision.training.data import ImageFileReader
+    from mlp_vision.training.image_data import ImageFileReader
     for c in ('a', 'b'):
         _png(tmp_path / c / '0.png')
     Image.new('RGB', (8, 8)).save(tmp_path / 'a' / '1.bmp')
@@ -338,7 +338,7 @@ def test_images_of_other_formats_are_counted_in_a_warning(tmp_path, caplog):
 
 def test_images_of_other_formats_in_a_tar_are_counted_too(tmp_path, caplog):
     import tarfile
-    from mlp_vision.training.data import ImageFileReader
+    from mlp_vision.training.image_data import ImageFileReader
     for c in ('a', 'b'):
         _png(tmp_path / 'src' / c / '0.png')
     (tmp_path / 'src' / 'a' / '1.bmp').write_bytes(b'BM')

@@ -1,5 +1,6 @@
-""" Image data that never gives a silent wrong result (mlp_vision.training.data): validation splits, image tars,
-nested class folders, every PIL mode, unreadable images. Every test makes its own tiny data in tmp_path. """
+""" Image data that never gives a silent wrong result (mlp_vision.training.image_data, image_loader): validation
+splits, image tars, nested class folders, every PIL mode, unreadable images, a class with no usable image, signals
+to the process group. Every test makes its own tiny data in tmp_path. """
 import io
 import json
 import logging
@@ -16,13 +17,15 @@ import torch
 import torch.nn as nn
 from PIL import Image
 
-from mlp_vision.errors import UsageError
-from mlp_vision.training.data import (
-    ImageFileDataset, SkippedImage, StridedSampler, convert_image_mode, create_eval_loader, create_image_dataset,
-    create_train_loader, create_train_val_datasets, dataset_class_names, dataset_source, fit_batch_to_data,
-    load_image, parse_val_split, read_class_map, stratified_holdout, train_samples_per_rank, unused_images_message,
+from mlp_vision.errors import RunError, UsageError
+from mlp_vision.training.image_data import (
+    ImageFileDataset, SkippedImage, convert_image_mode, create_image_dataset, create_train_val_datasets,
+    dataset_class_names, dataset_source, load_image, parse_val_split, read_class_map, stratified_holdout,
 )
-from mlp_vision.training.data.loader import create_train_sampler
+from mlp_vision.training.image_loader import (
+    StridedSampler, create_eval_loader, create_train_loader, create_train_sampler, fit_batch_to_data,
+    train_samples_per_rank, unused_images_message,
+)
 from mlp_vision.training.image_model import validate
 
 SIZE = 8
@@ -228,8 +231,8 @@ def test_image_outside_a_class_folder_is_an_error(tmp_path):
 
 _SCAN_SCRIPT = """
 import json, logging, sys
-from mlp_vision.training.data import ImageFileDataset, dataset_class_names
-from mlp_vision.errors import UsageError
+from mlp_vision.training.image_data import ImageFileDataset, dataset_class_names
+from mlp_vision.errors import RunError, UsageError
 warnings = []
 class Keep(logging.Handler):
     def emit(self, record):
@@ -522,13 +525,13 @@ def test_image_modes_without_a_scale_are_refused_with_the_file_name(tmp_path):
 def test_multi_page_tiff_is_read_by_its_first_page_with_a_warning(tmp_path, caplog, monkeypatch):
     """Left out with a count by default (timm's extensions; test_bounds.py); with .tiff added, a 3-page scan is one
     sample, its first page, and the first such file is named once with its page count."""
-    import mlp_vision.training.data.decode as decode
+    import mlp_vision.training.image_data as image_data
     _folder(tmp_path / 'val', {'a': 1})
     pages = [Image.new('RGB', (4, 4), colour) for colour in ((255, 0, 0), (0, 255, 0), (0, 0, 255))]
     pages[0].save(tmp_path / 'val' / 'a' / 'p1.tiff', save_all=True, append_images=pages[1:])
     pages[1].save(tmp_path / 'val' / 'a' / 'p2.tiff', save_all=True, append_images=pages[2:])
     ds = _dataset_with_extension(tmp_path, '.tiff')
-    monkeypatch.setattr(decode, '_said_first_frame', False)
+    monkeypatch.setattr(image_data, '_said_first_frame', False)
     with caplog.at_level(logging.WARNING):
         images = {os.path.basename(ds.filename(i)): ds[i][0] for i in range(len(ds))}
     assert set(images) == {'0.png', 'p1.tiff', 'p2.tiff'}
@@ -714,7 +717,7 @@ def test_strided_sampler_covers_each_sample_once():
 
 def test_digits_demo_folder_reads(tmp_path):
     pytest.importorskip('sklearn')
-    from mlp_vision.training.data import prepare_digits_folder
+    from mlp_vision.training.image_data import prepare_digits_folder
     root = prepare_digits_folder(tmp_path / 'digits', size=16, max_per_class=5)
     train, val = create_train_val_datasets('', str(root), 'train', 'val')
     assert (len(train), len(val)) == (40, 10)  # every 5th image of a class is val
@@ -809,8 +812,123 @@ def test_importing_mlp_vision_leaves_timm_augment_ops_as_they_are():
     """No global state: timm's table of augmentation ops is the same after ``import mlp_vision`` (and building a
     training loader) as in a fresh timm."""
     script = ('from timm.data import auto_augment as a; fresh = dict(a.NAME_TO_OP); import mlp_vision, '
-              'mlp_vision.train; from mlp_vision.training.data import loader; '
+              'mlp_vision.train; from mlp_vision.training import image_loader; '
               'print(all(a.NAME_TO_OP[k] is f for k, f in fresh.items()) and fresh.keys() == a.NAME_TO_OP.keys())')
     out = subprocess.run([sys.executable, '-c', script], capture_output=True, text=True, cwd=REPO,
                          env={**os.environ, 'PYTHONPATH': REPO}, check=True).stdout
     assert out.strip().splitlines()[-1] == 'True'
+
+
+# ------------------------------------------------------------------------------------- a class left with no image
+def _train_main(argv):
+    import mlp_vision.train as train
+    from _helpers import TINY_VISION
+    return train.main(TINY_VISION + ['--threads', '1'] + argv)
+
+
+def test_a_class_with_no_training_image_is_a_usage_error_before_anything_is_built(tmp_path, capsys):
+    """A class map naming a class with no folder: an output nothing trains, known before training, so one line
+    (exit 2) and no run folder. A --val-split hold-out never empties a class: a one-image class stays in training."""
+    from _helpers import exits_with_one_line
+    _folder(tmp_path / 'data' / 'train', {'a': 3, 'b': 3})
+    (tmp_path / 'map.txt').write_text('a\nb\nc\n')
+    with pytest.raises(UsageError, match=r'the training set has no image of class\(es\) \[c\]: nothing would train'):
+        create_train_val_datasets('', str(tmp_path / 'data'), 'train', '', class_map=str(tmp_path / 'map.txt'))
+    line = exits_with_one_line(_train_main, ['--data-dir', str(tmp_path / 'data'), '--val-split', '', '--class-map',
+                                             str(tmp_path / 'map.txt'), '--output', str(tmp_path / 'out')], capsys)
+    assert 'no image of class(es) [c]' in line and not (tmp_path / 'out').exists()
+    _folder(tmp_path / 'one' / 'train', {'a': 6, 'b': 1})
+    train, val = create_train_val_datasets('', str(tmp_path / 'one'), 'train', 0.5, seed=3)
+    assert Counter(t for _, t in (train.dataset.samples[i] for i in train.indices)) == {0: 3, 1: 1}
+    assert len(val) == 3
+
+
+def _class_of_corrupt_files(root, good, corrupt):
+    """root/train: class a of readable images, class b of files that are no image."""
+    _folder(root / 'train', {'a': good})
+    (root / 'train' / 'b').mkdir(parents=True)
+    for i in range(corrupt):
+        (root / 'train' / 'b' / f'{i}.png').write_bytes(b'not an image %d' % i)
+
+
+def test_a_class_whose_every_image_is_unusable_stops_at_the_end_of_the_epoch(tmp_path, capsys):
+    """Every image of class b unreadable: the run trained on class a only without a word; now the epoch's
+    reading ends in one line (exit 1) naming the class and its count, and saying no checkpoint of it was written."""
+    from _helpers import exits_with_one_line
+    _class_of_corrupt_files(tmp_path / 'data', good=8, corrupt=2)  # batches of 4 keep 2 images or more (BatchNorm)
+    ds = create_image_dataset('', str(tmp_path / 'data'), 'train', is_training=True)
+    loader, sampler = create_train_loader(ds, DATA_CONFIG, 4, CPU, num_workers=0)
+    sampler.set_epoch(0)
+    with pytest.raises(RunError, match=r'no training image of class\(es\) b \(all 2 images unusable\) could be '):
+        list(loader)
+    line = exits_with_one_line(_train_main, ['--data-dir', str(tmp_path / 'data'), '--val-split', '', '--epochs', '2',
+                                             '-b', '4', '--output', str(tmp_path / 'out'), '--experiment', 'e'],
+                               capsys, status=1)
+    assert 'b (all 2 images unusable)' in line and 'before its checkpoint was written' in line
+    assert not (tmp_path / 'out' / 'e' / 'last.pth').exists()
+
+
+def test_a_class_with_a_readable_image_the_epoch_did_not_draw_trains_on(tmp_path):
+    """Class b: one unreadable and one readable image; with full batches only one of 3 images sits out each epoch.
+    An epoch that drew only b's unreadable image goes on: b's other image is read to tell."""
+    _class_of_corrupt_files(tmp_path, good=1, corrupt=1)
+    _folder(tmp_path / 'train', {'b': 1}, start=10)
+    ds = create_image_dataset('', str(tmp_path), 'train', is_training=True)
+    loader, sampler = create_train_loader(ds, DATA_CONFIG, 2, CPU, num_workers=0)
+    only_unreadable_b = 0
+    for epoch in range(12):
+        sampler.set_epoch(epoch)
+        targets = [t for _, target in loader for t in target.tolist()]
+        only_unreadable_b += loader.skipped == 1 and 1 not in targets
+    assert only_unreadable_b > 0
+
+
+# ------------------------------------------------------------------------------------- signals to the process group
+def _signals_ignored(img):
+    """In place of an image: (SIGINT ignored, SIGTERM ignored) in the process that reads it."""
+    import signal
+    return torch.tensor([[[signal.getsignal(s) == signal.SIG_IGN for s in (signal.SIGINT, signal.SIGTERM)]]],
+                        dtype=torch.uint8)
+
+
+def test_loader_workers_ignore_sigint_and_sigterm(tmp_path):
+    """Ctrl-C and `timeout` signal the whole process group; a worker killed first ended the run in a 40-line
+    DataLoader traceback. The workers ignore both; the main process stops at a step boundary and ends them."""
+    import signal
+    _folder(tmp_path / 'val', {'a': 2})
+    ds = create_image_dataset('', str(tmp_path), 'val')
+    loader = create_eval_loader(ds, DATA_CONFIG, 2, CPU, num_workers=2)
+    ds.transform = _signals_ignored
+    ignored = [flags.tolist() for input, _, _ in loader.loader.loader for flags in input]
+    assert ignored == [[[[1, 1]]]] * 2
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL  # not in this process
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('signum', ['SIGTERM', 'SIGINT'])
+def test_a_signal_to_the_process_group_gives_the_documented_stop_line(images, tmp_path, signum):
+    """`timeout 60 python train.py --workers 2 ...` sends SIGTERM to the whole group: exit 128 + signal and the one
+    documented line naming last.pth, no traceback."""
+    import signal
+    from _helpers import TINY_VISION
+    signum = getattr(signal, signum)
+    argv = [a if a != '0' or TINY_VISION[i - 1] != '--workers' else '2' for i, a in enumerate(TINY_VISION)]
+    argv += ['--data-dir', str(images), '--val-split', 'val', '--epochs', '2', '--log-interval', '1', '--threads', '1',
+             '--output', str(tmp_path), '--experiment', 'g']
+    env = {**os.environ, 'PYTHONPATH': REPO, 'PYTHONUNBUFFERED': '1', 'OMP_NUM_THREADS': '1'}
+    proc = subprocess.Popen([sys.executable, os.path.join(REPO, 'train.py')] + argv, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path, start_new_session=True)
+    try:
+        for line in proc.stdout:
+            if line.startswith('Train: 1/1 [1/'):  # epoch 1 under way, epoch 0 checkpointed
+                os.killpg(proc.pid, signum)
+                break
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    last = tmp_path / 'g' / 'last.pth'
+    assert proc.returncode == 128 + signum, err
+    assert 'Traceback' not in err and len(err.strip().splitlines()) == 1, err
+    assert err.startswith(f'train.py: error: interrupted by {signal.Signals(signum).name} at epoch 1, batch ')
+    assert err.strip().endswith(f'the resumable checkpoint is {last} (epoch 0): continue with --resume {last}')

@@ -106,12 +106,15 @@ def test_text_models_import_nothing_from_the_trainers():
 
 def test_training_is_layered_by_job():
     """training/run (the infrastructure every command uses) imports no image data and no text model;
-    training/data (images) imports no text model; the image model imports no command."""
+    the image data and loaders import no text model; the image model imports no command."""
     rules = {
-        'mlp_vision.training.run': ('mlp_vision.training.image_model', 'mlp_vision.training.data', 'mlp_vision.text',
-                                    'mlp_vision.train', 'mlp_vision.validate'),
-        'mlp_vision.training.data': ('mlp_vision.training.image_model', 'mlp_vision.text', 'mlp_vision.train',
-                                     'mlp_vision.validate'),
+        'mlp_vision.training.run': ('mlp_vision.training.image_model', 'mlp_vision.training.image_data',
+                                    'mlp_vision.training.image_loader', 'mlp_vision.text', 'mlp_vision.train',
+                                    'mlp_vision.validate'),
+        'mlp_vision.training.image_data': ('mlp_vision.training.image_model', 'mlp_vision.text', 'mlp_vision.train',
+                                           'mlp_vision.validate'),
+        'mlp_vision.training.image_loader': ('mlp_vision.training.image_model', 'mlp_vision.text', 'mlp_vision.train',
+                                             'mlp_vision.validate'),
         'mlp_vision.training.image_model': ('mlp_vision.text', 'mlp_vision.train', 'mlp_vision.train_text',
                                             'mlp_vision.validate', 'mlp_vision.benchmark', 'mlp_vision.visualize'),
     }

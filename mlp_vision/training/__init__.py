@@ -5,7 +5,8 @@
 * :mod:`.run` -- the run infrastructure: the run's files and their safety (:mod:`.run.run_files`: the run
   folder's identity and lock, resume, checkpoints, stop lines, results, as functions train.py calls in order), the
   optimizer update (:mod:`.run.loop`), checkpoint files, ``-c`` configs, logging, distributed setup;
-* :mod:`.data` -- the image data pipeline (readers, datasets, loaders, hold-out splits).
+* :mod:`.image_data` -- the image datasets (readers, decoding, labels, hold-out splits); :mod:`.image_loader` --
+  the loaders (seeded augmentation, unusable images left out).
 
 The text trainer is ``transformers.Trainer`` with the data and callbacks of :mod:`mlp_vision.text`.
 

@@ -1,73 +1,75 @@
-""" Training and evaluation loaders: timm's transforms, samplers, ``fast_collate`` and ``PrefetchLoader``, plus
-what ``timm.data.create_loader`` lacks.
-
-* Reproducible augmentation: timm's augmentations draw from each worker's global RNGs, so they change with the
-  worker count and with what ran before; here every sample's augmentation is a function of
-  ``(seed, epoch, rank, position in the epoch)`` only (:class:`SeededSampler` + :class:`SeededDataset`), which
-  is what lets ``--resume`` reproduce an uninterrupted run bit for bit.
-* Unreadable images: ``fast_collate`` cannot batch a :class:`.decode.SkippedImage`; :func:`collate_readable`
-  leaves them out and :class:`ReadableBatches` warns once per file and counts them (:attr:`ImageLoader.skipped`).
-* Exact distributed evaluation: timm's ``OrderedDistributedSampler`` pads ranks with repeated samples, which
-  then count twice in the metrics; :class:`StridedSampler` gives every sample to exactly one rank.
-* Posterize with 0 bits (timm's RandAugment / AutoAugment / AugMix) raises in recent Pillow: our training
-  transform's posterize ops get a function that gives a black image (:func:`with_safe_posterize`); timm's
-  ``NAME_TO_OP`` is left as it is.
+""" Training and evaluation loaders: timm's transforms, samplers, ``fast_collate`` and ``PrefetchLoader``, and what
+``timm.data.create_loader`` lacks: augmentation seeded per sample (timm's follows each worker's global RNGs, so
+``--resume`` could not reproduce a run), unusable images left out and counted (:class:`ReadableBatches`), exact
+distributed evaluation (timm's sampler pads ranks with repeated samples), a 0-bit posterize that does not raise in
+recent Pillow, and workers that leave SIGINT / SIGTERM to the main process.
 """
+import collections
 import contextlib
 import logging
 import random
+import signal
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
+import torch.distributed as dist
 import torch.utils.data
 from PIL import Image
 from timm.data import auto_augment, create_transform
 from timm.data.distributed_sampler import RepeatAugSampler
-from timm.data.loader import PrefetchLoader, _worker_init, fast_collate
+from timm.data.loader import PrefetchLoader, _worker_init as timm_worker_init, fast_collate
 
-from mlp_vision.errors import UsageError
-from mlp_vision.training.data.decode import SkippedImage
+from mlp_vision.errors import RunError, UsageError
+from mlp_vision.threads import usable_cpus
+from mlp_vision.training.image_data import SkippedImage, dataset_class_names, sample_targets
 
 __all__ = [
-    'seeded_rng', 'SeededSampler', 'SeededDataset', 'StridedSampler', 'collate_readable', 'ReadableBatches',
-    'ImageLoader', 'create_train_loader', 'create_eval_loader', 'train_samples_per_rank',
-    'create_train_sampler', 'fit_batch_to_data', 'unused_images_message', 'with_safe_posterize',
+    'default_workers', 'seeded_rng', 'SeededSampler', 'SeededDataset', 'StridedSampler', 'ReadableBatches',
+    'ImageLoader', 'create_train_sampler', 'train_samples_per_rank', 'fit_batch_to_data', 'unused_images_message',
+    'create_train_loader', 'create_eval_loader',
 ]
 
 _logger = logging.getLogger(__name__)
 
 
-_POSTERIZE_OPS = ('Posterize', 'PosterizeIncreasing', 'PosterizeOriginal')
+def default_workers(most: int = 4) -> int:
+    """Loader processes by default: ``most``, at most the CPUs this process may use (more compete with the model)."""
+    return max(1, min(most, usable_cpus()))
 
 
 def _posterize(img: Image.Image, bits_to_keep: int, **kwargs) -> Image.Image:
-    """timm's posterize, except that 0 bits (``rand-m9-mstd0.5-inc1`` at magnitude 10) give a black image, as in
-    TF and older Pillow: recent Pillow raises ``ValueError``, which would kill a training run at a random step."""
+    """timm's posterize; 0 bits give a black image, as in TF and older Pillow (recent Pillow raises mid-run)."""
     if bits_to_keep <= 0:
         return Image.new(img.mode, img.size)
     return auto_augment.posterize(img, bits_to_keep, **kwargs)
 
 
-def with_safe_posterize(transform):
-    """``transform`` (timm's, from ``create_transform``) with the posterize ops of its AutoAugment / RandAugment /
-    AugMix stage running :func:`_posterize`: each ``AugmentOp`` of ours gets the function, timm's table of ops
-    is not touched."""
+def _with_safe_posterize(transform):
+    """``transform`` with its AugmentOps' posterize running :func:`_posterize`; timm's ``NAME_TO_OP`` is untouched."""
     stages = list(getattr(transform, 'transforms', [transform]))
     for stage in stages:
         if hasattr(stage, 'transforms'):  # a nested Compose
             stages.extend(stage.transforms)
         ops = list(getattr(stage, 'ops', [])) + [op for sub in getattr(stage, 'policy', []) for op in sub]
         for op in ops:
-            if isinstance(op, auto_augment.AugmentOp) and op.name in _POSTERIZE_OPS:
+            if isinstance(op, auto_augment.AugmentOp) and op.name.startswith('Posterize'):
                 op.aug_fn = _posterize
     return transform
 
 
+def _worker_init(worker_id: int) -> None:
+    """timm's worker init, SIGINT / SIGTERM ignored: Ctrl-C and ``timeout`` signal the whole process group, and a
+    worker killed first would end the run in a DataLoader traceback; the main process stops at a step boundary and
+    ends its workers itself."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    timm_worker_init(worker_id)
+
+
 @contextlib.contextmanager
 def seeded_rng(seed: int):
-    """Seed python / numpy / torch (CPU) RNGs with ``seed`` inside the block; restore their states after it.
-    Never touches CUDA's generator, so on a GPU this cannot disturb the model's RNG."""
+    """Python / numpy / torch CPU RNGs seeded inside the block, restored after it (CUDA's is never touched)."""
     py_state, np_state, torch_state = random.getstate(), np.random.get_state(), torch.get_rng_state()
     random.seed(seed)
     np.random.seed(seed % (2 ** 32))
@@ -81,9 +83,7 @@ def seeded_rng(seed: int):
 
 
 class SeededSampler(torch.utils.data.Sampler):
-    """Yield ``(sample_seed, index)``: the wrapped sampler's indices, each with its own augmentation seed
-    ``base(seed, epoch, rank) + position in the epoch``, so repeated samples and ranks get different augmentations
-    and everything is reproducible."""
+    """``(base(seed, epoch, rank) + position in the epoch, index)`` for each index of ``sampler``."""
 
     def __init__(self, sampler: torch.utils.data.Sampler, seed: int, rank: int = 0):
         self.sampler, self.seed, self.rank, self.epoch = sampler, seed, rank, 0
@@ -103,7 +103,7 @@ class SeededSampler(torch.utils.data.Sampler):
 
 
 class SeededDataset(torch.utils.data.Dataset):
-    """Run the wrapped dataset's ``__getitem__`` (image decode + transforms) under :func:`seeded_rng`."""
+    """The wrapped dataset's ``__getitem__`` (decode + transforms) under :func:`seeded_rng` of the sample's seed."""
 
     def __init__(self, dataset: torch.utils.data.Dataset):
         self.dataset = dataset
@@ -118,8 +118,7 @@ class SeededDataset(torch.utils.data.Dataset):
 
 
 class StridedSampler(torch.utils.data.Sampler):
-    """Indices ``rank, rank + world_size, ...`` of a dataset of ``size`` samples: every sample on exactly one
-    rank, no padding (unlike timm's ``OrderedDistributedSampler``), so no sample is evaluated twice."""
+    """Indices ``rank, rank + world_size, ...`` of ``size`` samples: each on exactly one rank, no padding."""
 
     def __init__(self, size: int, rank: int, world_size: int):
         self.indices = range(rank, size, world_size)
@@ -131,9 +130,8 @@ class StridedSampler(torch.utils.data.Sampler):
         return len(self.indices)
 
 
-def collate_readable(batch: List[Any]) -> Tuple[torch.Tensor, torch.Tensor, List[SkippedImage]]:
-    """timm's ``fast_collate`` of the samples that decoded, and the :class:`.decode.SkippedImage` of those that did not
-    (left out: the batch is that much smaller, possibly empty)."""
+def _collate_readable(batch: List[Any]) -> Tuple[torch.Tensor, torch.Tensor, List[SkippedImage]]:
+    """timm's ``fast_collate`` of the samples that decoded (possibly none), and the skipped ones."""
     skipped = [s for s in batch if isinstance(s, SkippedImage)]
     kept = [s for s in batch if not isinstance(s, SkippedImage)]
     if not kept:
@@ -142,31 +140,37 @@ def collate_readable(batch: List[Any]) -> Tuple[torch.Tensor, torch.Tensor, List
 
 
 class ReadableBatches:
-    """Iterate a ``DataLoader`` that collates with :func:`collate_readable`: yield ``(input, target)`` of the
-    readable images, warn once per skipped file, count the skipped images of each pass (:attr:`skipped`) and
-    leave out batches with no image left; with ``empty_batch_error``, raise instead (DDP training: every rank must
-    run the same number of steps, or the others wait for it forever)."""
+    """``(input, target)`` of a ``DataLoader``'s readable images: each skipped file warned once, the skipped images
+    of a pass counted (:attr:`skipped`), empty batches left out (``empty_batch_error``: raised, as DDP ranks must run
+    the same steps). ``train_set``: a class none of whose images could be read stops the run after the pass."""
 
-    def __init__(self, loader: torch.utils.data.DataLoader, empty_batch_error: Optional[str] = None):
-        self.loader, self.empty_batch_error = loader, empty_batch_error
+    def __init__(self, loader: torch.utils.data.DataLoader, empty_batch_error: Optional[str] = None,
+                 train_set: Optional[torch.utils.data.Dataset] = None, device: Optional[torch.device] = None):
+        self.loader, self.empty_batch_error, self.train_set, self.device = loader, empty_batch_error, train_set, device
         self.skipped = 0
         self.skipped_files: Dict[str, str] = {}
 
     def __iter__(self):
         self.skipped = 0
+        read, unusable = collections.Counter(), collections.Counter()  # images of each class, this pass
         for batch_idx, (input, target, skipped) in enumerate(self.loader):
             for s in skipped:
                 if s.name not in self.skipped_files:
                     _logger.warning(f'skipped unreadable image {s.name} ({s.reason}); it is left out, '
                                     f'not replaced by another image')
                     self.skipped_files[s.name] = s.reason
+                unusable[s.target] += 1
             self.skipped += len(skipped)
+            if self.train_set is not None:
+                read.update(target.tolist())
             if len(target) == 0:
                 if self.empty_batch_error:
                     raise UsageError(f'every image of batch {batch_idx} was unreadable (see the warnings above): '
                                      f'{self.empty_batch_error}')
                 continue
             yield input, target
+        if self.train_set is not None:
+            self._stop_if_a_class_has_no_image(read, unusable)
 
     def __len__(self) -> int:
         return len(self.loader)
@@ -176,11 +180,34 @@ class ReadableBatches:
             raise AttributeError(name)
         return getattr(self.loader, name)
 
+    def _stop_if_a_class_has_no_image(self, read: collections.Counter, unusable: collections.Counter) -> None:
+        names = dataset_class_names(self.train_set)
+        if names is None:
+            return
+        counts = torch.tensor([[read[t] for t in range(len(names))], [unusable[t] for t in range(len(names))]],
+                              device=self.device)
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            dist.all_reduce(counts)  # each rank read a part of every class
+        read_n, unusable_n = counts.tolist()
+        suspects = [t for t in range(len(names)) if read_n[t] == 0 and unusable_n[t] > 0]
+        targets = sample_targets(self.train_set) if suspects else None  # known: only our datasets skip images
+        if not targets:
+            return
+        with seeded_rng(0):  # a suspect class's images this pass did not draw (full batches only), read to tell
+            readable = {t for t in suspects for i, target in enumerate(targets)
+                        if target == t and self.train_set.filename(i) not in self.skipped_files
+                        and not isinstance(self.train_set[i], SkippedImage)}
+        empty = [t for t in suspects if t not in readable]
+        if empty:
+            listed = ', '.join(f'{names[t]} (all {targets.count(t)} images unusable)' for t in empty)
+            raise RunError(f'no training image of class(es) {listed} could be read (see the warnings above): the '
+                           f'model would learn nothing for them; stopped at the end of this epoch\'s reading, before '
+                           f'its checkpoint was written: fix or remove those files (or the class folder) and start '
+                           f'again')
+
 
 class ImageLoader(PrefetchLoader):
-    """timm's ``PrefetchLoader`` over :class:`ReadableBatches`: batches of the images that could be read.
-    :attr:`skipped`: the images this rank left out in the current / last pass; :attr:`skipped_files`: every file
-    skipped so far, with the reason."""
+    """timm's ``PrefetchLoader`` over :class:`ReadableBatches`, with its :attr:`skipped` and :attr:`skipped_files`."""
 
     @property
     def skipped(self) -> int:
@@ -192,40 +219,34 @@ class ImageLoader(PrefetchLoader):
 
 
 def _image_loader(dataset, sampler, data_config, batch_size, device, num_workers, pin_memory, drop_last,
-                  generator, img_dtype, re_prob=0., re_mode='const', re_count=1,
-                  empty_batch_error: Optional[str] = None) -> ImageLoader:
-    # timm's worker init: augmentation randomness comes from SeededDataset, numpy is kept distinct per worker
+                  generator, re_prob=0., re_mode='const', re_count=1, empty_batch_error: Optional[str] = None,
+                  train_set=None) -> ImageLoader:
     loader = torch.utils.data.DataLoader(
-        dataset, batch_size=batch_size, sampler=sampler, num_workers=num_workers, collate_fn=collate_readable,
+        dataset, batch_size=batch_size, sampler=sampler, num_workers=num_workers, collate_fn=_collate_readable,
         pin_memory=pin_memory, drop_last=drop_last, generator=generator, worker_init_fn=_worker_init,
         persistent_workers=num_workers > 0)
     return ImageLoader(
-        ReadableBatches(loader, empty_batch_error), mean=data_config['mean'], std=data_config['std'],
-        channels=data_config['input_size'][0], device=device, img_dtype=img_dtype, re_prob=re_prob, re_mode=re_mode,
-        re_count=re_count)
+        ReadableBatches(loader, empty_batch_error, train_set, device), mean=data_config['mean'],
+        std=data_config['std'], channels=data_config['input_size'][0], device=device, re_prob=re_prob,
+        re_mode=re_mode, re_count=re_count)
 
 
 def create_train_sampler(dataset, world_size: int, rank: int, seed: int,
                          aug_repeats: float = 0) -> torch.utils.data.Sampler:
-    """The training sampler of one rank: timm's ``RepeatAugSampler`` with ``aug_repeats`` (num_replicas / rank
-    given, so it runs outside distributed mode too), else a shuffling ``DistributedSampler`` (one process: one
-    replica)."""
+    """timm's ``RepeatAugSampler`` with ``aug_repeats`` (one process too), else a shuffling ``DistributedSampler``."""
     if aug_repeats:
         return RepeatAugSampler(dataset, num_replicas=world_size, rank=rank, num_repeats=aug_repeats)
     return torch.utils.data.DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=seed)
 
 
 def train_samples_per_rank(dataset, world_size: int = 1, aug_repeats: float = 0) -> int:
-    """How many samples one rank's training sampler draws per epoch (the sampler :func:`create_train_loader`
-    builds): ``ceil(len / world_size)``, or with ``aug_repeats`` what timm's ``RepeatAugSampler`` selects
-    (whole multiples of 256 images over the ranks once there are 256 or more)."""
+    """How many samples one rank's training sampler draws per epoch."""
     return len(create_train_sampler(dataset, world_size, 0, 0, aug_repeats))
 
 
 def fit_batch_to_data(batch_size: int, samples_per_rank: int, even: bool = False) -> int:
-    """The training batch per process for a rank that draws ``samples_per_rank`` samples an epoch: ``batch_size``,
-    or, when that is more (full batches only: no update would run), all of them, with a warning (``even``: rounded
-    down to an even size, for mixup / cutmix). A rank with no sample at all is a :class:`UsageError`."""
+    """``batch_size``, or all ``samples_per_rank`` when fewer (full batches only: no update would run) with a warning
+    (``even``: rounded down to even, for mixup); a rank with no sample is one line."""
     if samples_per_rank < (2 if even else 1):
         raise UsageError(f'the training sampler draws {samples_per_rank} image(s) per process and epoch: too few to '
                          f'train on (with --aug-repeats, timm\'s RepeatAugSampler draws whole multiples of 256 '
@@ -239,22 +260,12 @@ def fit_batch_to_data(batch_size: int, samples_per_rank: int, even: bool = False
     return fitted
 
 
-def _batch_size_without_remainder(samples: int, batch_size: int) -> int:
-    """The batch size from ``batch_size / 2`` to ``2 x batch_size`` (at most ``samples``) that leaves the fewest of
-    ``samples`` out of full batches; of those, the closest to ``batch_size`` (the larger of two as close)."""
-    candidates = range(max(1, batch_size // 2), min(2 * batch_size, samples) + 1)
-    return min(candidates, key=lambda b: (samples % b, abs(b - batch_size), -b), default=batch_size)
-
-
 def unused_images_message(num_images: int, samples_per_rank: int, batch_size: int, world_size: int = 1,
                           aug_repeats: float = 0) -> Optional[str]:
-    """The warning when an epoch of the training loader leaves part of the ``num_images`` training images unused,
-    or None. Each of ``world_size`` ranks draws ``samples_per_rank`` samples and keeps full batches only
-    (``drop_last``: a partial batch would give BatchNorm a batch of one and compiled models a new shape); with
-    ``aug_repeats`` each image is drawn that many times, so an epoch covers about ``1 / aug_repeats`` of them."""
+    """The warning when an epoch leaves training images unused (full batches only: a partial batch gives BatchNorm
+    a batch of one, compiled models a new shape), naming a batch size that leaves fewer out; or None."""
     kept_per_rank = samples_per_rank // batch_size * batch_size
-    repeats = max(aug_repeats, 1)
-    distinct = int(kept_per_rank * world_size / repeats)
+    distinct = int(kept_per_rank * world_size / max(aug_repeats, 1))
     unused = num_images - distinct
     if unused <= 0:
         return None
@@ -265,7 +276,8 @@ def unused_images_message(num_images: int, samples_per_rank: int, batch_size: in
                 f'{aug_repeats:g} times each; a different part each epoch')
     dropped = samples_per_rank - kept_per_rank
     processes = f' per process (x {world_size} processes)' if world_size > 1 else ''
-    better = _batch_size_without_remainder(samples_per_rank, batch_size)
+    candidates = range(max(1, batch_size // 2), min(2 * batch_size, samples_per_rank) + 1)
+    better = min(candidates, key=lambda b: (samples_per_rank % b, abs(b - batch_size), -b), default=batch_size)
     hint = (f'; --batch-size {better} leaves {samples_per_rank % better or "none"} out'
             if samples_per_rank % better < dropped else '')
     return (f'{share} are unused in every epoch: the training loader keeps full batches only ({samples_per_rank:,} '
@@ -274,39 +286,15 @@ def unused_images_message(num_images: int, samples_per_rank: int, batch_size: in
 
 
 def create_train_loader(
-        dataset: torch.utils.data.Dataset,
-        data_config: Dict[str, Any],
-        batch_size: int,
-        device: torch.device,
-        seed: int = 42,
-        rank: int = 0,
-        world_size: int = 1,
-        num_workers: int = 2,
-        pin_memory: bool = False,
-        aug_repeats: float = 0,
-        no_aug: bool = False,
-        scale: Optional[Sequence[float]] = None,
-        ratio: Optional[Sequence[float]] = None,
-        hflip: float = 0.5,
-        vflip: float = 0.,
-        color_jitter: float = 0.4,
-        auto_augment: Optional[str] = None,
-        train_interpolation: Optional[str] = None,
-        re_prob: float = 0.,
-        re_mode: str = 'pixel',
-        re_count: int = 1,
-        img_dtype: torch.dtype = torch.float32,
-) -> Tuple[ImageLoader, Optional[torch.utils.data.Sampler]]:
-    """(training loader, the sampler whose ``set_epoch`` must be called before each epoch): timm's train
-    transforms, a (distributed / repeated-augmentation) sampler, timm's fast collate and ``PrefetchLoader``
-    (normalisation and random erasing on the device). Full batches only, less the unreadable images
-    (:class:`ImageLoader`); a warning says how many training images an epoch leaves unused
-    (:func:`unused_images_message`).
-
-    ``timm.data.create_loader`` takes no sampler or generator, so it cannot seed every sample's augmentation
-    (:class:`SeededSampler`) nor run repeated augmentation in one process (a one-replica ``RepeatAugSampler``).
-    """
-    dataset.transform = with_safe_posterize(create_transform(
+        dataset: torch.utils.data.Dataset, data_config: Dict[str, Any], batch_size: int, device: torch.device,
+        seed: int = 42, rank: int = 0, world_size: int = 1, num_workers: int = 2, pin_memory: bool = False,
+        aug_repeats: float = 0, no_aug: bool = False, scale: Optional[Sequence[float]] = None,
+        ratio: Optional[Sequence[float]] = None, hflip: float = 0.5, vflip: float = 0., color_jitter: float = 0.4,
+        auto_augment: Optional[str] = None, train_interpolation: Optional[str] = None, re_prob: float = 0.,
+        re_mode: str = 'pixel', re_count: int = 1) -> Tuple[ImageLoader, Optional[torch.utils.data.Sampler]]:
+    """(training loader, the sampler to ``set_epoch``): timm's train transforms, sampler, fast collate and
+    ``PrefetchLoader`` (``create_loader`` takes no sampler or generator: it could not seed each sample)."""
+    dataset.transform = _with_safe_posterize(create_transform(
         data_config['input_size'], is_training=True, no_aug=no_aug, scale=tuple(scale) if scale else None,
         ratio=tuple(ratio) if ratio else None, hflip=hflip, vflip=vflip, color_jitter=color_jitter,
         auto_augment=auto_augment, interpolation=train_interpolation or data_config['interpolation'],
@@ -323,10 +311,9 @@ def create_train_loader(
         unused = unused_images_message(len(dataset), len(base_sampler), batch_size, world_size, aug_repeats)
     loader = _image_loader(
         samples, sampler, data_config, batch_size, device, num_workers, pin_memory, drop_last=True,
-        generator=generator, img_dtype=img_dtype, re_prob=0. if no_aug else re_prob, re_mode=re_mode,
-        re_count=re_count,
+        generator=generator, re_prob=0. if no_aug else re_prob, re_mode=re_mode, re_count=re_count,
         empty_batch_error='with several processes a batch cannot be left out; fix or remove those files'
-        if world_size > 1 else None)
+        if world_size > 1 else None, train_set=dataset)
     if len(loader) == 0:
         raise UsageError(
             f'the training set ({len(dataset)} images over {world_size} process(es)) does not fill one batch of '
@@ -336,19 +323,10 @@ def create_train_loader(
     return loader, sampler
 
 
-def create_eval_loader(
-        dataset: torch.utils.data.Dataset,
-        data_config: Dict[str, Any],
-        batch_size: int,
-        device: torch.device,
-        num_workers: int = 2,
-        distributed: bool = False,
-        pin_memory: bool = False,
-        img_dtype: torch.dtype = torch.float32,
-) -> ImageLoader:
-    """Evaluation loader: timm's eval transforms (resize / center crop per ``data_config``) and prefetcher. Every
-    readable image is yielded exactly once over all ranks (:class:`StridedSampler`) and unreadable ones are left
-    out and counted (:class:`ImageLoader`), so metrics summed over the batches and ranks are exact."""
+def create_eval_loader(dataset: torch.utils.data.Dataset, data_config: Dict[str, Any], batch_size: int,
+                       device: torch.device, num_workers: int = 2, distributed: bool = False,
+                       pin_memory: bool = False) -> ImageLoader:
+    """timm's eval transforms and prefetcher; every readable image once over all ranks, so summed metrics are exact."""
     dataset.transform = create_transform(
         data_config['input_size'], is_training=False, interpolation=data_config['interpolation'],
         mean=data_config['mean'], std=data_config['std'], crop_pct=data_config['crop_pct'],
@@ -357,4 +335,4 @@ def create_eval_loader(
     if distributed and not isinstance(dataset, torch.utils.data.IterableDataset):
         sampler = StridedSampler(len(dataset), torch.distributed.get_rank(), torch.distributed.get_world_size())
     return _image_loader(dataset, sampler, data_config, batch_size, device, num_workers, pin_memory,
-                         drop_last=False, generator=None, img_dtype=img_dtype)
+                         drop_last=False, generator=None)

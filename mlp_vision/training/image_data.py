@@ -1,0 +1,911 @@
+""" The image datasets of train.py and validate.py: timm's ``ImageDataset``, ``Reader`` and ``create_dataset``, and
+what they lack. timm validates on the training images when a split is missing, labels a validation folder by its
+own folder order, walks symlink loops forever, drops tar link members, stops quietly at a truncated tar, converts
+16-bit and premultiplied images wrongly, replaces an unreadable image by the next sample, unpickles ``.pkl`` class
+maps and has no hold-out split; here each is read right or stops with one line (``docs/what_happens_when.md``).
+"""
+import collections
+import contextlib
+import copy
+import dataclasses
+import functools
+import hashlib
+import io
+import logging
+import os
+import posixpath
+import shutil
+import tarfile
+import tempfile
+import warnings
+from pathlib import Path
+from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple, Union
+
+import numpy as np
+import torch.utils.data
+from PIL import Image
+from timm.data import ImageDataset, create_dataset
+from timm.data.readers.img_extensions import get_img_extensions
+from timm.data.readers.reader import Reader
+from timm.utils.misc import natural_key
+
+from mlp_vision.arguments import check_range
+from mlp_vision.errors import UsageError
+
+__all__ = [
+    'IMAGE_MODE_CHANNELS', 'INTERPOLATIONS', 'DATASET_KINDS', 'check_image_args', 'read_class_map', 'SkippedImage',
+    'UnusableImageError', 'convert_image_mode', 'load_image', 'find_split', 'ImageFileReader', 'ImageFileDataset',
+    'parse_val_split', 'stratified_holdout', 'DatasetSubset', 'dataset_class_names', 'sample_targets',
+    'check_num_classes', 'check_class_names', 'create_image_dataset', 'create_train_val_datasets', 'dataset_source',
+    'prepare_digits_folder',
+]
+
+_logger = logging.getLogger(__name__)
+
+# PIL modes whose 8-bit channels make an image tensor (convert_image_mode converts every decodable mode to them)
+IMAGE_MODE_CHANNELS = {'RGB': 3, 'L': 1, 'RGBA': 4, 'LA': 2, 'CMYK': 4, 'YCbCr': 3, 'HSV': 3, 'LAB': 3}
+INTERPOLATIONS = ('', 'nearest', 'bilinear', 'bicubic', 'box', 'hamming', 'lanczos')  # timm's names ('': model's)
+DATASET_KINDS = ('torch', 'hfds', 'hfids', 'tfds', 'wds')  # --dataset KIND/NAME prefixes timm.data reads
+# timm's split synonyms (timm.data.dataset_factory): a split asked for by one name is found under any of them
+SPLIT_SYNONYMS = (('train', 'training'), ('validation', 'val', 'valid', 'eval', 'evaluation'))
+
+
+# ------------------------------------------------------------------------------------------------ flags
+def check_image_args(args, model_in_chans: Optional[int] = 3) -> None:
+    """The data flags, before any file is read: the image mode's channels are the model's, ``--mean`` / ``--std``
+    have 1 value or 1 per channel, std and ``--crop-pct`` > 0, ``--class-map`` reads, ``--dataset`` is a kind timm
+    reads. ``model_in_chans`` None: not known yet (validate.py checks again with the model's)."""
+    channels = IMAGE_MODE_CHANNELS.get(args.input_img_mode)
+    if args.input_img_mode and channels is None:
+        raise UsageError(f'--input-img-mode must be one of {", ".join(IMAGE_MODE_CHANNELS)}, got '
+                         f'{args.input_img_mode!r}')
+    in_chans = (args.in_chans if args.in_chans is not None else
+                args.input_size[0] if getattr(args, 'input_size', None) else model_in_chans)
+    if in_chans is not None and in_chans < 1:
+        raise UsageError(f'--in-chans must be >= 1, got {in_chans}')
+    if channels is not None and in_chans is not None and channels != in_chans:
+        raise UsageError(f'--input-img-mode {args.input_img_mode} gives {channels}-channel images, the model takes '
+                         f'{in_chans} (--in-chans); pass --in-chans {channels} or a {in_chans}-channel mode')
+    for flag, values, bounds in (('--mean', args.mean, {}), ('--std', args.std, dict(low=0, low_open=True))):
+        if values is None:
+            continue
+        if in_chans is not None and len(values) not in (1, in_chans):
+            raise UsageError(f'{flag} needs 1 or {in_chans} values (one per channel), got {len(values)}')
+        for v in values:
+            check_range(flag, v, **bounds)
+    if args.crop_pct is not None:
+        check_range('--crop-pct', args.crop_pct, low=0, low_open=True, why="the crop's fraction of the resized image")
+    if args.class_map:
+        read_class_map(args.class_map, args.data_dir or getattr(args, 'data', None) or '')
+    kind = args.dataset.split('/', 1)[0] if args.dataset else ''
+    if kind and (kind not in DATASET_KINDS or '/' not in args.dataset):
+        raise UsageError(f'--dataset {args.dataset!r} is not a dataset timm reads: give KIND/NAME with KIND one of '
+                         f'{", ".join(DATASET_KINDS)}, or leave it out for an image folder / tar at --data-dir')
+
+
+def read_class_map(class_map: Union[str, Dict[str, int]], root: str = '') -> Dict[str, int]:
+    """``{class folder name: label}`` from a dict, or timm's ``.txt`` format (a class name a line, in label order)
+    found as given or under ``root``; a pickle is refused unopened, a blank line or a name twice is one line."""
+    if isinstance(class_map, dict):
+        return dict(class_map)
+    path = class_map if os.path.isfile(class_map) or not root else os.path.join(root, class_map)
+    if not os.path.isfile(path):
+        raise UsageError(f'--class-map {class_map!r} is not a file; expected a text file with one class folder name '
+                         f'per line')
+    if os.path.splitext(path)[1].lower() in ('.pkl', '.pickle'):
+        raise UsageError(f'--class-map {class_map!r} is a pickle: loading one can run code from the file, so it is '
+                         f'never loaded here; write one class folder name per line in a .txt file')
+    try:
+        with open(path, encoding='utf-8') as f:
+            names = [line.strip() for line in f]
+    except (OSError, UnicodeDecodeError) as e:
+        raise UsageError(f'cannot read the class map {path}: {e} (expected a UTF-8 text file, one class name a '
+                         f'line, in label order)') from e
+    while names and not names[-1]:  # a final newline or blank lines at the end name no class
+        names.pop()
+    if not names or '' in names or len(set(names)) != len(names):
+        problem = 'names no class' if not names else 'has a blank line' if '' in names else 'names a class twice'
+        raise UsageError(f'the class map {path} {problem}; expected one distinct class folder name per line')
+    return {name: i for i, name in enumerate(names)}
+
+
+# ------------------------------------------------------------------------------------------------ decoding
+@dataclasses.dataclass(frozen=True)
+class SkippedImage:
+    """A sample whose image cannot be used (the loaders leave it out, warn once and count it): file, why, label."""
+    name: str
+    reason: str
+    target: int = -1
+
+
+class UnusableImageError(ValueError):
+    """An image in a pixel format with no defined 8-bit scale (e.g. signed 32-bit values)."""
+
+
+def _to_8bit_grayscale(img: Image.Image) -> Image.Image:
+    """'L' from 16-bit / 32-bit integer / float grayscale, where PIL's ``convert`` clips at 255: 16-bit values v
+    (and 'I' images within 0..65535) map to round(v / 257), floats in [0, 1] to round(255 v); other ranges raise."""
+    values = np.asarray(img)
+    if img.mode == 'F':
+        if not np.isfinite(values).all() or values.min() < 0 or values.max() > 1:
+            raise UnusableImageError(
+                f'float (mode F) image with values {values.min():g}..{values.max():g}; only 0..1 has a defined '
+                f'8-bit scale')
+        return Image.fromarray(np.round(values * 255.).astype(np.uint8))
+    values = values.astype(np.int64)
+    if values.size and (values.min() < 0 or values.max() > 65535):
+        raise UnusableImageError(
+            f'32-bit integer (mode {img.mode}) image with values {values.min()}..{values.max()}; only 0..65535 '
+            f'(16-bit) has a defined 8-bit scale')
+    return Image.fromarray(((values + 128) // 257).astype(np.uint8))
+
+
+def convert_image_mode(img: Image.Image, mode: Optional[str] = 'RGB') -> Image.Image:
+    """``img`` in PIL ``mode`` (none: unchanged), right for high bit depths and premultiplied / palette alpha."""
+    if not mode or img.mode == mode:
+        return img
+    if img.mode in ('I;16', 'I;16L', 'I;16B', 'I;16N', 'I', 'F'):
+        img = _to_8bit_grayscale(img)
+    elif img.mode == 'La':  # PIL converts La only to LA
+        img = img.convert('LA')
+    elif img.mode == 'P' and 'transparency' in img.info:  # PIL asks for this step (and warns without it)
+        img = img.convert('RGBA')
+    return img if img.mode == mode else img.convert(mode)
+
+
+_said_first_frame = False  # said once per process: a folder of scanned documents would warn per file and epoch
+
+
+def load_image(fp: Union[str, os.PathLike, io.IOBase], mode: Optional[str] = 'RGB',
+               name: Optional[str] = None) -> Image.Image:
+    """One image decoded (its first frame) and converted; raises for anything unusable, also between 1x and 2x PIL's
+    ``MAX_IMAGE_PIXELS``, where PIL only warns (one huge image could exhaust a worker's memory)."""
+    global _said_first_frame
+    name = name or str(getattr(fp, 'name', fp))
+    with warnings.catch_warnings(), contextlib.ExitStack() as stack:
+        warnings.simplefilter('error', Image.DecompressionBombWarning)
+        if isinstance(fp, (str, os.PathLike)):
+            fp = stack.enter_context(open(fp, 'rb'))
+        img = Image.open(fp)
+        frames = getattr(img, 'n_frames', 1)  # before load: counting a TIFF's pages seeks, dropping decoded data
+        if frames > 1 and not _said_first_frame:
+            _said_first_frame = True
+            _logger.warning(f'{name} holds {frames} frames (pages); only the first is read, as for every multi-frame '
+                            f'image of this dataset (said once): save the pages as separate files to use them all')
+        img.load()  # decode now, while the file is open: truncated data fails here
+    return convert_image_mode(img, mode)
+
+
+# ------------------------------------------------------------------------------------------------ finding images
+def _is_hidden(name: str) -> bool:
+    return name.startswith('.')
+
+
+def _is_image_name(name: str, extensions: Set[str]) -> bool:
+    return not _is_hidden(name) and os.path.splitext(name)[1].lower() in extensions
+
+
+class _LeftOut:
+    """What a scan did not read, for a warning each: entries named like images that are no regular file (a FIFO
+    blocks ``open()`` forever), and image files of other formats than those read (timm drops them silently)."""
+
+    def __init__(self, extensions: Set[str]):
+        self.extensions = extensions
+        self.not_regular: List[str] = []
+        self.other_formats: collections.Counter = collections.Counter()
+
+    def note_other_file(self, name: str) -> None:
+        ext = os.path.splitext(name)[1].lower()
+        if not _is_hidden(name) and ext in _image_format_extensions() and ext not in self.extensions:
+            self.other_formats[ext] += 1
+
+    def warn(self, where: str) -> None:
+        if self.not_regular:
+            _logger.warning(f'{where}: skipped {len(self.not_regular)} entries named like images that are not regular '
+                            f'files (FIFOs, devices, sockets or broken links; e.g. {self.not_regular[0]}): only '
+                            f'regular files are read as images')
+        if self.other_formats:
+            counts = ', '.join(f'{n} {ext}' for ext, n in sorted(self.other_formats.items()))
+            frames = [e for e in self.other_formats if e in ('.gif', '.tif', '.tiff', '.webp', '.apng', '.mpo', '.ico')]
+            _logger.warning(
+                f'{where}: left out {sum(self.other_formats.values())} image files of other formats ({counts}): only '
+                f'{" ".join(sorted(self.extensions))} files are read (timm\'s image extensions); convert them, or add '
+                f'their extensions in Python with timm.data.set_img_extensions' +
+                (f' ({"/".join(sorted(frames))} files with several frames are then read by their first frame only)'
+                 if frames else ''))
+
+
+@functools.lru_cache(maxsize=1)
+def _image_format_extensions() -> frozenset:
+    return frozenset(Image.registered_extensions()) | {'.heic', '.heif'}
+
+
+def _contains(folder: str, path: str) -> bool:
+    """Whether the real path ``path`` is ``folder`` or lies below it."""
+    return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
+
+
+class _FolderScan:
+    """An ImageFolder tree's images, each link followed once (timm's ``os.walk`` walks a link loop forever)."""
+
+    def __init__(self, root: str, extensions: Set[str]):
+        self.root, self.extensions = root, extensions
+        self.root_real = os.path.realpath(root)
+        self.class_real: Dict[str, str] = {}  # class folder name -> its real path
+        self.left_out = _LeftOut(extensions)
+
+    def _warn_skipped(self, rel: str, target: str, why: str) -> None:  # each link is met once: one warning
+        _logger.warning(f'{self.root}: skipped the symlink {rel} -> {target}: {why}')
+
+    def class_folders(self) -> List[str]:
+        """Loose images in the root; fills :attr:`class_real`. Class folders that are one folder, or nested, have
+        no single label: refused."""
+        loose = []
+        with os.scandir(self.root) as entries:
+            for entry in sorted(entries, key=lambda e: e.name):
+                if _is_hidden(entry.name):
+                    continue
+                if not entry.is_dir():
+                    if _is_image_name(entry.name, self.extensions):
+                        loose.append(entry.name)
+                    continue
+                real = os.path.realpath(entry.path)
+                if _contains(real, self.root_real):
+                    self._warn_skipped(entry.name, real, 'it points to the dataset root or a folder above it (a loop)')
+                    continue
+                self.class_real[entry.name] = real
+        owners: Dict[str, str] = {}
+        for name, real in self.class_real.items():
+            if real in owners:
+                raise UsageError(
+                    f'{self.root}: class folders {owners[real]} and {name} are the same folder {real}: its images '
+                    f'would have two labels; expected each class folder to hold only its own images')
+            owners[real] = name
+        for name, real in self.class_real.items():
+            outer = self._enclosing_class(real, owners)
+            if outer is not None:
+                raise UsageError(
+                    f'{self.root}: class folder {name} is the folder {outer} inside another class folder ({real}): '
+                    f'its images would have two labels; expected each class folder to hold only its own images')
+        return loose
+
+    @staticmethod
+    def _enclosing_class(real: str, owners: Dict[str, str]) -> Optional[str]:
+        """``<class>/<path>`` when the real path ``real`` lies, not hidden, below the real folder of a class."""
+        parent = os.path.dirname(real)
+        while parent != os.path.dirname(parent):
+            if parent in owners:
+                rel = os.path.relpath(real, parent).replace(os.sep, '/')
+                return None if any(_is_hidden(part) for part in rel.split('/')) else f'{owners[parent]}/{rel}'
+            parent = os.path.dirname(parent)
+        return None
+
+    def walk_class(self, name: str) -> Tuple[List[str], List[Tuple[str, str]]]:
+        """(the class's own images, ``(relative path, real path)`` of those reached through links): the own tree,
+        then each link's tree in turn, every real folder read once, so the walk ends."""
+        read = {self.class_real[name]: name}  # real folder -> the relative path it was read as
+        own, linked = [], []
+        trees = [(self.class_real[name], name, True)]
+        for base_real, base_rel, is_own in trees:  # a link's tree is appended to the list as it is found
+            links = []
+            stack = [(base_real, base_rel)]
+            while stack:
+                folder_real, folder_rel = stack.pop()
+                with os.scandir(folder_real) as entries:
+                    for entry in sorted(entries, key=lambda e: e.name):
+                        if _is_hidden(entry.name):
+                            continue
+                        rel = f'{folder_rel}/{entry.name}'
+                        if entry.is_dir():
+                            if entry.is_symlink():
+                                links.append((rel, entry.path, folder_real))
+                            elif entry.path in read:  # a tree read before, now inside a linked one
+                                _logger.warning(f'{self.root}: skipped {rel}: that folder is already read as '
+                                                f'{read[entry.path]}; its images count once')
+                            else:
+                                read[entry.path] = rel
+                                stack.append((entry.path, rel))
+                        elif not _is_image_name(entry.name, self.extensions):
+                            self.left_out.note_other_file(entry.name)
+                        elif not entry.is_file():  # follows links: a FIFO or device, or a link to one or nothing
+                            self.left_out.not_regular.append(rel)
+                        elif is_own and not entry.is_symlink():
+                            own.append(rel)
+                        else:
+                            linked.append((rel, os.path.realpath(entry.path)))
+            for rel, path, folder_real in links:
+                target = os.path.realpath(path)
+                if _contains(target, folder_real) or _contains(target, self.root_real):
+                    self._warn_skipped(rel, target, 'it points to a folder that contains it (a loop); '
+                                                    'that folder is read once')
+                elif target in read:
+                    self._warn_skipped(rel, target, f'that folder is already read as {read[target]}; '
+                                                    f'its images count once')
+                else:
+                    read[target] = rel
+                    trees.append((target, rel, False))
+        return own, linked
+
+
+def _count_linked_images_once(where: str, own: List[str],
+                              linked: Sequence[Tuple[str, str, Optional[str]]]) -> List[str]:
+    """``own`` plus the ``linked`` ``(path, file identity, its own path or None)`` that are no other image of the
+    class; one file in two classes is refused."""
+    first: Dict[str, str] = {}  # identity -> the relative path it was counted as
+    kept, duplicates = list(own), []
+    for rel, identity, own_rel in linked:
+        counted = own_rel or first.get(identity)
+        if counted is None:
+            first[identity] = rel
+            kept.append(rel)
+        elif counted.split('/', 1)[0] == rel.split('/', 1)[0]:
+            duplicates.append((rel, counted))
+        else:
+            raise UsageError(
+                f'{where}: the image {rel} is the same file as {counted} (a link): one image in two classes has no '
+                f'single label; expected each image in the folder of one class')
+    if duplicates:
+        rel, counted = duplicates[0]
+        _logger.warning(f'{where}: {len(duplicates)} image path(s) reach a file already counted in the same class '
+                        f'through a link (e.g. {rel} is {counted}); each file is counted once')
+    return kept
+
+
+def _scan_folder(root: str, extensions: Set[str]) -> List[str]:
+    """Image paths under ``root``, relative, hidden ones left out; a file reached by several paths of one class
+    counts once (hard links are files of their own, as copies)."""
+    scan = _FolderScan(root, extensions)
+    paths = scan.class_folders()
+    own_real, reached = {}, []  # {real path of an image of its own class folder: its relative path}, links
+    for name in sorted(scan.class_real, key=natural_key):
+        own, linked = scan.walk_class(name)
+        paths += own
+        own_real.update((os.path.join(scan.class_real[name], *rel.split('/')[1:]), rel) for rel in own)
+        reached += linked
+    scan.left_out.warn(root)
+    return _count_linked_images_once(root, paths, [(rel, real, own_real.get(real)) for rel, real in reached])
+
+
+def _tar_member_name(name: str) -> str:
+    return '/'.join(part for part in name.split('/') if part not in ('', '.'))
+
+
+def _resolve_tar_links(path: str, where: str, regular: Dict[str, Tuple[int, int]], symlinks: Dict[str, str],
+                       hardlinks: Dict[str, str]) -> Tuple[Dict[str, Tuple[int, int]], Dict[str, str]]:
+    """(``{hard link: its file's data}``, ``{symlink: the member it reaches}``); a symlink to no file is one line."""
+    hard = {}
+    for name, target in hardlinks.items():
+        if _tar_member_name(target) not in regular:
+            raise UsageError(f'image tar {path}: member {where}{name} is a hard link to {target}, which is not a file '
+                             f'stored before it in the tar; expected a complete tar (or one made with tar -h)')
+        hard[name] = regular[_tar_member_name(target)]
+    folders = {'/'.join(name.split('/')[:i]) for name in regular for i in range(1, name.count('/') + 1)}
+    reached = {}
+    for name, target in symlinks.items():
+        current = name
+        for _ in range(40):  # a chain of links inside the tar, as the OS would follow them (ELOOP after 40)
+            link = symlinks[current]
+            current = posixpath.normpath(posixpath.join(posixpath.dirname(current), link))
+            if link.startswith('/') or current.startswith('..') or current not in symlinks:
+                break
+        if current in regular or current in hard:
+            reached[name] = current
+            continue
+        what = 'a folder in the tar' if current in folders else 'nothing inside the tar'
+        raise UsageError(
+            f'image tar {path}: member {where}{name} is a symlink to {symlinks[name]} ({what}); a tar holds the link, '
+            f'not what it points to: make the tar with tar --dereference (-h), so that it holds the images')
+    return hard, reached
+
+
+def _scan_tar(path: str, extensions: Set[str]) -> Tuple[Dict[str, Tuple[int, int]], Dict[str, str]]:
+    """(``{member: (offset of its data in the file, size)}`` of an uncompressed tar's images, ``{symlink member: the
+    member it reaches}``): one seek reads an image in any process. Inner tars (ImageNet's train tar) give
+    ``<inner tar stem>/<member>``; a truncated or corrupt tar (``tarfile`` stops quietly) is one line."""
+    images: Dict[str, Tuple[int, int]] = {}
+    links: Dict[str, str] = {}
+    file_size = os.path.getsize(path)
+    left_out = _LeftOut(extensions)
+
+    def scan(tf: tarfile.TarFile, base: int, prefix: str, where: str):
+        regular, symlinks, hardlinks = {}, {}, {}
+        for ti in tf:
+            name = _tar_member_name(ti.name)
+            if ti.issym() and not any(_is_hidden(part) for part in name.split('/')):
+                symlinks[name] = ti.linkname
+            elif ti.islnk():
+                hardlinks[name] = ti.linkname
+            elif (ti.isfifo() or ti.ischr() or ti.isblk()) and _is_image_name(name.rsplit('/', 1)[-1], extensions):
+                left_out.not_regular.append(where + name)
+            if not ti.isreg() or ti.sparse is not None:
+                continue
+            stem, ext = os.path.splitext(ti.name)
+            if base + ti.offset_data + ti.size > file_size:
+                raise UsageError(f'image tar {path} is truncated: member {where}{ti.name} ends past the end of '
+                                 f'the file ({file_size} bytes); copy the complete file again')
+            if ext.lower() == '.tar' and not prefix:
+                with tarfile.open(fileobj=tf.extractfile(ti), mode='r:') as inner:
+                    scan(inner, base + ti.offset_data, stem.strip('/') + '/', f'{ti.name}:')
+            regular[name] = (base + ti.offset_data, ti.size)
+        hard, reached = _resolve_tar_links(path, where, regular, symlinks, hardlinks)
+        data = {**regular, **hard}
+        for name in [*regular, *hard, *reached]:
+            parts = (prefix + name).split('/')  # hidden members (macOS' ._<image>) and non-images left out
+            if not _is_image_name(parts[-1], extensions) or any(_is_hidden(part) for part in parts):
+                if not any(_is_hidden(part) for part in parts[:-1]):
+                    left_out.note_other_file(parts[-1])
+                continue
+            images[prefix + name] = data[reached.get(name, name)]
+            if name in reached:
+                links[prefix + name] = prefix + reached[name]
+        # tarfile stops quietly at a missing or partial header; a complete tar ends with a zero block there
+        with open(path, 'rb') as f:
+            f.seek(base + tf.offset)
+            end = f.read(tarfile.BLOCKSIZE)
+        if end != bytes(tarfile.BLOCKSIZE):
+            raise UsageError(f'image tar {path} is truncated: {where or "the file"} ends without the end-of-archive '
+                             f'block after {len(images)} images; copy the complete file again')
+
+    try:
+        with tarfile.open(path, mode='r:') as tf:
+            scan(tf, 0, '', '')
+    except tarfile.TarError as e:
+        raise UsageError(f'cannot read image tar {path}: {e} (expected an uncompressed .tar, complete; '
+                         f'compressed tars are not supported)') from e
+    left_out.warn(f'image tar {path}')
+    return images, links
+
+
+def _split_names(split: str) -> List[str]:
+    base = split[:-len('.tar')] if split.lower().endswith('.tar') else split
+    names = [split]
+    for group in SPLIT_SYNONYMS:
+        if base in group:
+            names += [s for s in group if s not in names]
+    return names
+
+
+def find_split(root: str, split: str) -> Optional[str]:
+    """``root/<split>`` (folder, or tar for ``*.tar``) else ``root/<split>.tar``, for ``split`` then timm's synonyms,
+    or None (timm's ``_search_split`` finds folders only)."""
+    for name in _split_names(split):
+        path = os.path.join(root, name)
+        if os.path.isdir(path) or (os.path.isfile(path) and path.lower().endswith('.tar')):
+            return path
+        if os.path.isfile(path + '.tar'):
+            return path + '.tar'
+    return None
+
+
+# ------------------------------------------------------------------------------------------------ the dataset
+def _samples_by_class(paths: Sequence[str], class_to_idx: Optional[Dict[str, int]],
+                      where: str) -> Tuple[List[Tuple[str, int]], Dict[str, int], List[str]]:
+    """(``(path, target)`` in natural order, class_to_idx, classes left out): an image is of the first folder it lies
+    in, at any depth (timm: its leaf folder); with ``class_to_idx``, other classes are left out, as in timm."""
+    loose = [p for p in paths if '/' not in p]
+    if loose:  # timm labels them class ''
+        raise UsageError(
+            f'{where} holds images outside class folders ({loose[0]}{" and more" if len(loose) > 1 else ""}): '
+            f'expected {where}/<class>/<image>, every image inside the folder of its class')
+    labelled = [(p, p.split('/', 1)[0]) for p in paths]
+    if class_to_idx is None:
+        class_to_idx = {c: i for i, c in enumerate(sorted({c for _, c in labelled}, key=natural_key))}
+    samples = sorted(((p, class_to_idx[c]) for p, c in labelled if c in class_to_idx),
+                     key=lambda s: natural_key(s[0]))
+    other_classes = sorted({c for _, c in labelled if c not in class_to_idx}, key=natural_key)
+    return samples, class_to_idx, other_classes
+
+
+class ImageFileReader(Reader):
+    """A timm reader (``reader[index]``: ``(open binary file, target)``) of ``root/<class>/<image>``, a folder or an
+    uncompressed tar (whose paths may lie below one folder named like the split, imagenette's ``val.tar``).
+    ``class_to_idx`` (a ``class_map`` wins) labels by name; folders of other classes go to :attr:`other_classes`."""
+
+    def __init__(self, root: str, class_map: Optional[Union[str, Dict[str, int]]] = None,
+                 class_to_idx: Optional[Dict[str, int]] = None):
+        super().__init__()
+        self.root = root
+        if class_map:
+            class_to_idx = read_class_map(class_map, os.path.dirname(root) if os.path.isfile(root) else root)
+        extensions = set(get_img_extensions(as_set=True))
+        self.is_tar = os.path.isfile(root)
+        self._prefix, self._offsets = '', None
+        if self.is_tar:
+            members, links = _scan_tar(root, extensions)
+            paths = list(members)
+            first = paths[0].split('/', 1)[0] if paths else ''
+            if first in {os.path.splitext(os.path.basename(root))[0]} | {s for g in SPLIT_SYNONYMS for s in g} and all(
+                    p.startswith(first + '/') and p.count('/') >= 2 for p in paths):  # class folders come first
+                self._prefix = first + '/'
+                paths = [p[len(self._prefix):] for p in paths]
+            self._offsets = {p: members[self._prefix + p] for p in paths}
+            own = [p for p in paths if self._prefix + p not in links]
+            linked = []
+            for p in paths:
+                target = links.get(self._prefix + p)
+                if target is not None:
+                    as_image = target[len(self._prefix):] if target.startswith(self._prefix) else None
+                    linked.append((p, target, as_image if as_image in self._offsets else None))
+            paths = _count_linked_images_once(root, own, linked)
+        else:
+            paths = _scan_folder(root, extensions)
+        self.samples, self.class_to_idx, self.other_classes = _samples_by_class(paths, class_to_idx, root)
+        self._file, self._file_pid = None, None  # the tar, opened once per process
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, index: int) -> Tuple[io.IOBase, int]:
+        path, target = self.samples[index]
+        if not self.is_tar:
+            return open(os.path.join(self.root, path), 'rb'), target
+        if self._file_pid != os.getpid():  # a forked / spawned worker opens its own handle
+            self._file, self._file_pid = open(self.root, 'rb'), os.getpid()
+        offset, size = self._offsets[path]
+        self._file.seek(offset)
+        data = self._file.read(size)
+        if len(data) != size:
+            raise EOFError(f'{size - len(data)} bytes missing at the end of the file')
+        return io.BytesIO(data), target
+
+    def _filename(self, index: int, basename: bool = False, absolute: bool = False) -> str:
+        path = self.samples[index][0]
+        if basename:
+            return path.rsplit('/', 1)[-1]
+        root = os.path.abspath(self.root) if absolute else self.root
+        return f'{root}:{self._prefix}{path}' if self.is_tar else os.path.join(root, path)
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        state['_file'] = state['_file_pid'] = None
+        return state
+
+
+class ImageFileDataset(ImageDataset):
+    """timm's ``ImageDataset`` over :class:`ImageFileReader`; an image that cannot be used is a :class:`SkippedImage`,
+    never replaced by the next sample (timm's)."""
+
+    def __init__(self, root: str, class_map: Optional[Union[str, Dict[str, int]]] = None,
+                 class_to_idx: Optional[Dict[str, int]] = None, input_img_mode: Optional[str] = 'RGB',
+                 transform: Optional[Callable] = None):
+        reader = ImageFileReader(root, class_map=class_map, class_to_idx=class_to_idx)
+        super().__init__(root, reader=reader, input_img_mode=input_img_mode, transform=transform)
+        self.root = root
+        self.samples, self.class_to_idx = reader.samples, reader.class_to_idx
+        self.other_classes, self.is_tar = reader.other_classes, reader.is_tar
+
+    def __getitem__(self, index: int):
+        try:
+            fp, target = self.reader[index]
+            with fp:
+                img = load_image(fp, self.input_img_mode, self.filename(index))
+        except Exception as e:  # any decode failure skips this image only (KeyboardInterrupt etc. pass)
+            return SkippedImage(self.filename(index), f'{type(e).__name__}: {e}', self.samples[index][1])
+        if self.transform is not None:
+            img = self.transform(img)
+        if self.target_transform is not None:
+            target = self.target_transform(target)
+        return img, target
+
+
+# ------------------------------------------------------------------------------------------------ hold-out
+def parse_val_split(value: Union[str, float, None]) -> Union[str, float]:
+    """``--val-split``: a split name, '' for none, or a fraction 0 < f < 1 of the training images to hold out."""
+    if value is None:
+        return ''
+    if isinstance(value, str):
+        try:
+            value = float(value)
+        except ValueError:
+            return value.strip()
+    if isinstance(value, bool) or not 0. < float(value) < 1.:
+        raise UsageError(f'--val-split {value}: a fraction of the training images to hold out must be between 0 and '
+                         f'1 (e.g. 0.1), or give a split name (e.g. val)')
+    return float(value)
+
+
+def stratified_holdout(names: Sequence[str], targets: Sequence[int], fraction: float,
+                       seed: int) -> Tuple[List[int], List[int]]:
+    """Sorted indices (train, held out): of each class the ``round(fraction * n)`` samples (at most n - 1: no class
+    leaves training) of smallest ``sha256(seed, name)``: the same on any machine and file order."""
+    by_class: Dict[int, List[int]] = {}
+    for i, t in enumerate(targets):
+        by_class.setdefault(int(t), []).append(i)
+    held = []
+    for t, indices in by_class.items():
+        k = min(int(round(fraction * len(indices))), len(indices) - 1)
+        held += sorted(indices, key=lambda i: hashlib.sha256(f'{seed}\0{names[i]}'.encode()).digest())[:k]
+    held_set = set(held)
+    return [i for i in range(len(targets)) if i not in held_set], sorted(held)
+
+
+class DatasetSubset(torch.utils.data.Subset):
+    """``Subset`` that passes ``transform`` through to its dataset (the loaders set it)."""
+
+    @property
+    def transform(self):
+        return self.dataset.transform
+
+    @transform.setter
+    def transform(self, value):
+        self.dataset.transform = value
+
+    def filename(self, index: int) -> str:
+        return self.dataset.filename(self.indices[index])
+
+
+def sample_targets(ds) -> Optional[List[int]]:
+    """The label of every sample, in order, where the dataset lists them up front (None otherwise)."""
+    if isinstance(ds, torch.utils.data.Subset):
+        targets = sample_targets(ds.dataset)
+        return None if targets is None else [targets[i] for i in ds.indices]
+    if isinstance(ds, ImageFileDataset):
+        return [t for _, t in ds.samples]
+    targets = getattr(ds, 'targets', None)
+    if targets is None:
+        targets = getattr(getattr(ds, 'reader', None), 'targets', None)
+    return None if targets is None else [int(t) for t in targets]
+
+
+def _holdout_split(ds, fraction: float, seed: int) -> Tuple[DatasetSubset, DatasetSubset]:
+    """(training part, held-out part), each over its own shallow copy of ``ds`` (its own transform)."""
+    targets = sample_targets(ds)
+    if targets is None:
+        raise UsageError(f'--val-split FRACTION needs a dataset whose labels are known up front ({type(ds).__name__} '
+                         f'does not list them): give a validation split by name instead')
+    names = [p for p, _ in ds.samples] if isinstance(ds, ImageFileDataset) else [str(i) for i in range(len(targets))]
+    train_idx, held_idx = stratified_holdout(names, targets, fraction, seed)
+    if not held_idx:
+        raise UsageError(f'--val-split {fraction} holds out no image: each class has too few images '
+                         f'({len(targets)} images in {len(set(targets))} classes); give a larger fraction or a '
+                         f'val/ folder')
+    return DatasetSubset(ds, train_idx), DatasetSubset(copy.copy(ds), held_idx)
+
+
+# ------------------------------------------------------------------------------------------------ labels
+def _dataset_class_to_idx(ds) -> Optional[Dict[str, int]]:
+    """``{class name: label}`` wherever timm's / torchvision's datasets keep it, or None."""
+    if isinstance(ds, torch.utils.data.Subset):
+        return _dataset_class_to_idx(ds.dataset)
+    reader = getattr(ds, 'reader', None)
+    class_to_idx = (getattr(ds, 'class_to_idx', None) or getattr(reader, 'class_to_idx', None)
+                    or getattr(reader, 'class_name_to_idx', None))
+    if class_to_idx:
+        return dict(class_to_idx)
+    classes = getattr(ds, 'classes', None)
+    return {c: i for i, c in enumerate(classes)} if classes else None
+
+
+def dataset_class_names(ds) -> Optional[List[str]]:
+    """Class names in label order (train.py stores them in checkpoints), None if the dataset does not say."""
+    class_to_idx = _dataset_class_to_idx(ds)
+    return None if class_to_idx is None else sorted(class_to_idx, key=class_to_idx.get)
+
+
+def check_num_classes(ds, num_classes: int, what: str = 'dataset', hint: str = '') -> None:
+    """A :class:`UsageError` if the dataset's classes are not those of a ``num_classes``-way classifier."""
+    names = dataset_class_names(ds)
+    if names is not None and len(names) != num_classes:
+        shown = ', '.join(names[:5]) + (', ...' if len(names) > 5 else '')
+        raise UsageError(f'class-count mismatch: the {what} has {len(names)} classes ({shown}) but the model has '
+                         f'{num_classes} outputs{hint}')
+
+
+def _short_names(names: Sequence[str], n: int = 10) -> str:
+    shown = ', '.join(names[:n]) + (f', ... ({len(names)} in all)' if len(names) > n else '')
+    return f'[{shown}]'
+
+
+def check_class_names(ds, class_names: Sequence[str], what: str = 'dataset', hint: str = '') -> None:
+    """One line with both lists when ``ds`` has classes not in the model's ``class_names`` or labels them otherwise
+    (an image folder / tar labelled by them may hold a subset)."""
+    if isinstance(ds, ImageFileDataset):
+        if not ds.other_classes:
+            return
+        folders = sorted({p.split('/', 1)[0] for p, _ in ds.samples} | set(ds.other_classes), key=natural_key)
+        raise UsageError(
+            f'the {what} {ds.root} has class folders the model was not trained on '
+            f'({", ".join(ds.other_classes[:10])}{", ..." if len(ds.other_classes) > 10 else ""}): folders '
+            f'{_short_names(folders)}, model classes {_short_names(list(class_names))}{hint}')
+    names = dataset_class_names(ds)
+    if names is None:
+        _logger.warning(f'the {what} does not list its classes: its labels cannot be checked against the '
+                        f'{len(class_names)} class names the model was trained on')
+    elif list(names) != list(class_names):
+        raise UsageError(f'the {what} labels other classes than the model was trained on: dataset classes '
+                         f'{_short_names(list(names))}, model classes {_short_names(list(class_names))}{hint}')
+
+
+def _check_every_class_trains(ds) -> None:
+    """One line when a training class has no image (a class map naming a class with no folder)."""
+    names, targets = dataset_class_names(ds), sample_targets(ds)
+    if names is None or targets is None:
+        return
+    present = set(targets)
+    empty = [name for label, name in enumerate(names) if label not in present]
+    if empty:
+        raise UsageError(f'the training set has no image of class(es) {_short_names(empty)}: nothing would train '
+                         f'their outputs; expected images in every class (or a --class-map without those classes)')
+
+
+# ------------------------------------------------------------------------------------------------ datasets
+def _image_dataset(split_path: str, class_map, input_img_mode, what: str,
+                   class_to_idx: Optional[Dict[str, int]] = None) -> ImageFileDataset:
+    """The image folder / tar at ``split_path``; one line when none of its images is labelled."""
+    ds = ImageFileDataset(split_path, class_map=class_map or None, class_to_idx=class_to_idx,
+                          input_img_mode=input_img_mode)
+    if len(ds) == 0 and ds.other_classes:  # every class folder is of another class than those labelled
+        raise UsageError(
+            f'{what} at {split_path}: none of its class folders {_short_names(ds.other_classes)} is one of the '
+            f'classes it is labelled with {_short_names(dataset_class_names(ds))} (the model\'s or the class '
+            f'map\'s); expected class folders named as those classes')
+    if len(ds) == 0:
+        kind = 'tar' if ds.is_tar else 'folder'
+        raise UsageError(
+            f'{what} at {split_path} is empty: no images found (expected class folders with images, '
+            f'{split_path}{":" if ds.is_tar else "/"}<class>/<image>{"|".join(sorted(get_img_extensions()))} '
+            f'in this {kind})')
+    return ds
+
+
+def _timm_dataset(name, root, split, is_training, class_map, download, input_img_mode, batch_size, seed,
+                  what: str) -> torch.utils.data.Dataset:
+    """A ``--dataset`` split through timm's ``create_dataset``; its errors and an empty split in one line."""
+    try:
+        ds = create_dataset(name, root=root, split=split, is_training=is_training, download=download,
+                            input_img_mode=input_img_mode, batch_size=batch_size, seed=seed,
+                            class_map=read_class_map(class_map, root) if class_map else None)
+    except (RuntimeError, FileNotFoundError, AssertionError, ValueError) as e:
+        raise UsageError(f'cannot read {what} {name} at {root!r}, split {split!r}: {e or type(e).__name__}') from e
+    with contextlib.suppress(TypeError):  # raised by len() of an iterable dataset with no length
+        if len(ds) == 0:
+            raise UsageError(f'{what} {name} split {split!r} is empty')
+    return ds
+
+
+def _find_image_split(root: Optional[str], split: str, what: str) -> str:
+    """The folder / tar of ``split`` under ``root``; a tar root, or a root without split folders, is the split."""
+    if not root:
+        raise UsageError(f'no {what} given: pass --data-dir DIR (an ImageFolder tree DIR/<split>/<class>/<image>, '
+                         f'or a folder holding <split>.tar) or --dataset NAME')
+    if not os.path.exists(root):
+        raise UsageError(f'{what} folder {root!r} does not exist (expected an ImageFolder tree '
+                         f'{root}/{split}/<class>/<image> or an image tar {root}/{split}.tar)')
+    if os.path.isfile(root):
+        if not root.lower().endswith('.tar'):
+            raise UsageError(f'{what} {root!r} is a file but not an image tar (expected a folder '
+                             f'{root}/{split}/<class>/<image>, or a .tar)')
+        return root
+    found = find_split(root, split)
+    if found is not None:
+        return found
+    names = {s for group in SPLIT_SYNONYMS for s in group}
+    others = sorted(e + ('/' if os.path.isdir(os.path.join(root, e)) else '') for e in os.listdir(root)
+                    if (e[:-4] if e.lower().endswith('.tar') else e) in names)
+    if others:
+        raise UsageError(f'no {what} split {split!r} in {root} (it has {", ".join(others)}; looked for '
+                         f'{" / ".join(_split_names(split))}, as folders or .tar)')
+    return root  # a flat root: root/<class>/<image>
+
+
+def create_image_dataset(name: str, root: Optional[str], split: str, is_training: bool = False,
+                         class_map: Optional[str] = None, download: bool = False, input_img_mode: str = 'RGB',
+                         batch_size: int = 1, seed: int = 42, what: str = 'dataset',
+                         class_to_idx: Optional[Dict[str, int]] = None) -> torch.utils.data.Dataset:
+    """One split (validate.py), never silently another: ``name`` '' an :class:`ImageFileDataset` (``class_to_idx``:
+    labelled by name, e.g. the model's classes), other names timm's ``create_dataset``."""
+    if name == '':
+        return _image_dataset(_find_image_split(root, split, what), class_map, input_img_mode, what, class_to_idx)
+    return _timm_dataset(name, root, split, is_training, class_map, download, input_img_mode, batch_size, seed, what)
+
+
+def create_train_val_datasets(
+        name: str, root: Optional[str], train_split: str = 'train', val_split: Union[str, float, None] = 'validation',
+        class_map: Optional[str] = None, download: bool = False, input_img_mode: str = 'RGB', batch_size: int = 1,
+        seed: int = 42) -> Tuple[torch.utils.data.Dataset, Optional[torch.utils.data.Dataset]]:
+    """(training set, validation set or None) of train.py: a named split must exist (it is labelled by the training
+    set's class names), a fraction holds out part of the training images (:func:`stratified_holdout`); validation
+    is never silently the training images, and every training class has an image."""
+    val_split = parse_val_split(val_split)
+    timm_args = dict(class_map=class_map, download=download, input_img_mode=input_img_mode, batch_size=batch_size,
+                     seed=seed)
+    if name == '':
+        train_path = _find_image_split(root, train_split, 'training set')
+        train = _image_dataset(train_path, class_map, input_img_mode, 'training set')
+    else:
+        train = _timm_dataset(name, root, train_split, True, what='training set', **timm_args)
+    _check_every_class_trains(train)
+    if isinstance(val_split, float):
+        found = find_split(root, 'validation') if name == '' and os.path.isdir(root) else None
+        if found:
+            _logger.warning(f'--val-split {val_split}: validating on a hold-out of the training images; '
+                            f'the validation split {found} is not used')
+        train, val = _holdout_split(train, val_split, seed)
+        classes = dataset_class_names(train)
+        _logger.info(f'validation: {len(val)} of the {len(train) + len(val)} training images held out (--val-split '
+                     f'{val_split}, stratified over {len(classes) if classes else "the"} classes, seed {seed}); '
+                     f'training on the other {len(train)}')
+        return train, val
+    if not val_split:
+        return train, None
+    if name != '':
+        return train, _timm_dataset(name, root, val_split, False, what='validation set', **timm_args)
+    val_path = find_split(root, val_split) if os.path.isdir(root) else None
+    if val_path is None or os.path.realpath(val_path) == os.path.realpath(train_path):
+        looked = ' / '.join(_split_names(val_split))
+        where = f'in {root} (looked for {looked}, as folders or .tar)' if os.path.isdir(root) else f'for {root}'
+        raise UsageError(
+            f'no validation split found {where}: pass --val-split FRACTION (e.g. 0.1: a seeded, class-stratified '
+            f'hold-out of the training images, disjoint from training), add a val/ folder beside the training '
+            f'images, or --val-split "" to train without validation')
+    # labelled by class name, as in the training set: a validation set without some class keeps the others' labels
+    val = _image_dataset(val_path, class_map, input_img_mode, 'validation set', class_to_idx=train.class_to_idx)
+    if val.other_classes and not class_map:
+        extra = val.other_classes
+        raise UsageError(f'the validation set {val_path} has classes the training set {train_path} does not have '
+                         f'({", ".join(extra[:5])}{", ..." if len(extra) > 5 else ""}); expected the same class '
+                         f'folders in both')
+    return train, val
+
+
+def dataset_source(ds) -> Optional[str]:
+    """``folder PATH``, ``tar PATH`` or ``part of the folder PATH`` (a hold-out) for the log; None for others."""
+    if isinstance(ds, DatasetSubset):
+        parent = dataset_source(ds.dataset)
+        return f'part of the {parent}' if parent else None
+    if isinstance(ds, ImageFileDataset):
+        return f'{"tar" if ds.is_tar else "folder"} {ds.root}'
+    return None
+
+
+# ------------------------------------------------------------------------------------------------ the demo data
+def prepare_digits_folder(root: Optional[os.PathLike] = None, size: int = 32, val_every: int = 5,
+                          max_per_class: Optional[int] = None) -> Path:
+    """The demo's data, no download: scikit-learn's digits written once as ``root/{train,val}/<digit>/<i>.png``
+    (8x8 scans upscaled to ``size``; each ``val_every``-th of a class in val; ``max_per_class`` first ones), under
+    ``$MLP_VISION_CACHE`` or the user's cache by default. Renamed into place: a folder that exists is complete."""
+    if root is None:
+        cache = os.environ.get('MLP_VISION_CACHE')
+        cache = Path(cache).expanduser() if cache else Path(
+            os.environ.get('XDG_CACHE_HOME') or os.path.join(os.path.expanduser('~'), '.cache')) / 'mlp_vision'
+        name = 'digits' if size == 32 and max_per_class is None else f'digits_{size}px_{max_per_class or "all"}'
+        root = cache / name
+    root = Path(root)
+    marker = root / 'DIGITS_CACHE'
+    if marker.is_file():
+        return root
+    if root.exists():
+        raise UsageError(f'{root} exists but is not a complete digits cache (no {marker.name} file); '
+                         f'remove it and run again to rebuild it')
+    try:
+        from sklearn.datasets import load_digits
+    except ImportError as e:
+        raise UsageError('the demo dataset comes from scikit-learn (sklearn.datasets.load_digits, bundled with the '
+                         'package, no download): pip install scikit-learn') from e
+    digits = load_digits()
+    images = np.clip(np.round(digits.images * (255. / 16.)), 0, 255).astype(np.uint8)
+    root.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f'.{root.name}-', dir=root.parent))
+    counts = {'train': 0, 'val': 0}
+    try:
+        for cls in range(10):
+            indices = np.flatnonzero(digits.target == cls)[:max_per_class]
+            for k, i in enumerate(indices):
+                split = 'val' if k % val_every == 0 else 'train'
+                folder = tmp / split / str(cls)
+                folder.mkdir(parents=True, exist_ok=True)
+                Image.fromarray(images[i], mode='L').resize((size, size), Image.BICUBIC).save(folder / f'{i:04d}.png')
+                counts[split] += 1
+        (tmp / 'DIGITS_CACHE').write_text(
+            f'version 1\nsource sklearn.datasets.load_digits (UCI optical recognition of handwritten digits, 8x8 '
+            f'scans)\nsize {size}x{size} bicubic, val = every {val_every}th sample of each class, max_per_class '
+            f'{max_per_class}\ntrain {counts["train"]} images, val {counts["val"]} images, 10 classes\n')
+        try:
+            os.rename(tmp, root)
+        except OSError:
+            if not marker.is_file():  # not a concurrent builder finishing first
+                raise
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return root
