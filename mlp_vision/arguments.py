@@ -7,21 +7,78 @@ import argparse
 import json
 import math
 import os
+import sys
+from typing import Sequence
 
 import torch
+from timm.utils import ParseKwargs as TimmParseKwargs
 
 from mlp_vision.errors import UsageError, short_repr
 
-__all__ = ['ArgumentParser', 'DefaultsHelpFormatter', 'check_range', 'parse_device', 'read_json_file',
+__all__ = ['ArgumentParser', 'ParseKwargs', 'check_kwargs_flags', 'DefaultsHelpFormatter', 'check_range', 'parse_device', 'read_json_file',
            'CONFIG_MAX_BYTES', 'add_allow_regex_argument']
 
 
 class ArgumentParser(argparse.ArgumentParser):
-    """``argparse.ArgumentParser`` whose errors (a bad choice, a value of the wrong type, an unknown flag) raise
-    :class:`UsageError`: one line and status 2 through :func:`run_cli`, not argparse's usage text."""
+    """``argparse.ArgumentParser`` whose errors (a bad choice, a value of the wrong type, an unknown flag, a word of
+    the command line that is not UTF-8) raise :class:`UsageError`: one line and status 2 through :func:`run_cli`,
+    not argparse's usage text."""
+
+    def parse_known_args(self, args=None, namespace=None):
+        args = list(sys.argv[1:] if args is None else args)
+        _check_utf8_words(args)
+        return super().parse_known_args(args, namespace)
 
     def error(self, message: str):
         raise UsageError(message)
+
+
+def _check_utf8_words(argv: Sequence[str]) -> None:
+    """A :class:`UsageError` naming the first word of ``argv`` that is not UTF-8 (Python holds its bytes as lone
+    surrogates), and the flag it is given to: a run writes its names and paths into logs, ``args.yaml`` and its
+    records, as UTF-8 text, which such a word cannot be (the logging errors would come after the run)."""
+    flag = ''
+    for word in argv:
+        if not isinstance(word, str):
+            continue
+        try:
+            word.encode('utf-8')
+        except UnicodeEncodeError as e:
+            shown = word.encode('utf-8', 'surrogateescape' if _is_escaped_bytes(word) else 'backslashreplace')
+            where = f'{flag} ' if flag and not word.startswith('-') else ''
+            raise UsageError(f'{where}\'{shown.decode("utf-8", "backslashreplace")}\' is not UTF-8 text (character '
+                             f'{e.start}); names and paths given to a command must be UTF-8: a run writes them into '
+                             f'its logs and records') from None
+        if word.startswith('-') and len(word) > 1 and not _is_number(word):
+            flag = word.split('=', 1)[0]
+
+
+def _is_escaped_bytes(word: str) -> bool:
+    """Whether every surrogate of ``word`` stands for a byte (Python's ``surrogateescape`` of the command line)."""
+    return all(0xdc80 <= ord(c) <= 0xdcff for c in word if 0xd800 <= ord(c) <= 0xdfff)
+
+
+def _is_number(word: str) -> bool:
+    try:
+        float(word)
+    except ValueError:
+        return False
+    return True
+
+
+class ParseKwargs(TimmParseKwargs):
+    """timm's action of ``--model-kwargs`` / ``--opt-kwargs`` (``NAME=VALUE`` words, each value a Python literal,
+    else a string), with a word that is not ``NAME=VALUE`` argparse's one-line error instead of a ``ValueError``
+    traceback, and an empty or non-identifier name refused (it would reach the model or optimizer as no argument
+    it takes)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        for value in values:
+            name, equals, _ = value.partition('=')
+            if value and not (equals and name.isidentifier()):
+                raise argparse.ArgumentError(self, f'{value!r} is not NAME=VALUE; expected e.g. embed_dim=32 '
+                                                   f'depths="(1,1,2,1)"')
+        super().__call__(parser, namespace, values, option_string)
 
 
 class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -57,6 +114,18 @@ def check_range(name: str, value, low=None, high=None, *, low_open: bool = False
     else:
         expected = 'a finite number'
     raise UsageError(f'{name} must be {expected}{f" ({why})" if why else ""}, got {short_repr(value)}')
+
+
+def check_kwargs_flags(args: argparse.Namespace, *dests: str) -> None:
+    """A :class:`UsageError` unless each ``NAME=VALUE`` flag of ``dests`` (``model_kwargs``, ``opt_kwargs``) holds a
+    mapping of Python names to values: a ``-c`` yaml file or a resumed run's settings give them without
+    :class:`ParseKwargs` (``model_kwargs: 5`` was a TypeError traceback)."""
+    for dest in dests:
+        value = getattr(args, dest, None)
+        if value is not None and not (isinstance(value, dict) and all(
+                isinstance(name, str) and name.isidentifier() for name in value)):
+            raise UsageError(f'--{dest.replace("_", "-")} is {short_repr(value)}; expected a mapping of names to '
+                             f'values (in yaml: {dest}: {{embed_dim: 32}}; on the command line NAME=VALUE words)')
 
 
 def parse_device(device: str, flag: str = '--device') -> torch.device:

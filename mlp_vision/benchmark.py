@@ -59,7 +59,7 @@ import mlp_vision
 from mlp_vision.layers import BidirectionalGatedSSM
 from mlp_vision.training.run.checkpoint import output_kind, write_output_file
 from mlp_vision.training.run.config import SEED_MAX, check_flag_ranges
-from mlp_vision.threads import add_threads_argument, set_threads
+from mlp_vision.threads import THREADS_RANGE, add_threads_argument, set_threads
 from mlp_vision.arguments import ArgumentParser, parse_device
 from mlp_vision.errors import UsageError, run_cli
 from mlp_vision.training.run.compile import COMPILE_MODES
@@ -102,14 +102,14 @@ def _load_reference(path: Path) -> ModuleType:
     return module
 
 
-# the range of each numeric flag (check_range's bounds; --threads is checked by set_threads)
+# the range of each numeric flag (check_range's bounds)
 FLAG_RANGES = {k: dict(low=1) for k in ('seq_len', 'dim', 'hidden_dim', 'num_states', 'heads', 'ffn_dim', 'batch_size',
                                           'img_size', 'samples')}
 FLAG_RANGES.update(num_classes=dict(low=0), warmup=dict(low=0), iters=dict(low=0),
-                   min_sample_time=dict(low=0, low_open=True), seed=dict(low=0, high=SEED_MAX))
+                   min_sample_time=dict(low=0, low_open=True), seed=dict(low=0, high=SEED_MAX), threads=THREADS_RANGE)
 
 
-def parse_args(argv=None) -> argparse.Namespace:
+def build_parser() -> argparse.ArgumentParser:
     p = ArgumentParser(description=__doc__.split('\n')[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     what = p.add_mutually_exclusive_group(required=True)
     what.add_argument('--model', nargs='+', metavar='NAME', help='benchmark these contenders one by one')
@@ -155,6 +155,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument('--seed', type=int, default=0)
     p.add_argument('--out', default=None, help='write PREFIX.csv / .json / .md (directories are created)')
     p.add_argument('--title', default=None, help='heading of the markdown file')
+    return p
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    """The flags of ``argv``, each value checked (contenders, ranges, device, ``--out``) before any timing."""
+    p = build_parser()
     args = p.parse_args(argv)
     specs = list(args.model or []) + [s for pair in (args.compare or []) for s in pair]
     unknown = [s for s in specs if not (is_layer(s) or timm.is_model(base_name(s)) or is_local_dir(s))

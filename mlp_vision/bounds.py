@@ -20,7 +20,7 @@ from mlp_vision.errors import UsageError
 
 __all__ = ['MAX_PARAMS', 'MAX_ACTIVATION_BYTES', 'MAX_BLOCKS', 'Bounds', 'current_bounds', 'check_block_count',
            'check_model_size', 'estimate_activation_bytes', 'check_activation_size', 'add_bound_arguments',
-           'size_bounds', 'within_bounds']
+           'size_bounds', 'within_bounds', 'BOUND_RANGES']
 
 
 # the largest model any command builds unasked: 2e9 parameters are 8 GB of float32 weights (32 GB with AdamW's
@@ -187,25 +187,32 @@ def add_bound_arguments(group: argparse._ActionsContainer, activations: bool = T
                             f'batch): for a batch / input size this large that is meant')
 
 
+# the range of each bound's flag (check_range's bounds, by destination): a count of parameters or blocks is a whole
+# number of at least one (0.5 would round to a bound of 0), and no machine holds 2**30 GiB (an exbibyte) of
+# activations (beyond, the byte count overflows a float)
+BOUND_RANGES = {'max_params': dict(low=1, why='a parameter count'), 'max_blocks': dict(low=1, why='a block count'),
+                'max_activation_gib': dict(low=0, high=2 ** 30, low_open=True, why='GiB of activations')}
+
+
 @contextlib.contextmanager
 def size_bounds(args: Optional[argparse.Namespace] = None, *, max_params: Optional[float] = None,
                 max_activation_gib: Optional[float] = None, max_blocks: Optional[int] = None) -> Iterator[None]:
     """The checks of this module bounded, inside the ``with`` block, by ``max_params`` parameters,
     ``max_activation_gib`` GiB of activations and ``max_blocks`` blocks (from ``args``' ``--max-params`` /
     ``--max-activation-gib`` / ``--max-blocks`` when given; None: the bound around the block, by default the module's
-    constants). A bound that is not a positive number is a UsageError. Nothing outside the block (another thread, a
+    constants). A bound outside :data:`BOUND_RANGES` is a UsageError. Nothing outside the block (another thread, a
     later caller) sees it."""
     if args is not None:
         max_params, max_activation_gib, max_blocks = (getattr(args, name, None) for name in (
             'max_params', 'max_activation_gib', 'max_blocks'))
-    for flag, value in (('--max-params', max_params), ('--max-activation-gib', max_activation_gib),
-                        ('--max-blocks', max_blocks)):
+    for dest, value in (('max_params', max_params), ('max_activation_gib', max_activation_gib),
+                        ('max_blocks', max_blocks)):
         if value is not None:
-            check_range(flag, value, low=0, low_open=True)
+            check_range(f'--{dest.replace("_", "-")}', value, **BOUND_RANGES[dest])
     around = current_bounds()
     token = _BOUNDS.set(Bounds(
         around.params if max_params is None else int(max_params),
-        around.activation_bytes if max_activation_gib is None else int(max_activation_gib * 2 ** 30),
+        around.activation_bytes if max_activation_gib is None else max(1, int(max_activation_gib * 2 ** 30)),
         around.blocks if max_blocks is None else int(max_blocks)))
     try:
         yield

@@ -35,12 +35,12 @@ from timm.loss import BinaryCrossEntropy, LabelSmoothingCrossEntropy, SoftTarget
 from timm.models import model_parameters, save_for_hf
 from timm.optim import create_optimizer_v2, list_optimizers, optimizer_kwargs
 from timm.scheduler import scheduler_kwargs
-from timm.utils import ModelEmaV3, ParseKwargs, distribute_bn, random_seed, unwrap_model
+from timm.utils import ModelEmaV3, distribute_bn, random_seed, unwrap_model
 
-from mlp_vision.arguments import ArgumentParser, DefaultsHelpFormatter
-from mlp_vision.bounds import size_bounds
+from mlp_vision.arguments import ArgumentParser, DefaultsHelpFormatter, ParseKwargs, check_kwargs_flags
+from mlp_vision.bounds import BOUND_RANGES, size_bounds
 from mlp_vision.errors import Interrupted, UsageError, run_cli
-from mlp_vision.threads import set_run_threads
+from mlp_vision.threads import THREADS_RANGE, set_run_threads
 from mlp_vision.training.image_data import (
     INTERPOLATIONS, check_image_args, check_num_classes, create_train_val_datasets, dataset_class_names,
     dataset_source, prepare_digits_folder)
@@ -63,7 +63,8 @@ from mlp_vision.training.run.summary import plot_curves
 from mlp_vision.training.image_model import (
     ALLOW_MISSING_FLAG, check_activations, create_model, load_pretrained_weights, model_create_kwargs, reports_top5,
     resolve_model_data_config, validate)
-from mlp_vision.validate import add_dataset_arguments, add_input_arguments, main as validate_main
+from mlp_vision.validate import (
+    CROP_PCT_RANGE, add_dataset_arguments, add_input_arguments, check_dataset_package, main as validate_main)
 
 _logger = logging.getLogger('train')
 
@@ -254,7 +255,7 @@ FLAG_RANGES = {
     'lr_cycle_decay': _POSITIVE, 'lr_cycle_limit': _AT_LEAST_ONE, 'lr_k_decay': _POSITIVE,
     'lr_noise': _NON_NEGATIVE, 'lr_noise_pct': _NON_NEGATIVE, 'lr_noise_std': _NON_NEGATIVE,
     'opt_eps': _POSITIVE, 'opt_betas': _BELOW_ONE, 'momentum': _UNIT, 'weight_decay': _NON_NEGATIVE,
-    'clip_grad': _NON_NEGATIVE, 'layer_decay': dict(low=0, high=1, low_open=True),
+    'clip_grad': _POSITIVE, 'layer_decay': dict(low=0, high=1, low_open=True),
     'smoothing': _BELOW_ONE, 'drop': _BELOW_ONE, 'drop_path': _BELOW_ONE, 'reprob': _BELOW_ONE,
     'hflip': _UNIT, 'vflip': _UNIT, 'color_jitter': _NON_NEGATIVE, 'aug_repeats': _NON_NEGATIVE,
     'recount': _AT_LEAST_ONE, 'scale': dict(low=0, high=1, low_open=True), 'ratio': _POSITIVE,
@@ -262,8 +263,8 @@ FLAG_RANGES = {
     'mixup_prob': _UNIT, 'mixup_switch_prob': _UNIT, 'mixup_off_epoch': _NON_NEGATIVE,
     'bce_target_thresh': _UNIT, 'model_ema_decay': _BELOW_ONE, 'seed': dict(low=0, high=SEED_MAX),
     'num_classes': _AT_LEAST_ONE, 'img_size': _AT_LEAST_ONE, 'input_size': _AT_LEAST_ONE,
-    'in_chans': _AT_LEAST_ONE,
-}
+    'in_chans': _AT_LEAST_ONE, 'crop_pct': CROP_PCT_RANGE, 'threads': THREADS_RANGE, **BOUND_RANGES,
+}  # --mean / --std: per channel, by check_image_args
 # flags of two values (low, high)
 _PAIRS = ('scale', 'ratio', 'cutmix_minmax', 'lr_noise')
 
@@ -278,7 +279,16 @@ def check_args(args, dist_info) -> None:
             raise UsageError(f'{flag} takes two values (low high), got {len(value)}')
         if value is not None and len(value) == 2 and value[0] > value[1]:
             raise UsageError(f'{flag} takes low then high, got {value[0]:g} > {value[1]:g}')
+    if args.lr is not None and args.min_lr > args.lr:
+        raise UsageError(f'--min-lr {args.min_lr:g} is above --lr {args.lr:g}: the schedule would raise the LR toward '
+                         f'it instead of decaying; expected --min-lr <= --lr')
+    if args.warmup_epochs >= args.epochs:  # allowed: a recipe's warmup in a short trial run (the demo's --epochs 1)
+        _logger.warning(f'--warmup-epochs {args.warmup_epochs} is not shorter than --epochs {args.epochs}: the whole '
+                        f'run is warmup, its LR rising from --warmup-lr {args.warmup_lr:g} and never reaching the '
+                        f'scheduled rate; give --warmup-epochs {args.epochs - 1} or less (0: none) to train at it')
     check_image_args(args)
+    check_dataset_package(args.dataset)
+    check_kwargs_flags(args, 'model_kwargs', 'opt_kwargs')
     if args.opt.lower().split('_')[-1] not in list_optimizers():
         raise UsageError(f'--opt {args.opt!r} is not an optimizer timm knows (e.g. sgd, momentum, adamw, lamb; '
                          f'all: timm.optim.list_optimizers())')

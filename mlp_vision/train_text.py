@@ -37,10 +37,10 @@ from typing import Any, Dict, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
-from timm.utils import ParseKwargs
 
-from mlp_vision.arguments import ArgumentParser, DefaultsHelpFormatter, add_allow_regex_argument
-from mlp_vision.bounds import add_bound_arguments, size_bounds
+from mlp_vision.arguments import ArgumentParser, DefaultsHelpFormatter, ParseKwargs, add_allow_regex_argument, \
+    check_kwargs_flags
+from mlp_vision.bounds import BOUND_RANGES, add_bound_arguments, size_bounds
 from mlp_vision.errors import Interrupted, UsageError, run_cli
 from mlp_vision.threads import THREADS_RANGE, add_threads_argument, set_threads
 from mlp_vision.training.run.config import SEED_MAX, check_flag_ranges, find_recipe, load_yaml_config, \
@@ -178,9 +178,11 @@ def check_args(args) -> None:
         'block_size': dict(low=3 if args.task == 'mlm' else 1, why=f'--task {args.task}'),  # MLM: <cls> token <sep>
         **({} if args.val_file or args.task == 'classify' else {'val_fraction': unit_open}),
         'lr': dict(low=0, low_open=True), 'opt_eps': dict(low=0, low_open=True), 'weight_decay': dict(low=0),
-        'warmup_steps': dict(low=0), 'clip_grad': dict(why='<= 0: no clipping'),
-        'opt_betas': dict(low=0, high=1, high_open=True), 'stop_after_step': dict(low=1, high=args.steps,
-                                                                                  why='--steps')})
+        'warmup_steps': dict(low=0, high=args.steps - 1, why='below --steps: a run all warmup never reaches --lr'),
+        'clip_grad': dict(why='<= 0: no clipping'),
+        'opt_betas': dict(low=0, high=1, high_open=True), **BOUND_RANGES,
+        'stop_after_step': dict(low=1, high=args.steps, why='--steps')})
+    check_kwargs_flags(args, 'model_kwargs')
     if args.tokenizer in SUBWORD_KINDS and not (args.tokenizer_from or args.init_from or args.resume):
         check_vocab_size('--vocab-size', args.tokenizer, args.vocab_size)
     if args.task != 'classify':  # these only mean something to classify: ignoring them would hide a mistake

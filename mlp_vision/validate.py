@@ -10,13 +10,13 @@ order (with a warning). Results are logged and, with ``--results-file``, written
 """
 import argparse
 import csv
+import importlib.util
 import io
 import logging
 import os
 import reprlib
 
 import torch
-from timm.utils import ParseKwargs
 
 from mlp_vision.training.run.checkpoint import write_output_file
 from mlp_vision.training.run.config import check_flag_ranges
@@ -24,8 +24,8 @@ from mlp_vision.training.image_data import (
     INTERPOLATIONS, IMAGE_MODE_CHANNELS, check_class_names, check_image_args, check_num_classes, create_image_dataset)
 from mlp_vision.training.image_loader import create_eval_loader, default_workers
 from mlp_vision.training.run.distributed import init_device
-from mlp_vision.arguments import ArgumentParser, DefaultsHelpFormatter, check_range
-from mlp_vision.bounds import within_bounds
+from mlp_vision.arguments import ArgumentParser, DefaultsHelpFormatter, ParseKwargs, check_range
+from mlp_vision.bounds import BOUND_RANGES, within_bounds
 from mlp_vision.errors import UsageError, run_cli
 from mlp_vision.training.run.log import setup_logging
 from mlp_vision.training import image_model
@@ -34,7 +34,7 @@ from mlp_vision.training.image_model import (
 from mlp_vision.training.run.compile import add_compile_arguments, check_compile_backend, compile_model
 from mlp_vision.training.run.run_files import add_common_arguments, add_device_arguments, setup_amp
 from mlp_vision.training.run.summary import json_text
-from mlp_vision.threads import set_threads
+from mlp_vision.threads import THREADS_RANGE, set_threads
 
 _logger = logging.getLogger('validate')
 
@@ -103,14 +103,30 @@ def add_input_arguments(group) -> None:
                        help='extra model arguments k=v (python literals), e.g. embed_dim=32 depths="(1,1,2,1)"')
 
 
-# the range of each numeric flag (check_range's bounds)
+# the range of each numeric flag (check_range's bounds); --mean / --std are checked per channel by check_image_args
+CROP_PCT_RANGE = dict(low=0, high=1, low_open=True, why="the crop's fraction of the resized image; above 1 the "
+                                                         "image is resized smaller than the crop and padded")
 FLAG_RANGES = {'batch_size': dict(low=1), 'workers': dict(low=0), 'log_interval': dict(low=1),
-               'num_classes': dict(low=1), 'img_size': dict(low=1), 'input_size': dict(low=1), 'in_chans': dict(low=1)}
+               'num_classes': dict(low=1), 'img_size': dict(low=1), 'input_size': dict(low=1), 'in_chans': dict(low=1),
+               'crop_pct': CROP_PCT_RANGE, 'threads': THREADS_RANGE, **BOUND_RANGES}
+# the module timm's reader of each --dataset KIND/ imports (torch/: torchvision, a dependency), and what to install
+DATASET_PACKAGES = {'hfds': ('datasets', 'datasets'), 'hfids': ('datasets', 'datasets'),
+                    'tfds': ('tensorflow_datasets', 'tensorflow tensorflow-datasets'), 'wds': ('webdataset', 'webdataset')}
+
+
+def check_dataset_package(dataset: str) -> None:
+    """A :class:`UsageError` when ``--dataset KIND/NAME`` needs a package that is not installed (timm's reader
+    would fail importing it, with a traceback)."""
+    module, install = DATASET_PACKAGES.get((dataset or '').split('/', 1)[0], (None, None))
+    if module is not None and importlib.util.find_spec(module) is None:
+        raise UsageError(f'--dataset {dataset} is read by the {module} package, which is not installed: pip install '
+                         f'{install} (or give an image folder / tar with --data-dir)')
 
 
 def check_args(args: argparse.Namespace) -> None:
     """Every flag value that cannot work, as one line, before a file is read or a model built."""
     check_flag_ranges(args, FLAG_RANGES)
+    check_dataset_package(args.dataset)
     check_image_args(args, model_in_chans=None)  # again once the model is known
     check_compile_backend(args.torchcompile)
     if not args.checkpoint and not args.model:

@@ -27,13 +27,12 @@ import timm
 import torch
 import torch.nn as nn
 from timm.models.mlp_mixer import SpatialGatingUnit as TimmSpatialGatingUnit
-from timm.utils import ParseKwargs
 
 from .layers.gating import SpatialGatingUnit
 from .layers.sparse_mlp import AxialSparseMLP
 from .layers.ssm import BidirectionalGatedSSM
 from mlp_vision.training.run.checkpoint import load_checkpoint_file
-from .arguments import ArgumentParser, DefaultsHelpFormatter, check_range
+from .arguments import ArgumentParser, DefaultsHelpFormatter, ParseKwargs, check_range
 from .bounds import within_bounds
 from .errors import UsageError, run_cli
 from mlp_vision.training.image_model import create_model, create_model_for_eval, model_create_kwargs

@@ -267,9 +267,12 @@ def test_size_bounds_set_the_flags_for_the_block_only():
         assert (bounds.MAX_PARAMS, bounds.MAX_ACTIVATION_BYTES, bounds.MAX_BLOCKS) == defaults
     assert seen_by_other_thread == [defaults]
     assert bounds.current_bounds() == defaults
-    with pytest.raises(UsageError, match=r'^--max-params must be a positive number, got 0.0$'):
-        with bounds.size_bounds(parser.parse_args(['--max-params', '0'])):
-            pass
+    for argv, line in ((['--max-params', '0.5'], r'^--max-params must be >= 1 \(a parameter count\), got 0.5$'),
+                       (['--max-activation-gib', '1e300'],  # no OverflowError: a bound no machine reaches is refused
+                        r'^--max-activation-gib must be in \(0, 1073741824\] \(GiB of activations\), got 1e\+300$')):
+        with pytest.raises(UsageError, match=line):
+            with bounds.size_bounds(parser.parse_args(argv)):
+                pass
     with bounds.size_bounds(max_params=8):  # the bound the checks use
         with pytest.raises(UsageError, match='would have more than 8 parameters'):
             check_model_size(lambda: torch.nn.Linear(3, 3, device='meta'), 'linear 3x3')

@@ -69,7 +69,10 @@ TRAINER_FLAGS = {
     ('--opt-eps', '0'): '--opt-eps must be a positive number, got 0.0',
     ('--lr', 'inf'): '--lr must be a positive number, got inf',
     ('--clip-grad', 'nan'): '--clip-grad must be a finite number (<= 0: no clipping), got nan',
-    ('--warmup-steps', '-1'): '--warmup-steps must be >= 0, got -1',
+    ('--warmup-steps', '-1'): '--warmup-steps must be in [0, ',
+    ('--steps', '10', '--warmup-steps', '10'): '--warmup-steps must be in [0, 9] (below --steps: a run all warmup never '
+                                               'reaches --lr), got 10',
+    ('--max-params', '0.5'): '--max-params must be >= 1 (a parameter count), got 0.5',
     ('--block-size', '0'): '--block-size must be >= 1 (--task causal), got 0',
     ('--block-size', '100'): "--block-size 100 is larger than the model's maximum length 16",
     ('--task', 'mlm', '--model', 'amlp_base', '--block-size', '2'): '--block-size must be >= 3 (--task mlm), got 2',
@@ -267,3 +270,81 @@ def test_check_range_messages():
             check_range(*args, **kwargs)
         assert str(e.value).startswith(expected), str(e.value)
     check_range('--x', 10 ** 400, low=1)  # an int too large for a float is still compared exactly
+
+
+# ------------------------------------------------------------------------------------------------ a corpus's inputs
+def test_tokenizer_from_with_truncation_and_padding_encodes_the_corpus_whole(data, tmp_path, caplog):
+    """A tokenizer.json saved with truncation (2 tokens) and fixed padding (1,000 tokens) would turn the corpus into
+    2 tokens, or pad tokens: both are turned off for the corpus, in one line, and the ids are the plain tokenizer's."""
+    from mlp_vision.text.training_data import encode_text, tokenizer_from_path
+    text = (data / 'tiny.txt').read_text()
+    plain = tokenizer_from_path(str(data / 'subword'))
+    payload = json.loads((data / 'subword' / 'tokenizer.json').read_text())
+    payload['truncation'] = {'direction': 'Right', 'max_length': 2, 'strategy': 'LongestFirst', 'stride': 0}
+    payload['padding'] = {'strategy': {'Fixed': 1000}, 'direction': 'Right', 'pad_to_multiple_of': None,
+                          'pad_id': 0, 'pad_type_id': 0, 'pad_token': '[PAD]'}
+    (tmp_path / 'tokenizer.json').write_text(json.dumps(payload))
+    tok = tokenizer_from_path(str(tmp_path / 'tokenizer.json'))
+    assert tok.backend_tokenizer.truncation and tok.backend_tokenizer.padding
+    with caplog.at_level(logging.WARNING):
+        ids = encode_text(tok, text, 'training text', stop=lambda: 0)
+    expected = torch.tensor(plain.encode(text, add_special_tokens=False))
+    assert len(expected) > 1000 and torch.equal(ids, expected)
+    said = [r.getMessage() for r in caplog.records]
+    assert said == ["the tokenizer's truncation to 2 tokens and padding to 1000 tokens (set in its tokenizer.json) "
+                    "turned off: the training text is encoded whole and cut into --block-size blocks"], said
+
+
+def test_tokenizer_from_a_device_is_one_line(data, tmp_path, capsys):
+    """/dev/zero (a device: read forever) is refused before it is opened."""
+    argv = TINY_GPT + ['--train-file', str(data / 'tiny.txt'), '--tokenizer-from', '/dev/zero',
+                       '--output', str(tmp_path)]
+    assert '/dev/zero is not a regular file or a folder (a device, FIFO or socket)' in _fail(text_train.main, argv,
+                                                                                            capsys)
+
+
+def test_a_tokenizer_file_larger_than_any_tokenizer_is_not_read(data, tmp_path, monkeypatch):
+    import mlp_vision.text.tokenizer as tokenizer
+    from mlp_vision.text.training_data import tokenizer_from_path
+    monkeypatch.setattr(tokenizer, 'MAX_TOKENIZER_FILE_BYTES', 1000)
+    with pytest.raises(UsageError, match=r'tokenizer.json is [\d,]+ bytes, more than the 1,000 a tokenizer file'):
+        tokenizer_from_path(str(data / 'subword'))
+
+
+@pytest.mark.parametrize('kind', ['char', 'byte', 'wordpiece'])
+def test_a_line_too_long_to_tokenize_at_once(kind, monkeypatch):
+    """A line with no place to cut within MAX_PIECE_CHARS: char / byte tokenizers cut it anywhere (the ids stay the
+    whole text's); a subword one cuts at spaces, and a line with none is one line naming it, before tokenizers
+    allocates for it (a 100 MB line aborted the process)."""
+    import mlp_vision.text.training_data as text_data
+    spaced = ' '.join(WORDS * 10)  # one line of ~800 characters, with spaces
+    head = f'to be\nor not\n{spaced}\n'
+    text = head + 'x' * 500 + '\nthe end\n'
+    tok = build_tokenizer(kind, 'causal', text, vocab_size=40)
+    monkeypatch.setattr(text_data, 'ENCODE_CHUNK_CHARS', 50)
+    monkeypatch.setattr(text_data, 'MAX_PIECE_CHARS', 200)
+    if kind != 'wordpiece':
+        ids = text_data.encode_text(tok, text, 'training text', stop=lambda: 0)
+        assert torch.equal(ids, torch.tensor(tok.encode(text, add_special_tokens=False)))
+        return
+    ids = text_data.encode_text(tok, head, 'training text', stop=lambda: 0)  # the spaced line: cut at spaces
+    assert torch.equal(ids, torch.tensor(tok.encode(head, add_special_tokens=False)))
+    with pytest.raises(UsageError, match=r'^line 4 of the training text has 500 characters and no place this '
+                                         r'tokenizer can be cut \(a line break or a space between words\) within 200'):
+        text_data.encode_text(tok, text, 'training text', stop=lambda: 0)
+
+
+def test_a_long_line_trains_the_vocabulary_of_its_words(monkeypatch):
+    """The subword trainer gets a line over ENCODE_CHUNK_CHARS in pieces cut before spaces (it held ~65 bytes per
+    character of a line: a 100 MB line aborted the process): the same words, so the same BPE vocabulary; a line
+    with no space to cut at is one line naming it."""
+    import mlp_vision.text.training_data as text_data
+    rng = random.Random(3)
+    text = 'to be\n' + ' '.join(rng.choice(WORDS) for _ in range(400)) + '\nthe end\n'
+    whole = build_tokenizer('bpe', 'causal', text, vocab_size=300)
+    monkeypatch.setattr(text_data, 'ENCODE_CHUNK_CHARS', 50)
+    assert list(text_data._training_lines(text))[0] == 'to be' and len(list(text_data._training_lines(text))) > 20
+    assert build_tokenizer('bpe', 'causal', text, vocab_size=300).get_vocab() == whole.get_vocab()
+    monkeypatch.setattr(text_data, 'MAX_PIECE_CHARS', 200)
+    with pytest.raises(UsageError, match=r'^line 3 of the training text has 300 characters and no place'):
+        build_tokenizer('wordpiece', 'causal', 'to be\nor not\n' + 'x' * 300 + '\n', vocab_size=40)

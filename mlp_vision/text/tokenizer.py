@@ -337,11 +337,19 @@ def _read_json(path: str) -> Optional[dict]:
     return _read_tokenizer_file(path, read)
 
 
+# the largest tokenizer file read: tokenizer.json files in use are up to a few tens of MB (262k tokens: ~33 MB)
+MAX_TOKENIZER_FILE_BYTES = 256 * 2 ** 20
+
+
 def _read_tokenizer_file(path: str, read):
-    """``read()`` of the tokenizer file ``path``; a damaged file, or one of another kind, is a :class:`UsageError`
-    naming it (instead of a traceback from json, a missing key, or ``tokenizers``' Rust parser -- including its
+    """``read()`` of the tokenizer file ``path``; one over :data:`MAX_TOKENIZER_FILE_BYTES`, a damaged file, or one
+    of another kind, is a :class:`UsageError` naming it (instead of a traceback from json, a missing key, or ``tokenizers``' Rust parser -- including its
     panics, ``pyo3_runtime.PanicException``, a ``BaseException``, e.g. a BPE ``continuing_subword_prefix`` longer
     than its pieces)."""
+    size = os.path.getsize(path)
+    if size > MAX_TOKENIZER_FILE_BYTES:
+        raise UsageError(f'{path} is {size:,} bytes, more than the {MAX_TOKENIZER_FILE_BYTES:,} a tokenizer file of '
+                         f'{MAX_VOCAB_SIZE:,} tokens needs; it is not one, and is not read')
     try:
         return read()
     except (OSError, UsageError):
@@ -408,6 +416,9 @@ def find_tokenizer(path: str, allow_regex: bool = False) -> Optional[PreTrainedT
     path = os.fspath(path)
     if os.path.isfile(path):
         return _find_in_file(path, allow_regex)
+    if os.path.exists(path) and not os.path.isdir(path):  # /dev/zero would be read forever
+        raise UsageError(f'{path} is not a regular file or a folder (a device, FIFO or socket); expected a tokenizer '
+                         f'folder, a tokenizer.json or a vocab.txt')
     if not os.path.isdir(path):
         raise FileNotFoundError(f'{path} does not exist')
     config_file = os.path.join(path, TOKENIZER_CONFIG_NAME)

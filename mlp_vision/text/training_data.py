@@ -25,7 +25,7 @@ from mlp_vision.text.tokenizer import (
 
 __all__ = [
     'build_tokenizer', 'tokenizer_from_path', 'encode_text', 'check_unknown_tokens', 'read_utf8_file',
-    'read_text_file', 'split_held_out', 'lm_blocks', 'MLMMasker', 'MaskedBlocks', 'UNKNOWN_WARN_FRACTION',
+    'read_text_file', 'split_held_out', 'lm_blocks', 'LMBlocks', 'MLMMasker', 'MaskedBlocks', 'UNKNOWN_WARN_FRACTION',
 ]
 
 _logger = logging.getLogger(__name__)
@@ -39,7 +39,7 @@ def build_tokenizer(kind: str, task: str, train_text: str, val_text: str = '', v
     <sep> <mask>`` after them; or a ``wordpiece`` / ``bpe`` vocabulary of at most ``vocab_size`` tokens trained on
     the lines of ``train_text`` (:func:`~mlp_vision.text.tokenizer.train_tokenizer`)."""
     if kind in SUBWORD_KINDS:
-        tokenizer = train_tokenizer(texts=train_text.splitlines(), kind=kind, vocab_size=vocab_size)
+        tokenizer = train_tokenizer(texts=_training_lines(train_text), kind=kind, vocab_size=vocab_size)
         if len(tokenizer) < vocab_size:  # the trainer stops when no pair is frequent enough to merge
             _logger.warning(f'--vocab-size {vocab_size}: the {kind} vocabulary trained on the training text has only '
                             f'{len(tokenizer)} tokens (the text has no more pieces that occur twice); the model '
@@ -77,11 +77,16 @@ def tokenizer_from_path(path: str, needs: Sequence[str] = (), allow_regex: bool 
     return tokenizer
 
 
-# a text is tokenized in pieces of about this many characters, the stop signal read between them (~0.1-1 s each)
+# a text is tokenized in pieces of about this many characters, the stop signal read between them (~0.1-1 s each);
+# each piece's encodings are freed before the next, so the memory of tokenizing stays that of one piece
 ENCODE_CHUNK_CHARS = 1 << 20
-# a line break between two non-space characters: no normalizer / pre-tokenizer that works within words joins
-# tokens across it, so the pieces' ids are the whole text's (tests/test_bounds.py checks WordPiece and BPE)
-_SAFE_BREAK = re.compile(r'(?<=\S)\n(?=\S)')
+# the longest piece given to the library in one call: tokenizers holds ~100 bytes per token of a call (ids, tokens,
+# offsets), and a 100 MB line in one call ends in an allocation failure that aborts the process
+MAX_PIECE_CHARS = 4 * ENCODE_CHUNK_CHARS
+# a line break, or the place before a space, between two non-space characters: no normalizer / pre-tokenizer that
+# works within words joins tokens across it (GPT-2's pattern takes a space with the word after it), so the pieces'
+# ids are the whole text's (tests/test_bounds.py checks WordPiece and BPE)
+_SAFE_BREAK = re.compile(r'(?<=\S)\n(?=\S)|(?<=\S)(?= \S)')
 # the parts of a tokenizer.json that keep that true: they act within a character, a word or a line
 _LINE_LOCAL_STEPS = {'BertNormalizer', 'Lowercase', 'NFC', 'NFD', 'NFKC', 'NFKD', 'StripAccents', 'BertPreTokenizer',
                      'Whitespace', 'WhitespaceSplit', 'Punctuation', 'Digits', 'Sequence'}
@@ -89,7 +94,7 @@ _LINE_LOCAL_STEPS = {'BertNormalizer', 'Lowercase', 'NFC', 'NFD', 'NFKC', 'NFKD'
 # Metaspace a word-start mark) a cut is taken only where it is checked to change no id: after a line break or before
 # a space between two words, tried on the CUT_CHECK_CHARS either side of it; CUT_TRIES failed places per piece
 # and the rest of the text is encoded in one call (no place where this tokenizer can be cut)
-_CUT_CANDIDATE = re.compile(r'(?<=\S)\n(?=\S)|(?<=\S)(?= \S)')
+_CUT_CANDIDATE = _SAFE_BREAK
 CUT_CHECK_CHARS, CUT_TRIES = 2048, 32
 
 
@@ -120,17 +125,34 @@ def _cut_keeps_ids(tok: Tokenizer, text: str, cut: int) -> bool:
     return encode(left + right) == encode(left) + encode(right)
 
 
-def _pieces(text: str, size: int, tok: Optional[Tokenizer] = None) -> Iterator[str]:
-    """``text`` in pieces of about ``size`` characters: cut at :data:`_SAFE_BREAK` (``tok`` None: a line-local
-    tokenizer), else at the first :data:`_CUT_CANDIDATE` where :func:`_cut_keeps_ids`."""
+def _too_long(text: str, start: int, what: str, first_line: int = 1) -> UsageError:
+    """The one line for a text (whose first line is line ``first_line``) with no place to cut after ``start``
+    within :data:`MAX_PIECE_CHARS`: its line."""
+    line_start = text.rfind('\n', 0, start + 1) + 1
+    line_end = text.find('\n', start)
+    length = (len(text) if line_end < 0 else line_end) - line_start
+    return UsageError(f'line {text.count(chr(10), 0, line_start) + first_line:,} of the {what} has {length:,} characters and no '
+                      f'place this tokenizer can be cut (a line break or a space between words) within '
+                      f'{MAX_PIECE_CHARS:,}, the most tokenized in one call; break the text into lines, or use '
+                      f'--tokenizer char or byte, which any text can be cut for')
+
+
+def _pieces(text: str, size: int, what: str, tok: Optional[Tokenizer] = None, cut_anywhere: bool = False,
+            first_line: int = 1) -> Iterator[str]:
+    """``text`` in pieces of about ``size`` characters, none over :data:`MAX_PIECE_CHARS` (else a
+    :class:`UsageError` naming the line): cut at :data:`_SAFE_BREAK` (``tok`` None: a line-local tokenizer;
+    ``cut_anywhere``: a byte / char one, cut at ``size`` when no break is near), else at the first
+    :data:`_CUT_CANDIDATE` where :func:`_cut_keeps_ids`."""
     start = 0
     while len(text) - start > size:
         if tok is None:
-            found = _SAFE_BREAK.search(text, start + size)
-            cut = None if found is None else found.end()
+            found = _SAFE_BREAK.search(text, start + size, start + MAX_PIECE_CHARS)
+            cut = start + size if found is None and cut_anywhere else None if found is None else found.end()
         else:
             places = (m.end() for _, m in zip(range(CUT_TRIES), _CUT_CANDIDATE.finditer(text, start + size)))
             cut = next((c for c in places if _cut_keeps_ids(tok, text, c)), None)
+        if cut is None and len(text) - start > MAX_PIECE_CHARS:
+            raise _too_long(text, start + size, what, first_line)
         if cut is None:  # the stop flag is read again only after this call: say so, with the size
             _logger.warning(f'tokenizing the last {len(text) - start:,} characters in one call: this tokenizer has '
                             f'no place among the next {CUT_TRIES} candidates where a cut keeps the ids, so a stop '
@@ -139,6 +161,17 @@ def _pieces(text: str, size: int, tok: Optional[Tokenizer] = None) -> Iterator[s
         yield text[start:cut]
         start = cut
     yield text[start:]
+
+
+def _training_lines(text: str) -> Iterator[str]:
+    """The lines of ``text`` for a subword trainer, a line over :data:`ENCODE_CHUNK_CHARS` in pieces cut before a
+    space between words (its words, so the vocabulary, are the same; the trainer holds ~65 bytes per character of
+    a line: a 100 MB line aborted the process)."""
+    for number, line in enumerate(text.splitlines(), 1):
+        if len(line) <= ENCODE_CHUNK_CHARS:
+            yield line
+        else:
+            yield from _pieces(line, ENCODE_CHUNK_CHARS, 'training text', first_line=number)
 
 
 # a byte / char tokenizer's ids are per character, so any cut keeps them: a piece goes to the library as parts of
@@ -159,26 +192,51 @@ def _encode_piece(tok: Tokenizer, piece: str) -> List[int]:
 
 
 def encode_text(tok: Tokenizer, text: str, what: str, stop: Optional[Callable[[], int]] = None) -> torch.Tensor:
-    """``text`` as a 1-D int64 tensor of ids; a :class:`UsageError` naming ``what`` for an unknown character.
+    """``text`` as a 1-D int32 tensor of ids (4 bytes a token; :class:`LMBlocks` gives int64 blocks); a
+    :class:`UsageError` naming ``what`` for an unknown character. A tokenizer's truncation and padding are turned
+    off first (:func:`_turn_off_length_settings`).
 
     ``stop``: the run's stop flag (a signal number, 0 for none), read between pieces of :data:`ENCODE_CHUNK_CHARS`
     characters, so SIGINT / SIGTERM stops a long tokenization within about a second
-    (:class:`~mlp_vision.errors.Interrupted`). The pieces' ids are the whole text's (:func:`_pieces`)."""
+    (:class:`~mlp_vision.errors.Interrupted`); a piece's encodings are freed before the next, so the memory beyond
+    the ids is one piece's. The pieces' ids are the whole text's (:func:`_pieces`). Without ``stop``, the text is
+    encoded in one call."""
+    _turn_off_length_settings(tok, what)
     if stop is None:
         pieces = [text]
     else:
-        pieces = _pieces(text, ENCODE_CHUNK_CHARS, None if _encodes_by_pieces(tok) else tok)
-    ids: List[int] = []
+        local = _encodes_by_pieces(tok)
+        pieces = _pieces(text, ENCODE_CHUNK_CHARS, what, None if local else tok,
+                         cut_anywhere=tokenizer_kind(tok) in ('byte', 'char'))
+    ids: List[torch.Tensor] = []  # int32 tensors: 4 bytes a token (a list held 8 + an int object's 28)
+    count = 0
     for piece in pieces:
         signum = stop() if stop is not None else 0
         if signum:
-            raise Interrupted(signum, f'tokenizing the {what} ({len(ids)} tokens so far)')
+            raise Interrupted(signum, f'tokenizing the {what} ({count} tokens so far)')
         try:
-            ids += _encode_piece(tok, piece)
+            ids.append(torch.tensor(_encode_piece(tok, piece), dtype=torch.int32))
         except Exception as e:  # tokenizers' plain Exception: a character outside a char alphabet without <unk>
             raise UsageError(f'the {what} has character {unknown_character(tok, [piece], e)!r}, which the tokenizer '
                              f'(from the checkpoint or the training text) does not know') from None
-    return torch.tensor(ids, dtype=torch.long)
+        count += len(ids[-1])
+    return torch.cat(ids) if ids else torch.zeros(0, dtype=torch.int32)
+
+
+def _turn_off_length_settings(tok: Tokenizer, what: str) -> None:
+    """A tokenizer.json may carry truncation or padding (settings for batches of one length); on a corpus they
+    would leave a few tokens, or pad tokens by the thousand. The corpus is encoded whole and cut into blocks, as
+    ``transformers`` encodes any call without ``truncation`` / ``padding``: both are turned off, in one line."""
+    backend = tok.backend_tokenizer
+    truncation, padding = backend.truncation, backend.padding
+    if not truncation and not padding:
+        return
+    settings = ([f'truncation to {truncation["max_length"]} tokens'] if truncation else []) + (
+        [f'padding to {padding["length"]} tokens' if padding.get('length') else 'padding'] if padding else [])
+    _logger.warning(f'the tokenizer\'s {" and ".join(settings)} (set in its tokenizer.json) turned off: the {what} is '
+                    f'encoded whole and cut into --block-size blocks')
+    backend.no_truncation()
+    backend.no_padding()
 
 
 # a corpus with more unknown tokens than this fraction is reported (all of them: an error)
@@ -191,10 +249,10 @@ def check_unknown_tokens(ids: Sequence[int], tok: Tokenizer, what: str) -> None:
     unk = tok.unk_token_id
     if unk is None:
         return
-    ids = torch.as_tensor(ids, dtype=torch.long).flatten()
+    ids = torch.as_tensor(ids).flatten()  # in its own dtype: a long copy of a corpus's ids would double them
     others = [i for i in tok.all_special_ids if i != unk]
     if others:
-        ids = ids[~torch.isin(ids, torch.tensor(others, dtype=torch.long))]
+        ids = ids[~torch.isin(ids, torch.tensor(others, dtype=ids.dtype))]
     n, unknown = len(ids), int((ids == unk).sum()) if len(ids) else 0
     name = tok.unk_token or 'unknown'
     if n and unknown == n:
@@ -233,21 +291,36 @@ def split_held_out(train_text: str, val_fraction: float) -> Tuple[str, str]:
     return train_text[:cut], train_text[cut:]
 
 
-def lm_blocks(ids: torch.Tensor, block_size: int, task: str, tokenizer: Tokenizer, what: str) -> List[Dict]:
+class LMBlocks(torch.utils.data.Dataset):
     """The examples of ``--task causal`` (``input_ids`` = ``labels``, (block_size,)) or ``mlm`` (``input_ids``:
-    ``<cls>`` + ``block_size - 2`` tokens + ``<sep>``) cut from the 1-D ``ids`` in order; a :class:`UsageError`
-    naming ``what`` when it holds no whole block."""
-    body = block_size if task == 'causal' else block_size - 2
-    n = len(ids) // body
-    if n == 0:
-        raise UsageError(f'the {what} has {len(ids)} tokens, fewer than one block of {body}; use a longer text or a '
-                         f'smaller --block-size')
-    blocks = ids[:n * body].view(n, body)
-    if task == 'causal':
-        return [{'input_ids': b, 'labels': b} for b in blocks]
-    cls = torch.full((n, 1), tokenizer.cls_token_id, dtype=torch.long)
-    sep = torch.full((n, 1), tokenizer.sep_token_id, dtype=torch.long)
-    return [{'input_ids': b} for b in torch.cat([cls, blocks, sep], dim=1)]
+    ``<cls>`` + ``block_size - 2`` tokens + ``<sep>``) cut from the 1-D ``ids`` in order, made as they are read:
+    a list of a million blocks' tensors would hold ~0.5 KB of Python objects per block beside the ids."""
+
+    def __init__(self, ids: torch.Tensor, block_size: int, task: str, tokenizer: Tokenizer):
+        self.body = block_size if task == 'causal' else block_size - 2
+        self.blocks = ids[:len(ids) // self.body * self.body].view(-1, self.body)
+        self.causal = task == 'causal'
+        self.cls, self.sep = (None, None) if self.causal else (tokenizer.cls_token_id, tokenizer.sep_token_id)
+
+    def __len__(self) -> int:
+        return len(self.blocks)
+
+    def __getitem__(self, i: int) -> Dict[str, torch.Tensor]:
+        if not -len(self) <= i < len(self):
+            raise IndexError(f'block {i} of {len(self)}')
+        block = self.blocks[i].long()
+        if self.causal:
+            return {'input_ids': block, 'labels': block}
+        return {'input_ids': torch.cat([block.new_tensor([self.cls]), block, block.new_tensor([self.sep])])}
+
+
+def lm_blocks(ids: torch.Tensor, block_size: int, task: str, tokenizer: Tokenizer, what: str) -> LMBlocks:
+    """:class:`LMBlocks` of the 1-D ``ids``; a :class:`UsageError` naming ``what`` when it holds no whole block."""
+    blocks = LMBlocks(ids, block_size, task, tokenizer)
+    if len(blocks) == 0:
+        raise UsageError(f'the {what} has {len(ids)} tokens, fewer than one block of {blocks.body}; use a longer text '
+                         f'or a smaller --block-size')
+    return blocks
 
 
 class MLMMasker:
