@@ -45,8 +45,9 @@ from mlp_vision.training.data import (
     INTERPOLATIONS, check_image_args, check_num_classes, create_eval_loader, create_train_loader,
     create_train_val_datasets, dataset_class_names, dataset_source, fit_batch_to_data, prepare_digits_folder,
     train_samples_per_rank)
-from mlp_vision.training.run.checkpoint import (
-    atomic_folder, is_training_checkpoint, load_checkpoint_file, load_model_weights, preserve_rng)
+from mlp_vision.training.run.checkpoint import atomic_folder, preserve_rng
+from mlp_vision.weights import (
+    ALLOW_MISSING_FLAG, is_training_checkpoint, load_checkpoint_file, load_model_weights)
 from mlp_vision.training.run.compile import add_compile_arguments, check_compile_backend, compile_model
 from mlp_vision.training.run.config import SEED_MAX, check_flag_ranges, find_recipe
 from mlp_vision.training.run.distributed import all_gather_objects, init_device, wrap_ddp
@@ -60,7 +61,7 @@ from mlp_vision.training.run.run_files import (
     stop_error, stop_signals, weights_digests, write_results)
 from mlp_vision.training.run.summary import plot_curves
 from mlp_vision.training.image_model import (
-    ALLOW_MISSING_FLAG, check_activations, create_model, load_pretrained_weights, model_create_kwargs, reports_top5,
+    check_activations, create_model, load_pretrained_weights, model_create_kwargs, reports_top5,
     resolve_model_data_config, validate)
 from mlp_vision.validate import add_dataset_arguments, add_input_arguments, main as validate_main
 
