@@ -302,7 +302,7 @@ def check_data_config(cfg: Mapping[str, Any], where: str, in_chans: Optional[int
     if size is not None and not (isinstance(size, (list, tuple)) and len(size) == 3 and size[0] == channels and all(
             _is_int(n) and 1 <= n <= MAX_INPUT_SIDE for n in size)):
         raise UsageError(f'{where} input_size is {short_repr(size)}; expected ({channels or "C"}, H, W), the '
-                         f'model\'s channels and H, W whole numbers in [1, {MAX_INPUT_SIDE}]')
+                         f'model\'s channels and H, W in [1, {MAX_INPUT_SIDE}] (whole numbers)')
     for key, bounds in (('mean', {}), ('std', dict(low=0, low_open=True))):
         values = cfg.get(key)
         if values is None:
@@ -310,7 +310,7 @@ def check_data_config(cfg: Mapping[str, Any], where: str, in_chans: Optional[int
         counts = f'1 or {channels}' if channels not in (None, 1) else '1'
         if not isinstance(values, (list, tuple)) or len(values) not in (1, channels or 1) or not all(
                 isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
-            raise UsageError(f'{where} {key} is {short_repr(values)}; expected a list of {counts} numbers')
+            raise UsageError(f'{where} {key} is {short_repr(values)}; expected {counts} numbers (a list)')
         for v in values:
             check_range(f'{where} {key}', v, **bounds)
     if cfg.get('crop_pct') is not None:
