@@ -110,7 +110,8 @@ def _add_data_and_model_args(parser) -> None:
     group.add_argument('--no-resume-opt', action='store_true', default=False,
                        help='with --resume: load weights and epoch only, not optimizer / scaler / scheduler')
     group.add_argument(ALLOW_MISSING_FLAG, action='store_true', default=False,
-                       help='--pretrained-path: let model weights missing from the file keep their random init '
+                       help='--pretrained-path, --pretrained: let model weights missing from the file keep their '
+                            'random init '
                             '(otherwise an error; a classifier for another class count is always re-initialised)')
     group.add_argument('--num-classes', type=int, default=None, metavar='N',
                        help='number of label classes (default: the training set\'s)')
@@ -594,7 +595,8 @@ def _create_model(args, dist_info):
         num_classes=args.num_classes, in_chans=args.in_chans or (args.input_size[0] if args.input_size else None),
         img_size=img_size if takes_img_size else None, drop_rate=args.drop, drop_path_rate=args.drop_path,
         global_pool=args.gp, model_kwargs=args.model_kwargs)
-    model = create_model(args.model, pretrained=args.pretrained, **create_kwargs)
+    model = create_model(args.model, pretrained=args.pretrained, allow_missing=args.allow_missing_weights,
+                         **create_kwargs)
     if args.pretrained_path:
         weights = load_checkpoint_file(args.pretrained_path, trust=args.trust_checkpoint, what='--pretrained-path')
         load_pretrained_weights(model, args.model, weights, f'--pretrained-path {args.pretrained_path}',

@@ -135,6 +135,19 @@ def test_the_user_may_opt_out_of_strict_keys_in_python_but_a_config_may_not(good
     assert torch.equal(model.state_dict()['head.fc.weight'], saved['head.fc.weight'])
 
 
+def test_allow_missing_weights_is_the_commands_opt_out_for_every_way_in(good, tmp_path, caplog):
+    """train.py --allow-missing-weights reaches a local-dir: folder and a registered name's weights file alike."""
+    folder = _copy(good, tmp_path, weights=_no_stem_not_strict)
+    init = timm.create_model('smlpnet_t', **KWARGS).stem.weight
+    for name, kwargs in ((f'local-dir:{folder}', {}), ('smlpnet_t', dict(
+            KWARGS, pretrained_cfg_overlay=dict(file=str(folder / 'model.safetensors'))))):
+        with pytest.raises(UsageError, match=r'stem\.weight'):
+            create_model(name, pretrained=True, **kwargs)
+        caplog.clear()
+        model = create_model(name, pretrained=True, allow_missing=True, **kwargs)
+        assert 'stem.weight' in caplog.text and model.stem.weight.shape == init.shape
+
+
 def test_timm_create_model_with_a_weights_file_passes_the_checks(good, tmp_path):
     """The user's other way in: our architecture name, pretrained=True, pretrained_cfg_overlay=dict(file=...)."""
     sd = load_file(str(good / 'model.safetensors'))

@@ -95,14 +95,15 @@ def _build_on_meta(name: str, kwargs: Dict[str, Any]) -> Optional[nn.Module]:
 
 
 def create_model(name: str, pretrained: bool = False, sizes_from: str = '', head_must_fit: bool = False,
-                 **kwargs) -> nn.Module:
+                 allow_missing: bool = False, **kwargs) -> nn.Module:
     """``timm.create_model`` with a :class:`UsageError` for an unknown name, bad kwargs or unloadable weights.
 
     The model is first built on the ``meta`` device and refused (:func:`~mlp_vision.bounds.check_model_size`)
     beyond :data:`~mlp_vision.bounds.MAX_PARAMS` parameters before any memory is taken; ``sizes_from`` names where
     ``kwargs`` came from for that message (e.g. ``"checkpoint x.pth's model_cfg"``). A ``local-dir:`` folder's
     weights go through :func:`load_pretrained_weights` (its classifier dropped for another class count, unless
-    ``head_must_fit``: evaluation)."""
+    ``head_must_fit``: evaluation); a registered name's through its checkpoint filter. Backbone tensors the weights
+    lack are an error unless ``allow_missing`` (``--allow-missing-weights``)."""
     if not name:
         raise UsageError('no model given: pass --model NAME (e.g. smlpnet_t, gmlp_ti, mixer_b16)')
     if not (timm.is_model(name) or is_local_dir(name)):
@@ -117,8 +118,11 @@ def create_model(name: str, pretrained: bool = False, sizes_from: str = '', head
         model = create_model(name, sizes_from=sizes_from, **kwargs)
         stored = model.pretrained_cfg.get('num_classes')
         load_pretrained_weights(model, model.pretrained_cfg['architecture'], weights, str(path),
-                                head_must_fit=head_must_fit or getattr(model, 'num_classes', None) == stored)
+                                head_must_fit=head_must_fit or getattr(model, 'num_classes', None) == stored,
+                                allow_missing=allow_missing)
         return model
+    if pretrained and allow_missing:
+        kwargs['pretrained_strict'] = False  # the user's opt-out, which our checkpoint filters honour (weights.py)
     try:
         what = f'model {name} with {short_repr(kwargs)}' + (f' (from {sizes_from})' if sizes_from else '')
         check_model_size(lambda: _build_on_meta(name, kwargs), what)
