@@ -255,7 +255,8 @@ def checked_filter(convert: Callable[[Dict[str, torch.Tensor], nn.Module], Dict[
     and the model) from its conversion ``convert``: the model's ``pretrained_cfg`` passes :func:`check_data_config`
     and the converted state dict :func:`check_state_dict`, so ``timm.create_model(..., pretrained=True)`` in a
     user's own code gets the checks our commands make. The classifier may be absent or of another shape only where
-    the model has another class count than the weights (timm then drops it). ``keys``: as in
+    the model has another class count than the weights (timm then drops it), the stem only where it has other input
+    channels (timm adapts it). ``keys``: as in
     :func:`check_state_dict`, ``'warn'`` where the user passed ``pretrained_strict=False`` (:func:`pretrained_filter`).
     ``checkpoint_filter_fn.__wrapped__`` is ``convert``: our commands run the checks themselves."""
     @functools.wraps(convert)
@@ -264,16 +265,25 @@ def checked_filter(convert: Callable[[Dict[str, torch.Tensor], nn.Module], Dict[
         cfg = getattr(model, 'pretrained_cfg', None) or {}
         where = cfg.get('file') or cfg.get('hf_hub_id') or cfg.get('url') or 'the state dict given'
         source = f'the pretrained weights of {cfg.get("architecture") or type(model).__name__} ({where})'
-        check_data_config(cfg, f'{source}: pretrained_cfg', getattr(model, 'in_chans', None))
+        check_data_config(cfg, f'{source}: pretrained_cfg')  # the weights' own channels: timm adapts the stem
         if not isinstance(state_dict, Mapping) or not all(isinstance(k, str) for k in state_dict):
             check_state_dict(model, state_dict, source, keys='report')  # its one line
-        num_classes = getattr(model, 'num_classes', None)
-        classifier = cfg.get('classifier') or ()
-        heads = tuple(f'{n}.' for n in ((classifier,) if isinstance(classifier, str) else classifier)
-                      ) if num_classes != cfg.get('num_classes', num_classes) else ()
-        sd, _ = check_state_dict(model, convert(clean_state_dict(state_dict), model), source, heads, keys)
+        sd, _ = check_state_dict(model, convert(clean_state_dict(state_dict), model), source,
+                                 _adapted_by_timm(model, cfg), keys)
         return sd
     return checkpoint_filter_fn
+
+
+def _adapted_by_timm(model: nn.Module, cfg: Mapping[str, Any]) -> Tuple[str, ...]:
+    """The prefixes of the tensors timm's ``load_pretrained`` changes after the filter: the classifier where the
+    model has another class count than the weights (dropped), the stem where it has other input channels
+    (adapted)."""
+    def prefixes(names):
+        return tuple(f'{n}.' for n in ((names,) if isinstance(names, str) else names or ()))
+    num_classes, in_chans = getattr(model, 'num_classes', None), getattr(model, 'in_chans', None)
+    source_chans = (cfg.get('input_size') or (in_chans,))[0]
+    return ((prefixes(cfg.get('classifier')) if num_classes != cfg.get('num_classes', num_classes) else ())
+            + (prefixes(cfg.get('first_conv')) if in_chans != source_chans else ()))
 
 
 def pretrained_filter(filter_fn: Callable, kwargs: Mapping[str, Any]) -> Callable:

@@ -123,6 +123,16 @@ def test_a_good_folder_loads_the_same_weights_through_our_commands_and_timm(good
     assert info['class_names'] == LABELS
 
 
+def test_timm_still_adapts_the_classifier_and_the_stem_after_our_filter(good):
+    """Another class count drops the classifier, one input channel sums the stem over RGB (timm's
+    adapt_input_conv): our filter's checks leave both to timm, and check everything else."""
+    saved = load_file(str(good / 'model.safetensors'))
+    model = timm.create_model(f'local-dir:{good}', pretrained=True, in_chans=1, num_classes=5)
+    assert torch.allclose(model.stem.weight, saved['stem.weight'].sum(dim=1, keepdim=True))
+    assert model.head.fc.weight.shape[0] == 5
+    assert all(torch.equal(t, saved[k]) for k, t in model.state_dict().items() if not k.startswith(('stem.', 'head.')))
+
+
 def test_the_user_may_opt_out_of_strict_keys_in_python_but_a_config_may_not(good, tmp_path, caplog):
     """pretrained_strict=False given by the user loads what there is with a WARNING naming the tensors left at
     init; the same setting from a config.json's model_args is refused (test above)."""
