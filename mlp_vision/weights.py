@@ -410,10 +410,13 @@ def read_model_folder(folder: os.PathLike) -> Dict[str, Any]:
 
 
 def model_folder_weights(folder: os.PathLike) -> Path:
-    """The weights file timm reads from a ``local-dir:`` folder (the first of :data:`WEIGHTS_FILES` there), else a
-    :class:`UsageError` naming the folder."""
-    for name in WEIGHTS_FILES:
-        if (Path(folder) / name).exists():
-            return Path(folder) / name
-    raise UsageError(f'local-dir:{folder} has no weights file ({", ".join(WEIGHTS_FILES)}); a training run\'s '
-                     f'pretrained/ holds model.safetensors beside config.json')
+    """The weights file timm reads from a ``local-dir:`` folder (the first of :data:`WEIGHTS_FILES` there, else the
+    first ``*.safetensors``, ``*.pth``, ``*.bin`` by name), else a :class:`UsageError` naming the folder."""
+    folder = Path(folder)
+    found = [folder / name for name in WEIGHTS_FILES] + [p for ext in ('.safetensors', '.pth', '.bin')
+                                                         for p in sorted(folder.glob(f'*{ext}'))]
+    for path in found:
+        if path.exists():
+            return path
+    raise UsageError(f'local-dir:{folder} has no weights file ({", ".join(WEIGHTS_FILES)}, *.safetensors, ...); '
+                     f'a training run\'s pretrained/ holds model.safetensors beside config.json')

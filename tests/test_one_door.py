@@ -191,6 +191,13 @@ def test_a_folder_without_weights_says_so_not_download(good, tmp_path):
     assert 'download' not in str(e.value)
 
 
+def test_a_folder_with_another_weights_file_name_loads_as_timm_finds_it(good, tmp_path):
+    folder = _copy(good, tmp_path)
+    os.rename(folder / 'model.safetensors', folder / 'weights.safetensors')
+    model = create_model(f'local-dir:{folder}', pretrained=True)
+    assert torch.equal(model.stem.weight, load_file(str(folder / 'weights.safetensors'))['stem.weight'])
+
+
 def _val_top1(folder, images, capsys):
     results = validate_main(['--model', f'local-dir:{folder}', '--pretrained', '--data-dir', str(images),
                              '--split', 'val', '-b', '8', '--workers', '0', '--threads', '1'])
