@@ -168,8 +168,10 @@ def load_checkpoint_file(path: os.PathLike, trust: bool = False, what: str = 'ch
     path = Path(path)
     name = f'{what} {str(path)!r}'
     if not path.is_file():
-        hint = text_model_hint(path) if path.is_dir() else None
-        raise UsageError(hint or (f'{name} does not exist' if not path.exists() else f'{name} is not a file'))
+        if path.is_dir() and (path / 'config.json').exists():
+            raise UsageError(text_model_hint(path) or f'{name} is a model folder (config.json and its weights), not '
+                                                      f'a file: give it as --model local-dir:{path} --pretrained')
+        raise UsageError(f'{name} does not exist' if not path.exists() else f'{name} is not a file')
     if path.suffix == '.safetensors':
         from safetensors import SafetensorError
         from safetensors.torch import load_file

@@ -113,6 +113,15 @@ def test_a_bad_local_dir_folder_stops_with_one_line_in_every_command_and_in_timm
         assert expected in str(theirs.value)
 
 
+def test_validate_says_one_line_for_a_damaged_folder_and_where_a_folder_goes(good, images, tmp_path, capsys):
+    folder = _copy(good, tmp_path, weights=_nan_stem)
+    data = ['--data-dir', str(images), '--split', 'val', '--workers', '0']
+    line = exits_with_one_line(validate_main, ['--model', f'local-dir:{folder}', '--pretrained'] + data, capsys)
+    assert line.startswith(f'validate.py: error: {folder}/model.safetensors: stem.weight holds'), line
+    line = exits_with_one_line(validate_main, ['--checkpoint', str(good)] + data, capsys)
+    assert f'give it as --model local-dir:{good} --pretrained' in line
+
+
 def test_a_good_folder_loads_the_same_weights_through_our_commands_and_timm(good):
     ours, info = create_model_for_eval(f'local-dir:{good}', pretrained=True)
     theirs = timm.create_model(f'local-dir:{good}', pretrained=True)
