@@ -173,8 +173,8 @@ def test_timm_create_model_with_a_weights_file_passes_the_checks(good, tmp_path)
     _nan_stem(sd)
     save_file(sd, str(tmp_path / 'nan.safetensors'))
     with pytest.raises(UsageError, match=r'stem\.weight holds \d+ NaN'):
-        timm.create_model('smlpnet_t', pretrained=True, pretrained_cfg_overlay=dict(file=str(tmp_path / 'nan.safetensors')),
-                          **KWARGS)
+        timm.create_model('smlpnet_t', pretrained=True, **KWARGS,
+                          pretrained_cfg_overlay=dict(file=str(tmp_path / 'nan.safetensors')))
     fine = timm.create_model('smlpnet_t', pretrained=True, **KWARGS,
                              pretrained_cfg_overlay=dict(file=str(good / 'model.safetensors')))
     assert torch.equal(fine.stem.weight, load_file(str(good / 'model.safetensors'))['stem.weight'])

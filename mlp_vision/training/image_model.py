@@ -1,7 +1,8 @@
 """ The image classifier of train.py / validate.py: model creation (timm's factory with our models registered,
-clear errors), loading our training checkpoints, timm train.py checkpoints or foreign state dicts (every file
-and ``local-dir:`` folder through :mod:`mlp_vision.weights`, the one door: nothing in a file runs unless the user
-trusts it, and the same checks whichever way the weights arrive), and the evaluation loop :func:`validate` (timm train.py's ``validate``, exact over distributed ranks). """
+clear errors), loading our training checkpoints, timm train.py checkpoints, foreign state dicts or ``local-dir:``
+folders (all through :mod:`mlp_vision.weights`, the one door: nothing in a file runs unless the user trusts it, and
+the same checks whichever way the weights arrive), and the evaluation loop :func:`validate` (timm train.py's
+``validate``, exact over distributed ranks). """
 import logging
 import os
 import reprlib
