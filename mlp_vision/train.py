@@ -46,8 +46,9 @@ from mlp_vision.training.image_data import (
     dataset_source, prepare_digits_folder)
 from mlp_vision.training.image_loader import (
     create_eval_loader, create_train_loader, fit_batch_to_data, train_samples_per_rank)
-from mlp_vision.training.run.checkpoint import (
-    atomic_folder, is_training_checkpoint, load_checkpoint_file, load_model_weights, preserve_rng)
+from mlp_vision.training.run.checkpoint import atomic_folder, preserve_rng
+from mlp_vision.weights import (
+    ALLOW_MISSING_FLAG, is_training_checkpoint, load_checkpoint_file, load_model_weights)
 from mlp_vision.training.run.compile import add_compile_arguments, check_compile_backend, compile_model
 from mlp_vision.training.run.config import SEED_MAX, check_flag_ranges, find_recipe
 from mlp_vision.training.run.distributed import all_gather_objects, init_device, wrap_ddp
@@ -61,7 +62,7 @@ from mlp_vision.training.run.run_files import (
     stop_error, stop_signals, weights_digests, write_results)
 from mlp_vision.training.run.summary import plot_curves
 from mlp_vision.training.image_model import (
-    ALLOW_MISSING_FLAG, check_activations, create_model, load_pretrained_weights, model_create_kwargs, reports_top5,
+    check_activations, create_model, load_pretrained_weights, model_create_kwargs, reports_top5,
     resolve_model_data_config, validate)
 from mlp_vision.validate import (
     CROP_PCT_RANGE, add_dataset_arguments, add_input_arguments, check_dataset_package, main as validate_main)
@@ -111,7 +112,8 @@ def _add_data_and_model_args(parser) -> None:
     group.add_argument('--no-resume-opt', action='store_true', default=False,
                        help='with --resume: load weights and epoch only, not optimizer / scaler / scheduler')
     group.add_argument(ALLOW_MISSING_FLAG, action='store_true', default=False,
-                       help='--pretrained-path: let model weights missing from the file keep their random init '
+                       help='--pretrained-path, --pretrained: let model weights missing from the file keep their '
+                            'random init '
                             '(otherwise an error; a classifier for another class count is always re-initialised)')
     group.add_argument('--num-classes', type=int, default=None, metavar='N',
                        help='number of label classes (default: the training set\'s)')
@@ -604,7 +606,8 @@ def _create_model(args, dist_info):
         num_classes=args.num_classes, in_chans=args.in_chans or (args.input_size[0] if args.input_size else None),
         img_size=img_size if takes_img_size else None, drop_rate=args.drop, drop_path_rate=args.drop_path,
         global_pool=args.gp, model_kwargs=args.model_kwargs)
-    model = create_model(args.model, pretrained=args.pretrained, **create_kwargs)
+    model = create_model(args.model, pretrained=args.pretrained, allow_missing=args.allow_missing_weights,
+                         **create_kwargs)
     if args.pretrained_path:
         weights = load_checkpoint_file(args.pretrained_path, trust=args.trust_checkpoint, what='--pretrained-path')
         load_pretrained_weights(model, args.model, weights, f'--pretrained-path {args.pretrained_path}',

@@ -24,9 +24,10 @@ from mlp_vision.training.image_data import (
     INTERPOLATIONS, IMAGE_MODE_CHANNELS, check_class_names, check_image_args, check_num_classes, create_image_dataset)
 from mlp_vision.training.image_loader import create_eval_loader, default_workers
 from mlp_vision.training.run.distributed import init_device
-from mlp_vision.arguments import ArgumentParser, DefaultsHelpFormatter, ParseKwargs, check_range
+from mlp_vision.arguments import ArgumentParser, DefaultsHelpFormatter, ParseKwargs
 from mlp_vision.bounds import BOUND_RANGES, within_bounds
 from mlp_vision.errors import UsageError, run_cli
+from mlp_vision.weights import CROP_MODES, check_data_config
 from mlp_vision.training.run.log import setup_logging
 from mlp_vision.training import image_model
 from mlp_vision.training.image_model import (
@@ -37,9 +38,6 @@ from mlp_vision.training.run.summary import json_text
 from mlp_vision.threads import THREADS_RANGE, set_threads
 
 _logger = logging.getLogger('validate')
-
-MAX_INPUT_SIDE = 8192  # pixels; a checkpoint's input_size beyond it is damage, not a model (3 x 8192^2 floats = 0.8 GB)
-CROP_MODES = ('center', 'squash', 'border')  # timm's eval crop modes
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -184,34 +182,14 @@ def _validation_dataset(args: argparse.Namespace, data_dir, model, info: dict):
 
 
 def checkpoint_data_config(data_cfg, checkpoint: str, in_chans: int) -> dict:
-    """The eval preprocessing a training checkpoint stores (``data_cfg``), checked as the flags it stands in for:
-    ``input_size`` (``in_chans``, H, W) up to :data:`MAX_INPUT_SIDE`, ``mean`` / ``std`` one finite value or one
-    per channel (std > 0), ``crop_pct`` in (0, 1], known ``interpolation`` / ``crop_mode``; else a
-    :class:`UsageError` naming the checkpoint."""
+    """The eval preprocessing a training checkpoint stores (``data_cfg``), checked as a ``local-dir:`` folder's
+    (:func:`~mlp_vision.weights.check_data_config`); else a :class:`UsageError` naming the checkpoint."""
     if data_cfg is None:
         return {}
     where = f'checkpoint {checkpoint}: its data_cfg'
     if not isinstance(data_cfg, dict):
         raise UsageError(f'{where} is {reprlib.repr(data_cfg)}, not a dict; the file is damaged or was crafted')
-    size, names = data_cfg.get('input_size'), {'interpolation': INTERPOLATIONS, 'crop_mode': CROP_MODES}
-    if size is not None and not (isinstance(size, (list, tuple)) and len(size) == 3 and size[0] == in_chans and all(
-            isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= MAX_INPUT_SIDE for n in size)):
-        raise UsageError(f'{where} input_size is {reprlib.repr(size)}; expected ({in_chans}, H, W), the model\'s '
-                         f'{in_chans} channels and H, W in [1, {MAX_INPUT_SIDE}]')
-    for key, bounds in (('mean', {}), ('std', dict(low=0, low_open=True))):
-        values = data_cfg.get(key)
-        if values is None:
-            continue
-        if not isinstance(values, (list, tuple)) or len(values) not in (1, in_chans):
-            raise UsageError(f'{where} {key} is {reprlib.repr(values)}; expected 1 or {in_chans} numbers')
-        for v in values:
-            check_range(f'{where} {key}', v, **bounds)
-    if data_cfg.get('crop_pct') is not None:
-        check_range(f'{where} crop_pct', data_cfg['crop_pct'], low=0, high=1, low_open=True)
-    for key, known in names.items():
-        if data_cfg.get(key) is not None and data_cfg[key] not in known:
-            raise UsageError(f'{where} {key} is {reprlib.repr(data_cfg[key])}; expected one of '
-                             f'{", ".join(n for n in known if n)}')
+    check_data_config(data_cfg, where, in_chans)
     return data_cfg
 
 

@@ -31,7 +31,7 @@ from timm.models.mlp_mixer import SpatialGatingUnit as TimmSpatialGatingUnit
 from .layers.gating import SpatialGatingUnit
 from .layers.sparse_mlp import AxialSparseMLP
 from .layers.ssm import BidirectionalGatedSSM
-from mlp_vision.training.run.checkpoint import load_checkpoint_file
+from mlp_vision.weights import load_checkpoint_file
 from .arguments import ArgumentParser, DefaultsHelpFormatter, ParseKwargs, check_range
 from .bounds import within_bounds
 from .errors import UsageError, run_cli

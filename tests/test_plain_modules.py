@@ -200,7 +200,7 @@ def test_old_fuse_key_names_load_through_every_path(tmp_path):
     AxialSparseMLP and a features_only model load it too."""
     from mlp_vision.layers import AxialSparseMLP
     from mlp_vision.models.smlpnet import checkpoint_filter_fn
-    from mlp_vision.training.run.checkpoint import load_model_weights
+    from mlp_vision.weights import load_model_weights
     from mlp_vision.training.image_model import create_model_for_eval
     kwargs = dict(img_size=IMG, num_classes=10, depths=(1, 1, 1, 1), embed_dim=16)
     src = randomize_(timm.create_model('smlpnet_t', **kwargs))

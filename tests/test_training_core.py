@@ -29,7 +29,8 @@ import mlp_vision.validate as validate  # noqa: E402
 import mlp_vision.train_text as text_train  # noqa: E402
 import mlp_vision.training.run.checkpoint as checkpoint_module  # noqa: E402
 from mlp_vision.training.run.checkpoint import (  # noqa: E402
-    atomic_save, clean_stale_temp_files, keep_previous, load_checkpoint_file, temp_path)
+    atomic_save, clean_stale_temp_files, keep_previous, temp_path)
+from mlp_vision.weights import load_checkpoint_file  # noqa: E402
 from mlp_vision.errors import UsageError  # noqa: E402
 from mlp_vision.training.image_model import create_model, load_pretrained_weights  # noqa: E402
 from _helpers import TINY_GPT, TINY_VISION, exits_with_one_line  # noqa: E402

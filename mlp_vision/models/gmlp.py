@@ -19,6 +19,7 @@ from typing import Any, Dict
 import torch
 from timm.models import generate_default_cfgs, register_model
 
+from ..weights import checked_filter
 from ..layers import GatedMLPBlock
 from .mlp_mixer import MlpMixer, create_isotropic_model, isotropic_cfg, resample_isotropic_state_dict
 
@@ -33,6 +34,7 @@ _TIMM_RENAMES = (
 )
 
 
+@checked_filter
 def checkpoint_filter_fn(state_dict: Dict[str, torch.Tensor], model: MlpMixer) -> Dict[str, torch.Tensor]:
     """timm ``gmlp_*16_224`` or mlp_vision gMLP checkpoint -> this model.
 

@@ -20,6 +20,7 @@ from timm.models._features import feature_take_indices
 from timm.models import generate_default_cfgs, register_model
 
 from .features import FeatureBackbone
+from ..weights import checked_filter, pretrained_filter
 from ..layers import (
     MixerBlock, TokenAxes, check_image_input, check_img_size, check_model_args, record_input_size,
     resample_token_weight)
@@ -266,6 +267,7 @@ def resample_isotropic_state_dict(state_dict: Dict[str, torch.Tensor], model: Ml
     return out
 
 
+@checked_filter
 def checkpoint_filter_fn(state_dict: Dict[str, torch.Tensor], model: MlpMixer) -> Dict[str, torch.Tensor]:
     """timm / mlp_vision Mixer checkpoint -> this model (same layout), resampling the token MLP if needed."""
     return resample_isotropic_state_dict(state_dict, model, MixerBlock.token_axes)
@@ -275,7 +277,7 @@ def create_isotropic_model(variant: str, pretrained: bool, filter_fn: Callable, 
     """Build an isotropic model; ``features_only`` goes through ``forward_intermediates`` (stride-p maps)."""
     out_indices = kwargs.pop('out_indices', 3)
     return build_model_with_cfg(
-        MlpMixer, variant, pretrained, pretrained_filter_fn=filter_fn,
+        MlpMixer, variant, pretrained, pretrained_filter_fn=pretrained_filter(filter_fn, kwargs),
         feature_cfg=dict(out_indices=out_indices, feature_cls=FeatureBackbone),  # also loads a classifier's state
         **kwargs)
 

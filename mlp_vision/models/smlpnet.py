@@ -25,6 +25,7 @@ from timm.models._features import feature_take_indices
 from timm.models import generate_default_cfgs, register_model
 
 from .features import FeatureBackbone
+from ..weights import checked_filter, pretrained_filter
 from ..layers import (
     AxialSparseMLP, SparseMLPBlock, check_image_input, check_img_size, check_model_args, record_input_size,
     rename_legacy_smlp_keys, resample_token_weight)
@@ -260,6 +261,7 @@ _OFFICIAL_BLOCK_MODULES = {
 }
 
 
+@checked_filter
 def checkpoint_filter_fn(state_dict: Dict[str, torch.Tensor], model: SparseMLPNet) -> Dict[str, torch.Tensor]:
     """Official SPACH sMLPNet checkpoint (or ours) -> this model.
 
@@ -342,7 +344,7 @@ def _resample_axial(state_dict: Dict[str, torch.Tensor], model: SparseMLPNet) ->
 
 def _create_smlpnet(variant: str, pretrained: bool = False, **kwargs) -> SparseMLPNet:
     return build_model_with_cfg(
-        SparseMLPNet, variant, pretrained, pretrained_filter_fn=checkpoint_filter_fn,
+        SparseMLPNet, variant, pretrained, pretrained_filter_fn=pretrained_filter(checkpoint_filter_fn, kwargs),
         # the getter runs forward_intermediates, so a features_only model checks its input as the classifier does;
         # FeatureBackbone also loads a classifier's state dict (create_model(checkpoint_path=...))
         feature_cfg=dict(out_indices=(0, 1, 2, 3), feature_cls=FeatureBackbone),

@@ -1,14 +1,15 @@
 """ The image classifier of train.py / validate.py: model creation (timm's factory with our models registered,
-clear errors), loading our training checkpoints, timm train.py checkpoints or foreign state dicts (every file
-through the safe loader of :mod:`mlp_vision.training.run.checkpoint`: nothing in a file runs unless the user trusts
-it), and the evaluation loop :func:`validate` (timm train.py's ``validate``, exact over distributed ranks). """
+clear errors), loading our training checkpoints, timm train.py checkpoints, foreign state dicts or ``local-dir:``
+folders (all through :mod:`mlp_vision.weights`, the one door: nothing in a file runs unless the user trusts it, and
+the same checks whichever way the weights arrive), and the evaluation loop :func:`validate` (timm train.py's
+``validate``, exact over distributed ranks). """
 import logging
+import os
 import reprlib
 import sys
 import time
 from contextlib import suppress
-from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 import timm
 import torch
@@ -18,16 +19,14 @@ import torch.nn.functional as F
 from timm.data import resolve_data_config
 
 import mlp_vision  # noqa: F401  (registers gmlp_* / smlpnet_* / mixer_* with timm)
-from mlp_vision.weights import load_backbone
-from mlp_vision.training.run.checkpoint import (
-    clean_state_dict, is_training_checkpoint, load_checkpoint_file, load_model_weights)
+from mlp_vision.weights import (
+    clean_state_dict, is_training_checkpoint, load_backbone, load_checkpoint_file,
+    load_model_weights, model_folder_weights, read_model_folder, text_model_hint)
 from mlp_vision.bounds import check_activation_size, check_model_size
 from mlp_vision.errors import UsageError, short_repr
 
 __all__ = ['model_create_kwargs', 'resolve_model_data_config', 'create_model', 'load_pretrained_weights',
            'create_model_for_eval', 'validate', 'reports_top5']
-
-ALLOW_MISSING_FLAG = '--allow-missing-weights'
 
 _logger = logging.getLogger(__name__)
 
@@ -37,7 +36,13 @@ def model_create_kwargs(num_classes: Optional[int] = None, in_chans: Optional[in
                         drop_path_rate: Optional[float] = None, global_pool: Optional[str] = None,
                         model_kwargs: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """The keyword arguments for ``timm.create_model``: the values given (None: the model's default), then
-    ``model_kwargs`` (``--model-kwargs k=v ...``), which win over the dedicated flags."""
+    ``model_kwargs`` (``--model-kwargs k=v ...``), which win over the dedicated flags -- except a ``num_classes``
+    other than ``num_classes`` (``--num-classes``, or the class count train.py derives from the data): a
+    :class:`UsageError`, as ``--num-classes`` itself would be."""
+    given = (model_kwargs or {}).get('num_classes')
+    if num_classes is not None and given is not None and given != num_classes:
+        raise UsageError(f'--model-kwargs num_classes={short_repr(given)}, but --num-classes (or the data) says '
+                         f'{num_classes} classes; drop num_classes from --model-kwargs (--num-classes sets it)')
     kwargs = dict(num_classes=num_classes, in_chans=in_chans, img_size=img_size, drop_rate=drop_rate,
                   drop_path_rate=drop_path_rate, global_pool=global_pool)
     kwargs = {k: v for k, v in kwargs.items() if v is not None}
@@ -66,9 +71,13 @@ def resolve_model_data_config(args, model: nn.Module, stored: Optional[Dict[str,
 
 
 def is_local_dir(name: str) -> bool:
-    """``local-dir:FOLDER`` naming a folder with the ``config.json`` timm builds a model from (a run's
-    ``pretrained/``)."""
-    return name.startswith('local-dir:') and (Path(name[len('local-dir:'):]) / 'config.json').is_file()
+    """Whether ``name`` is ``local-dir:FOLDER`` (a folder with the ``config.json`` timm builds a model from, a run's
+    ``pretrained/``); the folder must then pass :func:`~mlp_vision.weights.read_model_folder`, else its
+    :class:`UsageError` (a FIFO, a text model, a damaged config) is raised here, not left to timm."""
+    if not name.startswith('local-dir:'):
+        return False
+    read_model_folder(name[len('local-dir:'):])
+    return True
 
 
 def _build_on_meta(name: str, kwargs: Dict[str, Any]) -> Optional[nn.Module]:
@@ -86,18 +95,35 @@ def _build_on_meta(name: str, kwargs: Dict[str, Any]) -> Optional[nn.Module]:
         return None
 
 
-def create_model(name: str, pretrained: bool = False, sizes_from: str = '', **kwargs) -> nn.Module:
+def create_model(name: str, pretrained: bool = False, sizes_from: str = '', head_must_fit: bool = False,
+                 allow_missing: bool = False, **kwargs) -> nn.Module:
     """``timm.create_model`` with a :class:`UsageError` for an unknown name, bad kwargs or unloadable weights.
 
     The model is first built on the ``meta`` device and refused (:func:`~mlp_vision.bounds.check_model_size`)
     beyond :data:`~mlp_vision.bounds.MAX_PARAMS` parameters before any memory is taken; ``sizes_from`` names where
-    ``kwargs`` came from for that message (e.g. ``"checkpoint x.pth's model_cfg"``)."""
+    ``kwargs`` came from for that message (e.g. ``"checkpoint x.pth's model_cfg"``). A ``local-dir:`` folder's
+    weights go through :func:`load_pretrained_weights` (its classifier dropped for another class count, unless
+    ``head_must_fit``: evaluation); a registered name's through its checkpoint filter. Backbone tensors the weights
+    lack are an error unless ``allow_missing`` (``--allow-missing-weights``)."""
     if not name:
         raise UsageError('no model given: pass --model NAME (e.g. smlpnet_t, gmlp_ti, mixer_b16)')
     if not (timm.is_model(name) or is_local_dir(name)):
         ours = ', '.join(mlp_vision.VISION_MODELS)
-        raise UsageError(f'unknown model {name!r}: use one of ours ({ours}), any timm model name, or local-dir:FOLDER '
-                         f'for a folder with a timm config.json (a training run\'s pretrained/)')
+        hint = text_model_hint(name) if os.path.isdir(name) else None
+        raise UsageError(hint or f'unknown model {name!r}: use one of ours ({ours}), any timm model name, or '
+                         f'local-dir:FOLDER for a folder with a timm config.json (a training run\'s pretrained/)')
+    if name.startswith('local-dir:') and pretrained:
+        folder = name[len('local-dir:'):]
+        path = model_folder_weights(folder)
+        weights = load_checkpoint_file(path, what=f'local-dir:{folder} weights file')  # before the build
+        model = create_model(name, sizes_from=sizes_from, **kwargs)
+        stored = model.pretrained_cfg.get('num_classes')
+        load_pretrained_weights(model, model.pretrained_cfg['architecture'], weights, str(path),
+                                head_must_fit=head_must_fit or getattr(model, 'num_classes', None) == stored,
+                                allow_missing=allow_missing)
+        return model
+    if pretrained and allow_missing:
+        kwargs['pretrained_strict'] = False  # the user's opt-out, which our checkpoint filters honour (weights.py)
     try:
         what = f'model {name} with {short_repr(kwargs)}' + (f' (from {sizes_from})' if sizes_from else '')
         check_model_size(lambda: _build_on_meta(name, kwargs), what)
@@ -134,11 +160,13 @@ def check_activations(name: str, kwargs: Dict[str, Any], input_size: Tuple[int, 
     check_activation_size(lambda: _build_on_meta(name, kwargs), [images], training, what)
 
 
-def _checkpoint_filter_fn(name: str):
+def _checkpoint_conversion(name: str):
     # timm's convention: a model family's checkpoint_filter_fn lives beside its entrypoint (what timm passes to
-    # build_model_with_cfg as pretrained_filter_fn); families without one load their state dicts as they are
+    # build_model_with_cfg as pretrained_filter_fn); families without one load their state dicts as they are. Ours
+    # are checked_filter's: their conversion alone (__wrapped__), as load_pretrained_weights checks the result
     module = sys.modules.get(timm.models.model_entrypoint(name).__module__)
-    return getattr(module, 'checkpoint_filter_fn', None)
+    filter_fn = getattr(module, 'checkpoint_filter_fn', None)
+    return getattr(filter_fn, '__wrapped__', filter_fn)
 
 
 def _classifier_prefixes(model: nn.Module) -> Tuple[str, ...]:
@@ -146,13 +174,10 @@ def _classifier_prefixes(model: nn.Module) -> Tuple[str, ...]:
     return tuple(f'{n}.' for n in ((names,) if isinstance(names, str) else names))
 
 
-def _short_list(keys: List[str], n: int = 4) -> str:
-    return ', '.join(keys[:n]) + (f' and {len(keys) - n} more' if len(keys) > n else '')
-
-
 def load_pretrained_weights(model: nn.Module, name: str, state_dict: Dict[str, torch.Tensor], source: str,
                             head_must_fit: bool = False, allow_missing: bool = False) -> None:
-    """Load a state dict of another layout (official, timm's, ours) through ``name``'s checkpoint filter.
+    """Load a state dict of another layout (official, timm's, ours) through ``name``'s checkpoint filter, then
+    :func:`~mlp_vision.weights.check_state_dict`.
 
     Every backbone tensor must be in the file and fit: otherwise a :class:`UsageError`, unless ``allow_missing``
     (``--allow-missing-weights``: a WARNING, random init kept). Fine-tuning: a classifier of another class count is
@@ -163,37 +188,20 @@ def load_pretrained_weights(model: nn.Module, name: str, state_dict: Dict[str, t
     if not isinstance(state_dict, dict) or not all(isinstance(k, str) for k in state_dict):
         raise UsageError(f'{source} is a {type(state_dict).__name__} of other keys, not a state dict (tensors by '
                          f'name); the file is damaged or holds other data')
-    filter_fn = _checkpoint_filter_fn(name)
+    convert = _checkpoint_conversion(name)
     state_dict = clean_state_dict(state_dict)
     try:
-        if filter_fn is not None:
-            state_dict = filter_fn(state_dict, model)
+        if convert is not None:
+            state_dict = convert(state_dict, model)
     except (KeyError, ValueError, RuntimeError, IndexError, AttributeError, TypeError) as e:  # e.g. an int, no .shape
         raise UsageError(f'{source} does not convert to {name} (through its checkpoint filter): '
                          f'{" ".join(str(e).split())[:300]}') from e
     heads = () if head_must_fit else _classifier_prefixes(model)
-    report = load_backbone(model, state_dict, heads, source)
-    wrong_shape = report.mismatched_outside(heads)
-    if wrong_shape:
-        k = wrong_shape[0]
-        raise UsageError(f'{source} does not fit {name}: {len(wrong_shape)} tensors with other shapes (e.g. {k}: '
-                         f'file {tuple(state_dict[k].shape)}, model {tuple(model.state_dict()[k].shape)}). Expected '
-                         f'weights of this architecture and settings (--model-kwargs, --img-size)')
+    report = load_backbone(model, state_dict, heads, source, keys='warn' if allow_missing else 'refuse')
     dropped = [k for k in report.mismatched if k in report.new]  # a classifier of another class count
-    missing_head, missing = report.new, report.missing
-    unexpected = [k for k in report.unused if k not in report.mismatched]
-    if missing or unexpected:
-        detail = '; '.join(p for p in (
-            f'{len(missing)} model tensors missing from the file ({_short_list(missing)})' if missing else '',
-            f'{len(unexpected)} file tensors the model does not have ({_short_list(unexpected)})' if unexpected
-            else '') if p)
-        if not allow_missing:
-            raise UsageError(f'{source} does not cover {name}: {detail}. These would keep their random init; '
-                             f'pass {ALLOW_MISSING_FLAG} if that is intended')
-        _logger.warning(f'{ALLOW_MISSING_FLAG}: {source}: {detail}; the missing ones keep their random init')
-    if missing_head:
-        why = f' (the file\'s classifier has another class count: {_short_list(dropped)} dropped)' if dropped else ''
-        _logger.warning(f'{source}: classifier weights not loaded{why}; {", ".join(missing_head)} start at random '
+    if report.new:
+        why = f' (the file\'s classifier has another class count: {", ".join(dropped)} dropped)' if dropped else ''
+        _logger.warning(f'{source}: classifier weights not loaded{why}; {", ".join(report.new)} start at random '
                         f'init (fine-tuning for {getattr(model, "num_classes", "?")} classes)')
 
 
@@ -224,7 +232,8 @@ def create_model_for_eval(name: Optional[str], checkpoint: Optional[str] = None,
     defaults to ``arch``), or any other state dict through the model's filter (``name`` required).
 
     Returns the model (eval mode, CPU) and info: ``source``, ``checkpoint_kind``, ``data_cfg`` (ours only),
-    ``epoch``, ``model_name``, ``create_kwargs``, ``class_names`` (label order; None where the file has none).
+    ``epoch``, ``model_name``, ``create_kwargs``, ``class_names`` (label order: a training checkpoint's
+    ``class_names``, a ``local-dir:`` folder's ``label_names``; None where the weights have none).
     """
     create_kwargs = dict(create_kwargs or {})
     info: Dict[str, Any] = {'source': 'random init', 'checkpoint_kind': None, 'data_cfg': None, 'epoch': None,
@@ -263,8 +272,10 @@ def create_model_for_eval(name: Optional[str], checkpoint: Optional[str] = None,
             info.update(source=f'{checkpoint} (state dict through the {name} filter)', checkpoint_kind='foreign',
                         create_kwargs=create_kwargs)
     else:
-        model = create_model(name, pretrained=pretrained, **create_kwargs)
+        model = create_model(name, pretrained=pretrained, head_must_fit=True, **create_kwargs)
         info.update(source='pretrained weights' if pretrained else 'random init', create_kwargs=create_kwargs)
+        if pretrained and name.startswith('local-dir:'):  # the folder's classes label the data, as a checkpoint's
+            info.update(source=f'{name} (pretrained weights)', class_names=model.pretrained_cfg.get('label_names'))
         if not pretrained:
             _logger.warning(f'no --checkpoint or --pretrained: evaluating a randomly initialised {name}')
     info['model_name'] = name

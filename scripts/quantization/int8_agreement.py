@@ -20,7 +20,7 @@ import torch.nn as nn
 from timm.data import resolve_data_config
 
 import mlp_vision  # noqa: F401  (registers the models)
-from mlp_vision.training.run.checkpoint import load_checkpoint_file, load_model_weights
+from mlp_vision.weights import load_checkpoint_file, load_model_weights
 from mlp_vision.training.image_data import create_image_dataset
 from mlp_vision.training.image_loader import create_eval_loader
 

@@ -57,8 +57,8 @@ from mlp_vision.errors import Interrupted, RunError, UsageError, short_repr
 from mlp_vision.threads import add_threads_argument
 from mlp_vision.training.run.checkpoint import (
     CHECKPOINT_VERSION, TRUST_FLAG, CheckpointManager, atomic_write_text, check_optimizer_state, check_rng_state,
-    check_settings_state, clean_stale_temp_files, get_rng_state, is_count, keep_previous, load_checkpoint_file,
-    load_model_weights, open_own_file, set_rng_state)
+    check_settings_state, clean_stale_temp_files, get_rng_state, is_count, keep_previous, open_own_file, set_rng_state)
+from mlp_vision.weights import load_checkpoint_file, load_model_weights
 from mlp_vision.training.run.config import (
     BaseConfigs, RunArgs, args_to_yaml, merge_settings, parse_given, plain_value, read_yaml_file)
 from mlp_vision.training.run.distributed import DistInfo, all_gather_objects, state_dict_digest
