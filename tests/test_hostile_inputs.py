@@ -253,7 +253,7 @@ def test_a_tokenizer_panic_is_one_line(tmp_path, capsys):
 def test_fill_mask_bad_text_and_config_files(tmp_path, capsys):
     make_official_folder(tmp_path / 'BiGS')
     msg = _fail(fill_mask.main, [str(tmp_path / 'BiGS'), 'the \udcff [MASK]'], capsys)  # argv byte 0xff (PEP 383)
-    assert "the text is not UTF-8: character 4 is '\\udcff'" in msg, msg
+    assert "'the \\xff [MASK]' is not UTF-8 text (character 4)" in msg, msg  # the parser's check of every word
     config, argv = tmp_path / 'BiGS' / 'config.json', [str(tmp_path / 'BiGS'), 'the [MASK]']
     config.write_text('[' * 100_000 + ']' * 100_000)
     assert f'{config} is nested too deeply to be a config' in _fail(fill_mask.main, argv, capsys)

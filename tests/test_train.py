@@ -473,7 +473,7 @@ def test_validate_bad_inputs(reference_run, digits, tmp_path):
         ('--log-interval', '0'): '--log-interval must be >= 1',
         ('--interpolation', 'banana'): "invalid choice: 'banana'",
         ('--crop-mode', 'banana'): "invalid choice: 'banana'",
-        ('--crop-pct', 'nan'): '--crop-pct must be a positive number',
+        ('--crop-pct', 'nan'): '--crop-pct must be in (0, 1]',
         ('--input-img-mode', 'XYZ'): "invalid choice: 'XYZ'",
         ('--input-img-mode', 'L'): '--input-img-mode L gives 1-channel images, the model takes 3',
         ('--std', '0'): '--std must be a positive number',
