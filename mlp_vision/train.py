@@ -12,19 +12,21 @@ The file reads as timm's train.py: the flags and their checks, then :func:`main`
 model, optimizer, schedule, EMA, loaders, then the epochs), :func:`train_one_epoch` and the evaluation loop
 :func:`~mlp_vision.training.image_model.validate` (shared with validate.py). The run's files and their
 safety (folder identity and lock, atomic checkpoints with history, exact resume, stop lines, results) are the
-functions of :mod:`~mlp_vision.training.run.run_files`, called in order; one optimizer update is
-:meth:`~mlp_vision.training.run.loop.StepLoop.update`.
+functions of :mod:`~mlp_vision.training.run_files`, called in order; one optimizer update is
+:meth:`~mlp_vision.training.loop.StepLoop.update`.
 """
 import argparse
 import copy
+import hashlib
 import logging
+import signal
 import time
 from contextlib import suppress
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import partial
 from pathlib import Path
-from typing import Any, Callable, Dict, Mapping, Optional
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 import timm
 import torch
@@ -34,34 +36,29 @@ from timm.data import Mixup, create_transform
 from timm.loss import BinaryCrossEntropy, LabelSmoothingCrossEntropy, SoftTargetCrossEntropy
 from timm.models import model_parameters, save_for_hf
 from timm.optim import create_optimizer_v2, list_optimizers, optimizer_kwargs
-from timm.scheduler import scheduler_kwargs
+from timm.scheduler import create_scheduler_v2, scheduler_kwargs
 from timm.utils import ModelEmaV3, ParseKwargs, distribute_bn, random_seed, unwrap_model
 
-from mlp_vision.arguments import ArgumentParser, DefaultsHelpFormatter
+from mlp_vision.arguments import SEED_MAX, ArgumentParser, DefaultsHelpFormatter, check_flag_ranges, find_recipe
 from mlp_vision.bounds import size_bounds
 from mlp_vision.errors import Interrupted, UsageError, run_cli
+from mlp_vision.outputs import atomic_folder, setup_logging
 from mlp_vision.threads import set_run_threads
 from mlp_vision.training.data import (
     INTERPOLATIONS, check_image_args, check_num_classes, create_eval_loader, create_train_loader,
     create_train_val_datasets, dataset_class_names, dataset_source, fit_batch_to_data, prepare_digits_folder,
     train_samples_per_rank)
-from mlp_vision.training.run.checkpoint import (
-    atomic_folder, is_training_checkpoint, load_checkpoint_file, load_model_weights, preserve_rng)
-from mlp_vision.training.run.compile import add_compile_arguments, check_compile_backend, compile_model
-from mlp_vision.training.run.config import SEED_MAX, check_flag_ranges, find_recipe
-from mlp_vision.training.run.distributed import all_gather_objects, init_device, wrap_ddp
-from mlp_vision.training.run.log import setup_logging
-from mlp_vision.training.run.loop import (
+from mlp_vision.training.run.checkpoint import is_training_checkpoint, load_checkpoint_file, load_model_weights
+from mlp_vision.training.loop import (
     NonFiniteLossError, StepLoop, UpdateStep, format_duration, progress_line, warn_global_batch_beyond_data)
-from mlp_vision.training.run.run_files import (
-    RunFolder, add_device_arguments, add_run_arguments, check_not_finished, check_resume_identity,
-    check_resume_payload, checkpoint_files, close_run_folder, create_lr_scheduler, list_outputs, log_settings_changes,
-    open_run_folder, parse_run_args, restore_ema, restore_rng, restore_training_state, save_checkpoint, setup_amp,
-    stop_error, stop_signals, weights_digests, write_results)
-from mlp_vision.training.run.summary import plot_curves
+from mlp_vision.training.run_files import (
+    RunFolder, all_gather_objects, check_not_finished, check_resume_identity, check_resume_payload, checkpoint_files,
+    close_run_folder, list_outputs, log_settings_changes, open_run_folder, parse_run_args, plot_curves, preserve_rng,
+    restore_ema, restore_rng, restore_training_state, save_checkpoint, stop_error, stop_signals, write_results)
 from mlp_vision.training.image_model import (
-    ALLOW_MISSING_FLAG, check_activations, create_model, load_pretrained_weights, model_create_kwargs, reports_top5,
-    resolve_model_data_config, validate)
+    ALLOW_MISSING_FLAG, DistInfo, add_common_arguments, add_compile_arguments, add_device_arguments, check_activations,
+    check_compile_backend, compile_model, create_model, init_device, load_pretrained_weights, model_create_kwargs,
+    reports_top5, resolve_model_data_config, setup_amp, validate)
 from mlp_vision.validate import add_dataset_arguments, add_input_arguments, main as validate_main
 
 _logger = logging.getLogger('train')
@@ -226,6 +223,15 @@ def _add_regularization_and_misc_args(parser) -> None:
                        help='metric for best checkpoint')
 
 
+def add_run_arguments(group: argparse._ActionsContainer, resume_help: str) -> None:
+    """``--resume`` and :func:`add_common_arguments`: the same in every training script."""
+    group.add_argument('--resume', default='', type=str, metavar='PATH', help=resume_help)
+    group.add_argument('--keep-optimizer-state', action='store_true', default=False,
+                       help='model_best.pth and checkpoint-N.pth hold the optimizer state too, so a run can resume '
+                            'from them (default: weights only, about a third of the size; last.pth always has it)')
+    add_common_arguments(group)
+
+
 def _has_dataset(settings: Mapping[str, Any]) -> bool:  # settings: arguments by destination
     return bool(settings.get('data') or settings.get('data_dir') or settings.get('dataset'))
 
@@ -235,7 +241,7 @@ def parse_args(argv):
     saved settings; settings that name no dataset have the demo recipe as their base, under the user's -c and
     flags."""
     args, resume_ckpt = parse_run_args(
-        build_parser(), argv, kind='image', recipes=True,
+        build_parser(), argv, recipes=True,
         base_configs=lambda settings: [] if _has_dataset(settings) else [str(find_recipe(DEMO_RECIPE))])
     return args, not _has_dataset(vars(args)), resume_ckpt
 
@@ -309,7 +315,7 @@ def _main(argv, prog):
     check_args(args, dist_info)
     _logger.info(set_run_threads(args.threads, resume_ckpt))
     if resume_ckpt is not None:
-        check_resume_payload(resume_ckpt, 'epoch', f'--resume {args.resume}')
+        check_resume_payload(resume_ckpt, f'--resume {args.resume}')
     with stop_signals() as stop_signal, size_bounds(args):
         return train(args, dist_info, resume_ckpt, demo, stop_signal, command=' '.join([prog] + list(argv)))
 
@@ -340,12 +346,12 @@ def train(args, dist_info, resume_ckpt: Optional[dict], demo: bool, stop_signal:
         schedule = dict(scheduler_kwargs(args, decreasing_metric=args.eval_metric == 'loss'), lr=args.lr)
         lr_scheduler, num_epochs = create_lr_scheduler(optimizer, schedule, updates_per_epoch)
 
-        last_epoch, num_updates = restore_training_state(resume_ckpt, args.resume, 'epoch', args.model, model,
+        last_epoch, num_updates = restore_training_state(resume_ckpt, args.resume, args.model, model,
                                                          optimizer, lr_scheduler, schedule, loss_scaler,
                                                          weights_only=args.no_resume_opt)
         last_saved = last_epoch if resume_ckpt is not None else None  # a checkpoint holds a done epoch
         start_epoch = last_epoch + 1 if resume_ckpt is not None else 0
-        check_not_finished(resume_ckpt, args.resume, 'epoch', start_epoch, num_epochs, '--epochs')
+        check_not_finished(resume_ckpt, args.resume, start_epoch, num_epochs)
         model_ema = None
         if args.model_ema:  # a copy of the (resumed) model, before DDP / compile, as timm; then the resumed EMA
             model_ema = ModelEmaV3(model, decay=args.model_ema_decay, use_warmup=args.model_ema_warmup,
@@ -356,7 +362,7 @@ def train(args, dist_info, resume_ckpt: Optional[dict], demo: bool, stop_signal:
                                  loss_scaler, args.clip_grad, args.clip_mode)
 
         folder = open_run_folder(
-            args, resume_ckpt, kind='image', key='epoch', default_root='./output/train',
+            args, resume_ckpt, default_root='./output/train',
             default_name=_experiment_name(args, demo, data_config), decreasing=args.eval_metric == 'loss',
             max_history=args.checkpoint_hist) if dist_info.primary else None
         try:
@@ -392,10 +398,15 @@ def train(args, dist_info, resume_ckpt: Optional[dict], demo: bool, stop_signal:
             if results is not None:
                 _report(args, folder, metrics, results, data_dir, run_start)
                 list_outputs(folder)
+            if stop_signal():  # held through the final stage, which had to finish for its outputs to agree
+                where = f' (results.json, pretrained/ in {folder.output_dir})' if folder is not None else ''
+                raise Interrupted(stop_signal(), message=(
+                    f'{signal.Signals(stop_signal()).name} arrived after the last update and was held until the '
+                    f'final stage ended: the run is complete{where}'))
         except BaseException as e:
-            close_run_folder(folder, e, 'epoch')
+            close_run_folder(folder, e)
             raise
-        close_run_folder(folder, None, 'epoch')
+        close_run_folder(folder, None)
         return results
     finally:
         # end the loaders' persistent workers with the run: a later garbage collection stalled ~10 s per loader
@@ -424,7 +435,7 @@ def _train_epochs(args, dist_info, folder: Optional[RunFolder], loop: StepLoop, 
                 world_size=dist_info.world_size, log_interval=args.log_interval, primary=dist_info.primary)
         except (Interrupted, NonFiniteLossError) as e:
             last_path = folder.saver.last_path if folder is not None else None
-            raise stop_error(e, last_path, last_saved, args.resume, 'epoch', STOP_ADVICE) from None
+            raise stop_error(e, last_path, last_saved, args.resume, STOP_ADVICE) from None
         if dist_info.distributed and args.dist_bn in ('broadcast', 'reduce'):
             distribute_bn(train_model, dist_info.world_size, args.dist_bn == 'reduce')
         with preserve_rng():  # evaluation must not shift the training's random stream
@@ -434,7 +445,7 @@ def _train_epochs(args, dist_info, folder: Optional[RunFolder], loop: StepLoop, 
         if folder is not None:
             folder.summary.append(row)
         written = save_checkpoint(
-            folder, args, dist_info, epoch, metric, kind='image', key='epoch', num_updates=loop.num_updates, **state,
+            folder, args, dist_info, epoch, metric, num_updates=loop.num_updates, **state,
             state_dict_ema=model_ema.module.state_dict() if model_ema is not None else None,
             eval_metrics=metrics.eval, ema_eval_metrics=metrics.ema_eval)
         last_saved = epoch
@@ -457,7 +468,11 @@ def _final_stage(args, dist_info, folder: Optional[RunFolder], model, train_mode
         demo_val = _validate_demo(args, dist_info, folder, data_dir, model_ema)
     if folder is None:
         return None
-    pretrained = _export_pretrained(args, folder, train_model, model_ema, data_config, train_classes, data_dir)
+    pretrained, pretrained_from = _export_pretrained(args, folder, train_model, model_ema, data_config, train_classes,
+                                                     data_dir)
+    # the best as model_best.pth itself records it: the record names what the files hold
+    best = ({'epoch': pretrained_from['epoch'], 'metric': pretrained_from['metric']}
+            if pretrained_from['file'] == folder.saver.best_path.name else None)
     device = dist_info.device
     results = {
         'model': args.model, 'model_kwargs': create_kwargs, 'experiment_dir': str(folder.output_dir),
@@ -466,8 +481,8 @@ def _final_stage(args, dist_info, folder: Optional[RunFolder], model, train_mode
         'torch_version': torch.__version__, 'world_size': dist_info.world_size, 'epochs': num_epochs,
         'global_batch': _global_batch(args, dist_info.world_size), 'lr': args.lr, 'final_epoch': num_epochs - 1,
         'train': metrics.train, 'eval': metrics.eval, 'ema_eval': metrics.ema_eval,
-        'best': folder.saver.best, 'eval_metric': args.eval_metric, 'checkpoints': checkpoint_files(folder),
-        'pretrained': str(pretrained), 'weights_sha256_per_rank': digests, 'ranks_agree': len(set(digests)) == 1,
+        'best': best, 'eval_metric': args.eval_metric, 'checkpoints': checkpoint_files(folder),
+        'pretrained': str(pretrained), 'pretrained_from': pretrained_from, 'weights_sha256_per_rank': digests, 'ranks_agree': len(set(digests)) == 1,
         'train_seconds_this_process': time.time() - metrics.train_start, 'demo_validation': demo_val,
         'skipped_images': {  # unreadable files, left out (never replaced): last epoch / last evaluation, this rank
             'train': loader_train.skipped, 'eval': loader_eval.skipped if loader_eval is not None else 0,
@@ -482,7 +497,7 @@ def train_one_epoch(epoch: int, loop: StepLoop, loader, loss_fn: Callable, *, to
                     mixup_fn=None, grad_accum_steps: int = 1, channels_last: bool = False, world_size: int = 1,
                     log_interval: int = 50, primary: bool = True) -> Dict[str, float]:
     """One epoch with the run's ``loop``; returns {'loss', 'lr', 'img_per_sec', 'seconds'} (loss and rate over every
-    rank). Each optimizer update is :meth:`~mlp_vision.training.run.loop.StepLoop.update` over ``grad_accum_steps``
+    rank). Each optimizer update is :meth:`~mlp_vision.training.loop.StepLoop.update` over ``grad_accum_steps``
     batches (the last one over the batches left), which owns DDP sync, the NaN / inf and signal stops and the one host
     sync per update; the epoch's loss is all-reduced once, at its end.
     """
@@ -538,6 +553,56 @@ def train_one_epoch(epoch: int, loop: StepLoop, loader, loss_fn: Callable, *, to
     total_loss, total_samples = totals.tolist()
     lr = sum(g['lr'] for g in optimizer.param_groups) / len(optimizer.param_groups)
     return {'loss': total_loss / total_samples, 'lr': lr, 'img_per_sec': total_samples / seconds, 'seconds': seconds}
+
+
+# ------------------------------------------------------------------------------------------------ distributed
+def wrap_ddp(model: nn.Module, info: DistInfo, **kwargs) -> nn.Module:
+    """DistributedDataParallel with ``device_ids`` for CUDA and none for the CPU; every parameter's gradient reaches
+    DDP with the parameter's strides (:func:`_grad_in_param_strides`)."""
+    from torch.nn.parallel import DistributedDataParallel
+    for param in model.parameters():
+        if param.requires_grad and 1 in param.shape:
+            param.register_hook(_grad_in_param_strides(param))
+    if info.device.type == 'cuda':
+        return DistributedDataParallel(model, device_ids=[info.device], **kwargs)
+    return DistributedDataParallel(model, **kwargs)
+
+
+def _grad_in_param_strides(param: torch.Tensor):
+    """A gradient hook that gives the gradient the parameter's strides where the two differ only along size-1 dims.
+
+    Convolution kernels return their weight gradient in the memory format of their input (sMLPNet's 1x1 fuse conv
+    of a channels-last activation: strides (C_in, 1, C_in, C_in) for a parameter's (C_in, 1, 1, 1)). A size-1 dim's
+    stride is never used, so autograd accepts it, but DDP's reducer compares all strides and warns "Grad strides do
+    not match bucket view strides" on every rank. The restrided view is the same memory; a gradient laid out
+    differently along a dim longer than 1 is left as it is.
+    """
+    def restride(grad: torch.Tensor) -> torch.Tensor:
+        if grad.layout != torch.strided or grad.shape != param.shape or grad.stride() == param.stride():
+            return grad
+        if any(g != p for g, p, n in zip(grad.stride(), param.stride(), param.shape) if n != 1):
+            return grad
+        return grad.as_strided(grad.shape, param.stride(), grad.storage_offset())
+    return restride
+
+
+def state_dict_digest(module: nn.Module) -> str:
+    """SHA-256 of every tensor in the state dict (names, dtypes, shapes, bytes): equal digests = equal weights."""
+    h = hashlib.sha256()
+    for k, v in module.state_dict().items():
+        v = v.detach().cpu().contiguous()
+        h.update(f'{k}:{v.dtype}:{tuple(v.shape)};'.encode())
+        h.update(v.reshape(-1).view(torch.uint8).numpy().tobytes() if v.numel() else b'')
+    return h.hexdigest()
+
+
+def weights_digests(dist_info: DistInfo, *modules: Optional[nn.Module]) -> List[str]:
+    """Every rank's SHA-256 of the weights (equal digests = equal weights); logs an error if they differ."""
+    digest = ' '.join(state_dict_digest(unwrap_model(m)) for m in modules if m is not None)
+    digests = all_gather_objects(digest, dist_info)
+    if len(set(digests)) != 1:
+        _logger.error(f'weights differ across ranks: {digests}')
+    return digests
 
 
 # ------------------------------------------------------------------------------------------------ what main builds
@@ -631,6 +696,23 @@ def resolve_lr(args, world_size: int) -> None:
     args.derive(lr=args.lr_base * ratio, **({} if args.lr_base_scale else {'lr_base_scale': scale}))
     _logger.info(f'learning rate {args.lr:.4g} = lr_base {args.lr_base:g} x {args.lr_base_scale} scaling of '
                  f'the global batch {global_batch} / {args.lr_base_size}')
+
+
+_SCHEDULERS = ('cosine', 'tanh', 'step', 'multistep', 'poly', 'wsd', 'rsqrt', 'constant', 'plateau')
+
+
+def create_lr_scheduler(optimizer: torch.optim.Optimizer, schedule: Dict[str, Any], updates_per_epoch: int = 1):
+    """timm's ``create_scheduler_v2(optimizer, **schedule)``; returns (scheduler, total epochs incl. cooldown).
+    ``schedule`` holds its keyword arguments and ``lr`` (the optimizer's base LR); every checkpoint stores it
+    (:func:`restore_training_state` continues a changed one from the checkpoint's position)."""
+    if schedule['sched'] not in _SCHEDULERS:
+        raise UsageError(f'--sched {schedule["sched"]!r} is not a learning-rate schedule; use one of '
+                         f'{", ".join(_SCHEDULERS)}')
+    kwargs = {k: v for k, v in schedule.items() if k != 'lr'}
+    try:
+        return create_scheduler_v2(optimizer, **kwargs, updates_per_epoch=updates_per_epoch)
+    except (ValueError, AssertionError) as e:
+        raise UsageError(f'the --sched {schedule["sched"]} schedule cannot be built: {e}') from e
 
 
 def _create_optimizer(args, model: nn.Module) -> torch.optim.Optimizer:
@@ -818,10 +900,12 @@ def _run_description(args, data_dir: str, num_classes: int) -> str:
 
 
 def _export_pretrained(args, folder: RunFolder, train_model, model_ema, data_config, train_classes,
-                       data_dir: str) -> Path:
+                       data_dir: str) -> Tuple[Path, Dict[str, Any]]:
     """``pretrained/``: the best weights (the EMA's where its accuracy chose them; the last epoch's when nothing was
     evaluated) written atomically by timm's ``save_for_hf`` (``config.json`` with class names and data config,
-    ``model.safetensors``), so ``timm.create_model('local-dir:RUN/pretrained', pretrained=True)`` builds it."""
+    ``model.safetensors``), so ``timm.create_model('local-dir:RUN/pretrained', pretrained=True)`` builds it; other
+    files a user put in the folder are kept. Returns (the folder, what it holds: the file, epoch and metric it was
+    exported from, as that file records them)."""
     source = folder.saver.best_path if folder.saver.best_path.exists() else folder.saver.last_path
     ckpt = load_checkpoint_file(source, what=source.name)
     use_ema = model_ema is not None and ckpt.get('state_dict_ema') is not None
@@ -837,9 +921,9 @@ def _export_pretrained(args, folder: RunFolder, train_model, model_ema, data_con
     export = folder.output_dir / 'pretrained'
     with atomic_folder(export) as tmp:
         save_for_hf(model, tmp, model_config=model_config, safe_serialization=True, data_config=data_config)
-    _logger.info(f'{export}: the {"EMA " if use_ema else ""}weights of {source.name} for timm '
-                 f"(timm.create_model('local-dir:{export}', pretrained=True), features_only=True too)")
-    return export
+    _logger.info(f'{export}: the {"EMA " if use_ema else ""}weights of {source.name} (epoch {ckpt.get("epoch")}) '
+                 f"for timm (timm.create_model('local-dir:{export}', pretrained=True), features_only=True too)")
+    return export, {'file': source.name, 'epoch': ckpt.get('epoch'), 'metric': ckpt.get('metric'), 'ema': use_ema}
 
 
 def _report(args, folder: RunFolder, metrics: EpochMetrics, results: dict, data_dir: str, run_start: float) -> None:

@@ -1,4 +1,4 @@
-""" The shared optimizer update (mlp_vision/training/run/loop.py: StepLoop, used by the image epochs):
+""" The shared optimizer update (mlp_vision/training/loop.py: StepLoop, used by the image epochs):
 its result, its NaN and signal stops, and where it waits (host syncs and collectives counted per update and per
 evaluation, in a real one-process gloo group); and the shared backbone loader (mlp_vision/weights.py: load_backbone,
 used by image fine-tuning, text from_pretrained and the text classifier's --init-from). Small models, CPU, a few
@@ -16,11 +16,11 @@ import torch.nn as nn
 
 import mlp_vision.text as mt
 import mlp_vision.train as image_train
-import mlp_vision.training.run.loop as loop_module
+import mlp_vision.training.loop as loop_module
 from mlp_vision.errors import Interrupted, UsageError
-from mlp_vision.training.run.distributed import process_group_backend
-from mlp_vision.training.run.loop import NonFiniteLossError, StepLoop, UpdateStep
-from mlp_vision.training.run.run_files import stop_signals
+from mlp_vision.training.image_model import process_group_backend
+from mlp_vision.training.loop import NonFiniteLossError, StepLoop, UpdateStep
+from mlp_vision.training.run_files import stop_signals
 from mlp_vision.training.image_model import validate
 from mlp_vision.weights import load_backbone
 
