@@ -553,13 +553,13 @@ def test_stop_signal_is_honoured_while_tokenizing_a_classification_file(english_
 
 
 def test_global_batch_beyond_the_data_is_a_warning_with_numbers(caplog):
-    from mlp_vision.training.loop import warn_global_batch_beyond_data
+    from mlp_vision.train import warn_global_batch_beyond_data
     with caplog.at_level(logging.WARNING):
-        warn_global_batch_beyond_data(8, 2, 10 ** 9, 300, 'images')
+        warn_global_batch_beyond_data(8, 2, 10 ** 9, 300)
     assert ('the global batch (8 x 2 processes x 1000000000 accumulation steps = 16,000,000,000) is larger than the '
             'training data (300 images): each update would need 5.33e+07 times the data; lower -b / '
             '--grad-accum-steps') in caplog.text
     caplog.clear()
     with caplog.at_level(logging.WARNING):
-        warn_global_batch_beyond_data(8, 2, 4, 300, 'images')
+        warn_global_batch_beyond_data(8, 2, 4, 300)
     assert caplog.text == ''

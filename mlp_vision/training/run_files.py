@@ -80,8 +80,9 @@ def parse_run_args(parser: argparse.ArgumentParser, argv: Sequence[str], base_co
                    recipes: bool = False) -> Tuple[RunArgs, Optional[Dict[str, Any]]]:
     """(args, the ``--resume`` checkpoint or None): ``argv`` parsed once (:func:`~mlp_vision.arguments.parse_given`);
     a resumed checkpoint is loaded safely, checked to be an image training checkpoint, and its saved arguments become
-    the defaults under ``-c`` and the command line (:func:`~mlp_vision.arguments.merge_settings`, with ``base_configs`` and
-    ``recipes``), kept with its ``derived`` in ``args.resumed_settings`` / ``args.resumed_derived``."""
+    the defaults under ``-c`` and the command line (:func:`~mlp_vision.arguments.merge_settings`, with
+    ``base_configs`` and ``recipes``), kept with its ``derived`` in ``args.resumed_settings`` /
+    ``args.resumed_derived``."""
     given = parse_given(parser, argv)
     resume = given.get('resume', '')
     ckpt, saved = None, {}
@@ -118,8 +119,8 @@ def _schedule_position(scheduler, next_epoch: int, num_updates: int) -> None:
 
 def _differences(old: Dict[str, Any], new: Dict[str, Any], name: Callable[[str], str] = str,
                  show: Callable[[Any], str] = repr) -> List[str]:
-    """``'<name(key)> <new value> (was <old value>)'`` for each key whose plain values (:func:`~mlp_vision.arguments.plain_value`)
-    differ between ``old`` and ``new``."""
+    """``'<name(key)> <new value> (was <old value>)'`` for each key whose plain values
+    (:func:`~mlp_vision.arguments.plain_value`) differ between ``old`` and ``new``."""
     plain = {k: (plain_value(old.get(k)), plain_value(new.get(k))) for k in sorted(set(old) | set(new))}
     return [f'{name(k)} {show(b)} (was {show(a)})' for k, (a, b) in plain.items() if a != b]
 
@@ -160,9 +161,9 @@ def restore_training_state(ckpt: Optional[Dict[str, Any]], resume: str, model_na
                            optimizer: torch.optim.Optimizer, scheduler, schedule: Dict[str, Any], loss_scaler=None,
                            weights_only: bool = False) -> Tuple[int, int]:
     """Load the resumed checkpoint ``ckpt`` (None: not resuming) of a ``model_name`` model into the run's objects;
-    returns its (epoch, num_updates), (0, 0) when not resuming. The schedule continues exactly when ``schedule`` equals the
-    checkpoint's; otherwise (a larger ``--epochs``) the new one is positioned at the checkpoint's epoch / update,
-    and the change logged. ``weights_only`` (``--no-resume-opt``): weights and position only."""
+    returns its (epoch, num_updates), (0, 0) when not resuming. The schedule continues exactly when ``schedule``
+    equals the checkpoint's; otherwise (a larger ``--epochs``) the new one is positioned at the checkpoint's epoch /
+    update, and the change logged. ``weights_only`` (``--no-resume-opt``): weights and epoch only."""
     if ckpt is None:
         return 0, 0
     source = f'--resume {resume}'
@@ -567,9 +568,9 @@ def save_checkpoint(folder: Optional[RunFolder], args, dist_info, epoch: int, me
 # ------------------------------------------------------------------------------------------------ stops
 @contextmanager
 def stop_signals() -> Iterator[Callable[[], int]]:
-    """Within: SIGINT / SIGTERM only set a flag, read by the returned callable (0: none; no collective,
-    :class:`~.loop.StepLoop` agrees on it across ranks), so the loop stops at its next safe point. A second signal
-    acts at once (the previous handlers are back after the first)."""
+    """Within: SIGINT / SIGTERM only set a flag, read by the returned callable (0: none; no collective:
+    :func:`~mlp_vision.train.train_one_epoch` agrees on it across ranks), so training stops at its next safe point.
+    A second signal acts at once (the previous handlers are back after the first)."""
     received, previous = [0], {}
 
     def restore() -> None:
@@ -588,6 +589,15 @@ def stop_signals() -> Iterator[Callable[[], int]]:
         yield lambda: received[0]
     finally:
         restore()
+
+
+class NonFiniteLossError(RuntimeError):
+    """The training loss became NaN or infinite at ``where``; raised before that loss reaches the weights."""
+
+    def __init__(self, value: float, where: str):
+        self.value, self.where = value, where
+        what = f'{value}' if not math.isfinite(value) else 'not finite on another rank'
+        super().__init__(f'training loss is {what} at {where}; stopped before applying it')
 
 
 def stop_error(error: Exception, last_path: Optional[Path], last_saved: Optional[int], resume: str,
@@ -700,7 +710,8 @@ class CheckpointManager:
         is the epoch and metric ``model_best.pth`` holds where it differs from the history's (a run killed between
         writing it and ``last.pth``), said in the log."""
         state = self.check_state(state, source) or {'history': [], 'best': None}
-        self.history, self.best = [h for h in state['history'] if (self.output_dir / h['file']).is_file()], state['best']
+        self.history = [h for h in state['history'] if (self.output_dir / h['file']).is_file()]
+        self.best = state['best']
         held = self._held_best()
         if held is not None and held != self.best:
             _logger.warning(f'{self.best_path} holds epoch {held["epoch"]} (metric {held["metric"]:.6g}), not the '
