@@ -81,11 +81,18 @@ def _pid_alive(pid: int) -> bool:
 
 def clean_stale_temp_files(folder: os.PathLike) -> List[Path]:
     """Remove the temporary files (:func:`temp_path`) that killed processes left in ``folder``; returns them. A
-    file whose process still runs (another writer, or this process) is left alone."""
+    file whose process still runs (another writer, or this process) is left alone. A folder that a killed
+    :func:`atomic_folder` had moved aside, its place still empty, is moved back instead (it holds a user's files)."""
     removed = []
     for p in sorted(Path(folder).glob(f'.*{_TMP_TAG}*')):
-        pid = p.name.rsplit(_TMP_TAG, 1)[-1]
+        name, pid = p.name[1:].rsplit(_TMP_TAG, 1)
         if pid.isdigit() and not _pid_alive(int(pid)):
+            home = p.with_name(name[:-len('.old')])
+            if name.endswith('.old') and p.is_dir() and not p.is_symlink() and not os.path.lexists(home):
+                os.replace(p, home)  # killed between atomic_folder's two renames
+                logging.getLogger(__name__).warning(f'{home} restored from {p.name}, moved aside by a process killed '
+                                                    f'while replacing it')
+                continue
             if p.is_dir() and not p.is_symlink():
                 shutil.rmtree(p, ignore_errors=True)  # an export (:func:`atomic_folder`) a killed run left half-done
             else:

@@ -479,3 +479,32 @@ def test_a_signal_during_the_final_export_is_said_after_it_completes(vision_run,
     assert {p.name for p in (run_copy / 'pretrained').iterdir()} >= {'config.json', 'model.safetensors'}
     best_file = torch.load(run_copy / 'model_best.pth', weights_only=True)
     assert recorded['best'] == {'epoch': best_file['epoch'], 'metric': best_file['metric']}
+
+
+def test_a_kill_between_the_export_renames_loses_no_user_file(tmp_path, monkeypatch, caplog):
+    """Killed after the earlier pretrained/ was moved aside, before the new one took its place: the next start
+    moves the earlier folder (and the user's files in it) back, where it would have removed a temporary folder."""
+    import mlp_vision.outputs as outputs_module
+    export = tmp_path / 'pretrained'
+    export.mkdir()
+    (export / 'README.md').write_text('# my model card\n')
+    (export / 'config.json').write_text('{"old": true}')
+    real_replace = os.replace
+
+    def killed_after_moving_aside(src, dst):
+        real_replace(src, dst)
+        if Path(dst).name.startswith('.pretrained.old'):
+            raise _Killed
+    monkeypatch.setattr(outputs_module.os, 'replace', killed_after_moving_aside)
+    with pytest.raises(_Killed):
+        with outputs_module.atomic_folder(export) as new:
+            (new / 'config.json').write_text('{"new": true}')
+    monkeypatch.undo()
+    assert not export.exists()
+    dead = subprocess.Popen([sys.executable, '-c', 'pass'])
+    dead.wait()
+    for p in tmp_path.glob('.pretrained*'):  # as the killed process's, whose pid is gone
+        p.rename(p.with_name(p.name.replace(str(os.getpid()), str(dead.pid))))
+    outputs_module.clean_stale_temp_files(tmp_path)
+    assert (export / 'README.md').read_text() == '# my model card\n' and 'restored' in caplog.text
+    assert [p.name for p in tmp_path.iterdir()] == ['pretrained']

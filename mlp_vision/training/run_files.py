@@ -10,9 +10,10 @@
   ``args.yaml`` / ``derived.yaml``, ``summary.csv`` and the checkpoint history (:class:`RunFolder`, closed by
   :func:`close_run_folder`);
 * :func:`restore_rng` -- last, so nothing built before shifts the random streams (an exact resume);
-* :func:`save_checkpoint` -- ``last.pth`` (atomic), ``model_best.pth`` and the top-N ``checkpoint-N.pth``;
+* :func:`save_checkpoint` -- ``model_best.pth`` and the top-N ``checkpoint-N.pth``, then ``last.pth`` whose
+  history names them (:class:`CheckpointManager`; each file atomic);
 * :func:`stop_signals` / :func:`stop_error` -- SIGINT / SIGTERM as a flag read between updates, and the one line
-  that ends a stopped or diverged run naming the intact checkpoint;
+  that ends a stopped or diverged run (:class:`NonFiniteLossError`) naming the intact checkpoint;
 * :func:`write_results` (``results.json``; an earlier one kept as ``results-N.json``);
 * :class:`SummaryWriter` (``summary.csv``) and :func:`plot_curves` (``curves.png``).
 
