@@ -349,16 +349,14 @@ def check_own_files(folder: Path) -> None:
                              f'or continue in a new folder with --output / --experiment')
 
 
-def saved_epoch(path: Path):
-    """(the epoch stored in checkpoint ``path``, its ``run_id``), memory-mapped (tensors are not read);
-    (None, None) if the file cannot be read as one of ours."""
+def peek_checkpoint(path: Path) -> Dict[str, Any]:
+    """Checkpoint ``path`` memory-mapped (its tensors are not read), for its plain fields; {} if it cannot be read
+    as one of ours (the caller then keeps what it has)."""
     try:
         ckpt = torch.load(path, map_location='cpu', weights_only=True, mmap=True)
-    except Exception:  # any unreadable file: the caller then keeps the folder as it is
-        return None, None
-    if not isinstance(ckpt, dict):
-        return None, None
-    return (ckpt.get('epoch') if is_count(ckpt.get('epoch')) else None), ckpt.get('run_id')
+    except Exception:  # any unreadable file
+        return {}
+    return ckpt if isinstance(ckpt, dict) else {}
 
 
 def newer_than(folder: Path, epoch: int, run_id: Optional[str]) -> Optional[str]:
@@ -374,8 +372,9 @@ def newer_than(folder: Path, epoch: int, run_id: Optional[str]) -> Optional[str]
         return f'{folder} is another run (run id {folder_id[:8]}, the checkpoint\'s {run_id[:8]})'
     last = folder / 'last.pth'
     if last.exists() or last.is_symlink():
-        later, last_id = saved_epoch(last)
-        if later is None:
+        saved = peek_checkpoint(last)
+        later, last_id = saved.get('epoch'), saved.get('run_id')
+        if not is_count(later):
             return f'{folder} has a last.pth that cannot be read'
         if last_id != run_id:
             return f'{folder}\'s last.pth belongs to another run'
@@ -443,7 +442,7 @@ def open_run_folder(args, ckpt: Optional[Dict[str, Any]], *, default_root: str, 
                                   resume_only=() if args.keep_optimizer_state else ('optimizer', 'amp_scaler'))
         summary = SummaryWriter(output_dir / 'summary.csv')
         if in_place:
-            saver.load_state_dict(history)
+            saver.load_state_dict(history, source=f'--resume {args.resume}')
             summary.truncate(before_epoch=last_saved + 1)
         elif args.resume and resumed_from_a_run(ckpt, args.resume):
             # a new folder for a checkpoint of a run: best / top-N tracking starts afresh, the curve keeps the way
@@ -715,9 +714,10 @@ class CheckpointManager:
         self.best = state['best']
         held = self._held_best()
         if held is not None and held != self.best:
+            recorded = f'epoch {self.best["epoch"]}' if self.best else 'none'
             _logger.warning(f'{self.best_path} holds epoch {held["epoch"]} (metric {held["metric"]:.6g}), not the '
-                            f'best {source} records ({short_repr(self.best)}): the run was stopped between writing '
-                            f'the two; best-checkpoint tracking continues from the file')
+                            f'best {source} records ({recorded}): the run was stopped between writing the two; '
+                            f'best-checkpoint tracking continues from the file')
             self.best = held
         elif self.best is not None and not self.best_path.exists():
             _logger.warning(f'{self.best_path} is missing; best-checkpoint tracking restarts')
@@ -727,12 +727,11 @@ class CheckpointManager:
         """{'epoch', 'metric'} of ``model_best.pth`` (memory-mapped, tensors not read); None if it is not ours."""
         if not self.best_path.is_file() or self.best_path.is_symlink():
             return None
+        ckpt = peek_checkpoint(self.best_path)
         try:
-            ckpt = torch.load(self.best_path, map_location='cpu', weights_only=True, mmap=True)
-            entry = self._checked_entry({'epoch': ckpt['epoch'], 'metric': ckpt['metric']}, with_file=False)
-        except Exception:  # unreadable, or not a checkpoint of ours: the history's record stands
+            return self._checked_entry({'epoch': ckpt.get('epoch'), 'metric': ckpt.get('metric')}, with_file=False)
+        except ValueError:  # not a checkpoint of ours: the history's record stands
             return None
-        return entry
 
     def save(self, state: Dict[str, Any], epoch: int, metric: Optional[float]) -> Dict[str, bool]:
         """Write the checkpoint of ``epoch``; ``state`` gets ``checkpoint_history`` added. Returns what was
