@@ -1,16 +1,20 @@
 """ What a user gives a command, parsed and checked where it enters: the commands' parser (:class:`ArgumentParser`,
 whose errors are one line through :func:`~mlp_vision.errors.run_cli`), range checks of flag values
 (:func:`check_range`), devices (:func:`parse_device`), JSON config files (:func:`read_json_file`), and the flags
-several commands share (``--allow-regex``; the size bounds' flags are :func:`mlp_vision.bounds.add_bound_arguments`).
+several commands share (``--allow-regex``; the size bounds' flags are :func:`mlp_vision.bounds.add_bound_arguments`),
+and ``-c`` yaml recipes merged with the command line (:func:`merge_settings`, the last part of this file).
 """
 import argparse
+import importlib.resources
 import json
 import math
 import os
 import sys
-from typing import Sequence
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import torch
+import yaml
 from timm.utils import ParseKwargs as TimmParseKwargs
 
 from mlp_vision.errors import UsageError, short_repr
@@ -177,3 +181,314 @@ def add_allow_regex_argument(group: argparse._ActionsContainer) -> None:
                        help='UNSAFE: read a tokenizer.json whose pre-tokenizer or normalizer has a regular '
                             'expression; a crafted pattern can take minutes per text (backtracking). Only for '
                             'tokenizer files you made or whose maker you trust')
+
+
+# ------------------------------------------------------------------------------------------------ -c yaml settings
+# ``-c/--config`` yaml files for argparse scripts: yaml keys are the flag names; explicit flags win.
+#
+# Precedence, lowest first: the parser's defaults, base configs (train.py's demo recipe), the settings of a run
+# being resumed (:func:`~.run_files.parse_run_args`), the ``-c`` file, then the command line. Keys are the flag
+# (``weight-decay``) or its destination (``weight_decay``); an unknown key or a value not of the flag's type is an
+# error, as on the command line. The command line is parsed once (:func:`parse_given`), then laid over the other
+# layers (:func:`merge_settings`) into a :class:`RunArgs`.
+#
+# Every yaml file the package reads goes through :func:`read_yaml_file`: yaml's safe loader that also refuses
+# aliases (a 1 KB file of nested aliases expands to gigabytes), duplicate keys (yaml lets the last one win
+# silently), nesting deeper than :data:`MAX_YAML_DEPTH` and files over :data:`MAX_YAML_BYTES`, each with one line.
+#
+# The image recipes (``configs/``, shipped as ``mlp_vision/configs``) are found by name: ``-c smlpnet_t``.
+__all__ += ['RunArgs', 'parse_given', 'merge_settings', 'load_yaml_config', 'parse_args_with_config', 'args_to_yaml',
+            'plain_value', 'check_flag_ranges', 'SEED_MAX', 'find_recipe', 'recipe_names', 'recipe_folder',
+            'read_yaml_file', 'parse_yaml', 'MAX_YAML_BYTES', 'MAX_YAML_DEPTH']
+
+# --seed's largest value in both trainers: the seed feeds numpy's generator (seeds < 2**32) after the rank is added
+SEED_MAX = 2 ** 31 - 1
+
+
+# a settings file is a few KB (a run's args.yaml about 4 KB) and a few levels deep; far beyond either is no recipe
+MAX_YAML_BYTES = 1 << 20
+MAX_YAML_DEPTH = 20
+
+
+class _StrictYamlLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses aliases, duplicate mapping keys and nesting deeper than
+    :data:`MAX_YAML_DEPTH` (each a ``MarkedYAMLError`` at the node's line)."""
+
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.AliasEvent):
+            raise yaml.composer.ComposerError(
+                None, None, 'an alias (*name) is not accepted: write the value out (aliases let a small file '
+                'expand without bound)', self.peek_event().start_mark)
+        self._depth = getattr(self, '_depth', 0) + 1
+        try:
+            if self._depth > MAX_YAML_DEPTH:
+                raise yaml.composer.ComposerError(None, None, f'nested deeper than {MAX_YAML_DEPTH} levels',
+                                                  self.peek_event().start_mark)
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            first = {}
+            for key_node, _ in node.value:
+                if key_node.tag == 'tag:yaml.org,2002:merge':  # keys a '<<' merge brings may be overridden
+                    continue
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    seen = key in first
+                except TypeError:  # unhashable: SafeLoader's own error below names it
+                    continue
+                if seen:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f'duplicate key {short_repr(key)} (first at line {first[key]}); expected each key '
+                        f'once', key_node.start_mark)
+                first[key] = key_node.start_mark.line + 1
+        return super().construct_mapping(node, deep=deep)
+
+
+def parse_yaml(data: bytes, where: str) -> Any:
+    """The yaml document ``data`` (bytes) through :class:`_StrictYamlLoader`; anything unreadable is one
+    :class:`UsageError` line naming ``where`` and the line."""
+    try:
+        return yaml.load(data, Loader=_StrictYamlLoader)
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark or e.context_mark
+        problem = ' '.join(str(e.problem or e.context).split())
+        raise UsageError(f'{where}{f" line {mark.line + 1}" if mark else ""}: {problem}') from None
+    except yaml.YAMLError as e:  # the reader's: bytes that are no text (a binary file, not UTF-8)
+        raise UsageError(f'{where} is not yaml text ({" ".join(str(e).split())[:200]}); expected a UTF-8 yaml '
+                         f'file') from None
+    except (ValueError, RecursionError) as e:  # an integer of more digits than Python converts
+        raise UsageError(f'{where} is not valid yaml: {" ".join(str(e).split())[:200]}') from None
+
+
+def read_yaml_file(path: str, what: str = 'config file') -> Any:
+    """The yaml of the file ``path`` (see :func:`parse_yaml`); a file over :data:`MAX_YAML_BYTES` or not a regular
+    file is a :class:`UsageError` naming ``what`` and ``path``."""
+    where = f'{what} {path!r}'
+    if not os.path.isfile(path):
+        raise UsageError(f'{where} ' + ('is not a regular file' if os.path.exists(path) else 'does not exist'))
+    size = os.path.getsize(path)
+    if size > MAX_YAML_BYTES:
+        raise UsageError(f'{where} is {size} bytes; expected a yaml file of settings (at most {MAX_YAML_BYTES} bytes)')
+    with open(path, 'rb') as f:
+        return parse_yaml(f.read(MAX_YAML_BYTES + 1), where)
+
+
+def _actions(parser: argparse.ArgumentParser) -> Dict[str, argparse.Action]:
+    return {a.dest: a for a in parser._actions if a.dest not in (argparse.SUPPRESS, 'help')}
+
+
+def _typed(value: Any, action: argparse.Action, where: str) -> Any:
+    """``value`` converted as the command line converts it (``action.type``, ``nargs``, ``choices``)."""
+    flag = action.option_strings[-1] if action.option_strings else action.dest
+    if action.nargs == 0 and isinstance(action.const, bool) and not isinstance(value, bool):  # store_true / false
+        raise UsageError(f'{where}: {action.dest} must be true or false (as {flag}), got {short_repr(value)}')
+    if value is None or action.type is None and not action.choices:
+        return value
+    if action.nargs in ('+', '*') or isinstance(action.nargs, int):
+        return [_typed_one(v, action, where, flag) for v in (value if isinstance(value, (list, tuple)) else [value])]
+    return _typed_one(value, action, where, flag)
+
+
+def _typed_one(value: Any, action: argparse.Action, where: str, flag: str) -> Any:
+    def wrong(expected: str) -> UsageError:
+        return UsageError(f'{where}: {action.dest} must be {expected}, got {short_repr(value)}')
+    kind = action.type
+    if kind is int and (isinstance(value, bool) or not isinstance(value, int)):
+        if not (isinstance(value, str) and value.strip().lstrip('+-').isdigit()):
+            raise wrong(f'an integer (as {flag})')
+        value = int(value)
+    elif kind is float:
+        try:
+            if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+                raise ValueError
+            value = float(value)
+        except (ValueError, OverflowError):  # an integer too large for a float overflows
+            raise wrong(f'a number (as {flag})') from None
+    elif kind is str and not isinstance(value, str):
+        raise wrong(f'a string (as {flag})')
+    if action.choices and value not in action.choices:
+        raise wrong(f'one of {", ".join(map(str, action.choices))}')
+    return value
+
+
+def recipe_folder(kind: str = '') -> Optional[Path]:
+    """Where the recipes are: ``mlp_vision/configs`` in a built package, else ``configs/`` beside the package folder
+    (a checkout, an editable install); None when neither exists. Never both: beside an installed package is
+    site-packages, whose ``configs/`` (if any) is another distribution's. ``kind='text'``: its ``text/``."""
+    package = Path(str(importlib.resources.files('mlp_vision')))
+    shipped, checkout = package / 'configs', package.resolve().parent / 'configs'
+    folder = next((folder for folder in (shipped, checkout) if folder.is_dir()), None)
+    return folder / kind if folder is not None and kind else folder
+
+
+def recipe_names(kind: str = '') -> List[str]:
+    """The names ``-c`` accepts for the recipes of :func:`recipe_folder` ``(kind)`` (sorted, without ``.yaml``)."""
+    folder = recipe_folder(kind)
+    return sorted(p.stem for p in folder.glob('*.yaml')) if folder else []
+
+
+def find_recipe(name: str, kind: str = '') -> Path:
+    """The file of the recipe ``name`` (``smlpnet_t`` -> ``.../configs/smlpnet_t.yaml``; ``kind='text'``:
+    ``.../configs/text/NAME.yaml``); an unknown name is a :class:`UsageError` listing the recipes there are."""
+    folder = recipe_folder(kind)
+    if folder is not None and (folder / f'{name}.yaml').is_file():
+        return folder / f'{name}.yaml'
+    raise UsageError(f'-c {name}: no such file, and no recipe of that name (recipes: '
+                     f'{", ".join(recipe_names(kind)) or "none found"}; or pass the path of a yaml file)')
+
+
+def load_yaml_config(path: str, parser: argparse.ArgumentParser, notes: Sequence[str] = ()) -> Dict[str, Any]:
+    """Read a yaml mapping of flag names to values; return it keyed by argparse destinations. ``notes``: keys that
+    are data about the file (a text recipe's ``source``), returned under their own name."""
+    cfg = read_yaml_file(path) or {}
+    if not isinstance(cfg, dict):
+        raise UsageError(f'config file {path!r} must be a mapping of flag names to values, got {type(cfg).__name__}')
+    actions, out = _actions(parser), {}
+    names = {key: dest for dest, action in actions.items()  # a yaml key is a destination or a flag's name
+             for key in [dest] + [opt.lstrip('-').replace('-', '_') for opt in action.option_strings]}
+    for key, value in cfg.items():
+        if key in notes:
+            out[key] = value
+            continue
+        dest = names.get(str(key).replace('-', '_'))
+        if dest is None:
+            raise UsageError(f'config file {path!r}: unknown key {short_repr(key)} (keys are the script\'s flag names, '
+                             f'e.g. weight_decay for --weight-decay)')
+        out[dest] = _typed(value, actions[dest], f'config file {path!r}')
+    return out
+
+
+class RunArgs(argparse.Namespace):
+    """The arguments of a run (argparse's ``Namespace``) and, kept apart, the values the run derives from them.
+
+    :meth:`derive` sets a derived value (an LR scaled to the global batch, the data's class count, recipe fills), so
+    the code reads every value as ``args.NAME``; :meth:`given` stays the arguments as given (``args.yaml``, a
+    checkpoint's ``args``: what a resume takes over) and :attr:`derived` the derived ones (``derived.yaml``, a
+    checkpoint's ``derived``), so a resume derives them again (a scaled LR follows a new ``--batch-size``).
+    ``resumed_settings`` / ``resumed_derived``: the given and derived values of the run being resumed ({} if none).
+    """
+    __slots__ = ('_given', '_derived', 'resumed_settings', 'resumed_derived')  # slots: not in vars(), not settings
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self._given, self._derived = {}, {}
+        self.resumed_settings, self.resumed_derived = {}, {}
+
+    def derive(self, **values: Any) -> None:
+        """Use these values from now on (``args.NAME`` reads them); the given ones stay in :meth:`given`."""
+        for name, value in values.items():
+            if name not in self._derived:
+                self._given[name] = getattr(self, name)  # a name that is no argument is a bug: AttributeError
+            self._derived[name] = value
+            setattr(self, name, value)
+
+    def given(self) -> Dict[str, Any]:
+        """The arguments as given, by destination (the values before any :meth:`derive`)."""
+        return {**vars(self), **self._given}
+
+    @property
+    def derived(self) -> Dict[str, Any]:
+        """The values derived so far, by the name of the argument they stand in for."""
+        return dict(self._derived)
+
+
+_UNSET = object()  # marks a destination the command line did not set
+_HELP = 'help'  # the key under which parse_given reports -h / --help (merge_settings prints the help)
+
+
+def _help_flags(parser: argparse.ArgumentParser, argv: Sequence[str]) -> List[str]:
+    """The tokens of ``argv`` (before ``--``) that ask ``parser`` for its help: ``-h``, ``--help`` or an
+    abbreviation of it that names no other flag (argparse's own rule)."""
+    longs = [s for a in parser._actions for s in a.option_strings if s.startswith('--') and s != '--help']
+    tokens = list(argv[:argv.index('--')] if '--' in argv else argv)
+    return [t for t in tokens if t == '-h' or (len(t) > 2 and '--help'.startswith(t)
+                                              and not any(s.startswith(t) for s in longs))]
+
+
+def parse_given(parser: argparse.ArgumentParser, argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
+    """The values the command line ``argv`` sets, by destination (the one parse of ``argv``): every destination
+    starts as a marker, which argparse leaves where no flag is given; an optional positional left out counts as not
+    given. ``-h`` / ``--help`` is reported (key ``'help'``): :func:`merge_settings` prints the help with the
+    defaults that ``-c`` and ``--resume`` set."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    helps = _help_flags(parser, argv)
+    actions = _actions(parser)
+    namespace = argparse.Namespace(**{dest: _UNSET for dest in actions})
+    parser.parse_args([a for a in argv if a not in helps], namespace)
+    given = {dest: value for dest, value in vars(namespace).items()
+             if value is not _UNSET and not (dest in actions and not actions[dest].option_strings
+                                             and actions[dest].nargs == '?' and value is actions[dest].default)}
+    return {**given, _HELP: True} if helps else given
+
+
+BaseConfigs = Union[Sequence[str], Callable[[Mapping[str, Any]], Sequence[str]]]  # files, or a function giving them
+
+
+def merge_settings(parser: argparse.ArgumentParser, given: Mapping[str, Any], base_configs: BaseConfigs = (),
+                   run_settings: Optional[Mapping[str, Any]] = None, recipes: bool = False) -> Tuple[RunArgs, List[str]]:
+    """The arguments of a run from their layers, lowest first: the parser's defaults, ``base_configs`` (or a
+    function of the layers above it giving them: train.py's demo recipe), a resumed run's ``run_settings``, the
+    ``-c`` file (``recipes``: it may name an image recipe), then ``given`` (:func:`parse_given`).
+
+    Returns the :class:`RunArgs` and the config files used (base ones first); with ``given['help']`` prints the
+    help with the defaults of ``--resume`` and ``-c`` (``-c smlpnet_t --help`` shows the recipe's) and exits."""
+    given = dict(given)
+    wants_help = given.pop(_HELP, False)
+    known = _actions(parser)
+    config = given.get('config') or ''
+    # -c: an existing path, or anything that looks like one, is a file; a bare name is a recipe's when `recipes`
+    if recipes and config and not os.path.exists(config) and not any(c in config for c in (os.sep, '/', '.')):
+        config = str(find_recipe(config))
+    # a resumed run's settings come from a file: checked as the command line checks its values
+    above = {k: _typed(v, known[k], 'the resumed checkpoint\'s saved settings')
+             for k, v in (run_settings or {}).items() if k in known}
+    if config:
+        above.update(load_yaml_config(config, parser))
+    above.update(given)
+    bases = list(base_configs(above) if callable(base_configs) else base_configs)
+    # every default, a string one converted by the flag's type as argparse converts it
+    values = {dest: action.type(v) if isinstance(v := parser.get_default(dest), str) and callable(action.type) else v
+              for dest, action in known.items()}
+    for path in bases:
+        values.update(load_yaml_config(path, parser))
+    if wants_help:  # the defaults a run with these -c / --resume has; base configs (the demo's) are not shown
+        parser.set_defaults(**above)
+        parser.print_help()
+        parser.exit()
+    values.update(above)
+    return RunArgs(**values), bases + ([config] if config else [])
+
+
+def parse_args_with_config(parser: argparse.ArgumentParser, argv: Optional[Sequence[str]] = None,
+                           base_configs: BaseConfigs = (), run_settings: Optional[Mapping[str, Any]] = None,
+                           recipes: bool = False) -> Tuple[RunArgs, List[str]]:
+    """:func:`merge_settings` of :func:`parse_given` ``(argv)``: (the arguments, the config files used)."""
+    return merge_settings(parser, parse_given(parser, argv), base_configs, run_settings, recipes)
+
+
+def plain_value(v: Any) -> Any:
+    """``v`` with every tuple a list, in nested lists and dicts too: yaml and ``torch.load`` give lists back, so a
+    saved setting compares equal to the tuple it was."""
+    if isinstance(v, (tuple, list)):
+        return [plain_value(x) for x in v]
+    if isinstance(v, dict):
+        return {k: plain_value(x) for k, x in v.items()}
+    return v
+
+
+def args_to_yaml(settings: Mapping[str, Any]) -> str:
+    """``settings`` (by destination) as yaml, loadable again with ``-c``."""
+    return yaml.safe_dump(plain_value(dict(settings)), default_flow_style=False, sort_keys=False)
+
+
+def check_flag_ranges(args: argparse.Namespace, ranges: Mapping[str, Dict[str, Any]]) -> None:
+    """:func:`~mlp_vision.arguments.check_range` of each flag (by destination) in ``ranges`` with its bounds (e.g.
+    ``dict(low=0, high=1)``); unset (None) flags are not checked, each of several values (``nargs``) is."""
+    for dest, bounds in ranges.items():
+        value = getattr(args, dest, None)
+        for v in value if isinstance(value, (list, tuple)) else [value]:
+            if v is not None:
+                check_range(f'--{dest.replace("_", "-")}', v, **bounds)

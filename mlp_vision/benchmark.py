@@ -57,13 +57,12 @@ import timm
 
 import mlp_vision
 from mlp_vision.layers import BidirectionalGatedSSM
-from mlp_vision.training.run.checkpoint import output_kind, write_output_file
-from mlp_vision.training.run.config import SEED_MAX, check_flag_ranges
+from mlp_vision.outputs import output_kind, write_output_file
+from mlp_vision.arguments import SEED_MAX, check_flag_ranges
 from mlp_vision.threads import THREADS_RANGE, add_threads_argument, set_threads
 from mlp_vision.arguments import ArgumentParser, parse_device
 from mlp_vision.errors import UsageError, run_cli
-from mlp_vision.training.run.compile import COMPILE_MODES
-from mlp_vision.training.image_model import is_local_dir
+from mlp_vision.training.image_model import COMPILE_MODES, is_local_dir
 
 PRECISIONS = {  # --precision: (parameter / input dtype, autocast dtype or None)
     'fp32': (torch.float32, None), 'bf16': (torch.bfloat16, None), 'fp16': (torch.float16, None),

@@ -47,7 +47,7 @@ def describe() -> str:
     for script, (module, what) in COMMANDS.items():
         lines.append(f'  {script:{width}}  python -m {module}')
         lines.append(f'  {"":{width}}  {what}')
-    from mlp_vision.training.run.config import recipe_folder, recipe_names
+    from mlp_vision.arguments import recipe_folder, recipe_names
     lines += ['', f'Training recipes, found by name (mlp-vision-train -c smlpnet_t --data-dir DIR), in '
                   f'{recipe_folder()}:',
               textwrap.fill(', '.join(recipe_names()), width=100, initial_indent='  ', subsequent_indent='  ')]

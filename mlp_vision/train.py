@@ -12,19 +12,20 @@ The file reads as timm's train.py: the flags and their checks, then :func:`main`
 model, optimizer, schedule, EMA, loaders, then the epochs), :func:`train_one_epoch` and the evaluation loop
 :func:`~mlp_vision.training.image_model.validate` (shared with validate.py). The run's files and their
 safety (folder identity and lock, atomic checkpoints with history, exact resume, stop lines, results) are the
-functions of :mod:`~mlp_vision.training.run.run_files`, called in order; one optimizer update is
-:meth:`~mlp_vision.training.run.loop.StepLoop.update`.
+functions of :mod:`~mlp_vision.training.run_files`, called in order.
 """
 import argparse
 import copy
+import hashlib
 import logging
+import signal
 import time
-from contextlib import suppress
+from contextlib import nullcontext, suppress
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from functools import partial
 from pathlib import Path
-from typing import Any, Callable, Dict, Mapping, Optional
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Tuple
 
 import timm
 import torch
@@ -34,36 +35,30 @@ from timm.data import Mixup, create_transform
 from timm.loss import BinaryCrossEntropy, LabelSmoothingCrossEntropy, SoftTargetCrossEntropy
 from timm.models import model_parameters, save_for_hf
 from timm.optim import create_optimizer_v2, list_optimizers, optimizer_kwargs
-from timm.scheduler import scheduler_kwargs
-from timm.utils import ModelEmaV3, distribute_bn, random_seed, unwrap_model
+from timm.scheduler import create_scheduler_v2, scheduler_kwargs
+from timm.utils import ModelEmaV3, dispatch_clip_grad, distribute_bn, random_seed, unwrap_model
 
-from mlp_vision.arguments import ArgumentParser, DefaultsHelpFormatter, ParseKwargs, check_kwargs_flags
+from mlp_vision.arguments import (
+    SEED_MAX, ArgumentParser, DefaultsHelpFormatter, ParseKwargs, check_flag_ranges, check_kwargs_flags, find_recipe)
 from mlp_vision.bounds import BOUND_RANGES, size_bounds
 from mlp_vision.errors import Interrupted, UsageError, run_cli
+from mlp_vision.outputs import atomic_folder, setup_logging
 from mlp_vision.threads import THREADS_RANGE, set_run_threads
 from mlp_vision.training.image_data import (
     INTERPOLATIONS, check_image_args, check_num_classes, create_train_val_datasets, dataset_class_names,
     dataset_source, prepare_digits_folder)
 from mlp_vision.training.image_loader import (
     create_eval_loader, create_train_loader, fit_batch_to_data, train_samples_per_rank)
-from mlp_vision.training.run.checkpoint import atomic_folder, preserve_rng
-from mlp_vision.weights import (
-    ALLOW_MISSING_FLAG, is_training_checkpoint, load_checkpoint_file, load_model_weights)
-from mlp_vision.training.run.compile import add_compile_arguments, check_compile_backend, compile_model
-from mlp_vision.training.run.config import SEED_MAX, check_flag_ranges, find_recipe
-from mlp_vision.training.run.distributed import all_gather_objects, init_device, wrap_ddp
-from mlp_vision.training.run.log import setup_logging
-from mlp_vision.training.run.loop import (
-    NonFiniteLossError, StepLoop, UpdateStep, format_duration, progress_line, warn_global_batch_beyond_data)
-from mlp_vision.training.run.run_files import (
-    RunFolder, add_device_arguments, add_run_arguments, check_not_finished, check_resume_identity,
-    check_resume_payload, checkpoint_files, close_run_folder, create_lr_scheduler, list_outputs, log_settings_changes,
-    open_run_folder, parse_run_args, restore_ema, restore_rng, restore_training_state, save_checkpoint, setup_amp,
-    stop_error, stop_signals, weights_digests, write_results)
-from mlp_vision.training.run.summary import plot_curves
+from mlp_vision.weights import ALLOW_MISSING_FLAG, is_training_checkpoint, load_checkpoint_file, load_model_weights
+from mlp_vision.training.run_files import (
+    NonFiniteLossError, RunFolder, all_gather_objects, check_not_finished, check_resume_identity,
+    check_resume_payload, checkpoint_files, close_run_folder, list_outputs, log_settings_changes, open_run_folder,
+    parse_run_args, plot_curves, preserve_rng, restore_ema, restore_rng, restore_training_state, save_checkpoint,
+    stop_error, stop_signals, write_results)
 from mlp_vision.training.image_model import (
-    check_activations, create_model, load_pretrained_weights, model_create_kwargs, reports_top5,
-    resolve_model_data_config, validate)
+    DistInfo, add_common_arguments, add_compile_arguments, add_device_arguments, check_activations,
+    check_compile_backend, compile_model, create_model, init_device, load_pretrained_weights, model_create_kwargs,
+    reports_top5, resolve_model_data_config, setup_amp, validate)
 from mlp_vision.validate import (
     CROP_PCT_RANGE, add_dataset_arguments, add_input_arguments, check_dataset_package, main as validate_main)
 
@@ -230,6 +225,15 @@ def _add_regularization_and_misc_args(parser) -> None:
                        help='metric for best checkpoint')
 
 
+def add_run_arguments(group: argparse._ActionsContainer, resume_help: str) -> None:
+    """``--resume`` and :func:`add_common_arguments`: the same in every training script."""
+    group.add_argument('--resume', default='', type=str, metavar='PATH', help=resume_help)
+    group.add_argument('--keep-optimizer-state', action='store_true', default=False,
+                       help='model_best.pth and checkpoint-N.pth hold the optimizer state too, so a run can resume '
+                            'from them (default: weights only, about a third of the size; last.pth always has it)')
+    add_common_arguments(group)
+
+
 def _has_dataset(settings: Mapping[str, Any]) -> bool:  # settings: arguments by destination
     return bool(settings.get('data') or settings.get('data_dir') or settings.get('dataset'))
 
@@ -239,7 +243,7 @@ def parse_args(argv):
     saved settings; settings that name no dataset have the demo recipe as their base, under the user's -c and
     flags."""
     args, resume_ckpt = parse_run_args(
-        build_parser(), argv, kind='image', recipes=True,
+        build_parser(), argv, recipes=True,
         base_configs=lambda settings: [] if _has_dataset(settings) else [str(find_recipe(DEMO_RECIPE))])
     return args, not _has_dataset(vars(args)), resume_ckpt
 
@@ -322,7 +326,7 @@ def _main(argv, prog):
     check_args(args, dist_info)
     _logger.info(set_run_threads(args.threads, resume_ckpt))
     if resume_ckpt is not None:
-        check_resume_payload(resume_ckpt, 'epoch', f'--resume {args.resume}')
+        check_resume_payload(resume_ckpt, f'--resume {args.resume}')
     with stop_signals() as stop_signal, size_bounds(args):
         return train(args, dist_info, resume_ckpt, demo, stop_signal, command=' '.join([prog] + list(argv)))
 
@@ -349,27 +353,25 @@ def train(args, dist_info, resume_ckpt: Optional[dict], demo: bool, stop_signal:
         mixup_fn, train_loss_fn = _create_mixup_and_loss(args, device)
         updates_per_epoch = (len(loader_train) + args.grad_accum_steps - 1) // args.grad_accum_steps
         warn_global_batch_beyond_data(args.batch_size, dist_info.world_size, args.grad_accum_steps,
-                                      len(dataset_train), 'images')
+                                      len(dataset_train))
         schedule = dict(scheduler_kwargs(args, decreasing_metric=args.eval_metric == 'loss'), lr=args.lr)
         lr_scheduler, num_epochs = create_lr_scheduler(optimizer, schedule, updates_per_epoch)
 
-        last_epoch, num_updates = restore_training_state(resume_ckpt, args.resume, 'epoch', args.model, model,
+        last_epoch, num_updates = restore_training_state(resume_ckpt, args.resume, args.model, model,
                                                          optimizer, lr_scheduler, schedule, loss_scaler,
                                                          weights_only=args.no_resume_opt)
         last_saved = last_epoch if resume_ckpt is not None else None  # a checkpoint holds a done epoch
         start_epoch = last_epoch + 1 if resume_ckpt is not None else 0
-        check_not_finished(resume_ckpt, args.resume, 'epoch', start_epoch, num_epochs, '--epochs')
+        check_not_finished(resume_ckpt, args.resume, start_epoch, num_epochs)
         model_ema = None
         if args.model_ema:  # a copy of the (resumed) model, before DDP / compile, as timm; then the resumed EMA
             model_ema = ModelEmaV3(model, decay=args.model_ema_decay, use_warmup=args.model_ema_warmup,
                                    device=torch.device('cpu') if args.model_ema_force_cpu else None)
             restore_ema(resume_ckpt, args.resume, args.model, model_ema.module)
         train_model = compile_model(wrap_ddp(model, dist_info) if dist_info.distributed else model, args)
-        update_step = UpdateStep(optimizer, lambda: model_parameters(train_model, exclude_head='agc' in args.clip_mode),
-                                 loss_scaler, args.clip_grad, args.clip_mode)
 
         folder = open_run_folder(
-            args, resume_ckpt, kind='image', key='epoch', default_root='./output/train',
+            args, resume_ckpt, default_root='./output/train',
             default_name=_experiment_name(args, demo, data_config), decreasing=args.eval_metric == 'loss',
             max_history=args.checkpoint_hist) if dist_info.primary else None
         try:
@@ -387,15 +389,14 @@ def train(args, dist_info, resume_ckpt: Optional[dict], demo: bool, stop_signal:
             restore_rng(resume_ckpt, args.resume, dist_info)  # last: nothing built before shifts the random streams
             if resume_ckpt is not None:
                 resume_ckpt.clear()  # its tensors are not needed past here: freed, the caller's reference included
-            # one loop for the run: a stop agreed at an epoch's last update stops the next epoch's first
-            loop = StepLoop(train_model, train_model, update_step, lr_scheduler, model_ema, stop_signal,
-                            dist_info.distributed, num_updates, device=device)
+            # one for the run: a stop agreed at an epoch's last update stops the next epoch's first
+            updates = update_state(num_updates, stop_signal, dist_info.distributed, device)
             state = dict(model=train_model, optimizer=optimizer, scheduler=lr_scheduler, schedule=schedule,
                          loss_scaler=loss_scaler, model_cfg={'name': args.model, 'kwargs': create_kwargs},
                          data_cfg=dict(data_config),
                          class_names=train_classes)  # label order; validate.py labels class folders by these names
             metrics = _train_epochs(
-                args, dist_info, folder, loop, state, model_ema, loader_train, sampler_train, loader_eval,
+                args, dist_info, folder, updates, state, model_ema, loader_train, sampler_train, loader_eval,
                 mixup_fn=mixup_fn, train_loss_fn=train_loss_fn, amp_autocast=amp_autocast, start_epoch=start_epoch,
                 num_epochs=num_epochs, last_saved=last_saved)
             results = _final_stage(
@@ -405,23 +406,28 @@ def train(args, dist_info, resume_ckpt: Optional[dict], demo: bool, stop_signal:
             if results is not None:
                 _report(args, folder, metrics, results, data_dir, run_start)
                 list_outputs(folder)
+            if stop_signal():  # held through the final stage, which had to finish for its outputs to agree
+                where = f' (results.json, pretrained/ in {folder.output_dir})' if folder is not None else ''
+                raise Interrupted(stop_signal(), message=(
+                    f'{signal.Signals(stop_signal()).name} arrived after the last update and was held until the '
+                    f'final stage ended: the run is complete{where}'))
         except BaseException as e:
-            close_run_folder(folder, e, 'epoch')
+            close_run_folder(folder, e)
             raise
-        close_run_folder(folder, None, 'epoch')
+        close_run_folder(folder, None)
         return results
     finally:
         # end the loaders' persistent workers with the run: a later garbage collection stalled ~10 s per loader
         loader_train = loader_eval = None
 
 
-def _train_epochs(args, dist_info, folder: Optional[RunFolder], loop: StepLoop, state: Dict[str, Any], model_ema,
-                  loader_train, sampler_train, loader_eval, *, mixup_fn, train_loss_fn, amp_autocast,
+def _train_epochs(args, dist_info, folder: Optional[RunFolder], updates: Dict[str, Any], state: Dict[str, Any],
+                  model_ema, loader_train, sampler_train, loader_eval, *, mixup_fn, train_loss_fn, amp_autocast,
                   start_epoch: int, num_epochs: int, last_saved: Optional[int]) -> 'EpochMetrics':
     """Per epoch: :func:`train_one_epoch`, :func:`validate`, the schedule's step, a summary row and a checkpoint
     (``state``: the checkpoint's objects and fields); a stop signal or a NaN / inf loss ends the run with one line
     naming the intact checkpoint (``last_saved``: its epoch, None before any). Returns the last epoch's metrics."""
-    device, train_model, lr_scheduler = dist_info.device, loop.train_model, state['scheduler']
+    device, train_model, lr_scheduler = dist_info.device, state['model'], state['scheduler']
     metrics = EpochMetrics()
     for epoch in range(start_epoch, num_epochs):
         if sampler_train is not None:
@@ -432,12 +438,14 @@ def _train_epochs(args, dist_info, folder: Optional[RunFolder], loop: StepLoop, 
             torch.cuda.reset_peak_memory_stats(device)  # peak_mem_gib is this epoch's (training + eval)
         try:
             metrics.train = train_one_epoch(
-                epoch, loop, loader_train, train_loss_fn, total_epochs=num_epochs, amp_autocast=amp_autocast,
-                mixup_fn=mixup_fn, grad_accum_steps=args.grad_accum_steps, channels_last=args.channels_last,
+                epoch, train_model, loader_train, state['optimizer'], train_loss_fn, updates, total_epochs=num_epochs,
+                amp_autocast=amp_autocast, loss_scaler=state['loss_scaler'], clip_grad=args.clip_grad,
+                clip_mode=args.clip_mode, mixup_fn=mixup_fn, model_ema=model_ema, lr_scheduler=lr_scheduler,
+                grad_accum_steps=args.grad_accum_steps, channels_last=args.channels_last,
                 world_size=dist_info.world_size, log_interval=args.log_interval, primary=dist_info.primary)
         except (Interrupted, NonFiniteLossError) as e:
             last_path = folder.saver.last_path if folder is not None else None
-            raise stop_error(e, last_path, last_saved, args.resume, 'epoch', STOP_ADVICE) from None
+            raise stop_error(e, last_path, last_saved, args.resume, STOP_ADVICE) from None
         if dist_info.distributed and args.dist_bn in ('broadcast', 'reduce'):
             distribute_bn(train_model, dist_info.world_size, args.dist_bn == 'reduce')
         with preserve_rng():  # evaluation must not shift the training's random stream
@@ -447,7 +455,7 @@ def _train_epochs(args, dist_info, folder: Optional[RunFolder], loop: StepLoop, 
         if folder is not None:
             folder.summary.append(row)
         written = save_checkpoint(
-            folder, args, dist_info, epoch, metric, kind='image', key='epoch', num_updates=loop.num_updates, **state,
+            folder, args, dist_info, epoch, metric, num_updates=updates['num_updates'], **state,
             state_dict_ema=model_ema.module.state_dict() if model_ema is not None else None,
             eval_metrics=metrics.eval, ema_eval_metrics=metrics.ema_eval)
         last_saved = epoch
@@ -470,7 +478,11 @@ def _final_stage(args, dist_info, folder: Optional[RunFolder], model, train_mode
         demo_val = _validate_demo(args, dist_info, folder, data_dir, model_ema)
     if folder is None:
         return None
-    pretrained = _export_pretrained(args, folder, train_model, model_ema, data_config, train_classes, data_dir)
+    pretrained, pretrained_from = _export_pretrained(args, folder, train_model, model_ema, data_config, train_classes,
+                                                     data_dir)
+    # the best as model_best.pth itself records it: the record names what the files hold
+    best = ({'epoch': pretrained_from['epoch'], 'metric': pretrained_from['metric']}
+            if pretrained_from['file'] == folder.saver.best_path.name else None)
     device = dist_info.device
     results = {
         'model': args.model, 'model_kwargs': create_kwargs, 'experiment_dir': str(folder.output_dir),
@@ -479,8 +491,9 @@ def _final_stage(args, dist_info, folder: Optional[RunFolder], model, train_mode
         'torch_version': torch.__version__, 'world_size': dist_info.world_size, 'epochs': num_epochs,
         'global_batch': _global_batch(args, dist_info.world_size), 'lr': args.lr, 'final_epoch': num_epochs - 1,
         'train': metrics.train, 'eval': metrics.eval, 'ema_eval': metrics.ema_eval,
-        'best': folder.saver.best, 'eval_metric': args.eval_metric, 'checkpoints': checkpoint_files(folder),
-        'pretrained': str(pretrained), 'weights_sha256_per_rank': digests, 'ranks_agree': len(set(digests)) == 1,
+        'best': best, 'eval_metric': args.eval_metric, 'checkpoints': checkpoint_files(folder),
+        'pretrained': str(pretrained), 'pretrained_from': pretrained_from, 'weights_sha256_per_rank': digests,
+        'ranks_agree': len(set(digests)) == 1,
         'train_seconds_this_process': time.time() - metrics.train_start, 'demo_validation': demo_val,
         'skipped_images': {  # unreadable files, left out (never replaced): last epoch / last evaluation, this rank
             'train': loader_train.skipped, 'eval': loader_eval.skipped if loader_eval is not None else 0,
@@ -491,66 +504,245 @@ def _final_stage(args, dist_info, folder: Optional[RunFolder], model, train_mode
     return results
 
 
-def train_one_epoch(epoch: int, loop: StepLoop, loader, loss_fn: Callable, *, total_epochs: int, amp_autocast=suppress,
-                    mixup_fn=None, grad_accum_steps: int = 1, channels_last: bool = False, world_size: int = 1,
+def update_state(num_updates: int = 0, stop_signal: Optional[Callable[[], int]] = None, distributed: bool = False,
+                 device: torch.device = torch.device('cpu'), agree_every_s: float = 2.) -> Dict[str, Any]:
+    """What the optimizer updates of a run carry from one to the next (:func:`train_one_epoch` reads and updates
+    it): ``num_updates`` (the schedule's and the EMA's step), ``stop_signal()`` (this process's SIGINT / SIGTERM, 0:
+    none; no collective), a stop agreed at the end of the last update, and the spacing of the agreements inside a
+    long update (about every ``agree_every_s`` seconds)."""
+    return dict(num_updates=num_updates, stop_signal=stop_signal or (lambda: 0), distributed=distributed,
+                device=device, agree_every_s=agree_every_s, stop_pending=0, check_every=1,
+                micro_seconds=float('inf'))
+
+
+def train_one_epoch(epoch: int, model: nn.Module, loader, optimizer: torch.optim.Optimizer, loss_fn: Callable,
+                    updates: Dict[str, Any], *, total_epochs: int, amp_autocast=suppress, loss_scaler=None,
+                    clip_grad: Optional[float] = None, clip_mode: str = 'norm', mixup_fn=None, model_ema=None,
+                    lr_scheduler=None, grad_accum_steps: int = 1, channels_last: bool = False, world_size: int = 1,
                     log_interval: int = 50, primary: bool = True) -> Dict[str, float]:
-    """One epoch with the run's ``loop``; returns {'loss', 'lr', 'img_per_sec', 'seconds'} (loss and rate over every
-    rank). Each optimizer update is :meth:`~mlp_vision.training.run.loop.StepLoop.update` over ``grad_accum_steps``
-    batches (the last one over the batches left), which owns DDP sync, the NaN / inf and signal stops and the one host
-    sync per update; the epoch's loss is all-reduced once, at its end.
-    """
-    model, optimizer = loop.train_model, loop.update_step.optimizer
+    """timm's ``train_one_epoch``: per optimizer update, ``grad_accum_steps`` batches (the last update the batches
+    left) of forward, loss and backward (DDP syncs the gradients on the last one only), then clipping, the optimizer
+    step, the EMA and the per-update LR schedule. ``updates``: the run's :func:`update_state`.
+
+    The update waits for the device and the other ranks once, at the agreement (:func:`_agree`) just before its
+    last backward pass: a NaN / inf loss on any rank stops the run there, before the optimizer step
+    (:class:`NonFiniteLossError`), and a SIGINT / SIGTERM on any rank stops it before the next update
+    (:class:`~mlp_vision.errors.Interrupted`). Returns {'loss', 'lr', 'img_per_sec', 'seconds'} (loss and rate over
+    every rank; the epoch's loss is all-reduced once, at its end)."""
     model.train()
     num_batches = len(loader)
     updates_per_epoch = (num_batches + grad_accum_steps - 1) // grad_accum_steps
-    batches = iter(loader)
-
-    def micro_loss():
-        input, target = next(batches)
-        if mixup_fn is not None:
-            input, target = mixup_fn(input, target)
-        if channels_last:
-            input = input.contiguous(memory_format=torch.channels_last)
-        with amp_autocast():
-            return loss_fn(model(input), target), input.shape[0]  # weighted by its samples
-
-    loss_sum, sample_count = 0., 0
-    window_loss, window_samples = 0., 0
+    batches, device = iter(loader), updates['device']
+    clip_parameters = partial(model_parameters, model, exclude_head='agc' in clip_mode)
+    loss_sum, sample_count, window_loss, window_samples = 0., 0., 0., 0.
     epoch_start = time.perf_counter()
     optimizer.zero_grad()
     for update_idx in range(updates_per_epoch):
-        first = update_idx * grad_accum_steps  # the update's first batch; the last update may have fewer
-        losses = loop.update(
-            micro_loss, min(grad_accum_steps, num_batches - first), stopped_at=f'epoch {epoch}, batch {first}',
-            loss_at=lambda m: f'epoch {epoch}, batch {first + m} (optimizer update {loop.num_updates})',
-            metric=lambda u: (loss_sum + u.loss_sum) / (sample_count + u.weight_sum))
-        loss_sum, sample_count = loss_sum + losses.loss_sum, sample_count + losses.weight_sum
-        window_loss, window_samples = window_loss + losses.loss_sum, window_samples + losses.weight_sum
+        first = update_idx * grad_accum_steps  # the update's first batch
+        accum_steps = min(grad_accum_steps, num_batches - first)
+        stopped_at = f'epoch {epoch}, batch {first}'
+        loss_at = partial(_loss_at, epoch, first, updates['num_updates'])
+        signum = updates['stop_pending'] or (0 if updates['distributed'] else updates['stop_signal']())
+        if signum:
+            raise Interrupted(signum, stopped_at)
+        # this update's losses on the device (no host sync): [weighted sum, first non-finite batch or -1, its value]
+        sums = torch.tensor([0., -1., 0.], dtype=torch.float64, device=device)
+        weight_sum, since, since_micro, next_check = 0., time.perf_counter(), 0, updates['check_every']
+        for micro in range(accum_steps):
+            need_update = micro == accum_steps - 1
+            if micro and not updates['distributed'] and updates['stop_signal']():
+                _abandon(optimizer, updates['stop_signal'](), stopped_at)
+            input, target = next(batches)
+            if mixup_fn is not None:
+                input, target = mixup_fn(input, target)
+            if channels_last:
+                input = input.contiguous(memory_format=torch.channels_last)
+            no_sync = getattr(model, 'no_sync', None)
+            with no_sync() if no_sync is not None and not need_update else nullcontext():
+                with amp_autocast():
+                    loss = loss_fn(model(input), target)
+                _add_loss(sums, loss, micro, weight=input.shape[0])
+                weight_sum += input.shape[0]
+                if need_update:  # before the backward pass that reduces the gradients, and the optimizer step
+                    update_loss, updates['stop_pending'] = _agree(updates, optimizer, sums, micro + 1 - since_micro,
+                                                                  since, loss_at)
+                _backward(loss / accum_steps, optimizer, loss_scaler, clip_grad, clip_mode, clip_parameters,
+                          need_update)
+            if not need_update and micro + 1 == next_check:  # a long update agrees every few seconds
+                _, signum = _agree(updates, optimizer, sums, micro + 1 - since_micro, since, loss_at)
+                if signum:
+                    _abandon(optimizer, signum, stopped_at)
+                since, since_micro, next_check = time.perf_counter(), micro + 1, micro + 1 + updates['check_every']
+        optimizer.zero_grad(set_to_none=True)
+        updates['num_updates'] += 1
+        loss_sum, sample_count = loss_sum + update_loss, sample_count + weight_sum
+        window_loss, window_samples = window_loss + update_loss, window_samples + weight_sum
+        if model_ema is not None:
+            model_ema.update(model, step=updates['num_updates'])
+        if lr_scheduler is not None:
+            lr_scheduler.step_update(num_updates=updates['num_updates'], metric=loss_sum / sample_count)
 
         now = time.perf_counter()
         if update_idx == 0:  # the first update includes loader start-up: the rate counts from its end
             first_done = now
-        last = update_idx == updates_per_epoch - 1
-        if primary and (last or (update_idx + 1) % log_interval == 0):
+        if primary and (update_idx == updates_per_epoch - 1 or (update_idx + 1) % log_interval == 0):
             sec_per_update = (now - first_done) / update_idx if update_idx else now - epoch_start
-            img_per_sec = losses.weight_sum * world_size / sec_per_update if sec_per_update > 0 else 0.
+            img_per_sec = weight_sum * world_size / sec_per_update if sec_per_update > 0 else 0.
             left_epoch = (updates_per_epoch - update_idx - 1) * sec_per_update
             left_run = left_epoch + (total_epochs - epoch - 1) * updates_per_epoch * sec_per_update
-            _logger.info(progress_line(
+            _logger.info(
                 f'Train: {epoch}/{total_epochs - 1} [{update_idx + 1:>{len(str(updates_per_epoch))}d}/'
-                f'{updates_per_epoch} ({100. * (update_idx + 1) / updates_per_epoch:3.0f}%)]',
-                f'{window_loss / max(window_samples, 1):.4f} ({loss_sum / sample_count:.4f})',
-                optimizer.param_groups[0]['lr'], f'{img_per_sec:,.0f} img/s',
-                f'epoch {format_duration(left_epoch)}, training {format_duration(left_run)}'))
-            window_loss, window_samples = 0., 0
+                f'{updates_per_epoch} ({100. * (update_idx + 1) / updates_per_epoch:3.0f}%)]  loss '
+                f'{window_loss / max(window_samples, 1):.4f} ({loss_sum / sample_count:.4f})  lr '
+                f'{optimizer.param_groups[0]["lr"]:.3e}  {img_per_sec:,.0f} img/s  ETA epoch '
+                f'{format_duration(left_epoch)}, training {format_duration(left_run)}')
+            window_loss, window_samples = 0., 0.
 
     seconds = time.perf_counter() - epoch_start
-    totals = torch.tensor([loss_sum, float(sample_count)], dtype=torch.float64, device=loop.device)
-    if loop.distributed:
+    totals = torch.tensor([loss_sum, sample_count], dtype=torch.float64, device=device)
+    if updates['distributed']:
         dist.all_reduce(totals)
     total_loss, total_samples = totals.tolist()
     lr = sum(g['lr'] for g in optimizer.param_groups) / len(optimizer.param_groups)
     return {'loss': total_loss / total_samples, 'lr': lr, 'img_per_sec': total_samples / seconds, 'seconds': seconds}
+
+
+def _loss_at(epoch: int, first: int, num_updates: int, micro: int) -> str:
+    """Where the loss of an update's batch ``micro`` was computed, for the NaN stop line."""
+    return f'epoch {epoch}, batch {first + micro} (optimizer update {num_updates})'
+
+
+def _backward(loss: torch.Tensor, optimizer, loss_scaler, clip_grad: Optional[float], clip_mode: str,
+              parameters: Callable[[], Iterable[torch.Tensor]], need_update: bool) -> None:
+    """timm's backward: through its ``NativeScaler`` under float16 AMP (scaling, unscaling before clipping), else
+    ``backward`` and, on the update's last batch, clipping (``clip_grad`` > 0) and the optimizer step."""
+    clip_grad = clip_grad if clip_grad and clip_grad > 0 else None
+    if loss_scaler is not None:
+        loss_scaler(loss, optimizer, clip_grad=clip_grad, clip_mode=clip_mode,
+                    parameters=parameters() if clip_grad else None, need_update=need_update)
+        return
+    loss.backward()
+    if need_update:
+        if clip_grad is not None:
+            dispatch_clip_grad(parameters(), value=clip_grad, mode=clip_mode)
+        optimizer.step()
+
+
+_NO_BAD_MICRO = float(2 ** 52)  # above any batch index, exact in float64
+
+
+def _add_loss(sums: torch.Tensor, loss: torch.Tensor, micro: int, weight: float) -> None:
+    """Add a batch's mean ``loss`` (times its ``weight``, its samples) to the update's ``sums`` on the device, and
+    note it when it is the update's first non-finite one."""
+    value = loss.detach().reshape(()).to(torch.float64)
+    first_bad = ~torch.isfinite(value) & (sums[1] < 0)
+    sums[0] += value * weight
+    sums[1] = torch.where(first_bad, float(micro), sums[1])
+    sums[2] = torch.where(first_bad, value, sums[2])
+
+
+def _agree(updates: Dict[str, Any], optimizer, sums: torch.Tensor, micro_batches_since: int, since: float,
+           loss_at: Callable[[int], str]) -> Tuple[float, int]:
+    """The one wait of an update: the update's losses read with one device-to-host copy, together with one
+    all-reduce (MAX, on the training device, so valid under NCCL) of [first non-finite batch, stop signal, seconds
+    per batch]. Every rank decides the same: a non-finite loss anywhere raises :class:`NonFiniteLossError`
+    (gradients dropped); returns (this rank's weighted loss sum, the agreed stop signal).
+
+    The agreements inside a long update (``--grad-accum-steps`` in the thousands) come at positions counted from
+    the slowest rank's time per batch, so every rank calls the same collectives in order; a rank never acts on its
+    own signal alone (its forward may hold collectives of its own: DDP's buffer broadcast, SyncBatchNorm)."""
+    packed = torch.zeros(6, dtype=torch.float64, device=updates['device'])
+    # MAX of (first bad batch counted down from 2**52): the earliest bad batch of any rank, 0 if none
+    packed[0] = (sums[1] >= 0) * (_NO_BAD_MICRO - sums[1])
+    packed[1] = updates['stop_signal']()
+    packed[2] = updates['micro_seconds']
+    packed[3:] = sums
+    if updates['distributed']:
+        dist.all_reduce(packed[:3], op=dist.ReduceOp.MAX)
+    first_bad, signum, seconds, loss_sum, bad_micro, bad_value = packed.tolist()
+    # the spacing from the last agreement's time (the same on every rank); this one's, measured after the device
+    # caught up with the host here (before, the host may have run ahead), goes into the next agreement
+    updates['check_every'] = max(1, int(updates['agree_every_s'] / max(seconds, 1e-9)))
+    updates['micro_seconds'] = (time.perf_counter() - since) / max(micro_batches_since, 1)
+    if first_bad:
+        optimizer.zero_grad(set_to_none=True)
+        if bad_micro >= 0:  # this rank's loss
+            raise NonFiniteLossError(bad_value, loss_at(int(bad_micro)))
+        raise NonFiniteLossError(0., loss_at(int(_NO_BAD_MICRO - first_bad)))  # 'not finite on another rank'
+    return loss_sum, int(signum)
+
+
+def _abandon(optimizer, signum: int, stopped_at: str) -> None:
+    """A stop inside an update: its gradients are dropped, the weights are as before (the run resumes from its last
+    checkpoint, at an epoch's end)."""
+    optimizer.zero_grad(set_to_none=True)
+    raise Interrupted(signum, stopped_at)
+
+
+def format_duration(seconds: float) -> str:
+    return str(timedelta(seconds=int(round(max(0., seconds)))))
+
+
+def warn_global_batch_beyond_data(batch_size: int, world_size: int, grad_accum_steps: int, samples: int) -> None:
+    """Warn (with the numbers) when one update's global batch, ``batch_size`` x ``world_size`` x
+    ``grad_accum_steps``, is larger than the training set's ``samples``: an unintended setting (``-b 1e9``) that
+    trains without another sign of it."""
+    global_batch = batch_size * world_size * grad_accum_steps
+    if global_batch > samples:
+        _logger.warning(f'the global batch ({batch_size} x {world_size} processes x {grad_accum_steps} accumulation '
+                        f'steps = {global_batch:,}) is larger than the training data ({samples:,} images): each '
+                        f'update would need {global_batch / max(samples, 1):.3g} times the data; lower -b / '
+                        f'--grad-accum-steps')
+
+
+# ------------------------------------------------------------------------------------------------ distributed
+def wrap_ddp(model: nn.Module, info: DistInfo, **kwargs) -> nn.Module:
+    """DistributedDataParallel with ``device_ids`` for CUDA and none for the CPU; every parameter's gradient reaches
+    DDP with the parameter's strides (:func:`_grad_in_param_strides`)."""
+    from torch.nn.parallel import DistributedDataParallel
+    for param in model.parameters():
+        if param.requires_grad and 1 in param.shape:
+            param.register_hook(_grad_in_param_strides(param))
+    if info.device.type == 'cuda':
+        return DistributedDataParallel(model, device_ids=[info.device], **kwargs)
+    return DistributedDataParallel(model, **kwargs)
+
+
+def _grad_in_param_strides(param: torch.Tensor):
+    """A gradient hook that gives the gradient the parameter's strides where the two differ only along size-1 dims.
+
+    Convolution kernels return their weight gradient in the memory format of their input (sMLPNet's 1x1 fuse conv
+    of a channels-last activation: strides (C_in, 1, C_in, C_in) for a parameter's (C_in, 1, 1, 1)). A size-1 dim's
+    stride is never used, so autograd accepts it, but DDP's reducer compares all strides and warns "Grad strides do
+    not match bucket view strides" on every rank. The restrided view is the same memory; a gradient laid out
+    differently along a dim longer than 1 is left as it is.
+    """
+    def restride(grad: torch.Tensor) -> torch.Tensor:
+        if grad.layout != torch.strided or grad.shape != param.shape or grad.stride() == param.stride():
+            return grad
+        if any(g != p for g, p, n in zip(grad.stride(), param.stride(), param.shape) if n != 1):
+            return grad
+        return grad.as_strided(grad.shape, param.stride(), grad.storage_offset())
+    return restride
+
+
+def state_dict_digest(module: nn.Module) -> str:
+    """SHA-256 of every tensor in the state dict (names, dtypes, shapes, bytes): equal digests = equal weights."""
+    h = hashlib.sha256()
+    for k, v in module.state_dict().items():
+        v = v.detach().cpu().contiguous()
+        h.update(f'{k}:{v.dtype}:{tuple(v.shape)};'.encode())
+        h.update(v.reshape(-1).view(torch.uint8).numpy().tobytes() if v.numel() else b'')
+    return h.hexdigest()
+
+
+def weights_digests(dist_info: DistInfo, *modules: Optional[nn.Module]) -> List[str]:
+    """Every rank's SHA-256 of the weights (equal digests = equal weights); logs an error if they differ."""
+    digest = ' '.join(state_dict_digest(unwrap_model(m)) for m in modules if m is not None)
+    digests = all_gather_objects(digest, dist_info)
+    if len(set(digests)) != 1:
+        _logger.error(f'weights differ across ranks: {digests}')
+    return digests
 
 
 # ------------------------------------------------------------------------------------------------ what main builds
@@ -645,6 +837,23 @@ def resolve_lr(args, world_size: int) -> None:
     args.derive(lr=args.lr_base * ratio, **({} if args.lr_base_scale else {'lr_base_scale': scale}))
     _logger.info(f'learning rate {args.lr:.4g} = lr_base {args.lr_base:g} x {args.lr_base_scale} scaling of '
                  f'the global batch {global_batch} / {args.lr_base_size}')
+
+
+_SCHEDULERS = ('cosine', 'tanh', 'step', 'multistep', 'poly', 'wsd', 'rsqrt', 'constant', 'plateau')
+
+
+def create_lr_scheduler(optimizer: torch.optim.Optimizer, schedule: Dict[str, Any], updates_per_epoch: int = 1):
+    """timm's ``create_scheduler_v2(optimizer, **schedule)``; returns (scheduler, total epochs incl. cooldown).
+    ``schedule`` holds its keyword arguments and ``lr`` (the optimizer's base LR); every checkpoint stores it
+    (:func:`restore_training_state` continues a changed one from the checkpoint's position)."""
+    if schedule['sched'] not in _SCHEDULERS:
+        raise UsageError(f'--sched {schedule["sched"]!r} is not a learning-rate schedule; use one of '
+                         f'{", ".join(_SCHEDULERS)}')
+    kwargs = {k: v for k, v in schedule.items() if k != 'lr'}
+    try:
+        return create_scheduler_v2(optimizer, **kwargs, updates_per_epoch=updates_per_epoch)
+    except (ValueError, AssertionError) as e:
+        raise UsageError(f'the --sched {schedule["sched"]} schedule cannot be built: {e}') from e
 
 
 def _create_optimizer(args, model: nn.Module) -> torch.optim.Optimizer:
@@ -832,10 +1041,12 @@ def _run_description(args, data_dir: str, num_classes: int) -> str:
 
 
 def _export_pretrained(args, folder: RunFolder, train_model, model_ema, data_config, train_classes,
-                       data_dir: str) -> Path:
+                       data_dir: str) -> Tuple[Path, Dict[str, Any]]:
     """``pretrained/``: the best weights (the EMA's where its accuracy chose them; the last epoch's when nothing was
     evaluated) written atomically by timm's ``save_for_hf`` (``config.json`` with class names and data config,
-    ``model.safetensors``), so ``timm.create_model('local-dir:RUN/pretrained', pretrained=True)`` builds it."""
+    ``model.safetensors``), so ``timm.create_model('local-dir:RUN/pretrained', pretrained=True)`` builds it; other
+    files a user put in the folder are kept. Returns (the folder, what it holds: the file, epoch and metric it was
+    exported from, as that file records them)."""
     source = folder.saver.best_path if folder.saver.best_path.exists() else folder.saver.last_path
     ckpt = load_checkpoint_file(source, what=source.name)
     use_ema = model_ema is not None and ckpt.get('state_dict_ema') is not None
@@ -851,9 +1062,9 @@ def _export_pretrained(args, folder: RunFolder, train_model, model_ema, data_con
     export = folder.output_dir / 'pretrained'
     with atomic_folder(export) as tmp:
         save_for_hf(model, tmp, model_config=model_config, safe_serialization=True, data_config=data_config)
-    _logger.info(f'{export}: the {"EMA " if use_ema else ""}weights of {source.name} for timm '
-                 f"(timm.create_model('local-dir:{export}', pretrained=True), features_only=True too)")
-    return export
+    _logger.info(f'{export}: the {"EMA " if use_ema else ""}weights of {source.name} (epoch {ckpt.get("epoch")}) '
+                 f"for timm (timm.create_model('local-dir:{export}', pretrained=True), features_only=True too)")
+    return export, {'file': source.name, 'epoch': ckpt.get('epoch'), 'metric': ckpt.get('metric'), 'ema': use_ema}
 
 
 def _report(args, folder: RunFolder, metrics: EpochMetrics, results: dict, data_dir: str, run_start: float) -> None:

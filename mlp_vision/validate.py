@@ -18,23 +18,18 @@ import reprlib
 
 import torch
 
-from mlp_vision.training.run.checkpoint import write_output_file
-from mlp_vision.training.run.config import check_flag_ranges
+from mlp_vision.outputs import json_text, setup_logging, write_output_file
 from mlp_vision.training.image_data import (
     INTERPOLATIONS, IMAGE_MODE_CHANNELS, check_class_names, check_image_args, check_num_classes, create_image_dataset)
 from mlp_vision.training.image_loader import create_eval_loader, default_workers
-from mlp_vision.training.run.distributed import init_device
-from mlp_vision.arguments import ArgumentParser, DefaultsHelpFormatter, ParseKwargs
+from mlp_vision.arguments import ArgumentParser, DefaultsHelpFormatter, ParseKwargs, check_flag_ranges
 from mlp_vision.bounds import BOUND_RANGES, within_bounds
 from mlp_vision.errors import UsageError, run_cli
 from mlp_vision.weights import CROP_MODES, check_data_config
-from mlp_vision.training.run.log import setup_logging
 from mlp_vision.training import image_model
 from mlp_vision.training.image_model import (
-    check_activations, create_model_for_eval, model_create_kwargs, resolve_model_data_config)
-from mlp_vision.training.run.compile import add_compile_arguments, check_compile_backend, compile_model
-from mlp_vision.training.run.run_files import add_common_arguments, add_device_arguments, setup_amp
-from mlp_vision.training.run.summary import json_text
+    add_common_arguments, add_compile_arguments, add_device_arguments, check_activations, check_compile_backend,
+    compile_model, create_model_for_eval, init_device, model_create_kwargs, resolve_model_data_config, setup_amp)
 from mlp_vision.threads import THREADS_RANGE, set_threads
 
 _logger = logging.getLogger('validate')

@@ -36,7 +36,7 @@ from .arguments import ArgumentParser, DefaultsHelpFormatter, ParseKwargs, check
 from .bounds import within_bounds
 from .errors import UsageError, run_cli
 from mlp_vision.training.image_model import create_model, create_model_for_eval, model_create_kwargs
-from mlp_vision.training.run.run_files import add_common_arguments
+from mlp_vision.training.image_model import add_common_arguments
 from .threads import add_threads_argument, set_threads
 
 __all__ = ['spatial_projections', 'axial_weights', 'ssm_responses', 'token_grid', 'load_model', 'visualize', 'main']

@@ -52,7 +52,7 @@ def crafted_checkpoint(source, folder, change):
     """A copy of checkpoint ``source`` as ``folder/last.pth`` with ``change(ckpt)`` applied (still weights-only
     data: what a hostile or damaged file can hold)."""
     from pathlib import Path
-    from mlp_vision.training.run.checkpoint import atomic_save
+    from mlp_vision.outputs import atomic_save
     ckpt = torch.load(source, map_location='cpu', weights_only=True)
     change(ckpt)
     Path(folder).mkdir(parents=True, exist_ok=True)

@@ -6,7 +6,6 @@ Each test makes the hostile or odd input for real in ``tmp_path`` (a yaml alias 
 """
 import json
 import logging
-import math
 import os
 import re
 import sys
@@ -22,7 +21,7 @@ if str(REPO) not in sys.path:
 from mlp_vision.arguments import check_range
 from mlp_vision.bounds import check_model_size
 from mlp_vision.errors import UsageError, short_repr
-from mlp_vision.training.run.config import MAX_YAML_DEPTH, load_yaml_config, read_yaml_file  # noqa: E402
+from mlp_vision.arguments import MAX_YAML_DEPTH, load_yaml_config, read_yaml_file  # noqa: E402
 
 
 # ------------------------------------------------------------------------------------------------ yaml files
@@ -556,13 +555,13 @@ def test_stop_signal_is_honoured_while_tokenizing_a_classification_file(english_
 
 
 def test_global_batch_beyond_the_data_is_a_warning_with_numbers(caplog):
-    from mlp_vision.training.run.loop import warn_global_batch_beyond_data
+    from mlp_vision.train import warn_global_batch_beyond_data
     with caplog.at_level(logging.WARNING):
-        warn_global_batch_beyond_data(8, 2, 10 ** 9, 300, 'images')
+        warn_global_batch_beyond_data(8, 2, 10 ** 9, 300)
     assert ('the global batch (8 x 2 processes x 1000000000 accumulation steps = 16,000,000,000) is larger than the '
             'training data (300 images): each update would need 5.33e+07 times the data; lower -b / '
             '--grad-accum-steps') in caplog.text
     caplog.clear()
     with caplog.at_level(logging.WARNING):
-        warn_global_batch_beyond_data(8, 2, 4, 300, 'images')
+        warn_global_batch_beyond_data(8, 2, 4, 300)
     assert caplog.text == ''

@@ -195,7 +195,7 @@ def test_eval_metric_top5_is_refused_for_five_classes_or_fewer(images, tmp_path,
 
 def test_text_trainer_default_model_follows_the_task(tmp_path, capsys):
     """--task mlm without --model: the missing file is named (the causal default is no longer checked first)."""
-    from mlp_vision.training.run.config import parse_args_with_config
+    from mlp_vision.arguments import parse_args_with_config
     from mlp_vision.train_text import DEFAULT_MODELS, build_parser, check_args
     for task, model in DEFAULT_MODELS.items():
         args, _ = parse_args_with_config(build_parser(), ['--task', task])

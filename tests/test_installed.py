@@ -185,7 +185,7 @@ def test_editable_install_finds_the_checkout_recipes(tmp_path):
     python = _venv(tmp_path / 'venv')
     res = _run([python, '-m', 'pip', 'install', '--no-deps', '--no-build-isolation', '-q', '-e', src], cwd=tmp_path)
     assert res.returncode == 0, res.stderr
-    code = ('import mlp_vision; from mlp_vision.training.run.config import find_recipe; '
+    code = ('import mlp_vision; from mlp_vision.arguments import find_recipe; '
             'print(mlp_vision.__file__); print(find_recipe("demo_digits"))')
     res = _run([python, '-c', code], cwd=tmp_path)
     assert res.returncode == 0, res.stderr

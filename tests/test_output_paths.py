@@ -198,7 +198,7 @@ def test_folder_outputs_refuse_a_device_or_fifo(kind, output, images, capsys):
 def test_write_output_file_rules(tmp_path):
     """The one place that decides: a regular file is kept only when asked, a folder or socket is one clear error,
     /dev/stdout (a link through /proc/self/fd) is appended to, whether stdout is a file or a pipe."""
-    from mlp_vision.training.run.checkpoint import output_kind, write_output_file
+    from mlp_vision.outputs import output_kind, write_output_file
     regular = tmp_path / 'r.txt'
     regular.write_text('one')
     assert write_output_file(regular, 'two') is None and regular.read_text() == 'two'
@@ -213,7 +213,7 @@ def test_write_output_file_rules(tmp_path):
             write_output_file(tmp_path / 's.sock', 'x')
     (tmp_path / 's.sock').unlink()
     log = tmp_path / 'stdout.txt'
-    code = 'from mlp_vision.training.run.checkpoint import write_output_file as w; w("/dev/stdout", "after\\n")'
+    code = 'from mlp_vision.outputs import write_output_file as w; w("/dev/stdout", "after\\n")'
     env = dict(os.environ, PYTHONPATH=str(REPO))
     with open(log, 'w') as f:
         f.write('before\n')

@@ -16,7 +16,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 import mlp_vision.train as train  # noqa: E402
-from mlp_vision.training.run.config import find_recipe, parse_args_with_config  # noqa: E402
+from mlp_vision.arguments import find_recipe, parse_args_with_config  # noqa: E402
 
 # the recipe, at a tiny width / size so a run takes seconds
 TINY = ['--model-kwargs', 'embed_dim=8', 'depths=(1,1,1,1)', '--img-size', '32', '--workers', '0',

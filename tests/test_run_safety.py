@@ -21,9 +21,9 @@ if str(REPO) not in sys.path:
 
 import mlp_vision.train as train  # noqa: E402  (the command's code; train.py at the root runs it)
 import mlp_vision.train_text as text_train  # noqa: E402
-from mlp_vision.training.run.checkpoint import CheckpointManager, atomic_save, temp_path  # noqa: E402
+from mlp_vision.outputs import atomic_save, temp_path  # noqa: E402
 from mlp_vision.errors import UsageError  # noqa: E402
-from mlp_vision.training.run.run_files import new_run_folder  # noqa: E402
+from mlp_vision.training.run_files import CheckpointManager, new_run_folder  # noqa: E402
 from _helpers import TINY_GPT, TINY_VISION, crafted_checkpoint, exits_with_one_line  # noqa: E402
 
 
@@ -153,7 +153,7 @@ def test_a_folder_without_last_pth_keeps_its_later_epochs(vision_run, tmp_path):
 def test_two_resumes_of_one_run_race_and_neither_loses_epochs(vision_run, tmp_path, monkeypatch):
     # B loads last.pth (epoch 1) and is held before taking the lock; meanwhile A resumes the same run in place to
     # epoch 3 and ends. B then takes the lock, looks again, sees epoch 3 and branches off instead of replacing it.
-    import mlp_vision.training.run.run_files as run_module
+    import mlp_vision.training.run_files as run_module
     folder, _ = vision_run
     run_copy = _copy_run(folder, tmp_path / 'v')
     real, held = run_module.newer_than, []
@@ -353,3 +353,158 @@ def test_resuming_a_finished_run_is_refused_and_changes_nothing(vision_run, tmp_
     assert 'already finished its 2 epochs' in msg and 'pass a larger --epochs' in msg
     assert f'results in {run_copy.resolve() / "results.json"}' in msg
     assert _files(run_copy) == before
+
+
+# ------------------------------------------------------------------------------------------------ issue 44, item 3
+class _Killed(BaseException):
+    """A SIGKILL at this point: nothing after it runs (no handler, no cleanup of the files written so far)."""
+
+
+@pytest.mark.parametrize('resume_only', [(), ('optimizer',)])
+def test_a_kill_between_the_best_and_last_writes_leaves_record_and_files_agreeing(tmp_path, monkeypatch, caplog,
+                                                                                 resume_only):
+    """model_best.pth is written before last.pth, whose history names it; killed between the two, last.pth is the
+    previous epoch's, and a resume takes the best from model_best.pth itself (said in the log)."""
+    import mlp_vision.training.run_files as run_module
+
+    def state(epoch, metric):
+        return {'epoch': epoch, 'metric': metric, 'w': torch.full((2,), float(epoch)), 'optimizer': {'lr': 0.1}}
+
+    def written():
+        last, best = (torch.load(tmp_path / name, weights_only=True) for name in ('last.pth', 'model_best.pth'))
+        return last['epoch'], last['checkpoint_history']['best'], {'epoch': best['epoch'], 'metric': best['metric']}
+
+    saver = CheckpointManager(tmp_path, max_history=2, resume_only=resume_only)
+    saver.save(state(0, 1.0), 0, 1.0)
+    real_save, real_link = run_module.atomic_save, run_module.atomic_link
+
+    def kill_at_last(write):
+        def wrapped(*args):
+            if Path(args[-1]) == tmp_path / 'last.pth':
+                raise _Killed
+            return write(*args)
+        return wrapped
+    monkeypatch.setattr(run_module, 'atomic_save', kill_at_last(real_save))
+    monkeypatch.setattr(run_module, 'atomic_link', kill_at_last(real_link))
+    with pytest.raises(_Killed):
+        saver.save(state(1, 2.0), 1, 2.0)  # the new best
+    monkeypatch.undo()
+    last_epoch, recorded, held = written()
+    assert last_epoch == 0 and recorded == {'epoch': 0, 'metric': 1.0} and held == {'epoch': 1, 'metric': 2.0}
+
+    resumed = CheckpointManager(tmp_path, max_history=2, resume_only=resume_only)
+    resumed.load_state_dict(torch.load(tmp_path / 'last.pth', weights_only=True)['checkpoint_history'])
+    assert resumed.best == held and 'holds epoch 1' in caplog.text and 'stopped between writing' in caplog.text
+    resumed.save(state(1, 1.5), 1, 1.5)  # epoch 1 trained again (here to a lower metric): not the best
+    last_epoch, recorded, held = written()
+    assert last_epoch == 1 and recorded == held == {'epoch': 1, 'metric': 2.0}
+
+
+def test_a_failed_best_write_leaves_the_previous_epoch_whole(tmp_path, monkeypatch):
+    import mlp_vision.training.run_files as run_module
+    saver = CheckpointManager(tmp_path, max_history=0)
+    saver.save({'epoch': 0, 'metric': 1.0}, 0, 1.0)
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+
+    def full_disk(obj, path):
+        raise OSError(28, 'No space left on device', str(path))
+    monkeypatch.setattr(run_module, 'atomic_save', full_disk)
+    with pytest.raises(OSError):
+        saver.save({'epoch': 1, 'metric': 2.0}, 1, 2.0)
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+
+
+def test_results_name_what_the_files_hold_after_a_kill_between_writes(vision_run, tmp_path, capsys, monkeypatch,
+                                                                      caplog):
+    """A resumed run killed after writing epoch 2's model_best.pth, before its last.pth; resumed again to the end:
+    results.json's best and pretrained/ are what model_best.pth holds. User files in pretrained/ are kept."""
+    import mlp_vision.training.run_files as run_module
+    folder, _ = vision_run
+    run_copy = _copy_run(folder, tmp_path / 'v')
+    shutil.copytree(folder / 'pretrained', run_copy / 'pretrained')
+    (run_copy / 'pretrained' / 'README.md').write_text('# my model card\n')
+    (run_copy / 'pretrained' / 'notes').mkdir()
+    (run_copy / 'pretrained' / 'notes' / 'data.txt').write_text('where the photos came from\n')
+    real_validate, real_link, real_save = train._validate_epoch, run_module.atomic_link, run_module.atomic_save
+
+    def best_ever(*args):  # epoch 2 beats every earlier epoch
+        return real_validate(*args) + 1000.
+
+    def killed_at_last(write):
+        def wrapped(*args):
+            if Path(args[-1]).name == 'last.pth':
+                raise _Killed
+            return write(*args)
+        return wrapped
+    monkeypatch.setattr(train, '_validate_epoch', best_ever)
+    monkeypatch.setattr(run_module, 'atomic_link', killed_at_last(real_link))
+    monkeypatch.setattr(run_module, 'atomic_save', killed_at_last(real_save))
+    with pytest.raises(_Killed):
+        train.main(['--resume', str(run_copy / 'last.pth'), '--epochs', '3'])
+    monkeypatch.undo()
+    best_file = torch.load(run_copy / 'model_best.pth', weights_only=True)
+    assert best_file['epoch'] == 2 and torch.load(run_copy / 'last.pth', weights_only=True)['epoch'] == 1
+
+    res = train.main(['--resume', str(run_copy / 'last.pth'), '--epochs', '3'])  # epoch 2 again, not a best
+    assert 'model_best.pth holds epoch 2' in caplog.text
+    held = {'epoch': best_file['epoch'], 'metric': best_file['metric']}
+    recorded = json.loads((run_copy / 'results.json').read_text())
+    assert res['best'] == recorded['best'] == held
+    assert recorded['pretrained_from'] == {'file': 'model_best.pth', **held, 'ema': False}
+    assert torch.load(run_copy / 'last.pth', weights_only=True)['checkpoint_history']['best'] == held
+    from safetensors.torch import load_file
+    exported = load_file(run_copy / 'pretrained' / 'model.safetensors')
+    assert exported.keys() == best_file['state_dict'].keys()
+    assert all(torch.equal(exported[k], best_file['state_dict'][k]) for k in exported)
+    assert (run_copy / 'pretrained' / 'README.md').read_text() == '# my model card\n'
+    assert (run_copy / 'pretrained' / 'notes' / 'data.txt').read_text() == 'where the photos came from\n'
+
+
+def test_a_signal_during_the_final_export_is_said_after_it_completes(vision_run, tmp_path, capsys, monkeypatch):
+    """SIGTERM while pretrained/ is written: the export and results.json complete (they agree), then one line and
+    exit status 128 + 15."""
+    import signal
+    folder, _ = vision_run
+    run_copy = _copy_run(folder, tmp_path / 'v')
+    real_save_for_hf = train.save_for_hf
+
+    def export_with_a_signal(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)
+        return real_save_for_hf(*args, **kwargs)
+    monkeypatch.setattr(train, 'save_for_hf', export_with_a_signal)
+    msg = _fail(train.main, ['--resume', str(run_copy / 'last.pth'), '--epochs', '3'], capsys, status=128 + 15)
+    assert 'SIGTERM arrived after the last update' in msg and 'the run is complete' in msg
+    recorded = json.loads((run_copy / 'results.json').read_text())
+    assert recorded['final_epoch'] == 2 and 'error' not in recorded
+    assert {p.name for p in (run_copy / 'pretrained').iterdir()} >= {'config.json', 'model.safetensors'}
+    best_file = torch.load(run_copy / 'model_best.pth', weights_only=True)
+    assert recorded['best'] == {'epoch': best_file['epoch'], 'metric': best_file['metric']}
+
+
+def test_a_kill_between_the_export_renames_loses_no_user_file(tmp_path, monkeypatch, caplog):
+    """Killed after the earlier pretrained/ was moved aside, before the new one took its place: the next start
+    moves the earlier folder (and the user's files in it) back, where it would have removed a temporary folder."""
+    import mlp_vision.outputs as outputs_module
+    export = tmp_path / 'pretrained'
+    export.mkdir()
+    (export / 'README.md').write_text('# my model card\n')
+    (export / 'config.json').write_text('{"old": true}')
+    real_replace = os.replace
+
+    def killed_after_moving_aside(src, dst):
+        real_replace(src, dst)
+        if Path(dst).name.startswith('.pretrained.old'):
+            raise _Killed
+    monkeypatch.setattr(outputs_module.os, 'replace', killed_after_moving_aside)
+    with pytest.raises(_Killed):
+        with outputs_module.atomic_folder(export) as new:
+            (new / 'config.json').write_text('{"new": true}')
+    monkeypatch.undo()
+    assert not export.exists()
+    dead = subprocess.Popen([sys.executable, '-c', 'pass'])
+    dead.wait()
+    for p in tmp_path.glob('.pretrained*'):  # as the killed process's, whose pid is gone
+        p.rename(p.with_name(p.name.replace(str(os.getpid()), str(dead.pid))))
+    outputs_module.clean_stale_temp_files(tmp_path)
+    assert (export / 'README.md').read_text() == '# my model card\n' and 'restored' in caplog.text
+    assert [p.name for p in tmp_path.iterdir()] == ['pretrained']

@@ -1,8 +1,8 @@
-""" The shared optimizer update (mlp_vision/training/run/loop.py: StepLoop, used by the image epochs):
-its result, its NaN and signal stops, and where it waits (host syncs and collectives counted per update and per
-evaluation, in a real one-process gloo group); and the shared backbone loader (mlp_vision/weights.py: load_backbone,
-used by image fine-tuning, text from_pretrained and the text classifier's --init-from). Small models, CPU, a few
-seconds. """
+""" The optimizer updates of the image trainer (mlp_vision/train.py: train_one_epoch, in timm's shape): their
+result, their NaN and signal stops, and where they wait (host syncs and collectives counted per update and per
+evaluation, in a real one-process gloo group); and the shared backbone loader (mlp_vision/weights.py:
+load_backbone, used by image fine-tuning, text from_pretrained and the text classifier's --init-from). Small
+models, CPU, a few seconds. """
 import collections
 import copy
 import os
@@ -16,18 +16,35 @@ import torch.nn as nn
 
 import mlp_vision.text as mt
 import mlp_vision.train as image_train
-import mlp_vision.training.run.loop as loop_module
 from mlp_vision.errors import Interrupted, UsageError
-from mlp_vision.training.run.distributed import process_group_backend
-from mlp_vision.training.run.loop import NonFiniteLossError, StepLoop, UpdateStep
-from mlp_vision.training.run.run_files import stop_signals
-from mlp_vision.training.image_model import validate
+from mlp_vision.training.image_model import process_group_backend, validate
+from mlp_vision.training.run_files import NonFiniteLossError, stop_signals
 from mlp_vision.weights import load_backbone
 
+mse = nn.functional.mse_loss
 
-def _loop(model, **kwargs):
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    return StepLoop(model, model, UpdateStep(optimizer, model.parameters, None, 0.), **kwargs), optimizer
+
+def _epoch(model, loader, updates=None, optimizer=None, loss_fn=mse, epoch=0, **kwargs):
+    """(the metrics of one :func:`train_one_epoch` of ``model`` by SGD, the update state)."""
+    updates = updates if updates is not None else image_train.update_state()
+    optimizer = optimizer or torch.optim.SGD(model.parameters(), lr=0.1)
+    metrics = image_train.train_one_epoch(epoch, model, loader, optimizer, loss_fn, updates, total_epochs=epoch + 1,
+                                          log_interval=1000, **kwargs)
+    return metrics, updates
+
+
+class _Endless:
+    """A loader of ``length`` batches (``(x, y)`` again and again), none made before it is asked for."""
+
+    def __init__(self, x, y, length):
+        self.x, self.y, self.length = x, y, length
+
+    def __len__(self):
+        return self.length
+
+    def __iter__(self):
+        while True:
+            yield self.x, self.y
 
 
 def _regression():
@@ -35,22 +52,18 @@ def _regression():
     return nn.Linear(4, 1), torch.randn(8, 4), torch.randn(8, 1)
 
 
+def _unchanged(model, before):
+    return all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
 def test_accumulated_micro_batches_give_the_update_of_one_big_batch():
     model, x, y = _regression()
     big, model_before = copy.deepcopy(model), copy.deepcopy(model)
-    loop, _ = _loop(model)
-    chunks = iter(zip(x.chunk(4), y.chunk(4)))
-
-    def micro_loss():
-        xb, yb = next(chunks)
-        return nn.functional.mse_loss(model(xb), yb)
-
-    losses = loop.update(micro_loss, 4, stopped_at='step 0', loss_at=lambda m: f'step 1 (micro-batch {m})')
-    assert losses.micro_batches == 4 and loop.num_updates == 1
-    assert losses.mean == pytest.approx(sum(nn.functional.mse_loss(model_before(xb), yb).item()
-                                            for xb, yb in zip(x.chunk(4), y.chunk(4))) / 4)
-    big_loop, _ = _loop(big)
-    big_loop.update(lambda: nn.functional.mse_loss(big(x), y), 1, stopped_at='step 0', loss_at=str)
+    metrics, updates = _epoch(model, list(zip(x.chunk(4), y.chunk(4))), grad_accum_steps=4)
+    assert updates['num_updates'] == 1  # four batches, one update
+    assert metrics['loss'] == pytest.approx(sum(mse(model_before(xb), yb).item()
+                                                for xb, yb in zip(x.chunk(4), y.chunk(4))) / 4)
+    _epoch(big, [(x, y)])
     for a, b in zip(model.parameters(), big.parameters()):
         torch.testing.assert_close(a, b)
 
@@ -58,12 +71,13 @@ def test_accumulated_micro_batches_give_the_update_of_one_big_batch():
 def test_a_non_finite_loss_stops_before_the_update_with_one_line():
     model, x, y = _regression()
     before = copy.deepcopy(model.state_dict())
-    loop, _ = _loop(model)
-    losses = iter([nn.functional.mse_loss(model(x), y), torch.tensor(float('nan'), requires_grad=True)])
+    losses = iter([mse(model(x), y), torch.tensor(float('nan'), requires_grad=True)])
+    updates = image_train.update_state()
     with pytest.raises(NonFiniteLossError) as e:
-        loop.update(lambda: next(losses), 2, stopped_at='step 0', loss_at=lambda m: f'step 1 (micro-batch {m})')
-    assert str(e.value) == 'training loss is nan at step 1 (micro-batch 1); stopped before applying it'
-    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items()) and loop.num_updates == 0
+        _epoch(model, [(x, y)] * 2, updates, loss_fn=lambda out, target: next(losses), grad_accum_steps=2)
+    assert str(e.value) == ('training loss is nan at epoch 0, batch 1 (optimizer update 0); stopped before applying '
+                            'it')
+    assert _unchanged(model, before) and updates['num_updates'] == 0
 
 
 def test_ema_and_schedule_advance_once_per_optimizer_update():
@@ -79,19 +93,17 @@ def test_ema_and_schedule_advance_once_per_optimizer_update():
             metrics.append(metric)
 
     metrics = []
-    loop, _ = _loop(model, model_ema=Recorder(), lr_scheduler=Recorder())
-    for _ in range(3):
-        losses = loop.update(lambda: nn.functional.mse_loss(model(x), y), 2, stopped_at='', loss_at=str,
-                             metric=lambda u: u.mean)
-        assert metrics[-1] == losses.mean  # the scheduler gets the value, not the function
+    result, _ = _epoch(model, [(x, y)] * 6, grad_accum_steps=2, model_ema=Recorder(), lr_scheduler=Recorder())
     assert calls == [('ema', 1), ('sched', 1), ('ema', 2), ('sched', 2), ('ema', 3), ('sched', 3)]
+    assert all(isinstance(m, float) for m in metrics)  # the scheduler gets the value, not a function
+    assert metrics[-1] == pytest.approx(result['loss'])  # the running training loss
 
 
 def test_a_stop_signal_raises_before_any_micro_batch():
     model, x, y = _regression()
-    loop, _ = _loop(model, stop_signal=lambda: 2)
-    with pytest.raises(Interrupted, match='interrupted by SIGINT at step 7'):
-        loop.update(lambda: pytest.fail('no micro-batch after a stop signal'), 1, stopped_at='step 7', loss_at=str)
+    with pytest.raises(Interrupted, match='interrupted by SIGINT at epoch 7, batch 0'):
+        _epoch(model, [(x, y)], image_train.update_state(stop_signal=lambda: 2), epoch=7,
+               loss_fn=lambda *a: pytest.fail('no micro-batch after a stop signal'))
 
 
 def test_a_stop_signal_inside_a_long_update_abandons_it():
@@ -102,17 +114,17 @@ def test_a_stop_signal_inside_a_long_update_abandons_it():
     before = copy.deepcopy(model.state_dict())
     calls, flag = [], [0]
 
-    def micro_loss():
+    def loss_fn(out, target):
         calls.append(1)
         if len(calls) == 3:
             flag[0] = 15  # SIGTERM arrives during micro-batch 2
-        return nn.functional.mse_loss(model(x), y)
+        return mse(out, target)
 
-    loop, _ = _loop(model, stop_signal=lambda: flag[0])
-    with pytest.raises(Interrupted, match='interrupted by SIGTERM at step 4'):
-        loop.update(micro_loss, 1_000_000, stopped_at='step 4', loss_at=str)
-    assert len(calls) == 3 and loop.num_updates == 0
-    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    updates = image_train.update_state(stop_signal=lambda: flag[0])
+    with pytest.raises(Interrupted, match='interrupted by SIGTERM at epoch 4, batch 0'):
+        _epoch(model, _Endless(x, y, 1_000_000), updates, epoch=4, loss_fn=loss_fn, grad_accum_steps=1_000_000)
+    assert len(calls) == 3 and updates['num_updates'] == 0
+    assert _unchanged(model, before)
     assert all(p.grad is None for p in model.parameters())
 
 
@@ -121,30 +133,30 @@ def test_a_stop_signal_during_the_last_micro_batch_lets_the_update_finish_and_st
     before = copy.deepcopy(model.state_dict())
     calls, flag = [], [0]
 
-    def micro_loss():
+    def loss_fn(out, target):
         calls.append(1)
         if len(calls) == 2:
             flag[0] = 2
-        return nn.functional.mse_loss(model(x), y)
+        return mse(out, target)
 
     # the flag, read before each micro-batch, is seen at the update's agreement (before the last backward pass)
-    loop, _ = _loop(model, stop_signal=lambda: flag[0])
-    loop.update(micro_loss, 2, stopped_at='step 0', loss_at=str)
-    assert loop.num_updates == 1 and loop.stop_pending == 2
-    assert not all(torch.equal(before[k], v) for k, v in model.state_dict().items())
-    with pytest.raises(Interrupted, match='interrupted by SIGINT at step 1'):
-        loop.update(micro_loss, 2, stopped_at='step 1', loss_at=str)
+    updates = image_train.update_state(stop_signal=lambda: flag[0])
+    with pytest.raises(Interrupted, match='interrupted by SIGINT at epoch 0, batch 2'):
+        _epoch(model, [(x, y)] * 4, updates, loss_fn=loss_fn, grad_accum_steps=2)
+    assert updates['num_updates'] == 1 and updates['stop_pending'] == 2
+    assert not _unchanged(model, before)
     assert len(calls) == 2
 
 
 def test_a_non_finite_loss_names_its_micro_batch_and_drops_the_update():
     model, x, y = _regression()
     before = copy.deepcopy(model.state_dict())
-    loop, _ = _loop(model)
-    losses = iter([torch.tensor(float('inf'), requires_grad=True)] + [nn.functional.mse_loss(model(x), y)] * 2)
-    with pytest.raises(NonFiniteLossError, match=r'^training loss is inf at step 1 \(micro-batch 0\)'):
-        loop.update(lambda: next(losses), 3, stopped_at='step 0', loss_at=lambda m: f'step 1 (micro-batch {m})')
-    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items()) and loop.num_updates == 0
+    losses = iter([torch.tensor(float('inf'), requires_grad=True)] + [mse(model(x), y)] * 2)
+    updates = image_train.update_state()
+    with pytest.raises(NonFiniteLossError,
+                       match=r'^training loss is inf at epoch 0, batch 0 \(optimizer update 0\)'):
+        _epoch(model, [(x, y)] * 3, updates, loss_fn=lambda out, target: next(losses), grad_accum_steps=3)
+    assert _unchanged(model, before) and updates['num_updates'] == 0
     assert all(p.grad is None for p in model.parameters())
 
 
@@ -182,56 +194,57 @@ def record(monkeypatch):
     return rec
 
 
-def _ddp_loop(micro_batches_seen=None, **kwargs):
+def _ddp(**kwargs):
+    """(DDP of a model with a buffer -- DDP broadcasts it --, its optimizer, the run's update state)."""
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.Linear(8, 1))  # a buffer: DDP broadcasts it
+    model = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.Linear(8, 1))
     ddp = torch.nn.parallel.DistributedDataParallel(model)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    loop = StepLoop(model, ddp, UpdateStep(optimizer, model.parameters, None, 1.), distributed=True,
-                    device=torch.device('cpu'), **kwargs)
-    data = torch.Generator().manual_seed(1)
+    updates = image_train.update_state(distributed=True, device=torch.device('cpu'), **kwargs)
+    return ddp, torch.optim.SGD(model.parameters(), lr=0.1), updates
 
-    def micro_loss():
-        if micro_batches_seen is not None:
-            micro_batches_seen.append(1)
-        x = torch.randn(8, 4, generator=data)
-        return nn.functional.mse_loss(ddp(x), x[:, :1])
-    return loop, micro_loss
+
+def _random_batches(n, generator):
+    return [(x, x[:, :1]) for x in (torch.randn(8, 4, generator=generator) for _ in range(n))]
+
+
+def _ddp_epoch(ddp, optimizer, updates, loader, **kwargs):
+    return image_train.train_one_epoch(0, ddp, loader, optimizer, mse, updates, total_epochs=1, clip_grad=1.,
+                                       log_interval=1000, **kwargs)
 
 
 @pytest.mark.parametrize('micro_batches', [2, 8])
 def test_ddp_updates_sync_once_per_update_not_per_micro_batch(micro_batches, one_rank_group, record):
-    """Under DDP: one collective per update (the loop's agreement; DDP's own gradient reduction is not a
-    torch.distributed call), its tensor on the training device, and the same host syncs per update whatever the
-    number of micro-batches."""
-    loop, micro_loss = _ddp_loop(agree_every_s=60.)
-    loop.update(micro_loss, micro_batches, stopped_at='', loss_at=str)  # the first update also measures the time
-    record.calls.clear(), record.devices.clear()
-    for _ in range(3):
-        loop.update(micro_loss, micro_batches, stopped_at='', loss_at=str)
-    assert record.calls['all_reduce'] == 3 and sum(record.calls[c] for c in COLLECTIVES) == 3
-    assert record.devices == [loop.device] * 3
-    assert record.calls['tolist'] == 3 and sum(record.calls[s] for s in HOST_SYNCS) == 3, record.calls
+    """Under DDP: one collective per update (the agreement; DDP's own gradient reduction is not a torch.distributed
+    call) and one for the epoch's loss, their tensors on the training device, and the same host syncs per update
+    whatever the number of micro-batches."""
+    ddp, optimizer, updates = _ddp(agree_every_s=60.)
+    data = torch.Generator().manual_seed(1)
+    _ddp_epoch(ddp, optimizer, updates, _random_batches(micro_batches, data), grad_accum_steps=micro_batches)
+    record.calls.clear(), record.devices.clear()  # the first update also measures the time
+    _ddp_epoch(ddp, optimizer, updates, _random_batches(3 * micro_batches, data), grad_accum_steps=micro_batches)
+    assert record.calls['all_reduce'] == 3 + 1 and sum(record.calls[c] for c in COLLECTIVES) == 3 + 1
+    assert record.devices == [updates['device']] * (3 + 1)
+    assert record.calls['tolist'] == 3 + 1 and sum(record.calls[s] for s in HOST_SYNCS) == 3 + 1, record.calls
 
 
 @pytest.mark.parametrize('batches', [8, 16])
 def test_an_image_epoch_syncs_once_per_update(batches, one_rank_group, record):
-    """The image epoch adds one all-reduce and one host sync per epoch (its loss over the ranks) to the loop's one
-    per update; its loss is the sample-weighted mean of its batches' losses."""
-    loop, _ = _ddp_loop(agree_every_s=60.)
+    """The image epoch adds one all-reduce and one host sync per epoch (its loss over the ranks) to the one per
+    update; its loss is the sample-weighted mean of its batches' losses."""
+    ddp, optimizer, updates = _ddp(agree_every_s=60.)
     torch.manual_seed(2)
     loader = [(x, x[:, :1]) for x in (torch.randn(8 if i % 2 else 3, 4) for i in range(batches))]
-    image_train.train_one_epoch(0, loop, loader, nn.functional.mse_loss, total_epochs=2, grad_accum_steps=4)
+    image_train.train_one_epoch(0, ddp, loader, optimizer, mse, updates, total_epochs=2, grad_accum_steps=4)
     record.calls.clear(), record.devices.clear()
-    loop.update_step.optimizer.param_groups[0]['lr'] = 0.  # fixed weights: the reference losses below are the same
-    metrics = image_train.train_one_epoch(1, loop, loader, nn.functional.mse_loss, total_epochs=2,
+    optimizer.param_groups[0]['lr'] = 0.  # fixed weights: the reference losses below are the same
+    metrics = image_train.train_one_epoch(1, ddp, loader, optimizer, mse, updates, total_epochs=2,
                                           grad_accum_steps=4, log_interval=1)
-    updates = batches // 4
-    assert loop.num_updates == 2 * updates
-    assert record.calls['all_reduce'] == updates + 1 and set(record.devices) == {loop.device}
-    assert sum(record.calls[s] for s in HOST_SYNCS) == updates + 1, record.calls
+    n_updates = batches // 4
+    assert updates['num_updates'] == 2 * n_updates
+    assert record.calls['all_reduce'] == n_updates + 1 and set(record.devices) == {updates['device']}
+    assert sum(record.calls[s] for s in HOST_SYNCS) == n_updates + 1, record.calls
     with torch.no_grad():  # train mode, as in the epoch: BatchNorm normalises by each batch's own statistics
-        ref = [(len(x), nn.functional.mse_loss(loop.train_model(x), y).item()) for x, y in loader]
+        ref = [(len(x), mse(ddp(x), y).item()) for x, y in loader]
     assert metrics['loss'] == pytest.approx(sum(n * l for n, l in ref) / sum(n for n, _ in ref), rel=1e-6)
 
 
@@ -241,33 +254,41 @@ def test_long_updates_agree_every_few_seconds_and_a_stop_abandons_them_on_every_
     each, agree every 2 s -> every 4 micro-batches), so every rank calls them at the same micro-batches; a stop
     signal is acted on at the next one, within ~2 s, and abandons the update."""
     clock = [0.]
-    monkeypatch.setattr(loop_module, 'time', types.SimpleNamespace(perf_counter=lambda: clock[0]))
+    monkeypatch.setattr(image_train, 'time', types.SimpleNamespace(perf_counter=lambda: clock[0]))
     seen, flag = [], [0]
-    loop, micro_loss = _ddp_loop(seen, agree_every_s=2., stop_signal=lambda: flag[0])
+    ddp, optimizer, updates = _ddp(agree_every_s=2., stop_signal=lambda: flag[0])
+    data = torch.Generator().manual_seed(1)
 
-    def timed_micro_loss():
+    def timed_loss(out, target):
         clock[0] += 0.5
+        seen.append(1)
         if len(seen) == 25:  # the signal arrives during the third update's second micro-batch
             flag[0] = 15
-        return micro_loss()
+        return mse(out, target)
 
-    def agreed_at():  # micro-batches done at each collective
+    def agreed_at():  # micro-batches done at each agreement
         at = []
-        monkeypatch.setattr(loop, '_agree', lambda *a, _real=loop._agree: (at.append(len(seen)), _real(*a))[1])
+        monkeypatch.setattr(image_train, '_agree', lambda *a, _real=image_train._agree: (at.append(len(seen)),
+                                                                                         _real(*a))[1])
         return at
 
+    def epoch(loader, accum):
+        return image_train.train_one_epoch(0, ddp, loader, optimizer, timed_loss, updates, total_epochs=1,
+                                           grad_accum_steps=accum, log_interval=1000)
+
     at = agreed_at()
-    loop.update(timed_micro_loss, 12, stopped_at='', loss_at=str)
+    epoch(_random_batches(12, data), 12)
     assert at == [1, 2, 6, 10, 12]  # 1 and 2: the time of a micro-batch is not known yet
     at = agreed_at()
-    loop.update(timed_micro_loss, 12, stopped_at='', loss_at=str)
+    epoch(_random_batches(12, data), 12)
     assert [a - 12 for a in at] == [4, 8, 12]
-    weights = copy.deepcopy(dict(loop.model.named_parameters()))  # (BatchNorm's statistics move in any forward)
-    with pytest.raises(Interrupted, match='interrupted by SIGTERM at step 2'):
-        loop.update(timed_micro_loss, 1_000_000, stopped_at='step 2', loss_at=str)
-    assert len(seen) - 24 == 4 and loop.num_updates == 2  # acted on at the update's first agreement, 1.5 s later
-    assert all(torch.equal(weights[k], v) for k, v in loop.model.named_parameters())
-    assert set(record.log) == {'all_reduce'} and set(record.devices) == {loop.device}
+    weights = copy.deepcopy(dict(ddp.module.named_parameters()))  # (BatchNorm's statistics move in any forward)
+    x = torch.randn(8, 4, generator=data)
+    with pytest.raises(Interrupted, match='interrupted by SIGTERM at epoch 0, batch 0'):
+        epoch(_Endless(x, x[:, :1], 1_000_000), 1_000_000)
+    assert len(seen) - 24 == 4 and updates['num_updates'] == 2  # acted on at the update's first agreement, 1.5 s on
+    assert all(torch.equal(weights[k], v) for k, v in ddp.module.named_parameters())
+    assert set(record.log) == {'all_reduce'} and set(record.devices) == {updates['device']}
 
 
 def _classifier_batches(n):
@@ -322,13 +343,13 @@ def test_every_collective_of_the_loop_and_evaluation_is_valid_under_nccl_alone()
         device = torch.device('cuda:0')
         model = nn.Linear(4, 1).to(device)
         ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device])
-        loop = StepLoop(model, ddp, UpdateStep(torch.optim.SGD(model.parameters(), lr=0.1), model.parameters),
-                        distributed=True, stop_signal=lambda: 0)
         x = torch.randn(8, 4, device=device)
-        loop.update(lambda: nn.functional.mse_loss(ddp(x), x[:, :1]), 3, stopped_at='', loss_at=str)
+        updates = image_train.update_state(stop_signal=lambda: 0, distributed=True, device=device)
+        image_train.train_one_epoch(0, ddp, [(x, x[:, :1])] * 3, torch.optim.SGD(model.parameters(), lr=0.1), mse,
+                                    updates, total_epochs=1, grad_accum_steps=3)
         loader = [(torch.randn(5, 4, device=device), torch.randint(0, 3, (5,), device=device))]
         validate(nn.Linear(4, 3).to(device), loader, distributed=True, log_interval=0)
-        assert loop.num_updates == 1
+        assert updates['num_updates'] == 1
     finally:
         dist.destroy_process_group()
 

@@ -105,12 +105,13 @@ def test_text_models_import_nothing_from_the_trainers():
 
 
 def test_training_is_layered_by_job():
-    """training/run (the infrastructure every command uses) imports no image data and no text model;
-    the image data and loaders import no text model; the image model imports no command."""
+    """outputs and training/run_files (a run's own files) import no image data and no text model; the image data
+    and loaders import no text model; the image model imports no command."""
     rules = {
-        'mlp_vision.training.run': ('mlp_vision.training.image_model', 'mlp_vision.training.image_data',
-                                    'mlp_vision.training.image_loader', 'mlp_vision.text', 'mlp_vision.train',
-                                    'mlp_vision.validate'),
+        'mlp_vision.outputs': ('mlp_vision.training', 'mlp_vision.text', 'mlp_vision.train', 'mlp_vision.validate'),
+        'mlp_vision.training.run_files': ('mlp_vision.training.image_model', 'mlp_vision.training.image_data',
+                                          'mlp_vision.training.image_loader', 'mlp_vision.text', 'mlp_vision.train',
+                                          'mlp_vision.validate'),
         'mlp_vision.training.image_data': ('mlp_vision.training.image_model', 'mlp_vision.text', 'mlp_vision.train',
                                            'mlp_vision.validate'),
         'mlp_vision.training.image_loader': ('mlp_vision.training.image_model', 'mlp_vision.text', 'mlp_vision.train',
@@ -136,7 +137,7 @@ def test_the_image_trainer_runs_its_own_epochs():
     assert {'main', 'train', 'train_one_epoch'} <= functions
     assert not [node.name for node in tree.body if isinstance(node, ast.ClassDef) and node.name != 'EpochMetrics']
     assert ('mlp_vision.training.image_model', 'validate') in _imports('mlp_vision.train')
-    run_files = {name for module, name in _imports('mlp_vision.train') if module == 'mlp_vision.training.run.run_files'}
+    run_files = {name for module, name in _imports('mlp_vision.train') if module == 'mlp_vision.training.run_files'}
     assert {'open_run_folder', 'save_checkpoint', 'restore_training_state', 'restore_rng', 'stop_error',
             'write_results', 'close_run_folder'} <= run_files
 

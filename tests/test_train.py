@@ -26,8 +26,8 @@ pytest.importorskip('sklearn', reason='the test images come from scikit-learn (p
 
 import mlp_vision.train as train  # noqa: E402  (the commands' code; train.py / validate.py at the root run it)
 import mlp_vision.validate as validate  # noqa: E402
-from mlp_vision.training.run.checkpoint import atomic_save  # noqa: E402
-from mlp_vision.training.run.config import (  # noqa: E402
+from mlp_vision.outputs import atomic_save  # noqa: E402
+from mlp_vision.arguments import (  # noqa: E402
     args_to_yaml, find_recipe, parse_args_with_config, recipe_names)
 from mlp_vision.errors import UsageError  # noqa: E402
 from mlp_vision.training.image_data import prepare_digits_folder  # noqa: E402

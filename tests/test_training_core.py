@@ -1,7 +1,7 @@
-""" The training core shared by train.py, validate.py and the text trainer (mlp_vision/training/run/run_files.py, checkpoint.py,
-config.py, errors.py): no code runs from a checkpoint file, every bad input is one line with exit status 2, a full
-disk is one line, nothing written is lost (finished runs, earlier results, killed runs' temp files), a resumed run
-remembers its settings and a longer schedule is well defined.
+""" The training core shared by train.py, validate.py and the text trainer (mlp_vision/training/run_files.py,
+outputs.py, training/run/checkpoint.py, arguments.py, errors.py): no code runs from a checkpoint file, every bad
+input is one line with exit status 2, a full disk is one line, nothing written is lost (finished runs, earlier
+results, killed runs' temp files), a resumed run remembers its settings and a longer schedule is well defined.
 
 Everything runs on data the tests make themselves: a tiny ImageFolder of generated PNGs and a generated text.
 """
@@ -27,9 +27,8 @@ if str(REPO) not in sys.path:
 import mlp_vision.train as train  # noqa: E402  (the commands' code; train.py / validate.py at the root run it)
 import mlp_vision.validate as validate  # noqa: E402
 import mlp_vision.train_text as text_train  # noqa: E402
-import mlp_vision.training.run.checkpoint as checkpoint_module  # noqa: E402
-from mlp_vision.training.run.checkpoint import (  # noqa: E402
-    atomic_save, clean_stale_temp_files, keep_previous, temp_path)
+import mlp_vision.outputs as outputs_module  # noqa: E402
+from mlp_vision.outputs import atomic_save, clean_stale_temp_files, keep_previous, temp_path  # noqa: E402
 from mlp_vision.weights import load_checkpoint_file  # noqa: E402
 from mlp_vision.errors import UsageError  # noqa: E402
 from mlp_vision.training.image_model import create_model, load_pretrained_weights  # noqa: E402
@@ -220,13 +219,13 @@ def test_full_disk_is_one_line_and_keeps_the_last_checkpoint(images, tmp_path, c
     before = (exp / 'last.pth').read_bytes()
     # the next write of last.pth goes to /dev/full (ENOSPC), as on a full disk (a link planted in the run folder
     # would be refused, so the file the atomic write opens is swapped in the process instead)
-    open_own_file = checkpoint_module.open_own_file
+    open_own_file = outputs_module.open_own_file
 
     def full_disk(path, flags, mode=0o644):
         if Path(path) == temp_path(exp / 'last.pth'):
             return os.open('/dev/full', os.O_WRONLY)
         return open_own_file(path, flags, mode)
-    monkeypatch.setattr(checkpoint_module, 'open_own_file', full_disk)
+    monkeypatch.setattr(outputs_module, 'open_own_file', full_disk)
     msg = _fail(train.main, ['--resume', str(exp / 'last.pth'), '--epochs', '2'], capsys, status=1)
     assert msg == f'train.py: error: No space left on device: {exp / "last.pth"}'
     assert (exp / 'last.pth').read_bytes() == before
@@ -306,8 +305,8 @@ def test_link_fallback_copy_never_writes_through_a_planted_link(tmp_path, monkey
 
     def no_links(*args):
         raise OSError(1, 'Operation not permitted')
-    monkeypatch.setattr(checkpoint_module.os, 'link', no_links)
-    checkpoint_module.atomic_link(src, dst)
+    monkeypatch.setattr(outputs_module.os, 'link', no_links)
+    outputs_module.atomic_link(src, dst)
     assert not outside.exists() and not os.path.lexists(temp_path(dst))
     assert dst.read_bytes() == src.read_bytes() and not dst.is_symlink()
 
@@ -315,7 +314,7 @@ def test_link_fallback_copy_never_writes_through_a_planted_link(tmp_path, monkey
 def test_a_failed_curves_png_keeps_the_previous_one_and_no_temp_file(tmp_path, monkeypatch):
     pytest.importorskip('matplotlib')
     from matplotlib.figure import Figure
-    from mlp_vision.training.run.summary import SummaryWriter, plot_curves
+    from mlp_vision.training.run_files import SummaryWriter, plot_curves
     summary, png = tmp_path / 'summary.csv', tmp_path / 'curves.png'
     SummaryWriter(summary).append({'epoch': 0, 'train_loss': 1.0, 'eval_loss': 2.0, 'eval_top1': 50.0})
     assert plot_curves(summary, png) == png

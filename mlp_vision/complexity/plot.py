@@ -3,7 +3,7 @@ import io
 import math
 from typing import Callable, Optional, Sequence
 
-from mlp_vision.training.run.checkpoint import write_output_file
+from mlp_vision.outputs import write_output_file
 
 from .counts import BIGS_LENGTHS, count_bert_large, count_text, count_vision
 from .paper import PAPER_ROWS

@@ -15,7 +15,7 @@ import torch
 
 from ..arguments import ArgumentParser, DefaultsHelpFormatter
 from ..errors import UsageError, run_cli
-from mlp_vision.training.run.checkpoint import write_output_file
+from mlp_vision.outputs import write_output_file
 from ..threads import add_threads_argument, set_threads
 from .counts import DEFAULT_IMG_SIZE, Count, CountCache, family, resolve_models, text_seq_len
 from .paper import PAPER_ROWS, QUANTITIES, STATUSES, Comparison, compare, format_like

@@ -1,10 +1,9 @@
 """ Training code, by job:
 
-* :mod:`.image_model` -- the image model of train.py / validate.py: creation, weight loading and the evaluation
-  loop ``validate``;
-* :mod:`.run` -- the run infrastructure: the run's files and their safety (:mod:`.run.run_files`: the run
-  folder's identity and lock, resume, checkpoints, stop lines, results, as functions train.py calls in order), the
-  optimizer update (:mod:`.run.loop`), checkpoint files, ``-c`` configs, logging, distributed setup;
+* :mod:`.image_model` -- the image model of train.py / validate.py: creation, weight loading, the evaluation loop
+  ``validate``, and where it runs (device and torchrun, AMP, ``torch.compile``);
+* :mod:`.run_files` -- a training run's files and their safety (the run folder's identity and lock, resume,
+  checkpoints with history, stop lines, results, summary.csv), as functions train.py calls in order;
 * :mod:`.image_data` -- the image datasets (readers, decoding, labels, hold-out splits); :mod:`.image_loader` --
   the loaders (seeded augmentation, unusable images left out).
 

@@ -1,14 +1,18 @@
 """ The image classifier of train.py / validate.py: model creation (timm's factory with our models registered,
 clear errors), loading our training checkpoints, timm train.py checkpoints, foreign state dicts or ``local-dir:``
 folders (all through :mod:`mlp_vision.weights`, the one door: nothing in a file runs unless the user trusts it, and
-the same checks whichever way the weights arrive), and the evaluation loop :func:`validate` (timm train.py's
-``validate``, exact over distributed ranks). """
+the same checks whichever way the weights arrive), the evaluation loop :func:`validate` (timm train.py's
+``validate``, exact over distributed ranks), and where the model runs: device and torchrun (:func:`init_device`),
+AMP, ``torch.compile`` and the flags of these. """
+import argparse
+import dataclasses
 import logging
 import os
 import reprlib
 import sys
 import time
 from contextlib import suppress
+from functools import partial
 from typing import Any, Dict, Optional, Tuple
 
 import timm
@@ -17,16 +21,22 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 from timm.data import resolve_data_config
+from timm.utils import NativeScaler
+from timm.utils.distributed import init_distributed_device_so
 
 import mlp_vision  # noqa: F401  (registers gmlp_* / smlpnet_* / mixer_* with timm)
 from mlp_vision.weights import (
-    clean_state_dict, is_training_checkpoint, load_backbone, load_checkpoint_file,
+    TRUST_FLAG, clean_state_dict, is_training_checkpoint, load_backbone, load_checkpoint_file,
     load_model_weights, model_folder_weights, read_model_folder, text_model_hint)
-from mlp_vision.bounds import check_activation_size, check_model_size
+from mlp_vision.arguments import parse_device
+from mlp_vision.bounds import add_bound_arguments, check_activation_size, check_model_size
 from mlp_vision.errors import UsageError, short_repr
+from mlp_vision.threads import add_threads_argument
 
 __all__ = ['model_create_kwargs', 'resolve_model_data_config', 'create_model', 'load_pretrained_weights',
-           'create_model_for_eval', 'validate', 'reports_top5']
+           'create_model_for_eval', 'validate', 'reports_top5', 'DistInfo', 'process_group_backend', 'init_device',
+           'setup_amp', 'COMPILE_MODES', 'add_compile_arguments', 'compile_model', 'check_compile_backend',
+           'add_common_arguments', 'add_device_arguments']
 
 _logger = logging.getLogger(__name__)
 
@@ -328,3 +338,135 @@ def validate(model: nn.Module, loader, *, amp_autocast=suppress, channels_last: 
     loss_sum, c1, c5, n = sums.tolist()  # the evaluation's one host sync
     return {'loss': loss_sum / n, 'top1': 100. * c1 / n, 'top5': 100. * c5 / n if reports_top5(num_classes) else None,
             'samples': int(n), 'img_per_sec': n / seconds, 'seconds': seconds}
+
+
+# ------------------------------------------------------------------------------------------------ device, AMP, compile
+# The same in every command that runs an image model (train.py, validate.py; benchmark.py's compile modes). Device
+# and torchrun setup: timm's init_distributed_device_so reads torchrun's / SLURM's environment and starts the process
+# group with the backend of process_group_backend. Multi-node: the same command on every node with torchrun's
+# rendezvous (README); gloo connects the nodes over TCP on the interface their host names resolve to (set
+# GLOO_SOCKET_IFNAME where that is not the right one).
+@dataclasses.dataclass
+class DistInfo:
+    """Where this process runs."""
+    device: torch.device
+    distributed: bool
+    world_size: int
+    rank: int
+    local_rank: int
+
+    @property
+    def primary(self) -> bool:
+        return self.rank == 0
+
+
+def process_group_backend(device_type: str, dist_backend: Optional[str] = None) -> Optional[str]:
+    """The ``backend`` that ``torch.distributed.init_process_group`` gets for a run on ``device_type``:
+    ``dist_backend`` (``--dist-backend``: a backend name or ``device:backend`` pairs) when given, checked; else on
+    CUDA ``'cpu:gloo,cuda:nccl'`` (the loops' tensor collectives run on the GPU through NCCL, the object
+    collectives -- RNG states, digests, the tokenizer -- in CPU memory through gloo), elsewhere None (timm's gloo).
+    """
+    if dist_backend is None:
+        return 'cpu:gloo,cuda:nccl' if device_type == 'cuda' else None
+    names = [b for b in dist.Backend.backend_list if b not in ('undefined', 'fake')]
+    pairs = [part.partition(':') for part in dist_backend.split(',')]
+    if len(pairs) == 1 and not pairs[0][1]:
+        valid = dist_backend in names
+    else:
+        valid = all(sep and _is_device_type(device) and name in names for device, sep, name in pairs)
+    if not valid:
+        raise UsageError(f'--dist-backend {dist_backend!r} is not a torch.distributed backend; use one of '
+                         f'{", ".join(names)}, or device:backend pairs such as cpu:gloo,cuda:nccl (default: '
+                         f'cpu:gloo,cuda:nccl for CUDA, gloo for CPU)')
+    return dist_backend
+
+
+def _is_device_type(name: str) -> bool:
+    try:
+        return torch.device(name).type == name
+    except RuntimeError:
+        return False
+
+
+def init_device(device: Optional[str] = None, dist_backend: Optional[str] = None,
+                dist_url: Optional[str] = None) -> DistInfo:
+    """Pick the device ('cuda' if available, else 'cpu', unless given) and join torchrun's process group (backend:
+    :func:`process_group_backend`); under torchrun with CUDA each process takes GPU ``LOCAL_RANK``."""
+    if device is None:
+        device = 'cuda' if torch.cuda.is_available() else 'cpu'
+    device_type = parse_device(device).type
+    dist_backend = process_group_backend(device_type, dist_backend)
+    if device_type not in ('cpu', 'cuda'):
+        _logger.warning(f'device type {device_type!r} is untested here (CPU and CUDA are)')
+    if dist.is_available() and dist.is_initialized():
+        # a second call in the same process (train.py's demo runs validate.py's code in-process): reuse the group
+        local_rank = int(os.environ.get('LOCAL_RANK', 0))
+        if device_type == 'cuda':
+            device = f'cuda:{local_rank}'
+        return DistInfo(torch.device(device), True, dist.get_world_size(), dist.get_rank(), local_rank)
+    result = init_distributed_device_so(device=device, dist_backend=dist_backend, dist_url=dist_url)
+    return DistInfo(torch.device(result['device']), result['distributed'], result['world_size'],
+                    result['global_rank'], result['local_rank'])
+
+
+def setup_amp(enabled: bool, dtype_name: Optional[str], device: torch.device):
+    """(autocast context factory, loss scaler or None, dtype or None). float16 (CUDA) gets timm's NativeScaler;
+    bfloat16 needs none."""
+    if not enabled:
+        return suppress, None, None
+    dtype = getattr(torch, dtype_name or ('float16' if device.type == 'cuda' else 'bfloat16'))
+    if dtype == torch.float16 and device.type != 'cuda':
+        raise UsageError('--amp-dtype float16 needs CUDA; on the CPU use bfloat16 (the default)')
+    scaler = NativeScaler(device=device.type) if dtype == torch.float16 else None
+    return partial(torch.autocast, device_type=device.type, dtype=dtype), scaler, dtype
+
+
+COMPILE_MODES = ('default', 'reduce-overhead', 'max-autotune', 'max-autotune-no-cudagraphs')  # torch.compile's modes
+
+
+def add_compile_arguments(group) -> None:
+    """``--torchcompile [BACKEND]`` and ``--torchcompile-mode``, the same flags in every command."""
+    group.add_argument('--torchcompile', nargs='?', type=str, default=None, const='inductor',
+                       help='torch.compile the model (optional backend, default inductor)')
+    group.add_argument('--torchcompile-mode', type=str, default=None, choices=COMPILE_MODES, help='torch.compile mode')
+
+
+def compile_model(model: nn.Module, args) -> nn.Module:
+    """``torch.compile(model)`` as ``--torchcompile`` / ``--torchcompile-mode`` ask; ``model`` unchanged without."""
+    if not args.torchcompile:
+        return model
+    return torch.compile(model, backend=args.torchcompile, mode=args.torchcompile_mode)
+
+
+def check_compile_backend(backend: Optional[str]) -> None:
+    """``--torchcompile BACKEND`` names a ``torch.compile`` backend (checked before anything is built)."""
+    if backend and backend not in torch.compiler.list_backends(exclude_tags=()):
+        raise UsageError(f'--torchcompile {backend!r} is not a torch.compile backend (e.g. inductor; all: '
+                         f'torch.compiler.list_backends())')
+
+
+def add_common_arguments(group: argparse._ActionsContainer, activations: bool = True) -> None:
+    """``--trust-checkpoint``, ``--debug`` and the size bounds' ``--max-params`` / ``--max-activation-gib``
+    (:func:`~mlp_vision.bounds.add_bound_arguments`; ``activations=False``: a command that runs no forward pass):
+    the same in every script that reads checkpoint files."""
+    group.add_argument(TRUST_FLAG, action='store_true', default=False,
+                       help='UNSAFE: allow checkpoint files that need a full unpickle; that runs arbitrary code from '
+                            'the file. Only for files you made or whose maker you trust')
+    group.add_argument('--debug', action='store_true', default=False,
+                       help='show the full traceback of an error instead of its one-line message')
+    add_bound_arguments(group, activations)
+
+
+def add_device_arguments(group: argparse._ActionsContainer, distributed: bool = True) -> None:
+    """``--device``, ``--threads``, ``--amp`` / ``--amp-dtype`` (:func:`setup_amp`) and, for a trainer
+    (``distributed``), ``--dist-backend`` / ``--dist-url``: the same in every command that runs a model."""
+    group.add_argument('--device', default=None, type=str, help="'cuda', 'cuda:1', 'cpu' (default: cuda if available)")
+    if distributed:
+        group.add_argument('--dist-backend', default=None, type=str, help='a backend or device:backend pairs '
+                           '(default: cpu:gloo,cuda:nccl for CUDA, gloo for CPU)')
+        group.add_argument('--dist-url', default=None, type=str, help="default: 'env://' (torchrun)")
+    add_threads_argument(group)
+    group.add_argument('--amp', action='store_true', default=False,
+                       help='mixed precision: bfloat16 autocast on CPU, float16 on CUDA (training: + a loss scaler)')
+    group.add_argument('--amp-dtype', default=None, type=str, choices=('float16', 'bfloat16'),
+                       help='autocast dtype (default: bfloat16 on CPU, float16 on CUDA)')

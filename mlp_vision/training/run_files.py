@@ -1,0 +1,1029 @@
+""" A training run's files and their safety, as the functions a trainer calls in order (:mod:`mlp_vision.train`):
+
+* :func:`parse_run_args` -- the flags, over a ``--resume`` checkpoint's saved settings (loaded safely, checked);
+* :func:`check_resume_identity`, :func:`restore_training_state`, :func:`restore_ema`, :func:`check_not_finished`
+  -- the resumed weights, optimizer, AMP scaler and schedule (a changed schedule continues from the checkpoint's
+  position), before any folder is opened;
+* :func:`open_run_folder` -- the run folder: created (``NAME-1`` if NAME exists) with its identity ``run.json``,
+  or continued in place only when it is the checkpoint's run and holds nothing newer (:func:`newer_than`); locked
+  against a second process (:class:`FolderLock`), refused when it holds links or FIFOs; ``train.log``,
+  ``args.yaml`` / ``derived.yaml``, ``summary.csv`` and the checkpoint history (:class:`RunFolder`, closed by
+  :func:`close_run_folder`);
+* :func:`restore_rng` -- last, so nothing built before shifts the random streams (an exact resume);
+* :func:`save_checkpoint` -- ``model_best.pth`` and the top-N ``checkpoint-N.pth``, then ``last.pth`` whose
+  history names them (:class:`CheckpointManager`; each file atomic);
+* :func:`stop_signals` / :func:`stop_error` -- SIGINT / SIGTERM as a flag read between updates, and the one line
+  that ends a stopped or diverged run (:class:`NonFiniteLossError`) naming the intact checkpoint;
+* :func:`write_results` (``results.json``; an earlier one kept as ``results-N.json``);
+* :class:`SummaryWriter` (``summary.csv``) and :func:`plot_curves` (``curves.png``).
+
+Checkpoint payload (tensors and plain Python values only, so it loads with ``weights_only=True``)::
+
+    version, kind ('image'), run_id (the folder's run.json), threads (a resume keeps them), arch, epoch (the last
+    completed), num_updates, model_cfg, state_dict, optimizer, scheduler, schedule (create_scheduler_v2 kwargs),
+    amp_scaler, rng_states (one per rank), metric, args (as given), derived (:class:`~mlp_vision.arguments.RunArgs`),
+    checkpoint_history, + the trainer's fields
+
+``model_best.pth`` / ``checkpoint-N.pth`` leave out ``optimizer`` and ``amp_scaler`` unless
+``--keep-optimizer-state``; ``--resume`` of such a file needs ``--no-resume-opt``. timm's ``CheckpointSaver`` is
+not used: it replaces files with ``os.rename`` and keeps no earlier version, writes through links, and saves no RNG
+state for an exact resume.
+"""
+import argparse
+import contextlib
+import csv
+import itertools
+import json
+import logging
+import math
+import os
+import random
+import re
+import signal
+import stat
+import threading
+import uuid
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass
+from datetime import datetime
+from io import StringIO
+from pathlib import Path
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from timm.utils import unwrap_model
+
+from mlp_vision.arguments import (
+    BaseConfigs, RunArgs, args_to_yaml, merge_settings, parse_given, plain_value, read_json_file, read_yaml_file)
+from mlp_vision.errors import Interrupted, RunError, UsageError, short_repr
+from mlp_vision.outputs import (
+    add_log_file, atomic_link, atomic_save, atomic_write, atomic_write_text, clean_stale_temp_files, keep_previous,
+    open_own_file, remove_log_file, write_json)
+from mlp_vision.weights import load_checkpoint_file, load_model_weights
+
+_logger = logging.getLogger(__name__)
+
+CHECKPOINT_VERSION = 1
+# flags about this invocation, not the run's settings: never taken over from a resumed run
+RUN_CONTROL_ARGS = frozenset({
+    'config', 'resume', 'trust_checkpoint', 'debug', 'output', 'experiment', 'no_resume_opt',
+    'initial_checkpoint', 'pretrained', 'pretrained_path', 'allow_missing_weights',
+    'max_params', 'max_activation_gib', 'allow_regex',  # opt-ins past a bound: given again each time, as the trust
+})
+RUN_FILE = 'run.json'  # a run folder's identity
+_RUN_ID = re.compile(r'[0-9a-f]{32}')
+
+
+def parse_run_args(parser: argparse.ArgumentParser, argv: Sequence[str], base_configs: BaseConfigs = (),
+                   recipes: bool = False) -> Tuple[RunArgs, Optional[Dict[str, Any]]]:
+    """(args, the ``--resume`` checkpoint or None): ``argv`` parsed once (:func:`~mlp_vision.arguments.parse_given`);
+    a resumed checkpoint is loaded safely, checked to be an image training checkpoint, and its saved arguments become
+    the defaults under ``-c`` and the command line (:func:`~mlp_vision.arguments.merge_settings`, with
+    ``base_configs`` and ``recipes``), kept with its ``derived`` in ``args.resumed_settings`` /
+    ``args.resumed_derived``."""
+    given = parse_given(parser, argv)
+    resume = given.get('resume', '')
+    ckpt, saved = None, {}
+    if resume:
+        ckpt = load_checkpoint_file(resume, trust=given.get('trust_checkpoint', False), what='--resume')
+        found = (ckpt.get('kind', 'image') if 'state_dict' in ckpt and (
+            'optimizer' in ckpt or 'checkpoint_history' in ckpt) else None)  # the latter: a weights-only best / top-N
+        if found != 'image':
+            what = f'a checkpoint of the {found} trainer' if found else 'not a training checkpoint'
+            raise UsageError(f'--resume {resume} is {what}; expected the last.pth (or checkpoint-N.pth) of '
+                             f'an image training run of {parser.prog}')
+        for field in ('args', 'derived'):  # mappings keyed by names, as save_checkpoint writes them
+            value = ckpt.get(field)
+            if value is not None and not (isinstance(value, dict) and all(isinstance(k, str) for k in value)):
+                raise UsageError(f'--resume {resume}: the checkpoint\'s {field} is not a mapping of setting names to '
+                                 f'values; the file is damaged or was crafted, and is not used')
+        saved = {k: v for k, v in (ckpt.get('args') or {}).items() if k not in RUN_CONTROL_ARGS}
+    args, _ = merge_settings(parser, given, base_configs=base_configs, run_settings=saved, recipes=recipes)
+    args.resumed_settings = saved
+    args.resumed_derived = dict(ckpt.get('derived') or {}) if ckpt is not None else {}
+    if ckpt is not None and 'optimizer' not in ckpt and not args.no_resume_opt:
+        raise UsageError(f'--resume {resume} holds the weights only (written without --keep-optimizer-state): '
+                         f'continue from last.pth, resume from its weights with a fresh optimizer (--no-resume-opt) '
+                         f'or start a new run from its weights with --initial-checkpoint')
+    return args, ckpt
+
+
+def _schedule_position(scheduler, next_epoch: int, num_updates: int) -> None:
+    if scheduler.t_in_epochs:
+        scheduler.step(next_epoch)
+    else:
+        scheduler.step_update(num_updates)
+
+
+def _differences(old: Dict[str, Any], new: Dict[str, Any], name: Callable[[str], str] = str,
+                 show: Callable[[Any], str] = repr) -> List[str]:
+    """``'<name(key)> <new value> (was <old value>)'`` for each key whose plain values
+    (:func:`~mlp_vision.arguments.plain_value`) differ between ``old`` and ``new``."""
+    plain = {k: (plain_value(old.get(k)), plain_value(new.get(k))) for k in sorted(set(old) | set(new))}
+    return [f'{name(k)} {show(b)} (was {show(a)})' for k, (a, b) in plain.items() if a != b]
+
+
+# ------------------------------------------------------------------------------------------------ resume
+def check_resume_payload(ckpt: Dict[str, Any], source: str) -> None:
+    """The fields of a training checkpoint have the types :func:`save_checkpoint` writes; else one line."""
+    problems = [name for name, ok in (
+        ('epoch', is_count(ckpt.get('epoch'))),
+        ('num_updates', is_count(ckpt.get('num_updates', ckpt.get('epoch')))),
+        ('state_dict', isinstance(ckpt.get('state_dict'), dict) and all(
+            isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in ckpt['state_dict'].items())),
+        ('state_dict_ema', ckpt.get('state_dict_ema') is None or isinstance(ckpt['state_dict_ema'], dict)),
+        ('scheduler', isinstance(ckpt.get('scheduler'), dict)),
+        ('schedule', ckpt.get('schedule') is None or isinstance(ckpt['schedule'], dict)),
+        ('rng_states', ckpt.get('rng_states') is None or isinstance(ckpt['rng_states'], list)),
+        ('run_id', ckpt.get('run_id') is None or is_run_id(ckpt['run_id'])),
+        ('threads', ckpt.get('threads') is None or is_count(ckpt['threads'])),
+    ) if not ok]
+    if problems:
+        raise UsageError(f'{source}: the checkpoint\'s {", ".join(problems)} {"is" if len(problems) == 1 else "are"} '
+                         f'not what this trainer writes; the file is damaged or was crafted, and is not used')
+
+
+def check_resume_identity(ckpt: Optional[Dict[str, Any]], resume: str, **expected) -> None:
+    """The resumed checkpoint (None: not resuming) was made for these settings (e.g. ``arch='smlpnet_t'``)."""
+    if ckpt is None:
+        return
+    found = {k: ckpt.get(k) for k in expected}
+    if found != expected:
+        was, wanted = (', '.join(f'{"model" if k == "arch" else k} {short_repr(v)}' for k, v in d.items())
+                       for d in (found, expected))
+        raise UsageError(f'--resume {resume} is a checkpoint of {was}, not of {wanted}; leave these '
+                         f'flags out to continue the run as it was')
+
+
+def restore_training_state(ckpt: Optional[Dict[str, Any]], resume: str, model_name: str, model: nn.Module,
+                           optimizer: torch.optim.Optimizer, scheduler, schedule: Dict[str, Any], loss_scaler=None,
+                           weights_only: bool = False) -> Tuple[int, int]:
+    """Load the resumed checkpoint ``ckpt`` (None: not resuming) of a ``model_name`` model into the run's objects;
+    returns its (epoch, num_updates), (0, 0) when not resuming. The schedule continues exactly when ``schedule``
+    equals the checkpoint's; otherwise (a larger ``--epochs``) the new one is positioned at the checkpoint's epoch /
+    update, and the change logged. ``weights_only`` (``--no-resume-opt``): weights and epoch only."""
+    if ckpt is None:
+        return 0, 0
+    source = f'--resume {resume}'
+    try:  # every rank's state, before anything is loaded or a folder opened (restore_rng sets it last)
+        for state in ckpt.get('rng_states') or []:
+            check_rng_state(state)
+    except ValueError as e:
+        raise UsageError(f'{source}: its saved random-number state is damaged or crafted ({e}); the file is not '
+                         f'used') from None
+    load_model_weights(unwrap_model(model), ckpt['state_dict'], source, model_name)
+    epoch, num_updates = ckpt['epoch'], ckpt.get('num_updates', ckpt['epoch'])
+    if weights_only:
+        _schedule_position(scheduler, epoch + 1, num_updates)
+        return epoch, num_updates
+    base_lrs = [g['initial_lr'] for g in optimizer.param_groups]
+    changed = (_differences(ckpt['schedule'], schedule) if ckpt.get('schedule') is not None
+               else ['the checkpoint records no schedule'])
+    scaler_state = ckpt.get('amp_scaler') if loss_scaler is not None else None
+    try:  # checked before anything is loaded: a checkpoint's states are data, never new attributes
+        check_optimizer_state(ckpt['optimizer'], optimizer)
+        if scaler_state:
+            check_settings_state(scaler_state, loss_scaler.state_dict(), 'the AMP loss-scaler state')
+        if not changed:
+            check_settings_state(ckpt['scheduler'], scheduler.state_dict(), 'the scheduler state')
+    except ValueError as e:
+        raise UsageError(f'{source}: {e}; the file is damaged, was crafted, or belongs to another optimizer or '
+                         f'schedule (--no-resume-opt loads only its weights)') from None
+    optimizer.load_state_dict(ckpt['optimizer'])
+    if scaler_state:
+        loss_scaler.load_state_dict(scaler_state)
+    if not changed:
+        # the scheduler state after the constructor (which reset the LR): the optimizer state holds the exact LR of
+        # the next update, the scheduler state the rest
+        scheduler.load_state_dict(ckpt['scheduler'])
+        return epoch, num_updates
+    for group, lr in zip(optimizer.param_groups, base_lrs):
+        group['initial_lr'] = lr
+    _schedule_position(scheduler, epoch + 1, num_updates)
+    _logger.warning(
+        f'{source}: the learning-rate schedule differs from the checkpoint\'s ({"; ".join(changed)}): the new '
+        f'{schedule["sched"]} schedule continues from epoch {epoch + 1} at LR {optimizer.param_groups[0]["lr"]:.4g}')
+    return epoch, num_updates
+
+
+def restore_ema(ckpt: Optional[Dict[str, Any]], resume: str, model_name: str, model_ema: nn.Module) -> None:
+    """The resumed EMA weights, when the checkpoint has them (else the EMA starts from the resumed model)."""
+    if ckpt is not None and ckpt.get('state_dict_ema') is not None:
+        load_model_weights(model_ema, ckpt['state_dict_ema'], f'--resume {resume} (EMA)', model_name)
+
+
+def resumed_from_a_run(ckpt: Dict[str, Any], resume: str) -> bool:
+    """The resumed checkpoint lies in the folder of the run it belongs to."""
+    run_id = ckpt.get('run_id')
+    return is_run_id(run_id) and read_run_id(Path(resume).resolve().parent) == run_id
+
+
+def check_not_finished(ckpt: Optional[Dict[str, Any]], resume: str, done: int, total: int) -> None:
+    """Refuse to resume a run that has nothing left to train (its results stay as they are); the message says
+    what its folder holds: its results, the error its final stage stopped on, or that it has none."""
+    if ckpt is None or done < total:
+        return
+    folder = Path(resume).resolve().parent
+    results, recorded = folder / 'results.json', None
+    with suppress(OSError, UsageError):
+        recorded = read_json_file(str(results))
+    if not resumed_from_a_run(ckpt, resume):
+        outcome = f'the checkpoint lies outside its run\'s folder, so {folder} says nothing about its results'
+    elif not isinstance(recorded, dict):
+        outcome = (f'its final outputs were never written (no readable {results}: the process was stopped '
+                   f'during its final stage); its weights are in {folder / "last.pth"}')
+    elif recorded.get('error'):
+        outcome = (f'its final stage failed ({recorded["error"]}, recorded in {results}); its weights are in '
+                   f'{folder / "last.pth"}')
+    else:
+        outcome = f'results in {results}'
+    raise UsageError(f'--resume {resume}: this run already finished its {total} epochs ({outcome}); to train on, '
+                     f'pass a larger --epochs')
+
+
+def restore_rng(ckpt: Optional[Dict[str, Any]], resume: str, dist_info) -> None:
+    """Restore this rank's RNG states from the resumed checkpoint ``ckpt`` (None: not resuming); call it last:
+    nothing built before shifts them."""
+    if ckpt is None:
+        return
+    states, world = ckpt.get('rng_states') or [], dist_info.world_size
+    if len(states) != world:
+        _logger.warning(f'the checkpoint has RNG states for {len(states)} processes, this run has {world}: '
+                        f'continuing with fresh seeds (not bit-exact)')
+        return
+    try:
+        set_rng_state(states[dist_info.rank])
+    except (TypeError, ValueError, KeyError, IndexError, AttributeError, RuntimeError) as e:
+        raise UsageError(f'--resume {resume}: its saved random-number state is damaged or crafted '
+                         f'({type(e).__name__}: {" ".join(str(e).split())[:120]}); the file is not used') from None
+
+
+# ------------------------------------------------------------------------------------------------ folder identity
+# Every folder a trainer creates holds ``run.json`` (``{"run_id": <32 hex digits>, "kind": "image"}``), and
+# every checkpoint it writes carries the same ``run_id``. ``--resume`` continues *in place* only when, under the
+# folder's lock (re-read after taking it), the folder is the checkpoint's run and holds nothing newer
+# (:func:`newer_than`); otherwise in a new folder, so nothing of another run, or of a folder that is no run, is
+# replaced. The lock is a POSIX record lock on ``.lock`` (not ``flock``: forked data-loader workers do not inherit
+# it, so a killed run's orphaned workers cannot keep its folder locked).
+def new_run_folder(root: os.PathLike, name: str) -> Path:
+    """``root/name``, or the first free ``root/name-N``, created here (``mkdir`` is atomic: two runs started at once
+    never share one)."""
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    for n in itertools.count():
+        folder = root / (name if n == 0 else f'{name}-{n}')
+        with contextlib.suppress(FileExistsError):
+            folder.mkdir()
+            return folder
+
+
+def is_run_id(value) -> bool:
+    return isinstance(value, str) and _RUN_ID.fullmatch(value) is not None
+
+
+def write_run_id(folder: Path) -> str:
+    """Give the new run in ``folder`` its identity (``run.json``); returns the id."""
+    run_id = uuid.uuid4().hex
+    atomic_write_text(folder / RUN_FILE, json.dumps({'run_id': run_id, 'kind': 'image'}) + '\n')
+    return run_id
+
+
+def read_run_id(folder: Path) -> Optional[str]:
+    """The id in ``folder/run.json``, or None when the folder is not a run: no such file, a link, not a regular file,
+    larger than any we write, or not our format."""
+    path = folder / RUN_FILE
+    try:
+        info = os.lstat(path)
+        if not stat.S_ISREG(info.st_mode) or info.st_size > 4096:
+            return None
+        run_id = json.loads(path.read_text()).get('run_id')
+    except (OSError, ValueError, AttributeError):
+        return None
+    return run_id if is_run_id(run_id) else None
+
+
+class FolderLock:
+    """An exclusive lock on ``folder/.lock`` held until :meth:`release`; a folder another process holds is refused
+    (two processes writing one run would interleave its checkpoints and logs)."""
+
+    def __init__(self, folder: Path):
+        self.folder = folder
+        self._fd: Optional[int] = None
+        try:
+            import fcntl
+        except ImportError:  # Windows: no advisory locks here
+            return
+        fd = open_own_file(folder / '.lock', os.O_RDWR | os.O_CREAT)
+        try:
+            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            holder = os.read(fd, 32).decode(errors='replace').strip()
+            os.close(fd)
+            raise UsageError(f'{folder} is in use by another training process (pid {holder or "unknown"}); wait for '
+                             f'it to end, or pass --output / --experiment to continue in a new folder') from None
+        os.ftruncate(fd, 0)
+        os.write(fd, str(os.getpid()).encode())
+        self._fd = fd
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # closing the descriptor releases the lock
+            self._fd = None
+
+
+def check_own_files(folder: Path) -> None:
+    """Refuse (one line) a run folder holding a symbolic link, FIFO, device or socket: the run would write through
+    it (a linked ``train.log`` appends to a file elsewhere) or block on it."""
+    with os.scandir(folder) as entries:
+        for entry in entries:
+            if entry.is_symlink():
+                what = 'a symbolic link'
+            elif not (entry.is_file(follow_symlinks=False) or entry.is_dir(follow_symlinks=False)):
+                what = 'not a regular file (a FIFO, device or socket)'
+            else:
+                continue
+            raise UsageError(f'{folder} holds {entry.name}, {what}; a run writes only files of its own: remove it, '
+                             f'or continue in a new folder with --output / --experiment')
+
+
+def peek_checkpoint(path: Path) -> Dict[str, Any]:
+    """Checkpoint ``path`` memory-mapped (its tensors are not read), for its plain fields; {} if it cannot be read
+    as one of ours (the caller then keeps what it has)."""
+    try:
+        ckpt = torch.load(path, map_location='cpu', weights_only=True, mmap=True)
+    except Exception:  # any unreadable file
+        return {}
+    return ckpt if isinstance(ckpt, dict) else {}
+
+
+def newer_than(folder: Path, epoch: int, run_id: Optional[str]) -> Optional[str]:
+    """Why ``folder`` may not continue in place from the checkpoint of run ``run_id`` at ``epoch``, or None when it
+    may: the folder is that run and its newest epoch -- ``last.pth``'s, else that of its ``checkpoint-N.pth`` files
+    and ``summary.csv`` rows -- is ``epoch`` (rows past ``last.pth`` are dropped on resume)."""
+    folder_id = read_run_id(folder)
+    if not is_run_id(run_id):
+        return 'the checkpoint carries no run id (it was written before runs had one, or elsewhere)'
+    if folder_id is None:
+        return f'{folder} is not a run folder (no readable {RUN_FILE})'
+    if folder_id != run_id:
+        return f'{folder} is another run (run id {folder_id[:8]}, the checkpoint\'s {run_id[:8]})'
+    last = folder / 'last.pth'
+    if last.exists() or last.is_symlink():
+        saved = peek_checkpoint(last)
+        later, last_id = saved.get('epoch'), saved.get('run_id')
+        if not is_count(later):
+            return f'{folder} has a last.pth that cannot be read'
+        if last_id != run_id:
+            return f'{folder}\'s last.pth belongs to another run'
+        return f'{folder} has reached epoch {later}' if later > epoch else None
+    files = [int(m.group(1)) for p in folder.glob('checkpoint-*.pth')
+             if (m := re.fullmatch(r'checkpoint-(\d+)\.pth', p.name))]  # the names CheckpointManager.file_name gives
+    try:
+        rows = [int(r['epoch']) for r in SummaryWriter(folder / 'summary.csv').read()
+                if str(r.get('epoch', '')).isdigit()]
+    except (OSError, csv.Error, UnicodeDecodeError):
+        return f'{folder} has no last.pth and a summary.csv that cannot be read'
+    later = max(files + rows, default=epoch)
+    return (f'{folder} has no last.pth but has reached epoch {later} (its checkpoint-N.pth files and summary rows)'
+            if later > epoch else None)
+
+
+# ------------------------------------------------------------------------------------------------ the run folder
+@dataclass
+class RunFolder:
+    """What rank 0 holds of the open run folder (:func:`open_run_folder`; released by :func:`close_run_folder`)."""
+    output_dir: Path
+    run_id: str  # this run's identity (RUN_FILE), stored in every checkpoint
+    saver: 'CheckpointManager'
+    summary: 'SummaryWriter'
+    lock: Optional[FolderLock]
+    log_handler: logging.Handler
+    last_saved: Optional[int] = None  # the epoch of the newest checkpoint (a resumed run: the checkpoint's)
+    in_final_stage: bool = False  # from here a failure leaves a results.json holding the error
+    results_written: bool = False
+
+
+def open_run_folder(args, ckpt: Optional[Dict[str, Any]], *, default_root: str, default_name: str,
+                    decreasing: bool, max_history: int) -> RunFolder:
+    """Rank 0: the experiment folder (locked for this process), ``train.log``, ``args.yaml``, the checkpoint
+    manager and ``summary.csv``. A new run gets a new folder (``NAME-1`` if NAME exists) and run id; a resumed
+    one continues in place only as :func:`_resume_folder` decides, else in a new folder. A folder in use by another
+    process, or holding links or FIFOs, is refused. ``decreasing``: the best-checkpoint metric is better when lower;
+    ``max_history``: the N best ``checkpoint-<epoch>.pth`` kept."""
+    root = Path(args.output or default_root)
+    if os.path.lexists(root) and not root.is_dir():  # a file, FIFO, device or link to none
+        raise UsageError(f'--output {root} is not a folder; expected a folder (created if missing)')
+    if args.experiment and (Path(args.experiment).name != args.experiment or args.experiment in ('.', '..')):
+        raise UsageError(f'--experiment {args.experiment!r} is not a folder name; give a plain name (no '
+                         f'"/" or ".."), and the parent folder with --output')
+    note, history, lock, last_saved = '', None, None, ckpt.get('epoch') if ckpt is not None else None
+    if args.resume:  # the saved history is checked before any folder is made or touched
+        history = CheckpointManager(root).check_state(
+            ckpt.get('checkpoint_history') if ckpt is not None else None, source=f'--resume {args.resume}')
+        output_dir, note, lock = _resume_folder(args, ckpt, root, last_saved)
+    else:
+        output_dir = new_run_folder(root, args.experiment or default_name)
+    output_dir = output_dir.resolve()
+    in_place = lock is not None  # _resume_folder locks (and checks) the folder it continues in place
+    log_handler = None
+    try:
+        if not in_place:
+            lock = FolderLock(output_dir)
+            check_own_files(output_dir)
+        run_id = ckpt['run_id'] if in_place else write_run_id(output_dir)
+        log_handler = add_log_file(output_dir / 'train.log')
+        if note:
+            _logger.warning(note)
+        _write_settings(args, output_dir)
+        saver = CheckpointManager(output_dir, decreasing=decreasing, max_history=max_history,
+                                  resume_only=() if args.keep_optimizer_state else ('optimizer', 'amp_scaler'))
+        summary = SummaryWriter(output_dir / 'summary.csv')
+        if in_place:
+            saver.load_state_dict(history, source=f'--resume {args.resume}')
+            summary.truncate(before_epoch=last_saved + 1)
+        elif args.resume and resumed_from_a_run(ckpt, args.resume):
+            # a new folder for a checkpoint of a run: best / top-N tracking starts afresh, the curve keeps the way
+            # here (the summary.csv of another run's folder, or of a folder that is no run, is not this run's past)
+            source = Path(args.resume).resolve().parent / 'summary.csv'
+            summary.copy_rows(SummaryWriter(source), before_epoch=last_saved + 1)
+    except BaseException:  # a folder that could not be set up is not held
+        if log_handler is not None:
+            remove_log_file(log_handler)
+        if lock is not None:
+            lock.release()
+        raise
+    return RunFolder(output_dir, run_id, saver, summary, lock, log_handler, last_saved)
+
+
+def _resume_folder(args, ckpt: Dict[str, Any], root: Path, epoch: int) -> Tuple[Path, str, Optional[FolderLock]]:
+    """(the folder a resumed run writes to, a note to log, the folder's lock: taken when it is the checkpoint's own
+    folder, continued in place). In place is decided under the folder's lock, from the folder as it is then: a
+    second resume of the same run that loaded its checkpoint before the first took the lock sees the first's
+    epochs."""
+    resumed = Path(args.resume).resolve()
+    source, run_id = resumed.parent, ckpt.get('run_id')
+    wanted = root.resolve() / (args.experiment or source.name) if args.output or args.experiment else source
+    if wanted != source:
+        why = f'--output / --experiment name the folder {wanted}'
+    elif (why := newer_than(source, epoch, run_id)) is None:
+        # the folder looks like this run's newest state: lock it, then look again
+        lock = FolderLock(source)
+        check_own_files(source)
+        if (why := newer_than(source, epoch, run_id)) is None:
+            return source, '', lock
+        lock.release()
+    folder = new_run_folder(wanted.parent, wanted.name)
+    return folder, (f'--resume {args.resume}: {why}; a new run in {folder} starts from {resumed} (epoch '
+                    f'{epoch}), and {source} is left as it is'), None
+
+
+def _write_settings(args, output_dir: Path) -> None:
+    """Remove a killed run's temporary files, then write ``args.yaml`` (the arguments as given; an earlier,
+    different one is kept) and ``derived.yaml`` (:class:`~mlp_vision.arguments.RunArgs`)."""
+    removed = clean_stale_temp_files(output_dir)
+    if removed:
+        _logger.info(f'removed {len(removed)} temporary files left by a killed run: '
+                     f'{", ".join(p.name for p in removed)}')
+    settings, args_file = args.given(), output_dir / 'args.yaml'
+    if args_file.exists():
+        try:  # through the one strict yaml reader (bounded size, no aliases or duplicate keys)
+            previous = read_yaml_file(str(args_file), 'args.yaml') or {}
+        except UsageError:
+            previous = None  # unreadable: kept, as a changed one is
+        if not isinstance(previous, dict) or _differences(
+                *({k: v for k, v in d.items() if k not in RUN_CONTROL_ARGS} for d in (previous, settings))):
+            _logger.info(f'the settings changed: the previous args.yaml is kept as {keep_previous(args_file).name}')
+    atomic_write_text(args_file, args_to_yaml(settings))
+    atomic_write_text(output_dir / 'derived.yaml', args_to_yaml(args.derived))
+
+
+def close_run_folder(folder: Optional[RunFolder], error: Optional[BaseException]) -> None:
+    """However the run ended: a failure of the final stage recorded in ``results.json`` (so a ``--resume`` can say
+    what happened), a :class:`RunError` line in ``train.log``, the log file closed and the lock released."""
+    if folder is None:
+        return
+    if isinstance(error, Exception) and folder.in_final_stage and not folder.results_written:
+        _record_final_stage_error(folder, error)
+    if isinstance(error, RunError):
+        with open(open_own_file(folder.output_dir / 'train.log', os.O_WRONLY | os.O_APPEND | os.O_CREAT), 'a') as f:
+            f.write(f'{datetime.now():%Y-%m-%d %H:%M:%S} ERROR {error}\n')
+    remove_log_file(folder.log_handler)
+    if folder.lock is not None:
+        folder.lock.release()
+        folder.lock = None
+
+
+def _record_final_stage_error(folder: RunFolder, error: BaseException) -> None:
+    message = ' '.join(f'{type(error).__name__}: {error}'.split())[:500]
+    try:
+        write_results(folder, {'error': message, 'epoch': folder.last_saved,
+                               'checkpoints': {'last': str(folder.output_dir / 'last.pth')},
+                               'note': 'training finished, but its final stage (evaluation / export / results) '
+                                       'failed; the weights are in the checkpoints'})
+    except OSError as e:  # e.g. the full disk that stopped the stage: the original error is the one to report
+        _logger.error(f'could not record the error in results.json either: {e}')
+        return
+    _logger.error(f'the final stage failed; the error is recorded in {folder.output_dir / "results.json"}')
+
+
+def log_settings_changes(args) -> None:
+    """Log each setting where this resumed run differs from the run it continues: the arguments as given, then the
+    values derived from them (a scaled LR after a new ``--batch-size``)."""
+    saved = args.resumed_settings
+    if not saved:
+        return
+    given = args.given()
+    changed = _differences(saved, {k: given.get(k) for k in saved}, name=lambda k: f'--{k.replace("_", "-")}')
+    # the saved derived values are a file's, never used: each shown bounded
+    rederived = _differences(args.resumed_derived, args.derived, show=short_repr)
+    _logger.info(f'Resuming with the settings of {args.resume}'
+                 + (f'; changed: {", ".join(changed)}' if changed else ' (unchanged)')
+                 + (f'; derived again: {", ".join(rederived)}' if rederived and args.resumed_derived else ''))
+
+
+# ------------------------------------------------------------------------------------------------ checkpoints
+def save_checkpoint(folder: Optional[RunFolder], args, dist_info, epoch: int, metric: Optional[float], *,
+                    model: nn.Module, optimizer, scheduler, schedule: Dict[str, Any], num_updates: int,
+                    loss_scaler=None, **extra) -> Optional[Dict[str, bool]]:
+    """Every rank: gather the RNG states; rank 0 (``folder``): write the checkpoint of ``epoch`` (the payload of the
+    module docstring). Returns what was written (rank 0) or None."""
+    rng_states = all_gather_objects(get_rng_state(), dist_info)
+    if folder is None:
+        return None
+    folder.last_saved = epoch
+    # threads: a resume computes with the same count (float rounding)
+    state = {'version': CHECKPOINT_VERSION, 'kind': 'image', 'run_id': folder.run_id,
+             'threads': torch.get_num_threads(),
+             'arch': args.model, 'epoch': epoch, 'num_updates': num_updates,
+             'state_dict': unwrap_model(model).state_dict(), 'optimizer': optimizer.state_dict(),
+             'scheduler': scheduler.state_dict(), 'schedule': dict(schedule),
+             'amp_scaler': loss_scaler.state_dict() if loss_scaler is not None else None,
+             'rng_states': rng_states, 'metric': metric, **extra, 'args': args.given(), 'derived': args.derived}
+    return folder.saver.save(state, epoch, metric)
+
+
+# ------------------------------------------------------------------------------------------------ stops
+@contextmanager
+def stop_signals() -> Iterator[Callable[[], int]]:
+    """Within: SIGINT / SIGTERM only set a flag, read by the returned callable (0: none; no collective:
+    :func:`~mlp_vision.train.train_one_epoch` agrees on it across ranks), so training stops at its next safe point.
+    A second signal acts at once (the previous handlers are back after the first)."""
+    received, previous = [0], {}
+
+    def restore() -> None:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        previous.clear()
+
+    def on_signal(signum, frame) -> None:
+        received[0] = signum
+        restore()
+
+    if threading.current_thread() is threading.main_thread():
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            previous[signum] = signal.signal(signum, on_signal)
+    try:
+        yield lambda: received[0]
+    finally:
+        restore()
+
+
+class NonFiniteLossError(RuntimeError):
+    """The training loss became NaN or infinite at ``where``; raised before that loss reaches the weights."""
+
+    def __init__(self, value: float, where: str):
+        self.value, self.where = value, where
+        what = f'{value}' if not math.isfinite(value) else 'not finite on another rank'
+        super().__init__(f'training loss is {what} at {where}; stopped before applying it')
+
+
+def stop_error(error: Exception, last_path: Optional[Path], last_saved: Optional[int], resume: str,
+               advice: str) -> RunError:
+    """The :class:`RunError` that ends a run stopped by a NaN / inf loss or a signal: where it happened, which
+    checkpoint is intact (only one that exists: this run's ``last_path``, else the ``resume`` one it started from;
+    ``last_saved``: the epoch of the newest save, None before any) and how to go on (``advice``: the flags worth
+    changing)."""
+    resumed = resume if resume and os.path.isfile(resume) else None
+    intact = None
+    if last_saved is not None and last_path is not None and last_path.is_file():
+        intact, where = last_path, f'{last_path} (epoch {last_saved})'
+    elif last_saved is not None and resumed is not None:
+        intact, where = resumed, f'{resumed} (epoch {last_saved}, the checkpoint this run resumed from)'
+    if isinstance(error, Interrupted):
+        tail = (f'the resumable checkpoint is {where}: continue with --resume {intact}' if intact is not None
+                else 'no checkpoint had been written yet')
+        return Interrupted(error.signum, error.where, f'{error}; {tail}')
+    origin = '; it arose in training (weights and optimizer state loaded from files are checked finite)'
+    if intact is None:
+        return RunError(f'{error}{origin}. No checkpoint had been written yet. {advice}.')
+    return RunError(f'{error}{origin}. The last good checkpoint, {where}, is intact. {advice}, or check the '
+                    f'data; then restart, or continue with --resume {intact}')
+
+
+def checkpoint_files(folder: RunFolder) -> Dict[str, Optional[str]]:
+    """``last.pth`` and ``model_best.pth`` (None when nothing was evaluated), as ``results.json`` names them."""
+    return {'last': str(folder.saver.last_path),
+            'best': str(folder.saver.best_path) if folder.saver.best_path.exists() else None}
+
+
+def write_results(folder: RunFolder, results: Dict[str, Any]) -> None:
+    """``results.json``; the results of an earlier finish of this run are kept as ``results-N.json``."""
+    kept = keep_previous(path := folder.output_dir / 'results.json')
+    if kept is not None:
+        _logger.info(f'the earlier results.json of this run is kept as {kept.name}')
+    write_json(path, results)
+    folder.results_written = True
+
+
+def list_outputs(folder: RunFolder) -> None:
+    names = sorted(p.name for p in folder.output_dir.iterdir() if not p.name.startswith('.'))
+    _logger.info(f'Outputs in {folder.output_dir}: {", ".join(names)}')
+
+
+class CheckpointManager:
+    """``last.pth`` every epoch, ``model_best.pth`` and the ``max_history`` best ``checkpoint-<epoch>.pth``.
+    ``resume_only``: the fields only a resume needs (``optimizer``, ``amp_scaler``), which best / top-N files then
+    leave out (for AdamW a third of the size; else the three are hard links of one file).
+
+    The best / top-N history is stored in every checkpoint and restored (checked) on resume. Writes, in order:
+    best / top-N, then ``last.pth`` (atomic, with the new history), then removal of the file that fell out of the
+    top N (named from its epoch, never from a path read from a checkpoint). A kill between them leaves ``last.pth``
+    at the previous epoch, which a resume trains again; ``model_best.pth`` holds its own epoch and metric, and a
+    resume takes the best from it (:meth:`load_state_dict`), so the record and the file never disagree.
+
+    Not ``timm.utils.CheckpointSaver`` (timm 1.0.31), whose ranking this follows: it refuses ``max_history=0``,
+    tracks the best only inside a top-N slot, writes non-atomically through a fixed ``tmp`` name, and deletes the
+    paths a restored state names (a crafted ``../file`` included).
+    """
+
+    def __init__(self, output_dir: os.PathLike, decreasing: bool = False, max_history: int = 3,
+                 resume_only: Sequence[str] = ()):
+        self.output_dir, self.resume_only = Path(output_dir), tuple(resume_only)
+        self.last_path, self.best_path = self.output_dir / 'last.pth', self.output_dir / 'model_best.pth'
+        self.decreasing, self.max_history = decreasing, max_history
+        self.history: List[Dict[str, Any]] = []  # [{'epoch', 'metric', 'file'}], best first
+        self.best: Optional[Dict[str, Any]] = None  # {'epoch', 'metric'}: what model_best.pth holds
+
+    @staticmethod
+    def file_name(epoch: int) -> str:
+        """The top-N file of ``epoch``: the only kind of file this class ever deletes."""
+        return f'checkpoint-{epoch}.pth'
+
+    def _checked_entry(self, entry: Any, with_file: bool) -> Dict[str, Any]:
+        """``entry`` as this class writes it, or a ``ValueError`` saying what is wrong with it."""
+        keys = {'epoch', 'metric'} | ({'file'} if with_file else set())
+        if not isinstance(entry, dict) or set(entry) != keys:
+            raise ValueError(f'{short_repr(entry)} is not a {{{", ".join(sorted(keys))}}} entry')
+        epoch, metric = entry['epoch'], entry['metric']
+        if not is_count(epoch):
+            raise ValueError(f'epoch {short_repr(epoch)} is not a non-negative integer')
+        if not _is_number(metric) or _plain_problem(metric):
+            raise ValueError(f'metric {short_repr(metric)} is not a finite number')
+        if with_file and entry['file'] != self.file_name(epoch):
+            raise ValueError(f'file {short_repr(entry["file"])} is not {self.file_name(epoch)!r}, the name this '
+                             f'trainer gives the checkpoint of epoch {epoch}')
+        return dict(entry)
+
+    def check_state(self, state: Optional[Dict[str, Any]], source: str = 'the checkpoint') -> Optional[Dict[str, Any]]:
+        """``state`` (a checkpoint's ``checkpoint_history``) if every entry is exactly what :meth:`save` writes (an
+        epoch, a finite metric, the file name of that epoch); else a :class:`UsageError` naming ``source``."""
+        if not state:
+            return None
+        try:
+            if not isinstance(state, dict) or not set(state) <= {'history', 'best'}:
+                raise ValueError(f'{short_repr(state)} is not a {{history, best}} dict')
+            history = state.get('history') or []
+            if not isinstance(history, list):
+                raise ValueError(f'the history is a {type(history).__name__}, not a list')
+            history = [self._checked_entry(h, with_file=True) for h in history]
+            best = None if state.get('best') is None else self._checked_entry(state['best'], with_file=False)
+        except ValueError as e:
+            raise UsageError(f'{source}: its checkpoint_history is not one this trainer writes ({e}); the file is '
+                             f'damaged or was crafted, and is not used') from None
+        return {'history': history, 'best': best}
+
+    def load_state_dict(self, state: Optional[Dict[str, Any]], source: str = 'the checkpoint') -> None:
+        """Restore a history (checked by :meth:`check_state`); entries whose file is gone are dropped, and the best
+        is the epoch and metric ``model_best.pth`` holds where it differs from the history's (a run killed between
+        writing it and ``last.pth``), said in the log."""
+        state = self.check_state(state, source) or {'history': [], 'best': None}
+        self.history = [h for h in state['history'] if (self.output_dir / h['file']).is_file()]
+        self.best = state['best']
+        held = self._held_best()
+        if held is not None and held != self.best:
+            recorded = f'epoch {self.best["epoch"]}' if self.best else 'none'
+            _logger.warning(f'{self.best_path} holds epoch {held["epoch"]} (metric {held["metric"]:.6g}), not the '
+                            f'best {source} records ({recorded}): the run was stopped between writing the two; '
+                            f'best-checkpoint tracking continues from the file')
+            self.best = held
+        elif self.best is not None and not self.best_path.exists():
+            _logger.warning(f'{self.best_path} is missing; best-checkpoint tracking restarts')
+            self.best = None
+
+    def _held_best(self) -> Optional[Dict[str, Any]]:
+        """{'epoch', 'metric'} of ``model_best.pth`` (memory-mapped, tensors not read); None if it is not ours."""
+        if not self.best_path.is_file() or self.best_path.is_symlink():
+            return None
+        ckpt = peek_checkpoint(self.best_path)
+        try:
+            return self._checked_entry({'epoch': ckpt.get('epoch'), 'metric': ckpt.get('metric')}, with_file=False)
+        except ValueError:  # not a checkpoint of ours: the history's record stands
+            return None
+
+    def save(self, state: Dict[str, Any], epoch: int, metric: Optional[float]) -> Dict[str, bool]:
+        """Write the checkpoint of ``epoch``; ``state`` gets ``checkpoint_history`` added. Returns what was
+        written."""
+        is_best = metric is not None and (self.best is None or (
+            metric < self.best['metric'] if self.decreasing else metric > self.best['metric']))
+        history, evicted, in_top = list(self.history), [], False
+        if metric is not None and self.max_history > 0:
+            history = [h for h in history if h['epoch'] != epoch]  # an epoch re-run after a crash
+            history.append({'epoch': epoch, 'metric': metric, 'file': self.file_name(epoch)})
+            history.sort(key=lambda h: h['metric'], reverse=not self.decreasing)
+            evicted = history[self.max_history:]
+            history = history[:self.max_history]
+            in_top = any(h['epoch'] == epoch for h in history)
+        best = {'epoch': epoch, 'metric': metric} if is_best else self.best
+
+        state['checkpoint_history'] = {'history': history, 'best': best}
+        self.output_dir.mkdir(parents=True, exist_ok=True)
+        kept = [p for p, due in ((self.best_path, is_best), (self.output_dir / self.file_name(epoch), in_top)) if due]
+        if kept:  # before last.pth, whose history names them
+            atomic_save({k: v for k, v in state.items() if k not in self.resume_only}, kept[0])
+            for path in kept[1:]:
+                atomic_link(kept[0], path)
+        if kept and not self.resume_only:
+            atomic_link(kept[0], self.last_path)
+        else:
+            atomic_save(state, self.last_path)
+        for h in evicted:
+            if h['epoch'] != epoch:
+                (self.output_dir / self.file_name(h['epoch'])).unlink(missing_ok=True)
+        self.history, self.best = history, best
+        return {'last': True, 'best': is_best, 'top': in_top}
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def is_count(value: Any) -> bool:
+    """A non-negative ``int`` (not a bool): a position, an update count, a thread count."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _plain_problem(value: Any, live: Any = None) -> Optional[str]:
+    """What keeps a saved setting from being a plain value (None, a bool, number or string, or a list / tuple /
+    str-keyed dict of such) without NaN or infinity, or None. An infinity is kept where the ``live`` value in its
+    place is infinite too (a plateau scheduler's starting ``best`` is -inf)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None if not math.isnan(value) and isinstance(live, float) and math.isinf(live) else 'NaN or infinite'
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return None
+    if isinstance(value, dict) and all(isinstance(k, str) for k in value):
+        value = value.values()
+    elif not isinstance(value, (list, tuple)):
+        return 'not a value of its kind'
+    return next(filter(None, map(_plain_problem, value)), None)
+
+
+def _check_settings(saved: Dict[str, Any], live: Dict[str, Any], name: Callable[[str], str],
+                    none_for_number: bool = True) -> None:
+    """Each entry of ``saved`` is one ``live`` has, a plain finite value (:func:`_plain_problem`), and a number where
+    the live one is (or None, if ``none_for_number``); else a ``ValueError`` naming the entry as ``name(key)``."""
+    for k, v in saved.items():
+        if k not in live:
+            raise ValueError(f'{name(k)} is no entry of the live state')
+        problem = _plain_problem(v, live[k])
+        if not problem and _is_number(live[k]) and not (_is_number(v) or none_for_number and v is None):
+            problem = 'not a value of its kind'
+        if problem:  # e.g. a saved NaN base LR would train on NaN
+            raise ValueError(f'{name(k)} is {short_repr(v)}: {problem}')
+
+
+def check_settings_state(saved: Any, live: Dict[str, Any], what: str) -> None:
+    """A saved scheduler / scaler state (loaded by assigning its entries to attributes, so checked before loading)
+    fits the live object's ``state_dict()`` ``live`` (:func:`_check_settings`); else a ``ValueError`` naming
+    ``what``."""
+    if not isinstance(saved, dict):
+        raise ValueError(f'{what} is a {type(saved).__name__}, not a state dict')
+    _check_settings(saved, live, lambda k: f'{what} entry {k!r}')
+
+
+def check_optimizer_state(saved: Any, optimizer: torch.optim.Optimizer) -> None:
+    """A saved optimizer state fits ``optimizer``: groups of the same keys and parameter counts, settings plain and
+    finite (numbers where the live ones are), per-parameter state numbers or tensors no larger in rank than their
+    parameter (the same shape when of the same rank), all finite; else a ``ValueError``."""
+    if not isinstance(saved, dict) or set(saved) != {'state', 'param_groups'}:
+        raise ValueError('the optimizer state is not a {state, param_groups} dict')
+    groups, live_groups = saved['param_groups'], optimizer.param_groups
+    if not isinstance(groups, list) or len(groups) != len(live_groups):
+        raise ValueError(f'the optimizer state has {len(groups) if isinstance(groups, list) else "no"} parameter '
+                         f'groups, this optimizer {len(live_groups)}')
+    params = {}
+    for i, (group, live) in enumerate(zip(groups, live_groups)):
+        if not isinstance(group, dict) or set(group) != set(live):
+            raise ValueError(f'optimizer parameter group {i} has other settings than this optimizer\'s')
+        ids = group['params']
+        if not isinstance(ids, list) or len(ids) != len(live['params']) or not all(_is_number(j) for j in ids):
+            raise ValueError(f'optimizer parameter group {i} does not list {len(live["params"])} parameters')
+        params.update(zip(ids, live['params']))
+        _check_settings({k: v for k, v in group.items() if k != 'params'}, live,
+                        lambda k: f'optimizer setting {k!r} of group {i}', none_for_number=False)
+    state = saved['state']
+    if not isinstance(state, dict) or not set(state) <= set(params):
+        raise ValueError('the optimizer state names parameters the groups do not list')
+    for j, entry in state.items():
+        if not isinstance(entry, dict):
+            raise ValueError(f'the optimizer state of parameter {j} is not a dict')
+        p = params[j]
+        for k, v in entry.items():
+            fits = (_is_number(v) or isinstance(v, torch.Tensor) and (
+                v.dim() < p.dim() or tuple(v.shape) == tuple(p.shape)) and (v.is_floating_point() or v.dim() == 0))
+            if not fits:
+                raise ValueError(f'the optimizer state {k!r} of parameter {j} does not fit a parameter of shape '
+                                 f'{tuple(p.shape)}')
+            finite = not _plain_problem(v) if _is_number(v) else not v.is_floating_point() or torch.isfinite(v).all()
+            if not finite:  # e.g. a NaN exp_avg: the first step would write NaN into the weights
+                raise ValueError(f'the optimizer state {k!r} of parameter {j} holds NaN or infinite values')
+
+
+def get_rng_state() -> Dict[str, Any]:
+    """Python, numpy and torch (CPU, and CUDA if initialised) RNG states as tensors / plain Python values."""
+    name, keys, pos, has_gauss, cached_gaussian = np.random.get_state()
+    state = {'python': random.getstate(), 'torch': torch.get_rng_state(),
+             'numpy': {'name': name, 'keys': torch.from_numpy(keys.astype(np.int64)), 'pos': int(pos),
+                       'has_gauss': int(has_gauss), 'cached_gaussian': float(cached_gaussian)}}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state['cuda'] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: Dict[str, Any]) -> None:
+    version, words, gauss = state['python']  # torch.load(weights_only=True) gives lists back where tuples were saved
+    random.setstate((version, tuple(words), gauss))
+    n = state['numpy']
+    np.random.set_state((n['name'], n['keys'].numpy().astype(np.uint32), n['pos'], n['has_gauss'],
+                         n['cached_gaussian']))
+    torch.set_rng_state(state['torch'])
+    if 'cuda' in state and torch.cuda.is_available():
+        cuda_states = state['cuda']
+        if len(cuda_states) == torch.cuda.device_count():
+            torch.cuda.set_rng_state_all(cuda_states)
+        else:
+            _logger.warning('checkpoint has CUDA RNG states for another GPU count; CUDA RNG not restored')
+
+
+def _is_generator_state(value: Any) -> bool:
+    """A ``torch.Generator`` state: a uint8 tensor of the CPU generator's state size."""
+    return (isinstance(value, torch.Tensor) and value.dtype == torch.uint8 and value.dim() == 1
+            and value.numel() == torch.get_rng_state().numel())
+
+
+def check_rng_state(state: Any) -> None:
+    """One rank's saved state (``rng_states[rank]``) as :func:`get_rng_state` and the trainers write it (Python's
+    version, 625 words and gauss; numpy's MT19937; torch's and CUDA's generator states; the trainer's generator
+    states and finite non-negative counters), else a ``ValueError`` saying which part: ``random.setstate`` and
+    numpy accept some damaged states and fail later."""
+    if not isinstance(state, dict) or not {'python', 'numpy', 'torch'} <= set(state):
+        raise ValueError('a saved random-number state is not a {python, numpy, torch} dict')
+    py = state['python']
+    if not (isinstance(py, (list, tuple)) and len(py) == 3 and isinstance(py[0], int) and isinstance(py[1], (
+            list, tuple)) and len(py[1]) == 625 and all(is_count(w) and w < 2 ** 32 for w in py[1])
+            and py[1][-1] <= 624 and (py[2] is None or isinstance(py[2], float))):
+        raise ValueError('the Python random state is not (version, 625 words, gauss)')
+    n = state['numpy']
+    if not (isinstance(n, dict) and n.get('name') == 'MT19937' and isinstance(n.get('keys'), torch.Tensor)
+            and n['keys'].dtype == torch.int64 and tuple(n['keys'].shape) == (624,)
+            and bool(((n['keys'] >= 0) & (n['keys'] < 2 ** 32)).all()) and is_count(n.get('pos')) and n['pos'] <= 624
+            and is_count(n.get('has_gauss')) and n['has_gauss'] <= 1 and _is_number(n.get('cached_gaussian'))):
+        raise ValueError('the numpy random state is not MT19937 (624 words, position, gauss)')
+    if not _is_generator_state(state['torch']):
+        raise ValueError('the torch random state is not a generator state')
+    cuda = state.get('cuda')
+    if cuda is not None and not (isinstance(cuda, (list, tuple)) and all(
+            isinstance(t, torch.Tensor) and t.dtype == torch.uint8 and t.dim() == 1 for t in cuda)):
+        raise ValueError('the CUDA random states are not generator states')
+    for key, value in state.items():
+        ok = (key in ('python', 'numpy', 'torch', 'cuda') or _is_generator_state(value) or (
+            _is_number(value) and not _plain_problem(value) and value >= 0))
+        if not ok:
+            raise ValueError(f'the saved data state {key!r} is {short_repr(value)}, not a generator state or a '
+                             f'count')
+
+
+@contextlib.contextmanager
+def preserve_rng():
+    """Restore the python / numpy / torch RNG states on exit: code in the block cannot shift training's randomness."""
+    state = get_rng_state()
+    try:
+        yield
+    finally:
+        set_rng_state(state)
+
+
+# ------------------------------------------------------------------------------------------------ summary.csv, curves
+# summary.csv has the columns of timm's update_summary but is not written by it: that opens the file by name (through
+# a link planted in the run folder) and appends new columns under the old header; a resume also drops rows past its
+# epoch.
+class SummaryWriter:
+    """``summary.csv``, a row per epoch (first column ``epoch``). Columns are fixed by the first row; a later row with
+    new keys rewrites the file with the union of columns (still one header)."""
+
+    def __init__(self, path: os.PathLike):
+        self.path = Path(path)
+
+    def read(self) -> List[Dict[str, str]]:
+        if not self.path.exists():
+            return []
+        with open(self.path, newline='') as f:
+            return list(csv.DictReader(f))
+
+    def _write_all(self, rows: List[Dict[str, Any]], fieldnames: List[str]) -> None:
+        buf = StringIO()
+        writer = csv.DictWriter(buf, fieldnames=fieldnames, restval='')
+        writer.writeheader()
+        writer.writerows(rows)
+        atomic_write_text(self.path, buf.getvalue())
+
+    def rows_before(self, epoch: int) -> List[Dict[str, str]]:
+        """The rows of the epochs before ``epoch``; a row torn by a crash mid-write (no parsable epoch) is not
+        kept."""
+        return [r for r in self.read() if str(r.get('epoch', '')).isdigit() and int(r['epoch']) < epoch]
+
+    def truncate(self, before_epoch: int) -> None:
+        """On resume: drop the rows of epoch >= ``before_epoch`` (logged, not checkpointed, before a crash)."""
+        rows = self.read()
+        kept = self.rows_before(before_epoch)
+        if len(kept) != len(rows):
+            self._write_all(kept, list(rows[0].keys()))
+
+    def copy_rows(self, source: 'SummaryWriter', before_epoch: int) -> None:
+        """Start this file with ``source``'s rows before ``before_epoch``: a run continued from a checkpoint in a
+        new folder keeps the curve that led to it."""
+        rows = source.rows_before(before_epoch)
+        if rows:
+            self._write_all(rows, list(rows[0].keys()))
+
+    def append(self, row: Dict[str, Any]) -> None:
+        row = {k: (f'{v:.6g}' if isinstance(v, float) else v) for k, v in row.items()}
+        rows = self.read()
+        fieldnames = list(rows[0].keys()) if rows else []
+        if not rows or set(row) - set(fieldnames):  # a new file, or new columns: written whole, one header
+            self._write_all(rows + [row], fieldnames + [k for k in row if k not in fieldnames])
+            return
+        with open(open_own_file(self.path, os.O_WRONLY | os.O_APPEND), 'a', newline='') as f:
+            csv.DictWriter(f, fieldnames=fieldnames, restval='').writerow(row)
+            f.flush()
+            os.fsync(f.fileno())
+
+
+_CURVES = (('loss', ('train_loss', 'eval_loss', 'ema_eval_loss')),
+           ('accuracy (%)', ('eval_top1', 'eval_top5', 'ema_eval_top1')))  # (y label, columns) per panel
+_STYLES = ('-', '--', ':')  # one line style per column of a panel
+
+
+def plot_curves(summary_csv: os.PathLike, out_png: os.PathLike, title: str = '') -> Optional[Path]:
+    """The losses (left) and accuracies (right) of ``summary.csv`` against the epoch, as a PNG written by
+    :func:`~mlp_vision.outputs.atomic_write`; None without rows (or without matplotlib, with a warning)."""
+    rows = SummaryWriter(summary_csv).read()
+    if not rows:
+        return None
+    try:
+        import matplotlib
+        matplotlib.use('Agg')
+        import matplotlib.pyplot as plt
+    except ImportError:
+        _logger.warning('matplotlib is not installed: no curves PNG (pip install matplotlib)')
+        return None
+    fig, axes = plt.subplots(1, len(_CURVES), figsize=(5.5 * len(_CURVES) + 0.5, 4), squeeze=False)
+    for ax, (ylabel, names) in zip(axes[0], _CURVES):
+        for style, name in zip(_STYLES, names):
+            points = [(float(r['epoch']), float(r[name])) for r in rows if r.get(name) not in (None, '')]
+            if points:
+                ax.plot(*zip(*points), style, label=name, marker='o', markersize=3)
+        ax.set_xlabel('epoch')
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=.3)
+        if ax.lines:
+            ax.legend()
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    try:
+        atomic_write(out_png, lambda f: fig.savefig(f, dpi=110, format='png'))
+    finally:
+        plt.close(fig)
+    return Path(out_png)
+
+
+def all_gather_objects(obj: Any, info) -> List[Any]:
+    """Every rank's ``obj`` (rank order); ``[obj]`` outside distributed mode."""
+    if not info.distributed:
+        return [obj]
+    out = [None] * info.world_size
+    dist.all_gather_object(out, obj)
+    return out
