@@ -41,7 +41,7 @@ from timm.utils import ModelEmaV3, dispatch_clip_grad, distribute_bn, random_see
 from mlp_vision.arguments import (
     SEED_MAX, ArgumentParser, DefaultsHelpFormatter, ParseKwargs, check_flag_ranges, check_kwargs_flags, find_recipe)
 from mlp_vision.bounds import BOUND_RANGES, size_bounds
-from mlp_vision.errors import Interrupted, UsageError, run_cli
+from mlp_vision.errors import Interrupted, RunError, UsageError, run_cli
 from mlp_vision.outputs import atomic_folder, setup_logging
 from mlp_vision.threads import THREADS_RANGE, set_run_threads
 from mlp_vision.training.image_data import (
@@ -533,11 +533,16 @@ def train_one_epoch(epoch: int, model: nn.Module, loader, optimizer: torch.optim
     num_batches = len(loader)
     updates_per_epoch = (num_batches + grad_accum_steps - 1) // grad_accum_steps
     batches, device = iter(loader), updates['device']
+    # one batch ahead: with one process the loader leaves out batches whose images were all unreadable, so the epoch
+    # may end before len(loader) batches; the last batch that comes is then the update's last
+    pending = next(batches, None)
     clip_parameters = partial(model_parameters, model, exclude_head='agc' in clip_mode)
     loss_sum, sample_count, window_loss, window_samples = 0., 0., 0., 0.
     epoch_start = time.perf_counter()
     optimizer.zero_grad()
     for update_idx in range(updates_per_epoch):
+        if pending is None:
+            break
         first = update_idx * grad_accum_steps  # the update's first batch
         accum_steps = min(grad_accum_steps, num_batches - first)
         stopped_at = f'epoch {epoch}, batch {first}'
@@ -549,10 +554,10 @@ def train_one_epoch(epoch: int, model: nn.Module, loader, optimizer: torch.optim
         sums = torch.tensor([0., -1., 0.], dtype=torch.float64, device=device)
         weight_sum, since, since_micro, next_check = 0., time.perf_counter(), 0, updates['check_every']
         for micro in range(accum_steps):
-            need_update = micro == accum_steps - 1
             if micro and not updates['distributed'] and updates['stop_signal']():
                 _abandon(optimizer, updates['stop_signal'](), stopped_at)
-            input, target = next(batches)
+            (input, target), pending = pending, next(batches, None)
+            need_update = micro == accum_steps - 1 or pending is None
             if mixup_fn is not None:
                 input, target = mixup_fn(input, target)
             if channels_last:
@@ -573,6 +578,8 @@ def train_one_epoch(epoch: int, model: nn.Module, loader, optimizer: torch.optim
                 if signum:
                     _abandon(optimizer, signum, stopped_at)
                 since, since_micro, next_check = time.perf_counter(), micro + 1, micro + 1 + updates['check_every']
+            if need_update:
+                break
         optimizer.zero_grad(set_to_none=True)
         updates['num_updates'] += 1
         loss_sum, sample_count = loss_sum + update_loss, sample_count + weight_sum
@@ -585,7 +592,8 @@ def train_one_epoch(epoch: int, model: nn.Module, loader, optimizer: torch.optim
         now = time.perf_counter()
         if update_idx == 0:  # the first update includes loader start-up: the rate counts from its end
             first_done = now
-        if primary and (update_idx == updates_per_epoch - 1 or (update_idx + 1) % log_interval == 0):
+        last = pending is None or update_idx == updates_per_epoch - 1
+        if primary and (last or (update_idx + 1) % log_interval == 0):
             sec_per_update = (now - first_done) / update_idx if update_idx else now - epoch_start
             img_per_sec = weight_sum * world_size / sec_per_update if sec_per_update > 0 else 0.
             left_epoch = (updates_per_epoch - update_idx - 1) * sec_per_update
@@ -603,6 +611,9 @@ def train_one_epoch(epoch: int, model: nn.Module, loader, optimizer: torch.optim
     if updates['distributed']:
         dist.all_reduce(totals)
     total_loss, total_samples = totals.tolist()
+    if not total_samples:
+        raise RunError(f'no training batch of epoch {epoch} kept a readable image (see the warnings above): fix or '
+                       f'remove the unreadable files')
     lr = sum(g['lr'] for g in optimizer.param_groups) / len(optimizer.param_groups)
     return {'loss': total_loss / total_samples, 'lr': lr, 'img_per_sec': total_samples / seconds, 'seconds': seconds}
 
@@ -837,6 +848,9 @@ def resolve_lr(args, world_size: int) -> None:
     args.derive(lr=args.lr_base * ratio, **({} if args.lr_base_scale else {'lr_base_scale': scale}))
     _logger.info(f'learning rate {args.lr:.4g} = lr_base {args.lr_base:g} x {args.lr_base_scale} scaling of '
                  f'the global batch {global_batch} / {args.lr_base_size}')
+    if args.min_lr > args.lr:  # check_args saw no --lr to compare with
+        raise UsageError(f'--min-lr {args.min_lr:g} is above the learning rate {args.lr:.4g} (from --lr-base): the '
+                         f'schedule would raise the LR toward it instead of decaying; expected --min-lr <= the LR')
 
 
 _SCHEDULERS = ('cosine', 'tanh', 'step', 'multistep', 'poly', 'wsd', 'rsqrt', 'constant', 'plateau')

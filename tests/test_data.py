@@ -5,6 +5,7 @@ import io
 import json
 import logging
 import os
+import re
 import pickle
 import subprocess
 import sys
@@ -626,7 +627,7 @@ def test_train_loader_leaves_unreadable_images_out(tmp_path):
     ds = create_image_dataset('', str(tmp_path / 'bad'), 'train', is_training=True)
     loader, sampler = create_train_loader(ds, DATA_CONFIG, 1, CPU, num_workers=0, rank=0, world_size=2)
     sampler.set_epoch(0)
-    with pytest.raises(UsageError, match='every image of batch 0 was unreadable'):
+    with pytest.raises(UsageError, match='1 of the 1 images of batch 0 were unreadable'):
         list(loader)
 
 
@@ -881,6 +882,37 @@ def test_a_class_with_a_readable_image_the_epoch_did_not_draw_trains_on(tmp_path
         targets = [t for _, target in loader for t in target.tolist()]
         only_unreadable_b += loader.skipped == 1 and 1 not in targets
     assert only_unreadable_b > 0
+
+
+@pytest.mark.parametrize('accumulate', ['1', '2'])
+def test_batches_left_short_by_unreadable_images_are_left_out_and_training_ends_normally(tmp_path, caplog, accumulate):
+    """Batches of 2 in which unreadable files left one image (a batch of one is no BatchNorm training batch: it was
+    a ValueError traceback) or none (the loader leaves such batches out, so the epoch ended before len(loader)
+    batches: a StopIteration traceback): each is left out with a warning, the epoch's last update is the last batch
+    that came, and the run ends with its checkpoints, with and without accumulation."""
+    for c in 'ab':
+        _folder(tmp_path / 'data' / 'train', {c: 3}, start=10 * (c == 'b'))
+        for i in range(3):
+            (tmp_path / 'data' / 'train' / c / f'bad{i}.png').write_bytes(b'not an image %d' % i)
+        _folder(tmp_path / 'data' / 'val', {c: 2})
+    caplog.set_level('WARNING')
+    results = _train_main(['--data-dir', str(tmp_path / 'data'), '--epochs', '2', '-b', '2', '--grad-accum-steps',
+                           accumulate, '--seed', '3', '--output', str(tmp_path / 'out')])
+    assert results['best']['epoch'] in (0, 1)
+    assert [p.name for p in sorted((tmp_path / 'out').glob('*/checkpoint-*.pth'))] == ['checkpoint-0.pth',
+                                                                                       'checkpoint-1.pth']
+    assert any('readable image(s) of 2: left out, too few to train on' in r.getMessage() for r in caplog.records)
+
+
+def test_min_lr_above_the_learning_rate_from_lr_base_is_one_line(tmp_path, capsys):
+    """No --lr: the LR is --lr-base scaled to the batch, known only then; a --min-lr above it would make the cosine
+    rise. One line before the run folder is made."""
+    from _helpers import exits_with_one_line
+    _folder(tmp_path / 'data' / 'train', {'a': 2, 'b': 2})
+    line = exits_with_one_line(_train_main, ['--data-dir', str(tmp_path / 'data'), '--val-split', '0.5', '--min-lr',
+                                             '5', '--output', str(tmp_path / 'out')], capsys)
+    assert re.search(r'--min-lr 5 is above the learning rate [0-9.e-]+ \(from --lr-base\)', line), line
+    assert not (tmp_path / 'out').exists()
 
 
 # ------------------------------------------------------------------------------------- signals to the process group

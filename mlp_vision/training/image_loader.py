@@ -142,11 +142,15 @@ def _collate_readable(batch: List[Any]) -> Tuple[torch.Tensor, torch.Tensor, Lis
 class ReadableBatches:
     """``(input, target)`` of a ``DataLoader``'s readable images: each skipped file warned once, the skipped images
     of a pass counted (:attr:`skipped`), empty batches left out (``empty_batch_error``: raised, as DDP ranks must run
-    the same steps). ``train_set``: a class none of whose images could be read stops the run after the pass."""
+    the same steps). ``min_kept``: a batch that unreadable images left with fewer readable ones counts as empty
+    (training: BatchNorm cannot normalise a batch of one). ``train_set``: a class none of whose images could be read
+    stops the run after the pass."""
 
     def __init__(self, loader: torch.utils.data.DataLoader, empty_batch_error: Optional[str] = None,
-                 train_set: Optional[torch.utils.data.Dataset] = None, device: Optional[torch.device] = None):
+                 train_set: Optional[torch.utils.data.Dataset] = None, device: Optional[torch.device] = None,
+                 min_kept: int = 1):
         self.loader, self.empty_batch_error, self.train_set, self.device = loader, empty_batch_error, train_set, device
+        self.min_kept = min_kept
         self.skipped = 0
         self.skipped_files: Dict[str, str] = {}
 
@@ -163,10 +167,13 @@ class ReadableBatches:
             self.skipped += len(skipped)
             if self.train_set is not None:
                 read.update(target.tolist())
-            if len(target) == 0:
+            if len(target) == 0 or skipped and len(target) < self.min_kept:
                 if self.empty_batch_error:
-                    raise UsageError(f'every image of batch {batch_idx} was unreadable (see the warnings above): '
-                                     f'{self.empty_batch_error}')
+                    raise UsageError(f'{len(skipped)} of the {len(skipped) + len(target)} images of batch {batch_idx} '
+                                     f'were unreadable (see the warnings above): {self.empty_batch_error}')
+                if len(target):
+                    _logger.warning(f'batch {batch_idx} kept {len(target)} readable image(s) of '
+                                    f'{len(skipped) + len(target)}: left out, too few to train on')
                 continue
             yield input, target
         if self.train_set is not None:
@@ -220,13 +227,13 @@ class ImageLoader(PrefetchLoader):
 
 def _image_loader(dataset, sampler, data_config, batch_size, device, num_workers, pin_memory, drop_last,
                   generator, re_prob=0., re_mode='const', re_count=1, empty_batch_error: Optional[str] = None,
-                  train_set=None) -> ImageLoader:
+                  train_set=None, min_kept: int = 1) -> ImageLoader:
     loader = torch.utils.data.DataLoader(
         dataset, batch_size=batch_size, sampler=sampler, num_workers=num_workers, collate_fn=_collate_readable,
         pin_memory=pin_memory, drop_last=drop_last, generator=generator, worker_init_fn=_worker_init,
         persistent_workers=num_workers > 0)
     return ImageLoader(
-        ReadableBatches(loader, empty_batch_error, train_set, device), mean=data_config['mean'],
+        ReadableBatches(loader, empty_batch_error, train_set, device, min_kept), mean=data_config['mean'],
         std=data_config['std'], channels=data_config['input_size'][0], device=device, re_prob=re_prob,
         re_mode=re_mode, re_count=re_count)
 
@@ -313,7 +320,7 @@ def create_train_loader(
         samples, sampler, data_config, batch_size, device, num_workers, pin_memory, drop_last=True,
         generator=generator, re_prob=0. if no_aug else re_prob, re_mode=re_mode, re_count=re_count,
         empty_batch_error='with several processes a batch cannot be left out; fix or remove those files'
-        if world_size > 1 else None, train_set=dataset)
+        if world_size > 1 else None, train_set=dataset, min_kept=min(2, batch_size))
     if len(loader) == 0:
         raise UsageError(
             f'the training set ({len(dataset)} images over {world_size} process(es)) does not fill one batch of '
