@@ -123,7 +123,6 @@ def test_sequence_layers_report_tokens_per_second(tmp_path, monkeypatch):
     (['--model', 'smlpnet_t', '--samples', '0'], '--samples must be >= 1'),
 ])
 def test_bad_layer_arguments_are_clear_errors(args, message, capsys):
-    from mlp_vision import benchmark
     # in this process (a subprocess per case spent 6 s importing torch): exit 2, one line, no traceback or usage
     assert message in exits_with_one_line(benchmark.main, args, capsys)
 
@@ -132,7 +131,6 @@ def test_reference_model_input_size_comes_from_its_twin(monkeypatch):
     """A ``ref:`` contender has no pretrained cfg of its own; its input is still an image (regression: the
     memory probe once fed it a (seq-len, dim) sequence and failed)."""
     import argparse
-    from mlp_vision import benchmark
     monkeypatch.setattr(benchmark, 'REFERENCE_DIR', REPO / 'tests' / 'reference')  # as the checkout's benchmark.py
     args = argparse.Namespace(img_size=None, seq_len=128, dim=64, num_classes=10)
     ours = benchmark.build('smlpnet_t', args)
@@ -148,7 +146,6 @@ def test_reference_model_input_size_comes_from_its_twin(monkeypatch):
 def test_reference_contenders_need_the_reference_folder(tmp_path, monkeypatch, capsys):
     """Without ``tests/reference`` (an installed package run outside a checkout), a ``ref:`` contender stops with
     one clear line naming the missing file; the package's own contenders do not need the folder."""
-    from mlp_vision import benchmark
     missing = tmp_path / 'tests' / 'reference'
     monkeypatch.setattr(benchmark, 'REFERENCE_DIR', missing)
     with pytest.raises(SystemExit) as e:
@@ -229,7 +226,6 @@ def test_error_notes_end_at_a_whole_word():
 def test_memory_probe_child_builds_the_same_contender(monkeypatch):
     """The memory probe's child process is given every flag that shapes the contender and its step (regression: it
     ran bigs_layer with the default --bigs-conv-impl whatever the parent's)."""
-    from mlp_vision import benchmark
     flags = ['--model', 'bigs_layer', '--bigs-conv-impl', 'fft', '--dim', '24', '--hidden-dim', '40',
              '--num-states', '4', '--seq-len', '16', '-b', '3', '--precision', 'bf16', '--seed', '7']
     parent = benchmark.parse_args(flags)
@@ -247,7 +243,6 @@ def test_memory_probe_child_builds_the_same_contender(monkeypatch):
 def test_memory_probe_of_a_reference_contender(monkeypatch):
     """The memory probe's child has the checkout's reference folder too (regression: it ran without it, so a
     ``ref:`` contender's probe failed and its memory columns were missing)."""
-    from mlp_vision import benchmark
     monkeypatch.setattr(benchmark, 'REFERENCE_DIR', REPO / 'tests' / 'reference')  # as the checkout's benchmark.py
     args = benchmark.parse_args(['--model', 'ref:bigs_layer', '--dim', '8', '--hidden-dim', '16', '--num-states',
                                  '2', '--seq-len', '8', '-b', '1', '--threads', '1'])
@@ -258,7 +253,6 @@ def test_memory_probe_of_a_reference_contender(monkeypatch):
 def test_profile_file_holds_only_its_own_run(tmp_path):
     """Two runs in one process: the second's _profile.txt has its own table only (regression: the tables of every
     earlier run in the process were written again)."""
-    from mlp_vision import benchmark
     for run in ('first', 'second'):
         benchmark.main(['--model', 'mixer_s16', '--img-size', '32', '-b', '1', '--samples', '1', '--warmup', '0',
                         '--min-sample-time', '0.01', '--threads', '1', '--no-memory', '--no-ceiling', '--no-flops',
