@@ -11,6 +11,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 
 from _helpers import exits_with_one_line  # noqa: E402
+from mlp_vision import benchmark  # noqa: E402
 
 
 def test_paired_comparison_writes_results(tmp_path):
@@ -38,50 +39,53 @@ def test_paired_comparison_writes_results(tmp_path):
     assert 'smlpnet_t' in Path(f'{out}.md').read_text()
 
 
-def test_two_architectures_compare_speed_only(tmp_path):
+def test_two_architectures_compare_speed_only(tmp_path, monkeypatch, capsys):
     """A peer of another architecture (ConvNeXt against Mixer): both keep their own weights, the speed is
     compared, no output difference is claimed; a peer that takes no img_size runs at the same input size."""
-    proc = _run_bench_proc(tmp_path, '--compare', 'mixer_s16', 'convnext_atto', '-b', '2', '--img-size', '32')
+    _run_bench_main(tmp_path, monkeypatch, '--compare', 'mixer_s16', 'convnext_atto', '-b', '2', '--img-size', '32')
+    stderr = capsys.readouterr().err
     (row,) = list(csv.DictReader(open(tmp_path / 'bench.csv')))
     assert row['model'] == 'mixer_s16' and row['baseline'] == 'convnext_atto' and float(row['speedup']) > 0
     assert row['weights'].startswith('none (different architectures') and row['max_abs_diff'] == ''
     # one short note says so, not the load error of one family's weights in the other
-    (note,) = [line for line in proc.stderr.splitlines() if 'weights' in line]
+    (note,) = [line for line in stderr.splitlines() if 'weights' in line]
     assert note == ('note: mixer_s16 and convnext_atto are different architectures: weights not shared, speed '
                     'only (no output comparison)')
     assert row['img_size'] == '32'
     # the same --out again: refused before any timing, the first results stay
     before = (tmp_path / 'bench.csv').read_bytes()
-    res = subprocess.run([sys.executable, str(REPO / 'benchmark.py'), '--model', 'mixer_s16', '--out',
-                          str(tmp_path / 'bench')], cwd=REPO, capture_output=True, text=True, timeout=300)
-    assert res.returncode == 2 and 'bench.csv exists' in res.stderr
+    assert 'bench.csv exists' in exits_with_one_line(benchmark.main, ['--model', 'mixer_s16', '--out',
+                                                                     str(tmp_path / 'bench')], capsys, status=2)
     assert (tmp_path / 'bench.csv').read_bytes() == before
 
 
-def test_bad_model_name_is_a_clear_error(tmp_path):
-    res = subprocess.run([sys.executable, str(REPO / 'benchmark.py'), '--model', 'no_such_model', '--out',
-                          str(tmp_path / 'x')], cwd=REPO, capture_output=True, text=True, timeout=300)
-    assert res.returncode != 0
-    assert 'no_such_model' in res.stderr
+def test_bad_model_name_is_a_clear_error(tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        benchmark.main(['--model', 'no_such_model', '--out', str(tmp_path / 'x')])
+    assert e.value.code != 0
+    assert 'no_such_model' in capsys.readouterr().err
 
 
-def _run_bench_proc(tmp_path, *args):
-    cmd = [sys.executable, str(REPO / 'benchmark.py'), *args, '--samples', '2', '--min-sample-time', '0.02',
-           '--threads', '1', '--no-memory', '--no-ceiling', '--out', str(tmp_path / 'bench')]
-    return subprocess.run(cmd, check=True, cwd=REPO, capture_output=True, text=True, timeout=600)
+def _run_bench_main(tmp_path, monkeypatch, *args):
+    """benchmark.py's run in this process, with the checkout's reference models as its script gives them
+    (``test_paired_comparison_writes_results`` runs the script itself; each subprocess is a start of Python and an
+    import of torch more)."""
+    monkeypatch.setattr(benchmark, 'REFERENCE_DIR', REPO / 'tests' / 'reference')
+    benchmark.main([*args, '--samples', '2', '--min-sample-time', '0.02', '--threads', '1', '--no-memory',
+                    '--no-ceiling', '--out', str(tmp_path / 'bench')])
 
 
-def _run_bench(tmp_path, *args):
-    _run_bench_proc(tmp_path, *args)
+def _run_bench(tmp_path, monkeypatch, *args):
+    _run_bench_main(tmp_path, monkeypatch, *args)
     out = tmp_path / 'bench'
     return list(csv.DictReader(open(f'{out}.csv'))), Path(f'{out}.md').read_text()
 
 
-def test_sequence_layers_report_tokens_per_second(tmp_path):
+def test_sequence_layers_report_tokens_per_second(tmp_path, monkeypatch):
     d, d_i, length, batch, heads, ffn = 32, 48, 64, 2, 4, 96
     size = ['--dim', str(d), '--hidden-dim', str(d_i), '--num-states', '8', '--heads', str(heads),
             '--ffn-dim', str(ffn), '--seq-len', str(length), '-b', str(batch)]
-    rows, md = _run_bench(tmp_path, '--compare', 'bigs_layer', 'ref:bigs_layer', '--compare', 'bigs_layer',
+    rows, md = _run_bench(tmp_path, monkeypatch, '--compare', 'bigs_layer', 'ref:bigs_layer', '--compare', 'bigs_layer',
                           'bert_layer', '--bench', 'both', *size)
     assert [(r['baseline'], r['mode']) for r in rows] == [
         ('ref:bigs_layer', 'inference'), ('ref:bigs_layer', 'train'), ('bert_layer', 'inference'),
@@ -119,7 +123,6 @@ def test_sequence_layers_report_tokens_per_second(tmp_path):
     (['--model', 'smlpnet_t', '--samples', '0'], '--samples must be >= 1'),
 ])
 def test_bad_layer_arguments_are_clear_errors(args, message, capsys):
-    from mlp_vision import benchmark
     # in this process (a subprocess per case spent 6 s importing torch): exit 2, one line, no traceback or usage
     assert message in exits_with_one_line(benchmark.main, args, capsys)
 
@@ -128,7 +131,6 @@ def test_reference_model_input_size_comes_from_its_twin(monkeypatch):
     """A ``ref:`` contender has no pretrained cfg of its own; its input is still an image (regression: the
     memory probe once fed it a (seq-len, dim) sequence and failed)."""
     import argparse
-    from mlp_vision import benchmark
     monkeypatch.setattr(benchmark, 'REFERENCE_DIR', REPO / 'tests' / 'reference')  # as the checkout's benchmark.py
     args = argparse.Namespace(img_size=None, seq_len=128, dim=64, num_classes=10)
     ours = benchmark.build('smlpnet_t', args)
@@ -144,7 +146,6 @@ def test_reference_model_input_size_comes_from_its_twin(monkeypatch):
 def test_reference_contenders_need_the_reference_folder(tmp_path, monkeypatch, capsys):
     """Without ``tests/reference`` (an installed package run outside a checkout), a ``ref:`` contender stops with
     one clear line naming the missing file; the package's own contenders do not need the folder."""
-    from mlp_vision import benchmark
     missing = tmp_path / 'tests' / 'reference'
     monkeypatch.setattr(benchmark, 'REFERENCE_DIR', missing)
     with pytest.raises(SystemExit) as e:
@@ -161,29 +162,30 @@ def test_reference_contenders_need_the_reference_folder(tmp_path, monkeypatch, c
     assert benchmark.parse_args(['--model', 'bigs_layer']).model == ['bigs_layer']
 
 
-def test_bigs_layer_conv_impl_option(tmp_path):
+def test_bigs_layer_conv_impl_option(tmp_path, monkeypatch):
     """--bigs-conv-impl picks the BiGS layer's SSM route (the GPU script's Triton pairs use it); the straightforward
     layer built from it computes the same function (the Triton kernel runs in its interpreter on the CPU)."""
     pytest.importorskip('triton')
-    rows, _ = _run_bench(tmp_path, '--compare', 'bigs_layer', 'ref:bigs_layer', '--bigs-conv-impl', 'triton',
+    rows, _ = _run_bench(tmp_path, monkeypatch, '--compare', 'bigs_layer', 'ref:bigs_layer', '--bigs-conv-impl',
+                         'triton',
                          '--bench', 'inference', '--dim', '16', '--hidden-dim', '24', '--num-states', '4',
                          '--seq-len', '24', '-b', '1', '--no-flops')
     assert float(rows[0]['max_abs_diff']) <= 1e-4 * max(1., float(rows[0]['max_abs_out']))
 
 
-def test_fused_contender_is_the_reparameterized_model(tmp_path):
+def test_fused_contender_is_the_reparameterized_model(tmp_path, monkeypatch, capsys):
     """``fused:NAME``: the same weights after timm's reparameterize_model, the same eval function (max diff ~ float
     rounding), built from the other contender's weights; training steps are refused (the fusions are for
     inference)."""
-    rows, md = _run_bench(tmp_path, '--compare', 'fused:smlpnet_t', 'smlpnet_t', '-b', '2', '--img-size', '64',
-                          '--no-flops')
+    rows, md = _run_bench(tmp_path, monkeypatch, '--compare', 'fused:smlpnet_t', 'smlpnet_t', '-b', '2',
+                          '--img-size', '64', '--no-flops')
     (r,) = rows
     assert (r['model'], r['baseline'], r['mode']) == ('fused:smlpnet_t', 'smlpnet_t', 'inference')
     assert float(r['max_abs_diff']) <= 1e-5 * max(1., float(r['max_abs_out']))
     assert 'fused:smlpnet_t' in md
-    cmd = [sys.executable, str(REPO / 'benchmark.py'), '--compare', 'fused:smlpnet_t', 'smlpnet_t', '--bench', 'both']
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 2 and 'fused: contenders are reparameterized for inference' in proc.stderr
+    message = exits_with_one_line(benchmark.main, ['--compare', 'fused:smlpnet_t', 'smlpnet_t', '--bench', 'both'],
+                                  capsys, status=2)
+    assert 'fused: contenders are reparameterized for inference' in message
 
 
 def _pair_row(speedup, q1, q3, rate_a, rate_b):
@@ -224,7 +226,6 @@ def test_error_notes_end_at_a_whole_word():
 def test_memory_probe_child_builds_the_same_contender(monkeypatch):
     """The memory probe's child process is given every flag that shapes the contender and its step (regression: it
     ran bigs_layer with the default --bigs-conv-impl whatever the parent's)."""
-    from mlp_vision import benchmark
     flags = ['--model', 'bigs_layer', '--bigs-conv-impl', 'fft', '--dim', '24', '--hidden-dim', '40',
              '--num-states', '4', '--seq-len', '16', '-b', '3', '--precision', 'bf16', '--seed', '7']
     parent = benchmark.parse_args(flags)
@@ -242,7 +243,6 @@ def test_memory_probe_child_builds_the_same_contender(monkeypatch):
 def test_memory_probe_of_a_reference_contender(monkeypatch):
     """The memory probe's child has the checkout's reference folder too (regression: it ran without it, so a
     ``ref:`` contender's probe failed and its memory columns were missing)."""
-    from mlp_vision import benchmark
     monkeypatch.setattr(benchmark, 'REFERENCE_DIR', REPO / 'tests' / 'reference')  # as the checkout's benchmark.py
     args = benchmark.parse_args(['--model', 'ref:bigs_layer', '--dim', '8', '--hidden-dim', '16', '--num-states',
                                  '2', '--seq-len', '8', '-b', '1', '--threads', '1'])
@@ -253,7 +253,6 @@ def test_memory_probe_of_a_reference_contender(monkeypatch):
 def test_profile_file_holds_only_its_own_run(tmp_path):
     """Two runs in one process: the second's _profile.txt has its own table only (regression: the tables of every
     earlier run in the process were written again)."""
-    from mlp_vision import benchmark
     for run in ('first', 'second'):
         benchmark.main(['--model', 'mixer_s16', '--img-size', '32', '-b', '1', '--samples', '1', '--warmup', '0',
                         '--min-sample-time', '0.01', '--threads', '1', '--no-memory', '--no-ceiling', '--no-flops',

@@ -111,33 +111,65 @@ def test_wheel_holds_every_module_recipe_and_command(wheel):
         assert module == 'mlp_vision.commands' and function == script[len('mlp-vision-'):].replace('-', '_')
 
 
+# Runs ``python -m mlp_vision`` (``runpy.run_module``), then each installed console script file as its interpreter
+# does (``runpy.run_path`` as ``__main__``, the script's path as argv[0]) with ``--help``, all in one Python of the
+# venv: each in a process of its own is a start of Python and an import of torch more (``-m slow`` runs each
+# ``python -m COMMAND --help`` alone). Prints {script or '-m mlp_vision': [exit code, stdout, stderr, shebang,
+# executable?]}.
+_RUN_SCRIPTS = """
+import contextlib, io, json, os, runpy, sys
+scripts = sys.argv[1:]
+
+
+def run(argv, main):
+    stdout, stderr, code = io.StringIO(), io.StringIO(), 0
+    sys.argv = argv
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        try:
+            main()
+        except SystemExit as e:
+            code = 0 if e.code is None else e.code if isinstance(e.code, int) else 1
+    return [code, stdout.getvalue(), stderr.getvalue()]
+
+
+out = {'-m mlp_vision': run(['-m'], lambda: runpy.run_module('mlp_vision', run_name='__main__', alter_sys=True))
+                        + [None, None]}
+for path in scripts:
+    with open(path) as f:
+        shebang = f.readline().strip()
+    out[os.path.basename(path)] = (run([path, '--help'], lambda: runpy.run_path(path, run_name='__main__'))
+                                   + [shebang, os.access(path, os.X_OK)])
+print(json.dumps(out))
+"""
+
+
 @pytest.fixture(scope='module')
 def installed_help(installed):
-    """{script: (return code, stdout, stderr)} of each installed command's ``--help``, the commands started
-    together (each is a Python start and an import of torch: one core idles while the suite runs them in turn)."""
+    """{script: (exit code, stdout, stderr, shebang line, executable?)} of each installed command's ``--help``, and
+    {'-m mlp_vision': (exit code, stdout, stderr, None, None)}."""
     bin_dir, work = installed
-    environ = {k: v for k, v in os.environ.items() if k != 'PYTHONPATH'}
-    procs = {script: subprocess.Popen([str(bin_dir / script), '--help'], cwd=work, env=environ, text=True,
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE) for script in COMMANDS}
-    outputs = {script: proc.communicate(timeout=300) for script, proc in procs.items()}
-    return {script: (procs[script].returncode, *outputs[script]) for script in procs}
+    res = _run([bin_dir / 'python', '-c', _RUN_SCRIPTS] + [bin_dir / script for script in COMMANDS], cwd=work)
+    assert res.returncode == 0, res.stderr
+    return {script: tuple(result) for script, result in json.loads(res.stdout.splitlines()[-1]).items()}
 
 
 @pytest.mark.parametrize('script', list(COMMANDS))
-def test_each_command_runs_installed(installed_help, script):
-    returncode, stdout, stderr = installed_help[script]
+def test_each_command_runs_installed(installed, installed_help, script):
+    bin_dir, _ = installed
+    returncode, stdout, stderr, shebang, executable = installed_help[script]
+    assert shebang == f'#!{bin_dir / "python"}' and executable  # the venv's interpreter starts it
     assert returncode == 0, stderr
     assert stdout.startswith('usage:'), stdout[:300]
 
 
-def test_the_installed_package_lists_its_commands_and_its_recipes(installed):
+def test_the_installed_package_lists_its_commands_and_its_recipes(installed, installed_help):
     bin_dir, work = installed
-    res = _run([bin_dir / 'python', '-m', 'mlp_vision'], cwd=work)
-    assert res.returncode == 0, res.stderr
+    returncode, stdout, stderr, _, _ = installed_help['-m mlp_vision']
+    assert returncode == 0, stderr
     for script, (module, _) in COMMANDS.items():
-        assert script in res.stdout and f'python -m {module}' in res.stdout
+        assert script in stdout and f'python -m {module}' in stdout
     # the recipes are the wheel's (site-packages/mlp_vision/configs), not this checkout's
-    folder, names = res.stdout.split('(mlp-vision-train -c smlpnet_t --data-dir DIR), in ')[1].split(':\n')
+    folder, names = stdout.split('(mlp-vision-train -c smlpnet_t --data-dir DIR), in ')[1].split(':\n')
     folder = Path(folder)
     assert folder.parts[-2:] == ('mlp_vision', 'configs') and folder.resolve().is_relative_to(bin_dir.parent.resolve())
     assert names.replace(',', ' ').split() == sorted(p.stem for p in (REPO / 'configs').glob('*.yaml'))

@@ -192,14 +192,26 @@ def test_fused_gelu_conv_bf16_within_its_rounding(approximate):
         assert _rel_err(grad, ref_grad) < 2e-2, name
 
 
+# (batch, length, channels) of the compiled fused route's tests: lengths and channels that do not fill their last
+# 16 x 16 tile, activations larger than the lag table (2, 3, 16, 16); the same shapes (and inputs that need
+# gradients) in each, so that they share one inductor compile (~10 s here)
+COMPILED_GELU_SHAPE = (2, 40, 36)
+
+
+@pytest.fixture(scope='module')
+def compiled_gelu_conv():
+    return torch.compile(bidirectional_gelu_long_conv, fullgraph=True)
+
+
 @pytest.mark.parametrize('compiled', [False, True])
-def test_fused_gelu_conv_keeps_only_the_pre_activations(compiled):
+def test_fused_gelu_conv_keeps_only_the_pre_activations(compiled, request):
     """For the backward pass the fused route keeps a_f and a_b themselves (the caller's tensors, no GELU output, no
     stacked copy) plus the small lag table; compiled too (the partitioner sees the custom op, not the kernel)."""
-    a_f, a_b, kernels, mask, _ = _gelu_inputs(2, 40, 64, masked=True)  # the table (2, 3, 16, 16) is smaller
-    a_f.requires_grad_()
-    a_b.requires_grad_()
-    conv = torch.compile(bidirectional_gelu_long_conv, fullgraph=True) if compiled else bidirectional_gelu_long_conv
+    a_f, a_b, kernels, mask, _ = _gelu_inputs(*COMPILED_GELU_SHAPE, masked=True)
+    assert lag_block_table(kernels, 16).numel() < a_f.numel()
+    for t in (a_f, a_b, kernels):
+        t.requires_grad_()
+    conv = request.getfixturevalue('compiled_gelu_conv') if compiled else bidirectional_gelu_long_conv
     conv(a_f, a_b, kernels, mask=mask, block_l=16, block_c=16)  # compiles outside the hooks
     saved = []
     with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
@@ -374,18 +386,17 @@ def test_custom_ops_pass_opcheck(gated):
     torch.library.opcheck(torch.ops.mlp_vision.bidirectional_long_conv_backward.default, backward_args)
 
 
-def test_compiled_fused_gelu_conv_equals_eager():
+def test_compiled_fused_gelu_conv_equals_eager(compiled_gelu_conv):
     """torch.compile(fullgraph=True) of the fused route: one graph with the convolution as an extern call (dynamo
     does not trace into the Triton launch), outputs and gradients bit-identical to eager's."""
-    a_f, a_b, kernels, mask, upstream = _gelu_inputs(2, 37, 20, masked=True)
+    a_f, a_b, kernels, mask, upstream = _gelu_inputs(*COMPILED_GELU_SHAPE, masked=True)
 
     def run(fn):
         inputs = [t.detach().clone().requires_grad_() for t in (a_f, a_b, kernels)]
         outs = fn(*inputs, mask=mask, block_l=16, block_c=16)
         sum((o * g).sum() for o, g in zip(outs, upstream)).backward()
         return outs, [t.grad for t in inputs]
-    (outs, grads), (ref_outs, ref_grads) = run(torch.compile(bidirectional_gelu_long_conv, fullgraph=True)), \
-        run(bidirectional_gelu_long_conv)
+    (outs, grads), (ref_outs, ref_grads) = run(compiled_gelu_conv), run(bidirectional_gelu_long_conv)
     for out, ref in zip(outs + tuple(grads), ref_outs + tuple(ref_grads)):
         torch.testing.assert_close(out, ref, rtol=0, atol=0)
 

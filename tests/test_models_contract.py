@@ -70,6 +70,10 @@ VARIANTS = {
 }
 
 MODELS = list(mlp_vision.VISION_MODELS)
+# The wider / deeper variants build the classes of a smaller sibling of their family (the sibling's checks run
+# the same code); the checks of code rather than of a variant's numbers run them with -m slow only.
+LARGER_SIBLING_OF = {'smlpnet_s': 'smlpnet_t', 'smlpnet_b': 'smlpnet_t', 'gmlp_b': 'gmlp_s', 'mixer_l16': 'mixer_b16'}
+MODELS_SIBLINGS_SLOW = [pytest.param(m, marks=pytest.mark.slow) if m in LARGER_SIBLING_OF else m for m in MODELS]
 SMLP_MODELS = [m for m in MODELS if m.startswith('smlpnet')]
 ISO_MODELS = [m for m in MODELS if not m.startswith('smlpnet')]
 # the smallest model of each family (for the checks that are slow-ish per model)
@@ -151,7 +155,16 @@ def assert_same(a, b, atol=1e-6, rtol=1e-6):
 # ---------------------------------------------------------------------------------------------------------------
 # 1. forward + backward
 # ---------------------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize('name', MODELS)
+@pytest.mark.parametrize('name, sibling', sorted(LARGER_SIBLING_OF.items()))
+def test_larger_variants_build_the_classes_of_their_sibling(name, sibling):
+    """What lets the default run check the code on the smaller sibling only: the same module classes, in the same
+    order of first use, at other widths and depths."""
+    def kinds(model_name):
+        return list(dict.fromkeys(type(m) for m in timm.create_model(model_name, device='meta').modules()))
+    assert kinds(name) == kinds(sibling)
+
+
+@pytest.mark.parametrize('name', MODELS_SIBLINGS_SLOW)
 def test_forward_backward(name):
     """Full-depth variant: (B, num_classes) finite output and a non-zero gradient for every parameter."""
     torch.manual_seed(0)
@@ -346,7 +359,7 @@ def test_pretrained_tags(name):
 # ---------------------------------------------------------------------------------------------------------------
 # 3. forward_intermediates / prune_intermediate_layers
 # ---------------------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize('name', MODELS)
+@pytest.mark.parametrize('name', MODELS_SIBLINGS_SLOW)
 def test_forward_intermediates(name):
     model = create(name).eval()
     x = make_input()
@@ -486,7 +499,7 @@ def test_features_only_isotropic(name):
 # ---------------------------------------------------------------------------------------------------------------
 # 5. TorchScript (script and trace)
 # ---------------------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize('name', MODELS)
+@pytest.mark.parametrize('name', MODELS_SIBLINGS_SLOW)
 def test_torchscript(name):
     model = create(name).eval()
     x = make_input()
@@ -566,7 +579,7 @@ def _check_export(model):
         assert_same(ep.module()(x2), model(x2), atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize('name', MODELS)
+@pytest.mark.parametrize('name', MODELS_SIBLINGS_SLOW)
 def test_torch_export(name):
     # shrunk depth: export takes < 1 s per model this way
     _check_export(create(name))
@@ -600,7 +613,7 @@ def test_torch_compile_fullgraph_capture(name):
     _check_compile(create(name), make_input(), backend='aot_eager')
 
 
-@pytest.mark.parametrize('name', MODELS)
+@pytest.mark.parametrize('name', MODELS_SIBLINGS_SLOW)
 def test_no_graph_breaks_in_training(name):
     """Dynamo captures every vision model in training mode (drop path, the BatchNorm statistics update) as one graph:
     ``torch._dynamo.explain`` counts no graph break. Eval mode: ``test_torch_compile_fullgraph_capture``."""
@@ -693,7 +706,7 @@ def _count_saved_tensors(model, x):
     return count[0]
 
 
-@pytest.mark.parametrize('name', MODELS)
+@pytest.mark.parametrize('name', MODELS_SIBLINGS_SLOW)
 def test_grad_checkpointing(name):
     x = make_input()
     torch.manual_seed(0)
@@ -793,7 +806,7 @@ def test_device_meta(name):
     assert model.get_classifier().weight.device.type == 'meta'
 
 
-@pytest.mark.parametrize('name', MODELS)
+@pytest.mark.parametrize('name', MODELS_SIBLINGS_SLOW)
 def test_dtype_bfloat16(name):
     model = create(name, dtype=torch.bfloat16).eval()
     assert all(p.dtype == torch.bfloat16 for p in model.parameters())
