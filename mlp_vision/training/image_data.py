@@ -53,7 +53,7 @@ SPLIT_SYNONYMS = (('train', 'training'), ('validation', 'val', 'valid', 'eval', 
 # ------------------------------------------------------------------------------------------------ flags
 def check_image_args(args, model_in_chans: Optional[int] = 3) -> None:
     """The data flags, before any file is read: the image mode's channels are the model's, ``--mean`` / ``--std``
-    have 1 value or 1 per channel, std and ``--crop-pct`` > 0, ``--class-map`` reads, ``--dataset`` is a kind timm
+    have 1 value or 1 per channel, std > 0, ``--class-map`` reads, ``--dataset`` is a kind timm
     reads. ``model_in_chans`` None: not known yet (validate.py checks again with the model's)."""
     channels = IMAGE_MODE_CHANNELS.get(args.input_img_mode)
     if args.input_img_mode and channels is None:
@@ -73,8 +73,6 @@ def check_image_args(args, model_in_chans: Optional[int] = 3) -> None:
             raise UsageError(f'{flag} needs 1 or {in_chans} values (one per channel), got {len(values)}')
         for v in values:
             check_range(flag, v, **bounds)
-    if args.crop_pct is not None:
-        check_range('--crop-pct', args.crop_pct, low=0, low_open=True, why="the crop's fraction of the resized image")
     if args.class_map:
         read_class_map(args.class_map, args.data_dir or getattr(args, 'data', None) or '')
     kind = args.dataset.split('/', 1)[0] if args.dataset else ''
