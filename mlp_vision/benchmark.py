@@ -12,11 +12,11 @@ Contenders: ``NAME``, any timm model (``--model-kwargs`` apply); ``local-dir:FOL
 config and weights checked as validate.py checks them (:mod:`mlp_vision.weights`); ``fused:NAME``, after
 ``timm.utils.reparameterize_model`` (eval-time fusions such as sMLPNet's BatchNorm folded into its conv; inference
 only); ``ref:NAME``, the straightforward sMLPNet twin of our NAME (the checkout's ``tests/reference/smlpnet.py``, only
-from the checkout's benchmark.py); ``bigs_layer``, one ``BidirectionalGatedSSM`` (d ``--dim``, d_i ``--hidden-dim``,
-N ``--num-states``; default BiGS-large 1024 / 3072 / 64), ``ref:bigs_layer`` its reference (``tests/reference/bigs.py``);
-``bert_layer``, the BERT layer BiGS replaces, SDPA attention (``--dim``, ``--heads``, ``--ffn-dim``; default BERT-large
-1024 / 16 / 4096). Layers take (batch, ``--seq-len``, d) inputs and report tokens/s. A ``ref:`` or ``fused:``
-contender is built from the other one of its pair, with its weights.
+from the checkout's benchmark.py); ``bigs_layer``, one ``BidirectionalGatedSSM`` (d ``--dim``, d_i
+``--hidden-dim``, N ``--num-states``; default BiGS-large 1024 / 3072 / 64), ``ref:bigs_layer`` its reference
+(``tests/reference/bigs.py``); ``bert_layer``, the BERT layer BiGS replaces, SDPA attention (``--dim``, ``--heads``,
+``--ffn-dim``; default BERT-large 1024 / 16 / 4096). Layers take (batch, ``--seq-len``, d) inputs and report
+tokens/s. A ``ref:`` or ``fused:`` contender is built from the other one of its pair, with its weights.
 
 Results: ``--out PREFIX`` (PREFIX.csv / .json / .md), else a markdown table on stdout. Example commands: README.
 """
@@ -108,15 +108,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help='extra arguments of the image models k=v (python literals), e.g. embed_dim=32 '
                         'depths="(1,1,2,1)"')
     layer = p.add_argument_group('sequence layers (bigs_layer, ref:bigs_layer, bert_layer)')
-    layer.add_argument('--seq-len', type=int, default=128, help='tokens per sequence')
-    layer.add_argument('--dim', type=int, default=1024, help='model width d (both layers)')
-    layer.add_argument('--hidden-dim', type=int, default=3072, help='BiGS intermediate width d_i')
-    layer.add_argument('--num-states', type=int, default=64, help='BiGS SSM states N')
+    for flag, default, what in (
+            ('--seq-len', 128, 'tokens per sequence'), ('--dim', 1024, 'model width d (both layers)'),
+            ('--hidden-dim', 3072, 'BiGS intermediate width d_i'), ('--num-states', 64, 'BiGS SSM states N'),
+            ('--heads', 16, 'BERT attention heads'), ('--ffn-dim', 4096, 'BERT feed-forward width')):
+        layer.add_argument(flag, type=int, default=default, help=what)
     layer.add_argument('--bigs-conv-impl', default='auto', choices=BidirectionalGatedSSM.CONV_IMPLS,
-                       help="bigs_layer's SSM convolution route (BidirectionalGatedSSM.conv_impl; 'triton' is the "
-                            "blocked-Toeplitz Triton kernel, meant for CUDA)")
-    layer.add_argument('--heads', type=int, default=16, help='BERT attention heads')
-    layer.add_argument('--ffn-dim', type=int, default=4096, help='BERT feed-forward width')
+                       help="bigs_layer's SSM convolution route (BidirectionalGatedSSM.conv_impl; 'triton': the "
+                            "blocked-Toeplitz Triton kernel, for CUDA)")
     p.add_argument('--device', default='cpu')
     add_threads_argument(p)
     p.add_argument('--precision', choices=PRECISIONS, default='fp32',
@@ -305,12 +304,11 @@ def seconds_per_call(fn: Callable[[], Any], calls: int, device: Union[str, torch
 
 class Runner:
     """One contender prepared for one mode (device, dtype, memory format, compile; a batch and an optimizer);
-    :meth:`step` runs one inference or training step."""
+    :meth:`step` runs one inference or training step. ``label``: the contender in progress lines ('': none)."""
 
     def __init__(self, model: nn.Module, mode: str, args: argparse.Namespace, in_size: Tuple[int, ...],
                  label: str = ''):
-        self.label, self.mode, self.compiled = label, mode, args.compile  # label '' (the memory probe): no lines
-        self.device = torch.device(args.device)
+        self.label, self.mode, self.compiled, self.device = label, mode, args.compile, torch.device(args.device)
         self.clock = time.process_time if args.timer == 'cpu' else time.perf_counter
         dtype, self.amp_dtype = PRECISIONS[args.precision]
         memory_format = torch.channels_last if args.channels_last else torch.contiguous_format
@@ -476,27 +474,6 @@ def probe_memory(argv: Sequence[str]) -> None:
     print(json.dumps({'peak_mem_mb': peak / 2 ** 20, 'step_mem_mb': max(peak - base, 0) / 2 ** 20}))
 
 
-def _contender_fields(prefix: str, macs: Optional[float], runner: Runner, step_s: float, in_size,
-                      args, env: Dict[str, Any]) -> Dict[str, Any]:
-    """One contender's columns of a row (``prefix`` 'base_' for B of a pair): median step time, throughput
-    (images/s, or tokens/s = batch x seq-len per step for a sequence layer), MACs per sample (``gmacs_per_img`` /
-    ``gmacs_per_seq``) and achieved GFLOP/s, also as % of the measured ceilings; the compile time."""
-    is_seq = len(in_size) == 2
-    unit = 'seq' if is_seq else 'img'
-    out = {f'{prefix}step_ms': 1e3 * step_s,
-           f'{prefix}{"tok" if is_seq else "img"}_per_s': args.batch_size * (in_size[0] if is_seq else 1) / step_s}
-    if macs is not None:
-        # a training step is forward + backward ~ 3x the forward flops (backward = 2 GEMMs per forward GEMM)
-        gflops = 2 * macs * args.batch_size * (3 if runner.mode == 'train' else 1) / step_s / 1e9
-        out.update({f'{prefix}gmacs_per_{unit}': macs / 1e9, f'{prefix}gflops': gflops})
-        for ceiling in ('matmul', 'onednn'):
-            if env.get(f'{ceiling}_gflops'):
-                out[f'{prefix}pct_of_{ceiling}'] = 100 * gflops / env[f'{ceiling}_gflops']
-    if args.compile:
-        out[f'{prefix}compile_s'] = runner.first_step_s
-    return out
-
-
 def _build_contenders(specs: Sequence[str], args) -> Tuple[List[nn.Module], Tuple[int, ...], Dict[str, Any]]:
     """The contender(s) and their input size; a pair (A, B) also gets one set of weights where it can
     (:func:`share_weights`) and the record of it: how, and max |A - B| beside max |B| of the pre-head features (a
@@ -529,7 +506,9 @@ def _build_contenders(specs: Sequence[str], args) -> Tuple[List[nn.Module], Tupl
 def run_contenders(specs: Sequence[str], args, env, macs_cache, profiles: List[str]) -> List[Dict[str, Any]]:
     """A row per mode: one contender (``--model``) timed alone, or a pair (``--compare A B``) timed alternately (A B,
     B A, ...: a slow drift does not favour whoever runs first), with the median and quartiles of the per-pair
-    ratios t_B / t_A (the speed-up of A over B). ``--profile`` tables are added to ``profiles``."""
+    ratios t_B / t_A (the speed-up of A over B). Each contender's columns (``base_`` for B): median step time,
+    throughput, MACs per sample and achieved GFLOP/s, also as % of the measured ceilings. ``--profile`` tables are
+    added to ``profiles``."""
     rows = []
     pair = len(specs) == 2
     for mode in ['inference', 'train'] if args.bench == 'both' else [args.bench]:
@@ -557,7 +536,8 @@ def run_contenders(specs: Sequence[str], args, env, macs_cache, profiles: List[s
         for spec, runner in zip(specs, runners) if args.profile else []:
             label = f'{spec}, {runner.mode}, batch {args.batch_size}, {torch.get_num_threads()} threads'
             profiles.append(profile_call(runner.step, runner.device, label))
-        shape = (dict(seq_len=in_size[0], dim=in_size[1]) if len(in_size) == 2 else  # a sequence layer
+        is_seq = len(in_size) == 2  # a sequence layer
+        shape = (dict(seq_len=in_size[0], dim=in_size[1]) if is_seq else
                  dict(img_size=in_size[-1] if in_size[-1] == in_size[-2] else f'{in_size[-2]}x{in_size[-1]}'))
         row = dict(model=specs[0], **({'baseline': specs[1]} if pair else {}), mode=mode, batch_size=args.batch_size,
                    **shape, precision=args.precision, channels_last=args.channels_last, compile=args.compile,
@@ -570,9 +550,18 @@ def run_contenders(specs: Sequence[str], args, env, macs_cache, profiles: List[s
         else:
             row.update(step_ms_min=1e3 * min(times[0]), samples=len(times[0]))
         row['iters'] = iters
+        per_step = args.batch_size * (in_size[0] if is_seq else 1)  # images, or tokens (batch x seq-len)
         for prefix, spec, runner, spec_times in zip(('', 'base_'), specs, runners, times):
-            row.update(_contender_fields(prefix, macs_cache.get((spec, in_size)), runner,
-                                         statistics.median(spec_times), in_size, args, env))
+            step_s, macs = statistics.median(spec_times), macs_cache.get((spec, in_size))
+            row[f'{prefix}step_ms'] = 1e3 * step_s
+            row[f'{prefix}{"tok" if is_seq else "img"}_per_s'] = per_step / step_s
+            if macs is not None:  # a training step is forward + backward ~ 3x the forward flops
+                gflops = 2 * macs * args.batch_size * (3 if mode == 'train' else 1) / step_s / 1e9
+                row.update({f'{prefix}gmacs_per_{"seq" if is_seq else "img"}': macs / 1e9, f'{prefix}gflops': gflops})
+                row.update({f'{prefix}pct_of_{c}': 100 * gflops / env[f'{c}_gflops'] for c in ('matmul', 'onednn')
+                            if env.get(f'{c}_gflops')})
+            if args.compile:
+                row[f'{prefix}compile_s'] = runner.first_step_s  # the compile of this mode's graph, plus a step
         row.update(record, **(dict(load_start=load_start, load_end=os.getloadavg()[0]) if pair else {}))
         del runners, models
         if not args.no_memory:  # each in a child process, with this one's contenders freed
@@ -634,28 +623,26 @@ def environment(args, command: str) -> Dict[str, Any]:
         python=platform.python_version(), load_avg_start=os.getloadavg(), command=command)
 
 
-# markdown columns (key, heading, format); a pair's contender columns are A's, then B's ('base_' keys)
-_MD_COLS_PAIR = [
-    ('mode', 'mode', '{}'), ('model', 'A', '`{}`'), ('baseline', 'B', '`{}`'), ('batch_size', 'batch', '{}'),
-    ('img_size', 'img', '{}'), ('seq_len', 'tokens', '{}'), ('dim', 'd', '{}'),
-    ('img_per_s', 'A img/s', rate_text), ('base_img_per_s', 'B img/s', rate_text),
-    ('tok_per_s', 'A tok/s', rate_text), ('base_tok_per_s', 'B tok/s', rate_text),
-    ('speedup', 'speed-up of A over B (t_B / t_A, median of pairs; < 1: A is slower)', '**{:.2f}×**'),
-    ('speedup_q1', 'q1', '{:.2f}'), ('speedup_q3', 'q3', '{:.2f}'), ('pairs', 'pairs', '{}'),
-    *[(f'{p}{key}', f'{who} {head}', fmt) for p, who in (('', 'A'), ('base_', 'B')) for key, head, fmt in (
-        ('gflops', 'GFLOP/s', '{:.0f}'), ('pct_of_matmul', '% of mm', '{:.0f} %'),
-        ('pct_of_onednn', '% of oneDNN', '{:.0f} %'))],
-    ('step_mem_mb', 'A step mem MB', '{:.0f}'), ('base_step_mem_mb', 'B step mem MB', '{:.0f}'),
-    ('max_abs_diff', 'max abs diff (out)', '{:.1e}'), ('load_start', 'load', '{:.1f}'),
-]
-_MD_COLS_SINGLE = [
-    ('mode', 'mode', '{}'), ('model', 'model', '`{}`'), ('batch_size', 'batch', '{}'), ('img_size', 'img', '{}'),
-    ('seq_len', 'tokens', '{}'), ('dim', 'd', '{}'), ('img_per_s', 'img/s', rate_text),
-    ('tok_per_s', 'tok/s', rate_text), ('step_ms', 'ms/step', '{:.1f}'), ('gmacs_per_img', 'GMACs/img', '{:.2f}'),
+# markdown columns (key, heading, format): the settings, then each contender's (a pair's A and B side by side)
+_MD_SETTINGS = [('batch_size', 'batch', '{}'), ('img_size', 'img', '{}'), ('seq_len', 'tokens', '{}'),
+                ('dim', 'd', '{}')]
+_MD_RATES = [('img_per_s', 'img/s', rate_text), ('tok_per_s', 'tok/s', rate_text)]
+_MD_CONTENDER = [
+    ('step_ms', 'ms/step', '{:.1f}'), ('gmacs_per_img', 'GMACs/img', '{:.2f}'),
     ('gmacs_per_seq', 'GMACs/seq', '{:.2f}'), ('gflops', 'GFLOP/s', '{:.0f}'), ('pct_of_matmul', '% of mm', '{:.0f} %'),
     ('pct_of_onednn', '% of oneDNN', '{:.0f} %'), ('step_mem_mb', 'step mem MB', '{:.0f}'),
-    ('peak_mem_mb', 'peak MB', '{:.0f}'),
-]
+    ('peak_mem_mb', 'peak MB', '{:.0f}')]
+_MD_PAIR = [('speedup', 'speed-up of A over B (t_B / t_A, median of pairs; < 1: A is slower)', '**{:.2f}×**'),
+            ('speedup_q1', 'q1', '{:.2f}'), ('speedup_q3', 'q3', '{:.2f}'), ('pairs', 'pairs', '{}')]
+
+
+def _md_columns(pair: bool) -> List[Tuple[str, str, Any]]:
+    if not pair:
+        return [('mode', 'mode', '{}'), ('model', 'model', '`{}`'), *_MD_SETTINGS, *_MD_RATES, *_MD_CONTENDER]
+    both = [(f'{prefix}{key}', f'{who} {head}', fmt) for key, head, fmt in _MD_RATES + _MD_CONTENDER
+            for prefix, who in (('', 'A'), ('base_', 'B'))]
+    return [('mode', 'mode', '{}'), ('model', 'A', '`{}`'), ('baseline', 'B', '`{}`'), *_MD_SETTINGS, *both[:4],
+            *_MD_PAIR, *both[4:], ('max_abs_diff', 'max abs diff (out)', '{:.1e}'), ('load_start', 'load', '{:.1f}')]
 
 
 def ceiling_text(env: Dict[str, Any]) -> str:
@@ -676,8 +663,7 @@ def run_line(env: Dict[str, Any], args) -> str:
 
 
 def markdown(rows: List[Dict[str, Any]], env: Dict[str, Any], args) -> str:
-    cols = _MD_COLS_PAIR if rows and 'baseline' in rows[0] else _MD_COLS_SINGLE
-    cols = [c for c in cols if any(c[0] in r for r in rows)]
+    cols = [c for c in _md_columns(bool(rows) and 'baseline' in rows[0]) if any(c[0] in r for r in rows)]
     lines = [f"# {args.title or 'Benchmark'}", '', run_line(env, args), '', f"`{env['command']}`", '',
              '| ' + ' | '.join(c[1] for c in cols) + ' |', '|' + '---|' * len(cols)]
     for r in rows:
