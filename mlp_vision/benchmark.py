@@ -188,8 +188,7 @@ def parse_args(argv=None, reference_dir: Optional[os.PathLike] = None) -> argpar
 
 
 def progress(line: str) -> None:
-    """A progress line on stdout (stderr stays the one line of an error, and the notes), seconds since the start
-    first: every step that can take more than a few seconds says so, so a slow run is never silent."""
+    """A progress line on stdout (stderr holds only notes and an error's one line): a slow run is never silent."""
     print(f'[{time.monotonic() - _START:5.0f} s] {line}', flush=True)
 
 
@@ -274,8 +273,8 @@ def share_weights(a: nn.Module, a_spec: str, b: nn.Module, b_spec: str) -> Tuple
 
 
 def input_size(spec: str, model: nn.Module, args: argparse.Namespace) -> Tuple[int, ...]:
-    """Per-sample input shape: (C, H, W) for image models, (seq-len, dim) for sequence layers; by the contender's
-    name, as a ``ref:`` model has no pretrained cfg of its own (its size is that of the model it was built from)."""
+    """Per-sample input shape: (C, H, W), or (seq-len, dim) for a sequence layer; a ``ref:`` model has no
+    pretrained cfg: its twin's by name."""
     if is_layer(spec):
         return args.seq_len, args.dim
     if args.img_size is not None:
@@ -388,12 +387,10 @@ def profile_call(step: Callable[[], Any], device: torch.device, label: str, rows
 
 def matmul_ceiling(device: torch.device, precision: str, clock: Callable[[], float] = time.perf_counter
                    ) -> Dict[str, Any]:
-    """Measured GEMM rates in the compute dtype (best of 5 rounds), the denominators of "% of ceiling".
-
-    ``matmul_gflops``: ``torch.mm`` of two n x n matrices (n = 2048 on CPU, 8192 on CUDA). CPU only:
-    ``onednn_gflops``, the same GEMM through oneDNN as a 1x1 convolution on a channels-last (16, 2048, 16, 8) map,
-    the route of 1x1 convolutions (sMLPNet's fuse); the higher of the two where MKL's float32 sgemm skips AVX-512
-    (AMD). Batch 16: single-threaded PyTorch sends 1x1 convs of smaller batches to its own im2col + MKL path."""
+    """Measured GEMM rates in the compute dtype (best of 5 rounds), the denominators of "% of ceiling":
+    ``matmul_gflops``, ``torch.mm`` of two n x n matrices (n = 2048 on CPU, 8192 on CUDA); on CPU ``onednn_gflops``,
+    the same GEMM as a 1x1 convolution on a channels-last (16, 2048, 16, 8) map (sMLPNet's fuse goes through
+    oneDNN; faster where MKL's sgemm skips AVX-512, on AMD; batch 16, as smaller ones go to im2col + MKL)."""
     n = 2048 if device.type == 'cpu' else 8192
     dtype = PRECISIONS[precision][1] or PRECISIONS[precision][0]
     a, b = torch.randn(n, n, device=device, dtype=dtype), torch.randn(n, n, device=device, dtype=dtype)
@@ -551,10 +548,11 @@ def run_contenders(specs: Sequence[str], args, env, macs_cache, profiles: List[s
             row.update(step_ms_min=1e3 * min(times[0]), samples=len(times[0]))
         row['iters'] = iters
         per_step = args.batch_size * (in_size[0] if is_seq else 1)  # images, or tokens (batch x seq-len)
+        unit = 'tok' if is_seq else 'img'
         for prefix, spec, runner, spec_times in zip(('', 'base_'), specs, runners, times):
             step_s, macs = statistics.median(spec_times), macs_cache.get((spec, in_size))
             row[f'{prefix}step_ms'] = 1e3 * step_s
-            row[f'{prefix}{"tok" if is_seq else "img"}_per_s'] = per_step / step_s
+            row[f'{prefix}{unit}_per_s'] = per_step / step_s
             if macs is not None:  # a training step is forward + backward ~ 3x the forward flops
                 gflops = 2 * macs * args.batch_size * (3 if mode == 'train' else 1) / step_s / 1e9
                 row.update({f'{prefix}gmacs_per_{"seq" if is_seq else "img"}': macs / 1e9, f'{prefix}gflops': gflops})
@@ -568,7 +566,9 @@ def run_contenders(specs: Sequence[str], args, env, macs_cache, profiles: List[s
             for prefix, spec in zip(('', 'base_'), specs):
                 row.update({prefix + k: v for k, v in peak_memory(spec, mode, args).items()})
         rows.append(row)
-        print(_fmt_row(row), flush=True)
+        diff = 'n/a (different layers)' if row.get('max_abs_diff') is None else f"{row['max_abs_diff']:.2e}"
+        print(f"{mode:9s} {' vs '.join(specs)}: " + (f'{speed_sentence(row)}, max|diff| {diff}' if pair else
+              f"{rate_text(row[unit + '_per_s'])} {unit}/s ({row['step_ms']:.1f} ms/step)"), flush=True)
     return rows
 
 
@@ -596,14 +596,6 @@ def speed_sentence(r: Dict[str, Any]) -> str:
         text += ('; the medians of each disagree with the paired ratio (the machine\'s load changed while timing: '
                  'the ratio of back-to-back pairs is the steadier; more --samples settle it)')
     return text
-
-
-def _fmt_row(r: Dict[str, Any]) -> str:
-    unit = 'tok' if 'tok_per_s' in r else 'img'
-    if 'baseline' in r:
-        diff = 'n/a (different layers)' if r['max_abs_diff'] is None else f"{r['max_abs_diff']:.2e}"
-        return f"{r['mode']:9s} {r['model']} vs {r['baseline']}: {speed_sentence(r)}, max|diff| {diff}"
-    return f"{r['mode']:9s} {r['model']}: {rate_text(r[unit + '_per_s'])} {unit}/s ({r['step_ms']:.1f} ms/step)"
 
 
 def environment(args, command: str) -> Dict[str, Any]:
