@@ -1,6 +1,6 @@
-""" Inference / training-step throughput of timm models (ours and any registered one) and sequence layers, alone or in
-pairs: ``mlp-vision-benchmark``, ``python -m mlp_vision.benchmark``, or ``python benchmark.py`` in a checkout.
+""" Inference / training-step throughput of timm models (ours and any registered) and sequence layers, alone or paired.
 
+Run as ``mlp-vision-benchmark``, ``python -m mlp_vision.benchmark``, or ``python benchmark.py`` in a checkout.
 As timm's ``benchmark.py``: throughput, step time, peak memory and achieved GFLOP/s against this machine's measured
 matrix-multiply rate, on CPU or CUDA, in fp32 / bf16 / fp16 (cast or autocast), optionally channels_last and
 ``torch.compile``. A pair (``--compare A B``) is built in one process with one set of weights (B's, through A's
