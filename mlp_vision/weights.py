@@ -33,7 +33,7 @@ import torch.nn as nn
 from .arguments import check_range, read_json_file
 from .errors import UsageError, find_os_error, short_repr
 
-__all__ = ['LoadReport', 'TRUST_FLAG', 'ALLOW_MISSING_FLAG', 'check_weights', 'check_state_dict', 'load_backbone',
+__all__ = ['LoadReport', 'TRUST_FLAG', 'ALLOW_MISSING_FLAG', 'check_weights', 'refuse_damaged_weights', 'check_state_dict', 'load_backbone',
            'tied_aliases', 'load_checkpoint_file', 'is_training_checkpoint', 'clean_state_dict', 'load_model_weights',
            'checked_filter', 'pretrained_filter', 'check_data_config', 'read_model_folder', 'model_folder_weights',
            'text_model_hint']
@@ -92,6 +92,18 @@ def check_weights(own: Mapping[str, torch.Tensor], state_dict: Mapping[str, obje
             raise UsageError(f'{source}: {key} holds {bad} NaN / infinite value(s) of {value.numel()}; the weights '
                              f'are damaged (saved from a diverged run?) and are not used')
 
+
+
+def refuse_damaged_weights(module: nn.Module, state_dict: Dict[str, Any], prefix: str, *args) -> None:
+    """A ``load_state_dict`` pre-hook our models register on themselves: the tensors loaded into ``module`` (those
+    under ``prefix``) pass :func:`check_weights`, whoever calls ``load_state_dict`` -- also
+    ``timm.create_model(name, checkpoint_path=...)`` and timm's ``load_checkpoint``, which read a file and load it
+    strictly but do not look at its values. Meta tensors (a model built without data) are left alone."""
+    own = {k: v for k, v in module.state_dict().items() if not v.is_meta}
+    loaded = {k[len(prefix):]: v for k, v in state_dict.items() if k.startswith(prefix)
+              and not (isinstance(v, torch.Tensor) and v.is_meta)}
+    name = (getattr(module, 'pretrained_cfg', None) or {}).get('architecture') or type(module).__name__
+    check_weights(own, loaded, f'the state dict loaded into {name}')
 
 def _short_list(keys: List[str], n: int = 4) -> str:
     return ', '.join(keys[:n]) + (f' and {len(keys) - n} more' if len(keys) > n else '')

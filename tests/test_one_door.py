@@ -180,6 +180,44 @@ def test_timm_create_model_with_a_weights_file_passes_the_checks(good, tmp_path)
     assert torch.equal(fine.stem.weight, load_file(str(good / 'model.safetensors'))['stem.weight'])
 
 
+@pytest.mark.parametrize('damage', [_nan_stem, _int_stem], ids=['nan', 'int'])
+@pytest.mark.parametrize('features_only', [False, True], ids=['classifier', 'features'])
+def test_timm_checkpoint_path_and_load_state_dict_pass_the_checks(damage, features_only, good, tmp_path):
+    """timm's checkpoint_path= (its load_checkpoint: a strict load_state_dict of the file) and a user's own
+    load_state_dict get the value checks too: the model checks what is loaded into it, and keeps its weights."""
+    sd = load_file(str(good / 'model.safetensors'))
+    damage(sd)
+    torch.save(sd, tmp_path / 'bad.pth')
+    kwargs = dict(KWARGS, features_only=features_only)
+    with pytest.raises(UsageError, match=r'the state dict loaded into smlpnet_t: stem\.weight holds'):
+        timm.create_model('smlpnet_t', checkpoint_path=str(tmp_path / 'bad.pth'), **kwargs)
+    model = timm.create_model('smlpnet_t', **kwargs)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(UsageError, match=r'stem\.weight holds'):
+        model.load_state_dict(sd)
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    good_sd = load_file(str(good / 'model.safetensors'))
+    torch.save(good_sd, tmp_path / 'good.pth')
+    loaded = timm.create_model('smlpnet_t', checkpoint_path=str(tmp_path / 'good.pth'), **kwargs)
+    stem = loaded.model.stem if features_only else loaded.stem
+    assert torch.equal(stem.weight, good_sd['stem.weight'])
+
+
+def test_gmlp_and_mixer_check_what_is_loaded_into_them():
+    """The check sits in both model classes (gMLP is built on the Mixer class), with a prefix when wrapped."""
+    for name, kwargs in [('gmlp_ti', dict(img_size=32, patch_size=8, num_blocks=1)),
+                         ('mixer_s16', dict(img_size=32, patch_size=8, num_blocks=1))]:
+        model = timm.create_model(name, num_classes=2, **kwargs)
+        sd = model.state_dict()
+        key = next(k for k, v in sd.items() if v.is_floating_point())
+        sd[key] = torch.full_like(sd[key], float('inf'))
+        with pytest.raises(UsageError, match=f'loaded into {name}: {key} holds'):
+            model.load_state_dict(sd)
+        wrapper = torch.nn.Sequential(model)
+        with pytest.raises(UsageError, match=f'{key} holds'):
+            wrapper.load_state_dict({f'0.{k}': v for k, v in sd.items()})
+
+
 @pytest.mark.parametrize('kind', ['FIFO', 'device'])
 def test_a_config_json_that_is_no_regular_file_is_refused_unread(kind, good, tmp_path):
     folder = _copy(good, tmp_path)

@@ -20,7 +20,7 @@ from timm.models._features import feature_take_indices
 from timm.models import generate_default_cfgs, register_model
 
 from .features import FeatureBackbone
-from ..weights import checked_filter, pretrained_filter
+from ..weights import checked_filter, pretrained_filter, refuse_damaged_weights
 from ..layers import (
     MixerBlock, TokenAxes, check_image_input, check_img_size, check_model_args, record_input_size,
     resample_token_weight)
@@ -66,6 +66,7 @@ class MlpMixer(nn.Module):
                          sizes=dict(embed_dim=embed_dim, patch_size=patch_size, num_blocks=num_blocks),
                          global_pool=global_pool, pools=('', 'avg'))
         img_size = check_img_size(img_size, patch_size, 'this model', 'its patch size')
+        self.register_load_state_dict_pre_hook(refuse_damaged_weights)  # NaN / wrong-kind weights, any loader
         self.num_classes = num_classes
         self.in_chans = in_chans
         self.img_size: Tuple[int, int] = img_size

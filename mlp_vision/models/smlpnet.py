@@ -25,7 +25,7 @@ from timm.models._features import feature_take_indices
 from timm.models import generate_default_cfgs, register_model
 
 from .features import FeatureBackbone
-from ..weights import checked_filter, pretrained_filter
+from ..weights import checked_filter, pretrained_filter, refuse_damaged_weights
 from ..layers import (
     AxialSparseMLP, SparseMLPBlock, check_image_input, check_img_size, check_model_args, record_input_size,
     rename_legacy_smlp_keys, resample_token_weight)
@@ -102,6 +102,7 @@ class SparseMLPNet(nn.Module):
         dd = {'device': device, 'dtype': dtype}
         check_model_args(in_chans, num_classes, drop_rate, proj_drop_rate, drop_path_rate, depths=depths,
                          sizes=dict(embed_dim=embed_dim), mlp_ratio=mlp_ratio, global_pool=global_pool)
+        self.register_load_state_dict_pre_hook(refuse_damaged_weights)  # NaN / wrong-kind weights, any loader
         num_stages = len(depths)
         self.num_classes = num_classes
         self.in_chans = in_chans
