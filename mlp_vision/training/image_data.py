@@ -223,219 +223,114 @@ def _contains(folder: str, path: str) -> bool:
     return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
 
 
-class _FolderScan:
-    """An ImageFolder tree's images, each link followed once (timm's ``os.walk`` walks a link loop forever)."""
-
-    def __init__(self, root: str, extensions: Set[str]):
-        self.root, self.extensions = root, extensions
-        self.root_real = os.path.realpath(root)
-        self.class_real: Dict[str, str] = {}  # class folder name -> its real path
-        self.left_out = _LeftOut(extensions)
-
-    def _warn_skipped(self, rel: str, target: str, why: str) -> None:  # each link is met once: one warning
-        _logger.warning(f'{self.root}: skipped the symlink {rel} -> {target}: {why}')
-
-    def class_folders(self) -> List[str]:
-        """Loose images in the root; fills :attr:`class_real`. Class folders that are one folder, or nested, have
-        no single label: refused."""
-        loose = []
-        with os.scandir(self.root) as entries:
-            for entry in sorted(entries, key=lambda e: e.name):
-                if _is_hidden(entry.name):
-                    continue
-                if not entry.is_dir():
-                    if _is_image_name(entry.name, self.extensions):
-                        loose.append(entry.name)
-                    continue
-                real = os.path.realpath(entry.path)
-                if _contains(real, self.root_real):
-                    self._warn_skipped(entry.name, real, 'it points to the dataset root or a folder above it (a loop)')
-                    continue
-                self.class_real[entry.name] = real
-        owners: Dict[str, str] = {}
-        for name, real in self.class_real.items():
-            if real in owners:
-                raise UsageError(
-                    f'{self.root}: class folders {owners[real]} and {name} are the same folder {real}: its images '
-                    f'would have two labels; expected each class folder to hold only its own images')
-            owners[real] = name
-        for name, real in self.class_real.items():
-            outer = self._enclosing_class(real, owners)
-            if outer is not None:
-                raise UsageError(
-                    f'{self.root}: class folder {name} is the folder {outer} inside another class folder ({real}): '
-                    f'its images would have two labels; expected each class folder to hold only its own images')
-        return loose
-
-    @staticmethod
-    def _enclosing_class(real: str, owners: Dict[str, str]) -> Optional[str]:
-        """``<class>/<path>`` when the real path ``real`` lies, not hidden, below the real folder of a class."""
-        parent = os.path.dirname(real)
-        while parent != os.path.dirname(parent):
-            if parent in owners:
-                rel = os.path.relpath(real, parent).replace(os.sep, '/')
-                return None if any(_is_hidden(part) for part in rel.split('/')) else f'{owners[parent]}/{rel}'
-            parent = os.path.dirname(parent)
-        return None
-
-    def walk_class(self, name: str) -> Tuple[List[str], List[Tuple[str, str]]]:
-        """(the class's own images, ``(relative path, real path)`` of those reached through links): the own tree,
-        then each link's tree in turn, every real folder read once, so the walk ends."""
-        read = {self.class_real[name]: name}  # real folder -> the relative path it was read as
-        own, linked = [], []
-        trees = [(self.class_real[name], name, True)]
-        for base_real, base_rel, is_own in trees:  # a link's tree is appended to the list as it is found
-            links = []
-            stack = [(base_real, base_rel)]
+def _scan_folder(root: str, extensions: Set[str]) -> List[Tuple[str, str, bool]]:
+    """``(path relative to root, real path, reached through a link)`` of each image under ``root``, hidden ones left
+    out. Of each class folder its own tree is read first, then each link's tree in turn, every real folder once per
+    class, so the walk ends (timm's ``os.walk`` follows a link loop forever)."""
+    root_real, left_out, images = os.path.realpath(root), _LeftOut(extensions), []
+    for name in sorted(os.listdir(root), key=natural_key):
+        if _is_hidden(name) or not os.path.isdir(os.path.join(root, name)):
+            if _is_image_name(name, extensions):  # outside the class folders: refused by _samples_by_class
+                images.append((name, os.path.join(root, name), False))
+            continue
+        read: Dict[str, str] = {}  # real folder -> the relative path it was read as
+        trees = [(name, os.path.join(root, name), root_real)]  # (relative path, path, the real folder holding it)
+        for rel, path, parent in trees:  # the class folder, then each link to a folder as it is found
+            real = os.path.realpath(path)
+            loop = _contains(real, parent) or _contains(real, root_real)
+            if loop or real in read:  # each link is met once: one warning
+                why = ('it points to the dataset root or a folder above it (a loop)' if loop and rel == name else
+                       'it points to a folder that contains it (a loop); that folder is read once' if loop else
+                       f'that folder is already read as {read[real]}; its images count once')
+                _logger.warning(f'{root}: skipped the symlink {rel} -> {real}: {why}')
+                continue
+            read[real], linked, stack = rel, os.path.islink(path), [(real, rel)]
             while stack:
-                folder_real, folder_rel = stack.pop()
-                with os.scandir(folder_real) as entries:
-                    for entry in sorted(entries, key=lambda e: e.name):
-                        if _is_hidden(entry.name):
-                            continue
-                        rel = f'{folder_rel}/{entry.name}'
-                        if entry.is_dir():
-                            if entry.is_symlink():
-                                links.append((rel, entry.path, folder_real))
-                            elif entry.path in read:  # a tree read before, now inside a linked one
-                                _logger.warning(f'{self.root}: skipped {rel}: that folder is already read as '
-                                                f'{read[entry.path]}; its images count once')
-                            else:
-                                read[entry.path] = rel
-                                stack.append((entry.path, rel))
-                        elif not _is_image_name(entry.name, self.extensions):
-                            self.left_out.note_other_file(entry.name)
-                        elif not entry.is_file():  # follows links: a FIFO or device, or a link to one or nothing
-                            self.left_out.not_regular.append(rel)
-                        elif is_own and not entry.is_symlink():
-                            own.append(rel)
+                folder, folder_rel = stack.pop()
+                with os.scandir(folder) as entries:
+                    entries = sorted(entries, key=lambda e: e.name)
+                for entry in entries:
+                    entry_rel = f'{folder_rel}/{entry.name}'
+                    if _is_hidden(entry.name):
+                        continue
+                    if entry.is_dir():
+                        if entry.is_symlink():
+                            trees.append((entry_rel, entry.path, folder))
+                        elif entry.path in read:  # a tree read before, now inside a linked one
+                            _logger.warning(f'{root}: skipped {entry_rel}: that folder is already read as '
+                                            f'{read[entry.path]}; its images count once')
                         else:
-                            linked.append((rel, os.path.realpath(entry.path)))
-            for rel, path, folder_real in links:
-                target = os.path.realpath(path)
-                if _contains(target, folder_real) or _contains(target, self.root_real):
-                    self._warn_skipped(rel, target, 'it points to a folder that contains it (a loop); '
-                                                    'that folder is read once')
-                elif target in read:
-                    self._warn_skipped(rel, target, f'that folder is already read as {read[target]}; '
-                                                    f'its images count once')
-                else:
-                    read[target] = rel
-                    trees.append((target, rel, False))
-        return own, linked
-
-
-def _count_linked_images_once(where: str, own: List[str],
-                              linked: Sequence[Tuple[str, str, Optional[str]]]) -> List[str]:
-    """``own`` plus the ``linked`` ``(path, file identity, its own path or None)`` that are no other image of the
-    class; one file in two classes is refused."""
-    first: Dict[str, str] = {}  # identity -> the relative path it was counted as
-    kept, duplicates = list(own), []
-    for rel, identity, own_rel in linked:
-        counted = own_rel or first.get(identity)
-        if counted is None:
-            first[identity] = rel
-            kept.append(rel)
-        elif counted.split('/', 1)[0] == rel.split('/', 1)[0]:
-            duplicates.append((rel, counted))
-        else:
-            raise UsageError(
-                f'{where}: the image {rel} is the same file as {counted} (a link): one image in two classes has no '
-                f'single label; expected each image in the folder of one class')
-    if duplicates:
-        rel, counted = duplicates[0]
-        _logger.warning(f'{where}: {len(duplicates)} image path(s) reach a file already counted in the same class '
-                        f'through a link (e.g. {rel} is {counted}); each file is counted once')
-    return kept
-
-
-def _scan_folder(root: str, extensions: Set[str]) -> List[str]:
-    """Image paths under ``root``, relative, hidden ones left out; a file reached by several paths of one class
-    counts once (hard links are files of their own, as copies)."""
-    scan = _FolderScan(root, extensions)
-    paths = scan.class_folders()
-    own_real, reached = {}, []  # {real path of an image of its own class folder: its relative path}, links
-    for name in sorted(scan.class_real, key=natural_key):
-        own, linked = scan.walk_class(name)
-        paths += own
-        own_real.update((os.path.join(scan.class_real[name], *rel.split('/')[1:]), rel) for rel in own)
-        reached += linked
-    scan.left_out.warn(root)
-    return _count_linked_images_once(root, paths, [(rel, real, own_real.get(real)) for rel, real in reached])
+                            read[entry.path] = entry_rel
+                            stack.append((entry.path, entry_rel))
+                    elif not _is_image_name(entry.name, extensions):
+                        left_out.note_other_file(entry.name)
+                    elif not entry.is_file():  # follows links: a FIFO or device, or a link to one or nothing
+                        left_out.not_regular.append(entry_rel)
+                    elif linked or entry.is_symlink():
+                        images.append((entry_rel, os.path.realpath(entry.path), True))
+                    else:
+                        images.append((entry_rel, entry.path, False))
+    left_out.warn(root)
+    return images
 
 
 def _tar_member_name(name: str) -> str:
     return '/'.join(part for part in name.split('/') if part not in ('', '.'))
 
 
-def _resolve_tar_links(path: str, where: str, regular: Dict[str, Tuple[int, int]], symlinks: Dict[str, str],
-                       hardlinks: Dict[str, str]) -> Tuple[Dict[str, Tuple[int, int]], Dict[str, str]]:
-    """(``{hard link: its file's data}``, ``{symlink: the member it reaches}``); a symlink to no file is one line."""
-    hard = {}
-    for name, target in hardlinks.items():
-        if _tar_member_name(target) not in regular:
-            raise UsageError(f'image tar {path}: member {where}{name} is a hard link to {target}, which is not a file '
-                             f'stored before it in the tar; expected a complete tar (or one made with tar -h)')
-        hard[name] = regular[_tar_member_name(target)]
-    folders = {'/'.join(name.split('/')[:i]) for name in regular for i in range(1, name.count('/') + 1)}
-    reached = {}
-    for name, target in symlinks.items():
-        current = name
-        for _ in range(40):  # a chain of links inside the tar, as the OS would follow them (ELOOP after 40)
-            link = symlinks[current]
-            current = posixpath.normpath(posixpath.join(posixpath.dirname(current), link))
-            if link.startswith('/') or current.startswith('..') or current not in symlinks:
-                break
-        if current in regular or current in hard:
-            reached[name] = current
-            continue
-        what = 'a folder in the tar' if current in folders else 'nothing inside the tar'
-        raise UsageError(
-            f'image tar {path}: member {where}{name} is a symlink to {symlinks[name]} ({what}); a tar holds the link, '
-            f'not what it points to: make the tar with tar --dereference (-h), so that it holds the images')
-    return hard, reached
-
-
-def _scan_tar(path: str, extensions: Set[str]) -> Tuple[Dict[str, Tuple[int, int]], Dict[str, str]]:
-    """(``{member: (offset of its data in the file, size)}`` of an uncompressed tar's images, ``{symlink member: the
-    member it reaches}``): one seek reads an image in any process. Inner tars (ImageNet's train tar) give
-    ``<inner tar stem>/<member>``; a truncated or corrupt tar (``tarfile`` stops quietly) is one line."""
-    images: Dict[str, Tuple[int, int]] = {}
-    links: Dict[str, str] = {}
+def _scan_tar(path: str, extensions: Set[str]) -> Tuple[List[Tuple[str, str, bool]], Dict[str, Tuple[int, int]]]:
+    """(the images as :func:`_scan_folder` gives them, a symlink's identity the member it reaches; ``{member: (offset
+    of its data in the file, size)}``) of an uncompressed tar: one seek reads an image in any process. Inner tars
+    (ImageNet's train tar) give ``<inner tar stem>/<member>``; a truncated or corrupt tar (``tarfile`` stops quietly)
+    and a link to no file of the tar are one line."""
+    images, data, left_out = [], {}, _LeftOut(extensions)
     file_size = os.path.getsize(path)
-    left_out = _LeftOut(extensions)
+
+    def add(name: str, identity: str, linked: bool) -> None:  # hidden members (macOS' ._<image>) left out
+        parts = name.split('/')
+        if _is_image_name(parts[-1], extensions) and not any(_is_hidden(part) for part in parts):
+            images.append((name, identity, linked))
+        elif not any(_is_hidden(part) for part in parts[:-1]):
+            left_out.note_other_file(parts[-1])
 
     def scan(tf: tarfile.TarFile, base: int, prefix: str, where: str):
-        regular, symlinks, hardlinks = {}, {}, {}
+        symlinks = {}
         for ti in tf:
-            name = _tar_member_name(ti.name)
+            name = prefix + _tar_member_name(ti.name)
             if ti.issym() and not any(_is_hidden(part) for part in name.split('/')):
                 symlinks[name] = ti.linkname
-            elif ti.islnk():
-                hardlinks[name] = ti.linkname
-            elif (ti.isfifo() or ti.ischr() or ti.isblk()) and _is_image_name(name.rsplit('/', 1)[-1], extensions):
-                left_out.not_regular.append(where + name)
-            if not ti.isreg() or ti.sparse is not None:
-                continue
-            stem, ext = os.path.splitext(ti.name)
-            if base + ti.offset_data + ti.size > file_size:
-                raise UsageError(f'image tar {path} is truncated: member {where}{ti.name} ends past the end of '
-                                 f'the file ({file_size} bytes); copy the complete file again')
-            if ext.lower() == '.tar' and not prefix:
-                with tarfile.open(fileobj=tf.extractfile(ti), mode='r:') as inner:
-                    scan(inner, base + ti.offset_data, stem.strip('/') + '/', f'{ti.name}:')
-            regular[name] = (base + ti.offset_data, ti.size)
-        hard, reached = _resolve_tar_links(path, where, regular, symlinks, hardlinks)
-        data = {**regular, **hard}
-        for name in [*regular, *hard, *reached]:
-            parts = (prefix + name).split('/')  # hidden members (macOS' ._<image>) and non-images left out
-            if not _is_image_name(parts[-1], extensions) or any(_is_hidden(part) for part in parts):
-                if not any(_is_hidden(part) for part in parts[:-1]):
-                    left_out.note_other_file(parts[-1])
-                continue
-            images[prefix + name] = data[reached.get(name, name)]
-            if name in reached:
-                links[prefix + name] = prefix + reached[name]
+            elif ti.islnk():  # a file of its own with its target's data, as a hard link in a folder
+                if prefix + _tar_member_name(ti.linkname) not in data:
+                    raise UsageError(f'image tar {path}: member {where}{ti.name} is a hard link to {ti.linkname}, '
+                                     f'which is not a file stored before it in the tar; expected a complete tar (or '
+                                     f'one made with tar -h)')
+                data[name] = data[prefix + _tar_member_name(ti.linkname)]
+                add(name, name, False)
+            elif ti.isdev() and _is_image_name(name.rsplit('/', 1)[-1], extensions):
+                left_out.not_regular.append(where + ti.name)
+            elif ti.isreg() and ti.sparse is None:
+                if base + ti.offset_data + ti.size > file_size:
+                    raise UsageError(f'image tar {path} is truncated: member {where}{ti.name} ends past the end of '
+                                     f'the file ({file_size} bytes); copy the complete file again')
+                if ti.name.lower().endswith('.tar') and not prefix:
+                    with tarfile.open(fileobj=tf.extractfile(ti), mode='r:') as inner:
+                        scan(inner, base + ti.offset_data, os.path.splitext(name)[0] + '/', f'{ti.name}:')
+                data[name] = (base + ti.offset_data, ti.size)
+                add(name, name, False)
+        for name, link in symlinks.items():
+            target = name
+            for _ in range(40):  # a chain of links inside the tar, as the OS would follow them (ELOOP after 40)
+                link = symlinks[target]
+                target = posixpath.normpath(posixpath.join(posixpath.dirname(target), link))
+                if link.startswith('/') or target.startswith('..') or target not in symlinks:
+                    break
+            if target not in data:
+                what = 'a folder in' if any(m.startswith(target + '/') for m in data) else 'nothing inside'
+                raise UsageError(
+                    f'image tar {path}: member {where}{name[len(prefix):]} is a symlink to {symlinks[name]} ({what} '
+                    f'the tar); a tar holds the link, not what it points to: make the tar with tar --dereference '
+                    f'(-h), so that it holds the images')
+            add(name, target, True)
         # tarfile stops quietly at a missing or partial header; a complete tar ends with a zero block there
         with open(path, 'rb') as f:
             f.seek(base + tf.offset)
@@ -451,7 +346,28 @@ def _scan_tar(path: str, extensions: Set[str]) -> Tuple[Dict[str, Tuple[int, int
         raise UsageError(f'cannot read image tar {path}: {e} (expected an uncompressed .tar, complete; '
                          f'compressed tars are not supported)') from e
     left_out.warn(f'image tar {path}')
-    return images, links
+    return images, data
+
+
+def _one_path_per_file(where: str, images: Sequence[Tuple[str, str, bool]]) -> List[str]:
+    """The paths of ``images`` (``(path, file identity, reached through a link)``), each file once per class (by its
+    path without links where it has one); one file in two classes is refused. Hard links are files of their own."""
+    counted = {identity: path for path, identity, linked in images if not linked}
+    kept, again = list(counted.values()), []
+    for path, identity, linked in images:
+        first = counted.setdefault(identity, path) if linked else path
+        if first == path:
+            kept += [path] if linked else []
+        elif first.split('/', 1)[0] == path.split('/', 1)[0]:
+            again.append((path, first))
+        else:
+            raise UsageError(
+                f'{where}: the image {path} is the same file as {first} (a link): one image in two classes has no '
+                f'single label; expected each image in the folder of one class')
+    if again:
+        _logger.warning(f'{where}: {len(again)} image path(s) reach a file already counted in the same class '
+                        f'through a link (e.g. {again[0][0]} is {again[0][1]}); each file is counted once')
+    return kept
 
 
 def _split_names(split: str) -> List[str]:
@@ -509,24 +425,16 @@ class ImageFileReader(Reader):
         self.is_tar = os.path.isfile(root)
         self._prefix, self._offsets = '', None
         if self.is_tar:
-            members, links = _scan_tar(root, extensions)
-            paths = list(members)
-            first = paths[0].split('/', 1)[0] if paths else ''
+            images, data = _scan_tar(root, extensions)
+            first = images[0][0].split('/', 1)[0] if images else ''
             if first in {os.path.splitext(os.path.basename(root))[0]} | {s for g in SPLIT_SYNONYMS for s in g} and all(
-                    p.startswith(first + '/') and p.count('/') >= 2 for p in paths):  # class folders come first
+                    p.startswith(first + '/') and p.count('/') >= 2 for p, _, _ in images):  # class folders come first
                 self._prefix = first + '/'
-                paths = [p[len(self._prefix):] for p in paths]
-            self._offsets = {p: members[self._prefix + p] for p in paths}
-            own = [p for p in paths if self._prefix + p not in links]
-            linked = []
-            for p in paths:
-                target = links.get(self._prefix + p)
-                if target is not None:
-                    as_image = target[len(self._prefix):] if target.startswith(self._prefix) else None
-                    linked.append((p, target, as_image if as_image in self._offsets else None))
-            paths = _count_linked_images_once(root, own, linked)
+                images = [(p[len(self._prefix):], identity, linked) for p, identity, linked in images]
+            self._offsets = {p: data[identity] for p, identity, _ in images}
         else:
-            paths = _scan_folder(root, extensions)
+            images = _scan_folder(root, extensions)
+        paths = _one_path_per_file(root, images)
         self.samples, self.class_to_idx, self.other_classes = _samples_by_class(paths, class_to_idx, root)
         self._file, self._file_pid = None, None  # the tar, opened once per process
 
