@@ -8,7 +8,6 @@ import collections
 import contextlib
 import copy
 import dataclasses
-import functools
 import hashlib
 import io
 import logging
@@ -19,7 +18,7 @@ import tarfile
 import tempfile
 import warnings
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple, Union
+from typing import Dict, List, Optional, Sequence, Set, Tuple, Union
 
 import numpy as np
 import torch.utils.data
@@ -34,7 +33,7 @@ from mlp_vision.errors import UsageError
 
 __all__ = [
     'IMAGE_MODE_CHANNELS', 'INTERPOLATIONS', 'DATASET_KINDS', 'check_image_args', 'read_class_map', 'SkippedImage',
-    'UnusableImageError', 'convert_image_mode', 'load_image', 'find_split', 'ImageFileReader', 'ImageFileDataset',
+    'convert_image_mode', 'load_image', 'find_split', 'ImageFileReader', 'ImageFileDataset',
     'parse_val_split', 'stratified_holdout', 'DatasetSubset', 'dataset_class_names', 'sample_targets',
     'check_num_classes', 'check_class_names', 'create_image_dataset', 'create_train_val_datasets', 'dataset_source',
     'prepare_digits_folder',
@@ -67,11 +66,9 @@ def check_image_args(args, model_in_chans: Optional[int] = 3) -> None:
         raise UsageError(f'--input-img-mode {args.input_img_mode} gives {channels}-channel images, the model takes '
                          f'{in_chans} (--in-chans); pass --in-chans {channels} or a {in_chans}-channel mode')
     for flag, values, bounds in (('--mean', args.mean, {}), ('--std', args.std, dict(low=0, low_open=True))):
-        if values is None:
-            continue
-        if in_chans is not None and len(values) not in (1, in_chans):
+        if values is not None and in_chans is not None and len(values) not in (1, in_chans):
             raise UsageError(f'{flag} needs 1 or {in_chans} values (one per channel), got {len(values)}')
-        for v in values:
+        for v in values or ():
             check_range(flag, v, **bounds)
     if args.class_map:
         read_class_map(args.class_map, args.data_dir or getattr(args, 'data', None) or '')
@@ -116,23 +113,19 @@ class SkippedImage:
     target: int = -1
 
 
-class UnusableImageError(ValueError):
-    """An image in a pixel format with no defined 8-bit scale (e.g. signed 32-bit values)."""
-
-
 def _to_8bit_grayscale(img: Image.Image) -> Image.Image:
     """'L' from 16-bit / 32-bit integer / float grayscale, where PIL's ``convert`` clips at 255: 16-bit values v
     (and 'I' images within 0..65535) map to round(v / 257), floats in [0, 1] to round(255 v); other ranges raise."""
     values = np.asarray(img)
     if img.mode == 'F':
         if not np.isfinite(values).all() or values.min() < 0 or values.max() > 1:
-            raise UnusableImageError(
+            raise ValueError(
                 f'float (mode F) image with values {values.min():g}..{values.max():g}; only 0..1 has a defined '
                 f'8-bit scale')
         return Image.fromarray(np.round(values * 255.).astype(np.uint8))
     values = values.astype(np.int64)
     if values.size and (values.min() < 0 or values.max() > 65535):
-        raise UnusableImageError(
+        raise ValueError(
             f'32-bit integer (mode {img.mode}) image with values {values.min()}..{values.max()}; only 0..65535 '
             f'(16-bit) has a defined 8-bit scale')
     return Image.fromarray(((values + 128) // 257).astype(np.uint8))
@@ -188,13 +181,13 @@ class _LeftOut:
     blocks ``open()`` forever), and image files of other formats than those read (timm drops them silently)."""
 
     def __init__(self, extensions: Set[str]):
-        self.extensions = extensions
+        self.extensions, self.formats = extensions, set(Image.registered_extensions()) | {'.heic', '.heif'}
         self.not_regular: List[str] = []
         self.other_formats: collections.Counter = collections.Counter()
 
     def note_other_file(self, name: str) -> None:
         ext = os.path.splitext(name)[1].lower()
-        if not _is_hidden(name) and ext in _image_format_extensions() and ext not in self.extensions:
+        if not _is_hidden(name) and ext in self.formats and ext not in self.extensions:
             self.other_formats[ext] += 1
 
     def warn(self, where: str) -> None:
@@ -211,11 +204,6 @@ class _LeftOut:
                 f'their extensions in Python with timm.data.set_img_extensions' +
                 (f' ({"/".join(sorted(frames))} files with several frames are then read by their first frame only)'
                  if frames else ''))
-
-
-@functools.lru_cache(maxsize=1)
-def _image_format_extensions() -> frozenset:
-    return frozenset(Image.registered_extensions()) | {'.heic', '.heif'}
 
 
 def _contains(folder: str, path: str) -> bool:
@@ -266,10 +254,9 @@ def _scan_folder(root: str, extensions: Set[str]) -> List[Tuple[str, str, bool]]
                         left_out.note_other_file(entry.name)
                     elif not entry.is_file():  # follows links: a FIFO or device, or a link to one or nothing
                         left_out.not_regular.append(entry_rel)
-                    elif linked or entry.is_symlink():
-                        images.append((entry_rel, os.path.realpath(entry.path), True))
                     else:
-                        images.append((entry_rel, entry.path, False))
+                        via = linked or entry.is_symlink()
+                        images.append((entry_rel, os.path.realpath(entry.path) if via else entry.path, via))
     left_out.warn(root)
     return images
 
@@ -372,11 +359,7 @@ def _one_path_per_file(where: str, images: Sequence[Tuple[str, str, bool]]) -> L
 
 def _split_names(split: str) -> List[str]:
     base = split[:-len('.tar')] if split.lower().endswith('.tar') else split
-    names = [split]
-    for group in SPLIT_SYNONYMS:
-        if base in group:
-            names += [s for s in group if s not in names]
-    return names
+    return [split] + [s for group in SPLIT_SYNONYMS if base in group for s in group if s != split]
 
 
 def find_split(root: str, split: str) -> Optional[str]:
@@ -472,10 +455,9 @@ class ImageFileDataset(ImageDataset):
     never replaced by the next sample (timm's)."""
 
     def __init__(self, root: str, class_map: Optional[Union[str, Dict[str, int]]] = None,
-                 class_to_idx: Optional[Dict[str, int]] = None, input_img_mode: Optional[str] = 'RGB',
-                 transform: Optional[Callable] = None):
+                 class_to_idx: Optional[Dict[str, int]] = None, input_img_mode: Optional[str] = 'RGB'):
         reader = ImageFileReader(root, class_map=class_map, class_to_idx=class_to_idx)
-        super().__init__(root, reader=reader, input_img_mode=input_img_mode, transform=transform)
+        super().__init__(root, reader=reader, input_img_mode=input_img_mode)
         self.root = root
         self.samples, self.class_to_idx = reader.samples, reader.class_to_idx
         self.other_classes, self.is_tar = reader.other_classes, reader.is_tar
@@ -654,21 +636,6 @@ def _image_dataset(split_path: str, class_map, input_img_mode, what: str,
     return ds
 
 
-def _timm_dataset(name, root, split, is_training, class_map, download, input_img_mode, batch_size, seed,
-                  what: str) -> torch.utils.data.Dataset:
-    """A ``--dataset`` split through timm's ``create_dataset``; its errors and an empty split in one line."""
-    try:
-        ds = create_dataset(name, root=root, split=split, is_training=is_training, download=download,
-                            input_img_mode=input_img_mode, batch_size=batch_size, seed=seed,
-                            class_map=read_class_map(class_map, root) if class_map else None)
-    except (RuntimeError, FileNotFoundError, AssertionError, ValueError) as e:
-        raise UsageError(f'cannot read {what} {name} at {root!r}, split {split!r}: {e or type(e).__name__}') from e
-    with contextlib.suppress(TypeError):  # raised by len() of an iterable dataset with no length
-        if len(ds) == 0:
-            raise UsageError(f'{what} {name} split {split!r} is empty')
-    return ds
-
-
 def _find_image_split(root: Optional[str], split: str, what: str) -> str:
     """The folder / tar of ``split`` under ``root``; a tar root, or a root without split folders, is the split."""
     if not root:
@@ -698,11 +665,20 @@ def create_image_dataset(name: str, root: Optional[str], split: str, is_training
                          class_map: Optional[str] = None, download: bool = False, input_img_mode: str = 'RGB',
                          batch_size: int = 1, seed: int = 42, what: str = 'dataset',
                          class_to_idx: Optional[Dict[str, int]] = None) -> torch.utils.data.Dataset:
-    """One split (validate.py), never silently another: ``name`` '' an :class:`ImageFileDataset` (``class_to_idx``:
-    labelled by name, e.g. the model's classes), other names timm's ``create_dataset``."""
+    """One split, never silently another: ``name`` '' an :class:`ImageFileDataset` (``class_to_idx``: labelled by
+    name, e.g. the model's classes), other names timm's ``create_dataset``, its errors and an empty split one line."""
     if name == '':
         return _image_dataset(_find_image_split(root, split, what), class_map, input_img_mode, what, class_to_idx)
-    return _timm_dataset(name, root, split, is_training, class_map, download, input_img_mode, batch_size, seed, what)
+    try:
+        ds = create_dataset(name, root=root, split=split, is_training=is_training, download=download,
+                            input_img_mode=input_img_mode, batch_size=batch_size, seed=seed,
+                            class_map=read_class_map(class_map, root) if class_map else None)
+    except (RuntimeError, FileNotFoundError, AssertionError, ValueError) as e:
+        raise UsageError(f'cannot read {what} {name} at {root!r}, split {split!r}: {e or type(e).__name__}') from e
+    with contextlib.suppress(TypeError):  # raised by len() of an iterable dataset with no length
+        if len(ds) == 0:
+            raise UsageError(f'{what} {name} split {split!r} is empty')
+    return ds
 
 
 def create_train_val_datasets(
@@ -713,13 +689,9 @@ def create_train_val_datasets(
     set's class names), a fraction holds out part of the training images (:func:`stratified_holdout`); validation
     is never silently the training images, and every training class has an image."""
     val_split = parse_val_split(val_split)
-    timm_args = dict(class_map=class_map, download=download, input_img_mode=input_img_mode, batch_size=batch_size,
-                     seed=seed)
-    if name == '':
-        train_path = _find_image_split(root, train_split, 'training set')
-        train = _image_dataset(train_path, class_map, input_img_mode, 'training set')
-    else:
-        train = _timm_dataset(name, root, train_split, True, what='training set', **timm_args)
+    common = dict(class_map=class_map, download=download, input_img_mode=input_img_mode, batch_size=batch_size,
+                  seed=seed)
+    train = create_image_dataset(name, root, train_split, True, what='training set', **common)
     _check_every_class_trains(train)
     if isinstance(val_split, float):
         found = find_split(root, 'validation') if name == '' and os.path.isdir(root) else None
@@ -735,8 +707,8 @@ def create_train_val_datasets(
     if not val_split:
         return train, None
     if name != '':
-        return train, _timm_dataset(name, root, val_split, False, what='validation set', **timm_args)
-    val_path = find_split(root, val_split) if os.path.isdir(root) else None
+        return train, create_image_dataset(name, root, val_split, what='validation set', **common)
+    train_path, val_path = train.root, find_split(root, val_split) if os.path.isdir(root) else None
     if val_path is None or os.path.realpath(val_path) == os.path.realpath(train_path):
         looked = ' / '.join(_split_names(val_split))
         where = f'in {root} (looked for {looked}, as folders or .tar)' if os.path.isdir(root) else f'for {root}'
@@ -765,17 +737,16 @@ def dataset_source(ds) -> Optional[str]:
 
 
 # ------------------------------------------------------------------------------------------------ the demo data
-def prepare_digits_folder(root: Optional[os.PathLike] = None, size: int = 32, val_every: int = 5,
+def prepare_digits_folder(root: Optional[os.PathLike] = None, size: int = 32,
                           max_per_class: Optional[int] = None) -> Path:
     """The demo's data, no download: scikit-learn's digits written once as ``root/{train,val}/<digit>/<i>.png``
-    (8x8 scans upscaled to ``size``; each ``val_every``-th of a class in val; ``max_per_class`` first ones), under
+    (8x8 scans upscaled to ``size``; every 5th of a class in val; ``max_per_class`` first ones), under
     ``$MLP_VISION_CACHE`` or the user's cache by default. Renamed into place: a folder that exists is complete."""
     if root is None:
-        cache = os.environ.get('MLP_VISION_CACHE')
-        cache = Path(cache).expanduser() if cache else Path(
-            os.environ.get('XDG_CACHE_HOME') or os.path.join(os.path.expanduser('~'), '.cache')) / 'mlp_vision'
-        name = 'digits' if size == 32 and max_per_class is None else f'digits_{size}px_{max_per_class or "all"}'
-        root = cache / name
+        cache = os.environ.get('MLP_VISION_CACHE') or os.path.join(
+            os.environ.get('XDG_CACHE_HOME') or os.path.join('~', '.cache'), 'mlp_vision')
+        root = Path(cache).expanduser() / (
+            'digits' if size == 32 and max_per_class is None else f'digits_{size}px_{max_per_class or "all"}')
     root = Path(root)
     marker = root / 'DIGITS_CACHE'
     if marker.is_file():
@@ -792,20 +763,14 @@ def prepare_digits_folder(root: Optional[os.PathLike] = None, size: int = 32, va
     images = np.clip(np.round(digits.images * (255. / 16.)), 0, 255).astype(np.uint8)
     root.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f'.{root.name}-', dir=root.parent))
-    counts = {'train': 0, 'val': 0}
     try:
         for cls in range(10):
-            indices = np.flatnonzero(digits.target == cls)[:max_per_class]
-            for k, i in enumerate(indices):
-                split = 'val' if k % val_every == 0 else 'train'
-                folder = tmp / split / str(cls)
+            for k, i in enumerate(np.flatnonzero(digits.target == cls)[:max_per_class]):
+                folder = tmp / ('val' if k % 5 == 0 else 'train') / str(cls)
                 folder.mkdir(parents=True, exist_ok=True)
                 Image.fromarray(images[i], mode='L').resize((size, size), Image.BICUBIC).save(folder / f'{i:04d}.png')
-                counts[split] += 1
-        (tmp / 'DIGITS_CACHE').write_text(
-            f'version 1\nsource sklearn.datasets.load_digits (UCI optical recognition of handwritten digits, 8x8 '
-            f'scans)\nsize {size}x{size} bicubic, val = every {val_every}th sample of each class, max_per_class '
-            f'{max_per_class}\ntrain {counts["train"]} images, val {counts["val"]} images, 10 classes\n')
+        (tmp / marker.name).write_text(f'sklearn.datasets.load_digits (UCI handwritten digits, 8x8 scans) at '
+                                       f'{size}x{size} bicubic, every 5th of a class in val, {max_per_class=}\n')
         try:
             os.rename(tmp, root)
         except OSError:
