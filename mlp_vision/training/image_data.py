@@ -60,8 +60,6 @@ def check_image_args(args, model_in_chans: Optional[int] = 3) -> None:
                          f'{args.input_img_mode!r}')
     in_chans = (args.in_chans if args.in_chans is not None else
                 args.input_size[0] if getattr(args, 'input_size', None) else model_in_chans)
-    if in_chans is not None and in_chans < 1:
-        raise UsageError(f'--in-chans must be >= 1, got {in_chans}')
     if channels is not None and in_chans is not None and channels != in_chans:
         raise UsageError(f'--input-img-mode {args.input_img_mode} gives {channels}-channel images, the model takes '
                          f'{in_chans} (--in-chans); pass --in-chans {channels} or a {in_chans}-channel mode')
@@ -119,15 +117,13 @@ def _to_8bit_grayscale(img: Image.Image) -> Image.Image:
     values = np.asarray(img)
     if img.mode == 'F':
         if not np.isfinite(values).all() or values.min() < 0 or values.max() > 1:
-            raise ValueError(
-                f'float (mode F) image with values {values.min():g}..{values.max():g}; only 0..1 has a defined '
-                f'8-bit scale')
+            raise ValueError(f'float (mode F) image with values {values.min():g}..{values.max():g}; only 0..1 has a '
+                             f'defined 8-bit scale')
         return Image.fromarray(np.round(values * 255.).astype(np.uint8))
     values = values.astype(np.int64)
     if values.size and (values.min() < 0 or values.max() > 65535):
-        raise ValueError(
-            f'32-bit integer (mode {img.mode}) image with values {values.min()}..{values.max()}; only 0..65535 '
-            f'(16-bit) has a defined 8-bit scale')
+        raise ValueError(f'32-bit integer (mode {img.mode}) image with values {values.min()}..{values.max()}; only '
+                         f'0..65535 (16-bit) has a defined 8-bit scale')
     return Image.fromarray(((values + 128) // 257).astype(np.uint8))
 
 
@@ -182,8 +178,7 @@ class _LeftOut:
 
     def __init__(self, extensions: Set[str]):
         self.extensions, self.formats = extensions, set(Image.registered_extensions()) | {'.heic', '.heif'}
-        self.not_regular: List[str] = []
-        self.other_formats: collections.Counter = collections.Counter()
+        self.not_regular, self.other_formats = [], collections.Counter()
 
     def note_other_file(self, name: str) -> None:
         ext = os.path.splitext(name)[1].lower()
@@ -341,10 +336,10 @@ def _one_path_per_file(where: str, images: Sequence[Tuple[str, str, bool]]) -> L
     path without links where it has one); one file in two classes is refused. Hard links are files of their own."""
     counted = {identity: path for path, identity, linked in images if not linked}
     kept, again = list(counted.values()), []
-    for path, identity, linked in images:
-        first = counted.setdefault(identity, path) if linked else path
+    for path, identity in [(path, identity) for path, identity, linked in images if linked]:
+        first = counted.setdefault(identity, path)
         if first == path:
-            kept += [path] if linked else []
+            kept.append(path)
         elif first.split('/', 1)[0] == path.split('/', 1)[0]:
             again.append((path, first))
         else:
@@ -469,11 +464,7 @@ class ImageFileDataset(ImageDataset):
                 img = load_image(fp, self.input_img_mode, self.filename(index))
         except Exception as e:  # any decode failure skips this image only (KeyboardInterrupt etc. pass)
             return SkippedImage(self.filename(index), f'{type(e).__name__}: {e}', self.samples[index][1])
-        if self.transform is not None:
-            img = self.transform(img)
-        if self.target_transform is not None:
-            target = self.target_transform(target)
-        return img, target
+        return img if self.transform is None else self.transform(img), target
 
 
 # ------------------------------------------------------------------------------------------------ hold-out
@@ -529,9 +520,7 @@ def sample_targets(ds) -> Optional[List[int]]:
         return None if targets is None else [targets[i] for i in ds.indices]
     if isinstance(ds, ImageFileDataset):
         return [t for _, t in ds.samples]
-    targets = getattr(ds, 'targets', None)
-    if targets is None:
-        targets = getattr(getattr(ds, 'reader', None), 'targets', None)
+    targets = getattr(ds, 'targets', None)  # torchvision's
     return None if targets is None else [int(t) for t in targets]
 
 
@@ -551,23 +540,16 @@ def _holdout_split(ds, fraction: float, seed: int) -> Tuple[DatasetSubset, Datas
 
 
 # ------------------------------------------------------------------------------------------------ labels
-def _dataset_class_to_idx(ds) -> Optional[Dict[str, int]]:
-    """``{class name: label}`` wherever timm's / torchvision's datasets keep it, or None."""
-    if isinstance(ds, torch.utils.data.Subset):
-        return _dataset_class_to_idx(ds.dataset)
-    reader = getattr(ds, 'reader', None)
-    class_to_idx = (getattr(ds, 'class_to_idx', None) or getattr(reader, 'class_to_idx', None)
-                    or getattr(reader, 'class_name_to_idx', None))
-    if class_to_idx:
-        return dict(class_to_idx)
-    classes = getattr(ds, 'classes', None)
-    return {c: i for i, c in enumerate(classes)} if classes else None
-
-
 def dataset_class_names(ds) -> Optional[List[str]]:
-    """Class names in label order (train.py stores them in checkpoints), None if the dataset does not say."""
-    class_to_idx = _dataset_class_to_idx(ds)
-    return None if class_to_idx is None else sorted(class_to_idx, key=class_to_idx.get)
+    """Class names in label order (train.py stores them in checkpoints) from the ``class_to_idx`` or ``classes`` of
+    timm's / torchvision's datasets, None if the dataset does not say."""
+    if isinstance(ds, torch.utils.data.Subset):
+        return dataset_class_names(ds.dataset)
+    class_to_idx = getattr(ds, 'class_to_idx', None) or getattr(getattr(ds, 'reader', None), 'class_to_idx', None)
+    if class_to_idx:
+        return sorted(class_to_idx, key=class_to_idx.get)
+    classes = getattr(ds, 'classes', None)
+    return list(classes) if classes else None
 
 
 def check_num_classes(ds, num_classes: int, what: str = 'dataset', hint: str = '') -> None:
