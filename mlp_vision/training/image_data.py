@@ -149,10 +149,9 @@ def load_image(fp: Union[str, os.PathLike, io.IOBase], mode: Optional[str] = 'RG
     ``MAX_IMAGE_PIXELS``, where PIL only warns (one huge image could exhaust a worker's memory)."""
     global _said_first_frame
     name = name or str(getattr(fp, 'name', fp))
-    with warnings.catch_warnings(), contextlib.ExitStack() as stack:
+    opened = open(fp, 'rb') if isinstance(fp, (str, os.PathLike)) else contextlib.nullcontext(fp)
+    with warnings.catch_warnings(), opened as fp:
         warnings.simplefilter('error', Image.DecompressionBombWarning)
-        if isinstance(fp, (str, os.PathLike)):
-            fp = stack.enter_context(open(fp, 'rb'))
         img = Image.open(fp)
         frames = getattr(img, 'n_frames', 1)  # before load: counting a TIFF's pages seeks, dropping decoded data
         if frames > 1 and not _said_first_frame:
@@ -490,12 +489,11 @@ def stratified_holdout(names: Sequence[str], targets: Sequence[int], fraction: f
     by_class: Dict[int, List[int]] = {}
     for i, t in enumerate(targets):
         by_class.setdefault(int(t), []).append(i)
-    held = []
-    for t, indices in by_class.items():
+    held = set()
+    for indices in by_class.values():
         k = min(int(round(fraction * len(indices))), len(indices) - 1)
-        held += sorted(indices, key=lambda i: hashlib.sha256(f'{seed}\0{names[i]}'.encode()).digest())[:k]
-    held_set = set(held)
-    return [i for i in range(len(targets)) if i not in held_set], sorted(held)
+        held.update(sorted(indices, key=lambda i: hashlib.sha256(f'{seed}\0{names[i]}'.encode()).digest())[:k])
+    return [i for i in range(len(targets)) if i not in held], sorted(held)
 
 
 class DatasetSubset(torch.utils.data.Subset):
@@ -634,9 +632,7 @@ def _find_image_split(root: Optional[str], split: str, what: str) -> str:
     found = find_split(root, split)
     if found is not None:
         return found
-    names = {s for group in SPLIT_SYNONYMS for s in group}
-    others = sorted(e + ('/' if os.path.isdir(os.path.join(root, e)) else '') for e in os.listdir(root)
-                    if (e[:-4] if e.lower().endswith('.tar') else e) in names)
+    others = [os.path.basename(p) + '/' * os.path.isdir(p) for g in SPLIT_SYNONYMS if (p := find_split(root, g[0]))]
     if others:
         raise UsageError(f'no {what} split {split!r} in {root} (it has {", ".join(others)}; looked for '
                          f'{" / ".join(_split_names(split))}, as folders or .tar)')

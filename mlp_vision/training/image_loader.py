@@ -86,8 +86,7 @@ class SeededSampler(torch.utils.data.Sampler):
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
-        if hasattr(self.sampler, 'set_epoch'):
-            self.sampler.set_epoch(epoch)
+        self.sampler.set_epoch(epoch)  # timm's RepeatAugSampler or torch's DistributedSampler
 
     def __iter__(self) -> Iterator[Tuple[int, int]]:
         base = int(np.random.SeedSequence([self.seed, self.epoch, self.rank]).generate_state(1, np.uint64)[0])
@@ -133,9 +132,7 @@ class ReadableBatches:
                  train_set: Optional[torch.utils.data.Dataset] = None, device: Optional[torch.device] = None,
                  min_kept: int = 1):
         self.loader, self.empty_batch_error, self.train_set, self.device = loader, empty_batch_error, train_set, device
-        self.min_kept = min_kept
-        self.skipped = 0
-        self.skipped_files: Dict[str, str] = {}
+        self.min_kept, self.skipped, self.skipped_files = min_kept, 0, {}  # skipped_files: {file: why}, all passes
 
     def __iter__(self):
         self.skipped = 0
@@ -198,14 +195,8 @@ class ReadableBatches:
 
 class ImageLoader(PrefetchLoader):
     """timm's ``PrefetchLoader`` over :class:`ReadableBatches`, with its :attr:`skipped` and :attr:`skipped_files`."""
-
-    @property
-    def skipped(self) -> int:
-        return self.loader.skipped
-
-    @property
-    def skipped_files(self) -> Dict[str, str]:
-        return self.loader.skipped_files
+    skipped = property(lambda self: self.loader.skipped)
+    skipped_files = property(lambda self: self.loader.skipped_files)
 
 
 def _image_loader(dataset, sampler, data_config, batch_size, device, num_workers, pin_memory, drop_last,
