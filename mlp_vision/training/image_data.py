@@ -88,14 +88,11 @@ def read_class_map(class_map: Union[str, Dict[str, int]], root: str = '') -> Dic
     if os.path.splitext(path)[1].lower() in ('.pkl', '.pickle'):
         raise UsageError(f'--class-map {class_map!r} is a pickle: loading one can run code from the file, so it is '
                          f'never loaded here; write one class folder name per line in a .txt file')
-    try:
-        with open(path, encoding='utf-8') as f:
-            names = [line.strip() for line in f]
+    try:  # a final newline or blank lines at the end name no class
+        names = [line.strip() for line in Path(path).read_text(encoding='utf-8').rstrip().splitlines()]
     except (OSError, UnicodeDecodeError) as e:
         raise UsageError(f'cannot read the class map {path}: {e} (expected a UTF-8 text file, one class name a '
                          f'line, in label order)') from e
-    while names and not names[-1]:  # a final newline or blank lines at the end name no class
-        names.pop()
     if not names or '' in names or len(set(names)) != len(names):
         problem = 'names no class' if not names else 'has a blank line' if '' in names else 'names a class twice'
         raise UsageError(f'the class map {path} {problem}; expected one distinct class folder name per line')
@@ -498,14 +495,8 @@ def stratified_holdout(names: Sequence[str], targets: Sequence[int], fraction: f
 
 class DatasetSubset(torch.utils.data.Subset):
     """``Subset`` that passes ``transform`` through to its dataset (the loaders set it)."""
-
-    @property
-    def transform(self):
-        return self.dataset.transform
-
-    @transform.setter
-    def transform(self, value):
-        self.dataset.transform = value
+    transform = property(lambda self: self.dataset.transform,
+                         lambda self, value: setattr(self.dataset, 'transform', value))
 
     def filename(self, index: int) -> str:
         return self.dataset.filename(self.indices[index])
@@ -732,11 +723,7 @@ def prepare_digits_folder(root: Optional[os.PathLike] = None, size: int = 32,
     if root.exists():
         raise UsageError(f'{root} exists but is not a complete digits cache (no {marker.name} file); '
                          f'remove it and run again to rebuild it')
-    try:
-        from sklearn.datasets import load_digits
-    except ImportError as e:
-        raise UsageError('the demo dataset comes from scikit-learn (sklearn.datasets.load_digits, bundled with the '
-                         'package, no download): pip install scikit-learn') from e
+    from sklearn.datasets import load_digits  # a dependency, slow to import: only here
     digits = load_digits()
     images = np.clip(np.round(digits.images * (255. / 16.)), 0, 255).astype(np.uint8)
     root.parent.mkdir(parents=True, exist_ok=True)
