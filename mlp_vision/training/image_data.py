@@ -8,7 +8,6 @@ import collections
 import contextlib
 import copy
 import dataclasses
-import functools
 import hashlib
 import io
 import logging
@@ -19,7 +18,7 @@ import tarfile
 import tempfile
 import warnings
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple, Union
+from typing import Dict, List, Optional, Sequence, Set, Tuple, Union
 
 import numpy as np
 import torch.utils.data
@@ -34,7 +33,7 @@ from mlp_vision.errors import UsageError
 
 __all__ = [
     'IMAGE_MODE_CHANNELS', 'INTERPOLATIONS', 'DATASET_KINDS', 'check_image_args', 'read_class_map', 'SkippedImage',
-    'UnusableImageError', 'convert_image_mode', 'load_image', 'find_split', 'ImageFileReader', 'ImageFileDataset',
+    'convert_image_mode', 'load_image', 'find_split', 'ImageFileReader', 'ImageFileDataset',
     'parse_val_split', 'stratified_holdout', 'DatasetSubset', 'dataset_class_names', 'sample_targets',
     'check_num_classes', 'check_class_names', 'create_image_dataset', 'create_train_val_datasets', 'dataset_source',
     'prepare_digits_folder',
@@ -61,17 +60,13 @@ def check_image_args(args, model_in_chans: Optional[int] = 3) -> None:
                          f'{args.input_img_mode!r}')
     in_chans = (args.in_chans if args.in_chans is not None else
                 args.input_size[0] if getattr(args, 'input_size', None) else model_in_chans)
-    if in_chans is not None and in_chans < 1:
-        raise UsageError(f'--in-chans must be >= 1, got {in_chans}')
     if channels is not None and in_chans is not None and channels != in_chans:
         raise UsageError(f'--input-img-mode {args.input_img_mode} gives {channels}-channel images, the model takes '
                          f'{in_chans} (--in-chans); pass --in-chans {channels} or a {in_chans}-channel mode')
     for flag, values, bounds in (('--mean', args.mean, {}), ('--std', args.std, dict(low=0, low_open=True))):
-        if values is None:
-            continue
-        if in_chans is not None and len(values) not in (1, in_chans):
+        if values is not None and in_chans is not None and len(values) not in (1, in_chans):
             raise UsageError(f'{flag} needs 1 or {in_chans} values (one per channel), got {len(values)}')
-        for v in values:
+        for v in values or ():
             check_range(flag, v, **bounds)
     if args.class_map:
         read_class_map(args.class_map, args.data_dir or getattr(args, 'data', None) or '')
@@ -93,14 +88,11 @@ def read_class_map(class_map: Union[str, Dict[str, int]], root: str = '') -> Dic
     if os.path.splitext(path)[1].lower() in ('.pkl', '.pickle'):
         raise UsageError(f'--class-map {class_map!r} is a pickle: loading one can run code from the file, so it is '
                          f'never loaded here; write one class folder name per line in a .txt file')
-    try:
-        with open(path, encoding='utf-8') as f:
-            names = [line.strip() for line in f]
+    try:  # a final newline or blank lines at the end name no class
+        names = [line.strip() for line in Path(path).read_text(encoding='utf-8').rstrip().splitlines()]
     except (OSError, UnicodeDecodeError) as e:
         raise UsageError(f'cannot read the class map {path}: {e} (expected a UTF-8 text file, one class name a '
                          f'line, in label order)') from e
-    while names and not names[-1]:  # a final newline or blank lines at the end name no class
-        names.pop()
     if not names or '' in names or len(set(names)) != len(names):
         problem = 'names no class' if not names else 'has a blank line' if '' in names else 'names a class twice'
         raise UsageError(f'the class map {path} {problem}; expected one distinct class folder name per line')
@@ -116,25 +108,19 @@ class SkippedImage:
     target: int = -1
 
 
-class UnusableImageError(ValueError):
-    """An image in a pixel format with no defined 8-bit scale (e.g. signed 32-bit values)."""
-
-
 def _to_8bit_grayscale(img: Image.Image) -> Image.Image:
     """'L' from 16-bit / 32-bit integer / float grayscale, where PIL's ``convert`` clips at 255: 16-bit values v
     (and 'I' images within 0..65535) map to round(v / 257), floats in [0, 1] to round(255 v); other ranges raise."""
     values = np.asarray(img)
     if img.mode == 'F':
         if not np.isfinite(values).all() or values.min() < 0 or values.max() > 1:
-            raise UnusableImageError(
-                f'float (mode F) image with values {values.min():g}..{values.max():g}; only 0..1 has a defined '
-                f'8-bit scale')
+            raise ValueError(f'float (mode F) image with values {values.min():g}..{values.max():g}; only 0..1 has a '
+                             f'defined 8-bit scale')
         return Image.fromarray(np.round(values * 255.).astype(np.uint8))
     values = values.astype(np.int64)
     if values.size and (values.min() < 0 or values.max() > 65535):
-        raise UnusableImageError(
-            f'32-bit integer (mode {img.mode}) image with values {values.min()}..{values.max()}; only 0..65535 '
-            f'(16-bit) has a defined 8-bit scale')
+        raise ValueError(f'32-bit integer (mode {img.mode}) image with values {values.min()}..{values.max()}; only '
+                         f'0..65535 (16-bit) has a defined 8-bit scale')
     return Image.fromarray(((values + 128) // 257).astype(np.uint8))
 
 
@@ -160,10 +146,9 @@ def load_image(fp: Union[str, os.PathLike, io.IOBase], mode: Optional[str] = 'RG
     ``MAX_IMAGE_PIXELS``, where PIL only warns (one huge image could exhaust a worker's memory)."""
     global _said_first_frame
     name = name or str(getattr(fp, 'name', fp))
-    with warnings.catch_warnings(), contextlib.ExitStack() as stack:
+    opened = open(fp, 'rb') if isinstance(fp, (str, os.PathLike)) else contextlib.nullcontext(fp)
+    with warnings.catch_warnings(), opened as fp:
         warnings.simplefilter('error', Image.DecompressionBombWarning)
-        if isinstance(fp, (str, os.PathLike)):
-            fp = stack.enter_context(open(fp, 'rb'))
         img = Image.open(fp)
         frames = getattr(img, 'n_frames', 1)  # before load: counting a TIFF's pages seeks, dropping decoded data
         if frames > 1 and not _said_first_frame:
@@ -188,13 +173,12 @@ class _LeftOut:
     blocks ``open()`` forever), and image files of other formats than those read (timm drops them silently)."""
 
     def __init__(self, extensions: Set[str]):
-        self.extensions = extensions
-        self.not_regular: List[str] = []
-        self.other_formats: collections.Counter = collections.Counter()
+        self.extensions, self.formats = extensions, set(Image.registered_extensions()) | {'.heic', '.heif'}
+        self.not_regular, self.other_formats = [], collections.Counter()
 
     def note_other_file(self, name: str) -> None:
         ext = os.path.splitext(name)[1].lower()
-        if not _is_hidden(name) and ext in _image_format_extensions() and ext not in self.extensions:
+        if not _is_hidden(name) and ext in self.formats and ext not in self.extensions:
             self.other_formats[ext] += 1
 
     def warn(self, where: str) -> None:
@@ -213,229 +197,118 @@ class _LeftOut:
                  if frames else ''))
 
 
-@functools.lru_cache(maxsize=1)
-def _image_format_extensions() -> frozenset:
-    return frozenset(Image.registered_extensions()) | {'.heic', '.heif'}
-
-
 def _contains(folder: str, path: str) -> bool:
     """Whether the real path ``path`` is ``folder`` or lies below it."""
     return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
 
 
-class _FolderScan:
-    """An ImageFolder tree's images, each link followed once (timm's ``os.walk`` walks a link loop forever)."""
-
-    def __init__(self, root: str, extensions: Set[str]):
-        self.root, self.extensions = root, extensions
-        self.root_real = os.path.realpath(root)
-        self.class_real: Dict[str, str] = {}  # class folder name -> its real path
-        self.left_out = _LeftOut(extensions)
-
-    def _warn_skipped(self, rel: str, target: str, why: str) -> None:  # each link is met once: one warning
-        _logger.warning(f'{self.root}: skipped the symlink {rel} -> {target}: {why}')
-
-    def class_folders(self) -> List[str]:
-        """Loose images in the root; fills :attr:`class_real`. Class folders that are one folder, or nested, have
-        no single label: refused."""
-        loose = []
-        with os.scandir(self.root) as entries:
-            for entry in sorted(entries, key=lambda e: e.name):
-                if _is_hidden(entry.name):
-                    continue
-                if not entry.is_dir():
-                    if _is_image_name(entry.name, self.extensions):
-                        loose.append(entry.name)
-                    continue
-                real = os.path.realpath(entry.path)
-                if _contains(real, self.root_real):
-                    self._warn_skipped(entry.name, real, 'it points to the dataset root or a folder above it (a loop)')
-                    continue
-                self.class_real[entry.name] = real
-        owners: Dict[str, str] = {}
-        for name, real in self.class_real.items():
-            if real in owners:
-                raise UsageError(
-                    f'{self.root}: class folders {owners[real]} and {name} are the same folder {real}: its images '
-                    f'would have two labels; expected each class folder to hold only its own images')
-            owners[real] = name
-        for name, real in self.class_real.items():
-            outer = self._enclosing_class(real, owners)
-            if outer is not None:
-                raise UsageError(
-                    f'{self.root}: class folder {name} is the folder {outer} inside another class folder ({real}): '
-                    f'its images would have two labels; expected each class folder to hold only its own images')
-        return loose
-
-    @staticmethod
-    def _enclosing_class(real: str, owners: Dict[str, str]) -> Optional[str]:
-        """``<class>/<path>`` when the real path ``real`` lies, not hidden, below the real folder of a class."""
-        parent = os.path.dirname(real)
-        while parent != os.path.dirname(parent):
-            if parent in owners:
-                rel = os.path.relpath(real, parent).replace(os.sep, '/')
-                return None if any(_is_hidden(part) for part in rel.split('/')) else f'{owners[parent]}/{rel}'
-            parent = os.path.dirname(parent)
-        return None
-
-    def walk_class(self, name: str) -> Tuple[List[str], List[Tuple[str, str]]]:
-        """(the class's own images, ``(relative path, real path)`` of those reached through links): the own tree,
-        then each link's tree in turn, every real folder read once, so the walk ends."""
-        read = {self.class_real[name]: name}  # real folder -> the relative path it was read as
-        own, linked = [], []
-        trees = [(self.class_real[name], name, True)]
-        for base_real, base_rel, is_own in trees:  # a link's tree is appended to the list as it is found
-            links = []
-            stack = [(base_real, base_rel)]
+def _scan_folder(root: str, extensions: Set[str]) -> List[Tuple[str, str, bool]]:
+    """``(path relative to root, real path, reached through a link)`` of each image under ``root``, hidden ones left
+    out. Of each class folder its own tree is read first, then each link's tree in turn, every real folder once per
+    class, so the walk ends (timm's ``os.walk`` follows a link loop forever)."""
+    root_real, left_out, images = os.path.realpath(root), _LeftOut(extensions), []
+    for name in sorted(os.listdir(root), key=natural_key):
+        if _is_hidden(name) or not os.path.isdir(os.path.join(root, name)):
+            if _is_image_name(name, extensions):  # outside the class folders: refused by _samples_by_class
+                images.append((name, os.path.join(root, name), False))
+            continue
+        read: Dict[str, str] = {}  # real folder -> the relative path it was read as
+        trees = [(name, os.path.join(root, name), root_real)]  # (relative path, path, the real folder holding it)
+        for rel, path, parent in trees:  # the class folder, then each link to a folder as it is found
+            real = os.path.realpath(path)
+            loop = _contains(real, parent) or _contains(real, root_real)
+            if loop or real in read:  # each link is met once: one warning
+                why = ('it points to the dataset root or a folder above it (a loop)' if loop and rel == name else
+                       'it points to a folder that contains it (a loop); that folder is read once' if loop else
+                       f'that folder is already read as {read[real]}; its images count once')
+                _logger.warning(f'{root}: skipped the symlink {rel} -> {real}: {why}')
+                continue
+            read[real], linked, stack = rel, os.path.islink(path), [(real, rel)]
             while stack:
-                folder_real, folder_rel = stack.pop()
-                with os.scandir(folder_real) as entries:
-                    for entry in sorted(entries, key=lambda e: e.name):
-                        if _is_hidden(entry.name):
-                            continue
-                        rel = f'{folder_rel}/{entry.name}'
-                        if entry.is_dir():
-                            if entry.is_symlink():
-                                links.append((rel, entry.path, folder_real))
-                            elif entry.path in read:  # a tree read before, now inside a linked one
-                                _logger.warning(f'{self.root}: skipped {rel}: that folder is already read as '
-                                                f'{read[entry.path]}; its images count once')
-                            else:
-                                read[entry.path] = rel
-                                stack.append((entry.path, rel))
-                        elif not _is_image_name(entry.name, self.extensions):
-                            self.left_out.note_other_file(entry.name)
-                        elif not entry.is_file():  # follows links: a FIFO or device, or a link to one or nothing
-                            self.left_out.not_regular.append(rel)
-                        elif is_own and not entry.is_symlink():
-                            own.append(rel)
+                folder, folder_rel = stack.pop()
+                with os.scandir(folder) as entries:
+                    entries = sorted(entries, key=lambda e: e.name)
+                for entry in entries:
+                    entry_rel = f'{folder_rel}/{entry.name}'
+                    if _is_hidden(entry.name):
+                        continue
+                    if entry.is_dir():
+                        if entry.is_symlink():
+                            trees.append((entry_rel, entry.path, folder))
+                        elif entry.path in read:  # a tree read before, now inside a linked one
+                            _logger.warning(f'{root}: skipped {entry_rel}: that folder is already read as '
+                                            f'{read[entry.path]}; its images count once')
                         else:
-                            linked.append((rel, os.path.realpath(entry.path)))
-            for rel, path, folder_real in links:
-                target = os.path.realpath(path)
-                if _contains(target, folder_real) or _contains(target, self.root_real):
-                    self._warn_skipped(rel, target, 'it points to a folder that contains it (a loop); '
-                                                    'that folder is read once')
-                elif target in read:
-                    self._warn_skipped(rel, target, f'that folder is already read as {read[target]}; '
-                                                    f'its images count once')
-                else:
-                    read[target] = rel
-                    trees.append((target, rel, False))
-        return own, linked
-
-
-def _count_linked_images_once(where: str, own: List[str],
-                              linked: Sequence[Tuple[str, str, Optional[str]]]) -> List[str]:
-    """``own`` plus the ``linked`` ``(path, file identity, its own path or None)`` that are no other image of the
-    class; one file in two classes is refused."""
-    first: Dict[str, str] = {}  # identity -> the relative path it was counted as
-    kept, duplicates = list(own), []
-    for rel, identity, own_rel in linked:
-        counted = own_rel or first.get(identity)
-        if counted is None:
-            first[identity] = rel
-            kept.append(rel)
-        elif counted.split('/', 1)[0] == rel.split('/', 1)[0]:
-            duplicates.append((rel, counted))
-        else:
-            raise UsageError(
-                f'{where}: the image {rel} is the same file as {counted} (a link): one image in two classes has no '
-                f'single label; expected each image in the folder of one class')
-    if duplicates:
-        rel, counted = duplicates[0]
-        _logger.warning(f'{where}: {len(duplicates)} image path(s) reach a file already counted in the same class '
-                        f'through a link (e.g. {rel} is {counted}); each file is counted once')
-    return kept
-
-
-def _scan_folder(root: str, extensions: Set[str]) -> List[str]:
-    """Image paths under ``root``, relative, hidden ones left out; a file reached by several paths of one class
-    counts once (hard links are files of their own, as copies)."""
-    scan = _FolderScan(root, extensions)
-    paths = scan.class_folders()
-    own_real, reached = {}, []  # {real path of an image of its own class folder: its relative path}, links
-    for name in sorted(scan.class_real, key=natural_key):
-        own, linked = scan.walk_class(name)
-        paths += own
-        own_real.update((os.path.join(scan.class_real[name], *rel.split('/')[1:]), rel) for rel in own)
-        reached += linked
-    scan.left_out.warn(root)
-    return _count_linked_images_once(root, paths, [(rel, real, own_real.get(real)) for rel, real in reached])
+                            read[entry.path] = entry_rel
+                            stack.append((entry.path, entry_rel))
+                    elif not _is_image_name(entry.name, extensions):
+                        left_out.note_other_file(entry.name)
+                    elif not entry.is_file():  # follows links: a FIFO or device, or a link to one or nothing
+                        left_out.not_regular.append(entry_rel)
+                    else:
+                        via = linked or entry.is_symlink()
+                        images.append((entry_rel, os.path.realpath(entry.path) if via else entry.path, via))
+    left_out.warn(root)
+    return images
 
 
 def _tar_member_name(name: str) -> str:
     return '/'.join(part for part in name.split('/') if part not in ('', '.'))
 
 
-def _resolve_tar_links(path: str, where: str, regular: Dict[str, Tuple[int, int]], symlinks: Dict[str, str],
-                       hardlinks: Dict[str, str]) -> Tuple[Dict[str, Tuple[int, int]], Dict[str, str]]:
-    """(``{hard link: its file's data}``, ``{symlink: the member it reaches}``); a symlink to no file is one line."""
-    hard = {}
-    for name, target in hardlinks.items():
-        if _tar_member_name(target) not in regular:
-            raise UsageError(f'image tar {path}: member {where}{name} is a hard link to {target}, which is not a file '
-                             f'stored before it in the tar; expected a complete tar (or one made with tar -h)')
-        hard[name] = regular[_tar_member_name(target)]
-    folders = {'/'.join(name.split('/')[:i]) for name in regular for i in range(1, name.count('/') + 1)}
-    reached = {}
-    for name, target in symlinks.items():
-        current = name
-        for _ in range(40):  # a chain of links inside the tar, as the OS would follow them (ELOOP after 40)
-            link = symlinks[current]
-            current = posixpath.normpath(posixpath.join(posixpath.dirname(current), link))
-            if link.startswith('/') or current.startswith('..') or current not in symlinks:
-                break
-        if current in regular or current in hard:
-            reached[name] = current
-            continue
-        what = 'a folder in the tar' if current in folders else 'nothing inside the tar'
-        raise UsageError(
-            f'image tar {path}: member {where}{name} is a symlink to {symlinks[name]} ({what}); a tar holds the link, '
-            f'not what it points to: make the tar with tar --dereference (-h), so that it holds the images')
-    return hard, reached
-
-
-def _scan_tar(path: str, extensions: Set[str]) -> Tuple[Dict[str, Tuple[int, int]], Dict[str, str]]:
-    """(``{member: (offset of its data in the file, size)}`` of an uncompressed tar's images, ``{symlink member: the
-    member it reaches}``): one seek reads an image in any process. Inner tars (ImageNet's train tar) give
-    ``<inner tar stem>/<member>``; a truncated or corrupt tar (``tarfile`` stops quietly) is one line."""
-    images: Dict[str, Tuple[int, int]] = {}
-    links: Dict[str, str] = {}
+def _scan_tar(path: str, extensions: Set[str]) -> Tuple[List[Tuple[str, str, bool]], Dict[str, Tuple[int, int]]]:
+    """(the images as :func:`_scan_folder` gives them, a symlink's identity the member it reaches; ``{member: (offset
+    of its data in the file, size)}``) of an uncompressed tar: one seek reads an image in any process. Inner tars
+    (ImageNet's train tar) give ``<inner tar stem>/<member>``; a truncated or corrupt tar (``tarfile`` stops quietly)
+    and a link to no file of the tar are one line."""
+    images, data, left_out = [], {}, _LeftOut(extensions)
     file_size = os.path.getsize(path)
-    left_out = _LeftOut(extensions)
+
+    def add(name: str, identity: str, linked: bool) -> None:  # hidden members (macOS' ._<image>) left out
+        parts = name.split('/')
+        if _is_image_name(parts[-1], extensions) and not any(_is_hidden(part) for part in parts):
+            images.append((name, identity, linked))
+        elif not any(_is_hidden(part) for part in parts[:-1]):
+            left_out.note_other_file(parts[-1])
 
     def scan(tf: tarfile.TarFile, base: int, prefix: str, where: str):
-        regular, symlinks, hardlinks = {}, {}, {}
+        symlinks = {}
         for ti in tf:
-            name = _tar_member_name(ti.name)
+            name = prefix + _tar_member_name(ti.name)
             if ti.issym() and not any(_is_hidden(part) for part in name.split('/')):
                 symlinks[name] = ti.linkname
-            elif ti.islnk():
-                hardlinks[name] = ti.linkname
-            elif (ti.isfifo() or ti.ischr() or ti.isblk()) and _is_image_name(name.rsplit('/', 1)[-1], extensions):
-                left_out.not_regular.append(where + name)
-            if not ti.isreg() or ti.sparse is not None:
-                continue
-            stem, ext = os.path.splitext(ti.name)
-            if base + ti.offset_data + ti.size > file_size:
-                raise UsageError(f'image tar {path} is truncated: member {where}{ti.name} ends past the end of '
-                                 f'the file ({file_size} bytes); copy the complete file again')
-            if ext.lower() == '.tar' and not prefix:
-                with tarfile.open(fileobj=tf.extractfile(ti), mode='r:') as inner:
-                    scan(inner, base + ti.offset_data, stem.strip('/') + '/', f'{ti.name}:')
-            regular[name] = (base + ti.offset_data, ti.size)
-        hard, reached = _resolve_tar_links(path, where, regular, symlinks, hardlinks)
-        data = {**regular, **hard}
-        for name in [*regular, *hard, *reached]:
-            parts = (prefix + name).split('/')  # hidden members (macOS' ._<image>) and non-images left out
-            if not _is_image_name(parts[-1], extensions) or any(_is_hidden(part) for part in parts):
-                if not any(_is_hidden(part) for part in parts[:-1]):
-                    left_out.note_other_file(parts[-1])
-                continue
-            images[prefix + name] = data[reached.get(name, name)]
-            if name in reached:
-                links[prefix + name] = prefix + reached[name]
+            elif ti.islnk():  # a file of its own with its target's data, as a hard link in a folder
+                if prefix + _tar_member_name(ti.linkname) not in data:
+                    raise UsageError(f'image tar {path}: member {where}{ti.name} is a hard link to {ti.linkname}, '
+                                     f'which is not a file stored before it in the tar; expected a complete tar (or '
+                                     f'one made with tar -h)')
+                data[name] = data[prefix + _tar_member_name(ti.linkname)]
+                add(name, name, False)
+            elif ti.isdev() and _is_image_name(name.rsplit('/', 1)[-1], extensions):
+                left_out.not_regular.append(where + ti.name)
+            elif ti.isreg() and ti.sparse is None:
+                if base + ti.offset_data + ti.size > file_size:
+                    raise UsageError(f'image tar {path} is truncated: member {where}{ti.name} ends past the end of '
+                                     f'the file ({file_size} bytes); copy the complete file again')
+                if ti.name.lower().endswith('.tar') and not prefix:
+                    with tarfile.open(fileobj=tf.extractfile(ti), mode='r:') as inner:
+                        scan(inner, base + ti.offset_data, os.path.splitext(name)[0] + '/', f'{ti.name}:')
+                data[name] = (base + ti.offset_data, ti.size)
+                add(name, name, False)
+        for name, link in symlinks.items():
+            target = name
+            for _ in range(40):  # a chain of links inside the tar, as the OS would follow them (ELOOP after 40)
+                link = symlinks[target]
+                target = posixpath.normpath(posixpath.join(posixpath.dirname(target), link))
+                if link.startswith('/') or target.startswith('..') or target not in symlinks:
+                    break
+            if target not in data:
+                what = 'a folder in' if any(m.startswith(target + '/') for m in data) else 'nothing inside'
+                raise UsageError(
+                    f'image tar {path}: member {where}{name[len(prefix):]} is a symlink to {symlinks[name]} ({what} '
+                    f'the tar); a tar holds the link, not what it points to: make the tar with tar --dereference '
+                    f'(-h), so that it holds the images')
+            add(name, target, True)
         # tarfile stops quietly at a missing or partial header; a complete tar ends with a zero block there
         with open(path, 'rb') as f:
             f.seek(base + tf.offset)
@@ -451,16 +324,33 @@ def _scan_tar(path: str, extensions: Set[str]) -> Tuple[Dict[str, Tuple[int, int
         raise UsageError(f'cannot read image tar {path}: {e} (expected an uncompressed .tar, complete; '
                          f'compressed tars are not supported)') from e
     left_out.warn(f'image tar {path}')
-    return images, links
+    return images, data
+
+
+def _one_path_per_file(where: str, images: Sequence[Tuple[str, str, bool]]) -> List[str]:
+    """The paths of ``images`` (``(path, file identity, reached through a link)``), each file once per class (by its
+    path without links where it has one); one file in two classes is refused. Hard links are files of their own."""
+    counted = {identity: path for path, identity, linked in images if not linked}
+    kept, again = list(counted.values()), []
+    for path, identity in [(path, identity) for path, identity, linked in images if linked]:
+        first = counted.setdefault(identity, path)
+        if first == path:
+            kept.append(path)
+        elif first.split('/', 1)[0] == path.split('/', 1)[0]:
+            again.append((path, first))
+        else:
+            raise UsageError(
+                f'{where}: the image {path} is the same file as {first} (a link): one image in two classes has no '
+                f'single label; expected each image in the folder of one class')
+    if again:
+        _logger.warning(f'{where}: {len(again)} image path(s) reach a file already counted in the same class '
+                        f'through a link (e.g. {again[0][0]} is {again[0][1]}); each file is counted once')
+    return kept
 
 
 def _split_names(split: str) -> List[str]:
     base = split[:-len('.tar')] if split.lower().endswith('.tar') else split
-    names = [split]
-    for group in SPLIT_SYNONYMS:
-        if base in group:
-            names += [s for s in group if s not in names]
-    return names
+    return [split] + [s for group in SPLIT_SYNONYMS if base in group for s in group if s != split]
 
 
 def find_split(root: str, split: str) -> Optional[str]:
@@ -509,24 +399,16 @@ class ImageFileReader(Reader):
         self.is_tar = os.path.isfile(root)
         self._prefix, self._offsets = '', None
         if self.is_tar:
-            members, links = _scan_tar(root, extensions)
-            paths = list(members)
-            first = paths[0].split('/', 1)[0] if paths else ''
+            images, data = _scan_tar(root, extensions)
+            first = images[0][0].split('/', 1)[0] if images else ''
             if first in {os.path.splitext(os.path.basename(root))[0]} | {s for g in SPLIT_SYNONYMS for s in g} and all(
-                    p.startswith(first + '/') and p.count('/') >= 2 for p in paths):  # class folders come first
+                    p.startswith(first + '/') and p.count('/') >= 2 for p, _, _ in images):  # class folders come first
                 self._prefix = first + '/'
-                paths = [p[len(self._prefix):] for p in paths]
-            self._offsets = {p: members[self._prefix + p] for p in paths}
-            own = [p for p in paths if self._prefix + p not in links]
-            linked = []
-            for p in paths:
-                target = links.get(self._prefix + p)
-                if target is not None:
-                    as_image = target[len(self._prefix):] if target.startswith(self._prefix) else None
-                    linked.append((p, target, as_image if as_image in self._offsets else None))
-            paths = _count_linked_images_once(root, own, linked)
+                images = [(p[len(self._prefix):], identity, linked) for p, identity, linked in images]
+            self._offsets = {p: data[identity] for p, identity, _ in images}
         else:
-            paths = _scan_folder(root, extensions)
+            images = _scan_folder(root, extensions)
+        paths = _one_path_per_file(root, images)
         self.samples, self.class_to_idx, self.other_classes = _samples_by_class(paths, class_to_idx, root)
         self._file, self._file_pid = None, None  # the tar, opened once per process
 
@@ -564,10 +446,9 @@ class ImageFileDataset(ImageDataset):
     never replaced by the next sample (timm's)."""
 
     def __init__(self, root: str, class_map: Optional[Union[str, Dict[str, int]]] = None,
-                 class_to_idx: Optional[Dict[str, int]] = None, input_img_mode: Optional[str] = 'RGB',
-                 transform: Optional[Callable] = None):
+                 class_to_idx: Optional[Dict[str, int]] = None, input_img_mode: Optional[str] = 'RGB'):
         reader = ImageFileReader(root, class_map=class_map, class_to_idx=class_to_idx)
-        super().__init__(root, reader=reader, input_img_mode=input_img_mode, transform=transform)
+        super().__init__(root, reader=reader, input_img_mode=input_img_mode)
         self.root = root
         self.samples, self.class_to_idx = reader.samples, reader.class_to_idx
         self.other_classes, self.is_tar = reader.other_classes, reader.is_tar
@@ -579,11 +460,7 @@ class ImageFileDataset(ImageDataset):
                 img = load_image(fp, self.input_img_mode, self.filename(index))
         except Exception as e:  # any decode failure skips this image only (KeyboardInterrupt etc. pass)
             return SkippedImage(self.filename(index), f'{type(e).__name__}: {e}', self.samples[index][1])
-        if self.transform is not None:
-            img = self.transform(img)
-        if self.target_transform is not None:
-            target = self.target_transform(target)
-        return img, target
+        return img if self.transform is None else self.transform(img), target
 
 
 # ------------------------------------------------------------------------------------------------ hold-out
@@ -609,24 +486,17 @@ def stratified_holdout(names: Sequence[str], targets: Sequence[int], fraction: f
     by_class: Dict[int, List[int]] = {}
     for i, t in enumerate(targets):
         by_class.setdefault(int(t), []).append(i)
-    held = []
-    for t, indices in by_class.items():
+    held = set()
+    for indices in by_class.values():
         k = min(int(round(fraction * len(indices))), len(indices) - 1)
-        held += sorted(indices, key=lambda i: hashlib.sha256(f'{seed}\0{names[i]}'.encode()).digest())[:k]
-    held_set = set(held)
-    return [i for i in range(len(targets)) if i not in held_set], sorted(held)
+        held.update(sorted(indices, key=lambda i: hashlib.sha256(f'{seed}\0{names[i]}'.encode()).digest())[:k])
+    return [i for i in range(len(targets)) if i not in held], sorted(held)
 
 
 class DatasetSubset(torch.utils.data.Subset):
     """``Subset`` that passes ``transform`` through to its dataset (the loaders set it)."""
-
-    @property
-    def transform(self):
-        return self.dataset.transform
-
-    @transform.setter
-    def transform(self, value):
-        self.dataset.transform = value
+    transform = property(lambda self: self.dataset.transform,
+                         lambda self, value: setattr(self.dataset, 'transform', value))
 
     def filename(self, index: int) -> str:
         return self.dataset.filename(self.indices[index])
@@ -639,9 +509,7 @@ def sample_targets(ds) -> Optional[List[int]]:
         return None if targets is None else [targets[i] for i in ds.indices]
     if isinstance(ds, ImageFileDataset):
         return [t for _, t in ds.samples]
-    targets = getattr(ds, 'targets', None)
-    if targets is None:
-        targets = getattr(getattr(ds, 'reader', None), 'targets', None)
+    targets = getattr(ds, 'targets', None)  # torchvision's
     return None if targets is None else [int(t) for t in targets]
 
 
@@ -661,23 +529,16 @@ def _holdout_split(ds, fraction: float, seed: int) -> Tuple[DatasetSubset, Datas
 
 
 # ------------------------------------------------------------------------------------------------ labels
-def _dataset_class_to_idx(ds) -> Optional[Dict[str, int]]:
-    """``{class name: label}`` wherever timm's / torchvision's datasets keep it, or None."""
-    if isinstance(ds, torch.utils.data.Subset):
-        return _dataset_class_to_idx(ds.dataset)
-    reader = getattr(ds, 'reader', None)
-    class_to_idx = (getattr(ds, 'class_to_idx', None) or getattr(reader, 'class_to_idx', None)
-                    or getattr(reader, 'class_name_to_idx', None))
-    if class_to_idx:
-        return dict(class_to_idx)
-    classes = getattr(ds, 'classes', None)
-    return {c: i for i, c in enumerate(classes)} if classes else None
-
-
 def dataset_class_names(ds) -> Optional[List[str]]:
-    """Class names in label order (train.py stores them in checkpoints), None if the dataset does not say."""
-    class_to_idx = _dataset_class_to_idx(ds)
-    return None if class_to_idx is None else sorted(class_to_idx, key=class_to_idx.get)
+    """Class names in label order (train.py stores them in checkpoints) from the ``class_to_idx`` or ``classes`` of
+    timm's / torchvision's datasets, None if the dataset does not say."""
+    if isinstance(ds, torch.utils.data.Subset):
+        return dataset_class_names(ds.dataset)
+    class_to_idx = getattr(ds, 'class_to_idx', None) or getattr(getattr(ds, 'reader', None), 'class_to_idx', None)
+    if class_to_idx:
+        return sorted(class_to_idx, key=class_to_idx.get)
+    classes = getattr(ds, 'classes', None)
+    return list(classes) if classes else None
 
 
 def check_num_classes(ds, num_classes: int, what: str = 'dataset', hint: str = '') -> None:
@@ -746,21 +607,6 @@ def _image_dataset(split_path: str, class_map, input_img_mode, what: str,
     return ds
 
 
-def _timm_dataset(name, root, split, is_training, class_map, download, input_img_mode, batch_size, seed,
-                  what: str) -> torch.utils.data.Dataset:
-    """A ``--dataset`` split through timm's ``create_dataset``; its errors and an empty split in one line."""
-    try:
-        ds = create_dataset(name, root=root, split=split, is_training=is_training, download=download,
-                            input_img_mode=input_img_mode, batch_size=batch_size, seed=seed,
-                            class_map=read_class_map(class_map, root) if class_map else None)
-    except (RuntimeError, FileNotFoundError, AssertionError, ValueError) as e:
-        raise UsageError(f'cannot read {what} {name} at {root!r}, split {split!r}: {e or type(e).__name__}') from e
-    with contextlib.suppress(TypeError):  # raised by len() of an iterable dataset with no length
-        if len(ds) == 0:
-            raise UsageError(f'{what} {name} split {split!r} is empty')
-    return ds
-
-
 def _find_image_split(root: Optional[str], split: str, what: str) -> str:
     """The folder / tar of ``split`` under ``root``; a tar root, or a root without split folders, is the split."""
     if not root:
@@ -777,9 +623,7 @@ def _find_image_split(root: Optional[str], split: str, what: str) -> str:
     found = find_split(root, split)
     if found is not None:
         return found
-    names = {s for group in SPLIT_SYNONYMS for s in group}
-    others = sorted(e + ('/' if os.path.isdir(os.path.join(root, e)) else '') for e in os.listdir(root)
-                    if (e[:-4] if e.lower().endswith('.tar') else e) in names)
+    others = [os.path.basename(p) + '/' * os.path.isdir(p) for g in SPLIT_SYNONYMS if (p := find_split(root, g[0]))]
     if others:
         raise UsageError(f'no {what} split {split!r} in {root} (it has {", ".join(others)}; looked for '
                          f'{" / ".join(_split_names(split))}, as folders or .tar)')
@@ -790,11 +634,20 @@ def create_image_dataset(name: str, root: Optional[str], split: str, is_training
                          class_map: Optional[str] = None, download: bool = False, input_img_mode: str = 'RGB',
                          batch_size: int = 1, seed: int = 42, what: str = 'dataset',
                          class_to_idx: Optional[Dict[str, int]] = None) -> torch.utils.data.Dataset:
-    """One split (validate.py), never silently another: ``name`` '' an :class:`ImageFileDataset` (``class_to_idx``:
-    labelled by name, e.g. the model's classes), other names timm's ``create_dataset``."""
+    """One split, never silently another: ``name`` '' an :class:`ImageFileDataset` (``class_to_idx``: labelled by
+    name, e.g. the model's classes), other names timm's ``create_dataset``, its errors and an empty split one line."""
     if name == '':
         return _image_dataset(_find_image_split(root, split, what), class_map, input_img_mode, what, class_to_idx)
-    return _timm_dataset(name, root, split, is_training, class_map, download, input_img_mode, batch_size, seed, what)
+    try:
+        ds = create_dataset(name, root=root, split=split, is_training=is_training, download=download,
+                            input_img_mode=input_img_mode, batch_size=batch_size, seed=seed,
+                            class_map=read_class_map(class_map, root) if class_map else None)
+    except (RuntimeError, FileNotFoundError, AssertionError, ValueError) as e:
+        raise UsageError(f'cannot read {what} {name} at {root!r}, split {split!r}: {e or type(e).__name__}') from e
+    with contextlib.suppress(TypeError):  # raised by len() of an iterable dataset with no length
+        if len(ds) == 0:
+            raise UsageError(f'{what} {name} split {split!r} is empty')
+    return ds
 
 
 def create_train_val_datasets(
@@ -805,13 +658,9 @@ def create_train_val_datasets(
     set's class names), a fraction holds out part of the training images (:func:`stratified_holdout`); validation
     is never silently the training images, and every training class has an image."""
     val_split = parse_val_split(val_split)
-    timm_args = dict(class_map=class_map, download=download, input_img_mode=input_img_mode, batch_size=batch_size,
-                     seed=seed)
-    if name == '':
-        train_path = _find_image_split(root, train_split, 'training set')
-        train = _image_dataset(train_path, class_map, input_img_mode, 'training set')
-    else:
-        train = _timm_dataset(name, root, train_split, True, what='training set', **timm_args)
+    common = dict(class_map=class_map, download=download, input_img_mode=input_img_mode, batch_size=batch_size,
+                  seed=seed)
+    train = create_image_dataset(name, root, train_split, True, what='training set', **common)
     _check_every_class_trains(train)
     if isinstance(val_split, float):
         found = find_split(root, 'validation') if name == '' and os.path.isdir(root) else None
@@ -827,8 +676,8 @@ def create_train_val_datasets(
     if not val_split:
         return train, None
     if name != '':
-        return train, _timm_dataset(name, root, val_split, False, what='validation set', **timm_args)
-    val_path = find_split(root, val_split) if os.path.isdir(root) else None
+        return train, create_image_dataset(name, root, val_split, what='validation set', **common)
+    train_path, val_path = train.root, find_split(root, val_split) if os.path.isdir(root) else None
     if val_path is None or os.path.realpath(val_path) == os.path.realpath(train_path):
         looked = ' / '.join(_split_names(val_split))
         where = f'in {root} (looked for {looked}, as folders or .tar)' if os.path.isdir(root) else f'for {root}'
@@ -857,17 +706,16 @@ def dataset_source(ds) -> Optional[str]:
 
 
 # ------------------------------------------------------------------------------------------------ the demo data
-def prepare_digits_folder(root: Optional[os.PathLike] = None, size: int = 32, val_every: int = 5,
+def prepare_digits_folder(root: Optional[os.PathLike] = None, size: int = 32,
                           max_per_class: Optional[int] = None) -> Path:
     """The demo's data, no download: scikit-learn's digits written once as ``root/{train,val}/<digit>/<i>.png``
-    (8x8 scans upscaled to ``size``; each ``val_every``-th of a class in val; ``max_per_class`` first ones), under
+    (8x8 scans upscaled to ``size``; every 5th of a class in val; ``max_per_class`` first ones), under
     ``$MLP_VISION_CACHE`` or the user's cache by default. Renamed into place: a folder that exists is complete."""
     if root is None:
-        cache = os.environ.get('MLP_VISION_CACHE')
-        cache = Path(cache).expanduser() if cache else Path(
-            os.environ.get('XDG_CACHE_HOME') or os.path.join(os.path.expanduser('~'), '.cache')) / 'mlp_vision'
-        name = 'digits' if size == 32 and max_per_class is None else f'digits_{size}px_{max_per_class or "all"}'
-        root = cache / name
+        cache = os.environ.get('MLP_VISION_CACHE') or os.path.join(
+            os.environ.get('XDG_CACHE_HOME') or os.path.join('~', '.cache'), 'mlp_vision')
+        root = Path(cache).expanduser() / (
+            'digits' if size == 32 and max_per_class is None else f'digits_{size}px_{max_per_class or "all"}')
     root = Path(root)
     marker = root / 'DIGITS_CACHE'
     if marker.is_file():
@@ -875,29 +723,19 @@ def prepare_digits_folder(root: Optional[os.PathLike] = None, size: int = 32, va
     if root.exists():
         raise UsageError(f'{root} exists but is not a complete digits cache (no {marker.name} file); '
                          f'remove it and run again to rebuild it')
-    try:
-        from sklearn.datasets import load_digits
-    except ImportError as e:
-        raise UsageError('the demo dataset comes from scikit-learn (sklearn.datasets.load_digits, bundled with the '
-                         'package, no download): pip install scikit-learn') from e
+    from sklearn.datasets import load_digits  # a dependency, slow to import: only here
     digits = load_digits()
     images = np.clip(np.round(digits.images * (255. / 16.)), 0, 255).astype(np.uint8)
     root.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f'.{root.name}-', dir=root.parent))
-    counts = {'train': 0, 'val': 0}
     try:
         for cls in range(10):
-            indices = np.flatnonzero(digits.target == cls)[:max_per_class]
-            for k, i in enumerate(indices):
-                split = 'val' if k % val_every == 0 else 'train'
-                folder = tmp / split / str(cls)
+            for k, i in enumerate(np.flatnonzero(digits.target == cls)[:max_per_class]):
+                folder = tmp / ('val' if k % 5 == 0 else 'train') / str(cls)
                 folder.mkdir(parents=True, exist_ok=True)
                 Image.fromarray(images[i], mode='L').resize((size, size), Image.BICUBIC).save(folder / f'{i:04d}.png')
-                counts[split] += 1
-        (tmp / 'DIGITS_CACHE').write_text(
-            f'version 1\nsource sklearn.datasets.load_digits (UCI optical recognition of handwritten digits, 8x8 '
-            f'scans)\nsize {size}x{size} bicubic, val = every {val_every}th sample of each class, max_per_class '
-            f'{max_per_class}\ntrain {counts["train"]} images, val {counts["val"]} images, 10 classes\n')
+        (tmp / marker.name).write_text(f'sklearn.datasets.load_digits (UCI handwritten digits, 8x8 scans) at '
+                                       f'{size}x{size} bicubic, every 5th of a class in val, {max_per_class=}\n')
         try:
             os.rename(tmp, root)
         except OSError:

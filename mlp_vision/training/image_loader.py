@@ -25,7 +25,7 @@ from mlp_vision.threads import usable_cpus
 from mlp_vision.training.image_data import SkippedImage, dataset_class_names, sample_targets
 
 __all__ = [
-    'default_workers', 'seeded_rng', 'SeededSampler', 'SeededDataset', 'StridedSampler', 'ReadableBatches',
+    'default_workers', 'seeded_rng', 'SeededSampler', 'SeededDataset', 'ReadableBatches',
     'ImageLoader', 'create_train_sampler', 'train_samples_per_rank', 'fit_batch_to_data', 'unused_images_message',
     'create_train_loader', 'create_eval_loader',
 ]
@@ -47,12 +47,8 @@ def _posterize(img: Image.Image, bits_to_keep: int, **kwargs) -> Image.Image:
 
 def _with_safe_posterize(transform):
     """``transform`` with its AugmentOps' posterize running :func:`_posterize`; timm's ``NAME_TO_OP`` is untouched."""
-    stages = list(getattr(transform, 'transforms', [transform]))
-    for stage in stages:
-        if hasattr(stage, 'transforms'):  # a nested Compose
-            stages.extend(stage.transforms)
-        ops = list(getattr(stage, 'ops', [])) + [op for sub in getattr(stage, 'policy', []) for op in sub]
-        for op in ops:
+    for stage in transform.transforms:  # RandAugment / AugMix hold ops, AutoAugment a policy of sub-policies
+        for op in list(getattr(stage, 'ops', [])) + [op for sub in getattr(stage, 'policy', []) for op in sub]:
             if isinstance(op, auto_augment.AugmentOp) and op.name.startswith('Posterize'):
                 op.aug_fn = _posterize
     return transform
@@ -90,8 +86,7 @@ class SeededSampler(torch.utils.data.Sampler):
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
-        if hasattr(self.sampler, 'set_epoch'):
-            self.sampler.set_epoch(epoch)
+        self.sampler.set_epoch(epoch)  # timm's RepeatAugSampler or torch's DistributedSampler
 
     def __iter__(self) -> Iterator[Tuple[int, int]]:
         base = int(np.random.SeedSequence([self.seed, self.epoch, self.rank]).generate_state(1, np.uint64)[0])
@@ -117,19 +112,6 @@ class SeededDataset(torch.utils.data.Dataset):
             return self.dataset[index]
 
 
-class StridedSampler(torch.utils.data.Sampler):
-    """Indices ``rank, rank + world_size, ...`` of ``size`` samples: each on exactly one rank, no padding."""
-
-    def __init__(self, size: int, rank: int, world_size: int):
-        self.indices = range(rank, size, world_size)
-
-    def __iter__(self) -> Iterator[int]:
-        return iter(self.indices)
-
-    def __len__(self) -> int:
-        return len(self.indices)
-
-
 def _collate_readable(batch: List[Any]) -> Tuple[torch.Tensor, torch.Tensor, List[SkippedImage]]:
     """timm's ``fast_collate`` of the samples that decoded (possibly none), and the skipped ones."""
     skipped = [s for s in batch if isinstance(s, SkippedImage)]
@@ -150,9 +132,7 @@ class ReadableBatches:
                  train_set: Optional[torch.utils.data.Dataset] = None, device: Optional[torch.device] = None,
                  min_kept: int = 1):
         self.loader, self.empty_batch_error, self.train_set, self.device = loader, empty_batch_error, train_set, device
-        self.min_kept = min_kept
-        self.skipped = 0
-        self.skipped_files: Dict[str, str] = {}
+        self.min_kept, self.skipped, self.skipped_files = min_kept, 0, {}  # skipped_files: {file: why}, all passes
 
     def __iter__(self):
         self.skipped = 0
@@ -215,14 +195,8 @@ class ReadableBatches:
 
 class ImageLoader(PrefetchLoader):
     """timm's ``PrefetchLoader`` over :class:`ReadableBatches`, with its :attr:`skipped` and :attr:`skipped_files`."""
-
-    @property
-    def skipped(self) -> int:
-        return self.loader.skipped
-
-    @property
-    def skipped_files(self) -> Dict[str, str]:
-        return self.loader.skipped_files
+    skipped = property(lambda self: self.loader.skipped)
+    skipped_files = property(lambda self: self.loader.skipped_files)
 
 
 def _image_loader(dataset, sampler, data_config, batch_size, device, num_workers, pin_memory, drop_last,
@@ -339,7 +313,7 @@ def create_eval_loader(dataset: torch.utils.data.Dataset, data_config: Dict[str,
         mean=data_config['mean'], std=data_config['std'], crop_pct=data_config['crop_pct'],
         crop_mode=data_config.get('crop_mode'), use_prefetcher=True)
     sampler = None
-    if distributed and not isinstance(dataset, torch.utils.data.IterableDataset):
-        sampler = StridedSampler(len(dataset), torch.distributed.get_rank(), torch.distributed.get_world_size())
+    if distributed and not isinstance(dataset, torch.utils.data.IterableDataset):  # each sample on one rank, no padding
+        sampler = range(dist.get_rank(), len(dataset), dist.get_world_size())
     return _image_loader(dataset, sampler, data_config, batch_size, device, num_workers, pin_memory,
                          drop_last=False, generator=None)
