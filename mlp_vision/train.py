@@ -56,11 +56,10 @@ from mlp_vision.training.run_files import (
     parse_run_args, plot_curves, preserve_rng, restore_ema, restore_rng, restore_training_state, save_checkpoint,
     stop_error, stop_signals, write_results)
 from mlp_vision.training.image_model import (
-    DistInfo, add_common_arguments, add_compile_arguments, add_device_arguments, check_activations,
-    check_compile_backend, compile_model, create_model, init_device, load_pretrained_weights, model_create_kwargs,
-    reports_top5, resolve_model_data_config, setup_amp, validate)
-from mlp_vision.validate import (
-    CROP_PCT_RANGE, add_dataset_arguments, add_input_arguments, check_dataset_package, main as validate_main)
+    CROP_PCT_RANGE, DistInfo, add_common_arguments, add_compile_arguments, add_dataset_arguments,
+    add_device_arguments, add_input_arguments, check_activations, check_compile_backend, check_dataset_package,
+    compile_model, create_model, init_device, load_pretrained_weights, model_create_kwargs, reports_top5,
+    resolve_model_data_config, setup_amp, validate)
 
 _logger = logging.getLogger('train')
 
@@ -1036,6 +1035,7 @@ def _validate_demo(args, dist_info, folder: Optional[RunFolder], data_dir: str, 
         val_argv.append('--use-ema')  # the EMA weights' accuracy chose the best checkpoint
     _logger.info('Demo: validating the saved best checkpoint with the validation command:\n'
                  '  python -m mlp_vision.validate ' + ' '.join(val_argv))
+    from mlp_vision.validate import main as validate_main  # the demo's last step: kept off the path to training
     return validate_main(val_argv)
 
 

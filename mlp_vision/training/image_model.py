@@ -6,6 +6,7 @@ the same checks whichever way the weights arrive), the evaluation loop :func:`va
 AMP, ``torch.compile`` and the flags of these. """
 import argparse
 import dataclasses
+import importlib.util
 import logging
 import os
 import reprlib
@@ -28,15 +29,18 @@ import mlp_vision  # noqa: F401  (registers gmlp_* / smlpnet_* / mixer_* with ti
 from mlp_vision.weights import (
     TRUST_FLAG, clean_state_dict, is_training_checkpoint, load_backbone, load_checkpoint_file,
     load_model_weights, model_folder_weights, read_model_folder, text_model_hint)
-from mlp_vision.arguments import parse_device
+from mlp_vision.arguments import ParseKwargs, parse_device
 from mlp_vision.bounds import add_bound_arguments, check_activation_size, check_model_size
 from mlp_vision.errors import UsageError, short_repr
 from mlp_vision.threads import add_threads_argument
+from mlp_vision.training.image_data import IMAGE_MODE_CHANNELS, INTERPOLATIONS
+from mlp_vision.training.image_loader import default_workers
 
 __all__ = ['model_create_kwargs', 'resolve_model_data_config', 'create_model', 'load_pretrained_weights',
            'create_model_for_eval', 'validate', 'reports_top5', 'DistInfo', 'process_group_backend', 'init_device',
            'setup_amp', 'COMPILE_MODES', 'add_compile_arguments', 'compile_model', 'check_compile_backend',
-           'add_common_arguments', 'add_device_arguments']
+           'add_common_arguments', 'add_device_arguments', 'add_dataset_arguments', 'add_input_arguments',
+           'check_dataset_package', 'CROP_PCT_RANGE']
 
 _logger = logging.getLogger(__name__)
 
@@ -443,6 +447,57 @@ def check_compile_backend(backend: Optional[str]) -> None:
     if backend and backend not in torch.compiler.list_backends(exclude_tags=()):
         raise UsageError(f'--torchcompile {backend!r} is not a torch.compile backend (e.g. inductor; all: '
                          f'torch.compiler.list_backends())')
+
+
+def add_dataset_arguments(group) -> None:
+    """The dataset and loader flags of train.py and validate.py (the split flags are each command's)."""
+    group.add_argument('data', nargs='?', metavar='DIR', help='path to dataset (positional, same as --data-dir)')
+    group.add_argument('--data-dir', metavar='DIR', help='path to dataset root (ImageFolder tree or folder of tars)')
+    group.add_argument('--dataset', metavar='NAME', default='',
+                       help="dataset type + name ('' = image folder / tar, torch/cifar10, hfds/NAME, wds/...)")
+    group.add_argument('--dataset-download', action='store_true', default=False,
+                       help='allow download of dataset for torch/ and tfds/ datasets that support it')
+    group.add_argument('--class-map', default='', type=str, metavar='FILENAME',
+                       help='path to class to idx mapping file')
+    group.add_argument('--input-img-mode', default='RGB', type=str, choices=tuple(IMAGE_MODE_CHANNELS),
+                       help='PIL mode every image is converted to (its channel count must equal the model\'s)')
+    group.add_argument('-j', '--workers', type=int, default=default_workers(), metavar='N',
+                       help='data loading processes (default: 4, at most the CPUs this process may use)')
+    group.add_argument('--pin-mem', action='store_true', default=False, help='pin CPU memory in the loader')
+
+
+def add_input_arguments(group) -> None:
+    """The model input and preprocessing flags of train.py and validate.py."""
+    group.add_argument('--gp', default=None, type=str, metavar='POOL', help='global pool type (model default)')
+    group.add_argument('--img-size', type=int, default=None, metavar='N',
+                       help='image size (the model is built for it; default: the model\'s)')
+    group.add_argument('--in-chans', type=int, default=None, metavar='N', help='image input channels')
+    group.add_argument('--input-size', default=None, nargs=3, type=int, metavar='N',
+                       help='input dimensions (d h w), overrides --img-size')
+    group.add_argument('--crop-pct', default=None, type=float, metavar='N', help='eval center crop pct')
+    group.add_argument('--mean', type=float, nargs='+', default=None, metavar='MEAN', help='override mean')
+    group.add_argument('--std', type=float, nargs='+', default=None, metavar='STD', help='override std')
+    group.add_argument('--interpolation', default='', type=str, choices=INTERPOLATIONS,
+                       help="eval resize interpolation ('': the model's; validate.py: a training checkpoint's first)")
+    group.add_argument('--channels-last', action='store_true', default=False, help='use channels_last memory layout')
+    group.add_argument('--model-kwargs', nargs='*', default={}, action=ParseKwargs,
+                       help='extra model arguments k=v (python literals), e.g. embed_dim=32 depths="(1,1,2,1)"')
+
+# --crop-pct: check_range's bounds
+CROP_PCT_RANGE = dict(low=0, high=1, low_open=True, why="the crop's fraction of the resized image; above 1 the "
+                                                         "image is resized smaller than the crop and padded")
+# the module timm's reader of each --dataset KIND/ imports (torch/: torchvision, a dependency), and what to install
+DATASET_PACKAGES = {'hfds': ('datasets', 'datasets'), 'hfids': ('datasets', 'datasets'),
+                    'tfds': ('tensorflow_datasets', 'tensorflow tensorflow-datasets'), 'wds': ('webdataset', 'webdataset')}
+
+
+def check_dataset_package(dataset: str) -> None:
+    """A :class:`UsageError` when ``--dataset KIND/NAME`` needs a package that is not installed (timm's reader
+    would fail importing it, with a traceback)."""
+    module, install = DATASET_PACKAGES.get((dataset or '').split('/', 1)[0], (None, None))
+    if module is not None and importlib.util.find_spec(module) is None:
+        raise UsageError(f'--dataset {dataset} is read by the {module} package, which is not installed: pip install '
+                         f'{install} (or give an image folder / tar with --data-dir)')
 
 
 def add_common_arguments(group: argparse._ActionsContainer, activations: bool = True) -> None:
