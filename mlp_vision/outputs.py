@@ -1,15 +1,9 @@
 """ What the commands write, and how: files that a later mistake cannot lose or write through, and the log.
 
-* a file of a command's own (a run's checkpoints, ``summary.csv``): :func:`open_own_file` never through a link or
-  into a FIFO / device; :func:`atomic_write` (``atomic_save``, ``atomic_write_text``, :func:`atomic_link`,
-  :func:`atomic_folder`) through a temporary name (:func:`temp_path`), so a kill at any point leaves the previous
-  file or the complete new one; :func:`clean_stale_temp_files` removes what killed processes left;
-* an output path the user gave (``--results-file``, ``--output``): :func:`write_output_file` writes it as any Unix
-  tool would (a FIFO or device in place; a regular file atomically, the earlier one kept by :func:`keep_previous`);
-* the log: :func:`setup_logging` (stdout), :func:`add_log_file` (a run's ``train.log``, appended, never through a
-  link); results JSON: :func:`json_text`.
-
-Used by every command (validate, benchmark, complexity, the trainers).
+A run's own files (:func:`open_own_file`: never through a link or into a FIFO / device) are written through a
+temporary name (:func:`atomic_write` and its kin), so a kill leaves the previous file or the complete new one; an
+output path the user gave is written as any Unix tool would (:func:`write_output_file`); :func:`setup_logging` and
+:func:`add_log_file` are the log.
 """
 import contextlib
 import json
@@ -30,6 +24,7 @@ __all__ = ['open_own_file', 'temp_path', 'clean_stale_temp_files', 'atomic_write
            'write_json', 'setup_logging', 'add_log_file', 'remove_log_file']
 
 _TMP_TAG = '.tmp-'
+
 
 def _fsync_dir(path: Path) -> None:
     with contextlib.suppress(OSError):  # makes the rename itself durable (POSIX); not possible on every platform
@@ -65,8 +60,7 @@ def open_own_file(path: os.PathLike, flags: int, mode: int = 0o644) -> int:
 
 def temp_path(path: os.PathLike) -> Path:
     """The temporary name of an atomic write of ``path``: ``.<name>.tmp-<pid>`` beside it."""
-    path = Path(path)
-    return path.with_name(f'.{path.name}{_TMP_TAG}{os.getpid()}')
+    return Path(path).with_name(f'.{Path(path).name}{_TMP_TAG}{os.getpid()}')
 
 
 def _pid_alive(pid: int) -> bool:
@@ -125,12 +119,10 @@ def atomic_write(path: os.PathLike, write: Callable[[Any], None], mode: str = 'w
 
 
 def atomic_save(obj: Any, path: os.PathLike) -> None:
-    """``torch.save(obj)`` to ``path`` by :func:`atomic_write`."""
     atomic_write(path, lambda f: torch.save(obj, f))
 
 
 def atomic_write_text(path: os.PathLike, text: str) -> None:
-    """``text`` (UTF-8) to ``path`` by :func:`atomic_write`."""
     atomic_write(path, lambda f: f.write(text), mode='w')
 
 
@@ -229,8 +221,9 @@ def atomic_folder(path: os.PathLike):
     tmp.mkdir(parents=True)
     try:
         yield tmp
-        if path.is_dir() and not path.is_symlink():
-            _copy_others(path, tmp)
+        if path.is_dir() and not path.is_symlink():  # the earlier folder's other entries (links as links)
+            shutil.copytree(path, tmp, symlinks=True, dirs_exist_ok=True, ignore=lambda folder, names: [
+                n for n in names if folder == str(path) and os.path.lexists(tmp / n)])
         old = temp_path(path.with_name(path.name + '.old'))
         if path.exists():
             os.replace(path, old)  # a folder cannot be renamed over a non-empty one: move the old export away first
@@ -239,20 +232,6 @@ def atomic_folder(path: os.PathLike):
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     _fsync_dir(path.parent)
-
-
-def _copy_others(source: Path, dest: Path) -> None:
-    """Copy each entry of ``source`` that ``dest`` lacks into ``dest`` (links as links, folders whole)."""
-    for entry in source.iterdir():
-        target = dest / entry.name
-        if os.path.lexists(target):
-            continue
-        if entry.is_symlink():
-            os.symlink(os.readlink(entry), target)
-        elif entry.is_dir():
-            shutil.copytree(entry, target, symlinks=True)
-        else:
-            shutil.copy2(entry, target)
 
 
 def atomic_link(src: os.PathLike, dst: os.PathLike) -> None:
@@ -272,7 +251,6 @@ def atomic_link(src: os.PathLike, dst: os.PathLike) -> None:
     _fsync_dir(dst.parent)
 
 
-
 def json_text(obj: Any) -> str:
     """The text of every results JSON file: indented, keys in their order, other values as ``str``."""
     return json.dumps(obj, indent=2, sort_keys=False, default=str) + '\n'
@@ -287,8 +265,7 @@ def write_json(path: os.PathLike, obj: Any) -> None:
 # twice), and its RotatingFileHandler opens train.log by name (through a planted link) and renames it away at 2 MB,
 # where a resumed run continues the one train.log.
 class _StdoutHandler(logging.StreamHandler):
-    """Writes to whatever ``sys.stdout`` is at the time (safe when a caller swaps stdout, e.g. pytest)."""
-    stream = property(lambda self: sys.stdout, lambda self, value: None)
+    stream = property(lambda self: sys.stdout, lambda self, value: None)  # stdout at the time (pytest swaps it)
 
 
 def setup_logging(primary: bool = True) -> None:
@@ -302,10 +279,7 @@ def setup_logging(primary: bool = True) -> None:
 
 
 class _OwnFileHandler(logging.FileHandler):
-    """A ``FileHandler`` that appends only to a regular file of its own, never through a symbolic link
-    (:func:`open_own_file`)."""
-
-    def _open(self):
+    def _open(self):  # a regular file of its own, never through a symbolic link
         return open(open_own_file(self.baseFilename, os.O_WRONLY | os.O_APPEND | os.O_CREAT), 'a',
                     encoding=self.encoding, errors=self.errors)
 

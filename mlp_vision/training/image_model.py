@@ -430,9 +430,9 @@ COMPILE_MODES = ('default', 'reduce-overhead', 'max-autotune', 'max-autotune-no-
 
 def add_compile_arguments(group) -> None:
     """``--torchcompile [BACKEND]`` and ``--torchcompile-mode``, the same flags in every command."""
-    group.add_argument('--torchcompile', nargs='?', type=str, default=None, const='inductor',
+    group.add_argument('--torchcompile', nargs='?', type=str, const='inductor',
                        help='torch.compile the model (optional backend, default inductor)')
-    group.add_argument('--torchcompile-mode', type=str, default=None, choices=COMPILE_MODES, help='torch.compile mode')
+    group.add_argument('--torchcompile-mode', type=str, choices=COMPILE_MODES, help='torch.compile mode')
 
 
 def compile_model(model: nn.Module, args) -> nn.Module:
@@ -455,7 +455,7 @@ def add_dataset_arguments(group) -> None:
     group.add_argument('--data-dir', metavar='DIR', help='path to dataset root (ImageFolder tree or folder of tars)')
     group.add_argument('--dataset', metavar='NAME', default='',
                        help="dataset type + name ('' = image folder / tar, torch/cifar10, hfds/NAME, wds/...)")
-    group.add_argument('--dataset-download', action='store_true', default=False,
+    group.add_argument('--dataset-download', action='store_true',
                        help='allow download of dataset for torch/ and tfds/ datasets that support it')
     group.add_argument('--class-map', default='', type=str, metavar='FILENAME',
                        help='path to class to idx mapping file')
@@ -463,23 +463,23 @@ def add_dataset_arguments(group) -> None:
                        help='PIL mode every image is converted to (its channel count must equal the model\'s)')
     group.add_argument('-j', '--workers', type=int, default=default_workers(), metavar='N',
                        help='data loading processes (default: 4, at most the CPUs this process may use)')
-    group.add_argument('--pin-mem', action='store_true', default=False, help='pin CPU memory in the loader')
+    group.add_argument('--pin-mem', action='store_true', help='pin CPU memory in the loader')
 
 
 def add_input_arguments(group) -> None:
     """The model input and preprocessing flags of train.py and validate.py."""
-    group.add_argument('--gp', default=None, type=str, metavar='POOL', help='global pool type (model default)')
-    group.add_argument('--img-size', type=int, default=None, metavar='N',
+    group.add_argument('--gp', type=str, metavar='POOL', help='global pool type (model default)')
+    group.add_argument('--img-size', type=int, metavar='N',
                        help='image size (the model is built for it; default: the model\'s)')
-    group.add_argument('--in-chans', type=int, default=None, metavar='N', help='image input channels')
-    group.add_argument('--input-size', default=None, nargs=3, type=int, metavar='N',
+    group.add_argument('--in-chans', type=int, metavar='N', help='image input channels')
+    group.add_argument('--input-size', nargs=3, type=int, metavar='N',
                        help='input dimensions (d h w), overrides --img-size')
-    group.add_argument('--crop-pct', default=None, type=float, metavar='N', help='eval center crop pct')
-    group.add_argument('--mean', type=float, nargs='+', default=None, metavar='MEAN', help='override mean')
-    group.add_argument('--std', type=float, nargs='+', default=None, metavar='STD', help='override std')
+    group.add_argument('--crop-pct', type=float, metavar='N', help='eval center crop pct')
+    group.add_argument('--mean', type=float, nargs='+', metavar='MEAN', help='override mean')
+    group.add_argument('--std', type=float, nargs='+', metavar='STD', help='override std')
     group.add_argument('--interpolation', default='', type=str, choices=INTERPOLATIONS,
                        help="eval resize interpolation ('': the model's; validate.py: a training checkpoint's first)")
-    group.add_argument('--channels-last', action='store_true', default=False, help='use channels_last memory layout')
+    group.add_argument('--channels-last', action='store_true', help='use channels_last memory layout')
     group.add_argument('--model-kwargs', nargs='*', default={}, action=ParseKwargs,
                        help='extra model arguments k=v (python literals), e.g. embed_dim=32 depths="(1,1,2,1)"')
 
@@ -504,10 +504,10 @@ def add_common_arguments(group: argparse._ActionsContainer, activations: bool = 
     """``--trust-checkpoint``, ``--debug`` and the size bounds' ``--max-params`` / ``--max-activation-gib``
     (:func:`~mlp_vision.bounds.add_bound_arguments`; ``activations=False``: a command that runs no forward pass):
     the same in every script that reads checkpoint files."""
-    group.add_argument(TRUST_FLAG, action='store_true', default=False,
+    group.add_argument(TRUST_FLAG, action='store_true',
                        help='UNSAFE: allow checkpoint files that need a full unpickle; that runs arbitrary code from '
                             'the file. Only for files you made or whose maker you trust')
-    group.add_argument('--debug', action='store_true', default=False,
+    group.add_argument('--debug', action='store_true',
                        help='show the full traceback of an error instead of its one-line message')
     add_bound_arguments(group, activations)
 
@@ -515,13 +515,13 @@ def add_common_arguments(group: argparse._ActionsContainer, activations: bool = 
 def add_device_arguments(group: argparse._ActionsContainer, distributed: bool = True) -> None:
     """``--device``, ``--threads``, ``--amp`` / ``--amp-dtype`` (:func:`setup_amp`) and, for a trainer
     (``distributed``), ``--dist-backend`` / ``--dist-url``: the same in every command that runs a model."""
-    group.add_argument('--device', default=None, type=str, help="'cuda', 'cuda:1', 'cpu' (default: cuda if available)")
+    group.add_argument('--device', type=str, help="'cuda', 'cuda:1', 'cpu' (default: cuda if available)")
     if distributed:
-        group.add_argument('--dist-backend', default=None, type=str, help='a backend or device:backend pairs '
+        group.add_argument('--dist-backend', type=str, help='a backend or device:backend pairs '
                            '(default: cpu:gloo,cuda:nccl for CUDA, gloo for CPU)')
-        group.add_argument('--dist-url', default=None, type=str, help="default: 'env://' (torchrun)")
+        group.add_argument('--dist-url', type=str, help="default: 'env://' (torchrun)")
     add_threads_argument(group)
-    group.add_argument('--amp', action='store_true', default=False,
+    group.add_argument('--amp', action='store_true',
                        help='mixed precision: bfloat16 autocast on CPU, float16 on CUDA (training: + a loss scaler)')
-    group.add_argument('--amp-dtype', default=None, type=str, choices=('float16', 'bfloat16'),
+    group.add_argument('--amp-dtype', type=str, choices=('float16', 'bfloat16'),
                        help='autocast dtype (default: bfloat16 on CPU, float16 on CUDA)')

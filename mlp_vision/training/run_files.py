@@ -1,21 +1,10 @@
-""" A training run's files and their safety, as the functions a trainer calls in order (:mod:`mlp_vision.train`):
-
-* :func:`parse_run_args` -- the flags, over a ``--resume`` checkpoint's saved settings (loaded safely, checked);
-* :func:`check_resume_identity`, :func:`restore_training_state`, :func:`restore_ema`, :func:`check_not_finished`
-  -- the resumed weights, optimizer, AMP scaler and schedule (a changed schedule continues from the checkpoint's
-  position), before any folder is opened;
-* :func:`open_run_folder` -- the run folder: created (``NAME-1`` if NAME exists) with its identity ``run.json``,
-  or continued in place only when it is the checkpoint's run and holds nothing newer (:func:`newer_than`); locked
-  against a second process (:class:`FolderLock`), refused when it holds links or FIFOs; ``train.log``,
-  ``args.yaml`` / ``derived.yaml``, ``summary.csv`` and the checkpoint history (:class:`RunFolder`, closed by
-  :func:`close_run_folder`);
-* :func:`restore_rng` -- last, so nothing built before shifts the random streams (an exact resume);
-* :func:`save_checkpoint` -- ``model_best.pth`` and the top-N ``checkpoint-N.pth``, then ``last.pth`` whose
-  history names them (:class:`CheckpointManager`; each file atomic);
-* :func:`stop_signals` / :func:`stop_error` -- SIGINT / SIGTERM as a flag read between updates, and the one line
-  that ends a stopped or diverged run (:class:`NonFiniteLossError`) naming the intact checkpoint;
-* :func:`write_results` (``results.json``; an earlier one kept as ``results-N.json``);
-* :class:`SummaryWriter` (``summary.csv``) and :func:`plot_curves` (``curves.png``).
+""" A training run's files and their safety, as the functions :mod:`mlp_vision.train` calls in order:
+:func:`parse_run_args` (the flags over a ``--resume`` checkpoint's checked settings), the resumed state
+(:func:`restore_training_state`, :func:`restore_ema`, :func:`check_not_finished`) before any folder is opened,
+:func:`open_run_folder` (created, or continued in place only when it is the checkpoint's run and holds nothing newer;
+locked; no links or FIFOs), :func:`restore_rng` last (an exact resume), :func:`save_checkpoint` (atomic files with
+their history), :func:`stop_signals` / :func:`stop_error` (the one line that ends a stopped or diverged run),
+:func:`write_results`, :func:`close_run_folder`; ``summary.csv`` and ``curves.png``.
 
 Checkpoint payload (tensors and plain Python values only, so it loads with ``weights_only=True``)::
 
@@ -25,9 +14,8 @@ Checkpoint payload (tensors and plain Python values only, so it loads with ``wei
     checkpoint_history, + the trainer's fields
 
 ``model_best.pth`` / ``checkpoint-N.pth`` leave out ``optimizer`` and ``amp_scaler`` unless
-``--keep-optimizer-state``; ``--resume`` of such a file needs ``--no-resume-opt``. timm's ``CheckpointSaver`` is
-not used: it replaces files with ``os.rename`` and keeps no earlier version, writes through links, and saves no RNG
-state for an exact resume.
+``--keep-optimizer-state``. timm's ``CheckpointSaver`` is not used: it replaces files with ``os.rename`` and keeps
+no earlier version, writes through links, and saves no RNG state for an exact resume.
 """
 import argparse
 import contextlib
@@ -185,10 +173,10 @@ def restore_training_state(ckpt: Optional[Dict[str, Any]], resume: str, model_na
     scaler_state = ckpt.get('amp_scaler') if loss_scaler is not None else None
     try:  # checked before anything is loaded: a checkpoint's states are data, never new attributes
         check_optimizer_state(ckpt['optimizer'], optimizer)
-        if scaler_state:
-            check_settings_state(scaler_state, loss_scaler.state_dict(), 'the AMP loss-scaler state')
-        if not changed:
-            check_settings_state(ckpt['scheduler'], scheduler.state_dict(), 'the scheduler state')
+        for what, saved, live in (('the AMP loss-scaler state', scaler_state, loss_scaler),
+                                  ('the scheduler state', None if changed else ckpt['scheduler'], scheduler)):
+            if saved:
+                check_settings(saved, live.state_dict(), lambda k, what=what: f'{what} entry {k!r}' if k else what)
     except ValueError as e:
         raise UsageError(f'{source}: {e}; the file is damaged, was crafted, or belongs to another optimizer or '
                          f'schedule (--no-resume-opt loads only its weights)') from None
@@ -443,12 +431,12 @@ def open_run_folder(args, ckpt: Optional[Dict[str, Any]], *, default_root: str, 
         summary = SummaryWriter(output_dir / 'summary.csv')
         if in_place:
             saver.load_state_dict(history, source=f'--resume {args.resume}')
-            summary.truncate(before_epoch=last_saved + 1)
+            summary.keep_rows(last_saved + 1)
         elif args.resume and resumed_from_a_run(ckpt, args.resume):
             # a new folder for a checkpoint of a run: best / top-N tracking starts afresh, the curve keeps the way
             # here (the summary.csv of another run's folder, or of a folder that is no run, is not this run's past)
             source = Path(args.resume).resolve().parent / 'summary.csv'
-            summary.copy_rows(SummaryWriter(source), before_epoch=last_saved + 1)
+            summary.keep_rows(last_saved + 1, source=SummaryWriter(source))
     except BaseException:  # a folder that could not be set up is not held
         if log_handler is not None:
             remove_log_file(log_handler)
@@ -790,10 +778,13 @@ def _plain_problem(value: Any, live: Any = None) -> Optional[str]:
     return next(filter(None, map(_plain_problem, value)), None)
 
 
-def _check_settings(saved: Dict[str, Any], live: Dict[str, Any], name: Callable[[str], str],
-                    none_for_number: bool = True) -> None:
-    """Each entry of ``saved`` is one ``live`` has, a plain finite value (:func:`_plain_problem`), and a number where
-    the live one is (or None, if ``none_for_number``); else a ``ValueError`` naming the entry as ``name(key)``."""
+def check_settings(saved: Any, live: Dict[str, Any], name: Callable[[str], str], none_for_number: bool = True) -> None:
+    """A saved state (a scheduler's, an AMP scaler's, an optimizer group's settings: loaded by assigning its entries
+    to attributes, so checked before loading) fits the live one: a str-keyed dict of entries ``live`` has, plain
+    finite values (:func:`_plain_problem`), a number where the live one is (or None, if ``none_for_number``); else a
+    ``ValueError`` naming the entry as ``name(key)``."""
+    if not isinstance(saved, dict):
+        raise ValueError(f'{name("")} is a {type(saved).__name__}, not a state dict')
     for k, v in saved.items():
         if k not in live:
             raise ValueError(f'{name(k)} is no entry of the live state')
@@ -802,15 +793,6 @@ def _check_settings(saved: Dict[str, Any], live: Dict[str, Any], name: Callable[
             problem = 'not a value of its kind'
         if problem:  # e.g. a saved NaN base LR would train on NaN
             raise ValueError(f'{name(k)} is {short_repr(v)}: {problem}')
-
-
-def check_settings_state(saved: Any, live: Dict[str, Any], what: str) -> None:
-    """A saved scheduler / scaler state (loaded by assigning its entries to attributes, so checked before loading)
-    fits the live object's ``state_dict()`` ``live`` (:func:`_check_settings`); else a ``ValueError`` naming
-    ``what``."""
-    if not isinstance(saved, dict):
-        raise ValueError(f'{what} is a {type(saved).__name__}, not a state dict')
-    _check_settings(saved, live, lambda k: f'{what} entry {k!r}')
 
 
 def check_optimizer_state(saved: Any, optimizer: torch.optim.Optimizer) -> None:
@@ -831,7 +813,7 @@ def check_optimizer_state(saved: Any, optimizer: torch.optim.Optimizer) -> None:
         if not isinstance(ids, list) or len(ids) != len(live['params']) or not all(_is_number(j) for j in ids):
             raise ValueError(f'optimizer parameter group {i} does not list {len(live["params"])} parameters')
         params.update(zip(ids, live['params']))
-        _check_settings({k: v for k, v in group.items() if k != 'params'}, live,
+        check_settings({k: v for k, v in group.items() if k != 'params'}, live,
                         lambda k: f'optimizer setting {k!r} of group {i}', none_for_number=False)
     state = saved['state']
     if not isinstance(state, dict) or not set(state) <= set(params):
@@ -930,8 +912,8 @@ def preserve_rng():
 # a link planted in the run folder) and appends new columns under the old header; a resume also drops rows past its
 # epoch.
 class SummaryWriter:
-    """``summary.csv``, a row per epoch (first column ``epoch``). Columns are fixed by the first row; a later row with
-    new keys rewrites the file with the union of columns (still one header)."""
+    """``summary.csv``, a row per epoch (first column ``epoch``), written whole and atomically at every row, with
+    one header: the union of the rows' columns."""
 
     def __init__(self, path: os.PathLike):
         self.path = Path(path)
@@ -942,43 +924,27 @@ class SummaryWriter:
         with open(self.path, newline='') as f:
             return list(csv.DictReader(f))
 
-    def _write_all(self, rows: List[Dict[str, Any]], fieldnames: List[str]) -> None:
-        buf = StringIO()
-        writer = csv.DictWriter(buf, fieldnames=fieldnames, restval='')
-        writer.writeheader()
-        writer.writerows(rows)
-        atomic_write_text(self.path, buf.getvalue())
-
     def rows_before(self, epoch: int) -> List[Dict[str, str]]:
         """The rows of the epochs before ``epoch``; a row torn by a crash mid-write (no parsable epoch) is not
         kept."""
         return [r for r in self.read() if str(r.get('epoch', '')).isdigit() and int(r['epoch']) < epoch]
 
-    def truncate(self, before_epoch: int) -> None:
-        """On resume: drop the rows of epoch >= ``before_epoch`` (logged, not checkpointed, before a crash)."""
-        rows = self.read()
-        kept = self.rows_before(before_epoch)
-        if len(kept) != len(rows):
-            self._write_all(kept, list(rows[0].keys()))
+    def write(self, rows: List[Dict[str, Any]]) -> None:
+        buf = StringIO()
+        writer = csv.DictWriter(buf, fieldnames=list(dict.fromkeys(k for row in rows for k in row)), restval='')
+        writer.writeheader()
+        writer.writerows(rows)
+        atomic_write_text(self.path, buf.getvalue())
 
-    def copy_rows(self, source: 'SummaryWriter', before_epoch: int) -> None:
-        """Start this file with ``source``'s rows before ``before_epoch``: a run continued from a checkpoint in a
-        new folder keeps the curve that led to it."""
-        rows = source.rows_before(before_epoch)
-        if rows:
-            self._write_all(rows, list(rows[0].keys()))
+    def keep_rows(self, before_epoch: int, source: Optional['SummaryWriter'] = None) -> None:
+        """On resume: keep the rows before ``before_epoch`` (logged, not checkpointed, before a crash), taken from
+        ``source`` when the run continues in a new folder (the curve that led to its checkpoint)."""
+        rows = (source or self).rows_before(before_epoch)
+        if rows or (source is None and self.path.exists()):
+            self.write(rows)
 
     def append(self, row: Dict[str, Any]) -> None:
-        row = {k: (f'{v:.6g}' if isinstance(v, float) else v) for k, v in row.items()}
-        rows = self.read()
-        fieldnames = list(rows[0].keys()) if rows else []
-        if not rows or set(row) - set(fieldnames):  # a new file, or new columns: written whole, one header
-            self._write_all(rows + [row], fieldnames + [k for k in row if k not in fieldnames])
-            return
-        with open(open_own_file(self.path, os.O_WRONLY | os.O_APPEND), 'a', newline='') as f:
-            csv.DictWriter(f, fieldnames=fieldnames, restval='').writerow(row)
-            f.flush()
-            os.fsync(f.fileno())
+        self.write(self.read() + [{k: (f'{v:.6g}' if isinstance(v, float) else v) for k, v in row.items()}])
 
 
 _CURVES = (('loss', ('train_loss', 'eval_loss', 'ema_eval_loss')),
