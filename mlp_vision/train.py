@@ -307,7 +307,7 @@ def train(args, dist_info, resume_ckpt: Optional[dict], demo: bool, stop_signal:
     received (0: none). Returns the results dict on rank 0, None on the other ranks."""
     device, run_start = dist_info.device, time.time()
     data_dir = _prepare_demo(args) if demo else args.data_dir or args.data
-    check_resume_identity(resume_ckpt, args.resume, arch=args.model)
+    check_resume_identity(resume_ckpt, args.resume, args.model)
     random_seed(args.seed, dist_info.rank)
     dataset_train, dataset_eval, train_classes = _create_datasets(args, data_dir)
     _fit_batch_to_training_set(args, dataset_train, dist_info.world_size)

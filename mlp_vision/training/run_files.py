@@ -134,16 +134,11 @@ def check_resume_payload(ckpt: Dict[str, Any], source: str) -> None:
                          f'not what this trainer writes; the file is damaged or was crafted, and is not used')
 
 
-def check_resume_identity(ckpt: Optional[Dict[str, Any]], resume: str, **expected) -> None:
-    """The resumed checkpoint (None: not resuming) was made for these settings (e.g. ``arch='smlpnet_t'``)."""
-    if ckpt is None:
-        return
-    found = {k: ckpt.get(k) for k in expected}
-    if found != expected:
-        was, wanted = (', '.join(f'{"model" if k == "arch" else k} {short_repr(v)}' for k, v in d.items())
-                       for d in (found, expected))
-        raise UsageError(f'--resume {resume} is a checkpoint of {was}, not of {wanted}; leave these '
-                         f'flags out to continue the run as it was')
+def check_resume_identity(ckpt: Optional[Dict[str, Any]], resume: str, model_name: str) -> None:
+    """The resumed checkpoint (None: not resuming) was made for the model ``model_name``."""
+    if ckpt is not None and ckpt.get('arch') != model_name:
+        raise UsageError(f'--resume {resume} is a checkpoint of model {short_repr(ckpt.get("arch"))}, not of '
+                         f'{model_name!r}; leave --model out to continue the run as it was')
 
 
 def restore_training_state(ckpt: Optional[Dict[str, Any]], resume: str, model_name: str, model: nn.Module,
@@ -270,13 +265,6 @@ def new_run_folder(root: os.PathLike, name: str) -> Path:
 
 def is_run_id(value) -> bool:
     return isinstance(value, str) and _RUN_ID.fullmatch(value) is not None
-
-
-def write_run_id(folder: Path) -> str:
-    """Give the new run in ``folder`` its identity (``run.json``); returns the id."""
-    run_id = uuid.uuid4().hex
-    atomic_write_text(folder / RUN_FILE, json.dumps({'run_id': run_id, 'kind': 'image'}) + '\n')
-    return run_id
 
 
 def read_run_id(folder: Path) -> Optional[str]:
@@ -421,7 +409,9 @@ def open_run_folder(args, ckpt: Optional[Dict[str, Any]], *, default_root: str, 
         if not in_place:
             lock = FolderLock(output_dir)
             check_own_files(output_dir)
-        run_id = ckpt['run_id'] if in_place else write_run_id(output_dir)
+        run_id = ckpt['run_id'] if in_place else uuid.uuid4().hex
+        if not in_place:  # the new run's identity
+            atomic_write_text(output_dir / RUN_FILE, json.dumps({'run_id': run_id, 'kind': 'image'}) + '\n')
         log_handler = add_log_file(output_dir / 'train.log')
         if note:
             _logger.warning(note)
@@ -494,7 +484,15 @@ def close_run_folder(folder: Optional[RunFolder], error: Optional[BaseException]
     if folder is None:
         return
     if isinstance(error, Exception) and folder.in_final_stage and not folder.results_written:
-        _record_final_stage_error(folder, error)
+        try:
+            write_results(folder, {'error': ' '.join(f'{type(error).__name__}: {error}'.split())[:500],
+                                   'epoch': folder.last_saved,
+                                   'checkpoints': {'last': str(folder.output_dir / 'last.pth')},
+                                   'note': 'training finished, but its final stage (evaluation / export / results) '
+                                           'failed; the weights are in the checkpoints'})
+            _logger.error(f'the final stage failed; the error is recorded in {folder.output_dir / "results.json"}')
+        except OSError as e:  # e.g. the full disk that stopped the stage: the original error is the one to report
+            _logger.error(f'could not record the error in results.json either: {e}')
     if isinstance(error, RunError):
         with open(open_own_file(folder.output_dir / 'train.log', os.O_WRONLY | os.O_APPEND | os.O_CREAT), 'a') as f:
             f.write(f'{datetime.now():%Y-%m-%d %H:%M:%S} ERROR {error}\n')
@@ -502,19 +500,6 @@ def close_run_folder(folder: Optional[RunFolder], error: Optional[BaseException]
     if folder.lock is not None:
         folder.lock.release()
         folder.lock = None
-
-
-def _record_final_stage_error(folder: RunFolder, error: BaseException) -> None:
-    message = ' '.join(f'{type(error).__name__}: {error}'.split())[:500]
-    try:
-        write_results(folder, {'error': message, 'epoch': folder.last_saved,
-                               'checkpoints': {'last': str(folder.output_dir / 'last.pth')},
-                               'note': 'training finished, but its final stage (evaluation / export / results) '
-                                       'failed; the weights are in the checkpoints'})
-    except OSError as e:  # e.g. the full disk that stopped the stage: the original error is the one to report
-        _logger.error(f'could not record the error in results.json either: {e}')
-        return
-    _logger.error(f'the final stage failed; the error is recorded in {folder.output_dir / "results.json"}')
 
 
 def log_settings_changes(args) -> None:
@@ -632,20 +617,14 @@ def list_outputs(folder: RunFolder) -> None:
 
 
 class CheckpointManager:
-    """``last.pth`` every epoch, ``model_best.pth`` and the ``max_history`` best ``checkpoint-<epoch>.pth``.
-    ``resume_only``: the fields only a resume needs (``optimizer``, ``amp_scaler``), which best / top-N files then
-    leave out (for AdamW a third of the size; else the three are hard links of one file).
-
-    The best / top-N history is stored in every checkpoint and restored (checked) on resume. Writes, in order:
-    best / top-N, then ``last.pth`` (atomic, with the new history), then removal of the file that fell out of the
-    top N (named from its epoch, never from a path read from a checkpoint). A kill between them leaves ``last.pth``
-    at the previous epoch, which a resume trains again; ``model_best.pth`` holds its own epoch and metric, and a
-    resume takes the best from it (:meth:`load_state_dict`), so the record and the file never disagree.
-
-    Not ``timm.utils.CheckpointSaver`` (timm 1.0.31), whose ranking this follows: it refuses ``max_history=0``,
-    tracks the best only inside a top-N slot, writes non-atomically through a fixed ``tmp`` name, and deletes the
-    paths a restored state names (a crafted ``../file`` included).
-    """
+    """``last.pth`` every epoch, ``model_best.pth`` and the ``max_history`` best ``checkpoint-<epoch>.pth``;
+    ``resume_only``: the fields (``optimizer``, ``amp_scaler``) that best / top-N files leave out (else the three
+    are hard links of one file). The history is stored in every checkpoint and checked on resume. Writes, in
+    order: best / top-N, ``last.pth`` (with the new history), the removal of the file that fell out of the top N
+    (named from its epoch, never from a path read from a checkpoint); a kill between them leaves ``last.pth`` at
+    the previous epoch, and a resume takes the best from ``model_best.pth`` itself, so record and file agree.
+    Not timm's ``CheckpointSaver`` (whose ranking this follows): it refuses ``max_history=0``, tracks the best only
+    inside a top-N slot, writes through a fixed ``tmp`` name and deletes the paths a restored state names."""
 
     def __init__(self, output_dir: os.PathLike, decreasing: bool = False, max_history: int = 3,
                  resume_only: Sequence[str] = ()):
