@@ -21,7 +21,7 @@ from mlp_vision.errors import UsageError, find_os_error
 
 __all__ = ['open_own_file', 'temp_path', 'clean_stale_temp_files', 'atomic_write', 'atomic_save', 'atomic_write_text',
            'atomic_folder', 'atomic_link', 'keep_previous', 'output_kind', 'write_output_file', 'json_text',
-           'write_json', 'setup_logging', 'add_log_file', 'remove_log_file']
+           'setup_logging', 'add_log_file', 'remove_log_file']
 
 _TMP_TAG = '.tmp-'
 
@@ -36,9 +36,8 @@ def _fsync_dir(path: Path) -> None:
 
 
 def open_own_file(path: os.PathLike, flags: int, mode: int = 0o644) -> int:
-    """``os.open(path, flags)`` for a file a run writes: never through a symbolic link (``O_NOFOLLOW``) and never
-    into a FIFO, device or socket (opened non-blocking, then checked), so a link planted in a run folder cannot make
-    the run write to a file elsewhere. Returns the descriptor; otherwise a :class:`UsageError` naming the file."""
+    """``os.open(path, flags)`` for a file a run writes, never through a link planted in its folder (``O_NOFOLLOW``)
+    nor into a FIFO, device or socket (opened non-blocking, then checked): else a :class:`UsageError` naming it."""
     path = Path(path)
     try:
         fd = os.open(path, flags | getattr(os, 'O_NOFOLLOW', 0) | getattr(os, 'O_NONBLOCK', 0), mode)
@@ -74,8 +73,7 @@ def _pid_alive(pid: int) -> bool:
 
 
 def clean_stale_temp_files(folder: os.PathLike) -> List[Path]:
-    """Remove the temporary files (:func:`temp_path`) that killed processes left in ``folder``; returns them. A
-    file whose process still runs (another writer, or this process) is left alone. A folder that a killed
+    """Remove (and return) the temporary files (:func:`temp_path`) of dead processes in ``folder``; a folder a killed
     :func:`atomic_folder` had moved aside, its place still empty, is moved back instead (it holds a user's files)."""
     removed = []
     for p in sorted(Path(folder).glob(f'.*{_TMP_TAG}*')):
@@ -96,9 +94,9 @@ def clean_stale_temp_files(folder: os.PathLike) -> List[Path]:
 
 
 def atomic_write(path: os.PathLike, write: Callable[[Any], None], mode: str = 'wb') -> None:
-    """``write(f)`` into a file of our own named :func:`temp_path`, flush + fsync, then ``os.replace`` onto
-    ``path``: a reader (or a run killed at any point) sees the previous file or the complete new one, and a failed
-    write (a full disk: an ``OSError`` naming ``path``) leaves the previous file and no temporary file behind."""
+    """``write(f)`` into a file of our own (:func:`temp_path`), fsync, ``os.replace`` onto ``path``: a reader (or a
+    kill) sees the previous file or the complete new one; a failed write (an ``OSError`` naming ``path``) leaves
+    the previous file and no temporary file."""
     path, tmp = Path(path), temp_path(path)
     try:
         tmp.unlink(missing_ok=True)  # this process's own name: a leftover (or a planted link) goes first
@@ -127,9 +125,8 @@ def atomic_write_text(path: os.PathLike, text: str) -> None:
 
 
 def keep_previous(path: os.PathLike) -> Optional[Path]:
-    """Rename an existing regular file ``path`` (``results.json``) to the first free ``<stem>-<n><suffix>``, so a
-    later write of ``path`` loses nothing; returns the new name (None when there was nothing to keep). Anything else
-    there (a link, FIFO, device, folder) is never renamed: a :class:`UsageError`."""
+    """Rename a regular file ``path`` to the first free ``<stem>-<n><suffix>`` and return that (None: no file), so a
+    later write of ``path`` loses nothing; anything else there (a link, FIFO, folder) is a :class:`UsageError`."""
     path = Path(path)
     if not os.path.lexists(path):
         return None
@@ -169,9 +166,8 @@ def _through_proc(path: str) -> bool:
 
 
 def _write_in_place(path: str, data: bytes, append: bool = False) -> bool:
-    """Open ``path`` for writing (never created, truncated or renamed) and write ``data``, as a shell's ``>`` does
-    to a device or FIFO (a FIFO blocks until a reader opens it). False, nothing written, when it turned out to be a
-    regular file (or vanished) since it was looked at, and ``append`` is not set."""
+    """Write ``data`` into ``path`` opened as it is (never created, truncated or renamed), as a shell's ``>`` does
+    to a device or FIFO; False, nothing written, when it is (now) a regular file or gone and not ``append``."""
     try:
         fd = os.open(path, os.O_WRONLY | getattr(os, 'O_NOCTTY', 0) | (os.O_APPEND if append else 0))
     except FileNotFoundError:
@@ -189,11 +185,10 @@ def _write_in_place(path: str, data: bytes, append: bool = False) -> bool:
 
 
 def write_output_file(path: os.PathLike, data: Union[str, bytes], keep: bool = False) -> Optional[Path]:
-    """Write ``data`` (a str as UTF-8) to an output path the user gave, as any Unix tool would. A FIFO or device is
-    opened and written as it is; a regular file (``keep``: the earlier one first kept by :func:`keep_previous`) or a
-    new name by :func:`atomic_write`. A symbolic link stays a link: these rules apply to its target, and through
-    ``/dev/stdout`` (``/proc/self/fd``) the bytes are appended. A folder or socket: a :class:`UsageError`. Returns the
-    name the earlier file was kept under, else None."""
+    """Write ``data`` (a str as UTF-8) to an output path the user gave, as any Unix tool would: a FIFO or device as
+    it is; a regular file (``keep``: the earlier one kept by :func:`keep_previous`, whose name is returned) or a new
+    name by :func:`atomic_write`; a link's target by these rules (through ``/dev/stdout``: appended); a folder or
+    socket: a :class:`UsageError`."""
     path = os.fspath(path)
     data = data.encode('utf-8') if isinstance(data, str) else bytes(data)
     kind, is_link = output_kind(path), os.path.islink(path)
@@ -212,10 +207,9 @@ def write_output_file(path: os.PathLike, data: Union[str, bytes], keep: bool = F
 
 @contextlib.contextmanager
 def atomic_folder(path: os.PathLike):
-    """Write a folder (a ``save_pretrained`` export) atomically: the block fills a temporary folder beside ``path``
-    (yielded), which then replaces ``path``; a failure or a kill inside the block leaves ``path`` as it was. What
-    the earlier folder holds besides the files the block wrote (a user's model card ``README.md``, notes) is
-    copied into the new one first: only the export's own files are replaced."""
+    """Write a folder (a ``save_pretrained`` export) atomically: the block fills the temporary folder it is given,
+    which then replaces ``path`` (a failure inside leaves ``path`` as it was); the earlier folder's other files (a
+    user's model card) are copied into it first: only the export's own files are replaced."""
     path, tmp = Path(path), temp_path(path)
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
@@ -254,10 +248,6 @@ def atomic_link(src: os.PathLike, dst: os.PathLike) -> None:
 def json_text(obj: Any) -> str:
     """The text of every results JSON file: indented, keys in their order, other values as ``str``."""
     return json.dumps(obj, indent=2, sort_keys=False, default=str) + '\n'
-
-
-def write_json(path: os.PathLike, obj: Any) -> None:
-    atomic_write_text(Path(path), json_text(obj))
 
 
 # ------------------------------------------------------------------------------------------------ the log

@@ -45,10 +45,9 @@ from mlp_vision.training.image_loader import (
     create_eval_loader, create_train_loader, fit_batch_to_data, train_samples_per_rank)
 from mlp_vision.weights import ALLOW_MISSING_FLAG, is_training_checkpoint, load_checkpoint_file, load_model_weights
 from mlp_vision.training.run_files import (
-    NonFiniteLossError, RunFolder, all_gather_objects, check_not_finished, check_resume_identity,
-    check_resume_payload, checkpoint_files, close_run_folder, list_outputs, log_settings_changes, open_run_folder,
-    parse_run_args, plot_curves, preserve_rng, restore_ema, restore_rng, restore_training_state, save_checkpoint,
-    stop_error, stop_signals, write_results)
+    NonFiniteLossError, RunFolder, all_gather_objects, check_not_finished, check_resume_identity, check_resume_payload,
+    close_run_folder, log_settings_changes, open_run_folder, parse_run_args, plot_curves, preserve_rng, restore_ema,
+    restore_rng, restore_training_state, save_checkpoint, stop_error, stop_signals, write_results)
 from mlp_vision.training.image_model import (
     CROP_PCT_RANGE, DistInfo, add_common_arguments, add_compile_arguments, add_dataset_arguments,
     add_device_arguments, add_input_arguments, check_activations, check_compile_backend, check_dataset_package,
@@ -369,7 +368,6 @@ def train(args, dist_info, resume_ckpt: Optional[dict], demo: bool, stop_signal:
                 demo=demo, num_epochs=num_epochs, command=command)
             if results is not None:
                 _report(args, folder, metrics, results, data_dir, run_start)
-                list_outputs(folder)
             if stop_signal():  # held through the final stage, which had to finish for its outputs to agree
                 where = f' (results.json, pretrained/ in {folder.output_dir})' if folder is not None else ''
                 raise Interrupted(stop_signal(), message=(
@@ -447,7 +445,7 @@ def _final_stage(args, dist_info, folder: Optional[RunFolder], model, train_mode
     # the best as model_best.pth itself records it: the record names what the files hold
     best = ({'epoch': pretrained_from['epoch'], 'metric': pretrained_from['metric']}
             if pretrained_from['file'] == folder.saver.best_path.name else None)
-    device = dist_info.device
+    device, best_path = dist_info.device, folder.saver.best_path
     results = {
         'model': args.model, 'model_kwargs': create_kwargs, 'experiment_dir': str(folder.output_dir),
         'device': str(device), 'device_name': torch.cuda.get_device_name(device) if device.type == 'cuda' else None,
@@ -455,7 +453,8 @@ def _final_stage(args, dist_info, folder: Optional[RunFolder], model, train_mode
         'torch_version': torch.__version__, 'world_size': dist_info.world_size, 'epochs': num_epochs,
         'global_batch': _global_batch(args, dist_info.world_size), 'lr': args.lr, 'final_epoch': num_epochs - 1,
         'train': metrics.train, 'eval': metrics.eval, 'ema_eval': metrics.ema_eval,
-        'best': best, 'eval_metric': args.eval_metric, 'checkpoints': checkpoint_files(folder),
+        'best': best, 'eval_metric': args.eval_metric, 'checkpoints': {  # None: nothing was evaluated
+            'last': str(folder.saver.last_path), 'best': str(best_path) if best_path.exists() else None},
         'pretrained': str(pretrained), 'pretrained_from': pretrained_from, 'weights_sha256_per_rank': digests,
         'ranks_agree': len(set(digests)) == 1,
         'train_seconds_this_process': time.time() - metrics.train_start, 'demo_validation': demo_val,
@@ -1042,6 +1041,8 @@ def _report(args, folder: RunFolder, metrics: EpochMetrics, results: dict, data_
             f'Demo result: validation accuracy {demo_val["top1"]:.2f}% top-1 on {demo_val["samples"]} held-out '
             f'digit images (chance: 10%), checkpoint {folder.saver.best_path}; '
             f'total time {format_duration(time.time() - run_start)}.')
+    names = sorted(p.name for p in folder.output_dir.iterdir() if not p.name.startswith('.'))
+    _logger.info(f'Outputs in {folder.output_dir}: {", ".join(names)}')
 
 
 if __name__ == '__main__':

@@ -374,11 +374,8 @@ def process_group_backend(device_type: str, dist_backend: Optional[str] = None) 
         return 'cpu:gloo,cuda:nccl' if device_type == 'cuda' else None
     names = [b for b in dist.Backend.backend_list if b not in ('undefined', 'fake')]
     pairs = [part.partition(':') for part in dist_backend.split(',')]
-    if len(pairs) == 1 and not pairs[0][1]:
-        valid = dist_backend in names
-    else:
-        valid = all(sep and _is_device_type(device) and name in names for device, sep, name in pairs)
-    if not valid:
+    if dist_backend not in names and not all(sep and _is_device_type(device) and name in names
+                                             for device, sep, name in pairs):
         raise UsageError(f'--dist-backend {dist_backend!r} is not a torch.distributed backend; use one of '
                          f'{", ".join(names)}, or device:backend pairs such as cpu:gloo,cuda:nccl (default: '
                          f'cpu:gloo,cuda:nccl for CUDA, gloo for CPU)')
@@ -488,7 +485,8 @@ CROP_PCT_RANGE = dict(low=0, high=1, low_open=True, why="the crop's fraction of 
                                                          "image is resized smaller than the crop and padded")
 # the module timm's reader of each --dataset KIND/ imports (torch/: torchvision, a dependency), and what to install
 DATASET_PACKAGES = {'hfds': ('datasets', 'datasets'), 'hfids': ('datasets', 'datasets'),
-                    'tfds': ('tensorflow_datasets', 'tensorflow tensorflow-datasets'), 'wds': ('webdataset', 'webdataset')}
+                    'tfds': ('tensorflow_datasets', 'tensorflow tensorflow-datasets'),
+                    'wds': ('webdataset', 'webdataset')}
 
 
 def check_dataset_package(dataset: str) -> None:

@@ -49,7 +49,7 @@ from mlp_vision.arguments import (
 from mlp_vision.errors import Interrupted, RunError, UsageError, short_repr
 from mlp_vision.outputs import (
     add_log_file, atomic_link, atomic_save, atomic_write, atomic_write_text, clean_stale_temp_files, keep_previous,
-    open_own_file, remove_log_file, write_json)
+    json_text, open_own_file, remove_log_file)
 from mlp_vision.weights import load_checkpoint_file, load_model_weights
 
 _logger = logging.getLogger(__name__)
@@ -596,24 +596,13 @@ def stop_error(error: Exception, last_path: Optional[Path], last_saved: Optional
                     f'data; then restart, or continue with --resume {intact}')
 
 
-def checkpoint_files(folder: RunFolder) -> Dict[str, Optional[str]]:
-    """``last.pth`` and ``model_best.pth`` (None when nothing was evaluated), as ``results.json`` names them."""
-    return {'last': str(folder.saver.last_path),
-            'best': str(folder.saver.best_path) if folder.saver.best_path.exists() else None}
-
-
 def write_results(folder: RunFolder, results: Dict[str, Any]) -> None:
     """``results.json``; the results of an earlier finish of this run are kept as ``results-N.json``."""
     kept = keep_previous(path := folder.output_dir / 'results.json')
     if kept is not None:
         _logger.info(f'the earlier results.json of this run is kept as {kept.name}')
-    write_json(path, results)
+    atomic_write_text(path, json_text(results))
     folder.results_written = True
-
-
-def list_outputs(folder: RunFolder) -> None:
-    names = sorted(p.name for p in folder.output_dir.iterdir() if not p.name.startswith('.'))
-    _logger.info(f'Outputs in {folder.output_dir}: {", ".join(names)}')
 
 
 class CheckpointManager:
