@@ -1,15 +1,9 @@
 """ What the commands write, and how: files that a later mistake cannot lose or write through, and the log.
 
-* a file of a command's own (a run's checkpoints, ``summary.csv``): :func:`open_own_file` never through a link or
-  into a FIFO / device; :func:`atomic_write` (``atomic_save``, ``atomic_write_text``, :func:`atomic_link`,
-  :func:`atomic_folder`) through a temporary name (:func:`temp_path`), so a kill at any point leaves the previous
-  file or the complete new one; :func:`clean_stale_temp_files` removes what killed processes left;
-* an output path the user gave (``--results-file``, ``--output``): :func:`write_output_file` writes it as any Unix
-  tool would (a FIFO or device in place; a regular file atomically, the earlier one kept by :func:`keep_previous`);
-* the log: :func:`setup_logging` (stdout), :func:`add_log_file` (a run's ``train.log``, appended, never through a
-  link); results JSON: :func:`json_text`.
-
-Used by every command (validate, benchmark, complexity, the trainers).
+A run's own files (:func:`open_own_file`: never through a link or into a FIFO / device) are written through a
+temporary name (:func:`atomic_write` and its kin), so a kill leaves the previous file or the complete new one; an
+output path the user gave is written as any Unix tool would (:func:`write_output_file`); :func:`setup_logging` and
+:func:`add_log_file` are the log.
 """
 import contextlib
 import json
@@ -27,9 +21,10 @@ from mlp_vision.errors import UsageError, find_os_error
 
 __all__ = ['open_own_file', 'temp_path', 'clean_stale_temp_files', 'atomic_write', 'atomic_save', 'atomic_write_text',
            'atomic_folder', 'atomic_link', 'keep_previous', 'output_kind', 'write_output_file', 'json_text',
-           'write_json', 'setup_logging', 'add_log_file', 'remove_log_file']
+           'setup_logging', 'add_log_file', 'remove_log_file']
 
 _TMP_TAG = '.tmp-'
+
 
 def _fsync_dir(path: Path) -> None:
     with contextlib.suppress(OSError):  # makes the rename itself durable (POSIX); not possible on every platform
@@ -41,9 +36,8 @@ def _fsync_dir(path: Path) -> None:
 
 
 def open_own_file(path: os.PathLike, flags: int, mode: int = 0o644) -> int:
-    """``os.open(path, flags)`` for a file a run writes: never through a symbolic link (``O_NOFOLLOW``) and never
-    into a FIFO, device or socket (opened non-blocking, then checked), so a link planted in a run folder cannot make
-    the run write to a file elsewhere. Returns the descriptor; otherwise a :class:`UsageError` naming the file."""
+    """``os.open(path, flags)`` for a file a run writes, never through a link planted in its folder (``O_NOFOLLOW``)
+    nor into a FIFO, device or socket (opened non-blocking, then checked): else a :class:`UsageError` naming it."""
     path = Path(path)
     try:
         fd = os.open(path, flags | getattr(os, 'O_NOFOLLOW', 0) | getattr(os, 'O_NONBLOCK', 0), mode)
@@ -65,8 +59,7 @@ def open_own_file(path: os.PathLike, flags: int, mode: int = 0o644) -> int:
 
 def temp_path(path: os.PathLike) -> Path:
     """The temporary name of an atomic write of ``path``: ``.<name>.tmp-<pid>`` beside it."""
-    path = Path(path)
-    return path.with_name(f'.{path.name}{_TMP_TAG}{os.getpid()}')
+    return Path(path).with_name(f'.{Path(path).name}{_TMP_TAG}{os.getpid()}')
 
 
 def _pid_alive(pid: int) -> bool:
@@ -80,8 +73,7 @@ def _pid_alive(pid: int) -> bool:
 
 
 def clean_stale_temp_files(folder: os.PathLike) -> List[Path]:
-    """Remove the temporary files (:func:`temp_path`) that killed processes left in ``folder``; returns them. A
-    file whose process still runs (another writer, or this process) is left alone. A folder that a killed
+    """Remove (and return) the temporary files (:func:`temp_path`) of dead processes in ``folder``; a folder a killed
     :func:`atomic_folder` had moved aside, its place still empty, is moved back instead (it holds a user's files)."""
     removed = []
     for p in sorted(Path(folder).glob(f'.*{_TMP_TAG}*')):
@@ -102,9 +94,9 @@ def clean_stale_temp_files(folder: os.PathLike) -> List[Path]:
 
 
 def atomic_write(path: os.PathLike, write: Callable[[Any], None], mode: str = 'wb') -> None:
-    """``write(f)`` into a file of our own named :func:`temp_path`, flush + fsync, then ``os.replace`` onto
-    ``path``: a reader (or a run killed at any point) sees the previous file or the complete new one, and a failed
-    write (a full disk: an ``OSError`` naming ``path``) leaves the previous file and no temporary file behind."""
+    """``write(f)`` into a file of our own (:func:`temp_path`), fsync, ``os.replace`` onto ``path``: a reader (or a
+    kill) sees the previous file or the complete new one; a failed write (an ``OSError`` naming ``path``) leaves
+    the previous file and no temporary file."""
     path, tmp = Path(path), temp_path(path)
     try:
         tmp.unlink(missing_ok=True)  # this process's own name: a leftover (or a planted link) goes first
@@ -125,19 +117,16 @@ def atomic_write(path: os.PathLike, write: Callable[[Any], None], mode: str = 'w
 
 
 def atomic_save(obj: Any, path: os.PathLike) -> None:
-    """``torch.save(obj)`` to ``path`` by :func:`atomic_write`."""
     atomic_write(path, lambda f: torch.save(obj, f))
 
 
 def atomic_write_text(path: os.PathLike, text: str) -> None:
-    """``text`` (UTF-8) to ``path`` by :func:`atomic_write`."""
     atomic_write(path, lambda f: f.write(text), mode='w')
 
 
 def keep_previous(path: os.PathLike) -> Optional[Path]:
-    """Rename an existing regular file ``path`` (``results.json``) to the first free ``<stem>-<n><suffix>``, so a
-    later write of ``path`` loses nothing; returns the new name (None when there was nothing to keep). Anything else
-    there (a link, FIFO, device, folder) is never renamed: a :class:`UsageError`."""
+    """Rename a regular file ``path`` to the first free ``<stem>-<n><suffix>`` and return that (None: no file), so a
+    later write of ``path`` loses nothing; anything else there (a link, FIFO, folder) is a :class:`UsageError`."""
     path = Path(path)
     if not os.path.lexists(path):
         return None
@@ -177,9 +166,8 @@ def _through_proc(path: str) -> bool:
 
 
 def _write_in_place(path: str, data: bytes, append: bool = False) -> bool:
-    """Open ``path`` for writing (never created, truncated or renamed) and write ``data``, as a shell's ``>`` does
-    to a device or FIFO (a FIFO blocks until a reader opens it). False, nothing written, when it turned out to be a
-    regular file (or vanished) since it was looked at, and ``append`` is not set."""
+    """Write ``data`` into ``path`` opened as it is (never created, truncated or renamed), as a shell's ``>`` does
+    to a device or FIFO; False, nothing written, when it is (now) a regular file or gone and not ``append``."""
     try:
         fd = os.open(path, os.O_WRONLY | getattr(os, 'O_NOCTTY', 0) | (os.O_APPEND if append else 0))
     except FileNotFoundError:
@@ -197,11 +185,10 @@ def _write_in_place(path: str, data: bytes, append: bool = False) -> bool:
 
 
 def write_output_file(path: os.PathLike, data: Union[str, bytes], keep: bool = False) -> Optional[Path]:
-    """Write ``data`` (a str as UTF-8) to an output path the user gave, as any Unix tool would. A FIFO or device is
-    opened and written as it is; a regular file (``keep``: the earlier one first kept by :func:`keep_previous`) or a
-    new name by :func:`atomic_write`. A symbolic link stays a link: these rules apply to its target, and through
-    ``/dev/stdout`` (``/proc/self/fd``) the bytes are appended. A folder or socket: a :class:`UsageError`. Returns the
-    name the earlier file was kept under, else None."""
+    """Write ``data`` (a str as UTF-8) to an output path the user gave, as any Unix tool would: a FIFO or device as
+    it is; a regular file (``keep``: the earlier one kept by :func:`keep_previous`, whose name is returned) or a new
+    name by :func:`atomic_write`; a link's target by these rules (through ``/dev/stdout``: appended); a folder or
+    socket: a :class:`UsageError`."""
     path = os.fspath(path)
     data = data.encode('utf-8') if isinstance(data, str) else bytes(data)
     kind, is_link = output_kind(path), os.path.islink(path)
@@ -220,17 +207,17 @@ def write_output_file(path: os.PathLike, data: Union[str, bytes], keep: bool = F
 
 @contextlib.contextmanager
 def atomic_folder(path: os.PathLike):
-    """Write a folder (a ``save_pretrained`` export) atomically: the block fills a temporary folder beside ``path``
-    (yielded), which then replaces ``path``; a failure or a kill inside the block leaves ``path`` as it was. What
-    the earlier folder holds besides the files the block wrote (a user's model card ``README.md``, notes) is
-    copied into the new one first: only the export's own files are replaced."""
+    """Write a folder (a ``save_pretrained`` export) atomically: the block fills the temporary folder it is given,
+    which then replaces ``path`` (a failure inside leaves ``path`` as it was); the earlier folder's other files (a
+    user's model card) are copied into it first: only the export's own files are replaced."""
     path, tmp = Path(path), temp_path(path)
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     try:
         yield tmp
-        if path.is_dir() and not path.is_symlink():
-            _copy_others(path, tmp)
+        if path.is_dir() and not path.is_symlink():  # the earlier folder's other entries (links as links)
+            shutil.copytree(path, tmp, symlinks=True, dirs_exist_ok=True, ignore=lambda folder, names: [
+                n for n in names if folder == str(path) and os.path.lexists(tmp / n)])
         old = temp_path(path.with_name(path.name + '.old'))
         if path.exists():
             os.replace(path, old)  # a folder cannot be renamed over a non-empty one: move the old export away first
@@ -239,20 +226,6 @@ def atomic_folder(path: os.PathLike):
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     _fsync_dir(path.parent)
-
-
-def _copy_others(source: Path, dest: Path) -> None:
-    """Copy each entry of ``source`` that ``dest`` lacks into ``dest`` (links as links, folders whole)."""
-    for entry in source.iterdir():
-        target = dest / entry.name
-        if os.path.lexists(target):
-            continue
-        if entry.is_symlink():
-            os.symlink(os.readlink(entry), target)
-        elif entry.is_dir():
-            shutil.copytree(entry, target, symlinks=True)
-        else:
-            shutil.copy2(entry, target)
 
 
 def atomic_link(src: os.PathLike, dst: os.PathLike) -> None:
@@ -272,14 +245,9 @@ def atomic_link(src: os.PathLike, dst: os.PathLike) -> None:
     _fsync_dir(dst.parent)
 
 
-
 def json_text(obj: Any) -> str:
     """The text of every results JSON file: indented, keys in their order, other values as ``str``."""
     return json.dumps(obj, indent=2, sort_keys=False, default=str) + '\n'
-
-
-def write_json(path: os.PathLike, obj: Any) -> None:
-    atomic_write_text(Path(path), json_text(obj))
 
 
 # ------------------------------------------------------------------------------------------------ the log
@@ -287,8 +255,7 @@ def write_json(path: os.PathLike, obj: Any) -> None:
 # twice), and its RotatingFileHandler opens train.log by name (through a planted link) and renames it away at 2 MB,
 # where a resumed run continues the one train.log.
 class _StdoutHandler(logging.StreamHandler):
-    """Writes to whatever ``sys.stdout`` is at the time (safe when a caller swaps stdout, e.g. pytest)."""
-    stream = property(lambda self: sys.stdout, lambda self, value: None)
+    stream = property(lambda self: sys.stdout, lambda self, value: None)  # stdout at the time (pytest swaps it)
 
 
 def setup_logging(primary: bool = True) -> None:
@@ -302,10 +269,7 @@ def setup_logging(primary: bool = True) -> None:
 
 
 class _OwnFileHandler(logging.FileHandler):
-    """A ``FileHandler`` that appends only to a regular file of its own, never through a symbolic link
-    (:func:`open_own_file`)."""
-
-    def _open(self):
+    def _open(self):  # a regular file of its own, never through a symbolic link
         return open(open_own_file(self.baseFilename, os.O_WRONLY | os.O_APPEND | os.O_CREAT), 'a',
                     encoding=self.encoding, errors=self.errors)
 

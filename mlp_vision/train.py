@@ -1,18 +1,12 @@
 """ mlp_vision training command: timm's ImageNet training pipeline for the registered models (and any timm model).
 
-Run as ``mlp-vision-train`` or ``python -m mlp_vision.train`` (installed package), or ``python train.py`` in a
-checkout. Flags follow timm's train.py; ``-c/--config`` reads a yaml file of flag values, or a recipe of
-``configs/`` by name (``-c smlpnet_t``); explicit flags win. With no dataset it trains the demo on scikit-learn's
-handwritten digits. Usage, outputs and resume (bit-identical on CPU, one process): README, "Training and
-validation". SIGINT / SIGTERM stop the run at the next batch with one line naming the last checkpoint. Files load
-without running code from them unless ``--trust-checkpoint``. Bad input ends with one line and exit status 2
-(``--debug``: the traceback).
-
-The file reads as timm's train.py: the flags and their checks, then :func:`main` (through :func:`train`: data,
-model, optimizer, schedule, EMA, loaders, then the epochs), :func:`train_one_epoch` and the evaluation loop
-:func:`~mlp_vision.training.image_model.validate` (shared with validate.py). The run's files and their
-safety (folder identity and lock, atomic checkpoints with history, exact resume, stop lines, results) are the
-functions of :mod:`~mlp_vision.training.run_files`, called in order.
+Run as ``mlp-vision-train``, ``python -m mlp_vision.train`` or ``python train.py`` in a checkout. Flags follow timm's
+train.py; ``-c/--config`` reads a yaml file of flag values, or a recipe of ``configs/`` by name; explicit flags win.
+With no dataset it trains the demo on scikit-learn's handwritten digits. Usage, outputs and resume (bit-identical
+on CPU, one process): README, "Training and validation". It reads as timm's train.py: the flags and their checks,
+:func:`main` (through :func:`train`), :func:`train_one_epoch` and the evaluation loop
+:func:`~mlp_vision.training.image_model.validate`; the run's files and their safety are the functions of
+:mod:`~mlp_vision.training.run_files`, called in order.
 """
 import argparse
 import copy
@@ -51,16 +45,14 @@ from mlp_vision.training.image_loader import (
     create_eval_loader, create_train_loader, fit_batch_to_data, train_samples_per_rank)
 from mlp_vision.weights import ALLOW_MISSING_FLAG, is_training_checkpoint, load_checkpoint_file, load_model_weights
 from mlp_vision.training.run_files import (
-    NonFiniteLossError, RunFolder, all_gather_objects, check_not_finished, check_resume_identity,
-    check_resume_payload, checkpoint_files, close_run_folder, list_outputs, log_settings_changes, open_run_folder,
-    parse_run_args, plot_curves, preserve_rng, restore_ema, restore_rng, restore_training_state, save_checkpoint,
-    stop_error, stop_signals, write_results)
+    NonFiniteLossError, RunFolder, all_gather_objects, check_not_finished, check_resume_identity, check_resume_payload,
+    close_run_folder, log_settings_changes, open_run_folder, parse_run_args, plot_curves, preserve_rng, restore_ema,
+    restore_rng, restore_training_state, save_checkpoint, stop_error, stop_signals, write_results)
 from mlp_vision.training.image_model import (
-    DistInfo, add_common_arguments, add_compile_arguments, add_device_arguments, check_activations,
-    check_compile_backend, compile_model, create_model, init_device, load_pretrained_weights, model_create_kwargs,
-    reports_top5, resolve_model_data_config, setup_amp, validate)
-from mlp_vision.validate import (
-    CROP_PCT_RANGE, add_dataset_arguments, add_input_arguments, check_dataset_package, main as validate_main)
+    CROP_PCT_RANGE, DistInfo, add_common_arguments, add_compile_arguments, add_dataset_arguments,
+    add_device_arguments, add_input_arguments, check_activations, check_compile_backend, check_dataset_package,
+    compile_model, create_model, init_device, load_pretrained_weights, model_create_kwargs, reports_top5,
+    resolve_model_data_config, setup_amp, validate)
 
 _logger = logging.getLogger('train')
 
@@ -95,63 +87,56 @@ def _add_data_and_model_args(parser) -> None:
                             "--seed), or '' for no evaluation")
     group = parser.add_argument_group('Model parameters')
     group.add_argument('--model', default='smlpnet_t', type=str, metavar='MODEL', help='name of model to train')
-    group.add_argument('--pretrained', action='store_true', default=False,
-                       help="start with the model's pretrained weights")
-    group.add_argument('--pretrained-path', default=None, type=str, metavar='PATH',
+    group.add_argument('--pretrained', action='store_true', help="start with the model's pretrained weights")
+    group.add_argument('--pretrained-path', type=str, metavar='PATH',
                        help="start from a local weights file, loaded through the model's checkpoint filter "
                             "(official / timm layouts; classifier dropped if --num-classes differs)")
     group.add_argument('--initial-checkpoint', default='', type=str, metavar='PATH',
                        help='load these weights (a train.py checkpoint or a state dict of this exact model) first')
-    add_run_arguments(group, 'continue the run of this checkpoint (usually EXP/last.pth) in its folder, with its '
-                             'saved settings; flags given here override them')
-    group.add_argument('--no-resume-opt', action='store_true', default=False,
-                       help='with --resume: load weights and epoch only, not optimizer / scaler / scheduler')
-    group.add_argument(ALLOW_MISSING_FLAG, action='store_true', default=False,
-                       help='--pretrained-path, --pretrained: let model weights missing from the file keep their '
-                            'random init '
-                            '(otherwise an error; a classifier for another class count is always re-initialised)')
-    group.add_argument('--num-classes', type=int, default=None, metavar='N',
-                       help='number of label classes (default: the training set\'s)')
+    group.add_argument('--resume', default='', type=str, metavar='PATH', help='continue the run of this checkpoint '
+                       '(usually EXP/last.pth) in its folder, with its saved settings; flags given here override them')
+    group.add_argument('--keep-optimizer-state', action='store_true',
+                       help='model_best.pth and checkpoint-N.pth hold the optimizer state too, so a run can resume '
+                            'from them (default: weights only, about a third of the size; last.pth always has it)')
+    add_common_arguments(group)
+    group.add_argument('--no-resume-opt', action='store_true', help='--resume: weights and epoch only, no optimizer')
+    group.add_argument(ALLOW_MISSING_FLAG, action='store_true', help='--pretrained(-path): weights missing from the '
+                       'file keep their random init (else an error; a classifier of another class count always does)')
+    group.add_argument('--num-classes', type=int, metavar='N', help="label classes (default: the training set's)")
     add_input_arguments(group)
     group.add_argument('-b', '--batch-size', type=int, default=128, metavar='N', help='batch size per process')
-    group.add_argument('-vb', '--validation-batch-size', type=int, default=None, metavar='N',
-                       help='validation batch size (default: --batch-size)')
-    group.add_argument('--grad-accum-steps', type=int, default=1, metavar='N',
-                       help='accumulate gradients over N batches per optimizer step')
-    group.add_argument('--grad-checkpointing', action='store_true', default=False,
-                       help='activation checkpointing through the model')
+    group.add_argument('-vb', '--validation-batch-size', type=int, metavar='N', help='default: --batch-size')
+    group.add_argument('--grad-accum-steps', type=int, default=1, metavar='N', help='batches per optimizer step')
+    group.add_argument('--grad-checkpointing', action='store_true', help='activation checkpointing through the model')
     add_compile_arguments(group)
 
 
 def _add_device_and_optimizer_args(parser) -> None:
     group = parser.add_argument_group('Device and distributed')
     add_device_arguments(group)
-    group.add_argument('--sync-bn', action='store_true', default=False, help='SyncBatchNorm (CUDA, distributed)')
-    group.add_argument('--dist-bn', type=str, default='reduce', choices=('reduce', 'broadcast', ''),
+    group.add_argument('--sync-bn', action='store_true', help='SyncBatchNorm (CUDA, distributed)')
+    group.add_argument('--dist-bn', default='reduce', choices=('reduce', 'broadcast', ''),
                        help='after each epoch, make BatchNorm stats equal on all ranks (average or rank 0)')
     group = parser.add_argument_group('Optimizer parameters')
     group.add_argument('--opt', default='sgd', type=str, metavar='OPTIMIZER', help='optimizer (timm names)')
-    group.add_argument('--opt-eps', default=None, type=float, metavar='EPSILON', help='optimizer epsilon')
-    group.add_argument('--opt-betas', default=None, type=float, nargs='+', metavar='BETA', help='optimizer betas')
+    group.add_argument('--opt-eps', type=float, metavar='EPSILON', help='optimizer epsilon')
+    group.add_argument('--opt-betas', type=float, nargs='+', metavar='BETA', help='optimizer betas')
     group.add_argument('--momentum', type=float, default=0.9, metavar='M', help='optimizer momentum')
     group.add_argument('--weight-decay', type=float, default=2e-5, help='weight decay')
-    group.add_argument('--clip-grad', type=float, default=None, metavar='NORM', help='gradient clipping (off if unset)')
-    group.add_argument('--clip-mode', type=str, default='norm', choices=('norm', 'value', 'agc'),
-                       help='what --clip-grad bounds')
-    group.add_argument('--layer-decay', type=float, default=None, help='layer-wise learning rate decay')
+    group.add_argument('--clip-grad', type=float, metavar='NORM', help='gradient clipping (off if unset)')
+    group.add_argument('--clip-mode', default='norm', choices=('norm', 'value', 'agc'), help='what --clip-grad bounds')
+    group.add_argument('--layer-decay', type=float, help='layer-wise learning rate decay')
     group.add_argument('--opt-kwargs', nargs='*', default={}, action=ParseKwargs, help='extra optimizer arguments')
     group = parser.add_argument_group('Learning rate schedule parameters')
     group.add_argument('--sched', type=str, default='cosine', metavar='SCHEDULER', help='LR scheduler')
-    group.add_argument('--sched-on-updates', action='store_true', default=False,
-                       help='step the schedule every optimizer update instead of every epoch')
-    group.add_argument('--lr', type=float, default=None, metavar='LR',
-                       help='learning rate (default: --lr-base scaled to the global batch)')
+    group.add_argument('--sched-on-updates', action='store_true', help='step the schedule every update, not epoch')
+    group.add_argument('--lr', type=float, metavar='LR', help='learning rate (default: --lr-base scaled to the batch)')
     group.add_argument('--lr-base', type=float, default=0.1, metavar='LR',
                        help='learning rate at --lr-base-size global batch, used when --lr is not given')
     group.add_argument('--lr-base-size', type=int, default=256, metavar='DIV', help='global batch of --lr-base')
-    group.add_argument('--lr-base-scale', type=str, default='', choices=('', 'linear', 'sqrt'),
+    group.add_argument('--lr-base-scale', default='', choices=('', 'linear', 'sqrt'),
                        help="'linear' or 'sqrt' scaling of --lr-base (default: sqrt for adaptive optimizers)")
-    group.add_argument('--lr-noise', type=float, nargs='+', default=None, metavar='pct, pct', help='LR noise epochs')
+    group.add_argument('--lr-noise', type=float, nargs='+', metavar='pct, pct', help='LR noise epochs')
     group.add_argument('--lr-noise-pct', type=float, default=0.67, metavar='PERCENT', help='LR noise limit')
     group.add_argument('--lr-noise-std', type=float, default=1.0, metavar='STDDEV', help='LR noise std-dev')
     group.add_argument('--lr-cycle-mul', type=float, default=1.0, metavar='MULT', help='LR cycle length multiplier')
@@ -161,77 +146,59 @@ def _add_device_and_optimizer_args(parser) -> None:
     group.add_argument('--warmup-lr', type=float, default=1e-5, metavar='LR', help='warmup learning rate')
     group.add_argument('--min-lr', type=float, default=0, metavar='LR', help='lower LR bound of cyclic schedulers')
     group.add_argument('--epochs', type=int, default=DEFAULT_EPOCHS, metavar='N', help='number of epochs to train')
-    group.add_argument('--decay-milestones', default=[90, 180, 270], type=int, nargs='+', metavar='MILESTONES',
-                       help="epochs of 'multistep' LR decay")
+    group.add_argument('--decay-milestones', default=[90, 180, 270], type=int, nargs='+', help="'multistep' epochs")
     group.add_argument('--decay-epochs', type=float, default=90, metavar='N', help="epoch interval of 'step' decay")
     group.add_argument('--warmup-epochs', type=int, default=5, metavar='N', help='epochs to warm up the LR')
-    group.add_argument('--warmup-prefix', action='store_true', default=False,
-                       help='exclude warmup from the decay schedule')
+    group.add_argument('--warmup-prefix', action='store_true', help='exclude warmup from the decay schedule')
     group.add_argument('--cooldown-epochs', type=int, default=0, metavar='N', help='epochs at min_lr at the end')
     group.add_argument('--patience-epochs', type=int, default=10, metavar='N', help='plateau patience')
-    group.add_argument('--decay-rate', '--dr', type=float, default=0.1, metavar='RATE',
-                       help='LR decay rate (step / plateau), power for poly')
+    group.add_argument('--decay-rate', '--dr', type=float, default=0.1, help='LR decay (step, plateau), poly power')
 
 
 def _add_regularization_and_misc_args(parser) -> None:
     group = parser.add_argument_group('Augmentation and regularization parameters')
-    group.add_argument('--no-aug', action='store_true', default=False, help='disable all training augmentation')
-    group.add_argument('--scale', type=float, nargs='+', default=[0.08, 1.0], metavar='PCT',
-                       help='random resized crop scale range')
-    group.add_argument('--ratio', type=float, nargs='+', default=[3. / 4., 4. / 3.], metavar='RATIO',
-                       help='random resized crop aspect ratio range')
+    group.add_argument('--no-aug', action='store_true', help='disable all training augmentation')
+    group.add_argument('--scale', type=float, nargs='+', default=[0.08, 1.0], metavar='PCT', help='crop scale range')
+    group.add_argument('--ratio', type=float, nargs='+', default=[3 / 4, 4 / 3], metavar='R', help='crop aspect range')
     group.add_argument('--hflip', type=float, default=0.5, help='horizontal flip probability')
     group.add_argument('--vflip', type=float, default=0., help='vertical flip probability')
     group.add_argument('--color-jitter', type=float, default=0.4, metavar='PCT', help='color jitter factor')
-    group.add_argument('--aa', type=str, default=None, metavar='NAME',
+    group.add_argument('--aa', type=str, metavar='NAME',
                        help='AutoAugment / RandAugment policy, e.g. rand-m9-mstd0.5-inc1, original')
     group.add_argument('--aug-repeats', type=float, default=0,
                        help='repeated augmentation: each image this many times per epoch (e.g. 3; 0 = off)')
     group.add_argument('--reprob', type=float, default=0., metavar='PCT', help='random erase probability')
-    group.add_argument('--remode', type=str, default='pixel', choices=('pixel', 'rand', 'const'),
-                       help='random erase mode')
+    group.add_argument('--remode', default='pixel', choices=('pixel', 'rand', 'const'), help='random erase mode')
     group.add_argument('--recount', type=int, default=1, help='random erase count')
     group.add_argument('--mixup', type=float, default=0.0, help='mixup alpha (> 0 enables)')
     group.add_argument('--cutmix', type=float, default=0.0, help='cutmix alpha (> 0 enables)')
-    group.add_argument('--cutmix-minmax', type=float, nargs='+', default=None, help='cutmix min/max ratio')
+    group.add_argument('--cutmix-minmax', type=float, nargs='+', help='cutmix min/max ratio')
     group.add_argument('--mixup-prob', type=float, default=1.0, help='probability of mixup or cutmix per batch')
     group.add_argument('--mixup-switch-prob', type=float, default=0.5, help='probability of cutmix over mixup')
-    group.add_argument('--mixup-mode', type=str, default='batch', choices=('batch', 'pair', 'elem'),
+    group.add_argument('--mixup-mode', default='batch', choices=('batch', 'pair', 'elem'),
                        help='mix per batch, per pair or per element')
     group.add_argument('--mixup-off-epoch', default=0, type=int, metavar='N', help='turn mixup off at this epoch')
     group.add_argument('--smoothing', type=float, default=0.1, help='label smoothing')
-    group.add_argument('--bce-loss', action='store_true', default=False, help='binary cross-entropy loss')
-    group.add_argument('--bce-target-thresh', type=float, default=None, help='BCE target binarisation threshold')
-    group.add_argument('--train-interpolation', type=str, default='random', choices=INTERPOLATIONS[1:] + ('random',),
+    group.add_argument('--bce-loss', action='store_true', help='binary cross-entropy loss')
+    group.add_argument('--bce-target-thresh', type=float, help='BCE target binarisation threshold')
+    group.add_argument('--train-interpolation', default='random', choices=INTERPOLATIONS[1:] + ('random',),
                        help='training interpolation')
     group.add_argument('--drop', type=float, default=0.0, metavar='PCT', help='dropout rate before the classifier')
-    group.add_argument('--drop-path', type=float, default=None, metavar='PCT', help='drop path (stochastic depth)')
+    group.add_argument('--drop-path', type=float, metavar='PCT', help='drop path (stochastic depth)')
     group = parser.add_argument_group('Model exponential moving average parameters')
-    group.add_argument('--model-ema', action='store_true', default=False, help='keep an EMA of the weights')
-    group.add_argument('--model-ema-force-cpu', action='store_true', default=False,
-                       help='keep the EMA on the CPU (not evaluated during training)')
+    group.add_argument('--model-ema', action='store_true', help='keep an EMA of the weights')
+    group.add_argument('--model-ema-force-cpu', action='store_true', help='EMA on the CPU, not evaluated in training')
     group.add_argument('--model-ema-decay', type=float, default=0.9998, help='EMA decay')
-    group.add_argument('--model-ema-warmup', action='store_true', default=False, help='EMA decay warmup')
+    group.add_argument('--model-ema-warmup', action='store_true', help='EMA decay warmup')
     group = parser.add_argument_group('Miscellaneous parameters')
     group.add_argument('--seed', type=int, default=42, metavar='S', help='random seed')
     group.add_argument('--log-interval', type=int, default=50, metavar='N', help='optimizer updates between logs')
-    group.add_argument('--checkpoint-hist', type=int, default=3, metavar='N',
-                       help='keep the N best checkpoint-<epoch>.pth files (besides last / best)')
-    group.add_argument('--output', default='', type=str, metavar='PATH',
-                       help='output root (default: ./output/train)')
+    group.add_argument('--checkpoint-hist', type=int, default=3, metavar='N', help='best checkpoint-<epoch>.pth kept')
+    group.add_argument('--output', default='', type=str, metavar='PATH', help='output root (default: ./output/train)')
     group.add_argument('--experiment', default='', type=str, metavar='NAME',
                        help='experiment folder name (default: date-model-size)')
-    group.add_argument('--eval-metric', default='top1', type=str, choices=('top1', 'top5', 'loss'),
+    group.add_argument('--eval-metric', default='top1', choices=('top1', 'top5', 'loss'),
                        help='metric for best checkpoint')
-
-
-def add_run_arguments(group: argparse._ActionsContainer, resume_help: str) -> None:
-    """``--resume`` and :func:`add_common_arguments`: the same in every training script."""
-    group.add_argument('--resume', default='', type=str, metavar='PATH', help=resume_help)
-    group.add_argument('--keep-optimizer-state', action='store_true', default=False,
-                       help='model_best.pth and checkpoint-N.pth hold the optimizer state too, so a run can resume '
-                            'from them (default: weights only, about a third of the size; last.pth always has it)')
-    add_common_arguments(group)
 
 
 def _has_dataset(settings: Mapping[str, Any]) -> bool:  # settings: arguments by destination
@@ -339,7 +306,7 @@ def train(args, dist_info, resume_ckpt: Optional[dict], demo: bool, stop_signal:
     received (0: none). Returns the results dict on rank 0, None on the other ranks."""
     device, run_start = dist_info.device, time.time()
     data_dir = _prepare_demo(args) if demo else args.data_dir or args.data
-    check_resume_identity(resume_ckpt, args.resume, arch=args.model)
+    check_resume_identity(resume_ckpt, args.resume, args.model)
     random_seed(args.seed, dist_info.rank)
     dataset_train, dataset_eval, train_classes = _create_datasets(args, data_dir)
     _fit_batch_to_training_set(args, dataset_train, dist_info.world_size)
@@ -378,13 +345,9 @@ def train(args, dist_info, resume_ckpt: Optional[dict], demo: bool, stop_signal:
             log_settings_changes(args)
             if dist_info.primary:
                 _log_setup(args, dist_info, train_model, create_kwargs, data_config, amp_dtype, data_dir,
-                           dataset_train, dataset_eval, demo)
-                _logger.info(
-                    f'Training {num_epochs} epochs x {updates_per_epoch} updates, global batch '
-                    f'{_global_batch(args, dist_info.world_size)}, {args.opt} lr {args.lr:.4g}, {args.sched} '
-                    f'schedule' + _epoch_coverage(len(loader_train) * args.batch_size * dist_info.world_size,
-                                                  len(dataset_train))
-                    + (f'; resuming at epoch {start_epoch} from {args.resume}' if args.resume else ''))
+                           dataset_train, dataset_eval, loader_train, num_epochs, updates_per_epoch, start_epoch)
+                if not demo:
+                    _hint_small_data_recipe(args, len(dataset_train))
                 _logger.info(f'Outputs: {folder.output_dir}')
             restore_rng(resume_ckpt, args.resume, dist_info)  # last: nothing built before shifts the random streams
             if resume_ckpt is not None:
@@ -405,7 +368,6 @@ def train(args, dist_info, resume_ckpt: Optional[dict], demo: bool, stop_signal:
                 demo=demo, num_epochs=num_epochs, command=command)
             if results is not None:
                 _report(args, folder, metrics, results, data_dir, run_start)
-                list_outputs(folder)
             if stop_signal():  # held through the final stage, which had to finish for its outputs to agree
                 where = f' (results.json, pretrained/ in {folder.output_dir})' if folder is not None else ''
                 raise Interrupted(stop_signal(), message=(
@@ -483,7 +445,7 @@ def _final_stage(args, dist_info, folder: Optional[RunFolder], model, train_mode
     # the best as model_best.pth itself records it: the record names what the files hold
     best = ({'epoch': pretrained_from['epoch'], 'metric': pretrained_from['metric']}
             if pretrained_from['file'] == folder.saver.best_path.name else None)
-    device = dist_info.device
+    device, best_path = dist_info.device, folder.saver.best_path
     results = {
         'model': args.model, 'model_kwargs': create_kwargs, 'experiment_dir': str(folder.output_dir),
         'device': str(device), 'device_name': torch.cuda.get_device_name(device) if device.type == 'cuda' else None,
@@ -491,7 +453,8 @@ def _final_stage(args, dist_info, folder: Optional[RunFolder], model, train_mode
         'torch_version': torch.__version__, 'world_size': dist_info.world_size, 'epochs': num_epochs,
         'global_batch': _global_batch(args, dist_info.world_size), 'lr': args.lr, 'final_epoch': num_epochs - 1,
         'train': metrics.train, 'eval': metrics.eval, 'ema_eval': metrics.ema_eval,
-        'best': best, 'eval_metric': args.eval_metric, 'checkpoints': checkpoint_files(folder),
+        'best': best, 'eval_metric': args.eval_metric, 'checkpoints': {  # None: nothing was evaluated
+            'last': str(folder.saver.last_path), 'best': str(best_path) if best_path.exists() else None},
         'pretrained': str(pretrained), 'pretrained_from': pretrained_from, 'weights_sha256_per_rank': digests,
         'ranks_agree': len(set(digests)) == 1,
         'train_seconds_this_process': time.time() - metrics.train_start, 'demo_validation': demo_val,
@@ -506,10 +469,8 @@ def _final_stage(args, dist_info, folder: Optional[RunFolder], model, train_mode
 
 def update_state(num_updates: int = 0, stop_signal: Optional[Callable[[], int]] = None, distributed: bool = False,
                  device: torch.device = torch.device('cpu'), agree_every_s: float = 2.) -> Dict[str, Any]:
-    """What the optimizer updates of a run carry from one to the next (:func:`train_one_epoch` reads and updates
-    it): ``num_updates`` (the schedule's and the EMA's step), ``stop_signal()`` (this process's SIGINT / SIGTERM, 0:
-    none; no collective), a stop agreed at the end of the last update, and the spacing of the agreements inside a
-    long update (about every ``agree_every_s`` seconds)."""
+    """What one optimizer update carries to the next (:func:`train_one_epoch`): ``num_updates``, ``stop_signal()``
+    (this process's SIGINT / SIGTERM, 0: none), a stop agreed at the last update, the agreements' spacing."""
     return dict(num_updates=num_updates, stop_signal=stop_signal or (lambda: 0), distributed=distributed,
                 device=device, agree_every_s=agree_every_s, stop_pending=0, check_every=1,
                 micro_seconds=float('inf'))
@@ -708,15 +669,13 @@ def warn_global_batch_beyond_data(batch_size: int, world_size: int, grad_accum_s
 
 # ------------------------------------------------------------------------------------------------ distributed
 def wrap_ddp(model: nn.Module, info: DistInfo, **kwargs) -> nn.Module:
-    """DistributedDataParallel with ``device_ids`` for CUDA and none for the CPU; every parameter's gradient reaches
-    DDP with the parameter's strides (:func:`_grad_in_param_strides`)."""
-    from torch.nn.parallel import DistributedDataParallel
+    """DistributedDataParallel (``device_ids`` on CUDA); gradients reach it with their parameter's strides
+    (:func:`_grad_in_param_strides`)."""
     for param in model.parameters():
         if param.requires_grad and 1 in param.shape:
             param.register_hook(_grad_in_param_strides(param))
-    if info.device.type == 'cuda':
-        return DistributedDataParallel(model, device_ids=[info.device], **kwargs)
-    return DistributedDataParallel(model, **kwargs)
+    device_ids = [info.device] if info.device.type == 'cuda' else None
+    return torch.nn.parallel.DistributedDataParallel(model, device_ids=device_ids, **kwargs)
 
 
 def _grad_in_param_strides(param: torch.Tensor):
@@ -737,20 +696,16 @@ def _grad_in_param_strides(param: torch.Tensor):
     return restride
 
 
-def state_dict_digest(module: nn.Module) -> str:
-    """SHA-256 of every tensor in the state dict (names, dtypes, shapes, bytes): equal digests = equal weights."""
-    h = hashlib.sha256()
-    for k, v in module.state_dict().items():
-        v = v.detach().cpu().contiguous()
-        h.update(f'{k}:{v.dtype}:{tuple(v.shape)};'.encode())
-        h.update(v.reshape(-1).view(torch.uint8).numpy().tobytes() if v.numel() else b'')
-    return h.hexdigest()
-
-
 def weights_digests(dist_info: DistInfo, *modules: Optional[nn.Module]) -> List[str]:
-    """Every rank's SHA-256 of the weights (equal digests = equal weights); logs an error if they differ."""
-    digest = ' '.join(state_dict_digest(unwrap_model(m)) for m in modules if m is not None)
-    digests = all_gather_objects(digest, dist_info)
+    """Every rank's SHA-256 of the weights (every tensor's name, dtype, shape and bytes: equal digests = equal
+    weights); logs an error if they differ."""
+    h = hashlib.sha256()
+    for module in filter(None, modules):
+        for k, v in unwrap_model(module).state_dict().items():
+            v = v.detach().cpu().contiguous()
+            h.update(f'{k}:{v.dtype}:{tuple(v.shape)};'.encode())
+            h.update(v.reshape(-1).view(torch.uint8).numpy().tobytes() if v.numel() else b'')
+    digests = all_gather_objects(h.hexdigest(), dist_info)
     if len(set(digests)) != 1:
         _logger.error(f'weights differ across ranks: {digests}')
     return digests
@@ -929,15 +884,15 @@ def _experiment_name(args, demo: bool, data_config) -> str:  # the default exper
 
 # ------------------------------------------------------------------------------------------------ the log
 def _log_setup(args, dist_info, model, create_kwargs, data_config, amp_dtype, data_dir, dataset_train, dataset_eval,
-               demo: bool) -> None:
-    """The setup lines of the log: model, data (what was read: the folder or tar found for each split)."""
+               loader_train, num_epochs: int, updates_per_epoch: int, start_epoch: int) -> None:
+    """The setup lines of the log: model, data (the folder or tar found for each split), schedule."""
+    world = dist_info.world_size
     if dist_info.distributed:
-        _logger.info(f'distributed: {dist_info.world_size} processes, backend {dist.get_backend()}, device '
-                     f'{dist_info.device} on rank 0')
-    num_params = sum(p.numel() for p in model.parameters())
+        _logger.info(f'distributed: {world} processes, backend {dist.get_backend()}, device {dist_info.device} on '
+                     f'rank 0')
     _logger.info(
-        f'Model {args.model} ({num_params / 1e6:.3f} M params, {create_kwargs}) on {dist_info.device}'
-        f'{f" x {dist_info.world_size} processes" if dist_info.distributed else ""}; '
+        f'Model {args.model} ({sum(p.numel() for p in model.parameters()) / 1e6:.3f} M params, {create_kwargs}) on '
+        f'{dist_info.device}{f" x {world} processes" if dist_info.distributed else ""}; '
         f'input {data_config["input_size"]}, AMP {amp_dtype if args.amp else "off"}')
     val_source = (dataset_source(dataset_eval) or args.val_split) if dataset_eval is not None else 'none'
     _logger.info(
@@ -945,13 +900,12 @@ def _log_setup(args, dist_info, model, create_kwargs, data_config, amp_dtype, da
         f'({dataset_source(dataset_train) or args.train_split}), '
         f'{len(dataset_eval) if dataset_eval is not None else 0} validation images ({val_source}), '
         f'{args.num_classes} classes')
-    if not demo:
-        _hint_small_data_recipe(args, len(dataset_train))
-
-
-def _epoch_coverage(samples: int, images: int) -> str:
-    # an epoch may sample less than the training set (the loader's warning says why)
-    return f'; an epoch trains {samples:,} samples of the {images:,} images' if samples < images else ''
+    samples, images = len(loader_train) * args.batch_size * world, len(dataset_train)
+    _logger.info(  # an epoch may sample less than the training set (the loader's warning says why)
+        f'Training {num_epochs} epochs x {updates_per_epoch} updates, global batch {_global_batch(args, world)}, '
+        f'{args.opt} lr {args.lr:.4g}, {args.sched} schedule'
+        + (f'; an epoch trains {samples:,} samples of the {images:,} images' if samples < images else '')
+        + (f'; resuming at epoch {start_epoch} from {args.resume}' if args.resume else ''))
 
 
 def _hint_small_data_recipe(args, num_images: int) -> None:
@@ -996,10 +950,8 @@ def _validate_epoch(args, dist_info, model, model_ema, loader_eval, amp_autocast
 def _summary_row(epoch: int, metrics: EpochMetrics, device) -> dict:
     """One summary.csv row; also updates ``metrics.peak_mem_gib`` on CUDA."""
     row = {'epoch': epoch, 'lr': metrics.train['lr'], 'train_loss': metrics.train['loss']}
-    if metrics.eval is not None:
-        row.update({f'eval_{k}': metrics.eval[k] for k in ('loss', 'top1', 'top5')})
-    if metrics.ema_eval is not None:
-        row.update({f'ema_eval_{k}': metrics.ema_eval[k] for k in ('loss', 'top1', 'top5')})
+    for prefix, values in (('eval', metrics.eval), ('ema_eval', metrics.ema_eval)):
+        row.update({f'{prefix}_{k}': values[k] for k in ('loss', 'top1', 'top5')} if values is not None else {})
     row.update(train_img_per_sec=metrics.train['img_per_sec'], epoch_seconds=metrics.train['seconds'])
     if device.type == 'cuda':
         row['peak_mem_gib'] = torch.cuda.max_memory_allocated(device) / 2 ** 30
@@ -1013,15 +965,13 @@ def _accuracy_text(metrics: dict) -> str:
 
 
 def _epoch_message(epoch: int, num_epochs: int, metrics: EpochMetrics, row: dict, saved_best: bool) -> str:
-    msg = f'Epoch {epoch}/{num_epochs - 1}: train loss {metrics.train["loss"]:.4f}'
-    if metrics.eval is not None:
-        msg += f' | eval loss {metrics.eval["loss"]:.4f} {_accuracy_text(metrics.eval)}'
-    if metrics.ema_eval is not None:
-        msg += f' | EMA top1 {metrics.ema_eval["top1"]:.2f}'
-    msg += f' | {metrics.train["img_per_sec"]:,.0f} img/s, {format_duration(metrics.train["seconds"])}'
-    if 'peak_mem_gib' in row:
-        msg += f', peak {row["peak_mem_gib"]:.2f} GiB'
-    return msg + ' | saved last.pth' + (' + model_best.pth' if saved_best else '')
+    train, evaluated, ema = metrics.train, metrics.eval, metrics.ema_eval
+    return (f'Epoch {epoch}/{num_epochs - 1}: train loss {train["loss"]:.4f}'
+            + (f' | eval loss {evaluated["loss"]:.4f} {_accuracy_text(evaluated)}' if evaluated is not None else '')
+            + (f' | EMA top1 {ema["top1"]:.2f}' if ema is not None else '')
+            + f' | {train["img_per_sec"]:,.0f} img/s, {format_duration(train["seconds"])}'
+            + (f', peak {row["peak_mem_gib"]:.2f} GiB' if 'peak_mem_gib' in row else '')
+            + ' | saved last.pth' + (' + model_best.pth' if saved_best else ''))
 
 
 # ------------------------------------------------------------------------------------------------ the end of a run
@@ -1036,22 +986,12 @@ def _validate_demo(args, dist_info, folder: Optional[RunFolder], data_dir: str, 
         val_argv.append('--use-ema')  # the EMA weights' accuracy chose the best checkpoint
     _logger.info('Demo: validating the saved best checkpoint with the validation command:\n'
                  '  python -m mlp_vision.validate ' + ' '.join(val_argv))
+    from mlp_vision.validate import main as validate_main  # the demo's last step: kept off the path to training
     return validate_main(val_argv)
 
 
 _UPSTREAM_CFG_KEYS = ('tag', 'license', 'description', 'origin_url', 'paper_name', 'paper_ids', 'notes', 'url',
                       'file', 'hf_hub_id', 'hf_hub_filename', 'source')
-
-
-def _run_description(args, data_dir: str, num_classes: int) -> str:
-    """One line for the export's ``pretrained_cfg['description']``: model, data, classes and starting weights."""
-    data = args.dataset or (Path(data_dir).resolve().name if data_dir else 'unnamed data')
-    text = f'{args.model} trained by mlp_vision from {data}, {num_classes} classes'
-    if args.initial_checkpoint:
-        text += f', starting from {Path(args.initial_checkpoint).name}'
-    elif args.pretrained:
-        text += f', starting from timm\'s pretrained {args.model}'
-    return text
 
 
 def _export_pretrained(args, folder: RunFolder, train_model, model_ema, data_config, train_classes,
@@ -1070,7 +1010,11 @@ def _export_pretrained(args, folder: RunFolder, train_model, model_ema, data_con
                                                                   'crop_pct', 'crop_mode')}
     # the architecture's cfg names the upstream weights (tag, license, paper): this export describes the run instead
     model.pretrained_cfg = {k: v for k, v in model.pretrained_cfg.items() if k not in _UPSTREAM_CFG_KEYS}
-    model_config = {'pretrained_cfg': {'description': _run_description(args, data_dir, model.num_classes)}}
+    data = args.dataset or (Path(data_dir).resolve().name if data_dir else 'unnamed data')
+    start = (f', starting from {Path(args.initial_checkpoint).name}' if args.initial_checkpoint else
+             f', starting from timm\'s pretrained {args.model}' if args.pretrained else '')
+    description = f'{args.model} trained by mlp_vision from {data}, {model.num_classes} classes{start}'
+    model_config = {'pretrained_cfg': {'description': description}}
     if train_classes:
         model_config['label_names'] = list(train_classes)
     export = folder.output_dir / 'pretrained'
@@ -1097,6 +1041,8 @@ def _report(args, folder: RunFolder, metrics: EpochMetrics, results: dict, data_
             f'Demo result: validation accuracy {demo_val["top1"]:.2f}% top-1 on {demo_val["samples"]} held-out '
             f'digit images (chance: 10%), checkpoint {folder.saver.best_path}; '
             f'total time {format_duration(time.time() - run_start)}.')
+    names = sorted(p.name for p in folder.output_dir.iterdir() if not p.name.startswith('.'))
+    _logger.info(f'Outputs in {folder.output_dir}: {", ".join(names)}')
 
 
 if __name__ == '__main__':

@@ -10,7 +10,6 @@ order (with a warning). Results are logged and, with ``--results-file``, written
 """
 import argparse
 import csv
-import importlib.util
 import io
 import logging
 import os
@@ -19,17 +18,17 @@ import reprlib
 import torch
 
 from mlp_vision.outputs import json_text, setup_logging, write_output_file
-from mlp_vision.training.image_data import (
-    INTERPOLATIONS, IMAGE_MODE_CHANNELS, check_class_names, check_image_args, check_num_classes, create_image_dataset)
-from mlp_vision.training.image_loader import create_eval_loader, default_workers
-from mlp_vision.arguments import ArgumentParser, DefaultsHelpFormatter, ParseKwargs, check_flag_ranges
+from mlp_vision.training.image_data import check_class_names, check_image_args, check_num_classes, create_image_dataset
+from mlp_vision.training.image_loader import create_eval_loader
+from mlp_vision.arguments import ArgumentParser, DefaultsHelpFormatter, check_flag_ranges
 from mlp_vision.bounds import BOUND_RANGES, within_bounds
 from mlp_vision.errors import UsageError, run_cli
 from mlp_vision.weights import CROP_MODES, check_data_config
 from mlp_vision.training import image_model
 from mlp_vision.training.image_model import (
-    add_common_arguments, add_compile_arguments, add_device_arguments, check_activations, check_compile_backend,
-    compile_model, create_model_for_eval, init_device, model_create_kwargs, resolve_model_data_config, setup_amp)
+    CROP_PCT_RANGE, add_common_arguments, add_compile_arguments, add_dataset_arguments, add_device_arguments,
+    add_input_arguments, check_activations, check_compile_backend, check_dataset_package, compile_model,
+    create_model_for_eval, init_device, model_create_kwargs, resolve_model_data_config, setup_amp)
 from mlp_vision.threads import THREADS_RANGE, set_threads
 
 _logger = logging.getLogger('validate')
@@ -61,61 +60,10 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def add_dataset_arguments(group) -> None:
-    """The dataset and loader flags of train.py and validate.py (the split flags are each command's)."""
-    group.add_argument('data', nargs='?', metavar='DIR', help='path to dataset (positional, same as --data-dir)')
-    group.add_argument('--data-dir', metavar='DIR', help='path to dataset root (ImageFolder tree or folder of tars)')
-    group.add_argument('--dataset', metavar='NAME', default='',
-                       help="dataset type + name ('' = image folder / tar, torch/cifar10, hfds/NAME, wds/...)")
-    group.add_argument('--dataset-download', action='store_true', default=False,
-                       help='allow download of dataset for torch/ and tfds/ datasets that support it')
-    group.add_argument('--class-map', default='', type=str, metavar='FILENAME',
-                       help='path to class to idx mapping file')
-    group.add_argument('--input-img-mode', default='RGB', type=str, choices=tuple(IMAGE_MODE_CHANNELS),
-                       help='PIL mode every image is converted to (its channel count must equal the model\'s)')
-    group.add_argument('-j', '--workers', type=int, default=default_workers(), metavar='N',
-                       help='data loading processes (default: 4, at most the CPUs this process may use)')
-    group.add_argument('--pin-mem', action='store_true', default=False, help='pin CPU memory in the loader')
-
-
-def add_input_arguments(group) -> None:
-    """The model input and preprocessing flags of train.py and validate.py."""
-    group.add_argument('--gp', default=None, type=str, metavar='POOL', help='global pool type (model default)')
-    group.add_argument('--img-size', type=int, default=None, metavar='N',
-                       help='image size (the model is built for it; default: the model\'s)')
-    group.add_argument('--in-chans', type=int, default=None, metavar='N', help='image input channels')
-    group.add_argument('--input-size', default=None, nargs=3, type=int, metavar='N',
-                       help='input dimensions (d h w), overrides --img-size')
-    group.add_argument('--crop-pct', default=None, type=float, metavar='N', help='eval center crop pct')
-    group.add_argument('--mean', type=float, nargs='+', default=None, metavar='MEAN', help='override mean')
-    group.add_argument('--std', type=float, nargs='+', default=None, metavar='STD', help='override std')
-    group.add_argument('--interpolation', default='', type=str, choices=INTERPOLATIONS,
-                       help="eval resize interpolation ('': the model's; validate.py: a training checkpoint's first)")
-    group.add_argument('--channels-last', action='store_true', default=False, help='use channels_last memory layout')
-    group.add_argument('--model-kwargs', nargs='*', default={}, action=ParseKwargs,
-                       help='extra model arguments k=v (python literals), e.g. embed_dim=32 depths="(1,1,2,1)"')
-
-
 # the range of each numeric flag (check_range's bounds); --mean / --std are checked per channel by check_image_args
-CROP_PCT_RANGE = dict(low=0, high=1, low_open=True, why="the crop's fraction of the resized image; above 1 the "
-                                                         "image is resized smaller than the crop and padded")
 FLAG_RANGES = {'batch_size': dict(low=1), 'workers': dict(low=0), 'log_interval': dict(low=1),
                'num_classes': dict(low=1), 'img_size': dict(low=1), 'input_size': dict(low=1), 'in_chans': dict(low=1),
                'crop_pct': CROP_PCT_RANGE, 'threads': THREADS_RANGE, **BOUND_RANGES}
-# the module timm's reader of each --dataset KIND/ imports (torch/: torchvision, a dependency), and what to install
-DATASET_PACKAGES = {'hfds': ('datasets', 'datasets'), 'hfids': ('datasets', 'datasets'),
-                    'tfds': ('tensorflow_datasets', 'tensorflow tensorflow-datasets'), 'wds': ('webdataset', 'webdataset')}
-
-
-def check_dataset_package(dataset: str) -> None:
-    """A :class:`UsageError` when ``--dataset KIND/NAME`` needs a package that is not installed (timm's reader
-    would fail importing it, with a traceback)."""
-    module, install = DATASET_PACKAGES.get((dataset or '').split('/', 1)[0], (None, None))
-    if module is not None and importlib.util.find_spec(module) is None:
-        raise UsageError(f'--dataset {dataset} is read by the {module} package, which is not installed: pip install '
-                         f'{install} (or give an image folder / tar with --data-dir)')
-
-
 def check_args(args: argparse.Namespace) -> None:
     """Every flag value that cannot work, as one line, before a file is read or a model built."""
     check_flag_ranges(args, FLAG_RANGES)

@@ -6,6 +6,7 @@ the same checks whichever way the weights arrive), the evaluation loop :func:`va
 AMP, ``torch.compile`` and the flags of these. """
 import argparse
 import dataclasses
+import importlib.util
 import logging
 import os
 import reprlib
@@ -28,15 +29,18 @@ import mlp_vision  # noqa: F401  (registers gmlp_* / smlpnet_* / mixer_* with ti
 from mlp_vision.weights import (
     TRUST_FLAG, clean_state_dict, is_training_checkpoint, load_backbone, load_checkpoint_file,
     load_model_weights, model_folder_weights, read_model_folder, text_model_hint)
-from mlp_vision.arguments import parse_device
+from mlp_vision.arguments import ParseKwargs, parse_device
 from mlp_vision.bounds import add_bound_arguments, check_activation_size, check_model_size
 from mlp_vision.errors import UsageError, short_repr
 from mlp_vision.threads import add_threads_argument
+from mlp_vision.training.image_data import IMAGE_MODE_CHANNELS, INTERPOLATIONS
+from mlp_vision.training.image_loader import default_workers
 
 __all__ = ['model_create_kwargs', 'resolve_model_data_config', 'create_model', 'load_pretrained_weights',
            'create_model_for_eval', 'validate', 'reports_top5', 'DistInfo', 'process_group_backend', 'init_device',
            'setup_amp', 'COMPILE_MODES', 'add_compile_arguments', 'compile_model', 'check_compile_backend',
-           'add_common_arguments', 'add_device_arguments']
+           'add_common_arguments', 'add_device_arguments', 'add_dataset_arguments', 'add_input_arguments',
+           'check_dataset_package', 'CROP_PCT_RANGE']
 
 _logger = logging.getLogger(__name__)
 
@@ -370,11 +374,8 @@ def process_group_backend(device_type: str, dist_backend: Optional[str] = None) 
         return 'cpu:gloo,cuda:nccl' if device_type == 'cuda' else None
     names = [b for b in dist.Backend.backend_list if b not in ('undefined', 'fake')]
     pairs = [part.partition(':') for part in dist_backend.split(',')]
-    if len(pairs) == 1 and not pairs[0][1]:
-        valid = dist_backend in names
-    else:
-        valid = all(sep and _is_device_type(device) and name in names for device, sep, name in pairs)
-    if not valid:
+    if dist_backend not in names and not all(sep and _is_device_type(device) and name in names
+                                             for device, sep, name in pairs):
         raise UsageError(f'--dist-backend {dist_backend!r} is not a torch.distributed backend; use one of '
                          f'{", ".join(names)}, or device:backend pairs such as cpu:gloo,cuda:nccl (default: '
                          f'cpu:gloo,cuda:nccl for CUDA, gloo for CPU)')
@@ -426,9 +427,9 @@ COMPILE_MODES = ('default', 'reduce-overhead', 'max-autotune', 'max-autotune-no-
 
 def add_compile_arguments(group) -> None:
     """``--torchcompile [BACKEND]`` and ``--torchcompile-mode``, the same flags in every command."""
-    group.add_argument('--torchcompile', nargs='?', type=str, default=None, const='inductor',
+    group.add_argument('--torchcompile', nargs='?', type=str, const='inductor',
                        help='torch.compile the model (optional backend, default inductor)')
-    group.add_argument('--torchcompile-mode', type=str, default=None, choices=COMPILE_MODES, help='torch.compile mode')
+    group.add_argument('--torchcompile-mode', type=str, choices=COMPILE_MODES, help='torch.compile mode')
 
 
 def compile_model(model: nn.Module, args) -> nn.Module:
@@ -445,14 +446,66 @@ def check_compile_backend(backend: Optional[str]) -> None:
                          f'torch.compiler.list_backends())')
 
 
+def add_dataset_arguments(group) -> None:
+    """The dataset and loader flags of train.py and validate.py (the split flags are each command's)."""
+    group.add_argument('data', nargs='?', metavar='DIR', help='path to dataset (positional, same as --data-dir)')
+    group.add_argument('--data-dir', metavar='DIR', help='path to dataset root (ImageFolder tree or folder of tars)')
+    group.add_argument('--dataset', metavar='NAME', default='',
+                       help="dataset type + name ('' = image folder / tar, torch/cifar10, hfds/NAME, wds/...)")
+    group.add_argument('--dataset-download', action='store_true',
+                       help='allow download of dataset for torch/ and tfds/ datasets that support it')
+    group.add_argument('--class-map', default='', type=str, metavar='FILENAME',
+                       help='path to class to idx mapping file')
+    group.add_argument('--input-img-mode', default='RGB', type=str, choices=tuple(IMAGE_MODE_CHANNELS),
+                       help='PIL mode every image is converted to (its channel count must equal the model\'s)')
+    group.add_argument('-j', '--workers', type=int, default=default_workers(), metavar='N',
+                       help='data loading processes (default: 4, at most the CPUs this process may use)')
+    group.add_argument('--pin-mem', action='store_true', help='pin CPU memory in the loader')
+
+
+def add_input_arguments(group) -> None:
+    """The model input and preprocessing flags of train.py and validate.py."""
+    group.add_argument('--gp', type=str, metavar='POOL', help='global pool type (model default)')
+    group.add_argument('--img-size', type=int, metavar='N',
+                       help='image size (the model is built for it; default: the model\'s)')
+    group.add_argument('--in-chans', type=int, metavar='N', help='image input channels')
+    group.add_argument('--input-size', nargs=3, type=int, metavar='N',
+                       help='input dimensions (d h w), overrides --img-size')
+    group.add_argument('--crop-pct', type=float, metavar='N', help='eval center crop pct')
+    group.add_argument('--mean', type=float, nargs='+', metavar='MEAN', help='override mean')
+    group.add_argument('--std', type=float, nargs='+', metavar='STD', help='override std')
+    group.add_argument('--interpolation', default='', type=str, choices=INTERPOLATIONS,
+                       help="eval resize interpolation ('': the model's; validate.py: a training checkpoint's first)")
+    group.add_argument('--channels-last', action='store_true', help='use channels_last memory layout')
+    group.add_argument('--model-kwargs', nargs='*', default={}, action=ParseKwargs,
+                       help='extra model arguments k=v (python literals), e.g. embed_dim=32 depths="(1,1,2,1)"')
+
+# --crop-pct: check_range's bounds
+CROP_PCT_RANGE = dict(low=0, high=1, low_open=True, why="the crop's fraction of the resized image; above 1 the "
+                                                         "image is resized smaller than the crop and padded")
+# the module timm's reader of each --dataset KIND/ imports (torch/: torchvision, a dependency), and what to install
+DATASET_PACKAGES = {'hfds': ('datasets', 'datasets'), 'hfids': ('datasets', 'datasets'),
+                    'tfds': ('tensorflow_datasets', 'tensorflow tensorflow-datasets'),
+                    'wds': ('webdataset', 'webdataset')}
+
+
+def check_dataset_package(dataset: str) -> None:
+    """A :class:`UsageError` when ``--dataset KIND/NAME`` needs a package that is not installed (timm's reader
+    would fail importing it, with a traceback)."""
+    module, install = DATASET_PACKAGES.get((dataset or '').split('/', 1)[0], (None, None))
+    if module is not None and importlib.util.find_spec(module) is None:
+        raise UsageError(f'--dataset {dataset} is read by the {module} package, which is not installed: pip install '
+                         f'{install} (or give an image folder / tar with --data-dir)')
+
+
 def add_common_arguments(group: argparse._ActionsContainer, activations: bool = True) -> None:
     """``--trust-checkpoint``, ``--debug`` and the size bounds' ``--max-params`` / ``--max-activation-gib``
     (:func:`~mlp_vision.bounds.add_bound_arguments`; ``activations=False``: a command that runs no forward pass):
     the same in every script that reads checkpoint files."""
-    group.add_argument(TRUST_FLAG, action='store_true', default=False,
+    group.add_argument(TRUST_FLAG, action='store_true',
                        help='UNSAFE: allow checkpoint files that need a full unpickle; that runs arbitrary code from '
                             'the file. Only for files you made or whose maker you trust')
-    group.add_argument('--debug', action='store_true', default=False,
+    group.add_argument('--debug', action='store_true',
                        help='show the full traceback of an error instead of its one-line message')
     add_bound_arguments(group, activations)
 
@@ -460,13 +513,13 @@ def add_common_arguments(group: argparse._ActionsContainer, activations: bool = 
 def add_device_arguments(group: argparse._ActionsContainer, distributed: bool = True) -> None:
     """``--device``, ``--threads``, ``--amp`` / ``--amp-dtype`` (:func:`setup_amp`) and, for a trainer
     (``distributed``), ``--dist-backend`` / ``--dist-url``: the same in every command that runs a model."""
-    group.add_argument('--device', default=None, type=str, help="'cuda', 'cuda:1', 'cpu' (default: cuda if available)")
+    group.add_argument('--device', type=str, help="'cuda', 'cuda:1', 'cpu' (default: cuda if available)")
     if distributed:
-        group.add_argument('--dist-backend', default=None, type=str, help='a backend or device:backend pairs '
+        group.add_argument('--dist-backend', type=str, help='a backend or device:backend pairs '
                            '(default: cpu:gloo,cuda:nccl for CUDA, gloo for CPU)')
-        group.add_argument('--dist-url', default=None, type=str, help="default: 'env://' (torchrun)")
+        group.add_argument('--dist-url', type=str, help="default: 'env://' (torchrun)")
     add_threads_argument(group)
-    group.add_argument('--amp', action='store_true', default=False,
+    group.add_argument('--amp', action='store_true',
                        help='mixed precision: bfloat16 autocast on CPU, float16 on CUDA (training: + a loss scaler)')
-    group.add_argument('--amp-dtype', default=None, type=str, choices=('float16', 'bfloat16'),
+    group.add_argument('--amp-dtype', type=str, choices=('float16', 'bfloat16'),
                        help='autocast dtype (default: bfloat16 on CPU, float16 on CUDA)')

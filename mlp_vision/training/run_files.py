@@ -1,21 +1,10 @@
-""" A training run's files and their safety, as the functions a trainer calls in order (:mod:`mlp_vision.train`):
-
-* :func:`parse_run_args` -- the flags, over a ``--resume`` checkpoint's saved settings (loaded safely, checked);
-* :func:`check_resume_identity`, :func:`restore_training_state`, :func:`restore_ema`, :func:`check_not_finished`
-  -- the resumed weights, optimizer, AMP scaler and schedule (a changed schedule continues from the checkpoint's
-  position), before any folder is opened;
-* :func:`open_run_folder` -- the run folder: created (``NAME-1`` if NAME exists) with its identity ``run.json``,
-  or continued in place only when it is the checkpoint's run and holds nothing newer (:func:`newer_than`); locked
-  against a second process (:class:`FolderLock`), refused when it holds links or FIFOs; ``train.log``,
-  ``args.yaml`` / ``derived.yaml``, ``summary.csv`` and the checkpoint history (:class:`RunFolder`, closed by
-  :func:`close_run_folder`);
-* :func:`restore_rng` -- last, so nothing built before shifts the random streams (an exact resume);
-* :func:`save_checkpoint` -- ``model_best.pth`` and the top-N ``checkpoint-N.pth``, then ``last.pth`` whose
-  history names them (:class:`CheckpointManager`; each file atomic);
-* :func:`stop_signals` / :func:`stop_error` -- SIGINT / SIGTERM as a flag read between updates, and the one line
-  that ends a stopped or diverged run (:class:`NonFiniteLossError`) naming the intact checkpoint;
-* :func:`write_results` (``results.json``; an earlier one kept as ``results-N.json``);
-* :class:`SummaryWriter` (``summary.csv``) and :func:`plot_curves` (``curves.png``).
+""" A training run's files and their safety, as the functions :mod:`mlp_vision.train` calls in order:
+:func:`parse_run_args` (the flags over a ``--resume`` checkpoint's checked settings), the resumed state
+(:func:`restore_training_state`, :func:`restore_ema`, :func:`check_not_finished`) before any folder is opened,
+:func:`open_run_folder` (created, or continued in place only when it is the checkpoint's run and holds nothing newer;
+locked; no links or FIFOs), :func:`restore_rng` last (an exact resume), :func:`save_checkpoint` (atomic files with
+their history), :func:`stop_signals` / :func:`stop_error` (the one line that ends a stopped or diverged run),
+:func:`write_results`, :func:`close_run_folder`; ``summary.csv`` and ``curves.png``.
 
 Checkpoint payload (tensors and plain Python values only, so it loads with ``weights_only=True``)::
 
@@ -25,9 +14,8 @@ Checkpoint payload (tensors and plain Python values only, so it loads with ``wei
     checkpoint_history, + the trainer's fields
 
 ``model_best.pth`` / ``checkpoint-N.pth`` leave out ``optimizer`` and ``amp_scaler`` unless
-``--keep-optimizer-state``; ``--resume`` of such a file needs ``--no-resume-opt``. timm's ``CheckpointSaver`` is
-not used: it replaces files with ``os.rename`` and keeps no earlier version, writes through links, and saves no RNG
-state for an exact resume.
+``--keep-optimizer-state``. timm's ``CheckpointSaver`` is not used: it replaces files with ``os.rename`` and keeps
+no earlier version, writes through links, and saves no RNG state for an exact resume.
 """
 import argparse
 import contextlib
@@ -61,7 +49,7 @@ from mlp_vision.arguments import (
 from mlp_vision.errors import Interrupted, RunError, UsageError, short_repr
 from mlp_vision.outputs import (
     add_log_file, atomic_link, atomic_save, atomic_write, atomic_write_text, clean_stale_temp_files, keep_previous,
-    open_own_file, remove_log_file, write_json)
+    json_text, open_own_file, remove_log_file)
 from mlp_vision.weights import load_checkpoint_file, load_model_weights
 
 _logger = logging.getLogger(__name__)
@@ -146,16 +134,11 @@ def check_resume_payload(ckpt: Dict[str, Any], source: str) -> None:
                          f'not what this trainer writes; the file is damaged or was crafted, and is not used')
 
 
-def check_resume_identity(ckpt: Optional[Dict[str, Any]], resume: str, **expected) -> None:
-    """The resumed checkpoint (None: not resuming) was made for these settings (e.g. ``arch='smlpnet_t'``)."""
-    if ckpt is None:
-        return
-    found = {k: ckpt.get(k) for k in expected}
-    if found != expected:
-        was, wanted = (', '.join(f'{"model" if k == "arch" else k} {short_repr(v)}' for k, v in d.items())
-                       for d in (found, expected))
-        raise UsageError(f'--resume {resume} is a checkpoint of {was}, not of {wanted}; leave these '
-                         f'flags out to continue the run as it was')
+def check_resume_identity(ckpt: Optional[Dict[str, Any]], resume: str, model_name: str) -> None:
+    """The resumed checkpoint (None: not resuming) was made for the model ``model_name``."""
+    if ckpt is not None and ckpt.get('arch') != model_name:
+        raise UsageError(f'--resume {resume} is a checkpoint of model {short_repr(ckpt.get("arch"))}, not of '
+                         f'{model_name!r}; leave --model out to continue the run as it was')
 
 
 def restore_training_state(ckpt: Optional[Dict[str, Any]], resume: str, model_name: str, model: nn.Module,
@@ -185,10 +168,10 @@ def restore_training_state(ckpt: Optional[Dict[str, Any]], resume: str, model_na
     scaler_state = ckpt.get('amp_scaler') if loss_scaler is not None else None
     try:  # checked before anything is loaded: a checkpoint's states are data, never new attributes
         check_optimizer_state(ckpt['optimizer'], optimizer)
-        if scaler_state:
-            check_settings_state(scaler_state, loss_scaler.state_dict(), 'the AMP loss-scaler state')
-        if not changed:
-            check_settings_state(ckpt['scheduler'], scheduler.state_dict(), 'the scheduler state')
+        for what, saved, live in (('the AMP loss-scaler state', scaler_state, loss_scaler),
+                                  ('the scheduler state', None if changed else ckpt['scheduler'], scheduler)):
+            if saved:
+                check_settings(saved, live.state_dict(), lambda k, what=what: f'{what} entry {k!r}' if k else what)
     except ValueError as e:
         raise UsageError(f'{source}: {e}; the file is damaged, was crafted, or belongs to another optimizer or '
                          f'schedule (--no-resume-opt loads only its weights)') from None
@@ -282,13 +265,6 @@ def new_run_folder(root: os.PathLike, name: str) -> Path:
 
 def is_run_id(value) -> bool:
     return isinstance(value, str) and _RUN_ID.fullmatch(value) is not None
-
-
-def write_run_id(folder: Path) -> str:
-    """Give the new run in ``folder`` its identity (``run.json``); returns the id."""
-    run_id = uuid.uuid4().hex
-    atomic_write_text(folder / RUN_FILE, json.dumps({'run_id': run_id, 'kind': 'image'}) + '\n')
-    return run_id
 
 
 def read_run_id(folder: Path) -> Optional[str]:
@@ -433,7 +409,9 @@ def open_run_folder(args, ckpt: Optional[Dict[str, Any]], *, default_root: str, 
         if not in_place:
             lock = FolderLock(output_dir)
             check_own_files(output_dir)
-        run_id = ckpt['run_id'] if in_place else write_run_id(output_dir)
+        run_id = ckpt['run_id'] if in_place else uuid.uuid4().hex
+        if not in_place:  # the new run's identity
+            atomic_write_text(output_dir / RUN_FILE, json.dumps({'run_id': run_id, 'kind': 'image'}) + '\n')
         log_handler = add_log_file(output_dir / 'train.log')
         if note:
             _logger.warning(note)
@@ -443,12 +421,12 @@ def open_run_folder(args, ckpt: Optional[Dict[str, Any]], *, default_root: str, 
         summary = SummaryWriter(output_dir / 'summary.csv')
         if in_place:
             saver.load_state_dict(history, source=f'--resume {args.resume}')
-            summary.truncate(before_epoch=last_saved + 1)
+            summary.keep_rows(last_saved + 1)
         elif args.resume and resumed_from_a_run(ckpt, args.resume):
             # a new folder for a checkpoint of a run: best / top-N tracking starts afresh, the curve keeps the way
             # here (the summary.csv of another run's folder, or of a folder that is no run, is not this run's past)
             source = Path(args.resume).resolve().parent / 'summary.csv'
-            summary.copy_rows(SummaryWriter(source), before_epoch=last_saved + 1)
+            summary.keep_rows(last_saved + 1, source=SummaryWriter(source))
     except BaseException:  # a folder that could not be set up is not held
         if log_handler is not None:
             remove_log_file(log_handler)
@@ -506,7 +484,15 @@ def close_run_folder(folder: Optional[RunFolder], error: Optional[BaseException]
     if folder is None:
         return
     if isinstance(error, Exception) and folder.in_final_stage and not folder.results_written:
-        _record_final_stage_error(folder, error)
+        try:
+            write_results(folder, {'error': ' '.join(f'{type(error).__name__}: {error}'.split())[:500],
+                                   'epoch': folder.last_saved,
+                                   'checkpoints': {'last': str(folder.output_dir / 'last.pth')},
+                                   'note': 'training finished, but its final stage (evaluation / export / results) '
+                                           'failed; the weights are in the checkpoints'})
+            _logger.error(f'the final stage failed; the error is recorded in {folder.output_dir / "results.json"}')
+        except OSError as e:  # e.g. the full disk that stopped the stage: the original error is the one to report
+            _logger.error(f'could not record the error in results.json either: {e}')
     if isinstance(error, RunError):
         with open(open_own_file(folder.output_dir / 'train.log', os.O_WRONLY | os.O_APPEND | os.O_CREAT), 'a') as f:
             f.write(f'{datetime.now():%Y-%m-%d %H:%M:%S} ERROR {error}\n')
@@ -514,19 +500,6 @@ def close_run_folder(folder: Optional[RunFolder], error: Optional[BaseException]
     if folder.lock is not None:
         folder.lock.release()
         folder.lock = None
-
-
-def _record_final_stage_error(folder: RunFolder, error: BaseException) -> None:
-    message = ' '.join(f'{type(error).__name__}: {error}'.split())[:500]
-    try:
-        write_results(folder, {'error': message, 'epoch': folder.last_saved,
-                               'checkpoints': {'last': str(folder.output_dir / 'last.pth')},
-                               'note': 'training finished, but its final stage (evaluation / export / results) '
-                                       'failed; the weights are in the checkpoints'})
-    except OSError as e:  # e.g. the full disk that stopped the stage: the original error is the one to report
-        _logger.error(f'could not record the error in results.json either: {e}')
-        return
-    _logger.error(f'the final stage failed; the error is recorded in {folder.output_dir / "results.json"}')
 
 
 def log_settings_changes(args) -> None:
@@ -623,41 +596,24 @@ def stop_error(error: Exception, last_path: Optional[Path], last_saved: Optional
                     f'data; then restart, or continue with --resume {intact}')
 
 
-def checkpoint_files(folder: RunFolder) -> Dict[str, Optional[str]]:
-    """``last.pth`` and ``model_best.pth`` (None when nothing was evaluated), as ``results.json`` names them."""
-    return {'last': str(folder.saver.last_path),
-            'best': str(folder.saver.best_path) if folder.saver.best_path.exists() else None}
-
-
 def write_results(folder: RunFolder, results: Dict[str, Any]) -> None:
     """``results.json``; the results of an earlier finish of this run are kept as ``results-N.json``."""
     kept = keep_previous(path := folder.output_dir / 'results.json')
     if kept is not None:
         _logger.info(f'the earlier results.json of this run is kept as {kept.name}')
-    write_json(path, results)
+    atomic_write_text(path, json_text(results))
     folder.results_written = True
 
 
-def list_outputs(folder: RunFolder) -> None:
-    names = sorted(p.name for p in folder.output_dir.iterdir() if not p.name.startswith('.'))
-    _logger.info(f'Outputs in {folder.output_dir}: {", ".join(names)}')
-
-
 class CheckpointManager:
-    """``last.pth`` every epoch, ``model_best.pth`` and the ``max_history`` best ``checkpoint-<epoch>.pth``.
-    ``resume_only``: the fields only a resume needs (``optimizer``, ``amp_scaler``), which best / top-N files then
-    leave out (for AdamW a third of the size; else the three are hard links of one file).
-
-    The best / top-N history is stored in every checkpoint and restored (checked) on resume. Writes, in order:
-    best / top-N, then ``last.pth`` (atomic, with the new history), then removal of the file that fell out of the
-    top N (named from its epoch, never from a path read from a checkpoint). A kill between them leaves ``last.pth``
-    at the previous epoch, which a resume trains again; ``model_best.pth`` holds its own epoch and metric, and a
-    resume takes the best from it (:meth:`load_state_dict`), so the record and the file never disagree.
-
-    Not ``timm.utils.CheckpointSaver`` (timm 1.0.31), whose ranking this follows: it refuses ``max_history=0``,
-    tracks the best only inside a top-N slot, writes non-atomically through a fixed ``tmp`` name, and deletes the
-    paths a restored state names (a crafted ``../file`` included).
-    """
+    """``last.pth`` every epoch, ``model_best.pth`` and the ``max_history`` best ``checkpoint-<epoch>.pth``;
+    ``resume_only``: the fields (``optimizer``, ``amp_scaler``) that best / top-N files leave out (else the three
+    are hard links of one file). The history is stored in every checkpoint and checked on resume. Writes, in
+    order: best / top-N, ``last.pth`` (with the new history), the removal of the file that fell out of the top N
+    (named from its epoch, never from a path read from a checkpoint); a kill between them leaves ``last.pth`` at
+    the previous epoch, and a resume takes the best from ``model_best.pth`` itself, so record and file agree.
+    Not timm's ``CheckpointSaver`` (whose ranking this follows): it refuses ``max_history=0``, tracks the best only
+    inside a top-N slot, writes through a fixed ``tmp`` name and deletes the paths a restored state names."""
 
     def __init__(self, output_dir: os.PathLike, decreasing: bool = False, max_history: int = 3,
                  resume_only: Sequence[str] = ()):
@@ -790,10 +746,13 @@ def _plain_problem(value: Any, live: Any = None) -> Optional[str]:
     return next(filter(None, map(_plain_problem, value)), None)
 
 
-def _check_settings(saved: Dict[str, Any], live: Dict[str, Any], name: Callable[[str], str],
-                    none_for_number: bool = True) -> None:
-    """Each entry of ``saved`` is one ``live`` has, a plain finite value (:func:`_plain_problem`), and a number where
-    the live one is (or None, if ``none_for_number``); else a ``ValueError`` naming the entry as ``name(key)``."""
+def check_settings(saved: Any, live: Dict[str, Any], name: Callable[[str], str], none_for_number: bool = True) -> None:
+    """A saved state (a scheduler's, an AMP scaler's, an optimizer group's settings: loaded by assigning its entries
+    to attributes, so checked before loading) fits the live one: a str-keyed dict of entries ``live`` has, plain
+    finite values (:func:`_plain_problem`), a number where the live one is (or None, if ``none_for_number``); else a
+    ``ValueError`` naming the entry as ``name(key)``."""
+    if not isinstance(saved, dict):
+        raise ValueError(f'{name("")} is a {type(saved).__name__}, not a state dict')
     for k, v in saved.items():
         if k not in live:
             raise ValueError(f'{name(k)} is no entry of the live state')
@@ -802,15 +761,6 @@ def _check_settings(saved: Dict[str, Any], live: Dict[str, Any], name: Callable[
             problem = 'not a value of its kind'
         if problem:  # e.g. a saved NaN base LR would train on NaN
             raise ValueError(f'{name(k)} is {short_repr(v)}: {problem}')
-
-
-def check_settings_state(saved: Any, live: Dict[str, Any], what: str) -> None:
-    """A saved scheduler / scaler state (loaded by assigning its entries to attributes, so checked before loading)
-    fits the live object's ``state_dict()`` ``live`` (:func:`_check_settings`); else a ``ValueError`` naming
-    ``what``."""
-    if not isinstance(saved, dict):
-        raise ValueError(f'{what} is a {type(saved).__name__}, not a state dict')
-    _check_settings(saved, live, lambda k: f'{what} entry {k!r}')
 
 
 def check_optimizer_state(saved: Any, optimizer: torch.optim.Optimizer) -> None:
@@ -831,7 +781,7 @@ def check_optimizer_state(saved: Any, optimizer: torch.optim.Optimizer) -> None:
         if not isinstance(ids, list) or len(ids) != len(live['params']) or not all(_is_number(j) for j in ids):
             raise ValueError(f'optimizer parameter group {i} does not list {len(live["params"])} parameters')
         params.update(zip(ids, live['params']))
-        _check_settings({k: v for k, v in group.items() if k != 'params'}, live,
+        check_settings({k: v for k, v in group.items() if k != 'params'}, live,
                         lambda k: f'optimizer setting {k!r} of group {i}', none_for_number=False)
     state = saved['state']
     if not isinstance(state, dict) or not set(state) <= set(params):
@@ -930,8 +880,8 @@ def preserve_rng():
 # a link planted in the run folder) and appends new columns under the old header; a resume also drops rows past its
 # epoch.
 class SummaryWriter:
-    """``summary.csv``, a row per epoch (first column ``epoch``). Columns are fixed by the first row; a later row with
-    new keys rewrites the file with the union of columns (still one header)."""
+    """``summary.csv``, a row per epoch (first column ``epoch``), written whole and atomically at every row, with
+    one header: the union of the rows' columns."""
 
     def __init__(self, path: os.PathLike):
         self.path = Path(path)
@@ -942,43 +892,27 @@ class SummaryWriter:
         with open(self.path, newline='') as f:
             return list(csv.DictReader(f))
 
-    def _write_all(self, rows: List[Dict[str, Any]], fieldnames: List[str]) -> None:
-        buf = StringIO()
-        writer = csv.DictWriter(buf, fieldnames=fieldnames, restval='')
-        writer.writeheader()
-        writer.writerows(rows)
-        atomic_write_text(self.path, buf.getvalue())
-
     def rows_before(self, epoch: int) -> List[Dict[str, str]]:
         """The rows of the epochs before ``epoch``; a row torn by a crash mid-write (no parsable epoch) is not
         kept."""
         return [r for r in self.read() if str(r.get('epoch', '')).isdigit() and int(r['epoch']) < epoch]
 
-    def truncate(self, before_epoch: int) -> None:
-        """On resume: drop the rows of epoch >= ``before_epoch`` (logged, not checkpointed, before a crash)."""
-        rows = self.read()
-        kept = self.rows_before(before_epoch)
-        if len(kept) != len(rows):
-            self._write_all(kept, list(rows[0].keys()))
+    def write(self, rows: List[Dict[str, Any]]) -> None:
+        buf = StringIO()
+        writer = csv.DictWriter(buf, fieldnames=list(dict.fromkeys(k for row in rows for k in row)), restval='')
+        writer.writeheader()
+        writer.writerows(rows)
+        atomic_write_text(self.path, buf.getvalue())
 
-    def copy_rows(self, source: 'SummaryWriter', before_epoch: int) -> None:
-        """Start this file with ``source``'s rows before ``before_epoch``: a run continued from a checkpoint in a
-        new folder keeps the curve that led to it."""
-        rows = source.rows_before(before_epoch)
-        if rows:
-            self._write_all(rows, list(rows[0].keys()))
+    def keep_rows(self, before_epoch: int, source: Optional['SummaryWriter'] = None) -> None:
+        """On resume: keep the rows before ``before_epoch`` (logged, not checkpointed, before a crash), taken from
+        ``source`` when the run continues in a new folder (the curve that led to its checkpoint)."""
+        rows = (source or self).rows_before(before_epoch)
+        if rows or (source is None and self.path.exists()):
+            self.write(rows)
 
     def append(self, row: Dict[str, Any]) -> None:
-        row = {k: (f'{v:.6g}' if isinstance(v, float) else v) for k, v in row.items()}
-        rows = self.read()
-        fieldnames = list(rows[0].keys()) if rows else []
-        if not rows or set(row) - set(fieldnames):  # a new file, or new columns: written whole, one header
-            self._write_all(rows + [row], fieldnames + [k for k in row if k not in fieldnames])
-            return
-        with open(open_own_file(self.path, os.O_WRONLY | os.O_APPEND), 'a', newline='') as f:
-            csv.DictWriter(f, fieldnames=fieldnames, restval='').writerow(row)
-            f.flush()
-            os.fsync(f.fileno())
+        self.write(self.read() + [{k: (f'{v:.6g}' if isinstance(v, float) else v) for k, v in row.items()}])
 
 
 _CURVES = (('loss', ('train_loss', 'eval_loss', 'ema_eval_loss')),
