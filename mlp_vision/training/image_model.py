@@ -307,7 +307,7 @@ def reports_top5(num_classes: int) -> bool:
 def validate(model: nn.Module, loader, *, amp_autocast=suppress, channels_last: bool = False, distributed: bool = False,
              log_interval: int = 50, primary: bool = True) -> Dict[str, float]:
     """Top-1 / top-5 accuracy (%; ``top5`` None per :func:`reports_top5`), mean cross-entropy and images/s over the
-    loader. Distributed: each rank evaluates its own samples (the ``StridedSampler`` pads nothing) and the sums,
+    loader. Distributed: each rank evaluates its own samples (every n-th sample, nothing padded) and the sums,
     kept on the device, are all-reduced once, so the numbers equal a one-process run.
     """
     model.eval()
