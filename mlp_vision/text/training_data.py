@@ -77,12 +77,13 @@ def tokenizer_from_path(path: str, needs: Sequence[str] = (), allow_regex: bool 
     return tokenizer
 
 
-# a text is tokenized in pieces of about this many characters, the stop signal read between them (~0.1-1 s each);
-# each piece's encodings are freed before the next, so the memory of tokenizing stays that of one piece
-ENCODE_CHUNK_CHARS = 1 << 20
-# the longest piece given to the library in one call: tokenizers holds ~100 bytes per token of a call (ids, tokens,
-# offsets), and a 100 MB line in one call ends in an allocation failure that aborts the process
-MAX_PIECE_CHARS = 4 * ENCODE_CHUNK_CHARS
+# a text is tokenized in pieces of about this many characters, the stop signal read between them; each piece's
+# encodings (tokenizers holds ~70 bytes per token of a call: ids, tokens, masks) are freed before the next, so the
+# memory of tokenizing beyond the ids stays that of one piece
+ENCODE_CHUNK_CHARS = 1 << 18
+# the longest piece given to the library in one call: a 100 MB line in one call ends in an allocation failure that
+# aborts the process
+MAX_PIECE_CHARS = 1 << 22
 # a line break, or the place before a space, between two non-space characters: no normalizer / pre-tokenizer that
 # works within words joins tokens across it (GPT-2's pattern takes a space with the word after it), so the pieces'
 # ids are the whole text's (tests/test_bounds.py checks WordPiece and BPE)
@@ -180,15 +181,16 @@ def _training_lines(text: str) -> Iterator[str]:
 CHARACTER_PART_CHARS = 1 << 16
 
 
-def _encode_piece(tok: Tokenizer, piece: str) -> List[int]:
-    """The ids of ``piece`` without special tokens added, as ``tok.encode(piece, add_special_tokens=False)``."""
+def _encode_piece(tok: Tokenizer, piece: str) -> torch.Tensor:
+    """The ids of ``piece`` without special tokens added, as ``tok.encode(piece, add_special_tokens=False)``, int32."""
     backend = tok.backend_tokenizer
     backend.encode_special_tokens = tok.split_special_tokens  # what PreTrainedTokenizerFast.encode sets per call
     if tokenizer_kind(tok) in ('byte', 'char'):
         parts = [piece[i:i + CHARACTER_PART_CHARS] for i in range(0, len(piece), CHARACTER_PART_CHARS)]
     else:
         parts = [piece]
-    return [i for encoding in backend.encode_batch_fast(parts, add_special_tokens=False) for i in encoding.ids]
+    encodings = backend.encode_batch_fast(parts, add_special_tokens=False)
+    return torch.cat([torch.tensor(e.ids, dtype=torch.int32) for e in encodings])
 
 
 def encode_text(tok: Tokenizer, text: str, what: str, stop: Optional[Callable[[], int]] = None) -> torch.Tensor:
@@ -196,31 +198,33 @@ def encode_text(tok: Tokenizer, text: str, what: str, stop: Optional[Callable[[]
     :class:`UsageError` naming ``what`` for an unknown character. A tokenizer's truncation and padding are turned
     off first (:func:`_turn_off_length_settings`).
 
-    ``stop``: the run's stop flag (a signal number, 0 for none), read between pieces of :data:`ENCODE_CHUNK_CHARS`
-    characters, so SIGINT / SIGTERM stops a long tokenization within about a second
-    (:class:`~mlp_vision.errors.Interrupted`); a piece's encodings are freed before the next, so the memory beyond
-    the ids is one piece's. The pieces' ids are the whole text's (:func:`_pieces`). Without ``stop``, the text is
-    encoded in one call."""
+    The text is encoded in pieces of :data:`ENCODE_CHUNK_CHARS` characters (:func:`_pieces`: their ids are the
+    whole text's), each piece's ids written into one buffer at once, so the memory beyond the text and its ids is
+    one piece's. ``stop``: the run's stop flag (a signal number, 0 for none), read between pieces, so SIGINT /
+    SIGTERM stops a long tokenization within about a second (:class:`~mlp_vision.errors.Interrupted`)."""
     _turn_off_length_settings(tok, what)
-    if stop is None:
-        pieces = [text]
-    else:
-        local = _encodes_by_pieces(tok)
-        pieces = _pieces(text, ENCODE_CHUNK_CHARS, what, None if local else tok,
-                         cut_anywhere=tokenizer_kind(tok) in ('byte', 'char'))
-    ids: List[torch.Tensor] = []  # int32 tensors: 4 bytes a token (a list held 8 + an int object's 28)
-    count = 0
+    characters = tokenizer_kind(tok) in ('byte', 'char')
+    pieces = _pieces(text, ENCODE_CHUNK_CHARS, what, None if _encodes_by_pieces(tok) else tok,
+                     cut_anywhere=characters)
+    # a token per character (char: exact; byte: grown for non-ASCII text), subword tokens a few characters each:
+    # one buffer, not a list of pieces joined at the end, which would hold the ids twice
+    ids, count = torch.empty(len(text) if characters else len(text) // 4 + 1, dtype=torch.int32), 0
     for piece in pieces:
         signum = stop() if stop is not None else 0
         if signum:
             raise Interrupted(signum, f'tokenizing the {what} ({count} tokens so far)')
         try:
-            ids.append(torch.tensor(_encode_piece(tok, piece), dtype=torch.int32))
+            piece_ids = _encode_piece(tok, piece)
         except Exception as e:  # tokenizers' plain Exception: a character outside a char alphabet without <unk>
             raise UsageError(f'the {what} has character {unknown_character(tok, [piece], e)!r}, which the tokenizer '
                              f'(from the checkpoint or the training text) does not know') from None
-        count += len(ids[-1])
-    return torch.cat(ids) if ids else torch.zeros(0, dtype=torch.int32)
+        if count + len(piece_ids) > len(ids):
+            grown = torch.empty(max(count + len(piece_ids), len(ids) * 3 // 2), dtype=torch.int32)
+            grown[:count] = ids[:count]
+            ids = grown
+        ids[count:count + len(piece_ids)] = piece_ids
+        count += len(piece_ids)
+    return ids if count == len(ids) else ids[:count].clone()
 
 
 def _turn_off_length_settings(tok: Tokenizer, what: str) -> None:
