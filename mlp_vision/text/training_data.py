@@ -92,10 +92,8 @@ _SAFE_BREAK = re.compile(r'(?<=\S)\n(?=\S)|(?<=\S)(?= \S)')
 _LINE_LOCAL_STEPS = {'BertNormalizer', 'Lowercase', 'NFC', 'NFD', 'NFKC', 'NFKD', 'StripAccents', 'BertPreTokenizer',
                      'Whitespace', 'WhitespaceSplit', 'Punctuation', 'Digits', 'Sequence'}
 # for any other tokenizer (a user's tokenizer.json: GPT-2's byte-level BPE adds a space before a text, SentencePiece's
-# Metaspace a word-start mark) a cut is taken only where it is checked to change no id: after a line break or before
-# a space between two words, tried on the CUT_CHECK_CHARS either side of it; CUT_TRIES failed places per piece
-# and the rest of the text is encoded in one call (no place where this tokenizer can be cut)
-_CUT_CANDIDATE = _SAFE_BREAK
+# Metaspace a word-start mark) a _SAFE_BREAK is cut only where it is checked to change no id, on the CUT_CHECK_CHARS
+# either side; after CUT_TRIES failed places the rest of the text is encoded in one call
 CUT_CHECK_CHARS, CUT_TRIES = 2048, 32
 
 
@@ -143,14 +141,14 @@ def _pieces(text: str, size: int, what: str, tok: Optional[Tokenizer] = None, cu
     """``text`` in pieces of about ``size`` characters, none over :data:`MAX_PIECE_CHARS` (else a
     :class:`UsageError` naming the line): cut at :data:`_SAFE_BREAK` (``tok`` None: a line-local tokenizer;
     ``cut_anywhere``: a byte / char one, cut at ``size`` when no break is near), else at the first
-    :data:`_CUT_CANDIDATE` where :func:`_cut_keeps_ids`."""
+    :data:`_SAFE_BREAK` where :func:`_cut_keeps_ids`."""
     start = 0
     while len(text) - start > size:
         if tok is None:
             found = _SAFE_BREAK.search(text, start + size, start + MAX_PIECE_CHARS)
             cut = start + size if found is None and cut_anywhere else None if found is None else found.end()
         else:
-            places = (m.end() for _, m in zip(range(CUT_TRIES), _CUT_CANDIDATE.finditer(text, start + size)))
+            places = (m.end() for _, m in zip(range(CUT_TRIES), _SAFE_BREAK.finditer(text, start + size)))
             cut = next((c for c in places if _cut_keeps_ids(tok, text, c)), None)
         if cut is None and len(text) - start > MAX_PIECE_CHARS:
             raise _too_long(text, start + size, what, first_line)
