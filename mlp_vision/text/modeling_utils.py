@@ -1,21 +1,16 @@
-""" Shared plumbing of the text models, on ``transformers``' own base classes.
+""" Shared plumbing of the text models: every config a :class:`TextConfig` (a ``transformers.PreTrainedConfig``),
+every model a :class:`TextPreTrainedModel` (a ``PreTrainedModel``), one class per family and task as ``transformers``'
+``modeling_bert.py``, with its ``save_pretrained`` / ``from_pretrained`` / ``generate`` and output types. Ours:
 
-Every config is a :class:`TextConfig` (a ``transformers.PreTrainedConfig``) and every model a
-:class:`TextPreTrainedModel` (a ``transformers.PreTrainedModel``), one class per family and task as
-``transformers``' ``modeling_bert.py``; ``save_pretrained`` / ``from_pretrained`` / ``generate`` and the output types
-(``MaskedLMOutput``, ``CausalLMOutput``, ``SequenceClassifierOutput``, ``BaseModelOutput``) are ``transformers``'.
-What is ours, on top:
-
-* every model's ``forward`` takes ``input_ids`` (B, L), ``attention_mask`` (B, L), ``token_type_ids`` (B, L; ignored
-  by the families without segment embeddings) and ``labels``; causal LMs shift ``labels = input_ids`` inside;
-* padding is right padding: ``attention_mask`` rows are ones then zeros (:func:`check_text_inputs`). Every family
-  guarantees that padded positions never change a real position's output (``tests/test_text_models.py``);
-* config values are checked when the config is made (:meth:`TextConfig.check_fields`), so a NaN ``layer_norm_eps``
-  or an unparsed ``'false'`` stops with one line instead of building a wrong model;
-* ``from_pretrained`` reads local folders only and first checks what it reads: the config builds a model within
-  :data:`~mlp_vision.bounds.MAX_PARAMS`, the weights fit the config's shapes and hold finite values of the right kind
-  (:func:`mlp_vision.weights.check_weights`), the tokenizer saved beside them fits the vocabulary (it becomes
-  ``model.tokenizer``); a model of the same family but another task loads the backbone and a new head.
+* ``forward`` takes ``input_ids``, ``attention_mask``, ``token_type_ids`` (B, L) and ``labels``; causal LMs shift
+  ``labels = input_ids`` inside; padding is right padding (:func:`check_text_inputs`), and padded positions never
+  change a real position's output (``tests/test_text_models.py``);
+* config values are checked when the config is made (:meth:`TextConfig.check_fields`): a NaN ``layer_norm_eps`` or
+  an unparsed ``'false'`` stops with one line instead of building a wrong model;
+* ``from_pretrained`` reads local folders only and first checks them: a model within
+  :data:`~mlp_vision.bounds.MAX_PARAMS`, weights of the config's shapes, finite and of the right kind
+  (:func:`mlp_vision.weights.check_weights`), a tokenizer that fits the vocabulary (``model.tokenizer``); a folder of
+  another task of the family loads the backbone and a new head.
 """
 import contextlib
 import dataclasses

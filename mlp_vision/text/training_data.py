@@ -1,14 +1,11 @@
-""" The text of the trainer's causal and masked LM runs (``python -m mlp_vision.train_text --task causal / mlm``):
-UTF-8 text files read with one clear line for bad input, the run's tokenizer (built on the training text, or another
-run's), the text encoded (a stop signal read between pieces) and cut into the blocks ``transformers.Trainer`` iterates.
+""" The text of the trainer's causal and masked LM runs: UTF-8 files read with one clear line for bad input, the
+run's tokenizer, the text encoded in pieces (a stop signal read between them) and cut into blocks, the tail shorter
+than a block dropped; batched by ``transformers.default_data_collator`` (one length: nothing to pad).
 
-* causal: consecutive blocks of ``block_size`` tokens, ``labels = input_ids`` (the models shift inside), batched by
-  ``transformers.default_data_collator`` (every block has one length: nothing to pad).
-* mlm: ``<cls>`` + ``block_size - 2`` consecutive tokens + ``<sep>`` per block, masked per epoch by
-  :class:`MaskedBlocks` (BERT's 80/10/10, arXiv 1810.04805 §3.1) and batched by ``default_data_collator``.
+* causal: consecutive blocks of ``block_size`` tokens, ``labels = input_ids`` (the models shift inside).
+* mlm: ``<cls>`` + ``block_size - 2`` tokens + ``<sep>``, masked per epoch by :class:`MaskedBlocks` (BERT's 80/10/10,
+  arXiv 1810.04805 §3.1).
 * held-out text: ``--val-file``, else the last ``--val-fraction`` of ``--train-file``, cut the same way.
-
-The tail shorter than a block is dropped. Labelled files for ``--task classify``: :mod:`.labelled_data`.
 """
 import json
 import logging
