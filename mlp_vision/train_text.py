@@ -1,29 +1,18 @@
 """ mlp_vision text training command: causal LM, masked LM or sequence classification with the text models of
-:mod:`mlp_vision.text`, on ``transformers.Trainer``. Run as ``mlp-vision-text-train`` or
-``python -m mlp_vision.train_text`` (``torchrun`` / ``accelerate launch`` for several processes); ``--help`` lists
-the flags.
+:mod:`mlp_vision.text`, on ``transformers.Trainer`` (``torchrun`` / ``accelerate launch`` for several processes).
 
     python -m mlp_vision.train_text --task causal --model gpt_mlp_attention --train-file input.txt --steps 2000
 
-The command reads the data (:mod:`mlp_vision.text.training_data`: a corpus into blocks;
-:mod:`mlp_vision.text.labelled_data`: a labelled TSV / CSV into examples), builds the tokenizer and the model, turns
-the flags into ``TrainingArguments`` and runs ``Trainer``; :mod:`mlp_vision.text.callbacks` adds the stops Trainer
-lacks (a non-finite loss; SIGINT / SIGTERM and ``--stop-after-step`` with a checkpoint). Collators: causal blocks
-need none beyond ``default_data_collator``, masked LM is ``DataCollatorForLanguageModeling``, classification
-``DataCollatorWithPadding``.
+Data: :mod:`mlp_vision.text.training_data` (a corpus into blocks), :mod:`mlp_vision.text.labelled_data` (a labelled
+TSV / CSV into examples); :mod:`mlp_vision.text.callbacks` adds the stops Trainer lacks.
 
-Output folder ``--output/--experiment`` (a new folder: an existing one is refused, nothing is overwritten):
-Trainer's ``checkpoint-N/`` (weights, tokenizer, optimizer, scheduler, RNG state, ``trainer_state.json``) every
+The run folder ``--output/--experiment`` is new (an existing one is refused): Trainer's ``checkpoint-N/`` every
 ``--eval-interval`` updates (the two latest; classify: the best by dev accuracy and the latest), and at the end the
-``save_pretrained`` folder of the model with its tokenizer at the top level -- the final weights (classify: the best
-checkpoint's) -- with ``eval_results.json`` (and ``test_results.json``), loadable with the Auto classes and
-``pipeline`` after ``import mlp_vision.text``. ``--resume`` takes a ``checkpoint-N/`` folder or the run folder (its
-latest checkpoint) with the run's other flags; the model and tokenizer come from the checkpoint.
+``save_pretrained`` folder of the final model (classify: the best checkpoint's) with its tokenizer and
+``eval_results.json`` (``test_results.json``). ``--resume`` takes a ``checkpoint-N/`` or the run folder.
 
-Optimizer and schedule: AdamW (BiGS with its official decay mask, :func:`~mlp_vision.text.bigs.bigs_param_groups`;
-other families Trainer's: no decay on biases and LayerNorms) and a linear warmup, then ``--sched``. The recipes of
-``configs/text/`` (keys = flag names) fill the optimizer flags left unset, per model family; ``warmup_steps`` is
-capped at a tenth of ``--steps`` unless ``--warmup-steps`` is given.
+AdamW (BiGS with its official decay mask, :func:`~mlp_vision.text.bigs.bigs_param_groups`) and a linear warmup, then
+``--sched``; the recipes of ``configs/text/`` fill the optimizer flags left unset, per model family.
 """
 import argparse
 import logging
@@ -217,7 +206,7 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = PROG):
 
 
 def _main(argv: Sequence[str], prog: str):
-    from mlp_vision.text.callbacks import StopSignals
+    from mlp_vision.training.run_files import stop_signals
     args = parse_args(argv, prog)
     check_args(args)
     primary = int(os.environ.get('RANK', 0) or 0) == 0  # torchrun / accelerate launch: rank 0 logs the setup
@@ -225,8 +214,8 @@ def _main(argv: Sequence[str], prog: str):
                         format='%(asctime)s %(levelname)s %(message)s')
     threads = set_threads(args.threads)
     _logger.info(threads)
-    with size_bounds(args), StopSignals() as signals:
-        return _train(args, signals)
+    with size_bounds(args), stop_signals() as stop:
+        return _train(args, stop)
 
 
 def _resume_checkpoint(path: str) -> Optional[str]:
@@ -476,7 +465,7 @@ def _optimizers(args, model) -> Tuple[Optional[torch.optim.Optimizer], None]:
                              eps=args.opt_eps), None
 
 
-def _train(args, signals) -> Optional[Dict[str, float]]:
+def _train(args, stop) -> Optional[Dict[str, float]]:
     """Data, model and ``Trainer`` from the flags; train, then save and evaluate the final model (rank 0 writes)."""
     from accelerate import PartialState
     from transformers import set_seed
@@ -485,7 +474,7 @@ def _train(args, signals) -> Optional[Dict[str, float]]:
     resume = _resume_checkpoint(args.resume)
     distributed = PartialState(cpu=args.device == 'cpu' or not torch.cuda.is_available()).num_processes > 1
     output_dir = _output_dir(args, resume, distributed)
-    stop, classify = (lambda: signals.signum), args.task == 'classify'
+    classify = args.task == 'classify'
     set_seed(args.seed)  # the model's init (Trainer seeds again before training)
     test = None
     if classify:
@@ -499,7 +488,7 @@ def _train(args, signals) -> Optional[Dict[str, float]]:
     # no processing_class: Trainer would copy the tokenizer's <pad> id into configs without that field (gMLP's), which
     # then do not load; the model's save_pretrained writes model.tokenizer into every checkpoint and the final folder
     n_labels = len(model.config.id2label) if classify else 0
-    stops = RunStops(signals, args.stop_after_step)
+    stops = RunStops(stop, args.stop_after_step)
     trainer = StoppableTrainer(
         stops=stops, callbacks=[DatasetEpoch(train)] if hasattr(train, 'epoch') else [], model=model,
         args=_training_arguments(args, output_dir, classify), data_collator=collator, train_dataset=train,

@@ -460,7 +460,9 @@ def test_trainer_stops_on_a_corpus_the_tokenizer_does_not_know(english_wordpiece
 
 @pytest.mark.parametrize('kind', ['wordpiece', 'bpe', 'char', 'byte'])
 def test_tokenizing_in_pieces_gives_the_whole_text_ids(kind, monkeypatch):
-    """The stop flag is read between pieces of the text; the pieces' ids must be exactly the whole text's."""
+    """The text is encoded in pieces (the stop flag read between them, lines crossing their ends) into one buffer,
+    grown for byte tokens of non-ASCII text and cut down for subword ones: the ids must be exactly the whole text's
+    encoded in one call, with or without a stop flag."""
     import random
     import mlp_vision.text.training_data as data
     rng = random.Random(1)
@@ -473,9 +475,9 @@ def test_tokenizing_in_pieces_gives_the_whole_text_ids(kind, monkeypatch):
     monkeypatch.setattr(data, 'CHARACTER_PART_CHARS', 7)  # byte / char pieces in parts cut anywhere
     calls = []
     pieces = data.encode_text(tok, text, 'training text', stop=lambda: calls.append(1) or 0)  # a fresh tokenizer
-    one_piece = data.encode_text(tok, text, 'training text')
+    unflagged = data.encode_text(tok, text, 'training text')
     whole = torch.tensor(tok.encode(text, add_special_tokens=False))
-    assert len(calls) > 20 and torch.equal(pieces, whole) and torch.equal(one_piece, whole)
+    assert len(calls) > 20 and torch.equal(pieces, whole) and torch.equal(unflagged, whole)
 
 
 

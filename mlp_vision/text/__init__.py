@@ -1,36 +1,25 @@
-""" Text models built on the shared blocks of :mod:`mlp_vision.layers`, as ``transformers`` models.
+""" Text models built on the shared blocks of :mod:`mlp_vision.layers`, as ``transformers`` models (needs
+``transformers`` >= 5.4, < 6: ``pip install mlp_vision[text]``):
 
-Needs ``transformers`` (>= 5.4, < 6): ``pip install mlp_vision[text]``. ``import mlp_vision`` and the vision models do not.
-
-* gMLP / aMLP masked-LM encoders (Toeplitz SGU) with masked-LM and ``<cls>`` sequence-classification heads, and a
-  causal gMLP LM (causal SGU), all from :class:`mlp_vision.layers.GatedMLPBlock`;
-* BiGS (:class:`mlp_vision.layers.BidirectionalGatedSSM`) masked-LM and sequence-classification encoders, with a
-  loader for the official checkpoints (``from_official``), and BERT, the attention baseline, from the same parts;
+* gMLP / aMLP masked-LM encoders (Toeplitz SGU) with masked-LM and sequence-classification heads, and a causal gMLP
+  LM, from :class:`mlp_vision.layers.GatedMLPBlock`;
+* BiGS (:class:`mlp_vision.layers.BidirectionalGatedSSM`) encoders, with a loader for the official checkpoints
+  (``from_official``), and BERT, the attention baseline, from the same parts;
 * a char-level GPT with MLP-Attention and its dot-product-attention (SDPA) baseline;
-* tokenizers (UTF-8 bytes, corpus characters, WordPiece / BPE), each a ``transformers.PreTrainedTokenizerFast``,
-  and fill-mask (:mod:`mlp_vision.text.fill_mask`, not imported here so that ``python -m`` runs it cleanly).
+* tokenizers (bytes, characters, WordPiece / BPE), each a ``transformers.PreTrainedTokenizerFast``, and fill-mask
+  (:mod:`mlp_vision.text.fill_mask`, not imported here so that ``python -m`` runs it cleanly).
 
-Every config is a ``transformers.PreTrainedConfig`` and every model a ``transformers.PreTrainedModel``, one class per
-family and task, registered with the Auto classes on import (:mod:`~mlp_vision.text.registry`); what we add to
-``transformers``' own save / load / ``generate`` is listed in :mod:`mlp_vision.text.modeling_utils`.
+Every config is a ``PreTrainedConfig`` and every model a ``PreTrainedModel``, registered with the Auto classes on
+import (:mod:`~mlp_vision.text.registry`); what we add is listed in :mod:`mlp_vision.text.modeling_utils`::
 
-Usage::
-
-    import mlp_vision.text as mt
-    mt.list_models()
-    model = mt.create_model('amlp_base')            # GMLPForMaskedLM, a transformers PreTrainedModel
+    model = mt.create_model('amlp_base')            # GMLPForMaskedLM
     out = model(input_ids, attention_mask=mask, labels=labels)   # MaskedLMOutput: out.loss, out.logits
     model.save_pretrained('ckpt/', tokenizer=tok); model = mt.from_pretrained('ckpt/')  # model.tokenizer
     model = transformers.AutoModelForMaskedLM.from_pretrained('ckpt/')  # the same class, the same weights
     model = mt.BiGSForMaskedLM.from_official('BiGS_512/')          # official weights + their vocab.txt
-    from mlp_vision.text.fill_mask import fill_mask                  # also: python -m mlp_vision.text.fill_mask
-    fill_mask(model, model.tokenizer, 'the movie was [MASK] .')
 
-Lengths have two names, one per concept: a model's maximum length is ``max_position_embeddings`` in its config
-and ``seq_len`` in every layer built for it (the size of length-tied weights: gMLP's spatial projection,
-MLP-Attention's logit MLP, position embeddings); a training sample's length is the trainer's ``--block-size``
-(at most the maximum), and a tokenizer call's is Hugging Face's ``max_length``.
-
+A model's maximum length is ``max_position_embeddings`` in its config and ``seq_len`` in its layers; a training
+sample's is the trainer's ``--block-size``, a tokenizer call's ``max_length``.
 """
 try:
     import transformers as _transformers

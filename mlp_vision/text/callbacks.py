@@ -2,15 +2,13 @@
 a run stops on a non-finite loss with one line naming the last checkpoint kept, and on SIGINT / SIGTERM (or at
 ``--stop-after-step``) with a checkpoint saved at the next update boundary, from which ``--resume`` continues.
 
-    with StopSignals() as signals:
-        stops = RunStops(signals, stop_after_step=None)
+    with stop_signals() as stop:                        # mlp_vision.training.run_files: the flag of a signal
+        stops = RunStops(stop, stop_after_step=None)
         trainer = StoppableTrainer(stops=stops, model=..., args=...)
         trainer.train()
     if stops.signum: ...   # the checkpoint of stops.checkpoint is saved
 """
-import logging
-import signal
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 import torch.distributed as dist
@@ -19,50 +17,19 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoin
 
 from mlp_vision.errors import RunError
 
-__all__ = ['StopSignals', 'RunStops', 'DatasetEpoch', 'StoppableTrainer']
-
-_logger = logging.getLogger(__name__)
-
-
-class StopSignals:
-    """SIGINT / SIGTERM recorded (``signum``, 0 for none) instead of ending the process, while the ``with`` block
-    runs; the previous handlers are restored after it. A second signal ends the process as the first would have
-    (Python's ``KeyboardInterrupt`` / the default SIGTERM action)."""
-    SIGNALS = (signal.SIGINT, signal.SIGTERM)
-
-    def __init__(self):
-        self.signum = 0
-        self._previous = {}
-
-    def _on_signal(self, signum, frame) -> None:
-        if self.signum:
-            signal.signal(signum, self._previous.get(signum, signal.SIG_DFL))
-            signal.raise_signal(signum)
-            return
-        self.signum = signum
-        _logger.warning(f'{signal.Signals(signum).name}: stopping at the end of this update, after a checkpoint '
-                        f'(send it again to stop now, without one)')
-
-    def __enter__(self) -> 'StopSignals':
-        for signum in self.SIGNALS:
-            self._previous[signum] = signal.signal(signum, self._on_signal)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        for signum, handler in self._previous.items():
-            signal.signal(signum, handler)
+__all__ = ['RunStops', 'DatasetEpoch', 'StoppableTrainer']
 
 
 class RunStops(TrainerCallback):
     """At every update's end, the ranks agree (one all-reduce of two numbers) on whether a loss of this update was
     not finite -- then every rank raises :class:`~mlp_vision.errors.RunError` before anything is saved, naming the
-    last checkpoint -- or a signal arrived on any rank, or ``stop_after_step`` is reached: then Trainer saves a
-    checkpoint and stops (``signum``, ``checkpoint``). The trainer's ``training_step`` reports each loss
+    last checkpoint -- or a signal arrived on any rank (``stop()``: its number, 0 for none), or ``stop_after_step``
+    is reached: then Trainer saves a checkpoint and stops (``signum``, ``checkpoint``). The trainer's ``training_step`` reports each loss
     (:meth:`record_loss`)."""
 
-    def __init__(self, signals: StopSignals, stop_after_step: Optional[int] = None,
+    def __init__(self, stop: Callable[[], int], stop_after_step: Optional[int] = None,
                  advice: str = 'lower --lr, keep --clip-grad on, add --warmup-steps'):
-        self.signals, self.stop_after_step, self.advice = signals, stop_after_step, advice
+        self.stop, self.stop_after_step, self.advice = stop, stop_after_step, advice
         self.nonfinite = False
         self.signum = 0
         self.checkpoint = ''
@@ -73,7 +40,7 @@ class RunStops(TrainerCallback):
         self.nonfinite |= not bool(torch.isfinite(loss).all())
 
     def on_step_end(self, args, state, control, **kwargs):
-        flags = torch.tensor([float(self.signals.signum), float(self.nonfinite)], device=args.device)
+        flags = torch.tensor([float(self.stop()), float(self.nonfinite)], device=args.device)
         if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
             dist.all_reduce(flags, op=dist.ReduceOp.MAX)
         signum, nonfinite = int(flags[0]), bool(flags[1])

@@ -2,18 +2,10 @@
 
     python -m mlp_vision.text.fill_mask DIR "the movie was [MASK] ." [--top-k 5] [--device cpu]
 
-``DIR`` is a folder written by ``save_pretrained`` holding a masked LM and its tokenizer (a masked-LM run folder of
-the text trainer, or one of its ``checkpoint-N/``), or an official BiGS folder (``pytorch_model.bin`` /
-``model.safetensors``, ``config.json``, ``vocab.txt`` / ``tokenizer.json``; see :meth:`BiGSForMaskedLM.from_official`). The mask token is
-the tokenizer's: ``[MASK]`` for BERT vocabularies, ``<mask>`` for the byte / char tokenizers. The text is encoded
-with the tokenizer's template (``<cls> text <sep>``) and each mask predicts one token (masked LM, BERT arXiv
-1810.04805 §3.1 "Task #1: Masked LM").
-
-Bad input (a damaged or inconsistent folder, a text without a mask token, ``--top-k 0``, a device this machine
-lacks) is one line ``<the name it was run as>: error: ...`` and exit status 2, as the other commands (``--debug``
-shows the traceback); from Python, a ``UsageError`` (a ``ValueError``).
-
-From Python::
+``DIR``: a ``save_pretrained`` folder of a masked LM with its tokenizer (a masked-LM run folder or one of its
+``checkpoint-N/``), or an official BiGS folder (:meth:`BiGSForMaskedLM.from_official`). The mask token is the
+tokenizer's (``[MASK]``, ``<mask>``); the text gets the template ``<cls> text <sep>`` and each mask predicts one
+token (BERT arXiv 1810.04805 §3.1). Bad input is one line and exit status 2 (``UsageError`` from Python)::
 
     model = load_masked_lm('BiGS_512/')
     fill_mask(model, model.tokenizer, 'the movie was [MASK] .', top_k=5)

@@ -1,17 +1,10 @@
 """ The labelled files of ``python -m mlp_vision.train_text --task classify`` and their metrics.
 
-Files (:func:`read_labelled_file`): GLUE-style files (arXiv 1804.07461) with a header row; tab-separated for ``.tsv``
-(no quoting, as GLUE's files, whose sentences hold bare quote characters), comma-separated with CSV quoting for
-``.csv`` (other names: tab when the header has one). ``--text-columns`` names one column or a pair (default
-``sentence``, else ``sentence1,sentence2``). Label ids are the sorted distinct training labels (numerically when
-all are integers, so GLUE's ``0`` / ``1`` stay 0 / 1).
-
-Examples (:func:`encode_examples`): the model's tokenizer with BERT's template (``<cls> A <sep> [B <sep>]``, token
-types 0 / 1), longest-first truncation to ``--block-size`` tokens; ``transformers.DataCollatorWithPadding`` pads each
-batch on the right to its longest sequence with an attention mask.
-
-Metrics (:func:`classification_metrics`, in %): accuracy, F1 of label id 1 (binary; macro-F1 with more labels) and
-Matthews correlation, GLUE's metrics (arXiv 1804.07461 §3).
+Files (:func:`read_labelled_file`): GLUE-style (arXiv 1804.07461) with a header row; tab-separated for ``.tsv`` (no
+quoting: GLUE's sentences hold bare quote characters), CSV quoting for ``.csv`` (other names: tab when the header
+has one). Label ids are the sorted distinct training labels (numerically when all are numbers, so ``0`` / ``1`` stay
+0 / 1). Examples (:func:`encode_examples`): BERT's template, longest-first truncation to ``--block-size`` tokens.
+Metrics (:func:`classification_metrics`, in %): accuracy, F1 and Matthews correlation, GLUE's (§3).
 """
 import csv
 import dataclasses
@@ -173,14 +166,17 @@ def classification_examples(tokenizer: Tokenizer, data: LabelledData, names: Seq
             for i, t, label in zip(ids, types, data.labels)]
 
 
-def _metrics_from_confusion(cm: torch.Tensor) -> Dict[str, float]:
-    """Accuracy, F1 and Matthews correlation (%) of a (K, K) confusion matrix (rows true, columns predicted)."""
-    cm = cm.to(torch.float64)
+def classification_metrics(predictions, labels, num_labels: int) -> Dict[str, float]:
+    """Accuracy, F1 (binary: of label id 1; more labels: macro) and Matthews correlation, all in %, of class-id
+    sequences; equal to scikit-learn's ``accuracy_score`` / ``f1_score`` / ``matthews_corrcoef`` x 100."""
+    predictions = torch.as_tensor(predictions, dtype=torch.long).reshape(-1)
+    labels = torch.as_tensor(labels, dtype=torch.long).reshape(-1)
+    cm = torch.bincount(labels * num_labels + predictions, minlength=num_labels * num_labels)
+    cm = cm.reshape(num_labels, num_labels).to(torch.float64)  # rows true, columns predicted
     n = cm.sum().item()
     correct = cm.diag().sum().item()
-    k = cm.shape[0]
     f1_per_class = 2 * cm.diag() / (cm.sum(0) + cm.sum(1)).clamp(min=1)  # 2 tp / (2 tp + fp + fn); 0 without tp
-    f1 = (f1_per_class[1] if k == 2 else f1_per_class.mean()).item()
+    f1 = (f1_per_class[1] if num_labels == 2 else f1_per_class.mean()).item()
     # multi-class MCC (Gorodkin 2004), which is Matthews' phi for two classes (as scikit-learn's matthews_corrcoef)
     t, p = cm.sum(1), cm.sum(0)
     cov_ytyp = correct * n - (t * p).sum().item()
@@ -189,12 +185,3 @@ def _metrics_from_confusion(cm: torch.Tensor) -> Dict[str, float]:
     denom = math.sqrt(cov_ypyp * cov_ytyt)
     mcc = 0. if denom == 0 else cov_ytyp / denom
     return {'acc': 100. * correct / max(n, 1.), 'f1': 100. * f1, 'mcc': 100. * mcc}
-
-
-def classification_metrics(predictions, labels, num_labels: int) -> Dict[str, float]:
-    """Accuracy, F1 (binary: of label id 1; more labels: macro) and Matthews correlation, all in %, of class-id
-    sequences; equal to scikit-learn's ``accuracy_score`` / ``f1_score`` / ``matthews_corrcoef`` x 100."""
-    predictions = torch.as_tensor(predictions, dtype=torch.long).reshape(-1)
-    labels = torch.as_tensor(labels, dtype=torch.long).reshape(-1)
-    cm = torch.bincount(labels * num_labels + predictions, minlength=num_labels * num_labels)
-    return _metrics_from_confusion(cm.reshape(num_labels, num_labels))

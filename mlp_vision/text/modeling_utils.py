@@ -1,21 +1,16 @@
-""" Shared plumbing of the text models, on ``transformers``' own base classes.
+""" Shared plumbing of the text models: every config a :class:`TextConfig` (a ``transformers.PreTrainedConfig``),
+every model a :class:`TextPreTrainedModel` (a ``PreTrainedModel``), one class per family and task as ``transformers``'
+``modeling_bert.py``, with its ``save_pretrained`` / ``from_pretrained`` / ``generate`` and output types. Ours:
 
-Every config is a :class:`TextConfig` (a ``transformers.PreTrainedConfig``) and every model a
-:class:`TextPreTrainedModel` (a ``transformers.PreTrainedModel``), one class per family and task as
-``transformers``' ``modeling_bert.py``; ``save_pretrained`` / ``from_pretrained`` / ``generate`` and the output types
-(``MaskedLMOutput``, ``CausalLMOutput``, ``SequenceClassifierOutput``, ``BaseModelOutput``) are ``transformers``'.
-What is ours, on top:
-
-* every model's ``forward`` takes ``input_ids`` (B, L), ``attention_mask`` (B, L), ``token_type_ids`` (B, L; ignored
-  by the families without segment embeddings) and ``labels``; causal LMs shift ``labels = input_ids`` inside;
-* padding is right padding: ``attention_mask`` rows are ones then zeros (:func:`check_text_inputs`). Every family
-  guarantees that padded positions never change a real position's output (``tests/test_text_models.py``);
-* config values are checked when the config is made (:meth:`TextConfig.check_fields`), so a NaN ``layer_norm_eps``
-  or an unparsed ``'false'`` stops with one line instead of building a wrong model;
-* ``from_pretrained`` reads local folders only and first checks what it reads: the config builds a model within
-  :data:`~mlp_vision.bounds.MAX_PARAMS`, the weights fit the config's shapes and hold finite values of the right kind
-  (:func:`mlp_vision.weights.check_weights`), the tokenizer saved beside them fits the vocabulary (it becomes
-  ``model.tokenizer``); a model of the same family but another task loads the backbone and a new head.
+* ``forward`` takes ``input_ids``, ``attention_mask``, ``token_type_ids`` (B, L) and ``labels``; causal LMs shift
+  ``labels = input_ids`` inside; padding is right padding (:func:`check_text_inputs`), and padded positions never
+  change a real position's output (``tests/test_text_models.py``);
+* config values are checked when the config is made (:meth:`TextConfig.check_fields`): a NaN ``layer_norm_eps`` or
+  an unparsed ``'false'`` stops with one line instead of building a wrong model;
+* ``from_pretrained`` reads local folders only and first checks them: a model within
+  :data:`~mlp_vision.bounds.MAX_PARAMS`, weights of the config's shapes, finite and of the right kind
+  (:func:`mlp_vision.weights.check_weights`), a tokenizer that fits the vocabulary (``model.tokenizer``); a folder of
+  another task of the family loads the backbone and a new head.
 """
 import contextlib
 import dataclasses
@@ -39,7 +34,7 @@ from ..weights import check_weights
 __all__ = [
     'TextConfig', 'TextPreTrainedModel', 'TextGenerationMixin', 'check_text_inputs',
     'masked_lm_loss', 'causal_lm_loss', 'scored_positions', 'sequence_classification_loss',
-    'read_config', 'is_saved_folder', 'weight_file_shapes', 'check_text_model_size', 'check_text_activations',
+    'read_config', 'is_saved_folder', 'check_text_model_size', 'check_text_activations',
     'check_tokenizer_fits',
     'pool_sequence', 'check_classifier_pooling', 'CLASSIFIER_POOLINGS', 'CONFIG_NAME', 'WEIGHTS_NAME',
 ]
@@ -302,14 +297,10 @@ class TextGenerationMixin(GenerationMixin):
 
 def check_text_inputs(input_ids: torch.Tensor, attention_mask: Optional[torch.Tensor], max_length: int,
                       token_type_ids: Optional[torch.Tensor] = None) -> Optional[torch.Tensor]:
-    """Check the shapes (and the padding layout) of a text model's inputs; returns the mask as bool (or None).
-
-    ``input_ids`` must be (B, L) with 1 <= L <= ``max_length``; ``attention_mask`` and ``token_type_ids``, when
-    given, (B, L). The mask must be right padding (each row ones then zeros): the families' exactness guarantee
-    (padded positions never change a real position's output) holds for right padding only, since every family
-    reads absolute positions. The value and layout check needs the mask's values, so it is skipped while tracing
-    or compiling (where it would break the graph); shapes are always checked.
-    """
+    """``input_ids`` (B, L) with 1 <= L <= ``max_length``, ``attention_mask`` / ``token_type_ids`` (B, L) when
+    given; returns the mask as bool (or None). The mask must be right padding (the families read absolute positions:
+    padded positions change no real one's output only then); that value check is skipped while tracing or compiling
+    (it would break the graph), the shapes never are."""
     if input_ids.dim() != 2:
         raise ValueError(f'input_ids must be (batch, length), got shape {tuple(input_ids.shape)}')
     length = input_ids.shape[1]
@@ -345,13 +336,9 @@ def masked_lm_loss(logits: torch.Tensor, labels: torch.Tensor, ignore_index: int
 def scored_positions(hidden: torch.Tensor, labels: Optional[torch.Tensor], sparse_prediction: bool
                      ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
     """What a masked-LM head decodes: ``(hidden (B, L, d), labels (B, L))`` unchanged, or with ``sparse_prediction``
-    and labels given only the scored positions, ``(hidden (N, d), labels (N,))`` with N = ``(labels != -100).sum()``.
-
-    Sparse prediction runs the head (transform, V-way decoder) on the ~15 % of positions the loss scores instead of
-    all of them -- the same loss and gradients, a fraction of the head's cost, which at a small width dominates the
-    step (V d per token against ~12 d^2 per layer). ``transformers``' ModernBERT has the same switch
-    (``sparse_prediction``); the logits are then (N, V), one row per scored position in row-major order.
-    """
+    and labels only the scored positions, ``(hidden (N, d), labels (N,))``, N = ``(labels != -100).sum()``: the same
+    loss and gradients for a fraction of the head's cost (V d per token, which dominates at a small width), as
+    ModernBERT's ``sparse_prediction``; the logits are then (N, V) in row-major order."""
     if not sparse_prediction or labels is None:
         return hidden, labels
     scored = labels != -100
@@ -402,12 +389,9 @@ def pool_sequence(hidden: torch.Tensor, attention_mask: Optional[torch.Tensor], 
 # -------------------------------------------------------------------------------------------------- save / load
 
 def read_config(directory: str) -> Tuple[str, dict]:
-    """(architecture name, parsed ``config.json``) of a folder written by ``save_pretrained``.
-
-    A missing ``config.json`` is a ``FileNotFoundError`` and one of another layout (an official BiGS folder's) a
-    ``ValueError``; a damaged one (not JSON, wrong value types) a :class:`~mlp_vision.errors.UsageError`
-    naming the file.
-    """
+    """(architecture name, parsed ``config.json``) of a ``save_pretrained`` folder; a missing ``config.json`` is a
+    ``FileNotFoundError``, one of another layout (an official BiGS folder's) a ``ValueError``, a damaged one a
+    :class:`~mlp_vision.errors.UsageError` naming the file."""
     path = os.path.join(directory, CONFIG_NAME)
     if not os.path.isfile(path):
         raise FileNotFoundError(f'{directory} has no {CONFIG_NAME}: not a folder written by save_pretrained')
@@ -449,25 +433,21 @@ def load_text_config(config_class, directory: str, **overrides) -> TextConfig:
         raise UsageError(f'{path}: {e}') from None
 
 
-def weight_file_shapes(path: str) -> Dict[str, Tuple[int, ...]]:
-    """The tensor shapes a safetensors file holds (its header only); a missing, empty or damaged file is a
-    :class:`~mlp_vision.errors.UsageError` naming it."""
-    if not os.path.isfile(path):
-        raise UsageError(f'{path} does not exist: the folder has {CONFIG_NAME} but not the weights it describes')
-    try:
-        with safe_open(path, framework='pt') as f:
-            return {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
-    except SafetensorError as e:
-        raise UsageError(f'{path} is not a readable safetensors file ({e}); it is empty, truncated or '
-                         f'damaged') from None
-
-
 def _check_weights_file(model_cls: type, config: TextConfig, weights_path: str, config_path: str) -> None:
-    """Before ``transformers`` loads ``weights_path``: every tensor the model (built on the ``meta`` device) has
-    must have its shape there, and every tensor must hold values of the model's kind, all finite
-    (:func:`mlp_vision.weights.check_weights`); a :class:`~mlp_vision.errors.UsageError` naming the file."""
+    """Before ``transformers`` loads ``weights_path``: a readable safetensors file whose tensors have the shapes of
+    the model's (built on the ``meta`` device) and values of its kind, all finite
+    (:func:`mlp_vision.weights.check_weights`); else a :class:`~mlp_vision.errors.UsageError` naming the file."""
+    if not os.path.isfile(weights_path):
+        raise UsageError(f'{weights_path} does not exist: the folder has {CONFIG_NAME} but not the weights it '
+                         f'describes')
+    try:
+        with safe_open(weights_path, framework='pt') as f:
+            shapes = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+    except SafetensorError as e:
+        raise UsageError(f'{weights_path} is not a readable safetensors file ({e}); it is empty, truncated or '
+                         f'damaged') from None
     own = model_cls(config, device='meta').state_dict()
-    for key, shape in weight_file_shapes(weights_path).items():
+    for key, shape in shapes.items():
         if key in own and tuple(own[key].shape) != shape:
             raise UsageError(f'{weights_path} does not fit {config_path}: {key} is {shape} in the weights but '
                              f'{tuple(own[key].shape)} by the config; the config was edited or belongs to other weights')

@@ -1,34 +1,24 @@
 """ Tokenizers of the text models: ``transformers.PreTrainedTokenizerFast`` objects over a ``tokenizers.Tokenizer``
-(a ``tokenizers`` model, pre-tokenizer and decoder, BERT's template as ``TemplateProcessing``; padding, truncation,
-batching, special tokens and saving are the libraries')::
+(padding, truncation, batching, special tokens and saving are the libraries')::
 
     tok = load_tokenizer('ckpt/')                      # whatever save_pretrained wrote, a vocab.txt or a tokenizer.json
-    tok.encode('the movie was good', add_special_tokens=False)   # ids, no special tokens
-    batch = tok(['a sentence', 'another'], ['its pair', 'pair'], max_length=64, truncation=True,
-                padding='max_length', return_tensors='pt')   # input_ids, token_type_ids, attention_mask (B, 64)
     tok.save_pretrained('ckpt/')                       # tokenizer.json + tokenizer_config.json, for AutoTokenizer too
 
 * :func:`byte_tokenizer` -- ids 0..255 are the UTF-8 bytes, special tokens follow (default ``<pad> <cls> <sep>
-  <mask>``: masked LM and the BERT protocol). Any text, a fixed vocabulary.
-* :func:`char_tokenizer` -- one id per distinct character of a corpus, sorted, special tokens after them; without
-  specials it is nanoGPT's / the MLP-Attention paper's Tiny Shakespeare vocabulary (65 characters). A character
-  outside the alphabet is the ``unk`` token or, without one, an error ("Missing [UNK] token"), never dropped.
+  <mask>``). Any text, a fixed vocabulary.
+* :func:`char_tokenizer` -- one id per distinct character of a corpus, sorted, special tokens after them (without
+  specials: nanoGPT's Tiny Shakespeare vocabulary of 65). A character outside the alphabet is the ``unk`` token or,
+  without one, an error, never dropped.
 * WordPiece / BPE -- a BERT ``vocab.txt`` (:func:`wordpiece_tokenizer`), any ``tokenizer.json``, or a vocabulary
-  trained offline with :func:`train_tokenizer`. BiGS was pretrained with BERT's uncased WordPiece vocabulary of
-  30,522 tokens (arXiv 2212.10544, §5).
+  trained with :func:`train_tokenizer`. BiGS used BERT's uncased WordPiece, 30,522 tokens (arXiv 2212.10544, §5).
 
 Sequences follow BERT's template (arXiv 1810.04805, §3): ``<cls> A <sep>`` and ``<cls> A <sep> B <sep>``, token type
-0 up to and including the first ``<sep>``, 1 after it; a tokenizer without special tokens adds nothing. Padding is on
-the right, the only layout the models accept.
-
-Special-token strings in the text: the byte and char tokenizers read them as text (``split_special_tokens``, so a
-corpus holding ``<unk>`` keeps its characters); a WordPiece / BPE tokenizer, and the files saved for
-``transformers`` (``AutoTokenizer``, ``pipeline``: how the fill-mask pipeline finds ``<mask>``), recognise them.
-Insert them by id to be independent of that.
+1 after the first ``<sep>``; padding is on the right, the only layout the models accept. The byte and char
+tokenizers read special-token strings in the text as text (``split_special_tokens``); WordPiece / BPE, and the saved
+files (``AutoTokenizer``, ``pipeline``), recognise them.
 
 A ``tokenizer.json`` with a regular expression (``Split`` / ``Replace`` with ``{"Regex": ...}``) is refused unless
-the caller opts in (``allow_regex=True``): ``tokenizers`` runs them with a backtracking engine, and a crafted
-pattern takes minutes per text. The tokenizers this package writes use none.
+``allow_regex=True``: ``tokenizers`` runs them with a backtracking engine, and a crafted pattern takes minutes.
 """
 import json
 import os
@@ -44,11 +34,8 @@ from mlp_vision.errors import UsageError, short_repr
 
 __all__ = [
     'Tokenizer', 'byte_tokenizer', 'char_tokenizer', 'wordpiece_tokenizer', 'train_tokenizer', 'load_tokenizer',
-    'find_tokenizer', 'tokenizer_kind', 'describe_tokenizer',
-    'encode_with_template',
-    'unknown_character',
-    'check_vocab_size', 'DEFAULT_CONTROL_TOKENS', 'BERT_CONTROL_TOKENS', 'SUBWORD_KINDS', 'check_no_regex',
-]
+    'find_tokenizer', 'tokenizer_kind', 'describe_tokenizer', 'encode_with_template', 'unknown_character',
+    'check_vocab_size', 'DEFAULT_CONTROL_TOKENS', 'BERT_CONTROL_TOKENS', 'SUBWORD_KINDS', 'check_no_regex']
 
 Tokenizer = PreTrainedTokenizerFast  # every tokenizer of the package is one
 DEFAULT_CONTROL_TOKENS = ('<pad>', '<cls>', '<sep>', '<mask>')
@@ -243,20 +230,13 @@ def check_vocab_size(name: str, kind: str, vocab_size: int, num_special_tokens: 
 def train_tokenizer(texts: Optional[Iterable[str]] = None, files: Optional[Sequence[str]] = None,
                     kind: str = 'wordpiece', vocab_size: int = 8000, lowercase: bool = True, min_frequency: int = 2,
                     special_tokens: Mapping[str, str] = BERT_CONTROL_TOKENS) -> PreTrainedTokenizerFast:
-    """Train a subword vocabulary offline on ``texts`` (an iterable of strings, e.g. lines) or ``files``.
+    """A subword vocabulary trained on ``texts`` (strings, e.g. lines) or ``files``: ``kind`` 'wordpiece' (BERT's
+    normalizer, pre-tokenizer and ``##`` prefix) or 'bpe' (GPT-2's byte-level BPE: the 256 bytes always in, no
+    unknown words); at most ``vocab_size`` tokens, specials included; ``lowercase`` (WordPiece: and strip accents);
+    a merge occurs ``min_frequency`` times; ``special_tokens`` (role -> token) get the first ids, in order.
 
-    Args:
-        kind: 'wordpiece' (BERT: BERT normalizer and pre-tokenizer, ``##`` continuation prefix) or 'bpe' (byte-level
-            BPE as GPT-2: the 256 bytes are always in the vocabulary, so there are no unknown words).
-        vocab_size: size of the result, special tokens included (an upper bound: a small corpus may give fewer).
-        lowercase: lower-case (and, for WordPiece, strip accents) before training and encoding.
-        min_frequency: a merge must occur this often.
-        special_tokens: role -> token; they get the first ids in this order (``[PAD]`` is 0 by default).
-
-    Reproducibility: the BPE result depends only on the corpus and these arguments. The WordPiece trainer of
-    ``tokenizers`` numbers the ``##`` continuation symbols in hash order and breaks ties between equally frequent
-    pairs by those numbers, so two runs can keep slightly different rare pieces: train once and save it
-    (``save_pretrained``) -- e.g. on one DDP rank, the others loading the saved files.
+    BPE depends only on the corpus and the arguments; ``tokenizers``' WordPiece trainer breaks ties in hash order,
+    so two runs can keep different rare pieces: train once and save it (one DDP rank, the others load it).
     """
     if kind not in SUBWORD_KINDS:
         raise ValueError(f'kind must be one of {SUBWORD_KINDS}, got {kind!r}')
@@ -289,25 +269,20 @@ def train_tokenizer(texts: Optional[Iterable[str]] = None, files: Optional[Seque
 # ---------------------------------------------------------------------------------------------------- loading
 
 def _find_regex(node: Any, where: str = '', depth: int = 0) -> Optional[Tuple[str, Any]]:
-    """(where, pattern) of the first ``{"Regex": pattern}`` in a parsed ``tokenizer.json``, or None."""
+    """(where, pattern) of the first ``{"Regex": pattern}`` in a parsed ``tokenizer.json``, or None; the vocabulary
+    and merges (top-level ``model`` and ``added_tokens``) hold no patterns and are not walked."""
     if depth > 64:  # tokenizers' own files nest a few levels; deeper is no tokenizer
         return where or 'the file', '(nested deeper than 64 levels)'
+    if isinstance(node, dict) and 'Regex' in node:
+        return where, node['Regex']
     if isinstance(node, dict):
-        if 'Regex' in node:
-            return where, node['Regex']
-        items = node.items()
+        items = [(f'{where}.{k}' if where else k, v) for k, v in node.items()
+                 if depth or k not in ('model', 'added_tokens')]
     elif isinstance(node, list):
-        items = ((f'[{i}]', v) for i, v in enumerate(node))
+        items = [(f'{where}[{i}]', v) for i, v in enumerate(node)]
     else:
         return None
-    if where == '' and isinstance(node, dict):  # the vocabulary and merges hold no patterns: not walked
-        items = ((k, v) for k, v in items if k not in ('model', 'added_tokens'))
-    for key, value in items:
-        found = _find_regex(value, f'{where}.{key}' if where and not key.startswith('[') else f'{where}{key}',
-                            depth + 1)
-        if found is not None:
-            return found
-    return None
+    return next((found for key, value in items if (found := _find_regex(value, key, depth + 1))), None)
 
 
 def check_no_regex(payload: Any, where: str, allow_regex: bool = False) -> None:
@@ -404,15 +379,10 @@ def _find_in_file(path: str, allow_regex: bool) -> Optional[PreTrainedTokenizerF
 
 
 def find_tokenizer(path: str, allow_regex: bool = False) -> Optional[PreTrainedTokenizerFast]:
-    """The tokenizer in a folder (or of a file), or None when there is none. Looked for, in order:
-
-    * ``tokenizer.json`` (ours, with ``tokenizer_config.json``'s kind and casing, or Hugging Face's, with the
-      special tokens of ``tokenizer_config.json`` / ``special_tokens_map.json`` when present);
-    * ``vocab.txt``: BERT WordPiece, lower-casing from ``tokenizer_config.json``'s ``do_lower_case`` when present,
-      else from the vocabulary (see :func:`wordpiece_tokenizer`).
-
-    A ``tokenizer.json`` with a regular expression is refused unless ``allow_regex`` (:func:`check_no_regex`).
-    """
+    """The tokenizer in a folder (or of a file), or None: its ``tokenizer.json`` (kind, casing and special tokens
+    from ``tokenizer_config.json`` / ``special_tokens_map.json`` when present), else its ``vocab.txt`` (BERT
+    WordPiece, casing from ``do_lower_case`` there, else :func:`wordpiece_tokenizer`'s guess). A regular expression is
+    refused unless ``allow_regex`` (:func:`check_no_regex`)."""
     path = os.fspath(path)
     if os.path.isfile(path):
         return _find_in_file(path, allow_regex)

@@ -1,14 +1,11 @@
-""" The text of the trainer's causal and masked LM runs (``python -m mlp_vision.train_text --task causal / mlm``):
-UTF-8 text files read with one clear line for bad input, the run's tokenizer (built on the training text, or another
-run's), the text encoded (a stop signal read between pieces) and cut into the blocks ``transformers.Trainer`` iterates.
+""" The text of the trainer's causal and masked LM runs: UTF-8 files read with one clear line for bad input, the
+run's tokenizer, the text encoded in pieces (a stop signal read between them) and cut into blocks, the tail shorter
+than a block dropped; batched by ``transformers.default_data_collator`` (one length: nothing to pad).
 
-* causal: consecutive blocks of ``block_size`` tokens, ``labels = input_ids`` (the models shift inside), batched by
-  ``transformers.default_data_collator`` (every block has one length: nothing to pad).
-* mlm: ``<cls>`` + ``block_size - 2`` consecutive tokens + ``<sep>`` per block, masked per epoch by
-  :class:`MaskedBlocks` (BERT's 80/10/10, arXiv 1810.04805 §3.1) and batched by ``default_data_collator``.
+* causal: consecutive blocks of ``block_size`` tokens, ``labels = input_ids`` (the models shift inside).
+* mlm: ``<cls>`` + ``block_size - 2`` tokens + ``<sep>``, masked per epoch by :class:`MaskedBlocks` (BERT's 80/10/10,
+  arXiv 1810.04805 §3.1).
 * held-out text: ``--val-file``, else the last ``--val-fraction`` of ``--train-file``, cut the same way.
-
-The tail shorter than a block is dropped. Labelled files for ``--task classify``: :mod:`.labelled_data`.
 """
 import json
 import logging
@@ -77,12 +74,13 @@ def tokenizer_from_path(path: str, needs: Sequence[str] = (), allow_regex: bool 
     return tokenizer
 
 
-# a text is tokenized in pieces of about this many characters, the stop signal read between them (~0.1-1 s each);
-# each piece's encodings are freed before the next, so the memory of tokenizing stays that of one piece
-ENCODE_CHUNK_CHARS = 1 << 20
-# the longest piece given to the library in one call: tokenizers holds ~100 bytes per token of a call (ids, tokens,
-# offsets), and a 100 MB line in one call ends in an allocation failure that aborts the process
-MAX_PIECE_CHARS = 4 * ENCODE_CHUNK_CHARS
+# a text is tokenized in pieces of about this many characters, the stop signal read between them; each piece's
+# encodings (tokenizers holds ~70 bytes per token of a call: ids, tokens, masks) are freed before the next, so the
+# memory of tokenizing beyond the ids stays that of one piece
+ENCODE_CHUNK_CHARS = 1 << 18
+# the longest piece given to the library in one call: a 100 MB line in one call ends in an allocation failure that
+# aborts the process
+MAX_PIECE_CHARS = 1 << 22
 # a line break, or the place before a space, between two non-space characters: no normalizer / pre-tokenizer that
 # works within words joins tokens across it (GPT-2's pattern takes a space with the word after it), so the pieces'
 # ids are the whole text's (tests/test_bounds.py checks WordPiece and BPE)
@@ -91,10 +89,8 @@ _SAFE_BREAK = re.compile(r'(?<=\S)\n(?=\S)|(?<=\S)(?= \S)')
 _LINE_LOCAL_STEPS = {'BertNormalizer', 'Lowercase', 'NFC', 'NFD', 'NFKC', 'NFKD', 'StripAccents', 'BertPreTokenizer',
                      'Whitespace', 'WhitespaceSplit', 'Punctuation', 'Digits', 'Sequence'}
 # for any other tokenizer (a user's tokenizer.json: GPT-2's byte-level BPE adds a space before a text, SentencePiece's
-# Metaspace a word-start mark) a cut is taken only where it is checked to change no id: after a line break or before
-# a space between two words, tried on the CUT_CHECK_CHARS either side of it; CUT_TRIES failed places per piece
-# and the rest of the text is encoded in one call (no place where this tokenizer can be cut)
-_CUT_CANDIDATE = _SAFE_BREAK
+# Metaspace a word-start mark) a _SAFE_BREAK is cut only where it is checked to change no id, on the CUT_CHECK_CHARS
+# either side; after CUT_TRIES failed places the rest of the text is encoded in one call
 CUT_CHECK_CHARS, CUT_TRIES = 2048, 32
 
 
@@ -142,14 +138,14 @@ def _pieces(text: str, size: int, what: str, tok: Optional[Tokenizer] = None, cu
     """``text`` in pieces of about ``size`` characters, none over :data:`MAX_PIECE_CHARS` (else a
     :class:`UsageError` naming the line): cut at :data:`_SAFE_BREAK` (``tok`` None: a line-local tokenizer;
     ``cut_anywhere``: a byte / char one, cut at ``size`` when no break is near), else at the first
-    :data:`_CUT_CANDIDATE` where :func:`_cut_keeps_ids`."""
+    :data:`_SAFE_BREAK` where :func:`_cut_keeps_ids`."""
     start = 0
     while len(text) - start > size:
         if tok is None:
             found = _SAFE_BREAK.search(text, start + size, start + MAX_PIECE_CHARS)
             cut = start + size if found is None and cut_anywhere else None if found is None else found.end()
         else:
-            places = (m.end() for _, m in zip(range(CUT_TRIES), _CUT_CANDIDATE.finditer(text, start + size)))
+            places = (m.end() for _, m in zip(range(CUT_TRIES), _SAFE_BREAK.finditer(text, start + size)))
             cut = next((c for c in places if _cut_keeps_ids(tok, text, c)), None)
         if cut is None and len(text) - start > MAX_PIECE_CHARS:
             raise _too_long(text, start + size, what, first_line)
@@ -180,15 +176,16 @@ def _training_lines(text: str) -> Iterator[str]:
 CHARACTER_PART_CHARS = 1 << 16
 
 
-def _encode_piece(tok: Tokenizer, piece: str) -> List[int]:
-    """The ids of ``piece`` without special tokens added, as ``tok.encode(piece, add_special_tokens=False)``."""
+def _encode_piece(tok: Tokenizer, piece: str) -> torch.Tensor:
+    """The ids of ``piece`` without special tokens added, as ``tok.encode(piece, add_special_tokens=False)``, int32."""
     backend = tok.backend_tokenizer
     backend.encode_special_tokens = tok.split_special_tokens  # what PreTrainedTokenizerFast.encode sets per call
     if tokenizer_kind(tok) in ('byte', 'char'):
         parts = [piece[i:i + CHARACTER_PART_CHARS] for i in range(0, len(piece), CHARACTER_PART_CHARS)]
     else:
         parts = [piece]
-    return [i for encoding in backend.encode_batch_fast(parts, add_special_tokens=False) for i in encoding.ids]
+    encodings = backend.encode_batch_fast(parts, add_special_tokens=False)
+    return torch.cat([torch.tensor(e.ids, dtype=torch.int32) for e in encodings])
 
 
 def encode_text(tok: Tokenizer, text: str, what: str, stop: Optional[Callable[[], int]] = None) -> torch.Tensor:
@@ -196,31 +193,33 @@ def encode_text(tok: Tokenizer, text: str, what: str, stop: Optional[Callable[[]
     :class:`UsageError` naming ``what`` for an unknown character. A tokenizer's truncation and padding are turned
     off first (:func:`_turn_off_length_settings`).
 
-    ``stop``: the run's stop flag (a signal number, 0 for none), read between pieces of :data:`ENCODE_CHUNK_CHARS`
-    characters, so SIGINT / SIGTERM stops a long tokenization within about a second
-    (:class:`~mlp_vision.errors.Interrupted`); a piece's encodings are freed before the next, so the memory beyond
-    the ids is one piece's. The pieces' ids are the whole text's (:func:`_pieces`). Without ``stop``, the text is
-    encoded in one call."""
+    The text is encoded in pieces of :data:`ENCODE_CHUNK_CHARS` characters (:func:`_pieces`: their ids are the
+    whole text's), each piece's ids written into one buffer at once, so the memory beyond the text and its ids is
+    one piece's. ``stop``: the run's stop flag (a signal number, 0 for none), read between pieces, so SIGINT /
+    SIGTERM stops a long tokenization within about a second (:class:`~mlp_vision.errors.Interrupted`)."""
     _turn_off_length_settings(tok, what)
-    if stop is None:
-        pieces = [text]
-    else:
-        local = _encodes_by_pieces(tok)
-        pieces = _pieces(text, ENCODE_CHUNK_CHARS, what, None if local else tok,
-                         cut_anywhere=tokenizer_kind(tok) in ('byte', 'char'))
-    ids: List[torch.Tensor] = []  # int32 tensors: 4 bytes a token (a list held 8 + an int object's 28)
-    count = 0
+    characters = tokenizer_kind(tok) in ('byte', 'char')
+    pieces = _pieces(text, ENCODE_CHUNK_CHARS, what, None if _encodes_by_pieces(tok) else tok,
+                     cut_anywhere=characters)
+    # a token per character (char: exact; byte: grown for non-ASCII text), subword tokens a few characters each:
+    # one buffer, not a list of pieces joined at the end, which would hold the ids twice
+    ids, count = torch.empty(len(text) if characters else len(text) // 4 + 1, dtype=torch.int32), 0
     for piece in pieces:
         signum = stop() if stop is not None else 0
         if signum:
             raise Interrupted(signum, f'tokenizing the {what} ({count} tokens so far)')
         try:
-            ids.append(torch.tensor(_encode_piece(tok, piece), dtype=torch.int32))
+            piece_ids = _encode_piece(tok, piece)
         except Exception as e:  # tokenizers' plain Exception: a character outside a char alphabet without <unk>
             raise UsageError(f'the {what} has character {unknown_character(tok, [piece], e)!r}, which the tokenizer '
                              f'(from the checkpoint or the training text) does not know') from None
-        count += len(ids[-1])
-    return torch.cat(ids) if ids else torch.zeros(0, dtype=torch.int32)
+        if count + len(piece_ids) > len(ids):
+            grown = torch.empty(max(count + len(piece_ids), len(ids) * 3 // 2), dtype=torch.int32)
+            grown[:count] = ids[:count]
+            ids = grown
+        ids[count:count + len(piece_ids)] = piece_ids
+        count += len(piece_ids)
+    return ids if count == len(ids) else ids[:count].clone()
 
 
 def _turn_off_length_settings(tok: Tokenizer, what: str) -> None:
