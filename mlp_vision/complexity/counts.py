@@ -1,15 +1,9 @@
-""" Parameters and MACs of one model: fvcore with the op handles this project adds, the models built without memory,
-the counts cached.
+""" Parameters and MACs of one model: fvcore with the op handles added here (each docstring gives its rule; why it
+is needed: ``docs/complexity.md``), every model built on ``device='meta'`` (no memory, no init), the counts cached.
 
-fvcore's stock handles are kept (linear, conv, einsum, bmm, norms); each added handle's docstring gives its rule, and
-why it is needed is in ``docs/complexity.md``. Element-wise ops and lookups (:data:`NON_MAC_OPS`) are not
-multiply-accumulates and stay uncounted, as in the papers.
-
-Models are built on ``device='meta'`` (no memory, no init). Text models (up to gMLP-xlarge, 941 M), BiGS and the
-BERT-large baseline are traced on meta directly (one whose forward cannot run on meta is an ERROR row of the
-report). The meta kernel of the vision models' convolutions cannot run under the JIT tracer (``TypeError: cond
-must be a bool``), so they are materialised with ``to_empty(device='cpu')``, zero-filled (no random init,
-deterministic) and traced on CPU with a zero image: the counts depend only on shapes.
+Text models (up to gMLP-xlarge, 941 M), BiGS and BERT-large are traced on meta. The meta kernel of the vision
+models' convolutions cannot run under the JIT tracer (``TypeError: cond must be a bool``), so they are materialised
+on CPU, zero-filled (deterministic) and traced with a zero image: the counts depend only on shapes.
 """
 import contextlib
 import fnmatch
@@ -129,17 +123,14 @@ NON_MAC_OPS = frozenset('aten::' + op for op in (
 
 def count_module(model: nn.Module, inputs: Tuple[torch.Tensor, ...], encoder: Optional[str] = None,
                  bigs_conv_impl: Optional[str] = 'fft') -> Tuple[int, Dict[str, int], Dict[str, int], Optional[int]]:
-    """fvcore MACs of ``model(*inputs)`` with :data:`EXTRA_HANDLES`.
+    """fvcore MACs of ``model(*inputs)`` with :data:`EXTRA_HANDLES`: ``(total, by_operator, uncounted,
+    encoder_total)``, ``uncounted`` the calls of each op fvcore skipped, ``encoder_total`` the total of the submodule
+    named ``encoder`` (None without one).
 
-    Returns ``(total, by_operator, uncounted, encoder_total)``: ``uncounted`` maps each op fvcore skipped to its
-    number of calls; ``encoder_total`` is the total of the submodule named ``encoder`` (None without one).
-
-    BiGS layers are traced with the convolution route ``bigs_conv_impl``: by default their FFT convolution
-    (``'fft'``), the O(L log L) formulation the paper counts, even where they would run a Toeplitz GEMM (faster on
-    CPU up to L = 1024, more MACs) or the chunked route; ``None`` counts the route each layer takes for ``inputs``
-    (``conv_impl``, or what ``'auto'`` picks on their device: what ``benchmark.py`` reports). Token GEMMs
-    (gMLP's SGU, Mixer's token MLP) are traced unpadded (``token_multiple=1``): the papers' MACs, not the exact
-    zeros they add for GPU kernels on CUDA inputs (196 -> 200 tokens)."""
+    BiGS layers run the convolution route ``bigs_conv_impl``: by default the FFT (``'fft'``), the O(L log L)
+    formulation the paper counts, whatever route they would take; ``None``: the route each takes for ``inputs``
+    (what ``benchmark.py`` reports). Token GEMMs (gMLP's SGU, Mixer's token MLP) run unpadded: the papers' MACs,
+    not the zeros added for GPU kernels (196 -> 200 tokens)."""
     from fvcore.nn import FlopCountAnalysis
     from ..layers.linear import tokens_padded_to
     from ..layers.ssm import ssm_conv_impl
