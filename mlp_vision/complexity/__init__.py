@@ -9,9 +9,11 @@ the comparison rule), :mod:`.report` (rendering and the CLI), :mod:`.plot` (the 
 how each paper counts it: ``docs/complexity.md``.
 """
 from .counts import (
-    BIGS_LENGTHS, DEFAULT_IMG_SIZE, EXTRA_HANDLES, NON_MAC_OPS, Count, CountCache, count, count_bert_large, count_module,
-    count_text, count_vision, family, fft_macs, known_models, matmul_macs, model_macs, resolve_models, sdpa_macs,
-    text_seq_len,
+    BIGS_LENGTHS, DEFAULT_IMG_SIZE, EXTRA_HANDLES, NON_MAC_OPS, Count, CountCache, count, count_bert_large,
+    count_module, count_text, count_vision, family, fft_macs, known_models, matmul_macs, model_macs, resolve_models,
+    sdpa_macs, text_seq_len,
 )
 from .paper import PAPER_ROWS, STATUSES, Comparison, PaperRow, compare
-from .report import COMMAND, COMMAND_PLOT, Report, build_report, conventions, main, render_csv, render_json, render_markdown
+from .report import (
+    COMMAND, COMMAND_PLOT, Report, build_report, conventions, main, render_csv, render_json, render_markdown,
+)
