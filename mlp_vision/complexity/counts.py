@@ -34,14 +34,6 @@ def _shape(value) -> List[int]:
     return list(shape)
 
 
-def _const(value):
-    """The constant a traced graph value holds (None when it is None or not a constant)."""
-    try:
-        return value.toIValue()
-    except Exception:  # a computed (non-constant) value
-        return None
-
-
 def matmul_macs(inputs, outputs) -> int:
     """``aten::matmul`` / ``aten::mm``: ``prod(output shape) x K`` (counts broadcast batch dims of either side)."""
     return math.prod(_shape(outputs[0])) * _shape(inputs[0])[-1]
@@ -83,9 +75,9 @@ def _fft_handle(kind: str):
     """Handle of a 1-D FFT op ``(self, n, dim, norm)``; kind: 'r2c' | 'c2r' | 'c2c'."""
     def handle(inputs, outputs) -> float:
         x, out = _shape(inputs[0]), _shape(outputs[0])
-        dim = _const(inputs[2])
+        dim = inputs[2].toIValue()  # a traced value's constant; None when it is None or computed
         dim = (-1 if dim is None else dim) % len(out)
-        n = _const(inputs[1])  # r2c: the signal is cropped or zero-padded to n
+        n = inputs[1].toIValue()  # r2c: the signal is cropped or zero-padded to n
         if kind != 'r2c':  # c2r: the output holds the signal; c2c: input and output sizes agree
             n = out[dim]
         elif n is None:  # no n, or a computed one: the output's half-spectrum says 2 (m - 1) where not the input's
@@ -282,17 +274,16 @@ class CountCache:
         self.problems: Dict[Tuple[str, Optional[int]], Tuple[str, str]] = {}
 
     def get(self, name: str, size: Optional[int] = None) -> Optional[Count]:
-        key = (name, size)
-        if key not in self.cache:
-            self.cache[key] = None
+        if (name, size) not in self.cache:
+            self.cache[name, size] = None
             try:
-                self.cache[key] = count(name, size)
+                self.cache[name, size] = count(name, size)
             except Exception as e:  # reported as ERROR rows
                 ours = [f for f in traceback.extract_tb(e.__traceback__) if 'mlp_vision' in f.filename]
                 where = f' at {ours[-1].filename.split("mlp_vision")[-1]}:{ours[-1].lineno}' if ours else ''
-                msg = str(e).splitlines()[0][:160] if str(e) else ''
-                self.problems[key] = ('ERROR', f'error counting {name}: {type(e).__name__}: {msg}{where}')
-        return self.cache[key]
+                msg = f'{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ""}{where}'
+                self.problems[name, size] = ('ERROR', f'error counting {name}: {msg}')
+        return self.cache[name, size]
 
     def problem(self, name: str, size: Optional[int] = None) -> Tuple[str, str]:
         return self.problems.get((name, size), ('', ''))

@@ -163,28 +163,23 @@ CSV_FIELDS = ('section', 'source', 'model', 'input', 'quantity', 'unit', 'paper'
 
 
 def render_csv(report: Report) -> str:
-    rows = []
-    for c in report.comparisons:
-        rows.append(dict(
-            section='paper', source=c.row.source, model=c.row.model, input='', quantity=c.row.quantity,
-            unit=QUANTITIES[c.row.quantity][2].strip(), paper=c.row.paper,
-            ours='' if c.ours is None else format_like(c.ours, c.row.paper),
-            rel_diff_pct='' if c.rel_diff is None else f'{100 * c.rel_diff:.3f}',
-            tolerance_pct=f'{100 * c.row.tolerance:g}', by=c.how, status=c.status, note=c.note))
+    rows = [dict(section='paper', source=c.row.source, model=c.row.model, quantity=c.row.quantity,
+                 unit=QUANTITIES[c.row.quantity][2].strip(), paper=c.row.paper,
+                 ours='' if c.ours is None else format_like(c.ours, c.row.paper),
+                 rel_diff_pct='' if c.rel_diff is None else f'{100 * c.rel_diff:.3f}',
+                 tolerance_pct=f'{100 * c.row.tolerance:g}', by=c.how, status=c.status, note=c.note)
+            for c in report.comparisons]
     for name in report.models:
         c = report.counts.get(name)
-        base = dict(section='model', source='', model=name, paper='', rel_diff_pct='', tolerance_pct='', by='')
         if c is None:
-            status, note = report.problems[name]
-            rows.append(dict(base, input='', quantity='', unit='', ours='', status=status, note=note))
+            rows.append(dict(section='model', model=name, status=report.problems[name][0],
+                             note=report.problems[name][1]))
             continue
-        for quantity in ('params', 'params_no_head', 'macs', 'encoder_macs'):
-            value = getattr(c, quantity)
-            if value is not None:
-                rows.append(dict(base, input=c.input, quantity=quantity, unit='', ours=str(value), status='',
-                                 note='uncounted: ' + _uncounted_str(c) if quantity == 'macs' else ''))
+        rows += [dict(section='model', model=name, input=c.input, quantity=q, ours=str(getattr(c, q)),
+                      note='uncounted: ' + _uncounted_str(c) if q == 'macs' else '')
+                 for q in ('params', 'params_no_head', 'macs', 'encoder_macs') if getattr(c, q) is not None]
     out = io.StringIO()
-    writer = csv.DictWriter(out, fieldnames=CSV_FIELDS, lineterminator='\n')
+    writer = csv.DictWriter(out, fieldnames=CSV_FIELDS, lineterminator='\n')  # absent fields are empty
     writer.writeheader()
     writer.writerows(rows)
     return out.getvalue()
@@ -240,13 +235,10 @@ def parse_args(argv: Optional[Sequence[str]] = None, prog: str = PROG) -> argpar
         raise UsageError('--format applies to a single --output; with several, each path\'s suffix sets its format')
     args.targets = []
     for path in outputs:
-        suffix = path.rsplit('.', 1)[-1].lower() if path and '.' in path else ''
-        fmt = args.format or (suffix if suffix in FORMATS else None)
-        if fmt is None:
-            if path is not None and len(outputs) > 1:
-                raise UsageError(f'--output {path!r}: cannot tell the format, expected a .md, .csv or .json suffix')
-            fmt = 'md'
-        args.targets.append((path, fmt))
+        fmt = args.format or os.path.splitext(path or '')[1][1:].lower()
+        if fmt not in FORMATS and path is not None and len(outputs) > 1:
+            raise UsageError(f'--output {path!r}: cannot tell the format, expected a .md, .csv or .json suffix')
+        args.targets.append((path, fmt if fmt in FORMATS else 'md'))
     return args
 
 
