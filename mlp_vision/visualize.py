@@ -213,10 +213,9 @@ def draw_ssm_responses(responses: Named, out: str, title: str, max_lag: int = 64
 # ------------------------------------------------------------------------------------------------ the command
 def load_model(source: str, model_name: Optional[str] = None, pretrained: bool = False,
                model_kwargs: Optional[Dict[str, Any]] = None, trust_checkpoint: bool = False) -> Tuple[nn.Module, str]:
-    """(the model in eval mode, what it is) from a checkpoint file, a ``local-dir:`` folder (a run's ``pretrained/``:
-    its weights) or a timm name with ``pretrained``, each through validate.py's door
-    (:func:`~mlp_vision.training.image_model.create_model_for_eval`); a text ``save_pretrained`` folder; a model name
-    (timm's registry, else the text registry's; none is in both)."""
+    """(the model in eval mode, what it is) from a checkpoint file, a ``local-dir:`` folder (its weights) or a timm
+    name with ``pretrained``, through validate.py's door (``image_model.create_model_for_eval``); from a text
+    ``save_pretrained`` folder; or a model name (timm's registry, else the text registry's)."""
     kwargs = dict(model_kwargs or {})
     create_kwargs = model_create_kwargs(model_kwargs=kwargs)
     local_dir = source.startswith('local-dir:')
@@ -297,23 +296,19 @@ def visualize(args: argparse.Namespace, progress: Callable[[str], None] = print)
 
 
 def build_parser(prog: Optional[str] = None) -> argparse.ArgumentParser:
-    parser = ArgumentParser(prog=prog, description='Draw the learned token mixing of gMLP (spatial projection '
-                            'filters), sMLPNet (axial weights) and BiGS (SSM kernels) models as PNGs',
-                            formatter_class=DefaultsHelpFormatter)
+    parser = ArgumentParser(prog=prog, formatter_class=DefaultsHelpFormatter, description='Draw the learned token '
+                            'mixing of gMLP (spatial projections), sMLPNet (axial weights), BiGS (SSM kernels)')
     parser.add_argument('source', metavar='CHECKPOINT_OR_MODEL',
                         help='a training checkpoint (or state dict with --model), local-dir:FOLDER (an image run\'s '
                              'pretrained/), a text-model folder written by save_pretrained, or a model name')
     parser.add_argument('--out', required=True, metavar='DIR', help='new or empty folder for the PNGs')
-    parser.add_argument('--model', '-m', default=None, metavar='NAME',
-                        help='the model of a plain state dict (a training checkpoint knows its own)')
-    parser.add_argument('--pretrained', action='store_true', default=False,
-                        help="a model name's registered pretrained weights (from the local cache, else downloaded)")
+    parser.add_argument('--model', '-m', metavar='NAME', help='the model of a plain state dict')
+    parser.add_argument('--pretrained', action='store_true', help="a model name's registered pretrained weights")
     parser.add_argument('--model-kwargs', nargs='*', default={}, action=ParseKwargs,
                         help='model arguments k=v (timm kwargs, or text config fields)')
     parser.add_argument('--grid-tokens', type=int, default=3, metavar='K',
                         help='gMLP vision: draw the filters of K x K tokens spread over the patch grid')
-    parser.add_argument('--max-lag', type=int, default=64, metavar='N',
-                        help='BiGS / text gMLP: plot token offsets up to N')
+    parser.add_argument('--max-lag', type=int, default=64, metavar='N', help='BiGS / text gMLP: plot offsets up to N')
     add_threads_argument(parser)
     add_common_arguments(parser, activations=False)  # no forward pass here: --max-params only
     return parser
