@@ -252,14 +252,14 @@ def _main(argv: Sequence[str], prog: str) -> int:
     args = parse_args(argv, prog)
     progress = functools.partial(print, file=sys.stderr, flush=True)  # stdout may be the report itself
     progress(set_threads(args.threads))
-    # fvcore traces with torch.jit, whose deprecation notice (one per model) says nothing about the counts
-    warnings.filterwarnings('ignore', message='`torch.jit.script` is deprecated', category=FutureWarning)
-    if args.plot:
-        from .plot import plot_scaling
-        plot_scaling(args.plot, progress=progress)
-        progress(f'wrote {args.plot}')
-        return 0
-    report = build_report(args.models, args.img_size, args.seq_len, progress=progress)
+    with warnings.catch_warnings():  # fvcore traces with torch.jit, deprecated: a notice per model, nothing to act on
+        warnings.filterwarnings('ignore', message='`torch.jit.script` is deprecated', category=FutureWarning)
+        if args.plot:
+            from .plot import plot_scaling
+            plot_scaling(args.plot, progress=progress)
+            progress(f'wrote {args.plot}')
+            return 0
+        report = build_report(args.models, args.img_size, args.seq_len, progress=progress)
     command = ' '.join(['python -m mlp_vision.complexity', *map(shlex.quote, argv)])
     render = dict(md=lambda r: render_markdown(r, command), csv=render_csv, json=render_json)
     for path, fmt in args.targets:
