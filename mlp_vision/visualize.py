@@ -219,9 +219,9 @@ def load_model(source: str, model_name: Optional[str] = None, pretrained: bool =
     kwargs = dict(model_kwargs or {})
     create_kwargs = model_create_kwargs(model_kwargs=kwargs)
     local_dir = source.startswith('local-dir:')
-    if pretrained and not (timm.is_model(source) or local_dir):  # the text registry has no weights
-        raise UsageError(f'--pretrained loads the registered weights of a timm model name; {source!r} is none (text '
-                         f'models have none: give a save_pretrained folder)')
+    if pretrained and not (timm.is_model(source) or local_dir):  # a path holds its weights; text models have none
+        what = 'a path' if os.path.exists(source) else 'none (text models have none: give a save_pretrained folder)'
+        raise UsageError(f'--pretrained loads the registered weights of a timm model name; {source!r} is {what}')
     if model_name and not os.path.isfile(source):
         raise UsageError(f'--model names the model of a weights file; {source!r} is a '
                          f'{"folder" if os.path.isdir(source) or local_dir else "model name"}, which says its model')
