@@ -1,19 +1,12 @@
-""" ``mlp-vision-visualize`` / ``python -m mlp_vision.visualize``: draw what the token-mixing layers learned.
+""" ``mlp-vision-visualize`` / ``python -m mlp_vision.visualize``: draw what the token-mixing layers learned, as
+the papers show it (usage in the README; nothing in ``--out`` is overwritten; the model: :func:`load_model`).
 
-The three views of the papers:
-
-* gMLP (`Pay Attention to MLPs`, arXiv 2105.08050, §3.1, Fig. 3): each layer's spatial projection ``W`` (n x n,
-  row i = the weights with which output token i reads every input token) shown, for a grid of tokens, as the row
-  reshaped to the patch grid: a layer x token table of 2-D filters. Text gMLP (Toeplitz or causal ``W``, the
-  paper's Fig. 4 view): the centre token's row over the relative position, one panel per layer.
-* sMLPNet (`Sparse MLP for Image Recognition`, arXiv 2109.05422, §3.2, Alg. 1): the sMLP's H-mixing (H x H) and
-  W-mixing (W x W) Linear weights of every block, one figure per stage.
-* BiGS (`Pretraining Without Attention`, arXiv 2212.10544, §4): the impulse response of each layer's forward
-  (causal) and backward (anti-causal) SSM, i.e. the S4D kernel ``K`` with ``D`` at lag 0; BiGS shares one kernel
-  across all channels of a layer and direction, so there is one curve per direction.
-
-The model: a training checkpoint or state dict (loaded as ``mlp-vision-validate`` loads it), a ``save_pretrained``
-folder or a model name (:func:`load_model`); usage in the README. Nothing in ``--out`` is overwritten.
+* gMLP (arXiv 2105.08050, §3.1, Fig. 3): each layer's spatial projection ``W`` (n x n, row i = the weights with
+  which output token i reads every input token), for a grid of tokens, as the row on the patch grid: a layer x token
+  table of 2-D filters. Text gMLP (Fig. 4 view): the centre token's row over the relative position, per layer.
+* sMLPNet (arXiv 2109.05422, §3.2, Alg. 1): the H-mixing (H x H) and W-mixing (W x W) weights of every block.
+* BiGS (arXiv 2212.10544, §4): each layer's forward (causal) and backward SSM impulse response, the S4D kernel
+  ``K`` with ``D`` at lag 0 (one kernel per layer and direction, shared by all channels).
 """
 import argparse
 import math
@@ -28,16 +21,15 @@ import torch
 import torch.nn as nn
 from timm.models.mlp_mixer import SpatialGatingUnit as TimmSpatialGatingUnit
 
-from .layers.gating import SpatialGatingUnit
-from .layers.sparse_mlp import AxialSparseMLP
-from .layers.ssm import BidirectionalGatedSSM
-from mlp_vision.weights import load_checkpoint_file
 from .arguments import ArgumentParser, DefaultsHelpFormatter, ParseKwargs, check_range
 from .bounds import within_bounds
 from .errors import UsageError, run_cli
-from mlp_vision.training.image_model import create_model, create_model_for_eval, model_create_kwargs
-from mlp_vision.training.image_model import add_common_arguments
+from .layers.gating import SpatialGatingUnit
+from .layers.sparse_mlp import AxialSparseMLP
+from .layers.ssm import BidirectionalGatedSSM
 from .threads import add_threads_argument, set_threads
+from .training.image_model import add_common_arguments, create_model, create_model_for_eval, model_create_kwargs
+from .weights import load_checkpoint_file
 
 __all__ = ['spatial_projections', 'axial_weights', 'ssm_responses', 'token_grid', 'load_model', 'visualize', 'main']
 
@@ -51,16 +43,9 @@ def spatial_projections(model: nn.Module) -> Named:
     """``(module name, W)`` for every Spatial Gating Unit (ours, or timm's ``proj``): ``W`` (n, n) is the token
     mixing applied (Toeplitz expanded, causal masked), ``W[i, j]`` the weight of input token j in output token i
     (gMLP eq. 2; the bias is not drawn)."""
-    out = []
-    for name, m in model.named_modules():
-        if isinstance(m, SpatialGatingUnit):
-            w = m.spatial_weight(m.seq_len)
-        elif isinstance(m, TimmSpatialGatingUnit):
-            w = m.proj.weight
-        else:
-            continue
-        out.append((name, w.detach().float().cpu()))
-    return out
+    return [(name, (m.spatial_weight(m.seq_len) if isinstance(m, SpatialGatingUnit) else m.proj.weight)
+             .detach().float().cpu())
+            for name, m in model.named_modules() if isinstance(m, (SpatialGatingUnit, TimmSpatialGatingUnit))]
 
 
 def axial_weights(model: nn.Module) -> List[Tuple[str, torch.Tensor, torch.Tensor]]:
@@ -76,89 +61,80 @@ def ssm_responses(model: nn.Module, length: int) -> Named:
     forward SSM's output at t, ``R[1, l]`` that of token ``t + l`` in the backward SSM's: each S4D kernel
     ``K`` (:class:`~mlp_vision.layers.ssm.S4DKernel`, its own ``forward``) with the skip term ``D`` added at lag 0,
     the whole convolution the layer applies (BiGS §4)."""
-    out = []
-    for name, m in model.named_modules():
-        if isinstance(m, BidirectionalGatedSSM):
-            responses = []
-            for ssm in (m.ssm_forward, m.ssm_backward):
-                k = ssm.kernel(length).float().clone()
-                k[0] += ssm.D.float()[0]
-                responses.append(k)
-            out.append((name, torch.stack(responses).cpu()))
-    return out
+    def response(ssm):
+        k = ssm.kernel(length).float().clone()
+        k[0] += ssm.D.float()[0]
+        return k
+    return [(name, torch.stack([response(m.ssm_forward), response(m.ssm_backward)]).cpu())
+            for name, m in model.named_modules() if isinstance(m, BidirectionalGatedSSM)]
 
 
 def token_grid(model: nn.Module, num_tokens: int) -> Optional[Tuple[int, int]]:
     """The (rows, cols) patch grid of a vision model's ``num_tokens`` tokens (timm's ``stem.grid_size``); None for
     a sequence model."""
     grid = getattr(getattr(model, 'stem', None), 'grid_size', None)
-    if grid is not None and grid[0] * grid[1] == num_tokens:
-        return int(grid[0]), int(grid[1])
-    return None
+    return (int(grid[0]), int(grid[1])) if grid is not None and grid[0] * grid[1] == num_tokens else None
 
 
 def _grid_tokens(grid: Tuple[int, int], per_side: int) -> List[Tuple[int, int]]:
     """``per_side`` x ``per_side`` tokens spread evenly over the grid, away from the border (e.g. rows 2, 7, 11 of
     14 for 3 per side)."""
     def spread(n):
-        k = min(per_side, n)
-        return sorted({int(round((i + 0.5) * n / k - 0.5)) for i in range(k)})
+        return sorted({int(round((i + 0.5) * n / min(per_side, n) - 0.5)) for i in range(min(per_side, n))})
     return [(r, c) for r in spread(grid[0]) for c in spread(grid[1])]
 
 
 # ------------------------------------------------------------------------------------------------ figures
-def _pyplot():
+def _subplots(rows: int, cols: int, figsize: Tuple[float, float]):
     import matplotlib
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt
-    return plt
+    return plt.subplots(rows, cols, squeeze=False, figsize=figsize)
 
 
 def _finish(fig, path: str, *title_lines: str, fontsize: int = 8) -> str:
     """Title the figure (each line wrapped to its width), lay it out, write it to ``path`` and close it."""
+    import matplotlib.pyplot as plt
     chars = int(fig.get_figwidth() * 110 / fontsize)
     fig.suptitle('\n'.join(textwrap.fill(line, chars) for line in title_lines), fontsize=fontsize)
     fig.tight_layout()
     if os.path.exists(path):  # --out was empty; two figures of one run never share a name
         raise UsageError(f'{path} exists; nothing is overwritten')
     fig.savefig(path, dpi=DPI)
-    _pyplot().close(fig)
+    plt.close(fig)
     return path
 
 
-def _symmetric(values: torch.Tensor) -> Dict[str, Any]:
-    """imshow arguments: a diverging map centred on 0, scaled to the largest |value|."""
+def _heatmap(ax, values: torch.Tensor) -> None:
+    """``values`` on a diverging map centred on 0, scaled to the largest |value|."""
     vmax = values.abs().max().item() or 1.
-    return dict(cmap='RdBu_r', vmin=-vmax, vmax=vmax, interpolation='nearest')
+    ax.imshow(values.numpy(), cmap='RdBu_r', vmin=-vmax, vmax=vmax, interpolation='nearest')
 
 
-def _layer_label(name: str, index: int) -> str:
-    """``'layer 3'`` for ``'blocks.3.sgu'`` or ``'bigs.layers.3'`` (the module name's last index), else by position."""
-    found = re.findall(r'\.(\d+)(?:\.|$)', name)
-    return f'layer {found[-1] if found else index}'
+def _index(name: str, after: str = '') -> Optional[str]:
+    """The last index in a module name (``'blocks.3.sgu'`` -> ``'3'``), or the one after ``after`` (``'stages'``)."""
+    found = re.findall(rf'{after}\.(\d+)(?:\.|$)' if after else r'\.(\d+)(?:\.|$)', name)
+    return found[-1] if found else None
 
 
 def draw_spatial_filters(projections: Named, grid: Tuple[int, int], out: str, title: str,
                          per_side: int = 3) -> List[str]:
     """gMLP Fig. 3 view: a table of layers (rows) x tokens (columns); each cell is ``W[token, :]`` on the patch grid,
     the token marked by a cross. One PNG per :data:`LAYERS_PER_FIGURE` layers."""
-    plt = _pyplot()
     tokens = _grid_tokens(grid, per_side)
     paths = []
     for start in range(0, len(projections), LAYERS_PER_FIGURE):
         chunk = projections[start:start + LAYERS_PER_FIGURE]
-        fig, axes = plt.subplots(len(chunk), len(tokens), squeeze=False,
-                                 figsize=(0.9 * len(tokens) + 0.8, 0.9 * len(chunk) + 1.0))
+        fig, axes = _subplots(len(chunk), len(tokens), (0.9 * len(tokens) + 0.8, 0.9 * len(chunk) + 1.0))
         for row, (name, w) in enumerate(chunk):
             for col, (r, c) in enumerate(tokens):
                 ax = axes[row, col]
-                f = w[r * grid[1] + c].reshape(grid)
-                ax.imshow(f.numpy(), **_symmetric(f))
+                _heatmap(ax, w[r * grid[1] + c].reshape(grid))
                 ax.plot(c, r, marker='+', color='k', ms=5, mew=0.8)
                 ax.set(xticks=[], yticks=[])
                 if row == 0:
                     ax.set_title(f'token ({r}, {c})', fontsize=7)
-            axes[row, 0].set_ylabel(_layer_label(name, start + row), fontsize=7)
+            axes[row, 0].set_ylabel(f'layer {_index(name) or start + row}', fontsize=7)
         end = start + len(chunk) - 1
         paths.append(_finish(fig, os.path.join(out, f'gmlp_spatial_filters_layers{start:02d}-{end:02d}.png'),
                              f'gMLP spatial projection W: the row of each token (black +) on the {grid[0]}x{grid[1]} '
@@ -167,21 +143,21 @@ def draw_spatial_filters(projections: Named, grid: Tuple[int, int], out: str, ti
 
 
 def _curve_panels(named: Named, plot: Callable[[Any, torch.Tensor], None], xlabel: str, path: str,
-                  *title_lines: str) -> str:
+                  *title_lines: str) -> List[str]:
     """One line-plot panel per layer, 4 per row (the unused ones hidden): ``plot(ax, values)`` draws its curves,
     then the zero line, the layer's label and ``xlabel``."""
     cols = min(4, len(named))
     rows = math.ceil(len(named) / cols)
-    fig, axes = _pyplot().subplots(rows, cols, squeeze=False, figsize=(3.0 * cols, 2.1 * rows + 0.6))
+    fig, axes = _subplots(rows, cols, (3.0 * cols, 2.1 * rows + 0.6))
     for ax in list(axes.flat)[len(named):]:
         ax.set_visible(False)
     for index, (ax, (name, values)) in enumerate(zip(axes.flat, named)):
         plot(ax, values)
         ax.axhline(0, color='k', lw=0.4)
-        ax.set_title(_layer_label(name, index), fontsize=8)
+        ax.set_title(f'layer {_index(name) or index}', fontsize=8)
         ax.tick_params(labelsize=7)
         ax.set_xlabel(xlabel, fontsize=7)
-    return _finish(fig, path, *title_lines)
+    return [_finish(fig, path, *title_lines)]
 
 
 def draw_sequence_filters(projections: Named, out: str, title: str, max_offset: int = 64) -> List[str]:
@@ -190,38 +166,34 @@ def draw_sequence_filters(projections: Named, out: str, title: str, max_offset: 
         offsets = torch.arange(w.shape[1]) - w.shape[0] // 2
         keep = offsets.abs() <= max_offset
         ax.plot(offsets[keep].numpy(), w[w.shape[0] // 2][keep].numpy(), lw=0.9)
-    centre = projections[-1][1].shape[0] // 2
-    return [_curve_panels(projections, plot, 'input token j - output token i',
-                          os.path.join(out, 'gmlp_text_spatial_filters.png'),
-                          f'gMLP spatial projection W: the row of the centre token (i = {centre}) over the relative '
-                          f'position', title)]
+    return _curve_panels(projections, plot, 'input token j - output token i',
+                         os.path.join(out, 'gmlp_text_spatial_filters.png'),
+                         f'gMLP spatial projection W: the row of the centre token (i = '
+                         f'{projections[-1][1].shape[0] // 2}) over the relative position', title)
 
 
 def draw_axial_weights(weights: List[Tuple[str, torch.Tensor, torch.Tensor]], out: str, title: str) -> List[str]:
     """sMLPNet: per stage, the H-mixing (top) and W-mixing (bottom) weights of each block as heatmaps."""
-    plt = _pyplot()
     stages: Dict[str, list] = {}
     for name, w_h, w_w in weights:
-        found = re.search(r'stages\.(\d+)', name)
-        stages.setdefault(found.group(1) if found else '0', []).append((name, w_h, w_w))
+        stages.setdefault(_index(name, 'stages') or '0', []).append((name, w_h, w_w))
     paths = []
     for stage, blocks in stages.items():
-        fig, axes = plt.subplots(2, len(blocks), squeeze=False, figsize=(max(1.9 * len(blocks) + 0.9, 5.5), 4.6))
+        fig, axes = _subplots(2, len(blocks), (max(1.9 * len(blocks) + 0.9, 5.5), 4.6))
         for col, (name, w_h, w_w) in enumerate(blocks):
-            found = re.search(r'blocks\.(\d+)', name)
-            block = f'block {found.group(1)}' if found else name
+            block = f'block {_index(name, "blocks")}' if _index(name, 'blocks') else name
             for row, (w, axis) in enumerate(((w_h, 'H'), (w_w, 'W'))):
-                ax = axes[row, col]
-                ax.imshow(w.numpy(), **_symmetric(w))
-                ax.set_title(f'{block}, {axis}: max |w| {w.abs().max():.2g}', fontsize=7)
-                ax.tick_params(labelsize=6)
-                ax.locator_params(integer=True, nbins=4)  # ticks at token positions
+                _heatmap(axes[row, col], w)
+                axes[row, col].set_title(f'{block}, {axis}: max |w| {w.abs().max():.2g}', fontsize=7)
+                axes[row, col].tick_params(labelsize=6)
+                axes[row, col].locator_params(integer=True, nbins=4)  # ticks at token positions
             axes[1, col].set_xlabel('input position j', fontsize=7)
         axes[0, 0].set_ylabel('H-mixing\noutput row i', fontsize=7)
         axes[1, 0].set_ylabel('W-mixing\noutput column i', fontsize=7)
-        size = f'{blocks[0][1].shape[0]}x{blocks[0][1].shape[0]} / {blocks[0][2].shape[0]}x{blocks[0][2].shape[0]}'
+        h, w = blocks[0][1].shape[0], blocks[0][2].shape[0]
         paths.append(_finish(fig, os.path.join(out, f'smlp_axial_weights_stage{stage}.png'),
-                             f'sMLPNet stage {stage}: axial mixing weights W[i, j] ({size}; red +, blue -)', title))
+                             f'sMLPNet stage {stage}: axial mixing weights W[i, j] ({h}x{h} / {w}x{w}; red +, blue -)',
+                             title))
     return paths
 
 
@@ -233,59 +205,59 @@ def draw_ssm_responses(responses: Named, out: str, title: str, max_lag: int = 64
         ax.plot(-lags.numpy(), r[0, :len(lags)].numpy(), lw=0.9, label=f'forward (D + K[0] = {r[0, 0]:.2f})')
         ax.plot(lags.numpy(), r[1, :len(lags)].numpy(), lw=0.9, label=f'backward (D + K[0] = {r[1, 0]:.2f})')
         ax.legend(fontsize=6)
-    return [_curve_panels(responses, plot, 'input token j - output token t', os.path.join(out, 'bigs_ssm_kernels.png'),
-                          'BiGS SSM convolution kernels (S4D K, D added at lag 0): one per layer and direction, '
-                          'shared by all channels', title)]
+    return _curve_panels(responses, plot, 'input token j - output token t', os.path.join(out, 'bigs_ssm_kernels.png'),
+                         'BiGS SSM convolution kernels (S4D K, D added at lag 0): one per layer and direction, '
+                         'shared by all channels', title)
 
 
 # ------------------------------------------------------------------------------------------------ the command
 def load_model(source: str, model_name: Optional[str] = None, pretrained: bool = False,
                model_kwargs: Optional[Dict[str, Any]] = None, trust_checkpoint: bool = False) -> Tuple[nn.Module, str]:
-    """(the model in eval mode, what it is) from a checkpoint file (as
-    :func:`~mlp_vision.training.image_model.create_model_for_eval` loads it), a ``save_pretrained`` folder or
-    a model name (timm's registry, else the text registry's; no name is in both)."""
+    """(the model in eval mode, what it is) from a checkpoint file, a ``local-dir:`` folder (its weights) or a timm
+    name with ``pretrained``, through validate.py's door (``image_model.create_model_for_eval``); from a text
+    ``save_pretrained`` folder; or a model name (timm's registry, else the text registry's)."""
     kwargs = dict(model_kwargs or {})
-    if pretrained and os.path.exists(source):
-        raise UsageError(f'--pretrained loads a model name\'s registered weights; {source} is a path')
-    if pretrained and not timm.is_model(source):  # the text registry has no weights: it would draw a random init
-        raise UsageError(f'--pretrained loads the registered weights of a timm model name; {source!r} is none (text '
-                         f'models have none: give a save_pretrained folder)')
+    create_kwargs = model_create_kwargs(model_kwargs=kwargs)
+    local_dir = source.startswith('local-dir:')
+    if pretrained and not (timm.is_model(source) or local_dir):  # a path holds its weights; text models have none
+        what = 'a path' if os.path.exists(source) else 'none (text models have none: give a save_pretrained folder)'
+        raise UsageError(f'--pretrained loads the registered weights of a timm model name; {source!r} is {what}')
     if model_name and not os.path.isfile(source):
         raise UsageError(f'--model names the model of a weights file; {source!r} is a '
-                         f'{"folder" if os.path.isdir(source) else "model name"}, which says its model itself')
+                         f'{"folder" if os.path.isdir(source) or local_dir else "model name"}, which says its model')
     if os.path.isfile(source):
         try:
             model, info = create_model_for_eval(model_name, checkpoint=source, trust_checkpoint=trust_checkpoint,
-                                                create_kwargs=model_create_kwargs(model_kwargs=kwargs))
+                                                create_kwargs=create_kwargs)
         except UsageError:
             if load_checkpoint_file(source, trust=trust_checkpoint).get('kind') == 'text':
                 raise UsageError(f'{source} is a checkpoint of the text trainer; give its run\'s pretrained/ folder '
                                  f'(save_pretrained) instead') from None
             raise
         return model, f'{info["model_name"]} from {info["source"]}'
+    if pretrained or local_dir:
+        model = create_model_for_eval(source, pretrained=True, create_kwargs=create_kwargs)[0]
+        return model, f'{source} (pretrained weights)'
     if timm.is_model(source):
-        model = create_model(source, pretrained=pretrained, **model_create_kwargs(model_kwargs=kwargs))
-        return model.eval(), f'{source} ({"pretrained weights" if pretrained else "random init"})'
+        return create_model(source, **create_kwargs).eval(), f'{source} (random init)'
     from .text import registry as text_registry  # imported here: vision models do not need the text package
     from .text.modeling_utils import is_saved_folder
-    if os.path.isdir(source):
-        if not is_saved_folder(source):
-            raise UsageError(f'{source} is a folder without a save_pretrained config.json; expected a text-model '
-                             f'folder (a text run\'s pretrained/) or a checkpoint file')
-        try:
-            model = text_registry.from_pretrained(source, **kwargs)
-        except TypeError as e:  # a config field it does not have, or a value of another type
-            raise UsageError(f'--model-kwargs {kwargs} do not apply to the model in {source}: '
-                             f'{" ".join(str(e).split())}') from None
-        return model.eval(), f'{type(model).__name__} from {source}'
-    if text_registry.is_model(source):
-        try:
-            model = text_registry.create_model(source, **kwargs)
-        except (TypeError, ValueError) as e:
-            raise UsageError(f'cannot build text model {source} with {kwargs}: {" ".join(str(e).split())}') from e
-        return model.eval(), f'{source} (random init)'
-    raise UsageError(f'{source!r} is no file, folder or model name: expected a training checkpoint, a text-model '
-                     f'folder (save_pretrained) or a timm / text model name (e.g. gmlp_s, smlpnet_t, bigs_small)')
+    folder = os.path.isdir(source)
+    if folder and not is_saved_folder(source):
+        raise UsageError(f'{source} is a folder without a save_pretrained config.json; expected a text-model folder '
+                         f'(a text run\'s pretrained/), local-dir:{source} for an image run\'s, or a checkpoint file')
+    if not (folder or text_registry.is_model(source)):
+        raise UsageError(f'{source!r} is no file, folder or model name: expected a training checkpoint, a text-model '
+                         f'folder (save_pretrained), local-dir:FOLDER (an image run\'s pretrained/) or a timm / text '
+                         f'model name (e.g. gmlp_s, smlpnet_t, bigs_small)')
+    try:
+        model = (text_registry.from_pretrained if folder else text_registry.create_model)(source, **kwargs)
+    except UsageError:
+        raise
+    except (TypeError, ValueError) as e:  # a config field it does not have, or a value of another type
+        raise UsageError(f'--model-kwargs {kwargs} do not apply to {"the model in" if folder else "text model"} '
+                         f'{source}: {" ".join(str(e).split())}') from None
+    return model.eval(), f'{type(model).__name__} from {source}' if folder else f'{source} (random init)'
 
 
 def visualize(args: argparse.Namespace, progress: Callable[[str], None] = print) -> List[str]:
@@ -302,8 +274,7 @@ def visualize(args: argparse.Namespace, progress: Callable[[str], None] = print)
     model, what = load_model(args.source, args.model, args.pretrained, args.model_kwargs, args.trust_checkpoint)
     projections = spatial_projections(model)
     axial = axial_weights(model)
-    length = getattr(getattr(model, 'config', None), 'max_position_embeddings', None) or 512
-    responses = ssm_responses(model, length)
+    responses = ssm_responses(model, getattr(getattr(model, 'config', None), 'max_position_embeddings', None) or 512)
     if not (projections or axial or responses):
         raise UsageError(f'{what} has none of the layers this command draws (gMLP spatial gating units, sMLPNet '
                          f'axial sMLPs, BiGS SSMs)')
@@ -325,23 +296,19 @@ def visualize(args: argparse.Namespace, progress: Callable[[str], None] = print)
 
 
 def build_parser(prog: Optional[str] = None) -> argparse.ArgumentParser:
-    parser = ArgumentParser(prog=prog, description='Draw the learned token mixing of gMLP (spatial projection '
-                            'filters), sMLPNet (axial weights) and BiGS (SSM kernels) models as PNGs',
-                            formatter_class=DefaultsHelpFormatter)
+    parser = ArgumentParser(prog=prog, formatter_class=DefaultsHelpFormatter, description='Draw the learned token '
+                            'mixing of gMLP (spatial projections), sMLPNet (axial weights), BiGS (SSM kernels)')
     parser.add_argument('source', metavar='CHECKPOINT_OR_MODEL',
-                        help='a training checkpoint (or state dict with --model), a text-model folder written by '
-                             'save_pretrained, or a model name (timm or text registry)')
+                        help='a training checkpoint (or state dict with --model), local-dir:FOLDER (an image run\'s '
+                             'pretrained/), a text-model folder written by save_pretrained, or a model name')
     parser.add_argument('--out', required=True, metavar='DIR', help='new or empty folder for the PNGs')
-    parser.add_argument('--model', '-m', default=None, metavar='NAME',
-                        help='the model of a plain state dict (a training checkpoint knows its own)')
-    parser.add_argument('--pretrained', action='store_true', default=False,
-                        help="a model name's registered pretrained weights (from the local cache, else downloaded)")
+    parser.add_argument('--model', '-m', metavar='NAME', help='the model of a plain state dict')
+    parser.add_argument('--pretrained', action='store_true', help="a model name's registered pretrained weights")
     parser.add_argument('--model-kwargs', nargs='*', default={}, action=ParseKwargs,
                         help='model arguments k=v (timm kwargs, or text config fields)')
     parser.add_argument('--grid-tokens', type=int, default=3, metavar='K',
                         help='gMLP vision: draw the filters of K x K tokens spread over the patch grid')
-    parser.add_argument('--max-lag', type=int, default=64, metavar='N',
-                        help='BiGS / text gMLP: plot token offsets up to N')
+    parser.add_argument('--max-lag', type=int, default=64, metavar='N', help='BiGS / text gMLP: plot offsets up to N')
     add_threads_argument(parser)
     add_common_arguments(parser, activations=False)  # no forward pass here: --max-params only
     return parser

@@ -2,10 +2,12 @@
 
 Default run (cheap): handle unit tests, CLI errors, and the paper rows of one or more models per family --
 gMLP-Ti, sMLPNet-T*, Mixer-B/16 (vision, traced on CPU with zero weights), every registered gMLP/aMLP/GPT text
-model, BiGS-large and the BERT-large baseline at all four lengths (meta device). The other vision models and the
-full regeneration of ``results/complexity.md`` are ``slow``.
+model, BiGS-large and the BERT-large baseline at all four lengths (meta device; the deep ones counted from their 1-
+and 2-layer versions, exact by test_counts_are_linear_in_the_layer_count). The other vision models and the full
+regeneration of ``results/complexity.md`` are ``slow``.
 """
 import csv
+import dataclasses
 import math
 import re
 from pathlib import Path
@@ -16,6 +18,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from fvcore.nn import FlopCountAnalysis
 
+import mlp_vision.text as mt
 from mlp_vision import complexity as cx
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -32,9 +35,52 @@ def _is_cheap(model: str) -> bool:
     return True  # text, BiGS and BERT are counted on the meta device
 
 
+def _text_args(name):
+    """(registered text model, sequence length, config overrides) that ``cx.count`` counts ``name`` with."""
+    if cx.family(name) == 'bert':
+        seq_len = int(name.rsplit('_', 1)[1])
+        return 'bert_large', seq_len, dict(max_position_embeddings=seq_len)
+    return name, None, {}
+
+
+def _by_layers(name, layers, seq_len=None, **overrides):
+    """``cx.count_text`` of ``name`` with ``layers`` layers, from its 1- and 2-layer counts: the layers are
+    identical, so every count is linear in their number (exact: test_counts_are_linear_in_the_layer_count)."""
+    one, two = (cx.count_text(name, seq_len, num_hidden_layers=n, **overrides) for n in (1, 2))
+
+    def at(a, b):
+        return None if a is None else a + (layers - 1) * (b - a)
+    by_op, uncounted = ({k: at(d1.get(k, 0), d2[k]) for k in d2} for d1, d2 in (
+        (one.by_operator, two.by_operator), (one.uncounted, two.uncounted)))
+    return cx.Count(name, one.input, at(one.params, two.params), at(one.macs, two.macs), by_op, uncounted,
+                    encoder_macs=at(one.encoder_macs, two.encoder_macs))
+
+
+class _LayerCounts(cx.CountCache):
+    """The report's counts, text models deeper than two layers from their 1- and 2-layer versions (a full trace of
+    gMLP-xlarge or BiGS-large takes 20-40 s; the full counts: test_committed_report_is_current, slow)."""
+
+    def get(self, name, size=None):
+        text, seq_len, overrides = _text_args(name)
+        layers = None if cx.family(name) == 'vision' else mt.model_config(text, **overrides)['num_hidden_layers']
+        if (name, size) not in self.cache and layers is not None and layers > 2:
+            count = _by_layers(text, layers, seq_len if size is None else size, **overrides)
+            self.cache[name, size] = dataclasses.replace(count, name=name)
+        return super().get(name, size)
+
+
 @pytest.fixture(scope='module')
 def counter():
-    return cx.CountCache()
+    return _LayerCounts()
+
+
+@pytest.mark.parametrize('name', ['gmlp_base', 'amlp_base', 'gmlp_causal_char', 'bigs_large_512', 'bert_large_128'])
+def test_counts_are_linear_in_the_layer_count(name):
+    """What :class:`_LayerCounts` relies on, one model of each kind of layer: the full count of a 4-layer version
+    equals the one extrapolated from 1 and 2 layers, in every field."""
+    text, seq_len, overrides = _text_args(name)
+    full = cx.count_text(text, seq_len, num_hidden_layers=4, **overrides)
+    assert full == _by_layers(text, 4, seq_len, **overrides)
 
 
 @pytest.fixture(autouse=True, scope='module')
@@ -137,8 +183,8 @@ def test_matmul_handle_counts_broadcast_batch_dims():
     assert _macs(torch.matmul, torch.zeros(5, 7), torch.zeros(7)) == 35
 
 
-def test_bert_baseline_counts_attention():
-    c = cx.count_bert_large(128)
+def test_bert_baseline_counts_attention(counter):
+    c = counter.get('bert_large_128')
     d, L, layers = 1024, 128, 24
     per_layer = 4 * L * d * d + 2 * L * d * 4096 + 2 * L * L * d  # projections, FFN, QK^T + AV
     assert c.by_operator['scaled_dot_product_attention'] == layers * 2 * L * L * d  # fused SDPA, counted
@@ -208,8 +254,9 @@ def test_a_model_that_cannot_be_counted_is_an_error_row():
 def test_text_count_with_config_overrides():
     """The scaling plot's BiGS-large with a position table of L entries: a different parameter count, the same
     MACs as BiGS-large-512 on L tokens (positions are a lookup), and the count carries the given label."""
-    resized = cx.count_text('bigs_large_512', 256, label='bigs_large@256', max_position_embeddings=256)
-    plain = cx.count_text('bigs_large_512', 256)
+    resized = cx.count_text('bigs_large_512', 256, label='bigs_large@256', max_position_embeddings=256,
+                            num_hidden_layers=1)
+    plain = cx.count_text('bigs_large_512', 256, num_hidden_layers=1)
     assert resized.name == 'bigs_large@256' and resized.input == '1x256 tokens'
     assert plain.params - resized.params == 256 * 1024  # 256 fewer rows of width 1024
     assert (resized.macs, resized.encoder_macs) == (plain.macs, plain.encoder_macs)

@@ -11,7 +11,7 @@ from _helpers import exits_with_one_line, randomize_
 from mlp_vision.layers.gating import SpatialGatingUnit
 from mlp_vision.layers.sparse_mlp import AxialSparseMLP
 from mlp_vision.layers.ssm import BidirectionalGatedSSM
-from mlp_vision.visualize import axial_weights, main, spatial_projections, ssm_responses
+from mlp_vision.visualize import axial_weights, load_model, main, spatial_projections, ssm_responses
 
 
 @pytest.mark.parametrize('sgu', [
@@ -131,3 +131,50 @@ def test_only_the_size_bounds_that_apply_are_flags(tmp_path, capsys):
     tiny = ['--model-kwargs', 'embed_dim=8', 'depths=(1,1,1,1)', 'img_size=32']
     line = exits_with_one_line(main, ['smlpnet_t', '--max-params', '1000'] + tiny + out, capsys)
     assert 'would have more than 1e+03 parameters' in line and not (tmp_path / 'o').exists()
+
+
+TINY_SMLPNET = dict(embed_dim=8, depths=(1, 1, 1, 1), img_size=32, num_classes=2)
+
+
+def _local_dir(folder):
+    """A run's pretrained/ folder (config.json + model.safetensors, as train.py exports it) of a tiny sMLPNet."""
+    import timm
+    from timm.models import save_for_hf
+    model = randomize_(timm.create_model('smlpnet_t', **TINY_SMLPNET)).eval()
+    save_for_hf(model, str(folder), model_config={'label_names': ['a', 'b']}, safe_serialization=True)
+    return model
+
+
+def test_a_local_dir_folder_is_drawn_with_its_weights(tmp_path):
+    """``local-dir:FOLDER`` loads through validate.py's door (create_model_for_eval): the folder's own weights."""
+    saved = _local_dir(tmp_path / 'pretrained')
+    model, what = load_model(f'local-dir:{tmp_path / "pretrained"}')
+    assert what == f'local-dir:{tmp_path / "pretrained"} (pretrained weights)'
+    assert model.state_dict().keys() == saved.state_dict().keys()
+    assert all(torch.equal(t, saved.state_dict()[k]) for k, t in model.state_dict().items())
+    paths = main([f'local-dir:{tmp_path / "pretrained"}', '--out', str(tmp_path / 'figs')])
+    assert sorted(os.listdir(tmp_path / 'figs')) == [f'smlp_axial_weights_stage{i}.png' for i in range(4)]
+    assert len(paths) == 4
+
+
+def _nan_stem(folder):
+    from safetensors.torch import load_file, save_file
+    sd = load_file(str(folder / 'model.safetensors'))
+    sd['stem.weight'] = torch.full_like(sd['stem.weight'], float('nan'))
+    save_file(sd, str(folder / 'model.safetensors'))
+
+
+def _truncate(folder):
+    path = folder / 'model.safetensors'
+    path.write_bytes(path.read_bytes()[:1000])
+
+
+@pytest.mark.parametrize('damage, says', [(_nan_stem, 'stem.weight holds 384 NaN / infinite value(s)'),
+                                           (_truncate, 'is not a readable safetensors file')], ids=['nan', 'truncated'])
+def test_a_damaged_local_dir_folder_is_one_line_naming_the_file(damage, says, tmp_path, capsys):
+    """The checks validate.py makes on a local-dir: folder (weights.py's check_state_dict, load_checkpoint_file)."""
+    folder = tmp_path / 'pretrained'
+    _local_dir(folder)
+    damage(folder)
+    line = exits_with_one_line(main, [f'local-dir:{folder}', '--out', str(tmp_path / 'figs')], capsys)
+    assert f'{folder}/model.safetensors' in line and says in line and not (tmp_path / 'figs').exists()

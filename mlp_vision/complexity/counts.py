@@ -1,12 +1,13 @@
-""" Parameters and MACs of one model: building it without memory, tracing it with fvcore, caching the counts.
+""" Parameters and MACs of one model: fvcore with the op handles added here (each docstring gives its rule; why it
+is needed: ``docs/complexity.md``), every model built on ``device='meta'`` (no memory, no init), the counts cached.
 
-Models are built on ``device='meta'`` (no memory, no init). Text models (up to gMLP-xlarge, 941 M), BiGS and the
-BERT-large baseline are traced on meta directly (one whose forward cannot run on meta is an ERROR row of the
-report). The meta kernel of the vision models' convolutions cannot run under the JIT tracer (``TypeError: cond
-must be a bool``), so they are materialised with ``to_empty(device='cpu')``, zero-filled (no random init,
-deterministic) and traced on CPU with a zero image: the counts depend only on shapes.
+Text models (up to gMLP-xlarge, 941 M), BiGS and BERT-large are traced on meta. The meta kernel of the vision
+models' convolutions cannot run under the JIT tracer (``TypeError: cond must be a bool``), so they are materialised
+on CPU, zero-filled (deterministic) and traced with a zero image: the counts depend only on shapes.
 """
+import contextlib
 import fnmatch
+import math
 import traceback
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -14,15 +15,132 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import torch
 import torch.nn as nn
 
-from .handles import NON_MAC_OPS, count_module
 from ..errors import UsageError
 
 
 DEFAULT_IMG_SIZE = 224
 BIGS_LENGTHS = (128, 512, 1024, 4096)  # BiGS Table 6 (arXiv:2212.10544): BiGS-large and BERT-large lengths
 _ENCODER_ATTR = ('gmlp', 'bigs', 'bert')  # backbone attribute of the MLM / classification wrappers
+_BIGS_NAMES = [f'bigs_large_{n}' for n in BIGS_LENGTHS]
+_BERT_NAMES = [f'bert_large_{n}' for n in BIGS_LENGTHS]  # the BERT-large baselines, counted by count_bert_large
 
 
+# ------------------------------------------------------------------------------------------------ fvcore handles
+def _shape(value) -> List[int]:
+    from fvcore.nn.jit_handles import get_shape
+    shape = get_shape(value)
+    if shape is None:
+        raise ValueError(f'fvcore handle: no complete tensor shape for {value}')
+    return list(shape)
+
+
+def matmul_macs(inputs, outputs) -> int:
+    """``aten::matmul`` / ``aten::mm``: ``prod(output shape) x K`` (counts broadcast batch dims of either side)."""
+    return math.prod(_shape(outputs[0])) * _shape(inputs[0])[-1]
+
+
+def _product_macs(first: int):
+    """Handle of an op whose MACs are those of ``a @ b``, ``a = inputs[first]``, ``b = inputs[first + 1]``:
+    ``prod(a) x`` (b's columns; 1 for a vector). ``aten::mv`` / ``dot`` / ``vdot`` (first 0); ``baddbmm`` /
+    ``addbmm`` / ``addmv`` / ``addmm_`` (first 1: the added ``self`` is element-wise; addbmm's batch is summed)."""
+    def handle(inputs, outputs) -> int:
+        a, b = _shape(inputs[first]), _shape(inputs[first + 1])
+        return math.prod(a) * (b[-1] if len(b) > 1 else 1)
+    return handle
+
+
+def toeplitz_conv_macs(inputs, outputs) -> float:
+    """``mlp_vision::bidirectional_long_conv(u_f, u_b, table, ...)`` (BiGS's Triton route): both directions'
+    tiles on one side of the block diagonal, ``B C L`` times
+    :func:`~mlp_vision.layers.longconv_triton.toeplitz_conv_macs_per_token` each."""
+    from ..layers.longconv_triton import toeplitz_conv_macs_per_token
+    batch, length, channels = _shape(inputs[0])
+    return 2 * batch * channels * length * toeplitz_conv_macs_per_token(length, _shape(inputs[2])[-1])
+
+
+def sdpa_macs(inputs, outputs) -> int:
+    """``aten::scaled_dot_product_attention(q, k, v, ...)``: ``Q K^T`` + ``A V`` MACs, full L x S scores."""
+    q, k, v = (_shape(x) for x in inputs[:3])
+    rows = math.prod(_shape(outputs[0])[:-1])  # (..., L): batch dims of q (grouped-query heads broadcast)
+    return rows * k[-2] * (q[-1] + v[-1])
+
+
+def fft_macs(batch: int, size: int, complex_input: bool = False) -> float:
+    """MACs of ``batch`` transforms of ``size`` points: half of 2.5 N log2 N FLOPs (real: r2c / c2r) or of
+    5 N log2 N (complex: c2c) each."""
+    return batch * (2.5 if complex_input else 1.25) * size * math.log2(size) if size > 1 else 0.0
+
+
+def _fft_handle(kind: str):
+    """Handle of a 1-D FFT op ``(self, n, dim, norm)``; kind: 'r2c' | 'c2r' | 'c2c'."""
+    def handle(inputs, outputs) -> float:
+        x, out = _shape(inputs[0]), _shape(outputs[0])
+        dim = inputs[2].toIValue()  # a traced value's constant; None when it is None or computed
+        dim = (-1 if dim is None else dim) % len(out)
+        n = inputs[1].toIValue()  # r2c: the signal is cropped or zero-padded to n
+        if kind != 'r2c':  # c2r: the output holds the signal; c2c: input and output sizes agree
+            n = out[dim]
+        elif n is None:  # no n, or a computed one: the output's half-spectrum says 2 (m - 1) where not the input's
+            n = x[dim] if x[dim] // 2 + 1 == out[dim] else 2 * (out[dim] - 1)
+        return fft_macs(math.prod(out) // out[dim], n, complex_input=kind == 'c2c')
+    return handle
+
+
+EXTRA_HANDLES = {
+    'aten::matmul': matmul_macs,
+    'aten::mm': matmul_macs,
+    **{f'aten::{op}': _product_macs(1) for op in (
+        'baddbmm', 'baddbmm_', 'addbmm', 'addbmm_', 'addmv', 'addmv_',
+        'addmm_',  # fvcore handles the out-of-place aten::addmm
+    )},
+    **{f'aten::{op}': _product_macs(0) for op in ('mv', 'dot', 'vdot')},
+    'aten::scaled_dot_product_attention': sdpa_macs,
+    'mlp_vision::bidirectional_long_conv': toeplitz_conv_macs,
+    **{f'aten::fft_{op}': _fft_handle(kind) for op, kind in (
+        ('rfft', 'r2c'), ('irfft', 'c2r'), ('fft', 'c2c'), ('ifft', 'c2c'))},
+}
+
+# ops that fvcore leaves uncounted and that are not multiply-accumulates (element-wise maths, reductions, lookups):
+# uncounted by the papers' convention too. Any other uncounted op is flagged in the report.
+NON_MAC_OPS = frozenset('aten::' + op for op in (
+    'add', 'add_', 'sub', 'rsub', 'mul', 'mul_', 'div', 'div_', 'neg', 'exp', 'log', 'pow', 'sqrt', 'rsqrt',
+    'reciprocal', 'abs', 'sin', 'cos', 'real', 'imag', 'complex', 'view_as_real', 'view_as_complex', 'polar',
+    'conj', 'clamp_max', 'clamp_min', 'where', 'gelu', 'gelu_', 'silu', 'sigmoid', 'tanh', 'softmax', 'log_softmax',
+    'softplus', 'mean', 'sum', 'cumsum', 'embedding', 'tril', 'triu', 'flip', 'fill_', 'zeros', 'zeros_like',
+    'ones_like', 'lt', 'le', 'ne', 'logical_not', 'logical_and', 'any', 'all', 'unsqueeze', 'view', 'unflatten',
+    'repeat', 'pad', 'scalar_tensor', 'linspace', '_unsafe_view', 'alias', 'lift_fresh', 'resolve_conj', 'exp_',
+    'sub_', '_conj', 'conj_physical', 'angle', 'view_as', 'addcmul',
+))
+
+
+def count_module(model: nn.Module, inputs: Tuple[torch.Tensor, ...], encoder: Optional[str] = None,
+                 bigs_conv_impl: Optional[str] = 'fft') -> Tuple[int, Dict[str, int], Dict[str, int], Optional[int]]:
+    """fvcore MACs of ``model(*inputs)`` with :data:`EXTRA_HANDLES`: ``(total, by_operator, uncounted,
+    encoder_total)``, ``uncounted`` the calls of each op fvcore skipped, ``encoder_total`` the total of the submodule
+    named ``encoder`` (None without one).
+
+    BiGS layers run the convolution route ``bigs_conv_impl``: by default the FFT (``'fft'``), the O(L log L)
+    formulation the paper counts, whatever route they would take; ``None``: the route each takes for ``inputs``
+    (what ``benchmark.py`` reports). Token GEMMs (gMLP's SGU, Mixer's token MLP) run unpadded: the papers' MACs,
+    not the zeros added for GPU kernels (196 -> 200 tokens)."""
+    from fvcore.nn import FlopCountAnalysis
+    from ..layers.linear import tokens_padded_to
+    from ..layers.ssm import ssm_conv_impl
+    fca = FlopCountAnalysis(model, inputs)
+    fca.set_op_handle(**EXTRA_HANDLES)
+    fca.unsupported_ops_warnings(False)
+    fca.uncalled_modules_warnings(False)
+    fca.tracer_warnings('none')
+    route = ssm_conv_impl(model, bigs_conv_impl) if bigs_conv_impl else contextlib.nullcontext(model)
+    with torch.no_grad(), route, tokens_padded_to(model, 1):
+        total = int(round(fca.total()))
+        by_op = {k: int(round(v)) for k, v in sorted(fca.by_operator().items(), key=lambda kv: -kv[1])}
+        uncounted = dict(sorted(fca.unsupported_ops().items()))
+        enc = int(round(fca.total(encoder))) if encoder else None
+    return total, by_op, uncounted, enc
+
+
+# ------------------------------------------------------------------------------------------------ models
 @dataclass
 class Count:
     """Parameters and fvcore MACs of one model at one input size."""
@@ -54,16 +172,6 @@ def _param_count(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())  # shared (tied) parameters once
 
 
-def _materialise_zeros(model: nn.Module) -> nn.Module:
-    """meta -> CPU without random init: uninitialised storage, then zeros (deterministic, no denormals)."""
-    model = model.to_empty(device='cpu')
-    with torch.no_grad():
-        for t in list(model.parameters()) + list(model.buffers()):
-            if t.is_floating_point() or t.is_complex():
-                t.zero_()
-    return model
-
-
 def count_vision(name: str, img_size: int = DEFAULT_IMG_SIZE) -> Count:
     """A registered vision model at ``img_size`` x ``img_size`` (batch 1), traced on CPU with zero weights."""
     import timm
@@ -73,7 +181,11 @@ def count_vision(name: str, img_size: int = DEFAULT_IMG_SIZE) -> Count:
     model = timm.create_model(name, img_size=img_size, device='meta').eval()
     params = _param_count(model)
     head = sum(p.numel() for p in model.get_classifier().parameters())
-    model = _materialise_zeros(model)
+    model = model.to_empty(device='cpu')  # uninitialised storage, then zeros: deterministic, no denormals
+    with torch.no_grad():
+        for t in list(model.parameters()) + list(model.buffers()):
+            if t.is_floating_point() or t.is_complex():
+                t.zero_()
     total, by_op, uncounted, _ = count_module(model, (torch.zeros(1, 3, img_size, img_size),))
     return Count(name, f'1x3x{img_size}x{img_size}', params, total, by_op, uncounted,
                  params_no_head=params - head, traced_on='cpu (zero weights)')
@@ -109,10 +221,6 @@ def count_bert_large(seq_len: int) -> Count:
     return count_text('bert_large', seq_len, label=f'bert_large_{seq_len}', max_position_embeddings=seq_len)
 
 
-_BIGS_NAMES = [f'bigs_large_{n}' for n in BIGS_LENGTHS]
-_BERT_NAMES = [f'bert_large_{n}' for n in BIGS_LENGTHS]  # the BERT-large baselines, counted by count_bert_large
-
-
 def known_models() -> List[str]:
     """Every name the report knows, in report order: vision, the text registry (BiGS-large last, by length), the
     BERT-large baselines."""
@@ -126,24 +234,17 @@ def resolve_models(patterns: Optional[Sequence[str]]) -> List[str]:
     """Known names matching any of the shell-style ``patterns`` (all when None); a :class:`UsageError` (a
     ``ValueError``) for a pattern with no match."""
     known = known_models()
-    selected = set()
     for pattern in patterns or ['*']:
-        hits = [n for n in known if fnmatch.fnmatch(n, pattern)]
-        if not hits:
+        if not fnmatch.filter(known, pattern):
             raise UsageError(f'--models: pattern {pattern!r} matches no model; expected shell-style patterns over '
                              f'the known names: {", ".join(known)}')
-        selected.update(hits)
-    return [n for n in known if n in selected]
+    return [n for n in known if any(fnmatch.fnmatch(n, p) for p in patterns or ['*'])]
 
 
 def family(name: str) -> str:
     """'vision' (timm-registered), 'bert' (the BERT-large baselines) or 'text' (the text registry)."""
     from .. import VISION_MODELS
-    if name in VISION_MODELS:
-        return 'vision'
-    if name in _BERT_NAMES:
-        return 'bert'
-    return 'text'
+    return 'vision' if name in VISION_MODELS else 'bert' if name in _BERT_NAMES else 'text'
 
 
 def count(name: str, size: Optional[int] = None) -> Count:
@@ -173,17 +274,16 @@ class CountCache:
         self.problems: Dict[Tuple[str, Optional[int]], Tuple[str, str]] = {}
 
     def get(self, name: str, size: Optional[int] = None) -> Optional[Count]:
-        key = (name, size)
-        if key not in self.cache:
-            self.cache[key] = None
+        if (name, size) not in self.cache:
+            self.cache[name, size] = None
             try:
-                self.cache[key] = count(name, size)
+                self.cache[name, size] = count(name, size)
             except Exception as e:  # reported as ERROR rows
                 ours = [f for f in traceback.extract_tb(e.__traceback__) if 'mlp_vision' in f.filename]
                 where = f' at {ours[-1].filename.split("mlp_vision")[-1]}:{ours[-1].lineno}' if ours else ''
-                msg = str(e).splitlines()[0][:160] if str(e) else ''
-                self.problems[key] = ('ERROR', f'error counting {name}: {type(e).__name__}: {msg}{where}')
-        return self.cache[key]
+                msg = f'{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ""}{where}'
+                self.problems[name, size] = ('ERROR', f'error counting {name}: {msg}')
+        return self.cache[name, size]
 
     def problem(self, name: str, size: Optional[int] = None) -> Tuple[str, str]:
         return self.problems.get((name, size), ('', ''))

@@ -3,11 +3,7 @@
 Papers: gMLP (Liu et al., arXiv:2105.08050) Tables 1, 2 (vision) and 3-5 (text); sMLPNet (Tang et al.,
 arXiv:2109.05422) Table 6, which also lists MLP-Mixer (Tolstikhin et al., arXiv:2105.01601); BiGS (Wang et al.,
 arXiv:2212.10544) §5 and Table 6; MLP-Attention (Morsali et al., ICLR 2023 Tiny Papers). Which of them count
-MACs and which FLOPs (= 2 x MACs) is in ``docs/complexity.md``.
-
-A row passes when ours is within its tolerance (params 0.5 %, MACs / FLOPs 3 %) **or** equals the paper's number
-at the paper's printed precision (``59`` M: ours rounds to 59). A row that cannot pass carries its documented
-reason (status ``KNOWN``); a model that could not be counted gives ``ERROR``. Nothing is skipped silently.
+MACs and which FLOPs (= 2 x MACs): ``docs/complexity.md``. The rule a row passes by: :func:`compare`.
 """
 from dataclasses import dataclass
 from decimal import Decimal
@@ -148,7 +144,9 @@ def format_like(value: float, paper: str) -> str:
 
 def compare(row: PaperRow, count: Optional[Count], problem: Tuple[str, str] = ('ERROR', 'not counted')
             ) -> Comparison:
-    """``row`` against ``count`` (None: ``problem`` = (status, note) says why there is no count)."""
+    """``row`` against ``count``: PASS when ours is within the row's tolerance (params 0.5 %, MACs / FLOPs 3 %)
+    **or** equals the paper's number at its printed precision (``59`` M: ours rounds to 59); else KNOWN with the
+    row's documented reason, or FAIL. No count: ``problem`` = (status, note) says why (ERROR, SKIPPED)."""
     attr, unit, _, tol = QUANTITIES[row.quantity]
     if count is None:
         return Comparison(row, None, None, problem[0], '', problem[1])

@@ -5,6 +5,7 @@ import functools
 import io
 import json
 import os
+import shlex
 import sys
 import warnings
 from collections import Counter
@@ -32,9 +33,18 @@ class Report:
     seq_len: Optional[int]
     models: List[str]
     counts: Dict[str, Optional[Count]] = field(default_factory=dict)
-    problems: Dict[str, Tuple[str, str]] = field(default_factory=dict)  # name -> ('ERROR', note)
+    problems: Dict[str, Tuple[str, str]] = field(default_factory=dict)  # name -> ('ERROR' or 'SKIPPED', note)
     comparisons: List[Comparison] = field(default_factory=list)
-    skipped_rows: List[str] = field(default_factory=list)
+
+
+def check_sizes(img_size: int, seq_len: Optional[int]) -> None:
+    """A :class:`UsageError` (a ``ValueError``) for an image side that is no positive multiple of 32 or a sequence
+    length that is no positive integer."""
+    if not isinstance(img_size, int) or img_size < 32 or img_size % 32:
+        raise UsageError(f'--img-size must be a positive multiple of 32 (sMLPNet needs H and W divisible by 32, '
+                         f'gMLP / Mixer by 16), got {img_size}')
+    if seq_len is not None and (not isinstance(seq_len, int) or seq_len < 1):
+        raise UsageError(f'--seq-len must be a positive integer, got {seq_len}')
 
 
 def build_report(models: Optional[Sequence[str]] = None, img_size: int = DEFAULT_IMG_SIZE,
@@ -42,11 +52,7 @@ def build_report(models: Optional[Sequence[str]] = None, img_size: int = DEFAULT
                  progress: Optional[Callable[[str], None]] = None) -> Report:
     """Count ``models`` (names or patterns; all when None) and compare the paper rows that concern them.
     ``progress`` gets a line per model (counting one takes seconds to minutes)."""
-    if not isinstance(img_size, int) or img_size < 32 or img_size % 32:
-        raise ValueError(f'--img-size must be a positive multiple of 32 (sMLPNet needs H, W divisible by 32, '
-                         f'gMLP / Mixer by 16), got {img_size}')
-    if seq_len is not None and (not isinstance(seq_len, int) or seq_len < 1):
-        raise ValueError(f'--seq-len must be a positive integer, got {seq_len}')
+    check_sizes(img_size, seq_len)
     names = resolve_models(models)
     counter = counter or CountCache()
     report = Report(img_size, seq_len, names)
@@ -58,8 +64,8 @@ def build_report(models: Optional[Sequence[str]] = None, img_size: int = DEFAULT
         size = {'vision': None if img_size == DEFAULT_IMG_SIZE else img_size, 'text': seq_len}.get(fam)
         if size is not None and fam == 'text' and size > text_seq_len(name):
             report.counts[name] = None
-            report.skipped_rows.append(f'{name}: not counted, --seq-len {seq_len} exceeds its maximum '
-                                       f'{text_seq_len(name)}')
+            report.problems[name] = ('SKIPPED', f'not counted: --seq-len {seq_len} exceeds its maximum '
+                                                f'{text_seq_len(name)}')
             continue
         report.counts[name] = counter.get(name, size)
         if report.counts[name] is None:
@@ -88,9 +94,8 @@ def conventions() -> List[str]:
         'Handles added to fvcore\'s: broadcast-aware `aten::matmul`/`aten::mm` (prod(output) × K; the stock one '
         'drops broadcast batch dims), `baddbmm`/`addbmm`/`addmv` (their product), `mv`/`dot`; '
         '`aten::scaled_dot_product_attention` = QKᵀ + AV = batch·heads·L·S·(E + E_v); FFTs (`fft_rfft`, '
-        '`fft_irfft`, `fft_fft`, n-D variants, `_fft_r2c`/`_fft_c2r`/`_fft_c2c`) = **2.5·N·log₂N FLOPs per real '
-        'transform of length N** (5·N·log₂N complex), i.e. 1.25·N·log₂N MACs, so the FLOPs columns carry '
-        '2.5·N·log₂N.',
+        '`fft_irfft`, `fft_fft`, `fft_ifft`) = **2.5·N·log₂N FLOPs per real transform of length N** (5·N·log₂N '
+        'complex), i.e. 1.25·N·log₂N MACs, so the FLOPs columns carry 2.5·N·log₂N.',
         'fvcore\'s stock LayerNorm (5 per element) and eval BatchNorm (2 per element) counts are kept. '
         'Element-wise ops and embedding lookups are not MACs and stay uncounted (listed per model).',
         'Vision models: traced on CPU with zero weights and a zero image (the meta-device convolution kernel '
@@ -140,13 +145,10 @@ def render_markdown(report: Report, command: str = COMMAND) -> str:
     for name in report.models:
         c = report.counts.get(name)
         if c is None:
-            reason = report.problems.get(name, ('', 'not counted (see below)'))[1]
-            w(f'| `{name}` | – | – | – | – | – | – | – | {reason} |\n')
+            w(f'| `{name}` | – | – | – | – | – | – | – | {report.problems[name][1]} |\n')
             continue
         w(f'| `{name}` | {c.input} | {c.params / 1e6:.3f} | {_g(c.params_no_head, 1e6)} | {_g(c.macs)} | '
           f'{_g(c.encoder_macs)} | {_g(c.flops)} | {c.traced_on} | {_uncounted_str(c)} |\n')
-    if report.skipped_rows:
-        w('\n' + ''.join(f'- {line}\n' for line in report.skipped_rows))
     w('\n## MACs by operator (G)\n\n')
     w('| model | by operator |\n| --- | --- |\n')
     for name in report.models:
@@ -161,28 +163,23 @@ CSV_FIELDS = ('section', 'source', 'model', 'input', 'quantity', 'unit', 'paper'
 
 
 def render_csv(report: Report) -> str:
-    rows = []
-    for c in report.comparisons:
-        rows.append(dict(
-            section='paper', source=c.row.source, model=c.row.model, input='', quantity=c.row.quantity,
-            unit=QUANTITIES[c.row.quantity][2].strip(), paper=c.row.paper,
-            ours='' if c.ours is None else format_like(c.ours, c.row.paper),
-            rel_diff_pct='' if c.rel_diff is None else f'{100 * c.rel_diff:.3f}',
-            tolerance_pct=f'{100 * c.row.tolerance:g}', by=c.how, status=c.status, note=c.note))
+    rows = [dict(section='paper', source=c.row.source, model=c.row.model, quantity=c.row.quantity,
+                 unit=QUANTITIES[c.row.quantity][2].strip(), paper=c.row.paper,
+                 ours='' if c.ours is None else format_like(c.ours, c.row.paper),
+                 rel_diff_pct='' if c.rel_diff is None else f'{100 * c.rel_diff:.3f}',
+                 tolerance_pct=f'{100 * c.row.tolerance:g}', by=c.how, status=c.status, note=c.note)
+            for c in report.comparisons]
     for name in report.models:
         c = report.counts.get(name)
-        base = dict(section='model', source='', model=name, paper='', rel_diff_pct='', tolerance_pct='', by='')
         if c is None:
-            status, note = report.problems.get(name, ('SKIPPED', 'not counted'))
-            rows.append(dict(base, input='', quantity='', unit='', ours='', status=status, note=note))
+            rows.append(dict(section='model', model=name, status=report.problems[name][0],
+                             note=report.problems[name][1]))
             continue
-        for quantity in ('params', 'params_no_head', 'macs', 'encoder_macs'):
-            value = getattr(c, quantity)
-            if value is not None:
-                rows.append(dict(base, input=c.input, quantity=quantity, unit='', ours=str(value), status='',
-                                 note='uncounted: ' + _uncounted_str(c) if quantity == 'macs' else ''))
+        rows += [dict(section='model', model=name, input=c.input, quantity=q, ours=str(getattr(c, q)),
+                      note='uncounted: ' + _uncounted_str(c) if q == 'macs' else '')
+                 for q in ('params', 'params_no_head', 'macs', 'encoder_macs') if getattr(c, q) is not None]
     out = io.StringIO()
-    writer = csv.DictWriter(out, fieldnames=CSV_FIELDS, lineterminator='\n')
+    writer = csv.DictWriter(out, fieldnames=CSV_FIELDS, lineterminator='\n')  # absent fields are empty
     writer.writeheader()
     writer.writerows(rows)
     return out.getvalue()
@@ -202,16 +199,6 @@ def render_json(report: Report) -> str:
 FORMATS = ('md', 'csv', 'json')
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f'expected a positive integer, got {text!r}')
-    if value < 1:
-        raise argparse.ArgumentTypeError(f'expected a positive integer, got {value}')
-    return value
-
-
 def parse_args(argv: Optional[Sequence[str]] = None, prog: str = PROG) -> argparse.Namespace:
     """The flags, checked before anything is counted (``--threads`` by ``set_threads``, next); bad input is a
     :class:`UsageError` (``main``: one line, status 2, as every command)."""
@@ -221,9 +208,9 @@ def parse_args(argv: Optional[Sequence[str]] = None, prog: str = PROG) -> argpar
                     'its counting conventions (which paper counts FLOPs as MACs, the handles added to fvcore).')
     p.add_argument('--models', nargs='+', metavar='PATTERN',
                    help='shell-style name patterns (default: every model); e.g. "smlpnet_*" "bigs_*"')
-    p.add_argument('--img-size', type=_positive_int, default=DEFAULT_IMG_SIZE,
+    p.add_argument('--img-size', type=int, default=DEFAULT_IMG_SIZE,
                    help='image side for the vision models, a multiple of 32')
-    p.add_argument('--seq-len', type=_positive_int, default=None,
+    p.add_argument('--seq-len', type=int, default=None,
                    help='sequence length for the registered text models incl. BiGS (default: each model\'s '
                         'maximum; longer than a model\'s maximum: that model is listed as not counted); the '
                         'bert_large_L baselines stay at their L')
@@ -236,9 +223,7 @@ def parse_args(argv: Optional[Sequence[str]] = None, prog: str = PROG) -> argpar
     add_threads_argument(p)  # fvcore traces every model: a forward each
     p.add_argument('--debug', action='store_true', help='show the traceback of an error, not its one line')
     args = p.parse_args(argv)
-    if args.img_size % 32:
-        raise UsageError(f'--img-size must be a multiple of 32 (sMLPNet needs H and W divisible by 32), got '
-                         f'{args.img_size}')
+    check_sizes(args.img_size, args.seq_len)
     resolve_models(args.models)  # a pattern that matches nothing stops here, before any counting
     for flag, path in [('--output', path) for path in args.output or []] + [('--plot', args.plot)]:
         folder = os.path.dirname(path or '') or '.'
@@ -250,29 +235,11 @@ def parse_args(argv: Optional[Sequence[str]] = None, prog: str = PROG) -> argpar
         raise UsageError('--format applies to a single --output; with several, each path\'s suffix sets its format')
     args.targets = []
     for path in outputs:
-        suffix = path.rsplit('.', 1)[-1].lower() if path and '.' in path else ''
-        fmt = args.format or (suffix if suffix in FORMATS else None)
-        if fmt is None:
-            if path is not None and len(outputs) > 1:
-                raise UsageError(f'--output {path!r}: cannot tell the format, expected a .md, .csv or .json suffix')
-            fmt = 'md'
-        args.targets.append((path, fmt))
+        fmt = args.format or os.path.splitext(path or '')[1][1:].lower()
+        if fmt not in FORMATS and path is not None and len(outputs) > 1:
+            raise UsageError(f'--output {path!r}: cannot tell the format, expected a .md, .csv or .json suffix')
+        args.targets.append((path, fmt if fmt in FORMATS else 'md'))
     return args
-
-
-def _command_line(args: argparse.Namespace) -> str:
-    parts = ['python -m mlp_vision.complexity']
-    if args.models:
-        parts += ['--models'] + [f"'{m}'" for m in args.models]
-    if args.img_size != DEFAULT_IMG_SIZE:
-        parts += ['--img-size', str(args.img_size)]
-    if args.seq_len is not None:
-        parts += ['--seq-len', str(args.seq_len)]
-    if args.format is not None:
-        parts += ['--format', args.format]
-    if args.output:
-        parts += ['--output'] + list(args.output)
-    return ' '.join(parts)
 
 
 def main(argv: Optional[Sequence[str]] = None, prog: str = PROG) -> int:
@@ -285,15 +252,16 @@ def _main(argv: Sequence[str], prog: str) -> int:
     args = parse_args(argv, prog)
     progress = functools.partial(print, file=sys.stderr, flush=True)  # stdout may be the report itself
     progress(set_threads(args.threads))
-    # fvcore traces with torch.jit, whose deprecation notice (one per model) says nothing about the counts
-    warnings.filterwarnings('ignore', message='`torch.jit.script` is deprecated', category=FutureWarning)
-    if args.plot:
-        from .plot import plot_scaling
-        plot_scaling(args.plot, progress=progress)
-        progress(f'wrote {args.plot}')
-        return 0
-    report = build_report(args.models, args.img_size, args.seq_len, progress=progress)
-    render = dict(md=lambda r: render_markdown(r, _command_line(args)), csv=render_csv, json=render_json)
+    with warnings.catch_warnings():  # fvcore traces with torch.jit, deprecated: a notice per model, nothing to act on
+        warnings.filterwarnings('ignore', message='`torch.jit.script` is deprecated', category=FutureWarning)
+        if args.plot:
+            from .plot import plot_scaling
+            plot_scaling(args.plot, progress=progress)
+            progress(f'wrote {args.plot}')
+            return 0
+        report = build_report(args.models, args.img_size, args.seq_len, progress=progress)
+    command = ' '.join(['python -m mlp_vision.complexity', *map(shlex.quote, argv)])
+    render = dict(md=lambda r: render_markdown(r, command), csv=render_csv, json=render_json)
     for path, fmt in args.targets:
         text = render[fmt](report)
         if path:
