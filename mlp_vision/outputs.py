@@ -107,8 +107,9 @@ def atomic_write(path: os.PathLike, write: Callable[[Any], None], mode: str = 'w
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except Exception as e:
-        os_error = find_os_error(e)  # torch's serializer may wrap the file's error; name the file being written
-        if os_error is not None and (os_error is not e or not e.filename):
+        # name the file being written, not our temporary one (torch's serializer may also wrap the file's error)
+        os_error = find_os_error(e)
+        if os_error is not None and (os_error is not e or not e.filename or e.filename == str(tmp)):
             raise OSError(os_error.errno, os_error.strerror, str(path)) from e
         raise
     finally:
