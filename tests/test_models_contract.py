@@ -70,14 +70,17 @@ VARIANTS = {
 }
 
 MODELS = list(mlp_vision.VISION_MODELS)
-# The wider / deeper variants build the classes of a smaller sibling of their family (the sibling's checks run
+# the smallest model of each family (for the checks that are slow-ish per model)
+ONE_PER_FAMILY = ['gmlp_ti', 'smlpnet_t_a2', 'mixer_s16']
+# The wider / deeper variants build the classes of the smallest model of their family (that model's checks run
 # the same code); the checks of code rather than of a variant's numbers run them with -m slow only.
-LARGER_SIBLING_OF = {'smlpnet_s': 'smlpnet_t', 'smlpnet_b': 'smlpnet_t', 'gmlp_b': 'gmlp_s', 'mixer_l16': 'mixer_b16'}
+LARGER_SIBLING_OF = {'smlpnet_t': 'smlpnet_t_a2', 'smlpnet_s': 'smlpnet_t_a2', 'smlpnet_b': 'smlpnet_t_a2',
+                     'gmlp_s': 'gmlp_ti', 'gmlp_b': 'gmlp_ti', 'mixer_b16': 'mixer_s16', 'mixer_l16': 'mixer_s16'}
+assert set(LARGER_SIBLING_OF.values()) == set(ONE_PER_FAMILY) and set(LARGER_SIBLING_OF) | set(ONE_PER_FAMILY) == set(
+    MODELS)
 MODELS_SIBLINGS_SLOW = [pytest.param(m, marks=pytest.mark.slow) if m in LARGER_SIBLING_OF else m for m in MODELS]
 SMLP_MODELS = [m for m in MODELS if m.startswith('smlpnet')]
 ISO_MODELS = [m for m in MODELS if not m.startswith('smlpnet')]
-# the smallest model of each family (for the checks that are slow-ish per model)
-ONE_PER_FAMILY = ['gmlp_ti', 'smlpnet_t_a2', 'mixer_s16']
 
 IMG = (64, 96)  # non-square; divisible by 32 (sMLPNet) and 16 (gMLP / Mixer)
 NUM_CLASSES = 10
@@ -625,9 +628,10 @@ def test_no_graph_breaks_in_training(name):
 
 
 def test_torch_compile_tiny():
-    """inductor, one tiny config (~35-50 s here with a cold inductor cache)."""
-    model = timm.create_model('smlpnet_t', img_size=64, depths=(1, 1, 1, 1), embed_dim=16, num_classes=NUM_CLASSES)
-    _check_compile(model, make_input(img=(64, 64)))
+    """inductor, one tiny config: two stages hold every kind of op of the model (stem, block, the downsampling
+    between stages, norm, head); each more stage is only more kernels of the same kinds to compile."""
+    model = timm.create_model('smlpnet_t', img_size=32, depths=(1, 1), embed_dim=16, num_classes=NUM_CLASSES)
+    _check_compile(model, make_input(img=(32, 32)))
 
 
 @pytest.mark.slow
