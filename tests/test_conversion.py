@@ -251,14 +251,17 @@ def test_official_layout_matches_reference_tsv():
 # sMLPNet official conversion
 # --------------------------------------------------------------------------------------------------------------
 
-def test_smlpnet_t_official_conversion_224(tmp_path):
+# sMLPNet-T's full depth and widths; the paper's 224 x 224 with -m slow (the image size only sizes the token mixes,
+# whose conversion the reduced tests below also check at other sizes)
+@pytest.mark.parametrize('img_size', [64, pytest.param(224, marks=pytest.mark.slow)])
+def test_smlpnet_t_official_conversion(tmp_path, img_size):
     torch.manual_seed(0)
     depths = (2, 8, 14, 2)
-    sd = official_smlpnet_state_dict(80, depths, 224, seed=1)
-    model = _load_smlpnet(tmp_path, sd)
+    sd = official_smlpnet_state_dict(80, depths, img_size, seed=1)
+    model = _load_smlpnet(tmp_path, sd, img_size=img_size)
     assert sum(p.numel() for p in model.parameters()) == sum(
         v.numel() for k, v in sd.items() if not k.split('.')[-1].startswith(('running_', 'num_batches')))
-    x = torch.randn(1, 3, 224, 224)
+    x = torch.randn(1, 3, img_size, img_size)
     with torch.no_grad():
         out = model(x)
         ref = official_smlpnet_forward(sd, x, depths)
@@ -370,11 +373,11 @@ def _perturbed_timm_state_dict(name: str, seed: int) -> Tuple[torch.nn.Module, D
     return ref, ref.state_dict()
 
 
-@pytest.mark.parametrize('ours,theirs', [
+@pytest.mark.parametrize('ours,theirs', [  # the wider variants load through the same filter: -m slow
     ('gmlp_ti', 'gmlp_ti16_224'),
-    ('gmlp_s', 'gmlp_s16_224'),
+    pytest.param('gmlp_s', 'gmlp_s16_224', marks=pytest.mark.slow),
     ('mixer_s16', 'mixer_s16_224'),
-    ('mixer_b16', 'mixer_b16_224'),
+    pytest.param('mixer_b16', 'mixer_b16_224', marks=pytest.mark.slow),
 ])
 def test_timm_checkpoint_equivalence(tmp_path, ours, theirs):
     ref, sd = _perturbed_timm_state_dict(theirs, seed=10)

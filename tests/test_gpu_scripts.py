@@ -5,6 +5,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 SCRIPT = Path(__file__).resolve().parents[1] / 'scripts' / 'gpu' / 'text_models.py'
 
@@ -176,19 +177,42 @@ def test_token_padding_script_times_every_variant(token_padding_script, tmp_path
 
 
 
-def test_vision_variants_script_times_every_contender(tmp_path):
+def test_vision_variants_script_times_every_contender(tmp_path, monkeypatch):
     """Issue 45 items 3 and 5 at toy sizes on the CPU (eager): every contender of every group timed, with its FLOPs
-    and share of the matmul rate; an existing --out is refused before any work."""
+    and share of the matmul rate; an existing --out is refused before any work. The matmul rate is a fixed one
+    here (measuring it is most of this run's time on a CPU): ``-m slow`` runs the script with the measured rate."""
     vv = _load(GPU_DIR / 'vision_variants.py')
+    ceilings = []
+
+    def fixed_ceiling(device, precision):
+        ceilings.append((device, precision))
+        return dict(matmul_n=8, matmul_dtype='float32', matmul_gflops=2.0)
+    monkeypatch.setattr(vv, 'matmul_ceiling', fixed_ceiling)
     prefix = str(tmp_path / 'vv')
     argv = ['--device', 'cpu', '--precision', 'fp32', '--compile', 'none', '--tiny', '--img-size', '32', '--batch', '2',
             '--samples', '2', '--iters', '1', '--warmup', '1', '--out', prefix]
     assert vv.main(argv) == 0
-    rows = json.loads((tmp_path / 'vv.json').read_text())['rows']
+    assert ceilings == [(torch.device('cpu'), 'fp32')]
+    env, rows = (json.loads((tmp_path / 'vv.json').read_text())[k] for k in ('environment', 'rows'))
+    assert env['matmul_gflops'] == 2.0
     assert [r['contender'] for r in rows] == [label for group in vv.GROUPS.values() for label, _, _ in group]
-    assert all(r['img_per_s'] > 0 and r['gflop_per_img'] > 0 and r['pct_of_matmul'] > 0 for r in rows)
+    assert all(r['img_per_s'] > 0 and r['gflop_per_img'] > 0 for r in rows)
+    for r in rows:  # the share of the matmul rate: FLOPs per image x images/s over the rate
+        assert r['pct_of_matmul'] == pytest.approx(100 * r['gflop_per_img'] * r['img_per_s'] / 2.0, rel=1e-9)
     flops = {r['contender']: r['gflop_per_img'] for r in rows}
     assert flops['gmlp_s token_major'] == flops['gmlp_s split_fc1'] == flops['gmlp_s']  # same function, same work
     assert '| gmlp | gmlp_s token_major |' in (tmp_path / 'vv.md').read_text()
     with pytest.raises(SystemExit, match='exists'):
         vv.main(argv)
+
+
+@pytest.mark.slow
+def test_vision_variants_script_measures_the_matmul_rate(tmp_path):
+    """The script with the measured matmul rate (``mlp_vision.benchmark.matmul_ceiling``), one group."""
+    vv = _load(GPU_DIR / 'vision_variants.py')
+    assert vv.main(['--device', 'cpu', '--precision', 'fp32', '--compile', 'none', '--tiny', '--img-size', '32',
+                    '--batch', '2', '--samples', '1', '--iters', '1', '--warmup', '1', '--groups', 'mixer',
+                    '--out', str(tmp_path / 'vv')]) == 0
+    env, rows = (json.loads((tmp_path / 'vv.json').read_text())[k] for k in ('environment', 'rows'))
+    assert env['matmul_gflops'] > 0 and env['onednn_gflops'] > 0 and env['matmul_n'] == 2048
+    assert len(rows) == 2 and all(r['pct_of_matmul'] > 0 for r in rows)

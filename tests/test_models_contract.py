@@ -10,6 +10,7 @@ blocks for gMLP / Mixer) while the variant's widths are kept. Heavier variants o
 ``slow`` (run with ``-m slow``).
 """
 import copy
+import functools
 import importlib
 
 import pytest
@@ -70,14 +71,23 @@ VARIANTS = {
 }
 
 MODELS = list(mlp_vision.VISION_MODELS)
-# The wider / deeper variants build the classes of a smaller sibling of their family (the sibling's checks run
-# the same code); the checks of code rather than of a variant's numbers run them with -m slow only.
-LARGER_SIBLING_OF = {'smlpnet_s': 'smlpnet_t', 'smlpnet_b': 'smlpnet_t', 'gmlp_b': 'gmlp_s', 'mixer_l16': 'mixer_b16'}
-MODELS_SIBLINGS_SLOW = [pytest.param(m, marks=pytest.mark.slow) if m in LARGER_SIBLING_OF else m for m in MODELS]
-SMLP_MODELS = [m for m in MODELS if m.startswith('smlpnet')]
-ISO_MODELS = [m for m in MODELS if not m.startswith('smlpnet')]
 # the smallest model of each family (for the checks that are slow-ish per model)
 ONE_PER_FAMILY = ['gmlp_ti', 'smlpnet_t_a2', 'mixer_s16']
+# The wider / deeper variants build the classes of the smallest model of their family (that model's checks run
+# the same code); the checks of code rather than of a variant's numbers run them with -m slow only.
+LARGER_SIBLING_OF = {'smlpnet_t': 'smlpnet_t_a2', 'smlpnet_s': 'smlpnet_t_a2', 'smlpnet_b': 'smlpnet_t_a2',
+                     'gmlp_s': 'gmlp_ti', 'gmlp_b': 'gmlp_ti', 'mixer_b16': 'mixer_s16', 'mixer_l16': 'mixer_s16'}
+assert set(LARGER_SIBLING_OF.values()) == set(ONE_PER_FAMILY) and set(LARGER_SIBLING_OF) | set(ONE_PER_FAMILY) == set(
+    MODELS)
+
+
+def siblings_slow(models):
+    return [pytest.param(m, marks=pytest.mark.slow) if m in LARGER_SIBLING_OF else m for m in models]
+
+
+MODELS_SIBLINGS_SLOW = siblings_slow(MODELS)
+SMLP_MODELS = [m for m in MODELS if m.startswith('smlpnet')]
+ISO_MODELS = [m for m in MODELS if not m.startswith('smlpnet')]
 
 IMG = (64, 96)  # non-square; divisible by 32 (sMLPNet) and 16 (gMLP / Mixer)
 NUM_CLASSES = 10
@@ -94,6 +104,13 @@ def small_kwargs(name):
     if is_smlp(name):
         return dict(depths=(1, 1, 1, 1))
     return dict(num_blocks=ISO_SMALL_BLOCKS)
+
+
+@functools.lru_cache(maxsize=None)
+def meta_model(name):
+    """The full-size model on the meta device, built once (a large sMLPNet takes seconds even there); shared by the
+    checks that only read it: do not change it."""
+    return timm.create_model(name, device='meta')
 
 
 _PROTOTYPES = {}
@@ -160,7 +177,7 @@ def test_larger_variants_build_the_classes_of_their_sibling(name, sibling):
     """What lets the default run check the code on the smaller sibling only: the same module classes, in the same
     order of first use, at other widths and depths."""
     def kinds(model_name):
-        return list(dict.fromkeys(type(m) for m in timm.create_model(model_name, device='meta').modules()))
+        return list(dict.fromkeys(type(m) for m in meta_model(model_name).modules()))
     assert kinds(name) == kinds(sibling)
 
 
@@ -191,7 +208,7 @@ def test_forward_backward(name):
 def test_variant_architecture(name):
     """Widths / depths / MLP ratios of each variant (built on meta, at 224)."""
     v = VARIANTS[name]
-    model = timm.create_model(name, device='meta')
+    model = meta_model(name)
     if is_smlp(name):
         assert isinstance(model, SparseMLPNet)
         assert tuple(len(s.blocks) for s in model.stages) == v['depths']
@@ -299,14 +316,14 @@ def test_default_cfg(name):
 @pytest.mark.parametrize('name', SMLP_MODELS)
 def test_default_cfg_pool_size(name):
     """timm: forward_features at the cfg's input_size has the cfg's pool_size (checked on meta, full model)."""
-    model = timm.create_model(name, device='meta').eval()
+    model = meta_model(name).eval()
     cfg = model.pretrained_cfg
     feat = model.forward_features(torch.empty(1, *cfg['input_size'], device='meta'))
     assert tuple(feat.shape[-2:]) == cfg['pool_size']
     assert feat.shape[1] == model.num_features
 
 
-@pytest.mark.parametrize('name', MODELS)
+@pytest.mark.parametrize('name', MODELS_SIBLINGS_SLOW)
 def test_num_classes_zero_and_global_pool(name):
     x = make_input()
     model = create(name).eval()
@@ -465,7 +482,7 @@ def _features_vs_intermediates(name, indices, **kwargs):
     return fmodel, feats
 
 
-@pytest.mark.parametrize('name', SMLP_MODELS)
+@pytest.mark.parametrize('name', siblings_slow(SMLP_MODELS))
 def test_features_only_smlpnet(name):
     C = dim_of(name)
     fmodel, feats = _features_vs_intermediates(name, None)
@@ -480,7 +497,7 @@ def test_features_only_smlpnet(name):
     assert [f.shape for f in feats] == [(B, 2 * C, IMG[0] // 8, IMG[1] // 8), (B, 8 * C, IMG[0] // 32, IMG[1] // 32)]
 
 
-@pytest.mark.parametrize('name', ISO_MODELS)
+@pytest.mark.parametrize('name', siblings_slow(ISO_MODELS))
 def test_features_only_isotropic(name):
     C = dim_of(name)
     h, w = grid()
@@ -625,9 +642,10 @@ def test_no_graph_breaks_in_training(name):
 
 
 def test_torch_compile_tiny():
-    """inductor, one tiny config (~35-50 s here with a cold inductor cache)."""
-    model = timm.create_model('smlpnet_t', img_size=64, depths=(1, 1, 1, 1), embed_dim=16, num_classes=NUM_CLASSES)
-    _check_compile(model, make_input(img=(64, 64)))
+    """inductor, one tiny config: two stages hold every kind of op of the model (stem, block, the downsampling
+    between stages, norm, head); each more stage is only more kernels of the same kinds to compile."""
+    model = timm.create_model('smlpnet_t', img_size=32, depths=(1, 1), embed_dim=16, num_classes=NUM_CLASSES)
+    _check_compile(model, make_input(img=(32, 32)))
 
 
 @pytest.mark.slow
@@ -657,7 +675,7 @@ def test_drop_path_schedule(name):
     assert len(drop_paths) == n - 1
     assert all(isinstance(blk.drop_path, DropPath) for blk in all_blocks(model)[1:])
 
-    model0 = timm.create_model(name, device='meta')
+    model0 = meta_model(name)
     assert not any(isinstance(m, DropPath) for m in model0.modules())
 
 
@@ -825,21 +843,21 @@ def test_dtype_bfloat16(name):
 @pytest.mark.parametrize('name', sorted(PARAMS_WITHIN_HALF_PERCENT))
 def test_param_count_spec(name):
     target = PARAMS_WITHIN_HALF_PERCENT[name] * 1e6
-    n = count_params(timm.create_model(name, device='meta'))
+    n = count_params(meta_model(name))
     assert abs(n / target - 1) <= 0.005, f'{name}: {n / 1e6:.3f} M params, the paper says {target / 1e6} M'
 
 
 @pytest.mark.parametrize('name', sorted(PARAMS_ROUNDED))
 def test_param_count_paper_rounded(name):
     target, decimals, with_head = PARAMS_ROUNDED[name]
-    model = timm.create_model(name, device='meta')
+    model = meta_model(name)
     n = count_params(model, exclude_prefix=None if with_head else 'head.')
     assert round(n / 1e6, decimals) == target, f'{name}: {n / 1e6:.3f} M params, paper says {target} M'
 
 
 @pytest.mark.parametrize('name', sorted(TIMM_EQUIVALENT))
 def test_param_count_equals_timm(name):
-    ours = timm.create_model(name, device='meta')
+    ours = meta_model(name)
     theirs = timm.create_model(TIMM_EQUIVALENT[name], device='meta')
     assert count_params(ours) == count_params(theirs)
     assert count_params(ours, 'head.') == count_params(theirs, 'head.')

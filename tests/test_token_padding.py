@@ -257,8 +257,10 @@ def test_mixer_block_padding_is_the_same_function(pad_as_on_cuda):
 # ---------------------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize('name', ['gmlp_ti', 'mixer_s16'])
 def test_models_pad_by_default_and_compute_the_same(name, pad_as_on_cuda):
-    model = randomize_(timm.create_model(name, img_size=(48, 64), num_classes=5), std=0.1)  # 3 x 4 = 12 tokens
-    reference = timm.create_model(name, img_size=(48, 64), num_classes=5, block_kwargs={'token_multiple': 1})
+    # 3 x 4 = 12 tokens; two blocks (every block is built with the same token_multiple)
+    model = randomize_(timm.create_model(name, img_size=(48, 64), num_classes=5, num_blocks=2), std=0.1)
+    reference = timm.create_model(name, img_size=(48, 64), num_classes=5, num_blocks=2,
+                                  block_kwargs={'token_multiple': 1})
     reference.load_state_dict(model.state_dict())
     multiples = {m.token_multiple for m in model.modules() if hasattr(m, 'token_multiple')}
     assert multiples == {8}

@@ -23,8 +23,8 @@ def without_transformers():
     of ``import mlp_vision.text``, as its traceback's last line would read."""
     out = _run_without_transformers(
         'import mlp_vision, timm, torch\n'
-        'm = timm.create_model("gmlp_ti16_224", num_classes=3)\n'
-        'print("classes", m(torch.zeros(1, 3, 224, 224)).shape[-1])\n'
+        'm = timm.create_model("gmlp_ti", num_classes=3, img_size=32, num_blocks=2)\n'
+        'print("classes", m(torch.zeros(1, 3, 32, 32)).shape[-1])\n'
         # the image commands import no text module at import time (benchmark.py builds its BERT layer on demand)
         'import mlp_vision.train, mlp_vision.validate, mlp_vision.benchmark, mlp_vision.visualize, '
         'mlp_vision.complexity\n'
