@@ -222,3 +222,11 @@ def test_write_output_file_rules(tmp_path):
     piped = subprocess.run([sys.executable, '-c', code], capture_output=True, check=True, cwd=REPO, env=env)
     assert piped.stdout == b'after\n'
     assert log.read_text() == 'before\nafter\n' and sorted(os.listdir(tmp_path)) == ['r-1.txt', 'r.txt', 'stdout.txt']
+
+
+@pytest.mark.skipif(not os.path.isdir('/proc/self'), reason='needs Linux /proc (a folder no file can be made in)')
+def test_a_folder_that_takes_no_new_file_names_the_path_given_not_the_temporary_one():
+    from mlp_vision.outputs import write_output_file
+    with pytest.raises(OSError) as info:
+        write_output_file('/proc/mlp_vision_results.json', 'x')
+    assert info.value.filename == '/proc/mlp_vision_results.json' and '.tmp-' not in str(info.value)
