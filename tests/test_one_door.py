@@ -297,11 +297,3 @@ def test_a_text_model_folder_given_as_an_image_model_says_which_command(tmp_path
                  ['--checkpoint', str(tmp_path / 'text')], ['--model', str(tmp_path / 'text')]):
         line = exits_with_one_line(validate_main, argv + ['--data-dir', str(images), '--split', 'val'], capsys)
         assert 'is a text model' in line and 'mlp_vision.text.fill_mask' in line, line
-
-
-def test_a_text_model_name_given_as_an_image_model_says_which_command(images, capsys):
-    line = exits_with_one_line(validate_main, ['--model', 'bigs_small', '--data-dir', str(images), '--split', 'val'],
-                               capsys)
-    assert 'bigs_small is a text model' in line and 'mlp_vision.train_text --model bigs_small' in line, line
-    line = exits_with_one_line(validate_main, ['--model', 'no_such_model', '--data-dir', str(images)], capsys)
-    assert "unknown model 'no_such_model'" in line, line

@@ -109,18 +109,6 @@ def _build_on_meta(name: str, kwargs: Dict[str, Any]) -> Optional[nn.Module]:
         return None
 
 
-def _text_model_name_hint(name: str) -> Optional[str]:
-    """The line for a model name of :mod:`mlp_vision.text` given where an image model is expected (None otherwise,
-    also without the text extra installed)."""
-    try:
-        from mlp_vision.text.registry import list_models
-    except ImportError:
-        return None
-    if name not in list_models():
-        return None
-    return (f'{name} is a text model of mlp_vision.text, not an image model: train it with python -m '
-            f'mlp_vision.train_text --model {name}, or build it with mlp_vision.text.create_model')
-
 def create_model(name: str, pretrained: bool = False, sizes_from: str = '', head_must_fit: bool = False,
                  allow_missing: bool = False, **kwargs) -> nn.Module:
     """``timm.create_model`` with a :class:`UsageError` for an unknown name, bad kwargs or unloadable weights.
@@ -135,7 +123,7 @@ def create_model(name: str, pretrained: bool = False, sizes_from: str = '', head
         raise UsageError('no model given: pass --model NAME (e.g. smlpnet_t, gmlp_ti, mixer_b16)')
     if not (timm.is_model(name) or is_local_dir(name)):
         ours = ', '.join(mlp_vision.VISION_MODELS)
-        hint = text_model_hint(name) if os.path.isdir(name) else _text_model_name_hint(name)
+        hint = text_model_hint(name) if os.path.isdir(name) else None
         raise UsageError(hint or f'unknown model {name!r}: use one of ours ({ours}), any timm model name, or '
                          f'local-dir:FOLDER for a folder with a timm config.json (a training run\'s pretrained/)')
     if name.startswith('local-dir:') and pretrained:
