@@ -909,24 +909,47 @@ def test_min_lr_above_the_learning_rate_from_lr_base_is_one_line(tmp_path, capsy
 
 
 # ------------------------------------------------------------------------------------- signals to the process group
-def _signals_ignored(img):
-    """In place of an image: (SIGINT ignored, SIGTERM ignored) in the process that reads it."""
+def _worker_signals(img):
+    """In place of an image: (SIGINT ignored, SIGTERM's handler is the loader's) in the process that reads it."""
     import signal
-    return torch.tensor([[[signal.getsignal(s) == signal.SIG_IGN for s in (signal.SIGINT, signal.SIGTERM)]]],
+    from mlp_vision.training import image_loader
+    return torch.tensor([[[signal.getsignal(signal.SIGINT) == signal.SIG_IGN,
+                           signal.getsignal(signal.SIGTERM) == image_loader._end_on_the_next_sigterm]]],
                         dtype=torch.uint8)
 
 
-def test_loader_workers_ignore_sigint_and_sigterm(tmp_path):
+def test_loader_workers_ignore_sigint_and_the_first_sigterm(tmp_path):
     """Ctrl-C and `timeout` signal the whole process group; a worker killed first ended the run in a 40-line
-    DataLoader traceback. The workers ignore both; the main process stops at a step boundary and ends them."""
+    DataLoader traceback. The workers ignore SIGINT and a first SIGTERM (the main process stops at a step boundary
+    and ends them); a second SIGTERM ends a worker, as the main process's own terminate must."""
     import signal
     _folder(tmp_path / 'val', {'a': 2})
     ds = create_image_dataset('', str(tmp_path), 'val')
     loader = create_eval_loader(ds, DATA_CONFIG, 2, CPU, num_workers=2)
-    ds.transform = _signals_ignored
-    ignored = [flags.tolist() for input, _, _ in loader.loader.loader for flags in input]
-    assert ignored == [[[[1, 1]]]] * 2
+    ds.transform = _worker_signals
+    flags = [f.tolist() for input, _, _ in loader.loader.loader for f in input]
+    assert flags == [[[[1, 1]]]] * 2
     assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL  # not in this process
+
+
+def test_an_error_after_evaluation_ends_the_command_with_its_workers(images, tmp_path):
+    """An error raised after the loader's last batch (here: a results file that cannot be made) frees the loader
+    only at exit, when its workers are ended with SIGTERM: the command must end with its one line, not wait on
+    them forever."""
+    model = tmp_path / 'model'
+    import timm
+    from timm.models import save_for_hf
+    save_for_hf(timm.create_model('smlpnet_t', embed_dim=8, depths=(1, 1, 1, 1), img_size=32, num_classes=2),
+                str(model), model_config={'label_names': ['class0', 'class1']}, safe_serialization=True,
+                data_config=dict(input_size=(3, 32, 32), interpolation='bicubic', mean=(0.5,) * 3, std=(0.25,) * 3,
+                                 crop_pct=1.0, crop_mode='center'))
+    env = {**os.environ, 'PYTHONPATH': REPO, 'OMP_NUM_THREADS': '1'}
+    argv = [sys.executable, '-m', 'mlp_vision.validate', str(images / 'val'), '--model', f'local-dir:{model}',
+            '--pretrained', '--workers', '2', '--threads', '1', '--results-file', str(tmp_path / 'no' / 'r.json')]
+    with open(tmp_path / 'out.txt', 'w') as out:  # output to a file, as a user's log
+        proc = subprocess.run(argv, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=tmp_path, timeout=240)
+    lines = (tmp_path / 'out.txt').read_text().strip().splitlines()
+    assert proc.returncode == 1 and lines[-1].endswith(f'No such file or directory: {tmp_path / "no" / "r.json"}')
 
 
 @pytest.mark.slow

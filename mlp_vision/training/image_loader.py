@@ -55,12 +55,17 @@ def _with_safe_posterize(transform):
 
 
 def _worker_init(worker_id: int) -> None:
-    """timm's worker init, SIGINT / SIGTERM ignored: Ctrl-C and ``timeout`` signal the whole process group, and a
-    worker killed first would end the run in a DataLoader traceback; the main process stops at a step boundary and
-    ends its workers itself."""
+    """timm's worker init, SIGINT ignored and the first SIGTERM too: Ctrl-C and ``timeout`` signal the whole process
+    group, and a worker killed first would end the run in a DataLoader traceback; the main process stops at a step
+    boundary and ends its workers itself. A second SIGTERM ends the worker: the main process's own ``terminate``
+    (torch's fallback when a worker does not join, and multiprocessing's at exit) must not wait forever."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, _end_on_the_next_sigterm)
     timm_worker_init(worker_id)
+
+
+def _end_on_the_next_sigterm(signum, frame) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 @contextlib.contextmanager
