@@ -28,10 +28,10 @@ import torch.nn as nn
 from .arguments import check_range, read_json_file
 from .errors import UsageError, find_os_error, short_repr
 
-__all__ = ['LoadReport', 'TRUST_FLAG', 'ALLOW_MISSING_FLAG', 'check_weights', 'refuse_damaged_weights', 'check_state_dict', 'load_backbone',
-           'tied_aliases', 'load_checkpoint_file', 'is_training_checkpoint', 'clean_state_dict', 'load_model_weights',
-           'checked_filter', 'pretrained_filter', 'check_data_config', 'read_model_folder', 'model_folder_weights',
-           'text_model_hint']
+__all__ = ['LoadReport', 'TRUST_FLAG', 'ALLOW_MISSING_FLAG', 'check_weights', 'refuse_damaged_weights',
+           'check_state_dict', 'load_backbone', 'tied_aliases', 'load_checkpoint_file', 'is_training_checkpoint',
+           'clean_state_dict', 'load_model_weights', 'checked_filter', 'pretrained_filter', 'check_data_config',
+           'read_model_folder', 'model_folder_weights', 'text_model_hint']
 
 _logger = logging.getLogger(__name__)
 
@@ -188,11 +188,10 @@ def load_checkpoint_file(path: os.PathLike, trust: bool = False, what: str = 'ch
     with open(path, 'rb') as f:
         head = f.read(len(_LEGACY_MAGIC))
     kind = 'zip' if head.startswith(_ZIP_MAGIC) else 'legacy' if head == _LEGACY_MAGIC else None
-    if kind is None:  # a bare pickle would run its code before torch.load could see it is no checkpoint
-        raise UsageError(f'{name} is ' + ('empty (0 bytes), not a PyTorch checkpoint' if not head else
-                                          'a bare Python pickle, not a PyTorch checkpoint; it is never loaded here'
-                                          if head[:1] == b'\x80' else 'not a PyTorch checkpoint (torch.save\'s zip '
-                                          'or legacy format) nor .safetensors'))
+    if kind is None:  # a bare pickle would run its code before torch.load saw that it is no checkpoint
+        found = 'empty (0 bytes)' if not head else 'a bare Python pickle' if head[:1] == b'\x80' else 'other bytes'
+        raise UsageError(f'{name} is {found}, not a PyTorch checkpoint (torch.save\'s zip or legacy format, or '
+                         f'.safetensors); it is not loaded')
     try:
         ckpt = torch.load(path, map_location='cpu', weights_only=True)
     except pickle.UnpicklingError as e:
@@ -284,6 +283,8 @@ def check_data_config(cfg: Mapping[str, Any], where: str, in_chans: Optional[int
     ``in_chans`` where known; ``mean`` / ``std`` one finite number or one per channel (std > 0); ``crop_pct`` in
     (0, 1]; ``interpolation`` and ``crop_mode`` timm's. Absent (None / empty) values are the model's."""
     from timm.data.transforms import str_to_interp_mode
+    if not isinstance(cfg, Mapping):
+        raise UsageError(f'{where} is {short_repr(cfg)}, not a dict; the file is damaged or was crafted')
     size = cfg.get('input_size')
     channels = in_chans if in_chans is not None else size[0] if isinstance(size, (list, tuple)) and size else None
     if size is not None and not (isinstance(size, (list, tuple)) and len(size) == 3 and size[0] == channels and all(
