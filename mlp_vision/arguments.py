@@ -21,10 +21,11 @@ from timm.utils import ParseKwargs as TimmParseKwargs
 
 from mlp_vision.errors import UsageError, short_repr
 
-__all__ = ['ArgumentParser', 'ParseKwargs', 'check_kwargs_flags', 'DefaultsHelpFormatter', 'check_range', 'parse_device',
-           'read_json_file', 'CONFIG_MAX_BYTES', 'add_allow_regex_argument', 'RunArgs', 'parse_given', 'merge_settings',
-           'load_yaml_config', 'parse_args_with_config', 'args_to_yaml', 'plain_value', 'check_flag_ranges', 'SEED_MAX',
-           'find_recipe', 'recipe_names', 'recipe_folder', 'read_yaml_file', 'MAX_YAML_BYTES']
+__all__ = ['ArgumentParser', 'ParseKwargs', 'check_kwargs_flags', 'DefaultsHelpFormatter', 'check_range',
+           'parse_device', 'read_json_file', 'CONFIG_MAX_BYTES', 'add_allow_regex_argument', 'RunArgs', 'parse_given',
+           'merge_settings', 'load_yaml_config', 'parse_args_with_config', 'args_to_yaml', 'plain_value',
+           'check_flag_ranges', 'SEED_MAX', 'find_recipe', 'recipe_names', 'recipe_folder', 'read_yaml_file',
+           'MAX_YAML_BYTES']
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -123,10 +124,8 @@ def parse_device(device: str, flag: str = '--device') -> torch.device:
         if parsed.index is not None and parsed.index >= torch.cuda.device_count():
             raise UsageError(f'{flag} {device}: this machine has {torch.cuda.device_count()} CUDA device(s), '
                              f'cuda:0 to cuda:{torch.cuda.device_count() - 1}')
-    elif parsed.type != 'cpu':
-        backend = getattr(torch, parsed.type, None)  # torch.mps, torch.xpu, ... say whether one is present
-        if backend is not None and hasattr(backend, 'is_available') and not backend.is_available():
-            raise UsageError(f'{flag} {device}: no {parsed.type} device is available here (use {flag} cpu)')
+    elif not getattr(getattr(torch, parsed.type, None), 'is_available', lambda: True)():  # torch.mps, torch.xpu
+        raise UsageError(f'{flag} {device}: no {parsed.type} device is available here (use {flag} cpu)')
     return parsed
 
 
@@ -166,10 +165,9 @@ def add_allow_regex_argument(group: argparse._ActionsContainer) -> None:
 # flag's type is an error, as on the command line. Precedence, lowest first: the parser's defaults, base configs
 # (train.py's demo recipe), a resumed run's settings, the ``-c`` file, the command line (:func:`merge_settings`).
 # Image recipes (``configs/``, shipped as ``mlp_vision/configs``) are found by name: ``-c smlpnet_t``.
+
 # --seed's largest value in both trainers: the seed feeds numpy's generator (seeds < 2**32) after the rank is added
 SEED_MAX = 2 ** 31 - 1
-
-
 MAX_YAML_BYTES = 1 << 20  # a settings file is a few KB (a run's args.yaml about 4 KB); far beyond is no recipe
 
 
@@ -332,7 +330,6 @@ class RunArgs(argparse.Namespace):
 
 
 _UNSET = object()  # marks a destination the command line did not set
-_HELP = 'help'  # the key under which parse_given reports -h / --help (merge_settings prints the help)
 
 
 def _help_flags(parser: argparse.ArgumentParser, argv: Sequence[str]) -> List[str]:
@@ -355,7 +352,7 @@ def parse_given(parser: argparse.ArgumentParser, argv: Optional[Sequence[str]] =
     given = {dest: value for dest, value in vars(namespace).items()
              if value is not _UNSET and not (dest in actions and not actions[dest].option_strings
                                              and actions[dest].nargs == '?' and value is actions[dest].default)}
-    return {**given, _HELP: True} if helps else given
+    return {**given, 'help': True} if helps else given
 
 
 BaseConfigs = Union[Sequence[str], Callable[[Mapping[str, Any]], Sequence[str]]]  # files, or a function giving them
@@ -368,7 +365,7 @@ def merge_settings(parser: argparse.ArgumentParser, given: Mapping[str, Any], ba
     file (``recipes``: it may name an image recipe), ``given``. ``given['help']``: prints the help with the defaults
     of ``--resume`` and ``-c``, and exits."""
     given = dict(given)
-    wants_help = given.pop(_HELP, False)
+    wants_help = given.pop('help', False)
     known = _actions(parser)
     config = given.get('config') or ''
     # -c: an existing path, or anything that looks like one, is a file; a bare name is a recipe's when `recipes`
