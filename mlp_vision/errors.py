@@ -76,22 +76,19 @@ def find_os_error(error: BaseException) -> Optional[OSError]:
     return None
 
 
-def _os_error_line(error: OSError) -> str:
-    where = f': {error.filename}' if error.filename else ''
-    text = error.strerror or errno.errorcode.get(error.errno, str(error))
-    return f'{text}{where}'
-
-
 _ALLOCATION_FAILURES = ("can't allocate memory", 'out of memory', 'failed to allocate')  # torch's RuntimeError texts
 
 
 def _boundary_line(error: BaseException) -> Optional[Tuple[int, str]]:
     """(status, one line) of a failure no input check rules out everywhere (the module docstring), else None."""
+    os_error = find_os_error(error) if isinstance(error, (OSError, RuntimeError)) else None  # torch wraps the file's
+    if os_error is not None:
+        where = f': {os_error.filename}' if os_error.filename else ''
+        return 1, (os_error.strerror or errno.errorcode.get(os_error.errno, str(os_error))) + where
     text = ' '.join(str(error).split())[:300]
     if isinstance(error, (MemoryError, getattr(torch, 'OutOfMemoryError', MemoryError))) or (
             isinstance(error, RuntimeError) and any(m in text.lower() for m in _ALLOCATION_FAILURES)):
         return 1, f'out of memory ({type(error).__name__}: {text}); reduce the batch size (-b), the model or input size'
-
     if type(error).__name__ == 'PanicException':
         return 1, f'a Rust library stopped with a panic ({text}); check or replace the input it was given'
     if isinstance(error, RecursionError):
@@ -112,11 +109,7 @@ def run_cli(prog: str, main: Callable[[Sequence[str]], object], argv: Optional[S
     except (KeyboardInterrupt, SystemExit, GeneratorExit):
         raise
     except BaseException as e:  # noqa: B036  (a Rust panic is a BaseException)
-        if isinstance(e, (UsageError, RunError)):
-            known = e.exit_status, str(e)
-        else:  # torch's serializer and loaders wrap the OSError that says what went wrong
-            os_error = find_os_error(e) if isinstance(e, (OSError, RuntimeError)) else None
-            known = (1, _os_error_line(os_error)) if os_error is not None else _boundary_line(e)
+        known = (e.exit_status, str(e)) if isinstance(e, (UsageError, RunError)) else _boundary_line(e)
         if debug or known is None:
             raise
         status, message = known

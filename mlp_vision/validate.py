@@ -61,6 +61,8 @@ def build_parser() -> argparse.ArgumentParser:
 FLAG_RANGES = {'batch_size': dict(low=1), 'workers': dict(low=0), 'log_interval': dict(low=1),
                'num_classes': dict(low=1), 'img_size': dict(low=1), 'input_size': dict(low=1), 'in_chans': dict(low=1),
                'crop_pct': CROP_PCT_RANGE, 'threads': THREADS_RANGE, **BOUND_RANGES}
+
+
 def check_args(args: argparse.Namespace) -> None:
     """Every flag value that cannot work, as one line, before a file is read or a model built."""
     check_flag_ranges(args, FLAG_RANGES)

@@ -223,11 +223,9 @@ def load_model(source: str, model_name: Optional[str] = None, pretrained: bool =
         model, info = create_model_for_eval(model_name, checkpoint=source, trust_checkpoint=trust_checkpoint,
                                             create_kwargs=create_kwargs)
         return model, f'{info["model_name"]} from {info["source"]}'
-    if pretrained or local_dir:
-        model = create_model_for_eval(source, pretrained=True, create_kwargs=create_kwargs)[0]
-        return model, f'{source} (pretrained weights)'
-    if timm.is_model(source):
-        return create_model(source, **create_kwargs).eval(), f'{source} (random init)'
+    if pretrained or local_dir or timm.is_model(source):
+        model = create_model(source, pretrained=pretrained or local_dir, head_must_fit=True, **create_kwargs)
+        return model.eval(), f'{source} ({"pretrained weights" if pretrained or local_dir else "random init"})'
     from .text import registry as text_registry  # imported here: vision models do not need the text package
     from .text.modeling_utils import is_saved_folder
     folder = os.path.isdir(source)

@@ -29,7 +29,7 @@ from .arguments import check_range, read_json_file
 from .errors import UsageError, find_os_error, short_repr
 
 __all__ = ['LoadReport', 'TRUST_FLAG', 'ALLOW_MISSING_FLAG', 'check_weights', 'refuse_damaged_weights',
-           'check_state_dict', 'load_backbone', 'tied_aliases', 'load_checkpoint_file', 'is_training_checkpoint',
+           'check_state_dict', 'load_backbone', 'load_checkpoint_file', 'is_training_checkpoint',
            'clean_state_dict', 'load_model_weights', 'checked_filter', 'pretrained_filter', 'check_data_config',
            'read_model_folder', 'model_folder_weights', 'text_model_hint']
 
@@ -59,13 +59,6 @@ class LoadReport:
         return [k for k in self.mismatched if not (head and k.startswith(head))]
 
 
-def tied_aliases(model: nn.Module) -> List[str]:
-    """The state-dict names of parameters that repeat an earlier one (a tied LM decoder's weight): a file holds each
-    tensor once, under its first name, and loading that name fills the alias."""
-    first = {id(p): name for name, p in model.named_parameters()}  # remove_duplicate=True keeps the first name
-    return [name for name, p in model.named_parameters(remove_duplicate=False) if first[id(p)] != name]
-
-
 def check_weights(own: Mapping[str, torch.Tensor], state_dict: Mapping[str, object], source: str) -> None:
     """A :class:`~mlp_vision.errors.UsageError` naming ``source`` and the first bad entry of ``state_dict``: for a
     tensor the model has (``own``), a value that is not a tensor or not of the model's kind (integer / bool for
@@ -86,7 +79,6 @@ def check_weights(own: Mapping[str, torch.Tensor], state_dict: Mapping[str, obje
                              f'finite weights (saved from a diverged run?)')
 
 
-
 def refuse_damaged_weights(module: nn.Module, state_dict: Dict[str, Any], prefix: str, *args) -> None:
     """A ``load_state_dict`` pre-hook our models register: the tensors loaded into ``module`` pass
     :func:`check_weights` whoever loads them (also timm's ``load_checkpoint``, which does not look at values). Meta
@@ -96,6 +88,7 @@ def refuse_damaged_weights(module: nn.Module, state_dict: Dict[str, Any], prefix
               and not (isinstance(v, torch.Tensor) and v.is_meta)}
     name = (getattr(module, 'pretrained_cfg', None) or {}).get('architecture') or type(module).__name__
     check_weights(own, loaded, f'the state dict loaded into {name}')
+
 
 def _short_list(keys: List[str], n: int = 4) -> str:
     return ', '.join(keys[:n]) + (f' and {len(keys) - n} more' if len(keys) > n else '')
@@ -131,7 +124,9 @@ def check_state_dict(model: nn.Module, state_dict: Mapping[str, Any], source: st
     check_weights(own, sd, source)
     head = tuple(head_prefixes)
     in_head = (lambda k: k.startswith(head)) if head else (lambda k: False)
-    aliases = set(tied_aliases(model))
+    # a tied parameter (an LM decoder's weight) is in a file once, under its first name, which fills the others
+    first = {id(p): name for name, p in model.named_parameters()}
+    aliases = {name for name, p in model.named_parameters(remove_duplicate=False) if first[id(p)] != name}
     mismatched = [k for k in own if k in sd and tuple(sd[k].shape) != tuple(own[k].shape)]
     not_loaded = [k for k in own if (k not in sd or k in mismatched) and k not in aliases]
     report = LoadReport(
@@ -369,18 +364,16 @@ def read_model_folder(folder: os.PathLike) -> Dict[str, Any]:
     if not isinstance(pretrained_cfg, dict) or not isinstance(model_args, dict):
         bad = 'pretrained_cfg' if not isinstance(pretrained_cfg, dict) else 'model_args'
         raise UsageError(f'{where}: {bad} is {short_repr(cfg.get(bad))}; expected a JSON object')
-    num_classes = cfg.get('num_classes', pretrained_cfg.get('num_classes'))
-    for key, value in (('num_classes', num_classes), ('model_args num_classes', model_args.get('num_classes'))):
-        if value is not None and not (_is_int(value) and value >= 0):
-            raise UsageError(f'{where}: {key} is {short_repr(value)}; expected a whole number >= 0')
+    num_classes, in_chans = cfg.get('num_classes', pretrained_cfg.get('num_classes')), model_args.get('in_chans')
+    for key, value, low in (('num_classes', num_classes, 0), ('model_args in_chans', in_chans, 1),
+                            ('model_args num_classes', model_args.get('num_classes'), 0)):
+        if value is not None and not (_is_int(value) and value >= low):
+            raise UsageError(f'{where}: {key} is {short_repr(value)}; expected a whole number >= {low}')
     names = cfg.get('label_names', pretrained_cfg.get('label_names'))
     if names is not None and not (isinstance(names, list) and all(isinstance(n, str) for n in names)
                                   and len(set(names)) == len(names) and len(names) == num_classes):
         raise UsageError(f'{where}: label_names is {short_repr(names)}; expected a list of {num_classes} distinct '
                          f'class names (strings), one per output')
-    in_chans = model_args.get('in_chans')
-    if in_chans is not None and not (_is_int(in_chans) and in_chans >= 1):
-        raise UsageError(f'{where}: model_args in_chans is {short_repr(in_chans)}; expected a whole number >= 1')
     check_data_config(pretrained_cfg, f'{where}: pretrained_cfg', in_chans)
     return cfg
 
