@@ -166,10 +166,10 @@ BOUND_RANGES = {dest: bounds for dest, (bounds, _, _) in _FLAGS.items()}  # by d
 def add_bound_arguments(group: argparse._ActionsContainer, activations: bool = True) -> None:
     """``--max-params``, ``--max-blocks`` and, for a command that runs a forward pass (``activations``; elsewhere it
     would be a silent no-op), ``--max-activation-gib``: set for the command by :func:`size_bounds`."""
-    for dest, (_, metavar, help) in _FLAGS.items():
+    for dest, (_, metavar, text) in _FLAGS.items():
         if activations or dest != 'max_activation_gib':
             group.add_argument(f'--{dest.replace("_", "-")}', type=int if dest == 'max_blocks' else float,
-                               default=None, metavar=metavar, help=help)
+                               default=None, metavar=metavar, help=text)
 
 
 @contextlib.contextmanager

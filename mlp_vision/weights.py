@@ -99,10 +99,10 @@ def _misfit(shapes: List[str], missing: List[str], unused: List[str], sd: Mappin
     """What keeps ``sd`` from fitting a model (``own``: its state dict): tensors of other shapes, missing, left over."""
     k = shapes[0] if shapes else ''
     return '; '.join(part for part in (
-        shapes and f'{len(shapes)} tensors with other shapes (e.g. {k}: file {tuple(sd[k].shape)}, model '
-                   f'{tuple(own[k].shape)})',
-        missing and f'{len(missing)} model tensors missing from the file ({_short_list(missing)})',
-        unused and f'{len(unused)} file tensors the model does not have ({_short_list(unused)})') if part)
+        f'{len(shapes)} tensors with other shapes (e.g. {k}: file {tuple(sd[k].shape)}, model {tuple(own[k].shape)})'
+        if shapes else '',
+        f'{len(missing)} model tensors missing from the file ({_short_list(missing)})' if missing else '',
+        f'{len(unused)} file tensors the model does not have ({_short_list(unused)})' if unused else '') if part)
 
 
 def check_state_dict(model: nn.Module, state_dict: Mapping[str, Any], source: str, head_prefixes: Sequence[str] = (),
@@ -141,15 +141,15 @@ def check_state_dict(model: nn.Module, state_dict: Mapping[str, Any], source: st
     shapes = report.mismatched_outside(head)
     missing = [k for k in report.missing if k not in mismatched]
     unused = [k for k in report.unused if k not in mismatched]
-    if shapes or ((missing or unused) and keys != 'warn'):
-        raise UsageError(f'{source} does not {"fit" if shapes else "cover"} {name}: '
-                         f'{_misfit(shapes, missing, unused, sd, own)}. ' + (
-                             'Expected weights of this architecture and settings (--model-kwargs, --img-size)' if shapes
-                             else f'These would keep their random init; pass {ALLOW_MISSING_FLAG} (in Python: '
-                                  f'pretrained_strict=False) if that is intended'))
+    detail = _misfit(shapes, missing, unused, sd, own)
+    if shapes:
+        raise UsageError(f'{source} does not fit {name}: {detail}. Expected weights of this architecture and settings '
+                         f'(--model-kwargs, --img-size)')
+    if (missing or unused) and keys != 'warn':
+        raise UsageError(f'{source} does not cover {name}: {detail}. These would keep their random init; pass '
+                         f'{ALLOW_MISSING_FLAG} (in Python: pretrained_strict=False) if that is intended')
     if missing or unused:
-        _logger.warning(f'{ALLOW_MISSING_FLAG}: {source}: {_misfit([], missing, unused, sd, own)}; the missing ones '
-                        f'keep their random init')
+        _logger.warning(f'{ALLOW_MISSING_FLAG}: {source}: {detail}; the missing ones keep their random init')
     return sd, report
 
 
