@@ -53,11 +53,6 @@ class LoadReport:
     unused: List[str]  # file tensors not loaded (the model lacks them, or has them in another shape)
     mismatched: List[str]  # tensors in both with other shapes (head ones are also in ``new``)
 
-    def mismatched_outside(self, head_prefixes: Sequence[str]) -> List[str]:
-        """The shape-mismatched tensors outside the head: always an error (the file is another architecture)."""
-        head = tuple(head_prefixes)
-        return [k for k in self.mismatched if not (head and k.startswith(head))]
-
 
 def check_weights(own: Mapping[str, torch.Tensor], state_dict: Mapping[str, object], source: str) -> None:
     """A :class:`~mlp_vision.errors.UsageError` naming ``source`` and the first bad entry of ``state_dict``: for a
@@ -138,7 +133,7 @@ def check_state_dict(model: nn.Module, state_dict: Mapping[str, Any], source: st
     if keys == 'report':
         return sd, report
     name = (getattr(model, 'pretrained_cfg', None) or {}).get('architecture') or type(model).__name__
-    shapes = report.mismatched_outside(head)
+    shapes = [k for k in mismatched if not in_head(k)]  # always an error: the file is another architecture's
     missing = [k for k in report.missing if k not in mismatched]
     unused = [k for k in report.unused if k not in mismatched]
     detail = _misfit(shapes, missing, unused, sd, own)
@@ -339,15 +334,12 @@ def read_model_folder(folder: os.PathLike) -> Dict[str, Any]:
     if not folder.is_dir():
         raise UsageError(f'local-dir:{folder}: {"no such folder" if not folder.exists() else "not a folder"}; '
                          f'expected a folder with config.json and model.safetensors (a training run\'s pretrained/)')
-    try:
-        mode = path.stat().st_mode  # follows links: a link to /dev/zero is a device
-    except OSError as e:
-        raise UsageError(f'local-dir:{folder}: no readable config.json ({e.strerror}); expected a folder with '
-                         f'config.json and model.safetensors (a training run\'s pretrained/)') from None
-    if not stat.S_ISREG(mode):
-        kind = 'FIFO' if stat.S_ISFIFO(mode) else 'device' if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else \
-            'folder' if stat.S_ISDIR(mode) else 'socket'
-        raise UsageError(f'{path} is a {kind}, not a regular file; expected a JSON config, and it is not read')
+    if not path.is_file():  # follows links: a FIFO or a link to /dev/zero is refused unread
+        kind = 'FIFO' if path.is_fifo() else 'device' if path.is_char_device() or path.is_block_device() else \
+            'folder' if path.is_dir() else 'socket' if path.is_socket() else ''
+        raise UsageError(f'{path} is a {kind}, not a regular file; expected a JSON config, and it is not read' if kind
+                         else f'local-dir:{folder}: no config.json; expected a folder with config.json and '
+                              f'model.safetensors (a training run\'s pretrained/)')
     cfg = read_json_file(str(path))
     hint = text_model_hint(folder)
     if hint:
