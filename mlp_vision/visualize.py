@@ -81,22 +81,20 @@ def _grid_tokens(grid: Tuple[int, int], per_side: int) -> List[Tuple[int, int]]:
 
 # ------------------------------------------------------------------------------------------------ figures
 def _subplots(rows: int, cols: int, figsize: Tuple[float, float]):
-    import matplotlib
-    matplotlib.use('Agg')
-    import matplotlib.pyplot as plt
-    return plt.subplots(rows, cols, squeeze=False, figsize=figsize)
+    """(figure, axes[rows, cols]) without pyplot: no backend or other matplotlib global is set."""
+    from matplotlib.figure import Figure
+    fig = Figure(figsize=figsize)
+    return fig, fig.subplots(rows, cols, squeeze=False)
 
 
 def _finish(fig, path: str, *title_lines: str, fontsize: int = 8) -> str:
-    """Title the figure (each line wrapped to its width), lay it out, write it to ``path`` and close it."""
-    import matplotlib.pyplot as plt
+    """Title the figure (each line wrapped to its width), lay it out and write it to ``path``."""
     chars = int(fig.get_figwidth() * 110 / fontsize)
     fig.suptitle('\n'.join(textwrap.fill(line, chars) for line in title_lines), fontsize=fontsize)
     fig.tight_layout()
     if os.path.exists(path):  # --out was empty; two figures of one run never share a name
         raise UsageError(f'{path} exists; nothing is overwritten')
     fig.savefig(path, dpi=DPI)
-    plt.close(fig)
     return path
 
 
