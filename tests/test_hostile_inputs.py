@@ -287,7 +287,7 @@ def test_train_yaml_that_is_binary_or_nested_is_one_line(tmp_path, capsys):
     msg = _fail(train.main, base + ['-c', str(tmp_path / 'binary.yaml')], capsys)
     assert 'binary.yaml' in msg, msg  # the strict yaml reader names it (these bytes decode as UTF-16: not a mapping)
     (tmp_path / 'nested.yaml').write_text('[' * 100_000 + ']' * 100_000)
-    assert 'nested deeper than' in _fail(train.main, base + ['-c', str(tmp_path / 'nested.yaml')], capsys)
+    assert 'nested too deeply' in _fail(train.main, base + ['-c', str(tmp_path / 'nested.yaml')], capsys)
 
 
 def test_visualize_and_benchmark_one_line_cases(tmp_path, capsys):
