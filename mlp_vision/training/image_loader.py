@@ -40,9 +40,7 @@ def default_workers(most: int = 4) -> int:
 
 def _posterize(img: Image.Image, bits_to_keep: int, **kwargs) -> Image.Image:
     """timm's posterize; 0 bits give a black image, as in TF and older Pillow (recent Pillow raises mid-run)."""
-    if bits_to_keep <= 0:
-        return Image.new(img.mode, img.size)
-    return auto_augment.posterize(img, bits_to_keep, **kwargs)
+    return auto_augment.posterize(img, bits_to_keep, **kwargs) if bits_to_keep > 0 else Image.new(img.mode, img.size)
 
 
 def _with_safe_posterize(transform):
@@ -126,23 +124,23 @@ def _collate_readable(batch: List[Any]) -> Tuple[torch.Tensor, torch.Tensor, Lis
     return (*fast_collate(kept), skipped)
 
 
-class ReadableBatches:
-    """``(input, target)`` of a ``DataLoader``'s readable images: each skipped file warned once, the skipped images
-    of a pass counted (:attr:`skipped`), empty batches left out (``empty_batch_error``: raised, as DDP ranks must run
-    the same steps). ``min_kept``: a batch that unreadable images left with fewer readable ones counts as empty
-    (training: BatchNorm cannot normalise a batch of one). ``train_set``: a class none of whose images could be read
-    stops the run after the pass."""
+class ReadableBatches(torch.utils.data.DataLoader):
+    """A ``DataLoader`` of ``(input, target)`` of the readable images: each skipped file warned once, the skipped
+    images of a pass counted (:attr:`skipped`), empty batches left out (``empty_batch_error``: raised, as DDP ranks
+    must run the same steps). ``min_kept``: a batch that unreadable images left with fewer readable ones counts as
+    empty (training: BatchNorm cannot normalise a batch of one). ``train_set``: a class none of whose images could be
+    read stops the run after the pass."""
 
-    def __init__(self, loader: torch.utils.data.DataLoader, empty_batch_error: Optional[str] = None,
-                 train_set: Optional[torch.utils.data.Dataset] = None, device: Optional[torch.device] = None,
-                 min_kept: int = 1):
-        self.loader, self.empty_batch_error, self.train_set, self.device = loader, empty_batch_error, train_set, device
+    def __init__(self, dataset, empty_batch_error: Optional[str] = None, train_set=None,
+                 device: Optional[torch.device] = None, min_kept: int = 1, **loader_kwargs):
+        super().__init__(dataset, collate_fn=_collate_readable, worker_init_fn=_worker_init, **loader_kwargs)
+        self.empty_batch_error, self.train_set, self.device = empty_batch_error, train_set, device
         self.min_kept, self.skipped, self.skipped_files = min_kept, 0, {}  # skipped_files: {file: why}, all passes
 
     def __iter__(self):
         self.skipped = 0
         read, unusable = collections.Counter(), collections.Counter()  # images of each class, this pass
-        for batch_idx, (input, target, skipped) in enumerate(self.loader):
+        for batch_idx, (input, target, skipped) in enumerate(super().__iter__()):
             for s in skipped:
                 if s.name not in self.skipped_files:
                     _logger.warning(f'skipped unreadable image {s.name} ({s.reason}); it is left out, '
@@ -163,14 +161,6 @@ class ReadableBatches:
             yield input, target
         if self.train_set is not None:
             self._stop_if_a_class_has_no_image(read, unusable)
-
-    def __len__(self) -> int:
-        return len(self.loader)
-
-    def __getattr__(self, name: str):  # the DataLoader's sampler, batch_sampler, dataset, ... (PrefetchLoader's)
-        if name == 'loader':  # not set yet (a copy being made): no recursion
-            raise AttributeError(name)
-        return getattr(self.loader, name)
 
     def _stop_if_a_class_has_no_image(self, read: collections.Counter, unusable: collections.Counter) -> None:
         names = dataset_class_names(self.train_set)
@@ -194,8 +184,7 @@ class ReadableBatches:
             listed = ', '.join(f'{names[t]} (all {targets.count(t)} images unusable)' for t in empty)
             raise RunError(f'no training image of class(es) {listed} could be read (see the warnings above): the '
                            f'model would learn nothing for them; stopped at the end of this epoch\'s reading, before '
-                           f'its checkpoint was written: fix or remove those files (or the class folder) and start '
-                           f'again')
+                           f'its checkpoint was written: fix or remove those files and start again')
 
 
 class ImageLoader(PrefetchLoader):
@@ -204,17 +193,13 @@ class ImageLoader(PrefetchLoader):
     skipped_files = property(lambda self: self.loader.skipped_files)
 
 
-def _image_loader(dataset, sampler, data_config, batch_size, device, num_workers, pin_memory, drop_last,
-                  generator, re_prob=0., re_mode='const', re_count=1, empty_batch_error: Optional[str] = None,
-                  train_set=None, min_kept: int = 1) -> ImageLoader:
-    loader = torch.utils.data.DataLoader(
-        dataset, batch_size=batch_size, sampler=sampler, num_workers=num_workers, collate_fn=_collate_readable,
-        pin_memory=pin_memory, drop_last=drop_last, generator=generator, worker_init_fn=_worker_init,
-        persistent_workers=num_workers > 0)
-    return ImageLoader(
-        ReadableBatches(loader, empty_batch_error, train_set, device, min_kept), mean=data_config['mean'],
-        std=data_config['std'], channels=data_config['input_size'][0], device=device, re_prob=re_prob,
-        re_mode=re_mode, re_count=re_count)
+def _image_loader(dataset, sampler, data_config, batch_size, device, num_workers, pin_memory, re_prob=0.,
+                  re_mode='const', re_count=1, **readable_kwargs) -> ImageLoader:
+    loader = ReadableBatches(dataset, batch_size=batch_size, sampler=sampler, num_workers=num_workers,
+                             pin_memory=pin_memory, persistent_workers=num_workers > 0, device=device,
+                             **readable_kwargs)
+    return ImageLoader(loader, mean=data_config['mean'], std=data_config['std'], channels=data_config['input_size'][0],
+                       device=device, re_prob=re_prob, re_mode=re_mode, re_count=re_count)
 
 
 def create_train_sampler(dataset, world_size: int, rank: int, seed: int,
@@ -235,14 +220,12 @@ def fit_batch_to_data(batch_size: int, samples_per_rank: int, even: bool = False
     (``even``: rounded down to even, for mixup); a rank with no sample is one line."""
     if samples_per_rank < (2 if even else 1):
         raise UsageError(f'the training sampler draws {samples_per_rank} image(s) per process and epoch: too few to '
-                         f'train on (with --aug-repeats, timm\'s RepeatAugSampler draws whole multiples of 256 '
-                         f'images once there are 256; use --aug-repeats 0 for a small training set)')
+                         f'train on (--aug-repeats draws multiples of 256 images: use --aug-repeats 0 on few images)')
     if batch_size <= samples_per_rank:
         return batch_size
     fitted = samples_per_rank - (samples_per_rank % 2 if even else 0)
     _logger.warning(f'--batch-size {batch_size} is more than the {samples_per_rank} training images each process '
-                    f'draws per epoch (full batches only: no update would run): training with batch {fitted}, '
-                    f'one update per epoch')
+                    f'draws per epoch: training with batch {fitted}, one update per epoch')
     return fitted
 
 
@@ -280,12 +263,10 @@ def create_train_loader(
         re_mode: str = 'pixel', re_count: int = 1) -> Tuple[ImageLoader, Optional[torch.utils.data.Sampler]]:
     """(training loader, the sampler to ``set_epoch``): timm's train transforms, sampler, fast collate and
     ``PrefetchLoader`` (``create_loader`` takes no sampler or generator: it could not seed each sample)."""
-    dataset.transform = _with_safe_posterize(create_transform(
-        data_config['input_size'], is_training=True, no_aug=no_aug, scale=tuple(scale) if scale else None,
-        ratio=tuple(ratio) if ratio else None, hflip=hflip, vflip=vflip, color_jitter=color_jitter,
-        auto_augment=auto_augment, interpolation=train_interpolation or data_config['interpolation'],
-        mean=data_config['mean'], std=data_config['std'],
-        use_prefetcher=True))  # uint8 tensors out; normalise + random-erase in the PrefetchLoader
+    dataset.transform = _with_safe_posterize(create_transform(  # uint8 tensors out: normalised in the PrefetchLoader
+        data_config['input_size'], is_training=True, no_aug=no_aug, scale=scale, ratio=ratio, hflip=hflip, vflip=vflip,
+        color_jitter=color_jitter, auto_augment=auto_augment, mean=data_config['mean'], std=data_config['std'],
+        interpolation=train_interpolation or data_config['interpolation'], use_prefetcher=True))
     generator = torch.Generator().manual_seed(seed + rank)  # worker base seeds; never the global torch RNG
     if isinstance(dataset, torch.utils.data.IterableDataset):
         _logger.warning('iterable dataset: sample order and augmentation are up to the dataset; '
@@ -320,5 +301,4 @@ def create_eval_loader(dataset: torch.utils.data.Dataset, data_config: Dict[str,
     sampler = None
     if distributed and not isinstance(dataset, torch.utils.data.IterableDataset):  # each sample on one rank, no padding
         sampler = range(dist.get_rank(), len(dataset), dist.get_world_size())
-    return _image_loader(dataset, sampler, data_config, batch_size, device, num_workers, pin_memory,
-                         drop_last=False, generator=None)
+    return _image_loader(dataset, sampler, data_config, batch_size, device, num_workers, pin_memory)
