@@ -345,28 +345,11 @@ def find_split(root: str, split: str) -> Optional[str]:
 
 
 # ------------------------------------------------------------------------------------------------ the dataset
-def _samples_by_class(paths: Sequence[str], class_to_idx: Optional[Dict[str, int]],
-                      where: str) -> Tuple[List[Tuple[str, int]], Dict[str, int], List[str]]:
-    """(``(path, target)`` in natural order, class_to_idx, classes left out): an image is of the first folder it lies
-    in, at any depth (timm: its leaf folder); with ``class_to_idx``, other classes are left out, as in timm."""
-    loose = [p for p in paths if '/' not in p]
-    if loose:  # timm labels them class ''
-        raise UsageError(
-            f'{where} holds images outside class folders ({loose[0]}{" and more" if len(loose) > 1 else ""}): '
-            f'expected {where}/<class>/<image>, every image inside the folder of its class')
-    labelled = [(p, p.split('/', 1)[0]) for p in paths]
-    if class_to_idx is None:
-        class_to_idx = {c: i for i, c in enumerate(sorted({c for _, c in labelled}, key=natural_key))}
-    samples = sorted(((p, class_to_idx[c]) for p, c in labelled if c in class_to_idx),
-                     key=lambda s: natural_key(s[0]))
-    other_classes = sorted({c for _, c in labelled if c not in class_to_idx}, key=natural_key)
-    return samples, class_to_idx, other_classes
-
-
 class ImageFileReader(Reader):
     """A timm reader (``reader[index]``: ``(open binary file, target)``) of ``root/<class>/<image>``, a folder or an
-    uncompressed tar (whose paths may lie below one folder named like the split, imagenette's ``val.tar``).
-    ``class_to_idx`` (a ``class_map`` file wins) labels by name; folders of other classes go to :attr:`other_classes`."""
+    uncompressed tar (whose paths may lie below one folder named like the split, imagenette's ``val.tar``). An image
+    is of the first folder it lies in, at any depth (timm: its leaf folder). ``class_to_idx`` (a ``class_map`` file
+    wins) labels by name; folders of other classes are left out, as in timm, into :attr:`other_classes`."""
 
     def __init__(self, root: str, class_map: Optional[str] = None, class_to_idx: Optional[Dict[str, int]] = None):
         super().__init__()
@@ -387,8 +370,15 @@ class ImageFileReader(Reader):
         else:
             images = _scan_folder(root, extensions)
         paths = _one_path_per_file(root, images)
-        self.samples, self.class_to_idx, self.other_classes = _samples_by_class(paths, class_to_idx, root)
-        self._file, self._file_pid = None, None  # the tar, opened once per process
+        loose = [p for p in paths if '/' not in p]
+        if loose:  # timm labels them class ''
+            raise UsageError(f'{root} holds images outside class folders ({loose[0]}{" and more" * (len(loose) > 1)}): '
+                             f'expected {root}/<class>/<image>, every image inside the folder of its class')
+        classes = sorted({p.split('/', 1)[0] for p in paths}, key=natural_key)
+        self.class_to_idx = class_to_idx if class_to_idx is not None else {c: i for i, c in enumerate(classes)}
+        self.other_classes = [c for c in classes if c not in self.class_to_idx]
+        self.samples = sorted(((p, self.class_to_idx[p.split('/', 1)[0]]) for p in paths
+                               if p.split('/', 1)[0] in self.class_to_idx), key=lambda s: natural_key(s[0]))
 
     def __len__(self) -> int:
         return len(self.samples)
@@ -397,11 +387,10 @@ class ImageFileReader(Reader):
         path, target = self.samples[index]
         if not self.is_tar:
             return open(os.path.join(self.root, path), 'rb'), target
-        if self._file_pid != os.getpid():  # a forked / spawned worker opens its own handle
-            self._file, self._file_pid = open(self.root, 'rb'), os.getpid()
         offset, size = self._offsets[path]
-        self._file.seek(offset)
-        data = self._file.read(size)
+        with open(self.root, 'rb') as f:  # per image, as a folder's files: no handle shared by forked workers
+            f.seek(offset)
+            data = f.read(size)
         if len(data) != size:
             raise EOFError(f'{size - len(data)} bytes missing at the end of the file')
         return io.BytesIO(data), target
@@ -412,11 +401,6 @@ class ImageFileReader(Reader):
             return path.rsplit('/', 1)[-1]
         root = os.path.abspath(self.root) if absolute else self.root
         return f'{root}:{self._prefix}{path}' if self.is_tar else os.path.join(root, path)
-
-    def __getstate__(self):
-        state = self.__dict__.copy()
-        state['_file'] = state['_file_pid'] = None
-        return state
 
 
 class ImageFileDataset(ImageDataset):
@@ -679,7 +663,7 @@ def prepare_digits_folder(root: Optional[os.PathLike] = None, size: int = 32,
                          f'remove it and run again to rebuild it')
     from sklearn.datasets import load_digits  # a dependency, slow to import: only here
     digits = load_digits()
-    images = np.clip(np.round(digits.images * (255. / 16.)), 0, 255).astype(np.uint8)
+    images = np.round(digits.images * (255. / 16.)).astype(np.uint8)  # 0..16 scans
     root.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f'.{root.name}-', dir=root.parent))
     try:
@@ -687,7 +671,7 @@ def prepare_digits_folder(root: Optional[os.PathLike] = None, size: int = 32,
             for k, i in enumerate(np.flatnonzero(digits.target == cls)[:max_per_class]):
                 folder = tmp / ('val' if k % 5 == 0 else 'train') / str(cls)
                 folder.mkdir(parents=True, exist_ok=True)
-                Image.fromarray(images[i], mode='L').resize((size, size), Image.BICUBIC).save(folder / f'{i:04d}.png')
+                Image.fromarray(images[i]).resize((size, size), Image.BICUBIC).save(folder / f'{i:04d}.png')
         (tmp / marker.name).write_text(f'sklearn.datasets.load_digits (UCI handwritten digits, 8x8 scans) at '
                                        f'{size}x{size} bicubic, every 5th of a class in val, {max_per_class=}\n')
         try:
@@ -696,6 +680,5 @@ def prepare_digits_folder(root: Optional[os.PathLike] = None, size: int = 32,
             if not marker.is_file():  # not a concurrent builder finishing first
                 raise
     finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(tmp, ignore_errors=True)
     return root

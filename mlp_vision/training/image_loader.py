@@ -132,8 +132,9 @@ class ReadableBatches(torch.utils.data.DataLoader):
     read stops the run after the pass."""
 
     def __init__(self, dataset, empty_batch_error: Optional[str] = None, train_set=None,
-                 device: Optional[torch.device] = None, min_kept: int = 1, **loader_kwargs):
-        super().__init__(dataset, collate_fn=_collate_readable, worker_init_fn=_worker_init, **loader_kwargs)
+                 device: Optional[torch.device] = None, min_kept: int = 1, num_workers: int = 0, **loader_kwargs):
+        super().__init__(dataset, num_workers=num_workers, collate_fn=_collate_readable, worker_init_fn=_worker_init,
+                         persistent_workers=num_workers > 0, **loader_kwargs)
         self.empty_batch_error, self.train_set, self.device = empty_batch_error, train_set, device
         self.min_kept, self.skipped, self.skipped_files = min_kept, 0, {}  # skipped_files: {file: why}, all passes
 
@@ -188,18 +189,16 @@ class ReadableBatches(torch.utils.data.DataLoader):
 
 
 class ImageLoader(PrefetchLoader):
-    """timm's ``PrefetchLoader`` over :class:`ReadableBatches`, with its :attr:`skipped` and :attr:`skipped_files`."""
+    """timm's ``PrefetchLoader`` (to ``device``, normalised, random erasing) over the :class:`ReadableBatches` of
+    ``dataset`` (``loader_kwargs``), with its :attr:`skipped` and :attr:`skipped_files`."""
     skipped = property(lambda self: self.loader.skipped)
     skipped_files = property(lambda self: self.loader.skipped_files)
 
-
-def _image_loader(dataset, sampler, data_config, batch_size, device, num_workers, pin_memory, re_prob=0.,
-                  re_mode='const', re_count=1, **readable_kwargs) -> ImageLoader:
-    loader = ReadableBatches(dataset, batch_size=batch_size, sampler=sampler, num_workers=num_workers,
-                             pin_memory=pin_memory, persistent_workers=num_workers > 0, device=device,
-                             **readable_kwargs)
-    return ImageLoader(loader, mean=data_config['mean'], std=data_config['std'], channels=data_config['input_size'][0],
-                       device=device, re_prob=re_prob, re_mode=re_mode, re_count=re_count)
+    def __init__(self, dataset, data_config: Dict[str, Any], device: torch.device, re_prob: float = 0.,
+                 re_mode: str = 'const', re_count: int = 1, **loader_kwargs):
+        super().__init__(ReadableBatches(dataset, device=device, **loader_kwargs), mean=data_config['mean'],
+                         std=data_config['std'], channels=data_config['input_size'][0], device=device,
+                         re_prob=re_prob, re_mode=re_mode, re_count=re_count)
 
 
 def create_train_sampler(dataset, world_size: int, rank: int, seed: int,
@@ -276,11 +275,11 @@ def create_train_loader(
         base_sampler = create_train_sampler(dataset, world_size, rank, seed, aug_repeats)
         sampler, samples = SeededSampler(base_sampler, seed=seed, rank=rank), SeededDataset(dataset)
         unused = unused_images_message(len(dataset), len(base_sampler), batch_size, world_size, aug_repeats)
-    loader = _image_loader(
-        samples, sampler, data_config, batch_size, device, num_workers, pin_memory, drop_last=True,
-        generator=generator, re_prob=0. if no_aug else re_prob, re_mode=re_mode, re_count=re_count,
-        empty_batch_error='with several processes a batch cannot be left out; fix or remove those files'
-        if world_size > 1 else None, train_set=dataset, min_kept=min(2, batch_size))
+    loader = ImageLoader(
+        samples, data_config, device, re_prob=0. if no_aug else re_prob, re_mode=re_mode, re_count=re_count,
+        batch_size=batch_size, sampler=sampler, num_workers=num_workers, pin_memory=pin_memory, drop_last=True,
+        generator=generator, train_set=dataset, min_kept=min(2, batch_size), empty_batch_error=(
+            'with several processes a batch cannot be left out; fix or remove those files' if world_size > 1 else None))
     if len(loader) == 0:
         raise UsageError(
             f'the training set ({len(dataset)} images over {world_size} process(es)) does not fill one batch of '
@@ -301,4 +300,5 @@ def create_eval_loader(dataset: torch.utils.data.Dataset, data_config: Dict[str,
     sampler = None
     if distributed and not isinstance(dataset, torch.utils.data.IterableDataset):  # each sample on one rank, no padding
         sampler = range(dist.get_rank(), len(dataset), dist.get_world_size())
-    return _image_loader(dataset, sampler, data_config, batch_size, device, num_workers, pin_memory)
+    return ImageLoader(dataset, data_config, device, batch_size=batch_size, sampler=sampler, num_workers=num_workers,
+                       pin_memory=pin_memory)
