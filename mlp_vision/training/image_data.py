@@ -7,7 +7,6 @@ maps and has no hold-out split; here each is read right or stops with one line (
 import collections
 import contextlib
 import copy
-import dataclasses
 import hashlib
 import io
 import logging
@@ -18,7 +17,7 @@ import tarfile
 import tempfile
 import warnings
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Set, Tuple, Union
+from typing import Dict, List, NamedTuple, Optional, Sequence, Set, Tuple, Union
 
 import numpy as np
 import torch.utils.data
@@ -97,30 +96,25 @@ def read_class_map(class_map: str, root: str = '') -> Dict[str, int]:
 
 
 # ------------------------------------------------------------------------------------------------ decoding
-@dataclasses.dataclass(frozen=True)
-class SkippedImage:
+class SkippedImage(NamedTuple):
     """A sample whose image cannot be used (the loaders leave it out, warn once and count it): file, why, label."""
     name: str
     reason: str
-    target: int = -1
-
-
-def _to_8bit_grayscale(img: Image.Image) -> Image.Image:
-    """'L' from 16-bit / 32-bit integer / float grayscale, where PIL's ``convert`` clips at 255: integers within
-    0..65535 map to round(v / 257), floats within 0..1 to round(255 v); other ranges raise."""
-    values, top = np.asarray(img, dtype=np.float64), 1. if img.mode == 'F' else 65535.
-    if values.size and not (np.isfinite(values).all() and values.min() >= 0 and values.max() <= top):
-        raise ValueError(f'mode {img.mode} image with values {values.min():g}..{values.max():g}; only 0..{top:g} has '
-                         f'a defined 8-bit scale')
-    return Image.fromarray(np.round(values * (255. / top)).astype(np.uint8))
+    target: int
 
 
 def convert_image_mode(img: Image.Image, mode: Optional[str] = 'RGB') -> Image.Image:
-    """``img`` in PIL ``mode`` (none: unchanged), right for high bit depths and premultiplied / palette alpha."""
+    """``img`` in PIL ``mode`` (none: unchanged), right for premultiplied / palette alpha and for 16-bit / 32-bit
+    integer / float grayscale, which PIL's ``convert`` clips at 255: integers within 0..65535 map to round(v / 257),
+    floats within 0..1 to round(255 v), other ranges raise."""
     if not mode or img.mode == mode:
         return img
     if img.mode in ('I;16', 'I;16L', 'I;16B', 'I;16N', 'I', 'F'):
-        img = _to_8bit_grayscale(img)
+        values, top = np.asarray(img, dtype=np.float64), 1. if img.mode == 'F' else 65535.
+        if values.size and not (np.isfinite(values).all() and values.min() >= 0 and values.max() <= top):
+            raise ValueError(f'mode {img.mode} image with values {values.min():g}..{values.max():g}; only 0..{top:g} '
+                             f'has a defined 8-bit scale')
+        img = Image.fromarray(np.round(values * (255. / top)).astype(np.uint8))
     elif img.mode == 'La':  # PIL converts La only to LA
         img = img.convert('LA')
     elif img.mode == 'P' and 'transparency' in img.info:  # PIL asks for this step (and warns without it)
@@ -491,9 +485,8 @@ def check_num_classes(ds, num_classes: int, what: str = 'dataset', hint: str = '
     """A :class:`UsageError` if the dataset's classes are not those of a ``num_classes``-way classifier."""
     names = dataset_class_names(ds)
     if names is not None and len(names) != num_classes:
-        shown = ', '.join(names[:5]) + (', ...' if len(names) > 5 else '')
-        raise UsageError(f'class-count mismatch: the {what} has {len(names)} classes ({shown}) but the model has '
-                         f'{num_classes} outputs{hint}')
+        raise UsageError(f'class-count mismatch: the {what} has {len(names)} classes {_short_names(names, 5)} but the '
+                         f'model has {num_classes} outputs{hint}')
 
 
 def _short_names(names: Sequence[str], n: int = 10) -> str:
@@ -510,7 +503,7 @@ def check_class_names(ds, class_names: Sequence[str], what: str = 'dataset', hin
                         f'{len(class_names)} class names the model was trained on')
     elif list(names) != list(class_names):
         raise UsageError(f'the {what} labels other classes than the model was trained on: dataset classes '
-                         f'{_short_names(list(names))}, model classes {_short_names(list(class_names))}{hint}')
+                         f'{_short_names(names)}, model classes {_short_names(class_names)}{hint}')
 
 
 def _check_every_class_trains(ds) -> None:
@@ -620,17 +613,16 @@ def create_train_val_datasets(
         return _holdout_split(train, val_split, seed)
     if not val_split:
         return train, None
-    if name != '':
-        return train, create_image_dataset(name, root, val_split, what='validation set', **common)
-    val_path = find_split(root, val_split) if os.path.isdir(root) else None
-    if val_path is None or os.path.realpath(val_path) == os.path.realpath(train.root):
+    val_path = find_split(root, val_split) if name == '' and os.path.isdir(root) else None
+    if name == '' and (val_path is None or os.path.realpath(val_path) == os.path.realpath(train.root)):
         where = (f'in {root} (looked for {" / ".join(_split_names(val_split))}, as folders or .tar)'
                  if os.path.isdir(root) else f'for {root}')
         raise UsageError(f'no validation split found {where}: pass --val-split FRACTION (e.g. 0.1: a seeded, '
                          f'class-stratified hold-out of the training images), add a val/ folder beside the training '
                          f'images, or --val-split "" to train without validation')
     # labelled by class name, as in the training set: a validation set without some class keeps the others' labels
-    return train, _image_dataset(val_path, class_map, input_img_mode, 'validation set', train.class_to_idx)
+    return train, create_image_dataset(name, root, val_split, what='validation set', **common,
+                                       class_to_idx=train.class_to_idx if name == '' else None)
 
 
 def dataset_source(ds) -> Optional[str]:
