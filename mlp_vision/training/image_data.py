@@ -186,7 +186,7 @@ def _scan_folder(root: str, extensions: Set[str]) -> List[Tuple[str, str, bool]]
     root_real, images, not_regular, other_files = os.path.realpath(root), [], [], []
     for name in sorted(os.listdir(root), key=natural_key):
         if _is_hidden(name) or not os.path.isdir(os.path.join(root, name)):
-            if _is_image_name(name, extensions):  # outside the class folders: refused by _samples_by_class
+            if _is_image_name(name, extensions):  # outside the class folders: refused by ImageFileReader
                 images.append((name, os.path.join(root, name), False))
             continue
         read: Dict[str, str] = {}  # real folder -> the relative path it was read as
