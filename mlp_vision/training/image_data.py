@@ -506,35 +506,7 @@ def check_class_names(ds, class_names: Sequence[str], what: str = 'dataset', hin
                          f'{_short_names(names)}, model classes {_short_names(class_names)}{hint}')
 
 
-def _check_every_class_trains(ds) -> None:
-    """One line when a training class has no image (a class map naming a class with no folder)."""
-    names, targets = dataset_class_names(ds), sample_targets(ds)
-    if names is None or targets is None:
-        return
-    present = set(targets)
-    empty = [name for label, name in enumerate(names) if label not in present]
-    if empty:
-        raise UsageError(f'the training set has no image of class(es) {_short_names(empty)}: nothing would train '
-                         f'their outputs; expected images in every class (or a --class-map without those classes)')
-
-
 # ------------------------------------------------------------------------------------------------ datasets
-def _image_dataset(split_path: str, class_map, input_img_mode, what: str,
-                   class_to_idx: Optional[Dict[str, int]] = None) -> ImageFileDataset:
-    """The image folder / tar at ``split_path``; one line when it has no image, or class folders that
-    ``class_to_idx`` (the model's or the training set's classes) lacks (a class map leaves them out, as in timm)."""
-    ds = ImageFileDataset(split_path, class_map=class_map or None, class_to_idx=class_to_idx,
-                          input_img_mode=input_img_mode)
-    if ds.other_classes and (len(ds) == 0 or class_to_idx is not None and not class_map):
-        raise UsageError(f'{what} {split_path} has class folders {_short_names(ds.other_classes)} not among its '
-                         f'classes {_short_names(dataset_class_names(ds))} (the model\'s, the training set\'s or '
-                         f'--class-map\'s); expected class folders named as those classes (a subset is fine)')
-    if len(ds) == 0:
-        raise UsageError(f'{what} at {split_path} is empty: no {"/".join(sorted(get_img_extensions()))} image in a '
-                         f'class folder ({split_path}/<class>/<image>)')
-    return ds
-
-
 def _find_image_split(root: Optional[str], split: str, what: str) -> str:
     """The folder / tar of ``split`` under ``root``; a tar root, or a root without split folders, is the split."""
     if not root:
@@ -559,58 +531,68 @@ def create_image_dataset(name: str, root: Optional[str], split: str, is_training
                          class_map: Optional[str] = None, download: bool = False, input_img_mode: str = 'RGB',
                          batch_size: int = 1, seed: int = 42, what: str = 'dataset',
                          class_to_idx: Optional[Dict[str, int]] = None) -> torch.utils.data.Dataset:
-    """One split, never silently another: ``name`` '' an :class:`ImageFileDataset` (``class_to_idx``: labelled by
-    name, e.g. the model's classes), other names timm's ``create_dataset``, its errors and an empty split one line."""
-    if name == '':
-        return _image_dataset(_find_image_split(root, split, what), class_map, input_img_mode, what, class_to_idx)
-    try:
-        ds = create_dataset(name, root=root, split=split, is_training=is_training, download=download,
-                            input_img_mode=input_img_mode, batch_size=batch_size, seed=seed,
-                            class_map=read_class_map(class_map, root) if class_map else None)
-    except (RuntimeError, FileNotFoundError, AssertionError, ValueError) as e:
-        raise UsageError(f'cannot read {what} {name} at {root!r}, split {split!r}: {e or type(e).__name__}') from e
-    with contextlib.suppress(TypeError):  # raised by len() of an iterable dataset with no length
-        if len(ds) == 0:
-            raise UsageError(f'{what} {name} split {split!r} is empty')
+    """One split, never silently another: ``name`` '' an :class:`ImageFileDataset`, other names timm's
+    ``create_dataset``; their errors, an empty split and (``class_to_idx``: labelled by name, e.g. the model's or the
+    training set's classes, without a class map) a class folder not among those classes are one line."""
+    if name != '':
+        try:
+            ds = create_dataset(name, root=root, split=split, is_training=is_training, download=download,
+                                input_img_mode=input_img_mode, batch_size=batch_size, seed=seed,
+                                class_map=read_class_map(class_map, root) if class_map else None)
+        except (RuntimeError, FileNotFoundError, AssertionError, ValueError) as e:
+            raise UsageError(f'cannot read {what} {name} at {root!r}, split {split!r}: {e or type(e).__name__}') from e
+        with contextlib.suppress(TypeError):  # raised by len() of an iterable dataset with no length
+            if len(ds) == 0:
+                raise UsageError(f'{what} {name} split {split!r} is empty')
+        return ds
+    path = _find_image_split(root, split, what)
+    ds = ImageFileDataset(path, class_map=class_map or None, class_to_idx=class_to_idx, input_img_mode=input_img_mode)
+    if ds.other_classes and (len(ds) == 0 or class_to_idx is not None and not class_map):
+        raise UsageError(f'{what} {path} has class folders {_short_names(ds.other_classes)} not among its classes '
+                         f'{_short_names(dataset_class_names(ds))} (the model\'s, the training set\'s or '
+                         f'--class-map\'s); expected class folders named as those classes (a subset is fine)')
+    if len(ds) == 0:
+        raise UsageError(f'{what} at {path} is empty: no {"/".join(sorted(get_img_extensions()))} image in a class '
+                         f'folder ({path}/<class>/<image>)')
     return ds
-
-
-def _holdout_split(ds, fraction: float, seed: int) -> Tuple[DatasetSubset, DatasetSubset]:
-    """(training part, held-out part) of :func:`stratified_holdout`, each with its own transform."""
-    targets = sample_targets(ds)
-    if targets is None:
-        raise UsageError(f'--val-split FRACTION needs a dataset whose labels are known up front ({type(ds).__name__} '
-                         f'does not list them): give a validation split by name instead')
-    names = [p for p, _ in ds.samples] if isinstance(ds, ImageFileDataset) else [str(i) for i in range(len(targets))]
-    train_idx, held_idx = stratified_holdout(names, targets, fraction, seed)
-    if not held_idx:
-        raise UsageError(f'--val-split {fraction} holds out no image: each class has too few images '
-                         f'({len(targets)} images in {len(set(targets))} classes); give a larger fraction or a '
-                         f'val/ folder')
-    _logger.info(f'validation: {len(held_idx)} of the {len(targets)} training images held out (--val-split '
-                 f'{fraction}, stratified over {len(set(targets))} classes, seed {seed}); training on the other '
-                 f'{len(train_idx)}')
-    return DatasetSubset(ds, train_idx), DatasetSubset(copy.copy(ds), held_idx)
 
 
 def create_train_val_datasets(
         name: str, root: Optional[str], train_split: str = 'train', val_split: Union[str, float, None] = 'validation',
         class_map: Optional[str] = None, download: bool = False, input_img_mode: str = 'RGB', batch_size: int = 1,
         seed: int = 42) -> Tuple[torch.utils.data.Dataset, Optional[torch.utils.data.Dataset]]:
-    """(training set, validation set or None) of train.py: a named split must exist (it is labelled by the training
-    set's class names), a fraction holds out part of the training images; validation is never silently the
-    training images, and every training class has an image."""
+    """(training set, validation set or None) of train.py: every training class has an image; a named split must
+    exist (labelled by the training set's class names); a fraction holds out a :func:`stratified_holdout` of the
+    training images, each part with its own transform. Validation is never silently the training images."""
     val_split = parse_val_split(val_split)
     common = dict(class_map=class_map, download=download, input_img_mode=input_img_mode, batch_size=batch_size,
                   seed=seed)
     train = create_image_dataset(name, root, train_split, True, what='training set', **common)
-    _check_every_class_trains(train)
+    targets = sample_targets(train)  # None: not listed up front
+    present = set(targets or ())
+    empty = [c for label, c in enumerate(dataset_class_names(train) or []) if present and label not in present]
+    if empty:  # a class map naming a class with no folder
+        raise UsageError(f'the training set has no image of class(es) {_short_names(empty)}: nothing would train '
+                         f'their outputs; expected images in every class (or a --class-map without those classes)')
     if isinstance(val_split, float):
+        if targets is None:
+            raise UsageError(f'--val-split FRACTION needs a dataset whose labels are known up front '
+                             f'({type(train).__name__} does not list them): give a validation split by name instead')
+        names = ([p for p, _ in train.samples] if isinstance(train, ImageFileDataset) else
+                 [str(i) for i in range(len(targets))])
+        train_idx, held_idx = stratified_holdout(names, targets, val_split, seed)
+        if not held_idx:
+            raise UsageError(f'--val-split {val_split} holds out no image: each class has too few images '
+                             f'({len(targets)} images in {len(present)} classes); give a larger fraction or a val/ '
+                             f'folder')
         found = find_split(root, 'validation') if name == '' and os.path.isdir(root) else None
         if found:
             _logger.warning(f'--val-split {val_split}: validating on a hold-out of the training images; '
                             f'the validation split {found} is not used')
-        return _holdout_split(train, val_split, seed)
+        _logger.info(f'validation: {len(held_idx)} of the {len(targets)} training images held out (--val-split '
+                     f'{val_split}, stratified over {len(present)} classes, seed {seed}); training on the other '
+                     f'{len(train_idx)}')
+        return DatasetSubset(train, train_idx), DatasetSubset(copy.copy(train), held_idx)
     if not val_split:
         return train, None
     val_path = find_split(root, val_split) if name == '' and os.path.isdir(root) else None
