@@ -507,33 +507,14 @@ def check_class_names(ds, class_names: Sequence[str], what: str = 'dataset', hin
 
 
 # ------------------------------------------------------------------------------------------------ datasets
-def _find_image_split(root: Optional[str], split: str, what: str) -> str:
-    """The folder / tar of ``split`` under ``root``; a tar root, or a root without split folders, is the split."""
-    if not root:
-        raise UsageError(f'no {what} given: pass --data-dir DIR (an ImageFolder tree DIR/<split>/<class>/<image>, '
-                         f'or a folder holding <split>.tar) or --dataset NAME')
-    if not os.path.exists(root):
-        raise UsageError(f'{what} folder {root!r} does not exist (expected an ImageFolder tree '
-                         f'{root}/{split}/<class>/<image> or an image tar {root}/{split}.tar)')
-    if os.path.isfile(root) and not root.lower().endswith('.tar'):
-        raise UsageError(f'{what} {root!r} is a file but not an image tar (expected a folder or a .tar)')
-    found = root if os.path.isfile(root) else find_split(root, split)
-    if found is not None:
-        return found
-    others = [os.path.basename(p) + '/' * os.path.isdir(p) for g in SPLIT_SYNONYMS if (p := find_split(root, g[0]))]
-    if others:
-        raise UsageError(f'no {what} split {split!r} in {root} (it has {", ".join(others)}; looked for '
-                         f'{" / ".join(_split_names(split))}, as folders or .tar)')
-    return root  # a flat root: root/<class>/<image>
-
-
 def create_image_dataset(name: str, root: Optional[str], split: str, is_training: bool = False,
                          class_map: Optional[str] = None, download: bool = False, input_img_mode: str = 'RGB',
                          batch_size: int = 1, seed: int = 42, what: str = 'dataset',
                          class_to_idx: Optional[Dict[str, int]] = None) -> torch.utils.data.Dataset:
-    """One split, never silently another: ``name`` '' an :class:`ImageFileDataset`, other names timm's
-    ``create_dataset``; their errors, an empty split and (``class_to_idx``: labelled by name, e.g. the model's or the
-    training set's classes, without a class map) a class folder not among those classes are one line."""
+    """One split, never silently another: ``name`` '' an :class:`ImageFileDataset` of ``root``'s split folder / tar (a
+    tar root, or a root without split folders, is the split), other names timm's ``create_dataset``; their errors, an
+    empty split and (``class_to_idx``: labelled by name, e.g. the model's or the training set's classes, without a class
+    map) a class folder not among those classes are one line."""
     if name != '':
         try:
             ds = create_dataset(name, root=root, split=split, is_training=is_training, download=download,
@@ -545,7 +526,21 @@ def create_image_dataset(name: str, root: Optional[str], split: str, is_training
             if len(ds) == 0:
                 raise UsageError(f'{what} {name} split {split!r} is empty')
         return ds
-    path = _find_image_split(root, split, what)
+    if not root:
+        raise UsageError(f'no {what} given: pass --data-dir DIR (an ImageFolder tree DIR/<split>/<class>/<image>, '
+                         f'or a folder holding <split>.tar) or --dataset NAME')
+    if not os.path.exists(root):
+        raise UsageError(f'{what} folder {root!r} does not exist (expected an ImageFolder tree '
+                         f'{root}/{split}/<class>/<image> or an image tar {root}/{split}.tar)')
+    if os.path.isfile(root) and not root.lower().endswith('.tar'):
+        raise UsageError(f'{what} {root!r} is a file but not an image tar (expected a folder or a .tar)')
+    path = root if os.path.isfile(root) else find_split(root, split)
+    if path is None:  # a root without split folders is the split (root/<class>/<image>), one with others is not
+        others = [os.path.basename(p) + '/' * os.path.isdir(p) for g in SPLIT_SYNONYMS if (p := find_split(root, g[0]))]
+        if others:
+            raise UsageError(f'no {what} split {split!r} in {root} (it has {", ".join(others)}; looked for '
+                             f'{" / ".join(_split_names(split))}, as folders or .tar)')
+        path = root
     ds = ImageFileDataset(path, class_map=class_map or None, class_to_idx=class_to_idx, input_img_mode=input_img_mode)
     if ds.other_classes and (len(ds) == 0 or class_to_idx is not None and not class_map):
         raise UsageError(f'{what} {path} has class folders {_short_names(ds.other_classes)} not among its classes '

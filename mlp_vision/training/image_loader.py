@@ -16,7 +16,8 @@ import torch
 import torch.distributed as dist
 import torch.utils.data
 from PIL import Image
-from timm.data import auto_augment, create_transform
+from timm.data import create_transform
+from timm.data.auto_augment import AugmentOp, posterize as timm_posterize
 from timm.data.distributed_sampler import RepeatAugSampler
 from timm.data.loader import PrefetchLoader, _worker_init as timm_worker_init, fast_collate
 
@@ -40,16 +41,7 @@ def default_workers(most: int = 4) -> int:
 
 def _posterize(img: Image.Image, bits_to_keep: int, **kwargs) -> Image.Image:
     """timm's posterize; 0 bits give a black image, as in TF and older Pillow (recent Pillow raises mid-run)."""
-    return auto_augment.posterize(img, bits_to_keep, **kwargs) if bits_to_keep > 0 else Image.new(img.mode, img.size)
-
-
-def _with_safe_posterize(transform):
-    """``transform`` with its AugmentOps' posterize running :func:`_posterize`; timm's ``NAME_TO_OP`` is untouched."""
-    for stage in transform.transforms:  # RandAugment / AugMix hold ops, AutoAugment a policy of sub-policies
-        for op in list(getattr(stage, 'ops', [])) + [op for sub in getattr(stage, 'policy', []) for op in sub]:
-            if isinstance(op, auto_augment.AugmentOp) and op.name.startswith('Posterize'):
-                op.aug_fn = _posterize
-    return transform
+    return timm_posterize(img, bits_to_keep, **kwargs) if bits_to_keep > 0 else Image.new(img.mode, img.size)
 
 
 def _worker_init(worker_id: int) -> None:
@@ -262,10 +254,14 @@ def create_train_loader(
         re_mode: str = 'pixel', re_count: int = 1) -> Tuple[ImageLoader, Optional[torch.utils.data.Sampler]]:
     """(training loader, the sampler to ``set_epoch``): timm's train transforms, sampler, fast collate and
     ``PrefetchLoader`` (``create_loader`` takes no sampler or generator: it could not seed each sample)."""
-    dataset.transform = _with_safe_posterize(create_transform(  # uint8 tensors out: normalised in the PrefetchLoader
+    dataset.transform = create_transform(  # uint8 tensors out: normalised in the PrefetchLoader
         data_config['input_size'], is_training=True, no_aug=no_aug, scale=scale, ratio=ratio, hflip=hflip, vflip=vflip,
         color_jitter=color_jitter, auto_augment=auto_augment, mean=data_config['mean'], std=data_config['std'],
-        interpolation=train_interpolation or data_config['interpolation'], use_prefetcher=True))
+        interpolation=train_interpolation or data_config['interpolation'], use_prefetcher=True)
+    for stage in dataset.transform.transforms:  # RandAugment / AugMix hold ops, AutoAugment a policy of sub-policies
+        for op in list(getattr(stage, 'ops', [])) + [op for sub in getattr(stage, 'policy', []) for op in sub]:
+            if isinstance(op, AugmentOp) and op.name.startswith('Posterize'):
+                op.aug_fn = _posterize  # this transform's ops only: timm's NAME_TO_OP is untouched
     generator = torch.Generator().manual_seed(seed + rank)  # worker base seeds; never the global torch RNG
     if isinstance(dataset, torch.utils.data.IterableDataset):
         _logger.warning('iterable dataset: sample order and augmentation are up to the dataset; '
