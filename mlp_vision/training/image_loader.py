@@ -34,9 +34,9 @@ __all__ = [
 _logger = logging.getLogger(__name__)
 
 
-def default_workers(most: int = 4) -> int:
-    """Loader processes by default: ``most``, at most the CPUs this process may use (more compete with the model)."""
-    return max(1, min(most, usable_cpus()))
+def default_workers() -> int:
+    """Loader processes by default: 4, at most the CPUs this process may use (more compete with the model)."""
+    return max(1, min(4, usable_cpus()))
 
 
 def _posterize(img: Image.Image, bits_to_keep: int, **kwargs) -> Image.Image:
