@@ -5,7 +5,7 @@ Python: ``model_macs('gmlp_ti')`` (1.344e9, the report's MACs of gMLP-Ti at 224 
 (x,))[0]`` (the MACs of any module with the project's fvcore handles).
 
 Pieces: :mod:`.counts` (the fvcore handles, building and counting each model), :mod:`.paper` (the paper tables and
-the comparison rule), :mod:`.report` (rendering and the CLI), :mod:`.plot` (the scaling plot). What is counted and
+the comparison rule), :mod:`.report` (rendering and the CLI). What is counted and
 how each paper counts it: ``docs/complexity.md``.
 """
 from .counts import (
@@ -15,5 +15,5 @@ from .counts import (
 )
 from .paper import PAPER_ROWS, STATUSES, Comparison, PaperRow, compare
 from .report import (
-    COMMAND, COMMAND_PLOT, Report, build_report, conventions, main, render_csv, render_json, render_markdown,
+    COMMAND, Report, build_report, conventions, main, render_csv, render_json, render_markdown,
 )
