@@ -1,23 +1,18 @@
 """ Inference / training-step throughput of timm models (ours and any registered) and sequence layers, alone or paired.
 
-Run as ``mlp-vision-benchmark``, ``python -m mlp_vision.benchmark``, or ``python benchmark.py`` in a checkout.
-As timm's ``benchmark.py``: throughput, step time, peak memory and achieved GFLOP/s against this machine's measured
-matrix-multiply rate, on CPU or CUDA, in fp32 / bf16 / fp16 (cast or autocast), optionally channels_last and
-``torch.compile``. A pair (``--compare A B``) is built in one process with one set of weights (B's, through A's
-``checkpoint_filter_fn``: ``--compare gmlp_s gmlp_s16_224`` runs ours with timm's weights), checked to compute the
-same outputs, then timed alternately (A B, B A, ...): the result is the median of the per-pair ratios t_B / t_A (the
-speed-up of A over B), which load from other processes changes far less than either throughput.
+Run as ``mlp-vision-benchmark``, ``python -m mlp_vision.benchmark``, or ``python benchmark.py`` in a checkout. As
+timm's ``benchmark.py``: throughput, step time, peak memory and achieved GFLOP/s against this machine's measured
+matmul rate, on CPU or CUDA, in fp32 / bf16 / fp16 (cast or autocast), optionally channels_last and compiled. A pair
+(``--compare A B``) is built with one set of weights (B's, through A's ``checkpoint_filter_fn``), checked to compute
+the same outputs, then timed alternately (A B, B A, ...): the result is the median of the per-pair ratios t_B / t_A
+(the speed-up of A over B), which load from other processes changes far less than either throughput.
 
-Contenders: ``NAME``, any timm model (``--model-kwargs`` apply); ``local-dir:FOLDER``, a run's pretrained/ folder, its
-weights checked as validate.py checks them; ``fused:NAME``, after ``timm.utils.reparameterize_model`` (inference
-only); ``ref:NAME``, the straightforward sMLPNet twin of our NAME (``tests/reference/smlpnet.py``, only from the
-checkout's benchmark.py); ``bigs_layer``, one ``BidirectionalGatedSSM`` (``--dim``, ``--hidden-dim``,
-``--num-states``; default BiGS-large), ``ref:bigs_layer`` its reference (``tests/reference/bigs.py``);
-``bert_layer``, the BERT layer BiGS replaces (``--dim``, ``--heads``, ``--ffn-dim``; default BERT-large). Layers take
-(batch, ``--seq-len``, d) inputs and report tokens/s. A ``ref:`` or ``fused:`` contender is built from the other one
-of its pair, with its weights.
-
-Results: ``--out PREFIX`` (PREFIX.csv / .json / .md), else a markdown table on stdout. Example commands: README.
+Contenders: any timm model NAME; ``local-dir:FOLDER`` (a run's pretrained/, its weights checked as validate.py's);
+``fused:NAME`` (after ``timm.utils.reparameterize_model``; inference only); ``ref:NAME``, the straightforward sMLPNet
+of ``tests/reference/smlpnet.py`` (the checkout's benchmark.py only); the sequence layers ``bigs_layer`` (one
+``BidirectionalGatedSSM``, default BiGS-large), ``ref:bigs_layer`` (``tests/reference/bigs.py``) and ``bert_layer``
+(the BERT-large layer BiGS replaces), on (batch, ``--seq-len``, d) inputs, in tokens/s. A ``ref:`` or ``fused:``
+contender is built from the other one of its pair, with its weights. Example commands: README.
 """
 import argparse
 import csv
@@ -37,7 +32,6 @@ import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
-from types import ModuleType
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
@@ -83,7 +77,7 @@ def _reference_path(spec: str, reference_dir: str) -> Path:
 
 
 @functools.lru_cache(maxsize=None)
-def _load_reference(path: Path) -> ModuleType:
+def _load_reference(path: Path):
     """The checkout's reference model file, imported by its path: no other ``tests`` or ``reference`` module on
     ``sys.path`` (an installed package's tests, say) can stand in for it."""
     spec = importlib.util.spec_from_file_location(f'_benchmark_reference_{path.stem}', path)
@@ -104,8 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument('--img-size', type=int, default=None, help='input size (default: the model\'s default cfg)')
     p.add_argument('--num-classes', type=int, default=None, help="classifier outputs (default: the model's)")
     p.add_argument('--model-kwargs', nargs='*', default={}, action=ParseKwargs,
-                   help='extra arguments of the image models k=v (python literals), e.g. embed_dim=32 '
-                        'depths="(1,1,2,1)"')
+                   help='image-model arguments k=v (python literals), e.g. embed_dim=32 depths="(1,1,2,1)"')
     layer = p.add_argument_group('sequence layers (bigs_layer, ref:bigs_layer, bert_layer)')
     for flag, default, what in (
             ('--seq-len', 128, 'tokens per sequence'), ('--dim', 1024, 'model width d (both layers)'),
@@ -113,8 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
             ('--heads', 16, 'BERT attention heads'), ('--ffn-dim', 4096, 'BERT feed-forward width')):
         layer.add_argument(flag, type=int, default=default, help=what)
     layer.add_argument('--bigs-conv-impl', default='auto', choices=BidirectionalGatedSSM.CONV_IMPLS,
-                       help="bigs_layer's SSM convolution route (BidirectionalGatedSSM.conv_impl; 'triton': the "
-                            "blocked-Toeplitz Triton kernel, for CUDA)")
+                       help="bigs_layer's SSM convolution route (BidirectionalGatedSSM.conv_impl)")
     p.add_argument('--device', default='cpu')
     add_threads_argument(p)
     p.add_argument('--precision', choices=PRECISIONS, default='fp32',
@@ -129,11 +121,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument('--timer', choices=('wall', 'cpu'), default='wall',
                    help="wall: elapsed time. cpu: this process's CPU time, steady on a loaded machine; meaningful "
                         "with --threads 1 only (with more it counts OpenMP spin-waiting)")
-    p.add_argument('--samples', type=int, default=8,
-                   help='timed samples per contender (single runs) or timed pairs (--compare)')
+    p.add_argument('--samples', type=int, default=8, help='timed samples per contender, or timed pairs')
     p.add_argument('--profile', action='store_true',
-                   help='also profile one step of each contender (torch.profiler, top ops by self time) into '
-                        'PREFIX_profile.txt with --out, else stdout')
+                   help='top ops by self time of one step of each contender (torch.profiler); PREFIX_profile.txt')
     p.add_argument('--no-flops', action='store_true', help='skip the fvcore MAC count')
     p.add_argument('--no-memory', action='store_true', help='skip the peak-memory probe')
     p.add_argument('--no-ceiling', action='store_true', help='skip the matmul-ceiling measurement')
@@ -191,13 +181,10 @@ def _create(name: str, args: argparse.Namespace) -> nn.Module:
     pretrained = name.startswith('local-dir:')
     try:
         return create_model(name, pretrained=pretrained, **kwargs)
-    except UsageError as e:
-        cause = e.__cause__
-        if isinstance(cause, ValueError) and not pretrained:  # e.g. --img-size 1: the sizes the model takes
-            raise UsageError(f'{name} cannot be built with {kwargs}: {" ".join(str(cause).split())}') from None
-        if not (isinstance(cause, TypeError) and 'img_size' in str(cause)):
+    except UsageError as e:  # a fully convolutional peer (ConvNeXt) takes no img_size: it runs at any input size
+        if not (isinstance(e.__cause__, TypeError) and 'img_size' in str(e.__cause__)):
             raise
-    kwargs.pop('img_size')  # a fully convolutional peer (ConvNeXt) takes no img_size: it runs at any input size
+    kwargs.pop('img_size')
     return create_model(name, pretrained=pretrained, **kwargs)
 
 
@@ -227,11 +214,9 @@ def build(spec: str, args: argparse.Namespace, twin_of: Optional[nn.Module] = No
 def error_summary(e: BaseException, limit: int = NOTE_CHARS) -> str:
     """``'Type: message'`` on one line (PyTorch's ``load_state_dict`` puts the keys on the lines after its first);
     beyond ``limit`` characters it ends at the last whole word that fits and says how much was left out."""
-    text = ' '.join((f'{type(e).__name__}: {e}' if str(e) else type(e).__name__).split())
-    if len(text) <= limit:
-        return text
-    cut = text[:limit].rsplit(' ', 1)[0]
-    return f'{cut} ... ({len(text) - len(cut)} more characters)'
+    text = ' '.join(f'{type(e).__name__}: {e}'.split()).removesuffix(':')
+    cut = text[:limit].rsplit(' ', 1)[0] if len(text) > limit else text
+    return cut if cut == text else f'{cut} ... ({len(text) - len(cut)} more characters)'
 
 
 def share_weights(a: nn.Module, a_spec: str, b: nn.Module, b_spec: str) -> Tuple[str, bool]:
@@ -255,8 +240,7 @@ def share_weights(a: nn.Module, a_spec: str, b: nn.Module, b_spec: str) -> Tuple
 
 
 def input_size(spec: str, model: nn.Module, args: argparse.Namespace) -> Tuple[int, ...]:
-    """Per-sample input shape: (C, H, W), or (seq-len, dim) for a sequence layer; a ``ref:`` model has no
-    pretrained cfg: its twin's by name."""
+    """Per-sample input shape: (C, H, W) (a ``ref:`` model's from its twin's cfg), or (seq-len, dim) for a layer."""
     if is_layer(spec):
         return args.seq_len, args.dim
     if args.img_size is not None:
@@ -366,32 +350,23 @@ def matmul_ceiling(device: torch.device, precision: str, clock: Callable[[], flo
     return out
 
 
-def count_macs(spec: str, model: nn.Module, in_size: Tuple[int, ...]) -> float:
-    """fvcore MACs per image or sequence (batch 1, eval, on the CPU where the contender is built) with the project's
-    rules (:func:`mlp_vision.complexity.count_module`); a BiGS layer's convolution as the route it runs here."""
-    from mlp_vision.complexity import count_module
-    progress(f'{spec}: counting MACs (fvcore)')
-    return float(count_module(model.eval(), (torch.randn(1, *in_size),), bigs_conv_impl=None)[0])
-
-
 def peak_memory(spec: str, mode: str, args: argparse.Namespace) -> Dict[str, float]:
-    """Peak memory of one step of ``spec``, measured by :func:`probe_memory` in a fresh child process (nothing else
-    resident) given every setting of this run; ``{}`` with a note on stderr when the child fails or dies."""
+    """Peak memory of one step of ``spec`` with this run's settings, measured by :func:`probe_memory` in a fresh
+    child process (nothing else resident); ``{}`` with a note on stderr when the child fails or dies."""
     progress(f'{spec}, {mode}: peak memory (a child process runs two steps)')
-    settings = argparse.Namespace(**dict(vars(args), threads=torch.get_num_threads()))  # the threads this run chose
     with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context('spawn')) as child:
-        try:
-            return child.submit(probe_memory, spec, mode, settings).result()
+        try:  # with the thread count this run chose, not the child's default
+            return child.submit(probe_memory, spec, mode, args, torch.get_num_threads()).result()
         except Exception as e:  # the child's own error, or its death (e.g. killed for memory)
             print(f'note: memory probe failed for {spec} ({error_summary(e)})', file=sys.stderr)
     return {}
 
 
-def probe_memory(spec: str, mode: str, args: argparse.Namespace) -> Dict[str, float]:
+def probe_memory(spec: str, mode: str, args: argparse.Namespace, threads: int) -> Dict[str, float]:
     """Builds the contender and runs a warm-up step, then a second. CUDA: ``max_memory_allocated`` over the second.
     CPU (PyTorch keeps no CPU allocator statistics): the growth of the peak resident set size (ru_maxrss) beyond
     what the first step left in use, an upper bound (first-touch effects), and the peak RSS of the whole process."""
-    set_threads(args.threads)
+    set_threads(threads)
     model = build(spec, args)
     step, device = make_step(model, mode, args, input_size(spec, model, args)), torch.device(args.device)
     step()  # allocator pools, optimizer state, lazy init
@@ -438,11 +413,9 @@ def _build_contenders(specs: Sequence[str], args) -> Tuple[List[nn.Module], Tupl
 
 
 def run_contenders(specs: Sequence[str], args, env, macs_cache, profiles: List[str]) -> List[Dict[str, Any]]:
-    """A row per mode: one contender (``--model``) timed alone, or a pair (``--compare A B``) timed alternately (A B,
-    B A, ...: a slow drift does not favour whoever runs first), with the median and quartiles of the per-pair
-    ratios t_B / t_A (the speed-up of A over B). Each contender's columns (``base_`` for B): median step time,
-    throughput, MACs per sample and achieved GFLOP/s, also as % of the measured ceilings. ``--profile`` tables are
-    added to ``profiles``."""
+    """A row per mode: one contender timed alone, or a pair timed alternately (A B, B A, ...: a slow drift does not
+    favour whoever runs first) with the median and quartiles of the ratios t_B / t_A. Each contender's columns
+    (``base_`` for B): median step time, throughput, MACs per sample, GFLOP/s and % of the ceilings."""
     rows = []
     pair = len(specs) == 2
     sides = list(zip(('', 'base_'), ('A ', 'B ') if pair else ('',), specs))  # (column prefix, label, spec)
@@ -451,8 +424,11 @@ def run_contenders(specs: Sequence[str], args, env, macs_cache, profiles: List[s
         progress(f'{title}: building both' if pair else f'{title}: building')
         models, in_size, record = _build_contenders(specs, args)
         for spec, model in zip(specs, models) if not args.no_flops else []:  # once per contender and input size
-            if (spec, in_size) not in macs_cache:
-                macs_cache[spec, in_size] = count_macs(spec, model, in_size)
+            if (spec, in_size) not in macs_cache:  # per sample, the project's rules; BiGS's route as it runs here
+                from mlp_vision.complexity import count_module
+                progress(f'{spec}: counting MACs (fvcore)')
+                x = torch.randn(1, *in_size)
+                macs_cache[spec, in_size] = count_module(model.eval(), (x,), bigs_conv_impl=None)[0]
         steps = [make_step(m, mode, args, in_size) for m in models]
         device, clock = torch.device(args.device), time.process_time if args.timer == 'cpu' else time.perf_counter
         warm: List[List[float]] = [[] for _ in steps]  # untimed steps; with --compile the first compiles the graph
@@ -514,16 +490,13 @@ def run_contenders(specs: Sequence[str], args, env, macs_cache, profiles: List[s
 
 
 def rate_text(rate: float) -> str:
-    """A throughput with at least 3 significant digits (0.352, 41.7, 1234), so two slow contenders never print
-    as the same or swapped rounded numbers."""
+    """A throughput with at least 3 significant digits (0.352, 41.7, 1234): slow contenders never look equal."""
     return f'{rate:.0f}' if rate >= 100 else f'{rate:.3g}'
 
 
 def speed_sentence(r: Dict[str, Any]) -> str:
-    """A paired row in words, naming the faster contender first: ``'A is 1.117x faster than B (median of 8 paired
-    ratios, q1-q3 1.09-1.14); 0.412 vs 0.369 img/s (median of each)'``. The throughputs follow the sentence's
-    order; when the medians of each point the other way than the paired ratio (load changed while timing), the
-    line says so instead of leaving two numbers that seem to contradict each other."""
+    """A paired row in words, the faster contender first, then the throughputs in that order; when the medians of
+    each point the other way than the paired ratio (load changed while timing), the line says so."""
     unit = 'tok' if 'tok_per_s' in r else 'img'
     ratio, names, rates = r['speedup'], (r['model'], r['baseline']), (r[f'{unit}_per_s'], r[f'base_{unit}_per_s'])
     quartiles = r['speedup_q1'], r['speedup_q3']
@@ -570,8 +543,7 @@ def ceiling_text(env: Dict[str, Any]) -> str:
 
 
 def run_line(env: Dict[str, Any], args) -> str:
-    """The run's setting on one line: date, device, threads, precision, versions, ceilings, machine load (the
-    header of the markdown and of the profile file)."""
+    """The run's setting on one line (the markdown's and profile file's header): device, precision, versions, load."""
     prec = args.precision + (', channels_last' if args.channels_last else '') + (', compile' if args.compile else '')
     prec += ', CPU-time timer' if args.timer == 'cpu' else ''
     cpu = f" ({env['cpu_capability']})" if env['device'] == 'cpu' else ''
@@ -598,23 +570,6 @@ def markdown(rows: List[Dict[str, Any]], env: Dict[str, Any], args) -> str:
     return '\n'.join(lines) + '\n'
 
 
-def write_results(rows, env, args, profiles: List[str]) -> None:
-    prefix = args.out
-    os.makedirs(os.path.dirname(os.path.abspath(prefix)), exist_ok=True)
-    table = io.StringIO()
-    w = csv.DictWriter(table, fieldnames=list(dict.fromkeys(k for r in rows for k in r)))  # every row's, in order
-    w.writeheader()
-    w.writerows(rows)
-    write_output_file(prefix + '.csv', table.getvalue())
-    write_output_file(prefix + '.json', json.dumps({'environment': env, 'results': rows}, indent=2))
-    write_output_file(prefix + '.md', markdown(rows, env, args))
-    print(f'wrote {prefix}.csv / .json / .md')
-    if profiles:
-        write_output_file(prefix + '_profile.txt', f"# torch.profiler, top ops by self time · {run_line(env, args)}\n"
-                                                   f"# {env['command']}\n\n" + '\n'.join(profiles))
-        print(f'wrote {prefix}_profile.txt')
-
-
 def main(argv=None, prog: str = 'benchmark.py', reference_dir: Optional[os.PathLike] = None) -> None:
     """Benchmark; bad arguments stop with one line starting with ``prog`` and exit status 2 (``run_cli``).
     ``reference_dir``: the checkout's folder of reference models (the ``ref:`` contenders), from its benchmark.py."""
@@ -632,15 +587,26 @@ def _main(argv, prog: str, reference_dir: Optional[os.PathLike]) -> None:
                                   time.process_time if args.timer == 'cpu' else time.perf_counter))
         print(f"{ceiling_text(env)} ({env['threads']} threads)", flush=True)
     macs_cache: Dict[Any, float] = {}
-    rows: List[Dict[str, Any]] = []
     profiles: List[str] = []
-    for specs in args.compare or [[spec] for spec in args.model]:
-        rows += run_contenders(specs, args, env, macs_cache, profiles)
+    rows = [row for specs in args.compare or [[spec] for spec in args.model]
+            for row in run_contenders(specs, args, env, macs_cache, profiles)]
     env['load_avg_end'] = os.getloadavg()
-    if args.out:
-        write_results(rows, env, args, profiles)
-    else:
+    if not args.out:
         print(markdown(rows, env, args))
+        return
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    table = io.StringIO()
+    w = csv.DictWriter(table, fieldnames=list(dict.fromkeys(k for r in rows for k in r)))  # every row's, in order
+    w.writeheader()
+    w.writerows(rows)
+    write_output_file(args.out + '.csv', table.getvalue())
+    write_output_file(args.out + '.json', json.dumps({'environment': env, 'results': rows}, indent=2))
+    write_output_file(args.out + '.md', markdown(rows, env, args))
+    print(f'wrote {args.out}.csv / .json / .md')
+    if profiles:
+        header = f"# torch.profiler, top ops by self time · {run_line(env, args)}\n# {env['command']}\n\n"
+        write_output_file(args.out + '_profile.txt', header + '\n'.join(profiles))
+        print(f'wrote {args.out}_profile.txt')
 
 
 if __name__ == '__main__':
