@@ -162,10 +162,8 @@ def parse_args(argv=None, reference_dir: Optional[os.PathLike] = None) -> argpar
     check_flag_ranges(args, FLAG_RANGES)
     parse_device(args.device)
     for path in [f'{args.out}{ext}' for ext in ('.csv', '.json', '.md', '_profile.txt')] if args.out else []:
-        kind = output_kind(path)  # checked before minutes of timing, not after: earlier results are never replaced
-        if kind in ('regular', 'folder', 'socket'):
-            raise UsageError(f'--out {args.out}: {path} exists as a {kind.replace("regular", "file")}; give another '
-                             f'prefix')
+        if output_kind(path) in ('regular', 'folder', 'socket'):  # before minutes of timing: earlier results stay
+            raise UsageError(f'--out {args.out}: {path} exists (a file or folder); give another prefix')
     return args
 
 
