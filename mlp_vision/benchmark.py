@@ -421,21 +421,21 @@ def run_contenders(specs: Sequence[str], args, env, macs_cache, profiles: List[s
         title = f'{" vs ".join(specs)}, {mode}'
         progress(f'{title}: building both' if pair else f'{title}: building')
         models, in_size, record = _build_contenders(specs, args)
-        for spec, model in zip(specs, models) if not args.no_flops else []:  # once per contender and input size
+        for k, spec in enumerate(specs if not args.no_flops else []):  # once per contender and input size
             if (spec, in_size) not in macs_cache:  # per sample, the project's rules; BiGS's route as it runs here
                 from mlp_vision.complexity import count_module
                 progress(f'{spec}: counting MACs (fvcore)')
                 x = torch.randn(1, *in_size)
-                macs_cache[spec, in_size] = count_module(model.eval(), (x,), bigs_conv_impl=None)[0]
+                macs_cache[spec, in_size] = count_module(models[k].eval(), (x,), bigs_conv_impl=None)[0]
         steps = [make_step(m, mode, args, in_size) for m in models]
         device, clock = torch.device(args.device), time.process_time if args.timer == 'cpu' else time.perf_counter
         warm: List[List[float]] = [[] for _ in steps]  # untimed steps; with --compile the first compiles the graph
-        for step, (_, who, spec), t in zip(steps, sides, warm):
+        for k, (_, who, spec) in enumerate(sides):  # indexed: no name outlives ``del steps`` below
             for i in range(max(args.warmup, 1)):
                 progress(f'{who}{spec}, {mode}: warm-up step {i + 1}/{max(args.warmup, 1)}'
                          + (' (compiles the model first)' if i == 0 and args.compile else '')
-                         + (f', the last took {t[-1]:.2f} s' if t else ''))
-                t.append(seconds_per_call(step, 1, device, clock))
+                         + (f', the last took {warm[k][-1]:.2f} s' if warm[k] else ''))
+                warm[k].append(seconds_per_call(steps[k], 1, device, clock))
         # size the samples from the slowest contender so each sample has >= --min-sample-time
         iters = args.iters or max(1, math.ceil(args.min_sample_time / max(max(min(t) for t in warm), 1e-9)))
         load_start = os.getloadavg()[0]
@@ -446,9 +446,9 @@ def run_contenders(specs: Sequence[str], args, env, macs_cache, profiles: List[s
             ms = ', '.join(f'{who}{t[-1] * 1e3:.1f}' for (_, who, _), t in zip(sides, times))
             progress(f'{title}: {"pair" if pair else "sample"} {i + 1}/{args.samples} ({iters} steps'
                      f'{" each" if pair else ""}): {ms} ms/step')
-        for spec, step in zip(specs, steps) if args.profile else []:
+        for k, spec in enumerate(specs if args.profile else []):
             label = f'{spec}, {mode}, batch {args.batch_size}, {torch.get_num_threads()} threads'
-            profiles.append(profile_call(step, device, label))
+            profiles.append(profile_call(steps[k], device, label))
         is_seq = len(in_size) == 2  # a sequence layer
         shape = (dict(seq_len=in_size[0], dim=in_size[1]) if is_seq else
                  dict(img_size=in_size[-1] if in_size[-1] == in_size[-2] else f'{in_size[-2]}x{in_size[-1]}'))
