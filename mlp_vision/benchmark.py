@@ -162,8 +162,9 @@ def parse_args(argv=None, reference_dir: Optional[os.PathLike] = None) -> argpar
     check_flag_ranges(args, FLAG_RANGES)
     parse_device(args.device)
     for path in [f'{args.out}{ext}' for ext in ('.csv', '.json', '.md', '_profile.txt')] if args.out else []:
-        if output_kind(path) in ('regular', 'folder', 'socket'):  # before minutes of timing: earlier results stay
-            raise UsageError(f'--out {args.out}: {path} exists (a file or folder); give another prefix')
+        if output_kind(path) in ('regular', 'folder', 'socket'):  # checked before minutes of timing, not after
+            raise UsageError(f'--out {args.out}: {path} exists (earlier results are never replaced); give another '
+                             f'prefix')
     return args
 
 
