@@ -314,10 +314,8 @@ def saved_activation_bytes(model: nn.Module, *inputs: torch.Tensor, autocast_dty
 def profile_call(step: Callable[[], Any], device: torch.device, label: str, rows: int = 15) -> str:
     """Top operators of one call of ``step`` (after one untimed call) by self time (torch.profiler): GPU time on
     CUDA (the kernels), CPU time elsewhere; a markdown section headed by ``label``, also printed."""
-    from torch.profiler import ProfilerActivity, profile
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == 'cuda' else [])
     step()
-    with profile(activities=activities) as prof:
+    with torch.profiler.profile() as prof:  # CPU, and CUDA where there is one
         step()
         sync(device)
     sort = 'self_cuda_time_total' if device.type == 'cuda' else 'self_cpu_time_total'
