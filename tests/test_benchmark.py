@@ -255,18 +255,24 @@ class _InProcess:
         return future
 
 
-def test_memory_probe_child_builds_the_same_contender(monkeypatch):
+def test_memory_probe_child_builds_the_same_contender(monkeypatch, capsys):
     """The memory probe's child process is given the run's own settings and thread count (regressions: it ran
     bigs_layer with the default --bigs-conv-impl, and without the checkout's reference folder); what the child
-    runs, run here, measures that contender."""
+    runs, run here, measures that contender; a child that fails is one note and no memory columns."""
     flags = ['--model', 'ref:bigs_layer', '--bigs-conv-impl', 'fft', '--dim', '24', '--hidden-dim', '40',
              '--num-states', '4', '--seq-len', '16', '-b', '3', '--precision', 'bf16', '--seed', '7', '--threads', '1']
     parent = benchmark.parse_args(flags, reference_dir=REFERENCE)
     monkeypatch.setattr(benchmark, 'ProcessPoolExecutor', _InProcess)
+    monkeypatch.setattr(_InProcess, 'calls', [])
     memory = benchmark.peak_memory('ref:bigs_layer', 'train', parent)
     (call,) = _InProcess.calls  # the parent's own settings, the thread count it chose
     assert call == ('ref:bigs_layer', 'train', parent, torch.get_num_threads())
     assert set(memory) == {'peak_mem_mb', 'step_mem_mb'} and memory['peak_mem_mb'] > 0
+    parent.dim = -3
+    capsys.readouterr()
+    assert benchmark.peak_memory('ref:bigs_layer', 'train', parent) == {}
+    (note,) = capsys.readouterr().err.splitlines()
+    assert note.startswith('note: memory probe failed for ref:bigs_layer (RuntimeError: '), note
 
 
 @pytest.mark.slow
