@@ -81,10 +81,9 @@ def build_report(models: Optional[Sequence[str]] = None, img_size: int = DEFAULT
         fam = family(name)
         # None = the default size, so that counts are shared with the paper comparisons below
         size = {'vision': None if img_size == DEFAULT_IMG_SIZE else img_size, 'text': seq_len}.get(fam)
-        if fam == 'text' and size is not None and size > text_seq_len(name):
+        if fam == 'text' and size is not None and size > (max_len := text_seq_len(name)):
             report.counts[name] = None
-            report.problems[name] = ('SKIPPED', f'not counted: --seq-len {seq_len} exceeds its maximum '
-                                                f'{text_seq_len(name)}')
+            report.problems[name] = ('SKIPPED', f'not counted: --seq-len {seq_len} exceeds its maximum {max_len}')
             continue
         report.counts[name] = counter.get(name, size)
         if report.counts[name] is None:
@@ -186,9 +185,8 @@ def parse_args(argv: Optional[Sequence[str]] = None, prog: str = PROG) -> argpar
     p.add_argument('--img-size', type=int, default=DEFAULT_IMG_SIZE,
                    help='image side for the vision models, a multiple of 32')
     p.add_argument('--seq-len', type=int, default=None,
-                   help='sequence length for the registered text models incl. BiGS (default: each model\'s '
-                        'maximum; longer than a model\'s maximum: that model is listed as not counted); the '
-                        'bert_large_L baselines stay at their L')
+                   help="text models' sequence length, BiGS included (default: each one's maximum; a model with a "
+                        "shorter maximum is listed as not counted); the bert_large_L baselines stay at their L")
     p.add_argument('--format', choices=FORMATS, default=None,
                    help='output format (default: from each --output suffix, else md)')
     p.add_argument('--output', nargs='+', metavar='PATH',
