@@ -306,7 +306,7 @@ def test_visualize_and_benchmark_one_line_cases(tmp_path, capsys):
     assert not (tmp_path / 'figs').exists()
     msg = _fail(benchmark.main, ['--model', 'smlpnet_t', '--img-size', '1', '--no-ceiling', '--no-memory',
                                  '--threads', '1'], capsys)
-    assert 'smlpnet_t cannot be built with' in msg and 'divisible by 32' in msg, msg
+    assert 'cannot build smlpnet_t with' in msg and 'divisible by 32' in msg, msg
 
 
 def test_image_resume_refuses_nan_ema_weights(images, tmp_path, capsys):
