@@ -474,7 +474,6 @@ def _train(args, stop) -> Optional[Dict[str, float]]:
     source = apply_recipe(args, model.config.model_type.removeprefix('mlp_vision_'), TASKS[args.task])
     if args.freeze_embeddings:
         model.get_input_embeddings().weight.requires_grad_(False)
-    model.accepts_loss_kwargs = False  # the loss: the model's own mean over a micro-batch's scored tokens
     # no processing_class: Trainer would copy the tokenizer's <pad> id into configs without that field (gMLP's), which
     # then do not load; the model's save_pretrained writes model.tokenizer into every checkpoint and the final folder
     n_labels = len(model.config.id2label) if classify else 0

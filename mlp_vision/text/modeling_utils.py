@@ -1,16 +1,14 @@
 """ Shared plumbing of the text models: every config a :class:`TextConfig` (a ``transformers.PreTrainedConfig``),
 every model a :class:`TextPreTrainedModel` (a ``PreTrainedModel``), one class per family and task as ``transformers``'
-``modeling_bert.py``, with its ``save_pretrained`` / ``from_pretrained`` / ``generate`` and output types. Ours:
+``modeling_bert.py``. What we add:
 
 * ``forward`` takes ``input_ids``, ``attention_mask``, ``token_type_ids`` (B, L) and ``labels``; causal LMs shift
-  ``labels = input_ids`` inside; padding is right padding (:func:`check_text_inputs`), and padded positions never
-  change a real position's output (``tests/test_text_models.py``);
-* config values are checked when the config is made (:meth:`TextConfig.check_fields`): a NaN ``layer_norm_eps`` or
-  an unparsed ``'false'`` stops with one line instead of building a wrong model;
+  ``labels = input_ids`` inside; padding is right padding (:func:`check_text_inputs`);
+* config values are checked when the config is made (:meth:`TextConfig.check_fields`);
 * ``from_pretrained`` reads local folders only and first checks them: a model within
-  :data:`~mlp_vision.bounds.MAX_PARAMS`, weights of the config's shapes, finite and of the right kind
-  (:func:`mlp_vision.weights.check_weights`), a tokenizer that fits the vocabulary (``model.tokenizer``); a folder of
-  another task of the family loads the backbone and a new head.
+  :data:`~mlp_vision.bounds.MAX_PARAMS`, weights of the config's shapes, finite and of the right kind, a tokenizer
+  that fits the vocabulary (``model.tokenizer``); a folder of another task of the family loads the backbone and a
+  new head.
 """
 import contextlib
 import dataclasses
@@ -118,13 +116,6 @@ class TextConfig(PreTrainedConfig):
                 check_range(where, value)
 
     @classmethod
-    def from_pretrained(cls, pretrained_model_name_or_path, **kwargs):
-        """``transformers``' ``from_pretrained``, telling :meth:`from_dict` the folder (named in its errors) as
-        ``AutoConfig`` does."""
-        kwargs.setdefault('name_or_path', os.fspath(pretrained_model_name_or_path))
-        return super().from_pretrained(pretrained_model_name_or_path, **kwargs)
-
-    @classmethod
     def from_dict(cls, config_dict: Dict[str, Any], **kwargs):
         """``transformers``' ``from_dict`` (what ``from_pretrained`` and ``AutoConfig`` call): a ``config.json`` of
         another family stops (:class:`WrongFamilyError`), keyword arguments that are our fields are checked as the
@@ -188,9 +179,8 @@ class TextPreTrainedModel(PreTrainedModel):
 
     def check_forward_kwargs(self, kwargs: Dict[str, Any]) -> None:
         """The ``kwargs`` a ``forward`` got besides its inputs may be what ``generate``, pipelines and ``Trainer``
-        pass (``return_dict`` is ``transformers``' ``can_return_tuple``'s, around every ``forward``); any other
-        keyword is an error (a misspelt ``attention_mask`` must not pass unseen), and so are the per-layer outputs
-        our models do not collect."""
+        pass; any other keyword is an error (a misspelt ``attention_mask`` must not pass unseen), and so are the
+        per-layer outputs our models do not collect."""
         unknown = sorted(k for k, v in kwargs.items() if k not in _FORWARD_KWARGS and v is not None)
         if unknown:
             raise TypeError(f'{type(self).__name__}.forward got arguments it does not take: {unknown}')
@@ -199,11 +189,9 @@ class TextPreTrainedModel(PreTrainedModel):
                                       f'models do not collect per-layer hidden states or attention weights')
 
     def _init_weights(self, module: nn.Module) -> None:
-        """``transformers``' init (Linear / Embedding ~ N(0, ``initializer_range``), biases 0, the padding row of an
-        embedding 0, LayerNorm 1 / 0) and the zero output bias of our LM heads. ``post_init`` runs it on a model built
-        directly; ``from_pretrained`` builds on the ``meta`` device and runs it for what the folder does not hold (a
-        new head, the non-persistent buffers): the ``init`` functions skip the tensors that were loaded. Each family
-        adds what its own layers compute when built, as ``transformers``' ``modeling_bert.py`` does."""
+        """``transformers``' init and the zero output bias of our LM heads; ``from_pretrained`` runs it for what the
+        folder does not hold (a new head, the non-persistent buffers). Each family adds what its own layers compute
+        when built, as ``transformers``' ``modeling_bert.py`` does."""
         super()._init_weights(module)
         if isinstance(module, TextPreTrainedModel) and getattr(module, 'output_bias', None) is not None:
             init.zeros_(module.output_bias)
@@ -251,8 +239,7 @@ class TextPreTrainedModel(PreTrainedModel):
             model, info = super().from_pretrained(folder, *model_args, config=config, output_loading_info=True,
                                                   **kwargs)
         stored = (config.architectures or [cls.__name__])[0]
-        same_arch = stored == cls.__name__
-        strict = same_arch if strict is None else strict
+        strict = stored == cls.__name__ if strict is None else strict
         missing, unexpected = sorted(info['missing_keys']), sorted(info['unexpected_keys'])
         if strict and (missing or unexpected):
             detail = f'missing {missing[:8]}' if missing else f'unexpected {unexpected[:8]}'
@@ -424,13 +411,11 @@ def load_text_config(config_class, directory: str, **overrides) -> TextConfig:
     naming ``config.json``."""
     path = os.path.join(directory, CONFIG_NAME)
     try:
-        return config_class.from_pretrained(directory, **overrides)
+        return config_class.from_pretrained(directory, name_or_path=directory, **overrides)  # from_dict names it
     except WrongFamilyError:
         raise
-    except UsageError as e:
-        raise e if path in str(e) else UsageError(f'{path}: {e}') from None
     except (TypeError, ValueError, KeyError) as e:
-        raise UsageError(f'{path}: {e}') from None
+        raise UsageError(str(e) if path in str(e) else f'{path}: {e}') from None
 
 
 def _check_weights_file(model_cls: type, config: TextConfig, weights_path: str, config_path: str) -> None:

@@ -223,15 +223,14 @@ def encode_text(tok: Tokenizer, text: str, what: str, stop: Optional[Callable[[]
 
 
 def _turn_off_length_settings(tok: Tokenizer, what: str) -> None:
-    """A tokenizer.json may carry truncation or padding (settings for batches of one length); on a corpus they
-    would leave a few tokens, or pad tokens by the thousand. The corpus is encoded whole and cut into blocks, as
-    ``transformers`` encodes any call without ``truncation`` / ``padding``: both are turned off, in one line."""
+    """A tokenizer.json may carry truncation or padding; on a corpus they would leave a few tokens, or pad tokens by
+    the thousand: both are turned off (the corpus is encoded whole and cut into blocks), in one line."""
     backend = tok.backend_tokenizer
     truncation, padding = backend.truncation, backend.padding
-    if not truncation and not padding:
-        return
     settings = ([f'truncation to {truncation["max_length"]} tokens'] if truncation else []) + (
         [f'padding to {padding["length"]} tokens' if padding.get('length') else 'padding'] if padding else [])
+    if not settings:
+        return
     _logger.warning(f'the tokenizer\'s {" and ".join(settings)} (set in its tokenizer.json) turned off: the {what} is '
                     f'encoded whole and cut into --block-size blocks')
     backend.no_truncation()
@@ -305,8 +304,6 @@ class LMBlocks(torch.utils.data.Dataset):
         return len(self.blocks)
 
     def __getitem__(self, i: int) -> Dict[str, torch.Tensor]:
-        if not -len(self) <= i < len(self):
-            raise IndexError(f'block {i} of {len(self)}')
         block = self.blocks[i].long()
         if self.causal:
             return {'input_ids': block, 'labels': block}
