@@ -406,9 +406,8 @@ def is_saved_folder(directory: str) -> bool:
 
 
 def load_text_config(config_class, directory: str, **overrides) -> TextConfig:
-    """``config_class.from_pretrained(directory)`` with ``overrides``; a config that does not build (an unknown
-    field, a value out of range such as a NaN ``layer_norm_eps``) is a :class:`~mlp_vision.errors.UsageError`
-    naming ``config.json``."""
+    """``config_class.from_pretrained(directory)`` with ``overrides``; a config that does not build is a
+    :class:`~mlp_vision.errors.UsageError` naming ``config.json``."""
     path = os.path.join(directory, CONFIG_NAME)
     try:
         return config_class.from_pretrained(directory, name_or_path=directory, **overrides)  # from_dict names it
@@ -419,9 +418,8 @@ def load_text_config(config_class, directory: str, **overrides) -> TextConfig:
 
 
 def _check_weights_file(model_cls: type, config: TextConfig, weights_path: str, config_path: str) -> None:
-    """Before ``transformers`` loads ``weights_path``: a readable safetensors file whose tensors have the shapes of
-    the model's (built on the ``meta`` device) and values of its kind, all finite
-    (:func:`mlp_vision.weights.check_weights`); else a :class:`~mlp_vision.errors.UsageError` naming the file."""
+    """A :class:`~mlp_vision.errors.UsageError` naming ``weights_path`` unless it is a readable safetensors file
+    whose tensors have the model's shapes and kinds, all finite (:func:`mlp_vision.weights.check_weights`)."""
     if not os.path.isfile(weights_path):
         raise UsageError(f'{weights_path} does not exist: the folder has {CONFIG_NAME} but not the weights it '
                          f'describes')
@@ -440,20 +438,16 @@ def _check_weights_file(model_cls: type, config: TextConfig, weights_path: str, 
 
 
 def check_text_model_size(model_cls: type, config: TextConfig, source: str) -> None:
-    """Refuse (:func:`~mlp_vision.bounds.check_model_size`, a :class:`UsageError` naming ``source`` and the size
-    fields) a ``model_cls(config)`` beyond :data:`~mlp_vision.bounds.MAX_PARAMS` parameters, counted on the
-    ``meta`` device before anything is allocated: a ``config.json`` or a checkpoint's saved config may say
-    ``hidden_size`` 4096 and 100,000 layers."""
+    """A :class:`UsageError` naming ``source`` and the size fields for a ``model_cls(config)`` beyond
+    :data:`~mlp_vision.bounds.MAX_PARAMS` parameters, counted on the ``meta`` device before anything is allocated."""
     check_model_size(lambda: model_cls(config, device='meta'), _model_description(model_cls, config, source))
 
 
 def check_text_activations(model_cls: type, config: TextConfig, batch_size: int, seq_len: int, training: bool,
                            source: str) -> None:
-    """Refuse (:func:`~mlp_vision.bounds.check_activation_size`, a :class:`UsageError` naming ``source``, the size
-    fields and the batch) a ``model_cls(config)`` whose forward on ``batch_size`` sequences of ``seq_len`` tokens
-    would hold more activations than the bound, estimated on the ``meta`` device before the first real batch: a
-    ``config.json`` may say ``hidden_size`` 8192 with ``max_position_embeddings`` a million. ``training``: a
-    training step (autograd keeps every layer's output), else one forward under ``no_grad``."""
+    """A :class:`UsageError` naming ``source``, the size fields and the batch for a ``model_cls(config)`` whose
+    forward on ``batch_size`` sequences of ``seq_len`` tokens (``training``: with autograd) would hold more
+    activations than :func:`~mlp_vision.bounds.check_activation_size` allows, estimated on the ``meta`` device."""
     token_ids = torch.zeros(batch_size, seq_len, dtype=torch.long, device='meta')
     check_activation_size(lambda: model_cls(config, device='meta'), [token_ids], training,
                           f'{_model_description(model_cls, config, source)}, batch {batch_size} x {seq_len} tokens')
@@ -465,8 +459,7 @@ def _model_description(model_cls: type, config: TextConfig, source: str) -> str:
 
 
 def check_tokenizer_fits(tokenizer, config: TextConfig, source: str) -> None:
-    """A model's vocabulary is its tokenizer's: a :class:`~mlp_vision.errors.UsageError` when the sizes
-    differ (ids past the embedding fail, embedding rows without a token predict what cannot be written)."""
+    """A :class:`~mlp_vision.errors.UsageError` when the model's vocabulary size is not its tokenizer's."""
     if tokenizer is not None and len(tokenizer) != config.vocab_size:
         raise UsageError(f'{source}: the model has vocab_size {config.vocab_size} but its tokenizer has '
                          f'{len(tokenizer)} tokens; they do not belong together (the config was edited, or the '
