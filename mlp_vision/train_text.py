@@ -358,7 +358,7 @@ def _lm_data(args, resume: Optional[str], distributed: bool, stop):
     :class:`~mlp_vision.text.training_data.MaskedBlocks`)."""
     from transformers import default_data_collator
     from mlp_vision.text.training_data import (
-        MaskedBlocks, check_unknown_tokens, encode_text, lm_blocks, read_text_file, split_held_out)
+        LMBlocks, MaskedBlocks, check_unknown_tokens, encode_text, read_text_file, split_held_out)
     train_text = read_text_file(args.train_file, 'training text file')
     if args.val_file:
         val_text = read_text_file(args.val_file, 'validation text file')
@@ -372,7 +372,7 @@ def _lm_data(args, resume: Optional[str], distributed: bool, stop):
     for text, what in ((train_text, 'training text'), (val_text, 'validation text')):
         ids = encode_text(tokenizer, text, what, stop=stop)
         check_unknown_tokens(ids, tokenizer, what)
-        blocks.append(lm_blocks(ids, args.block_size, args.task, tokenizer, what))
+        blocks.append(LMBlocks(ids, args.block_size, args.task, tokenizer, what))
     if mlm:
         blocks = [MaskedBlocks(b, tokenizer, args.mask_rate, args.seed) for b in blocks]
     return model, blocks[0], blocks[1], default_data_collator

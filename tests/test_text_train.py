@@ -26,7 +26,7 @@ from transformers import AutoModelForCausalLM, AutoModelForMaskedLM, AutoTokeniz
 import mlp_vision.text as mt
 import mlp_vision.train_text as text_train
 from mlp_vision.errors import UsageError
-from mlp_vision.text.training_data import MaskedBlocks, MLMMasker, build_tokenizer, lm_blocks
+from mlp_vision.text.training_data import LMBlocks, MaskedBlocks, MLMMasker, build_tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO.parent / 'shared' / 'data'
@@ -216,7 +216,7 @@ def test_resume_refuses_a_checkpoint_file_that_would_run_code(small_text, tmp_pa
 def test_mlm_masking_statistics_and_masks_fixed_per_seed_epoch_and_block(tiny_text):
     text = Path(tiny_text).read_text() * 10
     tok = build_tokenizer('char', 'mlm', text)
-    blocks = lm_blocks(torch.tensor(tok.encode(text, add_special_tokens=False)), 64, 'mlm', tok, 'text')
+    blocks = LMBlocks(torch.tensor(tok.encode(text, add_special_tokens=False)), 64, 'mlm', tok, 'text')
     segments = torch.stack([b['input_ids'] for b in blocks])
     assert (segments[:, 0] == tok.cls_token_id).all() and (segments[:, -1] == tok.sep_token_id).all()
     inputs, labels = MLMMasker(tok)(segments, torch.Generator().manual_seed(0))
