@@ -375,9 +375,9 @@ def pool_sequence(hidden: torch.Tensor, attention_mask: Optional[torch.Tensor], 
 
 # -------------------------------------------------------------------------------------------------- save / load
 
-def read_config(directory: str) -> Tuple[str, dict]:
-    """(architecture name, parsed ``config.json``) of a ``save_pretrained`` folder; a missing ``config.json`` is a
-    ``FileNotFoundError``, one of another layout (an official BiGS folder's) a ``ValueError``, a damaged one a
+def read_config(directory: str) -> str:
+    """The architecture (class name) in a ``save_pretrained`` folder's ``config.json``; a missing ``config.json`` is
+    a ``FileNotFoundError``, one of another layout (an official BiGS folder's) a ``ValueError``, a damaged one a
     :class:`~mlp_vision.errors.UsageError` naming the file."""
     path = os.path.join(directory, CONFIG_NAME)
     if not os.path.isfile(path):
@@ -390,7 +390,7 @@ def read_config(directory: str) -> Tuple[str, dict]:
     architecture = architectures[0] if isinstance(architectures, list) and architectures else None
     if not isinstance(architecture, str):
         raise UsageError(f'{path}: the architecture must be a class name, got {short_repr(architecture)}')
-    return architecture, payload
+    return architecture
 
 
 def is_saved_folder(directory: str) -> bool:
