@@ -32,9 +32,6 @@ class LabelledData:
     pairs: Optional[List[str]]
     labels: List[str]
 
-    def __len__(self) -> int:
-        return len(self.labels)
-
 
 def read_labelled_file(path: str, text_columns: Optional[Sequence[str]] = None, label_column: str = 'label',
                        what: str = '--train-file') -> LabelledData:

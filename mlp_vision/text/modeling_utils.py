@@ -93,11 +93,10 @@ class TextConfig(PreTrainedConfig):
         for name in self.text_field_names():
             value, where = getattr(self, name), f'{type(self).__name__}.{name}'
             field = self.__dataclass_fields__.get(name)
-            ok = _TYPE_CHECKS.get(field.type) if field is not None else _TYPE_CHECKS[int]
-            if ok is not None and not ok(value):
-                hint = ' (write True or False)' if field is not None and field.type is bool else ''
-                type_name = field.type.__name__ if field is not None else 'int'
-                raise TypeError(f'{where} must be a {type_name}{hint}, got {value!r} ({type(value).__name__})')
+            kind = field.type if field is not None else int  # num_labels: transformers' property
+            if kind in _TYPE_CHECKS and not _TYPE_CHECKS[kind](value):
+                hint = ' (write True or False)' if kind is bool else ''
+                raise TypeError(f'{where} must be a {kind.__name__}{hint}, got {value!r} ({type(value).__name__})')
             if name == 'classifier_pooling':
                 check_classifier_pooling(value)
             if value is None or isinstance(value, (bool, str)):
