@@ -319,9 +319,8 @@ def text_model_hint(folder: os.PathLike) -> Optional[str]:
     if not isinstance(cfg, dict) or 'architecture' in cfg or not isinstance(cfg.get('model_type'), str):
         return None
     return (f'{folder} is a text model ({cfg["model_type"]}, a transformers / mlp_vision.text folder), not an image '
-            f'model: use it with the text commands (python -m mlp_vision.text.fill_mask {folder} "TEXT [MASK]", '
-            f'python -m mlp_vision.train_text --init-from {folder}, mlp-vision-visualize {folder}) or '
-            f'mlp_vision.text\'s AutoModel.from_pretrained in Python')
+            f'model: use it with the text commands (python -m mlp_vision.train_text --init-from {folder}, '
+            f'mlp-vision-visualize {folder}) or transformers\' pipeline / AutoModel.from_pretrained in Python')
 
 
 def read_model_folder(folder: os.PathLike) -> Dict[str, Any]:
