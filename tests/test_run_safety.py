@@ -192,7 +192,7 @@ def test_a_folder_that_is_not_a_run_is_never_written(vision_run, tmp_path, legac
     folder, _ = vision_run
     mine = tmp_path / 'my_results'
     mine.mkdir()
-    (mine / 'curves.png').write_bytes(b'my own figure')
+    (mine / 'figure.png').write_bytes(b'my own figure')
     (mine / 'summary.csv').write_text('epoch,note\n0,mine\n5,mine too\n')
     ckpt = torch.load(folder / 'last.pth', weights_only=True)
     if legacy:

@@ -311,23 +311,6 @@ def test_link_fallback_copy_never_writes_through_a_planted_link(tmp_path, monkey
     assert dst.read_bytes() == src.read_bytes() and not dst.is_symlink()
 
 
-def test_a_failed_curves_png_keeps_the_previous_one_and_no_temp_file(tmp_path, monkeypatch):
-    pytest.importorskip('matplotlib')
-    from matplotlib.figure import Figure
-    from mlp_vision.training.run_files import SummaryWriter, plot_curves
-    summary, png = tmp_path / 'summary.csv', tmp_path / 'curves.png'
-    SummaryWriter(summary).append({'epoch': 0, 'train_loss': 1.0, 'eval_loss': 2.0, 'eval_top1': 50.0})
-    assert plot_curves(summary, png) == png
-    before = png.read_bytes()
-
-    def full_disk(self, *args, **kwargs):
-        raise OSError(28, 'No space left on device')
-    monkeypatch.setattr(Figure, 'savefig', full_disk)
-    with pytest.raises(OSError, match='No space left on device'):
-        plot_curves(summary, png)
-    assert png.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ['curves.png', 'summary.csv']
-
-
 # ------------------------------------------------------------------------------------------------ signals
 def _env():
     env = dict(os.environ, PYTHONUNBUFFERED='1', OMP_NUM_THREADS='1')

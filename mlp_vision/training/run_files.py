@@ -4,7 +4,7 @@
 :func:`open_run_folder` (created, or continued in place only when it is the checkpoint's run and holds nothing newer;
 locked; no links or FIFOs), :func:`restore_rng` last (an exact resume), :func:`save_checkpoint` (atomic files with
 their history), :func:`stop_signals` / :func:`stop_error` (the one line that ends a stopped or diverged run),
-:func:`write_results`, :func:`close_run_folder`; ``summary.csv`` and ``curves.png``.
+:func:`write_results`, :func:`close_run_folder`; ``summary.csv``.
 
 Checkpoint payload (tensors and plain Python values only, so it loads with ``weights_only=True``)::
 
@@ -48,7 +48,7 @@ from mlp_vision.arguments import (
     BaseConfigs, RunArgs, args_to_yaml, merge_settings, parse_given, plain_value, read_json_file, read_yaml_file)
 from mlp_vision.errors import Interrupted, RunError, UsageError, short_repr
 from mlp_vision.outputs import (
-    add_log_file, atomic_link, atomic_save, atomic_write, atomic_write_text, clean_stale_temp_files, keep_previous,
+    add_log_file, atomic_link, atomic_save, atomic_write_text, clean_stale_temp_files, keep_previous,
     json_text, open_own_file, remove_log_file)
 from mlp_vision.weights import load_checkpoint_file, load_model_weights
 
@@ -875,7 +875,7 @@ def preserve_rng():
         set_rng_state(state)
 
 
-# ------------------------------------------------------------------------------------------------ summary.csv, curves
+# ------------------------------------------------------------------------------------------------ summary.csv
 # summary.csv has the columns of timm's update_summary but is not written by it: that opens the file by name (through
 # a link planted in the run folder) and appends new columns under the old header; a resume also drops rows past its
 # epoch.
@@ -913,45 +913,6 @@ class SummaryWriter:
 
     def append(self, row: Dict[str, Any]) -> None:
         self.write(self.read() + [{k: (f'{v:.6g}' if isinstance(v, float) else v) for k, v in row.items()}])
-
-
-_CURVES = (('loss', ('train_loss', 'eval_loss', 'ema_eval_loss')),
-           ('accuracy (%)', ('eval_top1', 'eval_top5', 'ema_eval_top1')))  # (y label, columns) per panel
-_STYLES = ('-', '--', ':')  # one line style per column of a panel
-
-
-def plot_curves(summary_csv: os.PathLike, out_png: os.PathLike, title: str = '') -> Optional[Path]:
-    """The losses (left) and accuracies (right) of ``summary.csv`` against the epoch, as a PNG written by
-    :func:`~mlp_vision.outputs.atomic_write`; None without rows (or without matplotlib, with a warning)."""
-    rows = SummaryWriter(summary_csv).read()
-    if not rows:
-        return None
-    try:
-        import matplotlib
-        matplotlib.use('Agg')
-        import matplotlib.pyplot as plt
-    except ImportError:
-        _logger.warning('matplotlib is not installed: no curves PNG (pip install matplotlib)')
-        return None
-    fig, axes = plt.subplots(1, len(_CURVES), figsize=(5.5 * len(_CURVES) + 0.5, 4), squeeze=False)
-    for ax, (ylabel, names) in zip(axes[0], _CURVES):
-        for style, name in zip(_STYLES, names):
-            points = [(float(r['epoch']), float(r[name])) for r in rows if r.get(name) not in (None, '')]
-            if points:
-                ax.plot(*zip(*points), style, label=name, marker='o', markersize=3)
-        ax.set_xlabel('epoch')
-        ax.set_ylabel(ylabel)
-        ax.grid(alpha=.3)
-        if ax.lines:
-            ax.legend()
-    if title:
-        fig.suptitle(title)
-    fig.tight_layout()
-    try:
-        atomic_write(out_png, lambda f: fig.savefig(f, dpi=110, format='png'))
-    finally:
-        plt.close(fig)
-    return Path(out_png)
 
 
 def all_gather_objects(obj: Any, info) -> List[Any]:
