@@ -221,10 +221,10 @@ def test_full_disk_is_one_line_and_keeps_the_last_checkpoint(images, tmp_path, c
     # would be refused, so the file the atomic write opens is swapped in the process instead)
     open_own_file = outputs_module.open_own_file
 
-    def full_disk(path, flags, mode=0o644):
+    def full_disk(path, flags):
         if Path(path) == temp_path(exp / 'last.pth'):
             return os.open('/dev/full', os.O_WRONLY)
-        return open_own_file(path, flags, mode)
+        return open_own_file(path, flags)
     monkeypatch.setattr(outputs_module, 'open_own_file', full_disk)
     msg = _fail(train.main, ['--resume', str(exp / 'last.pth'), '--epochs', '2'], capsys, status=1)
     assert msg == f'train.py: error: No space left on device: {exp / "last.pth"}'
