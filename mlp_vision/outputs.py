@@ -255,20 +255,16 @@ def setup_logging(primary: bool = True) -> None:
     root.setLevel(logging.INFO if primary else logging.WARNING)
 
 
-class _OwnFileHandler(logging.FileHandler):
-    def _open(self):  # a regular file of its own, never through a symbolic link
-        return open(open_own_file(self.baseFilename, os.O_WRONLY | os.O_APPEND | os.O_CREAT), 'a',
-                    encoding=self.encoding, errors=self.errors)
-
-
-def add_log_file(path: Path) -> logging.Handler:
-    """Also log to ``path`` (appending, so a resumed run continues the same file)."""
-    handler = _OwnFileHandler(path, mode='a', encoding='utf-8')
+def add_log_file(path: Path) -> logging.StreamHandler:
+    """Also log to ``path``, a file of its own (:func:`open_own_file`), appending: a resumed run continues it."""
+    handler = logging.StreamHandler(open(open_own_file(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT), 'a',
+                                         encoding='utf-8'))
     handler.setFormatter(logging.Formatter('%(asctime)s %(message)s', datefmt='%Y-%m-%d %H:%M:%S'))
     logging.getLogger().addHandler(handler)
     return handler
 
 
-def remove_log_file(handler: logging.Handler) -> None:
+def remove_log_file(handler: logging.StreamHandler) -> None:
     logging.getLogger().removeHandler(handler)
     handler.close()
+    handler.stream.close()

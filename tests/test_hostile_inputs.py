@@ -180,7 +180,8 @@ def test_a_checked_rng_state_takes_what_get_rng_state_gives_and_refuses_damage()
             ('Python', {**state, 'python': (py_version, py_words[:-1] + (625,), None)}),  # a position past the words
             ('Python', {**state, 'python': (py_version, py_words, 'not a gauss')}),  # random.setstate takes it
             ('numpy', {**state, 'numpy': {**state['numpy'], 'pos': 10 ** 6}}),  # numpy takes it, then reads past
-            ('numpy', {**state, 'numpy': {**state['numpy'], 'keys': state['numpy']['keys'][:-1]}})]:
+            ('numpy', {**state, 'numpy': {**state['numpy'], 'keys': state['numpy']['keys'][:-1]}}),
+            ('CUDA', {**state, 'cuda': ['not a generator state']})]:
         with pytest.raises(ValueError, match=f'its {part} random-number state is not one this trainer writes'):
             set_rng_state(damaged, check=True)
     set_rng_state(state)  # for real: the streams from the saved state again

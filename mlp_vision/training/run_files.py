@@ -25,7 +25,6 @@ import threading
 import uuid
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
-from datetime import datetime
 from io import StringIO
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
@@ -573,9 +572,8 @@ def close_run_folder(folder: Optional[RunFolder], error: Optional[BaseException]
             _logger.error(f'the final stage failed; the error is recorded in {folder.output_dir / "results.json"}')
         except OSError as e:  # e.g. the full disk that stopped the stage: the original error is the one to report
             _logger.error(f'could not record the error in results.json either: {e}')
-    if isinstance(error, RunError):
-        with open(open_own_file(folder.output_dir / 'train.log', os.O_WRONLY | os.O_APPEND | os.O_CREAT), 'a') as f:
-            f.write(f'{datetime.now():%Y-%m-%d %H:%M:%S} ERROR {error}\n')
+    if isinstance(error, RunError):  # train.log only: run_cli prints it
+        folder.log_handler.handle(logging.LogRecord(__name__, logging.ERROR, '', 0, f'ERROR {error}', None, None))
     remove_log_file(folder.log_handler)
     _unlock(folder.lock)
     folder.lock = None
