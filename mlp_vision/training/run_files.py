@@ -18,7 +18,6 @@ import logging
 import math
 import os
 import random
-import re
 import signal
 import stat
 import threading
@@ -58,7 +57,6 @@ RUN_CONTROL_ARGS = frozenset({
     'max_params', 'max_activation_gib', 'allow_regex',  # opt-ins past a bound: given again each time, as the trust
 })
 RUN_FILE = 'run.json'  # a run folder's identity
-_RUN_ID = re.compile(r'[0-9a-f]{32}')
 _DAMAGED = 'the file is damaged or was crafted, and is not used'
 
 
@@ -373,8 +371,8 @@ def new_run_folder(root: os.PathLike, name: str) -> Path:
             return folder
 
 
-def is_run_id(value) -> bool:
-    return isinstance(value, str) and _RUN_ID.fullmatch(value) is not None
+def is_run_id(value) -> bool:  # as uuid4().hex
+    return isinstance(value, str) and len(value) == 32 and set(value) <= set('0123456789abcdef')
 
 
 def read_run_id(folder: Path) -> Optional[str]:
@@ -488,8 +486,7 @@ def open_run_folder(args, ckpt: Optional[Dict[str, Any]], *, default_root: str, 
                          f'"/" or ".."), and the parent folder with --output')
     note, history, lock, last_saved = '', None, None, ckpt.get('epoch') if ckpt is not None else None
     if args.resume:  # the saved history is checked before any folder is made or touched
-        history = CheckpointManager(root).check_state(
-            ckpt.get('checkpoint_history') if ckpt is not None else None, source=f'--resume {args.resume}')
+        history = CheckpointManager(root).check_state(ckpt.get('checkpoint_history'), source=f'--resume {args.resume}')
         output_dir, note, lock = _resume_folder(args, ckpt, root, last_saved)
     else:
         output_dir = new_run_folder(root, args.experiment or default_name)
