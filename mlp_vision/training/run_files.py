@@ -781,7 +781,6 @@ class NonFiniteLossError(RuntimeError):
     """The training loss became NaN or infinite at ``where``; raised before that loss reaches the weights."""
 
     def __init__(self, value: float, where: str):
-        self.value, self.where = value, where
         what = f'{value}' if not math.isfinite(value) else 'not finite on another rank'
         super().__init__(f'training loss is {what} at {where}; stopped before applying it')
 
