@@ -311,6 +311,16 @@ def test_link_fallback_copy_never_writes_through_a_planted_link(tmp_path, monkey
     assert dst.read_bytes() == src.read_bytes() and not dst.is_symlink()
 
 
+def test_a_run_needs_no_matplotlib(images, tmp_path, monkeypatch):
+    """matplotlib is the viz extra's (visualize draws with it): a training run to its end neither imports it nor
+    needs it."""
+    monkeypatch.setitem(sys.modules, 'matplotlib', None)  # any import of it now raises ImportError
+    res = train.main(TINY_VISION + ['--data-dir', str(images), '--val-split', 'val', '--epochs', '1', '--output',
+                                    str(tmp_path), '--experiment', 'plain'])
+    assert json.loads((tmp_path / 'plain' / 'results.json').read_text())['final_epoch'] == 0
+    assert res['experiment_dir'] == str((tmp_path / 'plain').resolve())
+
+
 # ------------------------------------------------------------------------------------------------ signals
 def _env():
     env = dict(os.environ, PYTHONUNBUFFERED='1', OMP_NUM_THREADS='1')
