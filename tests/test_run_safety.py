@@ -357,6 +357,16 @@ def test_resuming_a_finished_run_is_refused_and_changes_nothing(vision_run, tmp_
     assert _files(run_copy) == before
 
 
+def test_a_finished_runs_checkpoint_moved_elsewhere_does_not_speak_for_that_folder(vision_run, tmp_path, capsys):
+    folder, _ = vision_run
+    moved = tmp_path / 'elsewhere' / 'last.pth'
+    moved.parent.mkdir()
+    moved.write_bytes((folder / 'last.pth').read_bytes())
+    (moved.parent / 'results.json').write_text('{"error": "not this run\'s"}')
+    msg = _fail(train.main, ['--resume', str(moved)], capsys)
+    assert 'already finished its 2 epochs' in msg and 'lies outside its run\'s folder' in msg and 'not this' not in msg
+
+
 # ------------------------------------------------------------------------------------------------ issue 44, item 3
 class _Killed(BaseException):
     """A SIGKILL at this point: nothing after it runs (no handler, no cleanup of the files written so far)."""
