@@ -29,7 +29,7 @@ from torch.utils.checkpoint import checkpoint
 from .activations import fresh_gelu, gelu_product
 from .longconv_triton import SUPPORTED_DTYPES as TRITON_DTYPES, bidirectional_gelu_long_conv, bidirectional_long_conv, \
     causal_toeplitz, has_triton, toeplitz_conv_macs_per_token
-from .overrides import attribute_set_to
+from .linear import attribute_set_to
 from .ssm_chunked import bidirectional_chunked_conv, chunked_conv_macs_per_token
 
 __all__ = [
