@@ -15,9 +15,8 @@ Formulation: blocked Toeplitz GEMM (why not FFTs)
 Each direction is one product ``Y = T U`` of the (L, L) Toeplitz matrix ``T[i, j] = K[i - j]`` with the (L, B*C)
 input. ``T`` is never built: its ``block_l``-square tile at block position (i, j) depends only on ``m = |i - j|``,
 so a table of ``~L * block_l`` taps (:func:`lag_block_table`) held in L2 serves every tile, and each program sums
-``table[|i - j|] @ U[j]`` over the non-zero tiles: ``L * C`` MACs per token for both directions (d = 1024,
-L = 4,096: 4.2 M, against 12.6 M for a BERT-large layer's projections and 8.4 M for its attention), compute-bound
-at GEMM speed. The FFT route (``ssm.bidirectional_fft_conv``) does fewer FLOPs but is memory-bound (~100 bytes per
+``table[|i - j|] @ U[j]`` over the non-zero tiles: ``L * C`` MACs per token for both directions, compute-bound at
+GEMM speed. The FFT route (``ssm.bidirectional_fft_conv``) does fewer FLOPs but is memory-bound (~100 bytes per
 element); FlashFFTConv (arXiv 2311.05908) avoids that traffic with a far larger kernel, built for a kernel per
 channel. Going below L^2 (half attention's constant) needs the SSM structure (chunked state passing).
 
@@ -37,10 +36,6 @@ tile by ``mask * GELU'(a)`` once, after its tile loop, so ``grad_u`` is never wr
 is not applied as the kernel loads an input tile: a tile is read once per output block row that needs it, a
 transcendental there is recomputed that many times per element, and the special-function unit then starves the
 tensor cores. No kernel runs a transcendental or loads the mask inside its loop over tiles.
-
-Changing what runs on CUDA: what runs by default on CUDA changes only with a GPU row in ``results/gpu/`` showing it
-is not slower, or with a FLOP count that falls at least 4x; otherwise the change lands opt-in. Triton's interpreter
-proves a kernel exact, not fast.
 
 Devices: CUDA tensors run the compiled kernels; CPU tensors the same source in Triton's interpreter (numpy; slow,
 for tests on machines without a GPU; no ``TRITON_INTERPRET`` needed).

@@ -140,8 +140,7 @@ class MlpMixer(nn.Module):
             if global_pool not in ('', 'avg'):
                 raise ValueError(f"global_pool must be '' or 'avg', got {global_pool!r}")
             self.global_pool = global_pool
-        weight = self.norm.weight if hasattr(self.norm, 'weight') else None
-        dd = dict(device=weight.device, dtype=weight.dtype) if weight is not None else {}
+        dd = dict(device=self.stem.proj.weight.device, dtype=self.stem.proj.weight.dtype)
         self.head = nn.Linear(self.embed_dim, num_classes, **dd) if num_classes > 0 else nn.Identity()
         self.head.train(self.training)
 

@@ -46,9 +46,7 @@ class SparseMLPStage(nn.Module):
         if downsample:
             self.downsample = nn.Conv2d(in_chs, out_chs, kernel_size=2, stride=2, bias=False, **dd)
         else:
-            if in_chs != out_chs:
-                raise ValueError(f'a stage without downsampling keeps its width, got {in_chs} -> {out_chs}')
-            self.downsample = nn.Identity()
+            self.downsample = nn.Identity()  # a stage without downsampling keeps its width
         drop_path_rates = drop_path_rates or [0.] * depth
         self.blocks = nn.Sequential(*[
             SparseMLPBlock(
@@ -132,13 +130,10 @@ class SparseMLPNet(nn.Module):
         named_apply(_init_weights, self)
 
     def set_input_size(self, img_size: Optional[Union[int, Tuple[int, int]]] = None) -> None:
-        """Move the built model to another input size (timm's ``set_input_size``); None keeps the current one.
-
-        Every sMLP's axial mixes (arXiv 2109.05422, §3.2) are resampled to their stage's new map size as
-        ``checkpoint_filter_fn`` resamples a checkpoint (:mod:`mlp_vision.layers.resample`); ``feature_info`` is
-        unchanged, ``pretrained_cfg`` takes the new ``input_size`` (``record_input_size``). The resampled weights
-        are new parameters: build the optimizer afterwards. ``img_size``: (H, W) or int, positive multiples of the
-        total stride, 32 (else ``ValueError``, the model left as it was).
+        """timm's ``set_input_size``: every sMLP's axial mixes (arXiv 2109.05422, §3.2) resampled to their stage's
+        new map size as ``checkpoint_filter_fn`` resamples a checkpoint, new parameters: build the optimizer
+        afterwards. ``img_size``: (H, W) or int, multiples of 32 (else ``ValueError``, nothing changed); None keeps
+        the current one.
         """
         if img_size is None:
             return

@@ -15,17 +15,12 @@ Model layout (``BiGSModel``)::
         -> num_hidden_layers x BidirectionalGatedSSM(d, d_i, N)
         -> hidden states (B, L, d)          (pre-norm residual layers; no final LayerNorm, as the official model)
 
-Heads: ``BiGSForMaskedLM`` (BERT's MLM head) and ``BiGSForSequenceClassification`` (the official BiGS pooler: the
-**mean of the last hidden states over the real tokens**, dense, tanh; not BERT's [CLS] pooler, which only a
-next-sentence task would train -- then dropout and a linear classifier).
+The classifier's pooler is the official BiGS one: the mean of the last hidden states over the real tokens, dense,
+tanh (not BERT's [CLS] pooler, which only a next-sentence task would train).
 
-``attention_mask`` (B, L), 1 = real token, 0 = padding, right padding only (any other layout stops with an error):
-    * ``config.mask_padding = True`` (default): the SSM inputs are zeroed at padded positions, so the real
-      positions' outputs equal those of the unpadded sequence (exactly up to float rounding).
-    * ``config.mask_padding = False``: the layers ignore the mask (only the classifier's pooler uses it):
-      pads are mixed like real tokens. This is how the official models were pretrained (inputs padded to full
-      length) and is what their port computes; use it to reproduce official outputs on padded batches.
-    The MLM loss only counts positions whose label is not -100; give pads label -100.
+``attention_mask`` (B, L), 1 = real token, right padding only: with ``config.mask_padding`` (default) the SSM
+inputs are zeroed at padded positions, so real positions get the outputs of the unpadded sequence; without it the
+layers mix pads like real tokens, as the official models were pretrained (to reproduce their outputs).
 
 Parameter accounting of BiGS-large (346.7 M at 512 positions, paper 346 M; the official pooler is not in it):
 docs/models.md §4.
