@@ -340,10 +340,7 @@ def _new_conv_outputs(u_f, gated, save_factors):
     (B, L, C) tensor when ``gated``, else a pair, contiguous, in ``u_f``'s dtype; and the (B, L, 2, C) factors
     when ``save_factors``, else None."""
     batch, length, channels = u_f.shape
-    if gated:
-        out = u_f.new_empty((batch, length, channels))
-    else:  # two contiguous outputs, one set of strides
-        out = (u_f.new_empty((batch, length, channels)), u_f.new_empty((batch, length, channels)))
+    out = u_f.new_empty(u_f.shape) if gated else (u_f.new_empty(u_f.shape), u_f.new_empty(u_f.shape))
     return out, u_f.new_empty((batch, length, 2, channels)) if save_factors else None
 
 
