@@ -56,8 +56,8 @@ try:  # triton ships with torch's CUDA builds; without it only the reference run
 except ImportError:
     CONV_KERNELS = TABLE_GRAD_KERNELS = {}
 
-__all__ = ['bidirectional_long_conv', 'bidirectional_gelu_long_conv', 'bidirectional_long_conv_reference',
-           'causal_toeplitz', 'lag_block_table', 'has_triton', 'toeplitz_conv_macs_per_token']
+__all__ = ['bidirectional_long_conv', 'bidirectional_gelu_long_conv', 'causal_toeplitz', 'lag_block_table',
+           'has_triton', 'toeplitz_conv_macs_per_token']
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -105,23 +105,6 @@ def causal_toeplitz(k: torch.Tensor, anticausal: bool = False) -> torch.Tensor:
     if anticausal:
         lag = -lag
     return torch.where(lag >= 0, k[lag.clamp(min=0)], k.new_zeros(()))
-
-
-def bidirectional_long_conv_reference(u: torch.Tensor, kernels: torch.Tensor, bias: Optional[torch.Tensor] = None,
-                                      gated: bool = False) -> torch.Tensor:
-    """The same function as :func:`bidirectional_long_conv`, computed directly: dense (L, L) Toeplitz matrices
-    (:func:`causal_toeplitz`) times the input, in float32 (float64 when ``u`` or ``kernels`` is), result in
-    ``u.dtype``. For tests and small inputs."""
-    _check_inputs(u, kernels, bias, dtypes=SUPPORTED_DTYPES + (torch.float64,))
-    dtype = torch.float64 if torch.float64 in (u.dtype, kernels.dtype) else torch.float32
-    k = kernels.to(dtype)
-    x = u.to(dtype)
-    y = torch.stack([causal_toeplitz(k[0]) @ x[:, :, 0], causal_toeplitz(k[1], anticausal=True) @ x[:, :, 1]], 2)
-    if bias is not None:
-        y = y + bias.to(dtype)
-    if gated:
-        y = y[:, :, 0] * y[:, :, 1]
-    return y.to(u.dtype)
 
 
 def bidirectional_long_conv(u: torch.Tensor, kernels: torch.Tensor, bias: Optional[torch.Tensor] = None,
