@@ -286,13 +286,10 @@ class BertForMaskedLM(BertPreTrainedModel, EncoderForMaskedLM):
 
 
 class EncoderForSequenceClassification(TextPreTrainedModel):
-    """An encoder + :class:`SequencePooler` (``config.classifier_pooling``: 'cls' or 'mean' over the unpadded
-    tokens), dropout and a linear classifier. Shared by :class:`BertForSequenceClassification`,
-    :class:`mlp_vision.text.bigs.BiGSForSequenceClassification` and, without the pooler's dense + tanh
-    (``use_pooler = False``: the pooled state itself), :class:`mlp_vision.text.gmlp.GMLPForSequenceClassification`;
-    subclasses set ``encoder_class`` (as :class:`EncoderForMaskedLM`). Load a masked-LM folder with
-    ``from_pretrained(dir, num_labels=k)``: the encoder is loaded, the pooler and classifier are new (MLM-only
-    pretraining, as RoBERTa's and BiGS', trains no pooler).
+    """An encoder + :class:`SequencePooler` (``config.classifier_pooling``), dropout and a linear classifier.
+    Shared by BERT, BiGS and, without the pooler's dense + tanh (``use_pooler = False``), gMLP; subclasses set
+    ``encoder_class``. ``from_pretrained(mlm_dir, num_labels=k)`` loads the encoder of a masked LM, with a new
+    pooler and classifier (MLM-only pretraining, as RoBERTa's and BiGS', trains no pooler).
 
     Shapes: as :class:`EncoderForMaskedLM`; labels optional (B,) int64 class ids, or (B,) float targets when
     ``num_labels == 1`` (regression, MSE). Returns ``SequenceClassifierOutput(loss, logits (B, num_labels))``.

@@ -154,14 +154,12 @@ def _from_official(cls, path_or_state_dict: Union[str, os.PathLike, Mapping[str,
     ``*.safetensors`` file, a folder in the official layout (the weights file, ``config.json``, ``vocab.txt`` /
     ``tokenizer.json``), or a state dict in the official key layout.
 
-    The sizes (V, d, d_i, layers, N, positions, token types) are read from the tensor shapes; ``pad_token_id``,
-    ``layer_norm_eps``, ``hidden_dropout_prob``, ``initializer_range`` and ``classifier_dropout`` from the folder's
-    ``config.json`` when it has them (sizes there that disagree with the tensors are an error); other fields (e.g.
-    ``mask_padding=False`` to reproduce the official outputs on padded batches) from ``config_overrides``.
-    ``dtype``: parameter dtype (default float32; the SSM kernel and FFTs run in float32 regardless). A classifier
-    loads the official pooler (``bigs.pooler.dense``) and a fine-tuned ``classifier.*`` when present, else its head
-    is new. ``model.tokenizer`` is the folder's tokenizer, or None; ``allow_regex``: accept a ``tokenizer.json``
-    with a regular expression (:mod:`mlp_vision.text.tokenizer`).
+    The sizes are read from the tensor shapes, the other fields of :data:`_OFFICIAL_CONFIG_FIELDS` from the folder's
+    ``config.json`` when it has them (sizes there that disagree with the tensors are an error), any other (e.g.
+    ``mask_padding=False`` to reproduce the official outputs on padded batches) from ``config_overrides``. A
+    classifier loads the official pooler and a fine-tuned ``classifier.*`` when present, else its head is new.
+    ``model.tokenizer`` is the folder's tokenizer, or None; ``allow_regex``: accept a ``tokenizer.json`` with a
+    regular expression (:mod:`mlp_vision.text.tokenizer`).
     """
     from .tokenizer import find_tokenizer
     directory = None
