@@ -13,7 +13,8 @@ import torch.nn.functional as F
 
 from mlp_vision.layers import BidirectionalGatedSSM, causal_toeplitz
 from mlp_vision.layers.longconv_triton import _launch_options, bidirectional_gelu_long_conv, bidirectional_long_conv, \
-    bidirectional_long_conv_reference, has_triton, lag_block_table
+    has_triton, lag_block_table
+from reference.longconv import bidirectional_long_conv_reference
 
 pytestmark = pytest.mark.skipif(not has_triton('cpu'), reason='triton with its interpreter is not installed')
 

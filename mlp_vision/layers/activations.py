@@ -1,12 +1,12 @@
 """ GELU that works in place on a freshly computed activation when no gradient is recorded.
 
 Why: on CPU a new activation of tens of MB is a fresh ``mmap`` whose pages fault in on first touch, which costs
-several times an element-wise op (GELU on 4,096 x 5,120 floats: 29 ms out of place, 6 ms in place, 2 threads). In
-``no_grad`` / ``inference_mode`` nothing needs the pre-activation, so the GELU may overwrite it; with autograd it is
-the ordinary out-of-place op. Only for inputs the caller has just computed and owns (a GEMM / conv / norm output):
-the blocks here swap their ``nn.GELU`` for :class:`FreshGELU` (:func:`fresh_input_act`) exactly there. Same values,
-same state dict, scriptable and exportable; while ``torch.jit.trace`` records it is the out-of-place GELU, so a
-traced graph does not depend on whether gradients were on.
+several times an element-wise op. In ``no_grad`` / ``inference_mode`` nothing needs the pre-activation, so the GELU
+may overwrite it; with autograd it is the ordinary out-of-place op. Only for inputs the caller has just computed
+and owns (a GEMM / conv / norm output): the blocks here swap their ``nn.GELU`` for :class:`FreshGELU`
+(:func:`fresh_input_act`) exactly there. Same values, same state dict, scriptable and exportable; while
+``torch.jit.trace`` records it is the out-of-place GELU, so a traced graph does not depend on whether gradients
+were on.
 """
 import torch
 import torch.nn as nn

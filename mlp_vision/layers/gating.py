@@ -32,18 +32,14 @@ class SpatialGatingUnit(nn.Module):
     shorter than ``seq_len`` use the leading L x L block of ``W`` and the first L entries of ``b`` (again Toeplitz,
     again causal).
 
-    Token padding (``token_multiple``, a plain attribute read at each call; 1 = none), on CUDA only: for a CUDA
-    input the product ``W · norm(Z2)`` (paper §2, eq. 2) contracts the token axis zero-padded up to a multiple
-    (:func:`~mlp_vision.layers.linear.token_matmul`; why, and why not on the CPU, in
-    :mod:`mlp_vision.layers.linear`; other devices never pad): the same outputs and
-    gradients, ``W`` and ``b`` keep their shapes, the output is not padded. Text lengths (128, 512, ...) are
-    multiples already; a shorter batch (L < seq_len) is padded, whatever ``spatial_mode``.
+    Token padding (``token_multiple``, a plain attribute read at each call; 1 = none), on CUDA only: the product
+    ``W · norm(Z2)`` (paper §2, eq. 2) contracts the token axis zero-padded up to a multiple
+    (:func:`~mlp_vision.layers.linear.token_matmul`, why in :mod:`mlp_vision.layers.linear`): the same outputs and
+    gradients; ``W``, ``b`` and the output keep their shapes.
 
-    Token-major layout (``token_major=True``): the activations come as (L, B, dim) instead of (B, L, dim), so the
-    token mix is one GEMM ``W (L, L) @ norm(Z2) (L, B * dim / 2)`` over the contiguous normalised half, with the
-    bias in the GEMM (``addmm``): no activation is padded or transposed. On CUDA only ``W`` is held at an aligned
-    row stride (:func:`~mlp_vision.layers.linear.aligned_rows`; the other operand's rows, B * dim / 2 wide, are
-    aligned already). Same parameters, same values.
+    Token-major layout (``token_major=True``): the activations come as (L, B, dim), so the token mix is one GEMM
+    ``W (L, L) @ norm(Z2) (L, B * dim / 2)`` with the bias in it (``addmm``); on CUDA only ``W`` is held at an
+    aligned row stride (:func:`~mlp_vision.layers.linear.aligned_rows`). Same parameters, same values.
 
     Halves apart (``gate`` given): ``x`` is then ``Z1`` alone and ``gate`` is ``Z2`` (e.g. the two outputs of
     :class:`~mlp_vision.layers.linear.SplitLinear`), so no pass splits the channels.
@@ -200,8 +196,7 @@ class GatedMLPBlock(nn.Module):
             of such blocks keeps the activations token-major in memory without copies, and the SGU's token mix is one
             GEMM over all of them (:class:`SpatialGatingUnit`). Not with the tiny attention (``attn_dim > 0``).
 
-    Every option computes the same function with the same parameters and state dict (a checkpoint loads into each);
-    the defaults are the measured GPU defaults (a variant becomes the default once it is measured faster there).
+    Every option computes the same function with the same parameters and state dict (a checkpoint loads into each).
 
     Shapes: x (B, L, dim) -> (B, L, dim) (any strides; a token-major block returns a token-major view); mask:
     optional (B, L) bool padding mask (True = real token) for the tiny attention (and the SGU with ``sgu_mask``;

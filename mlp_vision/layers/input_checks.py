@@ -76,11 +76,9 @@ def check_img_size(img_size: Union[int, Sequence[int]], stride: int, what: str, 
 
 
 def record_input_size(model: nn.Module, img_size: Tuple[int, int]) -> None:
-    """After ``set_input_size``: record the new input size everywhere timm's data helpers look, so transforms built
-    the timm way have it: timm's own record (as its ``set_input_size`` do) and ``pretrained_cfg`` / ``default_cfg``
-    (``input_size``, and ``test_input_size`` where set), which timm leaves at the checkpoint's size
-    (``resolve_data_config(model=...)``, ``push_to_hf_hub`` read them). The cfg is replaced by a copy, so no other
-    model's cfg moves."""
+    """After ``set_input_size``: the new input size recorded where timm's data helpers look (timm's own record and
+    ``pretrained_cfg`` / ``default_cfg`` ``input_size`` / ``test_input_size``, which timm leaves at the checkpoint's
+    size); the cfg is replaced by a copy, so no other model's cfg moves."""
     if update_model_input_size is not None:
         update_model_input_size(model, img_size)
     cfg = getattr(model, 'pretrained_cfg', None)
@@ -130,17 +128,13 @@ def check_model_args(in_chans: int, num_classes: int, drop_rate: float = 0., pro
         check_block_count(sum(depths), f'depths={tuple(depths)!r}')
     if (sizes or {}).get('num_blocks') is not None:
         check_block_count(sizes['num_blocks'], f'num_blocks={sizes["num_blocks"]!r}')
-    if mlp_ratio is not None:
-        _check_mlp_ratio(mlp_ratio, (sizes or {}).get('embed_dim'))
-    if global_pool is not None and global_pool not in pools:
-        raise ValueError(f'global_pool must be one of {", ".join(map(repr, pools))}, got {global_pool!r}')
-
-
-def _check_mlp_ratio(mlp_ratio: Union[float, Sequence[float]], dim: Optional[int]) -> None:
-    ratios = tuple(mlp_ratio) if isinstance(mlp_ratio, (tuple, list)) else (mlp_ratio,)
+    dim = (sizes or {}).get('embed_dim')
+    ratios = mlp_ratio if isinstance(mlp_ratio, (tuple, list)) else () if mlp_ratio is None else (mlp_ratio,)
     for r in ratios:
         if isinstance(r, bool) or not isinstance(r, (int, float)) or not math.isfinite(r) or r <= 0:
             raise ValueError(f'mlp_ratio must be a finite number > 0 (hidden width / embed_dim), got {mlp_ratio!r}')
         if dim is not None and int(r * dim) < 1:
             raise ValueError(f'mlp_ratio {r!r} gives a hidden width of int({r!r} * {dim}) = 0; expected a ratio '
                              f'of at least {1 / dim:g} for embed_dim {dim}')
+    if global_pool is not None and global_pool not in pools:
+        raise ValueError(f'global_pool must be one of {", ".join(map(repr, pools))}, got {global_pool!r}')

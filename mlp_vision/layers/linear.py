@@ -11,25 +11,19 @@ counters see an ordinary Linear call. The route depends on strides only (``F.lin
 fewer than three dimensions, the one branch TorchScript compiles).
 
 Token padding (``token_multiple``, 1 = none), on CUDA only: the contracted token axis of a CUDA tensor is computed
-zero-padded up to a multiple (zero weight columns, zero tokens); elsewhere (CPU, meta, ...) it is contracted as is.
-One function decides, :func:`token_multiple_on`, from the input's device (a static fact of the input: the values
-are the same either way). Every padded term is an exact ``0 * 0``: the same function, parameters and
-gradients (float rounding may differ only where the GEMM kernel sums in another order). Why: the fast GPU GEMM
-kernels (Hopper's on an H100) want 16-byte aligned row strides, and a 196-token row (14 x 14 patches at 224²) is
-392 bytes in bf16; padded to 200 it is 400, for the forward GEMM and both backward ones. Measured on the gMLP-S SGU
-GEMM on an H100: 273.6 us for 196 tokens, 176.0 us padded to 200 (``scripts/gpu/token_padding.py``). Why not on
-the CPU: there the padding only adds work (issue 45: Mixer-B/16, eager, 2 threads, 0.98x timm padded; before /
-after runs in ``results/benchmarks/token_padding_cpu_2026-11-28.md``).
+zero-padded up to a multiple (zero weight columns, zero tokens); elsewhere it is contracted as is
+(:func:`token_multiple_on` decides, from the input's device). Every padded term is an exact ``0 * 0``: the same
+function, parameters and gradients. Why: the fast GPU GEMM kernels want 16-byte aligned row strides, and a 196-token
+row (14 x 14 patches at 224²) is 392 bytes in bf16, 400 padded to 200; on the CPU the padding only adds work
+(``scripts/gpu/token_padding.py``, ``results/benchmarks/``).
 """
 import contextlib
-from typing import Iterator, List, Optional, Tuple
+from typing import Any, Iterable, Iterator, List, Optional, Tuple
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from timm.layers import register_notrace_function, register_notrace_module
-
-from .overrides import attribute_set_to
 
 __all__ = ['SplitLinear', 'TokenLinear', 'aligned_rows', 'check_token_multiple', 'token_multiple_on', 'token_padding',
            'token_matmul', 'tokens_padded_to']
@@ -53,6 +47,21 @@ def token_multiple_on(device: torch.device, token_multiple: int) -> int:
 def token_padding(length: int, token_multiple: int) -> int:
     """How many zero tokens pad ``length`` up to a multiple of ``token_multiple`` (0 when it already is one)."""
     return (token_multiple - length % token_multiple) % token_multiple
+
+
+@contextlib.contextmanager
+def attribute_set_to(modules: Iterable[nn.Module], name: str, value: Any) -> Iterator[None]:
+    """``module.<name> = value`` on every module of ``modules`` for the ``with`` block, each one's own value restored
+    on exit: what a tool sets explicitly (FLOP counters count the papers' formulation), never a model's own route."""
+    modules = list(modules)
+    saved = [getattr(m, name) for m in modules]
+    try:
+        for m in modules:
+            setattr(m, name, value)
+        yield
+    finally:
+        for m, old in zip(modules, saved):
+            setattr(m, name, old)
 
 
 @contextlib.contextmanager

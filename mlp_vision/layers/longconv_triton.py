@@ -15,9 +15,8 @@ Formulation: blocked Toeplitz GEMM (why not FFTs)
 Each direction is one product ``Y = T U`` of the (L, L) Toeplitz matrix ``T[i, j] = K[i - j]`` with the (L, B*C)
 input. ``T`` is never built: its ``block_l``-square tile at block position (i, j) depends only on ``m = |i - j|``,
 so a table of ``~L * block_l`` taps (:func:`lag_block_table`) held in L2 serves every tile, and each program sums
-``table[|i - j|] @ U[j]`` over the non-zero tiles: ``L * C`` MACs per token for both directions (d = 1024,
-L = 4,096: 4.2 M, against 12.6 M for a BERT-large layer's projections and 8.4 M for its attention), compute-bound
-at GEMM speed. The FFT route (``ssm.bidirectional_fft_conv``) does fewer FLOPs but is memory-bound (~100 bytes per
+``table[|i - j|] @ U[j]`` over the non-zero tiles: ``L * C`` MACs per token for both directions, compute-bound at
+GEMM speed. The FFT route (``ssm.bidirectional_fft_conv``) does fewer FLOPs but is memory-bound (~100 bytes per
 element); FlashFFTConv (arXiv 2311.05908) avoids that traffic with a far larger kernel, built for a kernel per
 channel. Going below L^2 (half attention's constant) needs the SSM structure (chunked state passing).
 
@@ -38,10 +37,6 @@ is not applied as the kernel loads an input tile: a tile is read once per output
 transcendental there is recomputed that many times per element, and the special-function unit then starves the
 tensor cores. No kernel runs a transcendental or loads the mask inside its loop over tiles.
 
-Changing what runs on CUDA: what runs by default on CUDA changes only with a GPU row in ``results/gpu/`` showing it
-is not slower, or with a FLOP count that falls at least 4x; otherwise the change lands opt-in. Triton's interpreter
-proves a kernel exact, not fast.
-
 Devices: CUDA tensors run the compiled kernels; CPU tensors the same source in Triton's interpreter (numpy; slow,
 for tests on machines without a GPU; no ``TRITON_INTERPRET`` needed).
 
@@ -61,8 +56,8 @@ try:  # triton ships with torch's CUDA builds; without it only the reference run
 except ImportError:
     CONV_KERNELS = TABLE_GRAD_KERNELS = {}
 
-__all__ = ['bidirectional_long_conv', 'bidirectional_gelu_long_conv', 'bidirectional_long_conv_reference',
-           'causal_toeplitz', 'lag_block_table', 'has_triton', 'toeplitz_conv_macs_per_token']
+__all__ = ['bidirectional_long_conv', 'bidirectional_gelu_long_conv', 'causal_toeplitz', 'lag_block_table',
+           'has_triton', 'toeplitz_conv_macs_per_token']
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -110,23 +105,6 @@ def causal_toeplitz(k: torch.Tensor, anticausal: bool = False) -> torch.Tensor:
     if anticausal:
         lag = -lag
     return torch.where(lag >= 0, k[lag.clamp(min=0)], k.new_zeros(()))
-
-
-def bidirectional_long_conv_reference(u: torch.Tensor, kernels: torch.Tensor, bias: Optional[torch.Tensor] = None,
-                                      gated: bool = False) -> torch.Tensor:
-    """The same function as :func:`bidirectional_long_conv`, computed directly: dense (L, L) Toeplitz matrices
-    (:func:`causal_toeplitz`) times the input, in float32 (float64 when ``u`` or ``kernels`` is), result in
-    ``u.dtype``. For tests and small inputs."""
-    _check_inputs(u, kernels, bias, dtypes=SUPPORTED_DTYPES + (torch.float64,))
-    dtype = torch.float64 if torch.float64 in (u.dtype, kernels.dtype) else torch.float32
-    k = kernels.to(dtype)
-    x = u.to(dtype)
-    y = torch.stack([causal_toeplitz(k[0]) @ x[:, :, 0], causal_toeplitz(k[1], anticausal=True) @ x[:, :, 1]], 2)
-    if bias is not None:
-        y = y + bias.to(dtype)
-    if gated:
-        y = y[:, :, 0] * y[:, :, 1]
-    return y.to(u.dtype)
 
 
 def bidirectional_long_conv(u: torch.Tensor, kernels: torch.Tensor, bias: Optional[torch.Tensor] = None,
@@ -345,10 +323,7 @@ def _new_conv_outputs(u_f, gated, save_factors):
     (B, L, C) tensor when ``gated``, else a pair, contiguous, in ``u_f``'s dtype; and the (B, L, 2, C) factors
     when ``save_factors``, else None."""
     batch, length, channels = u_f.shape
-    if gated:
-        out = u_f.new_empty((batch, length, channels))
-    else:  # two contiguous outputs, one set of strides
-        out = (u_f.new_empty((batch, length, channels)), u_f.new_empty((batch, length, channels)))
+    out = u_f.new_empty(u_f.shape) if gated else (u_f.new_empty(u_f.shape), u_f.new_empty(u_f.shape))
     return out, u_f.new_empty((batch, length, 2, channels)) if save_factors else None
 
 

@@ -15,13 +15,13 @@ place as batched GEMMs, without permuted copies.
 
 Inference fusion: :meth:`SparseMLPTokenMixer.reparameterize` (``timm.utils.reparameterize_model``).
 """
-from typing import Dict, Sequence, Tuple, Type
+from typing import Sequence, Tuple, Type
 
 import torch
 import torch.nn as nn
 from timm.layers import DropPath, Mlp
 from torch.jit import Final
-from torch.nn.utils import fuse_conv_bn_weights
+from torch.nn.utils import fuse_conv_bn_eval
 
 from .activations import fresh_input_act
 from .linear import TokenLinear
@@ -30,43 +30,14 @@ from .resample import TokenAxes, resample_token_params_
 # norms that always return a new tensor, so the activation after them may work in place (layers.activations)
 _FRESH_OUTPUT_NORMS = (nn.BatchNorm2d, nn.GroupNorm, nn.LayerNorm)
 
-__all__ = ['AxialSparseMLP', 'SparseMLPTokenMixer', 'SparseMLPBlock', 'rename_legacy_smlp_keys']
-
-# AxialSparseMLP's old state-dict names -> current (relative to the module): the 1x1 projection was the child
-# ``fuse``, which timm's reparameterize_model takes for a fusion method (it replaces such a child by ``child.fuse()``)
-_LEGACY_SMLP_KEYS = {'fuse.weight': 'fuse_conv.weight', 'fuse.bias': 'fuse_conv.bias'}
-
-
-def rename_legacy_smlp_keys(state_dict: Dict[str, torch.Tensor], prefix: str = '') -> Dict[str, torch.Tensor]:
-    """In place: the old key names of the :class:`AxialSparseMLP` at ``prefix`` (e.g.
-    ``'stages.0.blocks.0.token_mixer.smlp.'``) renamed to the current ones; returns ``state_dict``. Every
-    ``load_state_dict`` of the module applies it, and sMLPNet's ``checkpoint_filter_fn`` over the whole model."""
-    for old, new in _LEGACY_SMLP_KEYS.items():
-        if prefix + old in state_dict:
-            value = state_dict.pop(prefix + old)
-            state_dict.setdefault(prefix + new, value)  # a file with both names keeps the current one
-    return state_dict
-
-
-def _fold_batchnorm_into_conv(conv: nn.Conv2d, bn: nn.BatchNorm2d) -> nn.Conv2d:
-    """A new conv computing ``bn(conv(x))`` with the BatchNorm's running statistics (its eval-mode function)."""
-    with torch.no_grad():
-        fused = nn.Conv2d(
-            conv.in_channels, conv.out_channels, conv.kernel_size, stride=conv.stride, padding=conv.padding,
-            dilation=conv.dilation, groups=conv.groups, bias=True, padding_mode=conv.padding_mode,
-            device=conv.weight.device, dtype=conv.weight.dtype)
-        weight, bias = fuse_conv_bn_weights(conv.weight, conv.bias, bn.running_mean, bn.running_var, bn.eps,
-                                            bn.weight, bn.bias)
-        fused.weight.copy_(weight)
-        fused.bias.copy_(bias)
-    return fused
+__all__ = ['AxialSparseMLP', 'SparseMLPTokenMixer', 'SparseMLPBlock']
 
 
 class AxialSparseMLP(nn.Module):
     """sMLP: ``fuse_conv(concat[x, mix_H(x), mix_W(x)])`` on ``x = GELU(BN(x))`` (arXiv 2109.05422, Alg. 1).
 
-    ``proj_h``: one Linear(H, H) along H, ``proj_w``: one Linear(W, W) along W; ``fuse_conv`` (the paper's "fuse";
-    old state dicts' ``fuse`` loads): a 1x1 conv 3C -> C without bias, input channels [identity, H-mixed, W-mixed].
+    ``proj_h``: one Linear(H, H) along H, ``proj_w``: one Linear(W, W) along W; ``fuse_conv`` (the paper's "fuse"):
+    a 1x1 conv 3C -> C without bias, input channels [identity, H-mixed, W-mixed].
 
     ``one_gemm_mixes``: the mixes read a copy of ``x`` laid out (H, B, C, W), where H is outermost and W innermost,
     so each is one GEMM over the whole batch (``W_h (H, H) @ x (H, B*C*W)``, ``x (H*B*C, W) @ W_w^T``) instead of
@@ -100,10 +71,6 @@ class AxialSparseMLP(nn.Module):
         resample_token_params_(self, self.token_axes_h, (old_h,), (new_h,))
         resample_token_params_(self, self.token_axes_w, (old_w,), (new_w,))
         self.feat_size = (new_h, new_w)
-
-    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
-        rename_legacy_smlp_keys(state_dict, prefix)
-        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.act(self.norm(x.contiguous(memory_format=torch.channels_last)))
@@ -158,7 +125,8 @@ class SparseMLPTokenMixer(nn.Module):
         conv, bn = self.conv_dw, self.smlp.norm
         if type(conv) is not nn.Conv2d or type(bn) is not nn.BatchNorm2d or bn.running_var is None:
             return
-        self.conv_dw = _fold_batchnorm_into_conv(conv, bn)
+        # eval() on modules about to be replaced: fuse_conv_bn_eval folds the running statistics, in either mode
+        self.conv_dw = fuse_conv_bn_eval(conv.eval(), bn.eval()).train(self.training)
         self.smlp.norm = nn.Identity()  # smlp.act may stay in place: its input is now the fresh conv output
 
 

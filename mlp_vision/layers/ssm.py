@@ -29,7 +29,7 @@ from torch.utils.checkpoint import checkpoint
 from .activations import fresh_gelu, gelu_product
 from .longconv_triton import SUPPORTED_DTYPES as TRITON_DTYPES, bidirectional_gelu_long_conv, bidirectional_long_conv, \
     causal_toeplitz, has_triton, toeplitz_conv_macs_per_token
-from .overrides import attribute_set_to
+from .linear import attribute_set_to
 from .ssm_chunked import bidirectional_chunked_conv, chunked_conv_macs_per_token
 
 __all__ = [
@@ -100,8 +100,8 @@ def _bidirectional_spectrum(kernels: torch.Tensor, n_fft: int) -> torch.Tensor:
     """Spectra of a causal (``kernels[0]``) and an anti-causal (``kernels[1]``) kernel, (2, L) -> (2, 1, n_f),
     broadcasting against (B, 2, C, n_f) transforms."""
     k_f = torch.fft.rfft(kernels, n=n_fft)  # (2, n_f)
-    # conj_physical here and in the backward op: inside a custom op run by AOTAutograd (torch.compile), a lazily
-    # conjugated view (.conj()) was read unconjugated (torch 2.14; torch.library.opcheck in tests/test_bigs.py)
+    # conj_physical here and in the backward op: inside a custom op run by AOTAutograd, a lazy .conj() view was read
+    # unconjugated
     return torch.stack([k_f[0], k_f[1].conj_physical()]).unsqueeze(1)
 
 
@@ -121,11 +121,9 @@ def bidirectional_fft_conv(u: torch.Tensor, k: torch.Tensor, n_fft: int) -> torc
 
     Why: autograd's backward of rfft -> product -> irfft -> narrow copies full padded buffers and runs a complex
     FFT. Here ``grad_u = irfft(rfft(grad_y) conj(S))[:L]`` (the adjoint is the correlation) and the kernel gradient
-    is the correlation of ``grad_y`` with ``u`` summed over batch and channels, on (2, n_f) spectrum sums; ``u`` is
-    kept in its own dtype (2 bytes under bf16 autocast, not its 16-byte spectrum) and transformed again. Why custom
-    ops (forward and backward): to ``torch.compile`` they are opaque calls, so the compiled step keeps what this
-    forward keeps; traced through, AOTAutograd's partitioner moved the backward's ``rfft(u)`` into the forward pass
-    and kept the spectrum (16 KiB per token of a BiGS-large layer instead of 2).
+    is the correlation of ``grad_y`` with ``u`` summed over batch and channels; ``u`` is kept in its own dtype, not
+    as its spectrum, and transformed again. Custom ops, so that ``torch.compile``'s partitioner keeps what this
+    forward keeps (traced through, it kept the spectrum).
 
     Shapes: u (B, 2, C, L) real, any float dtype, transformed in ``dtype`` (``k``'s: float32 / float64); k (2, L)
     real (group 0 causal, group 1 anti-causal); output (B, 2, C, L) in ``dtype``.
@@ -230,25 +228,6 @@ class S4DKernel(nn.Module):
         self._cache.clear()
         return super().train(mode)
 
-    def _continuous_params(self) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """``(dt (1,), A (N,), C (N,))`` in float32 / complex64 (float64 / complex128 for float64 parameters)."""
-        dtype = _compute_dtype(self.log_step)
-        dt = self.log_step.to(dtype).exp()
-        a = torch.complex(self.A_re.to(dtype).clamp(max=-1e-4), self.A_im.to(dtype))
-        c = torch.complex(self.C[:, 0].to(dtype), self.C[:, 1].to(dtype))
-        return dt, a, c
-
-    def discrete_params(self) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """ZOH-discretised ``(A_bar, B_bar, C)``: complex (N,) each, ``A_bar = exp(dt A)``,
-        ``B_bar = (exp(dt A) - 1) / A`` (B = 1) and ``C`` = the complex output projection.
-
-        ``K[l] = Re(sum_n C_n B_bar_n A_bar_n^l)``. For recurrent (step-by-step) evaluation and tests.
-        """
-        with _autocast_off(self.log_step.device):
-            dt, a, c = self._continuous_params()
-            a_bar = torch.exp(dt * a)
-            return a_bar, (a_bar - 1) / a, c
-
     def modes(self) -> Tuple[torch.Tensor, torch.Tensor]:
         """The kernel as N decaying modes, ``K[l] = Re(sum_n w_n lam_n^l)``, in float64 real arithmetic (for the
         chunked route, :mod:`~mlp_vision.layers.ssm_chunked`): ``log_decay`` (2, N) = [Re, Im] of
@@ -267,7 +246,10 @@ class S4DKernel(nn.Module):
 
     def _kernel(self, length: int) -> torch.Tensor:
         with _autocast_off(self.log_step.device):
-            dt, a, c = self._continuous_params()
+            dtype = _compute_dtype(self.log_step)  # float32, or float64 for float64 parameters
+            dt = self.log_step.to(dtype).exp()
+            a = torch.complex(self.A_re.to(dtype).clamp(max=-1e-4), self.A_im.to(dtype))
+            c = torch.complex(self.C[:, 0].to(dtype), self.C[:, 1].to(dtype))
             dt_a = dt * a  # (N,)
             c_b = c * (torch.exp(dt_a) - 1) / a  # (N,): C_n B_bar_n
             pos = torch.arange(length, device=a.device, dtype=dt.dtype)  # (L,)
@@ -338,33 +320,23 @@ class BidirectionalGatedSSM(nn.Module):
 
     SSM convolution route (``conv_impl``), computations of the same convolution:
         * ``'direct'``: the (L, L) Toeplitz matrix of the kernel (:func:`causal_toeplitz`, ``D`` on the diagonal)
-          times the input, one batched GEMM for both directions (``L^2 d`` MACs, at GEMM speed);
-        * ``'fft'``: real FFTs of length ``fast_fft_len(2L)``, ``O(L log L)`` per channel (the paper's formulation
-          and the FLOP counts');
-        * ``'triton'``: the direct route as a blocked-Toeplitz Triton kernel, the input GELUs and the mask applied
-          once per element in the same op (:func:`~mlp_vision.layers.longconv_triton.bidirectional_gelu_long_conv`),
-          tiles multiplied in the activations' dtype (bf16 taps under autocast), float32 accumulation. For CUDA (on
-          the CPU it runs in Triton's interpreter: slow, for tests);
-        * ``'chunked'``: linear in L: chunks of T tokens, each a T x T Toeplitz GEMM, joined by the N states of the
-          S4D kernel (:mod:`~mlp_vision.layers.ssm_chunked`), ``T + 4N`` MACs per token and channel at any length;
-          GEMMs in the activations' dtype, states in float32. With a graph it is recomputed in the backward pass,
-          keeping only the pre-activations, as the Triton route does;
-        * ``'auto'`` (default, :func:`auto_conv_impl`): on CUDA with triton, ``'triton'`` from :data:`TRITON_MIN_LEN`
-          tokens and ``'chunked'`` from where it needs a quarter of the Toeplitz kernel's MACs (about 3,300 tokens);
-          otherwise ``'direct'`` up to :data:`DIRECT_MAX_LEN` and ``'fft'`` beyond (2-thread CPU, d 1024: direct
-          3-4x faster at L = 128-512, still ahead at 1024, FFT ahead at 4096).
+          times the input, one batched GEMM for both directions (``L^2 d`` MACs);
+        * ``'fft'``: real FFTs of length ``fast_fft_len(2L)``, ``O(L log L)`` per channel (the paper's formulation);
+        * ``'triton'``: the direct route as a blocked-Toeplitz Triton kernel with the input GELUs and the mask in the
+          same op (:func:`~mlp_vision.layers.longconv_triton.bidirectional_gelu_long_conv`), for CUDA (on the CPU
+          Triton's interpreter: slow, for tests);
+        * ``'chunked'``: linear in L (:mod:`~mlp_vision.layers.ssm_chunked`), recomputed in the backward pass from
+          the pre-activations, as the Triton route;
+        * ``'auto'`` (default): :func:`auto_conv_impl`.
         The direct and FFT routes run in float32 (float64 for float64 inputs) with autocast off.
 
     GELU: exact (erf) by default, as the official torch port; ``gelu_approximate='tanh'`` as the official Flax code
     (which pretrained the released weights).
 
-    Padding (``mask``, (B, L) bool, True = real token): with a mask, ``u_f`` and ``u_b`` are zeroed at padded
-    positions before the SSMs, and for right padding the outputs at real positions equal those of the unpadded
-    input up to float rounding: the causal branch never looks ahead, and in the anti-causal one position t < n sums
-    ``K[j - t] u_b[j]`` over j = t..L-1, where the terms j >= n are zero (in the paper's flipped form: a zero prefix
-    only shifts a time-invariant causal convolution). Left padding is exact likewise, pads in the middle are not.
-    Without a mask, pads are mixed like real tokens, as the official BiGS models were pretrained and run (use it to
-    reproduce their numbers).
+    Padding (``mask``, (B, L) bool, True = real token): ``u_f`` and ``u_b`` are zeroed at padded positions before
+    the SSMs, so for right (or left) padding the outputs at real positions equal those of the unpadded input up to
+    float rounding (the anti-causal sum over j >= t meets only zeros past the end). Without a mask, pads are mixed
+    like real tokens, as the official BiGS models were pretrained.
 
     Shapes:
         x: (B, L, d); mask: optional (B, L) bool; output: (B, L, d).

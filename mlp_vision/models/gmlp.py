@@ -6,10 +6,7 @@ Names are ``gmlp_ti``, ``gmlp_s``, ``gmlp_b`` (timm's own ``gmlp_*16_224`` entri
 is :class:`mlp_vision.layers.GatedMLPBlock`, the same class the text models use. ``checkpoint_filter_fn``
 maps timm's ``gmlp_*16_224`` layout to ours and resamples the SGU's W and b for another ``img_size``.
 
-Layout variants (issue 45), the same parameters, state dict and function, opt-in until measured faster on the GPU
-(``scripts/gpu/run_gpu.sh j_vision_variants``): ``block_kwargs=dict(token_major=True)`` keeps the activations
-(tokens, batch, channels) in memory so that each SGU's token mix is one GEMM, ``block_kwargs=dict(split_fc1=True)``
-computes fc1's two halves as separate tensors (:class:`~mlp_vision.layers.GatedMLPBlock`), e.g.
+Layout variants, the same parameters, state dict and function, opt-in (:class:`~mlp_vision.layers.GatedMLPBlock`):
 ``timm.create_model('gmlp_s', block_kwargs=dict(token_major=True, split_fc1=True))``.
 """
 import re

@@ -101,13 +101,10 @@ class MlpMixer(nn.Module):
 
     def set_input_size(self, img_size: Optional[Union[int, Tuple[int, int]]] = None,
                        patch_size: Optional[Union[int, Tuple[int, int]]] = None) -> None:
-        """Move the built model to another input size (timm's ``set_input_size``); None keeps the current one.
-
-        Every block's token-mixing weights are resampled to the new patch grid as ``checkpoint_filter_fn`` resamples a
-        checkpoint (each block's ``set_token_grid``); ``grid_size`` and the stem follow, ``pretrained_cfg`` takes the
-        new ``input_size`` (``record_input_size``). The resampled weights are new parameters: build the optimizer
-        afterwards. ``img_size``: (H, W) or int, positive multiples of ``patch_size`` (else ``ValueError``, the model
-        left as it was); ``patch_size``: only the current one (a new one would need the stem resampled).
+        """timm's ``set_input_size``: every block's token-mixing weights resampled to the new patch grid (its
+        ``set_token_grid``, as ``checkpoint_filter_fn`` resamples a checkpoint), new parameters: build the optimizer
+        afterwards. ``img_size``: (H, W) or int, multiples of ``patch_size`` (else ``ValueError``, nothing changed);
+        ``patch_size``: only the current one (a new one would need the stem resampled); None keeps the current.
         """
         if patch_size is not None and tuple(to_2tuple(patch_size)) != tuple(self.stem.patch_size):
             raise ValueError(f'set_input_size cannot change patch_size ({self.patch_size} -> {patch_size}); build the '
@@ -127,10 +124,7 @@ class MlpMixer(nn.Module):
 
     @torch.jit.ignore
     def group_matcher(self, coarse: bool = False) -> Dict[str, Any]:
-        return dict(
-            stem=r'^stem',
-            blocks=[(r'^blocks\.(\d+)', None), (r'^norm', (99999,))],
-        )
+        return dict(stem=r'^stem', blocks=[(r'^blocks\.(\d+)', None), (r'^norm', (99999,))])
 
     @torch.jit.ignore
     def set_grad_checkpointing(self, enable: bool = True) -> None:
@@ -146,8 +140,7 @@ class MlpMixer(nn.Module):
             if global_pool not in ('', 'avg'):
                 raise ValueError(f"global_pool must be '' or 'avg', got {global_pool!r}")
             self.global_pool = global_pool
-        weight = self.norm.weight if hasattr(self.norm, 'weight') else None
-        dd = dict(device=weight.device, dtype=weight.dtype) if weight is not None else {}
+        dd = dict(device=self.stem.proj.weight.device, dtype=self.stem.proj.weight.dtype)
         self.head = nn.Linear(self.embed_dim, num_classes, **dd) if num_classes > 0 else nn.Identity()
         self.head.train(self.training)
 
@@ -242,19 +235,11 @@ def _init_weights(module: nn.Module, name: str) -> None:
         module.init_weights()
 
 
-def checkpoint_grid(num_tokens: int, what: str) -> Tuple[int, int]:
-    """Token grid (h, w) of a checkpoint's flattened token axis; checkpoints are taken to be square."""
-    side = int(round(math.sqrt(num_tokens)))
-    if side * side != num_tokens:
-        raise ValueError(f'{what}: cannot resample a token axis of length {num_tokens}, which is not a square '
-                         f'grid; build the model at the checkpoint\'s own img_size')
-    return side, side
-
-
 def resample_isotropic_state_dict(state_dict: Dict[str, torch.Tensor], model: MlpMixer,
                                   token_axes: TokenAxes) -> Dict[str, torch.Tensor]:
     """Resample token-mixing tensors whose token axes do not match ``model.grid_size``; ``token_axes`` is a block's
-    table (e.g. ``MixerBlock.token_axes``: key suffix -> (output, contracted) token axes)."""
+    table (e.g. ``MixerBlock.token_axes``: key suffix -> (output, contracted) token axes). A checkpoint's token grid
+    is taken to be square."""
     num_tokens = model.grid_size[0] * model.grid_size[1]
     out = {}
     for k, v in state_dict.items():
@@ -262,7 +247,11 @@ def resample_isotropic_state_dict(state_dict: Dict[str, torch.Tensor], model: Ml
             if k.endswith(suffix):
                 old_n = v.shape[(out_dims + in_dims)[0]]
                 if old_n != num_tokens:
-                    v = resample_token_weight(v, checkpoint_grid(old_n, k), model.grid_size, out_dims, in_dims)
+                    side = math.isqrt(old_n)
+                    if side * side != old_n:
+                        raise ValueError(f'{k}: cannot resample a token axis of length {old_n}, not a square grid; '
+                                         f'build the model at the checkpoint\'s own img_size')
+                    v = resample_token_weight(v, (side, side), model.grid_size, out_dims, in_dims)
                 break
         out[k] = v
     return out

@@ -28,7 +28,7 @@ from .features import FeatureBackbone
 from ..weights import checked_filter, pretrained_filter, refuse_damaged_weights
 from ..layers import (
     AxialSparseMLP, SparseMLPBlock, check_image_input, check_img_size, check_model_args, record_input_size,
-    rename_legacy_smlp_keys, resample_token_weight)
+    resample_token_weight)
 
 __all__ = ['SparseMLPNet', 'SparseMLPStage']
 
@@ -46,9 +46,7 @@ class SparseMLPStage(nn.Module):
         if downsample:
             self.downsample = nn.Conv2d(in_chs, out_chs, kernel_size=2, stride=2, bias=False, **dd)
         else:
-            if in_chs != out_chs:
-                raise ValueError(f'a stage without downsampling keeps its width, got {in_chs} -> {out_chs}')
-            self.downsample = nn.Identity()
+            self.downsample = nn.Identity()  # a stage without downsampling keeps its width
         drop_path_rates = drop_path_rates or [0.] * depth
         self.blocks = nn.Sequential(*[
             SparseMLPBlock(
@@ -132,13 +130,10 @@ class SparseMLPNet(nn.Module):
         named_apply(_init_weights, self)
 
     def set_input_size(self, img_size: Optional[Union[int, Tuple[int, int]]] = None) -> None:
-        """Move the built model to another input size (timm's ``set_input_size``); None keeps the current one.
-
-        Every sMLP's axial mixes (arXiv 2109.05422, §3.2) are resampled to their stage's new map size as
-        ``checkpoint_filter_fn`` resamples a checkpoint (:mod:`mlp_vision.layers.resample`); ``feature_info`` is
-        unchanged, ``pretrained_cfg`` takes the new ``input_size`` (``record_input_size``). The resampled weights
-        are new parameters: build the optimizer afterwards. ``img_size``: (H, W) or int, positive multiples of the
-        total stride, 32 (else ``ValueError``, the model left as it was).
+        """timm's ``set_input_size``: every sMLP's axial mixes (arXiv 2109.05422, §3.2) resampled to their stage's
+        new map size as ``checkpoint_filter_fn`` resamples a checkpoint, new parameters: build the optimizer
+        afterwards. ``img_size``: (H, W) or int, multiples of 32 (else ``ValueError``, nothing changed); None keeps
+        the current one.
         """
         if img_size is None:
             return
@@ -227,7 +222,7 @@ class SparseMLPNet(nn.Module):
         return self.norm(x)
 
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
-        return self.head(x, pre_logits=True) if pre_logits else self.head(x)
+        return self.head(x, pre_logits=pre_logits)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.forward_features(x)
@@ -269,18 +264,13 @@ def checkpoint_filter_fn(state_dict: Dict[str, torch.Tensor], model: SparseMLPNe
     Official layout (``model`` dict of ``smlp_{t,s,b}.pth``): ``to_patch_embedding.{s}.0`` stems,
     ``token_mix.{i}`` / ``channel_mix.{i}`` numbered over all blocks, ``batch_norm``, ``mlp_head.0``; its axial
     mixes are named swapped and its fuse conv's input blocks are [x, W-mixed, H-mixed] (ours [x, H-mixed, W-mixed]).
-    Our own checkpoints may have the old ``fuse`` name (mapped). Axial weights are resampled when the model's stage
-    sizes differ from the checkpoint's (:mod:`mlp_vision.layers.resample`).
+    Axial weights are resampled when the model's stage sizes differ from the checkpoint's
+    (:mod:`mlp_vision.layers.resample`).
     """
     if 'model' in state_dict and isinstance(state_dict['model'], dict):
         state_dict = state_dict['model']
     if 'to_patch_embedding.0.0.weight' in state_dict:
         state_dict = _convert_official(state_dict, model)
-    else:  # ours, possibly saved before the fuse conv's rename
-        state_dict = dict(state_dict)
-        for name, module in model.named_modules():
-            if isinstance(module, AxialSparseMLP):
-                rename_legacy_smlp_keys(state_dict, f'{name}.')
     return _resample_axial(state_dict, model)
 
 
@@ -292,14 +282,10 @@ def _convert_official(state_dict: Dict[str, torch.Tensor], model: SparseMLPNet) 
     if num_official != len(blocks):
         raise ValueError(f'official sMLPNet checkpoint has {num_official} blocks, this model has '
                          f'{len(blocks)} (depths {depths}); load it into the matching variant')
-    dims = [s.blocks[0].norm.normalized_shape[0] for s in model.stages]
-    for g, (s, _) in enumerate(blocks):
-        ck_dim = state_dict[f'channel_mix.{g}.1.weight'].shape[0]
-        if ck_dim != dims[s]:
-            widths = [state_dict[f'channel_mix.{i}.1.weight'].shape[0] for i in range(num_official)]
-            ck_depths = [len(list(run)) for _, run in itertools.groupby(widths)]  # stage depths, from the widths
-            raise ValueError(f'official sMLPNet checkpoint has stage depths {ck_depths}, this model has {depths} '
-                             f'(block {g} is {ck_dim} wide in the checkpoint, {dims[s]} here)')
+    widths = [state_dict[f'channel_mix.{g}.1.weight'].shape[0] for g in range(num_official)]
+    if widths != [model.stages[s].blocks[0].norm.normalized_shape[0] for s, _ in blocks]:
+        ck_depths = [len(list(run)) for _, run in itertools.groupby(widths)]  # stage depths, from the widths
+        raise ValueError(f'official sMLPNet checkpoint has stage depths {ck_depths}, this model has {depths}')
     out = {}
     for k, v in state_dict.items():
         parts = k.split('.')

@@ -12,15 +12,9 @@ Model layout (``BertModel``)::
         -> LayerNorm -> dropout -> num_hidden_layers x BertLayer -> hidden states (B, L, d)
     BertLayer (post-LN):  x = LN(x + Dropout(Attn(x)));  x = LN(x + Dropout(W_2 GELU(W_1 x)))
 
-Attention is ``F.scaled_dot_product_attention`` (PyTorch's fused flash / memory-efficient kernels). With an
-``attention_mask`` no query attends to a padded key, so padded positions never change a real position's output
-(right padding: the positions of the real tokens do not move).
-
-Heads: ``BertForMaskedLM`` (MLM transform dense + GELU + LayerNorm, decoder tied to the word embedding, output
-bias) and ``BertForSequenceClassification`` (BERT's pooler -- dense + tanh on the [CLS] state -- dropout, linear
-classifier). ``benchmark.py`` times :class:`BertLayer` against the BiGS layer, and :mod:`mlp_vision.complexity`
-counts BERT-large (24 layers, d 1024, 16 heads, FFN 4096; the registered ``bert_large``) for the BiGS paper's
-Table 6 comparison.
+Attention is ``F.scaled_dot_product_attention``; with an ``attention_mask`` no query attends to a padded key.
+``benchmark.py`` times :class:`BertLayer` against the BiGS layer, and :mod:`mlp_vision.complexity` counts
+BERT-large (the registered ``bert_large``) for the BiGS paper's Table 6 comparison.
 """
 from typing import ClassVar, Optional
 
@@ -249,10 +243,8 @@ class EncoderForMaskedLM(TextPreTrainedModel):
     transform (``use_transform = False``: the decoder reads the last hidden states), by
     :class:`mlp_vision.text.gmlp.GMLPForMaskedLM`.
 
-    Subclasses (also of their family's ``PreTrainedModel``, which names ``base_model_prefix``: the attribute and
-    state-dict prefix the encoder is stored under) set ``encoder_class`` (built from the config; it maps
-    ``(input_ids, attention_mask, token_type_ids)`` to its output) and, when the encoder's word embedding is not
-    ``embeddings.word_embeddings``, its weight's key in ``embedding_key``: the decoder is tied to it.
+    Subclasses (also of their family's ``PreTrainedModel``, which names ``base_model_prefix``) set
+    ``encoder_class`` and, when the encoder's word embedding is elsewhere, its weight's key in ``embedding_key``.
 
     Shapes:
         input_ids, attention_mask, token_type_ids: (B, L) as the encoder; labels: optional (B, L) int64 with -100 at
@@ -294,13 +286,10 @@ class BertForMaskedLM(BertPreTrainedModel, EncoderForMaskedLM):
 
 
 class EncoderForSequenceClassification(TextPreTrainedModel):
-    """An encoder + :class:`SequencePooler` (``config.classifier_pooling``: 'cls' or 'mean' over the unpadded
-    tokens), dropout and a linear classifier. Shared by :class:`BertForSequenceClassification`,
-    :class:`mlp_vision.text.bigs.BiGSForSequenceClassification` and, without the pooler's dense + tanh
-    (``use_pooler = False``: the pooled state itself), :class:`mlp_vision.text.gmlp.GMLPForSequenceClassification`;
-    subclasses set ``encoder_class`` (as :class:`EncoderForMaskedLM`). Load a masked-LM folder with
-    ``from_pretrained(dir, num_labels=k)``: the encoder is loaded, the pooler and classifier are new (MLM-only
-    pretraining, as RoBERTa's and BiGS', trains no pooler).
+    """An encoder + :class:`SequencePooler` (``config.classifier_pooling``), dropout and a linear classifier.
+    Shared by BERT, BiGS and, without the pooler's dense + tanh (``use_pooler = False``), gMLP; subclasses set
+    ``encoder_class``. ``from_pretrained(mlm_dir, num_labels=k)`` loads the encoder of a masked LM, with a new
+    pooler and classifier (MLM-only pretraining, as RoBERTa's and BiGS', trains no pooler).
 
     Shapes: as :class:`EncoderForMaskedLM`; labels optional (B,) int64 class ids, or (B,) float targets when
     ``num_labels == 1`` (regression, MSE). Returns ``SequenceClassifierOutput(loss, logits (B, num_labels))``.

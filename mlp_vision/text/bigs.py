@@ -15,17 +15,12 @@ Model layout (``BiGSModel``)::
         -> num_hidden_layers x BidirectionalGatedSSM(d, d_i, N)
         -> hidden states (B, L, d)          (pre-norm residual layers; no final LayerNorm, as the official model)
 
-Heads: ``BiGSForMaskedLM`` (BERT's MLM head) and ``BiGSForSequenceClassification`` (the official BiGS pooler: the
-**mean of the last hidden states over the real tokens**, dense, tanh; not BERT's [CLS] pooler, which only a
-next-sentence task would train -- then dropout and a linear classifier).
+The classifier's pooler is the official BiGS one: the mean of the last hidden states over the real tokens, dense,
+tanh (not BERT's [CLS] pooler, which only a next-sentence task would train).
 
-``attention_mask`` (B, L), 1 = real token, 0 = padding, right padding only (any other layout stops with an error):
-    * ``config.mask_padding = True`` (default): the SSM inputs are zeroed at padded positions, so the real
-      positions' outputs equal those of the unpadded sequence (exactly up to float rounding).
-    * ``config.mask_padding = False``: the layers ignore the mask (only the classifier's pooler uses it):
-      pads are mixed like real tokens. This is how the official models were pretrained (inputs padded to full
-      length) and is what their port computes; use it to reproduce official outputs on padded batches.
-    The MLM loss only counts positions whose label is not -100; give pads label -100.
+``attention_mask`` (B, L), 1 = real token, right padding only: with ``config.mask_padding`` (default) the SSM
+inputs are zeroed at padded positions, so real positions get the outputs of the unpadded sequence; without it the
+layers mix pads like real tokens, as the official models were pretrained (to reproduce their outputs).
 
 Parameter accounting of BiGS-large (346.7 M at 512 positions, paper 346 M; the official pooler is not in it):
 docs/models.md §4.
@@ -159,14 +154,12 @@ def _from_official(cls, path_or_state_dict: Union[str, os.PathLike, Mapping[str,
     ``*.safetensors`` file, a folder in the official layout (the weights file, ``config.json``, ``vocab.txt`` /
     ``tokenizer.json``), or a state dict in the official key layout.
 
-    The sizes (V, d, d_i, layers, N, positions, token types) are read from the tensor shapes; ``pad_token_id``,
-    ``layer_norm_eps``, ``hidden_dropout_prob``, ``initializer_range`` and ``classifier_dropout`` from the folder's
-    ``config.json`` when it has them (sizes there that disagree with the tensors are an error); other fields (e.g.
-    ``mask_padding=False`` to reproduce the official outputs on padded batches) from ``config_overrides``.
-    ``dtype``: parameter dtype (default float32; the SSM kernel and FFTs run in float32 regardless). A classifier
-    loads the official pooler (``bigs.pooler.dense``) and a fine-tuned ``classifier.*`` when present, else its head
-    is new. ``model.tokenizer`` is the folder's tokenizer, or None; ``allow_regex``: accept a ``tokenizer.json``
-    with a regular expression (:mod:`mlp_vision.text.tokenizer`).
+    The sizes are read from the tensor shapes, the other fields of :data:`_OFFICIAL_CONFIG_FIELDS` from the folder's
+    ``config.json`` when it has them (sizes there that disagree with the tensors are an error), any other (e.g.
+    ``mask_padding=False`` to reproduce the official outputs on padded batches) from ``config_overrides``. A
+    classifier loads the official pooler and a fine-tuned ``classifier.*`` when present, else its head is new.
+    ``model.tokenizer`` is the folder's tokenizer, or None; ``allow_regex``: accept a ``tokenizer.json`` with a
+    regular expression (:mod:`mlp_vision.text.tokenizer`).
     """
     from .tokenizer import find_tokenizer
     directory = None

@@ -15,22 +15,12 @@ Model layout (``GMLPModel``)::
                      -> dropout -> L_blocks x GatedMLPBlock(d, n, d_ffn / d, spatial_mode, attn_dim)
                      -> final LayerNorm (the blocks are pre-norm) -> hidden states (B, L, d)
 
-Heads: ``GMLPForMaskedLM`` (decoder tied to the token embedding + output bias), ``GMLPForSequenceClassification``
-(linear classifier on the last-layer state of the ``<cls>`` token, paper §2 "Our model uses exactly the same
-input and output protocols as BERT"), ``GMLPForCausalLM`` (causal SGU + LM head + ``generate``).
+Parameter accounting, ours against the papers' Tables 4-5: docs/models.md §1.
 
-Parameter accounting, ours against the papers' Tables 4-5 (no BERT MLM transform in the papers' counts):
-docs/models.md §1.
-
-Padding (``attention_mask``, (B, L), 1 = real token, right padding):
-    * ``config.mask_padding = True`` (default): the tiny attention (aMLP) ignores padded keys and the SGU zeroes
-      the padded tokens' gate values before its spatial projection, so padded positions never change a real
-      position's output: with right padding, a padded sequence gets exactly the outputs it gets alone (the
-      Toeplitz / causal W of a shorter input is the leading block of the longer one's).
-    * ``config.mask_padding = False``: the SGU mixes every position it is given, pads included, as the paper
-      ("we find it unnecessary to mask out <pad> tokens in gMLP blocks during finetuning as the model can quickly
-      learn to ignore them", §4); only the tiny attention uses the mask.
-    Causal models never see trailing pads (a causal W never looks right).
+Padding (``attention_mask``, (B, L), 1 = real token, right padding): with ``config.mask_padding`` (default) the
+tiny attention ignores padded keys and the SGU zeroes the padded tokens' gate values before its spatial projection,
+so a padded sequence gets exactly the outputs it gets alone; without it the SGU mixes pads too, as the paper (§4:
+"unnecessary to mask out <pad> tokens"). Causal models never see trailing pads.
 """
 from functools import partial
 from typing import Optional

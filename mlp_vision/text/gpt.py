@@ -115,19 +115,13 @@ class MLPAttention(nn.Module):
         """fc2 as the reference's bias-free Linear under nanoGPT init: N(0, std)."""
         nn.init.normal_(self.fc2_weight, std=std)
 
-    def attention_weights(self, x: torch.Tensor) -> torch.Tensor:
-        """(B, T, d) -> (B, H, T, T) softmax attention weights (causal, before dropout)."""
-        B, T, _ = x.shape
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, C = x.shape
         if not 1 <= T <= self.seq_len:
             raise ValueError(f'sequence length {T} outside [1, {self.seq_len}] (max_position_embeddings)')
         h = F.relu(self.fc1(x)).view(B, T, self.num_heads, self.hidden_dim).transpose(1, 2)  # (B, H, T, hidden)
         logits = h @ self.fc2_weight[:, :, :T]  # (B, H, T, hidden) @ (H, hidden, T) -> (B, H, T, T)
-        logits = logits.masked_fill(~self.causal_mask[:T, :T], float('-inf'))
-        return logits.softmax(dim=-1)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        B, T, C = x.shape
-        attn = self.attn_drop(self.attention_weights(x))
+        attn = self.attn_drop(logits.masked_fill(~self.causal_mask[:T, :T], float('-inf')).softmax(dim=-1))
         v = self.value(x).view(B, T, self.num_heads, self.head_dim).transpose(1, 2)  # (B, H, T, hs)
         out = (attn @ v).transpose(1, 2).reshape(B, T, C)
         return self.proj_drop(self.proj(out))

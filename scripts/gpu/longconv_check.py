@@ -24,9 +24,10 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout, when run from anywhere
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / 'tests'))  # its reference.longconv
 from mlp_vision.layers import BidirectionalGatedSSM  # noqa: E402
-from mlp_vision.layers.longconv_triton import bidirectional_gelu_long_conv, bidirectional_long_conv, \
-    bidirectional_long_conv_reference  # noqa: E402
+from mlp_vision.layers.longconv_triton import bidirectional_gelu_long_conv, bidirectional_long_conv  # noqa: E402
+from reference.longconv import bidirectional_long_conv_reference  # noqa: E402
 
 DEVICE = 'cuda'
 CHECK_CASES = [(2, 37, 20), (2, 300, 96), (1, 1000, 130), (1, 4096, 64)]  # (B, L, C): ragged tiles, one long
