@@ -89,7 +89,7 @@ def _add_data_model_args(parser) -> None:
     group.add_argument('--pretrained-path', type=str, metavar='PATH', help="start from a local weights file, loaded "
                        "through the model's checkpoint filter (classifier dropped if --num-classes differs)")
     group.add_argument('--initial-checkpoint', default='', type=str, metavar='PATH',
-                       help='load these weights (a train.py checkpoint or a state dict of this exact model) first')
+                       help='start from these weights (a train.py checkpoint or a state dict of this model)')
     group.add_argument('--resume', default='', type=str, metavar='PATH', help='continue the run of this checkpoint '
                        '(usually EXP/last.pth) in its folder, with its saved settings; flags given here override them')
     group.add_argument('--keep-optimizer-state', action='store_true', help='model_best.pth and checkpoint-N.pth '
@@ -109,7 +109,7 @@ def _add_data_model_args(parser) -> None:
     add_device_arguments(group)
     group.add_argument('--sync-bn', action='store_true', help='SyncBatchNorm (CUDA, distributed)')
     group.add_argument('--dist-bn', default='reduce', choices=('reduce', 'broadcast', ''),
-                       help='after each epoch, make BatchNorm stats equal on all ranks (average or rank 0)')
+                       help="BatchNorm stats made equal on all ranks after each epoch (average or rank 0's)")
     group = parser.add_argument_group('Optimizer parameters')
     group.add_argument('--opt', default='sgd', type=str, metavar='OPTIMIZER', help='optimizer (timm names)')
     group.add_argument('--opt-eps', type=float, metavar='EPSILON', help='optimizer epsilon')
@@ -125,10 +125,8 @@ def _add_data_model_args(parser) -> None:
     group.add_argument('--log-interval', type=int, default=50, metavar='N', help='optimizer updates between logs')
     group.add_argument('--checkpoint-hist', type=int, default=3, metavar='N', help='best checkpoint-<epoch>.pth kept')
     group.add_argument('--output', default='', type=str, metavar='PATH', help='output root (default: ./output/train)')
-    group.add_argument('--experiment', default='', type=str, metavar='NAME',
-                       help='experiment folder name (default: date-model-size)')
-    group.add_argument('--eval-metric', default='top1', choices=('top1', 'top5', 'loss'),
-                       help='metric for best checkpoint')
+    group.add_argument('--experiment', default='', type=str, metavar='NAME', help='folder (default: date-model-size)')
+    group.add_argument('--eval-metric', default='top1', choices=('top1', 'top5', 'loss'), help='selects the best')
 
 
 def _add_schedule_and_regularization_args(parser) -> None:
@@ -136,8 +134,7 @@ def _add_schedule_and_regularization_args(parser) -> None:
     group.add_argument('--sched', type=str, default='cosine', choices=SCHEDULERS, help='LR scheduler')
     group.add_argument('--sched-on-updates', action='store_true', help='step the schedule every update, not epoch')
     group.add_argument('--lr', type=float, metavar='LR', help='learning rate (default: --lr-base scaled to the batch)')
-    group.add_argument('--lr-base', type=float, default=0.1, metavar='LR',
-                       help='learning rate at --lr-base-size global batch, used when --lr is not given')
+    group.add_argument('--lr-base', type=float, default=0.1, metavar='LR', help='LR at --lr-base-size, without --lr')
     group.add_argument('--lr-base-size', type=int, default=256, metavar='DIV', help='global batch of --lr-base')
     group.add_argument('--lr-base-scale', default='', choices=('', 'linear', 'sqrt'),
                        help="'linear' or 'sqrt' scaling of --lr-base (default: sqrt for adaptive optimizers)")
@@ -165,10 +162,8 @@ def _add_schedule_and_regularization_args(parser) -> None:
     group.add_argument('--hflip', type=float, default=0.5, help='horizontal flip probability')
     group.add_argument('--vflip', type=float, default=0., help='vertical flip probability')
     group.add_argument('--color-jitter', type=float, default=0.4, metavar='PCT', help='color jitter factor')
-    group.add_argument('--aa', type=str, metavar='NAME',
-                       help='AutoAugment / RandAugment policy, e.g. rand-m9-mstd0.5-inc1, original')
-    group.add_argument('--aug-repeats', type=float, default=0,
-                       help='repeated augmentation: each image this many times per epoch (e.g. 3; 0 = off)')
+    group.add_argument('--aa', type=str, metavar='NAME', help='AutoAugment policy, e.g. rand-m9-mstd0.5-inc1')
+    group.add_argument('--aug-repeats', type=float, default=0, help='repeated augmentation count (e.g. 3; 0 = off)')
     group.add_argument('--reprob', type=float, default=0., metavar='PCT', help='random erase probability')
     group.add_argument('--remode', default='pixel', choices=('pixel', 'rand', 'const'), help='random erase mode')
     group.add_argument('--recount', type=int, default=1, help='random erase count')
@@ -177,8 +172,7 @@ def _add_schedule_and_regularization_args(parser) -> None:
     group.add_argument('--cutmix-minmax', type=float, nargs='+', help='cutmix min/max ratio')
     group.add_argument('--mixup-prob', type=float, default=1.0, help='probability of mixup or cutmix per batch')
     group.add_argument('--mixup-switch-prob', type=float, default=0.5, help='probability of cutmix over mixup')
-    group.add_argument('--mixup-mode', default='batch', choices=('batch', 'pair', 'elem'),
-                       help='mix per batch, per pair or per element')
+    group.add_argument('--mixup-mode', default='batch', choices=('batch', 'pair', 'elem'), help='what is mixed')
     group.add_argument('--mixup-off-epoch', default=0, type=int, metavar='N', help='turn mixup off at this epoch')
     group.add_argument('--smoothing', type=float, default=0.1, help='label smoothing')
     group.add_argument('--bce-loss', action='store_true', help='binary cross-entropy loss')
