@@ -86,8 +86,13 @@ def is_local_dir(name: str) -> bool:
 
 
 def _build_on_meta(name: str, kwargs: Dict[str, Any]) -> Optional[nn.Module]:
-    """``name`` built with ``kwargs`` on the ``meta`` device (shapes only); None where that fails (an init reading
-    values): the real build reports it. The bound's own stop is no Exception and passes through."""
+    """``name`` built with ``kwargs`` on the ``meta`` device (shapes only): through timm's ``device`` argument, else
+    under ``torch.device('meta')``; None where that fails (an init reading values): the real build reports it."""
+    try:  # any failure but the bound's (not an Exception) is left to the real build, which raises it again
+        return timm.create_model(name, device='meta', **kwargs)
+    except Exception as e:
+        if not (isinstance(e, TypeError) and "'device'" in str(e)):
+            return None
     try:
         with torch.device('meta'):
             return timm.create_model(name, **kwargs)
