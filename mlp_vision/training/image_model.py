@@ -77,8 +77,7 @@ def resolve_model_data_config(args, model: nn.Module, stored: Optional[Dict[str,
 
 
 def is_local_dir(name: str) -> bool:
-    """Whether ``name`` is ``local-dir:FOLDER`` (a folder with a timm ``config.json``, a run's ``pretrained/``) that
-    passes :func:`~mlp_vision.weights.read_model_folder` (else its :class:`UsageError`, not timm's traceback)."""
+    """Whether ``name`` is ``local-dir:FOLDER``; the folder must pass :func:`~mlp_vision.weights.read_model_folder`."""
     if not name.startswith('local-dir:'):
         return False
     read_model_folder(name[len('local-dir:'):])
@@ -343,8 +342,7 @@ def process_group_backend(device_type: str, dist_backend: Optional[str] = None) 
 
 def init_device(device: Optional[str] = None, dist_backend: Optional[str] = None,
                 dist_url: Optional[str] = None) -> DistInfo:
-    """Pick the device ('cuda' if available, else 'cpu', unless given) and join torchrun's process group (backend:
-    :func:`process_group_backend`); under torchrun with CUDA each process takes GPU ``LOCAL_RANK``."""
+    """The device (default: cuda if available) and torchrun's process group; with CUDA, GPU ``LOCAL_RANK``."""
     if device is None:
         device = 'cuda' if torch.cuda.is_available() else 'cpu'
     device_type = parse_device(device).type
@@ -424,7 +422,6 @@ def add_input_arguments(group) -> None:
     group.add_argument('--model-kwargs', nargs='*', default={}, action=ParseKwargs,
                        help='extra model arguments k=v (python literals), e.g. embed_dim=32 depths="(1,1,2,1)"')
 
-# --crop-pct: check_range's bounds
 CROP_PCT_RANGE = dict(low=0, high=1, low_open=True, why="the crop's fraction of the resized image; above 1 the "
                                                          "image is resized smaller than the crop and padded")
 # the module timm's reader of each --dataset KIND/ imports (torch/: torchvision, a dependency), and what to install
@@ -434,8 +431,7 @@ DATASET_PACKAGES = {'hfds': ('datasets', 'datasets'), 'hfids': ('datasets', 'dat
 
 
 def check_dataset_package(dataset: str) -> None:
-    """A :class:`UsageError` when ``--dataset KIND/NAME`` needs a package that is not installed (not timm's
-    traceback)."""
+    """A :class:`UsageError` when ``--dataset KIND/NAME`` needs a package that is not installed."""
     module, install = DATASET_PACKAGES.get((dataset or '').split('/', 1)[0], (None, None))
     if module is not None and importlib.util.find_spec(module) is None:
         raise UsageError(f'--dataset {dataset} is read by the {module} package, which is not installed: pip install '
@@ -448,21 +444,17 @@ def add_common_arguments(group: argparse._ActionsContainer, activations: bool = 
     group.add_argument(TRUST_FLAG, action='store_true',
                        help='UNSAFE: allow checkpoint files that need a full unpickle; that runs arbitrary code from '
                             'the file. Only for files you made or whose maker you trust')
-    group.add_argument('--debug', action='store_true',
-                       help='show the full traceback of an error instead of its one-line message')
+    group.add_argument('--debug', action='store_true', help="an error's full traceback instead of its one line")
     add_bound_arguments(group, activations)
 
 
 def add_device_arguments(group: argparse._ActionsContainer, distributed: bool = True) -> None:
-    """``--device``, ``--threads``, ``--amp`` / ``--amp-dtype`` and, for a trainer, ``--dist-backend`` /
-    ``--dist-url``."""
+    """``--device``, ``--threads``, ``--amp``, ``--amp-dtype``; for a trainer ``--dist-backend``, ``--dist-url``."""
     group.add_argument('--device', type=str, help="'cuda', 'cuda:1', 'cpu' (default: cuda if available)")
     if distributed:
         group.add_argument('--dist-backend', type=str, help='a backend or device:backend pairs '
                            '(default: cpu:gloo,cuda:nccl for CUDA, gloo for CPU)')
         group.add_argument('--dist-url', type=str, help="default: 'env://' (torchrun)")
     add_threads_argument(group)
-    group.add_argument('--amp', action='store_true',
-                       help='mixed precision: bfloat16 autocast on CPU, float16 on CUDA (training: + a loss scaler)')
-    group.add_argument('--amp-dtype', type=str, choices=('float16', 'bfloat16'),
-                       help='autocast dtype (default: bfloat16 on CPU, float16 on CUDA)')
+    group.add_argument('--amp', action='store_true', help='mixed precision (float16 training: with a loss scaler)')
+    group.add_argument('--amp-dtype', choices=('float16', 'bfloat16'), help='default: bfloat16 on CPU, float16 on CUDA')
