@@ -194,8 +194,7 @@ def _has_dataset(settings: Mapping[str, Any]) -> bool:  # settings: arguments by
 
 def parse_args(argv):
     """(args, demo = no dataset given, resume checkpoint) from the flags, the ``-c`` yaml and a resumed run's
-    saved settings; settings that name no dataset have the demo recipe as their base, under the user's -c and
-    flags."""
+    settings; without a dataset the demo recipe is their base."""
     args, resume_ckpt = parse_run_args(
         build_parser(), argv, recipes=True,
         base_configs=lambda settings: [] if _has_dataset(settings) else [str(find_recipe(DEMO_RECIPE))])
@@ -225,8 +224,6 @@ FLAG_RANGES = {
     'num_classes': _AT_LEAST_ONE, 'img_size': _AT_LEAST_ONE, 'input_size': _AT_LEAST_ONE,
     'in_chans': _AT_LEAST_ONE, 'crop_pct': CROP_PCT_RANGE, 'threads': THREADS_RANGE, **BOUND_RANGES,
 }  # --mean / --std: per channel, by check_image_args
-# flags of two values (low, high)
-_PAIRS = ('scale', 'ratio', 'cutmix_minmax', 'lr_noise')
 
 
 def check_args(args, dist_info) -> None:
@@ -511,8 +508,9 @@ def train_one_epoch(epoch: int, model: nn.Module, loader, optimizer: torch.optim
         sums = torch.tensor([0., -1., 0.], dtype=torch.float64, device=device)
         weight_sum, since, since_micro, next_check = 0., time.perf_counter(), 0, updates['check_every']
         for micro in range(accum_steps):
-            if micro and not updates['distributed'] and updates['stop_signal']():
-                _abandon(optimizer, updates['stop_signal'](), stopped_at)
+            if micro and not updates['distributed'] and updates['stop_signal']():  # the weights stay as they were
+                optimizer.zero_grad(set_to_none=True)
+                raise Interrupted(updates['stop_signal'](), stopped_at)
             (input, target), pending = pending, next(batches, None)
             need_update = micro == accum_steps - 1 or pending is None
             if mixup_fn is not None:
@@ -523,7 +521,11 @@ def train_one_epoch(epoch: int, model: nn.Module, loader, optimizer: torch.optim
             with no_sync() if no_sync is not None and not need_update else nullcontext():
                 with amp_autocast():
                     loss = loss_fn(model(input), target)
-                _add_loss(sums, loss, micro, weight=input.shape[0])
+                value = loss.detach().reshape(()).to(torch.float64)
+                first_bad = ~torch.isfinite(value) & (sums[1] < 0)  # the update's first non-finite loss
+                sums[0] += value * input.shape[0]
+                sums[1] = torch.where(first_bad, float(micro), sums[1])
+                sums[2] = torch.where(first_bad, value, sums[2])
                 weight_sum += input.shape[0]
                 if need_update:  # before the backward pass that reduces the gradients, and the optimizer step
                     update_loss, updates['stop_pending'] = _agree(updates, optimizer, sums, micro + 1 - since_micro,
@@ -533,7 +535,8 @@ def train_one_epoch(epoch: int, model: nn.Module, loader, optimizer: torch.optim
             if not need_update and micro + 1 == next_check:  # a long update agrees every few seconds
                 _, signum = _agree(updates, optimizer, sums, micro + 1 - since_micro, since, (epoch, first))
                 if signum:
-                    _abandon(optimizer, signum, stopped_at)
+                    optimizer.zero_grad(set_to_none=True)
+                    raise Interrupted(signum, stopped_at)
                 since, since_micro, next_check = time.perf_counter(), micro + 1, micro + 1 + updates['check_every']
             if need_update:
                 break
@@ -593,16 +596,6 @@ def _backward(loss: torch.Tensor, optimizer, loss_scaler, clip_grad: Optional[fl
 _NO_BAD_MICRO = float(2 ** 52)  # above any batch index, exact in float64
 
 
-def _add_loss(sums: torch.Tensor, loss: torch.Tensor, micro: int, weight: float) -> None:
-    """Add a batch's mean ``loss`` (times its ``weight``, its samples) to the update's ``sums`` on the device, and
-    note it when it is the update's first non-finite one."""
-    value = loss.detach().reshape(()).to(torch.float64)
-    first_bad = ~torch.isfinite(value) & (sums[1] < 0)
-    sums[0] += value * weight
-    sums[1] = torch.where(first_bad, float(micro), sums[1])
-    sums[2] = torch.where(first_bad, value, sums[2])
-
-
 def _agree(updates: Dict[str, Any], optimizer, sums: torch.Tensor, micro_batches_since: int, since: float,
            at: Tuple[int, int]) -> Tuple[float, int]:
     """The one wait of an update: its losses read with one device-to-host copy, with one all-reduce (MAX, on the
@@ -634,20 +627,12 @@ def _agree(updates: Dict[str, Any], optimizer, sums: torch.Tensor, micro_batches
     return loss_sum, int(signum)
 
 
-def _abandon(optimizer, signum: int, stopped_at: str) -> None:
-    """A stop inside an update: its gradients are dropped, the weights are as at the last update."""
-    optimizer.zero_grad(set_to_none=True)
-    raise Interrupted(signum, stopped_at)
-
-
 def format_duration(seconds: float) -> str:
     return str(timedelta(seconds=int(round(max(0., seconds)))))
 
 
 def warn_global_batch_beyond_data(batch_size: int, world_size: int, grad_accum_steps: int, samples: int) -> None:
-    """Warn (with the numbers) when one update's global batch, ``batch_size`` x ``world_size`` x
-    ``grad_accum_steps``, is larger than the training set's ``samples``: an unintended setting (``-b 1e9``) that
-    trains without another sign of it."""
+    """Warn when one update's global batch is larger than the training set (``-b 1e9``: no other sign of it)."""
     global_batch = batch_size * world_size * grad_accum_steps
     if global_batch > samples:
         _logger.warning(f'the global batch ({batch_size} x {world_size} processes x {grad_accum_steps} accumulation '
