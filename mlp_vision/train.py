@@ -599,13 +599,10 @@ _NO_BAD_MICRO = float(2 ** 52)  # above any batch index, exact in float64
 def _agree(updates: Dict[str, Any], optimizer, sums: torch.Tensor, micro_batches_since: int, since: float,
            at: Tuple[int, int]) -> Tuple[float, int]:
     """The one wait of an update: its losses read with one device-to-host copy, with one all-reduce (MAX, on the
-    training device: valid under NCCL) of [first non-finite batch, stop signal, seconds per batch]. Every rank decides
-    the same: a non-finite loss anywhere raises :class:`NonFiniteLossError` (gradients dropped; ``at``: the epoch and
-    the update's first batch); returns (this rank's weighted loss sum, the agreed stop signal).
-
-    The agreements inside a long update come at positions counted from the slowest rank's time per batch, so every
-    rank calls the same collectives in order; a rank never acts on its own signal alone (its forward may hold
-    collectives of its own: DDP's buffer broadcast, SyncBatchNorm)."""
+    training device) of [first non-finite batch, stop signal, seconds per batch], so every rank decides the same: a
+    non-finite loss anywhere raises :class:`NonFiniteLossError` (gradients dropped; ``at``: the epoch and the update's
+    first batch). Returns (this rank's weighted loss sum, the agreed stop signal). A long update's agreements come at
+    positions counted from the slowest rank's time per batch, so every rank calls the same collectives in order."""
     packed = torch.zeros(6, dtype=torch.float64, device=updates['device'])
     # MAX of (first bad batch counted down from 2**52): the earliest bad batch of any rank, 0 if none
     packed[0] = (sums[1] >= 0) * (_NO_BAD_MICRO - sums[1])
