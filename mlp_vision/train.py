@@ -582,13 +582,14 @@ def _backward(loss: torch.Tensor, optimizer, loss_scaler, clip_grad: Optional[fl
               parameters: Callable[[], Iterable[torch.Tensor]], need_update: bool) -> None:
     """timm's backward (through its ``NativeScaler`` under float16 AMP); on the update's last batch, clipping and
     the optimizer step."""
+    clip_grad = clip_grad if clip_grad and clip_grad > 0 else None
     if loss_scaler is not None:
         loss_scaler(loss, optimizer, clip_grad=clip_grad, clip_mode=clip_mode,
                     parameters=parameters() if clip_grad else None, need_update=need_update)
         return
     loss.backward()
     if need_update:
-        if clip_grad:
+        if clip_grad is not None:
             dispatch_clip_grad(parameters(), value=clip_grad, mode=clip_mode)
         optimizer.step()
 
