@@ -5,10 +5,12 @@ several commands share (``--allow-regex``; the size bounds' flags are :func:`mlp
 and ``-c`` yaml recipes merged with the command line (:func:`merge_settings`, the last part of this file).
 """
 import argparse
+import collections.abc
 import importlib.resources
 import json
 import math
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
@@ -19,14 +21,16 @@ from timm.utils import ParseKwargs as TimmParseKwargs
 
 from mlp_vision.errors import UsageError, short_repr
 
-__all__ = ['ArgumentParser', 'ParseKwargs', 'check_kwargs_flags', 'DefaultsHelpFormatter', 'check_range', 'parse_device', 'read_json_file',
-           'CONFIG_MAX_BYTES', 'add_allow_regex_argument']
+__all__ = ['ArgumentParser', 'ParseKwargs', 'check_kwargs_flags', 'DefaultsHelpFormatter', 'check_range',
+           'parse_device', 'read_json_file', 'CONFIG_MAX_BYTES', 'add_allow_regex_argument', 'RunArgs', 'parse_given',
+           'merge_settings', 'load_yaml_config', 'parse_args_with_config', 'args_to_yaml', 'plain_value',
+           'check_flag_ranges', 'SEED_MAX', 'find_recipe', 'recipe_names', 'recipe_folder', 'read_yaml_file',
+           'MAX_YAML_BYTES']
 
 
 class ArgumentParser(argparse.ArgumentParser):
-    """``argparse.ArgumentParser`` whose errors (a bad choice, a value of the wrong type, an unknown flag, a word of
-    the command line that is not UTF-8) raise :class:`UsageError`: one line and status 2 through :func:`run_cli`,
-    not argparse's usage text."""
+    """``argparse.ArgumentParser`` whose errors (also a word that is not UTF-8) raise :class:`UsageError`: one line
+    and status 2 through :func:`run_cli`, not argparse's usage text."""
 
     def parse_known_args(self, args=None, namespace=None):
         args = list(sys.argv[1:] if args is None else args)
@@ -39,42 +43,22 @@ class ArgumentParser(argparse.ArgumentParser):
 
 def _check_utf8_words(argv: Sequence[str]) -> None:
     """A :class:`UsageError` naming the first word of ``argv`` that is not UTF-8 (Python holds its bytes as lone
-    surrogates), and the flag it is given to: a run writes its names and paths into logs, ``args.yaml`` and its
-    records, as UTF-8 text, which such a word cannot be (the logging errors would come after the run)."""
-    flag = ''
-    for word in argv:
-        if not isinstance(word, str):
-            continue
+    surrogates), and the flag before it: a run writes its names and paths into its logs and records as UTF-8."""
+    for i, word in enumerate(argv):
         try:
             word.encode('utf-8')
         except UnicodeEncodeError as e:
-            shown = word.encode('utf-8', 'surrogateescape' if _is_escaped_bytes(word) else 'backslashreplace')
-            where = f'{flag} ' if flag and not word.startswith('-') else ''
-            raise UsageError(f'{where}\'{shown.decode("utf-8", "backslashreplace")}\' is not UTF-8 text (character '
-                             f'{e.start}); names and paths given to a command must be UTF-8: a run writes them into '
-                             f'its logs and records') from None
-        if word.startswith('-') and len(word) > 1 and not _is_number(word):
-            flag = word.split('=', 1)[0]
-
-
-def _is_escaped_bytes(word: str) -> bool:
-    """Whether every surrogate of ``word`` stands for a byte (Python's ``surrogateescape`` of the command line)."""
-    return all(0xdc80 <= ord(c) <= 0xdcff for c in word if 0xd800 <= ord(c) <= 0xdfff)
-
-
-def _is_number(word: str) -> bool:
-    try:
-        float(word)
-    except ValueError:
-        return False
-    return True
+            shown = re.sub('[\udc80-\udcff]', lambda m: f'\\x{ord(m[0]) - 0xdc00:02x}', word)  # the bytes given
+            shown = shown.encode('utf-8', 'backslashreplace').decode()
+            before = argv[i - 1] if i and not word.startswith('-') else ''
+            flag = before.split('=', 1)[0] + ' ' if before.startswith('-') and len(before) > 1 else ''
+            raise UsageError(f'{flag}\'{shown}\' is not UTF-8 text (character {e.start}); names and paths given to '
+                             f'a command must be UTF-8: a run writes them into its logs and records') from None
 
 
 class ParseKwargs(TimmParseKwargs):
-    """timm's action of ``--model-kwargs`` / ``--opt-kwargs`` (``NAME=VALUE`` words, each value a Python literal,
-    else a string), with a word that is not ``NAME=VALUE`` argparse's one-line error instead of a ``ValueError``
-    traceback, and an empty or non-identifier name refused (it would reach the model or optimizer as no argument
-    it takes)."""
+    """timm's ``NAME=VALUE`` action, where a word that is not ``NAME=VALUE`` (or an empty or non-identifier name,
+    which no model or optimizer takes) is argparse's one-line error, not a ``ValueError`` traceback."""
 
     def __call__(self, parser, namespace, values, option_string=None):
         for value in values:
@@ -86,8 +70,7 @@ class ParseKwargs(TimmParseKwargs):
 
 
 class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """argparse's ``(default: X)`` after each flag's help, except where the help already says its default in
-    words."""
+    """argparse's ``(default: X)`` after each flag's help, unless the help already says its default."""
 
     def _get_help_string(self, action):
         if 'default' in (action.help or '').lower():
@@ -97,10 +80,8 @@ class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 def check_range(name: str, value, low=None, high=None, *, low_open: bool = False, high_open: bool = False,
                 why: str = '') -> None:
     """A :class:`UsageError` ``<name> must be <range>[ (why)], got <value>`` unless ``value`` is a finite number in
-    the range: ``low`` / ``high`` None leave that side open-ended, ``low_open`` / ``high_open`` exclude the bound.
-
-    NaN and infinities are never in range: no flag means anything by them, and NaN passes every ``<`` test.
-    """
+    the range (``low`` / ``high`` None: open-ended; ``low_open`` / ``high_open``: the bound excluded). NaN passes
+    every ``<`` test, so it is refused explicitly."""
     number = isinstance(value, (int, float)) and not isinstance(value, bool)
     ok = number and (isinstance(value, int) or math.isfinite(value))  # an int may be too large for a float
     ok = ok and (low is None or (value > low if low_open else value >= low))
@@ -121,9 +102,8 @@ def check_range(name: str, value, low=None, high=None, *, low_open: bool = False
 
 
 def check_kwargs_flags(args: argparse.Namespace, *dests: str) -> None:
-    """A :class:`UsageError` unless each ``NAME=VALUE`` flag of ``dests`` (``model_kwargs``, ``opt_kwargs``) holds a
-    mapping of Python names to values: a ``-c`` yaml file or a resumed run's settings give them without
-    :class:`ParseKwargs` (``model_kwargs: 5`` was a TypeError traceback)."""
+    """A :class:`UsageError` unless each ``NAME=VALUE`` flag of ``dests`` holds a mapping of Python names to values:
+    a ``-c`` yaml file or a resumed run's settings give them without :class:`ParseKwargs`."""
     for dest in dests:
         value = getattr(args, dest, None)
         if value is not None and not (isinstance(value, dict) and all(
@@ -133,8 +113,7 @@ def check_kwargs_flags(args: argparse.Namespace, *dests: str) -> None:
 
 
 def parse_device(device: str, flag: str = '--device') -> torch.device:
-    """``device`` as a ``torch.device`` this machine has; a :class:`UsageError` for a name torch does not know,
-    CUDA without a GPU or a GPU index beyond the count (torch would fail later, with a traceback)."""
+    """``device`` as a ``torch.device`` this machine has, else a :class:`UsageError` (not a later traceback)."""
     try:
         parsed = torch.device(device)
     except (RuntimeError, ValueError, TypeError):
@@ -145,10 +124,8 @@ def parse_device(device: str, flag: str = '--device') -> torch.device:
         if parsed.index is not None and parsed.index >= torch.cuda.device_count():
             raise UsageError(f'{flag} {device}: this machine has {torch.cuda.device_count()} CUDA device(s), '
                              f'cuda:0 to cuda:{torch.cuda.device_count() - 1}')
-    elif parsed.type != 'cpu':
-        backend = getattr(torch, parsed.type, None)  # torch.mps, torch.xpu, ... say whether one is present
-        if backend is not None and hasattr(backend, 'is_available') and not backend.is_available():
-            raise UsageError(f'{flag} {device}: no {parsed.type} device is available here (use {flag} cpu)')
+    elif not getattr(getattr(torch, parsed.type, None), 'is_available', lambda: True)():  # torch.mps, torch.xpu
+        raise UsageError(f'{flag} {device}: no {parsed.type} device is available here (use {flag} cpu)')
     return parsed
 
 
@@ -156,8 +133,8 @@ CONFIG_MAX_BYTES = 16 * 2 ** 20  # a config.json is kilobytes (a 21k-class label
 
 
 def read_json_file(path: str):
-    """The parsed JSON of the file ``path``; a :class:`UsageError` naming it when it is larger than
-    :data:`CONFIG_MAX_BYTES` (checked before it is read), not UTF-8, not JSON, or nested too deeply for the parser."""
+    """The JSON of the file ``path``; a :class:`UsageError` naming it when it is over :data:`CONFIG_MAX_BYTES`
+    (checked before it is read), not UTF-8, not JSON, or nested too deeply."""
     size = os.path.getsize(path)
     if size > CONFIG_MAX_BYTES:
         raise UsageError(f'{path} is {size:,} bytes, more than the {CONFIG_MAX_BYTES:,} a JSON config can need; it is '
@@ -184,96 +161,65 @@ def add_allow_regex_argument(group: argparse._ActionsContainer) -> None:
 
 
 # ------------------------------------------------------------------------------------------------ -c yaml settings
-# ``-c/--config`` yaml files for argparse scripts: yaml keys are the flag names; explicit flags win.
-#
-# Precedence, lowest first: the parser's defaults, base configs (train.py's demo recipe), the settings of a run
-# being resumed (:func:`~.run_files.parse_run_args`), the ``-c`` file, then the command line. Keys are the flag
-# (``weight-decay``) or its destination (``weight_decay``); an unknown key or a value not of the flag's type is an
-# error, as on the command line. The command line is parsed once (:func:`parse_given`), then laid over the other
-# layers (:func:`merge_settings`) into a :class:`RunArgs`.
-#
-# Every yaml file the package reads goes through :func:`read_yaml_file`: yaml's safe loader that also refuses
-# aliases (a 1 KB file of nested aliases expands to gigabytes), duplicate keys (yaml lets the last one win
-# silently), nesting deeper than :data:`MAX_YAML_DEPTH` and files over :data:`MAX_YAML_BYTES`, each with one line.
-#
-# The image recipes (``configs/``, shipped as ``mlp_vision/configs``) are found by name: ``-c smlpnet_t``.
-__all__ += ['RunArgs', 'parse_given', 'merge_settings', 'load_yaml_config', 'parse_args_with_config', 'args_to_yaml',
-            'plain_value', 'check_flag_ranges', 'SEED_MAX', 'find_recipe', 'recipe_names', 'recipe_folder',
-            'read_yaml_file', 'parse_yaml', 'MAX_YAML_BYTES', 'MAX_YAML_DEPTH']
+# ``-c`` yaml files: keys are a flag's name (``weight-decay``) or destination; an unknown key or a value not of the
+# flag's type is an error, as on the command line. Precedence, lowest first: the parser's defaults, base configs
+# (train.py's demo recipe), a resumed run's settings, the ``-c`` file, the command line (:func:`merge_settings`).
+# Image recipes (``configs/``, shipped as ``mlp_vision/configs``) are found by name: ``-c smlpnet_t``.
 
 # --seed's largest value in both trainers: the seed feeds numpy's generator (seeds < 2**32) after the rank is added
 SEED_MAX = 2 ** 31 - 1
-
-
-# a settings file is a few KB (a run's args.yaml about 4 KB) and a few levels deep; far beyond either is no recipe
-MAX_YAML_BYTES = 1 << 20
-MAX_YAML_DEPTH = 20
+MAX_YAML_BYTES = 1 << 20  # a settings file is a few KB (a run's args.yaml about 4 KB); far beyond is no recipe
 
 
 class _StrictYamlLoader(yaml.SafeLoader):
-    """``yaml.SafeLoader`` that refuses aliases, duplicate mapping keys and nesting deeper than
-    :data:`MAX_YAML_DEPTH` (each a ``MarkedYAMLError`` at the node's line)."""
+    """``yaml.SafeLoader`` that refuses aliases (a 1 KB file of nested ones expands to gigabytes once walked) and
+    duplicate mapping keys (yaml lets the last one win silently), each at the node's line."""
 
     def compose_node(self, parent, index):
         if self.check_event(yaml.AliasEvent):
-            raise yaml.composer.ComposerError(
-                None, None, 'an alias (*name) is not accepted: write the value out (aliases let a small file '
-                'expand without bound)', self.peek_event().start_mark)
-        self._depth = getattr(self, '_depth', 0) + 1
-        try:
-            if self._depth > MAX_YAML_DEPTH:
-                raise yaml.composer.ComposerError(None, None, f'nested deeper than {MAX_YAML_DEPTH} levels',
-                                                  self.peek_event().start_mark)
-            return super().compose_node(parent, index)
-        finally:
-            self._depth -= 1
+            raise yaml.composer.ComposerError(None, None, 'an alias (*name) is not accepted: write the value out',
+                                              self.peek_event().start_mark)
+        return super().compose_node(parent, index)
 
     def construct_mapping(self, node, deep=False):
-        if isinstance(node, yaml.MappingNode):
-            first = {}
-            for key_node, _ in node.value:
-                if key_node.tag == 'tag:yaml.org,2002:merge':  # keys a '<<' merge brings may be overridden
-                    continue
-                key = self.construct_object(key_node, deep=True)
-                try:
-                    seen = key in first
-                except TypeError:  # unhashable: SafeLoader's own error below names it
-                    continue
-                if seen:
-                    raise yaml.constructor.ConstructorError(
-                        None, None, f'duplicate key {short_repr(key)} (first at line {first[key]}); expected each key '
-                        f'once', key_node.start_mark)
-                first[key] = key_node.start_mark.line + 1
+        first = {}
+        for key_node, _ in node.value:
+            if key_node.tag == 'tag:yaml.org,2002:merge':  # keys a '<<' merge brings may be overridden
+                continue
+            key = self.construct_object(key_node, deep=True)
+            if not isinstance(key, collections.abc.Hashable):  # SafeLoader's own error names it
+                continue
+            if key in first:
+                raise yaml.constructor.ConstructorError(None, None, f'duplicate key {short_repr(key)} (first at line '
+                                                        f'{first[key]}); expected each key once', key_node.start_mark)
+            first[key] = key_node.start_mark.line + 1
         return super().construct_mapping(node, deep=deep)
 
 
-def parse_yaml(data: bytes, where: str) -> Any:
-    """The yaml document ``data`` (bytes) through :class:`_StrictYamlLoader`; anything unreadable is one
-    :class:`UsageError` line naming ``where`` and the line."""
+def read_yaml_file(path: str, what: str = 'config file') -> Any:
+    """The yaml of the file ``path`` (:class:`_StrictYamlLoader`); anything unreadable, a file over
+    :data:`MAX_YAML_BYTES` or not a regular file is one :class:`UsageError` line naming ``what``, ``path`` and the
+    line."""
+    where = f'{what} {path!r}'
+    if not os.path.isfile(path):
+        raise UsageError(f'{where} ' + ('is not a regular file' if os.path.exists(path) else 'does not exist'))
+    if (size := os.path.getsize(path)) > MAX_YAML_BYTES:
+        raise UsageError(f'{where} is {size} bytes; expected a yaml file of settings (at most {MAX_YAML_BYTES} bytes)')
+    with open(path, 'rb') as f:
+        data = f.read(MAX_YAML_BYTES + 1)
     try:
         return yaml.load(data, Loader=_StrictYamlLoader)
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark
-        problem = ' '.join(str(e.problem or e.context).split())
-        raise UsageError(f'{where}{f" line {mark.line + 1}" if mark else ""}: {problem}') from None
+        raise UsageError(f'{where}{f" line {mark.line + 1}" if mark else ""}: '
+                         f'{" ".join(str(e.problem or e.context).split())}') from None
     except yaml.YAMLError as e:  # the reader's: bytes that are no text (a binary file, not UTF-8)
         raise UsageError(f'{where} is not yaml text ({" ".join(str(e).split())[:200]}); expected a UTF-8 yaml '
                          f'file') from None
-    except (ValueError, RecursionError) as e:  # an integer of more digits than Python converts
+    except RecursionError:
+        raise UsageError(f'{where} is nested too deeply to be a settings file') from None
+    except ValueError as e:  # an integer of more digits than Python converts
         raise UsageError(f'{where} is not valid yaml: {" ".join(str(e).split())[:200]}') from None
-
-
-def read_yaml_file(path: str, what: str = 'config file') -> Any:
-    """The yaml of the file ``path`` (see :func:`parse_yaml`); a file over :data:`MAX_YAML_BYTES` or not a regular
-    file is a :class:`UsageError` naming ``what`` and ``path``."""
-    where = f'{what} {path!r}'
-    if not os.path.isfile(path):
-        raise UsageError(f'{where} ' + ('is not a regular file' if os.path.exists(path) else 'does not exist'))
-    size = os.path.getsize(path)
-    if size > MAX_YAML_BYTES:
-        raise UsageError(f'{where} is {size} bytes; expected a yaml file of settings (at most {MAX_YAML_BYTES} bytes)')
-    with open(path, 'rb') as f:
-        return parse_yaml(f.read(MAX_YAML_BYTES + 1), where)
 
 
 def _actions(parser: argparse.ArgumentParser) -> Dict[str, argparse.Action]:
@@ -293,31 +239,25 @@ def _typed(value: Any, action: argparse.Action, where: str) -> Any:
 
 
 def _typed_one(value: Any, action: argparse.Action, where: str, flag: str) -> Any:
-    def wrong(expected: str) -> UsageError:
-        return UsageError(f'{where}: {action.dest} must be {expected}, got {short_repr(value)}')
     kind = action.type
-    if kind is int and (isinstance(value, bool) or not isinstance(value, int)):
-        if not (isinstance(value, str) and value.strip().lstrip('+-').isdigit()):
-            raise wrong(f'an integer (as {flag})')
-        value = int(value)
-    elif kind is float:
+    expected = {int: 'an integer', float: 'a number', str: 'a string'}.get(kind)
+    digits = isinstance(value, str) and value.strip().lstrip('+-').isdigit()
+    if (kind is int and digits) or (kind is float and isinstance(value, (int, str)) and not isinstance(value, bool)):
         try:
-            if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-                raise ValueError
-            value = float(value)
-        except (ValueError, OverflowError):  # an integer too large for a float overflows
-            raise wrong(f'a number (as {flag})') from None
-    elif kind is str and not isinstance(value, str):
-        raise wrong(f'a string (as {flag})')
+            value = kind(value)
+        except (ValueError, OverflowError):  # not a number, or an integer too large for a float
+            pass
+    if expected and (isinstance(value, bool) or not isinstance(value, kind)):
+        raise UsageError(f'{where}: {action.dest} must be {expected} (as {flag}), got {short_repr(value)}')
     if action.choices and value not in action.choices:
-        raise wrong(f'one of {", ".join(map(str, action.choices))}')
+        raise UsageError(f'{where}: {action.dest} must be one of {", ".join(map(str, action.choices))}, got '
+                         f'{short_repr(value)}')
     return value
 
 
 def recipe_folder(kind: str = '') -> Optional[Path]:
-    """Where the recipes are: ``mlp_vision/configs`` in a built package, else ``configs/`` beside the package folder
-    (a checkout, an editable install); None when neither exists. Never both: beside an installed package is
-    site-packages, whose ``configs/`` (if any) is another distribution's. ``kind='text'``: its ``text/``."""
+    """``mlp_vision/configs`` in a built package, else ``configs/`` beside the package folder (a checkout); None
+    when neither exists (never both: beside an installed package is site-packages). ``kind='text'``: its ``text/``."""
     package = Path(str(importlib.resources.files('mlp_vision')))
     shipped, checkout = package / 'configs', package.resolve().parent / 'configs'
     folder = next((folder for folder in (shipped, checkout) if folder.is_dir()), None)
@@ -331,8 +271,7 @@ def recipe_names(kind: str = '') -> List[str]:
 
 
 def find_recipe(name: str, kind: str = '') -> Path:
-    """The file of the recipe ``name`` (``smlpnet_t`` -> ``.../configs/smlpnet_t.yaml``; ``kind='text'``:
-    ``.../configs/text/NAME.yaml``); an unknown name is a :class:`UsageError` listing the recipes there are."""
+    """The file of the recipe ``name`` in :func:`recipe_folder` ``(kind)``; else a :class:`UsageError` listing them."""
     folder = recipe_folder(kind)
     if folder is not None and (folder / f'{name}.yaml').is_file():
         return folder / f'{name}.yaml'
@@ -362,14 +301,9 @@ def load_yaml_config(path: str, parser: argparse.ArgumentParser, notes: Sequence
 
 
 class RunArgs(argparse.Namespace):
-    """The arguments of a run (argparse's ``Namespace``) and, kept apart, the values the run derives from them.
-
-    :meth:`derive` sets a derived value (an LR scaled to the global batch, the data's class count, recipe fills), so
-    the code reads every value as ``args.NAME``; :meth:`given` stays the arguments as given (``args.yaml``, a
-    checkpoint's ``args``: what a resume takes over) and :attr:`derived` the derived ones (``derived.yaml``, a
-    checkpoint's ``derived``), so a resume derives them again (a scaled LR follows a new ``--batch-size``).
-    ``resumed_settings`` / ``resumed_derived``: the given and derived values of the run being resumed ({} if none).
-    """
+    """The arguments of a run (argparse's ``Namespace``) and, kept apart, the values derived from them (:meth:`derive`:
+    a scaled LR, the data's class count), so a resume takes over :meth:`given` (``args.yaml``) and derives the rest
+    again. ``resumed_settings`` / ``resumed_derived``: those of the run being resumed ({} if none)."""
     __slots__ = ('_given', '_derived', 'resumed_settings', 'resumed_derived')  # slots: not in vars(), not settings
 
     def __init__(self, **kwargs):
@@ -396,12 +330,10 @@ class RunArgs(argparse.Namespace):
 
 
 _UNSET = object()  # marks a destination the command line did not set
-_HELP = 'help'  # the key under which parse_given reports -h / --help (merge_settings prints the help)
 
 
 def _help_flags(parser: argparse.ArgumentParser, argv: Sequence[str]) -> List[str]:
-    """The tokens of ``argv`` (before ``--``) that ask ``parser`` for its help: ``-h``, ``--help`` or an
-    abbreviation of it that names no other flag (argparse's own rule)."""
+    """The words of ``argv`` (before ``--``) that ask for help: ``-h``, ``--help`` or an abbreviation of it."""
     longs = [s for a in parser._actions for s in a.option_strings if s.startswith('--') and s != '--help']
     tokens = list(argv[:argv.index('--')] if '--' in argv else argv)
     return [t for t in tokens if t == '-h' or (len(t) > 2 and '--help'.startswith(t)
@@ -409,10 +341,9 @@ def _help_flags(parser: argparse.ArgumentParser, argv: Sequence[str]) -> List[st
 
 
 def parse_given(parser: argparse.ArgumentParser, argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
-    """The values the command line ``argv`` sets, by destination (the one parse of ``argv``): every destination
-    starts as a marker, which argparse leaves where no flag is given; an optional positional left out counts as not
-    given. ``-h`` / ``--help`` is reported (key ``'help'``): :func:`merge_settings` prints the help with the
-    defaults that ``-c`` and ``--resume`` set."""
+    """The values the command line ``argv`` sets, by destination (an optional positional left out is not set).
+    ``-h`` / ``--help`` is reported (key ``'help'``): :func:`merge_settings` prints the help with the defaults that
+    ``-c`` and ``--resume`` set."""
     argv = list(sys.argv[1:] if argv is None else argv)
     helps = _help_flags(parser, argv)
     actions = _actions(parser)
@@ -421,7 +352,7 @@ def parse_given(parser: argparse.ArgumentParser, argv: Optional[Sequence[str]] =
     given = {dest: value for dest, value in vars(namespace).items()
              if value is not _UNSET and not (dest in actions and not actions[dest].option_strings
                                              and actions[dest].nargs == '?' and value is actions[dest].default)}
-    return {**given, _HELP: True} if helps else given
+    return {**given, 'help': True} if helps else given
 
 
 BaseConfigs = Union[Sequence[str], Callable[[Mapping[str, Any]], Sequence[str]]]  # files, or a function giving them
@@ -429,14 +360,12 @@ BaseConfigs = Union[Sequence[str], Callable[[Mapping[str, Any]], Sequence[str]]]
 
 def merge_settings(parser: argparse.ArgumentParser, given: Mapping[str, Any], base_configs: BaseConfigs = (),
                    run_settings: Optional[Mapping[str, Any]] = None, recipes: bool = False) -> Tuple[RunArgs, List[str]]:
-    """The arguments of a run from their layers, lowest first: the parser's defaults, ``base_configs`` (or a
-    function of the layers above it giving them: train.py's demo recipe), a resumed run's ``run_settings``, the
-    ``-c`` file (``recipes``: it may name an image recipe), then ``given`` (:func:`parse_given`).
-
-    Returns the :class:`RunArgs` and the config files used (base ones first); with ``given['help']`` prints the
-    help with the defaults of ``--resume`` and ``-c`` (``-c smlpnet_t --help`` shows the recipe's) and exits."""
+    """(the :class:`RunArgs`, the config files used) from the layers, lowest first: the parser's defaults,
+    ``base_configs`` (or a function of the layers above giving them), a resumed run's ``run_settings``, the ``-c``
+    file (``recipes``: it may name an image recipe), ``given``. ``given['help']``: prints the help with the defaults
+    of ``--resume`` and ``-c``, and exits."""
     given = dict(given)
-    wants_help = given.pop(_HELP, False)
+    wants_help = given.pop('help', False)
     known = _actions(parser)
     config = given.get('config') or ''
     # -c: an existing path, or anything that looks like one, is a file; a bare name is a recipe's when `recipes`
@@ -470,8 +399,7 @@ def parse_args_with_config(parser: argparse.ArgumentParser, argv: Optional[Seque
 
 
 def plain_value(v: Any) -> Any:
-    """``v`` with every tuple a list, in nested lists and dicts too: yaml and ``torch.load`` give lists back, so a
-    saved setting compares equal to the tuple it was."""
+    """``v`` with every tuple a list, also nested: yaml and ``torch.load`` give lists back."""
     if isinstance(v, (tuple, list)):
         return [plain_value(x) for x in v]
     if isinstance(v, dict):
@@ -485,8 +413,8 @@ def args_to_yaml(settings: Mapping[str, Any]) -> str:
 
 
 def check_flag_ranges(args: argparse.Namespace, ranges: Mapping[str, Dict[str, Any]]) -> None:
-    """:func:`~mlp_vision.arguments.check_range` of each flag (by destination) in ``ranges`` with its bounds (e.g.
-    ``dict(low=0, high=1)``); unset (None) flags are not checked, each of several values (``nargs``) is."""
+    """:func:`check_range` of each flag (by destination) in ``ranges`` with its bounds (``dict(low=0, high=1)``);
+    unset (None) flags are not checked, each of several values (``nargs``) is."""
     for dest, bounds in ranges.items():
         value = getattr(args, dest, None)
         for v in value if isinstance(value, (list, tuple)) else [value]:

@@ -1,24 +1,18 @@
 """ Inference / training-step throughput of timm models (ours and any registered) and sequence layers, alone or paired.
 
-Run as ``mlp-vision-benchmark``, ``python -m mlp_vision.benchmark``, or ``python benchmark.py`` in a checkout.
-As timm's ``benchmark.py``: throughput, step time, peak memory and achieved GFLOP/s against this machine's measured
-matrix-multiply rate, on CPU or CUDA, in fp32 / bf16 / fp16 (cast or autocast), optionally channels_last and
-``torch.compile``. A pair (``--compare A B``) is built in one process with one set of weights (B's, through A's
-``checkpoint_filter_fn``: ``--compare gmlp_s gmlp_s16_224`` runs ours with timm's weights), checked to compute the
-same outputs, then timed alternately (A B, B A, ...): the result is the median of the per-pair ratios t_B / t_A (the
-speed-up of A over B), which load from other processes changes far less than either throughput.
+Run as ``mlp-vision-benchmark``, ``python -m mlp_vision.benchmark``, or ``python benchmark.py`` in a checkout. As
+timm's ``benchmark.py``: throughput, step time, peak memory and achieved GFLOP/s against this machine's measured
+matmul rate, on CPU or CUDA, in fp32 / bf16 / fp16 (cast or autocast), optionally channels_last and compiled. A pair
+(``--compare A B``) is built with one set of weights (B's, through A's ``checkpoint_filter_fn``), checked to compute
+the same outputs, then timed alternately (A B, B A, ...): the result is the median of the per-pair ratios t_B / t_A
+(the speed-up of A over B), which load from other processes changes far less than either throughput.
 
-Contenders: ``NAME``, any timm model (``--model-kwargs`` apply); ``local-dir:FOLDER``, a run's pretrained/ folder, its
-config and weights checked as validate.py checks them (:mod:`mlp_vision.weights`); ``fused:NAME``, after
-``timm.utils.reparameterize_model`` (eval-time fusions such as sMLPNet's BatchNorm folded into its conv; inference
-only); ``ref:NAME``, the straightforward sMLPNet twin of our NAME (the checkout's ``tests/reference/smlpnet.py``, only
-from the checkout's benchmark.py); ``bigs_layer``, one ``BidirectionalGatedSSM`` (d ``--dim``, d_i
-``--hidden-dim``, N ``--num-states``; default BiGS-large 1024 / 3072 / 64), ``ref:bigs_layer`` its reference
-(``tests/reference/bigs.py``); ``bert_layer``, the BERT layer BiGS replaces, SDPA attention (``--dim``, ``--heads``,
-``--ffn-dim``; default BERT-large 1024 / 16 / 4096). Layers take (batch, ``--seq-len``, d) inputs and report
-tokens/s. A ``ref:`` or ``fused:`` contender is built from the other one of its pair, with its weights.
-
-Results: ``--out PREFIX`` (PREFIX.csv / .json / .md), else a markdown table on stdout. Example commands: README.
+Contenders: any timm model NAME; ``local-dir:FOLDER`` (a run's pretrained/, its weights checked as validate.py's);
+``fused:NAME`` (after ``timm.utils.reparameterize_model``; inference only); ``ref:NAME``, the straightforward sMLPNet
+of ``tests/reference/smlpnet.py`` (the checkout's benchmark.py only); the sequence layers ``bigs_layer`` (one
+``BidirectionalGatedSSM``, default BiGS-large), ``ref:bigs_layer`` (``tests/reference/bigs.py``) and ``bert_layer``
+(the BERT-large layer BiGS replaces), on (batch, ``--seq-len``, d) inputs, in tokens/s. A ``ref:`` or ``fused:``
+contender is built from the other one of its pair, with its weights. Example commands: README.
 """
 import argparse
 import csv
@@ -28,16 +22,16 @@ import importlib.util
 import io
 import json
 import math
+import multiprocessing
 import os
 import platform
 import resource
 import shlex
 import statistics
-import subprocess
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
-from types import ModuleType
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
@@ -79,14 +73,13 @@ def is_layer(spec: str) -> bool:
 
 
 def _reference_path(spec: str, reference_dir: str) -> Path:
-    """The file holding the straightforward twin of a ``ref:`` contender."""
     return Path(reference_dir) / ('bigs.py' if is_layer(spec) else 'smlpnet.py')
 
 
 @functools.lru_cache(maxsize=None)
-def _load_reference(path: Path) -> ModuleType:
-    """Import the checkout's reference model file by its path, so that no other module named ``tests`` or
-    ``reference`` on ``sys.path`` (an installed package's test folder, say) can stand in for it."""
+def _load_reference(path: Path):
+    """The checkout's reference model file, imported by its path: no other ``tests`` or ``reference`` module on
+    ``sys.path`` (an installed package's tests, say) can stand in for it."""
     spec = importlib.util.spec_from_file_location(f'_benchmark_reference_{path.stem}', path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
@@ -105,8 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument('--img-size', type=int, default=None, help='input size (default: the model\'s default cfg)')
     p.add_argument('--num-classes', type=int, default=None, help="classifier outputs (default: the model's)")
     p.add_argument('--model-kwargs', nargs='*', default={}, action=ParseKwargs,
-                   help='extra arguments of the image models k=v (python literals), e.g. embed_dim=32 '
-                        'depths="(1,1,2,1)"')
+                   help='image-model arguments k=v (python literals), e.g. embed_dim=32 depths="(1,1,2,1)"')
     layer = p.add_argument_group('sequence layers (bigs_layer, ref:bigs_layer, bert_layer)')
     for flag, default, what in (
             ('--seq-len', 128, 'tokens per sequence'), ('--dim', 1024, 'model width d (both layers)'),
@@ -114,8 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
             ('--heads', 16, 'BERT attention heads'), ('--ffn-dim', 4096, 'BERT feed-forward width')):
         layer.add_argument(flag, type=int, default=default, help=what)
     layer.add_argument('--bigs-conv-impl', default='auto', choices=BidirectionalGatedSSM.CONV_IMPLS,
-                       help="bigs_layer's SSM convolution route (BidirectionalGatedSSM.conv_impl; 'triton': the "
-                            "blocked-Toeplitz Triton kernel, for CUDA)")
+                       help="bigs_layer's SSM convolution route (BidirectionalGatedSSM.conv_impl)")
     p.add_argument('--device', default='cpu')
     add_threads_argument(p)
     p.add_argument('--precision', choices=PRECISIONS, default='fp32',
@@ -128,14 +119,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help='steps per timed sample (0: enough for --min-sample-time, from the warm-up)')
     p.add_argument('--min-sample-time', type=float, default=1.0, help='seconds per timed sample when --iters 0')
     p.add_argument('--timer', choices=('wall', 'cpu'), default='wall',
-                   help='wall: elapsed time (the throughput a user sees). cpu: this process\'s CPU time, which '
-                        'excludes time spent waiting for a core, so it is steady on a loaded machine; meaningful '
-                        'with --threads 1 only (with more threads it counts OpenMP spin-waiting)')
-    p.add_argument('--samples', type=int, default=8,
-                   help='timed samples per contender (single runs) or timed pairs (--compare)')
+                   help="wall: elapsed time. cpu: this process's CPU time, steady on a loaded machine; meaningful "
+                        "with --threads 1 only (with more it counts OpenMP spin-waiting)")
+    p.add_argument('--samples', type=int, default=8, help='timed samples per contender, or timed pairs')
     p.add_argument('--profile', action='store_true',
-                   help='also profile one step of each contender (torch.profiler, top ops by self time); the '
-                        'tables go to PREFIX_profile.txt with --out, else to stdout')
+                   help='top ops by self time of one step of each contender (torch.profiler); PREFIX_profile.txt')
     p.add_argument('--no-flops', action='store_true', help='skip the fvcore MAC count')
     p.add_argument('--no-memory', action='store_true', help='skip the peak-memory probe')
     p.add_argument('--no-ceiling', action='store_true', help='skip the matmul-ceiling measurement')
@@ -155,35 +143,28 @@ def parse_args(argv=None, reference_dir: Optional[os.PathLike] = None) -> argpar
     unknown = [s for s in specs if s == 'ref:bert_layer'  # names only (a local-dir: config read): nothing built
                or not (is_layer(s) or timm.is_model(base_name(s)) or is_local_dir(base_name(s)))]
     if unknown:
-        p.error(f'unknown model(s) {unknown}: give timm model names (this package registers '
-                f'{", ".join(mlp_vision.VISION_MODELS)}), local-dir:FOLDER for a folder with a timm config.json '
-                f'(a training run\'s pretrained/), ref:NAME for the straightforward sMLPNet of NAME, '
-                f'or a sequence layer: bigs_layer, ref:bigs_layer, bert_layer')
+        p.error(f'unknown model(s) {unknown}: expected timm model names (ours: {", ".join(mlp_vision.VISION_MODELS)}), '
+                f'local-dir:FOLDER, ref:NAME, fused:NAME, bigs_layer, ref:bigs_layer or bert_layer')
     refs = [s for s in specs if s.startswith('ref:')]
     if refs and not args.reference_dir:
-        p.error(f'{refs[0]}: ref: contenders are the straightforward reference models kept with the tests of a '
-                f'repository checkout; run the checkout\'s benchmark.py (python benchmark.py ...)')
-    missing = sorted({str(path) for path in (_reference_path(s, args.reference_dir) for s in refs)
-                      if not path.is_file()})
+        p.error(f"{refs[0]}: ref: contenders are the tests' reference models; run the checkout's benchmark.py")
+    missing = sorted({str(f) for f in (_reference_path(s, args.reference_dir) for s in refs) if not f.is_file()})
     if missing:
-        p.error(f'ref: contenders need the straightforward reference models of a repository checkout, kept with '
-                f'the tests; not found: {", ".join(missing)}')
+        p.error(f'ref: contenders need the straightforward reference models; not found: {", ".join(missing)}')
     layers = [is_layer(s) for s in specs]
     if any(layers) and not all(layers):
         p.error('sequence layers (tokens/s) and image models (images/s) cannot be mixed in one run')
     if args.bench != 'inference' and any(s.startswith('fused:') for s in specs):
         p.error('fused: contenders are reparameterized for inference (eval-time fusions); use --bench inference')
-    for flag, given in (('--channels-last', args.channels_last), ('--model-kwargs', args.model_kwargs)):
-        if given and any(layers):
-            p.error(f'{flag} applies to image models only; sequence layers take (batch, seq-len, dim) inputs')
+    if any(layers) and (args.channels_last or args.model_kwargs):
+        p.error(f'{"--channels-last" if args.channels_last else "--model-kwargs"} applies to image models only; '
+                f'sequence layers take (batch, seq-len, dim) inputs')
     check_flag_ranges(args, FLAG_RANGES)
     parse_device(args.device)
     for path in [f'{args.out}{ext}' for ext in ('.csv', '.json', '.md', '_profile.txt')] if args.out else []:
-        kind = output_kind(path)  # checked before minutes of timing, not after: earlier results are never replaced
-        if kind == 'regular':
-            raise UsageError(f'--out {args.out}: {path} exists (an earlier run\'s results); give another prefix')
-        if kind in ('folder', 'socket'):
-            raise UsageError(f'--out {args.out}: {path} is a {kind}; give another prefix')
+        if output_kind(path) in ('regular', 'folder', 'socket'):  # checked before minutes of timing, not after
+            raise UsageError(f'--out {args.out}: {path} exists (earlier results are never replaced); give another '
+                             f'prefix')
     return args
 
 
@@ -195,18 +176,13 @@ def progress(line: str) -> None:
 def _create(name: str, args: argparse.Namespace) -> nn.Module:
     """An image model through the commands' create path (size bounds; a ``local-dir:`` folder's weights checked and
     loaded as validate.py's), with ``--img-size``, ``--num-classes``, ``--model-kwargs``."""
-    kwargs = model_create_kwargs(num_classes=args.num_classes, img_size=args.img_size,
-                                 model_kwargs=getattr(args, 'model_kwargs', None))
+    kwargs = model_create_kwargs(num_classes=args.num_classes, img_size=args.img_size, model_kwargs=args.model_kwargs)
     pretrained = name.startswith('local-dir:')
     try:
         return create_model(name, pretrained=pretrained, **kwargs)
-    except UsageError as e:
-        cause = e.__cause__
-        if isinstance(cause, ValueError) and not pretrained:  # e.g. --img-size 1: the sizes the model takes
-            raise UsageError(f'{name} cannot be built with {kwargs}: {" ".join(str(cause).split())}') from None
-        if not (isinstance(cause, TypeError) and 'img_size' in str(cause)):
+    except UsageError as e:  # a fully convolutional peer (ConvNeXt) takes no img_size: it runs at any input size
+        if not (isinstance(e.__cause__, TypeError) and 'img_size' in str(e.__cause__)):
             raise
-    # a fully convolutional peer (ConvNeXt) takes no img_size: it runs at any input size as built
     kwargs.pop('img_size')
     return create_model(name, pretrained=pretrained, **kwargs)
 
@@ -221,12 +197,12 @@ def _create_layer(name: str, args: argparse.Namespace) -> nn.Module:
 
 def build(spec: str, args: argparse.Namespace, twin_of: Optional[nn.Module] = None) -> nn.Module:
     """A contender in fp32 on CPU (moved / cast later). ``ref:NAME`` / ``fused:NAME`` take ``twin_of``'s weights."""
-    create = _create_layer if is_layer(spec) else _create
+    create = functools.partial(_create_layer if is_layer(spec) else _create, base_name(spec), args)
     if spec.startswith('ref:'):
-        ours = twin_of if twin_of is not None else create(base_name(spec), args)
+        ours = twin_of if twin_of is not None else create()
         reference = _load_reference(_reference_path(spec, args.reference_dir))
         return reference.reference_bigs_layer_from(ours) if is_layer(spec) else reference.reference_from(ours)
-    model = create(base_name(spec), args)
+    model = create()
     if spec.startswith('fused:'):
         if twin_of is not None:
             model.load_state_dict(twin_of.state_dict())  # the same model and weights, before the fusions
@@ -237,44 +213,33 @@ def build(spec: str, args: argparse.Namespace, twin_of: Optional[nn.Module] = No
 def error_summary(e: BaseException, limit: int = NOTE_CHARS) -> str:
     """``'Type: message'`` on one line (PyTorch's ``load_state_dict`` puts the keys on the lines after its first);
     beyond ``limit`` characters it ends at the last whole word that fits and says how much was left out."""
-    text = ' '.join((f'{type(e).__name__}: {e}' if str(e) else type(e).__name__).split())
-    if len(text) <= limit:
-        return text
-    cut = text[:limit].rsplit(' ', 1)[0]
-    return f'{cut} ... ({len(text) - len(cut)} more characters)'
+    text = ' '.join(f'{type(e).__name__}: {e}'.split()).removesuffix(':')
+    cut = text[:limit].rsplit(' ', 1)[0] if len(text) > limit else text
+    return cut if cut == text else f'{cut} ... ({len(text) - len(cut)} more characters)'
 
 
 def share_weights(a: nn.Module, a_spec: str, b: nn.Module, b_spec: str) -> Tuple[str, bool]:
     """Give A the weights of B (through A's checkpoint filter, which checks them) when they are one architecture;
     returns (how, for the record; whether the two now compute the same function). Two different architectures
-    (``--compare smlpnet_t convnext_tiny``) keep their own weights: only their speed is compared."""
+    (``--compare smlpnet_t convnext_tiny``, ``bigs_layer bert_layer``) keep their own weights: speed only."""
     if a_spec.startswith(TWIN_PREFIXES) or b_spec.startswith(TWIN_PREFIXES):
-        ref = any(s.startswith('ref:') for s in (a_spec, b_spec))
-        return ('ref built from the other' if ref else 'same model built from the other'), True
-    if is_layer(a_spec):
-        same = base_name(a_spec) == base_name(b_spec)
-        return ('same layer' if same else 'none (different layers)'), same
+        return 'built from the other', True
     filter_fn = getattr(sys.modules[type(a).__module__], 'checkpoint_filter_fn', None)  # A's model file's
     try:
         sd = b.state_dict()
         a.load_state_dict(filter_fn(sd, a) if filter_fn is not None else sd)
     except (RuntimeError, KeyError, ValueError, IndexError, AttributeError, TypeError) as e:
-        # said on stderr in one line; the error is quoted only for one architecture, where a converter that breaks
-        # would otherwise pass as speed only
+        # the error is quoted only for one architecture, where a converter that breaks would otherwise pass as speed
         archs = [(type(m).__qualname__, (getattr(m, 'pretrained_cfg', None) or {}).get('architecture')) for m in (a, b)]
-        if archs[0] != archs[1]:
-            print(f'note: {a_spec} and {b_spec} are different architectures: weights not shared, speed only (no '
-                  f'output comparison)', file=sys.stderr)
-        else:
-            print(f'note: {b_spec} weights do not load into {a_spec} ({error_summary(e)}): speed only, no output '
-                  f'comparison', file=sys.stderr)
+        why = 'are different architectures' if archs[0] != archs[1] else f'do not share weights ({error_summary(e)})'
+        print(f'note: {a_spec} and {b_spec} {why}: weights not shared, speed only (no output comparison)',
+              file=sys.stderr)
         return 'none (different architectures: speed only)', False
     return f'{b_spec} -> {a_spec}', True
 
 
 def input_size(spec: str, model: nn.Module, args: argparse.Namespace) -> Tuple[int, ...]:
-    """Per-sample input shape: (C, H, W), or (seq-len, dim) for a sequence layer; a ``ref:`` model has no
-    pretrained cfg: its twin's by name."""
+    """Per-sample input shape: (C, H, W) (a ``ref:`` model's from its twin's cfg), or (seq-len, dim) for a layer."""
     if is_layer(spec):
         return args.seq_len, args.dim
     if args.img_size is not None:
@@ -301,62 +266,38 @@ def seconds_per_call(fn: Callable[[], Any], calls: int, device: Union[str, torch
     return (clock() - t0) / calls
 
 
-class Runner:
-    """One contender prepared for one mode (device, dtype, memory format, compile; a batch and an optimizer);
-    :meth:`step` runs one inference or training step. ``label``: the contender in progress lines ('': none)."""
+def make_step(model: nn.Module, mode: str, args: argparse.Namespace, in_size: Tuple[int, ...]) -> Callable[[], None]:
+    """One inference or training step (SGD) of ``model`` on a fixed random batch of ``in_size`` samples, on the
+    run's device, in its precision and memory format, compiled with ``--compile``."""
+    device = torch.device(args.device)
+    dtype, amp_dtype = PRECISIONS[args.precision]
+    memory_format = torch.channels_last if args.channels_last else torch.contiguous_format
+    model = model.to(device=device, dtype=dtype, memory_format=memory_format).train(mode == 'train')
+    fn = torch.compile(model, mode=args.compile_mode) if args.compile else model
+    g = torch.Generator().manual_seed(args.seed)
+    x = torch.randn((args.batch_size, *in_size), generator=g).to(device, dtype).contiguous(memory_format=memory_format)
+    classes = args.num_classes or getattr(model, 'num_classes', 0) or 1
+    target = torch.randint(0, classes, (args.batch_size,), generator=g).to(device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-6, momentum=0.9) if mode == 'train' else None
 
-    def __init__(self, model: nn.Module, mode: str, args: argparse.Namespace, in_size: Tuple[int, ...],
-                 label: str = ''):
-        self.label, self.mode, self.compiled, self.device = label, mode, args.compile, torch.device(args.device)
-        self.clock = time.process_time if args.timer == 'cpu' else time.perf_counter
-        dtype, self.amp_dtype = PRECISIONS[args.precision]
-        memory_format = torch.channels_last if args.channels_last else torch.contiguous_format
-        model = model.to(device=self.device, dtype=dtype, memory_format=memory_format).train(mode == 'train')
-        self.fn = torch.compile(model, mode=args.compile_mode) if args.compile else model
-        g = torch.Generator().manual_seed(args.seed)
-        self.x = torch.randn((args.batch_size, *in_size), generator=g).to(
-            device=self.device, dtype=dtype).contiguous(memory_format=memory_format)
-        classes = args.num_classes or getattr(model, 'num_classes', 0) or 1
-        self.target = torch.randint(0, classes, (args.batch_size,), generator=g).to(self.device)
-        self.optimizer = torch.optim.SGD(model.parameters(), lr=1e-6, momentum=0.9) if mode == 'train' else None
-
-    def step(self) -> None:
-        autocast = torch.autocast(self.device.type, dtype=self.amp_dtype, enabled=self.amp_dtype is not None)
-        if self.mode == 'inference':
-            with torch.inference_mode(), autocast:
-                self.fn(self.x)
-            return
-        with autocast:
-            out = self.fn(self.x)
-            loss = F.cross_entropy(out.float(), self.target) if out.ndim == 2 else out.float().mean()
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        self.optimizer.step()
-
-    def timed(self, iters: int) -> float:
-        """Seconds per step over ``iters`` consecutive steps."""
-        return seconds_per_call(self.step, iters, self.device, self.clock)
-
-    def warmup(self, n: int) -> float:
-        """Untimed steps; returns the fastest. The first step's time is kept as ``first_step_s``: with
-        ``--compile`` it is the compile time of this mode's graph (plus one step)."""
-        times = []
-        for i in range(max(n, 1)):
-            if self.label:
-                progress(f'{self.label}: warm-up step {i + 1}/{max(n, 1)}'
-                         + (' (compiles the model first)' if i == 0 and self.compiled else '')
-                         + (f', the last took {times[-1]:.2f} s' if times else ''))
-            times.append(self.timed(1))
-        self.first_step_s = times[0]
-        return min(times)
+    def step() -> None:
+        with torch.inference_mode(optimizer is None), \
+                torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
+            out = fn(x)
+        if optimizer is not None:
+            loss = F.cross_entropy(out.float(), target) if out.ndim == 2 else out.float().mean()
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+    return step
 
 
 def saved_activation_bytes(model: nn.Module, *inputs: torch.Tensor, autocast_dtype: Optional[torch.dtype] = None,
                            **kwargs) -> int:
     """Bytes of the distinct storages autograd saves for the backward pass of ``model(*inputs, **kwargs)`` (one
-    forward, bf16 / fp16 autocast on the inputs' device when ``autocast_dtype`` is given), the parameters and
-    their casts left out: the activation memory a training step keeps, what grows with the batch and sequence."""
-    shapes = {tuple(p.shape) for p in model.parameters()} | {tuple(p.shape[::-1]) for p in model.parameters()}
+    forward, autocast to ``autocast_dtype`` when given), the parameters and their casts left out: the activation
+    memory a training step keeps, what grows with the batch and sequence."""
+    shapes = {s for p in model.parameters() for s in (tuple(p.shape), tuple(p.shape[::-1]))}
     kept = {}
 
     def pack(t):
@@ -373,10 +314,8 @@ def saved_activation_bytes(model: nn.Module, *inputs: torch.Tensor, autocast_dty
 def profile_call(step: Callable[[], Any], device: torch.device, label: str, rows: int = 15) -> str:
     """Top operators of one call of ``step`` (after one untimed call) by self time (torch.profiler): GPU time on
     CUDA (the kernels), CPU time elsewhere; a markdown section headed by ``label``, also printed."""
-    from torch.profiler import ProfilerActivity, profile
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == 'cuda' else [])
     step()
-    with profile(activities=activities) as prof:
+    with torch.profiler.profile() as prof:  # CPU, and CUDA where there is one
         step()
         sync(device)
     sort = 'self_cuda_time_total' if device.type == 'cuda' else 'self_cpu_time_total'
@@ -408,67 +347,37 @@ def matmul_ceiling(device: torch.device, precision: str, clock: Callable[[], flo
     return out
 
 
-def count_macs(spec: str, model: nn.Module, in_size: Tuple[int, ...]) -> float:
-    """fvcore MACs per image or sequence (batch 1, eval) with the project's counting rules
-    (:func:`mlp_vision.complexity.count_module`); a BiGS layer's convolution as the route it runs on this device
-    and length (not the paper's FFT count)."""
-    from mlp_vision.complexity import count_module
-    progress(f'{spec}: counting MACs (fvcore)')
-    was_training = model.training
-    param = next(model.parameters(), None)
-    x = torch.randn((1, *in_size), device=param.device if param is not None else None)
-    try:
-        return float(count_module(model.eval(), (x,), bigs_conv_impl=None)[0])
-    finally:
-        model.train(was_training)
-
-
-# the child imports this very ``mlp_vision`` (a checkout's is found through the script's folder, which a child does
-# not search) and runs through ``run_cli`` (an error is one line, the last on its stderr)
-_MEMPROBE_CHILD = ('import sys; sys.path.insert(0, sys.argv[1]); from mlp_vision.errors import run_cli; '
-                   'from mlp_vision.benchmark import probe_memory; run_cli("memory probe", probe_memory, sys.argv[2:])')
-
-
 def peak_memory(spec: str, mode: str, args: argparse.Namespace) -> Dict[str, float]:
-    """Peak memory of one step, measured in a child process (nothing else resident) that builds the contender and
-    runs a warm-up step, then a second. CUDA: ``max_memory_allocated`` over the second. CPU (PyTorch keeps no CPU
-    allocator statistics): the growth of the peak resident set size (ru_maxrss) beyond what the first step left
-    in use, an upper bound (first-touch effects), plus the peak RSS of the whole process."""
+    """Peak memory of one step of ``spec`` with this run's settings, measured by :func:`probe_memory` in a fresh
+    child process (nothing else resident); ``{}`` with a note on stderr when the child fails or dies."""
     progress(f'{spec}, {mode}: peak memory (a child process runs two steps)')
-    # every setting of this run, with the thread count it chose (not the child's own default)
-    settings = dict(vars(args), spec=spec, mode=mode, threads=torch.get_num_threads())
-    package_root = str(Path(mlp_vision.__file__).resolve().parents[1])
-    cmd = [sys.executable, '-c', _MEMPROBE_CHILD, package_root, json.dumps(settings)]
-    try:
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=900, check=True).stdout
-        return json.loads(out.strip().splitlines()[-1])
-    except subprocess.CalledProcessError as e:  # the child's own last line says why
-        why = (e.stderr or '').strip().splitlines()[-1:] or [f'exit status {e.returncode}']
-        print(f'note: memory probe failed for {spec} ({" ".join(why[0].split())[:NOTE_CHARS]})', file=sys.stderr)
-    except (subprocess.SubprocessError, ValueError, IndexError) as e:
-        print(f'note: memory probe failed for {spec} ({error_summary(e)})', file=sys.stderr)
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context('spawn')) as child:
+        try:  # with the thread count this run chose, not the child's default
+            return child.submit(probe_memory, spec, mode, args, torch.get_num_threads()).result()
+        except Exception as e:  # the child's own error, or its death (e.g. killed for memory)
+            print(f'note: memory probe failed for {spec} ({error_summary(e)})', file=sys.stderr)
     return {}
 
 
-def probe_memory(argv: Sequence[str]) -> None:
-    """The child of :func:`peak_memory`: ``argv`` holds the run's settings as JSON; prints the result as JSON."""
-    args = argparse.Namespace(**json.loads(argv[0]))
-    set_threads(args.threads)
-    model = build(args.spec, args)
-    runner = Runner(model, args.mode, args, input_size(args.spec, model, args))
-    device = runner.device
-    runner.step()  # allocator pools, optimizer state, lazy init
+def probe_memory(spec: str, mode: str, args: argparse.Namespace, threads: int) -> Dict[str, float]:
+    """Builds the contender and runs a warm-up step, then a second. CUDA: ``max_memory_allocated`` over the second.
+    CPU (PyTorch keeps no CPU allocator statistics): the growth of the peak resident set size (ru_maxrss) beyond
+    what the first step left in use, an upper bound (first-touch effects), and the peak RSS of the whole process."""
+    set_threads(threads)
+    model = build(spec, args)
+    step, device = make_step(model, mode, args, input_size(spec, model, args)), torch.device(args.device)
+    step()  # allocator pools, optimizer state, lazy init
     sync(device)
     if device.type == 'cuda':
         torch.cuda.reset_peak_memory_stats(device)
         base = torch.cuda.memory_allocated(device)
     else:  # the resident set size now (ru_maxrss below, the peak, is in KiB on Linux)
         base = int(Path('/proc/self/statm').read_text().split()[1]) * os.sysconf('SC_PAGE_SIZE')
-    runner.step()
+    step()
     sync(device)
     peak = (torch.cuda.max_memory_allocated(device) if device.type == 'cuda'
             else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
-    print(json.dumps({'peak_mem_mb': peak / 2 ** 20, 'step_mem_mb': max(peak - base, 0) / 2 ** 20}))
+    return {'peak_mem_mb': peak / 2 ** 20, 'step_mem_mb': max(peak - base, 0) / 2 ** 20}
 
 
 def _build_contenders(specs: Sequence[str], args) -> Tuple[List[nn.Module], Tuple[int, ...], Dict[str, Any]]:
@@ -501,38 +410,44 @@ def _build_contenders(specs: Sequence[str], args) -> Tuple[List[nn.Module], Tupl
 
 
 def run_contenders(specs: Sequence[str], args, env, macs_cache, profiles: List[str]) -> List[Dict[str, Any]]:
-    """A row per mode: one contender (``--model``) timed alone, or a pair (``--compare A B``) timed alternately (A B,
-    B A, ...: a slow drift does not favour whoever runs first), with the median and quartiles of the per-pair
-    ratios t_B / t_A (the speed-up of A over B). Each contender's columns (``base_`` for B): median step time,
-    throughput, MACs per sample and achieved GFLOP/s, also as % of the measured ceilings. ``--profile`` tables are
-    added to ``profiles``."""
+    """A row per mode: one contender timed alone, or a pair timed alternately (A B, B A, ...: a slow drift does not
+    favour whoever runs first) with the median and quartiles of the ratios t_B / t_A. Each contender's columns
+    (``base_`` for B): median step time, throughput, MACs per sample, GFLOP/s and % of the ceilings."""
     rows = []
     pair = len(specs) == 2
+    sides = list(zip(('', 'base_'), ('A ', 'B ') if pair else ('',), specs))  # (column prefix, label, spec)
     for mode in ['inference', 'train'] if args.bench == 'both' else [args.bench]:
         title = f'{" vs ".join(specs)}, {mode}'
         progress(f'{title}: building both' if pair else f'{title}: building')
         models, in_size, record = _build_contenders(specs, args)
-        if not args.no_flops:  # once per contender and input size of a run
-            for spec, model in zip(specs, models):
-                if (spec, in_size) not in macs_cache:
-                    macs_cache[spec, in_size] = count_macs(spec, model, in_size)
-        labels = [f'A {specs[0]}, {mode}', f'B {specs[1]}, {mode}'] if pair else [title]
-        runners = [Runner(m, mode, args, in_size, label=label) for m, label in zip(models, labels)]
+        for k, spec in enumerate(specs if not args.no_flops else []):  # once per contender and input size
+            if (spec, in_size) not in macs_cache:  # per sample, the project's rules; BiGS's route as it runs here
+                from mlp_vision.complexity import count_module
+                progress(f'{spec}: counting MACs (fvcore)')
+                x = torch.randn(1, *in_size)
+                macs_cache[spec, in_size] = count_module(models[k].eval(), (x,), bigs_conv_impl=None)[0]
+        steps = [make_step(m, mode, args, in_size) for m in models]
+        device, clock = torch.device(args.device), time.process_time if args.timer == 'cpu' else time.perf_counter
+        warm: List[List[float]] = [[] for _ in steps]  # untimed steps; with --compile the first compiles the graph
+        for k, (_, who, spec) in enumerate(sides):  # indexed: no name outlives ``del steps`` below
+            for i in range(max(args.warmup, 1)):
+                progress(f'{who}{spec}, {mode}: warm-up step {i + 1}/{max(args.warmup, 1)}'
+                         + (' (compiles the model first)' if i == 0 and args.compile else '')
+                         + (f', the last took {warm[k][-1]:.2f} s' if warm[k] else ''))
+                warm[k].append(seconds_per_call(steps[k], 1, device, clock))
         # size the samples from the slowest contender so each sample has >= --min-sample-time
-        slowest = max([r.warmup(args.warmup) for r in runners])
-        iters = args.iters or max(1, math.ceil(args.min_sample_time / max(slowest, 1e-9)))
+        iters = args.iters or max(1, math.ceil(args.min_sample_time / max(max(min(t) for t in warm), 1e-9)))
         load_start = os.getloadavg()[0]
-        times: List[List[float]] = [[] for _ in runners]
+        times: List[List[float]] = [[] for _ in steps]
         for i in range(args.samples):
-            for k in (range(len(runners)) if i % 2 == 0 else reversed(range(len(runners)))):
-                times[k].append(runners[k].timed(iters))
-            ms = [t[-1] * 1e3 for t in times]
-            progress(f'{title}: pair {i + 1}/{args.samples} ({iters} steps each): A {ms[0]:.1f}, B {ms[1]:.1f} '
-                     f'ms/step' if pair else f'{title}: sample {i + 1}/{args.samples} ({iters} steps): {ms[0]:.1f} '
-                                             f'ms/step')
-        for spec, runner in zip(specs, runners) if args.profile else []:
-            label = f'{spec}, {runner.mode}, batch {args.batch_size}, {torch.get_num_threads()} threads'
-            profiles.append(profile_call(runner.step, runner.device, label))
+            for k in (range(len(steps)) if i % 2 == 0 else reversed(range(len(steps)))):
+                times[k].append(seconds_per_call(steps[k], iters, device, clock))
+            ms = ', '.join(f'{who}{t[-1] * 1e3:.1f}' for (_, who, _), t in zip(sides, times))
+            progress(f'{title}: {"pair" if pair else "sample"} {i + 1}/{args.samples} ({iters} steps'
+                     f'{" each" if pair else ""}): {ms} ms/step')
+        for k, spec in enumerate(specs if args.profile else []):
+            label = f'{spec}, {mode}, batch {args.batch_size}, {torch.get_num_threads()} threads'
+            profiles.append(profile_call(steps[k], device, label))
         is_seq = len(in_size) == 2  # a sequence layer
         shape = (dict(seq_len=in_size[0], dim=in_size[1]) if is_seq else
                  dict(img_size=in_size[-1] if in_size[-1] == in_size[-2] else f'{in_size[-2]}x{in_size[-1]}'))
@@ -549,7 +464,7 @@ def run_contenders(specs: Sequence[str], args, env, macs_cache, profiles: List[s
         row['iters'] = iters
         per_step = args.batch_size * (in_size[0] if is_seq else 1)  # images, or tokens (batch x seq-len)
         unit = 'tok' if is_seq else 'img'
-        for prefix, spec, runner, spec_times in zip(('', 'base_'), specs, runners, times):
+        for (prefix, _, spec), spec_warm, spec_times in zip(sides, warm, times):
             step_s, macs = statistics.median(spec_times), macs_cache.get((spec, in_size))
             row[f'{prefix}step_ms'] = 1e3 * step_s
             row[f'{prefix}{unit}_per_s'] = per_step / step_s
@@ -559,34 +474,29 @@ def run_contenders(specs: Sequence[str], args, env, macs_cache, profiles: List[s
                 row.update({f'{prefix}pct_of_{c}': 100 * gflops / env[f'{c}_gflops'] for c in ('matmul', 'onednn')
                             if env.get(f'{c}_gflops')})
             if args.compile:
-                row[f'{prefix}compile_s'] = runner.first_step_s  # the compile of this mode's graph, plus a step
+                row[f'{prefix}compile_s'] = spec_warm[0]  # the compile of this mode's graph, plus a step
         row.update(record, **(dict(load_start=load_start, load_end=os.getloadavg()[0]) if pair else {}))
-        del runners, models
-        if not args.no_memory:  # each in a child process, with this one's contenders freed
-            for prefix, spec in zip(('', 'base_'), specs):
-                row.update({prefix + k: v for k, v in peak_memory(spec, mode, args).items()})
+        del steps, models
+        for prefix, _, spec in sides if not args.no_memory else []:  # each in a child, this one's contenders freed
+            row.update({prefix + k: v for k, v in peak_memory(spec, mode, args).items()})
         rows.append(row)
-        diff = 'n/a (different layers)' if row.get('max_abs_diff') is None else f"{row['max_abs_diff']:.2e}"
+        diff = 'n/a' if row.get('max_abs_diff') is None else f"{row['max_abs_diff']:.2e}"
         print(f"{mode:9s} {' vs '.join(specs)}: " + (f'{speed_sentence(row)}, max|diff| {diff}' if pair else
               f"{rate_text(row[unit + '_per_s'])} {unit}/s ({row['step_ms']:.1f} ms/step)"), flush=True)
     return rows
 
 
 def rate_text(rate: float) -> str:
-    """A throughput with at least 3 significant digits (0.352, 41.7, 1234), so two slow contenders never print
-    as the same or swapped rounded numbers."""
+    """A throughput with at least 3 significant digits (0.352, 41.7, 1234): slow contenders never look equal."""
     return f'{rate:.0f}' if rate >= 100 else f'{rate:.3g}'
 
 
 def speed_sentence(r: Dict[str, Any]) -> str:
-    """A paired row in words, naming the faster contender first: ``'A is 1.117x faster than B (median of 8 paired
-    ratios, q1-q3 1.09-1.14); 0.412 vs 0.369 img/s (median of each)'``. The throughputs follow the sentence's
-    order; when the medians of each point the other way than the paired ratio (load changed while timing), the
-    line says so instead of leaving two numbers that seem to contradict each other."""
+    """A paired row in words, the faster contender first, then the throughputs in that order; when the medians of
+    each point the other way than the paired ratio (load changed while timing), the line says so."""
     unit = 'tok' if 'tok_per_s' in r else 'img'
-    ratio, rates, quartiles = r['speedup'], (r[f'{unit}_per_s'], r[f'base_{unit}_per_s']), (r['speedup_q1'],
-                                                                                         r['speedup_q3'])
-    names = r['model'], r['baseline']
+    ratio, names, rates = r['speedup'], (r['model'], r['baseline']), (r[f'{unit}_per_s'], r[f'base_{unit}_per_s'])
+    quartiles = r['speedup_q1'], r['speedup_q3']
     if ratio < 1:
         names, rates, ratio, quartiles = names[::-1], rates[::-1], 1 / ratio, (1 / quartiles[1], 1 / quartiles[0])
     text = (f'{names[0]} is {ratio:.3f}x faster than {names[1]} (median of {r["pairs"]} paired ratios, q1-q3 '
@@ -600,11 +510,9 @@ def speed_sentence(r: Dict[str, Any]) -> str:
 
 def environment(args, command: str) -> Dict[str, Any]:
     """Where and how the run was made: date, machine, device, threads, versions, the command as typed."""
-    try:  # the processor's name on Linux
-        with open('/proc/cpuinfo') as f:
-            cpu = next(ln.split(':', 1)[1].strip() for ln in f if ln.startswith('model name'))
-    except (OSError, StopIteration):
-        cpu = platform.processor() or platform.machine()
+    cpuinfo = Path('/proc/cpuinfo').read_text().splitlines() if os.path.exists('/proc/cpuinfo') else []
+    cpu = next((ln.split(':', 1)[1].strip() for ln in cpuinfo if ln.startswith('model name')),
+               platform.processor() or platform.machine())  # the processor's name on Linux
     return dict(
         date_utc=datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d %H:%M UTC'),
         host=platform.node(), cpu=cpu, logical_cpus=os.cpu_count(), device=args.device,
@@ -615,26 +523,14 @@ def environment(args, command: str) -> Dict[str, Any]:
         python=platform.python_version(), load_avg_start=os.getloadavg(), command=command)
 
 
-# markdown columns (key, heading, format): the settings, then each contender's (a pair's A and B side by side)
-_MD_SETTINGS = [('batch_size', 'batch', '{}'), ('img_size', 'img', '{}'), ('seq_len', 'tokens', '{}'),
-                ('dim', 'd', '{}')]
-_MD_RATES = [('img_per_s', 'img/s', rate_text), ('tok_per_s', 'tok/s', rate_text)]
+# markdown columns (key, heading, format); a pair's contender columns come as A and B side by side
 _MD_CONTENDER = [
-    ('step_ms', 'ms/step', '{:.1f}'), ('gmacs_per_img', 'GMACs/img', '{:.2f}'),
-    ('gmacs_per_seq', 'GMACs/seq', '{:.2f}'), ('gflops', 'GFLOP/s', '{:.0f}'), ('pct_of_matmul', '% of mm', '{:.0f} %'),
-    ('pct_of_onednn', '% of oneDNN', '{:.0f} %'), ('step_mem_mb', 'step mem MB', '{:.0f}'),
-    ('peak_mem_mb', 'peak MB', '{:.0f}')]
+    ('img_per_s', 'img/s', rate_text), ('tok_per_s', 'tok/s', rate_text), ('step_ms', 'ms/step', '{:.1f}'),
+    ('gmacs_per_img', 'GMACs/img', '{:.2f}'), ('gmacs_per_seq', 'GMACs/seq', '{:.2f}'), ('gflops', 'GFLOP/s', '{:.0f}'),
+    ('pct_of_matmul', '% of mm', '{:.0f} %'), ('pct_of_onednn', '% of oneDNN', '{:.0f} %'),
+    ('step_mem_mb', 'step mem MB', '{:.0f}'), ('peak_mem_mb', 'peak MB', '{:.0f}')]
 _MD_PAIR = [('speedup', 'speed-up of A over B (t_B / t_A, median of pairs; < 1: A is slower)', '**{:.2f}×**'),
             ('speedup_q1', 'q1', '{:.2f}'), ('speedup_q3', 'q3', '{:.2f}'), ('pairs', 'pairs', '{}')]
-
-
-def _md_columns(pair: bool) -> List[Tuple[str, str, Any]]:
-    if not pair:
-        return [('mode', 'mode', '{}'), ('model', 'model', '`{}`'), *_MD_SETTINGS, *_MD_RATES, *_MD_CONTENDER]
-    both = [(f'{prefix}{key}', f'{who} {head}', fmt) for key, head, fmt in _MD_RATES + _MD_CONTENDER
-            for prefix, who in (('', 'A'), ('base_', 'B'))]
-    return [('mode', 'mode', '{}'), ('model', 'A', '`{}`'), ('baseline', 'B', '`{}`'), *_MD_SETTINGS, *both[:4],
-            *_MD_PAIR, *both[4:], ('max_abs_diff', 'max abs diff (out)', '{:.1e}'), ('load_start', 'load', '{:.1f}')]
 
 
 def ceiling_text(env: Dict[str, Any]) -> str:
@@ -644,8 +540,7 @@ def ceiling_text(env: Dict[str, Any]) -> str:
 
 
 def run_line(env: Dict[str, Any], args) -> str:
-    """The run's setting on one line: date, device, threads, precision, versions, ceilings, machine load (the
-    header of the markdown and of the profile file)."""
+    """The run's setting on one line (the markdown's and profile file's header): device, precision, versions, load."""
     prec = args.precision + (', channels_last' if args.channels_last else '') + (', compile' if args.compile else '')
     prec += ', CPU-time timer' if args.timer == 'cpu' else ''
     cpu = f" ({env['cpu_capability']})" if env['device'] == 'cpu' else ''
@@ -655,7 +550,14 @@ def run_line(env: Dict[str, Any], args) -> str:
 
 
 def markdown(rows: List[Dict[str, Any]], env: Dict[str, Any], args) -> str:
-    cols = [c for c in _md_columns(bool(rows) and 'baseline' in rows[0]) if any(c[0] in r for r in rows)]
+    pair = 'baseline' in rows[0]
+    contender = [(prefix + key, who + head, fmt) for key, head, fmt in _MD_CONTENDER
+                 for prefix, who in ((('', 'A '), ('base_', 'B ')) if pair else (('', ''),))]
+    cols = [('mode', 'mode', '{}'), ('model', 'A' if pair else 'model', '`{}`'), ('baseline', 'B', '`{}`'),
+            ('batch_size', 'batch', '{}'), ('img_size', 'img', '{}'), ('seq_len', 'tokens', '{}'), ('dim', 'd', '{}'),
+            *contender[:4], *_MD_PAIR, *contender[4:], ('max_abs_diff', 'max abs diff (out)', '{:.1e}'),
+            ('load_start', 'load', '{:.1f}')]
+    cols = [c for c in cols if any(c[0] in r for r in rows)]
     lines = [f"# {args.title or 'Benchmark'}", '', run_line(env, args), '', f"`{env['command']}`", '',
              '| ' + ' | '.join(c[1] for c in cols) + ' |', '|' + '---|' * len(cols)]
     for r in rows:
@@ -663,23 +565,6 @@ def markdown(rows: List[Dict[str, Any]], env: Dict[str, Any], args) -> str:
                  for key, _, fmt in cols]
         lines.append('| ' + ' | '.join(cells) + ' |')
     return '\n'.join(lines) + '\n'
-
-
-def write_results(rows, env, args, profiles: List[str]) -> None:
-    prefix = args.out
-    os.makedirs(os.path.dirname(os.path.abspath(prefix)), exist_ok=True)
-    table = io.StringIO()
-    w = csv.DictWriter(table, fieldnames=list(dict.fromkeys(k for r in rows for k in r)))  # every row's, in order
-    w.writeheader()
-    w.writerows(rows)
-    write_output_file(prefix + '.csv', table.getvalue())
-    write_output_file(prefix + '.json', json.dumps({'environment': env, 'results': rows}, indent=2))
-    write_output_file(prefix + '.md', markdown(rows, env, args))
-    print(f'wrote {prefix}.csv / .json / .md')
-    if profiles:
-        write_output_file(prefix + '_profile.txt', f"# torch.profiler, top ops by self time · {run_line(env, args)}\n"
-                                                   f"# {env['command']}\n\n" + '\n'.join(profiles))
-        print(f'wrote {prefix}_profile.txt')
 
 
 def main(argv=None, prog: str = 'benchmark.py', reference_dir: Optional[os.PathLike] = None) -> None:
@@ -699,15 +584,26 @@ def _main(argv, prog: str, reference_dir: Optional[os.PathLike]) -> None:
                                   time.process_time if args.timer == 'cpu' else time.perf_counter))
         print(f"{ceiling_text(env)} ({env['threads']} threads)", flush=True)
     macs_cache: Dict[Any, float] = {}
-    rows: List[Dict[str, Any]] = []
     profiles: List[str] = []
-    for specs in args.compare or [[spec] for spec in args.model]:
-        rows += run_contenders(specs, args, env, macs_cache, profiles)
+    rows = [row for specs in args.compare or [[spec] for spec in args.model]
+            for row in run_contenders(specs, args, env, macs_cache, profiles)]
     env['load_avg_end'] = os.getloadavg()
-    if args.out:
-        write_results(rows, env, args, profiles)
-    else:
+    if not args.out:
         print(markdown(rows, env, args))
+        return
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    table = io.StringIO()
+    w = csv.DictWriter(table, fieldnames=list(dict.fromkeys(k for r in rows for k in r)))  # every row's, in order
+    w.writeheader()
+    w.writerows(rows)
+    write_output_file(args.out + '.csv', table.getvalue())
+    write_output_file(args.out + '.json', json.dumps({'environment': env, 'results': rows}, indent=2))
+    write_output_file(args.out + '.md', markdown(rows, env, args))
+    print(f'wrote {args.out}.csv / .json / .md')
+    if profiles:
+        header = f"# torch.profiler, top ops by self time · {run_line(env, args)}\n# {env['command']}\n\n"
+        write_output_file(args.out + '_profile.txt', header + '\n'.join(profiles))
+        print(f'wrote {args.out}_profile.txt')
 
 
 if __name__ == '__main__':

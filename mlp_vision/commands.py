@@ -9,7 +9,7 @@ import importlib
 import textwrap
 from typing import Callable
 
-__all__ = ['COMMANDS', 'train', 'validate', 'benchmark', 'complexity', 'text_train', 'fill_mask', 'visualize']
+__all__ = ['COMMANDS', 'train', 'validate', 'benchmark', 'complexity', 'text_train', 'visualize']
 
 # console script -> (its python -m module, what it does)
 COMMANDS = {
@@ -18,7 +18,6 @@ COMMANDS = {
     'mlp-vision-benchmark': ('mlp_vision.benchmark', 'throughput of models and layers, alone or in pairs'),
     'mlp-vision-complexity': ('mlp_vision.complexity', 'parameters and MACs beside the papers\' tables'),
     'mlp-vision-text-train': ('mlp_vision.train_text', 'train a text model (causal LM, masked LM, classifier)'),
-    'mlp-vision-fill-mask': ('mlp_vision.text.fill_mask', 'most likely tokens at each mask of a text'),
     'mlp-vision-visualize': ('mlp_vision.visualize', 'PNGs of the learned gMLP filters, sMLP weights, BiGS kernels'),
 }
 
@@ -36,7 +35,6 @@ validate = _command('mlp-vision-validate')
 benchmark = _command('mlp-vision-benchmark')
 complexity = _command('mlp-vision-complexity', 'mlp_vision.complexity.report')  # python -m runs its __main__
 text_train = _command('mlp-vision-text-train')
-fill_mask = _command('mlp-vision-fill-mask')
 visualize = _command('mlp-vision-visualize')
 
 

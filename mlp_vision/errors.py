@@ -1,20 +1,10 @@
-""" The one error path of every command (:mod:`mlp_vision.commands`): what a command reports when it stops.
-
-A script's ``main`` runs its work through :func:`run_cli`, which turns every expected failure into one line on
-stderr, ``<prog>: error: <what was wrong and what is expected>``, and an exit status:
-
-* :class:`UsageError` -- bad input (a flag, a path, a dataset, a checkpoint that does not fit): status 2, as
-  argparse's own usage errors;
-* :class:`RunError` -- a run that cannot go on (NaN loss, a full disk): status 1; its message says what is intact;
-* :class:`Interrupted` -- SIGINT / SIGTERM: status 128 + signal number, after the resumable checkpoint is saved;
-* an ``OSError`` (e.g. ``No space left on device``) anywhere in the exception chain: status 1, its text and file;
-* memory running out (``MemoryError``, ``torch.OutOfMemoryError``, the CPU allocator's error), a Rust library's
-  panic (``tokenizers``' ``PanicException``): status 1, what failed and what to reduce; input nested beyond
-  Python's recursion limit or not UTF-8 where a reader did not say so itself: status 2.
-
-``--debug`` on the command line re-raises instead, with the full traceback. Library callers get the exceptions.
-What a command is given is parsed and checked in :mod:`mlp_vision.arguments`; the bounds on the sizes a file may ask
-for are :mod:`mlp_vision.bounds`.
+""" The one error path of every command: :func:`run_cli` turns every expected failure into one line on stderr,
+``<prog>: error: <what was wrong and what is expected>``, and an exit status: :class:`UsageError` (bad input) 2, as
+argparse's own errors; :class:`RunError` (a run that cannot go on; its message says what is intact) 1;
+:class:`Interrupted` (SIGINT / SIGTERM, after the resumable checkpoint is saved) 128 + the signal number; an
+``OSError`` anywhere in the exception chain 1; memory running out or a Rust library's panic 1; input nested beyond
+Python's recursion limit or not UTF-8, where no reader said so itself, 2. ``--debug`` re-raises instead, with the
+traceback; library callers get the exceptions.
 """
 import errno
 import math
@@ -30,8 +20,7 @@ __all__ = ['UsageError', 'RunError', 'Interrupted', 'ScriptExit', 'run_cli', 'fi
 
 
 class UsageError(ValueError):
-    """Bad input from the user: the message says what was wrong and what is expected. The scripts exit with status
-    2 and that one line instead of a traceback; library callers get a ``ValueError``."""
+    """Bad input: the message says what was wrong and what is expected (a ``ValueError`` for library callers)."""
     exit_status = 2
 
 
@@ -41,9 +30,9 @@ _SHORT.maxstring, _SHORT.maxother, _SHORT.maxlong = 120, 120, 40
 
 
 def short_repr(value: Any, limit: int = 200) -> str:
-    """``repr(value)`` bounded in work and length (3 levels, 6 items each, long strings and numbers cut, at most
-    ``limit`` characters), for every message that echoes a value from the user or a file: a full ``repr`` of a
-    yaml alias bomb or of a 10**5000 integer (``ValueError``: too many digits) would never end or fail."""
+    """``repr(value)`` bounded in work and length, for every message that echoes a value from the user or a file: a
+    full ``repr`` of a huge nested value or of a 10**5000 integer (``ValueError``: too many digits) would never end
+    or fail."""
     if isinstance(value, int) and value.bit_length() > 256:  # repr of >4300 digits raises; of fewer takes long
         return f'<an integer of about {int(value.bit_length() * math.log10(2)) + 1} digits>'
     try:
@@ -54,7 +43,7 @@ def short_repr(value: Any, limit: int = 200) -> str:
 
 
 class RunError(RuntimeError):
-    """A run that cannot go on (the loss became NaN, the disk is full); the message says what was kept."""
+    """A run that cannot go on (NaN loss, a full disk); the message says what was kept."""
     exit_status = 1
 
 
@@ -87,27 +76,21 @@ def find_os_error(error: BaseException) -> Optional[OSError]:
     return None
 
 
-def _os_error_line(error: OSError) -> str:
-    where = f': {error.filename}' if error.filename else ''
-    text = error.strerror or errno.errorcode.get(error.errno, str(error))
-    return f'{text}{where}'
-
-
 _ALLOCATION_FAILURES = ("can't allocate memory", 'out of memory', 'failed to allocate')  # torch's RuntimeError texts
 
 
 def _boundary_line(error: BaseException) -> Optional[Tuple[int, str]]:
-    """(status, one line) of a failure no input check rules out everywhere, as the module docstring lists them
-    (None for any other error). A Rust panic (``pyo3_runtime.PanicException``) is a ``BaseException``; recursion
-    and UTF-8 errors here are the net under the readers that name their file themselves."""
+    """(status, one line) of a failure no input check rules out everywhere (the module docstring), else None."""
+    os_error = find_os_error(error) if isinstance(error, (OSError, RuntimeError)) else None  # torch wraps the file's
+    if os_error is not None:
+        where = f': {os_error.filename}' if os_error.filename else ''
+        return 1, (os_error.strerror or errno.errorcode.get(os_error.errno, str(os_error))) + where
     text = ' '.join(str(error).split())[:300]
     if isinstance(error, (MemoryError, getattr(torch, 'OutOfMemoryError', MemoryError))) or (
             isinstance(error, RuntimeError) and any(m in text.lower() for m in _ALLOCATION_FAILURES)):
-        return 1, (f'out of memory ({type(error).__name__}: {text}); reduce the batch size (-b), the model or input '
-                   f'size, or the data held in memory, or use a machine with more memory')
+        return 1, f'out of memory ({type(error).__name__}: {text}); reduce the batch size (-b), the model or input size'
     if type(error).__name__ == 'PanicException':
-        return 1, (f'a Rust library stopped with a panic ({text}); the input it was given (a tokenizer file, a text '
-                   f'or a setting) is one it cannot handle: check or replace it')
+        return 1, f'a Rust library stopped with a panic ({text}); check or replace the input it was given'
     if isinstance(error, RecursionError):
         return 2, f'an input is nested too deeply to read ({text}); it is damaged or was crafted'
     if isinstance(error, UnicodeDecodeError):
@@ -116,27 +99,17 @@ def _boundary_line(error: BaseException) -> Optional[Tuple[int, str]]:
 
 
 def run_cli(prog: str, main: Callable[[Sequence[str]], object], argv: Optional[Sequence[str]] = None):
-    """``main(argv)`` with the scripts' error path (see the module docstring); returns what ``main`` returns.
-    torch's intra-op thread count is the caller's again afterwards: a command's ``--threads`` is for its run only."""
+    """``main(argv)`` with the commands' error path (the module docstring); returns what ``main`` returns. torch's
+    thread count is the caller's again afterwards (``--threads`` is for the run only)."""
     threads = torch.get_num_threads()
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = '--debug' in argv
     try:
         return main(argv)
-    except (UsageError, RunError) as e:
-        if debug:
-            raise
-        status, message = e.exit_status, str(e)
-    except OSError as e:
-        if debug or e.errno is None:
-            raise
-        status, message = 1, _os_error_line(e)
     except (KeyboardInterrupt, SystemExit, GeneratorExit):
         raise
-    except BaseException as e:  # noqa: B036  (a Rust panic is a BaseException; the three above go on)
-        # torch's serializer and loaders wrap the OSError that says what went wrong
-        os_error = find_os_error(e) if isinstance(e, RuntimeError) else None
-        known = (1, _os_error_line(os_error)) if os_error is not None else _boundary_line(e)
+    except BaseException as e:  # noqa: B036  (a Rust panic is a BaseException)
+        known = (e.exit_status, str(e)) if isinstance(e, (UsageError, RunError)) else _boundary_line(e)
         if debug or known is None:
             raise
         status, message = known

@@ -253,12 +253,26 @@ def _output_dir(args, resume: Optional[str], distributed: bool) -> str:
     return str(out)
 
 
-def _first_rank_tokenizer(build, distributed: bool):
-    """``build()`` on rank 0, sent to the others (a trained vocabulary is not reproducible run to run)."""
-    obj = [build() if not distributed or dist.get_rank() == 0 else None]
-    if distributed:
-        dist.broadcast_object_list(obj, src=0)
-    return obj[0]
+def _start_model(args, resume: Optional[str], distributed: bool, needs: Sequence[str], train_text: str,
+                 held_out_text: str, **config):
+    """The model with ``model.tokenizer``: the resumed checkpoint's, else a new ``--model`` with the
+    ``--tokenizer-from`` tokenizer (``needs``: the control tokens the task uses) or one built on the training text,
+    on rank 0 and sent to the others (a trained vocabulary is not reproducible run to run)."""
+    from mlp_vision.text.registry import from_pretrained
+    from mlp_vision.text.training_data import build_tokenizer, tokenizer_from_path
+    if resume:
+        return from_pretrained(resume, allow_regex=args.allow_regex)
+    if args.tokenizer_from:
+        tokenizer = tokenizer_from_path(args.tokenizer_from, needs, args.allow_regex)
+    else:
+        built = [build_tokenizer(args.tokenizer, args.task, train_text, held_out_text, args.vocab_size)
+                 if not distributed or dist.get_rank() == 0 else None]
+        if distributed:
+            dist.broadcast_object_list(built, src=0)
+        tokenizer = built[0]
+    model = _new_model(args, tokenizer, TASKS[args.task], **config)
+    model.tokenizer = tokenizer
+    return model
 
 
 def _new_model(args, tokenizer, registry_task: str, **config):
@@ -343,34 +357,22 @@ def _lm_data(args, resume: Optional[str], distributed: bool, stop):
     """(model with ``model.tokenizer``, training blocks, held-out blocks, collator) of --task causal / mlm (mlm:
     :class:`~mlp_vision.text.training_data.MaskedBlocks`)."""
     from transformers import default_data_collator
-    from mlp_vision.text.registry import from_pretrained
     from mlp_vision.text.training_data import (
-        MaskedBlocks, build_tokenizer, check_unknown_tokens, encode_text, lm_blocks, read_text_file, split_held_out,
-        tokenizer_from_path)
+        LMBlocks, MaskedBlocks, check_unknown_tokens, encode_text, read_text_file, split_held_out)
     train_text = read_text_file(args.train_file, 'training text file')
     if args.val_file:
         val_text = read_text_file(args.val_file, 'validation text file')
     else:
         train_text, val_text = split_held_out(train_text, args.val_fraction)
     mlm = args.task == 'mlm'
-    if resume:
-        model = from_pretrained(resume, allow_regex=args.allow_regex)
-    else:
-        if args.tokenizer_from:
-            tokenizer = tokenizer_from_path(args.tokenizer_from, needs=('pad', 'cls', 'sep', 'mask') if mlm else (),
-                                            allow_regex=args.allow_regex)
-        else:
-            tokenizer = _first_rank_tokenizer(lambda: build_tokenizer(
-                args.tokenizer, args.task, train_text, val_text, args.vocab_size), distributed)
-        model = _new_model(args, tokenizer, TASKS[args.task])
-        model.tokenizer = tokenizer
+    model = _start_model(args, resume, distributed, ('pad', 'cls', 'sep', 'mask') if mlm else (), train_text, val_text)
     tokenizer = model.tokenizer
     _fit_block_size(args, model)
     blocks = []
     for text, what in ((train_text, 'training text'), (val_text, 'validation text')):
         ids = encode_text(tokenizer, text, what, stop=stop)
         check_unknown_tokens(ids, tokenizer, what)
-        blocks.append(lm_blocks(ids, args.block_size, args.task, tokenizer, what))
+        blocks.append(LMBlocks(ids, args.block_size, args.task, tokenizer, what))
     if mlm:
         blocks = [MaskedBlocks(b, tokenizer, args.mask_rate, args.seed) for b in blocks]
     return model, blocks[0], blocks[1], default_data_collator
@@ -381,8 +383,6 @@ def _classify_data(args, resume: Optional[str], distributed: bool, stop):
     import inspect
     from transformers import DataCollatorWithPadding
     from mlp_vision.text.labelled_data import classification_examples, label_ids, read_labelled_file
-    from mlp_vision.text.registry import from_pretrained
-    from mlp_vision.text.training_data import build_tokenizer, tokenizer_from_path
     columns = [c.strip() for c in args.text_columns.split(',')] if args.text_columns else None
     if columns is not None and not all(columns):
         raise UsageError(f'--text-columns {args.text_columns!r} has an empty name; expected e.g. "sentence" or '
@@ -397,26 +397,19 @@ def _classify_data(args, resume: Optional[str], distributed: bool, stop):
     if test is not None:
         label_ids(train.labels, test.labels, '--test-file')
     labels = {'id2label': dict(enumerate(names)), 'label2id': {n: i for i, n in enumerate(names)}}
-    if resume:
-        model = from_pretrained(resume, allow_regex=args.allow_regex)
-        if list(model.config.id2label.values()) != names:
-            raise UsageError(f'--resume {resume} was trained with labels {list(model.config.id2label.values())}, '
-                             f'the files now have {names}')
-    elif args.init_from:
+    if args.init_from and not resume:
         model = _pretrained_classifier(args, len(names), labels)
     else:
         texts = train.texts + (train.pairs or [])
         held_out = [t for d in (dev, test) if d is not None for t in d.texts + (d.pairs or [])]
-        if args.tokenizer_from:
-            tokenizer = tokenizer_from_path(args.tokenizer_from, ('cls', 'sep', 'pad'), args.allow_regex)
-        else:
-            tokenizer = _first_rank_tokenizer(lambda: build_tokenizer(
-                args.tokenizer, 'classify', '\n'.join(texts), '\n'.join(held_out), args.vocab_size), distributed)
-        model = _new_model(args, tokenizer, 'sequence_classification', num_labels=len(names), **labels)
-        model.tokenizer = tokenizer
+        model = _start_model(args, resume, distributed, ('cls', 'sep', 'pad'), '\n'.join(texts), '\n'.join(held_out),
+                             num_labels=len(names), **labels)
+        if resume and list(model.config.id2label.values()) != names:
+            raise UsageError(f'--resume {resume} was trained with labels {list(model.config.id2label.values())}, '
+                             f'the files now have {names}')
     tokenizer = model.tokenizer
-    _check_classify_tokenizer(args, tokenizer, pairs=train.pairs is not None)
     _fit_block_size(args, model)
+    _check_classify_tokenizer(args, tokenizer, pairs=train.pairs is not None)
     with_types = 'token_type_ids' in inspect.signature(model.forward).parameters
     examples = [None if d is None else classification_examples(tokenizer, d, names, args.block_size, with_types, stop)
                 for d in (train, dev, test)]
@@ -424,14 +417,11 @@ def _classify_data(args, resume: Optional[str], distributed: bool, stop):
 
 
 def _check_classify_tokenizer(args, tokenizer, pairs: bool) -> None:
-    from mlp_vision.text.tokenizer import describe_tokenizer
-    if tokenizer.cls_token_id is None or tokenizer.pad_token_id is None:
-        raise UsageError(f'the tokenizer {describe_tokenizer(tokenizer)} has no <cls> / <pad> token; sequence '
-                         f'classification needs both (the BERT template)')
-    if pairs and tokenizer.sep_token_id is None:
-        raise UsageError(f'sentence pairs need a separator token; the tokenizer {describe_tokenizer(tokenizer)} has '
-                         f'none')
-    if args.block_size is not None and args.block_size < tokenizer.num_special_tokens_to_add(pair=pairs) + 1:
+    """A tokenizer with BERT's template, and a ``--block-size`` with room for a token of each segment."""
+    if tokenizer.cls_token_id is None or tokenizer.pad_token_id is None or (pairs and tokenizer.sep_token_id is None):
+        raise UsageError(f'the tokenizer has no {"<cls> / <sep> / <pad>" if pairs else "<cls> / <pad>"} token; '
+                         f'sequence classification needs {"them" if pairs else "both"} (the BERT template)')
+    if args.block_size < tokenizer.num_special_tokens_to_add(pair=pairs) + (2 if pairs else 1):
         raise UsageError(f'--block-size {args.block_size} leaves no room for text after the special tokens')
 
 
@@ -484,7 +474,6 @@ def _train(args, stop) -> Optional[Dict[str, float]]:
     source = apply_recipe(args, model.config.model_type.removeprefix('mlp_vision_'), TASKS[args.task])
     if args.freeze_embeddings:
         model.get_input_embeddings().weight.requires_grad_(False)
-    model.accepts_loss_kwargs = False  # the loss: the model's own mean over a micro-batch's scored tokens
     # no processing_class: Trainer would copy the tokenizer's <pad> id into configs without that field (gMLP's), which
     # then do not load; the model's save_pretrained writes model.tokenizer into every checkpoint and the final folder
     n_labels = len(model.config.id2label) if classify else 0

@@ -1,19 +1,16 @@
-""" mlp_vision validation command: top-1 / top-5 accuracy, loss and images/s of a model on a dataset.
+""" ``mlp-vision-validate`` / ``python -m mlp_vision.validate`` / ``python validate.py``: top-1 / top-5 accuracy,
+loss and images/s of a model on a dataset (examples: README, "Training and validation").
 
-Run as ``mlp-vision-validate`` or ``python -m mlp_vision.validate`` (installed package), or ``python validate.py``
-in a checkout. Weights: ``--checkpoint`` of our train.py (model, kwargs and eval preprocessing rebuilt from it,
-``--use-ema`` for its EMA weights), ``--checkpoint FILE --model NAME`` for any other state dict (loaded through the
-model's checkpoint filter), or ``--pretrained``. ``torchrun`` splits the evaluation exactly over the ranks.
-Examples: README, "Training and validation". Labels: ``--class-map FILE``, else the class names a checkpoint of
-ours stores, matched to the class folders (a subset is fine, another class stops with both lists), else folder
-order (with a warning). Results are logged and, with ``--results-file``, written as JSON or CSV (by the extension).
+Weights: ``--checkpoint`` of our train.py (model, kwargs and eval preprocessing rebuilt from it, ``--use-ema``),
+``--checkpoint FILE --model NAME`` for any other state dict, or ``--pretrained``. Labels: ``--class-map FILE``, else
+the class names a checkpoint stores, else folder order (with a warning). ``torchrun`` splits the evaluation exactly
+over the ranks. ``--results-file``: JSON or CSV (by the extension).
 """
 import argparse
 import csv
 import io
 import logging
 import os
-import reprlib
 
 import torch
 
@@ -64,6 +61,8 @@ def build_parser() -> argparse.ArgumentParser:
 FLAG_RANGES = {'batch_size': dict(low=1), 'workers': dict(low=0), 'log_interval': dict(low=1),
                'num_classes': dict(low=1), 'img_size': dict(low=1), 'input_size': dict(low=1), 'in_chans': dict(low=1),
                'crop_pct': CROP_PCT_RANGE, 'threads': THREADS_RANGE, **BOUND_RANGES}
+
+
 def check_args(args: argparse.Namespace) -> None:
     """Every flag value that cannot work, as one line, before a file is read or a model built."""
     check_flag_ranges(args, FLAG_RANGES)
@@ -78,18 +77,13 @@ def check_args(args: argparse.Namespace) -> None:
 
 
 def _write_results(path: str, results: dict) -> None:
-    """``path`` as JSON, or CSV by its extension (:func:`write_output_file`: an earlier regular file there is kept
-    as ``<stem>-N<suffix>``; a FIFO, device or ``/dev/stdout`` is written as it is)."""
-    if path.endswith('.csv'):
-        buf = io.StringIO()
-        writer = csv.DictWriter(buf, fieldnames=list(results.keys()))
-        writer.writeheader()
-        writer.writerow(results)
-        text = buf.getvalue()
-    else:
-        text = json_text(results)
-    kept = write_output_file(path, text, keep=True)
-    if kept is not None:
+    """``path`` as JSON, or CSV by its extension (an earlier regular file there is kept, :func:`write_output_file`)."""
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=list(results))
+    writer.writeheader()
+    writer.writerow(results)
+    text = buf.getvalue() if path.endswith('.csv') else json_text(results)
+    if (kept := write_output_file(path, text, keep=True)) is not None:
         _logger.info(f'the earlier {path} is kept as {kept}')
 
 
@@ -124,18 +118,6 @@ def _validation_dataset(args: argparse.Namespace, data_dir, model, info: dict):
     return dataset, labels
 
 
-def checkpoint_data_config(data_cfg, checkpoint: str, in_chans: int) -> dict:
-    """The eval preprocessing a training checkpoint stores (``data_cfg``), checked as a ``local-dir:`` folder's
-    (:func:`~mlp_vision.weights.check_data_config`); else a :class:`UsageError` naming the checkpoint."""
-    if data_cfg is None:
-        return {}
-    where = f'checkpoint {checkpoint}: its data_cfg'
-    if not isinstance(data_cfg, dict):
-        raise UsageError(f'{where} is {reprlib.repr(data_cfg)}, not a dict; the file is damaged or was crafted')
-    check_data_config(data_cfg, where, in_chans)
-    return data_cfg
-
-
 def validate(args: argparse.Namespace) -> dict:
     """Run one validation; returns the results dict. Raises :class:`UsageError` for bad input."""
     check_args(args)
@@ -161,8 +143,10 @@ def validate(args: argparse.Namespace) -> dict:
     dataset, labels = _validation_dataset(args, data_dir, model, info)
 
     # preprocessing: explicit flags, then the training checkpoint's eval preprocessing, then the model's config
-    data_config = resolve_model_data_config(
-        args, model, checkpoint_data_config(info.get('data_cfg'), args.checkpoint, getattr(model, 'in_chans', 3)))
+    saved_cfg = info.get('data_cfg')
+    if saved_cfg is not None:
+        check_data_config(saved_cfg, f'checkpoint {args.checkpoint}: its data_cfg', getattr(model, 'in_chans', 3))
+    data_config = resolve_model_data_config(args, model, saved_cfg or {})
     sizes_from = f"checkpoint {args.checkpoint}'s model_cfg / data_cfg" if info['checkpoint_kind'] else ''
     check_activations(model_name, info['create_kwargs'], data_config['input_size'], args.batch_size, training=False,
                       sizes_from=sizes_from)
@@ -205,8 +189,7 @@ def validate(args: argparse.Namespace) -> dict:
 
 
 def main(argv=None, prog: str = 'validate.py') -> dict:
-    """Validate; returns the results dict. Errors: one line starting with ``prog`` and exit status 2 / 1 (see
-    ``run_cli``)."""
+    """Validate; returns the results dict. Errors: one line starting with ``prog`` (``run_cli``)."""
     return run_cli(prog, lambda a: within_bounds(validate, build_parser().parse_args(a)), argv)
 
 

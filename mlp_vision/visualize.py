@@ -1,5 +1,5 @@
 """ ``mlp-vision-visualize`` / ``python -m mlp_vision.visualize``: draw what the token-mixing layers learned, as
-the papers show it (usage in the README; nothing in ``--out`` is overwritten; the model: :func:`load_model`).
+the papers show it (usage in the README), into a new or empty ``--out``.
 
 * gMLP (arXiv 2105.08050, §3.1, Fig. 3): each layer's spatial projection ``W`` (n x n, row i = the weights with
   which output token i reads every input token), for a grid of tokens, as the row on the patch grid: a layer x token
@@ -29,7 +29,6 @@ from .layers.sparse_mlp import AxialSparseMLP
 from .layers.ssm import BidirectionalGatedSSM
 from .threads import add_threads_argument, set_threads
 from .training.image_model import add_common_arguments, create_model, create_model_for_eval, model_create_kwargs
-from .weights import load_checkpoint_file
 
 __all__ = ['spatial_projections', 'axial_weights', 'ssm_responses', 'token_grid', 'load_model', 'visualize', 'main']
 
@@ -40,9 +39,8 @@ DPI = 100
 
 # ------------------------------------------------------------------------------------------------ what is drawn
 def spatial_projections(model: nn.Module) -> Named:
-    """``(module name, W)`` for every Spatial Gating Unit (ours, or timm's ``proj``): ``W`` (n, n) is the token
-    mixing applied (Toeplitz expanded, causal masked), ``W[i, j]`` the weight of input token j in output token i
-    (gMLP eq. 2; the bias is not drawn)."""
+    """``(module name, W)`` for every Spatial Gating Unit (ours, or timm's): ``W`` (n, n) is the token mixing applied
+    (Toeplitz expanded, causal masked), ``W[i, j]`` the weight of input token j in output token i (gMLP eq. 2)."""
     return [(name, (m.spatial_weight(m.seq_len) if isinstance(m, SpatialGatingUnit) else m.proj.weight)
              .detach().float().cpu())
             for name, m in model.named_modules() if isinstance(m, (SpatialGatingUnit, TimmSpatialGatingUnit))]
@@ -50,7 +48,7 @@ def spatial_projections(model: nn.Module) -> Named:
 
 def axial_weights(model: nn.Module) -> List[Tuple[str, torch.Tensor, torch.Tensor]]:
     """``(module name, W_H (H, H), W_W (W, W))`` for every sMLP: ``W_H[i, j]`` weighs row j in output row i, shared
-    by every column and channel (and W_W likewise for columns; sMLPNet Alg. 1). Biases are not drawn."""
+    by every column and channel (W_W likewise for columns; sMLPNet Alg. 1)."""
     return [(name, m.proj_h.weight.detach().float().cpu(), m.proj_w.weight.detach().float().cpu())
             for name, m in model.named_modules() if isinstance(m, AxialSparseMLP)]
 
@@ -58,9 +56,8 @@ def axial_weights(model: nn.Module) -> List[Tuple[str, torch.Tensor, torch.Tenso
 @torch.no_grad()
 def ssm_responses(model: nn.Module, length: int) -> Named:
     """``(module name, R (2, length))`` for every BiGS layer: ``R[0, l]`` is the weight of token ``t - l`` in the
-    forward SSM's output at t, ``R[1, l]`` that of token ``t + l`` in the backward SSM's: each S4D kernel
-    ``K`` (:class:`~mlp_vision.layers.ssm.S4DKernel`, its own ``forward``) with the skip term ``D`` added at lag 0,
-    the whole convolution the layer applies (BiGS §4)."""
+    forward SSM's output at t, ``R[1, l]`` that of token ``t + l`` in the backward SSM's: the S4D kernel ``K`` with
+    the skip term ``D`` added at lag 0, the whole convolution the layer applies (BiGS §4)."""
     def response(ssm):
         k = ssm.kernel(length).float().clone()
         k[0] += ssm.D.float()[0]
@@ -70,15 +67,13 @@ def ssm_responses(model: nn.Module, length: int) -> Named:
 
 
 def token_grid(model: nn.Module, num_tokens: int) -> Optional[Tuple[int, int]]:
-    """The (rows, cols) patch grid of a vision model's ``num_tokens`` tokens (timm's ``stem.grid_size``); None for
-    a sequence model."""
+    """The (rows, cols) patch grid of a vision model's ``num_tokens`` tokens; None for a sequence model."""
     grid = getattr(getattr(model, 'stem', None), 'grid_size', None)
     return (int(grid[0]), int(grid[1])) if grid is not None and grid[0] * grid[1] == num_tokens else None
 
 
 def _grid_tokens(grid: Tuple[int, int], per_side: int) -> List[Tuple[int, int]]:
-    """``per_side`` x ``per_side`` tokens spread evenly over the grid, away from the border (e.g. rows 2, 7, 11 of
-    14 for 3 per side)."""
+    """``per_side`` x ``per_side`` tokens spread evenly over the grid, away from the border."""
     def spread(n):
         return sorted({int(round((i + 0.5) * n / min(per_side, n) - 0.5)) for i in range(min(per_side, n))})
     return [(r, c) for r in spread(grid[0]) for c in spread(grid[1])]
@@ -86,22 +81,20 @@ def _grid_tokens(grid: Tuple[int, int], per_side: int) -> List[Tuple[int, int]]:
 
 # ------------------------------------------------------------------------------------------------ figures
 def _subplots(rows: int, cols: int, figsize: Tuple[float, float]):
-    import matplotlib
-    matplotlib.use('Agg')
-    import matplotlib.pyplot as plt
-    return plt.subplots(rows, cols, squeeze=False, figsize=figsize)
+    """(figure, axes[rows, cols]) without pyplot: no backend or other matplotlib global is set."""
+    from matplotlib.figure import Figure
+    fig = Figure(figsize=figsize)
+    return fig, fig.subplots(rows, cols, squeeze=False)
 
 
 def _finish(fig, path: str, *title_lines: str, fontsize: int = 8) -> str:
-    """Title the figure (each line wrapped to its width), lay it out, write it to ``path`` and close it."""
-    import matplotlib.pyplot as plt
+    """Title the figure (each line wrapped to its width), lay it out and write it to ``path``."""
     chars = int(fig.get_figwidth() * 110 / fontsize)
     fig.suptitle('\n'.join(textwrap.fill(line, chars) for line in title_lines), fontsize=fontsize)
     fig.tight_layout()
     if os.path.exists(path):  # --out was empty; two figures of one run never share a name
         raise UsageError(f'{path} exists; nothing is overwritten')
     fig.savefig(path, dpi=DPI)
-    plt.close(fig)
     return path
 
 
@@ -213,9 +206,8 @@ def draw_ssm_responses(responses: Named, out: str, title: str, max_lag: int = 64
 # ------------------------------------------------------------------------------------------------ the command
 def load_model(source: str, model_name: Optional[str] = None, pretrained: bool = False,
                model_kwargs: Optional[Dict[str, Any]] = None, trust_checkpoint: bool = False) -> Tuple[nn.Module, str]:
-    """(the model in eval mode, what it is) from a checkpoint file, a ``local-dir:`` folder (its weights) or a timm
-    name with ``pretrained``, through validate.py's door (``image_model.create_model_for_eval``); from a text
-    ``save_pretrained`` folder; or a model name (timm's registry, else the text registry's)."""
+    """(the model in eval mode, what it is) from a checkpoint file, a ``local-dir:`` folder or a timm name with
+    ``pretrained`` (validate's ``create_model_for_eval``), a text ``save_pretrained`` folder, or a model name."""
     kwargs = dict(model_kwargs or {})
     create_kwargs = model_create_kwargs(model_kwargs=kwargs)
     local_dir = source.startswith('local-dir:')
@@ -226,20 +218,12 @@ def load_model(source: str, model_name: Optional[str] = None, pretrained: bool =
         raise UsageError(f'--model names the model of a weights file; {source!r} is a '
                          f'{"folder" if os.path.isdir(source) or local_dir else "model name"}, which says its model')
     if os.path.isfile(source):
-        try:
-            model, info = create_model_for_eval(model_name, checkpoint=source, trust_checkpoint=trust_checkpoint,
-                                                create_kwargs=create_kwargs)
-        except UsageError:
-            if load_checkpoint_file(source, trust=trust_checkpoint).get('kind') == 'text':
-                raise UsageError(f'{source} is a checkpoint of the text trainer; give its run\'s pretrained/ folder '
-                                 f'(save_pretrained) instead') from None
-            raise
+        model, info = create_model_for_eval(model_name, checkpoint=source, trust_checkpoint=trust_checkpoint,
+                                            create_kwargs=create_kwargs)
         return model, f'{info["model_name"]} from {info["source"]}'
-    if pretrained or local_dir:
-        model = create_model_for_eval(source, pretrained=True, create_kwargs=create_kwargs)[0]
-        return model, f'{source} (pretrained weights)'
-    if timm.is_model(source):
-        return create_model(source, **create_kwargs).eval(), f'{source} (random init)'
+    if pretrained or local_dir or timm.is_model(source):
+        model = create_model(source, pretrained=pretrained or local_dir, head_must_fit=True, **create_kwargs)
+        return model.eval(), f'{source} ({"pretrained weights" if pretrained or local_dir else "random init"})'
     from .text import registry as text_registry  # imported here: vision models do not need the text package
     from .text.modeling_utils import is_saved_folder
     folder = os.path.isdir(source)
@@ -315,7 +299,7 @@ def build_parser(prog: Optional[str] = None) -> argparse.ArgumentParser:
 
 
 def main(argv=None, prog: str = 'python -m mlp_vision.visualize') -> List[str]:
-    """Draw; returns the PNG paths. Errors: one line starting with ``prog``, exit status 2 / 1 (``run_cli``)."""
+    """Draw; returns the PNG paths. Errors: one line starting with ``prog`` (``run_cli``)."""
     return run_cli(prog, lambda a: within_bounds(visualize, build_parser(prog).parse_args(a)), argv)
 
 

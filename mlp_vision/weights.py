@@ -1,19 +1,14 @@
-""" The one door weights and model configs pass on their way into a model, whichever way they arrive: a training
-checkpoint (``--resume``, ``--initial-checkpoint``, validate's ``--checkpoint``), ``--pretrained-path``, a
-``local-dir:`` folder (a run's ``pretrained/``: ``config.json`` + ``model.safetensors``) through our commands, and
-``timm.create_model(<our arch> or 'local-dir:...', pretrained=True)`` in a user's own code, through our models'
-``checkpoint_filter_fn`` (:func:`checked_filter`).
+""" The one door weights and model configs pass on their way into a model: a training checkpoint (``--resume``,
+``--initial-checkpoint``, validate's ``--checkpoint``), ``--pretrained-path``, a ``local-dir:`` folder, and
+``timm.create_model(<our arch> or 'local-dir:...', pretrained=True)`` in a user's own code (our models'
+``checkpoint_filter_fn``, :func:`checked_filter`).
 
 * :func:`load_checkpoint_file` reads a file without running code from it (``torch.load(weights_only=True)`` or
-  safetensors); a damaged, empty or truncated file is one line naming it.
-* :func:`check_state_dict` is what every loader runs before a tensor enters a model: :func:`check_weights` (a
-  tensor, of the model's kind, finite), and the keys: no tensor outside the classifier missing, left over or of
-  another shape unless the user opted out (``--allow-missing-weights``, ``pretrained_strict=False`` in Python) -- a
-  model called pretrained never keeps a random stem without a word.
-* :func:`read_model_folder` checks a ``local-dir:`` folder and its ``config.json`` (a regular file, refused unread
-  otherwise; the types of ``architecture``, ``num_classes``, ``label_names``) and :func:`check_data_config` the
-  preprocessing it (or a checkpoint's ``data_cfg``, or a model's ``pretrained_cfg``) gives: ``mean`` / ``std``,
-  ``crop_pct``, ``interpolation``, ``input_size``.
+  safetensors).
+* :func:`check_state_dict` runs before a tensor enters a model: :func:`check_weights` (tensors of the model's kind,
+  finite), and no tensor outside the classifier missing, left over or of another shape unless the user opted out
+  (``--allow-missing-weights``, ``pretrained_strict=False``).
+* :func:`read_model_folder` checks a ``local-dir:`` ``config.json``, :func:`check_data_config` the preprocessing.
 
 At the top of the package because ``text/`` and ``models/`` use it and must not import the trainers.
 """
@@ -33,10 +28,10 @@ import torch.nn as nn
 from .arguments import check_range, read_json_file
 from .errors import UsageError, find_os_error, short_repr
 
-__all__ = ['LoadReport', 'TRUST_FLAG', 'ALLOW_MISSING_FLAG', 'check_weights', 'refuse_damaged_weights', 'check_state_dict', 'load_backbone',
-           'tied_aliases', 'load_checkpoint_file', 'is_training_checkpoint', 'clean_state_dict', 'load_model_weights',
-           'checked_filter', 'pretrained_filter', 'check_data_config', 'read_model_folder', 'model_folder_weights',
-           'text_model_hint']
+__all__ = ['LoadReport', 'TRUST_FLAG', 'ALLOW_MISSING_FLAG', 'check_weights', 'refuse_damaged_weights',
+           'check_state_dict', 'load_backbone', 'load_checkpoint_file', 'is_training_checkpoint',
+           'clean_state_dict', 'load_model_weights', 'checked_filter', 'pretrained_filter', 'check_data_config',
+           'read_model_folder', 'model_folder_weights', 'text_model_hint']
 
 _logger = logging.getLogger(__name__)
 
@@ -58,69 +53,63 @@ class LoadReport:
     unused: List[str]  # file tensors not loaded (the model lacks them, or has them in another shape)
     mismatched: List[str]  # tensors in both with other shapes (head ones are also in ``new``)
 
-    def mismatched_outside(self, head_prefixes: Sequence[str]) -> List[str]:
-        """The shape-mismatched tensors outside the head: always an error (the file is another architecture)."""
-        head = tuple(head_prefixes)
-        return [k for k in self.mismatched if not (head and k.startswith(head))]
-
-
-def tied_aliases(model: nn.Module) -> List[str]:
-    """The state-dict names of parameters that repeat an earlier one (a tied LM decoder's weight is the embedding's):
-    a file holds each tensor once, under its first name, and loading that name fills the alias."""
-    first = {id(p): name for name, p in model.named_parameters()}  # remove_duplicate=True keeps the first name
-    return [name for name, p in model.named_parameters(remove_duplicate=False) if first[id(p)] != name]
-
 
 def check_weights(own: Mapping[str, torch.Tensor], state_dict: Mapping[str, object], source: str) -> None:
     """A :class:`~mlp_vision.errors.UsageError` naming ``source`` and the first bad entry of ``state_dict``: for a
-    tensor the model has (``own``: its state dict), a value that is not a tensor or not of the model's kind
-    (integer / bool for floating point, or the reverse, e.g. ``num_batches_tracked``); for every floating-point
-    tensor (also under names a module renames while loading), NaN or infinite values."""
+    tensor the model has (``own``), a value that is not a tensor or not of the model's kind (integer / bool for
+    floating point, or the reverse); for every floating-point tensor, NaN or infinite values."""
     for key, value in state_dict.items():
         mine = own.get(key)
         if mine is not None and not isinstance(value, torch.Tensor):
             kind = type(value).__name__
             raise UsageError(f'{source}: {key} is {"an" if kind[0] in "aeiou" else "a"} {kind}, not a tensor; the '
-                             f'file is damaged or was crafted, and is not used')
+                             f'file is damaged or was crafted')
         if mine is not None and (value.is_floating_point() != mine.is_floating_point()
                                  or value.is_complex() != mine.is_complex()):
-            raise UsageError(f'{source}: {key} holds {value.dtype} values, but the model\'s {key} is '
-                             f'{mine.dtype}; expected {"floating-point" if mine.is_floating_point() else "integer"} '
-                             f'weights (the file is damaged, was crafted or holds other data), and it is not used')
+            raise UsageError(f'{source}: {key} holds {value.dtype} values, but the model\'s {key} is {mine.dtype}; '
+                             f'expected {"floating-point" if mine.is_floating_point() else "integer"} weights')
         if isinstance(value, torch.Tensor) and value.is_floating_point() and not bool(torch.isfinite(value).all()):
             bad = int((~torch.isfinite(value)).sum())
-            raise UsageError(f'{source}: {key} holds {bad} NaN / infinite value(s) of {value.numel()}; the weights '
-                             f'are damaged (saved from a diverged run?) and are not used')
-
+            raise UsageError(f'{source}: {key} holds {bad} NaN / infinite value(s) of {value.numel()}; expected '
+                             f'finite weights (saved from a diverged run?)')
 
 
 def refuse_damaged_weights(module: nn.Module, state_dict: Dict[str, Any], prefix: str, *args) -> None:
-    """A ``load_state_dict`` pre-hook our models register on themselves: the tensors loaded into ``module`` (those
-    under ``prefix``) pass :func:`check_weights`, whoever calls ``load_state_dict`` -- also
-    ``timm.create_model(name, checkpoint_path=...)`` and timm's ``load_checkpoint``, which read a file and load it
-    strictly but do not look at its values. Meta tensors (a model built without data) are left alone."""
+    """A ``load_state_dict`` pre-hook our models register: the tensors loaded into ``module`` pass
+    :func:`check_weights` whoever loads them (also timm's ``load_checkpoint``, which does not look at values). Meta
+    tensors (a model built without data) are left alone."""
     own = {k: v for k, v in module.state_dict().items() if not v.is_meta}
     loaded = {k[len(prefix):]: v for k, v in state_dict.items() if k.startswith(prefix)
               and not (isinstance(v, torch.Tensor) and v.is_meta)}
     name = (getattr(module, 'pretrained_cfg', None) or {}).get('architecture') or type(module).__name__
     check_weights(own, loaded, f'the state dict loaded into {name}')
 
+
 def _short_list(keys: List[str], n: int = 4) -> str:
     return ', '.join(keys[:n]) + (f' and {len(keys) - n} more' if len(keys) > n else '')
 
 
+def _misfit(shapes: List[str], missing: List[str], unused: List[str], sd: Mapping[str, torch.Tensor],
+            own: Mapping[str, torch.Tensor]) -> str:
+    """What keeps ``sd`` from fitting a model (``own``: its state dict): tensors of other shapes, missing, left over."""
+    k = shapes[0] if shapes else ''
+    return '; '.join(part for part in (
+        f'{len(shapes)} tensors with other shapes (e.g. {k}: file {tuple(sd[k].shape)}, model {tuple(own[k].shape)})'
+        if shapes else '',
+        f'{len(missing)} model tensors missing from the file ({_short_list(missing)})' if missing else '',
+        f'{len(unused)} file tensors the model does not have ({_short_list(unused)})' if unused else '') if part)
+
+
 def check_state_dict(model: nn.Module, state_dict: Mapping[str, Any], source: str, head_prefixes: Sequence[str] = (),
                      keys: str = 'refuse') -> Tuple[Dict[str, torch.Tensor], LoadReport]:
-    """The check every state dict passes before it enters ``model``; returns it with DDP's ``module.`` and
-    torch.compile's ``_orig_mod.`` prefixes stripped, and what it would load (:class:`LoadReport`).
+    """The check every state dict passes before it enters ``model``: tensors by name that pass
+    :func:`check_weights`, else a :class:`UsageError` naming ``source``. Returns it with DDP's / torch.compile's key
+    prefixes stripped, and what it would load (:class:`LoadReport`).
 
-    Always: a state dict (tensors by name) whose tensors pass :func:`check_weights`, else a :class:`UsageError`
-    naming ``source``. ``head_prefixes`` name the classifier, whose tensors may be absent or of another shape (a
-    fine-tuning head). ``keys``: ``'refuse'`` -- a tensor outside the head missing, left over or of another shape
-    is an error (the file is another model's, or would leave part of it at random init); ``'warn'`` -- the user
-    opted out (``--allow-missing-weights``): missing and left-over ones are a WARNING, other shapes still an error;
-    ``'report'`` -- the caller reports them (a strict ``load_state_dict`` follows, which also sees keys a module
-    renames while loading, or a caller with its own message).
+    ``head_prefixes`` name the classifier, whose tensors may be absent or of another shape (a fine-tuning head).
+    ``keys``: ``'refuse'``: a tensor outside the head missing, left over or of another shape is an error (the file is
+    another model's, or would leave part of it at random init); ``'warn'`` (``--allow-missing-weights``): missing
+    and left-over ones are a WARNING; ``'report'``: the caller reports them.
     """
     if not isinstance(state_dict, Mapping) or not all(isinstance(k, str) for k in state_dict):
         raise UsageError(f'{source}: its weights are a {type(state_dict).__name__}, not a state dict (tensors by '
@@ -130,7 +119,9 @@ def check_state_dict(model: nn.Module, state_dict: Mapping[str, Any], source: st
     check_weights(own, sd, source)
     head = tuple(head_prefixes)
     in_head = (lambda k: k.startswith(head)) if head else (lambda k: False)
-    aliases = set(tied_aliases(model))
+    # a tied parameter (an LM decoder's weight) is in a file once, under its first name, which fills the others
+    first = {id(p): name for name, p in model.named_parameters()}
+    aliases = {name for name, p in model.named_parameters(remove_duplicate=False) if first[id(p)] != name}
     mismatched = [k for k in own if k in sd and tuple(sd[k].shape) != tuple(own[k].shape)]
     not_loaded = [k for k in own if (k not in sd or k in mismatched) and k not in aliases]
     report = LoadReport(
@@ -142,22 +133,17 @@ def check_state_dict(model: nn.Module, state_dict: Mapping[str, Any], source: st
     if keys == 'report':
         return sd, report
     name = (getattr(model, 'pretrained_cfg', None) or {}).get('architecture') or type(model).__name__
-    wrong_shape = report.mismatched_outside(head)
-    if wrong_shape:
-        k = wrong_shape[0]
-        raise UsageError(f'{source} does not fit {name}: {len(wrong_shape)} tensors with other shapes (e.g. {k}: '
-                         f'file {tuple(sd[k].shape)}, model {tuple(own[k].shape)}). Expected weights of this '
-                         f'architecture and settings (--model-kwargs, --img-size)')
+    shapes = [k for k in mismatched if not in_head(k)]  # always an error: the file is another architecture's
     missing = [k for k in report.missing if k not in mismatched]
-    unexpected = [k for k in report.unused if k not in mismatched]
-    if missing or unexpected:
-        detail = '; '.join(p for p in (
-            f'{len(missing)} model tensors missing from the file ({_short_list(missing)})' if missing else '',
-            f'{len(unexpected)} file tensors the model does not have ({_short_list(unexpected)})' if unexpected
-            else '') if p)
-        if keys != 'warn':
-            raise UsageError(f'{source} does not cover {name}: {detail}. These would keep their random init; pass '
-                             f'{ALLOW_MISSING_FLAG} (in Python: pretrained_strict=False) if that is intended')
+    unused = [k for k in report.unused if k not in mismatched]
+    detail = _misfit(shapes, missing, unused, sd, own)
+    if shapes:
+        raise UsageError(f'{source} does not fit {name}: {detail}. Expected weights of this architecture and settings '
+                         f'(--model-kwargs, --img-size)')
+    if (missing or unused) and keys != 'warn':
+        raise UsageError(f'{source} does not cover {name}: {detail}. These would keep their random init; pass '
+                         f'{ALLOW_MISSING_FLAG} (in Python: pretrained_strict=False) if that is intended')
+    if missing or unused:
         _logger.warning(f'{ALLOW_MISSING_FLAG}: {source}: {detail}; the missing ones keep their random init')
     return sd, report
 
@@ -165,18 +151,16 @@ def check_state_dict(model: nn.Module, state_dict: Mapping[str, Any], source: st
 def load_backbone(model: nn.Module, state_dict: Mapping[str, torch.Tensor],
                   head_prefixes: Sequence[str] = (), source: str = 'the weights', keys: str = 'report') -> LoadReport:
     """Load every tensor of ``state_dict`` that ``model`` has in the same shape, after :func:`check_state_dict`
-    (``head_prefixes``, ``keys`` as there; by default the caller reports what stays new, missing or unused). The
-    model is changed only where a tensor is loaded, and not at all when a check refuses the file."""
+    (``keys='report'``: the caller reports what stays new, missing or unused); nothing when a check refuses."""
     sd, report = check_state_dict(model, state_dict, source, head_prefixes, keys)
     model.load_state_dict({k: sd[k] for k in report.loaded}, strict=False)
     return report
 
 
 def load_checkpoint_file(path: os.PathLike, trust: bool = False, what: str = 'checkpoint') -> Dict[str, Any]:
-    """Load a checkpoint file on the CPU without running code from it; a :class:`UsageError` (naming the file as
-    ``what``) says why not. ``torch.save`` files load with ``weights_only=True``; one that needs more (pickled
-    objects: code) is refused unless ``trust``. ``.safetensors`` files load with safetensors. Anything else (a bare
-    pickle, random bytes, a truncated file) is refused with what it is."""
+    """A checkpoint file loaded on the CPU without running code from it (``torch.load(weights_only=True)``, or
+    safetensors for ``.safetensors``); one that needs more (pickled objects: code) is refused unless ``trust``.
+    Anything else (a bare pickle, random bytes, a truncated file) is a :class:`UsageError` naming it as ``what``."""
     path = Path(path)
     name = f'{what} {str(path)!r}'
     if not path.is_file():
@@ -194,24 +178,18 @@ def load_checkpoint_file(path: os.PathLike, trust: bool = False, what: str = 'ch
     with open(path, 'rb') as f:
         head = f.read(len(_LEGACY_MAGIC))
     kind = 'zip' if head.startswith(_ZIP_MAGIC) else 'legacy' if head == _LEGACY_MAGIC else None
-    if not head:
-        raise UsageError(f'{name} is empty (0 bytes), not a PyTorch checkpoint')
-    if kind is None and head[:1] == b'\x80':
-        raise UsageError(f'{name} is a bare Python pickle, not a PyTorch checkpoint (torch.save file); pickles can '
-                         f'run code when loaded and are never loaded here')
-    if kind is None:
-        raise UsageError(f'{name} is not a PyTorch checkpoint (neither torch.save\'s zip nor its legacy format, '
-                         f'nor .safetensors)')
+    if kind is None:  # a bare pickle would run its code before torch.load saw that it is no checkpoint
+        found = 'empty (0 bytes)' if not head else 'a bare Python pickle' if head[:1] == b'\x80' else 'other bytes'
+        raise UsageError(f'{name} is {found}, not a PyTorch checkpoint (torch.save\'s zip or legacy format, or '
+                         f'.safetensors); it is not loaded')
     try:
         ckpt = torch.load(path, map_location='cpu', weights_only=True)
     except pickle.UnpicklingError as e:
         if not trust:
             found = re.search(r'GLOBAL ([\w.]+)', str(e))
             detail = f' (it names {found.group(1)})' if found else ''
-            raise UsageError(
-                f'{name} holds more than tensors and plain Python values{detail}: loading it would unpickle '
-                f'objects, which runs code from the file. If you trust who made it, pass {TRUST_FLAG} '
-                f'(unsafe: it runs arbitrary code from the file)') from None
+            raise UsageError(f'{name} holds more than tensors and plain values{detail}: loading it would run code '
+                             f'from the file. If you trust who made it, pass {TRUST_FLAG} (unsafe)') from None
         _logger.warning(f'{TRUST_FLAG}: unpickling {path} in full (runs any code it contains)')
         try:
             ckpt = torch.load(path, map_location='cpu', weights_only=False)
@@ -239,40 +217,26 @@ def clean_state_dict(state_dict: Dict[str, torch.Tensor]) -> Dict[str, torch.Ten
 
 def load_model_weights(model: nn.Module, state_dict: Dict[str, torch.Tensor], source: str, model_name: str) -> None:
     """``model.load_state_dict(strict=True)`` (``--resume``, ``--initial-checkpoint``, validate's ``--checkpoint``)
-    after :func:`check_state_dict`, with a :class:`UsageError` naming ``source`` when the weights
-    are another model's. Strict, not :func:`load_backbone`: modules may rename keys of older
-    files while loading (``AxialSparseMLP``'s ``fuse`` -> ``fuse_conv``), which only ``load_state_dict`` sees."""
-    ckpt, _ = check_state_dict(model, state_dict, source, keys='report')
+    after :func:`check_state_dict`; a :class:`UsageError` naming ``source`` when the weights are another model's.
+    Strict, not :func:`load_backbone`: modules may rename keys of older files while loading (``AxialSparseMLP``'s
+    ``fuse``), which only ``load_state_dict`` sees."""
+    sd, report = check_state_dict(model, state_dict, source, keys='report')
     try:
-        model.load_state_dict(ckpt, strict=True)
-        return
+        model.load_state_dict(sd, strict=True)
     except RuntimeError as e:
-        result_error = e
-    own = model.state_dict()
-    missing, unexpected = sorted(set(own) - set(ckpt)), sorted(set(ckpt) - set(own))
-    shape = [k for k in sorted(set(own) & set(ckpt)) if tuple(ckpt[k].shape) != tuple(own[k].shape)]
-    parts = [f'{len(missing)} weights missing (e.g. {", ".join(missing[:3])})'] if missing else []
-    if unexpected:
-        parts.append(f'{len(unexpected)} unexpected (e.g. {", ".join(unexpected[:3])})')
-    if shape:
-        k = shape[0]
-        parts.append(f'{len(shape)} with other shapes (e.g. {k}: checkpoint {tuple(ckpt[k].shape)}, '
-                     f'model {tuple(own[k].shape)})')
-    detail = '; '.join(parts) or str(result_error)
-    raise UsageError(
-        f'{source} does not fit model {model_name}: {detail}. Expected a checkpoint of the same architecture '
-        f'and settings (--model, --model-kwargs, --img-size, --num-classes)') from result_error
+        shapes = report.mismatched
+        detail = _misfit(shapes, [k for k in report.missing if k not in shapes],
+                         [k for k in report.unused if k not in shapes], sd, model.state_dict())
+        raise UsageError(f'{source} does not fit model {model_name}: {detail or e}. Expected a checkpoint of the same '
+                         f'architecture and settings (--model, --model-kwargs, --img-size, --num-classes)') from e
 
 
 def checked_filter(convert: Callable[[Dict[str, torch.Tensor], nn.Module], Dict[str, torch.Tensor]]) -> Callable:
     """A model family's ``checkpoint_filter_fn`` (what timm's ``load_pretrained`` calls with the file's state dict
-    and the model) from its conversion ``convert``: the model's ``pretrained_cfg`` passes :func:`check_data_config`
-    and the converted state dict :func:`check_state_dict`, so ``timm.create_model(..., pretrained=True)`` in a
-    user's own code gets the checks our commands make. The classifier may be absent or of another shape only where
-    the model has another class count than the weights (timm then drops it), the stem only where it has other input
-    channels (timm adapts it). ``keys``: as in
-    :func:`check_state_dict`, ``'warn'`` where the user passed ``pretrained_strict=False`` (:func:`pretrained_filter`).
-    ``checkpoint_filter_fn.__wrapped__`` is ``convert``: our commands run the checks themselves."""
+    and the model) from its conversion ``convert``, with the checks our commands make: the model's
+    ``pretrained_cfg`` passes :func:`check_data_config`, the converted state dict :func:`check_state_dict` (``keys``
+    as there). The classifier may differ only where the model has another class count than the weights (timm drops
+    it), the stem only where it has other input channels (timm adapts it). ``__wrapped__`` is ``convert``."""
     @functools.wraps(convert)
     def checkpoint_filter_fn(state_dict: Dict[str, torch.Tensor], model: nn.Module,
                              keys: str = 'refuse') -> Dict[str, torch.Tensor]:
@@ -282,28 +246,17 @@ def checked_filter(convert: Callable[[Dict[str, torch.Tensor], nn.Module], Dict[
         check_data_config(cfg, f'{source}: pretrained_cfg')  # the weights' own channels: timm adapts the stem
         if not isinstance(state_dict, Mapping) or not all(isinstance(k, str) for k in state_dict):
             check_state_dict(model, state_dict, source, keys='report')  # its one line
-        sd, _ = check_state_dict(model, convert(clean_state_dict(state_dict), model), source,
-                                 _adapted_by_timm(model, cfg), keys)
-        return sd
+        num_classes, in_chans = getattr(model, 'num_classes', None), getattr(model, 'in_chans', None)
+        adapted = [cfg.get('classifier') if num_classes != cfg.get('num_classes', num_classes) else None,
+                   cfg.get('first_conv') if in_chans != (cfg.get('input_size') or (in_chans,))[0] else None]
+        head = tuple(f'{n}.' for names in adapted if names for n in ([names] if isinstance(names, str) else names))
+        return check_state_dict(model, convert(clean_state_dict(state_dict), model), source, head, keys)[0]
     return checkpoint_filter_fn
 
 
-def _adapted_by_timm(model: nn.Module, cfg: Mapping[str, Any]) -> Tuple[str, ...]:
-    """The prefixes of the tensors timm's ``load_pretrained`` changes after the filter: the classifier where the
-    model has another class count than the weights (dropped), the stem where it has other input channels
-    (adapted)."""
-    def prefixes(names):
-        return tuple(f'{n}.' for n in ((names,) if isinstance(names, str) else names or ()))
-    num_classes, in_chans = getattr(model, 'num_classes', None), getattr(model, 'in_chans', None)
-    source_chans = (cfg.get('input_size') or (in_chans,))[0]
-    return ((prefixes(cfg.get('classifier')) if num_classes != cfg.get('num_classes', num_classes) else ())
-            + (prefixes(cfg.get('first_conv')) if in_chans != source_chans else ()))
-
-
 def pretrained_filter(filter_fn: Callable, kwargs: Mapping[str, Any]) -> Callable:
-    """The ``pretrained_filter_fn`` for timm's ``build_model_with_cfg``: ``filter_fn`` (a :func:`checked_filter`),
-    letting backbone tensors be missing only where the user passed ``pretrained_strict=False`` -- not where a
-    ``local-dir:`` ``config.json``'s ``model_args`` did (timm gives both as the same argument)."""
+    """timm's ``pretrained_filter_fn`` of ``filter_fn`` (a :func:`checked_filter`): backbone tensors may be missing
+    only where the user passed ``pretrained_strict=False``, not a ``local-dir:`` ``config.json``'s ``model_args``."""
     saved = kwargs.get('pretrained_model_args') or {}
     if kwargs.get('pretrained_strict', True) is False and saved.get('pretrained_strict', True) is not False:
         return functools.partial(filter_fn, keys='warn')
@@ -315,12 +268,13 @@ def _is_int(value) -> bool:
 
 
 def check_data_config(cfg: Mapping[str, Any], where: str, in_chans: Optional[int] = None) -> None:
-    """The preprocessing values of ``cfg`` (a ``pretrained_cfg``, a ``config.json``'s, a training checkpoint's
-    ``data_cfg``) as timm uses them, else a :class:`UsageError` ``<where> <key> is <value>; expected ...``:
-    ``input_size`` (C, H, W) with C = ``in_chans`` where known and H, W in [1, :data:`MAX_INPUT_SIDE`]; ``mean`` /
-    ``std`` one finite number or one per channel (std > 0); ``crop_pct`` in (0, 1]; ``interpolation`` one of
-    timm's names; ``crop_mode`` one of :data:`CROP_MODES`. Absent (or None / empty) values are the model's."""
+    """The preprocessing values of ``cfg`` (a ``pretrained_cfg``, a training checkpoint's ``data_cfg``) as timm uses
+    them, else a :class:`UsageError` ``<where> <key> is <value>; expected ...``: ``input_size`` (C, H, W), C =
+    ``in_chans`` where known; ``mean`` / ``std`` one finite number or one per channel (std > 0); ``crop_pct`` in
+    (0, 1]; ``interpolation`` and ``crop_mode`` timm's. Absent (None / empty) values are the model's."""
     from timm.data.transforms import str_to_interp_mode
+    if not isinstance(cfg, Mapping):
+        raise UsageError(f'{where} is {short_repr(cfg)}, not a dict; the file is damaged or was crafted')
     size = cfg.get('input_size')
     channels = in_chans if in_chans is not None else size[0] if isinstance(size, (list, tuple)) and size else None
     if size is not None and not (isinstance(size, (list, tuple)) and len(size) == 3 and size[0] == channels and all(
@@ -365,32 +319,26 @@ def text_model_hint(folder: os.PathLike) -> Optional[str]:
     if not isinstance(cfg, dict) or 'architecture' in cfg or not isinstance(cfg.get('model_type'), str):
         return None
     return (f'{folder} is a text model ({cfg["model_type"]}, a transformers / mlp_vision.text folder), not an image '
-            f'model: use it with the text commands (python -m mlp_vision.text.fill_mask {folder} "TEXT [MASK]", '
-            f'python -m mlp_vision.train_text --init-from {folder}, mlp-vision-visualize {folder}) or '
-            f'mlp_vision.text\'s AutoModel.from_pretrained in Python')
+            f'model: use it with the text commands (python -m mlp_vision.train_text --init-from {folder}, '
+            f'mlp-vision-visualize {folder}) or transformers\' pipeline / AutoModel.from_pretrained in Python')
 
 
 def read_model_folder(folder: os.PathLike) -> Dict[str, Any]:
-    """The checked ``config.json`` of a ``local-dir:`` folder (timm's layout: ``architecture``, ``num_classes``,
-    ``label_names``, ``model_args``, ``pretrained_cfg``; or its older single-dict one), else a
-    :class:`UsageError` naming the folder: no folder, no ``config.json`` or one that is no regular file (a FIFO, a
-    device: refused unread), a text model's (:func:`text_model_hint`), or values of the wrong type or range
-    (:func:`check_data_config` for the preprocessing)."""
+    """The checked ``config.json`` of a ``local-dir:`` folder (timm's layout, or its older single-dict one), else a
+    :class:`UsageError`: no folder, no ``config.json`` or one that is no regular file (refused unread), a text
+    model's, or values of the wrong type or range."""
     import timm
     folder = Path(folder)
     path = folder / 'config.json'
     if not folder.is_dir():
         raise UsageError(f'local-dir:{folder}: {"no such folder" if not folder.exists() else "not a folder"}; '
                          f'expected a folder with config.json and model.safetensors (a training run\'s pretrained/)')
-    try:
-        mode = path.stat().st_mode  # follows links: a link to /dev/zero is a device
-    except OSError as e:
-        raise UsageError(f'local-dir:{folder}: no readable config.json ({e.strerror}); expected a folder with '
-                         f'config.json and model.safetensors (a training run\'s pretrained/)') from None
-    if not stat.S_ISREG(mode):
-        kind = 'FIFO' if stat.S_ISFIFO(mode) else 'device' if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else \
-            'folder' if stat.S_ISDIR(mode) else 'socket'
-        raise UsageError(f'{path} is a {kind}, not a regular file; expected a JSON config, and it is not read')
+    if not path.is_file():  # follows links: a FIFO or a link to /dev/zero is refused unread
+        kind = 'FIFO' if path.is_fifo() else 'device' if path.is_char_device() or path.is_block_device() else \
+            'folder' if path.is_dir() else 'socket' if path.is_socket() else ''
+        raise UsageError(f'{path} is a {kind}, not a regular file; expected a JSON config, and it is not read' if kind
+                         else f'local-dir:{folder}: no config.json; expected a folder with config.json and '
+                              f'model.safetensors (a training run\'s pretrained/)')
     cfg = read_json_file(str(path))
     hint = text_model_hint(folder)
     if hint:
@@ -407,25 +355,23 @@ def read_model_folder(folder: os.PathLike) -> Dict[str, Any]:
     if not isinstance(pretrained_cfg, dict) or not isinstance(model_args, dict):
         bad = 'pretrained_cfg' if not isinstance(pretrained_cfg, dict) else 'model_args'
         raise UsageError(f'{where}: {bad} is {short_repr(cfg.get(bad))}; expected a JSON object')
-    num_classes = cfg.get('num_classes', pretrained_cfg.get('num_classes'))
-    for key, value in (('num_classes', num_classes), ('model_args num_classes', model_args.get('num_classes'))):
-        if value is not None and not (_is_int(value) and value >= 0):
-            raise UsageError(f'{where}: {key} is {short_repr(value)}; expected a whole number >= 0')
+    num_classes, in_chans = cfg.get('num_classes', pretrained_cfg.get('num_classes')), model_args.get('in_chans')
+    for key, value, low in (('num_classes', num_classes, 0), ('model_args in_chans', in_chans, 1),
+                            ('model_args num_classes', model_args.get('num_classes'), 0)):
+        if value is not None and not (_is_int(value) and value >= low):
+            raise UsageError(f'{where}: {key} is {short_repr(value)}; expected a whole number >= {low}')
     names = cfg.get('label_names', pretrained_cfg.get('label_names'))
     if names is not None and not (isinstance(names, list) and all(isinstance(n, str) for n in names)
                                   and len(set(names)) == len(names) and len(names) == num_classes):
         raise UsageError(f'{where}: label_names is {short_repr(names)}; expected a list of {num_classes} distinct '
                          f'class names (strings), one per output')
-    in_chans = model_args.get('in_chans')
-    if in_chans is not None and not (_is_int(in_chans) and in_chans >= 1):
-        raise UsageError(f'{where}: model_args in_chans is {short_repr(in_chans)}; expected a whole number >= 1')
     check_data_config(pretrained_cfg, f'{where}: pretrained_cfg', in_chans)
     return cfg
 
 
 def model_folder_weights(folder: os.PathLike) -> Path:
-    """The weights file timm reads from a ``local-dir:`` folder (the first of :data:`WEIGHTS_FILES` there, else the
-    first ``*.safetensors``, ``*.pth``, ``*.bin`` by name), else a :class:`UsageError` naming the folder."""
+    """The weights file timm reads from a ``local-dir:`` folder (:data:`WEIGHTS_FILES`, else the first
+    ``*.safetensors``, ``*.pth``, ``*.bin``), else a :class:`UsageError`."""
     folder = Path(folder)
     found = [folder / name for name in WEIGHTS_FILES] + [p for ext in ('.safetensors', '.pth', '.bin')
                                                          for p in sorted(folder.glob(f'*{ext}'))]

@@ -9,6 +9,7 @@ import json
 import runpy
 import shutil
 import sys
+from concurrent.futures import Future
 from pathlib import Path
 
 import pytest
@@ -19,7 +20,6 @@ from timm.models import save_for_hf
 
 from _helpers import exits_with_one_line
 from mlp_vision import benchmark
-from mlp_vision.errors import run_cli
 
 REPO = Path(__file__).resolve().parents[1]
 REFERENCE = REPO / 'tests' / 'reference'
@@ -235,34 +235,44 @@ def test_error_notes_end_at_a_whole_word():
     assert error_summary(ValueError('short')) == 'ValueError: short'
 
 
-def _probe_command(monkeypatch, spec, flags):
-    """The child command :func:`benchmark.peak_memory` would start for ``spec`` in a run of ``flags``, and the
-    parent's arguments."""
-    parent = benchmark.parse_args(flags, reference_dir=REFERENCE)
-    commands = []
-    monkeypatch.setattr(benchmark.subprocess, 'run', lambda cmd, **kw: commands.append(cmd) or 1 / 0)
-    with pytest.raises(ZeroDivisionError):
-        benchmark.peak_memory(spec, 'train', parent)
-    return commands[0], parent
+class _InProcess:
+    """A stand-in for the memory probe's child process: runs what it is given here and records it."""
+    calls = []
+
+    def __init__(self, *args, **kwargs):
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def submit(self, fn, *args):
+        self.calls.append(args)
+        future = Future()
+        future.set_result(fn(*args))
+        return future
 
 
 def test_memory_probe_child_builds_the_same_contender(monkeypatch, capsys):
-    """The memory probe's child process is given every flag that shapes the contender and its step (regression: it
-    ran bigs_layer with the default --bigs-conv-impl whatever the parent's), and the checkout's reference folder
-    (regression: a ``ref:`` contender's probe failed); what the child runs, run here, measures that contender."""
+    """The memory probe's child process is given the run's own settings and thread count (regressions: it ran
+    bigs_layer with the default --bigs-conv-impl, and without the checkout's reference folder); what the child
+    runs, run here, measures that contender; a child that fails is one note and no memory columns."""
     flags = ['--model', 'ref:bigs_layer', '--bigs-conv-impl', 'fft', '--dim', '24', '--hidden-dim', '40',
              '--num-states', '4', '--seq-len', '16', '-b', '3', '--precision', 'bf16', '--seed', '7', '--threads', '1']
-    command, parent = _probe_command(monkeypatch, 'ref:bigs_layer', flags)
-    child = json.loads(command[4])  # the settings, after python -c CODE PACKAGE_ROOT
-    assert (child['spec'], child['mode']) == ('ref:bigs_layer', 'train')
-    for key in ('bigs_conv_impl', 'dim', 'hidden_dim', 'num_states', 'seq_len', 'batch_size', 'precision', 'seed',
-                'heads', 'ffn_dim', 'device', 'channels_last', 'model_kwargs', 'num_classes', 'reference_dir'):
-        assert child[key] == getattr(parent, key), key
-    assert child['reference_dir'] == str(REFERENCE)
-    capsys.readouterr()
-    run_cli('memory probe', benchmark.probe_memory, command[4:])
-    memory = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    parent = benchmark.parse_args(flags, reference_dir=REFERENCE)
+    monkeypatch.setattr(benchmark, 'ProcessPoolExecutor', _InProcess)
+    monkeypatch.setattr(_InProcess, 'calls', [])
+    memory = benchmark.peak_memory('ref:bigs_layer', 'train', parent)
+    (call,) = _InProcess.calls  # the parent's own settings, the thread count it chose
+    assert call == ('ref:bigs_layer', 'train', parent, torch.get_num_threads())
     assert set(memory) == {'peak_mem_mb', 'step_mem_mb'} and memory['peak_mem_mb'] > 0
+    parent.dim = -3
+    capsys.readouterr()
+    assert benchmark.peak_memory('ref:bigs_layer', 'train', parent) == {}
+    (note,) = capsys.readouterr().err.splitlines()
+    assert note.startswith('note: memory probe failed for ref:bigs_layer (RuntimeError: '), note
 
 
 @pytest.mark.slow

@@ -21,7 +21,7 @@ if str(REPO) not in sys.path:
 from mlp_vision.arguments import check_range
 from mlp_vision.bounds import check_model_size
 from mlp_vision.errors import UsageError, short_repr
-from mlp_vision.arguments import MAX_YAML_DEPTH, load_yaml_config, read_yaml_file  # noqa: E402
+from mlp_vision.arguments import load_yaml_config, read_yaml_file  # noqa: E402
 
 
 # ------------------------------------------------------------------------------------------------ yaml files
@@ -56,7 +56,7 @@ def test_yaml_binary_deep_huge_and_not_regular_files_are_one_line(tmp_path):
     with pytest.raises(UsageError, match=r"bin\.yaml' is not yaml text \(.*\); expected a UTF-8 yaml file"):
         read_yaml_file(_yaml(tmp_path, bytes(range(256)) * 4, 'bin.yaml'))
     deep = 'a: ' + '[' * 5000 + ']' * 5000 + '\n'
-    with pytest.raises(UsageError, match=f'line 1: nested deeper than {MAX_YAML_DEPTH} levels'):
+    with pytest.raises(UsageError, match='is nested too deeply to be a settings file'):
         read_yaml_file(_yaml(tmp_path, deep))
     with pytest.raises(UsageError, match='is not valid yaml: Exceeds the limit'):
         read_yaml_file(_yaml(tmp_path, 'seed: ' + '9' * 5000 + '\n'))
@@ -381,10 +381,11 @@ def test_tokenizer_file_with_a_regex_is_refused_unless_allowed(kind, tmp_path):
 
 
 def test_allow_regex_flag_is_the_command_line_opt_in(tmp_path, capsys):
-    """fill-mask on a folder whose tokenizer.json has a regex: refused with one line naming the flag; with
-    --allow-regex it reads the tokenizer and predicts."""
+    """--init-from a folder whose tokenizer.json has a regex: refused with one line naming the flag; with
+    allow_regex=True the folder loads and fills masks."""
     import mlp_vision.text as mt
-    import mlp_vision.text.fill_mask as fm
+    import mlp_vision.train_text as text_train
+    from transformers import pipeline
     from mlp_vision.text.tokenizer import train_tokenizer
     from _helpers import exits_with_one_line
     tok = train_tokenizer(texts=['the cat sat on the mat', 'a dog ate the bone'] * 20, kind='wordpiece',
@@ -392,9 +393,15 @@ def test_allow_regex_flag_is_the_command_line_opt_in(tmp_path, capsys):
     mt.create_model('gmlp_base', vocab_size=tok.vocab_size, num_hidden_layers=1, hidden_size=16,
                     intermediate_size=32, max_position_embeddings=16).save_pretrained(str(tmp_path), tokenizer=tok)
     path = _with_regex_pre_tokenizer(tmp_path)
-    msg = exits_with_one_line(fm.main, [str(tmp_path), 'the [MASK] sat'], capsys)
+    data = tmp_path / 'train.tsv'
+    data.write_text('sentence\tlabel\n' + 'the cat sat\t1\na dog ate\t0\n' * 4)
+    msg = exits_with_one_line(text_train.main, [
+        '--task', 'classify', '--train-file', str(data), '--val-file', str(data), '--init-from', str(tmp_path),
+        '--steps', '1', '--threads', '1', '--output', str(tmp_path / 'out')], capsys)
     assert f"{path}: pre_tokenizer.pretokenizers[0].pattern is the regular expression '(a+)+$', refused" in msg
-    assert len(fm.main([str(tmp_path), 'the [MASK] sat', '--allow-regex', '--top-k', '2'])[0]) == 2
+    assert '--allow-regex' in msg
+    model = mt.from_pretrained(str(tmp_path), allow_regex=True)
+    assert len(pipeline('fill-mask', model=model, tokenizer=model.tokenizer)('the [MASK] sat', top_k=2)) == 2
 
 
 # ------------------------------------------------------------------------------------------------ text data

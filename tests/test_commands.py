@@ -27,11 +27,6 @@ def _complexity(argv):
     return main(argv)
 
 
-def _fill_mask(argv):
-    from mlp_vision.text.fill_mask import main
-    return main(argv)
-
-
 def _text(argv):
     from mlp_vision.train_text import main
     return main(argv)
@@ -59,7 +54,6 @@ COMMANDS = {
     'benchmark': (_benchmark, ['--model', 'smlpnet_t']),
     'complexity': (_complexity, ['--models', 'smlpnet_t']),
     'visualize': (_visualize, ['smlpnet_t', '--out', 'never-written']),
-    'fill-mask': (_fill_mask, ['no-such-folder', 'a <mask>']),
     'text-train': (_text, ['--train-file', 'no-such-file.txt']),
 }
 
@@ -208,29 +202,9 @@ def test_text_trainer_default_model_follows_the_task(tmp_path, capsys):
     assert 'missing.txt' in err and 'does not exist' in err and 'causal_lm' not in err
 
 
-def test_fill_mask_errors_carry_the_name_it_was_run_as(tmp_path, capsys):
-    from mlp_vision import commands
-    from mlp_vision.text import fill_mask
-    with pytest.raises(SystemExit):
-        fill_mask.main([str(tmp_path / 'none'), 'a <mask>'], prog='mlp-vision-fill-mask')
-    assert capsys.readouterr().err.startswith('mlp-vision-fill-mask: error: ')
-    with pytest.raises(SystemExit):
-        fill_mask.main([str(tmp_path / 'none'), 'a <mask>'])
-    assert capsys.readouterr().err.startswith('python -m mlp_vision.text.fill_mask: error: ')
-    import sys
-    argv = sys.argv
-    try:
-        sys.argv = ['mlp-vision-fill-mask', str(tmp_path / 'none'), 'a <mask>']
-        with pytest.raises(SystemExit):
-            commands.fill_mask()
-    finally:
-        sys.argv = argv
-    assert capsys.readouterr().err.startswith('mlp-vision-fill-mask: error: ')
-
-
 CONSOLE_SCRIPTS = {  # COMMANDS' names -> the functions pip's console scripts call (mlp_vision.commands)
     'train': 'train', 'validate': 'validate', 'benchmark': 'benchmark', 'complexity': 'complexity',
-    'visualize': 'visualize', 'fill-mask': 'fill_mask', 'text-train': 'text_train'}
+    'visualize': 'visualize', 'text-train': 'text_train'}
 
 
 @pytest.mark.parametrize('name', sorted(COMMANDS))

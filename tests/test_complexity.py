@@ -252,12 +252,11 @@ def test_a_model_that_cannot_be_counted_is_an_error_row():
 
 
 def test_text_count_with_config_overrides():
-    """The scaling plot's BiGS-large with a position table of L entries: a different parameter count, the same
-    MACs as BiGS-large-512 on L tokens (positions are a lookup), and the count carries the given label."""
-    resized = cx.count_text('bigs_large_512', 256, label='bigs_large@256', max_position_embeddings=256,
-                            num_hidden_layers=1)
+    """BiGS-large with a position table of L entries: a different parameter count, the same MACs as BiGS-large-512
+    on L tokens (positions are a lookup)."""
+    resized = cx.count_text('bigs_large_512', 256, max_position_embeddings=256, num_hidden_layers=1)
     plain = cx.count_text('bigs_large_512', 256, num_hidden_layers=1)
-    assert resized.name == 'bigs_large@256' and resized.input == '1x256 tokens'
+    assert resized.input == '1x256 tokens'
     assert plain.params - resized.params == 256 * 1024  # 256 fewer rows of width 1024
     assert (resized.macs, resized.encoder_macs) == (plain.macs, plain.encoder_macs)
     with pytest.raises(ValueError, match=r'must be in \[1, 256\]'):
@@ -280,8 +279,7 @@ def test_cli_rejects_bad_input(capsys):
             cx.main(bad)
         assert e.value.code == 2
     for bad in (['--format', 'md', '--output', 'a.md', 'b.csv'], ['--output', 'a.md', 'noext'],
-                ['--output', '/no/such/folder/a.md'], ['--output', str(Path(__file__).parent)],
-                ['--plot', '/no/such/folder/a.png']):
+                ['--output', '/no/such/folder/a.md'], ['--output', str(Path(__file__).parent)]):
         with pytest.raises(SystemExit) as e:
             cx.main(bad)
         assert e.value.code == 2

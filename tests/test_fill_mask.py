@@ -1,17 +1,20 @@
-""" Fill-mask on an official-BiGS-layout folder and on our saved folders (function and CLI), and from_official
-picking up the folder's tokenizer and config.json.
+""" Fill-mask with transformers' ``pipeline('fill-mask')`` on an official-BiGS-layout folder and on the run folders of
+the text trainer (every tokenizer kind), and from_official picking up the folder's tokenizer and config.json.
 
 The official folder is made here: a tiny random BiGS written in the official key layout as ``pytorch_model.bin``
 (torch pickle of tensors), an official-style ``config.json`` and a BERT ``vocab.txt``.
 """
 import json
+import random
+import re
 
 import pytest
 import torch
+from transformers import pipeline
 
 import mlp_vision.text as mt
-import mlp_vision.text.fill_mask as fm
-from mlp_vision.text.bigs import _EMBEDDING_KEYS, _LAYER_KEYS, _MLM_KEYS
+from mlp_vision.errors import UsageError
+from mlp_vision.text.bigs import _EMBEDDING_KEYS, _LAYER_KEYS, _MLM_KEYS, from_official_folder
 
 VOCAB = ['[PAD]', '[unused0]', '[UNK]', '[CLS]', '[SEP]', '[MASK]', 'the', 'movie', 'was', 'good', 'bad', '.',
          'film', 'great', 'boring', 'a', 'un', '##able', 'is', 'and']
@@ -66,28 +69,27 @@ def test_from_official_folder_brings_its_tokenizer(tmp_path):
         mt.BiGSForMaskedLM.from_official(str(tmp_path / 'BiGS'))
 
 
-def test_fill_mask_cli_on_official_folder(tmp_path, capsys):
+def test_fill_mask_pipeline_on_official_folder(tmp_path):
     ref = make_official_folder(tmp_path / 'BiGS')
-    results = fm.main([str(tmp_path / 'BiGS'), 'The movie was [MASK] . A [MASK] film', '--top-k', '3'])
-    printed = capsys.readouterr().out
-    assert len(results) == 2 and all(len(r) == 3 for r in results)
+    model = mt.BiGSForMaskedLM.from_official(str(tmp_path / 'BiGS'))
+    fill = pipeline('fill-mask', model=model, tokenizer=model.tokenizer, top_k=3)
+    results = fill('The movie was [MASK] . A [MASK] film')
     # the same numbers computed directly: uncased ids, <cls> ... <sep>, softmax at the mask positions
     ids = torch.tensor([[3, 6, 7, 8, 5, 11, 15, 5, 12, 4]])
     with torch.no_grad():
         probs = ref(ids).logits[0, [4, 7]].softmax(-1)
+    assert len(results) == 2
     for row, p in zip(results, probs):
         top = p.topk(3)
-        assert [r['token_id'] for r in row] == top.indices.tolist()
-        assert [r['token'] for r in row] == [VOCAB[i] for i in top.indices.tolist()]
+        assert [r['token'] for r in row] == top.indices.tolist()
+        assert [r['token_str'] for r in row] == [VOCAB[i] for i in top.indices.tolist()]
         torch.testing.assert_close(torch.tensor([r['score'] for r in row]), top.values, rtol=1e-5, atol=1e-6)
-    assert results[0][0]['token'] == 'good' and results[0][0]['score'] > 0.9  # the favourite of make_official_folder
-    assert 'mask 1:' in printed and 'mask 2:' in printed and "'good'" in printed
+    assert results[0][0]['token_str'] == 'good' and results[0][0]['score'] > 0.9  # make_official_folder's favourite
 
 
-def test_official_folder_tokenizer_regex_needs_the_opt_in(tmp_path, capsys):
-    """An official BiGS folder whose tokenizer.json holds a regex: refused (one line naming the file and the flag)
-    by fill-mask and --init-from alike, read with --allow-regex (allow_regex=True in Python)."""
-    from _helpers import exits_with_one_line
+def test_official_folder_tokenizer_regex_needs_the_opt_in(tmp_path):
+    """An official BiGS folder whose tokenizer.json holds a regex: refused (one line naming the file and the opt-in)
+    by every loader, read with allow_regex=True (--allow-regex on the command line)."""
     folder = tmp_path / 'BiGS'
     make_official_folder(folder)
     payload = json.loads(mt.load_tokenizer(str(folder)).backend_tokenizer.to_str())
@@ -95,60 +97,54 @@ def test_official_folder_tokenizer_regex_needs_the_opt_in(tmp_path, capsys):
         {'type': 'Split', 'pattern': {'Regex': '(a+)+$'}, 'behavior': 'Isolated', 'invert': False},
         payload['pre_tokenizer']]}
     (folder / 'tokenizer.json').write_text(json.dumps(payload))
-    msg = exits_with_one_line(fm.main, [str(folder), 'The movie was [MASK] .'], capsys)
-    assert f"{folder / 'tokenizer.json'}: pre_tokenizer.pretokenizers[0].pattern is the regular expression" in msg
-    assert '--allow-regex' in msg
-    with pytest.raises(ValueError, match='regular expression'):
-        mt.BiGSForSequenceClassification.from_official(str(folder))
-    results = fm.main([str(folder), 'The movie was [MASK] .', '--allow-regex', '--top-k', '1'])
-    assert results[0][0]['token'] == 'good'
+    for cls in (mt.BiGSForMaskedLM, mt.BiGSForSequenceClassification):
+        with pytest.raises(UsageError, match=re.escape(f"{folder / 'tokenizer.json'}: pre_tokenizer.pretokenizers[0]"
+                                                       f".pattern is the regular expression")) as e:
+            cls.from_official(str(folder))
+        assert '--allow-regex' in str(e.value)
+    model = mt.BiGSForMaskedLM.from_official(str(folder), allow_regex=True)
+    assert pipeline('fill-mask', model=model, tokenizer=model.tokenizer)('The movie was [MASK] .')[0]['token_str'] \
+        == 'good'
     model = mt.BiGSForSequenceClassification.from_official(str(folder), allow_regex=True)
     assert model.tokenizer is not None and len(model.tokenizer) == len(VOCAB)
 
 
-def test_fill_mask_on_our_saved_folder(tmp_path):
-    torch.manual_seed(0)
-    tok = mt.byte_tokenizer()
-    model = mt.create_model('amlp_base', vocab_size=tok.vocab_size, num_hidden_layers=1, hidden_size=16,
-                            intermediate_size=32, tiny_attention_size=8, max_position_embeddings=32).eval()
-    model.save_pretrained(str(tmp_path / 'ours'), tokenizer=tok)
-    results = fm.main([str(tmp_path / 'ours'), 'the movie was g<mask>od', '--top-k', '2'])
-    ids = torch.tensor([tok.encode('the movie was g<mask>od', split_special_tokens=False)])
+@pytest.mark.parametrize('kind', ['char', 'byte', 'wordpiece', 'bpe'])
+def test_fill_mask_pipeline_on_trained_folders(kind, tmp_path):
+    """pipeline('fill-mask', model=FOLDER) on the run folder of the text trainer, for every tokenizer it trains:
+    the pipeline's top token at each mask is our model's argmax there, and its scores our softmax."""
+    import mlp_vision.train_text as text_train
+    words = 'the of and to in is was king queen lord night day love death sword crown house'.split()
+    rng = random.Random(0)
+    (tmp_path / 'train.txt').write_text('\n'.join(' '.join(rng.choice(words) for _ in range(8)) for _ in range(300)))
+    text_train.main([
+        '--task', 'mlm', '--model', 'amlp_base', '--model-kwargs', 'num_hidden_layers=1', 'hidden_size=16',
+        'intermediate_size=32', 'tiny_attention_size=8', 'max_position_embeddings=32', '--tokenizer', kind,
+        '--vocab-size', '300', '--train-file', str(tmp_path / 'train.txt'), '--steps', '2', '-b', '4',
+        '--eval-interval', '2', '--threads', '1', '--device', 'cpu', '--log-interval', '1000',
+        '--output', str(tmp_path), '--experiment', kind])
+    folder = str(tmp_path / kind)
+    model = mt.from_pretrained(folder).eval()
+    tok = model.tokenizer
+    text = f'the king and {tok.mask_token} queen {tok.mask_token}'
+    got = pipeline('fill-mask', model=folder)(text, top_k=2)
+    ids = tok(text, split_special_tokens=False, return_tensors='pt')['input_ids']
     with torch.no_grad():
-        top = model(ids).logits[0, 16].softmax(-1).topk(2)
-    assert [r['token_id'] for r in results[0]] == top.indices.tolist()
-
-
-def _usage_error(argv, capsys) -> str:
-    """``fm.main(argv)`` must exit with status 2 and exactly one line on stderr (no traceback); returns it."""
-    with pytest.raises(SystemExit) as e:
-        fm.main(argv)
-    assert e.value.code == 2
-    assert capsys.readouterr().err.strip().splitlines() == [e.value.message]
-    return e.value.message
-
-
-def test_fill_mask_errors(tmp_path, capsys):
-    make_official_folder(tmp_path / 'BiGS')
-    assert 'no mask token [MASK]' in _usage_error([str(tmp_path / 'BiGS'), 'the movie was good .'], capsys)
-    assert 'more than the model' in _usage_error([str(tmp_path / 'BiGS'), 'the ' * 40 + '[MASK]'], capsys)
-    (tmp_path / 'BiGS' / 'vocab.txt').unlink()
-    assert 'holds no tokenizer' in _usage_error([str(tmp_path / 'BiGS'), 'the [MASK]'], capsys)
-    gpt = mt.create_model('gpt_sdpa', num_hidden_layers=1, hidden_size=16, num_attention_heads=2)
-    gpt.save_pretrained(str(tmp_path / 'gpt'), tokenizer=mt.char_tokenizer('abc'))
-    assert 'not a masked LM' in _usage_error([str(tmp_path / 'gpt'), 'a<mask>'], capsys)
-    assert 'is not a folder' in _usage_error([str(tmp_path / 'missing'), 'a [MASK]'], capsys)
+        probs = model(ids).logits[0, ids[0] == tok.mask_token_id].softmax(-1)
+    assert len(got) == len(probs) == 2
+    for row, p in zip(got, probs):
+        top = p.topk(2)
+        assert [r['token'] for r in row] == top.indices.tolist()
+        torch.testing.assert_close(torch.tensor([r['score'] for r in row]), top.values, rtol=1e-5, atol=1e-6)
 
 
 def test_a_folder_that_is_neither_layout_is_one_line_from_both_commands(tmp_path, capsys):
     """A folder without our config.json whose weights file is not an official checkpoint (random bytes; a pickle that
-    would run code): fill-mask and the text trainer's --init-from both stop with the one line naming the folder."""
+    would run code): the official loader and the text trainer's --init-from both stop with the one line naming the folder."""
     import os
     import pickle
     import mlp_vision.train_text as text_train
     from _helpers import exits_with_one_line
-    from mlp_vision.errors import UsageError
-    from mlp_vision.text.fill_mask import load_masked_lm
     marker = tmp_path / 'payload-ran'
 
     class Payload:
@@ -160,7 +156,7 @@ def test_a_folder_that_is_neither_layout_is_one_line_from_both_commands(tmp_path
         folder.mkdir()
         (folder / 'pytorch_model.bin').write_bytes(content)
         with pytest.raises(UsageError, match=f'^{folder} is neither a save_pretrained folder nor an official BiGS'):
-            load_masked_lm(str(folder))
+            from_official_folder(mt.BiGSForMaskedLM, str(folder), str(folder))
         data = tmp_path / 'train.tsv'
         data.write_text('sentence\tlabel\n' + 'a good film\t1\na bad film\t0\n' * 4)
         msg = exits_with_one_line(text_train.main, [

@@ -4,7 +4,7 @@ exist, and what used to end in a traceback (a checkpoint's fields of the wrong t
 field over csv's limit, a tokenizer panic, memory running out, ...) is one line.
 
 Every command runs in-process through its ``main`` on tiny inputs: a width-8 sMLPNet checkpoint made here (never
-trained), a 1-layer text run of 4 updates, an official-layout BiGS folder of ``test_fill_mask``.
+trained), a 1-layer text run of 4 updates, an official-layout BiGS folder of ``test_fill_mask`` (given to ``--init-from``).
 """
 import json
 import shutil
@@ -22,7 +22,6 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 import mlp_vision.text as mt  # noqa: E402
-import mlp_vision.text.fill_mask as fill_mask  # noqa: E402
 import mlp_vision.train as train  # noqa: E402
 import mlp_vision.train_text as text_train  # noqa: E402
 import mlp_vision.validate as validate  # noqa: E402
@@ -120,12 +119,20 @@ def test_train_refuses_bad_starting_weights(vision_ckpt, images, tmp_path, capsy
     assert list(tmp_path.iterdir()) == [tmp_path / 'w.pth']  # refused before a run folder was made
 
 
-def test_fill_mask_and_visualize_refuse_nan_weights(vision_ckpt, tmp_path, capsys):
+def _init_from(folder: Path, tmp_path: Path) -> list:
+    """The text trainer's flags that load ``folder`` (``--init-from``), with a labelled file made here."""
+    data = tmp_path / 'train.tsv'
+    data.write_text('sentence\tlabel\n' + 'the good film\t1\nthe bad film\t0\n' * 4)
+    return ['--task', 'classify', '--train-file', str(data), '--val-file', str(data), '--init-from', str(folder),
+            '--steps', '1', '--threads', '1', '--output', str(tmp_path / 'out')]
+
+
+def test_text_loaders_and_visualize_refuse_nan_weights(vision_ckpt, tmp_path, capsys):
     make_official_folder(tmp_path / 'BiGS')
     sd = torch.load(tmp_path / 'BiGS' / 'pytorch_model.bin', weights_only=True)
     next(v for k, v in sd.items() if k.startswith('bigs.encoder.layer.1.') and v.is_floating_point()).view(-1)[0] = NAN
     torch.save(sd, tmp_path / 'BiGS' / 'pytorch_model.bin')
-    msg = _fail(fill_mask.main, [str(tmp_path / 'BiGS'), 'the [MASK]'], capsys)
+    msg = _fail(text_train.main, _init_from(tmp_path / 'BiGS', tmp_path), capsys)
     assert f'the official BiGS weights in {tmp_path / "BiGS"}' in msg and 'NaN / infinite' in msg, msg
     tok = mt.byte_tokenizer()
     model = mt.create_model('amlp_base', vocab_size=tok.vocab_size, num_hidden_layers=1, hidden_size=16,
@@ -133,7 +140,7 @@ def test_fill_mask_and_visualize_refuse_nan_weights(vision_ckpt, tmp_path, capsy
     with torch.no_grad():
         model.get_input_embeddings().weight[3, 5] = float('inf')
     model.save_pretrained(str(tmp_path / 'ours'), tokenizer=tok)
-    msg = _fail(fill_mask.main, [str(tmp_path / 'ours'), 'a<mask>'], capsys)
+    msg = _fail(text_train.main, _init_from(tmp_path / 'ours', tmp_path), capsys)
     assert 'ours/model.safetensors: ' in msg and '1 NaN / infinite value(s)' in msg, msg
     msg = _fail(visualize.main, [str(tmp_path / 'ours'), '--out', str(tmp_path / 'figs')], capsys)
     assert '1 NaN / infinite value(s)' in msg and not (tmp_path / 'figs').exists()
@@ -236,7 +243,7 @@ def test_run_cli_turns_boundary_failures_into_one_line(capsys, error, status, li
 
 def test_a_tokenizer_panic_is_one_line(tmp_path, capsys):
     """A tokenizer.json whose BPE continuing-subword prefix is longer than its pieces makes ``tokenizers`` panic
-    (``pyo3_runtime.PanicException``, a BaseException) while loading: fill_mask ends with one line naming the file,
+    (``pyo3_runtime.PanicException``, a BaseException) while loading: --init-from ends with one line naming the file,
     status 2 (issue 33; it was run_cli's line without the file)."""
     tok = mt.train_tokenizer(texts=['the movie was good', 'the film was bad'] * 20, kind='bpe', vocab_size=300)
     model = mt.create_model('amlp_base', vocab_size=tok.vocab_size, num_hidden_layers=1, hidden_size=16,
@@ -245,25 +252,26 @@ def test_a_tokenizer_panic_is_one_line(tmp_path, capsys):
     spec = json.loads((tmp_path / 'm' / 'tokenizer.json').read_text())
     spec['model']['continuing_subword_prefix'] = 'abcdefgh'
     (tmp_path / 'm' / 'tokenizer.json').write_text(json.dumps(spec))
-    msg = _fail(fill_mask.main, [str(tmp_path / 'm'), 'the <mask>'], capsys)
+    msg = _fail(text_train.main, _init_from(tmp_path / 'm', tmp_path), capsys)
     assert f'{tmp_path / "m" / "tokenizer.json"} is not a tokenizer file this package reads (PanicException: range ' \
            f'end index' in msg, msg
 
 
-def test_fill_mask_bad_text_and_config_files(tmp_path, capsys):
+def test_text_bad_argv_and_config_files(tmp_path, capsys):
     make_official_folder(tmp_path / 'BiGS')
-    msg = _fail(fill_mask.main, [str(tmp_path / 'BiGS'), 'the \udcff [MASK]'], capsys)  # argv byte 0xff (PEP 383)
-    assert "'the \\xff [MASK]' is not UTF-8 text (character 4)" in msg, msg  # the parser's check of every word
-    config, argv = tmp_path / 'BiGS' / 'config.json', [str(tmp_path / 'BiGS'), 'the [MASK]']
+    argv = _init_from(tmp_path / 'BiGS', tmp_path)
+    msg = _fail(text_train.main, argv + ['--experiment', 'the \udcff run'], capsys)  # argv byte 0xff (PEP 383)
+    assert "'the \\xff run' is not UTF-8 text (character 4)" in msg, msg  # the parser's check of every word
+    config = tmp_path / 'BiGS' / 'config.json'
     config.write_text('[' * 100_000 + ']' * 100_000)
-    assert f'{config} is nested too deeply to be a config' in _fail(fill_mask.main, argv, capsys)
+    assert f'{config} is nested too deeply to be a config' in _fail(text_train.main, argv, capsys)
     config.write_text('{"a": "' + 'x' * (17 * 2 ** 20) + '"}')
-    msg = _fail(fill_mask.main, argv, capsys)
+    msg = _fail(text_train.main, argv, capsys)
     assert f'{config} is 17,825,801 bytes, more than the 16,777,216 a JSON config can need' in msg, msg
     config.write_bytes(b'\xff\xfe{}')
-    assert f'{config} is not UTF-8 text' in _fail(fill_mask.main, argv, capsys)
+    assert f'{config} is not UTF-8 text' in _fail(text_train.main, argv, capsys)
     config.write_text('[1, 2]')
-    assert 'holds a JSON list, not a config object' in _fail(fill_mask.main, argv, capsys)
+    assert 'holds a JSON list, not a config object' in _fail(text_train.main, argv, capsys)
 
 
 def test_text_trainer_bounds_and_fields(text_file, tmp_path, capsys):
@@ -287,7 +295,7 @@ def test_train_yaml_that_is_binary_or_nested_is_one_line(tmp_path, capsys):
     msg = _fail(train.main, base + ['-c', str(tmp_path / 'binary.yaml')], capsys)
     assert 'binary.yaml' in msg, msg  # the strict yaml reader names it (these bytes decode as UTF-16: not a mapping)
     (tmp_path / 'nested.yaml').write_text('[' * 100_000 + ']' * 100_000)
-    assert 'nested deeper than' in _fail(train.main, base + ['-c', str(tmp_path / 'nested.yaml')], capsys)
+    assert 'nested too deeply' in _fail(train.main, base + ['-c', str(tmp_path / 'nested.yaml')], capsys)
 
 
 def test_visualize_and_benchmark_one_line_cases(tmp_path, capsys):
@@ -306,7 +314,7 @@ def test_visualize_and_benchmark_one_line_cases(tmp_path, capsys):
     assert not (tmp_path / 'figs').exists()
     msg = _fail(benchmark.main, ['--model', 'smlpnet_t', '--img-size', '1', '--no-ceiling', '--no-memory',
                                  '--threads', '1'], capsys)
-    assert 'smlpnet_t cannot be built with' in msg and 'divisible by 32' in msg, msg
+    assert 'cannot build smlpnet_t with' in msg and 'divisible by 32' in msg, msg
 
 
 def test_image_resume_refuses_nan_ema_weights(images, tmp_path, capsys):

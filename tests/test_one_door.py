@@ -296,4 +296,4 @@ def test_a_text_model_folder_given_as_an_image_model_says_which_command(tmp_path
     for argv in (['--model', f'local-dir:{tmp_path / "text"}', '--pretrained'],
                  ['--checkpoint', str(tmp_path / 'text')], ['--model', str(tmp_path / 'text')]):
         line = exits_with_one_line(validate_main, argv + ['--data-dir', str(images), '--split', 'val'], capsys)
-        assert 'is a text model' in line and 'mlp_vision.text.fill_mask' in line, line
+        assert 'is a text model' in line and 'pipeline' in line, line

@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 
 from mlp_vision import validate
-from mlp_vision.complexity import plot as cx_plot
 from mlp_vision.complexity import report as cx
 from mlp_vision.visualize import main as visualize_main
 
@@ -131,34 +130,19 @@ def test_complexity_output(kind, output):
         assert data.decode().startswith('section,') and 'gpt_sdpa' in data.decode()
 
 
-PLOT_DATA = dict(img_sizes=[224, 448], vision={'smlpnet_t': [1e9, 4e9]}, seq_lens=[128, 256], bert=[1e9, 3e9],
-                 bigs=[1e9, 2e9])  # the plot, not minutes of counting
-
-
-@pytest.mark.parametrize('kind', KINDS)
-def test_complexity_plot(kind, output, monkeypatch):
-    monkeypatch.setattr(cx_plot, 'scaling_data', lambda progress=None: PLOT_DATA)
-    out = output('s.png', kind)
-    assert cx.main(['--plot', str(out.path)]) == 0
-    png = out.written()
-    if png is not None:
-        assert png.startswith(b'\x89PNG')
-
-
-def test_a_full_device_is_one_line_and_stays(tmp_path, monkeypatch, capsys):
+def test_a_full_device_is_one_line_and_stays(tmp_path, capsys):
     """A device that refuses the bytes (/dev/full's numbers): exit 1, one line naming it; the node stays."""
-    full = tmp_path / 'full.png'
+    full = tmp_path / 'full.csv'
     try:
         os.mknod(full, stat.S_IFCHR | 0o666, os.makedev(1, 7))
     except PermissionError:
         pytest.skip('os.mknod of a character device needs root (CAP_MKNOD)')
-    monkeypatch.setattr(cx_plot, 'scaling_data', lambda progress=None: PLOT_DATA)
     with pytest.raises(SystemExit) as e:
-        cx.main(['--plot', str(full)])
-    err = capsys.readouterr().err.splitlines()  # a progress line (the threads), then the error's one line
+        cx.main(['--models', 'gpt_sdpa', '--threads', '1', '--output', str(full)])
+    err = capsys.readouterr().err.splitlines()  # progress lines, then the error's one line
     assert e.value.code == 1 and err[-1] == f'python -m mlp_vision.complexity: error: No space left on device: {full}'
     assert not any('Traceback' in line for line in err)
-    assert stat.S_ISCHR(os.lstat(full).st_mode) and os.listdir(tmp_path) == ['full.png']
+    assert stat.S_ISCHR(os.lstat(full).st_mode) and os.listdir(tmp_path) == ['full.csv']
 
 
 def test_benchmark_out(output, tmp_path, capsys):

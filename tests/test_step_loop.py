@@ -386,5 +386,3 @@ def test_load_backbone_keeps_a_head_of_another_shape_new_and_reports_missing_bac
     report = load_backbone(three, {f'module.{k}': v for k, v in sd.items()}, three.head_prefixes)  # DDP keys
     assert report.missing == [dropped]
     assert report.mismatched and set(report.mismatched) <= set(report.new) <= set(report.unused) | set(report.new)
-    assert report.mismatched_outside(three.head_prefixes) == []
-    assert report.mismatched_outside(()) == report.mismatched  # no head: a mis-shaped tensor is the caller's error

@@ -26,8 +26,7 @@ from transformers import AutoModelForCausalLM, AutoModelForMaskedLM, AutoTokeniz
 import mlp_vision.text as mt
 import mlp_vision.train_text as text_train
 from mlp_vision.errors import UsageError
-from mlp_vision.text.fill_mask import fill_mask, load_masked_lm
-from mlp_vision.text.training_data import MaskedBlocks, MLMMasker, build_tokenizer, lm_blocks
+from mlp_vision.text.training_data import LMBlocks, MaskedBlocks, MLMMasker, build_tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO.parent / 'shared' / 'data'
@@ -135,8 +134,10 @@ def test_mlm_folder_loads_with_auto_classes_fill_mask_and_init_from(tiny_text, t
     model = AutoModelForMaskedLM.from_pretrained(str(exp))
     assert type(model).__name__ == 'GMLPForMaskedLM' and len(AutoTokenizer.from_pretrained(str(exp))) == 260
     preds = pipeline('fill-mask', model=str(exp))('the kin<mask> and queen', top_k=3)
-    ours = fill_mask(load_masked_lm(str(exp)), model.tokenizer, 'the kin<mask> and queen', top_k=3)[0]
-    assert [p['token'] for p in preds] == [p['token_id'] for p in ours]
+    ids = model.tokenizer('the kin<mask> and queen', split_special_tokens=False, return_tensors='pt')['input_ids']
+    with torch.no_grad():
+        logits = model.eval()(ids).logits[0, ids[0] == model.tokenizer.mask_token_id][0]
+    assert [p['token'] for p in preds] == logits.topk(3).indices.tolist()
 
 
 # ------------------------------------------------------------------------------------------------ resume and stops
@@ -215,7 +216,7 @@ def test_resume_refuses_a_checkpoint_file_that_would_run_code(small_text, tmp_pa
 def test_mlm_masking_statistics_and_masks_fixed_per_seed_epoch_and_block(tiny_text):
     text = Path(tiny_text).read_text() * 10
     tok = build_tokenizer('char', 'mlm', text)
-    blocks = lm_blocks(torch.tensor(tok.encode(text, add_special_tokens=False)), 64, 'mlm', tok, 'text')
+    blocks = LMBlocks(torch.tensor(tok.encode(text, add_special_tokens=False)), 64, 'mlm', tok, 'text')
     segments = torch.stack([b['input_ids'] for b in blocks])
     assert (segments[:, 0] == tok.cls_token_id).all() and (segments[:, -1] == tok.sep_token_id).all()
     inputs, labels = MLMMasker(tok)(segments, torch.Generator().manual_seed(0))
@@ -371,7 +372,7 @@ def test_threads_flag_does_not_leak_into_the_caller(small_text, tmp_path):
 
 
 def test_the_models_import_nothing_of_the_trainers():
-    code = ('import sys, mlp_vision.text, mlp_vision.text.fill_mask, mlp_vision.text.registry; '
+    code = ('import sys, mlp_vision.text, mlp_vision.text.registry; '
             'print([m for m in sys.modules if m.startswith("mlp_vision.training")])')
     res = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, timeout=120)
     assert res.returncode == 0 and res.stdout.strip() == '[]', res.stderr

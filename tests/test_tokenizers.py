@@ -15,7 +15,7 @@ import torch
 
 import mlp_vision.text as mt
 from mlp_vision.errors import UsageError
-from mlp_vision.text.tokenizer import _longest_first, encode_with_template, find_tokenizer
+from mlp_vision.text.tokenizer import find_tokenizer
 
 CORPUS = [
     'the movie was good and the actors were great .',
@@ -73,11 +73,9 @@ def test_pairs_truncation_and_padding():
     enc = tok('ab', 'xyz')
     assert enc['input_ids'] == [cls, 97, 98, sep, 120, 121, 122, sep]
     assert enc['token_type_ids'] == [0, 0, 0, 0, 1, 1, 1, 1] and enc['attention_mask'] == [1] * 8
-    # longest first: 'abcdef' (6) and 'xy' (2) into 9 - 3 specials = 6 -> 4 + 2
-    assert encode_with_template(tok, ['abcdef'], ['xy'], 9)[0] == [[cls, 97, 98, 99, 100, sep, 120, 121, sep]]
-    # ties cut the second segment: 'abc' + 'xyz' into 5 -> 3 + 2 (tokenizers' own truncation gives 2 + 3)
-    got, types = encode_with_template(tok, ['abc'], ['xyz'], 8)
-    assert got == [[cls, 97, 98, 99, sep, 120, 121, sep]] and types == [[0] * 5 + [1] * 3]
+    # longest first (the classifier's examples): 'abcdef' (6) and 'xy' (2) into 9 - 3 specials = 6 -> 4 + 2; ties
+    # cut the first segment: 'abc' + 'xyz' into 5 -> 2 + 3
+    assert tok('abcdef', 'xy', max_length=9, truncation=True)['input_ids'] == [cls, 97, 98, 99, 100, sep, 120, 121, sep]
     assert tok('abc', 'xyz', max_length=8, truncation=True)['input_ids'] == [cls, 97, 98, sep, 120, 121, 122, sep]
     batch = tok(['a', 'abc'], padding=True, return_tensors='pt')
     assert torch.equal(batch['input_ids'], torch.tensor([[cls, 97, sep, pad, pad], [cls, 97, 98, 99, sep]]))
@@ -91,8 +89,6 @@ def test_template_errors():
     tok = mt.byte_tokenizer()
     with pytest.raises(ValueError, match='padding=True'):
         tok(['a', 'abc'], return_tensors='pt')
-    with pytest.raises(ValueError, match='leaves no room'):
-        encode_with_template(tok, ['a'], ['b'], 4)
     plain = mt.char_tokenizer('abc')  # a causal LM's tokenizer: no specials at all
     assert plain('abc')['input_ids'] == [0, 1, 2] and plain.num_special_tokens_to_add(pair=True) == 0
     with pytest.raises(ValueError, match='padding token'):
@@ -191,17 +187,3 @@ def test_train_tokenizer_errors(tmp_path):
         mt.train_tokenizer(texts=CORPUS, kind='bpe', vocab_size=200)
     with pytest.raises(FileNotFoundError):
         mt.train_tokenizer(files=[str(tmp_path / 'missing.txt')])
-
-
-def test_longest_first_is_the_one_token_at_a_time_rule():
-    def one_at_a_time(n_a, n_b, budget):
-        while n_a + n_b > budget:
-            if n_a > n_b:
-                n_a -= 1
-            else:
-                n_b -= 1
-        return n_a, n_b
-    for n_a in range(12):
-        for n_b in range(12):
-            for budget in range(1, 14):
-                assert _longest_first(n_a, n_b, budget) == one_at_a_time(n_a, n_b, budget), (n_a, n_b, budget)

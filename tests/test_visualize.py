@@ -117,9 +117,6 @@ def test_command_errors_are_one_line(tmp_path, capsys):
     line = exits_with_one_line(main, ['mixer_s16', '--model-kwargs', 'num_blocks=1', 'img_size=32',
                                       '--out', str(tmp_path / 'o')], capsys)
     assert 'has none of the layers this command draws' in line and not (tmp_path / 'o').exists()
-    torch.save({'kind': 'text', 'arch': 'bigs_small', 'state_dict': {}, 'optimizer': {}}, tmp_path / 'last.pth')
-    line = exits_with_one_line(main, [str(tmp_path / 'last.pth'), '--out', str(tmp_path / 'o')], capsys)
-    assert "checkpoint of the text trainer; give its run's pretrained/ folder" in line
 
 
 def test_only_the_size_bounds_that_apply_are_flags(tmp_path, capsys):

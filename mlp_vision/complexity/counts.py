@@ -6,10 +6,10 @@ models' convolutions cannot run under the JIT tracer (``TypeError: cond must be 
 on CPU, zero-filled (deterministic) and traced with a zero image: the counts depend only on shapes.
 """
 import contextlib
+import dataclasses
 import fnmatch
 import math
 import traceback
-from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
@@ -22,7 +22,7 @@ DEFAULT_IMG_SIZE = 224
 BIGS_LENGTHS = (128, 512, 1024, 4096)  # BiGS Table 6 (arXiv:2212.10544): BiGS-large and BERT-large lengths
 _ENCODER_ATTR = ('gmlp', 'bigs', 'bert')  # backbone attribute of the MLM / classification wrappers
 _BIGS_NAMES = [f'bigs_large_{n}' for n in BIGS_LENGTHS]
-_BERT_NAMES = [f'bert_large_{n}' for n in BIGS_LENGTHS]  # the BERT-large baselines, counted by count_bert_large
+_BERT_NAMES = [f'bert_large_{n}' for n in BIGS_LENGTHS]  # the BERT-large baselines (count)
 
 
 # ------------------------------------------------------------------------------------------------ fvcore handles
@@ -35,18 +35,16 @@ def _shape(value) -> List[int]:
 
 
 def matmul_macs(inputs, outputs) -> int:
-    """``aten::matmul`` / ``aten::mm``: ``prod(output shape) x K`` (counts broadcast batch dims of either side)."""
+    """``aten::matmul`` / ``mm`` / ``mv`` / ``dot``: ``prod(output shape) x K`` (counts broadcast batch dims of
+    either side)."""
     return math.prod(_shape(outputs[0])) * _shape(inputs[0])[-1]
 
 
-def _product_macs(first: int):
-    """Handle of an op whose MACs are those of ``a @ b``, ``a = inputs[first]``, ``b = inputs[first + 1]``:
-    ``prod(a) x`` (b's columns; 1 for a vector). ``aten::mv`` / ``dot`` / ``vdot`` (first 0); ``baddbmm`` /
-    ``addbmm`` / ``addmv`` / ``addmm_`` (first 1: the added ``self`` is element-wise; addbmm's batch is summed)."""
-    def handle(inputs, outputs) -> int:
-        a, b = _shape(inputs[first]), _shape(inputs[first + 1])
-        return math.prod(a) * (b[-1] if len(b) > 1 else 1)
-    return handle
+def addmm_macs(inputs, outputs) -> int:
+    """``aten::baddbmm`` / ``addbmm`` / ``addmv`` / ``addmm_`` (``self + a @ b``, the addition element-wise):
+    ``prod(a) x`` b's columns (1 for a vector), so addbmm's summed batch counts too."""
+    a, b = _shape(inputs[1]), _shape(inputs[2])
+    return math.prod(a) * (b[-1] if len(b) > 1 else 1)
 
 
 def toeplitz_conv_macs(inputs, outputs) -> float:
@@ -87,13 +85,9 @@ def _fft_handle(kind: str):
 
 
 EXTRA_HANDLES = {
-    'aten::matmul': matmul_macs,
-    'aten::mm': matmul_macs,
-    **{f'aten::{op}': _product_macs(1) for op in (
-        'baddbmm', 'baddbmm_', 'addbmm', 'addbmm_', 'addmv', 'addmv_',
-        'addmm_',  # fvcore handles the out-of-place aten::addmm
-    )},
-    **{f'aten::{op}': _product_macs(0) for op in ('mv', 'dot', 'vdot')},
+    **{f'aten::{op}': matmul_macs for op in ('matmul', 'mm', 'mv', 'dot', 'vdot')},
+    **{f'aten::{op}': addmm_macs for op in (  # fvcore handles the out-of-place aten::addmm
+        'baddbmm', 'baddbmm_', 'addbmm', 'addbmm_', 'addmv', 'addmv_', 'addmm_')},
     'aten::scaled_dot_product_attention': sdpa_macs,
     'mlp_vision::bidirectional_long_conv': toeplitz_conv_macs,
     **{f'aten::fft_{op}': _fft_handle(kind) for op, kind in (
@@ -116,13 +110,10 @@ NON_MAC_OPS = frozenset('aten::' + op for op in (
 def count_module(model: nn.Module, inputs: Tuple[torch.Tensor, ...], encoder: Optional[str] = None,
                  bigs_conv_impl: Optional[str] = 'fft') -> Tuple[int, Dict[str, int], Dict[str, int], Optional[int]]:
     """fvcore MACs of ``model(*inputs)`` with :data:`EXTRA_HANDLES`: ``(total, by_operator, uncounted,
-    encoder_total)``, ``uncounted`` the calls of each op fvcore skipped, ``encoder_total`` the total of the submodule
-    named ``encoder`` (None without one).
-
-    BiGS layers run the convolution route ``bigs_conv_impl``: by default the FFT (``'fft'``), the O(L log L)
-    formulation the paper counts, whatever route they would take; ``None``: the route each takes for ``inputs``
-    (what ``benchmark.py`` reports). Token GEMMs (gMLP's SGU, Mixer's token MLP) run unpadded: the papers' MACs,
-    not the zeros added for GPU kernels (196 -> 200 tokens)."""
+    encoder_total)``, ``uncounted`` the calls of each op fvcore skipped, ``encoder_total`` the submodule
+    ``encoder``'s total (None without one). BiGS layers run the convolution route ``bigs_conv_impl``: by default the
+    O(L log L) FFT the paper counts; ``None``: each layer's own route for ``inputs`` (what ``benchmark.py`` times).
+    Token GEMMs run unpadded: the papers' MACs, not the zeros added for GPU kernels (196 -> 200 tokens)."""
     from fvcore.nn import FlopCountAnalysis
     from ..layers.linear import tokens_padded_to
     from ..layers.ssm import ssm_conv_impl
@@ -141,7 +132,7 @@ def count_module(model: nn.Module, inputs: Tuple[torch.Tensor, ...], encoder: Op
 
 
 # ------------------------------------------------------------------------------------------------ models
-@dataclass
+@dataclasses.dataclass
 class Count:
     """Parameters and fvcore MACs of one model at one input size."""
     name: str
@@ -168,18 +159,11 @@ class Count:
         return {k: v for k, v in self.uncounted.items() if k not in NON_MAC_OPS}
 
 
-def _param_count(model: nn.Module) -> int:
-    return sum(p.numel() for p in model.parameters())  # shared (tied) parameters once
-
-
 def count_vision(name: str, img_size: int = DEFAULT_IMG_SIZE) -> Count:
     """A registered vision model at ``img_size`` x ``img_size`` (batch 1), traced on CPU with zero weights."""
     import timm
-    from .. import VISION_MODELS
-    if name not in VISION_MODELS:
-        raise KeyError(f'unknown vision model {name!r}; known: {list(VISION_MODELS)}')
     model = timm.create_model(name, img_size=img_size, device='meta').eval()
-    params = _param_count(model)
+    params = sum(p.numel() for p in model.parameters())  # shared (tied) parameters once
     head = sum(p.numel() for p in model.get_classifier().parameters())
     model = model.to_empty(device='cpu')  # uninitialised storage, then zeros: deterministic, no denormals
     with torch.no_grad():
@@ -197,12 +181,10 @@ def text_seq_len(name: str, **overrides) -> int:
     return mt.model_config(name, **overrides)['max_position_embeddings']
 
 
-def count_text(name: str, seq_len: Optional[int] = None, label: Optional[str] = None, **overrides) -> Count:
+def count_text(name: str, seq_len: Optional[int] = None, **overrides) -> Count:
     """A registered text model (built with config ``overrides``) on one sequence of ``seq_len`` tokens (default:
-    its maximum length), padded to full length; ``label`` names the count (default ``name``)."""
+    its maximum length), padded to full length."""
     import mlp_vision.text as mt
-    if not mt.is_model(name):
-        raise KeyError(f'unknown text model {name!r}; known: {mt.list_models()}')
     max_len = text_seq_len(name, **overrides)
     seq_len = max_len if seq_len is None else seq_len
     if not 1 <= seq_len <= max_len:
@@ -211,14 +193,8 @@ def count_text(name: str, seq_len: Optional[int] = None, label: Optional[str] = 
     encoder = next((a for a in _ENCODER_ATTR if isinstance(getattr(model, a, None), nn.Module)), None)
     total, by_op, uncounted, enc = count_module(model, (torch.zeros(1, seq_len, dtype=torch.long, device='meta'),),
                                                 encoder)
-    return Count(label or name, f'1x{seq_len} tokens', _param_count(model), total, by_op, uncounted,
-                 encoder_macs=enc)
-
-
-def count_bert_large(seq_len: int) -> Count:
-    """``bert_large_{seq_len}``: the BERT-large baseline of BiGS Table 6 (the registered ``bert_large`` with
-    ``seq_len`` positions; its fused SDPA attention counted by the SDPA handle) on one sequence of that length."""
-    return count_text('bert_large', seq_len, label=f'bert_large_{seq_len}', max_position_embeddings=seq_len)
+    params = sum(p.numel() for p in model.parameters())
+    return Count(name, f'1x{seq_len} tokens', params, total, by_op, uncounted, encoder_macs=enc)
 
 
 def known_models() -> List[str]:
@@ -249,19 +225,19 @@ def family(name: str) -> str:
 
 def count(name: str, size: Optional[int] = None) -> Count:
     """Count any known model: vision at ``size`` px (default 224), text at ``size`` tokens (default: its maximum),
-    ``bert_large_L`` at its L (``size`` ignored)."""
+    ``bert_large_L``, BiGS Table 6's BERT-large baseline, with L positions on L tokens (``size`` ignored)."""
     fam = family(name)
     if fam == 'vision':
         return count_vision(name, size or DEFAULT_IMG_SIZE)
     if fam == 'bert':
-        return count_bert_large(int(name.rsplit('_', 1)[1]))
+        length = int(name.rsplit('_', 1)[1])
+        return dataclasses.replace(count_text('bert_large', length, max_position_embeddings=length), name=name)
     return count_text(name, size)
 
 
 def model_macs(name: str, size: Optional[int] = None) -> int:
-    """The MACs ``python -m mlp_vision.complexity`` reports for ``name`` (batch 1; ``size`` as in :func:`count`).
-
-    The number to hold a stock ``fvcore.nn.FlopCountAnalysis(model, x).total()`` (no custom handles) against."""
+    """The MACs ``python -m mlp_vision.complexity`` reports for ``name`` (batch 1; ``size`` as in :func:`count`): the
+    number to hold a stock ``fvcore.nn.FlopCountAnalysis(model, x).total()`` (no custom handles) against."""
     return count(name, size).macs
 
 

@@ -34,10 +34,6 @@ class PaperRow:
     known: str = ''  # documented reason why it cannot match -> status KNOWN instead of FAIL
 
     @property
-    def value(self) -> float:
-        return float(self.paper)
-
-    @property
     def resolution(self) -> float:
         """Place value of the last printed digit (``19.5`` -> 0.1, ``59`` -> 1, ``8.1e10`` -> 1e9)."""
         return float(Decimal(1).scaleb(Decimal(self.paper).as_tuple().exponent))
@@ -57,12 +53,9 @@ _NO_HEAD = 'paper counts the model without its 1000-class head (ours with head: 
 _LAYOUT = 'timm layout (loads timm gMLP-S/B weights); paper layout differs slightly (README)'
 PAPER_ROWS: Tuple[PaperRow, ...] = (
     # gMLP Table 1 (params; "FLOPs" = 2 x MACs: Table 2 lists the same models' MAdds at half of them)
-    PaperRow(_T1, 'gmlp_ti', 'params', '5.9'),
-    PaperRow(_T1, 'gmlp_ti', 'flops', '2.7', _FLOPS_T1),
-    PaperRow(_T1, 'gmlp_s', 'params', '19.5', _LAYOUT),
-    PaperRow(_T1, 'gmlp_s', 'flops', '8.9', _FLOPS_T1),
-    PaperRow(_T1, 'gmlp_b', 'params', '73.4', _LAYOUT),
-    PaperRow(_T1, 'gmlp_b', 'flops', '31.6', _FLOPS_T1),
+    *(PaperRow(_T1, model, quantity, value, note) for model, numbers, layout in (
+        ('gmlp_ti', ('5.9', '2.7'), ''), ('gmlp_s', ('19.5', '8.9'), _LAYOUT), ('gmlp_b', ('73.4', '31.6'), _LAYOUT))
+      for quantity, value, note in zip(('params', 'flops'), numbers, (layout, _FLOPS_T1))),
     # gMLP Table 2 (params rounded to 1 M, MAdds)
     PaperRow(_T2, 'gmlp_ti', 'params', '6'),
     PaperRow(_T2, 'gmlp_ti', 'macs', '1.4', known=(
@@ -79,10 +72,9 @@ PAPER_ROWS: Tuple[PaperRow, ...] = (
         ('smlpnet_t_a2', ('19.2', '4.0'), 'sMLPNet-T* (alpha = 2)'), ('smlpnet_t', ('24.1', '5.0'), ''),
         ('smlpnet_s', ('48.6', '10.3'), ''), ('smlpnet_b', ('65.9', '14.0'), ''))
       for quantity, value in zip(('params', 'macs'), numbers)),
-    PaperRow(_S6 + ' / ' + _T2, 'mixer_b16', 'params_no_head', '59', _NO_HEAD),
-    PaperRow(_S6 + ' / ' + _T2, 'mixer_b16', 'macs', '12.7'),
-    PaperRow(_S6 + ' / ' + _T2, 'mixer_l16', 'params_no_head', '207', _NO_HEAD),
-    PaperRow(_S6 + ' / ' + _T2, 'mixer_l16', 'macs', '44.8'),
+    *(PaperRow(f'{_S6} / {_T2}', model, quantity, value, note)
+      for model, numbers in (('mixer_b16', ('59', '12.7')), ('mixer_l16', ('207', '44.8')))
+      for quantity, value, note in zip(('params_no_head', 'macs'), numbers, (_NO_HEAD, ''))),
     # fvcore (same handles) on the official sMLPNet implementation, github.com/microsoft/SPACH
     *(PaperRow(_SPACH, model, quantity, value, 'fvcore on microsoft/SPACH at 224 x 224')
       for model, numbers in (('smlpnet_t_a2', ('19.18', '3.97')), ('smlpnet_t', ('24.12', '5.01')),
@@ -150,16 +142,12 @@ def compare(row: PaperRow, count: Optional[Count], problem: Tuple[str, str] = ('
     attr, unit, _, tol = QUANTITIES[row.quantity]
     if count is None:
         return Comparison(row, None, None, problem[0], '', problem[1])
-    ours = getattr(count, attr) / unit
-    rel = ours / row.value - 1
-    within_tol = abs(rel) <= tol + 1e-12
-    at_precision = abs(ours - row.value) <= row.resolution / 2 + 1e-9 * row.resolution
-    how = 'tolerance' if within_tol else ('precision' if at_precision else '')
+    ours, paper = getattr(count, attr) / unit, float(row.paper)
+    rel = ours / paper - 1
+    how = ('tolerance' if abs(rel) <= tol + 1e-12 else
+           'precision' if abs(ours - paper) <= row.resolution / 2 + 1e-9 * row.resolution else '')
     note = row.note.format(f'{count.params / 1e6:.2f} M') if '{}' in row.note else row.note
-    if how:
-        status = 'PASS'
-    elif row.known:
-        status, note = 'KNOWN', (note + '; ' if note else '') + row.known
-    else:
-        status = 'FAIL'
+    status = 'PASS' if how else 'KNOWN' if row.known else 'FAIL'
+    if status == 'KNOWN':
+        note = (note + '; ' if note else '') + row.known
     return Comparison(row, ours, rel, status, how, note)

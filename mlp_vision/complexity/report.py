@@ -16,7 +16,7 @@ import torch
 
 from ..arguments import ArgumentParser, DefaultsHelpFormatter
 from ..errors import UsageError, run_cli
-from mlp_vision.outputs import write_output_file
+from ..outputs import write_output_file
 from ..threads import add_threads_argument, set_threads
 from .counts import DEFAULT_IMG_SIZE, Count, CountCache, family, resolve_models, text_seq_len
 from .paper import PAPER_ROWS, QUANTITIES, STATUSES, Comparison, compare, format_like
@@ -24,15 +24,36 @@ from .paper import PAPER_ROWS, QUANTITIES, STATUSES, Comparison, compare, format
 
 PROG = 'python -m mlp_vision.complexity'  # the command's name in messages; the console script passes its own
 COMMAND = 'python -m mlp_vision.complexity --output results/complexity.md results/complexity.csv'
-COMMAND_PLOT = 'python -m mlp_vision.complexity --plot results/complexity_scaling.png'
+FORMATS = ('md', 'csv', 'json')
+CSV_FIELDS = ('section', 'source', 'model', 'input', 'quantity', 'unit', 'paper', 'ours', 'rel_diff_pct',
+              'tolerance_pct', 'by', 'status', 'note')
+CONVENTIONS = [  # the report's opening list: what counts as a MAC, the handles added to fvcore, the PASS rule
+    'MACs: fvcore `FlopCountAnalysis` totals (fvcore counts one multiply-accumulate as one flop). sMLPNet '
+    'Table 6 "FLOPs" and gMLP Table 2 "MAdds" are MACs; gMLP Table 1 "FLOPs" are 2 × MACs (2.7 / 8.9 / 31.6 B '
+    'for the models Table 2 lists at 1.4 / 4.5 / 15.8 MAdds), as are gMLP Table 5 and BiGS Table 6 FLOPs '
+    '(`docs/complexity.md`).',
+    'Handles added to fvcore\'s: broadcast-aware `aten::matmul`/`aten::mm` (prod(output) × K; the stock one '
+    'drops broadcast batch dims), `baddbmm`/`addbmm`/`addmv` (their product), `mv`/`dot`; '
+    '`aten::scaled_dot_product_attention` = QKᵀ + AV = batch·heads·L·S·(E + E_v); FFTs (`fft_rfft`, '
+    '`fft_irfft`, `fft_fft`, `fft_ifft`) = **2.5·N·log₂N FLOPs per real transform of length N** (5·N·log₂N '
+    'complex), i.e. 1.25·N·log₂N MACs, so the FLOPs columns carry 2.5·N·log₂N.',
+    'fvcore\'s stock LayerNorm (5 per element) and eval BatchNorm (2 per element) counts are kept. '
+    'Element-wise ops and embedding lookups are not MACs and stay uncounted (listed per model).',
+    'Vision models: traced on CPU with zero weights and a zero image (the meta-device convolution kernel '
+    'cannot run under the JIT tracer); text, BiGS and BERT models: built and traced on `device="meta"`.',
+    'Encoder MACs/FLOPs: the backbone only (`.gmlp` / `.bigs` / `.bert`), without the MLM head; the BiGS '
+    'and gMLP Table 5 FLOPs are per sequence (batch 1), forward only, inputs padded to full length.',
+    'Paper comparison: PASS when within tolerance (params 0.5 %, MACs/FLOPs 3 %) or when ours equals the '
+    'paper\'s number at the paper\'s printed precision ("59" M: ours rounds to 59) — the `by` column says '
+    'which; KNOWN = cannot match, documented reason in the note; ERROR = the model could not be counted.',
+]
 
 
 @dataclass
 class Report:
     img_size: int
     seq_len: Optional[int]
-    models: List[str]
-    counts: Dict[str, Optional[Count]] = field(default_factory=dict)
+    counts: Dict[str, Optional[Count]] = field(default_factory=dict)  # every selected model, in report order
     problems: Dict[str, Tuple[str, str]] = field(default_factory=dict)  # name -> ('ERROR' or 'SKIPPED', note)
     comparisons: List[Comparison] = field(default_factory=list)
 
@@ -48,24 +69,21 @@ def check_sizes(img_size: int, seq_len: Optional[int]) -> None:
 
 
 def build_report(models: Optional[Sequence[str]] = None, img_size: int = DEFAULT_IMG_SIZE,
-                 seq_len: Optional[int] = None, counter: Optional[CountCache] = None,
-                 progress: Optional[Callable[[str], None]] = None) -> Report:
+                 seq_len: Optional[int] = None, progress: Callable[[str], None] = lambda line: None) -> Report:
     """Count ``models`` (names or patterns; all when None) and compare the paper rows that concern them.
     ``progress`` gets a line per model (counting one takes seconds to minutes)."""
     check_sizes(img_size, seq_len)
     names = resolve_models(models)
-    counter = counter or CountCache()
-    report = Report(img_size, seq_len, names)
+    counter = CountCache()
+    report = Report(img_size, seq_len)
     for i, name in enumerate(names, 1):
-        if progress is not None:
-            progress(f'[{i}/{len(names)}] counting {name}')
+        progress(f'[{i}/{len(names)}] counting {name}')
         fam = family(name)
         # None = the default size, so that counts are shared with the paper comparisons below
         size = {'vision': None if img_size == DEFAULT_IMG_SIZE else img_size, 'text': seq_len}.get(fam)
-        if size is not None and fam == 'text' and size > text_seq_len(name):
+        if fam == 'text' and size is not None and size > (max_len := text_seq_len(name)):
             report.counts[name] = None
-            report.problems[name] = ('SKIPPED', f'not counted: --seq-len {seq_len} exceeds its maximum '
-                                                f'{text_seq_len(name)}')
+            report.problems[name] = ('SKIPPED', f'not counted: --seq-len {seq_len} exceeds its maximum {max_len}')
             continue
         report.counts[name] = counter.get(name, size)
         if report.counts[name] is None:
@@ -76,8 +94,8 @@ def build_report(models: Optional[Sequence[str]] = None, img_size: int = DEFAULT
     return report
 
 
-def _g(x: Optional[float], unit: float = 1e9, digits: int = 3) -> str:
-    return '–' if x is None else f'{x / unit:.{digits}f}'
+def _g(x: Optional[float], unit: float = 1e9) -> str:
+    return '–' if x is None else f'{x / unit:.3f}'
 
 
 def _uncounted_str(count: Count) -> str:
@@ -85,81 +103,43 @@ def _uncounted_str(count: Count) -> str:
     return text + (' — **not element-wise: ' + ', '.join(count.flagged) + '**' if count.flagged else '')
 
 
-def conventions() -> List[str]:
-    return [
-        'MACs: fvcore `FlopCountAnalysis` totals (fvcore counts one multiply-accumulate as one flop). sMLPNet '
-        'Table 6 "FLOPs" and gMLP Table 2 "MAdds" are MACs; gMLP Table 1 "FLOPs" are 2 × MACs (2.7 / 8.9 / 31.6 B '
-        'for the models Table 2 lists at 1.4 / 4.5 / 15.8 MAdds), as are gMLP Table 5 and BiGS Table 6 FLOPs '
-        '(`docs/complexity.md`).',
-        'Handles added to fvcore\'s: broadcast-aware `aten::matmul`/`aten::mm` (prod(output) × K; the stock one '
-        'drops broadcast batch dims), `baddbmm`/`addbmm`/`addmv` (their product), `mv`/`dot`; '
-        '`aten::scaled_dot_product_attention` = QKᵀ + AV = batch·heads·L·S·(E + E_v); FFTs (`fft_rfft`, '
-        '`fft_irfft`, `fft_fft`, `fft_ifft`) = **2.5·N·log₂N FLOPs per real transform of length N** (5·N·log₂N '
-        'complex), i.e. 1.25·N·log₂N MACs, so the FLOPs columns carry 2.5·N·log₂N.',
-        'fvcore\'s stock LayerNorm (5 per element) and eval BatchNorm (2 per element) counts are kept. '
-        'Element-wise ops and embedding lookups are not MACs and stay uncounted (listed per model).',
-        'Vision models: traced on CPU with zero weights and a zero image (the meta-device convolution kernel '
-        'cannot run under the JIT tracer); text, BiGS and BERT models: built and traced on `device="meta"`.',
-        'Encoder MACs/FLOPs: the backbone only (`.gmlp` / `.bigs` / `.bert`), without the MLM head; the BiGS '
-        'and gMLP Table 5 FLOPs are per sequence (batch 1), forward only, inputs padded to full length.',
-        'Paper comparison: PASS when within tolerance (params 0.5 %, MACs/FLOPs 3 %) or when ours equals the '
-        'paper\'s number at the paper\'s printed precision ("59" M: ours rounds to 59) — the `by` column says '
-        'which; KNOWN = cannot match, documented reason in the note; ERROR = the model could not be counted.',
-    ]
+def _md_table(*rows: Sequence) -> str:
+    """A markdown table: the first row is the header."""
+    return ''.join(f'| {" | ".join(map(str, r))} |\n' for r in (rows[0], ['---'] * len(rows[0]), *rows[1:]))
 
 
 def render_markdown(report: Report, command: str = COMMAND) -> str:
     import fvcore
     import timm
-    out = io.StringIO()
-    w = out.write
-    w('# Model complexity: parameters and MACs vs the paper tables\n\n')
-    w(f'Generated by `{command}`  \n')
-    w(f'(scaling plot `complexity_scaling.png`: `{COMMAND_PLOT}`)\n\n')
     text_len = "each model's maximum sequence length" if report.seq_len is None else f'{report.seq_len} tokens'
-    w(f'torch {torch.__version__.split("+")[0]}, timm {timm.__version__}, fvcore {fvcore.__version__}; '
-      f'vision models at {report.img_size}×{report.img_size}, text models at {text_len}, batch 1.\n\n')
-    w('## Conventions\n\n')
-    for line in conventions():
-        w(f'- {line}\n')
-    w('\n## Paper tables vs ours\n\n')
+    out = [f'# Model complexity: parameters and MACs vs the paper tables\n\nGenerated by `{command}`\n\n'
+           f'torch {torch.__version__.split("+")[0]}, timm {timm.__version__}, fvcore {fvcore.__version__}; vision '
+           f'models at {report.img_size}×{report.img_size}, text models at {text_len}, batch 1.\n\n## Conventions\n\n',
+           *(f'- {line}\n' for line in CONVENTIONS), '\n## Paper tables vs ours\n\n']
     if report.comparisons:
         statuses = Counter(c.status for c in report.comparisons)
-        w('Rows: ' + ', '.join(f'{k} {statuses[k]}' for k in STATUSES if statuses[k]) + '.\n\n')
-        w('| source | model | quantity | paper | ours | diff | by | status | note |\n')
-        w('| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n')
-        for c in report.comparisons:
-            unit = QUANTITIES[c.row.quantity][2]
-            ours = '–' if c.ours is None else format_like(c.ours, c.row.paper)
-            diff = '–' if c.rel_diff is None else f'{100 * c.rel_diff:+.2f} %'
-            w(f'| {c.row.source} | `{c.row.model}` | {c.row.quantity} | {c.row.paper}{unit} | {ours}{unit} | '
-              f'{diff} | {c.how or "–"} | {c.status} | {c.note} |\n')
+        out.append('Rows: ' + ', '.join(f'{k} {statuses[k]}' for k in STATUSES if statuses[k]) + '.\n\n')
+        units = [QUANTITIES[c.row.quantity][2] for c in report.comparisons]
+        out.append(_md_table(('source', 'model', 'quantity', 'paper', 'ours', 'diff', 'by', 'status', 'note'), *(
+            (c.row.source, f'`{c.row.model}`', c.row.quantity, c.row.paper + unit,
+             ('–' if c.ours is None else format_like(c.ours, c.row.paper)) + unit,
+             '–' if c.rel_diff is None else f'{100 * c.rel_diff:+.2f} %', c.how or '–', c.status, c.note)
+            for c, unit in zip(report.comparisons, units))))
     else:
-        w('No paper row concerns the selected models.\n')
+        out.append('No paper row concerns the selected models.\n')
     if report.img_size != DEFAULT_IMG_SIZE or report.seq_len is not None:
-        w('\nPaper rows are always compared at the paper settings (224 px; each text model at its own length).\n')
-    w('\n## Models\n\n')
-    w('| model | input | params (M) | params w/o head (M) | MACs (G) | encoder MACs (G) | FLOPs (G) | traced on '
-      '| uncounted ops (calls) |\n')
-    w('| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n')
-    for name in report.models:
-        c = report.counts.get(name)
-        if c is None:
-            w(f'| `{name}` | – | – | – | – | – | – | – | {report.problems[name][1]} |\n')
-            continue
-        w(f'| `{name}` | {c.input} | {c.params / 1e6:.3f} | {_g(c.params_no_head, 1e6)} | {_g(c.macs)} | '
-          f'{_g(c.encoder_macs)} | {_g(c.flops)} | {c.traced_on} | {_uncounted_str(c)} |\n')
-    w('\n## MACs by operator (G)\n\n')
-    w('| model | by operator |\n| --- | --- |\n')
-    for name in report.models:
-        c = report.counts.get(name)
-        if c is not None:
-            w(f'| `{name}` | ' + ', '.join(f'{op} {v / 1e9:.4g}' for op, v in c.by_operator.items()) + ' |\n')
-    return out.getvalue()
-
-
-CSV_FIELDS = ('section', 'source', 'model', 'input', 'quantity', 'unit', 'paper', 'ours', 'rel_diff_pct',
-              'tolerance_pct', 'by', 'status', 'note')
+        out.append('\nPaper rows are always compared at the paper settings (224 px; each text model at its own '
+                   'length).\n')
+    out.append('\n## Models\n\n' + _md_table(
+        ('model', 'input', 'params (M)', 'params w/o head (M)', 'MACs (G)', 'encoder MACs (G)', 'FLOPs (G)',
+         'traced on', 'uncounted ops (calls)'),
+        *((f'`{name}`', *['–'] * 7, report.problems[name][1]) if c is None else
+          (f'`{name}`', c.input, f'{c.params / 1e6:.3f}', _g(c.params_no_head, 1e6), _g(c.macs), _g(c.encoder_macs),
+           _g(c.flops), c.traced_on, _uncounted_str(c)) for name, c in report.counts.items())))
+    out.append('\n## MACs by operator (G)\n\n' + _md_table(('model', 'by operator'), *(
+        (f'`{name}`', ', '.join(f'{op} {v / 1e9:.4g}' for op, v in c.by_operator.items()))
+        for name, c in report.counts.items() if c is not None)))
+    return ''.join(out)
 
 
 def render_csv(report: Report) -> str:
@@ -169,11 +149,10 @@ def render_csv(report: Report) -> str:
                  rel_diff_pct='' if c.rel_diff is None else f'{100 * c.rel_diff:.3f}',
                  tolerance_pct=f'{100 * c.row.tolerance:g}', by=c.how, status=c.status, note=c.note)
             for c in report.comparisons]
-    for name in report.models:
-        c = report.counts.get(name)
+    for name, c in report.counts.items():
         if c is None:
-            rows.append(dict(section='model', model=name, status=report.problems[name][0],
-                             note=report.problems[name][1]))
+            status, note = report.problems[name]
+            rows.append(dict(section='model', model=name, status=status, note=note))
             continue
         rows += [dict(section='model', model=name, input=c.input, quantity=q, ours=str(getattr(c, q)),
                       note='uncounted: ' + _uncounted_str(c) if q == 'macs' else '')
@@ -186,17 +165,12 @@ def render_csv(report: Report) -> str:
 
 
 def render_json(report: Report) -> str:
-    data = dict(
-        conventions=conventions(), img_size=report.img_size, seq_len=report.seq_len,
+    return json.dumps(dict(
+        conventions=CONVENTIONS, img_size=report.img_size, seq_len=report.seq_len,
         models={n: (None if c is None else dict(asdict(c), flops=c.flops, encoder_flops=c.encoder_flops))
                 for n, c in report.counts.items()},
         comparisons=[dict(asdict(c.row), ours=c.ours, rel_diff=c.rel_diff, status=c.status, by=c.how, note=c.note)
-                     for c in report.comparisons],
-    )
-    return json.dumps(data, indent=1) + '\n'
-
-
-FORMATS = ('md', 'csv', 'json')
+                     for c in report.comparisons]), indent=1) + '\n'
 
 
 def parse_args(argv: Optional[Sequence[str]] = None, prog: str = PROG) -> argparse.Namespace:
@@ -211,24 +185,21 @@ def parse_args(argv: Optional[Sequence[str]] = None, prog: str = PROG) -> argpar
     p.add_argument('--img-size', type=int, default=DEFAULT_IMG_SIZE,
                    help='image side for the vision models, a multiple of 32')
     p.add_argument('--seq-len', type=int, default=None,
-                   help='sequence length for the registered text models incl. BiGS (default: each model\'s '
-                        'maximum; longer than a model\'s maximum: that model is listed as not counted); the '
-                        'bert_large_L baselines stay at their L')
+                   help="text models' sequence length, BiGS included (default: each one's maximum; a model with a "
+                        "shorter maximum is listed as not counted); the bert_large_L baselines stay at their L")
     p.add_argument('--format', choices=FORMATS, default=None,
                    help='output format (default: from each --output suffix, else md)')
     p.add_argument('--output', nargs='+', metavar='PATH',
                    help='write here instead of stdout; several paths (.md / .csv / .json) share one count')
-    p.add_argument('--plot', metavar='PNG', help='write the MACs-scaling plot (vision sizes, BiGS/BERT lengths) '
-                                                 'and exit')
     add_threads_argument(p)  # fvcore traces every model: a forward each
     p.add_argument('--debug', action='store_true', help='show the traceback of an error, not its one line')
     args = p.parse_args(argv)
     check_sizes(args.img_size, args.seq_len)
     resolve_models(args.models)  # a pattern that matches nothing stops here, before any counting
-    for flag, path in [('--output', path) for path in args.output or []] + [('--plot', args.plot)]:
-        folder = os.path.dirname(path or '') or '.'
-        if path is not None and (os.path.isdir(path) or not os.path.isdir(folder)):
-            raise UsageError(f'{flag} {path!r}: expected a file path in an existing folder'
+    for path in args.output or []:
+        folder = os.path.dirname(path) or '.'
+        if os.path.isdir(path) or not os.path.isdir(folder):
+            raise UsageError(f'--output {path!r}: expected a file path in an existing folder'
                              + (' (it is a folder)' if os.path.isdir(path) else f' ({folder} does not exist)'))
     outputs = args.output or [None]
     if args.format is not None and len(outputs) > 1:
@@ -254,12 +225,7 @@ def _main(argv: Sequence[str], prog: str) -> int:
     progress(set_threads(args.threads))
     with warnings.catch_warnings():  # fvcore traces with torch.jit, deprecated: a notice per model, nothing to act on
         warnings.filterwarnings('ignore', message='`torch.jit.script` is deprecated', category=FutureWarning)
-        if args.plot:
-            from .plot import plot_scaling
-            plot_scaling(args.plot, progress=progress)
-            progress(f'wrote {args.plot}')
-            return 0
-        report = build_report(args.models, args.img_size, args.seq_len, progress=progress)
+        report = build_report(args.models, args.img_size, args.seq_len, progress)
     command = ' '.join(['python -m mlp_vision.complexity', *map(shlex.quote, argv)])
     render = dict(md=lambda r: render_markdown(r, command), csv=render_csv, json=render_json)
     for path, fmt in args.targets:

@@ -6,8 +6,7 @@
 * BiGS (:class:`mlp_vision.layers.BidirectionalGatedSSM`) encoders, with a loader for the official checkpoints
   (``from_official``), and BERT, the attention baseline, from the same parts;
 * a char-level GPT with MLP-Attention and its dot-product-attention (SDPA) baseline;
-* tokenizers (bytes, characters, WordPiece / BPE), each a ``transformers.PreTrainedTokenizerFast``, and fill-mask
-  (:mod:`mlp_vision.text.fill_mask`, not imported here so that ``python -m`` runs it cleanly).
+* tokenizers (bytes, characters, WordPiece / BPE), each a ``transformers.PreTrainedTokenizerFast``.
 
 Every config is a ``PreTrainedConfig`` and every model a ``PreTrainedModel``, registered with the Auto classes on
 import (:mod:`~mlp_vision.text.registry`); what we add is listed in :mod:`mlp_vision.text.modeling_utils`::
@@ -17,6 +16,7 @@ import (:mod:`~mlp_vision.text.registry`); what we add is listed in :mod:`mlp_vi
     model.save_pretrained('ckpt/', tokenizer=tok); model = mt.from_pretrained('ckpt/')  # model.tokenizer
     model = transformers.AutoModelForMaskedLM.from_pretrained('ckpt/')  # the same class, the same weights
     model = mt.BiGSForMaskedLM.from_official('BiGS_512/')          # official weights + their vocab.txt
+    transformers.pipeline('fill-mask', model='ckpt/')('the movie was [MASK] .')   # top tokens and probabilities
 
 A model's maximum length is ``max_position_embeddings`` in its config and ``seq_len`` in its layers; a training
 sample's is the trainer's ``--block-size``, a tokenizer call's ``max_length``.

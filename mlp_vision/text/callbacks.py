@@ -1,12 +1,6 @@
 """ What the text trainer (``python -m mlp_vision.train_text``) adds to ``transformers.Trainer``, which has neither:
 a run stops on a non-finite loss with one line naming the last checkpoint kept, and on SIGINT / SIGTERM (or at
 ``--stop-after-step``) with a checkpoint saved at the next update boundary, from which ``--resume`` continues.
-
-    with stop_signals() as stop:                        # mlp_vision.training.run_files: the flag of a signal
-        stops = RunStops(stop, stop_after_step=None)
-        trainer = StoppableTrainer(stops=stops, model=..., args=...)
-        trainer.train()
-    if stops.signum: ...   # the checkpoint of stops.checkpoint is saved
 """
 from typing import Callable, Optional
 
@@ -24,8 +18,8 @@ class RunStops(TrainerCallback):
     """At every update's end, the ranks agree (one all-reduce of two numbers) on whether a loss of this update was
     not finite -- then every rank raises :class:`~mlp_vision.errors.RunError` before anything is saved, naming the
     last checkpoint -- or a signal arrived on any rank (``stop()``: its number, 0 for none), or ``stop_after_step``
-    is reached: then Trainer saves a checkpoint and stops (``signum``, ``checkpoint``). The trainer's ``training_step`` reports each loss
-    (:meth:`record_loss`)."""
+    is reached: then Trainer saves a checkpoint and stops (``signum``, ``checkpoint``). ``training_step`` reports
+    each loss (:meth:`record_loss`)."""
 
     def __init__(self, stop: Callable[[], int], stop_after_step: Optional[int] = None,
                  advice: str = 'lower --lr, keep --clip-grad on, add --warmup-steps'):
@@ -35,8 +29,6 @@ class RunStops(TrainerCallback):
         self.checkpoint = ''
 
     def record_loss(self, loss: torch.Tensor) -> None:
-        """Called with each micro-batch's loss (``training_step``'s): one not finite stops the run at the update's
-        end."""
         self.nonfinite |= not bool(torch.isfinite(loss).all())
 
     def on_step_end(self, args, state, control, **kwargs):

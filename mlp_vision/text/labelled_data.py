@@ -16,7 +16,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 
 from mlp_vision.errors import Interrupted, UsageError, short_repr
-from mlp_vision.text.tokenizer import Tokenizer, encode_with_template, unknown_character
+from mlp_vision.text.tokenizer import Tokenizer, unknown_character
 from mlp_vision.text.training_data import check_unknown_tokens, read_utf8_file
 
 __all__ = ['LabelledData', 'read_labelled_file', 'label_ids', 'encode_examples', 'classification_examples',
@@ -31,9 +31,6 @@ class LabelledData:
     texts: List[str]
     pairs: Optional[List[str]]
     labels: List[str]
-
-    def __len__(self) -> int:
-        return len(self.labels)
 
 
 def read_labelled_file(path: str, text_columns: Optional[Sequence[str]] = None, label_column: str = 'label',
@@ -134,7 +131,8 @@ ENCODE_EXAMPLES_PER_PIECE = 10_000
 
 def encode_examples(tokenizer: Tokenizer, data: LabelledData, max_length: int,
                     stop: Optional[Callable[[], int]] = None) -> Tuple[List[List[int]], List[List[int]]]:
-    """(input ids, token type ids) per example: BERT's template, longest-first truncation to ``max_length``.
+    """(input ids, token type ids) per example: BERT's template (the tokenizer's post-processor), truncated to
+    ``max_length`` tokens longest first (``tokenizers``' rule: tokens leave the end of the longer segment).
     ``stop``: the run's stop flag, read every :data:`ENCODE_EXAMPLES_PER_PIECE` examples (:class:`Interrupted`)."""
     ids: List[List[int]] = []
     types: List[List[int]] = []
@@ -145,14 +143,13 @@ def encode_examples(tokenizer: Tokenizer, data: LabelledData, max_length: int,
         texts = data.texts[start:start + ENCODE_EXAMPLES_PER_PIECE]
         pairs = None if data.pairs is None else data.pairs[start:start + ENCODE_EXAMPLES_PER_PIECE]
         try:
-            piece_ids, piece_types = encode_with_template(tokenizer, texts, pairs, max_length)
-        except ValueError as e:
-            raise UsageError(f'cannot encode {data.path}: {e}') from None
+            encoded = tokenizer(texts, pairs, truncation='longest_first', max_length=max_length,
+                                return_token_type_ids=True)
         except Exception as e:  # tokenizers' plain Exception: a character outside a char alphabet without <unk>
             bad = unknown_character(tokenizer, list(texts) + list(pairs or []), e)
             raise UsageError(f'{data.path} has the character {bad!r}, which the tokenizer does not know') from None
-        ids += piece_ids
-        types += piece_types
+        ids += encoded['input_ids']
+        types += encoded['token_type_ids']
     check_unknown_tokens([i for row in ids for i in row], tokenizer, f'text of {data.path}')
     return ids, types
 

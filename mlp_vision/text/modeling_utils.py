@@ -1,16 +1,14 @@
 """ Shared plumbing of the text models: every config a :class:`TextConfig` (a ``transformers.PreTrainedConfig``),
 every model a :class:`TextPreTrainedModel` (a ``PreTrainedModel``), one class per family and task as ``transformers``'
-``modeling_bert.py``, with its ``save_pretrained`` / ``from_pretrained`` / ``generate`` and output types. Ours:
+``modeling_bert.py``. What we add:
 
 * ``forward`` takes ``input_ids``, ``attention_mask``, ``token_type_ids`` (B, L) and ``labels``; causal LMs shift
-  ``labels = input_ids`` inside; padding is right padding (:func:`check_text_inputs`), and padded positions never
-  change a real position's output (``tests/test_text_models.py``);
-* config values are checked when the config is made (:meth:`TextConfig.check_fields`): a NaN ``layer_norm_eps`` or
-  an unparsed ``'false'`` stops with one line instead of building a wrong model;
+  ``labels = input_ids`` inside; padding is right padding (:func:`check_text_inputs`);
+* config values are checked when the config is made (:meth:`TextConfig.check_fields`);
 * ``from_pretrained`` reads local folders only and first checks them: a model within
-  :data:`~mlp_vision.bounds.MAX_PARAMS`, weights of the config's shapes, finite and of the right kind
-  (:func:`mlp_vision.weights.check_weights`), a tokenizer that fits the vocabulary (``model.tokenizer``); a folder of
-  another task of the family loads the backbone and a new head.
+  :data:`~mlp_vision.bounds.MAX_PARAMS`, weights of the config's shapes, finite and of the right kind, a tokenizer
+  that fits the vocabulary (``model.tokenizer``); a folder of another task of the family loads the backbone and a
+  new head.
 """
 import contextlib
 import dataclasses
@@ -95,11 +93,10 @@ class TextConfig(PreTrainedConfig):
         for name in self.text_field_names():
             value, where = getattr(self, name), f'{type(self).__name__}.{name}'
             field = self.__dataclass_fields__.get(name)
-            ok = _TYPE_CHECKS.get(field.type) if field is not None else _TYPE_CHECKS[int]
-            if ok is not None and not ok(value):
-                hint = ' (write True or False)' if field is not None and field.type is bool else ''
-                type_name = field.type.__name__ if field is not None else 'int'
-                raise TypeError(f'{where} must be a {type_name}{hint}, got {value!r} ({type(value).__name__})')
+            kind = field.type if field is not None else int  # num_labels: transformers' property
+            if kind in _TYPE_CHECKS and not _TYPE_CHECKS[kind](value):
+                hint = ' (write True or False)' if kind is bool else ''
+                raise TypeError(f'{where} must be a {kind.__name__}{hint}, got {value!r} ({type(value).__name__})')
             if name == 'classifier_pooling':
                 check_classifier_pooling(value)
             if value is None or isinstance(value, (bool, str)):
@@ -116,13 +113,6 @@ class TextConfig(PreTrainedConfig):
                 check_range(where, value, low=0)
             else:
                 check_range(where, value)
-
-    @classmethod
-    def from_pretrained(cls, pretrained_model_name_or_path, **kwargs):
-        """``transformers``' ``from_pretrained``, telling :meth:`from_dict` the folder (named in its errors) as
-        ``AutoConfig`` does."""
-        kwargs.setdefault('name_or_path', os.fspath(pretrained_model_name_or_path))
-        return super().from_pretrained(pretrained_model_name_or_path, **kwargs)
 
     @classmethod
     def from_dict(cls, config_dict: Dict[str, Any], **kwargs):
@@ -188,9 +178,8 @@ class TextPreTrainedModel(PreTrainedModel):
 
     def check_forward_kwargs(self, kwargs: Dict[str, Any]) -> None:
         """The ``kwargs`` a ``forward`` got besides its inputs may be what ``generate``, pipelines and ``Trainer``
-        pass (``return_dict`` is ``transformers``' ``can_return_tuple``'s, around every ``forward``); any other
-        keyword is an error (a misspelt ``attention_mask`` must not pass unseen), and so are the per-layer outputs
-        our models do not collect."""
+        pass; any other keyword is an error (a misspelt ``attention_mask`` must not pass unseen), and so are the
+        per-layer outputs our models do not collect."""
         unknown = sorted(k for k, v in kwargs.items() if k not in _FORWARD_KWARGS and v is not None)
         if unknown:
             raise TypeError(f'{type(self).__name__}.forward got arguments it does not take: {unknown}')
@@ -199,11 +188,9 @@ class TextPreTrainedModel(PreTrainedModel):
                                       f'models do not collect per-layer hidden states or attention weights')
 
     def _init_weights(self, module: nn.Module) -> None:
-        """``transformers``' init (Linear / Embedding ~ N(0, ``initializer_range``), biases 0, the padding row of an
-        embedding 0, LayerNorm 1 / 0) and the zero output bias of our LM heads. ``post_init`` runs it on a model built
-        directly; ``from_pretrained`` builds on the ``meta`` device and runs it for what the folder does not hold (a
-        new head, the non-persistent buffers): the ``init`` functions skip the tensors that were loaded. Each family
-        adds what its own layers compute when built, as ``transformers``' ``modeling_bert.py`` does."""
+        """``transformers``' init and the zero output bias of our LM heads; ``from_pretrained`` runs it for what the
+        folder does not hold (a new head, the non-persistent buffers). Each family adds what its own layers compute
+        when built, as ``transformers``' ``modeling_bert.py`` does."""
         super()._init_weights(module)
         if isinstance(module, TextPreTrainedModel) and getattr(module, 'output_bias', None) is not None:
             init.zeros_(module.output_bias)
@@ -251,8 +238,7 @@ class TextPreTrainedModel(PreTrainedModel):
             model, info = super().from_pretrained(folder, *model_args, config=config, output_loading_info=True,
                                                   **kwargs)
         stored = (config.architectures or [cls.__name__])[0]
-        same_arch = stored == cls.__name__
-        strict = same_arch if strict is None else strict
+        strict = stored == cls.__name__ if strict is None else strict
         missing, unexpected = sorted(info['missing_keys']), sorted(info['unexpected_keys'])
         if strict and (missing or unexpected):
             detail = f'missing {missing[:8]}' if missing else f'unexpected {unexpected[:8]}'
@@ -388,9 +374,9 @@ def pool_sequence(hidden: torch.Tensor, attention_mask: Optional[torch.Tensor], 
 
 # -------------------------------------------------------------------------------------------------- save / load
 
-def read_config(directory: str) -> Tuple[str, dict]:
-    """(architecture name, parsed ``config.json``) of a ``save_pretrained`` folder; a missing ``config.json`` is a
-    ``FileNotFoundError``, one of another layout (an official BiGS folder's) a ``ValueError``, a damaged one a
+def read_config(directory: str) -> str:
+    """The architecture (class name) in a ``save_pretrained`` folder's ``config.json``; a missing ``config.json`` is
+    a ``FileNotFoundError``, one of another layout (an official BiGS folder's) a ``ValueError``, a damaged one a
     :class:`~mlp_vision.errors.UsageError` naming the file."""
     path = os.path.join(directory, CONFIG_NAME)
     if not os.path.isfile(path):
@@ -403,7 +389,7 @@ def read_config(directory: str) -> Tuple[str, dict]:
     architecture = architectures[0] if isinstance(architectures, list) and architectures else None
     if not isinstance(architecture, str):
         raise UsageError(f'{path}: the architecture must be a class name, got {short_repr(architecture)}')
-    return architecture, payload
+    return architecture
 
 
 def is_saved_folder(directory: str) -> bool:
@@ -419,24 +405,20 @@ def is_saved_folder(directory: str) -> bool:
 
 
 def load_text_config(config_class, directory: str, **overrides) -> TextConfig:
-    """``config_class.from_pretrained(directory)`` with ``overrides``; a config that does not build (an unknown
-    field, a value out of range such as a NaN ``layer_norm_eps``) is a :class:`~mlp_vision.errors.UsageError`
-    naming ``config.json``."""
+    """``config_class.from_pretrained(directory)`` with ``overrides``; a config that does not build is a
+    :class:`~mlp_vision.errors.UsageError` naming ``config.json``."""
     path = os.path.join(directory, CONFIG_NAME)
     try:
-        return config_class.from_pretrained(directory, **overrides)
+        return config_class.from_pretrained(directory, name_or_path=directory, **overrides)  # from_dict names it
     except WrongFamilyError:
         raise
-    except UsageError as e:
-        raise e if path in str(e) else UsageError(f'{path}: {e}') from None
     except (TypeError, ValueError, KeyError) as e:
-        raise UsageError(f'{path}: {e}') from None
+        raise UsageError(str(e) if path in str(e) else f'{path}: {e}') from None
 
 
 def _check_weights_file(model_cls: type, config: TextConfig, weights_path: str, config_path: str) -> None:
-    """Before ``transformers`` loads ``weights_path``: a readable safetensors file whose tensors have the shapes of
-    the model's (built on the ``meta`` device) and values of its kind, all finite
-    (:func:`mlp_vision.weights.check_weights`); else a :class:`~mlp_vision.errors.UsageError` naming the file."""
+    """A :class:`~mlp_vision.errors.UsageError` naming ``weights_path`` unless it is a readable safetensors file
+    whose tensors have the model's shapes and kinds, all finite (:func:`mlp_vision.weights.check_weights`)."""
     if not os.path.isfile(weights_path):
         raise UsageError(f'{weights_path} does not exist: the folder has {CONFIG_NAME} but not the weights it '
                          f'describes')
@@ -455,20 +437,16 @@ def _check_weights_file(model_cls: type, config: TextConfig, weights_path: str, 
 
 
 def check_text_model_size(model_cls: type, config: TextConfig, source: str) -> None:
-    """Refuse (:func:`~mlp_vision.bounds.check_model_size`, a :class:`UsageError` naming ``source`` and the size
-    fields) a ``model_cls(config)`` beyond :data:`~mlp_vision.bounds.MAX_PARAMS` parameters, counted on the
-    ``meta`` device before anything is allocated: a ``config.json`` or a checkpoint's saved config may say
-    ``hidden_size`` 4096 and 100,000 layers."""
+    """A :class:`UsageError` naming ``source`` and the size fields for a ``model_cls(config)`` beyond
+    :data:`~mlp_vision.bounds.MAX_PARAMS` parameters, counted on the ``meta`` device before anything is allocated."""
     check_model_size(lambda: model_cls(config, device='meta'), _model_description(model_cls, config, source))
 
 
 def check_text_activations(model_cls: type, config: TextConfig, batch_size: int, seq_len: int, training: bool,
                            source: str) -> None:
-    """Refuse (:func:`~mlp_vision.bounds.check_activation_size`, a :class:`UsageError` naming ``source``, the size
-    fields and the batch) a ``model_cls(config)`` whose forward on ``batch_size`` sequences of ``seq_len`` tokens
-    would hold more activations than the bound, estimated on the ``meta`` device before the first real batch: a
-    ``config.json`` may say ``hidden_size`` 8192 with ``max_position_embeddings`` a million. ``training``: a
-    training step (autograd keeps every layer's output), else one forward under ``no_grad``."""
+    """A :class:`UsageError` naming ``source``, the size fields and the batch for a ``model_cls(config)`` whose
+    forward on ``batch_size`` sequences of ``seq_len`` tokens (``training``: with autograd) would hold more
+    activations than :func:`~mlp_vision.bounds.check_activation_size` allows, estimated on the ``meta`` device."""
     token_ids = torch.zeros(batch_size, seq_len, dtype=torch.long, device='meta')
     check_activation_size(lambda: model_cls(config, device='meta'), [token_ids], training,
                           f'{_model_description(model_cls, config, source)}, batch {batch_size} x {seq_len} tokens')
@@ -480,8 +458,7 @@ def _model_description(model_cls: type, config: TextConfig, source: str) -> str:
 
 
 def check_tokenizer_fits(tokenizer, config: TextConfig, source: str) -> None:
-    """A model's vocabulary is its tokenizer's: a :class:`~mlp_vision.errors.UsageError` when the sizes
-    differ (ids past the embedding fail, embedding rows without a token predict what cannot be written)."""
+    """A :class:`~mlp_vision.errors.UsageError` when the model's vocabulary size is not its tokenizer's."""
     if tokenizer is not None and len(tokenizer) != config.vocab_size:
         raise UsageError(f'{source}: the model has vocab_size {config.vocab_size} but its tokenizer has '
                          f'{len(tokenizer)} tokens; they do not belong together (the config was edited, or the '

@@ -145,9 +145,8 @@ def load_config(directory: str) -> Tuple[Type[TextPreTrainedModel], TextConfig]:
     (:func:`~mlp_vision.text.modeling_utils.read_config`); a config that does not build (an unknown architecture or
     field, a value out of range such as a NaN ``layer_norm_eps``) is a :class:`~mlp_vision.errors.UsageError`
     naming ``config.json``."""
-    architecture, _ = read_config(directory)
     try:
-        stored = architecture_class(architecture)
+        stored = architecture_class(read_config(directory))
     except KeyError as e:
         raise UsageError(f'{directory}/{CONFIG_NAME}: {e.args[0]}') from None
     return stored, load_text_config(stored.config_class, directory)

@@ -1,7 +1,7 @@
 """ Tokenizers of the text models: ``transformers.PreTrainedTokenizerFast`` objects over a ``tokenizers.Tokenizer``
 (padding, truncation, batching, special tokens and saving are the libraries')::
 
-    tok = load_tokenizer('ckpt/')                      # whatever save_pretrained wrote, a vocab.txt or a tokenizer.json
+    tok = load_tokenizer('ckpt/')                      # what save_pretrained wrote, a vocab.txt or a tokenizer.json
     tok.save_pretrained('ckpt/')                       # tokenizer.json + tokenizer_config.json, for AutoTokenizer too
 
 * :func:`byte_tokenizer` -- ids 0..255 are the UTF-8 bytes, special tokens follow (default ``<pad> <cls> <sep>
@@ -15,15 +15,13 @@
 Sequences follow BERT's template (arXiv 1810.04805, §3): ``<cls> A <sep>`` and ``<cls> A <sep> B <sep>``, token type
 1 after the first ``<sep>``; padding is on the right, the only layout the models accept. The byte and char
 tokenizers read special-token strings in the text as text (``split_special_tokens``); WordPiece / BPE, and the saved
-files (``AutoTokenizer``, ``pipeline``), recognise them.
-
-A ``tokenizer.json`` with a regular expression (``Split`` / ``Replace`` with ``{"Regex": ...}``) is refused unless
-``allow_regex=True``: ``tokenizers`` runs them with a backtracking engine, and a crafted pattern takes minutes.
+files (``AutoTokenizer``, ``pipeline``), recognise them. A ``tokenizer.json`` with a regular expression is refused
+unless ``allow_regex=True`` (:func:`check_no_regex`).
 """
 import json
 import os
 import re
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 from tokenizers import Tokenizer as Backend, decoders, models, normalizers, pre_tokenizers, processors, trainers
 from transformers import PreTrainedTokenizerFast
@@ -34,8 +32,8 @@ from mlp_vision.errors import UsageError, short_repr
 
 __all__ = [
     'Tokenizer', 'byte_tokenizer', 'char_tokenizer', 'wordpiece_tokenizer', 'train_tokenizer', 'load_tokenizer',
-    'find_tokenizer', 'tokenizer_kind', 'describe_tokenizer', 'encode_with_template', 'unknown_character',
-    'check_vocab_size', 'DEFAULT_CONTROL_TOKENS', 'BERT_CONTROL_TOKENS', 'SUBWORD_KINDS', 'check_no_regex']
+    'find_tokenizer', 'tokenizer_kind', 'unknown_character', 'check_vocab_size', 'DEFAULT_CONTROL_TOKENS',
+    'BERT_CONTROL_TOKENS', 'SUBWORD_KINDS', 'check_no_regex']
 
 Tokenizer = PreTrainedTokenizerFast  # every tokenizer of the package is one
 DEFAULT_CONTROL_TOKENS = ('<pad>', '<cls>', '<sep>', '<mask>')
@@ -86,14 +84,6 @@ def _wrap(backend: Backend, kind: str, special_tokens_map: Mapping[str, str],
 def tokenizer_kind(tok: PreTrainedTokenizerFast) -> str:
     """'byte', 'char' or 'subword' ('subword' for a ``tokenizer.json`` this package did not write)."""
     return tok.init_kwargs.get('tokenizer_type') or 'subword'
-
-
-def describe_tokenizer(tok: PreTrainedTokenizerFast) -> str:
-    """One line for logs and errors: class, kind, vocabulary size and special tokens (a tokenizer's repr is many)."""
-    model = type(tok.backend_tokenizer.model).__name__
-    specials = tok.all_special_tokens
-    return (f'{type(tok).__name__} ({tokenizer_kind(tok)}, {model}): {len(tok):,} tokens, {len(specials)} special '
-            f'{short_repr(specials, limit=80)}')
 
 
 def _roles_of(special_tokens: Iterable[str]) -> Dict[str, str]:
@@ -167,17 +157,6 @@ def wordpiece_tokenizer(path: str, do_lower_case: Optional[bool] = None,
     return _wrap(_bert_wordpiece(vocab, specials['unk'], do_lower_case), 'subword', specials, do_lower_case)
 
 
-def _longest_first(n_first: int, n_second: int, budget: int) -> Tuple[int, int]:
-    """Segment lengths after dropping tokens one at a time from the longer segment (the second on ties) until both
-    fit in ``budget``: the shorter stays whole when the longer can take the rest, else the first gets the odd one."""
-    if n_first + n_second <= budget:
-        return n_first, n_second
-    short = min(n_first, n_second)
-    if 2 * short <= budget:
-        return (short, budget - short) if n_first == short else (budget - short, short)
-    return (budget + 1) // 2, budget // 2
-
-
 def unknown_character(tok: PreTrainedTokenizerFast, texts: Sequence[str], error: Exception) -> str:
     """The first character of ``texts`` outside a char tokenizer's alphabet, for the message of the ``error``
     ``tokenizers`` raised ("Missing [UNK] token"); the error itself when there is none."""
@@ -187,29 +166,6 @@ def unknown_character(tok: PreTrainedTokenizerFast, texts: Sequence[str], error:
         if found is not None:
             return found
     raise error
-
-
-def encode_with_template(tok: PreTrainedTokenizerFast, texts: Sequence[str], pairs: Optional[Sequence[str]],
-                         max_length: int) -> Tuple[List[List[int]], List[List[int]]]:
-    """(input ids, token type ids) per text (and pair) with the template, truncated to ``max_length`` tokens
-    longest-first: tokens leave the end of the longer segment, of the second on ties (the split this package's
-    classifiers always used; ``tokenizers``' ``longest_first`` gives the odd token to the second). The
-    template is the tokenizer's post-processor."""
-    budget = max_length - tok.num_special_tokens_to_add(pair=pairs is not None)
-    if budget < (0 if pairs is None else 2):
-        raise ValueError(f'max_length {max_length} leaves no room for text after the special tokens')
-    firsts = tok(list(texts), add_special_tokens=False).encodings
-    seconds = tok(list(pairs), add_special_tokens=False).encodings if pairs is not None else [None] * len(firsts)
-    ids, types = [], []
-    for first, second in zip(firsts, seconds):
-        n_first, n_second = _longest_first(len(first.ids), 0 if second is None else len(second.ids), budget)
-        first.truncate(n_first)
-        if second is not None:
-            second.truncate(n_second)
-        out = tok.backend_tokenizer.post_process(first, second, add_special_tokens=True)
-        ids.append(out.ids)
-        types.append(out.type_ids)
-    return ids, types
 
 
 MAX_VOCAB_SIZE = 2 ** 20  # the largest vocabularies in use are ~256k; tokenizers' trainer aborts the process
@@ -268,67 +224,46 @@ def train_tokenizer(texts: Optional[Iterable[str]] = None, files: Optional[Seque
 
 # ---------------------------------------------------------------------------------------------------- loading
 
-def _find_regex(node: Any, where: str = '', depth: int = 0) -> Optional[Tuple[str, Any]]:
-    """(where, pattern) of the first ``{"Regex": pattern}`` in a parsed ``tokenizer.json``, or None; the vocabulary
-    and merges (top-level ``model`` and ``added_tokens``) hold no patterns and are not walked."""
-    if depth > 64:  # tokenizers' own files nest a few levels; deeper is no tokenizer
-        return where or 'the file', '(nested deeper than 64 levels)'
-    if isinstance(node, dict) and 'Regex' in node:
-        return where, node['Regex']
+def _regexes(node: Any, where: str = '') -> Iterator[Tuple[str, Any]]:
+    """(where, pattern) of each ``{"Regex": pattern}`` in a parsed ``tokenizer.json``."""
     if isinstance(node, dict):
-        items = [(f'{where}.{k}' if where else k, v) for k, v in node.items()
-                 if depth or k not in ('model', 'added_tokens')]
+        if 'Regex' in node:
+            yield where, node['Regex']
+        for key, value in node.items():
+            yield from _regexes(value, f'{where}.{key}' if where else key)
     elif isinstance(node, list):
-        items = [(f'{where}[{i}]', v) for i, v in enumerate(node)]
-    else:
-        return None
-    return next((found for key, value in items if (found := _find_regex(value, key, depth + 1))), None)
+        for i, value in enumerate(node):
+            yield from _regexes(value, f'{where}[{i}]')
 
 
-def check_no_regex(payload: Any, where: str, allow_regex: bool = False) -> None:
+def check_no_regex(payload: Mapping[str, Any], where: str, allow_regex: bool = False) -> None:
     """A :class:`UsageError` naming ``where`` and the field when the parsed ``tokenizer.json`` ``payload`` holds a
     regular expression (``{"Regex": ...}``: a ``Split`` or ``Replace`` normalizer / pre-tokenizer), unless
     ``allow_regex``. ``tokenizers`` matches them with a backtracking engine: a crafted pattern such as ``(a+)+$``
     takes minutes per text."""
-    found = None if allow_regex else _find_regex(payload)
-    if found is not None:
-        field, pattern = found
+    steps = {k: v for k, v in payload.items() if k not in ('model', 'added_tokens')}  # the vocabulary: no patterns
+    for field, pattern in ([] if allow_regex else _regexes(steps)):
         raise UsageError(f'{where}: {field} is the regular expression {short_repr(pattern, 80)}, refused: a crafted '
                          f'pattern takes minutes per text; the tokenizers this package writes use none. Load a file '
                          f'you trust with --allow-regex (allow_regex=True in Python)')
-
-
-def _read_json(path: str) -> Optional[dict]:
-    """The JSON object of ``path`` (None when there is no such file); damaged JSON is a UsageError naming it."""
-    if not os.path.isfile(path):
-        return None
-
-    def read() -> dict:
-        with open(path, encoding='utf-8') as f:
-            d = json.load(f)
-        if not isinstance(d, dict):
-            raise ValueError(f'expected a JSON object, got a {type(d).__name__}')
-        return d
-    return _read_tokenizer_file(path, read)
 
 
 # the largest tokenizer file read: tokenizer.json files in use are up to a few tens of MB (262k tokens: ~33 MB)
 MAX_TOKENIZER_FILE_BYTES = 256 * 2 ** 20
 
 
-def _read_tokenizer_file(path: str, read):
-    """``read()`` of the tokenizer file ``path``; one over :data:`MAX_TOKENIZER_FILE_BYTES`, a damaged file, or one
-    of another kind, is a :class:`UsageError` naming it (instead of a traceback from json, a missing key, or ``tokenizers``' Rust parser -- including its
-    panics, ``pyo3_runtime.PanicException``, a ``BaseException``, e.g. a BPE ``continuing_subword_prefix`` longer
-    than its pieces)."""
+def _read_tokenizer_file(path: str, read: Callable[[str], Any]) -> Any:
+    """``read(path)``; a file over :data:`MAX_TOKENIZER_FILE_BYTES`, damaged or of another kind is a
+    :class:`UsageError` naming it (instead of a traceback from json, a missing key, or ``tokenizers``' Rust parser --
+    including its panics, ``pyo3_runtime.PanicException``, a ``BaseException``)."""
     size = os.path.getsize(path)
     if size > MAX_TOKENIZER_FILE_BYTES:
         raise UsageError(f'{path} is {size:,} bytes, more than the {MAX_TOKENIZER_FILE_BYTES:,} a tokenizer file of '
                          f'{MAX_VOCAB_SIZE:,} tokens needs; it is not one, and is not read')
     try:
-        return read()
+        return read(path)
     except (OSError, UsageError):
-        raise  # a file that cannot be read, or another file's error: each names its file
+        raise  # a file that cannot be read, or a refused one: each names its file
     except BaseException as e:  # json's ValueError, KeyError / TypeError of a missing field, tokenizers' errors
         if not isinstance(e, Exception) and type(e).__name__ != 'PanicException':
             raise  # KeyboardInterrupt, SystemExit: not the file's fault
@@ -337,71 +272,68 @@ def _read_tokenizer_file(path: str, read):
                          f'damaged, truncated or of another kind') from None
 
 
-def _hf_special_tokens(directory: str, config: Mapping[str, Any]) -> Dict[str, str]:
-    """Roles named by ``transformers``' ``special_tokens_map.json`` and ``tokenizer_config.json`` (``config``, read
-    already; its names win), as ``cls_token``..."""
-    out = {}
-    for d in (_read_json(os.path.join(directory, 'special_tokens_map.json')) or {}, config):
-        for role in CONTROL_ROLES:
-            value = d.get(f'{role}_token')
-            if isinstance(value, dict):  # transformers' AddedToken form
-                value = value.get('content')
-            if isinstance(value, str):
-                out[role] = value
-    return out
+def _read_config(path: str) -> Dict[str, Any]:
+    with open(path, encoding='utf-8') as f:
+        config = json.load(f)
+    if not isinstance(config, dict):
+        raise ValueError(f'expected a JSON object, got a {type(config).__name__}')
+    return config
 
 
-def _from_tokenizer_json(path: str, config: Mapping[str, Any], specials: Mapping[str, str],
-                         allow_regex: bool) -> PreTrainedTokenizerFast:
-    """Any ``tokenizer.json`` of ``tokenizers``; roles not in ``specials`` are found by their usual names
-    ([PAD]/<pad>, [CLS]/<cls>/<s>, ...); ``config`` (its ``tokenizer_config.json``) gives the kind and casing."""
+def _from_tokenizer_json(path: str, config: Mapping[str, Any], allow_regex: bool) -> PreTrainedTokenizerFast:
+    """Any ``tokenizer.json`` of ``tokenizers``; ``config`` (its ``tokenizer_config.json``) gives the kind, casing and
+    special tokens, roles it does not name are found by their usual names ([PAD]/<pad>, [CLS]/<cls>/<s>, ...)."""
     with open(path, encoding='utf-8') as f:
         text = f.read()
-    payload = json.loads(text)
-    check_no_regex(payload, path, allow_regex)
+    check_no_regex(json.loads(text), path, allow_regex)
     backend = Backend.from_str(text)
-    roles = {**_roles_of(backend.get_vocab(with_added_tokens=True)), **specials}
     kind = config.get('tokenizer_type') if config.get('tokenizer_type') in KINDS else 'subword'
-    return _wrap(backend, kind, roles, config.get('do_lower_case'))
+    return _wrap(backend, kind, {**_roles_of(backend.get_vocab(with_added_tokens=True)), **_config_roles(config)},
+                 config.get('do_lower_case'))
 
 
-def _find_in_file(path: str, allow_regex: bool) -> Optional[PreTrainedTokenizerFast]:
-    """The tokenizer of a ``vocab.txt`` / ``tokenizer.json`` file, None for a file of another kind."""
-    if path.endswith('.txt'):  # vocab.txt or another name
-        return _read_tokenizer_file(path, lambda: wordpiece_tokenizer(path))
+def _config_roles(config: Mapping[str, Any]) -> Dict[str, str]:
+    """role -> token named by a ``tokenizer_config.json`` (``cls_token``: a string or transformers' AddedToken)."""
+    values = {role: config.get(f'{role}_token') for role in CONTROL_ROLES}
+    values = {role: v.get('content') if isinstance(v, dict) else v for role, v in values.items()}
+    return {role: v for role, v in values.items() if isinstance(v, str)}
+
+
+def _is_tokenizer_json(path: str) -> bool:
+    """Whether the file ``path`` is a JSON object with a ``model`` (a ``tokenizer.json``)."""
     try:
-        d = _read_json(path)
-    except UsageError:  # not JSON: not a tokenizer file
-        return None
-    if 'model' not in d:
-        return None  # JSON of something else (a config.json)
-    return _read_tokenizer_file(path, lambda: _from_tokenizer_json(path, {}, {}, allow_regex))
+        return 'model' in _read_tokenizer_file(path, _read_config)
+    except UsageError:
+        return False
 
 
 def find_tokenizer(path: str, allow_regex: bool = False) -> Optional[PreTrainedTokenizerFast]:
-    """The tokenizer in a folder (or of a file), or None: its ``tokenizer.json`` (kind, casing and special tokens
-    from ``tokenizer_config.json`` / ``special_tokens_map.json`` when present), else its ``vocab.txt`` (BERT
-    WordPiece, casing from ``do_lower_case`` there, else :func:`wordpiece_tokenizer`'s guess). A regular expression is
-    refused unless ``allow_regex`` (:func:`check_no_regex`)."""
+    """The tokenizer of a folder or file, or None (a folder without one): a ``tokenizer.json`` (kind, casing and
+    special tokens from the folder's ``tokenizer_config.json``), else a ``vocab.txt`` (BERT WordPiece, casing from
+    ``do_lower_case`` there, else :func:`wordpiece_tokenizer`'s guess). A regular expression is refused unless
+    ``allow_regex`` (:func:`check_no_regex`)."""
     path = os.fspath(path)
-    if os.path.isfile(path):
-        return _find_in_file(path, allow_regex)
-    if os.path.exists(path) and not os.path.isdir(path):  # /dev/zero would be read forever
+    if not os.path.exists(path):
+        raise FileNotFoundError(f'{path} does not exist')
+    if os.path.isdir(path):
+        config_file = os.path.join(path, TOKENIZER_CONFIG_NAME)
+        config = _read_tokenizer_file(config_file, _read_config) if os.path.isfile(config_file) else {}
+        tokenizer_file, vocab_file = os.path.join(path, TOKENIZER_FILE_NAME), os.path.join(path, VOCAB_FILE_NAME)
+    elif os.path.isfile(path):
+        if path.endswith('.txt'):
+            config, tokenizer_file, vocab_file = {}, None, path
+        elif _is_tokenizer_json(path):
+            config, tokenizer_file, vocab_file = {}, path, None
+        else:
+            return None  # a file of another kind: a config.json, an optimizer.pt
+    else:  # /dev/zero would be read forever
         raise UsageError(f'{path} is not a regular file or a folder (a device, FIFO or socket); expected a tokenizer '
                          f'folder, a tokenizer.json or a vocab.txt')
-    if not os.path.isdir(path):
-        raise FileNotFoundError(f'{path} does not exist')
-    config_file = os.path.join(path, TOKENIZER_CONFIG_NAME)
-    config = _read_json(config_file) or {}
-    tokenizer_file = os.path.join(path, TOKENIZER_FILE_NAME)
-    if os.path.isfile(tokenizer_file):
-        specials = _hf_special_tokens(path, config)
-        return _read_tokenizer_file(tokenizer_file, lambda: _from_tokenizer_json(
-            tokenizer_file, config, specials, allow_regex))
-    vocab_file = os.path.join(path, VOCAB_FILE_NAME)
-    if os.path.isfile(vocab_file):
-        return _read_tokenizer_file(vocab_file, lambda: wordpiece_tokenizer(
-            vocab_file, config.get('do_lower_case'), _hf_special_tokens(path, config)))
+    if tokenizer_file and os.path.isfile(tokenizer_file):
+        return _read_tokenizer_file(tokenizer_file, lambda f: _from_tokenizer_json(f, config, allow_regex))
+    if vocab_file and os.path.isfile(vocab_file):
+        return _read_tokenizer_file(vocab_file, lambda f: wordpiece_tokenizer(f, config.get('do_lower_case'),
+                                                                              _config_roles(config)))
     return None
 
 
@@ -409,6 +341,5 @@ def load_tokenizer(path: str, allow_regex: bool = False) -> PreTrainedTokenizerF
     """As :func:`find_tokenizer`, but a folder without a tokenizer is an error."""
     tok = find_tokenizer(path, allow_regex)
     if tok is None:
-        raise FileNotFoundError(f'{path} holds no tokenizer (expected {TOKENIZER_CONFIG_NAME}, {TOKENIZER_FILE_NAME} '
-                                f'or {VOCAB_FILE_NAME})')
+        raise FileNotFoundError(f'{path} holds no tokenizer (expected {TOKENIZER_FILE_NAME} or {VOCAB_FILE_NAME})')
     return tok

@@ -22,7 +22,7 @@ from mlp_vision.text.tokenizer import (
 
 __all__ = [
     'build_tokenizer', 'tokenizer_from_path', 'encode_text', 'check_unknown_tokens', 'read_utf8_file',
-    'read_text_file', 'split_held_out', 'lm_blocks', 'LMBlocks', 'MLMMasker', 'MaskedBlocks', 'UNKNOWN_WARN_FRACTION',
+    'read_text_file', 'split_held_out', 'LMBlocks', 'MLMMasker', 'MaskedBlocks', 'UNKNOWN_WARN_FRACTION',
 ]
 
 _logger = logging.getLogger(__name__)
@@ -223,15 +223,14 @@ def encode_text(tok: Tokenizer, text: str, what: str, stop: Optional[Callable[[]
 
 
 def _turn_off_length_settings(tok: Tokenizer, what: str) -> None:
-    """A tokenizer.json may carry truncation or padding (settings for batches of one length); on a corpus they
-    would leave a few tokens, or pad tokens by the thousand. The corpus is encoded whole and cut into blocks, as
-    ``transformers`` encodes any call without ``truncation`` / ``padding``: both are turned off, in one line."""
+    """A tokenizer.json may carry truncation or padding; on a corpus they would leave a few tokens, or pad tokens by
+    the thousand: both are turned off (the corpus is encoded whole and cut into blocks), in one line."""
     backend = tok.backend_tokenizer
     truncation, padding = backend.truncation, backend.padding
-    if not truncation and not padding:
-        return
     settings = ([f'truncation to {truncation["max_length"]} tokens'] if truncation else []) + (
         [f'padding to {padding["length"]} tokens' if padding.get('length') else 'padding'] if padding else [])
+    if not settings:
+        return
     _logger.warning(f'the tokenizer\'s {" and ".join(settings)} (set in its tokenizer.json) turned off: the {what} is '
                     f'encoded whole and cut into --block-size blocks')
     backend.no_truncation()
@@ -293,11 +292,15 @@ def split_held_out(train_text: str, val_fraction: float) -> Tuple[str, str]:
 class LMBlocks(torch.utils.data.Dataset):
     """The examples of ``--task causal`` (``input_ids`` = ``labels``, (block_size,)) or ``mlm`` (``input_ids``:
     ``<cls>`` + ``block_size - 2`` tokens + ``<sep>``) cut from the 1-D ``ids`` in order, made as they are read:
-    a list of a million blocks' tensors would hold ~0.5 KB of Python objects per block beside the ids."""
+    a list of a million blocks' tensors would hold ~0.5 KB of Python objects per block beside the ids. ``ids``
+    without a whole block are a :class:`UsageError` naming ``what``."""
 
-    def __init__(self, ids: torch.Tensor, block_size: int, task: str, tokenizer: Tokenizer):
-        self.body = block_size if task == 'causal' else block_size - 2
-        self.blocks = ids[:len(ids) // self.body * self.body].view(-1, self.body)
+    def __init__(self, ids: torch.Tensor, block_size: int, task: str, tokenizer: Tokenizer, what: str):
+        body = block_size if task == 'causal' else block_size - 2
+        if len(ids) < body:
+            raise UsageError(f'the {what} has {len(ids)} tokens, fewer than one block of {body}; use a longer text '
+                             f'or a smaller --block-size')
+        self.blocks = ids[:len(ids) // body * body].view(-1, body)
         self.causal = task == 'causal'
         self.cls, self.sep = (None, None) if self.causal else (tokenizer.cls_token_id, tokenizer.sep_token_id)
 
@@ -305,21 +308,10 @@ class LMBlocks(torch.utils.data.Dataset):
         return len(self.blocks)
 
     def __getitem__(self, i: int) -> Dict[str, torch.Tensor]:
-        if not -len(self) <= i < len(self):
-            raise IndexError(f'block {i} of {len(self)}')
         block = self.blocks[i].long()
         if self.causal:
             return {'input_ids': block, 'labels': block}
         return {'input_ids': torch.cat([block.new_tensor([self.cls]), block, block.new_tensor([self.sep])])}
-
-
-def lm_blocks(ids: torch.Tensor, block_size: int, task: str, tokenizer: Tokenizer, what: str) -> LMBlocks:
-    """:class:`LMBlocks` of the 1-D ``ids``; a :class:`UsageError` naming ``what`` when it holds no whole block."""
-    blocks = LMBlocks(ids, block_size, task, tokenizer)
-    if len(blocks) == 0:
-        raise UsageError(f'the {what} has {len(ids)} tokens, fewer than one block of {blocks.body}; use a longer text '
-                         f'or a smaller --block-size')
-    return blocks
 
 
 class MLMMasker:
@@ -364,7 +356,7 @@ class MLMMasker:
 
 
 class MaskedBlocks(torch.utils.data.Dataset):
-    """MLM blocks (``lm_blocks``' ``input_ids``) masked by :class:`MLMMasker`: item ``i`` is ``input_ids`` and
+    """MLM blocks (``LMBlocks``' ``input_ids``) masked by :class:`MLMMasker`: item ``i`` is ``input_ids`` and
     ``labels`` drawn from a generator seeded by (``seed``, ``epoch``, ``i``); Trainer sets ``epoch`` at each epoch's
     start (:class:`~mlp_vision.text.callbacks.DatasetEpoch`), so each epoch masks anew (RoBERTa's dynamic masking)
     and the held-out blocks (epoch 0) are masked alike at every evaluation.

@@ -7,7 +7,6 @@ maps and has no hold-out split; here each is read right or stops with one line (
 import collections
 import contextlib
 import copy
-import dataclasses
 import hashlib
 import io
 import logging
@@ -18,7 +17,7 @@ import tarfile
 import tempfile
 import warnings
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Set, Tuple, Union
+from typing import Dict, List, NamedTuple, Optional, Sequence, Set, Tuple, Union
 
 import numpy as np
 import torch.utils.data
@@ -76,11 +75,9 @@ def check_image_args(args, model_in_chans: Optional[int] = 3) -> None:
                          f'{", ".join(DATASET_KINDS)}, or leave it out for an image folder / tar at --data-dir')
 
 
-def read_class_map(class_map: Union[str, Dict[str, int]], root: str = '') -> Dict[str, int]:
-    """``{class folder name: label}`` from a dict, or timm's ``.txt`` format (a class name a line, in label order)
-    found as given or under ``root``; a pickle is refused unopened, a blank line or a name twice is one line."""
-    if isinstance(class_map, dict):
-        return dict(class_map)
+def read_class_map(class_map: str, root: str = '') -> Dict[str, int]:
+    """``{class folder name: label}`` from timm's ``.txt`` format (a class name a line, in label order), found as
+    given or under ``root``; a pickle is refused unopened, a blank line or a name twice is one line."""
     path = class_map if os.path.isfile(class_map) or not root else os.path.join(root, class_map)
     if not os.path.isfile(path):
         raise UsageError(f'--class-map {class_map!r} is not a file; expected a text file with one class folder name '
@@ -91,8 +88,7 @@ def read_class_map(class_map: Union[str, Dict[str, int]], root: str = '') -> Dic
     try:  # a final newline or blank lines at the end name no class
         names = [line.strip() for line in Path(path).read_text(encoding='utf-8').rstrip().splitlines()]
     except (OSError, UnicodeDecodeError) as e:
-        raise UsageError(f'cannot read the class map {path}: {e} (expected a UTF-8 text file, one class name a '
-                         f'line, in label order)') from e
+        raise UsageError(f'cannot read the class map {path}: {e} (expected UTF-8 text, one class name a line)') from e
     if not names or '' in names or len(set(names)) != len(names):
         problem = 'names no class' if not names else 'has a blank line' if '' in names else 'names a class twice'
         raise UsageError(f'the class map {path} {problem}; expected one distinct class folder name per line')
@@ -100,36 +96,25 @@ def read_class_map(class_map: Union[str, Dict[str, int]], root: str = '') -> Dic
 
 
 # ------------------------------------------------------------------------------------------------ decoding
-@dataclasses.dataclass(frozen=True)
-class SkippedImage:
+class SkippedImage(NamedTuple):
     """A sample whose image cannot be used (the loaders leave it out, warn once and count it): file, why, label."""
     name: str
     reason: str
-    target: int = -1
-
-
-def _to_8bit_grayscale(img: Image.Image) -> Image.Image:
-    """'L' from 16-bit / 32-bit integer / float grayscale, where PIL's ``convert`` clips at 255: 16-bit values v
-    (and 'I' images within 0..65535) map to round(v / 257), floats in [0, 1] to round(255 v); other ranges raise."""
-    values = np.asarray(img)
-    if img.mode == 'F':
-        if not np.isfinite(values).all() or values.min() < 0 or values.max() > 1:
-            raise ValueError(f'float (mode F) image with values {values.min():g}..{values.max():g}; only 0..1 has a '
-                             f'defined 8-bit scale')
-        return Image.fromarray(np.round(values * 255.).astype(np.uint8))
-    values = values.astype(np.int64)
-    if values.size and (values.min() < 0 or values.max() > 65535):
-        raise ValueError(f'32-bit integer (mode {img.mode}) image with values {values.min()}..{values.max()}; only '
-                         f'0..65535 (16-bit) has a defined 8-bit scale')
-    return Image.fromarray(((values + 128) // 257).astype(np.uint8))
+    target: int
 
 
 def convert_image_mode(img: Image.Image, mode: Optional[str] = 'RGB') -> Image.Image:
-    """``img`` in PIL ``mode`` (none: unchanged), right for high bit depths and premultiplied / palette alpha."""
+    """``img`` in PIL ``mode`` (none: unchanged), right for premultiplied / palette alpha and for 16-bit / 32-bit
+    integer / float grayscale, which PIL's ``convert`` clips at 255: integers within 0..65535 map to round(v / 257),
+    floats within 0..1 to round(255 v), other ranges raise."""
     if not mode or img.mode == mode:
         return img
     if img.mode in ('I;16', 'I;16L', 'I;16B', 'I;16N', 'I', 'F'):
-        img = _to_8bit_grayscale(img)
+        values, top = np.asarray(img, dtype=np.float64), 1. if img.mode == 'F' else 65535.
+        if values.size and not (np.isfinite(values).all() and values.min() >= 0 and values.max() <= top):
+            raise ValueError(f'mode {img.mode} image with values {values.min():g}..{values.max():g}; only 0..{top:g} '
+                             f'has a defined 8-bit scale')
+        img = Image.fromarray(np.round(values * (255. / top)).astype(np.uint8))
     elif img.mode == 'La':  # PIL converts La only to LA
         img = img.convert('LA')
     elif img.mode == 'P' and 'transparency' in img.info:  # PIL asks for this step (and warns without it)
@@ -160,41 +145,33 @@ def load_image(fp: Union[str, os.PathLike, io.IOBase], mode: Optional[str] = 'RG
 
 
 # ------------------------------------------------------------------------------------------------ finding images
-def _is_hidden(name: str) -> bool:
-    return name.startswith('.')
+def _is_hidden(path: str) -> bool:
+    """Whether a name or a ``/``-path lies in a hidden folder or is hidden (macOS' ``._<image>``, ``.git``)."""
+    return any(part.startswith('.') for part in path.split('/'))
 
 
 def _is_image_name(name: str, extensions: Set[str]) -> bool:
     return not _is_hidden(name) and os.path.splitext(name)[1].lower() in extensions
 
 
-class _LeftOut:
-    """What a scan did not read, for a warning each: entries named like images that are no regular file (a FIFO
-    blocks ``open()`` forever), and image files of other formats than those read (timm drops them silently)."""
-
-    def __init__(self, extensions: Set[str]):
-        self.extensions, self.formats = extensions, set(Image.registered_extensions()) | {'.heic', '.heif'}
-        self.not_regular, self.other_formats = [], collections.Counter()
-
-    def note_other_file(self, name: str) -> None:
-        ext = os.path.splitext(name)[1].lower()
-        if not _is_hidden(name) and ext in self.formats and ext not in self.extensions:
-            self.other_formats[ext] += 1
-
-    def warn(self, where: str) -> None:
-        if self.not_regular:
-            _logger.warning(f'{where}: skipped {len(self.not_regular)} entries named like images that are not regular '
-                            f'files (FIFOs, devices, sockets or broken links; e.g. {self.not_regular[0]}): only '
-                            f'regular files are read as images')
-        if self.other_formats:
-            counts = ', '.join(f'{n} {ext}' for ext, n in sorted(self.other_formats.items()))
-            frames = [e for e in self.other_formats if e in ('.gif', '.tif', '.tiff', '.webp', '.apng', '.mpo', '.ico')]
-            _logger.warning(
-                f'{where}: left out {sum(self.other_formats.values())} image files of other formats ({counts}): only '
-                f'{" ".join(sorted(self.extensions))} files are read (timm\'s image extensions); convert them, or add '
-                f'their extensions in Python with timm.data.set_img_extensions' +
-                (f' ({"/".join(sorted(frames))} files with several frames are then read by their first frame only)'
-                 if frames else ''))
+def _warn_left_out(where: str, extensions: Set[str], not_regular: List[str], other_files: List[str]) -> None:
+    """A warning each for what a scan did not read (timm drops both silently): entries named like images that are no
+    regular file (a FIFO blocks ``open()`` forever), and the ``other_files`` of image formats outside ``extensions``."""
+    if not_regular:
+        _logger.warning(f'{where}: skipped {len(not_regular)} entries named like images that are not regular files '
+                        f'(FIFOs, devices, sockets or broken links; e.g. {not_regular[0]}): only regular files are '
+                        f'read as images')
+    formats = set(Image.registered_extensions()) | {'.heic', '.heif'}
+    counts = collections.Counter(e for e in (os.path.splitext(n)[1].lower() for n in other_files) if e in formats)
+    if counts:
+        frames = sorted(set(counts) & {'.gif', '.tif', '.tiff', '.webp', '.apng', '.mpo', '.ico'})
+        _logger.warning(
+            f'{where}: left out {sum(counts.values())} image files of other formats '
+            f'({", ".join(f"{n} {ext}" for ext, n in sorted(counts.items()))}): only {" ".join(sorted(extensions))} '
+            f'files are read (timm\'s image extensions); convert them, or add their extensions in Python with '
+            f'timm.data.set_img_extensions' +
+            (f' ({"/".join(frames)} files with several frames are then read by their first frame only)' if frames
+             else ''))
 
 
 def _contains(folder: str, path: str) -> bool:
@@ -206,10 +183,10 @@ def _scan_folder(root: str, extensions: Set[str]) -> List[Tuple[str, str, bool]]
     """``(path relative to root, real path, reached through a link)`` of each image under ``root``, hidden ones left
     out. Of each class folder its own tree is read first, then each link's tree in turn, every real folder once per
     class, so the walk ends (timm's ``os.walk`` follows a link loop forever)."""
-    root_real, left_out, images = os.path.realpath(root), _LeftOut(extensions), []
+    root_real, images, not_regular, other_files = os.path.realpath(root), [], [], []
     for name in sorted(os.listdir(root), key=natural_key):
         if _is_hidden(name) or not os.path.isdir(os.path.join(root, name)):
-            if _is_image_name(name, extensions):  # outside the class folders: refused by _samples_by_class
+            if _is_image_name(name, extensions):  # outside the class folders: refused by ImageFileReader
                 images.append((name, os.path.join(root, name), False))
             continue
         read: Dict[str, str] = {}  # real folder -> the relative path it was read as
@@ -228,27 +205,24 @@ def _scan_folder(root: str, extensions: Set[str]) -> List[Tuple[str, str, bool]]
                 folder, folder_rel = stack.pop()
                 with os.scandir(folder) as entries:
                     entries = sorted(entries, key=lambda e: e.name)
-                for entry in entries:
+                for entry in (e for e in entries if not _is_hidden(e.name)):
                     entry_rel = f'{folder_rel}/{entry.name}'
-                    if _is_hidden(entry.name):
-                        continue
-                    if entry.is_dir():
-                        if entry.is_symlink():
-                            trees.append((entry_rel, entry.path, folder))
-                        elif entry.path in read:  # a tree read before, now inside a linked one
-                            _logger.warning(f'{root}: skipped {entry_rel}: that folder is already read as '
-                                            f'{read[entry.path]}; its images count once')
-                        else:
-                            read[entry.path] = entry_rel
-                            stack.append((entry.path, entry_rel))
+                    if entry.is_dir() and entry.is_symlink():
+                        trees.append((entry_rel, entry.path, folder))
+                    elif entry.is_dir() and entry.path in read:  # a tree read before, now inside a linked one
+                        _logger.warning(f'{root}: skipped {entry_rel}: that folder is already read as '
+                                        f'{read[entry.path]}; its images count once')
+                    elif entry.is_dir():
+                        read[entry.path] = entry_rel
+                        stack.append((entry.path, entry_rel))
                     elif not _is_image_name(entry.name, extensions):
-                        left_out.note_other_file(entry.name)
+                        other_files.append(entry.name)
                     elif not entry.is_file():  # follows links: a FIFO or device, or a link to one or nothing
-                        left_out.not_regular.append(entry_rel)
+                        not_regular.append(entry_rel)
                     else:
                         via = linked or entry.is_symlink()
                         images.append((entry_rel, os.path.realpath(entry.path) if via else entry.path, via))
-    left_out.warn(root)
+    _warn_left_out(root, extensions, not_regular, other_files)
     return images
 
 
@@ -261,21 +235,20 @@ def _scan_tar(path: str, extensions: Set[str]) -> Tuple[List[Tuple[str, str, boo
     of its data in the file, size)}``) of an uncompressed tar: one seek reads an image in any process. Inner tars
     (ImageNet's train tar) give ``<inner tar stem>/<member>``; a truncated or corrupt tar (``tarfile`` stops quietly)
     and a link to no file of the tar are one line."""
-    images, data, left_out = [], {}, _LeftOut(extensions)
+    images, data, not_regular, other_files = [], {}, [], []
     file_size = os.path.getsize(path)
 
     def add(name: str, identity: str, linked: bool) -> None:  # hidden members (macOS' ._<image>) left out
-        parts = name.split('/')
-        if _is_image_name(parts[-1], extensions) and not any(_is_hidden(part) for part in parts):
+        if _is_image_name(name, extensions):
             images.append((name, identity, linked))
-        elif not any(_is_hidden(part) for part in parts[:-1]):
-            left_out.note_other_file(parts[-1])
+        elif not _is_hidden(name):
+            other_files.append(name)
 
     def scan(tf: tarfile.TarFile, base: int, prefix: str, where: str):
         symlinks = {}
         for ti in tf:
             name = prefix + _tar_member_name(ti.name)
-            if ti.issym() and not any(_is_hidden(part) for part in name.split('/')):
+            if ti.issym() and not _is_hidden(name):
                 symlinks[name] = ti.linkname
             elif ti.islnk():  # a file of its own with its target's data, as a hard link in a folder
                 if prefix + _tar_member_name(ti.linkname) not in data:
@@ -284,8 +257,8 @@ def _scan_tar(path: str, extensions: Set[str]) -> Tuple[List[Tuple[str, str, boo
                                      f'one made with tar -h)')
                 data[name] = data[prefix + _tar_member_name(ti.linkname)]
                 add(name, name, False)
-            elif ti.isdev() and _is_image_name(name.rsplit('/', 1)[-1], extensions):
-                left_out.not_regular.append(where + ti.name)
+            elif ti.isdev() and _is_image_name(name, extensions):
+                not_regular.append(where + ti.name)
             elif ti.isreg() and ti.sparse is None:
                 if base + ti.offset_data + ti.size > file_size:
                     raise UsageError(f'image tar {path} is truncated: member {where}{ti.name} ends past the end of '
@@ -323,7 +296,7 @@ def _scan_tar(path: str, extensions: Set[str]) -> Tuple[List[Tuple[str, str, boo
     except tarfile.TarError as e:
         raise UsageError(f'cannot read image tar {path}: {e} (expected an uncompressed .tar, complete; '
                          f'compressed tars are not supported)') from e
-    left_out.warn(f'image tar {path}')
+    _warn_left_out(f'image tar {path}', extensions, not_regular, other_files)
     return images, data
 
 
@@ -366,31 +339,13 @@ def find_split(root: str, split: str) -> Optional[str]:
 
 
 # ------------------------------------------------------------------------------------------------ the dataset
-def _samples_by_class(paths: Sequence[str], class_to_idx: Optional[Dict[str, int]],
-                      where: str) -> Tuple[List[Tuple[str, int]], Dict[str, int], List[str]]:
-    """(``(path, target)`` in natural order, class_to_idx, classes left out): an image is of the first folder it lies
-    in, at any depth (timm: its leaf folder); with ``class_to_idx``, other classes are left out, as in timm."""
-    loose = [p for p in paths if '/' not in p]
-    if loose:  # timm labels them class ''
-        raise UsageError(
-            f'{where} holds images outside class folders ({loose[0]}{" and more" if len(loose) > 1 else ""}): '
-            f'expected {where}/<class>/<image>, every image inside the folder of its class')
-    labelled = [(p, p.split('/', 1)[0]) for p in paths]
-    if class_to_idx is None:
-        class_to_idx = {c: i for i, c in enumerate(sorted({c for _, c in labelled}, key=natural_key))}
-    samples = sorted(((p, class_to_idx[c]) for p, c in labelled if c in class_to_idx),
-                     key=lambda s: natural_key(s[0]))
-    other_classes = sorted({c for _, c in labelled if c not in class_to_idx}, key=natural_key)
-    return samples, class_to_idx, other_classes
-
-
 class ImageFileReader(Reader):
     """A timm reader (``reader[index]``: ``(open binary file, target)``) of ``root/<class>/<image>``, a folder or an
-    uncompressed tar (whose paths may lie below one folder named like the split, imagenette's ``val.tar``).
-    ``class_to_idx`` (a ``class_map`` wins) labels by name; folders of other classes go to :attr:`other_classes`."""
+    uncompressed tar (whose paths may lie below one folder named like the split, imagenette's ``val.tar``). An image
+    is of the first folder it lies in, at any depth (timm: its leaf folder). ``class_to_idx`` (a ``class_map`` file
+    wins) labels by name; folders of other classes are left out, as in timm, into :attr:`other_classes`."""
 
-    def __init__(self, root: str, class_map: Optional[Union[str, Dict[str, int]]] = None,
-                 class_to_idx: Optional[Dict[str, int]] = None):
+    def __init__(self, root: str, class_map: Optional[str] = None, class_to_idx: Optional[Dict[str, int]] = None):
         super().__init__()
         self.root = root
         if class_map:
@@ -409,8 +364,15 @@ class ImageFileReader(Reader):
         else:
             images = _scan_folder(root, extensions)
         paths = _one_path_per_file(root, images)
-        self.samples, self.class_to_idx, self.other_classes = _samples_by_class(paths, class_to_idx, root)
-        self._file, self._file_pid = None, None  # the tar, opened once per process
+        loose = [p for p in paths if '/' not in p]
+        if loose:  # timm labels them class ''
+            raise UsageError(f'{root} holds images outside class folders ({loose[0]}{" and more" * (len(loose) > 1)}): '
+                             f'expected {root}/<class>/<image>, every image inside the folder of its class')
+        classes = sorted({p.split('/', 1)[0] for p in paths}, key=natural_key)
+        self.class_to_idx = class_to_idx if class_to_idx is not None else {c: i for i, c in enumerate(classes)}
+        self.other_classes = [c for c in classes if c not in self.class_to_idx]
+        self.samples = sorted(((p, self.class_to_idx[p.split('/', 1)[0]]) for p in paths
+                               if p.split('/', 1)[0] in self.class_to_idx), key=lambda s: natural_key(s[0]))
 
     def __len__(self) -> int:
         return len(self.samples)
@@ -419,11 +381,10 @@ class ImageFileReader(Reader):
         path, target = self.samples[index]
         if not self.is_tar:
             return open(os.path.join(self.root, path), 'rb'), target
-        if self._file_pid != os.getpid():  # a forked / spawned worker opens its own handle
-            self._file, self._file_pid = open(self.root, 'rb'), os.getpid()
         offset, size = self._offsets[path]
-        self._file.seek(offset)
-        data = self._file.read(size)
+        with open(self.root, 'rb') as f:  # per image, as a folder's files: no handle shared by forked workers
+            f.seek(offset)
+            data = f.read(size)
         if len(data) != size:
             raise EOFError(f'{size - len(data)} bytes missing at the end of the file')
         return io.BytesIO(data), target
@@ -435,18 +396,13 @@ class ImageFileReader(Reader):
         root = os.path.abspath(self.root) if absolute else self.root
         return f'{root}:{self._prefix}{path}' if self.is_tar else os.path.join(root, path)
 
-    def __getstate__(self):
-        state = self.__dict__.copy()
-        state['_file'] = state['_file_pid'] = None
-        return state
-
 
 class ImageFileDataset(ImageDataset):
     """timm's ``ImageDataset`` over :class:`ImageFileReader`; an image that cannot be used is a :class:`SkippedImage`,
     never replaced by the next sample (timm's)."""
 
-    def __init__(self, root: str, class_map: Optional[Union[str, Dict[str, int]]] = None,
-                 class_to_idx: Optional[Dict[str, int]] = None, input_img_mode: Optional[str] = 'RGB'):
+    def __init__(self, root: str, class_map: Optional[str] = None, class_to_idx: Optional[Dict[str, int]] = None,
+                 input_img_mode: Optional[str] = 'RGB'):
         reader = ImageFileReader(root, class_map=class_map, class_to_idx=class_to_idx)
         super().__init__(root, reader=reader, input_img_mode=input_img_mode)
         self.root = root
@@ -468,15 +424,14 @@ def parse_val_split(value: Union[str, float, None]) -> Union[str, float]:
     """``--val-split``: a split name, '' for none, or a fraction 0 < f < 1 of the training images to hold out."""
     if value is None:
         return ''
-    if isinstance(value, str):
-        try:
-            value = float(value)
-        except ValueError:
-            return value.strip()
-    if isinstance(value, bool) or not 0. < float(value) < 1.:
+    try:
+        fraction = float(value)
+    except ValueError:
+        return value.strip()
+    if not 0. < fraction < 1.:
         raise UsageError(f'--val-split {value}: a fraction of the training images to hold out must be between 0 and '
                          f'1 (e.g. 0.1), or give a split name (e.g. val)')
-    return float(value)
+    return fraction
 
 
 def stratified_holdout(names: Sequence[str], targets: Sequence[int], fraction: float,
@@ -513,21 +468,6 @@ def sample_targets(ds) -> Optional[List[int]]:
     return None if targets is None else [int(t) for t in targets]
 
 
-def _holdout_split(ds, fraction: float, seed: int) -> Tuple[DatasetSubset, DatasetSubset]:
-    """(training part, held-out part), each over its own shallow copy of ``ds`` (its own transform)."""
-    targets = sample_targets(ds)
-    if targets is None:
-        raise UsageError(f'--val-split FRACTION needs a dataset whose labels are known up front ({type(ds).__name__} '
-                         f'does not list them): give a validation split by name instead')
-    names = [p for p, _ in ds.samples] if isinstance(ds, ImageFileDataset) else [str(i) for i in range(len(targets))]
-    train_idx, held_idx = stratified_holdout(names, targets, fraction, seed)
-    if not held_idx:
-        raise UsageError(f'--val-split {fraction} holds out no image: each class has too few images '
-                         f'({len(targets)} images in {len(set(targets))} classes); give a larger fraction or a '
-                         f'val/ folder')
-    return DatasetSubset(ds, train_idx), DatasetSubset(copy.copy(ds), held_idx)
-
-
 # ------------------------------------------------------------------------------------------------ labels
 def dataset_class_names(ds) -> Optional[List[str]]:
     """Class names in label order (train.py stores them in checkpoints) from the ``class_to_idx`` or ``classes`` of
@@ -545,9 +485,8 @@ def check_num_classes(ds, num_classes: int, what: str = 'dataset', hint: str = '
     """A :class:`UsageError` if the dataset's classes are not those of a ``num_classes``-way classifier."""
     names = dataset_class_names(ds)
     if names is not None and len(names) != num_classes:
-        shown = ', '.join(names[:5]) + (', ...' if len(names) > 5 else '')
-        raise UsageError(f'class-count mismatch: the {what} has {len(names)} classes ({shown}) but the model has '
-                         f'{num_classes} outputs{hint}')
+        raise UsageError(f'class-count mismatch: the {what} has {len(names)} classes {_short_names(names, 5)} but the '
+                         f'model has {num_classes} outputs{hint}')
 
 
 def _short_names(names: Sequence[str], n: int = 10) -> str:
@@ -556,97 +495,60 @@ def _short_names(names: Sequence[str], n: int = 10) -> str:
 
 
 def check_class_names(ds, class_names: Sequence[str], what: str = 'dataset', hint: str = '') -> None:
-    """One line with both lists when ``ds`` has classes not in the model's ``class_names`` or labels them otherwise
-    (an image folder / tar labelled by them may hold a subset)."""
-    if isinstance(ds, ImageFileDataset):
-        if not ds.other_classes:
-            return
-        folders = sorted({p.split('/', 1)[0] for p, _ in ds.samples} | set(ds.other_classes), key=natural_key)
-        raise UsageError(
-            f'the {what} {ds.root} has class folders the model was not trained on '
-            f'({", ".join(ds.other_classes[:10])}{", ..." if len(ds.other_classes) > 10 else ""}): folders '
-            f'{_short_names(folders)}, model classes {_short_names(list(class_names))}{hint}')
+    """One line with both lists when ``ds`` labels other classes than the model's ``class_names`` (an image folder /
+    tar labelled by them, which may hold a subset, refused other class folders as it was read)."""
     names = dataset_class_names(ds)
     if names is None:
         _logger.warning(f'the {what} does not list its classes: its labels cannot be checked against the '
                         f'{len(class_names)} class names the model was trained on')
     elif list(names) != list(class_names):
         raise UsageError(f'the {what} labels other classes than the model was trained on: dataset classes '
-                         f'{_short_names(list(names))}, model classes {_short_names(list(class_names))}{hint}')
-
-
-def _check_every_class_trains(ds) -> None:
-    """One line when a training class has no image (a class map naming a class with no folder)."""
-    names, targets = dataset_class_names(ds), sample_targets(ds)
-    if names is None or targets is None:
-        return
-    present = set(targets)
-    empty = [name for label, name in enumerate(names) if label not in present]
-    if empty:
-        raise UsageError(f'the training set has no image of class(es) {_short_names(empty)}: nothing would train '
-                         f'their outputs; expected images in every class (or a --class-map without those classes)')
+                         f'{_short_names(names)}, model classes {_short_names(class_names)}{hint}')
 
 
 # ------------------------------------------------------------------------------------------------ datasets
-def _image_dataset(split_path: str, class_map, input_img_mode, what: str,
-                   class_to_idx: Optional[Dict[str, int]] = None) -> ImageFileDataset:
-    """The image folder / tar at ``split_path``; one line when none of its images is labelled."""
-    ds = ImageFileDataset(split_path, class_map=class_map or None, class_to_idx=class_to_idx,
-                          input_img_mode=input_img_mode)
-    if len(ds) == 0 and ds.other_classes:  # every class folder is of another class than those labelled
-        raise UsageError(
-            f'{what} at {split_path}: none of its class folders {_short_names(ds.other_classes)} is one of the '
-            f'classes it is labelled with {_short_names(dataset_class_names(ds))} (the model\'s or the class '
-            f'map\'s); expected class folders named as those classes')
-    if len(ds) == 0:
-        kind = 'tar' if ds.is_tar else 'folder'
-        raise UsageError(
-            f'{what} at {split_path} is empty: no images found (expected class folders with images, '
-            f'{split_path}{":" if ds.is_tar else "/"}<class>/<image>{"|".join(sorted(get_img_extensions()))} '
-            f'in this {kind})')
-    return ds
-
-
-def _find_image_split(root: Optional[str], split: str, what: str) -> str:
-    """The folder / tar of ``split`` under ``root``; a tar root, or a root without split folders, is the split."""
+def create_image_dataset(name: str, root: Optional[str], split: str, is_training: bool = False,
+                         class_map: Optional[str] = None, download: bool = False, input_img_mode: str = 'RGB',
+                         batch_size: int = 1, seed: int = 42, what: str = 'dataset',
+                         class_to_idx: Optional[Dict[str, int]] = None) -> torch.utils.data.Dataset:
+    """One split, never silently another: ``name`` '' an :class:`ImageFileDataset` of ``root``'s split folder / tar (a
+    tar root, or a root without split folders, is the split), other names timm's ``create_dataset``; their errors, an
+    empty split and (``class_to_idx``: labelled by name, e.g. the model's or the training set's classes, without a class
+    map) a class folder not among those classes are one line."""
+    if name != '':
+        try:
+            ds = create_dataset(name, root=root, split=split, is_training=is_training, download=download,
+                                input_img_mode=input_img_mode, batch_size=batch_size, seed=seed,
+                                class_map=read_class_map(class_map, root) if class_map else None)
+        except (RuntimeError, FileNotFoundError, AssertionError, ValueError) as e:
+            raise UsageError(f'cannot read {what} {name} at {root!r}, split {split!r}: {e or type(e).__name__}') from e
+        with contextlib.suppress(TypeError):  # raised by len() of an iterable dataset with no length
+            if len(ds) == 0:
+                raise UsageError(f'{what} {name} split {split!r} is empty')
+        return ds
     if not root:
         raise UsageError(f'no {what} given: pass --data-dir DIR (an ImageFolder tree DIR/<split>/<class>/<image>, '
                          f'or a folder holding <split>.tar) or --dataset NAME')
     if not os.path.exists(root):
         raise UsageError(f'{what} folder {root!r} does not exist (expected an ImageFolder tree '
                          f'{root}/{split}/<class>/<image> or an image tar {root}/{split}.tar)')
-    if os.path.isfile(root):
-        if not root.lower().endswith('.tar'):
-            raise UsageError(f'{what} {root!r} is a file but not an image tar (expected a folder '
-                             f'{root}/{split}/<class>/<image>, or a .tar)')
-        return root
-    found = find_split(root, split)
-    if found is not None:
-        return found
-    others = [os.path.basename(p) + '/' * os.path.isdir(p) for g in SPLIT_SYNONYMS if (p := find_split(root, g[0]))]
-    if others:
-        raise UsageError(f'no {what} split {split!r} in {root} (it has {", ".join(others)}; looked for '
-                         f'{" / ".join(_split_names(split))}, as folders or .tar)')
-    return root  # a flat root: root/<class>/<image>
-
-
-def create_image_dataset(name: str, root: Optional[str], split: str, is_training: bool = False,
-                         class_map: Optional[str] = None, download: bool = False, input_img_mode: str = 'RGB',
-                         batch_size: int = 1, seed: int = 42, what: str = 'dataset',
-                         class_to_idx: Optional[Dict[str, int]] = None) -> torch.utils.data.Dataset:
-    """One split, never silently another: ``name`` '' an :class:`ImageFileDataset` (``class_to_idx``: labelled by
-    name, e.g. the model's classes), other names timm's ``create_dataset``, its errors and an empty split one line."""
-    if name == '':
-        return _image_dataset(_find_image_split(root, split, what), class_map, input_img_mode, what, class_to_idx)
-    try:
-        ds = create_dataset(name, root=root, split=split, is_training=is_training, download=download,
-                            input_img_mode=input_img_mode, batch_size=batch_size, seed=seed,
-                            class_map=read_class_map(class_map, root) if class_map else None)
-    except (RuntimeError, FileNotFoundError, AssertionError, ValueError) as e:
-        raise UsageError(f'cannot read {what} {name} at {root!r}, split {split!r}: {e or type(e).__name__}') from e
-    with contextlib.suppress(TypeError):  # raised by len() of an iterable dataset with no length
-        if len(ds) == 0:
-            raise UsageError(f'{what} {name} split {split!r} is empty')
+    if os.path.isfile(root) and not root.lower().endswith('.tar'):
+        raise UsageError(f'{what} {root!r} is a file but not an image tar (expected a folder or a .tar)')
+    path = root if os.path.isfile(root) else find_split(root, split)
+    if path is None:  # a root without split folders is the split (root/<class>/<image>), one with others is not
+        others = [os.path.basename(p) + '/' * os.path.isdir(p) for g in SPLIT_SYNONYMS if (p := find_split(root, g[0]))]
+        if others:
+            raise UsageError(f'no {what} split {split!r} in {root} (it has {", ".join(others)}; looked for '
+                             f'{" / ".join(_split_names(split))}, as folders or .tar)')
+        path = root
+    ds = ImageFileDataset(path, class_map=class_map or None, class_to_idx=class_to_idx, input_img_mode=input_img_mode)
+    if ds.other_classes and (len(ds) == 0 or class_to_idx is not None and not class_map):
+        raise UsageError(f'{what} {path} has class folders {_short_names(ds.other_classes)} not among its classes '
+                         f'{_short_names(dataset_class_names(ds))} (the model\'s, the training set\'s or '
+                         f'--class-map\'s); expected class folders named as those classes (a subset is fine)')
+    if len(ds) == 0:
+        raise UsageError(f'{what} at {path} is empty: no {"/".join(sorted(get_img_extensions()))} image in a class '
+                         f'folder ({path}/<class>/<image>)')
     return ds
 
 
@@ -654,45 +556,50 @@ def create_train_val_datasets(
         name: str, root: Optional[str], train_split: str = 'train', val_split: Union[str, float, None] = 'validation',
         class_map: Optional[str] = None, download: bool = False, input_img_mode: str = 'RGB', batch_size: int = 1,
         seed: int = 42) -> Tuple[torch.utils.data.Dataset, Optional[torch.utils.data.Dataset]]:
-    """(training set, validation set or None) of train.py: a named split must exist (it is labelled by the training
-    set's class names), a fraction holds out part of the training images (:func:`stratified_holdout`); validation
-    is never silently the training images, and every training class has an image."""
+    """(training set, validation set or None) of train.py: every training class has an image; a named split must
+    exist (labelled by the training set's class names); a fraction holds out a :func:`stratified_holdout` of the
+    training images, each part with its own transform. Validation is never silently the training images."""
     val_split = parse_val_split(val_split)
     common = dict(class_map=class_map, download=download, input_img_mode=input_img_mode, batch_size=batch_size,
                   seed=seed)
     train = create_image_dataset(name, root, train_split, True, what='training set', **common)
-    _check_every_class_trains(train)
+    targets = sample_targets(train)  # None: not listed up front
+    present = set(targets or ())
+    empty = [c for label, c in enumerate(dataset_class_names(train) or []) if present and label not in present]
+    if empty:  # a class map naming a class with no folder
+        raise UsageError(f'the training set has no image of class(es) {_short_names(empty)}: nothing would train '
+                         f'their outputs; expected images in every class (or a --class-map without those classes)')
     if isinstance(val_split, float):
+        if targets is None:
+            raise UsageError(f'--val-split FRACTION needs a dataset whose labels are known up front '
+                             f'({type(train).__name__} does not list them): give a validation split by name instead')
+        names = ([p for p, _ in train.samples] if isinstance(train, ImageFileDataset) else
+                 [str(i) for i in range(len(targets))])
+        train_idx, held_idx = stratified_holdout(names, targets, val_split, seed)
+        if not held_idx:
+            raise UsageError(f'--val-split {val_split} holds out no image: each class has too few images '
+                             f'({len(targets)} images in {len(present)} classes); give a larger fraction or a val/ '
+                             f'folder')
         found = find_split(root, 'validation') if name == '' and os.path.isdir(root) else None
         if found:
             _logger.warning(f'--val-split {val_split}: validating on a hold-out of the training images; '
                             f'the validation split {found} is not used')
-        train, val = _holdout_split(train, val_split, seed)
-        classes = dataset_class_names(train)
-        _logger.info(f'validation: {len(val)} of the {len(train) + len(val)} training images held out (--val-split '
-                     f'{val_split}, stratified over {len(classes) if classes else "the"} classes, seed {seed}); '
-                     f'training on the other {len(train)}')
-        return train, val
+        _logger.info(f'validation: {len(held_idx)} of the {len(targets)} training images held out (--val-split '
+                     f'{val_split}, stratified over {len(present)} classes, seed {seed}); training on the other '
+                     f'{len(train_idx)}')
+        return DatasetSubset(train, train_idx), DatasetSubset(copy.copy(train), held_idx)
     if not val_split:
         return train, None
-    if name != '':
-        return train, create_image_dataset(name, root, val_split, what='validation set', **common)
-    train_path, val_path = train.root, find_split(root, val_split) if os.path.isdir(root) else None
-    if val_path is None or os.path.realpath(val_path) == os.path.realpath(train_path):
-        looked = ' / '.join(_split_names(val_split))
-        where = f'in {root} (looked for {looked}, as folders or .tar)' if os.path.isdir(root) else f'for {root}'
-        raise UsageError(
-            f'no validation split found {where}: pass --val-split FRACTION (e.g. 0.1: a seeded, class-stratified '
-            f'hold-out of the training images, disjoint from training), add a val/ folder beside the training '
-            f'images, or --val-split "" to train without validation')
+    val_path = find_split(root, val_split) if name == '' and os.path.isdir(root) else None
+    if name == '' and (val_path is None or os.path.realpath(val_path) == os.path.realpath(train.root)):
+        where = (f'in {root} (looked for {" / ".join(_split_names(val_split))}, as folders or .tar)'
+                 if os.path.isdir(root) else f'for {root}')
+        raise UsageError(f'no validation split found {where}: pass --val-split FRACTION (e.g. 0.1: a seeded, '
+                         f'class-stratified hold-out of the training images), add a val/ folder beside the training '
+                         f'images, or --val-split "" to train without validation')
     # labelled by class name, as in the training set: a validation set without some class keeps the others' labels
-    val = _image_dataset(val_path, class_map, input_img_mode, 'validation set', class_to_idx=train.class_to_idx)
-    if val.other_classes and not class_map:
-        extra = val.other_classes
-        raise UsageError(f'the validation set {val_path} has classes the training set {train_path} does not have '
-                         f'({", ".join(extra[:5])}{", ..." if len(extra) > 5 else ""}); expected the same class '
-                         f'folders in both')
-    return train, val
+    return train, create_image_dataset(name, root, val_split, what='validation set', **common,
+                                       class_to_idx=train.class_to_idx if name == '' else None)
 
 
 def dataset_source(ds) -> Optional[str]:
@@ -725,7 +632,7 @@ def prepare_digits_folder(root: Optional[os.PathLike] = None, size: int = 32,
                          f'remove it and run again to rebuild it')
     from sklearn.datasets import load_digits  # a dependency, slow to import: only here
     digits = load_digits()
-    images = np.clip(np.round(digits.images * (255. / 16.)), 0, 255).astype(np.uint8)
+    images = np.round(digits.images * (255. / 16.)).astype(np.uint8)  # 0..16 scans
     root.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f'.{root.name}-', dir=root.parent))
     try:
@@ -733,7 +640,7 @@ def prepare_digits_folder(root: Optional[os.PathLike] = None, size: int = 32,
             for k, i in enumerate(np.flatnonzero(digits.target == cls)[:max_per_class]):
                 folder = tmp / ('val' if k % 5 == 0 else 'train') / str(cls)
                 folder.mkdir(parents=True, exist_ok=True)
-                Image.fromarray(images[i], mode='L').resize((size, size), Image.BICUBIC).save(folder / f'{i:04d}.png')
+                Image.fromarray(images[i]).resize((size, size), Image.BICUBIC).save(folder / f'{i:04d}.png')
         (tmp / marker.name).write_text(f'sklearn.datasets.load_digits (UCI handwritten digits, 8x8 scans) at '
                                        f'{size}x{size} bicubic, every 5th of a class in val, {max_per_class=}\n')
         try:
@@ -742,6 +649,5 @@ def prepare_digits_folder(root: Optional[os.PathLike] = None, size: int = 32,
             if not marker.is_file():  # not a concurrent builder finishing first
                 raise
     finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(tmp, ignore_errors=True)
     return root

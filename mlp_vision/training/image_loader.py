@@ -16,7 +16,8 @@ import torch
 import torch.distributed as dist
 import torch.utils.data
 from PIL import Image
-from timm.data import auto_augment, create_transform
+from timm.data import create_transform
+from timm.data.auto_augment import AugmentOp, posterize as timm_posterize
 from timm.data.distributed_sampler import RepeatAugSampler
 from timm.data.loader import PrefetchLoader, _worker_init as timm_worker_init, fast_collate
 
@@ -33,25 +34,14 @@ __all__ = [
 _logger = logging.getLogger(__name__)
 
 
-def default_workers(most: int = 4) -> int:
-    """Loader processes by default: ``most``, at most the CPUs this process may use (more compete with the model)."""
-    return max(1, min(most, usable_cpus()))
+def default_workers() -> int:
+    """Loader processes by default: 4, at most the CPUs this process may use (more compete with the model)."""
+    return max(1, min(4, usable_cpus()))
 
 
 def _posterize(img: Image.Image, bits_to_keep: int, **kwargs) -> Image.Image:
     """timm's posterize; 0 bits give a black image, as in TF and older Pillow (recent Pillow raises mid-run)."""
-    if bits_to_keep <= 0:
-        return Image.new(img.mode, img.size)
-    return auto_augment.posterize(img, bits_to_keep, **kwargs)
-
-
-def _with_safe_posterize(transform):
-    """``transform`` with its AugmentOps' posterize running :func:`_posterize`; timm's ``NAME_TO_OP`` is untouched."""
-    for stage in transform.transforms:  # RandAugment / AugMix hold ops, AutoAugment a policy of sub-policies
-        for op in list(getattr(stage, 'ops', [])) + [op for sub in getattr(stage, 'policy', []) for op in sub]:
-            if isinstance(op, auto_augment.AugmentOp) and op.name.startswith('Posterize'):
-                op.aug_fn = _posterize
-    return transform
+    return timm_posterize(img, bits_to_keep, **kwargs) if bits_to_keep > 0 else Image.new(img.mode, img.size)
 
 
 def _worker_init(worker_id: int) -> None:
@@ -126,23 +116,24 @@ def _collate_readable(batch: List[Any]) -> Tuple[torch.Tensor, torch.Tensor, Lis
     return (*fast_collate(kept), skipped)
 
 
-class ReadableBatches:
-    """``(input, target)`` of a ``DataLoader``'s readable images: each skipped file warned once, the skipped images
-    of a pass counted (:attr:`skipped`), empty batches left out (``empty_batch_error``: raised, as DDP ranks must run
-    the same steps). ``min_kept``: a batch that unreadable images left with fewer readable ones counts as empty
-    (training: BatchNorm cannot normalise a batch of one). ``train_set``: a class none of whose images could be read
-    stops the run after the pass."""
+class ReadableBatches(torch.utils.data.DataLoader):
+    """A ``DataLoader`` of ``(input, target)`` of the readable images: each skipped file warned once, the skipped
+    images of a pass counted (:attr:`skipped`), empty batches left out (``empty_batch_error``: raised, as DDP ranks
+    must run the same steps). ``min_kept``: a batch that unreadable images left with fewer readable ones counts as
+    empty (training: BatchNorm cannot normalise a batch of one). ``train_set``: a class none of whose images could be
+    read stops the run after the pass."""
 
-    def __init__(self, loader: torch.utils.data.DataLoader, empty_batch_error: Optional[str] = None,
-                 train_set: Optional[torch.utils.data.Dataset] = None, device: Optional[torch.device] = None,
-                 min_kept: int = 1):
-        self.loader, self.empty_batch_error, self.train_set, self.device = loader, empty_batch_error, train_set, device
+    def __init__(self, dataset, empty_batch_error: Optional[str] = None, train_set=None,
+                 device: Optional[torch.device] = None, min_kept: int = 1, num_workers: int = 0, **loader_kwargs):
+        super().__init__(dataset, num_workers=num_workers, collate_fn=_collate_readable, worker_init_fn=_worker_init,
+                         persistent_workers=num_workers > 0, **loader_kwargs)
+        self.empty_batch_error, self.train_set, self.device = empty_batch_error, train_set, device
         self.min_kept, self.skipped, self.skipped_files = min_kept, 0, {}  # skipped_files: {file: why}, all passes
 
     def __iter__(self):
         self.skipped = 0
         read, unusable = collections.Counter(), collections.Counter()  # images of each class, this pass
-        for batch_idx, (input, target, skipped) in enumerate(self.loader):
+        for batch_idx, (input, target, skipped) in enumerate(super().__iter__()):
             for s in skipped:
                 if s.name not in self.skipped_files:
                     _logger.warning(f'skipped unreadable image {s.name} ({s.reason}); it is left out, '
@@ -163,14 +154,6 @@ class ReadableBatches:
             yield input, target
         if self.train_set is not None:
             self._stop_if_a_class_has_no_image(read, unusable)
-
-    def __len__(self) -> int:
-        return len(self.loader)
-
-    def __getattr__(self, name: str):  # the DataLoader's sampler, batch_sampler, dataset, ... (PrefetchLoader's)
-        if name == 'loader':  # not set yet (a copy being made): no recursion
-            raise AttributeError(name)
-        return getattr(self.loader, name)
 
     def _stop_if_a_class_has_no_image(self, read: collections.Counter, unusable: collections.Counter) -> None:
         names = dataset_class_names(self.train_set)
@@ -194,27 +177,20 @@ class ReadableBatches:
             listed = ', '.join(f'{names[t]} (all {targets.count(t)} images unusable)' for t in empty)
             raise RunError(f'no training image of class(es) {listed} could be read (see the warnings above): the '
                            f'model would learn nothing for them; stopped at the end of this epoch\'s reading, before '
-                           f'its checkpoint was written: fix or remove those files (or the class folder) and start '
-                           f'again')
+                           f'its checkpoint was written: fix or remove those files and start again')
 
 
 class ImageLoader(PrefetchLoader):
-    """timm's ``PrefetchLoader`` over :class:`ReadableBatches`, with its :attr:`skipped` and :attr:`skipped_files`."""
+    """timm's ``PrefetchLoader`` (to ``device``, normalised, random erasing) over the :class:`ReadableBatches` of
+    ``dataset`` (``loader_kwargs``), with its :attr:`skipped` and :attr:`skipped_files`."""
     skipped = property(lambda self: self.loader.skipped)
     skipped_files = property(lambda self: self.loader.skipped_files)
 
-
-def _image_loader(dataset, sampler, data_config, batch_size, device, num_workers, pin_memory, drop_last,
-                  generator, re_prob=0., re_mode='const', re_count=1, empty_batch_error: Optional[str] = None,
-                  train_set=None, min_kept: int = 1) -> ImageLoader:
-    loader = torch.utils.data.DataLoader(
-        dataset, batch_size=batch_size, sampler=sampler, num_workers=num_workers, collate_fn=_collate_readable,
-        pin_memory=pin_memory, drop_last=drop_last, generator=generator, worker_init_fn=_worker_init,
-        persistent_workers=num_workers > 0)
-    return ImageLoader(
-        ReadableBatches(loader, empty_batch_error, train_set, device, min_kept), mean=data_config['mean'],
-        std=data_config['std'], channels=data_config['input_size'][0], device=device, re_prob=re_prob,
-        re_mode=re_mode, re_count=re_count)
+    def __init__(self, dataset, data_config: Dict[str, Any], device: torch.device, re_prob: float = 0.,
+                 re_mode: str = 'const', re_count: int = 1, **loader_kwargs):
+        super().__init__(ReadableBatches(dataset, device=device, **loader_kwargs), mean=data_config['mean'],
+                         std=data_config['std'], channels=data_config['input_size'][0], device=device,
+                         re_prob=re_prob, re_mode=re_mode, re_count=re_count)
 
 
 def create_train_sampler(dataset, world_size: int, rank: int, seed: int,
@@ -235,14 +211,12 @@ def fit_batch_to_data(batch_size: int, samples_per_rank: int, even: bool = False
     (``even``: rounded down to even, for mixup); a rank with no sample is one line."""
     if samples_per_rank < (2 if even else 1):
         raise UsageError(f'the training sampler draws {samples_per_rank} image(s) per process and epoch: too few to '
-                         f'train on (with --aug-repeats, timm\'s RepeatAugSampler draws whole multiples of 256 '
-                         f'images once there are 256; use --aug-repeats 0 for a small training set)')
+                         f'train on (--aug-repeats draws multiples of 256 images: use --aug-repeats 0 on few images)')
     if batch_size <= samples_per_rank:
         return batch_size
     fitted = samples_per_rank - (samples_per_rank % 2 if even else 0)
     _logger.warning(f'--batch-size {batch_size} is more than the {samples_per_rank} training images each process '
-                    f'draws per epoch (full batches only: no update would run): training with batch {fitted}, '
-                    f'one update per epoch')
+                    f'draws per epoch: training with batch {fitted}, one update per epoch')
     return fitted
 
 
@@ -280,12 +254,14 @@ def create_train_loader(
         re_mode: str = 'pixel', re_count: int = 1) -> Tuple[ImageLoader, Optional[torch.utils.data.Sampler]]:
     """(training loader, the sampler to ``set_epoch``): timm's train transforms, sampler, fast collate and
     ``PrefetchLoader`` (``create_loader`` takes no sampler or generator: it could not seed each sample)."""
-    dataset.transform = _with_safe_posterize(create_transform(
-        data_config['input_size'], is_training=True, no_aug=no_aug, scale=tuple(scale) if scale else None,
-        ratio=tuple(ratio) if ratio else None, hflip=hflip, vflip=vflip, color_jitter=color_jitter,
-        auto_augment=auto_augment, interpolation=train_interpolation or data_config['interpolation'],
-        mean=data_config['mean'], std=data_config['std'],
-        use_prefetcher=True))  # uint8 tensors out; normalise + random-erase in the PrefetchLoader
+    dataset.transform = create_transform(  # uint8 tensors out: normalised in the PrefetchLoader
+        data_config['input_size'], is_training=True, no_aug=no_aug, scale=scale, ratio=ratio, hflip=hflip, vflip=vflip,
+        color_jitter=color_jitter, auto_augment=auto_augment, mean=data_config['mean'], std=data_config['std'],
+        interpolation=train_interpolation or data_config['interpolation'], use_prefetcher=True)
+    for stage in dataset.transform.transforms:  # RandAugment / AugMix hold ops, AutoAugment a policy of sub-policies
+        for op in list(getattr(stage, 'ops', [])) + [op for sub in getattr(stage, 'policy', []) for op in sub]:
+            if isinstance(op, AugmentOp) and op.name.startswith('Posterize'):
+                op.aug_fn = _posterize  # this transform's ops only: timm's NAME_TO_OP is untouched
     generator = torch.Generator().manual_seed(seed + rank)  # worker base seeds; never the global torch RNG
     if isinstance(dataset, torch.utils.data.IterableDataset):
         _logger.warning('iterable dataset: sample order and augmentation are up to the dataset; '
@@ -295,11 +271,11 @@ def create_train_loader(
         base_sampler = create_train_sampler(dataset, world_size, rank, seed, aug_repeats)
         sampler, samples = SeededSampler(base_sampler, seed=seed, rank=rank), SeededDataset(dataset)
         unused = unused_images_message(len(dataset), len(base_sampler), batch_size, world_size, aug_repeats)
-    loader = _image_loader(
-        samples, sampler, data_config, batch_size, device, num_workers, pin_memory, drop_last=True,
-        generator=generator, re_prob=0. if no_aug else re_prob, re_mode=re_mode, re_count=re_count,
-        empty_batch_error='with several processes a batch cannot be left out; fix or remove those files'
-        if world_size > 1 else None, train_set=dataset, min_kept=min(2, batch_size))
+    loader = ImageLoader(
+        samples, data_config, device, re_prob=0. if no_aug else re_prob, re_mode=re_mode, re_count=re_count,
+        batch_size=batch_size, sampler=sampler, num_workers=num_workers, pin_memory=pin_memory, drop_last=True,
+        generator=generator, train_set=dataset, min_kept=min(2, batch_size), empty_batch_error=(
+            'with several processes a batch cannot be left out; fix or remove those files' if world_size > 1 else None))
     if len(loader) == 0:
         raise UsageError(
             f'the training set ({len(dataset)} images over {world_size} process(es)) does not fill one batch of '
@@ -320,5 +296,5 @@ def create_eval_loader(dataset: torch.utils.data.Dataset, data_config: Dict[str,
     sampler = None
     if distributed and not isinstance(dataset, torch.utils.data.IterableDataset):  # each sample on one rank, no padding
         sampler = range(dist.get_rank(), len(dataset), dist.get_world_size())
-    return _image_loader(dataset, sampler, data_config, batch_size, device, num_workers, pin_memory,
-                         drop_last=False, generator=None)
+    return ImageLoader(dataset, data_config, device, batch_size=batch_size, sampler=sampler, num_workers=num_workers,
+                       pin_memory=pin_memory)
