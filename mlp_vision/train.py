@@ -31,11 +31,11 @@ from timm.scheduler import create_scheduler_v2, scheduler_kwargs
 from timm.utils import ModelEmaV3, dispatch_clip_grad, distribute_bn, random_seed, unwrap_model
 
 from mlp_vision.arguments import (
-    SEED_MAX, ArgumentParser, DefaultsHelpFormatter, ParseKwargs, check_flag_ranges, check_kwargs_flags, find_recipe)
+    SEED_MAX, THREADS_RANGE, ArgumentParser, DefaultsHelpFormatter, ParseKwargs, check_flag_ranges, check_kwargs_flags,
+    find_recipe, set_run_threads)
 from mlp_vision.bounds import BOUND_RANGES, size_bounds
 from mlp_vision.errors import Interrupted, RunError, UsageError, run_cli
 from mlp_vision.outputs import atomic_folder, setup_logging
-from mlp_vision.threads import THREADS_RANGE, set_run_threads
 from mlp_vision.training.image_data import (
     INTERPOLATIONS, check_image_args, check_num_classes, create_train_val_datasets, dataset_class_names,
     dataset_source, prepare_digits_folder)

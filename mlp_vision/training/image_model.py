@@ -27,10 +27,9 @@ import mlp_vision  # noqa: F401  (registers gmlp_* / smlpnet_* / mixer_* with ti
 from mlp_vision.weights import (
     TRUST_FLAG, clean_state_dict, is_training_checkpoint, load_backbone, load_checkpoint_file,
     load_model_weights, model_folder_weights, read_model_folder, text_model_hint)
-from mlp_vision.arguments import ParseKwargs, parse_device
+from mlp_vision.arguments import ParseKwargs, add_threads_argument, parse_device
 from mlp_vision.bounds import add_bound_arguments, check_activation_size, check_model_size
 from mlp_vision.errors import UsageError, short_repr
-from mlp_vision.threads import add_threads_argument
 from mlp_vision.training.image_data import IMAGE_MODE_CHANNELS, INTERPOLATIONS
 from mlp_vision.training.image_loader import default_workers
 
