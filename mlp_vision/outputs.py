@@ -1,9 +1,6 @@
-""" What the commands write, and how: files that a later mistake cannot lose or write through, and the log.
-
-A run's own files (:func:`open_own_file`: never through a link or into a FIFO / device) are written through a
-temporary name (:func:`atomic_write` and its kin), so a kill leaves the previous file or the complete new one; an
-output path the user gave is written as any Unix tool would (:func:`write_output_file`); :func:`setup_logging` and
-:func:`add_log_file` are the log.
+""" What the commands write, and how: a run's own files (never through a link or into a FIFO / device) through a
+temporary name, so a kill leaves the previous file or the complete new one (:func:`atomic_write` and its kin); an
+output path the user gave as any Unix tool writes it (:func:`write_output_file`); the log.
 """
 import contextlib
 import json
@@ -24,6 +21,7 @@ __all__ = ['open_own_file', 'temp_path', 'clean_stale_temp_files', 'atomic_write
            'setup_logging', 'add_log_file', 'remove_log_file']
 
 _TMP_TAG = '.tmp-'
+_OWN_FILES = 'a run writes only files of its own: remove it, or continue in a new folder with --output / --experiment'
 
 
 def _fsync_dir(path: Path) -> None:
@@ -35,23 +33,18 @@ def _fsync_dir(path: Path) -> None:
             os.close(fd)
 
 
-def open_own_file(path: os.PathLike, flags: int, mode: int = 0o644) -> int:
+def open_own_file(path: os.PathLike, flags: int) -> int:
     """``os.open(path, flags)`` for a file a run writes, never through a link planted in its folder (``O_NOFOLLOW``)
     nor into a FIFO, device or socket (opened non-blocking, then checked): else a :class:`UsageError` naming it."""
-    path = Path(path)
     try:
-        fd = os.open(path, flags | getattr(os, 'O_NOFOLLOW', 0) | getattr(os, 'O_NONBLOCK', 0), mode)
-    except OSError as e:
-        if path.is_symlink():  # O_NOFOLLOW's ELOOP
-            raise UsageError(f'{path} is a symbolic link; a run writes only files of its own, never through a link: '
-                             f'remove it, or continue in a new folder with --output / --experiment') from None
-        if e.filename is None:
-            raise OSError(e.errno, e.strerror, str(path)) from e
+        fd = os.open(path, flags | getattr(os, 'O_NOFOLLOW', 0) | getattr(os, 'O_NONBLOCK', 0), 0o644)
+    except OSError:
+        if os.path.islink(path):  # O_NOFOLLOW's ELOOP
+            raise UsageError(f'{path} is a symbolic link; {_OWN_FILES}') from None
         raise
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
-        raise UsageError(f'{path} is not a regular file (a FIFO, device or socket); a run writes only regular files '
-                         f'of its own: remove it, or continue in a new folder with --output / --experiment')
+        raise UsageError(f'{path} is not a regular file (a FIFO, device or socket); {_OWN_FILES}')
     if hasattr(os, 'O_NONBLOCK'):
         os.set_blocking(fd, True)
     return fd
@@ -93,15 +86,14 @@ def clean_stale_temp_files(folder: os.PathLike) -> List[Path]:
     return removed
 
 
-def atomic_write(path: os.PathLike, write: Callable[[Any], None], mode: str = 'wb') -> None:
-    """``write(f)`` into a file of our own (:func:`temp_path`), fsync, ``os.replace`` onto ``path``: a reader (or a
-    kill) sees the previous file or the complete new one; a failed write (an ``OSError`` naming ``path``) leaves
-    the previous file and no temporary file."""
+def atomic_write(path: os.PathLike, write: Callable[[Any], None]) -> None:
+    """``write(f)`` into a binary file of our own (:func:`temp_path`), fsync, ``os.replace`` onto ``path``: a reader
+    (or a kill) sees the previous file or the complete new one; a failed write (an ``OSError`` naming ``path``)
+    leaves the previous file and no temporary file."""
     path, tmp = Path(path), temp_path(path)
     try:
         tmp.unlink(missing_ok=True)  # this process's own name: a leftover (or a planted link) goes first
-        fd = open_own_file(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
-        with open(fd, mode, **({} if 'b' in mode else {'newline': '', 'encoding': 'utf-8'})) as f:
+        with open(open_own_file(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL), 'wb') as f:
             write(f)
             f.flush()
             os.fsync(f.fileno())
@@ -122,7 +114,7 @@ def atomic_save(obj: Any, path: os.PathLike) -> None:
 
 
 def atomic_write_text(path: os.PathLike, text: str) -> None:
-    atomic_write(path, lambda f: f.write(text), mode='w')
+    atomic_write(path, lambda f: f.write(text.encode('utf-8')))
 
 
 def keep_previous(path: os.PathLike) -> Optional[Path]:
@@ -173,15 +165,13 @@ def _write_in_place(path: str, data: bytes, append: bool = False) -> bool:
         fd = os.open(path, os.O_WRONLY | getattr(os, 'O_NOCTTY', 0) | (os.O_APPEND if append else 0))
     except FileNotFoundError:
         return False
-    with open(fd, 'wb', buffering=0) as f:
-        if stat.S_ISREG(os.fstat(fd).st_mode) and not append:
-            return False
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[f.write(view):]
-        except OSError as e:  # a full device (/dev/full), a reader gone (a closed pipe): name the path
-            raise OSError(e.errno, e.strerror, path) from e
+    try:
+        with open(fd, 'wb') as f:
+            if stat.S_ISREG(os.fstat(fd).st_mode) and not append:
+                return False
+            f.write(data)
+    except OSError as e:  # a full device (/dev/full), a reader gone (a closed pipe): name the path
+        raise OSError(e.errno, e.strerror, path) from e
     return True
 
 
@@ -193,13 +183,11 @@ def write_output_file(path: os.PathLike, data: Union[str, bytes], keep: bool = F
     path = os.fspath(path)
     data = data.encode('utf-8') if isinstance(data, str) else bytes(data)
     kind, is_link = output_kind(path), os.path.islink(path)
-    if kind == 'stream' and _write_in_place(path, data):
-        return None
-    if kind == 'regular' and is_link and _through_proc(path):
-        _write_in_place(path, data, append=True)
-        return None
     if kind in ('folder', 'socket'):
         raise UsageError(f'{path} is a {kind}; expected a file path (a new or regular file, a FIFO or a device)')
+    append = kind == 'regular' and is_link and _through_proc(path)
+    if (kind == 'stream' or append) and _write_in_place(path, data, append):
+        return None
     target = Path(os.path.realpath(path) if is_link else path)  # the link itself is never replaced
     kept = keep_previous(target) if keep else None
     atomic_write(target, lambda f: f.write(data))
@@ -263,26 +251,20 @@ def setup_logging(primary: bool = True) -> None:
     """One plain-message stdout handler on the root logger (idempotent across in-process runs)."""
     root = logging.getLogger()
     if not any(isinstance(h, _StdoutHandler) for h in root.handlers):
-        handler = _StdoutHandler()
-        handler.setFormatter(logging.Formatter('%(message)s'))
-        root.addHandler(handler)
+        root.addHandler(_StdoutHandler())  # logging's default format: the message
     root.setLevel(logging.INFO if primary else logging.WARNING)
 
 
-class _OwnFileHandler(logging.FileHandler):
-    def _open(self):  # a regular file of its own, never through a symbolic link
-        return open(open_own_file(self.baseFilename, os.O_WRONLY | os.O_APPEND | os.O_CREAT), 'a',
-                    encoding=self.encoding, errors=self.errors)
-
-
-def add_log_file(path: Path) -> logging.Handler:
-    """Also log to ``path`` (appending, so a resumed run continues the same file)."""
-    handler = _OwnFileHandler(path, mode='a', encoding='utf-8')
+def add_log_file(path: Path) -> logging.StreamHandler:
+    """Also log to ``path``, a file of its own (:func:`open_own_file`), appending: a resumed run continues it."""
+    handler = logging.StreamHandler(open(open_own_file(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT), 'a',
+                                         encoding='utf-8'))
     handler.setFormatter(logging.Formatter('%(asctime)s %(message)s', datefmt='%Y-%m-%d %H:%M:%S'))
     logging.getLogger().addHandler(handler)
     return handler
 
 
-def remove_log_file(handler: logging.Handler) -> None:
+def remove_log_file(handler: logging.StreamHandler) -> None:
     logging.getLogger().removeHandler(handler)
     handler.close()
+    handler.stream.close()

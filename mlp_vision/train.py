@@ -44,7 +44,7 @@ from mlp_vision.training.image_loader import (
 from mlp_vision.weights import ALLOW_MISSING_FLAG, is_training_checkpoint, load_checkpoint_file, load_model_weights
 from mlp_vision.training.run_files import (
     NonFiniteLossError, RunFolder, all_gather_objects, check_not_finished, check_resume_identity, check_resume_payload,
-    close_run_folder, log_settings_changes, open_run_folder, parse_run_args, plot_curves, preserve_rng, restore_ema,
+    close_run_folder, log_settings_changes, open_run_folder, parse_run_args, preserve_rng, restore_ema,
     restore_rng, restore_training_state, save_checkpoint, stop_error, stop_signals, write_results)
 from mlp_vision.training.image_model import (
     CROP_PCT_RANGE, DistInfo, add_common_arguments, add_compile_arguments, add_dataset_arguments,
@@ -942,10 +942,8 @@ def _export_pretrained(args, folder: RunFolder, train_model, model_ema, data_con
 
 
 def _report(args, folder: RunFolder, metrics: EpochMetrics, results: dict, data_dir: str, run_start: float) -> None:
-    """The curves and the closing log lines (``run_start``: when this process's run began)."""
+    """The closing log lines (``run_start``: when this process's run began)."""
     best, demo_val = results['best'], results['demo_validation']
-    plot_curves(folder.output_dir / 'summary.csv', folder.output_dir / 'curves.png',
-                title=f'{args.model} on {Path(data_dir).name if data_dir else args.dataset}')
     if metrics.eval is not None:
         msg = (f'Done in {format_duration(time.time() - metrics.train_start)}: final eval '
                f'{_accuracy_text(metrics.eval)} loss {metrics.eval["loss"]:.4f}')

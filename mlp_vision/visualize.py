@@ -9,6 +9,7 @@ the papers show it (usage in the README), into a new or empty ``--out``.
   ``K`` with ``D`` at lag 0 (one kernel per layer and direction, shared by all channels).
 """
 import argparse
+import importlib.util
 import math
 import os
 import re
@@ -248,6 +249,8 @@ def visualize(args: argparse.Namespace, progress: Callable[[str], None] = print)
     """Draw every layer kind the model has into ``args.out``; returns the PNG paths."""
     check_range('--grid-tokens', args.grid_tokens, low=1)
     check_range('--max-lag', args.max_lag, low=1)
+    if importlib.util.find_spec('matplotlib') is None:  # an optional dependency: say so before any work
+        raise UsageError('drawing needs matplotlib, which is not installed: pip install "mlp_vision[viz]"')
     if os.path.lexists(args.out) and not os.path.isdir(args.out):  # a file, FIFO, device or link to none
         raise UsageError(f'--out {args.out} is not a folder; expected a new or empty folder')
     if os.path.isdir(args.out) and os.listdir(args.out):

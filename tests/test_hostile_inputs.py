@@ -7,10 +7,12 @@ Every command runs in-process through its ``main`` on tiny inputs: a width-8 sML
 trained), a 1-layer text run of 4 updates, an official-layout BiGS folder of ``test_fill_mask`` (given to ``--init-from``).
 """
 import json
+import random
 import shutil
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import timm
 import torch
@@ -27,7 +29,7 @@ import mlp_vision.train_text as text_train  # noqa: E402
 import mlp_vision.validate as validate  # noqa: E402
 from mlp_vision import benchmark, visualize  # noqa: E402
 from mlp_vision.errors import UsageError, run_cli  # noqa: E402
-from mlp_vision.training.run_files import check_rng_state, get_rng_state  # noqa: E402
+from mlp_vision.training.run_files import get_rng_state, set_rng_state  # noqa: E402
 from mlp_vision.weights import check_weights  # noqa: E402
 from _helpers import TINY_GPT, TINY_VISION, crafted_checkpoint, exits_with_one_line  # noqa: E402
 from test_fill_mask import make_official_folder  # noqa: E402
@@ -174,11 +176,23 @@ def test_text_resume_refuses_weights_that_are_not_finite(text_run, text_file, tm
 _crafted = crafted_checkpoint
 
 
-def test_check_rng_state_takes_what_get_rng_state_gives():
+def test_a_checked_rng_state_takes_what_get_rng_state_gives_and_refuses_damage():
     state = get_rng_state()
-    check_rng_state({**state, 'data': torch.Generator().get_state(), 'interval_loss': 1.5, 'epoch': 3})
-    with pytest.raises(ValueError, match='torch random state'):
-        check_rng_state({**state, 'torch': state['torch'][:-1]})
+    drawn = (random.random(), np.random.rand(), torch.rand(3))
+    set_rng_state(state, check=True)
+    assert random.random() != drawn[0] and np.random.rand() != drawn[1] and not torch.equal(torch.rand(3), drawn[2])
+    py_version, py_words, _ = state['python']
+    for part, damaged in [
+            ('torch', {**state, 'torch': state['torch'][:-1]}),
+            ('Python', {**state, 'python': (py_version, py_words[:-1] + (625,), None)}),  # a position past the words
+            ('Python', {**state, 'python': (py_version, py_words, 'not a gauss')}),  # random.setstate takes it
+            ('numpy', {**state, 'numpy': {**state['numpy'], 'pos': 10 ** 6}}),  # numpy takes it, then reads past
+            ('numpy', {**state, 'numpy': {**state['numpy'], 'keys': state['numpy']['keys'][:-1]}}),
+            ('CUDA', {**state, 'cuda': ['not a generator state']})]:
+        with pytest.raises(ValueError, match=f'its {part} random-number state is not one this trainer writes'):
+            set_rng_state(damaged, check=True)
+    set_rng_state(state)  # for real: the streams from the saved state again
+    assert (random.random(), np.random.rand()) == drawn[:2] and torch.equal(torch.rand(3), drawn[2])
 
 
 # ------------------------------------------------------------------------------------------------ item 6: validate

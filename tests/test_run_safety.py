@@ -192,7 +192,7 @@ def test_a_folder_that_is_not_a_run_is_never_written(vision_run, tmp_path, legac
     folder, _ = vision_run
     mine = tmp_path / 'my_results'
     mine.mkdir()
-    (mine / 'curves.png').write_bytes(b'my own figure')
+    (mine / 'figure.png').write_bytes(b'my own figure')
     (mine / 'summary.csv').write_text('epoch,note\n0,mine\n5,mine too\n')
     ckpt = torch.load(folder / 'last.pth', weights_only=True)
     if legacy:
@@ -255,7 +255,9 @@ def _misfit_optimizer_state(ckpt):  # the first optimizer state tensor (SGD's mo
     (lambda c: c['scheduler'].update(t_initial='long'), "entry 't_initial'"),
     (lambda c: c['optimizer']['param_groups'][0].update(lr='fast'), "setting 'lr'"),
     (_misfit_optimizer_state, 'does not fit'),
-    (lambda c: c['rng_states'][0].update(torch='seed'), 'random-number state'),
+    (lambda c: c['rng_states'][0].update(torch='seed'), 'its torch random-number state'),
+    (lambda c: c['rng_states'][0]['numpy'].update(pos=10 ** 6), 'its numpy random-number state'),
+    (lambda c: c.update(args=['lr', 1.0]), "checkpoint's args is not what this trainer writes"),
 ])
 def test_crafted_saved_values_stop_with_one_line(vision_run, tmp_path, capsys, change, problem):
     # no new flags: the schedule is the checkpoint's, so its scheduler state is checked (and loaded) too
@@ -291,7 +293,7 @@ def test_temporary_files_of_a_killed_run_are_removed_at_the_next_start(vision_ru
 def test_a_run_folder_in_use_is_refused(vision_run, tmp_path, capsys):
     folder, _ = vision_run
     run_copy = _copy_run(folder, tmp_path / 'v')
-    # another process takes the folder's lock the way FolderLock does (a POSIX record lock, its pid inside)
+    # another process takes the folder's lock the way lock_folder does (a POSIX record lock, its pid inside)
     holder = subprocess.Popen([sys.executable, '-c', textwrap.dedent(f'''
         import fcntl, os, time
         fd = os.open({str(run_copy / '.lock')!r}, os.O_RDWR | os.O_CREAT)
@@ -353,6 +355,16 @@ def test_resuming_a_finished_run_is_refused_and_changes_nothing(vision_run, tmp_
     assert 'already finished its 2 epochs' in msg and 'pass a larger --epochs' in msg
     assert f'results in {run_copy.resolve() / "results.json"}' in msg
     assert _files(run_copy) == before
+
+
+def test_a_finished_runs_checkpoint_moved_elsewhere_does_not_speak_for_that_folder(vision_run, tmp_path, capsys):
+    folder, _ = vision_run
+    moved = tmp_path / 'elsewhere' / 'last.pth'
+    moved.parent.mkdir()
+    moved.write_bytes((folder / 'last.pth').read_bytes())
+    (moved.parent / 'results.json').write_text('{"error": "not this run\'s"}')
+    msg = _fail(train.main, ['--resume', str(moved)], capsys)
+    assert 'already finished its 2 epochs' in msg and 'lies outside its run\'s folder' in msg and 'not this' not in msg
 
 
 # ------------------------------------------------------------------------------------------------ issue 44, item 3

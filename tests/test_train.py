@@ -83,7 +83,7 @@ def _env():
 def test_outputs_of_a_run(reference_run):
     exp = reference_run
     for name in ('args.yaml', 'train.log', 'summary.csv', 'last.pth', 'model_best.pth', 'results.json',
-                 'curves.png', 'checkpoint-0.pth', 'checkpoint-1.pth'):
+                 'checkpoint-0.pth', 'checkpoint-1.pth'):
         assert (exp / name).is_file(), name
     rows = list(csv.DictReader(open(exp / 'summary.csv')))
     assert [r['epoch'] for r in rows] == ['0', '1']

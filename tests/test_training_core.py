@@ -221,10 +221,10 @@ def test_full_disk_is_one_line_and_keeps_the_last_checkpoint(images, tmp_path, c
     # would be refused, so the file the atomic write opens is swapped in the process instead)
     open_own_file = outputs_module.open_own_file
 
-    def full_disk(path, flags, mode=0o644):
+    def full_disk(path, flags):
         if Path(path) == temp_path(exp / 'last.pth'):
             return os.open('/dev/full', os.O_WRONLY)
-        return open_own_file(path, flags, mode)
+        return open_own_file(path, flags)
     monkeypatch.setattr(outputs_module, 'open_own_file', full_disk)
     msg = _fail(train.main, ['--resume', str(exp / 'last.pth'), '--epochs', '2'], capsys, status=1)
     assert msg == f'train.py: error: No space left on device: {exp / "last.pth"}'
@@ -311,21 +311,14 @@ def test_link_fallback_copy_never_writes_through_a_planted_link(tmp_path, monkey
     assert dst.read_bytes() == src.read_bytes() and not dst.is_symlink()
 
 
-def test_a_failed_curves_png_keeps_the_previous_one_and_no_temp_file(tmp_path, monkeypatch):
-    pytest.importorskip('matplotlib')
-    from matplotlib.figure import Figure
-    from mlp_vision.training.run_files import SummaryWriter, plot_curves
-    summary, png = tmp_path / 'summary.csv', tmp_path / 'curves.png'
-    SummaryWriter(summary).append({'epoch': 0, 'train_loss': 1.0, 'eval_loss': 2.0, 'eval_top1': 50.0})
-    assert plot_curves(summary, png) == png
-    before = png.read_bytes()
-
-    def full_disk(self, *args, **kwargs):
-        raise OSError(28, 'No space left on device')
-    monkeypatch.setattr(Figure, 'savefig', full_disk)
-    with pytest.raises(OSError, match='No space left on device'):
-        plot_curves(summary, png)
-    assert png.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ['curves.png', 'summary.csv']
+def test_a_run_needs_no_matplotlib(images, tmp_path, monkeypatch):
+    """matplotlib is the viz extra's (visualize draws with it): a training run to its end neither imports it nor
+    needs it."""
+    monkeypatch.setitem(sys.modules, 'matplotlib', None)  # any import of it now raises ImportError
+    res = train.main(TINY_VISION + ['--data-dir', str(images), '--val-split', 'val', '--epochs', '1', '--output',
+                                    str(tmp_path), '--experiment', 'plain'])
+    assert json.loads((tmp_path / 'plain' / 'results.json').read_text())['final_epoch'] == 0
+    assert res['experiment_dir'] == str((tmp_path / 'plain').resolve())
 
 
 # ------------------------------------------------------------------------------------------------ signals

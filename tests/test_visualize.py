@@ -119,6 +119,13 @@ def test_command_errors_are_one_line(tmp_path, capsys):
     assert 'has none of the layers this command draws' in line and not (tmp_path / 'o').exists()
 
 
+def test_without_matplotlib_one_line_names_the_extra(tmp_path, capsys, monkeypatch):
+    import importlib.util
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, 'find_spec', lambda name, *a: None if name == 'matplotlib' else find_spec(name, *a))
+    line = exits_with_one_line(main, ['bigs_small', '--out', str(tmp_path / 'o')], capsys)
+    assert 'pip install "mlp_vision[viz]"' in line and not (tmp_path / 'o').exists()
+
 def test_only_the_size_bounds_that_apply_are_flags(tmp_path, capsys):
     """visualize runs no forward pass, so --max-activation-gib (a bound on a forward's activations) is no flag of
     it (it was accepted and did nothing); --max-params bounds the model it builds."""

@@ -1,10 +1,7 @@
 """ A training run's files and their safety, as the functions :mod:`mlp_vision.train` calls in order:
-:func:`parse_run_args` (the flags over a ``--resume`` checkpoint's checked settings), the resumed state
-(:func:`restore_training_state`, :func:`restore_ema`, :func:`check_not_finished`) before any folder is opened,
-:func:`open_run_folder` (created, or continued in place only when it is the checkpoint's run and holds nothing newer;
-locked; no links or FIFOs), :func:`restore_rng` last (an exact resume), :func:`save_checkpoint` (atomic files with
-their history), :func:`stop_signals` / :func:`stop_error` (the one line that ends a stopped or diverged run),
-:func:`write_results`, :func:`close_run_folder`; ``summary.csv`` and ``curves.png``.
+:func:`parse_run_args`, the resumed state (checked, then loaded before any folder is opened), :func:`open_run_folder`,
+:func:`restore_rng` last (an exact resume), :func:`save_checkpoint`, :func:`stop_signals` / :func:`stop_error` (the
+one line that ends a stopped or diverged run), :func:`write_results`, :func:`close_run_folder`.
 
 Checkpoint payload (tensors and plain Python values only, so it loads with ``weights_only=True``)::
 
@@ -12,13 +9,8 @@ Checkpoint payload (tensors and plain Python values only, so it loads with ``wei
     completed), num_updates, model_cfg, state_dict, optimizer, scheduler, schedule (create_scheduler_v2 kwargs),
     amp_scaler, rng_states (one per rank), metric, args (as given), derived (:class:`~mlp_vision.arguments.RunArgs`),
     checkpoint_history, + the trainer's fields
-
-``model_best.pth`` / ``checkpoint-N.pth`` leave out ``optimizer`` and ``amp_scaler`` unless
-``--keep-optimizer-state``. timm's ``CheckpointSaver`` is not used: it replaces files with ``os.rename`` and keeps
-no earlier version, writes through links, and saves no RNG state for an exact resume.
 """
 import argparse
-import contextlib
 import csv
 import itertools
 import json
@@ -26,14 +18,12 @@ import logging
 import math
 import os
 import random
-import re
 import signal
 import stat
 import threading
 import uuid
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
-from datetime import datetime
 from io import StringIO
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
@@ -48,9 +38,14 @@ from mlp_vision.arguments import (
     BaseConfigs, RunArgs, args_to_yaml, merge_settings, parse_given, plain_value, read_json_file, read_yaml_file)
 from mlp_vision.errors import Interrupted, RunError, UsageError, short_repr
 from mlp_vision.outputs import (
-    add_log_file, atomic_link, atomic_save, atomic_write, atomic_write_text, clean_stale_temp_files, keep_previous,
-    json_text, open_own_file, remove_log_file)
+    add_log_file, atomic_link, atomic_save, atomic_write_text, clean_stale_temp_files, keep_previous, json_text,
+    open_own_file, remove_log_file)
 from mlp_vision.weights import load_checkpoint_file, load_model_weights
+
+try:
+    import fcntl
+except ImportError:  # Windows: no advisory locks
+    fcntl = None
 
 _logger = logging.getLogger(__name__)
 
@@ -62,16 +57,14 @@ RUN_CONTROL_ARGS = frozenset({
     'max_params', 'max_activation_gib', 'allow_regex',  # opt-ins past a bound: given again each time, as the trust
 })
 RUN_FILE = 'run.json'  # a run folder's identity
-_RUN_ID = re.compile(r'[0-9a-f]{32}')
+_DAMAGED = 'the file is damaged or was crafted, and is not used'
 
 
 def parse_run_args(parser: argparse.ArgumentParser, argv: Sequence[str], base_configs: BaseConfigs = (),
                    recipes: bool = False) -> Tuple[RunArgs, Optional[Dict[str, Any]]]:
-    """(args, the ``--resume`` checkpoint or None): ``argv`` parsed once (:func:`~mlp_vision.arguments.parse_given`);
-    a resumed checkpoint is loaded safely, checked to be an image training checkpoint, and its saved arguments become
-    the defaults under ``-c`` and the command line (:func:`~mlp_vision.arguments.merge_settings`, with
-    ``base_configs`` and ``recipes``), kept with its ``derived`` in ``args.resumed_settings`` /
-    ``args.resumed_derived``."""
+    """(args, the ``--resume`` checkpoint or None); a resumed image training checkpoint's saved arguments are the
+    defaults under ``-c`` and the command line, kept in ``args.resumed_settings`` (its ``derived`` in
+    ``args.resumed_derived``)."""
     given = parse_given(parser, argv)
     resume = given.get('resume', '')
     ckpt, saved = None, {}
@@ -83,11 +76,7 @@ def parse_run_args(parser: argparse.ArgumentParser, argv: Sequence[str], base_co
             what = f'a checkpoint of the {found} trainer' if found else 'not a training checkpoint'
             raise UsageError(f'--resume {resume} is {what}; expected the last.pth (or checkpoint-N.pth) of '
                              f'an image training run of {parser.prog}')
-        for field in ('args', 'derived'):  # mappings keyed by names, as save_checkpoint writes them
-            value = ckpt.get(field)
-            if value is not None and not (isinstance(value, dict) and all(isinstance(k, str) for k in value)):
-                raise UsageError(f'--resume {resume}: the checkpoint\'s {field} is not a mapping of setting names to '
-                                 f'values; the file is damaged or was crafted, and is not used')
+        check_resume_payload(ckpt, f'--resume {resume}')
         saved = {k: v for k, v in (ckpt.get('args') or {}).items() if k not in RUN_CONTROL_ARGS}
     args, _ = merge_settings(parser, given, base_configs=base_configs, run_settings=saved, recipes=recipes)
     args.resumed_settings = saved
@@ -99,13 +88,6 @@ def parse_run_args(parser: argparse.ArgumentParser, argv: Sequence[str], base_co
     return args, ckpt
 
 
-def _schedule_position(scheduler, next_epoch: int, num_updates: int) -> None:
-    if scheduler.t_in_epochs:
-        scheduler.step(next_epoch)
-    else:
-        scheduler.step_update(num_updates)
-
-
 def _differences(old: Dict[str, Any], new: Dict[str, Any], name: Callable[[str], str] = str,
                  show: Callable[[Any], str] = repr) -> List[str]:
     """``'<name(key)> <new value> (was <old value>)'`` for each key whose plain values
@@ -114,24 +96,99 @@ def _differences(old: Dict[str, Any], new: Dict[str, Any], name: Callable[[str],
     return [f'{name(k)} {show(b)} (was {show(a)})' for k, (a, b) in plain.items() if a != b]
 
 
-# ------------------------------------------------------------------------------------------------ resume
+# ------------------------------------------------------------------------------------------------ saved values
+# A checkpoint's states are data, checked before they are loaded: schedulers and scalers assign saved entries to
+# attributes, and a saved NaN would train on NaN.
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _is_plain(value: Any, live: Any = None) -> bool:
+    """None, a bool, number or string, or a list / tuple / str-keyed dict of such, without NaN or infinity (an
+    infinity is kept where the ``live`` value in its place is infinite too: a plateau scheduler's starting best)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return not math.isnan(value) and isinstance(live, float) and math.isinf(live)
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return True
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and _is_plain(v) for k, v in value.items())
+    return isinstance(value, (list, tuple)) and all(map(_is_plain, value))
+
+
+def check_settings(saved: Any, live: Dict[str, Any], name: Callable[[str], str], none_for_number: bool = True) -> None:
+    """A saved state (a scheduler's, a scaler's, an optimizer group's settings) is a dict of entries ``live`` has, of
+    plain values, a number where the live one is (or None, if ``none_for_number``); else a ``ValueError``."""
+    if not isinstance(saved, dict):
+        raise ValueError(f'{name("")} is a {type(saved).__name__}, not a state dict')
+    for k, v in saved.items():
+        if k not in live:
+            raise ValueError(f'{name(k)} is no entry of the live state')
+        if not _is_plain(v, live[k]) or _is_number(live[k]) and not (
+                _is_number(v) or none_for_number and v is None):
+            raise ValueError(f'{name(k)} is {short_repr(v)}: not a finite value of its kind')
+
+
+def check_optimizer_state(saved: Any, optimizer: torch.optim.Optimizer) -> None:
+    """A saved optimizer state fits ``optimizer``: groups of the same keys and parameter counts and settings as
+    :func:`check_settings`, per-parameter states finite numbers or tensors no larger in rank than their parameter (of
+    its shape when of its rank); else a ``ValueError``."""
+    if not isinstance(saved, dict) or set(saved) != {'state', 'param_groups'}:
+        raise ValueError('the optimizer state is not a {state, param_groups} dict')
+    groups, live_groups = saved['param_groups'], optimizer.param_groups
+    if not isinstance(groups, list) or len(groups) != len(live_groups):
+        raise ValueError(f'the optimizer state does not have the {len(live_groups)} parameter groups of this optimizer')
+    params = {}
+    for i, (group, live) in enumerate(zip(groups, live_groups)):
+        ids = group.get('params') if isinstance(group, dict) and set(group) == set(live) else None
+        if not isinstance(ids, list) or len(ids) != len(live['params']) or not all(_is_number(j) for j in ids):
+            raise ValueError(f'optimizer parameter group {i} is not one of this optimizer\'s')
+        params.update(zip(ids, live['params']))
+        check_settings({k: v for k, v in group.items() if k != 'params'}, live,
+                       lambda k: f'optimizer setting {k!r} of group {i}', none_for_number=False)
+    state = saved['state']
+    if not isinstance(state, dict) or not set(state) <= set(params):
+        raise ValueError('the optimizer state names parameters the groups do not list')
+    for j, entry in state.items():
+        if not isinstance(entry, dict):
+            raise ValueError(f'the optimizer state of parameter {j} is not a dict')
+        p = params[j]
+        for k, v in entry.items():
+            fits = _is_plain(v) and _is_number(v) or isinstance(v, torch.Tensor) and (
+                v.dim() < p.dim() or v.shape == p.shape) and (v.is_floating_point() or v.dim() == 0) and bool(
+                torch.isfinite(v).all())  # a NaN exp_avg: the first step would write NaN into the weights
+            if not fits:
+                raise ValueError(f'the optimizer state {k!r} of parameter {j} does not fit a parameter of shape '
+                                 f'{tuple(p.shape)} (finite numbers or tensors)')
+
+
 def check_resume_payload(ckpt: Dict[str, Any], source: str) -> None:
     """The fields of a training checkpoint have the types :func:`save_checkpoint` writes; else one line."""
+    def optional(key, ok):
+        return ckpt.get(key) is None or ok(ckpt[key])
+
+    def mapping(value):  # keyed by names, as save_checkpoint writes args and derived
+        return isinstance(value, dict) and all(isinstance(k, str) for k in value)
     problems = [name for name, ok in (
         ('epoch', is_count(ckpt.get('epoch'))),
         ('num_updates', is_count(ckpt.get('num_updates', ckpt.get('epoch')))),
         ('state_dict', isinstance(ckpt.get('state_dict'), dict) and all(
             isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in ckpt['state_dict'].items())),
-        ('state_dict_ema', ckpt.get('state_dict_ema') is None or isinstance(ckpt['state_dict_ema'], dict)),
-        ('scheduler', isinstance(ckpt.get('scheduler'), dict)),
-        ('schedule', ckpt.get('schedule') is None or isinstance(ckpt['schedule'], dict)),
-        ('rng_states', ckpt.get('rng_states') is None or isinstance(ckpt['rng_states'], list)),
-        ('run_id', ckpt.get('run_id') is None or is_run_id(ckpt['run_id'])),
-        ('threads', ckpt.get('threads') is None or is_count(ckpt['threads'])),
+        ('state_dict_ema', optional('state_dict_ema', mapping)),
+        ('scheduler', mapping(ckpt.get('scheduler'))),
+        ('schedule', optional('schedule', mapping)),
+        ('rng_states', optional('rng_states', lambda v: isinstance(v, list))),
+        ('run_id', optional('run_id', is_run_id)),
+        ('threads', optional('threads', is_count)),
+        ('args', optional('args', mapping)),
+        ('derived', optional('derived', mapping)),
     ) if not ok]
     if problems:
         raise UsageError(f'{source}: the checkpoint\'s {", ".join(problems)} {"is" if len(problems) == 1 else "are"} '
-                         f'not what this trainer writes; the file is damaged or was crafted, and is not used')
+                         f'not what this trainer writes; {_DAMAGED}')
 
 
 def check_resume_identity(ckpt: Optional[Dict[str, Any]], resume: str, model_name: str) -> None:
@@ -141,32 +198,32 @@ def check_resume_identity(ckpt: Optional[Dict[str, Any]], resume: str, model_nam
                          f'{model_name!r}; leave --model out to continue the run as it was')
 
 
+# ------------------------------------------------------------------------------------------------ resume
 def restore_training_state(ckpt: Optional[Dict[str, Any]], resume: str, model_name: str, model: nn.Module,
                            optimizer: torch.optim.Optimizer, scheduler, schedule: Dict[str, Any], loss_scaler=None,
                            weights_only: bool = False) -> Tuple[int, int]:
-    """Load the resumed checkpoint ``ckpt`` (None: not resuming) of a ``model_name`` model into the run's objects;
-    returns its (epoch, num_updates), (0, 0) when not resuming. The schedule continues exactly when ``schedule``
-    equals the checkpoint's; otherwise (a larger ``--epochs``) the new one is positioned at the checkpoint's epoch /
-    update, and the change logged. ``weights_only`` (``--no-resume-opt``): weights and epoch only."""
+    """Load the resumed checkpoint ``ckpt`` (None: not resuming) into the run's objects; returns its (epoch,
+    num_updates), (0, 0) when not resuming. A ``schedule`` other than the checkpoint's (a larger ``--epochs``) is
+    positioned at the checkpoint's epoch / update, and the change logged. ``weights_only``: ``--no-resume-opt``."""
     if ckpt is None:
         return 0, 0
     source = f'--resume {resume}'
     try:  # every rank's state, before anything is loaded or a folder opened (restore_rng sets it last)
         for state in ckpt.get('rng_states') or []:
-            check_rng_state(state)
+            set_rng_state(state, check=True)
     except ValueError as e:
-        raise UsageError(f'{source}: its saved random-number state is damaged or crafted ({e}); the file is not '
-                         f'used') from None
+        raise UsageError(f'{source}: {e}; {_DAMAGED}') from None
     load_model_weights(unwrap_model(model), ckpt['state_dict'], source, model_name)
     epoch, num_updates = ckpt['epoch'], ckpt.get('num_updates', ckpt['epoch'])
-    if weights_only:
-        _schedule_position(scheduler, epoch + 1, num_updates)
+    if weights_only:  # each of the two acts only in its scheduler's unit (t_in_epochs)
+        scheduler.step(epoch + 1)
+        scheduler.step_update(num_updates)
         return epoch, num_updates
     base_lrs = [g['initial_lr'] for g in optimizer.param_groups]
     changed = (_differences(ckpt['schedule'], schedule) if ckpt.get('schedule') is not None
                else ['the checkpoint records no schedule'])
     scaler_state = ckpt.get('amp_scaler') if loss_scaler is not None else None
-    try:  # checked before anything is loaded: a checkpoint's states are data, never new attributes
+    try:  # checked before anything is loaded
         check_optimizer_state(ckpt['optimizer'], optimizer)
         for what, saved, live in (('the AMP loss-scaler state', scaler_state, loss_scaler),
                                   ('the scheduler state', None if changed else ckpt['scheduler'], scheduler)):
@@ -185,7 +242,8 @@ def restore_training_state(ckpt: Optional[Dict[str, Any]], resume: str, model_na
         return epoch, num_updates
     for group, lr in zip(optimizer.param_groups, base_lrs):
         group['initial_lr'] = lr
-    _schedule_position(scheduler, epoch + 1, num_updates)
+    scheduler.step(epoch + 1)
+    scheduler.step_update(num_updates)
     _logger.warning(
         f'{source}: the learning-rate schedule differs from the checkpoint\'s ({"; ".join(changed)}): the new '
         f'{schedule["sched"]} schedule continues from epoch {epoch + 1} at LR {optimizer.param_groups[0]["lr"]:.4g}')
@@ -205,8 +263,8 @@ def resumed_from_a_run(ckpt: Dict[str, Any], resume: str) -> bool:
 
 
 def check_not_finished(ckpt: Optional[Dict[str, Any]], resume: str, done: int, total: int) -> None:
-    """Refuse to resume a run that has nothing left to train (its results stay as they are); the message says
-    what its folder holds: its results, the error its final stage stopped on, or that it has none."""
+    """Refuse to resume a run that has nothing left to train, saying what its folder holds: its results, the error
+    its final stage stopped on, or none."""
     if ckpt is None or done < total:
         return
     folder = Path(resume).resolve().parent
@@ -227,9 +285,63 @@ def check_not_finished(ckpt: Optional[Dict[str, Any]], resume: str, done: int, t
                      f'pass a larger --epochs')
 
 
+# ------------------------------------------------------------------------------------------------ random states
+def get_rng_state() -> Dict[str, Any]:
+    """Python, numpy and torch (CPU, and CUDA if initialised) RNG states as tensors / plain Python values."""
+    name, keys, pos, has_gauss, cached_gaussian = np.random.get_state()
+    state = {'python': random.getstate(), 'torch': torch.get_rng_state(),
+             'numpy': {'name': name, 'keys': torch.from_numpy(keys.astype(np.int64)), 'pos': int(pos),
+                       'has_gauss': int(has_gauss), 'cached_gaussian': float(cached_gaussian)}}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state['cuda'] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: Dict[str, Any], check: bool = False) -> None:
+    """Set the states :func:`get_rng_state` gave (``check``: on new generators instead); a part that is not such a
+    state is a ``ValueError`` naming it, also where the setters take it (Python hands out a saved gauss as drawn;
+    numpy reads past its 624 words from a larger position)."""
+    py_rng, np_rng, torch_rng = (random.Random(), np.random.RandomState(), torch.Generator()) if check else (
+        random, np.random, torch.default_generator)
+    part = 'saved'
+    try:
+        part, (version, words, gauss) = 'Python', state['python']  # a weights-only load gives lists for tuples
+        if not (gauss is None or isinstance(gauss, float)):
+            raise TypeError
+        py_rng.setstate((version, tuple(words), gauss))
+        part, n = 'numpy', state['numpy']
+        if not (is_count(n['pos']) and n['pos'] <= 624):
+            raise ValueError
+        np_rng.set_state((n['name'], n['keys'].numpy().astype(np.uint32), n['pos'], n['has_gauss'],
+                          n['cached_gaussian']))
+        part = 'torch'
+        torch_rng.set_state(state['torch'])
+        part, cuda = 'CUDA', state.get('cuda')
+        if cuda is not None and not all(isinstance(t, torch.Tensor) and t.dtype == torch.uint8 for t in cuda):
+            raise TypeError
+        if cuda is not None and not check and torch.cuda.is_available():
+            if len(cuda) == torch.cuda.device_count():
+                torch.cuda.set_rng_state_all(cuda)
+            else:
+                _logger.warning('checkpoint has CUDA RNG states for another GPU count; CUDA RNG not restored')
+    except (TypeError, ValueError, KeyError, IndexError, AttributeError, RuntimeError, OverflowError) as e:
+        raise ValueError(f'its {part} random-number state is not one this trainer writes ({type(e).__name__})'
+                         ) from None
+
+
+@contextmanager
+def preserve_rng():
+    """Code in the block cannot shift training's random streams."""
+    state = get_rng_state()
+    try:
+        yield
+    finally:
+        set_rng_state(state)
+
+
 def restore_rng(ckpt: Optional[Dict[str, Any]], resume: str, dist_info) -> None:
-    """Restore this rank's RNG states from the resumed checkpoint ``ckpt`` (None: not resuming); call it last:
-    nothing built before shifts them."""
+    """This rank's RNG states from the resumed checkpoint ``ckpt`` (None: not resuming); called last, so nothing
+    built before shifts them."""
     if ckpt is None:
         return
     states, world = ckpt.get('rng_states') or [], dist_info.world_size
@@ -239,9 +351,8 @@ def restore_rng(ckpt: Optional[Dict[str, Any]], resume: str, dist_info) -> None:
         return
     try:
         set_rng_state(states[dist_info.rank])
-    except (TypeError, ValueError, KeyError, IndexError, AttributeError, RuntimeError) as e:
-        raise UsageError(f'--resume {resume}: its saved random-number state is damaged or crafted '
-                         f'({type(e).__name__}: {" ".join(str(e).split())[:120]}); the file is not used') from None
+    except ValueError as e:  # a CUDA state of another size: only setting it tells
+        raise UsageError(f'--resume {resume}: {e}; {_DAMAGED}') from None
 
 
 # ------------------------------------------------------------------------------------------------ folder identity
@@ -249,27 +360,23 @@ def restore_rng(ckpt: Optional[Dict[str, Any]], resume: str, dist_info) -> None:
 # every checkpoint it writes carries the same ``run_id``. ``--resume`` continues *in place* only when, under the
 # folder's lock (re-read after taking it), the folder is the checkpoint's run and holds nothing newer
 # (:func:`newer_than`); otherwise in a new folder, so nothing of another run, or of a folder that is no run, is
-# replaced. The lock is a POSIX record lock on ``.lock`` (not ``flock``: forked data-loader workers do not inherit
-# it, so a killed run's orphaned workers cannot keep its folder locked).
+# replaced.
 def new_run_folder(root: os.PathLike, name: str) -> Path:
-    """``root/name``, or the first free ``root/name-N``, created here (``mkdir`` is atomic: two runs started at once
-    never share one)."""
-    root = Path(root)
-    root.mkdir(parents=True, exist_ok=True)
+    """``root/name``, or the first free ``root/name-N``, created (atomically: two runs never share one)."""
+    Path(root).mkdir(parents=True, exist_ok=True)
     for n in itertools.count():
-        folder = root / (name if n == 0 else f'{name}-{n}')
-        with contextlib.suppress(FileExistsError):
+        folder = Path(root) / (name if n == 0 else f'{name}-{n}')
+        with suppress(FileExistsError):
             folder.mkdir()
             return folder
 
 
-def is_run_id(value) -> bool:
-    return isinstance(value, str) and _RUN_ID.fullmatch(value) is not None
+def is_run_id(value) -> bool:  # as uuid4().hex
+    return isinstance(value, str) and len(value) == 32 and set(value) <= set('0123456789abcdef')
 
 
 def read_run_id(folder: Path) -> Optional[str]:
-    """The id in ``folder/run.json``, or None when the folder is not a run: no such file, a link, not a regular file,
-    larger than any we write, or not our format."""
+    """The id in ``folder/run.json``; None when it is not a small regular file of our format."""
     path = folder / RUN_FILE
     try:
         info = os.lstat(path)
@@ -281,53 +388,38 @@ def read_run_id(folder: Path) -> Optional[str]:
     return run_id if is_run_id(run_id) else None
 
 
-class FolderLock:
-    """An exclusive lock on ``folder/.lock`` held until :meth:`release`; a folder another process holds is refused
-    (two processes writing one run would interleave its checkpoints and logs)."""
-
-    def __init__(self, folder: Path):
-        self.folder = folder
-        self._fd: Optional[int] = None
-        try:
-            import fcntl
-        except ImportError:  # Windows: no advisory locks here
-            return
-        fd = open_own_file(folder / '.lock', os.O_RDWR | os.O_CREAT)
-        try:
-            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            holder = os.read(fd, 32).decode(errors='replace').strip()
-            os.close(fd)
-            raise UsageError(f'{folder} is in use by another training process (pid {holder or "unknown"}); wait for '
-                             f'it to end, or pass --output / --experiment to continue in a new folder') from None
-        os.ftruncate(fd, 0)
-        os.write(fd, str(os.getpid()).encode())
-        self._fd = fd
-
-    def release(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)  # closing the descriptor releases the lock
-            self._fd = None
-
-
-def check_own_files(folder: Path) -> None:
-    """Refuse (one line) a run folder holding a symbolic link, FIFO, device or socket: the run would write through
-    it (a linked ``train.log`` appends to a file elsewhere) or block on it."""
+def lock_folder(folder: Path) -> Optional[int]:
+    """Take ``folder`` for this process: the descriptor of its locked ``.lock`` (None on Windows). Refused: a folder
+    another process holds, or holding a link, FIFO, device or socket (the run would write through it or block). A
+    POSIX record lock, not ``flock``: a killed run's orphaned loader workers do not inherit it."""
     with os.scandir(folder) as entries:
         for entry in entries:
-            if entry.is_symlink():
-                what = 'a symbolic link'
-            elif not (entry.is_file(follow_symlinks=False) or entry.is_dir(follow_symlinks=False)):
-                what = 'not a regular file (a FIFO, device or socket)'
-            else:
-                continue
-            raise UsageError(f'{folder} holds {entry.name}, {what}; a run writes only files of its own: remove it, '
-                             f'or continue in a new folder with --output / --experiment')
+            if entry.is_symlink() or not (entry.is_file(follow_symlinks=False) or entry.is_dir(follow_symlinks=False)):
+                what = 'a symbolic link' if entry.is_symlink() else 'not a regular file (a FIFO, device or socket)'
+                raise UsageError(f'{folder} holds {entry.name}, {what}; a run writes only files of its own: remove '
+                                 f'it, or continue in a new folder with --output / --experiment')
+    if fcntl is None:
+        return None
+    fd = open_own_file(folder / '.lock', os.O_RDWR | os.O_CREAT)
+    try:
+        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        holder = os.read(fd, 32).decode(errors='replace').strip()
+        os.close(fd)
+        raise UsageError(f'{folder} is in use by another training process (pid {holder or "unknown"}); wait for it '
+                         f'to end, or pass --output / --experiment to continue in a new folder') from None
+    os.ftruncate(fd, 0)
+    os.write(fd, str(os.getpid()).encode())
+    return fd
+
+
+def _unlock(fd: Optional[int]) -> None:
+    if fd is not None:
+        os.close(fd)
 
 
 def peek_checkpoint(path: Path) -> Dict[str, Any]:
-    """Checkpoint ``path`` memory-mapped (its tensors are not read), for its plain fields; {} if it cannot be read
-    as one of ours (the caller then keeps what it has)."""
+    """Checkpoint ``path`` memory-mapped (its tensors are not read), for its plain fields; {} if unreadable."""
     try:
         ckpt = torch.load(path, map_location='cpu', weights_only=True, mmap=True)
     except Exception:  # any unreadable file
@@ -347,19 +439,17 @@ def newer_than(folder: Path, epoch: int, run_id: Optional[str]) -> Optional[str]
     if folder_id != run_id:
         return f'{folder} is another run (run id {folder_id[:8]}, the checkpoint\'s {run_id[:8]})'
     last = folder / 'last.pth'
-    if last.exists() or last.is_symlink():
+    if os.path.lexists(last):
         saved = peek_checkpoint(last)
-        later, last_id = saved.get('epoch'), saved.get('run_id')
+        later = saved.get('epoch')
         if not is_count(later):
             return f'{folder} has a last.pth that cannot be read'
-        if last_id != run_id:
+        if saved.get('run_id') != run_id:
             return f'{folder}\'s last.pth belongs to another run'
         return f'{folder} has reached epoch {later}' if later > epoch else None
-    files = [int(m.group(1)) for p in folder.glob('checkpoint-*.pth')
-             if (m := re.fullmatch(r'checkpoint-(\d+)\.pth', p.name))]  # the names CheckpointManager.file_name gives
+    files = [int(p.stem[11:]) for p in folder.glob('checkpoint-*.pth') if p.stem[11:].isdigit()]  # as file_name gives
     try:
-        rows = [int(r['epoch']) for r in SummaryWriter(folder / 'summary.csv').read()
-                if str(r.get('epoch', '')).isdigit()]
+        rows = [int(r['epoch']) for r in SummaryWriter(folder / 'summary.csv').read()]
     except (OSError, csv.Error, UnicodeDecodeError):
         return f'{folder} has no last.pth and a summary.csv that cannot be read'
     later = max(files + rows, default=epoch)
@@ -375,7 +465,7 @@ class RunFolder:
     run_id: str  # this run's identity (RUN_FILE), stored in every checkpoint
     saver: 'CheckpointManager'
     summary: 'SummaryWriter'
-    lock: Optional[FolderLock]
+    lock: Optional[int]  # lock_folder's descriptor
     log_handler: logging.Handler
     last_saved: Optional[int] = None  # the epoch of the newest checkpoint (a resumed run: the checkpoint's)
     in_final_stage: bool = False  # from here a failure leaves a results.json holding the error
@@ -384,11 +474,10 @@ class RunFolder:
 
 def open_run_folder(args, ckpt: Optional[Dict[str, Any]], *, default_root: str, default_name: str,
                     decreasing: bool, max_history: int) -> RunFolder:
-    """Rank 0: the experiment folder (locked for this process), ``train.log``, ``args.yaml``, the checkpoint
-    manager and ``summary.csv``. A new run gets a new folder (``NAME-1`` if NAME exists) and run id; a resumed
-    one continues in place only as :func:`_resume_folder` decides, else in a new folder. A folder in use by another
-    process, or holding links or FIFOs, is refused. ``decreasing``: the best-checkpoint metric is better when lower;
-    ``max_history``: the N best ``checkpoint-<epoch>.pth`` kept."""
+    """Rank 0: the experiment folder (:func:`lock_folder`), ``train.log``, ``args.yaml``, ``derived.yaml``, the
+    checkpoint manager and ``summary.csv``. A new run gets a new folder (``NAME-1`` if NAME exists) and run id; a
+    resumed one continues in place only as :func:`_resume_folder` decides. ``decreasing``: the metric is better when
+    lower; ``max_history``: the N best ``checkpoint-<epoch>.pth`` kept."""
     root = Path(args.output or default_root)
     if os.path.lexists(root) and not root.is_dir():  # a file, FIFO, device or link to none
         raise UsageError(f'--output {root} is not a folder; expected a folder (created if missing)')
@@ -397,25 +486,36 @@ def open_run_folder(args, ckpt: Optional[Dict[str, Any]], *, default_root: str, 
                          f'"/" or ".."), and the parent folder with --output')
     note, history, lock, last_saved = '', None, None, ckpt.get('epoch') if ckpt is not None else None
     if args.resume:  # the saved history is checked before any folder is made or touched
-        history = CheckpointManager(root).check_state(
-            ckpt.get('checkpoint_history') if ckpt is not None else None, source=f'--resume {args.resume}')
+        history = CheckpointManager(root).check_state(ckpt.get('checkpoint_history'), source=f'--resume {args.resume}')
         output_dir, note, lock = _resume_folder(args, ckpt, root, last_saved)
     else:
         output_dir = new_run_folder(root, args.experiment or default_name)
     output_dir = output_dir.resolve()
-    in_place = lock is not None  # _resume_folder locks (and checks) the folder it continues in place
+    in_place = note is None  # _resume_folder has locked (and checked) the folder it continues in place
     log_handler = None
     try:
-        if not in_place:
-            lock = FolderLock(output_dir)
-            check_own_files(output_dir)
         run_id = ckpt['run_id'] if in_place else uuid.uuid4().hex
-        if not in_place:  # the new run's identity
+        if not in_place:  # a new run: its identity
+            lock = lock_folder(output_dir)
             atomic_write_text(output_dir / RUN_FILE, json.dumps({'run_id': run_id, 'kind': 'image'}) + '\n')
         log_handler = add_log_file(output_dir / 'train.log')
         if note:
             _logger.warning(note)
-        _write_settings(args, output_dir)
+        removed = clean_stale_temp_files(output_dir)
+        if removed:
+            _logger.info(f'removed {len(removed)} temporary files left by a killed run: '
+                         f'{", ".join(p.name for p in removed)}')
+        settings, args_file = args.given(), output_dir / 'args.yaml'
+        if args_file.exists():  # an earlier one of other settings (or unreadable) is kept
+            try:  # through the one strict yaml reader (bounded size, no aliases or duplicate keys)
+                previous = read_yaml_file(str(args_file), 'args.yaml') or {}
+            except UsageError:
+                previous = None
+            if not isinstance(previous, dict) or _differences(
+                    *({k: v for k, v in d.items() if k not in RUN_CONTROL_ARGS} for d in (previous, settings))):
+                _logger.info(f'the settings changed: the previous args.yaml is kept as {keep_previous(args_file).name}')
+        atomic_write_text(args_file, args_to_yaml(settings))
+        atomic_write_text(output_dir / 'derived.yaml', args_to_yaml(args.derived))
         saver = CheckpointManager(output_dir, decreasing=decreasing, max_history=max_history,
                                   resume_only=() if args.keep_optimizer_state else ('optimizer', 'amp_scaler'))
         summary = SummaryWriter(output_dir / 'summary.csv')
@@ -430,17 +530,14 @@ def open_run_folder(args, ckpt: Optional[Dict[str, Any]], *, default_root: str, 
     except BaseException:  # a folder that could not be set up is not held
         if log_handler is not None:
             remove_log_file(log_handler)
-        if lock is not None:
-            lock.release()
+        _unlock(lock)
         raise
     return RunFolder(output_dir, run_id, saver, summary, lock, log_handler, last_saved)
 
 
-def _resume_folder(args, ckpt: Dict[str, Any], root: Path, epoch: int) -> Tuple[Path, str, Optional[FolderLock]]:
-    """(the folder a resumed run writes to, a note to log, the folder's lock: taken when it is the checkpoint's own
-    folder, continued in place). In place is decided under the folder's lock, from the folder as it is then: a
-    second resume of the same run that loaded its checkpoint before the first took the lock sees the first's
-    epochs."""
+def _resume_folder(args, ckpt: Dict[str, Any], root: Path, epoch: int) -> Tuple[Path, Optional[str], Optional[int]]:
+    """(the folder a resumed run writes to, why it is a new one: None in place, the lock taken in place). In place is
+    decided again under the lock: a second resume of the run sees the epochs the first wrote meanwhile."""
     resumed = Path(args.resume).resolve()
     source, run_id = resumed.parent, ckpt.get('run_id')
     wanted = root.resolve() / (args.experiment or source.name) if args.output or args.experiment else source
@@ -448,39 +545,18 @@ def _resume_folder(args, ckpt: Dict[str, Any], root: Path, epoch: int) -> Tuple[
         why = f'--output / --experiment name the folder {wanted}'
     elif (why := newer_than(source, epoch, run_id)) is None:
         # the folder looks like this run's newest state: lock it, then look again
-        lock = FolderLock(source)
-        check_own_files(source)
+        lock = lock_folder(source)
         if (why := newer_than(source, epoch, run_id)) is None:
-            return source, '', lock
-        lock.release()
+            return source, None, lock
+        _unlock(lock)
     folder = new_run_folder(wanted.parent, wanted.name)
     return folder, (f'--resume {args.resume}: {why}; a new run in {folder} starts from {resumed} (epoch '
                     f'{epoch}), and {source} is left as it is'), None
 
 
-def _write_settings(args, output_dir: Path) -> None:
-    """Remove a killed run's temporary files, then write ``args.yaml`` (the arguments as given; an earlier,
-    different one is kept) and ``derived.yaml`` (:class:`~mlp_vision.arguments.RunArgs`)."""
-    removed = clean_stale_temp_files(output_dir)
-    if removed:
-        _logger.info(f'removed {len(removed)} temporary files left by a killed run: '
-                     f'{", ".join(p.name for p in removed)}')
-    settings, args_file = args.given(), output_dir / 'args.yaml'
-    if args_file.exists():
-        try:  # through the one strict yaml reader (bounded size, no aliases or duplicate keys)
-            previous = read_yaml_file(str(args_file), 'args.yaml') or {}
-        except UsageError:
-            previous = None  # unreadable: kept, as a changed one is
-        if not isinstance(previous, dict) or _differences(
-                *({k: v for k, v in d.items() if k not in RUN_CONTROL_ARGS} for d in (previous, settings))):
-            _logger.info(f'the settings changed: the previous args.yaml is kept as {keep_previous(args_file).name}')
-    atomic_write_text(args_file, args_to_yaml(settings))
-    atomic_write_text(output_dir / 'derived.yaml', args_to_yaml(args.derived))
-
-
 def close_run_folder(folder: Optional[RunFolder], error: Optional[BaseException]) -> None:
-    """However the run ended: a failure of the final stage recorded in ``results.json`` (so a ``--resume`` can say
-    what happened), a :class:`RunError` line in ``train.log``, the log file closed and the lock released."""
+    """However the run ended: a failure of the final stage recorded in ``results.json``, a :class:`RunError` line in
+    ``train.log``, the log file closed and the lock released."""
     if folder is None:
         return
     if isinstance(error, Exception) and folder.in_final_stage and not folder.results_written:
@@ -493,18 +569,15 @@ def close_run_folder(folder: Optional[RunFolder], error: Optional[BaseException]
             _logger.error(f'the final stage failed; the error is recorded in {folder.output_dir / "results.json"}')
         except OSError as e:  # e.g. the full disk that stopped the stage: the original error is the one to report
             _logger.error(f'could not record the error in results.json either: {e}')
-    if isinstance(error, RunError):
-        with open(open_own_file(folder.output_dir / 'train.log', os.O_WRONLY | os.O_APPEND | os.O_CREAT), 'a') as f:
-            f.write(f'{datetime.now():%Y-%m-%d %H:%M:%S} ERROR {error}\n')
+    if isinstance(error, RunError):  # train.log only: run_cli prints it
+        folder.log_handler.handle(logging.LogRecord(__name__, logging.ERROR, '', 0, f'ERROR {error}', None, None))
     remove_log_file(folder.log_handler)
-    if folder.lock is not None:
-        folder.lock.release()
-        folder.lock = None
+    _unlock(folder.lock)
+    folder.lock = None
 
 
 def log_settings_changes(args) -> None:
-    """Log each setting where this resumed run differs from the run it continues: the arguments as given, then the
-    values derived from them (a scaled LR after a new ``--batch-size``)."""
+    """Log the settings where this resumed run differs from the one it continues: as given, then as derived."""
     saved = args.resumed_settings
     if not saved:
         return
@@ -521,8 +594,8 @@ def log_settings_changes(args) -> None:
 def save_checkpoint(folder: Optional[RunFolder], args, dist_info, epoch: int, metric: Optional[float], *,
                     model: nn.Module, optimizer, scheduler, schedule: Dict[str, Any], num_updates: int,
                     loss_scaler=None, **extra) -> Optional[Dict[str, bool]]:
-    """Every rank: gather the RNG states; rank 0 (``folder``): write the checkpoint of ``epoch`` (the payload of the
-    module docstring). Returns what was written (rank 0) or None."""
+    """Every rank: gather the RNG states; rank 0 (``folder``): write the checkpoint of ``epoch`` and return what was
+    written."""
     rng_states = all_gather_objects(get_rng_state(), dist_info)
     if folder is None:
         return None
@@ -538,12 +611,152 @@ def save_checkpoint(folder: Optional[RunFolder], args, dist_info, epoch: int, me
     return folder.saver.save(state, epoch, metric)
 
 
+class CheckpointManager:
+    """``last.pth`` every epoch, ``model_best.pth`` and the ``max_history`` best ``checkpoint-<epoch>.pth``, which
+    leave out the ``resume_only`` fields (else the three are hard links of one file). Writes, in order: best / top-N,
+    ``last.pth`` (with the new history), the removal of the file that fell out of the top N (named from its epoch,
+    never from a checkpoint's path); after a kill between them a resume takes the best from ``model_best.pth``.
+    Not timm's ``CheckpointSaver`` (whose ranking this follows): it renames over files and writes through links,
+    tracks the best only inside a top-N slot and deletes the paths a restored state names."""
+
+    def __init__(self, output_dir: os.PathLike, decreasing: bool = False, max_history: int = 3,
+                 resume_only: Sequence[str] = ()):
+        self.output_dir, self.resume_only = Path(output_dir), tuple(resume_only)
+        self.last_path, self.best_path = self.output_dir / 'last.pth', self.output_dir / 'model_best.pth'
+        self.decreasing, self.max_history = decreasing, max_history
+        self.history: List[Dict[str, Any]] = []  # [{'epoch', 'metric', 'file'}], best first
+        self.best: Optional[Dict[str, Any]] = None  # {'epoch', 'metric'}: what model_best.pth holds
+
+    @staticmethod
+    def file_name(epoch: int) -> str:
+        """The top-N file of ``epoch``: the only kind of file this class ever deletes."""
+        return f'checkpoint-{epoch}.pth'
+
+    def _checked_entry(self, entry: Any, with_file: bool) -> Dict[str, Any]:
+        """``entry`` as :meth:`save` writes it, or a ``ValueError``."""
+        keys = {'epoch', 'metric'} | ({'file'} if with_file else set())
+        if not isinstance(entry, dict) or set(entry) != keys:
+            raise ValueError(f'{short_repr(entry)} is not a {{{", ".join(sorted(keys))}}} entry')
+        if not is_count(entry['epoch']):
+            raise ValueError(f'epoch {short_repr(entry["epoch"])} is not a non-negative integer')
+        if not (_is_number(entry['metric']) and _is_plain(entry['metric'])):
+            raise ValueError(f'metric {short_repr(entry["metric"])} is not a finite number')
+        if with_file and entry['file'] != self.file_name(entry['epoch']):
+            raise ValueError(f'file {short_repr(entry["file"])} is not {self.file_name(entry["epoch"])!r}')
+        return dict(entry)
+
+    def check_state(self, state: Optional[Dict[str, Any]], source: str = 'the checkpoint') -> Optional[Dict[str, Any]]:
+        """``state`` (a checkpoint's ``checkpoint_history``) if it is what :meth:`save` writes, else a UsageError."""
+        if not state:
+            return None
+        try:
+            if not (isinstance(state, dict) and set(state) <= {'history', 'best'} and isinstance(
+                    state.get('history') or [], list)):
+                raise ValueError(f'{short_repr(state)} is not a {{history: list, best}} dict')
+            history = [self._checked_entry(h, with_file=True) for h in state.get('history') or []]
+            best = None if state.get('best') is None else self._checked_entry(state['best'], with_file=False)
+        except ValueError as e:
+            raise UsageError(f'{source}: its checkpoint_history is not one this trainer writes ({e}); '
+                             f'{_DAMAGED}') from None
+        return {'history': history, 'best': best}
+
+    def load_state_dict(self, state: Optional[Dict[str, Any]], source: str = 'the checkpoint') -> None:
+        """Restore a history; entries whose file is gone are dropped, and the best is what ``model_best.pth`` holds
+        where that differs (a run killed between writing it and ``last.pth``)."""
+        state = self.check_state(state, source) or {'history': [], 'best': None}
+        self.history = [h for h in state['history'] if (self.output_dir / h['file']).is_file()]
+        self.best, held = state['best'], None
+        if self.best_path.is_file() and not self.best_path.is_symlink():
+            ckpt = peek_checkpoint(self.best_path)
+            with suppress(ValueError):  # not a checkpoint of ours: the history's record stands
+                held = self._checked_entry({'epoch': ckpt.get('epoch'), 'metric': ckpt.get('metric')}, False)
+        if held is not None and held != self.best:
+            recorded = f'epoch {self.best["epoch"]}' if self.best else 'none'
+            _logger.warning(f'{self.best_path} holds epoch {held["epoch"]} (metric {held["metric"]:.6g}), not the '
+                            f'best {source} records ({recorded}): the run was stopped between writing the two; '
+                            f'best-checkpoint tracking continues from the file')
+            self.best = held
+        elif self.best is not None and not self.best_path.exists():
+            _logger.warning(f'{self.best_path} is missing; best-checkpoint tracking restarts')
+            self.best = None
+
+    def save(self, state: Dict[str, Any], epoch: int, metric: Optional[float]) -> Dict[str, bool]:
+        """Write the checkpoint of ``epoch`` (``state`` gets ``checkpoint_history``); returns what was written."""
+        is_best = metric is not None and (self.best is None or (
+            metric < self.best['metric'] if self.decreasing else metric > self.best['metric']))
+        history, evicted, in_top = list(self.history), [], False
+        if metric is not None and self.max_history > 0:
+            history = [h for h in history if h['epoch'] != epoch]  # an epoch re-run after a crash
+            history.append({'epoch': epoch, 'metric': metric, 'file': self.file_name(epoch)})
+            history.sort(key=lambda h: h['metric'], reverse=not self.decreasing)
+            history, evicted = history[:self.max_history], history[self.max_history:]
+            in_top = any(h['epoch'] == epoch for h in history)
+        best = {'epoch': epoch, 'metric': metric} if is_best else self.best
+
+        state['checkpoint_history'] = {'history': history, 'best': best}
+        self.output_dir.mkdir(parents=True, exist_ok=True)
+        kept = [p for p, due in ((self.best_path, is_best), (self.output_dir / self.file_name(epoch), in_top)) if due]
+        if kept:  # before last.pth, whose history names them
+            atomic_save({k: v for k, v in state.items() if k not in self.resume_only}, kept[0])
+            for path in kept[1:]:
+                atomic_link(kept[0], path)
+        if kept and not self.resume_only:
+            atomic_link(kept[0], self.last_path)
+        else:
+            atomic_save(state, self.last_path)
+        for h in evicted:
+            if h['epoch'] != epoch:
+                (self.output_dir / self.file_name(h['epoch'])).unlink(missing_ok=True)
+        self.history, self.best = history, best
+        return {'last': True, 'best': is_best, 'top': in_top}
+
+
+def write_results(folder: RunFolder, results: Dict[str, Any]) -> None:
+    """``results.json``; the results of an earlier finish of this run are kept as ``results-N.json``."""
+    kept = keep_previous(path := folder.output_dir / 'results.json')
+    if kept is not None:
+        _logger.info(f'the earlier results.json of this run is kept as {kept.name}')
+    atomic_write_text(path, json_text(results))
+    folder.results_written = True
+
+
+class SummaryWriter:
+    """``summary.csv`` (timm's columns), a row per epoch, written whole and atomically at every row under one header,
+    the union of the rows' columns. Not timm's ``update_summary``: it appends through the file's name (a planted link)
+    and puts new columns under the old header."""
+
+    def __init__(self, path: os.PathLike):
+        self.path = Path(path)
+
+    def read(self, before_epoch: float = math.inf) -> List[Dict[str, str]]:
+        """The rows of the epochs before ``before_epoch`` (none with no parsable epoch)."""
+        if not self.path.exists():
+            return []
+        with open(self.path, newline='') as f:
+            return [r for r in csv.DictReader(f) if str(r.get('epoch')).isdigit() and int(r['epoch']) < before_epoch]
+
+    def write(self, rows: List[Dict[str, Any]]) -> None:
+        buf = StringIO()
+        writer = csv.DictWriter(buf, fieldnames=list(dict.fromkeys(k for row in rows for k in row)), restval='')
+        writer.writeheader()
+        writer.writerows(rows)
+        atomic_write_text(self.path, buf.getvalue())
+
+    def keep_rows(self, before_epoch: int, source: Optional['SummaryWriter'] = None) -> None:
+        """On resume: the rows before ``before_epoch`` (from ``source`` when the run continues in a new folder)."""
+        rows = (source or self).read(before_epoch)
+        if rows or (source is None and self.path.exists()):
+            self.write(rows)
+
+    def append(self, row: Dict[str, Any]) -> None:
+        self.write(self.read() + [{k: (f'{v:.6g}' if isinstance(v, float) else v) for k, v in row.items()}])
+
+
 # ------------------------------------------------------------------------------------------------ stops
 @contextmanager
 def stop_signals() -> Iterator[Callable[[], int]]:
-    """Within: SIGINT / SIGTERM only set a flag, read by the returned callable (0: none; no collective:
-    :func:`~mlp_vision.train.train_one_epoch` agrees on it across ranks), so training stops at its next safe point.
-    A second signal acts at once (the previous handlers are back after the first)."""
+    """Within: SIGINT / SIGTERM only set a flag, read by the returned callable (0: none), so training stops at its
+    next safe point; a second signal acts at once (the previous handlers are back after the first)."""
     received, previous = [0], {}
 
     def restore() -> None:
@@ -568,23 +781,19 @@ class NonFiniteLossError(RuntimeError):
     """The training loss became NaN or infinite at ``where``; raised before that loss reaches the weights."""
 
     def __init__(self, value: float, where: str):
-        self.value, self.where = value, where
         what = f'{value}' if not math.isfinite(value) else 'not finite on another rank'
         super().__init__(f'training loss is {what} at {where}; stopped before applying it')
 
 
 def stop_error(error: Exception, last_path: Optional[Path], last_saved: Optional[int], resume: str,
                advice: str) -> RunError:
-    """The :class:`RunError` that ends a run stopped by a NaN / inf loss or a signal: where it happened, which
-    checkpoint is intact (only one that exists: this run's ``last_path``, else the ``resume`` one it started from;
-    ``last_saved``: the epoch of the newest save, None before any) and how to go on (``advice``: the flags worth
-    changing)."""
-    resumed = resume if resume and os.path.isfile(resume) else None
+    """The :class:`RunError` that ends a run stopped by a NaN / inf loss or a signal: where, the intact checkpoint
+    (``last_path``, else ``resume``; ``last_saved``: its epoch, None before any) and ``advice``, the flags to change."""
     intact = None
     if last_saved is not None and last_path is not None and last_path.is_file():
         intact, where = last_path, f'{last_path} (epoch {last_saved})'
-    elif last_saved is not None and resumed is not None:
-        intact, where = resumed, f'{resumed} (epoch {last_saved}, the checkpoint this run resumed from)'
+    elif last_saved is not None and resume and os.path.isfile(resume):
+        intact, where = resume, f'{resume} (epoch {last_saved}, the checkpoint this run resumed from)'
     if isinstance(error, Interrupted):
         tail = (f'the resumable checkpoint is {where}: continue with --resume {intact}' if intact is not None
                 else 'no checkpoint had been written yet')
@@ -594,364 +803,6 @@ def stop_error(error: Exception, last_path: Optional[Path], last_saved: Optional
         return RunError(f'{error}{origin}. No checkpoint had been written yet. {advice}.')
     return RunError(f'{error}{origin}. The last good checkpoint, {where}, is intact. {advice}, or check the '
                     f'data; then restart, or continue with --resume {intact}')
-
-
-def write_results(folder: RunFolder, results: Dict[str, Any]) -> None:
-    """``results.json``; the results of an earlier finish of this run are kept as ``results-N.json``."""
-    kept = keep_previous(path := folder.output_dir / 'results.json')
-    if kept is not None:
-        _logger.info(f'the earlier results.json of this run is kept as {kept.name}')
-    atomic_write_text(path, json_text(results))
-    folder.results_written = True
-
-
-class CheckpointManager:
-    """``last.pth`` every epoch, ``model_best.pth`` and the ``max_history`` best ``checkpoint-<epoch>.pth``;
-    ``resume_only``: the fields (``optimizer``, ``amp_scaler``) that best / top-N files leave out (else the three
-    are hard links of one file). The history is stored in every checkpoint and checked on resume. Writes, in
-    order: best / top-N, ``last.pth`` (with the new history), the removal of the file that fell out of the top N
-    (named from its epoch, never from a path read from a checkpoint); a kill between them leaves ``last.pth`` at
-    the previous epoch, and a resume takes the best from ``model_best.pth`` itself, so record and file agree.
-    Not timm's ``CheckpointSaver`` (whose ranking this follows): it refuses ``max_history=0``, tracks the best only
-    inside a top-N slot, writes through a fixed ``tmp`` name and deletes the paths a restored state names."""
-
-    def __init__(self, output_dir: os.PathLike, decreasing: bool = False, max_history: int = 3,
-                 resume_only: Sequence[str] = ()):
-        self.output_dir, self.resume_only = Path(output_dir), tuple(resume_only)
-        self.last_path, self.best_path = self.output_dir / 'last.pth', self.output_dir / 'model_best.pth'
-        self.decreasing, self.max_history = decreasing, max_history
-        self.history: List[Dict[str, Any]] = []  # [{'epoch', 'metric', 'file'}], best first
-        self.best: Optional[Dict[str, Any]] = None  # {'epoch', 'metric'}: what model_best.pth holds
-
-    @staticmethod
-    def file_name(epoch: int) -> str:
-        """The top-N file of ``epoch``: the only kind of file this class ever deletes."""
-        return f'checkpoint-{epoch}.pth'
-
-    def _checked_entry(self, entry: Any, with_file: bool) -> Dict[str, Any]:
-        """``entry`` as this class writes it, or a ``ValueError`` saying what is wrong with it."""
-        keys = {'epoch', 'metric'} | ({'file'} if with_file else set())
-        if not isinstance(entry, dict) or set(entry) != keys:
-            raise ValueError(f'{short_repr(entry)} is not a {{{", ".join(sorted(keys))}}} entry')
-        epoch, metric = entry['epoch'], entry['metric']
-        if not is_count(epoch):
-            raise ValueError(f'epoch {short_repr(epoch)} is not a non-negative integer')
-        if not _is_number(metric) or _plain_problem(metric):
-            raise ValueError(f'metric {short_repr(metric)} is not a finite number')
-        if with_file and entry['file'] != self.file_name(epoch):
-            raise ValueError(f'file {short_repr(entry["file"])} is not {self.file_name(epoch)!r}, the name this '
-                             f'trainer gives the checkpoint of epoch {epoch}')
-        return dict(entry)
-
-    def check_state(self, state: Optional[Dict[str, Any]], source: str = 'the checkpoint') -> Optional[Dict[str, Any]]:
-        """``state`` (a checkpoint's ``checkpoint_history``) if every entry is exactly what :meth:`save` writes (an
-        epoch, a finite metric, the file name of that epoch); else a :class:`UsageError` naming ``source``."""
-        if not state:
-            return None
-        try:
-            if not isinstance(state, dict) or not set(state) <= {'history', 'best'}:
-                raise ValueError(f'{short_repr(state)} is not a {{history, best}} dict')
-            history = state.get('history') or []
-            if not isinstance(history, list):
-                raise ValueError(f'the history is a {type(history).__name__}, not a list')
-            history = [self._checked_entry(h, with_file=True) for h in history]
-            best = None if state.get('best') is None else self._checked_entry(state['best'], with_file=False)
-        except ValueError as e:
-            raise UsageError(f'{source}: its checkpoint_history is not one this trainer writes ({e}); the file is '
-                             f'damaged or was crafted, and is not used') from None
-        return {'history': history, 'best': best}
-
-    def load_state_dict(self, state: Optional[Dict[str, Any]], source: str = 'the checkpoint') -> None:
-        """Restore a history (checked by :meth:`check_state`); entries whose file is gone are dropped, and the best
-        is the epoch and metric ``model_best.pth`` holds where it differs from the history's (a run killed between
-        writing it and ``last.pth``), said in the log."""
-        state = self.check_state(state, source) or {'history': [], 'best': None}
-        self.history = [h for h in state['history'] if (self.output_dir / h['file']).is_file()]
-        self.best = state['best']
-        held = self._held_best()
-        if held is not None and held != self.best:
-            recorded = f'epoch {self.best["epoch"]}' if self.best else 'none'
-            _logger.warning(f'{self.best_path} holds epoch {held["epoch"]} (metric {held["metric"]:.6g}), not the '
-                            f'best {source} records ({recorded}): the run was stopped between writing the two; '
-                            f'best-checkpoint tracking continues from the file')
-            self.best = held
-        elif self.best is not None and not self.best_path.exists():
-            _logger.warning(f'{self.best_path} is missing; best-checkpoint tracking restarts')
-            self.best = None
-
-    def _held_best(self) -> Optional[Dict[str, Any]]:
-        """{'epoch', 'metric'} of ``model_best.pth`` (memory-mapped, tensors not read); None if it is not ours."""
-        if not self.best_path.is_file() or self.best_path.is_symlink():
-            return None
-        ckpt = peek_checkpoint(self.best_path)
-        try:
-            return self._checked_entry({'epoch': ckpt.get('epoch'), 'metric': ckpt.get('metric')}, with_file=False)
-        except ValueError:  # not a checkpoint of ours: the history's record stands
-            return None
-
-    def save(self, state: Dict[str, Any], epoch: int, metric: Optional[float]) -> Dict[str, bool]:
-        """Write the checkpoint of ``epoch``; ``state`` gets ``checkpoint_history`` added. Returns what was
-        written."""
-        is_best = metric is not None and (self.best is None or (
-            metric < self.best['metric'] if self.decreasing else metric > self.best['metric']))
-        history, evicted, in_top = list(self.history), [], False
-        if metric is not None and self.max_history > 0:
-            history = [h for h in history if h['epoch'] != epoch]  # an epoch re-run after a crash
-            history.append({'epoch': epoch, 'metric': metric, 'file': self.file_name(epoch)})
-            history.sort(key=lambda h: h['metric'], reverse=not self.decreasing)
-            evicted = history[self.max_history:]
-            history = history[:self.max_history]
-            in_top = any(h['epoch'] == epoch for h in history)
-        best = {'epoch': epoch, 'metric': metric} if is_best else self.best
-
-        state['checkpoint_history'] = {'history': history, 'best': best}
-        self.output_dir.mkdir(parents=True, exist_ok=True)
-        kept = [p for p, due in ((self.best_path, is_best), (self.output_dir / self.file_name(epoch), in_top)) if due]
-        if kept:  # before last.pth, whose history names them
-            atomic_save({k: v for k, v in state.items() if k not in self.resume_only}, kept[0])
-            for path in kept[1:]:
-                atomic_link(kept[0], path)
-        if kept and not self.resume_only:
-            atomic_link(kept[0], self.last_path)
-        else:
-            atomic_save(state, self.last_path)
-        for h in evicted:
-            if h['epoch'] != epoch:
-                (self.output_dir / self.file_name(h['epoch'])).unlink(missing_ok=True)
-        self.history, self.best = history, best
-        return {'last': True, 'best': is_best, 'top': in_top}
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def is_count(value: Any) -> bool:
-    """A non-negative ``int`` (not a bool): a position, an update count, a thread count."""
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
-
-
-def _plain_problem(value: Any, live: Any = None) -> Optional[str]:
-    """What keeps a saved setting from being a plain value (None, a bool, number or string, or a list / tuple /
-    str-keyed dict of such) without NaN or infinity, or None. An infinity is kept where the ``live`` value in its
-    place is infinite too (a plateau scheduler's starting ``best`` is -inf)."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None if not math.isnan(value) and isinstance(live, float) and math.isinf(live) else 'NaN or infinite'
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return None
-    if isinstance(value, dict) and all(isinstance(k, str) for k in value):
-        value = value.values()
-    elif not isinstance(value, (list, tuple)):
-        return 'not a value of its kind'
-    return next(filter(None, map(_plain_problem, value)), None)
-
-
-def check_settings(saved: Any, live: Dict[str, Any], name: Callable[[str], str], none_for_number: bool = True) -> None:
-    """A saved state (a scheduler's, an AMP scaler's, an optimizer group's settings: loaded by assigning its entries
-    to attributes, so checked before loading) fits the live one: a str-keyed dict of entries ``live`` has, plain
-    finite values (:func:`_plain_problem`), a number where the live one is (or None, if ``none_for_number``); else a
-    ``ValueError`` naming the entry as ``name(key)``."""
-    if not isinstance(saved, dict):
-        raise ValueError(f'{name("")} is a {type(saved).__name__}, not a state dict')
-    for k, v in saved.items():
-        if k not in live:
-            raise ValueError(f'{name(k)} is no entry of the live state')
-        problem = _plain_problem(v, live[k])
-        if not problem and _is_number(live[k]) and not (_is_number(v) or none_for_number and v is None):
-            problem = 'not a value of its kind'
-        if problem:  # e.g. a saved NaN base LR would train on NaN
-            raise ValueError(f'{name(k)} is {short_repr(v)}: {problem}')
-
-
-def check_optimizer_state(saved: Any, optimizer: torch.optim.Optimizer) -> None:
-    """A saved optimizer state fits ``optimizer``: groups of the same keys and parameter counts, settings plain and
-    finite (numbers where the live ones are), per-parameter state numbers or tensors no larger in rank than their
-    parameter (the same shape when of the same rank), all finite; else a ``ValueError``."""
-    if not isinstance(saved, dict) or set(saved) != {'state', 'param_groups'}:
-        raise ValueError('the optimizer state is not a {state, param_groups} dict')
-    groups, live_groups = saved['param_groups'], optimizer.param_groups
-    if not isinstance(groups, list) or len(groups) != len(live_groups):
-        raise ValueError(f'the optimizer state has {len(groups) if isinstance(groups, list) else "no"} parameter '
-                         f'groups, this optimizer {len(live_groups)}')
-    params = {}
-    for i, (group, live) in enumerate(zip(groups, live_groups)):
-        if not isinstance(group, dict) or set(group) != set(live):
-            raise ValueError(f'optimizer parameter group {i} has other settings than this optimizer\'s')
-        ids = group['params']
-        if not isinstance(ids, list) or len(ids) != len(live['params']) or not all(_is_number(j) for j in ids):
-            raise ValueError(f'optimizer parameter group {i} does not list {len(live["params"])} parameters')
-        params.update(zip(ids, live['params']))
-        check_settings({k: v for k, v in group.items() if k != 'params'}, live,
-                        lambda k: f'optimizer setting {k!r} of group {i}', none_for_number=False)
-    state = saved['state']
-    if not isinstance(state, dict) or not set(state) <= set(params):
-        raise ValueError('the optimizer state names parameters the groups do not list')
-    for j, entry in state.items():
-        if not isinstance(entry, dict):
-            raise ValueError(f'the optimizer state of parameter {j} is not a dict')
-        p = params[j]
-        for k, v in entry.items():
-            fits = (_is_number(v) or isinstance(v, torch.Tensor) and (
-                v.dim() < p.dim() or tuple(v.shape) == tuple(p.shape)) and (v.is_floating_point() or v.dim() == 0))
-            if not fits:
-                raise ValueError(f'the optimizer state {k!r} of parameter {j} does not fit a parameter of shape '
-                                 f'{tuple(p.shape)}')
-            finite = not _plain_problem(v) if _is_number(v) else not v.is_floating_point() or torch.isfinite(v).all()
-            if not finite:  # e.g. a NaN exp_avg: the first step would write NaN into the weights
-                raise ValueError(f'the optimizer state {k!r} of parameter {j} holds NaN or infinite values')
-
-
-def get_rng_state() -> Dict[str, Any]:
-    """Python, numpy and torch (CPU, and CUDA if initialised) RNG states as tensors / plain Python values."""
-    name, keys, pos, has_gauss, cached_gaussian = np.random.get_state()
-    state = {'python': random.getstate(), 'torch': torch.get_rng_state(),
-             'numpy': {'name': name, 'keys': torch.from_numpy(keys.astype(np.int64)), 'pos': int(pos),
-                       'has_gauss': int(has_gauss), 'cached_gaussian': float(cached_gaussian)}}
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state['cuda'] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def set_rng_state(state: Dict[str, Any]) -> None:
-    version, words, gauss = state['python']  # torch.load(weights_only=True) gives lists back where tuples were saved
-    random.setstate((version, tuple(words), gauss))
-    n = state['numpy']
-    np.random.set_state((n['name'], n['keys'].numpy().astype(np.uint32), n['pos'], n['has_gauss'],
-                         n['cached_gaussian']))
-    torch.set_rng_state(state['torch'])
-    if 'cuda' in state and torch.cuda.is_available():
-        cuda_states = state['cuda']
-        if len(cuda_states) == torch.cuda.device_count():
-            torch.cuda.set_rng_state_all(cuda_states)
-        else:
-            _logger.warning('checkpoint has CUDA RNG states for another GPU count; CUDA RNG not restored')
-
-
-def _is_generator_state(value: Any) -> bool:
-    """A ``torch.Generator`` state: a uint8 tensor of the CPU generator's state size."""
-    return (isinstance(value, torch.Tensor) and value.dtype == torch.uint8 and value.dim() == 1
-            and value.numel() == torch.get_rng_state().numel())
-
-
-def check_rng_state(state: Any) -> None:
-    """One rank's saved state (``rng_states[rank]``) as :func:`get_rng_state` and the trainers write it (Python's
-    version, 625 words and gauss; numpy's MT19937; torch's and CUDA's generator states; the trainer's generator
-    states and finite non-negative counters), else a ``ValueError`` saying which part: ``random.setstate`` and
-    numpy accept some damaged states and fail later."""
-    if not isinstance(state, dict) or not {'python', 'numpy', 'torch'} <= set(state):
-        raise ValueError('a saved random-number state is not a {python, numpy, torch} dict')
-    py = state['python']
-    if not (isinstance(py, (list, tuple)) and len(py) == 3 and isinstance(py[0], int) and isinstance(py[1], (
-            list, tuple)) and len(py[1]) == 625 and all(is_count(w) and w < 2 ** 32 for w in py[1])
-            and py[1][-1] <= 624 and (py[2] is None or isinstance(py[2], float))):
-        raise ValueError('the Python random state is not (version, 625 words, gauss)')
-    n = state['numpy']
-    if not (isinstance(n, dict) and n.get('name') == 'MT19937' and isinstance(n.get('keys'), torch.Tensor)
-            and n['keys'].dtype == torch.int64 and tuple(n['keys'].shape) == (624,)
-            and bool(((n['keys'] >= 0) & (n['keys'] < 2 ** 32)).all()) and is_count(n.get('pos')) and n['pos'] <= 624
-            and is_count(n.get('has_gauss')) and n['has_gauss'] <= 1 and _is_number(n.get('cached_gaussian'))):
-        raise ValueError('the numpy random state is not MT19937 (624 words, position, gauss)')
-    if not _is_generator_state(state['torch']):
-        raise ValueError('the torch random state is not a generator state')
-    cuda = state.get('cuda')
-    if cuda is not None and not (isinstance(cuda, (list, tuple)) and all(
-            isinstance(t, torch.Tensor) and t.dtype == torch.uint8 and t.dim() == 1 for t in cuda)):
-        raise ValueError('the CUDA random states are not generator states')
-    for key, value in state.items():
-        ok = (key in ('python', 'numpy', 'torch', 'cuda') or _is_generator_state(value) or (
-            _is_number(value) and not _plain_problem(value) and value >= 0))
-        if not ok:
-            raise ValueError(f'the saved data state {key!r} is {short_repr(value)}, not a generator state or a '
-                             f'count')
-
-
-@contextlib.contextmanager
-def preserve_rng():
-    """Restore the python / numpy / torch RNG states on exit: code in the block cannot shift training's randomness."""
-    state = get_rng_state()
-    try:
-        yield
-    finally:
-        set_rng_state(state)
-
-
-# ------------------------------------------------------------------------------------------------ summary.csv, curves
-# summary.csv has the columns of timm's update_summary but is not written by it: that opens the file by name (through
-# a link planted in the run folder) and appends new columns under the old header; a resume also drops rows past its
-# epoch.
-class SummaryWriter:
-    """``summary.csv``, a row per epoch (first column ``epoch``), written whole and atomically at every row, with
-    one header: the union of the rows' columns."""
-
-    def __init__(self, path: os.PathLike):
-        self.path = Path(path)
-
-    def read(self) -> List[Dict[str, str]]:
-        if not self.path.exists():
-            return []
-        with open(self.path, newline='') as f:
-            return list(csv.DictReader(f))
-
-    def rows_before(self, epoch: int) -> List[Dict[str, str]]:
-        """The rows of the epochs before ``epoch``; a row torn by a crash mid-write (no parsable epoch) is not
-        kept."""
-        return [r for r in self.read() if str(r.get('epoch', '')).isdigit() and int(r['epoch']) < epoch]
-
-    def write(self, rows: List[Dict[str, Any]]) -> None:
-        buf = StringIO()
-        writer = csv.DictWriter(buf, fieldnames=list(dict.fromkeys(k for row in rows for k in row)), restval='')
-        writer.writeheader()
-        writer.writerows(rows)
-        atomic_write_text(self.path, buf.getvalue())
-
-    def keep_rows(self, before_epoch: int, source: Optional['SummaryWriter'] = None) -> None:
-        """On resume: keep the rows before ``before_epoch`` (logged, not checkpointed, before a crash), taken from
-        ``source`` when the run continues in a new folder (the curve that led to its checkpoint)."""
-        rows = (source or self).rows_before(before_epoch)
-        if rows or (source is None and self.path.exists()):
-            self.write(rows)
-
-    def append(self, row: Dict[str, Any]) -> None:
-        self.write(self.read() + [{k: (f'{v:.6g}' if isinstance(v, float) else v) for k, v in row.items()}])
-
-
-_CURVES = (('loss', ('train_loss', 'eval_loss', 'ema_eval_loss')),
-           ('accuracy (%)', ('eval_top1', 'eval_top5', 'ema_eval_top1')))  # (y label, columns) per panel
-_STYLES = ('-', '--', ':')  # one line style per column of a panel
-
-
-def plot_curves(summary_csv: os.PathLike, out_png: os.PathLike, title: str = '') -> Optional[Path]:
-    """The losses (left) and accuracies (right) of ``summary.csv`` against the epoch, as a PNG written by
-    :func:`~mlp_vision.outputs.atomic_write`; None without rows (or without matplotlib, with a warning)."""
-    rows = SummaryWriter(summary_csv).read()
-    if not rows:
-        return None
-    try:
-        import matplotlib
-        matplotlib.use('Agg')
-        import matplotlib.pyplot as plt
-    except ImportError:
-        _logger.warning('matplotlib is not installed: no curves PNG (pip install matplotlib)')
-        return None
-    fig, axes = plt.subplots(1, len(_CURVES), figsize=(5.5 * len(_CURVES) + 0.5, 4), squeeze=False)
-    for ax, (ylabel, names) in zip(axes[0], _CURVES):
-        for style, name in zip(_STYLES, names):
-            points = [(float(r['epoch']), float(r[name])) for r in rows if r.get(name) not in (None, '')]
-            if points:
-                ax.plot(*zip(*points), style, label=name, marker='o', markersize=3)
-        ax.set_xlabel('epoch')
-        ax.set_ylabel(ylabel)
-        ax.grid(alpha=.3)
-        if ax.lines:
-            ax.legend()
-    if title:
-        fig.suptitle(title)
-    fig.tight_layout()
-    try:
-        atomic_write(out_png, lambda f: fig.savefig(f, dpi=110, format='png'))
-    finally:
-        plt.close(fig)
-    return Path(out_png)
 
 
 def all_gather_objects(obj: Any, info) -> List[Any]:
