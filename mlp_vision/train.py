@@ -349,9 +349,7 @@ def train(args, dist_info, resume_ckpt: Optional[dict], demo: bool, stop_signal:
             results = _final_stage(
                 args, dist_info, folder, model, train_model, model_ema, metrics, loader_train, loader_eval,
                 create_kwargs=create_kwargs, data_config=data_config, train_classes=train_classes, data_dir=data_dir,
-                demo=demo, num_epochs=num_epochs, command=command)
-            if results is not None:
-                _report(args, folder, metrics, results, data_dir, run_start)
+                demo=demo, num_epochs=num_epochs, command=command, run_start=run_start)
             if stop_signal():  # held through the final stage, which had to finish for its outputs to agree
                 where = f' (results.json, pretrained/ in {folder.output_dir})' if folder is not None else ''
                 raise Interrupted(stop_signal(), message=(
@@ -425,9 +423,10 @@ def _train_epochs(args, dist_info, folder: Optional[RunFolder], updates: Dict[st
 
 def _final_stage(args, dist_info, folder: Optional[RunFolder], model, train_model, model_ema, metrics: 'EpochMetrics',
                  loader_train, loader_eval, *, create_kwargs, data_config, train_classes, data_dir: str, demo: bool,
-                 num_epochs: int, command: str) -> Optional[Dict[str, Any]]:
+                 num_epochs: int, command: str, run_start: float) -> Optional[Dict[str, Any]]:
     """After the last epoch (every rank): the weights' digests, the demo's validation, then on rank 0
-    ``pretrained/`` and ``results.json`` (a failure from here on is recorded in it); returns the results on rank 0."""
+    ``pretrained/``, ``results.json`` (a failure from here on is recorded in it) and the closing log lines
+    (``run_start``: when this process's run began); returns the results on rank 0."""
     if folder is not None:
         folder.in_final_stage = True
     digests = weights_digests(dist_info, model, model_ema.module if model_ema is not None else None)
@@ -459,6 +458,17 @@ def _final_stage(args, dist_info, folder: Optional[RunFolder], model, train_mode
         'command': command,
     }
     write_results(folder, results)
+    if metrics.eval is not None:
+        _logger.info(f'Done in {format_duration(time.time() - metrics.train_start)}: final eval '
+                     f'{_accuracy_text(metrics.eval)} loss {metrics.eval["loss"]:.4f}'
+                     + (f'; best {args.eval_metric} {best["metric"]:.4f} at epoch {best["epoch"]}' if best else ''))
+    if demo_val is not None:
+        _logger.info(
+            f'Demo result: validation accuracy {demo_val["top1"]:.2f}% top-1 on {demo_val["samples"]} held-out '
+            f'digit images (chance: 10%), checkpoint {best_path}; '
+            f'total time {format_duration(time.time() - run_start)}.')
+    names = sorted(p.name for p in folder.output_dir.iterdir() if not p.name.startswith('.'))
+    _logger.info(f'Outputs in {folder.output_dir}: {", ".join(names)}')
     return results
 
 
@@ -939,24 +949,6 @@ def _export_pretrained(args, folder: RunFolder, train_model, model_ema, data_con
     _logger.info(f'{export}: the {"EMA " if use_ema else ""}weights of {source.name} (epoch {ckpt.get("epoch")}) '
                  f"for timm (timm.create_model('local-dir:{export}', pretrained=True), features_only=True too)")
     return export, {'file': source.name, 'epoch': ckpt.get('epoch'), 'metric': ckpt.get('metric'), 'ema': use_ema}
-
-
-def _report(args, folder: RunFolder, metrics: EpochMetrics, results: dict, data_dir: str, run_start: float) -> None:
-    """The closing log lines (``run_start``: when this process's run began)."""
-    best, demo_val = results['best'], results['demo_validation']
-    if metrics.eval is not None:
-        msg = (f'Done in {format_duration(time.time() - metrics.train_start)}: final eval '
-               f'{_accuracy_text(metrics.eval)} loss {metrics.eval["loss"]:.4f}')
-        if best:
-            msg += f'; best {args.eval_metric} {best["metric"]:.4f} at epoch {best["epoch"]}'
-        _logger.info(msg)
-    if demo_val is not None:
-        _logger.info(
-            f'Demo result: validation accuracy {demo_val["top1"]:.2f}% top-1 on {demo_val["samples"]} held-out '
-            f'digit images (chance: 10%), checkpoint {folder.saver.best_path}; '
-            f'total time {format_duration(time.time() - run_start)}.')
-    names = sorted(p.name for p in folder.output_dir.iterdir() if not p.name.startswith('.'))
-    _logger.info(f'Outputs in {folder.output_dir}: {", ".join(names)}')
 
 
 if __name__ == '__main__':
