@@ -293,7 +293,10 @@ def train(args, dist_info, resume_ckpt: Optional[dict], demo: bool, stop_signal:
     dataset_train, dataset_eval, train_classes = _create_datasets(args, data_dir, dist_info.world_size)
     model, create_kwargs, data_config = _create_model(args, dist_info)
     resolve_lr(args, dist_info.world_size)
-    optimizer = _create_optimizer(args, model)
+    try:  # timm's optimizer_kwargs reads extra arguments from `opt_args`; this script's flag is --opt-kwargs
+        optimizer = create_optimizer_v2(model, **{**optimizer_kwargs(cfg=args), **args.opt_kwargs})
+    except (TypeError, ValueError) as e:
+        raise UsageError(f'--opt {args.opt} cannot be built with {args.opt_kwargs or "these settings"}: {e}') from e
     amp_autocast, loss_scaler, amp_dtype = setup_amp(args.amp, args.amp_dtype, device)
     loader_train, sampler_train, loader_eval = _create_loaders(args, dataset_train, dataset_eval, data_config,
                                                                dist_info)
@@ -323,7 +326,9 @@ def train(args, dist_info, resume_ckpt: Optional[dict], demo: bool, stop_signal:
 
         folder = open_run_folder(
             args, resume_ckpt, default_root='./output/train',
-            default_name=_experiment_name(args, demo, data_config), decreasing=args.eval_metric == 'loss',
+            default_name='-'.join([datetime.now().strftime('%Y%m%d-%H%M%S')] + (['demo_digits'] if demo else [])
+                                  + [args.model.replace('/', '_'), str(data_config['input_size'][-1])]),
+            decreasing=args.eval_metric == 'loss',
             max_history=args.checkpoint_hist) if dist_info.primary else None
         try:
             log_settings_changes(args)
@@ -777,14 +782,6 @@ def resolve_lr(args, world_size: int) -> None:
                          f'schedule would raise the LR toward it instead of decaying; expected --min-lr <= the LR')
 
 
-def _create_optimizer(args, model: nn.Module) -> torch.optim.Optimizer:
-    # timm's optimizer_kwargs reads extra arguments from `opt_args`; this script's flag is --opt-kwargs
-    try:
-        return create_optimizer_v2(model, **{**optimizer_kwargs(cfg=args), **args.opt_kwargs})
-    except (TypeError, ValueError) as e:
-        raise UsageError(f'--opt {args.opt} cannot be built with {args.opt_kwargs or "these settings"}: {e}') from e
-
-
 def _create_loaders(args, dataset_train, dataset_eval, data_config, dist_info):
     """(training loader, its distributed sampler or None, evaluation loader or None)."""
     device = dist_info.device
@@ -827,11 +824,6 @@ def uses_mixup(args) -> bool:  # mixup or cutmix is on
 
 def _global_batch(args, world_size: int) -> int:
     return args.batch_size * world_size * args.grad_accum_steps
-
-
-def _experiment_name(args, demo: bool, data_config) -> str:  # the default experiment folder: date-model-size
-    return '-'.join([datetime.now().strftime('%Y%m%d-%H%M%S')] + (['demo_digits'] if demo else [])
-                    + [args.model.replace('/', '_'), str(data_config['input_size'][-1])])
 
 
 # ------------------------------------------------------------------------------------------------ the log
