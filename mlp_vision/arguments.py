@@ -1,7 +1,7 @@
 """ What a user gives a command, parsed and checked where it enters: the commands' parser (:class:`ArgumentParser`,
 whose errors are one line through :func:`~mlp_vision.errors.run_cli`), range checks of flag values
-(:func:`check_range`), devices (:func:`parse_device`), JSON config files (:func:`read_json_file`), and the flags
-several commands share (``--allow-regex``; the size bounds' flags are :func:`mlp_vision.bounds.add_bound_arguments`),
+(:func:`check_range`), devices (:func:`parse_device`), JSON config files (:func:`read_json_file`), the flags several
+commands share (``--allow-regex``, ``--threads``; the size bounds' are :func:`mlp_vision.bounds.add_bound_arguments`),
 and ``-c`` yaml recipes merged with the command line (:func:`merge_settings`, the last part of this file).
 """
 import argparse
@@ -25,7 +25,8 @@ __all__ = ['ArgumentParser', 'ParseKwargs', 'check_kwargs_flags', 'DefaultsHelpF
            'parse_device', 'read_json_file', 'CONFIG_MAX_BYTES', 'add_allow_regex_argument', 'RunArgs', 'parse_given',
            'merge_settings', 'load_yaml_config', 'parse_args_with_config', 'args_to_yaml', 'plain_value',
            'check_flag_ranges', 'SEED_MAX', 'find_recipe', 'recipe_names', 'recipe_folder', 'read_yaml_file',
-           'MAX_YAML_BYTES']
+           'MAX_YAML_BYTES', 'usable_cpus', 'THREADS_RANGE', 'add_threads_argument', 'default_threads', 'set_threads',
+           'set_run_threads']
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -158,6 +159,62 @@ def add_allow_regex_argument(group: argparse._ActionsContainer) -> None:
                        help='UNSAFE: read a tokenizer.json whose pre-tokenizer or normalizer has a regular '
                             'expression; a crafted pattern can take minutes per text (backtracking). Only for '
                             'tokenizer files you made or whose maker you trust')
+
+
+# ------------------------------------------------------------------------------------------------ --threads
+# The intra-op threads of every command that computes. Without --threads: one thread, or the count PyTorch took from
+# OMP_NUM_THREADS when that is set (torchrun sets 1 per process). The rule is fixed, never the machine's load, so a
+# command rounds the same way whenever it runs. Why one: PyTorch's default (a spin-waiting OpenMP thread per CPU)
+# stalls whenever another process holds a core (results/threads/README.md); a larger, quiet machine gives a larger
+# model more with --threads N. run_cli restores the caller's count.
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity mask on Linux, else the machine's count)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+THREADS_RANGE = dict(low=1, high=usable_cpus(), why='the CPUs this process may use')
+
+
+def add_threads_argument(container: argparse._ActionsContainer) -> None:
+    container.add_argument(
+        '--threads', type=int, default=None, metavar='N',
+        help=f'PyTorch intra-op threads for this run, 1 to {THREADS_RANGE["high"]} (default: 1, or OMP_NUM_THREADS '
+             f'when set: on a shared CPU more threads spin-wait and slow every step several-fold)')
+
+
+def default_threads() -> int:
+    """The count without ``--threads``: torch's when ``OMP_NUM_THREADS`` is set (it chose that count), else 1."""
+    return torch.get_num_threads() if os.environ.get('OMP_NUM_THREADS') else 1
+
+
+def _set_threads(threads: int, why: str) -> str:
+    torch.set_num_threads(threads)
+    return f'{threads} compute thread{"s" if threads > 1 else ""} ({why})'
+
+
+def set_threads(requested: Optional[int]) -> str:
+    """Set torch's intra-op threads to ``requested`` (checked against :data:`THREADS_RANGE`), or for None to
+    :func:`default_threads`; returns the line a command logs."""
+    if requested is not None:
+        check_range('--threads', requested, **THREADS_RANGE)
+        return _set_threads(requested, '--threads')
+    return _set_threads(default_threads(), 'OMP_NUM_THREADS; --threads N to choose' if os.environ.get(
+        'OMP_NUM_THREADS') else 'the default; --threads N or OMP_NUM_THREADS to choose')
+
+
+def set_run_threads(requested: Optional[int], resume_ckpt: Optional[dict]) -> str:
+    """:func:`set_threads` for a training run, except that a resume without ``--threads`` computes with the count of
+    the run it continues (its checkpoint's ``threads``, capped at the CPUs here): the count changes float rounding,
+    so only the same count resumes bit-identically. Returns the line to log."""
+    saved = (resume_ckpt or {}).get('threads')
+    if requested is not None or isinstance(saved, bool) or not isinstance(saved, int) or saved < 1:
+        return set_threads(requested)
+    capped = f', capped from its {saved} at the CPUs here' if saved > usable_cpus() else ''
+    return _set_threads(min(saved, usable_cpus()), f'the count of the run it continues{capped}: results are '
+                        f'bit-identical to an uninterrupted run only with the same count; --threads N to choose')
 
 
 # ------------------------------------------------------------------------------------------------ -c yaml settings

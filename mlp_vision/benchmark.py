@@ -40,11 +40,12 @@ import torch.nn.functional as F
 import timm
 
 import mlp_vision
-from mlp_vision.arguments import SEED_MAX, ArgumentParser, ParseKwargs, check_flag_ranges, parse_device
+from mlp_vision.arguments import (
+    SEED_MAX, THREADS_RANGE, ArgumentParser, ParseKwargs, add_threads_argument, check_flag_ranges, parse_device,
+    set_threads)
 from mlp_vision.errors import UsageError, run_cli
 from mlp_vision.layers import BidirectionalGatedSSM
 from mlp_vision.outputs import output_kind, write_output_file
-from mlp_vision.threads import THREADS_RANGE, add_threads_argument, set_threads
 from mlp_vision.training.image_model import COMPILE_MODES, create_model, is_local_dir, model_create_kwargs
 
 PRECISIONS = {  # --precision: (parameter / input dtype, autocast dtype or None)

@@ -2,11 +2,9 @@
 
 Run as ``mlp-vision-train``, ``python -m mlp_vision.train`` or ``python train.py`` in a checkout. Flags follow timm's
 train.py; ``-c/--config`` reads a yaml file of flag values, or a recipe of ``configs/`` by name; explicit flags win.
-With no dataset it trains the demo on scikit-learn's handwritten digits. Usage, outputs and resume (bit-identical
-on CPU, one process): README, "Training and validation". It reads as timm's train.py: the flags and their checks,
-:func:`main` (through :func:`train`), :func:`train_one_epoch` and the evaluation loop
-:func:`~mlp_vision.training.image_model.validate`; the run's files and their safety are the functions of
-:mod:`~mlp_vision.training.run_files`, called in order.
+With no dataset it trains the demo on scikit-learn's handwritten digits. Usage, outputs and resume: README, "Training
+and validation". It reads as timm's train.py: the flags and their checks, :func:`main`, :func:`train_one_epoch` and
+``validate`` (:mod:`~mlp_vision.training.image_model`); the run's files are :mod:`~mlp_vision.training.run_files`.
 """
 import argparse
 import copy
@@ -33,11 +31,11 @@ from timm.scheduler import create_scheduler_v2, scheduler_kwargs
 from timm.utils import ModelEmaV3, dispatch_clip_grad, distribute_bn, random_seed, unwrap_model
 
 from mlp_vision.arguments import (
-    SEED_MAX, ArgumentParser, DefaultsHelpFormatter, ParseKwargs, check_flag_ranges, check_kwargs_flags, find_recipe)
+    SEED_MAX, THREADS_RANGE, ArgumentParser, DefaultsHelpFormatter, ParseKwargs, check_flag_ranges, check_kwargs_flags,
+    find_recipe, set_run_threads)
 from mlp_vision.bounds import BOUND_RANGES, size_bounds
 from mlp_vision.errors import Interrupted, RunError, UsageError, run_cli
 from mlp_vision.outputs import atomic_folder, setup_logging
-from mlp_vision.threads import THREADS_RANGE, set_run_threads
 from mlp_vision.training.image_data import (
     INTERPOLATIONS, check_image_args, check_num_classes, create_train_val_datasets, dataset_class_names,
     dataset_source, prepare_digits_folder)
@@ -62,6 +60,7 @@ OWN_FOLDER_RECIPE = 'own_folder_cpu'  # configs/own_folder_cpu.yaml, a user's sm
 SMALL_DATA_IMAGES = 20_000  # a training set up to this size, given without -c, gets the hint to use that recipe
 DEFAULT_EPOCHS = 300  # --epochs default, timm's ImageNet schedule (the small-data hint compares to it)
 STOP_ADVICE = 'Lower --lr, add --clip-grad or more --warmup-epochs'  # after a NaN / inf loss
+SCHEDULERS = ('cosine', 'tanh', 'step', 'multistep', 'poly', 'wsd', 'rsqrt', 'constant', 'plateau')  # timm's
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -71,13 +70,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument('-c', '--config', default='', type=str, metavar='FILE|RECIPE',
                         help='yaml file of flag values (keys = flag names), or the name of a recipe of configs/ '
                              '(shipped with the package), e.g. smlpnet_t; explicit flags override it')
-    _add_data_and_model_args(parser)
-    _add_device_and_optimizer_args(parser)
-    _add_regularization_and_misc_args(parser)
+    _add_data_model_args(parser)
+    _add_schedule_and_regularization_args(parser)
     return parser
 
 
-def _add_data_and_model_args(parser) -> None:
+def _add_data_model_args(parser) -> None:
     group = parser.add_argument_group('Dataset parameters')
     add_dataset_arguments(group)
     group.add_argument('--train-split', metavar='NAME', default='train', help='dataset train split (folder / tar)')
@@ -88,16 +86,14 @@ def _add_data_and_model_args(parser) -> None:
     group = parser.add_argument_group('Model parameters')
     group.add_argument('--model', default='smlpnet_t', type=str, metavar='MODEL', help='name of model to train')
     group.add_argument('--pretrained', action='store_true', help="start with the model's pretrained weights")
-    group.add_argument('--pretrained-path', type=str, metavar='PATH',
-                       help="start from a local weights file, loaded through the model's checkpoint filter "
-                            "(official / timm layouts; classifier dropped if --num-classes differs)")
+    group.add_argument('--pretrained-path', type=str, metavar='PATH', help="start from a local weights file, loaded "
+                       "through the model's checkpoint filter (classifier dropped if --num-classes differs)")
     group.add_argument('--initial-checkpoint', default='', type=str, metavar='PATH',
-                       help='load these weights (a train.py checkpoint or a state dict of this exact model) first')
+                       help='start from these weights (a train.py checkpoint or a state dict of this model)')
     group.add_argument('--resume', default='', type=str, metavar='PATH', help='continue the run of this checkpoint '
                        '(usually EXP/last.pth) in its folder, with its saved settings; flags given here override them')
-    group.add_argument('--keep-optimizer-state', action='store_true',
-                       help='model_best.pth and checkpoint-N.pth hold the optimizer state too, so a run can resume '
-                            'from them (default: weights only, about a third of the size; last.pth always has it)')
+    group.add_argument('--keep-optimizer-state', action='store_true', help='model_best.pth and checkpoint-N.pth '
+                       'hold the optimizer state too, to resume from (last.pth always does)')
     add_common_arguments(group)
     group.add_argument('--no-resume-opt', action='store_true', help='--resume: weights and epoch only, no optimizer')
     group.add_argument(ALLOW_MISSING_FLAG, action='store_true', help='--pretrained(-path): weights missing from the '
@@ -109,14 +105,11 @@ def _add_data_and_model_args(parser) -> None:
     group.add_argument('--grad-accum-steps', type=int, default=1, metavar='N', help='batches per optimizer step')
     group.add_argument('--grad-checkpointing', action='store_true', help='activation checkpointing through the model')
     add_compile_arguments(group)
-
-
-def _add_device_and_optimizer_args(parser) -> None:
     group = parser.add_argument_group('Device and distributed')
     add_device_arguments(group)
     group.add_argument('--sync-bn', action='store_true', help='SyncBatchNorm (CUDA, distributed)')
     group.add_argument('--dist-bn', default='reduce', choices=('reduce', 'broadcast', ''),
-                       help='after each epoch, make BatchNorm stats equal on all ranks (average or rank 0)')
+                       help="BatchNorm stats made equal on all ranks after each epoch (average or rank 0's)")
     group = parser.add_argument_group('Optimizer parameters')
     group.add_argument('--opt', default='sgd', type=str, metavar='OPTIMIZER', help='optimizer (timm names)')
     group.add_argument('--opt-eps', type=float, metavar='EPSILON', help='optimizer epsilon')
@@ -127,12 +120,21 @@ def _add_device_and_optimizer_args(parser) -> None:
     group.add_argument('--clip-mode', default='norm', choices=('norm', 'value', 'agc'), help='what --clip-grad bounds')
     group.add_argument('--layer-decay', type=float, help='layer-wise learning rate decay')
     group.add_argument('--opt-kwargs', nargs='*', default={}, action=ParseKwargs, help='extra optimizer arguments')
+    group = parser.add_argument_group('Miscellaneous parameters')
+    group.add_argument('--seed', type=int, default=42, metavar='S', help='random seed')
+    group.add_argument('--log-interval', type=int, default=50, metavar='N', help='optimizer updates between logs')
+    group.add_argument('--checkpoint-hist', type=int, default=3, metavar='N', help='best checkpoint-<epoch>.pth kept')
+    group.add_argument('--output', default='', type=str, metavar='PATH', help='output root (default: ./output/train)')
+    group.add_argument('--experiment', default='', type=str, metavar='NAME', help='folder (default: date-model-size)')
+    group.add_argument('--eval-metric', default='top1', choices=('top1', 'top5', 'loss'), help='selects the best')
+
+
+def _add_schedule_and_regularization_args(parser) -> None:
     group = parser.add_argument_group('Learning rate schedule parameters')
-    group.add_argument('--sched', type=str, default='cosine', metavar='SCHEDULER', help='LR scheduler')
+    group.add_argument('--sched', type=str, default='cosine', choices=SCHEDULERS, help='LR scheduler')
     group.add_argument('--sched-on-updates', action='store_true', help='step the schedule every update, not epoch')
     group.add_argument('--lr', type=float, metavar='LR', help='learning rate (default: --lr-base scaled to the batch)')
-    group.add_argument('--lr-base', type=float, default=0.1, metavar='LR',
-                       help='learning rate at --lr-base-size global batch, used when --lr is not given')
+    group.add_argument('--lr-base', type=float, default=0.1, metavar='LR', help='LR at --lr-base-size, without --lr')
     group.add_argument('--lr-base-size', type=int, default=256, metavar='DIV', help='global batch of --lr-base')
     group.add_argument('--lr-base-scale', default='', choices=('', 'linear', 'sqrt'),
                        help="'linear' or 'sqrt' scaling of --lr-base (default: sqrt for adaptive optimizers)")
@@ -153,9 +155,6 @@ def _add_device_and_optimizer_args(parser) -> None:
     group.add_argument('--cooldown-epochs', type=int, default=0, metavar='N', help='epochs at min_lr at the end')
     group.add_argument('--patience-epochs', type=int, default=10, metavar='N', help='plateau patience')
     group.add_argument('--decay-rate', '--dr', type=float, default=0.1, help='LR decay (step, plateau), poly power')
-
-
-def _add_regularization_and_misc_args(parser) -> None:
     group = parser.add_argument_group('Augmentation and regularization parameters')
     group.add_argument('--no-aug', action='store_true', help='disable all training augmentation')
     group.add_argument('--scale', type=float, nargs='+', default=[0.08, 1.0], metavar='PCT', help='crop scale range')
@@ -163,10 +162,8 @@ def _add_regularization_and_misc_args(parser) -> None:
     group.add_argument('--hflip', type=float, default=0.5, help='horizontal flip probability')
     group.add_argument('--vflip', type=float, default=0., help='vertical flip probability')
     group.add_argument('--color-jitter', type=float, default=0.4, metavar='PCT', help='color jitter factor')
-    group.add_argument('--aa', type=str, metavar='NAME',
-                       help='AutoAugment / RandAugment policy, e.g. rand-m9-mstd0.5-inc1, original')
-    group.add_argument('--aug-repeats', type=float, default=0,
-                       help='repeated augmentation: each image this many times per epoch (e.g. 3; 0 = off)')
+    group.add_argument('--aa', type=str, metavar='NAME', help='AutoAugment policy, e.g. rand-m9-mstd0.5-inc1')
+    group.add_argument('--aug-repeats', type=float, default=0, help='repeated augmentation count (e.g. 3; 0 = off)')
     group.add_argument('--reprob', type=float, default=0., metavar='PCT', help='random erase probability')
     group.add_argument('--remode', default='pixel', choices=('pixel', 'rand', 'const'), help='random erase mode')
     group.add_argument('--recount', type=int, default=1, help='random erase count')
@@ -175,8 +172,7 @@ def _add_regularization_and_misc_args(parser) -> None:
     group.add_argument('--cutmix-minmax', type=float, nargs='+', help='cutmix min/max ratio')
     group.add_argument('--mixup-prob', type=float, default=1.0, help='probability of mixup or cutmix per batch')
     group.add_argument('--mixup-switch-prob', type=float, default=0.5, help='probability of cutmix over mixup')
-    group.add_argument('--mixup-mode', default='batch', choices=('batch', 'pair', 'elem'),
-                       help='mix per batch, per pair or per element')
+    group.add_argument('--mixup-mode', default='batch', choices=('batch', 'pair', 'elem'), help='what is mixed')
     group.add_argument('--mixup-off-epoch', default=0, type=int, metavar='N', help='turn mixup off at this epoch')
     group.add_argument('--smoothing', type=float, default=0.1, help='label smoothing')
     group.add_argument('--bce-loss', action='store_true', help='binary cross-entropy loss')
@@ -190,15 +186,6 @@ def _add_regularization_and_misc_args(parser) -> None:
     group.add_argument('--model-ema-force-cpu', action='store_true', help='EMA on the CPU, not evaluated in training')
     group.add_argument('--model-ema-decay', type=float, default=0.9998, help='EMA decay')
     group.add_argument('--model-ema-warmup', action='store_true', help='EMA decay warmup')
-    group = parser.add_argument_group('Miscellaneous parameters')
-    group.add_argument('--seed', type=int, default=42, metavar='S', help='random seed')
-    group.add_argument('--log-interval', type=int, default=50, metavar='N', help='optimizer updates between logs')
-    group.add_argument('--checkpoint-hist', type=int, default=3, metavar='N', help='best checkpoint-<epoch>.pth kept')
-    group.add_argument('--output', default='', type=str, metavar='PATH', help='output root (default: ./output/train)')
-    group.add_argument('--experiment', default='', type=str, metavar='NAME',
-                       help='experiment folder name (default: date-model-size)')
-    group.add_argument('--eval-metric', default='top1', choices=('top1', 'top5', 'loss'),
-                       help='metric for best checkpoint')
 
 
 def _has_dataset(settings: Mapping[str, Any]) -> bool:  # settings: arguments by destination
@@ -207,8 +194,7 @@ def _has_dataset(settings: Mapping[str, Any]) -> bool:  # settings: arguments by
 
 def parse_args(argv):
     """(args, demo = no dataset given, resume checkpoint) from the flags, the ``-c`` yaml and a resumed run's
-    saved settings; settings that name no dataset have the demo recipe as their base, under the user's -c and
-    flags."""
+    settings; without a dataset the demo recipe is their base."""
     args, resume_ckpt = parse_run_args(
         build_parser(), argv, recipes=True,
         base_configs=lambda settings: [] if _has_dataset(settings) else [str(find_recipe(DEMO_RECIPE))])
@@ -238,16 +224,13 @@ FLAG_RANGES = {
     'num_classes': _AT_LEAST_ONE, 'img_size': _AT_LEAST_ONE, 'input_size': _AT_LEAST_ONE,
     'in_chans': _AT_LEAST_ONE, 'crop_pct': CROP_PCT_RANGE, 'threads': THREADS_RANGE, **BOUND_RANGES,
 }  # --mean / --std: per channel, by check_image_args
-# flags of two values (low, high)
-_PAIRS = ('scale', 'ratio', 'cutmix_minmax', 'lr_noise')
 
 
 def check_args(args, dist_info) -> None:
     """Every flag value that cannot work, as one clear message (before anything is built)."""
     check_flag_ranges(args, FLAG_RANGES)
-    for dest in _PAIRS:
-        value = getattr(args, dest)
-        flag = '--' + dest.replace('_', '-')
+    for dest in ('scale', 'ratio', 'cutmix_minmax', 'lr_noise'):  # (low, high); --lr-noise takes 1 or 2 epochs
+        value, flag = getattr(args, dest), '--' + dest.replace('_', '-')
         if value is not None and dest != 'lr_noise' and len(value) != 2:
             raise UsageError(f'{flag} takes two values (low high), got {len(value)}')
         if value is not None and len(value) == 2 and value[0] > value[1]:
@@ -281,8 +264,8 @@ def check_args(args, dist_info) -> None:
 
 # ------------------------------------------------------------------------------------------------ main
 def main(argv=None, prog: str = PROG):
-    """Train; returns the results dict on rank 0 (None on other ranks). Errors: one line starting with ``prog``,
-    see ``run_cli``."""
+    """Train; returns the results dict on rank 0 (None on other ranks). Errors: one line starting with ``prog``
+    (:func:`~mlp_vision.errors.run_cli`)."""
     return run_cli(prog, lambda a: _main(a, prog), argv)
 
 
@@ -302,17 +285,18 @@ def train(args, dist_info, resume_ckpt: Optional[dict], demo: bool, stop_signal:
           command: str) -> Optional[Dict[str, Any]]:
     """timm's ``main`` after the arguments: data, model, optimizer, AMP, loaders, loss, schedule, the resumed state
     (``resume_ckpt``: the ``--resume`` checkpoint or None), EMA, DDP / compile, the run folder (rank 0), the RNG
-    states, then the epochs (:func:`_train_epochs`) and the final stage. ``stop_signal``: the SIGINT / SIGTERM
-    received (0: none). Returns the results dict on rank 0, None on the other ranks."""
+    states, the epochs and the final stage. ``stop_signal()``: the SIGINT / SIGTERM received (0: none)."""
     device, run_start = dist_info.device, time.time()
     data_dir = _prepare_demo(args) if demo else args.data_dir or args.data
     check_resume_identity(resume_ckpt, args.resume, args.model)
     random_seed(args.seed, dist_info.rank)
-    dataset_train, dataset_eval, train_classes = _create_datasets(args, data_dir)
-    _fit_batch_to_training_set(args, dataset_train, dist_info.world_size)
+    dataset_train, dataset_eval, train_classes = _create_datasets(args, data_dir, dist_info.world_size)
     model, create_kwargs, data_config = _create_model(args, dist_info)
     resolve_lr(args, dist_info.world_size)
-    optimizer = _create_optimizer(args, model)
+    try:  # timm's optimizer_kwargs reads extra arguments from `opt_args`; this script's flag is --opt-kwargs
+        optimizer = create_optimizer_v2(model, **{**optimizer_kwargs(cfg=args), **args.opt_kwargs})
+    except (TypeError, ValueError) as e:
+        raise UsageError(f'--opt {args.opt} cannot be built with {args.opt_kwargs or "these settings"}: {e}') from e
     amp_autocast, loss_scaler, amp_dtype = setup_amp(args.amp, args.amp_dtype, device)
     loader_train, sampler_train, loader_eval = _create_loaders(args, dataset_train, dataset_eval, data_config,
                                                                dist_info)
@@ -322,12 +306,15 @@ def train(args, dist_info, resume_ckpt: Optional[dict], demo: bool, stop_signal:
         warn_global_batch_beyond_data(args.batch_size, dist_info.world_size, args.grad_accum_steps,
                                       len(dataset_train))
         schedule = dict(scheduler_kwargs(args, decreasing_metric=args.eval_metric == 'loss'), lr=args.lr)
-        lr_scheduler, num_epochs = create_lr_scheduler(optimizer, schedule, updates_per_epoch)
+        try:  # every checkpoint stores `schedule` (restore_training_state continues a changed one)
+            lr_scheduler, num_epochs = create_scheduler_v2(
+                optimizer, **{k: v for k, v in schedule.items() if k != 'lr'}, updates_per_epoch=updates_per_epoch)
+        except (ValueError, AssertionError) as e:
+            raise UsageError(f'the --sched {args.sched} schedule cannot be built: {e}') from e
 
         last_epoch, num_updates = restore_training_state(resume_ckpt, args.resume, args.model, model,
                                                          optimizer, lr_scheduler, schedule, loss_scaler,
                                                          weights_only=args.no_resume_opt)
-        last_saved = last_epoch if resume_ckpt is not None else None  # a checkpoint holds a done epoch
         start_epoch = last_epoch + 1 if resume_ckpt is not None else 0
         check_not_finished(resume_ckpt, args.resume, start_epoch, num_epochs)
         model_ema = None
@@ -339,7 +326,9 @@ def train(args, dist_info, resume_ckpt: Optional[dict], demo: bool, stop_signal:
 
         folder = open_run_folder(
             args, resume_ckpt, default_root='./output/train',
-            default_name=_experiment_name(args, demo, data_config), decreasing=args.eval_metric == 'loss',
+            default_name='-'.join([datetime.now().strftime('%Y%m%d-%H%M%S')] + (['demo_digits'] if demo else [])
+                                  + [args.model.replace('/', '_'), str(data_config['input_size'][-1])]),
+            decreasing=args.eval_metric == 'loss',
             max_history=args.checkpoint_hist) if dist_info.primary else None
         try:
             log_settings_changes(args)
@@ -361,13 +350,11 @@ def train(args, dist_info, resume_ckpt: Optional[dict], demo: bool, stop_signal:
             metrics = _train_epochs(
                 args, dist_info, folder, updates, state, model_ema, loader_train, sampler_train, loader_eval,
                 mixup_fn=mixup_fn, train_loss_fn=train_loss_fn, amp_autocast=amp_autocast, start_epoch=start_epoch,
-                num_epochs=num_epochs, last_saved=last_saved)
+                num_epochs=num_epochs, last_saved=last_epoch if resume_ckpt is not None else None)
             results = _final_stage(
                 args, dist_info, folder, model, train_model, model_ema, metrics, loader_train, loader_eval,
                 create_kwargs=create_kwargs, data_config=data_config, train_classes=train_classes, data_dir=data_dir,
-                demo=demo, num_epochs=num_epochs, command=command)
-            if results is not None:
-                _report(args, folder, metrics, results, data_dir, run_start)
+                demo=demo, num_epochs=num_epochs, command=command, run_start=run_start)
             if stop_signal():  # held through the final stage, which had to finish for its outputs to agree
                 where = f' (results.json, pretrained/ in {folder.output_dir})' if folder is not None else ''
                 raise Interrupted(stop_signal(), message=(
@@ -386,9 +373,9 @@ def train(args, dist_info, resume_ckpt: Optional[dict], demo: bool, stop_signal:
 def _train_epochs(args, dist_info, folder: Optional[RunFolder], updates: Dict[str, Any], state: Dict[str, Any],
                   model_ema, loader_train, sampler_train, loader_eval, *, mixup_fn, train_loss_fn, amp_autocast,
                   start_epoch: int, num_epochs: int, last_saved: Optional[int]) -> 'EpochMetrics':
-    """Per epoch: :func:`train_one_epoch`, :func:`validate`, the schedule's step, a summary row and a checkpoint
-    (``state``: the checkpoint's objects and fields); a stop signal or a NaN / inf loss ends the run with one line
-    naming the intact checkpoint (``last_saved``: its epoch, None before any). Returns the last epoch's metrics."""
+    """Per epoch: :func:`train_one_epoch`, ``validate``, the schedule's step, a summary row and a checkpoint
+    (``state``: its objects and fields); a stop signal or a NaN / inf loss ends the run with one line naming the
+    intact checkpoint (``last_saved``: its epoch, None before any). Returns the last epoch's metrics."""
     device, train_model, lr_scheduler = dist_info.device, state['model'], state['scheduler']
     metrics = EpochMetrics()
     for epoch in range(start_epoch, num_epochs):
@@ -413,7 +400,13 @@ def _train_epochs(args, dist_info, folder: Optional[RunFolder], updates: Dict[st
         with preserve_rng():  # evaluation must not shift the training's random stream
             metric = _validate_epoch(args, dist_info, train_model, model_ema, loader_eval, amp_autocast, metrics)
         lr_scheduler.step(epoch + 1, metric)  # before saving: the checkpoint holds next epoch's LR
-        row = _summary_row(epoch, metrics, device)
+        row = {'epoch': epoch, 'lr': metrics.train['lr'], 'train_loss': metrics.train['loss']}
+        for prefix, values in (('eval', metrics.eval), ('ema_eval', metrics.ema_eval)):
+            row.update({f'{prefix}_{k}': values[k] for k in ('loss', 'top1', 'top5')} if values is not None else {})
+        row.update(train_img_per_sec=metrics.train['img_per_sec'], epoch_seconds=metrics.train['seconds'])
+        if device.type == 'cuda':
+            row['peak_mem_gib'] = torch.cuda.max_memory_allocated(device) / 2 ** 30
+            metrics.peak_mem_gib = max(metrics.peak_mem_gib or 0., row['peak_mem_gib'])
         if folder is not None:
             folder.summary.append(row)
         written = save_checkpoint(
@@ -422,22 +415,28 @@ def _train_epochs(args, dist_info, folder: Optional[RunFolder], updates: Dict[st
             eval_metrics=metrics.eval, ema_eval_metrics=metrics.ema_eval)
         last_saved = epoch
         if folder is not None:
-            _logger.info(_epoch_message(epoch, num_epochs, metrics, row, written['best']))
+            evaluated, ema = metrics.eval, metrics.ema_eval
+            _logger.info(
+                f'Epoch {epoch}/{num_epochs - 1}: train loss {row["train_loss"]:.4f}'
+                + (f' | eval loss {evaluated["loss"]:.4f} {_accuracy_text(evaluated)}' if evaluated is not None else '')
+                + (f' | EMA top1 {ema["top1"]:.2f}' if ema is not None else '')
+                + f' | {row["train_img_per_sec"]:,.0f} img/s, {format_duration(row["epoch_seconds"])}'
+                + (f', peak {row["peak_mem_gib"]:.2f} GiB' if 'peak_mem_gib' in row else '')
+                + ' | saved last.pth' + (' + model_best.pth' if written['best'] else ''))
     return metrics
 
 
 def _final_stage(args, dist_info, folder: Optional[RunFolder], model, train_model, model_ema, metrics: 'EpochMetrics',
                  loader_train, loader_eval, *, create_kwargs, data_config, train_classes, data_dir: str, demo: bool,
-                 num_epochs: int, command: str) -> Optional[Dict[str, Any]]:
+                 num_epochs: int, command: str, run_start: float) -> Optional[Dict[str, Any]]:
     """After the last epoch (every rank): the weights' digests, the demo's validation, then on rank 0
-    ``pretrained/`` and ``results.json`` (a failure from here on is recorded in it). Returns the results dict on
-    rank 0, None on the other ranks."""
+    ``pretrained/``, ``results.json`` (a failure from here on is recorded in it) and the closing log lines
+    (``run_start``: when this process's run began); returns the results on rank 0."""
     if folder is not None:
         folder.in_final_stage = True
     digests = weights_digests(dist_info, model, model_ema.module if model_ema is not None else None)
-    demo_val = None
-    if demo and loader_eval is not None:
-        demo_val = _validate_demo(args, dist_info, folder, data_dir, model_ema)
+    demo_val = (_validate_demo(args, dist_info, folder, data_dir, model_ema)
+                if demo and loader_eval is not None else None)
     if folder is None:
         return None
     pretrained, pretrained_from = _export_pretrained(args, folder, train_model, model_ema, data_config, train_classes,
@@ -464,6 +463,17 @@ def _final_stage(args, dist_info, folder: Optional[RunFolder], model, train_mode
         'command': command,
     }
     write_results(folder, results)
+    if metrics.eval is not None:
+        _logger.info(f'Done in {format_duration(time.time() - metrics.train_start)}: final eval '
+                     f'{_accuracy_text(metrics.eval)} loss {metrics.eval["loss"]:.4f}'
+                     + (f'; best {args.eval_metric} {best["metric"]:.4f} at epoch {best["epoch"]}' if best else ''))
+    if demo_val is not None:
+        _logger.info(
+            f'Demo result: validation accuracy {demo_val["top1"]:.2f}% top-1 on {demo_val["samples"]} held-out '
+            f'digit images (chance: 10%), checkpoint {best_path}; '
+            f'total time {format_duration(time.time() - run_start)}.')
+    names = sorted(p.name for p in folder.output_dir.iterdir() if not p.name.startswith('.'))
+    _logger.info(f'Outputs in {folder.output_dir}: {", ".join(names)}')
     return results
 
 
@@ -481,15 +491,14 @@ def train_one_epoch(epoch: int, model: nn.Module, loader, optimizer: torch.optim
                     clip_grad: Optional[float] = None, clip_mode: str = 'norm', mixup_fn=None, model_ema=None,
                     lr_scheduler=None, grad_accum_steps: int = 1, channels_last: bool = False, world_size: int = 1,
                     log_interval: int = 50, primary: bool = True) -> Dict[str, float]:
-    """timm's ``train_one_epoch``: per optimizer update, ``grad_accum_steps`` batches (the last update the batches
-    left) of forward, loss and backward (DDP syncs the gradients on the last one only), then clipping, the optimizer
-    step, the EMA and the per-update LR schedule. ``updates``: the run's :func:`update_state`.
+    """timm's ``train_one_epoch``: per optimizer update, ``grad_accum_steps`` batches of forward, loss and backward
+    (DDP syncs the gradients on the last one only), then clipping, the optimizer step, the EMA and the per-update LR
+    schedule. ``updates``: the run's :func:`update_state`.
 
-    The update waits for the device and the other ranks once, at the agreement (:func:`_agree`) just before its
-    last backward pass: a NaN / inf loss on any rank stops the run there, before the optimizer step
-    (:class:`NonFiniteLossError`), and a SIGINT / SIGTERM on any rank stops it before the next update
-    (:class:`~mlp_vision.errors.Interrupted`). Returns {'loss', 'lr', 'img_per_sec', 'seconds'} (loss and rate over
-    every rank; the epoch's loss is all-reduced once, at its end)."""
+    The update waits for the device and the other ranks once, at the agreement (:func:`_agree`) before its last
+    backward pass: a NaN / inf loss on any rank stops the run there, before the optimizer step
+    (:class:`NonFiniteLossError`); a SIGINT / SIGTERM on any rank stops it before the next update
+    (:class:`~mlp_vision.errors.Interrupted`). Returns {'loss', 'lr', 'img_per_sec', 'seconds'} over every rank."""
     model.train()
     num_batches = len(loader)
     updates_per_epoch = (num_batches + grad_accum_steps - 1) // grad_accum_steps
@@ -507,7 +516,6 @@ def train_one_epoch(epoch: int, model: nn.Module, loader, optimizer: torch.optim
         first = update_idx * grad_accum_steps  # the update's first batch
         accum_steps = min(grad_accum_steps, num_batches - first)
         stopped_at = f'epoch {epoch}, batch {first}'
-        loss_at = partial(_loss_at, epoch, first, updates['num_updates'])
         signum = updates['stop_pending'] or (0 if updates['distributed'] else updates['stop_signal']())
         if signum:
             raise Interrupted(signum, stopped_at)
@@ -515,8 +523,9 @@ def train_one_epoch(epoch: int, model: nn.Module, loader, optimizer: torch.optim
         sums = torch.tensor([0., -1., 0.], dtype=torch.float64, device=device)
         weight_sum, since, since_micro, next_check = 0., time.perf_counter(), 0, updates['check_every']
         for micro in range(accum_steps):
-            if micro and not updates['distributed'] and updates['stop_signal']():
-                _abandon(optimizer, updates['stop_signal'](), stopped_at)
+            if micro and not updates['distributed'] and updates['stop_signal']():  # the weights stay as they were
+                optimizer.zero_grad(set_to_none=True)
+                raise Interrupted(updates['stop_signal'](), stopped_at)
             (input, target), pending = pending, next(batches, None)
             need_update = micro == accum_steps - 1 or pending is None
             if mixup_fn is not None:
@@ -527,17 +536,22 @@ def train_one_epoch(epoch: int, model: nn.Module, loader, optimizer: torch.optim
             with no_sync() if no_sync is not None and not need_update else nullcontext():
                 with amp_autocast():
                     loss = loss_fn(model(input), target)
-                _add_loss(sums, loss, micro, weight=input.shape[0])
+                value = loss.detach().reshape(()).to(torch.float64)
+                first_bad = ~torch.isfinite(value) & (sums[1] < 0)  # the update's first non-finite loss
+                sums[0] += value * input.shape[0]
+                sums[1] = torch.where(first_bad, float(micro), sums[1])
+                sums[2] = torch.where(first_bad, value, sums[2])
                 weight_sum += input.shape[0]
                 if need_update:  # before the backward pass that reduces the gradients, and the optimizer step
                     update_loss, updates['stop_pending'] = _agree(updates, optimizer, sums, micro + 1 - since_micro,
-                                                                  since, loss_at)
+                                                                  since, (epoch, first))
                 _backward(loss / accum_steps, optimizer, loss_scaler, clip_grad, clip_mode, clip_parameters,
                           need_update)
             if not need_update and micro + 1 == next_check:  # a long update agrees every few seconds
-                _, signum = _agree(updates, optimizer, sums, micro + 1 - since_micro, since, loss_at)
+                _, signum = _agree(updates, optimizer, sums, micro + 1 - since_micro, since, (epoch, first))
                 if signum:
-                    _abandon(optimizer, signum, stopped_at)
+                    optimizer.zero_grad(set_to_none=True)
+                    raise Interrupted(signum, stopped_at)
                 since, since_micro, next_check = time.perf_counter(), micro + 1, micro + 1 + updates['check_every']
             if need_update:
                 break
@@ -579,15 +593,10 @@ def train_one_epoch(epoch: int, model: nn.Module, loader, optimizer: torch.optim
     return {'loss': total_loss / total_samples, 'lr': lr, 'img_per_sec': total_samples / seconds, 'seconds': seconds}
 
 
-def _loss_at(epoch: int, first: int, num_updates: int, micro: int) -> str:
-    """Where the loss of an update's batch ``micro`` was computed, for the NaN stop line."""
-    return f'epoch {epoch}, batch {first + micro} (optimizer update {num_updates})'
-
-
 def _backward(loss: torch.Tensor, optimizer, loss_scaler, clip_grad: Optional[float], clip_mode: str,
               parameters: Callable[[], Iterable[torch.Tensor]], need_update: bool) -> None:
-    """timm's backward: through its ``NativeScaler`` under float16 AMP (scaling, unscaling before clipping), else
-    ``backward`` and, on the update's last batch, clipping (``clip_grad`` > 0) and the optimizer step."""
+    """timm's backward (through its ``NativeScaler`` under float16 AMP); on the update's last batch, clipping and
+    the optimizer step."""
     clip_grad = clip_grad if clip_grad and clip_grad > 0 else None
     if loss_scaler is not None:
         loss_scaler(loss, optimizer, clip_grad=clip_grad, clip_mode=clip_mode,
@@ -603,26 +612,13 @@ def _backward(loss: torch.Tensor, optimizer, loss_scaler, clip_grad: Optional[fl
 _NO_BAD_MICRO = float(2 ** 52)  # above any batch index, exact in float64
 
 
-def _add_loss(sums: torch.Tensor, loss: torch.Tensor, micro: int, weight: float) -> None:
-    """Add a batch's mean ``loss`` (times its ``weight``, its samples) to the update's ``sums`` on the device, and
-    note it when it is the update's first non-finite one."""
-    value = loss.detach().reshape(()).to(torch.float64)
-    first_bad = ~torch.isfinite(value) & (sums[1] < 0)
-    sums[0] += value * weight
-    sums[1] = torch.where(first_bad, float(micro), sums[1])
-    sums[2] = torch.where(first_bad, value, sums[2])
-
-
 def _agree(updates: Dict[str, Any], optimizer, sums: torch.Tensor, micro_batches_since: int, since: float,
-           loss_at: Callable[[int], str]) -> Tuple[float, int]:
-    """The one wait of an update: the update's losses read with one device-to-host copy, together with one
-    all-reduce (MAX, on the training device, so valid under NCCL) of [first non-finite batch, stop signal, seconds
-    per batch]. Every rank decides the same: a non-finite loss anywhere raises :class:`NonFiniteLossError`
-    (gradients dropped); returns (this rank's weighted loss sum, the agreed stop signal).
-
-    The agreements inside a long update (``--grad-accum-steps`` in the thousands) come at positions counted from
-    the slowest rank's time per batch, so every rank calls the same collectives in order; a rank never acts on its
-    own signal alone (its forward may hold collectives of its own: DDP's buffer broadcast, SyncBatchNorm)."""
+           at: Tuple[int, int]) -> Tuple[float, int]:
+    """The one wait of an update: its losses read with one device-to-host copy, with one all-reduce (MAX, on the
+    training device) of [first non-finite batch, stop signal, seconds per batch], so every rank decides the same: a
+    non-finite loss anywhere raises :class:`NonFiniteLossError` (gradients dropped; ``at``: the epoch and the update's
+    first batch). Returns (this rank's weighted loss sum, the agreed stop signal). A long update's agreements come at
+    positions counted from the slowest rank's time per batch, so every rank calls the same collectives in order."""
     packed = torch.zeros(6, dtype=torch.float64, device=updates['device'])
     # MAX of (first bad batch counted down from 2**52): the earliest bad batch of any rank, 0 if none
     packed[0] = (sums[1] >= 0) * (_NO_BAD_MICRO - sums[1])
@@ -633,22 +629,15 @@ def _agree(updates: Dict[str, Any], optimizer, sums: torch.Tensor, micro_batches
         dist.all_reduce(packed[:3], op=dist.ReduceOp.MAX)
     first_bad, signum, seconds, loss_sum, bad_micro, bad_value = packed.tolist()
     # the spacing from the last agreement's time (the same on every rank); this one's, measured after the device
-    # caught up with the host here (before, the host may have run ahead), goes into the next agreement
+    # caught up with the host here, goes into the next agreement
     updates['check_every'] = max(1, int(updates['agree_every_s'] / max(seconds, 1e-9)))
     updates['micro_seconds'] = (time.perf_counter() - since) / max(micro_batches_since, 1)
     if first_bad:
         optimizer.zero_grad(set_to_none=True)
-        if bad_micro >= 0:  # this rank's loss
-            raise NonFiniteLossError(bad_value, loss_at(int(bad_micro)))
-        raise NonFiniteLossError(0., loss_at(int(_NO_BAD_MICRO - first_bad)))  # 'not finite on another rank'
+        micro = int(bad_micro) if bad_micro >= 0 else int(_NO_BAD_MICRO - first_bad)  # this rank's, or another's
+        where = f'epoch {at[0]}, batch {at[1] + micro} (optimizer update {updates["num_updates"]})'
+        raise NonFiniteLossError(bad_value if bad_micro >= 0 else 0., where)  # 0.: 'not finite on another rank'
     return loss_sum, int(signum)
-
-
-def _abandon(optimizer, signum: int, stopped_at: str) -> None:
-    """A stop inside an update: its gradients are dropped, the weights are as before (the run resumes from its last
-    checkpoint, at an epoch's end)."""
-    optimizer.zero_grad(set_to_none=True)
-    raise Interrupted(signum, stopped_at)
 
 
 def format_duration(seconds: float) -> str:
@@ -656,9 +645,7 @@ def format_duration(seconds: float) -> str:
 
 
 def warn_global_batch_beyond_data(batch_size: int, world_size: int, grad_accum_steps: int, samples: int) -> None:
-    """Warn (with the numbers) when one update's global batch, ``batch_size`` x ``world_size`` x
-    ``grad_accum_steps``, is larger than the training set's ``samples``: an unintended setting (``-b 1e9``) that
-    trains without another sign of it."""
+    """Warn when one update's global batch is larger than the training set (``-b 1e9``: no other sign of it)."""
     global_batch = batch_size * world_size * grad_accum_steps
     if global_batch > samples:
         _logger.warning(f'the global batch ({batch_size} x {world_size} processes x {grad_accum_steps} accumulation '
@@ -669,31 +656,23 @@ def warn_global_batch_beyond_data(batch_size: int, world_size: int, grad_accum_s
 
 # ------------------------------------------------------------------------------------------------ distributed
 def wrap_ddp(model: nn.Module, info: DistInfo, **kwargs) -> nn.Module:
-    """DistributedDataParallel (``device_ids`` on CUDA); gradients reach it with their parameter's strides
-    (:func:`_grad_in_param_strides`)."""
-    for param in model.parameters():
-        if param.requires_grad and 1 in param.shape:
-            param.register_hook(_grad_in_param_strides(param))
-    device_ids = [info.device] if info.device.type == 'cuda' else None
-    return torch.nn.parallel.DistributedDataParallel(model, device_ids=device_ids, **kwargs)
+    """DistributedDataParallel (``device_ids`` on CUDA), its gradients given their parameter's strides.
 
-
-def _grad_in_param_strides(param: torch.Tensor):
-    """A gradient hook that gives the gradient the parameter's strides where the two differ only along size-1 dims.
-
-    Convolution kernels return their weight gradient in the memory format of their input (sMLPNet's 1x1 fuse conv
-    of a channels-last activation: strides (C_in, 1, C_in, C_in) for a parameter's (C_in, 1, 1, 1)). A size-1 dim's
-    stride is never used, so autograd accepts it, but DDP's reducer compares all strides and warns "Grad strides do
-    not match bucket view strides" on every rank. The restrided view is the same memory; a gradient laid out
-    differently along a dim longer than 1 is left as it is.
-    """
-    def restride(grad: torch.Tensor) -> torch.Tensor:
-        if grad.layout != torch.strided or grad.shape != param.shape or grad.stride() == param.stride():
-            return grad
-        if any(g != p for g, p, n in zip(grad.stride(), param.stride(), param.shape) if n != 1):
+    A convolution returns its weight gradient in its input's memory format (sMLPNet's 1x1 fuse conv of a
+    channels-last activation: strides (C_in, 1, C_in, C_in) for a (C_in, 1, 1, 1) parameter). Autograd accepts a
+    size-1 dim's unused stride, but DDP's reducer compares all strides and warns "Grad strides do not match bucket
+    view strides" on every rank; the restrided view is the same memory. Other layouts are left as they are."""
+    def restride(param: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
+        if (grad.layout != torch.strided or grad.shape != param.shape or grad.stride() == param.stride()
+                or any(g != p for g, p, n in zip(grad.stride(), param.stride(), param.shape) if n != 1)):
             return grad
         return grad.as_strided(grad.shape, param.stride(), grad.storage_offset())
-    return restride
+
+    for param in model.parameters():
+        if param.requires_grad and 1 in param.shape:
+            param.register_hook(partial(restride, param))
+    device_ids = [info.device] if info.device.type == 'cuda' else None
+    return torch.nn.parallel.DistributedDataParallel(model, device_ids=device_ids, **kwargs)
 
 
 def weights_digests(dist_info: DistInfo, *modules: Optional[nn.Module]) -> List[str]:
@@ -723,8 +702,9 @@ def _prepare_demo(args) -> str:
     return args.data_dir
 
 
-def _create_datasets(args, data_dir):
-    """(training set, evaluation set or None, the training set's class names); sets --num-classes if unset."""
+def _create_datasets(args, data_dir, world_size: int):
+    """(training set, evaluation set or None, the training set's class names); sets --num-classes if unset, and a
+    --batch-size above the training set's images per process to all of them (an iterable dataset keeps it)."""
     dataset_train, dataset_eval = create_train_val_datasets(
         args.dataset, data_dir, train_split=args.train_split, val_split=args.val_split, class_map=args.class_map,
         download=args.dataset_download, input_img_mode=args.input_img_mode, batch_size=args.batch_size,
@@ -741,18 +721,12 @@ def _create_datasets(args, data_dir):
     check_num_classes(dataset_train, args.num_classes, 'training set', hint)
     if dataset_eval is not None:
         check_num_classes(dataset_eval, args.num_classes, 'validation set', hint)
+    if not isinstance(dataset_train, torch.utils.data.IterableDataset):  # before the lr is scaled to the batch
+        batch_size = fit_batch_to_data(  # mixing pairs the images of a batch: an even one
+            args.batch_size, train_samples_per_rank(dataset_train, world_size, args.aug_repeats), even=uses_mixup(args))
+        if batch_size != args.batch_size:
+            args.derive(batch_size=batch_size)
     return dataset_train, dataset_eval, train_classes
-
-
-def _fit_batch_to_training_set(args, dataset_train, world_size: int) -> None:
-    """A training set smaller than one batch per process trains in one batch of all of it (with a warning), before
-    the lr is scaled to the batch; an iterable dataset keeps --batch-size."""
-    if isinstance(dataset_train, torch.utils.data.IterableDataset):
-        return
-    batch_size = fit_batch_to_data(  # mixing pairs the images of a batch: an even one
-        args.batch_size, train_samples_per_rank(dataset_train, world_size, args.aug_repeats), even=uses_mixup(args))
-    if batch_size != args.batch_size:
-        args.derive(batch_size=batch_size)
 
 
 def _create_model(args, dist_info):
@@ -808,31 +782,6 @@ def resolve_lr(args, world_size: int) -> None:
                          f'schedule would raise the LR toward it instead of decaying; expected --min-lr <= the LR')
 
 
-_SCHEDULERS = ('cosine', 'tanh', 'step', 'multistep', 'poly', 'wsd', 'rsqrt', 'constant', 'plateau')
-
-
-def create_lr_scheduler(optimizer: torch.optim.Optimizer, schedule: Dict[str, Any], updates_per_epoch: int = 1):
-    """timm's ``create_scheduler_v2(optimizer, **schedule)``; returns (scheduler, total epochs incl. cooldown).
-    ``schedule`` holds its keyword arguments and ``lr`` (the optimizer's base LR); every checkpoint stores it
-    (:func:`restore_training_state` continues a changed one from the checkpoint's position)."""
-    if schedule['sched'] not in _SCHEDULERS:
-        raise UsageError(f'--sched {schedule["sched"]!r} is not a learning-rate schedule; use one of '
-                         f'{", ".join(_SCHEDULERS)}')
-    kwargs = {k: v for k, v in schedule.items() if k != 'lr'}
-    try:
-        return create_scheduler_v2(optimizer, **kwargs, updates_per_epoch=updates_per_epoch)
-    except (ValueError, AssertionError) as e:
-        raise UsageError(f'the --sched {schedule["sched"]} schedule cannot be built: {e}') from e
-
-
-def _create_optimizer(args, model: nn.Module) -> torch.optim.Optimizer:
-    # timm's optimizer_kwargs reads extra arguments from `opt_args`; this script's flag is --opt-kwargs
-    try:
-        return create_optimizer_v2(model, **{**optimizer_kwargs(cfg=args), **args.opt_kwargs})
-    except (TypeError, ValueError) as e:
-        raise UsageError(f'--opt {args.opt} cannot be built with {args.opt_kwargs or "these settings"}: {e}') from e
-
-
 def _create_loaders(args, dataset_train, dataset_eval, data_config, dist_info):
     """(training loader, its distributed sampler or None, evaluation loader or None)."""
     device = dist_info.device
@@ -877,23 +826,15 @@ def _global_batch(args, world_size: int) -> int:
     return args.batch_size * world_size * args.grad_accum_steps
 
 
-def _experiment_name(args, demo: bool, data_config) -> str:  # the default experiment folder: date-model-size
-    return '-'.join([datetime.now().strftime('%Y%m%d-%H%M%S')] + (['demo_digits'] if demo else [])
-                    + [args.model.replace('/', '_'), str(data_config['input_size'][-1])])
-
-
 # ------------------------------------------------------------------------------------------------ the log
 def _log_setup(args, dist_info, model, create_kwargs, data_config, amp_dtype, data_dir, dataset_train, dataset_eval,
                loader_train, num_epochs: int, updates_per_epoch: int, start_epoch: int) -> None:
     """The setup lines of the log: model, data (the folder or tar found for each split), schedule."""
     world = dist_info.world_size
-    if dist_info.distributed:
-        _logger.info(f'distributed: {world} processes, backend {dist.get_backend()}, device {dist_info.device} on '
-                     f'rank 0')
+    processes = f' x {world} processes (backend {dist.get_backend()})' if dist_info.distributed else ''
     _logger.info(
         f'Model {args.model} ({sum(p.numel() for p in model.parameters()) / 1e6:.3f} M params, {create_kwargs}) on '
-        f'{dist_info.device}{f" x {world} processes" if dist_info.distributed else ""}; '
-        f'input {data_config["input_size"]}, AMP {amp_dtype if args.amp else "off"}')
+        f'{dist_info.device}{processes}; input {data_config["input_size"]}, AMP {amp_dtype if args.amp else "off"}')
     val_source = (dataset_source(dataset_eval) or args.val_split) if dataset_eval is not None else 'none'
     _logger.info(
         f'Data {data_dir or args.dataset}: {len(dataset_train)} training images '
@@ -947,31 +888,9 @@ def _validate_epoch(args, dist_info, model, model_ema, loader_eval, amp_autocast
     return metrics.ema_eval[args.eval_metric]  # as timm: EMA selects the best checkpoint
 
 
-def _summary_row(epoch: int, metrics: EpochMetrics, device) -> dict:
-    """One summary.csv row; also updates ``metrics.peak_mem_gib`` on CUDA."""
-    row = {'epoch': epoch, 'lr': metrics.train['lr'], 'train_loss': metrics.train['loss']}
-    for prefix, values in (('eval', metrics.eval), ('ema_eval', metrics.ema_eval)):
-        row.update({f'{prefix}_{k}': values[k] for k in ('loss', 'top1', 'top5')} if values is not None else {})
-    row.update(train_img_per_sec=metrics.train['img_per_sec'], epoch_seconds=metrics.train['seconds'])
-    if device.type == 'cuda':
-        row['peak_mem_gib'] = torch.cuda.max_memory_allocated(device) / 2 ** 30
-        metrics.peak_mem_gib = max(metrics.peak_mem_gib or 0., row['peak_mem_gib'])
-    return row
-
-
 def _accuracy_text(metrics: dict) -> str:
     """``'top1 97.25 top5 99.75'``; top-5 only where it means something (more than 5 classes)."""
     return f'top1 {metrics["top1"]:.2f}' + (f' top5 {metrics["top5"]:.2f}' if metrics['top5'] is not None else '')
-
-
-def _epoch_message(epoch: int, num_epochs: int, metrics: EpochMetrics, row: dict, saved_best: bool) -> str:
-    train, evaluated, ema = metrics.train, metrics.eval, metrics.ema_eval
-    return (f'Epoch {epoch}/{num_epochs - 1}: train loss {train["loss"]:.4f}'
-            + (f' | eval loss {evaluated["loss"]:.4f} {_accuracy_text(evaluated)}' if evaluated is not None else '')
-            + (f' | EMA top1 {ema["top1"]:.2f}' if ema is not None else '')
-            + f' | {train["img_per_sec"]:,.0f} img/s, {format_duration(train["seconds"])}'
-            + (f', peak {row["peak_mem_gib"]:.2f} GiB' if 'peak_mem_gib' in row else '')
-            + ' | saved last.pth' + (' + model_best.pth' if saved_best else ''))
 
 
 # ------------------------------------------------------------------------------------------------ the end of a run
@@ -997,10 +916,9 @@ _UPSTREAM_CFG_KEYS = ('tag', 'license', 'description', 'origin_url', 'paper_name
 def _export_pretrained(args, folder: RunFolder, train_model, model_ema, data_config, train_classes,
                        data_dir: str) -> Tuple[Path, Dict[str, Any]]:
     """``pretrained/``: the best weights (the EMA's where its accuracy chose them; the last epoch's when nothing was
-    evaluated) written atomically by timm's ``save_for_hf`` (``config.json`` with class names and data config,
-    ``model.safetensors``), so ``timm.create_model('local-dir:RUN/pretrained', pretrained=True)`` builds it; other
-    files a user put in the folder are kept. Returns (the folder, what it holds: the file, epoch and metric it was
-    exported from, as that file records them)."""
+    evaluated) written atomically by timm's ``save_for_hf``, for ``timm.create_model('local-dir:RUN/pretrained',
+    pretrained=True)``; files a user put in the folder are kept. Returns (the folder, {file, epoch, metric, ema} it
+    was exported from, as that file records them)."""
     source = folder.saver.best_path if folder.saver.best_path.exists() else folder.saver.last_path
     ckpt = load_checkpoint_file(source, what=source.name)
     use_ema = model_ema is not None and ckpt.get('state_dict_ema') is not None
@@ -1013,8 +931,8 @@ def _export_pretrained(args, folder: RunFolder, train_model, model_ema, data_con
     data = args.dataset or (Path(data_dir).resolve().name if data_dir else 'unnamed data')
     start = (f', starting from {Path(args.initial_checkpoint).name}' if args.initial_checkpoint else
              f', starting from timm\'s pretrained {args.model}' if args.pretrained else '')
-    description = f'{args.model} trained by mlp_vision from {data}, {model.num_classes} classes{start}'
-    model_config = {'pretrained_cfg': {'description': description}}
+    model_config = {'pretrained_cfg': {
+        'description': f'{args.model} trained by mlp_vision from {data}, {model.num_classes} classes{start}'}}
     if train_classes:
         model_config['label_names'] = list(train_classes)
     export = folder.output_dir / 'pretrained'
@@ -1023,24 +941,6 @@ def _export_pretrained(args, folder: RunFolder, train_model, model_ema, data_con
     _logger.info(f'{export}: the {"EMA " if use_ema else ""}weights of {source.name} (epoch {ckpt.get("epoch")}) '
                  f"for timm (timm.create_model('local-dir:{export}', pretrained=True), features_only=True too)")
     return export, {'file': source.name, 'epoch': ckpt.get('epoch'), 'metric': ckpt.get('metric'), 'ema': use_ema}
-
-
-def _report(args, folder: RunFolder, metrics: EpochMetrics, results: dict, data_dir: str, run_start: float) -> None:
-    """The closing log lines (``run_start``: when this process's run began)."""
-    best, demo_val = results['best'], results['demo_validation']
-    if metrics.eval is not None:
-        msg = (f'Done in {format_duration(time.time() - metrics.train_start)}: final eval '
-               f'{_accuracy_text(metrics.eval)} loss {metrics.eval["loss"]:.4f}')
-        if best:
-            msg += f'; best {args.eval_metric} {best["metric"]:.4f} at epoch {best["epoch"]}'
-        _logger.info(msg)
-    if demo_val is not None:
-        _logger.info(
-            f'Demo result: validation accuracy {demo_val["top1"]:.2f}% top-1 on {demo_val["samples"]} held-out '
-            f'digit images (chance: 10%), checkpoint {folder.saver.best_path}; '
-            f'total time {format_duration(time.time() - run_start)}.')
-    names = sorted(p.name for p in folder.output_dir.iterdir() if not p.name.startswith('.'))
-    _logger.info(f'Outputs in {folder.output_dir}: {", ".join(names)}')
 
 
 if __name__ == '__main__':

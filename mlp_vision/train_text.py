@@ -28,11 +28,11 @@ import torch
 import torch.distributed as dist
 
 from mlp_vision.arguments import (
-    SEED_MAX, ArgumentParser, DefaultsHelpFormatter, ParseKwargs, add_allow_regex_argument, check_flag_ranges,
-    check_kwargs_flags, find_recipe, load_yaml_config, merge_settings, parse_given)
+    SEED_MAX, THREADS_RANGE, ArgumentParser, DefaultsHelpFormatter, ParseKwargs, add_allow_regex_argument,
+    add_threads_argument, check_flag_ranges, check_kwargs_flags, find_recipe, load_yaml_config, merge_settings,
+    parse_given, set_threads)
 from mlp_vision.bounds import BOUND_RANGES, add_bound_arguments, size_bounds
 from mlp_vision.errors import Interrupted, UsageError, run_cli
-from mlp_vision.threads import THREADS_RANGE, add_threads_argument, set_threads
 
 __all__ = ['main', 'build_parser', 'parse_args', 'check_args', 'PROG', 'TASKS', 'DEFAULT_MODELS']
 

@@ -22,13 +22,13 @@ import torch
 import torch.nn as nn
 from timm.models.mlp_mixer import SpatialGatingUnit as TimmSpatialGatingUnit
 
-from .arguments import ArgumentParser, DefaultsHelpFormatter, ParseKwargs, check_range
+from .arguments import (
+    ArgumentParser, DefaultsHelpFormatter, ParseKwargs, add_threads_argument, check_range, set_threads)
 from .bounds import within_bounds
 from .errors import UsageError, run_cli
 from .layers.gating import SpatialGatingUnit
 from .layers.sparse_mlp import AxialSparseMLP
 from .layers.ssm import BidirectionalGatedSSM
-from .threads import add_threads_argument, set_threads
 from .training.image_model import add_common_arguments, create_model, create_model_for_eval, model_create_kwargs
 
 __all__ = ['spatial_projections', 'axial_weights', 'ssm_responses', 'token_grid', 'load_model', 'visualize', 'main']

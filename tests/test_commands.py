@@ -10,9 +10,8 @@ import pytest
 import torch
 import torch.nn as nn
 
-from mlp_vision import threads as threads_module
 from mlp_vision.errors import ScriptExit, UsageError, run_cli
-from mlp_vision.threads import THREADS_RANGE, default_threads, set_threads
+from mlp_vision.arguments import THREADS_RANGE, add_threads_argument, default_threads, set_threads
 
 CPUS = THREADS_RANGE['high']
 
@@ -77,7 +76,7 @@ def test_every_command_has_the_one_threads_flag():
     from mlp_vision.complexity import report
     from mlp_vision.train_text import build_parser as text_parser
     reference = argparse.ArgumentParser()
-    threads_module.add_threads_argument(reference)
+    add_threads_argument(reference)
     (expected,) = [a for a in reference._actions if a.dest == 'threads']
     parsers = [train.build_parser(), validate.build_parser(), visualize.build_parser(), text_parser()]
     actions = [a for p in parsers for a in p._actions if a.dest == 'threads']
@@ -104,7 +103,7 @@ def test_threads_are_given_back_to_an_in_process_caller():
 
 @pytest.mark.parametrize('load', [0.0, 64.0])
 def test_default_threads_are_one_whatever_the_load(monkeypatch, load):
-    # the rule is fixed (mlp_vision.threads): the machine's load never changes it
+    # the rule is fixed (mlp_vision.arguments): the machine's load never changes it
     monkeypatch.delenv('OMP_NUM_THREADS', raising=False)
     monkeypatch.setattr(os, 'getloadavg', lambda: (load, load, load))
     before = torch.get_num_threads()

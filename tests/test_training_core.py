@@ -140,7 +140,7 @@ def test_train_bad_inputs_one_line_exit_2(images, tmp_path, capsys):
         ('--epochs', '0'): '--epochs must be >= 1, got 0',
         ('--smoothing', '1.5'): '--smoothing must be in [0, 1), got 1.5',
         ('--opt', 'nosuchopt'): "--opt 'nosuchopt' is not an optimizer timm knows",
-        ('--sched', 'nosuchsched'): "--sched 'nosuchsched' is not a learning-rate schedule",
+        ('--sched', 'nosuchsched'): "invalid choice: 'nosuchsched'",
         ('--lr', '-0.1'): '--lr must be a positive number, got -0.1',
         ('--lr', 'nan'): '--lr must be a positive number, got nan',
         ('--pretrained-path', str(tmp_path / 'missing.pth')): 'missing.pth\' does not exist',

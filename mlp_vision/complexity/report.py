@@ -14,10 +14,9 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from ..arguments import ArgumentParser, DefaultsHelpFormatter
+from ..arguments import ArgumentParser, DefaultsHelpFormatter, add_threads_argument, set_threads
 from ..errors import UsageError, run_cli
 from ..outputs import write_output_file
-from ..threads import add_threads_argument, set_threads
 from .counts import DEFAULT_IMG_SIZE, Count, CountCache, family, resolve_models, text_seq_len
 from .paper import PAPER_ROWS, QUANTITIES, STATUSES, Comparison, compare, format_like
 

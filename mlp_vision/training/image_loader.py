@@ -22,7 +22,7 @@ from timm.data.distributed_sampler import RepeatAugSampler
 from timm.data.loader import PrefetchLoader, _worker_init as timm_worker_init, fast_collate
 
 from mlp_vision.errors import RunError, UsageError
-from mlp_vision.threads import usable_cpus
+from mlp_vision.arguments import usable_cpus
 from mlp_vision.training.image_data import SkippedImage, dataset_class_names, sample_targets
 
 __all__ = [

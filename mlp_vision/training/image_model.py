@@ -1,9 +1,7 @@
-""" The image classifier of train.py / validate.py: model creation (timm's factory with our models registered,
-clear errors), loading our training checkpoints, timm train.py checkpoints, foreign state dicts or ``local-dir:``
-folders (all through :mod:`mlp_vision.weights`, the one door: nothing in a file runs unless the user trusts it, and
-the same checks whichever way the weights arrive), the evaluation loop :func:`validate` (timm train.py's
-``validate``, exact over distributed ranks), and where the model runs: device and torchrun (:func:`init_device`),
-AMP, ``torch.compile`` and the flags of these. """
+""" The image classifier of train.py / validate.py: creation (timm's factory, clear errors), weights from our
+training checkpoints, timm's, foreign state dicts or ``local-dir:`` folders (all through :mod:`mlp_vision.weights`,
+the one door), the evaluation loop :func:`validate` (timm's, exact over distributed ranks), the device and torchrun,
+AMP, ``torch.compile``, and the flags of these. """
 import argparse
 import dataclasses
 import importlib.util
@@ -29,10 +27,9 @@ import mlp_vision  # noqa: F401  (registers gmlp_* / smlpnet_* / mixer_* with ti
 from mlp_vision.weights import (
     TRUST_FLAG, clean_state_dict, is_training_checkpoint, load_backbone, load_checkpoint_file,
     load_model_weights, model_folder_weights, read_model_folder, text_model_hint)
-from mlp_vision.arguments import ParseKwargs, parse_device
+from mlp_vision.arguments import ParseKwargs, add_threads_argument, parse_device
 from mlp_vision.bounds import add_bound_arguments, check_activation_size, check_model_size
 from mlp_vision.errors import UsageError, short_repr
-from mlp_vision.threads import add_threads_argument
 from mlp_vision.training.image_data import IMAGE_MODE_CHANNELS, INTERPOLATIONS
 from mlp_vision.training.image_loader import default_workers
 
@@ -45,22 +42,17 @@ __all__ = ['model_create_kwargs', 'resolve_model_data_config', 'create_model', '
 _logger = logging.getLogger(__name__)
 
 
-def model_create_kwargs(num_classes: Optional[int] = None, in_chans: Optional[int] = None,
-                        img_size: Optional[Any] = None, drop_rate: Optional[float] = None,
-                        drop_path_rate: Optional[float] = None, global_pool: Optional[str] = None,
-                        model_kwargs: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
-    """The keyword arguments for ``timm.create_model``: the values given (None: the model's default), then
-    ``model_kwargs`` (``--model-kwargs k=v ...``), which win over the dedicated flags -- except a ``num_classes``
-    other than ``num_classes`` (``--num-classes``, or the class count train.py derives from the data): a
-    :class:`UsageError`, as ``--num-classes`` itself would be."""
-    given = (model_kwargs or {}).get('num_classes')
-    if num_classes is not None and given is not None and given != num_classes:
-        raise UsageError(f'--model-kwargs num_classes={short_repr(given)}, but --num-classes (or the data) says '
-                         f'{num_classes} classes; drop num_classes from --model-kwargs (--num-classes sets it)')
-    kwargs = dict(num_classes=num_classes, in_chans=in_chans, img_size=img_size, drop_rate=drop_rate,
-                  drop_path_rate=drop_path_rate, global_pool=global_pool)
-    kwargs = {k: v for k, v in kwargs.items() if v is not None}
-    kwargs.update(model_kwargs or {})
+def model_create_kwargs(model_kwargs: Optional[Dict[str, Any]] = None, **given) -> Dict[str, Any]:
+    """The keyword arguments for ``timm.create_model``: ``given`` (``num_classes=``, ``img_size=``, ...; None: the
+    model's default), then ``model_kwargs`` (``--model-kwargs k=v ...``), which win -- except a ``num_classes``
+    other than the given one (``--num-classes``, or the data's class count): a :class:`UsageError`."""
+    kwargs = {k: v for k, v in given.items() if v is not None}
+    extra = model_kwargs or {}
+    if extra.get('num_classes') is not None and kwargs.get('num_classes', extra['num_classes']) != extra['num_classes']:
+        raise UsageError(f'--model-kwargs num_classes={short_repr(extra["num_classes"])}, but --num-classes (or the '
+                         f'data) says {kwargs["num_classes"]} classes; drop num_classes from --model-kwargs '
+                         f'(--num-classes sets it)')
+    kwargs.update(extra)
     for k in ('depths', 'img_size', 'mlp_ratio'):  # yaml gives lists where the models document tuples
         if isinstance(kwargs.get(k), list):
             kwargs[k] = tuple(kwargs[k])
@@ -68,10 +60,9 @@ def model_create_kwargs(num_classes: Optional[int] = None, in_chans: Optional[in
 
 
 def resolve_model_data_config(args, model: nn.Module, stored: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
-    """The preprocessing of ``model``: timm's ``resolve_data_config`` of the flags and the model, then for each value
-    no flag gives, ``stored`` (a training checkpoint's ``data_cfg``), else for the input size the one the model was
-    built for (e.g. by ``--model-kwargs img_size=...``, which the model's pretrained config does not know); lists
-    (yaml's, torch.load's) as tuples."""
+    """The preprocessing of ``model``: timm's ``resolve_data_config`` of the flags and the model; for each value no
+    flag gives, ``stored`` (a training checkpoint's ``data_cfg``), else the input size the model was built for (its
+    pretrained config does not know ``--model-kwargs img_size=...``); lists (yaml's, torch.load's) as tuples."""
     data_config = resolve_data_config(vars(args), model=model, verbose=False)
     stored = stored or {}
     given = {'input_size': args.input_size or args.img_size, 'interpolation': args.interpolation, 'mean': args.mean,
@@ -85,9 +76,7 @@ def resolve_model_data_config(args, model: nn.Module, stored: Optional[Dict[str,
 
 
 def is_local_dir(name: str) -> bool:
-    """Whether ``name`` is ``local-dir:FOLDER`` (a folder with the ``config.json`` timm builds a model from, a run's
-    ``pretrained/``); the folder must then pass :func:`~mlp_vision.weights.read_model_folder`, else its
-    :class:`UsageError` (a FIFO, a text model, a damaged config) is raised here, not left to timm."""
+    """Whether ``name`` is ``local-dir:FOLDER``; the folder must pass :func:`~mlp_vision.weights.read_model_folder`."""
     if not name.startswith('local-dir:'):
         return False
     read_model_folder(name[len('local-dir:'):])
@@ -113,23 +102,21 @@ def create_model(name: str, pretrained: bool = False, sizes_from: str = '', head
                  allow_missing: bool = False, **kwargs) -> nn.Module:
     """``timm.create_model`` with a :class:`UsageError` for an unknown name, bad kwargs or unloadable weights.
 
-    The model is first built on the ``meta`` device and refused (:func:`~mlp_vision.bounds.check_model_size`)
-    beyond :data:`~mlp_vision.bounds.MAX_PARAMS` parameters before any memory is taken; ``sizes_from`` names where
-    ``kwargs`` came from for that message (e.g. ``"checkpoint x.pth's model_cfg"``). A ``local-dir:`` folder's
+    Built first on the ``meta`` device and refused beyond :data:`~mlp_vision.bounds.MAX_PARAMS` parameters before
+    any memory is taken (``sizes_from``: where ``kwargs`` came from, for that message). A ``local-dir:`` folder's
     weights go through :func:`load_pretrained_weights` (its classifier dropped for another class count, unless
-    ``head_must_fit``: evaluation); a registered name's through its checkpoint filter. Backbone tensors the weights
+    ``head_must_fit``: evaluation), a registered name's through its checkpoint filter. Backbone tensors the weights
     lack are an error unless ``allow_missing`` (``--allow-missing-weights``)."""
     if not name:
         raise UsageError('no model given: pass --model NAME (e.g. smlpnet_t, gmlp_ti, mixer_b16)')
     if not (timm.is_model(name) or is_local_dir(name)):
-        ours = ', '.join(mlp_vision.VISION_MODELS)
         hint = text_model_hint(name) if os.path.isdir(name) else None
-        raise UsageError(hint or f'unknown model {name!r}: use one of ours ({ours}), any timm model name, or '
-                         f'local-dir:FOLDER for a folder with a timm config.json (a training run\'s pretrained/)')
+        raise UsageError(hint or f'unknown model {name!r}: use one of ours ({", ".join(mlp_vision.VISION_MODELS)}), '
+                         f'any timm model name, or local-dir:FOLDER for a folder with a timm config.json (a training '
+                         f'run\'s pretrained/)')
     if name.startswith('local-dir:') and pretrained:
-        folder = name[len('local-dir:'):]
-        path = model_folder_weights(folder)
-        weights = load_checkpoint_file(path, what=f'local-dir:{folder} weights file')  # before the build
+        path = model_folder_weights(name[len('local-dir:'):])
+        weights = load_checkpoint_file(path, what=f'{name} weights file')  # before the build
         model = create_model(name, sizes_from=sizes_from, **kwargs)
         stored = model.pretrained_cfg.get('num_classes')
         load_pretrained_weights(model, model.pretrained_cfg['architecture'], weights, str(path),
@@ -156,8 +143,7 @@ def create_model(name: str, pretrained: bool = False, sizes_from: str = '', head
                          f'{name} (in Python: pretrained_cfg_overlay=dict(file=FILE))') from e
     except (RuntimeError, ValueError, KeyError, AssertionError) as e:  # timm asserts on e.g. a global-pool name
         msg = ' '.join(str(e).split())  # torch's load errors are multi-line lists
-        if len(msg) > 600:
-            msg = msg[:600] + ' ...'
+        msg = msg if len(msg) <= 600 else msg[:600] + ' ...'
         if pretrained:
             raise UsageError(f'cannot load the pretrained weights of {name}: {msg}') from e
         raise UsageError(f'cannot build {name} with {short_repr(kwargs)}: {msg}') from e
@@ -165,44 +151,30 @@ def create_model(name: str, pretrained: bool = False, sizes_from: str = '', head
 
 def check_activations(name: str, kwargs: Dict[str, Any], input_size: Tuple[int, ...], batch_size: int,
                       training: bool, sizes_from: str = '') -> None:
-    """Refuse (:func:`~mlp_vision.bounds.check_activation_size`, on the ``meta`` device) a model whose forward of a
-    ``batch_size`` batch of ``input_size`` (C, H, W) images would exceed the activation bound. ``training``: autograd
-    keeps every layer's output (False: evaluation, gradient checkpointing); ``sizes_from``: for the message."""
+    """Refuse (:func:`~mlp_vision.bounds.check_activation_size`, on ``meta``) a model whose forward of a
+    ``batch_size`` batch of ``input_size`` (C, H, W) images exceeds the activation bound; ``training``: autograd keeps
+    every layer's output (False: evaluation, gradient checkpointing)."""
     what = (f'model {name} with {short_repr(kwargs)} at input {tuple(input_size)}, batch {batch_size}'
             + (f' (sizes from {sizes_from})' if sizes_from else ''))
     images = torch.empty(batch_size, *input_size, device='meta')
     check_activation_size(lambda: _build_on_meta(name, kwargs), [images], training, what)
 
 
-def _checkpoint_conversion(name: str):
-    # timm's convention: a model family's checkpoint_filter_fn lives beside its entrypoint (what timm passes to
-    # build_model_with_cfg as pretrained_filter_fn); families without one load their state dicts as they are. Ours
-    # are checked_filter's: their conversion alone (__wrapped__), as load_pretrained_weights checks the result
-    module = sys.modules.get(timm.models.model_entrypoint(name).__module__)
-    filter_fn = getattr(module, 'checkpoint_filter_fn', None)
-    return getattr(filter_fn, '__wrapped__', filter_fn)
-
-
-def _classifier_prefixes(model: nn.Module) -> Tuple[str, ...]:
-    names = (getattr(model, 'pretrained_cfg', None) or {}).get('classifier') or 'head'
-    return tuple(f'{n}.' for n in ((names,) if isinstance(names, str) else names))
-
-
 def load_pretrained_weights(model: nn.Module, name: str, state_dict: Dict[str, torch.Tensor], source: str,
                             head_must_fit: bool = False, allow_missing: bool = False) -> None:
     """Load a state dict of another layout (official, timm's, ours) through ``name``'s checkpoint filter, then
-    :func:`~mlp_vision.weights.check_state_dict`.
-
-    Every backbone tensor must be in the file and fit: otherwise a :class:`UsageError`, unless ``allow_missing``
-    (``--allow-missing-weights``: a WARNING, random init kept). Fine-tuning: a classifier of another class count is
-    dropped (WARNING); ``head_must_fit`` (evaluation): the classifier must be in the file and fit too.
-    """
+    :func:`~mlp_vision.weights.load_backbone`'s checks: every backbone tensor in the file and fitting (else a
+    :class:`UsageError`; ``allow_missing``: a WARNING, random init kept). A classifier of another class count is
+    dropped with a WARNING (fine-tuning) unless ``head_must_fit`` (evaluation)."""
     if is_training_checkpoint(state_dict):
         state_dict = state_dict['state_dict']
     if not isinstance(state_dict, dict) or not all(isinstance(k, str) for k in state_dict):
         raise UsageError(f'{source} is a {type(state_dict).__name__} of other keys, not a state dict (tensors by '
                          f'name); the file is damaged or holds other data')
-    convert = _checkpoint_conversion(name)
+    # timm's convention: a family's checkpoint_filter_fn lives beside its entrypoint; families without one load their
+    # state dicts as they are. Ours are checked_filter's: their conversion alone (__wrapped__), checked below
+    convert = getattr(sys.modules.get(timm.models.model_entrypoint(name).__module__), 'checkpoint_filter_fn', None)
+    convert = getattr(convert, '__wrapped__', convert)
     state_dict = clean_state_dict(state_dict)
     try:
         if convert is not None:
@@ -210,7 +182,8 @@ def load_pretrained_weights(model: nn.Module, name: str, state_dict: Dict[str, t
     except (KeyError, ValueError, RuntimeError, IndexError, AttributeError, TypeError) as e:  # e.g. an int, no .shape
         raise UsageError(f'{source} does not convert to {name} (through its checkpoint filter): '
                          f'{" ".join(str(e).split())[:300]}') from e
-    heads = () if head_must_fit else _classifier_prefixes(model)
+    heads = (getattr(model, 'pretrained_cfg', None) or {}).get('classifier') or 'head'
+    heads = () if head_must_fit else tuple(f'{n}.' for n in ((heads,) if isinstance(heads, str) else heads))
     report = load_backbone(model, state_dict, heads, source, keys='warn' if allow_missing else 'refuse')
     dropped = [k for k in report.mismatched if k in report.new]  # a classifier of another class count
     if report.new:
@@ -222,75 +195,67 @@ def load_pretrained_weights(model: nn.Module, name: str, state_dict: Dict[str, t
 def _check_saved_fields(ckpt: Dict[str, Any], checkpoint: str) -> None:
     """A training checkpoint's ``arch``, ``model_cfg`` and ``class_names`` as train.py writes them, else a
     :class:`UsageError` showing the bounded ``repr`` before any is used: they are data from whoever made the file."""
-    arch, cfg, names = ckpt.get('arch'), ckpt.get('model_cfg'), ckpt.get('class_names')
+    cfg, names = ckpt.get('model_cfg'), ckpt.get('class_names')
     kwargs = cfg.get('kwargs') if isinstance(cfg, dict) else None
-    if not isinstance(arch, str) or not arch:
-        problem, expected = f'arch is {reprlib.repr(arch)}', 'a model name'
-    elif cfg is not None and not (isinstance(cfg, dict) and (kwargs is None or isinstance(kwargs, dict) and all(
-            isinstance(k, str) for k in kwargs)) and isinstance(cfg.get('name', arch), str)):
-        problem, expected = f'model_cfg is {reprlib.repr(cfg)}', 'a {name, kwargs: {argument: value}} dict'
-    elif names is not None and not (isinstance(names, (list, tuple)) and names and all(
-            isinstance(n, str) for n in names) and len(set(names)) == len(names)):
-        problem, expected = f'class_names is {reprlib.repr(names)}', 'a list of distinct class names (strings)'
-    else:
-        return
-    raise UsageError(f'checkpoint {checkpoint}: its {problem}, not {expected}; the file is damaged or was crafted, '
-                     f'and is not used')
+    for key, fits, expected in (
+            ('arch', isinstance(ckpt.get('arch'), str) and ckpt['arch'], 'a model name'),
+            ('model_cfg', cfg is None or isinstance(cfg, dict) and isinstance(cfg.get('name', ''), str) and (
+                kwargs is None or isinstance(kwargs, dict) and all(isinstance(k, str) for k in kwargs)),
+             'a {name, kwargs: {argument: value}} dict'),
+            ('class_names', names is None or isinstance(names, (list, tuple)) and names and all(
+                isinstance(n, str) for n in names) and len(set(names)) == len(names),
+             'a list of distinct class names (strings)')):
+        if not fits:
+            raise UsageError(f'checkpoint {checkpoint}: its {key} is {reprlib.repr(ckpt.get(key))}, not {expected}; '
+                             f'the file is damaged or was crafted, and is not used')
 
 
 def create_model_for_eval(name: Optional[str], checkpoint: Optional[str] = None, pretrained: bool = False,
                           use_ema: bool = False, create_kwargs: Optional[Dict[str, Any]] = None,
                           trust_checkpoint: bool = False) -> Tuple[nn.Module, Dict[str, Any]]:
-    """Build a model and load weights for evaluation: from our training checkpoint (rebuilt from its ``model_cfg``,
-    ``create_kwargs`` on top; ``name`` defaults to its own and must match), a timm train.py checkpoint (``name``
-    defaults to ``arch``), or any other state dict through the model's filter (``name`` required).
-
-    Returns the model (eval mode, CPU) and info: ``source``, ``checkpoint_kind``, ``data_cfg`` (ours only),
-    ``epoch``, ``model_name``, ``create_kwargs``, ``class_names`` (label order: a training checkpoint's
-    ``class_names``, a ``local-dir:`` folder's ``label_names``; None where the weights have none).
-    """
+    """A model with weights for evaluation: from a training checkpoint (ours or timm's: rebuilt from its ``arch`` and
+    ``model_cfg``, ``create_kwargs`` on top; ``name``, if given, must match), any other state dict through the
+    model's filter (``name`` required), or ``pretrained``. Returns the model (eval mode, CPU) and info: ``source``,
+    ``checkpoint_kind``, ``data_cfg``, ``epoch``, ``model_name``, ``create_kwargs``, ``class_names`` (label order;
+    None where the weights have none)."""
     create_kwargs = dict(create_kwargs or {})
     info: Dict[str, Any] = {'source': 'random init', 'checkpoint_kind': None, 'data_cfg': None, 'epoch': None,
-                            'class_names': None}
-    if checkpoint:
-        ckpt = load_checkpoint_file(checkpoint, trust=trust_checkpoint, what='--checkpoint')
-        if is_training_checkpoint(ckpt):
-            _check_saved_fields(ckpt, checkpoint)
-            arch = ckpt['arch']
-            if name and name != arch:
-                raise UsageError(f'checkpoint {checkpoint} was trained for model {arch!r}, not --model {name!r}: '
-                                 f'drop --model or pass --model {arch}')
-            name = arch
-            kwargs = {**((ckpt.get('model_cfg') or {}).get('kwargs') or {}), **create_kwargs}  # given flags win
-            model = create_model(name, sizes_from=f"checkpoint {checkpoint}'s model_cfg", **kwargs)
-            key = 'state_dict_ema' if use_ema else 'state_dict'
-            if ckpt.get(key) is None:
-                raise UsageError(f'--use-ema: checkpoint {checkpoint} has no EMA weights '
-                                 f'(it was trained without --model-ema)')
-            load_model_weights(model, ckpt[key], f'checkpoint {checkpoint}', name)
-            class_names = ckpt.get('class_names')
-            if class_names is not None and len(class_names) != getattr(model, 'num_classes', len(class_names)):
-                raise UsageError(f'checkpoint {checkpoint}: its class_names list {len(class_names)} classes, but its '
-                                 f'model has {model.num_classes} outputs; the file is damaged or was crafted')
-            info.update(source=f'{checkpoint} ({key}, epoch {ckpt.get("epoch")})',
-                        checkpoint_kind='ours' if 'model_cfg' in ckpt else 'timm-train',
-                        data_cfg=ckpt.get('data_cfg'), epoch=ckpt.get('epoch'), create_kwargs=kwargs,
-                        class_names=class_names)
-        else:
-            if use_ema:
-                raise UsageError(f'--use-ema: {checkpoint} is a plain state dict with no EMA weights')
-            if not name:
-                raise UsageError(f'{checkpoint} is a plain state dict: pass --model NAME to say which model it is for')
-            model = create_model(name, **create_kwargs)
-            load_pretrained_weights(model, name, ckpt, f'--checkpoint {checkpoint}', head_must_fit=True)
-            info.update(source=f'{checkpoint} (state dict through the {name} filter)', checkpoint_kind='foreign',
-                        create_kwargs=create_kwargs)
+                            'class_names': None, 'create_kwargs': create_kwargs}
+    ckpt = load_checkpoint_file(checkpoint, trust=trust_checkpoint, what='--checkpoint') if checkpoint else None
+    if ckpt is not None and is_training_checkpoint(ckpt):
+        _check_saved_fields(ckpt, checkpoint)
+        if name and name != ckpt['arch']:
+            raise UsageError(f'checkpoint {checkpoint} was trained for model {ckpt["arch"]!r}, not --model {name!r}: '
+                             f'drop --model or pass --model {ckpt["arch"]}')
+        name, key = ckpt['arch'], 'state_dict_ema' if use_ema else 'state_dict'
+        kwargs = {**((ckpt.get('model_cfg') or {}).get('kwargs') or {}), **create_kwargs}  # given flags win
+        model = create_model(name, sizes_from=f"checkpoint {checkpoint}'s model_cfg", **kwargs)
+        if ckpt.get(key) is None:
+            raise UsageError(f'--use-ema: checkpoint {checkpoint} has no EMA weights (it was trained without '
+                             f'--model-ema)')
+        load_model_weights(model, ckpt[key], f'checkpoint {checkpoint}', name)
+        class_names = ckpt.get('class_names')
+        if class_names is not None and len(class_names) != getattr(model, 'num_classes', len(class_names)):
+            raise UsageError(f'checkpoint {checkpoint}: its class_names list {len(class_names)} classes, but its '
+                             f'model has {model.num_classes} outputs; the file is damaged or was crafted')
+        info.update(source=f'{checkpoint} ({key}, epoch {ckpt.get("epoch")})',
+                    checkpoint_kind='ours' if 'model_cfg' in ckpt else 'timm-train', data_cfg=ckpt.get('data_cfg'),
+                    epoch=ckpt.get('epoch'), create_kwargs=kwargs, class_names=class_names)
+    elif ckpt is not None:
+        if use_ema:
+            raise UsageError(f'--use-ema: {checkpoint} is a plain state dict with no EMA weights')
+        if not name:
+            raise UsageError(f'{checkpoint} is a plain state dict: pass --model NAME to say which model it is for')
+        model = create_model(name, **create_kwargs)
+        load_pretrained_weights(model, name, ckpt, f'--checkpoint {checkpoint}', head_must_fit=True)
+        info.update(source=f'{checkpoint} (state dict through the {name} filter)', checkpoint_kind='foreign')
     else:
         model = create_model(name, pretrained=pretrained, head_must_fit=True, **create_kwargs)
-        info.update(source='pretrained weights' if pretrained else 'random init', create_kwargs=create_kwargs)
         if pretrained and name.startswith('local-dir:'):  # the folder's classes label the data, as a checkpoint's
             info.update(source=f'{name} (pretrained weights)', class_names=model.pretrained_cfg.get('label_names'))
-        if not pretrained:
+        elif pretrained:
+            info['source'] = 'pretrained weights'
+        else:
             _logger.warning(f'no --checkpoint or --pretrained: evaluating a randomly initialised {name}')
     info['model_name'] = name
     model.eval()
@@ -298,8 +263,7 @@ def create_model_for_eval(name: Optional[str], checkpoint: Optional[str] = None,
 
 
 def reports_top5(num_classes: int) -> bool:
-    """Whether top-5 accuracy means anything: with 5 classes or fewer it is 100 % whatever the model does (then an
-    empty ``eval_top5`` cell, a null ``top5``, and ``--eval-metric top5`` refused)."""
+    """Whether top-5 accuracy means anything: with 5 classes or fewer it is 100 % whatever the model does."""
     return num_classes > 5
 
 
@@ -307,9 +271,8 @@ def reports_top5(num_classes: int) -> bool:
 def validate(model: nn.Module, loader, *, amp_autocast=suppress, channels_last: bool = False, distributed: bool = False,
              log_interval: int = 50, primary: bool = True) -> Dict[str, float]:
     """Top-1 / top-5 accuracy (%; ``top5`` None per :func:`reports_top5`), mean cross-entropy and images/s over the
-    loader. Distributed: each rank evaluates its own samples (every n-th sample, nothing padded) and the sums,
-    kept on the device, are all-reduced once, so the numbers equal a one-process run.
-    """
+    loader. Distributed: each rank evaluates its own samples (nothing padded) and the sums, kept on the device, are
+    all-reduced once, so the numbers equal a one-process run."""
     model.eval()
     num_batches = len(loader)
     sums = None
@@ -345,11 +308,8 @@ def validate(model: nn.Module, loader, *, amp_autocast=suppress, channels_last: 
 
 
 # ------------------------------------------------------------------------------------------------ device, AMP, compile
-# The same in every command that runs an image model (train.py, validate.py; benchmark.py's compile modes). Device
-# and torchrun setup: timm's init_distributed_device_so reads torchrun's / SLURM's environment and starts the process
-# group with the backend of process_group_backend. Multi-node: the same command on every node with torchrun's
-# rendezvous (README); gloo connects the nodes over TCP on the interface their host names resolve to (set
-# GLOO_SOCKET_IFNAME where that is not the right one).
+# timm's init_distributed_device_so reads torchrun's / SLURM's environment. Multi-node: the same command on every node
+# with torchrun's rendezvous (README); set GLOO_SOCKET_IFNAME where the host name resolves to the wrong interface.
 @dataclasses.dataclass
 class DistInfo:
     """Where this process runs."""
@@ -365,34 +325,23 @@ class DistInfo:
 
 
 def process_group_backend(device_type: str, dist_backend: Optional[str] = None) -> Optional[str]:
-    """The ``backend`` that ``torch.distributed.init_process_group`` gets for a run on ``device_type``:
-    ``dist_backend`` (``--dist-backend``: a backend name or ``device:backend`` pairs) when given, checked; else on
-    CUDA ``'cpu:gloo,cuda:nccl'`` (the loops' tensor collectives run on the GPU through NCCL, the object
-    collectives -- RNG states, digests, the tokenizer -- in CPU memory through gloo), elsewhere None (timm's gloo).
-    """
+    """``init_process_group``'s backend on ``device_type``: ``dist_backend`` (``--dist-backend``), checked; else on
+    CUDA ``'cpu:gloo,cuda:nccl'`` (object collectives -- RNG states, digests -- through gloo), elsewhere None (gloo)."""
     if dist_backend is None:
         return 'cpu:gloo,cuda:nccl' if device_type == 'cuda' else None
     names = [b for b in dist.Backend.backend_list if b not in ('undefined', 'fake')]
+    devices = dist.Backend.default_device_backend_map  # the device types torch pairs with backends
     pairs = [part.partition(':') for part in dist_backend.split(',')]
-    if dist_backend not in names and not all(sep and _is_device_type(device) and name in names
-                                             for device, sep, name in pairs):
+    if dist_backend not in names and not all(sep and d in devices and name in names for d, sep, name in pairs):
         raise UsageError(f'--dist-backend {dist_backend!r} is not a torch.distributed backend; use one of '
                          f'{", ".join(names)}, or device:backend pairs such as cpu:gloo,cuda:nccl (default: '
                          f'cpu:gloo,cuda:nccl for CUDA, gloo for CPU)')
     return dist_backend
 
 
-def _is_device_type(name: str) -> bool:
-    try:
-        return torch.device(name).type == name
-    except RuntimeError:
-        return False
-
-
 def init_device(device: Optional[str] = None, dist_backend: Optional[str] = None,
                 dist_url: Optional[str] = None) -> DistInfo:
-    """Pick the device ('cuda' if available, else 'cpu', unless given) and join torchrun's process group (backend:
-    :func:`process_group_backend`); under torchrun with CUDA each process takes GPU ``LOCAL_RANK``."""
+    """The device (default: cuda if available) and torchrun's process group; with CUDA, GPU ``LOCAL_RANK``."""
     if device is None:
         device = 'cuda' if torch.cuda.is_available() else 'cpu'
     device_type = parse_device(device).type
@@ -411,8 +360,7 @@ def init_device(device: Optional[str] = None, dist_backend: Optional[str] = None
 
 
 def setup_amp(enabled: bool, dtype_name: Optional[str], device: torch.device):
-    """(autocast context factory, loss scaler or None, dtype or None). float16 (CUDA) gets timm's NativeScaler;
-    bfloat16 needs none."""
+    """(autocast context factory, timm's NativeScaler for float16 (CUDA) or None, dtype or None)."""
     if not enabled:
         return suppress, None, None
     dtype = getattr(torch, dtype_name or ('float16' if device.type == 'cuda' else 'bfloat16'))
@@ -427,16 +375,13 @@ COMPILE_MODES = ('default', 'reduce-overhead', 'max-autotune', 'max-autotune-no-
 
 def add_compile_arguments(group) -> None:
     """``--torchcompile [BACKEND]`` and ``--torchcompile-mode``, the same flags in every command."""
-    group.add_argument('--torchcompile', nargs='?', type=str, const='inductor',
-                       help='torch.compile the model (optional backend, default inductor)')
+    group.add_argument('--torchcompile', nargs='?', type=str, const='inductor', help='torch.compile (backend)')
     group.add_argument('--torchcompile-mode', type=str, choices=COMPILE_MODES, help='torch.compile mode')
 
 
 def compile_model(model: nn.Module, args) -> nn.Module:
     """``torch.compile(model)`` as ``--torchcompile`` / ``--torchcompile-mode`` ask; ``model`` unchanged without."""
-    if not args.torchcompile:
-        return model
-    return torch.compile(model, backend=args.torchcompile, mode=args.torchcompile_mode)
+    return torch.compile(model, backend=args.torchcompile, mode=args.torchcompile_mode) if args.torchcompile else model
 
 
 def check_compile_backend(backend: Optional[str]) -> None:
@@ -452,10 +397,8 @@ def add_dataset_arguments(group) -> None:
     group.add_argument('--data-dir', metavar='DIR', help='path to dataset root (ImageFolder tree or folder of tars)')
     group.add_argument('--dataset', metavar='NAME', default='',
                        help="dataset type + name ('' = image folder / tar, torch/cifar10, hfds/NAME, wds/...)")
-    group.add_argument('--dataset-download', action='store_true',
-                       help='allow download of dataset for torch/ and tfds/ datasets that support it')
-    group.add_argument('--class-map', default='', type=str, metavar='FILENAME',
-                       help='path to class to idx mapping file')
+    group.add_argument('--dataset-download', action='store_true', help='allow download (torch/ and tfds/ datasets)')
+    group.add_argument('--class-map', default='', type=str, metavar='FILENAME', help='class to index mapping file')
     group.add_argument('--input-img-mode', default='RGB', type=str, choices=tuple(IMAGE_MODE_CHANNELS),
                        help='PIL mode every image is converted to (its channel count must equal the model\'s)')
     group.add_argument('-j', '--workers', type=int, default=default_workers(), metavar='N',
@@ -466,11 +409,9 @@ def add_dataset_arguments(group) -> None:
 def add_input_arguments(group) -> None:
     """The model input and preprocessing flags of train.py and validate.py."""
     group.add_argument('--gp', type=str, metavar='POOL', help='global pool type (model default)')
-    group.add_argument('--img-size', type=int, metavar='N',
-                       help='image size (the model is built for it; default: the model\'s)')
+    group.add_argument('--img-size', type=int, metavar='N', help="image size (the model's default if unset)")
     group.add_argument('--in-chans', type=int, metavar='N', help='image input channels')
-    group.add_argument('--input-size', nargs=3, type=int, metavar='N',
-                       help='input dimensions (d h w), overrides --img-size')
+    group.add_argument('--input-size', nargs=3, type=int, metavar='N', help='input (c h w), overrides --img-size')
     group.add_argument('--crop-pct', type=float, metavar='N', help='eval center crop pct')
     group.add_argument('--mean', type=float, nargs='+', metavar='MEAN', help='override mean')
     group.add_argument('--std', type=float, nargs='+', metavar='STD', help='override std')
@@ -480,7 +421,6 @@ def add_input_arguments(group) -> None:
     group.add_argument('--model-kwargs', nargs='*', default={}, action=ParseKwargs,
                        help='extra model arguments k=v (python literals), e.g. embed_dim=32 depths="(1,1,2,1)"')
 
-# --crop-pct: check_range's bounds
 CROP_PCT_RANGE = dict(low=0, high=1, low_open=True, why="the crop's fraction of the resized image; above 1 the "
                                                          "image is resized smaller than the crop and padded")
 # the module timm's reader of each --dataset KIND/ imports (torch/: torchvision, a dependency), and what to install
@@ -490,8 +430,7 @@ DATASET_PACKAGES = {'hfds': ('datasets', 'datasets'), 'hfids': ('datasets', 'dat
 
 
 def check_dataset_package(dataset: str) -> None:
-    """A :class:`UsageError` when ``--dataset KIND/NAME`` needs a package that is not installed (timm's reader
-    would fail importing it, with a traceback)."""
+    """A :class:`UsageError` when ``--dataset KIND/NAME`` needs a package that is not installed."""
     module, install = DATASET_PACKAGES.get((dataset or '').split('/', 1)[0], (None, None))
     if module is not None and importlib.util.find_spec(module) is None:
         raise UsageError(f'--dataset {dataset} is read by the {module} package, which is not installed: pip install '
@@ -499,27 +438,22 @@ def check_dataset_package(dataset: str) -> None:
 
 
 def add_common_arguments(group: argparse._ActionsContainer, activations: bool = True) -> None:
-    """``--trust-checkpoint``, ``--debug`` and the size bounds' ``--max-params`` / ``--max-activation-gib``
-    (:func:`~mlp_vision.bounds.add_bound_arguments`; ``activations=False``: a command that runs no forward pass):
-    the same in every script that reads checkpoint files."""
+    """``--trust-checkpoint``, ``--debug`` and the size bounds (``activations=False``: ``--max-params`` only, for
+    a command that runs no forward pass): the same in every script that reads checkpoint files."""
     group.add_argument(TRUST_FLAG, action='store_true',
                        help='UNSAFE: allow checkpoint files that need a full unpickle; that runs arbitrary code from '
                             'the file. Only for files you made or whose maker you trust')
-    group.add_argument('--debug', action='store_true',
-                       help='show the full traceback of an error instead of its one-line message')
+    group.add_argument('--debug', action='store_true', help="an error's full traceback instead of its one line")
     add_bound_arguments(group, activations)
 
 
 def add_device_arguments(group: argparse._ActionsContainer, distributed: bool = True) -> None:
-    """``--device``, ``--threads``, ``--amp`` / ``--amp-dtype`` (:func:`setup_amp`) and, for a trainer
-    (``distributed``), ``--dist-backend`` / ``--dist-url``: the same in every command that runs a model."""
+    """``--device``, ``--threads``, ``--amp``, ``--amp-dtype``; for a trainer ``--dist-backend``, ``--dist-url``."""
     group.add_argument('--device', type=str, help="'cuda', 'cuda:1', 'cpu' (default: cuda if available)")
     if distributed:
         group.add_argument('--dist-backend', type=str, help='a backend or device:backend pairs '
                            '(default: cpu:gloo,cuda:nccl for CUDA, gloo for CPU)')
         group.add_argument('--dist-url', type=str, help="default: 'env://' (torchrun)")
     add_threads_argument(group)
-    group.add_argument('--amp', action='store_true',
-                       help='mixed precision: bfloat16 autocast on CPU, float16 on CUDA (training: + a loss scaler)')
-    group.add_argument('--amp-dtype', type=str, choices=('float16', 'bfloat16'),
-                       help='autocast dtype (default: bfloat16 on CPU, float16 on CUDA)')
+    group.add_argument('--amp', action='store_true', help='mixed precision (float16 training: with a loss scaler)')
+    group.add_argument('--amp-dtype', choices=('float16', 'bfloat16'), help='default: bfloat16 on CPU, float16 on CUDA')
