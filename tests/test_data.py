@@ -708,6 +708,19 @@ def test_dataset_source_names_folder_or_tar(tmp_path):
     assert dataset_source(torch.utils.data.TensorDataset(torch.zeros(2))) is None
 
 
+def test_a_hold_out_says_which_validation_folder_it_leaves_unused(tmp_path, caplog):
+    """--val-split FRACTION beside a val/ folder validates on the hold-out, and a warning names the folder left
+    unused (a user who made val/ would otherwise not learn it was ignored); without val/ there is no warning."""
+    _folder(tmp_path / 'f' / 'train', {'a': 4, 'b': 4})
+    with caplog.at_level(logging.WARNING):
+        create_train_val_datasets('', str(tmp_path / 'f'), val_split=0.5)
+    assert 'is not used' not in caplog.text
+    _folder(tmp_path / 'f' / 'val', {'a': 1, 'b': 1})
+    with caplog.at_level(logging.WARNING):
+        train, val = create_train_val_datasets('', str(tmp_path / 'f'), val_split=0.5)
+    assert f'the validation split {tmp_path / "f" / "val"} is not used' in caplog.text
+    assert (len(train), len(val)) == (4, 4)
+
 def test_digits_demo_folder_reads(tmp_path):
     pytest.importorskip('sklearn')
     from mlp_vision.training.image_data import prepare_digits_folder
