@@ -43,7 +43,7 @@ from mlp_vision.training.image_loader import (
     create_eval_loader, create_train_loader, fit_batch_to_data, train_samples_per_rank)
 from mlp_vision.weights import ALLOW_MISSING_FLAG, is_training_checkpoint, load_checkpoint_file, load_model_weights
 from mlp_vision.training.run_files import (
-    NonFiniteLossError, RunFolder, all_gather_objects, check_not_finished, check_resume_identity, check_resume_payload,
+    NonFiniteLossError, RunFolder, all_gather_objects, check_not_finished, check_resume_identity,
     close_run_folder, log_settings_changes, open_run_folder, parse_run_args, preserve_rng, restore_ema,
     restore_rng, restore_training_state, save_checkpoint, stop_error, stop_signals, write_results)
 from mlp_vision.training.image_model import (
@@ -275,8 +275,6 @@ def _main(argv, prog):
     setup_logging(dist_info.primary)
     check_args(args, dist_info)
     _logger.info(set_run_threads(args.threads, resume_ckpt))
-    if resume_ckpt is not None:
-        check_resume_payload(resume_ckpt, f'--resume {args.resume}')
     with stop_signals() as stop_signal, size_bounds(args):
         return train(args, dist_info, resume_ckpt, demo, stop_signal, command=' '.join([prog] + list(argv)))
 
