@@ -41,7 +41,6 @@ _BOUNDS = contextvars.ContextVar('mlp_vision_size_bounds', default=Bounds(MAX_PA
 
 
 def current_bounds() -> Bounds:
-    """The bounds the checks use: the constants unless a :func:`size_bounds` block around the caller raised them."""
     return _BOUNDS.get()
 
 
@@ -51,9 +50,8 @@ class _OverBudget(BaseException):
 
 
 def check_model_size(build_on_meta: Callable[[], Optional[nn.Module]], what: str) -> Optional[int]:
-    """The parameter count of the model ``build_on_meta()`` builds on the ``meta`` device, or a :class:`UsageError`
-    naming ``what`` as soon as the count passes the bound (100,000 wide layers are refused after a few). None when
-    ``build_on_meta`` returns None."""
+    """The parameter count of the model ``build_on_meta()`` builds on ``meta`` (None for no model), or a
+    :class:`UsageError` naming ``what`` as soon as the count passes the bound, before the rest is built."""
     max_params, seen, total = current_bounds().params, set(), 0
 
     def count(module: nn.Module, name: str, param: Optional[nn.Parameter]) -> None:
@@ -79,8 +77,7 @@ def check_model_size(build_on_meta: Callable[[], Optional[nn.Module]], what: str
 
 
 def check_block_count(count: int, what: str) -> None:
-    """A :class:`UsageError` when ``what`` (e.g. ``depths=(100000, 1, 1, 1)``) asks for more blocks than the bound:
-    called by a model's constructor before it builds any block."""
+    """A :class:`UsageError` when ``what`` (``depths=(100000, 1, 1, 1)``) asks for more blocks than the bound."""
     max_blocks = current_bounds().blocks
     if count > max_blocks:
         raise UsageError(f'{what} asks for {count:,} blocks, more than the bound of {max_blocks:,} '
@@ -130,9 +127,8 @@ def estimate_activation_bytes(model: nn.Module, inputs: Sequence[torch.Tensor], 
 
 def check_activation_size(build_on_meta: Callable[[], Optional[nn.Module]], inputs: Sequence[torch.Tensor],
                           training: bool, what: str) -> Optional[int]:
-    """:func:`estimate_activation_bytes` of the model ``build_on_meta()`` builds on ``meta`` for ``inputs`` (``meta``
-    tensors of the batch to come), or a :class:`UsageError` naming ``what`` when it exceeds the bound. None when the
-    model cannot be built or run on ``meta``."""
+    """:func:`estimate_activation_bytes` of the model ``build_on_meta()`` builds for the ``meta`` ``inputs``, or a
+    :class:`UsageError` naming ``what`` beyond the bound; None when it cannot be built or run on ``meta``."""
     max_bytes = current_bounds().activation_bytes
     try:
         model = build_on_meta()
@@ -164,8 +160,7 @@ BOUND_RANGES = {dest: bounds for dest, (bounds, _, _) in _FLAGS.items()}  # by d
 
 
 def add_bound_arguments(group: argparse._ActionsContainer, activations: bool = True) -> None:
-    """``--max-params``, ``--max-blocks`` and, for a command that runs a forward pass (``activations``; elsewhere it
-    would be a silent no-op), ``--max-activation-gib``: set for the command by :func:`size_bounds`."""
+    """``--max-params``, ``--max-blocks`` and, for a command that runs a forward pass, ``--max-activation-gib``."""
     for dest, (_, metavar, text) in _FLAGS.items():
         if activations or dest != 'max_activation_gib':
             group.add_argument(f'--{dest.replace("_", "-")}', type=int if dest == 'max_blocks' else float,
@@ -175,9 +170,8 @@ def add_bound_arguments(group: argparse._ActionsContainer, activations: bool = T
 @contextlib.contextmanager
 def size_bounds(args: Optional[argparse.Namespace] = None, *, max_params: Optional[float] = None,
                 max_activation_gib: Optional[float] = None, max_blocks: Optional[int] = None) -> Iterator[None]:
-    """The checks of this module bounded, inside the ``with`` block only, by ``max_params`` parameters,
-    ``max_activation_gib`` GiB of activations and ``max_blocks`` blocks (from ``args``' flags when given; None: the
-    bound around the block). A bound outside :data:`BOUND_RANGES` is a UsageError."""
+    """The checks bounded inside the ``with`` block by these values (or ``args``' flags; None: the bound around the
+    block), each checked against :data:`BOUND_RANGES`."""
     given = dict(max_params=max_params, max_activation_gib=max_activation_gib, max_blocks=max_blocks)
     if args is not None:
         given = {dest: getattr(args, dest, None) for dest in given}
