@@ -167,13 +167,12 @@ def parse_args(argv=None, reference_dir: Optional[os.PathLike] = None) -> argpar
 
 
 def progress(line: str) -> None:
-    """A progress line on stdout (stderr holds only notes and an error's one line): a slow run is never silent."""
+    """A progress line on stdout (stderr holds only notes and an error's one line)."""
     print(f'[{time.monotonic() - _START:5.0f} s] {line}', flush=True)
 
 
 def _create(name: str, args: argparse.Namespace) -> nn.Module:
-    """An image model through the commands' create path (size bounds; a ``local-dir:`` folder's weights checked and
-    loaded as validate.py's), with ``--img-size``, ``--num-classes``, ``--model-kwargs``."""
+    """An image model through the commands' create path (size bounds, a ``local-dir:`` folder's weights checked)."""
     kwargs = model_create_kwargs(num_classes=args.num_classes, img_size=args.img_size, model_kwargs=args.model_kwargs)
     pretrained = name.startswith('local-dir:')
     try:
@@ -247,7 +246,6 @@ def input_size(spec: str, model: nn.Module, args: argparse.Namespace) -> Tuple[i
 
 
 def sync(device: Union[str, torch.device]) -> None:
-    """Wait for the device's queued work (CUDA); a no-op elsewhere."""
     if torch.device(device).type == 'cuda':
         torch.cuda.synchronize(device)
 
@@ -265,8 +263,8 @@ def seconds_per_call(fn: Callable[[], Any], calls: int, device: Union[str, torch
 
 
 def make_step(model: nn.Module, mode: str, args: argparse.Namespace, in_size: Tuple[int, ...]) -> Callable[[], None]:
-    """One inference or training step (SGD) of ``model`` on a fixed random batch of ``in_size`` samples, on the
-    run's device, in its precision and memory format, compiled with ``--compile``."""
+    """One inference or training step (SGD) of ``model`` on a fixed random batch, with the run's device, precision,
+    memory format and ``--compile``."""
     device = torch.device(args.device)
     dtype, amp_dtype = PRECISIONS[args.precision]
     memory_format = torch.channels_last if args.channels_last else torch.contiguous_format
@@ -310,8 +308,8 @@ def saved_activation_bytes(model: nn.Module, *inputs: torch.Tensor, autocast_dty
 
 
 def profile_call(step: Callable[[], Any], device: torch.device, label: str, rows: int = 15) -> str:
-    """Top operators of one call of ``step`` (after one untimed call) by self time (torch.profiler): GPU time on
-    CUDA (the kernels), CPU time elsewhere; a markdown section headed by ``label``, also printed."""
+    """Top operators of one call of ``step`` (after one untimed call) by self time, GPU time on CUDA: a markdown
+    section headed by ``label``, also printed."""
     step()
     with torch.profiler.profile() as prof:  # CPU, and CUDA where there is one
         step()
@@ -335,8 +333,7 @@ def matmul_ceiling(device: torch.device, precision: str) -> Dict[str, Any]:
 
 
 def peak_memory(spec: str, mode: str, args: argparse.Namespace) -> Dict[str, float]:
-    """Peak memory of one step of ``spec`` with this run's settings, measured by :func:`probe_memory` in a fresh
-    child process (nothing else resident); ``{}`` with a note on stderr when the child fails or dies."""
+    """:func:`probe_memory` in a fresh child process (nothing else resident); ``{}`` with a note when it fails."""
     progress(f'{spec}, {mode}: peak memory (a child process runs two steps)')
     with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context('spawn')) as child:
         try:  # with the thread count this run chose, not the child's default
@@ -347,9 +344,9 @@ def peak_memory(spec: str, mode: str, args: argparse.Namespace) -> Dict[str, flo
 
 
 def probe_memory(spec: str, mode: str, args: argparse.Namespace, threads: int) -> Dict[str, float]:
-    """Builds the contender and runs a warm-up step, then a second. CUDA: ``max_memory_allocated`` over the second.
-    CPU (PyTorch keeps no CPU allocator statistics): the growth of the peak resident set size (ru_maxrss) beyond
-    what the first step left in use, an upper bound (first-touch effects), and the peak RSS of the whole process."""
+    """Peak memory of the second of two steps of ``spec``: CUDA's ``max_memory_allocated``; on the CPU (no allocator
+    statistics) the peak resident set size beyond what the first step left in use (an upper bound), and the
+    process's peak."""
     set_threads(threads)
     model = build(spec, args)
     step, device = make_step(model, mode, args, input_size(spec, model, args)), torch.device(args.device)
@@ -474,7 +471,7 @@ def run_contenders(specs: Sequence[str], args, env, macs_cache, profiles: List[s
 
 
 def rate_text(rate: float) -> str:
-    """A throughput with at least 3 significant digits (0.352, 41.7, 1234): slow contenders never look equal."""
+    """A throughput with at least 3 significant digits (0.352, 41.7, 1234)."""
     return f'{rate:.0f}' if rate >= 100 else f'{rate:.3g}'
 
 
@@ -496,7 +493,7 @@ def speed_sentence(r: Dict[str, Any]) -> str:
 
 
 def environment(args, command: str) -> Dict[str, Any]:
-    """Where and how the run was made: date, machine, device, threads, versions, the command as typed."""
+    """Where and how the run was made: date, machine, device, threads, versions, the command."""
     cpuinfo = Path('/proc/cpuinfo').read_text().splitlines() if os.path.exists('/proc/cpuinfo') else []
     cpu = next((ln.split(':', 1)[1].strip() for ln in cpuinfo if ln.startswith('model name')),
                platform.processor() or platform.machine())  # the processor's name on Linux
@@ -526,7 +523,7 @@ def ceiling_text(env: Dict[str, Any]) -> str:
 
 
 def run_line(env: Dict[str, Any], args) -> str:
-    """The run's setting on one line (the markdown's and profile file's header): device, precision, versions, load."""
+    """The run's setting on one line: the markdown's and profile file's header."""
     prec = args.precision + (', channels_last' if args.channels_last else '') + (', compile' if args.compile else '')
     cpu = f" ({env['cpu_capability']})" if env['device'] == 'cpu' else ''
     return (f"{env['date_utc']} · {env['device_name']}{cpu} · {env['threads']} threads · {prec} · torch "
@@ -553,8 +550,7 @@ def markdown(rows: List[Dict[str, Any]], env: Dict[str, Any], args) -> str:
 
 
 def main(argv=None, prog: str = 'benchmark.py', reference_dir: Optional[os.PathLike] = None) -> None:
-    """Benchmark; bad arguments stop with one line starting with ``prog`` and exit status 2 (``run_cli``).
-    ``reference_dir``: the checkout's folder of reference models (the ``ref:`` contenders), from its benchmark.py."""
+    """Benchmark; ``reference_dir``: the checkout's reference models (the ``ref:`` contenders), from its benchmark.py."""
     run_cli(prog, lambda a: _main(a, prog, reference_dir), argv)
 
 

@@ -1,9 +1,6 @@
-""" The package's commands: the console scripts pip installs (``[project.scripts]`` in pyproject.toml point at the
-functions here) and their ``python -m`` forms, listed by ``python -m mlp_vision``.
-
-Each function runs the command's ``main`` and returns an exit status: a console script passes the return value to
-``sys.exit``, and the trainers' ``main`` returns its results dict, which ``sys.exit`` would print and turn into
-status 1. The commands' modules are imported when run, so listing them imports none of them.
+""" The package's commands: the console scripts pip installs (``[project.scripts]`` in pyproject.toml) and their
+``python -m`` forms, listed by ``python -m mlp_vision``. Each returns an exit status, not ``main``'s result (a
+trainer's results dict, which ``sys.exit`` would print and turn into status 1); a module is imported when run.
 """
 import importlib
 import textwrap

@@ -82,14 +82,13 @@ def _grid_tokens(grid: Tuple[int, int], per_side: int) -> List[Tuple[int, int]]:
 
 # ------------------------------------------------------------------------------------------------ figures
 def _subplots(rows: int, cols: int, figsize: Tuple[float, float]):
-    """(figure, axes[rows, cols]) without pyplot: no backend or other matplotlib global is set."""
+    """(figure, axes[rows, cols]) without pyplot, which would set matplotlib globals (the backend)."""
     from matplotlib.figure import Figure
     fig = Figure(figsize=figsize)
     return fig, fig.subplots(rows, cols, squeeze=False)
 
 
 def _finish(fig, path: str, *title_lines: str, fontsize: int = 8) -> str:
-    """Title the figure (each line wrapped to its width), lay it out and write it to ``path``."""
     chars = int(fig.get_figwidth() * 110 / fontsize)
     fig.suptitle('\n'.join(textwrap.fill(line, chars) for line in title_lines), fontsize=fontsize)
     fig.tight_layout()
@@ -100,7 +99,6 @@ def _finish(fig, path: str, *title_lines: str, fontsize: int = 8) -> str:
 
 
 def _heatmap(ax, values: torch.Tensor) -> None:
-    """``values`` on a diverging map centred on 0, scaled to the largest |value|."""
     vmax = values.abs().max().item() or 1.
     ax.imshow(values.numpy(), cmap='RdBu_r', vmin=-vmax, vmax=vmax, interpolation='nearest')
 
@@ -138,8 +136,7 @@ def draw_spatial_filters(projections: Named, grid: Tuple[int, int], out: str, ti
 
 def _curve_panels(named: Named, plot: Callable[[Any, torch.Tensor], None], xlabel: str, path: str,
                   *title_lines: str) -> List[str]:
-    """One line-plot panel per layer, 4 per row (the unused ones hidden): ``plot(ax, values)`` draws its curves,
-    then the zero line, the layer's label and ``xlabel``."""
+    """One line-plot panel per layer, 4 per row: ``plot(ax, values)`` draws its curves."""
     cols = min(4, len(named))
     rows = math.ceil(len(named) / cols)
     fig, axes = _subplots(rows, cols, (3.0 * cols, 2.1 * rows + 0.6))
@@ -207,8 +204,8 @@ def draw_ssm_responses(responses: Named, out: str, title: str, max_lag: int = 64
 # ------------------------------------------------------------------------------------------------ the command
 def load_model(source: str, model_name: Optional[str] = None, pretrained: bool = False,
                model_kwargs: Optional[Dict[str, Any]] = None, trust_checkpoint: bool = False) -> Tuple[nn.Module, str]:
-    """(the model in eval mode, what it is) from a checkpoint file, a ``local-dir:`` folder or a timm name with
-    ``pretrained`` (validate's ``create_model_for_eval``), a text ``save_pretrained`` folder, or a model name."""
+    """(the model in eval mode, what it is) from a checkpoint file, a ``local-dir:`` folder, a text
+    ``save_pretrained`` folder, or a model name (with ``pretrained``: its registered weights)."""
     kwargs = dict(model_kwargs or {})
     create_kwargs = model_create_kwargs(model_kwargs=kwargs)
     local_dir = source.startswith('local-dir:')
@@ -255,9 +252,8 @@ def visualize(args: argparse.Namespace, progress: Callable[[str], None] = print)
         raise UsageError(f'--out {args.out} is not a folder; expected a new or empty folder')
     if os.path.isdir(args.out) and os.listdir(args.out):
         raise UsageError(f'--out {args.out} is not empty; give a new or empty folder (nothing there is overwritten)')
-    threads = set_threads(args.threads)
     start = time.monotonic()
-    progress(threads)
+    progress(set_threads(args.threads))
     model, what = load_model(args.source, args.model, args.pretrained, args.model_kwargs, args.trust_checkpoint)
     projections = spatial_projections(model)
     axial = axial_weights(model)
