@@ -80,9 +80,11 @@ def _short_list(keys: List[str], n: int = 4) -> str:
     return ', '.join(keys[:n]) + (f' and {len(keys) - n} more' if len(keys) > n else '')
 
 
-def _misfit(shapes: List[str], missing: List[str], unused: List[str], sd: Mapping[str, torch.Tensor],
+def _misfit(report: LoadReport, shapes: List[str], sd: Mapping[str, torch.Tensor],
             own: Mapping[str, torch.Tensor]) -> str:
-    """What keeps ``sd`` from fitting a model (``own``: its state dict): tensors of other shapes, missing, left over."""
+    """What keeps ``sd`` from fitting a model (``own``: its state dict): ``shapes``, the tensors of other shapes that
+    count, then the missing and left-over ones; '' when it fits."""
+    missing, unused = ([k for k in keys if k not in report.mismatched] for keys in (report.missing, report.unused))
     k = shapes[0] if shapes else ''
     return '; '.join(part for part in (
         f'{len(shapes)} tensors with other shapes (e.g. {k}: file {tuple(sd[k].shape)}, model {tuple(own[k].shape)})'
@@ -121,16 +123,14 @@ def check_state_dict(model: nn.Module, state_dict: Mapping[str, Any], source: st
         return sd, report
     name = (getattr(model, 'pretrained_cfg', None) or {}).get('architecture') or type(model).__name__
     shapes = [k for k in mismatched if not in_head(k)]  # always an error: the file is another architecture's
-    missing = [k for k in report.missing if k not in mismatched]
-    unused = [k for k in report.unused if k not in mismatched]
-    detail = _misfit(shapes, missing, unused, sd, own)
+    detail = _misfit(report, shapes, sd, own)
     if shapes:
         raise UsageError(f'{source} does not fit {name}: {detail}. Expected weights of this architecture and settings '
                          f'(--model-kwargs, --img-size)')
-    if (missing or unused) and keys != 'warn':
+    if detail and keys != 'warn':
         raise UsageError(f'{source} does not cover {name}: {detail}. These would keep their random init; pass '
                          f'{ALLOW_MISSING_FLAG} (in Python: pretrained_strict=False) if that is intended')
-    if missing or unused:
+    if detail:
         _logger.warning(f'{ALLOW_MISSING_FLAG}: {source}: {detail}; the missing ones keep their random init')
     return sd, report
 
@@ -210,9 +210,7 @@ def load_model_weights(model: nn.Module, state_dict: Dict[str, torch.Tensor], so
     try:
         model.load_state_dict(sd, strict=True)
     except RuntimeError as e:
-        shapes = report.mismatched
-        detail = _misfit(shapes, [k for k in report.missing if k not in shapes],
-                         [k for k in report.unused if k not in shapes], sd, model.state_dict())
+        detail = _misfit(report, report.mismatched, sd, model.state_dict())
         raise UsageError(f'{source} does not fit model {model_name}: {detail or e}. Expected a checkpoint of the same '
                          f'architecture and settings (--model, --model-kwargs, --img-size, --num-classes)') from e
 
