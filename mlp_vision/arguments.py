@@ -34,26 +34,20 @@ class ArgumentParser(argparse.ArgumentParser):
 
     def parse_known_args(self, args=None, namespace=None):
         args = list(sys.argv[1:] if args is None else args)
-        _check_utf8_words(args)
+        for i, word in enumerate(args):  # Python holds the bytes of a word that is not UTF-8 as lone surrogates
+            try:
+                word.encode('utf-8')
+            except UnicodeEncodeError as e:
+                shown = re.sub('[\udc80-\udcff]', lambda m: f'\\x{ord(m[0]) - 0xdc00:02x}', word)  # the bytes given
+                shown = shown.encode('utf-8', 'backslashreplace').decode()
+                before = args[i - 1] if i and not word.startswith('-') else ''
+                flag = before.split('=', 1)[0] + ' ' if before.startswith('-') and len(before) > 1 else ''
+                raise UsageError(f'{flag}\'{shown}\' is not UTF-8 text (character {e.start}); names and paths given '
+                                 f'to a command must be UTF-8: a run writes them into its logs and records') from None
         return super().parse_known_args(args, namespace)
 
     def error(self, message: str):
         raise UsageError(message)
-
-
-def _check_utf8_words(argv: Sequence[str]) -> None:
-    """A :class:`UsageError` naming the first word of ``argv`` that is not UTF-8 (Python holds its bytes as lone
-    surrogates), and the flag before it: a run writes its names and paths into its logs and records as UTF-8."""
-    for i, word in enumerate(argv):
-        try:
-            word.encode('utf-8')
-        except UnicodeEncodeError as e:
-            shown = re.sub('[\udc80-\udcff]', lambda m: f'\\x{ord(m[0]) - 0xdc00:02x}', word)  # the bytes given
-            shown = shown.encode('utf-8', 'backslashreplace').decode()
-            before = argv[i - 1] if i and not word.startswith('-') else ''
-            flag = before.split('=', 1)[0] + ' ' if before.startswith('-') and len(before) > 1 else ''
-            raise UsageError(f'{flag}\'{shown}\' is not UTF-8 text (character {e.start}); names and paths given to '
-                             f'a command must be UTF-8: a run writes them into its logs and records') from None
 
 
 class ParseKwargs(TimmParseKwargs):

@@ -511,7 +511,8 @@ def environment(args, command: str) -> Dict[str, Any]:
 _MD_CONTENDER = [
     ('img_per_s', 'img/s', rate_text), ('tok_per_s', 'tok/s', rate_text), ('step_ms', 'ms/step', '{:.1f}'),
     ('gmacs_per_img', 'GMACs/img', '{:.2f}'), ('gmacs_per_seq', 'GMACs/seq', '{:.2f}'), ('gflops', 'GFLOP/s', '{:.0f}'),
-    ('pct_of_matmul', '% of mm', '{:.0f} %'), ('step_mem_mb', 'step mem MB', '{:.0f}'), ('peak_mem_mb', 'peak MB', '{:.0f}')]
+    ('pct_of_matmul', '% of mm', '{:.0f} %'), ('step_mem_mb', 'step mem MB', '{:.0f}'),
+    ('peak_mem_mb', 'peak MB', '{:.0f}')]
 _MD_PAIR = [('speedup', 'speed-up of A over B (t_B / t_A, median of pairs; < 1: A is slower)', '**{:.2f}×**'),
             ('speedup_q1', 'q1', '{:.2f}'), ('speedup_q3', 'q3', '{:.2f}'), ('pairs', 'pairs', '{}')]
 
@@ -550,7 +551,7 @@ def markdown(rows: List[Dict[str, Any]], env: Dict[str, Any], args) -> str:
 
 
 def main(argv=None, prog: str = 'benchmark.py', reference_dir: Optional[os.PathLike] = None) -> None:
-    """Benchmark; ``reference_dir``: the checkout's reference models (the ``ref:`` contenders), from its benchmark.py."""
+    """Benchmark; ``reference_dir``: the checkout's reference models (``ref:`` contenders), from its benchmark.py."""
     run_cli(prog, lambda a: _main(a, prog, reference_dir), argv)
 
 

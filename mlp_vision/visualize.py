@@ -35,7 +35,6 @@ __all__ = ['spatial_projections', 'axial_weights', 'ssm_responses', 'token_grid'
 
 Named = List[Tuple[str, torch.Tensor]]
 LAYERS_PER_FIGURE = 10  # rows of one gMLP filter table
-DPI = 100
 
 
 # ------------------------------------------------------------------------------------------------ what is drawn
@@ -73,13 +72,6 @@ def token_grid(model: nn.Module, num_tokens: int) -> Optional[Tuple[int, int]]:
     return (int(grid[0]), int(grid[1])) if grid is not None and grid[0] * grid[1] == num_tokens else None
 
 
-def _grid_tokens(grid: Tuple[int, int], per_side: int) -> List[Tuple[int, int]]:
-    """``per_side`` x ``per_side`` tokens spread evenly over the grid, away from the border."""
-    def spread(n):
-        return sorted({int(round((i + 0.5) * n / min(per_side, n) - 0.5)) for i in range(min(per_side, n))})
-    return [(r, c) for r in spread(grid[0]) for c in spread(grid[1])]
-
-
 # ------------------------------------------------------------------------------------------------ figures
 def _subplots(rows: int, cols: int, figsize: Tuple[float, float]):
     """(figure, axes[rows, cols]) without pyplot, which would set matplotlib globals (the backend)."""
@@ -94,7 +86,7 @@ def _finish(fig, path: str, *title_lines: str, fontsize: int = 8) -> str:
     fig.tight_layout()
     if os.path.exists(path):  # --out was empty; two figures of one run never share a name
         raise UsageError(f'{path} exists; nothing is overwritten')
-    fig.savefig(path, dpi=DPI)
+    fig.savefig(path, dpi=100)
     return path
 
 
@@ -113,7 +105,9 @@ def draw_spatial_filters(projections: Named, grid: Tuple[int, int], out: str, ti
                          per_side: int = 3) -> List[str]:
     """gMLP Fig. 3 view: a table of layers (rows) x tokens (columns); each cell is ``W[token, :]`` on the patch grid,
     the token marked by a cross. One PNG per :data:`LAYERS_PER_FIGURE` layers."""
-    tokens = _grid_tokens(grid, per_side)
+    def spread(n):  # per_side indices spread evenly over n, away from the border
+        return sorted({int(round((i + 0.5) * n / min(per_side, n) - 0.5)) for i in range(min(per_side, n))})
+    tokens = [(r, c) for r in spread(grid[0]) for c in spread(grid[1])]
     paths = []
     for start in range(0, len(projections), LAYERS_PER_FIGURE):
         chunk = projections[start:start + LAYERS_PER_FIGURE]
