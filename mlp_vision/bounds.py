@@ -16,8 +16,8 @@ from mlp_vision.arguments import check_range
 from mlp_vision.errors import UsageError
 
 __all__ = ['MAX_PARAMS', 'MAX_ACTIVATION_BYTES', 'MAX_BLOCKS', 'Bounds', 'current_bounds', 'check_block_count',
-           'check_model_size', 'estimate_activation_bytes', 'check_activation_size', 'add_bound_arguments',
-           'size_bounds', 'within_bounds', 'BOUND_RANGES']
+           'check_model_size', 'check_activation_size', 'add_bound_arguments', 'size_bounds', 'within_bounds',
+           'BOUND_RANGES']
 
 
 # 2e9 parameters are 8 GB of float32 weights (32 GB with AdamW's state and the gradients): a size read from a file
@@ -95,53 +95,42 @@ def _tensor_bytes(value: Any) -> int:
     return 0
 
 
-def estimate_activation_bytes(model: nn.Module, inputs: Sequence[torch.Tensor], training: bool,
-                              stop_above: Optional[int] = None) -> int:
-    """Bytes of activations one forward of ``model`` on (``meta``) ``inputs`` holds, over leaf modules: ``training``,
-    the sum of their outputs (autograd keeps them); otherwise the largest input + output pair. Functional ops between
-    modules are not counted. With ``stop_above``, the forward stops as soon as the estimate passes it."""
-    total, largest = 0, 0
+def check_activation_size(build_on_meta: Callable[[], Optional[nn.Module]], inputs: Sequence[torch.Tensor],
+                          training: bool, what: str) -> Optional[int]:
+    """Bytes of activations one forward of the model ``build_on_meta()`` builds holds for the ``meta`` ``inputs``,
+    over leaf modules: ``training``, the sum of their outputs (autograd keeps them); otherwise the largest input +
+    output pair (functional ops between modules are not counted). A :class:`UsageError` naming ``what`` as soon as
+    it passes the bound; None when the model cannot be built or run on ``meta``."""
+    max_bytes, total, largest = current_bounds().activation_bytes, 0, 0
 
     def observe(module: nn.Module, args: Tuple[Any, ...], output: Any) -> None:
         nonlocal total, largest
-        if next(module.children(), None) is not None:
-            return
-        out_bytes = _tensor_bytes(output)
-        total += out_bytes
-        largest = max(largest, _tensor_bytes(args) + out_bytes)
-        if stop_above is not None and (total if training else largest) > stop_above:
-            raise _OverBudget
+        if next(module.children(), None) is None:
+            total += _tensor_bytes(output)
+            largest = max(largest, _tensor_bytes(args) + _tensor_bytes(output))
+            if (total if training else largest) > max_bytes:
+                raise _OverBudget
 
-    was_training = model.training
-    handle = nn.modules.module.register_module_forward_hook(observe)
-    try:
-        with torch.set_grad_enabled(training):
-            model.train(training)(*inputs)
-    except _OverBudget:
-        pass
-    finally:
-        handle.remove()
-        model.train(was_training)
-    return total if training else largest
-
-
-def check_activation_size(build_on_meta: Callable[[], Optional[nn.Module]], inputs: Sequence[torch.Tensor],
-                          training: bool, what: str) -> Optional[int]:
-    """:func:`estimate_activation_bytes` of the model ``build_on_meta()`` builds for the ``meta`` ``inputs``, or a
-    :class:`UsageError` naming ``what`` beyond the bound; None when it cannot be built or run on ``meta``."""
-    max_bytes = current_bounds().activation_bytes
     try:
         model = build_on_meta()
-        estimate = None if model is None else estimate_activation_bytes(model, inputs, training, max_bytes)
+        if model is None:
+            return None
+        was_training, handle = model.training, nn.modules.module.register_module_forward_hook(observe)
+        try:
+            with torch.set_grad_enabled(training):
+                model.train(training)(*inputs)
+        finally:
+            handle.remove()
+            model.train(was_training)
+    except _OverBudget:
+        estimate = total if training else largest
+        raise UsageError(f'{what} would hold more than {max_bytes / 2 ** 30:.3g} GiB of activations in '
+                         f'{"a training step" if training else "one forward"} (estimated on the meta device: at '
+                         f'least {estimate / 2 ** 30:.3g} GiB; the bound is --max-activation-gib); reduce the batch '
+                         f'size or the input size / sequence length, or raise the bound if the model is meant') from None
     except Exception:  # an op without a meta kernel, a data-dependent branch: the real forward will tell
         return None
-    if estimate is not None and estimate > max_bytes:
-        step = 'a training step' if training else 'one forward'
-        raise UsageError(f'{what} would hold more than {max_bytes / 2 ** 30:.3g} GiB of activations in {step} '
-                         f'(estimated on the meta device: at least {estimate / 2 ** 30:.3g} GiB; the bound is '
-                         f'--max-activation-gib); reduce the batch size or the input size / sequence length, or raise '
-                         f'the bound if the model is meant')
-    return estimate
+    return total if training else largest
 
 
 # each bound's flag: (check_range's bounds, metavar, help). A count is a whole number >= 1 (0.5 would round to a bound
