@@ -19,10 +19,10 @@ COMMANDS = {
 }
 
 
-def _command(script: str, module: str = '') -> Callable[[], int]:
-    """The console script ``script``: ``main(prog=script)`` of ``module`` (default: its ``python -m`` module)."""
+def _command(script: str) -> Callable[[], int]:
+    """The console script ``script``: ``main(prog=script)`` of its ``python -m`` module."""
     def run() -> int:
-        result = importlib.import_module(module or COMMANDS[script][0]).main(prog=script)
+        result = importlib.import_module(COMMANDS[script][0]).main(prog=script)
         return result if isinstance(result, int) else 0
     return run
 
@@ -30,7 +30,7 @@ def _command(script: str, module: str = '') -> Callable[[], int]:
 train = _command('mlp-vision-train')
 validate = _command('mlp-vision-validate')
 benchmark = _command('mlp-vision-benchmark')
-complexity = _command('mlp-vision-complexity', 'mlp_vision.complexity.report')  # python -m runs its __main__
+complexity = _command('mlp-vision-complexity')
 text_train = _command('mlp-vision-text-train')
 visualize = _command('mlp-vision-visualize')
 
