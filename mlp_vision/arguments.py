@@ -30,31 +30,24 @@ __all__ = ['ArgumentParser', 'ParseKwargs', 'check_kwargs_flags', 'DefaultsHelpF
 
 
 class ArgumentParser(argparse.ArgumentParser):
-    """``argparse.ArgumentParser`` whose errors (also a word that is not UTF-8) raise :class:`UsageError`: one line
-    and status 2 through :func:`run_cli`, not argparse's usage text."""
+    """``argparse.ArgumentParser`` whose errors (also a word that is not UTF-8) raise :class:`UsageError`."""
 
     def parse_known_args(self, args=None, namespace=None):
         args = list(sys.argv[1:] if args is None else args)
-        _check_utf8_words(args)
+        for i, word in enumerate(args):  # Python holds the bytes of a word that is not UTF-8 as lone surrogates
+            try:
+                word.encode('utf-8')
+            except UnicodeEncodeError as e:
+                shown = re.sub('[\udc80-\udcff]', lambda m: f'\\x{ord(m[0]) - 0xdc00:02x}', word)  # the bytes given
+                shown = shown.encode('utf-8', 'backslashreplace').decode()
+                before = args[i - 1] if i and not word.startswith('-') else ''
+                flag = before.split('=', 1)[0] + ' ' if before.startswith('-') and len(before) > 1 else ''
+                raise UsageError(f'{flag}\'{shown}\' is not UTF-8 text (character {e.start}); names and paths given '
+                                 f'to a command must be UTF-8: a run writes them into its logs and records') from None
         return super().parse_known_args(args, namespace)
 
     def error(self, message: str):
         raise UsageError(message)
-
-
-def _check_utf8_words(argv: Sequence[str]) -> None:
-    """A :class:`UsageError` naming the first word of ``argv`` that is not UTF-8 (Python holds its bytes as lone
-    surrogates), and the flag before it: a run writes its names and paths into its logs and records as UTF-8."""
-    for i, word in enumerate(argv):
-        try:
-            word.encode('utf-8')
-        except UnicodeEncodeError as e:
-            shown = re.sub('[\udc80-\udcff]', lambda m: f'\\x{ord(m[0]) - 0xdc00:02x}', word)  # the bytes given
-            shown = shown.encode('utf-8', 'backslashreplace').decode()
-            before = argv[i - 1] if i and not word.startswith('-') else ''
-            flag = before.split('=', 1)[0] + ' ' if before.startswith('-') and len(before) > 1 else ''
-            raise UsageError(f'{flag}\'{shown}\' is not UTF-8 text (character {e.start}); names and paths given to '
-                             f'a command must be UTF-8: a run writes them into its logs and records') from None
 
 
 class ParseKwargs(TimmParseKwargs):
@@ -196,8 +189,7 @@ def _set_threads(threads: int, why: str) -> str:
 
 
 def set_threads(requested: Optional[int]) -> str:
-    """Set torch's intra-op threads to ``requested`` (checked against :data:`THREADS_RANGE`), or for None to
-    :func:`default_threads`; returns the line a command logs."""
+    """Set torch's intra-op threads to ``requested`` (or :func:`default_threads`); returns the line to log."""
     if requested is not None:
         check_range('--threads', requested, **THREADS_RANGE)
         return _set_threads(requested, '--threads')
@@ -206,9 +198,8 @@ def set_threads(requested: Optional[int]) -> str:
 
 
 def set_run_threads(requested: Optional[int], resume_ckpt: Optional[dict]) -> str:
-    """:func:`set_threads` for a training run, except that a resume without ``--threads`` computes with the count of
-    the run it continues (its checkpoint's ``threads``, capped at the CPUs here): the count changes float rounding,
-    so only the same count resumes bit-identically. Returns the line to log."""
+    """:func:`set_threads`, except that a resume without ``--threads`` takes its checkpoint's count (capped at the
+    CPUs here): the count changes float rounding, so only the same count resumes bit-identically."""
     saved = (resume_ckpt or {}).get('threads')
     if requested is not None or isinstance(saved, bool) or not isinstance(saved, int) or saved < 1:
         return set_threads(requested)
@@ -254,9 +245,8 @@ class _StrictYamlLoader(yaml.SafeLoader):
 
 
 def read_yaml_file(path: str, what: str = 'config file') -> Any:
-    """The yaml of the file ``path`` (:class:`_StrictYamlLoader`); anything unreadable, a file over
-    :data:`MAX_YAML_BYTES` or not a regular file is one :class:`UsageError` line naming ``what``, ``path`` and the
-    line."""
+    """The yaml of the file ``path`` (:class:`_StrictYamlLoader`), else one :class:`UsageError` line naming ``what``,
+    ``path`` and the line (also for a file over :data:`MAX_YAML_BYTES` or not a regular file)."""
     where = f'{what} {path!r}'
     if not os.path.isfile(path):
         raise UsageError(f'{where} ' + ('is not a regular file' if os.path.exists(path) else 'does not exist'))
@@ -290,26 +280,23 @@ def _typed(value: Any, action: argparse.Action, where: str) -> Any:
         raise UsageError(f'{where}: {action.dest} must be true or false (as {flag}), got {short_repr(value)}')
     if value is None or action.type is None and not action.choices:
         return value
-    if action.nargs in ('+', '*') or isinstance(action.nargs, int):
-        return [_typed_one(v, action, where, flag) for v in (value if isinstance(value, (list, tuple)) else [value])]
-    return _typed_one(value, action, where, flag)
-
-
-def _typed_one(value: Any, action: argparse.Action, where: str, flag: str) -> Any:
-    kind = action.type
+    many = action.nargs in ('+', '*') or isinstance(action.nargs, int)
+    kind, typed = action.type, []
     expected = {int: 'an integer', float: 'a number', str: 'a string'}.get(kind)
-    digits = isinstance(value, str) and value.strip().lstrip('+-').isdigit()
-    if (kind is int and digits) or (kind is float and isinstance(value, (int, str)) and not isinstance(value, bool)):
-        try:
-            value = kind(value)
-        except (ValueError, OverflowError):  # not a number, or an integer too large for a float
-            pass
-    if expected and (isinstance(value, bool) or not isinstance(value, kind)):
-        raise UsageError(f'{where}: {action.dest} must be {expected} (as {flag}), got {short_repr(value)}')
-    if action.choices and value not in action.choices:
-        raise UsageError(f'{where}: {action.dest} must be one of {", ".join(map(str, action.choices))}, got '
-                         f'{short_repr(value)}')
-    return value
+    for v in (value if isinstance(value, (list, tuple)) else [value]) if many else [value]:
+        digits = isinstance(v, str) and v.strip().lstrip('+-').isdigit()
+        if (kind is int and digits) or (kind is float and isinstance(v, (int, str)) and not isinstance(v, bool)):
+            try:
+                v = kind(v)
+            except (ValueError, OverflowError):  # not a number, or an integer too large for a float
+                pass
+        if expected and (isinstance(v, bool) or not isinstance(v, kind)):
+            raise UsageError(f'{where}: {action.dest} must be {expected} (as {flag}), got {short_repr(v)}')
+        if action.choices and v not in action.choices:
+            raise UsageError(f'{where}: {action.dest} must be one of {", ".join(map(str, action.choices))}, got '
+                             f'{short_repr(v)}')
+        typed.append(v)
+    return typed if many else typed[0]
 
 
 def recipe_folder(kind: str = '') -> Optional[Path]:
@@ -358,9 +345,9 @@ def load_yaml_config(path: str, parser: argparse.ArgumentParser, notes: Sequence
 
 
 class RunArgs(argparse.Namespace):
-    """The arguments of a run (argparse's ``Namespace``) and, kept apart, the values derived from them (:meth:`derive`:
-    a scaled LR, the data's class count), so a resume takes over :meth:`given` (``args.yaml``) and derives the rest
-    again. ``resumed_settings`` / ``resumed_derived``: those of the run being resumed ({} if none)."""
+    """The arguments of a run and, kept apart, the values derived from them (:meth:`derive`: a scaled LR, the data's
+    class count): a resume takes over :meth:`given` and derives the rest again. ``resumed_settings`` /
+    ``resumed_derived``: those of the run being resumed ({} if none)."""
     __slots__ = ('_given', '_derived', 'resumed_settings', 'resumed_derived')  # slots: not in vars(), not settings
 
     def __init__(self, **kwargs):
@@ -389,20 +376,14 @@ class RunArgs(argparse.Namespace):
 _UNSET = object()  # marks a destination the command line did not set
 
 
-def _help_flags(parser: argparse.ArgumentParser, argv: Sequence[str]) -> List[str]:
-    """The words of ``argv`` (before ``--``) that ask for help: ``-h``, ``--help`` or an abbreviation of it."""
-    longs = [s for a in parser._actions for s in a.option_strings if s.startswith('--') and s != '--help']
-    tokens = list(argv[:argv.index('--')] if '--' in argv else argv)
-    return [t for t in tokens if t == '-h' or (len(t) > 2 and '--help'.startswith(t)
-                                              and not any(s.startswith(t) for s in longs))]
-
-
 def parse_given(parser: argparse.ArgumentParser, argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     """The values the command line ``argv`` sets, by destination (an optional positional left out is not set).
-    ``-h`` / ``--help`` is reported (key ``'help'``): :func:`merge_settings` prints the help with the defaults that
-    ``-c`` and ``--resume`` set."""
+    ``-h`` / ``--help`` (or an abbreviation, before ``--``) is reported (key ``'help'``): :func:`merge_settings`
+    prints the help with the defaults that ``-c`` and ``--resume`` set."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    helps = _help_flags(parser, argv)
+    longs = [s for a in parser._actions for s in a.option_strings if s.startswith('--') and s != '--help']
+    helps = [t for t in (argv[:argv.index('--')] if '--' in argv else argv) if t == '-h' or (
+        len(t) > 2 and '--help'.startswith(t) and not any(s.startswith(t) for s in longs))]
     actions = _actions(parser)
     namespace = argparse.Namespace(**{dest: _UNSET for dest in actions})
     parser.parse_args([a for a in argv if a not in helps], namespace)
@@ -419,8 +400,7 @@ def merge_settings(parser: argparse.ArgumentParser, given: Mapping[str, Any], ba
                    run_settings: Optional[Mapping[str, Any]] = None, recipes: bool = False) -> Tuple[RunArgs, List[str]]:
     """(the :class:`RunArgs`, the config files used) from the layers, lowest first: the parser's defaults,
     ``base_configs`` (or a function of the layers above giving them), a resumed run's ``run_settings``, the ``-c``
-    file (``recipes``: it may name an image recipe), ``given``. ``given['help']``: prints the help with the defaults
-    of ``--resume`` and ``-c``, and exits."""
+    file (with ``recipes``, it may name an image recipe), ``given``."""
     given = dict(given)
     wants_help = given.pop('help', False)
     known = _actions(parser)

@@ -119,9 +119,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument('--iters', type=int, default=0,
                    help='steps per timed sample (0: enough for --min-sample-time, from the warm-up)')
     p.add_argument('--min-sample-time', type=float, default=1.0, help='seconds per timed sample when --iters 0')
-    p.add_argument('--timer', choices=('wall', 'cpu'), default='wall',
-                   help="wall: elapsed time. cpu: this process's CPU time, steady on a loaded machine; meaningful "
-                        "with --threads 1 only (with more it counts OpenMP spin-waiting)")
     p.add_argument('--samples', type=int, default=8, help='timed samples per contender, or timed pairs')
     p.add_argument('--profile', action='store_true',
                    help='top ops by self time of one step of each contender (torch.profiler); PREFIX_profile.txt')
@@ -170,13 +167,12 @@ def parse_args(argv=None, reference_dir: Optional[os.PathLike] = None) -> argpar
 
 
 def progress(line: str) -> None:
-    """A progress line on stdout (stderr holds only notes and an error's one line): a slow run is never silent."""
+    """A progress line on stdout (stderr holds only notes and an error's one line)."""
     print(f'[{time.monotonic() - _START:5.0f} s] {line}', flush=True)
 
 
 def _create(name: str, args: argparse.Namespace) -> nn.Module:
-    """An image model through the commands' create path (size bounds; a ``local-dir:`` folder's weights checked and
-    loaded as validate.py's), with ``--img-size``, ``--num-classes``, ``--model-kwargs``."""
+    """An image model through the commands' create path (size bounds, a ``local-dir:`` folder's weights checked)."""
     kwargs = model_create_kwargs(num_classes=args.num_classes, img_size=args.img_size, model_kwargs=args.model_kwargs)
     pretrained = name.startswith('local-dir:')
     try:
@@ -250,15 +246,14 @@ def input_size(spec: str, model: nn.Module, args: argparse.Namespace) -> Tuple[i
 
 
 def sync(device: Union[str, torch.device]) -> None:
-    """Wait for the device's queued work (CUDA); a no-op elsewhere."""
     if torch.device(device).type == 'cuda':
         torch.cuda.synchronize(device)
 
 
 def seconds_per_call(fn: Callable[[], Any], calls: int, device: Union[str, torch.device],
                      clock: Callable[[], float] = time.perf_counter) -> float:
-    """Seconds per call over ``calls`` consecutive calls of ``fn`` (the device synchronised before and after;
-    ``clock``: the wall clock, or ``time.process_time`` for the CPU time of a 1-thread run on a busy machine)."""
+    """Seconds per call over ``calls`` consecutive calls of ``fn`` by ``clock``, the device synchronised before and
+    after."""
     sync(device)
     t0 = clock()
     for _ in range(calls):
@@ -268,8 +263,8 @@ def seconds_per_call(fn: Callable[[], Any], calls: int, device: Union[str, torch
 
 
 def make_step(model: nn.Module, mode: str, args: argparse.Namespace, in_size: Tuple[int, ...]) -> Callable[[], None]:
-    """One inference or training step (SGD) of ``model`` on a fixed random batch of ``in_size`` samples, on the
-    run's device, in its precision and memory format, compiled with ``--compile``."""
+    """One inference or training step (SGD) of ``model`` on a fixed random batch, with the run's device, precision,
+    memory format and ``--compile``."""
     device = torch.device(args.device)
     dtype, amp_dtype = PRECISIONS[args.precision]
     memory_format = torch.channels_last if args.channels_last else torch.contiguous_format
@@ -313,8 +308,8 @@ def saved_activation_bytes(model: nn.Module, *inputs: torch.Tensor, autocast_dty
 
 
 def profile_call(step: Callable[[], Any], device: torch.device, label: str, rows: int = 15) -> str:
-    """Top operators of one call of ``step`` (after one untimed call) by self time (torch.profiler): GPU time on
-    CUDA (the kernels), CPU time elsewhere; a markdown section headed by ``label``, also printed."""
+    """Top operators of one call of ``step`` (after one untimed call) by self time, GPU time on CUDA: a markdown
+    section headed by ``label``, also printed."""
     step()
     with torch.profiler.profile() as prof:  # CPU, and CUDA where there is one
         step()
@@ -325,32 +320,20 @@ def profile_call(step: Callable[[], Any], device: torch.device, label: str, rows
     return section
 
 
-def matmul_ceiling(device: torch.device, precision: str, clock: Callable[[], float] = time.perf_counter
-                   ) -> Dict[str, Any]:
-    """Measured GEMM rates in the compute dtype (best of 5 rounds), the denominators of "% of ceiling":
-    ``matmul_gflops``, ``torch.mm`` of two n x n matrices (n = 2048 on CPU, 8192 on CUDA); on CPU ``onednn_gflops``,
-    the same GEMM as a 1x1 convolution on a channels-last (16, 2048, 16, 8) map (sMLPNet's fuse goes through
-    oneDNN; faster where MKL's sgemm skips AVX-512, on AMD; batch 16, as smaller ones go to im2col + MKL)."""
+def matmul_ceiling(device: torch.device, precision: str) -> Dict[str, Any]:
+    """The measured GEMM rate in the compute dtype (best of 5 rounds), the denominator of "% of mm":
+    ``matmul_gflops``, ``torch.mm`` of two n x n matrices (n = 2048 on CPU, 8192 on CUDA)."""
     n = 2048 if device.type == 'cpu' else 8192
     dtype = PRECISIONS[precision][1] or PRECISIONS[precision][0]
     a, b = torch.randn(n, n, device=device, dtype=dtype), torch.randn(n, n, device=device, dtype=dtype)
     reps = 3 if device.type == 'cpu' else 20
-
-    def gflops(gemm: Callable[[], Any]) -> float:
-        gemm()
-        return 2 * n ** 3 / min(seconds_per_call(gemm, reps, device, clock) for _ in range(5)) / 1e9
-    out: Dict[str, Any] = dict(matmul_n=n, matmul_dtype=str(dtype).replace('torch.', ''),
-                               matmul_gflops=gflops(lambda: torch.mm(a, b)))
-    if device.type == 'cpu':
-        x = torch.randn(16, n, 16, 8, dtype=dtype).contiguous(memory_format=torch.channels_last)
-        w = torch.randn(n, n, 1, 1, dtype=dtype)
-        out['onednn_gflops'] = gflops(lambda: F.conv2d(x, w))
-    return out
+    torch.mm(a, b)
+    seconds = min(seconds_per_call(lambda: torch.mm(a, b), reps, device) for _ in range(5))
+    return dict(matmul_n=n, matmul_dtype=str(dtype).replace('torch.', ''), matmul_gflops=2 * n ** 3 / seconds / 1e9)
 
 
 def peak_memory(spec: str, mode: str, args: argparse.Namespace) -> Dict[str, float]:
-    """Peak memory of one step of ``spec`` with this run's settings, measured by :func:`probe_memory` in a fresh
-    child process (nothing else resident); ``{}`` with a note on stderr when the child fails or dies."""
+    """:func:`probe_memory` in a fresh child process (nothing else resident); ``{}`` with a note when it fails."""
     progress(f'{spec}, {mode}: peak memory (a child process runs two steps)')
     with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context('spawn')) as child:
         try:  # with the thread count this run chose, not the child's default
@@ -361,9 +344,9 @@ def peak_memory(spec: str, mode: str, args: argparse.Namespace) -> Dict[str, flo
 
 
 def probe_memory(spec: str, mode: str, args: argparse.Namespace, threads: int) -> Dict[str, float]:
-    """Builds the contender and runs a warm-up step, then a second. CUDA: ``max_memory_allocated`` over the second.
-    CPU (PyTorch keeps no CPU allocator statistics): the growth of the peak resident set size (ru_maxrss) beyond
-    what the first step left in use, an upper bound (first-touch effects), and the peak RSS of the whole process."""
+    """Peak memory of the second of two steps of ``spec``: CUDA's ``max_memory_allocated``; on the CPU (no allocator
+    statistics) the peak resident set size beyond what the first step left in use (an upper bound), and the
+    process's peak."""
     set_threads(threads)
     model = build(spec, args)
     step, device = make_step(model, mode, args, input_size(spec, model, args)), torch.device(args.device)
@@ -428,21 +411,21 @@ def run_contenders(specs: Sequence[str], args, env, macs_cache, profiles: List[s
                 x = torch.randn(1, *in_size)
                 macs_cache[spec, in_size] = count_module(models[k].eval(), (x,), bigs_conv_impl=None)[0]
         steps = [make_step(m, mode, args, in_size) for m in models]
-        device, clock = torch.device(args.device), time.process_time if args.timer == 'cpu' else time.perf_counter
+        device = torch.device(args.device)
         warm: List[List[float]] = [[] for _ in steps]  # untimed steps; with --compile the first compiles the graph
         for k, (_, who, spec) in enumerate(sides):  # indexed: no name outlives ``del steps`` below
             for i in range(max(args.warmup, 1)):
                 progress(f'{who}{spec}, {mode}: warm-up step {i + 1}/{max(args.warmup, 1)}'
                          + (' (compiles the model first)' if i == 0 and args.compile else '')
                          + (f', the last took {warm[k][-1]:.2f} s' if warm[k] else ''))
-                warm[k].append(seconds_per_call(steps[k], 1, device, clock))
+                warm[k].append(seconds_per_call(steps[k], 1, device))
         # size the samples from the slowest contender so each sample has >= --min-sample-time
         iters = args.iters or max(1, math.ceil(args.min_sample_time / max(max(min(t) for t in warm), 1e-9)))
         load_start = os.getloadavg()[0]
         times: List[List[float]] = [[] for _ in steps]
         for i in range(args.samples):
             for k in (range(len(steps)) if i % 2 == 0 else reversed(range(len(steps)))):
-                times[k].append(seconds_per_call(steps[k], iters, device, clock))
+                times[k].append(seconds_per_call(steps[k], iters, device))
             ms = ', '.join(f'{who}{t[-1] * 1e3:.1f}' for (_, who, _), t in zip(sides, times))
             progress(f'{title}: {"pair" if pair else "sample"} {i + 1}/{args.samples} ({iters} steps'
                      f'{" each" if pair else ""}): {ms} ms/step')
@@ -454,7 +437,7 @@ def run_contenders(specs: Sequence[str], args, env, macs_cache, profiles: List[s
                  dict(img_size=in_size[-1] if in_size[-1] == in_size[-2] else f'{in_size[-2]}x{in_size[-1]}'))
         row = dict(model=specs[0], **({'baseline': specs[1]} if pair else {}), mode=mode, batch_size=args.batch_size,
                    **shape, precision=args.precision, channels_last=args.channels_last, compile=args.compile,
-                   device=args.device, threads=torch.get_num_threads(), timer=args.timer)
+                   device=args.device, threads=torch.get_num_threads())
         if pair:
             ratios = [t_b / t_a for t_a, t_b in zip(*times)]
             q = statistics.quantiles(ratios, n=4) if len(ratios) >= 2 else [ratios[0]] * 3
@@ -472,8 +455,8 @@ def run_contenders(specs: Sequence[str], args, env, macs_cache, profiles: List[s
             if macs is not None:  # a training step is forward + backward ~ 3x the forward flops
                 gflops = 2 * macs * args.batch_size * (3 if mode == 'train' else 1) / step_s / 1e9
                 row.update({f'{prefix}gmacs_per_{"seq" if is_seq else "img"}': macs / 1e9, f'{prefix}gflops': gflops})
-                row.update({f'{prefix}pct_of_{c}': 100 * gflops / env[f'{c}_gflops'] for c in ('matmul', 'onednn')
-                            if env.get(f'{c}_gflops')})
+                if 'matmul_gflops' in env:
+                    row[f'{prefix}pct_of_matmul'] = 100 * gflops / env['matmul_gflops']
             if args.compile:
                 row[f'{prefix}compile_s'] = spec_warm[0]  # the compile of this mode's graph, plus a step
         row.update(record, **(dict(load_start=load_start, load_end=os.getloadavg()[0]) if pair else {}))
@@ -488,7 +471,7 @@ def run_contenders(specs: Sequence[str], args, env, macs_cache, profiles: List[s
 
 
 def rate_text(rate: float) -> str:
-    """A throughput with at least 3 significant digits (0.352, 41.7, 1234): slow contenders never look equal."""
+    """A throughput with at least 3 significant digits (0.352, 41.7, 1234)."""
     return f'{rate:.0f}' if rate >= 100 else f'{rate:.3g}'
 
 
@@ -510,7 +493,7 @@ def speed_sentence(r: Dict[str, Any]) -> str:
 
 
 def environment(args, command: str) -> Dict[str, Any]:
-    """Where and how the run was made: date, machine, device, threads, versions, the command as typed."""
+    """Where and how the run was made: date, machine, device, threads, versions, the command."""
     cpuinfo = Path('/proc/cpuinfo').read_text().splitlines() if os.path.exists('/proc/cpuinfo') else []
     cpu = next((ln.split(':', 1)[1].strip() for ln in cpuinfo if ln.startswith('model name')),
                platform.processor() or platform.machine())  # the processor's name on Linux
@@ -528,22 +511,21 @@ def environment(args, command: str) -> Dict[str, Any]:
 _MD_CONTENDER = [
     ('img_per_s', 'img/s', rate_text), ('tok_per_s', 'tok/s', rate_text), ('step_ms', 'ms/step', '{:.1f}'),
     ('gmacs_per_img', 'GMACs/img', '{:.2f}'), ('gmacs_per_seq', 'GMACs/seq', '{:.2f}'), ('gflops', 'GFLOP/s', '{:.0f}'),
-    ('pct_of_matmul', '% of mm', '{:.0f} %'), ('pct_of_onednn', '% of oneDNN', '{:.0f} %'),
-    ('step_mem_mb', 'step mem MB', '{:.0f}'), ('peak_mem_mb', 'peak MB', '{:.0f}')]
+    ('pct_of_matmul', '% of mm', '{:.0f} %'), ('step_mem_mb', 'step mem MB', '{:.0f}'),
+    ('peak_mem_mb', 'peak MB', '{:.0f}')]
 _MD_PAIR = [('speedup', 'speed-up of A over B (t_B / t_A, median of pairs; < 1: A is slower)', '**{:.2f}×**'),
             ('speedup_q1', 'q1', '{:.2f}'), ('speedup_q3', 'q3', '{:.2f}'), ('pairs', 'pairs', '{}')]
 
 
 def ceiling_text(env: Dict[str, Any]) -> str:
-    """The measured matmul ceilings (:func:`matmul_ceiling`), for the progress line and the markdown."""
+    """The measured matmul ceiling (:func:`matmul_ceiling`), for the progress line and the markdown."""
     return (f"matmul ceiling: torch.mm {env['matmul_n']}² {env['matmul_dtype']} {rate_text(env['matmul_gflops'])} "
-            f"GFLOP/s" + (f", oneDNN {rate_text(env['onednn_gflops'])} GFLOP/s" if 'onednn_gflops' in env else ''))
+            f"GFLOP/s")
 
 
 def run_line(env: Dict[str, Any], args) -> str:
-    """The run's setting on one line (the markdown's and profile file's header): device, precision, versions, load."""
+    """The run's setting on one line: the markdown's and profile file's header."""
     prec = args.precision + (', channels_last' if args.channels_last else '') + (', compile' if args.compile else '')
-    prec += ', CPU-time timer' if args.timer == 'cpu' else ''
     cpu = f" ({env['cpu_capability']})" if env['device'] == 'cpu' else ''
     return (f"{env['date_utc']} · {env['device_name']}{cpu} · {env['threads']} threads · {prec} · torch "
             f"{env['torch']} · timm {env['timm']}" + (f' · {ceiling_text(env)}' if 'matmul_gflops' in env else '')
@@ -569,8 +551,7 @@ def markdown(rows: List[Dict[str, Any]], env: Dict[str, Any], args) -> str:
 
 
 def main(argv=None, prog: str = 'benchmark.py', reference_dir: Optional[os.PathLike] = None) -> None:
-    """Benchmark; bad arguments stop with one line starting with ``prog`` and exit status 2 (``run_cli``).
-    ``reference_dir``: the checkout's folder of reference models (the ``ref:`` contenders), from its benchmark.py."""
+    """Benchmark; ``reference_dir``: the checkout's reference models (``ref:`` contenders), from its benchmark.py."""
     run_cli(prog, lambda a: _main(a, prog, reference_dir), argv)
 
 
@@ -581,8 +562,7 @@ def _main(argv, prog: str, reference_dir: Optional[os.PathLike]) -> None:
     env = environment(args, ('python ' if prog.endswith('.py') else '') + ' '.join([prog, shlex.join(argv)]))
     if not args.no_ceiling:
         progress('matmul ceiling: timing torch.mm (--no-ceiling skips it)')
-        env.update(matmul_ceiling(torch.device(args.device), args.precision,
-                                  time.process_time if args.timer == 'cpu' else time.perf_counter))
+        env.update(matmul_ceiling(torch.device(args.device), args.precision))
         print(f"{ceiling_text(env)} ({env['threads']} threads)", flush=True)
     macs_cache: Dict[Any, float] = {}
     profiles: List[str] = []

@@ -16,8 +16,8 @@ from mlp_vision.arguments import check_range
 from mlp_vision.errors import UsageError
 
 __all__ = ['MAX_PARAMS', 'MAX_ACTIVATION_BYTES', 'MAX_BLOCKS', 'Bounds', 'current_bounds', 'check_block_count',
-           'check_model_size', 'estimate_activation_bytes', 'check_activation_size', 'add_bound_arguments',
-           'size_bounds', 'within_bounds', 'BOUND_RANGES']
+           'check_model_size', 'check_activation_size', 'add_bound_arguments', 'size_bounds', 'within_bounds',
+           'BOUND_RANGES']
 
 
 # 2e9 parameters are 8 GB of float32 weights (32 GB with AdamW's state and the gradients): a size read from a file
@@ -41,7 +41,6 @@ _BOUNDS = contextvars.ContextVar('mlp_vision_size_bounds', default=Bounds(MAX_PA
 
 
 def current_bounds() -> Bounds:
-    """The bounds the checks use: the constants unless a :func:`size_bounds` block around the caller raised them."""
     return _BOUNDS.get()
 
 
@@ -51,9 +50,8 @@ class _OverBudget(BaseException):
 
 
 def check_model_size(build_on_meta: Callable[[], Optional[nn.Module]], what: str) -> Optional[int]:
-    """The parameter count of the model ``build_on_meta()`` builds on the ``meta`` device, or a :class:`UsageError`
-    naming ``what`` as soon as the count passes the bound (100,000 wide layers are refused after a few). None when
-    ``build_on_meta`` returns None."""
+    """The parameter count of the model ``build_on_meta()`` builds on ``meta`` (None for no model), or a
+    :class:`UsageError` naming ``what`` as soon as the count passes the bound, before the rest is built."""
     max_params, seen, total = current_bounds().params, set(), 0
 
     def count(module: nn.Module, name: str, param: Optional[nn.Parameter]) -> None:
@@ -79,8 +77,7 @@ def check_model_size(build_on_meta: Callable[[], Optional[nn.Module]], what: str
 
 
 def check_block_count(count: int, what: str) -> None:
-    """A :class:`UsageError` when ``what`` (e.g. ``depths=(100000, 1, 1, 1)``) asks for more blocks than the bound:
-    called by a model's constructor before it builds any block."""
+    """A :class:`UsageError` when ``what`` (``depths=(100000, 1, 1, 1)``) asks for more blocks than the bound."""
     max_blocks = current_bounds().blocks
     if count > max_blocks:
         raise UsageError(f'{what} asks for {count:,} blocks, more than the bound of {max_blocks:,} '
@@ -98,54 +95,42 @@ def _tensor_bytes(value: Any) -> int:
     return 0
 
 
-def estimate_activation_bytes(model: nn.Module, inputs: Sequence[torch.Tensor], training: bool,
-                              stop_above: Optional[int] = None) -> int:
-    """Bytes of activations one forward of ``model`` on (``meta``) ``inputs`` holds, over leaf modules: ``training``,
-    the sum of their outputs (autograd keeps them); otherwise the largest input + output pair. Functional ops between
-    modules are not counted. With ``stop_above``, the forward stops as soon as the estimate passes it."""
-    total, largest = 0, 0
+def check_activation_size(build_on_meta: Callable[[], Optional[nn.Module]], inputs: Sequence[torch.Tensor],
+                          training: bool, what: str) -> Optional[int]:
+    """Bytes of activations one forward of the model ``build_on_meta()`` builds holds for the ``meta`` ``inputs``,
+    over leaf modules: ``training``, the sum of their outputs (autograd keeps them); otherwise the largest input +
+    output pair (functional ops between modules are not counted). A :class:`UsageError` naming ``what`` as soon as
+    it passes the bound; None when the model cannot be built or run on ``meta``."""
+    max_bytes, total, largest = current_bounds().activation_bytes, 0, 0
 
     def observe(module: nn.Module, args: Tuple[Any, ...], output: Any) -> None:
         nonlocal total, largest
-        if next(module.children(), None) is not None:
-            return
-        out_bytes = _tensor_bytes(output)
-        total += out_bytes
-        largest = max(largest, _tensor_bytes(args) + out_bytes)
-        if stop_above is not None and (total if training else largest) > stop_above:
-            raise _OverBudget
+        if next(module.children(), None) is None:
+            total += _tensor_bytes(output)
+            largest = max(largest, _tensor_bytes(args) + _tensor_bytes(output))
+            if (total if training else largest) > max_bytes:
+                raise _OverBudget
 
-    was_training = model.training
-    handle = nn.modules.module.register_module_forward_hook(observe)
-    try:
-        with torch.set_grad_enabled(training):
-            model.train(training)(*inputs)
-    except _OverBudget:
-        pass
-    finally:
-        handle.remove()
-        model.train(was_training)
-    return total if training else largest
-
-
-def check_activation_size(build_on_meta: Callable[[], Optional[nn.Module]], inputs: Sequence[torch.Tensor],
-                          training: bool, what: str) -> Optional[int]:
-    """:func:`estimate_activation_bytes` of the model ``build_on_meta()`` builds on ``meta`` for ``inputs`` (``meta``
-    tensors of the batch to come), or a :class:`UsageError` naming ``what`` when it exceeds the bound. None when the
-    model cannot be built or run on ``meta``."""
-    max_bytes = current_bounds().activation_bytes
     try:
         model = build_on_meta()
-        estimate = None if model is None else estimate_activation_bytes(model, inputs, training, max_bytes)
+        if model is None:
+            return None
+        was_training, handle = model.training, nn.modules.module.register_module_forward_hook(observe)
+        try:
+            with torch.set_grad_enabled(training):
+                model.train(training)(*inputs)
+        finally:
+            handle.remove()
+            model.train(was_training)
+    except _OverBudget:
+        estimate = total if training else largest
+        raise UsageError(f'{what} would hold more than {max_bytes / 2 ** 30:.3g} GiB of activations in '
+                         f'{"a training step" if training else "one forward"} (estimated on the meta device: at '
+                         f'least {estimate / 2 ** 30:.3g} GiB; the bound is --max-activation-gib); reduce the batch '
+                         f'size or the input size / sequence length, or raise the bound if the model is meant') from None
     except Exception:  # an op without a meta kernel, a data-dependent branch: the real forward will tell
         return None
-    if estimate is not None and estimate > max_bytes:
-        step = 'a training step' if training else 'one forward'
-        raise UsageError(f'{what} would hold more than {max_bytes / 2 ** 30:.3g} GiB of activations in {step} '
-                         f'(estimated on the meta device: at least {estimate / 2 ** 30:.3g} GiB; the bound is '
-                         f'--max-activation-gib); reduce the batch size or the input size / sequence length, or raise '
-                         f'the bound if the model is meant')
-    return estimate
+    return total if training else largest
 
 
 # each bound's flag: (check_range's bounds, metavar, help). A count is a whole number >= 1 (0.5 would round to a bound
@@ -164,8 +149,7 @@ BOUND_RANGES = {dest: bounds for dest, (bounds, _, _) in _FLAGS.items()}  # by d
 
 
 def add_bound_arguments(group: argparse._ActionsContainer, activations: bool = True) -> None:
-    """``--max-params``, ``--max-blocks`` and, for a command that runs a forward pass (``activations``; elsewhere it
-    would be a silent no-op), ``--max-activation-gib``: set for the command by :func:`size_bounds`."""
+    """``--max-params``, ``--max-blocks`` and, for a command that runs a forward pass, ``--max-activation-gib``."""
     for dest, (_, metavar, text) in _FLAGS.items():
         if activations or dest != 'max_activation_gib':
             group.add_argument(f'--{dest.replace("_", "-")}', type=int if dest == 'max_blocks' else float,
@@ -175,9 +159,8 @@ def add_bound_arguments(group: argparse._ActionsContainer, activations: bool = T
 @contextlib.contextmanager
 def size_bounds(args: Optional[argparse.Namespace] = None, *, max_params: Optional[float] = None,
                 max_activation_gib: Optional[float] = None, max_blocks: Optional[int] = None) -> Iterator[None]:
-    """The checks of this module bounded, inside the ``with`` block only, by ``max_params`` parameters,
-    ``max_activation_gib`` GiB of activations and ``max_blocks`` blocks (from ``args``' flags when given; None: the
-    bound around the block). A bound outside :data:`BOUND_RANGES` is a UsageError."""
+    """The checks bounded inside the ``with`` block by these values (or ``args``' flags; None: the bound around the
+    block), each checked against :data:`BOUND_RANGES`."""
     given = dict(max_params=max_params, max_activation_gib=max_activation_gib, max_blocks=max_blocks)
     if args is not None:
         given = {dest: getattr(args, dest, None) for dest in given}

@@ -1,9 +1,6 @@
-""" The package's commands: the console scripts pip installs (``[project.scripts]`` in pyproject.toml point at the
-functions here) and their ``python -m`` forms, listed by ``python -m mlp_vision``.
-
-Each function runs the command's ``main`` and returns an exit status: a console script passes the return value to
-``sys.exit``, and the trainers' ``main`` returns its results dict, which ``sys.exit`` would print and turn into
-status 1. The commands' modules are imported when run, so listing them imports none of them.
+""" The package's commands: the console scripts pip installs (``[project.scripts]`` in pyproject.toml) and their
+``python -m`` forms, listed by ``python -m mlp_vision``. Each returns an exit status, not ``main``'s result (a
+trainer's results dict, which ``sys.exit`` would print and turn into status 1); a module is imported when run.
 """
 import importlib
 import textwrap
@@ -22,10 +19,10 @@ COMMANDS = {
 }
 
 
-def _command(script: str, module: str = '') -> Callable[[], int]:
-    """The console script ``script``: ``main(prog=script)`` of ``module`` (default: its ``python -m`` module)."""
+def _command(script: str) -> Callable[[], int]:
+    """The console script ``script``: ``main(prog=script)`` of its ``python -m`` module."""
     def run() -> int:
-        result = importlib.import_module(module or COMMANDS[script][0]).main(prog=script)
+        result = importlib.import_module(COMMANDS[script][0]).main(prog=script)
         return result if isinstance(result, int) else 0
     return run
 
@@ -33,7 +30,7 @@ def _command(script: str, module: str = '') -> Callable[[], int]:
 train = _command('mlp-vision-train')
 validate = _command('mlp-vision-validate')
 benchmark = _command('mlp-vision-benchmark')
-complexity = _command('mlp-vision-complexity', 'mlp_vision.complexity.report')  # python -m runs its __main__
+complexity = _command('mlp-vision-complexity')
 text_train = _command('mlp-vision-text-train')
 visualize = _command('mlp-vision-visualize')
 

@@ -35,7 +35,6 @@ __all__ = ['spatial_projections', 'axial_weights', 'ssm_responses', 'token_grid'
 
 Named = List[Tuple[str, torch.Tensor]]
 LAYERS_PER_FIGURE = 10  # rows of one gMLP filter table
-DPI = 100
 
 
 # ------------------------------------------------------------------------------------------------ what is drawn
@@ -73,34 +72,25 @@ def token_grid(model: nn.Module, num_tokens: int) -> Optional[Tuple[int, int]]:
     return (int(grid[0]), int(grid[1])) if grid is not None and grid[0] * grid[1] == num_tokens else None
 
 
-def _grid_tokens(grid: Tuple[int, int], per_side: int) -> List[Tuple[int, int]]:
-    """``per_side`` x ``per_side`` tokens spread evenly over the grid, away from the border."""
-    def spread(n):
-        return sorted({int(round((i + 0.5) * n / min(per_side, n) - 0.5)) for i in range(min(per_side, n))})
-    return [(r, c) for r in spread(grid[0]) for c in spread(grid[1])]
-
-
 # ------------------------------------------------------------------------------------------------ figures
 def _subplots(rows: int, cols: int, figsize: Tuple[float, float]):
-    """(figure, axes[rows, cols]) without pyplot: no backend or other matplotlib global is set."""
+    """(figure, axes[rows, cols]) without pyplot, which would set matplotlib globals (the backend)."""
     from matplotlib.figure import Figure
     fig = Figure(figsize=figsize)
     return fig, fig.subplots(rows, cols, squeeze=False)
 
 
 def _finish(fig, path: str, *title_lines: str, fontsize: int = 8) -> str:
-    """Title the figure (each line wrapped to its width), lay it out and write it to ``path``."""
     chars = int(fig.get_figwidth() * 110 / fontsize)
     fig.suptitle('\n'.join(textwrap.fill(line, chars) for line in title_lines), fontsize=fontsize)
     fig.tight_layout()
     if os.path.exists(path):  # --out was empty; two figures of one run never share a name
         raise UsageError(f'{path} exists; nothing is overwritten')
-    fig.savefig(path, dpi=DPI)
+    fig.savefig(path, dpi=100)
     return path
 
 
 def _heatmap(ax, values: torch.Tensor) -> None:
-    """``values`` on a diverging map centred on 0, scaled to the largest |value|."""
     vmax = values.abs().max().item() or 1.
     ax.imshow(values.numpy(), cmap='RdBu_r', vmin=-vmax, vmax=vmax, interpolation='nearest')
 
@@ -115,7 +105,9 @@ def draw_spatial_filters(projections: Named, grid: Tuple[int, int], out: str, ti
                          per_side: int = 3) -> List[str]:
     """gMLP Fig. 3 view: a table of layers (rows) x tokens (columns); each cell is ``W[token, :]`` on the patch grid,
     the token marked by a cross. One PNG per :data:`LAYERS_PER_FIGURE` layers."""
-    tokens = _grid_tokens(grid, per_side)
+    def spread(n):  # per_side indices spread evenly over n, away from the border
+        return sorted({int(round((i + 0.5) * n / min(per_side, n) - 0.5)) for i in range(min(per_side, n))})
+    tokens = [(r, c) for r in spread(grid[0]) for c in spread(grid[1])]
     paths = []
     for start in range(0, len(projections), LAYERS_PER_FIGURE):
         chunk = projections[start:start + LAYERS_PER_FIGURE]
@@ -138,8 +130,7 @@ def draw_spatial_filters(projections: Named, grid: Tuple[int, int], out: str, ti
 
 def _curve_panels(named: Named, plot: Callable[[Any, torch.Tensor], None], xlabel: str, path: str,
                   *title_lines: str) -> List[str]:
-    """One line-plot panel per layer, 4 per row (the unused ones hidden): ``plot(ax, values)`` draws its curves,
-    then the zero line, the layer's label and ``xlabel``."""
+    """One line-plot panel per layer, 4 per row: ``plot(ax, values)`` draws its curves."""
     cols = min(4, len(named))
     rows = math.ceil(len(named) / cols)
     fig, axes = _subplots(rows, cols, (3.0 * cols, 2.1 * rows + 0.6))
@@ -207,8 +198,8 @@ def draw_ssm_responses(responses: Named, out: str, title: str, max_lag: int = 64
 # ------------------------------------------------------------------------------------------------ the command
 def load_model(source: str, model_name: Optional[str] = None, pretrained: bool = False,
                model_kwargs: Optional[Dict[str, Any]] = None, trust_checkpoint: bool = False) -> Tuple[nn.Module, str]:
-    """(the model in eval mode, what it is) from a checkpoint file, a ``local-dir:`` folder or a timm name with
-    ``pretrained`` (validate's ``create_model_for_eval``), a text ``save_pretrained`` folder, or a model name."""
+    """(the model in eval mode, what it is) from a checkpoint file, a ``local-dir:`` folder, a text
+    ``save_pretrained`` folder, or a model name (with ``pretrained``: its registered weights)."""
     kwargs = dict(model_kwargs or {})
     create_kwargs = model_create_kwargs(model_kwargs=kwargs)
     local_dir = source.startswith('local-dir:')
@@ -255,9 +246,8 @@ def visualize(args: argparse.Namespace, progress: Callable[[str], None] = print)
         raise UsageError(f'--out {args.out} is not a folder; expected a new or empty folder')
     if os.path.isdir(args.out) and os.listdir(args.out):
         raise UsageError(f'--out {args.out} is not empty; give a new or empty folder (nothing there is overwritten)')
-    threads = set_threads(args.threads)
     start = time.monotonic()
-    progress(threads)
+    progress(set_threads(args.threads))
     model, what = load_model(args.source, args.model, args.pretrained, args.model_kwargs, args.trust_checkpoint)
     projections = spatial_projections(model)
     axial = axial_weights(model)

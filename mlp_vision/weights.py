@@ -1,15 +1,7 @@
-""" The one door weights and model configs pass on their way into a model: a training checkpoint (``--resume``,
-``--initial-checkpoint``, validate's ``--checkpoint``), ``--pretrained-path``, a ``local-dir:`` folder, and
-``timm.create_model(<our arch> or 'local-dir:...', pretrained=True)`` in a user's own code (our models'
-``checkpoint_filter_fn``, :func:`checked_filter`).
-
-* :func:`load_checkpoint_file` reads a file without running code from it (``torch.load(weights_only=True)`` or
-  safetensors).
-* :func:`check_state_dict` runs before a tensor enters a model: :func:`check_weights` (tensors of the model's kind,
-  finite), and no tensor outside the classifier missing, left over or of another shape unless the user opted out
-  (``--allow-missing-weights``, ``pretrained_strict=False``).
-* :func:`read_model_folder` checks a ``local-dir:`` ``config.json``, :func:`check_data_config` the preprocessing.
-
+""" The one door weights and model configs pass on their way into a model: a training checkpoint, ``--pretrained-path``,
+a ``local-dir:`` folder, and ``timm.create_model(..., pretrained=True)`` in a user's own code (our models'
+``checkpoint_filter_fn``, :func:`checked_filter`). Files are read without running code from them
+(:func:`load_checkpoint_file`); every state dict passes :func:`check_state_dict` before a tensor enters a model.
 At the top of the package because ``text/`` and ``models/`` use it and must not import the trainers.
 """
 import dataclasses
@@ -75,9 +67,8 @@ def check_weights(own: Mapping[str, torch.Tensor], state_dict: Mapping[str, obje
 
 
 def refuse_damaged_weights(module: nn.Module, state_dict: Dict[str, Any], prefix: str, *args) -> None:
-    """A ``load_state_dict`` pre-hook our models register: the tensors loaded into ``module`` pass
-    :func:`check_weights` whoever loads them (also timm's ``load_checkpoint``, which does not look at values). Meta
-    tensors (a model built without data) are left alone."""
+    """A ``load_state_dict`` pre-hook our models register: what any loader (timm's ``load_checkpoint`` too) puts
+    into ``module`` passes :func:`check_weights`; meta tensors are left alone."""
     own = {k: v for k, v in module.state_dict().items() if not v.is_meta}
     loaded = {k[len(prefix):]: v for k, v in state_dict.items() if k.startswith(prefix)
               and not (isinstance(v, torch.Tensor) and v.is_meta)}
@@ -89,9 +80,11 @@ def _short_list(keys: List[str], n: int = 4) -> str:
     return ', '.join(keys[:n]) + (f' and {len(keys) - n} more' if len(keys) > n else '')
 
 
-def _misfit(shapes: List[str], missing: List[str], unused: List[str], sd: Mapping[str, torch.Tensor],
+def _misfit(report: LoadReport, shapes: List[str], sd: Mapping[str, torch.Tensor],
             own: Mapping[str, torch.Tensor]) -> str:
-    """What keeps ``sd`` from fitting a model (``own``: its state dict): tensors of other shapes, missing, left over."""
+    """What keeps ``sd`` from fitting a model (``own``: its state dict): ``shapes``, the tensors of other shapes that
+    count, then the missing and left-over ones; '' when it fits."""
+    missing, unused = ([k for k in keys if k not in report.mismatched] for keys in (report.missing, report.unused))
     k = shapes[0] if shapes else ''
     return '; '.join(part for part in (
         f'{len(shapes)} tensors with other shapes (e.g. {k}: file {tuple(sd[k].shape)}, model {tuple(own[k].shape)})'
@@ -102,15 +95,11 @@ def _misfit(shapes: List[str], missing: List[str], unused: List[str], sd: Mappin
 
 def check_state_dict(model: nn.Module, state_dict: Mapping[str, Any], source: str, head_prefixes: Sequence[str] = (),
                      keys: str = 'refuse') -> Tuple[Dict[str, torch.Tensor], LoadReport]:
-    """The check every state dict passes before it enters ``model``: tensors by name that pass
-    :func:`check_weights`, else a :class:`UsageError` naming ``source``. Returns it with DDP's / torch.compile's key
-    prefixes stripped, and what it would load (:class:`LoadReport`).
-
-    ``head_prefixes`` name the classifier, whose tensors may be absent or of another shape (a fine-tuning head).
-    ``keys``: ``'refuse'``: a tensor outside the head missing, left over or of another shape is an error (the file is
-    another model's, or would leave part of it at random init); ``'warn'`` (``--allow-missing-weights``): missing
-    and left-over ones are a WARNING; ``'report'``: the caller reports them.
-    """
+    """``state_dict`` (prefixes of DDP / torch.compile stripped) and what it would load (:class:`LoadReport`), after
+    :func:`check_weights`; else a :class:`UsageError` naming ``source``. ``head_prefixes``: the classifier, which may
+    be absent or of another shape. Outside it, a tensor of another shape is an error; missing or left-over ones are
+    an error (``keys='refuse'``: they would keep their random init), a WARNING (``'warn'``,
+    ``--allow-missing-weights``) or left to the caller (``'report'``)."""
     if not isinstance(state_dict, Mapping) or not all(isinstance(k, str) for k in state_dict):
         raise UsageError(f'{source}: its weights are a {type(state_dict).__name__}, not a state dict (tensors by '
                          f'name); the file is damaged or holds other data')
@@ -134,16 +123,14 @@ def check_state_dict(model: nn.Module, state_dict: Mapping[str, Any], source: st
         return sd, report
     name = (getattr(model, 'pretrained_cfg', None) or {}).get('architecture') or type(model).__name__
     shapes = [k for k in mismatched if not in_head(k)]  # always an error: the file is another architecture's
-    missing = [k for k in report.missing if k not in mismatched]
-    unused = [k for k in report.unused if k not in mismatched]
-    detail = _misfit(shapes, missing, unused, sd, own)
+    detail = _misfit(report, shapes, sd, own)
     if shapes:
         raise UsageError(f'{source} does not fit {name}: {detail}. Expected weights of this architecture and settings '
                          f'(--model-kwargs, --img-size)')
-    if (missing or unused) and keys != 'warn':
+    if detail and keys != 'warn':
         raise UsageError(f'{source} does not cover {name}: {detail}. These would keep their random init; pass '
                          f'{ALLOW_MISSING_FLAG} (in Python: pretrained_strict=False) if that is intended')
-    if missing or unused:
+    if detail:
         _logger.warning(f'{ALLOW_MISSING_FLAG}: {source}: {detail}; the missing ones keep their random init')
     return sd, report
 
@@ -216,27 +203,23 @@ def clean_state_dict(state_dict: Dict[str, torch.Tensor]) -> Dict[str, torch.Ten
 
 
 def load_model_weights(model: nn.Module, state_dict: Dict[str, torch.Tensor], source: str, model_name: str) -> None:
-    """``model.load_state_dict(strict=True)`` (``--resume``, ``--initial-checkpoint``, validate's ``--checkpoint``)
-    after :func:`check_state_dict`; a :class:`UsageError` naming ``source`` when the weights are another model's.
-    Strict, not :func:`load_backbone`: modules may rename keys of older files while loading (``AxialSparseMLP``'s
-    ``fuse``), which only ``load_state_dict`` sees."""
+    """``model.load_state_dict(strict=True)`` after :func:`check_state_dict`, else a :class:`UsageError` naming
+    ``source``. Strict, not :func:`load_backbone`: modules may rename keys of older files while loading
+    (``AxialSparseMLP``'s ``fuse``), which only ``load_state_dict`` sees."""
     sd, report = check_state_dict(model, state_dict, source, keys='report')
     try:
         model.load_state_dict(sd, strict=True)
     except RuntimeError as e:
-        shapes = report.mismatched
-        detail = _misfit(shapes, [k for k in report.missing if k not in shapes],
-                         [k for k in report.unused if k not in shapes], sd, model.state_dict())
+        detail = _misfit(report, report.mismatched, sd, model.state_dict())
         raise UsageError(f'{source} does not fit model {model_name}: {detail or e}. Expected a checkpoint of the same '
                          f'architecture and settings (--model, --model-kwargs, --img-size, --num-classes)') from e
 
 
 def checked_filter(convert: Callable[[Dict[str, torch.Tensor], nn.Module], Dict[str, torch.Tensor]]) -> Callable:
-    """A model family's ``checkpoint_filter_fn`` (what timm's ``load_pretrained`` calls with the file's state dict
-    and the model) from its conversion ``convert``, with the checks our commands make: the model's
-    ``pretrained_cfg`` passes :func:`check_data_config`, the converted state dict :func:`check_state_dict` (``keys``
-    as there). The classifier may differ only where the model has another class count than the weights (timm drops
-    it), the stem only where it has other input channels (timm adapts it). ``__wrapped__`` is ``convert``."""
+    """A model family's ``checkpoint_filter_fn`` (timm's ``load_pretrained`` calls it) from its conversion
+    ``convert``, with our commands' checks: :func:`check_data_config` of the ``pretrained_cfg``, then
+    :func:`check_state_dict` of the converted weights, where the classifier may differ only for another class count
+    (timm drops it), the stem only for other input channels (timm adapts it)."""
     @functools.wraps(convert)
     def checkpoint_filter_fn(state_dict: Dict[str, torch.Tensor], model: nn.Module,
                              keys: str = 'refuse') -> Dict[str, torch.Tensor]:
@@ -306,9 +289,8 @@ def check_data_config(cfg: Mapping[str, Any], where: str, in_chans: Optional[int
 
 
 def text_model_hint(folder: os.PathLike) -> Optional[str]:
-    """The line for a text model's folder (a ``save_pretrained`` folder of :mod:`mlp_vision.text`, a transformers
-    ``checkpoint-N``) given where an image model is expected; None for any other folder. The ``config.json`` is
-    read only when it is a regular file."""
+    """The line for a text model's folder (``save_pretrained``, a transformers ``checkpoint-N``) given where an image
+    model is expected; None for any other folder (a ``config.json`` that is no regular file is not read)."""
     path = Path(folder) / 'config.json'
     try:
         if not stat.S_ISREG(path.stat().st_mode):

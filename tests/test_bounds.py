@@ -186,11 +186,11 @@ def test_text_config_json_sizes_are_bounded_before_building(tmp_path):
 # ------------------------------------------------------------------------------------------------ activation size
 def test_activation_estimate_counts_leaf_outputs_on_meta():
     """Training: every leaf's output (autograd keeps them); evaluation: the largest leaf input + output pair."""
-    from mlp_vision.bounds import estimate_activation_bytes
+    from mlp_vision.bounds import check_activation_size
     model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2)).to('meta')
     x = torch.empty(16, 4, device='meta')
-    assert estimate_activation_bytes(model, [x], training=True) == 4 * 16 * (8 + 8 + 2)
-    assert estimate_activation_bytes(model, [x], training=False) == 4 * 16 * (8 + 8)  # the ReLU's in + out
+    assert check_activation_size(lambda: model, [x], True, 'm') == 4 * 16 * (8 + 8 + 2)
+    assert check_activation_size(lambda: model, [x], False, 'm') == 4 * 16 * (8 + 8)  # the ReLU's in + out
     assert model.training  # the caller's mode is kept
 
 

@@ -214,5 +214,5 @@ def test_vision_variants_script_measures_the_matmul_rate(tmp_path):
                     '--batch', '2', '--samples', '1', '--iters', '1', '--warmup', '1', '--groups', 'mixer',
                     '--out', str(tmp_path / 'vv')]) == 0
     env, rows = (json.loads((tmp_path / 'vv.json').read_text())[k] for k in ('environment', 'rows'))
-    assert env['matmul_gflops'] > 0 and env['onednn_gflops'] > 0 and env['matmul_n'] == 2048
+    assert env['matmul_gflops'] > 0 and env['matmul_n'] == 2048
     assert len(rows) == 2 and all(r['pct_of_matmul'] > 0 for r in rows)
