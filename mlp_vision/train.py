@@ -1,10 +1,8 @@
-""" mlp_vision training command: timm's ImageNet training pipeline for the registered models (and any timm model).
+""" ``mlp-vision-train`` / ``python -m mlp_vision.train`` / ``python train.py``: timm's ImageNet training pipeline
+for the registered models (and any timm model); with no dataset, the demo on scikit-learn's handwritten digits.
 
-Run as ``mlp-vision-train``, ``python -m mlp_vision.train`` or ``python train.py`` in a checkout. Flags follow timm's
-train.py; ``-c/--config`` reads a yaml file of flag values, or a recipe of ``configs/`` by name; explicit flags win.
-With no dataset it trains the demo on scikit-learn's handwritten digits. Usage, outputs and resume: README, "Training
-and validation". It reads as timm's train.py: the flags and their checks, :func:`main`, :func:`train_one_epoch` and
-``validate`` (:mod:`~mlp_vision.training.image_model`); the run's files are :mod:`~mlp_vision.training.run_files`.
+Flags follow timm's train.py; ``-c`` reads a yaml file of flag values or a recipe of ``configs/``; explicit flags win.
+Usage, outputs and resume: README, "Training and validation". The run's files: :mod:`~mlp_vision.training.run_files`.
 """
 import argparse
 import copy
@@ -13,7 +11,6 @@ import logging
 import signal
 import time
 from contextlib import nullcontext, suppress
-from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from functools import partial
 from pathlib import Path
@@ -67,9 +64,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = ArgumentParser(
         description='mlp_vision training (timm pipeline). With no dataset argument: the handwritten-digits demo.',
         formatter_class=DefaultsHelpFormatter)
-    parser.add_argument('-c', '--config', default='', type=str, metavar='FILE|RECIPE',
-                        help='yaml file of flag values (keys = flag names), or the name of a recipe of configs/ '
-                             '(shipped with the package), e.g. smlpnet_t; explicit flags override it')
+    parser.add_argument('-c', '--config', default='', metavar='FILE|RECIPE', help='yaml file of flag values (keys: '
+                        'flag names), or a recipe of configs/ by name, e.g. smlpnet_t; explicit flags override it')
     _add_data_model_args(parser)
     _add_schedule_and_regularization_args(parser)
     return parser
@@ -79,10 +75,9 @@ def _add_data_model_args(parser) -> None:
     group = parser.add_argument_group('Dataset parameters')
     add_dataset_arguments(group)
     group.add_argument('--train-split', metavar='NAME', default='train', help='dataset train split (folder / tar)')
-    group.add_argument('--val-split', metavar='NAME|FRACTION', default='validation',
-                       help="validation split: a split name (folder / tar; an error when the data has none), a "
-                            "fraction 0 < f < 1 of the training images held out (class-stratified, seeded by "
-                            "--seed), or '' for no evaluation")
+    group.add_argument('--val-split', metavar='NAME|FRACTION', default='validation', help="a split name (folder / "
+                       "tar; an error when the data has none), a fraction 0 < f < 1 of the training images held out "
+                       "(class-stratified, seeded by --seed), or '' for no evaluation")
     group = parser.add_argument_group('Model parameters')
     group.add_argument('--model', default='smlpnet_t', type=str, metavar='MODEL', help='name of model to train')
     group.add_argument('--pretrained', action='store_true', help="start with the model's pretrained weights")
@@ -258,8 +253,8 @@ def check_args(args, dist_info) -> None:
     if uses_mixup(args) and args.batch_size % 2:
         raise UsageError(f'mixup / cutmix need an even --batch-size, got {args.batch_size}')
     if args.sync_bn and dist_info.device.type != 'cuda':
-        raise UsageError('--sync-bn needs CUDA (PyTorch\'s SyncBatchNorm does not run on the CPU); '
-                         'on CPU use --dist-bn reduce (the default) to average BatchNorm stats every epoch')
+        raise UsageError('--sync-bn needs CUDA (PyTorch\'s SyncBatchNorm); on the CPU --dist-bn reduce (the default) '
+                         'averages the BatchNorm stats every epoch')
 
 
 # ------------------------------------------------------------------------------------------------ main
@@ -370,12 +365,13 @@ def train(args, dist_info, resume_ckpt: Optional[dict], demo: bool, stop_signal:
 
 def _train_epochs(args, dist_info, folder: Optional[RunFolder], updates: Dict[str, Any], state: Dict[str, Any],
                   model_ema, loader_train, sampler_train, loader_eval, *, mixup_fn, train_loss_fn, amp_autocast,
-                  start_epoch: int, num_epochs: int, last_saved: Optional[int]) -> 'EpochMetrics':
+                  start_epoch: int, num_epochs: int, last_saved: Optional[int]) -> Dict[str, Any]:
     """Per epoch: :func:`train_one_epoch`, ``validate``, the schedule's step, a summary row and a checkpoint
     (``state``: its objects and fields); a stop signal or a NaN / inf loss ends the run with one line naming the
-    intact checkpoint (``last_saved``: its epoch, None before any). Returns the last epoch's metrics."""
+    intact checkpoint (``last_saved``: its epoch, None before any). Returns the last epoch's metrics ({train, eval,
+    ema_eval}: None without), the peak CUDA memory over the epochs and when the first epoch began."""
     device, train_model, lr_scheduler = dist_info.device, state['model'], state['scheduler']
-    metrics = EpochMetrics()
+    metrics = dict(train=None, eval=None, ema_eval=None, peak_mem_gib=None, train_start=time.time())
     for epoch in range(start_epoch, num_epochs):
         if sampler_train is not None:
             sampler_train.set_epoch(epoch)
@@ -384,7 +380,7 @@ def _train_epochs(args, dist_info, folder: Optional[RunFolder], updates: Dict[st
         if device.type == 'cuda':
             torch.cuda.reset_peak_memory_stats(device)  # peak_mem_gib is this epoch's (training + eval)
         try:
-            metrics.train = train_one_epoch(
+            metrics['train'] = train_one_epoch(
                 epoch, train_model, loader_train, state['optimizer'], train_loss_fn, updates, total_epochs=num_epochs,
                 amp_autocast=amp_autocast, loss_scaler=state['loss_scaler'], clip_grad=args.clip_grad,
                 clip_mode=args.clip_mode, mixup_fn=mixup_fn, model_ema=model_ema, lr_scheduler=lr_scheduler,
@@ -398,22 +394,22 @@ def _train_epochs(args, dist_info, folder: Optional[RunFolder], updates: Dict[st
         with preserve_rng():  # evaluation must not shift the training's random stream
             metric = _validate_epoch(args, dist_info, train_model, model_ema, loader_eval, amp_autocast, metrics)
         lr_scheduler.step(epoch + 1, metric)  # before saving: the checkpoint holds next epoch's LR
-        row = {'epoch': epoch, 'lr': metrics.train['lr'], 'train_loss': metrics.train['loss']}
-        for prefix, values in (('eval', metrics.eval), ('ema_eval', metrics.ema_eval)):
+        trained, evaluated, ema = metrics['train'], metrics['eval'], metrics['ema_eval']
+        row = {'epoch': epoch, 'lr': trained['lr'], 'train_loss': trained['loss']}
+        for prefix, values in (('eval', evaluated), ('ema_eval', ema)):
             row.update({f'{prefix}_{k}': values[k] for k in ('loss', 'top1', 'top5')} if values is not None else {})
-        row.update(train_img_per_sec=metrics.train['img_per_sec'], epoch_seconds=metrics.train['seconds'])
+        row.update(train_img_per_sec=trained['img_per_sec'], epoch_seconds=trained['seconds'])
         if device.type == 'cuda':
             row['peak_mem_gib'] = torch.cuda.max_memory_allocated(device) / 2 ** 30
-            metrics.peak_mem_gib = max(metrics.peak_mem_gib or 0., row['peak_mem_gib'])
+            metrics['peak_mem_gib'] = max(metrics['peak_mem_gib'] or 0., row['peak_mem_gib'])
         if folder is not None:
             folder.summary.append(row)
         written = save_checkpoint(
             folder, args, dist_info, epoch, metric, num_updates=updates['num_updates'], **state,
             state_dict_ema=model_ema.module.state_dict() if model_ema is not None else None,
-            eval_metrics=metrics.eval, ema_eval_metrics=metrics.ema_eval)
+            eval_metrics=evaluated, ema_eval_metrics=ema)
         last_saved = epoch
         if folder is not None:
-            evaluated, ema = metrics.eval, metrics.ema_eval
             _logger.info(
                 f'Epoch {epoch}/{num_epochs - 1}: train loss {row["train_loss"]:.4f}'
                 + (f' | eval loss {evaluated["loss"]:.4f} {_accuracy_text(evaluated)}' if evaluated is not None else '')
@@ -424,7 +420,7 @@ def _train_epochs(args, dist_info, folder: Optional[RunFolder], updates: Dict[st
     return metrics
 
 
-def _final_stage(args, dist_info, folder: Optional[RunFolder], model, train_model, model_ema, metrics: 'EpochMetrics',
+def _final_stage(args, dist_info, folder: Optional[RunFolder], model, train_model, model_ema, metrics: Dict[str, Any],
                  loader_train, loader_eval, *, create_kwargs, data_config, train_classes, data_dir: str, demo: bool,
                  num_epochs: int, command: str, run_start: float) -> Optional[Dict[str, Any]]:
     """After the last epoch (every rank): the weights' digests, the demo's validation, then on rank 0
@@ -446,30 +442,29 @@ def _final_stage(args, dist_info, folder: Optional[RunFolder], model, train_mode
     results = {
         'model': args.model, 'model_kwargs': create_kwargs, 'experiment_dir': str(folder.output_dir),
         'device': str(device), 'device_name': torch.cuda.get_device_name(device) if device.type == 'cuda' else None,
-        'cuda_peak_mem_gib': metrics.peak_mem_gib,  # max over this process's epochs of max_memory_allocated
+        'cuda_peak_mem_gib': metrics['peak_mem_gib'],  # max over this process's epochs of max_memory_allocated
         'torch_version': torch.__version__, 'world_size': dist_info.world_size, 'epochs': num_epochs,
         'global_batch': _global_batch(args, dist_info.world_size), 'lr': args.lr, 'final_epoch': num_epochs - 1,
-        'train': metrics.train, 'eval': metrics.eval, 'ema_eval': metrics.ema_eval,
+        'train': metrics['train'], 'eval': metrics['eval'], 'ema_eval': metrics['ema_eval'],
         'best': best, 'eval_metric': args.eval_metric, 'checkpoints': {  # None: nothing was evaluated
             'last': str(folder.saver.last_path), 'best': str(best_path) if best_path.exists() else None},
         'pretrained': str(pretrained), 'pretrained_from': pretrained_from, 'weights_sha256_per_rank': digests,
         'ranks_agree': len(set(digests)) == 1,
-        'train_seconds_this_process': time.time() - metrics.train_start, 'demo_validation': demo_val,
+        'train_seconds_this_process': time.time() - metrics['train_start'], 'demo_validation': demo_val,
         'skipped_images': {  # unreadable files, left out (never replaced): last epoch / last evaluation, this rank
             'train': loader_train.skipped, 'eval': loader_eval.skipped if loader_eval is not None else 0,
             'files': {**loader_train.skipped_files, **(loader_eval.skipped_files if loader_eval is not None else {})}},
         'command': command,
     }
     write_results(folder, results)
-    if metrics.eval is not None:
-        _logger.info(f'Done in {format_duration(time.time() - metrics.train_start)}: final eval '
-                     f'{_accuracy_text(metrics.eval)} loss {metrics.eval["loss"]:.4f}'
+    if metrics['eval'] is not None:
+        _logger.info(f'Done in {format_duration(time.time() - metrics["train_start"])}: final eval '
+                     f'{_accuracy_text(metrics["eval"])} loss {metrics["eval"]["loss"]:.4f}'
                      + (f'; best {args.eval_metric} {best["metric"]:.4f} at epoch {best["epoch"]}' if best else ''))
     if demo_val is not None:
-        _logger.info(
-            f'Demo result: validation accuracy {demo_val["top1"]:.2f}% top-1 on {demo_val["samples"]} held-out '
-            f'digit images (chance: 10%), checkpoint {best_path}; '
-            f'total time {format_duration(time.time() - run_start)}.')
+        _logger.info(f'Demo result: validation accuracy {demo_val["top1"]:.2f}% top-1 on {demo_val["samples"]} '
+                     f'held-out digit images (chance: 10%), checkpoint {best_path}; total time '
+                     f'{format_duration(time.time() - run_start)}.')
     names = sorted(p.name for p in folder.output_dir.iterdir() if not p.name.startswith('.'))
     _logger.info(f'Outputs in {folder.output_dir}: {", ".join(names)}')
     return results
@@ -491,11 +486,9 @@ def train_one_epoch(epoch: int, model: nn.Module, loader, optimizer: torch.optim
                     log_interval: int = 50, primary: bool = True) -> Dict[str, float]:
     """timm's ``train_one_epoch``: per optimizer update, ``grad_accum_steps`` batches of forward, loss and backward
     (DDP syncs the gradients on the last one only), then clipping, the optimizer step, the EMA and the per-update LR
-    schedule. ``updates``: the run's :func:`update_state`.
-
-    The update waits for the device and the other ranks once, at the agreement (:func:`_agree`) before its last
-    backward pass: a NaN / inf loss on any rank stops the run there, before the optimizer step
-    (:class:`NonFiniteLossError`); a SIGINT / SIGTERM on any rank stops it before the next update
+    schedule. ``updates``: the run's :func:`update_state`. An update waits for the device and the other ranks once,
+    at :func:`_agree` before its last backward pass: a NaN / inf loss on any rank stops the run before the optimizer
+    step (:class:`NonFiniteLossError`); a SIGINT / SIGTERM on any rank, before the next update
     (:class:`~mlp_vision.errors.Interrupted`). Returns {'loss', 'lr', 'img_per_sec', 'seconds'} over every rank."""
     model.train()
     num_batches = len(loader)
@@ -595,7 +588,6 @@ def _backward(loss: torch.Tensor, optimizer, loss_scaler, clip_grad: Optional[fl
               parameters: Callable[[], Iterable[torch.Tensor]], need_update: bool) -> None:
     """timm's backward (through its ``NativeScaler`` under float16 AMP); on the update's last batch, clipping and
     the optimizer step."""
-    clip_grad = clip_grad if clip_grad and clip_grad > 0 else None
     if loss_scaler is not None:
         loss_scaler(loss, optimizer, clip_grad=clip_grad, clip_mode=clip_mode,
                     parameters=parameters() if clip_grad else None, need_update=need_update)
@@ -644,22 +636,18 @@ def format_duration(seconds: float) -> str:
 
 def warn_global_batch_beyond_data(batch_size: int, world_size: int, grad_accum_steps: int, samples: int) -> None:
     """Warn when one update's global batch is larger than the training set (``-b 1e9``: no other sign of it)."""
-    global_batch = batch_size * world_size * grad_accum_steps
-    if global_batch > samples:
+    if (global_batch := batch_size * world_size * grad_accum_steps) > samples:
         _logger.warning(f'the global batch ({batch_size} x {world_size} processes x {grad_accum_steps} accumulation '
-                        f'steps = {global_batch:,}) is larger than the training data ({samples:,} images): each '
-                        f'update would need {global_batch / max(samples, 1):.3g} times the data; lower -b / '
-                        f'--grad-accum-steps')
+                        f'steps = {global_batch:,}) is larger than the training data ({samples:,} images); lower -b '
+                        f'/ --grad-accum-steps')
 
 
 # ------------------------------------------------------------------------------------------------ distributed
-def wrap_ddp(model: nn.Module, info: DistInfo, **kwargs) -> nn.Module:
-    """DistributedDataParallel (``device_ids`` on CUDA), its gradients given their parameter's strides.
-
-    A convolution returns its weight gradient in its input's memory format (sMLPNet's 1x1 fuse conv of a
-    channels-last activation: strides (C_in, 1, C_in, C_in) for a (C_in, 1, 1, 1) parameter). Autograd accepts a
-    size-1 dim's unused stride, but DDP's reducer compares all strides and warns "Grad strides do not match bucket
-    view strides" on every rank; the restrided view is the same memory. Other layouts are left as they are."""
+def wrap_ddp(model: nn.Module, info: DistInfo) -> nn.Module:
+    """DistributedDataParallel (``device_ids`` on CUDA), its gradients given their parameter's strides: a convolution
+    returns its weight gradient in its input's memory format (a 1x1 conv of a channels-last activation: strides
+    (C_in, 1, C_in, C_in) for a (C_in, 1, 1, 1) parameter), which autograd accepts but DDP's reducer warns about
+    ("Grad strides do not match bucket view strides") on every rank; the restrided view is the same memory."""
     def restride(param: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
         if (grad.layout != torch.strided or grad.shape != param.shape or grad.stride() == param.stride()
                 or any(g != p for g, p, n in zip(grad.stride(), param.stride(), param.shape) if n != 1)):
@@ -670,7 +658,7 @@ def wrap_ddp(model: nn.Module, info: DistInfo, **kwargs) -> nn.Module:
         if param.requires_grad and 1 in param.shape:
             param.register_hook(partial(restride, param))
     device_ids = [info.device] if info.device.type == 'cuda' else None
-    return torch.nn.parallel.DistributedDataParallel(model, device_ids=device_ids, **kwargs)
+    return torch.nn.parallel.DistributedDataParallel(model, device_ids=device_ids)
 
 
 def weights_digests(dist_info: DistInfo, *modules: Optional[nn.Module]) -> List[str]:
@@ -692,11 +680,10 @@ def weights_digests(dist_info: DistInfo, *modules: Optional[nn.Module]) -> List[
 def _prepare_demo(args) -> str:
     """The demo's data: scikit-learn's digits as an ImageFolder tree (written once); returns its folder."""
     args.derive(data_dir=str(prepare_digits_folder()), dataset='', train_split='train', val_split='val')
-    _logger.info(
-        'Demo: no dataset was given, so this trains a small model on scikit-learn\'s bundled handwritten '
-        f'digits (1,797 real 8x8 scans, 10 classes), written once as an ImageFolder tree under '
-        f'{args.data_dir}, through the same pipeline as an ImageNet run (recipe {DEMO_RECIPE}). '
-        f'For your own photos: -c {OWN_FOLDER_RECIPE} --data-dir DIR (README, "Your own photos").')
+    _logger.info(f'Demo: no dataset was given, so this trains a small model on scikit-learn\'s handwritten digits '
+                 f'(1,797 real 8x8 scans, 10 classes; an ImageFolder tree under {args.data_dir}) through the same '
+                 f'pipeline as an ImageNet run (recipe {DEMO_RECIPE}). For your own photos: -c {OWN_FOLDER_RECIPE} '
+                 f'--data-dir DIR (README, "Your own photos").')
     return args.data_dir
 
 
@@ -768,10 +755,8 @@ def resolve_lr(args, world_size: int) -> None:
     if args.lr is not None:
         return
     global_batch = _global_batch(args, world_size)
-    ratio = global_batch / args.lr_base_size
     scale = args.lr_base_scale or ('sqrt' if any(o in args.opt.lower() for o in ('ada', 'lamb')) else 'linear')
-    if scale == 'sqrt':
-        ratio = ratio ** 0.5
+    ratio = (global_batch / args.lr_base_size) ** (0.5 if scale == 'sqrt' else 1)
     args.derive(lr=args.lr_base * ratio, **({} if args.lr_base_scale else {'lr_base_scale': scale}))
     _logger.info(f'learning rate {args.lr:.4g} = lr_base {args.lr_base:g} x {args.lr_base_scale} scaling of '
                  f'the global batch {global_batch} / {args.lr_base_size}')
@@ -800,19 +785,16 @@ def _create_loaders(args, dataset_train, dataset_eval, data_config, dist_info):
 
 def _create_mixup_and_loss(args, device):
     """(timm's Mixup / CutMix or None, the training loss that matches its soft or hard targets)."""
-    mixup_fn = None
-    if uses_mixup(args):
-        mixup_fn = Mixup(
-            mixup_alpha=args.mixup, cutmix_alpha=args.cutmix, cutmix_minmax=args.cutmix_minmax,
-            prob=args.mixup_prob, switch_prob=args.mixup_switch_prob, mode=args.mixup_mode,
-            label_smoothing=args.smoothing, num_classes=args.num_classes)
-        train_loss_fn = (BinaryCrossEntropy(target_threshold=args.bce_target_thresh) if args.bce_loss
-                         else SoftTargetCrossEntropy())
-    elif args.smoothing:
-        train_loss_fn = (BinaryCrossEntropy(smoothing=args.smoothing, target_threshold=args.bce_target_thresh)
-                         if args.bce_loss else LabelSmoothingCrossEntropy(smoothing=args.smoothing))
+    mixup_fn = Mixup(
+        mixup_alpha=args.mixup, cutmix_alpha=args.cutmix, cutmix_minmax=args.cutmix_minmax, prob=args.mixup_prob,
+        switch_prob=args.mixup_switch_prob, mode=args.mixup_mode, label_smoothing=args.smoothing,
+        num_classes=args.num_classes) if uses_mixup(args) else None
+    if args.bce_loss:  # timm's BCE one-hot encodes (and smooths) class indices; mixup's soft targets pass as they are
+        train_loss_fn = BinaryCrossEntropy(smoothing=args.smoothing, target_threshold=args.bce_target_thresh)
+    elif mixup_fn is not None:
+        train_loss_fn = SoftTargetCrossEntropy()
     else:
-        train_loss_fn = nn.BCEWithLogitsLoss() if args.bce_loss else nn.CrossEntropyLoss()
+        train_loss_fn = LabelSmoothingCrossEntropy(args.smoothing) if args.smoothing else nn.CrossEntropyLoss()
     return mixup_fn, train_loss_fn.to(device=device)
 
 
@@ -859,17 +841,7 @@ def _hint_small_data_recipe(args, num_images: int) -> None:
         f'trains a small model in minutes (configs/{OWN_FOLDER_RECIPE}.yaml)')
 
 
-@dataclass
-class EpochMetrics:
-    """The latest epoch's metrics (None before the first epoch / without evaluation)."""
-    train: Optional[dict] = None
-    eval: Optional[dict] = None
-    ema_eval: Optional[dict] = None
-    peak_mem_gib: Optional[float] = None  # max over this process's epochs (CUDA)
-    train_start: float = field(default_factory=time.time)  # when this process's first epoch began
-
-
-def _validate_epoch(args, dist_info, model, model_ema, loader_eval, amp_autocast, metrics: EpochMetrics):
+def _validate_epoch(args, dist_info, model, model_ema, loader_eval, amp_autocast, metrics: Dict[str, Any]):
     """:func:`validate` the model (and its EMA) into ``metrics``; returns the metric that selects the best
     checkpoint (None without an evaluation set)."""
     if loader_eval is None:
@@ -877,13 +849,13 @@ def _validate_epoch(args, dist_info, model, model_ema, loader_eval, amp_autocast
     validate_on = partial(validate, loader=loader_eval, amp_autocast=amp_autocast, log_interval=0,
                           channels_last=args.channels_last, distributed=dist_info.distributed,
                           primary=dist_info.primary)
-    metrics.eval = validate_on(model)
+    metrics['eval'] = validate_on(model)
     if model_ema is None or args.model_ema_force_cpu:
-        return metrics.eval[args.eval_metric]
+        return metrics['eval'][args.eval_metric]
     if dist_info.distributed and args.dist_bn in ('broadcast', 'reduce'):
         distribute_bn(model_ema, dist_info.world_size, args.dist_bn == 'reduce')
-    metrics.ema_eval = validate_on(model_ema.module)
-    return metrics.ema_eval[args.eval_metric]  # as timm: EMA selects the best checkpoint
+    metrics['ema_eval'] = validate_on(model_ema.module)
+    return metrics['ema_eval'][args.eval_metric]  # as timm: EMA selects the best checkpoint
 
 
 def _accuracy_text(metrics: dict) -> str:
@@ -893,8 +865,7 @@ def _accuracy_text(metrics: dict) -> str:
 
 # ------------------------------------------------------------------------------------------------ the end of a run
 def _validate_demo(args, dist_info, folder: Optional[RunFolder], data_dir: str, model_ema) -> Dict[str, Any]:
-    """The demo's closing validation of its best checkpoint with the validation command (every rank takes part;
-    the evaluation is split over them); kept as ``demo_validation`` in ``results.json``."""
+    """The demo's closing validation of its best checkpoint by the validation command, split over every rank."""
     best_path = Path(all_gather_objects(str(folder.saver.best_path) if folder is not None else '', dist_info)[0])
     val_argv = ['--checkpoint', str(best_path), '--data-dir', data_dir, '--split', args.val_split,
                 '--workers', str(args.workers), '--results-file', str(best_path.parent / 'validate_best.json'),
@@ -913,10 +884,9 @@ _UPSTREAM_CFG_KEYS = ('tag', 'license', 'description', 'origin_url', 'paper_name
 
 def _export_pretrained(args, folder: RunFolder, train_model, model_ema, data_config, train_classes,
                        data_dir: str) -> Tuple[Path, Dict[str, Any]]:
-    """``pretrained/``: the best weights (the EMA's where its accuracy chose them; the last epoch's when nothing was
-    evaluated) written atomically by timm's ``save_for_hf``, for ``timm.create_model('local-dir:RUN/pretrained',
-    pretrained=True)``; files a user put in the folder are kept. Returns (the folder, {file, epoch, metric, ema} it
-    was exported from, as that file records them)."""
+    """``pretrained/`` for ``timm.create_model('local-dir:RUN/pretrained', pretrained=True)``, written atomically by
+    timm's ``save_for_hf`` (files a user put there are kept): the best weights (the EMA's where its accuracy chose
+    them; the last epoch's when nothing was evaluated). Returns (the folder, {file, epoch, metric, ema} it holds)."""
     source = folder.saver.best_path if folder.saver.best_path.exists() else folder.saver.last_path
     ckpt = load_checkpoint_file(source, what=source.name)
     use_ema = model_ema is not None and ckpt.get('state_dict_ema') is not None

@@ -37,20 +37,19 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument('--split', metavar='NAME', default='validation', help='dataset split (folder / tar)')
     parser.add_argument('--model', '-m', default=None, metavar='NAME',
                         help='model name (default: the one a training checkpoint was made for)')
-    parser.add_argument('--pretrained', action='store_true', default=False, help="use the model's pretrained weights")
-    parser.add_argument('--checkpoint', default='', type=str, metavar='PATH',
+    parser.add_argument('--pretrained', action='store_true', help="use the model's pretrained weights")
+    parser.add_argument('--checkpoint', default='', metavar='PATH',
                         help='our training checkpoint, a timm train.py checkpoint, or a state dict for --model')
     add_common_arguments(parser)
-    parser.add_argument('--use-ema', action='store_true', default=False, help="evaluate the checkpoint's EMA weights")
-    parser.add_argument('--num-classes', type=int, default=None,
-                        help='number of classes (default: from checkpoint/model)')
+    parser.add_argument('--use-ema', action='store_true', help="evaluate the checkpoint's EMA weights")
+    parser.add_argument('--num-classes', type=int, metavar='N', help="label classes (default: the checkpoint's)")
     add_input_arguments(parser)
-    parser.add_argument('--crop-mode', default=None, type=str, choices=CROP_MODES, help='how the eval crop is taken')
+    parser.add_argument('--crop-mode', choices=CROP_MODES, help='how the eval crop is taken')
     parser.add_argument('-b', '--batch-size', default=256, type=int, metavar='N', help='batch size')
     add_device_arguments(parser, distributed=False)
     add_compile_arguments(parser)
     parser.add_argument('--log-interval', default=10, type=int, metavar='N', help='batches between progress logs')
-    parser.add_argument('--results-file', default='', type=str, metavar='FILENAME',
+    parser.add_argument('--results-file', default='', metavar='FILENAME',
                         help='write the results to this .json or .csv file (an earlier regular file is kept as '
                              'NAME-1; a FIFO, device or /dev/stdout is written as it is)')
     return parser
@@ -73,17 +72,6 @@ def check_args(args: argparse.Namespace) -> None:
                          'or --model NAME [--pretrained]')
     if args.results_file and os.path.isdir(args.results_file):
         raise UsageError(f'--results-file {args.results_file} is a folder; expected a .json or .csv file path')
-
-
-def _write_results(path: str, results: dict) -> None:
-    """``path`` as JSON, or CSV by its extension (an earlier regular file there is kept, :func:`write_output_file`)."""
-    buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=list(results))
-    writer.writeheader()
-    writer.writerow(results)
-    text = buf.getvalue() if path.endswith('.csv') else json_text(results)
-    if (kept := write_output_file(path, text, keep=True)) is not None:
-        _logger.info(f'the earlier {path} is kept as {kept}')
 
 
 def _validation_dataset(args: argparse.Namespace, data_dir, model, info: dict):
@@ -182,8 +170,13 @@ def validate(args: argparse.Namespace) -> dict:
     top5 = f' Acc@5 {results["top5"]:.3f}' if results['top5'] is not None else ''
     _logger.info(f' * Acc@1 {results["top1"]:.3f}{top5} loss {results["loss"]:.4f} '
                  f'({results["samples"]} images, {results["img_per_sec"]:,.0f} img/s)')
-    if args.results_file and dist_info.primary:
-        _write_results(args.results_file, results)
+    if args.results_file and dist_info.primary:  # JSON, or CSV by the extension; an earlier regular file is kept
+        text = json_text(results)
+        if args.results_file.endswith('.csv'):
+            csv.writer(buf := io.StringIO()).writerows([list(results), list(results.values())])
+            text = buf.getvalue()
+        if (kept := write_output_file(args.results_file, text, keep=True)) is not None:
+            _logger.info(f'the earlier {args.results_file} is kept as {kept}')
     return results
 
 
