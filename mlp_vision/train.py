@@ -56,7 +56,6 @@ DEMO_RECIPE = 'demo_digits'  # configs/demo_digits.yaml, the recipe of the run w
 OWN_FOLDER_RECIPE = 'own_folder_cpu'  # configs/own_folder_cpu.yaml, a user's small photo folder on a CPU
 SMALL_DATA_IMAGES = 20_000  # a training set up to this size, given without -c, gets the hint to use that recipe
 DEFAULT_EPOCHS = 300  # --epochs default, timm's ImageNet schedule (the small-data hint compares to it)
-STOP_ADVICE = 'Lower --lr, add --clip-grad or more --warmup-epochs'  # after a NaN / inf loss
 SCHEDULERS = ('cosine', 'tanh', 'step', 'multistep', 'poly', 'wsd', 'rsqrt', 'constant', 'plateau')  # timm's
 
 
@@ -188,8 +187,7 @@ def _has_dataset(settings: Mapping[str, Any]) -> bool:  # settings: arguments by
 
 
 def parse_args(argv):
-    """(args, demo = no dataset given, resume checkpoint) from the flags, the ``-c`` yaml and a resumed run's
-    settings; without a dataset the demo recipe is their base."""
+    """(args, demo: no dataset given, the resumed checkpoint) from the flags, ``-c`` and a resumed run's settings."""
     args, resume_ckpt = parse_run_args(
         build_parser(), argv, recipes=True,
         base_configs=lambda settings: [] if _has_dataset(settings) else [str(find_recipe(DEMO_RECIPE))])
@@ -241,14 +239,13 @@ def check_args(args, dist_info) -> None:
     check_dataset_package(args.dataset)
     check_kwargs_flags(args, 'model_kwargs', 'opt_kwargs')
     if args.opt.lower().split('_')[-1] not in list_optimizers():
-        raise UsageError(f'--opt {args.opt!r} is not an optimizer timm knows (e.g. sgd, momentum, adamw, lamb; '
-                         f'all: timm.optim.list_optimizers())')
+        raise UsageError(f'--opt {args.opt!r} is not an optimizer timm knows (all: timm.optim.list_optimizers())')
     if args.aa:
         try:  # timm's parser of the policy string is the one that will read it
             create_transform(32, is_training=True, auto_augment=args.aa)
         except (AssertionError, ValueError, KeyError, IndexError) as e:
-            raise UsageError(f'--aa {args.aa!r} is not an augmentation policy timm reads (e.g. '
-                             f'rand-m9-mstd0.5-inc1, augmix-m5-w4-d2, original, v0): {e}') from None
+            raise UsageError(f'--aa {args.aa!r} is not an augmentation policy timm reads (e.g. rand-m9-mstd0.5-inc1, '
+                             f'augmix-m5-w4-d2, original, v0): {e}') from None
     check_compile_backend(args.torchcompile)
     if uses_mixup(args) and args.batch_size % 2:
         raise UsageError(f'mixup / cutmix need an even --batch-size, got {args.batch_size}')
@@ -259,8 +256,7 @@ def check_args(args, dist_info) -> None:
 
 # ------------------------------------------------------------------------------------------------ main
 def main(argv=None, prog: str = PROG):
-    """Train; returns the results dict on rank 0 (None on other ranks). Errors: one line starting with ``prog``
-    (:func:`~mlp_vision.errors.run_cli`)."""
+    """Train; returns the results dict on rank 0 (None on other ranks). Errors: one line starting with ``prog``."""
     return run_cli(prog, lambda a: _main(a, prog), argv)
 
 
@@ -291,8 +287,15 @@ def train(args, dist_info, resume_ckpt: Optional[dict], demo: bool, stop_signal:
     except (TypeError, ValueError) as e:
         raise UsageError(f'--opt {args.opt} cannot be built with {args.opt_kwargs or "these settings"}: {e}') from e
     amp_autocast, loss_scaler, amp_dtype = setup_amp(args.amp, args.amp_dtype, device)
-    loader_train, sampler_train, loader_eval = _create_loaders(args, dataset_train, dataset_eval, data_config,
-                                                               dist_info)
+    loader_train, sampler_train = create_train_loader(
+        dataset_train, data_config, args.batch_size, device, seed=args.seed, rank=dist_info.rank,
+        world_size=dist_info.world_size, num_workers=args.workers, pin_memory=args.pin_mem,
+        aug_repeats=args.aug_repeats, no_aug=args.no_aug, scale=args.scale, ratio=args.ratio, hflip=args.hflip,
+        vflip=args.vflip, color_jitter=args.color_jitter, auto_augment=args.aa,
+        train_interpolation=args.train_interpolation, re_prob=args.reprob, re_mode=args.remode, re_count=args.recount)
+    loader_eval = create_eval_loader(
+        dataset_eval, data_config, args.validation_batch_size or args.batch_size, device, num_workers=args.workers,
+        distributed=dist_info.distributed, pin_memory=args.pin_mem) if dataset_eval is not None else None
     try:
         mixup_fn, train_loss_fn = _create_mixup_and_loss(args, device)
         updates_per_epoch = (len(loader_train) + args.grad_accum_steps - 1) // args.grad_accum_steps
@@ -366,10 +369,9 @@ def train(args, dist_info, resume_ckpt: Optional[dict], demo: bool, stop_signal:
 def _train_epochs(args, dist_info, folder: Optional[RunFolder], updates: Dict[str, Any], state: Dict[str, Any],
                   model_ema, loader_train, sampler_train, loader_eval, *, mixup_fn, train_loss_fn, amp_autocast,
                   start_epoch: int, num_epochs: int, last_saved: Optional[int]) -> Dict[str, Any]:
-    """Per epoch: :func:`train_one_epoch`, ``validate``, the schedule's step, a summary row and a checkpoint
-    (``state``: its objects and fields); a stop signal or a NaN / inf loss ends the run with one line naming the
-    intact checkpoint (``last_saved``: its epoch, None before any). Returns the last epoch's metrics ({train, eval,
-    ema_eval}: None without), the peak CUDA memory over the epochs and when the first epoch began."""
+    """Per epoch: :func:`train_one_epoch`, ``validate``, the schedule's step, a summary row and a checkpoint of
+    ``state``; a stop signal or a NaN / inf loss ends the run with one line naming the intact checkpoint (of epoch
+    ``last_saved``). Returns the last epoch's {train, eval, ema_eval}, peak_mem_gib and train_start (time.time())."""
     device, train_model, lr_scheduler = dist_info.device, state['model'], state['scheduler']
     metrics = dict(train=None, eval=None, ema_eval=None, peak_mem_gib=None, train_start=time.time())
     for epoch in range(start_epoch, num_epochs):
@@ -388,7 +390,8 @@ def _train_epochs(args, dist_info, folder: Optional[RunFolder], updates: Dict[st
                 world_size=dist_info.world_size, log_interval=args.log_interval, primary=dist_info.primary)
         except (Interrupted, NonFiniteLossError) as e:
             last_path = folder.saver.last_path if folder is not None else None
-            raise stop_error(e, last_path, last_saved, args.resume, STOP_ADVICE) from None
+            advice = 'Lower --lr, add --clip-grad or more --warmup-epochs'  # after a NaN / inf loss
+            raise stop_error(e, last_path, last_saved, args.resume, advice) from None
         if dist_info.distributed and args.dist_bn in ('broadcast', 'reduce'):
             distribute_bn(train_model, dist_info.world_size, args.dist_bn == 'reduce')
         with preserve_rng():  # evaluation must not shift the training's random stream
@@ -424,21 +427,19 @@ def _final_stage(args, dist_info, folder: Optional[RunFolder], model, train_mode
                  loader_train, loader_eval, *, create_kwargs, data_config, train_classes, data_dir: str, demo: bool,
                  num_epochs: int, command: str, run_start: float) -> Optional[Dict[str, Any]]:
     """After the last epoch (every rank): the weights' digests, the demo's validation, then on rank 0
-    ``pretrained/``, ``results.json`` (a failure from here on is recorded in it) and the closing log lines
-    (``run_start``: when this process's run began); returns the results on rank 0."""
+    ``pretrained/``, ``results.json`` and the closing log lines; returns the results on rank 0."""
     if folder is not None:
-        folder.in_final_stage = True
+        folder.in_final_stage = True  # a failure from here on is recorded in results.json
     digests = weights_digests(dist_info, model, model_ema.module if model_ema is not None else None)
     demo_val = (_validate_demo(args, dist_info, folder, data_dir, model_ema)
                 if demo and loader_eval is not None else None)
     if folder is None:
         return None
-    pretrained, pretrained_from = _export_pretrained(args, folder, train_model, model_ema, data_config, train_classes,
-                                                     data_dir)
+    pretrained_from = _export_pretrained(args, folder, train_model, model_ema, data_config, train_classes, data_dir)
+    device, best_path = dist_info.device, folder.saver.best_path
     # the best as model_best.pth itself records it: the record names what the files hold
     best = ({'epoch': pretrained_from['epoch'], 'metric': pretrained_from['metric']}
-            if pretrained_from['file'] == folder.saver.best_path.name else None)
-    device, best_path = dist_info.device, folder.saver.best_path
+            if pretrained_from['file'] == best_path.name else None)
     results = {
         'model': args.model, 'model_kwargs': create_kwargs, 'experiment_dir': str(folder.output_dir),
         'device': str(device), 'device_name': torch.cuda.get_device_name(device) if device.type == 'cuda' else None,
@@ -448,8 +449,8 @@ def _final_stage(args, dist_info, folder: Optional[RunFolder], model, train_mode
         'train': metrics['train'], 'eval': metrics['eval'], 'ema_eval': metrics['ema_eval'],
         'best': best, 'eval_metric': args.eval_metric, 'checkpoints': {  # None: nothing was evaluated
             'last': str(folder.saver.last_path), 'best': str(best_path) if best_path.exists() else None},
-        'pretrained': str(pretrained), 'pretrained_from': pretrained_from, 'weights_sha256_per_rank': digests,
-        'ranks_agree': len(set(digests)) == 1,
+        'pretrained': str(folder.output_dir / 'pretrained'), 'pretrained_from': pretrained_from,
+        'weights_sha256_per_rank': digests, 'ranks_agree': len(set(digests)) == 1,
         'train_seconds_this_process': time.time() - metrics['train_start'], 'demo_validation': demo_val,
         'skipped_images': {  # unreadable files, left out (never replaced): last epoch / last evaluation, this rank
             'train': loader_train.skipped, 'eval': loader_eval.skipped if loader_eval is not None else 0,
@@ -474,9 +475,8 @@ def update_state(num_updates: int = 0, stop_signal: Optional[Callable[[], int]] 
                  device: torch.device = torch.device('cpu'), agree_every_s: float = 2.) -> Dict[str, Any]:
     """What one optimizer update carries to the next (:func:`train_one_epoch`): ``num_updates``, ``stop_signal()``
     (this process's SIGINT / SIGTERM, 0: none), a stop agreed at the last update, the agreements' spacing."""
-    return dict(num_updates=num_updates, stop_signal=stop_signal or (lambda: 0), distributed=distributed,
-                device=device, agree_every_s=agree_every_s, stop_pending=0, check_every=1,
-                micro_seconds=float('inf'))
+    return dict(num_updates=num_updates, stop_signal=stop_signal or (lambda: 0), distributed=distributed, device=device,
+                agree_every_s=agree_every_s, stop_pending=0, check_every=1, micro_seconds=float('inf'))
 
 
 def train_one_epoch(epoch: int, model: nn.Module, loader, optimizer: torch.optim.Optimizer, loss_fn: Callable,
@@ -604,11 +604,11 @@ _NO_BAD_MICRO = float(2 ** 52)  # above any batch index, exact in float64
 
 def _agree(updates: Dict[str, Any], optimizer, sums: torch.Tensor, micro_batches_since: int, since: float,
            at: Tuple[int, int]) -> Tuple[float, int]:
-    """The one wait of an update: its losses read with one device-to-host copy, with one all-reduce (MAX, on the
-    training device) of [first non-finite batch, stop signal, seconds per batch], so every rank decides the same: a
-    non-finite loss anywhere raises :class:`NonFiniteLossError` (gradients dropped; ``at``: the epoch and the update's
-    first batch). Returns (this rank's weighted loss sum, the agreed stop signal). A long update's agreements come at
-    positions counted from the slowest rank's time per batch, so every rank calls the same collectives in order."""
+    """The one wait of an update: its losses read with one device-to-host copy, and one all-reduce (MAX) of [first
+    non-finite batch, stop signal, seconds per batch], so every rank decides the same: a non-finite loss anywhere
+    raises :class:`NonFiniteLossError` (gradients dropped; ``at``: the epoch and the update's first batch). Returns
+    (this rank's weighted loss sum, the agreed stop signal). A long update agrees at batches counted from the slowest
+    rank's time per batch, so every rank calls the same collectives in order."""
     packed = torch.zeros(6, dtype=torch.float64, device=updates['device'])
     # MAX of (first bad batch counted down from 2**52): the earliest bad batch of any rank, 0 if none
     packed[0] = (sums[1] >= 0) * (_NO_BAD_MICRO - sums[1])
@@ -657,13 +657,11 @@ def wrap_ddp(model: nn.Module, info: DistInfo) -> nn.Module:
     for param in model.parameters():
         if param.requires_grad and 1 in param.shape:
             param.register_hook(partial(restride, param))
-    device_ids = [info.device] if info.device.type == 'cuda' else None
-    return torch.nn.parallel.DistributedDataParallel(model, device_ids=device_ids)
+    return nn.parallel.DistributedDataParallel(model, device_ids=[info.device] if info.device.type == 'cuda' else None)
 
 
 def weights_digests(dist_info: DistInfo, *modules: Optional[nn.Module]) -> List[str]:
-    """Every rank's SHA-256 of the weights (every tensor's name, dtype, shape and bytes: equal digests = equal
-    weights); logs an error if they differ."""
+    """Every rank's SHA-256 of the weights (tensor names, dtypes, shapes, bytes); logs an error if they differ."""
     h = hashlib.sha256()
     for module in filter(None, modules):
         for k, v in unwrap_model(module).state_dict().items():
@@ -765,24 +763,6 @@ def resolve_lr(args, world_size: int) -> None:
                          f'schedule would raise the LR toward it instead of decaying; expected --min-lr <= the LR')
 
 
-def _create_loaders(args, dataset_train, dataset_eval, data_config, dist_info):
-    """(training loader, its distributed sampler or None, evaluation loader or None)."""
-    device = dist_info.device
-    loader_train, sampler_train = create_train_loader(
-        dataset_train, data_config, args.batch_size, device,
-        seed=args.seed, rank=dist_info.rank, world_size=dist_info.world_size, num_workers=args.workers,
-        pin_memory=args.pin_mem, aug_repeats=args.aug_repeats, no_aug=args.no_aug, scale=args.scale,
-        ratio=args.ratio, hflip=args.hflip, vflip=args.vflip, color_jitter=args.color_jitter,
-        auto_augment=args.aa, train_interpolation=args.train_interpolation, re_prob=args.reprob,
-        re_mode=args.remode, re_count=args.recount)
-    loader_eval = None
-    if dataset_eval is not None:
-        loader_eval = create_eval_loader(
-            dataset_eval, data_config, args.validation_batch_size or args.batch_size, device,
-            num_workers=args.workers, distributed=dist_info.distributed, pin_memory=args.pin_mem)
-    return loader_train, sampler_train, loader_eval
-
-
 def _create_mixup_and_loss(args, device):
     """(timm's Mixup / CutMix or None, the training loss that matches its soft or hard targets)."""
     mixup_fn = Mixup(
@@ -815,12 +795,11 @@ def _log_setup(args, dist_info, model, create_kwargs, data_config, amp_dtype, da
     _logger.info(
         f'Model {args.model} ({sum(p.numel() for p in model.parameters()) / 1e6:.3f} M params, {create_kwargs}) on '
         f'{dist_info.device}{processes}; input {data_config["input_size"]}, AMP {amp_dtype if args.amp else "off"}')
-    val_source = (dataset_source(dataset_eval) or args.val_split) if dataset_eval is not None else 'none'
-    _logger.info(
-        f'Data {data_dir or args.dataset}: {len(dataset_train)} training images '
-        f'({dataset_source(dataset_train) or args.train_split}), '
-        f'{len(dataset_eval) if dataset_eval is not None else 0} validation images ({val_source}), '
-        f'{args.num_classes} classes')
+    train_source, val_images, val_source = dataset_source(dataset_train) or args.train_split, 0, 'none'
+    if dataset_eval is not None:
+        val_images, val_source = len(dataset_eval), dataset_source(dataset_eval) or args.val_split
+    _logger.info(f'Data {data_dir or args.dataset}: {len(dataset_train)} training images ({train_source}), '
+                 f'{val_images} validation images ({val_source}), {args.num_classes} classes')
     samples, images = len(loader_train) * args.batch_size * world, len(dataset_train)
     _logger.info(  # an epoch may sample less than the training set (the loader's warning says why)
         f'Training {num_epochs} epochs x {updates_per_epoch} updates, global batch {_global_batch(args, world)}, '
@@ -830,8 +809,7 @@ def _log_setup(args, dist_info, model, create_kwargs, data_config, amp_dtype, da
 
 
 def _hint_small_data_recipe(args, num_images: int) -> None:
-    """Warn when a small training set gets no -c recipe and the default schedule (timm's ImageNet one: hours on a
-    CPU for a few hundred photos), naming the shipped recipe made for it; the run goes on as asked."""
+    """Name the shipped recipe for a small training set given no -c recipe and timm's ImageNet schedule."""
     if args.config or args.resume or num_images > SMALL_DATA_IMAGES or args.epochs != DEFAULT_EPOCHS:
         return
     _logger.warning(
@@ -842,8 +820,7 @@ def _hint_small_data_recipe(args, num_images: int) -> None:
 
 
 def _validate_epoch(args, dist_info, model, model_ema, loader_eval, amp_autocast, metrics: Dict[str, Any]):
-    """:func:`validate` the model (and its EMA) into ``metrics``; returns the metric that selects the best
-    checkpoint (None without an evaluation set)."""
+    """:func:`validate` the model (and its EMA) into ``metrics``; returns the metric that selects the best (or None)."""
     if loader_eval is None:
         return None
     validate_on = partial(validate, loader=loader_eval, amp_autocast=amp_autocast, log_interval=0,
@@ -883,17 +860,15 @@ _UPSTREAM_CFG_KEYS = ('tag', 'license', 'description', 'origin_url', 'paper_name
 
 
 def _export_pretrained(args, folder: RunFolder, train_model, model_ema, data_config, train_classes,
-                       data_dir: str) -> Tuple[Path, Dict[str, Any]]:
+                       data_dir: str) -> Dict[str, Any]:
     """``pretrained/`` for ``timm.create_model('local-dir:RUN/pretrained', pretrained=True)``, written atomically by
     timm's ``save_for_hf`` (files a user put there are kept): the best weights (the EMA's where its accuracy chose
-    them; the last epoch's when nothing was evaluated). Returns (the folder, {file, epoch, metric, ema} it holds)."""
+    them; the last epoch's when nothing was evaluated). Returns {file, epoch, metric, ema} of the weights it holds."""
     source = folder.saver.best_path if folder.saver.best_path.exists() else folder.saver.last_path
     ckpt = load_checkpoint_file(source, what=source.name)
     use_ema = model_ema is not None and ckpt.get('state_dict_ema') is not None
     model = copy.deepcopy(unwrap_model(train_model)).cpu().to(memory_format=torch.contiguous_format)
     load_model_weights(model, ckpt['state_dict_ema' if use_ema else 'state_dict'], str(source), ckpt.get('arch'))
-    data_config = {k: v for k, v in data_config.items() if k in ('input_size', 'interpolation', 'mean', 'std',
-                                                                  'crop_pct', 'crop_mode')}
     # the architecture's cfg names the upstream weights (tag, license, paper): this export describes the run instead
     model.pretrained_cfg = {k: v for k, v in model.pretrained_cfg.items() if k not in _UPSTREAM_CFG_KEYS}
     data = args.dataset or (Path(data_dir).resolve().name if data_dir else 'unnamed data')
@@ -908,7 +883,7 @@ def _export_pretrained(args, folder: RunFolder, train_model, model_ema, data_con
         save_for_hf(model, tmp, model_config=model_config, safe_serialization=True, data_config=data_config)
     _logger.info(f'{export}: the {"EMA " if use_ema else ""}weights of {source.name} (epoch {ckpt.get("epoch")}) '
                  f"for timm (timm.create_model('local-dir:{export}', pretrained=True), features_only=True too)")
-    return export, {'file': source.name, 'epoch': ckpt.get('epoch'), 'metric': ckpt.get('metric'), 'ema': use_ema}
+    return {'file': source.name, 'epoch': ckpt.get('epoch'), 'metric': ckpt.get('metric'), 'ema': use_ema}
 
 
 if __name__ == '__main__':

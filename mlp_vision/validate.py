@@ -1,10 +1,8 @@
 """ ``mlp-vision-validate`` / ``python -m mlp_vision.validate`` / ``python validate.py``: top-1 / top-5 accuracy,
-loss and images/s of a model on a dataset (examples: README, "Training and validation").
-
-Weights: ``--checkpoint`` of our train.py (model, kwargs and eval preprocessing rebuilt from it, ``--use-ema``),
-``--checkpoint FILE --model NAME`` for any other state dict, or ``--pretrained``. Labels: ``--class-map FILE``, else
-the class names a checkpoint stores, else folder order (with a warning). ``torchrun`` splits the evaluation exactly
-over the ranks. ``--results-file``: JSON or CSV (by the extension).
+loss and images/s of a model on a dataset (examples: README, "Training and validation"). Weights: ``--checkpoint``
+of our train.py (model, kwargs and eval preprocessing rebuilt from it, ``--use-ema``), ``--checkpoint FILE --model
+NAME`` for any other state dict, or ``--pretrained``. Labels: ``--class-map FILE``, else the class names a checkpoint
+stores, else folder order (with a warning). ``torchrun`` splits the evaluation exactly over the ranks.
 """
 import argparse
 import csv
@@ -87,8 +85,7 @@ def _validation_dataset(args: argparse.Namespace, data_dir, model, info: dict):
         dataset = create_image_dataset(args.dataset, class_map=args.class_map, **create)
         labels = f'--class-map {args.class_map}'
     elif class_names:
-        class_to_idx = {name: label for label, name in enumerate(class_names)}
-        dataset = create_image_dataset(args.dataset, class_to_idx=class_to_idx, **create)
+        dataset = create_image_dataset(args.dataset, class_to_idx={n: i for i, n in enumerate(class_names)}, **create)
         check_class_names(dataset, class_names, 'validation set',
                           f'{where}; expected class folders named as the model\'s classes (a subset is fine), or '
                           f'pass --class-map FILE to say which folder is which label')
@@ -96,9 +93,8 @@ def _validation_dataset(args: argparse.Namespace, data_dir, model, info: dict):
     else:
         dataset = create_image_dataset(args.dataset, **create)
         if info['source'] != 'random init':
-            _logger.warning(f'the weights ({info["source"]}) do not store the class names the model was trained '
-                            f'on: labels are assumed to follow the order of the validation set\'s classes (folder '
-                            f'order); pass --class-map FILE if they do not')
+            _logger.warning(f'the weights ({info["source"]}) do not store the class names the model was trained on: '
+                            f'labels are assumed to follow the folder order; pass --class-map FILE if they do not')
         labels = 'dataset class order (assumed)'
     check_num_classes(dataset, model.num_classes, 'validation set',
                       f'{where}; validate on data with the classes the model was trained for, or pass --class-map')
