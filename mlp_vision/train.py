@@ -14,7 +14,7 @@ from contextlib import nullcontext, suppress
 from datetime import datetime, timedelta
 from functools import partial
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 import timm
 import torch
@@ -272,8 +272,8 @@ def _main(argv, prog):
 
 def train(args, dist_info, resume_ckpt: Optional[dict], demo: bool, stop_signal: Callable[[], int],
           command: str) -> Optional[Dict[str, Any]]:
-    """timm's ``main`` after the arguments: data, model, optimizer, AMP, loaders, loss, schedule, the resumed state
-    (``resume_ckpt``: the ``--resume`` checkpoint or None), EMA, DDP / compile, the run folder (rank 0), the RNG
+    """timm's ``main`` after the arguments: data, model, LR, optimizer, AMP, loaders, loss, schedule, the resumed
+    state (``resume_ckpt``: the ``--resume`` checkpoint or None), EMA, DDP / compile, the run folder (rank 0), the RNG
     states, the epochs and the final stage. ``stop_signal()``: the SIGINT / SIGTERM received (0: none)."""
     device, run_start = dist_info.device, time.time()
     data_dir = _prepare_demo(args) if demo else args.data_dir or args.data
@@ -281,7 +281,16 @@ def train(args, dist_info, resume_ckpt: Optional[dict], demo: bool, stop_signal:
     random_seed(args.seed, dist_info.rank)
     dataset_train, dataset_eval, train_classes = _create_datasets(args, data_dir, dist_info.world_size)
     model, create_kwargs, data_config = _create_model(args, dist_info)
-    resolve_lr(args, dist_info.world_size)
+    if args.lr is None:  # timm's rule; derived, not saved as given: a resume at another batch scales again
+        global_batch = _global_batch(args, dist_info.world_size)
+        scale = args.lr_base_scale or ('sqrt' if any(o in args.opt.lower() for o in ('ada', 'lamb')) else 'linear')
+        args.derive(lr=args.lr_base * (global_batch / args.lr_base_size) ** (0.5 if scale == 'sqrt' else 1),
+                    **({} if args.lr_base_scale else {'lr_base_scale': scale}))
+        _logger.info(f'learning rate {args.lr:.4g} = lr_base {args.lr_base:g} x {args.lr_base_scale} scaling of '
+                     f'the global batch {global_batch} / {args.lr_base_size}')
+        if args.min_lr > args.lr:  # check_args had no --lr to compare with
+            raise UsageError(f'--min-lr {args.min_lr:g} is above the learning rate {args.lr:.4g} (from --lr-base): the '
+                             f'schedule would raise the LR toward it instead of decaying; expected --min-lr <= the LR')
     try:  # timm's optimizer_kwargs reads extra arguments from `opt_args`; this script's flag is --opt-kwargs
         optimizer = create_optimizer_v2(model, **{**optimizer_kwargs(cfg=args), **args.opt_kwargs})
     except (TypeError, ValueError) as e:
@@ -536,8 +545,15 @@ def train_one_epoch(epoch: int, model: nn.Module, loader, optimizer: torch.optim
                 if need_update:  # before the backward pass that reduces the gradients, and the optimizer step
                     update_loss, updates['stop_pending'] = _agree(updates, optimizer, sums, micro + 1 - since_micro,
                                                                   since, (epoch, first))
-                _backward(loss / accum_steps, optimizer, loss_scaler, clip_grad, clip_mode, clip_parameters,
-                          need_update)
+                if loss_scaler is not None:  # timm's NativeScaler (float16 AMP): the scaled backward, clipping, step
+                    loss_scaler(loss / accum_steps, optimizer, clip_grad=clip_grad, clip_mode=clip_mode,
+                                parameters=clip_parameters() if clip_grad else None, need_update=need_update)
+                else:
+                    (loss / accum_steps).backward()
+                    if need_update:
+                        if clip_grad is not None:
+                            dispatch_clip_grad(clip_parameters(), value=clip_grad, mode=clip_mode)
+                        optimizer.step()
             if not need_update and micro + 1 == next_check:  # a long update agrees every few seconds
                 _, signum = _agree(updates, optimizer, sums, micro + 1 - since_micro, since, (epoch, first))
                 if signum:
@@ -582,21 +598,6 @@ def train_one_epoch(epoch: int, model: nn.Module, loader, optimizer: torch.optim
                        f'remove the unreadable files')
     lr = sum(g['lr'] for g in optimizer.param_groups) / len(optimizer.param_groups)
     return {'loss': total_loss / total_samples, 'lr': lr, 'img_per_sec': total_samples / seconds, 'seconds': seconds}
-
-
-def _backward(loss: torch.Tensor, optimizer, loss_scaler, clip_grad: Optional[float], clip_mode: str,
-              parameters: Callable[[], Iterable[torch.Tensor]], need_update: bool) -> None:
-    """timm's backward (through its ``NativeScaler`` under float16 AMP); on the update's last batch, clipping and
-    the optimizer step."""
-    if loss_scaler is not None:
-        loss_scaler(loss, optimizer, clip_grad=clip_grad, clip_mode=clip_mode,
-                    parameters=parameters() if clip_grad else None, need_update=need_update)
-        return
-    loss.backward()
-    if need_update:
-        if clip_grad is not None:
-            dispatch_clip_grad(parameters(), value=clip_grad, mode=clip_mode)
-        optimizer.step()
 
 
 _NO_BAD_MICRO = float(2 ** 52)  # above any batch index, exact in float64
@@ -745,22 +746,6 @@ def _create_model(args, dist_info):
     if dist_info.distributed and args.sync_bn:
         model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
     return model, create_kwargs, data_config
-
-
-def resolve_lr(args, world_size: int) -> None:
-    """timm's rule: with no --lr, --lr-base scaled from --lr-base-size to the global batch (derived: args.yaml keeps
-    --lr unset, so a resume with another batch scales again)."""
-    if args.lr is not None:
-        return
-    global_batch = _global_batch(args, world_size)
-    scale = args.lr_base_scale or ('sqrt' if any(o in args.opt.lower() for o in ('ada', 'lamb')) else 'linear')
-    ratio = (global_batch / args.lr_base_size) ** (0.5 if scale == 'sqrt' else 1)
-    args.derive(lr=args.lr_base * ratio, **({} if args.lr_base_scale else {'lr_base_scale': scale}))
-    _logger.info(f'learning rate {args.lr:.4g} = lr_base {args.lr_base:g} x {args.lr_base_scale} scaling of '
-                 f'the global batch {global_batch} / {args.lr_base_size}')
-    if args.min_lr > args.lr:  # check_args saw no --lr to compare with
-        raise UsageError(f'--min-lr {args.min_lr:g} is above the learning rate {args.lr:.4g} (from --lr-base): the '
-                         f'schedule would raise the LR toward it instead of decaying; expected --min-lr <= the LR')
 
 
 def _create_mixup_and_loss(args, device):
