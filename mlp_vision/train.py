@@ -222,9 +222,9 @@ FLAG_RANGES = {
 def check_args(args, dist_info) -> None:
     """Every flag value that cannot work, as one clear message (before anything is built)."""
     check_flag_ranges(args, FLAG_RANGES)
-    for dest in ('scale', 'ratio', 'cutmix_minmax', 'lr_noise'):  # (low, high); --lr-noise takes 1 or 2 epochs
+    for dest in ('scale', 'ratio', 'cutmix_minmax', 'lr_noise'):  # (low, high); --lr-noise may give its low only
         value, flag = getattr(args, dest), '--' + dest.replace('_', '-')
-        if value is not None and dest != 'lr_noise' and len(value) != 2:
+        if value is not None and len(value) != 2 and not (dest == 'lr_noise' and len(value) == 1):
             raise UsageError(f'{flag} takes two values (low high), got {len(value)}')
         if value is not None and len(value) == 2 and value[0] > value[1]:
             raise UsageError(f'{flag} takes low then high, got {value[0]:g} > {value[1]:g}')

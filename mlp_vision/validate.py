@@ -33,14 +33,13 @@ def build_parser() -> argparse.ArgumentParser:
                             formatter_class=DefaultsHelpFormatter)
     add_dataset_arguments(parser)
     parser.add_argument('--split', metavar='NAME', default='validation', help='dataset split (folder / tar)')
-    parser.add_argument('--model', '-m', default=None, metavar='NAME',
-                        help='model name (default: the one a training checkpoint was made for)')
+    parser.add_argument('--model', '-m', metavar='NAME', help="model name (default: the training checkpoint's)")
     parser.add_argument('--pretrained', action='store_true', help="use the model's pretrained weights")
     parser.add_argument('--checkpoint', default='', metavar='PATH',
                         help='our training checkpoint, a timm train.py checkpoint, or a state dict for --model')
     add_common_arguments(parser)
     parser.add_argument('--use-ema', action='store_true', help="evaluate the checkpoint's EMA weights")
-    parser.add_argument('--num-classes', type=int, metavar='N', help="label classes (default: the checkpoint's)")
+    parser.add_argument('--num-classes', type=int, metavar='N', help="label classes (default: the model's)")
     add_input_arguments(parser)
     parser.add_argument('--crop-mode', choices=CROP_MODES, help='how the eval crop is taken')
     parser.add_argument('-b', '--batch-size', default=256, type=int, metavar='N', help='batch size')
@@ -169,7 +168,8 @@ def validate(args: argparse.Namespace) -> dict:
     if args.results_file and dist_info.primary:  # JSON, or CSV by the extension; an earlier regular file is kept
         text = json_text(results)
         if args.results_file.endswith('.csv'):
-            csv.writer(buf := io.StringIO()).writerows([list(results), list(results.values())])
+            buf = io.StringIO()
+            csv.writer(buf).writerows([list(results), list(results.values())])
             text = buf.getvalue()
         if (kept := write_output_file(args.results_file, text, keep=True)) is not None:
             _logger.info(f'the earlier {args.results_file} is kept as {kept}')
