@@ -1,10 +1,8 @@
-""" mlp_vision training command: timm's ImageNet training pipeline for the registered models (and any timm model).
+""" ``mlp-vision-train`` / ``python -m mlp_vision.train`` / ``python train.py``: timm's ImageNet training pipeline
+for the registered models (and any timm model); with no dataset, the demo on scikit-learn's handwritten digits.
 
-Run as ``mlp-vision-train``, ``python -m mlp_vision.train`` or ``python train.py`` in a checkout. Flags follow timm's
-train.py; ``-c/--config`` reads a yaml file of flag values, or a recipe of ``configs/`` by name; explicit flags win.
-With no dataset it trains the demo on scikit-learn's handwritten digits. Usage, outputs and resume: README, "Training
-and validation". It reads as timm's train.py: the flags and their checks, :func:`main`, :func:`train_one_epoch` and
-``validate`` (:mod:`~mlp_vision.training.image_model`); the run's files are :mod:`~mlp_vision.training.run_files`.
+Flags follow timm's train.py; ``-c`` reads a yaml file of flag values or a recipe of ``configs/``; explicit flags win.
+Usage, outputs and resume: README, "Training and validation". The run's files: :mod:`~mlp_vision.training.run_files`.
 """
 import argparse
 import copy
@@ -13,11 +11,10 @@ import logging
 import signal
 import time
 from contextlib import nullcontext, suppress
-from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from functools import partial
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 import timm
 import torch
@@ -59,7 +56,6 @@ DEMO_RECIPE = 'demo_digits'  # configs/demo_digits.yaml, the recipe of the run w
 OWN_FOLDER_RECIPE = 'own_folder_cpu'  # configs/own_folder_cpu.yaml, a user's small photo folder on a CPU
 SMALL_DATA_IMAGES = 20_000  # a training set up to this size, given without -c, gets the hint to use that recipe
 DEFAULT_EPOCHS = 300  # --epochs default, timm's ImageNet schedule (the small-data hint compares to it)
-STOP_ADVICE = 'Lower --lr, add --clip-grad or more --warmup-epochs'  # after a NaN / inf loss
 SCHEDULERS = ('cosine', 'tanh', 'step', 'multistep', 'poly', 'wsd', 'rsqrt', 'constant', 'plateau')  # timm's
 
 
@@ -67,9 +63,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = ArgumentParser(
         description='mlp_vision training (timm pipeline). With no dataset argument: the handwritten-digits demo.',
         formatter_class=DefaultsHelpFormatter)
-    parser.add_argument('-c', '--config', default='', type=str, metavar='FILE|RECIPE',
-                        help='yaml file of flag values (keys = flag names), or the name of a recipe of configs/ '
-                             '(shipped with the package), e.g. smlpnet_t; explicit flags override it')
+    parser.add_argument('-c', '--config', default='', metavar='FILE|RECIPE', help='yaml file of flag values (keys: '
+                        'flag names), or a recipe of configs/ by name, e.g. smlpnet_t; explicit flags override it')
     _add_data_model_args(parser)
     _add_schedule_and_regularization_args(parser)
     return parser
@@ -79,10 +74,9 @@ def _add_data_model_args(parser) -> None:
     group = parser.add_argument_group('Dataset parameters')
     add_dataset_arguments(group)
     group.add_argument('--train-split', metavar='NAME', default='train', help='dataset train split (folder / tar)')
-    group.add_argument('--val-split', metavar='NAME|FRACTION', default='validation',
-                       help="validation split: a split name (folder / tar; an error when the data has none), a "
-                            "fraction 0 < f < 1 of the training images held out (class-stratified, seeded by "
-                            "--seed), or '' for no evaluation")
+    group.add_argument('--val-split', metavar='NAME|FRACTION', default='validation', help="a split name (folder / "
+                       "tar; an error when the data has none), a fraction 0 < f < 1 of the training images held out "
+                       "(class-stratified, seeded by --seed), or '' for no evaluation")
     group = parser.add_argument_group('Model parameters')
     group.add_argument('--model', default='smlpnet_t', type=str, metavar='MODEL', help='name of model to train')
     group.add_argument('--pretrained', action='store_true', help="start with the model's pretrained weights")
@@ -193,8 +187,7 @@ def _has_dataset(settings: Mapping[str, Any]) -> bool:  # settings: arguments by
 
 
 def parse_args(argv):
-    """(args, demo = no dataset given, resume checkpoint) from the flags, the ``-c`` yaml and a resumed run's
-    settings; without a dataset the demo recipe is their base."""
+    """(args, demo: no dataset given, the resumed checkpoint) from the flags, ``-c`` and a resumed run's settings."""
     args, resume_ckpt = parse_run_args(
         build_parser(), argv, recipes=True,
         base_configs=lambda settings: [] if _has_dataset(settings) else [str(find_recipe(DEMO_RECIPE))])
@@ -229,9 +222,9 @@ FLAG_RANGES = {
 def check_args(args, dist_info) -> None:
     """Every flag value that cannot work, as one clear message (before anything is built)."""
     check_flag_ranges(args, FLAG_RANGES)
-    for dest in ('scale', 'ratio', 'cutmix_minmax', 'lr_noise'):  # (low, high); --lr-noise takes 1 or 2 epochs
+    for dest in ('scale', 'ratio', 'cutmix_minmax', 'lr_noise'):  # (low, high); --lr-noise may give its low only
         value, flag = getattr(args, dest), '--' + dest.replace('_', '-')
-        if value is not None and dest != 'lr_noise' and len(value) != 2:
+        if value is not None and len(value) != 2 and not (dest == 'lr_noise' and len(value) == 1):
             raise UsageError(f'{flag} takes two values (low high), got {len(value)}')
         if value is not None and len(value) == 2 and value[0] > value[1]:
             raise UsageError(f'{flag} takes low then high, got {value[0]:g} > {value[1]:g}')
@@ -246,26 +239,24 @@ def check_args(args, dist_info) -> None:
     check_dataset_package(args.dataset)
     check_kwargs_flags(args, 'model_kwargs', 'opt_kwargs')
     if args.opt.lower().split('_')[-1] not in list_optimizers():
-        raise UsageError(f'--opt {args.opt!r} is not an optimizer timm knows (e.g. sgd, momentum, adamw, lamb; '
-                         f'all: timm.optim.list_optimizers())')
+        raise UsageError(f'--opt {args.opt!r} is not an optimizer timm knows (all: timm.optim.list_optimizers())')
     if args.aa:
         try:  # timm's parser of the policy string is the one that will read it
             create_transform(32, is_training=True, auto_augment=args.aa)
         except (AssertionError, ValueError, KeyError, IndexError) as e:
-            raise UsageError(f'--aa {args.aa!r} is not an augmentation policy timm reads (e.g. '
-                             f'rand-m9-mstd0.5-inc1, augmix-m5-w4-d2, original, v0): {e}') from None
+            raise UsageError(f'--aa {args.aa!r} is not an augmentation policy timm reads (e.g. rand-m9-mstd0.5-inc1, '
+                             f'augmix-m5-w4-d2, original, v0): {e}') from None
     check_compile_backend(args.torchcompile)
     if uses_mixup(args) and args.batch_size % 2:
         raise UsageError(f'mixup / cutmix need an even --batch-size, got {args.batch_size}')
     if args.sync_bn and dist_info.device.type != 'cuda':
-        raise UsageError('--sync-bn needs CUDA (PyTorch\'s SyncBatchNorm does not run on the CPU); '
-                         'on CPU use --dist-bn reduce (the default) to average BatchNorm stats every epoch')
+        raise UsageError('--sync-bn needs CUDA (PyTorch\'s SyncBatchNorm); on the CPU --dist-bn reduce (the default) '
+                         'averages the BatchNorm stats every epoch')
 
 
 # ------------------------------------------------------------------------------------------------ main
 def main(argv=None, prog: str = PROG):
-    """Train; returns the results dict on rank 0 (None on other ranks). Errors: one line starting with ``prog``
-    (:func:`~mlp_vision.errors.run_cli`)."""
+    """Train; returns the results dict on rank 0 (None on other ranks). Errors: one line starting with ``prog``."""
     return run_cli(prog, lambda a: _main(a, prog), argv)
 
 
@@ -281,8 +272,8 @@ def _main(argv, prog):
 
 def train(args, dist_info, resume_ckpt: Optional[dict], demo: bool, stop_signal: Callable[[], int],
           command: str) -> Optional[Dict[str, Any]]:
-    """timm's ``main`` after the arguments: data, model, optimizer, AMP, loaders, loss, schedule, the resumed state
-    (``resume_ckpt``: the ``--resume`` checkpoint or None), EMA, DDP / compile, the run folder (rank 0), the RNG
+    """timm's ``main`` after the arguments: data, model, LR, optimizer, AMP, loaders, loss, schedule, the resumed
+    state (``resume_ckpt``: the ``--resume`` checkpoint or None), EMA, DDP / compile, the run folder (rank 0), the RNG
     states, the epochs and the final stage. ``stop_signal()``: the SIGINT / SIGTERM received (0: none)."""
     device, run_start = dist_info.device, time.time()
     data_dir = _prepare_demo(args) if demo else args.data_dir or args.data
@@ -290,14 +281,30 @@ def train(args, dist_info, resume_ckpt: Optional[dict], demo: bool, stop_signal:
     random_seed(args.seed, dist_info.rank)
     dataset_train, dataset_eval, train_classes = _create_datasets(args, data_dir, dist_info.world_size)
     model, create_kwargs, data_config = _create_model(args, dist_info)
-    resolve_lr(args, dist_info.world_size)
+    if args.lr is None:  # timm's rule; derived, not saved as given: a resume at another batch scales again
+        global_batch = _global_batch(args, dist_info.world_size)
+        scale = args.lr_base_scale or ('sqrt' if any(o in args.opt.lower() for o in ('ada', 'lamb')) else 'linear')
+        args.derive(lr=args.lr_base * (global_batch / args.lr_base_size) ** (0.5 if scale == 'sqrt' else 1),
+                    **({} if args.lr_base_scale else {'lr_base_scale': scale}))
+        _logger.info(f'learning rate {args.lr:.4g} = lr_base {args.lr_base:g} x {args.lr_base_scale} scaling of '
+                     f'the global batch {global_batch} / {args.lr_base_size}')
+        if args.min_lr > args.lr:  # check_args had no --lr to compare with
+            raise UsageError(f'--min-lr {args.min_lr:g} is above the learning rate {args.lr:.4g} (from --lr-base): the '
+                             f'schedule would raise the LR toward it instead of decaying; expected --min-lr <= the LR')
     try:  # timm's optimizer_kwargs reads extra arguments from `opt_args`; this script's flag is --opt-kwargs
         optimizer = create_optimizer_v2(model, **{**optimizer_kwargs(cfg=args), **args.opt_kwargs})
     except (TypeError, ValueError) as e:
         raise UsageError(f'--opt {args.opt} cannot be built with {args.opt_kwargs or "these settings"}: {e}') from e
     amp_autocast, loss_scaler, amp_dtype = setup_amp(args.amp, args.amp_dtype, device)
-    loader_train, sampler_train, loader_eval = _create_loaders(args, dataset_train, dataset_eval, data_config,
-                                                               dist_info)
+    loader_train, sampler_train = create_train_loader(
+        dataset_train, data_config, args.batch_size, device, seed=args.seed, rank=dist_info.rank,
+        world_size=dist_info.world_size, num_workers=args.workers, pin_memory=args.pin_mem,
+        aug_repeats=args.aug_repeats, no_aug=args.no_aug, scale=args.scale, ratio=args.ratio, hflip=args.hflip,
+        vflip=args.vflip, color_jitter=args.color_jitter, auto_augment=args.aa,
+        train_interpolation=args.train_interpolation, re_prob=args.reprob, re_mode=args.remode, re_count=args.recount)
+    loader_eval = create_eval_loader(
+        dataset_eval, data_config, args.validation_batch_size or args.batch_size, device, num_workers=args.workers,
+        distributed=dist_info.distributed, pin_memory=args.pin_mem) if dataset_eval is not None else None
     try:
         mixup_fn, train_loss_fn = _create_mixup_and_loss(args, device)
         updates_per_epoch = (len(loader_train) + args.grad_accum_steps - 1) // args.grad_accum_steps
@@ -370,12 +377,12 @@ def train(args, dist_info, resume_ckpt: Optional[dict], demo: bool, stop_signal:
 
 def _train_epochs(args, dist_info, folder: Optional[RunFolder], updates: Dict[str, Any], state: Dict[str, Any],
                   model_ema, loader_train, sampler_train, loader_eval, *, mixup_fn, train_loss_fn, amp_autocast,
-                  start_epoch: int, num_epochs: int, last_saved: Optional[int]) -> 'EpochMetrics':
-    """Per epoch: :func:`train_one_epoch`, ``validate``, the schedule's step, a summary row and a checkpoint
-    (``state``: its objects and fields); a stop signal or a NaN / inf loss ends the run with one line naming the
-    intact checkpoint (``last_saved``: its epoch, None before any). Returns the last epoch's metrics."""
+                  start_epoch: int, num_epochs: int, last_saved: Optional[int]) -> Dict[str, Any]:
+    """Per epoch: :func:`train_one_epoch`, ``validate``, the schedule's step, a summary row and a checkpoint of
+    ``state``; a stop signal or a NaN / inf loss ends the run with one line naming the intact checkpoint (of epoch
+    ``last_saved``). Returns the last epoch's {train, eval, ema_eval}, peak_mem_gib and train_start (time.time())."""
     device, train_model, lr_scheduler = dist_info.device, state['model'], state['scheduler']
-    metrics = EpochMetrics()
+    metrics = dict(train=None, eval=None, ema_eval=None, peak_mem_gib=None, train_start=time.time())
     for epoch in range(start_epoch, num_epochs):
         if sampler_train is not None:
             sampler_train.set_epoch(epoch)
@@ -384,7 +391,7 @@ def _train_epochs(args, dist_info, folder: Optional[RunFolder], updates: Dict[st
         if device.type == 'cuda':
             torch.cuda.reset_peak_memory_stats(device)  # peak_mem_gib is this epoch's (training + eval)
         try:
-            metrics.train = train_one_epoch(
+            metrics['train'] = train_one_epoch(
                 epoch, train_model, loader_train, state['optimizer'], train_loss_fn, updates, total_epochs=num_epochs,
                 amp_autocast=amp_autocast, loss_scaler=state['loss_scaler'], clip_grad=args.clip_grad,
                 clip_mode=args.clip_mode, mixup_fn=mixup_fn, model_ema=model_ema, lr_scheduler=lr_scheduler,
@@ -392,28 +399,29 @@ def _train_epochs(args, dist_info, folder: Optional[RunFolder], updates: Dict[st
                 world_size=dist_info.world_size, log_interval=args.log_interval, primary=dist_info.primary)
         except (Interrupted, NonFiniteLossError) as e:
             last_path = folder.saver.last_path if folder is not None else None
-            raise stop_error(e, last_path, last_saved, args.resume, STOP_ADVICE) from None
+            advice = 'Lower --lr, add --clip-grad or more --warmup-epochs'  # after a NaN / inf loss
+            raise stop_error(e, last_path, last_saved, args.resume, advice) from None
         if dist_info.distributed and args.dist_bn in ('broadcast', 'reduce'):
             distribute_bn(train_model, dist_info.world_size, args.dist_bn == 'reduce')
         with preserve_rng():  # evaluation must not shift the training's random stream
             metric = _validate_epoch(args, dist_info, train_model, model_ema, loader_eval, amp_autocast, metrics)
         lr_scheduler.step(epoch + 1, metric)  # before saving: the checkpoint holds next epoch's LR
-        row = {'epoch': epoch, 'lr': metrics.train['lr'], 'train_loss': metrics.train['loss']}
-        for prefix, values in (('eval', metrics.eval), ('ema_eval', metrics.ema_eval)):
+        trained, evaluated, ema = metrics['train'], metrics['eval'], metrics['ema_eval']
+        row = {'epoch': epoch, 'lr': trained['lr'], 'train_loss': trained['loss']}
+        for prefix, values in (('eval', evaluated), ('ema_eval', ema)):
             row.update({f'{prefix}_{k}': values[k] for k in ('loss', 'top1', 'top5')} if values is not None else {})
-        row.update(train_img_per_sec=metrics.train['img_per_sec'], epoch_seconds=metrics.train['seconds'])
+        row.update(train_img_per_sec=trained['img_per_sec'], epoch_seconds=trained['seconds'])
         if device.type == 'cuda':
             row['peak_mem_gib'] = torch.cuda.max_memory_allocated(device) / 2 ** 30
-            metrics.peak_mem_gib = max(metrics.peak_mem_gib or 0., row['peak_mem_gib'])
+            metrics['peak_mem_gib'] = max(metrics['peak_mem_gib'] or 0., row['peak_mem_gib'])
         if folder is not None:
             folder.summary.append(row)
         written = save_checkpoint(
             folder, args, dist_info, epoch, metric, num_updates=updates['num_updates'], **state,
             state_dict_ema=model_ema.module.state_dict() if model_ema is not None else None,
-            eval_metrics=metrics.eval, ema_eval_metrics=metrics.ema_eval)
+            eval_metrics=evaluated, ema_eval_metrics=ema)
         last_saved = epoch
         if folder is not None:
-            evaluated, ema = metrics.eval, metrics.ema_eval
             _logger.info(
                 f'Epoch {epoch}/{num_epochs - 1}: train loss {row["train_loss"]:.4f}'
                 + (f' | eval loss {evaluated["loss"]:.4f} {_accuracy_text(evaluated)}' if evaluated is not None else '')
@@ -424,52 +432,49 @@ def _train_epochs(args, dist_info, folder: Optional[RunFolder], updates: Dict[st
     return metrics
 
 
-def _final_stage(args, dist_info, folder: Optional[RunFolder], model, train_model, model_ema, metrics: 'EpochMetrics',
+def _final_stage(args, dist_info, folder: Optional[RunFolder], model, train_model, model_ema, metrics: Dict[str, Any],
                  loader_train, loader_eval, *, create_kwargs, data_config, train_classes, data_dir: str, demo: bool,
                  num_epochs: int, command: str, run_start: float) -> Optional[Dict[str, Any]]:
     """After the last epoch (every rank): the weights' digests, the demo's validation, then on rank 0
-    ``pretrained/``, ``results.json`` (a failure from here on is recorded in it) and the closing log lines
-    (``run_start``: when this process's run began); returns the results on rank 0."""
+    ``pretrained/``, ``results.json`` and the closing log lines; returns the results on rank 0."""
     if folder is not None:
-        folder.in_final_stage = True
+        folder.in_final_stage = True  # a failure from here on is recorded in results.json
     digests = weights_digests(dist_info, model, model_ema.module if model_ema is not None else None)
     demo_val = (_validate_demo(args, dist_info, folder, data_dir, model_ema)
                 if demo and loader_eval is not None else None)
     if folder is None:
         return None
-    pretrained, pretrained_from = _export_pretrained(args, folder, train_model, model_ema, data_config, train_classes,
-                                                     data_dir)
+    pretrained_from = _export_pretrained(args, folder, train_model, model_ema, data_config, train_classes, data_dir)
+    device, best_path = dist_info.device, folder.saver.best_path
     # the best as model_best.pth itself records it: the record names what the files hold
     best = ({'epoch': pretrained_from['epoch'], 'metric': pretrained_from['metric']}
-            if pretrained_from['file'] == folder.saver.best_path.name else None)
-    device, best_path = dist_info.device, folder.saver.best_path
+            if pretrained_from['file'] == best_path.name else None)
     results = {
         'model': args.model, 'model_kwargs': create_kwargs, 'experiment_dir': str(folder.output_dir),
         'device': str(device), 'device_name': torch.cuda.get_device_name(device) if device.type == 'cuda' else None,
-        'cuda_peak_mem_gib': metrics.peak_mem_gib,  # max over this process's epochs of max_memory_allocated
+        'cuda_peak_mem_gib': metrics['peak_mem_gib'],  # max over this process's epochs of max_memory_allocated
         'torch_version': torch.__version__, 'world_size': dist_info.world_size, 'epochs': num_epochs,
         'global_batch': _global_batch(args, dist_info.world_size), 'lr': args.lr, 'final_epoch': num_epochs - 1,
-        'train': metrics.train, 'eval': metrics.eval, 'ema_eval': metrics.ema_eval,
+        'train': metrics['train'], 'eval': metrics['eval'], 'ema_eval': metrics['ema_eval'],
         'best': best, 'eval_metric': args.eval_metric, 'checkpoints': {  # None: nothing was evaluated
             'last': str(folder.saver.last_path), 'best': str(best_path) if best_path.exists() else None},
-        'pretrained': str(pretrained), 'pretrained_from': pretrained_from, 'weights_sha256_per_rank': digests,
-        'ranks_agree': len(set(digests)) == 1,
-        'train_seconds_this_process': time.time() - metrics.train_start, 'demo_validation': demo_val,
+        'pretrained': str(folder.output_dir / 'pretrained'), 'pretrained_from': pretrained_from,
+        'weights_sha256_per_rank': digests, 'ranks_agree': len(set(digests)) == 1,
+        'train_seconds_this_process': time.time() - metrics['train_start'], 'demo_validation': demo_val,
         'skipped_images': {  # unreadable files, left out (never replaced): last epoch / last evaluation, this rank
             'train': loader_train.skipped, 'eval': loader_eval.skipped if loader_eval is not None else 0,
             'files': {**loader_train.skipped_files, **(loader_eval.skipped_files if loader_eval is not None else {})}},
         'command': command,
     }
     write_results(folder, results)
-    if metrics.eval is not None:
-        _logger.info(f'Done in {format_duration(time.time() - metrics.train_start)}: final eval '
-                     f'{_accuracy_text(metrics.eval)} loss {metrics.eval["loss"]:.4f}'
+    if metrics['eval'] is not None:
+        _logger.info(f'Done in {format_duration(time.time() - metrics["train_start"])}: final eval '
+                     f'{_accuracy_text(metrics["eval"])} loss {metrics["eval"]["loss"]:.4f}'
                      + (f'; best {args.eval_metric} {best["metric"]:.4f} at epoch {best["epoch"]}' if best else ''))
     if demo_val is not None:
-        _logger.info(
-            f'Demo result: validation accuracy {demo_val["top1"]:.2f}% top-1 on {demo_val["samples"]} held-out '
-            f'digit images (chance: 10%), checkpoint {best_path}; '
-            f'total time {format_duration(time.time() - run_start)}.')
+        _logger.info(f'Demo result: validation accuracy {demo_val["top1"]:.2f}% top-1 on {demo_val["samples"]} '
+                     f'held-out digit images (chance: 10%), checkpoint {best_path}; total time '
+                     f'{format_duration(time.time() - run_start)}.')
     names = sorted(p.name for p in folder.output_dir.iterdir() if not p.name.startswith('.'))
     _logger.info(f'Outputs in {folder.output_dir}: {", ".join(names)}')
     return results
@@ -479,9 +484,8 @@ def update_state(num_updates: int = 0, stop_signal: Optional[Callable[[], int]] 
                  device: torch.device = torch.device('cpu'), agree_every_s: float = 2.) -> Dict[str, Any]:
     """What one optimizer update carries to the next (:func:`train_one_epoch`): ``num_updates``, ``stop_signal()``
     (this process's SIGINT / SIGTERM, 0: none), a stop agreed at the last update, the agreements' spacing."""
-    return dict(num_updates=num_updates, stop_signal=stop_signal or (lambda: 0), distributed=distributed,
-                device=device, agree_every_s=agree_every_s, stop_pending=0, check_every=1,
-                micro_seconds=float('inf'))
+    return dict(num_updates=num_updates, stop_signal=stop_signal or (lambda: 0), distributed=distributed, device=device,
+                agree_every_s=agree_every_s, stop_pending=0, check_every=1, micro_seconds=float('inf'))
 
 
 def train_one_epoch(epoch: int, model: nn.Module, loader, optimizer: torch.optim.Optimizer, loss_fn: Callable,
@@ -491,11 +495,9 @@ def train_one_epoch(epoch: int, model: nn.Module, loader, optimizer: torch.optim
                     log_interval: int = 50, primary: bool = True) -> Dict[str, float]:
     """timm's ``train_one_epoch``: per optimizer update, ``grad_accum_steps`` batches of forward, loss and backward
     (DDP syncs the gradients on the last one only), then clipping, the optimizer step, the EMA and the per-update LR
-    schedule. ``updates``: the run's :func:`update_state`.
-
-    The update waits for the device and the other ranks once, at the agreement (:func:`_agree`) before its last
-    backward pass: a NaN / inf loss on any rank stops the run there, before the optimizer step
-    (:class:`NonFiniteLossError`); a SIGINT / SIGTERM on any rank stops it before the next update
+    schedule. ``updates``: the run's :func:`update_state`. An update waits for the device and the other ranks once,
+    at :func:`_agree` before its last backward pass: a NaN / inf loss on any rank stops the run before the optimizer
+    step (:class:`NonFiniteLossError`); a SIGINT / SIGTERM on any rank, before the next update
     (:class:`~mlp_vision.errors.Interrupted`). Returns {'loss', 'lr', 'img_per_sec', 'seconds'} over every rank."""
     model.train()
     num_batches = len(loader)
@@ -543,8 +545,15 @@ def train_one_epoch(epoch: int, model: nn.Module, loader, optimizer: torch.optim
                 if need_update:  # before the backward pass that reduces the gradients, and the optimizer step
                     update_loss, updates['stop_pending'] = _agree(updates, optimizer, sums, micro + 1 - since_micro,
                                                                   since, (epoch, first))
-                _backward(loss / accum_steps, optimizer, loss_scaler, clip_grad, clip_mode, clip_parameters,
-                          need_update)
+                if loss_scaler is not None:  # timm's NativeScaler (float16 AMP): the scaled backward, clipping, step
+                    loss_scaler(loss / accum_steps, optimizer, clip_grad=clip_grad, clip_mode=clip_mode,
+                                parameters=clip_parameters() if clip_grad else None, need_update=need_update)
+                else:
+                    (loss / accum_steps).backward()
+                    if need_update:
+                        if clip_grad is not None:
+                            dispatch_clip_grad(clip_parameters(), value=clip_grad, mode=clip_mode)
+                        optimizer.step()
             if not need_update and micro + 1 == next_check:  # a long update agrees every few seconds
                 _, signum = _agree(updates, optimizer, sums, micro + 1 - since_micro, since, (epoch, first))
                 if signum:
@@ -591,32 +600,16 @@ def train_one_epoch(epoch: int, model: nn.Module, loader, optimizer: torch.optim
     return {'loss': total_loss / total_samples, 'lr': lr, 'img_per_sec': total_samples / seconds, 'seconds': seconds}
 
 
-def _backward(loss: torch.Tensor, optimizer, loss_scaler, clip_grad: Optional[float], clip_mode: str,
-              parameters: Callable[[], Iterable[torch.Tensor]], need_update: bool) -> None:
-    """timm's backward (through its ``NativeScaler`` under float16 AMP); on the update's last batch, clipping and
-    the optimizer step."""
-    clip_grad = clip_grad if clip_grad and clip_grad > 0 else None
-    if loss_scaler is not None:
-        loss_scaler(loss, optimizer, clip_grad=clip_grad, clip_mode=clip_mode,
-                    parameters=parameters() if clip_grad else None, need_update=need_update)
-        return
-    loss.backward()
-    if need_update:
-        if clip_grad is not None:
-            dispatch_clip_grad(parameters(), value=clip_grad, mode=clip_mode)
-        optimizer.step()
-
-
 _NO_BAD_MICRO = float(2 ** 52)  # above any batch index, exact in float64
 
 
 def _agree(updates: Dict[str, Any], optimizer, sums: torch.Tensor, micro_batches_since: int, since: float,
            at: Tuple[int, int]) -> Tuple[float, int]:
-    """The one wait of an update: its losses read with one device-to-host copy, with one all-reduce (MAX, on the
-    training device) of [first non-finite batch, stop signal, seconds per batch], so every rank decides the same: a
-    non-finite loss anywhere raises :class:`NonFiniteLossError` (gradients dropped; ``at``: the epoch and the update's
-    first batch). Returns (this rank's weighted loss sum, the agreed stop signal). A long update's agreements come at
-    positions counted from the slowest rank's time per batch, so every rank calls the same collectives in order."""
+    """The one wait of an update: its losses read with one device-to-host copy, and one all-reduce (MAX) of [first
+    non-finite batch, stop signal, seconds per batch], so every rank decides the same: a non-finite loss anywhere
+    raises :class:`NonFiniteLossError` (gradients dropped; ``at``: the epoch and the update's first batch). Returns
+    (this rank's weighted loss sum, the agreed stop signal). A long update agrees at batches counted from the slowest
+    rank's time per batch, so every rank calls the same collectives in order."""
     packed = torch.zeros(6, dtype=torch.float64, device=updates['device'])
     # MAX of (first bad batch counted down from 2**52): the earliest bad batch of any rank, 0 if none
     packed[0] = (sums[1] >= 0) * (_NO_BAD_MICRO - sums[1])
@@ -644,22 +637,18 @@ def format_duration(seconds: float) -> str:
 
 def warn_global_batch_beyond_data(batch_size: int, world_size: int, grad_accum_steps: int, samples: int) -> None:
     """Warn when one update's global batch is larger than the training set (``-b 1e9``: no other sign of it)."""
-    global_batch = batch_size * world_size * grad_accum_steps
-    if global_batch > samples:
+    if (global_batch := batch_size * world_size * grad_accum_steps) > samples:
         _logger.warning(f'the global batch ({batch_size} x {world_size} processes x {grad_accum_steps} accumulation '
-                        f'steps = {global_batch:,}) is larger than the training data ({samples:,} images): each '
-                        f'update would need {global_batch / max(samples, 1):.3g} times the data; lower -b / '
-                        f'--grad-accum-steps')
+                        f'steps = {global_batch:,}) is larger than the training data ({samples:,} images); lower -b '
+                        f'/ --grad-accum-steps')
 
 
 # ------------------------------------------------------------------------------------------------ distributed
-def wrap_ddp(model: nn.Module, info: DistInfo, **kwargs) -> nn.Module:
-    """DistributedDataParallel (``device_ids`` on CUDA), its gradients given their parameter's strides.
-
-    A convolution returns its weight gradient in its input's memory format (sMLPNet's 1x1 fuse conv of a
-    channels-last activation: strides (C_in, 1, C_in, C_in) for a (C_in, 1, 1, 1) parameter). Autograd accepts a
-    size-1 dim's unused stride, but DDP's reducer compares all strides and warns "Grad strides do not match bucket
-    view strides" on every rank; the restrided view is the same memory. Other layouts are left as they are."""
+def wrap_ddp(model: nn.Module, info: DistInfo) -> nn.Module:
+    """DistributedDataParallel (``device_ids`` on CUDA), its gradients given their parameter's strides: a convolution
+    returns its weight gradient in its input's memory format (a 1x1 conv of a channels-last activation: strides
+    (C_in, 1, C_in, C_in) for a (C_in, 1, 1, 1) parameter), which autograd accepts but DDP's reducer warns about
+    ("Grad strides do not match bucket view strides") on every rank; the restrided view is the same memory."""
     def restride(param: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
         if (grad.layout != torch.strided or grad.shape != param.shape or grad.stride() == param.stride()
                 or any(g != p for g, p, n in zip(grad.stride(), param.stride(), param.shape) if n != 1)):
@@ -669,13 +658,11 @@ def wrap_ddp(model: nn.Module, info: DistInfo, **kwargs) -> nn.Module:
     for param in model.parameters():
         if param.requires_grad and 1 in param.shape:
             param.register_hook(partial(restride, param))
-    device_ids = [info.device] if info.device.type == 'cuda' else None
-    return torch.nn.parallel.DistributedDataParallel(model, device_ids=device_ids, **kwargs)
+    return nn.parallel.DistributedDataParallel(model, device_ids=[info.device] if info.device.type == 'cuda' else None)
 
 
 def weights_digests(dist_info: DistInfo, *modules: Optional[nn.Module]) -> List[str]:
-    """Every rank's SHA-256 of the weights (every tensor's name, dtype, shape and bytes: equal digests = equal
-    weights); logs an error if they differ."""
+    """Every rank's SHA-256 of the weights (tensor names, dtypes, shapes, bytes); logs an error if they differ."""
     h = hashlib.sha256()
     for module in filter(None, modules):
         for k, v in unwrap_model(module).state_dict().items():
@@ -692,11 +679,10 @@ def weights_digests(dist_info: DistInfo, *modules: Optional[nn.Module]) -> List[
 def _prepare_demo(args) -> str:
     """The demo's data: scikit-learn's digits as an ImageFolder tree (written once); returns its folder."""
     args.derive(data_dir=str(prepare_digits_folder()), dataset='', train_split='train', val_split='val')
-    _logger.info(
-        'Demo: no dataset was given, so this trains a small model on scikit-learn\'s bundled handwritten '
-        f'digits (1,797 real 8x8 scans, 10 classes), written once as an ImageFolder tree under '
-        f'{args.data_dir}, through the same pipeline as an ImageNet run (recipe {DEMO_RECIPE}). '
-        f'For your own photos: -c {OWN_FOLDER_RECIPE} --data-dir DIR (README, "Your own photos").')
+    _logger.info(f'Demo: no dataset was given, so this trains a small model on scikit-learn\'s handwritten digits '
+                 f'(1,797 real 8x8 scans, 10 classes; an ImageFolder tree under {args.data_dir}) through the same '
+                 f'pipeline as an ImageNet run (recipe {DEMO_RECIPE}). For your own photos: -c {OWN_FOLDER_RECIPE} '
+                 f'--data-dir DIR (README, "Your own photos").')
     return args.data_dir
 
 
@@ -762,57 +748,18 @@ def _create_model(args, dist_info):
     return model, create_kwargs, data_config
 
 
-def resolve_lr(args, world_size: int) -> None:
-    """timm's rule: with no --lr, --lr-base scaled from --lr-base-size to the global batch (derived: args.yaml keeps
-    --lr unset, so a resume with another batch scales again)."""
-    if args.lr is not None:
-        return
-    global_batch = _global_batch(args, world_size)
-    ratio = global_batch / args.lr_base_size
-    scale = args.lr_base_scale or ('sqrt' if any(o in args.opt.lower() for o in ('ada', 'lamb')) else 'linear')
-    if scale == 'sqrt':
-        ratio = ratio ** 0.5
-    args.derive(lr=args.lr_base * ratio, **({} if args.lr_base_scale else {'lr_base_scale': scale}))
-    _logger.info(f'learning rate {args.lr:.4g} = lr_base {args.lr_base:g} x {args.lr_base_scale} scaling of '
-                 f'the global batch {global_batch} / {args.lr_base_size}')
-    if args.min_lr > args.lr:  # check_args saw no --lr to compare with
-        raise UsageError(f'--min-lr {args.min_lr:g} is above the learning rate {args.lr:.4g} (from --lr-base): the '
-                         f'schedule would raise the LR toward it instead of decaying; expected --min-lr <= the LR')
-
-
-def _create_loaders(args, dataset_train, dataset_eval, data_config, dist_info):
-    """(training loader, its distributed sampler or None, evaluation loader or None)."""
-    device = dist_info.device
-    loader_train, sampler_train = create_train_loader(
-        dataset_train, data_config, args.batch_size, device,
-        seed=args.seed, rank=dist_info.rank, world_size=dist_info.world_size, num_workers=args.workers,
-        pin_memory=args.pin_mem, aug_repeats=args.aug_repeats, no_aug=args.no_aug, scale=args.scale,
-        ratio=args.ratio, hflip=args.hflip, vflip=args.vflip, color_jitter=args.color_jitter,
-        auto_augment=args.aa, train_interpolation=args.train_interpolation, re_prob=args.reprob,
-        re_mode=args.remode, re_count=args.recount)
-    loader_eval = None
-    if dataset_eval is not None:
-        loader_eval = create_eval_loader(
-            dataset_eval, data_config, args.validation_batch_size or args.batch_size, device,
-            num_workers=args.workers, distributed=dist_info.distributed, pin_memory=args.pin_mem)
-    return loader_train, sampler_train, loader_eval
-
-
 def _create_mixup_and_loss(args, device):
     """(timm's Mixup / CutMix or None, the training loss that matches its soft or hard targets)."""
-    mixup_fn = None
-    if uses_mixup(args):
-        mixup_fn = Mixup(
-            mixup_alpha=args.mixup, cutmix_alpha=args.cutmix, cutmix_minmax=args.cutmix_minmax,
-            prob=args.mixup_prob, switch_prob=args.mixup_switch_prob, mode=args.mixup_mode,
-            label_smoothing=args.smoothing, num_classes=args.num_classes)
-        train_loss_fn = (BinaryCrossEntropy(target_threshold=args.bce_target_thresh) if args.bce_loss
-                         else SoftTargetCrossEntropy())
-    elif args.smoothing:
-        train_loss_fn = (BinaryCrossEntropy(smoothing=args.smoothing, target_threshold=args.bce_target_thresh)
-                         if args.bce_loss else LabelSmoothingCrossEntropy(smoothing=args.smoothing))
+    mixup_fn = Mixup(
+        mixup_alpha=args.mixup, cutmix_alpha=args.cutmix, cutmix_minmax=args.cutmix_minmax, prob=args.mixup_prob,
+        switch_prob=args.mixup_switch_prob, mode=args.mixup_mode, label_smoothing=args.smoothing,
+        num_classes=args.num_classes) if uses_mixup(args) else None
+    if args.bce_loss:  # timm's BCE one-hot encodes (and smooths) class indices; mixup's soft targets pass as they are
+        train_loss_fn = BinaryCrossEntropy(smoothing=args.smoothing, target_threshold=args.bce_target_thresh)
+    elif mixup_fn is not None:
+        train_loss_fn = SoftTargetCrossEntropy()
     else:
-        train_loss_fn = nn.BCEWithLogitsLoss() if args.bce_loss else nn.CrossEntropyLoss()
+        train_loss_fn = LabelSmoothingCrossEntropy(args.smoothing) if args.smoothing else nn.CrossEntropyLoss()
     return mixup_fn, train_loss_fn.to(device=device)
 
 
@@ -833,12 +780,11 @@ def _log_setup(args, dist_info, model, create_kwargs, data_config, amp_dtype, da
     _logger.info(
         f'Model {args.model} ({sum(p.numel() for p in model.parameters()) / 1e6:.3f} M params, {create_kwargs}) on '
         f'{dist_info.device}{processes}; input {data_config["input_size"]}, AMP {amp_dtype if args.amp else "off"}')
-    val_source = (dataset_source(dataset_eval) or args.val_split) if dataset_eval is not None else 'none'
-    _logger.info(
-        f'Data {data_dir or args.dataset}: {len(dataset_train)} training images '
-        f'({dataset_source(dataset_train) or args.train_split}), '
-        f'{len(dataset_eval) if dataset_eval is not None else 0} validation images ({val_source}), '
-        f'{args.num_classes} classes')
+    train_source, val_images, val_source = dataset_source(dataset_train) or args.train_split, 0, 'none'
+    if dataset_eval is not None:
+        val_images, val_source = len(dataset_eval), dataset_source(dataset_eval) or args.val_split
+    _logger.info(f'Data {data_dir or args.dataset}: {len(dataset_train)} training images ({train_source}), '
+                 f'{val_images} validation images ({val_source}), {args.num_classes} classes')
     samples, images = len(loader_train) * args.batch_size * world, len(dataset_train)
     _logger.info(  # an epoch may sample less than the training set (the loader's warning says why)
         f'Training {num_epochs} epochs x {updates_per_epoch} updates, global batch {_global_batch(args, world)}, '
@@ -848,8 +794,7 @@ def _log_setup(args, dist_info, model, create_kwargs, data_config, amp_dtype, da
 
 
 def _hint_small_data_recipe(args, num_images: int) -> None:
-    """Warn when a small training set gets no -c recipe and the default schedule (timm's ImageNet one: hours on a
-    CPU for a few hundred photos), naming the shipped recipe made for it; the run goes on as asked."""
+    """Name the shipped recipe for a small training set given no -c recipe and timm's ImageNet schedule."""
     if args.config or args.resume or num_images > SMALL_DATA_IMAGES or args.epochs != DEFAULT_EPOCHS:
         return
     _logger.warning(
@@ -859,31 +804,20 @@ def _hint_small_data_recipe(args, num_images: int) -> None:
         f'trains a small model in minutes (configs/{OWN_FOLDER_RECIPE}.yaml)')
 
 
-@dataclass
-class EpochMetrics:
-    """The latest epoch's metrics (None before the first epoch / without evaluation)."""
-    train: Optional[dict] = None
-    eval: Optional[dict] = None
-    ema_eval: Optional[dict] = None
-    peak_mem_gib: Optional[float] = None  # max over this process's epochs (CUDA)
-    train_start: float = field(default_factory=time.time)  # when this process's first epoch began
-
-
-def _validate_epoch(args, dist_info, model, model_ema, loader_eval, amp_autocast, metrics: EpochMetrics):
-    """:func:`validate` the model (and its EMA) into ``metrics``; returns the metric that selects the best
-    checkpoint (None without an evaluation set)."""
+def _validate_epoch(args, dist_info, model, model_ema, loader_eval, amp_autocast, metrics: Dict[str, Any]):
+    """:func:`validate` the model (and its EMA) into ``metrics``; returns the metric that selects the best (or None)."""
     if loader_eval is None:
         return None
     validate_on = partial(validate, loader=loader_eval, amp_autocast=amp_autocast, log_interval=0,
                           channels_last=args.channels_last, distributed=dist_info.distributed,
                           primary=dist_info.primary)
-    metrics.eval = validate_on(model)
+    metrics['eval'] = validate_on(model)
     if model_ema is None or args.model_ema_force_cpu:
-        return metrics.eval[args.eval_metric]
+        return metrics['eval'][args.eval_metric]
     if dist_info.distributed and args.dist_bn in ('broadcast', 'reduce'):
         distribute_bn(model_ema, dist_info.world_size, args.dist_bn == 'reduce')
-    metrics.ema_eval = validate_on(model_ema.module)
-    return metrics.ema_eval[args.eval_metric]  # as timm: EMA selects the best checkpoint
+    metrics['ema_eval'] = validate_on(model_ema.module)
+    return metrics['ema_eval'][args.eval_metric]  # as timm: EMA selects the best checkpoint
 
 
 def _accuracy_text(metrics: dict) -> str:
@@ -893,8 +827,7 @@ def _accuracy_text(metrics: dict) -> str:
 
 # ------------------------------------------------------------------------------------------------ the end of a run
 def _validate_demo(args, dist_info, folder: Optional[RunFolder], data_dir: str, model_ema) -> Dict[str, Any]:
-    """The demo's closing validation of its best checkpoint with the validation command (every rank takes part;
-    the evaluation is split over them); kept as ``demo_validation`` in ``results.json``."""
+    """The demo's closing validation of its best checkpoint by the validation command, split over every rank."""
     best_path = Path(all_gather_objects(str(folder.saver.best_path) if folder is not None else '', dist_info)[0])
     val_argv = ['--checkpoint', str(best_path), '--data-dir', data_dir, '--split', args.val_split,
                 '--workers', str(args.workers), '--results-file', str(best_path.parent / 'validate_best.json'),
@@ -912,18 +845,15 @@ _UPSTREAM_CFG_KEYS = ('tag', 'license', 'description', 'origin_url', 'paper_name
 
 
 def _export_pretrained(args, folder: RunFolder, train_model, model_ema, data_config, train_classes,
-                       data_dir: str) -> Tuple[Path, Dict[str, Any]]:
-    """``pretrained/``: the best weights (the EMA's where its accuracy chose them; the last epoch's when nothing was
-    evaluated) written atomically by timm's ``save_for_hf``, for ``timm.create_model('local-dir:RUN/pretrained',
-    pretrained=True)``; files a user put in the folder are kept. Returns (the folder, {file, epoch, metric, ema} it
-    was exported from, as that file records them)."""
+                       data_dir: str) -> Dict[str, Any]:
+    """``pretrained/`` for ``timm.create_model('local-dir:RUN/pretrained', pretrained=True)``, written atomically by
+    timm's ``save_for_hf`` (files a user put there are kept): the best weights (the EMA's where its accuracy chose
+    them; the last epoch's when nothing was evaluated). Returns {file, epoch, metric, ema} of the weights it holds."""
     source = folder.saver.best_path if folder.saver.best_path.exists() else folder.saver.last_path
     ckpt = load_checkpoint_file(source, what=source.name)
     use_ema = model_ema is not None and ckpt.get('state_dict_ema') is not None
     model = copy.deepcopy(unwrap_model(train_model)).cpu().to(memory_format=torch.contiguous_format)
     load_model_weights(model, ckpt['state_dict_ema' if use_ema else 'state_dict'], str(source), ckpt.get('arch'))
-    data_config = {k: v for k, v in data_config.items() if k in ('input_size', 'interpolation', 'mean', 'std',
-                                                                  'crop_pct', 'crop_mode')}
     # the architecture's cfg names the upstream weights (tag, license, paper): this export describes the run instead
     model.pretrained_cfg = {k: v for k, v in model.pretrained_cfg.items() if k not in _UPSTREAM_CFG_KEYS}
     data = args.dataset or (Path(data_dir).resolve().name if data_dir else 'unnamed data')
@@ -938,7 +868,7 @@ def _export_pretrained(args, folder: RunFolder, train_model, model_ema, data_con
         save_for_hf(model, tmp, model_config=model_config, safe_serialization=True, data_config=data_config)
     _logger.info(f'{export}: the {"EMA " if use_ema else ""}weights of {source.name} (epoch {ckpt.get("epoch")}) '
                  f"for timm (timm.create_model('local-dir:{export}', pretrained=True), features_only=True too)")
-    return export, {'file': source.name, 'epoch': ckpt.get('epoch'), 'metric': ckpt.get('metric'), 'ema': use_ema}
+    return {'file': source.name, 'epoch': ckpt.get('epoch'), 'metric': ckpt.get('metric'), 'ema': use_ema}
 
 
 if __name__ == '__main__':

@@ -1,10 +1,8 @@
 """ ``mlp-vision-validate`` / ``python -m mlp_vision.validate`` / ``python validate.py``: top-1 / top-5 accuracy,
-loss and images/s of a model on a dataset (examples: README, "Training and validation").
-
-Weights: ``--checkpoint`` of our train.py (model, kwargs and eval preprocessing rebuilt from it, ``--use-ema``),
-``--checkpoint FILE --model NAME`` for any other state dict, or ``--pretrained``. Labels: ``--class-map FILE``, else
-the class names a checkpoint stores, else folder order (with a warning). ``torchrun`` splits the evaluation exactly
-over the ranks. ``--results-file``: JSON or CSV (by the extension).
+loss and images/s of a model on a dataset (examples: README, "Training and validation"). Weights: ``--checkpoint``
+of our train.py (model, kwargs and eval preprocessing rebuilt from it, ``--use-ema``), ``--checkpoint FILE --model
+NAME`` for any other state dict, or ``--pretrained``. Labels: ``--class-map FILE``, else the class names a checkpoint
+stores, else folder order (with a warning). ``torchrun`` splits the evaluation exactly over the ranks.
 """
 import argparse
 import csv
@@ -35,22 +33,20 @@ def build_parser() -> argparse.ArgumentParser:
                             formatter_class=DefaultsHelpFormatter)
     add_dataset_arguments(parser)
     parser.add_argument('--split', metavar='NAME', default='validation', help='dataset split (folder / tar)')
-    parser.add_argument('--model', '-m', default=None, metavar='NAME',
-                        help='model name (default: the one a training checkpoint was made for)')
-    parser.add_argument('--pretrained', action='store_true', default=False, help="use the model's pretrained weights")
-    parser.add_argument('--checkpoint', default='', type=str, metavar='PATH',
+    parser.add_argument('--model', '-m', metavar='NAME', help="model name (default: the training checkpoint's)")
+    parser.add_argument('--pretrained', action='store_true', help="use the model's pretrained weights")
+    parser.add_argument('--checkpoint', default='', metavar='PATH',
                         help='our training checkpoint, a timm train.py checkpoint, or a state dict for --model')
     add_common_arguments(parser)
-    parser.add_argument('--use-ema', action='store_true', default=False, help="evaluate the checkpoint's EMA weights")
-    parser.add_argument('--num-classes', type=int, default=None,
-                        help='number of classes (default: from checkpoint/model)')
+    parser.add_argument('--use-ema', action='store_true', help="evaluate the checkpoint's EMA weights")
+    parser.add_argument('--num-classes', type=int, metavar='N', help="label classes (default: the model's)")
     add_input_arguments(parser)
-    parser.add_argument('--crop-mode', default=None, type=str, choices=CROP_MODES, help='how the eval crop is taken')
+    parser.add_argument('--crop-mode', choices=CROP_MODES, help='how the eval crop is taken')
     parser.add_argument('-b', '--batch-size', default=256, type=int, metavar='N', help='batch size')
     add_device_arguments(parser, distributed=False)
     add_compile_arguments(parser)
     parser.add_argument('--log-interval', default=10, type=int, metavar='N', help='batches between progress logs')
-    parser.add_argument('--results-file', default='', type=str, metavar='FILENAME',
+    parser.add_argument('--results-file', default='', metavar='FILENAME',
                         help='write the results to this .json or .csv file (an earlier regular file is kept as '
                              'NAME-1; a FIFO, device or /dev/stdout is written as it is)')
     return parser
@@ -75,17 +71,6 @@ def check_args(args: argparse.Namespace) -> None:
         raise UsageError(f'--results-file {args.results_file} is a folder; expected a .json or .csv file path')
 
 
-def _write_results(path: str, results: dict) -> None:
-    """``path`` as JSON, or CSV by its extension (an earlier regular file there is kept, :func:`write_output_file`)."""
-    buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=list(results))
-    writer.writeheader()
-    writer.writerow(results)
-    text = buf.getvalue() if path.endswith('.csv') else json_text(results)
-    if (kept := write_output_file(path, text, keep=True)) is not None:
-        _logger.info(f'the earlier {path} is kept as {kept}')
-
-
 def _validation_dataset(args: argparse.Namespace, data_dir, model, info: dict):
     """(the validation set, how its labels were decided): by ``--class-map``, else the class names a training
     checkpoint stores, else the dataset's folder order (with a warning: nothing says the model was trained so)."""
@@ -99,8 +84,7 @@ def _validation_dataset(args: argparse.Namespace, data_dir, model, info: dict):
         dataset = create_image_dataset(args.dataset, class_map=args.class_map, **create)
         labels = f'--class-map {args.class_map}'
     elif class_names:
-        class_to_idx = {name: label for label, name in enumerate(class_names)}
-        dataset = create_image_dataset(args.dataset, class_to_idx=class_to_idx, **create)
+        dataset = create_image_dataset(args.dataset, class_to_idx={n: i for i, n in enumerate(class_names)}, **create)
         check_class_names(dataset, class_names, 'validation set',
                           f'{where}; expected class folders named as the model\'s classes (a subset is fine), or '
                           f'pass --class-map FILE to say which folder is which label')
@@ -108,9 +92,8 @@ def _validation_dataset(args: argparse.Namespace, data_dir, model, info: dict):
     else:
         dataset = create_image_dataset(args.dataset, **create)
         if info['source'] != 'random init':
-            _logger.warning(f'the weights ({info["source"]}) do not store the class names the model was trained '
-                            f'on: labels are assumed to follow the order of the validation set\'s classes (folder '
-                            f'order); pass --class-map FILE if they do not')
+            _logger.warning(f'the weights ({info["source"]}) do not store the class names the model was trained on: '
+                            f'labels are assumed to follow the folder order; pass --class-map FILE if they do not')
         labels = 'dataset class order (assumed)'
     check_num_classes(dataset, model.num_classes, 'validation set',
                       f'{where}; validate on data with the classes the model was trained for, or pass --class-map')
@@ -182,8 +165,14 @@ def validate(args: argparse.Namespace) -> dict:
     top5 = f' Acc@5 {results["top5"]:.3f}' if results['top5'] is not None else ''
     _logger.info(f' * Acc@1 {results["top1"]:.3f}{top5} loss {results["loss"]:.4f} '
                  f'({results["samples"]} images, {results["img_per_sec"]:,.0f} img/s)')
-    if args.results_file and dist_info.primary:
-        _write_results(args.results_file, results)
+    if args.results_file and dist_info.primary:  # JSON, or CSV by the extension; an earlier regular file is kept
+        text = json_text(results)
+        if args.results_file.endswith('.csv'):
+            buf = io.StringIO()
+            csv.writer(buf).writerows([list(results), list(results.values())])
+            text = buf.getvalue()
+        if (kept := write_output_file(args.results_file, text, keep=True)) is not None:
+            _logger.info(f'the earlier {args.results_file} is kept as {kept}')
     return results
 
 

@@ -522,6 +522,41 @@ def test_train_bad_inputs(reference_run, digits, tmp_path):
     assert 'does not fit model smlpnet_t' in msg and 'other shapes' in msg
 
 
+def _bce(logits, target):
+    return torch.nn.functional.binary_cross_entropy_with_logits(logits, target)
+
+
+def _soft_ce(logits, target):
+    return -(target * logits.log_softmax(-1)).sum(-1).mean()
+
+
+def _one_hot(target, smoothing=0.):
+    return torch.nn.functional.one_hot(target, 10).float() * (1 - smoothing) + smoothing / 10
+
+
+# flags -> the loss on (logits, class indices), computed from its formula; with mixup, on mixup's soft targets
+TRAINING_LOSSES = {
+    '--smoothing 0': lambda x, y: torch.nn.functional.cross_entropy(x, y),
+    '': lambda x, y: _soft_ce(x, _one_hot(y, 0.1)),  # label smoothing 0.1 is timm's default
+    '--bce-loss --smoothing 0': lambda x, y: _bce(x, _one_hot(y)),  # was nn.BCEWithLogitsLoss on indices: a crash
+    '--bce-loss': lambda x, y: _bce(x, _one_hot(y, 0.1)),
+    '--mixup 0.8': _soft_ce,
+    '--mixup 0.8 --bce-loss': _bce,
+}
+
+
+@pytest.mark.parametrize('flags', list(TRAINING_LOSSES))
+def test_the_training_loss_of_each_target_kind(flags):
+    args = train.build_parser().parse_args(flags.split() + ['--num-classes', '10'])
+    mixup_fn, loss_fn = train._create_mixup_and_loss(args, torch.device('cpu'))
+    torch.manual_seed(0)
+    images, target, logits = torch.randn(4, 3, 8, 8), torch.randint(0, 10, (4,)), torch.randn(4, 10)
+    if mixup_fn is not None:
+        images, target = mixup_fn(images, target)
+    assert (mixup_fn is not None) == ('--mixup' in flags)
+    torch.testing.assert_close(loss_fn(logits, target), TRAINING_LOSSES[flags](logits, target))
+
+
 def test_config_yaml_and_cli_precedence(tmp_path):
     cfg = tmp_path / 'c.yaml'
     cfg.write_text('lr: 0.5\nweight-decay: 0.01\nmodel_kwargs: {embed_dim: 8}\nscale: [0.5, 1.0]\n')

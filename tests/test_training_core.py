@@ -169,6 +169,7 @@ def test_train_bad_inputs_one_line_exit_2(images, tmp_path, capsys):
         ('--mixup-prob', '2'): '--mixup-prob must be in [0, 1]',
         ('--scale', '0.5'): '--scale takes two values',
         ('--scale', '1', '0.1'): '--scale takes low then high',
+        ('--lr-noise', '0.5', '0.8', '0.9'): '--lr-noise takes two values (low high), got 3',  # timm used two of them
         ('--ratio', '-1', '1'): '--ratio must be a positive number',
         ('--opt', 'adamw', '--opt-betas', '2', '0.9'): '--opt-betas must be in [0, 1)',
         ('--opt-eps', '-1'): '--opt-eps must be a positive number',
