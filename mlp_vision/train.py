@@ -37,10 +37,9 @@ from mlp_vision.bounds import BOUND_RANGES, size_bounds
 from mlp_vision.errors import Interrupted, RunError, UsageError, run_cli
 from mlp_vision.outputs import atomic_folder, setup_logging
 from mlp_vision.training.image_data import (
-    INTERPOLATIONS, check_image_args, check_num_classes, create_train_val_datasets, dataset_class_names,
-    dataset_source, prepare_digits_folder)
-from mlp_vision.training.image_loader import (
-    create_eval_loader, create_train_loader, fit_batch_to_data, train_samples_per_rank)
+    INTERPOLATIONS, check_image_args, check_num_classes, create_eval_loader, create_train_loader,
+    create_train_val_datasets, dataset_class_names, dataset_source, fit_batch_to_data, prepare_digits_folder,
+    train_samples_per_rank)
 from mlp_vision.weights import ALLOW_MISSING_FLAG, is_training_checkpoint, load_checkpoint_file, load_model_weights
 from mlp_vision.training.run_files import (
     NonFiniteLossError, RunFolder, all_gather_objects, check_not_finished, check_resume_identity,

@@ -15,8 +15,8 @@ import os
 import torch
 
 from mlp_vision.outputs import json_text, setup_logging, write_output_file
-from mlp_vision.training.image_data import check_class_names, check_image_args, check_num_classes, create_image_dataset
-from mlp_vision.training.image_loader import create_eval_loader
+from mlp_vision.training.image_data import (
+    check_class_names, check_image_args, check_num_classes, create_eval_loader, create_image_dataset)
 from mlp_vision.arguments import THREADS_RANGE, ArgumentParser, DefaultsHelpFormatter, check_flag_ranges, set_threads
 from mlp_vision.bounds import BOUND_RANGES, within_bounds
 from mlp_vision.errors import UsageError, run_cli
