@@ -1,18 +1,16 @@
-""" The image datasets and loaders of train.py and validate.py: timm's ``ImageDataset``, ``Reader``,
-``create_dataset``, transforms, samplers, ``fast_collate`` and ``PrefetchLoader``, and what they lack. timm validates
-on the training images when a split is missing, labels a validation folder by its own folder order, walks symlink loops
-forever, drops tar link members, stops quietly at a truncated tar, converts 16-bit and premultiplied images wrongly,
-replaces an unreadable image by the next sample, unpickles ``.pkl`` class maps and has no hold-out split; here each is
-read right or stops with one line (``docs/what_happens_when.md``). Its loaders seed augmentation by each worker's
-global RNGs (``--resume`` could not reproduce a run) and pad distributed evaluation with repeated samples; here each
-sample's augmentation is seeded, unusable images are left out and counted (:class:`ReadableBatches`), evaluation is
-exact over ranks, a 0-bit posterize does not raise in recent Pillow, and workers leave SIGINT / SIGTERM to the main
+""" The image datasets and loaders of train.py and validate.py: timm's readers, ``create_dataset``, transforms,
+samplers and ``PrefetchLoader``, and what they lack (``docs/what_happens_when.md``): a missing split is never the
+training images, a validation folder is labelled by the training classes, symlink loops end, tar links, truncated tars,
+16-bit and premultiplied images are read right or stop with one line, an unreadable image is left out and counted
+(never the next sample), ``.pkl`` class maps are refused; a hold-out split, augmentation seeded per sample (exact
+``--resume``), exact distributed evaluation (no padded samples), and workers that leave SIGINT / SIGTERM to the main
 process.
 """
 import collections
 import contextlib
 import copy
 import hashlib
+import importlib.util
 import io
 import logging
 import os
@@ -43,13 +41,13 @@ from mlp_vision.arguments import check_range, usable_cpus
 from mlp_vision.errors import RunError, UsageError
 
 __all__ = [
-    'IMAGE_MODE_CHANNELS', 'INTERPOLATIONS', 'DATASET_KINDS', 'check_image_args', 'read_class_map', 'SkippedImage',
-    'convert_image_mode', 'load_image', 'find_split', 'ImageFileReader', 'ImageFileDataset',
-    'parse_val_split', 'stratified_holdout', 'DatasetSubset', 'dataset_class_names', 'sample_targets',
-    'check_num_classes', 'check_class_names', 'create_image_dataset', 'create_train_val_datasets', 'dataset_source',
-    'prepare_digits_folder', 'default_workers', 'seeded_rng', 'SeededSampler', 'SeededDataset', 'ReadableBatches',
-    'ImageLoader', 'create_train_sampler', 'train_samples_per_rank', 'fit_batch_to_data', 'unused_images_message',
-    'create_train_loader', 'create_eval_loader',
+    'IMAGE_MODE_CHANNELS', 'INTERPOLATIONS', 'DATASET_PACKAGES', 'check_image_args', 'check_dataset_package',
+    'read_class_map', 'SkippedImage', 'convert_image_mode', 'load_image', 'find_split', 'ImageFileReader',
+    'ImageFileDataset', 'parse_val_split', 'stratified_holdout', 'DatasetSubset', 'dataset_class_names',
+    'sample_targets', 'check_num_classes', 'check_class_names', 'create_image_dataset', 'create_train_val_datasets',
+    'dataset_source', 'prepare_digits_folder', 'default_workers', 'seeded_rng', 'SeededSampler', 'SeededDataset',
+    'ReadableBatches', 'ImageLoader', 'create_train_sampler', 'train_samples_per_rank', 'fit_batch_to_data',
+    'unused_images_message', 'create_train_loader', 'create_eval_loader',
 ]
 
 _logger = logging.getLogger(__name__)
@@ -57,20 +55,19 @@ _logger = logging.getLogger(__name__)
 # PIL modes whose 8-bit channels make an image tensor (convert_image_mode converts every decodable mode to them)
 IMAGE_MODE_CHANNELS = {'RGB': 3, 'L': 1, 'RGBA': 4, 'LA': 2, 'CMYK': 4, 'YCbCr': 3, 'HSV': 3, 'LAB': 3}
 INTERPOLATIONS = ('', 'nearest', 'bilinear', 'bicubic', 'box', 'hamming', 'lanczos')  # timm's names ('': model's)
-DATASET_KINDS = ('torch', 'hfds', 'hfids', 'tfds', 'wds')  # --dataset KIND/NAME prefixes timm.data reads
+# --dataset KIND/NAME: the kinds timm.data reads, each with the module its reader imports and what installs it
+DATASET_PACKAGES = {'torch': (None, None), 'hfds': ('datasets', 'datasets'), 'hfids': ('datasets', 'datasets'),
+                    'tfds': ('tensorflow_datasets', 'tensorflow tensorflow-datasets'),
+                    'wds': ('webdataset', 'webdataset')}
 # timm's split synonyms (timm.data.dataset_factory): a split asked for by one name is found under any of them
 SPLIT_SYNONYMS = (('train', 'training'), ('validation', 'val', 'valid', 'eval', 'evaluation'))
 
 
 # ------------------------------------------------------------------------------------------------ flags
 def check_image_args(args, model_in_chans: Optional[int] = 3) -> None:
-    """The data flags, before any file is read: the image mode's channels are the model's, ``--mean`` / ``--std``
-    have 1 value or 1 per channel, std > 0, ``--class-map`` reads, ``--dataset`` is a kind timm
-    reads. ``model_in_chans`` None: not known yet (validate.py checks again with the model's)."""
-    channels = IMAGE_MODE_CHANNELS.get(args.input_img_mode)
-    if args.input_img_mode and channels is None:
-        raise UsageError(f'--input-img-mode must be one of {", ".join(IMAGE_MODE_CHANNELS)}, got '
-                         f'{args.input_img_mode!r}')
+    """The data flags, before any file is read: the image mode's channels are the model's (``model_in_chans`` None:
+    not known yet), ``--mean`` / ``--std`` 1 or 1 per channel, std > 0, ``--class-map`` reads, ``--dataset`` KIND."""
+    channels = IMAGE_MODE_CHANNELS.get(args.input_img_mode)  # the flag's choices, also in a recipe
     in_chans = (args.in_chans if args.in_chans is not None else
                 args.input_size[0] if getattr(args, 'input_size', None) else model_in_chans)
     if channels is not None and in_chans is not None and channels != in_chans:
@@ -84,9 +81,17 @@ def check_image_args(args, model_in_chans: Optional[int] = 3) -> None:
     if args.class_map:
         read_class_map(args.class_map, args.data_dir or getattr(args, 'data', None) or '')
     kind = args.dataset.split('/', 1)[0] if args.dataset else ''
-    if kind and (kind not in DATASET_KINDS or '/' not in args.dataset):
+    if kind and (kind not in DATASET_PACKAGES or '/' not in args.dataset):
         raise UsageError(f'--dataset {args.dataset!r} is not a dataset timm reads: give KIND/NAME with KIND one of '
-                         f'{", ".join(DATASET_KINDS)}, or leave it out for an image folder / tar at --data-dir')
+                         f'{", ".join(DATASET_PACKAGES)}, or leave it out for an image folder / tar at --data-dir')
+
+
+def check_dataset_package(dataset: str) -> None:
+    """A :class:`UsageError` when ``--dataset KIND/NAME`` needs a package that is not installed."""
+    module, install = DATASET_PACKAGES.get((dataset or '').split('/', 1)[0], (None, None))
+    if module is not None and importlib.util.find_spec(module) is None:
+        raise UsageError(f'--dataset {dataset} is read by the {module} package, which is not installed: pip install '
+                         f'{install} (or give an image folder / tar with --data-dir)')
 
 
 def read_class_map(class_map: str, root: str = '') -> Dict[str, int]:
@@ -141,12 +146,11 @@ _said_first_frame = False  # said once per process: a folder of scanned document
 
 def load_image(fp: Union[str, os.PathLike, io.IOBase], mode: Optional[str] = 'RGB',
                name: Optional[str] = None) -> Image.Image:
-    """One image decoded (its first frame) and converted; raises for anything unusable, also between 1x and 2x PIL's
-    ``MAX_IMAGE_PIXELS``, where PIL only warns (one huge image could exhaust a worker's memory)."""
+    """One image decoded (its first frame) and converted, the file closed; raises for anything unusable, also between
+    1x and 2x PIL's ``MAX_IMAGE_PIXELS``, where PIL only warns (one huge image could exhaust a worker's memory)."""
     global _said_first_frame
     name = name or str(getattr(fp, 'name', fp))
-    opened = open(fp, 'rb') if isinstance(fp, (str, os.PathLike)) else contextlib.nullcontext(fp)
-    with warnings.catch_warnings(), opened as fp:
+    with warnings.catch_warnings(), (open(fp, 'rb') if isinstance(fp, (str, os.PathLike)) else fp) as fp:
         warnings.simplefilter('error', Image.DecompressionBombWarning)
         img = Image.open(fp)
         frames = getattr(img, 'n_frames', 1)  # before load: counting a TIFF's pages seeks, dropping decoded data
@@ -245,10 +249,9 @@ def _tar_member_name(name: str) -> str:
 
 
 def _scan_tar(path: str, extensions: Set[str]) -> Tuple[List[Tuple[str, str, bool]], Dict[str, Tuple[int, int]]]:
-    """(the images as :func:`_scan_folder` gives them, a symlink's identity the member it reaches; ``{member: (offset
-    of its data in the file, size)}``) of an uncompressed tar: one seek reads an image in any process. Inner tars
-    (ImageNet's train tar) give ``<inner tar stem>/<member>``; a truncated or corrupt tar (``tarfile`` stops quietly)
-    and a link to no file of the tar are one line."""
+    """(the images as :func:`_scan_folder` gives them, a symlink's identity the member it reaches; ``{member: (data
+    offset, size)}``) of an uncompressed tar, inner tars (ImageNet's) as ``<inner tar stem>/<member>``; a truncated or
+    corrupt tar (``tarfile`` stops quietly) and a link to no file of the tar are one line."""
     images, data, not_regular, other_files = [], {}, [], []
     file_size = os.path.getsize(path)
 
@@ -354,10 +357,9 @@ def find_split(root: str, split: str) -> Optional[str]:
 
 # ------------------------------------------------------------------------------------------------ the dataset
 class ImageFileReader(Reader):
-    """A timm reader (``reader[index]``: ``(open binary file, target)``) of ``root/<class>/<image>``, a folder or an
-    uncompressed tar (whose paths may lie below one folder named like the split, imagenette's ``val.tar``). An image
-    is of the first folder it lies in, at any depth (timm: its leaf folder). ``class_to_idx`` (a ``class_map`` file
-    wins) labels by name; folders of other classes are left out, as in timm, into :attr:`other_classes`."""
+    """A timm reader (``reader[index]``: ``(open binary file, target)``) of ``root/<class>/<image>``, a folder or a tar
+    (maybe below one folder named like the split: imagenette's ``val.tar``); an image is of its top folder (timm: its
+    leaf). ``class_to_idx`` (or a ``class_map`` file) labels by name; other folders go to :attr:`other_classes`."""
 
     def __init__(self, root: str, class_map: Optional[str] = None, class_to_idx: Optional[Dict[str, int]] = None):
         super().__init__()
@@ -426,8 +428,7 @@ class ImageFileDataset(ImageDataset):
     def __getitem__(self, index: int):
         try:
             fp, target = self.reader[index]
-            with fp:
-                img = load_image(fp, self.input_img_mode, self.filename(index))
+            img = load_image(fp, self.input_img_mode, self.filename(index))
         except Exception as e:  # any decode failure skips this image only (KeyboardInterrupt etc. pass)
             return SkippedImage(self.filename(index), f'{type(e).__name__}: {e}', self.samples[index][1])
         return img if self.transform is None else self.transform(img), target
@@ -476,10 +477,8 @@ def sample_targets(ds) -> Optional[List[int]]:
     if isinstance(ds, torch.utils.data.Subset):
         targets = sample_targets(ds.dataset)
         return None if targets is None else [targets[i] for i in ds.indices]
-    if isinstance(ds, ImageFileDataset):
-        return [t for _, t in ds.samples]
-    targets = getattr(ds, 'targets', None)  # torchvision's
-    return None if targets is None else [int(t) for t in targets]
+    targets = [t for _, t in ds.samples] if isinstance(ds, ImageFileDataset) else getattr(ds, 'targets', None)
+    return None if targets is None else [int(t) for t in targets]  # torchvision's datasets list targets
 
 
 # ------------------------------------------------------------------------------------------------ labels
@@ -526,9 +525,8 @@ def create_image_dataset(name: str, root: Optional[str], split: str, is_training
                          batch_size: int = 1, seed: int = 42, what: str = 'dataset',
                          class_to_idx: Optional[Dict[str, int]] = None) -> torch.utils.data.Dataset:
     """One split, never silently another: ``name`` '' an :class:`ImageFileDataset` of ``root``'s split folder / tar (a
-    tar root, or a root without split folders, is the split), other names timm's ``create_dataset``; their errors, an
-    empty split and (``class_to_idx``: labelled by name, e.g. the model's or the training set's classes, without a class
-    map) a class folder not among those classes are one line."""
+    tar root, or a root without split folders, is the split), others timm's ``create_dataset``. Errors, an empty split
+    and (``class_to_idx`` given, no class map) a class folder not among those classes are one line."""
     if name != '':
         try:
             ds = create_dataset(name, root=root, split=split, is_training=is_training, download=download,
@@ -594,8 +592,7 @@ def create_train_val_datasets(
             raise UsageError(f'--val-split {val_split} holds out no image: each class has too few images '
                              f'({len(targets)} images in {len(present)} classes); give a larger fraction or a val/ '
                              f'folder')
-        found = find_split(root, 'validation') if name == '' and os.path.isdir(root) else None
-        if found:
+        if name == '' and os.path.isdir(root) and (found := find_split(root, 'validation')):
             _logger.warning(f'--val-split {val_split}: validating on a hold-out of the training images; '
                             f'the validation split {found} is not used')
         _logger.info(f'validation: {len(held_idx)} of the {len(targets)} training images held out (--val-split '
@@ -620,10 +617,8 @@ def dataset_source(ds) -> Optional[str]:
     """``folder PATH``, ``tar PATH`` or ``part of the folder PATH`` (a hold-out) for the log; None for others."""
     if isinstance(ds, DatasetSubset):
         parent = dataset_source(ds.dataset)
-        return f'part of the {parent}' if parent else None
-    if isinstance(ds, ImageFileDataset):
-        return f'{"tar" if ds.is_tar else "folder"} {ds.root}'
-    return None
+        return parent and f'part of the {parent}'
+    return f'{"tar" if ds.is_tar else "folder"} {ds.root}' if isinstance(ds, ImageFileDataset) else None
 
 
 # ------------------------------------------------------------------------------------------------ the demo data
@@ -679,10 +674,9 @@ def _posterize(img: Image.Image, bits_to_keep: int, **kwargs) -> Image.Image:
 
 
 def _worker_init(worker_id: int) -> None:
-    """timm's worker init, SIGINT ignored and the first SIGTERM too: Ctrl-C and ``timeout`` signal the whole process
-    group, and a worker killed first would end the run in a DataLoader traceback; the main process stops at a step
-    boundary and ends its workers itself. A second SIGTERM ends the worker: the main process's own ``terminate``
-    (torch's fallback when a worker does not join, and multiprocessing's at exit) must not wait forever."""
+    """timm's worker init, SIGINT and the first SIGTERM ignored: Ctrl-C and ``timeout`` signal the whole process group,
+    and the main process stops at a step boundary and ends its workers itself (a worker killed first would end the run
+    in a DataLoader traceback). A second SIGTERM (the main process's own ``terminate``) ends it: no wait forever."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, _end_on_the_next_sigterm)
     timm_worker_init(worker_id)
@@ -751,11 +745,10 @@ def _collate_readable(batch: List[Any]) -> Tuple[torch.Tensor, torch.Tensor, Lis
 
 
 class ReadableBatches(torch.utils.data.DataLoader):
-    """A ``DataLoader`` of ``(input, target)`` of the readable images: each skipped file warned once, the skipped
-    images of a pass counted (:attr:`skipped`), empty batches left out (``empty_batch_error``: raised, as DDP ranks
-    must run the same steps). ``min_kept``: a batch that unreadable images left with fewer readable ones counts as
-    empty (training: BatchNorm cannot normalise a batch of one). ``train_set``: a class none of whose images could be
-    read stops the run after the pass."""
+    """A ``DataLoader`` of ``(input, target)`` of the readable images: each skipped file warned once, those of a pass
+    counted (:attr:`skipped`); a batch left with fewer than ``min_kept`` readable images (BatchNorm cannot normalise
+    one) is left out, or ``empty_batch_error`` raised (DDP ranks must run the same steps). ``train_set``: a class
+    none of whose images could be read stops the run after the pass."""
 
     def __init__(self, dataset, empty_batch_error: Optional[str] = None, train_set=None,
                  device: Optional[torch.device] = None, min_kept: int = 1, num_workers: int = 0, **loader_kwargs):
@@ -775,8 +768,7 @@ class ReadableBatches(torch.utils.data.DataLoader):
                     self.skipped_files[s.name] = s.reason
                 unusable[s.target] += 1
             self.skipped += len(skipped)
-            if self.train_set is not None:
-                read.update(target.tolist())
+            read.update(target.tolist())
             if len(target) == 0 or skipped and len(target) < self.min_kept:
                 if self.empty_batch_error:
                     raise UsageError(f'{len(skipped)} of the {len(skipped) + len(target)} images of batch {batch_idx} '
@@ -793,8 +785,7 @@ class ReadableBatches(torch.utils.data.DataLoader):
         names = dataset_class_names(self.train_set)
         if names is None:
             return
-        counts = torch.tensor([[read[t] for t in range(len(names))], [unusable[t] for t in range(len(names))]],
-                              device=self.device)
+        counts = torch.tensor([[c[t] for t in range(len(names))] for c in (read, unusable)], device=self.device)
         if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
             dist.all_reduce(counts)  # each rank read a part of every class
         read_n, unusable_n = counts.tolist()
