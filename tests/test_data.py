@@ -1,4 +1,4 @@
-""" Image data that never gives a silent wrong result (mlp_vision.training.image_data, image_loader): validation
+""" Image data that never gives a silent wrong result (mlp_vision.training.image_data): validation
 splits, image tars, nested class folders, every PIL mode, unreadable images, a class with no usable image, signals
 to the process group. Every test makes its own tiny data in tmp_path. """
 import io
@@ -20,12 +20,9 @@ from PIL import Image
 
 from mlp_vision.errors import RunError, UsageError
 from mlp_vision.training.image_data import (
-    ImageFileDataset, SkippedImage, convert_image_mode, create_image_dataset, create_train_val_datasets,
-    dataset_class_names, dataset_source, load_image, parse_val_split, read_class_map, stratified_holdout,
-)
-from mlp_vision.training.image_loader import (
-    create_eval_loader, create_train_loader, create_train_sampler, fit_batch_to_data,
-    train_samples_per_rank, unused_images_message,
+    ImageFileDataset, SkippedImage, convert_image_mode, create_eval_loader, create_image_dataset, create_train_loader,
+    create_train_sampler, create_train_val_datasets, dataset_class_names, dataset_source, fit_batch_to_data, load_image,
+    parse_val_split, read_class_map, stratified_holdout, train_samples_per_rank, unused_images_message,
 )
 from mlp_vision.training.image_model import validate
 
@@ -818,7 +815,7 @@ def test_importing_mlp_vision_leaves_timm_augment_ops_as_they_are():
     """No global state: timm's table of augmentation ops is the same after ``import mlp_vision`` (and building a
     training loader) as in a fresh timm."""
     script = ('from timm.data import auto_augment as a; fresh = dict(a.NAME_TO_OP); import mlp_vision, '
-              'mlp_vision.train; from mlp_vision.training import image_loader; '
+              'mlp_vision.train; from mlp_vision.training import image_data; '
               'print(all(a.NAME_TO_OP[k] is f for k, f in fresh.items()) and fresh.keys() == a.NAME_TO_OP.keys())')
     out = subprocess.run([sys.executable, '-c', script], capture_output=True, text=True, cwd=REPO,
                          env={**os.environ, 'PYTHONPATH': REPO}, check=True).stdout
@@ -924,9 +921,9 @@ def test_min_lr_above_the_learning_rate_from_lr_base_is_one_line(tmp_path, capsy
 def _worker_signals(img):
     """In place of an image: (SIGINT ignored, SIGTERM's handler is the loader's) in the process that reads it."""
     import signal
-    from mlp_vision.training import image_loader
+    from mlp_vision.training import image_data
     return torch.tensor([[[signal.getsignal(signal.SIGINT) == signal.SIG_IGN,
-                           signal.getsignal(signal.SIGTERM) == image_loader._end_on_the_next_sigterm]]],
+                           signal.getsignal(signal.SIGTERM) == image_data._end_on_the_next_sigterm]]],
                         dtype=torch.uint8)
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from mlp_vision import benchmark, train, train_text, validate
 from mlp_vision.errors import ScriptExit, run_cli
-from mlp_vision.training import image_model
+from mlp_vision.training import image_data
 from mlp_vision.training.image_model import init_device
 
 
@@ -97,7 +97,7 @@ FAMILIES = {
 @pytest.mark.parametrize('case', list(FAMILIES), ids=' '.join)
 def test_issue_44_flag_families_are_one_line(case, capsys, monkeypatch):
     command, *flags = case
-    monkeypatch.setitem(image_model.DATASET_PACKAGES, 'hfds', ('datasets_not_installed', 'datasets'))  # if it is
+    monkeypatch.setitem(image_data.DATASET_PACKAGES, 'hfds', ('datasets_not_installed', 'datasets'))  # if it is
     _, base, checks = COMMANDS[command]
     with pytest.raises(ScriptExit) as e:
         run_cli(command, checks, base + flags)

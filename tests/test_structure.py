@@ -110,12 +110,9 @@ def test_training_is_layered_by_job():
     rules = {
         'mlp_vision.outputs': ('mlp_vision.training', 'mlp_vision.text', 'mlp_vision.train', 'mlp_vision.validate'),
         'mlp_vision.training.run_files': ('mlp_vision.training.image_model', 'mlp_vision.training.image_data',
-                                          'mlp_vision.training.image_loader', 'mlp_vision.text', 'mlp_vision.train',
-                                          'mlp_vision.validate'),
+                                          'mlp_vision.text', 'mlp_vision.train', 'mlp_vision.validate'),
         'mlp_vision.training.image_data': ('mlp_vision.training.image_model', 'mlp_vision.text', 'mlp_vision.train',
                                            'mlp_vision.validate'),
-        'mlp_vision.training.image_loader': ('mlp_vision.training.image_model', 'mlp_vision.text', 'mlp_vision.train',
-                                             'mlp_vision.validate'),
         'mlp_vision.training.image_model': ('mlp_vision.text', 'mlp_vision.train', 'mlp_vision.train_text',
                                             'mlp_vision.validate', 'mlp_vision.benchmark', 'mlp_vision.visualize'),
     }

@@ -1,41 +1,53 @@
-""" The image datasets of train.py and validate.py: timm's ``ImageDataset``, ``Reader`` and ``create_dataset``, and
-what they lack. timm validates on the training images when a split is missing, labels a validation folder by its
-own folder order, walks symlink loops forever, drops tar link members, stops quietly at a truncated tar, converts
-16-bit and premultiplied images wrongly, replaces an unreadable image by the next sample, unpickles ``.pkl`` class
-maps and has no hold-out split; here each is read right or stops with one line (``docs/what_happens_when.md``).
+""" The image datasets and loaders of train.py and validate.py: timm's readers, ``create_dataset``, transforms,
+samplers and ``PrefetchLoader``, and what they lack (``docs/what_happens_when.md``): a missing split is never the
+training images, a validation folder is labelled by the training classes, symlink loops end, tar links, truncated tars,
+16-bit and premultiplied images are read right or stop with one line, an unreadable image is left out and counted
+(never the next sample), ``.pkl`` class maps are refused; a hold-out split, augmentation seeded per sample (exact
+``--resume``), exact distributed evaluation (no padded samples), and workers that leave SIGINT / SIGTERM to the main
+process.
 """
 import collections
 import contextlib
 import copy
 import hashlib
+import importlib.util
 import io
 import logging
 import os
 import posixpath
+import random
 import shutil
+import signal
 import tarfile
 import tempfile
 import warnings
 from pathlib import Path
-from typing import Dict, List, NamedTuple, Optional, Sequence, Set, Tuple, Union
+from typing import Any, Dict, Iterator, List, NamedTuple, Optional, Sequence, Set, Tuple, Union
 
 import numpy as np
+import torch
+import torch.distributed as dist
 import torch.utils.data
 from PIL import Image
-from timm.data import ImageDataset, create_dataset
+from timm.data import ImageDataset, create_dataset, create_transform
+from timm.data.auto_augment import AugmentOp, posterize as timm_posterize
+from timm.data.distributed_sampler import RepeatAugSampler
+from timm.data.loader import PrefetchLoader, _worker_init as timm_worker_init, fast_collate
 from timm.data.readers.img_extensions import get_img_extensions
 from timm.data.readers.reader import Reader
 from timm.utils.misc import natural_key
 
-from mlp_vision.arguments import check_range
-from mlp_vision.errors import UsageError
+from mlp_vision.arguments import check_range, usable_cpus
+from mlp_vision.errors import RunError, UsageError
 
 __all__ = [
-    'IMAGE_MODE_CHANNELS', 'INTERPOLATIONS', 'DATASET_KINDS', 'check_image_args', 'read_class_map', 'SkippedImage',
-    'convert_image_mode', 'load_image', 'find_split', 'ImageFileReader', 'ImageFileDataset',
-    'parse_val_split', 'stratified_holdout', 'DatasetSubset', 'dataset_class_names', 'sample_targets',
-    'check_num_classes', 'check_class_names', 'create_image_dataset', 'create_train_val_datasets', 'dataset_source',
-    'prepare_digits_folder',
+    'IMAGE_MODE_CHANNELS', 'INTERPOLATIONS', 'DATASET_PACKAGES', 'check_image_args', 'check_dataset_package',
+    'read_class_map', 'SkippedImage', 'convert_image_mode', 'load_image', 'find_split', 'ImageFileReader',
+    'ImageFileDataset', 'parse_val_split', 'stratified_holdout', 'DatasetSubset', 'dataset_class_names',
+    'sample_targets', 'check_num_classes', 'check_class_names', 'create_image_dataset', 'create_train_val_datasets',
+    'dataset_source', 'prepare_digits_folder', 'default_workers', 'seeded_rng', 'SeededSampler', 'SeededDataset',
+    'ReadableBatches', 'ImageLoader', 'create_train_sampler', 'train_samples_per_rank', 'fit_batch_to_data',
+    'unused_images_message', 'create_train_loader', 'create_eval_loader',
 ]
 
 _logger = logging.getLogger(__name__)
@@ -43,20 +55,19 @@ _logger = logging.getLogger(__name__)
 # PIL modes whose 8-bit channels make an image tensor (convert_image_mode converts every decodable mode to them)
 IMAGE_MODE_CHANNELS = {'RGB': 3, 'L': 1, 'RGBA': 4, 'LA': 2, 'CMYK': 4, 'YCbCr': 3, 'HSV': 3, 'LAB': 3}
 INTERPOLATIONS = ('', 'nearest', 'bilinear', 'bicubic', 'box', 'hamming', 'lanczos')  # timm's names ('': model's)
-DATASET_KINDS = ('torch', 'hfds', 'hfids', 'tfds', 'wds')  # --dataset KIND/NAME prefixes timm.data reads
+# --dataset KIND/NAME: the kinds timm.data reads, each with the module its reader imports and what installs it
+DATASET_PACKAGES = {'torch': (None, None), 'hfds': ('datasets', 'datasets'), 'hfids': ('datasets', 'datasets'),
+                    'tfds': ('tensorflow_datasets', 'tensorflow tensorflow-datasets'),
+                    'wds': ('webdataset', 'webdataset')}
 # timm's split synonyms (timm.data.dataset_factory): a split asked for by one name is found under any of them
 SPLIT_SYNONYMS = (('train', 'training'), ('validation', 'val', 'valid', 'eval', 'evaluation'))
 
 
 # ------------------------------------------------------------------------------------------------ flags
 def check_image_args(args, model_in_chans: Optional[int] = 3) -> None:
-    """The data flags, before any file is read: the image mode's channels are the model's, ``--mean`` / ``--std``
-    have 1 value or 1 per channel, std > 0, ``--class-map`` reads, ``--dataset`` is a kind timm
-    reads. ``model_in_chans`` None: not known yet (validate.py checks again with the model's)."""
-    channels = IMAGE_MODE_CHANNELS.get(args.input_img_mode)
-    if args.input_img_mode and channels is None:
-        raise UsageError(f'--input-img-mode must be one of {", ".join(IMAGE_MODE_CHANNELS)}, got '
-                         f'{args.input_img_mode!r}')
+    """The data flags, before any file is read: the image mode's channels are the model's (``model_in_chans`` None:
+    not known yet), ``--mean`` / ``--std`` 1 or 1 per channel, std > 0, ``--class-map`` reads, ``--dataset`` KIND."""
+    channels = IMAGE_MODE_CHANNELS.get(args.input_img_mode)  # the flag's choices, also in a recipe
     in_chans = (args.in_chans if args.in_chans is not None else
                 args.input_size[0] if getattr(args, 'input_size', None) else model_in_chans)
     if channels is not None and in_chans is not None and channels != in_chans:
@@ -70,9 +81,17 @@ def check_image_args(args, model_in_chans: Optional[int] = 3) -> None:
     if args.class_map:
         read_class_map(args.class_map, args.data_dir or getattr(args, 'data', None) or '')
     kind = args.dataset.split('/', 1)[0] if args.dataset else ''
-    if kind and (kind not in DATASET_KINDS or '/' not in args.dataset):
+    if kind and (kind not in DATASET_PACKAGES or '/' not in args.dataset):
         raise UsageError(f'--dataset {args.dataset!r} is not a dataset timm reads: give KIND/NAME with KIND one of '
-                         f'{", ".join(DATASET_KINDS)}, or leave it out for an image folder / tar at --data-dir')
+                         f'{", ".join(DATASET_PACKAGES)}, or leave it out for an image folder / tar at --data-dir')
+
+
+def check_dataset_package(dataset: str) -> None:
+    """A :class:`UsageError` when ``--dataset KIND/NAME`` needs a package that is not installed."""
+    module, install = DATASET_PACKAGES.get((dataset or '').split('/', 1)[0], (None, None))
+    if module is not None and importlib.util.find_spec(module) is None:
+        raise UsageError(f'--dataset {dataset} is read by the {module} package, which is not installed: pip install '
+                         f'{install} (or give an image folder / tar with --data-dir)')
 
 
 def read_class_map(class_map: str, root: str = '') -> Dict[str, int]:
@@ -127,12 +146,11 @@ _said_first_frame = False  # said once per process: a folder of scanned document
 
 def load_image(fp: Union[str, os.PathLike, io.IOBase], mode: Optional[str] = 'RGB',
                name: Optional[str] = None) -> Image.Image:
-    """One image decoded (its first frame) and converted; raises for anything unusable, also between 1x and 2x PIL's
-    ``MAX_IMAGE_PIXELS``, where PIL only warns (one huge image could exhaust a worker's memory)."""
+    """One image decoded (its first frame) and converted, the file closed; raises for anything unusable, also between
+    1x and 2x PIL's ``MAX_IMAGE_PIXELS``, where PIL only warns (one huge image could exhaust a worker's memory)."""
     global _said_first_frame
     name = name or str(getattr(fp, 'name', fp))
-    opened = open(fp, 'rb') if isinstance(fp, (str, os.PathLike)) else contextlib.nullcontext(fp)
-    with warnings.catch_warnings(), opened as fp:
+    with warnings.catch_warnings(), (open(fp, 'rb') if isinstance(fp, (str, os.PathLike)) else fp) as fp:
         warnings.simplefilter('error', Image.DecompressionBombWarning)
         img = Image.open(fp)
         frames = getattr(img, 'n_frames', 1)  # before load: counting a TIFF's pages seeks, dropping decoded data
@@ -231,10 +249,9 @@ def _tar_member_name(name: str) -> str:
 
 
 def _scan_tar(path: str, extensions: Set[str]) -> Tuple[List[Tuple[str, str, bool]], Dict[str, Tuple[int, int]]]:
-    """(the images as :func:`_scan_folder` gives them, a symlink's identity the member it reaches; ``{member: (offset
-    of its data in the file, size)}``) of an uncompressed tar: one seek reads an image in any process. Inner tars
-    (ImageNet's train tar) give ``<inner tar stem>/<member>``; a truncated or corrupt tar (``tarfile`` stops quietly)
-    and a link to no file of the tar are one line."""
+    """(the images as :func:`_scan_folder` gives them, a symlink's identity the member it reaches; ``{member: (data
+    offset, size)}``) of an uncompressed tar, inner tars (ImageNet's) as ``<inner tar stem>/<member>``; a truncated or
+    corrupt tar (``tarfile`` stops quietly) and a link to no file of the tar are one line."""
     images, data, not_regular, other_files = [], {}, [], []
     file_size = os.path.getsize(path)
 
@@ -340,10 +357,9 @@ def find_split(root: str, split: str) -> Optional[str]:
 
 # ------------------------------------------------------------------------------------------------ the dataset
 class ImageFileReader(Reader):
-    """A timm reader (``reader[index]``: ``(open binary file, target)``) of ``root/<class>/<image>``, a folder or an
-    uncompressed tar (whose paths may lie below one folder named like the split, imagenette's ``val.tar``). An image
-    is of the first folder it lies in, at any depth (timm: its leaf folder). ``class_to_idx`` (a ``class_map`` file
-    wins) labels by name; folders of other classes are left out, as in timm, into :attr:`other_classes`."""
+    """A timm reader (``reader[index]``: ``(open binary file, target)``) of ``root/<class>/<image>``, a folder or a tar
+    (maybe below one folder named like the split: imagenette's ``val.tar``); an image is of its top folder (timm: its
+    leaf). ``class_to_idx`` (or a ``class_map`` file) labels by name; other folders go to :attr:`other_classes`."""
 
     def __init__(self, root: str, class_map: Optional[str] = None, class_to_idx: Optional[Dict[str, int]] = None):
         super().__init__()
@@ -412,8 +428,7 @@ class ImageFileDataset(ImageDataset):
     def __getitem__(self, index: int):
         try:
             fp, target = self.reader[index]
-            with fp:
-                img = load_image(fp, self.input_img_mode, self.filename(index))
+            img = load_image(fp, self.input_img_mode, self.filename(index))
         except Exception as e:  # any decode failure skips this image only (KeyboardInterrupt etc. pass)
             return SkippedImage(self.filename(index), f'{type(e).__name__}: {e}', self.samples[index][1])
         return img if self.transform is None else self.transform(img), target
@@ -462,10 +477,8 @@ def sample_targets(ds) -> Optional[List[int]]:
     if isinstance(ds, torch.utils.data.Subset):
         targets = sample_targets(ds.dataset)
         return None if targets is None else [targets[i] for i in ds.indices]
-    if isinstance(ds, ImageFileDataset):
-        return [t for _, t in ds.samples]
-    targets = getattr(ds, 'targets', None)  # torchvision's
-    return None if targets is None else [int(t) for t in targets]
+    targets = [t for _, t in ds.samples] if isinstance(ds, ImageFileDataset) else getattr(ds, 'targets', None)
+    return None if targets is None else [int(t) for t in targets]  # torchvision's datasets list targets
 
 
 # ------------------------------------------------------------------------------------------------ labels
@@ -512,9 +525,8 @@ def create_image_dataset(name: str, root: Optional[str], split: str, is_training
                          batch_size: int = 1, seed: int = 42, what: str = 'dataset',
                          class_to_idx: Optional[Dict[str, int]] = None) -> torch.utils.data.Dataset:
     """One split, never silently another: ``name`` '' an :class:`ImageFileDataset` of ``root``'s split folder / tar (a
-    tar root, or a root without split folders, is the split), other names timm's ``create_dataset``; their errors, an
-    empty split and (``class_to_idx``: labelled by name, e.g. the model's or the training set's classes, without a class
-    map) a class folder not among those classes are one line."""
+    tar root, or a root without split folders, is the split), others timm's ``create_dataset``. Errors, an empty split
+    and (``class_to_idx`` given, no class map) a class folder not among those classes are one line."""
     if name != '':
         try:
             ds = create_dataset(name, root=root, split=split, is_training=is_training, download=download,
@@ -580,8 +592,7 @@ def create_train_val_datasets(
             raise UsageError(f'--val-split {val_split} holds out no image: each class has too few images '
                              f'({len(targets)} images in {len(present)} classes); give a larger fraction or a val/ '
                              f'folder')
-        found = find_split(root, 'validation') if name == '' and os.path.isdir(root) else None
-        if found:
+        if name == '' and os.path.isdir(root) and (found := find_split(root, 'validation')):
             _logger.warning(f'--val-split {val_split}: validating on a hold-out of the training images; '
                             f'the validation split {found} is not used')
         _logger.info(f'validation: {len(held_idx)} of the {len(targets)} training images held out (--val-split '
@@ -606,10 +617,8 @@ def dataset_source(ds) -> Optional[str]:
     """``folder PATH``, ``tar PATH`` or ``part of the folder PATH`` (a hold-out) for the log; None for others."""
     if isinstance(ds, DatasetSubset):
         parent = dataset_source(ds.dataset)
-        return f'part of the {parent}' if parent else None
-    if isinstance(ds, ImageFileDataset):
-        return f'{"tar" if ds.is_tar else "folder"} {ds.root}'
-    return None
+        return parent and f'part of the {parent}'
+    return f'{"tar" if ds.is_tar else "folder"} {ds.root}' if isinstance(ds, ImageFileDataset) else None
 
 
 # ------------------------------------------------------------------------------------------------ the demo data
@@ -651,3 +660,266 @@ def prepare_digits_folder(root: Optional[os.PathLike] = None, size: int = 32,
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return root
+
+
+# ------------------------------------------------------------------------------------------------ loaders
+def default_workers() -> int:
+    """Loader processes by default: 4, at most the CPUs this process may use (more compete with the model)."""
+    return max(1, min(4, usable_cpus()))
+
+
+def _posterize(img: Image.Image, bits_to_keep: int, **kwargs) -> Image.Image:
+    """timm's posterize; 0 bits give a black image, as in TF and older Pillow (recent Pillow raises mid-run)."""
+    return timm_posterize(img, bits_to_keep, **kwargs) if bits_to_keep > 0 else Image.new(img.mode, img.size)
+
+
+def _worker_init(worker_id: int) -> None:
+    """timm's worker init, SIGINT and the first SIGTERM ignored: Ctrl-C and ``timeout`` signal the whole process group,
+    and the main process stops at a step boundary and ends its workers itself (a worker killed first would end the run
+    in a DataLoader traceback). A second SIGTERM (the main process's own ``terminate``) ends it: no wait forever."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, _end_on_the_next_sigterm)
+    timm_worker_init(worker_id)
+
+
+def _end_on_the_next_sigterm(signum, frame) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+@contextlib.contextmanager
+def seeded_rng(seed: int):
+    """Python / numpy / torch CPU RNGs seeded inside the block, restored after it (CUDA's is never touched)."""
+    py_state, np_state, torch_state = random.getstate(), np.random.get_state(), torch.get_rng_state()
+    random.seed(seed)
+    np.random.seed(seed % (2 ** 32))
+    torch.random.default_generator.manual_seed(seed)
+    try:
+        yield
+    finally:
+        random.setstate(py_state)
+        np.random.set_state(np_state)
+        torch.set_rng_state(torch_state)
+
+
+class SeededSampler(torch.utils.data.Sampler):
+    """``(base(seed, epoch, rank) + position in the epoch, index)`` for each index of ``sampler``."""
+
+    def __init__(self, sampler: torch.utils.data.Sampler, seed: int, rank: int = 0):
+        self.sampler, self.seed, self.rank, self.epoch = sampler, seed, rank, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+        self.sampler.set_epoch(epoch)  # timm's RepeatAugSampler or torch's DistributedSampler
+
+    def __iter__(self) -> Iterator[Tuple[int, int]]:
+        base = int(np.random.SeedSequence([self.seed, self.epoch, self.rank]).generate_state(1, np.uint64)[0])
+        for position, index in enumerate(self.sampler):
+            yield (base + position) % (2 ** 63), index
+
+    def __len__(self) -> int:
+        return len(self.sampler)
+
+
+class SeededDataset(torch.utils.data.Dataset):
+    """The wrapped dataset's ``__getitem__`` (decode + transforms) under :func:`seeded_rng` of the sample's seed."""
+
+    def __init__(self, dataset: torch.utils.data.Dataset):
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, item: Tuple[int, int]):
+        seed, index = item
+        with seeded_rng(seed):
+            return self.dataset[index]
+
+
+def _collate_readable(batch: List[Any]) -> Tuple[torch.Tensor, torch.Tensor, List[SkippedImage]]:
+    """timm's ``fast_collate`` of the samples that decoded (possibly none), and the skipped ones."""
+    skipped = [s for s in batch if isinstance(s, SkippedImage)]
+    kept = [s for s in batch if not isinstance(s, SkippedImage)]
+    if not kept:
+        return torch.zeros(0, dtype=torch.uint8), torch.zeros(0, dtype=torch.long), skipped
+    return (*fast_collate(kept), skipped)
+
+
+class ReadableBatches(torch.utils.data.DataLoader):
+    """A ``DataLoader`` of ``(input, target)`` of the readable images: each skipped file warned once, those of a pass
+    counted (:attr:`skipped`); a batch left with fewer than ``min_kept`` readable images (BatchNorm cannot normalise
+    one) is left out, or ``empty_batch_error`` raised (DDP ranks must run the same steps). ``train_set``: a class
+    none of whose images could be read stops the run after the pass."""
+
+    def __init__(self, dataset, empty_batch_error: Optional[str] = None, train_set=None,
+                 device: Optional[torch.device] = None, min_kept: int = 1, num_workers: int = 0, **loader_kwargs):
+        super().__init__(dataset, num_workers=num_workers, collate_fn=_collate_readable, worker_init_fn=_worker_init,
+                         persistent_workers=num_workers > 0, **loader_kwargs)
+        self.empty_batch_error, self.train_set, self.device = empty_batch_error, train_set, device
+        self.min_kept, self.skipped, self.skipped_files = min_kept, 0, {}  # skipped_files: {file: why}, all passes
+
+    def __iter__(self):
+        self.skipped = 0
+        read, unusable = collections.Counter(), collections.Counter()  # images of each class, this pass
+        for batch_idx, (input, target, skipped) in enumerate(super().__iter__()):
+            for s in skipped:
+                if s.name not in self.skipped_files:
+                    _logger.warning(f'skipped unreadable image {s.name} ({s.reason}); it is left out, '
+                                    f'not replaced by another image')
+                    self.skipped_files[s.name] = s.reason
+                unusable[s.target] += 1
+            self.skipped += len(skipped)
+            read.update(target.tolist())
+            if len(target) == 0 or skipped and len(target) < self.min_kept:
+                if self.empty_batch_error:
+                    raise UsageError(f'{len(skipped)} of the {len(skipped) + len(target)} images of batch {batch_idx} '
+                                     f'were unreadable (see the warnings above): {self.empty_batch_error}')
+                if len(target):
+                    _logger.warning(f'batch {batch_idx} kept {len(target)} readable image(s) of '
+                                    f'{len(skipped) + len(target)}: left out, too few to train on')
+                continue
+            yield input, target
+        if self.train_set is not None:
+            self._stop_if_a_class_has_no_image(read, unusable)
+
+    def _stop_if_a_class_has_no_image(self, read: collections.Counter, unusable: collections.Counter) -> None:
+        names = dataset_class_names(self.train_set)
+        if names is None:
+            return
+        counts = torch.tensor([[c[t] for t in range(len(names))] for c in (read, unusable)], device=self.device)
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            dist.all_reduce(counts)  # each rank read a part of every class
+        read_n, unusable_n = counts.tolist()
+        suspects = [t for t in range(len(names)) if read_n[t] == 0 and unusable_n[t] > 0]
+        targets = sample_targets(self.train_set) if suspects else None  # known: only our datasets skip images
+        if not targets:
+            return
+        with seeded_rng(0):  # a suspect class's images this pass did not draw (full batches only), read to tell
+            readable = {t for t in suspects for i, target in enumerate(targets)
+                        if target == t and self.train_set.filename(i) not in self.skipped_files
+                        and not isinstance(self.train_set[i], SkippedImage)}
+        empty = [t for t in suspects if t not in readable]
+        if empty:
+            listed = ', '.join(f'{names[t]} (all {targets.count(t)} images unusable)' for t in empty)
+            raise RunError(f'no training image of class(es) {listed} could be read (see the warnings above): the '
+                           f'model would learn nothing for them; stopped at the end of this epoch\'s reading, before '
+                           f'its checkpoint was written: fix or remove those files and start again')
+
+
+class ImageLoader(PrefetchLoader):
+    """timm's ``PrefetchLoader`` (to ``device``, normalised, random erasing) over the :class:`ReadableBatches` of
+    ``dataset`` (``loader_kwargs``), with its :attr:`skipped` and :attr:`skipped_files`."""
+    skipped = property(lambda self: self.loader.skipped)
+    skipped_files = property(lambda self: self.loader.skipped_files)
+
+    def __init__(self, dataset, data_config: Dict[str, Any], device: torch.device, re_prob: float = 0.,
+                 re_mode: str = 'const', re_count: int = 1, **loader_kwargs):
+        super().__init__(ReadableBatches(dataset, device=device, **loader_kwargs), mean=data_config['mean'],
+                         std=data_config['std'], channels=data_config['input_size'][0], device=device,
+                         re_prob=re_prob, re_mode=re_mode, re_count=re_count)
+
+
+def create_train_sampler(dataset, world_size: int, rank: int, seed: int,
+                         aug_repeats: float = 0) -> torch.utils.data.Sampler:
+    """timm's ``RepeatAugSampler`` with ``aug_repeats`` (one process too), else a shuffling ``DistributedSampler``."""
+    if aug_repeats:
+        return RepeatAugSampler(dataset, num_replicas=world_size, rank=rank, num_repeats=aug_repeats)
+    return torch.utils.data.DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=seed)
+
+
+def train_samples_per_rank(dataset, world_size: int = 1, aug_repeats: float = 0) -> int:
+    """How many samples one rank's training sampler draws per epoch."""
+    return len(create_train_sampler(dataset, world_size, 0, 0, aug_repeats))
+
+
+def fit_batch_to_data(batch_size: int, samples_per_rank: int, even: bool = False) -> int:
+    """``batch_size``, or all ``samples_per_rank`` when fewer (full batches only: no update would run) with a warning
+    (``even``: rounded down to even, for mixup); a rank with no sample is one line."""
+    if samples_per_rank < (2 if even else 1):
+        raise UsageError(f'the training sampler draws {samples_per_rank} image(s) per process and epoch: too few to '
+                         f'train on (--aug-repeats draws multiples of 256 images: use --aug-repeats 0 on few images)')
+    if batch_size <= samples_per_rank:
+        return batch_size
+    fitted = samples_per_rank - (samples_per_rank % 2 if even else 0)
+    _logger.warning(f'--batch-size {batch_size} is more than the {samples_per_rank} training images each process '
+                    f'draws per epoch: training with batch {fitted}, one update per epoch')
+    return fitted
+
+
+def unused_images_message(num_images: int, samples_per_rank: int, batch_size: int, world_size: int = 1,
+                          aug_repeats: float = 0) -> Optional[str]:
+    """The warning when an epoch leaves training images unused (full batches only: a partial batch gives BatchNorm
+    a batch of one, compiled models a new shape), naming a batch size that leaves fewer out; or None."""
+    kept_per_rank = samples_per_rank // batch_size * batch_size
+    distinct = int(kept_per_rank * world_size / max(aug_repeats, 1))
+    unused = num_images - distinct
+    if unused <= 0:
+        return None
+    share = f'{unused:,} of the {num_images:,} training images ({100 * unused / num_images:.2g} %)'
+    if aug_repeats:
+        return (f'{share} are unused in every epoch: --aug-repeats {aug_repeats:g} (timm\'s RepeatAugSampler) '
+                f'trains {kept_per_rank * world_size:,} samples an epoch, about {distinct:,} distinct images '
+                f'{aug_repeats:g} times each; a different part each epoch')
+    dropped = samples_per_rank - kept_per_rank
+    processes = f' per process (x {world_size} processes)' if world_size > 1 else ''
+    candidates = range(max(1, batch_size // 2), min(2 * batch_size, samples_per_rank) + 1)
+    better = min(candidates, key=lambda b: (samples_per_rank % b, abs(b - batch_size), -b), default=batch_size)
+    hint = (f'; --batch-size {better} leaves {samples_per_rank % better or "none"} out'
+            if samples_per_rank % better < dropped else '')
+    return (f'{share} are unused in every epoch: the training loader keeps full batches only ({samples_per_rank:,} '
+            f'images{processes} = {samples_per_rank // batch_size:,} x batch {batch_size} + {dropped:,} dropped, a '
+            f'different {dropped:,} each epoch as the order is shuffled){hint}')
+
+
+def create_train_loader(
+        dataset: torch.utils.data.Dataset, data_config: Dict[str, Any], batch_size: int, device: torch.device,
+        seed: int = 42, rank: int = 0, world_size: int = 1, num_workers: int = 2, pin_memory: bool = False,
+        aug_repeats: float = 0, no_aug: bool = False, scale: Optional[Sequence[float]] = None,
+        ratio: Optional[Sequence[float]] = None, hflip: float = 0.5, vflip: float = 0., color_jitter: float = 0.4,
+        auto_augment: Optional[str] = None, train_interpolation: Optional[str] = None, re_prob: float = 0.,
+        re_mode: str = 'pixel', re_count: int = 1) -> Tuple[ImageLoader, Optional[torch.utils.data.Sampler]]:
+    """(training loader, the sampler to ``set_epoch``): timm's train transforms, sampler, fast collate and
+    ``PrefetchLoader`` (``create_loader`` takes no sampler or generator: it could not seed each sample)."""
+    dataset.transform = create_transform(  # uint8 tensors out: normalised in the PrefetchLoader
+        data_config['input_size'], is_training=True, no_aug=no_aug, scale=scale, ratio=ratio, hflip=hflip, vflip=vflip,
+        color_jitter=color_jitter, auto_augment=auto_augment, mean=data_config['mean'], std=data_config['std'],
+        interpolation=train_interpolation or data_config['interpolation'], use_prefetcher=True)
+    for stage in dataset.transform.transforms:  # RandAugment / AugMix hold ops, AutoAugment a policy of sub-policies
+        for op in list(getattr(stage, 'ops', [])) + [op for sub in getattr(stage, 'policy', []) for op in sub]:
+            if isinstance(op, AugmentOp) and op.name.startswith('Posterize'):
+                op.aug_fn = _posterize  # this transform's ops only: timm's NAME_TO_OP is untouched
+    generator = torch.Generator().manual_seed(seed + rank)  # worker base seeds; never the global torch RNG
+    if isinstance(dataset, torch.utils.data.IterableDataset):
+        _logger.warning('iterable dataset: sample order and augmentation are up to the dataset; '
+                        '--resume will not reproduce an uninterrupted run exactly')
+        sampler, samples, unused = None, dataset, None
+    else:
+        base_sampler = create_train_sampler(dataset, world_size, rank, seed, aug_repeats)
+        sampler, samples = SeededSampler(base_sampler, seed=seed, rank=rank), SeededDataset(dataset)
+        unused = unused_images_message(len(dataset), len(base_sampler), batch_size, world_size, aug_repeats)
+    loader = ImageLoader(
+        samples, data_config, device, re_prob=0. if no_aug else re_prob, re_mode=re_mode, re_count=re_count,
+        batch_size=batch_size, sampler=sampler, num_workers=num_workers, pin_memory=pin_memory, drop_last=True,
+        generator=generator, train_set=dataset, min_kept=min(2, batch_size), empty_batch_error=(
+            'with several processes a batch cannot be left out; fix or remove those files' if world_size > 1 else None))
+    if len(loader) == 0:
+        raise UsageError(
+            f'the training set ({len(dataset)} images over {world_size} process(es)) does not fill one batch of '
+            f'{batch_size}: lower --batch-size')
+    if unused:
+        _logger.warning(unused)
+    return loader, sampler
+
+
+def create_eval_loader(dataset: torch.utils.data.Dataset, data_config: Dict[str, Any], batch_size: int,
+                       device: torch.device, num_workers: int = 2, distributed: bool = False,
+                       pin_memory: bool = False) -> ImageLoader:
+    """timm's eval transforms and prefetcher; every readable image once over all ranks, so summed metrics are exact."""
+    dataset.transform = create_transform(
+        data_config['input_size'], is_training=False, interpolation=data_config['interpolation'],
+        mean=data_config['mean'], std=data_config['std'], crop_pct=data_config['crop_pct'],
+        crop_mode=data_config.get('crop_mode'), use_prefetcher=True)
+    sampler = None
+    if distributed and not isinstance(dataset, torch.utils.data.IterableDataset):  # each sample on one rank, no padding
+        sampler = range(dist.get_rank(), len(dataset), dist.get_world_size())
+    return ImageLoader(dataset, data_config, device, batch_size=batch_size, sampler=sampler, num_workers=num_workers,
+                       pin_memory=pin_memory)

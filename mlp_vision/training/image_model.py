@@ -1,10 +1,8 @@
-""" The image classifier of train.py / validate.py: creation (timm's factory, clear errors), weights from our
-training checkpoints, timm's, foreign state dicts or ``local-dir:`` folders (all through :mod:`mlp_vision.weights`,
-the one door), the evaluation loop :func:`validate` (timm's, exact over distributed ranks), the device and torchrun,
-AMP, ``torch.compile``, and the flags of these. """
+""" The image classifier of train.py / validate.py: creation (timm's factory, clear errors), weights of any kind
+through :mod:`mlp_vision.weights` (the one door), the evaluation loop :func:`validate` (exact over distributed
+ranks), the device and torchrun, AMP, ``torch.compile``, and the flags of these. """
 import argparse
 import dataclasses
-import importlib.util
 import logging
 import os
 import reprlib
@@ -30,14 +28,13 @@ from mlp_vision.weights import (
 from mlp_vision.arguments import ParseKwargs, add_threads_argument, parse_device
 from mlp_vision.bounds import add_bound_arguments, check_activation_size, check_model_size
 from mlp_vision.errors import UsageError, short_repr
-from mlp_vision.training.image_data import IMAGE_MODE_CHANNELS, INTERPOLATIONS
-from mlp_vision.training.image_loader import default_workers
+from mlp_vision.training.image_data import IMAGE_MODE_CHANNELS, INTERPOLATIONS, default_workers
 
 __all__ = ['model_create_kwargs', 'resolve_model_data_config', 'create_model', 'load_pretrained_weights',
            'create_model_for_eval', 'validate', 'reports_top5', 'DistInfo', 'process_group_backend', 'init_device',
            'setup_amp', 'COMPILE_MODES', 'add_compile_arguments', 'compile_model', 'check_compile_backend',
            'add_common_arguments', 'add_device_arguments', 'add_dataset_arguments', 'add_input_arguments',
-           'check_dataset_package', 'CROP_PCT_RANGE']
+           'CROP_PCT_RANGE']
 
 _logger = logging.getLogger(__name__)
 
@@ -100,13 +97,10 @@ def _build_on_meta(name: str, kwargs: Dict[str, Any]) -> Optional[nn.Module]:
 
 def create_model(name: str, pretrained: bool = False, sizes_from: str = '', head_must_fit: bool = False,
                  allow_missing: bool = False, **kwargs) -> nn.Module:
-    """``timm.create_model`` with a :class:`UsageError` for an unknown name, bad kwargs or unloadable weights.
-
-    Built first on the ``meta`` device and refused beyond :data:`~mlp_vision.bounds.MAX_PARAMS` parameters before
-    any memory is taken (``sizes_from``: where ``kwargs`` came from, for that message). A ``local-dir:`` folder's
-    weights go through :func:`load_pretrained_weights` (its classifier dropped for another class count, unless
-    ``head_must_fit``: evaluation), a registered name's through its checkpoint filter. Backbone tensors the weights
-    lack are an error unless ``allow_missing`` (``--allow-missing-weights``)."""
+    """``timm.create_model`` with a :class:`UsageError` for an unknown name, bad kwargs or unloadable weights, and for
+    a model over :data:`~mlp_vision.bounds.MAX_PARAMS` parameters (counted on ``meta``; ``sizes_from``: where
+    ``kwargs`` came from). A ``local-dir:`` folder's weights go through :func:`load_pretrained_weights`
+    (``head_must_fit``, ``allow_missing`` as there), a registered name's through its checkpoint filter."""
     if not name:
         raise UsageError('no model given: pass --model NAME (e.g. smlpnet_t, gmlp_ti, mixer_b16)')
     if not (timm.is_model(name) or is_local_dir(name)):
@@ -143,10 +137,8 @@ def create_model(name: str, pretrained: bool = False, sizes_from: str = '', head
                          f'{name} (in Python: pretrained_cfg_overlay=dict(file=FILE))') from e
     except (RuntimeError, ValueError, KeyError, AssertionError) as e:  # timm asserts on e.g. a global-pool name
         msg = ' '.join(str(e).split())  # torch's load errors are multi-line lists
-        msg = msg if len(msg) <= 600 else msg[:600] + ' ...'
-        if pretrained:
-            raise UsageError(f'cannot load the pretrained weights of {name}: {msg}') from e
-        raise UsageError(f'cannot build {name} with {short_repr(kwargs)}: {msg}') from e
+        what = f'load the pretrained weights of {name}' if pretrained else f'build {name} with {short_repr(kwargs)}'
+        raise UsageError(f'cannot {what}: {msg[:600]}{" ..." * (len(msg) > 600)}') from e
 
 
 def check_activations(name: str, kwargs: Dict[str, Any], input_size: Tuple[int, ...], batch_size: int,
@@ -421,20 +413,9 @@ def add_input_arguments(group) -> None:
     group.add_argument('--model-kwargs', nargs='*', default={}, action=ParseKwargs,
                        help='extra model arguments k=v (python literals), e.g. embed_dim=32 depths="(1,1,2,1)"')
 
+
 CROP_PCT_RANGE = dict(low=0, high=1, low_open=True, why="the crop's fraction of the resized image; above 1 the "
                                                          "image is resized smaller than the crop and padded")
-# the module timm's reader of each --dataset KIND/ imports (torch/: torchvision, a dependency), and what to install
-DATASET_PACKAGES = {'hfds': ('datasets', 'datasets'), 'hfids': ('datasets', 'datasets'),
-                    'tfds': ('tensorflow_datasets', 'tensorflow tensorflow-datasets'),
-                    'wds': ('webdataset', 'webdataset')}
-
-
-def check_dataset_package(dataset: str) -> None:
-    """A :class:`UsageError` when ``--dataset KIND/NAME`` needs a package that is not installed."""
-    module, install = DATASET_PACKAGES.get((dataset or '').split('/', 1)[0], (None, None))
-    if module is not None and importlib.util.find_spec(module) is None:
-        raise UsageError(f'--dataset {dataset} is read by the {module} package, which is not installed: pip install '
-                         f'{install} (or give an image folder / tar with --data-dir)')
 
 
 def add_common_arguments(group: argparse._ActionsContainer, activations: bool = True) -> None:
