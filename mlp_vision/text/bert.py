@@ -21,12 +21,11 @@ from typing import ClassVar, Optional
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from transformers.loss.loss_utils import ForMaskedLMLoss
 from transformers.modeling_outputs import BaseModelOutput, MaskedLMOutput, SequenceClassifierOutput
 from transformers.utils import can_return_tuple
 
-from .modeling_utils import (
-    TextConfig, TextPreTrainedModel, check_text_inputs, masked_lm_loss, pool_sequence, scored_positions,
-    sequence_classification_loss)
+from .modeling_utils import ClassifierPooling, TextConfig, TextPreTrainedModel, check_text_inputs, pool_sequence
 
 __all__ = [
     'BertConfig', 'BertEmbeddings', 'BertSelfAttention', 'BertLayer', 'EncoderModel', 'BertModel',
@@ -38,21 +37,8 @@ __all__ = [
 
 class BertConfig(TextConfig):
     """Configuration of BERT (defaults: BERT-large, §A.2 of arXiv 1810.04805; vocabulary of the uncased model).
-
-    Attributes:
-        vocab_size, hidden_size, num_hidden_layers, num_attention_heads, intermediate_size: V, d, depth, heads, FFN.
-        max_position_embeddings: P, absolute positions and the longest input.
-        type_vocab_size: token types (segments A / B).
-        hidden_dropout_prob: dropout after the embeddings, the attention output and the FFN.
-        attention_probs_dropout_prob: dropout on the attention weights.
-        layer_norm_eps: epsilon of every LayerNorm.
-        initializer_range: std of the normal init of Linear / Embedding weights.
-        pad_token_id: the padding token (its embedding row starts at zero and gets no gradient).
-        num_labels: (``transformers``' keyword) outputs of the sequence classifier (1 = regression with MSE).
-        classifier_dropout: dropout between the pooler and the classifier.
-        classifier_pooling: what the pooler reads, 'cls' (the [CLS] state, §3) or 'mean' (over the real tokens).
-        sparse_prediction: masked LM with labels: decode only the scored positions, logits (N, V)
-            (:func:`~mlp_vision.text.modeling_utils.scored_positions`).
+    Fields as ``transformers``' ``BertConfig`` (P absolute positions, T token types; ``hidden_dropout_prob`` after
+    the embeddings, the attention output and the FFN); the shared ones: :class:`TextConfig`.
     """
     vocab_size: int = 30522
     hidden_size: int = 1024
@@ -67,19 +53,11 @@ class BertConfig(TextConfig):
     initializer_range: float = 0.02
     pad_token_id: int = 0
     classifier_dropout: float = 0.1
-    classifier_pooling: str = 'cls'
+    classifier_pooling: ClassifierPooling = 'cls'
     sparse_prediction: bool = False
 
     model_type = 'mlp_vision_bert'  # config.json's key for transformers' AutoConfig
     tie_word_embeddings: ClassVar[bool] = True  # the MLM decoder is the word embedding (transformers reads this)
-
-    def __post_init__(self, **kwargs):
-        super().__post_init__(**kwargs)
-        if self.hidden_size % self.num_attention_heads:
-            raise ValueError(f'hidden_size {self.hidden_size} not divisible by num_attention_heads '
-                             f'{self.num_attention_heads}')
-        if not 0 <= self.pad_token_id < self.vocab_size:
-            raise ValueError(f'pad_token_id {self.pad_token_id} outside [0, {self.vocab_size})')
 
 
 class BertEmbeddings(nn.Module):
@@ -275,9 +253,12 @@ class EncoderForMaskedLM(TextPreTrainedModel):
                 token_type_ids: Optional[torch.Tensor] = None, labels: Optional[torch.Tensor] = None, **kwargs):
         self.check_forward_kwargs(kwargs)
         hidden = self.base_model(input_ids, attention_mask, token_type_ids).last_hidden_state
-        hidden, labels = scored_positions(hidden, labels, self.config.sparse_prediction)
+        if labels is not None and self.config.sparse_prediction:  # the scored positions only: (N, d), (N,)
+            scored = labels != -100
+            hidden, labels = hidden[scored], labels[scored]
         logits = self.decoder(self.mlm_head(hidden) if self.use_transform else hidden) + self.output_bias
-        return MaskedLMOutput(loss=None if labels is None else masked_lm_loss(logits, labels), logits=logits)
+        loss = None if labels is None else ForMaskedLMLoss(logits, labels, self.config.vocab_size)
+        return MaskedLMOutput(loss=loss, logits=logits)
 
 
 class BertForMaskedLM(BertPreTrainedModel, EncoderForMaskedLM):
@@ -318,8 +299,11 @@ class EncoderForSequenceClassification(TextPreTrainedModel):
         else:  # gMLP: the state at cls_index (or the mean) as it is
             h = pool_sequence(h, mask, self.config.classifier_pooling, self.config.cls_index)
         logits = self.classifier(self.dropout(h))
-        return SequenceClassifierOutput(
-            loss=None if labels is None else sequence_classification_loss(logits, labels), logits=logits)
+        loss = None
+        if labels is not None:  # one label: regression
+            loss = (F.mse_loss(logits.squeeze(-1).float(), labels.float()) if logits.shape[-1] == 1 else
+                    F.cross_entropy(logits.float(), labels))
+        return SequenceClassifierOutput(loss=loss, logits=logits)
 
 
 class BertForSequenceClassification(BertPreTrainedModel, EncoderForSequenceClassification):
