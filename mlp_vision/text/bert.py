@@ -4,7 +4,7 @@ Paper: Devlin et al., `BERT: Pre-training of Deep Bidirectional Transformers for
 https://arxiv.org/abs/1810.04805 (§3: input representation, [CLS] classification, masked LM; §A.2 sizes). BiGS
 (arXiv 2212.10544, §4 and Fig. 2) replaces each BERT layer -- self-attention plus feed-forward -- by one gated SSM
 layer and keeps everything around it, so :class:`BertEmbeddings`, :class:`MaskedLMHeadTransform` and
-:class:`SequencePooler` here are the BiGS model's too (:mod:`mlp_vision.text.bigs`).
+:class:`PoolerTransform` here are the BiGS model's too (:mod:`mlp_vision.text.bigs`).
 
 Model layout (``BertModel``)::
 
@@ -30,7 +30,7 @@ from .modeling_utils import ClassifierPooling, TextConfig, TextPreTrainedModel, 
 __all__ = [
     'BertConfig', 'BertEmbeddings', 'BertSelfAttention', 'BertLayer', 'EncoderModel', 'BertModel',
     'MaskedLMHeadTransform',
-    'SequencePooler', 'EncoderForMaskedLM', 'EncoderForSequenceClassification', 'BertForMaskedLM',
+    'PoolerTransform', 'EncoderForMaskedLM', 'EncoderForSequenceClassification', 'BertForMaskedLM',
     'BertForSequenceClassification', 'BertPreTrainedModel',
 ]
 
@@ -195,39 +195,27 @@ class MaskedLMHeadTransform(nn.Module):
         return self.norm(F.gelu(self.dense(x)))
 
 
-class SequencePooler(nn.Module):
-    """Sequence vector for classification: the first ([CLS]) state (``'cls'``, BERT §3) or the mean over the real
-    tokens (``'mean'``, the official BiGS pooler) (:func:`~mlp_vision.text.modeling_utils.pool_sequence`), then
-    dense d -> d and tanh.
+class PoolerTransform(nn.Module):
+    """BERT's pooler (§3) on the pooled vector (:func:`~mlp_vision.text.modeling_utils.pool_sequence`): dense
+    d -> d, tanh. Shapes: (B, d) -> (B, d)."""
 
-    Shapes: hidden (B, L, d), mask optional (B, L) bool (None = every position) -> (B, d).
-    """
-
-    def __init__(self, hidden_size: int, pooling: str = 'cls', device=None, dtype=None):
+    def __init__(self, hidden_size: int, device=None, dtype=None):
         super().__init__()
-        self.pooling = pooling
         self.dense = nn.Linear(hidden_size, hidden_size, device=device, dtype=dtype)
 
-    def forward(self, hidden: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
-        return torch.tanh(self.dense(pool_sequence(hidden, mask, self.pooling)))
-
-    def extra_repr(self) -> str:
-        return f'pooling={self.pooling!r}'
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.dense(x))
 
 
 class EncoderForMaskedLM(TextPreTrainedModel):
-    """An encoder + the BERT MLM head: :class:`MaskedLMHeadTransform`, decoder tied to the word embedding, per-token
-    output bias. Shared by :class:`BertForMaskedLM`, :class:`mlp_vision.text.bigs.BiGSForMaskedLM` and, without the
-    transform (``use_transform = False``: the decoder reads the last hidden states), by
-    :class:`mlp_vision.text.gmlp.GMLPForMaskedLM`.
+    """An encoder + the BERT MLM head: :class:`MaskedLMHeadTransform` (unless ``use_transform = False``, gMLP's),
+    decoder tied to the word embedding, per-token output bias. Subclasses (also of their family's
+    ``PreTrainedModel``, which names ``base_model_prefix``) set ``encoder_class`` and, when the encoder's word
+    embedding is elsewhere, its weight's key in ``embedding_key``.
 
-    Subclasses (also of their family's ``PreTrainedModel``, which names ``base_model_prefix``) set
-    ``encoder_class`` and, when the encoder's word embedding is elsewhere, its weight's key in ``embedding_key``.
-
-    Shapes:
-        input_ids, attention_mask, token_type_ids: (B, L) as the encoder; labels: optional (B, L) int64 with -100 at
-        positions that are not scored. Returns ``MaskedLMOutput(loss, logits (B, L, V))``; logits (N, V) of the N
-        scored positions when ``config.sparse_prediction`` and labels are given.
+    Shapes: input_ids, attention_mask, token_type_ids (B, L) as the encoder; labels optional (B, L) int64, -100 at
+    positions not scored. Returns ``MaskedLMOutput(loss, logits (B, L, V))``; logits (N, V) of the N scored
+    positions when ``config.sparse_prediction`` and labels are given.
     """
     head_prefixes = ('mlm_head', 'decoder', 'output_bias')
     encoder_class: type
@@ -267,8 +255,8 @@ class BertForMaskedLM(BertPreTrainedModel, EncoderForMaskedLM):
 
 
 class EncoderForSequenceClassification(TextPreTrainedModel):
-    """An encoder + :class:`SequencePooler` (``config.classifier_pooling``), dropout and a linear classifier.
-    Shared by BERT, BiGS and, without the pooler's dense + tanh (``use_pooler = False``), gMLP; subclasses set
+    """An encoder, :func:`~mlp_vision.text.modeling_utils.pool_sequence` (``config.classifier_pooling``),
+    :class:`PoolerTransform` (unless ``use_pooler = False``, gMLP's), dropout and a linear classifier; subclasses set
     ``encoder_class``. ``from_pretrained(mlm_dir, num_labels=k)`` loads the encoder of a masked LM, with a new
     pooler and classifier (MLM-only pretraining, as RoBERTa's and BiGS', trains no pooler).
 
@@ -283,7 +271,7 @@ class EncoderForSequenceClassification(TextPreTrainedModel):
         super().__init__(config)
         setattr(self, self.base_model_prefix, self.encoder_class(config, device=device, dtype=dtype))
         if self.use_pooler:
-            self.pooler = SequencePooler(config.hidden_size, config.classifier_pooling, device=device, dtype=dtype)
+            self.pooler = PoolerTransform(config.hidden_size, device=device, dtype=dtype)
         self.dropout = nn.Dropout(config.classifier_dropout)
         self.classifier = nn.Linear(config.hidden_size, config.num_labels, device=device, dtype=dtype)
         self.post_init()
@@ -294,11 +282,8 @@ class EncoderForSequenceClassification(TextPreTrainedModel):
         self.check_forward_kwargs(kwargs)
         h = self.base_model(input_ids, attention_mask, token_type_ids).last_hidden_state
         mask = None if attention_mask is None else attention_mask.to(torch.bool)  # 'mean' pooling skips padding
-        if self.use_pooler:
-            h = self.pooler(h, mask)
-        else:  # gMLP: the state at cls_index (or the mean) as it is
-            h = pool_sequence(h, mask, self.config.classifier_pooling, self.config.cls_index)
-        logits = self.classifier(self.dropout(h))
+        h = pool_sequence(h, mask, self.config.classifier_pooling, getattr(self.config, 'cls_index', 0))
+        logits = self.classifier(self.dropout(self.pooler(h) if self.use_pooler else h))
         loss = None
         if labels is not None:  # one label: regression
             loss = (F.mse_loss(logits.squeeze(-1).float(), labels.float()) if logits.shape[-1] == 1 else

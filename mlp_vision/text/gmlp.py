@@ -106,11 +106,9 @@ class GMLPPreTrainedModel(TextPreTrainedModel):
 class GMLPModel(GMLPPreTrainedModel):
     """gMLP / aMLP backbone: token embedding -> GatedMLPBlocks -> final LayerNorm.
 
-    Shapes:
-        input_ids: (B, L) int64 with 1 <= L <= max_position_embeddings.
-        attention_mask: optional (B, L) bool/int, 1 = real token, right padding (module docstring).
-        token_type_ids: accepted and ignored (no segment embedding; tokenizers and pipelines give them).
-        output: ``BaseModelOutput(last_hidden_state (B, L, hidden_size))``.
+    Shapes: input_ids (B, L) int64, 1 <= L <= max_position_embeddings; attention_mask optional (B, L), 1 = real
+    token, right padding (module docstring); token_type_ids ignored (tokenizers and pipelines give them) ->
+    ``BaseModelOutput(last_hidden_state (B, L, hidden_size))``.
     """
 
     def __init__(self, config: GMLPConfig, device=None, dtype=None):
@@ -154,11 +152,8 @@ class GMLPForSequenceClassification(GMLPPreTrainedModel, EncoderForSequenceClass
     """Sequence classifier with the BERT ``<cls>`` protocol of the paper (§2, §4): on ``<cls> segment_a <sep>
     [segment_b <sep>] <pad>...``, a linear map of the last-layer state at ``config.cls_index`` (0), or of the mean of
     the real tokens' states (``classifier_pooling='mean'``). No BERT pooler (tanh dense layer): next-sentence
-    prediction trains it, and the paper's C4 MLM pretraining has none. ``from_pretrained(mlm_dir, num_labels=k)``
-    loads the backbone of a masked LM, with a new classifier.
-
-    Shapes: as :class:`~mlp_vision.text.bert.EncoderForSequenceClassification`.
-    """
+    prediction trains it, and the paper's C4 MLM pretraining has none. Shapes: as
+    :class:`~mlp_vision.text.bert.EncoderForSequenceClassification`."""
     encoder_class = GMLPModel
     use_pooler = False
 
@@ -169,10 +164,9 @@ class GMLPForCausalLM(TextGenerationMixin, GMLPPreTrainedModel):
     chooses; untied there) plus an output bias. No sinusoidal position encoding: the causal W is position-indexed
     already (paper §2). Any length 1..max_position_embeddings; ``generate`` crops longer contexts.
 
-    Shapes:
-        input_ids: (B, T) int64; attention_mask: optional (B, T) (right padding never reaches real tokens);
-        labels: optional (B, T) int64 aligned with the inputs (``labels = input_ids``; shifted inside, -100 = not
-        scored). Returns ``CausalLMOutput(loss, logits (B, T, V))``.
+    Shapes: input_ids (B, T) int64; attention_mask optional (B, T) (right padding never reaches real tokens); labels
+    optional (B, T) int64, ``labels = input_ids`` (shifted inside, -100 = not scored) -> ``CausalLMOutput(loss,
+    logits (B, T, V))``.
     """
     head_prefixes = ('lm_head', 'output_bias')
     _tied_weights_keys = {'lm_head.weight': 'gmlp.embed.weight'}

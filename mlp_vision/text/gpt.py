@@ -124,13 +124,9 @@ class _CausalSDPA(Attention):
 
 
 class GPTBlock(nn.Module):
-    """Pre-LN GPT block: ``x = x + attn(ln1(x)); x = x + ffn(ln2(x))``.
-
-    ``attn`` is :class:`MLPAttention` (``attention='mlp'``) or causal :class:`timm.layers.Attention`
-    (``'sdpa'``); ``ffn`` is :class:`timm.layers.Mlp` (d -> ffn_ratio d -> d, ReLU, dropout after fc2).
-
-    Shapes: x (B, T, d) -> (B, T, d).
-    """
+    """Pre-LN GPT block: ``x = x + attn(ln1(x)); x = x + ffn(ln2(x))``, ``attn`` :class:`MLPAttention` or causal
+    :class:`timm.layers.Attention` (``config.attention``), ``ffn`` :class:`timm.layers.Mlp` (ReLU, dropout after
+    fc2). Shapes: x (B, T, d) -> (B, T, d)."""
 
     def __init__(self, config: GPTConfig, device=None, dtype=None) -> None:
         super().__init__()
@@ -154,15 +150,13 @@ class GPTBlock(nn.Module):
 
 
 class GPTLanguageModel(TextGenerationMixin, TextPreTrainedModel):
-    """Char-level GPT LM with MLP-Attention or dot-product attention.
+    """Char-level GPT LM with MLP-Attention or dot-product attention; ``generate``
+    (:class:`~mlp_vision.text.modeling_utils.TextGenerationMixin`) crops the context to the last
+    ``max_position_embeddings`` tokens.
 
-    Shapes:
-        input_ids: (B, T) int64 with 1 <= T <= max_position_embeddings; attention_mask: optional (B, T), right
-        padding (causal attention never lets a real token see a later pad, so nothing else is needed); labels:
-        optional (B, T) int64 aligned with the inputs (``labels = input_ids``; shifted inside, -100 = not scored).
-        Returns ``CausalLMOutput(loss, logits (B, T, vocab_size))``. ``generate`` (``transformers``', through
-        :class:`~mlp_vision.text.modeling_utils.TextGenerationMixin`) crops the context to the last
-        ``max_position_embeddings`` tokens.
+    Shapes: input_ids (B, T) int64, 1 <= T <= max_position_embeddings; attention_mask optional (B, T), right padding
+    (causal attention never lets a real token see a later pad); labels optional (B, T) int64, ``labels = input_ids``
+    (shifted inside, -100 = not scored) -> ``CausalLMOutput(loss, logits (B, T, vocab_size))``.
     """
     config_class = GPTConfig
     base_model_prefix = 'gpt'  # no separate backbone module: every weight is this class's
