@@ -4,7 +4,7 @@ Paper: Devlin et al., `BERT: Pre-training of Deep Bidirectional Transformers for
 https://arxiv.org/abs/1810.04805 (§3: input representation, [CLS] classification, masked LM; §A.2 sizes). BiGS
 (arXiv 2212.10544, §4 and Fig. 2) replaces each BERT layer -- self-attention plus feed-forward -- by one gated SSM
 layer and keeps everything around it, so :class:`BertEmbeddings`, :class:`MaskedLMHeadTransform` and
-:class:`SequencePooler` here are the BiGS model's too (:mod:`mlp_vision.text.bigs`).
+:class:`PoolerTransform` here are the BiGS model's too (:mod:`mlp_vision.text.bigs`).
 
 Model layout (``BertModel``)::
 
@@ -21,38 +21,24 @@ from typing import ClassVar, Optional
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from transformers.loss.loss_utils import ForMaskedLMLoss
 from transformers.modeling_outputs import BaseModelOutput, MaskedLMOutput, SequenceClassifierOutput
 from transformers.utils import can_return_tuple
 
-from .modeling_utils import (
-    TextConfig, TextPreTrainedModel, check_text_inputs, masked_lm_loss, pool_sequence, scored_positions,
-    sequence_classification_loss)
+from .modeling_utils import ClassifierPooling, TextConfig, TextPreTrainedModel, check_text_inputs, pool_sequence
 
 __all__ = [
     'BertConfig', 'BertEmbeddings', 'BertSelfAttention', 'BertLayer', 'EncoderModel', 'BertModel',
     'MaskedLMHeadTransform',
-    'SequencePooler', 'EncoderForMaskedLM', 'EncoderForSequenceClassification', 'BertForMaskedLM',
+    'PoolerTransform', 'EncoderForMaskedLM', 'EncoderForSequenceClassification', 'BertForMaskedLM',
     'BertForSequenceClassification', 'BertPreTrainedModel',
 ]
 
 
 class BertConfig(TextConfig):
     """Configuration of BERT (defaults: BERT-large, §A.2 of arXiv 1810.04805; vocabulary of the uncased model).
-
-    Attributes:
-        vocab_size, hidden_size, num_hidden_layers, num_attention_heads, intermediate_size: V, d, depth, heads, FFN.
-        max_position_embeddings: P, absolute positions and the longest input.
-        type_vocab_size: token types (segments A / B).
-        hidden_dropout_prob: dropout after the embeddings, the attention output and the FFN.
-        attention_probs_dropout_prob: dropout on the attention weights.
-        layer_norm_eps: epsilon of every LayerNorm.
-        initializer_range: std of the normal init of Linear / Embedding weights.
-        pad_token_id: the padding token (its embedding row starts at zero and gets no gradient).
-        num_labels: (``transformers``' keyword) outputs of the sequence classifier (1 = regression with MSE).
-        classifier_dropout: dropout between the pooler and the classifier.
-        classifier_pooling: what the pooler reads, 'cls' (the [CLS] state, §3) or 'mean' (over the real tokens).
-        sparse_prediction: masked LM with labels: decode only the scored positions, logits (N, V)
-            (:func:`~mlp_vision.text.modeling_utils.scored_positions`).
+    Fields as ``transformers``' ``BertConfig`` (P absolute positions, T token types; ``hidden_dropout_prob`` after
+    the embeddings, the attention output and the FFN); the shared ones: :class:`TextConfig`.
     """
     vocab_size: int = 30522
     hidden_size: int = 1024
@@ -67,19 +53,11 @@ class BertConfig(TextConfig):
     initializer_range: float = 0.02
     pad_token_id: int = 0
     classifier_dropout: float = 0.1
-    classifier_pooling: str = 'cls'
+    classifier_pooling: ClassifierPooling = 'cls'
     sparse_prediction: bool = False
 
     model_type = 'mlp_vision_bert'  # config.json's key for transformers' AutoConfig
     tie_word_embeddings: ClassVar[bool] = True  # the MLM decoder is the word embedding (transformers reads this)
-
-    def __post_init__(self, **kwargs):
-        super().__post_init__(**kwargs)
-        if self.hidden_size % self.num_attention_heads:
-            raise ValueError(f'hidden_size {self.hidden_size} not divisible by num_attention_heads '
-                             f'{self.num_attention_heads}')
-        if not 0 <= self.pad_token_id < self.vocab_size:
-            raise ValueError(f'pad_token_id {self.pad_token_id} outside [0, {self.vocab_size})')
 
 
 class BertEmbeddings(nn.Module):
@@ -217,39 +195,27 @@ class MaskedLMHeadTransform(nn.Module):
         return self.norm(F.gelu(self.dense(x)))
 
 
-class SequencePooler(nn.Module):
-    """Sequence vector for classification: the first ([CLS]) state (``'cls'``, BERT §3) or the mean over the real
-    tokens (``'mean'``, the official BiGS pooler) (:func:`~mlp_vision.text.modeling_utils.pool_sequence`), then
-    dense d -> d and tanh.
+class PoolerTransform(nn.Module):
+    """BERT's pooler (§3) on the pooled vector (:func:`~mlp_vision.text.modeling_utils.pool_sequence`): dense
+    d -> d, tanh. Shapes: (B, d) -> (B, d)."""
 
-    Shapes: hidden (B, L, d), mask optional (B, L) bool (None = every position) -> (B, d).
-    """
-
-    def __init__(self, hidden_size: int, pooling: str = 'cls', device=None, dtype=None):
+    def __init__(self, hidden_size: int, device=None, dtype=None):
         super().__init__()
-        self.pooling = pooling
         self.dense = nn.Linear(hidden_size, hidden_size, device=device, dtype=dtype)
 
-    def forward(self, hidden: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
-        return torch.tanh(self.dense(pool_sequence(hidden, mask, self.pooling)))
-
-    def extra_repr(self) -> str:
-        return f'pooling={self.pooling!r}'
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.dense(x))
 
 
 class EncoderForMaskedLM(TextPreTrainedModel):
-    """An encoder + the BERT MLM head: :class:`MaskedLMHeadTransform`, decoder tied to the word embedding, per-token
-    output bias. Shared by :class:`BertForMaskedLM`, :class:`mlp_vision.text.bigs.BiGSForMaskedLM` and, without the
-    transform (``use_transform = False``: the decoder reads the last hidden states), by
-    :class:`mlp_vision.text.gmlp.GMLPForMaskedLM`.
+    """An encoder + the BERT MLM head: :class:`MaskedLMHeadTransform` (unless ``use_transform = False``, gMLP's),
+    decoder tied to the word embedding, per-token output bias. Subclasses (also of their family's
+    ``PreTrainedModel``, which names ``base_model_prefix``) set ``encoder_class`` and, when the encoder's word
+    embedding is elsewhere, its weight's key in ``embedding_key``.
 
-    Subclasses (also of their family's ``PreTrainedModel``, which names ``base_model_prefix``) set
-    ``encoder_class`` and, when the encoder's word embedding is elsewhere, its weight's key in ``embedding_key``.
-
-    Shapes:
-        input_ids, attention_mask, token_type_ids: (B, L) as the encoder; labels: optional (B, L) int64 with -100 at
-        positions that are not scored. Returns ``MaskedLMOutput(loss, logits (B, L, V))``; logits (N, V) of the N
-        scored positions when ``config.sparse_prediction`` and labels are given.
+    Shapes: input_ids, attention_mask, token_type_ids (B, L) as the encoder; labels optional (B, L) int64, -100 at
+    positions not scored. Returns ``MaskedLMOutput(loss, logits (B, L, V))``; logits (N, V) of the N scored
+    positions when ``config.sparse_prediction`` and labels are given.
     """
     head_prefixes = ('mlm_head', 'decoder', 'output_bias')
     encoder_class: type
@@ -275,9 +241,12 @@ class EncoderForMaskedLM(TextPreTrainedModel):
                 token_type_ids: Optional[torch.Tensor] = None, labels: Optional[torch.Tensor] = None, **kwargs):
         self.check_forward_kwargs(kwargs)
         hidden = self.base_model(input_ids, attention_mask, token_type_ids).last_hidden_state
-        hidden, labels = scored_positions(hidden, labels, self.config.sparse_prediction)
+        if labels is not None and self.config.sparse_prediction:  # the scored positions only: (N, d), (N,)
+            scored = labels != -100
+            hidden, labels = hidden[scored], labels[scored]
         logits = self.decoder(self.mlm_head(hidden) if self.use_transform else hidden) + self.output_bias
-        return MaskedLMOutput(loss=None if labels is None else masked_lm_loss(logits, labels), logits=logits)
+        loss = None if labels is None else ForMaskedLMLoss(logits, labels, self.config.vocab_size)
+        return MaskedLMOutput(loss=loss, logits=logits)
 
 
 class BertForMaskedLM(BertPreTrainedModel, EncoderForMaskedLM):
@@ -286,8 +255,8 @@ class BertForMaskedLM(BertPreTrainedModel, EncoderForMaskedLM):
 
 
 class EncoderForSequenceClassification(TextPreTrainedModel):
-    """An encoder + :class:`SequencePooler` (``config.classifier_pooling``), dropout and a linear classifier.
-    Shared by BERT, BiGS and, without the pooler's dense + tanh (``use_pooler = False``), gMLP; subclasses set
+    """An encoder, :func:`~mlp_vision.text.modeling_utils.pool_sequence` (``config.classifier_pooling``),
+    :class:`PoolerTransform` (unless ``use_pooler = False``, gMLP's), dropout and a linear classifier; subclasses set
     ``encoder_class``. ``from_pretrained(mlm_dir, num_labels=k)`` loads the encoder of a masked LM, with a new
     pooler and classifier (MLM-only pretraining, as RoBERTa's and BiGS', trains no pooler).
 
@@ -302,7 +271,7 @@ class EncoderForSequenceClassification(TextPreTrainedModel):
         super().__init__(config)
         setattr(self, self.base_model_prefix, self.encoder_class(config, device=device, dtype=dtype))
         if self.use_pooler:
-            self.pooler = SequencePooler(config.hidden_size, config.classifier_pooling, device=device, dtype=dtype)
+            self.pooler = PoolerTransform(config.hidden_size, device=device, dtype=dtype)
         self.dropout = nn.Dropout(config.classifier_dropout)
         self.classifier = nn.Linear(config.hidden_size, config.num_labels, device=device, dtype=dtype)
         self.post_init()
@@ -313,13 +282,13 @@ class EncoderForSequenceClassification(TextPreTrainedModel):
         self.check_forward_kwargs(kwargs)
         h = self.base_model(input_ids, attention_mask, token_type_ids).last_hidden_state
         mask = None if attention_mask is None else attention_mask.to(torch.bool)  # 'mean' pooling skips padding
-        if self.use_pooler:
-            h = self.pooler(h, mask)
-        else:  # gMLP: the state at cls_index (or the mean) as it is
-            h = pool_sequence(h, mask, self.config.classifier_pooling, self.config.cls_index)
-        logits = self.classifier(self.dropout(h))
-        return SequenceClassifierOutput(
-            loss=None if labels is None else sequence_classification_loss(logits, labels), logits=logits)
+        h = pool_sequence(h, mask, self.config.classifier_pooling, getattr(self.config, 'cls_index', 0))
+        logits = self.classifier(self.dropout(self.pooler(h) if self.use_pooler else h))
+        loss = None
+        if labels is not None:  # one label: regression
+            loss = (F.mse_loss(logits.squeeze(-1).float(), labels.float()) if logits.shape[-1] == 1 else
+                    F.cross_entropy(logits.float(), labels))
+        return SequenceClassifierOutput(loss=loss, logits=logits)
 
 
 class BertForSequenceClassification(BertPreTrainedModel, EncoderForSequenceClassification):

@@ -31,7 +31,7 @@ a model from their files (:func:`_from_official`).
 import math
 import os
 import pickle
-from typing import ClassVar, Dict, List, Mapping, Optional, Union
+from typing import ClassVar, Dict, List, Literal, Mapping, Optional, Union
 
 import torch
 import torch.nn as nn
@@ -42,7 +42,7 @@ from mlp_vision.errors import UsageError
 from ..layers import BidirectionalGatedSSM, S4DKernel, S4DLayer
 from ..weights import load_backbone
 from .bert import BertEmbeddings, EncoderForMaskedLM, EncoderForSequenceClassification, EncoderModel
-from .modeling_utils import TextConfig, TextPreTrainedModel
+from .modeling_utils import ClassifierPooling, TextConfig, TextPreTrainedModel
 
 __all__ = [
     'BiGSConfig', 'BiGSPreTrainedModel', 'BiGSModel', 'BiGSForMaskedLM', 'BiGSForSequenceClassification',
@@ -52,31 +52,19 @@ __all__ = [
 
 
 class BiGSConfig(TextConfig):
-    """Configuration of the BiGS encoders (defaults: BiGS-large, the official config's field names).
+    """Configuration of the BiGS encoders (defaults: BiGS-large, §5; the official config's field names; the shared
+    ones: :class:`~mlp_vision.text.modeling_utils.TextConfig`).
 
     Attributes:
-        vocab_size: V (30522: BERT uncased WordPiece).
-        hidden_size: d.
-        intermediate_size: d_i (value / gate width).
-        num_hidden_layers: number of BiGS layers (23 for BiGS-large, §5).
-        num_ssm_states: N, complex states of each S4D kernel (the official ``num_ssm``).
-        max_position_embeddings: P, absolute positions (128 / 512 / 1024 / 4096 for the official models) and the
-            longest input.
-        type_vocab_size: token types (segments A / B).
-        layer_norm_eps: epsilon of every LayerNorm.
+        hidden_size, intermediate_size, num_ssm_states: d, d_i (value / gate width), N (complex states of each S4D
+            kernel, the official ``num_ssm``).
+        max_position_embeddings: P, absolute positions (128 / 512 / 1024 / 4096 for the official models).
         hidden_dropout_prob: dropout after the embedding LayerNorm (the layers have no dropout).
-        pad_token_id: id of the padding token (its embedding row starts at zero and gets no gradient).
         mask_padding: zero the SSM inputs at padded positions when ``attention_mask`` is given (module docstring).
-        initializer_range: std of the normal init of Linear / Embedding weights.
         dt_min, dt_max: range of the log-uniform init of the SSM step.
         gelu_approximate: GELU inside the BiGS layers, 'none' (exact erf; the official torch port) or 'tanh'
             (the official Flax code that pretrained the released weights uses ``flax.linen.gelu``, whose default is
             the tanh approximation). The MLM head's GELU is exact in both official versions and here.
-        num_labels: (``transformers``' keyword) outputs of the sequence classifier (1 = regression with MSE).
-        classifier_dropout: dropout between the pooler and the classifier.
-        classifier_pooling: what the pooler reads, 'mean' (over the real tokens; the official BiGS pooler) or 'cls'.
-        sparse_prediction: masked LM with labels: decode only the scored positions, logits (N, V)
-            (:func:`~mlp_vision.text.modeling_utils.scored_positions`).
     """
     vocab_size: int = 30522
     hidden_size: int = 1024
@@ -92,9 +80,9 @@ class BiGSConfig(TextConfig):
     initializer_range: float = 0.02
     dt_min: float = 0.01
     dt_max: float = 1.0
-    gelu_approximate: str = 'none'
+    gelu_approximate: Literal['none', 'tanh'] = 'none'
     classifier_dropout: float = 0.1
-    classifier_pooling: str = 'mean'
+    classifier_pooling: ClassifierPooling = 'mean'
     sparse_prediction: bool = False
 
     model_type = 'mlp_vision_bigs'  # config.json's key for transformers' AutoConfig
@@ -102,12 +90,8 @@ class BiGSConfig(TextConfig):
 
     def __post_init__(self, **kwargs):
         super().__post_init__(**kwargs)
-        if not 0 <= self.pad_token_id < self.vocab_size:
-            raise ValueError(f'pad_token_id {self.pad_token_id} outside [0, {self.vocab_size})')
         if not 0 < self.dt_min <= self.dt_max:
             raise ValueError(f'need 0 < dt_min <= dt_max, got {self.dt_min}, {self.dt_max}')
-        if self.gelu_approximate not in ('none', 'tanh'):
-            raise ValueError(f"gelu_approximate must be 'none' or 'tanh', got {self.gelu_approximate!r}")
 
 
 class BiGSPreTrainedModel(TextPreTrainedModel):
@@ -262,20 +246,12 @@ def _num_official_layers(state_dict: Mapping[str, torch.Tensor]) -> int:
 
 def convert_official_bigs_state_dict(state_dict: Mapping[str, torch.Tensor], task: str = 'masked_lm'
                                      ) -> Dict[str, torch.Tensor]:
-    """Map an official BiGS torch state dict to the keys of our model for ``task``.
-
-    Official layout (github.com/jxiw/BiGS ``BiGS/modeling_bigs.py``; HF hub ``JunxiongWang/BiGS_*``), key names
-    and shapes: docs/models.md §4.
-
-    Args:
-        state_dict: the official tensors (names as above; a ``module.`` prefix from DDP is stripped).
-        task: 'masked_lm' (→ :class:`BiGSForMaskedLM`), 'sequence_classification' (→
-            :class:`BiGSForSequenceClassification`; ``classifier.*`` is optional) or 'base' (→ :class:`BiGSModel`,
-            keys without the ``bigs.`` prefix). Keys of the other heads (pooler, MLM head) are dropped.
-
-    Raises:
-        ValueError: listing the official keys that are missing and the keys that are not official BiGS keys, or
-            when an untied decoder weight differs from the word embedding (ours is always tied).
+    """Map an official BiGS state dict (github.com/jxiw/BiGS ``BiGS/modeling_bigs.py``, HF hub
+    ``JunxiongWang/BiGS_*``; keys and shapes: docs/models.md §4; a DDP ``module.`` prefix is stripped) to our keys for
+    ``task``: 'masked_lm' (:class:`BiGSForMaskedLM`), 'sequence_classification' (:class:`BiGSForSequenceClassification`;
+    ``classifier.*`` optional) or 'base' (:class:`BiGSModel`, no ``bigs.`` prefix); keys of the heads the task lacks
+    are dropped. A ``ValueError`` lists the official keys missing and the keys that are not official BiGS keys, or
+    names an untied decoder (ours is always tied to the word embedding).
     """
     if task not in _TASKS:
         raise ValueError(f'task must be one of {_TASKS}, got {task!r}')
@@ -334,7 +310,7 @@ def from_official_folder(cls, directory: str, what: str, **kwargs) -> 'BiGSPreTr
                          f'{str(e).splitlines()[0] if str(e) else type(e).__name__}') from None
 
 
-def bigs_config_from_official(state_dict: Mapping[str, torch.Tensor], **overrides) -> BiGSConfig:
+def bigs_config_from_official(state_dict: Mapping[str, torch.Tensor]) -> BiGSConfig:
     """A :class:`BiGSConfig` whose sizes are read from an official state dict's tensor shapes."""
     sd = {k.removeprefix('module.'): v for k, v in state_dict.items()}
     try:
@@ -349,7 +325,6 @@ def bigs_config_from_official(state_dict: Mapping[str, torch.Tensor], **override
         raise ValueError(f'not an official BiGS state dict: no {e.args[0]!r}') from None
     if 'classifier.weight' in sd:
         fields['num_labels'] = sd['classifier.weight'].shape[0]
-    fields.update(overrides)
     return BiGSConfig.from_dict(fields)
 
 

@@ -23,18 +23,18 @@ so a padded sequence gets exactly the outputs it gets alone; without it the SGU 
 "unnecessary to mask out <pad> tokens"). Causal models never see trailing pads.
 """
 from functools import partial
-from typing import Optional
+from typing import Literal, Optional
 
 import torch
 import torch.nn as nn
 from transformers import initialization as init
+from transformers.loss.loss_utils import ForCausalLMLoss
 from transformers.modeling_outputs import BaseModelOutput, CausalLMOutput
 from transformers.utils import can_return_tuple
 
 from ..layers import GatedMLPBlock, SPATIAL_MODES, SpatialGatingUnit
 from .bert import EncoderForMaskedLM, EncoderForSequenceClassification
-from .modeling_utils import (
-    TextConfig, TextGenerationMixin, TextPreTrainedModel, causal_lm_loss, check_text_inputs)
+from .modeling_utils import ClassifierPooling, TextConfig, TextGenerationMixin, TextPreTrainedModel, check_text_inputs
 
 __all__ = [
     'GMLPConfig', 'GMLPPreTrainedModel', 'GMLPModel', 'GMLPForMaskedLM', 'GMLPForSequenceClassification',
@@ -42,14 +42,11 @@ __all__ = [
 
 
 class GMLPConfig(TextConfig):
-    """Configuration of the gMLP / aMLP text models.
+    """Configuration of the gMLP / aMLP text models (the shared fields:
+    :class:`~mlp_vision.text.modeling_utils.TextConfig`).
 
     Attributes:
-        vocab_size: V, token vocabulary (32,000 in the paper's BERT setup).
-        max_position_embeddings: n, the SGU's spatial size and the longest input; shorter inputs use the leading
-            block of W and b.
-        hidden_size: d_model.
-        num_hidden_layers: number of gMLP blocks.
+        max_position_embeddings: n, the SGU's spatial size; shorter inputs use the leading block of W and b.
         intermediate_size: d_ffn (fc1 output; the SGU halves it). Must be even.
         tiny_attention_size: size a of aMLP's single-head tiny attention (0 = gMLP; 64 base, 128 large, §4.3).
         spatial_mode: 'toeplitz' (masked LM) | 'causal' (autoregressive LM) | 'dense'.
@@ -57,14 +54,7 @@ class GMLPConfig(TextConfig):
         tie_word_embeddings: decoder weight = token embedding (masked LM: True, paper §4).
         hidden_dropout_prob: dropout on the embeddings and inside each block (after the SGU).
         drop_path_rate: stochastic depth, ramped linearly from 0 at the first block to this at the last.
-        layer_norm_eps: epsilon of the block input LayerNorms and the final LayerNorm.
-        initializer_range: std of the normal init of Linear / Embedding weights (the SGU keeps W ~ 0, b = 1).
         cls_index: position whose last-layer state the sequence classifier reads (0: ``<cls>`` first, BERT).
-        classifier_pooling: 'cls' (the state at ``cls_index``, the paper's protocol) or 'mean' (over the real tokens).
-        num_labels: (``transformers``' keyword) outputs of the sequence-classification head (1 = regression, MSE).
-        classifier_dropout: dropout before the classifier.
-        sparse_prediction: masked LM with labels: decode only the scored positions, logits (N, V)
-            (:func:`~mlp_vision.text.modeling_utils.scored_positions`).
     """
     vocab_size: int = 32000
     max_position_embeddings: int = 512
@@ -72,7 +62,7 @@ class GMLPConfig(TextConfig):
     num_hidden_layers: int = 48
     intermediate_size: int = 3072
     tiny_attention_size: int = 0
-    spatial_mode: str = 'toeplitz'
+    spatial_mode: Literal[SPATIAL_MODES] = 'toeplitz'
     mask_padding: bool = True
     tie_word_embeddings: bool = True
     hidden_dropout_prob: float = 0.0
@@ -81,15 +71,13 @@ class GMLPConfig(TextConfig):
     initializer_range: float = 0.02
     cls_index: int = 0
     classifier_dropout: float = 0.1
-    classifier_pooling: str = 'cls'
+    classifier_pooling: ClassifierPooling = 'cls'
     sparse_prediction: bool = False
 
     model_type = 'mlp_vision_gmlp'  # config.json's key for transformers' AutoConfig
 
     def __post_init__(self, **kwargs):
         super().__post_init__(**kwargs)
-        if self.spatial_mode not in SPATIAL_MODES:
-            raise ValueError(f'spatial_mode must be one of {SPATIAL_MODES}, got {self.spatial_mode!r}')
         if self.intermediate_size % 2:
             raise ValueError(f'intermediate_size must be even (the SGU splits it in two), got {self.intermediate_size}')
         if not 0 <= self.cls_index < self.max_position_embeddings:
@@ -118,11 +106,9 @@ class GMLPPreTrainedModel(TextPreTrainedModel):
 class GMLPModel(GMLPPreTrainedModel):
     """gMLP / aMLP backbone: token embedding -> GatedMLPBlocks -> final LayerNorm.
 
-    Shapes:
-        input_ids: (B, L) int64 with 1 <= L <= max_position_embeddings.
-        attention_mask: optional (B, L) bool/int, 1 = real token, right padding (module docstring).
-        token_type_ids: accepted and ignored (no segment embedding; tokenizers and pipelines give them).
-        output: ``BaseModelOutput(last_hidden_state (B, L, hidden_size))``.
+    Shapes: input_ids (B, L) int64, 1 <= L <= max_position_embeddings; attention_mask optional (B, L), 1 = real
+    token, right padding (module docstring); token_type_ids ignored (tokenizers and pipelines give them) ->
+    ``BaseModelOutput(last_hidden_state (B, L, hidden_size))``.
     """
 
     def __init__(self, config: GMLPConfig, device=None, dtype=None):
@@ -166,11 +152,8 @@ class GMLPForSequenceClassification(GMLPPreTrainedModel, EncoderForSequenceClass
     """Sequence classifier with the BERT ``<cls>`` protocol of the paper (§2, §4): on ``<cls> segment_a <sep>
     [segment_b <sep>] <pad>...``, a linear map of the last-layer state at ``config.cls_index`` (0), or of the mean of
     the real tokens' states (``classifier_pooling='mean'``). No BERT pooler (tanh dense layer): next-sentence
-    prediction trains it, and the paper's C4 MLM pretraining has none. ``from_pretrained(mlm_dir, num_labels=k)``
-    loads the backbone of a masked LM, with a new classifier.
-
-    Shapes: as :class:`~mlp_vision.text.bert.EncoderForSequenceClassification`.
-    """
+    prediction trains it, and the paper's C4 MLM pretraining has none. Shapes: as
+    :class:`~mlp_vision.text.bert.EncoderForSequenceClassification`."""
     encoder_class = GMLPModel
     use_pooler = False
 
@@ -181,10 +164,9 @@ class GMLPForCausalLM(TextGenerationMixin, GMLPPreTrainedModel):
     chooses; untied there) plus an output bias. No sinusoidal position encoding: the causal W is position-indexed
     already (paper §2). Any length 1..max_position_embeddings; ``generate`` crops longer contexts.
 
-    Shapes:
-        input_ids: (B, T) int64; attention_mask: optional (B, T) (right padding never reaches real tokens);
-        labels: optional (B, T) int64 aligned with the inputs (``labels = input_ids``; shifted inside, -100 = not
-        scored). Returns ``CausalLMOutput(loss, logits (B, T, V))``.
+    Shapes: input_ids (B, T) int64; attention_mask optional (B, T) (right padding never reaches real tokens); labels
+    optional (B, T) int64, ``labels = input_ids`` (shifted inside, -100 = not scored) -> ``CausalLMOutput(loss,
+    logits (B, T, V))``.
     """
     head_prefixes = ('lm_head', 'output_bias')
     _tied_weights_keys = {'lm_head.weight': 'gmlp.embed.weight'}
@@ -203,4 +185,5 @@ class GMLPForCausalLM(TextGenerationMixin, GMLPPreTrainedModel):
                 token_type_ids: Optional[torch.Tensor] = None, labels: Optional[torch.Tensor] = None, **kwargs):
         self.check_forward_kwargs(kwargs)
         logits = self.lm_head(self.gmlp(input_ids, attention_mask).last_hidden_state) + self.output_bias
-        return CausalLMOutput(loss=None if labels is None else causal_lm_loss(logits, labels), logits=logits)
+        loss = None if labels is None else ForCausalLMLoss(logits, labels, self.config.vocab_size)
+        return CausalLMOutput(loss=loss, logits=logits)

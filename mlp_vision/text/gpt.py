@@ -1,7 +1,8 @@
 """ Char-level GPT with MLP-Attention (paper 003) and the same GPT with dot-product attention (its baseline).
 
 Paper: Morsali et al., `MLP-Attention: Improving Transformer Architecture with MLP Attention Weights`
-(ICLR 2023 Tiny Papers), §2 "Methodology" and Appendix A.1. Reference code: github.com/AlirezaMorsali/MLP-Attention (nanoGPT-style).
+(ICLR 2023 Tiny Papers), §2 "Methodology" and Appendix A.1. Reference code: github.com/AlirezaMorsali/MLP-Attention
+(nanoGPT-style).
 
 MLP-Attention, per head h: ``logits_h = ReLU(X W1_h + b1_h) W2_h`` with W2_h: d_hidden x T_max (no bias), so
 row t holds logits over key positions 0..T_max-1; only the first T columns are computed for a length-T input,
@@ -17,37 +18,32 @@ bias, projection with bias, as the reference) and both variants use :class:`timm
 Parameter counts at the paper's settings: 5,468,993 (dot-product, paper "5.5 million") and 6,061,121
 (MLP-Attention, "6 million"), the counts the reference code records; derivation in docs/models.md §5.
 """
-from typing import Optional
+from typing import Literal, Optional
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from timm.layers import Attention, Mlp
 from transformers import initialization as init
+from transformers.loss.loss_utils import ForCausalLMLoss
 from transformers.modeling_outputs import CausalLMOutput
 from transformers.utils import can_return_tuple
 
-from .modeling_utils import TextConfig, TextGenerationMixin, TextPreTrainedModel, causal_lm_loss, check_text_inputs
+from .modeling_utils import TextConfig, TextGenerationMixin, TextPreTrainedModel, check_text_inputs
 
-__all__ = ['GPTConfig', 'MLPAttention', 'GPTBlock', 'GPTLanguageModel', 'ATTENTION_TYPES']
-
-ATTENTION_TYPES = ('mlp', 'sdpa')
+__all__ = ['GPTConfig', 'MLPAttention', 'GPTBlock', 'GPTLanguageModel']
 
 
 class GPTConfig(TextConfig):
-    """Configuration of the char-level GPT (defaults: the MLP-Attention paper's Tiny Shakespeare setup, §3).
+    """Configuration of the char-level GPT (defaults: the MLP-Attention paper's Tiny Shakespeare setup, §3: 65
+    characters, dropout 0.2); the shared fields: :class:`~mlp_vision.text.modeling_utils.TextConfig`.
 
     Attributes:
-        vocab_size: V (65 characters in Tiny Shakespeare).
-        max_position_embeddings: T_max, the longest context (position embeddings and MLP-attention logits are
-            this long).
-        num_hidden_layers, num_attention_heads, hidden_size: depth, heads, width d (d divisible by the heads).
+        max_position_embeddings: T_max (position embeddings and MLP-attention logits are this long).
         intermediate_size: FFN hidden width (None: 4 d, as the reference).
         attention: 'mlp' (MLP-Attention) | 'sdpa' (scaled dot-product attention baseline).
         mlp_attention_hidden_size: hidden width of each head's logit MLP (MLP-Attention only).
-        hidden_dropout_prob: residual and FFN dropout (0.2 in the paper).
-        attention_probs_dropout_prob: dropout on the attention weights (0.2 in the paper).
-        initializer_range: std of the normal init of Linear / Embedding weights (biases 0), as nanoGPT.
+        hidden_dropout_prob: residual and FFN dropout.
     """
     vocab_size: int = 65
     max_position_embeddings: int = 256
@@ -55,7 +51,7 @@ class GPTConfig(TextConfig):
     num_attention_heads: int = 3
     hidden_size: int = 384
     intermediate_size: Optional[int] = None
-    attention: str = 'mlp'
+    attention: Literal['mlp', 'sdpa'] = 'mlp'
     mlp_attention_hidden_size: int = 256
     hidden_dropout_prob: float = 0.2
     attention_probs_dropout_prob: float = 0.2
@@ -67,22 +63,12 @@ class GPTConfig(TextConfig):
         super().__post_init__(**kwargs)
         if self.intermediate_size is None:
             self.intermediate_size = 4 * self.hidden_size
-        if self.attention not in ATTENTION_TYPES:
-            raise ValueError(f'attention must be one of {ATTENTION_TYPES}, got {self.attention!r}')
-        if self.hidden_size % self.num_attention_heads:
-            raise ValueError(f'hidden_size {self.hidden_size} not divisible by num_attention_heads '
-                             f'{self.num_attention_heads}')
 
 
 class MLPAttention(nn.Module):
-    """Causal multi-head MLP-Attention: each head computes its attention logits with an MLP of the input.
-
-    Args:
-        dim: model width d; heads have size d / num_heads.
-        num_heads: H.
-        seq_len: T_max, the maximum length (the config's ``max_position_embeddings``); the logit MLP outputs one logit per key position 0..T_max-1.
-        hidden_dim: hidden width of the per-head logit MLP.
-        attn_drop, proj_drop: dropout on the attention weights / after the output projection.
+    """Causal multi-head MLP-Attention: each of the ``num_heads`` H heads computes its attention logits with an MLP
+    (hidden width ``hidden_dim``) of the input, one logit per key position 0..``seq_len`` - 1 (T_max, the config's
+    ``max_position_embeddings``).
 
     Parameters: ``fc1`` (d -> H * hidden, with bias: the H first layers side by side), ``fc2_weight``
     (H, hidden, T_max: the H second layers, no bias), ``value`` (d -> d, no bias: the H value maps side by side),
@@ -138,13 +124,9 @@ class _CausalSDPA(Attention):
 
 
 class GPTBlock(nn.Module):
-    """Pre-LN GPT block: ``x = x + attn(ln1(x)); x = x + ffn(ln2(x))``.
-
-    ``attn`` is :class:`MLPAttention` (``attention='mlp'``) or causal :class:`timm.layers.Attention`
-    (``'sdpa'``); ``ffn`` is :class:`timm.layers.Mlp` (d -> ffn_ratio d -> d, ReLU, dropout after fc2).
-
-    Shapes: x (B, T, d) -> (B, T, d).
-    """
+    """Pre-LN GPT block: ``x = x + attn(ln1(x)); x = x + ffn(ln2(x))``, ``attn`` :class:`MLPAttention` or causal
+    :class:`timm.layers.Attention` (``config.attention``), ``ffn`` :class:`timm.layers.Mlp` (ReLU, dropout after
+    fc2). Shapes: x (B, T, d) -> (B, T, d)."""
 
     def __init__(self, config: GPTConfig, device=None, dtype=None) -> None:
         super().__init__()
@@ -168,15 +150,13 @@ class GPTBlock(nn.Module):
 
 
 class GPTLanguageModel(TextGenerationMixin, TextPreTrainedModel):
-    """Char-level GPT LM with MLP-Attention or dot-product attention.
+    """Char-level GPT LM with MLP-Attention or dot-product attention; ``generate``
+    (:class:`~mlp_vision.text.modeling_utils.TextGenerationMixin`) crops the context to the last
+    ``max_position_embeddings`` tokens.
 
-    Shapes:
-        input_ids: (B, T) int64 with 1 <= T <= max_position_embeddings; attention_mask: optional (B, T), right
-        padding (causal attention never lets a real token see a later pad, so nothing else is needed); labels:
-        optional (B, T) int64 aligned with the inputs (``labels = input_ids``; shifted inside, -100 = not scored).
-        Returns ``CausalLMOutput(loss, logits (B, T, vocab_size))``. ``generate`` (``transformers``', through
-        :class:`~mlp_vision.text.modeling_utils.TextGenerationMixin`) crops the context to the last
-        ``max_position_embeddings`` tokens.
+    Shapes: input_ids (B, T) int64, 1 <= T <= max_position_embeddings; attention_mask optional (B, T), right padding
+    (causal attention never lets a real token see a later pad); labels optional (B, T) int64, ``labels = input_ids``
+    (shifted inside, -100 = not scored) -> ``CausalLMOutput(loss, logits (B, T, vocab_size))``.
     """
     config_class = GPTConfig
     base_model_prefix = 'gpt'  # no separate backbone module: every weight is this class's
@@ -211,4 +191,5 @@ class GPTLanguageModel(TextGenerationMixin, TextPreTrainedModel):
         for block in self.blocks:
             x = block(x)
         logits = self.lm_head(self.ln_f(x))
-        return CausalLMOutput(loss=None if labels is None else causal_lm_loss(logits, labels), logits=logits)
+        loss = None if labels is None else ForCausalLMLoss(logits, labels, self.config.vocab_size)
+        return CausalLMOutput(loss=loss, logits=logits)

@@ -13,11 +13,10 @@ every model a :class:`TextPreTrainedModel` (a ``PreTrainedModel``), one class pe
 import contextlib
 import dataclasses
 import os
-from typing import Any, ClassVar, Dict, List, Optional, Tuple
+from typing import Any, ClassVar, Dict, List, Literal, Optional, Tuple, get_args, get_origin
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file
 from transformers import GenerationMixin, PreTrainedConfig, PreTrainedModel, initialization as init
@@ -30,11 +29,9 @@ from mlp_vision.errors import UsageError, short_repr
 from ..weights import check_weights
 
 __all__ = [
-    'TextConfig', 'TextPreTrainedModel', 'TextGenerationMixin', 'check_text_inputs',
-    'masked_lm_loss', 'causal_lm_loss', 'scored_positions', 'sequence_classification_loss',
-    'read_config', 'is_saved_folder', 'check_text_model_size', 'check_text_activations',
-    'check_tokenizer_fits',
-    'pool_sequence', 'check_classifier_pooling', 'CLASSIFIER_POOLINGS', 'CONFIG_NAME', 'WEIGHTS_NAME',
+    'TextConfig', 'TextPreTrainedModel', 'TextGenerationMixin', 'check_text_inputs', 'read_config',
+    'is_saved_folder', 'check_text_model_size', 'check_text_activations', 'check_tokenizer_fits', 'pool_sequence',
+    'ClassifierPooling', 'CONFIG_NAME', 'WEIGHTS_NAME',
 ]
 
 
@@ -54,15 +51,25 @@ _TYPE_CHECKS = {bool: lambda v: isinstance(v, bool),
                 int: lambda v: isinstance(v, int) and not isinstance(v, bool),
                 float: lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
                 str: lambda v: isinstance(v, str)}
+# what a sequence classifier reads: the state at cls_index ([CLS], arXiv 1810.04805 §3) or the mean over the real
+# tokens (the official BiGS pooler); ModernBERT's field name in transformers
+ClassifierPooling = Literal['cls', 'mean']
 
 
 class TextConfig(PreTrainedConfig):
     """Base of the text configs: a ``transformers`` ``PreTrainedConfig`` whose own fields are checked when made.
 
-    Subclasses declare their fields (dataclass style, as ``transformers``' ``BertConfig``), set ``model_type`` (the
-    key ``AutoConfig`` dispatches on, ``mlp_vision_<family>``). ``num_labels`` is ``transformers``' (the length of
-    ``id2label``); one label means regression (``problem_type='regression'``: our head is trained with MSE, so
-    pipelines apply no sigmoid).
+    Subclasses declare their fields (dataclass style, as ``transformers``' ``BertConfig``; a ``Literal`` type lists
+    the values allowed), set ``model_type`` (the key ``AutoConfig`` dispatches on, ``mlp_vision_<family>``).
+
+    Fields several families share: ``vocab_size`` V; ``max_position_embeddings``, the longest input;
+    ``initializer_range``, the std of the normal init of Linear / Embedding weights; ``pad_token_id``, whose
+    embedding row starts at zero and gets no gradient; ``num_labels`` (``transformers``', the length of
+    ``id2label``), the classifier's outputs, one meaning regression (``problem_type='regression'``: our head is
+    trained with MSE, so pipelines apply no sigmoid); ``classifier_dropout``, before the classifier;
+    ``classifier_pooling`` (:data:`ClassifierPooling`); ``sparse_prediction``: a masked LM given labels decodes only
+    the N scored positions, logits (N, V) in row-major order -- the same loss and gradients for a fraction of the
+    decoder's cost (V d per token), as ModernBERT's.
     """
 
     def __post_init__(self, **kwargs):
@@ -85,20 +92,23 @@ class TextConfig(PreTrainedConfig):
         return {name: getattr(self, name) for name in self.text_field_names()}
 
     def check_fields(self) -> None:
-        """Types, then the ranges of the field names every family shares (a :class:`~mlp_vision.errors.UsageError`,
-        which is a ``ValueError``): sizes >= 1, other integers >= 0, epsilons > 0, dropout rates in [0, 1), every
-        float finite; ``num_hidden_layers`` within :func:`mlp_vision.bounds.check_block_count`'s bound. A config
-        comes from the command line or from a file someone may have edited: a NaN ``layer_norm_eps`` builds a model
-        whose every score is NaN, an unparsed ``'false'`` is a true string."""
-        for name in self.text_field_names():
+        """Types and ``Literal`` values, then the ranges of the field names every family shares (a
+        :class:`~mlp_vision.errors.UsageError`, which is a ``ValueError``): sizes >= 1, other integers >= 0, epsilons
+        > 0, dropout rates in [0, 1), every float finite; ``num_hidden_layers`` within
+        :func:`mlp_vision.bounds.check_block_count`'s bound; ``pad_token_id`` < ``vocab_size``, ``hidden_size``
+        divisible by ``num_attention_heads``. A config comes from the command line or from a file someone may have
+        edited: a NaN ``layer_norm_eps`` builds a model whose every score is NaN, an unparsed ``'false'`` is a true
+        string."""
+        names = self.text_field_names()
+        for name in names:
             value, where = getattr(self, name), f'{type(self).__name__}.{name}'
             field = self.__dataclass_fields__.get(name)
             kind = field.type if field is not None else int  # num_labels: transformers' property
+            if get_origin(kind) is Literal and value not in get_args(kind):
+                raise ValueError(f'{name} must be one of {get_args(kind)}, got {value!r}')
             if kind in _TYPE_CHECKS and not _TYPE_CHECKS[kind](value):
                 hint = ' (write True or False)' if kind is bool else ''
                 raise TypeError(f'{where} must be a {kind.__name__}{hint}, got {value!r} ({type(value).__name__})')
-            if name == 'classifier_pooling':
-                check_classifier_pooling(value)
             if value is None or isinstance(value, (bool, str)):
                 continue
             if name in _POSITIVE_SIZE_FIELDS:
@@ -113,6 +123,11 @@ class TextConfig(PreTrainedConfig):
                 check_range(where, value, low=0)
             else:
                 check_range(where, value)
+        if 'pad_token_id' in names and self.pad_token_id >= self.vocab_size:
+            raise ValueError(f'pad_token_id {self.pad_token_id} outside [0, {self.vocab_size})')
+        if 'num_attention_heads' in names and self.hidden_size % self.num_attention_heads:
+            raise ValueError(f'hidden_size {self.hidden_size} not divisible by num_attention_heads '
+                             f'{self.num_attention_heads}')
 
     @classmethod
     def from_dict(cls, config_dict: Dict[str, Any], **kwargs):
@@ -311,48 +326,7 @@ def check_text_inputs(input_ids: torch.Tensor, attention_mask: Optional[torch.Te
     return mask
 
 
-# ------------------------------------------------------------------------------------------------------- losses
-
-def masked_lm_loss(logits: torch.Tensor, labels: torch.Tensor, ignore_index: int = -100) -> torch.Tensor:
-    """Mean token cross-entropy in float32. logits: (B, L, V); labels: (B, L) int64, ``ignore_index`` not scored."""
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1),
-                           ignore_index=ignore_index)
-
-
-def scored_positions(hidden: torch.Tensor, labels: Optional[torch.Tensor], sparse_prediction: bool
-                     ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
-    """What a masked-LM head decodes: ``(hidden (B, L, d), labels (B, L))`` unchanged, or with ``sparse_prediction``
-    and labels only the scored positions, ``(hidden (N, d), labels (N,))``, N = ``(labels != -100).sum()``: the same
-    loss and gradients for a fraction of the head's cost (V d per token, which dominates at a small width), as
-    ModernBERT's ``sparse_prediction``; the logits are then (N, V) in row-major order."""
-    if not sparse_prediction or labels is None:
-        return hidden, labels
-    scored = labels != -100
-    return hidden[scored], labels[scored]
-
-
-def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor, ignore_index: int = -100) -> torch.Tensor:
-    """Next-token loss with ``labels`` aligned to the inputs (``labels = input_ids``): position t predicts label
-    t + 1, as ``transformers``' causal LMs. logits: (B, L, V); labels: (B, L)."""
-    return masked_lm_loss(logits[:, :-1], labels[:, 1:], ignore_index)
-
-
-def sequence_classification_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Cross-entropy over (B, num_labels) logits with (B,) class ids; MSE when num_labels == 1 (regression)."""
-    if logits.shape[-1] == 1:
-        return F.mse_loss(logits.squeeze(-1).float(), labels.float())
-    return F.cross_entropy(logits.float(), labels)
-
-
-# what a sequence classifier reads (``config.classifier_pooling``, ModernBERT's field name in ``transformers``)
-CLASSIFIER_POOLINGS = ('cls', 'mean')
-
-
-def check_classifier_pooling(pooling: str) -> None:
-    """A ``ValueError`` unless ``pooling`` is one of :data:`CLASSIFIER_POOLINGS`."""
-    if pooling not in CLASSIFIER_POOLINGS:
-        raise ValueError(f'classifier_pooling must be one of {CLASSIFIER_POOLINGS}, got {pooling!r}')
-
+# ------------------------------------------------------------------------------------------------------ pooling
 
 def pool_sequence(hidden: torch.Tensor, attention_mask: Optional[torch.Tensor], pooling: str,
                   cls_index: int = 0) -> torch.Tensor:
@@ -362,10 +336,10 @@ def pool_sequence(hidden: torch.Tensor, attention_mask: Optional[torch.Tensor], 
 
     Shapes: hidden (B, L, d); attention_mask optional (B, L), 1 / True = real token (None: every position) -> (B, d).
     """
-    if pooling == 'cls':  # the configs check the value once, at init; an unknown one still cannot pass below
+    if pooling == 'cls':
         return hidden[:, cls_index]
-    if pooling != 'mean':
-        check_classifier_pooling(pooling)
+    if pooling != 'mean':  # the configs check the value when made; one set on the config later stops here
+        raise ValueError(f'classifier_pooling must be one of {get_args(ClassifierPooling)}, got {pooling!r}')
     if attention_mask is None:
         return hidden.mean(dim=1)
     w = attention_mask.to(hidden.dtype).unsqueeze(-1)  # (B, L, 1)

@@ -102,10 +102,9 @@ def create_model(name: str, task: Optional[str] = None, device=None, dtype=None,
     return cls(config, device=device, dtype=dtype)
 
 
-def list_models(pattern: str = '*', task: Optional[str] = None, family: Optional[str] = None) -> List[str]:
-    """Sorted registered names matching the shell-style ``pattern`` (and, if given, default ``task`` / ``family``)."""
-    return sorted(n for n, e in _ENTRIES.items() if fnmatch.fnmatch(n, pattern)
-                  and (task is None or e.task == task) and (family is None or e.family == family))
+def list_models(pattern: str = '*', task: Optional[str] = None) -> List[str]:
+    """Sorted registered names matching the shell-style ``pattern`` (and, if given, default ``task``)."""
+    return sorted(n for n, e in _ENTRIES.items() if fnmatch.fnmatch(n, pattern) and task in (None, e.task))
 
 
 def is_model(name: str) -> bool:
