@@ -51,10 +51,8 @@ class Interrupted(RunError):
     """SIGINT / SIGTERM ``signum`` arrived; raised at the next safe point ``where`` (between batches / updates)."""
 
     def __init__(self, signum: int, where: str = '', message: str = ''):
-        self.signum, self.where = signum, where
-        self.exit_status = 128 + signum
-        name = signal.Signals(signum).name
-        super().__init__(message or f'interrupted by {name}' + (f' at {where}' if where else ''))
+        self.signum, self.where, self.exit_status = signum, where, 128 + signum
+        super().__init__(message or f'interrupted by {signal.Signals(signum).name}' + (f' at {where}' if where else ''))
 
 
 class ScriptExit(SystemExit):
