@@ -61,9 +61,8 @@ _DAMAGED = 'the file is damaged or was crafted, and is not used'
 
 def parse_run_args(parser: argparse.ArgumentParser, argv: Sequence[str], base_configs: BaseConfigs = (),
                    recipes: bool = False) -> Tuple[RunArgs, Optional[Dict[str, Any]]]:
-    """(args, the ``--resume`` checkpoint or None, checked to be of ``args.model``); a resumed checkpoint's saved
-    arguments are the defaults under ``-c`` and the command line, kept in ``args.resumed_settings`` (its
-    ``derived`` in ``args.resumed_derived``)."""
+    """(args, the ``--resume`` checkpoint of ``args.model`` or None); its saved arguments are the defaults under
+    ``-c`` and the flags (``args.resumed_settings``; its ``derived``: ``args.resumed_derived``)."""
     given = parse_given(parser, argv)
     resume = given.get('resume', '')
     ckpt, saved = None, {}
@@ -185,9 +184,8 @@ def check_resume_payload(ckpt: Dict[str, Any], source: str) -> None:
 def restore_training_state(ckpt: Optional[Dict[str, Any]], resume: str, model_name: str, model: nn.Module,
                            optimizer: torch.optim.Optimizer, scheduler, schedule: Dict[str, Any], loss_scaler=None,
                            weights_only: bool = False) -> Tuple[int, int]:
-    """Load the resumed checkpoint ``ckpt`` (None: not resuming) into the run's objects; returns its (epoch,
-    num_updates), (0, 0) when not resuming. A ``schedule`` other than the checkpoint's (a larger ``--epochs``) is
-    positioned at the checkpoint's epoch / update, and the change logged. ``weights_only``: ``--no-resume-opt``."""
+    """Load ``ckpt`` (None: not resuming) into the run's objects; returns its (epoch, num_updates), else (0, 0). A
+    ``schedule`` other than the checkpoint's (a larger ``--epochs``) continues from its epoch / update, logged."""
     if ckpt is None:
         return 0, 0
     source = f'--resume {resume}'
@@ -250,17 +248,16 @@ def check_not_finished(ckpt: Optional[Dict[str, Any]], resume: str, done: int, t
     if ckpt is None or done < total:
         return
     folder = Path(resume).resolve().parent
-    results, recorded = folder / 'results.json', None
+    results, recorded, weights = folder / 'results.json', None, f'its weights are in {folder / "last.pth"}'
     with suppress(OSError, UsageError):
         recorded = read_json_file(str(results))
     if not resumed_from_a_run(ckpt, resume):
         outcome = f'the checkpoint lies outside its run\'s folder, so {folder} says nothing about its results'
     elif not isinstance(recorded, dict):
         outcome = (f'its final outputs were never written (no readable {results}: the process was stopped '
-                   f'during its final stage); its weights are in {folder / "last.pth"}')
+                   f'during its final stage); {weights}')
     elif recorded.get('error'):
-        outcome = (f'its final stage failed ({recorded["error"]}, recorded in {results}); its weights are in '
-                   f'{folder / "last.pth"}')
+        outcome = f'its final stage failed ({recorded["error"]}, recorded in {results}); {weights}'
     else:
         outcome = f'results in {results}'
     raise UsageError(f'--resume {resume}: this run already finished its {total} epochs ({outcome}); to train on, '
@@ -479,10 +476,8 @@ def open_run_folder(args, ckpt: Optional[Dict[str, Any]], *, default_root: str, 
         log_handler = add_log_file(output_dir / 'train.log')
         if note:
             _logger.warning(note)
-        removed = clean_stale_temp_files(output_dir)
-        if removed:
-            _logger.info(f'removed {len(removed)} temporary files left by a killed run: '
-                         f'{", ".join(p.name for p in removed)}')
+        if removed := clean_stale_temp_files(output_dir):
+            _logger.info(f'removed the temporary files a killed run left: {", ".join(p.name for p in removed)}')
         settings, args_file = args.given(), output_dir / 'args.yaml'
         if args_file.exists():  # an earlier one of other settings (or unreadable) is kept
             try:  # through the one strict yaml reader (bounded size, no aliases or duplicate keys)
