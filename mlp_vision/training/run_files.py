@@ -18,7 +18,6 @@ import math
 import os
 import random
 import signal
-import stat
 import threading
 import uuid
 from contextlib import contextmanager, suppress
@@ -353,12 +352,9 @@ def is_run_id(value) -> bool:  # as uuid4().hex
 
 def read_run_id(folder: Path) -> Optional[str]:
     """The id in ``folder/run.json``; None when it is not a small regular file of our format."""
-    path = folder / RUN_FILE
-    try:
-        info = os.lstat(path)
-        if not stat.S_ISREG(info.st_mode) or info.st_size > 4096:
-            return None
-        run_id = json.loads(path.read_text()).get('run_id')
+    try:  # a link, FIFO or device there: open_own_file's UsageError (a ValueError)
+        with open(open_own_file(folder / RUN_FILE, os.O_RDONLY), encoding='utf-8') as f:
+            run_id = json.loads(f.read(4097)).get('run_id')
     except (OSError, ValueError, AttributeError):
         return None
     return run_id if is_run_id(run_id) else None
