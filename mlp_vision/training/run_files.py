@@ -567,9 +567,8 @@ def save_checkpoint(folder: Optional[RunFolder], args, dist_info, epoch: int, me
     if folder is None:
         return None
     folder.last_saved = epoch
-    # threads: a resume computes with the same count (float rounding)
     state = {'version': CHECKPOINT_VERSION, 'kind': 'image', 'run_id': folder.run_id,
-             'threads': torch.get_num_threads(),
+             'threads': torch.get_num_threads(),  # a resume computes with the same count (float rounding)
              'arch': args.model, 'epoch': epoch, 'num_updates': num_updates,
              'state_dict': unwrap_model(model).state_dict(), 'optimizer': optimizer.state_dict(),
              'scheduler': scheduler.state_dict(), 'schedule': dict(schedule),
