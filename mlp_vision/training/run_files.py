@@ -138,7 +138,8 @@ def check_optimizer_state(saved: Any, optimizer: torch.optim.Optimizer) -> None:
     live_groups = optimizer.param_groups
     groups = saved['param_groups'] if isinstance(saved, dict) and set(saved) == {'state', 'param_groups'} else None
     if not isinstance(groups, list) or len(groups) != len(live_groups):
-        raise ValueError(f'the optimizer state is not a {{state, param_groups}} dict of {len(live_groups)} groups')
+        raise ValueError(f'the optimizer state is not a {{state, param_groups}} dict of this optimizer\'s '
+                         f'{len(live_groups)} parameter groups')
     params = {}
     for i, (group, live) in enumerate(zip(groups, live_groups)):
         ids = group.get('params') if isinstance(group, dict) and set(group) == set(live) else None
