@@ -258,6 +258,8 @@ def _misfit_optimizer_state(ckpt):  # the first optimizer state tensor (SGD's mo
     (lambda c: c['rng_states'][0].update(torch='seed'), 'its torch random-number state'),
     (lambda c: c['rng_states'][0]['numpy'].update(pos=10 ** 6), 'its numpy random-number state'),
     (lambda c: c.update(args=['lr', 1.0]), "checkpoint's args is not what this trainer writes"),
+    (lambda c: c.update(kind='text'), 'is not a training checkpoint of'),
+    (lambda c: [c.pop('optimizer'), c.pop('checkpoint_history')], 'expected the last.pth (or checkpoint-N.pth)'),
 ])
 def test_crafted_saved_values_stop_with_one_line(vision_run, tmp_path, capsys, change, problem):
     # no new flags: the schedule is the checkpoint's, so its scheduler state is checked (and loaded) too

@@ -67,12 +67,10 @@ def parse_run_args(parser: argparse.ArgumentParser, argv: Sequence[str], base_co
     ckpt, saved = None, {}
     if resume:
         ckpt = load_checkpoint_file(resume, trust=given.get('trust_checkpoint', False), what='--resume')
-        found = (ckpt.get('kind', 'image') if 'state_dict' in ckpt and (
-            'optimizer' in ckpt or 'checkpoint_history' in ckpt) else None)  # the latter: a weights-only best / top-N
-        if found != 'image':
-            what = f'a checkpoint of the {found} trainer' if found else 'not a training checkpoint'
-            raise UsageError(f'--resume {resume} is {what}; expected the last.pth (or checkpoint-N.pth) of '
-                             f'an image training run of {parser.prog}')
+        if ckpt.get('kind', 'image') != 'image' or 'state_dict' not in ckpt or not (
+                'optimizer' in ckpt or 'checkpoint_history' in ckpt):  # the latter: a weights-only best / top-N
+            raise UsageError(f'--resume {resume} is not a training checkpoint of {parser.prog}; expected the last.pth '
+                             f'(or checkpoint-N.pth) of an image training run')
         check_resume_payload(ckpt, f'--resume {resume}')
         saved = {k: v for k, v in (ckpt.get('args') or {}).items() if k not in RUN_CONTROL_ARGS}
     args, _ = merge_settings(parser, given, base_configs=base_configs, run_settings=saved, recipes=recipes)
