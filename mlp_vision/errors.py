@@ -30,9 +30,8 @@ _SHORT.maxstring, _SHORT.maxother, _SHORT.maxlong = 120, 120, 40
 
 
 def short_repr(value: Any, limit: int = 200) -> str:
-    """``repr(value)`` bounded in work and length, for every message that echoes a value from the user or a file: a
-    full ``repr`` of a huge nested value or of a 10**5000 integer (``ValueError``: too many digits) would never end
-    or fail."""
+    """``repr(value)`` bounded in work and length, for messages echoing a value from the user or a file: the full
+    ``repr`` of a huge nested value would never end, of a 10**5000 integer fail (``ValueError``: too many digits)."""
     if isinstance(value, int) and value.bit_length() > 256:  # repr of >4300 digits raises; of fewer takes long
         return f'<an integer of about {int(value.bit_length() * math.log10(2)) + 1} digits>'
     try:
@@ -51,10 +50,8 @@ class Interrupted(RunError):
     """SIGINT / SIGTERM ``signum`` arrived; raised at the next safe point ``where`` (between batches / updates)."""
 
     def __init__(self, signum: int, where: str = '', message: str = ''):
-        self.signum, self.where = signum, where
-        self.exit_status = 128 + signum
-        name = signal.Signals(signum).name
-        super().__init__(message or f'interrupted by {name}' + (f' at {where}' if where else ''))
+        self.signum, self.where, self.exit_status = signum, where, 128 + signum
+        super().__init__(message or f'interrupted by {signal.Signals(signum).name}' + (f' at {where}' if where else ''))
 
 
 class ScriptExit(SystemExit):

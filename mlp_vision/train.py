@@ -39,7 +39,7 @@ from mlp_vision.training.image_data import (
     prepare_digits_folder, train_samples_per_rank)
 from mlp_vision.weights import ALLOW_MISSING_FLAG, is_training_checkpoint, load_checkpoint_file, load_model_weights
 from mlp_vision.training.run_files import (
-    NonFiniteLossError, RunFolder, all_gather_objects, check_not_finished, check_resume_identity,
+    NonFiniteLossError, RunFolder, all_gather_objects, check_not_finished,
     close_run_folder, log_settings_changes, open_run_folder, parse_run_args, preserve_rng, restore_ema,
     restore_rng, restore_training_state, save_checkpoint, stop_error, stop_signals, write_results)
 from mlp_vision.training.image_model import (
@@ -276,7 +276,6 @@ def train(args, dist_info, resume_ckpt: Optional[dict], demo: bool, stop_signal:
     states, the epochs and the final stage. ``stop_signal()``: the SIGINT / SIGTERM received (0: none)."""
     device, run_start = dist_info.device, time.time()
     data_dir = _prepare_demo(args) if demo else args.data_dir or args.data
-    check_resume_identity(resume_ckpt, args.resume, args.model)
     random_seed(args.seed, dist_info.rank)
     dataset_train, dataset_eval, train_classes = _create_datasets(args, data_dir, dist_info.world_size)
     model, create_kwargs, data_config = _create_model(args, dist_info)

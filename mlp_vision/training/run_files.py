@@ -1,7 +1,6 @@
-""" A training run's files and their safety, as the functions :mod:`mlp_vision.train` calls in order:
-:func:`parse_run_args`, the resumed state (checked, then loaded before any folder is opened), :func:`open_run_folder`,
-:func:`restore_rng` last (an exact resume), :func:`save_checkpoint`, :func:`stop_signals` / :func:`stop_error` (the
-one line that ends a stopped or diverged run), :func:`write_results`, :func:`close_run_folder`.
+""" A training run's files and their safety, as :mod:`mlp_vision.train` calls them: :func:`parse_run_args`, the
+resumed state (checked, then loaded before any folder is opened), :func:`open_run_folder`, :func:`restore_rng` last,
+:func:`save_checkpoint`, :func:`stop_error`, :func:`write_results`, :func:`close_run_folder`.
 
 Checkpoint payload (tensors and plain Python values only, so it loads with ``weights_only=True``)::
 
@@ -19,7 +18,6 @@ import math
 import os
 import random
 import signal
-import stat
 import threading
 import uuid
 from contextlib import contextmanager, suppress
@@ -62,25 +60,25 @@ _DAMAGED = 'the file is damaged or was crafted, and is not used'
 
 def parse_run_args(parser: argparse.ArgumentParser, argv: Sequence[str], base_configs: BaseConfigs = (),
                    recipes: bool = False) -> Tuple[RunArgs, Optional[Dict[str, Any]]]:
-    """(args, the ``--resume`` checkpoint or None); a resumed image training checkpoint's saved arguments are the
-    defaults under ``-c`` and the command line, kept in ``args.resumed_settings`` (its ``derived`` in
-    ``args.resumed_derived``)."""
+    """(args, the ``--resume`` checkpoint of ``args.model`` or None); its saved arguments are the defaults under
+    ``-c`` and the flags (``args.resumed_settings``; its ``derived``: ``args.resumed_derived``)."""
     given = parse_given(parser, argv)
     resume = given.get('resume', '')
     ckpt, saved = None, {}
     if resume:
         ckpt = load_checkpoint_file(resume, trust=given.get('trust_checkpoint', False), what='--resume')
-        found = (ckpt.get('kind', 'image') if 'state_dict' in ckpt and (
-            'optimizer' in ckpt or 'checkpoint_history' in ckpt) else None)  # the latter: a weights-only best / top-N
-        if found != 'image':
-            what = f'a checkpoint of the {found} trainer' if found else 'not a training checkpoint'
-            raise UsageError(f'--resume {resume} is {what}; expected the last.pth (or checkpoint-N.pth) of '
-                             f'an image training run of {parser.prog}')
+        if ckpt.get('kind', 'image') != 'image' or 'state_dict' not in ckpt or not (
+                'optimizer' in ckpt or 'checkpoint_history' in ckpt):  # the latter: a weights-only best / top-N
+            raise UsageError(f'--resume {resume} is not a training checkpoint of {parser.prog}; expected the last.pth '
+                             f'(or checkpoint-N.pth) of an image training run')
         check_resume_payload(ckpt, f'--resume {resume}')
         saved = {k: v for k, v in (ckpt.get('args') or {}).items() if k not in RUN_CONTROL_ARGS}
     args, _ = merge_settings(parser, given, base_configs=base_configs, run_settings=saved, recipes=recipes)
     args.resumed_settings = saved
     args.resumed_derived = dict(ckpt.get('derived') or {}) if ckpt is not None else {}
+    if ckpt is not None and ckpt.get('arch') != args.model:
+        raise UsageError(f'--resume {resume} is a checkpoint of model {short_repr(ckpt.get("arch"))}, not of '
+                         f'{args.model!r}; leave --model out to continue the run as it was')
     if ckpt is not None and 'optimizer' not in ckpt and not args.no_resume_opt:
         raise UsageError(f'--resume {resume} holds the weights only (written without --keep-optimizer-state): '
                          f'continue from last.pth, resume from its weights with a fresh optimizer (--no-resume-opt) '
@@ -90,8 +88,7 @@ def parse_run_args(parser: argparse.ArgumentParser, argv: Sequence[str], base_co
 
 def _differences(old: Dict[str, Any], new: Dict[str, Any], name: Callable[[str], str] = str,
                  show: Callable[[Any], str] = repr) -> List[str]:
-    """``'<name(key)> <new value> (was <old value>)'`` for each key whose plain values
-    (:func:`~mlp_vision.arguments.plain_value`) differ between ``old`` and ``new``."""
+    """``'<name(key)> <new value> (was <old value>)'`` for each key whose plain values differ."""
     plain = {k: (plain_value(old.get(k)), plain_value(new.get(k))) for k in sorted(set(old) | set(new))}
     return [f'{name(k)} {show(b)} (was {show(a)})' for k, (a, b) in plain.items() if a != b]
 
@@ -136,11 +133,11 @@ def check_optimizer_state(saved: Any, optimizer: torch.optim.Optimizer) -> None:
     """A saved optimizer state fits ``optimizer``: groups of the same keys and parameter counts and settings as
     :func:`check_settings`, per-parameter states finite numbers or tensors no larger in rank than their parameter (of
     its shape when of its rank); else a ``ValueError``."""
-    if not isinstance(saved, dict) or set(saved) != {'state', 'param_groups'}:
-        raise ValueError('the optimizer state is not a {state, param_groups} dict')
-    groups, live_groups = saved['param_groups'], optimizer.param_groups
+    live_groups = optimizer.param_groups
+    groups = saved['param_groups'] if isinstance(saved, dict) and set(saved) == {'state', 'param_groups'} else None
     if not isinstance(groups, list) or len(groups) != len(live_groups):
-        raise ValueError(f'the optimizer state does not have the {len(live_groups)} parameter groups of this optimizer')
+        raise ValueError(f'the optimizer state is not a {{state, param_groups}} dict of this optimizer\'s '
+                         f'{len(live_groups)} parameter groups')
     params = {}
     for i, (group, live) in enumerate(zip(groups, live_groups)):
         ids = group.get('params') if isinstance(group, dict) and set(group) == set(live) else None
@@ -150,11 +147,9 @@ def check_optimizer_state(saved: Any, optimizer: torch.optim.Optimizer) -> None:
         check_settings({k: v for k, v in group.items() if k != 'params'}, live,
                        lambda k: f'optimizer setting {k!r} of group {i}', none_for_number=False)
     state = saved['state']
-    if not isinstance(state, dict) or not set(state) <= set(params):
-        raise ValueError('the optimizer state names parameters the groups do not list')
+    if not (isinstance(state, dict) and set(state) <= set(params) and all(isinstance(e, dict) for e in state.values())):
+        raise ValueError('the optimizer state is not a dict of per-parameter dicts for the parameters the groups list')
     for j, entry in state.items():
-        if not isinstance(entry, dict):
-            raise ValueError(f'the optimizer state of parameter {j} is not a dict')
         p = params[j]
         for k, v in entry.items():
             fits = _is_plain(v) and _is_number(v) or isinstance(v, torch.Tensor) and (
@@ -167,44 +162,28 @@ def check_optimizer_state(saved: Any, optimizer: torch.optim.Optimizer) -> None:
 
 def check_resume_payload(ckpt: Dict[str, Any], source: str) -> None:
     """The fields of a training checkpoint have the types :func:`save_checkpoint` writes; else one line."""
-    def optional(key, ok):
-        return ckpt.get(key) is None or ok(ckpt[key])
-
     def mapping(value):  # keyed by names, as save_checkpoint writes args and derived
         return isinstance(value, dict) and all(isinstance(k, str) for k in value)
-    problems = [name for name, ok in (
-        ('epoch', is_count(ckpt.get('epoch'))),
-        ('num_updates', is_count(ckpt.get('num_updates', ckpt.get('epoch')))),
-        ('state_dict', isinstance(ckpt.get('state_dict'), dict) and all(
-            isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in ckpt['state_dict'].items())),
-        ('state_dict_ema', optional('state_dict_ema', mapping)),
-        ('scheduler', mapping(ckpt.get('scheduler'))),
-        ('schedule', optional('schedule', mapping)),
-        ('rng_states', optional('rng_states', lambda v: isinstance(v, list))),
-        ('run_id', optional('run_id', is_run_id)),
-        ('threads', optional('threads', is_count)),
-        ('args', optional('args', mapping)),
-        ('derived', optional('derived', mapping)),
-    ) if not ok]
+    required = {'epoch': is_count(ckpt.get('epoch')),
+                'num_updates': is_count(ckpt.get('num_updates', ckpt.get('epoch'))),
+                'state_dict': mapping(ckpt.get('state_dict')) and all(
+                    isinstance(v, torch.Tensor) for v in ckpt['state_dict'].values()),
+                'scheduler': mapping(ckpt.get('scheduler'))}
+    optional = {'state_dict_ema': mapping, 'schedule': mapping, 'rng_states': lambda v: isinstance(v, list),
+                'run_id': is_run_id, 'threads': is_count, 'args': mapping, 'derived': mapping}  # or None
+    problems = [k for k, ok in required.items() if not ok] + [
+        k for k, ok in optional.items() if ckpt.get(k) is not None and not ok(ckpt[k])]
     if problems:
         raise UsageError(f'{source}: the checkpoint\'s {", ".join(problems)} {"is" if len(problems) == 1 else "are"} '
                          f'not what this trainer writes; {_DAMAGED}')
-
-
-def check_resume_identity(ckpt: Optional[Dict[str, Any]], resume: str, model_name: str) -> None:
-    """The resumed checkpoint (None: not resuming) was made for the model ``model_name``."""
-    if ckpt is not None and ckpt.get('arch') != model_name:
-        raise UsageError(f'--resume {resume} is a checkpoint of model {short_repr(ckpt.get("arch"))}, not of '
-                         f'{model_name!r}; leave --model out to continue the run as it was')
 
 
 # ------------------------------------------------------------------------------------------------ resume
 def restore_training_state(ckpt: Optional[Dict[str, Any]], resume: str, model_name: str, model: nn.Module,
                            optimizer: torch.optim.Optimizer, scheduler, schedule: Dict[str, Any], loss_scaler=None,
                            weights_only: bool = False) -> Tuple[int, int]:
-    """Load the resumed checkpoint ``ckpt`` (None: not resuming) into the run's objects; returns its (epoch,
-    num_updates), (0, 0) when not resuming. A ``schedule`` other than the checkpoint's (a larger ``--epochs``) is
-    positioned at the checkpoint's epoch / update, and the change logged. ``weights_only``: ``--no-resume-opt``."""
+    """Load ``ckpt`` (None: not resuming) into the run's objects; returns its (epoch, num_updates), else (0, 0). A
+    ``schedule`` other than the checkpoint's (a larger ``--epochs``) continues from its epoch / update, logged."""
     if ckpt is None:
         return 0, 0
     source = f'--resume {resume}'
@@ -263,22 +242,20 @@ def resumed_from_a_run(ckpt: Dict[str, Any], resume: str) -> bool:
 
 
 def check_not_finished(ckpt: Optional[Dict[str, Any]], resume: str, done: int, total: int) -> None:
-    """Refuse to resume a run that has nothing left to train, saying what its folder holds: its results, the error
-    its final stage stopped on, or none."""
+    """Refuse to resume a run with nothing left to train, saying what its folder holds (results, an error, none)."""
     if ckpt is None or done < total:
         return
     folder = Path(resume).resolve().parent
-    results, recorded = folder / 'results.json', None
+    results, recorded, weights = folder / 'results.json', None, f'its weights are in {folder / "last.pth"}'
     with suppress(OSError, UsageError):
         recorded = read_json_file(str(results))
     if not resumed_from_a_run(ckpt, resume):
         outcome = f'the checkpoint lies outside its run\'s folder, so {folder} says nothing about its results'
     elif not isinstance(recorded, dict):
         outcome = (f'its final outputs were never written (no readable {results}: the process was stopped '
-                   f'during its final stage); its weights are in {folder / "last.pth"}')
+                   f'during its final stage); {weights}')
     elif recorded.get('error'):
-        outcome = (f'its final stage failed ({recorded["error"]}, recorded in {results}); its weights are in '
-                   f'{folder / "last.pth"}')
+        outcome = f'its final stage failed ({recorded["error"]}, recorded in {results}); {weights}'
     else:
         outcome = f'results in {results}'
     raise UsageError(f'--resume {resume}: this run already finished its {total} epochs ({outcome}); to train on, '
@@ -340,8 +317,7 @@ def preserve_rng():
 
 
 def restore_rng(ckpt: Optional[Dict[str, Any]], resume: str, dist_info) -> None:
-    """This rank's RNG states from the resumed checkpoint ``ckpt`` (None: not resuming); called last, so nothing
-    built before shifts them."""
+    """This rank's RNG states from ``ckpt`` (None: not resuming); called last, so nothing built before shifts them."""
     if ckpt is None:
         return
     states, world = ckpt.get('rng_states') or [], dist_info.world_size
@@ -356,11 +332,9 @@ def restore_rng(ckpt: Optional[Dict[str, Any]], resume: str, dist_info) -> None:
 
 
 # ------------------------------------------------------------------------------------------------ folder identity
-# Every folder a trainer creates holds ``run.json`` (``{"run_id": <32 hex digits>, "kind": "image"}``), and
-# every checkpoint it writes carries the same ``run_id``. ``--resume`` continues *in place* only when, under the
-# folder's lock (re-read after taking it), the folder is the checkpoint's run and holds nothing newer
-# (:func:`newer_than`); otherwise in a new folder, so nothing of another run, or of a folder that is no run, is
-# replaced.
+# Every folder a trainer creates holds ``run.json`` (``{"run_id": <32 hex digits>, "kind": "image"}``), and every
+# checkpoint it writes the same ``run_id``: ``--resume`` continues in place only in the checkpoint's own run folder
+# (:func:`newer_than`), so nothing of another run, or of a folder that is no run, is replaced.
 def new_run_folder(root: os.PathLike, name: str) -> Path:
     """``root/name``, or the first free ``root/name-N``, created (atomically: two runs never share one)."""
     Path(root).mkdir(parents=True, exist_ok=True)
@@ -377,12 +351,9 @@ def is_run_id(value) -> bool:  # as uuid4().hex
 
 def read_run_id(folder: Path) -> Optional[str]:
     """The id in ``folder/run.json``; None when it is not a small regular file of our format."""
-    path = folder / RUN_FILE
-    try:
-        info = os.lstat(path)
-        if not stat.S_ISREG(info.st_mode) or info.st_size > 4096:
-            return None
-        run_id = json.loads(path.read_text()).get('run_id')
+    try:  # a link, FIFO or device there: open_own_file's UsageError (a ValueError)
+        with open(open_own_file(folder / RUN_FILE, os.O_RDONLY), encoding='utf-8') as f:
+            run_id = json.loads(f.read(4097)).get('run_id')
     except (OSError, ValueError, AttributeError):
         return None
     return run_id if is_run_id(run_id) else None
@@ -474,10 +445,9 @@ class RunFolder:
 
 def open_run_folder(args, ckpt: Optional[Dict[str, Any]], *, default_root: str, default_name: str,
                     decreasing: bool, max_history: int) -> RunFolder:
-    """Rank 0: the experiment folder (:func:`lock_folder`), ``train.log``, ``args.yaml``, ``derived.yaml``, the
-    checkpoint manager and ``summary.csv``. A new run gets a new folder (``NAME-1`` if NAME exists) and run id; a
-    resumed one continues in place only as :func:`_resume_folder` decides. ``decreasing``: the metric is better when
-    lower; ``max_history``: the N best ``checkpoint-<epoch>.pth`` kept."""
+    """Rank 0: the locked experiment folder, ``train.log``, ``args.yaml``, ``derived.yaml``, the checkpoint manager
+    and ``summary.csv``; a new run gets a new folder (``NAME-1`` if NAME exists) and run id, a resumed one continues
+    in place only as :func:`_resume_folder` decides. ``decreasing``, ``max_history``: :class:`CheckpointManager`'s."""
     root = Path(args.output or default_root)
     if os.path.lexists(root) and not root.is_dir():  # a file, FIFO, device or link to none
         raise UsageError(f'--output {root} is not a folder; expected a folder (created if missing)')
@@ -501,10 +471,8 @@ def open_run_folder(args, ckpt: Optional[Dict[str, Any]], *, default_root: str, 
         log_handler = add_log_file(output_dir / 'train.log')
         if note:
             _logger.warning(note)
-        removed = clean_stale_temp_files(output_dir)
-        if removed:
-            _logger.info(f'removed {len(removed)} temporary files left by a killed run: '
-                         f'{", ".join(p.name for p in removed)}')
+        if removed := clean_stale_temp_files(output_dir):
+            _logger.info(f'removed the temporary files a killed run left: {", ".join(p.name for p in removed)}')
         settings, args_file = args.given(), output_dir / 'args.yaml'
         if args_file.exists():  # an earlier one of other settings (or unreadable) is kept
             try:  # through the one strict yaml reader (bounded size, no aliases or duplicate keys)
@@ -519,14 +487,13 @@ def open_run_folder(args, ckpt: Optional[Dict[str, Any]], *, default_root: str, 
         saver = CheckpointManager(output_dir, decreasing=decreasing, max_history=max_history,
                                   resume_only=() if args.keep_optimizer_state else ('optimizer', 'amp_scaler'))
         summary = SummaryWriter(output_dir / 'summary.csv')
-        if in_place:
+        if in_place:  # (in a new folder, best / top-N tracking starts afresh)
             saver.load_state_dict(history, source=f'--resume {args.resume}')
-            summary.keep_rows(last_saved + 1)
-        elif args.resume and resumed_from_a_run(ckpt, args.resume):
-            # a new folder for a checkpoint of a run: best / top-N tracking starts afresh, the curve keeps the way
-            # here (the summary.csv of another run's folder, or of a folder that is no run, is not this run's past)
-            source = Path(args.resume).resolve().parent / 'summary.csv'
-            summary.keep_rows(last_saved + 1, source=SummaryWriter(source))
+        if args.resume and resumed_from_a_run(ckpt, args.resume):  # the curve up to the checkpoint; the summary.csv
+            # of another run's folder, or of a folder that is no run, is not this run's past
+            rows = SummaryWriter(Path(args.resume).resolve().parent / 'summary.csv').read(last_saved + 1)
+            if rows or summary.path.exists():
+                summary.write(rows)
     except BaseException:  # a folder that could not be set up is not held
         if log_handler is not None:
             remove_log_file(log_handler)
@@ -536,8 +503,8 @@ def open_run_folder(args, ckpt: Optional[Dict[str, Any]], *, default_root: str, 
 
 
 def _resume_folder(args, ckpt: Dict[str, Any], root: Path, epoch: int) -> Tuple[Path, Optional[str], Optional[int]]:
-    """(the folder a resumed run writes to, why it is a new one: None in place, the lock taken in place). In place is
-    decided again under the lock: a second resume of the run sees the epochs the first wrote meanwhile."""
+    """(the folder a resumed run writes to, why it is a new one: None in place, the lock taken in place); decided
+    again under the lock: a second resume of the run sees the epochs the first wrote meanwhile."""
     resumed = Path(args.resume).resolve()
     source, run_id = resumed.parent, ckpt.get('run_id')
     wanted = root.resolve() / (args.experiment or source.name) if args.output or args.experiment else source
@@ -594,15 +561,13 @@ def log_settings_changes(args) -> None:
 def save_checkpoint(folder: Optional[RunFolder], args, dist_info, epoch: int, metric: Optional[float], *,
                     model: nn.Module, optimizer, scheduler, schedule: Dict[str, Any], num_updates: int,
                     loss_scaler=None, **extra) -> Optional[Dict[str, bool]]:
-    """Every rank: gather the RNG states; rank 0 (``folder``): write the checkpoint of ``epoch`` and return what was
-    written."""
+    """Every rank: gather the RNG states; rank 0 (``folder``): write the checkpoint of ``epoch``, return what was."""
     rng_states = all_gather_objects(get_rng_state(), dist_info)
     if folder is None:
         return None
     folder.last_saved = epoch
-    # threads: a resume computes with the same count (float rounding)
     state = {'version': CHECKPOINT_VERSION, 'kind': 'image', 'run_id': folder.run_id,
-             'threads': torch.get_num_threads(),
+             'threads': torch.get_num_threads(),  # a resume computes with the same count (float rounding)
              'arch': args.model, 'epoch': epoch, 'num_updates': num_updates,
              'state_dict': unwrap_model(model).state_dict(), 'optimizer': optimizer.state_dict(),
              'scheduler': scheduler.state_dict(), 'schedule': dict(schedule),
@@ -612,12 +577,11 @@ def save_checkpoint(folder: Optional[RunFolder], args, dist_info, epoch: int, me
 
 
 class CheckpointManager:
-    """``last.pth`` every epoch, ``model_best.pth`` and the ``max_history`` best ``checkpoint-<epoch>.pth``, which
-    leave out the ``resume_only`` fields (else the three are hard links of one file). Writes, in order: best / top-N,
-    ``last.pth`` (with the new history), the removal of the file that fell out of the top N (named from its epoch,
-    never from a checkpoint's path); after a kill between them a resume takes the best from ``model_best.pth``.
-    Not timm's ``CheckpointSaver`` (whose ranking this follows): it renames over files and writes through links,
-    tracks the best only inside a top-N slot and deletes the paths a restored state names."""
+    """``last.pth`` every epoch, ``model_best.pth`` and the ``max_history`` best ``checkpoint-<epoch>.pth`` (without
+    the ``resume_only`` fields; else hard links of one file). Written in order: best / top-N, ``last.pth`` with the
+    new history, the removal of the file that fell out of the top N (named from its epoch, never a saved path).
+    Not timm's ``CheckpointSaver`` (whose ranking this follows): it renames over files, writes through links, tracks
+    the best only inside a top-N slot and deletes the paths a restored state names."""
 
     def __init__(self, output_dir: os.PathLike, decreasing: bool = False, max_history: int = 3,
                  resume_only: Sequence[str] = ()):
@@ -635,14 +599,11 @@ class CheckpointManager:
     def _checked_entry(self, entry: Any, with_file: bool) -> Dict[str, Any]:
         """``entry`` as :meth:`save` writes it, or a ``ValueError``."""
         keys = {'epoch', 'metric'} | ({'file'} if with_file else set())
-        if not isinstance(entry, dict) or set(entry) != keys:
-            raise ValueError(f'{short_repr(entry)} is not a {{{", ".join(sorted(keys))}}} entry')
-        if not is_count(entry['epoch']):
-            raise ValueError(f'epoch {short_repr(entry["epoch"])} is not a non-negative integer')
-        if not (_is_number(entry['metric']) and _is_plain(entry['metric'])):
-            raise ValueError(f'metric {short_repr(entry["metric"])} is not a finite number')
-        if with_file and entry['file'] != self.file_name(entry['epoch']):
-            raise ValueError(f'file {short_repr(entry["file"])} is not {self.file_name(entry["epoch"])!r}')
+        if not (isinstance(entry, dict) and set(entry) == keys and is_count(entry['epoch'])
+                and _is_number(entry['metric']) and _is_plain(entry['metric'])
+                and (not with_file or entry['file'] == self.file_name(entry['epoch']))):
+            raise ValueError(f'entry {short_repr(entry)} is not {{epoch: N >= 0, metric: a finite number'
+                             + (", file: 'checkpoint-N.pth'}" if with_file else '}'))
         return dict(entry)
 
     def check_state(self, state: Optional[Dict[str, Any]], source: str = 'the checkpoint') -> Optional[Dict[str, Any]]:
@@ -742,12 +703,6 @@ class SummaryWriter:
         writer.writerows(rows)
         atomic_write_text(self.path, buf.getvalue())
 
-    def keep_rows(self, before_epoch: int, source: Optional['SummaryWriter'] = None) -> None:
-        """On resume: the rows before ``before_epoch`` (from ``source`` when the run continues in a new folder)."""
-        rows = (source or self).read(before_epoch)
-        if rows or (source is None and self.path.exists()):
-            self.write(rows)
-
     def append(self, row: Dict[str, Any]) -> None:
         self.write(self.read() + [{k: (f'{v:.6g}' if isinstance(v, float) else v) for k, v in row.items()}])
 
@@ -759,18 +714,14 @@ def stop_signals() -> Iterator[Callable[[], int]]:
     next safe point; a second signal acts at once (the previous handlers are back after the first)."""
     received, previous = [0], {}
 
-    def restore() -> None:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
-        previous.clear()
-
-    def on_signal(signum, frame) -> None:
-        received[0] = signum
-        restore()
+    def restore(signum: int = 0, frame=None) -> None:  # the first signal's handler, and the block's exit
+        received[0] = received[0] or signum
+        for s, handler in previous.items():
+            signal.signal(s, handler)
 
     if threading.current_thread() is threading.main_thread():
         for signum in (signal.SIGINT, signal.SIGTERM):
-            previous[signum] = signal.signal(signum, on_signal)
+            previous[signum] = signal.signal(signum, restore)
     try:
         yield lambda: received[0]
     finally:
