@@ -22,7 +22,7 @@ import pickle
 import signal
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Dict, Optional, Sequence, Tuple
+from typing import Any, Dict, Optional, Sequence
 
 import torch
 import torch.distributed as dist
@@ -354,16 +354,16 @@ def _fit_block_size(args, model) -> None:
 
 
 def _lm_data(args, resume: Optional[str], distributed: bool, stop):
-    """(model with ``model.tokenizer``, training blocks, held-out blocks, collator) of --task causal / mlm (mlm:
-    :class:`~mlp_vision.text.training_data.MaskedBlocks`)."""
-    from transformers import default_data_collator
+    """(model with ``model.tokenizer``, training blocks, held-out blocks, None: no test set) of --task causal / mlm
+    (mlm: :class:`~mlp_vision.text.training_data.MaskedBlocks`)."""
     from mlp_vision.text.training_data import (
-        LMBlocks, MaskedBlocks, check_unknown_tokens, encode_text, read_text_file, split_held_out)
+        LMBlocks, MaskedBlocks, check_unknown_tokens, encode_text, read_text_file)
     train_text = read_text_file(args.train_file, 'training text file')
     if args.val_file:
         val_text = read_text_file(args.val_file, 'validation text file')
-    else:
-        train_text, val_text = split_held_out(train_text, args.val_fraction)
+    else:  # the last --val-fraction of the characters
+        cut = int(len(train_text) * (1. - args.val_fraction))
+        train_text, val_text = train_text[:cut], train_text[cut:]
     mlm = args.task == 'mlm'
     model = _start_model(args, resume, distributed, ('pad', 'cls', 'sep', 'mask') if mlm else (), train_text, val_text)
     tokenizer = model.tokenizer
@@ -375,18 +375,14 @@ def _lm_data(args, resume: Optional[str], distributed: bool, stop):
         blocks.append(LMBlocks(ids, args.block_size, args.task, tokenizer, what))
     if mlm:
         blocks = [MaskedBlocks(b, tokenizer, args.mask_rate, args.seed) for b in blocks]
-    return model, blocks[0], blocks[1], default_data_collator
+    return model, blocks[0], blocks[1], None
 
 
 def _classify_data(args, resume: Optional[str], distributed: bool, stop):
-    """(classifier with ``model.tokenizer``, training, dev and test examples, collator) of --task classify."""
+    """(classifier with ``model.tokenizer``, training, dev and test examples) of --task classify."""
     import inspect
-    from transformers import DataCollatorWithPadding
     from mlp_vision.text.labelled_data import classification_examples, label_ids, read_labelled_file
     columns = [c.strip() for c in args.text_columns.split(',')] if args.text_columns else None
-    if columns is not None and not all(columns):
-        raise UsageError(f'--text-columns {args.text_columns!r} has an empty name; expected e.g. "sentence" or '
-                         f'"question,sentence"')
     train = read_labelled_file(args.train_file, columns, args.label_column, '--train-file')
     if not args.val_file:
         raise UsageError('--task classify needs --val-file (the dev file, same columns as --train-file)')
@@ -409,20 +405,16 @@ def _classify_data(args, resume: Optional[str], distributed: bool, stop):
                              f'the files now have {names}')
     tokenizer = model.tokenizer
     _fit_block_size(args, model)
-    _check_classify_tokenizer(args, tokenizer, pairs=train.pairs is not None)
-    with_types = 'token_type_ids' in inspect.signature(model.forward).parameters
-    examples = [None if d is None else classification_examples(tokenizer, d, names, args.block_size, with_types, stop)
-                for d in (train, dev, test)]
-    return (model, *examples, DataCollatorWithPadding(tokenizer))
-
-
-def _check_classify_tokenizer(args, tokenizer, pairs: bool) -> None:
-    """A tokenizer with BERT's template, and a ``--block-size`` with room for a token of each segment."""
+    pairs = train.pairs is not None  # BERT's template, with room for a token of each segment
     if tokenizer.cls_token_id is None or tokenizer.pad_token_id is None or (pairs and tokenizer.sep_token_id is None):
         raise UsageError(f'the tokenizer has no {"<cls> / <sep> / <pad>" if pairs else "<cls> / <pad>"} token; '
                          f'sequence classification needs {"them" if pairs else "both"} (the BERT template)')
     if args.block_size < tokenizer.num_special_tokens_to_add(pair=pairs) + (2 if pairs else 1):
         raise UsageError(f'--block-size {args.block_size} leaves no room for text after the special tokens')
+    with_types = 'token_type_ids' in inspect.signature(model.forward).parameters
+    examples = [None if d is None else classification_examples(tokenizer, d, names, args.block_size, with_types, stop)
+                for d in (train, dev, test)]
+    return (model, *examples)
 
 
 def _training_arguments(args, output_dir: str, classify: bool):
@@ -445,20 +437,11 @@ def _training_arguments(args, output_dir: str, classify: bool):
         torch_compile_backend=args.torchcompile)
 
 
-def _optimizers(args, model) -> Tuple[Optional[torch.optim.Optimizer], None]:
-    """BiGS: AdamW over the official decay mask (:func:`~mlp_vision.text.bigs.bigs_param_groups`); other families
-    Trainer's own AdamW (None)."""
-    from mlp_vision.text.bigs import bigs_param_groups
-    if model.config.model_type != 'mlp_vision_bigs':
-        return None, None
-    return torch.optim.AdamW(bigs_param_groups(model, args.weight_decay), lr=args.lr, betas=tuple(args.opt_betas),
-                             eps=args.opt_eps), None
-
-
 def _train(args, stop) -> Optional[Dict[str, float]]:
     """Data, model and ``Trainer`` from the flags; train, then save and evaluate the final model (rank 0 writes)."""
     from accelerate import PartialState
-    from transformers import set_seed
+    from transformers import DataCollatorWithPadding, set_seed
+    from mlp_vision.text.bigs import bigs_param_groups
     from mlp_vision.text.callbacks import DatasetEpoch, RunStops, StoppableTrainer
     from mlp_vision.text.labelled_data import classification_metrics
     resume = _resume_checkpoint(args.resume)
@@ -466,22 +449,23 @@ def _train(args, stop) -> Optional[Dict[str, float]]:
     output_dir = _output_dir(args, resume, distributed)
     classify = args.task == 'classify'
     set_seed(args.seed)  # the model's init (Trainer seeds again before training)
-    test = None
-    if classify:
-        model, train, val, test, collator = _classify_data(args, resume, distributed, stop)
-    else:
-        model, train, val, collator = _lm_data(args, resume, distributed, stop)
+    model, train, val, test = (_classify_data if classify else _lm_data)(args, resume, distributed, stop)
     source = apply_recipe(args, model.config.model_type.removeprefix('mlp_vision_'), TASKS[args.task])
     if args.freeze_embeddings:
         model.get_input_embeddings().weight.requires_grad_(False)
+    optimizer = None  # Trainer's AdamW; BiGS: AdamW over the official decay mask
+    if model.config.model_type == 'mlp_vision_bigs':
+        optimizer = torch.optim.AdamW(bigs_param_groups(model, args.weight_decay), lr=args.lr,
+                                      betas=tuple(args.opt_betas), eps=args.opt_eps)
     # no processing_class: Trainer would copy the tokenizer's <pad> id into configs without that field (gMLP's), which
     # then do not load; the model's save_pretrained writes model.tokenizer into every checkpoint and the final folder
     n_labels = len(model.config.id2label) if classify else 0
     stops = RunStops(stop, args.stop_after_step)
     trainer = StoppableTrainer(
         stops=stops, callbacks=[DatasetEpoch(train)] if hasattr(train, 'epoch') else [], model=model,
-        args=_training_arguments(args, output_dir, classify), data_collator=collator, train_dataset=train,
-        eval_dataset=val, optimizers=_optimizers(args, model),
+        args=_training_arguments(args, output_dir, classify), train_dataset=train,
+        data_collator=DataCollatorWithPadding(model.tokenizer) if classify else None,  # None: default_data_collator
+        eval_dataset=val, optimizers=(optimizer, None),
         compute_metrics=(lambda p: classification_metrics(p.predictions.argmax(-1), p.label_ids, n_labels))
         if classify else None)
     _logger.info(f'Model {type(model).__name__} ({sum(p.numel() for p in model.parameters()) / 1e6:.3f} M params), '
@@ -499,7 +483,18 @@ def _train(args, stop) -> Optional[Dict[str, float]]:
     if stops.checkpoint:  # --stop-after-step
         _logger.info(f'stopped after step {args.stop_after_step}: continue with --resume {stops.checkpoint}')
         return None
-    return _finish(trainer, output_dir, test)
+    # the final model (classify: the best checkpoint's) and the run's whole log at the top of the run folder
+    trainer.save_model(output_dir)
+    trainer.save_state()
+    metrics = trainer.evaluate()
+    if not classify:
+        metrics['eval_ppl'] = math.exp(min(metrics['eval_loss'], 700.))
+    trainer.save_metrics('eval', metrics, combined=False)
+    if test is not None:
+        test_metrics = trainer.evaluate(test, metric_key_prefix='test')
+        trainer.save_metrics('test', test_metrics, combined=False)
+        metrics.update(test_metrics)
+    return metrics if trainer.is_world_process_zero() else None
 
 
 def _unsafe_file(checkpoint: str) -> str:
@@ -512,23 +507,6 @@ def _unsafe_file(checkpoint: str) -> str:
         except pickle.UnpicklingError:
             return str(path)
     return 'a file there'
-
-
-def _finish(trainer, output_dir: str, test) -> Optional[Dict[str, float]]:
-    """The final model (classify: the best checkpoint's) and tokenizer saved at the top of the run folder with the
-    run's ``trainer_state.json`` (its whole log), its held-out (and test) metrics in ``eval_results.json`` /
-    ``test_results.json``."""
-    trainer.save_model(output_dir)
-    trainer.save_state()
-    metrics = trainer.evaluate()
-    if 'eval_loss' in metrics and 'eval_acc' not in metrics:
-        metrics['eval_ppl'] = math.exp(min(metrics['eval_loss'], 700.))
-    trainer.save_metrics('eval', metrics, combined=False)
-    if test is not None:
-        test_metrics = trainer.evaluate(test, metric_key_prefix='test')
-        trainer.save_metrics('test', test_metrics, combined=False)
-        metrics.update(test_metrics)
-    return metrics if trainer.is_world_process_zero() else None
 
 
 if __name__ == '__main__':

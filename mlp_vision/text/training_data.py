@@ -21,8 +21,8 @@ from mlp_vision.text.tokenizer import (
     train_tokenizer, unknown_character)
 
 __all__ = [
-    'build_tokenizer', 'tokenizer_from_path', 'encode_text', 'check_unknown_tokens', 'read_utf8_file',
-    'read_text_file', 'split_held_out', 'LMBlocks', 'MLMMasker', 'MaskedBlocks', 'UNKNOWN_WARN_FRACTION',
+    'build_tokenizer', 'tokenizer_from_path', 'encode_text', 'check_unknown_tokens', 'read_text_file', 'LMBlocks',
+    'MLMMasker', 'MaskedBlocks', 'UNKNOWN_WARN_FRACTION',
 ]
 
 _logger = logging.getLogger(__name__)
@@ -261,32 +261,21 @@ def check_unknown_tokens(ids: Sequence[int], tok: Tokenizer, what: str) -> None:
                         f'the model learns little from them: check that the tokenizer fits this text')
 
 
-def read_utf8_file(path: str, what: str, needs: str, encoding: str = 'utf-8', expected: str = '') -> str:
-    """The text of ``path``; a :class:`UsageError` when none is given (``needs``: the message's tail, what the task
-    needs), it is missing, not a file, or not UTF-8 (``expected``: the message's tail, what was expected)."""
+def read_text_file(path: str, what: str, encoding: str = 'utf-8') -> str:
+    """The text of ``path``; a :class:`UsageError` when none is given, it is missing, not a file, not UTF-8 or
+    empty."""
     if not path:
-        raise UsageError(f'no {what} given{needs}')
+        raise UsageError(f'no {what} given (--train-file PATH)')
     p = Path(path)
     if not p.is_file():
         raise UsageError(f'{what} {path!r} ' + ('is not a file' if p.exists() else 'does not exist'))
     try:
-        return p.read_text(encoding=encoding)
+        text = p.read_text(encoding=encoding)
     except UnicodeDecodeError as e:
-        raise UsageError(f'{what} {path!r} is not UTF-8 text (byte {e.start}){expected}') from None
-
-
-def read_text_file(path: str, what: str) -> str:
-    """The UTF-8 text of ``path``, with a clear error when it is missing, not a file, empty or not UTF-8."""
-    text = read_utf8_file(path, what, ' (--train-file PATH)')
+        raise UsageError(f'{what} {path!r} is not UTF-8 text (byte {e.start})') from None
     if not text.strip():
         raise UsageError(f'{what} {path!r} is empty')
     return text
-
-
-def split_held_out(train_text: str, val_fraction: float) -> Tuple[str, str]:
-    """(training text, held-out text): the last ``val_fraction`` of the characters are held out."""
-    cut = int(len(train_text) * (1. - val_fraction))
-    return train_text[:cut], train_text[cut:]
 
 
 class LMBlocks(torch.utils.data.Dataset):
