@@ -21,9 +21,8 @@ class RunStops(TrainerCallback):
     is reached: then Trainer saves a checkpoint and stops (``signum``, ``checkpoint``). ``training_step`` reports
     each loss (:meth:`record_loss`)."""
 
-    def __init__(self, stop: Callable[[], int], stop_after_step: Optional[int] = None,
-                 advice: str = 'lower --lr, keep --clip-grad on, add --warmup-steps'):
-        self.stop, self.stop_after_step, self.advice = stop, stop_after_step, advice
+    def __init__(self, stop: Callable[[], int], stop_after_step: Optional[int] = None):
+        self.stop, self.stop_after_step = stop, stop_after_step
         self.nonfinite = False
         self.signum = 0
         self.checkpoint = ''
@@ -40,7 +39,7 @@ class RunStops(TrainerCallback):
             last = get_last_checkpoint(args.output_dir) if args.output_dir else None
             raise RunError(f'the training loss is not finite (NaN / inf) at step {state.global_step}; '
                            f'{"the last checkpoint kept: " + last if last else "no checkpoint was saved"} '
-                           f'(--resume continues from it); {self.advice}')
+                           f'(--resume continues from it); lower --lr, keep --clip-grad on, add --warmup-steps')
         if signum or state.global_step == self.stop_after_step:
             self.signum = signum
             self.checkpoint = f'{args.output_dir}/{PREFIX_CHECKPOINT_DIR}-{state.global_step}'
