@@ -3,9 +3,6 @@
 
     python -m mlp_vision.train_text --task causal --model gpt_mlp_attention --train-file input.txt --steps 2000
 
-Data: :mod:`mlp_vision.text.training_data` (a corpus into blocks), :mod:`mlp_vision.text.labelled_data` (a labelled
-TSV / CSV into examples); :mod:`mlp_vision.text.callbacks` adds the stops Trainer lacks.
-
 The run folder ``--output/--experiment`` is new (an existing one is refused): Trainer's ``checkpoint-N/`` every
 ``--eval-interval`` updates (the two latest; classify: the best by dev accuracy and the latest), and at the end the
 ``save_pretrained`` folder of the final model (classify: the best checkpoint's) with its tokenizer and
@@ -212,8 +209,7 @@ def _main(argv: Sequence[str], prog: str):
     primary = int(os.environ.get('RANK', 0) or 0) == 0  # torchrun / accelerate launch: rank 0 logs the setup
     logging.basicConfig(level=logging.INFO if primary else logging.WARNING,
                         format='%(asctime)s %(levelname)s %(message)s')
-    threads = set_threads(args.threads)
-    _logger.info(threads)
+    _logger.info(set_threads(args.threads))
     with size_bounds(args), stop_signals() as stop:
         return _train(args, stop)
 
@@ -255,29 +251,14 @@ def _output_dir(args, resume: Optional[str], distributed: bool) -> str:
 
 def _start_model(args, resume: Optional[str], distributed: bool, needs: Sequence[str], train_text: str,
                  held_out_text: str, **config):
-    """The model with ``model.tokenizer``: the resumed checkpoint's, else a new ``--model`` with the
-    ``--tokenizer-from`` tokenizer (``needs``: the control tokens the task uses) or one built on the training text,
-    on rank 0 and sent to the others (a trained vocabulary is not reproducible run to run)."""
-    from mlp_vision.text.registry import from_pretrained
+    """The model with ``model.tokenizer``: the resumed checkpoint's, else a new ``--model`` with the vocabulary and
+    ``<pad>`` id of the ``--tokenizer-from`` tokenizer (``needs``: the control tokens the task uses) or of one built
+    on the training text, on rank 0 and sent to the others (a trained vocabulary is not reproducible run to run)."""
+    from mlp_vision.text.registry import create_model, from_pretrained, is_model, list_models, model_entry
     from mlp_vision.text.training_data import build_tokenizer, tokenizer_from_path
     if resume:
         return from_pretrained(resume, allow_regex=args.allow_regex)
-    if args.tokenizer_from:
-        tokenizer = tokenizer_from_path(args.tokenizer_from, needs, args.allow_regex)
-    else:
-        built = [build_tokenizer(args.tokenizer, args.task, train_text, held_out_text, args.vocab_size)
-                 if not distributed or dist.get_rank() == 0 else None]
-        if distributed:
-            dist.broadcast_object_list(built, src=0)
-        tokenizer = built[0]
-    model = _new_model(args, tokenizer, TASKS[args.task], **config)
-    model.tokenizer = tokenizer
-    return model
-
-
-def _new_model(args, tokenizer, registry_task: str, **config):
-    """A fresh ``--model`` for ``registry_task`` with the tokenizer's vocabulary and ``<pad>`` id."""
-    from mlp_vision.text.registry import create_model, is_model, list_models, model_entry
+    registry_task = TASKS[args.task]
     if not is_model(args.model):
         raise UsageError(f'unknown text model {args.model!r}; known: {", ".join(list_models())}')
     entry = model_entry(args.model)
@@ -289,6 +270,14 @@ def _new_model(args, tokenizer, registry_task: str, **config):
     elif entry.task != registry_task:
         raise UsageError(f'model {args.model!r} is a {entry.task} model; --task {args.task} needs a {registry_task} '
                          f'model: {", ".join(list_models(task=registry_task))}')
+    if args.tokenizer_from:
+        tokenizer = tokenizer_from_path(args.tokenizer_from, needs, args.allow_regex)
+    else:
+        built = [build_tokenizer(args.tokenizer, args.task, train_text, held_out_text, args.vocab_size)
+                 if not distributed or dist.get_rank() == 0 else None]
+        if distributed:
+            dist.broadcast_object_list(built, src=0)
+        tokenizer = built[0]
     kwargs = dict(args.model_kwargs)
     if kwargs.get('vocab_size', len(tokenizer)) != len(tokenizer):
         raise UsageError(f'--model-kwargs vocab_size={kwargs["vocab_size"]} differs from the tokenizer\'s '
@@ -297,11 +286,13 @@ def _new_model(args, tokenizer, registry_task: str, **config):
     if 'pad_token_id' in entry.config_class.text_field_names() and tokenizer.pad_token_id is not None:
         kwargs.setdefault('pad_token_id', tokenizer.pad_token_id)
     try:
-        return create_model(args.model, task=registry_task, **kwargs)
+        model = create_model(args.model, task=registry_task, **kwargs)
     except (TypeError, ValueError, KeyError) as e:
         if isinstance(e, UsageError):
             raise
         raise UsageError(f'cannot build {args.model} with --model-kwargs {dict(args.model_kwargs)}: {e}') from None
+    model.tokenizer = tokenizer
+    return model
 
 
 def _pretrained_classifier(args, num_labels: int, labels: Dict[str, Any]):
