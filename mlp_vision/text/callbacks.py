@@ -18,17 +18,14 @@ class RunStops(TrainerCallback):
     """At every update's end, the ranks agree (one all-reduce of two numbers) on whether a loss of this update was
     not finite -- then every rank raises :class:`~mlp_vision.errors.RunError` before anything is saved, naming the
     last checkpoint -- or a signal arrived on any rank (``stop()``: its number, 0 for none), or ``stop_after_step``
-    is reached: then Trainer saves a checkpoint and stops (``signum``, ``checkpoint``). ``training_step`` reports
-    each loss (:meth:`record_loss`)."""
+    is reached: then Trainer saves a checkpoint and stops (``signum``, ``checkpoint``). :class:`StoppableTrainer`
+    sets ``nonfinite``."""
 
     def __init__(self, stop: Callable[[], int], stop_after_step: Optional[int] = None):
         self.stop, self.stop_after_step = stop, stop_after_step
         self.nonfinite = False
         self.signum = 0
         self.checkpoint = ''
-
-    def record_loss(self, loss: torch.Tensor) -> None:
-        self.nonfinite |= not bool(torch.isfinite(loss).all())
 
     def on_step_end(self, args, state, control, **kwargs):
         flags = torch.tensor([float(self.stop()), float(self.nonfinite)], device=args.device)
@@ -59,7 +56,7 @@ class DatasetEpoch(TrainerCallback):
 
 
 class StoppableTrainer(Trainer):
-    """``transformers.Trainer`` with :class:`RunStops` (told each training loss) and ``callbacks`` as callbacks."""
+    """``transformers.Trainer`` with :class:`RunStops` (told of a non-finite training loss) and ``callbacks``."""
 
     def __init__(self, *args, stops: RunStops, callbacks=(), **kwargs):
         super().__init__(*args, callbacks=[stops, *callbacks], **kwargs)
@@ -67,5 +64,5 @@ class StoppableTrainer(Trainer):
 
     def training_step(self, *args, **kwargs) -> torch.Tensor:
         loss = super().training_step(*args, **kwargs)
-        self.stops.record_loss(loss)
+        self.stops.nonfinite |= not bool(torch.isfinite(loss).all())
         return loss

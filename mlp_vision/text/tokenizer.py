@@ -4,11 +4,8 @@
     tok = load_tokenizer('ckpt/')                      # what save_pretrained wrote, a vocab.txt or a tokenizer.json
     tok.save_pretrained('ckpt/')                       # tokenizer.json + tokenizer_config.json, for AutoTokenizer too
 
-* :func:`byte_tokenizer` -- ids 0..255 are the UTF-8 bytes, special tokens follow (default ``<pad> <cls> <sep>
-  <mask>``). Any text, a fixed vocabulary.
-* :func:`char_tokenizer` -- one id per distinct character of a corpus, sorted, special tokens after them (without
-  specials: nanoGPT's Tiny Shakespeare vocabulary of 65). A character outside the alphabet is the ``unk`` token or,
-  without one, an error, never dropped.
+* :func:`byte_tokenizer` (any text, a fixed vocabulary) and :func:`char_tokenizer` (the alphabet of a corpus:
+  nanoGPT's Tiny Shakespeare vocabulary of 65), their special tokens after the bytes / characters.
 * WordPiece / BPE -- a BERT ``vocab.txt`` (:func:`wordpiece_tokenizer`), any ``tokenizer.json``, or a vocabulary
   trained with :func:`train_tokenizer`. BiGS used BERT's uncased WordPiece, 30,522 tokens (arXiv 2212.10544, §5).
 
