@@ -66,8 +66,7 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     g.add_argument('--val-fraction', default=0.1, type=float,
                    help='causal / mlm without --val-file: this final fraction of the training text is held out')
     g.add_argument('--test-file', default='', type=str, metavar='PATH',
-                   help='classify: a labelled file scored once at the end, by the best checkpoint (chosen on '
-                        '--val-file)')
+                   help='classify: a labelled file scored once at the end by the best checkpoint (on --val-file)')
     g.add_argument('--text-columns', default='', type=str, metavar='COL[,COL]',
                    help='classify: the text column or sentence pair (default: sentence, else sentence1,sentence2)')
     g.add_argument('--label-column', default='label', type=str, metavar='COL', help='classify: the label column')
@@ -78,16 +77,14 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     g.add_argument('--tokenizer-from', default='', type=str, metavar='PATH',
                    help="another run's tokenizer (a folder, tokenizer.json or BERT vocab.txt) instead of --tokenizer")
     g.add_argument('--init-from', default='', type=str, metavar='PATH',
-                   help='classify: start from this save_pretrained folder (a masked LM run\'s output) or official '
-                        'BiGS folder, with its tokenizer; the head is new')
-    g.add_argument('--block-size', '--seq-len', default=None, type=int, metavar='N',
-                   help="tokens per sample (mlm / classify: including the special tokens); default: the model's "
-                        "max length")
+                   help="classify: start from this save_pretrained folder (a masked LM run's) or official BiGS "
+                        "folder, with its tokenizer; the head is new")
+    g.add_argument('--block-size', '--seq-len', type=int, metavar='N',
+                   help="tokens per sample, special tokens included (default: the model's max length)")
     g.add_argument('--mask-rate', default=0.15, type=float, help='mlm: fraction of tokens selected')
     g = parser.add_argument_group('Model')
     defaults = ', '.join(f'{name} for --task {task}' for task, name in DEFAULT_MODELS.items())
-    g.add_argument('--model', default=None, type=str,
-                   help=f'name in mlp_vision.text.list_models() (default: {defaults})')
+    g.add_argument('--model', type=str, help=f'name in mlp_vision.text.list_models() (default: {defaults})')
     g.add_argument('--model-kwargs', nargs='*', default={}, action=ParseKwargs,
                    help='config fields k=v, e.g. num_hidden_layers=4 hidden_size=256 (vocab_size: the tokenizer\'s)')
     _add_optimization_and_run(parser)
@@ -99,39 +96,38 @@ def _add_optimization_and_run(parser: argparse.ArgumentParser) -> None:
     g.add_argument('--steps', default=1000, type=int, help='optimizer updates')
     g.add_argument('-b', '--batch-size', default=32, type=int, help='samples per micro-batch per process')
     g.add_argument('--grad-accum-steps', default=1, type=int, help='micro-batches per optimizer update')
-    g.add_argument('--lr', default=None, type=float, help='peak learning rate')
-    g.add_argument('--opt-betas', default=None, type=float, nargs=2, metavar='BETA', help='AdamW betas')
-    g.add_argument('--opt-eps', default=None, type=float, help='AdamW epsilon')
-    g.add_argument('--weight-decay', default=None, type=float, help='AdamW weight decay')
-    g.add_argument('--sched', default=None, choices=sorted(SCHEDULES), help='decay after warmup')
-    g.add_argument('--warmup-steps', default=None, type=int,
+    g.add_argument('--lr', type=float, help='peak learning rate')
+    g.add_argument('--opt-betas', type=float, nargs=2, metavar='BETA', help='AdamW betas')
+    g.add_argument('--opt-eps', type=float, help='AdamW epsilon')
+    g.add_argument('--weight-decay', type=float, help='AdamW weight decay')
+    g.add_argument('--sched', choices=sorted(SCHEDULES), help='decay after warmup')
+    g.add_argument('--warmup-steps', type=int,
                    help="linear warmup updates (default: min(the recipe's, 10%% of --steps))")
     g.add_argument('--clip-grad', default=1.0, type=float, help='max gradient norm (<= 0: off)')
-    g.add_argument('--freeze-embeddings', action='store_true', default=False,
+    g.add_argument('--freeze-embeddings', action='store_true',
                    help='keep the token embedding (a tied MLM decoder too) fixed')
     g = parser.add_argument_group('Evaluation, checkpoints, outputs')
     g.add_argument('--eval-interval', default=100, type=int, help='evaluate + checkpoint every N updates')
-    g.add_argument('--eval-batch-size', default=None, type=int, help='default: --batch-size')
+    g.add_argument('--eval-batch-size', type=int, help='default: --batch-size')
     g.add_argument('--log-interval', default=10, type=int, help='log the training loss every N updates')
     g.add_argument('--output', default='./output/text', type=str, help='output root')
     g.add_argument('--experiment', default='', type=str, help='run folder name (default: date-model-task)')
     g.add_argument('--resume', default='', type=str, metavar='PATH',
-                   help='continue from this checkpoint-N/ folder, or the latest one of this run folder (give the '
-                        "run's other flags; its model and tokenizer come from the checkpoint)")
-    g.add_argument('--stop-after-step', default=None, type=int, metavar='N',
+                   help='continue from this checkpoint-N/ folder, or the latest of this run folder (its model and '
+                        "tokenizer; give the run's other flags again)")
+    g.add_argument('--stop-after-step', type=int, metavar='N',
                    help='checkpoint at update N and exit (continue with --resume); the schedule still spans --steps')
     add_allow_regex_argument(g)
-    g.add_argument('--debug', action='store_true', default=False,
+    g.add_argument('--debug', action='store_true',
                    help='show the full traceback of an error instead of its one-line message')
     add_bound_arguments(g)
     g = parser.add_argument_group('Device')
-    g.add_argument('--device', default=None, choices=('cpu', 'cuda'),
+    g.add_argument('--device', choices=('cpu', 'cuda'),
                    help='default: cuda if available (several processes: torchrun / accelerate launch)')
     add_threads_argument(g)
-    g.add_argument('--amp', action='store_true', default=False, help='mixed precision (bfloat16 on CPU)')
-    g.add_argument('--amp-dtype', default=None, choices=('float16', 'bfloat16'),
-                   help='default: float16 on CUDA, bfloat16 on CPU')
-    g.add_argument('--torchcompile', nargs='?', type=str, default=None, const='inductor', metavar='BACKEND',
+    g.add_argument('--amp', action='store_true', help='mixed precision (bfloat16 on CPU)')
+    g.add_argument('--amp-dtype', choices=('float16', 'bfloat16'), help='default: float16 on CUDA, bfloat16 on CPU')
+    g.add_argument('--torchcompile', nargs='?', type=str, const='inductor', metavar='BACKEND',
                    help='torch.compile the model with this backend (inductor without a value)')
     g.add_argument('--seed', default=42, type=int, help='seed of the model init, dropout, masking and data order')
 
