@@ -134,11 +134,8 @@ def _bert_wordpiece(vocab, unk_token: str, lowercase: bool) -> Backend:
 def wordpiece_tokenizer(path: str, do_lower_case: Optional[bool] = None,
                         special_tokens_map: Optional[Mapping[str, str]] = None) -> PreTrainedTokenizerFast:
     """A BERT WordPiece tokenizer from a ``vocab.txt`` (one token per line, the line number is its id).
-
-    ``do_lower_case`` None: uncased when no ordinary token of the vocabulary has an upper-case letter (BERT's
-    uncased vocabularies; the cased ones hold 'The', 'Paris', ...). Lower-casing also strips accents, as BERT's
-    uncased tokenizer does.
-    """
+    ``do_lower_case`` None: uncased (lower-casing and stripping accents, as BERT's uncased tokenizer) when no
+    ordinary token of the vocabulary has an upper-case letter (the cased ones hold 'The', 'Paris', ...)."""
     vocab = models.WordPiece.read_file(path)
     if not vocab:
         raise ValueError(f'{path} holds no tokens')

@@ -39,8 +39,7 @@ def build_tokenizer(kind: str, task: str, train_text: str, val_text: str = '', v
         tokenizer = train_tokenizer(texts=_training_lines(train_text), kind=kind, vocab_size=vocab_size)
         if len(tokenizer) < vocab_size:  # the trainer stops when no pair is frequent enough to merge
             _logger.warning(f'--vocab-size {vocab_size}: the {kind} vocabulary trained on the training text has only '
-                            f'{len(tokenizer)} tokens (the text has no more pieces that occur twice); the model '
-                            f'gets {len(tokenizer)} embeddings')
+                            f'{len(tokenizer)} tokens (the text has no more pieces that occur twice)')
         return tokenizer
     specials = () if task == 'causal' else tuple(DEFAULT_CONTROL_TOKENS)  # mlm / classify: BERT's template
     if kind == 'byte':
