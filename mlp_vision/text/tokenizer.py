@@ -37,7 +37,6 @@ DEFAULT_CONTROL_TOKENS = ('<pad>', '<cls>', '<sep>', '<mask>')
 # BERT's names, in the order a trained vocabulary gets them (so <pad> is id 0, BiGS' default pad_token_id)
 BERT_CONTROL_TOKENS = {'pad': '[PAD]', 'unk': '[UNK]', 'cls': '[CLS]', 'sep': '[SEP]', 'mask': '[MASK]'}
 SUBWORD_KINDS = ('wordpiece', 'bpe')
-KINDS = ('byte', 'char', 'subword')
 # the control roles, with their conventional names tried in order when a file does not say which token plays one
 _ROLE_NAMES = {
     'pad': ('[PAD]', '<pad>'), 'unk': ('[UNK]', '<unk>'), 'cls': ('[CLS]', '<cls>', '<s>'),
@@ -276,7 +275,7 @@ def _from_tokenizer_json(path: str, config: Mapping[str, Any], allow_regex: bool
         text = f.read()
     check_no_regex(json.loads(text), path, allow_regex)
     backend = Backend.from_str(text)
-    kind = config.get('tokenizer_type') if config.get('tokenizer_type') in KINDS else 'subword'
+    kind = config.get('tokenizer_type') if config.get('tokenizer_type') in ('byte', 'char') else 'subword'
     return _wrap(backend, kind, {**_roles_of(backend.get_vocab(with_added_tokens=True)), **_config_roles(config)},
                  config.get('do_lower_case'))
 

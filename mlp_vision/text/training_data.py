@@ -1,11 +1,7 @@
 """ The text of the trainer's causal and masked LM runs: UTF-8 files read with one clear line for bad input, the
-run's tokenizer, the text encoded in pieces (a stop signal read between them) and cut into blocks, the tail shorter
-than a block dropped; batched by ``transformers.default_data_collator`` (one length: nothing to pad).
-
-* causal: consecutive blocks of ``block_size`` tokens, ``labels = input_ids`` (the models shift inside).
-* mlm: ``<cls>`` + ``block_size - 2`` tokens + ``<sep>``, masked per epoch by :class:`MaskedBlocks` (BERT's 80/10/10,
-  arXiv 1810.04805 §3.1).
-* held-out text: ``--val-file``, else the last ``--val-fraction`` of ``--train-file``, cut the same way.
+run's tokenizer, the text encoded in pieces (a stop signal read between them) and cut into blocks (:class:`LMBlocks`,
+the tail shorter than a block dropped), masked LM blocks masked anew each epoch (:class:`MaskedBlocks`); batched by
+``transformers.default_data_collator`` (one length: nothing to pad).
 """
 import json
 import logging
@@ -118,18 +114,6 @@ def _cut_keeps_ids(tok: Tokenizer, text: str, cut: int) -> bool:
     return encode(left + right) == encode(left) + encode(right)
 
 
-def _too_long(text: str, start: int, what: str, first_line: int = 1) -> UsageError:
-    """The one line for a text (whose first line is line ``first_line``) with no place to cut after ``start``
-    within :data:`MAX_PIECE_CHARS`: its line."""
-    line_start = text.rfind('\n', 0, start + 1) + 1
-    line_end = text.find('\n', start)
-    length = (len(text) if line_end < 0 else line_end) - line_start
-    line = text.count('\n', 0, line_start) + first_line
-    return UsageError(f'line {line:,} of the {what} has {length:,} characters and no place this tokenizer can be cut '
-                      f'(a line break or a space between words) within {MAX_PIECE_CHARS:,}, the most tokenized in one '
-                      f'call; break the text into lines, or use --tokenizer char or byte')
-
-
 def _pieces(text: str, size: int, what: str, tok: Optional[Tokenizer] = None, cut_anywhere: bool = False,
             first_line: int = 1) -> Iterator[str]:
     """``text`` in pieces of about ``size`` characters, none over :data:`MAX_PIECE_CHARS` (else a
@@ -144,8 +128,14 @@ def _pieces(text: str, size: int, what: str, tok: Optional[Tokenizer] = None, cu
         else:
             places = (m.end() for _, m in zip(range(CUT_TRIES), _SAFE_BREAK.finditer(text, start + size)))
             cut = next((c for c in places if _cut_keeps_ids(tok, text, c)), None)
-        if cut is None and len(text) - start > MAX_PIECE_CHARS:
-            raise _too_long(text, start + size, what, first_line)
+        if cut is None and len(text) - start > MAX_PIECE_CHARS:  # name the line (of a text from line first_line)
+            line_start = text.rfind('\n', 0, start + size + 1) + 1
+            line_end = text.find('\n', start + size)
+            length = (len(text) if line_end < 0 else line_end) - line_start
+            raise UsageError(f'line {text.count(chr(10), 0, line_start) + first_line:,} of the {what} has {length:,} '
+                             f'characters and no place this tokenizer can be cut (a line break or a space between '
+                             f'words) within {MAX_PIECE_CHARS:,}, the most tokenized in one call; break the text '
+                             f'into lines, or use --tokenizer char or byte')
         if cut is None:  # the stop flag is read again only after this call: say so, with the size
             _logger.warning(f'tokenizing the last {len(text) - start:,} characters in one call: this tokenizer has '
                             f'no place among the next {CUT_TRIES} candidates where a cut keeps the ids, so a stop '
@@ -207,10 +197,8 @@ def encode_text(tok: Tokenizer, text: str, what: str, stop: Optional[Callable[[]
         except Exception as e:  # tokenizers' plain Exception: a character outside a char alphabet without <unk>
             raise UsageError(f'the {what} has character {unknown_character(tok, [piece], e)!r}, which the tokenizer '
                              f'(from the checkpoint or the training text) does not know') from None
-        if count + len(piece_ids) > len(ids):
-            grown = torch.empty(max(count + len(piece_ids), len(ids) * 3 // 2), dtype=torch.int32)
-            grown[:count] = ids[:count]
-            ids = grown
+        if count + len(piece_ids) > len(ids):  # the storage grows in place, its ids kept
+            ids.resize_(max(count + len(piece_ids), len(ids) * 3 // 2))
         ids[count:count + len(piece_ids)] = piece_ids
         count += len(piece_ids)
     return ids if count == len(ids) else ids[:count].clone()
@@ -247,11 +235,11 @@ def check_unknown_tokens(ids: Sequence[int], tok: Tokenizer, what: str) -> None:
         ids = ids[~torch.isin(ids, torch.tensor(others, dtype=ids.dtype))]
     n, unknown = len(ids), int((ids == unk).sum())
     if n and unknown == n:
-        raise UsageError(f'the {what} tokenizes entirely to {tok.unk_token} ({n} tokens): the tokenizer knows none of it; '
-                         f'expected a tokenizer of text like it (--tokenizer-from / --init-from / --tokenizer)')
+        raise UsageError(f'the {what} tokenizes entirely to {tok.unk_token} ({n} tokens): the tokenizer knows none '
+                         f'of it; expected a tokenizer of text like it (--tokenizer-from / --init-from / --tokenizer)')
     if n and unknown > UNKNOWN_WARN_FRACTION * n:
-        _logger.warning(f'the {what}: {unknown / n:.0%} of its {n} tokens are {tok.unk_token} (unknown to the tokenizer); '
-                        f'the model learns little from them: check that the tokenizer fits this text')
+        _logger.warning(f'the {what}: {unknown / n:.0%} of its {n} tokens are {tok.unk_token} (unknown to the '
+                        f'tokenizer); the model learns little from them: check that the tokenizer fits this text')
 
 
 def read_text_file(path: str, what: str, encoding: str = 'utf-8') -> str:
@@ -272,10 +260,10 @@ def read_text_file(path: str, what: str, encoding: str = 'utf-8') -> str:
 
 
 class LMBlocks(torch.utils.data.Dataset):
-    """The examples of ``--task causal`` (``input_ids`` = ``labels``, (block_size,)) or ``mlm`` (``input_ids``:
-    ``<cls>`` + ``block_size - 2`` tokens + ``<sep>``) cut from the 1-D ``ids`` in order, made as they are read:
-    a list of a million blocks' tensors would hold ~0.5 KB of Python objects per block beside the ids. ``ids``
-    without a whole block are a :class:`UsageError` naming ``what``."""
+    """The examples of ``--task causal`` (``input_ids`` = ``labels``, (block_size,): the models shift) or ``mlm``
+    (``input_ids``: ``<cls>`` + ``block_size - 2`` tokens + ``<sep>``) cut from the 1-D ``ids`` in order, made as
+    they are read: a list of a million blocks' tensors would hold ~0.5 KB of Python objects per block beside the
+    ids. ``ids`` without a whole block are a :class:`UsageError` naming ``what``."""
 
     def __init__(self, ids: torch.Tensor, block_size: int, task: str, tokenizer: Tokenizer, what: str):
         body = block_size if task == 'causal' else block_size - 2
