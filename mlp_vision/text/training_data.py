@@ -41,8 +41,7 @@ def build_tokenizer(kind: str, task: str, train_text: str, val_text: str = '', v
     if kind == 'byte':
         return byte_tokenizer(specials)
     if kind != 'char':
-        raise UsageError(f"--tokenizer must be one of 'char', 'byte', {', '.join(map(repr, SUBWORD_KINDS))}; "
-                         f"got {kind!r}")
+        raise UsageError(f'--tokenizer must be char, byte, wordpiece or bpe; got {kind!r}')
     alphabet = set(train_text)
     unseen = set(val_text) - alphabet
     if unseen:
