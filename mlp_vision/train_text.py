@@ -3,9 +3,6 @@
 
     python -m mlp_vision.train_text --task causal --model gpt_mlp_attention --train-file input.txt --steps 2000
 
-Data: :mod:`mlp_vision.text.training_data` (a corpus into blocks), :mod:`mlp_vision.text.labelled_data` (a labelled
-TSV / CSV into examples); :mod:`mlp_vision.text.callbacks` adds the stops Trainer lacks.
-
 The run folder ``--output/--experiment`` is new (an existing one is refused): Trainer's ``checkpoint-N/`` every
 ``--eval-interval`` updates (the two latest; classify: the best by dev accuracy and the latest), and at the end the
 ``save_pretrained`` folder of the final model (classify: the best checkpoint's) with its tokenizer and
@@ -22,7 +19,7 @@ import pickle
 import signal
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Dict, Optional, Sequence, Tuple
+from typing import Any, Dict, Optional, Sequence
 
 import torch
 import torch.distributed as dist
@@ -69,8 +66,7 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     g.add_argument('--val-fraction', default=0.1, type=float,
                    help='causal / mlm without --val-file: this final fraction of the training text is held out')
     g.add_argument('--test-file', default='', type=str, metavar='PATH',
-                   help='classify: a labelled file scored once at the end, by the best checkpoint (chosen on '
-                        '--val-file)')
+                   help='classify: a labelled file scored once at the end by the best checkpoint (on --val-file)')
     g.add_argument('--text-columns', default='', type=str, metavar='COL[,COL]',
                    help='classify: the text column or sentence pair (default: sentence, else sentence1,sentence2)')
     g.add_argument('--label-column', default='label', type=str, metavar='COL', help='classify: the label column')
@@ -81,16 +77,14 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     g.add_argument('--tokenizer-from', default='', type=str, metavar='PATH',
                    help="another run's tokenizer (a folder, tokenizer.json or BERT vocab.txt) instead of --tokenizer")
     g.add_argument('--init-from', default='', type=str, metavar='PATH',
-                   help='classify: start from this save_pretrained folder (a masked LM run\'s output) or official '
-                        'BiGS folder, with its tokenizer; the head is new')
-    g.add_argument('--block-size', '--seq-len', default=None, type=int, metavar='N',
-                   help="tokens per sample (mlm / classify: including the special tokens); default: the model's "
-                        "max length")
+                   help="classify: start from this save_pretrained folder (a masked LM run's) or official BiGS "
+                        "folder, with its tokenizer; the head is new")
+    g.add_argument('--block-size', '--seq-len', type=int, metavar='N',
+                   help="tokens per sample, special tokens included (default: the model's max length)")
     g.add_argument('--mask-rate', default=0.15, type=float, help='mlm: fraction of tokens selected')
     g = parser.add_argument_group('Model')
     defaults = ', '.join(f'{name} for --task {task}' for task, name in DEFAULT_MODELS.items())
-    g.add_argument('--model', default=None, type=str,
-                   help=f'name in mlp_vision.text.list_models() (default: {defaults})')
+    g.add_argument('--model', type=str, help=f'name in mlp_vision.text.list_models() (default: {defaults})')
     g.add_argument('--model-kwargs', nargs='*', default={}, action=ParseKwargs,
                    help='config fields k=v, e.g. num_hidden_layers=4 hidden_size=256 (vocab_size: the tokenizer\'s)')
     _add_optimization_and_run(parser)
@@ -102,39 +96,38 @@ def _add_optimization_and_run(parser: argparse.ArgumentParser) -> None:
     g.add_argument('--steps', default=1000, type=int, help='optimizer updates')
     g.add_argument('-b', '--batch-size', default=32, type=int, help='samples per micro-batch per process')
     g.add_argument('--grad-accum-steps', default=1, type=int, help='micro-batches per optimizer update')
-    g.add_argument('--lr', default=None, type=float, help='peak learning rate')
-    g.add_argument('--opt-betas', default=None, type=float, nargs=2, metavar='BETA', help='AdamW betas')
-    g.add_argument('--opt-eps', default=None, type=float, help='AdamW epsilon')
-    g.add_argument('--weight-decay', default=None, type=float, help='AdamW weight decay')
-    g.add_argument('--sched', default=None, choices=sorted(SCHEDULES), help='decay after warmup')
-    g.add_argument('--warmup-steps', default=None, type=int,
+    g.add_argument('--lr', type=float, help='peak learning rate')
+    g.add_argument('--opt-betas', type=float, nargs=2, metavar='BETA', help='AdamW betas')
+    g.add_argument('--opt-eps', type=float, help='AdamW epsilon')
+    g.add_argument('--weight-decay', type=float, help='AdamW weight decay')
+    g.add_argument('--sched', choices=sorted(SCHEDULES), help='decay after warmup')
+    g.add_argument('--warmup-steps', type=int,
                    help="linear warmup updates (default: min(the recipe's, 10%% of --steps))")
     g.add_argument('--clip-grad', default=1.0, type=float, help='max gradient norm (<= 0: off)')
-    g.add_argument('--freeze-embeddings', action='store_true', default=False,
+    g.add_argument('--freeze-embeddings', action='store_true',
                    help='keep the token embedding (a tied MLM decoder too) fixed')
     g = parser.add_argument_group('Evaluation, checkpoints, outputs')
     g.add_argument('--eval-interval', default=100, type=int, help='evaluate + checkpoint every N updates')
-    g.add_argument('--eval-batch-size', default=None, type=int, help='default: --batch-size')
+    g.add_argument('--eval-batch-size', type=int, help='default: --batch-size')
     g.add_argument('--log-interval', default=10, type=int, help='log the training loss every N updates')
     g.add_argument('--output', default='./output/text', type=str, help='output root')
     g.add_argument('--experiment', default='', type=str, help='run folder name (default: date-model-task)')
     g.add_argument('--resume', default='', type=str, metavar='PATH',
-                   help='continue from this checkpoint-N/ folder, or the latest one of this run folder (give the '
-                        "run's other flags; its model and tokenizer come from the checkpoint)")
-    g.add_argument('--stop-after-step', default=None, type=int, metavar='N',
+                   help='continue from this checkpoint-N/ folder, or the latest of this run folder (its model and '
+                        "tokenizer; give the run's other flags again)")
+    g.add_argument('--stop-after-step', type=int, metavar='N',
                    help='checkpoint at update N and exit (continue with --resume); the schedule still spans --steps')
     add_allow_regex_argument(g)
-    g.add_argument('--debug', action='store_true', default=False,
+    g.add_argument('--debug', action='store_true',
                    help='show the full traceback of an error instead of its one-line message')
     add_bound_arguments(g)
     g = parser.add_argument_group('Device')
-    g.add_argument('--device', default=None, choices=('cpu', 'cuda'),
+    g.add_argument('--device', choices=('cpu', 'cuda'),
                    help='default: cuda if available (several processes: torchrun / accelerate launch)')
     add_threads_argument(g)
-    g.add_argument('--amp', action='store_true', default=False, help='mixed precision (bfloat16 on CPU)')
-    g.add_argument('--amp-dtype', default=None, choices=('float16', 'bfloat16'),
-                   help='default: float16 on CUDA, bfloat16 on CPU')
-    g.add_argument('--torchcompile', nargs='?', type=str, default=None, const='inductor', metavar='BACKEND',
+    g.add_argument('--amp', action='store_true', help='mixed precision (bfloat16 on CPU)')
+    g.add_argument('--amp-dtype', choices=('float16', 'bfloat16'), help='default: float16 on CUDA, bfloat16 on CPU')
+    g.add_argument('--torchcompile', nargs='?', type=str, const='inductor', metavar='BACKEND',
                    help='torch.compile the model with this backend (inductor without a value)')
     g.add_argument('--seed', default=42, type=int, help='seed of the model init, dropout, masking and data order')
 
@@ -212,8 +205,7 @@ def _main(argv: Sequence[str], prog: str):
     primary = int(os.environ.get('RANK', 0) or 0) == 0  # torchrun / accelerate launch: rank 0 logs the setup
     logging.basicConfig(level=logging.INFO if primary else logging.WARNING,
                         format='%(asctime)s %(levelname)s %(message)s')
-    threads = set_threads(args.threads)
-    _logger.info(threads)
+    _logger.info(set_threads(args.threads))
     with size_bounds(args), stop_signals() as stop:
         return _train(args, stop)
 
@@ -255,29 +247,14 @@ def _output_dir(args, resume: Optional[str], distributed: bool) -> str:
 
 def _start_model(args, resume: Optional[str], distributed: bool, needs: Sequence[str], train_text: str,
                  held_out_text: str, **config):
-    """The model with ``model.tokenizer``: the resumed checkpoint's, else a new ``--model`` with the
-    ``--tokenizer-from`` tokenizer (``needs``: the control tokens the task uses) or one built on the training text,
-    on rank 0 and sent to the others (a trained vocabulary is not reproducible run to run)."""
-    from mlp_vision.text.registry import from_pretrained
+    """The model with ``model.tokenizer``: the resumed checkpoint's, else a new ``--model`` with the vocabulary and
+    ``<pad>`` id of the ``--tokenizer-from`` tokenizer (``needs``: the control tokens the task uses) or of one built
+    on the training text, on rank 0 and sent to the others (a trained vocabulary is not reproducible run to run)."""
+    from mlp_vision.text.registry import create_model, from_pretrained, is_model, list_models, model_entry
     from mlp_vision.text.training_data import build_tokenizer, tokenizer_from_path
     if resume:
         return from_pretrained(resume, allow_regex=args.allow_regex)
-    if args.tokenizer_from:
-        tokenizer = tokenizer_from_path(args.tokenizer_from, needs, args.allow_regex)
-    else:
-        built = [build_tokenizer(args.tokenizer, args.task, train_text, held_out_text, args.vocab_size)
-                 if not distributed or dist.get_rank() == 0 else None]
-        if distributed:
-            dist.broadcast_object_list(built, src=0)
-        tokenizer = built[0]
-    model = _new_model(args, tokenizer, TASKS[args.task], **config)
-    model.tokenizer = tokenizer
-    return model
-
-
-def _new_model(args, tokenizer, registry_task: str, **config):
-    """A fresh ``--model`` for ``registry_task`` with the tokenizer's vocabulary and ``<pad>`` id."""
-    from mlp_vision.text.registry import create_model, is_model, list_models, model_entry
+    registry_task = TASKS[args.task]
     if not is_model(args.model):
         raise UsageError(f'unknown text model {args.model!r}; known: {", ".join(list_models())}')
     entry = model_entry(args.model)
@@ -289,6 +266,14 @@ def _new_model(args, tokenizer, registry_task: str, **config):
     elif entry.task != registry_task:
         raise UsageError(f'model {args.model!r} is a {entry.task} model; --task {args.task} needs a {registry_task} '
                          f'model: {", ".join(list_models(task=registry_task))}')
+    if args.tokenizer_from:
+        tokenizer = tokenizer_from_path(args.tokenizer_from, needs, args.allow_regex)
+    else:
+        built = [build_tokenizer(args.tokenizer, args.task, train_text, held_out_text, args.vocab_size)
+                 if not distributed or dist.get_rank() == 0 else None]
+        if distributed:
+            dist.broadcast_object_list(built, src=0)
+        tokenizer = built[0]
     kwargs = dict(args.model_kwargs)
     if kwargs.get('vocab_size', len(tokenizer)) != len(tokenizer):
         raise UsageError(f'--model-kwargs vocab_size={kwargs["vocab_size"]} differs from the tokenizer\'s '
@@ -297,11 +282,13 @@ def _new_model(args, tokenizer, registry_task: str, **config):
     if 'pad_token_id' in entry.config_class.text_field_names() and tokenizer.pad_token_id is not None:
         kwargs.setdefault('pad_token_id', tokenizer.pad_token_id)
     try:
-        return create_model(args.model, task=registry_task, **kwargs)
+        model = create_model(args.model, task=registry_task, **kwargs)
     except (TypeError, ValueError, KeyError) as e:
         if isinstance(e, UsageError):
             raise
         raise UsageError(f'cannot build {args.model} with --model-kwargs {dict(args.model_kwargs)}: {e}') from None
+    model.tokenizer = tokenizer
+    return model
 
 
 def _pretrained_classifier(args, num_labels: int, labels: Dict[str, Any]):
@@ -354,16 +341,16 @@ def _fit_block_size(args, model) -> None:
 
 
 def _lm_data(args, resume: Optional[str], distributed: bool, stop):
-    """(model with ``model.tokenizer``, training blocks, held-out blocks, collator) of --task causal / mlm (mlm:
-    :class:`~mlp_vision.text.training_data.MaskedBlocks`)."""
-    from transformers import default_data_collator
+    """(model with ``model.tokenizer``, training blocks, held-out blocks, None: no test set) of --task causal / mlm
+    (mlm: :class:`~mlp_vision.text.training_data.MaskedBlocks`)."""
     from mlp_vision.text.training_data import (
-        LMBlocks, MaskedBlocks, check_unknown_tokens, encode_text, read_text_file, split_held_out)
+        LMBlocks, MaskedBlocks, check_unknown_tokens, encode_text, read_text_file)
     train_text = read_text_file(args.train_file, 'training text file')
     if args.val_file:
         val_text = read_text_file(args.val_file, 'validation text file')
-    else:
-        train_text, val_text = split_held_out(train_text, args.val_fraction)
+    else:  # the last --val-fraction of the characters
+        cut = int(len(train_text) * (1. - args.val_fraction))
+        train_text, val_text = train_text[:cut], train_text[cut:]
     mlm = args.task == 'mlm'
     model = _start_model(args, resume, distributed, ('pad', 'cls', 'sep', 'mask') if mlm else (), train_text, val_text)
     tokenizer = model.tokenizer
@@ -375,18 +362,14 @@ def _lm_data(args, resume: Optional[str], distributed: bool, stop):
         blocks.append(LMBlocks(ids, args.block_size, args.task, tokenizer, what))
     if mlm:
         blocks = [MaskedBlocks(b, tokenizer, args.mask_rate, args.seed) for b in blocks]
-    return model, blocks[0], blocks[1], default_data_collator
+    return model, blocks[0], blocks[1], None
 
 
 def _classify_data(args, resume: Optional[str], distributed: bool, stop):
-    """(classifier with ``model.tokenizer``, training, dev and test examples, collator) of --task classify."""
+    """(classifier with ``model.tokenizer``, training, dev and test examples) of --task classify."""
     import inspect
-    from transformers import DataCollatorWithPadding
     from mlp_vision.text.labelled_data import classification_examples, label_ids, read_labelled_file
     columns = [c.strip() for c in args.text_columns.split(',')] if args.text_columns else None
-    if columns is not None and not all(columns):
-        raise UsageError(f'--text-columns {args.text_columns!r} has an empty name; expected e.g. "sentence" or '
-                         f'"question,sentence"')
     train = read_labelled_file(args.train_file, columns, args.label_column, '--train-file')
     if not args.val_file:
         raise UsageError('--task classify needs --val-file (the dev file, same columns as --train-file)')
@@ -409,20 +392,16 @@ def _classify_data(args, resume: Optional[str], distributed: bool, stop):
                              f'the files now have {names}')
     tokenizer = model.tokenizer
     _fit_block_size(args, model)
-    _check_classify_tokenizer(args, tokenizer, pairs=train.pairs is not None)
-    with_types = 'token_type_ids' in inspect.signature(model.forward).parameters
-    examples = [None if d is None else classification_examples(tokenizer, d, names, args.block_size, with_types, stop)
-                for d in (train, dev, test)]
-    return (model, *examples, DataCollatorWithPadding(tokenizer))
-
-
-def _check_classify_tokenizer(args, tokenizer, pairs: bool) -> None:
-    """A tokenizer with BERT's template, and a ``--block-size`` with room for a token of each segment."""
+    pairs = train.pairs is not None  # BERT's template, with room for a token of each segment
     if tokenizer.cls_token_id is None or tokenizer.pad_token_id is None or (pairs and tokenizer.sep_token_id is None):
         raise UsageError(f'the tokenizer has no {"<cls> / <sep> / <pad>" if pairs else "<cls> / <pad>"} token; '
                          f'sequence classification needs {"them" if pairs else "both"} (the BERT template)')
     if args.block_size < tokenizer.num_special_tokens_to_add(pair=pairs) + (2 if pairs else 1):
         raise UsageError(f'--block-size {args.block_size} leaves no room for text after the special tokens')
+    with_types = 'token_type_ids' in inspect.signature(model.forward).parameters
+    examples = [None if d is None else classification_examples(tokenizer, d, names, args.block_size, with_types, stop)
+                for d in (train, dev, test)]
+    return (model, *examples)
 
 
 def _training_arguments(args, output_dir: str, classify: bool):
@@ -445,20 +424,11 @@ def _training_arguments(args, output_dir: str, classify: bool):
         torch_compile_backend=args.torchcompile)
 
 
-def _optimizers(args, model) -> Tuple[Optional[torch.optim.Optimizer], None]:
-    """BiGS: AdamW over the official decay mask (:func:`~mlp_vision.text.bigs.bigs_param_groups`); other families
-    Trainer's own AdamW (None)."""
-    from mlp_vision.text.bigs import bigs_param_groups
-    if model.config.model_type != 'mlp_vision_bigs':
-        return None, None
-    return torch.optim.AdamW(bigs_param_groups(model, args.weight_decay), lr=args.lr, betas=tuple(args.opt_betas),
-                             eps=args.opt_eps), None
-
-
 def _train(args, stop) -> Optional[Dict[str, float]]:
     """Data, model and ``Trainer`` from the flags; train, then save and evaluate the final model (rank 0 writes)."""
     from accelerate import PartialState
-    from transformers import set_seed
+    from transformers import DataCollatorWithPadding, set_seed
+    from mlp_vision.text.bigs import bigs_param_groups
     from mlp_vision.text.callbacks import DatasetEpoch, RunStops, StoppableTrainer
     from mlp_vision.text.labelled_data import classification_metrics
     resume = _resume_checkpoint(args.resume)
@@ -466,22 +436,23 @@ def _train(args, stop) -> Optional[Dict[str, float]]:
     output_dir = _output_dir(args, resume, distributed)
     classify = args.task == 'classify'
     set_seed(args.seed)  # the model's init (Trainer seeds again before training)
-    test = None
-    if classify:
-        model, train, val, test, collator = _classify_data(args, resume, distributed, stop)
-    else:
-        model, train, val, collator = _lm_data(args, resume, distributed, stop)
+    model, train, val, test = (_classify_data if classify else _lm_data)(args, resume, distributed, stop)
     source = apply_recipe(args, model.config.model_type.removeprefix('mlp_vision_'), TASKS[args.task])
     if args.freeze_embeddings:
         model.get_input_embeddings().weight.requires_grad_(False)
+    optimizer = None  # Trainer's AdamW; BiGS: AdamW over the official decay mask
+    if model.config.model_type == 'mlp_vision_bigs':
+        optimizer = torch.optim.AdamW(bigs_param_groups(model, args.weight_decay), lr=args.lr,
+                                      betas=tuple(args.opt_betas), eps=args.opt_eps)
     # no processing_class: Trainer would copy the tokenizer's <pad> id into configs without that field (gMLP's), which
     # then do not load; the model's save_pretrained writes model.tokenizer into every checkpoint and the final folder
     n_labels = len(model.config.id2label) if classify else 0
     stops = RunStops(stop, args.stop_after_step)
     trainer = StoppableTrainer(
         stops=stops, callbacks=[DatasetEpoch(train)] if hasattr(train, 'epoch') else [], model=model,
-        args=_training_arguments(args, output_dir, classify), data_collator=collator, train_dataset=train,
-        eval_dataset=val, optimizers=_optimizers(args, model),
+        args=_training_arguments(args, output_dir, classify), train_dataset=train,
+        data_collator=DataCollatorWithPadding(model.tokenizer) if classify else None,  # None: default_data_collator
+        eval_dataset=val, optimizers=(optimizer, None),
         compute_metrics=(lambda p: classification_metrics(p.predictions.argmax(-1), p.label_ids, n_labels))
         if classify else None)
     _logger.info(f'Model {type(model).__name__} ({sum(p.numel() for p in model.parameters()) / 1e6:.3f} M params), '
@@ -499,7 +470,18 @@ def _train(args, stop) -> Optional[Dict[str, float]]:
     if stops.checkpoint:  # --stop-after-step
         _logger.info(f'stopped after step {args.stop_after_step}: continue with --resume {stops.checkpoint}')
         return None
-    return _finish(trainer, output_dir, test)
+    # the final model (classify: the best checkpoint's) and the run's whole log at the top of the run folder
+    trainer.save_model(output_dir)
+    trainer.save_state()
+    metrics = trainer.evaluate()
+    if not classify:
+        metrics['eval_ppl'] = math.exp(min(metrics['eval_loss'], 700.))
+    trainer.save_metrics('eval', metrics, combined=False)
+    if test is not None:
+        test_metrics = trainer.evaluate(test, metric_key_prefix='test')
+        trainer.save_metrics('test', test_metrics, combined=False)
+        metrics.update(test_metrics)
+    return metrics if trainer.is_world_process_zero() else None
 
 
 def _unsafe_file(checkpoint: str) -> str:
@@ -512,23 +494,6 @@ def _unsafe_file(checkpoint: str) -> str:
         except pickle.UnpicklingError:
             return str(path)
     return 'a file there'
-
-
-def _finish(trainer, output_dir: str, test) -> Optional[Dict[str, float]]:
-    """The final model (classify: the best checkpoint's) and tokenizer saved at the top of the run folder with the
-    run's ``trainer_state.json`` (its whole log), its held-out (and test) metrics in ``eval_results.json`` /
-    ``test_results.json``."""
-    trainer.save_model(output_dir)
-    trainer.save_state()
-    metrics = trainer.evaluate()
-    if 'eval_loss' in metrics and 'eval_acc' not in metrics:
-        metrics['eval_ppl'] = math.exp(min(metrics['eval_loss'], 700.))
-    trainer.save_metrics('eval', metrics, combined=False)
-    if test is not None:
-        test_metrics = trainer.evaluate(test, metric_key_prefix='test')
-        trainer.save_metrics('test', test_metrics, combined=False)
-        metrics.update(test_metrics)
-    return metrics if trainer.is_world_process_zero() else None
 
 
 if __name__ == '__main__':

@@ -547,20 +547,22 @@ def test_stop_signal_is_honoured_while_tokenizing(monkeypatch):
 def test_stop_signal_is_honoured_while_tokenizing_a_classification_file(english_wordpiece, monkeypatch):
     """The classifier's examples are tokenized in pieces (each example on its own: the ids are the whole file's),
     the stop flag read between them."""
+    import functools
     import signal
     import mlp_vision.text.labelled_data as classification
     from mlp_vision.errors import Interrupted
     texts = [' '.join(WORDS[i % 7:i % 7 + 3]) for i in range(25)]
     data = classification.LabelledData('train.tsv', ('sentence',), texts, texts[::-1], ['0'] * 25)
-    whole = classification.encode_examples(english_wordpiece, data, 16)
+    examples = functools.partial(classification.classification_examples, english_wordpiece, data, ['0'], 16, True)
+    whole = examples()
     monkeypatch.setattr(classification, 'ENCODE_EXAMPLES_PER_PIECE', 10)
     calls = []
-    assert classification.encode_examples(english_wordpiece, data, 16, stop=lambda: calls.append(1) or 0) == whole
+    assert examples(stop=lambda: calls.append(1) or 0) == whole
     assert len(calls) == 3
     flags = iter([0, signal.SIGTERM])
     with pytest.raises(Interrupted, match=r'^interrupted by SIGTERM at tokenizing train.tsv \(10 of 25 examples so '
                                           r'far\)$'):
-        classification.encode_examples(english_wordpiece, data, 16, stop=lambda: next(flags))
+        examples(stop=lambda: next(flags))
 
 
 def test_global_batch_beyond_the_data_is_a_warning_with_numbers(caplog):

@@ -17,7 +17,7 @@ from transformers import AutoModelForSequenceClassification, DataCollatorWithPad
 import mlp_vision.train_text as text_train
 from mlp_vision.text import load_tokenizer
 from mlp_vision.text.labelled_data import (
-    classification_examples, classification_metrics, encode_examples, label_ids, read_labelled_file)
+    classification_examples, classification_metrics, label_ids, read_labelled_file)
 from mlp_vision.text.tokenizer import byte_tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
@@ -141,14 +141,14 @@ def test_pairs_detected_encoded_with_token_types_and_trained(tmp_path):
     data = read_labelled_file(str(train))
     assert data.text_columns == ('sentence1', 'sentence2') and len(data.pairs) == len(data.texts) == 64
     tok = byte_tokenizer()
-    ids, types = encode_examples(tok, data, 24)  # truncated to 24 tokens, longest first
+    examples = classification_examples(tok, data, ['0', '1'], 24, with_token_types=True)  # 24 tokens, longest first
+    ids, types = [e['input_ids'] for e in examples], [e['token_type_ids'] for e in examples]
     assert max(len(r) for r in ids) == 24
     for r, t, a, b in zip(ids, types, data.texts, data.pairs):
         n_first = min(len(a.encode()), 24) + 2
         assert r[0] == tok.cls_token_id and r.count(tok.sep_token_id) == 2 and r[-1] == tok.sep_token_id
         assert t == [0] * (r.index(tok.sep_token_id) + 1) + [1] * (len(r) - r.index(tok.sep_token_id) - 1)
         assert r.index(tok.sep_token_id) + 1 <= n_first
-    examples = classification_examples(tok, data, ['0', '1'], 24, with_token_types=True)
     batch = DataCollatorWithPadding(tok)(examples[:3])
     assert batch['attention_mask'].sum(1).tolist() == [len(r) for r in ids[:3]]
     assert (batch['input_ids'][batch['attention_mask'] == 0] == tok.pad_token_id).all()

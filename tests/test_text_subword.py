@@ -7,7 +7,7 @@ import torch
 
 import mlp_vision.text as mt
 import mlp_vision.train_text as text_train
-from mlp_vision.text.training_data import MLMMasker, build_tokenizer
+from mlp_vision.text.training_data import MaskedBlocks, build_tokenizer
 
 TINY_BIGS = ['--model', 'bigs_small', '--model-kwargs', 'hidden_size=32', 'intermediate_size=64', 'num_hidden_layers=1',
              'num_ssm_states=8', 'max_position_embeddings=32']
@@ -30,9 +30,9 @@ def test_masker_never_draws_a_special_token_from_a_subword_vocabulary(corpus):
     tok = build_tokenizer('wordpiece', 'mlm', Path(corpus).read_text(), vocab_size=120)
     specials = set(tok.all_special_ids)
     assert min(specials) == 0
-    masker = MLMMasker(tok, rate=0.5, mask_prob=0., random_prob=1.)  # every selected position is randomised
+    masker = MaskedBlocks([], tok, rate=0.5, seed=0, mask_prob=0., random_prob=1.)  # every selected one randomised
     ids = torch.tensor(tok.encode(Path(corpus).read_text()[:3000], add_special_tokens=False))[:600].view(20, 30)
-    out, labels = masker(ids, torch.Generator().manual_seed(0))
+    out, labels = masker.mask(ids, torch.Generator().manual_seed(0))
     replaced = labels != -100
     assert replaced.sum() > 100
     assert not any(int(t) in specials for t in out[replaced])

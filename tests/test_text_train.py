@@ -26,7 +26,7 @@ from transformers import AutoModelForCausalLM, AutoModelForMaskedLM, AutoTokeniz
 import mlp_vision.text as mt
 import mlp_vision.train_text as text_train
 from mlp_vision.errors import UsageError
-from mlp_vision.text.training_data import LMBlocks, MaskedBlocks, MLMMasker, build_tokenizer
+from mlp_vision.text.training_data import LMBlocks, MaskedBlocks, build_tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO.parent / 'shared' / 'data'
@@ -219,7 +219,8 @@ def test_mlm_masking_statistics_and_masks_fixed_per_seed_epoch_and_block(tiny_te
     blocks = LMBlocks(torch.tensor(tok.encode(text, add_special_tokens=False)), 64, 'mlm', tok, 'text')
     segments = torch.stack([b['input_ids'] for b in blocks])
     assert (segments[:, 0] == tok.cls_token_id).all() and (segments[:, -1] == tok.sep_token_id).all()
-    inputs, labels = MLMMasker(tok)(segments, torch.Generator().manual_seed(0))
+    data = MaskedBlocks(blocks, tok, 0.15, seed=3)
+    inputs, labels = data.mask(segments, torch.Generator().manual_seed(0))
     special = torch.isin(segments, torch.tensor(tok.all_special_ids))
     selected = labels != -100
     assert not (selected & special).any() and torch.equal(inputs[special], segments[special])
@@ -230,7 +231,6 @@ def test_mlm_masking_statistics_and_masks_fixed_per_seed_epoch_and_block(tiny_te
     as_mask = (inputs[selected] == tok.mask_token_id).sum().item() / n
     kept = (inputs[selected] == segments[selected]).sum().item() / n
     assert abs(as_mask - 0.8) < 0.02 and abs(kept - 0.1) < 0.02, (as_mask, kept)
-    data = MaskedBlocks(blocks, tok, 0.15, seed=3)
     first = [data[i]['input_ids'] for i in range(5)]
     assert all(torch.equal(a, data[i]['input_ids']) for i, a in enumerate(first))  # read again: the same masks
     data.epoch = 1

@@ -18,18 +18,14 @@ class RunStops(TrainerCallback):
     """At every update's end, the ranks agree (one all-reduce of two numbers) on whether a loss of this update was
     not finite -- then every rank raises :class:`~mlp_vision.errors.RunError` before anything is saved, naming the
     last checkpoint -- or a signal arrived on any rank (``stop()``: its number, 0 for none), or ``stop_after_step``
-    is reached: then Trainer saves a checkpoint and stops (``signum``, ``checkpoint``). ``training_step`` reports
-    each loss (:meth:`record_loss`)."""
+    is reached: then Trainer saves a checkpoint and stops (``signum``, ``checkpoint``). :class:`StoppableTrainer`
+    sets ``nonfinite``."""
 
-    def __init__(self, stop: Callable[[], int], stop_after_step: Optional[int] = None,
-                 advice: str = 'lower --lr, keep --clip-grad on, add --warmup-steps'):
-        self.stop, self.stop_after_step, self.advice = stop, stop_after_step, advice
+    def __init__(self, stop: Callable[[], int], stop_after_step: Optional[int] = None):
+        self.stop, self.stop_after_step = stop, stop_after_step
         self.nonfinite = False
         self.signum = 0
         self.checkpoint = ''
-
-    def record_loss(self, loss: torch.Tensor) -> None:
-        self.nonfinite |= not bool(torch.isfinite(loss).all())
 
     def on_step_end(self, args, state, control, **kwargs):
         flags = torch.tensor([float(self.stop()), float(self.nonfinite)], device=args.device)
@@ -40,7 +36,7 @@ class RunStops(TrainerCallback):
             last = get_last_checkpoint(args.output_dir) if args.output_dir else None
             raise RunError(f'the training loss is not finite (NaN / inf) at step {state.global_step}; '
                            f'{"the last checkpoint kept: " + last if last else "no checkpoint was saved"} '
-                           f'(--resume continues from it); {self.advice}')
+                           f'(--resume continues from it); lower --lr, keep --clip-grad on, add --warmup-steps')
         if signum or state.global_step == self.stop_after_step:
             self.signum = signum
             self.checkpoint = f'{args.output_dir}/{PREFIX_CHECKPOINT_DIR}-{state.global_step}'
@@ -60,7 +56,7 @@ class DatasetEpoch(TrainerCallback):
 
 
 class StoppableTrainer(Trainer):
-    """``transformers.Trainer`` with :class:`RunStops` (told each training loss) and ``callbacks`` as callbacks."""
+    """``transformers.Trainer`` with :class:`RunStops` (told of a non-finite training loss) and ``callbacks``."""
 
     def __init__(self, *args, stops: RunStops, callbacks=(), **kwargs):
         super().__init__(*args, callbacks=[stops, *callbacks], **kwargs)
@@ -68,5 +64,5 @@ class StoppableTrainer(Trainer):
 
     def training_step(self, *args, **kwargs) -> torch.Tensor:
         loss = super().training_step(*args, **kwargs)
-        self.stops.record_loss(loss)
+        self.stops.nonfinite |= not bool(torch.isfinite(loss).all())
         return loss

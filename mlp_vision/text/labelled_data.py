@@ -3,7 +3,7 @@
 Files (:func:`read_labelled_file`): GLUE-style (arXiv 1804.07461) with a header row; tab-separated for ``.tsv`` (no
 quoting: GLUE's sentences hold bare quote characters), CSV quoting for ``.csv`` (other names: tab when the header
 has one). Label ids are the sorted distinct training labels (numerically when all are numbers, so ``0`` / ``1`` stay
-0 / 1). Examples (:func:`encode_examples`): BERT's template, longest-first truncation to ``--block-size`` tokens.
+0 / 1). Examples (:func:`classification_examples`): BERT's template, longest-first truncation to ``--block-size``.
 Metrics (:func:`classification_metrics`, in %): accuracy, F1 and Matthews correlation, GLUE's (§3).
 """
 import csv
@@ -17,10 +17,9 @@ import torch
 
 from mlp_vision.errors import Interrupted, UsageError, short_repr
 from mlp_vision.text.tokenizer import Tokenizer, unknown_character
-from mlp_vision.text.training_data import check_unknown_tokens, read_utf8_file
+from mlp_vision.text.training_data import check_unknown_tokens, read_text_file
 
-__all__ = ['LabelledData', 'read_labelled_file', 'label_ids', 'encode_examples', 'classification_examples',
-           'classification_metrics']
+__all__ = ['LabelledData', 'read_labelled_file', 'label_ids', 'classification_examples', 'classification_metrics']
 
 
 @dataclasses.dataclass
@@ -37,11 +36,10 @@ def read_labelled_file(path: str, text_columns: Optional[Sequence[str]] = None, 
                        what: str = '--train-file') -> LabelledData:
     """Read a GLUE-style TSV / CSV file with a header row (see the module docstring); one-line :class:`UsageError`
     for a missing / empty file, missing columns, ragged rows or an empty label."""
-    content = read_utf8_file(path, what, ': --task classify needs --train-file and --val-file (TSV / CSV with a '
-                             'header row)', encoding='utf-8-sig', expected='; expected a UTF-8 TSV / CSV')
+    content = read_text_file(path, what, encoding='utf-8-sig')
     header_line = content.split('\n', 1)[0]
     if not header_line.strip():
-        raise UsageError(f'{what} {path!r} is empty; expected a header row (e.g. "sentence<TAB>label") and examples')
+        raise UsageError(f'{what} {path!r} starts with an empty line; expected a header row ("sentence<TAB>label")')
     delimiter = {'.tsv': '\t', '.csv': ','}.get(Path(path).suffix.lower(), '\t' if '\t' in header_line else ',')
     # the csv module reads the lines itself (newline=''): a quoted field keeps its line breaks, and no split at
     # \x0b, \x1c, U+2028, ... (as str.splitlines does) cuts one
@@ -69,8 +67,8 @@ def read_labelled_file(path: str, text_columns: Optional[Sequence[str]] = None, 
                              f'"sentence1"/"sentence2"; name the text column(s) with --text-columns, e.g. '
                              f'--text-columns question,sentence')
     text_columns = tuple(text_columns)
-    if not 1 <= len(text_columns) <= 2:
-        raise UsageError(f'--text-columns takes one column or a pair, got {list(text_columns)}')
+    if not 1 <= len(text_columns) <= 2 or not all(text_columns):
+        raise UsageError(f'--text-columns takes one column name or a pair, got {list(text_columns)}')
     if label_column in text_columns:
         raise UsageError(f'--label-column {label_column!r} is also a text column ({", ".join(text_columns)}): the '
                          f'model would read the answer; name the text column(s) with --text-columns')
@@ -129,13 +127,14 @@ def label_ids(train_labels: Sequence[str], dev_labels: Sequence[str], dev_what: 
 ENCODE_EXAMPLES_PER_PIECE = 10_000
 
 
-def encode_examples(tokenizer: Tokenizer, data: LabelledData, max_length: int,
-                    stop: Optional[Callable[[], int]] = None) -> Tuple[List[List[int]], List[List[int]]]:
-    """(input ids, token type ids) per example: BERT's template (the tokenizer's post-processor), truncated to
-    ``max_length`` tokens longest first (``tokenizers``' rule: tokens leave the end of the longer segment).
-    ``stop``: the run's stop flag, read every :data:`ENCODE_EXAMPLES_PER_PIECE` examples (:class:`Interrupted`)."""
-    ids: List[List[int]] = []
-    types: List[List[int]] = []
+def classification_examples(tokenizer: Tokenizer, data: LabelledData, names: Sequence[str], max_length: int,
+                            with_token_types: bool, stop: Optional[Callable[[], int]] = None) -> List[Dict]:
+    """The examples Trainer iterates: ``input_ids``, [``token_type_ids``,] ``labels`` (the index in ``names``).
+    BERT's template (the tokenizer's post-processor), truncated to ``max_length`` tokens longest first
+    (``tokenizers``' rule: tokens leave the end of the longer segment). ``stop``: the run's stop flag, read every
+    :data:`ENCODE_EXAMPLES_PER_PIECE` examples (:class:`Interrupted`)."""
+    to_id = {name: i for i, name in enumerate(names)}
+    examples: List[Dict] = []
     for start in range(0, len(data.texts), ENCODE_EXAMPLES_PER_PIECE):
         signum = stop() if stop is not None else 0
         if signum:
@@ -144,23 +143,14 @@ def encode_examples(tokenizer: Tokenizer, data: LabelledData, max_length: int,
         pairs = None if data.pairs is None else data.pairs[start:start + ENCODE_EXAMPLES_PER_PIECE]
         try:
             encoded = tokenizer(texts, pairs, truncation='longest_first', max_length=max_length,
-                                return_token_type_ids=True)
+                                return_token_type_ids=with_token_types, return_attention_mask=False)
         except Exception as e:  # tokenizers' plain Exception: a character outside a char alphabet without <unk>
             bad = unknown_character(tokenizer, list(texts) + list(pairs or []), e)
             raise UsageError(f'{data.path} has the character {bad!r}, which the tokenizer does not know') from None
-        ids += encoded['input_ids']
-        types += encoded['token_type_ids']
-    check_unknown_tokens([i for row in ids for i in row], tokenizer, f'text of {data.path}')
-    return ids, types
-
-
-def classification_examples(tokenizer: Tokenizer, data: LabelledData, names: Sequence[str], max_length: int,
-                            with_token_types: bool, stop: Optional[Callable[[], int]] = None) -> List[Dict]:
-    """The examples Trainer iterates: ``input_ids``, [``token_type_ids``,] ``labels`` (the index in ``names``)."""
-    ids, types = encode_examples(tokenizer, data, max_length, stop)
-    to_id = {name: i for i, name in enumerate(names)}
-    return [{'input_ids': i, **({'token_type_ids': t} if with_token_types else {}), 'labels': to_id[label]}
-            for i, t, label in zip(ids, types, data.labels)]
+        for j, label in enumerate(data.labels[start:start + ENCODE_EXAMPLES_PER_PIECE]):
+            examples.append({**{key: values[j] for key, values in encoded.items()}, 'labels': to_id[label]})
+    check_unknown_tokens([i for e in examples for i in e['input_ids']], tokenizer, f'text of {data.path}')
+    return examples
 
 
 def classification_metrics(predictions, labels, num_labels: int) -> Dict[str, float]:

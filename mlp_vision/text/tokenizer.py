@@ -4,11 +4,8 @@
     tok = load_tokenizer('ckpt/')                      # what save_pretrained wrote, a vocab.txt or a tokenizer.json
     tok.save_pretrained('ckpt/')                       # tokenizer.json + tokenizer_config.json, for AutoTokenizer too
 
-* :func:`byte_tokenizer` -- ids 0..255 are the UTF-8 bytes, special tokens follow (default ``<pad> <cls> <sep>
-  <mask>``). Any text, a fixed vocabulary.
-* :func:`char_tokenizer` -- one id per distinct character of a corpus, sorted, special tokens after them (without
-  specials: nanoGPT's Tiny Shakespeare vocabulary of 65). A character outside the alphabet is the ``unk`` token or,
-  without one, an error, never dropped.
+* :func:`byte_tokenizer` (any text, a fixed vocabulary) and :func:`char_tokenizer` (the alphabet of a corpus:
+  nanoGPT's Tiny Shakespeare vocabulary of 65), their special tokens after the bytes / characters.
 * WordPiece / BPE -- a BERT ``vocab.txt`` (:func:`wordpiece_tokenizer`), any ``tokenizer.json``, or a vocabulary
   trained with :func:`train_tokenizer`. BiGS used BERT's uncased WordPiece, 30,522 tokens (arXiv 2212.10544, §5).
 
@@ -39,13 +36,8 @@ Tokenizer = PreTrainedTokenizerFast  # every tokenizer of the package is one
 DEFAULT_CONTROL_TOKENS = ('<pad>', '<cls>', '<sep>', '<mask>')
 # BERT's names, in the order a trained vocabulary gets them (so <pad> is id 0, BiGS' default pad_token_id)
 BERT_CONTROL_TOKENS = {'pad': '[PAD]', 'unk': '[UNK]', 'cls': '[CLS]', 'sep': '[SEP]', 'mask': '[MASK]'}
-CONTROL_ROLES = ('pad', 'unk', 'cls', 'sep', 'mask')
 SUBWORD_KINDS = ('wordpiece', 'bpe')
-KINDS = ('byte', 'char', 'subword')
-TOKENIZER_CONFIG_NAME = 'tokenizer_config.json'
-TOKENIZER_FILE_NAME = 'tokenizer.json'
-VOCAB_FILE_NAME = 'vocab.txt'
-# conventional names of each role, tried in order when a file does not say which token plays it
+# the control roles, with their conventional names tried in order when a file does not say which token plays one
 _ROLE_NAMES = {
     'pad': ('[PAD]', '<pad>'), 'unk': ('[UNK]', '<unk>'), 'cls': ('[CLS]', '<cls>', '<s>'),
     'sep': ('[SEP]', '<sep>', '</s>'), 'mask': ('[MASK]', '<mask>'),
@@ -61,7 +53,7 @@ def _wrap(backend: Backend, kind: str, special_tokens_map: Mapping[str, str],
     subword) is kept in ``init_kwargs['tokenizer_type']`` and in the saved ``tokenizer_config.json``; byte and char
     tokenizers read special-token strings in the text as text."""
     roles = {r: t for r, t in special_tokens_map.items()
-             if r in CONTROL_ROLES and t is not None and backend.token_to_id(t) is not None}
+             if r in _ROLE_NAMES and t is not None and backend.token_to_id(t) is not None}
     backend.add_special_tokens(list(roles.values()))  # matched whole in text, skipped by decode(skip_special_tokens)
     cls_token, sep_token = roles.get('cls'), roles.get('sep')
     if cls_token or sep_token:
@@ -141,11 +133,8 @@ def _bert_wordpiece(vocab, unk_token: str, lowercase: bool) -> Backend:
 def wordpiece_tokenizer(path: str, do_lower_case: Optional[bool] = None,
                         special_tokens_map: Optional[Mapping[str, str]] = None) -> PreTrainedTokenizerFast:
     """A BERT WordPiece tokenizer from a ``vocab.txt`` (one token per line, the line number is its id).
-
-    ``do_lower_case`` None: uncased when no ordinary token of the vocabulary has an upper-case letter (BERT's
-    uncased vocabularies; the cased ones hold 'The', 'Paris', ...). Lower-casing also strips accents, as BERT's
-    uncased tokenizer does.
-    """
+    ``do_lower_case`` None: uncased (lower-casing and stripping accents, as BERT's uncased tokenizer) when no
+    ordinary token of the vocabulary has an upper-case letter (the cased ones hold 'The', 'Paris', ...)."""
     vocab = models.WordPiece.read_file(path)
     if not vocab:
         raise ValueError(f'{path} holds no tokens')
@@ -172,24 +161,24 @@ MAX_VOCAB_SIZE = 2 ** 20  # the largest vocabularies in use are ~256k; tokenizer
 # (a Rust allocation failure, not an exception) when it reserves room for a vocabulary of 1e9 (~70 GB)
 
 
-def check_vocab_size(name: str, kind: str, vocab_size: int, num_special_tokens: int = len(BERT_CONTROL_TOKENS)) -> None:
+def check_vocab_size(name: str, kind: str, vocab_size: int) -> None:
     """A ``ValueError`` (:class:`~mlp_vision.errors.UsageError`) naming ``name`` unless a ``kind`` vocabulary
     of ``vocab_size`` tokens has room for a text token beside the special ones (byte-level BPE: beside all 256
     bytes, which it always keeps) and is at most :data:`MAX_VOCAB_SIZE`."""
     base = 256 if kind == 'bpe' else 0
-    why = (f'byte-level BPE keeps the 256 bytes and {num_special_tokens} special tokens' if base else
-           f'room for text tokens beside the {num_special_tokens} special tokens')
-    check_range(name, vocab_size, low=base + num_special_tokens + 1, why=why)
+    specials = len(BERT_CONTROL_TOKENS)
+    why = (f'byte-level BPE keeps the 256 bytes and {specials} special tokens' if base else
+           f'room for text tokens beside the {specials} special tokens')
+    check_range(name, vocab_size, low=base + specials + 1, why=why)
     check_range(name, vocab_size, high=MAX_VOCAB_SIZE, why='the largest vocabularies in use have ~256k tokens')
 
 
 def train_tokenizer(texts: Optional[Iterable[str]] = None, files: Optional[Sequence[str]] = None,
-                    kind: str = 'wordpiece', vocab_size: int = 8000, lowercase: bool = True, min_frequency: int = 2,
-                    special_tokens: Mapping[str, str] = BERT_CONTROL_TOKENS) -> PreTrainedTokenizerFast:
-    """A subword vocabulary trained on ``texts`` (strings, e.g. lines) or ``files``: ``kind`` 'wordpiece' (BERT's
-    normalizer, pre-tokenizer and ``##`` prefix) or 'bpe' (GPT-2's byte-level BPE: the 256 bytes always in, no
-    unknown words); at most ``vocab_size`` tokens, specials included; ``lowercase`` (WordPiece: and strip accents);
-    a merge occurs ``min_frequency`` times; ``special_tokens`` (role -> token) get the first ids, in order.
+                    kind: str = 'wordpiece', vocab_size: int = 8000, min_frequency: int = 2) -> PreTrainedTokenizerFast:
+    """A lower-cased subword vocabulary trained on ``texts`` (strings, e.g. lines) or ``files``: ``kind``
+    'wordpiece' (BERT's uncased normalizer, pre-tokenizer and ``##`` prefix) or 'bpe' (GPT-2's byte-level BPE: the
+    256 bytes always in, no unknown words); at most ``vocab_size`` tokens, specials included; a merge occurs
+    ``min_frequency`` times; :data:`BERT_CONTROL_TOKENS` get the first ids, in order.
 
     BPE depends only on the corpus and the arguments; ``tokenizers``' WordPiece trainer breaks ties in hash order,
     so two runs can keep different rare pieces: train once and save it (one DDP rank, the others load it).
@@ -198,16 +187,15 @@ def train_tokenizer(texts: Optional[Iterable[str]] = None, files: Optional[Seque
         raise ValueError(f'kind must be one of {SUBWORD_KINDS}, got {kind!r}')
     if (texts is None) == (files is None):
         raise ValueError('give exactly one of texts= (strings) or files= (paths)')
-    specials = list(special_tokens.values())
-    check_vocab_size('vocab_size', kind, vocab_size, len(specials))
+    specials = list(BERT_CONTROL_TOKENS.values())
+    check_vocab_size('vocab_size', kind, vocab_size)
     if kind == 'wordpiece':
-        backend = _bert_wordpiece(None, special_tokens.get('unk', '[UNK]'), lowercase)
+        backend = _bert_wordpiece(None, BERT_CONTROL_TOKENS['unk'], lowercase=True)
         trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, min_frequency=min_frequency,
                                             special_tokens=specials, show_progress=False)
     else:
         backend = Backend(models.BPE())
-        if lowercase:
-            backend.normalizer = normalizers.Lowercase()
+        backend.normalizer = normalizers.Lowercase()
         backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
         backend.decoder = decoders.ByteLevel()
         trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=specials,
@@ -219,7 +207,7 @@ def train_tokenizer(texts: Optional[Iterable[str]] = None, files: Optional[Seque
         backend.train(list(files), trainer)
     else:
         backend.train_from_iterator(texts, trainer)
-    return _wrap(backend, 'subword', special_tokens, lowercase)
+    return _wrap(backend, 'subword', BERT_CONTROL_TOKENS, do_lower_case=True)
 
 
 # ---------------------------------------------------------------------------------------------------- loading
@@ -287,14 +275,14 @@ def _from_tokenizer_json(path: str, config: Mapping[str, Any], allow_regex: bool
         text = f.read()
     check_no_regex(json.loads(text), path, allow_regex)
     backend = Backend.from_str(text)
-    kind = config.get('tokenizer_type') if config.get('tokenizer_type') in KINDS else 'subword'
+    kind = config.get('tokenizer_type') if config.get('tokenizer_type') in ('byte', 'char') else 'subword'
     return _wrap(backend, kind, {**_roles_of(backend.get_vocab(with_added_tokens=True)), **_config_roles(config)},
                  config.get('do_lower_case'))
 
 
 def _config_roles(config: Mapping[str, Any]) -> Dict[str, str]:
     """role -> token named by a ``tokenizer_config.json`` (``cls_token``: a string or transformers' AddedToken)."""
-    values = {role: config.get(f'{role}_token') for role in CONTROL_ROLES}
+    values = {role: config.get(f'{role}_token') for role in _ROLE_NAMES}
     values = {role: v.get('content') if isinstance(v, dict) else v for role, v in values.items()}
     return {role: v for role, v in values.items() if isinstance(v, str)}
 
@@ -316,9 +304,9 @@ def find_tokenizer(path: str, allow_regex: bool = False) -> Optional[PreTrainedT
     if not os.path.exists(path):
         raise FileNotFoundError(f'{path} does not exist')
     if os.path.isdir(path):
-        config_file = os.path.join(path, TOKENIZER_CONFIG_NAME)
+        config_file = os.path.join(path, 'tokenizer_config.json')
         config = _read_tokenizer_file(config_file, _read_config) if os.path.isfile(config_file) else {}
-        tokenizer_file, vocab_file = os.path.join(path, TOKENIZER_FILE_NAME), os.path.join(path, VOCAB_FILE_NAME)
+        tokenizer_file, vocab_file = os.path.join(path, 'tokenizer.json'), os.path.join(path, 'vocab.txt')
     elif os.path.isfile(path):
         if path.endswith('.txt'):
             config, tokenizer_file, vocab_file = {}, None, path
@@ -341,5 +329,5 @@ def load_tokenizer(path: str, allow_regex: bool = False) -> PreTrainedTokenizerF
     """As :func:`find_tokenizer`, but a folder without a tokenizer is an error."""
     tok = find_tokenizer(path, allow_regex)
     if tok is None:
-        raise FileNotFoundError(f'{path} holds no tokenizer (expected {TOKENIZER_FILE_NAME} or {VOCAB_FILE_NAME})')
+        raise FileNotFoundError(f'{path} holds no tokenizer (expected tokenizer.json or vocab.txt)')
     return tok

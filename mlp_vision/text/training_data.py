@@ -1,11 +1,7 @@
 """ The text of the trainer's causal and masked LM runs: UTF-8 files read with one clear line for bad input, the
-run's tokenizer, the text encoded in pieces (a stop signal read between them) and cut into blocks, the tail shorter
-than a block dropped; batched by ``transformers.default_data_collator`` (one length: nothing to pad).
-
-* causal: consecutive blocks of ``block_size`` tokens, ``labels = input_ids`` (the models shift inside).
-* mlm: ``<cls>`` + ``block_size - 2`` tokens + ``<sep>``, masked per epoch by :class:`MaskedBlocks` (BERT's 80/10/10,
-  arXiv 1810.04805 §3.1).
-* held-out text: ``--val-file``, else the last ``--val-fraction`` of ``--train-file``, cut the same way.
+run's tokenizer, the text encoded in pieces (a stop signal read between them) and cut into blocks (:class:`LMBlocks`,
+the tail shorter than a block dropped), masked LM blocks masked anew each epoch (:class:`MaskedBlocks`); batched by
+``transformers.default_data_collator`` (one length: nothing to pad).
 """
 import json
 import logging
@@ -21,8 +17,8 @@ from mlp_vision.text.tokenizer import (
     train_tokenizer, unknown_character)
 
 __all__ = [
-    'build_tokenizer', 'tokenizer_from_path', 'encode_text', 'check_unknown_tokens', 'read_utf8_file',
-    'read_text_file', 'split_held_out', 'LMBlocks', 'MLMMasker', 'MaskedBlocks', 'UNKNOWN_WARN_FRACTION',
+    'build_tokenizer', 'tokenizer_from_path', 'encode_text', 'check_unknown_tokens', 'read_text_file', 'LMBlocks',
+    'MaskedBlocks', 'UNKNOWN_WARN_FRACTION',
 ]
 
 _logger = logging.getLogger(__name__)
@@ -39,15 +35,13 @@ def build_tokenizer(kind: str, task: str, train_text: str, val_text: str = '', v
         tokenizer = train_tokenizer(texts=_training_lines(train_text), kind=kind, vocab_size=vocab_size)
         if len(tokenizer) < vocab_size:  # the trainer stops when no pair is frequent enough to merge
             _logger.warning(f'--vocab-size {vocab_size}: the {kind} vocabulary trained on the training text has only '
-                            f'{len(tokenizer)} tokens (the text has no more pieces that occur twice); the model '
-                            f'gets {len(tokenizer)} embeddings')
+                            f'{len(tokenizer)} tokens (the text has no more pieces that occur twice)')
         return tokenizer
     specials = () if task == 'causal' else tuple(DEFAULT_CONTROL_TOKENS)  # mlm / classify: BERT's template
     if kind == 'byte':
         return byte_tokenizer(specials)
     if kind != 'char':
-        raise UsageError(f"--tokenizer must be one of 'char', 'byte', {', '.join(map(repr, SUBWORD_KINDS))}; "
-                         f"got {kind!r}")
+        raise UsageError(f'--tokenizer must be char, byte, wordpiece or bpe; got {kind!r}')
     alphabet = set(train_text)
     unseen = set(val_text) - alphabet
     if unseen:
@@ -74,12 +68,10 @@ def tokenizer_from_path(path: str, needs: Sequence[str] = (), allow_regex: bool 
     return tokenizer
 
 
-# a text is tokenized in pieces of about this many characters, the stop signal read between them; each piece's
-# encodings (tokenizers holds ~70 bytes per token of a call: ids, tokens, masks) are freed before the next, so the
-# memory of tokenizing beyond the ids stays that of one piece
+# a text is tokenized in pieces of about this many characters, the stop signal read between them; a piece's
+# encodings (~70 bytes per token: ids, tokens, masks) are freed before the next
 ENCODE_CHUNK_CHARS = 1 << 18
-# the longest piece given to the library in one call: a 100 MB line in one call ends in an allocation failure that
-# aborts the process
+# the longest piece given to the library in one call (a 100 MB line aborts the process in an allocation failure)
 MAX_PIECE_CHARS = 1 << 22
 # a line break, or the place before a space, between two non-space characters: no normalizer / pre-tokenizer that
 # works within words joins tokens across it (GPT-2's pattern takes a space with the word after it), so the pieces'
@@ -88,9 +80,9 @@ _SAFE_BREAK = re.compile(r'(?<=\S)\n(?=\S)|(?<=\S)(?= \S)')
 # the parts of a tokenizer.json that keep that true: they act within a character, a word or a line
 _LINE_LOCAL_STEPS = {'BertNormalizer', 'Lowercase', 'NFC', 'NFD', 'NFKC', 'NFKD', 'StripAccents', 'BertPreTokenizer',
                      'Whitespace', 'WhitespaceSplit', 'Punctuation', 'Digits', 'Sequence'}
-# for any other tokenizer (a user's tokenizer.json: GPT-2's byte-level BPE adds a space before a text, SentencePiece's
-# Metaspace a word-start mark) a _SAFE_BREAK is cut only where it is checked to change no id, on the CUT_CHECK_CHARS
-# either side; after CUT_TRIES failed places the rest of the text is encoded in one call
+# any other tokenizer (GPT-2's byte-level BPE adds a space before a text, SentencePiece's Metaspace a word-start mark)
+# is cut at a _SAFE_BREAK only where the CUT_CHECK_CHARS either side keep their ids; after CUT_TRIES failed places the
+# rest of the text is encoded in one call
 CUT_CHECK_CHARS, CUT_TRIES = 2048, 32
 
 
@@ -121,18 +113,6 @@ def _cut_keeps_ids(tok: Tokenizer, text: str, cut: int) -> bool:
     return encode(left + right) == encode(left) + encode(right)
 
 
-def _too_long(text: str, start: int, what: str, first_line: int = 1) -> UsageError:
-    """The one line for a text (whose first line is line ``first_line``) with no place to cut after ``start``
-    within :data:`MAX_PIECE_CHARS`: its line."""
-    line_start = text.rfind('\n', 0, start + 1) + 1
-    line_end = text.find('\n', start)
-    length = (len(text) if line_end < 0 else line_end) - line_start
-    return UsageError(f'line {text.count(chr(10), 0, line_start) + first_line:,} of the {what} has {length:,} characters and no '
-                      f'place this tokenizer can be cut (a line break or a space between words) within '
-                      f'{MAX_PIECE_CHARS:,}, the most tokenized in one call; break the text into lines, or use '
-                      f'--tokenizer char or byte, which any text can be cut for')
-
-
 def _pieces(text: str, size: int, what: str, tok: Optional[Tokenizer] = None, cut_anywhere: bool = False,
             first_line: int = 1) -> Iterator[str]:
     """``text`` in pieces of about ``size`` characters, none over :data:`MAX_PIECE_CHARS` (else a
@@ -147,8 +127,14 @@ def _pieces(text: str, size: int, what: str, tok: Optional[Tokenizer] = None, cu
         else:
             places = (m.end() for _, m in zip(range(CUT_TRIES), _SAFE_BREAK.finditer(text, start + size)))
             cut = next((c for c in places if _cut_keeps_ids(tok, text, c)), None)
-        if cut is None and len(text) - start > MAX_PIECE_CHARS:
-            raise _too_long(text, start + size, what, first_line)
+        if cut is None and len(text) - start > MAX_PIECE_CHARS:  # name the line (of a text from line first_line)
+            line_start = text.rfind('\n', 0, start + size + 1) + 1
+            line_end = text.find('\n', start + size)
+            length = (len(text) if line_end < 0 else line_end) - line_start
+            raise UsageError(f'line {text.count(chr(10), 0, line_start) + first_line:,} of the {what} has {length:,} '
+                             f'characters and no place this tokenizer can be cut (a line break or a space between '
+                             f'words) within {MAX_PIECE_CHARS:,}, the most tokenized in one call; break the text '
+                             f'into lines, or use --tokenizer char or byte')
         if cut is None:  # the stop flag is read again only after this call: say so, with the size
             _logger.warning(f'tokenizing the last {len(text) - start:,} characters in one call: this tokenizer has '
                             f'no place among the next {CUT_TRIES} candidates where a cut keeps the ids, so a stop '
@@ -189,14 +175,11 @@ def _encode_piece(tok: Tokenizer, piece: str) -> torch.Tensor:
 
 
 def encode_text(tok: Tokenizer, text: str, what: str, stop: Optional[Callable[[], int]] = None) -> torch.Tensor:
-    """``text`` as a 1-D int32 tensor of ids (4 bytes a token; :class:`LMBlocks` gives int64 blocks); a
-    :class:`UsageError` naming ``what`` for an unknown character. A tokenizer's truncation and padding are turned
-    off first (:func:`_turn_off_length_settings`).
-
-    The text is encoded in pieces of :data:`ENCODE_CHUNK_CHARS` characters (:func:`_pieces`: their ids are the
-    whole text's), each piece's ids written into one buffer at once, so the memory beyond the text and its ids is
-    one piece's. ``stop``: the run's stop flag (a signal number, 0 for none), read between pieces, so SIGINT /
-    SIGTERM stops a long tokenization within about a second (:class:`~mlp_vision.errors.Interrupted`)."""
+    """``text`` as a 1-D int32 tensor of ids (:class:`LMBlocks` gives int64 blocks), the tokenizer's truncation
+    and padding turned off; an unknown character is a :class:`UsageError` naming ``what``. Encoded in pieces of
+    :data:`ENCODE_CHUNK_CHARS` characters (:func:`_pieces`: their ids are the whole text's) into one buffer, so the
+    memory beyond the text and its ids is one piece's; ``stop``: the run's stop flag (a signal number, 0 for none),
+    read between pieces (:class:`~mlp_vision.errors.Interrupted`)."""
     _turn_off_length_settings(tok, what)
     characters = tokenizer_kind(tok) in ('byte', 'char')
     pieces = _pieces(text, ENCODE_CHUNK_CHARS, what, None if _encodes_by_pieces(tok) else tok,
@@ -213,10 +196,8 @@ def encode_text(tok: Tokenizer, text: str, what: str, stop: Optional[Callable[[]
         except Exception as e:  # tokenizers' plain Exception: a character outside a char alphabet without <unk>
             raise UsageError(f'the {what} has character {unknown_character(tok, [piece], e)!r}, which the tokenizer '
                              f'(from the checkpoint or the training text) does not know') from None
-        if count + len(piece_ids) > len(ids):
-            grown = torch.empty(max(count + len(piece_ids), len(ids) * 3 // 2), dtype=torch.int32)
-            grown[:count] = ids[:count]
-            ids = grown
+        if count + len(piece_ids) > len(ids):  # the storage grows in place, its ids kept
+            ids.resize_(max(count + len(piece_ids), len(ids) * 3 // 2))
         ids[count:count + len(piece_ids)] = piece_ids
         count += len(piece_ids)
     return ids if count == len(ids) else ids[:count].clone()
@@ -251,49 +232,37 @@ def check_unknown_tokens(ids: Sequence[int], tok: Tokenizer, what: str) -> None:
     others = [i for i in tok.all_special_ids if i != unk]
     if others:
         ids = ids[~torch.isin(ids, torch.tensor(others, dtype=ids.dtype))]
-    n, unknown = len(ids), int((ids == unk).sum()) if len(ids) else 0
-    name = tok.unk_token or 'unknown'
+    n, unknown = len(ids), int((ids == unk).sum())
     if n and unknown == n:
-        raise UsageError(f'the {what} tokenizes entirely to {name} ({n} tokens): the tokenizer knows none of it; '
-                         f'expected a tokenizer of text like it (--tokenizer-from / --init-from / --tokenizer)')
+        raise UsageError(f'the {what} tokenizes entirely to {tok.unk_token} ({n} tokens): the tokenizer knows none '
+                         f'of it; expected a tokenizer of text like it (--tokenizer-from / --init-from / --tokenizer)')
     if n and unknown > UNKNOWN_WARN_FRACTION * n:
-        _logger.warning(f'the {what}: {unknown / n:.0%} of its {n} tokens are {name} (unknown to the tokenizer); '
-                        f'the model learns little from them: check that the tokenizer fits this text')
+        _logger.warning(f'the {what}: {unknown / n:.0%} of its {n} tokens are {tok.unk_token} (unknown to the '
+                        f'tokenizer); the model learns little from them: check that the tokenizer fits this text')
 
 
-def read_utf8_file(path: str, what: str, needs: str, encoding: str = 'utf-8', expected: str = '') -> str:
-    """The text of ``path``; a :class:`UsageError` when none is given (``needs``: the message's tail, what the task
-    needs), it is missing, not a file, or not UTF-8 (``expected``: the message's tail, what was expected)."""
+def read_text_file(path: str, what: str, encoding: str = 'utf-8') -> str:
+    """The text of ``path``; a :class:`UsageError` when none is given, it is missing, not a file, not UTF-8 or
+    empty."""
     if not path:
-        raise UsageError(f'no {what} given{needs}')
+        raise UsageError(f'no {what} given (--train-file PATH)')
     p = Path(path)
     if not p.is_file():
         raise UsageError(f'{what} {path!r} ' + ('is not a file' if p.exists() else 'does not exist'))
     try:
-        return p.read_text(encoding=encoding)
+        text = p.read_text(encoding=encoding)
     except UnicodeDecodeError as e:
-        raise UsageError(f'{what} {path!r} is not UTF-8 text (byte {e.start}){expected}') from None
-
-
-def read_text_file(path: str, what: str) -> str:
-    """The UTF-8 text of ``path``, with a clear error when it is missing, not a file, empty or not UTF-8."""
-    text = read_utf8_file(path, what, ' (--train-file PATH)')
+        raise UsageError(f'{what} {path!r} is not UTF-8 text (byte {e.start})') from None
     if not text.strip():
         raise UsageError(f'{what} {path!r} is empty')
     return text
 
 
-def split_held_out(train_text: str, val_fraction: float) -> Tuple[str, str]:
-    """(training text, held-out text): the last ``val_fraction`` of the characters are held out."""
-    cut = int(len(train_text) * (1. - val_fraction))
-    return train_text[:cut], train_text[cut:]
-
-
 class LMBlocks(torch.utils.data.Dataset):
-    """The examples of ``--task causal`` (``input_ids`` = ``labels``, (block_size,)) or ``mlm`` (``input_ids``:
-    ``<cls>`` + ``block_size - 2`` tokens + ``<sep>``) cut from the 1-D ``ids`` in order, made as they are read:
-    a list of a million blocks' tensors would hold ~0.5 KB of Python objects per block beside the ids. ``ids``
-    without a whole block are a :class:`UsageError` naming ``what``."""
+    """The examples of ``--task causal`` (``input_ids`` = ``labels``, (block_size,): the models shift) or ``mlm``
+    (``input_ids``: ``<cls>`` + ``block_size - 2`` tokens + ``<sep>``) cut from the 1-D ``ids`` in order, made as
+    they are read: a list of a million blocks' tensors would hold ~0.5 KB of Python objects per block beside the
+    ids. ``ids`` without a whole block are a :class:`UsageError` naming ``what``."""
 
     def __init__(self, ids: torch.Tensor, block_size: int, task: str, tokenizer: Tokenizer, what: str):
         body = block_size if task == 'causal' else block_size - 2
@@ -314,16 +283,22 @@ class LMBlocks(torch.utils.data.Dataset):
         return {'input_ids': torch.cat([block.new_tensor([self.cls]), block, block.new_tensor([self.sep])])}
 
 
-class MLMMasker:
-    """BERT masking (arXiv 1810.04805 §3.1): of the non-special positions of each row exactly
-    ``max(1, round(rate * n))`` are selected; one becomes ``<mask>`` with probability ``mask_prob``, a random
-    non-special token with ``random_prob``, else stays. Labels: the original ids there, ``ignore_index`` elsewhere.
-    """
+class MaskedBlocks(torch.utils.data.Dataset):
+    """MLM blocks (``LMBlocks``' ``input_ids``) with BERT's masking (arXiv 1810.04805 §3.1, :meth:`mask`): item ``i``
+    is ``input_ids`` and ``labels`` drawn from a generator seeded by (``seed``, ``epoch``, ``i``); Trainer sets
+    ``epoch`` at each epoch's start (:class:`~mlp_vision.text.callbacks.DatasetEpoch`), so each epoch masks anew
+    (RoBERTa's dynamic masking) and the held-out blocks (epoch 0) are masked alike at every evaluation.
 
-    def __init__(self, tokenizer: Tokenizer, rate: float = 0.15, mask_prob: float = 0.8, random_prob: float = 0.1,
-                 ignore_index: int = -100):
+    Ours, not ``DataCollatorForLanguageModeling``, deliberately: that collator draws from the global RNG, and the
+    data loader collates one batch ahead, so the batch after a checkpoint is masked before the checkpoint's RNG
+    state is taken in an uninterrupted run and after it is restored in a resumed one -- different masks, a resume
+    that is not exact. Here the masks depend on nothing but the three numbers."""
+
+    def __init__(self, blocks: Sequence[Dict], tokenizer: Tokenizer, rate: float, seed: int, mask_prob: float = 0.8,
+                 random_prob: float = 0.1):
         if tokenizer.mask_token_id is None:
             raise ValueError('masked LM needs a tokenizer with a <mask> token')
+        self.blocks, self.seed, self.epoch = blocks, seed, 0
         self.mask_id = tokenizer.mask_token_id
         self.special_ids = torch.tensor(tokenizer.all_special_ids, dtype=torch.long)
         # random replacements are drawn from the non-special ids (char / byte: 0..n-1, the specials come after;
@@ -332,10 +307,19 @@ class MLMMasker:
         is_base[self.special_ids] = False
         self.base_ids = is_base.nonzero().squeeze(1)
         self.rate, self.mask_prob, self.random_prob = rate, mask_prob, random_prob
-        self.ignore_index = ignore_index
 
-    def __call__(self, input_ids: torch.Tensor, generator: torch.Generator) -> Tuple[torch.Tensor, torch.Tensor]:
-        """(B, L) ids -> (masked input ids, labels)."""
+    def __len__(self) -> int:
+        return len(self.blocks)
+
+    def __getitem__(self, i: int) -> Dict[str, torch.Tensor]:
+        generator = torch.Generator().manual_seed(hash((self.seed, self.epoch, i)) & (2 ** 63 - 1))
+        inputs, labels = self.mask(self.blocks[i]['input_ids'][None], generator)
+        return {'input_ids': inputs[0], 'labels': labels[0]}
+
+    def mask(self, input_ids: torch.Tensor, generator: torch.Generator) -> Tuple[torch.Tensor, torch.Tensor]:
+        """(B, L) ids -> (masked input ids, labels): of the non-special positions of each row exactly
+        ``max(1, round(rate * n))`` are selected; one becomes ``<mask>`` with probability ``mask_prob``, a random
+        non-special token with ``random_prob``, else stays. Labels: the original ids there, -100 elsewhere."""
         candidate = ~torch.isin(input_ids, self.special_ids)
         n_candidates = candidate.sum(dim=1)
         n_select = torch.clamp((n_candidates.double() * self.rate).round().long(), min=1)
@@ -344,7 +328,7 @@ class MLMMasker:
         scores = scores.masked_fill(~candidate, 2.)  # specials sort last: never selected
         rank = scores.argsort(dim=1).argsort(dim=1)
         selected = rank < n_select[:, None]
-        labels = input_ids.masked_fill(~selected, self.ignore_index)
+        labels = input_ids.masked_fill(~selected, -100)
         action = torch.rand(input_ids.shape, generator=generator)
         random_tokens = self.base_ids[torch.randint(len(self.base_ids), input_ids.shape, generator=generator)]
         out = input_ids.clone()
@@ -353,26 +337,3 @@ class MLMMasker:
         out[to_mask] = self.mask_id
         out[to_random] = random_tokens[to_random]
         return out, labels
-
-
-class MaskedBlocks(torch.utils.data.Dataset):
-    """MLM blocks (``LMBlocks``' ``input_ids``) masked by :class:`MLMMasker`: item ``i`` is ``input_ids`` and
-    ``labels`` drawn from a generator seeded by (``seed``, ``epoch``, ``i``); Trainer sets ``epoch`` at each epoch's
-    start (:class:`~mlp_vision.text.callbacks.DatasetEpoch`), so each epoch masks anew (RoBERTa's dynamic masking)
-    and the held-out blocks (epoch 0) are masked alike at every evaluation.
-
-    Ours, not ``DataCollatorForLanguageModeling``, deliberately: that collator draws from the global RNG, and the
-    data loader collates one batch ahead, so the batch after a checkpoint is masked before the checkpoint's RNG
-    state is taken in an uninterrupted run and after it is restored in a resumed one -- different masks, a resume
-    that is not exact. Here the masks depend on nothing but the three numbers."""
-
-    def __init__(self, blocks: Sequence[Dict], tokenizer: Tokenizer, rate: float, seed: int):
-        self.blocks, self.masker, self.seed, self.epoch = blocks, MLMMasker(tokenizer, rate), seed, 0
-
-    def __len__(self) -> int:
-        return len(self.blocks)
-
-    def __getitem__(self, i: int) -> Dict[str, torch.Tensor]:
-        generator = torch.Generator().manual_seed(hash((self.seed, self.epoch, i)) & (2 ** 63 - 1))
-        inputs, labels = self.masker(self.blocks[i]['input_ids'][None], generator)
-        return {'input_ids': inputs[0], 'labels': labels[0]}
