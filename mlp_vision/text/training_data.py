@@ -245,7 +245,7 @@ def read_text_file(path: str, what: str, encoding: str = 'utf-8') -> str:
     """The text of ``path``; a :class:`UsageError` when none is given, it is missing, not a file, not UTF-8 or
     empty."""
     if not path:
-        raise UsageError(f'no {what} given (--train-file PATH)')
+        raise UsageError(f'no {what} given' + ('' if what.startswith('--') else ' (--train-file PATH)'))
     p = Path(path)
     if not p.is_file():
         raise UsageError(f'{what} {path!r} ' + ('is not a file' if p.exists() else 'does not exist'))
