@@ -251,6 +251,7 @@ def test_bad_input_stops_with_one_line(toy, tmp_path):
     assert "no column 'gold'" in _error(base + ['--train-file', train, '--val-file', dev, '--label-column', 'gold'],
                                         tmp_path)
     assert 'needs --val-file' in _error(base + ['--train-file', train], tmp_path)
+    assert _error(base + ['--val-file', dev], tmp_path).endswith('no --train-file given')
     msg = _error(['--model', 'gpt_sdpa', '--train-file', train, '--val-file', dev], tmp_path)
     assert 'has no sequence classifier' in msg
     msg = _error(['--init-from', str(tmp_path / 'nothing'), '--train-file', train, '--val-file', dev], tmp_path)
