@@ -165,11 +165,11 @@ def _table_for(device, kernels, block_l, block_c) -> torch.Tensor:
     return lag_block_table(kernels.float(), block_l)
 
 
-def _check_inputs(u, kernels, bias) -> None:
+def _check_inputs(u, kernels, bias, dtypes=SUPPORTED_DTYPES) -> None:
     if u.dim() != 4 or u.shape[2] != 2:
         raise ValueError(f'u must be (B, L, 2, C) (dim 2: forward / backward inputs), got {tuple(u.shape)}')
-    if u.dtype not in SUPPORTED_DTYPES:
-        raise ValueError(f'u must be one of {[str(d) for d in SUPPORTED_DTYPES]}, got {u.dtype}')
+    if u.dtype not in dtypes:
+        raise ValueError(f'u must be one of {[str(d) for d in dtypes]}, got {u.dtype}')
     if kernels.shape != (2, u.shape[1]) or not kernels.is_floating_point():
         raise ValueError(f'kernels must be a float (2, L) = (2, {u.shape[1]}) tensor, got {kernels.dtype} '
                          f'{tuple(kernels.shape)}')
