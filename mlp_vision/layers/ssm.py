@@ -63,18 +63,12 @@ def auto_conv_impl(device_type: str, dtype: torch.dtype, length: int, triton_ava
 def fast_fft_len(n: int) -> int:
     """Smallest integer >= ``n`` whose prime factors are 2, 3 and 5 (sizes pocketFFT / cuFFT handle fastest)."""
     n = int(n)  # sizes arrive as 0-dim tensors under the JIT tracer (fvcore)
-    if n <= 1:
-        return 1
-    best = 1 << (n - 1).bit_length()  # next power of two, an upper bound
+    best = 1 << max(n - 1, 0).bit_length()  # the next power of two, an upper bound
     p5 = 1
     while p5 < best:
         p35 = p5
         while p35 < best:
-            # smallest power of two taking p35 to >= n
-            m = p35
-            while m < n:
-                m *= 2
-            best = min(best, m)
+            best = min(best, p35 << (-(-n // p35) - 1).bit_length())  # p35 times the least power of two reaching n
             p35 *= 3
         p5 *= 5
     return best
@@ -318,8 +312,7 @@ class BidirectionalGatedSSM(nn.Module):
           times the input, one batched GEMM for both directions (``L^2 d`` MACs);
         * ``'fft'``: real FFTs of length ``fast_fft_len(2L)``, ``O(L log L)`` per channel (the paper's formulation);
         * ``'triton'``: the direct route as a blocked-Toeplitz Triton kernel with the input GELUs and the mask in the
-          same op (:func:`~mlp_vision.layers.longconv_triton.bidirectional_gelu_long_conv`), for CUDA (on the CPU
-          Triton's interpreter: slow, for tests);
+          same op (:func:`~mlp_vision.layers.longconv_triton.bidirectional_gelu_long_conv`), for CUDA;
         * ``'chunked'``: linear in L (:mod:`~mlp_vision.layers.ssm_chunked`), recomputed in the backward pass from
           the pre-activations, as the Triton route;
         * ``'auto'`` (default): :func:`auto_conv_impl`.
@@ -333,8 +326,7 @@ class BidirectionalGatedSSM(nn.Module):
     float rounding (the anti-causal sum over j >= t meets only zeros past the end). Without a mask, pads are mixed
     like real tokens, as the official BiGS models were pretrained.
 
-    Shapes:
-        x: (B, L, d); mask: optional (B, L) bool; output: (B, L, d).
+    Shapes: x (B, L, d); mask: optional (B, L) bool; output (B, L, d).
     """
 
     def __init__(self, dim: int, hidden_dim: int, num_states: int = 64, norm_eps: float = 1e-12, dt_min: float = 0.01,
