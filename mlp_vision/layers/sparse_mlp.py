@@ -36,10 +36,9 @@ class AxialSparseMLP(nn.Module):
     ``proj_h``: one Linear(H, H) along H, ``proj_w``: one Linear(W, W) along W; ``fuse_conv`` (the paper's "fuse"):
     a 1x1 conv 3C -> C without bias, input channels [identity, H-mixed, W-mixed].
 
-    ``one_gemm_mixes``: the mixes read a copy of ``x`` laid out (H, B, C, W), where H is outermost and W innermost,
-    so each is one GEMM over the whole batch (``W_h (H, H) @ x (H, B*C*W)``, ``x (H*B*C, W) @ W_w^T``) instead of
-    a batched GEMM of B (along H) or B*H (along W) small products; the price is that copy, one pass over the map.
-    Same parameters and values; off by default (a layout becomes the default once measured faster on the GPU).
+    ``one_gemm_mixes``: the mixes read an (H, B, C, W) copy of ``x``, so each is one GEMM over the whole batch
+    (``W_h (H, H) @ x (H, B*C*W)``, ``x (H*B*C, W) @ W_w^T``) instead of B (along H) or B*H (along W) small ones; the
+    price is that copy. Same parameters and values; off by default until measured faster on the GPU.
 
     Shapes: x (B, C, H, W) -> (B, C, H, W) (channels-last memory); H, W must equal ``feat_size``.
     """
@@ -91,8 +90,6 @@ class SparseMLPTokenMixer(nn.Module):
     """sMLPNet token mixing: depthwise-conv branch (BN -> GELU -> DWConv 3x3) followed by :class:`AxialSparseMLP`
     (arXiv 2109.05422, Fig. 2: the DWConv and the sMLP share one residual connection).
 
-    ``one_gemm_mixes``: the sMLP's axial mixes as one GEMM each (:class:`AxialSparseMLP`).
-
     Shapes: x (B, C, H, W) -> (B, C, H, W) (channels-last memory).
     """
 
@@ -126,8 +123,6 @@ class SparseMLPTokenMixer(nn.Module):
 class SparseMLPBlock(nn.Module):
     """sMLPNet block: ``x = x + DropPath(TokenMixer(x))``; ``x = x + DropPath(MLP(LayerNorm_C(x)))``
     (arXiv 2109.05422, §3.1, Fig. 2); the channel MLP is timm's ``Mlp`` on the contiguous (B, H, W, C) view.
-
-    ``one_gemm_mixes``: the sMLP's axial mixes as one GEMM each (:class:`AxialSparseMLP`).
 
     Shapes: x (B, C, H, W) -> (B, C, H, W) (channels-last memory) with (H, W) == feat_size.
     """

@@ -68,9 +68,8 @@ class SparseMLPNet(nn.Module):
         mlp_ratio: channel-MLP expansion alpha (3; 2 for the paper's T*).
         proj_drop_rate: dropout in the channel MLPs.
         drop_path_rate: stochastic depth, rate * i / (N - 1) for block i of N (all stages together).
-        one_gemm_mixes: every sMLP's axial mixes as one GEMM each over an (H, B, C, W) copy of its input
-            (:class:`~mlp_vision.layers.AxialSparseMLP`); the same parameters and function. Off by default until
-            measured faster on the GPU.
+        one_gemm_mixes: every sMLP's axial mixes as one GEMM each (:class:`~mlp_vision.layers.AxialSparseMLP`); the
+            same parameters and function.
     """
 
     def __init__(
