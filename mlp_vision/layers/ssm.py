@@ -351,6 +351,8 @@ class BidirectionalGatedSSM(nn.Module):
         self.gate_proj = nn.Linear(dim, hidden_dim, **dd)
         self.out_proj = nn.Linear(hidden_dim, dim, **dd)
 
+    DIRECT_MAX_LEN = DIRECT_MAX_LEN  # 'auto' (auto_conv_impl): longest sequence convolved as a Toeplitz GEMM
+    TRITON_MIN_LEN = TRITON_MIN_LEN  # 'auto' on CUDA: shortest sequence convolved by the Triton kernel
     CONV_IMPLS = ('auto', 'direct', 'fft', 'triton', 'chunked')
 
     @property
@@ -384,7 +386,8 @@ class BidirectionalGatedSSM(nn.Module):
         if self.conv_impl != 'auto':
             return self.conv_impl
         return auto_conv_impl(u.device.type, u.dtype, u.shape[1], has_triton(u.device),
-                              num_states=self.ssm_forward.kernel.num_states)
+                              num_states=self.ssm_forward.kernel.num_states, direct_max_len=self.DIRECT_MAX_LEN,
+                              triton_min_len=self.TRITON_MIN_LEN)
 
     def _gate(self, a_f: torch.Tensor, a_b: torch.Tensor, mask: Optional[torch.Tensor]) -> torch.Tensor:
         """``forward_out_proj(SSM_f(u_f)) * backward_out_proj(SSM_b(u_b))`` from the pre-activations ``a_f``,
