@@ -64,14 +64,13 @@ class SpatialGatingUnit(nn.Module):
         if dim % 2:
             raise ValueError(f'SpatialGatingUnit splits its input channels in two halves; dim must be even, got {dim}')
         self.dim = dim
-        self.gate_dim = dim // 2
         self.seq_len = seq_len
         self.spatial_mode = spatial_mode
         self.causal = spatial_mode == 'causal'
         self.token_multiple = token_multiple
         self.token_major = token_major
 
-        self.norm = nn.LayerNorm(self.gate_dim, **dd)
+        self.norm = nn.LayerNorm(dim // 2, **dd)
         if spatial_mode == 'toeplitz':
             self.weight = nn.Parameter(torch.empty(2 * seq_len - 1, **dd))
             # index[i, j] = i - j + n - 1 picks w for W[i, j]; its leading L x L block is the index for length L

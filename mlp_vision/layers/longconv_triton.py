@@ -318,9 +318,8 @@ def _new_conv_outputs(u_f, gated, save_factors):
 def _launch_conv(u, table, bias, mask, pre, act, gated, adjoint, save_factors, block_c):
     """Run the tile-product kernel on the pair ``u`` (two (B, L, C) tensors of shared strides, used as they are):
     ``(out, factors)`` with ``out`` a pair of (B, L, C) tensors, or one when ``gated``; ``factors`` (B, L, 2, C)
-    holds ``y + bias`` of both directions when ``save_factors`` (gated forward with a graph), else None. ``mask``,
-    ``pre`` and ``act`` are the adjoint's epilogue (the forward passes None, None, ``'identity'``): the result is
-    multiplied by ``mask * act'(pre)``, ``pre`` being the forward's pre-activations."""
+    holds ``y + bias`` of both directions when ``save_factors``, else None. ``mask``, ``pre`` and ``act``: the
+    adjoint's epilogue, ``* mask * act'(pre)`` (the forward passes None, None, ``'identity'``)."""
     u_f, u_b = u
     batch, length, channels = u_f.shape
     n_blocks, block_l = table.shape[1], table.shape[-1]

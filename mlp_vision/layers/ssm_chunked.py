@@ -153,9 +153,8 @@ def _chunked_direction(u: torch.Tensor, log_decay: torch.Tensor, weight: torch.T
     """One direction: ``u`` (B, L, C) -> (B, L, C) in ``u.dtype`` (see the module docstring).
 
     Layout: chunk ``k = gi * g + j`` of sequence b goes to column block ``(j, b, gi)``, positions within a chunk on
-    the rows: (T, g, B, G, C). So the in-GEMM and the out-GEMM are each one GEMM over every chunk, and the chunk
-    states come out as the scan's batched GEMMs take them (:func:`_grouped_scan`): one copy of the input in, one of
-    the output out."""
+    the rows: (T, g, B, G, C). So the in- and out-GEMMs are each one GEMM over every chunk, and the chunk states come
+    out as the scan's batched GEMMs take them (:func:`_grouped_scan`)."""
     batch, length, channels = u.shape
     chunk_len = min(chunk_len, length)
     g, n_groups = _grouping(-(-length // chunk_len), group)
