@@ -223,8 +223,8 @@ class GatedMLPBlock(nn.Module):
         self.act = fresh_input_act(act_layer())  # applied to fresh fc1 outputs only
         causal = spatial_mode == 'causal'
         self.attn = TinyAttention(dim, attn_dim, out_dim=hidden_dim // 2, causal=causal, **dd) if attn_dim > 0 else None
-        self.sgu = SpatialGatingUnit(
-            hidden_dim, seq_len, spatial_mode=spatial_mode, token_multiple=token_multiple, token_major=token_major, **dd)
+        self.sgu = SpatialGatingUnit(hidden_dim, seq_len, spatial_mode=spatial_mode, token_multiple=token_multiple,
+                                     token_major=token_major, **dd)
         self.drop = nn.Dropout(drop)
         self.fc2 = nn.Linear(hidden_dim // 2, dim, **dd)
         self.drop_path = DropPath(drop_path) if drop_path > 0. else nn.Identity()
