@@ -32,10 +32,8 @@ class SpatialGatingUnit(nn.Module):
     shorter than ``seq_len`` use the leading L x L block of ``W`` and the first L entries of ``b`` (again Toeplitz,
     again causal).
 
-    Token padding (``token_multiple``, a plain attribute read at each call; 1 = none), on CUDA only: the product
-    ``W · norm(Z2)`` (paper §2, eq. 2) contracts the token axis zero-padded up to a multiple
-    (:func:`~mlp_vision.layers.linear.token_matmul`, why in :mod:`mlp_vision.layers.linear`): the same outputs and
-    gradients; ``W``, ``b`` and the output keep their shapes.
+    Token padding (``token_multiple``, read at each call; 1 = none), on CUDA only: ``W · norm(Z2)`` (paper eq. 2)
+    contracts the token axis zero-padded up to a multiple (why: :mod:`mlp_vision.layers.linear`): the same outputs.
 
     Token-major layout (``token_major=True``): the activations come as (L, B, dim), so the token mix is one GEMM
     ``W (L, L) @ norm(Z2) (L, B * dim / 2)`` with the bias in it (``addmm``); on CUDA only ``W`` is held at an
@@ -44,7 +42,7 @@ class SpatialGatingUnit(nn.Module):
     Halves apart (``gate`` given): ``x`` is then ``Z1`` alone and ``gate`` is ``Z2`` (e.g. the two outputs of
     :class:`~mlp_vision.layers.linear.SplitLinear`), so no pass splits the channels.
 
-    Init: ``W`` ~ N(0, init_std) with a tiny std and ``b = 1``, so the block starts as a plain FFN; ``W`` and ``b``
+    Init: ``W`` ~ N(0, init_std = 1e-6) and ``b = 1``, so the block starts as a plain FFN; ``W`` and ``b``
     are raw parameters, untouched by model-level ``Linear`` initialisers (models call :meth:`init_weights` last).
 
     Shapes: x (B, L, dim) with L <= seq_len -> (B, L, dim // 2) ((L, B, ...) for every tensor when token-major, the
@@ -54,9 +52,10 @@ class SpatialGatingUnit(nn.Module):
     """
     token_major: Final[bool]
 
-    def __init__(self, dim: int, seq_len: int, spatial_mode: str = 'dense', norm_layer: Type[nn.Module] = nn.LayerNorm,
-                 init_std: float = 1e-6, token_multiple: int = 8, token_major: bool = False, device=None,
-                 dtype=None) -> None:
+    init_std = 1e-6
+
+    def __init__(self, dim: int, seq_len: int, spatial_mode: str = 'dense', token_multiple: int = 8,
+                 token_major: bool = False, device=None, dtype=None) -> None:
         super().__init__()
         dd = {'device': device, 'dtype': dtype}
         check_token_multiple(token_multiple)
@@ -65,15 +64,13 @@ class SpatialGatingUnit(nn.Module):
         if dim % 2:
             raise ValueError(f'SpatialGatingUnit splits its input channels in two halves; dim must be even, got {dim}')
         self.dim = dim
-        self.gate_dim = dim // 2
         self.seq_len = seq_len
         self.spatial_mode = spatial_mode
         self.causal = spatial_mode == 'causal'
-        self.init_std = init_std
         self.token_multiple = token_multiple
         self.token_major = token_major
 
-        self.norm = norm_layer(self.gate_dim, **dd)
+        self.norm = nn.LayerNorm(dim // 2, **dd)
         if spatial_mode == 'toeplitz':
             self.weight = nn.Parameter(torch.empty(2 * seq_len - 1, **dd))
             # index[i, j] = i - j + n - 1 picks w for W[i, j]; its leading L x L block is the index for length L
@@ -106,32 +103,20 @@ class SpatialGatingUnit(nn.Module):
             u, v = x.chunk(2, dim=-1)
         else:
             u, v = x, gate
-        if self.token_major:
-            return u * self._token_major_mix(v, res, mask)
-        length = v.shape[-2]
+        length = v.shape[0] if self.token_major else v.shape[-2]
         v = self.norm(v)
         if mask is not None:
-            v = v * mask.unsqueeze(-1).to(v.dtype)
-        # (L, L) @ (B, L, C) on the token axis (zero-padded on CUDA, class docstring), then the bias: mixes tokens without
-        # transposing the activations; the add is in place on the fresh product
+            v = v * (mask.t() if self.token_major else mask).unsqueeze(-1).to(v.dtype)
         token_multiple = token_multiple_on(v.device, self.token_multiple)
-        v = token_matmul(self.spatial_weight(length), v, token_multiple).add_(self.bias[:length].unsqueeze(-1))
+        bias = self.bias[:length].unsqueeze(-1)
+        if self.token_major:  # one GEMM (L, L) @ (L, B * C), the bias in it
+            weight = aligned_rows(self.spatial_weight(length), token_multiple)
+            v = torch.addmm(bias, weight, v.reshape(length, -1)).view(v.shape)
+        else:  # (L, L) @ (B, L, C) on the token axis, without transposing the activations; the add in place
+            v = token_matmul(self.spatial_weight(length), v, token_multiple).add_(bias)
         if res is not None:
             v = v + res
         return u * v
-
-    def _token_major_mix(self, v: torch.Tensor, res: Optional[torch.Tensor],
-                         mask: Optional[torch.Tensor]) -> torch.Tensor:
-        """``W · norm(v) + b [+ res]`` for a token-major v (L, B, C) as one GEMM (class docstring)."""
-        length = v.shape[0]
-        v = self.norm(v)
-        if mask is not None:
-            v = v * mask.t().unsqueeze(-1).to(v.dtype)
-        weight = aligned_rows(self.spatial_weight(length), token_multiple_on(v.device, self.token_multiple))
-        out = torch.addmm(self.bias[:length].unsqueeze(-1), weight, v.reshape(length, -1)).view(v.shape)
-        if res is not None:
-            out = out + res
-        return out
 
     def extra_repr(self) -> str:
         return (f'dim={self.dim}, seq_len={self.seq_len}, spatial_mode={self.spatial_mode}, '
@@ -147,13 +132,12 @@ class TinyAttention(nn.Module):
     """
 
     def __init__(self, dim: int, attn_dim: int = 64, out_dim: Optional[int] = None, causal: bool = False,
-                 attn_drop: float = 0., device=None, dtype=None) -> None:
+                 device=None, dtype=None) -> None:
         super().__init__()
         dd = {'device': device, 'dtype': dtype}
         out_dim = out_dim or dim
         self.attn_dim = attn_dim
         self.causal = causal
-        self.attn_drop = attn_drop
         self.qkv = nn.Linear(dim, 3 * attn_dim, **dd)
         self.proj = nn.Linear(attn_dim, out_dim, **dd)
 
@@ -169,9 +153,7 @@ class TinyAttention(nn.Module):
                 length = x.shape[-2]
                 attn_mask = attn_mask & torch.ones(length, length, dtype=torch.bool, device=x.device).tril()
                 is_causal = False  # SDPA takes either a mask or is_causal, not both
-        x = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=attn_mask, dropout_p=self.attn_drop if self.training else 0., is_causal=is_causal)
-        return self.proj(x)
+        return self.proj(F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal))
 
 
 class GatedMLPBlock(nn.Module):
@@ -188,13 +170,11 @@ class GatedMLPBlock(nn.Module):
         hidden_dim: d_ffn given directly (overrides ``mlp_ratio``; avoids rounding of non-integer ratios).
         sgu_mask: also pass the padding mask to the SGU (off by default, as the paper).
         token_multiple: the SGU's token padding multiple on CUDA (:class:`SpatialGatingUnit`); 1 = no padding.
-        split_fc1: fc1 is a :class:`~mlp_vision.layers.linear.SplitLinear` (the same ``fc1.weight`` (d_ffn, d) and
-            ``fc1.bias``) whose two halves go to the SGU as separate tensors: no pass splits the channels, nor
-            concatenates their gradients; the GELU runs on each half. Tradeoff: LoRA cannot wrap that fc1.
-        token_major: the block works on the (L, B, dim) transpose of its input (a view; contiguous when the input is
-            the output of a token-major block) and returns the (B, L, dim) view of its (L, B, dim) result, so a stack
-            of such blocks keeps the activations token-major in memory without copies, and the SGU's token mix is one
-            GEMM over all of them (:class:`SpatialGatingUnit`). Not with the tiny attention (``attn_dim > 0``).
+        split_fc1: fc1 is a :class:`~mlp_vision.layers.linear.SplitLinear` whose two halves go to the SGU as
+            separate tensors: no pass splits the channels, nor concatenates their gradients. LoRA cannot wrap it.
+        token_major: the block works on the (L, B, dim) transpose of its input (a view) and returns the (B, L, dim)
+            view of its (L, B, dim) result, so a stack of such blocks keeps the activations token-major without
+            copies and the SGU's token mix is one GEMM (:class:`SpatialGatingUnit`). Not with ``attn_dim > 0``.
 
     Every option computes the same function with the same parameters and state dict (a checkpoint loads into each).
 
@@ -220,7 +200,6 @@ class GatedMLPBlock(nn.Module):
             hidden_dim: Optional[int] = None,
             sgu_mask: bool = False,
             norm_layer: Type[nn.Module] = partial(nn.LayerNorm, eps=1e-6),
-            gate_norm_layer: Type[nn.Module] = nn.LayerNorm,
             act_layer: Type[nn.Module] = nn.GELU,
             drop: float = 0.,
             drop_path: float = 0.,
@@ -244,9 +223,8 @@ class GatedMLPBlock(nn.Module):
         self.act = fresh_input_act(act_layer())  # applied to fresh fc1 outputs only
         causal = spatial_mode == 'causal'
         self.attn = TinyAttention(dim, attn_dim, out_dim=hidden_dim // 2, causal=causal, **dd) if attn_dim > 0 else None
-        self.sgu = SpatialGatingUnit(
-            hidden_dim, seq_len, spatial_mode=spatial_mode, norm_layer=gate_norm_layer, token_multiple=token_multiple,
-            token_major=token_major, **dd)
+        self.sgu = SpatialGatingUnit(hidden_dim, seq_len, spatial_mode=spatial_mode, token_multiple=token_multiple,
+                                     token_major=token_major, **dd)
         self.drop = nn.Dropout(drop)
         self.fc2 = nn.Linear(hidden_dim // 2, dim, **dd)
         self.drop_path = DropPath(drop_path) if drop_path > 0. else nn.Identity()

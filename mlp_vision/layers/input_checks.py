@@ -66,13 +66,9 @@ def check_img_size(img_size: Union[int, Sequence[int]], stride: int, what: str, 
     """``img_size`` as (H, W); raise ``ValueError`` unless H and W are positive integer multiples of ``stride``
     (``what`` names the model, ``why`` the stride, e.g. ``'sMLPNet'``, ``'its total stride'``)."""
     size = tuple(to_2tuple(img_size))
-    try:  # integers of any kind (numpy's too), not floats
-        size = tuple(operator.index(s) for s in size)
-    except TypeError:
-        pass
-    if len(size) != 2 or any(not isinstance(s, int) or s <= 0 or s % stride for s in size):
+    if len(size) != 2 or not all(_is_int(s) and s > 0 and s % stride == 0 for s in size):
         raise ValueError(f'{what} needs H and W divisible by {stride} ({why}), got img_size={size}')
-    return size[0], size[1]
+    return operator.index(size[0]), operator.index(size[1])
 
 
 def record_input_size(model: nn.Module, img_size: Tuple[int, int]) -> None:

@@ -37,10 +37,8 @@ def check_token_multiple(token_multiple: int) -> None:
 
 @register_notrace_function  # a leaf for timm's FX feature extraction (a device is no FX proxy value to branch on)
 def token_multiple_on(device: torch.device, token_multiple: int) -> int:
-    """The multiple a token axis on ``device`` is padded to: ``token_multiple`` on CUDA, 1 (no padding) elsewhere.
-
-    The one place that decides (module docstring): the padding pays for the GPU's GEMM kernels and costs on the
-    CPU. The device is a property of the input, the same whatever traces or observes the call."""
+    """The multiple a token axis on ``device`` is padded to: ``token_multiple`` on CUDA, 1 (no padding) elsewhere
+    (module docstring); the one place that decides, from the input alone."""
     return token_multiple if device.type == 'cuda' else 1
 
 
@@ -67,10 +65,7 @@ def attribute_set_to(modules: Iterable[nn.Module], name: str, value: Any) -> Ite
 @contextlib.contextmanager
 def tokens_padded_to(model: nn.Module, token_multiple: int) -> Iterator[nn.Module]:
     """Temporarily set ``token_multiple`` on every module of ``model`` that pads a token axis (those with that int
-    attribute: ``SpatialGatingUnit``, ``TokenLinear``); restored on exit. The function computed is the same. The
-    attribute is the multiple used on CUDA (:func:`token_multiple_on`); other devices never pad.
-
-    FLOP counters use 1: the papers' MACs, without the zero padding GPU kernels want."""
+    attribute: ``SpatialGatingUnit``, ``TokenLinear``); restored on exit. FLOP counters use 1: the papers' MACs."""
     check_token_multiple(token_multiple)
     layers = [m for m in model.modules() if isinstance(getattr(m, 'token_multiple', None), int)]
     with attribute_set_to(layers, 'token_multiple', token_multiple):
@@ -80,9 +75,8 @@ def tokens_padded_to(model: nn.Module, token_multiple: int) -> Iterator[nn.Modul
 @register_notrace_function  # a leaf for timm's FX feature extraction (whether it pads depends on the token count)
 def token_matmul(weight: torch.Tensor, x: torch.Tensor, token_multiple: int = 1) -> torch.Tensor:
     """``torch.bmm(weight.expand(P, -1, -1), x)``: (m, n) @ (P, n, Q) -> (P, m, Q), contracting the n tokens padded
-    with zeros up to a multiple of ``token_multiple`` (module docstring), whatever the device: callers pass
-    ``token_multiple_on(x.device, multiple)``. The token GEMM of the SGU and of :class:`TokenLinear`; bmm is an op
-    every FLOP counter knows (stock fvcore has no baddbmm handle)."""
+    with zeros up to a multiple of ``token_multiple`` whatever the device (callers pass :func:`token_multiple_on`'s).
+    bmm: an op every FLOP counter knows (stock fvcore has no baddbmm handle)."""
     pad = token_padding(x.shape[1], token_multiple)
     if pad:
         weight = F.pad(weight, (0, pad))
@@ -132,8 +126,7 @@ class TokenLinear(nn.Linear):
     """``nn.Linear`` whose input's last axis may be a strided token axis; see the module docstring.
 
     Args (beyond ``nn.Linear``'s): token_multiple: on CUDA, the contracted axis (in_features) is computed
-    zero-padded up to this multiple (exact; module docstring; other devices never pad); 1 = no padding. A plain
-    attribute, read at each call.
+    zero-padded up to this multiple (module docstring); 1 = no padding. A plain attribute, read at each call.
 
     Shapes: x (*, in_features) with any strides -> (*, out_features), laid out in memory like ``x`` (for a token
     axis of a channels-last tensor the output is channels-last too).
@@ -159,14 +152,10 @@ class TokenLinear(nn.Linear):
 
 
 class SplitLinear(nn.Linear):
-    """``nn.Linear`` (same parameters, init and state dict) that returns its output's two halves along the last axis
-    as two separate, contiguous tensors, by two GEMMs on the halves of ``weight`` and ``bias`` (views): the values of
-    ``linear(x).chunk(2, -1)``, without a later pass that splits (forward) or concatenates (backward) the whole
-    output. gMLP's fc1 when its Spatial Gating Unit takes the halves apart (``GatedMLPBlock(split_fc1=True)``).
-
-    Tradeoff: it is an ``nn.Linear`` for initialisers, state dicts, optimizers and FLOP counters (two ``addmm`` of
-    half size), but its forward returns a pair, so a wrapper that adds a tensor to a Linear's output (LoRA) fails on
-    it (TypeError, not a wrong value): LoRA users keep the default ``split_fc1=False``.
+    """``nn.Linear`` (same parameters, init and state dict) that returns ``linear(x).chunk(2, -1)`` as two separate,
+    contiguous tensors, by two GEMMs on the halves of ``weight`` and ``bias``: no later pass splits (forward) or
+    concatenates (backward) the whole output. gMLP's fc1 with ``GatedMLPBlock(split_fc1=True)``. A wrapper that adds
+    a tensor to a Linear's output (LoRA) fails on the pair it returns (TypeError, not a wrong value).
 
     Shapes: x (*, in_features) -> ((*, out_features // 2), (*, out_features // 2)).
     """

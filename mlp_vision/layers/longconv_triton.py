@@ -31,20 +31,11 @@ table tiles transposed (the adjoint of a causal convolution is the anti-causal c
 Input GELU (:func:`bidirectional_gelu_long_conv`, the BiGS layer's Triton route): the forward op computes
 ``u = mask * GELU(a)`` once per element (``F.gelu``, then the padded positions zeroed) and runs the kernel on ``u``;
 the backward op recomputes ``u`` from ``a`` for the table gradient, and the adjoint kernel multiplies each output
-tile by ``mask * GELU'(a)`` once, after its tile loop, so ``grad_u`` is never written before the GELU's derivative.
-``u`` is transient: the backward pass keeps only ``a``, and no stacked copy of the two directions is made. The GELU
-is not applied as the kernel loads an input tile: a tile is read once per output block row that needs it, a
-transcendental there is recomputed that many times per element, and the special-function unit then starves the
-tensor cores. No kernel runs a transcendental or loads the mask inside its loop over tiles.
+tile by ``mask * GELU'(a)`` once, after its tile loop (why not inside it: :mod:`._longconv_kernels`). ``u`` is
+transient: the backward pass keeps only ``a``, and no stacked copy of the two directions is made.
 
-Devices: CUDA tensors run the compiled kernels; CPU tensors the same source in Triton's interpreter (numpy; slow,
-for tests on machines without a GPU; no ``TRITON_INTERPRET`` needed).
-
-torch.compile: the forward and backward launches are two custom ops (``torch.ops.mlp_vision.bidirectional_long_conv``
-and ``..._backward``, with fake implementations), so the compiler sees extern calls, not the Triton launches
-(dynamo cannot trace those, on the CPU least of all), and AOTAutograd's partitioner keeps for the backward pass
-what the registered autograd saves: the inputs (``a_f``, ``a_b`` on the fused route), the lag table, the mask and,
-when gated, the factors.
+Devices: CUDA tensors run the compiled kernels; CPU tensors the same source in Triton's interpreter (slow, for
+tests on machines without a GPU; no ``TRITON_INTERPRET`` needed).
 """
 from typing import List, Optional, Tuple
 
@@ -123,7 +114,7 @@ def bidirectional_long_conv(u: torch.Tensor, kernels: torch.Tensor, bias: Option
 
     Returns (B, L, 2, C), or (B, L, C) with ``gated``, in ``u.dtype``; differentiable in ``u``, ``kernels``, ``bias``.
     """
-    _check_inputs(u, kernels, bias, dtypes=SUPPORTED_DTYPES)
+    _check_inputs(u, kernels, bias)
     table = _table_for(u.device, kernels, block_l, block_c)
     out = _long_conv(u[:, :, 0], u[:, :, 1], table, bias, None, 'identity', gated, block_c)
     return out if gated else torch.stack(out, 2)
@@ -134,11 +125,8 @@ def bidirectional_gelu_long_conv(a_f: torch.Tensor, a_b: torch.Tensor, kernels: 
                                  block_c: int = 128) -> Tuple[torch.Tensor, torch.Tensor]:
     """The BiGS layer's two SSM convolutions with their input GELUs (and padding mask) fused in:
     ``(causal_conv(m * GELU(a_f), K_f), anticausal_conv(m * GELU(a_b), K_b))`` with ``m`` the mask broadcast over
-    channels (arXiv 2212.10544 §4: ``u = GELU(h W_u)`` feeds the SSM).
-
-    ``GELU(a)`` is computed once per element by ``F.gelu`` (float32, rounded to the input dtype) inside the op,
-    convolved as :func:`bidirectional_long_conv` and freed: the backward pass keeps only ``a_f`` and ``a_b``
-    (module docstring).
+    channels (arXiv 2212.10544 §4: ``u = GELU(h W_u)`` feeds the SSM); the backward pass keeps only ``a_f`` and
+    ``a_b`` (module docstring).
 
     Args:
         a_f, a_b: (B, L, C) pre-activations of the forward / backward inputs, one dtype (float16 / bfloat16 /
@@ -152,19 +140,18 @@ def bidirectional_gelu_long_conv(a_f: torch.Tensor, a_b: torch.Tensor, kernels: 
     if a_f.dim() != 3 or a_f.shape != a_b.shape or a_f.dtype != a_b.dtype:
         raise ValueError(f'a_f and a_b must be (B, L, C) tensors of one shape and dtype, got {a_f.dtype} '
                          f'{tuple(a_f.shape)} and {a_b.dtype} {tuple(a_b.shape)}')
-    if approximate not in GELU_ACTS:
+    if approximate not in ('none', 'tanh'):
         raise ValueError(f"approximate must be 'none' or 'tanh', got {approximate!r}")
     if mask is not None and (mask.shape != a_f.shape[:2] or mask.dtype != torch.bool):
         raise ValueError(f'mask must be a bool (B, L) = {tuple(a_f.shape[:2])} tensor, got {mask.dtype} '
                          f'{tuple(mask.shape)}')
-    _check_inputs(a_f.unsqueeze(2).expand(-1, -1, 2, -1), kernels, None, dtypes=SUPPORTED_DTYPES)
+    _check_inputs(a_f.unsqueeze(2).expand(-1, -1, 2, -1), kernels, None)
     table = _table_for(a_f.device, kernels, block_l, block_c)
     if mask is not None:
         mask = mask.to(device=a_f.device, dtype=torch.int8).contiguous()
     return _long_conv(a_f, a_b, table, None, mask, approximate, False, block_c)
 
 
-GELU_ACTS = ('none', 'tanh')  # F.gelu's approximations
 _ACT_CODES = {'identity': 0, 'none': 1, 'tanh': 2}  # the conv kernel's ACT constexpr (the adjoint's epilogue)
 
 
@@ -178,7 +165,7 @@ def _table_for(device, kernels, block_l, block_c) -> torch.Tensor:
     return lag_block_table(kernels.float(), block_l)
 
 
-def _check_inputs(u, kernels, bias, dtypes) -> None:
+def _check_inputs(u, kernels, bias, dtypes=SUPPORTED_DTYPES) -> None:
     if u.dim() != 4 or u.shape[2] != 2:
         raise ValueError(f'u must be (B, L, 2, C) (dim 2: forward / backward inputs), got {tuple(u.shape)}')
     if u.dtype not in dtypes:
@@ -215,8 +202,9 @@ def _long_conv(u_f, u_b, table, bias, mask, act, gated, block_c):
 
 # The convolution as a pair of custom ops: opaque to torch.compile (dynamo cannot trace a Triton launch in the
 # interpreter, and AOTAutograd's partitioner, seeing one extern call, keeps for the backward pass exactly what the
-# registered autograd saves). Ops return no None: the forward returns [y_f, y_b], or [product] (+ [factors] when
-# the gate's backward needs them); the backward returns the gradients its flags ask for, in input order.
+# registered autograd saves: the inputs, the lag table, the mask and, when gated, the factors). Ops return no None:
+# the forward returns [y_f, y_b], or [product] (+ [factors] when the gate's backward needs them); the backward
+# returns the gradients its flags ask for, in input order.
 
 @torch.library.custom_op('mlp_vision::bidirectional_long_conv', mutates_args=())
 def _long_conv_op(u_f: torch.Tensor, u_b: torch.Tensor, table: torch.Tensor, bias: Optional[torch.Tensor],
@@ -330,9 +318,8 @@ def _new_conv_outputs(u_f, gated, save_factors):
 def _launch_conv(u, table, bias, mask, pre, act, gated, adjoint, save_factors, block_c):
     """Run the tile-product kernel on the pair ``u`` (two (B, L, C) tensors of shared strides, used as they are):
     ``(out, factors)`` with ``out`` a pair of (B, L, C) tensors, or one when ``gated``; ``factors`` (B, L, 2, C)
-    holds ``y + bias`` of both directions when ``save_factors`` (gated forward with a graph), else None. ``mask``,
-    ``pre`` and ``act`` are the adjoint's epilogue (the forward passes None, None, ``'identity'``): the result is
-    multiplied by ``mask * act'(pre)``, ``pre`` being the forward's pre-activations."""
+    holds ``y + bias`` of both directions when ``save_factors``, else None. ``mask``, ``pre`` and ``act``: the
+    adjoint's epilogue, ``* mask * act'(pre)`` (the forward passes None, None, ``'identity'``)."""
     u_f, u_b = u
     batch, length, channels = u_f.shape
     n_blocks, block_l = table.shape[1], table.shape[-1]

@@ -27,9 +27,6 @@ from .activations import fresh_input_act
 from .linear import TokenLinear
 from .resample import TokenAxes, resample_token_params_
 
-# norms that always return a new tensor, so the activation after them may work in place (layers.activations)
-_FRESH_OUTPUT_NORMS = (nn.BatchNorm2d, nn.GroupNorm, nn.LayerNorm)
-
 __all__ = ['AxialSparseMLP', 'SparseMLPTokenMixer', 'SparseMLPBlock']
 
 
@@ -39,10 +36,9 @@ class AxialSparseMLP(nn.Module):
     ``proj_h``: one Linear(H, H) along H, ``proj_w``: one Linear(W, W) along W; ``fuse_conv`` (the paper's "fuse"):
     a 1x1 conv 3C -> C without bias, input channels [identity, H-mixed, W-mixed].
 
-    ``one_gemm_mixes``: the mixes read a copy of ``x`` laid out (H, B, C, W), where H is outermost and W innermost,
-    so each is one GEMM over the whole batch (``W_h (H, H) @ x (H, B*C*W)``, ``x (H*B*C, W) @ W_w^T``) instead of
-    a batched GEMM of B (along H) or B*H (along W) small products; the price is that copy, one pass over the map.
-    Same parameters and values; off by default (a layout becomes the default once measured faster on the GPU).
+    ``one_gemm_mixes``: the mixes read an (H, B, C, W) copy of ``x``, so each is one GEMM over the whole batch
+    (``W_h (H, H) @ x (H, B*C*W)``, ``x (H*B*C, W) @ W_w^T``) instead of B (along H) or B*H (along W) small ones; the
+    price is that copy. Same parameters and values; off by default until measured faster on the GPU.
 
     Shapes: x (B, C, H, W) -> (B, C, H, W) (channels-last memory); H, W must equal ``feat_size``.
     """
@@ -51,16 +47,15 @@ class AxialSparseMLP(nn.Module):
     token_axes_w: TokenAxes = {'proj_w.weight': ((0,), (1,)), 'proj_w.bias': ((0,), ())}
     one_gemm_mixes: Final[bool]
 
-    def __init__(self, dim: int, feat_size: Tuple[int, int], norm_layer: Type[nn.Module] = nn.BatchNorm2d,
-                 act_layer: Type[nn.Module] = nn.GELU, one_gemm_mixes: bool = False, device=None,
-                 dtype=None) -> None:
+    def __init__(self, dim: int, feat_size: Tuple[int, int], act_layer: Type[nn.Module] = nn.GELU,
+                 one_gemm_mixes: bool = False, device=None, dtype=None) -> None:
         super().__init__()
         dd = {'device': device, 'dtype': dtype}
         self.feat_size = tuple(feat_size)
         self.one_gemm_mixes = one_gemm_mixes
         height, width = self.feat_size
-        self.norm = norm_layer(dim, **dd)
-        self.act = fresh_input_act(act_layer()) if isinstance(self.norm, _FRESH_OUTPUT_NORMS) else act_layer()
+        self.norm = nn.BatchNorm2d(dim, **dd)
+        self.act = fresh_input_act(act_layer())  # applied to the fresh BatchNorm (or fused conv) output
         self.proj_h = TokenLinear(height, height, **dd)  # mixes along H
         self.proj_w = TokenLinear(width, width, **dd)  # mixes along W
         self.fuse_conv = nn.Conv2d(3 * dim, dim, kernel_size=1, bias=False, **dd)
@@ -95,22 +90,17 @@ class SparseMLPTokenMixer(nn.Module):
     """sMLPNet token mixing: depthwise-conv branch (BN -> GELU -> DWConv 3x3) followed by :class:`AxialSparseMLP`
     (arXiv 2109.05422, Fig. 2: the DWConv and the sMLP share one residual connection).
 
-    ``one_gemm_mixes``: the sMLP's axial mixes as one GEMM each (:class:`AxialSparseMLP`).
-
     Shapes: x (B, C, H, W) -> (B, C, H, W) (channels-last memory).
     """
 
-    def __init__(self, dim: int, feat_size: Tuple[int, int], kernel_size: int = 3,
-                 norm_layer: Type[nn.Module] = nn.BatchNorm2d, act_layer: Type[nn.Module] = nn.GELU,
+    def __init__(self, dim: int, feat_size: Tuple[int, int], act_layer: Type[nn.Module] = nn.GELU,
                  one_gemm_mixes: bool = False, device=None, dtype=None) -> None:
         super().__init__()
         dd = {'device': device, 'dtype': dtype}
-        self.norm = norm_layer(dim, **dd)
-        self.act = fresh_input_act(act_layer()) if isinstance(self.norm, _FRESH_OUTPUT_NORMS) else act_layer()
-        self.conv_dw = nn.Conv2d(
-            dim, dim, kernel_size, padding=kernel_size // 2, groups=dim, bias=False, **dd)
-        self.smlp = AxialSparseMLP(
-            dim, feat_size, norm_layer=norm_layer, act_layer=act_layer, one_gemm_mixes=one_gemm_mixes, **dd)
+        self.norm = nn.BatchNorm2d(dim, **dd)
+        self.act = fresh_input_act(act_layer())
+        self.conv_dw = nn.Conv2d(dim, dim, 3, padding=1, groups=dim, bias=False, **dd)
+        self.smlp = AxialSparseMLP(dim, feat_size, act_layer=act_layer, one_gemm_mixes=one_gemm_mixes, **dd)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.act(self.norm(x.contiguous(memory_format=torch.channels_last)))
@@ -133,8 +123,6 @@ class SparseMLPTokenMixer(nn.Module):
 class SparseMLPBlock(nn.Module):
     """sMLPNet block: ``x = x + DropPath(TokenMixer(x))``; ``x = x + DropPath(MLP(LayerNorm_C(x)))``
     (arXiv 2109.05422, §3.1, Fig. 2); the channel MLP is timm's ``Mlp`` on the contiguous (B, H, W, C) view.
-
-    ``one_gemm_mixes``: the sMLP's axial mixes as one GEMM each (:class:`AxialSparseMLP`).
 
     Shapes: x (B, C, H, W) -> (B, C, H, W) (channels-last memory) with (H, W) == feat_size.
     """

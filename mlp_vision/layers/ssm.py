@@ -14,8 +14,7 @@ per SSM (258 for N = 64), named and shaped as the official checkpoints (``fs4.ke
 ``fs4.D``; ``C`` (N, 2) holds [real, imag]), so they load without reshaping.
 
 FFT route: real FFTs of length ``n_fft = fast_fft_len(2L)`` (256 for L = 128), long enough that the circular
-convolution equals the linear one on the first L outputs. Kernels and FFTs run in float32 (float64 for float64
-inputs) even under autocast; results are cast back to the input dtype.
+convolution equals the linear one on the first L outputs.
 """
 import contextlib
 import math
@@ -37,29 +36,25 @@ __all__ = [
     'ssm_conv_impl', 'auto_conv_impl', 'chunked_route_pays', 'DIRECT_MAX_LEN', 'TRITON_MIN_LEN',
 ]
 
-# conv_impl='auto' (see BidirectionalGatedSSM): the longest sequence convolved as a dense Toeplitz GEMM, and on CUDA
-# the shortest one convolved by the Triton kernel (provisional: `scripts/gpu/text_models.py routes` times every route
-# per length). Beyond, on CUDA, the chunked route once it needs a quarter of the Toeplitz kernel's MACs or fewer
-# (about 3,300 tokens with N = 64): the rule for GPU defaults without a GPU measurement (see longconv_triton).
+# conv_impl='auto' (auto_conv_impl): the longest sequence convolved as a dense Toeplitz GEMM, and on CUDA the shortest
+# convolved by the Triton kernel (provisional: `scripts/gpu/text_models.py routes` times every route per length)
 DIRECT_MAX_LEN = 1024
 TRITON_MIN_LEN = 1024
 
 
 def chunked_route_pays(length: int, num_states: int) -> bool:
-    """Whether the chunked route needs at most a quarter of the MACs of the Triton Toeplitz kernel at ``length``
-    tokens (both per token and channel: :func:`~mlp_vision.layers.ssm_chunked.chunked_conv_macs_per_token`,
-    :func:`~mlp_vision.layers.longconv_triton.toeplitz_conv_macs_per_token`)."""
+    """Whether the chunked route needs at most a quarter of the Triton Toeplitz kernel's MACs at ``length`` tokens
+    (about 3,300 tokens with N = 64): the rule for GPU defaults until a GPU measures them."""
     return 4 * chunked_conv_macs_per_token(length, num_states) <= toeplitz_conv_macs_per_token(length)
 
 
 def auto_conv_impl(device_type: str, dtype: torch.dtype, length: int, triton_available: bool, num_states: int = 64,
                    direct_max_len: int = DIRECT_MAX_LEN, triton_min_len: int = TRITON_MIN_LEN) -> str:
     """The SSM convolution route ``conv_impl='auto'`` takes. On CUDA, for ``length >= triton_min_len`` when triton
-    is installed and the dtype is one its kernel multiplies (float16 / bfloat16 / float32): ``'chunked'`` where
-    :func:`chunked_route_pays`, else ``'triton'``. Otherwise ``'direct'`` up to ``direct_max_len`` and ``'fft'``
-    beyond (on the CPU the FFT route is faster than the chunked one up to 16K tokens and as fast at 32K-64K:
-    ``results/bigs_linear/``). Static facts of the input and the layer only, never timings or observers, so a model
-    computes the same thing on every run."""
+    is installed and multiplies the dtype: ``'chunked'`` where :func:`chunked_route_pays`, else ``'triton'``.
+    Otherwise ``'direct'`` up to ``direct_max_len`` and ``'fft'`` beyond (on the CPU FFTs beat the chunked route up
+    to 16K tokens: ``results/bigs_linear/``). Static facts of the input only, never timings, so a model computes the
+    same thing on every run."""
     if device_type == 'cuda' and triton_available and dtype in TRITON_DTYPES and length >= triton_min_len:
         return 'chunked' if chunked_route_pays(length, num_states) else 'triton'
     return 'direct' if length <= direct_max_len else 'fft'
@@ -68,18 +63,12 @@ def auto_conv_impl(device_type: str, dtype: torch.dtype, length: int, triton_ava
 def fast_fft_len(n: int) -> int:
     """Smallest integer >= ``n`` whose prime factors are 2, 3 and 5 (sizes pocketFFT / cuFFT handle fastest)."""
     n = int(n)  # sizes arrive as 0-dim tensors under the JIT tracer (fvcore)
-    if n <= 1:
-        return 1
-    best = 1 << (n - 1).bit_length()  # next power of two, an upper bound
+    best = 1 << max(n - 1, 0).bit_length()  # the next power of two, an upper bound
     p5 = 1
     while p5 < best:
         p35 = p5
         while p35 < best:
-            # smallest power of two taking p35 to >= n
-            m = p35
-            while m < n:
-                m *= 2
-            best = min(best, m)
+            best = min(best, p35 << (-(-n // p35) - 1).bit_length())  # p35 times the least power of two reaching n
             p35 *= 3
         p5 *= 5
     return best
@@ -323,8 +312,7 @@ class BidirectionalGatedSSM(nn.Module):
           times the input, one batched GEMM for both directions (``L^2 d`` MACs);
         * ``'fft'``: real FFTs of length ``fast_fft_len(2L)``, ``O(L log L)`` per channel (the paper's formulation);
         * ``'triton'``: the direct route as a blocked-Toeplitz Triton kernel with the input GELUs and the mask in the
-          same op (:func:`~mlp_vision.layers.longconv_triton.bidirectional_gelu_long_conv`), for CUDA (on the CPU
-          Triton's interpreter: slow, for tests);
+          same op (:func:`~mlp_vision.layers.longconv_triton.bidirectional_gelu_long_conv`), for CUDA;
         * ``'chunked'``: linear in L (:mod:`~mlp_vision.layers.ssm_chunked`), recomputed in the backward pass from
           the pre-activations, as the Triton route;
         * ``'auto'`` (default): :func:`auto_conv_impl`.
@@ -338,8 +326,7 @@ class BidirectionalGatedSSM(nn.Module):
     float rounding (the anti-causal sum over j >= t meets only zeros past the end). Without a mask, pads are mixed
     like real tokens, as the official BiGS models were pretrained.
 
-    Shapes:
-        x: (B, L, d); mask: optional (B, L) bool; output: (B, L, d).
+    Shapes: x (B, L, d); mask: optional (B, L) bool; output (B, L, d).
     """
 
     def __init__(self, dim: int, hidden_dim: int, num_states: int = 64, norm_eps: float = 1e-12, dt_min: float = 0.01,
@@ -387,11 +374,10 @@ class BidirectionalGatedSSM(nn.Module):
         a_f = self.forward_in_proj(h)  # (B, L, d): pre-activation of u_f
         a_b = self.backward_in_proj(h)  # flip(GELU(flip(h) W_ub)) = GELU(h W_ub): the flips cancel
         g = self._gate(a_f, a_b, mask)  # (s_f W_cf) * flip(s_b W_cb), (B, L, d)
-        # GELU(gate) * GELU(value), keeping only the two pre-activations for the backward pass (layers.activations)
         # v only now, next to its use: computed before the SSMs, torch.compile's partitioner kept its float32
-        # upcast for the backward pass (12 KiB per token at d_i 3072) instead of v itself (6)
-        v = self.value_proj(h)  # (B, L, d_i): its GELU is taken with the gate's, below
-        y = gelu_product(self.gate_proj(g), v, act)  # (B, L, d_i)
+        # upcast for the backward pass instead of v itself
+        v = self.value_proj(h)  # (B, L, d_i)
+        y = gelu_product(self.gate_proj(g), v, act)  # GELU(gate) * GELU(v), keeping only the pre-activations
         return x + self.out_proj(y)
 
     def conv_route(self, u: torch.Tensor) -> str:
@@ -405,10 +391,8 @@ class BidirectionalGatedSSM(nn.Module):
 
     def _gate(self, a_f: torch.Tensor, a_b: torch.Tensor, mask: Optional[torch.Tensor]) -> torch.Tensor:
         """``forward_out_proj(SSM_f(u_f)) * backward_out_proj(SSM_b(u_b))`` from the pre-activations ``a_f``,
-        ``a_b`` (B, L, d). On the chunked route with a graph, all of it is recomputed in the backward pass
-        (activation checkpointing): it keeps ``a_f`` and ``a_b`` alone, not the SSM outputs, the projections' outputs
-        nor any chunk state: two d x d projections computed twice, a few percent of the layer's FLOPs, for four
-        (B, L, d) activations fewer kept."""
+        ``a_b`` (B, L, d). On the chunked route with a graph, all of it is recomputed in the backward pass: two d x d
+        projections computed twice (a few percent of the FLOPs) for four (B, L, d) activations fewer kept."""
         route = self.conv_route(a_f)
         if route == 'chunked' and torch.is_grad_enabled() and not torch.jit.is_tracing():
             return checkpoint(self._gate_by, a_f, a_b, mask, route, use_reentrant=False, preserve_rng_state=False)
@@ -421,13 +405,12 @@ class BidirectionalGatedSSM(nn.Module):
         return g * g_b if torch.is_grad_enabled() else g.mul_(g_b)  # in place: see layers.activations
 
     def _bidirectional_gelu_ssm(self, a_f: torch.Tensor, a_b: torch.Tensor, mask: Optional[torch.Tensor],
-                                route: Optional[str] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+                                route: str) -> Tuple[torch.Tensor, torch.Tensor]:
         """``SSM_f(u_f)`` and ``SSM_b(u_b, anticausal=True)`` of ``u = GELU(a)`` (zeroed at padded positions), (B, L, d)
         each in ``a``'s dtype. The Triton and chunked routes take the pre-activations (and keep only them for the
         backward pass); the others apply the GELUs and the mask first and convolve the stacked inputs
         (:meth:`_bidirectional_ssm`)."""
         act = self.gelu_approximate
-        route = self.conv_route(a_f) if route is None else route
         if route == 'chunked':
             u_f, u_b = fresh_gelu(a_f, act), fresh_gelu(a_b, act)
             if mask is not None:
@@ -464,10 +447,8 @@ class BidirectionalGatedSSM(nn.Module):
 
     def _bidirectional_ssm(self, u: torch.Tensor, route: Optional[str] = None) -> torch.Tensor:
         """Both SSMs at once on stacked inputs: ``u`` (B, L, 2, d) holds ``u_f`` / ``u_b`` on dim 2; returns
-        ``SSM_f(u_f)`` (causal) and ``SSM_b(u_b, anticausal=True)`` stacked the same way, in ``u.dtype`` (the same
-        function as the two :class:`S4DLayer` calls; float32 / float64 with autocast off, as there). ``route``:
-        ``'direct'``, ``'fft'``, ``'triton'`` or ``'chunked'`` (the layer's forward runs the last two from the
-        pre-activations); by default :meth:`conv_route`'s."""
+        ``SSM_f(u_f)`` (causal) and ``SSM_b(u_b, anticausal=True)`` stacked the same way, in ``u.dtype``, by ``route``
+        (by default :meth:`conv_route`'s; the layer's forward runs 'triton' and 'chunked' from the pre-activations)."""
         route = self.conv_route(u) if route is None else route
         if route == 'chunked':
             return torch.stack(self._chunked_ssm(u[:, :, 0], u[:, :, 1]), 2)

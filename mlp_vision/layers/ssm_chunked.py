@@ -33,6 +33,8 @@ from typing import Tuple
 import torch
 import torch.nn.functional as F
 
+from .longconv_triton import causal_toeplitz
+
 __all__ = ['CHUNK_LEN', 'SCAN_GROUP', 'bidirectional_chunked_conv', 'chunked_conv_macs_per_token']
 
 CHUNK_LEN = 128  # T: tokens per chunk (a T x T Toeplitz GEMM each; T + 4N MACs per token and channel)
@@ -82,8 +84,7 @@ def _chunk_operators(log_decay: torch.Tensor, weight: torch.Tensor, skip: torch.
     c_re = w_re * p_re - w_im * p_im  # w lam^p
     c_im = w_re * p_im + w_im * p_re
     taps = c_re[:, :chunk_len].sum(0) + F.pad(skip, (0, chunk_len - 1))  # K[0 .. T-1], D at lag 0
-    lag = pos[:chunk_len, None] - pos[None, :chunk_len]  # r - s
-    toeplitz = torch.where(lag >= 0, taps[lag.clamp(min=0)], taps.new_zeros(()))
+    toeplitz = causal_toeplitz(taps)
     into_state = torch.cat([p_re[:, :chunk_len].flip(-1), p_im[:, :chunk_len].flip(-1)])  # (2N, T): lam^(T-1-s)
     w_out = torch.stack([c_re[:, 1:], -c_im[:, 1:]], 1).view(-1, chunk_len).T  # c_re h_re - c_im h_im
     if anticausal:  # position r of the mirrored chunk is T - 1 - r
@@ -152,9 +153,8 @@ def _chunked_direction(u: torch.Tensor, log_decay: torch.Tensor, weight: torch.T
     """One direction: ``u`` (B, L, C) -> (B, L, C) in ``u.dtype`` (see the module docstring).
 
     Layout: chunk ``k = gi * g + j`` of sequence b goes to column block ``(j, b, gi)``, positions within a chunk on
-    the rows: (T, g, B, G, C). So the in-GEMM and the out-GEMM are each one GEMM over every chunk, and the chunk
-    states come out as the scan's batched GEMMs take them (:func:`_grouped_scan`): one copy of the input in, one of
-    the output out."""
+    the rows: (T, g, B, G, C). So the in- and out-GEMMs are each one GEMM over every chunk, and the chunk states come
+    out as the scan's batched GEMMs take them (:func:`_grouped_scan`)."""
     batch, length, channels = u.shape
     chunk_len = min(chunk_len, length)
     g, n_groups = _grouping(-(-length // chunk_len), group)

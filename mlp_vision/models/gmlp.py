@@ -18,7 +18,8 @@ from timm.models import generate_default_cfgs, register_model
 
 from ..weights import checked_filter
 from ..layers import GatedMLPBlock
-from .mlp_mixer import MlpMixer, create_isotropic_model, isotropic_cfg, resample_isotropic_state_dict
+from .features import build_model
+from .mlp_mixer import MlpMixer, isotropic_cfg, resample_isotropic_state_dict
 
 __all__ = []
 
@@ -48,7 +49,7 @@ def checkpoint_filter_fn(state_dict: Dict[str, torch.Tensor], model: MlpMixer) -
 
 def _create_gmlp(variant: str, pretrained: bool = False, **kwargs) -> MlpMixer:
     kwargs.setdefault('block_layer', GatedMLPBlock)
-    return create_isotropic_model(variant, pretrained, checkpoint_filter_fn, **kwargs)
+    return build_model(MlpMixer, variant, pretrained, checkpoint_filter_fn, default_out_indices=3, **kwargs)
 
 
 _cfg = partial(isotropic_cfg, paper_ids='arXiv:2105.08050', paper_name='Pay Attention to MLPs', origin_url=None)

@@ -9,18 +9,19 @@ the layout is timm's, so its checkpoints load, resampled by ``checkpoint_filter_
 """
 import math
 from functools import partial
-from typing import Any, Callable, Dict, List, Optional, Tuple, Type, Union
+from typing import Any, Dict, List, Optional, Tuple, Type, Union
 
 import torch
 import torch.nn as nn
 from timm.data import IMAGENET_INCEPTION_MEAN, IMAGENET_INCEPTION_STD
-from timm.layers import PatchEmbed, lecun_normal_, to_2tuple
-from timm.models import build_model_with_cfg, checkpoint, checkpoint_seq, named_apply
+from timm.layers import PatchEmbed, to_2tuple
+from timm.models import checkpoint, checkpoint_seq, named_apply
 from timm.models._features import feature_take_indices
+from timm.models.mlp_mixer import _init_weights as _timm_mixer_init
 from timm.models import generate_default_cfgs, register_model
 
-from .features import FeatureBackbone
-from ..weights import checked_filter, pretrained_filter, refuse_damaged_weights
+from .features import build_model
+from ..weights import checked_filter, refuse_damaged_weights
 from ..layers import (
     MixerBlock, TokenAxes, check_image_input, check_img_size, check_model_args, record_input_size,
     resample_token_weight)
@@ -212,27 +213,9 @@ class MlpMixer(nn.Module):
 
 
 def _init_weights(module: nn.Module, name: str) -> None:
-    """Mixer init (as timm's): xavier-uniform Linear, tiny MLP biases, zero head, lecun-normal stem."""
-    if isinstance(module, nn.Linear):
-        if name.startswith('head'):
-            nn.init.zeros_(module.weight)
-            nn.init.zeros_(module.bias)
-        else:
-            nn.init.xavier_uniform_(module.weight)
-            if module.bias is not None:
-                if 'mlp' in name or 'fc' in name:
-                    nn.init.normal_(module.bias, std=1e-6)
-                else:
-                    nn.init.zeros_(module.bias)
-    elif isinstance(module, nn.Conv2d):
-        lecun_normal_(module.weight)
-        if module.bias is not None:
-            nn.init.zeros_(module.bias)
-    elif isinstance(module, (nn.LayerNorm, nn.BatchNorm2d, nn.GroupNorm)):
-        nn.init.ones_(module.weight)
-        nn.init.zeros_(module.bias)
-    elif hasattr(module, 'init_weights'):
-        module.init_weights()
+    """timm's Mixer init: xavier-uniform Linear, tiny MLP biases, zero head, lecun-normal stem, a module's own
+    ``init_weights``. gMLP's ``blocks.i.fc1`` / ``fc2`` get the MLP biases, as timm's gMLP ``mlp_channels.fc1``."""
+    _timm_mixer_init(module, f'mlp.{name}' if '.fc' in name else name)
 
 
 def resample_isotropic_state_dict(state_dict: Dict[str, torch.Tensor], model: MlpMixer,
@@ -263,17 +246,8 @@ def checkpoint_filter_fn(state_dict: Dict[str, torch.Tensor], model: MlpMixer) -
     return resample_isotropic_state_dict(state_dict, model, MixerBlock.token_axes)
 
 
-def create_isotropic_model(variant: str, pretrained: bool, filter_fn: Callable, **kwargs) -> MlpMixer:
-    """Build an isotropic model; ``features_only`` goes through ``forward_intermediates`` (stride-p maps)."""
-    out_indices = kwargs.pop('out_indices', 3)
-    return build_model_with_cfg(
-        MlpMixer, variant, pretrained, pretrained_filter_fn=pretrained_filter(filter_fn, kwargs),
-        feature_cfg=dict(out_indices=out_indices, feature_cls=FeatureBackbone),  # also loads a classifier's state
-        **kwargs)
-
-
 def _create_mixer(variant: str, pretrained: bool = False, **kwargs) -> MlpMixer:
-    return create_isotropic_model(variant, pretrained, checkpoint_filter_fn, **kwargs)
+    return build_model(MlpMixer, variant, pretrained, checkpoint_filter_fn, default_out_indices=3, **kwargs)
 
 
 def isotropic_cfg(url: str = '', **kwargs) -> Dict[str, Any]:

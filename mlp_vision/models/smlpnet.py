@@ -20,12 +20,12 @@ import torch
 import torch.nn as nn
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from timm.layers import ClassifierHead, trunc_normal_
-from timm.models import build_model_with_cfg, checkpoint_seq, named_apply
+from timm.models import checkpoint_seq, named_apply
 from timm.models._features import feature_take_indices
 from timm.models import generate_default_cfgs, register_model
 
-from .features import FeatureBackbone
-from ..weights import checked_filter, pretrained_filter, refuse_damaged_weights
+from .features import build_model
+from ..weights import checked_filter, refuse_damaged_weights
 from ..layers import (
     AxialSparseMLP, SparseMLPBlock, check_image_input, check_img_size, check_model_args, record_input_size,
     resample_token_weight)
@@ -36,18 +36,15 @@ __all__ = ['SparseMLPNet', 'SparseMLPStage']
 class SparseMLPStage(nn.Module):
     """Patch merging (2x2 conv, stride 2, no bias; none for the first stage) followed by ``depth`` blocks."""
 
-    def __init__(self, in_chs: int, out_chs: int, depth: int, feat_size: Tuple[int, int], downsample: bool = True,
-                 mlp_ratio: float = 3., drop_path_rates: Optional[Sequence[float]] = None, proj_drop: float = 0.,
+    def __init__(self, in_chs: int, out_chs: int, depth: int, feat_size: Tuple[int, int], downsample: bool,
+                 drop_path_rates: Sequence[float], mlp_ratio: float = 3., proj_drop: float = 0.,
                  norm_layer: Type[nn.Module] = nn.LayerNorm, act_layer: Type[nn.Module] = nn.GELU,
                  one_gemm_mixes: bool = False, device=None, dtype=None) -> None:
         super().__init__()
         dd = {'device': device, 'dtype': dtype}
         self.grad_checkpointing = False
-        if downsample:
-            self.downsample = nn.Conv2d(in_chs, out_chs, kernel_size=2, stride=2, bias=False, **dd)
-        else:
-            self.downsample = nn.Identity()  # a stage without downsampling keeps its width
-        drop_path_rates = drop_path_rates or [0.] * depth
+        # a stage without downsampling keeps its width
+        self.downsample = nn.Conv2d(in_chs, out_chs, 2, stride=2, bias=False, **dd) if downsample else nn.Identity()
         self.blocks = nn.Sequential(*[
             SparseMLPBlock(
                 out_chs, feat_size, mlp_ratio=mlp_ratio, norm_layer=norm_layer, act_layer=act_layer,
@@ -57,10 +54,8 @@ class SparseMLPStage(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.downsample(x)
         if self.grad_checkpointing and not torch.jit.is_scripting():
-            x = checkpoint_seq(self.blocks, x)
-        else:
-            x = self.blocks(x)
-        return x
+            return checkpoint_seq(self.blocks, x)
+        return self.blocks(x)
 
 
 class SparseMLPNet(nn.Module):
@@ -73,9 +68,8 @@ class SparseMLPNet(nn.Module):
         mlp_ratio: channel-MLP expansion alpha (3; 2 for the paper's T*).
         proj_drop_rate: dropout in the channel MLPs.
         drop_path_rate: stochastic depth, rate * i / (N - 1) for block i of N (all stages together).
-        one_gemm_mixes: every sMLP's axial mixes as one GEMM each over an (H, B, C, W) copy of its input
-            (:class:`~mlp_vision.layers.AxialSparseMLP`); the same parameters and function. Off by default until
-            measured faster on the GPU.
+        one_gemm_mixes: every sMLP's axial mixes as one GEMM each (:class:`~mlp_vision.layers.AxialSparseMLP`); the
+            same parameters and function.
     """
 
     def __init__(
@@ -330,12 +324,8 @@ def _resample_axial(state_dict: Dict[str, torch.Tensor], model: SparseMLPNet) ->
 
 
 def _create_smlpnet(variant: str, pretrained: bool = False, **kwargs) -> SparseMLPNet:
-    return build_model_with_cfg(
-        SparseMLPNet, variant, pretrained, pretrained_filter_fn=pretrained_filter(checkpoint_filter_fn, kwargs),
-        # the getter runs forward_intermediates, so a features_only model checks its input as the classifier does;
-        # FeatureBackbone also loads a classifier's state dict (create_model(checkpoint_path=...))
-        feature_cfg=dict(out_indices=(0, 1, 2, 3), feature_cls=FeatureBackbone),
-        **kwargs)
+    return build_model(SparseMLPNet, variant, pretrained, checkpoint_filter_fn, default_out_indices=(0, 1, 2, 3),
+                       **kwargs)
 
 
 def _cfg(url: str = '', **kwargs) -> Dict[str, Any]:
