@@ -127,7 +127,8 @@ def check_activation_size(build_on_meta: Callable[[], Optional[nn.Module]], inpu
         raise UsageError(f'{what} would hold more than {max_bytes / 2 ** 30:.3g} GiB of activations in '
                          f'{"a training step" if training else "one forward"} (estimated on the meta device: at '
                          f'least {estimate / 2 ** 30:.3g} GiB; the bound is --max-activation-gib); reduce the batch '
-                         f'size or the input size / sequence length, or raise the bound if the model is meant') from None
+                         f'size or the input size / sequence length, or raise the bound if the model is meant'
+                         ) from None
     except Exception:  # an op without a meta kernel, a data-dependent branch: the real forward will tell
         return None
     return total if training else largest
