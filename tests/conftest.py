@@ -17,6 +17,11 @@ import torch
 _SESSION_TEMP = tempfile.mkdtemp(prefix='mlp_vision_tests_')
 os.environ.setdefault('TORCHINDUCTOR_CACHE_DIR', os.path.join(_SESSION_TEMP, 'torchinductor'))
 
+# pytest-xdist's workers share the machine's cores: each takes its share of torch's intra-op threads (two workers
+# of two threads each on 2 cores would oversubscribe them)
+if os.environ.get('PYTEST_XDIST_WORKER_COUNT'):
+    torch.set_num_threads(max(1, torch.get_num_threads() // int(os.environ['PYTEST_XDIST_WORKER_COUNT'])))
+
 
 def pytest_sessionfinish(session, exitstatus):
     shutil.rmtree(_SESSION_TEMP, ignore_errors=True)
