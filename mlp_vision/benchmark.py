@@ -46,7 +46,7 @@ from mlp_vision.arguments import (
 from mlp_vision.errors import UsageError, run_cli
 from mlp_vision.layers import BidirectionalGatedSSM
 from mlp_vision.outputs import output_kind, write_output_file
-from mlp_vision.training.image_model import COMPILE_MODES, create_model, is_local_dir, model_create_kwargs
+from mlp_vision.image_model import COMPILE_MODES, create_model, is_local_dir, model_create_kwargs
 
 PRECISIONS = {  # --precision: (parameter / input dtype, autocast dtype or None)
     'fp32': (torch.float32, None), 'bf16': (torch.bfloat16, None), 'fp16': (torch.float16, None),

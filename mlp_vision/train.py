@@ -2,7 +2,9 @@
 for the registered models (and any timm model); with no dataset, the demo on scikit-learn's handwritten digits.
 
 Flags follow timm's train.py; ``-c`` reads a yaml file of flag values or a recipe of ``configs/``; explicit flags win.
-Usage, outputs and resume: README, "Training and validation". The run's files: :mod:`~mlp_vision.training.run_files`.
+Usage, outputs and resume: README, "Training and validation". Its parts, by job: :mod:`~mlp_vision.image_data`
+(datasets and loaders), :mod:`~mlp_vision.image_model` (model creation, weight loading, ``validate``, device / AMP /
+compile) and :mod:`~mlp_vision.run_files` (a run's files and their safety, called in order).
 """
 import argparse
 import copy
@@ -33,16 +35,16 @@ from mlp_vision.arguments import (
 from mlp_vision.bounds import BOUND_RANGES, size_bounds
 from mlp_vision.errors import Interrupted, RunError, UsageError, run_cli
 from mlp_vision.outputs import atomic_folder, setup_logging
-from mlp_vision.training.image_data import (
+from mlp_vision.image_data import (
     INTERPOLATIONS, check_dataset_package, check_image_args, check_num_classes, create_eval_loader,
     create_train_loader, create_train_val_datasets, dataset_class_names, dataset_source, fit_batch_to_data,
     prepare_digits_folder, train_samples_per_rank)
 from mlp_vision.weights import ALLOW_MISSING_FLAG, is_training_checkpoint, load_checkpoint_file, load_model_weights
-from mlp_vision.training.run_files import (
+from mlp_vision.run_files import (
     NonFiniteLossError, RunFolder, all_gather_objects, check_not_finished,
     close_run_folder, log_settings_changes, open_run_folder, parse_run_args, preserve_rng, restore_ema,
     restore_rng, restore_training_state, save_checkpoint, stop_error, stop_signals, write_results)
-from mlp_vision.training.image_model import (
+from mlp_vision.image_model import (
     CROP_PCT_RANGE, DistInfo, add_common_arguments, add_compile_arguments, add_dataset_arguments,
     add_device_arguments, add_input_arguments, check_activations, check_compile_backend, compile_model, create_model,
     init_device, load_pretrained_weights, model_create_kwargs, reports_top5, resolve_model_data_config, setup_amp,

@@ -199,7 +199,7 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = PROG):
 
 
 def _main(argv: Sequence[str], prog: str):
-    from mlp_vision.training.run_files import stop_signals
+    from mlp_vision.run_files import stop_signals
     args = parse_args(argv, prog)
     check_args(args)
     primary = int(os.environ.get('RANK', 0) or 0) == 0  # torchrun / accelerate launch: rank 0 logs the setup

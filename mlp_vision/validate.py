@@ -13,15 +13,15 @@ import os
 import torch
 
 from mlp_vision.outputs import json_text, setup_logging, write_output_file
-from mlp_vision.training.image_data import (
+from mlp_vision.image_data import (
     check_class_names, check_dataset_package, check_image_args, check_num_classes, create_eval_loader,
     create_image_dataset)
 from mlp_vision.arguments import THREADS_RANGE, ArgumentParser, DefaultsHelpFormatter, check_flag_ranges, set_threads
 from mlp_vision.bounds import BOUND_RANGES, within_bounds
 from mlp_vision.errors import UsageError, run_cli
 from mlp_vision.weights import CROP_MODES, check_data_config
-from mlp_vision.training import image_model
-from mlp_vision.training.image_model import (
+from mlp_vision import image_model
+from mlp_vision.image_model import (
     CROP_PCT_RANGE, add_common_arguments, add_compile_arguments, add_dataset_arguments, add_device_arguments,
     add_input_arguments, check_activations, check_compile_backend, compile_model,
     create_model_for_eval, init_device, model_create_kwargs, resolve_model_data_config, setup_amp)

@@ -29,7 +29,7 @@ from .errors import UsageError, run_cli
 from .layers.gating import SpatialGatingUnit
 from .layers.sparse_mlp import AxialSparseMLP
 from .layers.ssm import BidirectionalGatedSSM
-from .training.image_model import add_common_arguments, create_model, create_model_for_eval, model_create_kwargs
+from .image_model import add_common_arguments, create_model, create_model_for_eval, model_create_kwargs
 
 __all__ = ['spatial_projections', 'axial_weights', 'ssm_responses', 'token_grid', 'load_model', 'visualize', 'main']
 

@@ -127,7 +127,7 @@ def test_checkpoint_model_cfg_sizes_are_bounded_before_building(tmp_path, capsys
 
 
 def test_command_line_model_sizes_are_bounded_too():
-    from mlp_vision.training.image_model import create_model
+    from mlp_vision.image_model import create_model
     with pytest.raises(UsageError, match=r"model mixer_s16 with \{'embed_dim': 65536\} would have more than"):
         create_model('mixer_s16', embed_dim=65536)
     assert create_model('mixer_s16', num_classes=3, embed_dim=8, num_blocks=1, img_size=32).num_classes == 3
@@ -143,7 +143,7 @@ def test_deep_narrow_models_are_refused_before_any_block_is_built(name, kwargs, 
     library, local-dir: folders, benchmark.py) and the commands' create_model."""
     import timm
     from mlp_vision.bounds import size_bounds
-    from mlp_vision.training.image_model import create_model
+    from mlp_vision.image_model import create_model
     kwargs = dict(kwargs, embed_dim=8) if name != 'smlpnet_t' else dict(kwargs, embed_dim=4)
     line = what + r', more than the bound of 1,000 \(mlp_vision.bounds.MAX_BLOCKS.* --max-blocks'
     registered = []
@@ -301,7 +301,7 @@ def _png(path, colour=(200, 40, 40)):
 
 def test_fifo_named_like_an_image_is_skipped_with_a_warning(tmp_path, caplog):
     """A FIFO named x.png would block the loader in open() forever: it is not read, and the warning says so."""
-    from mlp_vision.training.image_data import ImageFileReader
+    from mlp_vision.image_data import ImageFileReader
     for c in ('a', 'b'):
         _png(tmp_path / c / '0.png')
     os.mkfifo(tmp_path / 'a' / 'pipe.png')
@@ -317,7 +317,7 @@ def test_images_of_other_formats_are_counted_in_a_warning(tmp_path, caplog):
     """timm's extensions decide what is read (.png .jpg .jpeg); .bmp, .gif and a multi-page .tiff are not dropped
     silently: one warning counts them by extension."""
     from PIL import Image
-    from mlp_vision.training.image_data import ImageFileReader
+    from mlp_vision.image_data import ImageFileReader
     for c in ('a', 'b'):
         _png(tmp_path / c / '0.png')
     Image.new('RGB', (8, 8)).save(tmp_path / 'a' / '1.bmp')
@@ -337,7 +337,7 @@ def test_images_of_other_formats_are_counted_in_a_warning(tmp_path, caplog):
 
 def test_images_of_other_formats_in_a_tar_are_counted_too(tmp_path, caplog):
     import tarfile
-    from mlp_vision.training.image_data import ImageFileReader
+    from mlp_vision.image_data import ImageFileReader
     for c in ('a', 'b'):
         _png(tmp_path / 'src' / c / '0.png')
     (tmp_path / 'src' / 'a' / '1.bmp').write_bytes(b'BM')

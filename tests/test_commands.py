@@ -168,7 +168,7 @@ class _Classes(nn.Module):
 
 @pytest.mark.parametrize('num_classes, top5', [(2, None), (5, None), (6, 100.0), (10, 100.0)])
 def test_top5_is_reported_only_for_more_than_five_classes(num_classes, top5):
-    from mlp_vision.training.image_model import validate
+    from mlp_vision.image_model import validate
     targets = torch.arange(8) % (num_classes - 1)  # never the last class (the best logit)
     x = targets.float()[:, None, None, None].expand(8, 3, 2, 2)
     loader = [(x[:4], targets[:4]), (x[4:], targets[4:])]

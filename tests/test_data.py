@@ -1,4 +1,4 @@
-""" Image data that never gives a silent wrong result (mlp_vision.training.image_data): validation
+""" Image data that never gives a silent wrong result (mlp_vision.image_data): validation
 splits, image tars, nested class folders, every PIL mode, unreadable images, a class with no usable image, signals
 to the process group. Every test makes its own tiny data in tmp_path. """
 import io
@@ -19,12 +19,12 @@ import torch.nn as nn
 from PIL import Image
 
 from mlp_vision.errors import RunError, UsageError
-from mlp_vision.training.image_data import (
+from mlp_vision.image_data import (
     ImageFileDataset, SkippedImage, convert_image_mode, create_eval_loader, create_image_dataset, create_train_loader,
     create_train_sampler, create_train_val_datasets, dataset_class_names, dataset_source, fit_batch_to_data, load_image,
     parse_val_split, read_class_map, stratified_holdout, train_samples_per_rank, unused_images_message,
 )
-from mlp_vision.training.image_model import validate
+from mlp_vision.image_model import validate
 
 SIZE = 8
 DATA_CONFIG = dict(input_size=(3, SIZE, SIZE), interpolation='bilinear', mean=(0.5, 0.5, 0.5), std=(0.25, 0.25, 0.25),
@@ -229,7 +229,7 @@ def test_image_outside_a_class_folder_is_an_error(tmp_path):
 
 _SCAN_SCRIPT = """
 import json, logging, sys
-from mlp_vision.training.image_data import ImageFileDataset, dataset_class_names
+from mlp_vision.image_data import ImageFileDataset, dataset_class_names
 from mlp_vision.errors import RunError, UsageError
 warnings = []
 class Keep(logging.Handler):
@@ -522,7 +522,7 @@ def test_image_modes_without_a_scale_are_refused_with_the_file_name(tmp_path):
 def test_multi_page_tiff_is_read_by_its_first_page_with_a_warning(tmp_path, caplog, monkeypatch):
     """Left out with a count by default (timm's extensions; test_bounds.py); with .tiff added, a 3-page scan is one
     sample, its first page, and the first such file is named once with its page count."""
-    import mlp_vision.training.image_data as image_data
+    import mlp_vision.image_data as image_data
     _folder(tmp_path / 'val', {'a': 1})
     pages = [Image.new('RGB', (4, 4), colour) for colour in ((255, 0, 0), (0, 255, 0), (0, 0, 255))]
     pages[0].save(tmp_path / 'val' / 'a' / 'p1.tiff', save_all=True, append_images=pages[1:])
@@ -720,7 +720,7 @@ def test_a_hold_out_says_which_validation_folder_it_leaves_unused(tmp_path, capl
 
 def test_digits_demo_folder_reads(tmp_path):
     pytest.importorskip('sklearn')
-    from mlp_vision.training.image_data import prepare_digits_folder
+    from mlp_vision.image_data import prepare_digits_folder
     root = prepare_digits_folder(tmp_path / 'digits', size=16, max_per_class=5)
     train, val = create_train_val_datasets('', str(root), 'train', 'val')
     assert (len(train), len(val)) == (40, 10)  # every 5th image of a class is val
@@ -815,7 +815,7 @@ def test_importing_mlp_vision_leaves_timm_augment_ops_as_they_are():
     """No global state: timm's table of augmentation ops is the same after ``import mlp_vision`` (and building a
     training loader) as in a fresh timm."""
     script = ('from timm.data import auto_augment as a; fresh = dict(a.NAME_TO_OP); import mlp_vision, '
-              'mlp_vision.train; from mlp_vision.training import image_data; '
+              'mlp_vision.train; from mlp_vision import image_data; '
               'print(all(a.NAME_TO_OP[k] is f for k, f in fresh.items()) and fresh.keys() == a.NAME_TO_OP.keys())')
     out = subprocess.run([sys.executable, '-c', script], capture_output=True, text=True, cwd=REPO,
                          env={**os.environ, 'PYTHONPATH': REPO}, check=True).stdout
@@ -921,7 +921,7 @@ def test_min_lr_above_the_learning_rate_from_lr_base_is_one_line(tmp_path, capsy
 def _worker_signals(img):
     """In place of an image: (SIGINT ignored, SIGTERM's handler is the loader's) in the process that reads it."""
     import signal
-    from mlp_vision.training import image_data
+    from mlp_vision import image_data
     return torch.tensor([[[signal.getsignal(signal.SIGINT) == signal.SIG_IGN,
                            signal.getsignal(signal.SIGTERM) == image_data._end_on_the_next_sigterm]]],
                         dtype=torch.uint8)

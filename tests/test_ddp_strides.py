@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 
 import mlp_vision  # noqa: F401  (registers the models)
-from mlp_vision.training.image_model import DistInfo
+from mlp_vision.image_model import DistInfo
 from mlp_vision.train import wrap_ddp
 
 # contiguous sMLPNet: the depthwise and 1x1 fuse convs see channels-last activations, so their weight gradients come

@@ -9,8 +9,8 @@ import pytest
 
 from mlp_vision import benchmark, train, train_text, validate
 from mlp_vision.errors import ScriptExit, run_cli
-from mlp_vision.training import image_data
-from mlp_vision.training.image_model import init_device
+from mlp_vision import image_data
+from mlp_vision.image_model import init_device
 
 
 def _train_checks(argv):

@@ -29,7 +29,7 @@ import mlp_vision.train_text as text_train  # noqa: E402
 import mlp_vision.validate as validate  # noqa: E402
 from mlp_vision import benchmark, visualize  # noqa: E402
 from mlp_vision.errors import UsageError, run_cli  # noqa: E402
-from mlp_vision.training.run_files import get_rng_state, set_rng_state  # noqa: E402
+from mlp_vision.run_files import get_rng_state, set_rng_state  # noqa: E402
 from mlp_vision.weights import check_weights  # noqa: E402
 from _helpers import TINY_GPT, TINY_VISION, crafted_checkpoint, exits_with_one_line  # noqa: E402
 from test_fill_mask import make_official_folder  # noqa: E402

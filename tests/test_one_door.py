@@ -17,7 +17,7 @@ from timm.models import save_for_hf
 
 import mlp_vision  # noqa: F401  (registers our models)
 from mlp_vision.errors import UsageError
-from mlp_vision.training.image_model import create_model, create_model_for_eval, model_create_kwargs
+from mlp_vision.image_model import create_model, create_model_for_eval, model_create_kwargs
 from mlp_vision.validate import main as validate_main
 from _helpers import exits_with_one_line, randomize_
 

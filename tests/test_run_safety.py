@@ -23,7 +23,7 @@ import mlp_vision.train as train  # noqa: E402  (the command's code; train.py at
 import mlp_vision.train_text as text_train  # noqa: E402
 from mlp_vision.outputs import atomic_save, temp_path  # noqa: E402
 from mlp_vision.errors import UsageError  # noqa: E402
-from mlp_vision.training.run_files import CheckpointManager, new_run_folder  # noqa: E402
+from mlp_vision.run_files import CheckpointManager, new_run_folder  # noqa: E402
 from _helpers import TINY_GPT, TINY_VISION, crafted_checkpoint, exits_with_one_line  # noqa: E402
 
 
@@ -153,7 +153,7 @@ def test_a_folder_without_last_pth_keeps_its_later_epochs(vision_run, tmp_path):
 def test_two_resumes_of_one_run_race_and_neither_loses_epochs(vision_run, tmp_path, monkeypatch):
     # B loads last.pth (epoch 1) and is held before taking the lock; meanwhile A resumes the same run in place to
     # epoch 3 and ends. B then takes the lock, looks again, sees epoch 3 and branches off instead of replacing it.
-    import mlp_vision.training.run_files as run_module
+    import mlp_vision.run_files as run_module
     folder, _ = vision_run
     run_copy = _copy_run(folder, tmp_path / 'v')
     real, held = run_module.newer_than, []
@@ -379,7 +379,7 @@ def test_a_kill_between_the_best_and_last_writes_leaves_record_and_files_agreein
                                                                                  resume_only):
     """model_best.pth is written before last.pth, whose history names it; killed between the two, last.pth is the
     previous epoch's, and a resume takes the best from model_best.pth itself (said in the log)."""
-    import mlp_vision.training.run_files as run_module
+    import mlp_vision.run_files as run_module
 
     def state(epoch, metric):
         return {'epoch': epoch, 'metric': metric, 'w': torch.full((2,), float(epoch)), 'optimizer': {'lr': 0.1}}
@@ -415,7 +415,7 @@ def test_a_kill_between_the_best_and_last_writes_leaves_record_and_files_agreein
 
 
 def test_a_failed_best_write_leaves_the_previous_epoch_whole(tmp_path, monkeypatch):
-    import mlp_vision.training.run_files as run_module
+    import mlp_vision.run_files as run_module
     saver = CheckpointManager(tmp_path, max_history=0)
     saver.save({'epoch': 0, 'metric': 1.0}, 0, 1.0)
     before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
@@ -432,7 +432,7 @@ def test_results_name_what_the_files_hold_after_a_kill_between_writes(vision_run
                                                                       caplog):
     """A resumed run killed after writing epoch 2's model_best.pth, before its last.pth; resumed again to the end:
     results.json's best and pretrained/ are what model_best.pth holds. User files in pretrained/ are kept."""
-    import mlp_vision.training.run_files as run_module
+    import mlp_vision.run_files as run_module
     folder, _ = vision_run
     run_copy = _copy_run(folder, tmp_path / 'v')
     shutil.copytree(folder / 'pretrained', run_copy / 'pretrained')

@@ -17,8 +17,8 @@ import torch.nn as nn
 import mlp_vision.text as mt
 import mlp_vision.train as image_train
 from mlp_vision.errors import Interrupted, UsageError
-from mlp_vision.training.image_model import process_group_backend, validate
-from mlp_vision.training.run_files import NonFiniteLossError, stop_signals
+from mlp_vision.image_model import process_group_backend, validate
+from mlp_vision.run_files import NonFiniteLossError, stop_signals
 from mlp_vision.weights import load_backbone
 
 mse = nn.functional.mse_loss

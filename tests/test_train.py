@@ -30,7 +30,7 @@ from mlp_vision.outputs import atomic_save  # noqa: E402
 from mlp_vision.arguments import (  # noqa: E402
     args_to_yaml, find_recipe, parse_args_with_config, recipe_names)
 from mlp_vision.errors import UsageError  # noqa: E402
-from mlp_vision.training.image_data import prepare_digits_folder  # noqa: E402
+from mlp_vision.image_data import prepare_digits_folder  # noqa: E402
 
 MODEL_ARGS = ['--model', 'smlpnet_t', '--model-kwargs', 'embed_dim=8', 'depths=(1,1,1,1)', '--img-size', '32']
 # every source of training randomness on, so exact resume covers them all

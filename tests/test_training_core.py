@@ -1,4 +1,4 @@
-""" The training core shared by train.py, validate.py and the text trainer (mlp_vision/training/run_files.py,
+""" The training core shared by train.py, validate.py and the text trainer (mlp_vision/run_files.py,
 outputs.py, training/run/checkpoint.py, arguments.py, errors.py): no code runs from a checkpoint file, every bad
 input is one line with exit status 2, a full disk is one line, nothing written is lost (finished runs, earlier
 results, killed runs' temp files), a resumed run remembers its settings and a longer schedule is well defined.
@@ -31,7 +31,7 @@ import mlp_vision.outputs as outputs_module  # noqa: E402
 from mlp_vision.outputs import atomic_save, clean_stale_temp_files, keep_previous, temp_path  # noqa: E402
 from mlp_vision.weights import load_checkpoint_file  # noqa: E402
 from mlp_vision.errors import UsageError  # noqa: E402
-from mlp_vision.training.image_model import create_model, load_pretrained_weights  # noqa: E402
+from mlp_vision.image_model import create_model, load_pretrained_weights  # noqa: E402
 from _helpers import TINY_GPT, TINY_VISION, exits_with_one_line  # noqa: E402
 
 _fail = exits_with_one_line
@@ -117,7 +117,7 @@ def test_pretrained_weights_without_a_network_are_one_line(monkeypatch):
     # the hub's error when the weights are not cached and cannot be fetched (FileNotFoundError subclass)
     def offline(*args, **kwargs):
         raise FileNotFoundError('An error happened while trying to locate the file on the Hub')
-    monkeypatch.setattr('mlp_vision.training.image_model.timm.create_model', offline)
+    monkeypatch.setattr('mlp_vision.image_model.timm.create_model', offline)
     with pytest.raises(UsageError, match=r'not in the local cache and could not be downloaded .* train.py '
                                          r'--pretrained-path FILE, validate.py --checkpoint FILE, visualize FILE '
                                          r'--model gmlp_s \(in Python: pretrained_cfg_overlay=dict\(file=FILE\)\)'):

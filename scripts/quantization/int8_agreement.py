@@ -21,7 +21,7 @@ from timm.data import resolve_data_config
 
 import mlp_vision  # noqa: F401  (registers the models)
 from mlp_vision.weights import load_checkpoint_file, load_model_weights
-from mlp_vision.training.image_data import create_eval_loader, create_image_dataset
+from mlp_vision.image_data import create_eval_loader, create_image_dataset
 
 
 def main():

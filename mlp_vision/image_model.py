@@ -28,7 +28,7 @@ from mlp_vision.weights import (
 from mlp_vision.arguments import ParseKwargs, add_threads_argument, parse_device
 from mlp_vision.bounds import add_bound_arguments, check_activation_size, check_model_size
 from mlp_vision.errors import UsageError, short_repr
-from mlp_vision.training.image_data import IMAGE_MODE_CHANNELS, INTERPOLATIONS, default_workers
+from mlp_vision.image_data import IMAGE_MODE_CHANNELS, INTERPOLATIONS, default_workers
 
 __all__ = ['model_create_kwargs', 'resolve_model_data_config', 'create_model', 'load_pretrained_weights',
            'create_model_for_eval', 'validate', 'reports_top5', 'DistInfo', 'process_group_backend', 'init_device',
