@@ -34,6 +34,10 @@ the backward op recomputes ``u`` from ``a`` for the table gradient, and the adjo
 tile by ``mask * GELU'(a)`` once, after its tile loop (why not inside it: :mod:`._longconv_kernels`). ``u`` is
 transient: the backward pass keeps only ``a``, and no stacked copy of the two directions is made.
 
+Changing what runs on CUDA: what runs by default on CUDA changes only with a GPU row in ``results/gpu/`` showing it
+is not slower, or with a FLOP count that falls at least 4x; otherwise the change lands opt-in. Triton's interpreter
+proves a kernel exact, not fast.
+
 Devices: CUDA tensors run the compiled kernels; CPU tensors the same source in Triton's interpreter (slow, for
 tests on machines without a GPU; no ``TRITON_INTERPRET`` needed).
 """
