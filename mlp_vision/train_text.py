@@ -465,6 +465,8 @@ def _train(args, stop) -> Optional[Dict[str, float]]:
         raise UsageError(f'--resume {resume}: {_unsafe_file(resume)} holds more than tensors and plain values, '
                          f'refused: loading it would run code from the file ({str(e).splitlines()[0]})') from None
     if stops.signum:
+        # torchrun ends every rank once one exits: none leaves before rank 0 has written the stop's checkpoint
+        trainer.accelerator.wait_for_everyone()
         raise Interrupted(stops.signum, message=f'interrupted by {signal.Signals(stops.signum).name}: checkpoint '
                           f'{stops.checkpoint} saved; continue with --resume {stops.checkpoint}')
     if stops.checkpoint:  # --stop-after-step
