@@ -331,6 +331,7 @@ if os.environ.get('RANK') == '0':  # the workers only: torchrun's agent has no R
     def slow_save(self, output_dir):  # a slow disk: longer than torchrun waits after SIGTERM before SIGKILL (30 s)
         time.sleep(float(os.environ['SLOW_SAVE_S']))
         save(self, output_dir)
+        open(os.environ['SLOW_SAVE_DONE'], 'w').close()
     Trainer._save_optimizer_and_scheduler = slow_save
 """
 
@@ -344,9 +345,10 @@ def test_ddp_sigterm_no_rank_exits_before_the_slow_save_of_rank_0_is_written(sma
     inject.mkdir()
     (inject / 'sitecustomize.py').write_text(SLOW_RANK_0_SAVE)
     env = {**os.environ, 'PYTHONPATH': f'{inject}{os.pathsep}{REPO}', 'OMP_NUM_THREADS': '1',
-           'PYTHONUNBUFFERED': '1', 'SLOW_SAVE_S': '35'}
+           'PYTHONUNBUFFERED': '1', 'SLOW_SAVE_S': '35', 'SLOW_SAVE_DONE': str(inject / 'done')}
     out = _sigterm_one_rank_of_two([*DDP_STOP_ARGS, '--train-file', small_text, '--output', str(tmp_path),
                                     '--experiment', 'term'], env)
+    assert (inject / 'done').is_file(), out[-3000:]  # the slow save ran (and ended)
     checkpoints = sorted((tmp_path / 'term').glob('checkpoint-*'))
     assert len(checkpoints) == 1, (checkpoints, out[-3000:])
     ckpt = checkpoints[0]
