@@ -204,8 +204,8 @@ def clean_state_dict(state_dict: Dict[str, torch.Tensor]) -> Dict[str, torch.Ten
 
 def load_model_weights(model: nn.Module, state_dict: Dict[str, torch.Tensor], source: str, model_name: str) -> None:
     """``model.load_state_dict(strict=True)`` after :func:`check_state_dict`, else a :class:`UsageError` naming
-    ``source``. Strict, not :func:`load_backbone`: modules may rename keys of older files while loading
-    (``AxialSparseMLP``'s ``fuse``), which only ``load_state_dict`` sees."""
+    ``source``. Strict, not :func:`load_backbone`: a resumed or evaluated model takes every one of its tensors from
+    the file, none left at its random init."""
     sd, report = check_state_dict(model, state_dict, source, keys='report')
     try:
         model.load_state_dict(sd, strict=True)
